@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Runs every test program (build/tests/test_*) and the end-to-end scripts
+# (tests/e2e_*.sh, tests/e2e_*.py), from the repository root, and adds up
+# their "N passed, N failed" lines. Exits non-zero when anything failed.
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+export LAMINA_BIN="$BUILD/lamina"
+passed=0 failed=0 skipped=0
+run_one() {
+    local name=$1; shift
+    local log
+    log=$(mktemp)
+    local t0=$SECONDS
+    "$@" >"$log" 2>&1
+    local rc=$?
+    local line p f s
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
+    if [ -n "$line" ]; then
+        p=$(echo "$line" | sed -E 's/^([0-9]+) passed.*/\1/')
+        f=$(echo "$line" | sed -E 's/^[0-9]+ passed, ([0-9]+) failed.*/\1/')
+        s=$(echo "$line" | sed -nE 's/.*, ([0-9]+) skipped.*/\1/p')
+    else
+        p=0 f=1 s=0
+    fi
+    [ -z "$s" ] && s=0
+    if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+    passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+    if [ "$f" -ne 0 ]; then
+        echo "== $name: $p passed, $f failed (exit $rc, $((SECONDS - t0))s)"
+        grep -v '^PASS ' "$log" | tail -n 60
+    else
+        echo "== $name: $p passed, 0 failed${s:+, $s skipped} ($((SECONDS - t0))s)"
+        grep -E '^(SKIP|NOTE)' "$log" || true
+    fi
+    rm -f "$log"
+}
+for t in "$BUILD"/tests/test_*; do
+    [ -x "$t" ] || continue
+    case "$t" in *.d) continue ;; esac
+    run_one "$(basename "$t")" "$t"
+done
+for t in tests/e2e_*.sh; do
+    [ -f "$t" ] || continue
+    run_one "$(basename "$t")" bash "$t"
+done
+for t in tests/e2e_*.py; do
+    [ -f "$t" ] || continue
+    run_one "$(basename "$t")" python3 "$t"
+done
+echo
+if [ "$skipped" -gt 0 ]; then
+    echo "$passed passed, $failed failed, $skipped skipped"
+else
+    echo "$passed passed, $failed failed"
+fi
+[ "$failed" -eq 0 ]
