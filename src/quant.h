@@ -12,14 +12,49 @@
  *                      is the low nibble of byte j, element j+16 the high
  *                      nibble of byte j;                x = d * (q - 8)
  *
+ *   K-quants: super-blocks of QK_K = 256 elements (layouts below)
+ *   Q4_K (144 B)  f16 d, f16 dmin, 12 bytes of 6-bit scales and mins for the
+ *                 8 sub-blocks of 32, 128 bytes of nibbles;
+ *                 x = d*sc[j]*q - dmin*m[j],  q in 0..15
+ *   Q5_K (176 B)  as Q4_K plus qh[32] holding each element's fifth bit;
+ *                 q in 0..31
+ *   Q6_K (210 B)  ql[128] low nibbles, qh[64] top two bits, int8 scales for
+ *                 the 16 sub-blocks of 16, f16 d;  x = d*sc[j]*(q - 32)
+ *   Q8_K (292 B)  f32 d, 256 x int8 q, int16 sums of each 16 q (bsums);
+ *                 activation format only, x = d * q
+ *
+ * Element order inside a K-quant super-block (e = element index 0..255):
+ *   Q4_K/Q5_K  chunk c = e / 64, l = e % 32: elements 64c + l take the low
+ *              nibble of qs[32c + l], elements 64c + 32 + l the high nibble;
+ *              Q5_K's fifth bit of element e is bit (e / 32) of qh[e % 32].
+ *              Sub-block j = e / 32 uses scale/min pair j.
+ *   Q6_K       half h = e / 128, k = (e % 128) / 32, l = e % 32: the low four
+ *              bits come from ql[64h + 32(k & 1) + l] (low nibble for k < 2,
+ *              high nibble for k >= 2), the top two from bits 2k..2k+1 of
+ *              qh[32h + l]. Sub-block j = e / 16 uses scales[j].
+ *   Q4_K/Q5_K scale/min pair j (6 bits each) in scales[12]: for j < 4 the
+ *              low 6 bits of scales[j] (scale) and scales[j + 4] (min); for
+ *              j >= 4 the low nibble (scale) and high nibble (min) of
+ *              scales[j + 4], with their top two bits in bits 6..7 of
+ *              scales[j - 4] (scale) and scales[j] (min).
+ *
  * Quantized weights are multiplied against activations that are themselves
- * quantized to `vec_dot_type` (Q8_0 for the 8- and 4-bit types), with integer
- * dot products per block, as GGUF engines do. Float weight types use F32
- * activations.
+ * quantized to `vec_dot_type` (Q8_0 for Q8_0 and Q4_0, Q8_K for the
+ * K-quants), with integer dot products per block, as GGUF engines do. Float
+ * weight types use F32 activations.
+ *
+ * Scales are stored as f16, so the quantized types keep their accuracy for
+ * block maxima from about 2e-3 up to 5e5 (Q4_0's limit, 8 * 65504; the
+ * others reach further); below, the scale goes subnormal and loses
+ * precision until values flush to zero (~1e-6), above it overflows. Block
+ * data must be aligned like its struct (2 bytes; 4 for Q8_K), which GGUF
+ * tensor alignment guarantees.
  *
  * quant_init() fills the function pointers once, choosing the fastest
  * variant the CPU supports; the `*_ref` scalar functions stay available for
- * tests.
+ * tests. Every to_float variant must return the reference's bits (the
+ * products involved are exact, see quant.c); vec_dot variants agree with
+ * the reference within float rounding (tests allow 1e-5 of sum |w*x|).
  */
 #ifndef LAMINA_QUANT_H
 #define LAMINA_QUANT_H
@@ -44,8 +79,38 @@ enum lm_type {
 #define QK8_0 32
 #define QK4_0 32
 
+#define QK_K 256
+#define K_SCALE_SIZE 12
+
 typedef struct { uint16_t d; int8_t qs[QK8_0]; } block_q8_0;      /* 34 bytes */
 typedef struct { uint16_t d; uint8_t qs[QK4_0 / 2]; } block_q4_0; /* 18 bytes */
+
+typedef struct {                 /* 144 bytes */
+    uint16_t d;                  /* f16 scale of the 6-bit sub-block scales */
+    uint16_t dmin;               /* f16 scale of the 6-bit sub-block mins */
+    uint8_t scales[K_SCALE_SIZE];
+    uint8_t qs[QK_K / 2];
+} block_q4_K;
+
+typedef struct {                 /* 176 bytes */
+    uint16_t d, dmin;
+    uint8_t scales[K_SCALE_SIZE];
+    uint8_t qh[QK_K / 8];        /* fifth bit of each element */
+    uint8_t qs[QK_K / 2];        /* low four bits */
+} block_q5_K;
+
+typedef struct {                 /* 210 bytes */
+    uint8_t ql[QK_K / 2];        /* low four bits */
+    uint8_t qh[QK_K / 4];        /* top two bits */
+    int8_t scales[QK_K / 16];
+    uint16_t d;
+} block_q6_K;
+
+typedef struct {                 /* 292 bytes */
+    float d;
+    int8_t qs[QK_K];
+    int16_t bsums[QK_K / 16];    /* sum of qs over each group of 16 */
+} block_q8_K;
 
 /* One weight row (n elements of the weight type) dotted with one activation
  * row (n elements of vec_dot_type); n is a multiple of the block size. */
@@ -65,8 +130,8 @@ typedef struct {
     lm_vec_dot_fn vec_dot;
 } lm_type_traits;
 
-/* Fill the function pointers (idempotent, thread-safe after the first call
- * returns; call once at start-up). */
+/* Fill the function pointers (idempotent and thread-safe; quant_traits()
+ * also calls it, so a table read never sees empty pointers). */
 void quant_init(void);
 
 /* NULL for an id that is not a known ggml type. */
@@ -81,9 +146,20 @@ bool quant_supported(uint32_t type);
  * multiple of its block size. */
 size_t quant_row_size(uint32_t type, int64_t n);
 
-/* Scalar reference implementations, for tests and as the portable path. */
+/* Scalar reference implementations, for tests and as the portable path.
+ * `type` must be one with the function (asserted); n a multiple of its block
+ * size. quant_from_float_ref for Q8_0 and Q4_0 reproduces GGUF tools bit for
+ * bit; for the K-quants it is lamina's own search (valid blocks, not
+ * byte-identical to other quantizers). vec_dot's `x` is in vec_dot_type. */
 void quant_to_float_ref(uint32_t type, const void *src, float *dst, int64_t n);
 void quant_from_float_ref(uint32_t type, const float *src, void *dst, int64_t n);
 float quant_vec_dot_ref(uint32_t type, int64_t n, const void *w, const void *x);
+
+/* For matrix products: bytes of one activation row of n elements in the
+ * weight type's vec_dot_type (0 if the type is not supported or n is not a
+ * multiple of the block size), and the conversion of n floats into that
+ * format through the dispatched from_float. */
+size_t quant_act_row_size(uint32_t weight_type, int64_t n);
+void quant_act_from_float(uint32_t weight_type, const float *x, void *dst, int64_t n);
 
 #endif
