@@ -1,0 +1,222 @@
+/*
+ * forward.c - the decoder forward pass over a batch of one sequence's tokens.
+ *
+ * For each layer, with x the residual stream (n, n_embd):
+ *   xb = rmsnorm(x) * attn_norm
+ *   q, k, v = xb·Wqᵀ (+bq), xb·Wkᵀ (+bk), xb·Wvᵀ (+bv); RoPE on q and k
+ *   k, v appended to the cache at their positions
+ *   per head h (kv head h / (n_head / n_head_kv)):
+ *       out_h = softmax(q_h·Kᵀ / √head_dim, causal) · V
+ *   x += out·Woᵀ
+ *   xb = rmsnorm(x) * ffn_norm
+ *   x += (silu(xb·Wgateᵀ) ⊙ xb·Wupᵀ)·Wdownᵀ
+ * then logits = rmsnorm(x) * out_norm · Woutᵀ for the rows asked for.
+ */
+#include "forward.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "ops.h"
+#include "quant.h"
+#include "util.h"
+
+static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+lm_state *state_new(const lm_model *m, lm_pool *pool, int n_ctx, int max_batch, char *err, size_t errlen) {
+    const lm_hparams *hp = &m->hp;
+    if (n_ctx <= 0) n_ctx = hp->n_ctx_train;
+    if (max_batch <= 0) max_batch = 512;
+    if (max_batch > n_ctx) max_batch = n_ctx;
+    lm_state *s = lm_calloc(1, sizeof *s);
+    if (!s) {
+        lm_err(err, errlen, "out of memory");
+        return NULL;
+    }
+    s->m = m;
+    s->pool = pool;
+    s->n_ctx = n_ctx;
+    s->max_batch = max_batch;
+    size_t kvd = (size_t)hp->n_head_kv * hp->head_dim, qd = (size_t)hp->n_head * hp->head_dim;
+    size_t B = (size_t)max_batch, E = (size_t)hp->n_embd;
+    uint64_t cache_elems;
+    if (!lm_mul_u64((uint64_t)hp->n_layer * (uint64_t)n_ctx, kvd, &cache_elems) || cache_elems > (1ull << 40)) {
+        lm_err(err, errlen, "KV cache for context %d is too large", n_ctx);
+        lm_free(s);
+        return NULL;
+    }
+    s->k_cache = lm_malloc(cache_elems * sizeof(float));
+    s->v_cache = lm_malloc(cache_elems * sizeof(float));
+    s->x = lm_malloc(B * E * sizeof(float));
+    s->xb = lm_malloc(B * max_sz(E, qd) * sizeof(float));
+    s->q = lm_malloc(B * qd * sizeof(float));
+    s->k = lm_malloc(B * kvd * sizeof(float));
+    s->v = lm_malloc(B * kvd * sizeof(float));
+    s->hb = lm_malloc(B * (size_t)hp->n_ff * sizeof(float));
+    s->hb2 = lm_malloc(B * (size_t)hp->n_ff * sizeof(float));
+    s->cs = lm_malloc(B * (size_t)hp->n_rot * sizeof(float));
+    s->scores = lm_malloc((size_t)pool_size(pool) * (size_t)n_ctx * sizeof(float));
+    /* activation scratch: the largest input row of any matmul, in any type used */
+    size_t a = 0;
+    for (int li = 0; li < hp->n_layer; li++) {
+        const lm_layer *l = &m->layers[li];
+        const lm_weight *lw[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
+        for (size_t i = 0; i < sizeof lw / sizeof lw[0]; i++)
+            a = max_sz(a, ops_matmul_scratch(lw[i]->type, lw[i]->cols, max_batch));
+    }
+    a = max_sz(a, ops_matmul_scratch(m->output.type, m->output.cols, max_batch));
+    s->act_bytes = a;
+    s->act = a ? lm_malloc(a) : NULL;
+    if (!s->k_cache || !s->v_cache || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->hb || !s->hb2 ||
+        !s->cs || !s->scores || (a && !s->act)) {
+        lm_err(err, errlen, "out of memory allocating the state for context %d", n_ctx);
+        state_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void state_free(lm_state *s) {
+    if (!s) return;
+    lm_free(s->k_cache);
+    lm_free(s->v_cache);
+    lm_free(s->x);
+    lm_free(s->xb);
+    lm_free(s->q);
+    lm_free(s->k);
+    lm_free(s->v);
+    lm_free(s->hb);
+    lm_free(s->hb2);
+    lm_free(s->cs);
+    lm_free(s->scores);
+    lm_free(s->act);
+    lm_free(s);
+}
+
+void state_reset(lm_state *s) { s->n_past = 0; }
+
+/* Attention for n tokens of one layer; work items are (token, head) pairs. */
+typedef struct {
+    lm_state *s;
+    int layer, n, pos0;
+    atomic_int next;
+} attn_job;
+
+static void attn_worker(void *arg, int ith, int nth) {
+    attn_job *j = arg;
+    lm_state *s = j->s;
+    const lm_hparams *hp = &s->m->hp;
+    int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
+    size_t kvd = (size_t)hp->n_head_kv * hd, qd = (size_t)hp->n_head * hd;
+    const float *kc = s->k_cache + (size_t)j->layer * s->n_ctx * kvd;
+    const float *vc = s->v_cache + (size_t)j->layer * s->n_ctx * kvd;
+    float *sc = s->scores + (size_t)ith * s->n_ctx;
+    float scale = 1.0f / sqrtf((float)hd);
+    int total = j->n * hp->n_head;
+    for (;;) {
+        int item = atomic_fetch_add(&j->next, 1);
+        if (item >= total) break;
+        int t = item / hp->n_head, h = item % hp->n_head, kh = h / group;
+        int len = j->pos0 + t + 1; /* causal: positions 0 .. pos */
+        const float *q = s->q + (size_t)t * qd + (size_t)h * hd;
+        for (int p = 0; p < len; p++) {
+            const float *k = kc + (size_t)p * kvd + (size_t)kh * hd;
+            float d = 0;
+            for (int i = 0; i < hd; i++) d += q[i] * k[i];
+            sc[p] = d * scale;
+        }
+        ops_softmax(sc, len);
+        float *out = s->xb + (size_t)t * qd + (size_t)h * hd;
+        memset(out, 0, (size_t)hd * sizeof(float));
+        for (int p = 0; p < len; p++) {
+            const float *v = vc + (size_t)p * kvd + (size_t)kh * hd;
+            float w = sc[p];
+            for (int i = 0; i < hd; i++) out[i] += w * v[i];
+        }
+    }
+}
+
+static void add_bias(float *y, const float *b, int n_tok, int dim) {
+    if (!b) return;
+    for (int t = 0; t < n_tok; t++)
+        for (int i = 0; i < dim; i++) y[(size_t)t * dim + i] += b[i];
+}
+
+/* One internal pass of n <= max_batch tokens. */
+static void forward_batch(lm_state *s, const int32_t *tokens, int n, float *logits, bool all_logits) {
+    const lm_model *m = s->m;
+    const lm_hparams *hp = &m->hp;
+    int E = hp->n_embd, hd = hp->head_dim;
+    size_t kvd = (size_t)hp->n_head_kv * hd, qd = (size_t)hp->n_head * hd;
+    int pos0 = s->n_past;
+
+    for (int t = 0; t < n; t++) {
+        ops_get_row(&m->tok_embd, tokens[t], s->x + (size_t)t * E);
+        ops_rope_angles(s->cs + (size_t)t * hp->n_rot, hp->n_rot, pos0 + t, hp->rope_base, hp->rope_scale);
+    }
+    for (int li = 0; li < hp->n_layer; li++) {
+        const lm_layer *l = &m->layers[li];
+        for (int t = 0; t < n; t++) ops_rmsnorm(s->xb + (size_t)t * E, s->x + (size_t)t * E, l->attn_norm, E, hp->norm_eps);
+        ops_matmul(s->pool, s->q, &l->wq, s->xb, n, s->act);
+        ops_matmul(s->pool, s->k, &l->wk, s->xb, n, s->act);
+        ops_matmul(s->pool, s->v, &l->wv, s->xb, n, s->act);
+        add_bias(s->q, l->bq, n, (int)qd);
+        add_bias(s->k, l->bk, n, (int)kvd);
+        add_bias(s->v, l->bv, n, (int)kvd);
+        float *kc = s->k_cache + ((size_t)li * s->n_ctx + pos0) * kvd;
+        float *vc = s->v_cache + ((size_t)li * s->n_ctx + pos0) * kvd;
+        for (int t = 0; t < n; t++) {
+            const float *cs = s->cs + (size_t)t * hp->n_rot;
+            ops_rope_apply(s->q + (size_t)t * qd, hp->n_head, hd, hp->n_rot, cs, hp->rope_style);
+            ops_rope_apply(s->k + (size_t)t * kvd, hp->n_head_kv, hd, hp->n_rot, cs, hp->rope_style);
+        }
+        memcpy(kc, s->k, (size_t)n * kvd * sizeof(float));
+        memcpy(vc, s->v, (size_t)n * kvd * sizeof(float));
+
+        attn_job aj = {.s = s, .layer = li, .n = n, .pos0 = pos0};
+        atomic_init(&aj.next, 0);
+        /* tiny attention (short contexts, small heads) is not worth a wake-up */
+        double work = (double)n * hp->n_head * (pos0 + n) * hd;
+        pool_run(work < 64.0 * 1024 ? NULL : s->pool, attn_worker, &aj);
+
+        /* x += attn · Woᵀ (hb as a temporary of n_embd per token) */
+        ops_matmul(s->pool, s->hb, &l->wo, s->xb, n, s->act);
+        for (size_t i = 0; i < (size_t)n * E; i++) s->x[i] += s->hb[i];
+
+        for (int t = 0; t < n; t++) ops_rmsnorm(s->xb + (size_t)t * E, s->x + (size_t)t * E, l->ffn_norm, E, hp->norm_eps);
+        ops_matmul(s->pool, s->hb, &l->w_gate, s->xb, n, s->act);
+        ops_matmul(s->pool, s->hb2, &l->w_up, s->xb, n, s->act);
+        ops_swiglu(s->hb, s->hb2, n * hp->n_ff);
+        ops_matmul(s->pool, s->xb, &l->w_down, s->hb, n, s->act);
+        for (size_t i = 0; i < (size_t)n * E; i++) s->x[i] += s->xb[i];
+    }
+    s->n_past += n;
+    if (!logits) return;
+    int first = all_logits ? 0 : n - 1, rows = n - first;
+    for (int t = first; t < n; t++)
+        ops_rmsnorm(s->xb + (size_t)(t - first) * E, s->x + (size_t)t * E, m->out_norm, E, hp->norm_eps);
+    ops_matmul(s->pool, logits, &m->output, s->xb, rows, s->act);
+}
+
+int state_forward(lm_state *s, const int32_t *tokens, int n, float *logits, bool all_logits, char *err,
+                  size_t errlen) {
+    const lm_hparams *hp = &s->m->hp;
+    if (n <= 0) return lm_err(err, errlen, "no tokens to process");
+    if (n > s->n_ctx - s->n_past)
+        return lm_err(err, errlen, "context is full: %d positions used of %d, %d more requested", s->n_past,
+                      s->n_ctx, n);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
+            return lm_err(err, errlen, "token id %d is out of range [0, %d)", tokens[i], hp->n_vocab);
+    for (int done = 0; done < n;) {
+        int b = n - done < s->max_batch ? n - done : s->max_batch;
+        bool last = done + b == n;
+        float *out = NULL;
+        if (logits && all_logits) out = logits + (size_t)done * hp->n_vocab;
+        else if (logits && last) out = logits;
+        forward_batch(s, tokens + done, b, out, all_logits);
+        done += b;
+    }
+    return 0;
+}

@@ -1,0 +1,56 @@
+/*
+ * forward.h - one sequence's inference state and the forward pass.
+ *
+ * An lm_state holds a sequence's KV cache (per layer, keys and values of
+ * every position so far) and the activation buffers for a batch of up to
+ * max_batch tokens, all allocated once in state_new. state_forward appends
+ * n tokens at positions n_past .. n_past+n-1: the linear layers run over the
+ * whole batch (each weight read once per batch), attention reads the cache,
+ * and decode of one token computes only that token's projections.
+ */
+#ifndef LAMINA_FORWARD_H
+#define LAMINA_FORWARD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "pool.h"
+
+typedef struct lm_state {
+    const lm_model *m;
+    lm_pool *pool;        /* not owned */
+    int n_ctx;            /* positions the cache holds */
+    int n_past;           /* positions filled */
+    int max_batch;        /* tokens per internal pass */
+    float *k_cache;       /* (n_layer, n_ctx, n_head_kv * head_dim) */
+    float *v_cache;       /* (n_layer, n_ctx, n_head_kv * head_dim) */
+    float *x;             /* (max_batch, n_embd) residual stream */
+    float *xb;            /* (max_batch, max(n_embd, q_dim)) normed input / attention output */
+    float *q;             /* (max_batch, n_head * head_dim) */
+    float *k, *v;         /* (max_batch, n_head_kv * head_dim) */
+    float *hb, *hb2;      /* (max_batch, n_ff) */
+    float *cs;            /* (max_batch, n_rot) rope cos/sin */
+    float *scores;        /* (n_threads, n_ctx) attention scratch */
+    void *act;            /* quantized activations for ops_matmul */
+    size_t act_bytes;
+} lm_state;
+
+/* n_ctx <= 0 takes the model's training context. */
+lm_state *state_new(const lm_model *m, lm_pool *pool, int n_ctx, int max_batch, char *err, size_t errlen);
+void state_free(lm_state *s);
+/* Forget every position (the cache is reused). */
+void state_reset(lm_state *s);
+
+/*
+ * Run n tokens. logits receives n_vocab floats per requested row: the last
+ * token's row only (all_logits false), or one row per token (true). logits
+ * may be NULL when no output is wanted (e.g. a prompt prefix). Fails (without
+ * touching the cache) when n_past + n would pass n_ctx or a token id is out
+ * of range.
+ */
+int state_forward(lm_state *s, const int32_t *tokens, int n, float *logits, bool all_logits, char *err,
+                  size_t errlen);
+
+#endif

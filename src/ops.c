@@ -1,0 +1,119 @@
+/*
+ * ops.c - see ops.h. The scalar loops here are written so compilers
+ * vectorize them; matrix products go through the per-type vec_dot of the
+ * quant table, which quant_init() points at the fastest variant.
+ */
+#include "ops.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "quant.h"
+
+void ops_rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++) y[i] = x[i] * scale * w[i];
+}
+
+void ops_rope_angles(float *cs, int n_rot, int pos, float base, float scale) {
+    for (int i = 0; i < n_rot / 2; i++) {
+        double theta = (double)pos * scale * pow((double)base, -2.0 * i / n_rot);
+        cs[2 * i] = (float)cos(theta);
+        cs[2 * i + 1] = (float)sin(theta);
+    }
+}
+
+void ops_rope_apply(float *x, int n_heads, int head_dim, int n_rot, const float *cs, lm_rope_style style) {
+    int half = n_rot / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * head_dim;
+        for (int i = 0; i < half; i++) {
+            int a = style == LM_ROPE_NEOX ? i : 2 * i;
+            int b = style == LM_ROPE_NEOX ? i + half : 2 * i + 1;
+            float c = cs[2 * i], s = cs[2 * i + 1];
+            float x0 = v[a], x1 = v[b];
+            v[a] = x0 * c - x1 * s;
+            v[b] = x0 * s + x1 * c;
+        }
+    }
+}
+
+void ops_softmax(float *x, int n) {
+    float max = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (x[i] > max) max = x[i];
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += x[i];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+void ops_swiglu(float *g, const float *u, int n) {
+    for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+size_t ops_matmul_scratch(uint32_t type, int64_t cols, int n_tok) {
+    const lm_type_traits *t = quant_traits(type);
+    if (!t || t->vec_dot_type == LM_TYPE_F32) return 0;
+    return quant_row_size(t->vec_dot_type, cols) * (size_t)n_tok;
+}
+
+/* Rows are handed out in chunks through an atomic counter so a thread that
+ * finishes early takes more (the two cores here are sometimes shared). */
+#define MATMUL_CHUNK 16
+
+typedef struct {
+    float *y;
+    const lm_weight *w;
+    const void *x;       /* activations in vec_dot_type, n_tok rows */
+    size_t x_row_bytes;
+    int n_tok;
+    lm_vec_dot_fn dot;
+    atomic_long next;
+} matmul_job;
+
+static void matmul_worker(void *arg, int ith, int nth) {
+    matmul_job *j = arg;
+    const lm_weight *w = j->w;
+    for (;;) {
+        long r0 = atomic_fetch_add(&j->next, MATMUL_CHUNK);
+        if (r0 >= w->rows) break;
+        long r1 = r0 + MATMUL_CHUNK < w->rows ? r0 + MATMUL_CHUNK : w->rows;
+        for (int t = 0; t < j->n_tok; t++) {
+            const char *xt = (const char *)j->x + (size_t)t * j->x_row_bytes;
+            float *yt = j->y + (size_t)t * (size_t)w->rows;
+            for (long r = r0; r < r1; r++)
+                yt[r] = j->dot(w->cols, (const char *)w->data + (size_t)r * w->row_bytes, xt);
+        }
+    }
+}
+
+void ops_matmul(lm_pool *pool, float *y, const lm_weight *w, const float *x, int n_tok, void *scratch) {
+    const lm_type_traits *t = quant_traits(w->type);
+    matmul_job j = {.y = y, .w = w, .n_tok = n_tok, .dot = t->vec_dot};
+    if (t->vec_dot_type == LM_TYPE_F32) {
+        j.x = x;
+        j.x_row_bytes = (size_t)w->cols * sizeof(float);
+    } else {
+        const lm_type_traits *at = quant_traits(t->vec_dot_type);
+        j.x_row_bytes = quant_row_size(t->vec_dot_type, w->cols);
+        for (int i = 0; i < n_tok; i++)
+            at->from_float(x + (size_t)i * w->cols, (char *)scratch + (size_t)i * j.x_row_bytes, w->cols);
+        j.x = scratch;
+    }
+    atomic_init(&j.next, 0);
+    /* Waking the workers costs a few microseconds: small products run on
+     * the caller alone. */
+    double work = (double)w->rows * (double)w->cols * n_tok;
+    pool_run(work < 256.0 * 1024 ? NULL : pool, matmul_worker, &j);
+}
+
+void ops_get_row(const lm_weight *w, int64_t row, float *out) {
+    quant_traits(w->type)->to_float((const char *)w->data + (size_t)row * w->row_bytes, out, w->cols);
+}

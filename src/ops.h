@@ -1,0 +1,45 @@
+/*
+ * ops.h - the element-wise and matrix kernels of the forward pass.
+ *
+ * Shapes are given in comments as (rows, cols), row-major. Matrix products
+ * take a weight in any supported type (quant.h) and float activations; the
+ * activations are converted once per call to the weight type's vec_dot_type
+ * (e.g. Q8_0 blocks) and every output element is one vec_dot, so a row's
+ * result does not depend on how many other rows share the call.
+ */
+#ifndef LAMINA_OPS_H
+#define LAMINA_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "pool.h"
+
+/* y = x / rms(x) * w over n elements (y may alias x). */
+void ops_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
+
+/* Precompute the rotation of one position: cs[2i] = cos, cs[2i+1] = sin of
+ * pos * scale * base^(-2i/n_rot), i < n_rot/2, angles in double. */
+void ops_rope_angles(float *cs, int n_rot, int pos, float base, float scale);
+/* Rotate n_heads heads of head_dim values in place with angles from above. */
+void ops_rope_apply(float *x, int n_heads, int head_dim, int n_rot, const float *cs, lm_rope_style style);
+
+/* In-place softmax over n values (max-subtracted, sum in double). */
+void ops_softmax(float *x, int n);
+
+/* g[i] = silu(g[i]) * u[i]. */
+void ops_swiglu(float *g, const float *u, int n);
+
+/* Bytes of activation scratch ops_matmul needs for n_tok rows of `cols`
+ * inputs against weights of type `type`. */
+size_t ops_matmul_scratch(uint32_t type, int64_t cols, int n_tok);
+
+/* y (n_tok, w->rows) = x (n_tok, w->cols) · wᵀ, split over the pool's
+ * threads by output rows. scratch: ops_matmul_scratch() bytes. */
+void ops_matmul(lm_pool *pool, float *y, const lm_weight *w, const float *x, int n_tok, void *scratch);
+
+/* Dequantize row `row` of w into out (w->cols floats). */
+void ops_get_row(const lm_weight *w, int64_t row, float *out);
+
+#endif
