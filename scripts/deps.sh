@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs the Debian packages lamina needs to build and test, when missing.
+# Safe to run repeatedly: it only calls apt-get when something is absent.
+set -euo pipefail
+pkgs=(gcc make clang libclang-rt-14-dev libpcre2-dev python3)
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing: ${missing[*]}"
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi

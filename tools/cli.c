@@ -1,0 +1,145 @@
+/*
+ * cli.c - see cli.h.
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+
+
+void die_usage(args *a, const char *fmt, const char *what) {
+    fprintf(stderr, "lamina %s: ", a->cmd);
+    fprintf(stderr, fmt, what);
+    fprintf(stderr, "\n\n");
+    a->usage(stderr);
+    exit(2);
+}
+
+/* The value after flag argv[i]; exits with usage when missing. */
+const char *need_val(args *a) {
+    if (a->i + 1 >= a->argc) die_usage(a, "flag %s needs a value", a->argv[a->i]);
+    return a->argv[++a->i];
+}
+
+long long need_int(args *a, long long lo, long long hi) {
+    const char *flag = a->argv[a->i];
+    const char *v = need_val(a);
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || *end || end == v || x < lo || x > hi) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "%s wants an integer in [%lld, %lld], got '%s'", flag, lo, hi, v);
+        die_usage(a, "%s", msg);
+    }
+    return x;
+}
+
+double need_float(args *a, double lo, double hi) {
+    const char *flag = a->argv[a->i];
+    const char *v = need_val(a);
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || *end || end == v || !(x >= lo && x <= hi)) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "%s wants a number in [%g, %g], got '%s'", flag, lo, hi, v);
+        die_usage(a, "%s", msg);
+    }
+    return x;
+}
+
+bool is_flag(args *a, const char *s1, const char *s2) {
+    const char *f = a->argv[a->i];
+    return strcmp(f, s1) == 0 || (s2 && strcmp(f, s2) == 0);
+}
+
+bool is_help(args *a) {
+    if (is_flag(a, "-h", "--help")) {
+        a->usage(stdout);
+        exit(0);
+    }
+    return false;
+}
+
+void fail(const char *cmd, const char *msg) {
+    fprintf(stderr, "lamina %s: %s\n", cmd, msg);
+    exit(1);
+}
+
+char *read_all(FILE *f, size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    if (!buf) return NULL;
+    for (;;) {
+        if (n == cap) {
+            cap *= 2;
+            char *nb = realloc(buf, cap + 1);
+            if (!nb) {
+                free(buf);
+                return NULL;
+            }
+            buf = nb;
+        }
+        size_t r = fread(buf + n, 1, cap - n, f);
+        n += r;
+        if (r == 0) break;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+/* Tokenize text into a growing buffer; returns count or -1. */
+int encode_all(const lm_tokenizer *tok, const char *text, size_t len, bool bos, bool special,
+                      int32_t **out) {
+    int cap = (int)(len < 1000000 ? len : 1000000) + 16;
+    *out = malloc((size_t)cap * sizeof(int32_t));
+    if (!*out) return -1;
+    int n = tok_encode(tok, text, len, bos, special, *out, cap);
+    if (n > cap) {
+        int32_t *nb = realloc(*out, (size_t)n * sizeof(int32_t));
+        if (!nb) return -1;
+        *out = nb;
+        n = tok_encode(tok, text, len, bos, special, *out, n);
+    }
+    return n;
+}
+
+unsigned long long need_bytes(args *a) {
+    const char *flag = a->argv[a->i];
+    const char *v = need_val(a);
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    double mul = 1;
+    if (*end == 'K' || *end == 'k') mul = 1024.0, end++;
+    else if (*end == 'M' || *end == 'm') mul = 1048576.0, end++;
+    else if (*end == 'G' || *end == 'g') mul = 1073741824.0, end++;
+    if (*end == 'i' || *end == 'B') end++;
+    if (*end == 'B') end++;
+    if (errno || *end || end == v || !(x > 0) || x * mul > 1e15) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "%s wants a byte count like 512M or 2G, got '%s'", flag, v);
+        die_usage(a, "%s", msg);
+    }
+    return (unsigned long long)(x * mul);
+}
+
+lm_model *load_or_die(const char *cmd, const char *path) {
+    if (!path) {
+        fprintf(stderr, "lamina %s: no model given (-m MODEL.gguf)\n", cmd);
+        exit(2);
+    }
+    char err[LM_ERRLEN];
+    lm_model *m = model_load(path, err, sizeof err);
+    if (!m) {
+        fprintf(stderr, "lamina %s: %s: %s\n", cmd, path, err);
+        exit(1);
+    }
+    return m;
+}

@@ -1,0 +1,47 @@
+/*
+ * cli.h - shared pieces of the command-line front end: flag parsing with
+ * usage errors (exit 2), failure exits (exit 1), reading files and stdin,
+ * tokenizing into a growing buffer. Each subcommand lives in its own
+ * tools/cmd_*.c (or in lamina.c) as `int cmd_NAME(int argc, char **argv)`.
+ */
+#ifndef LAMINA_CLI_H
+#define LAMINA_CLI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "model.h"
+#include "tokenizer.h"
+
+typedef struct {
+    int argc;
+    char **argv;
+    int i;              /* index of the flag being parsed */
+    const char *cmd;    /* subcommand name, for messages */
+    void (*usage)(FILE *);
+} args;
+
+/* Print "lamina CMD: <msg>", the usage text, and exit 2. */
+void die_usage(args *a, const char *fmt, const char *what) __attribute__((noreturn));
+/* The value after the current flag (exit 2 when missing). */
+const char *need_val(args *a);
+long long need_int(args *a, long long lo, long long hi);
+double need_float(args *a, double lo, double hi);
+/* Byte count with an optional K/M/G suffix (powers of 1024). */
+unsigned long long need_bytes(args *a);
+bool is_flag(args *a, const char *s1, const char *s2);
+/* -h/--help prints usage to stdout and exits 0. */
+bool is_help(args *a);
+void fail(const char *cmd, const char *msg) __attribute__((noreturn));
+char *read_all(FILE *f, size_t *len);
+int encode_all(const lm_tokenizer *tok, const char *text, size_t len, bool bos, bool special, int32_t **out);
+lm_model *load_or_die(const char *cmd, const char *path);
+
+/* Subcommands (tools/lamina.c and tools/cmd_*.c). */
+int cmd_bench(int argc, char **argv);
+int cmd_mkmodel(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
+
+#endif

@@ -1,0 +1,215 @@
+/*
+ * cmd_bench.c - `lamina bench`: prompt processing (ppN) and generation (tgN)
+ * throughput the way llama-bench reports them (tokens/s, mean ± std over
+ * repetitions after a warm-up; tokenization and sampling excluded), plus the
+ * machine's memory bandwidth (STREAM-like copy and triad on all threads) and,
+ * for tg, the bandwidth floor: weight bytes read per token ÷ bandwidth.
+ */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "forward.h"
+#include "pool.h"
+#include "quant.h"
+#include "util.h"
+
+static void usage_bench(FILE *f) {
+    fprintf(f,
+            "usage: lamina bench -m MODEL.gguf [-p 512] [-n 128] [-d DEPTH] [-t THREADS] [-r REPS] [-o md|json]\n"
+            "Measure prompt processing (pp) and generation (tg) speed in tokens/s.\n\n"
+            "  -p N       prompt tokens for the pp test (0 skips it; default 512)\n"
+            "  -n N       generated tokens for the tg test (0 skips it; default 128)\n"
+            "  -d N       tokens already in the cache before each test (default 0)\n"
+            "  -t N       threads (default: physical cores)\n"
+            "  -r N       repetitions (default 5)\n"
+            "  -o FMT     md (default) or json\n"
+            "  --no-bw    skip the memory-bandwidth measurement\n");
+}
+
+/* ---- memory bandwidth -------------------------------------------------- */
+
+typedef struct {
+    float *a, *b, *c;
+    size_t n;
+    int op; /* 0 copy a=b, 1 triad a=b+s*c */
+} stream_job;
+
+static void stream_worker(void *arg, int ith, int nth) {
+    stream_job *j = arg;
+    size_t lo = j->n * (size_t)ith / (size_t)nth, hi = j->n * (size_t)(ith + 1) / (size_t)nth;
+    if (j->op == 0) {
+        memcpy(j->a + lo, j->b + lo, (hi - lo) * sizeof(float));
+    } else {
+        for (size_t i = lo; i < hi; i++) j->a[i] = j->b[i] + 3.0f * j->c[i];
+    }
+}
+
+static void init_worker(void *arg, int ith, int nth) {
+    stream_job *j = arg;
+    size_t lo = j->n * (size_t)ith / (size_t)nth, hi = j->n * (size_t)(ith + 1) / (size_t)nth;
+    for (size_t i = lo; i < hi; i++) j->a[i] = 0, j->b[i] = 1, j->c[i] = 2;
+}
+
+/* Best-of-N GB/s for copy and triad over 3 x 256 MiB arrays. */
+static void measure_bandwidth(lm_pool *pool, double *copy_gbs, double *triad_gbs) {
+    stream_job j = {.n = (size_t)64 << 20};
+    j.a = malloc(j.n * sizeof(float));
+    j.b = malloc(j.n * sizeof(float));
+    j.c = malloc(j.n * sizeof(float));
+    *copy_gbs = *triad_gbs = 0;
+    if (!j.a || !j.b || !j.c) goto out;
+    pool_run(pool, init_worker, &j);
+    for (int op = 0; op < 2; op++) {
+        double best = 0;
+        for (int rep = 0; rep < 5; rep++) {
+            j.op = op;
+            double t0 = lm_now();
+            pool_run(pool, stream_worker, &j);
+            double dt = lm_now() - t0;
+            double bytes = (double)j.n * sizeof(float) * (op == 0 ? 2 : 3);
+            if (bytes / dt > best) best = bytes / dt;
+        }
+        *(op == 0 ? copy_gbs : triad_gbs) = best / 1e9;
+    }
+out:
+    free(j.a);
+    free(j.b);
+    free(j.c);
+}
+
+/* ---- pp / tg ----------------------------------------------------------- */
+
+static void stats(const double *v, int n, double *mean, double *sd) {
+    double s = 0, s2 = 0;
+    for (int i = 0; i < n; i++) s += v[i];
+    *mean = s / n;
+    for (int i = 0; i < n; i++) s2 += (v[i] - *mean) * (v[i] - *mean);
+    *sd = n > 1 ? sqrt(s2 / (n - 1)) : 0;
+}
+
+/* Bytes of weights one decode step reads: every matrix but the embedding
+ * table (only one row of it is read), plus the LM head. */
+static uint64_t weight_bytes_per_token(const lm_model *m) {
+    uint64_t b = 0;
+    for (int i = 0; i < m->hp.n_layer; i++) {
+        const lm_layer *l = &m->layers[i];
+        const lm_weight *ws[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
+        for (size_t k = 0; k < sizeof ws / sizeof ws[0]; k++) b += ws[k]->row_bytes * (uint64_t)ws[k]->rows;
+    }
+    b += m->output.row_bytes * (uint64_t)m->output.rows;
+    return b;
+}
+
+static int fill_depth(lm_state *st, int depth, int32_t *toks, char *err, size_t errlen) {
+    state_reset(st);
+    for (int done = 0; done < depth;) {
+        int b = depth - done < 512 ? depth - done : 512;
+        if (state_forward(st, toks + done, b, NULL, false, err, errlen)) return -1;
+        done += b;
+    }
+    return 0;
+}
+
+int cmd_bench(int argc, char **argv) {
+    args a = {argc, argv, 0, "bench", usage_bench};
+    const char *model = NULL, *fmt = "md";
+    long long np = 512, ng = 128, depth = 0, threads = pool_default_threads(), reps = 5;
+    bool bw = true;
+    for (a.i = 1; a.i < argc; a.i++) {
+        if (is_help(&a)) continue;
+        if (is_flag(&a, "-m", "--model")) model = need_val(&a);
+        else if (is_flag(&a, "-p", "--n-prompt")) np = need_int(&a, 0, 1 << 20);
+        else if (is_flag(&a, "-n", "--n-gen")) ng = need_int(&a, 0, 1 << 20);
+        else if (is_flag(&a, "-d", "--depth")) depth = need_int(&a, 0, 1 << 22);
+        else if (is_flag(&a, "-t", "--threads")) threads = need_int(&a, 1, 1024);
+        else if (is_flag(&a, "-r", "--repetitions")) reps = need_int(&a, 1, 1000);
+        else if (is_flag(&a, "-o", "--output")) fmt = need_val(&a);
+        else if (is_flag(&a, "--no-bw", NULL)) bw = false;
+        else die_usage(&a, "unknown argument '%s'", argv[a.i]);
+    }
+    if (strcmp(fmt, "md") && strcmp(fmt, "json")) die_usage(&a, "output format '%s' is not md or json", fmt);
+    lm_model *m = load_or_die("bench", model);
+    lm_pool *pool = pool_new((int)threads);
+    if (!pool) fail("bench", "cannot start threads");
+    int ctx = (int)(depth + (np > ng ? np : ng) + 1);
+    char err[LM_ERRLEN];
+    lm_state *st = state_new(m, pool, ctx, 512, err, sizeof err);
+    if (!st) fail("bench", err);
+    int32_t *toks = malloc((size_t)ctx * sizeof(int32_t));
+    float *logits = malloc((size_t)m->hp.n_vocab * sizeof(float));
+    double *v = malloc((size_t)reps * sizeof(double));
+    if (!toks || !logits || !v) fail("bench", "out of memory");
+    lm_rng rng;
+    lm_rng_seed(&rng, 42);
+    for (int i = 0; i < ctx; i++) toks[i] = (int32_t)(lm_rng_u64(&rng) % (uint64_t)m->hp.n_vocab);
+
+    double copy_gbs = 0, triad_gbs = 0;
+    if (bw) measure_bandwidth(pool, &copy_gbs, &triad_gbs);
+    uint64_t wbytes = weight_bytes_per_token(m);
+    bool json = !strcmp(fmt, "json");
+    const char *wtype = quant_type_name(m->layers[0].wq.type);
+    if (json) {
+        printf("{\"model\": \"%s\", \"type\": \"%s\", \"size_bytes\": %llu, \"params\": %llu, \"threads\": %d,"
+               " \"bandwidth_copy_gbs\": %.2f, \"bandwidth_triad_gbs\": %.2f, \"weight_bytes_per_token\": %llu,"
+               " \"tests\": [",
+               m->name, wtype, (unsigned long long)m->weight_bytes, (unsigned long long)m->n_params, pool_size(pool),
+               copy_gbs, triad_gbs, (unsigned long long)wbytes);
+    } else {
+        if (bw) printf("memory bandwidth: copy %.1f GB/s, triad %.1f GB/s (%d threads)\n", copy_gbs, triad_gbs, pool_size(pool));
+        printf("\n| model | type | size | params | threads | test | t/s | floor t/s | of floor |\n");
+        printf("| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |\n");
+    }
+    int n_tests = 0;
+    for (int test = 0; test < 2; test++) {
+        int n = (int)(test == 0 ? np : ng);
+        if (n == 0) continue;
+        /* warm-up: a short run of the same kind */
+        if (fill_depth(st, (int)depth, toks, err, sizeof err)) fail("bench", err);
+        if (test == 0) {
+            if (state_forward(st, toks, n < 32 ? n : 32, logits, false, err, sizeof err)) fail("bench", err);
+        } else {
+            for (int i = 0; i < 4 && i < n; i++)
+                if (state_forward(st, toks + i, 1, logits, false, err, sizeof err)) fail("bench", err);
+        }
+        for (int r = 0; r < reps; r++) {
+            if (fill_depth(st, (int)depth, toks, err, sizeof err)) fail("bench", err);
+            double t0 = lm_now();
+            if (test == 0) {
+                if (state_forward(st, toks + depth, n, logits, false, err, sizeof err)) fail("bench", err);
+            } else {
+                for (int i = 0; i < n; i++)
+                    if (state_forward(st, toks + depth + i, 1, logits, false, err, sizeof err)) fail("bench", err);
+            }
+            v[r] = n / (lm_now() - t0);
+        }
+        double mean, sd;
+        stats(v, (int)reps, &mean, &sd);
+        char name[64];
+        if (depth) snprintf(name, sizeof name, "%s%d @ d%lld", test == 0 ? "pp" : "tg", n, depth);
+        else snprintf(name, sizeof name, "%s%d", test == 0 ? "pp" : "tg", n);
+        double floor_ts = test == 1 && triad_gbs > 0 ? triad_gbs * 1e9 / (double)wbytes : 0;
+        if (json) {
+            printf("%s{\"test\": \"%s\", \"tokens_per_s\": %.3f, \"std\": %.3f", n_tests ? ", " : "", name, mean, sd);
+            if (floor_ts > 0) printf(", \"floor_tokens_per_s\": %.3f, \"fraction_of_floor\": %.3f", floor_ts, mean / floor_ts);
+            printf("}");
+        } else {
+            printf("| %s | %s | %.2f MiB | %.2f M | %d | %s | %.2f ± %.2f |", m->name, wtype, m->weight_bytes / 1048576.0,
+                   m->n_params / 1e6, pool_size(pool), name, mean, sd);
+            if (floor_ts > 0) printf(" %.2f | %.0f%% |\n", floor_ts, 100 * mean / floor_ts);
+            else printf(" | |\n");
+        }
+        fflush(stdout);
+        n_tests++;
+    }
+    if (json) printf("]}\n");
+    free(toks);
+    free(logits);
+    free(v);
+    state_free(st);
+    pool_free(pool);
+    model_free(m);
+    return 0;
+}

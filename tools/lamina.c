@@ -1,0 +1,438 @@
+/*
+ * lamina.c - the command-line front end. Each subcommand parses its own
+ * flags, calls into the library, prints, and decides the exit status:
+ * 0 success, 1 failure (message on stderr), 2 usage error.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "convert.h"
+#include "forward.h"
+#include "gguf.h"
+#include "model.h"
+#include "pool.h"
+#include "quant.h"
+#include "sample.h"
+#include "tokenizer.h"
+#include "util.h"
+
+/* ---- run --------------------------------------------------------------- */
+
+static void usage_run(FILE *f) {
+    fprintf(f,
+            "usage: lamina run -m MODEL.gguf -p PROMPT [options]\n"
+            "Generate text after PROMPT, printing it as it is produced; a stats line goes to stderr.\n\n"
+            "  -m, --model FILE     GGUF model\n"
+            "  -p, --prompt TEXT    prompt text\n"
+            "  -f, --file FILE      read the prompt from a file\n"
+            "  -n, --n-predict N    tokens to generate (default 128; -1: until EOS or context end)\n"
+            "  -c, --ctx-size N     context length (default: the model's)\n"
+            "  -t, --threads N      threads (default: physical cores)\n"
+            "      --temp T         temperature (default 0.8; 0 = greedy)\n"
+            "      --top-k K        top-k (default 40; 0 = off)\n"
+            "      --top-p P        top-p (default 0.95; 1 = off)\n"
+            "      --min-p P        min-p (default 0.05; 0 = off)\n"
+            "      --repeat-penalty R  repetition penalty (default 1 = off)\n"
+            "      --repeat-last-n N   penalty window (default 64)\n"
+            "      --frequency-penalty F, --presence-penalty P\n"
+            "      --seed S         RNG seed (default 0)\n"
+            "      --ignore-eos     keep generating past end-of-generation tokens\n"
+            "  -h, --help           this text\n");
+}
+
+static int cmd_run(int argc, char **argv) {
+    args a = {argc, argv, 0, "run", usage_run};
+    const char *model = NULL, *prompt = NULL, *pfile = NULL;
+    long long n_predict = 128, n_ctx = 0, threads = pool_default_threads();
+    bool ignore_eos = false;
+    lm_sample_params sp;
+    sample_params_default(&sp);
+    for (a.i = 1; a.i < argc; a.i++) {
+        if (is_help(&a)) continue;
+        if (is_flag(&a, "-m", "--model")) model = need_val(&a);
+        else if (is_flag(&a, "-p", "--prompt")) prompt = need_val(&a);
+        else if (is_flag(&a, "-f", "--file")) pfile = need_val(&a);
+        else if (is_flag(&a, "-n", "--n-predict")) n_predict = need_int(&a, -1, 1 << 30);
+        else if (is_flag(&a, "-c", "--ctx-size")) n_ctx = need_int(&a, 0, 1 << 24);
+        else if (is_flag(&a, "-t", "--threads")) threads = need_int(&a, 1, 1024);
+        else if (is_flag(&a, "--temp", NULL)) sp.temp = (float)need_float(&a, 0, 100);
+        else if (is_flag(&a, "--top-k", NULL)) sp.top_k = (int)need_int(&a, 0, 1 << 30);
+        else if (is_flag(&a, "--top-p", NULL)) sp.top_p = (float)need_float(&a, 0, 1);
+        else if (is_flag(&a, "--min-p", NULL)) sp.min_p = (float)need_float(&a, 0, 1);
+        else if (is_flag(&a, "--repeat-penalty", NULL)) sp.repeat_penalty = (float)need_float(&a, 0, 100);
+        else if (is_flag(&a, "--repeat-last-n", NULL)) sp.repeat_last_n = (int)need_int(&a, -1, 1 << 30);
+        else if (is_flag(&a, "--frequency-penalty", NULL)) sp.freq_penalty = (float)need_float(&a, -2, 2);
+        else if (is_flag(&a, "--presence-penalty", NULL)) sp.presence_penalty = (float)need_float(&a, -2, 2);
+        else if (is_flag(&a, "--seed", NULL)) sp.seed = (uint64_t)need_int(&a, 0, 0x7fffffffffffffffLL);
+        else if (is_flag(&a, "--ignore-eos", NULL)) ignore_eos = true;
+        else die_usage(&a, "unknown argument '%s'", argv[a.i]);
+    }
+    char *pbuf = NULL;
+    size_t plen = 0;
+    if (pfile) {
+        FILE *f = fopen(pfile, "rb");
+        if (!f) {
+            fprintf(stderr, "lamina run: %s: %s\n", pfile, strerror(errno));
+            return 1;
+        }
+        pbuf = read_all(f, &plen);
+        fclose(f);
+        if (!pbuf) fail("run", "out of memory reading the prompt");
+        prompt = pbuf;
+    }
+    if (!prompt) die_usage(&a, "%s", "no prompt given (-p TEXT or -f FILE)");
+    if (!pfile) plen = strlen(prompt);
+
+    double t0 = lm_now();
+    lm_model *m = load_or_die("run", model);
+    if (!m->tok) fail("run", "the model file has no tokenizer");
+    lm_pool *pool = pool_new((int)threads);
+    if (!pool) fail("run", "cannot start threads");
+    char err[LM_ERRLEN];
+    lm_state *st = state_new(m, pool, (int)n_ctx, 512, err, sizeof err);
+    if (!st) fail("run", err);
+    double t_load = lm_now() - t0;
+
+    int32_t *toks = NULL;
+    int n_tok = encode_all(m->tok, prompt, plen, tok_add_bos(m->tok), true, &toks);
+    if (n_tok < 0) fail("run", "tokenization failed");
+    if (n_tok == 0) fail("run", "the prompt encodes to no tokens");
+    if (n_tok >= st->n_ctx) {
+        snprintf(err, sizeof err, "the prompt has %d tokens, which does not fit the context of %d (use -c)", n_tok,
+                 st->n_ctx);
+        fail("run", err);
+    }
+    lm_sampler *smp = sampler_new(&sp, m->hp.n_vocab);
+    float *logits = malloc((size_t)m->hp.n_vocab * sizeof(float));
+    if (!smp || !logits) fail("run", "out of memory");
+    for (int i = 0; i < n_tok; i++) sampler_accept(smp, toks[i]);
+
+    fwrite(prompt, 1, plen, stdout);
+    fflush(stdout);
+    double t1 = lm_now();
+    if (state_forward(st, toks, n_tok, logits, false, err, sizeof err)) fail("run", err);
+    double t_prompt = lm_now() - t1;
+
+    lm_detok dt;
+    detok_init(&dt, m->tok, false, false);
+    char piece[512];
+    int n_gen = 0;
+    const char *stop_note = NULL;
+    double t2 = lm_now();
+    while (n_predict < 0 || n_gen < n_predict) {
+        int32_t next = sampler_sample(smp, logits);
+        if (!ignore_eos && tok_is_eog(m->tok, next)) {
+            stop_note = "end of text";
+            break;
+        }
+        sampler_accept(smp, next);
+        n_gen++;
+        int w = detok_push(&dt, next, piece, sizeof piece);
+        fwrite(piece, 1, (size_t)w, stdout);
+        fflush(stdout);
+        if (n_predict >= 0 && n_gen >= n_predict) break;
+        if (st->n_past >= st->n_ctx) {
+            stop_note = "context full";
+            break;
+        }
+        if (state_forward(st, &next, 1, logits, false, err, sizeof err)) fail("run", err);
+    }
+    double t_gen = lm_now() - t2;
+    int w = detok_flush(&dt, piece, sizeof piece);
+    fwrite(piece, 1, (size_t)w, stdout);
+    printf("\n");
+    fflush(stdout);
+    if (stop_note && strcmp(stop_note, "context full") == 0)
+        fprintf(stderr, "lamina run: stopped: the context of %d tokens is full (use -c for more)\n", st->n_ctx);
+    fprintf(stderr, "load %.3f s | prompt %d tok, %.1f tok/s | generated %d tok, %.1f tok/s | threads %d\n", t_load,
+            n_tok, t_prompt > 0 ? n_tok / t_prompt : 0.0, n_gen, t_gen > 0 && n_gen > 1 ? (n_gen - 1) / t_gen : 0.0,
+            pool_size(pool));
+    free(logits);
+    free(toks);
+    free(pbuf);
+    sampler_free(smp);
+    state_free(st);
+    pool_free(pool);
+    model_free(m);
+    return 0;
+}
+
+/* ---- tokenize ---------------------------------------------------------- */
+
+static void usage_tokenize(FILE *f) {
+    fprintf(f,
+            "usage: lamina tokenize -m MODEL.gguf [--ids] [--bos] [--no-parse-special] < TEXT\n"
+            "Tokenize standard input (no BOS unless --bos); print ids space-separated with --ids,\n"
+            "else the vocabulary pieces space-separated.\n");
+}
+
+static int cmd_tokenize(int argc, char **argv) {
+    args a = {argc, argv, 0, "tokenize", usage_tokenize};
+    const char *model = NULL;
+    bool ids = false, bos = false, special = true;
+    for (a.i = 1; a.i < argc; a.i++) {
+        if (is_help(&a)) continue;
+        if (is_flag(&a, "-m", "--model")) model = need_val(&a);
+        else if (is_flag(&a, "--ids", NULL)) ids = true;
+        else if (is_flag(&a, "--bos", NULL)) bos = true;
+        else if (is_flag(&a, "--no-parse-special", NULL)) special = false;
+        else die_usage(&a, "unknown argument '%s'", argv[a.i]);
+    }
+    lm_model *m = load_or_die("tokenize", model);
+    if (!m->tok) fail("tokenize", "the model file has no tokenizer");
+    size_t len;
+    char *text = read_all(stdin, &len);
+    if (!text) fail("tokenize", "out of memory");
+    int32_t *toks = NULL;
+    int n = encode_all(m->tok, text, len, bos, special, &toks);
+    if (n < 0) fail("tokenize", "tokenization failed");
+    for (int i = 0; i < n; i++) {
+        if (i) putchar(' ');
+        if (ids) {
+            printf("%d", toks[i]);
+        } else {
+            size_t pl;
+            const char *p = tok_piece(m->tok, toks[i], &pl);
+            fwrite(p, 1, pl, stdout);
+        }
+    }
+    putchar('\n');
+    free(toks);
+    free(text);
+    model_free(m);
+    return 0;
+}
+
+/* ---- perplexity -------------------------------------------------------- */
+
+static void usage_perplexity(FILE *f) {
+    fprintf(f,
+            "usage: lamina perplexity -m MODEL.gguf -f TEXT [-c CTX] [-t THREADS] [--chunks N]\n"
+            "Perplexity the way llama.cpp's llama-perplexity measures it: the text is cut into\n"
+            "chunks of CTX tokens, each starting with BOS, and only the second half of each chunk\n"
+            "is scored. Prints the running estimate per chunk and the final PPL with its error.\n");
+}
+
+static int cmd_perplexity(int argc, char **argv) {
+    args a = {argc, argv, 0, "perplexity", usage_perplexity};
+    const char *model = NULL, *file = NULL;
+    long long n_ctx = 512, threads = pool_default_threads(), max_chunks = -1;
+    for (a.i = 1; a.i < argc; a.i++) {
+        if (is_help(&a)) continue;
+        if (is_flag(&a, "-m", "--model")) model = need_val(&a);
+        else if (is_flag(&a, "-f", "--file")) file = need_val(&a);
+        else if (is_flag(&a, "-c", "--ctx-size")) n_ctx = need_int(&a, 8, 1 << 24);
+        else if (is_flag(&a, "-t", "--threads")) threads = need_int(&a, 1, 1024);
+        else if (is_flag(&a, "--chunks", NULL)) max_chunks = need_int(&a, 1, 1 << 30);
+        else die_usage(&a, "unknown argument '%s'", argv[a.i]);
+    }
+    if (!file) die_usage(&a, "%s", "no text file given (-f FILE)");
+    FILE *f = fopen(file, "rb");
+    if (!f) {
+        fprintf(stderr, "lamina perplexity: %s: %s\n", file, strerror(errno));
+        return 1;
+    }
+    size_t len;
+    char *text = read_all(f, &len);
+    fclose(f);
+    if (!text) fail("perplexity", "out of memory");
+    lm_model *m = load_or_die("perplexity", model);
+    if (!m->tok) fail("perplexity", "the model file has no tokenizer");
+    bool add_bos = tok_add_bos(m->tok);
+    int32_t *toks = NULL;
+    int n = encode_all(m->tok, text, len, add_bos, false, &toks);
+    if (n < 0) fail("perplexity", "tokenization failed");
+    int C = (int)n_ctx;
+    if (n < 2 * C) {
+        char err[160];
+        snprintf(err, sizeof err, "need at least %d tokens (2 x context) but the text has %d", 2 * C, n);
+        fail("perplexity", err);
+    }
+    int n_chunk = n / C;
+    if (max_chunks > 0 && max_chunks < n_chunk) n_chunk = (int)max_chunks;
+    lm_pool *pool = pool_new((int)threads);
+    char err[LM_ERRLEN];
+    lm_state *st = pool ? state_new(m, pool, C, 512, err, sizeof err) : NULL;
+    if (!st) fail("perplexity", pool ? err : "cannot start threads");
+    int V = m->hp.n_vocab;
+    float *logits = malloc((size_t)C * V * sizeof(float));
+    int32_t *chunk = malloc((size_t)C * sizeof(int32_t));
+    if (!logits || !chunk) fail("perplexity", "out of memory");
+    double nll = 0, nll2 = 0;
+    long count = 0;
+    int first = C / 2;
+    fprintf(stderr, "perplexity: %d tokens, %d chunks of %d, scoring the second half of each\n", n, n_chunk, C);
+    double t0 = lm_now();
+    for (int c = 0; c < n_chunk; c++) {
+        memcpy(chunk, toks + (size_t)c * C, (size_t)C * sizeof(int32_t));
+        if (add_bos && tok_bos(m->tok) >= 0) chunk[0] = tok_bos(m->tok);
+        state_reset(st);
+        if (state_forward(st, chunk, C, logits, true, err, sizeof err)) fail("perplexity", err);
+        for (int j = first; j < C - 1; j++) {
+            const float *row = logits + (size_t)j * V;
+            double mx = -INFINITY, sum = 0;
+            for (int v = 0; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+            for (int v = 0; v < V; v++) sum += exp(row[v] - mx);
+            double lp = row[toks[(size_t)c * C + j + 1]] - mx - log(sum);
+            nll -= lp;
+            nll2 += lp * lp;
+            count++;
+        }
+        printf("[%d]%.4f,", c + 1, exp(nll / count));
+        fflush(stdout);
+    }
+    printf("\n");
+    double mean = nll / count, mean2 = nll2 / count;
+    double ppl = exp(mean);
+    double unc = count > 1 ? sqrt((mean2 - mean * mean) / (count - 1)) : 0;
+    printf("Final estimate: PPL = %.4f +/- %.5f\n", ppl, ppl * unc);
+    fprintf(stderr, "perplexity: %ld tokens scored in %.2f s\n", count, lm_now() - t0);
+    free(logits);
+    free(chunk);
+    free(toks);
+    free(text);
+    state_free(st);
+    pool_free(pool);
+    model_free(m);
+    return 0;
+}
+
+/* ---- convert ----------------------------------------------------------- */
+
+static void usage_convert(FILE *f) {
+    fprintf(f,
+            "usage: lamina convert --llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf\n"
+            "Import a llama2.c checkpoint and its tokenizer into a GGUF file (F32 weights).\n");
+}
+
+static int cmd_convert(int argc, char **argv) {
+    args a = {argc, argv, 0, "convert", usage_convert};
+    const char *bin = NULL, *tokf = NULL, *out = NULL;
+    for (a.i = 1; a.i < argc; a.i++) {
+        if (is_help(&a)) continue;
+        if (is_flag(&a, "--llama2c", NULL)) bin = need_val(&a);
+        else if (is_flag(&a, "--tokenizer", NULL)) tokf = need_val(&a);
+        else if (is_flag(&a, "-o", "--output")) out = need_val(&a);
+        else die_usage(&a, "unknown argument '%s'", argv[a.i]);
+    }
+    if (!bin || !tokf || !out) die_usage(&a, "%s", "--llama2c, --tokenizer and -o are all required");
+    char err[LM_ERRLEN];
+    if (convert_llama2c(bin, tokf, out, err, sizeof err)) fail("convert", err);
+    fprintf(stderr, "wrote %s\n", out);
+    return 0;
+}
+
+/* ---- info -------------------------------------------------------------- */
+
+static void usage_info(FILE *f) {
+    fprintf(f,
+            "usage: lamina info -m MODEL.gguf [--kv]\n"
+            "Print the architecture, shapes, tensor types, parameter count and KV bytes per token;\n"
+            "--kv also lists every metadata key.\n");
+}
+
+static int cmd_info(int argc, char **argv) {
+    args a = {argc, argv, 0, "info", usage_info};
+    const char *model = NULL;
+    bool kv = false;
+    for (a.i = 1; a.i < argc; a.i++) {
+        if (is_help(&a)) continue;
+        if (is_flag(&a, "-m", "--model")) model = need_val(&a);
+        else if (is_flag(&a, "--kv", NULL)) kv = true;
+        else die_usage(&a, "unknown argument '%s'", argv[a.i]);
+    }
+    lm_model *m = load_or_die("info", model);
+    const lm_hparams *hp = &m->hp;
+    gguf_ctx *g = m->gguf;
+    printf("file:          %s (GGUF v%u, %llu bytes)\n", model, gguf_version(g),
+           (unsigned long long)gguf_file_size(g));
+    printf("name:          %s\n", m->name);
+    printf("architecture:  %s\n", model_arch_name(hp->arch));
+    printf("layers:        %d\n", hp->n_layer);
+    printf("embedding:     %d\n", hp->n_embd);
+    printf("heads:         %d query, %d key/value (%s), head dim %d\n", hp->n_head, hp->n_head_kv,
+           hp->n_head_kv == hp->n_head ? "MHA" : hp->n_head_kv == 1 ? "MQA" : "GQA", hp->head_dim);
+    printf("feed-forward:  %d\n", hp->n_ff);
+    printf("vocabulary:    %d%s\n", hp->n_vocab, m->tok ? "" : " (no tokenizer in file)");
+    if (m->tok) printf("tokenizer:     %s, bos %d, eos %d\n", tok_model_name(m->tok), tok_bos(m->tok), tok_eos(m->tok));
+    printf("context:       %d (trained)\n", hp->n_ctx_train);
+    printf("rope:          %d dims, base %g, %s pairs\n", hp->n_rot, hp->rope_base,
+           hp->rope_style == LM_ROPE_NEOX ? "neox (halves)" : "adjacent");
+    printf("rms epsilon:   %g\n", hp->norm_eps);
+    printf("output:        %s\n", hp->tied_output ? "tied to the embedding" : "separate output.weight");
+    printf("parameters:    %llu (%.2f M)\n", (unsigned long long)m->n_params, m->n_params / 1e6);
+    printf("weight bytes:  %llu (%.2f MiB)\n", (unsigned long long)m->weight_bytes, m->weight_bytes / 1048576.0);
+    printf("KV per token:  %llu bytes F32, %llu bytes F16\n", (unsigned long long)model_kv_bytes_per_token(m, 4),
+           (unsigned long long)model_kv_bytes_per_token(m, 2));
+    uint64_t by_type[LM_TYPE_COUNT] = {0};
+    for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        if (t->type < LM_TYPE_COUNT) by_type[t->type]++;
+    }
+    printf("tensor types: ");
+    for (int t = 0; t < LM_TYPE_COUNT; t++)
+        if (by_type[t]) printf(" %s x%llu", quant_type_name((uint32_t)t), (unsigned long long)by_type[t]);
+    printf(" (%lld tensors)\n", (long long)gguf_n_tensors(g));
+    if (kv) {
+        for (int64_t i = 0; i < gguf_n_kv(g); i++) {
+            gguf_str k = gguf_kv_key(g, i), s;
+            int64_t iv;
+            double fv;
+            gguf_arr arr;
+            printf("  %.*s = ", (int)k.len, k.ptr);
+            if (gguf_kv_str(g, i, &s)) printf("\"%.*s\"\n", (int)(s.len > 80 ? 80 : s.len), s.ptr);
+            else if (gguf_kv_arr(g, i, &arr)) printf("[%s x %llu]\n", gguf_vtype_name(arr.type), (unsigned long long)arr.n);
+            else if (gguf_kv_type(g, i) == GGUF_FLOAT32 || gguf_kv_type(g, i) == GGUF_FLOAT64) {
+                gguf_kv_float(g, i, &fv);
+                printf("%g\n", fv);
+            } else if (gguf_kv_int(g, i, &iv)) printf("%lld\n", (long long)iv);
+            else printf("(%s)\n", gguf_vtype_name(gguf_kv_type(g, i)));
+        }
+    }
+    model_free(m);
+    return 0;
+}
+
+/* ---- main -------------------------------------------------------------- */
+
+static void usage_main(FILE *f) {
+    fprintf(f,
+            "usage: lamina COMMAND [options]   (lamina COMMAND --help for each)\n\n"
+            "commands:\n"
+            "  run         generate text from a prompt\n"
+            "  tokenize    print the tokens of standard input\n"
+            "  perplexity  measure perplexity on a text file (llama.cpp's method)\n"
+            "  info        describe a GGUF model\n"
+            "  convert     import a llama2.c checkpoint into GGUF\n"
+            "  bench       measure prompt and generation speed\n"
+            "  mkmodel     write a random-weight GGUF of a real shape\n"
+            "  quantize    convert a model's weights to another type\n");
+}
+
+int main(int argc, char **argv) {
+    quant_init();
+    if (argc < 2) {
+        usage_main(stderr);
+        return 2;
+    }
+    const char *c = argv[1];
+    if (!strcmp(c, "-h") || !strcmp(c, "--help") || !strcmp(c, "help")) {
+        usage_main(stdout);
+        return 0;
+    }
+    if (!strcmp(c, "run")) return cmd_run(argc - 1, argv + 1);
+    if (!strcmp(c, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(c, "perplexity")) return cmd_perplexity(argc - 1, argv + 1);
+    if (!strcmp(c, "convert")) return cmd_convert(argc - 1, argv + 1);
+    if (!strcmp(c, "info")) return cmd_info(argc - 1, argv + 1);
+    if (!strcmp(c, "bench")) return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(c, "mkmodel")) return cmd_mkmodel(argc - 1, argv + 1);
+    if (!strcmp(c, "quantize")) return cmd_quantize(argc - 1, argv + 1);
+    fprintf(stderr, "lamina: unknown command '%s'\n\n", c);
+    usage_main(stderr);
+    return 2;
+}
