@@ -9,8 +9,12 @@
  *            `tokenizer.ggml.pre` splits the text (PCRE2 with Unicode
  *            properties), each piece is mapped byte->unicode as GPT-2 does,
  *            then merged by rank from `tokenizer.ggml.merges`.
- * Special/control tokens (token_type 3 = control, 4 = user-defined) are
- * matched verbatim in the input when parse_special is set.
+ * Special tokens are matched verbatim in the input (leftmost-longest) before
+ * the rest is tokenized: control (token_type 3) and unknown (2) tokens only
+ * when parse_special is set, user-defined (4) tokens always, as Hugging Face
+ * added tokens and SentencePiece user symbols are.
+ * A missing tokenizer.ggml.pre means the GPT-2 pattern; a `pre` that lamina
+ * does not know makes tok_load fail, naming it.
  *
  * The tokenizer keeps no pointers into the GGUF mapping after tok_load
  * returns (it copies what it needs), so the gguf context may be closed.
@@ -53,8 +57,16 @@ int tok_encode(const lm_tokenizer *t, const char *text, size_t len, bool add_bos
                bool parse_special, int32_t *out, int cap);
 
 /*
- * The bytes a token stands for (may be a partial UTF-8 character). Control
- * tokens give their text only when `special` is true, else nothing. Returns
+ * The "gpt2" family's pre-tokenizer split alone (for tests and tools): the
+ * pieces tile the text in order; writes the start offset of up to cap pieces
+ * and returns the piece count, or -1 on error or for the "llama" family.
+ */
+int tok_pretokenize(const lm_tokenizer *t, const char *text, size_t len, size_t *starts, int cap);
+
+/*
+ * The bytes a token stands for (may be a partial UTF-8 character). Control,
+ * unknown and unused tokens give their text only when `special` is true,
+ * else nothing; user-defined tokens always give their text. Returns
  * the byte count (may exceed cap, in which case only cap bytes are written).
  */
 int tok_token_bytes(const lm_tokenizer *t, int32_t id, bool special, char *buf, int cap);
@@ -76,9 +88,14 @@ typedef struct {
 } lm_detok;
 
 void detok_init(lm_detok *d, const lm_tokenizer *t, bool strip_space, bool special);
-/* Returns bytes written to out (at most cap; cap >= 256 is always enough). */
+/* Returns bytes written to out, or -1 (state unchanged) when they would not
+ * fit in cap. cap >= detok_max_out(t) is always enough: 3 plus the most
+ * bytes one token decodes to, each non-ASCII byte counted as a possible
+ * U+FFFD (Llama 2: 82, GPT-2: 387; 512 covers the common vocabs). */
 int detok_push(lm_detok *d, int32_t id, char *out, int cap);
-/* Emit anything still pending (as U+FFFD for each incomplete sequence). */
+int detok_max_out(const lm_tokenizer *t);
+/* Emit anything still pending (as U+FFFD for each incomplete sequence);
+ * returns bytes written (0 or 3), -1 if cap < 3 and something is pending. */
 int detok_flush(lm_detok *d, char *out, int cap);
 
 #endif

@@ -119,7 +119,7 @@ static int cmd_run(int argc, char **argv) {
 
     lm_detok dt;
     detok_init(&dt, m->tok, false, false);
-    char piece[512];
+    char piece[4096]; /* >= detok_max_out() of every vocab lamina loads */
     int n_gen = 0;
     const char *stop_note = NULL;
     double t2 = lm_now();
@@ -132,6 +132,7 @@ static int cmd_run(int argc, char **argv) {
         sampler_accept(smp, next);
         n_gen++;
         int w = detok_push(&dt, next, piece, sizeof piece);
+        if (w < 0) fail("run", "internal: a token's text does not fit the output buffer");
         fwrite(piece, 1, (size_t)w, stdout);
         fflush(stdout);
         if (n_predict >= 0 && n_gen >= n_predict) break;
@@ -143,7 +144,7 @@ static int cmd_run(int argc, char **argv) {
     }
     double t_gen = lm_now() - t2;
     int w = detok_flush(&dt, piece, sizeof piece);
-    fwrite(piece, 1, (size_t)w, stdout);
+    if (w > 0) fwrite(piece, 1, (size_t)w, stdout);
     printf("\n");
     fflush(stdout);
     if (stop_note && strcmp(stop_note, "context full") == 0)
