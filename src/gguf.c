@@ -960,8 +960,9 @@ int gguf_w_set_arr_str(gguf_writer *w, const char *key, const char *const *strs,
         if (!lm_add_u64(total, 8 + (uint64_t)strlen(strs[i]), &total) || total > SIZE_MAX / 2)
             return wfail(w, "'%s': string array too large", k);
     }
-    uint8_t *val = lm_malloc((size_t)total), *p = val + 12;
+    uint8_t *val = lm_malloc((size_t)total);
     if (!val) return wfail(w, "out of memory setting '%s'", k);
+    uint8_t *p = val + 12;
     uint32_t t = GGUF_STRING;
     memcpy(val, &t, 4);
     memcpy(val + 4, &n, 8);

@@ -125,6 +125,7 @@ static int cmd_run(int argc, char **argv) {
     double t2 = lm_now();
     while (n_predict < 0 || n_gen < n_predict) {
         int32_t next = sampler_sample(smp, logits);
+        if (next < 0) fail("run", "no token can be sampled (every logit is banned or not a number)");
         if (!ignore_eos && tok_is_eog(m->tok, next)) {
             stop_note = "end of text";
             break;
