@@ -101,6 +101,7 @@ size_t quant_row_size(uint32_t type, int64_t n) {
 
 _Static_assert(sizeof(block_q8_0) == 34, "Q8_0 block is 34 bytes");
 _Static_assert(sizeof(block_q4_0) == 18, "Q4_0 block is 18 bytes");
+_Static_assert(sizeof(block_q5_0) == 22, "Q5_0 block is 22 bytes");
 _Static_assert(sizeof(block_q4_K) == 144, "Q4_K block is 144 bytes");
 _Static_assert(sizeof(block_q5_K) == 176, "Q5_K block is 176 bytes");
 _Static_assert(sizeof(block_q6_K) == 210, "Q6_K block is 210 bytes");
@@ -226,6 +227,62 @@ static void q4_0_from_float(const float *src, void *dst, int64_t n) {
             b[i].qs[j] = (uint8_t)(q[0] | (q[1] << 4));
         }
     }
+}
+
+/* ---- Q5_0 ------------------------------------------------------------------ */
+/* 32 values: f16 d, 4 bytes qh holding bit 4 of every value (bit j of the
+ * little-endian u32 for value j), 16 bytes qs of low nibbles laid out as in
+ * Q4_0 (value j < 16 low nibble of qs[j], value j+16 high nibble);
+ * x = d * (q - 16). */
+
+static inline int q5_0_q(const block_q5_0 *b, int j) {
+    uint32_t qh;
+    memcpy(&qh, b->qh, 4);
+    int lo = j < 16 ? (b->qs[j] & 0x0F) : (b->qs[j - 16] >> 4);
+    return lo | (int)(((qh >> j) & 1u) << 4);
+}
+
+static void q5_0_to_float(const void *src, float *dst, int64_t n) {
+    const block_q5_0 *b = src;
+    for (int64_t i = 0; i < n / QK5_0; i++) {
+        float d = f16(b[i].d);
+        for (int j = 0; j < QK5_0; j++) dst[i * QK5_0 + j] = d * (float)(q5_0_q(&b[i], j) - 16);
+    }
+}
+
+/* As Q4_0: the value of largest magnitude maps to q = 0 (x = -16d);
+ * q = trunc(x/d + 16.5) capped at 31. */
+static void q5_0_from_float(const float *src, void *dst, int64_t n) {
+    block_q5_0 *b = dst;
+    for (int64_t i = 0; i < n / QK5_0; i++) {
+        const float *x = src + i * QK5_0;
+        float d = signed_absmax(x, QK5_0) / -16.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = lm_f32_to_f16(d);
+        uint32_t qh = 0;
+        for (int j = 0; j < QK5_0 / 2; j++) {
+            uint8_t q[2];
+            for (int h = 0; h < 2; h++) {
+                float t = x[j + h * QK5_0 / 2] * id + 16.5f;
+                q[h] = t >= 31.0f ? 31 : t > 0.0f ? (uint8_t)t : 0;
+                qh |= (uint32_t)(q[h] >> 4) << (j + h * QK5_0 / 2);
+            }
+            b[i].qs[j] = (uint8_t)((q[0] & 0x0F) | ((q[1] & 0x0F) << 4));
+        }
+        memcpy(b[i].qh, &qh, 4);
+    }
+}
+
+static float vec_dot_q5_0(int64_t n, const void *w, const void *x) {
+    const block_q5_0 *a = w;
+    const block_q8_0 *b = x;
+    double acc = 0;
+    for (int64_t i = 0; i < n / QK5_0; i++) {
+        int sumi = 0;
+        for (int j = 0; j < QK5_0; j++) sumi += (q5_0_q(&a[i], j) - 16) * b[i].qs[j];
+        acc += (double)f16(a[i].d) * f16(b[i].d) * sumi;
+    }
+    return (float)acc;
 }
 
 /* ---- K-quant element and scale access ------------------------------------ */
@@ -731,6 +788,7 @@ static const ref_kernels ref[LM_TYPE_COUNT] = {
     [LM_TYPE_BF16] = {bf16_to_float, bf16_from_float, LM_TYPE_F32, vec_dot_bf16},
     [LM_TYPE_Q8_0] = {q8_0_to_float, q8_0_from_float, LM_TYPE_Q8_0, vec_dot_q8_0},
     [LM_TYPE_Q4_0] = {q4_0_to_float, q4_0_from_float, LM_TYPE_Q8_0, vec_dot_q4_0},
+    [LM_TYPE_Q5_0] = {q5_0_to_float, q5_0_from_float, LM_TYPE_Q8_0, vec_dot_q5_0},
     [LM_TYPE_Q4_K] = {q4_K_to_float, q4_K_from_float, LM_TYPE_Q8_K, vec_dot_q4_K},
     [LM_TYPE_Q5_K] = {q5_K_to_float, q5_K_from_float, LM_TYPE_Q8_K, vec_dot_q5_K},
     [LM_TYPE_Q6_K] = {q6_K_to_float, q6_K_from_float, LM_TYPE_Q8_K, vec_dot_q6_K},

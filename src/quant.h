@@ -84,6 +84,8 @@ enum lm_type {
 
 typedef struct { uint16_t d; int8_t qs[QK8_0]; } block_q8_0;      /* 34 bytes */
 typedef struct { uint16_t d; uint8_t qs[QK4_0 / 2]; } block_q4_0; /* 18 bytes */
+#define QK5_0 32
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[QK5_0 / 2]; } block_q5_0; /* 22 bytes */
 
 typedef struct {                 /* 144 bytes */
     uint16_t d;                  /* f16 scale of the 6-bit sub-block scales */

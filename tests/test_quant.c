@@ -581,6 +581,7 @@ static void test_table_kernels(void) {
     for (uint32_t id = 0; id < LM_TYPE_COUNT; id++) {
         bool want = false;
         for (size_t t = 0; t < N_WEIGHT_TYPES; t++) want |= weight_types[t] == id;
+        want |= id == LM_TYPE_Q5_0; /* checked in test_quant_q5.c */
         CHECKF(quant_supported(id) == want, "quant_supported(%s)", quant_type_name(id));
     }
     CHECK(!quant_supported(LM_TYPE_Q8_K) && !quant_supported(999));
