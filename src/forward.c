@@ -10,6 +10,10 @@
  *   x += out·Woᵀ
  *   xb = rmsnorm(x) * ffn_norm
  *   x += (silu(xb·Wgateᵀ) ⊙ xb·Wupᵀ)·Wdownᵀ
+ * gemma3 adds: x scaled by sqrt(n_embd) after the embedding; per-head
+ * RMSNorm of q and k before RoPE; RMSNorm of the attention and FFN outputs
+ * before each residual add; GELU(tanh) instead of SiLU; local layers attend
+ * to the last `window` positions only, with their own RoPE base.
  * then logits = rmsnorm(x) * out_norm · Woutᵀ for the rows asked for.
  */
 #include "forward.h"
@@ -100,6 +104,7 @@ void state_reset(lm_state *s) { s->n_past = 0; }
 typedef struct {
     lm_state *s;
     int layer, n, pos0;
+    int window;           /* 0: whole context */
     atomic_int next;
 } attn_job;
 
@@ -118,10 +123,13 @@ static void attn_worker(void *arg, int ith, int nth) {
         int item = atomic_fetch_add(&j->next, 1);
         if (item >= total) break;
         int t = item / hp->n_head, h = item % hp->n_head, kh = h / group;
-        int len = j->pos0 + t + 1; /* causal: positions 0 .. pos */
+        /* causal: positions 0 .. pos, or the last `window` of them */
+        int pos = j->pos0 + t;
+        int start = j->window > 0 && pos + 1 > j->window ? pos + 1 - j->window : 0;
+        int len = pos + 1 - start;
         const float *q = s->q + (size_t)t * qd + (size_t)h * hd;
         for (int p = 0; p < len; p++) {
-            const float *k = kc + (size_t)p * kvd + (size_t)kh * hd;
+            const float *k = kc + (size_t)(start + p) * kvd + (size_t)kh * hd;
             float d = 0;
             for (int i = 0; i < hd; i++) d += q[i] * k[i];
             sc[p] = d * scale;
@@ -130,7 +138,7 @@ static void attn_worker(void *arg, int ith, int nth) {
         float *out = s->xb + (size_t)t * qd + (size_t)h * hd;
         memset(out, 0, (size_t)hd * sizeof(float));
         for (int p = 0; p < len; p++) {
-            const float *v = vc + (size_t)p * kvd + (size_t)kh * hd;
+            const float *v = vc + (size_t)(start + p) * kvd + (size_t)kh * hd;
             float w = sc[p];
             for (int i = 0; i < hd; i++) out[i] += w * v[i];
         }
@@ -152,11 +160,20 @@ static void forward_batch(lm_state *s, const int32_t *tokens, int n, float *logi
     int pos0 = s->n_past;
 
     for (int t = 0; t < n; t++) {
-        ops_get_row(&m->tok_embd, tokens[t], s->x + (size_t)t * E);
-        ops_rope_angles(s->cs + (size_t)t * hp->n_rot, hp->n_rot, pos0 + t, hp->rope_base, hp->rope_scale);
+        float *x = s->x + (size_t)t * E;
+        ops_get_row(&m->tok_embd, tokens[t], x);
+        if (hp->emb_scale != 1.0f)
+            for (int i = 0; i < E; i++) x[i] *= hp->emb_scale;
     }
+    float cs_base = -1, cs_scale = -1; /* the RoPE the angles in s->cs are for */
     for (int li = 0; li < hp->n_layer; li++) {
         const lm_layer *l = &m->layers[li];
+        if (l->rope_base != cs_base || l->rope_scale != cs_scale) {
+            for (int t = 0; t < n; t++)
+                ops_rope_angles(s->cs + (size_t)t * hp->n_rot, hp->n_rot, pos0 + t, l->rope_base, l->rope_scale);
+            cs_base = l->rope_base;
+            cs_scale = l->rope_scale;
+        }
         for (int t = 0; t < n; t++) ops_rmsnorm(s->xb + (size_t)t * E, s->x + (size_t)t * E, l->attn_norm, E, hp->norm_eps);
         ops_matmul(s->pool, s->q, &l->wq, s->xb, n, s->act);
         ops_matmul(s->pool, s->k, &l->wk, s->xb, n, s->act);
@@ -166,6 +183,12 @@ static void forward_batch(lm_state *s, const int32_t *tokens, int n, float *logi
         add_bias(s->v, l->bv, n, (int)kvd);
         float *kc = s->k_cache + ((size_t)li * s->n_ctx + pos0) * kvd;
         float *vc = s->v_cache + ((size_t)li * s->n_ctx + pos0) * kvd;
+        if (l->q_norm)
+            for (int t = 0; t < n * hp->n_head; t++)
+                ops_rmsnorm(s->q + (size_t)t * hd, s->q + (size_t)t * hd, l->q_norm, hd, hp->norm_eps);
+        if (l->k_norm)
+            for (int t = 0; t < n * hp->n_head_kv; t++)
+                ops_rmsnorm(s->k + (size_t)t * hd, s->k + (size_t)t * hd, l->k_norm, hd, hp->norm_eps);
         for (int t = 0; t < n; t++) {
             const float *cs = s->cs + (size_t)t * hp->n_rot;
             ops_rope_apply(s->q + (size_t)t * qd, hp->n_head, hd, hp->n_rot, cs, hp->rope_style);
@@ -174,7 +197,7 @@ static void forward_batch(lm_state *s, const int32_t *tokens, int n, float *logi
         memcpy(kc, s->k, (size_t)n * kvd * sizeof(float));
         memcpy(vc, s->v, (size_t)n * kvd * sizeof(float));
 
-        attn_job aj = {.s = s, .layer = li, .n = n, .pos0 = pos0};
+        attn_job aj = {.s = s, .layer = li, .n = n, .pos0 = pos0, .window = l->window};
         atomic_init(&aj.next, 0);
         /* tiny attention (short contexts, small heads) is not worth a wake-up */
         double work = (double)n * hp->n_head * (pos0 + n) * hd;
@@ -182,13 +205,20 @@ static void forward_batch(lm_state *s, const int32_t *tokens, int n, float *logi
 
         /* x += attn · Woᵀ (hb as a temporary of n_embd per token) */
         ops_matmul(s->pool, s->hb, &l->wo, s->xb, n, s->act);
+        if (l->post_attn_norm)
+            for (int t = 0; t < n; t++)
+                ops_rmsnorm(s->hb + (size_t)t * E, s->hb + (size_t)t * E, l->post_attn_norm, E, hp->norm_eps);
         for (size_t i = 0; i < (size_t)n * E; i++) s->x[i] += s->hb[i];
 
         for (int t = 0; t < n; t++) ops_rmsnorm(s->xb + (size_t)t * E, s->x + (size_t)t * E, l->ffn_norm, E, hp->norm_eps);
         ops_matmul(s->pool, s->hb, &l->w_gate, s->xb, n, s->act);
         ops_matmul(s->pool, s->hb2, &l->w_up, s->xb, n, s->act);
-        ops_swiglu(s->hb, s->hb2, n * hp->n_ff);
+        if (hp->gelu) ops_geglu(s->hb, s->hb2, n * hp->n_ff);
+        else ops_swiglu(s->hb, s->hb2, n * hp->n_ff);
         ops_matmul(s->pool, s->xb, &l->w_down, s->hb, n, s->act);
+        if (l->post_ffn_norm)
+            for (int t = 0; t < n; t++)
+                ops_rmsnorm(s->xb + (size_t)t * E, s->xb + (size_t)t * E, l->post_ffn_norm, E, hp->norm_eps);
         for (size_t i = 0; i < (size_t)n * E; i++) s->x[i] += s->xb[i];
     }
     s->n_past += n;

@@ -10,6 +10,7 @@
  */
 #include "model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -20,6 +21,7 @@ const char *model_arch_name(lm_arch a) {
     switch (a) {
     case LM_ARCH_LLAMA: return "llama";
     case LM_ARCH_QWEN2: return "qwen2";
+    case LM_ARCH_GEMMA3: return "gemma3";
     }
     return "unknown";
 }
@@ -139,8 +141,11 @@ static int read_hparams(loader *L) {
     } else if (strcmp(arch, "qwen2") == 0) {
         hp->arch = LM_ARCH_QWEN2;
         hp->rope_style = LM_ROPE_NEOX;
+    } else if (strcmp(arch, "gemma3") == 0) {
+        hp->arch = LM_ARCH_GEMMA3;
+        hp->rope_style = LM_ROPE_NEOX;
     } else {
-        return lm_err(L->err, L->errlen, "unsupported architecture '%s' (lamina runs llama and qwen2)", arch);
+        return lm_err(L->err, L->errlen, "unsupported architecture '%s' (lamina runs llama, qwen2 and gemma3)", arch);
     }
     const int64_t big = 1 << 20;
     if (get_hp_int(L, arch, "block_count", -1, 1, 4096, &hp->n_layer) ||
@@ -174,6 +179,16 @@ static int read_hparams(loader *L) {
         if (get_hp_float(L, arch, "rope.scaling.factor", 1.0, &f)) return -1;
         if (f > 0) hp->rope_scale = 1.0f / f;
     }
+    hp->emb_scale = 1.0f;
+    hp->rope_base_swa = hp->rope_base;
+    if (hp->arch == LM_ARCH_GEMMA3) {
+        hp->emb_scale = sqrtf((float)hp->n_embd);
+        hp->gelu = true;
+        if (get_hp_int(L, arch, "attention.sliding_window", 0, 0, 1 << 30, &hp->swa_window) ||
+            get_hp_int(L, arch, "attention.sliding_window_pattern", 6, 1, 4096, &hp->swa_pattern) ||
+            get_hp_float(L, arch, "rope.freq_base_swa", 10000.0, &hp->rope_base_swa))
+            return -1;
+    }
     const gguf_tensor *emb = gguf_find_tensor(m->gguf, "token_embd.weight");
     if (!emb) return lm_err(L->err, L->errlen, "missing tensor 'token_embd.weight'");
     if (emb->ne[1] < 1 || emb->ne[1] > (uint64_t)(64 * big))
@@ -186,8 +201,8 @@ static int load_tensors(loader *L) {
     lm_model *m = L->m;
     const lm_hparams *hp = &m->hp;
     int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->head_dim, KV = (int64_t)hp->n_head_kv * hp->head_dim;
-    /* vectors: 2 norms per layer + final norm + biases */
-    L->f32_cap = (size_t)hp->n_layer * (size_t)(2 * E + Q + 2 * KV) + (size_t)E;
+    /* vectors: 4 norms per layer, 2 per-head norms, biases, final norm */
+    L->f32_cap = (size_t)hp->n_layer * (size_t)(4 * E + 2 * hp->head_dim + Q + 2 * KV) + (size_t)E;
     m->f32 = lm_malloc(L->f32_cap * sizeof(float));
     m->layers = lm_calloc((size_t)hp->n_layer, sizeof(lm_layer));
     if (!m->f32 || !m->layers) return lm_err(L->err, L->errlen, "out of memory");
@@ -219,6 +234,17 @@ static int load_tensors(loader *L) {
             load_weight(L, NAME("ffn_up.weight"), E, hp->n_ff, &l->w_up) ||
             load_weight(L, NAME("ffn_down.weight"), hp->n_ff, E, &l->w_down))
             return -1;
+        bool gemma = hp->arch == LM_ARCH_GEMMA3;
+        if (load_vec(L, NAME("attn_q_norm.weight"), hp->head_dim, gemma, &l->q_norm) ||
+            load_vec(L, NAME("attn_k_norm.weight"), hp->head_dim, gemma, &l->k_norm) ||
+            load_vec(L, NAME("post_attention_norm.weight"), E, gemma, &l->post_attn_norm) ||
+            load_vec(L, NAME("post_ffw_norm.weight"), E, gemma, &l->post_ffn_norm))
+            return -1;
+        /* gemma3: every swa_pattern-th layer (counting from 1) is global */
+        bool local = hp->swa_window > 0 && (i + 1) % hp->swa_pattern != 0;
+        l->window = local ? hp->swa_window : 0;
+        l->rope_base = local ? hp->rope_base_swa : hp->rope_base;
+        l->rope_scale = local ? 1.0f : hp->rope_scale;
     }
 #undef NAME
     for (int64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {

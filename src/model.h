@@ -6,6 +6,10 @@
  *   llama  Llama 2/3, Mistral, TinyLlama, SmolLM: RMSNorm, RoPE on adjacent
  *          pairs (GGUF's llama layout), MHA/MQA/GQA, SwiGLU MLP.
  *   qwen2  as llama with biases on Q, K and V and RoPE on halves (NeoX).
+ *   gemma3 embeddings scaled by sqrt(n_embd); per-head RMSNorm of Q and K;
+ *          RMSNorm after attention and after the FFN too; GELU(tanh)-gated
+ *          FFN; sliding-window attention on local layers (all but every
+ *          sliding_window_pattern-th) with their own RoPE base; tied output.
  * Anything else is refused by name, and so is a weight of a type lamina cannot
  * compute with.
  *
@@ -23,7 +27,7 @@
 #include "gguf.h"
 #include "tokenizer.h"
 
-typedef enum { LM_ARCH_LLAMA, LM_ARCH_QWEN2 } lm_arch;
+typedef enum { LM_ARCH_LLAMA, LM_ARCH_QWEN2, LM_ARCH_GEMMA3 } lm_arch;
 
 typedef enum { LM_ROPE_ADJACENT, LM_ROPE_NEOX } lm_rope_style;
 
@@ -43,6 +47,12 @@ typedef struct {
     lm_rope_style rope_style;
     float norm_eps;
     bool tied_output;    /* no output.weight: the embedding is the LM head */
+    /* gemma-style options (off for llama/qwen2) */
+    float emb_scale;     /* embeddings multiplied by this (1 = none) */
+    bool gelu;           /* FFN activation GELU(tanh) instead of SiLU */
+    int swa_window;      /* sliding window in tokens on local layers (0 = none) */
+    int swa_pattern;     /* every swa_pattern-th layer is global */
+    float rope_base_swa; /* RoPE base of local layers */
 } lm_hparams;
 
 typedef struct {
@@ -59,6 +69,11 @@ typedef struct {
     const float *bq, *bk, *bv;       /* (n_head*hd), (n_kv*hd), (n_kv*hd) or NULL */
     const float *ffn_norm;           /* (n_embd) */
     lm_weight w_gate, w_up, w_down;  /* (n_ff, n_embd) x2, (n_embd, n_ff) */
+    const float *q_norm, *k_norm;    /* (head_dim) per-head RMSNorm weights, or NULL */
+    const float *post_attn_norm;     /* (n_embd) or NULL */
+    const float *post_ffn_norm;      /* (n_embd) or NULL */
+    int window;                      /* attention window in tokens, 0 = whole context */
+    float rope_base, rope_scale;     /* this layer's RoPE */
 } lm_layer;
 
 typedef struct lm_model {

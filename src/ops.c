@@ -58,6 +58,14 @@ void ops_swiglu(float *g, const float *u, int n) {
     for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+void ops_geglu(float *g, const float *u, int n) {
+    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
+    for (int i = 0; i < n; i++) {
+        float x = g[i];
+        g[i] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) * u[i];
+    }
+}
+
 size_t ops_matmul_scratch(uint32_t type, int64_t cols, int n_tok) {
     const lm_type_traits *t = quant_traits(type);
     if (!t || t->vec_dot_type == LM_TYPE_F32) return 0;

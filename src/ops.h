@@ -30,6 +30,8 @@ void ops_softmax(float *x, int n);
 
 /* g[i] = silu(g[i]) * u[i]. */
 void ops_swiglu(float *g, const float *u, int n);
+/* g[i] = gelu(g[i]) * u[i], GELU in its tanh form. */
+void ops_geglu(float *g, const float *u, int n);
 
 /* Bytes of activation scratch ops_matmul needs for n_tok rows of `cols`
  * inputs against weights of type `type`. */

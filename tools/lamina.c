@@ -30,7 +30,7 @@ static void usage_run(FILE *f) {
             "  -p, --prompt TEXT    prompt text\n"
             "  -f, --file FILE      read the prompt from a file\n"
             "  -n, --n-predict N    tokens to generate (default 128; -1: until EOS or context end)\n"
-            "  -c, --ctx-size N     context length (default: the model's)\n"
+            "  -c, --ctx-size N     context length (default: the model's, at most 4096)\n"
             "  -t, --threads N      threads (default: physical cores)\n"
             "      --temp T         temperature (default 0.8; 0 = greedy)\n"
             "      --top-k K        top-k (default 40; 0 = off)\n"
@@ -93,6 +93,9 @@ static int cmd_run(int argc, char **argv) {
     lm_pool *pool = pool_new((int)threads);
     if (!pool) fail("run", "cannot start threads");
     char err[LM_ERRLEN];
+    /* default context: the model's, capped at 4096 so a 128k-context model
+     * does not reserve a huge cache for a short run */
+    if (n_ctx == 0) n_ctx = m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
     lm_state *st = state_new(m, pool, (int)n_ctx, 512, err, sizeof err);
     if (!st) fail("run", err);
     double t_load = lm_now() - t0;
