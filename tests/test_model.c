@@ -12,8 +12,10 @@
  * through two layers of these random models the logits' error measures
  * 1.4e-2 to 2.2e-2.)
  * Covered shapes: MHA, GQA, MQA; tied and untied output; qwen2 (QKV biases,
- * NeoX RoPE); several positions; cache decode vs whole-prefix recompute;
- * odd batch splits.
+ * NeoX RoPE); gemma3 (scaled embeddings, Q/K norms, post norms, GELU,
+ * a 4-token sliding window on alternate layers with their own RoPE base);
+ * several positions; cache decode vs whole-prefix recompute; odd batch
+ * splits.
  */
 #include <math.h>
 #include <stdio.h>
@@ -39,6 +41,7 @@ typedef struct {
 /* Reference weights in double, (rows, cols). */
 typedef struct {
     double *attn_norm, *ffn_norm, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *wg, *wu, *wd;
+    double *qn, *kn, *pan, *pfn; /* gemma3: per-head q/k norms, post-attention/FFN norms */
 } ref_layer;
 
 typedef struct {
@@ -47,6 +50,9 @@ typedef struct {
     double *emb, *out_norm, *out;
     ref_layer *L;
     double rope_base, eps;
+    bool gemma;
+    int window, pattern;     /* gemma3 sliding window and global-layer period */
+    double rope_base_swa;
     /* buffers handed to the writer; freed after writing */
     void **blobs;
     int n_blobs;
@@ -99,6 +105,13 @@ static int write_model(ref_model *r, const shape *sh, const char *path) {
     r->hd = sh->n_embd / sh->n_head;
     r->rope_base = 10000.0;
     r->eps = 1e-5;
+    r->gemma = strcmp(sh->arch, "gemma3") == 0;
+    if (r->gemma) { /* a window shorter than the test sequence, so it matters */
+        r->rope_base = 1e6;
+        r->rope_base_swa = 10000.0;
+        r->window = 4;
+        r->pattern = 2;
+    }
     gguf_writer *w = gguf_writer_new();
     char key[128];
 #define K(s) (snprintf(key, sizeof key, "%s." s, sh->arch), key)
@@ -112,6 +125,11 @@ static int write_model(ref_model *r, const shape *sh, const char *path) {
     gguf_w_set_u32(w, K("context_length"), 64);
     gguf_w_set_f32(w, K("rope.freq_base"), (float)r->rope_base);
     gguf_w_set_f32(w, K("attention.layer_norm_rms_epsilon"), (float)r->eps);
+    if (r->gemma) {
+        gguf_w_set_u32(w, K("attention.sliding_window"), (uint32_t)r->window);
+        gguf_w_set_u32(w, K("attention.sliding_window_pattern"), (uint32_t)r->pattern);
+        gguf_w_set_f32(w, K("rope.freq_base_swa"), (float)r->rope_base_swa);
+    }
 #undef K
     int E = sh->n_embd, Q = sh->n_head * r->hd, KV = sh->n_head_kv * r->hd;
     float ws = 1.0f / sqrtf((float)E);
@@ -138,6 +156,12 @@ static int write_model(ref_model *r, const shape *sh, const char *path) {
         l->wg = add_weight(r, w, N("ffn_gate.weight"), sh->n_ff, E, sh->wtype, ws);
         l->wu = add_weight(r, w, N("ffn_up.weight"), sh->n_ff, E, sh->wtype, ws);
         l->wd = add_weight(r, w, N("ffn_down.weight"), E, sh->n_ff, sh->wtype, 1.0f / sqrtf((float)sh->n_ff));
+        if (r->gemma) {
+            l->qn = add_vec(r, w, N("attn_q_norm.weight"), r->hd, 1.0f, 0.2f);
+            l->kn = add_vec(r, w, N("attn_k_norm.weight"), r->hd, 1.0f, 0.2f);
+            l->pan = add_vec(r, w, N("post_attention_norm.weight"), E, 1.0f, 0.2f);
+            l->pfn = add_vec(r, w, N("post_ffw_norm.weight"), E, 1.0f, 0.2f);
+        }
     }
 #undef N
     char err[LM_ERRLEN];
@@ -155,7 +179,8 @@ static void free_ref(ref_model *r) {
     if (!r->sh.tied) free(r->out);
     for (int i = 0; i < r->sh.n_layer; i++) {
         ref_layer *l = &r->L[i];
-        double *p[] = {l->attn_norm, l->ffn_norm, l->wq, l->wk, l->wv, l->wo, l->bq, l->bk, l->bv, l->wg, l->wu, l->wd};
+        double *p[] = {l->attn_norm, l->ffn_norm, l->wq, l->wk, l->wv, l->wo, l->bq, l->bk, l->bv, l->wg, l->wu, l->wd,
+                       l->qn, l->kn, l->pan, l->pfn};
         for (size_t j = 0; j < sizeof p / sizeof p[0]; j++) free(p[j]);
     }
     free(r->L);
@@ -194,36 +219,45 @@ static void ref_rope(double *v, int n_heads, int hd, int pos, double base, bool 
 static double *ref_forward(const ref_model *r, const int32_t *tokens, int T) {
     const shape *sh = &r->sh;
     int E = sh->n_embd, hd = r->hd, Q = sh->n_head * hd, KV = sh->n_head_kv * hd, F = sh->n_ff;
-    bool neox = strcmp(sh->arch, "qwen2") == 0;
+    bool neox = strcmp(sh->arch, "qwen2") == 0 || r->gemma;
     double *x = calloc((size_t)T * E, sizeof(double)), *xb = malloc((size_t)E * sizeof(double));
     double *q = malloc((size_t)T * Q * sizeof(double)), *k = malloc((size_t)T * KV * sizeof(double));
     double *v = malloc((size_t)T * KV * sizeof(double)), *att = malloc((size_t)Q * sizeof(double));
     double *tmp = malloc((size_t)(E > F ? E : F) * sizeof(double)), *g = malloc((size_t)F * sizeof(double));
     double *u = malloc((size_t)F * sizeof(double)), *sc = malloc((size_t)T * sizeof(double));
     double *logits = malloc((size_t)T * sh->n_vocab * sizeof(double));
-    for (int t = 0; t < T; t++) memcpy(x + (size_t)t * E, r->emb + (size_t)tokens[t] * E, (size_t)E * sizeof(double));
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < E; i++) x[(size_t)t * E + i] = r->emb[(size_t)tokens[t] * E + i] * (r->gemma ? sqrt((double)E) : 1.0);
     for (int li = 0; li < sh->n_layer; li++) {
         const ref_layer *l = &r->L[li];
+        bool local = r->gemma && (li + 1) % r->pattern != 0;
+        double base = local ? r->rope_base_swa : r->rope_base;
         for (int t = 0; t < T; t++) {
             ref_rms(xb, x + (size_t)t * E, l->attn_norm, E, r->eps);
             ref_mv(q + (size_t)t * Q, l->wq, xb, l->bq, Q, E);
             ref_mv(k + (size_t)t * KV, l->wk, xb, l->bk, KV, E);
             ref_mv(v + (size_t)t * KV, l->wv, xb, l->bv, KV, E);
-            ref_rope(q + (size_t)t * Q, sh->n_head, hd, t, r->rope_base, neox);
-            ref_rope(k + (size_t)t * KV, sh->n_head_kv, hd, t, r->rope_base, neox);
+            if (l->qn)
+                for (int h = 0; h < sh->n_head; h++) ref_rms(q + (size_t)t * Q + h * hd, q + (size_t)t * Q + h * hd, l->qn, hd, r->eps);
+            if (l->kn)
+                for (int h = 0; h < sh->n_head_kv; h++) ref_rms(k + (size_t)t * KV + h * hd, k + (size_t)t * KV + h * hd, l->kn, hd, r->eps);
+            ref_rope(q + (size_t)t * Q, sh->n_head, hd, t, base, neox);
+            ref_rope(k + (size_t)t * KV, sh->n_head_kv, hd, t, base, neox);
         }
         double *xn = malloc((size_t)T * E * sizeof(double));
         for (int t = 0; t < T; t++) {
             for (int h = 0; h < sh->n_head; h++) {
                 int kh = h / (sh->n_head / sh->n_head_kv);
                 double mx = -INFINITY, sum = 0;
-                for (int p = 0; p <= t; p++) {
+                int p0 = local && t + 1 > r->window ? t + 1 - r->window : 0;
+                for (int p = 0; p < p0; p++) sc[p] = 0; /* outside the window: weight 0 */
+                for (int p = p0; p <= t; p++) {
                     double d = 0;
                     for (int i = 0; i < hd; i++) d += q[(size_t)t * Q + h * hd + i] * k[(size_t)p * KV + kh * hd + i];
                     sc[p] = d / sqrt((double)hd);
                     if (sc[p] > mx) mx = sc[p];
                 }
-                for (int p = 0; p <= t; p++) sum += (sc[p] = exp(sc[p] - mx));
+                for (int p = p0; p <= t; p++) sum += (sc[p] = exp(sc[p] - mx));
                 for (int i = 0; i < hd; i++) {
                     double o = 0;
                     for (int p = 0; p <= t; p++) o += sc[p] / sum * v[(size_t)p * KV + kh * hd + i];
@@ -231,12 +265,18 @@ static double *ref_forward(const ref_model *r, const int32_t *tokens, int T) {
                 }
             }
             ref_mv(tmp, l->wo, att, NULL, E, Q);
+            if (l->pan) ref_rms(tmp, tmp, l->pan, E, r->eps);
             for (int i = 0; i < E; i++) xn[(size_t)t * E + i] = x[(size_t)t * E + i] + tmp[i];
             ref_rms(xb, xn + (size_t)t * E, l->ffn_norm, E, r->eps);
             ref_mv(g, l->wg, xb, NULL, F, E);
             ref_mv(u, l->wu, xb, NULL, F, E);
-            for (int i = 0; i < F; i++) g[i] = g[i] / (1 + exp(-g[i])) * u[i];
+            for (int i = 0; i < F; i++) {
+                double a = g[i];
+                g[i] = r->gemma ? 0.5 * a * (1 + tanh(sqrt(2 / M_PI) * (a + 0.044715 * a * a * a))) * u[i]
+                                : a / (1 + exp(-a)) * u[i];
+            }
             ref_mv(tmp, l->wd, g, NULL, E, F);
+            if (l->pfn) ref_rms(tmp, tmp, l->pfn, E, r->eps);
             for (int i = 0; i < E; i++) xn[(size_t)t * E + i] += tmp[i];
         }
         memcpy(x, xn, (size_t)T * E * sizeof(double));
@@ -338,6 +378,8 @@ SHAPE_TEST(test_llama_gqa_bf16, "llama", 2, 64, 4, 2, 96, 83, LM_TYPE_BF16, true
 SHAPE_TEST(test_llama_gqa_q8_0, "llama", 2, 64, 4, 2, 96, 83, LM_TYPE_Q8_0, false)
 SHAPE_TEST(test_llama_mha_q4_0, "llama", 2, 64, 4, 4, 96, 83, LM_TYPE_Q4_0, true)
 SHAPE_TEST(test_qwen2_gqa_q4_0, "qwen2", 2, 64, 4, 2, 96, 83, LM_TYPE_Q4_0, false)
+SHAPE_TEST(test_gemma3_mqa_f32, "gemma3", 4, 64, 4, 1, 96, 83, LM_TYPE_F32, true)
+SHAPE_TEST(test_gemma3_gqa_q8_0, "gemma3", 4, 64, 4, 2, 96, 83, LM_TYPE_Q8_0, true)
 
 /* Loading refuses what it cannot run, by name. */
 static void test_refuses_unknown_arch(void) {
@@ -398,6 +440,8 @@ int main(void) {
     TEST_RUN(test_llama_gqa_q8_0);
     TEST_RUN(test_llama_mha_q4_0);
     TEST_RUN(test_qwen2_gqa_q4_0);
+    TEST_RUN(test_gemma3_mqa_f32);
+    TEST_RUN(test_gemma3_gqa_q8_0);
     TEST_RUN(test_refuses_unknown_arch);
     TEST_RUN(test_refuses_missing_tensor);
     return TEST_DONE();
