@@ -28,6 +28,23 @@
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 
+const char *const lm_prof_names[LM_PROF_COUNT] = {
+    "embedding", "norms", "q/k/v matmul", "rope", "attention", "output matmul", "ffn gate+up matmul",
+    "ffn activation", "ffn down matmul", "lm head",
+};
+
+/* Profiling: PROF(s, slot) closes the interval started at the previous
+ * PROF call and charges it to slot. */
+#define PROF_START(s) double prof_t_ = (s)->profile ? lm_now() : 0
+#define PROF(s, slot)                          \
+    do {                                       \
+        if ((s)->profile) {                    \
+            double now_ = lm_now();            \
+            (s)->prof[slot] += now_ - prof_t_; \
+            prof_t_ = now_;                    \
+        }                                      \
+    } while (0)
+
 lm_state *state_new(const lm_model *m, lm_pool *pool, int n_ctx, int max_batch, char *err, size_t errlen) {
     const lm_hparams *hp = &m->hp;
     if (n_ctx <= 0) n_ctx = hp->n_ctx_train;
@@ -158,6 +175,7 @@ static void forward_batch(lm_state *s, const int32_t *tokens, int n, float *logi
     int E = hp->n_embd, hd = hp->head_dim;
     size_t kvd = (size_t)hp->n_head_kv * hd, qd = (size_t)hp->n_head * hd;
     int pos0 = s->n_past;
+    PROF_START(s);
 
     for (int t = 0; t < n; t++) {
         float *x = s->x + (size_t)t * E;
@@ -165,6 +183,7 @@ static void forward_batch(lm_state *s, const int32_t *tokens, int n, float *logi
         if (hp->emb_scale != 1.0f)
             for (int i = 0; i < E; i++) x[i] *= hp->emb_scale;
     }
+    PROF(s, LM_PROF_EMBED);
     float cs_base = -1, cs_scale = -1; /* the RoPE the angles in s->cs are for */
     for (int li = 0; li < hp->n_layer; li++) {
         const lm_layer *l = &m->layers[li];
@@ -175,12 +194,14 @@ static void forward_batch(lm_state *s, const int32_t *tokens, int n, float *logi
             cs_scale = l->rope_scale;
         }
         for (int t = 0; t < n; t++) ops_rmsnorm(s->xb + (size_t)t * E, s->x + (size_t)t * E, l->attn_norm, E, hp->norm_eps);
+        PROF(s, LM_PROF_NORM);
         ops_matmul(s->pool, s->q, &l->wq, s->xb, n, s->act);
         ops_matmul(s->pool, s->k, &l->wk, s->xb, n, s->act);
         ops_matmul(s->pool, s->v, &l->wv, s->xb, n, s->act);
         add_bias(s->q, l->bq, n, (int)qd);
         add_bias(s->k, l->bk, n, (int)kvd);
         add_bias(s->v, l->bv, n, (int)kvd);
+        PROF(s, LM_PROF_QKV);
         float *kc = s->k_cache + ((size_t)li * s->n_ctx + pos0) * kvd;
         float *vc = s->v_cache + ((size_t)li * s->n_ctx + pos0) * kvd;
         if (l->q_norm)
@@ -196,12 +217,14 @@ static void forward_batch(lm_state *s, const int32_t *tokens, int n, float *logi
         }
         memcpy(kc, s->k, (size_t)n * kvd * sizeof(float));
         memcpy(vc, s->v, (size_t)n * kvd * sizeof(float));
+        PROF(s, LM_PROF_ROPE);
 
         attn_job aj = {.s = s, .layer = li, .n = n, .pos0 = pos0, .window = l->window};
         atomic_init(&aj.next, 0);
         /* tiny attention (short contexts, small heads) is not worth a wake-up */
         double work = (double)n * hp->n_head * (pos0 + n) * hd;
         pool_run(work < 64.0 * 1024 ? NULL : s->pool, attn_worker, &aj);
+        PROF(s, LM_PROF_ATTN);
 
         /* x += attn · Woᵀ (hb as a temporary of n_embd per token) */
         ops_matmul(s->pool, s->hb, &l->wo, s->xb, n, s->act);
@@ -209,24 +232,31 @@ static void forward_batch(lm_state *s, const int32_t *tokens, int n, float *logi
             for (int t = 0; t < n; t++)
                 ops_rmsnorm(s->hb + (size_t)t * E, s->hb + (size_t)t * E, l->post_attn_norm, E, hp->norm_eps);
         for (size_t i = 0; i < (size_t)n * E; i++) s->x[i] += s->hb[i];
+        PROF(s, LM_PROF_WO);
 
         for (int t = 0; t < n; t++) ops_rmsnorm(s->xb + (size_t)t * E, s->x + (size_t)t * E, l->ffn_norm, E, hp->norm_eps);
+        PROF(s, LM_PROF_NORM);
         ops_matmul(s->pool, s->hb, &l->w_gate, s->xb, n, s->act);
         ops_matmul(s->pool, s->hb2, &l->w_up, s->xb, n, s->act);
+        PROF(s, LM_PROF_FFN_UP);
         if (hp->gelu) ops_geglu(s->hb, s->hb2, n * hp->n_ff);
         else ops_swiglu(s->hb, s->hb2, n * hp->n_ff);
+        PROF(s, LM_PROF_FFN_ACT);
         ops_matmul(s->pool, s->xb, &l->w_down, s->hb, n, s->act);
         if (l->post_ffn_norm)
             for (int t = 0; t < n; t++)
                 ops_rmsnorm(s->xb + (size_t)t * E, s->xb + (size_t)t * E, l->post_ffn_norm, E, hp->norm_eps);
         for (size_t i = 0; i < (size_t)n * E; i++) s->x[i] += s->xb[i];
+        PROF(s, LM_PROF_FFN_DOWN);
     }
     s->n_past += n;
     if (!logits) return;
     int first = all_logits ? 0 : n - 1, rows = n - first;
     for (int t = first; t < n; t++)
         ops_rmsnorm(s->xb + (size_t)(t - first) * E, s->x + (size_t)t * E, m->out_norm, E, hp->norm_eps);
+    PROF(s, LM_PROF_NORM);
     ops_matmul(s->pool, logits, &m->output, s->xb, rows, s->act);
+    PROF(s, LM_PROF_LM_HEAD);
 }
 
 int state_forward(lm_state *s, const int32_t *tokens, int n, float *logits, bool all_logits, char *err,

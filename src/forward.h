@@ -18,6 +18,14 @@
 #include "model.h"
 #include "pool.h"
 
+/* Where a forward pass spends its time (seconds, accumulated while
+ * lm_state.profile is set). */
+enum {
+    LM_PROF_EMBED, LM_PROF_NORM, LM_PROF_QKV, LM_PROF_ROPE, LM_PROF_ATTN, LM_PROF_WO, LM_PROF_FFN_UP,
+    LM_PROF_FFN_ACT, LM_PROF_FFN_DOWN, LM_PROF_LM_HEAD, LM_PROF_COUNT
+};
+extern const char *const lm_prof_names[LM_PROF_COUNT];
+
 typedef struct lm_state {
     const lm_model *m;
     lm_pool *pool;        /* not owned */
@@ -35,6 +43,8 @@ typedef struct lm_state {
     float *scores;        /* (n_threads, n_ctx) attention scratch */
     void *act;            /* quantized activations for ops_matmul */
     size_t act_bytes;
+    bool profile;         /* accumulate per-op times into prof[] */
+    double prof[LM_PROF_COUNT];
 } lm_state;
 
 /* n_ctx <= 0 takes the model's training context. */

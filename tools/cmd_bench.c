@@ -26,7 +26,8 @@ static void usage_bench(FILE *f) {
             "  -t N       threads (default: physical cores)\n"
             "  -r N       repetitions (default 5)\n"
             "  -o FMT     md (default) or json\n"
-            "  --no-bw    skip the memory-bandwidth measurement\n");
+            "  --no-bw    skip the memory-bandwidth measurement\n"
+            "  --profile  print where the time of each test goes, per operation\n");
 }
 
 /* ---- memory bandwidth -------------------------------------------------- */
@@ -117,7 +118,7 @@ int cmd_bench(int argc, char **argv) {
     args a = {argc, argv, 0, "bench", usage_bench};
     const char *model = NULL, *fmt = "md";
     long long np = 512, ng = 128, depth = 0, threads = pool_default_threads(), reps = 5;
-    bool bw = true;
+    bool bw = true, profile = false;
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
         if (is_flag(&a, "-m", "--model")) model = need_val(&a);
@@ -128,6 +129,7 @@ int cmd_bench(int argc, char **argv) {
         else if (is_flag(&a, "-r", "--repetitions")) reps = need_int(&a, 1, 1000);
         else if (is_flag(&a, "-o", "--output")) fmt = need_val(&a);
         else if (is_flag(&a, "--no-bw", NULL)) bw = false;
+        else if (is_flag(&a, "--profile", NULL)) profile = true;
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
     if (strcmp(fmt, "md") && strcmp(fmt, "json")) die_usage(&a, "output format '%s' is not md or json", fmt);
@@ -174,8 +176,11 @@ int cmd_bench(int argc, char **argv) {
             for (int i = 0; i < 4 && i < n; i++)
                 if (state_forward(st, toks + i, 1, logits, false, err, sizeof err)) fail("bench", err);
         }
+        memset(st->prof, 0, sizeof st->prof);
+        double total = 0;
         for (int r = 0; r < reps; r++) {
             if (fill_depth(st, (int)depth, toks, err, sizeof err)) fail("bench", err);
+            st->profile = profile;
             double t0 = lm_now();
             if (test == 0) {
                 if (state_forward(st, toks + depth, n, logits, false, err, sizeof err)) fail("bench", err);
@@ -183,7 +188,10 @@ int cmd_bench(int argc, char **argv) {
                 for (int i = 0; i < n; i++)
                     if (state_forward(st, toks + depth + i, 1, logits, false, err, sizeof err)) fail("bench", err);
             }
-            v[r] = n / (lm_now() - t0);
+            double dt = lm_now() - t0;
+            st->profile = false;
+            total += dt;
+            v[r] = n / dt;
         }
         double mean, sd;
         stats(v, (int)reps, &mean, &sd);
@@ -200,6 +208,16 @@ int cmd_bench(int argc, char **argv) {
                    m->n_params / 1e6, pool_size(pool), name, mean, sd);
             if (floor_ts > 0) printf(" %.2f | %.0f%% |\n", floor_ts, 100 * mean / floor_ts);
             else printf(" | |\n");
+        }
+        if (profile && !json) {
+            double acc = 0;
+            printf("\n  profile of %s (%% of %.3f s over %lld reps):\n", name, total, reps);
+            for (int k = 0; k < LM_PROF_COUNT; k++) {
+                acc += st->prof[k];
+                printf("    %-20s %6.1f%%  %8.3f ms/token\n", lm_prof_names[k], 100 * st->prof[k] / total,
+                       1e3 * st->prof[k] / ((double)n * reps));
+            }
+            printf("    %-20s %6.1f%%\n\n", "(other)", 100 * (total - acc) / total);
         }
         fflush(stdout);
         n_tests++;
