@@ -41,6 +41,7 @@ static void usage_run(FILE *f) {
             "      --frequency-penalty F, --presence-penalty P\n"
             "      --seed S         RNG seed (default 0)\n"
             "      --ignore-eos     keep generating past end-of-generation tokens\n"
+            "      --show-ids       also print the prompt and generated token ids to stderr\n"
             "  -h, --help           this text\n");
 }
 
@@ -48,7 +49,7 @@ static int cmd_run(int argc, char **argv) {
     args a = {argc, argv, 0, "run", usage_run};
     const char *model = NULL, *prompt = NULL, *pfile = NULL;
     long long n_predict = 128, n_ctx = 0, threads = pool_default_threads();
-    bool ignore_eos = false;
+    bool ignore_eos = false, show_ids = false;
     lm_sample_params sp;
     sample_params_default(&sp);
     for (a.i = 1; a.i < argc; a.i++) {
@@ -69,6 +70,7 @@ static int cmd_run(int argc, char **argv) {
         else if (is_flag(&a, "--presence-penalty", NULL)) sp.presence_penalty = (float)need_float(&a, -2, 2);
         else if (is_flag(&a, "--seed", NULL)) sp.seed = (uint64_t)need_int(&a, 0, 0x7fffffffffffffffLL);
         else if (is_flag(&a, "--ignore-eos", NULL)) ignore_eos = true;
+        else if (is_flag(&a, "--show-ids", NULL)) show_ids = true;
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
     char *pbuf = NULL;
@@ -113,6 +115,8 @@ static int cmd_run(int argc, char **argv) {
     float *logits = malloc((size_t)m->hp.n_vocab * sizeof(float));
     if (!smp || !logits) fail("run", "out of memory");
     for (int i = 0; i < n_tok; i++) sampler_accept(smp, toks[i]);
+    int32_t *gen_ids = show_ids ? malloc(((size_t)(n_predict < 0 ? st->n_ctx : n_predict) + 1) * sizeof(int32_t)) : NULL;
+    if (show_ids && !gen_ids) fail("run", "out of memory");
 
     fwrite(prompt, 1, plen, stdout);
     fflush(stdout);
@@ -134,6 +138,7 @@ static int cmd_run(int argc, char **argv) {
             break;
         }
         sampler_accept(smp, next);
+        if (gen_ids) gen_ids[n_gen] = next;
         n_gen++;
         int w = detok_push(&dt, next, piece, sizeof piece);
         if (w < 0) fail("run", "internal: a token's text does not fit the output buffer");
@@ -151,6 +156,14 @@ static int cmd_run(int argc, char **argv) {
     if (w > 0) fwrite(piece, 1, (size_t)w, stdout);
     printf("\n");
     fflush(stdout);
+    if (show_ids) {
+        fprintf(stderr, "prompt ids:");
+        for (int i = 0; i < n_tok; i++) fprintf(stderr, " %d", toks[i]);
+        fprintf(stderr, "\ngenerated ids:");
+        for (int i = 0; i < n_gen; i++) fprintf(stderr, " %d", gen_ids[i]);
+        fprintf(stderr, "\n");
+        free(gen_ids);
+    }
     if (stop_note && strcmp(stop_note, "context full") == 0)
         fprintf(stderr, "lamina run: stopped: the context of %d tokens is full (use -c for more)\n", st->n_ctx);
     fprintf(stderr, "load %.3f s | prompt %d tok, %.1f tok/s | generated %d tok, %.1f tok/s | threads %d\n", t_load,
@@ -170,21 +183,23 @@ static int cmd_run(int argc, char **argv) {
 
 static void usage_tokenize(FILE *f) {
     fprintf(f,
-            "usage: lamina tokenize -m MODEL.gguf [--ids] [--bos] [--no-parse-special] < TEXT\n"
+            "usage: lamina tokenize -m MODEL.gguf [--ids] [--bos] [--no-parse-special] [--lines] < TEXT\n"
             "Tokenize standard input (no BOS unless --bos); print ids space-separated with --ids,\n"
-            "else the vocabulary pieces space-separated.\n");
+            "else the vocabulary pieces space-separated. With --lines every input line (without\n"
+            "its newline) is tokenized on its own and gives one output line.\n");
 }
 
 static int cmd_tokenize(int argc, char **argv) {
     args a = {argc, argv, 0, "tokenize", usage_tokenize};
     const char *model = NULL;
-    bool ids = false, bos = false, special = true;
+    bool ids = false, bos = false, special = true, lines = false;
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
         if (is_flag(&a, "-m", "--model")) model = need_val(&a);
         else if (is_flag(&a, "--ids", NULL)) ids = true;
         else if (is_flag(&a, "--bos", NULL)) bos = true;
         else if (is_flag(&a, "--no-parse-special", NULL)) special = false;
+        else if (is_flag(&a, "--lines", NULL)) lines = true;
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
     lm_model *m = load_or_die("tokenize", model);
@@ -192,21 +207,31 @@ static int cmd_tokenize(int argc, char **argv) {
     size_t len;
     char *text = read_all(stdin, &len);
     if (!text) fail("tokenize", "out of memory");
-    int32_t *toks = NULL;
-    int n = encode_all(m->tok, text, len, bos, special, &toks);
-    if (n < 0) fail("tokenize", "tokenization failed");
-    for (int i = 0; i < n; i++) {
-        if (i) putchar(' ');
-        if (ids) {
-            printf("%d", toks[i]);
-        } else {
-            size_t pl;
-            const char *p = tok_piece(m->tok, toks[i], &pl);
-            fwrite(p, 1, pl, stdout);
+    size_t start = 0;
+    while (start < len || (!lines && start == 0)) {
+        size_t end = len;
+        if (lines) {
+            const char *nl = memchr(text + start, '\n', len - start);
+            end = nl ? (size_t)(nl - text) : len;
         }
+        int32_t *toks = NULL;
+        int n = encode_all(m->tok, text + start, end - start, bos, special, &toks);
+        if (n < 0) fail("tokenize", "tokenization failed");
+        for (int i = 0; i < n; i++) {
+            if (i) putchar(' ');
+            if (ids) {
+                printf("%d", toks[i]);
+            } else {
+                size_t pl;
+                const char *p = tok_piece(m->tok, toks[i], &pl);
+                fwrite(p, 1, pl, stdout);
+            }
+        }
+        putchar('\n');
+        free(toks);
+        start = end + 1;
+        if (!lines) break;
     }
-    putchar('\n');
-    free(toks);
     free(text);
     model_free(m);
     return 0;
