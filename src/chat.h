@@ -1,0 +1,176 @@
+/*
+ * chat.h - chat templates: a conversation (role + content messages) to the
+ * prompt text a model was tuned on.
+ *
+ * Models ship their chat format as a Jinja template (the GGUF metadata string
+ * tokenizer.chat_template, copied from tokenizer_config.json). lamina has no
+ * Jinja interpreter. It recognizes the template's family from marker
+ * substrings, as other engines do, and renders that family in C, reproducing
+ * one real template byte for byte as transformers' apply_chat_template renders
+ * it (tests/test_chat.c compares against jinja2 output of the real templates
+ * kept in tests/data/chat/, made by make_golden.py there).
+ *
+ * Families, and the exact template each reproduces:
+ *
+ *   chatml             <|im_start|>ROLE\nCONTENT<|im_end|>\n per message, then
+ *                      <|im_start|>assistant\n. Reproduces plain ChatML
+ *                      (OpenHermes-2.5, Felladrin/Llama-68M-Chat) and, through
+ *                      chat_render_template, Qwen2/Qwen2.5-Instruct and
+ *                      SmolLM2-Instruct (their default system message) and
+ *                      Nous-Hermes-2-Mixtral (a leading BOS).
+ *   llama2             meta-llama/Llama-2-7b-chat-hf: BOS before every
+ *                      "[INST] ", the system message inside <<SYS>> in the first
+ *                      user turn, contents strip()ped, " </s>" after answers.
+ *                      Never adds a generation prompt (the template has none).
+ *   llama3             meta-llama/Meta-Llama-3-8B-Instruct (the revision that
+ *                      tests add_generation_prompt). Llama 3.1/3.2/3.3 templates
+ *                      are detected as llama3 too, but they also write a system
+ *                      header ("Cutting Knowledge Date: ...") that lamina does
+ *                      not: an approximation for those.
+ *   mistral-legacy     the first Mistral-7B-Instruct-v0.1/v0.2 and
+ *                      Mixtral-8x7B-Instruct-v0.1 template:
+ *                      <s>[INST] U [/INST]A</s>[INST] U2 [/INST]; no system role.
+ *   mistral-v1         Mistral-7B-Instruct-v0.2 (and v0.1) as published now:
+ *                      <s> [INST] U [/INST] A</s> [INST] U2 [/INST], system text
+ *                      + "\n\n" before the FIRST user message.
+ *                      Also the name "mistral". Mixtral-8x22B's template is
+ *                      detected as mistral-v1 but writes one more space before
+ *                      </s>: an approximation.
+ *   mistral-v3         Mistral-7B-Instruct-v0.3: <s>[INST] U[/INST] A</s>,
+ *                      assistant content trim()med, system text + "\n\n"
+ *                      before the LAST user message (and dropped when the
+ *                      conversation ends with an assistant message, as there).
+ *   mistral-v3-tekken  Mistral-Nemo-Instruct-2407: as mistral-v3 without the
+ *                      spaces: <s>[INST]U[/INST]A</s>, content not trimmed.
+ *                      (Mistral "v7" templates, with [SYSTEM_PROMPT], are not
+ *                      supported: chat_detect returns -1.)
+ *   gemma              Gemma 3 -it: <bos><start_of_turn>user\nU<end_of_turn>\n
+ *                      <start_of_turn>model\nA<end_of_turn>\n, contents
+ *                      trim()med, the system text + "\n\n" (untrimmed) at the
+ *                      start of the first user turn. Gemma 1/2 templates
+ *                      raise an error on a system message; lamina folds it in
+ *                      the Gemma 3 way instead.
+ *   phi3               microsoft/Phi-3-mini-4k-instruct as published now:
+ *                      <|user|>\nU<|end|>\n..., then <|assistant|>\n, or EOS
+ *                      without the generation prompt. The mid-2024 revision
+ *                      with a leading BOS is reproduced by
+ *                      chat_render_template. Phi-3.5-mini skips an empty system
+ *                      message, which lamina writes: an approximation there.
+ *   zephyr             HuggingFaceH4/zephyr-7b-beta (= TinyLlama-1.1B-Chat):
+ *                      <|user|>\nU</s>\n..., then <|assistant|>\n.
+ *
+ * Where the real template raises an exception, chat_render fails with a
+ * message: roles not alternating user/assistant (after an optional leading
+ * system message) in llama2, mistral-* and gemma, a system message later in
+ * the conversation in mistral-*. Where the real template silently drops a
+ * message (llama2 ignores a system message at an odd position), so does
+ * lamina. Roles other than system/user/assistant, a NULL role or content,
+ * and an empty conversation are errors in every family.
+ *
+ * Contents are copied byte for byte; "trim"/"strip" removes leading and
+ * trailing characters that Python's str.isspace() accepts (ASCII blanks,
+ * U+001C-001F, U+0085, U+00A0, U+1680, U+2000-200A, U+2028, U+2029, U+202F,
+ * U+205F, U+3000), decoded from UTF-8; bytes that are not valid UTF-8 are
+ * never stripped. Contents are not parsed for template syntax.
+ *
+ * BOS and double BOS. The rendered text contains bos_text wherever the
+ * template writes bos_token (at the start for llama3, mistral-*, gemma; before
+ * each user turn for llama2) and eos_text wherever it writes eos_token. The
+ * tokenizer must then see special tokens (parse_special = true), and must not
+ * add a second BOS. The rule, which is what llama.cpp's server does:
+ *     if the model adds BOS when tokenizing (tok_add_bos) and the text starts
+ *     with bos_text, skip that prefix and tokenize with add_bos = true;
+ *     otherwise tokenize the whole text with add_bos = tok_add_bos.
+ * (Skipping the leading BOS text and letting the tokenizer add the BOS token
+ * gives one BOS either way.) Pass the vocabulary's BOS/EOS token texts
+ * ("<s>", "<|begin_of_text|>", "<bos>"; NULL means ""): rendering without
+ * bos_text would lose the BOS that llama2 writes before later turns.
+ *
+ * Selecting a family: chat_detect on the model's template text; or a name for
+ * a --chat-template NAME flag (chat_family_from_name; a value that is no
+ * family name can be read as a file holding a template's text and passed to
+ * chat_detect / chat_render_template).
+ */
+#ifndef LAMINA_CHAT_H
+#define LAMINA_CHAT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct {
+    const char *role;    /* "system", "user" or "assistant" */
+    const char *content; /* UTF-8, NUL-terminated */
+} lm_chat_msg;
+
+enum {
+    CHAT_CHATML,
+    CHAT_LLAMA2,
+    CHAT_LLAMA3,
+    CHAT_MISTRAL_LEGACY,
+    CHAT_MISTRAL_V1,
+    CHAT_MISTRAL_V3,
+    CHAT_MISTRAL_V3_TEKKEN,
+    CHAT_GEMMA,
+    CHAT_PHI3,
+    CHAT_ZEPHYR,
+    CHAT_N_FAMILIES
+};
+
+/*
+ * The family of a Jinja template text, or -1 when no rule matches (NULL and
+ * "" included). Rules, first match wins:
+ *   <|im_start|>                        chatml (but -1 with <|im_sep|>: Phi-4)
+ *   <|start_header_id|>                 llama3
+ *   <start_of_turn>                     gemma
+ *   [INST] and <<SYS>>                  llama2
+ *   [INST] and [SYSTEM_PROMPT]          -1 (Mistral v7)
+ *   '[INST]' or "[INST]" (quoted)       mistral-v3-tekken
+ *   ' [INST] ' or " [INST] "            mistral-v1
+ *   '[INST] ' and '[/INST]' (or "...")  mistral-v3
+ *   any other [INST]                    mistral-legacy ('[INST] ' ... ' [/INST]')
+ *   <|user|> or <|assistant|>, <|end|>  phi3
+ *   <|user|>, eos_token or </s>         zephyr (but -1 with [gMASK]: GLM)
+ */
+int chat_detect(const char *template_text);
+
+/* Family by name ("chatml", "llama2", "llama3", "mistral-legacy",
+ * "mistral-v1" or "mistral", "mistral-v3", "mistral-v3-tekken", "gemma",
+ * "phi3", "zephyr"; ASCII case ignored), or -1. */
+int chat_family_from_name(const char *name);
+/* Canonical name of a family; NULL for an invalid id. */
+const char *chat_family_name(int family);
+
+/*
+ * The text that ends an assistant turn: "<|im_end|>", "<|eot_id|>",
+ * "<end_of_turn>", "<|end|>", and "</s>" for the families whose turns end
+ * with the model's EOS token (llama2, mistral-*, zephyr). A generation loop
+ * stops on it (as a token, through tok_is_eog, or as text). NULL for an
+ * invalid id.
+ */
+const char *chat_stop_marker(int family);
+
+/*
+ * Render n messages in a family. add_generation_prompt appends the header of
+ * an assistant turn (families without one ignore it). bos_text/eos_text may
+ * be NULL (""). On success returns 0 and *out holds a NUL-terminated string
+ * allocated with lm_malloc (the caller lm_frees it). On failure returns -1,
+ * sets *out to NULL and writes a message into err.
+ */
+int chat_render(int family, const lm_chat_msg *msgs, int n, bool add_generation_prompt,
+                const char *bos_text, const char *eos_text, char **out, char *err,
+                size_t errlen);
+
+/*
+ * chat_detect + chat_render for a model's own template text, also applying
+ * what the text says beyond its family: a fixed system message a ChatML
+ * template writes when the conversation has none (Qwen2/2.5, SmolLM2: found as
+ * one string literal "<|im_start|>system\n...<|im_end|>" in the template,
+ * prepended when msgs[0] is not a system message), and a template that opens
+ * with {{ bos_token }} in the families that otherwise write no BOS (chatml,
+ * phi3, zephyr). Fails (-1) on an unrecognized template.
+ */
+int chat_render_template(const char *template_text, const lm_chat_msg *msgs, int n,
+                         bool add_generation_prompt, const char *bos_text,
+                         const char *eos_text, char **out, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,660 @@
+/*
+ * test_chat.c - chat templates against jinja2 renders of the real templates.
+ *
+ * tests/data/chat/ holds real models' chat templates (templates/<id>.jinja), the
+ * family chat_detect must find for each (manifest.txt), a set of
+ * conversations (conversations.txt) and, for the templates lamina reproduces
+ * exactly, what jinja2 renders for every conversation with and without the
+ * generation prompt, or the error the template raises (golden/<id>.txt). All
+ * of it is written by tests/data/chat/make_golden.py; this test needs no
+ * Python. Renders are compared byte for byte; a template error must be a
+ * failed render with a message.
+ *
+ * Also: detection rules one by one, names and stop markers, argument errors,
+ * NULL bos/eos, bytes that are not UTF-8, the default system message and
+ * leading-BOS rules of chat_render_template, and allocation failure at every
+ * allocation.
+ */
+#include "chat.h"
+
+#include <stdint.h>
+
+#include "test.h"
+#include "util.h"
+
+#define DATA "tests/data/chat/"
+#define MAX_CONVS 64
+#define MAX_MSGS 16
+#define MAX_TEMPLATES 64
+
+/* ---------------------------------------------------------------- data */
+
+/* Whole file, NUL-terminated (len excludes the NUL); NULL if unreadable. */
+static char *read_all(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 4096, n = 0;
+    char *p = malloc(cap);
+    while (p) {
+        size_t got = fread(p + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0)
+            break;
+        if (cap - n - 1 == 0) {
+            char *q = realloc(p, cap * 2);
+            if (!q) {
+                free(p);
+                p = NULL;
+                break;
+            }
+            p = q;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    if (p) {
+        p[n] = '\0';
+        if (len)
+            *len = n;
+    }
+    return p;
+}
+
+typedef struct {
+    char name[64];
+    int n;
+    lm_chat_msg msgs[MAX_MSGS];
+} conv;
+
+static conv convs[MAX_CONVS];
+static int n_convs = -1; /* -1: not loaded yet */
+
+/* Reads "N\n" + N bytes + "\n" at *pp; returns a malloc'd NUL-terminated copy. */
+static char *take_counted(char **pp, size_t n) {
+    char *p = *pp;
+    if (strlen(p) < n + 1 || p[n] != '\n')
+        return NULL;
+    char *s = malloc(n + 1);
+    if (!s)
+        return NULL;
+    memcpy(s, p, n);
+    s[n] = '\0';
+    *pp = p + n + 1;
+    return s;
+}
+
+/* The rest of the current line (NUL-terminated in place); advances *pp. */
+static char *take_line(char **pp) {
+    char *p = *pp, *nl = strchr(p, '\n');
+    if (!nl)
+        return NULL;
+    *nl = '\0';
+    *pp = nl + 1;
+    return p;
+}
+
+static int load_convs(void) {
+    if (n_convs >= 0)
+        return n_convs;
+    char *text = read_all(DATA "conversations.txt", NULL);
+    if (!text)
+        return n_convs = 0;
+    char *p = text, *line;
+    int nc = 0;
+    conv *c = NULL;
+    while ((line = take_line(&p)) != NULL) {
+        char a[64], b[64];
+        size_t len;
+        if (line[0] == '#' || line[0] == '\0')
+            continue;
+        if (sscanf(line, "conv %63s", a) == 1) {
+            if (nc == MAX_CONVS)
+                break;
+            c = &convs[nc++];
+            snprintf(c->name, sizeof c->name, "%s", a);
+            c->n = 0;
+        } else if (c && sscanf(line, "msg %63s %zu", b, &len) == 2 && c->n < MAX_MSGS) {
+            char *content = take_counted(&p, len);
+            if (!content)
+                break;
+            c->msgs[c->n].role = strdup(b);
+            c->msgs[c->n].content = content;
+            c->n++;
+        }
+    }
+    free(text);
+    return n_convs = nc;
+}
+
+static const conv *find_conv(const char *name) {
+    for (int i = 0; i < load_convs(); i++)
+        if (!strcmp(convs[i].name, name))
+            return &convs[i];
+    return NULL;
+}
+
+typedef struct {
+    char id[96], family[32], bos[48], eos[48];
+    int golden;
+} tmpl_entry;
+
+static tmpl_entry entries[MAX_TEMPLATES];
+static int n_entries = -1;
+
+static int load_manifest(void) {
+    if (n_entries >= 0)
+        return n_entries;
+    char *text = read_all(DATA "manifest.txt", NULL);
+    n_entries = 0;
+    if (!text)
+        return 0;
+    char *p = text, *line;
+    while ((line = take_line(&p)) != NULL && n_entries < MAX_TEMPLATES) {
+        tmpl_entry *e = &entries[n_entries];
+        if (line[0] == '#')
+            continue;
+        if (sscanf(line, "%95s %31s %47s %47s %d", e->id, e->family, e->bos, e->eos,
+                   &e->golden) == 5)
+            n_entries++;
+    }
+    free(text);
+    return n_entries;
+}
+
+static char *load_template(const tmpl_entry *e) {
+    char path[256];
+    snprintf(path, sizeof path, DATA "templates/%.95s.jinja", e->id);
+    return read_all(path, NULL);
+}
+
+static const char *dash_null(const char *s) { return strcmp(s, "-") ? s : NULL; }
+
+/* Prints where two renders first differ, with a little context, escaped. */
+static void show_diff(const char *got, size_t gn, const char *want, size_t wn) {
+    size_t i = 0;
+    while (i < gn && i < wn && got[i] == want[i])
+        i++;
+    size_t from = i > 24 ? i - 24 : 0;
+    const char *what[2] = {"got ", "want"};
+    const char *s[2] = {got, want};
+    size_t n[2] = {gn, wn};
+    fprintf(stderr, "    first difference at byte %zu (got %zu bytes, want %zu)\n", i, gn, wn);
+    for (int k = 0; k < 2; k++) {
+        fprintf(stderr, "    %s: ", what[k]);
+        for (size_t j = from; j < n[k] && j < i + 40; j++) {
+            unsigned char c = (unsigned char)s[k][j];
+            if (c == '\n')
+                fprintf(stderr, "\\n");
+            else if (c < 0x20 || c == 0x7f)
+                fprintf(stderr, "\\x%02x", c);
+            else
+                fputc(c, stderr);
+        }
+        fputc('\n', stderr);
+    }
+}
+
+/* -------------------------------------------------------------- golden */
+
+/* Templates whose render needs more than the family: a default system
+ * message or a leading BOS that chat_render_template reads from the text. */
+static int needs_template_text(const char *id) {
+    static const char *ids[] = {"qwen2.5-7b-instruct", "qwen2-7b-instruct",
+                                "smollm2-135m-instruct", "nous-hermes-2-mixtral-8x7b-dpo",
+                                "phi-3-mini-4k-instruct-3a811845"};
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
+        if (!strcmp(id, ids[i]))
+            return 1;
+    return 0;
+}
+
+static int golden_cases, golden_errors, golden_templates;
+
+/* Checks one template's golden file; returns 0 or -1 (message printed). */
+static int check_golden(const tmpl_entry *e) {
+    char path[256];
+    snprintf(path, sizeof path, DATA "golden/%.95s.txt", e->id);
+    char *gold = read_all(path, NULL), *tmpl = load_template(e);
+    int rc = -1, family = tmpl ? chat_detect(tmpl) : -1, family_differs = 0;
+    const char *bos = dash_null(e->bos), *eos = dash_null(e->eos);
+    if (!gold || !tmpl || family != chat_family_from_name(e->family)) {
+        fprintf(stderr, "  %s: missing data or detected %s\n", e->id, chat_family_name(family));
+        goto done;
+    }
+    char *p = gold, *line;
+    while ((line = take_line(&p)) != NULL) {
+        char name[64], kind[8];
+        int gen;
+        size_t len = 0;
+        int fields = sscanf(line, "case %63s %d %7s %zu", name, &gen, kind, &len);
+        const conv *c = find_conv(name);
+        if (fields < 3 || !c) {
+            fprintf(stderr, "  %s: bad golden line '%s'\n", e->id, line);
+            goto done;
+        }
+        int ok = !strcmp(kind, "ok");
+        char *want = ok ? take_counted(&p, len) : NULL;
+        char *want_err = ok ? NULL : take_line(&p);
+        if (ok ? !want : !want_err) {
+            fprintf(stderr, "  %s: truncated golden file at %s\n", e->id, name);
+            goto done;
+        }
+        char *out = (char *)"unset", err[LM_ERRLEN] = "";
+        int r = chat_render_template(tmpl, c->msgs, c->n, gen, bos, eos, &out, err, sizeof err);
+        int good = ok ? r == 0 && out && strlen(out) == len && !memcmp(out, want, len)
+                      : r == -1 && out == NULL && err[0] != '\0';
+        if (!good) {
+            fprintf(stderr, "  %s / %s / gen=%d: ", e->id, name, gen);
+            if (ok && r == 0) {
+                fprintf(stderr, "render differs\n");
+                show_diff(out, strlen(out), want, len);
+            } else if (ok)
+                fprintf(stderr, "render failed: %s\n", err);
+            else
+                fprintf(stderr, "rendered where the template raises '%s'\n", want_err);
+        }
+        if (r == 0)
+            lm_free(out);
+        /* The family alone gives the same, unless the text adds something. */
+        if (good && ok) {
+            char *out2 = NULL;
+            int r2 = chat_render(family, c->msgs, c->n, gen, bos, eos, &out2, err, sizeof err);
+            int same = r2 == 0 && strlen(out2) == len && !memcmp(out2, want, len);
+            if (!same && !needs_template_text(e->id)) {
+                fprintf(stderr, "  %s / %s / gen=%d: chat_render(%s) differs\n", e->id, name,
+                        gen, chat_family_name(family));
+                good = 0;
+            }
+            family_differs |= !same;
+            if (r2 == 0)
+                lm_free(out2);
+        }
+        free(want);
+        if (!good)
+            goto done;
+        golden_cases++;
+        golden_errors += !ok;
+    }
+    /* Where the text adds a default system message or a BOS, it shows. */
+    if (needs_template_text(e->id) && !family_differs) {
+        fprintf(stderr, "  %s: chat_render_template added nothing to the family render\n",
+                e->id);
+        goto done;
+    }
+    golden_templates++;
+    rc = 0;
+done:
+    free(gold);
+    free(tmpl);
+    return rc;
+}
+
+static void test_golden_renders(void) {
+    CHECKF(load_convs() >= 15, "conversations.txt not found or short (%d)", load_convs());
+    CHECKF(load_manifest() >= 20, "manifest.txt not found or short");
+    int expected_templates = 0, failed = 0;
+    golden_cases = golden_errors = golden_templates = 0;
+    for (int i = 0; i < n_entries; i++) {
+        if (!entries[i].golden)
+            continue;
+        expected_templates++;
+        failed |= check_golden(&entries[i]) != 0;
+    }
+    CHECK(!failed);
+    /* Every family has a golden template; every conversation twice each. */
+    CHECKF(golden_templates == expected_templates && expected_templates >= CHAT_N_FAMILIES,
+           "%d of %d templates", golden_templates, expected_templates);
+    CHECKF(golden_cases == expected_templates * load_convs() * 2, "%d cases", golden_cases);
+    CHECKF(golden_errors >= 40, "only %d template errors checked", golden_errors);
+    printf("NOTE %d templates, %d renders compared, %d template errors matched\n",
+           golden_templates, golden_cases - golden_errors, golden_errors);
+}
+
+/* ------------------------------------------------------------ detection */
+
+static void test_detect_real_templates(void) {
+    CHECK(load_manifest() >= 20);
+    int seen[CHAT_N_FAMILIES] = {0}, unknown = 0;
+    for (int i = 0; i < n_entries; i++) {
+        const tmpl_entry *e = &entries[i];
+        char *t = load_template(e);
+        CHECKF(t != NULL, "templates/%s.jinja missing", e->id);
+        int want = strcmp(e->family, "unknown") ? chat_family_from_name(e->family) : -1;
+        int got = chat_detect(t);
+        free(t);
+        CHECKF(strcmp(e->family, "unknown") == 0 || want >= 0, "bad family %s", e->family);
+        CHECKF(got == want, "%s: detected %s, want %s", e->id,
+               got < 0 ? "unknown" : chat_family_name(got), e->family);
+        if (got >= 0)
+            seen[got]++;
+        else
+            unknown++;
+    }
+    for (int f = 0; f < CHAT_N_FAMILIES; f++)
+        CHECKF(seen[f] > 0, "no real template of family %s", chat_family_name(f));
+    CHECK(unknown >= 5);
+}
+
+static void test_detect_rules(void) {
+    static const struct {
+        const char *text;
+        int family;
+    } cases[] = {
+        {NULL, -1},
+        {"", -1},
+        {"{% for m in messages %}{{ m.content }}{% endfor %}", -1},
+        {"{{ '<|im_start|>' + m.role }}", CHAT_CHATML},
+        {"{{'<|im_start|>system<|im_sep|>'}}", -1},
+        {"'<|start_header_id|>' + role + '<|end_header_id|>'", CHAT_LLAMA3},
+        {"<start_of_turn>model", CHAT_GEMMA},
+        {"'[INST] <<SYS>>\\n'", CHAT_LLAMA2},
+        {"[SYSTEM_PROMPT] [INST]", -1},
+        {"\"[INST]\" + content + \"[/INST]\"", CHAT_MISTRAL_V3_TEKKEN},
+        {"'[INST]' + content", CHAT_MISTRAL_V3_TEKKEN},
+        {"' [INST] ' + content + ' [/INST]'", CHAT_MISTRAL_V1},
+        {"\"[INST] \" + content + \"[/INST]\"", CHAT_MISTRAL_V3},
+        {"'[INST] ' + content + ' [/INST]'", CHAT_MISTRAL_LEGACY},
+        {"[INST]", CHAT_MISTRAL_LEGACY},
+        {"'<|user|>\\n' + content + '<|end|>'", CHAT_PHI3},
+        {"'<|' + role + '|>' + content + '<|end|>' + '<|assistant|>'", CHAT_PHI3},
+        {"'<|user|>\\n' + content + eos_token", CHAT_ZEPHYR},
+        {"<|user|>hi</s>", CHAT_ZEPHYR},
+        {"[gMASK]<sop><|user|>{{ eos_token }}", -1},
+        {"<|user|> alone", -1},
+        /* first rule wins: a ChatML template that mentions [INST] */
+        {"<|im_start|> [INST]", CHAT_CHATML},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int got = chat_detect(cases[i].text);
+        CHECKF(got == cases[i].family, "case %zu '%s': got %d want %d", i,
+               cases[i].text ? cases[i].text : "(null)", got, cases[i].family);
+    }
+}
+
+static void test_names_and_stops(void) {
+    for (int f = 0; f < CHAT_N_FAMILIES; f++) {
+        const char *name = chat_family_name(f);
+        CHECK(name != NULL);
+        CHECKF(chat_family_from_name(name) == f, "%s", name);
+        CHECK(chat_stop_marker(f) != NULL && chat_stop_marker(f)[0] != '\0');
+    }
+    CHECK(chat_family_from_name("mistral") == CHAT_MISTRAL_V1);
+    CHECK(chat_family_from_name("ChatML") == CHAT_CHATML);
+    CHECK(chat_family_from_name("LLAMA3") == CHAT_LLAMA3);
+    CHECK(chat_family_from_name("mistral-v3-tekken") == CHAT_MISTRAL_V3_TEKKEN);
+    CHECK(chat_family_from_name("llama") == -1);
+    CHECK(chat_family_from_name("chatml ") == -1);
+    CHECK(chat_family_from_name("") == -1);
+    CHECK(chat_family_from_name(NULL) == -1);
+    CHECK(chat_family_name(-1) == NULL && chat_family_name(CHAT_N_FAMILIES) == NULL);
+    CHECK(chat_stop_marker(-1) == NULL && chat_stop_marker(CHAT_N_FAMILIES) == NULL);
+    CHECK(!strcmp(chat_stop_marker(CHAT_CHATML), "<|im_end|>"));
+    CHECK(!strcmp(chat_stop_marker(CHAT_LLAMA3), "<|eot_id|>"));
+    CHECK(!strcmp(chat_stop_marker(CHAT_GEMMA), "<end_of_turn>"));
+    CHECK(!strcmp(chat_stop_marker(CHAT_PHI3), "<|end|>"));
+    CHECK(!strcmp(chat_stop_marker(CHAT_ZEPHYR), "</s>"));
+    CHECK(!strcmp(chat_stop_marker(CHAT_LLAMA2), "</s>"));
+    CHECK(!strcmp(chat_stop_marker(CHAT_MISTRAL_V3), "</s>"));
+}
+
+/* --------------------------------------------------------------- errors */
+
+/* Renders and expects failure with a message containing `needle`. */
+static int fails_with(int family, const lm_chat_msg *m, int n, const char *needle) {
+    char *out = (char *)"unset", err[LM_ERRLEN] = "";
+    int r = chat_render(family, m, n, true, "<s>", "</s>", &out, err, sizeof err);
+    if (r == 0)
+        lm_free(out);
+    if (r != -1 || out != NULL || !strstr(err, needle)) {
+        fprintf(stderr, "  family %d: r=%d err='%s' (want '%s')\n", family, r, err, needle);
+        return 0;
+    }
+    return 1;
+}
+
+static void test_errors(void) {
+    lm_chat_msg tool[] = {{"user", "hi"}, {"tool", "42"}};
+    lm_chat_msg upper[] = {{"User", "hi"}};
+    lm_chat_msg no_role[] = {{NULL, "hi"}};
+    lm_chat_msg no_content[] = {{"user", NULL}};
+    lm_chat_msg ok[] = {{"user", "hi"}};
+    for (int f = 0; f < CHAT_N_FAMILIES; f++) {
+        CHECK(fails_with(f, tool, 2, "unknown role 'tool'"));
+        CHECK(fails_with(f, upper, 1, "unknown role 'User'"));
+        CHECK(fails_with(f, no_role, 1, "no role"));
+        CHECK(fails_with(f, no_content, 1, "no content"));
+        CHECK(fails_with(f, ok, 0, "no messages"));
+        CHECK(fails_with(f, NULL, 1, "no messages"));
+    }
+    CHECK(fails_with(-1, ok, 1, "invalid template family"));
+    CHECK(fails_with(CHAT_N_FAMILIES, ok, 1, "invalid template family"));
+    /* NULL err buffer and NULL out pointer are tolerated. */
+    char *out = NULL;
+    CHECK(chat_render(CHAT_CHATML, tool, 2, true, NULL, NULL, &out, NULL, 0) == -1);
+    CHECK(out == NULL);
+    CHECK(chat_render(CHAT_CHATML, ok, 1, true, NULL, NULL, NULL, NULL, 0) == -1);
+
+    /* Alternation, where the reference template raises. */
+    lm_chat_msg two_users[] = {{"user", "a"}, {"user", "b"}};
+    CHECK(fails_with(CHAT_LLAMA2, two_users, 2, "must alternate"));
+    CHECK(fails_with(CHAT_MISTRAL_LEGACY, two_users, 2, "must alternate"));
+    CHECK(fails_with(CHAT_MISTRAL_V1, two_users, 2, "must alternate"));
+    CHECK(fails_with(CHAT_MISTRAL_V3, two_users, 2, "must alternate"));
+    CHECK(fails_with(CHAT_MISTRAL_V3_TEKKEN, two_users, 2, "must alternate"));
+    CHECK(fails_with(CHAT_GEMMA, two_users, 2, "message 1 is user"));
+    lm_chat_msg late[] = {{"user", "a"}, {"system", "s"}, {"user", "b"}};
+    CHECK(fails_with(CHAT_MISTRAL_V1, late, 3, "message 1 is system"));
+    CHECK(fails_with(CHAT_MISTRAL_V3, late, 3, "initial optional system message"));
+    int free_form[] = {CHAT_CHATML, CHAT_LLAMA3, CHAT_PHI3, CHAT_ZEPHYR};
+    for (size_t i = 0; i < 4; i++) {
+        char *o = NULL, err[LM_ERRLEN];
+        CHECK(chat_render(free_form[i], two_users, 2, true, "<s>", "</s>", &o, err,
+                          sizeof err) == 0);
+        lm_free(o);
+    }
+
+    /* chat_render_template on text lamina does not know. */
+    out = (char *)"unset";
+    char err[LM_ERRLEN] = "";
+    CHECK(chat_render_template("{{ messages }}", ok, 1, true, NULL, NULL, &out, err,
+                               sizeof err) == -1);
+    CHECK(out == NULL && strstr(err, "unrecognized chat template"));
+    CHECK(chat_render_template(NULL, ok, 1, true, NULL, NULL, &out, err, sizeof err) == -1);
+}
+
+/* ------------------------------------------------------- small renders */
+
+static int renders_to(int family, const lm_chat_msg *m, int n, bool gen, const char *bos,
+                      const char *eos, const char *want) {
+    char *out = NULL, err[LM_ERRLEN] = "";
+    int r = chat_render(family, m, n, gen, bos, eos, &out, err, sizeof err);
+    int good = r == 0 && out && !strcmp(out, want);
+    if (!good) {
+        fprintf(stderr, "  family %s: r=%d err='%s'\n", chat_family_name(family), r, err);
+        if (r == 0)
+            show_diff(out, strlen(out), want, strlen(want));
+    }
+    lm_free(out);
+    return good;
+}
+
+static void test_null_bos_eos(void) {
+    lm_chat_msg m[] = {{"user", "Hi"}, {"assistant", "Yo"}, {"user", "Q"}};
+    CHECK(renders_to(CHAT_LLAMA2, m, 3, true, NULL, NULL, "[INST] Hi [/INST] Yo [INST] Q [/INST]"));
+    CHECK(renders_to(CHAT_LLAMA2, m, 3, true, "<s>", "</s>",
+                     "<s>[INST] Hi [/INST] Yo </s><s>[INST] Q [/INST]"));
+    CHECK(renders_to(CHAT_GEMMA, m, 1, true, NULL, NULL,
+                     "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"));
+    CHECK(renders_to(CHAT_PHI3, m, 1, false, NULL, NULL, "<|user|>\nHi<|end|>\n"));
+    /* Families that write no BOS do not gain one from bos_text. */
+    CHECK(renders_to(CHAT_CHATML, m, 1, true, "<s>", "</s>",
+                     "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"));
+    /* llama2 with only a system message renders nothing, as its template. */
+    lm_chat_msg sys[] = {{"system", "S"}};
+    CHECK(renders_to(CHAT_LLAMA2, sys, 1, true, "<s>", "</s>", ""));
+}
+
+/* Stripping looks at UTF-8 whitespace only; other bytes, valid or not, stay. */
+static void test_strip_bytes(void) {
+    lm_chat_msg m1[] = {{"user", " \xff\xfe \xc2 "}};
+    CHECK(renders_to(CHAT_LLAMA3, m1, 1, false, "", "",
+                     "<|start_header_id|>user<|end_header_id|>\n\n\xff\xfe \xc2<|eot_id|>"));
+    /* A truncated U+2000 (E2 80) is not whitespace; a whole one is. */
+    lm_chat_msg m2[] = {{"user", "a\xe2\x80"}};
+    CHECK(renders_to(CHAT_GEMMA, m2, 1, false, "", "",
+                     "<start_of_turn>user\na\xe2\x80<end_of_turn>\n"));
+    lm_chat_msg m3[] = {{"user", "\xe2\x80\x80" "a\xe2\x80\x80\xc2\xa0"}};
+    CHECK(renders_to(CHAT_GEMMA, m3, 1, false, "", "", "<start_of_turn>user\na<end_of_turn>\n"));
+    /* U+200B ZERO WIDTH SPACE (E2 80 8B) is not whitespace to Python. */
+    lm_chat_msg m4[] = {{"user", "\xe2\x80\x8b" "a"}};
+    CHECK(renders_to(CHAT_GEMMA, m4, 1, false, "", "",
+                     "<start_of_turn>user\n\xe2\x80\x8b" "a<end_of_turn>\n"));
+    /* Only blanks: nothing left. */
+    lm_chat_msg m5[] = {{"user", " \t\n\xe3\x80\x80"}};
+    CHECK(renders_to(CHAT_GEMMA, m5, 1, false, "", "", "<start_of_turn>user\n<end_of_turn>\n"));
+}
+
+static int template_renders_to(const char *tmpl, const lm_chat_msg *m, int n,
+                               const char *want) {
+    char *out = NULL, err[LM_ERRLEN] = "";
+    int r = chat_render_template(tmpl, m, n, true, "<s>", "</s>", &out, err, sizeof err);
+    int good = r == 0 && !strcmp(out, want);
+    if (!good) {
+        fprintf(stderr, "  template '%.60s...': r=%d err='%s'\n", tmpl, r, err);
+        if (r == 0)
+            show_diff(out, strlen(out), want, strlen(want));
+    }
+    lm_free(out);
+    return good;
+}
+
+#define CHATML_LOOP                                                                       \
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "          \
+    "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt " \
+    "%}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+
+static void test_template_text_rules(void) {
+    lm_chat_msg u[] = {{"user", "Q"}};
+    lm_chat_msg su[] = {{"system", "Mine."}, {"user", "Q"}};
+    const char *plain = "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n";
+    /* Escapes in the default system literal are decoded as Jinja does. */
+    const char *esc = "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nIt\\'s "
+                      "\\u00e9 \\x41 \"q\" \\\\ \\t<|im_end|>\\n' }}{% endif %}" CHATML_LOOP;
+    CHECK(template_renders_to(esc, u, 1,
+                              "<|im_start|>system\nIt's \xc3\xa9 A \"q\" \\ \t<|im_end|>\n"
+                              "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"));
+    /* A conversation with its own system message keeps it alone. */
+    CHECK(template_renders_to(esc, su, 2,
+                              "<|im_start|>system\nMine.<|im_end|>\n<|im_start|>user\nQ"
+                              "<|im_end|>\n<|im_start|>assistant\n"));
+    /* A double-quoted literal with a raw newline and an apostrophe. */
+    const char *dq = "{{ \"<|im_start|>system\nYou're kind.<|im_end|>\n\" }}" CHATML_LOOP;
+    CHECK(template_renders_to(dq, u, 1,
+                              "<|im_start|>system\nYou're kind.<|im_end|>\n<|im_start|>user\nQ"
+                              "<|im_end|>\n<|im_start|>assistant\n"));
+    /* An escape Jinja has but lamina does not decode: no default rather than a wrong one. */
+    const char *odd = "{{ '<|im_start|>system\\nBell\\a<|im_end|>\\n' }}" CHATML_LOOP;
+    CHECK(template_renders_to(odd, u, 1, plain));
+    /* A system turn built from the first message is no default. */
+    const char *concat = "{{ '<|im_start|>system\\n' + messages[0]['content'] + "
+                         "'<|im_end|>\\n' }}" CHATML_LOOP;
+    CHECK(template_renders_to(concat, u, 1, plain));
+    /* An empty default system message is still written. */
+    const char *empty = "{{ '<|im_start|>system\\n<|im_end|>\\n' }}" CHATML_LOOP;
+    CHECK(template_renders_to(empty, u, 1,
+                              "<|im_start|>system\n<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n"
+                              "<|im_start|>assistant\n"));
+    /* A rejected candidate before the real one leaves nothing behind. */
+    const char *two = "{{ '<|im_start|>system\\nlong rejected text' + x + '<|im_end|>' }}"
+                      "{{ '<|im_start|>system\\nOK<|im_end|>\\n' }}" CHATML_LOOP;
+    CHECK(template_renders_to(two, u, 1,
+                              "<|im_start|>system\nOK<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n"
+                              "<|im_start|>assistant\n"));
+    /* A leading {{ bos_token }} in the families that write none. */
+    CHECK(template_renders_to("  {{- bos_token -}}" CHATML_LOOP, u, 1,
+                              "<s><|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"));
+    CHECK(template_renders_to("{{ '<|user|>\\n' }}{{ bos_token }}<|end|>", u, 1,
+                              "<|user|>\nQ<|end|>\n<|assistant|>\n"));
+    CHECK(template_renders_to("{{bos_token}}'<|user|>\\n' + eos_token", u, 1,
+                              "<s><|user|>\nQ</s>\n<|assistant|>\n"));
+    /* ... but not where the family writes the BOS itself. */
+    CHECK(template_renders_to("{{ bos_token }}<|start_header_id|>", u, 1,
+                              "<s><|start_header_id|>user<|end_header_id|>\n\nQ<|eot_id|>"
+                              "<|start_header_id|>assistant<|end_header_id|>\n\n"));
+}
+
+/* ------------------------------------------------------ allocation failure */
+
+static void test_alloc_failure(void) {
+    CHECK(load_convs() > 0);
+    const conv *c = find_conv("long");
+    CHECK(c != NULL);
+    char *qwen_text = NULL;
+    for (int i = 0; i < load_manifest(); i++)
+        if (!strcmp(entries[i].id, "qwen2.5-7b-instruct"))
+            qwen_text = load_template(&entries[i]);
+    CHECK(qwen_text != NULL);
+    int failures_seen = 0;
+    for (int f = 0; f <= CHAT_N_FAMILIES; f++) { /* f == N: chat_render_template */
+        const lm_chat_msg *m = c->msgs;
+        int n = c->n;
+        lm_chat_msg user_first[MAX_MSGS];
+        if (f == CHAT_MISTRAL_LEGACY) { /* no system role there */
+            memcpy(user_first, c->msgs + 1, sizeof(lm_chat_msg) * (size_t)(c->n - 1));
+            m = user_first;
+            n = c->n - 1;
+        }
+        char *want = NULL, err[LM_ERRLEN];
+        int r = f < CHAT_N_FAMILIES
+                    ? chat_render(f, m, n, true, "<s>", "</s>", &want, err, sizeof err)
+                    : chat_render_template(qwen_text, m, n, true, NULL, NULL, &want, err,
+                                           sizeof err);
+        CHECKF(r == 0, "family %d: %s", f, err);
+        int done = 0;
+        for (long k = 0; k < 64 && !done; k++) {
+            char *out = (char *)"unset";
+            err[0] = '\0';
+            lm_alloc_fail_after(k);
+            r = f < CHAT_N_FAMILIES
+                    ? chat_render(f, m, n, true, "<s>", "</s>", &out, err, sizeof err)
+                    : chat_render_template(qwen_text, m, n, true, NULL, NULL, &out, err,
+                                           sizeof err);
+            lm_alloc_fail_after(-1);
+            if (r == 0) {
+                CHECKF(!strcmp(out, want), "family %d, %ld allocations", f, k);
+                lm_free(out);
+                done = 1;
+            } else {
+                CHECKF(out == NULL && strstr(err, "out of memory"), "family %d: '%s'", f, err);
+                failures_seen++;
+            }
+        }
+        lm_free(want);
+        CHECKF(done, "family %d never succeeded", f);
+    }
+    free(qwen_text);
+    CHECK(failures_seen > CHAT_N_FAMILIES);
+}
+
+static void free_convs(void) {
+    for (int i = 0; i < n_convs; i++)
+        for (int j = 0; j < convs[i].n; j++) {
+            free((char *)convs[i].msgs[j].role);
+            free((char *)convs[i].msgs[j].content);
+        }
+}
+
+int main(void) {
+    TEST_RUN(test_golden_renders);
+    TEST_RUN(test_detect_real_templates);
+    TEST_RUN(test_detect_rules);
+    TEST_RUN(test_names_and_stops);
+    TEST_RUN(test_errors);
+    TEST_RUN(test_null_bos_eos);
+    TEST_RUN(test_strip_bytes);
+    TEST_RUN(test_template_text_rules);
+    TEST_RUN(test_alloc_failure);
+    free_convs();
+    return TEST_DONE();
+}
