@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chat.h"
 #include "cli.h"
 #include "convert.h"
 #include "forward.h"
@@ -42,14 +43,76 @@ static void usage_run(FILE *f) {
             "      --seed S         RNG seed (default 0)\n"
             "      --ignore-eos     keep generating past end-of-generation tokens\n"
             "      --show-ids       also print the prompt and generated token ids to stderr\n"
+            "      --chat           treat the prompt as a user message: render it with the model's\n"
+            "                       chat template and print only the reply\n"
+            "      --system TEXT    with --chat: a system message first\n"
+            "      --chat-template NAME|FILE  with --chat: a template family by name (chatml,\n"
+            "                       llama2, llama3, mistral, gemma, phi3, zephyr, ...) or a\n"
+            "                       Jinja template file, instead of the model's own\n"
             "  -h, --help           this text\n");
+}
+
+/* Render a one-turn conversation (optional system message, then `user`)
+ * with the chosen or the model's chat template, ready to tokenize with
+ * special tokens parsed. When the model adds BOS itself and the template
+ * wrote it too, the written one is dropped (*add_bos stays true). */
+static char *render_chat(const lm_model *m, const char *user, const char *system, const char *tmpl_arg,
+                         bool *add_bos) {
+    char err[LM_ERRLEN];
+    lm_chat_msg msgs[2];
+    int n = 0;
+    if (system) msgs[n++] = (lm_chat_msg){"system", system};
+    msgs[n++] = (lm_chat_msg){"user", user};
+    size_t len;
+    int32_t bos = tok_bos(m->tok), eos = tok_eos(m->tok);
+    char bos_text[128] = "", eos_text[128] = "";
+    if (bos >= 0) snprintf(bos_text, sizeof bos_text, "%.*s", (int)(tok_piece(m->tok, bos, &len), len), tok_piece(m->tok, bos, &len));
+    if (eos >= 0) snprintf(eos_text, sizeof eos_text, "%.*s", (int)(tok_piece(m->tok, eos, &len), len), tok_piece(m->tok, eos, &len));
+    char *out = NULL, *file_text = NULL;
+    int rc;
+    /* a Gemma file without a template still speaks Gemma's turn format */
+    if (!tmpl_arg && m->hp.arch == LM_ARCH_GEMMA3 && gguf_find_key(m->gguf, "tokenizer.chat_template") < 0)
+        tmpl_arg = "gemma";
+    if (tmpl_arg && chat_family_from_name(tmpl_arg) >= 0) {
+        rc = chat_render(chat_family_from_name(tmpl_arg), msgs, n, true, bos_text, eos_text, &out, err, sizeof err);
+    } else {
+        const char *text = NULL;
+        gguf_str gs;
+        char *model_tmpl = NULL;
+        if (tmpl_arg) {
+            FILE *f = fopen(tmpl_arg, "rb");
+            if (!f) {
+                fprintf(stderr, "lamina run: --chat-template '%s' is neither a template name nor a readable file\n", tmpl_arg);
+                exit(2);
+            }
+            file_text = read_all(f, &len);
+            fclose(f);
+            text = file_text;
+        } else if (gguf_get_str(m->gguf, "tokenizer.chat_template", &gs)) {
+            model_tmpl = malloc(gs.len + 1);
+            if (!model_tmpl) fail("run", "out of memory");
+            memcpy(model_tmpl, gs.ptr, gs.len);
+            model_tmpl[gs.len] = 0;
+            text = model_tmpl;
+        } else {
+            fail("run", "the model has no chat template (tokenizer.chat_template); pick one with --chat-template");
+        }
+        rc = chat_render_template(text, msgs, n, true, bos_text, eos_text, &out, err, sizeof err);
+        free(model_tmpl);
+    }
+    free(file_text);
+    if (rc) fail("run", err);
+    size_t bl = strlen(bos_text);
+    if (*add_bos && bl && strncmp(out, bos_text, bl) == 0) memmove(out, out + bl, strlen(out + bl) + 1);
+    return out;
 }
 
 static int cmd_run(int argc, char **argv) {
     args a = {argc, argv, 0, "run", usage_run};
     const char *model = NULL, *prompt = NULL, *pfile = NULL;
     long long n_predict = 128, n_ctx = 0, threads = pool_default_threads();
-    bool ignore_eos = false, show_ids = false;
+    bool ignore_eos = false, show_ids = false, chat = false;
+    const char *system = NULL, *chat_tmpl = NULL;
     lm_sample_params sp;
     sample_params_default(&sp);
     for (a.i = 1; a.i < argc; a.i++) {
@@ -71,6 +134,9 @@ static int cmd_run(int argc, char **argv) {
         else if (is_flag(&a, "--seed", NULL)) sp.seed = (uint64_t)need_int(&a, 0, 0x7fffffffffffffffLL);
         else if (is_flag(&a, "--ignore-eos", NULL)) ignore_eos = true;
         else if (is_flag(&a, "--show-ids", NULL)) show_ids = true;
+        else if (is_flag(&a, "--chat", NULL)) chat = true;
+        else if (is_flag(&a, "--system", NULL)) system = need_val(&a);
+        else if (is_flag(&a, "--chat-template", NULL)) chat_tmpl = need_val(&a);
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
     char *pbuf = NULL;
@@ -102,8 +168,15 @@ static int cmd_run(int argc, char **argv) {
     if (!st) fail("run", err);
     double t_load = lm_now() - t0;
 
+    char *rendered = NULL;
+    bool add_bos = tok_add_bos(m->tok);
+    if (chat) {
+        rendered = render_chat(m, prompt, system, chat_tmpl, &add_bos);
+        prompt = rendered;
+        plen = strlen(rendered);
+    }
     int32_t *toks = NULL;
-    int n_tok = encode_all(m->tok, prompt, plen, tok_add_bos(m->tok), true, &toks);
+    int n_tok = encode_all(m->tok, prompt, plen, add_bos, true, &toks);
     if (n_tok < 0) fail("run", "tokenization failed");
     if (n_tok == 0) fail("run", "the prompt encodes to no tokens");
     if (n_tok >= st->n_ctx) {
@@ -118,7 +191,7 @@ static int cmd_run(int argc, char **argv) {
     int32_t *gen_ids = show_ids ? malloc(((size_t)(n_predict < 0 ? st->n_ctx : n_predict) + 1) * sizeof(int32_t)) : NULL;
     if (show_ids && !gen_ids) fail("run", "out of memory");
 
-    fwrite(prompt, 1, plen, stdout);
+    if (!chat) fwrite(prompt, 1, plen, stdout);
     fflush(stdout);
     double t1 = lm_now();
     if (state_forward(st, toks, n_tok, logits, false, err, sizeof err)) fail("run", err);
@@ -172,6 +245,7 @@ static int cmd_run(int argc, char **argv) {
     free(logits);
     free(toks);
     free(pbuf);
+    lm_free(rendered);
     sampler_free(smp);
     state_free(st);
     pool_free(pool);
