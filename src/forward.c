@@ -46,6 +46,11 @@ const char *const lm_prof_names[LM_PROF_COUNT] = {
     } while (0)
 
 lm_state *state_new(const lm_model *m, lm_pool *pool, int n_ctx, int max_batch, char *err, size_t errlen) {
+    return state_new_kv(m, pool, n_ctx, max_batch, LM_TYPE_F32, err, errlen);
+}
+
+lm_state *state_new_kv(const lm_model *m, lm_pool *pool, int n_ctx, int max_batch, uint32_t kv_type, char *err,
+                       size_t errlen) {
     const lm_hparams *hp = &m->hp;
     if (n_ctx <= 0) n_ctx = hp->n_ctx_train;
     if (max_batch <= 0) max_batch = 512;
@@ -61,14 +66,24 @@ lm_state *state_new(const lm_model *m, lm_pool *pool, int n_ctx, int max_batch, 
     s->max_batch = max_batch;
     size_t kvd = (size_t)hp->n_head_kv * hp->head_dim, qd = (size_t)hp->n_head * hp->head_dim;
     size_t B = (size_t)max_batch, E = (size_t)hp->n_embd;
-    uint64_t cache_elems;
-    if (!lm_mul_u64((uint64_t)hp->n_layer * (uint64_t)n_ctx, kvd, &cache_elems) || cache_elems > (1ull << 40)) {
-        lm_err(err, errlen, "KV cache for context %d is too large", n_ctx);
+    kv_config kc;
+    kv_config_init(&kc, hp->n_layer, hp->n_head_kv, hp->head_dim);
+    kc.type = kv_type;
+    kc.n_ctx = n_ctx;
+    kc.n_seqs = 1;
+    s->kv = kv_pool_new(&kc, err, errlen);
+    if (!s->kv) {
         lm_free(s);
         return NULL;
     }
-    s->k_cache = lm_malloc(cache_elems * sizeof(float));
-    s->v_cache = lm_malloc(cache_elems * sizeof(float));
+    s->seq = kv_seq_new(s->kv, err, errlen);
+    s->n_scr = pool_size(pool);
+    s->scr = lm_calloc((size_t)s->n_scr, sizeof *s->scr);
+    for (int i = 0; s->scr && i < s->n_scr; i++)
+        if (!(s->scr[i] = attn_scratch_new(s->kv, hp->n_head, err, errlen))) {
+            state_free(s);
+            return NULL;
+        }
     s->x = lm_malloc(B * E * sizeof(float));
     s->xb = lm_malloc(B * max_sz(E, qd) * sizeof(float));
     s->q = lm_malloc(B * qd * sizeof(float));
@@ -77,7 +92,6 @@ lm_state *state_new(const lm_model *m, lm_pool *pool, int n_ctx, int max_batch, 
     s->hb = lm_malloc(B * (size_t)hp->n_ff * sizeof(float));
     s->hb2 = lm_malloc(B * (size_t)hp->n_ff * sizeof(float));
     s->cs = lm_malloc(B * (size_t)hp->n_rot * sizeof(float));
-    s->scores = lm_malloc((size_t)pool_size(pool) * (size_t)n_ctx * sizeof(float));
     /* activation scratch: the largest input row of any matmul, in any type used */
     size_t a = 0;
     for (int li = 0; li < hp->n_layer; li++) {
@@ -89,8 +103,8 @@ lm_state *state_new(const lm_model *m, lm_pool *pool, int n_ctx, int max_batch, 
     a = max_sz(a, ops_matmul_scratch(m->output.type, m->output.cols, max_batch));
     s->act_bytes = a;
     s->act = a ? lm_malloc(a) : NULL;
-    if (!s->k_cache || !s->v_cache || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->hb || !s->hb2 ||
-        !s->cs || !s->scores || (a && !s->act)) {
+    if (!s->seq || !s->scr || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->hb || !s->hb2 ||
+        !s->cs || (a && !s->act)) {
         lm_err(err, errlen, "out of memory allocating the state for context %d", n_ctx);
         state_free(s);
         return NULL;
@@ -100,8 +114,9 @@ lm_state *state_new(const lm_model *m, lm_pool *pool, int n_ctx, int max_batch, 
 
 void state_free(lm_state *s) {
     if (!s) return;
-    lm_free(s->k_cache);
-    lm_free(s->v_cache);
+    for (int i = 0; s->scr && i < s->n_scr; i++) attn_scratch_free(s->scr[i]);
+    lm_free(s->scr);
+    kv_pool_free(s->kv); /* frees s->seq too */
     lm_free(s->x);
     lm_free(s->xb);
     lm_free(s->q);
@@ -110,14 +125,17 @@ void state_free(lm_state *s) {
     lm_free(s->hb);
     lm_free(s->hb2);
     lm_free(s->cs);
-    lm_free(s->scores);
     lm_free(s->act);
     lm_free(s);
 }
 
-void state_reset(lm_state *s) { s->n_past = 0; }
+void state_reset(lm_state *s) {
+    kv_truncate(s->kv, s->seq, 0, NULL, 0);
+    s->n_past = 0;
+}
 
-/* Attention for n tokens of one layer; work items are (token, head) pairs. */
+/* Attention for n tokens of one layer; work items are (query tile, kv head)
+ * pairs, each computing every query head of that KV head's group. */
 typedef struct {
     lm_state *s;
     int layer, n, pos0;
@@ -129,36 +147,16 @@ static void attn_worker(void *arg, int ith, int nth) {
     attn_job *j = arg;
     lm_state *s = j->s;
     const lm_hparams *hp = &s->m->hp;
-    int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
-    size_t kvd = (size_t)hp->n_head_kv * hd, qd = (size_t)hp->n_head * hd;
-    const float *kc = s->k_cache + (size_t)j->layer * s->n_ctx * kvd;
-    const float *vc = s->v_cache + (size_t)j->layer * s->n_ctx * kvd;
-    float *sc = s->scores + (size_t)ith * s->n_ctx;
-    float scale = 1.0f / sqrtf((float)hd);
-    int total = j->n * hp->n_head;
+    size_t qd = (size_t)hp->n_head * hp->head_dim;
+    float scale = 1.0f / sqrtf((float)hp->head_dim);
+    int n_tiles = (j->n + ATTN_TILE_Q - 1) / ATTN_TILE_Q, total = n_tiles * hp->n_head_kv;
     for (;;) {
         int item = atomic_fetch_add(&j->next, 1);
         if (item >= total) break;
-        int t = item / hp->n_head, h = item % hp->n_head, kh = h / group;
-        /* causal: positions 0 .. pos, or the last `window` of them */
-        int pos = j->pos0 + t;
-        int start = j->window > 0 && pos + 1 > j->window ? pos + 1 - j->window : 0;
-        int len = pos + 1 - start;
-        const float *q = s->q + (size_t)t * qd + (size_t)h * hd;
-        for (int p = 0; p < len; p++) {
-            const float *k = kc + (size_t)(start + p) * kvd + (size_t)kh * hd;
-            float d = 0;
-            for (int i = 0; i < hd; i++) d += q[i] * k[i];
-            sc[p] = d * scale;
-        }
-        ops_softmax(sc, len);
-        float *out = s->xb + (size_t)t * qd + (size_t)h * hd;
-        memset(out, 0, (size_t)hd * sizeof(float));
-        for (int p = 0; p < len; p++) {
-            const float *v = vc + (size_t)(start + p) * kvd + (size_t)kh * hd;
-            float w = sc[p];
-            for (int i = 0; i < hd; i++) out[i] += w * v[i];
-        }
+        int i0 = item / hp->n_head_kv * ATTN_TILE_Q, kh = item % hp->n_head_kv;
+        int nq = j->n - i0 < ATTN_TILE_Q ? j->n - i0 : ATTN_TILE_Q;
+        attn_tile(s->kv, s->seq, j->layer, kh, s->q + (size_t)i0 * qd, qd, nq, j->pos0 + i0, scale, j->window,
+                  s->xb + (size_t)i0 * qd, qd, s->scr[ith]);
     }
 }
 
@@ -202,8 +200,6 @@ static void forward_batch(lm_state *s, const int32_t *tokens, int n, float *logi
         add_bias(s->k, l->bk, n, (int)kvd);
         add_bias(s->v, l->bv, n, (int)kvd);
         PROF(s, LM_PROF_QKV);
-        float *kc = s->k_cache + ((size_t)li * s->n_ctx + pos0) * kvd;
-        float *vc = s->v_cache + ((size_t)li * s->n_ctx + pos0) * kvd;
         if (l->q_norm)
             for (int t = 0; t < n * hp->n_head; t++)
                 ops_rmsnorm(s->q + (size_t)t * hd, s->q + (size_t)t * hd, l->q_norm, hd, hp->norm_eps);
@@ -215,8 +211,7 @@ static void forward_batch(lm_state *s, const int32_t *tokens, int n, float *logi
             ops_rope_apply(s->q + (size_t)t * qd, hp->n_head, hd, hp->n_rot, cs, hp->rope_style);
             ops_rope_apply(s->k + (size_t)t * kvd, hp->n_head_kv, hd, hp->n_rot, cs, hp->rope_style);
         }
-        memcpy(kc, s->k, (size_t)n * kvd * sizeof(float));
-        memcpy(vc, s->v, (size_t)n * kvd * sizeof(float));
+        kv_store_rows(s->kv, s->seq, li, pos0, n, s->k, kvd, s->v, kvd);
         PROF(s, LM_PROF_ROPE);
 
         attn_job aj = {.s = s, .layer = li, .n = n, .pos0 = pos0, .window = l->window};
@@ -275,6 +270,8 @@ int state_forward(lm_state *s, const int32_t *tokens, int n, float *logits, bool
         float *out = NULL;
         if (logits && all_logits) out = logits + (size_t)done * hp->n_vocab;
         else if (logits && last) out = logits;
+        /* positions n_past .. n_past+b-1 get cache slots before the pass writes them */
+        if (kv_append(s->kv, s->seq, b, err, errlen) != KV_OK) return -1;
         forward_batch(s, tokens + done, b, out, all_logits);
         done += b;
     }

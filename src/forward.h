@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "attn.h"
+#include "kv.h"
 #include "model.h"
 #include "pool.h"
 
@@ -32,15 +34,16 @@ typedef struct lm_state {
     int n_ctx;            /* positions the cache holds */
     int n_past;           /* positions filled */
     int max_batch;        /* tokens per internal pass */
-    float *k_cache;       /* (n_layer, n_ctx, n_head_kv * head_dim) */
-    float *v_cache;       /* (n_layer, n_ctx, n_head_kv * head_dim) */
+    kv_pool *kv;          /* paged cache sized for n_ctx positions of one sequence */
+    kv_seq *seq;          /* this state's sequence in kv */
+    attn_scratch **scr;   /* (n_scr) attention scratch, one per pool thread */
+    int n_scr;
     float *x;             /* (max_batch, n_embd) residual stream */
     float *xb;            /* (max_batch, max(n_embd, q_dim)) normed input / attention output */
     float *q;             /* (max_batch, n_head * head_dim) */
     float *k, *v;         /* (max_batch, n_head_kv * head_dim) */
     float *hb, *hb2;      /* (max_batch, n_ff) */
     float *cs;            /* (max_batch, n_rot) rope cos/sin */
-    float *scores;        /* (n_threads, n_ctx) attention scratch */
     void *act;            /* quantized activations for ops_matmul */
     size_t act_bytes;
     bool profile;         /* accumulate per-op times into prof[] */
@@ -49,6 +52,10 @@ typedef struct lm_state {
 
 /* n_ctx <= 0 takes the model's training context. */
 lm_state *state_new(const lm_model *m, lm_pool *pool, int n_ctx, int max_batch, char *err, size_t errlen);
+/* Same with the KV element type (LM_TYPE_F32, LM_TYPE_F16, LM_TYPE_Q8_0);
+ * state_new uses F32. */
+lm_state *state_new_kv(const lm_model *m, lm_pool *pool, int n_ctx, int max_batch, uint32_t kv_type, char *err,
+                       size_t errlen);
 void state_free(lm_state *s);
 /* Forget every position (the cache is reused). */
 void state_reset(lm_state *s);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "quant.h"
 #include "util.h"
 
 
@@ -142,4 +143,12 @@ lm_model *load_or_die(const char *cmd, const char *path) {
         exit(1);
     }
     return m;
+}
+
+uint32_t need_kv_type(args *a) {
+    const char *v = need_val(a);
+    int t = quant_type_from_name(v);
+    if (t != LM_TYPE_F32 && t != LM_TYPE_F16 && t != LM_TYPE_Q8_0)
+        die_usage(a, "KV type '%s' is not one of F32, F16, Q8_0", v);
+    return (uint32_t)t;
 }

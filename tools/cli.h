@@ -43,5 +43,9 @@ lm_model *load_or_die(const char *cmd, const char *path);
 int cmd_bench(int argc, char **argv);
 int cmd_mkmodel(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
+int cmd_kv(int argc, char **argv);
+
+/* Parse a KV cache element type name (F32, F16, Q8_0); exits 2 otherwise. */
+uint32_t need_kv_type(args *a);
 
 #endif

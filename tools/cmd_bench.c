@@ -26,6 +26,7 @@ static void usage_bench(FILE *f) {
             "  -t N       threads (default: physical cores)\n"
             "  -r N       repetitions (default 5)\n"
             "  -o FMT     md (default) or json\n"
+            "  --kv-type T  KV cache element type: F16 (default), F32, Q8_0\n"
             "  --no-bw    skip the memory-bandwidth measurement\n"
             "  --profile  print where the time of each test goes, per operation\n");
 }
@@ -119,6 +120,7 @@ int cmd_bench(int argc, char **argv) {
     const char *model = NULL, *fmt = "md";
     long long np = 512, ng = 128, depth = 0, threads = pool_default_threads(), reps = 5;
     bool bw = true, profile = false;
+    uint32_t kv_type = LM_TYPE_F16;
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
         if (is_flag(&a, "-m", "--model")) model = need_val(&a);
@@ -130,6 +132,7 @@ int cmd_bench(int argc, char **argv) {
         else if (is_flag(&a, "-o", "--output")) fmt = need_val(&a);
         else if (is_flag(&a, "--no-bw", NULL)) bw = false;
         else if (is_flag(&a, "--profile", NULL)) profile = true;
+        else if (is_flag(&a, "--kv-type", NULL)) kv_type = need_kv_type(&a);
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
     if (strcmp(fmt, "md") && strcmp(fmt, "json")) die_usage(&a, "output format '%s' is not md or json", fmt);
@@ -138,7 +141,7 @@ int cmd_bench(int argc, char **argv) {
     if (!pool) fail("bench", "cannot start threads");
     int ctx = (int)(depth + (np > ng ? np : ng) + 1);
     char err[LM_ERRLEN];
-    lm_state *st = state_new(m, pool, ctx, 512, err, sizeof err);
+    lm_state *st = state_new_kv(m, pool, ctx, 512, kv_type, err, sizeof err);
     if (!st) fail("bench", err);
     int32_t *toks = malloc((size_t)ctx * sizeof(int32_t));
     float *logits = malloc((size_t)m->hp.n_vocab * sizeof(float));

@@ -33,6 +33,7 @@ static void usage_run(FILE *f) {
             "  -n, --n-predict N    tokens to generate (default 128; -1: until EOS or context end)\n"
             "  -c, --ctx-size N     context length (default: the model's, at most 4096)\n"
             "  -t, --threads N      threads (default: physical cores)\n"
+            "      --kv-type T      KV cache element type: F16 (default), F32, Q8_0\n"
             "      --temp T         temperature (default 0.8; 0 = greedy)\n"
             "      --top-k K        top-k (default 40; 0 = off)\n"
             "      --top-p P        top-p (default 0.95; 1 = off)\n"
@@ -112,6 +113,7 @@ static int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *pfile = NULL;
     long long n_predict = 128, n_ctx = 0, threads = pool_default_threads();
     bool ignore_eos = false, show_ids = false, chat = false;
+    uint32_t kv_type = LM_TYPE_F16;
     const char *system = NULL, *chat_tmpl = NULL;
     lm_sample_params sp;
     sample_params_default(&sp);
@@ -123,6 +125,7 @@ static int cmd_run(int argc, char **argv) {
         else if (is_flag(&a, "-n", "--n-predict")) n_predict = need_int(&a, -1, 1 << 30);
         else if (is_flag(&a, "-c", "--ctx-size")) n_ctx = need_int(&a, 0, 1 << 24);
         else if (is_flag(&a, "-t", "--threads")) threads = need_int(&a, 1, 1024);
+        else if (is_flag(&a, "--kv-type", NULL)) kv_type = need_kv_type(&a);
         else if (is_flag(&a, "--temp", NULL)) sp.temp = (float)need_float(&a, 0, 100);
         else if (is_flag(&a, "--top-k", NULL)) sp.top_k = (int)need_int(&a, 0, 1 << 30);
         else if (is_flag(&a, "--top-p", NULL)) sp.top_p = (float)need_float(&a, 0, 1);
@@ -164,7 +167,7 @@ static int cmd_run(int argc, char **argv) {
     /* default context: the model's, capped at 4096 so a 128k-context model
      * does not reserve a huge cache for a short run */
     if (n_ctx == 0) n_ctx = m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
-    lm_state *st = state_new(m, pool, (int)n_ctx, 512, err, sizeof err);
+    lm_state *st = state_new_kv(m, pool, (int)n_ctx, 512, kv_type, err, sizeof err);
     if (!st) fail("run", err);
     double t_load = lm_now() - t0;
 
@@ -315,7 +318,7 @@ static int cmd_tokenize(int argc, char **argv) {
 
 static void usage_perplexity(FILE *f) {
     fprintf(f,
-            "usage: lamina perplexity -m MODEL.gguf -f TEXT [-c CTX] [-t THREADS] [--chunks N]\n"
+            "usage: lamina perplexity -m MODEL.gguf -f TEXT [-c CTX] [-t THREADS] [--chunks N] [--kv-type T]\n"
             "Perplexity the way llama.cpp's llama-perplexity measures it: the text is cut into\n"
             "chunks of CTX tokens, each starting with BOS, and only the second half of each chunk\n"
             "is scored. Prints the running estimate per chunk and the final PPL with its error.\n");
@@ -325,6 +328,7 @@ static int cmd_perplexity(int argc, char **argv) {
     args a = {argc, argv, 0, "perplexity", usage_perplexity};
     const char *model = NULL, *file = NULL;
     long long n_ctx = 512, threads = pool_default_threads(), max_chunks = -1;
+    uint32_t kv_type = LM_TYPE_F16;
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
         if (is_flag(&a, "-m", "--model")) model = need_val(&a);
@@ -332,6 +336,7 @@ static int cmd_perplexity(int argc, char **argv) {
         else if (is_flag(&a, "-c", "--ctx-size")) n_ctx = need_int(&a, 8, 1 << 24);
         else if (is_flag(&a, "-t", "--threads")) threads = need_int(&a, 1, 1024);
         else if (is_flag(&a, "--chunks", NULL)) max_chunks = need_int(&a, 1, 1 << 30);
+        else if (is_flag(&a, "--kv-type", NULL)) kv_type = need_kv_type(&a);
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
     if (!file) die_usage(&a, "%s", "no text file given (-f FILE)");
@@ -360,7 +365,7 @@ static int cmd_perplexity(int argc, char **argv) {
     if (max_chunks > 0 && max_chunks < n_chunk) n_chunk = (int)max_chunks;
     lm_pool *pool = pool_new((int)threads);
     char err[LM_ERRLEN];
-    lm_state *st = pool ? state_new(m, pool, C, 512, err, sizeof err) : NULL;
+    lm_state *st = pool ? state_new_kv(m, pool, C, 512, kv_type, err, sizeof err) : NULL;
     if (!st) fail("perplexity", pool ? err : "cannot start threads");
     int V = m->hp.n_vocab;
     float *logits = malloc((size_t)C * V * sizeof(float));
@@ -514,7 +519,8 @@ static void usage_main(FILE *f) {
             "  convert     import a llama2.c checkpoint into GGUF\n"
             "  bench       measure prompt and generation speed\n"
             "  mkmodel     write a random-weight GGUF of a real shape\n"
-            "  quantize    convert a model's weights to another type\n");
+            "  quantize    convert a model's weights to another type\n"
+            "  kv          KV cache size: bytes per token, tokens and sequences that fit\n");
 }
 
 int main(int argc, char **argv) {
@@ -536,6 +542,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(c, "mkmodel")) return cmd_mkmodel(argc - 1, argv + 1);
     if (!strcmp(c, "quantize")) return cmd_quantize(argc - 1, argv + 1);
+    if (!strcmp(c, "kv")) return cmd_kv(argc - 1, argv + 1);
     fprintf(stderr, "lamina: unknown command '%s'\n\n", c);
     usage_main(stderr);
     return 2;

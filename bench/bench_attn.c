@@ -1,0 +1,346 @@
+/*
+ * bench_attn.c - the tiled paged attention kernel against plain loops.
+ *
+ * Build (from the repository root), after `make`:
+ *   cc -std=c11 -O2 -D_GNU_SOURCE -Isrc bench/bench_attn.c build/liblamina.a -lpcre2-8 -lpthread -lm \
+ *      -o build/bench_attn
+ * or from the sources it needs:
+ *   for k in attn quant; do cc -std=c11 -O2 -D_GNU_SOURCE -Isrc -mavx2 -mfma -mf16c \
+ *       -c src/kernels/avx2_$k.c -o /tmp/avx2_$k.o; done
+ *   cc -std=c11 -O2 -D_GNU_SOURCE -Isrc bench/bench_attn.c src/attn.c src/kv.c src/sha256.c src/quant.c \
+ *      src/util.c src/kernels/cpu.c /tmp/avx2_attn.o /tmp/avx2_quant.o -lpthread -lm -o /tmp/bench_attn
+ *
+ * Run: /tmp/bench_attn [-H 32] [-K 8] [-D 128] [-c 1024,4096,8192] [-q 64] [-b 16] [--mem-ctx 4096] [--scalar]
+ *                      [--no-plain]   (--mem-ctx 0 skips the memory part, -c 0 the speed part)
+ *
+ * One layer, one thread, block size 16 (-b). For each context length T and each
+ * KV type (F32, F16):
+ *   decode   one query at position T-1, all heads: attn_tile per KV head
+ *            against the plain loop of the contiguous cache (per head: scores,
+ *            softmax, weighted sum, as forward.c does it; F16 read through a
+ *            65536-entry table, the cheapest scalar conversion)
+ *   prefill  the last q query tokens (a prefill chunk at depth T - q), all
+ *            heads: attn_tile over ATTN_TILE_Q tiles against the same plain
+ *            loop per (token, head)
+ * Both compute on the same K/V values; the largest relative difference of
+ * their outputs is printed. Times are the best of repeated runs.
+ * Memory: a full prefill of --mem-ctx tokens runs in three child processes
+ * (data only; tiled kernel; a plain version that materializes each head's
+ * T x T score matrix) and their peak RSS (ru_maxrss) is printed.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "attn.h"
+#include "kv.h"
+#include "quant.h"
+#include "util.h"
+
+typedef struct {
+    int nh, nkv, hd, T;
+    float *k, *v;    /* (T, nkv*hd) */
+    uint16_t *k16, *v16;
+    float *q;        /* (T, nh*hd) */
+    kv_pool *pool;
+    kv_seq *seq;
+} bench;
+
+static float f16_table[65536];
+static bool no_plain; /* --no-plain: time the tiled kernel only */
+static int block_size = KV_DEFAULT_BLOCK;
+
+static void die(const char *msg) {
+    fprintf(stderr, "bench_attn: %s\n", msg);
+    exit(1);
+}
+
+static void bench_make(bench *b, int nh, int nkv, int hd, int T, uint32_t type) {
+    b->nh = nh, b->nkv = nkv, b->hd = hd, b->T = T;
+    size_t kvn = (size_t)T * nkv * hd, qn = (size_t)T * nh * hd;
+    b->k = malloc(kvn * 4), b->v = malloc(kvn * 4), b->q = malloc(qn * 4);
+    b->k16 = malloc(kvn * 2), b->v16 = malloc(kvn * 2);
+    if (!b->k || !b->v || !b->q || !b->k16 || !b->v16) die("out of memory");
+    lm_rng r;
+    lm_rng_seed(&r, 1);
+    for (size_t i = 0; i < kvn; i++) b->k[i] = lm_rng_normal(&r), b->v[i] = lm_rng_normal(&r);
+    for (size_t i = 0; i < qn; i++) b->q[i] = lm_rng_normal(&r);
+    /* both caches hold the same values: round to f16 once when the pool is F16 */
+    for (size_t i = 0; i < kvn; i++) {
+        b->k16[i] = lm_f32_to_f16(b->k[i]), b->v16[i] = lm_f32_to_f16(b->v[i]);
+        if (type == LM_TYPE_F16) b->k[i] = lm_f16_to_f32(b->k16[i]), b->v[i] = lm_f16_to_f32(b->v16[i]);
+    }
+    kv_config c;
+    kv_config_init(&c, 1, nkv, hd);
+    c.type = type;
+    c.block_size = block_size;
+    c.n_ctx = T;
+    char err[LM_ERRLEN];
+    b->pool = kv_pool_new(&c, err, sizeof err);
+    if (!b->pool) die(err);
+    b->seq = kv_seq_new(b->pool, err, sizeof err);
+    if (!b->seq || kv_append(b->pool, b->seq, T, err, sizeof err)) die(err);
+    kv_store_rows(b->pool, b->seq, 0, 0, T, b->k, (size_t)nkv * hd, b->v, (size_t)nkv * hd);
+}
+
+static void bench_free(bench *b) {
+    kv_seq_free(b->pool, b->seq);
+    kv_pool_free(b->pool);
+    free(b->k), free(b->v), free(b->q), free(b->k16), free(b->v16);
+}
+
+/* ---- the plain versions ------------------------------------------------------- */
+
+/* forward.c's loop for queries pos0 .. pos0+n-1 over a contiguous cache;
+ * sc: pos0+n floats. */
+static void plain_attn(const bench *b, bool f16, int pos0, int n, float *out, float *sc) {
+    int hd = b->hd, G = b->nh / b->nkv;
+    size_t kvd = (size_t)b->nkv * hd, qd = (size_t)b->nh * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int t = 0; t < n; t++) {
+        int len = pos0 + t + 1;
+        for (int h = 0; h < b->nh; h++) {
+            const float *q = b->q + (size_t)(pos0 + t) * qd + (size_t)h * hd;
+            size_t off = (size_t)(h / G) * hd;
+            for (int p = 0; p < len; p++) {
+                float d = 0;
+                if (f16) {
+                    const uint16_t *k = b->k16 + (size_t)p * kvd + off;
+                    for (int i = 0; i < hd; i++) d += q[i] * f16_table[k[i]];
+                } else {
+                    const float *k = b->k + (size_t)p * kvd + off;
+                    for (int i = 0; i < hd; i++) d += q[i] * k[i];
+                }
+                sc[p] = d * scale;
+            }
+            float mx = -INFINITY;
+            for (int p = 0; p < len; p++) mx = sc[p] > mx ? sc[p] : mx;
+            double sum = 0;
+            for (int p = 0; p < len; p++) sum += sc[p] = expf(sc[p] - mx);
+            float inv = (float)(1.0 / sum);
+            float *o = out + (size_t)t * qd + (size_t)h * hd;
+            memset(o, 0, (size_t)hd * sizeof(float));
+            for (int p = 0; p < len; p++) {
+                float w = sc[p] * inv;
+                if (f16) {
+                    const uint16_t *v = b->v16 + (size_t)p * kvd + off;
+                    for (int i = 0; i < hd; i++) o[i] += w * f16_table[v[i]];
+                } else {
+                    const float *v = b->v + (size_t)p * kvd + off;
+                    for (int i = 0; i < hd; i++) o[i] += w * v[i];
+                }
+            }
+        }
+    }
+}
+
+static void tiled_attn(const bench *b, int pos0, int n, float *out, attn_scratch *scr) {
+    size_t qd = (size_t)b->nh * b->hd;
+    float scale = 1.0f / sqrtf((float)b->hd);
+    for (int i0 = 0; i0 < n; i0 += ATTN_TILE_Q) {
+        int m = n - i0 < ATTN_TILE_Q ? n - i0 : ATTN_TILE_Q;
+        for (int kh = 0; kh < b->nkv; kh++)
+            attn_tile(b->pool, b->seq, 0, kh, b->q + (size_t)(pos0 + i0) * qd, qd, m, pos0 + i0, scale, 0,
+                      out + (size_t)i0 * qd, qd, scr);
+    }
+}
+
+/* Full prefill materializing each head's (T, T) score matrix. */
+static void plain_full_scores(const bench *b, float *out, float *S) {
+    int T = b->T, hd = b->hd, G = b->nh / b->nkv;
+    size_t kvd = (size_t)b->nkv * hd, qd = (size_t)b->nh * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int h = 0; h < b->nh; h++) {
+        size_t off = (size_t)(h / G) * hd;
+        for (int i = 0; i < T; i++)
+            for (int j = 0; j < T; j++) {
+                float d = -INFINITY;
+                if (j <= i) {
+                    d = 0;
+                    const float *q = b->q + (size_t)i * qd + (size_t)h * hd, *k = b->k + (size_t)j * kvd + off;
+                    for (int e = 0; e < hd; e++) d += q[e] * k[e];
+                    d *= scale;
+                }
+                S[(size_t)i * T + j] = d;
+            }
+        for (int i = 0; i < T; i++) {
+            float *row = S + (size_t)i * T, mx = -INFINITY;
+            for (int j = 0; j < T; j++) mx = row[j] > mx ? row[j] : mx;
+            double sum = 0;
+            for (int j = 0; j < T; j++) sum += row[j] = expf(row[j] - mx);
+            float *o = out + (size_t)i * qd + (size_t)h * hd;
+            memset(o, 0, (size_t)hd * sizeof(float));
+            for (int j = 0; j < T; j++) {
+                float w = (float)(row[j] / sum);
+                const float *v = b->v + (size_t)j * kvd + off;
+                for (int e = 0; e < hd; e++) o[e] += w * v[e];
+            }
+        }
+    }
+}
+
+/* ---- timing ------------------------------------------------------------------- */
+
+typedef struct {
+    const bench *b;
+    bool plain, f16;
+    int pos0, n;
+    float *out, *sc;
+    attn_scratch *scr;
+} job;
+
+static void run_job(const job *j) {
+    if (j->plain) plain_attn(j->b, j->f16, j->pos0, j->n, j->out, j->sc);
+    else tiled_attn(j->b, j->pos0, j->n, j->out, j->scr);
+}
+
+/* Best time of at least 3 runs and at least min_s seconds in all. */
+static double time_best(const job *j, double min_s) {
+    double best = 1e30, t_all = lm_now();
+    for (int rep = 0; rep < 3 || lm_now() - t_all < min_s; rep++) {
+        double t0 = lm_now();
+        run_job(j);
+        double dt = lm_now() - t0;
+        best = dt < best ? dt : best;
+        if (rep > 1000) break;
+    }
+    return best;
+}
+
+static double max_rel_diff(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num = fmax(num, fabs((double)a[i] - b[i]));
+        den = fmax(den, fabs((double)b[i]));
+    }
+    return num / den;
+}
+
+static void speed(int nh, int nkv, int hd, int T, uint32_t type, int nq, bool scalar) {
+    bench b;
+    bench_make(&b, nh, nkv, hd, T, type);
+    char err[LM_ERRLEN];
+    attn_scratch *scr = attn_scratch_new(b.pool, nh, err, sizeof err);
+    if (!scr) die(err);
+    attn_scratch_set_scalar(scr, scalar);
+    size_t qd = (size_t)nh * hd;
+    float *o1 = malloc((size_t)nq * qd * 4), *o2 = malloc((size_t)nq * qd * 4), *sc = malloc((size_t)T * 4);
+    bool f16 = type == LM_TYPE_F16;
+    job dt = {&b, false, f16, T - 1, 1, o1, sc, scr}, dp = {&b, true, f16, T - 1, 1, o2, sc, scr};
+    double td = time_best(&dt, 0.3), tp = no_plain ? 1 : time_best(&dp, 0.3);
+    double ed = max_rel_diff(o1, o2, qd);
+    job pt = {&b, false, f16, T - nq, nq, o1, sc, scr}, pp = {&b, true, f16, T - nq, nq, o2, sc, scr};
+    double tpt = time_best(&pt, 0.3), tpp = no_plain ? 1 : time_best(&pp, 0.3);
+    double ep = max_rel_diff(o1, o2, (size_t)nq * qd);
+    double kv_mb = (double)T * nkv * hd * 2 * (f16 ? 2 : 4) / 1e6;
+    printf("| %5d | %-4s | %9.1f | %9.1f | %5.2fx | %9.2f | %9.2f | %5.2fx | %7.1f | %.1e |\n", T,
+           quant_type_name(type), td * 1e6, tp * 1e6, tp / td, tpt * 1e3, tpp * 1e3, tpp / tpt, kv_mb / 1e3 / td,
+           fmax(ed, ep));
+    fflush(stdout);
+    free(o1), free(o2), free(sc);
+    attn_scratch_free(scr);
+    bench_free(&b);
+}
+
+/* ---- memory ----------------------------------------------------------------------- */
+
+static long child_peak_kb(int mode, int nh, int nkv, int hd, int T, double *secs) {
+    fflush(stdout); /* or the child prints the parent's buffer again */
+    pid_t pid = fork();
+    if (pid < 0) die("fork failed");
+    if (pid == 0) {
+        bench b;
+        bench_make(&b, nh, nkv, hd, T, LM_TYPE_F32);
+        size_t qd = (size_t)nh * hd;
+        float *out = malloc((size_t)T * qd * 4);
+        if (!out) die("out of memory");
+        /* resident in every mode: a nonzero fill, since the compiler may turn
+         * malloc + memset(0) into calloc, which leaves fresh pages untouched */
+        for (size_t i = 0; i < (size_t)T * qd; i++) out[i] = 1.0f;
+        double t0 = lm_now();
+        if (mode == 1) {
+            char err[LM_ERRLEN];
+            attn_scratch *scr = attn_scratch_new(b.pool, nh, err, sizeof err);
+            tiled_attn(&b, 0, T, out, scr);
+            attn_scratch_free(scr);
+        } else if (mode == 2) {
+            float *S = malloc((size_t)T * T * 4);
+            if (!S) die("out of memory for the score matrix");
+            plain_full_scores(&b, out, S);
+            free(S);
+        }
+        double sum = 0;
+        for (size_t i = 0; mode && i < (size_t)T * qd; i++) sum += out[i];
+        printf("  (mode %d: %.2f s, output sum %.6f)\n", mode, lm_now() - t0, sum);
+        fflush(stdout);
+        _exit(0);
+    }
+    int status;
+    struct rusage ru;
+    double t0 = lm_now();
+    if (wait4(pid, &status, 0, &ru) < 0 || !WIFEXITED(status) || WEXITSTATUS(status)) die("child failed");
+    *secs = lm_now() - t0;
+    return ru.ru_maxrss;
+}
+
+static void memory(int nh, int nkv, int hd, int T) {
+    printf("\nFull prefill of %d tokens, %d heads / %d KV heads, head dim %d, F32 KV, one thread: peak RSS\n", T, nh,
+           nkv, hd);
+    double s0, s1, s2;
+    long base = child_peak_kb(0, nh, nkv, hd, T, &s0);
+    long tiled = child_peak_kb(1, nh, nkv, hd, T, &s1);
+    long plain = child_peak_kb(2, nh, nkv, hd, T, &s2);
+    printf("| version | peak RSS | over data-only | wall |\n|---|---|---|---|\n");
+    printf("| data only (K/V, queries, output) | %.1f MiB | - | %.2f s |\n", base / 1024.0, s0);
+    printf("| tiled attn_tile | %.1f MiB | %+.1f MiB | %.2f s |\n", tiled / 1024.0, (tiled - base) / 1024.0, s1);
+    printf("| plain, T x T scores | %.1f MiB | %+.1f MiB | %.2f s |\n", plain / 1024.0, (plain - base) / 1024.0, s2);
+}
+
+int main(int argc, char **argv) {
+    int nh = 32, nkv = 8, hd = 128, nq = 64, mem_ctx = 4096;
+    int ctxs[16] = {1024, 4096, 8192}, n_ctx = 3;
+    bool scalar = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--scalar")) scalar = true;
+        else if (!strcmp(a, "--no-plain")) no_plain = true;
+        else if (!v) die("flag needs a value");
+        else if (!strcmp(a, "-H")) nh = atoi(v), i++;
+        else if (!strcmp(a, "-K")) nkv = atoi(v), i++;
+        else if (!strcmp(a, "-D")) hd = atoi(v), i++;
+        else if (!strcmp(a, "-q")) nq = atoi(v), i++;
+        else if (!strcmp(a, "-b")) block_size = atoi(v), i++;
+        else if (!strcmp(a, "--mem-ctx")) mem_ctx = atoi(v), i++;
+        else if (!strcmp(a, "-c")) {
+            n_ctx = 0;
+            for (char *s = argv[++i]; *s && n_ctx < 16;) {
+                ctxs[n_ctx++] = (int)strtol(s, &s, 10);
+                if (*s == ',') s++;
+            }
+        } else die("unknown flag (see the comment at the top of bench/bench_attn.c)");
+    }
+    if (nh <= 0 || nkv <= 0 || nh % nkv || hd <= 0 || nq <= 0) die("bad shape");
+    quant_init();
+    for (int i = 0; i < 65536; i++) f16_table[i] = lm_f16_to_f32((uint16_t)i);
+
+    /* memory first, while this process is still small (children inherit it) */
+    if (mem_ctx > 0) memory(4, 1, 64, mem_ctx);
+
+    printf("\n%d heads / %d KV heads, head dim %d, block %d, one thread, %s kernels; prefill = last %d queries\n",
+           nh, nkv, hd, block_size, scalar ? "scalar" : "SIMD (if the CPU has AVX2+FMA+F16C)", nq);
+    printf("| ctx | KV | decode tiled µs | decode plain µs | speedup | prefill tiled ms | prefill plain ms | speedup "
+           "| decode GB/s | max rel diff |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int c = 0; c < n_ctx; c++) {
+        if (ctxs[c] == 0) continue; /* -c 0: memory part only */
+        if (ctxs[c] < nq) die("context shorter than the prefill chunk");
+        speed(nh, nkv, hd, ctxs[c], LM_TYPE_F32, nq, scalar);
+        speed(nh, nkv, hd, ctxs[c], LM_TYPE_F16, nq, scalar);
+    }
+    return 0;
+}

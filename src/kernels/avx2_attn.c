@@ -1,0 +1,193 @@
+/*
+ * avx2_attn.c - AVX2/FMA/F16C inner loops of the tiled attention kernel
+ * (contracts in avx2_attn.h; attn.c has the scalar reference of each).
+ *
+ * Scores: a 2-row x 4-key register block (8 accumulators of 8 lanes, so
+ * both FMA pipes stay busy across their latency), reduced with three
+ * horizontal adds into 4 sums per row. P·V: a 2-row x 32-column block of
+ * accumulators that live in registers across the whole key loop; each value
+ * row is loaded once for both rows. exp: Cody-Waite range reduction
+ * x = n ln2 + r, |r| <= ln2/2, a degree-7 polynomial for e^r (the classic
+ * Cephes single-precision coefficients, ~1 ulp), and 2^n built in the
+ * exponent field; inputs are clamped to [-87.3, 88.3], so e^x never becomes
+ * a subnormal or infinity (the kernel only feeds x <= 0).
+ */
+#if defined(__x86_64__) || defined(__i386__)
+
+#include "avx2_attn.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+/* Four 8-lane accumulators to their four totals. */
+static inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m256 ab = _mm256_hadd_ps(a, b);    /* a01 a23 b01 b23 | a45 a67 b45 b67 */
+    __m256 cd = _mm256_hadd_ps(c, d);
+    __m256 abcd = _mm256_hadd_ps(ab, cd); /* a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7 */
+    return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+static inline float hsum1(__m256 a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Rows q0 (and q1 unless NULL) against keys t0..t0+3. */
+static void dot_2x4(const float *q0, const float *q1, int hd, const float *const *k, float *s0, float *s1) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    const float *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3];
+    if (q1) {
+        for (int d = 0; d < hd; d += 8) {
+            __m256 x0 = _mm256_loadu_ps(q0 + d), x1 = _mm256_loadu_ps(q1 + d);
+            __m256 y0 = _mm256_loadu_ps(k0 + d), y1 = _mm256_loadu_ps(k1 + d);
+            __m256 y2 = _mm256_loadu_ps(k2 + d), y3 = _mm256_loadu_ps(k3 + d);
+            a0 = _mm256_fmadd_ps(x0, y0, a0), a1 = _mm256_fmadd_ps(x0, y1, a1);
+            a2 = _mm256_fmadd_ps(x0, y2, a2), a3 = _mm256_fmadd_ps(x0, y3, a3);
+            b0 = _mm256_fmadd_ps(x1, y0, b0), b1 = _mm256_fmadd_ps(x1, y1, b1);
+            b2 = _mm256_fmadd_ps(x1, y2, b2), b3 = _mm256_fmadd_ps(x1, y3, b3);
+        }
+        _mm_storeu_ps(s1, hsum4(b0, b1, b2, b3));
+    } else {
+        for (int d = 0; d < hd; d += 8) {
+            __m256 x0 = _mm256_loadu_ps(q0 + d);
+            a0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(k0 + d), a0);
+            a1 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(k1 + d), a1);
+            a2 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(k2 + d), a2);
+            a3 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(k3 + d), a3);
+        }
+    }
+    _mm_storeu_ps(s0, hsum4(a0, a1, a2, a3));
+}
+
+static float dot1(const float *a, const float *b, int hd) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+    int d = 0;
+    for (; d + 16 <= hd; d += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d + 8), _mm256_loadu_ps(b + d + 8), s1);
+    }
+    if (d < hd) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), s0);
+    return hsum1(_mm256_add_ps(s0, s1));
+}
+
+void attn_scores_avx2(const float *Q, int R, int hd, const float *const *krow, int nk, float *S, int s_stride) {
+    for (int r = 0; r < R; r += 2) {
+        const float *q0 = Q + (size_t)r * hd, *q1 = r + 1 < R ? q0 + hd : NULL;
+        float *s0 = S + (size_t)r * s_stride, *s1 = s0 + s_stride;
+        int t = 0;
+        for (; t + 4 <= nk; t += 4) dot_2x4(q0, q1, hd, krow + t, s0 + t, q1 ? s1 + t : NULL);
+        for (; t < nk; t++) {
+            s0[t] = dot1(q0, krow[t], hd);
+            if (q1) s1[t] = dot1(q1, krow[t], hd);
+        }
+    }
+}
+
+/* O rows o0 (and o1 unless NULL), columns d0 .. d0+8*w, w <= 4. */
+static inline void pv_block(float *o0, float *o1, int w, const float *p0, const float *p1,
+                            const float *const *vrow, int nk, int d0) {
+    __m256 a[4], b[4];
+    for (int j = 0; j < w; j++) {
+        a[j] = _mm256_loadu_ps(o0 + d0 + 8 * j);
+        b[j] = o1 ? _mm256_loadu_ps(o1 + d0 + 8 * j) : _mm256_setzero_ps();
+    }
+    if (w == 4 && o1) {
+        for (int t = 0; t < nk; t++) {
+            const float *v = vrow[t] + d0;
+            __m256 x = _mm256_broadcast_ss(p0 + t), y = _mm256_broadcast_ss(p1 + t);
+            __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+            __m256 v2 = _mm256_loadu_ps(v + 16), v3 = _mm256_loadu_ps(v + 24);
+            a[0] = _mm256_fmadd_ps(x, v0, a[0]), a[1] = _mm256_fmadd_ps(x, v1, a[1]);
+            a[2] = _mm256_fmadd_ps(x, v2, a[2]), a[3] = _mm256_fmadd_ps(x, v3, a[3]);
+            b[0] = _mm256_fmadd_ps(y, v0, b[0]), b[1] = _mm256_fmadd_ps(y, v1, b[1]);
+            b[2] = _mm256_fmadd_ps(y, v2, b[2]), b[3] = _mm256_fmadd_ps(y, v3, b[3]);
+        }
+    } else {
+        for (int t = 0; t < nk; t++) {
+            const float *v = vrow[t] + d0;
+            __m256 x = _mm256_broadcast_ss(p0 + t), y = o1 ? _mm256_broadcast_ss(p1 + t) : x;
+            for (int j = 0; j < w; j++) {
+                __m256 vj = _mm256_loadu_ps(v + 8 * j);
+                a[j] = _mm256_fmadd_ps(x, vj, a[j]);
+                if (o1) b[j] = _mm256_fmadd_ps(y, vj, b[j]);
+            }
+        }
+    }
+    for (int j = 0; j < w; j++) {
+        _mm256_storeu_ps(o0 + d0 + 8 * j, a[j]);
+        if (o1) _mm256_storeu_ps(o1 + d0 + 8 * j, b[j]);
+    }
+}
+
+void attn_pv_avx2(float *O, int R, int hd, const float *P, int p_stride, const float *const *vrow, int nk) {
+    for (int r = 0; r < R; r += 2) {
+        float *o0 = O + (size_t)r * hd, *o1 = r + 1 < R ? o0 + hd : NULL;
+        const float *p0 = P + (size_t)r * p_stride, *p1 = p0 + p_stride;
+        for (int d0 = 0; d0 < hd; d0 += 32) {
+            int w = (hd - d0) / 8 < 4 ? (hd - d0) / 8 : 4;
+            pv_block(o0, o1, w, p0, p1, vrow, nk, d0);
+        }
+    }
+}
+
+static inline __m256 exp8(__m256 x) {
+    const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
+    const __m256 c1 = _mm256_set1_ps(0.693359375f), c2 = _mm256_set1_ps(-2.12194440e-4f);
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(n, c1, x);
+    x = _mm256_fnmadd_ps(n, c2, x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+float attn_exp_sum_avx2(float *x, int n, float m) {
+    __m256 vm = _mm256_set1_ps(m), acc = _mm256_setzero_ps();
+    int t = 0;
+    for (; t + 8 <= n; t += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + t), vm));
+        _mm256_storeu_ps(x + t, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float s = hsum1(acc);
+    if (t < n) {
+        /* the tail through a padded vector, so every element uses the same exp */
+        float buf[8] = {0};
+        memcpy(buf, x + t, (size_t)(n - t) * sizeof(float));
+        _mm256_storeu_ps(buf, exp8(_mm256_sub_ps(_mm256_loadu_ps(buf), vm)));
+        for (int i = 0; i < n - t; i++) x[t + i] = buf[i], s += buf[i];
+    }
+    return s;
+}
+
+void attn_f16_to_f32_avx2(const uint16_t *src, float *dst, int n) {
+    for (int i = 0; i < n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+}
+
+void attn_q8_0_to_f32_avx2(const void *src, float *dst, int n) {
+    const uint8_t *b = src;
+    for (int i = 0; i < n; i += 32, b += 34) {
+        uint16_t h;
+        memcpy(&h, b, 2);
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
+        for (int j = 0; j < 4; j++) {
+            __m128i q8 = _mm_loadl_epi64((const __m128i *)(b + 2 + 8 * j));
+            __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
+            _mm256_storeu_ps(dst + i + 8 * j, _mm256_mul_ps(d, q));
+        }
+    }
+}
+
+#else
+typedef int avx2_attn_unused; /* not an x86 target: nothing to compile */
+#endif

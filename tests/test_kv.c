@@ -1,0 +1,546 @@
+/*
+ * test_kv.c - the paged KV pool's bookkeeping: sizing against the KV-bytes
+ * formula, block tables, refcounts, copy-on-write, prefix cache (matching,
+ * salts, full-key comparison under bucket collisions, LRU eviction,
+ * deduplication), exhaustion as a status, waste accounting, stored values,
+ * allocation failures, and a random workload checked against the pool's own
+ * invariant checker after every operation. (Attention numerics over the pool
+ * are in test_attn.c.)
+ */
+#include <stdint.h>
+
+#include "kv.h"
+#include "quant.h"
+#include "test.h"
+#include "util.h"
+
+static kv_pool *mk_pool(uint32_t type, int n_layer, int n_kv, int hd, int B, int n_blocks) {
+    kv_config c;
+    kv_config_init(&c, n_layer, n_kv, hd);
+    c.type = type;
+    c.block_size = B;
+    c.n_ctx = n_blocks * B;
+    c.n_seqs = 1;
+    char err[LM_ERRLEN];
+    kv_pool *p = kv_pool_new(&c, err, sizeof err);
+    if (!p) fprintf(stderr, "  kv_pool_new: %s\n", err);
+    return p;
+}
+
+static int pool_ok(const kv_pool *p) {
+    char err[LM_ERRLEN];
+    if (kv_pool_check(p, err, sizeof err)) {
+        fprintf(stderr, "  pool check: %s\n", err);
+        return 0;
+    }
+    return 1;
+}
+
+static void test_plan_matches_formula(void) {
+    static const uint32_t types[] = {LM_TYPE_F32, LM_TYPE_F16, LM_TYPE_Q8_0};
+    static const double elem[] = {4, 2, 34.0 / 32};
+    char err[LM_ERRLEN];
+    for (int ti = 0; ti < 3; ti++) {
+        for (int B = 1; B <= 48; B += 47) {
+            kv_config c;
+            kv_config_init(&c, 22, 4, 64);
+            c.type = types[ti];
+            c.block_size = B;
+            c.mem_bytes = 100u << 20;
+            kv_plan pl;
+            CHECK(kv_plan_make(&c, &pl, err, sizeof err) == KV_OK);
+            double per_tok = 2.0 * 22 * 4 * 64 * elem[ti];
+            CHECKF((double)pl.bytes_per_token == per_tok, "%s: %llu vs %.1f", quant_type_name(types[ti]),
+                   (unsigned long long)pl.bytes_per_token, per_tok);
+            CHECK(pl.block_bytes == pl.bytes_per_token * (uint64_t)B);
+            CHECK(pl.n_blocks == (int64_t)((100u << 20) / pl.block_bytes));
+            CHECK(pl.n_tokens == pl.n_blocks * B);
+            CHECK(pl.data_bytes == (uint64_t)pl.n_tokens * pl.bytes_per_token);
+            /* the pool allocates exactly the plan */
+            kv_pool *p = kv_pool_new(&c, err, sizeof err);
+            CHECK(p);
+            kv_stats st;
+            kv_stats_get(p, &st);
+            CHECK(st.bytes_total == pl.data_bytes && st.n_blocks == pl.n_blocks && st.n_free == pl.n_blocks);
+            CHECK(st.bytes_total <= c.mem_bytes && c.mem_bytes - st.bytes_total < pl.block_bytes);
+            kv_pool_free(p);
+        }
+    }
+    /* context x sequences */
+    kv_config c;
+    kv_config_init(&c, 2, 2, 32);
+    c.n_ctx = 100;
+    c.n_seqs = 3;
+    kv_plan pl;
+    CHECK(kv_plan_make(&c, &pl, err, sizeof err) == KV_OK);
+    CHECK(pl.n_blocks == 3 * 7 && pl.bytes_per_token == 2 * 2 * 2 * 32 * 2);
+}
+
+static void test_plan_errors(void) {
+    char err[LM_ERRLEN];
+    kv_config c;
+    kv_plan pl;
+    kv_config_init(&c, 5, 4, 8); /* stories260K-like head dim */
+    c.type = LM_TYPE_Q8_0;
+    c.n_ctx = 64;
+    CHECK(kv_plan_make(&c, &pl, err, sizeof err) == KV_ERR);
+    CHECKF(strstr(err, "Q8_0") && strstr(err, "multiple of 32") && strstr(err, "is 8"), "%s", err);
+    CHECK(!kv_pool_new(&c, err, sizeof err));
+    c.type = LM_TYPE_Q4_0;
+    CHECK(kv_plan_make(&c, &pl, err, sizeof err) == KV_ERR && strstr(err, "Q4_0"));
+    c.type = LM_TYPE_F16;
+    c.mem_bytes = 100; /* below one block */
+    CHECK(kv_plan_make(&c, &pl, err, sizeof err) == KV_ERR && strstr(err, "smaller than one block"));
+    c.mem_bytes = 0;
+    c.block_size = 0;
+    CHECK(kv_plan_make(&c, &pl, err, sizeof err) == KV_ERR);
+    c.block_size = 16;
+    c.n_ctx = 0;
+    CHECK(kv_plan_make(&c, &pl, err, sizeof err) == KV_ERR);
+    c.n_ctx = 1 << 30;
+    c.n_seqs = 1 << 30;
+    CHECK(kv_plan_make(&c, &pl, err, sizeof err) == KV_ERR && strstr(err, "too"));
+}
+
+static void test_grow_and_release(void) {
+    kv_pool *p = mk_pool(LM_TYPE_F16, 2, 2, 16, 16, 10);
+    char err[LM_ERRLEN];
+    kv_seq *s = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_blocks_needed(p, s, 33) == 3);
+    CHECK(kv_append(p, s, 33, err, sizeof err) == KV_OK);
+    kv_stats st;
+    kv_stats_get(p, &st);
+    CHECK(kv_seq_len(s) == 33 && st.n_used == 3 && st.n_free == 7);
+    CHECK(st.slots_filled == 33 && st.slots_wasted == 15);
+    CHECK(kv_append(p, s, 15, err, sizeof err) == KV_OK); /* fills block 2 exactly */
+    kv_stats_get(p, &st);
+    CHECK(st.n_used == 3 && st.slots_wasted == 0);
+    CHECK(kv_append(p, s, 1, err, sizeof err) == KV_OK);
+    kv_stats_get(p, &st);
+    CHECK(st.n_used == 4 && st.slots_wasted == 15);
+    CHECK(pool_ok(p));
+    /* blocks come from the free list in order; table maps positions */
+    const int32_t *t = kv_seq_blocks(s);
+    CHECK(t[0] == 0 && t[1] == 1 && t[2] == 2 && t[3] == 3);
+    CHECK(kv_truncate(p, s, 20, err, sizeof err) == KV_OK);
+    kv_stats_get(p, &st);
+    CHECK(kv_seq_len(s) == 20 && st.n_used == 2 && st.slots_filled == 20);
+    CHECK(kv_truncate(p, s, 21, err, sizeof err) == KV_ERR);
+    CHECK(kv_append(p, s, -1, err, sizeof err) == KV_ERR);
+    CHECK(pool_ok(p));
+    kv_seq_free(p, s);
+    kv_stats_get(p, &st);
+    CHECK(st.n_used == 0 && st.n_free == 10 && st.n_seqs == 0 && st.slots_filled == 0);
+    CHECK(pool_ok(p));
+    kv_pool_free(p);
+}
+
+static void test_exhaustion_is_a_status(void) {
+    kv_pool *p = mk_pool(LM_TYPE_F32, 1, 1, 8, 4, 5);
+    char err[LM_ERRLEN] = "";
+    kv_seq *a = kv_seq_new(p, err, sizeof err), *b = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_append(p, a, 14, err, sizeof err) == KV_OK); /* 4 blocks */
+    CHECK(kv_append(p, b, 5, err, sizeof err) == KV_FULL);
+    CHECKF(strstr(err, "KV cache full") && strstr(err, "2 more blocks"), "%s", err);
+    CHECK(kv_seq_len(b) == 0);
+    CHECK(kv_append(p, b, 4, err, sizeof err) == KV_OK);
+    CHECK(kv_append(p, a, 3, err, sizeof err) == KV_FULL); /* would need block 5 */
+    CHECK(kv_seq_len(a) == 14);
+    CHECK(kv_append(p, a, 2, err, sizeof err) == KV_OK); /* fits the partial block */
+    /* a fork needs no block; its first write into the shared partial block does */
+    kv_seq_free(p, b);
+    kv_seq *c = kv_fork(p, a, err, sizeof err);
+    CHECK(c && kv_available(p) == 1);
+    CHECK(kv_blocks_needed(p, c, 1) == 1); /* len 16: block boundary, no copy */
+    CHECK(kv_truncate(p, c, 15, err, sizeof err) == KV_OK);
+    CHECK(kv_blocks_needed(p, c, 1) == 1); /* copy of the shared partial block */
+    CHECK(kv_append(p, c, 1, err, sizeof err) == KV_OK);
+    CHECK(kv_append(p, c, 1, err, sizeof err) == KV_FULL);
+    CHECK(pool_ok(p));
+    kv_seq_free(p, a);
+    kv_seq_free(p, c);
+    CHECK(kv_available(p) == 5);
+    kv_pool_free(p);
+}
+
+static void test_fork_refcounts_and_cow(void) {
+    kv_pool *p = mk_pool(LM_TYPE_F32, 1, 1, 4, 8, 16);
+    char err[LM_ERRLEN];
+    kv_seq *a = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_append(p, a, 20, err, sizeof err) == KV_OK); /* blocks 0, 1 full; 2 partial (4 of 8) */
+    float k[4] = {1, 2, 3, 4}, v[4] = {5, 6, 7, 8};
+    for (int pos = 0; pos < 20; pos++) kv_store(p, a, 0, pos, k, v);
+    kv_seq *b = kv_fork(p, a, err, sizeof err), *c = kv_fork(p, b, err, sizeof err);
+    const int32_t *ta = kv_seq_blocks(a);
+    for (int i = 0; i < 3; i++) CHECK(kv_block_refcount(p, ta[i]) == 3);
+    kv_stats st;
+    kv_stats_get(p, &st);
+    CHECK(st.n_used == 3 && st.slots_wasted == 4);
+    CHECK(kv_append(p, b, 1, err, sizeof err) == KV_OK);
+    const int32_t *tb = kv_seq_blocks(b);
+    CHECK(tb[0] == ta[0] && tb[1] == ta[1] && tb[2] != ta[2]);
+    CHECK(kv_block_refcount(p, ta[2]) == 2 && kv_block_refcount(p, tb[2]) == 1);
+    /* the copy carries the shared positions' data */
+    const kv_layout *l = kv_pool_layout(p);
+    const float *row = (const float *)(const void *)(l->data + (size_t)tb[2] * l->block_bytes +
+                                                     kv_slab_offset(l, 0, 1, 0) + 3 * l->row_bytes);
+    CHECK(row[0] == 5 && row[3] == 8);
+    kv_seq_free(p, a);
+    CHECK(kv_append(p, c, 1, err, sizeof err) == KV_OK); /* a let go: c owns the original alone, no copy */
+    const int32_t *tc = kv_seq_blocks(c);
+    CHECK(kv_block_refcount(p, tc[2]) == 1);
+    kv_stats_get(p, &st);
+    CHECK(st.n_cow == 1); /* c wrote into the original after a and b let go */
+    CHECK(pool_ok(p));
+    kv_seq_free(p, b);
+    kv_seq_free(p, c);
+    kv_stats_get(p, &st);
+    CHECK(st.n_used == 0 && st.n_free == 16);
+    kv_pool_free(p);
+}
+
+static void test_store_roundtrip(void) {
+    static const uint32_t types[] = {LM_TYPE_F32, LM_TYPE_F16, LM_TYPE_Q8_0};
+    static const double tol[] = {0, 1e-3, 1e-2};
+    for (int ti = 0; ti < 3; ti++) {
+        kv_pool *p = mk_pool(types[ti], 3, 2, 32, 5, 6);
+        char err[LM_ERRLEN];
+        kv_seq *s = kv_seq_new(p, err, sizeof err);
+        CHECK(kv_append(p, s, 23, err, sizeof err) == KV_OK);
+        float k[23][64], v[23][64];
+        lm_rng r;
+        lm_rng_seed(&r, 3);
+        const kv_layout *l = kv_pool_layout(p);
+        const lm_type_traits *tt = quant_traits(types[ti]);
+        for (int layer = 0; layer < 3; layer++) {
+            for (int t = 0; t < 23; t++)
+                for (int i = 0; i < 64; i++) k[t][i] = lm_rng_normal(&r), v[t][i] = lm_rng_normal(&r);
+            kv_store_rows(p, s, layer, 0, 23, k[0], 64, v[0], 64);
+            for (int t = 0; t < 23; t++)
+                for (int h = 0; h < 2; h++)
+                    for (int which = 0; which < 2; which++) {
+                        const uint8_t *src = l->data + (size_t)kv_seq_blocks(s)[t / 5] * l->block_bytes +
+                                             kv_slab_offset(l, layer, which, h) + (size_t)(t % 5) * l->row_bytes;
+                        float got[32];
+                        tt->to_float(src, got, 32);
+                        const float *want = (which ? v[t] : k[t]) + h * 32;
+                        double e2 = 0, n2 = 0;
+                        for (int i = 0; i < 32; i++)
+                            e2 += (got[i] - want[i]) * (got[i] - want[i]), n2 += want[i] * want[i];
+                        CHECKF(sqrt(e2 / n2) <= tol[ti], "%s layer %d t %d", quant_type_name(types[ti]), layer, t);
+                    }
+        }
+        kv_seq_free(p, s);
+        kv_pool_free(p);
+    }
+}
+
+static void toks(int32_t *t, int n, int seed) {
+    for (int i = 0; i < n; i++) t[i] = seed * 1000 + i;
+}
+
+static void test_prefix_match_and_salt(void) {
+    kv_pool *p = mk_pool(LM_TYPE_F16, 1, 1, 8, 4, 32);
+    char err[LM_ERRLEN];
+    int32_t t[40];
+    toks(t, 40, 1);
+    kv_seq *a = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_prefix_match(p, a, t, 18, 11) == 0);
+    CHECK(kv_append(p, a, 18, err, sizeof err) == KV_OK);
+    kv_prefix_commit(p, a, t, 10, 11); /* only 2 full blocks written so far */
+    kv_prefix_commit(p, a, t, 18, 11); /* then the 4th full block */
+    kv_seq_free(p, a);
+    kv_stats st;
+    kv_stats_get(p, &st);
+    CHECK(st.n_cached == 4 && st.n_used == 0 && st.n_free == 28);
+    /* same prompt, same salt: 4 blocks, but never the whole prompt */
+    kv_seq *b = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_prefix_match(p, b, t, 18, 11) == 16);
+    kv_seq_free(p, b);
+    b = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_prefix_match(p, b, t, 16, 11) == 12); /* 16 tokens: the 4th block is left to compute */
+    CHECK(kv_seq_len(b) == 12);
+    CHECK(kv_prefix_match(p, b, t, 16, 11) == 0); /* b is not empty */
+    kv_seq_free(p, b);
+    /* another tenant's salt sees nothing */
+    b = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_prefix_match(p, b, t, 18, 12) == 0);
+    kv_seq_free(p, b);
+    /* a prompt differing in block 2 shares blocks 0 and 1 only */
+    int32_t u[18];
+    memcpy(u, t, sizeof u);
+    u[9] = -5;
+    b = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_prefix_match(p, b, u, 18, 11) == 8);
+    kv_seq_free(p, b);
+    b = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_prefix_match(p, b, t, 1, 11) == 0 && kv_prefix_match(p, b, t, 0, 11) == 0);
+    kv_seq_free(p, b);
+    CHECK(pool_ok(p));
+    kv_stats_get(p, &st);
+    CHECK(st.prefix_hit_blocks == 4 + 3 + 2);
+    kv_pool_free(p);
+}
+
+/* Hash chain: the bucket index comes from the key, yet two keys sharing a
+ * bucket (here: sharing their first two bytes, found by search) must never be
+ * confused, since lookups compare all 32 bytes. */
+static void test_bucket_collision_is_not_a_hit(void) {
+    kv_pool *p = mk_pool(LM_TYPE_F32, 1, 1, 4, 2, 4); /* 4 blocks: 4 buckets */
+    char err[LM_ERRLEN];
+    int32_t a[3] = {7, 8, 9}, b[3] = {0, 0, 9};
+    uint8_t ka[KV_KEY_LEN], kb[KV_KEY_LEN];
+    kv_prefix_key(NULL, 0, a, 2, ka);
+    int found = 0;
+    for (int32_t x = 0; x < 4000000 && !found; x++) {
+        b[0] = x;
+        b[1] = x * 7 + 1;
+        kv_prefix_key(NULL, 0, b, 2, kb);
+        found = ka[0] == kb[0] && ka[1] == kb[1] && memcmp(ka, kb, KV_KEY_LEN);
+    }
+    CHECK(found);
+    kv_seq *s = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_append(p, s, 3, err, sizeof err) == KV_OK);
+    kv_prefix_commit(p, s, a, 3, 0);
+    kv_seq_free(p, s);
+    s = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_prefix_match(p, s, b, 3, 0) == 0);
+    kv_seq_free(p, s);
+    s = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_prefix_match(p, s, a, 3, 0) == 2);
+    kv_seq_free(p, s);
+    CHECK(pool_ok(p));
+    kv_pool_free(p);
+}
+
+static void test_lru_eviction(void) {
+    kv_pool *p = mk_pool(LM_TYPE_F32, 1, 1, 4, 4, 8);
+    char err[LM_ERRLEN];
+    int32_t t[4][9];
+    /* four prompts of 2 full blocks each, released in order 0, 1, 2, 3 */
+    for (int i = 0; i < 4; i++) {
+        toks(t[i], 9, i + 1);
+        kv_seq *s = kv_seq_new(p, err, sizeof err);
+        CHECK(kv_append(p, s, 8, err, sizeof err) == KV_OK);
+        kv_prefix_commit(p, s, t[i], 8, 0);
+        kv_seq_free(p, s);
+    }
+    kv_stats st;
+    kv_stats_get(p, &st);
+    CHECK(st.n_cached == 8 && st.n_free == 0);
+    /* touch prompt 0 again: now prompt 1 is the least recently used */
+    kv_seq *s = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_prefix_match(p, s, t[0], 9, 0) == 8);
+    kv_seq_free(p, s);
+    /* a holder of prompt 2's blocks keeps them from eviction */
+    kv_seq *hold = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_prefix_match(p, hold, t[2], 9, 0) == 8);
+    /* need 3 blocks: evicts prompt 1's two blocks, then prompt 3's tail (released before its head) */
+    kv_seq *n = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_append(p, n, 12, err, sizeof err) == KV_OK);
+    kv_stats_get(p, &st);
+    CHECK(st.n_evicted == 3);
+    /* cached now: prompt 3's head and prompt 0; prompt 2 is held */
+    CHECK(kv_available(p) == 3);
+    kv_seq *q = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_prefix_match(p, q, t[1], 9, 0) == 0);
+    CHECK(kv_prefix_match(p, q, t[3], 9, 0) == 4); /* its first block survived */
+    kv_seq_free(p, q);
+    q = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_prefix_match(p, q, t[0], 9, 0) == 8);
+    kv_seq_free(p, q);
+    q = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_prefix_match(p, q, t[2], 9, 0) == 8);
+    kv_seq_free(p, q);
+    CHECK(pool_ok(p));
+    /* the held blocks are never evicted: the pool fills up and says so */
+    CHECK(kv_append(p, n, 12, err, sizeof err) == KV_OK);
+    kv_stats_get(p, &st);
+    CHECK(st.n_evicted == 6 && st.n_cached == 0);
+    CHECK(kv_append(p, n, 4, err, sizeof err) == KV_FULL);
+    CHECK(kv_block_refcount(p, kv_seq_blocks(hold)[0]) == 1);
+    kv_seq_free(p, n);
+    kv_seq_free(p, hold);
+    CHECK(pool_ok(p));
+    kv_pool_free(p);
+}
+
+static void test_commit_dedups(void) {
+    kv_pool *p = mk_pool(LM_TYPE_F32, 1, 1, 4, 4, 16);
+    char err[LM_ERRLEN];
+    int32_t t[12];
+    toks(t, 12, 3);
+    kv_seq *a = kv_seq_new(p, err, sizeof err), *b = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_append(p, a, 10, err, sizeof err) == KV_OK);
+    CHECK(kv_append(p, b, 10, err, sizeof err) == KV_OK);
+    kv_stats st;
+    kv_stats_get(p, &st);
+    CHECK(st.n_used == 6);
+    kv_prefix_commit(p, a, t, 10, 0);
+    kv_prefix_commit(p, b, t, 10, 0);
+    kv_stats_get(p, &st);
+    CHECK(st.n_used == 4 && st.n_dedup == 2);
+    CHECK(kv_seq_blocks(a)[0] == kv_seq_blocks(b)[0] && kv_seq_blocks(a)[2] != kv_seq_blocks(b)[2]);
+    CHECK(pool_ok(p));
+    /* committing again is a no-op; after a truncate the key chain is recomputed */
+    kv_prefix_commit(p, b, t, 10, 0);
+    CHECK(kv_truncate(p, b, 3, err, sizeof err) == KV_OK);
+    CHECK(kv_append(p, b, 7, err, sizeof err) == KV_OK); /* copies the shared block 0 */
+    kv_prefix_commit(p, b, t, 10, 0);
+    kv_stats_get(p, &st);
+    CHECK(st.n_cow == 1 && st.n_dedup == 4);
+    CHECK(pool_ok(p));
+    kv_seq_free(p, a);
+    kv_seq_free(p, b);
+    kv_stats_get(p, &st);
+    CHECK(st.n_used == 0 && st.n_cached == 2 && st.n_free == 14);
+    kv_pool_free(p);
+}
+
+/* 64 sequences, lengths 100..2000, block 16: the unfilled tails are the only
+ * waste; the figure is exact and below 4% of the KV memory in use. */
+static void test_waste_mixed_workload(void) {
+    kv_pool *p = mk_pool(LM_TYPE_F16, 1, 1, 32, 16, 64 * 125);
+    char err[LM_ERRLEN];
+    kv_seq *s[64];
+    lm_rng r;
+    lm_rng_seed(&r, 2024);
+    int64_t tokens = 0, expect_waste = 0;
+    for (int i = 0; i < 64; i++) {
+        int len = 100 + (int)(lm_rng_u64(&r) % 1901);
+        s[i] = kv_seq_new(p, err, sizeof err);
+        /* grown like a server does: prompt, then decode steps */
+        CHECK(kv_append(p, s[i], len - len / 4, err, sizeof err) == KV_OK);
+        for (int j = len - len / 4; j < len; j++) CHECK(kv_append(p, s[i], 1, err, sizeof err) == KV_OK);
+        tokens += len;
+        expect_waste += (len + 15) / 16 * 16 - len;
+    }
+    kv_stats st;
+    kv_stats_get(p, &st);
+    CHECK(st.slots_filled == tokens && st.slots_wasted == expect_waste);
+    double frac = (double)st.bytes_wasted / (double)st.bytes_used;
+    printf("NOTE waste: %lld tokens in %lld blocks, %lld slots unfilled = %.3f%% of %.1f MiB in use\n",
+           (long long)tokens, (long long)st.n_used, (long long)st.slots_wasted, 100 * frac,
+           (double)st.bytes_used / 1048576);
+    CHECK(frac < 0.04);
+    CHECK(pool_ok(p));
+    for (int i = 0; i < 64; i++) kv_seq_free(p, s[i]);
+    kv_stats_get(p, &st);
+    CHECK(st.n_used == 0 && st.n_free == st.n_blocks && st.slots_wasted == 0);
+    kv_pool_free(p);
+}
+
+static void test_alloc_failures(void) {
+    char err[LM_ERRLEN];
+    kv_config c;
+    kv_config_init(&c, 1, 1, 8);
+    c.block_size = 1;
+    c.n_ctx = 64;
+    for (long k = 0; k < 4; k++) {
+        lm_alloc_fail_after(k);
+        kv_pool *p = kv_pool_new(&c, err, sizeof err);
+        lm_alloc_fail_after(-1);
+        if (!p) CHECK(strstr(err, "out of memory"));
+        kv_pool_free(p);
+    }
+    kv_pool *p = kv_pool_new(&c, err, sizeof err);
+    kv_seq *a = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_append(p, a, 5, err, sizeof err) == KV_OK);
+    lm_alloc_fail_after(0);
+    CHECK(kv_seq_new(p, err, sizeof err) == NULL);
+    lm_alloc_fail_after(1); /* the fork's table */
+    CHECK(kv_fork(p, a, err, sizeof err) == NULL);
+    lm_alloc_fail_after(0); /* table growth past 16 blocks */
+    CHECK(kv_append(p, a, 40, err, sizeof err) == KV_ERR);
+    lm_alloc_fail_after(-1);
+    CHECK(kv_seq_len(a) == 5 && pool_ok(p));
+    kv_seq *b = kv_seq_new(p, err, sizeof err);
+    int32_t t[64];
+    toks(t, 64, 1);
+    lm_alloc_fail_after(0);
+    CHECK(kv_prefix_match(p, b, t, 64, 0) == 0); /* no table: no reuse, no crash */
+    lm_alloc_fail_after(-1);
+    CHECK(pool_ok(p));
+    kv_pool_free(p); /* frees the live sequences too */
+}
+
+/* Random operations on many sequences, the pool checked after each; at the
+ * end every block is back and every refcount is zero. */
+static void test_random_workload(void) {
+    kv_pool *p = mk_pool(LM_TYPE_F16, 1, 1, 8, 4, 40);
+    char err[LM_ERRLEN];
+    enum { NS = 12 };
+    kv_seq *s[NS] = {0};
+    int32_t prompt[NS][128];
+    lm_rng r;
+    lm_rng_seed(&r, 77);
+    int ok = 1;
+    for (int step = 0; step < 4000 && ok; step++) {
+        int i = (int)(lm_rng_u64(&r) % NS), op = (int)(lm_rng_u64(&r) % 8);
+        if (!s[i]) {
+            s[i] = kv_seq_new(p, err, sizeof err);
+            /* prompts from a few families so prefixes repeat */
+            int fam = (int)(lm_rng_u64(&r) % 3);
+            for (int t = 0; t < 128; t++) prompt[i][t] = fam * 100 + t % 50 + (t > 60 ? i : 0);
+            kv_prefix_match(p, s[i], prompt[i], 1 + (int)(lm_rng_u64(&r) % 60), 1);
+            continue;
+        }
+        int len = kv_seq_len(s[i]);
+        int rc = KV_OK;
+        switch (op) {
+        case 0: case 1: case 2:
+            if (len < 120) {
+                int most = 120 - len < 9 ? 120 - len : 9;
+                rc = kv_append(p, s[i], 1 + (int)(lm_rng_u64(&r) % (uint64_t)most), err, sizeof err);
+            }
+            break;
+        case 3: kv_prefix_commit(p, s[i], prompt[i], kv_seq_len(s[i]), 1); break;
+        case 4: rc = kv_truncate(p, s[i], len ? (int)(lm_rng_u64(&r) % (uint64_t)len) : 0, err, sizeof err); break;
+        case 5: {
+            int j = (int)(lm_rng_u64(&r) % NS);
+            if (!s[j]) {
+                s[j] = kv_fork(p, s[i], err, sizeof err);
+                memcpy(prompt[j], prompt[i], sizeof prompt[i]);
+            }
+            break;
+        }
+        default: kv_seq_free(p, s[i]); s[i] = NULL; break;
+        }
+        if (rc != KV_OK && rc != KV_FULL) ok = 0;
+        if (!pool_ok(p)) {
+            fprintf(stderr, "  after step %d op %d\n", step, op);
+            ok = 0;
+        }
+    }
+    CHECK(ok);
+    kv_stats st;
+    kv_stats_get(p, &st);
+    printf("NOTE random workload: %llu copies, %llu evictions, %llu dedups, %llu prefix blocks reused\n",
+           (unsigned long long)st.n_cow, (unsigned long long)st.n_evicted, (unsigned long long)st.n_dedup,
+           (unsigned long long)st.prefix_hit_blocks);
+    CHECK(st.n_cow > 0 && st.n_evicted > 0 && st.prefix_hit_blocks > 0);
+    for (int i = 0; i < NS; i++) kv_seq_free(p, s[i]);
+    kv_stats_get(p, &st);
+    CHECK(st.n_used == 0 && st.n_free + st.n_cached == st.n_blocks && st.n_seqs == 0);
+    for (int b = 0; b < 40; b++) CHECK(kv_block_refcount(p, b) == 0);
+    CHECK(pool_ok(p));
+    kv_pool_free(p);
+}
+
+int main(void) {
+    quant_init();
+    TEST_RUN(test_plan_matches_formula);
+    TEST_RUN(test_plan_errors);
+    TEST_RUN(test_grow_and_release);
+    TEST_RUN(test_exhaustion_is_a_status);
+    TEST_RUN(test_fork_refcounts_and_cow);
+    TEST_RUN(test_store_roundtrip);
+    TEST_RUN(test_prefix_match_and_salt);
+    TEST_RUN(test_bucket_collision_is_not_a_hit);
+    TEST_RUN(test_lru_eviction);
+    TEST_RUN(test_commit_dedups);
+    TEST_RUN(test_waste_mixed_workload);
+    TEST_RUN(test_alloc_failures);
+    TEST_RUN(test_random_workload);
+    return TEST_DONE();
+}
