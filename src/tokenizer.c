@@ -507,6 +507,13 @@ static int32_t find_control(const lm_tokenizer *t, const char *text) {
 
 static int load_specials(lm_tokenizer *t, const gguf_ctx *g, char *err, size_t errlen) {
     t->bos = t->eos = t->eot = t->eom = t->unk = -1;
+    /* A user-defined token whose text is an end-of-generation marker is
+     * treated as control (matched only with parse_special, ends generation),
+     * as llama.cpp does: Gemma 3 stores "</s>" as user-defined. */
+    for (int i = 0; EOG_TEXTS[i]; i++) {
+        int32_t id = vocab_find(t, EOG_TEXTS[i], strlen(EOG_TEXTS[i]));
+        if (id >= 0 && t->type[id] == TT_USER) t->type[id] = TT_CONTROL;
+    }
     if (t->family == FAM_SPM) { /* SentencePiece's conventional texts when the ids are not stored */
         t->bos = vocab_find(t, "<s>", 3);
         t->eos = vocab_find(t, "</s>", 4);
