@@ -83,6 +83,7 @@ typedef struct {
     size_t x_row_bytes;
     int n_tok;
     lm_vec_dot_fn dot;
+    lm_gemm_fn gemm;     /* tile kernel, or NULL */
     atomic_long next;
 } matmul_job;
 
@@ -93,6 +94,21 @@ static void matmul_worker(void *arg, int ith, int nth) {
         long r0 = atomic_fetch_add(&j->next, MATMUL_CHUNK);
         if (r0 >= w->rows) break;
         long r1 = r0 + MATMUL_CHUNK < w->rows ? r0 + MATMUL_CHUNK : w->rows;
+        if (j->gemm) {
+            /* tiles of up to 4 weight rows x 4 tokens: each weight block is
+             * decoded once per 4 tokens, each activation block loaded once
+             * per row; the chunk's rows stay in cache across all tokens */
+            for (int c = 0; c < j->n_tok; c += LM_GEMM_TILE) {
+                int nc = j->n_tok - c < LM_GEMM_TILE ? j->n_tok - c : LM_GEMM_TILE;
+                for (long r = r0; r < r1; r += LM_GEMM_TILE) {
+                    int nr = r1 - r < LM_GEMM_TILE ? (int)(r1 - r) : LM_GEMM_TILE;
+                    j->gemm(w->cols, (const char *)w->data + (size_t)r * w->row_bytes, w->row_bytes, nr,
+                            (const char *)j->x + (size_t)c * j->x_row_bytes, j->x_row_bytes, nc,
+                            j->y + (size_t)c * (size_t)w->rows + r, (size_t)w->rows);
+                }
+            }
+            continue;
+        }
         for (int t = 0; t < j->n_tok; t++) {
             const char *xt = (const char *)j->x + (size_t)t * j->x_row_bytes;
             float *yt = j->y + (size_t)t * (size_t)w->rows;
@@ -104,7 +120,7 @@ static void matmul_worker(void *arg, int ith, int nth) {
 
 void ops_matmul(lm_pool *pool, float *y, const lm_weight *w, const float *x, int n_tok, void *scratch) {
     const lm_type_traits *t = quant_traits(w->type);
-    matmul_job j = {.y = y, .w = w, .n_tok = n_tok, .dot = t->vec_dot};
+    matmul_job j = {.y = y, .w = w, .n_tok = n_tok, .dot = t->vec_dot, .gemm = t->gemm};
     if (t->vec_dot_type == LM_TYPE_F32) {
         j.x = x;
         j.x_row_bytes = (size_t)w->cols * sizeof(float);

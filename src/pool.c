@@ -11,6 +11,7 @@
 #include "pool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -23,6 +24,15 @@
 #else
 #define cpu_relax() ((void)0)
 #endif
+
+/* A spin round is a pause; every 64th round yields the core instead, so a
+ * spinning thread does not hold it from the thread it waits for when the
+ * machine has more runnable threads than cores. About 50-100 us in all. */
+#define SPIN_ROUNDS 4096
+static inline void spin_pause(int round) {
+    if ((round & 63) == 63) sched_yield();
+    else cpu_relax();
+}
 
 struct lm_pool {
     int n;
@@ -44,10 +54,11 @@ static void *worker_main(void *v) {
     lm_pool *p = wa.p;
     unsigned long seen = 0;
     for (;;) {
-        /* spin briefly for the next generation before sleeping */
+        /* spin briefly for the next generation before sleeping; yield now
+         * and then so a descheduled caller can run when cores are shared */
         unsigned long g = atomic_load_explicit(&p->generation, memory_order_acquire);
-        for (int spin = 0; g == seen && spin < 20000; spin++) {
-            cpu_relax();
+        for (int spin = 0; g == seen && spin < SPIN_ROUNDS; spin++) {
+            spin_pause(spin);
             g = atomic_load_explicit(&p->generation, memory_order_acquire);
         }
         pthread_mutex_lock(&p->mu);
@@ -132,8 +143,8 @@ void pool_run(lm_pool *p, lm_pool_fn fn, void *arg) {
     pthread_cond_broadcast(&p->work_cv);
     pthread_mutex_unlock(&p->mu);
     fn(arg, 0, p->n);
-    for (int spin = 0; spin < 100000 && atomic_load_explicit(&p->pending, memory_order_acquire) > 0; spin++)
-        cpu_relax();
+    for (int spin = 0; spin < SPIN_ROUNDS && atomic_load_explicit(&p->pending, memory_order_acquire) > 0; spin++)
+        spin_pause(spin);
     if (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) {
         pthread_mutex_lock(&p->mu);
         while (atomic_load(&p->pending) > 0) pthread_cond_wait(&p->done_cv, &p->mu);

@@ -29,9 +29,12 @@
 #include <assert.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
+#include "kernels/avx2_q5_0.h"
+#include "kernels/kernels.h"
 #include "util.h"
 
 static lm_type_traits traits[LM_TYPE_COUNT] = {
@@ -835,7 +838,26 @@ static void init_table(void) {
         traits[t].from_float = ref[t].from_float;
         traits[t].vec_dot_type = ref[t].vec_dot_type;
         traits[t].vec_dot = ref[t].vec_dot;
+        traits[t].gemm = NULL;
     }
+    /* Faster variants where the CPU has them; LAMINA_NO_SIMD=1 keeps the
+     * scalar reference (for comparisons). */
+    const char *no_simd = getenv("LAMINA_NO_SIMD");
+    if (no_simd && *no_simd && strcmp(no_simd, "0") != 0) return;
+    if (!cpu_has_avx2()) return;
+    for (int t = 0; t < LM_TYPE_COUNT; t++) {
+        const lm_avx2_kernels *k = traits[t].name ? avx2_kernels((uint32_t)t) : NULL;
+        if (!k) continue;
+        if (k->from_float) traits[t].from_float = k->from_float;
+        if (k->vec_dot) {
+            traits[t].vec_dot = k->vec_dot;
+            traits[t].gemm = k->gemm;
+        }
+    }
+#if defined(__x86_64__) || defined(__i386__)
+    traits[LM_TYPE_Q5_0].vec_dot = avx2_vec_dot_q5_0;
+    traits[LM_TYPE_Q5_0].gemm = avx2_gemm_q5_0;
+#endif
 }
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;

@@ -117,6 +117,14 @@ typedef struct {                 /* 292 bytes */
 /* One weight row (n elements of the weight type) dotted with one activation
  * row (n elements of vec_dot_type); n is a multiple of the block size. */
 typedef float (*lm_vec_dot_fn)(int64_t n, const void *w, const void *x);
+/* A tile of y = x·wᵀ: nr weight rows by nc activation rows (each 1 to
+ * LM_GEMM_TILE), y[c * y_stride + r] = vec_dot(n, w + r*w_stride, x + c*x_stride),
+ * every output bit-identical to the same type's vec_dot (so a token's result
+ * does not depend on the batch it shares). Strides: bytes for w and x,
+ * floats for y. */
+#define LM_GEMM_TILE 4
+typedef void (*lm_gemm_fn)(int64_t n, const void *w, size_t w_stride, int nr, const void *x, size_t x_stride,
+                           int nc, float *y, size_t y_stride);
 typedef void (*lm_to_float_fn)(const void *src, float *dst, int64_t n);
 typedef void (*lm_from_float_fn)(const float *src, void *dst, int64_t n);
 
@@ -130,6 +138,7 @@ typedef struct {
     lm_from_float_fn from_float;
     uint32_t vec_dot_type;
     lm_vec_dot_fn vec_dot;
+    lm_gemm_fn gemm;          /* NULL: callers loop over vec_dot */
 } lm_type_traits;
 
 /* Fill the function pointers (idempotent and thread-safe; quant_traits()

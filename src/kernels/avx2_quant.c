@@ -1,0 +1,704 @@
+/*
+ * avx2_quant.c - AVX2 + FMA + F16C dot products, gemm tiles and activation
+ * quantizers for the weight types in quant.h. Compiled with -mavx2 -mfma
+ * -mf16c; nothing here runs unless cpu_has_avx2() said yes.
+ *
+ * One code path per type. Each type has a tile function, always inlined,
+ * that computes nr x nc outputs (nr weight rows, nc activation rows, both
+ * compile-time constants after inlining); vec_dot is that function with
+ * nr = nc = 1 and gemm dispatches to the 16 specialisations. For every
+ * (row, column) the tile performs the same float operations in the same
+ * order on the same values, with its own accumulators, whatever the tile
+ * size, so gemm outputs are bit-identical to vec_dot. Integer work is exact,
+ * so its order is free; the float steps are fixed as follows.
+ *
+ *  - F32, F16, BF16: elements in groups of 32 (four vectors of 8). For each
+ *    group a fresh vector t = w0*x0, then t = fma(wk, xk, t) for k = 1..3,
+ *    and the accumulator acc += t. A short tail is zero-padded to a full
+ *    group (zero products leave the sums unchanged). The partial products of
+ *    a group form a chain, but groups are independent, so a single row still
+ *    overlaps several groups in flight while a tile keeps one accumulator
+ *    per output.
+ *  - Q8_0, Q4_0: blocks of 32 in groups of 8. Each block's integer dot
+ *    (pmaddubsw + pmaddwd) is reduced exactly so lane b of a vector S holds
+ *    block b's sum; then acc = fma(float(S), dw * dx, acc) with dw, dx the
+ *    eight blocks' scales. A last partial group is copied into zeroed
+ *    blocks (zero scale, zero sum).
+ *  - Q4_K, Q5_K, Q6_K: per super-block of 256 the sub-block scales are
+ *    applied in int32 (pmaddwd against the scale), giving an exact vector SI
+ *    (and for Q4_K/Q5_K the min term MV from bsums); then
+ *    acc = fma(float(SI), dx * d, acc) and acc = acc - float(MV) * (dx * dmin)
+ *    (one fnmadd).
+ * Every output ends with the same horizontal sum of its 8 lanes.
+ *
+ * Integer bounds (so no pmaddubsw saturation and no int32 overflow):
+ * Q8_0 |w| <= 128 (abs of -128 read unsigned), |x| <= 127: pairs <= 32512.
+ * Q4_0 q <= 15: pairs <= 3810. Q4_K/Q5_K q <= 31, |x| <= 128: pairs <= 7936,
+ * times a scale <= 63, eight sub-blocks: < 2^23. Q6_K q <= 63: pairs <=
+ * 16128, scales |s| <= 128, eight chunks: < 2^26, plus the -32 correction
+ * < 2^25. Sums above 2^24 round when converted to float, identically in
+ * every path.
+ */
+#include "kernels/kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "avx2_quant.c must be compiled with -mavx2 -mfma -mf16c"
+#endif
+
+#include <assert.h>
+#include <immintrin.h>
+#include <string.h>
+
+#include "util.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* ---- small helpers ------------------------------------------------------ */
+
+INLINE uint16_t ld16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+INLINE float ldf(const uint8_t *p) {
+    float v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+INLINE __m256i ld256(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* Sum of the 8 lanes in one fixed order: halves, then pairs, then the two. */
+INLINE float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Weight rows are streamed from memory once per token in decode. The
+ * hardware prefetchers alone left single-row dot products well short of
+ * the memory bandwidth, so each kernel also prefetches the weight bytes it
+ * will read PREFETCH_AHEAD bytes later (possibly past the row: prefetches
+ * never fault and the next row is usually read next). */
+#define PREFETCH_AHEAD 4096
+
+/* Prefetch the cache lines of [p, p + bytes) + PREFETCH_AHEAD; consecutive
+ * calls for consecutive ranges leave no line out. The address is formed as
+ * an integer: it may lie outside any object, where pointer arithmetic would
+ * be undefined. */
+INLINE void prefetch_ahead(const uint8_t *p, size_t bytes) {
+    uintptr_t a = (uintptr_t)p + PREFETCH_AHEAD;
+    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)(a + o), _MM_HINT_T0);
+    _mm_prefetch((const char *)(a + bytes - 1), _MM_HINT_T0);
+}
+
+/* Eight int32x8 vectors -> one vector whose lane b is the sum of s[b]'s
+ * lanes (exact). The hadd steps give partial sums per 128-bit half; the
+ * final cross-half add completes them. */
+INLINE __m256i tree8(const __m256i s[8]) {
+    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20),
+                            _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* The f16 scales at offset 0 of eight consecutive blocks (bs bytes apart),
+ * as floats. The halves are packed in general-purpose registers, whose
+ * ALUs are idle here, rather than by one vector insert each. */
+INLINE __m256 scales8(const uint8_t *p, size_t bs) {
+    uint64_t lo = (uint64_t)ld16(p) | (uint64_t)ld16(p + bs) << 16 | (uint64_t)ld16(p + 2 * bs) << 32 |
+                  (uint64_t)ld16(p + 3 * bs) << 48;
+    uint64_t hi = (uint64_t)ld16(p + 4 * bs) | (uint64_t)ld16(p + 5 * bs) << 16 |
+                  (uint64_t)ld16(p + 6 * bs) << 32 | (uint64_t)ld16(p + 7 * bs) << 48;
+    return _mm256_cvtph_ps(_mm_set_epi64x((long long)hi, (long long)lo));
+}
+
+/* Tile specialisations: CASES(K) expands K(nr, nc) for the 16 shapes. */
+#define CASES(K)                                                                              \
+    K(1, 1) K(1, 2) K(1, 3) K(1, 4) K(2, 1) K(2, 2) K(2, 3) K(2, 4) K(3, 1) K(3, 2) K(3, 3)   \
+    K(3, 4) K(4, 1) K(4, 2) K(4, 3) K(4, 4)
+
+/* ---- F32, F16, BF16 ------------------------------------------------------- */
+
+enum { KF32, KF16, KBF16 };
+
+INLINE size_t fsize(int kind) { return kind == KF32 ? 4 : 2; }
+
+/* Weight elements [0, 8) at p as floats (exact conversions). */
+INLINE __m256 wload8(int kind, const uint8_t *p) {
+    if (kind == KF32) return _mm256_loadu_ps((const float *)(const void *)p);
+    __m128i h = _mm_loadu_si128((const __m128i *)(const void *)p);
+    if (kind == KF16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* One group of 32 elements for R rows (R <= 2) and C columns: w points at
+ * row 0's group (rows ws bytes apart), x at column 0's (xs bytes apart). */
+INLINE void float_group(int kind, const uint8_t *w, size_t ws, int R, const uint8_t *x,
+                        size_t xs, int C, __m256 acc[2][4]) {
+    const size_t es = fsize(kind);
+    for (int r = 0; r < R; r++) {
+        const uint8_t *wr = w + (size_t)r * ws;
+        prefetch_ahead(wr, 32 * es);
+        __m256 w0 = wload8(kind, wr), w1 = wload8(kind, wr + 8 * es);
+        __m256 w2 = wload8(kind, wr + 16 * es), w3 = wload8(kind, wr + 24 * es);
+        for (int c = 0; c < C; c++) {
+            const float *xc = (const float *)(const void *)(x + (size_t)c * xs);
+            __m256 t = _mm256_mul_ps(w0, _mm256_loadu_ps(xc));
+            t = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xc + 8), t);
+            t = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xc + 16), t);
+            t = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xc + 24), t);
+            acc[r][c] = _mm256_add_ps(acc[r][c], t);
+        }
+    }
+}
+
+/* R <= 2 weight rows by C <= 4 columns; a tile of more rows runs this on
+ * row pairs (each output's arithmetic is unchanged by that split). */
+INLINE void float_tile(int kind, int64_t n, const uint8_t *w, size_t ws, int R, const uint8_t *x,
+                       size_t xs, int C, float *y, size_t ys) {
+    const size_t es = fsize(kind);
+    __m256 acc[2][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        float_group(kind, w + (size_t)i * es, ws, R, x + (size_t)i * 4, xs, C, acc);
+    if (i < n) { /* zero-padded last group */
+        _Alignas(32) uint8_t wp[2][128];
+        _Alignas(32) uint8_t xp[4][128];
+        memset(wp, 0, sizeof wp);
+        memset(xp, 0, sizeof xp);
+        size_t left = (size_t)(n - i);
+        for (int r = 0; r < R; r++) memcpy(wp[r], w + (size_t)r * ws + (size_t)i * es, left * es);
+        for (int c = 0; c < C; c++) memcpy(xp[c], x + (size_t)c * xs + (size_t)i * 4, left * 4);
+        float_group(kind, wp[0], sizeof wp[0], R, xp[0], sizeof xp[0], C, acc);
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) y[(size_t)c * ys + (size_t)r] = hsum8(acc[r][c]);
+}
+
+INLINE void float_gemm(int kind, int64_t n, const void *w, size_t ws, int nr, const void *x,
+                       size_t xs, int nc, float *y, size_t ys) {
+    assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n >= 0);
+    for (int r0 = 0; r0 < nr; r0 += 2) {
+        const uint8_t *wr = (const uint8_t *)w + (size_t)r0 * ws;
+        float *yr = y + r0;
+        int key = (nr - r0 >= 2 ? 2 : 1) * 8 + nc;
+#define F(R, C) \
+    case R * 8 + C: float_tile(kind, n, wr, ws, R, x, xs, C, yr, ys); break;
+        switch (key) {
+            F(1, 1) F(1, 2) F(1, 3) F(1, 4) F(2, 1) F(2, 2) F(2, 3) F(2, 4)
+        default: break;
+        }
+#undef F
+    }
+}
+
+float avx2_vec_dot_f32(int64_t n, const void *w, const void *x) {
+    float y;
+    float_tile(KF32, n, w, 0, 1, x, 0, 1, &y, 1);
+    return y;
+}
+
+float avx2_vec_dot_f16(int64_t n, const void *w, const void *x) {
+    float y;
+    float_tile(KF16, n, w, 0, 1, x, 0, 1, &y, 1);
+    return y;
+}
+
+float avx2_vec_dot_bf16(int64_t n, const void *w, const void *x) {
+    float y;
+    float_tile(KBF16, n, w, 0, 1, x, 0, 1, &y, 1);
+    return y;
+}
+
+void avx2_gemm_f32(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs, int nc,
+                   float *y, size_t ys) {
+    float_gemm(KF32, n, w, ws, nr, x, xs, nc, y, ys);
+}
+
+void avx2_gemm_f16(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs, int nc,
+                   float *y, size_t ys) {
+    float_gemm(KF16, n, w, ws, nr, x, xs, nc, y, ys);
+}
+
+void avx2_gemm_bf16(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs,
+                    int nc, float *y, size_t ys) {
+    float_gemm(KBF16, n, w, ws, nr, x, xs, nc, y, ys);
+}
+
+/* ---- Q8_0 and Q4_0 weights against Q8_0 activations ----------------------- */
+
+enum { KQ8_0, KQ4_0 };
+
+#define GROUP 8 /* blocks whose f16 scales are converted together */
+#define REP8(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
+
+/* The exact integer dot of one block as eight int32 partial sums. u is the
+ * unsigned pmaddubsw operand from the weight block (Q4_0: q in 0..15; Q8_0:
+ * |w|), xq the activation's 32 int8, wq the Q8_0 weight bytes (their signs
+ * move onto x), e8 for Q4_0 the int16 pair sums of 8*x, subtracted for the
+ * -8 offset. */
+INLINE __m256i q32_dot(int kind, __m256i u, const uint8_t *wq, const uint8_t *xq, __m256i e8) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i xv = ld256(xq);
+    if (kind == KQ8_0) return _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(xv, ld256(wq))), ones);
+    return _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(u, xv), e8), ones);
+}
+
+INLINE __m256i q32_unsigned(int kind, const uint8_t *q) {
+    if (kind == KQ8_0) return _mm256_abs_epi8(ld256(q));
+    /* the 16 bytes in both halves, the upper half shifted down a nibble */
+    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)q));
+    v = _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+/* One group of 8 blocks for R rows and C columns; w points at row 0's
+ * first block of the group, x at column 0's. acc[r][c][0] takes the even
+ * blocks and [1] the odd ones (two chains, so a single row is not bound by
+ * the FMA latency). The weight block is unpacked once per row and reused
+ * for every column; the activation side (scales, 8*x sums) once per column. */
+INLINE void q32_group(int kind, const uint8_t *w, size_t ws, int R, const uint8_t *x, size_t xs,
+                      int C, __m256 acc[4][4][2]) {
+    const size_t wbs = kind == KQ4_0 ? sizeof(block_q4_0) : sizeof(block_q8_0);
+    const size_t xbs = sizeof(block_q8_0);
+    const __m256i eight = _mm256_set1_epi8(8);
+    /* Q4_0 with one row computes 8*x inline; wider tiles keep it here */
+    const bool keep_e = kind == KQ4_0 && R > 1;
+    __m256 dx[4];
+    __m256i e8[4][GROUP];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) {
+        const uint8_t *xc = x + (size_t)c * xs;
+        dx[c] = scales8(xc, xbs);
+        if (keep_e) {
+#define E8(b) e8[c][b] = _mm256_maddubs_epi16(eight, ld256(xc + b * xbs + 2));
+            REP8(E8)
+#undef E8
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        const uint8_t *wr = w + (size_t)r * ws;
+        prefetch_ahead(wr, GROUP * wbs);
+        __m256 dw = scales8(wr, wbs);
+#define U(b) __m256i u##b = q32_unsigned(kind, wr + b * wbs + 2);
+        REP8(U)
+#undef U
+        for (int c = 0; c < C; c++) {
+            const uint8_t *xc = x + (size_t)c * xs;
+            _Alignas(32) float sc[GROUP]; /* dw * dx per block, broadcast from memory */
+            _mm256_store_ps(sc, _mm256_mul_ps(dw, dx[c]));
+            __m256 a0 = acc[r][c][0], a1 = acc[r][c][1];
+#define STEP(b)                                                                                \
+    {                                                                                          \
+        const uint8_t *xq = xc + b * xbs + 2;                                                  \
+        __m256i e = kind != KQ4_0 ? _mm256_setzero_si256()                                     \
+                    : keep_e      ? e8[c][b]                                                   \
+                                  : _mm256_maddubs_epi16(eight, ld256(xq));                    \
+        __m256 sb = _mm256_cvtepi32_ps(q32_dot(kind, u##b, wr + b * wbs + 2, xq, e));          \
+        if (b & 1) a1 = _mm256_fmadd_ps(sb, _mm256_broadcast_ss(sc + b), a1);                  \
+        else a0 = _mm256_fmadd_ps(sb, _mm256_broadcast_ss(sc + b), a0);                        \
+    }
+            REP8(STEP)
+#undef STEP
+            acc[r][c][0] = a0;
+            acc[r][c][1] = a1;
+        }
+    }
+}
+
+INLINE void q32_tile(int kind, int64_t n, const uint8_t *w, size_t ws, int R, const uint8_t *x,
+                     size_t xs, int C, float *y, size_t ys) {
+    const size_t wbs = kind == KQ4_0 ? sizeof(block_q4_0) : sizeof(block_q8_0);
+    const size_t xbs = sizeof(block_q8_0);
+    const int64_t nb = n / 32;
+    __m256 acc[4][4][2];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c][0] = acc[r][c][1] = _mm256_setzero_ps();
+    int64_t g = 0;
+    for (; g + GROUP <= nb; g += GROUP)
+        q32_group(kind, w + (size_t)g * wbs, ws, R, x + (size_t)g * xbs, xs, C, acc);
+    if (g < nb) { /* zero-padded last group: zero scales, zero sums */
+        _Alignas(32) uint8_t wp[4][GROUP * sizeof(block_q8_0)];
+        _Alignas(32) uint8_t xp[4][GROUP * sizeof(block_q8_0)];
+        memset(wp, 0, sizeof wp);
+        memset(xp, 0, sizeof xp);
+        size_t left = (size_t)(nb - g);
+        for (int r = 0; r < R; r++) memcpy(wp[r], w + (size_t)r * ws + (size_t)g * wbs, left * wbs);
+        for (int c = 0; c < C; c++) memcpy(xp[c], x + (size_t)c * xs + (size_t)g * xbs, left * xbs);
+        q32_group(kind, wp[0], sizeof wp[0], R, xp[0], sizeof xp[0], C, acc);
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++)
+            y[(size_t)c * ys + (size_t)r] = hsum8(_mm256_add_ps(acc[r][c][0], acc[r][c][1]));
+}
+
+float avx2_vec_dot_q8_0(int64_t n, const void *w, const void *x) {
+    float y;
+    q32_tile(KQ8_0, n, w, 0, 1, x, 0, 1, &y, 1);
+    return y;
+}
+
+float avx2_vec_dot_q4_0(int64_t n, const void *w, const void *x) {
+    float y;
+    q32_tile(KQ4_0, n, w, 0, 1, x, 0, 1, &y, 1);
+    return y;
+}
+
+#define Q32(R, C) \
+    case R * 8 + C: q32_tile(KIND, n, w, ws, R, x, xs, C, y, ys); break;
+
+void avx2_gemm_q8_0(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs,
+                    int nc, float *y, size_t ys) {
+    assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n % 32 == 0);
+#define KIND KQ8_0
+    switch (nr * 8 + nc) {
+        CASES(Q32)
+    default: break;
+    }
+#undef KIND
+}
+
+void avx2_gemm_q4_0(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs,
+                    int nc, float *y, size_t ys) {
+    assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n % 32 == 0);
+#define KIND KQ4_0
+    switch (nr * 8 + nc) {
+        CASES(Q32)
+    default: break;
+    }
+#undef KIND
+}
+#undef Q32
+
+/* ---- K-quants against Q8_K activations ----------------------------------- */
+
+enum { KQ4_K, KQ5_K, KQ6_K };
+
+/* Offsets inside block_q8_K: d, qs[256], bsums[16]. */
+#define Q8K_QS 4
+#define Q8K_BSUMS (4 + QK_K)
+
+/* One weight super-block decoded for reuse across columns. u[j]: the 32
+ * unsigned q of chunk j (elements 32j..32j+31, activation order); scv[j]:
+ * the int16 pmaddwd multipliers for chunk j (Q4_K/Q5_K: its 6-bit scale
+ * everywhere; Q6_K: one 16-element sub-block's scale per 128-bit half);
+ * m16: the mins, each twice, against bsums (Q4_K/Q5_K) or the 16 scales
+ * for the -32 offset (Q6_K); d, dmin: the float super-block scales. */
+typedef struct {
+    __m256i u[8];
+    __m256i scv[8];
+    __m256i m16;
+    float d, dmin;
+} krow;
+
+/* Q4_K/Q5_K: the eight 6-bit scales and mins (layout in quant.h) unpacked
+ * with 32-bit word operations, four bytes at a time, into scv and m16. */
+INLINE void k4_scales(const uint8_t *s, krow *k) {
+    uint32_t s0, s1, s2;
+    memcpy(&s0, s, 4);
+    memcpy(&s1, s + 4, 4);
+    memcpy(&s2, s + 8, 4);
+    uint32_t sc_lo = s0 & 0x3f3f3f3fu, m_lo = s1 & 0x3f3f3f3fu;
+    uint32_t sc_hi = (s2 & 0x0f0f0f0fu) | ((s0 >> 2) & 0x30303030u); /* bits 6-7 -> 4-5 */
+    uint32_t m_hi = ((s2 >> 4) & 0x0f0f0f0fu) | ((s1 >> 2) & 0x30303030u);
+    __m256i w16 = _mm256_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)m_lo, (int)m_hi));
+    __m256i sc = _mm256_permute4x64_epi64(w16, 0x44); /* sc0..sc7 in both halves */
+#define SCV(j) k->scv[j] = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((short)(0x0100 * (2 * j + 1) + 2 * j)));
+    REP8(SCV)
+#undef SCV
+    __m128i m = _mm256_extracti128_si256(w16, 1);
+    k->m16 = _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m));
+}
+
+INLINE void k_prep(int kind, const uint8_t *blk, krow *k) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    if (kind == KQ6_K) {
+        const uint8_t *ql = blk + offsetof(block_q6_K, ql);
+        const uint8_t *qh = blk + offsetof(block_q6_K, qh);
+        const __m256i top2 = _mm256_set1_epi8(0x30);
+        /* chunk 4h+c: low nibble (c < 2) or high nibble of ql[64h + 32(c&1) + l],
+         * top two bits from bits 2c..2c+1 of qh[32h + l], moved to bits 4..5;
+         * 16-bit shifts move bits across bytes but the masks drop them */
+#define Q6U(h)                                                                                      \
+    {                                                                                               \
+        __m256i l0 = ld256(ql + 64 * h), l1 = ld256(ql + 64 * h + 32), hv = ld256(qh + 32 * h);     \
+        k->u[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, low4),                              \
+                                          _mm256_and_si256(_mm256_slli_epi16(hv, 4), top2));        \
+        k->u[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, low4),                              \
+                                          _mm256_and_si256(_mm256_slli_epi16(hv, 2), top2));        \
+        k->u[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),        \
+                                          _mm256_and_si256(hv, top2));                              \
+        k->u[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),        \
+                                          _mm256_and_si256(_mm256_srli_epi16(hv, 2), top2));        \
+    }
+        Q6U(0) Q6U(1)
+#undef Q6U
+        /* scales[2t] for the first 16 elements of chunk t, scales[2t+1] for the rest */
+        __m256i s16 = _mm256_cvtepi8_epi16(
+            _mm_loadu_si128((const __m128i *)(const void *)(blk + offsetof(block_q6_K, scales))));
+        __m256i lo = _mm256_permute4x64_epi64(s16, 0x44), hi = _mm256_permute4x64_epi64(s16, 0xEE);
+#define SCV(t)                                                                                      \
+    {                                                                                               \
+        __m256i idx = _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 * (4 * t + 3) + 4 * t + 2)),   \
+                                       _mm_set1_epi16((short)(0x0100 * (4 * t + 1) + 4 * t)));      \
+        k->scv[t] = _mm256_shuffle_epi8(lo, idx);                                                  \
+        k->scv[t + 4] = _mm256_shuffle_epi8(hi, idx);                                              \
+    }
+        SCV(0) SCV(1) SCV(2) SCV(3)
+#undef SCV
+        k->m16 = s16;
+        k->d = _cvtsh_ss(ld16(blk + offsetof(block_q6_K, d)));
+        k->dmin = 0.0f;
+        return;
+    }
+    /* Q4_K/Q5_K share d, dmin, scales; 64 elements per 32 bytes of qs: the low
+     * nibbles, then the high ones */
+    const uint8_t *qs = blk + (kind == KQ4_K ? offsetof(block_q4_K, qs) : offsetof(block_q5_K, qs));
+#define Q4U(c)                                                                                      \
+    {                                                                                               \
+        __m256i v = ld256(qs + 32 * c);                                                             \
+        k->u[2 * c] = _mm256_and_si256(v, low4);                                                    \
+        k->u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);                          \
+    }
+    Q4U(0) Q4U(1) Q4U(2) Q4U(3)
+#undef Q4U
+    if (kind == KQ5_K) { /* bit j of qh[l] is the fifth bit of element 32j + l */
+        __m256i hv = ld256(blk + offsetof(block_q5_K, qh));
+        const __m256i bit4 = _mm256_set1_epi8(0x10);
+        /* before step j, bit 0 of each byte of hv is bit j of qh (16-bit shifts
+         * carry bits across bytes, but only into bits the mask drops) */
+#define Q5H(j)                                                                                      \
+    k->u[j] = _mm256_or_si256(k->u[j], _mm256_and_si256(_mm256_slli_epi16(hv, 4), bit4));          \
+    hv = _mm256_srli_epi16(hv, 1);
+        REP8(Q5H)
+#undef Q5H
+    }
+    k4_scales(blk + offsetof(block_q4_K, scales), k);
+    k->d = _cvtsh_ss(ld16(blk + offsetof(block_q4_K, d)));
+    k->dmin = _cvtsh_ss(ld16(blk + offsetof(block_q4_K, dmin)));
+}
+
+/* One decoded weight super-block against one Q8_K block into acc. */
+INLINE __m256 k_dot(int kind, const krow *k, const uint8_t *xb, __m256 acc) {
+    const float dx = ldf(xb);
+    const uint8_t *xq = xb + Q8K_QS;
+    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+#define KSTEP(j)                                                                                    \
+    {                                                                                               \
+        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(k->u[j], ld256(xq + 32 * j)), k->scv[j]); \
+        if (j & 1) s1 = _mm256_add_epi32(s1, p);                                                    \
+        else s0 = _mm256_add_epi32(s0, p);                                                          \
+    }
+    REP8(KSTEP)
+#undef KSTEP
+    __m256i si = _mm256_add_epi32(s0, s1);
+    __m256i bs = ld256(xb + Q8K_BSUMS);
+    if (kind == KQ6_K) { /* q - 32: subtract 32 * sum_j scale_j * bsum_j */
+        __m256i corr = _mm256_madd_epi16(bs, k->m16);
+        si = _mm256_sub_epi32(si, _mm256_slli_epi32(corr, 5));
+        return _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_set1_ps(dx * k->d), acc);
+    }
+    __m256i mv = _mm256_madd_epi16(bs, k->m16); /* sum_j m_j * (bsum_2j + bsum_2j+1) */
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_set1_ps(dx * k->d), acc);
+    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mv), _mm256_set1_ps(dx * k->dmin), acc);
+}
+
+INLINE size_t kbs(int kind) {
+    return kind == KQ4_K ? sizeof(block_q4_K) : kind == KQ5_K ? sizeof(block_q5_K)
+                                                              : sizeof(block_q6_K);
+}
+
+INLINE void k_tile(int kind, int64_t n, const uint8_t *w, size_t ws, int R, const uint8_t *x,
+                   size_t xs, int C, float *y, size_t ys) {
+    const size_t wbs = kbs(kind), xbs = sizeof(block_q8_K);
+    __m256 acc[4][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        for (int r = 0; r < R; r++) {
+            krow k;
+            const uint8_t *wb = w + (size_t)r * ws + (size_t)i * wbs;
+            prefetch_ahead(wb, wbs);
+            k_prep(kind, wb, &k);
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++)
+                acc[r][c] = k_dot(kind, &k, x + (size_t)c * xs + (size_t)i * xbs, acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) y[(size_t)c * ys + (size_t)r] = hsum8(acc[r][c]);
+}
+
+float avx2_vec_dot_q4_K(int64_t n, const void *w, const void *x) {
+    float y;
+    k_tile(KQ4_K, n, w, 0, 1, x, 0, 1, &y, 1);
+    return y;
+}
+
+float avx2_vec_dot_q5_K(int64_t n, const void *w, const void *x) {
+    float y;
+    k_tile(KQ5_K, n, w, 0, 1, x, 0, 1, &y, 1);
+    return y;
+}
+
+float avx2_vec_dot_q6_K(int64_t n, const void *w, const void *x) {
+    float y;
+    k_tile(KQ6_K, n, w, 0, 1, x, 0, 1, &y, 1);
+    return y;
+}
+
+#define KT(R, C) \
+    case R * 8 + C: k_tile(KIND, n, w, ws, R, x, xs, C, y, ys); break;
+#define K_GEMM(name, kind)                                                                     \
+    void name(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs, int nc,   \
+              float *y, size_t ys) {                                                           \
+        assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n % QK_K == 0); \
+        switch (nr * 8 + nc) {                                                                 \
+            CASES(KT)                                                                          \
+        default: break;                                                                        \
+        }                                                                                      \
+    }
+#define KIND KQ4_K
+K_GEMM(avx2_gemm_q4_K, KQ4_K)
+#undef KIND
+#define KIND KQ5_K
+K_GEMM(avx2_gemm_q5_K, KQ5_K)
+#undef KIND
+#define KIND KQ6_K
+K_GEMM(avx2_gemm_q6_K, KQ6_K)
+#undef KIND
+#undef K_GEMM
+#undef KT
+
+/* ---- activation quantizers ------------------------------------------------ */
+/* Same float operations as the reference (quant.c), element for element:
+ * the block maximum, scalar d and 1/d, one multiply per element, then
+ * round half away from zero (roundf) and clamp, NaN to the low bound. */
+
+/* roundf for each lane: truncate, then step away from zero when the
+ * dropped fraction (exact: v - trunc(v)) is at least one half. */
+INLINE __m256 round_away(__m256 v) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __m256 frac = _mm256_andnot_ps(sign, _mm256_sub_ps(v, t));
+    __m256 up = _mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    __m256 step = _mm256_or_ps(_mm256_and_ps(v, sign), _mm256_set1_ps(1.0f));
+    return _mm256_add_ps(t, _mm256_and_ps(up, step));
+}
+
+/* round_away then clamp to [lo, hi] and convert; max_ps returns its second
+ * operand when the first is NaN, so NaN gives lo as in the reference. */
+INLINE __m256i round_clamp8(__m256 v, float lo, float hi) {
+    __m256 r = _mm256_max_ps(round_away(v), _mm256_set1_ps(lo));
+    return _mm256_cvttps_epi32(_mm256_min_ps(r, _mm256_set1_ps(hi)));
+}
+
+/* Four int32x8 (32 values in order) -> 32 int8 in order (values fit). */
+INLINE __m256i pack32(__m256i a, __m256i b, __m256i c, __m256i d) {
+    __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);
+    __m256i q = _mm256_packs_epi16(ab, cd); /* dwords: a0 b0 c0 d0 a1 b1 c1 d1 */
+    return _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* max |x| over 32 * nv floats; NaN lanes are skipped (the NaN operand of
+ * max_ps goes first) as the reference's strict > skips them. */
+INLINE float absmax(const float *x, int nv) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < nv; i++) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * i)), m);
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+void avx2_from_float_q8_0(const float *src, void *dst, int64_t n) {
+    block_q8_0 *b = dst;
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        const float *x = src + i * QK8_0;
+        float amax = absmax(x, 4);
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = lm_f32_to_f16(d);
+        __m256 vid = _mm256_set1_ps(id);
+        __m256i q[4];
+        for (int k = 0; k < 4; k++)
+            q[k] = round_clamp8(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), vid), -127.0f, 127.0f);
+        _mm256_storeu_si256((__m256i *)(void *)b[i].qs, pack32(q[0], q[1], q[2], q[3]));
+    }
+}
+
+void avx2_from_float_q8_K(const float *src, void *dst, int64_t n) {
+    block_q8_K *b = dst;
+    for (int64_t i = 0; i < n / QK_K; i++, b++) {
+        const float *x = src + i * QK_K;
+        float amax = absmax(x, QK_K / 8);
+        if (amax == 0.0f) {
+            memset(b, 0, sizeof *b);
+            continue;
+        }
+        /* the reference keeps the sign of the first element of largest
+         * magnitude */
+        const __m256 sign = _mm256_set1_ps(-0.0f), va = _mm256_set1_ps(amax);
+        float max = amax;
+        for (int k = 0; k < QK_K / 8; k++) {
+            __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * k));
+            int hit = _mm256_movemask_ps(_mm256_cmp_ps(a, va, _CMP_EQ_OQ));
+            if (hit) {
+                max = x[8 * k + __builtin_ctz((unsigned)hit)];
+                break;
+            }
+        }
+        float iscale = -128.0f / max;
+        __m256 vs = _mm256_set1_ps(iscale);
+        __m256i gs[16]; /* per 16 elements: two int32x8 added, summed by tree8 */
+        for (int c = 0; c < QK_K / 32; c++) {
+            __m256i q[4];
+            for (int k = 0; k < 4; k++)
+                q[k] = round_clamp8(_mm256_mul_ps(vs, _mm256_loadu_ps(x + 32 * c + 8 * k)), -128.0f, 127.0f);
+            _mm256_storeu_si256((__m256i *)(void *)(b->qs + 32 * c), pack32(q[0], q[1], q[2], q[3]));
+            gs[2 * c] = _mm256_add_epi32(q[0], q[1]);
+            gs[2 * c + 1] = _mm256_add_epi32(q[2], q[3]);
+        }
+        __m256i s0 = tree8(gs), s1 = tree8(gs + 8); /* lane g: bsum g (and 8 + g) */
+        __m256i s16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(s0, s1), 0xD8);
+        _mm256_storeu_si256((__m256i *)(void *)b->bsums, s16);
+        b->d = 1.0f / iscale;
+    }
+}
+
+/* ---- table ---------------------------------------------------------------- */
+
+static const lm_avx2_kernels table[LM_TYPE_COUNT] = {
+    [LM_TYPE_F32] = {NULL, avx2_vec_dot_f32, avx2_gemm_f32},
+    [LM_TYPE_F16] = {NULL, avx2_vec_dot_f16, avx2_gemm_f16},
+    [LM_TYPE_BF16] = {NULL, avx2_vec_dot_bf16, avx2_gemm_bf16},
+    [LM_TYPE_Q8_0] = {avx2_from_float_q8_0, avx2_vec_dot_q8_0, avx2_gemm_q8_0},
+    [LM_TYPE_Q4_0] = {NULL, avx2_vec_dot_q4_0, avx2_gemm_q4_0},
+    [LM_TYPE_Q4_K] = {NULL, avx2_vec_dot_q4_K, avx2_gemm_q4_K},
+    [LM_TYPE_Q5_K] = {NULL, avx2_vec_dot_q5_K, avx2_gemm_q5_K},
+    [LM_TYPE_Q6_K] = {NULL, avx2_vec_dot_q6_K, avx2_gemm_q6_K},
+    [LM_TYPE_Q8_K] = {avx2_from_float_q8_K, NULL, NULL},
+};
+
+const lm_avx2_kernels *avx2_kernels(uint32_t type) {
+    if (type >= LM_TYPE_COUNT) return NULL;
+    const lm_avx2_kernels *k = &table[type];
+    return k->from_float || k->vec_dot ? k : NULL;
+}
+
+#else /* not x86: no kernels here */
+
+const lm_avx2_kernels *avx2_kernels(uint32_t type) {
+    (void)type;
+    return NULL;
+}
+
+#endif

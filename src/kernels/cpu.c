@@ -1,0 +1,42 @@
+/*
+ * cpu.c - which SIMD kernels this CPU can run.
+ *
+ * AVX2 kernels need three CPUID features (AVX2, FMA, F16C) and, separately,
+ * an operating system that saves the YMM registers on context switches:
+ * CPUID.1:ECX.OSXSAVE says XGETBV is usable, and XCR0 bits 1 and 2 (SSE and
+ * AVX state) must both be set. A CPU can report AVX2 while the OS (or a
+ * hypervisor) has not enabled that state, and then the instructions fault,
+ * so both are checked here rather than trusting a compiler builtin whose
+ * list of feature names differs between GCC and Clang versions.
+ *
+ * Plain C, compiled without SIMD flags; the answer does not change while the
+ * process runs, and computing it is cheap, so nothing is cached.
+ */
+#include "kernels/kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+/* XCR0 through XGETBV; only valid when CPUID reports OSXSAVE. The
+ * instruction is written out so no -mxsave flag is needed. */
+static uint64_t read_xcr0(void) {
+    uint32_t lo, hi;
+    __asm__ __volatile__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+bool cpu_has_avx2(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    const unsigned fma = 1u << 12, osxsave = 1u << 27, avx = 1u << 28, f16c = 1u << 29;
+    if ((c & (fma | osxsave | avx | f16c)) != (fma | osxsave | avx | f16c)) return false;
+    if ((read_xcr0() & 6) != 6) return false; /* XMM and YMM state enabled */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    return (b & (1u << 5)) != 0; /* leaf 7 EBX bit 5: AVX2 */
+}
+
+#else
+
+bool cpu_has_avx2(void) { return false; }
+
+#endif

@@ -1,0 +1,93 @@
+/*
+ * kernels.h - per-architecture matrix-product kernels and CPU detection.
+ *
+ * The scalar reference kernels live in quant.c and define what every variant
+ * here computes. This header declares the x86-64 AVX2 variants (AVX2 + FMA +
+ * F16C, in kernels/avx2_quant.c) for the weight types lamina multiplies:
+ *
+ *   weight type   activation (vec_dot_type)   vec_dot / gemm          from_float
+ *   F32, F16, BF16   F32                      avx2_vec_dot_<t>, _gemm_ -
+ *   Q8_0, Q4_0       Q8_0                     avx2_vec_dot_<t>, _gemm_ avx2_from_float_q8_0
+ *   Q4_K, Q5_K, Q6_K Q8_K                     avx2_vec_dot_<t>, _gemm_ avx2_from_float_q8_K
+ *
+ * Contracts:
+ *  - vec_dot has the signature of lm_vec_dot_fn: one weight row of n elements
+ *    against one activation row already in vec_dot_type; n a multiple of the
+ *    block size (any n >= 0 for the float types). Results agree with
+ *    quant_vec_dot_ref to float rounding (tests state the tolerances).
+ *  - gemm (lm_gemm_fn and LM_GEMM_TILE are in quant.h) computes a tile of
+ *    nr weight rows by nc activation rows (1 <= nr, nc <= LM_GEMM_TILE; 0
+ *    does nothing):
+ *        y[c * y_stride + r] = vec_dot(n, w + r * w_stride, x + c * x_stride)
+ *    and every one of those floats is BIT-IDENTICAL to what the same type's
+ *    avx2_vec_dot returns, whatever nr and nc are: each output has its own
+ *    accumulators and the same sequence of float operations in both. This
+ *    is what lets a token's output not depend on the batch it shares. Each
+ *    weight block is decoded once per tile and each activation block loaded
+ *    once per weight row, so wider tiles do less work per output.
+ *  - from_float produces blocks bit-identical to quant_from_float_ref, so
+ *    nothing downstream depends on which path quantized.
+ *  - Strides are in bytes for w and x, in floats for y. Rows must be aligned
+ *    like their block struct (2 bytes; 4 for Q8_K), as GGUF guarantees.
+ *  - Activations in Q8_0 must lie in [-127, 127], which both quantizers
+ *    produce (the sign trick of the Q8_0 weight kernel cannot negate -128).
+ *
+ * These functions use AVX2/FMA/F16C instructions: call them only when
+ * cpu_has_avx2() is true. avx2_kernels() hands them out by type for
+ * quant_init(); on non-x86 builds it returns NULL and nothing else is
+ * defined.
+ */
+#ifndef LAMINA_KERNELS_H
+#define LAMINA_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "quant.h"
+
+/* True when the CPU has AVX2, FMA and F16C and the OS saves YMM state. */
+bool cpu_has_avx2(void);
+
+/* The AVX2 kernels of one type; NULL members keep the reference. */
+typedef struct {
+    lm_from_float_fn from_float; /* quantize floats into this type */
+    lm_vec_dot_fn vec_dot;       /* weights of this type · vec_dot_type */
+    lm_gemm_fn gemm;             /* tile kernel matching vec_dot bit for bit */
+} lm_avx2_kernels;
+
+/* The kernels for a type, or NULL when there are none (or not x86-64). */
+const lm_avx2_kernels *avx2_kernels(uint32_t type);
+
+#if defined(__x86_64__) || defined(__i386__)
+float avx2_vec_dot_f32(int64_t n, const void *w, const void *x);
+float avx2_vec_dot_f16(int64_t n, const void *w, const void *x);
+float avx2_vec_dot_bf16(int64_t n, const void *w, const void *x);
+float avx2_vec_dot_q8_0(int64_t n, const void *w, const void *x);
+float avx2_vec_dot_q4_0(int64_t n, const void *w, const void *x);
+float avx2_vec_dot_q4_K(int64_t n, const void *w, const void *x);
+float avx2_vec_dot_q5_K(int64_t n, const void *w, const void *x);
+float avx2_vec_dot_q6_K(int64_t n, const void *w, const void *x);
+
+void avx2_gemm_f32(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
+                   size_t x_stride, int nc, float *y, size_t y_stride);
+void avx2_gemm_f16(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
+                   size_t x_stride, int nc, float *y, size_t y_stride);
+void avx2_gemm_bf16(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
+                    size_t x_stride, int nc, float *y, size_t y_stride);
+void avx2_gemm_q8_0(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
+                    size_t x_stride, int nc, float *y, size_t y_stride);
+void avx2_gemm_q4_0(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
+                    size_t x_stride, int nc, float *y, size_t y_stride);
+void avx2_gemm_q4_K(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
+                    size_t x_stride, int nc, float *y, size_t y_stride);
+void avx2_gemm_q5_K(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
+                    size_t x_stride, int nc, float *y, size_t y_stride);
+void avx2_gemm_q6_K(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
+                    size_t x_stride, int nc, float *y, size_t y_stride);
+
+void avx2_from_float_q8_0(const float *src, void *dst, int64_t n);
+void avx2_from_float_q8_K(const float *src, void *dst, int64_t n);
+#endif
+
+#endif
