@@ -49,14 +49,16 @@ lm_state *state_new(const lm_model *m, lm_pool *pool, int n_ctx, int max_batch, 
     return state_new_kv(m, pool, n_ctx, max_batch, LM_TYPE_F32, err, errlen);
 }
 
-lm_state *state_new_kv(const lm_model *m, lm_pool *pool, int n_ctx, int max_batch, uint32_t kv_type, char *err,
-                       size_t errlen) {
+/* The common part of every constructor: buffers for max_batch tokens, a
+ * sequence in kv (taken over when owns_kv), attention scratch per thread. */
+static lm_state *state_build(const lm_model *m, lm_pool *pool, kv_pool *kv, bool owns_kv, int n_ctx, int max_batch,
+                             char *err, size_t errlen) {
     const lm_hparams *hp = &m->hp;
-    if (n_ctx <= 0) n_ctx = hp->n_ctx_train;
     if (max_batch <= 0) max_batch = 512;
     if (max_batch > n_ctx) max_batch = n_ctx;
     lm_state *s = lm_calloc(1, sizeof *s);
     if (!s) {
+        if (owns_kv) kv_pool_free(kv);
         lm_err(err, errlen, "out of memory");
         return NULL;
     }
@@ -64,18 +66,10 @@ lm_state *state_new_kv(const lm_model *m, lm_pool *pool, int n_ctx, int max_batc
     s->pool = pool;
     s->n_ctx = n_ctx;
     s->max_batch = max_batch;
+    s->kv = kv;
+    s->owns_kv = owns_kv;
     size_t kvd = (size_t)hp->n_head_kv * hp->head_dim, qd = (size_t)hp->n_head * hp->head_dim;
     size_t B = (size_t)max_batch, E = (size_t)hp->n_embd;
-    kv_config kc;
-    kv_config_init(&kc, hp->n_layer, hp->n_head_kv, hp->head_dim);
-    kc.type = kv_type;
-    kc.n_ctx = n_ctx;
-    kc.n_seqs = 1;
-    s->kv = kv_pool_new(&kc, err, errlen);
-    if (!s->kv) {
-        lm_free(s);
-        return NULL;
-    }
     s->seq = kv_seq_new(s->kv, err, errlen);
     s->n_scr = pool_size(pool);
     s->scr = lm_calloc((size_t)s->n_scr, sizeof *s->scr);
@@ -112,11 +106,57 @@ lm_state *state_new_kv(const lm_model *m, lm_pool *pool, int n_ctx, int max_batc
     return s;
 }
 
+lm_state *state_new_kv(const lm_model *m, lm_pool *pool, int n_ctx, int max_batch, uint32_t kv_type, char *err,
+                       size_t errlen) {
+    const lm_hparams *hp = &m->hp;
+    if (n_ctx <= 0) n_ctx = hp->n_ctx_train;
+    kv_config kc;
+    kv_config_init(&kc, hp->n_layer, hp->n_head_kv, hp->head_dim);
+    kc.type = kv_type;
+    kc.n_ctx = n_ctx;
+    kc.n_seqs = 1;
+    kv_pool *kv = kv_pool_new(&kc, err, errlen);
+    if (!kv) return NULL;
+    return state_build(m, pool, kv, true, n_ctx, max_batch, err, errlen);
+}
+
+lm_state *state_new_shared(const lm_model *m, lm_pool *pool, kv_pool *kv, int n_ctx, int max_batch, char *err,
+                           size_t errlen) {
+    if (n_ctx <= 0) n_ctx = m->hp.n_ctx_train;
+    return state_build(m, pool, kv, false, n_ctx, max_batch, err, errlen);
+}
+
+lm_state *state_fork(const lm_state *src, char *err, size_t errlen) {
+    lm_state *s = state_build(src->m, src->pool, src->kv, false, src->n_ctx, src->max_batch, err, errlen);
+    if (!s) return NULL;
+    kv_seq *f = kv_fork(s->kv, src->seq, err, errlen);
+    if (!f) {
+        state_free(s);
+        return NULL;
+    }
+    kv_seq_free(s->kv, s->seq);
+    s->seq = f;
+    s->n_past = src->n_past;
+    return s;
+}
+
+int state_prefix_match(lm_state *s, const int32_t *tokens, int n, uint64_t salt) {
+    if (s->n_past != 0) return 0;
+    if (n > s->n_ctx) n = s->n_ctx;
+    s->n_past = kv_prefix_match(s->kv, s->seq, tokens, n, salt);
+    return s->n_past;
+}
+
+void state_prefix_commit(lm_state *s, const int32_t *tokens, uint64_t salt) {
+    kv_prefix_commit(s->kv, s->seq, tokens, s->n_past, salt);
+}
+
 void state_free(lm_state *s) {
     if (!s) return;
     for (int i = 0; s->scr && i < s->n_scr; i++) attn_scratch_free(s->scr[i]);
     lm_free(s->scr);
-    kv_pool_free(s->kv); /* frees s->seq too */
+    if (s->owns_kv) kv_pool_free(s->kv); /* frees s->seq too */
+    else if (s->kv) kv_seq_free(s->kv, s->seq);
     lm_free(s->x);
     lm_free(s->xb);
     lm_free(s->q);

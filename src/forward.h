@@ -34,7 +34,8 @@ typedef struct lm_state {
     int n_ctx;            /* positions the cache holds */
     int n_past;           /* positions filled */
     int max_batch;        /* tokens per internal pass */
-    kv_pool *kv;          /* paged cache sized for n_ctx positions of one sequence */
+    kv_pool *kv;          /* paged cache: its own (n_ctx positions) or shared */
+    bool owns_kv;         /* kv is freed with the state */
     kv_seq *seq;          /* this state's sequence in kv */
     attn_scratch **scr;   /* (n_scr) attention scratch, one per pool thread */
     int n_scr;
@@ -56,6 +57,20 @@ lm_state *state_new(const lm_model *m, lm_pool *pool, int n_ctx, int max_batch, 
  * state_new uses F32. */
 lm_state *state_new_kv(const lm_model *m, lm_pool *pool, int n_ctx, int max_batch, uint32_t kv_type, char *err,
                        size_t errlen);
+/* A state whose sequence lives in a caller's pool, shared with other states
+ * (prefix caching and forks work across them). The pool must outlive it. */
+lm_state *state_new_shared(const lm_model *m, lm_pool *pool, kv_pool *kv, int n_ctx, int max_batch, char *err,
+                           size_t errlen);
+/* A new state continuing src's sequence: every KV block is shared until one
+ * side writes into a shared partial block, which is then copied. The fork
+ * uses src's KV pool: free it before src if src owns that pool. */
+lm_state *state_fork(const lm_state *src, char *err, size_t errlen);
+/* Prefix caching: on an empty state, take every leading full block of
+ * tokens[0..n) already cached under salt and return how many positions are
+ * now filled (n_past); prefill only the rest. state_prefix_commit registers
+ * the state's full blocks (tokens[0..n_past) are its tokens). */
+int state_prefix_match(lm_state *s, const int32_t *tokens, int n, uint64_t salt);
+void state_prefix_commit(lm_state *s, const int32_t *tokens, uint64_t salt);
 void state_free(lm_state *s);
 /* Forget every position (the cache is reused). */
 void state_reset(lm_state *s);
