@@ -79,5 +79,26 @@ done
 "$L" run -m "$M" -p "Once upon a time" -n 500 --temp 0 >/dev/null 2>"$T/err"; rc=$?
 [ $rc -eq 0 ] && grep -q "context of 128 tokens is full" "$T/err" && ok context_full_stops || bad context_full_stops "rc=$rc" "$(cat "$T/err")"
 
+# 8. mkmodel: deterministic from --seed, its header describes the shape asked
+mk() { "$L" mkmodel --layers 2 --embd 128 --heads 4 --kv-heads 2 --ff 256 --vocab 300 --ctx 64 --type Q8_0 -t 2 "$@" 2>/dev/null; }
+mk --seed 5 -o "$T/m1.gguf" && mk --seed 5 -o "$T/m2.gguf" && mk --seed 6 -o "$T/m3.gguf"
+cmp -s "$T/m1.gguf" "$T/m2.gguf" && ! cmp -s "$T/m1.gguf" "$T/m3.gguf" && ok mkmodel_deterministic || bad mkmodel_deterministic
+"$L" info -m "$T/m1.gguf" >"$T/info2" 2>&1
+grep -q "layers: *2" "$T/info2" && grep -q "embedding: *128" "$T/info2" && grep -q "4 query, 2 key/value" "$T/info2" &&
+    grep -q "feed-forward: *256" "$T/info2" && grep -q "vocabulary: *300" "$T/info2" && grep -q "Q8_0" "$T/info2" &&
+    ok mkmodel_header || bad mkmodel_header "$(cat "$T/info2")"
+# with a real vocabulary, text goes through it
+if [ -f ../shared/vocab/ggml-vocab-llama-spm.gguf ]; then
+    mk --seed 1 --vocab-from ../shared/vocab/ggml-vocab-llama-spm.gguf -o "$T/m4.gguf"
+    "$L" run -m "$T/m4.gguf" -p "Hello" -n 4 --temp 0 >/dev/null 2>"$T/err" && grep -q "vocabulary: *32000" <("$L" info -m "$T/m4.gguf") &&
+        ok mkmodel_vocab_from || bad mkmodel_vocab_from "$(cat "$T/err")"
+fi
+# 9. quantize through the command line: the Q4_0 copy loads, runs and is smaller
+"$L" quantize "$T/m1.gguf" "$T/m1q4.gguf" Q4_0 2>"$T/err" && "$L" bench -m "$T/m1q4.gguf" -p 8 -n 2 -r 1 --no-bw >/dev/null 2>&1 &&
+    [ "$(stat -c %s "$T/m1q4.gguf")" -lt "$(stat -c %s "$T/m1.gguf")" ] && ok quantize_cli || bad quantize_cli "$(tail -3 "$T/err")"
+"$L" quantize "$T/m1.gguf" "$T/x.gguf" Q3_K >/dev/null 2>&1; [ $? -eq 2 ] && ok quantize_bad_type || bad quantize_bad_type
+# 10. kv: the plan printed agrees with the formula
+"$L" kv -m "$M" -c 128 --seqs 4 >"$T/kv" 2>&1 && grep -q "640 bytes" "$T/kv" && ok kv_plan || bad kv_plan "$(cat "$T/kv")"
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
