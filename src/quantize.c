@@ -75,6 +75,8 @@ static void q_worker(void *arg, int ith, int nth) {
 }
 
 
+uint32_t quantize_file_type(const char *scheme) { return file_type_of(scheme); }
+
 int quantize_scheme(const char *name, uint32_t *base, bool *k_m) {
     *k_m = !strcasecmp(name, "Q4_K_M");
     int t = *k_m ? LM_TYPE_Q4_K : quant_type_from_name(name);

@@ -18,6 +18,9 @@ typedef void (*quantize_progress_fn)(void *user, int64_t i, int64_t n, const cha
  * type and whether it is the Q4_K_M mix; -1 when unknown. */
 int quantize_scheme(const char *name, uint32_t *base, bool *k_m);
 
+/* The general.file_type value GGUF tools write for a scheme (0 if unknown). */
+uint32_t quantize_file_type(const char *scheme);
+
 /* Write `out` with every weight matrix of `in` converted under `scheme`,
  * rows split over the pool's threads. 0, or -1 with a message. */
 int quantize_file(const char *in, const char *out, const char *scheme, lm_pool *pool, quantize_progress_fn progress,

@@ -13,6 +13,7 @@
 #include "gguf.h"
 #include "pool.h"
 #include "quant.h"
+#include "quantize.h"
 #include "util.h"
 
 static void usage_mkmodel(FILE *f) {
@@ -156,7 +157,7 @@ int cmd_mkmodel(int argc, char **argv) {
     char name[160];
     snprintf(name, sizeof name, "lamina-random-%s-%s", p.name, quant_type_name((uint32_t)type));
     gguf_w_set_str(w, "general.name", name);
-    gguf_w_set_u32(w, "general.file_type", 0);
+    gguf_w_set_u32(w, "general.file_type", quantize_file_type(quant_type_name((uint32_t)type)));
     gguf_w_set_u32(w, "llama.block_count", (uint32_t)p.layers);
     gguf_w_set_u32(w, "llama.context_length", (uint32_t)p.ctx);
     gguf_w_set_u32(w, "llama.embedding_length", (uint32_t)p.embd);
