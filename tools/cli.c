@@ -139,7 +139,9 @@ lm_model *load_or_die(const char *cmd, const char *path) {
     char err[LM_ERRLEN];
     lm_model *m = model_load(path, err, sizeof err);
     if (!m) {
-        fprintf(stderr, "lamina %s: %s: %s\n", cmd, path, err);
+        /* reader messages already start with the path */
+        if (strncmp(err, path, strlen(path)) == 0) fprintf(stderr, "lamina %s: %s\n", cmd, err);
+        else fprintf(stderr, "lamina %s: %s: %s\n", cmd, path, err);
         exit(1);
     }
     return m;

@@ -106,7 +106,7 @@ static int add(maker *mk, const char *name, int64_t cols, int64_t rows, uint32_t
 int cmd_mkmodel(int argc, char **argv) {
     args a = {argc, argv, 0, "mkmodel", usage_mkmodel};
     const char *out = NULL, *vocab_from = NULL, *type_name = "F16";
-    preset p = {"custom", 2, 256, 4, 4, 512, 512, 512};
+    preset p = {"custom", 2, 256, 4, -1, 512, 512, 512}; /* kv heads -1: as many as heads */
     long long seed = 1, threads = pool_default_threads();
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
@@ -134,6 +134,7 @@ int cmd_mkmodel(int argc, char **argv) {
     int type = quant_type_from_name(type_name);
     if (type < 0 || !quant_traits((uint32_t)type)->from_float)
         die_usage(&a, "weight type '%s' cannot be written (F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K)", type_name);
+    if (p.kv_heads < 0) p.kv_heads = p.heads;
     if (p.embd % p.heads || p.heads % p.kv_heads)
         die_usage(&a, "%s", "embd must be a multiple of heads, and heads a multiple of kv-heads");
     char err[LM_ERRLEN];
