@@ -233,9 +233,9 @@ static void forward_batch(lm_state *s, const int32_t *tokens, int n, float *logi
         }
         for (int t = 0; t < n; t++) ops_rmsnorm(s->xb + (size_t)t * E, s->x + (size_t)t * E, l->attn_norm, E, hp->norm_eps);
         PROF(s, LM_PROF_NORM);
-        ops_matmul(s->pool, s->q, &l->wq, s->xb, n, s->act);
-        ops_matmul(s->pool, s->k, &l->wk, s->xb, n, s->act);
-        ops_matmul(s->pool, s->v, &l->wv, s->xb, n, s->act);
+        float *const qkv_y[3] = {s->q, s->k, s->v};
+        const lm_weight *const qkv_w[3] = {&l->wq, &l->wk, &l->wv};
+        ops_matmul_multi(s->pool, 3, qkv_y, qkv_w, s->xb, n, s->act);
         add_bias(s->q, l->bq, n, (int)qd);
         add_bias(s->k, l->bk, n, (int)kvd);
         add_bias(s->v, l->bv, n, (int)kvd);
@@ -271,8 +271,9 @@ static void forward_batch(lm_state *s, const int32_t *tokens, int n, float *logi
 
         for (int t = 0; t < n; t++) ops_rmsnorm(s->xb + (size_t)t * E, s->x + (size_t)t * E, l->ffn_norm, E, hp->norm_eps);
         PROF(s, LM_PROF_NORM);
-        ops_matmul(s->pool, s->hb, &l->w_gate, s->xb, n, s->act);
-        ops_matmul(s->pool, s->hb2, &l->w_up, s->xb, n, s->act);
+        float *const gu_y[2] = {s->hb, s->hb2};
+        const lm_weight *const gu_w[2] = {&l->w_gate, &l->w_up};
+        ops_matmul_multi(s->pool, 2, gu_y, gu_w, s->xb, n, s->act);
         PROF(s, LM_PROF_FFN_UP);
         if (hp->gelu) ops_geglu(s->hb, s->hb2, n * hp->n_ff);
         else ops_swiglu(s->hb, s->hb2, n * hp->n_ff);

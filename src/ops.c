@@ -75,67 +75,113 @@ size_t ops_matmul_scratch(uint32_t type, int64_t cols, int n_tok) {
 /* Rows are handed out in chunks through an atomic counter so a thread that
  * finishes early takes more (the two cores here are sometimes shared). */
 #define MATMUL_CHUNK 16
+#define MATMUL_MAX_PARTS 3
 
+/* One or more products sharing the input x: part k computes
+ * y_k = x · w_kᵀ. Chunks of MATMUL_CHUNK rows are numbered across the parts
+ * (part k's chunks after part k-1's) so one pool run covers them all. */
 typedef struct {
-    float *y;
-    const lm_weight *w;
-    const void *x;       /* activations in vec_dot_type, n_tok rows */
+    int n_parts;
+    float *y[MATMUL_MAX_PARTS];
+    const lm_weight *w[MATMUL_MAX_PARTS];
+    lm_vec_dot_fn dot[MATMUL_MAX_PARTS];
+    lm_gemm_fn gemm[MATMUL_MAX_PARTS];   /* tile kernel, or NULL */
+    long chunk0[MATMUL_MAX_PARTS + 1];   /* first global chunk of each part */
+    const void *x;       /* activations in the shared vec_dot_type, n_tok rows */
     size_t x_row_bytes;
     int n_tok;
-    lm_vec_dot_fn dot;
-    lm_gemm_fn gemm;     /* tile kernel, or NULL */
     atomic_long next;
 } matmul_job;
 
-static void matmul_worker(void *arg, int ith, int nth) {
-    matmul_job *j = arg;
-    const lm_weight *w = j->w;
-    for (;;) {
-        long r0 = atomic_fetch_add(&j->next, MATMUL_CHUNK);
-        if (r0 >= w->rows) break;
-        long r1 = r0 + MATMUL_CHUNK < w->rows ? r0 + MATMUL_CHUNK : w->rows;
-        if (j->gemm) {
-            /* tiles of up to 4 weight rows x 4 tokens: each weight block is
-             * decoded once per 4 tokens, each activation block loaded once
-             * per row; the chunk's rows stay in cache across all tokens */
-            for (int c = 0; c < j->n_tok; c += LM_GEMM_TILE) {
-                int nc = j->n_tok - c < LM_GEMM_TILE ? j->n_tok - c : LM_GEMM_TILE;
-                for (long r = r0; r < r1; r += LM_GEMM_TILE) {
-                    int nr = r1 - r < LM_GEMM_TILE ? (int)(r1 - r) : LM_GEMM_TILE;
-                    j->gemm(w->cols, (const char *)w->data + (size_t)r * w->row_bytes, w->row_bytes, nr,
-                            (const char *)j->x + (size_t)c * j->x_row_bytes, j->x_row_bytes, nc,
-                            j->y + (size_t)c * (size_t)w->rows + r, (size_t)w->rows);
-                }
+static void matmul_chunk(const matmul_job *j, int k, long r0) {
+    const lm_weight *w = j->w[k];
+    float *y = j->y[k];
+    long r1 = r0 + MATMUL_CHUNK < w->rows ? r0 + MATMUL_CHUNK : w->rows;
+    if (j->gemm[k]) {
+        /* tiles of up to 4 weight rows x 4 tokens: each weight block is
+         * decoded once per 4 tokens, each activation block loaded once per
+         * row; the chunk's rows stay in cache across all tokens */
+        for (int c = 0; c < j->n_tok; c += LM_GEMM_TILE) {
+            int nc = j->n_tok - c < LM_GEMM_TILE ? j->n_tok - c : LM_GEMM_TILE;
+            for (long r = r0; r < r1; r += LM_GEMM_TILE) {
+                int nr = r1 - r < LM_GEMM_TILE ? (int)(r1 - r) : LM_GEMM_TILE;
+                j->gemm[k](w->cols, (const char *)w->data + (size_t)r * w->row_bytes, w->row_bytes, nr,
+                           (const char *)j->x + (size_t)c * j->x_row_bytes, j->x_row_bytes, nc,
+                           y + (size_t)c * (size_t)w->rows + r, (size_t)w->rows);
             }
-            continue;
         }
-        for (int t = 0; t < j->n_tok; t++) {
-            const char *xt = (const char *)j->x + (size_t)t * j->x_row_bytes;
-            float *yt = j->y + (size_t)t * (size_t)w->rows;
-            for (long r = r0; r < r1; r++)
-                yt[r] = j->dot(w->cols, (const char *)w->data + (size_t)r * w->row_bytes, xt);
-        }
+        return;
+    }
+    for (int t = 0; t < j->n_tok; t++) {
+        const char *xt = (const char *)j->x + (size_t)t * j->x_row_bytes;
+        float *yt = y + (size_t)t * (size_t)w->rows;
+        for (long r = r0; r < r1; r++) yt[r] = j->dot[k](w->cols, (const char *)w->data + (size_t)r * w->row_bytes, xt);
     }
 }
 
-void ops_matmul(lm_pool *pool, float *y, const lm_weight *w, const float *x, int n_tok, void *scratch) {
-    const lm_type_traits *t = quant_traits(w->type);
-    matmul_job j = {.y = y, .w = w, .n_tok = n_tok, .dot = t->vec_dot, .gemm = t->gemm};
+static void matmul_worker(void *arg, int ith, int nth) {
+    matmul_job *j = arg;
+    for (;;) {
+        long c = atomic_fetch_add(&j->next, 1);
+        if (c >= j->chunk0[j->n_parts]) break;
+        int k = 0;
+        while (c >= j->chunk0[k + 1]) k++;
+        matmul_chunk(j, k, (c - j->chunk0[k]) * MATMUL_CHUNK);
+    }
+}
+
+/* Convert x once to the activation type all parts share. */
+static void matmul_run(lm_pool *pool, matmul_job *j, const float *x, int64_t cols, void *scratch) {
+    const lm_type_traits *t = quant_traits(j->w[0]->type);
     if (t->vec_dot_type == LM_TYPE_F32) {
-        j.x = x;
-        j.x_row_bytes = (size_t)w->cols * sizeof(float);
+        j->x = x;
+        j->x_row_bytes = (size_t)cols * sizeof(float);
     } else {
         const lm_type_traits *at = quant_traits(t->vec_dot_type);
-        j.x_row_bytes = quant_row_size(t->vec_dot_type, w->cols);
-        for (int i = 0; i < n_tok; i++)
-            at->from_float(x + (size_t)i * w->cols, (char *)scratch + (size_t)i * j.x_row_bytes, w->cols);
-        j.x = scratch;
+        j->x_row_bytes = quant_row_size(t->vec_dot_type, cols);
+        for (int i = 0; i < j->n_tok; i++)
+            at->from_float(x + (size_t)i * cols, (char *)scratch + (size_t)i * j->x_row_bytes, cols);
+        j->x = scratch;
     }
-    atomic_init(&j.next, 0);
+    double work = 0;
+    j->chunk0[0] = 0;
+    for (int k = 0; k < j->n_parts; k++) {
+        const lm_type_traits *tk = quant_traits(j->w[k]->type);
+        j->dot[k] = tk->vec_dot;
+        j->gemm[k] = tk->gemm;
+        j->chunk0[k + 1] = j->chunk0[k] + (j->w[k]->rows + MATMUL_CHUNK - 1) / MATMUL_CHUNK;
+        work += (double)j->w[k]->rows * (double)cols * j->n_tok;
+    }
+    atomic_init(&j->next, 0);
     /* Waking the workers costs a few microseconds: small products run on
      * the caller alone. */
-    double work = (double)w->rows * (double)w->cols * n_tok;
-    pool_run(work < 256.0 * 1024 ? NULL : pool, matmul_worker, &j);
+    pool_run(work < 256.0 * 1024 ? NULL : pool, matmul_worker, j);
+}
+
+void ops_matmul(lm_pool *pool, float *y, const lm_weight *w, const float *x, int n_tok, void *scratch) {
+    matmul_job j = {.n_parts = 1, .n_tok = n_tok};
+    j.y[0] = y;
+    j.w[0] = w;
+    matmul_run(pool, &j, x, w->cols, scratch);
+}
+
+void ops_matmul_multi(lm_pool *pool, int n, float *const *y, const lm_weight *const *w, const float *x, int n_tok,
+                      void *scratch) {
+    /* one pass when the parts read the same activation format, else one each */
+    bool same = n <= MATMUL_MAX_PARTS;
+    for (int k = 1; k < n && same; k++)
+        same = w[k]->cols == w[0]->cols &&
+               quant_traits(w[k]->type)->vec_dot_type == quant_traits(w[0]->type)->vec_dot_type;
+    if (!same) {
+        for (int k = 0; k < n; k++) ops_matmul(pool, y[k], w[k], x, n_tok, scratch);
+        return;
+    }
+    matmul_job j = {.n_parts = n, .n_tok = n_tok};
+    for (int k = 0; k < n; k++) {
+        j.y[k] = y[k];
+        j.w[k] = w[k];
+    }
+    matmul_run(pool, &j, x, w[0]->cols, scratch);
 }
 
 void ops_get_row(const lm_weight *w, int64_t row, float *out) {

@@ -41,6 +41,12 @@ size_t ops_matmul_scratch(uint32_t type, int64_t cols, int n_tok);
  * threads by output rows. scratch: ops_matmul_scratch() bytes. */
 void ops_matmul(lm_pool *pool, float *y, const lm_weight *w, const float *x, int n_tok, void *scratch);
 
+/* Several products of the same input (e.g. Q, K and V; gate and up), up to
+ * 3, in one pass over the pool with the input converted once; each y[k] is
+ * bit-identical to ops_matmul(y[k], w[k]). */
+void ops_matmul_multi(lm_pool *pool, int n, float *const *y, const lm_weight *const *w, const float *x, int n_tok,
+                      void *scratch);
+
 /* Dequantize row `row` of w into out (w->cols floats). */
 void ops_get_row(const lm_weight *w, int64_t row, float *out);
 
