@@ -4,6 +4,7 @@
 #   make demo       run the bundled model on "Once upon a time"
 #   make asan       the test suite under AddressSanitizer + UBSan (build/asan/)
 #   make fuzz       libFuzzer targets for the parsers, run for FUZZ_SECONDS each
+#   make bench      build the micro-benchmarks in bench/ (lamina bench measures the model)
 #   make install    copy lamina to $(PREFIX)/bin
 
 CC      ?= cc
@@ -23,7 +24,7 @@ LIB      := $(BUILD)/liblamina.a
 TESTSRC  := $(wildcard tests/test_*.c)
 TESTBIN  := $(TESTSRC:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all test demo asan fuzz install clean check-deps
+.PHONY: all test demo asan fuzz install clean bench
 
 all: $(BUILD)/lamina $(TESTBIN)
 
@@ -82,6 +83,13 @@ fuzz:
 	    echo "fuzzing $$t for $(FUZZ_SECONDS)s"; \
 	    ./build/fuzz/bin/$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 build/fuzz/corpus/$$t fuzz/seeds/$$t || exit 1; \
 	done
+
+# Micro-benchmarks (not part of the test suite): build/bench_attn, build/bench_kernels.
+BENCHSRC := $(wildcard bench/bench_*.c)
+BENCHBIN := $(BENCHSRC:bench/%.c=$(BUILD)/%)
+$(BUILD)/bench_%: bench/bench_%.c $(LIB)
+	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
+bench: $(BENCHBIN)
 
 install: $(BUILD)/lamina
 	install -D -m 755 $(BUILD)/lamina $(DESTDIR)$(PREFIX)/bin/lamina
