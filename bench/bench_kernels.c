@@ -18,16 +18,22 @@
  * GFLOP/s counts 2 * rows * cols * activation rows. Activation quantization
  * (from_float) is timed separately.
  *
- * Usage: bench_kernels [-t THREADS] [-s SECONDS] [TYPE...]   (default: all)
- * Threads split the weight rows (decode) or the row tiles (prefill).
+ * Threads split the weight rows (decode) or the row tiles (prefill); the
+ * default is one thread and every type.
  *
- * Build (from the repository root):
+ * Single-threaded times are on the thread's CPU clock, several threads on
+ * the wall clock; each figure is the best of 8 rounds (the machine may be
+ * shared). Usage: bench_kernels [-t THREADS] [-s SECONDS] [TYPE...]
+ *
+ * Build against the library (after make):
+ *   cc -std=c11 -O2 -D_GNU_SOURCE -Isrc -Iinclude bench/bench_kernels.c \
+ *      build/liblamina.a -lpcre2-8 -lpthread -lm -o build/bench_kernels
+ * or by hand (the avx2_* files need the SIMD flags):
  *   F="-std=c11 -O2 -g -Wall -Wextra -Werror -D_GNU_SOURCE -Isrc -Iinclude"
- *   cc $F -mavx2 -mfma -mf16c -c src/kernels/avx2_quant.c -o /tmp/avx2_quant.o
+ *   for f in src/kernels/avx2_*.c; do
+ *       cc $F -mavx2 -mfma -mf16c -c $f -o /tmp/$(basename $f .c).o; done
  *   cc $F bench/bench_kernels.c src/util.c src/quant.c src/kernels/cpu.c \
- *      /tmp/avx2_quant.o -lpthread -lm -o /tmp/bench_kernels
- * or against the library: cc $F bench/bench_kernels.c build/liblamina.a \
- *   -lpcre2-8 -lpthread -lm -o build/bench_kernels
+ *      /tmp/avx2_*.o -lpthread -lm -o /tmp/bench_kernels
  */
 #include <math.h>
 #include <pthread.h>

@@ -4,40 +4,39 @@
  * -mf16c; nothing here runs unless cpu_has_avx2() said yes.
  *
  * One code path per type. Each type has a tile function, always inlined,
- * that computes nr x nc outputs (nr weight rows, nc activation rows, both
+ * that computes R x C outputs (R weight rows, C activation rows, both
  * compile-time constants after inlining); vec_dot is that function with
- * nr = nc = 1 and gemm dispatches to the 16 specialisations. For every
- * (row, column) the tile performs the same float operations in the same
- * order on the same values, with its own accumulators, whatever the tile
- * size, so gemm outputs are bit-identical to vec_dot. Integer work is exact,
- * so its order is free; the float steps are fixed as follows.
+ * R = C = 1 and gemm dispatches to the specialisations. For every (row,
+ * column) a tile performs the same float operations in the same order on
+ * the same values, with its own accumulators, whatever the tile size, so
+ * gemm outputs are bit-identical to vec_dot. Integer work is exact, so how
+ * it is organised is free; the float steps are fixed as follows.
  *
  *  - F32, F16, BF16: elements in groups of 32 (four vectors of 8). For each
- *    group a fresh vector t = w0*x0, then t = fma(wk, xk, t) for k = 1..3,
- *    and the accumulator acc += t. A short tail is zero-padded to a full
- *    group (zero products leave the sums unchanged). The partial products of
- *    a group form a chain, but groups are independent, so a single row still
- *    overlaps several groups in flight while a tile keeps one accumulator
- *    per output.
- *  - Q8_0, Q4_0: blocks of 32 in groups of 8. Each block's integer dot
- *    (pmaddubsw + pmaddwd) is reduced exactly so lane b of a vector S holds
- *    block b's sum; then acc = fma(float(S), dw * dx, acc) with dw, dx the
- *    eight blocks' scales. A last partial group is copied into zeroed
- *    blocks (zero scale, zero sum).
+ *    group a fresh t = w0*x0, then t = fma(wk, xk, t) for k = 1..3, then
+ *    acc += t. A short tail is zero-padded to a full group (zero products
+ *    leave the sums unchanged). Groups are independent chains, so one row
+ *    keeps several in flight without more accumulators.
+ *  - Q8_0, Q4_0: per block b of 32, the exact integer dot as eight int32
+ *    partial sums s_b (pmaddubsw + pmaddwd); then
+ *    acc[b % 2] = fma(float(s_b), dw_b * dx_b, acc[b % 2]), the scale
+ *    product formed in float for eight blocks at a time. A last partial
+ *    group of eight is copied into zeroed blocks (zero scale, zero sum).
  *  - Q4_K, Q5_K, Q6_K: per super-block of 256 the sub-block scales are
- *    applied in int32 (pmaddwd against the scale), giving an exact vector SI
- *    (and for Q4_K/Q5_K the min term MV from bsums); then
+ *    applied in int32 (pmaddwd against the scale), giving exact partial
+ *    sums SI (and for Q4_K/Q5_K the min term MV from bsums); then
  *    acc = fma(float(SI), dx * d, acc) and acc = acc - float(MV) * (dx * dmin)
  *    (one fnmadd).
- * Every output ends with the same horizontal sum of its 8 lanes.
+ * Every output ends with the same horizontal sum of its 8 lanes (of
+ * acc[0] + acc[1] for Q8_0/Q4_0).
  *
  * Integer bounds (so no pmaddubsw saturation and no int32 overflow):
  * Q8_0 |w| <= 128 (abs of -128 read unsigned), |x| <= 127: pairs <= 32512.
- * Q4_0 q <= 15: pairs <= 3810. Q4_K/Q5_K q <= 31, |x| <= 128: pairs <= 7936,
- * times a scale <= 63, eight sub-blocks: < 2^23. Q6_K q <= 63: pairs <=
- * 16128, scales |s| <= 128, eight chunks: < 2^26, plus the -32 correction
- * < 2^25. Sums above 2^24 round when converted to float, identically in
- * every path.
+ * Q4_0 q <= 15: q*x pairs <= 3810, minus 8*x pairs: |.| <= 2032.
+ * Q4_K/Q5_K q <= 31, |x| <= 128: pairs <= 7936, times a scale <= 63, eight
+ * sub-blocks: < 2^23. Q6_K q <= 63: pairs <= 16128, scales |s| <= 128,
+ * eight chunks: < 2^26, minus the -32 correction, at most 2^24. Sums above
+ * 2^24 round when converted to float, identically in every path.
  */
 #include "kernels/kernels.h"
 
@@ -107,20 +106,23 @@ INLINE __m256i tree8(const __m256i s[8]) {
 }
 
 /* The f16 scales at offset 0 of eight consecutive blocks (bs bytes apart),
- * as floats. The halves are packed in general-purpose registers, whose
- * ALUs are idle here, rather than by one vector insert each. */
+ * as floats. */
 INLINE __m256 scales8(const uint8_t *p, size_t bs) {
-    uint64_t lo = (uint64_t)ld16(p) | (uint64_t)ld16(p + bs) << 16 | (uint64_t)ld16(p + 2 * bs) << 32 |
-                  (uint64_t)ld16(p + 3 * bs) << 48;
-    uint64_t hi = (uint64_t)ld16(p + 4 * bs) | (uint64_t)ld16(p + 5 * bs) << 16 |
-                  (uint64_t)ld16(p + 6 * bs) << 32 | (uint64_t)ld16(p + 7 * bs) << 48;
-    return _mm256_cvtph_ps(_mm_set_epi64x((long long)hi, (long long)lo));
+    __m128i h = _mm_setr_epi16((short)ld16(p), (short)ld16(p + bs), (short)ld16(p + 2 * bs),
+                               (short)ld16(p + 3 * bs), (short)ld16(p + 4 * bs),
+                               (short)ld16(p + 5 * bs), (short)ld16(p + 6 * bs),
+                               (short)ld16(p + 7 * bs));
+    return _mm256_cvtph_ps(h);
 }
 
-/* Tile specialisations: CASES(K) expands K(nr, nc) for the 16 shapes. */
+/* Tile specialisations: CASES(K) expands K(nr, nc) for the shapes with
+ * nc >= 2. With one activation row the quantized gemms run the weight rows
+ * one after another instead: interleaving several rows' streams measured
+ * slower when the weights come from memory (decode), and one column has
+ * nothing to share between rows but its scales. */
 #define CASES(K)                                                                              \
-    K(1, 1) K(1, 2) K(1, 3) K(1, 4) K(2, 1) K(2, 2) K(2, 3) K(2, 4) K(3, 1) K(3, 2) K(3, 3)   \
-    K(3, 4) K(4, 1) K(4, 2) K(4, 3) K(4, 4)
+    K(1, 2) K(1, 3) K(1, 4) K(2, 2) K(2, 3) K(2, 4) K(3, 2) K(3, 3) K(3, 4) K(4, 2) K(4, 3)   \
+    K(4, 4)
 
 /* ---- F32, F16, BF16 ------------------------------------------------------- */
 
@@ -136,84 +138,81 @@ INLINE __m256 wload8(int kind, const uint8_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* One group of 32 elements for R rows (R <= 2) and C columns: w points at
- * row 0's group (rows ws bytes apart), x at column 0's (xs bytes apart). */
-INLINE void float_group(int kind, const uint8_t *w, size_t ws, int R, const uint8_t *x,
-                        size_t xs, int C, __m256 acc[2][4]) {
+/* One group of 32 elements of one weight row (w) against C columns (x,
+ * xs bytes apart): each column's t = w0*x0, then t = fma(wk, xk, t),
+ * then acc[c] += t. */
+INLINE void float_group(int kind, const uint8_t *w, const uint8_t *x, size_t xs, int C,
+                        __m256 acc[4]) {
     const size_t es = fsize(kind);
-    for (int r = 0; r < R; r++) {
-        const uint8_t *wr = w + (size_t)r * ws;
-        prefetch_ahead(wr, 32 * es);
-        __m256 w0 = wload8(kind, wr), w1 = wload8(kind, wr + 8 * es);
-        __m256 w2 = wload8(kind, wr + 16 * es), w3 = wload8(kind, wr + 24 * es);
-        for (int c = 0; c < C; c++) {
-            const float *xc = (const float *)(const void *)(x + (size_t)c * xs);
-            __m256 t = _mm256_mul_ps(w0, _mm256_loadu_ps(xc));
-            t = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xc + 8), t);
-            t = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xc + 16), t);
-            t = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xc + 24), t);
-            acc[r][c] = _mm256_add_ps(acc[r][c], t);
-        }
+    prefetch_ahead(w, 32 * es);
+    __m256 w0 = wload8(kind, w), w1 = wload8(kind, w + 8 * es);
+    __m256 w2 = wload8(kind, w + 16 * es), w3 = wload8(kind, w + 24 * es);
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) {
+        const float *xc = (const float *)(const void *)(x + (size_t)c * xs);
+        __m256 t = _mm256_mul_ps(w0, _mm256_loadu_ps(xc));
+        t = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xc + 8), t);
+        t = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xc + 16), t);
+        t = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xc + 24), t);
+        acc[c] = _mm256_add_ps(acc[c], t);
     }
 }
 
-/* R <= 2 weight rows by C <= 4 columns; a tile of more rows runs this on
- * row pairs (each output's arithmetic is unchanged by that split). */
-INLINE void float_tile(int kind, int64_t n, const uint8_t *w, size_t ws, int R, const uint8_t *x,
-                       size_t xs, int C, float *y, size_t ys) {
+/* One weight row by C <= 4 columns, y[c * ys]. */
+INLINE void float_tile(int kind, int64_t n, const uint8_t *w, const uint8_t *x, size_t xs, int C,
+                       float *y, size_t ys) {
     const size_t es = fsize(kind);
-    __m256 acc[2][4];
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    __m256 acc[4];
+    for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     int64_t i = 0;
-    for (; i + 32 <= n; i += 32)
-        float_group(kind, w + (size_t)i * es, ws, R, x + (size_t)i * 4, xs, C, acc);
+    for (; i + 32 <= n; i += 32) float_group(kind, w + (size_t)i * es, x + (size_t)i * 4, xs, C, acc);
     if (i < n) { /* zero-padded last group */
-        _Alignas(32) uint8_t wp[2][128];
+        _Alignas(32) uint8_t wp[128];
         _Alignas(32) uint8_t xp[4][128];
         memset(wp, 0, sizeof wp);
         memset(xp, 0, sizeof xp);
         size_t left = (size_t)(n - i);
-        for (int r = 0; r < R; r++) memcpy(wp[r], w + (size_t)r * ws + (size_t)i * es, left * es);
+        memcpy(wp, w + (size_t)i * es, left * es);
         for (int c = 0; c < C; c++) memcpy(xp[c], x + (size_t)c * xs + (size_t)i * 4, left * 4);
-        float_group(kind, wp[0], sizeof wp[0], R, xp[0], sizeof xp[0], C, acc);
+        float_group(kind, wp, xp[0], sizeof xp[0], C, acc);
     }
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) y[(size_t)c * ys + (size_t)r] = hsum8(acc[r][c]);
+    for (int c = 0; c < C; c++) y[(size_t)c * ys] = hsum8(acc[c]);
 }
 
+/* Rows one at a time, each against all nc columns: the FMA count is the
+ * same for any tile, so the tile saves the weight loads and conversions,
+ * and one row keeps its four weight vectors and four accumulators in
+ * registers (two rows would not fit in the sixteen). */
 INLINE void float_gemm(int kind, int64_t n, const void *w, size_t ws, int nr, const void *x,
                        size_t xs, int nc, float *y, size_t ys) {
     assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n >= 0);
-    for (int r0 = 0; r0 < nr; r0 += 2) {
-        const uint8_t *wr = (const uint8_t *)w + (size_t)r0 * ws;
-        float *yr = y + r0;
-        int key = (nr - r0 >= 2 ? 2 : 1) * 8 + nc;
-#define F(R, C) \
-    case R * 8 + C: float_tile(kind, n, wr, ws, R, x, xs, C, yr, ys); break;
-        switch (key) {
-            F(1, 1) F(1, 2) F(1, 3) F(1, 4) F(2, 1) F(2, 2) F(2, 3) F(2, 4)
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *wr = (const uint8_t *)w + (size_t)r * ws;
+        switch (nc) {
+        case 1: float_tile(kind, n, wr, x, xs, 1, y + r, ys); break;
+        case 2: float_tile(kind, n, wr, x, xs, 2, y + r, ys); break;
+        case 3: float_tile(kind, n, wr, x, xs, 3, y + r, ys); break;
+        case 4: float_tile(kind, n, wr, x, xs, 4, y + r, ys); break;
         default: break;
         }
-#undef F
     }
 }
 
 float avx2_vec_dot_f32(int64_t n, const void *w, const void *x) {
     float y;
-    float_tile(KF32, n, w, 0, 1, x, 0, 1, &y, 1);
+    float_tile(KF32, n, w, x, 0, 1, &y, 1);
     return y;
 }
 
 float avx2_vec_dot_f16(int64_t n, const void *w, const void *x) {
     float y;
-    float_tile(KF16, n, w, 0, 1, x, 0, 1, &y, 1);
+    float_tile(KF16, n, w, x, 0, 1, &y, 1);
     return y;
 }
 
 float avx2_vec_dot_bf16(int64_t n, const void *w, const void *x) {
     float y;
-    float_tile(KBF16, n, w, 0, 1, x, 0, 1, &y, 1);
+    float_tile(KBF16, n, w, x, 0, 1, &y, 1);
     return y;
 }
 
@@ -357,6 +356,10 @@ float avx2_vec_dot_q4_0(int64_t n, const void *w, const void *x) {
 void avx2_gemm_q8_0(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs,
                     int nc, float *y, size_t ys) {
     assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n % 32 == 0);
+    if (nc == 1) {
+        for (int r = 0; r < nr; r++) y[r] = avx2_vec_dot_q8_0(n, (const uint8_t *)w + (size_t)r * ws, x);
+        return;
+    }
 #define KIND KQ8_0
     switch (nr * 8 + nc) {
         CASES(Q32)
@@ -368,6 +371,10 @@ void avx2_gemm_q8_0(int64_t n, const void *w, size_t ws, int nr, const void *x, 
 void avx2_gemm_q4_0(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs,
                     int nc, float *y, size_t ys) {
     assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n % 32 == 0);
+    if (nc == 1) {
+        for (int r = 0; r < nr; r++) y[r] = avx2_vec_dot_q4_0(n, (const uint8_t *)w + (size_t)r * ws, x);
+        return;
+    }
 #define KIND KQ4_0
     switch (nr * 8 + nc) {
         CASES(Q32)
@@ -556,23 +563,27 @@ float avx2_vec_dot_q6_K(int64_t n, const void *w, const void *x) {
 
 #define KT(R, C) \
     case R * 8 + C: k_tile(KIND, n, w, ws, R, x, xs, C, y, ys); break;
-#define K_GEMM(name, kind)                                                                     \
+#define K_GEMM(name, dot)                                                                      \
     void name(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs, int nc,   \
               float *y, size_t ys) {                                                           \
         assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n % QK_K == 0); \
+        if (nc == 1) {                                                                         \
+            for (int r = 0; r < nr; r++) y[r] = dot(n, (const uint8_t *)w + (size_t)r * ws, x);  \
+            return;                                                                            \
+        }                                                                                      \
         switch (nr * 8 + nc) {                                                                 \
             CASES(KT)                                                                          \
         default: break;                                                                        \
         }                                                                                      \
     }
 #define KIND KQ4_K
-K_GEMM(avx2_gemm_q4_K, KQ4_K)
+K_GEMM(avx2_gemm_q4_K, avx2_vec_dot_q4_K)
 #undef KIND
 #define KIND KQ5_K
-K_GEMM(avx2_gemm_q5_K, KQ5_K)
+K_GEMM(avx2_gemm_q5_K, avx2_vec_dot_q5_K)
 #undef KIND
 #define KIND KQ6_K
-K_GEMM(avx2_gemm_q6_K, KQ6_K)
+K_GEMM(avx2_gemm_q6_K, avx2_vec_dot_q6_K)
 #undef KIND
 #undef K_GEMM
 #undef KT

@@ -24,7 +24,10 @@
  *    accumulators and the same sequence of float operations in both. This
  *    is what lets a token's output not depend on the batch it shares. Each
  *    weight block is decoded once per tile and each activation block loaded
- *    once per weight row, so wider tiles do less work per output.
+ *    once per weight row, so wider tiles do less work per output. With
+ *    nc == 1 the rows are simply done one after another (that streams from
+ *    memory best), so decode may call gemm or vec_dot per row alike. The
+ *    kernels prefetch the weight bytes they will read 4 KiB later.
  *  - from_float produces blocks bit-identical to quant_from_float_ref, so
  *    nothing downstream depends on which path quantized.
  *  - Strides are in bytes for w and x, in floats for y. Rows must be aligned
