@@ -64,7 +64,7 @@ test: all
 	BUILD=$(BUILD) bash tests/run.sh
 
 demo: $(BUILD)/lamina
-	./$(BUILD)/lamina run -m models/stories260K.gguf -p "Once upon a time" -n 200 --temp 0
+	./$(BUILD)/lamina run -m models/stories260K.gguf -p "Once upon a time" -n 100 --temp 0
 
 asan:
 	$(MAKE) BUILD=build/asan CC=clang OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all" \
