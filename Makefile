@@ -14,7 +14,7 @@ OPT     ?= -O2
 CFLAGS_BASE = -std=c11 -g -Wall -Wextra -Werror -Wshadow -Wmissing-prototypes \
               -Wno-unused-parameter -D_GNU_SOURCE -Isrc -Iinclude -MMD -MP
 CFLAGS  += $(OPT) $(CFLAGS_BASE)
-LDLIBS  += -lpcre2-8 -lpthread -lm
+LDLIBS  += -lpcre2-8 -lmicrohttpd -lcjson -lpthread -lm
 SIMD_FLAGS = -mavx2 -mfma -mf16c
 
 SRC      := $(wildcard src/*.c)

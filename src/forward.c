@@ -86,6 +86,9 @@ static lm_state *state_build(const lm_model *m, lm_pool *pool, kv_pool *kv, bool
     s->hb = lm_malloc(B * (size_t)hp->n_ff * sizeof(float));
     s->hb2 = lm_malloc(B * (size_t)hp->n_ff * sizeof(float));
     s->cs = lm_malloc(B * (size_t)hp->n_rot * sizeof(float));
+    s->pos = lm_malloc(B * sizeof(int));
+    s->seg_row0 = lm_malloc((B + 1) * sizeof(int));
+    s->seg_item0 = lm_malloc((B + 1) * sizeof(int));
     /* activation scratch: the largest input row of any matmul, in any type used */
     size_t a = 0;
     for (int li = 0; li < hp->n_layer; li++) {
@@ -98,7 +101,7 @@ static lm_state *state_build(const lm_model *m, lm_pool *pool, kv_pool *kv, bool
     s->act_bytes = a;
     s->act = a ? lm_malloc(a) : NULL;
     if (!s->seq || !s->scr || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->hb || !s->hb2 ||
-        !s->cs || (a && !s->act)) {
+        !s->cs || !s->pos || !s->seg_row0 || !s->seg_item0 || (a && !s->act)) {
         lm_err(err, errlen, "out of memory allocating the state for context %d", n_ctx);
         state_free(s);
         return NULL;
@@ -165,6 +168,9 @@ void state_free(lm_state *s) {
     lm_free(s->hb);
     lm_free(s->hb2);
     lm_free(s->cs);
+    lm_free(s->pos);
+    lm_free(s->seg_row0);
+    lm_free(s->seg_item0);
     lm_free(s->act);
     lm_free(s);
 }
@@ -174,11 +180,13 @@ void state_reset(lm_state *s) {
     s->n_past = 0;
 }
 
-/* Attention for n tokens of one layer; work items are (query tile, kv head)
- * pairs, each computing every query head of that KV head's group. */
+/* Attention for one layer over a batch of segments; work items are
+ * (segment, query tile, kv head) triples, each computing every query head of
+ * that KV head's group for up to ATTN_TILE_Q rows of one sequence. */
 typedef struct {
     lm_state *s;
-    int layer, n, pos0;
+    const lm_seg *segs;
+    int layer, n_seg;
     int window;           /* 0: whole context */
     atomic_int next;
 } attn_job;
@@ -189,14 +197,19 @@ static void attn_worker(void *arg, int ith, int nth) {
     const lm_hparams *hp = &s->m->hp;
     size_t qd = (size_t)hp->n_head * hp->head_dim;
     float scale = 1.0f / sqrtf((float)hp->head_dim);
-    int n_tiles = (j->n + ATTN_TILE_Q - 1) / ATTN_TILE_Q, total = n_tiles * hp->n_head_kv;
+    const int *first = s->seg_item0; /* (n_seg + 1) first work item of each segment */
+    int total = first[j->n_seg], sg = 0;
     for (;;) {
         int item = atomic_fetch_add(&j->next, 1);
         if (item >= total) break;
-        int i0 = item / hp->n_head_kv * ATTN_TILE_Q, kh = item % hp->n_head_kv;
-        int nq = j->n - i0 < ATTN_TILE_Q ? j->n - i0 : ATTN_TILE_Q;
-        attn_tile(s->kv, s->seq, j->layer, kh, s->q + (size_t)i0 * qd, qd, nq, j->pos0 + i0, scale, j->window,
-                  s->xb + (size_t)i0 * qd, qd, s->scr[ith]);
+        while (first[sg + 1] <= item) sg++; /* items are taken in increasing order */
+        const lm_seg *g = &j->segs[sg];
+        int local = item - first[sg];
+        int i0 = local / hp->n_head_kv * ATTN_TILE_Q, kh = local % hp->n_head_kv;
+        int nq = g->n - i0 < ATTN_TILE_Q ? g->n - i0 : ATTN_TILE_Q;
+        size_t row = (size_t)s->seg_row0[sg] + (size_t)i0;
+        attn_tile(s->kv, g->seq, j->layer, kh, s->q + row * qd, qd, nq, g->pos0 + i0, scale, j->window,
+                  s->xb + row * qd, qd, s->scr[ith]);
     }
 }
 
@@ -206,15 +219,25 @@ static void add_bias(float *y, const float *b, int n_tok, int dim) {
         for (int i = 0; i < dim; i++) y[(size_t)t * dim + i] += b[i];
 }
 
-/* One internal pass of n <= max_batch tokens. */
-static void forward_batch(lm_state *s, const int32_t *tokens, int n, float *logits, bool all_logits) {
+/* One pass over n <= max_batch tokens split into segments (one sequence
+ * each, already grown to hold their positions). */
+static void forward_batch(lm_state *s, const int32_t *tokens, int n, const lm_seg *segs, int n_seg, float *logits) {
     const lm_model *m = s->m;
     const lm_hparams *hp = &m->hp;
     int E = hp->n_embd, hd = hp->head_dim;
     size_t kvd = (size_t)hp->n_head_kv * hd, qd = (size_t)hp->n_head * hd;
-    int pos0 = s->n_past;
     PROF_START(s);
 
+    /* row -> position, segment -> first row and first attention work item */
+    double attn_work = 0;
+    s->seg_row0[0] = 0;
+    s->seg_item0[0] = 0;
+    for (int g = 0; g < n_seg; g++) {
+        for (int i = 0; i < segs[g].n; i++) s->pos[s->seg_row0[g] + i] = segs[g].pos0 + i;
+        s->seg_row0[g + 1] = s->seg_row0[g] + segs[g].n;
+        s->seg_item0[g + 1] = s->seg_item0[g] + (segs[g].n + ATTN_TILE_Q - 1) / ATTN_TILE_Q * hp->n_head_kv;
+        attn_work += (double)segs[g].n * hp->n_head * (segs[g].pos0 + segs[g].n) * hd;
+    }
     for (int t = 0; t < n; t++) {
         float *x = s->x + (size_t)t * E;
         ops_get_row(&m->tok_embd, tokens[t], x);
@@ -227,7 +250,7 @@ static void forward_batch(lm_state *s, const int32_t *tokens, int n, float *logi
         const lm_layer *l = &m->layers[li];
         if (l->rope_base != cs_base || l->rope_scale != cs_scale) {
             for (int t = 0; t < n; t++)
-                ops_rope_angles(s->cs + (size_t)t * hp->n_rot, hp->n_rot, pos0 + t, l->rope_base, l->rope_scale);
+                ops_rope_angles(s->cs + (size_t)t * hp->n_rot, hp->n_rot, s->pos[t], l->rope_base, l->rope_scale);
             cs_base = l->rope_base;
             cs_scale = l->rope_scale;
         }
@@ -251,14 +274,16 @@ static void forward_batch(lm_state *s, const int32_t *tokens, int n, float *logi
             ops_rope_apply(s->q + (size_t)t * qd, hp->n_head, hd, hp->n_rot, cs, hp->rope_style);
             ops_rope_apply(s->k + (size_t)t * kvd, hp->n_head_kv, hd, hp->n_rot, cs, hp->rope_style);
         }
-        kv_store_rows(s->kv, s->seq, li, pos0, n, s->k, kvd, s->v, kvd);
+        for (int g = 0; g < n_seg; g++) {
+            size_t r0 = (size_t)s->seg_row0[g];
+            kv_store_rows(s->kv, segs[g].seq, li, segs[g].pos0, segs[g].n, s->k + r0 * kvd, kvd, s->v + r0 * kvd, kvd);
+        }
         PROF(s, LM_PROF_ROPE);
 
-        attn_job aj = {.s = s, .layer = li, .n = n, .pos0 = pos0, .window = l->window};
+        attn_job aj = {.s = s, .segs = segs, .layer = li, .n_seg = n_seg, .window = l->window};
         atomic_init(&aj.next, 0);
         /* tiny attention (short contexts, small heads) is not worth a wake-up */
-        double work = (double)n * hp->n_head * (pos0 + n) * hd;
-        pool_run(work < 64.0 * 1024 ? NULL : s->pool, attn_worker, &aj);
+        pool_run(attn_work < 64.0 * 1024 ? NULL : s->pool, attn_worker, &aj);
         PROF(s, LM_PROF_ATTN);
 
         /* x += attn · Woᵀ (hb as a temporary of n_embd per token) */
@@ -285,14 +310,41 @@ static void forward_batch(lm_state *s, const int32_t *tokens, int n, float *logi
         for (size_t i = 0; i < (size_t)n * E; i++) s->x[i] += s->xb[i];
         PROF(s, LM_PROF_FFN_DOWN);
     }
-    s->n_past += n;
     if (!logits) return;
-    int first = all_logits ? 0 : n - 1, rows = n - first;
-    for (int t = first; t < n; t++)
-        ops_rmsnorm(s->xb + (size_t)(t - first) * E, s->x + (size_t)t * E, m->out_norm, E, hp->norm_eps);
+    /* only the rows that need logits go through the final norm and LM head */
+    int rows = 0;
+    for (int g = 0; g < n_seg; g++)
+        for (int i = segs[g].n - segs[g].n_logits; i < segs[g].n; i++, rows++) {
+            int t = s->seg_row0[g] + i;
+            ops_rmsnorm(s->xb + (size_t)rows * E, s->x + (size_t)t * E, m->out_norm, E, hp->norm_eps);
+        }
     PROF(s, LM_PROF_NORM);
-    ops_matmul(s->pool, logits, &m->output, s->xb, rows, s->act);
+    if (rows) ops_matmul(s->pool, logits, &m->output, s->xb, rows, s->act);
     PROF(s, LM_PROF_LM_HEAD);
+}
+
+int state_forward_segs(lm_state *s, const int32_t *tokens, const lm_seg *segs, int n_seg, float *logits, char *err,
+                       size_t errlen) {
+    const lm_hparams *hp = &s->m->hp;
+    int n = 0;
+    if (n_seg <= 0) return lm_err(err, errlen, "no tokens to process");
+    for (int g = 0; g < n_seg; g++) {
+        const lm_seg *sg = &segs[g];
+        if (sg->n <= 0 || sg->n_logits < 0 || sg->n_logits > sg->n || sg->pos0 < 0 || !sg->seq)
+            return lm_err(err, errlen, "segment %d is malformed", g);
+        if (sg->pos0 + sg->n > s->n_ctx)
+            return lm_err(err, errlen, "segment %d passes the context (%d positions)", g, s->n_ctx);
+        if (kv_seq_len(sg->seq) < sg->pos0 + sg->n)
+            return lm_err(err, errlen, "segment %d: its sequence holds %d positions, %d needed", g,
+                          kv_seq_len(sg->seq), sg->pos0 + sg->n);
+        n += sg->n;
+        if (n > s->max_batch) return lm_err(err, errlen, "batch of more than %d tokens", s->max_batch);
+    }
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
+            return lm_err(err, errlen, "token id %d is out of range [0, %d)", tokens[i], hp->n_vocab);
+    forward_batch(s, tokens, n, segs, n_seg, logits);
+    return 0;
 }
 
 int state_forward(lm_state *s, const int32_t *tokens, int n, float *logits, bool all_logits, char *err,
@@ -313,7 +365,9 @@ int state_forward(lm_state *s, const int32_t *tokens, int n, float *logits, bool
         else if (logits && last) out = logits;
         /* positions n_past .. n_past+b-1 get cache slots before the pass writes them */
         if (kv_append(s->kv, s->seq, b, err, errlen) != KV_OK) return -1;
-        forward_batch(s, tokens + done, b, out, all_logits);
+        lm_seg seg = {.seq = s->seq, .pos0 = s->n_past, .n = b, .n_logits = !out ? 0 : all_logits ? b : 1};
+        forward_batch(s, tokens + done, b, &seg, 1, out);
+        s->n_past += b;
         done += b;
     }
     return 0;

@@ -45,6 +45,9 @@ typedef struct lm_state {
     float *k, *v;         /* (max_batch, n_head_kv * head_dim) */
     float *hb, *hb2;      /* (max_batch, n_ff) */
     float *cs;            /* (max_batch, n_rot) rope cos/sin */
+    int *pos;             /* (max_batch) each row's position */
+    int *seg_row0;        /* (max_batch + 1) a segment's first row */
+    int *seg_item0;       /* (max_batch + 1) a segment's first attention work item */
     void *act;            /* quantized activations for ops_matmul */
     size_t act_bytes;
     bool profile;         /* accumulate per-op times into prof[] */
@@ -84,5 +87,25 @@ void state_reset(lm_state *s);
  */
 int state_forward(lm_state *s, const int32_t *tokens, int n, float *logits, bool all_logits, char *err,
                   size_t errlen);
+
+/*
+ * Many sequences in one pass (the engine's batch): segment g runs tokens
+ * [row0, row0 + n) of the flat token array at positions pos0 .. pos0+n-1 of
+ * its own sequence seq, which must live in s->kv and already hold those
+ * positions (kv_append). The linear layers run once over all the batch's
+ * tokens; attention runs per segment over its own blocks. logits receives,
+ * segment after segment, the rows of each segment's last n_logits tokens
+ * (may be NULL when no segment wants any). Rows never interact, so a row's
+ * result does not depend on the rest of the batch. s->n_past and s->seq are
+ * not used. Fails without running when the batch exceeds max_batch tokens, a
+ * segment is malformed or passes n_ctx, or a token id is out of range.
+ */
+typedef struct {
+    kv_seq *seq;
+    int pos0, n;
+    int n_logits;         /* 0 .. n */
+} lm_seg;
+int state_forward_segs(lm_state *s, const int32_t *tokens, const lm_seg *segs, int n_seg, float *logits, char *err,
+                       size_t errlen);
 
 #endif

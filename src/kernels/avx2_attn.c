@@ -61,15 +61,14 @@ static void dot_2x4(const float *q0, const float *q1, int hd, const float *const
     _mm_storeu_ps(s0, hsum4(a0, a1, a2, a3));
 }
 
+/* One row against one key in exactly dot_2x4's order (one accumulator,
+ * the same horizontal reduction), so a score never depends on whether its
+ * key fell in a group of four: a query's result is then the same whatever
+ * else shares its tile (batch invariance). */
 static float dot1(const float *a, const float *b, int hd) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
-    int d = 0;
-    for (; d + 16 <= hd; d += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d + 8), _mm256_loadu_ps(b + d + 8), s1);
-    }
-    if (d < hd) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), s0);
-    return hsum1(_mm256_add_ps(s0, s1));
+    __m256 s = _mm256_setzero_ps();
+    for (int d = 0; d < hd; d += 8) s = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), s);
+    return _mm_cvtss_f32(hsum4(s, s, s, s));
 }
 
 void attn_scores_avx2(const float *Q, int R, int hd, const float *const *krow, int nk, float *S, int s_stride) {

@@ -1,0 +1,571 @@
+/*
+ * test_engine.c - the continuous-batching engine on the bundled model (F32
+ * weights) and on Q8_0 / Q4_0 copies of it:
+ *   - a greedy request gives the tokens of the single-sequence generator
+ *     (state_forward + argmax), alone and among 1, 7 or 31 others;
+ *   - chunked prefill (a budget of 7 tokens per iteration) gives logits
+ *     bit-identical to whole-prompt prefill, at the forward level and as the
+ *     engine's reported logprobs;
+ *   - concurrent submitters with random lengths and cancels: every request
+ *     gets exactly one final event, uncancelled outputs equal their solo
+ *     outputs, no KV block leaks;
+ *   - preemption under a tiny pool completes every request with its solo
+ *     output; priorities order admission; stop strings, n > 1 forks,
+ *     rejections, and shutdown with requests in flight.
+ * Outputs are compared exactly: the kernels' summation order is fixed per
+ * row, so the batch a row shares a pass with cannot change its bits.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine.h"
+#include "forward.h"
+#include "model.h"
+#include "quant.h"
+#include "quantize.h"
+#include "sample.h"
+#include "test.h"
+#include "util.h"
+
+static lm_model *models[3]; /* F32, Q8_0, Q4_0 */
+static const char *model_names[3] = {"F32", "Q8_0", "Q4_0"};
+static lm_pool *ref_pool;
+
+#define MAX_OUT 128
+
+/* What one request's events delivered. */
+typedef struct {
+    int32_t tokens[4][MAX_OUT];
+    float logprobs[4][MAX_OUT];
+    int n[4];
+    char text[4][2048];
+    size_t text_len[4];
+    int done[4];
+    lm_finish finish[4];
+    lm_request_stats stats[4];
+    atomic_int n_done;
+    int order; /* finish order (priority test) */
+} collect;
+
+static atomic_int finish_counter;
+
+static void on_event(void *user, const lm_event *ev) {
+    collect *c = user;
+    int i = ev->index;
+    if (ev->token >= 0 && c->n[i] < MAX_OUT) {
+        c->logprobs[i][c->n[i]] = ev->logprob;
+        c->tokens[i][c->n[i]++] = ev->token;
+    }
+    if (ev->text_len && c->text_len[i] + ev->text_len < sizeof c->text[i]) {
+        memcpy(c->text[i] + c->text_len[i], ev->text, ev->text_len);
+        c->text_len[i] += ev->text_len;
+    }
+    if (ev->done) {
+        c->done[i]++;
+        c->finish[i] = ev->finish;
+        c->stats[i] = *ev->stats;
+        c->order = atomic_fetch_add(&finish_counter, 1);
+        atomic_fetch_add(&c->n_done, 1);
+    }
+}
+
+/* Greedy reference through the single-sequence path. */
+static int solo_greedy(const lm_model *m, const int32_t *prompt, int n_prompt, int max_tokens, int32_t *out) {
+    char err[LM_ERRLEN];
+    lm_state *s = state_new(m, ref_pool, 0, 64, err, sizeof err);
+    if (!s) return -1;
+    float *logits = lm_malloc((size_t)m->hp.n_vocab * sizeof *logits);
+    int n = 0;
+    if (state_forward(s, prompt, n_prompt, logits, false, err, sizeof err) != 0) n = -1;
+    while (n >= 0 && n < max_tokens) {
+        int32_t t = sample_argmax(logits, m->hp.n_vocab);
+        out[n++] = t;
+        if (tok_is_eog(m->tok, t) || n == max_tokens || s->n_past + 1 >= s->n_ctx) break;
+        if (state_forward(s, &t, 1, logits, false, err, sizeof err) != 0) n = -1;
+    }
+    lm_free(logits);
+    state_free(s);
+    return n;
+}
+
+static void random_prompt(lm_rng *r, int32_t *p, int n) {
+    p[0] = 1; /* BOS */
+    for (int i = 1; i < n; i++) p[i] = 3 + (int32_t)(lm_rng_u64(r) % 509);
+}
+
+static lm_request_params greedy_params(const int32_t *prompt, int n, int max_tokens, collect *c) {
+    lm_request_params p;
+    engine_request_params_default(&p);
+    p.prompt = prompt;
+    p.n_prompt = n;
+    p.max_tokens = max_tokens;
+    p.sp.temp = 0;
+    p.ignore_eos = false;
+    p.on_event = on_event;
+    p.user = c;
+    return p;
+}
+
+static lm_engine *new_engine(const lm_model *m, int batch_tokens, int max_seqs, uint64_t kv_mem) {
+    lm_engine_config ec;
+    engine_config_default(&ec);
+    ec.n_threads = 2;
+    ec.batch_tokens = batch_tokens;
+    ec.max_seqs = max_seqs;
+    ec.kv_mem = kv_mem;
+    ec.kv_type = LM_TYPE_F32;
+    char err[LM_ERRLEN];
+    lm_engine *e = engine_new(m, m->tok, &ec, err, sizeof err);
+    if (!e) fprintf(stderr, "engine_new: %s\n", err);
+    return e;
+}
+
+/* The same greedy requests alone and among 1, 7, 31 others, for each
+ * weight type: token-identical to the single-sequence generator. */
+static void test_batch_invariance(void) {
+    enum { N = 32 };
+    static int32_t prompts[N][40];
+    static int lens[N], maxt[N];
+    static int32_t ref[N][MAX_OUT];
+    static int n_ref[N];
+    lm_rng r;
+    lm_rng_seed(&r, 7);
+    for (int i = 0; i < N; i++) {
+        lens[i] = 2 + (int)(lm_rng_u64(&r) % 38);
+        maxt[i] = 4 + (int)(lm_rng_u64(&r) % 40);
+        random_prompt(&r, prompts[i], lens[i]);
+    }
+    for (int mi = 0; mi < 3; mi++) {
+        const lm_model *m = models[mi];
+        for (int i = 0; i < N; i++) {
+            n_ref[i] = solo_greedy(m, prompts[i], lens[i], maxt[i], ref[i]);
+            CHECK(n_ref[i] > 0);
+        }
+        lm_engine *e = new_engine(m, 64, 32, 0);
+        CHECK(e);
+        static collect col[N], solo[N];
+        static const int groups[] = {1, 2, 8, 32};
+        char err0[LM_ERRLEN];
+        for (int i = 0; i < N; i++) { /* each alone through the engine, for its logprobs */
+            memset(&solo[i], 0, sizeof solo[i]);
+            lm_request_params p = greedy_params(prompts[i], lens[i], maxt[i], &solo[i]);
+            p.logprobs = true;
+            CHECKF(engine_submit(e, &p, NULL, err0, sizeof err0) == ENGINE_OK, "%s", err0);
+            engine_wait_idle(e);
+        }
+        for (int gi = 0; gi < 4; gi++) {
+            int g = groups[gi];
+            memset(col, 0, sizeof col);
+            char err[LM_ERRLEN];
+            for (int i = 0; i < g; i++) {
+                lm_request_params p = greedy_params(prompts[i], lens[i], maxt[i], &col[i]);
+                p.logprobs = true;
+                CHECKF(engine_submit(e, &p, NULL, err, sizeof err) == ENGINE_OK, "%s", err);
+            }
+            engine_wait_idle(e);
+            for (int i = 0; i < g; i++) {
+                CHECKF(col[i].done[0] == 1, "%s, group %d, request %d: %d final events", model_names[mi], g, i,
+                       col[i].done[0]);
+                CHECKF(col[i].n[0] == n_ref[i] && !memcmp(col[i].tokens[0], ref[i], (size_t)n_ref[i] * 4),
+                       "%s, request %d among %d: %d tokens vs %d alone", model_names[mi], i, g, col[i].n[0],
+                       n_ref[i]);
+                CHECK(col[i].stats[0].completion_tokens == n_ref[i]);
+                /* the logits themselves, not just their argmax, are the same bits */
+                CHECKF(!memcmp(col[i].logprobs[0], solo[i].logprobs[0], (size_t)n_ref[i] * sizeof(float)),
+                       "%s, request %d among %d: logprobs differ from its solo run", model_names[mi], i, g);
+                CHECK(col[i].stats[0].prompt_tokens == lens[i]);
+            }
+        }
+        lm_engine_stats st;
+        engine_stats(e, &st);
+        CHECKF(st.batch_seqs_total > st.iterations, "mean batch %.2f", (double)st.batch_seqs_total / st.iterations);
+        char err[LM_ERRLEN];
+        CHECKF(engine_check(e, err, sizeof err) == 0, "%s", err);
+        engine_free(e);
+    }
+}
+
+/* Chunked prefill: one prompt run whole, and in chunks of 7 interleaved
+ * with another sequence's decode, gives bit-identical logits. */
+static void test_chunked_prefill_logits(void) {
+    const lm_model *m = models[0];
+    int V = m->hp.n_vocab, n = 45;
+    int32_t prompt[45], other[3] = {1, 50, 60};
+    lm_rng r;
+    lm_rng_seed(&r, 3);
+    random_prompt(&r, prompt, n);
+    char err[LM_ERRLEN];
+    kv_config kc;
+    kv_config_init(&kc, m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim);
+    kc.type = LM_TYPE_F32;
+    kc.n_ctx = 128;
+    kc.n_seqs = 4;
+    kv_pool *kv = kv_pool_new(&kc, err, sizeof err);
+    CHECK(kv);
+    lm_state *st = state_new_shared(m, ref_pool, kv, 128, 64, err, sizeof err);
+    CHECK(st);
+    kv_seq *a = kv_seq_new(kv, err, sizeof err), *b = kv_seq_new(kv, err, sizeof err),
+           *o = kv_seq_new(kv, err, sizeof err);
+    float *la = lm_malloc((size_t)V * n * sizeof *la), *lb = lm_malloc((size_t)V * 2 * sizeof *lb);
+    /* whole prompt, every row's logits */
+    CHECK(kv_append(kv, a, n, err, sizeof err) == KV_OK);
+    lm_seg sa = {.seq = a, .pos0 = 0, .n = n, .n_logits = n};
+    CHECKF(state_forward_segs(st, prompt, &sa, 1, la, err, sizeof err) == 0, "%s", err);
+    /* chunks of 7, each beside one token of another sequence */
+    CHECK(kv_append(kv, o, 3, err, sizeof err) == KV_OK);
+    lm_seg so = {.seq = o, .pos0 = 0, .n = 3, .n_logits = 1};
+    CHECK(state_forward_segs(st, other, &so, 1, lb, err, sizeof err) == 0);
+    int opos = 3;
+    for (int p0 = 0; p0 < n; p0 += 7) {
+        int c = n - p0 < 7 ? n - p0 : 7;
+        int32_t toks[8];
+        toks[0] = 77;
+        memcpy(toks + 1, prompt + p0, (size_t)c * sizeof *toks);
+        CHECK(kv_append(kv, o, 1, err, sizeof err) == KV_OK);
+        CHECK(kv_append(kv, b, c, err, sizeof err) == KV_OK);
+        lm_seg segs[2] = {{.seq = o, .pos0 = opos++, .n = 1, .n_logits = 1},
+                          {.seq = b, .pos0 = p0, .n = c, .n_logits = 1}};
+        CHECKF(state_forward_segs(st, toks, segs, 2, lb, err, sizeof err) == 0, "%s", err);
+        const float *want = la + (size_t)(p0 + c - 1) * V;
+        CHECKF(!memcmp(lb + V, want, (size_t)V * sizeof *lb), "chunk at %d differs from whole prefill", p0);
+    }
+    lm_free(la);
+    lm_free(lb);
+    kv_seq_free(kv, a);
+    kv_seq_free(kv, b);
+    kv_seq_free(kv, o);
+    state_free(st);
+    kv_pool_free(kv);
+}
+
+/* The engine with a 7-token budget reports the same logprobs as with 512. */
+static void test_chunked_prefill_engine(void) {
+    const lm_model *m = models[1];
+    int32_t prompt[60];
+    lm_rng r;
+    lm_rng_seed(&r, 11);
+    random_prompt(&r, prompt, 60);
+    static collect c1, c2;
+    memset(&c1, 0, sizeof c1);
+    memset(&c2, 0, sizeof c2);
+    char err[LM_ERRLEN];
+    for (int k = 0; k < 2; k++) {
+        lm_engine *e = new_engine(m, k ? 7 : 512, 4, 0);
+        CHECK(e);
+        lm_request_params p = greedy_params(prompt, 60, 20, k ? &c2 : &c1);
+        p.logprobs = true;
+        p.ignore_eos = true;
+        CHECK(engine_submit(e, &p, NULL, err, sizeof err) == ENGINE_OK);
+        engine_wait_idle(e);
+        engine_free(e);
+    }
+    CHECK(c1.n[0] == 20 && c2.n[0] == 20);
+    CHECK(!memcmp(c1.tokens[0], c2.tokens[0], sizeof c1.tokens[0]));
+    for (int i = 0; i < 20; i++) CHECKF(c1.logprobs[0][i] == c2.logprobs[0][i], "token %d", i);
+    CHECK(c1.logprobs[0][0] < 0);
+}
+
+/* ---- concurrent submitters ---- */
+
+typedef struct {
+    lm_engine *e;
+    int id;
+    collect *col;      /* (per_thread) */
+    int32_t (*prompts)[48];
+    int *lens, *maxt;
+    bool *cancelled;
+} submitter;
+
+enum { N_THREADS = 4, PER_THREAD = 12 };
+
+static void *submit_thread(void *arg) {
+    submitter *s = arg;
+    lm_rng r;
+    lm_rng_seed(&r, 100 + (uint64_t)s->id);
+    for (int k = 0; k < PER_THREAD; k++) {
+        int i = s->id * PER_THREAD + k;
+        lm_request_params p = greedy_params(s->prompts[i], s->lens[i], s->maxt[i], &s->col[i]);
+        lm_request *h = NULL;
+        char err[LM_ERRLEN];
+        if (engine_submit(s->e, &p, &h, err, sizeof err) != ENGINE_OK) continue;
+        if (lm_rng_u64(&r) % 4 == 0) {
+            usleep((useconds_t)(lm_rng_u64(&r) % 3000));
+            engine_cancel(s->e, h);
+            s->cancelled[i] = true;
+        }
+        engine_request_release(s->e, h);
+        usleep((useconds_t)(lm_rng_u64(&r) % 2000));
+    }
+    return NULL;
+}
+
+static void test_concurrent_submitters(void) {
+    const lm_model *m = models[2];
+    enum { N = N_THREADS * PER_THREAD };
+    static int32_t prompts[N][48];
+    static int lens[N], maxt[N];
+    static bool cancelled[N];
+    static collect col[N];
+    static int32_t ref[N][MAX_OUT];
+    static int n_ref[N];
+    memset(col, 0, sizeof col);
+    memset(cancelled, 0, sizeof cancelled);
+    lm_rng r;
+    lm_rng_seed(&r, 21);
+    for (int i = 0; i < N; i++) {
+        lens[i] = 1 + (int)(lm_rng_u64(&r) % 47);
+        maxt[i] = 1 + (int)(lm_rng_u64(&r) % 60);
+        random_prompt(&r, prompts[i], lens[i]);
+        n_ref[i] = solo_greedy(m, prompts[i], lens[i], maxt[i], ref[i]);
+        CHECK(n_ref[i] > 0);
+    }
+    lm_engine *e = new_engine(m, 32, 16, 0);
+    CHECK(e);
+    pthread_t th[N_THREADS];
+    submitter sub[N_THREADS];
+    for (int t = 0; t < N_THREADS; t++) {
+        sub[t] = (submitter){.e = e, .id = t, .col = col, .prompts = prompts, .lens = lens, .maxt = maxt,
+                             .cancelled = cancelled};
+        pthread_create(&th[t], NULL, submit_thread, &sub[t]);
+    }
+    for (int t = 0; t < N_THREADS; t++) pthread_join(th[t], NULL);
+    engine_wait_idle(e);
+    int n_cancel = 0;
+    for (int i = 0; i < N; i++) {
+        CHECKF(col[i].done[0] == 1, "request %d: %d final events", i, col[i].done[0]);
+        if (col[i].finish[0] == LM_FINISH_CANCELLED) {
+            CHECK(cancelled[i]);
+            n_cancel++;
+            /* what it produced before the cancel is a prefix of its output */
+            CHECK(col[i].n[0] <= n_ref[i] && !memcmp(col[i].tokens[0], ref[i], (size_t)col[i].n[0] * 4));
+            continue;
+        }
+        CHECKF(col[i].n[0] == n_ref[i] && !memcmp(col[i].tokens[0], ref[i], (size_t)n_ref[i] * 4),
+               "request %d differs from its solo run", i);
+    }
+    char err[LM_ERRLEN];
+    CHECKF(engine_check(e, err, sizeof err) == 0, "%s", err);
+    lm_engine_stats st;
+    engine_stats(e, &st);
+    CHECK(st.kv_blocks_used == 0 && st.running == 0 && st.waiting == 0);
+    printf("NOTE concurrent: %d requests, %d cancelled, mean batch %.2f sequences\n", N, n_cancel,
+           (double)st.batch_seqs_total / (double)st.iterations);
+    engine_free(e);
+}
+
+/* A pool of 14 blocks (224 positions) for 12 requests of up to 96
+ * positions each: decodes run out of blocks and preempt. */
+static void test_preemption(void) {
+    const lm_model *m = models[0];
+    enum { N = 12 };
+    static int32_t prompts[N][40];
+    static int32_t ref[N][MAX_OUT];
+    static int n_ref[N];
+    static collect col[N];
+    memset(col, 0, sizeof col);
+    lm_rng r;
+    lm_rng_seed(&r, 5);
+    for (int i = 0; i < N; i++) {
+        random_prompt(&r, prompts[i], 20 + i);
+        n_ref[i] = solo_greedy(m, prompts[i], 20 + i, 70, ref[i]);
+    }
+    uint64_t block_bytes = 16ull * 2 * m->hp.n_layer * m->hp.n_head_kv * m->hp.head_dim * 4;
+    lm_engine *e = new_engine(m, 64, 12, 14 * block_bytes);
+    CHECK(e);
+    char err[LM_ERRLEN];
+    for (int i = 0; i < N; i++) {
+        lm_request_params p = greedy_params(prompts[i], 20 + i, 70, &col[i]);
+        p.ignore_eos = false;
+        CHECKF(engine_submit(e, &p, NULL, err, sizeof err) == ENGINE_OK, "%s", err);
+    }
+    engine_wait_idle(e);
+    for (int i = 0; i < N; i++) {
+        CHECK(col[i].done[0] == 1);
+        CHECKF(col[i].n[0] == n_ref[i] && !memcmp(col[i].tokens[0], ref[i], (size_t)n_ref[i] * 4),
+               "request %d after preemption", i);
+    }
+    lm_engine_stats st;
+    engine_stats(e, &st);
+    CHECKF(st.preemptions_total > 0, "no preemption happened");
+    CHECKF(engine_check(e, err, sizeof err) == 0, "%s", err);
+    printf("NOTE preemption: %llu preemptions for %d requests in a 14-block pool\n",
+           (unsigned long long)st.preemptions_total, N);
+    engine_free(e);
+    /* a request the whole pool cannot hold is refused at once */
+    e = new_engine(m, 64, 4, 4 * block_bytes);
+    CHECK(e);
+    int32_t big[50];
+    random_prompt(&r, big, 50);
+    lm_request_params p = greedy_params(big, 50, 60, &col[0]);
+    CHECK(engine_submit(e, &p, NULL, err, sizeof err) == ENGINE_ETOOBIG);
+    CHECKF(strstr(err, "KV blocks"), "%s", err);
+    p.max_tokens = 10; /* 60 positions: 4 blocks */
+    memset(&col[0], 0, sizeof col[0]);
+    CHECK(engine_submit(e, &p, NULL, err, sizeof err) == ENGINE_OK);
+    engine_wait_idle(e);
+    CHECK(col[0].done[0] == 1 && col[0].finish[0] != LM_FINISH_ERROR);
+    engine_free(e);
+}
+
+/* One running slot: queued requests start by priority (lower first), then
+ * by arrival. */
+static void test_priority(void) {
+    const lm_model *m = models[0];
+    lm_engine *e = new_engine(m, 64, 1, 0);
+    CHECK(e);
+    int32_t prompt[8] = {1, 40, 41, 42, 43, 44, 45, 46};
+    static collect col[6];
+    memset(col, 0, sizeof col);
+    static const int prio[6] = {0, 5, 1, 3, 1, -2};
+    char err[LM_ERRLEN];
+    for (int i = 0; i < 6; i++) {
+        lm_request_params p = greedy_params(prompt, 8, i == 0 ? 100 : 3, &col[i]);
+        p.ignore_eos = true;
+        p.priority = prio[i];
+        CHECK(engine_submit(e, &p, NULL, err, sizeof err) == ENGINE_OK);
+    }
+    engine_wait_idle(e);
+    /* request 0 may already run when the others arrive; the rest finish in
+     * the order -2, 1 (first), 1 (second), 3, 5 */
+    static const int want[5] = {5, 2, 4, 3, 1};
+    for (int k = 1; k < 5; k++)
+        CHECKF(col[want[k - 1]].order < col[want[k]].order, "request %d finished after %d", want[k - 1], want[k]);
+    engine_free(e);
+}
+
+/* Stop strings end the text before them; n = 2 forks the prompt; bad
+ * requests are refused; shutdown ends requests in flight. */
+static void test_stop_fork_reject(void) {
+    const lm_model *m = models[0];
+    lm_engine *e = new_engine(m, 64, 8, 0);
+    CHECK(e);
+    int32_t prompt[5] = {1, 403, 407, 261, 931 % 512};
+    static collect a, b, c;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    memset(&c, 0, sizeof c);
+    char err[LM_ERRLEN];
+    lm_request_params p = greedy_params(prompt, 5, 60, &a);
+    p.ignore_eos = true;
+    CHECK(engine_submit(e, &p, NULL, err, sizeof err) == ENGINE_OK);
+    engine_wait_idle(e);
+    CHECK(a.text_len[0] > 20);
+    /* a stop string from the middle of that text, spanning tokens */
+    char stop[8];
+    memcpy(stop, a.text[0] + a.text_len[0] / 2, 5);
+    stop[5] = 0;
+    const char *stops[2] = {"\x01never", stop};
+    p.user = &b;
+    p.stop = stops;
+    p.n_stop = 2;
+    CHECK(engine_submit(e, &p, NULL, err, sizeof err) == ENGINE_OK);
+    engine_wait_idle(e);
+    CHECK(b.finish[0] == LM_FINISH_STOP);
+    const char *hit = memmem(a.text[0], a.text_len[0], stop, 5);
+    CHECK(hit);
+    CHECKF(b.text_len[0] == (size_t)(hit - a.text[0]) && !memcmp(b.text[0], a.text[0], b.text_len[0]),
+           "stopped text has %zu bytes, expected %zu", b.text_len[0], (size_t)(hit - a.text[0]));
+    /* n = 3 sampled choices from one prefill: distinct seeds, one prompt pass */
+    lm_engine_stats s0, s1;
+    engine_stats(e, &s0);
+    lm_request_params q = greedy_params(prompt, 5, 30, &c);
+    q.n = 3;
+    q.sp.temp = 1.0f;
+    q.sp.seed = 9;
+    q.ignore_eos = true;
+    CHECK(engine_submit(e, &q, NULL, err, sizeof err) == ENGINE_OK);
+    engine_wait_idle(e);
+    engine_stats(e, &s1);
+    for (int i = 0; i < 3; i++) CHECK(c.done[i] == 1 && c.n[i] == 30 && c.finish[i] == LM_FINISH_LENGTH);
+    CHECK(memcmp(c.tokens[0], c.tokens[1], 30 * 4) || memcmp(c.tokens[1], c.tokens[2], 30 * 4));
+    /* prompt tokens went through the model once: 5 + 3 x 29 decode tokens */
+    CHECKF(s1.batch_tokens_total - s0.batch_tokens_total == 5 + 3 * 29, "%llu tokens ran",
+           (unsigned long long)(s1.batch_tokens_total - s0.batch_tokens_total));
+    CHECKF(engine_check(e, err, sizeof err) == 0, "%s", err);
+    /* rejections */
+    int32_t badtok[2] = {1, 100000};
+    lm_request_params r = greedy_params(badtok, 2, 5, &a);
+    CHECK(engine_submit(e, &r, NULL, err, sizeof err) == ENGINE_EINVAL);
+    r = greedy_params(prompt, 5, 0, &a);
+    CHECK(engine_submit(e, &r, NULL, err, sizeof err) == ENGINE_EINVAL);
+    static int32_t longp[128];
+    for (int i = 0; i < 128; i++) longp[i] = 5;
+    r = greedy_params(longp, 128, 5, &a);
+    CHECK(engine_submit(e, &r, NULL, err, sizeof err) == ENGINE_ETOOBIG);
+    CHECK(strstr(err, "context"));
+    /* shutdown with work in flight: every request still gets its final event */
+    static collect d[6];
+    memset(d, 0, sizeof d);
+    for (int i = 0; i < 6; i++) {
+        r = greedy_params(prompt, 5, 120, &d[i]);
+        r.ignore_eos = true;
+        CHECK(engine_submit(e, &r, NULL, err, sizeof err) == ENGINE_OK);
+    }
+    engine_free(e);
+    for (int i = 0; i < 6; i++) CHECK(d[i].done[0] == 1);
+}
+
+/* A bounded queue refuses with EBUSY instead of growing. */
+static void test_max_waiting(void) {
+    const lm_model *m = models[0];
+    lm_engine_config ec;
+    engine_config_default(&ec);
+    ec.n_threads = 1;
+    ec.max_seqs = 1;
+    ec.max_waiting = 2;
+    char err[LM_ERRLEN];
+    lm_engine *e = engine_new(m, m->tok, &ec, err, sizeof err);
+    CHECK(e);
+    int32_t prompt[3] = {1, 30, 31};
+    static collect col[40];
+    memset(col, 0, sizeof col);
+    int busy = 0, ok = 0;
+    for (int i = 0; i < 40; i++) {
+        lm_request_params p = greedy_params(prompt, 3, 100, &col[i]);
+        p.ignore_eos = true;
+        int rc = engine_submit(e, &p, NULL, err, sizeof err);
+        if (rc == ENGINE_EBUSY) busy++;
+        else if (rc == ENGINE_OK) ok++;
+    }
+    CHECK(busy > 0 && ok >= 2);
+    engine_wait_idle(e);
+    int done = 0;
+    for (int i = 0; i < 40; i++) done += col[i].done[0];
+    CHECK(done == ok);
+    engine_free(e);
+}
+
+int main(void) {
+    quant_init();
+    char err[LM_ERRLEN];
+    models[0] = model_load(TEST_MODEL, err, sizeof err);
+    if (!models[0]) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    const char *schemes[2] = {"Q8_0", "Q4_0"};
+    ref_pool = pool_new(2);
+    for (int i = 0; i < 2; i++) {
+        char path[64];
+        snprintf(path, sizeof path, "/tmp/lamina-test-engine-%d-%s.gguf", (int)getpid(), schemes[i]);
+        if (quantize_file(TEST_MODEL, path, schemes[i], ref_pool, NULL, NULL, err, sizeof err) != 0 ||
+            !(models[i + 1] = model_load(path, err, sizeof err))) {
+            fprintf(stderr, "%s\n", err);
+            return 1;
+        }
+        unlink(path); /* the mapping stays valid */
+    }
+    TEST_RUN(test_batch_invariance);
+    TEST_RUN(test_chunked_prefill_logits);
+    TEST_RUN(test_chunked_prefill_engine);
+    TEST_RUN(test_concurrent_submitters);
+    TEST_RUN(test_preemption);
+    TEST_RUN(test_priority);
+    TEST_RUN(test_stop_fork_reject);
+    TEST_RUN(test_max_waiting);
+    for (int i = 0; i < 3; i++) model_free(models[i]);
+    pool_free(ref_pool);
+    return TEST_DONE();
+}
