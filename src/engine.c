@@ -106,6 +106,8 @@ struct lm_engine {
     eseq **order;             /* (max_seqs) running, sorted, per iteration */
     int n_running;
     eseq **waiting;           /* (wait_cap) sorted by priority, then arrival */
+    bool static_open;         /* static batching: the current batch still admits */
+    int static_count;         /* sequences admitted into it */
     int n_waiting, wait_cap;
 
     /* per-iteration buffers */
@@ -651,11 +653,16 @@ static bool step(lm_engine *e) {
         }
     /* admission (static batching: only into an empty engine, then no one
      * joins until the whole batch has finished) */
-    bool may_admit = !e->cfg.static_batching || e->n_running == 0;
+    if (e->cfg.static_batching && e->n_running == 0) {
+        e->static_open = true; /* a new batch forms, over as many iterations as its prompts need */
+        e->static_count = 0;
+    }
+    bool may_admit = !e->cfg.static_batching || e->static_open;
     while (may_admit && n_tok < budget) {
         bool alone = e->n_running == 0;
         eseq *c = admit(e);
         if (!c) {
+            e->static_open = false;
             if (alone && e->n_waiting) {
                 /* the pool cannot take it even empty: it would wait forever */
                 finish(e, e->waiting[0], LM_FINISH_ERROR, "the request does not fit the KV pool");
@@ -676,6 +683,10 @@ static bool step(lm_engine *e) {
             break;
         }
         batch_add(e, c, n, &n_tok, &n_seg);
+        if (e->cfg.static_batching && ++e->static_count >= e->cfg.max_seqs) {
+            e->static_open = false;
+            break;
+        }
     }
     if (n_seg == 0) {
         publish(e);

@@ -41,6 +41,7 @@ lm_model *load_or_die(const char *cmd, const char *path);
 
 /* Subcommands (tools/lamina.c and tools/cmd_*.c). */
 int cmd_bench(int argc, char **argv);
+int cmd_bench_serve(int argc, char **argv); /* lamina bench serve */
 int cmd_mkmodel(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_kv(int argc, char **argv);
