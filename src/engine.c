@@ -361,9 +361,30 @@ static int64_t blocks_for(const lm_engine *e, int64_t tokens) {
     return (tokens + e->cfg.block_size - 1) / e->cfg.block_size;
 }
 
+static int submit_tokens(lm_engine *e, const lm_request_params *p, lm_request **out, char *err, size_t errlen);
+
 int engine_submit(lm_engine *e, const lm_request_params *p, lm_request **out, char *err, size_t errlen) {
-    const lm_hparams *hp = &e->m->hp;
     if (out) *out = NULL;
+    if (p->prompt || !p->text) return submit_tokens(e, p, out, err, errlen);
+    /* a text prompt: tokenize it here (the context bounds its useful length) */
+    if (p->text_len > (size_t)16 * (size_t)e->n_ctx + 4096)
+        return lm_err(err, errlen, "the prompt text (%zu bytes) cannot fit the context of %d tokens", p->text_len,
+                      e->n_ctx), ENGINE_ETOOBIG;
+    int n = tok_encode(e->tok, p->text, p->text_len, tok_add_bos(e->tok), true, NULL, 0);
+    if (n < 0) return lm_err(err, errlen, "the prompt text cannot be tokenized"), ENGINE_EINVAL;
+    int32_t *ids = lm_malloc((size_t)(n > 0 ? n : 1) * sizeof *ids);
+    if (!ids) return lm_err(err, errlen, "out of memory"), ENGINE_ENOMEM;
+    tok_encode(e->tok, p->text, p->text_len, tok_add_bos(e->tok), true, ids, n);
+    lm_request_params q = *p;
+    q.prompt = ids;
+    q.n_prompt = n;
+    int rc = submit_tokens(e, &q, out, err, errlen);
+    lm_free(ids);
+    return rc;
+}
+
+static int submit_tokens(lm_engine *e, const lm_request_params *p, lm_request **out, char *err, size_t errlen) {
+    const lm_hparams *hp = &e->m->hp;
     if (!p->on_event) return lm_err(err, errlen, "no event callback"), ENGINE_EINVAL;
     if (!p->prompt || p->n_prompt < 1) return lm_err(err, errlen, "the prompt is empty"), ENGINE_EINVAL;
     if (p->max_tokens < 1) return lm_err(err, errlen, "max_tokens must be at least 1"), ENGINE_EINVAL;
@@ -628,7 +649,10 @@ static bool step(lm_engine *e) {
     for (int i = e->n_waiting - 1; i >= 0; i--)
         if (i < e->n_waiting && atomic_load(&e->waiting[i]->req->cancel))
             finish(e, e->waiting[i], LM_FINISH_CANCELLED, NULL);
-    if (!e->n_running && !e->n_waiting) return false;
+    if (!e->n_running && !e->n_waiting) {
+        publish(e);
+        return false;
+    }
 
     int budget = e->cfg.batch_tokens, n_tok = 0, n_seg = 0;
     /* running choices, best first; decodes (one token) before prefill chunks */

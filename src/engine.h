@@ -106,8 +106,10 @@ typedef struct {
 typedef void (*lm_event_fn)(void *user, const lm_event *ev);
 
 typedef struct {
-    const int32_t *prompt;    /* token ids (copied at submission), at least one */
+    const int32_t *prompt;    /* token ids (copied at submission), at least one; or NULL and: */
     int n_prompt;
+    const char *text;         /* the prompt as text, tokenized at submission (BOS as the model */
+    size_t text_len;          /*   adds it, special tokens parsed) */
     int max_tokens;           /* > 0; generation also ends at the context */
     int n;                    /* choices sampled from one prompt (forked KV), >= 1 */
     lm_sample_params sp;      /* choice i uses seed sp.seed + i */

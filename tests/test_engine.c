@@ -537,6 +537,48 @@ static void test_max_waiting(void) {
     engine_free(e);
 }
 
+/* Cancelling the only request leaves the engine idle with every block
+ * back; a text prompt is tokenized at submission. */
+static void test_cancel_alone_and_text(void) {
+    const lm_model *m = models[0];
+    lm_engine *e = new_engine(m, 64, 4, 0);
+    CHECK(e);
+    static collect a, b;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    int32_t prompt[4] = {1, 300, 301, 302};
+    lm_request_params p = greedy_params(prompt, 4, 120, &a);
+    p.ignore_eos = true;
+    lm_request *h = NULL;
+    char err[LM_ERRLEN];
+    CHECK(engine_submit(e, &p, &h, err, sizeof err) == ENGINE_OK && h);
+    engine_cancel(e, h);
+    engine_wait_idle(e); /* returns: nothing is left running */
+    CHECK(a.done[0] == 1);
+    CHECK(a.finish[0] == LM_FINISH_CANCELLED || a.n[0] == 120);
+    engine_cancel(e, h); /* after the end: harmless */
+    engine_request_release(e, h);
+    lm_engine_stats st;
+    engine_stats(e, &st);
+    CHECK(st.running == 0 && st.waiting == 0 && st.kv_blocks_used == 0);
+    CHECKF(engine_check(e, err, sizeof err) == 0, "%s", err);
+    /* text prompt: the same tokens as tokenizing it ourselves */
+    const char *text = "Once upon a time";
+    int32_t ids[16];
+    int n = tok_encode(m->tok, text, strlen(text), tok_add_bos(m->tok), true, ids, 16);
+    CHECK(n > 1 && n <= 16);
+    lm_request_params q = greedy_params(NULL, 0, 10, &b);
+    q.text = text;
+    q.text_len = strlen(text);
+    CHECKF(engine_submit(e, &q, NULL, err, sizeof err) == ENGINE_OK, "%s", err);
+    engine_wait_idle(e);
+    int32_t ref[16];
+    int nr = solo_greedy(m, ids, n, 10, ref);
+    CHECK(b.done[0] == 1 && b.stats[0].prompt_tokens == n);
+    CHECK(b.n[0] == nr && !memcmp(b.tokens[0], ref, (size_t)nr * 4));
+    engine_free(e);
+}
+
 int main(void) {
     quant_init();
     char err[LM_ERRLEN];
@@ -565,6 +607,7 @@ int main(void) {
     TEST_RUN(test_priority);
     TEST_RUN(test_stop_fork_reject);
     TEST_RUN(test_max_waiting);
+    TEST_RUN(test_cancel_alone_and_text);
     for (int i = 0; i < 3; i++) model_free(models[i]);
     pool_free(ref_pool);
     return TEST_DONE();
