@@ -6,12 +6,53 @@
 #include "ops.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "kernels/avx2_ops.h"
+#include "kernels/kernels.h"
 #include "quant.h"
 
+/* Element-wise kernels: the AVX2 versions when the CPU has them (and
+ * LAMINA_NO_SIMD is not set), chosen once. */
+typedef struct {
+    void (*rmsnorm)(float *y, const float *x, const float *w, int n, float eps);
+    void (*swiglu)(float *g, const float *u, int n);
+    void (*geglu)(float *g, const float *u, int n);
+} ew_table;
+
+static void rmsnorm_ref(float *y, const float *x, const float *w, int n, float eps);
+static void swiglu_ref(float *g, const float *u, int n);
+static void geglu_ref(float *g, const float *u, int n);
+static ew_table ew = {rmsnorm_ref, swiglu_ref, geglu_ref};
+static pthread_once_t ew_once = PTHREAD_ONCE_INIT;
+
+static void ew_init(void) {
+    const char *no_simd = getenv("LAMINA_NO_SIMD");
+    if (no_simd && *no_simd && strcmp(no_simd, "0") != 0) return;
+#if defined(__x86_64__) || defined(__i386__)
+    if (cpu_has_avx2()) ew = (ew_table){avx2_rmsnorm, avx2_swiglu, avx2_geglu};
+#endif
+}
+
 void ops_rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
+    pthread_once(&ew_once, ew_init);
+    ew.rmsnorm(y, x, w, n, eps);
+}
+
+void ops_swiglu(float *g, const float *u, int n) {
+    pthread_once(&ew_once, ew_init);
+    ew.swiglu(g, u, n);
+}
+
+void ops_geglu(float *g, const float *u, int n) {
+    pthread_once(&ew_once, ew_init);
+    ew.geglu(g, u, n);
+}
+
+static void rmsnorm_ref(float *y, const float *x, const float *w, int n, float eps) {
     double ss = 0;
     for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
     float scale = (float)(1.0 / sqrt(ss / n + eps));
@@ -54,15 +95,17 @@ void ops_softmax(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] *= inv;
 }
 
-void ops_swiglu(float *g, const float *u, int n) {
+static void swiglu_ref(float *g, const float *u, int n) {
     for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
-void ops_geglu(float *g, const float *u, int n) {
-    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
+static void geglu_ref(float *g, const float *u, int n) {
+    /* GELU(tanh): 0.5 x (1 + tanh(y)) = x / (1 + e^(-2y)), y = sqrt(2/pi)
+     * (x + 0.044715 x^3); this form keeps small negative outputs exact */
+    const float c2 = -2.0f * 0.7978845608028654f;
     for (int i = 0; i < n; i++) {
         float x = g[i];
-        g[i] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) * u[i];
+        g[i] = x / (1.0f + expf(c2 * (x + 0.044715f * x * x * x))) * u[i];
     }
 }
 

@@ -1,0 +1,23 @@
+/*
+ * avx2_ops.h - element-wise operations of the forward pass in AVX2 + FMA
+ * (avx2_ops.c). ops.c calls them only after a CPUID check, and keeps the
+ * scalar versions with the same contracts.
+ *
+ * Every element goes through the same vector code whatever n is (a tail
+ * shorter than 8 is processed in a padded vector), so an element's result
+ * depends only on its inputs: a token's activations do not change with the
+ * number of tokens processed together.
+ */
+#ifndef LAMINA_AVX2_OPS_H
+#define LAMINA_AVX2_OPS_H
+
+/* y = x / sqrt(mean(x^2) + eps) * w (sum of squares in double). */
+void avx2_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
+/* g = silu(g) * u = g / (1 + e^-g) * u. */
+void avx2_swiglu(float *g, const float *u, int n);
+/* g = gelu_tanh(g) * u = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * u. */
+void avx2_geglu(float *g, const float *u, int n);
+/* y += x. */
+void avx2_add(float *y, const float *x, int n);
+
+#endif
