@@ -21,19 +21,21 @@ typedef struct {
     void (*rmsnorm)(float *y, const float *x, const float *w, int n, float eps);
     void (*swiglu)(float *g, const float *u, int n);
     void (*geglu)(float *g, const float *u, int n);
+    void (*rope)(float *x, int n_heads, int head_dim, int n_rot, const float *cs, int neox);
 } ew_table;
 
 static void rmsnorm_ref(float *y, const float *x, const float *w, int n, float eps);
 static void swiglu_ref(float *g, const float *u, int n);
 static void geglu_ref(float *g, const float *u, int n);
-static ew_table ew = {rmsnorm_ref, swiglu_ref, geglu_ref};
+static void rope_ref(float *x, int n_heads, int head_dim, int n_rot, const float *cs, int neox);
+static ew_table ew = {rmsnorm_ref, swiglu_ref, geglu_ref, rope_ref};
 static pthread_once_t ew_once = PTHREAD_ONCE_INIT;
 
 static void ew_init(void) {
     const char *no_simd = getenv("LAMINA_NO_SIMD");
     if (no_simd && *no_simd && strcmp(no_simd, "0") != 0) return;
 #if defined(__x86_64__) || defined(__i386__)
-    if (cpu_has_avx2()) ew = (ew_table){avx2_rmsnorm, avx2_swiglu, avx2_geglu};
+    if (cpu_has_avx2()) ew = (ew_table){avx2_rmsnorm, avx2_swiglu, avx2_geglu, avx2_rope_apply};
 #endif
 }
 
@@ -68,6 +70,12 @@ void ops_rope_angles(float *cs, int n_rot, int pos, float base, float scale) {
 }
 
 void ops_rope_apply(float *x, int n_heads, int head_dim, int n_rot, const float *cs, lm_rope_style style) {
+    pthread_once(&ew_once, ew_init);
+    ew.rope(x, n_heads, head_dim, n_rot, cs, style == LM_ROPE_NEOX);
+}
+
+static void rope_ref(float *x, int n_heads, int head_dim, int n_rot, const float *cs, int neox) {
+    lm_rope_style style = neox ? LM_ROPE_NEOX : LM_ROPE_ADJACENT;
     int half = n_rot / 2;
     for (int h = 0; h < n_heads; h++) {
         float *v = x + (size_t)h * head_dim;

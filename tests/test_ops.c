@@ -8,12 +8,15 @@
  *            a float argument is only known to 2^-24 |a|, which e^a turns
  *            into that much relative error; this holds deep in the negative
  *            tail too, where a tanh written 1 - 2/(1+e^2y) loses everything
+ *   rope     |y - ref| <= 1e-6 max|x| for both pair layouts, head_dim 8 to
+ *            256, partial rotation (n_rot < head_dim) leaving the rest alone
  * and the batch property: an element's result is the same bits whether it
  * is processed alone, in a short tail, or inside a long array.
  */
 #include <math.h>
 #include <string.h>
 
+#include "model.h"
 #include "ops.h"
 #include "quant.h"
 #include "test.h"
@@ -85,11 +88,37 @@ static void test_rmsnorm(void) {
     }
 }
 
+static void test_rope(void) {
+    static const int dims[][2] = {{8, 8}, {64, 64}, {128, 64}, {256, 256}, {80, 40}, {12, 12}};
+    for (int style = 0; style < 2; style++)
+        for (size_t k = 0; k < sizeof dims / sizeof dims[0]; k++) {
+            int hd = dims[k][0], nr = dims[k][1], nh = 3, pos = 1234 + (int)k;
+            static float x[3 * 256], cs[256];
+            ops_rope_angles(cs, nr, pos, 10000.0f, 1.0f);
+            for (int i = 0; i < nh * hd; i++) x[i] = in_g[i % N] / 6;
+            ops_rope_apply(x, nh, hd, nr, cs, style ? LM_ROPE_NEOX : LM_ROPE_ADJACENT);
+            for (int h = 0; h < nh; h++)
+                for (int i = 0; i < nr / 2; i++) {
+                    int a = style ? i : 2 * i, b = style ? i + nr / 2 : 2 * i + 1;
+                    double th = pos * pow(10000.0, -2.0 * i / nr);
+                    double x0 = in_g[(h * hd + a) % N] / 6, x1 = in_g[(h * hd + b) % N] / 6;
+                    double y0 = x0 * cos(th) - x1 * sin(th), y1 = x0 * sin(th) + x1 * cos(th);
+                    /* cos/sin are rounded to float before use: about 1e-7 of |x| each */
+                    CHECKF(fabs(x[h * hd + a] - y0) <= 1e-6 && fabs(x[h * hd + b] - y1) <= 1e-6,
+                           "style %d hd %d n_rot %d head %d pair %d: %g %g vs %g %g", style, hd, nr, h, i,
+                           x[h * hd + a], x[h * hd + b], y0, y1);
+                }
+            for (int h = 0; h < nh; h++)
+                for (int i = nr; i < hd; i++) CHECK(x[h * hd + i] == in_g[(h * hd + i) % N] / 6);
+        }
+}
+
 int main(void) {
     quant_init();
     fill();
     TEST_RUN(test_rmsnorm);
     TEST_RUN(test_swiglu);
     TEST_RUN(test_geglu);
+    TEST_RUN(test_rope);
     return TEST_DONE();
 }

@@ -68,6 +68,50 @@ static inline __m256 gelu_mul(__m256 g, __m256 u) {
 GATED(avx2_swiglu, silu_mul)
 GATED(avx2_geglu, gelu_mul)
 
+/* Adjacent pairs (x[2i], x[2i+1]) by (c_i, s_i): with C and S the cosines
+ * and sines duplicated into both lanes of their pair and X' the pair-swapped
+ * x, y = X C -+ X' S in one fmaddsub (minus on even lanes, plus on odd). */
+static void rope_adjacent(float *v, int n_rot, const float *cs) {
+    int i = 0;
+    for (; i + 8 <= n_rot; i += 8) {
+        __m256 x = _mm256_loadu_ps(v + i), a = _mm256_loadu_ps(cs + i);
+        __m256 c = _mm256_moveldup_ps(a), s = _mm256_movehdup_ps(a);
+        __m256 xs = _mm256_permute_ps(x, 0xB1);
+        _mm256_storeu_ps(v + i, _mm256_fmaddsub_ps(x, c, _mm256_mul_ps(xs, s)));
+    }
+    for (; i < n_rot; i += 2) {
+        float c = cs[i], s = cs[i + 1], x0 = v[i], x1 = v[i + 1];
+        v[i] = x0 * c - x1 * s;
+        v[i + 1] = x0 * s + x1 * c;
+    }
+}
+
+/* Halves (x[i], x[i + half]) by (c_i, s_i): the interleaved angle pairs are
+ * split into a cosine and a sine vector first. */
+static void rope_neox(float *v, int n_rot, const float *cs) {
+    int half = n_rot / 2, i = 0;
+    for (; i + 8 <= half; i += 8) {
+        __m256 a = _mm256_loadu_ps(cs + 2 * i), b = _mm256_loadu_ps(cs + 2 * i + 8);
+        __m256 c = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+        __m256 s = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+        __m256 x0 = _mm256_loadu_ps(v + i), x1 = _mm256_loadu_ps(v + i + half);
+        _mm256_storeu_ps(v + i, _mm256_fmsub_ps(x0, c, _mm256_mul_ps(x1, s)));
+        _mm256_storeu_ps(v + i + half, _mm256_fmadd_ps(x0, s, _mm256_mul_ps(x1, c)));
+    }
+    for (; i < half; i++) {
+        float c = cs[2 * i], s = cs[2 * i + 1], x0 = v[i], x1 = v[i + half];
+        v[i] = x0 * c - x1 * s;
+        v[i + half] = x0 * s + x1 * c;
+    }
+}
+
+void avx2_rope_apply(float *x, int n_heads, int head_dim, int n_rot, const float *cs, int neox) {
+    for (int h = 0; h < n_heads; h++) {
+        if (neox) rope_neox(x + (size_t)h * head_dim, n_rot, cs);
+        else rope_adjacent(x + (size_t)h * head_dim, n_rot, cs);
+    }
+}
+
 void avx2_add(float *y, const float *x, int n) {
     int i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(x + i)));
