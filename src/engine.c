@@ -56,6 +56,7 @@ typedef struct eseq {
     char *held;               /* (held_cap) released text not yet emitted (stop-string look-behind) */
     int n_held, held_cap;
     bool scheduled;           /* in this iteration's batch */
+    bool stop_hit;            /* a stop string ended the text */
     lm_request_stats stats;
 } eseq;
 
@@ -248,10 +249,11 @@ static void finish(lm_engine *e, eseq *c, lm_finish why, const char *error) {
     if (c->n_gen > 1) c->stats.tpot = (c->stats.e2e - c->stats.ttft) / (c->n_gen - 1);
     /* what is still held back is output unless a stop string ended the text */
     size_t len = 0;
-    if (why != LM_FINISH_STOP || c->n_held) {
+    if (!c->stop_hit) {
         memcpy(e->emit, c->held, (size_t)c->n_held);
         len = (size_t)c->n_held;
-        if (why != LM_FINISH_ERROR && why != LM_FINISH_CANCELLED) {
+        if (why == LM_FINISH_STOP || why == LM_FINISH_LENGTH) {
+            /* an incomplete UTF-8 tail ends as U+FFFD rather than vanishing */
             int w = detok_flush(&c->dt, e->emit + len, e->emit_cap - (int)len);
             if (w > 0) len += (size_t)w;
         }
@@ -344,7 +346,7 @@ static void take_token(lm_engine *e, eseq *c, float *row) {
         char piece[1024];
         int w = detok_push(&c->dt, t, piece, sizeof piece);
         if (w < 0) w = 0;
-        if (r->n_stop) stopped = stop_scan(e, c, piece, w, &len);
+        if (r->n_stop) stopped = c->stop_hit = stop_scan(e, c, piece, w, &len);
         else {
             memcpy(e->emit, piece, (size_t)w);
             len = (size_t)w;

@@ -579,6 +579,90 @@ static void test_cancel_alone_and_text(void) {
     engine_free(e);
 }
 
+/* Random requests (n up to 3, stop strings, logprobs, priorities, cancels)
+ * from two threads into a 10-block pool with a 5-token budget: preemption,
+ * forks and chunking all at once. Every choice gets exactly one final
+ * event, and the pool's bookkeeping holds. */
+typedef struct {
+    lm_engine *e;
+    int id;
+    collect *col;
+    int n_req;
+} stress_arg;
+
+static void *stress_thread(void *arg) {
+    stress_arg *a = arg;
+    lm_rng r;
+    lm_rng_seed(&r, 77 + (uint64_t)a->id);
+    static const char *stops[3] = {"e", "the", "\n"};
+    for (int k = 0; k < a->n_req; k++) {
+        int32_t prompt[40];
+        int np = 1 + (int)(lm_rng_u64(&r) % 39);
+        random_prompt(&r, prompt, np);
+        collect *c = &a->col[k];
+        lm_request_params p = greedy_params(prompt, np, 1 + (int)(lm_rng_u64(&r) % 50), c);
+        p.n = 1 + (int)(lm_rng_u64(&r) % 3);
+        p.sp.temp = lm_rng_u64(&r) % 2 ? 0.0f : 0.9f;
+        p.sp.seed = lm_rng_u64(&r);
+        p.priority = (int)(lm_rng_u64(&r) % 3);
+        p.logprobs = lm_rng_u64(&r) % 2;
+        p.top_logprobs = (int)(lm_rng_u64(&r) % 4);
+        p.ignore_eos = lm_rng_u64(&r) % 2;
+        p.n_stop = (int)(lm_rng_u64(&r) % 4);
+        p.stop = stops;
+        lm_request *h = NULL;
+        char err[LM_ERRLEN];
+        if (engine_submit(a->e, &p, &h, err, sizeof err) != ENGINE_OK) {
+            c->order = -1; /* refused: no events expected */
+            continue;
+        }
+        c->n[3] = p.n; /* choices expected (slot 3 is unused by n <= 3) */
+        if (lm_rng_u64(&r) % 5 == 0) {
+            usleep((useconds_t)(lm_rng_u64(&r) % 2000));
+            engine_cancel(a->e, h);
+        }
+        engine_request_release(a->e, h);
+    }
+    return NULL;
+}
+
+static void test_random_stress(void) {
+    const lm_model *m = models[2];
+    uint64_t block_bytes = 16ull * 2 * m->hp.n_layer * m->hp.n_head_kv * m->hp.head_dim * 4;
+    lm_engine *e = new_engine(m, 5, 6, 10 * block_bytes);
+    CHECK(e);
+    enum { PER = 60 };
+    static collect col[2][PER];
+    memset(col, 0, sizeof col);
+    pthread_t th[2];
+    stress_arg args[2];
+    for (int t = 0; t < 2; t++) {
+        args[t] = (stress_arg){.e = e, .id = t, .col = col[t], .n_req = PER};
+        pthread_create(&th[t], NULL, stress_thread, &args[t]);
+    }
+    for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
+    engine_wait_idle(e);
+    int refused = 0;
+    for (int t = 0; t < 2; t++)
+        for (int k = 0; k < PER; k++) {
+            collect *c = &col[t][k];
+            if (c->order == -1) {
+                refused++;
+                continue;
+            }
+            for (int i = 0; i < c->n[3]; i++)
+                CHECKF(c->done[i] == 1, "thread %d request %d choice %d: %d final events", t, k, i, c->done[i]);
+        }
+    char err[LM_ERRLEN];
+    CHECKF(engine_check(e, err, sizeof err) == 0, "%s", err);
+    lm_engine_stats st;
+    engine_stats(e, &st);
+    CHECK(st.kv_blocks_used == 0 && st.running == 0 && st.waiting == 0);
+    printf("NOTE stress: %d requests (%d refused), %llu preemptions, mean batch %.2f\n", 2 * PER, refused,
+           (unsigned long long)st.preemptions_total, (double)st.batch_seqs_total / (double)st.iterations);
+    engine_free(e);
+}
+
 int main(void) {
     quant_init();
     char err[LM_ERRLEN];
@@ -608,6 +692,7 @@ int main(void) {
     TEST_RUN(test_stop_fork_reject);
     TEST_RUN(test_max_waiting);
     TEST_RUN(test_cancel_alone_and_text);
+    TEST_RUN(test_random_stress);
     for (int i = 0; i < 3; i++) model_free(models[i]);
     pool_free(ref_pool);
     return TEST_DONE();

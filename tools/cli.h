@@ -45,6 +45,7 @@ int cmd_bench_serve(int argc, char **argv); /* lamina bench serve */
 int cmd_mkmodel(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_kv(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 /* Parse a KV cache element type name (F32, F16, Q8_0); exits 2 otherwise. */
 uint32_t need_kv_type(args *a);

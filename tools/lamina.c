@@ -520,7 +520,8 @@ static void usage_main(FILE *f) {
             "  bench       measure prompt and generation speed\n"
             "  mkmodel     write a random-weight GGUF of a real shape\n"
             "  quantize    convert a model's weights to another type\n"
-            "  kv          KV cache size: bytes per token, tokens and sequences that fit\n");
+            "  kv          KV cache size: bytes per token, tokens and sequences that fit\n"
+            "  serve       OpenAI-compatible HTTP server (continuous batching)\n");
 }
 
 int main(int argc, char **argv) {
@@ -543,6 +544,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "mkmodel")) return cmd_mkmodel(argc - 1, argv + 1);
     if (!strcmp(c, "quantize")) return cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(c, "kv")) return cmd_kv(argc - 1, argv + 1);
+    if (!strcmp(c, "serve")) return cmd_serve(argc - 1, argv + 1);
     fprintf(stderr, "lamina: unknown command '%s'\n\n", c);
     usage_main(stderr);
     return 2;

@@ -1,0 +1,65 @@
+/*
+ * fuzz_request.c - libFuzzer target for the HTTP server's request parser
+ * (server_parse_request): arbitrary bytes as the body of a completions or a
+ * chat request, with the bundled model's tokenizer. The parser must answer
+ * every input with either parameters the engine accepts or a 4xx/5xx error
+ * naming the problem, and free everything either way (ASan checks leaks).
+ *
+ * The first input byte picks the route (bit 0: chat) and the chat template
+ * (bit 1: a family by name, else a template text through chat_detect); the
+ * rest is the body.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chat.h"
+#include "gguf.h"
+#include "server.h"
+#include "tokenizer.h"
+
+static lm_tokenizer *tok;
+
+static const char *ZEPHYR_TEMPLATE =
+    "{% for message in messages %}{% if message['role'] == 'user' %}{{ '<|user|>\\n' + message['content'] + "
+    "eos_token }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}";
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (!tok) {
+        char err[256];
+        gguf_ctx *g = gguf_open("models/stories260K.gguf", err, sizeof err);
+        if (!g) abort();
+        tok = tok_load(g, err, sizeof err);
+        gguf_close(g);
+        if (!tok) abort();
+    }
+    if (size < 1) return 0;
+    uint8_t opt = data[0];
+    lm_server_parse_ctx c = {.tok = tok, .n_ctx = 128, .model_name = "stories260K.gguf", .max_n = 8,
+                             .max_tokens_cap = (opt & 4) ? 64 : 0};
+    if (opt & 2) c.chat_family = CHAT_CHATML;
+    else c.chat_family = -1, c.chat_template = ZEPHYR_TEMPLATE;
+    lm_server_request r;
+    lm_server_error e;
+    int rc = server_parse_request(&c, opt & 1, (const char *)data + 1, size - 1, &r, &e);
+    if (rc == 0) {
+        /* what the engine will be given must be within its bounds */
+        if (r.n_prompts < 1 || r.n < 1 || r.n > 8 || r.max_tokens < 1) abort();
+        for (int i = 0; i < r.n_prompts; i++) {
+            if (r.n_prompt[i] < 1 || r.n_prompt[i] + r.max_tokens > c.n_ctx) abort();
+            for (int k = 0; k < r.n_prompt[i]; k++)
+                if (r.prompts[i][k] < 0 || r.prompts[i][k] >= tok_n_vocab(tok)) abort();
+        }
+        for (int i = 0; i < r.n_bias; i++)
+            if (r.bias_ids[i] < 0 || r.bias_ids[i] >= tok_n_vocab(tok)) abort();
+        for (int i = 0; i < r.n_stop; i++)
+            if (!r.stop[i][0] || strlen(r.stop[i]) > 1024) abort();
+        if (r.top_logprobs < 0 || r.top_logprobs > 20) abort();
+        server_request_free(&r);
+    } else {
+        if (e.status < 400 || e.status > 599 || !e.message[0]) abort();
+        if (r.prompts || r.n_stop || r.bias_ids) abort();
+    }
+    return 0;
+}

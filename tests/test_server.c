@@ -1,0 +1,421 @@
+/*
+ * test_server.c - the request parser of the HTTP server (server_parse_request),
+ * without sockets: valid bodies of both routes must map to the right engine
+ * parameters (defaults included), and a table of bad bodies must each give
+ * its HTTP status, the offending parameter and, where OpenAI has one, the
+ * error code. Also: the UTF-8 check, allocation failure at every allocation
+ * (the parser must fail cleanly, never crash or leak), and deep nesting.
+ *
+ * The tokenizer is the bundled model's (SentencePiece, 512 tokens, BOS 1,
+ * EOS "</s>" = 2); the context is set to 128 and max_tokens capped at 100.
+ */
+#include "server.h"
+
+#include <math.h>
+#include <stdint.h>
+
+#include "chat.h"
+#include "gguf.h"
+#include "test.h"
+#include "tokenizer.h"
+#include "util.h"
+
+static lm_tokenizer *tok;
+static lm_server_parse_ctx ctx;
+
+static void setup(void) {
+    char err[LM_ERRLEN];
+    gguf_ctx *g = gguf_open(TEST_MODEL, err, sizeof err);
+    if (!g) {
+        fprintf(stderr, "cannot open %s: %s\n", TEST_MODEL, err);
+        exit(1);
+    }
+    tok = tok_load(g, err, sizeof err);
+    gguf_close(g);
+    if (!tok) {
+        fprintf(stderr, "no tokenizer: %s\n", err);
+        exit(1);
+    }
+    ctx = (lm_server_parse_ctx){.tok = tok, .n_ctx = 128, .model_name = "m", .chat_family = CHAT_CHATML,
+                                .max_n = 4, .max_tokens_cap = 100};
+}
+
+static int parse(bool chat, const char *body, lm_server_request *r, lm_server_error *e) {
+    return server_parse_request(&ctx, chat, body, strlen(body), r, e);
+}
+
+/* The ids tok_encode gives (with BOS, special tokens parsed). */
+static int encode(const char *text, int32_t *ids, int cap) {
+    return tok_encode(tok, text, strlen(text), tok_add_bos(tok), true, ids, cap);
+}
+
+static void test_completion_defaults(void) {
+    lm_server_request r;
+    lm_server_error e;
+    CHECKF(parse(false, "{\"prompt\": \"Once upon a time\"}", &r, &e) == 0, "%s", e.message);
+    int32_t ids[64];
+    int n = encode("Once upon a time", ids, 64);
+    CHECK(r.n_prompts == 1 && r.n_prompt[0] == n);
+    CHECK(memcmp(r.prompts[0], ids, (size_t)n * sizeof(int32_t)) == 0);
+    CHECK(r.prompts[0][0] == tok_bos(tok));
+    CHECK(r.max_tokens == 16 && r.n == 1 && !r.stream && !r.include_usage && !r.echo);
+    CHECK(r.sp.temp == 1 && r.sp.top_p == 1 && r.sp.top_k == 0 && r.sp.min_p == 0);
+    CHECK(r.sp.repeat_penalty == 1 && r.sp.freq_penalty == 0 && r.sp.presence_penalty == 0);
+    CHECK(!r.seed_given && r.n_bias == 0 && r.n_stop == 0 && !r.logprobs && r.top_logprobs == 0);
+    CHECK(!r.ignore_eos && r.priority == 0 && !r.chat);
+    server_request_free(&r);
+}
+
+static void test_completion_all_fields(void) {
+    const char *body =
+        "{\"model\": \"m\", \"prompt\": \"Once\", \"max_tokens\": 10, \"temperature\": 0.5, \"top_p\": 0.9,"
+        " \"n\": 2, \"stop\": [\"x\", \"\", \"yy\"], \"seed\": 42, \"presence_penalty\": 0.5,"
+        " \"frequency_penalty\": -1.5, \"logit_bias\": {\"5\": -100, \"7\": 3.5}, \"logprobs\": 3,"
+        " \"stream\": true, \"stream_options\": {\"include_usage\": true}, \"user\": \"u\", \"top_k\": 40,"
+        " \"min_p\": 0.1, \"repetition_penalty\": 1.1, \"priority\": -3, \"ignore_eos\": true,"
+        " \"unknown_field\": {\"x\": [1, 2]}, \"suffix\": null, \"best_of\": 2}";
+    lm_server_request r;
+    lm_server_error e;
+    CHECKF(parse(false, body, &r, &e) == 0, "%s", e.message);
+    CHECK(r.max_tokens == 10 && r.n == 2 && r.stream && r.include_usage);
+    CHECK(fabsf(r.sp.temp - 0.5f) < 1e-6f && fabsf(r.sp.top_p - 0.9f) < 1e-6f);
+    CHECK(r.seed_given && r.sp.seed == 42);
+    CHECK(r.sp.presence_penalty == 0.5f && r.sp.freq_penalty == -1.5f && r.sp.repeat_last_n == -1);
+    CHECK(r.sp.top_k == 40 && fabsf(r.sp.min_p - 0.1f) < 1e-6f && fabsf(r.sp.repeat_penalty - 1.1f) < 1e-6f);
+    CHECK(r.priority == -3 && r.ignore_eos);
+    CHECK(r.logprobs && r.top_logprobs == 3);
+    CHECK(r.n_stop == 2 && !strcmp(r.stop[0], "x") && !strcmp(r.stop[1], "yy"));
+    CHECK(r.n_bias == 2 && r.bias_ids[0] == 5 && isinf(r.bias_vals[0]) && r.bias_vals[0] < 0);
+    CHECK(r.bias_ids[1] == 7 && r.bias_vals[1] == 3.5f);
+    server_request_free(&r);
+}
+
+static void test_prompt_forms(void) {
+    lm_server_request r;
+    lm_server_error e;
+    /* an array of strings: one prompt each */
+    CHECKF(parse(false, "{\"prompt\": [\"Once\", \"upon a time\", \"x\"], \"n\": 2}", &r, &e) == 0, "%s", e.message);
+    CHECK(r.n_prompts == 3 && r.n == 2);
+    int32_t ids[64];
+    int n = encode("upon a time", ids, 64);
+    CHECK(r.n_prompt[1] == n && memcmp(r.prompts[1], ids, (size_t)n * sizeof(int32_t)) == 0);
+    server_request_free(&r);
+    /* token ids, taken as they are (no BOS added) */
+    CHECKF(parse(false, "{\"prompt\": [403, 407, 261.0]}", &r, &e) == 0, "%s", e.message);
+    CHECK(r.n_prompts == 1 && r.n_prompt[0] == 3 && r.prompts[0][0] == 403 && r.prompts[0][2] == 261);
+    server_request_free(&r);
+    /* arrays of token ids */
+    CHECKF(parse(false, "{\"prompt\": [[1, 2], [7]]}", &r, &e) == 0, "%s", e.message);
+    CHECK(r.n_prompts == 2 && r.n_prompt[0] == 2 && r.n_prompt[1] == 1 && r.prompts[1][0] == 7);
+    server_request_free(&r);
+    /* echo keeps the prompt text; for ids, their detokenized text */
+    CHECKF(parse(false, "{\"prompt\": \"Once upon\", \"echo\": true}", &r, &e) == 0, "%s", e.message);
+    CHECK(r.echo && r.echo_text && !strcmp(r.echo_text[0], "Once upon"));
+    server_request_free(&r);
+    n = encode("Once upon", ids, 64);
+    char body[256];
+    int w = snprintf(body, sizeof body, "{\"echo\": true, \"prompt\": [");
+    for (int i = 0; i < n; i++) w += snprintf(body + w, sizeof body - (size_t)w, "%s%d", i ? "," : "", ids[i]);
+    snprintf(body + w, sizeof body - (size_t)w, "]}");
+    CHECKF(parse(false, body, &r, &e) == 0, "%s", e.message);
+    CHECKF(!strcmp(r.echo_text[0], "Once upon"), "echo '%s'", r.echo_text[0]);
+    server_request_free(&r);
+}
+
+static void test_chat(void) {
+    lm_server_request r;
+    lm_server_error e;
+    ctx.max_tokens_cap = 0;
+    const char *body = "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"},"
+                       " {\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"Hi\"},"
+                       " {\"type\": \"text\", \"text\": \"there\"}]}], \"logprobs\": true, \"top_logprobs\": 5}";
+    int rc = parse(true, body, &r, &e);
+    ctx.max_tokens_cap = 100;
+    CHECKF(rc == 0, "%s", e.message);
+    /* the rendered conversation, tokenized the same way */
+    lm_chat_msg msgs[2] = {{"system", "Be brief."}, {"user", "Hi\nthere"}};
+    char *text = NULL, err[LM_ERRLEN];
+    CHECK(chat_render(CHAT_CHATML, msgs, 2, true, "<s>", "</s>", &text, err, sizeof err) == 0);
+    int32_t ids[256];
+    int n = encode(text, ids, 256);
+    lm_free(text);
+    CHECK(r.chat && r.n_prompts == 1 && r.n_prompt[0] == n);
+    CHECK(memcmp(r.prompts[0], ids, (size_t)n * sizeof(int32_t)) == 0);
+    /* no max_tokens: the rest of the context */
+    CHECK(r.max_tokens == 128 - n);
+    CHECK(r.logprobs && r.top_logprobs == 5);
+    /* ChatML's <|im_end|> is no token of this vocabulary: it becomes a stop string */
+    CHECK(r.n_stop == 1 && !strcmp(r.stop[0], "<|im_end|>"));
+    server_request_free(&r);
+
+    /* max_completion_tokens, the default capped, developer role, null content */
+    CHECKF(parse(true, "{\"messages\": [{\"role\": \"developer\", \"content\": \"x\"}, {\"role\": \"user\","
+                       " \"content\": \"y\"}, {\"role\": \"assistant\", \"content\": null}, {\"role\": \"user\","
+                       " \"content\": \"z\"}], \"max_completion_tokens\": 7}", &r, &e) == 0, "%s", e.message);
+    CHECK(r.max_tokens == 7);
+    server_request_free(&r);
+    CHECKF(parse(true, "{\"messages\": [{\"role\": \"user\", \"content\": \"y\"}]}", &r, &e) == 0, "%s", e.message);
+    CHECK(r.max_tokens == (128 - r.n_prompt[0] < 100 ? 128 - r.n_prompt[0] : 100));
+    server_request_free(&r);
+    ctx.n_ctx = 1000;
+    rc = parse(true, "{\"messages\": [{\"role\": \"user\", \"content\": \"y\"}]}", &r, &e);
+    ctx.n_ctx = 128;
+    CHECKF(rc == 0, "%s", e.message);
+    CHECK(r.max_tokens == 100);
+    server_request_free(&r);
+
+    /* zephyr ends turns with </s>, the EOS token: no stop string needed */
+    ctx.chat_family = CHAT_ZEPHYR;
+    rc = parse(true, "{\"messages\": [{\"role\": \"user\", \"content\": \"y\"}], \"stop\": \"a\"}", &r, &e);
+    ctx.chat_family = CHAT_CHATML;
+    CHECKF(rc == 0, "%s", e.message);
+    CHECK(r.n_stop == 1 && !strcmp(r.stop[0], "a"));
+    server_request_free(&r);
+
+    /* no template at all: 400 naming why */
+    ctx.chat_family = -1;
+    ctx.chat_error = "no template here";
+    rc = parse(true, "{\"messages\": [{\"role\": \"user\", \"content\": \"y\"}]}", &r, &e);
+    ctx.chat_family = CHAT_CHATML;
+    ctx.chat_error = NULL;
+    CHECK(rc == -1 && e.status == 400 && !strcmp(e.param, "messages") && strstr(e.message, "no template here"));
+    CHECK(!strcmp(e.code, "chat_template_unavailable"));
+}
+
+typedef struct {
+    bool chat;
+    const char *body;
+    int status;
+    const char *param; /* "" for none */
+    const char *code;  /* NULL: not checked */
+} bad_case;
+
+static const bad_case BAD[] = {
+    {false, "", 400, "", NULL},
+    {false, "{", 400, "", NULL},
+    {false, "[]", 400, "", NULL},
+    {false, "\"prompt\"", 400, "", NULL},
+    {false, "{\"prompt\": \"a\"} x", 400, "", NULL},
+    {false, "{\"prompt\": \"a\xff\"}", 400, "", NULL},
+    {false, "{\"prompt\": \"\xc0\xaf\"}", 400, "", NULL},
+    {false, "{\"prompt\": \"\xed\xa0\x80\"}", 400, "", NULL},
+    {false, "{\"prompt\": \"a\x01\"}", 400, "", NULL},
+    {false, "{\"prompt\": \"\\ud800\"}", 400, "", NULL},
+    {false, "{}", 400, "prompt", NULL},
+    {false, "{\"prompt\": null}", 400, "prompt", NULL},
+    {false, "{\"prompt\": 5}", 400, "prompt", NULL},
+    {false, "{\"prompt\": {}}", 400, "prompt", NULL},
+    {false, "{\"prompt\": []}", 400, "prompt", NULL},
+    {false, "{\"prompt\": [[]]}", 400, "prompt", NULL},
+    {false, "{\"prompt\": [1, \"a\"]}", 400, "prompt", NULL},
+    {false, "{\"prompt\": [-1]}", 400, "prompt", NULL},
+    {false, "{\"prompt\": [512]}", 400, "prompt", NULL},
+    {false, "{\"prompt\": [1.5]}", 400, "prompt", NULL},
+    {false, "{\"prompt\": [[1], \"a\"]}", 400, "prompt", NULL},
+    {false, "{\"prompt\": [[1, \"a\"]]}", 400, "prompt", NULL},
+    {false, "{\"prompt\": \"a\", \"max_tokens\": \"10\"}", 400, "max_tokens", NULL},
+    {false, "{\"prompt\": \"a\", \"max_tokens\": 0}", 400, "max_tokens", NULL},
+    {false, "{\"prompt\": \"a\", \"max_tokens\": -5}", 400, "max_tokens", NULL},
+    {false, "{\"prompt\": \"a\", \"max_tokens\": 101}", 400, "max_tokens", NULL},
+    {false, "{\"prompt\": \"a\", \"max_tokens\": 2.5}", 400, "max_tokens", NULL},
+    {false, "{\"prompt\": \"a\", \"max_tokens\": 1e400}", 400, "max_tokens", NULL},
+    {false, "{\"prompt\": \"a\", \"temperature\": 2.5}", 400, "temperature", NULL},
+    {false, "{\"prompt\": \"a\", \"temperature\": -0.1}", 400, "temperature", NULL},
+    {false, "{\"prompt\": \"a\", \"temperature\": \"hot\"}", 400, "temperature", NULL},
+    {false, "{\"prompt\": \"a\", \"top_p\": 1.5}", 400, "top_p", NULL},
+    {false, "{\"prompt\": \"a\", \"top_p\": true}", 400, "top_p", NULL},
+    {false, "{\"prompt\": \"a\", \"n\": 0}", 400, "n", NULL},
+    {false, "{\"prompt\": \"a\", \"n\": 5}", 400, "n", NULL},
+    {false, "{\"prompt\": \"a\", \"n\": 1.5}", 400, "n", NULL},
+    {false, "{\"prompt\": \"a\", \"presence_penalty\": 3}", 400, "presence_penalty", NULL},
+    {false, "{\"prompt\": \"a\", \"frequency_penalty\": -2.01}", 400, "frequency_penalty", NULL},
+    {false, "{\"prompt\": \"a\", \"repetition_penalty\": 0}", 400, "repetition_penalty", NULL},
+    {false, "{\"prompt\": \"a\", \"top_k\": -2}", 400, "top_k", NULL},
+    {false, "{\"prompt\": \"a\", \"min_p\": 2}", 400, "min_p", NULL},
+    {false, "{\"prompt\": \"a\", \"seed\": 1e30}", 400, "seed", NULL},
+    {false, "{\"prompt\": \"a\", \"seed\": \"1\"}", 400, "seed", NULL},
+    {false, "{\"prompt\": \"a\", \"priority\": 1e12}", 400, "priority", NULL},
+    {false, "{\"prompt\": \"a\", \"ignore_eos\": 1}", 400, "ignore_eos", NULL},
+    {false, "{\"prompt\": \"a\", \"logit_bias\": {\"5\": 101}}", 400, "logit_bias", NULL},
+    {false, "{\"prompt\": \"a\", \"logit_bias\": {\"5\": \"1\"}}", 400, "logit_bias", NULL},
+    {false, "{\"prompt\": \"a\", \"logit_bias\": {\"abc\": 1}}", 400, "logit_bias", NULL},
+    {false, "{\"prompt\": \"a\", \"logit_bias\": {\"512\": 1}}", 400, "logit_bias", NULL},
+    {false, "{\"prompt\": \"a\", \"logit_bias\": {\"-1\": 1}}", 400, "logit_bias", NULL},
+    {false, "{\"prompt\": \"a\", \"logit_bias\": {\"\": 1}}", 400, "logit_bias", NULL},
+    {false, "{\"prompt\": \"a\", \"logit_bias\": [1]}", 400, "logit_bias", NULL},
+    {false, "{\"prompt\": \"a\", \"stop\": 5}", 400, "stop", NULL},
+    {false, "{\"prompt\": \"a\", \"stop\": [1]}", 400, "stop", NULL},
+    {false, "{\"prompt\": \"a\", \"stop\": [\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\",\"11\",\"12\","
+            "\"13\",\"14\",\"15\",\"16\",\"17\"]}", 400, "stop", NULL},
+    {false, "{\"prompt\": \"a\", \"model\": \"other\"}", 404, "model", "model_not_found"},
+    {false, "{\"prompt\": \"a\", \"model\": 5}", 400, "model", NULL},
+    {false, "{\"prompt\": \"a\", \"stream\": \"yes\"}", 400, "stream", NULL},
+    {false, "{\"prompt\": \"a\", \"stream_options\": {\"include_usage\": true}}", 400, "stream_options", NULL},
+    {false, "{\"prompt\": \"a\", \"stream\": true, \"stream_options\": 1}", 400, "stream_options", NULL},
+    {false, "{\"prompt\": \"a\", \"stream\": true, \"stream_options\": {\"include_usage\": 1}}", 400, "include_usage",
+     NULL},
+    {false, "{\"prompt\": \"a\", \"logprobs\": 6}", 400, "logprobs", NULL},
+    {false, "{\"prompt\": \"a\", \"logprobs\": true}", 400, "logprobs", NULL},
+    {false, "{\"prompt\": \"a\", \"echo\": true, \"logprobs\": 1}", 400, "echo", NULL},
+    {false, "{\"prompt\": \"a\", \"echo\": \"no\"}", 400, "echo", NULL},
+    {false, "{\"prompt\": \"a\", \"suffix\": \"b\"}", 400, "suffix", NULL},
+    {false, "{\"prompt\": \"a\", \"best_of\": 3}", 400, "best_of", NULL},
+    {false, "{\"prompt\": \"a\", \"user\": 5}", 400, "user", NULL},
+    {false, "{\"prompt\": \"a\", \"max_tokens\": 100}", 0, "max_tokens", NULL}, /* fits: 2 + 100 <= 128 */
+    {true, "{}", 400, "messages", NULL},
+    {true, "{\"prompt\": \"a\"}", 400, "messages", NULL},
+    {true, "{\"messages\": \"hi\"}", 400, "messages", NULL},
+    {true, "{\"messages\": []}", 400, "messages", NULL},
+    {true, "{\"messages\": [5]}", 400, "messages", NULL},
+    {true, "{\"messages\": [{\"content\": \"x\"}]}", 400, "messages[0].role", NULL},
+    {true, "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", 400, "messages[0].role", NULL},
+    {true, "{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", 400, "messages[0].content", NULL},
+    {true, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"user\", \"content\": "
+           "[{\"type\": \"image_url\", \"image_url\": {\"url\": \"x\"}}]}]}", 400, "messages[1].content", NULL},
+    {true, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\"}]}]}", 400, "messages[0].content",
+     NULL},
+    {true, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"top_logprobs\": 3}", 400, "top_logprobs", NULL},
+    {true, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"logprobs\": true, \"top_logprobs\": 21}", 400,
+     "top_logprobs", NULL},
+    {true, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"logprobs\": 2}", 400, "logprobs", NULL},
+    {true, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"tools\": [{\"type\": \"function\"}]}", 400,
+     "tools", NULL},
+    {true, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"response_format\": {\"type\": "
+           "\"json_object\"}}", 400, "response_format", NULL},
+    {true, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"max_completion_tokens\": 0}", 400,
+     "max_completion_tokens", NULL},
+    {true, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"model\": \"x\"}", 404, "model",
+     "model_not_found"},
+};
+
+static void test_bad_bodies(void) {
+    for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
+        const bad_case *b = &BAD[i];
+        lm_server_request r;
+        lm_server_error e;
+        int rc = parse(b->chat, b->body, &r, &e);
+        if (b->status == 0) {
+            CHECKF(rc == 0, "case %zu (%s): %s", i, b->body, e.message);
+            server_request_free(&r);
+            continue;
+        }
+        CHECKF(rc == -1, "case %zu (%s) was accepted", i, b->body);
+        CHECKF(e.status == b->status, "case %zu (%s): status %d, want %d (%s)", i, b->body, e.status, b->status,
+               e.message);
+        CHECKF(!strcmp(e.param, b->param), "case %zu (%s): param '%s', want '%s' (%s)", i, b->body, e.param, b->param,
+               e.message);
+        CHECKF(!b->code || !strcmp(e.code, b->code), "case %zu: code '%s', want '%s'", i, e.code, b->code);
+        CHECKF(e.message[0] && !strcmp(e.type, "invalid_request_error"), "case %zu: type '%s'", i, e.type);
+        CHECK(r.n_prompts == 0 && r.prompts == NULL && r.n_stop == 0);
+    }
+}
+
+/* Prompt past the context: 400 context_length_exceeded, on the right field. */
+static void test_context_limits(void) {
+    char body[4096];
+    char prompt[2048] = "";
+    for (int i = 0; i < 60; i++) strcat(prompt, "Once upon ");
+    lm_server_request r;
+    lm_server_error e;
+    /* 122 tokens: with the default 16 the prompt is to blame */
+    snprintf(body, sizeof body, "{\"prompt\": \"%s\"}", prompt);
+    CHECK(parse(false, body, &r, &e) == -1);
+    CHECKF(e.status == 400 && !strcmp(e.code, "context_length_exceeded") && !strcmp(e.param, "prompt"), "%d %s %s %s",
+           e.status, e.code, e.param, e.message);
+    /* 202 tokens: past the context on its own */
+    for (int i = 0; i < 40; i++) strcat(prompt, "Once upon ");
+    snprintf(body, sizeof body, "{\"prompt\": \"%s\", \"max_tokens\": 1}", prompt);
+    CHECK(parse(false, body, &r, &e) == -1);
+    CHECKF(e.status == 400 && !strcmp(e.code, "context_length_exceeded") && !strcmp(e.param, "prompt"), "%d %s %s %s",
+           e.status, e.code, e.param, e.message);
+    /* 40 tokens: fits, but not with 100 more */
+    prompt[0] = 0;
+    for (int i = 0; i < 20; i++) strcat(prompt, "Once upon ");
+    int32_t ids[256];
+    int n = encode(prompt, ids, 256);
+    CHECK(n > 28 && n < 100);
+    snprintf(body, sizeof body, "{\"prompt\": \"%s\", \"max_tokens\": %d}", prompt, 128 - n);
+    CHECKF(parse(false, body, &r, &e) == 0, "%s", e.message);
+    CHECK(r.max_tokens == 128 - n);
+    server_request_free(&r);
+    snprintf(body, sizeof body, "{\"prompt\": \"%s\", \"max_tokens\": %d}", prompt, 129 - n);
+    CHECK(parse(false, body, &r, &e) == -1);
+    CHECK(e.status == 400 && !strcmp(e.code, "context_length_exceeded") && !strcmp(e.param, "max_tokens"));
+    /* chat: the rest of the context, or 400 when nothing is left */
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"%s%s%s\"}]}", prompt, prompt,
+             prompt);
+    CHECK(parse(true, body, &r, &e) == -1);
+    CHECK(e.status == 400 && !strcmp(e.param, "messages") && !strcmp(e.code, "context_length_exceeded"));
+}
+
+static void test_utf8(void) {
+    CHECK(server_utf8_valid("", 0));
+    CHECK(server_utf8_valid("abc \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", 15));
+    CHECK(!server_utf8_valid("\xc3", 1));           /* truncated */
+    CHECK(!server_utf8_valid("\xc0\x80", 2));       /* overlong NUL */
+    CHECK(!server_utf8_valid("\xe0\x80\xaf", 3));   /* overlong */
+    CHECK(!server_utf8_valid("\xed\xbf\xbf", 3));   /* surrogate */
+    CHECK(!server_utf8_valid("\xf4\x90\x80\x80", 4)); /* past U+10FFFF */
+    CHECK(!server_utf8_valid("\x80", 1));
+    CHECK(!server_utf8_valid("\xfe", 1));
+    CHECK(server_utf8_valid("\xf4\x8f\xbf\xbf", 4));
+}
+
+/* Deeply nested JSON is refused (cJSON's depth limit), without a crash. */
+static void test_nesting(void) {
+    size_t depth = 5000;
+    char *body = malloc(2 * depth + 32);
+    CHECK(body);
+    size_t w = (size_t)sprintf(body, "{\"prompt\": ");
+    for (size_t i = 0; i < depth; i++) body[w++] = '[';
+    for (size_t i = 0; i < depth; i++) body[w++] = ']';
+    body[w++] = '}';
+    body[w] = 0;
+    lm_server_request r;
+    lm_server_error e;
+    int rc = parse(false, body, &r, &e);
+    free(body);
+    CHECK(rc == -1 && e.status == 400);
+}
+
+/* Every allocation made to fail in turn: a clean error each time, then success. */
+static void test_alloc_failure(void) {
+    const char *bodies[2] = {
+        "{\"prompt\": [\"Once upon\", \"a time\"], \"stop\": [\"x\", \"y\"], \"logit_bias\": {\"3\": 1}, \"echo\": "
+        "true}",
+        "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": [{\"type\": "
+        "\"text\", \"text\": \"hi\"}]}], \"stop\": \"q\"}"};
+    for (int b = 0; b < 2; b++) {
+        bool ok = false;
+        for (long k = 0; k < 500 && !ok; k++) {
+            lm_server_request r;
+            lm_server_error e;
+            lm_alloc_fail_after(k);
+            int rc = parse(b == 1, bodies[b], &r, &e);
+            lm_alloc_fail_after(-1);
+            if (rc == 0) {
+                ok = true;
+                server_request_free(&r);
+            } else {
+                CHECKF(e.status == 500 || e.status == 400, "fail after %ld: status %d", k, e.status);
+                CHECK(r.n_prompts == 0 && r.prompts == NULL);
+            }
+        }
+        CHECK(ok);
+    }
+}
+
+int main(void) {
+    setup();
+    TEST_RUN(test_completion_defaults);
+    TEST_RUN(test_completion_all_fields);
+    TEST_RUN(test_prompt_forms);
+    TEST_RUN(test_chat);
+    TEST_RUN(test_bad_bodies);
+    TEST_RUN(test_context_limits);
+    TEST_RUN(test_utf8);
+    TEST_RUN(test_nesting);
+    TEST_RUN(test_alloc_failure);
+    tok_free(tok);
+    return TEST_DONE();
+}

@@ -1,0 +1,144 @@
+/*
+ * cmd_serve.c - `lamina serve`: the OpenAI-compatible HTTP server.
+ *
+ * Order of start-up: the HTTP server listens first (so /health can answer
+ * 503 while the model loads), then the model is loaded and the engine
+ * started and attached. SIGINT and SIGTERM are blocked in every thread (the
+ * mask is set before any thread starts) and taken here with sigwait; the
+ * server is stopped first (in-flight requests are cancelled and their
+ * connections closed), then the engine, then the model.
+ */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chat.h"
+#include "cli.h"
+#include "engine.h"
+#include "quant.h"
+#include "server.h"
+#include "util.h"
+
+static void usage_serve(FILE *f) {
+    fprintf(f,
+            "usage: lamina serve -m MODEL.gguf [options]\n"
+            "Serve the model over HTTP with OpenAI's API: POST /v1/completions, POST /v1/chat/completions,\n"
+            "GET /v1/models, GET /health, GET /metrics (Prometheus).\n\n"
+            "  -m, --model FILE       GGUF model\n"
+            "      --host ADDR        address to bind (default 127.0.0.1)\n"
+            "      --port N           TCP port (default 8080; 0 picks a free one)\n"
+            "      --api-key KEY      require 'Authorization: Bearer KEY' on /v1/*\n"
+            "      --model-name NAME  the name requests use (default: the file's base name)\n"
+            "      --chat-template NAME|FILE  a template family (chatml, llama2, llama3, mistral, gemma,\n"
+            "                         phi3, zephyr, ...) or a Jinja template file, instead of the model's\n"
+            "  -c, --ctx-size N       positions per sequence (default: the model's)\n"
+            "  -t, --threads N        threads (default: physical cores)\n"
+            "      --max-seqs N       sequences generating at once (default 64)\n"
+            "      --batch-tokens N   tokens per engine iteration (default 512)\n"
+            "      --kv-mem BYTES     KV cache pool size, e.g. 512M (default: context x max-seqs, at most 4G)\n"
+            "      --kv-type T        KV cache element type: F16 (default), F32, Q8_0\n"
+            "      --max-waiting N    queued requests before answering 429 (default 256; 0: unbounded)\n"
+            "      --timeout SECONDS  cancel a request after this long, answering with what it has (default 600)\n"
+            "      --keepalive SECONDS  a streaming comment line after this much silence (default 3)\n"
+            "      --idle-timeout SECONDS  close a connection idle this long (default 60)\n"
+            "      --max-body BYTES   largest request body (default 1M; larger: 413)\n"
+            "      --max-tokens-cap N largest max_tokens a request may ask for (default: the context)\n"
+            "      --max-n N          largest n (choices per prompt; default 16)\n"
+            "  -h, --help             this text\n");
+}
+
+static void log_line(void *user, const char *line) { fprintf(stderr, "lamina serve: %s\n", line); }
+
+/* --chat-template: a family name, or a file whose text is a template. An
+ * unknown name that is no readable file is passed on as a name: the server
+ * reports it once the model is loaded and chat requests fail with 400. */
+static void chat_option(const char *v, lm_server_config *sc, char **file_text) {
+    if (!v || chat_family_from_name(v) >= 0) {
+        sc->chat_template = v;
+        return;
+    }
+    FILE *f = fopen(v, "rb");
+    if (!f) {
+        sc->chat_template = v;
+        return;
+    }
+    size_t len;
+    *file_text = read_all(f, &len);
+    fclose(f);
+    if (!*file_text) fail("serve", "out of memory reading the chat template");
+    sc->chat_template_text = *file_text;
+}
+
+int cmd_serve(int argc, char **argv) {
+    args a = {argc, argv, 0, "serve", usage_serve};
+    const char *model = NULL, *tmpl = NULL;
+    lm_server_config sc;
+    server_config_default(&sc);
+    lm_engine_config ec;
+    engine_config_default(&ec);
+    ec.max_waiting = 256;
+    for (a.i = 1; a.i < argc; a.i++) {
+        if (is_help(&a)) continue;
+        if (is_flag(&a, "-m", "--model")) model = need_val(&a);
+        else if (is_flag(&a, "--host", NULL)) sc.host = need_val(&a);
+        else if (is_flag(&a, "--port", NULL)) sc.port = (int)need_int(&a, 0, 65535);
+        else if (is_flag(&a, "--api-key", NULL)) sc.api_key = need_val(&a);
+        else if (is_flag(&a, "--model-name", NULL)) sc.model_name = need_val(&a);
+        else if (is_flag(&a, "--chat-template", NULL)) tmpl = need_val(&a);
+        else if (is_flag(&a, "-c", "--ctx-size")) ec.n_ctx = (int)need_int(&a, 0, 1 << 24);
+        else if (is_flag(&a, "-t", "--threads")) ec.n_threads = (int)need_int(&a, 1, 1024);
+        else if (is_flag(&a, "--max-seqs", NULL)) ec.max_seqs = (int)need_int(&a, 1, 1 << 16);
+        else if (is_flag(&a, "--batch-tokens", NULL)) ec.batch_tokens = (int)need_int(&a, 1, 1 << 20);
+        else if (is_flag(&a, "--kv-mem", NULL)) ec.kv_mem = need_bytes(&a);
+        else if (is_flag(&a, "--kv-type", NULL)) ec.kv_type = need_kv_type(&a);
+        else if (is_flag(&a, "--max-waiting", NULL)) ec.max_waiting = (int)need_int(&a, 0, 1 << 24);
+        else if (is_flag(&a, "--timeout", NULL)) sc.timeout = need_float(&a, 0, 1e7);
+        else if (is_flag(&a, "--keepalive", NULL)) sc.keepalive = need_float(&a, 0.01, 3600);
+        else if (is_flag(&a, "--idle-timeout", NULL)) sc.idle_timeout = (int)need_int(&a, 1, 86400);
+        else if (is_flag(&a, "--max-body", NULL)) sc.max_body = (size_t)need_bytes(&a);
+        else if (is_flag(&a, "--max-tokens-cap", NULL)) sc.max_tokens_cap = (int)need_int(&a, 1, 1 << 30);
+        else if (is_flag(&a, "--max-n", NULL)) sc.max_n = (int)need_int(&a, 1, 1024);
+        else die_usage(&a, "unknown argument '%s'", argv[a.i]);
+    }
+    if (!model) die_usage(&a, "%s", "no model given (-m MODEL.gguf)");
+    if (!sc.model_name) {
+        const char *slash = strrchr(model, '/');
+        sc.model_name = slash ? slash + 1 : model;
+    }
+    char *tmpl_text = NULL;
+    chat_option(tmpl, &sc, &tmpl_text);
+    sc.log = log_line;
+
+    /* every thread started from here on inherits the blocked signals */
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    char err[LM_ERRLEN];
+    lm_server *srv = server_new(NULL, &sc, err, sizeof err);
+    if (!srv) fail("serve", err);
+    bool v6 = strchr(sc.host, ':') != NULL;
+    fprintf(stderr, "lamina serve: listening on http://%s%s%s:%d\n", v6 ? "[" : "", sc.host, v6 ? "]" : "",
+            server_port(srv));
+
+    double t0 = lm_now();
+    lm_model *m = load_or_die("serve", model);
+    if (!m->tok) fail("serve", "the model file has no tokenizer");
+    lm_engine *eng = engine_new(m, m->tok, &ec, err, sizeof err);
+    if (!eng) fail("serve", err);
+    if (server_set_engine(srv, eng, err, sizeof err)) fail("serve", err);
+    fprintf(stderr, "lamina serve: model '%s' ready in %.2f s (context %d)\n", sc.model_name, lm_now() - t0,
+            engine_n_ctx(eng));
+
+    int sig = 0;
+    while (sigwait(&stop, &sig) != 0) continue;
+    fprintf(stderr, "lamina serve: %s, stopping\n", sig == SIGINT ? "interrupted" : "terminated");
+    server_free(srv);
+    engine_free(eng);
+    model_free(m);
+    free(tmpl_text);
+    return 0;
+}
