@@ -1,9 +1,10 @@
 /*
  * bench_kernels.c - the matrix-product kernels side by side: the scalar
- * reference (quant.c), the AVX2 vec_dot called per output, and the AVX2
- * gemm tiles. Every variant is first checked (vec_dot against the reference
- * within 1e-5 of sum |w_i x_i| on sampled rows, gemm outputs bit-identical
- * to vec_dot), then timed.
+ * reference (quant.c), the AVX2 vec_dot called per output, the AVX2 gemm
+ * tiles, and for Q8_0/Q4_0 the interleaved ("packed") tiles of groups of
+ * 8 rows by up to 8 tokens. Every variant is first checked (vec_dot and
+ * packed against the reference within 1e-5 of sum |w_i x_i| on sampled
+ * rows, gemm outputs bit-identical to vec_dot), then timed.
  *
  * Shapes:
  *   decode   1 activation row against 2048x2048 and 5632x2048 weights. The
@@ -91,6 +92,9 @@ typedef struct {
     int copies;
     uint8_t *w;       /* copies x rows x row_bytes */
     uint8_t *x;       /* n_act x act_bytes */
+    uint8_t *wp;      /* copies x interleaved copy (quant.h), or NULL */
+    uint8_t *xp;      /* n_act x packed_bytes (block_q8_0s rows) */
+    size_t pack_bytes, packed_bytes;
     int n_act;
     const lm_avx2_kernels *k;
 } setup;
@@ -110,24 +114,35 @@ static void setup_make(setup *s, uint32_t type, int64_t rows, int64_t cols, int 
     for (int c = 1; c < s->copies; c++) memcpy(s->w + mat * (size_t)c, s->w, mat);
     s->n_act = n_act;
     s->x = lm_malloc(s->act_bytes * (size_t)n_act);
+    s->k = avx2_kernels(type);
+    s->pack_bytes = quant_pack_size(type, rows, cols);
+    s->packed_bytes = quant_packed_act_row_size(cols);
+    if (s->pack_bytes && s->k && s->k->packed_gemm) {
+        s->wp = lm_malloc(s->pack_bytes * (size_t)s->copies);
+        quant_pack(type, s->w, s->row_bytes, rows, cols, s->wp);
+        for (int c = 1; c < s->copies; c++) memcpy(s->wp + s->pack_bytes * (size_t)c, s->wp, s->pack_bytes);
+        s->xp = lm_malloc(s->packed_bytes * (size_t)n_act);
+    }
     float *f = lm_malloc((size_t)cols * sizeof(float));
     for (int a = 0; a < n_act; a++) {
         for (int64_t i = 0; i < cols; i++) f[i] = lm_rng_normal(&rng);
         quant_from_float_ref(s->act, f, s->x + (size_t)a * s->act_bytes, cols);
+        if (s->xp) quant_packed_act_ref(f, s->xp + (size_t)a * s->packed_bytes, cols);
     }
     lm_free(f);
-    s->k = avx2_kernels(type);
 }
 
 static void setup_free(setup *s) {
     lm_free(s->w);
     lm_free(s->x);
+    lm_free(s->wp);
+    lm_free(s->xp);
 }
 
 /* ---- the variants ------------------------------------------------------------ */
 
-enum { V_REF, V_VEC_DOT, V_GEMM };
-static const char *variant_name[] = {"reference", "avx2 vec_dot", "avx2 gemm"};
+enum { V_REF, V_VEC_DOT, V_GEMM, V_PACKED };
+static const char *variant_name[] = {"reference", "avx2 vec_dot", "avx2 gemm", "avx2 packed"};
 
 /* y (n_act, rows) for weight copy `copy`, weight rows [r0, r1) (r0, r1
  * multiples of 4 except r1 = rows). Prefill walks panels of activation
@@ -135,6 +150,22 @@ static const char *variant_name[] = {"reference", "avx2 vec_dot", "avx2 gemm"};
 static void run_range(const setup *s, int variant, int copy, int64_t r0, int64_t r1, float *y) {
     const uint8_t *w = s->w + s->row_bytes * (size_t)s->rows * (size_t)copy;
     const int64_t n = s->cols;
+    if (variant == V_PACKED) { /* groups of 8 rows x tiles of 4 tokens */
+        const uint8_t *wp = s->wp + s->pack_bytes * (size_t)copy;
+        const size_t gb = quant_pack_size(s->type, LM_PACK_ROWS, n);
+        for (int p0 = 0; p0 < s->n_act; p0 += PANEL) {
+            int p1 = p0 + PANEL < s->n_act ? p0 + PANEL : s->n_act;
+            for (int64_t r = r0; r < r1; r += LM_PACK_ROWS) {
+                int nr = r1 - r < LM_PACK_ROWS ? (int)(r1 - r) : LM_PACK_ROWS;
+                for (int c = p0; c < p1; c += LM_PACK_TILE) {
+                    int nc = p1 - c < LM_PACK_TILE ? p1 - c : LM_PACK_TILE;
+                    s->k->packed_gemm(n, wp + (size_t)(r / LM_PACK_ROWS) * gb, nr, s->xp + (size_t)c * s->packed_bytes,
+                                      s->packed_bytes, nc, y + (size_t)c * (size_t)s->rows + (size_t)r, (size_t)s->rows);
+                }
+            }
+        }
+        return;
+    }
     for (int p0 = 0; p0 < s->n_act; p0 += PANEL) {
         int p1 = p0 + PANEL < s->n_act ? p0 + PANEL : s->n_act;
         for (int64_t r = r0; r < r1; r += 4) {
@@ -168,9 +199,9 @@ typedef struct {
 
 static void *worker(void *arg) {
     job *j = arg;
-    int64_t tiles = (j->s->rows + 3) / 4;
+    int64_t tiles = (j->s->rows + 7) / 8;
     int64_t t0 = tiles * j->ith / j->nth, t1 = tiles * (j->ith + 1) / j->nth;
-    int64_t r0 = 4 * t0, r1 = 4 * t1 < j->s->rows ? 4 * t1 : j->s->rows;
+    int64_t r0 = 8 * t0, r1 = 8 * t1 < j->s->rows ? 8 * t1 : j->s->rows;
     for (int it = 0; it < j->iters; it++) run_range(j->s, j->variant, it % j->s->copies, r0, r1, j->y);
     return NULL;
 }
@@ -211,6 +242,8 @@ static bool check(const setup *s) {
     run_range(s, V_GEMM, 0, 0, s->rows, yg);
     bool ok = memcmp(yv, yg, ny * sizeof(float)) == 0;
     if (!ok) printf("  CHECK FAILED: gemm output differs from vec_dot\n");
+    float *yp = s->wp ? lm_malloc(ny * sizeof(float)) : NULL;
+    if (yp) run_range(s, V_PACKED, 0, 0, s->rows, yp);
     float *a = lm_malloc((size_t)s->cols * sizeof(float)), *b = lm_malloc((size_t)s->cols * sizeof(float));
     for (int64_t r = 0; r < s->rows && ok; r += 97) {
         int c = (int)(r % s->n_act);
@@ -225,7 +258,13 @@ static bool check(const setup *s) {
             printf("  CHECK FAILED: row %lld col %d: avx2 %.9g reference %.9g\n", (long long)r, c, got, ref);
             ok = false;
         }
+        float gp = yp ? yp[(size_t)c * (size_t)s->rows + (size_t)r] : ref;
+        if (fabs((double)gp - ref) > 1e-5 * abs_sum + 1e-30) {
+            printf("  CHECK FAILED: row %lld col %d: packed %.9g reference %.9g\n", (long long)r, c, gp, ref);
+            ok = false;
+        }
     }
+    lm_free(yp);
     lm_free(a);
     lm_free(b);
     lm_free(yv);
@@ -292,7 +331,8 @@ static void bench_type(uint32_t type) {
         setup_make(&s, type, dec[i].rows, dec[i].cols, 1, true);
         snprintf(shape, sizeof shape, "decode %lldx%lld", (long long)s.rows, (long long)s.cols);
         if (check(&s))
-            for (int v = V_REF; v <= V_GEMM; v++) measure(&s, v, shape);
+            for (int v = V_REF; v <= V_PACKED; v++)
+                if (v != V_PACKED || s.wp) measure(&s, v, shape);
         setup_free(&s);
     }
     static const int pre[] = {64, 512};
@@ -301,7 +341,8 @@ static void bench_type(uint32_t type) {
         setup_make(&s, type, 2048, 2048, pre[i], false);
         snprintf(shape, sizeof shape, "prefill %dx2048x2048", pre[i]);
         if (check(&s))
-            for (int v = pre[i] <= 64 ? V_REF : V_VEC_DOT; v <= V_GEMM; v++) measure(&s, v, shape);
+            for (int v = pre[i] <= 64 ? V_REF : V_VEC_DOT; v <= V_PACKED; v++)
+                if (v != V_PACKED || s.wp) measure(&s, v, shape);
         setup_free(&s);
     }
 }

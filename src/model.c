@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "quant.h"
 #include "util.h"
@@ -255,6 +256,55 @@ static int load_tensors(loader *L) {
     return 0;
 }
 
+/* Interleaved copies (quant.h) of every matrix used in products whose type
+ * has a packed kernel, in one allocation (2 MiB aligned and offered to
+ * transparent huge pages: decode streams it once per token). Costs about
+ * the bytes of those matrices again, e.g. 0.6 GiB for a 1.1B-parameter
+ * Q4_0 model; the embedding table is not copied (only its rows are read),
+ * except as the LM head when tied. */
+#define PACK_ALIGN (2u << 20)
+
+static int pack_weights(loader *L) {
+    lm_model *m = L->m;
+    const int n_w = 7 * m->hp.n_layer + 1;
+    lm_weight **ws = lm_malloc((size_t)n_w * sizeof *ws);
+    if (!ws) return lm_err(L->err, L->errlen, "out of memory");
+    int k = 0;
+    for (int i = 0; i < m->hp.n_layer; i++) {
+        lm_layer *l = &m->layers[i];
+        lm_weight *lw[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
+        for (int j = 0; j < 7; j++) ws[k++] = lw[j];
+    }
+    ws[k++] = &m->output;
+    size_t total = 0;
+    for (int i = 0; i < n_w; i++) {
+        const lm_type_traits *t = quant_traits(ws[i]->type);
+        if (t->packed_gemm) total += quant_pack_size(ws[i]->type, ws[i]->rows, ws[i]->cols);
+    }
+    if (total == 0) {
+        lm_free(ws);
+        return 0;
+    }
+    m->packed_mem = lm_malloc(total + PACK_ALIGN);
+    if (!m->packed_mem) {
+        lm_free(ws);
+        return lm_err(L->err, L->errlen, "out of memory for the packed weights (%zu bytes)", total);
+    }
+    uint8_t *p = (uint8_t *)(((uintptr_t)m->packed_mem + PACK_ALIGN - 1) & ~(uintptr_t)(PACK_ALIGN - 1));
+    madvise(p, total / PACK_ALIGN * PACK_ALIGN, MADV_HUGEPAGE);
+    for (int i = 0; i < n_w; i++) {
+        lm_weight *w = ws[i];
+        size_t sz = quant_pack_size(w->type, w->rows, w->cols);
+        if (!quant_traits(w->type)->packed_gemm || !sz) continue;
+        quant_pack(w->type, w->data, w->row_bytes, w->rows, w->cols, p);
+        w->packed = p;
+        p += sz;
+    }
+    m->packed_bytes = total;
+    lm_free(ws);
+    return 0;
+}
+
 lm_model *model_from_gguf(gguf_ctx *g, char *err, size_t errlen) {
     quant_init();
     lm_model *m = lm_calloc(1, sizeof *m);
@@ -264,7 +314,7 @@ lm_model *model_from_gguf(gguf_ctx *g, char *err, size_t errlen) {
     }
     m->gguf = g;
     loader L = {.m = m, .err = err, .errlen = errlen};
-    if (read_hparams(&L) || load_tensors(&L)) goto fail;
+    if (read_hparams(&L) || load_tensors(&L) || pack_weights(&L)) goto fail;
     gguf_str s;
     if (gguf_get_str(g, "general.name", &s))
         snprintf(m->name, sizeof m->name, "%.*s", (int)(s.len < 127 ? s.len : 127), s.ptr);
@@ -308,6 +358,7 @@ void model_free(lm_model *m) {
     if (m->tok) tok_free(m->tok);
     lm_free(m->layers);
     lm_free(m->f32);
+    lm_free(m->packed_mem);
     if (m->gguf) gguf_close(m->gguf);
     lm_free(m);
 }

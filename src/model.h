@@ -13,8 +13,11 @@
  * Anything else is refused by name, and so is a weight of a type lamina cannot
  * compute with.
  *
- * Weights stay in the file mapping (no copy); only the small norm vectors and
- * biases are converted to float at load. A weight matrix is stored row-major
+ * Weights stay in the file mapping; only the small norm vectors and biases
+ * are converted to float at load, and, where the CPU has kernels for it, the
+ * Q8_0 and Q4_0 matrices used in products are copied once into the
+ * interleaved layout of quant.h (about as many bytes again as those
+ * matrices; the mapped originals are then only read for embedding rows). A weight matrix is stored row-major
  * with `rows` output rows of `cols` inputs (GGUF ne[1] x ne[0]).
  */
 #ifndef LAMINA_MODEL_H
@@ -61,6 +64,11 @@ typedef struct {
     int64_t rows;        /* output features (GGUF ne[1]) */
     int64_t cols;        /* input features  (GGUF ne[0]) */
     size_t row_bytes;
+    /* The same matrix interleaved for the packed kernels (layout in quant.h),
+     * in the model's packed slab; NULL when the type or CPU has no packed
+     * kernel. Every product with this weight then uses it, whatever the
+     * number of tokens, so its results do not depend on the batch. */
+    const void *packed;
 } lm_weight;
 
 typedef struct {
@@ -85,6 +93,8 @@ typedef struct lm_model {
     lm_weight output;        /* (n_vocab, n_embd); the embedding when tied */
     lm_layer *layers;        /* (n_layer) */
     float *f32;              /* slab owning every converted norm/bias vector */
+    void *packed_mem;        /* allocation owning every weight's packed copy, or NULL */
+    size_t packed_bytes;     /* bytes of packed copies (memory beyond the mapping) */
     char name[128];          /* general.name, or the file's base name */
     uint64_t n_params;
     uint64_t weight_bytes;   /* bytes of all tensors */

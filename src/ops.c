@@ -120,7 +120,10 @@ static void geglu_ref(float *g, const float *u, int n) {
 size_t ops_matmul_scratch(uint32_t type, int64_t cols, int n_tok) {
     const lm_type_traits *t = quant_traits(type);
     if (!t || t->vec_dot_type == LM_TYPE_F32) return 0;
-    return quant_row_size(t->vec_dot_type, cols) * (size_t)n_tok;
+    size_t row = quant_row_size(t->vec_dot_type, cols);
+    /* weights with a packed copy take block_q8_0s rows instead */
+    if (t->packed_gemm && quant_packed_act_row_size(cols) > row) row = quant_packed_act_row_size(cols);
+    return row * (size_t)n_tok;
 }
 
 /* Rows are handed out in chunks through an atomic counter so a thread that
@@ -137,6 +140,8 @@ typedef struct {
     const lm_weight *w[MATMUL_MAX_PARTS];
     lm_vec_dot_fn dot[MATMUL_MAX_PARTS];
     lm_gemm_fn gemm[MATMUL_MAX_PARTS];   /* tile kernel, or NULL */
+    lm_packed_gemm_fn packed[MATMUL_MAX_PARTS]; /* with w->packed: every part has one, or none */
+    long chunk_rows;     /* rows per chunk: a multiple of LM_PACK_ROWS */
     long chunk0[MATMUL_MAX_PARTS + 1];   /* first global chunk of each part */
     const void *x;       /* activations in the shared vec_dot_type, n_tok rows */
     size_t x_row_bytes;
@@ -147,7 +152,23 @@ typedef struct {
 static void matmul_chunk(const matmul_job *j, int k, long r0) {
     const lm_weight *w = j->w[k];
     float *y = j->y[k];
-    long r1 = r0 + MATMUL_CHUNK < w->rows ? r0 + MATMUL_CHUNK : w->rows;
+    long r1 = r0 + j->chunk_rows < w->rows ? r0 + j->chunk_rows : w->rows;
+    if (j->packed[k]) {
+        /* groups of 8 interleaved rows x tiles of up to 8 tokens, tokens in
+         * the outer loop: the chunk's groups stay in cache across all
+         * tokens, each token tile's activation blocks across the groups */
+        const size_t gb = quant_pack_size(w->type, LM_PACK_ROWS, w->cols);
+        for (int c = 0; c < j->n_tok; c += LM_PACK_TILE) {
+            int nc = j->n_tok - c < LM_PACK_TILE ? j->n_tok - c : LM_PACK_TILE;
+            for (long r = r0; r < r1; r += LM_PACK_ROWS) {
+                int nr = r1 - r < LM_PACK_ROWS ? (int)(r1 - r) : LM_PACK_ROWS;
+                j->packed[k](w->cols, (const char *)w->packed + (size_t)(r / LM_PACK_ROWS) * gb, nr,
+                             (const char *)j->x + (size_t)c * j->x_row_bytes, j->x_row_bytes, nc,
+                             y + (size_t)c * (size_t)w->rows + r, (size_t)w->rows);
+            }
+        }
+        return;
+    }
     if (j->gemm[k]) {
         /* tiles of up to 4 weight rows x 4 tokens: each weight block is
          * decoded once per 4 tokens, each activation block loaded once per
@@ -177,21 +198,64 @@ static void matmul_worker(void *arg, int ith, int nth) {
         if (c >= j->chunk0[j->n_parts]) break;
         int k = 0;
         while (c >= j->chunk0[k + 1]) k++;
-        matmul_chunk(j, k, (c - j->chunk0[k]) * MATMUL_CHUNK);
+        matmul_chunk(j, k, (c - j->chunk0[k]) * j->chunk_rows);
     }
+}
+
+/* Whether products with w run on its interleaved copy (quant.h). */
+static bool use_packed(const lm_weight *w) { return w->packed && quant_traits(w->type)->packed_gemm; }
+
+/* Activation rows converted in parallel, QUANT_CHUNK rows at a time. Each
+ * row is converted by the same function whichever thread takes it, so the
+ * bytes do not depend on the split. */
+#define QUANT_CHUNK 4
+
+typedef struct {
+    lm_from_float_fn fn;
+    const float *x;      /* (n_tok, cols) */
+    char *dst;           /* (n_tok, row_bytes) */
+    int64_t cols;
+    size_t row_bytes;
+    int n_tok;
+    atomic_int next;
+} quant_job;
+
+static void quant_worker(void *arg, int ith, int nth) {
+    quant_job *q = arg;
+    for (;;) {
+        int t0 = atomic_fetch_add(&q->next, QUANT_CHUNK);
+        if (t0 >= q->n_tok) break;
+        int t1 = t0 + QUANT_CHUNK < q->n_tok ? t0 + QUANT_CHUNK : q->n_tok;
+        for (int t = t0; t < t1; t++) q->fn(q->x + (size_t)t * (size_t)q->cols, q->dst + (size_t)t * q->row_bytes, q->cols);
+    }
+}
+
+static void quantize_rows(lm_pool *pool, lm_from_float_fn fn, const float *x, int64_t cols, int n_tok, void *dst,
+                          size_t row_bytes) {
+    quant_job q = {.fn = fn, .x = x, .dst = dst, .cols = cols, .row_bytes = row_bytes, .n_tok = n_tok};
+    atomic_init(&q.next, 0);
+    /* a pool run costs a wake-up: only worth it for many rows */
+    pool_run((double)n_tok * (double)cols < 64.0 * 1024 ? NULL : pool, quant_worker, &q);
 }
 
 /* Convert x once to the activation type all parts share. */
 static void matmul_run(lm_pool *pool, matmul_job *j, const float *x, int64_t cols, void *scratch) {
     const lm_type_traits *t = quant_traits(j->w[0]->type);
-    if (t->vec_dot_type == LM_TYPE_F32) {
+    j->chunk_rows = MATMUL_CHUNK;
+    if (use_packed(j->w[0])) {
+        j->x_row_bytes = quant_packed_act_row_size(cols);
+        quantize_rows(pool, t->packed_act, x, cols, j->n_tok, scratch, j->x_row_bytes);
+        j->x = scratch;
+        /* many tokens: larger chunks, so each token tile's activations are
+         * read once per 64 rows rather than per 16 */
+        if (j->n_tok >= 4 * LM_PACK_TILE) j->chunk_rows = 4 * MATMUL_CHUNK;
+    } else if (t->vec_dot_type == LM_TYPE_F32) {
         j->x = x;
         j->x_row_bytes = (size_t)cols * sizeof(float);
     } else {
         const lm_type_traits *at = quant_traits(t->vec_dot_type);
         j->x_row_bytes = quant_row_size(t->vec_dot_type, cols);
-        for (int i = 0; i < j->n_tok; i++)
-            at->from_float(x + (size_t)i * cols, (char *)scratch + (size_t)i * j->x_row_bytes, cols);
+        quantize_rows(pool, at->from_float, x, cols, j->n_tok, scratch, j->x_row_bytes);
         j->x = scratch;
     }
     double work = 0;
@@ -200,7 +264,8 @@ static void matmul_run(lm_pool *pool, matmul_job *j, const float *x, int64_t col
         const lm_type_traits *tk = quant_traits(j->w[k]->type);
         j->dot[k] = tk->vec_dot;
         j->gemm[k] = tk->gemm;
-        j->chunk0[k + 1] = j->chunk0[k] + (j->w[k]->rows + MATMUL_CHUNK - 1) / MATMUL_CHUNK;
+        j->packed[k] = use_packed(j->w[k]) ? tk->packed_gemm : NULL;
+        j->chunk0[k + 1] = j->chunk0[k] + (j->w[k]->rows + j->chunk_rows - 1) / j->chunk_rows;
         work += (double)j->w[k]->rows * (double)cols * j->n_tok;
     }
     atomic_init(&j->next, 0);
@@ -222,7 +287,8 @@ void ops_matmul_multi(lm_pool *pool, int n, float *const *y, const lm_weight *co
     bool same = n <= MATMUL_MAX_PARTS;
     for (int k = 1; k < n && same; k++)
         same = w[k]->cols == w[0]->cols &&
-               quant_traits(w[k]->type)->vec_dot_type == quant_traits(w[0]->type)->vec_dot_type;
+               quant_traits(w[k]->type)->vec_dot_type == quant_traits(w[0]->type)->vec_dot_type &&
+               use_packed(w[k]) == use_packed(w[0]);
     if (!same) {
         for (int k = 0; k < n; k++) ops_matmul(pool, y[k], w[k], x, n_tok, scratch);
         return;

@@ -5,7 +5,10 @@
  * take a weight in any supported type (quant.h) and float activations; the
  * activations are converted once per call to the weight type's vec_dot_type
  * (e.g. Q8_0 blocks) and every output element is one vec_dot, so a row's
- * result does not depend on how many other rows share the call.
+ * result does not depend on how many other rows share the call. A weight
+ * with an interleaved copy (lm_weight.packed: Q8_0/Q4_0 on AVX2) is always
+ * multiplied through that copy's kernels instead, against block_q8_0s
+ * activations, with the same guarantee (quant.h).
  */
 #ifndef LAMINA_OPS_H
 #define LAMINA_OPS_H

@@ -828,6 +828,67 @@ void quant_act_from_float(uint32_t weight_type, const float *x, void *dst, int64
     at->from_float(x, dst, n);
 }
 
+/* ---- interleaved weights (layout in quant.h) ------------------------------ */
+
+_Static_assert(sizeof(block_q8_0s) == 40, "block_q8_0s is 40 bytes");
+
+/* Bytes of one block column of an interleaved group: 8 f16 scales, then the
+ * 8 rows' quant bytes. */
+static size_t pack_block_bytes(uint32_t type) {
+    if (type == LM_TYPE_Q4_0) return 2 * LM_PACK_ROWS + LM_PACK_ROWS * QK4_0 / 2;
+    if (type == LM_TYPE_Q8_0) return 2 * LM_PACK_ROWS + LM_PACK_ROWS * QK8_0;
+    return 0;
+}
+
+size_t quant_pack_size(uint32_t type, int64_t rows, int64_t cols) {
+    size_t bb = pack_block_bytes(type);
+    if (!bb || rows < 0 || cols < 0 || cols % 32) return 0;
+    int64_t groups = (rows + LM_PACK_ROWS - 1) / LM_PACK_ROWS;
+    return (size_t)groups * (size_t)(cols / 32) * bb;
+}
+
+/* A pure byte shuffle: scales and quant bytes are copied unchanged, in
+ * 4-byte chunks; padding rows are zero (zero scale, so they add nothing to
+ * anything and are never stored). */
+void quant_pack(uint32_t type, const void *src, size_t src_stride, int64_t rows, int64_t cols, void *dst) {
+    const size_t bb = pack_block_bytes(type);
+    assert(bb && cols % 32 == 0 && rows >= 0);
+    const size_t qbytes = (bb - 2 * LM_PACK_ROWS) / LM_PACK_ROWS; /* quant bytes of one row's block */
+    const size_t src_bs = traits[type].type_size;
+    const int64_t nb = cols / 32, groups = (rows + LM_PACK_ROWS - 1) / LM_PACK_ROWS;
+    uint8_t *o = dst;
+    memset(o, 0, quant_pack_size(type, rows, cols));
+    for (int64_t g = 0; g < groups; g++) {
+        for (int64_t b = 0; b < nb; b++, o += bb) {
+            for (int r = 0; r < LM_PACK_ROWS && g * LM_PACK_ROWS + r < rows; r++) {
+                const uint8_t *blk = (const uint8_t *)src + (size_t)(g * LM_PACK_ROWS + r) * src_stride + (size_t)b * src_bs;
+                memcpy(o + 2 * r, blk, 2); /* the f16 scale */
+                for (size_t k = 0; k < qbytes / 4; k++)
+                    memcpy(o + 2 * LM_PACK_ROWS + 32 * k + 4 * (size_t)r, blk + 2 + 4 * k, 4);
+            }
+        }
+    }
+}
+
+size_t quant_packed_act_row_size(int64_t n) {
+    return n >= 0 && n % QK8_0 == 0 ? (size_t)(n / QK8_0) * sizeof(block_q8_0s) : 0;
+}
+
+/* Q8_0's reference quantizer, block by block, then the scale widened and
+ * the sum taken. */
+void quant_packed_act_ref(const float *src, void *dst, int64_t n) {
+    block_q8_0s *o = dst;
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        block_q8_0 b;
+        q8_0_from_float(src + i * QK8_0, &b, QK8_0);
+        int sum = 0;
+        for (int j = 0; j < QK8_0; j++) sum += b.qs[j];
+        o[i].d = f16(b.d);
+        o[i].s8 = 8 * sum;
+        memcpy(o[i].qs, b.qs, QK8_0);
+    }
+}
+
 /* Copies the reference kernels into the table. Faster variants chosen by
  * CPU features will replace entries here; the *_ref entry points keep
  * calling the scalar code. pthread_once makes concurrent first calls safe. */
@@ -839,6 +900,8 @@ static void init_table(void) {
         traits[t].vec_dot_type = ref[t].vec_dot_type;
         traits[t].vec_dot = ref[t].vec_dot;
         traits[t].gemm = NULL;
+        traits[t].packed_gemm = NULL;
+        traits[t].packed_act = NULL;
     }
     /* Faster variants where the CPU has them; LAMINA_NO_SIMD=1 keeps the
      * scalar reference (for comparisons). */
@@ -852,6 +915,12 @@ static void init_table(void) {
         if (k->vec_dot) {
             traits[t].vec_dot = k->vec_dot;
             traits[t].gemm = k->gemm;
+        }
+        /* LAMINA_NO_REPACK=1 keeps the row-major kernels (for comparisons) */
+        const char *no_repack = getenv("LAMINA_NO_REPACK");
+        if (k->packed_gemm && k->packed_act && !(no_repack && *no_repack && strcmp(no_repack, "0") != 0)) {
+            traits[t].packed_gemm = k->packed_gemm;
+            traits[t].packed_act = k->packed_act;
         }
     }
 #if defined(__x86_64__) || defined(__i386__)

@@ -125,6 +125,41 @@ typedef float (*lm_vec_dot_fn)(int64_t n, const void *w, const void *x);
 #define LM_GEMM_TILE 4
 typedef void (*lm_gemm_fn)(int64_t n, const void *w, size_t w_stride, int nr, const void *x, size_t x_stride,
                            int nc, float *y, size_t y_stride);
+/* Interleaved weights (Q8_0 and Q4_0).
+ *
+ * For matrix products a Q8_0 or Q4_0 weight matrix may be copied once, at
+ * model load, into an interleaved layout: its rows in groups of
+ * LM_PACK_ROWS = 8 (the last group padded with zero rows), each group
+ * stored block column by block column (the cols / 32 blocks of the 8 rows
+ * at the same position), groups one after another:
+ *
+ *   Q4_0x8  144 B per block column: d[8] (f16, row r's scale at d[r]), then
+ *           qs[128] where bytes 4k..4k+3 of row r's 16 nibble bytes sit at
+ *           qs[32k + 4r] (k < 4)
+ *   Q8_0x8  272 B per block column: d[8], then qs[256] where bytes 4k..4k+3
+ *           of row r's 32 quants sit at qs[32k + 4r] (k < 8)
+ *
+ * So one 32-byte load holds four consecutive quants (Q4_0: eight, low and
+ * high nibbles) of each of the 8 rows, one row per 32-bit lane, and a
+ * kernel keeps one float accumulator lane per weight row: no horizontal
+ * sums, and the 8 rows' scales convert with one instruction.
+ *
+ * The interleaved kernels take activations as block_q8_0s rows: the Q8_0
+ * quants and scale of the same values (bit for bit what Q8_0's from_float
+ * gives), the scale already widened to f32, plus 8 * the sum of the quants
+ * (the correction for Q4_0's offset of -8). Files always carry the
+ * standard layout; the interleaved copy exists only in memory. */
+#define LM_PACK_ROWS 8
+typedef struct { float d; int32_t s8; int8_t qs[QK8_0]; } block_q8_0s; /* 40 bytes */
+
+/* An interleaved tile: rows [0, nr) (nr <= LM_PACK_ROWS) of the group at wp
+ * against nc activation rows (block_q8_0s, x_stride bytes apart; 1 <= nc <=
+ * LM_PACK_TILE): y[c * y_stride + r] = row r · token c. Each output has
+ * its own accumulator and the same float steps in the same order for every
+ * nc and position, so results do not depend on the batch. */
+#define LM_PACK_TILE 8
+typedef void (*lm_packed_gemm_fn)(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc,
+                                  float *y, size_t y_stride);
 typedef void (*lm_to_float_fn)(const void *src, float *dst, int64_t n);
 typedef void (*lm_from_float_fn)(const float *src, void *dst, int64_t n);
 
@@ -139,6 +174,10 @@ typedef struct {
     uint32_t vec_dot_type;
     lm_vec_dot_fn vec_dot;
     lm_gemm_fn gemm;          /* NULL: callers loop over vec_dot */
+    /* interleaved kernels (NULL where the type or the CPU has none, and
+     * with LAMINA_NO_SIMD or LAMINA_NO_REPACK set): */
+    lm_packed_gemm_fn packed_gemm;
+    lm_from_float_fn packed_act; /* floats -> block_q8_0s row */
 } lm_type_traits;
 
 /* Fill the function pointers (idempotent and thread-safe; quant_traits()
@@ -172,5 +211,18 @@ float quant_vec_dot_ref(uint32_t type, int64_t n, const void *w, const void *x);
  * format through the dispatched from_float. */
 size_t quant_act_row_size(uint32_t weight_type, int64_t n);
 void quant_act_from_float(uint32_t weight_type, const float *x, void *dst, int64_t n);
+
+/* Bytes of the interleaved copy of a (rows, cols) matrix of Q8_0 or Q4_0
+ * (rows rounded up to a multiple of LM_PACK_ROWS); 0 for other types or a
+ * cols that is not a multiple of 32. The layout exists whatever the CPU;
+ * whether anything computes with it is traits->packed_gemm. */
+size_t quant_pack_size(uint32_t type, int64_t rows, int64_t cols);
+/* Write the interleaved copy of `rows` rows of src (src_stride bytes apart)
+ * into dst (quant_pack_size bytes). */
+void quant_pack(uint32_t type, const void *src, size_t src_stride, int64_t rows, int64_t cols, void *dst);
+/* Bytes of one block_q8_0s activation row of n elements (n % 32 == 0). */
+size_t quant_packed_act_row_size(int64_t n);
+/* Reference quantizer to block_q8_0s (every variant gives the same bits). */
+void quant_packed_act_ref(const float *src, void *dst, int64_t n);
 
 #endif

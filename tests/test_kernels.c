@@ -18,8 +18,16 @@
  *  - gemm tiles: for every type, random lengths and padded strides, every
  *    nr, nc in 1..4: each output bit-identical (memcmp) to that type's
  *    AVX2 vec_dot, and nothing outside the tile written.
+ *  - interleaved (packed) Q8_0/Q4_0 tiles: against quant_vec_dot_ref on
+ *    the original rows and the float64 dot (same tolerance) for 1..29 rows
+ *    (partial last groups) and 32..2816 columns; bit-identical to
+ *    themselves for every tile width 1..8 and token position; nothing
+ *    written past the valid rows. block_q8_0s activations byte-identical to
+ *    the reference. Through ops_matmul on two threads: each token's outputs
+ *    bit-identical for batches of 1..9 at any position.
  *  - the lookup table: every weight type has vec_dot and gemm, Q8_0/Q8_K
- *    have from_float, other types get NULL.
+ *    have from_float, other types get NULL; only Q8_0/Q4_0 have packed
+ *    kernels.
  *
  * On a CPU without AVX2/FMA/F16C the program prints a SKIP line and counts
  * nothing.
@@ -28,6 +36,9 @@
 
 #include <stdint.h>
 
+#include "model.h"
+#include "ops.h"
+#include "pool.h"
 #include "quant.h"
 #include "test.h"
 #include "util.h"
@@ -391,6 +402,190 @@ static void test_gemm_empty(void) {
     CHECK(y[0] == 7 && y[1] == 7 && y[2] == 7 && y[3] == 7);
 }
 
+/* ---- interleaved (packed) tiles -------------------------------------------- */
+
+/* block_q8_0s activations: AVX2 bit-identical to the reference. */
+static void test_packed_act(void) {
+    const lm_avx2_kernels *k = avx2_kernels(LM_TYPE_Q8_0);
+    CHECK(k && k->packed_act);
+    for (int rep = 0; rep < 40; rep++) {
+        int64_t n = 32 * (int64_t)(1 + lm_rng_u64(&rng) % 90);
+        float *f = lm_malloc((size_t)n * sizeof(float));
+        fill_normal(f, n, pow(10.0, (double)(rep % 9) - 4));
+        if (rep == 3) memset(f, 0, (size_t)n * sizeof(float));
+        if (rep == 4)
+            for (int64_t i = 0; i < n; i++) f[i] = (float)(i % 64) - 31.5f; /* rounding ties */
+        size_t bytes = quant_packed_act_row_size(n);
+        uint8_t *a = lm_malloc(bytes), *b = lm_malloc(bytes);
+        quant_packed_act_ref(f, a, n);
+        k->packed_act(f, b, n);
+        int same = memcmp(a, b, bytes) == 0;
+        lm_free(f);
+        lm_free(a);
+        lm_free(b);
+        CHECKF(same, "n=%lld rep %d: avx2 block_q8_0s differs from the reference", (long long)n, rep);
+    }
+}
+
+/* y (n_tok, ys) for all rows of a packed matrix, the tokens taken in tiles
+ * of `split` (the last one shorter), starting at token `first` (the tokens
+ * before it in a tile of their own). */
+static void packed_all(const lm_avx2_kernels *k, int64_t n, int64_t rows, const uint8_t *wp, const uint8_t *x,
+                       size_t xs, int n_tok, int split, int first, float *y, size_t ys) {
+    const size_t gb = quant_pack_size(k == avx2_kernels(LM_TYPE_Q4_0) ? LM_TYPE_Q4_0 : LM_TYPE_Q8_0, 8, n);
+    for (int64_t g = 0; g * 8 < rows; g++) {
+        int nr = rows - 8 * g < 8 ? (int)(rows - 8 * g) : 8;
+        int c = 0;
+        if (first > 0) {
+            k->packed_gemm(n, wp + (size_t)g * gb, nr, x, xs, first, y + 8 * g, ys);
+            c = first;
+        }
+        for (; c < n_tok; c += split) {
+            int nc = n_tok - c < split ? n_tok - c : split;
+            k->packed_gemm(n, wp + (size_t)g * gb, nr, x + (size_t)c * xs, xs, nc, y + (size_t)c * ys + 8 * g, ys);
+        }
+    }
+}
+
+/* Packed tiles against the scalar reference (quant_vec_dot_ref on the
+ * original rows, and the float64 dot; tolerance TOL), and bit-identical to
+ * themselves for every tile width 1..8 and position of a token in its
+ * tile; rows past a group's last valid row and padding in y untouched.
+ * Row counts 1..8k+7, so the last group is partial in most cases. */
+static void check_packed_type(uint32_t wt) {
+    const lm_avx2_kernels *k = avx2_kernels(wt);
+    CHECK(k && k->packed_gemm && k->packed_act);
+    static const int64_t row_counts[] = {1, 3, 8, 13, 16, 29};
+    static const int64_t col_counts[] = {32, 64, 96, 320, 1280, 2816};
+    const int n_tok = 11;
+    for (size_t ri = 0; ri < sizeof row_counts / sizeof row_counts[0]; ri++) {
+        for (size_t ci = 0; ci < sizeof col_counts / sizeof col_counts[0]; ci++) {
+            int64_t rows = row_counts[ri], n = col_counts[ci];
+            bool random_bytes = (ri + ci) & 1;
+            size_t rb = quant_row_size(wt, n), xs = quant_packed_act_row_size(n), qs = quant_row_size(LM_TYPE_Q8_0, n);
+            uint8_t *w = lm_malloc(rb * (size_t)rows), *wp = lm_malloc(quant_pack_size(wt, rows, n));
+            uint8_t *x = lm_malloc(xs * (size_t)n_tok), *xq = lm_malloc(qs * (size_t)n_tok);
+            float *f = lm_malloc((size_t)n * sizeof(float));
+            for (int64_t r = 0; r < rows; r++) make_weight(wt, n, random_bytes, w + (size_t)r * rb);
+            for (int c = 0; c < n_tok; c++) {
+                fill_normal(f, n, 1.0);
+                quant_packed_act_ref(f, x + (size_t)c * xs, n);
+                quant_from_float_ref(LM_TYPE_Q8_0, f, xq + (size_t)c * qs, n);
+            }
+            quant_pack(wt, w, rb, rows, n, wp);
+            const size_t ys = (size_t)rows + 3; /* three padding floats per token */
+            float *y0 = lm_malloc(ys * (size_t)n_tok * sizeof(float)), *y1 = lm_malloc(ys * (size_t)n_tok * sizeof(float));
+            for (size_t i = 0; i < ys * (size_t)n_tok; i++) y0[i] = -1234.5f;
+            packed_all(k, n, rows, wp, x, xs, n_tok, 1, 0, y0, ys);
+            int bad = 0;
+            char msg[200] = "";
+            for (int c = 0; c < n_tok && !bad; c++) {
+                for (size_t r = 0; r < ys && !bad; r++) {
+                    float got = y0[(size_t)c * ys + r];
+                    if (r >= (size_t)rows) {
+                        if (got != -1234.5f) {
+                            bad = 1;
+                            snprintf(msg, sizeof msg, "wrote past the last row (token %d, %zu)", c, r);
+                        }
+                        continue;
+                    }
+                    const uint8_t *wr = w + r * rb, *xc = xq + (size_t)c * qs;
+                    double abs_sum, exact = deq_dot(wt, n, wr, xc, &abs_sum);
+                    float ref = quant_vec_dot_ref(wt, n, wr, xc);
+                    double tol = TOL * abs_sum + 1e-30;
+                    if (fabs((double)got - ref) > tol || fabs((double)got - exact) > tol) {
+                        bad = 1;
+                        snprintf(msg, sizeof msg, "row %zu token %d: packed %.9g ref %.9g float64 %.9g (tol %.3g)", r,
+                                 c, got, ref, exact, tol);
+                    }
+                }
+            }
+            for (int split = 2; split <= LM_PACK_TILE && !bad; split++) {
+                for (int first = 0; first < 3 && !bad; first++) {
+                    for (size_t i = 0; i < ys * (size_t)n_tok; i++) y1[i] = -1234.5f;
+                    packed_all(k, n, rows, wp, x, xs, n_tok, split, first, y1, ys);
+                    if (memcmp(y0, y1, ys * (size_t)n_tok * sizeof(float)) != 0) {
+                        bad = 1;
+                        snprintf(msg, sizeof msg, "tiles of %d tokens (first tile %d) differ from single tokens", split,
+                                 first);
+                    }
+                }
+            }
+            lm_free(w);
+            lm_free(wp);
+            lm_free(x);
+            lm_free(xq);
+            lm_free(f);
+            lm_free(y0);
+            lm_free(y1);
+            CHECKF(!bad, "%s rows=%lld n=%lld: %s", quant_type_name(wt), (long long)rows, (long long)n, msg);
+        }
+    }
+}
+
+static void test_packed_q8_0(void) { check_packed_type(LM_TYPE_Q8_0); }
+static void test_packed_q4_0(void) { check_packed_type(LM_TYPE_Q4_0); }
+
+/* Through ops_matmul, with the packed copy a model would hold, on a pool of
+ * two threads: every token's outputs bit-identical whatever the batch size
+ * (1..9) and the token's position in the batch; rows 37 and 69 leave the
+ * last group partial; cols 64 and 2816. */
+static void check_matmul_batch_invariance(uint32_t wt) {
+    if (!quant_traits(wt)->packed_gemm) return; /* LAMINA_NO_REPACK: nothing to test */
+    lm_pool *pool = pool_new(2);
+    CHECK(pool);
+    static const int64_t shapes[][2] = {{37, 64}, {69, 2816}, {8, 32}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int64_t rows = shapes[si][0], n = shapes[si][1];
+        size_t rb = quant_row_size(wt, n);
+        uint8_t *w = lm_malloc(rb * (size_t)rows), *wp = lm_malloc(quant_pack_size(wt, rows, n));
+        for (int64_t r = 0; r < rows; r++) make_weight(wt, n, r & 1, w + (size_t)r * rb);
+        quant_pack(wt, w, rb, rows, n, wp);
+        lm_weight lw = {.data = w, .type = wt, .rows = rows, .cols = n, .row_bytes = rb, .packed = wp};
+        const int max_tok = 9;
+        float *x = lm_malloc((size_t)max_tok * (size_t)n * sizeof(float));
+        fill_normal(x, (int64_t)max_tok * n, 1.0);
+        void *scratch = lm_malloc(ops_matmul_scratch(wt, n, max_tok));
+        float *alone = lm_malloc((size_t)max_tok * (size_t)rows * sizeof(float));
+        float *y = lm_malloc((size_t)max_tok * (size_t)rows * sizeof(float));
+        for (int t = 0; t < max_tok; t++)
+            ops_matmul(pool, alone + (size_t)t * (size_t)rows, &lw, x + (size_t)t * (size_t)n, 1, scratch);
+        int bad = 0;
+        for (int n_tok = 1; n_tok <= max_tok && !bad; n_tok++) {
+            for (int first = 0; first + n_tok <= max_tok && !bad; first += 2) {
+                ops_matmul(pool, y, &lw, x + (size_t)first * (size_t)n, n_tok, scratch);
+                if (memcmp(y, alone + (size_t)first * (size_t)rows, (size_t)n_tok * (size_t)rows * sizeof(float)))
+                    bad = n_tok * 100 + first + 1;
+            }
+        }
+        /* the row-major kernels of the same type agree within rounding */
+        lm_weight plain = lw;
+        plain.packed = NULL;
+        ops_matmul(pool, y, &plain, x, 1, scratch);
+        double worst = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            double d = fabs((double)y[r] - alone[r]) / (fabs((double)alone[r]) + 1e-3);
+            if (d > worst) worst = d;
+        }
+        lm_free(w);
+        lm_free(wp);
+        lm_free(x);
+        lm_free(scratch);
+        lm_free(alone);
+        lm_free(y);
+        CHECKF(!bad, "%s rows=%lld n=%lld: batch of %d from token %d differs from tokens alone", quant_type_name(wt),
+               (long long)rows, (long long)n, bad / 100, bad % 100 - 1);
+        CHECKF(worst < 1e-3, "%s: packed and row-major products differ by %.3g (relative)", quant_type_name(wt),
+               worst);
+    }
+    pool_free(pool);
+}
+
+static void test_matmul_batch_invariance(void) {
+    check_matmul_batch_invariance(LM_TYPE_Q8_0);
+    check_matmul_batch_invariance(LM_TYPE_Q4_0);
+}
+
 /* ---- table ----------------------------------------------------------------- */
 
 static void test_table(void) {
@@ -406,6 +601,12 @@ static void test_table(void) {
     CHECK(avx2_kernels(LM_TYPE_I8) == NULL);
     CHECK(avx2_kernels(LM_TYPE_COUNT) == NULL);
     CHECK(avx2_kernels(UINT32_MAX) == NULL);
+    for (size_t ti = 0; ti < N_WEIGHT_TYPES; ti++) {
+        const lm_avx2_kernels *k = avx2_kernels(weight_types[ti]);
+        bool packed = weight_types[ti] == LM_TYPE_Q8_0 || weight_types[ti] == LM_TYPE_Q4_0;
+        CHECKF((k->packed_gemm != NULL) == packed && (k->packed_act != NULL) == packed, "%s",
+               quant_type_name(weight_types[ti]));
+    }
 }
 
 int main(void) {
@@ -433,5 +634,9 @@ int main(void) {
     TEST_RUN(test_gemm_q5_K);
     TEST_RUN(test_gemm_q6_K);
     TEST_RUN(test_gemm_empty);
+    TEST_RUN(test_packed_act);
+    TEST_RUN(test_packed_q8_0);
+    TEST_RUN(test_packed_q4_0);
+    TEST_RUN(test_matmul_batch_invariance);
     return TEST_DONE();
 }

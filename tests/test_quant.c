@@ -24,6 +24,9 @@
  *    same bounds.
  *  - the type table: sizes (against the gguf package's list), names,
  *    supported set, vec_dot types, activation row sizes.
+ *  - the interleaved layout of Q4_0/Q8_0 (quant_pack) byte for byte against
+ *    quant.h's description, padding rows zero; block_q8_0s activations
+ *    against the Q8_0 reference quantizer.
  */
 #include "quant.h"
 
@@ -606,6 +609,83 @@ static void test_table_kernels(void) {
     CHECK(quant_act_row_size(LM_TYPE_Q4_1, 32) == 0);  /* not computed */
 }
 
+/* ---- interleaved layout ---------------------------------------------------- */
+
+/* quant_pack against the layout quant.h states, written out independently
+ * (an element's position computed from its row, block and index), for
+ * row counts that do and do not fill the last group of 8; padding rows
+ * are zero. */
+static void check_pack_layout(uint32_t type) {
+    const int64_t cols = 96, nb = cols / 32;
+    const size_t qb = type == LM_TYPE_Q4_0 ? 16 : 32; /* quant bytes per row block */
+    const size_t bs = 16 + 8 * qb;                     /* bytes per block column */
+    const size_t sb = quant_row_size(type, 32);
+    for (int64_t rows = 1; rows <= 19; rows += 6) {
+        size_t rb = quant_row_size(type, cols);
+        uint8_t *src = malloc(rb * (size_t)rows);
+        for (size_t i = 0; i < rb * (size_t)rows; i++) src[i] = (uint8_t)(i * 131 + 7);
+        int64_t groups = (rows + 7) / 8;
+        size_t sz = quant_pack_size(type, rows, cols);
+        CHECK(sz == (size_t)groups * (size_t)nb * bs);
+        uint8_t *dst = malloc(sz);
+        memset(dst, 0xAA, sz);
+        quant_pack(type, src, rb, rows, cols, dst);
+        for (int64_t g = 0; g < groups; g++)
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *col = dst + ((size_t)g * (size_t)nb + (size_t)b) * bs;
+                for (int r = 0; r < 8; r++) {
+                    int64_t row = 8 * g + r;
+                    const uint8_t *blk = row < rows ? src + (size_t)row * rb + (size_t)b * sb : NULL;
+                    CHECKF(memcmp(col + 2 * r, blk ? blk : (const uint8_t *)"\0\0", 2) == 0,
+                           "%s rows %lld: scale of row %lld block %lld", quant_type_name(type), (long long)rows,
+                           (long long)row, (long long)b);
+                    for (size_t j = 0; j < qb; j++) {
+                        uint8_t want = blk ? blk[2 + j] : 0;
+                        uint8_t got = col[16 + 32 * (j / 4) + 4 * (size_t)r + j % 4];
+                        CHECKF(got == want, "%s rows %lld: quant byte %zu of row %lld block %lld",
+                               quant_type_name(type), (long long)rows, j, (long long)row, (long long)b);
+                    }
+                }
+            }
+        free(src);
+        free(dst);
+    }
+}
+
+static void test_pack_layout(void) {
+    check_pack_layout(LM_TYPE_Q4_0);
+    check_pack_layout(LM_TYPE_Q8_0);
+    /* other types have no interleaved layout; cols must be whole blocks */
+    CHECK(quant_pack_size(LM_TYPE_Q4_K, 8, 256) == 0);
+    CHECK(quant_pack_size(LM_TYPE_F16, 8, 64) == 0);
+    CHECK(quant_pack_size(LM_TYPE_Q8_0, 8, 48) == 0);
+    CHECK(quant_pack_size(LM_TYPE_Q8_0, 0, 64) == 0);
+    CHECK(quant_packed_act_row_size(64) == 2 * sizeof(block_q8_0s));
+    CHECK(sizeof(block_q8_0s) == 40);
+}
+
+/* block_q8_0s rows carry Q8_0's quants and scale bit for bit, the scale
+ * widened, and 8 * the quant sum. */
+static void test_packed_act_ref(void) {
+    const int64_t n = 256;
+    float x[256];
+    for (int rep = 0; rep < 20; rep++) {
+        for (int64_t i = 0; i < n; i++) x[i] = (float)(sin((double)(i * 7 + rep * 13)) * pow(10.0, rep % 7 - 3));
+        if (rep == 5) memset(x, 0, sizeof x);
+        block_q8_0 q[8];
+        block_q8_0s p[8];
+        quant_from_float_ref(LM_TYPE_Q8_0, x, q, n);
+        quant_packed_act_ref(x, p, n);
+        for (int b = 0; b < 8; b++) {
+            int sum = 0;
+            for (int j = 0; j < 32; j++) sum += q[b].qs[j];
+            CHECK(memcmp(p[b].qs, q[b].qs, 32) == 0);
+            CHECK(f32_bits(p[b].d) == f32_bits(lm_f16_to_f32(q[b].d)));
+            CHECK(p[b].s8 == 8 * sum);
+        }
+    }
+}
+
 int main(void) {
     TEST_RUN(test_f16_exhaustive);
     TEST_RUN(test_bf16_exhaustive);
@@ -624,5 +704,7 @@ int main(void) {
     TEST_RUN(test_table_sizes);
     TEST_RUN(test_table_names);
     TEST_RUN(test_table_kernels);
+    TEST_RUN(test_pack_layout);
+    TEST_RUN(test_packed_act_ref);
     return TEST_DONE();
 }

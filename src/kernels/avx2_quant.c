@@ -688,15 +688,16 @@ void avx2_from_float_q8_K(const float *src, void *dst, int64_t n) {
 /* ---- table ---------------------------------------------------------------- */
 
 static const lm_avx2_kernels table[LM_TYPE_COUNT] = {
-    [LM_TYPE_F32] = {NULL, avx2_vec_dot_f32, avx2_gemm_f32},
-    [LM_TYPE_F16] = {NULL, avx2_vec_dot_f16, avx2_gemm_f16},
-    [LM_TYPE_BF16] = {NULL, avx2_vec_dot_bf16, avx2_gemm_bf16},
-    [LM_TYPE_Q8_0] = {avx2_from_float_q8_0, avx2_vec_dot_q8_0, avx2_gemm_q8_0},
-    [LM_TYPE_Q4_0] = {NULL, avx2_vec_dot_q4_0, avx2_gemm_q4_0},
-    [LM_TYPE_Q4_K] = {NULL, avx2_vec_dot_q4_K, avx2_gemm_q4_K},
-    [LM_TYPE_Q5_K] = {NULL, avx2_vec_dot_q5_K, avx2_gemm_q5_K},
-    [LM_TYPE_Q6_K] = {NULL, avx2_vec_dot_q6_K, avx2_gemm_q6_K},
-    [LM_TYPE_Q8_K] = {avx2_from_float_q8_K, NULL, NULL},
+    [LM_TYPE_F32] = {NULL, avx2_vec_dot_f32, avx2_gemm_f32, NULL, NULL},
+    [LM_TYPE_F16] = {NULL, avx2_vec_dot_f16, avx2_gemm_f16, NULL, NULL},
+    [LM_TYPE_BF16] = {NULL, avx2_vec_dot_bf16, avx2_gemm_bf16, NULL, NULL},
+    [LM_TYPE_Q8_0] = {avx2_from_float_q8_0, avx2_vec_dot_q8_0, avx2_gemm_q8_0, avx2_packed_gemm_q8_0,
+                      avx2_packed_act},
+    [LM_TYPE_Q4_0] = {NULL, avx2_vec_dot_q4_0, avx2_gemm_q4_0, avx2_packed_gemm_q4_0, avx2_packed_act},
+    [LM_TYPE_Q4_K] = {NULL, avx2_vec_dot_q4_K, avx2_gemm_q4_K, NULL, NULL},
+    [LM_TYPE_Q5_K] = {NULL, avx2_vec_dot_q5_K, avx2_gemm_q5_K, NULL, NULL},
+    [LM_TYPE_Q6_K] = {NULL, avx2_vec_dot_q6_K, avx2_gemm_q6_K, NULL, NULL},
+    [LM_TYPE_Q8_K] = {avx2_from_float_q8_K, NULL, NULL, NULL, NULL},
 };
 
 const lm_avx2_kernels *avx2_kernels(uint32_t type) {

@@ -10,6 +10,10 @@
  *   Q8_0, Q4_0       Q8_0                     avx2_vec_dot_<t>, _gemm_ avx2_from_float_q8_0
  *   Q4_K, Q5_K, Q6_K Q8_K                     avx2_vec_dot_<t>, _gemm_ avx2_from_float_q8_K
  *
+ * and, for Q8_0 and Q4_0 weights in the interleaved layout of quant.h
+ * (kernels/avx2_packed.c), avx2_packed_gemm_<t> against block_q8_0s
+ * activations from avx2_packed_act.
+ *
  * Contracts:
  *  - vec_dot has the signature of lm_vec_dot_fn: one weight row of n elements
  *    against one activation row already in vec_dot_type; n a multiple of the
@@ -28,8 +32,19 @@
  *    nc == 1 the rows are simply done one after another (that streams from
  *    memory best), so decode may call gemm or vec_dot per row alike. The
  *    kernels prefetch the weight bytes they will read 4 KiB later.
+ *  - packed_gemm (lm_packed_gemm_fn, quant.h) computes rows [0, nr) of one
+ *    interleaved group of 8 against nc <= LM_PACK_TILE activation rows:
+ *        y[c * y_stride + r] = row r · token c
+ *    Each output has its own accumulator lane and the same float steps in
+ *    the same order whatever nc and the token's place in the tile, so every
+ *    product of a packed matrix, one token or many, gives the same bits for
+ *    a (row, token). Its results differ from vec_dot's in rounding only (a
+ *    matrix uses one family or the other for all its products), and agree
+ *    with quant_vec_dot_ref within the same tolerance. Rows nr..7 of the
+ *    group are computed from the zero padding and not stored.
  *  - from_float produces blocks bit-identical to quant_from_float_ref, so
- *    nothing downstream depends on which path quantized.
+ *    nothing downstream depends on which path quantized; likewise
+ *    packed_act and quant_packed_act_ref.
  *  - Strides are in bytes for w and x, in floats for y. Rows must be aligned
  *    like their block struct (2 bytes; 4 for Q8_K), as GGUF guarantees.
  *  - Activations in Q8_0 must lie in [-127, 127], which both quantizers
@@ -57,6 +72,8 @@ typedef struct {
     lm_from_float_fn from_float; /* quantize floats into this type */
     lm_vec_dot_fn vec_dot;       /* weights of this type · vec_dot_type */
     lm_gemm_fn gemm;             /* tile kernel matching vec_dot bit for bit */
+    lm_packed_gemm_fn packed_gemm; /* interleaved weights (quant.h), or NULL */
+    lm_from_float_fn packed_act;   /* floats -> block_q8_0s, with packed_gemm */
 } lm_avx2_kernels;
 
 /* The kernels for a type, or NULL when there are none (or not x86-64). */
@@ -88,6 +105,12 @@ void avx2_gemm_q5_K(int64_t n, const void *w, size_t w_stride, int nr, const voi
                     size_t x_stride, int nc, float *y, size_t y_stride);
 void avx2_gemm_q6_K(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
                     size_t x_stride, int nc, float *y, size_t y_stride);
+
+void avx2_packed_gemm_q8_0(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc,
+                           float *y, size_t y_stride);
+void avx2_packed_gemm_q4_0(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc,
+                           float *y, size_t y_stride);
+void avx2_packed_act(const float *src, void *dst, int64_t n);
 
 void avx2_from_float_q8_0(const float *src, void *dst, int64_t n);
 void avx2_from_float_q8_K(const float *src, void *dst, int64_t n);
