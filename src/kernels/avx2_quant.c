@@ -12,11 +12,12 @@
  * gemm outputs are bit-identical to vec_dot. Integer work is exact, so how
  * it is organised is free; the float steps are fixed as follows.
  *
- *  - F32, F16, BF16: elements in groups of 32 (four vectors of 8). For each
- *    group a fresh t = w0*x0, then t = fma(wk, xk, t) for k = 1..3, then
- *    acc += t. A short tail is zero-padded to a full group (zero products
- *    leave the sums unchanged). Groups are independent chains, so one row
- *    keeps several in flight without more accumulators.
+ *  - F32, F16, BF16: one accumulator per output, acc = fma(wk, xk, acc)
+ *    for the vectors of 8 of the row in order, from zero. A short tail is
+ *    zero-padded to a full group of 32 (zero products leave the sums
+ *    unchanged). One accumulator keeps a tile's outputs in registers; the
+ *    FMA latency is covered by running several outputs of a tile together
+ *    (all rows of the tile when there is one column, as in decode).
  *  - Q8_0, Q4_0: per block b of 32, the exact integer dot as eight int32
  *    partial sums s_b (pmaddubsw + pmaddwd); then
  *    acc[b % 2] = fma(float(s_b), dw_b * dx_b, acc[b % 2]), the scale
@@ -138,81 +139,120 @@ INLINE __m256 wload8(int kind, const uint8_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* One group of 32 elements of one weight row (w) against C columns (x,
- * xs bytes apart): each column's t = w0*x0, then t = fma(wk, xk, t),
- * then acc[c] += t. */
-INLINE void float_group(int kind, const uint8_t *w, const uint8_t *x, size_t xs, int C,
-                        __m256 acc[4]) {
+/* Elements are taken in groups of 32 (four vectors of 8); each output
+ * (row, column) has ONE accumulator, acc = fma(w_k, x_k, acc) for the
+ * vectors k of the row in order, starting from zero. A tile of R rows by C
+ * columns keeps its R * C accumulators, R weight vectors and one activation
+ * vector in registers: each weight vector is loaded and converted once for
+ * C FMAs, each activation vector once for R. */
+
+/* Groups [0, ng) of R weight rows (ws bytes apart) against C columns (xs
+ * bytes apart), into acc[r][c]. */
+INLINE void float_block(int kind, int64_t ng, const uint8_t *w, size_t ws, int R,
+                        const uint8_t *x, size_t xs, int C, __m256 acc[4][4]) {
     const size_t es = fsize(kind);
-    prefetch_ahead(w, 32 * es);
-    __m256 w0 = wload8(kind, w), w1 = wload8(kind, w + 8 * es);
-    __m256 w2 = wload8(kind, w + 16 * es), w3 = wload8(kind, w + 24 * es);
+    for (int64_t g = 0; g < ng; g++) {
+        const uint8_t *wg = w + (size_t)g * 32 * es;
+        const uint8_t *xg = x + (size_t)g * 128;
 #pragma GCC unroll 4
-    for (int c = 0; c < C; c++) {
-        const float *xc = (const float *)(const void *)(x + (size_t)c * xs);
-        __m256 t = _mm256_mul_ps(w0, _mm256_loadu_ps(xc));
-        t = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xc + 8), t);
-        t = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xc + 16), t);
-        t = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xc + 24), t);
-        acc[c] = _mm256_add_ps(acc[c], t);
-    }
-}
-
-/* One weight row by C <= 4 columns, y[c * ys]. */
-INLINE void float_tile(int kind, int64_t n, const uint8_t *w, const uint8_t *x, size_t xs, int C,
-                       float *y, size_t ys) {
-    const size_t es = fsize(kind);
-    __m256 acc[4];
-    for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) float_group(kind, w + (size_t)i * es, x + (size_t)i * 4, xs, C, acc);
-    if (i < n) { /* zero-padded last group */
-        _Alignas(32) uint8_t wp[128];
-        _Alignas(32) uint8_t xp[4][128];
-        memset(wp, 0, sizeof wp);
-        memset(xp, 0, sizeof xp);
-        size_t left = (size_t)(n - i);
-        memcpy(wp, w + (size_t)i * es, left * es);
-        for (int c = 0; c < C; c++) memcpy(xp[c], x + (size_t)c * xs + (size_t)i * 4, left * 4);
-        float_group(kind, wp, xp[0], sizeof xp[0], C, acc);
-    }
-    for (int c = 0; c < C; c++) y[(size_t)c * ys] = hsum8(acc[c]);
-}
-
-/* Rows one at a time, each against all nc columns: the FMA count is the
- * same for any tile, so the tile saves the weight loads and conversions,
- * and one row keeps its four weight vectors and four accumulators in
- * registers (two rows would not fit in the sixteen). */
-INLINE void float_gemm(int kind, int64_t n, const void *w, size_t ws, int nr, const void *x,
-                       size_t xs, int nc, float *y, size_t ys) {
-    assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n >= 0);
-    for (int r = 0; r < nr; r++) {
-        const uint8_t *wr = (const uint8_t *)w + (size_t)r * ws;
-        switch (nc) {
-        case 1: float_tile(kind, n, wr, x, xs, 1, y + r, ys); break;
-        case 2: float_tile(kind, n, wr, x, xs, 2, y + r, ys); break;
-        case 3: float_tile(kind, n, wr, x, xs, 3, y + r, ys); break;
-        case 4: float_tile(kind, n, wr, x, xs, 4, y + r, ys); break;
-        default: break;
+        for (int r = 0; r < R; r++) prefetch_ahead(wg + (size_t)r * ws, 32 * es);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            __m256 wv[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) wv[r] = wload8(kind, wg + (size_t)r * ws + (size_t)k * 8 * es);
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++) {
+                __m256 xv = _mm256_loadu_ps((const float *)(const void *)(xg + (size_t)c * xs + (size_t)k * 32));
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) acc[r][c] = _mm256_fmadd_ps(wv[r], xv, acc[r][c]);
+            }
         }
     }
 }
 
+/* Rows [r0, r0 + H) of the tile over groups [0, ng), H = 1..4 (a constant
+ * after inlining, so the block is fully unrolled). */
+INLINE void float_rows(int kind, int64_t ng, const uint8_t *w, size_t ws, int H,
+                       const uint8_t *x, size_t xs, int C, __m256 acc[4][4]) {
+    switch (H) {
+    case 1: float_block(kind, ng, w, ws, 1, x, xs, C, acc); break;
+    case 2: float_block(kind, ng, w, ws, 2, x, xs, C, acc); break;
+    case 3: float_block(kind, ng, w, ws, 3, x, xs, C, acc); break;
+    default: float_block(kind, ng, w, ws, 4, x, xs, C, acc); break;
+    }
+}
+
+/* Tiles with several columns go through the row in blocks of FKB elements
+ * (a multiple of 32) and, within a block, take the rows two at a time (2 x
+ * C accumulators fit in registers with their operands): the block's
+ * activations, brought into L1 by the first pair, are reused by the
+ * second. Accumulators carry from block to block in memory, which changes
+ * no bits. With one column all rows of the tile run together, enough
+ * independent chains to cover the FMA latency while weights stream. */
+#define FKB 512
+
+/* R <= 4 weight rows by C <= 4 columns, y[c * ys + r]. */
+INLINE void float_tile(int kind, int64_t n, const uint8_t *w, size_t ws, int R,
+                       const uint8_t *x, size_t xs, int C, float *y, size_t ys) {
+    const size_t es = fsize(kind);
+    const int H = C == 1 ? 4 : 2; /* rows per register block */
+    __m256 acc[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < 4; c++) acc[r][c] = _mm256_setzero_ps();
+    const int64_t nf = n / 32 * 32;
+    const int64_t kb = C == 1 ? (nf > 0 ? nf : 32) : FKB;
+    for (int64_t i = 0; i < nf; i += kb) {
+        int64_t ng = (nf - i < kb ? nf - i : kb) / 32;
+        for (int r = 0; r < R; r += H)
+            float_rows(kind, ng, w + (size_t)r * ws + (size_t)i * es, ws, R - r < H ? R - r : H,
+                       x + (size_t)i * 4, xs, C, acc + r);
+    }
+    if (nf < n) { /* zero-padded last group */
+        _Alignas(32) uint8_t wpad[4][128];
+        _Alignas(32) uint8_t xpad[4][128];
+        memset(wpad, 0, sizeof wpad);
+        memset(xpad, 0, sizeof xpad);
+        size_t left = (size_t)(n - nf);
+        for (int r = 0; r < R; r++) memcpy(wpad[r], w + (size_t)r * ws + (size_t)nf * es, left * es);
+        for (int c = 0; c < C; c++) memcpy(xpad[c], x + (size_t)c * xs + (size_t)nf * 4, left * 4);
+        for (int r = 0; r < R; r += H)
+            float_rows(kind, 1, wpad[r], sizeof wpad[0], R - r < H ? R - r : H, xpad[0],
+                       sizeof xpad[0], C, acc + r);
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) y[(size_t)c * ys + (size_t)r] = hsum8(acc[r][c]);
+}
+
+INLINE void float_gemm(int kind, int64_t n, const void *w, size_t ws, int nr, const void *x,
+                       size_t xs, int nc, float *y, size_t ys) {
+    assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n >= 0);
+    const uint8_t *wb = (const uint8_t *)w, *xb = (const uint8_t *)x;
+#define FT(R, C)                                                                                \
+    case R * 8 + C: float_tile(kind, n, wb, ws, R, xb, xs, C, y, ys); break;
+    switch (nr * 8 + nc) {
+        FT(1, 1) FT(1, 2) FT(1, 3) FT(1, 4) FT(2, 1) FT(2, 2) FT(2, 3) FT(2, 4)
+        FT(3, 1) FT(3, 2) FT(3, 3) FT(3, 4) FT(4, 1) FT(4, 2) FT(4, 3) FT(4, 4)
+    default: break;
+    }
+#undef FT
+}
+
 float avx2_vec_dot_f32(int64_t n, const void *w, const void *x) {
     float y;
-    float_tile(KF32, n, w, x, 0, 1, &y, 1);
+    float_tile(KF32, n, w, 0, 1, x, 0, 1, &y, 1);
     return y;
 }
 
 float avx2_vec_dot_f16(int64_t n, const void *w, const void *x) {
     float y;
-    float_tile(KF16, n, w, x, 0, 1, &y, 1);
+    float_tile(KF16, n, w, 0, 1, x, 0, 1, &y, 1);
     return y;
 }
 
 float avx2_vec_dot_bf16(int64_t n, const void *w, const void *x) {
     float y;
-    float_tile(KBF16, n, w, x, 0, 1, &y, 1);
+    float_tile(KBF16, n, w, 0, 1, x, 0, 1, &y, 1);
     return y;
 }
 

@@ -30,7 +30,9 @@
  *    weight block is decoded once per tile and each activation block loaded
  *    once per weight row, so wider tiles do less work per output. With
  *    nc == 1 the rows are simply done one after another (that streams from
- *    memory best), so decode may call gemm or vec_dot per row alike. The
+ *    memory best), so decode may call gemm or vec_dot per row alike; the
+ *    float types instead run the tile's rows together with nc == 1 (one
+ *    accumulator per output needs several chains to cover FMA latency). The
  *    kernels prefetch the weight bytes they will read 4 KiB later.
  *  - packed_gemm (lm_packed_gemm_fn, quant.h) computes rows [0, nr) of one
  *    interleaved group of 8 against nc <= LM_PACK_TILE activation rows:
