@@ -822,6 +822,27 @@ static void *engine_main(void *arg) {
     return NULL;
 }
 
+/* Free everything an engine owns (its thread already stopped or never
+ * started); used by a failed engine_new and by engine_free. */
+static void destroy(lm_engine *e) {
+    state_free(e->st);
+    pool_free(e->pool);
+    kv_pool_free(e->kv);
+    lm_free(e->running);
+    lm_free(e->order);
+    lm_free(e->waiting);
+    lm_free(e->segs);
+    lm_free(e->seg_ch);
+    lm_free(e->btok);
+    lm_free(e->logits);
+    lm_free(e->lp);
+    lm_free(e->emit);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->wake);
+    pthread_cond_destroy(&e->idle_cv);
+    lm_free(e);
+}
+
 lm_engine *engine_new(const lm_model *m, const lm_tokenizer *tok, const lm_engine_config *cin, char *err,
                       size_t errlen) {
     lm_engine_config c;
@@ -898,21 +919,7 @@ lm_engine *engine_new(const lm_model *m, const lm_tokenizer *tok, const lm_engin
     }
     return e;
 fail:
-    state_free(e->st);
-    pool_free(e->pool);
-    kv_pool_free(e->kv);
-    lm_free(e->running);
-    lm_free(e->order);
-    lm_free(e->segs);
-    lm_free(e->seg_ch);
-    lm_free(e->btok);
-    lm_free(e->logits);
-    lm_free(e->lp);
-    lm_free(e->emit);
-    pthread_mutex_destroy(&e->mu);
-    pthread_cond_destroy(&e->wake);
-    pthread_cond_destroy(&e->idle_cv);
-    lm_free(e);
+    destroy(e);
     return NULL;
 }
 
@@ -923,22 +930,7 @@ void engine_free(lm_engine *e) {
     pthread_cond_signal(&e->wake);
     pthread_mutex_unlock(&e->mu);
     pthread_join(e->thread, NULL);
-    state_free(e->st);
-    pool_free(e->pool);
-    kv_pool_free(e->kv);
-    lm_free(e->running);
-    lm_free(e->order);
-    lm_free(e->waiting);
-    lm_free(e->segs);
-    lm_free(e->seg_ch);
-    lm_free(e->btok);
-    lm_free(e->logits);
-    lm_free(e->lp);
-    lm_free(e->emit);
-    pthread_mutex_destroy(&e->mu);
-    pthread_cond_destroy(&e->wake);
-    pthread_cond_destroy(&e->idle_cv);
-    lm_free(e);
+    destroy(e);
 }
 
 void engine_stats(lm_engine *e, lm_engine_stats *st) {
