@@ -21,8 +21,10 @@
  * among them, so l >= 1 at the end and nothing overflows.
  *
  * Scratch (floats): Qs, O (RMAX, hd); S (RMAX, CHUNK); Kf, Vf (CHUNK, hd);
- * m, l (RMAX); plus CHUNK row pointers each for K and V. RMAX = 64 rows, so
- * with hd = 128 a scratch is about 150 KiB whatever the context.
+ * m, l (RMAX); a zero row (hd, read in place of keys and values of blocks
+ * released out of a sliding window); plus CHUNK row pointers each for K and
+ * V. RMAX = 64 rows, so with hd = 128 a scratch is about 150 KiB whatever
+ * the context.
  */
 #include "attn.h"
 
@@ -47,6 +49,7 @@ struct attn_scratch {
     float *s;                   /* (rows, CHUNK) scores, then probabilities */
     float *kf, *vf;             /* (CHUNK, hd) converted keys / values */
     float *m, *l;               /* (rows) */
+    float *zero;                /* (hd) zeros: stand-in for keys/values of released blocks */
     const float **krow, **vrow; /* (CHUNK) */
     void *mem;
 };
@@ -142,7 +145,7 @@ attn_scratch *attn_scratch_new(const kv_pool *p, int n_head, char *err, size_t e
     scr->rows = scr->tq * scr->group;
     scr->simd = cpu_has_avx2() && scr->hd % 8 == 0;
     size_t R = (size_t)scr->rows, hd = (size_t)scr->hd;
-    size_t nf = 2 * R * hd + R * CHUNK + 2 * (size_t)CHUNK * hd + 2 * R;
+    size_t nf = 2 * R * hd + R * CHUNK + 2 * (size_t)CHUNK * hd + 2 * R + hd;
     scr->bytes = nf * sizeof(float) + 2 * CHUNK * sizeof(float *);
     scr->mem = lm_malloc(scr->bytes);
     if (!scr->mem) {
@@ -158,6 +161,8 @@ attn_scratch *attn_scratch_new(const kv_pool *p, int n_head, char *err, size_t e
     scr->vf = f, f += (size_t)CHUNK * hd;
     scr->m = f, f += R;
     scr->l = f, f += R;
+    scr->zero = f, f += hd;
+    memset(scr->zero, 0, hd * sizeof(float));
     scr->krow = (const float **)(void *)f;
     scr->vrow = scr->krow + CHUNK;
     return scr;
@@ -179,15 +184,24 @@ bool attn_scratch_simd(const attn_scratch *scr) { return scr->simd; }
 /* ---- the kernel --------------------------------------------------------------- */
 
 /* Row pointers of positions c0 .. c0+nk-1 of one (layer, K|V, head) slab:
- * straight into F32 blocks, else through rows converted into buf. */
+ * straight into F32 blocks, else through rows converted into buf. Positions
+ * below lo are visible to no row of the caller; their block may have been
+ * released out of a sliding window (table entry -1), and then they read as
+ * zeros (finite: their probability is 0, so they add exactly nothing). */
 static void gather(const kv_layout *lay, const int32_t *table, int layer, int which, int kv_head, int c0, int nk,
-                   bool simd, float *buf, const float **rows) {
+                   int lo, bool simd, float *buf, const float *zero, const float **rows) {
     int B = lay->block_size, hd = lay->head_dim;
     size_t slab = kv_slab_offset(lay, layer, which, kv_head);
     for (int pos = c0; pos < c0 + nk;) {
         int off = pos % B, seg = B - off < c0 + nk - pos ? B - off : c0 + nk - pos;
-        const uint8_t *src =
-            lay->data + (size_t)table[pos / B] * lay->block_bytes + slab + (size_t)off * lay->row_bytes;
+        int32_t b = table[pos / B];
+        if (b < 0) {
+            assert(pos + seg <= lo); /* only keys out of every row's window are ever released */
+            for (int t = 0; t < seg; t++) rows[pos - c0 + t] = zero;
+            pos += seg;
+            continue;
+        }
+        const uint8_t *src = lay->data + (size_t)b * lay->block_bytes + slab + (size_t)off * lay->row_bytes;
         if (lay->type == LM_TYPE_F32) {
             for (int t = 0; t < seg; t++) rows[pos - c0 + t] = (const float *)(const void *)src + (size_t)t * hd;
         } else {
@@ -208,8 +222,12 @@ static void prefetch_chunk(const kv_layout *lay, const int32_t *table, int layer
     size_t slab = kv_slab_offset(lay, layer, which, kv_head);
     for (int pos = c0; pos < c0 + nk;) {
         int off = pos % B, seg = B - off < c0 + nk - pos ? B - off : c0 + nk - pos;
-        const uint8_t *src =
-            lay->data + (size_t)table[pos / B] * lay->block_bytes + slab + (size_t)off * lay->row_bytes;
+        int32_t b = table[pos / B];
+        if (b < 0) { /* released out of the window: never read */
+            pos += seg;
+            continue;
+        }
+        const uint8_t *src = lay->data + (size_t)b * lay->block_bytes + slab + (size_t)off * lay->row_bytes;
         size_t bytes = (size_t)seg * lay->row_bytes;
         for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch(src + i);
         pos += seg;
@@ -220,9 +238,9 @@ static void prefetch_chunk(const kv_layout *lay, const int32_t *table, int layer
  * each query's own; the result goes to out (normalized) or, when out is
  * NULL, to the partial state po / pml. */
 typedef struct {
-    const kv_layout *lay;
-    const int32_t *table;
-    int layer, kv_head;
+    const kv_layout *lay;   /* the layer's block class */
+    const int32_t *table;   /* the sequence's table for that class */
+    int layer, kv_head;     /* layer: its index inside the class's blocks */
     const float *q;
     size_t q_stride;
     float scale;
@@ -249,9 +267,8 @@ static void subtile(const tile_args *a, int i0, int nq, int qpos0, attn_scratch 
     int c_end = qpos0 + nq < a->k1 ? qpos0 + nq : a->k1; /* keys up to the last query's position */
     /* with a window, skip whole chunks below the first query's window (chunk
      * starts stay on the k0 + multiple-of-CHUNK grid) */
-    int c_begin = a->k0;
-    if (a->window > 0 && qpos0 + 1 - a->window > c_begin)
-        c_begin += (qpos0 + 1 - a->window - c_begin) / CHUNK * CHUNK;
+    int c_begin = a->k0, wlo = a->window > 0 ? qpos0 + 1 - a->window : 0; /* no row sees a key below wlo */
+    if (wlo > c_begin) c_begin += (wlo - c_begin) / CHUNK * CHUNK;
     for (int c0 = c_begin; c0 < c_end; c0 += CHUNK) {
         int nk = c_end - c0 < CHUNK ? c_end - c0 : CHUNK;
         if (c0 + CHUNK < c_end) {
@@ -259,7 +276,7 @@ static void subtile(const tile_args *a, int i0, int nq, int qpos0, attn_scratch 
             prefetch_chunk(lay, a->table, a->layer, 0, kh, c0 + CHUNK, nk2);
             prefetch_chunk(lay, a->table, a->layer, 1, kh, c0 + CHUNK, nk2);
         }
-        gather(lay, a->table, a->layer, 0, kh, c0, nk, simd, scr->kf, scr->krow);
+        gather(lay, a->table, a->layer, 0, kh, c0, nk, wlo, simd, scr->kf, scr->zero, scr->krow);
 #if defined(__x86_64__) || defined(__i386__)
         if (simd) attn_scores_avx2(scr->qs, R, hd, scr->krow, nk, scr->s, CHUNK);
         else
@@ -298,7 +315,7 @@ static void subtile(const tile_args *a, int i0, int nq, int qpos0, attn_scratch 
             nv = vis > nv ? vis : nv;
         }
         if (nv == 0) continue;
-        gather(lay, a->table, a->layer, 1, kh, c0, nv, simd, scr->vf, scr->vrow);
+        gather(lay, a->table, a->layer, 1, kh, c0, nv, wlo, simd, scr->vf, scr->zero, scr->vrow);
 #if defined(__x86_64__) || defined(__i386__)
         if (simd) attn_pv_avx2(scr->o, R, hd, scr->s, CHUNK, scr->vrow, nv);
         else
@@ -327,27 +344,47 @@ static void run_tiles(const tile_args *a, int n_q, int pos0, attn_scratch *scr) 
     }
 }
 
+/* The fixed arguments of a call on model layer `layer`: its block class's
+ * layout and table, and its index inside that class's blocks. A local
+ * (sliding-window) layer's blocks are released once out of the pool's
+ * window, so its attention window must not be wider. */
+static tile_args layer_args(const kv_pool *p, const kv_seq *s, int layer, int window, attn_scratch *scr) {
+    int slot, cls = kv_layer_class(p, layer, &slot);
+    const kv_layout *lay = kv_class_layout(p, cls);
+    assert(lay->head_dim == scr->hd && slot < lay->n_layer);
+    assert(cls == KV_GLOBAL || (window > 0 && window <= kv_pool_window(p)));
+    return (tile_args){.lay = lay, .table = kv_seq_table(s, cls), .layer = slot, .window = window};
+}
+
 void attn_tile(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride, int n_q,
                int pos0, float scale, int window, float *out, size_t out_stride, attn_scratch *scr) {
-    const kv_layout *lay = kv_pool_layout(p);
-    assert(lay->head_dim == scr->hd && layer >= 0 && layer < lay->n_layer && kv_head >= 0 &&
-           kv_head < lay->n_head_kv && pos0 >= 0 && n_q >= 0 && pos0 + n_q <= kv_seq_len(s));
-    tile_args a = {.lay = lay, .table = kv_seq_blocks(s), .layer = layer, .kv_head = kv_head, .q = q,
-                   .q_stride = q_stride, .scale = scale, .window = window, .k0 = 0, .k1 = pos0 + n_q, .out = out,
-                   .out_stride = out_stride};
+    tile_args a = layer_args(p, s, layer, window, scr);
+    assert(kv_head >= 0 && kv_head < a.lay->n_head_kv && pos0 >= 0 && n_q >= 0 && pos0 + n_q <= kv_seq_len(s));
+    a.kv_head = kv_head;
+    a.q = q;
+    a.q_stride = q_stride;
+    a.scale = scale;
+    a.k0 = 0;
+    a.k1 = pos0 + n_q;
+    a.out = out;
+    a.out_stride = out_stride;
     run_tiles(&a, n_q, pos0, scr);
 }
 
 void attn_tile_part(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride,
                     int n_q, int pos0, float scale, int window, int k0, int k1, float *po, float *pml,
                     attn_scratch *scr) {
-    const kv_layout *lay = kv_pool_layout(p);
-    assert(lay->head_dim == scr->hd && layer >= 0 && layer < lay->n_layer && kv_head >= 0 &&
-           kv_head < lay->n_head_kv && pos0 >= 0 && n_q >= 0 && pos0 + n_q <= kv_seq_len(s) && k0 >= 0 &&
-           k0 <= k1);
-    tile_args a = {.lay = lay, .table = kv_seq_blocks(s), .layer = layer, .kv_head = kv_head, .q = q,
-                   .q_stride = q_stride, .scale = scale, .window = window, .k0 = k0, .k1 = k1, .po = po,
-                   .pml = pml};
+    tile_args a = layer_args(p, s, layer, window, scr);
+    assert(kv_head >= 0 && kv_head < a.lay->n_head_kv && pos0 >= 0 && n_q >= 0 && pos0 + n_q <= kv_seq_len(s) &&
+           k0 >= 0 && k0 <= k1);
+    a.kv_head = kv_head;
+    a.q = q;
+    a.q_stride = q_stride;
+    a.scale = scale;
+    a.k0 = k0;
+    a.k1 = k1;
+    a.po = po;
+    a.pml = pml;
     run_tiles(&a, n_q, pos0, scr);
 }
 

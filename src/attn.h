@@ -24,7 +24,11 @@
  *
  * Chunks past the last row's position (or wholly before the first row's
  * window) are never read; inside a chunk, keys outside a row's range are
- * masked. Scratch is
+ * masked. A layer's K/V come from its block class (kv_layer_class); a
+ * sliding-window layer's blocks below every row's window may have been
+ * released (kv.h), and zeros stand in for the masked keys of the one chunk
+ * that straddles the window's start, so a released block is never read
+ * (asserted). Scratch is
  * O(tile x (head_dim + chunk)), independent of the context length.
  *
  * Threads: attn_tile reads the pool and writes only out and scr, so callers
@@ -73,7 +77,8 @@ bool attn_scratch_simd(const attn_scratch *scr);
  *         h at offset h*head_dim), RoPE applied;
  * scale:  usually 1/sqrt(head_dim);
  * window: 0 for full causal attention, > 0 for a sliding window of that many
- *         positions (the query's own included);
+ *         positions (the query's own included); a layer of the pool's local
+ *         class needs 0 < window <= kv_pool_window(p);
  * out:    same layout as q (out_stride); only the group's heads are written.
  * Requires pos0 >= 0 and pos0 + n_q <= kv_seq_len(s).
  */

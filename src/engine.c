@@ -87,8 +87,9 @@ struct lm_engine {
     lm_pool *pool;
     kv_pool *kv;
     lm_state *st;             /* activation buffers for batch_tokens rows */
-    int64_t wm_blocks;        /* watermark */
-    int64_t total_blocks;
+    int64_t wm_blocks;        /* watermark (global class) */
+    int64_t total_blocks[KV_N_CLASS];
+    int64_t local_per_seq;    /* most local blocks one sequence holds (0: no window) */
 
     pthread_t thread;
     pthread_mutex_t mu;
@@ -418,9 +419,16 @@ static int submit_tokens(lm_engine *e, const lm_request_params *p, lm_request **
     if (total > e->n_ctx) total = e->n_ctx;
     int64_t gen = total - p->n_prompt;
     int64_t need = blocks_for(e, total) + (int64_t)(p->n - 1) * (blocks_for(e, gen) + 1);
-    if (need > e->total_blocks)
+    if (need > e->total_blocks[KV_GLOBAL])
         return lm_err(err, errlen, "the request needs up to %lld KV blocks; the pool has %lld", (long long)need,
-                      (long long)e->total_blocks), ENGINE_ETOOBIG;
+                      (long long)e->total_blocks[KV_GLOBAL]), ENGINE_ETOOBIG;
+    /* sliding-window layers: each choice holds at most local_per_seq blocks */
+    if (e->local_per_seq) {
+        int64_t per = blocks_for(e, total) < e->local_per_seq ? blocks_for(e, total) : e->local_per_seq;
+        if (per * p->n > e->total_blocks[KV_LOCAL])
+            return lm_err(err, errlen, "the request needs up to %lld local KV blocks; the pool has %lld",
+                          (long long)(per * p->n), (long long)e->total_blocks[KV_LOCAL]), ENGINE_ETOOBIG;
+    }
 
     lm_request *r = lm_calloc(1, sizeof *r);
     if (!r) return lm_err(err, errlen, "out of memory"), ENGINE_ENOMEM;
@@ -561,7 +569,11 @@ static int reserve(lm_engine *e, eseq *c, int n) {
 }
 
 /* Admit the head of the waiting queue when the pool can take its whole
- * remaining prompt above the watermark. Returns the admitted choice or NULL. */
+ * remaining prompt above the watermark: global blocks for every position,
+ * and (with sliding-window layers) the local blocks of its remaining prompt
+ * up to what one sequence ever holds, as it gives its own blocks back once
+ * they leave the window. No watermark applies to local blocks: a decode
+ * releases about one for each it takes. Returns the admitted choice or NULL. */
 static eseq *admit(lm_engine *e) {
     if (!e->n_waiting || e->n_running >= e->cfg.max_seqs) return NULL;
     eseq *c = e->waiting[0];
@@ -570,10 +582,13 @@ static eseq *admit(lm_engine *e) {
     if (!kv) return NULL;
     int cached = 0;
     if (e->cfg.prefix_cache) cached = kv_prefix_match(e->kv, kv, c->tokens, c->n_tokens, c->req->salt);
-    int64_t need = kv_blocks_needed(e->kv, kv, c->n_tokens - cached + 1);
-    int64_t avail = kv_available(e->kv);
+    int n = c->n_tokens - cached + 1;
+    int64_t need = kv_blocks_needed(e->kv, kv, n, KV_GLOBAL);
+    int64_t need_local = kv_blocks_needed(e->kv, kv, n, KV_LOCAL);
+    if (need_local > e->local_per_seq) need_local = e->local_per_seq;
     bool alone = e->n_running == 0;
-    if (need + (alone ? 0 : e->wm_blocks) > avail) {
+    if (need + (alone ? 0 : e->wm_blocks) > kv_available(e->kv, KV_GLOBAL) ||
+        need_local > kv_available(e->kv, KV_LOCAL)) {
         kv_seq_free(e->kv, kv);
         return NULL;
     }
@@ -636,6 +651,10 @@ static void publish(lm_engine *e) {
     e->stats.kv_blocks_used = ks.n_used;
     e->stats.kv_blocks_free = ks.n_free + ks.n_cached;
     e->stats.kv_blocks_cached = ks.n_cached;
+    e->stats.kv_local_blocks_total = ks.cls[KV_LOCAL].n_blocks;
+    e->stats.kv_local_blocks_used = ks.cls[KV_LOCAL].n_used;
+    e->stats.kv_local_blocks_free = ks.cls[KV_LOCAL].n_free + ks.cls[KV_LOCAL].n_cached;
+    e->stats.kv_local_blocks_cached = ks.cls[KV_LOCAL].n_cached;
     e->stats.prefix_queries_total = ks.prefix_queries;
     e->stats.prefix_hits_total = ks.prefix_hit_blocks;
     pthread_mutex_unlock(&e->mu);
@@ -781,8 +800,10 @@ static int check_now(lm_engine *e, char *err, size_t errlen) {
     for (int i = 0; i < e->n_running; i++) live += e->running[i]->kv != NULL;
     if (ks.n_seqs != live)
         return lm_err(err, errlen, "%lld KV sequences exist, %lld are live", (long long)ks.n_seqs, (long long)live);
-    if (!e->n_running && ks.n_used != 0)
-        return lm_err(err, errlen, "%lld KV blocks are held with nothing running", (long long)ks.n_used);
+    for (int k = 0; k < KV_N_CLASS; k++)
+        if (!e->n_running && ks.cls[k].n_used != 0)
+            return lm_err(err, errlen, "%lld %sKV blocks are held with nothing running", (long long)ks.cls[k].n_used,
+                          k == KV_LOCAL ? "local " : "");
     return 0;
 }
 
@@ -868,23 +889,28 @@ lm_engine *engine_new(const lm_model *m, const lm_tokenizer *tok, const lm_engin
     pthread_cond_init(&e->wake, NULL);
     pthread_cond_init(&e->idle_cv, NULL);
 
+    /* the pool: n_ctx x max_seqs positions unless a budget is given; with
+     * sliding-window layers max_seqs windows of local blocks (a budget's
+     * rest buying global context, kv.h), each sequence growing by at most
+     * batch_tokens per iteration */
     kv_config kc;
-    kv_config_init(&kc, m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim);
+    state_kv_config(m, &kc);
     kc.type = c.kv_type;
     kc.block_size = c.block_size;
+    kc.chunk = c.batch_tokens;
+    kc.n_ctx = e->n_ctx;
+    kc.n_seqs = c.max_seqs;
     if (c.kv_mem) kc.mem_bytes = c.kv_mem;
     else {
         kv_plan pl;
-        kc.n_ctx = e->n_ctx;
-        kc.n_seqs = c.max_seqs;
         if (kv_plan_make(&kc, &pl, err, errlen) != KV_OK) goto fail;
         if (pl.data_bytes > (4ull << 30)) kc.mem_bytes = 4ull << 30;
     }
     if (!(e->kv = kv_pool_new(&kc, err, errlen))) goto fail;
-    kv_stats ks;
-    kv_stats_get(e->kv, &ks);
-    e->total_blocks = ks.n_blocks;
-    e->wm_blocks = (int64_t)ceil(c.watermark * (double)ks.n_blocks);
+    const kv_plan *plan = kv_pool_plan(e->kv);
+    for (int k = 0; k < KV_N_CLASS; k++) e->total_blocks[k] = plan->cls[k].n_blocks;
+    e->local_per_seq = plan->local_blocks_per_seq;
+    e->wm_blocks = (int64_t)ceil(c.watermark * (double)e->total_blocks[KV_GLOBAL]);
     if (!(e->pool = pool_new(c.n_threads))) {
         lm_err(err, errlen, "cannot start %d threads", c.n_threads);
         goto fail;

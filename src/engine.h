@@ -19,7 +19,9 @@
  *
  * Admission: a waiting request is admitted when the pool can hold its whole
  * prompt (plus one block of room) above a watermark of free blocks and fewer
- * than max_seqs run; the queue is ordered by priority (lower value first, as
+ * than max_seqs run (with sliding-window layers: global blocks for the whole
+ * prompt, and the local blocks of as much of it as one sequence ever holds
+ * at once; a request needs both classes); the queue is ordered by priority (lower value first, as
  * vLLM's), then by arrival. When the pool runs out during decode, the
  * running sequence with the worst priority (latest arrival among equals) is
  * preempted: its blocks are freed and it is requeued with the tokens it has
@@ -52,7 +54,9 @@ typedef struct {
     int batch_tokens;     /* tokens per iteration, >= 1 (default 512) */
     int max_seqs;         /* sequences running at once (default 64) */
     int n_ctx;            /* positions per sequence; <= 0: the model's */
-    uint64_t kv_mem;      /* KV pool bytes; 0: n_ctx x max_seqs positions (capped at 4 GiB) */
+    uint64_t kv_mem;      /* KV pool bytes; 0: n_ctx x max_seqs positions (capped at 4 GiB).
+                             Sliding-window layers: local blocks for max_seqs windows,
+                             the rest for global context (kv.h) */
     uint32_t kv_type;     /* LM_TYPE_F32, LM_TYPE_F16 (default) or LM_TYPE_Q8_0 */
     int block_size;       /* KV block tokens (default 16) */
     double watermark;     /* share of blocks kept free when admitting (default 0.01) */
@@ -170,7 +174,9 @@ typedef struct {
     uint64_t prompt_tokens_total, generation_tokens_total;
     uint64_t iterations, batch_seqs_total, batch_tokens_total;
     uint64_t preemptions_total;
-    int64_t kv_blocks_total, kv_blocks_used, kv_blocks_free, kv_blocks_cached;
+    int64_t kv_blocks_total, kv_blocks_used, kv_blocks_free, kv_blocks_cached; /* global (all) blocks */
+    /* blocks of sliding-window layers (kv.h), all 0 without them */
+    int64_t kv_local_blocks_total, kv_local_blocks_used, kv_local_blocks_free, kv_local_blocks_cached;
     uint64_t prefix_queries_total, prefix_hits_total;
     lm_hist batch_size;       /* sequences per iteration */
     lm_hist ttft, tpot, e2e;  /* seconds */

@@ -109,15 +109,27 @@ static lm_state *state_build(const lm_model *m, lm_pool *pool, kv_pool *kv, bool
     return s;
 }
 
+void state_kv_config(const lm_model *m, kv_config *c) {
+    const lm_hparams *hp = &m->hp;
+    kv_config_init(c, hp->n_layer, hp->n_head_kv, hp->head_dim);
+    if (hp->swa_window > 0) {
+        c->window = hp->swa_window;
+        c->layer_local = m->layer_local;
+    }
+}
+
 lm_state *state_new_kv(const lm_model *m, lm_pool *pool, int n_ctx, int max_batch, uint32_t kv_type, char *err,
                        size_t errlen) {
     const lm_hparams *hp = &m->hp;
     if (n_ctx <= 0) n_ctx = hp->n_ctx_train;
     kv_config kc;
-    kv_config_init(&kc, hp->n_layer, hp->n_head_kv, hp->head_dim);
+    state_kv_config(m, &kc);
     kc.type = kv_type;
     kc.n_ctx = n_ctx;
     kc.n_seqs = 1;
+    /* state_forward appends at most max_batch positions at a time (as
+     * state_build clamps it) */
+    kc.chunk = max_batch <= 0 ? 512 : max_batch > n_ctx ? n_ctx : max_batch;
     kv_pool *kv = kv_pool_new(&kc, err, errlen);
     if (!kv) return NULL;
     return state_build(m, pool, kv, true, n_ctx, max_batch, err, errlen);

@@ -2,7 +2,8 @@
  * forward.h - one sequence's inference state and the forward pass.
  *
  * An lm_state holds a sequence's KV cache (per layer, keys and values of
- * every position so far) and the activation buffers for a batch of up to
+ * every position so far; a sliding-window layer keeps only what its window
+ * can still see) and the activation buffers for a batch of up to
  * max_batch tokens, all allocated once in state_new. state_forward appends
  * n tokens at positions n_past .. n_past+n-1: the linear layers run over the
  * whole batch (each weight read once per batch), attention reads the cache,
@@ -54,7 +55,14 @@ typedef struct lm_state {
     double prof[LM_PROF_COUNT];
 } lm_state;
 
-/* n_ctx <= 0 takes the model's training context. */
+/* The KV pool config of a model (kv_config_init's defaults): its layers,
+ * KV heads and head dim, and its sliding-window layers as the pool's local
+ * class (kv.h). c->layer_local points into the model. */
+void state_kv_config(const lm_model *m, kv_config *c);
+
+/* n_ctx <= 0 takes the model's training context. The state's own pool holds
+ * one sequence of n_ctx positions, sliding-window layers keeping only their
+ * window (kv.h). */
 lm_state *state_new(const lm_model *m, lm_pool *pool, int n_ctx, int max_batch, char *err, size_t errlen);
 /* Same with the KV element type (LM_TYPE_F32, LM_TYPE_F16, LM_TYPE_Q8_0);
  * state_new uses F32. */
@@ -92,13 +100,15 @@ int state_forward(lm_state *s, const int32_t *tokens, int n, float *logits, bool
  * Many sequences in one pass (the engine's batch): segment g runs tokens
  * [row0, row0 + n) of the flat token array at positions pos0 .. pos0+n-1 of
  * its own sequence seq, which must live in s->kv and already hold those
- * positions (kv_append). The linear layers run once over all the batch's
- * tokens; attention runs per segment over its own blocks. logits receives,
- * segment after segment, the rows of each segment's last n_logits tokens
- * (may be NULL when no segment wants any). Rows never interact, so a row's
- * result does not depend on the rest of the batch. s->n_past and s->seq are
- * not used. Fails without running when the batch exceeds max_batch tokens, a
- * segment is malformed or passes n_ctx, or a token id is out of range.
+ * positions (kv_append; with sliding-window layers pos0 must not precede
+ * the length seq had before that append, see kv.h). The linear layers run
+ * once over all the batch's tokens; attention runs per segment over its own
+ * blocks. logits receives, segment after segment, the rows of each
+ * segment's last n_logits tokens (may be NULL when no segment wants any).
+ * Rows never interact, so a row's result does not depend on the rest of the
+ * batch. s->n_past and s->seq are not used. Fails without running when the
+ * batch exceeds max_batch tokens, a segment is malformed or passes n_ctx,
+ * or a token id is out of range.
  */
 typedef struct {
     kv_seq *seq;

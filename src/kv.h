@@ -1,12 +1,14 @@
 /*
- * kv.h - the paged KV cache: one pool of fixed-size blocks shared by every
+ * kv.h - the paged KV cache: pools of fixed-size blocks shared by every
  * sequence, per-sequence block tables, reference counts with copy-on-write,
- * and automatic prefix caching.
+ * automatic prefix caching, and sliding-window layers that keep only the
+ * blocks their window can still see.
  *
  * Pool. Sized once at creation (kv_plan) from a byte budget or from a context
- * length x number of sequences, and allocated in one slab; nothing is
- * allocated per token. A block holds block_size consecutive positions of one
- * sequence, for every layer, keys and values of every KV head:
+ * length x number of sequences, and allocated in one slab per block class;
+ * nothing is allocated per token. A block holds block_size consecutive
+ * positions of one sequence, for every layer of its class, keys and values
+ * of every KV head:
  *
  *   block  (n_layer, 2 [K, V], n_head_kv, block_size, row_bytes)
  *
@@ -25,6 +27,37 @@
  * branch then writes only its own copy. A block with refcount 0 is either
  * free, or cached (it carries a prefix key, see below) and evictable.
  *
+ * Sliding-window layers: two block classes. A model whose "local" layers
+ * attend only to their last `window` positions (gemma3: all layers but every
+ * sixth) names them in kv_config (window, layer_local). The pool then keeps
+ * two classes of blocks, each with its own slab, free list, LRU list, hash
+ * table and refcounts: GLOBAL blocks hold the K/V of the global layers,
+ * LOCAL blocks those of the local layers, both over block_size positions
+ * (a layer's index inside its class's blocks is its rank among that class's
+ * layers: kv_layer_class). A sequence has one table per class over the same
+ * logical blocks. A query at position p of a local layer sees keys
+ * p-window+1 .. p, and every caller runs queries only at the positions it
+ * has just appended (a pass over len .. len+n-1 follows kv_append(n)), so
+ * when kv_append grows a sequence of length len, the local blocks lying
+ * wholly below len-window+1 can never be read again: kv_append releases
+ * them and marks their table entries -1 (always a leading run of the local
+ * table). A sequence of length len therefore holds ceil(len/B) global blocks
+ * but at most ceil((window + chunk + B - 2) / B) local ones, chunk being the
+ * most positions one append adds (kv_plan.local_blocks_per_seq). Attention
+ * skips keys below a query's window and never reads a released block (it
+ * stands in zeros for the masked keys of the one chunk that straddles the
+ * window's start). Without a window, or when no layer or every layer is
+ * local, there is one class holding every layer: the layout above, unchanged.
+ *
+ * Sizing with a window. From a context length: n_seqs x ceil(n_ctx/B) global
+ * blocks and n_seqs x local_blocks_per_seq local ones. From a byte budget:
+ * let N = budget / (block bytes of every layer), the blocks the one-class
+ * layout would get; local blocks = min(N, n_seqs x local_blocks_per_seq) and
+ * the rest of the budget buys global blocks. So the pool never holds fewer
+ * positions than the one-class layout would from the same bytes (with N local
+ * blocks it holds exactly as many), and once n_seqs sequences' windows are
+ * covered every further byte buys context in the global layers alone.
+ *
  * Prefix cache. A FULL block is keyed by SHA-256(parent block's key ||
  * salt || its block_size token ids), salt as 8 and each token id as 4
  * little-endian bytes, the first block's parent key being 32 zero bytes;
@@ -35,11 +68,19 @@
  * compute, for its logits). Keys are compared in all 32 bytes, so a hash-table
  * bucket collision can never hand one prompt another's block. Released keyed
  * blocks stay cached and are evicted least-recently-released first, only when
- * no free block is left; a sequence's blocks are released last-to-first, so a
- * prefix's early blocks (the most shareable) outlive its tail.
+ * no free block of their class is left; a sequence's blocks are released
+ * last-to-first, so a prefix's early blocks (the most shareable) outlive its
+ * tail. With a window, a full local block is keyed like the global block of
+ * the same positions (in its own class's table), and a match of k blocks
+ * counts only when the local blocks a query at k*B can see (those reaching
+ * past k*B-window) are cached too: kv_prefix_match shortens the match until
+ * they are, and takes only those local blocks. Local blocks leave a growing
+ * sequence oldest first; those keyed by then (kv_prefix_commit after every
+ * pass, as the engine does) stay cached like any released block, the others
+ * are free at once.
  *
  * Errors. Functions that can fail return KV_OK, KV_ERR (bad argument, out of
- * memory for a table) or KV_FULL (the pool has no block to give: the caller,
+ * memory for a table) or KV_FULL (a class has no block to give: the caller,
  * the scheduler, preempts or waits), with a message in err. A failed call
  * changes nothing.
  *
@@ -58,7 +99,12 @@
 
 enum { KV_OK = 0, KV_ERR = -1, KV_FULL = -2 };
 
+/* Block classes: global layers (every layer without a window) and local
+ * (sliding-window) layers. */
+enum { KV_GLOBAL = 0, KV_LOCAL = 1, KV_N_CLASS = 2 };
+
 #define KV_DEFAULT_BLOCK 16
+#define KV_DEFAULT_CHUNK 512
 #define KV_KEY_LEN 32
 
 typedef struct kv_pool kv_pool;
@@ -68,35 +114,61 @@ typedef struct {
     int n_layer, n_head_kv, head_dim;
     uint32_t type;          /* LM_TYPE_F32, LM_TYPE_F16 or LM_TYPE_Q8_0 (quant.h) */
     int block_size;         /* tokens per block, >= 1 */
-    /* Size: mem_bytes > 0 takes floor(mem_bytes / block_bytes) blocks;
-     * otherwise n_seqs x ceil(n_ctx / block_size) blocks. */
+    /* Sliding-window layers: with window > 0, layer i is local when
+     * layer_local[i] != 0. The array (n_layer entries) is only read by
+     * kv_plan_make and kv_pool_new. window 0 or layer_local NULL: none. */
+    int window;
+    const uint8_t *layer_local;
+    int chunk;              /* most positions one kv_append adds to a sequence (its
+                               prefill chunk); sizes the local class; <= 0: KV_DEFAULT_CHUNK */
+    /* Size: mem_bytes > 0 spends that budget (n_seqs, and n_ctx when > 0,
+     * then only size the local class); otherwise n_seqs sequences of n_ctx
+     * positions. */
     uint64_t mem_bytes;
     int n_ctx, n_seqs;
 } kv_config;
 
-/* Defaults: F16, block 16, n_seqs 1; the size fields are left for the caller. */
+/* Defaults: F16, block 16, n_seqs 1, no window; the size fields are left for
+ * the caller. */
 void kv_config_init(kv_config *c, int n_layer, int n_head_kv, int head_dim);
 
+/* One block class's share of a plan. */
 typedef struct {
-    size_t row_bytes;         /* one head's K (or V) of one token: head_dim elements */
+    int n_layer;              /* layers whose K/V its blocks hold (0: class unused) */
     uint64_t bytes_per_token; /* 2 x n_layer x n_head_kv x row_bytes */
     uint64_t block_bytes;     /* block_size x bytes_per_token */
     int64_t n_blocks;
-    int64_t n_tokens;         /* n_blocks x block_size */
-    uint64_t data_bytes;      /* n_blocks x block_bytes: the K/V slab kv_pool_new allocates */
+    uint64_t data_bytes;      /* n_blocks x block_bytes */
+} kv_class_plan;
+
+typedef struct {
+    size_t row_bytes;         /* one head's K (or V) of one token: head_dim elements */
+    uint64_t bytes_per_token; /* every layer: 2 x n_layer x n_head_kv x row_bytes */
+    uint64_t block_bytes;     /* every layer: block_size x bytes_per_token */
+    int64_t n_blocks;         /* global blocks (all of them without a window) */
+    int64_t n_tokens;         /* n_blocks x block_size: positions of context the pool holds */
+    uint64_t data_bytes;      /* both classes' slabs: what kv_pool_new allocates for K/V
+                                 (n_tokens x bytes_per_token without a window) */
+    kv_class_plan cls[KV_N_CLASS];
+    int window;               /* the local class's window; 0: one class */
+    int64_t local_blocks_per_seq; /* most local blocks one sequence holds (0: one class) */
 } kv_plan;
 
 /* Validate a config and size the pool without allocating. KV_ERR with a
  * message for: unsupported type, Q8_0 with head_dim not a multiple of 32,
- * non-positive dimensions or block size, a budget below one block, or sizes
- * past 2^31 blocks / 2^64 bytes. */
+ * non-positive dimensions or block size, a negative window, a budget below
+ * one block of every layer, or sizes past 2^31 blocks / 2^52 bytes. */
 int kv_plan_make(const kv_config *c, kv_plan *plan, char *err, size_t errlen);
 
 kv_pool *kv_pool_new(const kv_config *c, char *err, size_t errlen);
 void kv_pool_free(kv_pool *p);
+const kv_plan *kv_pool_plan(const kv_pool *p);
+/* The local class's window, 0 when the pool has one class. */
+int kv_pool_window(const kv_pool *p);
 
-/* Storage layout, for the attention kernel. data + block * block_bytes +
- * kv_slab_offset(...) is the first row of that (layer, K|V, head) slab. */
+/* Storage layout of one block class, for the attention kernel.
+ * data + block * block_bytes + kv_slab_offset(...) is the first row of that
+ * (layer, K|V, head) slab, layer counted inside the class. */
 typedef struct {
     const uint8_t *data;
     uint64_t block_bytes;
@@ -104,7 +176,13 @@ typedef struct {
     int block_size, n_layer, n_head_kv, head_dim;
     uint32_t type;
 } kv_layout;
+/* The global class's layout: every layer when the pool has one class. */
 const kv_layout *kv_pool_layout(const kv_pool *p);
+/* A class's layout (n_layer 0 for a class the pool does not use). */
+const kv_layout *kv_class_layout(const kv_pool *p, int cls);
+/* The class holding model layer `layer`, and in *slot its index among that
+ * class's layers (the layer argument of kv_slab_offset). */
+int kv_layer_class(const kv_pool *p, int layer, int *slot);
 /* which: 0 keys, 1 values. */
 static inline size_t kv_slab_offset(const kv_layout *l, int layer, int which, int head) {
     return ((size_t)(layer * 2 + which) * (size_t)l->n_head_kv + (size_t)head) * (size_t)l->block_size * l->row_bytes;
@@ -120,26 +198,39 @@ void kv_seq_free(kv_pool *p, kv_seq *s);
 kv_seq *kv_fork(kv_pool *p, const kv_seq *src, char *err, size_t errlen);
 
 int kv_seq_len(const kv_seq *s);
-/* Block table: kv_seq_blocks(s)[i] holds positions i*B .. i*B+B-1;
- * ceil(len / B) entries. Valid until the next bookkeeping call on s. */
+/* Block tables: kv_seq_table(s, cls)[i] holds positions i*B .. i*B+B-1 in
+ * class cls; ceil(len / B) entries, -1 for a local block released out of the
+ * window; NULL for a class the pool does not use. kv_seq_blocks is the global
+ * table. Valid until the next bookkeeping call on s. */
 const int32_t *kv_seq_blocks(const kv_seq *s);
+const int32_t *kv_seq_table(const kv_seq *s, int cls);
+/* Blocks of class cls s holds (its table's entries other than -1). */
+int kv_seq_held(const kv_seq *s, int cls);
 
-/* Blocks an append of n more tokens would take from the pool (new blocks
- * plus a copy-on-write of a shared partial last block): what admission
- * control compares with kv_available(). */
-int64_t kv_blocks_needed(const kv_pool *p, const kv_seq *s, int n);
-/* Blocks that can be handed out now: free plus cached (evictable). */
-int64_t kv_available(const kv_pool *p);
+/* Blocks of class cls an append of n more tokens would take from the pool:
+ * new blocks plus a copy-on-write of a shared partial last block, less (for
+ * the local class) the blocks the append releases out of the window first,
+ * never below 0. Admission control compares it with kv_available(p, cls) for
+ * every class; kv_append fails with KV_FULL exactly when one exceeds it. */
+int64_t kv_blocks_needed(const kv_pool *p, const kv_seq *s, int n, int cls);
+/* Blocks of class cls that can be handed out now: free plus cached
+ * (evictable); 0 for a class the pool does not use. */
+int64_t kv_available(const kv_pool *p, int cls);
 
 /* Grow s by n positions (len .. len+n-1), taking blocks as needed and copying
  * a shared partial last block first, so the new positions are writable by
- * this sequence alone. The caller then writes their K/V with kv_store* in
- * every layer before attention reads them. KV_FULL when the pool cannot give
- * the blocks (nothing changes: cached blocks are evicted only as part of an
- * append that succeeds). */
+ * this sequence alone; with a window, first release the local blocks no
+ * query at len or later can see. The caller then writes their K/V with
+ * kv_store* in every layer before attention reads them, and queries only
+ * positions >= len (the old length) from then on. KV_FULL when the pool
+ * cannot give the blocks (nothing changes: cached blocks are evicted only as
+ * part of an append that succeeds). */
 int kv_append(kv_pool *p, kv_seq *s, int n, char *err, size_t errlen);
 /* Shrink s to its first n positions (n <= len), releasing whole blocks past
- * them: e.g. rejected speculative tokens, or a failed pass. */
+ * them: e.g. rejected speculative tokens, or a failed pass. With a window, n
+ * must be 0 or leave every local block a query at n can see (so n may go
+ * back to the start of the last append, never further than that may need):
+ * KV_ERR otherwise. */
 int kv_truncate(kv_pool *p, kv_seq *s, int n, char *err, size_t errlen);
 
 /* Write one token's keys and values, (n_head_kv * head_dim) floats each, in
@@ -153,16 +244,18 @@ void kv_store_rows(kv_pool *p, const kv_seq *s, int layer, int pos0, int n, cons
 /* ---- prefix cache ------------------------------------------------------ */
 
 /* For an EMPTY sequence and its prompt tokens[0..n): put every leading full
- * block already cached under this salt into s's table and return the number
+ * block already cached under this salt into s's tables and return the number
  * of positions now filled (a multiple of block_size, at most n - 1, rounded
- * down; the caller prefills only tokens from there). 0 when nothing matches,
- * s is not empty, or a table cannot grow. */
+ * down; with a window, shortened until the local blocks a query there sees
+ * are cached; the caller prefills only tokens from there). 0 when nothing
+ * matches, s is not empty, or a table cannot grow. */
 int kv_prefix_match(kv_pool *p, kv_seq *s, const int32_t *tokens, int n, uint64_t salt);
 /* Register s's full blocks among its first n_tokens_written positions
  * (tokens[0..n_tokens_written) are s's tokens from position 0; those
- * positions' K/V must be written in every layer). A block whose key is
- * already cached elsewhere is replaced by that block and its own copy
- * released (deduplication). Safe to call after every pass. */
+ * positions' K/V must be written in every layer), in every class (a local
+ * block already released is skipped). A block whose key is already cached
+ * elsewhere is replaced by that block and its own copy released
+ * (deduplication). Safe to call after every pass. */
 void kv_prefix_commit(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_tokens_written, uint64_t salt);
 /* The key of a full block with the given parent key (NULL for the first
  * block), as the cache computes it. */
@@ -172,27 +265,41 @@ void kv_prefix_key(const uint8_t parent[KV_KEY_LEN], uint64_t salt, const int32_
 /* ---- accounting -------------------------------------------------------- */
 
 typedef struct {
+    int n_layer;
+    int64_t n_blocks, n_used, n_free, n_cached;
+    uint64_t block_bytes;
+    uint64_t bytes_total, bytes_used;
+    int64_t slots_filled, slots_wasted;
+} kv_class_stats;
+
+typedef struct {
+    /* block counts: the global class (every block without a window) */
     int64_t n_blocks;      /* total */
     int64_t n_used;        /* refcount > 0 */
     int64_t n_free;        /* refcount 0, no key */
     int64_t n_cached;      /* refcount 0, keyed: reusable by a prefix match, evictable */
     int block_size;
     uint64_t block_bytes;
-    uint64_t bytes_total;  /* n_blocks x block_bytes */
-    uint64_t bytes_used;   /* n_used x block_bytes */
-    int64_t slots_filled;  /* positions written in used blocks (a shared block counted once) */
-    int64_t slots_wasted;  /* n_used x block_size - slots_filled: unfilled tails of last blocks */
-    uint64_t bytes_wasted; /* slots_wasted x bytes_per_token */
+    uint64_t bytes_total;  /* both classes: every block's bytes */
+    uint64_t bytes_used;   /* both classes: used blocks' bytes */
+    int64_t slots_filled;  /* global class: positions written in used blocks (a shared block counted once) */
+    int64_t slots_wasted;  /* global class: n_used x block_size - slots_filled: unfilled tails of last blocks */
+    uint64_t bytes_wasted; /* both classes: wasted slots x their class's bytes per token */
     int64_t n_seqs;        /* live sequences */
-    /* running counters since the pool was made */
+    /* running counters since the pool was made (both classes; prefix_hit_blocks
+     * counts logical blocks) */
     uint64_t prefix_queries, prefix_hit_blocks, n_evicted, n_cow, n_dedup;
+    kv_class_stats cls[KV_N_CLASS]; /* per class (the local one all zero without a window) */
 } kv_stats;
 
 void kv_stats_get(const kv_pool *p, kv_stats *st);
-/* Refcount of a physical block (tests and diagnostics). */
+/* Refcount of a physical block of the global class, or of class cls (tests
+ * and diagnostics); -1 for a block out of range. */
 int kv_block_refcount(const kv_pool *p, int32_t block);
-/* Check every invariant of the pool's bookkeeping (free list, LRU list, hash
- * table, counters, fill sum); KV_ERR and a message naming the first broken one. */
+int kv_class_refcount(const kv_pool *p, int cls, int32_t block);
+/* Check every invariant of the pool's bookkeeping in every class (free list,
+ * LRU list, hash table, counters, fill sum, released local entries); KV_ERR
+ * and a message naming the first broken one. */
 int kv_pool_check(const kv_pool *p, char *err, size_t errlen);
 
 #endif

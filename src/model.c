@@ -206,7 +206,8 @@ static int load_tensors(loader *L) {
     L->f32_cap = (size_t)hp->n_layer * (size_t)(4 * E + 2 * hp->head_dim + Q + 2 * KV) + (size_t)E;
     m->f32 = lm_malloc(L->f32_cap * sizeof(float));
     m->layers = lm_calloc((size_t)hp->n_layer, sizeof(lm_layer));
-    if (!m->f32 || !m->layers) return lm_err(L->err, L->errlen, "out of memory");
+    m->layer_local = lm_calloc((size_t)hp->n_layer, 1);
+    if (!m->f32 || !m->layers || !m->layer_local) return lm_err(L->err, L->errlen, "out of memory");
 
     if (load_weight(L, "token_embd.weight", E, hp->n_vocab, &m->tok_embd)) return -1;
     if (load_vec(L, "output_norm.weight", E, true, &m->out_norm)) return -1;
@@ -244,6 +245,7 @@ static int load_tensors(loader *L) {
         /* gemma3: every swa_pattern-th layer (counting from 1) is global */
         bool local = hp->swa_window > 0 && (i + 1) % hp->swa_pattern != 0;
         l->window = local ? hp->swa_window : 0;
+        m->layer_local[i] = local;
         l->rope_base = local ? hp->rope_base_swa : hp->rope_base;
         l->rope_scale = local ? 1.0f : hp->rope_scale;
     }
@@ -357,6 +359,7 @@ void model_free(lm_model *m) {
     if (!m) return;
     if (m->tok) tok_free(m->tok);
     lm_free(m->layers);
+    lm_free(m->layer_local);
     lm_free(m->f32);
     lm_free(m->packed_mem);
     if (m->gguf) gguf_close(m->gguf);

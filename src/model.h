@@ -92,6 +92,8 @@ typedef struct lm_model {
     const float *out_norm;   /* (n_embd) */
     lm_weight output;        /* (n_vocab, n_embd); the embedding when tied */
     lm_layer *layers;        /* (n_layer) */
+    uint8_t *layer_local;    /* (n_layer) 1 for a sliding-window (window > 0) layer: the KV
+                                pool's local class (kv_config.layer_local) */
     float *f32;              /* slab owning every converted norm/bias vector */
     void *packed_mem;        /* allocation owning every weight's packed copy, or NULL */
     size_t packed_bytes;     /* bytes of packed copies (memory beyond the mapping) */

@@ -282,6 +282,16 @@ static int route_metrics(lm_server *s, struct MHD_Connection *conn) {
     metric(&b, "lamina_kv_blocks_free", "gauge", "KV cache blocks free.", (double)st.kv_blocks_free);
     metric(&b, "lamina_kv_blocks_cached", "gauge", "Free KV blocks kept for prefix reuse.",
            (double)st.kv_blocks_cached);
+    if (st.kv_local_blocks_total) { /* sliding-window layers: their own blocks */
+        metric(&b, "lamina_kv_local_blocks_total", "gauge", "KV blocks of sliding-window layers in the pool.",
+               (double)st.kv_local_blocks_total);
+        metric(&b, "lamina_kv_local_blocks_used", "gauge", "KV blocks of sliding-window layers held by sequences.",
+               (double)st.kv_local_blocks_used);
+        metric(&b, "lamina_kv_local_blocks_free", "gauge", "KV blocks of sliding-window layers free.",
+               (double)st.kv_local_blocks_free);
+        metric(&b, "lamina_kv_local_blocks_cached", "gauge",
+               "Free KV blocks of sliding-window layers kept for prefix reuse.", (double)st.kv_local_blocks_cached);
+    }
     metric(&b, "lamina_prefix_cache_queries_total", "counter", "Prefix cache lookups.",
            (double)st.prefix_queries_total);
     metric(&b, "lamina_prefix_cache_hits_total", "counter", "Prefix cache hits.", (double)st.prefix_hits_total);

@@ -17,8 +17,10 @@ Checks:
     on and off), and at least MIN_FULL prompts are identical for the first
     FULL_TOKENS tokens;
   - perplexity: llama-perplexity's method on the reference essay, the first
-    PPL_CHUNKS chunks of 512, within 0.5% of llama.cpp's running value.
-Under AddressSanitizer (LAMINA_ASAN set) only the tokenizer checks run.
+    PPL_CHUNKS chunks of 512, within 0.5% of llama.cpp's running value;
+  - lamina kv: the KV pool of the 15 sliding-window layers (window 512) and
+    the 3 global ones, as planned and as allocated.
+Under AddressSanitizer (LAMINA_ASAN set) only the tokenizer and kv checks run.
 """
 import os
 import re
@@ -179,11 +181,24 @@ def check_perplexity(model):
     result("perplexity", rel < PPL_TOLERANCE, "lamina %.4f vs llama.cpp %.4f (%.2f%%)" % (ppl, ref, 100 * rel))
 
 
+def check_kv(model):
+    r = lamina("kv", "-m", model, "--alloc")
+    out = r.stdout.decode()
+    want = ["sliding window:  512 tokens on 15 local layers",
+            "global 2 x 3 layers x 1 KV heads x 256 head dim x 2 = 3072 bytes",
+            "local  2 x 15 layers x 1 KV heads x 256 head dim x 2 = 15360 bytes",
+            "2048 global + 65 local blocks = 116637696 bytes", "agrees with the formula"]
+    missing = [w for w in want if w not in out]
+    result("lamina kv: sliding-window layers keep their window only", r.returncode == 0 and not missing,
+           "missing %s in:\n%s%s" % (missing, out, r.stderr.decode()))
+
+
 def main():
     model = model_path()
     check_tokenize(model)
+    check_kv(model)
     if os.environ.get("LAMINA_ASAN"):
-        print("NOTE under AddressSanitizer only the tokenizer checks run")
+        print("NOTE under AddressSanitizer only the tokenizer and kv checks run")
     else:
         check_greedy(model)
         check_perplexity(model)

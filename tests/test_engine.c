@@ -11,7 +11,13 @@
  *     outputs, no KV block leaks;
  *   - preemption under a tiny pool completes every request with its solo
  *     output; priorities order admission; stop strings, n > 1 forks,
- *     rejections, and shutdown with requests in flight.
+ *     rejections, and shutdown with requests in flight;
+ *   - a sliding-window model (swa_model.h: window 8), whose pool keeps only
+ *     the local blocks a window can see: requests many windows long, alone,
+ *     together, preempted in a small pool, forked (n = 2) and served from
+ *     the prefix cache, give the tokens of the single-sequence generator
+ *     over a pool that keeps every layer's positions; no block of either
+ *     class leaks.
  * Outputs are compared exactly: the kernels' summation order is fixed per
  * row, so the batch a row shares a pass with cannot change its bits.
  */
@@ -26,10 +32,12 @@
 #include "quant.h"
 #include "quantize.h"
 #include "sample.h"
+#include "swa_model.h"
 #include "test.h"
 #include "util.h"
 
 static lm_model *models[3]; /* F32, Q8_0, Q4_0 */
+static lm_model *swa;       /* gemma3 variant of models[0], window 8 on 4 of 5 layers */
 static const char *model_names[3] = {"F32", "Q8_0", "Q4_0"};
 static lm_pool *ref_pool;
 
@@ -71,11 +79,10 @@ static void on_event(void *user, const lm_event *ev) {
     }
 }
 
-/* Greedy reference through the single-sequence path. */
-static int solo_greedy(const lm_model *m, const int32_t *prompt, int n_prompt, int max_tokens, int32_t *out) {
+/* Greedy decoding of s (empty) from prompt, up to max_tokens. */
+static int greedy_on(lm_state *s, const lm_model *m, const int32_t *prompt, int n_prompt, int max_tokens,
+                     int32_t *out) {
     char err[LM_ERRLEN];
-    lm_state *s = state_new(m, ref_pool, 0, 64, err, sizeof err);
-    if (!s) return -1;
     float *logits = lm_malloc((size_t)m->hp.n_vocab * sizeof *logits);
     int n = 0;
     if (state_forward(s, prompt, n_prompt, logits, false, err, sizeof err) != 0) n = -1;
@@ -86,7 +93,32 @@ static int solo_greedy(const lm_model *m, const int32_t *prompt, int n_prompt, i
         if (state_forward(s, &t, 1, logits, false, err, sizeof err) != 0) n = -1;
     }
     lm_free(logits);
+    return n;
+}
+
+/* Greedy reference through the single-sequence path. */
+static int solo_greedy(const lm_model *m, const int32_t *prompt, int n_prompt, int max_tokens, int32_t *out) {
+    char err[LM_ERRLEN];
+    lm_state *s = state_new(m, ref_pool, 0, 64, err, sizeof err);
+    if (!s) return -1;
+    int n = greedy_on(s, m, prompt, n_prompt, max_tokens, out);
     state_free(s);
+    return n;
+}
+
+/* The same over a pool keeping every layer's positions (no local class). */
+static int solo_greedy_keep_all(const lm_model *m, const int32_t *prompt, int n_prompt, int max_tokens,
+                                int32_t *out) {
+    char err[LM_ERRLEN];
+    kv_config kc;
+    kv_config_init(&kc, m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim);
+    kc.type = LM_TYPE_F32;
+    kc.n_ctx = m->hp.n_ctx_train;
+    kv_pool *kv = kv_pool_new(&kc, err, sizeof err);
+    lm_state *s = kv ? state_new_shared(m, ref_pool, kv, 0, 64, err, sizeof err) : NULL;
+    int n = s ? greedy_on(s, m, prompt, n_prompt, max_tokens, out) : -1;
+    state_free(s);
+    kv_pool_free(kv);
     return n;
 }
 
@@ -663,6 +695,80 @@ static void test_random_stress(void) {
     engine_free(e);
 }
 
+/* The sliding-window model through the engine: 12 greedy requests with
+ * prompts of 20..64 tokens and up to 90 generated (up to 19 windows), alone,
+ * all together in a roomy pool, and in a pool of 20 blocks of each class
+ * where decodes preempt; n = 2 choices fork the prompt's blocks; a prompt
+ * repeated after its first run comes from the prefix cache. Every output
+ * equals the single-sequence generator's over a pool keeping every layer. */
+static void test_swa_engine(void) {
+    enum { N = 12 };
+    static int32_t prompts[N][64];
+    static int lens[N], maxt[N];
+    static int32_t ref[N][MAX_OUT];
+    static int n_ref[N];
+    static collect col[N];
+    lm_rng r;
+    lm_rng_seed(&r, 91);
+    for (int i = 0; i < N; i++) {
+        lens[i] = 20 + (int)(lm_rng_u64(&r) % 45);
+        maxt[i] = 30 + (int)(lm_rng_u64(&r) % 61);
+        random_prompt(&r, prompts[i], lens[i]);
+        n_ref[i] = solo_greedy_keep_all(swa, prompts[i], lens[i], maxt[i], ref[i]);
+        CHECK(n_ref[i] > 0);
+        int32_t alt[MAX_OUT]; /* the state's own windowed pool agrees too */
+        CHECK(solo_greedy(swa, prompts[i], lens[i], maxt[i], alt) == n_ref[i] &&
+              !memcmp(alt, ref[i], (size_t)n_ref[i] * 4));
+    }
+    uint64_t all_block = 16ull * 2 * swa->hp.n_layer * swa->hp.n_head_kv * swa->hp.head_dim * 4;
+    static const uint64_t mems[2] = {0, 20};
+    for (int mi = 0; mi < 2; mi++) {
+        lm_engine *e = new_engine(swa, 64, 8, mems[mi] * all_block);
+        CHECK(e);
+        lm_engine_stats st;
+        engine_stats(e, &st);
+        CHECK(st.kv_local_blocks_total > 0 && st.kv_local_blocks_total < st.kv_blocks_total + (mi ? 1 : 0));
+        memset(col, 0, sizeof col);
+        char err[LM_ERRLEN];
+        for (int i = 0; i < N; i++) {
+            lm_request_params p = greedy_params(prompts[i], lens[i], maxt[i], &col[i]);
+            p.n = i % 4 == 3 ? 2 : 1;
+            CHECKF(engine_submit(e, &p, NULL, err, sizeof err) == ENGINE_OK, "%s", err);
+        }
+        engine_wait_idle(e);
+        for (int i = 0; i < N; i++)
+            for (int c = 0; c < (i % 4 == 3 ? 2 : 1); c++) {
+                CHECK(col[i].done[c] == 1);
+                CHECKF(col[i].n[c] == n_ref[i] && !memcmp(col[i].tokens[c], ref[i], (size_t)n_ref[i] * 4),
+                       "pool %d, request %d choice %d: %d tokens vs %d alone", mi, i, c, col[i].n[c], n_ref[i]);
+            }
+        /* the first prompts again, each twice in a row: the second run at
+         * least is served from the prefix cache */
+        int cached = 0;
+        for (int k = 0; k < 6; k++) {
+            int i = k / 2;
+            memset(&col[i], 0, sizeof col[i]);
+            lm_request_params p = greedy_params(prompts[i], lens[i], maxt[i], &col[i]);
+            CHECK(engine_submit(e, &p, NULL, err, sizeof err) == ENGINE_OK);
+            engine_wait_idle(e);
+            CHECK(col[i].n[0] == n_ref[i] && !memcmp(col[i].tokens[0], ref[i], (size_t)n_ref[i] * 4));
+            if (k % 2) CHECK(col[i].stats[0].cached_tokens > 0);
+            cached += col[i].stats[0].cached_tokens;
+        }
+        engine_stats(e, &st);
+        CHECKF(engine_check(e, err, sizeof err) == 0, "%s", err);
+        CHECK(st.kv_blocks_used == 0 && st.kv_local_blocks_used == 0);
+        int longest = 0;
+        for (int i = 0; i < N; i++) longest = lens[i] + n_ref[i] > longest ? lens[i] + n_ref[i] : longest;
+        printf("NOTE sliding-window engine, %s pool (%lld global, %lld local blocks): sequences up to %d positions, "
+               "%llu preemptions, %d prompt positions from the prefix cache\n",
+               mi ? "small" : "roomy", (long long)st.kv_blocks_total, (long long)st.kv_local_blocks_total, longest,
+               (unsigned long long)st.preemptions_total, cached);
+        if (mi) CHECKF(st.preemptions_total > 0, "no preemption happened");
+        engine_free(e);
+    }
+}
+
 int main(void) {
     quant_init();
     char err[LM_ERRLEN];
@@ -693,6 +799,12 @@ int main(void) {
     TEST_RUN(test_max_waiting);
     TEST_RUN(test_cancel_alone_and_text);
     TEST_RUN(test_random_stress);
+    if (!(swa = swa_model_load(TEST_MODEL, 8, 3, 256, err, sizeof err))) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    TEST_RUN(test_swa_engine);
+    model_free(swa);
     for (int i = 0; i < 3; i++) model_free(models[i]);
     pool_free(ref_pool);
     return TEST_DONE();

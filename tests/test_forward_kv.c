@@ -9,6 +9,13 @@
  *     (free or cached), and a pool too small gives an error, not a crash.
  * F32 KV, so equal reduction orders give equal bits; the bound used is
  * 1e-6 relative L2 (it measures 0 here).
+ * And on a gemma3 variant of it with sliding windows of a few tokens
+ * (swa_model.h), whose pool keeps only the local blocks a window can still
+ * see: a sequence many windows long, prefilled in chunks and decoded token
+ * by token, gives logits bit-identical (memcmp) to a pool that keeps every
+ * layer's positions, while holding at most the bound of kv.h of local
+ * blocks; forks and prefix-cache hits are bit-identical to cold runs; every
+ * block of both classes comes back.
  */
 #include <string.h>
 
@@ -16,10 +23,13 @@
 #include "kv.h"
 #include "model.h"
 #include "quant.h"
+#include "swa_model.h"
 #include "test.h"
 #include "util.h"
 
 static lm_model *model;
+static lm_model *swa; /* window 8 on layers 0, 1, 3, 4; layer 2 global */
+enum { SWA_WINDOW = 8, SWA_CTX = 256 };
 static lm_pool *tpool;
 
 static double rel_diff(const float *a, const float *b, int n) {
@@ -155,6 +165,195 @@ static void test_pool_exhaustion(void) {
     free(lg);
 }
 
+/* ---- sliding-window layers ------------------------------------------------ */
+
+/* A pool for the sliding-window model: with its local class (windowed), or
+ * one class keeping every layer's positions (the reference layout). */
+static kv_pool *swa_pool(bool windowed, uint32_t type, int block, int chunk, int n_seqs) {
+    kv_config kc;
+    state_kv_config(swa, &kc);
+    if (!windowed) kc.window = 0, kc.layer_local = NULL;
+    kc.type = type;
+    kc.block_size = block;
+    kc.chunk = chunk;
+    kc.n_ctx = SWA_CTX;
+    kc.n_seqs = n_seqs;
+    char err[LM_ERRLEN];
+    kv_pool *p = kv_pool_new(&kc, err, sizeof err);
+    if (!p) fprintf(stderr, "  kv_pool_new: %s\n", err);
+    return p;
+}
+
+static int all_back(const kv_pool *kv) {
+    kv_stats st;
+    kv_stats_get(kv, &st);
+    for (int c = 0; c < KV_N_CLASS; c++)
+        if (st.cls[c].n_used || st.cls[c].n_free + st.cls[c].n_cached != st.cls[c].n_blocks) return 0;
+    char err[LM_ERRLEN];
+    return st.n_seqs == 0 && kv_pool_check(kv, err, sizeof err) == KV_OK;
+}
+
+/* Prefill `prefill` tokens in chunks of max_batch with every row's logits,
+ * then decode the rest one by one; out gets n rows, *held (when not NULL)
+ * the local blocks held at the end. After every decode step a windowed pool
+ * must hold ceil(len/B) global blocks and no more local ones than kv.h's
+ * bound for an append of one. 0, or -1 with a message. */
+static int swa_run(kv_pool *kv, int max_batch, const int32_t *toks, int n, int prefill, float *out, int *held) {
+    char err[LM_ERRLEN];
+    int V = swa->hp.n_vocab, B = kv_pool_layout(kv)->block_size;
+    lm_state *s = state_new_shared(swa, tpool, kv, SWA_CTX, max_batch, err, sizeof err);
+    if (!s || state_forward(s, toks, prefill, out, true, err, sizeof err)) {
+        fprintf(stderr, "  %s\n", err);
+        state_free(s);
+        return -1;
+    }
+    for (int i = prefill; i < n; i++) {
+        if (state_forward(s, toks + i, 1, out + (size_t)i * V, false, err, sizeof err)) {
+            fprintf(stderr, "  %s\n", err);
+            state_free(s);
+            return -1;
+        }
+        int len = i + 1, bound = (SWA_WINDOW + 1 + 2 * B - 3) / B;
+        if (kv_pool_window(kv) && (kv_seq_held(s->seq, KV_GLOBAL) != (len + B - 1) / B ||
+                                   kv_seq_held(s->seq, KV_LOCAL) > bound)) {
+            fprintf(stderr, "  length %d: %d global, %d local blocks held (local bound %d)\n", len,
+                    kv_seq_held(s->seq, KV_GLOBAL), kv_seq_held(s->seq, KV_LOCAL), bound);
+            state_free(s);
+            return -1;
+        }
+    }
+    if (held) *held = kv_seq_held(s->seq, KV_LOCAL);
+    state_free(s);
+    return 0;
+}
+
+/* A sequence of 200 tokens (25 windows): prefill in chunks, then decode,
+ * for several block sizes, chunk sizes and KV types: logits bit-identical to
+ * the one-class pool, with few local blocks held. */
+static void test_swa_matches_keep_all(void) {
+    enum { N = 200, PREFILL = 90 };
+    int V = swa->hp.n_vocab;
+    int32_t toks[N];
+    prompt(toks, N, 11);
+    float *ref = malloc((size_t)N * V * 4), *got = malloc((size_t)N * V * 4);
+    static const uint32_t types[2] = {LM_TYPE_F32, LM_TYPE_F16};
+    static const int blocks[4] = {16, 5, 3, 1}, chunks[2] = {7, 24};
+    for (int ti = 0; ti < 2; ti++)
+        for (int ci = 0; ci < 2; ci++) {
+            kv_pool *plain = swa_pool(false, types[ti], 16, chunks[ci], 1);
+            CHECK(plain && swa_run(plain, chunks[ci], toks, N, PREFILL, ref, NULL) == 0);
+            CHECK(all_back(plain));
+            kv_pool_free(plain);
+            for (int bi = 0; bi < 4; bi++) {
+                kv_pool *kv = swa_pool(true, types[ti], blocks[bi], chunks[ci], 1);
+                CHECK(kv && kv_pool_window(kv) == SWA_WINDOW);
+                int held = 0;
+                CHECKF(swa_run(kv, chunks[ci], toks, N, PREFILL, got, &held) == 0, "block %d chunk %d", blocks[bi],
+                       chunks[ci]);
+                for (int t = 0; t < N; t++)
+                    CHECKF(!memcmp(got + (size_t)t * V, ref + (size_t)t * V, (size_t)V * 4),
+                           "%s block %d chunk %d: logits of position %d differ from the one-class pool",
+                           quant_type_name(types[ti]), blocks[bi], chunks[ci], t);
+                int nb = (N + blocks[bi] - 1) / blocks[bi];
+                CHECKF(held < nb, "%d local blocks of %d: nothing was released", held, nb);
+                if (ti == 0 && ci == 0)
+                    printf("NOTE sliding window %d, block %2d: %d positions in %d global and %d local blocks, logits "
+                           "identical to keeping every layer\n",
+                           SWA_WINDOW, blocks[bi], N, nb, held);
+                CHECK(all_back(kv));
+                kv_pool_free(kv);
+            }
+        }
+    free(ref);
+    free(got);
+}
+
+/* Fork a sequence 4 windows long in the middle of a block; each branch
+ * writes into the shared partial block (a copy in each class) and decodes
+ * 30 more tokens: every step bit-identical to a cold run of its own tokens. */
+static void test_swa_fork(void) {
+    enum { BASE = 35, MORE = 30, N = BASE + MORE };
+    int V = swa->hp.n_vocab;
+    int32_t xa[N], xb[N];
+    prompt(xa, N, 21);
+    memcpy(xb, xa, BASE * sizeof *xb);
+    prompt(xb + BASE - 1, MORE + 1, 22);
+    xb[BASE - 1] = xa[BASE - 1];
+    float *ca = malloc((size_t)N * V * 4), *cb = malloc((size_t)N * V * 4), *lg = malloc((size_t)V * 4);
+    kv_pool *kv = swa_pool(true, LM_TYPE_F32, 4, 16, 4);
+    CHECK(kv);
+    CHECK(swa_run(kv, 16, xa, N, BASE, ca, NULL) == 0 && swa_run(kv, 16, xb, N, BASE, cb, NULL) == 0);
+    char err[LM_ERRLEN];
+    lm_state *a = state_new_shared(swa, tpool, kv, SWA_CTX, 16, err, sizeof err);
+    CHECK(state_forward(a, xa, BASE, lg, false, err, sizeof err) == 0);
+    CHECK(kv_seq_held(a->seq, KV_LOCAL) < kv_seq_held(a->seq, KV_GLOBAL));
+    lm_state *b = state_fork(a, err, sizeof err);
+    CHECKF(b != NULL, "%s", err);
+    kv_stats st0, st;
+    kv_stats_get(kv, &st0);
+    for (int i = BASE; i < N; i++) {
+        CHECK(state_forward(a, xa + i, 1, lg, false, err, sizeof err) == 0);
+        CHECKF(!memcmp(lg, ca + (size_t)i * V, (size_t)V * 4), "branch a, position %d", i);
+        CHECK(state_forward(b, xb + i, 1, lg, false, err, sizeof err) == 0);
+        CHECKF(!memcmp(lg, cb + (size_t)i * V, (size_t)V * 4), "branch b, position %d", i);
+    }
+    kv_stats_get(kv, &st);
+    CHECKF(st.n_cow - st0.n_cow == 2, "%llu copies", (unsigned long long)(st.n_cow - st0.n_cow));
+    state_free(b);
+    state_free(a);
+    CHECK(all_back(kv));
+    kv_pool_free(kv);
+    free(ca), free(cb), free(lg);
+}
+
+/* Prefix cache: after a request computed 60 tokens, a prompt extending
+ * them reuses all 60, and a prompt sharing only the first 40 reuses 40 when
+ * the blocks were committed after every chunk (as the engine does), local
+ * blocks of its window included; committed only at the end, the local
+ * blocks below the last window were released unkeyed, so that match
+ * shortens to nothing. Every case gives the logits of a cold prefill. */
+static void test_swa_prefix_cache(void) {
+    enum { N = 80, SHARED = 60, PART = 40 };
+    int V = swa->hp.n_vocab;
+    int32_t toks[2][N];
+    prompt(toks[0], N, 31);
+    memcpy(toks[1], toks[0], PART * sizeof(int32_t));
+    prompt(toks[1] + PART - 1, N - PART + 1, 32);
+    toks[1][PART - 1] = toks[0][PART - 1];
+    float *cold[2] = {malloc((size_t)N * V * 4), malloc((size_t)N * V * 4)}, *lg = malloc((size_t)V * 4);
+    kv_pool *kv = swa_pool(true, LM_TYPE_F32, 4, 8, 4);
+    CHECK(kv && swa_run(kv, 8, toks[0], N, N, cold[0], NULL) == 0 && swa_run(kv, 8, toks[1], N, N, cold[1], NULL) == 0);
+    char err[LM_ERRLEN];
+    for (int per_chunk = 1; per_chunk >= 0; per_chunk--) {
+        uint64_t salt = 40 + (uint64_t)per_chunk;
+        lm_state *a = state_new_shared(swa, tpool, kv, SWA_CTX, 8, err, sizeof err);
+        for (int i = 0; i < SHARED; i += 8) {
+            int n = SHARED - i < 8 ? SHARED - i : 8;
+            CHECK(state_forward(a, toks[0] + i, n, lg, false, err, sizeof err) == 0);
+            if (per_chunk) state_prefix_commit(a, toks[0], salt);
+        }
+        state_prefix_commit(a, toks[0], salt);
+        state_free(a);
+        for (int pi = 0; pi < 2; pi++) {
+            lm_state *b = state_new_shared(swa, tpool, kv, SWA_CTX, 8, err, sizeof err);
+            int got = state_prefix_match(b, toks[pi], N, salt);
+            int want = pi == 0 ? SHARED : per_chunk ? PART : 0;
+            CHECKF(got == want, "prompt %d, %s: matched %d, want %d", pi, per_chunk ? "per chunk" : "at the end", got,
+                   want);
+            if (got) CHECK(kv_seq_held(b->seq, KV_LOCAL) < kv_seq_held(b->seq, KV_GLOBAL));
+            CHECK(state_forward(b, toks[pi] + got, N - got, lg, false, err, sizeof err) == 0);
+            CHECKF(!memcmp(lg, cold[pi] + (size_t)(N - 1) * V, (size_t)V * 4), "prefix hit of %d positions", got);
+            printf("NOTE sliding-window prefix cache, committed %s: %d of the %d shared positions reused, logits "
+                   "identical to a cold prefill\n",
+                   per_chunk ? "per chunk " : "at the end", got, pi == 0 ? SHARED : PART);
+            state_free(b);
+        }
+        CHECK(all_back(kv));
+    }
+    kv_pool_free(kv);
+    free(cold[0]), free(cold[1]), free(lg);
+}
+
 int main(void) {
     quant_init();
     char err[LM_ERRLEN];
@@ -163,11 +362,20 @@ int main(void) {
         fprintf(stderr, "%s\n", err);
         return 1;
     }
+    swa = swa_model_load(TEST_MODEL, SWA_WINDOW, 3, SWA_CTX, err, sizeof err);
+    if (!swa) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
     tpool = pool_new(2);
     TEST_RUN(test_prefix_reuse);
     TEST_RUN(test_fork_cow);
     TEST_RUN(test_pool_exhaustion);
+    TEST_RUN(test_swa_matches_keep_all);
+    TEST_RUN(test_swa_fork);
+    TEST_RUN(test_swa_prefix_cache);
     pool_free(tpool);
+    model_free(swa);
     model_free(model);
     return TEST_DONE();
 }

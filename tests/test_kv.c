@@ -106,7 +106,7 @@ static void test_grow_and_release(void) {
     kv_pool *p = mk_pool(LM_TYPE_F16, 2, 2, 16, 16, 10);
     char err[LM_ERRLEN];
     kv_seq *s = kv_seq_new(p, err, sizeof err);
-    CHECK(kv_blocks_needed(p, s, 33) == 3);
+    CHECK(kv_blocks_needed(p, s, 33, KV_GLOBAL) == 3);
     CHECK(kv_append(p, s, 33, err, sizeof err) == KV_OK);
     kv_stats st;
     kv_stats_get(p, &st);
@@ -150,16 +150,16 @@ static void test_exhaustion_is_a_status(void) {
     /* a fork needs no block; its first write into the shared partial block does */
     kv_seq_free(p, b);
     kv_seq *c = kv_fork(p, a, err, sizeof err);
-    CHECK(c && kv_available(p) == 1);
-    CHECK(kv_blocks_needed(p, c, 1) == 1); /* len 16: block boundary, no copy */
+    CHECK(c && kv_available(p, KV_GLOBAL) == 1);
+    CHECK(kv_blocks_needed(p, c, 1, KV_GLOBAL) == 1); /* len 16: block boundary, no copy */
     CHECK(kv_truncate(p, c, 15, err, sizeof err) == KV_OK);
-    CHECK(kv_blocks_needed(p, c, 1) == 1); /* copy of the shared partial block */
+    CHECK(kv_blocks_needed(p, c, 1, KV_GLOBAL) == 1); /* copy of the shared partial block */
     CHECK(kv_append(p, c, 1, err, sizeof err) == KV_OK);
     CHECK(kv_append(p, c, 1, err, sizeof err) == KV_FULL);
     CHECK(pool_ok(p));
     kv_seq_free(p, a);
     kv_seq_free(p, c);
-    CHECK(kv_available(p) == 5);
+    CHECK(kv_available(p, KV_GLOBAL) == 5);
     kv_pool_free(p);
 }
 
@@ -341,7 +341,7 @@ static void test_lru_eviction(void) {
     kv_stats_get(p, &st);
     CHECK(st.n_evicted == 3);
     /* cached now: prompt 3's head and prompt 0; prompt 2 is held */
-    CHECK(kv_available(p) == 3);
+    CHECK(kv_available(p, KV_GLOBAL) == 3);
     kv_seq *q = kv_seq_new(p, err, sizeof err);
     CHECK(kv_prefix_match(p, q, t[1], 9, 0) == 0);
     CHECK(kv_prefix_match(p, q, t[3], 9, 0) == 4); /* its first block survived */
@@ -527,6 +527,376 @@ static void test_random_workload(void) {
     kv_pool_free(p);
 }
 
+/* ---- sliding-window layers: two block classes ---------------------------- */
+
+/* A pool of n_layer layers where local[i] marks the sliding-window layers. */
+static kv_pool *mk_swa_pool(uint32_t type, int n_layer, const uint8_t *local, int window, int hd, int B, int chunk,
+                            int n_ctx, int n_seqs) {
+    kv_config c;
+    kv_config_init(&c, n_layer, 1, hd);
+    c.type = type;
+    c.block_size = B;
+    c.window = window;
+    c.layer_local = local;
+    c.chunk = chunk;
+    c.n_ctx = n_ctx;
+    c.n_seqs = n_seqs;
+    char err[LM_ERRLEN];
+    kv_pool *p = kv_pool_new(&c, err, sizeof err);
+    if (!p) fprintf(stderr, "  kv_pool_new: %s\n", err);
+    return p;
+}
+
+/* Leading local blocks a sequence of length len no longer needs. */
+static int swa_drop(int len, int window, int B) { return len - window + 1 > 0 ? (len - window + 1) / B : 0; }
+
+/* Sizing with a window, both ways, against the formulas of kv.h; without a
+ * usable window the plan is the one-class plan, bit for bit. */
+static void test_swa_plan(void) {
+    static const uint8_t local[6] = {1, 1, 0, 1, 1, 0}, none[6] = {0}, all[6] = {1, 1, 1, 1, 1, 1};
+    char err[LM_ERRLEN];
+    kv_config c;
+    kv_config_init(&c, 6, 2, 32);
+    c.block_size = 4;
+    c.n_ctx = 100;
+    c.n_seqs = 3;
+    kv_plan plain, pl;
+    CHECK(kv_plan_make(&c, &plain, err, sizeof err) == KV_OK);
+    CHECK(plain.window == 0 && plain.local_blocks_per_seq == 0 && plain.cls[KV_LOCAL].n_blocks == 0);
+    CHECK(plain.cls[KV_GLOBAL].n_layer == 6 && plain.cls[KV_GLOBAL].n_blocks == plain.n_blocks &&
+          plain.cls[KV_GLOBAL].data_bytes == plain.data_bytes);
+    /* no layer flagged, every layer flagged, or no window: one class */
+    const uint8_t *one[3] = {none, all, local};
+    for (int i = 0; i < 3; i++) {
+        c.window = i < 2 ? 10 : 0;
+        c.layer_local = one[i];
+        CHECK(kv_plan_make(&c, &pl, err, sizeof err) == KV_OK);
+        CHECKF(!memcmp(&pl, &plain, sizeof pl), "case %d differs from the one-class plan", i);
+    }
+    /* context x sequences: window 10, chunk 6, block 4 -> ceil((10+6+4-2)/4) = 5 local blocks a sequence */
+    c.window = 10;
+    c.layer_local = local;
+    c.chunk = 6;
+    CHECK(kv_plan_make(&c, &pl, err, sizeof err) == KV_OK);
+    uint64_t row = 2 * 32, per_layer = 2 * 2 * row; /* F16, 2 KV heads */
+    CHECK(pl.window == 10 && pl.local_blocks_per_seq == 5);
+    CHECK(pl.cls[KV_GLOBAL].n_layer == 2 && pl.cls[KV_LOCAL].n_layer == 4);
+    CHECK(pl.cls[KV_GLOBAL].bytes_per_token == 2 * per_layer && pl.cls[KV_LOCAL].bytes_per_token == 4 * per_layer);
+    CHECK(pl.bytes_per_token == 6 * per_layer && pl.block_bytes == 4 * 6 * per_layer);
+    CHECK(pl.cls[KV_GLOBAL].n_blocks == 3 * 25 && pl.cls[KV_LOCAL].n_blocks == 3 * 5);
+    CHECK(pl.n_blocks == 75 && pl.n_tokens == 300);
+    CHECK(pl.data_bytes == 75 * 4 * 2 * per_layer + 15 * 4 * 4 * per_layer);
+    /* a context shorter than the window + chunk caps the local blocks */
+    c.n_ctx = 9;
+    CHECK(kv_plan_make(&c, &pl, err, sizeof err) == KV_OK && pl.local_blocks_per_seq == 3);
+    /* a budget: N blocks of every layer; local min(N, seqs x 5); the rest global */
+    c.n_ctx = 100;
+    uint64_t all_block = 4 * 6 * per_layer, gblock = 4 * 2 * per_layer, lblock = 4 * 4 * per_layer;
+    for (int64_t n_plain = 1; n_plain <= 40; n_plain += 13)
+        for (int seqs = 1; seqs <= 4; seqs++) {
+            c.mem_bytes = (uint64_t)n_plain * all_block + 17;
+            c.n_seqs = seqs;
+            CHECK(kv_plan_make(&c, &pl, err, sizeof err) == KV_OK);
+            int64_t nl = seqs * 5 < n_plain ? seqs * 5 : n_plain;
+            CHECKF(pl.cls[KV_LOCAL].n_blocks == nl, "N %lld seqs %d: %lld local", (long long)n_plain, seqs,
+                   (long long)pl.cls[KV_LOCAL].n_blocks);
+            CHECK(pl.cls[KV_GLOBAL].n_blocks == (int64_t)((c.mem_bytes - (uint64_t)nl * lblock) / gblock));
+            CHECK(pl.cls[KV_GLOBAL].n_blocks >= n_plain); /* never less context than one class */
+            CHECK(pl.data_bytes <= c.mem_bytes && c.mem_bytes - pl.data_bytes < gblock);
+            kv_pool *p = kv_pool_new(&c, err, sizeof err);
+            CHECK(p);
+            kv_stats st;
+            kv_stats_get(p, &st);
+            CHECK(st.bytes_total == pl.data_bytes && st.cls[KV_LOCAL].n_blocks == nl &&
+                  st.cls[KV_GLOBAL].n_blocks == pl.n_blocks && st.n_blocks == pl.n_blocks);
+            CHECK(kv_pool_window(p) == 10 && kv_available(p, KV_LOCAL) == nl);
+            int slot;
+            CHECK(kv_layer_class(p, 2, &slot) == KV_GLOBAL && slot == 0);
+            CHECK(kv_layer_class(p, 4, &slot) == KV_LOCAL && slot == 3);
+            CHECK(kv_layer_class(p, 5, &slot) == KV_GLOBAL && slot == 1);
+            CHECK(kv_class_layout(p, KV_LOCAL)->n_layer == 4 && kv_pool_layout(p)->n_layer == 2);
+            kv_pool_free(p);
+        }
+    c.window = -1;
+    CHECK(kv_plan_make(&c, &pl, err, sizeof err) == KV_ERR && strstr(err, "window"));
+}
+
+/* A sequence grown in appends of 1..7 (the chunk) keeps ceil(len/B) global
+ * blocks and only the local blocks a query at its length can see, at most
+ * ceil((window + chunk + B - 2) / B); the K/V of those positions are intact
+ * in both classes; truncation keeps the window; everything comes back. */
+static void test_swa_window_release(void) {
+    static const uint8_t local[3] = {1, 0, 1};
+    const int W = 6, chunk = 7;
+    for (int B = 1; B <= 9; B += 4) {
+        kv_pool *p = mk_swa_pool(LM_TYPE_F32, 3, local, W, 4, B, chunk, 200, 1);
+        CHECK(p);
+        const int bound = (W + chunk + 2 * B - 3) / B;
+        CHECK(kv_pool_plan(p)->local_blocks_per_seq == bound);
+        char err[LM_ERRLEN];
+        kv_seq *s = kv_seq_new(p, err, sizeof err);
+        lm_rng r;
+        lm_rng_seed(&r, (uint64_t)B);
+        int max_local = 0;
+        while (kv_seq_len(s) < 180) {
+            int old = kv_seq_len(s), n = 1 + (int)(lm_rng_u64(&r) % chunk);
+            int64_t need[2] = {kv_blocks_needed(p, s, n, KV_GLOBAL), kv_blocks_needed(p, s, n, KV_LOCAL)};
+            int64_t avail[2] = {kv_available(p, KV_GLOBAL), kv_available(p, KV_LOCAL)};
+            CHECK(kv_append(p, s, n, err, sizeof err) == KV_OK);
+            int len = old + n, nb = (len + B - 1) / B, d = swa_drop(old, W, B);
+            /* every block taken was counted; the local need is net of releases */
+            CHECK(avail[0] - kv_available(p, KV_GLOBAL) == need[0]);
+            CHECKF(avail[1] - kv_available(p, KV_LOCAL) <= need[1], "B %d len %d", B, len);
+            CHECK(kv_seq_held(s, KV_GLOBAL) == nb && kv_seq_held(s, KV_LOCAL) == nb - d);
+            CHECKF(kv_seq_held(s, KV_LOCAL) <= bound, "B %d len %d: %d local blocks > %d", B, len,
+                   kv_seq_held(s, KV_LOCAL), bound);
+            if (kv_seq_held(s, KV_LOCAL) > max_local) max_local = kv_seq_held(s, KV_LOCAL);
+            const int32_t *lt = kv_seq_table(s, KV_LOCAL);
+            for (int i = 0; i < nb; i++) CHECK((lt[i] < 0) == (i < d));
+            /* K/V of every layer: value = layer * 1000 + position */
+            for (int layer = 0; layer < 3; layer++)
+                for (int pos = old; pos < len; pos++) {
+                    float k[4], v[4];
+                    for (int i = 0; i < 4; i++) k[i] = (float)(layer * 1000 + pos), v[i] = -k[i];
+                    kv_store(p, s, layer, pos, k, v);
+                }
+            /* what a query at len can see is there, in its class */
+            for (int layer = 0; layer < 3; layer++) {
+                int slot, cls = kv_layer_class(p, layer, &slot);
+                const kv_layout *l = kv_class_layout(p, cls);
+                int lo = cls == KV_LOCAL && len - W + 1 > 0 ? len - W + 1 : 0;
+                for (int pos = lo; pos < len; pos++) {
+                    int32_t b = kv_seq_table(s, cls)[pos / B];
+                    CHECK(b >= 0);
+                    const float *kr = (const float *)(const void *)(l->data + (size_t)b * l->block_bytes +
+                                                                    kv_slab_offset(l, slot, 0, 0) +
+                                                                    (size_t)(pos % B) * l->row_bytes);
+                    const float *vr = (const float *)(const void *)(l->data + (size_t)b * l->block_bytes +
+                                                                    kv_slab_offset(l, slot, 1, 0) +
+                                                                    (size_t)(pos % B) * l->row_bytes);
+                    CHECKF(kr[3] == (float)(layer * 1000 + pos) && vr[0] == -kr[3], "B %d layer %d pos %d", B, layer,
+                           pos);
+                }
+            }
+            CHECK(pool_ok(p));
+        }
+        kv_stats st;
+        kv_stats_get(p, &st);
+        printf("NOTE window %d, block %d, appends of 1..%d: %d positions in %lld global blocks, at most %d local "
+               "blocks (bound %d)\n",
+               W, B, chunk, kv_seq_len(s), (long long)st.cls[KV_GLOBAL].n_used, max_local, bound);
+        CHECK(st.cls[KV_LOCAL].n_used == kv_seq_held(s, KV_LOCAL) && st.cls[KV_LOCAL].n_used < st.n_used);
+        /* truncation: back to the start of the last append is fine; past
+         * what the window still holds is refused and changes nothing */
+        int len = kv_seq_len(s);
+        CHECK(kv_append(p, s, 3, err, sizeof err) == KV_OK);
+        CHECK(kv_truncate(p, s, len, err, sizeof err) == KV_OK);
+        int held = kv_seq_held(s, KV_LOCAL);
+        CHECK(kv_truncate(p, s, len - 2 * W - B, err, sizeof err) == KV_ERR);
+        CHECKF(strstr(err, "window"), "%s", err);
+        CHECK(kv_seq_len(s) == len && kv_seq_held(s, KV_LOCAL) == held && pool_ok(p));
+        CHECK(kv_truncate(p, s, 0, err, sizeof err) == KV_OK);
+        CHECK(kv_seq_held(s, KV_LOCAL) == 0 && kv_seq_held(s, KV_GLOBAL) == 0 && pool_ok(p));
+        CHECK(kv_append(p, s, 5, err, sizeof err) == KV_OK && kv_seq_held(s, KV_LOCAL) == (5 + B - 1) / B);
+        kv_seq_free(p, s);
+        kv_stats_get(p, &st);
+        for (int c = 0; c < KV_N_CLASS; c++)
+            CHECK(st.cls[c].n_used == 0 && st.cls[c].n_free == st.cls[c].n_blocks && st.cls[c].slots_filled == 0);
+        CHECK(pool_ok(p));
+        kv_pool_free(p);
+    }
+}
+
+/* Either class running out is KV_FULL, named, with nothing changed; the
+ * local need is net of the blocks an append releases. */
+static void test_swa_exhaustion(void) {
+    static const uint8_t local[2] = {1, 0};
+    /* window 4, block 2, chunk 2: 3 local blocks a sequence; two sequences */
+    kv_pool *p = mk_swa_pool(LM_TYPE_F32, 2, local, 4, 4, 2, 2, 40, 2);
+    CHECK(p && kv_pool_plan(p)->local_blocks_per_seq == 3);
+    CHECK(kv_available(p, KV_LOCAL) == 6 && kv_available(p, KV_GLOBAL) == 40);
+    char err[LM_ERRLEN];
+    kv_seq *a = kv_seq_new(p, err, sizeof err), *b = kv_seq_new(p, err, sizeof err);
+    /* a prefill wider than the chunk holds every local block it spans */
+    CHECK(kv_append(p, a, 10, err, sizeof err) == KV_OK);
+    CHECK(kv_seq_held(a, KV_LOCAL) == 5 && kv_available(p, KV_LOCAL) == 1);
+    CHECK(kv_append(p, b, 4, err, sizeof err) == KV_FULL);
+    CHECKF(strstr(err, "2 more local blocks") && strstr(err, "1 available"), "%s", err);
+    CHECK(kv_seq_len(b) == 0 && kv_available(p, KV_LOCAL) == 1 && pool_ok(p));
+    /* a's next append releases its blocks below 10 - 4 + 1 = 7 first (0..2) */
+    CHECK(kv_blocks_needed(p, a, 2, KV_LOCAL) == 0 && kv_blocks_needed(p, a, 2, KV_GLOBAL) == 1);
+    CHECK(kv_append(p, a, 2, err, sizeof err) == KV_OK);
+    CHECK(kv_seq_held(a, KV_LOCAL) == 3 && kv_available(p, KV_LOCAL) == 3);
+    CHECK(kv_append(p, b, 4, err, sizeof err) == KV_OK);
+    CHECK(pool_ok(p));
+    kv_seq_free(p, a);
+    kv_seq_free(p, b);
+    for (int c = 0; c < KV_N_CLASS; c++) CHECK(kv_available(p, c) == (c ? 6 : 40));
+    kv_pool_free(p);
+}
+
+/* Forks share both tables, released entries included; the first write into
+ * a shared partial block copies it in each class; prefix matches need the
+ * local blocks a query at the match point sees, and shorten until they are
+ * cached. */
+static void test_swa_fork_and_prefix(void) {
+    static const uint8_t local[3] = {1, 0, 1};
+    const int W = 6, B = 4;
+    kv_pool *p = mk_swa_pool(LM_TYPE_F32, 3, local, W, 4, B, 4, 64, 8); /* 24 local blocks: no eviction */
+    CHECK(p);
+    char err[LM_ERRLEN];
+    int32_t t[64];
+    toks(t, 64, 5);
+    kv_seq *a = kv_seq_new(p, err, sizeof err);
+    /* grown in chunks of 4, committed after each as the engine does, so each
+     * local block is keyed before it leaves the window */
+    for (int i = 0; i < 8; i++) {
+        CHECK(kv_append(p, a, 4, err, sizeof err) == KV_OK);
+        kv_prefix_commit(p, a, t, kv_seq_len(a), 0);
+    }
+    CHECK(kv_append(p, a, 2, err, sizeof err) == KV_OK); /* 34: block 8 partial */
+    int d = swa_drop(32, W, B);
+    CHECK(kv_seq_held(a, KV_LOCAL) == 9 - d);
+    kv_seq *f = kv_fork(p, a, err, sizeof err);
+    CHECK(f && kv_seq_held(f, KV_LOCAL) == 9 - d && kv_seq_held(f, KV_GLOBAL) == 9);
+    for (int c = 0; c < KV_N_CLASS; c++)
+        for (int i = 0; i < 9; i++) {
+            int32_t x = kv_seq_table(a, c)[i];
+            CHECK(kv_seq_table(f, c)[i] == x && (x < 0 || kv_class_refcount(p, c, x) == 2));
+        }
+    CHECK(kv_append(p, f, 1, err, sizeof err) == KV_OK);
+    kv_stats st;
+    kv_stats_get(p, &st);
+    CHECK(st.n_cow == 2); /* the partial block, once per class */
+    for (int c = 0; c < KV_N_CLASS; c++) CHECK(kv_seq_table(f, c)[8] != kv_seq_table(a, c)[8]);
+    CHECK(kv_append(p, a, 1, err, sizeof err) == KV_OK);
+    kv_stats_get(p, &st);
+    CHECK(st.n_cow == 2 && pool_ok(p)); /* a owns the original alone now */
+    kv_seq_free(p, f);
+    kv_seq_free(p, a);
+    kv_stats_get(p, &st);
+    CHECK(st.cls[KV_LOCAL].n_cached == 8 && st.cls[KV_GLOBAL].n_cached == 8);
+    /* the whole prefix matches: 8 blocks, local ones from the drop point of 32 */
+    kv_seq *m = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_prefix_match(p, m, t, 40, 0) == 32);
+    CHECK(kv_seq_held(m, KV_GLOBAL) == 8 && kv_seq_held(m, KV_LOCAL) == 8 - d && pool_ok(p));
+    CHECK(kv_append(p, m, 4, err, sizeof err) == KV_OK && pool_ok(p));
+    kv_seq_free(p, m);
+    /* a sequence that only ever committed at its end kept no local block out
+     * of its window: a prompt sharing only its first 20 tokens finds no
+     * usable local block there, and the match shortens to nothing */
+    int32_t u[64];
+    toks(u, 64, 6);
+    kv_seq *b = kv_seq_new(p, err, sizeof err);
+    for (int i = 0; i < 8; i++) CHECK(kv_append(p, b, 4, err, sizeof err) == KV_OK);
+    kv_prefix_commit(p, b, u, 32, 0);
+    kv_seq_free(p, b);
+    int32_t v[30];
+    memcpy(v, u, 20 * sizeof *v);
+    for (int i = 20; i < 30; i++) v[i] = -1 - i;
+    m = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_prefix_match(p, m, v, 30, 0) == 0);
+    kv_seq_free(p, m);
+    /* while the full prompt still matches where its window's blocks are cached */
+    m = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_prefix_match(p, m, u, 33, 0) == 32);
+    kv_seq_free(p, m);
+    /* keys for the local blocks of the first 8 positions only, then the
+     * rest committed at 32: a prompt sharing 16 tokens matches 8, where its
+     * window's local blocks are cached (one class would give 16) */
+    int32_t w[64];
+    toks(w, 64, 7);
+    b = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_append(p, b, 8, err, sizeof err) == KV_OK);
+    kv_prefix_commit(p, b, w, 8, 0);
+    for (int i = 0; i < 6; i++) CHECK(kv_append(p, b, 4, err, sizeof err) == KV_OK);
+    kv_prefix_commit(p, b, w, 32, 0);
+    kv_seq_free(p, b);
+    memcpy(v, w, 16 * sizeof *v);
+    m = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_prefix_match(p, m, v, 30, 0) == 8);
+    CHECK(kv_seq_held(m, KV_LOCAL) == 2 && kv_seq_held(m, KV_GLOBAL) == 2);
+    CHECK(kv_append(p, m, 9, err, sizeof err) == KV_OK && pool_ok(p));
+    kv_seq_free(p, m);
+    m = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_prefix_match(p, m, w, 33, 0) == 32);
+    kv_seq_free(p, m);
+    CHECK(pool_ok(p));
+    kv_pool_free(p);
+}
+
+/* Random operations on many sequences of a two-class pool, checked after
+ * each; at the end every block of both classes is back. */
+static void test_swa_random_workload(void) {
+    static const uint8_t local[4] = {1, 1, 0, 1};
+    kv_pool *p = mk_swa_pool(LM_TYPE_F16, 4, local, 7, 8, 3, 9, 60, 3); /* 60 global, 18 local blocks */
+    CHECK(p);
+    char err[LM_ERRLEN];
+    enum { NS = 10 };
+    kv_seq *s[NS] = {0};
+    int32_t prompt[NS][128];
+    lm_rng r;
+    lm_rng_seed(&r, 78);
+    int ok = 1, n_full = 0;
+    for (int step = 0; step < 6000 && ok; step++) {
+        int i = (int)(lm_rng_u64(&r) % NS), op = (int)(lm_rng_u64(&r) % 8);
+        if (!s[i]) {
+            s[i] = kv_seq_new(p, err, sizeof err);
+            int fam = (int)(lm_rng_u64(&r) % 3);
+            for (int t = 0; t < 128; t++) prompt[i][t] = fam * 100 + t % 50 + (t > 60 ? i : 0);
+            kv_prefix_match(p, s[i], prompt[i], 1 + (int)(lm_rng_u64(&r) % 60), 1);
+            continue;
+        }
+        int len = kv_seq_len(s[i]);
+        int rc = KV_OK;
+        switch (op) {
+        case 0: case 1: case 2:
+            if (len < 120) {
+                int most = 120 - len < 9 ? 120 - len : 9;
+                rc = kv_append(p, s[i], 1 + (int)(lm_rng_u64(&r) % (uint64_t)most), err, sizeof err);
+                n_full += rc == KV_FULL;
+            }
+            break;
+        case 3: kv_prefix_commit(p, s[i], prompt[i], kv_seq_len(s[i]), 1); break;
+        case 4: { /* back by up to 3 positions (a rejected draft), or all the way */
+            int to = lm_rng_u64(&r) % 4 == 0 ? 0 : len - (int)(lm_rng_u64(&r) % (len < 3 ? len + 1 : 4));
+            rc = kv_truncate(p, s[i], to, err, sizeof err);
+            break;
+        }
+        case 5: {
+            int j = (int)(lm_rng_u64(&r) % NS);
+            if (!s[j]) {
+                s[j] = kv_fork(p, s[i], err, sizeof err);
+                memcpy(prompt[j], prompt[i], sizeof prompt[i]);
+            }
+            break;
+        }
+        default: kv_seq_free(p, s[i]); s[i] = NULL; break;
+        }
+        if (rc != KV_OK && rc != KV_FULL && !(op == 4 && strstr(err, "window"))) ok = 0;
+        if (!pool_ok(p)) {
+            fprintf(stderr, "  after step %d op %d\n", step, op);
+            ok = 0;
+        }
+    }
+    CHECK(ok);
+    kv_stats st;
+    kv_stats_get(p, &st);
+    printf("NOTE random workload, two classes: %llu copies, %llu evictions, %llu dedups, %llu prefix blocks "
+           "reused, %d appends refused\n",
+           (unsigned long long)st.n_cow, (unsigned long long)st.n_evicted, (unsigned long long)st.n_dedup,
+           (unsigned long long)st.prefix_hit_blocks, n_full);
+    CHECK(st.n_cow > 0 && st.n_evicted > 0 && st.prefix_hit_blocks > 0 && n_full > 0);
+    for (int i = 0; i < NS; i++) kv_seq_free(p, s[i]);
+    kv_stats_get(p, &st);
+    for (int c = 0; c < KV_N_CLASS; c++) {
+        CHECK(st.cls[c].n_used == 0 && st.cls[c].n_free + st.cls[c].n_cached == st.cls[c].n_blocks);
+        for (int b = 0; b < st.cls[c].n_blocks; b++) CHECK(kv_class_refcount(p, c, b) == 0);
+    }
+    CHECK(pool_ok(p));
+    kv_pool_free(p);
+}
+
 int main(void) {
     quant_init();
     TEST_RUN(test_plan_matches_formula);
@@ -542,5 +912,10 @@ int main(void) {
     TEST_RUN(test_waste_mixed_workload);
     TEST_RUN(test_alloc_failures);
     TEST_RUN(test_random_workload);
+    TEST_RUN(test_swa_plan);
+    TEST_RUN(test_swa_window_release);
+    TEST_RUN(test_swa_exhaustion);
+    TEST_RUN(test_swa_fork_and_prefix);
+    TEST_RUN(test_swa_random_workload);
     return TEST_DONE();
 }

@@ -15,7 +15,8 @@
  * NeoX RoPE); gemma3 (scaled embeddings, Q/K norms, post norms, GELU,
  * a 4-token sliding window on alternate layers with their own RoPE base);
  * several positions; cache decode vs whole-prefix recompute; odd batch
- * splits.
+ * splits; gemma3 over a KV pool that releases the local layers' blocks out
+ * of the window.
  */
 #include <math.h>
 #include <stdio.h>
@@ -381,6 +382,63 @@ SHAPE_TEST(test_qwen2_gqa_q4_0, "qwen2", 2, 64, 4, 2, 96, 83, LM_TYPE_Q4_0, fals
 SHAPE_TEST(test_gemma3_mqa_f32, "gemma3", 4, 64, 4, 1, 96, 83, LM_TYPE_F32, true)
 SHAPE_TEST(test_gemma3_gqa_q8_0, "gemma3", 4, 64, 4, 2, 96, 83, LM_TYPE_Q8_0, true)
 
+/* gemma3 over a pool that releases local blocks out of the window (block 3
+ * positions, window 4, appends of at most 4): 40 positions, ten windows,
+ * prefilled in batches of 4 and decoded token by token, against the float64
+ * reference at every position. */
+static void test_gemma3_window_blocks(void) {
+    shape sh = {"gemma3", 4, 64, 4, 2, 96, 83, LM_TYPE_F32, true};
+    ref_model r;
+    snprintf(tmp_path, sizeof tmp_path, "/tmp/lamina_test_model_%d.gguf", (int)getpid());
+    CHECK(write_model(&r, &sh, tmp_path) == 0);
+    char err[LM_ERRLEN];
+    lm_model *m = model_load(tmp_path, err, sizeof err);
+    unlink(tmp_path);
+    CHECKF(m != NULL, "%s", err);
+    enum { T = 40 };
+    int32_t toks[T];
+    for (int i = 0; i < T; i++) toks[i] = (int32_t)(lm_rng_u64(&rng) % (uint64_t)sh.n_vocab);
+    double *ref = ref_forward(&r, toks, T);
+    int V = sh.n_vocab;
+    float *lg = malloc((size_t)T * V * sizeof(float));
+    lm_pool *pool = pool_new(2);
+    kv_config kc;
+    state_kv_config(m, &kc);
+    kc.type = LM_TYPE_F32;
+    kc.block_size = 3;
+    kc.chunk = 4;
+    kc.n_ctx = 64;
+    kv_pool *kv = kv_pool_new(&kc, err, sizeof err);
+    CHECKF(kv && kv_pool_window(kv) == 4, "%s", err);
+    lm_state *st = state_new_shared(m, pool, kv, 64, 4, err, sizeof err);
+    CHECKF(st != NULL, "%s", err);
+    double worst = 0;
+    CHECK(state_forward(st, toks, T, lg, true, err, sizeof err) == 0);
+    for (int t = 0; t < T; t++) {
+        double e = test_rel_l2(lg + (size_t)t * V, ref + (size_t)t * V, (size_t)V);
+        worst = e > worst ? e : worst;
+        CHECKF(e < 1e-5, "batch row %d rel err %.3g", t, e);
+    }
+    state_reset(st);
+    for (int t = 0; t < T; t++) {
+        CHECK(state_forward(st, toks + t, 1, lg, false, err, sizeof err) == 0);
+        double e = test_rel_l2(lg, ref + (size_t)t * V, (size_t)V);
+        worst = e > worst ? e : worst;
+        CHECKF(e < 1e-5, "decode position %d rel err %.3g", t, e);
+    }
+    int held = kv_seq_held(st->seq, KV_LOCAL), nb = kv_seq_held(st->seq, KV_GLOBAL);
+    CHECKF(held <= 3 && nb == (T + 2) / 3, "%d local, %d global blocks", held, nb);
+    printf("NOTE gemma3 window 4, block 3: %d positions in %d global and %d local blocks, worst rel L2 %.2e\n", T, nb,
+           held, worst);
+    state_free(st);
+    kv_pool_free(kv);
+    pool_free(pool);
+    model_free(m);
+    free(lg);
+    free(ref);
+    free_ref(&r);
+}
+
 /* Loading refuses what it cannot run, by name. */
 static void test_refuses_unknown_arch(void) {
     gguf_writer *w = gguf_writer_new();
@@ -442,6 +500,7 @@ int main(void) {
     TEST_RUN(test_qwen2_gqa_q4_0);
     TEST_RUN(test_gemma3_mqa_f32);
     TEST_RUN(test_gemma3_gqa_q8_0);
+    TEST_RUN(test_gemma3_window_blocks);
     TEST_RUN(test_refuses_unknown_arch);
     TEST_RUN(test_refuses_missing_tensor);
     return TEST_DONE();

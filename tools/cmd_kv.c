@@ -6,57 +6,66 @@
  * (F32 4, F16 2, Q8_0 34/32: an f16 scale per 32 int8 values), the pool's
  * block size in bytes, and how many tokens and sequences of the context
  * length fit, for a byte budget (--kv-mem) or for --seqs sequences of -c
- * tokens. The figures come from kv_plan_make, which sizes the pool exactly as
- * kv_pool_new allocates it; the formula is evaluated here independently and
- * the two must agree. --alloc builds the pool and checks its allocation too.
+ * tokens. For a model with sliding-window layers (gemma3) the formula is
+ * given per block class: global layers keep every position, local layers
+ * only their window plus one append (--chunk) per sequence (kv.h); the
+ * report then sets the pool against the one-class layout that keeps every
+ * layer's positions: its bytes for the same sequences, or its context from
+ * the same budget. The figures come from kv_plan_make, which sizes the pool
+ * exactly as kv_pool_new allocates it; the formula is evaluated here
+ * independently and the two must agree. --alloc builds the pool and checks
+ * its allocation too.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "forward.h"
 #include "kv.h"
 #include "quant.h"
 #include "util.h"
 
-/* Declared in cli.h with the other subcommands; repeated here so this file
- * also compiles on its own against an older cli.h. */
-
 static void usage_kv(FILE *f) {
     fprintf(f,
             "usage: lamina kv -m MODEL.gguf [--kv-type T] [--kv-mem BYTES | -c CTX] [--seqs N] [--block-size B]\n"
-            "                 [--alloc]\n"
+            "                 [--chunk N] [--alloc]\n"
             "KV-cache memory: bytes per token, and how many tokens and sequences fit.\n\n"
             "  --kv-type T      element type: F32, F16 (default) or Q8_0 (head dim a multiple of 32)\n"
             "  --kv-mem BYTES   size the pool from a budget (e.g. 512M, 8G); reports sequences of CTX that fit\n"
             "  -c CTX           tokens per sequence (default: the model's training context)\n"
-            "  --seqs N         without --kv-mem: size the pool for N sequences of CTX tokens (default 1)\n"
+            "  --seqs N         sequences (default 1): without --kv-mem the pool holds N sequences of CTX\n"
+            "                   tokens; with it, sliding-window layers get blocks for N sequences at once\n"
             "  --block-size B   tokens per block (default %d)\n"
+            "  --chunk N        most tokens a sequence appends at once, i.e. the prefill chunk (default %d,\n"
+            "                   as run, perplexity and serve use); sizes the sliding-window layers' blocks\n"
             "  --alloc          also allocate the pool and check its size against the estimate\n",
-            KV_DEFAULT_BLOCK);
+            KV_DEFAULT_BLOCK, KV_DEFAULT_CHUNK);
 }
 
 static void print_bytes(const char *label, uint64_t b) {
     printf("%-16s %llu bytes (%.2f MiB)\n", label, (unsigned long long)b, (double)b / 1048576.0);
 }
 
+static double mib(uint64_t b) { return (double)b / 1048576.0; }
+
 int cmd_kv(int argc, char **argv) {
     args a = {argc, argv, 0, "kv", usage_kv};
     const char *model = NULL, *type_name = "F16";
     unsigned long long mem = 0;
-    long long ctx = 0, seqs = 1, block = KV_DEFAULT_BLOCK;
-    bool alloc = false, have_seqs = false;
+    long long ctx = 0, seqs = 1, block = KV_DEFAULT_BLOCK, chunk = KV_DEFAULT_CHUNK;
+    bool alloc = false;
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
         if (is_flag(&a, "-m", "--model")) model = need_val(&a);
         else if (is_flag(&a, "--kv-type", NULL)) type_name = need_val(&a);
         else if (is_flag(&a, "--kv-mem", NULL)) mem = need_bytes(&a);
         else if (is_flag(&a, "-c", "--ctx")) ctx = need_int(&a, 1, 1 << 30);
-        else if (is_flag(&a, "--seqs", NULL)) seqs = need_int(&a, 1, 1 << 24), have_seqs = true;
+        else if (is_flag(&a, "--seqs", NULL)) seqs = need_int(&a, 1, 1 << 24);
         else if (is_flag(&a, "--block-size", NULL)) block = need_int(&a, 1, 1 << 20);
+        else if (is_flag(&a, "--chunk", NULL)) chunk = need_int(&a, 1, 1 << 24);
         else if (is_flag(&a, "--alloc", NULL)) alloc = true;
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
-    if (mem && have_seqs) die_usage(&a, "%s", "--seqs sizes the pool; with --kv-mem the budget does (give one)");
     int type = quant_type_from_name(type_name);
     if (type != LM_TYPE_F32 && type != LM_TYPE_F16 && type != LM_TYPE_Q8_0)
         die_usage(&a, "--kv-type wants F32, F16 or Q8_0, got '%s'", type_name);
@@ -65,9 +74,10 @@ int cmd_kv(int argc, char **argv) {
     if (ctx == 0) ctx = hp->n_ctx_train > 0 ? hp->n_ctx_train : 2048;
 
     kv_config c;
-    kv_config_init(&c, hp->n_layer, hp->n_head_kv, hp->head_dim);
+    state_kv_config(m, &c);
     c.type = (uint32_t)type;
     c.block_size = (int)block;
+    c.chunk = (int)chunk;
     c.mem_bytes = mem;
     c.n_ctx = (int)ctx;
     c.n_seqs = (int)seqs;
@@ -78,35 +88,99 @@ int cmd_kv(int argc, char **argv) {
         fail("kv", err);
     }
 
-    /* the formula, on its own: bytes per element as num/den */
+    /* the formula, on its own: bytes per element as num/den, layers per
+     * class from the model (every layer local means one class, kv.h) */
     uint64_t num = type == LM_TYPE_F32 ? 4 : type == LM_TYPE_F16 ? 2 : sizeof(block_q8_0);
     uint64_t den = type == LM_TYPE_Q8_0 ? QK8_0 : 1;
-    uint64_t per_tok = 2ull * (uint64_t)hp->n_layer * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim * num / den;
+    const char *elem = type == LM_TYPE_Q8_0 ? "34/32" : type == LM_TYPE_F16 ? "2" : "4";
+    int n_local = 0;
+    for (int i = 0; i < hp->n_layer; i++) n_local += hp->swa_window > 0 && m->layer_local[i];
+    if (n_local == hp->n_layer) n_local = 0;
+    int n_layers[KV_N_CLASS] = {hp->n_layer - n_local, n_local};
+    uint64_t unit = 2ull * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim * num / den; /* one layer */
+    uint64_t per_tok = unit * (uint64_t)hp->n_layer, cls_tok[KV_N_CLASS] = {unit * (uint64_t)n_layers[0],
+                                                                          unit * (uint64_t)n_layers[1]};
     int64_t blocks_per_seq = (ctx + block - 1) / block;
+    bool swa = n_local > 0;
 
     printf("model:           %s (%d layers, %d query / %d KV heads, head dim %d, trained context %d)\n", m->name,
            hp->n_layer, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_ctx_train);
-    printf("KV type:         %s (%s bytes per element)\n", quant_type_name((uint32_t)type),
-           type == LM_TYPE_Q8_0 ? "34/32" : type == LM_TYPE_F16 ? "2" : "4");
-    printf("KV per token:    2 x %d layers x %d KV heads x %d head dim x %s = %llu bytes\n", hp->n_layer,
-           hp->n_head_kv, hp->head_dim, type == LM_TYPE_Q8_0 ? "34/32" : type == LM_TYPE_F16 ? "2" : "4",
-           (unsigned long long)per_tok);
-    printf("block:           %d tokens = %llu bytes\n", c.block_size, (unsigned long long)pl.block_bytes);
-    printf("sequence:        %lld tokens = %lld blocks = %llu bytes\n", ctx, (long long)blocks_per_seq,
-           (unsigned long long)((uint64_t)blocks_per_seq * pl.block_bytes));
-    if (mem) print_bytes("budget:", mem);
-    printf("pool:            %lld blocks = %lld tokens = %llu bytes (%.2f MiB)\n", (long long)pl.n_blocks,
-           (long long)pl.n_tokens, (unsigned long long)pl.data_bytes, (double)pl.data_bytes / 1048576.0);
-    long long fit = (long long)(pl.n_blocks / blocks_per_seq);
-    printf("fits:            %lld sequence%s of %lld tokens (%lld tokens in all)\n", fit, fit == 1 ? "" : "s", ctx,
-           (long long)pl.n_tokens);
+    printf("KV type:         %s (%s bytes per element)\n", quant_type_name((uint32_t)type), elem);
+    int64_t fit;
+    if (!swa) {
+        printf("KV per token:    2 x %d layers x %d KV heads x %d head dim x %s = %llu bytes\n", hp->n_layer,
+               hp->n_head_kv, hp->head_dim, elem, (unsigned long long)per_tok);
+        printf("block:           %d tokens = %llu bytes\n", c.block_size, (unsigned long long)pl.block_bytes);
+        printf("sequence:        %lld tokens = %lld blocks = %llu bytes\n", ctx, (long long)blocks_per_seq,
+               (unsigned long long)((uint64_t)blocks_per_seq * pl.block_bytes));
+        if (mem) print_bytes("budget:", mem);
+        printf("pool:            %lld blocks = %lld tokens = %llu bytes (%.2f MiB)\n", (long long)pl.n_blocks,
+               (long long)pl.n_tokens, (unsigned long long)pl.data_bytes, mib(pl.data_bytes));
+        fit = pl.n_blocks / blocks_per_seq;
+        printf("fits:            %lld sequence%s of %lld tokens (%lld tokens in all)\n", (long long)fit,
+               fit == 1 ? "" : "s", ctx, (long long)pl.n_tokens);
+    } else {
+        const kv_class_plan *g = &pl.cls[KV_GLOBAL], *l = &pl.cls[KV_LOCAL];
+        int64_t lps = pl.local_blocks_per_seq;
+        printf("sliding window:  %d tokens on %d local layers; %d global layer%s keep%s every position\n",
+               pl.window, n_local, n_layers[0], n_layers[0] == 1 ? "" : "s", n_layers[0] == 1 ? "s" : "");
+        printf("KV per token:    global 2 x %d layers x %d KV heads x %d head dim x %s = %llu bytes\n", n_layers[0],
+               hp->n_head_kv, hp->head_dim, elem, (unsigned long long)cls_tok[KV_GLOBAL]);
+        printf("                 local  2 x %d layers x %d KV heads x %d head dim x %s = %llu bytes, for the "
+               "window only\n",
+               n_local, hp->n_head_kv, hp->head_dim, elem, (unsigned long long)cls_tok[KV_LOCAL]);
+        printf("                 (every layer, every position kept: %llu bytes)\n", (unsigned long long)per_tok);
+        printf("block:           %d tokens = %llu bytes global, %llu bytes local\n", c.block_size,
+               (unsigned long long)g->block_bytes, (unsigned long long)l->block_bytes);
+        printf("local blocks:    at most %lld per sequence (window %d + chunk %lld positions)\n", (long long)lps,
+               pl.window, chunk);
+        uint64_t seq_bytes = (uint64_t)blocks_per_seq * g->block_bytes + (uint64_t)lps * l->block_bytes;
+        uint64_t seq_plain = (uint64_t)blocks_per_seq * pl.block_bytes;
+        printf("sequence:        %lld tokens = %lld global + %lld local blocks = %llu bytes (%.2f MiB)\n", ctx,
+               (long long)blocks_per_seq, (long long)lps, (unsigned long long)seq_bytes, mib(seq_bytes));
+        printf("                 (every layer kept: %lld blocks = %llu bytes, %.2f MiB)\n", (long long)blocks_per_seq,
+               (unsigned long long)seq_plain, mib(seq_plain));
+        if (mem) print_bytes("budget:", mem);
+        printf("pool:            %lld global blocks = %lld tokens, + %lld local blocks (%lld sequence%s at once)\n",
+               (long long)g->n_blocks, (long long)pl.n_tokens, (long long)l->n_blocks, (long long)(l->n_blocks / lps),
+               l->n_blocks / lps == 1 ? "" : "s");
+        printf("                 = %llu bytes (%.2f MiB)\n", (unsigned long long)pl.data_bytes, mib(pl.data_bytes));
+        fit = g->n_blocks / blocks_per_seq;
+        if (l->n_blocks / lps < fit) fit = l->n_blocks / lps;
+        printf("fits:            %lld sequence%s of %lld tokens (%lld tokens of context in all)\n", (long long)fit,
+               fit == 1 ? "" : "s", ctx, (long long)pl.n_tokens);
+        if (mem) {
+            /* the same budget in the one-class layout */
+            int64_t plain_blocks = (int64_t)(mem / pl.block_bytes);
+            printf("saving:          %lld tokens of context instead of %lld with every layer kept (%.2fx);\n"
+                   "                 %lld sequence%s of %lld instead of %lld\n",
+                   (long long)pl.n_tokens, (long long)(plain_blocks * block),
+                   (double)pl.n_tokens / (double)(plain_blocks * block), (long long)fit, fit == 1 ? "" : "s", ctx,
+                   (long long)(plain_blocks / blocks_per_seq));
+        } else {
+            /* the same sequences in the one-class layout */
+            uint64_t plain = (uint64_t)pl.n_blocks * pl.block_bytes;
+            printf("saving:          %llu bytes (%.2f MiB) instead of %llu (%.2f MiB) with every layer kept\n"
+                   "                 (%.2fx less)\n",
+                   (unsigned long long)pl.data_bytes, mib(pl.data_bytes), (unsigned long long)plain, mib(plain),
+                   (double)plain / (double)pl.data_bytes);
+        }
+    }
 
     int rc = 0;
-    if (per_tok != pl.bytes_per_token || pl.data_bytes != (uint64_t)pl.n_tokens * per_tok) {
-        fprintf(stderr, "lamina kv: pool plan (%llu bytes per token) disagrees with the formula (%llu)\n",
-                (unsigned long long)pl.bytes_per_token, (unsigned long long)per_tok);
-        rc = 1;
+    uint64_t want = 0;
+    for (int k = 0; k < KV_N_CLASS; k++) {
+        want += (uint64_t)pl.cls[k].n_blocks * (uint64_t)block * cls_tok[k];
+        if (cls_tok[k] != pl.cls[k].bytes_per_token || n_layers[k] != pl.cls[k].n_layer) rc = 1;
     }
+    if (per_tok != pl.bytes_per_token || pl.data_bytes != want) rc = 1;
+    if (rc)
+        fprintf(stderr, "lamina kv: pool plan (%llu + %llu bytes per token, %llu bytes) disagrees with the formula "
+                        "(%llu + %llu, %llu)\n",
+                (unsigned long long)pl.cls[KV_GLOBAL].bytes_per_token,
+                (unsigned long long)pl.cls[KV_LOCAL].bytes_per_token, (unsigned long long)pl.data_bytes,
+                (unsigned long long)cls_tok[KV_GLOBAL], (unsigned long long)cls_tok[KV_LOCAL],
+                (unsigned long long)want);
     if (alloc && !rc) {
         kv_pool *p = kv_pool_new(&c, err, sizeof err);
         if (!p) {
@@ -115,9 +189,15 @@ int cmd_kv(int argc, char **argv) {
         }
         kv_stats st;
         kv_stats_get(p, &st);
-        bool ok = st.bytes_total == (uint64_t)pl.n_tokens * per_tok && st.n_blocks == pl.n_blocks;
-        printf("allocated:       %lld blocks, %llu bytes of K/V: %s\n", (long long)st.n_blocks,
-               (unsigned long long)st.bytes_total, ok ? "agrees with the formula" : "DISAGREES with the formula");
+        bool ok = st.bytes_total == want && st.cls[KV_GLOBAL].n_blocks == pl.cls[KV_GLOBAL].n_blocks &&
+                  st.cls[KV_LOCAL].n_blocks == pl.cls[KV_LOCAL].n_blocks;
+        if (swa)
+            printf("allocated:       %lld global + %lld local blocks, %llu bytes of K/V: %s\n",
+                   (long long)st.cls[KV_GLOBAL].n_blocks, (long long)st.cls[KV_LOCAL].n_blocks,
+                   (unsigned long long)st.bytes_total, ok ? "agrees with the formula" : "DISAGREES with the formula");
+        else
+            printf("allocated:       %lld blocks, %llu bytes of K/V: %s\n", (long long)st.n_blocks,
+                   (unsigned long long)st.bytes_total, ok ? "agrees with the formula" : "DISAGREES with the formula");
         if (!ok) rc = 1;
         kv_pool_free(p);
     }

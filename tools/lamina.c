@@ -477,6 +477,11 @@ static int cmd_info(int argc, char **argv) {
     printf("weight bytes:  %llu (%.2f MiB)\n", (unsigned long long)m->weight_bytes, m->weight_bytes / 1048576.0);
     printf("KV per token:  %llu bytes F32, %llu bytes F16\n", (unsigned long long)model_kv_bytes_per_token(m, 4),
            (unsigned long long)model_kv_bytes_per_token(m, 2));
+    int n_local = 0;
+    for (int i = 0; i < hp->n_layer; i++) n_local += m->layer_local[i];
+    if (hp->swa_window > 0 && n_local > 0)
+        printf("local layers:  %d of %d, sliding window %d tokens%s\n", n_local, hp->n_layer, hp->swa_window,
+               n_local < hp->n_layer ? " (the KV cache keeps only the window there: see lamina kv)" : "");
     uint64_t by_type[LM_TYPE_COUNT] = {0};
     for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
         const gguf_tensor *t = gguf_tensor_at(g, i);
