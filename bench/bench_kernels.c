@@ -166,13 +166,15 @@ static void run_range(const setup *s, int variant, int copy, int64_t r0, int64_t
         }
         return;
     }
+    /* activation rows per tile: what the gemm kernel is fastest with */
+    const int tc = s->k && s->k->gemm_cols ? s->k->gemm_cols : LM_GEMM_TILE;
     for (int p0 = 0; p0 < s->n_act; p0 += PANEL) {
         int p1 = p0 + PANEL < s->n_act ? p0 + PANEL : s->n_act;
         for (int64_t r = r0; r < r1; r += 4) {
             int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
             const uint8_t *wr = w + (size_t)r * s->row_bytes;
-            for (int c = p0; c < p1; c += 4) {
-                int nc = p1 - c < 4 ? p1 - c : 4;
+            for (int c = p0; c < p1; c += tc) {
+                int nc = p1 - c < tc ? p1 - c : tc;
                 const uint8_t *xc = s->x + (size_t)c * s->act_bytes;
                 float *yt = y + (size_t)c * (size_t)s->rows + (size_t)r;
                 if (variant == V_GEMM) {

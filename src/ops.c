@@ -130,6 +130,9 @@ size_t ops_matmul_scratch(uint32_t type, int64_t cols, int n_tok) {
  * finishes early takes more (the two cores here are sometimes shared). */
 #define MATMUL_CHUNK 16
 #define MATMUL_MAX_PARTS 3
+/* activation bytes per block of tokens in the gemm loop (matmul_chunk):
+ * about half the L2 */
+#define GEMM_BLOCK_BYTES (256 * 1024)
 
 /* One or more products sharing the input x: part k computes
  * y_k = x · w_kᵀ. Chunks of MATMUL_CHUNK rows are numbered across the parts
@@ -140,6 +143,7 @@ typedef struct {
     const lm_weight *w[MATMUL_MAX_PARTS];
     lm_vec_dot_fn dot[MATMUL_MAX_PARTS];
     lm_gemm_fn gemm[MATMUL_MAX_PARTS];   /* tile kernel, or NULL */
+    int gemm_cols[MATMUL_MAX_PARTS];     /* its activation rows per call */
     lm_packed_gemm_fn packed[MATMUL_MAX_PARTS]; /* with w->packed: every part has one, or none */
     long chunk_rows;     /* rows per chunk: a multiple of LM_PACK_ROWS */
     long chunk0[MATMUL_MAX_PARTS + 1];   /* first global chunk of each part */
@@ -170,16 +174,25 @@ static void matmul_chunk(const matmul_job *j, int k, long r0) {
         return;
     }
     if (j->gemm[k]) {
-        /* tiles of up to 4 weight rows x 4 tokens: each weight block is
-         * decoded once per 4 tokens, each activation block loaded once per
-         * row; the chunk's rows stay in cache across all tokens */
-        for (int c = 0; c < j->n_tok; c += LM_GEMM_TILE) {
-            int nc = j->n_tok - c < LM_GEMM_TILE ? j->n_tok - c : LM_GEMM_TILE;
+        /* tiles of up to 4 weight rows x gemm_cols tokens. The tokens go
+         * in blocks of GEMM_BLOCK_BYTES of activations; within a block each row
+         * tile meets every token tile in turn, so its weights stay in L1
+         * while the block's activations stream from L2 (each weight block
+         * is decoded once per tile of tokens, each activation block loaded
+         * once per row tile) */
+        const int tc = j->gemm_cols[k];
+        int bt = (int)(GEMM_BLOCK_BYTES / j->x_row_bytes) / tc * tc;
+        if (bt < tc) bt = tc;
+        for (int c0 = 0; c0 < j->n_tok; c0 += bt) {
+            int c1 = j->n_tok - c0 < bt ? j->n_tok : c0 + bt;
             for (long r = r0; r < r1; r += LM_GEMM_TILE) {
                 int nr = r1 - r < LM_GEMM_TILE ? (int)(r1 - r) : LM_GEMM_TILE;
-                j->gemm[k](w->cols, (const char *)w->data + (size_t)r * w->row_bytes, w->row_bytes, nr,
-                           (const char *)j->x + (size_t)c * j->x_row_bytes, j->x_row_bytes, nc,
-                           y + (size_t)c * (size_t)w->rows + r, (size_t)w->rows);
+                for (int c = c0; c < c1; c += tc) {
+                    int nc = c1 - c < tc ? c1 - c : tc;
+                    j->gemm[k](w->cols, (const char *)w->data + (size_t)r * w->row_bytes, w->row_bytes, nr,
+                               (const char *)j->x + (size_t)c * j->x_row_bytes, j->x_row_bytes, nc,
+                               y + (size_t)c * (size_t)w->rows + r, (size_t)w->rows);
+                }
             }
         }
         return;
@@ -264,6 +277,7 @@ static void matmul_run(lm_pool *pool, matmul_job *j, const float *x, int64_t col
         const lm_type_traits *tk = quant_traits(j->w[k]->type);
         j->dot[k] = tk->vec_dot;
         j->gemm[k] = tk->gemm;
+        j->gemm_cols[k] = tk->gemm_cols;
         j->packed[k] = use_packed(j->w[k]) ? tk->packed_gemm : NULL;
         j->chunk0[k + 1] = j->chunk0[k] + (j->w[k]->rows + j->chunk_rows - 1) / j->chunk_rows;
         work += (double)j->w[k]->rows * (double)cols * j->n_tok;

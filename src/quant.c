@@ -680,10 +680,9 @@ static float vec_dot_f32(int64_t n, const void *w, const void *x) {
 }
 
 static float vec_dot_f16(int64_t n, const void *w, const void *x) {
-    const uint16_t *a = w;
-    const float *b = x;
+    const uint16_t *a = w, *b = x;
     double acc = 0;
-    for (int64_t i = 0; i < n; i++) acc += (double)lm_f16_to_f32(a[i]) * b[i];
+    for (int64_t i = 0; i < n; i++) acc += (double)lm_f16_to_f32(a[i]) * lm_f16_to_f32(b[i]);
     return (float)acc;
 }
 
@@ -787,7 +786,7 @@ typedef struct {
 
 static const ref_kernels ref[LM_TYPE_COUNT] = {
     [LM_TYPE_F32] = {f32_to_float, f32_from_float, LM_TYPE_F32, vec_dot_f32},
-    [LM_TYPE_F16] = {f16_to_float, f16_from_float, LM_TYPE_F32, vec_dot_f16},
+    [LM_TYPE_F16] = {f16_to_float, f16_from_float, LM_TYPE_F16, vec_dot_f16},
     [LM_TYPE_BF16] = {bf16_to_float, bf16_from_float, LM_TYPE_F32, vec_dot_bf16},
     [LM_TYPE_Q8_0] = {q8_0_to_float, q8_0_from_float, LM_TYPE_Q8_0, vec_dot_q8_0},
     [LM_TYPE_Q4_0] = {q4_0_to_float, q4_0_from_float, LM_TYPE_Q8_0, vec_dot_q4_0},
@@ -900,6 +899,7 @@ static void init_table(void) {
         traits[t].vec_dot_type = ref[t].vec_dot_type;
         traits[t].vec_dot = ref[t].vec_dot;
         traits[t].gemm = NULL;
+        traits[t].gemm_cols = LM_GEMM_TILE;
         traits[t].packed_gemm = NULL;
         traits[t].packed_act = NULL;
     }
@@ -915,6 +915,7 @@ static void init_table(void) {
         if (k->vec_dot) {
             traits[t].vec_dot = k->vec_dot;
             traits[t].gemm = k->gemm;
+            if (k->gemm_cols) traits[t].gemm_cols = k->gemm_cols;
         }
         /* LAMINA_NO_REPACK=1 keeps the row-major kernels (for comparisons) */
         const char *no_repack = getenv("LAMINA_NO_REPACK");

@@ -40,8 +40,10 @@
  *
  * Quantized weights are multiplied against activations that are themselves
  * quantized to `vec_dot_type` (Q8_0 for Q8_0 and Q4_0, Q8_K for the
- * K-quants), with integer dot products per block, as GGUF engines do. Float
- * weight types use F32 activations.
+ * K-quants), with integer dot products per block, as GGUF engines do. F16
+ * weights take activations rounded to F16 (relative error <= 2^-11 each,
+ * values past 65504 become infinite; products and sums stay in F32), which
+ * halves the bytes a prefill streams; F32 and BF16 weights take F32.
  *
  * Scales are stored as f16, so the quantized types keep their accuracy for
  * block maxima from about 2e-3 up to 5e5 (Q4_0's limit, 8 * 65504; the
@@ -174,6 +176,8 @@ typedef struct {
     uint32_t vec_dot_type;
     lm_vec_dot_fn vec_dot;
     lm_gemm_fn gemm;          /* NULL: callers loop over vec_dot */
+    int gemm_cols;            /* activation rows per gemm call (1..LM_GEMM_TILE)
+                                 the kernel is fastest with */
     /* interleaved kernels (NULL where the type or the CPU has none, and
      * with LAMINA_NO_SIMD or LAMINA_NO_REPACK set): */
     lm_packed_gemm_fn packed_gemm;

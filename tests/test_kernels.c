@@ -11,13 +11,14 @@
  *    32 up to 1280 plus 2048 and 2816 for Q8_0/Q4_0; 256, 512, 768, 1024,
  *    2048 and 2816 for the K-quants; for F32/F16/BF16 also lengths that end
  *    in a short tail (1, 7, 15, 17, 33, 100, ...).
- *  - activation quantizers Q8_0 and Q8_K: blocks byte-identical to
+ *  - activation quantizers Q8_0, Q8_K and F16: blocks byte-identical to
  *    quant_from_float_ref on Gaussian rows of many scales, exact rounding
  *    ties, zero, constant, tiny (f16-subnormal and float-subnormal) and huge
  *    rows, and ties for the largest magnitude with opposite signs.
  *  - gemm tiles: for every type, random lengths and padded strides, every
- *    nr, nc in 1..4: each output bit-identical (memcmp) to that type's
- *    AVX2 vec_dot, and nothing outside the tile written.
+ *    nr, nc in 1..4 (a quarter of the trials on the longest rows): each
+ *    output bit-identical (memcmp) to that type's AVX2 vec_dot, and nothing
+ *    outside the tile written.
  *  - interleaved (packed) Q8_0/Q4_0 tiles: against quant_vec_dot_ref on
  *    the original rows and the float64 dot (same tolerance) for 1..29 rows
  *    (partial last groups) and 32..2816 columns; bit-identical to
@@ -26,7 +27,7 @@
  *    the reference. Through ops_matmul on two threads: each token's outputs
  *    bit-identical for batches of 1..9 at any position.
  *  - the lookup table: every weight type has vec_dot and gemm, Q8_0/Q8_K
- *    have from_float, other types get NULL; only Q8_0/Q4_0 have packed
+ *    and F16 have from_float, other types get NULL; only Q8_0/Q4_0 have packed
  *    kernels.
  *
  * On a CPU without AVX2/FMA/F16C the program prints a SKIP line and counts
@@ -34,6 +35,7 @@
  */
 #include "kernels/kernels.h"
 
+#include <math.h>
 #include <stdint.h>
 
 #include "model.h"
@@ -329,6 +331,35 @@ static void check_quantizer(uint32_t type) {
 }
 
 static void test_quantize_q8_0(void) { check_quantizer(LM_TYPE_Q8_0); }
+
+/* F16 activations: every length 0..300 (tails shorter than a vector),
+ * values from 1e-9 to 1e6 (subnormal and overflowing halves), zeros,
+ * infinities and exact rounding ties: the same bits as lm_f32_to_f16. */
+static void test_quantize_f16(void) {
+    const lm_avx2_kernels *k = avx2_kernels(LM_TYPE_F16);
+    CHECK(k && k->from_float);
+    static const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, 65504.0f, 65519.99f, 65520.0f, -65520.0f,
+                                    1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, 5.9604645e-8f, 2.9802322e-8f,
+                                    2.98023259e-8f, 6.1035156e-5f, 6.1e-5f, -1e-9f};
+    const size_t ns = sizeof special / sizeof special[0];
+    for (int64_t n = 0; n <= 300; n++) {
+        float *x = lm_malloc((size_t)(n + 1) * sizeof(float));
+        uint16_t *a = lm_malloc((size_t)(n + 1) * 2), *b = lm_malloc((size_t)(n + 1) * 2);
+        double scale = pow(10.0, (double)(n % 16) - 9.0);
+        for (int64_t i = 0; i < n; i++)
+            x[i] = lm_rng_u64(&rng) % 5 == 0 ? special[lm_rng_u64(&rng) % ns] : (float)(lm_rng_normal(&rng) * scale);
+        quant_from_float_ref(LM_TYPE_F16, x, a, n);
+        k->from_float(x, b, n);
+        int64_t bad = -1;
+        for (int64_t i = 0; i < n && bad < 0; i++)
+            if (a[i] != b[i]) bad = i;
+        CHECKF(bad < 0, "n=%lld: element %lld (%.9g): %04x, reference %04x", (long long)n, (long long)bad,
+               bad < 0 ? 0.0 : (double)x[bad], bad < 0 ? 0 : b[bad], bad < 0 ? 0 : a[bad]);
+        lm_free(x);
+        lm_free(a);
+        lm_free(b);
+    }
+}
 static void test_quantize_q8_K(void) { check_quantizer(LM_TYPE_Q8_K); }
 
 /* ---- gemm tiles ------------------------------------------------------------ */
@@ -341,32 +372,35 @@ static void check_gemm_type(uint32_t wt) {
     int64_t ns[64];
     int nn = lengths(wt, ns);
     uint32_t at = act_type(wt);
-    for (int trial = 0; trial < 12; trial++) {
-        int64_t n = ns[lm_rng_u64(&rng) % (uint64_t)nn];
+    const int maxr = LM_GEMM_TILE;
+    for (int trial = 0; trial < 16; trial++) {
+        /* every fourth trial the longest rows (blocked along their length) */
+        int64_t n = trial % 4 == 3 ? ns[nn - 1 - trial / 4 % 2] : ns[lm_rng_u64(&rng) % (uint64_t)nn];
         /* strides padded by a few units of 4 bytes (keeps every row aligned) */
         size_t ws = quant_row_size(wt, n) + 4 * (size_t)(lm_rng_u64(&rng) % 4);
         size_t xs = quant_row_size(at, n) + 4 * (size_t)(lm_rng_u64(&rng) % 4);
-        uint8_t *w = lm_malloc(4 * ws), *x = lm_malloc(4 * xs);
-        for (int r = 0; r < 4; r++) make_weight(wt, n, trial & 1, w + (size_t)r * ws);
+        uint8_t *w = lm_malloc((size_t)maxr * ws), *x = lm_malloc(4 * xs);
+        for (int r = 0; r < maxr; r++) make_weight(wt, n, trial & 1, w + (size_t)r * ws);
         for (int c = 0; c < 4; c++) make_act(wt, n, x + (size_t)c * xs);
-        float want[4][4];
-        for (int r = 0; r < 4; r++)
-            for (int c = 0; c < 4; c++) want[r][c] = k->vec_dot(n, w + (size_t)r * ws, x + (size_t)c * xs);
+        float *want = lm_malloc((size_t)maxr * 4 * sizeof(float));
+        for (int r = 0; r < maxr; r++)
+            for (int c = 0; c < 4; c++) want[r * 4 + c] = k->vec_dot(n, w + (size_t)r * ws, x + (size_t)c * xs);
+        size_t ylen = 4 * ((size_t)maxr + 2);
+        float *y = lm_malloc(ylen * sizeof(float));
         int bad = 0;
         char msg[160] = "";
-        for (int nr = 1; nr <= 4 && !bad; nr++) {
+        for (int nr = 1; nr <= maxr && !bad; nr++) {
             for (int nc = 1; nc <= 4 && !bad; nc++) {
                 size_t ys = (size_t)nr + (size_t)(lm_rng_u64(&rng) % 3);
-                float y[4 * 8];
-                for (size_t i = 0; i < sizeof y / sizeof y[0]; i++) y[i] = -1234.5f;
+                for (size_t i = 0; i < ylen; i++) y[i] = -1234.5f;
                 k->gemm(n, w, ws, nr, x, xs, nc, y, ys);
-                for (size_t i = 0; i < sizeof y / sizeof y[0] && !bad; i++) {
+                for (size_t i = 0; i < ylen && !bad; i++) {
                     size_t c = i / ys, r = i % ys;
                     bool inside = c < (size_t)nc && r < (size_t)nr;
-                    if (inside && !same_bits(y[i], want[r][c])) {
+                    if (inside && !same_bits(y[i], want[r * 4 + c])) {
                         bad = 1;
                         snprintf(msg, sizeof msg, "n=%lld nr=%d nc=%d (r %zu, c %zu): gemm %.9g vec_dot %.9g",
-                                 (long long)n, nr, nc, r, c, y[i], want[r][c]);
+                                 (long long)n, nr, nc, r, c, y[i], want[r * 4 + c]);
                     } else if (!inside && y[i] != -1234.5f) {
                         bad = 1;
                         snprintf(msg, sizeof msg, "n=%lld nr=%d nc=%d: wrote outside the tile at %zu",
@@ -375,6 +409,8 @@ static void check_gemm_type(uint32_t wt) {
                 }
             }
         }
+        lm_free(y);
+        lm_free(want);
         lm_free(w);
         lm_free(x);
         CHECKF(!bad, "%s %s", quant_type_name(wt), msg);
@@ -596,6 +632,7 @@ static void test_table(void) {
     CHECK(avx2_kernels(LM_TYPE_Q8_0)->from_float == avx2_from_float_q8_0);
     CHECK(avx2_kernels(LM_TYPE_Q8_K)->from_float == avx2_from_float_q8_K);
     CHECK(avx2_kernels(LM_TYPE_Q8_K)->vec_dot == NULL);
+    CHECK(avx2_kernels(LM_TYPE_F16)->from_float == avx2_from_float_f16);
     CHECK(avx2_kernels(LM_TYPE_Q4_0)->from_float == NULL);
     CHECK(avx2_kernels(LM_TYPE_Q4_1) == NULL);
     CHECK(avx2_kernels(LM_TYPE_I8) == NULL);
@@ -624,6 +661,7 @@ int main(void) {
     TEST_RUN(test_vec_dot_q6_K);
     TEST_RUN(test_vec_dot_extremes);
     TEST_RUN(test_quantize_q8_0);
+    TEST_RUN(test_quantize_f16);
     TEST_RUN(test_quantize_q8_K);
     TEST_RUN(test_gemm_f32);
     TEST_RUN(test_gemm_f16);

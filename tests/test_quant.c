@@ -430,7 +430,11 @@ static void test_q8_K_layout(void) {
  * multiple of its block's max|x|: Q8_0 0.57/127 (see
  * test_roundtrip_elementwise), Q8_K 1/128 (the clamped element), F32 0. */
 static double act_step(uint32_t act_type) {
-    return act_type == LM_TYPE_Q8_0 ? 0.57 / 127 : act_type == LM_TYPE_Q8_K ? 1.0 / 128 : 0.0;
+    /* F16: round-to-nearest of a normal value, relative error <= 2^-11 */
+    return act_type == LM_TYPE_Q8_0   ? 0.57 / 127
+           : act_type == LM_TYPE_Q8_K ? 1.0 / 128
+           : act_type == LM_TYPE_F16  ? 1.0 / 2048
+                                      : 0.0;
 }
 
 /* One weight type, one row length: checks both bounds described at the top
@@ -593,7 +597,10 @@ static void test_table_kernels(void) {
     for (size_t t = 0; t < N_WEIGHT_TYPES; t++) {
         uint32_t id = weight_types[t];
         const lm_type_traits *tr = quant_traits(id);
-        uint32_t want = tr->blck == 1 ? LM_TYPE_F32 : tr->blck == 32 ? LM_TYPE_Q8_0 : LM_TYPE_Q8_K;
+        uint32_t want = id == LM_TYPE_F16 ? LM_TYPE_F16
+                        : tr->blck == 1 ? LM_TYPE_F32
+                        : tr->blck == 32 ? LM_TYPE_Q8_0
+                                         : LM_TYPE_Q8_K;
         CHECKF(tr->vec_dot_type == want, "%s vec_dot_type %u", tr->name, tr->vec_dot_type);
         CHECK(tr->to_float && tr->from_float && tr->vec_dot);
     }
@@ -601,7 +608,7 @@ static void test_table_kernels(void) {
     CHECK(quant_act_row_size(LM_TYPE_Q6_K, 256) == 292);
     CHECK(quant_act_row_size(LM_TYPE_Q4_0, 64) == 68);
     CHECK(quant_act_row_size(LM_TYPE_Q8_0, 32) == 34);
-    CHECK(quant_act_row_size(LM_TYPE_F16, 10) == 40);
+    CHECK(quant_act_row_size(LM_TYPE_F16, 10) == 20); /* F16 activations */
     CHECK(quant_act_row_size(LM_TYPE_BF16, 32) == 128);
     CHECK(quant_act_row_size(LM_TYPE_Q4_0, 48) == 0);  /* not a whole block */
     CHECK(quant_act_row_size(LM_TYPE_Q4_K, 288) == 0);

@@ -131,6 +131,10 @@ enum { KF32, KF16, KBF16 };
 
 INLINE size_t fsize(int kind) { return kind == KF32 ? 4 : 2; }
 
+/* The activations' format for weights of a kind: F16 weights take F16
+ * activations (half the bytes to stream in prefill), the others F32. */
+INLINE int xkind(int kind) { return kind == KF16 ? KF16 : KF32; }
+
 /* Weight elements [0, 8) at p as floats (exact conversions). */
 INLINE __m256 wload8(int kind, const uint8_t *p) {
     if (kind == KF32) return _mm256_loadu_ps((const float *)(const void *)p);
@@ -141,118 +145,147 @@ INLINE __m256 wload8(int kind, const uint8_t *p) {
 
 /* Elements are taken in groups of 32 (four vectors of 8); each output
  * (row, column) has ONE accumulator, acc = fma(w_k, x_k, acc) for the
- * vectors k of the row in order, starting from zero. A tile of R rows by C
- * columns keeps its R * C accumulators, R weight vectors and one activation
- * vector in registers: each weight vector is loaded and converted once for
- * C FMAs, each activation vector once for R. */
+ * vectors k of the row in order, starting from zero, summed across its
+ * lanes at the end. Every kernel below keeps that order, so a tile's
+ * outputs are bit-identical to vec_dot whatever its shape. */
 
-/* Groups [0, ng) of R weight rows (ws bytes apart) against C columns (xs
- * bytes apart), into acc[r][c]. */
-INLINE void float_block(int kind, int64_t ng, const uint8_t *w, size_t ws, int R,
-                        const uint8_t *x, size_t xs, int C, __m256 acc[4][4]) {
-    const size_t es = fsize(kind);
+/* Groups [0, ng) of R weight rows (ws bytes apart) against one column,
+ * into acc[r]. */
+INLINE void float_block(int kind, int64_t ng, const uint8_t *w, size_t ws, int R, const uint8_t *x,
+                        __m256 acc[4]) {
+    const size_t es = fsize(kind), xes = fsize(xkind(kind));
     for (int64_t g = 0; g < ng; g++) {
         const uint8_t *wg = w + (size_t)g * 32 * es;
-        const uint8_t *xg = x + (size_t)g * 128;
+        const uint8_t *xg = x + (size_t)g * 32 * xes;
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) prefetch_ahead(wg + (size_t)r * ws, 32 * es);
 #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) {
-            __m256 wv[4];
+            __m256 xv = wload8(xkind(kind), xg + (size_t)k * 8 * xes);
 #pragma GCC unroll 4
-            for (int r = 0; r < R; r++) wv[r] = wload8(kind, wg + (size_t)r * ws + (size_t)k * 8 * es);
-#pragma GCC unroll 4
-            for (int c = 0; c < C; c++) {
-                __m256 xv = _mm256_loadu_ps((const float *)(const void *)(xg + (size_t)c * xs + (size_t)k * 32));
-#pragma GCC unroll 4
-                for (int r = 0; r < R; r++) acc[r][c] = _mm256_fmadd_ps(wv[r], xv, acc[r][c]);
-            }
+            for (int r = 0; r < R; r++)
+                acc[r] = _mm256_fmadd_ps(wload8(kind, wg + (size_t)r * ws + (size_t)k * 8 * es), xv, acc[r]);
         }
     }
 }
 
-/* Rows [r0, r0 + H) of the tile over groups [0, ng), H = 1..4 (a constant
- * after inlining, so the block is fully unrolled). */
-INLINE void float_rows(int kind, int64_t ng, const uint8_t *w, size_t ws, int H,
-                       const uint8_t *x, size_t xs, int C, __m256 acc[4][4]) {
-    switch (H) {
-    case 1: float_block(kind, ng, w, ws, 1, x, xs, C, acc); break;
-    case 2: float_block(kind, ng, w, ws, 2, x, xs, C, acc); break;
-    case 3: float_block(kind, ng, w, ws, 3, x, xs, C, acc); break;
-    default: float_block(kind, ng, w, ws, 4, x, xs, C, acc); break;
+/* float_block with R = 1..4 a constant after inlining (fully unrolled). */
+INLINE void float_rows(int kind, int64_t ng, const uint8_t *w, size_t ws, int R, const uint8_t *x, __m256 acc[4]) {
+    switch (R) {
+    case 1: float_block(kind, ng, w, ws, 1, x, acc); break;
+    case 2: float_block(kind, ng, w, ws, 2, x, acc); break;
+    case 3: float_block(kind, ng, w, ws, 3, x, acc); break;
+    default: float_block(kind, ng, w, ws, 4, x, acc); break;
     }
 }
 
-/* Tiles with several columns go through the row in blocks of FKB elements
- * (a multiple of 32) and, within a block, take the rows two at a time (2 x
- * C accumulators fit in registers with their operands): the block's
- * activations, brought into L1 by the first pair, are reused by the
- * second. Accumulators carry from block to block in memory, which changes
- * no bits. With one column all rows of the tile run together, enough
- * independent chains to cover the FMA latency while weights stream. */
-#define FKB 512
-
-/* R <= 4 weight rows by C <= 4 columns, y[c * ys + r]. */
-INLINE void float_tile(int kind, int64_t n, const uint8_t *w, size_t ws, int R,
-                       const uint8_t *x, size_t xs, int C, float *y, size_t ys) {
-    const size_t es = fsize(kind);
-    const int H = C == 1 ? 4 : 2; /* rows per register block */
-    __m256 acc[4][4];
-    for (int r = 0; r < 4; r++)
-        for (int c = 0; c < 4; c++) acc[r][c] = _mm256_setzero_ps();
-    const int64_t nf = n / 32 * 32;
-    const int64_t kb = C == 1 ? (nf > 0 ? nf : 32) : FKB;
-    for (int64_t i = 0; i < nf; i += kb) {
-        int64_t ng = (nf - i < kb ? nf - i : kb) / 32;
-        for (int r = 0; r < R; r += H)
-            float_rows(kind, ng, w + (size_t)r * ws + (size_t)i * es, ws, R - r < H ? R - r : H,
-                       x + (size_t)i * 4, xs, C, acc + r);
+/* One step of 8 elements for R <= 4 rows by C <= 3 columns: C activation
+ * vectors loaded, each weight vector loaded (and converted) once for C
+ * FMAs. */
+INLINE void float_step(int kind, const uint8_t *w, size_t ws, int R, const uint8_t *x, size_t xs,
+                       int C, __m256 acc[4][3]) {
+    __m256 xv[3];
+#pragma GCC unroll 3
+    for (int c = 0; c < C; c++) xv[c] = wload8(xkind(kind), x + (size_t)c * xs);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        __m256 wv = wload8(kind, w + (size_t)r * ws);
+#pragma GCC unroll 3
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_fmadd_ps(wv, xv[c], acc[r][c]);
     }
-    if (nf < n) { /* zero-padded last group */
+}
+
+/* Several columns (prefill): R <= 4 rows by C <= 3 columns over the whole
+ * row. The 12 accumulators, 3 activation vectors and one weight vector fill
+ * the 16 registers, and nothing goes back to memory until the end; the
+ * caller runs one tile's rows against many tiles of tokens in a row, so the
+ * rows stay in L1 while the activations stream. */
+INLINE void float_panel(int kind, int64_t n, const uint8_t *w, size_t ws, int R,
+                        const uint8_t *x, size_t xs, int C, float *y, size_t ys) {
+    const size_t es = fsize(kind), xes = fsize(xkind(kind));
+    __m256 acc[4][3];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 3
+        for (int c = 0; c < 3; c++) acc[r][c] = _mm256_setzero_ps();
+    const int64_t nf = n / 32 * 32;
+    for (int64_t i = 0; i < nf; i += 8) float_step(kind, w + (size_t)i * es, ws, R, x + (size_t)i * xes, xs, C, acc);
+    if (nf < n) { /* zero-padded last group, as in float_tile */
         _Alignas(32) uint8_t wpad[4][128];
-        _Alignas(32) uint8_t xpad[4][128];
+        _Alignas(32) uint8_t xpad[3][128];
         memset(wpad, 0, sizeof wpad);
         memset(xpad, 0, sizeof xpad);
         size_t left = (size_t)(n - nf);
         for (int r = 0; r < R; r++) memcpy(wpad[r], w + (size_t)r * ws + (size_t)nf * es, left * es);
-        for (int c = 0; c < C; c++) memcpy(xpad[c], x + (size_t)c * xs + (size_t)nf * 4, left * 4);
-        for (int r = 0; r < R; r += H)
-            float_rows(kind, 1, wpad[r], sizeof wpad[0], R - r < H ? R - r : H, xpad[0],
-                       sizeof xpad[0], C, acc + r);
+        for (int c = 0; c < C; c++) memcpy(xpad[c], x + (size_t)c * xs + (size_t)nf * xes, left * xes);
+        for (int i = 0; i < 32; i += 8)
+            float_step(kind, wpad[0] + (size_t)i * es, sizeof wpad[0], R, xpad[0] + (size_t)i * xes, sizeof xpad[0],
+                       C, acc);
     }
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) y[(size_t)c * ys + (size_t)r] = hsum8(acc[r][c]);
+}
+
+/* One column (decode, and vec_dot): all R <= 4 rows of the tile run
+ * together, R independent chains to cover the FMA latency while weights
+ * stream. */
+INLINE void float_tile(int kind, int64_t n, const uint8_t *w, size_t ws, int R,
+                       const uint8_t *x, float *y) {
+    const size_t es = fsize(kind), xes = fsize(xkind(kind));
+    __m256 acc[4];
+    for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
+    const int64_t nf = n / 32 * 32;
+    if (nf > 0) float_rows(kind, nf / 32, w, ws, R, x, acc);
+    if (nf < n) { /* zero-padded last group */
+        _Alignas(32) uint8_t wpad[4][128];
+        _Alignas(32) uint8_t xpad[128];
+        memset(wpad, 0, sizeof wpad);
+        memset(xpad, 0, sizeof xpad);
+        size_t left = (size_t)(n - nf);
+        for (int r = 0; r < R; r++) memcpy(wpad[r], w + (size_t)r * ws + (size_t)nf * es, left * es);
+        memcpy(xpad, x + (size_t)nf * xes, left * xes);
+        float_rows(kind, 1, wpad[0], sizeof wpad[0], R, xpad, acc);
+    }
+    for (int r = 0; r < R; r++) y[r] = hsum8(acc[r]);
 }
 
 INLINE void float_gemm(int kind, int64_t n, const void *w, size_t ws, int nr, const void *x,
                        size_t xs, int nc, float *y, size_t ys) {
     assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n >= 0);
     const uint8_t *wb = (const uint8_t *)w, *xb = (const uint8_t *)x;
+    if (nc == 4) { /* two tiles of two columns */
+        float_gemm(kind, n, w, ws, nr, x, xs, 2, y, ys);
+        float_gemm(kind, n, w, ws, nr, xb + 2 * xs, xs, 2, y + 2 * ys, ys);
+        return;
+    }
 #define FT(R, C)                                                                                \
-    case R * 8 + C: float_tile(kind, n, wb, ws, R, xb, xs, C, y, ys); break;
+    case R * 8 + C: float_panel(kind, n, wb, ws, R, xb, xs, C, y, ys); break;
+#define F1(R)                                                                                   \
+    case R * 8 + 1: float_tile(kind, n, wb, ws, R, xb, y); break;
     switch (nr * 8 + nc) {
-        FT(1, 1) FT(1, 2) FT(1, 3) FT(1, 4) FT(2, 1) FT(2, 2) FT(2, 3) FT(2, 4)
-        FT(3, 1) FT(3, 2) FT(3, 3) FT(3, 4) FT(4, 1) FT(4, 2) FT(4, 3) FT(4, 4)
+        F1(1) F1(2) F1(3) F1(4)
+        FT(1, 2) FT(1, 3) FT(2, 2) FT(2, 3) FT(3, 2) FT(3, 3) FT(4, 2) FT(4, 3)
     default: break;
     }
+#undef F1
 #undef FT
 }
 
 float avx2_vec_dot_f32(int64_t n, const void *w, const void *x) {
     float y;
-    float_tile(KF32, n, w, 0, 1, x, 0, 1, &y, 1);
+    float_tile(KF32, n, w, 0, 1, x, &y);
     return y;
 }
 
 float avx2_vec_dot_f16(int64_t n, const void *w, const void *x) {
     float y;
-    float_tile(KF16, n, w, 0, 1, x, 0, 1, &y, 1);
+    float_tile(KF16, n, w, 0, 1, x, &y);
     return y;
 }
 
 float avx2_vec_dot_bf16(int64_t n, const void *w, const void *x) {
     float y;
-    float_tile(KBF16, n, w, 0, 1, x, 0, 1, &y, 1);
+    float_tile(KBF16, n, w, 0, 1, x, &y);
     return y;
 }
 
@@ -658,6 +691,17 @@ INLINE __m256i pack32(__m256i a, __m256i b, __m256i c, __m256i d) {
     return _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+
+/* Floats to F16, rounded to nearest-even (F16C), as lm_f32_to_f16 does for
+ * every finite value and infinity (NaNs stay NaNs). */
+void avx2_from_float_f16(const float *src, void *dst, int64_t n) {
+    uint16_t *h = dst;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(void *)(h + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++) h[i] = lm_f32_to_f16(src[i]);
+}
 /* max |x| over 32 * nv floats; NaN lanes are skipped (the NaN operand of
  * max_ps goes first) as the reference's strict > skips them. */
 INLINE float absmax(const float *x, int nv) {
@@ -728,16 +772,16 @@ void avx2_from_float_q8_K(const float *src, void *dst, int64_t n) {
 /* ---- table ---------------------------------------------------------------- */
 
 static const lm_avx2_kernels table[LM_TYPE_COUNT] = {
-    [LM_TYPE_F32] = {NULL, avx2_vec_dot_f32, avx2_gemm_f32, NULL, NULL},
-    [LM_TYPE_F16] = {NULL, avx2_vec_dot_f16, avx2_gemm_f16, NULL, NULL},
-    [LM_TYPE_BF16] = {NULL, avx2_vec_dot_bf16, avx2_gemm_bf16, NULL, NULL},
+    [LM_TYPE_F32] = {NULL, avx2_vec_dot_f32, avx2_gemm_f32, NULL, NULL, 3},
+    [LM_TYPE_F16] = {avx2_from_float_f16, avx2_vec_dot_f16, avx2_gemm_f16, NULL, NULL, 3},
+    [LM_TYPE_BF16] = {NULL, avx2_vec_dot_bf16, avx2_gemm_bf16, NULL, NULL, 3},
     [LM_TYPE_Q8_0] = {avx2_from_float_q8_0, avx2_vec_dot_q8_0, avx2_gemm_q8_0, avx2_packed_gemm_q8_0,
-                      avx2_packed_act},
-    [LM_TYPE_Q4_0] = {NULL, avx2_vec_dot_q4_0, avx2_gemm_q4_0, avx2_packed_gemm_q4_0, avx2_packed_act},
-    [LM_TYPE_Q4_K] = {NULL, avx2_vec_dot_q4_K, avx2_gemm_q4_K, NULL, NULL},
-    [LM_TYPE_Q5_K] = {NULL, avx2_vec_dot_q5_K, avx2_gemm_q5_K, NULL, NULL},
-    [LM_TYPE_Q6_K] = {NULL, avx2_vec_dot_q6_K, avx2_gemm_q6_K, NULL, NULL},
-    [LM_TYPE_Q8_K] = {avx2_from_float_q8_K, NULL, NULL, NULL, NULL},
+                      avx2_packed_act, 0},
+    [LM_TYPE_Q4_0] = {NULL, avx2_vec_dot_q4_0, avx2_gemm_q4_0, avx2_packed_gemm_q4_0, avx2_packed_act, 0},
+    [LM_TYPE_Q4_K] = {NULL, avx2_vec_dot_q4_K, avx2_gemm_q4_K, NULL, NULL, 0},
+    [LM_TYPE_Q5_K] = {NULL, avx2_vec_dot_q5_K, avx2_gemm_q5_K, NULL, NULL, 0},
+    [LM_TYPE_Q6_K] = {NULL, avx2_vec_dot_q6_K, avx2_gemm_q6_K, NULL, NULL, 0},
+    [LM_TYPE_Q8_K] = {avx2_from_float_q8_K, NULL, NULL, NULL, NULL, 0},
 };
 
 const lm_avx2_kernels *avx2_kernels(uint32_t type) {

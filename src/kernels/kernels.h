@@ -6,7 +6,8 @@
  * F16C, in kernels/avx2_quant.c) for the weight types lamina multiplies:
  *
  *   weight type   activation (vec_dot_type)   vec_dot / gemm          from_float
- *   F32, F16, BF16   F32                      avx2_vec_dot_<t>, _gemm_ -
+ *   F32, BF16        F32                      avx2_vec_dot_<t>, _gemm_ -
+ *   F16              F16                      avx2_vec_dot_f16, _gemm_ avx2_from_float_f16
  *   Q8_0, Q4_0       Q8_0                     avx2_vec_dot_<t>, _gemm_ avx2_from_float_q8_0
  *   Q4_K, Q5_K, Q6_K Q8_K                     avx2_vec_dot_<t>, _gemm_ avx2_from_float_q8_K
  *
@@ -76,6 +77,8 @@ typedef struct {
     lm_gemm_fn gemm;             /* tile kernel matching vec_dot bit for bit */
     lm_packed_gemm_fn packed_gemm; /* interleaved weights (quant.h), or NULL */
     lm_from_float_fn packed_act;   /* floats -> block_q8_0s, with packed_gemm */
+    int gemm_cols;                 /* activation rows per gemm call it is fastest
+                                      with; 0: LM_GEMM_TILE */
 } lm_avx2_kernels;
 
 /* The kernels for a type, or NULL when there are none (or not x86-64). */
@@ -114,6 +117,7 @@ void avx2_packed_gemm_q4_0(int64_t n, const void *wp, int nr, const void *x, siz
                            float *y, size_t y_stride);
 void avx2_packed_act(const float *src, void *dst, int64_t n);
 
+void avx2_from_float_f16(const float *src, void *dst, int64_t n);
 void avx2_from_float_q8_0(const float *src, void *dst, int64_t n);
 void avx2_from_float_q8_K(const float *src, void *dst, int64_t n);
 #endif
