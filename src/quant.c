@@ -33,7 +33,6 @@
 #include <string.h>
 #include <strings.h>
 
-#include "kernels/avx2_q5_0.h"
 #include "kernels/kernels.h"
 #include "util.h"
 
@@ -924,10 +923,6 @@ static void init_table(void) {
             traits[t].packed_act = k->packed_act;
         }
     }
-#if defined(__x86_64__) || defined(__i386__)
-    traits[LM_TYPE_Q5_0].vec_dot = avx2_vec_dot_q5_0;
-    traits[LM_TYPE_Q5_0].gemm = avx2_gemm_q5_0;
-#endif
 }
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;

@@ -8,7 +8,7 @@
  *    around 1e-7 of that sum). Rows come from the reference quantizer and,
  *    for the quantized types, also from random block bytes (every nibble,
  *    sign bit, scale code and -128 weight occurs). Lengths: every multiple of
- *    32 up to 1280 plus 2048 and 2816 for Q8_0/Q4_0; 256, 512, 768, 1024,
+ *    32 up to 1280 plus 2048 and 2816 for Q8_0/Q4_0/Q5_0; 256, 512, 768, 1024,
  *    2048 and 2816 for the K-quants; for F32/F16/BF16 also lengths that end
  *    in a short tail (1, 7, 15, 17, 33, 100, ...).
  *  - activation quantizers Q8_0, Q8_K and F16: blocks byte-identical to
@@ -45,8 +45,8 @@
 #include "test.h"
 #include "util.h"
 
-static const uint32_t weight_types[] = {LM_TYPE_F32,  LM_TYPE_F16,  LM_TYPE_BF16, LM_TYPE_Q8_0,
-                                        LM_TYPE_Q4_0, LM_TYPE_Q4_K, LM_TYPE_Q5_K, LM_TYPE_Q6_K};
+static const uint32_t weight_types[] = {LM_TYPE_F32,  LM_TYPE_F16,  LM_TYPE_BF16, LM_TYPE_Q8_0, LM_TYPE_Q4_0,
+                                        LM_TYPE_Q5_0, LM_TYPE_Q4_K, LM_TYPE_Q5_K, LM_TYPE_Q6_K};
 #define N_WEIGHT_TYPES (sizeof weight_types / sizeof weight_types[0])
 
 #define TOL 1e-5 /* relative to sum |w_i x_i|, every type */
@@ -73,7 +73,8 @@ static void fill_random_blocks(uint32_t type, uint8_t *p, int64_t n) {
         uint16_t dmin = lm_f32_to_f16((float)(lm_rng_uniform(&rng) * 0.1));
         switch (type) {
         case LM_TYPE_Q8_0:
-        case LM_TYPE_Q4_0: memcpy(blk, &d, 2); break;
+        case LM_TYPE_Q4_0:
+        case LM_TYPE_Q5_0: memcpy(blk, &d, 2); break;
         case LM_TYPE_Q4_K:
         case LM_TYPE_Q5_K:
             memcpy(blk, &d, 2);
@@ -179,6 +180,11 @@ static void test_vec_dot_q8_0(void) {
 static void test_vec_dot_q4_0(void) {
     check_vec_dot_type(LM_TYPE_Q4_0, false);
     check_vec_dot_type(LM_TYPE_Q4_0, true);
+}
+
+static void test_vec_dot_q5_0(void) {
+    check_vec_dot_type(LM_TYPE_Q5_0, false);
+    check_vec_dot_type(LM_TYPE_Q5_0, true);
 }
 
 static void test_vec_dot_q4_K(void) {
@@ -422,6 +428,7 @@ static void test_gemm_f16(void) { check_gemm_type(LM_TYPE_F16); }
 static void test_gemm_bf16(void) { check_gemm_type(LM_TYPE_BF16); }
 static void test_gemm_q8_0(void) { check_gemm_type(LM_TYPE_Q8_0); }
 static void test_gemm_q4_0(void) { check_gemm_type(LM_TYPE_Q4_0); }
+static void test_gemm_q5_0(void) { check_gemm_type(LM_TYPE_Q5_0); }
 static void test_gemm_q4_K(void) { check_gemm_type(LM_TYPE_Q4_K); }
 static void test_gemm_q5_K(void) { check_gemm_type(LM_TYPE_Q5_K); }
 static void test_gemm_q6_K(void) { check_gemm_type(LM_TYPE_Q6_K); }
@@ -656,6 +663,7 @@ int main(void) {
     TEST_RUN(test_vec_dot_float);
     TEST_RUN(test_vec_dot_q8_0);
     TEST_RUN(test_vec_dot_q4_0);
+    TEST_RUN(test_vec_dot_q5_0);
     TEST_RUN(test_vec_dot_q4_K);
     TEST_RUN(test_vec_dot_q5_K);
     TEST_RUN(test_vec_dot_q6_K);
@@ -668,6 +676,7 @@ int main(void) {
     TEST_RUN(test_gemm_bf16);
     TEST_RUN(test_gemm_q8_0);
     TEST_RUN(test_gemm_q4_0);
+    TEST_RUN(test_gemm_q5_0);
     TEST_RUN(test_gemm_q4_K);
     TEST_RUN(test_gemm_q5_K);
     TEST_RUN(test_gemm_q6_K);

@@ -306,29 +306,50 @@ void avx2_gemm_bf16(int64_t n, const void *w, size_t ws, int nr, const void *x, 
 
 /* ---- Q8_0 and Q4_0 weights against Q8_0 activations ----------------------- */
 
-enum { KQ8_0, KQ4_0 };
+enum { KQ8_0, KQ4_0, KQ5_0 };
+
+INLINE size_t q32_block_size(int kind) {
+    return kind == KQ4_0 ? sizeof(block_q4_0) : kind == KQ5_0 ? sizeof(block_q5_0) : sizeof(block_q8_0);
+}
+
+/* Byte j of the result is 0xFF when bit j of bits is set. */
+INLINE __m256i spread_bits(uint32_t bits) {
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0);
+    const __m256i mask = _mm256_set1_epi64x((long long)0x7fbfdfeff7fbfdfeULL);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), shuf);
+    return _mm256_cmpeq_epi8(_mm256_or_si256(v, mask), _mm256_set1_epi64x(-1));
+}
 
 #define GROUP 8 /* blocks whose f16 scales are converted together */
 #define REP8(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
 
 /* The exact integer dot of one block as eight int32 partial sums. u is the
- * unsigned pmaddubsw operand from the weight block (Q4_0: q in 0..15; Q8_0:
- * |w|), xq the activation's 32 int8, wq the Q8_0 weight bytes (their signs
- * move onto x), e8 for Q4_0 the int16 pair sums of 8*x, subtracted for the
- * -8 offset. */
-INLINE __m256i q32_dot(int kind, __m256i u, const uint8_t *wq, const uint8_t *xq, __m256i e8) {
+ * unsigned pmaddubsw operand from the weight block (Q4_0: q in 0..15; Q5_0:
+ * q in 0..31; Q8_0: |w|), xq the activation's 32 int8, wq the Q8_0 weight
+ * bytes (their signs move onto x), e for Q4_0/Q5_0 the int16 pair sums of
+ * 8*x / 16*x, subtracted for the -8 / -16 offset. */
+INLINE __m256i q32_dot(int kind, __m256i u, const uint8_t *wq, const uint8_t *xq, __m256i e) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i xv = ld256(xq);
     if (kind == KQ8_0) return _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(xv, ld256(wq))), ones);
-    return _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(u, xv), e8), ones);
+    return _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(u, xv), e), ones);
 }
 
+/* q points just past the block's f16 scale. */
 INLINE __m256i q32_unsigned(int kind, const uint8_t *q) {
     if (kind == KQ8_0) return _mm256_abs_epi8(ld256(q));
-    /* the 16 bytes in both halves, the upper half shifted down a nibble */
-    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)q));
+    /* the 16 nibble bytes in both halves, the upper half shifted down a
+     * nibble (Q5_0: after the 4 bytes of fifth bits) */
+    const uint8_t *nib = kind == KQ5_0 ? q + 4 : q;
+    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)nib));
     v = _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+    v = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+    if (kind == KQ5_0) { /* bit j of qh is bit 4 of element j */
+        uint32_t qh;
+        memcpy(&qh, q, 4);
+        v = _mm256_or_si256(v, _mm256_and_si256(spread_bits(qh), _mm256_set1_epi8(0x10)));
+    }
+    return v;
 }
 
 /* One group of 8 blocks for R rows and C columns; w points at row 0's
@@ -338,11 +359,13 @@ INLINE __m256i q32_unsigned(int kind, const uint8_t *q) {
  * for every column; the activation side (scales, 8*x sums) once per column. */
 INLINE void q32_group(int kind, const uint8_t *w, size_t ws, int R, const uint8_t *x, size_t xs,
                       int C, __m256 acc[4][4][2]) {
-    const size_t wbs = kind == KQ4_0 ? sizeof(block_q4_0) : sizeof(block_q8_0);
+    const size_t wbs = q32_block_size(kind);
     const size_t xbs = sizeof(block_q8_0);
-    const __m256i eight = _mm256_set1_epi8(8);
-    /* Q4_0 with one row computes 8*x inline; wider tiles keep it here */
-    const bool keep_e = kind == KQ4_0 && R > 1;
+    const __m256i eight = _mm256_set1_epi8(kind == KQ5_0 ? 16 : 8); /* the offset */
+    /* Q4_0/Q5_0 with one row compute the offset sums inline; wider tiles
+     * keep them here */
+    const bool offset = kind == KQ4_0 || kind == KQ5_0;
+    const bool keep_e = offset && R > 1;
     __m256 dx[4];
     __m256i e8[4][GROUP];
 #pragma GCC unroll 4
@@ -370,7 +393,7 @@ INLINE void q32_group(int kind, const uint8_t *w, size_t ws, int R, const uint8_
 #define STEP(b)                                                                                \
     {                                                                                          \
         const uint8_t *xq = xc + b * xbs + 2;                                                  \
-        __m256i e = kind != KQ4_0 ? _mm256_setzero_si256()                                     \
+        __m256i e = !offset ? _mm256_setzero_si256()                                           \
                     : keep_e      ? e8[c][b]                                                   \
                                   : _mm256_maddubs_epi16(eight, ld256(xq));                    \
         __m256 sb = _mm256_cvtepi32_ps(q32_dot(kind, u##b, wr + b * wbs + 2, xq, e));          \
@@ -387,7 +410,7 @@ INLINE void q32_group(int kind, const uint8_t *w, size_t ws, int R, const uint8_
 
 INLINE void q32_tile(int kind, int64_t n, const uint8_t *w, size_t ws, int R, const uint8_t *x,
                      size_t xs, int C, float *y, size_t ys) {
-    const size_t wbs = kind == KQ4_0 ? sizeof(block_q4_0) : sizeof(block_q8_0);
+    const size_t wbs = q32_block_size(kind);
     const size_t xbs = sizeof(block_q8_0);
     const int64_t nb = n / 32;
     __m256 acc[4][4][2];
@@ -423,6 +446,12 @@ float avx2_vec_dot_q4_0(int64_t n, const void *w, const void *x) {
     return y;
 }
 
+float avx2_vec_dot_q5_0(int64_t n, const void *w, const void *x) {
+    float y;
+    q32_tile(KQ5_0, n, w, 0, 1, x, 0, 1, &y, 1);
+    return y;
+}
+
 #define Q32(R, C) \
     case R * 8 + C: q32_tile(KIND, n, w, ws, R, x, xs, C, y, ys); break;
 
@@ -450,6 +479,21 @@ void avx2_gemm_q4_0(int64_t n, const void *w, size_t ws, int nr, const void *x, 
     }
 #define KIND KQ4_0
     switch (nr * 8 + nc) {
+        CASES(Q32)
+    default: break;
+    }
+#undef KIND
+}
+
+void avx2_gemm_q5_0(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs,
+                    int nc, float *y, size_t ys) {
+    assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n % 32 == 0);
+    /* rows of Q5_0 matrices are short (Gemma's 640 = 20 blocks): one token
+     * runs the tile's rows together too, sharing the activation side and
+     * the padded last group */
+#define KIND KQ5_0
+    switch (nr * 8 + nc) {
+        Q32(1, 1) Q32(2, 1) Q32(3, 1) Q32(4, 1)
         CASES(Q32)
     default: break;
     }
@@ -778,6 +822,7 @@ static const lm_avx2_kernels table[LM_TYPE_COUNT] = {
     [LM_TYPE_Q8_0] = {avx2_from_float_q8_0, avx2_vec_dot_q8_0, avx2_gemm_q8_0, avx2_packed_gemm_q8_0,
                       avx2_packed_act, 0},
     [LM_TYPE_Q4_0] = {NULL, avx2_vec_dot_q4_0, avx2_gemm_q4_0, avx2_packed_gemm_q4_0, avx2_packed_act, 0},
+    [LM_TYPE_Q5_0] = {NULL, avx2_vec_dot_q5_0, avx2_gemm_q5_0, NULL, NULL, 0},
     [LM_TYPE_Q4_K] = {NULL, avx2_vec_dot_q4_K, avx2_gemm_q4_K, NULL, NULL, 0},
     [LM_TYPE_Q5_K] = {NULL, avx2_vec_dot_q5_K, avx2_gemm_q5_K, NULL, NULL, 0},
     [LM_TYPE_Q6_K] = {NULL, avx2_vec_dot_q6_K, avx2_gemm_q6_K, NULL, NULL, 0},

@@ -8,7 +8,7 @@
  *   weight type   activation (vec_dot_type)   vec_dot / gemm          from_float
  *   F32, BF16        F32                      avx2_vec_dot_<t>, _gemm_ -
  *   F16              F16                      avx2_vec_dot_f16, _gemm_ avx2_from_float_f16
- *   Q8_0, Q4_0       Q8_0                     avx2_vec_dot_<t>, _gemm_ avx2_from_float_q8_0
+ *   Q8_0, Q4_0, Q5_0 Q8_0                     avx2_vec_dot_<t>, _gemm_ avx2_from_float_q8_0
  *   Q4_K, Q5_K, Q6_K Q8_K                     avx2_vec_dot_<t>, _gemm_ avx2_from_float_q8_K
  *
  * and, for Q8_0 and Q4_0 weights in the interleaved layout of quant.h
@@ -90,6 +90,7 @@ float avx2_vec_dot_f16(int64_t n, const void *w, const void *x);
 float avx2_vec_dot_bf16(int64_t n, const void *w, const void *x);
 float avx2_vec_dot_q8_0(int64_t n, const void *w, const void *x);
 float avx2_vec_dot_q4_0(int64_t n, const void *w, const void *x);
+float avx2_vec_dot_q5_0(int64_t n, const void *w, const void *x);
 float avx2_vec_dot_q4_K(int64_t n, const void *w, const void *x);
 float avx2_vec_dot_q5_K(int64_t n, const void *w, const void *x);
 float avx2_vec_dot_q6_K(int64_t n, const void *w, const void *x);
@@ -103,6 +104,8 @@ void avx2_gemm_bf16(int64_t n, const void *w, size_t w_stride, int nr, const voi
 void avx2_gemm_q8_0(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
                     size_t x_stride, int nc, float *y, size_t y_stride);
 void avx2_gemm_q4_0(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
+                    size_t x_stride, int nc, float *y, size_t y_stride);
+void avx2_gemm_q5_0(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
                     size_t x_stride, int nc, float *y, size_t y_stride);
 void avx2_gemm_q4_K(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
                     size_t x_stride, int nc, float *y, size_t y_stride);
