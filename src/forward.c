@@ -231,6 +231,79 @@ static void add_bias(float *y, const float *b, int n_tok, int dim) {
         for (int i = 0; i < dim; i++) y[(size_t)t * dim + i] += b[i];
 }
 
+/* Per-token work between the matrix products (norms, Q/K norms and RoPE,
+ * residual adds, the MLP activation), one stage at a time, split across
+ * the pool in blocks of ROWS_BLOCK tokens when the batch is large. A
+ * token's arithmetic is the same whichever thread runs it. */
+enum { ROWS_ATTN_IN, ROWS_QK, ROWS_ATTN_OUT, ROWS_FFN_IN, ROWS_ACT, ROWS_FFN_OUT };
+#define ROWS_BLOCK 8
+
+typedef struct {
+    lm_state *s;
+    const lm_layer *l;
+    int stage, n;
+    atomic_int next;
+} rows_job;
+
+static void rows_range(lm_state *s, const lm_layer *l, int stage, int t0, int t1) {
+    const lm_hparams *hp = &s->m->hp;
+    const int E = hp->n_embd, hd = hp->head_dim;
+    const size_t qd = (size_t)hp->n_head * hd, kvd = (size_t)hp->n_head_kv * hd, ff = (size_t)hp->n_ff;
+    for (int t = t0; t < t1; t++) {
+        float *x = s->x + (size_t)t * E, *xb = s->xb + (size_t)t * E, *hb = s->hb + (size_t)t * E;
+        switch (stage) {
+        case ROWS_ATTN_IN: ops_rmsnorm(xb, x, l->attn_norm, E, hp->norm_eps); break;
+        case ROWS_QK: {
+            float *q = s->q + (size_t)t * qd, *k = s->k + (size_t)t * kvd;
+            if (l->q_norm)
+                for (int h = 0; h < hp->n_head; h++) ops_rmsnorm(q + h * hd, q + h * hd, l->q_norm, hd, hp->norm_eps);
+            if (l->k_norm)
+                for (int h = 0; h < hp->n_head_kv; h++)
+                    ops_rmsnorm(k + h * hd, k + h * hd, l->k_norm, hd, hp->norm_eps);
+            const float *cs = s->cs + (size_t)t * hp->n_rot;
+            ops_rope_apply(q, hp->n_head, hd, hp->n_rot, cs, hp->rope_style);
+            ops_rope_apply(k, hp->n_head_kv, hd, hp->n_rot, cs, hp->rope_style);
+            break;
+        }
+        case ROWS_ATTN_OUT: /* hb holds attn · Woᵀ */
+            if (l->post_attn_norm) ops_rmsnorm(hb, hb, l->post_attn_norm, E, hp->norm_eps);
+            for (int i = 0; i < E; i++) x[i] += hb[i];
+            break;
+        case ROWS_FFN_IN: ops_rmsnorm(xb, x, l->ffn_norm, E, hp->norm_eps); break;
+        case ROWS_ACT: {
+            float *g = s->hb + (size_t)t * ff, *u = s->hb2 + (size_t)t * ff;
+            if (hp->gelu) ops_geglu(g, u, (int)ff);
+            else ops_swiglu(g, u, (int)ff);
+            break;
+        }
+        case ROWS_FFN_OUT: /* xb holds the down projection */
+            if (l->post_ffn_norm) ops_rmsnorm(xb, xb, l->post_ffn_norm, E, hp->norm_eps);
+            for (int i = 0; i < E; i++) x[i] += xb[i];
+            break;
+        default: break;
+        }
+    }
+}
+
+static void rows_worker(void *arg, int ith, int nth) {
+    rows_job *j = arg;
+    for (;;) {
+        int t0 = atomic_fetch_add(&j->next, ROWS_BLOCK);
+        if (t0 >= j->n) break;
+        rows_range(j->s, j->l, j->stage, t0, t0 + ROWS_BLOCK < j->n ? t0 + ROWS_BLOCK : j->n);
+    }
+}
+
+static void run_rows(lm_state *s, const lm_layer *l, int stage, int n) {
+    if (n < 4 * ROWS_BLOCK) { /* not worth a wake-up */
+        rows_range(s, l, stage, 0, n);
+        return;
+    }
+    rows_job j = {.s = s, .l = l, .stage = stage, .n = n};
+    atomic_init(&j.next, 0);
+    pool_run(s->pool, rows_worker, &j);
+}
+
 /* One pass over n <= max_batch tokens split into segments (one sequence
  * each, already grown to hold their positions). */
 static void forward_batch(lm_state *s, const int32_t *tokens, int n, const lm_seg *segs, int n_seg, float *logits) {
@@ -266,7 +339,7 @@ static void forward_batch(lm_state *s, const int32_t *tokens, int n, const lm_se
             cs_base = l->rope_base;
             cs_scale = l->rope_scale;
         }
-        for (int t = 0; t < n; t++) ops_rmsnorm(s->xb + (size_t)t * E, s->x + (size_t)t * E, l->attn_norm, E, hp->norm_eps);
+        run_rows(s, l, ROWS_ATTN_IN, n);
         PROF(s, LM_PROF_NORM);
         float *const qkv_y[3] = {s->q, s->k, s->v};
         const lm_weight *const qkv_w[3] = {&l->wq, &l->wk, &l->wv};
@@ -275,17 +348,7 @@ static void forward_batch(lm_state *s, const int32_t *tokens, int n, const lm_se
         add_bias(s->k, l->bk, n, (int)kvd);
         add_bias(s->v, l->bv, n, (int)kvd);
         PROF(s, LM_PROF_QKV);
-        if (l->q_norm)
-            for (int t = 0; t < n * hp->n_head; t++)
-                ops_rmsnorm(s->q + (size_t)t * hd, s->q + (size_t)t * hd, l->q_norm, hd, hp->norm_eps);
-        if (l->k_norm)
-            for (int t = 0; t < n * hp->n_head_kv; t++)
-                ops_rmsnorm(s->k + (size_t)t * hd, s->k + (size_t)t * hd, l->k_norm, hd, hp->norm_eps);
-        for (int t = 0; t < n; t++) {
-            const float *cs = s->cs + (size_t)t * hp->n_rot;
-            ops_rope_apply(s->q + (size_t)t * qd, hp->n_head, hd, hp->n_rot, cs, hp->rope_style);
-            ops_rope_apply(s->k + (size_t)t * kvd, hp->n_head_kv, hd, hp->n_rot, cs, hp->rope_style);
-        }
+        run_rows(s, l, ROWS_QK, n);
         for (int g = 0; g < n_seg; g++) {
             size_t r0 = (size_t)s->seg_row0[g];
             kv_store_rows(s->kv, segs[g].seq, li, segs[g].pos0, segs[g].n, s->k + r0 * kvd, kvd, s->v + r0 * kvd, kvd);
@@ -300,26 +363,19 @@ static void forward_batch(lm_state *s, const int32_t *tokens, int n, const lm_se
 
         /* x += attn · Woᵀ (hb as a temporary of n_embd per token) */
         ops_matmul(s->pool, s->hb, &l->wo, s->xb, n, s->act);
-        if (l->post_attn_norm)
-            for (int t = 0; t < n; t++)
-                ops_rmsnorm(s->hb + (size_t)t * E, s->hb + (size_t)t * E, l->post_attn_norm, E, hp->norm_eps);
-        for (size_t i = 0; i < (size_t)n * E; i++) s->x[i] += s->hb[i];
+        run_rows(s, l, ROWS_ATTN_OUT, n);
         PROF(s, LM_PROF_WO);
 
-        for (int t = 0; t < n; t++) ops_rmsnorm(s->xb + (size_t)t * E, s->x + (size_t)t * E, l->ffn_norm, E, hp->norm_eps);
+        run_rows(s, l, ROWS_FFN_IN, n);
         PROF(s, LM_PROF_NORM);
         float *const gu_y[2] = {s->hb, s->hb2};
         const lm_weight *const gu_w[2] = {&l->w_gate, &l->w_up};
         ops_matmul_multi(s->pool, 2, gu_y, gu_w, s->xb, n, s->act);
         PROF(s, LM_PROF_FFN_UP);
-        if (hp->gelu) ops_geglu(s->hb, s->hb2, n * hp->n_ff);
-        else ops_swiglu(s->hb, s->hb2, n * hp->n_ff);
+        run_rows(s, l, ROWS_ACT, n);
         PROF(s, LM_PROF_FFN_ACT);
         ops_matmul(s->pool, s->xb, &l->w_down, s->hb, n, s->act);
-        if (l->post_ffn_norm)
-            for (int t = 0; t < n; t++)
-                ops_rmsnorm(s->xb + (size_t)t * E, s->xb + (size_t)t * E, l->post_ffn_norm, E, hp->norm_eps);
-        for (size_t i = 0; i < (size_t)n * E; i++) s->x[i] += s->xb[i];
+        run_rows(s, l, ROWS_FFN_OUT, n);
         PROF(s, LM_PROF_FFN_DOWN);
     }
     if (!logits) return;
