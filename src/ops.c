@@ -174,15 +174,20 @@ static void matmul_chunk(const matmul_job *j, int k, long r0) {
         return;
     }
     if (j->gemm[k]) {
-        /* tiles of up to 4 weight rows x gemm_cols tokens. The tokens go
-         * in blocks of GEMM_BLOCK_BYTES of activations; within a block each row
+        /* tiles of up to 4 weight rows x gemm_cols tokens: each weight
+         * block is decoded once per tile of tokens, each activation block
+         * loaded once per row tile. Float weights: the tokens go in blocks
+         * of GEMM_BLOCK_BYTES of activations, and within a block each row
          * tile meets every token tile in turn, so its weights stay in L1
-         * while the block's activations stream from L2 (each weight block
-         * is decoded once per tile of tokens, each activation block loaded
-         * once per row tile) */
+         * while the block's activations stream from L2. Quantized weights
+         * (small rows, small 8-bit activations): each token tile meets
+         * the chunk's row tiles in turn, the chunk's rows staying in L2. */
         const int tc = j->gemm_cols[k];
-        int bt = (int)(GEMM_BLOCK_BYTES / j->x_row_bytes) / tc * tc;
-        if (bt < tc) bt = tc;
+        int bt = tc;
+        if (!quant_traits(w->type)->is_quantized) {
+            bt = (int)(GEMM_BLOCK_BYTES / j->x_row_bytes) / tc * tc;
+            if (bt < tc) bt = tc;
+        }
         for (int c0 = 0; c0 < j->n_tok; c0 += bt) {
             int c1 = j->n_tok - c0 < bt ? j->n_tok : c0 + bt;
             for (long r = r0; r < r1; r += LM_GEMM_TILE) {
