@@ -72,8 +72,43 @@ static float dot1(const float *a, const float *b, int hd) {
     return _mm_cvtss_f32(hsum4(s, s, s, s));
 }
 
+/* Rows q0, q1, q2 against keys t0..t0+3: each score is accumulated and
+ * reduced exactly as in dot_2x4 (a third row only shares the key loads). */
+static void dot_3x4(const float *q0, const float *q1, const float *q2, int hd, const float *const *k, float *s0,
+                    float *s1, float *s2) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    __m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+    const float *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3];
+    for (int d = 0; d < hd; d += 8) {
+        __m256 y0 = _mm256_loadu_ps(k0 + d), y1 = _mm256_loadu_ps(k1 + d);
+        __m256 y2 = _mm256_loadu_ps(k2 + d), y3 = _mm256_loadu_ps(k3 + d);
+        __m256 x = _mm256_loadu_ps(q0 + d);
+        a0 = _mm256_fmadd_ps(x, y0, a0), a1 = _mm256_fmadd_ps(x, y1, a1);
+        a2 = _mm256_fmadd_ps(x, y2, a2), a3 = _mm256_fmadd_ps(x, y3, a3);
+        x = _mm256_loadu_ps(q1 + d);
+        b0 = _mm256_fmadd_ps(x, y0, b0), b1 = _mm256_fmadd_ps(x, y1, b1);
+        b2 = _mm256_fmadd_ps(x, y2, b2), b3 = _mm256_fmadd_ps(x, y3, b3);
+        x = _mm256_loadu_ps(q2 + d);
+        c0 = _mm256_fmadd_ps(x, y0, c0), c1 = _mm256_fmadd_ps(x, y1, c1);
+        c2 = _mm256_fmadd_ps(x, y2, c2), c3 = _mm256_fmadd_ps(x, y3, c3);
+    }
+    _mm_storeu_ps(s0, hsum4(a0, a1, a2, a3));
+    _mm_storeu_ps(s1, hsum4(b0, b1, b2, b3));
+    _mm_storeu_ps(s2, hsum4(c0, c1, c2, c3));
+}
+
 void attn_scores_avx2(const float *Q, int R, int hd, const float *const *krow, int nk, float *S, int s_stride) {
-    for (int r = 0; r < R; r += 2) {
+    int r = 0;
+    for (; r + 3 <= R; r += 3) { /* three rows share each key load */
+        const float *q0 = Q + (size_t)r * hd;
+        float *s0 = S + (size_t)r * s_stride;
+        int t = 0;
+        for (; t + 4 <= nk; t += 4)
+            dot_3x4(q0, q0 + hd, q0 + 2 * hd, hd, krow + t, s0 + t, s0 + s_stride + t, s0 + 2 * s_stride + t);
+        for (; t < nk; t++)
+            for (int i = 0; i < 3; i++) s0[(size_t)i * s_stride + t] = dot1(q0 + (size_t)i * hd, krow[t], hd);
+    }
+    for (; r < R; r += 2) {
         const float *q0 = Q + (size_t)r * hd, *q1 = r + 1 < R ? q0 + hd : NULL;
         float *s0 = S + (size_t)r * s_stride, *s1 = s0 + s_stride;
         int t = 0;
@@ -121,8 +156,46 @@ static inline void pv_block(float *o0, float *o1, int w, const float *p0, const 
     }
 }
 
+/* Rows o0, o1, o2, columns d0 .. d0+31: each row accumulated exactly as
+ * in pv_block (a third row only shares the value loads). */
+static inline void pv_block3(float *o0, int hd, const float *p0, int p_stride, const float *const *vrow, int nk,
+                             int d0) {
+    float *o1 = o0 + hd, *o2 = o1 + hd;
+    const float *p1 = p0 + p_stride, *p2 = p1 + p_stride;
+    __m256 a[4], b[4], c[4];
+    for (int j = 0; j < 4; j++) {
+        a[j] = _mm256_loadu_ps(o0 + d0 + 8 * j);
+        b[j] = _mm256_loadu_ps(o1 + d0 + 8 * j);
+        c[j] = _mm256_loadu_ps(o2 + d0 + 8 * j);
+    }
+    for (int t = 0; t < nk; t++) {
+        const float *v = vrow[t] + d0;
+        __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+        __m256 v2 = _mm256_loadu_ps(v + 16), v3 = _mm256_loadu_ps(v + 24);
+        __m256 x = _mm256_broadcast_ss(p0 + t);
+        a[0] = _mm256_fmadd_ps(x, v0, a[0]), a[1] = _mm256_fmadd_ps(x, v1, a[1]);
+        a[2] = _mm256_fmadd_ps(x, v2, a[2]), a[3] = _mm256_fmadd_ps(x, v3, a[3]);
+        x = _mm256_broadcast_ss(p1 + t);
+        b[0] = _mm256_fmadd_ps(x, v0, b[0]), b[1] = _mm256_fmadd_ps(x, v1, b[1]);
+        b[2] = _mm256_fmadd_ps(x, v2, b[2]), b[3] = _mm256_fmadd_ps(x, v3, b[3]);
+        x = _mm256_broadcast_ss(p2 + t);
+        c[0] = _mm256_fmadd_ps(x, v0, c[0]), c[1] = _mm256_fmadd_ps(x, v1, c[1]);
+        c[2] = _mm256_fmadd_ps(x, v2, c[2]), c[3] = _mm256_fmadd_ps(x, v3, c[3]);
+    }
+    for (int j = 0; j < 4; j++) {
+        _mm256_storeu_ps(o0 + d0 + 8 * j, a[j]);
+        _mm256_storeu_ps(o1 + d0 + 8 * j, b[j]);
+        _mm256_storeu_ps(o2 + d0 + 8 * j, c[j]);
+    }
+}
+
 void attn_pv_avx2(float *O, int R, int hd, const float *P, int p_stride, const float *const *vrow, int nk) {
-    for (int r = 0; r < R; r += 2) {
+    int r = 0;
+    if (hd % 32 == 0) /* three rows at a time where the columns go in fours of 8 */
+        for (; r + 3 <= R; r += 3)
+            for (int d0 = 0; d0 < hd; d0 += 32)
+                pv_block3(O + (size_t)r * hd, hd, P + (size_t)r * p_stride, p_stride, vrow, nk, d0);
+    for (; r < R; r += 2) {
         float *o0 = O + (size_t)r * hd, *o1 = r + 1 < R ? o0 + hd : NULL;
         const float *p0 = P + (size_t)r * p_stride, *p1 = p0 + p_stride;
         for (int d0 = 0; d0 < hd; d0 += 32) {
