@@ -2,9 +2,11 @@
  * bench_kernels.c - the matrix-product kernels side by side: the scalar
  * reference (quant.c), the AVX2 vec_dot called per output, the AVX2 gemm
  * tiles, and for Q8_0/Q4_0 the interleaved ("packed") tiles of groups of
- * 8 rows by up to 8 tokens. Every variant is first checked (vec_dot and
- * packed against the reference within 1e-5 of sum |w_i x_i| on sampled
- * rows, gemm outputs bit-identical to vec_dot), then timed.
+ * 8 rows by up to 8 tokens (F16: panels of 16 rows by up to 6 tokens, F32
+ * activations). Every variant is first checked (vec_dot and packed against
+ * the reference within 1e-5 of sum |w_i x_i| on sampled rows, F16 panels
+ * against the float64 dot with their float activations; gemm outputs
+ * bit-identical to vec_dot), then timed.
  *
  * Shapes:
  *   decode   1 activation row against 2048x2048 and 5632x2048 weights. The
@@ -93,7 +95,7 @@ typedef struct {
     uint8_t *w;       /* copies x rows x row_bytes */
     uint8_t *x;       /* n_act x act_bytes */
     uint8_t *wp;      /* copies x interleaved copy (quant.h), or NULL */
-    uint8_t *xp;      /* n_act x packed_bytes (block_q8_0s rows) */
+    uint8_t *xp;      /* n_act x packed_bytes (block_q8_0s rows; F16 panels: floats) */
     size_t pack_bytes, packed_bytes;
     int n_act;
     const lm_avx2_kernels *k;
@@ -116,7 +118,8 @@ static void setup_make(setup *s, uint32_t type, int64_t rows, int64_t cols, int 
     s->x = lm_malloc(s->act_bytes * (size_t)n_act);
     s->k = avx2_kernels(type);
     s->pack_bytes = quant_pack_size(type, rows, cols);
-    s->packed_bytes = quant_packed_act_row_size(cols);
+    bool float_act = s->k && s->k->packed_gemm && !s->k->packed_act;
+    s->packed_bytes = float_act ? (size_t)cols * sizeof(float) : quant_packed_act_row_size(cols);
     if (s->pack_bytes && s->k && s->k->packed_gemm) {
         s->wp = lm_malloc(s->pack_bytes * (size_t)s->copies);
         quant_pack(type, s->w, s->row_bytes, rows, cols, s->wp);
@@ -127,7 +130,8 @@ static void setup_make(setup *s, uint32_t type, int64_t rows, int64_t cols, int 
     for (int a = 0; a < n_act; a++) {
         for (int64_t i = 0; i < cols; i++) f[i] = lm_rng_normal(&rng);
         quant_from_float_ref(s->act, f, s->x + (size_t)a * s->act_bytes, cols);
-        if (s->xp) quant_packed_act_ref(f, s->xp + (size_t)a * s->packed_bytes, cols);
+        if (s->xp && float_act) memcpy(s->xp + (size_t)a * s->packed_bytes, f, (size_t)cols * sizeof(float));
+        else if (s->xp) quant_packed_act_ref(f, s->xp + (size_t)a * s->packed_bytes, cols);
     }
     lm_free(f);
 }
@@ -150,16 +154,17 @@ static const char *variant_name[] = {"reference", "avx2 vec_dot", "avx2 gemm", "
 static void run_range(const setup *s, int variant, int copy, int64_t r0, int64_t r1, float *y) {
     const uint8_t *w = s->w + s->row_bytes * (size_t)s->rows * (size_t)copy;
     const int64_t n = s->cols;
-    if (variant == V_PACKED) { /* groups of 8 rows x tiles of 4 tokens */
+    if (variant == V_PACKED) { /* groups of 8 (F16: 16) rows x tiles of pack_tile tokens */
         const uint8_t *wp = s->wp + s->pack_bytes * (size_t)copy;
-        const size_t gb = quant_pack_size(s->type, LM_PACK_ROWS, n);
+        const int gr = quant_pack_rows(s->type), tile = s->k->pack_tile;
+        const size_t gb = quant_pack_size(s->type, gr, n);
         for (int p0 = 0; p0 < s->n_act; p0 += PANEL) {
             int p1 = p0 + PANEL < s->n_act ? p0 + PANEL : s->n_act;
-            for (int64_t r = r0; r < r1; r += LM_PACK_ROWS) {
-                int nr = r1 - r < LM_PACK_ROWS ? (int)(r1 - r) : LM_PACK_ROWS;
-                for (int c = p0; c < p1; c += LM_PACK_TILE) {
-                    int nc = p1 - c < LM_PACK_TILE ? p1 - c : LM_PACK_TILE;
-                    s->k->packed_gemm(n, wp + (size_t)(r / LM_PACK_ROWS) * gb, nr, s->xp + (size_t)c * s->packed_bytes,
+            for (int64_t r = r0; r < r1; r += gr) {
+                int nr = r1 - r < gr ? (int)(r1 - r) : gr;
+                for (int c = p0; c < p1; c += tile) {
+                    int nc = p1 - c < tile ? p1 - c : tile;
+                    s->k->packed_gemm(n, wp + (size_t)(r / gr) * gb, nr, s->xp + (size_t)c * s->packed_bytes,
                                       s->packed_bytes, nc, y + (size_t)c * (size_t)s->rows + (size_t)r, (size_t)s->rows);
                 }
             }
@@ -201,9 +206,9 @@ typedef struct {
 
 static void *worker(void *arg) {
     job *j = arg;
-    int64_t tiles = (j->s->rows + 7) / 8;
+    int64_t tiles = (j->s->rows + 15) / 16;
     int64_t t0 = tiles * j->ith / j->nth, t1 = tiles * (j->ith + 1) / j->nth;
-    int64_t r0 = 8 * t0, r1 = 8 * t1 < j->s->rows ? 8 * t1 : j->s->rows;
+    int64_t r0 = 16 * t0, r1 = 16 * t1 < j->s->rows ? 16 * t1 : j->s->rows;
     for (int it = 0; it < j->iters; it++) run_range(j->s, j->variant, it % j->s->copies, r0, r1, j->y);
     return NULL;
 }
@@ -261,6 +266,16 @@ static bool check(const setup *s) {
             ok = false;
         }
         float gp = yp ? yp[(size_t)c * (size_t)s->rows + (size_t)r] : ref;
+        if (yp && !s->k->packed_act) { /* F16 panels take the floats: their float64 dot */
+            const float *xf = (const float *)(const void *)(s->xp + (size_t)c * s->packed_bytes);
+            double d = 0;
+            abs_sum = 0;
+            for (int64_t i = 0; i < s->cols; i++) {
+                d += (double)a[i] * xf[i];
+                abs_sum += fabs((double)a[i] * xf[i]);
+            }
+            ref = (float)d;
+        }
         if (fabs((double)gp - ref) > 1e-5 * abs_sum + 1e-30) {
             printf("  CHECK FAILED: row %lld col %d: packed %.9g reference %.9g\n", (long long)r, c, gp, ref);
             ok = false;

@@ -262,9 +262,24 @@ static int load_tensors(loader *L) {
  * has a packed kernel, in one allocation (2 MiB aligned and offered to
  * transparent huge pages: decode streams it once per token). Costs about
  * the bytes of those matrices again, e.g. 0.6 GiB for a 1.1B-parameter
- * Q4_0 model; the embedding table is not copied (only its rows are read),
- * except as the LM head when tied. */
+ * Q4_0 model, 2 GiB for the same in F16 (the file's pages are then read
+ * only for embedding rows, and the kernel may drop them); the embedding
+ * table is not copied (only its rows are read), except as the LM head
+ * when tied. */
 #define PACK_ALIGN (2u << 20)
+
+/* MemAvailable of /proc/meminfo in bytes (memory the kernel can hand out
+ * without swapping, page cache included); 0 when unknown. */
+static uint64_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[128];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
 
 static int pack_weights(loader *L) {
     lm_model *m = L->m;
@@ -283,7 +298,11 @@ static int pack_weights(loader *L) {
         const lm_type_traits *t = quant_traits(ws[i]->type);
         if (t->packed_gemm) total += quant_pack_size(ws[i]->type, ws[i]->rows, ws[i]->cols);
     }
-    if (total == 0) {
+    /* Copies that would take most of the free memory are not made: the
+     * row-major kernels compute the same products from the mapping, where
+     * the kernel can page weights in and out. */
+    uint64_t avail = mem_available();
+    if (total == 0 || (avail && total > avail / 4 * 3)) {
         lm_free(ws);
         return 0;
     }

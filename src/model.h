@@ -95,7 +95,8 @@ typedef struct lm_model {
     uint8_t *layer_local;    /* (n_layer) 1 for a sliding-window (window > 0) layer: the KV
                                 pool's local class (kv_config.layer_local) */
     float *f32;              /* slab owning every converted norm/bias vector */
-    void *packed_mem;        /* allocation owning every weight's packed copy, or NULL */
+    void *packed_mem;        /* allocation owning every weight's packed copy, or NULL
+                                (also when the copies would not fit in memory) */
     size_t packed_bytes;     /* bytes of packed copies (memory beyond the mapping) */
     char name[128];          /* general.name, or the file's base name */
     uint64_t n_params;

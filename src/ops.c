@@ -122,7 +122,8 @@ size_t ops_matmul_scratch(uint32_t type, int64_t cols, int n_tok) {
     if (!t || t->vec_dot_type == LM_TYPE_F32) return 0;
     size_t row = quant_row_size(t->vec_dot_type, cols);
     /* weights with a packed copy take block_q8_0s rows instead */
-    if (t->packed_gemm && quant_packed_act_row_size(cols) > row) row = quant_packed_act_row_size(cols);
+    if (t->packed_gemm && t->packed_act && quant_packed_act_row_size(cols) > row)
+        row = quant_packed_act_row_size(cols);
     return row * (size_t)n_tok;
 }
 
@@ -145,7 +146,7 @@ typedef struct {
     lm_gemm_fn gemm[MATMUL_MAX_PARTS];   /* tile kernel, or NULL */
     int gemm_cols[MATMUL_MAX_PARTS];     /* its activation rows per call */
     lm_packed_gemm_fn packed[MATMUL_MAX_PARTS]; /* with w->packed: every part has one, or none */
-    long chunk_rows;     /* rows per chunk: a multiple of LM_PACK_ROWS */
+    long chunk_rows;     /* rows per chunk: a multiple of every quant_pack_rows */
     long chunk0[MATMUL_MAX_PARTS + 1];   /* first global chunk of each part */
     const void *x;       /* activations in the shared vec_dot_type, n_tok rows */
     size_t x_row_bytes;
@@ -158,15 +159,17 @@ static void matmul_chunk(const matmul_job *j, int k, long r0) {
     float *y = j->y[k];
     long r1 = r0 + j->chunk_rows < w->rows ? r0 + j->chunk_rows : w->rows;
     if (j->packed[k]) {
-        /* groups of 8 interleaved rows x tiles of up to 8 tokens, tokens in
-         * the outer loop: the chunk's groups stay in cache across all
-         * tokens, each token tile's activation blocks across the groups */
-        const size_t gb = quant_pack_size(w->type, LM_PACK_ROWS, w->cols);
-        for (int c = 0; c < j->n_tok; c += LM_PACK_TILE) {
-            int nc = j->n_tok - c < LM_PACK_TILE ? j->n_tok - c : LM_PACK_TILE;
-            for (long r = r0; r < r1; r += LM_PACK_ROWS) {
-                int nr = r1 - r < LM_PACK_ROWS ? (int)(r1 - r) : LM_PACK_ROWS;
-                j->packed[k](w->cols, (const char *)w->packed + (size_t)(r / LM_PACK_ROWS) * gb, nr,
+        /* groups of interleaved rows x tiles of tokens, tokens in the outer
+         * loop: the chunk's groups stay in cache across all tokens, each
+         * token tile's activations across the groups */
+        const lm_type_traits *t = quant_traits(w->type);
+        const int gr = quant_pack_rows(w->type), tile = t->pack_tile;
+        const size_t gb = quant_pack_size(w->type, gr, w->cols);
+        for (int c = 0; c < j->n_tok; c += tile) {
+            int nc = j->n_tok - c < tile ? j->n_tok - c : tile;
+            for (long r = r0; r < r1; r += gr) {
+                int nr = r1 - r < gr ? (int)(r1 - r) : gr;
+                j->packed[k](w->cols, (const char *)w->packed + (size_t)(r / gr) * gb, nr,
                              (const char *)j->x + (size_t)c * j->x_row_bytes, j->x_row_bytes, nc,
                              y + (size_t)c * (size_t)w->rows + r, (size_t)w->rows);
             }
@@ -261,12 +264,17 @@ static void matmul_run(lm_pool *pool, matmul_job *j, const float *x, int64_t col
     const lm_type_traits *t = quant_traits(j->w[0]->type);
     j->chunk_rows = MATMUL_CHUNK;
     if (use_packed(j->w[0])) {
-        j->x_row_bytes = quant_packed_act_row_size(cols);
-        quantize_rows(pool, t->packed_act, x, cols, j->n_tok, scratch, j->x_row_bytes);
-        j->x = scratch;
+        if (t->packed_act) {
+            j->x_row_bytes = quant_packed_act_row_size(cols);
+            quantize_rows(pool, t->packed_act, x, cols, j->n_tok, scratch, j->x_row_bytes);
+            j->x = scratch;
+        } else { /* F16 panels take the floats */
+            j->x = x;
+            j->x_row_bytes = (size_t)cols * sizeof(float);
+        }
         /* many tokens: larger chunks, so each token tile's activations are
          * read once per 64 rows rather than per 16 */
-        if (j->n_tok >= 4 * LM_PACK_TILE) j->chunk_rows = 4 * MATMUL_CHUNK;
+        if (j->n_tok >= 4 * t->pack_tile) j->chunk_rows = 4 * MATMUL_CHUNK;
     } else if (t->vec_dot_type == LM_TYPE_F32) {
         j->x = x;
         j->x_row_bytes = (size_t)cols * sizeof(float);

@@ -838,17 +838,51 @@ static size_t pack_block_bytes(uint32_t type) {
     return 0;
 }
 
+int quant_pack_rows(uint32_t type) {
+    if (type == LM_TYPE_Q4_0 || type == LM_TYPE_Q8_0) return LM_PACK_ROWS;
+    if (type == LM_TYPE_F16) return LM_PANEL_ROWS;
+    return 0;
+}
+
 size_t quant_pack_size(uint32_t type, int64_t rows, int64_t cols) {
+    if (rows < 0 || cols < 0) return 0;
+    if (type == LM_TYPE_F16) {
+        int64_t groups = (rows + LM_PANEL_ROWS - 1) / LM_PANEL_ROWS;
+        return (size_t)groups * LM_PANEL_ROWS * (size_t)cols * sizeof(uint16_t);
+    }
     size_t bb = pack_block_bytes(type);
-    if (!bb || rows < 0 || cols < 0 || cols % 32) return 0;
+    if (!bb || cols % 32) return 0;
     int64_t groups = (rows + LM_PACK_ROWS - 1) / LM_PACK_ROWS;
     return (size_t)groups * (size_t)(cols / 32) * bb;
 }
 
-/* A pure byte shuffle: scales and quant bytes are copied unchanged, in
- * 4-byte chunks; padding rows are zero (zero scale, so they add nothing to
- * anything and are never stored). */
+/* F16 panels: a transpose of each group of 16 rows, 16 columns at a time
+ * (16 x 16 halves, 512 bytes, so the reads stay in L1); padding rows zero. */
+static void pack_f16(const uint8_t *src, size_t src_stride, int64_t rows, int64_t cols, uint16_t *o) {
+    const int64_t groups = (rows + LM_PANEL_ROWS - 1) / LM_PANEL_ROWS;
+    memset(o, 0, quant_pack_size(LM_TYPE_F16, rows, cols));
+    for (int64_t g = 0; g < groups; g++, o += (size_t)LM_PANEL_ROWS * (size_t)cols) {
+        int nr = rows - g * LM_PANEL_ROWS < LM_PANEL_ROWS ? (int)(rows - g * LM_PANEL_ROWS) : LM_PANEL_ROWS;
+        for (int64_t k0 = 0; k0 < cols; k0 += 16) {
+            int nk = cols - k0 < 16 ? (int)(cols - k0) : 16;
+            for (int r = 0; r < nr; r++) {
+                uint16_t row[16];
+                memcpy(row, src + (size_t)(g * LM_PANEL_ROWS + r) * src_stride + (size_t)k0 * 2, (size_t)nk * 2);
+                for (int k = 0; k < nk; k++) o[(size_t)(k0 + k) * LM_PANEL_ROWS + (size_t)r] = row[k];
+            }
+        }
+    }
+}
+
+/* Q8_0 and Q4_0: a pure byte shuffle: scales and quant bytes are copied
+ * unchanged, in 4-byte chunks; padding rows are zero (zero scale, so they
+ * add nothing to anything and are never stored). */
 void quant_pack(uint32_t type, const void *src, size_t src_stride, int64_t rows, int64_t cols, void *dst) {
+    if (type == LM_TYPE_F16) {
+        assert(rows >= 0 && cols >= 0);
+        pack_f16(src, src_stride, rows, cols, dst);
+        return;
+    }
     const size_t bb = pack_block_bytes(type);
     assert(bb && cols % 32 == 0 && rows >= 0);
     const size_t qbytes = (bb - 2 * LM_PACK_ROWS) / LM_PACK_ROWS; /* quant bytes of one row's block */
@@ -866,6 +900,18 @@ void quant_pack(uint32_t type, const void *src, size_t src_stride, int64_t rows,
             }
         }
     }
+}
+
+float quant_panel_dot_ref(int64_t n, const void *wp, int r, const float *x) {
+    const uint16_t *p = wp;
+    const int64_t q = n / LM_PANEL_SEGS;
+    float s[LM_PANEL_SEGS];
+    for (int j = 0; j < LM_PANEL_SEGS; j++) {
+        s[j] = 0.0f;
+        for (int64_t k = j * q; k < (j == LM_PANEL_SEGS - 1 ? n : (j + 1) * q); k++)
+            s[j] = fmaf(f16(p[(size_t)k * LM_PANEL_ROWS + (size_t)r]), x[k], s[j]);
+    }
+    return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
 size_t quant_packed_act_row_size(int64_t n) {
@@ -901,6 +947,7 @@ static void init_table(void) {
         traits[t].gemm_cols = LM_GEMM_TILE;
         traits[t].packed_gemm = NULL;
         traits[t].packed_act = NULL;
+        traits[t].pack_tile = 0;
     }
     /* Faster variants where the CPU has them; LAMINA_NO_SIMD=1 keeps the
      * scalar reference (for comparisons). */
@@ -918,9 +965,10 @@ static void init_table(void) {
         }
         /* LAMINA_NO_REPACK=1 keeps the row-major kernels (for comparisons) */
         const char *no_repack = getenv("LAMINA_NO_REPACK");
-        if (k->packed_gemm && k->packed_act && !(no_repack && *no_repack && strcmp(no_repack, "0") != 0)) {
+        if (k->packed_gemm && !(no_repack && *no_repack && strcmp(no_repack, "0") != 0)) {
             traits[t].packed_gemm = k->packed_gemm;
             traits[t].packed_act = k->packed_act;
+            traits[t].pack_tile = k->pack_tile;
         }
     }
 }

@@ -127,13 +127,15 @@ typedef float (*lm_vec_dot_fn)(int64_t n, const void *w, const void *x);
 #define LM_GEMM_TILE 4
 typedef void (*lm_gemm_fn)(int64_t n, const void *w, size_t w_stride, int nr, const void *x, size_t x_stride,
                            int nc, float *y, size_t y_stride);
-/* Interleaved weights (Q8_0 and Q4_0).
+/* Interleaved weights (Q8_0, Q4_0 and F16).
  *
- * For matrix products a Q8_0 or Q4_0 weight matrix may be copied once, at
- * model load, into an interleaved layout: its rows in groups of
- * LM_PACK_ROWS = 8 (the last group padded with zero rows), each group
- * stored block column by block column (the cols / 32 blocks of the 8 rows
- * at the same position), groups one after another:
+ * For matrix products a Q8_0, Q4_0 or F16 weight matrix may be copied once,
+ * at model load, into an interleaved layout: its rows in groups of
+ * quant_pack_rows(type) (the last group padded with zero rows), each group
+ * stored column by column, groups one after another.
+ *
+ * Q8_0 and Q4_0: groups of LM_PACK_ROWS = 8 rows, block column by block
+ * column (the cols / 32 blocks of the 8 rows at the same position):
  *
  *   Q4_0x8  144 B per block column: d[8] (f16, row r's scale at d[r]), then
  *           qs[128] where bytes 4k..4k+3 of row r's 16 nibble bytes sit at
@@ -144,21 +146,35 @@ typedef void (*lm_gemm_fn)(int64_t n, const void *w, size_t w_stride, int nr, co
  * So one 32-byte load holds four consecutive quants (Q4_0: eight, low and
  * high nibbles) of each of the 8 rows, one row per 32-bit lane, and a
  * kernel keeps one float accumulator lane per weight row: no horizontal
- * sums, and the 8 rows' scales convert with one instruction.
+ * sums, and the 8 rows' scales convert with one instruction. These kernels
+ * take activations as block_q8_0s rows: the Q8_0 quants and scale of the
+ * same values (bit for bit what Q8_0's from_float gives), the scale already
+ * widened to f32, plus 8 * the sum of the quants (the correction for
+ * Q4_0's offset of -8).
  *
- * The interleaved kernels take activations as block_q8_0s rows: the Q8_0
- * quants and scale of the same values (bit for bit what Q8_0's from_float
- * gives), the scale already widened to f32, plus 8 * the sum of the quants
- * (the correction for Q4_0's offset of -8). Files always carry the
- * standard layout; the interleaved copy exists only in memory. */
+ * F16 panels: groups of LM_PANEL_ROWS = 16 rows, element by element: row
+ * r's element k at half 16k + r of its group (32 bytes per column, any
+ * number of columns). The kernels take F32 activations. Each output is
+ * the sum of LM_PANEL_SEGS = 4 segments of the row: with q = n / 4, s_j
+ * covers elements [jq, (j+1)q) (s_3: [3q, n)) and is the fmaf chain
+ * acc = fma(w[k], x[k], acc) in order from acc = 0; the result is
+ * (s_0 + s_1) + (s_2 + s_3) (quant_panel_dot_ref). One token runs the
+ * four chains side by side, several tokens one segment after another, with
+ * the same bits.
+ *
+ * Files always carry the standard layout; the interleaved copy exists only
+ * in memory. */
 #define LM_PACK_ROWS 8
+#define LM_PANEL_ROWS 16
+#define LM_PANEL_SEGS 4
 typedef struct { float d; int32_t s8; int8_t qs[QK8_0]; } block_q8_0s; /* 40 bytes */
 
-/* An interleaved tile: rows [0, nr) (nr <= LM_PACK_ROWS) of the group at wp
- * against nc activation rows (block_q8_0s, x_stride bytes apart; 1 <= nc <=
- * LM_PACK_TILE): y[c * y_stride + r] = row r · token c. Each output has
- * its own accumulator and the same float steps in the same order for every
- * nc and position, so results do not depend on the batch. */
+/* An interleaved tile: rows [0, nr) (nr <= quant_pack_rows) of the group at
+ * wp against nc activation rows (x_stride bytes apart; 1 <= nc <= the
+ * type's pack_tile): y[c * y_stride + r] = row r · token c. Activations are
+ * block_q8_0s rows for Q8_0 and Q4_0, floats for F16. Each output has its
+ * own accumulator and the same float steps in the same order for every nc
+ * and position, so results do not depend on the batch. */
 #define LM_PACK_TILE 8
 typedef void (*lm_packed_gemm_fn)(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc,
                                   float *y, size_t y_stride);
@@ -181,7 +197,9 @@ typedef struct {
     /* interleaved kernels (NULL where the type or the CPU has none, and
      * with LAMINA_NO_SIMD or LAMINA_NO_REPACK set): */
     lm_packed_gemm_fn packed_gemm;
-    lm_from_float_fn packed_act; /* floats -> block_q8_0s row */
+    lm_from_float_fn packed_act; /* floats -> block_q8_0s row; NULL: the
+                                    kernel takes floats (F16 panels) */
+    int pack_tile;               /* most tokens per packed_gemm call */
 } lm_type_traits;
 
 /* Fill the function pointers (idempotent and thread-safe; quant_traits()
@@ -216,14 +234,20 @@ float quant_vec_dot_ref(uint32_t type, int64_t n, const void *w, const void *x);
 size_t quant_act_row_size(uint32_t weight_type, int64_t n);
 void quant_act_from_float(uint32_t weight_type, const float *x, void *dst, int64_t n);
 
-/* Bytes of the interleaved copy of a (rows, cols) matrix of Q8_0 or Q4_0
- * (rows rounded up to a multiple of LM_PACK_ROWS); 0 for other types or a
- * cols that is not a multiple of 32. The layout exists whatever the CPU;
+/* Rows per interleaved group of a type: LM_PACK_ROWS for Q8_0 and Q4_0,
+ * LM_PANEL_ROWS for F16, 0 for types without the layout. */
+int quant_pack_rows(uint32_t type);
+/* Bytes of the interleaved copy of a (rows, cols) matrix of Q8_0, Q4_0 or
+ * F16 (rows rounded up to a whole group); 0 for other types or a cols that
+ * is not a multiple of the block size. The layout exists whatever the CPU;
  * whether anything computes with it is traits->packed_gemm. */
 size_t quant_pack_size(uint32_t type, int64_t rows, int64_t cols);
 /* Write the interleaved copy of `rows` rows of src (src_stride bytes apart)
  * into dst (quant_pack_size bytes). */
 void quant_pack(uint32_t type, const void *src, size_t src_stride, int64_t rows, int64_t cols, void *dst);
+/* What an F16 panel kernel computes for row r (< LM_PANEL_ROWS) of the
+ * group at wp and the floats x: the four segments' fmaf chains, summed. */
+float quant_panel_dot_ref(int64_t n, const void *wp, int r, const float *x);
 /* Bytes of one block_q8_0s activation row of n elements (n % 32 == 0). */
 size_t quant_packed_act_row_size(int64_t n);
 /* Reference quantizer to block_q8_0s (every variant gives the same bits). */

@@ -569,6 +569,113 @@ static void check_packed_type(uint32_t wt) {
 static void test_packed_q8_0(void) { check_packed_type(LM_TYPE_Q8_0); }
 static void test_packed_q4_0(void) { check_packed_type(LM_TYPE_Q4_0); }
 
+/* ---- F16 panels --------------------------------------------------------------- */
+
+/* quant_pack for F16: row r's element k of group g at half 16k + r of the
+ * group, padding rows zero, any number of columns. */
+static void test_pack_f16_layout(void) {
+    static const int64_t shapes[][2] = {{1, 1}, {16, 5}, {17, 33}, {40, 16}, {3, 0}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int64_t rows = shapes[si][0], cols = shapes[si][1];
+        size_t groups = (size_t)(rows + 15) / 16, bytes = quant_pack_size(LM_TYPE_F16, rows, cols);
+        CHECK(bytes == groups * 16 * (size_t)cols * 2);
+        size_t stride = (size_t)cols * 2 + 6; /* rows not packed together */
+        uint16_t *w = lm_malloc(stride * (size_t)rows + 2), *p = lm_malloc(bytes + 2);
+        for (size_t i = 0; i < (stride * (size_t)rows) / 2; i++) w[i] = (uint16_t)lm_rng_u64(&rng);
+        memset(p, 0xAB, bytes + 2);
+        quant_pack(LM_TYPE_F16, w, stride, rows, cols, p);
+        int bad = 0;
+        for (size_t g = 0; g < groups && !bad; g++)
+            for (int64_t k = 0; k < cols && !bad; k++)
+                for (int r = 0; r < 16 && !bad; r++) {
+                    int64_t row = (int64_t)g * 16 + r;
+                    uint16_t want = row < rows ? w[((size_t)row * stride) / 2 + (size_t)k] : 0;
+                    if (p[g * 16 * (size_t)cols + (size_t)k * 16 + (size_t)r] != want) bad = 1;
+                }
+        CHECKF(!bad, "F16 panel layout wrong for rows=%lld cols=%lld", (long long)rows, (long long)cols);
+        CHECK(((uint8_t *)p)[bytes] == 0xAB); /* nothing written past the copy */
+        lm_free(w);
+        lm_free(p);
+    }
+}
+
+/* F16 panel tiles: every output bit for bit the fmaf chain of
+ * quant_panel_dot_ref, for tile widths 1..6 and every position of a token
+ * in its tile; within the float64 dot by the usual bound for a sequential
+ * float sum, n * 2^-24 * sum |w_i x_i|; y untouched past the rows. */
+static void test_packed_f16(void) {
+    const lm_avx2_kernels *k = avx2_kernels(LM_TYPE_F16);
+    CHECK(k && k->packed_gemm && !k->packed_act && k->pack_tile == 6);
+    static const int64_t row_counts[] = {1, 5, 16, 17, 40};
+    static const int64_t col_counts[] = {0, 1, 7, 8, 15, 33, 100, 1000, 2816};
+    const int n_tok = 13, tile = k->pack_tile;
+    for (size_t ri = 0; ri < sizeof row_counts / sizeof row_counts[0]; ri++) {
+        for (size_t ci = 0; ci < sizeof col_counts / sizeof col_counts[0]; ci++) {
+            int64_t rows = row_counts[ri], n = col_counts[ci];
+            size_t rb = quant_row_size(LM_TYPE_F16, n), groups = (size_t)(rows + 15) / 16;
+            size_t gb = quant_pack_size(LM_TYPE_F16, 16, n);
+            uint8_t *w = lm_malloc(rb * (size_t)rows + 2), *wp = lm_malloc(quant_pack_size(LM_TYPE_F16, rows, n) + 2);
+            float *x = lm_malloc((size_t)n_tok * (size_t)n * sizeof(float) + 4), *wf = lm_malloc((size_t)n * sizeof(float) + 4);
+            for (int64_t r = 0; r < rows; r++) make_weight(LM_TYPE_F16, n, false, w + (size_t)r * rb);
+            fill_normal(x, (int64_t)n_tok * n, ri & 1 ? 1e-3 : 1.0);
+            quant_pack(LM_TYPE_F16, w, rb, rows, n, wp);
+            const size_t ys = (size_t)rows + 3;
+            float *y0 = lm_malloc(ys * n_tok * sizeof(float)), *y1 = lm_malloc(ys * n_tok * sizeof(float));
+            int bad = 0;
+            char msg[200] = "";
+            for (int width = 1; width <= tile && !bad; width++) {
+                for (int first = 0; first < 2 && !bad; first++) {
+                    for (size_t i = 0; i < ys * n_tok; i++) y1[i] = -1234.5f;
+                    for (size_t g = 0; g < groups; g++) {
+                        int nr = rows - 16 * (int64_t)g < 16 ? (int)(rows - 16 * (int64_t)g) : 16;
+                        for (int c = 0; c < n_tok;) {
+                            int nc = c == 0 && first ? 1 : (n_tok - c < width ? n_tok - c : width);
+                            k->packed_gemm(n, wp + g * gb, nr, x + (size_t)c * (size_t)n, (size_t)n * sizeof(float),
+                                           nc, y1 + (size_t)c * ys + 16 * g, ys);
+                            c += nc;
+                        }
+                    }
+                    if (width == 1 && !first) memcpy(y0, y1, ys * n_tok * sizeof(float));
+                    for (int c = 0; c < n_tok && !bad; c++) {
+                        for (size_t r = 0; r < ys && !bad; r++) {
+                            float got = y1[(size_t)c * ys + r];
+                            if (r >= (size_t)rows) {
+                                if (got != -1234.5f) {
+                                    bad = 1;
+                                    snprintf(msg, sizeof msg, "wrote past the last row (token %d, %zu)", c, r);
+                                }
+                                continue;
+                            }
+                            const float *xc = x + (size_t)c * (size_t)n;
+                            float ref = quant_panel_dot_ref(n, wp + (r / 16) * gb, (int)(r % 16), xc);
+                            quant_to_float_ref(LM_TYPE_F16, w + r * rb, wf, n);
+                            double exact = 0, abs_sum = 0;
+                            for (int64_t i = 0; i < n; i++) {
+                                exact += (double)wf[i] * xc[i];
+                                abs_sum += fabs((double)wf[i] * xc[i]);
+                            }
+                            double tol = (double)n * ldexp(1.0, -24) * abs_sum;
+                            if (memcmp(&got, &ref, sizeof got) != 0 || fabs((double)got - exact) > tol) {
+                                bad = 1;
+                                snprintf(msg, sizeof msg,
+                                         "tile %d: row %zu token %d: panel %.9g fmaf chain %.9g float64 %.9g (tol %.3g)",
+                                         width, r, c, got, ref, exact, tol);
+                            }
+                        }
+                    }
+                }
+            }
+            lm_free(w);
+            lm_free(wp);
+            lm_free(x);
+            lm_free(wf);
+            lm_free(y0);
+            lm_free(y1);
+            CHECKF(!bad, "F16 rows=%lld n=%lld: %s", (long long)rows, (long long)n, msg);
+        }
+    }
+}
+
 /* Through ops_matmul, with the packed copy a model would hold, on a pool of
  * two threads: every token's outputs bit-identical whatever the batch size
  * (1..9) and the token's position in the batch; rows 37 and 69 leave the
@@ -601,13 +708,16 @@ static void check_matmul_batch_invariance(uint32_t wt) {
                     bad = n_tok * 100 + first + 1;
             }
         }
-        /* the row-major kernels of the same type agree within rounding */
+        /* the row-major kernels of the same type agree within rounding
+         * (F16: they take the activations rounded to F16, the panels the
+         * floats), relative to the largest output */
         lm_weight plain = lw;
         plain.packed = NULL;
         ops_matmul(pool, y, &plain, x, 1, scratch);
-        double worst = 0;
+        double worst = 0, scale = 1e-3;
+        for (int64_t r = 0; r < rows; r++) scale = fmax(scale, fabs((double)alone[r]));
         for (int64_t r = 0; r < rows; r++) {
-            double d = fabs((double)y[r] - alone[r]) / (fabs((double)alone[r]) + 1e-3);
+            double d = fabs((double)y[r] - alone[r]) / scale;
             if (d > worst) worst = d;
         }
         lm_free(w);
@@ -627,6 +737,7 @@ static void check_matmul_batch_invariance(uint32_t wt) {
 static void test_matmul_batch_invariance(void) {
     check_matmul_batch_invariance(LM_TYPE_Q8_0);
     check_matmul_batch_invariance(LM_TYPE_Q4_0);
+    check_matmul_batch_invariance(LM_TYPE_F16);
 }
 
 /* ---- table ----------------------------------------------------------------- */
@@ -647,9 +758,11 @@ static void test_table(void) {
     CHECK(avx2_kernels(UINT32_MAX) == NULL);
     for (size_t ti = 0; ti < N_WEIGHT_TYPES; ti++) {
         const lm_avx2_kernels *k = avx2_kernels(weight_types[ti]);
-        bool packed = weight_types[ti] == LM_TYPE_Q8_0 || weight_types[ti] == LM_TYPE_Q4_0;
-        CHECKF((k->packed_gemm != NULL) == packed && (k->packed_act != NULL) == packed, "%s",
-               quant_type_name(weight_types[ti]));
+        uint32_t wt = weight_types[ti];
+        bool packed = wt == LM_TYPE_Q8_0 || wt == LM_TYPE_Q4_0;
+        CHECKF((k->packed_gemm != NULL) == (packed || wt == LM_TYPE_F16) && (k->packed_act != NULL) == packed &&
+                   (k->pack_tile == LM_PACK_TILE) == packed,
+               "%s", quant_type_name(wt));
     }
 }
 
@@ -682,6 +795,8 @@ int main(void) {
     TEST_RUN(test_gemm_q6_K);
     TEST_RUN(test_gemm_empty);
     TEST_RUN(test_packed_act);
+    TEST_RUN(test_pack_f16_layout);
+    TEST_RUN(test_packed_f16);
     TEST_RUN(test_packed_q8_0);
     TEST_RUN(test_packed_q4_0);
     TEST_RUN(test_matmul_batch_invariance);

@@ -662,9 +662,12 @@ static void check_pack_layout(uint32_t type) {
 static void test_pack_layout(void) {
     check_pack_layout(LM_TYPE_Q4_0);
     check_pack_layout(LM_TYPE_Q8_0);
-    /* other types have no interleaved layout; cols must be whole blocks */
+    /* other types have no interleaved layout; cols must be whole blocks
+     * (F16 panels: groups of 16 rows, any cols; layout in test_kernels) */
     CHECK(quant_pack_size(LM_TYPE_Q4_K, 8, 256) == 0);
-    CHECK(quant_pack_size(LM_TYPE_F16, 8, 64) == 0);
+    CHECK(quant_pack_size(LM_TYPE_BF16, 8, 64) == 0);
+    CHECK(quant_pack_size(LM_TYPE_F16, 8, 63) == 16 * 63 * 2);
+    CHECK(quant_pack_rows(LM_TYPE_F16) == 16 && quant_pack_rows(LM_TYPE_Q4_0) == 8 && quant_pack_rows(LM_TYPE_Q6_K) == 0);
     CHECK(quant_pack_size(LM_TYPE_Q8_0, 8, 48) == 0);
     CHECK(quant_pack_size(LM_TYPE_Q8_0, 0, 64) == 0);
     CHECK(quant_packed_act_row_size(64) == 2 * sizeof(block_q8_0s));

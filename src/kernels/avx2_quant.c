@@ -816,17 +816,18 @@ void avx2_from_float_q8_K(const float *src, void *dst, int64_t n) {
 /* ---- table ---------------------------------------------------------------- */
 
 static const lm_avx2_kernels table[LM_TYPE_COUNT] = {
-    [LM_TYPE_F32] = {NULL, avx2_vec_dot_f32, avx2_gemm_f32, NULL, NULL, 3},
-    [LM_TYPE_F16] = {avx2_from_float_f16, avx2_vec_dot_f16, avx2_gemm_f16, NULL, NULL, 3},
-    [LM_TYPE_BF16] = {NULL, avx2_vec_dot_bf16, avx2_gemm_bf16, NULL, NULL, 3},
+    [LM_TYPE_F32] = {NULL, avx2_vec_dot_f32, avx2_gemm_f32, NULL, NULL, 3, 0},
+    [LM_TYPE_F16] = {avx2_from_float_f16, avx2_vec_dot_f16, avx2_gemm_f16, avx2_packed_gemm_f16, NULL, 3, 6},
+    [LM_TYPE_BF16] = {NULL, avx2_vec_dot_bf16, avx2_gemm_bf16, NULL, NULL, 3, 0},
     [LM_TYPE_Q8_0] = {avx2_from_float_q8_0, avx2_vec_dot_q8_0, avx2_gemm_q8_0, avx2_packed_gemm_q8_0,
-                      avx2_packed_act, 0},
-    [LM_TYPE_Q4_0] = {NULL, avx2_vec_dot_q4_0, avx2_gemm_q4_0, avx2_packed_gemm_q4_0, avx2_packed_act, 0},
-    [LM_TYPE_Q5_0] = {NULL, avx2_vec_dot_q5_0, avx2_gemm_q5_0, NULL, NULL, 0},
-    [LM_TYPE_Q4_K] = {NULL, avx2_vec_dot_q4_K, avx2_gemm_q4_K, NULL, NULL, 0},
-    [LM_TYPE_Q5_K] = {NULL, avx2_vec_dot_q5_K, avx2_gemm_q5_K, NULL, NULL, 0},
-    [LM_TYPE_Q6_K] = {NULL, avx2_vec_dot_q6_K, avx2_gemm_q6_K, NULL, NULL, 0},
-    [LM_TYPE_Q8_K] = {avx2_from_float_q8_K, NULL, NULL, NULL, NULL, 0},
+                      avx2_packed_act, 0, LM_PACK_TILE},
+    [LM_TYPE_Q4_0] = {NULL, avx2_vec_dot_q4_0, avx2_gemm_q4_0, avx2_packed_gemm_q4_0, avx2_packed_act, 0,
+                      LM_PACK_TILE},
+    [LM_TYPE_Q5_0] = {NULL, avx2_vec_dot_q5_0, avx2_gemm_q5_0, NULL, NULL, 0, 0},
+    [LM_TYPE_Q4_K] = {NULL, avx2_vec_dot_q4_K, avx2_gemm_q4_K, NULL, NULL, 0, 0},
+    [LM_TYPE_Q5_K] = {NULL, avx2_vec_dot_q5_K, avx2_gemm_q5_K, NULL, NULL, 0, 0},
+    [LM_TYPE_Q6_K] = {NULL, avx2_vec_dot_q6_K, avx2_gemm_q6_K, NULL, NULL, 0, 0},
+    [LM_TYPE_Q8_K] = {avx2_from_float_q8_K, NULL, NULL, NULL, NULL, 0, 0},
 };
 
 const lm_avx2_kernels *avx2_kernels(uint32_t type) {

@@ -7,13 +7,14 @@
  *
  *   weight type   activation (vec_dot_type)   vec_dot / gemm          from_float
  *   F32, BF16        F32                      avx2_vec_dot_<t>, _gemm_ -
- *   F16              F16                      avx2_vec_dot_f16, _gemm_ avx2_from_float_f16
+ *   F16              F16 (panels: F32)        avx2_vec_dot_f16, _gemm_ avx2_from_float_f16
  *   Q8_0, Q4_0, Q5_0 Q8_0                     avx2_vec_dot_<t>, _gemm_ avx2_from_float_q8_0
  *   Q4_K, Q5_K, Q6_K Q8_K                     avx2_vec_dot_<t>, _gemm_ avx2_from_float_q8_K
  *
  * and, for Q8_0 and Q4_0 weights in the interleaved layout of quant.h
  * (kernels/avx2_packed.c), avx2_packed_gemm_<t> against block_q8_0s
- * activations from avx2_packed_act.
+ * activations from avx2_packed_act; for F16 weights in the panel layout
+ * (kernels/avx2_panel.c), avx2_packed_gemm_f16 against F32 activations.
  *
  * Contracts:
  *  - vec_dot has the signature of lm_vec_dot_fn: one weight row of n elements
@@ -36,15 +37,17 @@
  *    accumulator per output needs several chains to cover FMA latency). The
  *    kernels prefetch the weight bytes they will read 4 KiB later.
  *  - packed_gemm (lm_packed_gemm_fn, quant.h) computes rows [0, nr) of one
- *    interleaved group of 8 against nc <= LM_PACK_TILE activation rows:
+ *    interleaved group (8 rows; F16: 16) against nc <= pack_tile activation
+ *    rows:
  *        y[c * y_stride + r] = row r · token c
  *    Each output has its own accumulator lane and the same float steps in
  *    the same order whatever nc and the token's place in the tile, so every
  *    product of a packed matrix, one token or many, gives the same bits for
  *    a (row, token). Its results differ from vec_dot's in rounding only (a
  *    matrix uses one family or the other for all its products), and agree
- *    with quant_vec_dot_ref within the same tolerance. Rows nr..7 of the
- *    group are computed from the zero padding and not stored.
+ *    with quant_vec_dot_ref within the same tolerance (F16 panels: equal to
+ *    quant_panel_dot_ref bit for bit). Rows past nr in the group are
+ *    computed from the zero padding and not stored.
  *  - from_float produces blocks bit-identical to quant_from_float_ref, so
  *    nothing downstream depends on which path quantized; likewise
  *    packed_act and quant_packed_act_ref.
@@ -79,6 +82,7 @@ typedef struct {
     lm_from_float_fn packed_act;   /* floats -> block_q8_0s, with packed_gemm */
     int gemm_cols;                 /* activation rows per gemm call it is fastest
                                       with; 0: LM_GEMM_TILE */
+    int pack_tile;                 /* most activation rows per packed_gemm call */
 } lm_avx2_kernels;
 
 /* The kernels for a type, or NULL when there are none (or not x86-64). */
@@ -118,6 +122,8 @@ void avx2_packed_gemm_q8_0(int64_t n, const void *wp, int nr, const void *x, siz
                            float *y, size_t y_stride);
 void avx2_packed_gemm_q4_0(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc,
                            float *y, size_t y_stride);
+void avx2_packed_gemm_f16(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc,
+                          float *y, size_t y_stride);
 void avx2_packed_act(const float *src, void *dst, int64_t n);
 
 void avx2_from_float_f16(const float *src, void *dst, int64_t n);
