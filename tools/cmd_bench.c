@@ -2,8 +2,12 @@
  * cmd_bench.c - `lamina bench`: prompt processing (ppN) and generation (tgN)
  * throughput the way llama-bench reports them (tokens/s, mean ± std over
  * repetitions after a warm-up; tokenization and sampling excluded), plus the
- * machine's memory bandwidth (STREAM-like copy and triad on all threads) and,
- * for tg, the bandwidth floor: weight bytes read per token ÷ bandwidth.
+ * machine's memory bandwidth (STREAM-like copy and triad, and a read-only
+ * sum, on all threads) and, for tg, the bandwidth floor: weight bytes read
+ * per token ÷ the read bandwidth (decode only reads its weights; copy and
+ * triad count bytes written, and the lines read for ownership before a
+ * write are not counted at all, so they understate what reading alone
+ * reaches).
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -37,7 +41,8 @@ static void usage_bench(FILE *f) {
 typedef struct {
     float *a, *b, *c;
     size_t n;
-    int op; /* 0 copy a=b, 1 triad a=b+s*c */
+    int op; /* 0 copy a=b, 1 triad a=b+s*c, 2 read: sum of b */
+    atomic_uint_fast64_t sink; /* the read test's sums, so they are not optimized away */
 } stream_job;
 
 static void stream_worker(void *arg, int ith, int nth) {
@@ -45,6 +50,19 @@ static void stream_worker(void *arg, int ith, int nth) {
     size_t lo = j->n * (size_t)ith / (size_t)nth, hi = j->n * (size_t)(ith + 1) / (size_t)nth;
     if (j->op == 0) {
         memcpy(j->a + lo, j->b + lo, (hi - lo) * sizeof(float));
+    } else if (j->op == 2) {
+        /* eight independent integer sums (never compute-bound) over eight
+         * streams through the thread's part: one stream leaves the
+         * prefetchers short of misses in flight, as one row at a time would */
+        const uint64_t *p = (const uint64_t *)(const void *)(j->b + lo);
+        size_t len = (hi - lo) / 2 / 64 * 8; /* uint64s per stream, whole groups of 8 */
+        uint64_t acc[8] = {0};
+        for (size_t i = 0; i < len; i += 8)
+            for (int s = 0; s < 8; s++)
+                for (int k = 0; k < 8; k++) acc[k] += p[(size_t)s * len + i + (size_t)k];
+        uint64_t t = 0;
+        for (int k = 0; k < 8; k++) t += acc[k];
+        atomic_fetch_add(&j->sink, t);
     } else {
         for (size_t i = lo; i < hi; i++) j->a[i] = j->b[i] + 3.0f * j->c[i];
     }
@@ -56,26 +74,28 @@ static void init_worker(void *arg, int ith, int nth) {
     for (size_t i = lo; i < hi; i++) j->a[i] = 0, j->b[i] = 1, j->c[i] = 2;
 }
 
-/* Best-of-N GB/s for copy and triad over 3 x 256 MiB arrays. */
-static void measure_bandwidth(lm_pool *pool, double *copy_gbs, double *triad_gbs) {
+/* Best-of-N GB/s for copy, triad and read over 3 x 256 MiB arrays. */
+static void measure_bandwidth(lm_pool *pool, double *copy_gbs, double *triad_gbs, double *read_gbs) {
     stream_job j = {.n = (size_t)64 << 20};
+    atomic_init(&j.sink, 0);
     j.a = malloc(j.n * sizeof(float));
     j.b = malloc(j.n * sizeof(float));
     j.c = malloc(j.n * sizeof(float));
-    *copy_gbs = *triad_gbs = 0;
+    *copy_gbs = *triad_gbs = *read_gbs = 0;
     if (!j.a || !j.b || !j.c) goto out;
     pool_run(pool, init_worker, &j);
-    for (int op = 0; op < 2; op++) {
+    for (int op = 0; op < 3; op++) {
         double best = 0;
         for (int rep = 0; rep < 5; rep++) {
             j.op = op;
             double t0 = lm_now();
             pool_run(pool, stream_worker, &j);
             double dt = lm_now() - t0;
-            double bytes = (double)j.n * sizeof(float) * (op == 0 ? 2 : 3);
+            double bytes = op == 2 ? (double)(j.n / 2 / 64 * 64) * 8 /* what the streams cover */
+                                   : (double)j.n * sizeof(float) * (op == 0 ? 2 : 3);
             if (bytes / dt > best) best = bytes / dt;
         }
-        *(op == 0 ? copy_gbs : triad_gbs) = best / 1e9;
+        *(op == 0 ? copy_gbs : op == 1 ? triad_gbs : read_gbs) = best / 1e9;
     }
 out:
     free(j.a);
@@ -153,19 +173,22 @@ int cmd_bench(int argc, char **argv) {
     lm_rng_seed(&rng, 42);
     for (int i = 0; i < ctx; i++) toks[i] = (int32_t)(lm_rng_u64(&rng) % (uint64_t)m->hp.n_vocab);
 
-    double copy_gbs = 0, triad_gbs = 0;
-    if (bw) measure_bandwidth(pool, &copy_gbs, &triad_gbs);
+    double copy_gbs = 0, triad_gbs = 0, read_gbs = 0;
+    if (bw) measure_bandwidth(pool, &copy_gbs, &triad_gbs, &read_gbs);
     uint64_t wbytes = weight_bytes_per_token(m);
     bool json = !strcmp(fmt, "json");
     const char *wtype = quant_type_name(m->layers[0].wq.type);
     if (json) {
         printf("{\"model\": \"%s\", \"type\": \"%s\", \"size_bytes\": %llu, \"params\": %llu, \"threads\": %d,"
-               " \"bandwidth_copy_gbs\": %.2f, \"bandwidth_triad_gbs\": %.2f, \"weight_bytes_per_token\": %llu,"
-               " \"tests\": [",
+               " \"bandwidth_copy_gbs\": %.2f, \"bandwidth_triad_gbs\": %.2f, \"bandwidth_read_gbs\": %.2f,"
+               " \"weight_bytes_per_token\": %llu, \"tests\": [",
                m->name, wtype, (unsigned long long)m->weight_bytes, (unsigned long long)m->n_params, pool_size(pool),
-               copy_gbs, triad_gbs, (unsigned long long)wbytes);
+               copy_gbs, triad_gbs, read_gbs, (unsigned long long)wbytes);
     } else {
-        if (bw) printf("memory bandwidth: copy %.1f GB/s, triad %.1f GB/s (%d threads)\n", copy_gbs, triad_gbs, pool_size(pool));
+        if (bw)
+            printf("memory bandwidth: copy %.1f GB/s, triad %.1f GB/s, read %.1f GB/s (%d threads); "
+                   "the tg floor uses read\n",
+                   copy_gbs, triad_gbs, read_gbs, pool_size(pool));
         printf("\n| model | type | size | params | threads | test | t/s | floor t/s | of floor |\n");
         printf("| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |\n");
     }
@@ -203,7 +226,7 @@ int cmd_bench(int argc, char **argv) {
         char name[64];
         if (depth) snprintf(name, sizeof name, "%s%d @ d%lld", test == 0 ? "pp" : "tg", n, depth);
         else snprintf(name, sizeof name, "%s%d", test == 0 ? "pp" : "tg", n);
-        double floor_ts = test == 1 && triad_gbs > 0 ? triad_gbs * 1e9 / (double)wbytes : 0;
+        double floor_ts = test == 1 && read_gbs > 0 ? read_gbs * 1e9 / (double)wbytes : 0;
         if (json) {
             printf("%s{\"test\": \"%s\", \"tokens_per_s\": %.3f, \"std\": %.3f", n_tests ? ", " : "", name, mean, sd);
             if (floor_ts > 0) printf(", \"floor_tokens_per_s\": %.3f, \"fraction_of_floor\": %.3f", floor_ts, mean / floor_ts);
