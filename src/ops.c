@@ -127,9 +127,15 @@ size_t ops_matmul_scratch(uint32_t type, int64_t cols, int n_tok) {
     return row * (size_t)n_tok;
 }
 
-/* Rows are handed out in chunks through an atomic counter so a thread that
- * finishes early takes more (the two cores here are sometimes shared). */
+/* Rows are handed out in chunks through atomic counters so a thread that
+ * finishes early takes more (the two cores here are sometimes shared). The
+ * chunks are split into one contiguous range per thread, each with its own
+ * counter: a thread takes its own range's chunks in order, then helps with
+ * the others'. So in decode each thread streams one run of consecutive
+ * weight bytes, which the prefetchers follow (chunks dealt out in turn
+ * measured 10% slower for Q4_0 decode), and nobody waits for a slow core. */
 #define MATMUL_CHUNK 16
+#define MATMUL_RANGES 16
 #define MATMUL_MAX_PARTS 3
 /* activation bytes per block of tokens in the gemm loop (matmul_chunk):
  * about half the L2 */
@@ -151,7 +157,11 @@ typedef struct {
     const void *x;       /* activations in the shared vec_dot_type, n_tok rows */
     size_t x_row_bytes;
     int n_tok;
-    atomic_long next;
+    int n_ranges;
+    struct {
+        _Alignas(64) atomic_long next; /* next chunk of the range */
+        long end;
+    } range[MATMUL_RANGES];
 } matmul_job;
 
 static void matmul_chunk(const matmul_job *j, int k, long r0) {
@@ -214,12 +224,15 @@ static void matmul_chunk(const matmul_job *j, int k, long r0) {
 
 static void matmul_worker(void *arg, int ith, int nth) {
     matmul_job *j = arg;
-    for (;;) {
-        long c = atomic_fetch_add(&j->next, 1);
-        if (c >= j->chunk0[j->n_parts]) break;
-        int k = 0;
-        while (c >= j->chunk0[k + 1]) k++;
-        matmul_chunk(j, k, (c - j->chunk0[k]) * j->chunk_rows);
+    for (int i = 0; i < j->n_ranges; i++) {
+        int r = (ith + i) % j->n_ranges;
+        for (;;) {
+            long c = atomic_fetch_add(&j->range[r].next, 1);
+            if (c >= j->range[r].end) break;
+            int k = 0;
+            while (c >= j->chunk0[k + 1]) k++;
+            matmul_chunk(j, k, (c - j->chunk0[k]) * j->chunk_rows);
+        }
     }
 }
 
@@ -295,10 +308,18 @@ static void matmul_run(lm_pool *pool, matmul_job *j, const float *x, int64_t col
         j->chunk0[k + 1] = j->chunk0[k] + (j->w[k]->rows + j->chunk_rows - 1) / j->chunk_rows;
         work += (double)j->w[k]->rows * (double)cols * j->n_tok;
     }
-    atomic_init(&j->next, 0);
     /* Waking the workers costs a few microseconds: small products run on
      * the caller alone. */
-    pool_run(work < 256.0 * 1024 ? NULL : pool, matmul_worker, j);
+    lm_pool *run = work < 256.0 * 1024 ? NULL : pool;
+    const long n_chunks = j->chunk0[j->n_parts];
+    int nr = run ? pool_size(run) : 1;
+    if (nr > MATMUL_RANGES) nr = MATMUL_RANGES;
+    j->n_ranges = nr;
+    for (int r = 0; r < nr; r++) {
+        atomic_init(&j->range[r].next, n_chunks * r / nr);
+        j->range[r].end = n_chunks * (r + 1) / nr;
+    }
+    pool_run(run, matmul_worker, j);
 }
 
 void ops_matmul(lm_pool *pool, float *y, const lm_weight *w, const float *x, int n_tok, void *scratch) {
