@@ -1,8 +1,8 @@
 /*
  * bench_kernels.c - the matrix-product kernels side by side: the scalar
  * reference (quant.c), the AVX2 vec_dot called per output, the AVX2 gemm
- * tiles, and for Q8_0/Q4_0 the interleaved ("packed") tiles of groups of
- * 8 rows by up to 8 tokens (F16: panels of 16 rows by up to 6 tokens, F32
+ * tiles, and for Q8_0/Q4_0/Q4_K the interleaved ("packed") tiles of groups
+ * of 8 rows by up to 8 tokens (F16: panels of 16 rows by up to 6 tokens, F32
  * activations). Every variant is first checked (vec_dot and packed against
  * the reference within 1e-5 of sum |w_i x_i| on sampled rows, F16 panels
  * against the float64 dot with their float activations; gemm outputs
@@ -119,7 +119,7 @@ static void setup_make(setup *s, uint32_t type, int64_t rows, int64_t cols, int 
     s->k = avx2_kernels(type);
     s->pack_bytes = quant_pack_size(type, rows, cols);
     bool float_act = s->k && s->k->packed_gemm && !s->k->packed_act;
-    s->packed_bytes = float_act ? (size_t)cols * sizeof(float) : quant_packed_act_row_size(cols);
+    s->packed_bytes = quant_packed_x_row_size(type, cols);
     if (s->pack_bytes && s->k && s->k->packed_gemm) {
         s->wp = lm_malloc(s->pack_bytes * (size_t)s->copies);
         quant_pack(type, s->w, s->row_bytes, rows, cols, s->wp);
@@ -131,6 +131,7 @@ static void setup_make(setup *s, uint32_t type, int64_t rows, int64_t cols, int 
         for (int64_t i = 0; i < cols; i++) f[i] = lm_rng_normal(&rng);
         quant_from_float_ref(s->act, f, s->x + (size_t)a * s->act_bytes, cols);
         if (s->xp && float_act) memcpy(s->xp + (size_t)a * s->packed_bytes, f, (size_t)cols * sizeof(float));
+        else if (s->xp && type == LM_TYPE_Q4_K) quant_from_float_ref(LM_TYPE_Q8_K, f, s->xp + (size_t)a * s->packed_bytes, cols);
         else if (s->xp) quant_packed_act_ref(f, s->xp + (size_t)a * s->packed_bytes, cols);
     }
     lm_free(f);

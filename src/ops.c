@@ -121,9 +121,9 @@ size_t ops_matmul_scratch(uint32_t type, int64_t cols, int n_tok) {
     const lm_type_traits *t = quant_traits(type);
     if (!t || t->vec_dot_type == LM_TYPE_F32) return 0;
     size_t row = quant_row_size(t->vec_dot_type, cols);
-    /* weights with a packed copy take block_q8_0s rows instead */
-    if (t->packed_gemm && t->packed_act && quant_packed_act_row_size(cols) > row)
-        row = quant_packed_act_row_size(cols);
+    /* weights with a packed copy take the packed kernel's rows instead */
+    if (t->packed_gemm && t->packed_act && quant_packed_x_row_size(type, cols) > row)
+        row = quant_packed_x_row_size(type, cols);
     return row * (size_t)n_tok;
 }
 
@@ -278,7 +278,7 @@ static void matmul_run(lm_pool *pool, matmul_job *j, const float *x, int64_t col
     j->chunk_rows = MATMUL_CHUNK;
     if (use_packed(j->w[0])) {
         if (t->packed_act) {
-            j->x_row_bytes = quant_packed_act_row_size(cols);
+            j->x_row_bytes = quant_packed_x_row_size(j->w[0]->type, cols);
             quantize_rows(pool, t->packed_act, x, cols, j->n_tok, scratch, j->x_row_bytes);
             j->x = scratch;
         } else { /* F16 panels take the floats */

@@ -839,7 +839,7 @@ static size_t pack_block_bytes(uint32_t type) {
 }
 
 int quant_pack_rows(uint32_t type) {
-    if (type == LM_TYPE_Q4_0 || type == LM_TYPE_Q8_0) return LM_PACK_ROWS;
+    if (type == LM_TYPE_Q4_0 || type == LM_TYPE_Q8_0 || type == LM_TYPE_Q4_K) return LM_PACK_ROWS;
     if (type == LM_TYPE_F16) return LM_PANEL_ROWS;
     return 0;
 }
@@ -850,10 +850,42 @@ size_t quant_pack_size(uint32_t type, int64_t rows, int64_t cols) {
         int64_t groups = (rows + LM_PANEL_ROWS - 1) / LM_PANEL_ROWS;
         return (size_t)groups * LM_PANEL_ROWS * (size_t)cols * sizeof(uint16_t);
     }
+    int64_t groups = (rows + LM_PACK_ROWS - 1) / LM_PACK_ROWS;
+    if (type == LM_TYPE_Q4_K)
+        return cols % QK_K ? 0 : (size_t)groups * (size_t)(cols / QK_K) * LM_PACK_ROWS * sizeof(block_q4_K);
     size_t bb = pack_block_bytes(type);
     if (!bb || cols % 32) return 0;
-    int64_t groups = (rows + LM_PACK_ROWS - 1) / LM_PACK_ROWS;
     return (size_t)groups * (size_t)(cols / 32) * bb;
+}
+
+size_t quant_packed_x_row_size(uint32_t type, int64_t n) {
+    if (n < 0) return 0;
+    if (type == LM_TYPE_F16) return (size_t)n * sizeof(float);
+    if (type == LM_TYPE_Q4_K) return quant_row_size(LM_TYPE_Q8_K, n);
+    if (type == LM_TYPE_Q4_0 || type == LM_TYPE_Q8_0) return quant_packed_act_row_size(n);
+    return 0;
+}
+
+/* Q4_K: per super-block column the 8 rows' d, then dmin (f16 each), the
+ * three 4-byte words of their scales (word w of row r at 32w + 4r), then
+ * bytes 4k..4k+3 of row r's qs at 32k + 4r; padding rows zero (zero d and
+ * dmin). */
+static void pack_q4_K(const uint8_t *src, size_t src_stride, int64_t rows, int64_t cols, uint8_t *o) {
+    const int64_t nb = cols / QK_K, groups = (rows + LM_PACK_ROWS - 1) / LM_PACK_ROWS;
+    const size_t bb = LM_PACK_ROWS * sizeof(block_q4_K);
+    memset(o, 0, quant_pack_size(LM_TYPE_Q4_K, rows, cols));
+    for (int64_t g = 0; g < groups; g++) {
+        for (int64_t b = 0; b < nb; b++, o += bb) {
+            for (int r = 0; r < LM_PACK_ROWS && g * LM_PACK_ROWS + r < rows; r++) {
+                const block_q4_K *blk =
+                    (const block_q4_K *)(const void *)(src + (size_t)(g * LM_PACK_ROWS + r) * src_stride) + b;
+                memcpy(o + 2 * r, &blk->d, 2);
+                memcpy(o + 16 + 2 * r, &blk->dmin, 2);
+                for (int wd = 0; wd < 3; wd++) memcpy(o + 32 + 32 * wd + 4 * r, blk->scales + 4 * wd, 4);
+                for (int k = 0; k < QK_K / 8; k++) memcpy(o + 128 + 32 * k + 4 * r, blk->qs + 4 * k, 4);
+            }
+        }
+    }
 }
 
 /* F16 panels: a transpose of each group of 16 rows, 16 columns at a time
@@ -881,6 +913,11 @@ void quant_pack(uint32_t type, const void *src, size_t src_stride, int64_t rows,
     if (type == LM_TYPE_F16) {
         assert(rows >= 0 && cols >= 0);
         pack_f16(src, src_stride, rows, cols, dst);
+        return;
+    }
+    if (type == LM_TYPE_Q4_K) {
+        assert(rows >= 0 && cols % QK_K == 0);
+        pack_q4_K(src, src_stride, rows, cols, dst);
         return;
     }
     const size_t bb = pack_block_bytes(type);

@@ -127,9 +127,9 @@ typedef float (*lm_vec_dot_fn)(int64_t n, const void *w, const void *x);
 #define LM_GEMM_TILE 4
 typedef void (*lm_gemm_fn)(int64_t n, const void *w, size_t w_stride, int nr, const void *x, size_t x_stride,
                            int nc, float *y, size_t y_stride);
-/* Interleaved weights (Q8_0, Q4_0 and F16).
+/* Interleaved weights (Q8_0, Q4_0, Q4_K and F16).
  *
- * For matrix products a Q8_0, Q4_0 or F16 weight matrix may be copied once,
+ * For matrix products a Q8_0, Q4_0, Q4_K or F16 weight matrix may be copied once,
  * at model load, into an interleaved layout: its rows in groups of
  * quant_pack_rows(type) (the last group padded with zero rows), each group
  * stored column by column, groups one after another.
@@ -152,6 +152,15 @@ typedef void (*lm_gemm_fn)(int64_t n, const void *w, size_t w_stride, int nr, co
  * widened to f32, plus 8 * the sum of the quants (the correction for
  * Q4_0's offset of -8).
  *
+ * Q4_K: groups of 8 rows, super-block column by super-block column, 1152 B
+ * each: d[8], then dmin[8] (f16, row r's at [r]), then the three 4-byte
+ * words of each row's 12 scale bytes (word w of row r at 32 + 32w + 4r),
+ * then qs[1024] where bytes 4k..4k+3 of row r's 128 quant bytes sit at
+ * 128 + 32k + 4r (k < 32). The kernels unpack the 8 rows' 6-bit scales and
+ * mins with the same word operations at once, take Q8_K activations, and
+ * keep one integer sum per row per super-block: sum_j scale_j * dot_j and
+ * sum_j min_j * bsum_j, added in float as acc += d dx isum - dmin dx msum.
+ *
  * F16 panels: groups of LM_PANEL_ROWS = 16 rows, element by element: row
  * r's element k at half 16k + r of its group (32 bytes per column, any
  * number of columns). The kernels take F32 activations. Each output is
@@ -172,7 +181,7 @@ typedef struct { float d; int32_t s8; int8_t qs[QK8_0]; } block_q8_0s; /* 40 byt
 /* An interleaved tile: rows [0, nr) (nr <= quant_pack_rows) of the group at
  * wp against nc activation rows (x_stride bytes apart; 1 <= nc <= the
  * type's pack_tile): y[c * y_stride + r] = row r · token c. Activations are
- * block_q8_0s rows for Q8_0 and Q4_0, floats for F16. Each output has its
+ * block_q8_0s rows for Q8_0 and Q4_0, Q8_K rows for Q4_K, floats for F16. Each output has its
  * own accumulator and the same float steps in the same order for every nc
  * and position, so results do not depend on the batch. */
 #define LM_PACK_TILE 8
@@ -197,8 +206,9 @@ typedef struct {
     /* interleaved kernels (NULL where the type or the CPU has none, and
      * with LAMINA_NO_SIMD or LAMINA_NO_REPACK set): */
     lm_packed_gemm_fn packed_gemm;
-    lm_from_float_fn packed_act; /* floats -> block_q8_0s row; NULL: the
-                                    kernel takes floats (F16 panels) */
+    lm_from_float_fn packed_act; /* floats -> the packed kernel's activation
+                                    row (quant_packed_x_row_size); NULL: it
+                                    takes the floats (F16 panels) */
     int pack_tile;               /* most tokens per packed_gemm call */
 } lm_type_traits;
 
@@ -234,11 +244,11 @@ float quant_vec_dot_ref(uint32_t type, int64_t n, const void *w, const void *x);
 size_t quant_act_row_size(uint32_t weight_type, int64_t n);
 void quant_act_from_float(uint32_t weight_type, const float *x, void *dst, int64_t n);
 
-/* Rows per interleaved group of a type: LM_PACK_ROWS for Q8_0 and Q4_0,
- * LM_PANEL_ROWS for F16, 0 for types without the layout. */
+/* Rows per interleaved group of a type: LM_PACK_ROWS for Q8_0, Q4_0 and
+ * Q4_K, LM_PANEL_ROWS for F16, 0 for types without the layout. */
 int quant_pack_rows(uint32_t type);
-/* Bytes of the interleaved copy of a (rows, cols) matrix of Q8_0, Q4_0 or
- * F16 (rows rounded up to a whole group); 0 for other types or a cols that
+/* Bytes of the interleaved copy of a (rows, cols) matrix of Q8_0, Q4_0,
+ * Q4_K or F16 (rows rounded up to a whole group); 0 for other types or a cols that
  * is not a multiple of the block size. The layout exists whatever the CPU;
  * whether anything computes with it is traits->packed_gemm. */
 size_t quant_pack_size(uint32_t type, int64_t rows, int64_t cols);
@@ -248,6 +258,10 @@ void quant_pack(uint32_t type, const void *src, size_t src_stride, int64_t rows,
 /* What an F16 panel kernel computes for row r (< LM_PANEL_ROWS) of the
  * group at wp and the floats x: the four segments' fmaf chains, summed. */
 float quant_panel_dot_ref(int64_t n, const void *wp, int r, const float *x);
+/* Bytes of one activation row of n elements that the packed kernels of a
+ * weight type take: block_q8_0s rows (Q8_0, Q4_0), Q8_K rows (Q4_K),
+ * floats (F16); 0 for other types. */
+size_t quant_packed_x_row_size(uint32_t type, int64_t n);
 /* Bytes of one block_q8_0s activation row of n elements (n % 32 == 0). */
 size_t quant_packed_act_row_size(int64_t n);
 /* Reference quantizer to block_q8_0s (every variant gives the same bits). */

@@ -473,9 +473,10 @@ static void test_packed_act(void) {
 /* y (n_tok, ys) for all rows of a packed matrix, the tokens taken in tiles
  * of `split` (the last one shorter), starting at token `first` (the tokens
  * before it in a tile of their own). */
-static void packed_all(const lm_avx2_kernels *k, int64_t n, int64_t rows, const uint8_t *wp, const uint8_t *x,
-                       size_t xs, int n_tok, int split, int first, float *y, size_t ys) {
-    const size_t gb = quant_pack_size(k == avx2_kernels(LM_TYPE_Q4_0) ? LM_TYPE_Q4_0 : LM_TYPE_Q8_0, 8, n);
+static void packed_all(uint32_t wt, int64_t n, int64_t rows, const uint8_t *wp, const uint8_t *x, size_t xs,
+                       int n_tok, int split, int first, float *y, size_t ys) {
+    const lm_avx2_kernels *k = avx2_kernels(wt);
+    const size_t gb = quant_pack_size(wt, 8, n);
     for (int64_t g = 0; g * 8 < rows; g++) {
         int nr = rows - 8 * g < 8 ? (int)(rows - 8 * g) : 8;
         int c = 0;
@@ -500,26 +501,30 @@ static void check_packed_type(uint32_t wt) {
     CHECK(k && k->packed_gemm && k->packed_act);
     static const int64_t row_counts[] = {1, 3, 8, 13, 16, 29};
     static const int64_t col_counts[] = {32, 64, 96, 320, 1280, 2816};
+    static const int64_t col_counts_k[] = {256, 512, 1280, 2816};
+    const bool kq = wt == LM_TYPE_Q4_K; /* Q8_K activations, super-blocks of 256 */
+    const size_t n_cols = kq ? 4 : 6;
     const int n_tok = 11;
     for (size_t ri = 0; ri < sizeof row_counts / sizeof row_counts[0]; ri++) {
-        for (size_t ci = 0; ci < sizeof col_counts / sizeof col_counts[0]; ci++) {
-            int64_t rows = row_counts[ri], n = col_counts[ci];
+        for (size_t ci = 0; ci < n_cols; ci++) {
+            int64_t rows = row_counts[ri], n = kq ? col_counts_k[ci] : col_counts[ci];
             bool random_bytes = (ri + ci) & 1;
-            size_t rb = quant_row_size(wt, n), xs = quant_packed_act_row_size(n), qs = quant_row_size(LM_TYPE_Q8_0, n);
+            size_t rb = quant_row_size(wt, n), xs = quant_packed_x_row_size(wt, n), qs = quant_row_size(act_type(wt), n);
             uint8_t *w = lm_malloc(rb * (size_t)rows), *wp = lm_malloc(quant_pack_size(wt, rows, n));
             uint8_t *x = lm_malloc(xs * (size_t)n_tok), *xq = lm_malloc(qs * (size_t)n_tok);
             float *f = lm_malloc((size_t)n * sizeof(float));
             for (int64_t r = 0; r < rows; r++) make_weight(wt, n, random_bytes, w + (size_t)r * rb);
             for (int c = 0; c < n_tok; c++) {
                 fill_normal(f, n, 1.0);
-                quant_packed_act_ref(f, x + (size_t)c * xs, n);
-                quant_from_float_ref(LM_TYPE_Q8_0, f, xq + (size_t)c * qs, n);
+                if (kq) quant_from_float_ref(LM_TYPE_Q8_K, f, x + (size_t)c * xs, n);
+                else quant_packed_act_ref(f, x + (size_t)c * xs, n);
+                quant_from_float_ref(act_type(wt), f, xq + (size_t)c * qs, n);
             }
             quant_pack(wt, w, rb, rows, n, wp);
             const size_t ys = (size_t)rows + 3; /* three padding floats per token */
             float *y0 = lm_malloc(ys * (size_t)n_tok * sizeof(float)), *y1 = lm_malloc(ys * (size_t)n_tok * sizeof(float));
             for (size_t i = 0; i < ys * (size_t)n_tok; i++) y0[i] = -1234.5f;
-            packed_all(k, n, rows, wp, x, xs, n_tok, 1, 0, y0, ys);
+            packed_all(wt, n, rows, wp, x, xs, n_tok, 1, 0, y0, ys);
             int bad = 0;
             char msg[200] = "";
             for (int c = 0; c < n_tok && !bad; c++) {
@@ -546,7 +551,7 @@ static void check_packed_type(uint32_t wt) {
             for (int split = 2; split <= LM_PACK_TILE && !bad; split++) {
                 for (int first = 0; first < 3 && !bad; first++) {
                     for (size_t i = 0; i < ys * (size_t)n_tok; i++) y1[i] = -1234.5f;
-                    packed_all(k, n, rows, wp, x, xs, n_tok, split, first, y1, ys);
+                    packed_all(wt, n, rows, wp, x, xs, n_tok, split, first, y1, ys);
                     if (memcmp(y0, y1, ys * (size_t)n_tok * sizeof(float)) != 0) {
                         bad = 1;
                         snprintf(msg, sizeof msg, "tiles of %d tokens (first tile %d) differ from single tokens", split,
@@ -568,6 +573,7 @@ static void check_packed_type(uint32_t wt) {
 
 static void test_packed_q8_0(void) { check_packed_type(LM_TYPE_Q8_0); }
 static void test_packed_q4_0(void) { check_packed_type(LM_TYPE_Q4_0); }
+static void test_packed_q4_K(void) { check_packed_type(LM_TYPE_Q4_K); }
 
 /* ---- F16 panels --------------------------------------------------------------- */
 
@@ -687,6 +693,7 @@ static void check_matmul_batch_invariance(uint32_t wt) {
     static const int64_t shapes[][2] = {{37, 64}, {69, 2816}, {8, 32}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int64_t rows = shapes[si][0], n = shapes[si][1];
+        if (n % quant_traits(wt)->blck) n = quant_traits(wt)->blck * (si + 1); /* K-quants: 256, 768 */
         size_t rb = quant_row_size(wt, n);
         uint8_t *w = lm_malloc(rb * (size_t)rows), *wp = lm_malloc(quant_pack_size(wt, rows, n));
         for (int64_t r = 0; r < rows; r++) make_weight(wt, n, r & 1, w + (size_t)r * rb);
@@ -737,6 +744,7 @@ static void check_matmul_batch_invariance(uint32_t wt) {
 static void test_matmul_batch_invariance(void) {
     check_matmul_batch_invariance(LM_TYPE_Q8_0);
     check_matmul_batch_invariance(LM_TYPE_Q4_0);
+    check_matmul_batch_invariance(LM_TYPE_Q4_K);
     check_matmul_batch_invariance(LM_TYPE_F16);
 }
 
@@ -759,7 +767,7 @@ static void test_table(void) {
     for (size_t ti = 0; ti < N_WEIGHT_TYPES; ti++) {
         const lm_avx2_kernels *k = avx2_kernels(weight_types[ti]);
         uint32_t wt = weight_types[ti];
-        bool packed = wt == LM_TYPE_Q8_0 || wt == LM_TYPE_Q4_0;
+        bool packed = wt == LM_TYPE_Q8_0 || wt == LM_TYPE_Q4_0 || wt == LM_TYPE_Q4_K;
         CHECKF((k->packed_gemm != NULL) == (packed || wt == LM_TYPE_F16) && (k->packed_act != NULL) == packed &&
                    (k->pack_tile == LM_PACK_TILE) == packed,
                "%s", quant_type_name(wt));
@@ -799,6 +807,7 @@ int main(void) {
     TEST_RUN(test_packed_f16);
     TEST_RUN(test_packed_q8_0);
     TEST_RUN(test_packed_q4_0);
+    TEST_RUN(test_packed_q4_K);
     TEST_RUN(test_matmul_batch_invariance);
     return TEST_DONE();
 }

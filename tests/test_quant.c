@@ -659,12 +659,48 @@ static void check_pack_layout(uint32_t type) {
     }
 }
 
+/* Q4_K: per super-block column d[8], dmin[8], the scale words (word w of
+ * row r at 32 + 32w + 4r), then qs byte j of row r at 128 + 32(j/4) + 4r +
+ * j%4; padding rows zero. */
+static void check_pack_layout_q4_K(void) {
+    const int64_t cols = 512, nb = cols / 256;
+    const size_t rb = quant_row_size(LM_TYPE_Q4_K, cols), bs = 8 * sizeof(block_q4_K);
+    for (int64_t rows = 3; rows <= 17; rows += 7) {
+        uint8_t *src = malloc(rb * (size_t)rows);
+        for (size_t i = 0; i < rb * (size_t)rows; i++) src[i] = (uint8_t)(i * 131 + 7);
+        int64_t groups = (rows + 7) / 8;
+        size_t sz = quant_pack_size(LM_TYPE_Q4_K, rows, cols);
+        CHECK(sz == (size_t)groups * (size_t)nb * bs && bs == 1152);
+        uint8_t *dst = malloc(sz);
+        memset(dst, 0xAA, sz);
+        quant_pack(LM_TYPE_Q4_K, src, rb, rows, cols, dst);
+        int bad = 0;
+        for (int64_t g = 0; g < groups; g++)
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *col = dst + ((size_t)g * (size_t)nb + (size_t)b) * bs;
+                for (int r = 0; r < 8; r++) {
+                    int64_t row = 8 * g + r;
+                    block_q4_K zero = {0}, blk = zero;
+                    if (row < rows) memcpy(&blk, src + (size_t)row * rb + (size_t)b * sizeof blk, sizeof blk);
+                    bad |= memcmp(col + 2 * r, &blk.d, 2) != 0 || memcmp(col + 16 + 2 * r, &blk.dmin, 2) != 0;
+                    for (int j = 0; j < 12; j++) bad |= col[32 + 32 * (j / 4) + 4 * r + j % 4] != blk.scales[j];
+                    for (int j = 0; j < 128; j++) bad |= col[128 + 32 * (j / 4) + 4 * r + j % 4] != blk.qs[j];
+                }
+            }
+        CHECKF(!bad, "Q4_K interleaved layout wrong for rows %lld", (long long)rows);
+        free(src);
+        free(dst);
+    }
+}
+
 static void test_pack_layout(void) {
     check_pack_layout(LM_TYPE_Q4_0);
     check_pack_layout(LM_TYPE_Q8_0);
+    check_pack_layout_q4_K();
     /* other types have no interleaved layout; cols must be whole blocks
      * (F16 panels: groups of 16 rows, any cols; layout in test_kernels) */
-    CHECK(quant_pack_size(LM_TYPE_Q4_K, 8, 256) == 0);
+    CHECK(quant_pack_size(LM_TYPE_Q4_K, 8, 128) == 0);
+    CHECK(quant_pack_size(LM_TYPE_Q6_K, 8, 256) == 0);
     CHECK(quant_pack_size(LM_TYPE_BF16, 8, 64) == 0);
     CHECK(quant_pack_size(LM_TYPE_F16, 8, 63) == 16 * 63 * 2);
     CHECK(quant_pack_rows(LM_TYPE_F16) == 16 && quant_pack_rows(LM_TYPE_Q4_0) == 8 && quant_pack_rows(LM_TYPE_Q6_K) == 0);

@@ -1,7 +1,9 @@
 /*
  * avx2_packed.c - AVX2 + FMA + F16C matrix tiles for Q8_0 and Q4_0 weights
  * in the interleaved layout of quant.h (groups of 8 rows, 4-byte chunks of
- * the 8 rows side by side), against block_q8_0s activations. Compiled with
+ * the 8 rows side by side), against block_q8_0s activations, and for Q4_K
+ * weights in the same manner against Q8_K activations (its own notes
+ * below). Compiled with
  * -mavx2 -mfma -mf16c; nothing here runs unless cpu_has_avx2() said yes.
  *
  * Lane r of every vector belongs to weight row r of the group. For one block
@@ -187,6 +189,165 @@ void avx2_packed_gemm_q8_0(int64_t n, const void *wp, int nr, const void *x, siz
     assert(n % 32 == 0 && nr >= 0 && nr <= LM_PACK_ROWS && nc >= 0 && nc <= LM_PACK_TILE);
 #define T(C) \
     case C: p8_tile(n / 32, wp, nr, x, xs, C, y, ys); break;
+    switch (nc) { TILES(T) default: break; }
+#undef T
+}
+
+/* ---- Q4_K ------------------------------------------------------------------ */
+
+/* One group super-block column (quant.h): d[8], dmin[8], the three 4-byte
+ * words of each row's 12 scale bytes as three vectors (row r in lane r),
+ * then qs[1024] with bytes 4k..4k+3 of row r's 128 at 32k + 4r. */
+#define PK_BYTES 1152
+#define PK_DMIN 16
+#define PK_SC 32
+#define PK_QS 128
+#define X8K_BYTES ((size_t)sizeof(block_q8_K))
+#define X8K_QS 4
+#define X8K_BSUMS (4 + QK_K)
+_Static_assert(sizeof(block_q8_K) == 292, "block_q8_K layout");
+
+/* pshufb index: in every 32-bit lane l of a 128-bit half, its byte t as an
+ * int16 in both halves of the lane (scales), or bytes t and t + 1 as two
+ * int16 (a pair of mins). */
+#define SIDX(l, t) ((int)(0x80008000u | ((4u * (l) + (t)) << 16) | (4u * (l) + (t))))
+#define MIDX(l, t) ((int)(0x80008000u | ((4u * (l) + (t) + 1) << 16) | (4u * (l) + (t))))
+#define IDX8(F, t) _mm256_setr_epi32(F(0, t), F(1, t), F(2, t), F(3, t), F(0, t), F(1, t), F(2, t), F(3, t))
+
+/* The 8 rows' sub-block scales and mins, lane r = row r: scv[j], the
+ * 6-bit scale of sub-block j in both int16 halves; mv[p], the mins of
+ * sub-blocks 2p and 2p + 1 as two int16. Same bit operations as the
+ * row-major kernel's k4_scales, on eight rows at once. */
+INLINE void k4x8_scales(const uint8_t *blk, __m256i scv[8], __m256i mv[4]) {
+    const __m256i s0 = ld256(blk + PK_SC), s1 = ld256(blk + PK_SC + 32), s2 = ld256(blk + PK_SC + 64);
+    const __m256i m6 = _mm256_set1_epi8(0x3f), m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    const __m256i sc_lo = _mm256_and_si256(s0, m6), m_lo = _mm256_and_si256(s1, m6);
+    const __m256i sc_hi = _mm256_or_si256(_mm256_and_si256(s2, m4), _mm256_and_si256(_mm256_srli_epi32(s0, 2), m30));
+    const __m256i m_hi =
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(s2, 4), m4), _mm256_and_si256(_mm256_srli_epi32(s1, 2), m30));
+#define SC(t)                                                          \
+    scv[t] = _mm256_shuffle_epi8(sc_lo, IDX8(SIDX, t));                \
+    scv[t + 4] = _mm256_shuffle_epi8(sc_hi, IDX8(SIDX, t));
+    SC(0) SC(1) SC(2) SC(3)
+#undef SC
+    mv[0] = _mm256_shuffle_epi8(m_lo, IDX8(MIDX, 0));
+    mv[1] = _mm256_shuffle_epi8(m_lo, IDX8(MIDX, 2));
+    mv[2] = _mm256_shuffle_epi8(m_hi, IDX8(MIDX, 0));
+    mv[3] = _mm256_shuffle_epi8(m_hi, IDX8(MIDX, 2));
+}
+
+/* Sum over sub-blocks of min_j * (the token's 32-element sum j), per row:
+ * the bsums in pairs, each pair of sums broadcast against mv[p]. */
+INLINE __m256i k4x8_minsum(const __m256i mv[4], const uint8_t *xb) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i b32 = _mm256_madd_epi16(ld256(xb + X8K_BSUMS), ones); /* lane j: sum of sub-block j, |.| <= 4096 */
+    __m256i b16 = _mm256_packs_epi32(b32, b32); /* 32-bit words 0, 1, 4, 5: sub-blocks (0,1) (2,3) (4,5) (6,7) */
+    __m256i m = _mm256_madd_epi16(mv[0], _mm256_permutevar8x32_epi32(b16, _mm256_set1_epi32(0)));
+    m = _mm256_add_epi32(m, _mm256_madd_epi16(mv[1], _mm256_permutevar8x32_epi32(b16, _mm256_set1_epi32(1))));
+    m = _mm256_add_epi32(m, _mm256_madd_epi16(mv[2], _mm256_permutevar8x32_epi32(b16, _mm256_set1_epi32(4))));
+    return _mm256_add_epi32(m, _mm256_madd_epi16(mv[3], _mm256_permutevar8x32_epi32(b16, _mm256_set1_epi32(5))));
+}
+
+/* The integer sum of sub-block pair p (elements 64p..64p+63) scaled:
+ * vector k < 8 of the pair holds bytes 4k..4k+3 of each row's 32, their low
+ * nibbles elements 64p+4k.., their high nibbles 64p+32+4k.. (in int16: at
+ * most 8 * 2 * 15 * 128 = 30720). U(k, lo, hi) yields the unpacked pair. */
+#define K4_PAIR(p, U, xq, scv, isum)                                                                       \
+    {                                                                                                     \
+        __m256i s_lo = _mm256_setzero_si256(), s_hi = _mm256_setzero_si256();                             \
+        for (int k = 0; k < 8; k++) {                                                                     \
+            __m256i lo, hi;                                                                               \
+            U(8 * (p) + k, lo, hi);                                                                       \
+            s_lo = _mm256_add_epi16(s_lo, _mm256_maddubs_epi16(lo, bcast4((xq) + 64 * (p) + 4 * k)));     \
+            s_hi = _mm256_add_epi16(s_hi, _mm256_maddubs_epi16(hi, bcast4((xq) + 64 * (p) + 32 + 4 * k))); \
+        }                                                                                                 \
+        isum = _mm256_add_epi32(isum, _mm256_add_epi32(_mm256_madd_epi16(s_lo, (scv)[2 * (p)]),           \
+                                                       _mm256_madd_epi16(s_hi, (scv)[2 * (p) + 1])));      \
+    }
+
+/* acc += d * dx * isum - dmin * dx * msum, lane by lane. */
+INLINE __m256 k4x8_acc(const uint8_t *blk, const uint8_t *xb, __m256i isum, __m256i msum, __m256 acc) {
+    const __m256 dx = bcastf(xb);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(scales8(blk), dx), acc);
+    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(scales8(blk + PK_DMIN), dx), acc);
+}
+
+/* Several tokens: CT <= 4 tokens' integer sums for one super-block column,
+ * sub-block by sub-block, the sub-block's 8 unpacked vectors (4 quants of
+ * each row apiece) held in registers for all CT tokens. xq: the first
+ * token's quants for this column; xs: the stride between tokens. */
+INLINE void pk4_tokens(const uint8_t *qs, const __m256i scv[8], const uint8_t *xq, size_t xs, int CT,
+                       __m256i isum[4]) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 4
+    for (int c = 0; c < CT; c++) isum[c] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) { /* sub-block j: the low (j even) or high nibbles of pair j / 2 */
+        const __m128i shift = _mm_cvtsi32_si128(4 * (j & 1));
+        const uint8_t *q = qs + 256 * (j / 2);
+        __m256i u[8];
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) u[k] = _mm256_and_si256(_mm256_srl_epi16(ld256(q + 32 * k), shift), low4);
+#pragma GCC unroll 4
+        for (int c = 0; c < CT; c++) {
+            const uint8_t *xc = xq + (size_t)c * xs + 32 * j;
+            __m256i s16 = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[k], bcast4(xc + 4 * k)));
+            isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(s16, scv[j]));
+        }
+    }
+}
+
+/* One group by C tokens. One token unpacks the nibbles as it goes; more
+ * tokens go four at a time through pk4_tokens. Integer sums are exact in
+ * any order, and the float steps per token are the same either way. */
+INLINE void pk4_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size_t xs, int C, float *y,
+                     size_t ys) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[LM_PACK_TILE];
+    for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += PK_BYTES) {
+        prefetch_ahead(w, PK_BYTES);
+        __m256i scv[8], mv[4];
+        k4x8_scales(w, scv, mv);
+        const uint8_t *qs = w + PK_QS;
+        if (C == 1) {
+            const uint8_t *xb = x + (size_t)b * X8K_BYTES, *xq = xb + X8K_QS;
+            __m256i isum = _mm256_setzero_si256();
+#define UNPACK(k, lo, hi)                                                 \
+    {                                                                     \
+        __m256i v = ld256(qs + 32 * (k));                                 \
+        lo = _mm256_and_si256(v, low4);                                   \
+        hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);             \
+    }
+            K4_PAIR(0, UNPACK, xq, scv, isum)
+            K4_PAIR(1, UNPACK, xq, scv, isum)
+            K4_PAIR(2, UNPACK, xq, scv, isum)
+            K4_PAIR(3, UNPACK, xq, scv, isum)
+#undef UNPACK
+            acc[0] = k4x8_acc(w, xb, isum, k4x8_minsum(mv, xb), acc[0]);
+            continue;
+        }
+#pragma GCC unroll 2
+        for (int c0 = 0; c0 < C; c0 += 4) {
+            const int CT = C - c0 < 4 ? C - c0 : 4;
+            __m256i isum[4];
+            pk4_tokens(qs, scv, x + (size_t)c0 * xs + (size_t)b * X8K_BYTES + X8K_QS, xs, CT, isum);
+#pragma GCC unroll 4
+            for (int c = 0; c < CT; c++) {
+                const uint8_t *xb = x + (size_t)(c0 + c) * xs + (size_t)b * X8K_BYTES;
+                acc[c0 + c] = k4x8_acc(w, xb, isum[c], k4x8_minsum(mv, xb), acc[c0 + c]);
+            }
+        }
+    }
+    for (int c = 0; c < C; c++) store_rows(y + (size_t)c * ys, nr, acc[c]);
+}
+
+void avx2_packed_gemm_q4_K(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y,
+                           size_t ys) {
+    assert(n % QK_K == 0 && nr >= 0 && nr <= LM_PACK_ROWS && nc >= 0 && nc <= LM_PACK_TILE);
+#define T(C) \
+    case C: pk4_tile(n / QK_K, wp, nr, x, xs, C, y, ys); break;
     switch (nc) { TILES(T) default: break; }
 #undef T
 }

@@ -13,7 +13,8 @@
  *
  * and, for Q8_0 and Q4_0 weights in the interleaved layout of quant.h
  * (kernels/avx2_packed.c), avx2_packed_gemm_<t> against block_q8_0s
- * activations from avx2_packed_act; for F16 weights in the panel layout
+ * activations from avx2_packed_act; for Q4_K weights likewise
+ * avx2_packed_gemm_q4_K against Q8_K activations; for F16 weights in the panel layout
  * (kernels/avx2_panel.c), avx2_packed_gemm_f16 against F32 activations.
  *
  * Contracts:
@@ -121,6 +122,8 @@ void avx2_gemm_q6_K(int64_t n, const void *w, size_t w_stride, int nr, const voi
 void avx2_packed_gemm_q8_0(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc,
                            float *y, size_t y_stride);
 void avx2_packed_gemm_q4_0(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc,
+                           float *y, size_t y_stride);
+void avx2_packed_gemm_q4_K(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc,
                            float *y, size_t y_stride);
 void avx2_packed_gemm_f16(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc,
                           float *y, size_t y_stride);
