@@ -835,11 +835,12 @@ _Static_assert(sizeof(block_q8_0s) == 40, "block_q8_0s is 40 bytes");
 static size_t pack_block_bytes(uint32_t type) {
     if (type == LM_TYPE_Q4_0) return 2 * LM_PACK_ROWS + LM_PACK_ROWS * QK4_0 / 2;
     if (type == LM_TYPE_Q8_0) return 2 * LM_PACK_ROWS + LM_PACK_ROWS * QK8_0;
+    if (type == LM_TYPE_Q5_0) return 2 * LM_PACK_ROWS + LM_PACK_ROWS * (4 + QK5_0 / 2);
     return 0;
 }
 
 int quant_pack_rows(uint32_t type) {
-    if (type == LM_TYPE_Q4_0 || type == LM_TYPE_Q8_0 || type == LM_TYPE_Q4_K) return LM_PACK_ROWS;
+    if (type == LM_TYPE_Q4_0 || type == LM_TYPE_Q5_0 || type == LM_TYPE_Q8_0 || type == LM_TYPE_Q4_K) return LM_PACK_ROWS;
     if (type == LM_TYPE_F16) return LM_PANEL_ROWS;
     return 0;
 }
@@ -862,7 +863,7 @@ size_t quant_packed_x_row_size(uint32_t type, int64_t n) {
     if (n < 0) return 0;
     if (type == LM_TYPE_F16) return (size_t)n * sizeof(float);
     if (type == LM_TYPE_Q4_K) return quant_row_size(LM_TYPE_Q8_K, n);
-    if (type == LM_TYPE_Q4_0 || type == LM_TYPE_Q8_0) return quant_packed_act_row_size(n);
+    if (type == LM_TYPE_Q4_0 || type == LM_TYPE_Q5_0 || type == LM_TYPE_Q8_0) return quant_packed_act_row_size(n);
     return 0;
 }
 
@@ -906,9 +907,10 @@ static void pack_f16(const uint8_t *src, size_t src_stride, int64_t rows, int64_
     }
 }
 
-/* Q8_0 and Q4_0: a pure byte shuffle: scales and quant bytes are copied
- * unchanged, in 4-byte chunks; padding rows are zero (zero scale, so they
- * add nothing to anything and are never stored). */
+/* Q8_0, Q4_0 and Q5_0: a pure byte shuffle: scales and the bytes after them
+ * (Q5_0: qh, then qs) are copied unchanged, in 4-byte chunks; padding rows
+ * are zero (zero scale, so they add nothing to anything and are never
+ * stored). */
 void quant_pack(uint32_t type, const void *src, size_t src_stride, int64_t rows, int64_t cols, void *dst) {
     if (type == LM_TYPE_F16) {
         assert(rows >= 0 && cols >= 0);

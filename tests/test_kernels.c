@@ -574,6 +574,7 @@ static void check_packed_type(uint32_t wt) {
 static void test_packed_q8_0(void) { check_packed_type(LM_TYPE_Q8_0); }
 static void test_packed_q4_0(void) { check_packed_type(LM_TYPE_Q4_0); }
 static void test_packed_q4_K(void) { check_packed_type(LM_TYPE_Q4_K); }
+static void test_packed_q5_0(void) { check_packed_type(LM_TYPE_Q5_0); }
 
 /* ---- F16 panels --------------------------------------------------------------- */
 
@@ -745,6 +746,7 @@ static void test_matmul_batch_invariance(void) {
     check_matmul_batch_invariance(LM_TYPE_Q8_0);
     check_matmul_batch_invariance(LM_TYPE_Q4_0);
     check_matmul_batch_invariance(LM_TYPE_Q4_K);
+    check_matmul_batch_invariance(LM_TYPE_Q5_0);
     check_matmul_batch_invariance(LM_TYPE_F16);
 }
 
@@ -767,7 +769,7 @@ static void test_table(void) {
     for (size_t ti = 0; ti < N_WEIGHT_TYPES; ti++) {
         const lm_avx2_kernels *k = avx2_kernels(weight_types[ti]);
         uint32_t wt = weight_types[ti];
-        bool packed = wt == LM_TYPE_Q8_0 || wt == LM_TYPE_Q4_0 || wt == LM_TYPE_Q4_K;
+        bool packed = wt == LM_TYPE_Q8_0 || wt == LM_TYPE_Q4_0 || wt == LM_TYPE_Q5_0 || wt == LM_TYPE_Q4_K;
         CHECKF((k->packed_gemm != NULL) == (packed || wt == LM_TYPE_F16) && (k->packed_act != NULL) == packed &&
                    (k->pack_tile == LM_PACK_TILE) == packed,
                "%s", quant_type_name(wt));
@@ -808,6 +810,7 @@ int main(void) {
     TEST_RUN(test_packed_q8_0);
     TEST_RUN(test_packed_q4_0);
     TEST_RUN(test_packed_q4_K);
+    TEST_RUN(test_packed_q5_0);
     TEST_RUN(test_matmul_batch_invariance);
     return TEST_DONE();
 }

@@ -624,7 +624,8 @@ static void test_table_kernels(void) {
  * are zero. */
 static void check_pack_layout(uint32_t type) {
     const int64_t cols = 96, nb = cols / 32;
-    const size_t qb = type == LM_TYPE_Q4_0 ? 16 : 32; /* quant bytes per row block */
+    /* bytes after the scale per row block (Q5_0: qh, then qs) */
+    const size_t qb = type == LM_TYPE_Q4_0 ? 16 : type == LM_TYPE_Q5_0 ? 20 : 32;
     const size_t bs = 16 + 8 * qb;                     /* bytes per block column */
     const size_t sb = quant_row_size(type, 32);
     for (int64_t rows = 1; rows <= 19; rows += 6) {
@@ -696,6 +697,7 @@ static void check_pack_layout_q4_K(void) {
 static void test_pack_layout(void) {
     check_pack_layout(LM_TYPE_Q4_0);
     check_pack_layout(LM_TYPE_Q8_0);
+    check_pack_layout(LM_TYPE_Q5_0);
     check_pack_layout_q4_K();
     /* other types have no interleaved layout; cols must be whole blocks
      * (F16 panels: groups of 16 rows, any cols; layout in test_kernels) */

@@ -151,6 +151,76 @@ void avx2_packed_gemm_q4_0(int64_t n, const void *wp, int nr, const void *x, siz
 #undef T
 }
 
+/* ---- Q5_0 ------------------------------------------------------------------ */
+
+#define P5_BYTES 176
+#define P5_QH 16
+#define P5_QS 48
+
+/* Bit 4 of the quants in vector k's low (hi = 0) or high (hi = 1) nibbles:
+ * elements 4k..4k+3 (+16 for the high ones) of each row take bits
+ * e..e+3 of the row's qh word, i.e. bits 4(k & 1)..+3 of qh byte k/2
+ * (+2). That byte is copied to the lane's four bytes, each byte tests its
+ * own bit, and a set bit becomes 0x10. */
+INLINE __m256i p5_bit4(__m256i qh, int k, int hi) {
+    const int byte = k / 2 + 2 * hi, sh = 4 * (k & 1);
+    const __m256i idx = _mm256_setr_epi32(0x01010101 * byte, 0x01010101 * (4 + byte), 0x01010101 * (8 + byte),
+                                          0x01010101 * (12 + byte), 0x01010101 * byte, 0x01010101 * (4 + byte),
+                                          0x01010101 * (8 + byte), 0x01010101 * (12 + byte));
+    const __m256i bit = _mm256_set1_epi32((int)(0x08040201u << sh));
+    __m256i t = _mm256_and_si256(_mm256_shuffle_epi8(qh, idx), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(t, bit), _mm256_set1_epi8(0x10));
+}
+
+/* One group (8 rows) by C tokens, as p4_tile with the fifth bit or-ed in
+ * (q in 0..31, value q - 16). A pmaddubsw pair is now up to 2*31*127 =
+ * 7874, so the eight products are summed in two int16 halves of four
+ * before pmaddwd; the offset comes off as 16 * sum(x) = 2 * s8. */
+INLINE void p5_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size_t xs, int C, float *y,
+                    size_t ys) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256 acc[LM_PACK_TILE];
+    for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += P5_BYTES) {
+        prefetch_ahead(w, P5_BYTES);
+        const __m256 dw = scales8(w);
+        const __m256i qh = ld256(w + P5_QH);
+        __m256i u[8];
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const __m256i v = ld256(w + P5_QS + 32 * k);
+            u[k] = _mm256_or_si256(_mm256_and_si256(v, low4), p5_bit4(qh, k, 0));
+            u[k + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), p5_bit4(qh, k, 1));
+        }
+#pragma GCC unroll 8 /* = LM_PACK_TILE */
+        for (int c = 0; c < C; c++) {
+            const uint8_t *xb = x + (size_t)c * xs + (size_t)b * XBS;
+            const uint8_t *q = xb + X_QS;
+            __m256i s0 = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u[0], bcast4(q)),
+                                                           _mm256_maddubs_epi16(u[1], bcast4(q + 4))),
+                                          _mm256_add_epi16(_mm256_maddubs_epi16(u[2], bcast4(q + 8)),
+                                                           _mm256_maddubs_epi16(u[3], bcast4(q + 12))));
+            __m256i s1 = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u[4], bcast4(q + 16)),
+                                                           _mm256_maddubs_epi16(u[5], bcast4(q + 20))),
+                                          _mm256_add_epi16(_mm256_maddubs_epi16(u[6], bcast4(q + 24)),
+                                                           _mm256_maddubs_epi16(u[7], bcast4(q + 28))));
+            __m256i s = _mm256_add_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones));
+            __m256i isum = _mm256_sub_epi32(s, _mm256_slli_epi32(bcast4(xb + X_S8), 1));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, bcastf(xb + X_D)), acc[c]);
+        }
+    }
+    for (int c = 0; c < C; c++) store_rows(y + (size_t)c * ys, nr, acc[c]);
+}
+
+void avx2_packed_gemm_q5_0(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y,
+                           size_t ys) {
+    assert(n % 32 == 0 && nr >= 0 && nr <= LM_PACK_ROWS && nc >= 0 && nc <= LM_PACK_TILE);
+#define T(C) \
+    case C: p5_tile(n / 32, wp, nr, x, xs, C, y, ys); break;
+    switch (nc) { TILES(T) default: break; }
+#undef T
+}
+
 /* ---- Q8_0 ------------------------------------------------------------------ */
 
 /* One group by C tokens; vector k < 8 of a block column holds quants
