@@ -7,6 +7,7 @@
  * invariant checker after every operation. (Attention numerics over the pool
  * are in test_attn.c.)
  */
+#include <assert.h>
 #include <stdint.h>
 
 #include "kv.h"
@@ -464,22 +465,25 @@ static void test_alloc_failures(void) {
     kv_pool_free(p); /* frees the live sequences too */
 }
 
-/* Random operations on many sequences, the pool checked after each; at the
- * end every block is back and every refcount is zero. */
-static void test_random_workload(void) {
-    kv_pool *p = mk_pool(LM_TYPE_F16, 1, 1, 8, 4, 40);
+/* Random operations on up to 12 sequences of p (appends, prefix commits,
+ * truncations, forks, frees; prompts from a few families so prefixes
+ * repeat), the pool checked after each. draft_truncate: truncations go back
+ * by up to 3 positions (a rejected draft) or all the way, and a truncation
+ * refused for reaching below the window is expected; otherwise they go to a
+ * random length. Counts refused appends into *n_full and frees every
+ * sequence at the end; 0 when a check failed. */
+static int random_ops(kv_pool *p, uint64_t seed, int n_seqs, int steps, bool draft_truncate, int *n_full) {
     char err[LM_ERRLEN];
-    enum { NS = 12 };
-    kv_seq *s[NS] = {0};
-    int32_t prompt[NS][128];
+    kv_seq *s[12] = {0};
+    int32_t prompt[12][128];
+    assert(n_seqs <= 12);
     lm_rng r;
-    lm_rng_seed(&r, 77);
+    lm_rng_seed(&r, seed);
     int ok = 1;
-    for (int step = 0; step < 4000 && ok; step++) {
-        int i = (int)(lm_rng_u64(&r) % NS), op = (int)(lm_rng_u64(&r) % 8);
+    for (int step = 0; step < steps && ok; step++) {
+        int i = (int)(lm_rng_u64(&r) % (uint64_t)n_seqs), op = (int)(lm_rng_u64(&r) % 8);
         if (!s[i]) {
             s[i] = kv_seq_new(p, err, sizeof err);
-            /* prompts from a few families so prefixes repeat */
             int fam = (int)(lm_rng_u64(&r) % 3);
             for (int t = 0; t < 128; t++) prompt[i][t] = fam * 100 + t % 50 + (t > 60 ? i : 0);
             kv_prefix_match(p, s[i], prompt[i], 1 + (int)(lm_rng_u64(&r) % 60), 1);
@@ -492,12 +496,19 @@ static void test_random_workload(void) {
             if (len < 120) {
                 int most = 120 - len < 9 ? 120 - len : 9;
                 rc = kv_append(p, s[i], 1 + (int)(lm_rng_u64(&r) % (uint64_t)most), err, sizeof err);
+                *n_full += rc == KV_FULL;
             }
             break;
         case 3: kv_prefix_commit(p, s[i], prompt[i], kv_seq_len(s[i]), 1); break;
-        case 4: rc = kv_truncate(p, s[i], len ? (int)(lm_rng_u64(&r) % (uint64_t)len) : 0, err, sizeof err); break;
+        case 4: {
+            int to;
+            if (draft_truncate) to = lm_rng_u64(&r) % 4 == 0 ? 0 : len - (int)(lm_rng_u64(&r) % (len < 3 ? len + 1 : 4));
+            else to = len ? (int)(lm_rng_u64(&r) % (uint64_t)len) : 0;
+            rc = kv_truncate(p, s[i], to, err, sizeof err);
+            break;
+        }
         case 5: {
-            int j = (int)(lm_rng_u64(&r) % NS);
+            int j = (int)(lm_rng_u64(&r) % (uint64_t)n_seqs);
             if (!s[j]) {
                 s[j] = kv_fork(p, s[i], err, sizeof err);
                 memcpy(prompt[j], prompt[i], sizeof prompt[i]);
@@ -506,21 +517,28 @@ static void test_random_workload(void) {
         }
         default: kv_seq_free(p, s[i]); s[i] = NULL; break;
         }
-        if (rc != KV_OK && rc != KV_FULL) ok = 0;
+        if (rc != KV_OK && rc != KV_FULL && !(draft_truncate && op == 4 && strstr(err, "window"))) ok = 0;
         if (!pool_ok(p)) {
             fprintf(stderr, "  after step %d op %d\n", step, op);
             ok = 0;
         }
     }
-    CHECK(ok);
+    for (int i = 0; i < n_seqs; i++) kv_seq_free(p, s[i]);
+    return ok;
+}
+
+/* Random operations on many sequences; at the end every block is back and
+ * every refcount is zero. */
+static void test_random_workload(void) {
+    kv_pool *p = mk_pool(LM_TYPE_F16, 1, 1, 8, 4, 40);
     kv_stats st;
+    int n_full = 0;
+    CHECK(random_ops(p, 77, 12, 4000, false, &n_full));
     kv_stats_get(p, &st);
     printf("NOTE random workload: %llu copies, %llu evictions, %llu dedups, %llu prefix blocks reused\n",
            (unsigned long long)st.n_cow, (unsigned long long)st.n_evicted, (unsigned long long)st.n_dedup,
            (unsigned long long)st.prefix_hit_blocks);
     CHECK(st.n_cow > 0 && st.n_evicted > 0 && st.prefix_hit_blocks > 0);
-    for (int i = 0; i < NS; i++) kv_seq_free(p, s[i]);
-    kv_stats_get(p, &st);
     CHECK(st.n_used == 0 && st.n_free + st.n_cached == st.n_blocks && st.n_seqs == 0);
     for (int b = 0; b < 40; b++) CHECK(kv_block_refcount(p, b) == 0);
     CHECK(pool_ok(p));
@@ -825,61 +843,14 @@ static void test_swa_fork_and_prefix(void) {
     kv_pool_free(p);
 }
 
-/* Random operations on many sequences of a two-class pool, checked after
- * each; at the end every block of both classes is back. */
+/* Random operations on many sequences of a two-class pool; at the end every
+ * block of both classes is back. */
 static void test_swa_random_workload(void) {
     static const uint8_t local[4] = {1, 1, 0, 1};
     kv_pool *p = mk_swa_pool(LM_TYPE_F16, 4, local, 7, 8, 3, 9, 60, 3); /* 60 global, 18 local blocks */
     CHECK(p);
-    char err[LM_ERRLEN];
-    enum { NS = 10 };
-    kv_seq *s[NS] = {0};
-    int32_t prompt[NS][128];
-    lm_rng r;
-    lm_rng_seed(&r, 78);
-    int ok = 1, n_full = 0;
-    for (int step = 0; step < 6000 && ok; step++) {
-        int i = (int)(lm_rng_u64(&r) % NS), op = (int)(lm_rng_u64(&r) % 8);
-        if (!s[i]) {
-            s[i] = kv_seq_new(p, err, sizeof err);
-            int fam = (int)(lm_rng_u64(&r) % 3);
-            for (int t = 0; t < 128; t++) prompt[i][t] = fam * 100 + t % 50 + (t > 60 ? i : 0);
-            kv_prefix_match(p, s[i], prompt[i], 1 + (int)(lm_rng_u64(&r) % 60), 1);
-            continue;
-        }
-        int len = kv_seq_len(s[i]);
-        int rc = KV_OK;
-        switch (op) {
-        case 0: case 1: case 2:
-            if (len < 120) {
-                int most = 120 - len < 9 ? 120 - len : 9;
-                rc = kv_append(p, s[i], 1 + (int)(lm_rng_u64(&r) % (uint64_t)most), err, sizeof err);
-                n_full += rc == KV_FULL;
-            }
-            break;
-        case 3: kv_prefix_commit(p, s[i], prompt[i], kv_seq_len(s[i]), 1); break;
-        case 4: { /* back by up to 3 positions (a rejected draft), or all the way */
-            int to = lm_rng_u64(&r) % 4 == 0 ? 0 : len - (int)(lm_rng_u64(&r) % (len < 3 ? len + 1 : 4));
-            rc = kv_truncate(p, s[i], to, err, sizeof err);
-            break;
-        }
-        case 5: {
-            int j = (int)(lm_rng_u64(&r) % NS);
-            if (!s[j]) {
-                s[j] = kv_fork(p, s[i], err, sizeof err);
-                memcpy(prompt[j], prompt[i], sizeof prompt[i]);
-            }
-            break;
-        }
-        default: kv_seq_free(p, s[i]); s[i] = NULL; break;
-        }
-        if (rc != KV_OK && rc != KV_FULL && !(op == 4 && strstr(err, "window"))) ok = 0;
-        if (!pool_ok(p)) {
-            fprintf(stderr, "  after step %d op %d\n", step, op);
-            ok = 0;
-        }
-    }
-    CHECK(ok);
+    int n_full = 0;
+    CHECK(random_ops(p, 78, 10, 6000, true, &n_full));
     kv_stats st;
     kv_stats_get(p, &st);
     printf("NOTE random workload, two classes: %llu copies, %llu evictions, %llu dedups, %llu prefix blocks "
@@ -887,8 +858,6 @@ static void test_swa_random_workload(void) {
            (unsigned long long)st.n_cow, (unsigned long long)st.n_evicted, (unsigned long long)st.n_dedup,
            (unsigned long long)st.prefix_hit_blocks, n_full);
     CHECK(st.n_cow > 0 && st.n_evicted > 0 && st.prefix_hit_blocks > 0 && n_full > 0);
-    for (int i = 0; i < NS; i++) kv_seq_free(p, s[i]);
-    kv_stats_get(p, &st);
     for (int c = 0; c < KV_N_CLASS; c++) {
         CHECK(st.cls[c].n_used == 0 && st.cls[c].n_free + st.cls[c].n_cached == st.cls[c].n_blocks);
         for (int b = 0; b < st.cls[c].n_blocks; b++) CHECK(kv_class_refcount(p, c, b) == 0);
