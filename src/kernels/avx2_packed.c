@@ -318,23 +318,6 @@ INLINE __m256i k4x8_minsum(const __m256i mv[4], const uint8_t *xb) {
     return _mm256_add_epi32(m, _mm256_madd_epi16(mv[3], _mm256_permutevar8x32_epi32(b16, _mm256_set1_epi32(5))));
 }
 
-/* The integer sum of sub-block pair p (elements 64p..64p+63) scaled:
- * vector k < 8 of the pair holds bytes 4k..4k+3 of each row's 32, their low
- * nibbles elements 64p+4k.., their high nibbles 64p+32+4k.. (in int16: at
- * most 8 * 2 * 15 * 128 = 30720). U(k, lo, hi) yields the unpacked pair. */
-#define K4_PAIR(p, U, xq, scv, isum)                                                                       \
-    {                                                                                                     \
-        __m256i s_lo = _mm256_setzero_si256(), s_hi = _mm256_setzero_si256();                             \
-        for (int k = 0; k < 8; k++) {                                                                     \
-            __m256i lo, hi;                                                                               \
-            U(8 * (p) + k, lo, hi);                                                                       \
-            s_lo = _mm256_add_epi16(s_lo, _mm256_maddubs_epi16(lo, bcast4((xq) + 64 * (p) + 4 * k)));     \
-            s_hi = _mm256_add_epi16(s_hi, _mm256_maddubs_epi16(hi, bcast4((xq) + 64 * (p) + 32 + 4 * k))); \
-        }                                                                                                 \
-        isum = _mm256_add_epi32(isum, _mm256_add_epi32(_mm256_madd_epi16(s_lo, (scv)[2 * (p)]),           \
-                                                       _mm256_madd_epi16(s_hi, (scv)[2 * (p) + 1])));      \
-    }
-
 /* acc += d * dx * isum - dmin * dx * msum, lane by lane. */
 INLINE __m256 k4x8_acc(const uint8_t *blk, const uint8_t *xb, __m256i isum, __m256i msum, __m256 acc) {
     const __m256 dx = bcastf(xb);
@@ -342,10 +325,13 @@ INLINE __m256 k4x8_acc(const uint8_t *blk, const uint8_t *xb, __m256i isum, __m2
     return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(scales8(blk + PK_DMIN), dx), acc);
 }
 
-/* Several tokens: CT <= 4 tokens' integer sums for one super-block column,
- * sub-block by sub-block, the sub-block's 8 unpacked vectors (4 quants of
- * each row apiece) held in registers for all CT tokens. xq: the first
- * token's quants for this column; xs: the stride between tokens. */
+/* CT <= 4 tokens' integer sums for one super-block column (one token in
+ * decode), sub-block by sub-block: sub-block j is the low (j even) or high
+ * nibbles of vectors 8(j/2)..8(j/2)+7, whose bytes 4k..4k+3 of each row
+ * hold elements 32j+4k..+3; its 8 unpacked vectors stay in registers for
+ * all CT tokens. The 8 pmaddubsw results add in int16 (at most 8 * 2 * 15 *
+ * 128 = 30720) before the scale's pmaddwd. xq: the first token's quants
+ * for this column; xs: the stride between tokens. */
 INLINE void pk4_tokens(const uint8_t *qs, const __m256i scv[8], const uint8_t *xq, size_t xs, int CT,
                        __m256i isum[4]) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
@@ -368,12 +354,9 @@ INLINE void pk4_tokens(const uint8_t *qs, const __m256i scv[8], const uint8_t *x
     }
 }
 
-/* One group by C tokens. One token unpacks the nibbles as it goes; more
- * tokens go four at a time through pk4_tokens. Integer sums are exact in
- * any order, and the float steps per token are the same either way. */
+/* One group by C tokens, four at a time through pk4_tokens. */
 INLINE void pk4_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size_t xs, int C, float *y,
                      size_t ys) {
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
     __m256 acc[LM_PACK_TILE];
     for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += PK_BYTES) {
@@ -381,23 +364,6 @@ INLINE void pk4_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, siz
         __m256i scv[8], mv[4];
         k4x8_scales(w, scv, mv);
         const uint8_t *qs = w + PK_QS;
-        if (C == 1) {
-            const uint8_t *xb = x + (size_t)b * X8K_BYTES, *xq = xb + X8K_QS;
-            __m256i isum = _mm256_setzero_si256();
-#define UNPACK(k, lo, hi)                                                 \
-    {                                                                     \
-        __m256i v = ld256(qs + 32 * (k));                                 \
-        lo = _mm256_and_si256(v, low4);                                   \
-        hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);             \
-    }
-            K4_PAIR(0, UNPACK, xq, scv, isum)
-            K4_PAIR(1, UNPACK, xq, scv, isum)
-            K4_PAIR(2, UNPACK, xq, scv, isum)
-            K4_PAIR(3, UNPACK, xq, scv, isum)
-#undef UNPACK
-            acc[0] = k4x8_acc(w, xb, isum, k4x8_minsum(mv, xb), acc[0]);
-            continue;
-        }
 #pragma GCC unroll 2
         for (int c0 = 0; c0 < C; c0 += 4) {
             const int CT = C - c0 < 4 ? C - c0 : 4;
