@@ -93,6 +93,27 @@ static float exp_sum_scalar(float *x, int n, float m) {
     return s;
 }
 
+/* dst = src * c over a row of n (a multiple of 8 on the SIMD path). */
+static void scale_row(bool simd, float *dst, const float *src, int n, float c) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (simd) {
+        attn_scale_avx2(dst, src, n, c);
+        return;
+    }
+#endif
+    for (int i = 0; i < n; i++) dst[i] = src[i] * c;
+}
+
+/* The largest of x[0 .. n), n >= 1. */
+static float row_max(bool simd, const float *x, int n) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (simd) return attn_max_avx2(x, n);
+#endif
+    float m = x[0];
+    for (int i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
 /* n elements of the pool's type at src to floats. */
 static void convert_rows(uint32_t type, bool simd, const uint8_t *src, float *dst, int n) {
     if (type == LM_TYPE_F16) {
@@ -259,7 +280,7 @@ static void subtile(const tile_args *a, int i0, int nq, int qpos0, attn_scratch 
     bool simd = scr->simd;
     for (int r = 0; r < R; r++) {
         const float *src = a->q + (size_t)(i0 + r / G) * a->q_stride + (size_t)(kh * G + r % G) * hd;
-        for (int d = 0; d < hd; d++) scr->qs[(size_t)r * hd + d] = src[d] * a->scale;
+        scale_row(simd, scr->qs + (size_t)r * hd, src, hd, a->scale);
         scr->m[r] = -INFINITY;
         scr->l[r] = 0;
     }
@@ -293,8 +314,7 @@ static void subtile(const tile_args *a, int i0, int nq, int qpos0, attn_scratch 
                 memset(s, 0, (size_t)nk * sizeof(float));
                 continue;
             }
-            float mx = s[lo];
-            for (int t = lo + 1; t < vis; t++) mx = s[t] > mx ? s[t] : mx;
+            float mx = row_max(simd, s + lo, vis - lo);
             float m_new = mx > scr->m[r] ? mx : scr->m[r];
             float sum;
 #if defined(__x86_64__) || defined(__i386__)
@@ -308,7 +328,7 @@ static void subtile(const tile_args *a, int i0, int nq, int qpos0, attn_scratch 
                 float corr = expf(scr->m[r] - m_new); /* 0 on the first visible chunk */
                 scr->l[r] *= corr;
                 float *o = scr->o + (size_t)r * hd;
-                for (int d = 0; d < hd; d++) o[d] *= corr;
+                scale_row(simd, o, o, hd, corr);
                 scr->m[r] = m_new;
             }
             scr->l[r] += sum;
@@ -326,8 +346,7 @@ static void subtile(const tile_args *a, int i0, int nq, int qpos0, attn_scratch 
         const float *o = scr->o + (size_t)r * hd;
         if (a->out) {
             float *dst = a->out + (size_t)(i0 + r / G) * a->out_stride + (size_t)(kh * G + r % G) * hd;
-            float inv = 1.0f / scr->l[r];
-            for (int d = 0; d < hd; d++) dst[d] = o[d] * inv;
+            scale_row(simd, dst, o, hd, 1.0f / scr->l[r]);
         } else {
             size_t row = (size_t)i0 * G + (size_t)r;
             memcpy(a->po + row * hd, o, (size_t)hd * sizeof(float));

@@ -20,6 +20,8 @@
 #include <stdint.h>
 
 #include "attn.h"
+#include "kernels/avx2_attn.h"
+#include "kernels/kernels.h"
 #include "kv.h"
 #include "quant.h"
 #include "test.h"
@@ -537,8 +539,63 @@ static void test_scratch_is_bounded(void) {
     data_free(&d);
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+/* The SIMD inner loops against their contracts, bit for bit: P·V is one
+ * fmaf chain per output element over the keys in order, whatever the row
+ * count (tiles of 6 and every tail) or head dim (16 columns at a time and an
+ * 8-column tail); the row max and the row scaling are exact. */
+static void test_simd_kernels(void) {
+    if (!cpu_has_avx2()) {
+        printf("NOTE no AVX2: SIMD attention kernels not tested\n");
+        return;
+    }
+    lm_rng r;
+    lm_rng_seed(&r, 77);
+    static const int hds[] = {8, 16, 24, 64, 72, 128};
+    enum { RM = 13, NK = 67, HM = 128 };
+    float *P = malloc(sizeof(float) * RM * NK), *V = malloc(sizeof(float) * NK * HM);
+    float *O = malloc(sizeof(float) * RM * HM), *want = malloc(sizeof(float) * RM * HM);
+    const float *vrow[NK];
+    for (int i = 0; i < RM * NK; i++) P[i] = (float)lm_rng_uniform(&r) - 0.25f;
+    for (int i = 0; i < NK * HM; i++) V[i] = lm_rng_normal(&r);
+    int bad = 0;
+    for (size_t hi = 0; hi < sizeof hds / sizeof hds[0]; hi++) {
+        int hd = hds[hi];
+        for (int t = 0; t < NK; t++) vrow[t] = V + (size_t)(NK - 1 - t) * HM; /* rows anywhere */
+        for (int R = 1; R <= RM; R++)
+            for (int nk = 1; nk <= NK; nk += 11) {
+                for (int i = 0; i < R * hd; i++) O[i] = want[i] = (float)(i % 5) - 2.0f;
+                for (int rr = 0; rr < R; rr++)
+                    for (int d = 0; d < hd; d++)
+                        for (int t = 0; t < nk; t++)
+                            want[rr * hd + d] = fmaf(P[rr * NK + t], vrow[t][d], want[rr * hd + d]);
+                attn_pv_avx2(O, R, hd, P, NK, vrow, nk);
+                if (memcmp(O, want, sizeof(float) * (size_t)(R * hd)) && !bad) bad = hd * 10000 + R * 100 + nk;
+            }
+    }
+    CHECKF(!bad, "P·V differs from the fmaf chains at hd %d, %d rows, %d keys", bad / 10000, bad / 100 % 100,
+           bad % 100);
+    for (int off = 0; off < 3; off++)
+        for (int n = 1; n <= 40; n++) {
+            const float *x = P + off;
+            float m = x[0];
+            for (int i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
+            CHECKF(attn_max_avx2(x, n) == m, "max of %d from %d", n, off);
+        }
+    attn_scale_avx2(O, V, 72, 0.37f);
+    for (int i = 0; i < 72; i++) CHECKF(O[i] == V[i] * 0.37f, "scale %d", i);
+    free(P);
+    free(V);
+    free(O);
+    free(want);
+}
+#endif
+
 int main(void) {
     quant_init();
+#if defined(__x86_64__) || defined(__i386__)
+    TEST_RUN(test_simd_kernels);
+#endif
     TEST_RUN(test_f32_every_block_size);
     TEST_RUN(test_f16_and_q8_0);
     TEST_RUN(test_head_shapes);

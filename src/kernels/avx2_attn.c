@@ -2,11 +2,14 @@
  * avx2_attn.c - AVX2/FMA/F16C inner loops of the tiled attention kernel
  * (contracts in avx2_attn.h; attn.c has the scalar reference of each).
  *
- * Scores: a 2-row x 4-key register block (8 accumulators of 8 lanes, so
- * both FMA pipes stay busy across their latency), reduced with three
- * horizontal adds into 4 sums per row. P·V: a 2-row x 32-column block of
- * accumulators that live in registers across the whole key loop; each value
- * row is loaded once for both rows. exp: Cody-Waite range reduction
+ * Scores: 3-row (and 2-row) x 4-key register blocks (12 or 8 accumulators
+ * of 8 lanes, so both FMA pipes stay busy across their latency), reduced
+ * with three horizontal adds into 4 sums per row. P·V: 6-row x 16-column
+ * tiles of accumulators that live in registers across the whole key loop,
+ * each value vector loaded once for the 6 rows (the former 3-row x
+ * 32-column block needed 12 accumulators plus 4 value vectors, more than the
+ * 16 registers, and was spilled to the stack at every key: twice as slow).
+ * Row max and row scaling for the online softmax, 8 lanes at a time. exp: Cody-Waite range reduction
  * x = n ln2 + r, |r| <= ln2/2, a degree-7 polynomial for e^r (the classic
  * Cephes single-precision coefficients, ~1 ulp), and 2^n built in the
  * exponent field; inputs are clamped to [-87.3, 88.3], so e^x never becomes
@@ -120,89 +123,73 @@ void attn_scores_avx2(const float *Q, int R, int hd, const float *const *krow, i
     }
 }
 
-/* O rows o0 (and o1 unless NULL), columns d0 .. d0+8*w, w <= 4. */
-static inline void pv_block(float *o0, float *o1, int w, const float *p0, const float *p1,
-                            const float *const *vrow, int nk, int d0) {
-    __m256 a[4], b[4];
-    for (int j = 0; j < w; j++) {
-        a[j] = _mm256_loadu_ps(o0 + d0 + 8 * j);
-        b[j] = o1 ? _mm256_loadu_ps(o1 + d0 + 8 * j) : _mm256_setzero_ps();
-    }
-    if (w == 4 && o1) {
-        for (int t = 0; t < nk; t++) {
-            const float *v = vrow[t] + d0;
-            __m256 x = _mm256_broadcast_ss(p0 + t), y = _mm256_broadcast_ss(p1 + t);
-            __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
-            __m256 v2 = _mm256_loadu_ps(v + 16), v3 = _mm256_loadu_ps(v + 24);
-            a[0] = _mm256_fmadd_ps(x, v0, a[0]), a[1] = _mm256_fmadd_ps(x, v1, a[1]);
-            a[2] = _mm256_fmadd_ps(x, v2, a[2]), a[3] = _mm256_fmadd_ps(x, v3, a[3]);
-            b[0] = _mm256_fmadd_ps(y, v0, b[0]), b[1] = _mm256_fmadd_ps(y, v1, b[1]);
-            b[2] = _mm256_fmadd_ps(y, v2, b[2]), b[3] = _mm256_fmadd_ps(y, v3, b[3]);
-        }
-    } else {
-        for (int t = 0; t < nk; t++) {
-            const float *v = vrow[t] + d0;
-            __m256 x = _mm256_broadcast_ss(p0 + t), y = o1 ? _mm256_broadcast_ss(p1 + t) : x;
-            for (int j = 0; j < w; j++) {
-                __m256 vj = _mm256_loadu_ps(v + 8 * j);
-                a[j] = _mm256_fmadd_ps(x, vj, a[j]);
-                if (o1) b[j] = _mm256_fmadd_ps(y, vj, b[j]);
-            }
-        }
-    }
-    for (int j = 0; j < w; j++) {
-        _mm256_storeu_ps(o0 + d0 + 8 * j, a[j]);
-        if (o1) _mm256_storeu_ps(o1 + d0 + 8 * j, b[j]);
-    }
-}
-
-/* Rows o0, o1, o2, columns d0 .. d0+31: each row accumulated exactly as
- * in pv_block (a third row only shares the value loads). */
-static inline void pv_block3(float *o0, int hd, const float *p0, int p_stride, const float *const *vrow, int nk,
-                             int d0) {
-    float *o1 = o0 + hd, *o2 = o1 + hd;
-    const float *p1 = p0 + p_stride, *p2 = p1 + p_stride;
-    __m256 a[4], b[4], c[4];
-    for (int j = 0; j < 4; j++) {
-        a[j] = _mm256_loadu_ps(o0 + d0 + 8 * j);
-        b[j] = _mm256_loadu_ps(o1 + d0 + 8 * j);
-        c[j] = _mm256_loadu_ps(o2 + d0 + 8 * j);
-    }
+/* O rows [0, C) (hd apart) x columns [d0, d0 + 8 W), W = 1 or 2, against
+ * keys [0, nk): per key one value load per 8 columns feeds C FMAs, each
+ * row's probability broadcast once; with C = 6, W = 2 the 12 accumulators,
+ * two value vectors and one broadcast fill 15 registers. Every output
+ * element is its own chain o = fma(p_t, v_t, o) over t in order, so the
+ * bits do not depend on the tiling of rows or columns. */
+#define INLINE static inline __attribute__((always_inline))
+INLINE void pv_tile(float *O, int hd, const float *P, int p_stride, const float *const *vrow, int nk, int d0, int C,
+                    int W) {
+    __m256 acc[6][2];
+#pragma GCC unroll 6
+    for (int c = 0; c < C; c++)
+#pragma GCC unroll 2
+        for (int w = 0; w < W; w++) acc[c][w] = _mm256_loadu_ps(O + (size_t)c * hd + d0 + 8 * w);
     for (int t = 0; t < nk; t++) {
         const float *v = vrow[t] + d0;
-        __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
-        __m256 v2 = _mm256_loadu_ps(v + 16), v3 = _mm256_loadu_ps(v + 24);
-        __m256 x = _mm256_broadcast_ss(p0 + t);
-        a[0] = _mm256_fmadd_ps(x, v0, a[0]), a[1] = _mm256_fmadd_ps(x, v1, a[1]);
-        a[2] = _mm256_fmadd_ps(x, v2, a[2]), a[3] = _mm256_fmadd_ps(x, v3, a[3]);
-        x = _mm256_broadcast_ss(p1 + t);
-        b[0] = _mm256_fmadd_ps(x, v0, b[0]), b[1] = _mm256_fmadd_ps(x, v1, b[1]);
-        b[2] = _mm256_fmadd_ps(x, v2, b[2]), b[3] = _mm256_fmadd_ps(x, v3, b[3]);
-        x = _mm256_broadcast_ss(p2 + t);
-        c[0] = _mm256_fmadd_ps(x, v0, c[0]), c[1] = _mm256_fmadd_ps(x, v1, c[1]);
-        c[2] = _mm256_fmadd_ps(x, v2, c[2]), c[3] = _mm256_fmadd_ps(x, v3, c[3]);
+        __m256 v0 = _mm256_loadu_ps(v), v1 = W > 1 ? _mm256_loadu_ps(v + 8) : v0;
+#pragma GCC unroll 6
+        for (int c = 0; c < C; c++) {
+            __m256 x = _mm256_broadcast_ss(P + (size_t)c * p_stride + t);
+            acc[c][0] = _mm256_fmadd_ps(x, v0, acc[c][0]);
+            if (W > 1) acc[c][1] = _mm256_fmadd_ps(x, v1, acc[c][1]);
+        }
     }
-    for (int j = 0; j < 4; j++) {
-        _mm256_storeu_ps(o0 + d0 + 8 * j, a[j]);
-        _mm256_storeu_ps(o1 + d0 + 8 * j, b[j]);
-        _mm256_storeu_ps(o2 + d0 + 8 * j, c[j]);
-    }
+#pragma GCC unroll 6
+    for (int c = 0; c < C; c++)
+#pragma GCC unroll 2
+        for (int w = 0; w < W; w++) _mm256_storeu_ps(O + (size_t)c * hd + d0 + 8 * w, acc[c][w]);
+}
+
+/* Rows [0, C) of O, every column: 16 at a time, then 8. */
+INLINE void pv_rows(float *O, int hd, const float *P, int p_stride, const float *const *vrow, int nk, int C) {
+    int d0 = 0;
+    for (; d0 + 16 <= hd; d0 += 16) pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 2);
+    if (d0 < hd) pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 1);
 }
 
 void attn_pv_avx2(float *O, int R, int hd, const float *P, int p_stride, const float *const *vrow, int nk) {
-    int r = 0;
-    if (hd % 32 == 0) /* three rows at a time where the columns go in fours of 8 */
-        for (; r + 3 <= R; r += 3)
-            for (int d0 = 0; d0 < hd; d0 += 32)
-                pv_block3(O + (size_t)r * hd, hd, P + (size_t)r * p_stride, p_stride, vrow, nk, d0);
-    for (; r < R; r += 2) {
-        float *o0 = O + (size_t)r * hd, *o1 = r + 1 < R ? o0 + hd : NULL;
-        const float *p0 = P + (size_t)r * p_stride, *p1 = p0 + p_stride;
-        for (int d0 = 0; d0 < hd; d0 += 32) {
-            int w = (hd - d0) / 8 < 4 ? (hd - d0) / 8 : 4;
-            pv_block(o0, o1, w, p0, p1, vrow, nk, d0);
+    for (int r = 0; r < R; r += 6) {
+        float *o = O + (size_t)r * hd;
+        const float *p = P + (size_t)r * p_stride;
+        switch (R - r < 6 ? R - r : 6) {
+        case 1: pv_rows(o, hd, p, p_stride, vrow, nk, 1); break;
+        case 2: pv_rows(o, hd, p, p_stride, vrow, nk, 2); break;
+        case 3: pv_rows(o, hd, p, p_stride, vrow, nk, 3); break;
+        case 4: pv_rows(o, hd, p, p_stride, vrow, nk, 4); break;
+        case 5: pv_rows(o, hd, p, p_stride, vrow, nk, 5); break;
+        default: pv_rows(o, hd, p, p_stride, vrow, nk, 6); break;
         }
     }
+}
+
+float attn_max_avx2(const float *x, int n) {
+    __m256 m = _mm256_set1_ps(x[0]);
+    int t = 0;
+    for (; t + 8 <= n; t += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + t));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    float r = _mm_cvtss_f32(h);
+    for (; t < n; t++) r = x[t] > r ? x[t] : r;
+    return r;
+}
+
+void attn_scale_avx2(float *dst, const float *src, int n, float c) {
+    const __m256 vc = _mm256_set1_ps(c);
+    for (int i = 0; i < n; i += 8) _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_loadu_ps(src + i), vc));
 }
 
 float attn_exp_sum_avx2(float *x, int n, float m) {

@@ -13,6 +13,10 @@
 void attn_scores_avx2(const float *Q, int R, int hd, const float *const *krow, int nk, float *S, int s_stride);
 /* O[r*hd + d] += Σ_{t < nk} P[r*p_stride + t] * vrow[t][d], r < R, d < hd. */
 void attn_pv_avx2(float *O, int R, int hd, const float *P, int p_stride, const float *const *vrow, int nk);
+/* max of x[0 .. n), n >= 1 (no NaNs). */
+float attn_max_avx2(const float *x, int n);
+/* dst[i] = src[i] * c, i < n (n a multiple of 8; dst may be src). */
+void attn_scale_avx2(float *dst, const float *src, int n, float c);
 /* x[t] = exp(x[t] - m) for t < n (every x[t] <= m); returns Σ x[t]. */
 float attn_exp_sum_avx2(float *x, int n, float m);
 /* n halves (n a multiple of 8) to floats; exact. */
