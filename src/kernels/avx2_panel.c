@@ -13,6 +13,11 @@
  * conversions in the row-major dot-product tile: the FMA units, not the
  * F16 conversions, set the pace. The 12 accumulators, the two weight
  * vectors and one broadcast fill the 16 registers; no horizontal sums.
+ * The loop over k is unrolled twice and each token's row has its own base
+ * register indexed by k: 44 instructions per 24 FMAs instead of 54 (the
+ * compiler otherwise rebuilds token addresses from one pointer with LEAs
+ * every step). When another tenant shares the core, instructions, not
+ * FMAs, are the limit: 1.15-1.2x on a 512-token product in that state.
  *
  * Each (row, token) has its own accumulator lanes: the row splits into four
  * segments (quant.h), each an fmaf chain acc = fma(w[k], x[k], acc) from
@@ -60,7 +65,11 @@ INLINE void panel_seg(int64_t k0, int64_t k1, const uint16_t *p, const uint8_t *
     for (int c = 0; c < 6; c++) acc[c][0] = acc[c][1] = _mm256_setzero_ps();
     const float *xr[6];
 #pragma GCC unroll 6
-    for (int c = 0; c < 6; c++) xr[c] = (const float *)(const void *)(x + (size_t)(c < C ? c : 0) * xs);
+    for (int c = 0; c < 6; c++) {
+        xr[c] = (const float *)(const void *)(x + (size_t)(c < C ? c : 0) * xs);
+        __asm__("" : "+r"(xr[c])); /* opaque: one base register per token, indexed by k */
+    }
+#pragma GCC unroll 2
     for (int64_t k = k0; k < k1; k++) {
         const __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 16 * k)));
         const __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 16 * k + 8)));
