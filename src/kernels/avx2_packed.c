@@ -116,6 +116,7 @@ INLINE void p4_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size
                     size_t ys) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     __m256 acc[LM_PACK_TILE];
+#pragma GCC unroll 8 /* vector stores, not a rep stos (slow to start) */
     for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += P4_BYTES) {
         prefetch_ahead(w, P4_BYTES);
@@ -180,6 +181,7 @@ INLINE void p5_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size
                     size_t ys) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     __m256 acc[LM_PACK_TILE];
+#pragma GCC unroll 8 /* vector stores, not a rep stos (slow to start) */
     for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += P5_BYTES) {
         prefetch_ahead(w, P5_BYTES);
@@ -229,6 +231,7 @@ INLINE void p8_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size
                     size_t ys) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[LM_PACK_TILE];
+#pragma GCC unroll 8 /* vector stores, not a rep stos (slow to start) */
     for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += P8_BYTES) {
         prefetch_ahead(w, P8_BYTES);
@@ -358,6 +361,7 @@ INLINE void pk4_tokens(const uint8_t *qs, const __m256i scv[8], const uint8_t *x
 INLINE void pk4_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size_t xs, int C, float *y,
                      size_t ys) {
     __m256 acc[LM_PACK_TILE];
+#pragma GCC unroll 8 /* vector stores, not a rep stos (slow to start) */
     for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += PK_BYTES) {
         prefetch_ahead(w, PK_BYTES);
