@@ -340,12 +340,15 @@ INLINE void pk4_tokens(const uint8_t *qs, const __m256i scv[8], const uint8_t *x
     const __m256i low4 = _mm256_set1_epi8(0x0F);
 #pragma GCC unroll 4
     for (int c = 0; c < CT; c++) isum[c] = _mm256_setzero_si256();
+#pragma GCC unroll 2
     for (int j = 0; j < 8; j++) { /* sub-block j: the low (j even) or high nibbles of pair j / 2 */
-        const __m128i shift = _mm_cvtsi32_si128(4 * (j & 1));
         const uint8_t *q = qs + 256 * (j / 2);
         __m256i u[8];
 #pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) u[k] = _mm256_and_si256(_mm256_srl_epi16(ld256(q + 32 * k), shift), low4);
+        for (int k = 0; k < 8; k++) {
+            const __m256i v = ld256(q + 32 * k);
+            u[k] = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(v, 4) : v, low4);
+        }
 #pragma GCC unroll 4
         for (int c = 0; c < CT; c++) {
             const uint8_t *xc = xq + (size_t)c * xs + 32 * j;
