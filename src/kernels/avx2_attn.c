@@ -9,11 +9,12 @@
  * each value vector loaded once for the 6 rows (the former 3-row x
  * 32-column block needed 12 accumulators plus 4 value vectors, more than the
  * 16 registers, and was spilled to the stack at every key: twice as slow).
- * Row max and row scaling for the online softmax, 8 lanes at a time. exp: Cody-Waite range reduction
- * x = n ln2 + r, |r| <= ln2/2, a degree-7 polynomial for e^r (the classic
- * Cephes single-precision coefficients, ~1 ulp), and 2^n built in the
- * exponent field; inputs are clamped to [-87.3, 88.3], so e^x never becomes
- * a subnormal or infinity (the kernel only feeds x <= 0).
+ * Row max and row scaling for the online softmax, 8 lanes at a time.
+ * exp: Cody-Waite range reduction x = n ln2 + r, |r| <= ln2/2, a degree-7
+ * polynomial for e^r (the classic Cephes single-precision coefficients,
+ * ~1 ulp), and 2^n built in the exponent field; inputs are clamped to
+ * [-87.3, 88.3], so e^x never becomes a subnormal or infinity (the kernel
+ * only feeds x <= 0).
  */
 #if defined(__x86_64__) || defined(__i386__)
 

@@ -672,10 +672,56 @@ float avx2_vec_dot_q5_K(int64_t n, const void *w, const void *x) {
     return y;
 }
 
+/* One Q6_K row against one Q8_K row (decode): k_prep and k_dot fused, each
+ * chunk's quants and scales formed just before their products instead of
+ * into a krow (17 vectors, which did not fit the registers and went through
+ * the stack). The same integers and the same float steps as k_tile with one
+ * row and one token, so the same bits. */
 float avx2_vec_dot_q6_K(int64_t n, const void *w, const void *x) {
-    float y;
-    k_tile(KQ6_K, n, w, 0, 1, x, 0, 1, &y, 1);
-    return y;
+    const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
+    const uint8_t *blk = w, *xb = x;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++, blk += sizeof(block_q6_K), xb += sizeof(block_q8_K)) {
+        prefetch_ahead(blk, sizeof(block_q6_K));
+        const uint8_t *ql = blk + offsetof(block_q6_K, ql), *qh = blk + offsetof(block_q6_K, qh);
+        const uint8_t *xq = xb + Q8K_QS;
+        const __m256i s16 = _mm256_cvtepi8_epi16(
+            _mm_loadu_si128((const __m128i *)(const void *)(blk + offsetof(block_q6_K, scales))));
+        const __m256i lo = _mm256_permute4x64_epi64(s16, 0x44), hi = _mm256_permute4x64_epi64(s16, 0xEE);
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        /* chunk j = 4h + c as in k_prep; its scales: scales[2j], scales[2j+1] */
+#define Q6STEP(j, u)                                                                                \
+    {                                                                                               \
+        const int t = (j) % 4;                                                                      \
+        const __m256i idx = _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 * (4 * t + 3) + 4 * t + 2)), \
+                                             _mm_set1_epi16((short)(0x0100 * (4 * t + 1) + 4 * t)));  \
+        const __m256i sc = _mm256_shuffle_epi8((j) < 4 ? lo : hi, idx);                             \
+        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, ld256(xq + 32 * (j))), sc);           \
+        if ((j) & 1) s1 = _mm256_add_epi32(s1, p);                                                  \
+        else s0 = _mm256_add_epi32(s0, p);                                                          \
+    }
+#define Q6H(h)                                                                                      \
+    {                                                                                               \
+        const __m256i l0 = ld256(ql + 64 * (h)), l1 = ld256(ql + 64 * (h) + 32), hv = ld256(qh + 32 * (h)); \
+        Q6STEP(4 * (h) + 0, _mm256_or_si256(_mm256_and_si256(l0, low4),                           \
+                                            _mm256_and_si256(_mm256_slli_epi16(hv, 4), top2)))      \
+        Q6STEP(4 * (h) + 1, _mm256_or_si256(_mm256_and_si256(l1, low4),                           \
+                                            _mm256_and_si256(_mm256_slli_epi16(hv, 2), top2)))      \
+        Q6STEP(4 * (h) + 2, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),     \
+                                            _mm256_and_si256(hv, top2)))                            \
+        Q6STEP(4 * (h) + 3, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),     \
+                                            _mm256_and_si256(_mm256_srli_epi16(hv, 2), top2)))      \
+    }
+        Q6H(0) Q6H(1)
+#undef Q6H
+#undef Q6STEP
+        __m256i si = _mm256_add_epi32(s0, s1);
+        const __m256i corr = _mm256_madd_epi16(ld256(xb + Q8K_BSUMS), s16);
+        si = _mm256_sub_epi32(si, _mm256_slli_epi32(corr, 5));
+        const float d = _cvtsh_ss(ld16(blk + offsetof(block_q6_K, d)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_set1_ps(ldf(xb) * d), acc);
+    }
+    return hsum8(acc);
 }
 
 #define KT(R, C) \
