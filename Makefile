@@ -4,6 +4,7 @@
 #   make demo       run the bundled model on "Once upon a time"
 #   make asan       the test suite under AddressSanitizer + UBSan (build/asan/)
 #   make fuzz       libFuzzer targets for the parsers, run for FUZZ_SECONDS each
+#   make check-layers  fail on an include that points down the layer map (src/README.md)
 #   make bench      build the micro-benchmarks in bench/ (lamina bench measures the model)
 #   make install    copy lamina to $(PREFIX)/bin
 
@@ -17,14 +18,14 @@ CFLAGS  += $(OPT) $(CFLAGS_BASE)
 LDLIBS  += -lpcre2-8 -lmicrohttpd -lcjson -lpthread -lm
 SIMD_FLAGS = -mavx2 -mfma -mf16c
 
-SRC      := $(wildcard src/*.c)
-KSRC     := $(wildcard src/kernels/*.c)
-OBJ      := $(SRC:src/%.c=$(BUILD)/obj/%.o) $(KSRC:src/kernels/%.c=$(BUILD)/obj/kernels/%.o)
+# Sources live one folder per layer (src/README.md has the map).
+SRC      := $(wildcard src/*/*.c)
+OBJ      := $(SRC:src/%.c=$(BUILD)/obj/%.o)
 LIB      := $(BUILD)/liblamina.a
 TESTSRC  := $(wildcard tests/test_*.c)
 TESTBIN  := $(TESTSRC:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all test demo asan fuzz install clean bench
+.PHONY: all test demo asan fuzz install clean bench check-layers
 
 all: $(BUILD)/lamina $(TESTBIN)
 
@@ -37,10 +38,6 @@ $(BUILD)/obj/%.o: src/%.c
 $(BUILD)/obj/kernels/avx2_%.o: src/kernels/avx2_%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(SIMD_FLAGS) -c $< -o $@
-
-$(BUILD)/obj/kernels/%.o: src/kernels/%.c
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
 
 $(LIB): $(OBJ)
 	@rm -f $@
@@ -62,6 +59,10 @@ $(BUILD)/tests/%: tests/%.c tests/test.h $(LIB)
 
 test: all
 	BUILD=$(BUILD) bash tests/run.sh
+
+# The include rules of src/README.md: no include points down the layer map.
+check-layers:
+	python3 scripts/check_layers.py
 
 demo: $(BUILD)/lamina
 	./$(BUILD)/lamina run -m models/stories260K.gguf -p "Once upon a time" -n 100 --temp 0

@@ -1,16 +1,9 @@
 /*
  * bench_attn.c - the tiled paged attention kernel against plain loops.
  *
- * Build (from the repository root), after `make`:
- *   cc -std=c11 -O2 -D_GNU_SOURCE -Isrc bench/bench_attn.c build/liblamina.a -lpcre2-8 -lpthread -lm \
- *      -o build/bench_attn
- * or from the sources it needs:
- *   for k in attn quant; do cc -std=c11 -O2 -D_GNU_SOURCE -Isrc -mavx2 -mfma -mf16c \
- *       -c src/kernels/avx2_$k.c -o /tmp/avx2_$k.o; done
- *   cc -std=c11 -O2 -D_GNU_SOURCE -Isrc bench/bench_attn.c src/attn.c src/kv.c src/sha256.c src/quant.c \
- *      src/util.c src/kernels/cpu.c /tmp/avx2_attn.o /tmp/avx2_quant.o -lpthread -lm -o /tmp/bench_attn
+ * Build: `make bench` (build/bench_attn).
  *
- * Run: /tmp/bench_attn [-H 32] [-K 8] [-D 128] [-c 1024,4096,8192] [-q 64] [-b 16] [--mem-ctx 4096] [--scalar]
+ * Run: build/bench_attn [-H 32] [-K 8] [-D 128] [-c 1024,4096,8192] [-q 64] [-b 16] [--mem-ctx 4096] [--scalar]
  *                      [--no-plain]   (--mem-ctx 0 skips the memory part, -c 0 the speed part)
  *
  * One layer, one thread, block size 16 (-b). For each context length T and each
@@ -37,10 +30,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "attn.h"
-#include "kv.h"
-#include "quant.h"
-#include "util.h"
+#include "kv/attn.h"
+#include "kv/kv.h"
+#include "format/quant.h"
+#include "base/util.h"
 
 typedef struct {
     int nh, nkv, hd, T;

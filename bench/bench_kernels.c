@@ -28,15 +28,7 @@
  * the wall clock; each figure is the best of 8 rounds (the machine may be
  * shared). Usage: bench_kernels [-t THREADS] [-s SECONDS] [TYPE...]
  *
- * Build against the library (after make):
- *   cc -std=c11 -O2 -D_GNU_SOURCE -Isrc -Iinclude bench/bench_kernels.c \
- *      build/liblamina.a -lpcre2-8 -lpthread -lm -o build/bench_kernels
- * or by hand (the avx2_* files need the SIMD flags):
- *   F="-std=c11 -O2 -g -Wall -Wextra -Werror -D_GNU_SOURCE -Isrc -Iinclude"
- *   for f in src/kernels/avx2_*.c; do
- *       cc $F -mavx2 -mfma -mf16c -c $f -o /tmp/$(basename $f .c).o; done
- *   cc $F bench/bench_kernels.c src/util.c src/quant.c src/kernels/cpu.c \
- *      /tmp/avx2_*.o -lpthread -lm -o /tmp/bench_kernels
+ * Build: `make bench` (build/bench_kernels).
  */
 #include <math.h>
 #include <pthread.h>
@@ -46,8 +38,8 @@
 #include <time.h>
 
 #include "kernels/kernels.h"
-#include "quant.h"
-#include "util.h"
+#include "format/quant.h"
+#include "base/util.h"
 
 #define COPY_BYTES (192u << 20)
 #define PANEL 64

@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gguf.h"
-#include "util.h"
+#include "format/gguf.h"
+#include "base/util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -13,10 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "chat.h"
-#include "gguf.h"
-#include "server.h"
-#include "tokenizer.h"
+#include "text/chat.h"
+#include "format/gguf.h"
+#include "serve/server.h"
+#include "text/tokenizer.h"
 
 static lm_tokenizer *tok;
 

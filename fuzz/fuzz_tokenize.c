@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gguf.h"
-#include "tokenizer.h"
+#include "format/gguf.h"
+#include "text/tokenizer.h"
 
 static lm_tokenizer *toks[2];
 static int n_toks;

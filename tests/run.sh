@@ -40,6 +40,7 @@ for t in "$BUILD"/tests/test_*; do
     case "$t" in *.d) continue ;; esac
     run_one "$(basename "$t")" "$t"
 done
+run_one check_layers python3 scripts/check_layers.py
 for t in tests/e2e_*.sh; do
     [ -f "$t" ] || continue
     run_one "$(basename "$t")" bash "$t"

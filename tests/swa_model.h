@@ -19,10 +19,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "gguf.h"
-#include "model.h"
-#include "quant.h"
-#include "util.h"
+#include "format/gguf.h"
+#include "model/model.h"
+#include "format/quant.h"
+#include "base/util.h"
 
 static lm_model *swa_model_load(const char *src, int window, int pattern, int n_ctx, char *err, size_t errlen) {
     static int serial;

@@ -19,13 +19,13 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "attn.h"
+#include "kv/attn.h"
 #include "kernels/avx2_attn.h"
 #include "kernels/kernels.h"
-#include "kv.h"
-#include "quant.h"
+#include "kv/kv.h"
+#include "format/quant.h"
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 
 typedef struct {
     int n_layer, n_head, n_head_kv, hd, T;

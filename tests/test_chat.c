@@ -15,12 +15,12 @@
  * leading-BOS rules of chat_render_template, and allocation failure at every
  * allocation.
  */
-#include "chat.h"
+#include "text/chat.h"
 
 #include <stdint.h>
 
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 
 #define DATA "tests/data/chat/"
 #define MAX_CONVS 64

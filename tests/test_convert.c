@@ -14,17 +14,17 @@
  * allocation; and a synthetic checkpoint with a separate classifier and
  * pieces that exercise every token rule.
  */
-#include "convert.h"
+#include "format/convert.h"
 
 #include <inttypes.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "gguf.h"
-#include "quant.h"
+#include "format/gguf.h"
+#include "format/quant.h"
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 
 #define REF_GGUF "models/stories260K.gguf"
 #define REF_BIN "models/stories260K.bin"

@@ -26,15 +26,15 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine.h"
-#include "forward.h"
-#include "model.h"
-#include "quant.h"
-#include "quantize.h"
-#include "sample.h"
+#include "sched/engine.h"
+#include "model/forward.h"
+#include "model/model.h"
+#include "format/quant.h"
+#include "format/quantize.h"
+#include "decode/sample.h"
 #include "swa_model.h"
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 
 static lm_model *models[3]; /* F32, Q8_0, Q4_0 */
 static lm_model *swa;       /* gemma3 variant of models[0], window 8 on 4 of 5 layers */

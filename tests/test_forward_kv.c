@@ -19,13 +19,13 @@
  */
 #include <string.h>
 
-#include "forward.h"
-#include "kv.h"
-#include "model.h"
-#include "quant.h"
+#include "model/forward.h"
+#include "kv/kv.h"
+#include "model/model.h"
+#include "format/quant.h"
 #include "swa_model.h"
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 
 static lm_model *model;
 static lm_model *swa; /* window 8 on layers 0, 1, 3, 4; layer 2 global */

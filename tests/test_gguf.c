@@ -12,16 +12,16 @@
  * buffer, so under ASan a read past the end is caught); random byte
  * corruption; allocation failure at every allocation of an open.
  */
-#include "gguf.h"
+#include "format/gguf.h"
 
 #include <dirent.h>
 #include <inttypes.h>
 #include <stdint.h>
 #include <unistd.h>
 
-#include "quant.h"
+#include "format/quant.h"
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 
 #define BAD_DIR "tests/data/gguf_bad"
 

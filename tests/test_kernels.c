@@ -38,12 +38,12 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "model.h"
-#include "ops.h"
-#include "pool.h"
-#include "quant.h"
+#include "model/model.h"
+#include "model/ops.h"
+#include "base/pool.h"
+#include "format/quant.h"
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 
 static const uint32_t weight_types[] = {LM_TYPE_F32,  LM_TYPE_F16,  LM_TYPE_BF16, LM_TYPE_Q8_0, LM_TYPE_Q4_0,
                                         LM_TYPE_Q5_0, LM_TYPE_Q4_K, LM_TYPE_Q5_K, LM_TYPE_Q6_K};

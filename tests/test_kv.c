@@ -10,10 +10,10 @@
 #include <assert.h>
 #include <stdint.h>
 
-#include "kv.h"
-#include "quant.h"
+#include "kv/kv.h"
+#include "format/quant.h"
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 
 static kv_pool *mk_pool(uint32_t type, int n_layer, int n_kv, int hd, int B, int n_blocks) {
     kv_config c;

@@ -26,13 +26,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "forward.h"
-#include "gguf.h"
-#include "model.h"
-#include "pool.h"
-#include "quant.h"
+#include "model/forward.h"
+#include "format/gguf.h"
+#include "model/model.h"
+#include "base/pool.h"
+#include "format/quant.h"
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 
 typedef struct {
     const char *arch;

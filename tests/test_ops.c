@@ -16,11 +16,11 @@
 #include <math.h>
 #include <string.h>
 
-#include "model.h"
-#include "ops.h"
-#include "quant.h"
+#include "model/model.h"
+#include "model/ops.h"
+#include "format/quant.h"
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 
 enum { N = 1003 };
 static float in_g[N], in_u[N];

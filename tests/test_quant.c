@@ -28,13 +28,13 @@
  *    quant.h's description, padding rows zero; block_q8_0s activations
  *    against the Q8_0 reference quantizer.
  */
-#include "quant.h"
+#include "format/quant.h"
 
 #include <ctype.h>
 #include <stdint.h>
 
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 #include "data/quant_golden.h"
 
 static const uint32_t weight_types[] = {LM_TYPE_F32,  LM_TYPE_F16,  LM_TYPE_BF16, LM_TYPE_Q8_0,

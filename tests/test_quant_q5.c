@@ -7,9 +7,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "quant.h"
+#include "format/quant.h"
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 #include "data/q5_0_golden.h"
 
 static void test_golden_dequant(void) {

@@ -10,13 +10,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "forward.h"
-#include "gguf.h"
-#include "model.h"
-#include "quant.h"
-#include "quantize.h"
+#include "model/forward.h"
+#include "format/gguf.h"
+#include "model/model.h"
+#include "format/quant.h"
+#include "format/quantize.h"
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 
 static char src_path[256];
 static float *blobs[64];

@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sample.h"
+#include "decode/sample.h"
 #include "test.h"
 
 #define NDRAW 200000

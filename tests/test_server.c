@@ -9,16 +9,16 @@
  * The tokenizer is the bundled model's (SentencePiece, 512 tokens, BOS 1,
  * EOS "</s>" = 2); the context is set to 128 and max_tokens capped at 100.
  */
-#include "server.h"
+#include "serve/server.h"
 
 #include <math.h>
 #include <stdint.h>
 
-#include "chat.h"
-#include "gguf.h"
+#include "text/chat.h"
+#include "format/gguf.h"
 #include "test.h"
-#include "tokenizer.h"
-#include "util.h"
+#include "text/tokenizer.h"
+#include "base/util.h"
 
 static lm_tokenizer *tok;
 static lm_server_parse_ctx ctx;

@@ -6,9 +6,9 @@
  */
 #include <stdint.h>
 
-#include "sha256.h"
+#include "base/sha256.h"
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 
 static int hex_eq(const uint8_t d[SHA256_LEN], const char *hex) {
     char s[2 * SHA256_LEN + 1];

@@ -12,9 +12,9 @@
 #include <stdint.h>
 #include <sys/stat.h>
 
-#include "gguf.h"
-#include "tokenizer.h"
-#include "util.h"
+#include "format/gguf.h"
+#include "text/tokenizer.h"
+#include "base/util.h"
 
 #define VOCAB_DIR "../shared/vocab/"
 

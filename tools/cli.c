@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "quant.h"
-#include "util.h"
+#include "format/quant.h"
+#include "base/util.h"
 
 
 

@@ -12,8 +12,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "model.h"
-#include "tokenizer.h"
+#include "model/model.h"
+#include "text/tokenizer.h"
 
 typedef struct {
     int argc;

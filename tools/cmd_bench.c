@@ -15,10 +15,10 @@
 #include <string.h>
 
 #include "cli.h"
-#include "forward.h"
-#include "pool.h"
-#include "quant.h"
-#include "util.h"
+#include "model/forward.h"
+#include "base/pool.h"
+#include "format/quant.h"
+#include "base/util.h"
 
 static void usage_bench(FILE *f) {
     fprintf(f,

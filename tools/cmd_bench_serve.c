@@ -26,10 +26,10 @@
 #include <time.h>
 
 #include "cli.h"
-#include "engine.h"
-#include "pool.h"
-#include "quant.h"
-#include "util.h"
+#include "sched/engine.h"
+#include "base/pool.h"
+#include "format/quant.h"
+#include "base/util.h"
 
 static void usage_bench_serve(FILE *f) {
     fprintf(f,

@@ -20,10 +20,10 @@
 #include <string.h>
 
 #include "cli.h"
-#include "forward.h"
-#include "kv.h"
-#include "quant.h"
-#include "util.h"
+#include "model/forward.h"
+#include "kv/kv.h"
+#include "format/quant.h"
+#include "base/util.h"
 
 static void usage_kv(FILE *f) {
     fprintf(f,

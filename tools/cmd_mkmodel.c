@@ -10,11 +10,11 @@
 #include <string.h>
 
 #include "cli.h"
-#include "gguf.h"
-#include "pool.h"
-#include "quant.h"
-#include "quantize.h"
-#include "util.h"
+#include "format/gguf.h"
+#include "base/pool.h"
+#include "format/quant.h"
+#include "format/quantize.h"
+#include "base/util.h"
 
 static void usage_mkmodel(FILE *f) {
     fprintf(f,

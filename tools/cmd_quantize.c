@@ -4,10 +4,10 @@
 #include <string.h>
 
 #include "cli.h"
-#include "pool.h"
-#include "quant.h"
-#include "quantize.h"
-#include "util.h"
+#include "base/pool.h"
+#include "format/quant.h"
+#include "format/quantize.h"
+#include "base/util.h"
 
 static void usage_quantize(FILE *f) {
     fprintf(f,

@@ -12,12 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "chat.h"
+#include "text/chat.h"
 #include "cli.h"
-#include "engine.h"
-#include "quant.h"
-#include "server.h"
-#include "util.h"
+#include "sched/engine.h"
+#include "format/quant.h"
+#include "serve/server.h"
+#include "base/util.h"
 
 static void usage_serve(FILE *f) {
     fprintf(f,

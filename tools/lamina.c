@@ -9,17 +9,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "chat.h"
+#include "text/chat.h"
 #include "cli.h"
-#include "convert.h"
-#include "forward.h"
-#include "gguf.h"
-#include "model.h"
-#include "pool.h"
-#include "quant.h"
-#include "sample.h"
-#include "tokenizer.h"
-#include "util.h"
+#include "format/convert.h"
+#include "model/forward.h"
+#include "format/gguf.h"
+#include "model/model.h"
+#include "base/pool.h"
+#include "format/quant.h"
+#include "decode/sample.h"
+#include "text/tokenizer.h"
+#include "base/util.h"
 
 /* ---- run --------------------------------------------------------------- */
 

@@ -18,8 +18,8 @@
  */
 #if defined(__x86_64__) || defined(__i386__)
 
-#include "avx2_attn.h"
-#include "avx2_math.h"
+#include "kernels/avx2_attn.h"
+#include "kernels/avx2_math.h"
 
 #include <immintrin.h>
 #include <string.h>

@@ -8,12 +8,12 @@
  */
 #if defined(__x86_64__) || defined(__i386__)
 
-#include "avx2_ops.h"
+#include "kernels/avx2_ops.h"
 
 #include <math.h>
 #include <string.h>
 
-#include "avx2_math.h"
+#include "kernels/avx2_math.h"
 
 void avx2_rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
     __m256d a0 = _mm256_setzero_pd(), a1 = a0;

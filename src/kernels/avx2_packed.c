@@ -47,7 +47,7 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "util.h"
+#include "base/util.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define REP8(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)

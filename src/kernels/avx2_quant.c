@@ -51,7 +51,7 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "util.h"
+#include "base/util.h"
 
 #define INLINE static inline __attribute__((always_inline))
 

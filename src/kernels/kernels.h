@@ -69,7 +69,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "quant.h"
+#include "format/quant.h"
 
 /* True when the CPU has AVX2, FMA and F16C and the OS saves YMM state. */
 bool cpu_has_avx2(void);

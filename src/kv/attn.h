@@ -1,0 +1,104 @@
+/*
+ * attn.h - exact causal attention over the paged KV cache, tiled with an
+ * online softmax (the FlashAttention recurrence), never materializing the
+ * T x T score matrix.
+ *
+ * One call, attn_tile, computes for query tokens i < n_q at positions
+ * pos0 + i, and for every query head h of one KV head's group
+ * (h = kv_head * group + g, group = n_head / n_head_kv):
+ *
+ *   out[i, h] = softmax_j( scale * q[i, h] · K[j, kv_head] ) · V[j, kv_head],
+ *               j = 0 .. pos0 + i    (window > 0: j = pos0+i-window+1 .. pos0+i)
+ *
+ * reading K and V straight from the sequence's blocks in the pool's type
+ * (F32, F16, Q8_0). Queries are processed in sub-tiles of up to
+ * attn_tile_rows() (query, head) rows; for each sub-tile the kernel walks the
+ * visible keys in chunks of ATTN_KV_CHUNK positions (crossing block
+ * boundaries freely, so tiny blocks cost nothing extra), converting each
+ * chunk of K and V once for all rows of the sub-tile (all the group's heads:
+ * GQA/MQA read every block once per group), and keeps per row a running
+ * max m, running sum l and unnormalized output O:
+ *
+ *   s_j = scale q·k_j;  m' = max(m, max_j s_j);  p_j = exp(s_j - m')
+ *   l' = l e^(m-m') + Σ p_j;   O' = O e^(m-m') + Σ p_j v_j;   out = O / l
+ *
+ * Chunks past the last row's position (or wholly before the first row's
+ * window) are never read; inside a chunk, keys outside a row's range are
+ * masked. A layer's K/V come from its block class (kv_layer_class); a
+ * sliding-window layer's blocks below every row's window may have been
+ * released (kv.h), and zeros stand in for the masked keys of the one chunk
+ * that straddles the window's start, so a released block is never read
+ * (asserted). Scratch is
+ * O(tile x (head_dim + chunk)), independent of the context length.
+ *
+ * Threads: attn_tile reads the pool and writes only out and scr, so callers
+ * split work over (sequence, query tile, kv head) items, one scratch per
+ * thread. The K/V of every position < pos0 + n_q must be written (kv_store)
+ * before the call.
+ *
+ * Numerics: float32 accumulation; on x86-64 with AVX2+FMA+F16C the dot
+ * products, exponentials and conversions use 8-wide kernels (same math,
+ * different summation order than the scalar path). For a given path the
+ * result depends only on the logical data, not on which physical blocks hold
+ * it. Against a float64 reference on the stored values the relative error is
+ * ~1e-6 (tests bound it by 1e-5).
+ */
+#ifndef LAMINA_ATTN_H
+#define LAMINA_ATTN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "kv/kv.h"
+
+/* Key/value positions converted and scored together. */
+#define ATTN_KV_CHUNK 64
+/* Suggested query tokens per work item for prefill. */
+#define ATTN_TILE_Q 32
+
+typedef struct attn_scratch attn_scratch;
+
+/* Per-thread scratch for a pool and a model with n_head query heads
+ * (a multiple of the pool's n_head_kv). NULL with a message on bad shapes or
+ * out of memory. */
+attn_scratch *attn_scratch_new(const kv_pool *p, int n_head, char *err, size_t errlen);
+void attn_scratch_free(attn_scratch *scr);
+/* Bytes one scratch holds (for memory reports). */
+size_t attn_scratch_bytes(const attn_scratch *scr);
+/* (query, head) rows per internal sub-tile. */
+int attn_tile_rows(const attn_scratch *scr);
+/* Use the portable scalar kernels even where SIMD ones exist (tests, bench). */
+void attn_scratch_set_scalar(attn_scratch *scr, bool scalar);
+/* Whether this scratch runs the SIMD kernels. */
+bool attn_scratch_simd(const attn_scratch *scr);
+
+/*
+ * q:      row i at q + i*q_stride floats holds all n_head query heads (head
+ *         h at offset h*head_dim), RoPE applied;
+ * scale:  usually 1/sqrt(head_dim);
+ * window: 0 for full causal attention, > 0 for a sliding window of that many
+ *         positions (the query's own included); a layer of the pool's local
+ *         class needs 0 < window <= kv_pool_window(p);
+ * out:    same layout as q (out_stride); only the group's heads are written.
+ * Requires pos0 >= 0 and pos0 + n_q <= kv_seq_len(s).
+ */
+void attn_tile(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride, int n_q,
+               int pos0, float scale, int window, float *out, size_t out_stride, attn_scratch *scr);
+
+/*
+ * Split-KV form, for a long decode with fewer (sequence, kv head) items than
+ * threads: the same computation over key positions [k0, k1) only (and,
+ * as always, only keys a query may see), leaving per row
+ * r = i * group + g the unnormalized output po (n_q * group, head_dim) and
+ * pml[2r] = running max, pml[2r+1] = running sum (-inf and 0 for a row that
+ * saw no key). attn_merge combines parts that together cover [0, pos] of
+ * every query into the layout attn_tile writes. Parts starting on a multiple
+ * of ATTN_KV_CHUNK chunk the keys as attn_tile does.
+ */
+void attn_tile_part(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride,
+                    int n_q, int pos0, float scale, int window, int k0, int k1, float *po, float *pml,
+                    attn_scratch *scr);
+void attn_merge(int n_parts, const float *const *po, const float *const *pml, int n_q, int group, int head_dim,
+                int kv_head, float *out, size_t out_stride);
+
+#endif

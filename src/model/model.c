@@ -1,0 +1,386 @@
+/*
+ * model.c - read a decoder-only Transformer from GGUF: hyperparameters from
+ * `<arch>.*` keys, weights by their GGUF tensor names, every shape checked
+ * against the hyperparameters before anything runs.
+ *
+ * Tensor names (per layer N):  token_embd.weight, output_norm.weight,
+ *   output.weight (absent when tied), blk.N.attn_norm.weight,
+ *   blk.N.attn_{q,k,v,output}.weight, blk.N.attn_{q,k,v}.bias (qwen2),
+ *   blk.N.ffn_norm.weight, blk.N.ffn_{gate,up,down}.weight.
+ */
+#include "model/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "format/quant.h"
+#include "base/util.h"
+
+const char *model_arch_name(lm_arch a) {
+    switch (a) {
+    case LM_ARCH_LLAMA: return "llama";
+    case LM_ARCH_QWEN2: return "qwen2";
+    case LM_ARCH_GEMMA3: return "gemma3";
+    }
+    return "unknown";
+}
+
+uint64_t model_kv_bytes_per_token(const lm_model *m, size_t elem_bytes) {
+    const lm_hparams *hp = &m->hp;
+    return 2ull * (uint64_t)hp->n_layer * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim * elem_bytes;
+}
+
+/* Loader state: the model being built plus where the next float vector goes. */
+typedef struct {
+    lm_model *m;
+    size_t f32_used, f32_cap;
+    char *err;
+    size_t errlen;
+} loader;
+
+/* Read an integer hyperparameter `<arch>.<suffix>`; def < 0 means required. */
+static int get_hp_int(loader *L, const char *arch, const char *suffix, int64_t def, int64_t lo,
+                      int64_t hi, int *out) {
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int64_t v;
+    if (!gguf_get_int(L->m->gguf, key, &v)) {
+        if (gguf_find_key(L->m->gguf, key) >= 0)
+            return lm_err(L->err, L->errlen, "metadata '%s' is not an integer", key);
+        if (def < 0) return lm_err(L->err, L->errlen, "missing metadata '%s'", key);
+        v = def;
+    }
+    if (v < lo || v > hi)
+        return lm_err(L->err, L->errlen, "metadata '%s' = %lld is out of range [%lld, %lld]", key,
+                      (long long)v, (long long)lo, (long long)hi);
+    *out = (int)v;
+    return 0;
+}
+
+static int get_hp_float(loader *L, const char *arch, const char *suffix, double def, float *out) {
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    double v;
+    if (!gguf_get_float(L->m->gguf, key, &v)) {
+        if (gguf_find_key(L->m->gguf, key) >= 0)
+            return lm_err(L->err, L->errlen, "metadata '%s' is not a number", key);
+        v = def;
+    }
+    if (!(v == v) || v < 0 || v > 1e30) return lm_err(L->err, L->errlen, "metadata '%s' = %g is out of range", key, v);
+    *out = (float)v;
+    return 0;
+}
+
+/* Find a tensor, check it is 2-D (or 1-D when cols_only) with the given
+ * shape. Returns NULL (with a message) when missing and required. */
+static const gguf_tensor *find_shaped(loader *L, const char *name, int64_t ne0, int64_t ne1, bool required) {
+    const gguf_tensor *t = gguf_find_tensor(L->m->gguf, name);
+    if (!t) {
+        if (required) lm_err(L->err, L->errlen, "missing tensor '%s'", name);
+        return NULL;
+    }
+    uint64_t want1 = ne1 > 0 ? (uint64_t)ne1 : 1;
+    bool ok = t->ne[0] == (uint64_t)ne0 && t->ne[1] == want1 && t->ne[2] == 1 && t->ne[3] == 1;
+    if (!ok) {
+        lm_err(L->err, L->errlen, "tensor '%s' has shape [%llu, %llu, %llu, %llu], expected [%lld, %lld]",
+               name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
+               (unsigned long long)t->ne[2], (unsigned long long)t->ne[3], (long long)ne0,
+               (long long)want1);
+        return NULL;
+    }
+    return t;
+}
+
+static int load_weight(loader *L, const char *name, int64_t cols, int64_t rows, lm_weight *w) {
+    const gguf_tensor *t = find_shaped(L, name, cols, rows, true);
+    if (!t) return -1;
+    if (!quant_supported(t->type))
+        return lm_err(L->err, L->errlen, "tensor '%s' has type %s, which lamina cannot compute with", name,
+                      quant_type_name(t->type));
+    w->data = t->data;
+    w->type = t->type;
+    w->rows = rows;
+    w->cols = cols;
+    w->row_bytes = quant_row_size(t->type, cols);
+    return 0;
+}
+
+/* A 1-D float vector (norm weight or bias) of n elements, converted to F32
+ * into the model's slab. *out stays NULL when optional and absent. */
+static int load_vec(loader *L, const char *name, int64_t n, bool required, const float **out) {
+    *out = NULL;
+    const gguf_tensor *t = find_shaped(L, name, n, 0, required);
+    if (!t) {
+        if (!required && !gguf_find_tensor(L->m->gguf, name)) return 0;
+        return -1;
+    }
+    const lm_type_traits *tr = quant_traits(t->type);
+    if (!tr || !tr->to_float)
+        return lm_err(L->err, L->errlen, "tensor '%s' has type %s, which lamina cannot read", name,
+                      quant_type_name(t->type));
+    if (L->f32_used + (size_t)n > L->f32_cap) return lm_err(L->err, L->errlen, "internal: vector slab too small");
+    float *dst = L->m->f32 + L->f32_used;
+    tr->to_float(t->data, dst, n);
+    L->f32_used += (size_t)n;
+    *out = dst;
+    return 0;
+}
+
+static int read_hparams(loader *L) {
+    lm_model *m = L->m;
+    lm_hparams *hp = &m->hp;
+    gguf_str s;
+    if (!gguf_get_str(m->gguf, "general.architecture", &s))
+        return lm_err(L->err, L->errlen, "missing metadata 'general.architecture'");
+    char arch[64];
+    snprintf(arch, sizeof arch, "%.*s", (int)(s.len < 63 ? s.len : 63), s.ptr);
+    if (strcmp(arch, "llama") == 0) {
+        hp->arch = LM_ARCH_LLAMA;
+        hp->rope_style = LM_ROPE_ADJACENT;
+    } else if (strcmp(arch, "qwen2") == 0) {
+        hp->arch = LM_ARCH_QWEN2;
+        hp->rope_style = LM_ROPE_NEOX;
+    } else if (strcmp(arch, "gemma3") == 0) {
+        hp->arch = LM_ARCH_GEMMA3;
+        hp->rope_style = LM_ROPE_NEOX;
+    } else {
+        return lm_err(L->err, L->errlen, "unsupported architecture '%s' (lamina runs llama, qwen2 and gemma3)", arch);
+    }
+    const int64_t big = 1 << 20;
+    if (get_hp_int(L, arch, "block_count", -1, 1, 4096, &hp->n_layer) ||
+        get_hp_int(L, arch, "embedding_length", -1, 1, big, &hp->n_embd) ||
+        get_hp_int(L, arch, "attention.head_count", -1, 1, 4096, &hp->n_head) ||
+        get_hp_int(L, arch, "attention.head_count_kv", hp->n_head, 1, 4096, &hp->n_head_kv) ||
+        get_hp_int(L, arch, "feed_forward_length", -1, 1, 8 * big, &hp->n_ff) ||
+        get_hp_int(L, arch, "context_length", 2048, 1, 64 * big, &hp->n_ctx_train))
+        return -1;
+    if (hp->n_head % hp->n_head_kv)
+        return lm_err(L->err, L->errlen, "head count %d is not a multiple of the KV head count %d", hp->n_head,
+                      hp->n_head_kv);
+    int def_hd = hp->n_embd % hp->n_head ? -1 : hp->n_embd / hp->n_head;
+    if (get_hp_int(L, arch, "attention.key_length", def_hd, 1, 4096, &hp->head_dim)) return -1;
+    int vlen;
+    if (get_hp_int(L, arch, "attention.value_length", hp->head_dim, 1, 4096, &vlen)) return -1;
+    if (vlen != hp->head_dim)
+        return lm_err(L->err, L->errlen, "key length %d differs from value length %d: not supported", hp->head_dim, vlen);
+    if (get_hp_int(L, arch, "rope.dimension_count", hp->head_dim, 2, hp->head_dim, &hp->n_rot)) return -1;
+    if (hp->n_rot % 2) return lm_err(L->err, L->errlen, "rope dimension count %d is odd", hp->n_rot);
+    if (get_hp_float(L, arch, "rope.freq_base", 10000.0, &hp->rope_base) ||
+        get_hp_float(L, arch, "attention.layer_norm_rms_epsilon", 1e-5, &hp->norm_eps))
+        return -1;
+    hp->rope_scale = 1.0f;
+    char key[160];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    if (gguf_get_str(m->gguf, key, &s) && !gguf_str_eq(s, "none")) {
+        if (!gguf_str_eq(s, "linear"))
+            return lm_err(L->err, L->errlen, "rope scaling '%.*s' is not supported (only linear)", (int)(s.len > 32 ? 32 : s.len), s.ptr);
+        float f;
+        if (get_hp_float(L, arch, "rope.scaling.factor", 1.0, &f)) return -1;
+        if (f > 0) hp->rope_scale = 1.0f / f;
+    }
+    hp->emb_scale = 1.0f;
+    hp->rope_base_swa = hp->rope_base;
+    if (hp->arch == LM_ARCH_GEMMA3) {
+        hp->emb_scale = sqrtf((float)hp->n_embd);
+        hp->gelu = true;
+        if (get_hp_int(L, arch, "attention.sliding_window", 0, 0, 1 << 30, &hp->swa_window) ||
+            get_hp_int(L, arch, "attention.sliding_window_pattern", 6, 1, 4096, &hp->swa_pattern) ||
+            get_hp_float(L, arch, "rope.freq_base_swa", 10000.0, &hp->rope_base_swa))
+            return -1;
+    }
+    const gguf_tensor *emb = gguf_find_tensor(m->gguf, "token_embd.weight");
+    if (!emb) return lm_err(L->err, L->errlen, "missing tensor 'token_embd.weight'");
+    if (emb->ne[1] < 1 || emb->ne[1] > (uint64_t)(64 * big))
+        return lm_err(L->err, L->errlen, "tensor 'token_embd.weight' has a bad vocabulary dimension");
+    hp->n_vocab = (int)emb->ne[1];
+    return 0;
+}
+
+static int load_tensors(loader *L) {
+    lm_model *m = L->m;
+    const lm_hparams *hp = &m->hp;
+    int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->head_dim, KV = (int64_t)hp->n_head_kv * hp->head_dim;
+    /* vectors: 4 norms per layer, 2 per-head norms, biases, final norm */
+    L->f32_cap = (size_t)hp->n_layer * (size_t)(4 * E + 2 * hp->head_dim + Q + 2 * KV) + (size_t)E;
+    m->f32 = lm_malloc(L->f32_cap * sizeof(float));
+    m->layers = lm_calloc((size_t)hp->n_layer, sizeof(lm_layer));
+    m->layer_local = lm_calloc((size_t)hp->n_layer, 1);
+    if (!m->f32 || !m->layers || !m->layer_local) return lm_err(L->err, L->errlen, "out of memory");
+
+    if (load_weight(L, "token_embd.weight", E, hp->n_vocab, &m->tok_embd)) return -1;
+    if (load_vec(L, "output_norm.weight", E, true, &m->out_norm)) return -1;
+    if (gguf_find_tensor(m->gguf, "output.weight")) {
+        if (load_weight(L, "output.weight", E, hp->n_vocab, &m->output)) return -1;
+        m->hp.tied_output = false;
+    } else {
+        m->output = m->tok_embd;
+        m->hp.tied_output = true;
+    }
+    char name[96];
+#define NAME(fmt) (snprintf(name, sizeof name, "blk.%d." fmt, i), name)
+    for (int i = 0; i < hp->n_layer; i++) {
+        lm_layer *l = &m->layers[i];
+        bool bias = hp->arch == LM_ARCH_QWEN2;
+        if (load_vec(L, NAME("attn_norm.weight"), E, true, &l->attn_norm) ||
+            load_weight(L, NAME("attn_q.weight"), E, Q, &l->wq) ||
+            load_weight(L, NAME("attn_k.weight"), E, KV, &l->wk) ||
+            load_weight(L, NAME("attn_v.weight"), E, KV, &l->wv) ||
+            load_weight(L, NAME("attn_output.weight"), Q, E, &l->wo) ||
+            load_vec(L, NAME("attn_q.bias"), Q, bias, &l->bq) ||
+            load_vec(L, NAME("attn_k.bias"), KV, bias, &l->bk) ||
+            load_vec(L, NAME("attn_v.bias"), KV, bias, &l->bv) ||
+            load_vec(L, NAME("ffn_norm.weight"), E, true, &l->ffn_norm) ||
+            load_weight(L, NAME("ffn_gate.weight"), E, hp->n_ff, &l->w_gate) ||
+            load_weight(L, NAME("ffn_up.weight"), E, hp->n_ff, &l->w_up) ||
+            load_weight(L, NAME("ffn_down.weight"), hp->n_ff, E, &l->w_down))
+            return -1;
+        bool gemma = hp->arch == LM_ARCH_GEMMA3;
+        if (load_vec(L, NAME("attn_q_norm.weight"), hp->head_dim, gemma, &l->q_norm) ||
+            load_vec(L, NAME("attn_k_norm.weight"), hp->head_dim, gemma, &l->k_norm) ||
+            load_vec(L, NAME("post_attention_norm.weight"), E, gemma, &l->post_attn_norm) ||
+            load_vec(L, NAME("post_ffw_norm.weight"), E, gemma, &l->post_ffn_norm))
+            return -1;
+        /* gemma3: every swa_pattern-th layer (counting from 1) is global */
+        bool local = hp->swa_window > 0 && (i + 1) % hp->swa_pattern != 0;
+        l->window = local ? hp->swa_window : 0;
+        m->layer_local[i] = local;
+        l->rope_base = local ? hp->rope_base_swa : hp->rope_base;
+        l->rope_scale = local ? 1.0f : hp->rope_scale;
+    }
+#undef NAME
+    for (int64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {
+        const gguf_tensor *t = gguf_tensor_at(m->gguf, i);
+        m->weight_bytes += t->nbytes;
+        m->n_params += t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    }
+    return 0;
+}
+
+/* Interleaved copies (quant.h) of every matrix used in products whose type
+ * has a packed kernel, in one allocation (2 MiB aligned and offered to
+ * transparent huge pages: decode streams it once per token). Costs about
+ * the bytes of those matrices again, e.g. 0.6 GiB for a 1.1B-parameter
+ * Q4_0 model, 2 GiB for the same in F16 (the file's pages are then read
+ * only for embedding rows, and the kernel may drop them); the embedding
+ * table is not copied (only its rows are read), except as the LM head
+ * when tied. */
+#define PACK_ALIGN (2u << 20)
+
+/* MemAvailable of /proc/meminfo in bytes (memory the kernel can hand out
+ * without swapping, page cache included); 0 when unknown. */
+static uint64_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[128];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+static int pack_weights(loader *L) {
+    lm_model *m = L->m;
+    const int n_w = 7 * m->hp.n_layer + 1;
+    lm_weight **ws = lm_malloc((size_t)n_w * sizeof *ws);
+    if (!ws) return lm_err(L->err, L->errlen, "out of memory");
+    int k = 0;
+    for (int i = 0; i < m->hp.n_layer; i++) {
+        lm_layer *l = &m->layers[i];
+        lm_weight *lw[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
+        for (int j = 0; j < 7; j++) ws[k++] = lw[j];
+    }
+    ws[k++] = &m->output;
+    size_t total = 0;
+    for (int i = 0; i < n_w; i++) {
+        const lm_type_traits *t = quant_traits(ws[i]->type);
+        if (t->packed_gemm) total += quant_pack_size(ws[i]->type, ws[i]->rows, ws[i]->cols);
+    }
+    /* Copies that would take most of the free memory are not made: the
+     * row-major kernels compute the same products from the mapping, where
+     * the kernel can page weights in and out. */
+    uint64_t avail = mem_available();
+    if (total == 0 || (avail && total > avail / 4 * 3)) {
+        lm_free(ws);
+        return 0;
+    }
+    m->packed_mem = lm_malloc(total + PACK_ALIGN);
+    if (!m->packed_mem) {
+        lm_free(ws);
+        return lm_err(L->err, L->errlen, "out of memory for the packed weights (%zu bytes)", total);
+    }
+    uint8_t *p = (uint8_t *)(((uintptr_t)m->packed_mem + PACK_ALIGN - 1) & ~(uintptr_t)(PACK_ALIGN - 1));
+    madvise(p, total / PACK_ALIGN * PACK_ALIGN, MADV_HUGEPAGE);
+    for (int i = 0; i < n_w; i++) {
+        lm_weight *w = ws[i];
+        size_t sz = quant_pack_size(w->type, w->rows, w->cols);
+        if (!quant_traits(w->type)->packed_gemm || !sz) continue;
+        quant_pack(w->type, w->data, w->row_bytes, w->rows, w->cols, p);
+        w->packed = p;
+        p += sz;
+    }
+    m->packed_bytes = total;
+    lm_free(ws);
+    return 0;
+}
+
+lm_model *model_from_gguf(gguf_ctx *g, char *err, size_t errlen) {
+    quant_init();
+    lm_model *m = lm_calloc(1, sizeof *m);
+    if (!m) {
+        lm_err(err, errlen, "out of memory");
+        return NULL;
+    }
+    m->gguf = g;
+    loader L = {.m = m, .err = err, .errlen = errlen};
+    if (read_hparams(&L) || load_tensors(&L) || pack_weights(&L)) goto fail;
+    gguf_str s;
+    if (gguf_get_str(g, "general.name", &s))
+        snprintf(m->name, sizeof m->name, "%.*s", (int)(s.len < 127 ? s.len : 127), s.ptr);
+    if (gguf_find_key(g, "tokenizer.ggml.model") >= 0) {
+        char terr[LM_ERRLEN];
+        m->tok = tok_load(g, terr, sizeof terr);
+        if (!m->tok) {
+            lm_err(err, errlen, "tokenizer: %s", terr);
+            goto fail;
+        }
+        if (tok_n_vocab(m->tok) > m->hp.n_vocab) {
+            lm_err(err, errlen, "tokenizer has %d tokens but the embedding only %d rows", tok_n_vocab(m->tok),
+                   m->hp.n_vocab);
+            goto fail;
+        }
+    }
+    return m;
+fail:
+    m->gguf = NULL; /* the caller keeps g on failure */
+    model_free(m);
+    return NULL;
+}
+
+lm_model *model_load(const char *path, char *err, size_t errlen) {
+    gguf_ctx *g = gguf_open(path, err, errlen);
+    if (!g) return NULL;
+    lm_model *m = model_from_gguf(g, err, errlen);
+    if (!m) {
+        gguf_close(g);
+        return NULL;
+    }
+    if (!m->name[0]) {
+        const char *base = strrchr(path, '/');
+        snprintf(m->name, sizeof m->name, "%s", base ? base + 1 : path);
+    }
+    return m;
+}
+
+void model_free(lm_model *m) {
+    if (!m) return;
+    if (m->tok) tok_free(m->tok);
+    lm_free(m->layers);
+    lm_free(m->layer_local);
+    lm_free(m->f32);
+    lm_free(m->packed_mem);
+    if (m->gguf) gguf_close(m->gguf);
+    lm_free(m);
+}

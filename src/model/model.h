@@ -1,0 +1,118 @@
+/*
+ * model.h - model architecture: hyperparameters and weights of a decoder-only
+ * Transformer, read from GGUF metadata and tensors.
+ *
+ * Supported architectures (general.architecture):
+ *   llama  Llama 2/3, Mistral, TinyLlama, SmolLM: RMSNorm, RoPE on adjacent
+ *          pairs (GGUF's llama layout), MHA/MQA/GQA, SwiGLU MLP.
+ *   qwen2  as llama with biases on Q, K and V and RoPE on halves (NeoX).
+ *   gemma3 embeddings scaled by sqrt(n_embd); per-head RMSNorm of Q and K;
+ *          RMSNorm after attention and after the FFN too; GELU(tanh)-gated
+ *          FFN; sliding-window attention on local layers (all but every
+ *          sliding_window_pattern-th) with their own RoPE base; tied output.
+ * Anything else is refused by name, and so is a weight of a type lamina cannot
+ * compute with.
+ *
+ * Weights stay in the file mapping; only the small norm vectors and biases
+ * are converted to float at load, and, where the CPU has kernels for it, the
+ * Q8_0 and Q4_0 matrices used in products are copied once into the
+ * interleaved layout of quant.h (about as many bytes again as those
+ * matrices; the mapped originals are then only read for embedding rows). A weight matrix is stored row-major
+ * with `rows` output rows of `cols` inputs (GGUF ne[1] x ne[0]).
+ */
+#ifndef LAMINA_MODEL_H
+#define LAMINA_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "format/gguf.h"
+#include "text/tokenizer.h"
+
+typedef enum { LM_ARCH_LLAMA, LM_ARCH_QWEN2, LM_ARCH_GEMMA3 } lm_arch;
+
+typedef enum { LM_ROPE_ADJACENT, LM_ROPE_NEOX } lm_rope_style;
+
+typedef struct {
+    lm_arch arch;
+    int n_layer;
+    int n_embd;
+    int n_head;
+    int n_head_kv;
+    int head_dim;        /* n_embd / n_head unless the file says otherwise */
+    int n_ff;
+    int n_vocab;
+    int n_ctx_train;     /* context length the model was trained for */
+    int n_rot;           /* dimensions of each head that RoPE rotates */
+    float rope_base;
+    float rope_scale;    /* linear position scaling (1 = none) */
+    lm_rope_style rope_style;
+    float norm_eps;
+    bool tied_output;    /* no output.weight: the embedding is the LM head */
+    /* gemma-style options (off for llama/qwen2) */
+    float emb_scale;     /* embeddings multiplied by this (1 = none) */
+    bool gelu;           /* FFN activation GELU(tanh) instead of SiLU */
+    int swa_window;      /* sliding window in tokens on local layers (0 = none) */
+    int swa_pattern;     /* every swa_pattern-th layer is global */
+    float rope_base_swa; /* RoPE base of local layers */
+} lm_hparams;
+
+typedef struct {
+    const void *data;    /* (rows, cols) in `type`, row r at data + r * row_bytes */
+    uint32_t type;
+    int64_t rows;        /* output features (GGUF ne[1]) */
+    int64_t cols;        /* input features  (GGUF ne[0]) */
+    size_t row_bytes;
+    /* The same matrix interleaved for the packed kernels (layout in quant.h),
+     * in the model's packed slab; NULL when the type or CPU has no packed
+     * kernel. Every product with this weight then uses it, whatever the
+     * number of tokens, so its results do not depend on the batch. */
+    const void *packed;
+} lm_weight;
+
+typedef struct {
+    const float *attn_norm;          /* (n_embd) */
+    lm_weight wq, wk, wv, wo;        /* (n_head*hd, n_embd), (n_kv*hd, n_embd) x2, (n_embd, n_head*hd) */
+    const float *bq, *bk, *bv;       /* (n_head*hd), (n_kv*hd), (n_kv*hd) or NULL */
+    const float *ffn_norm;           /* (n_embd) */
+    lm_weight w_gate, w_up, w_down;  /* (n_ff, n_embd) x2, (n_embd, n_ff) */
+    const float *q_norm, *k_norm;    /* (head_dim) per-head RMSNorm weights, or NULL */
+    const float *post_attn_norm;     /* (n_embd) or NULL */
+    const float *post_ffn_norm;      /* (n_embd) or NULL */
+    int window;                      /* attention window in tokens, 0 = whole context */
+    float rope_base, rope_scale;     /* this layer's RoPE */
+} lm_layer;
+
+typedef struct lm_model {
+    gguf_ctx *gguf;          /* owns the mapping every weight points into */
+    lm_hparams hp;
+    lm_tokenizer *tok;       /* NULL when the file carries no tokenizer */
+    lm_weight tok_embd;      /* (n_vocab, n_embd) */
+    const float *out_norm;   /* (n_embd) */
+    lm_weight output;        /* (n_vocab, n_embd); the embedding when tied */
+    lm_layer *layers;        /* (n_layer) */
+    uint8_t *layer_local;    /* (n_layer) 1 for a sliding-window (window > 0) layer: the KV
+                                pool's local class (kv_config.layer_local) */
+    float *f32;              /* slab owning every converted norm/bias vector */
+    void *packed_mem;        /* allocation owning every weight's packed copy, or NULL
+                                (also when the copies would not fit in memory) */
+    size_t packed_bytes;     /* bytes of packed copies (memory beyond the mapping) */
+    char name[128];          /* general.name, or the file's base name */
+    uint64_t n_params;
+    uint64_t weight_bytes;   /* bytes of all tensors */
+} lm_model;
+
+/* Open and validate a GGUF model; NULL and a message naming the problem on
+ * failure (unknown architecture, missing or misshapen tensor, unsupported
+ * tensor type, bad hyperparameters). */
+lm_model *model_load(const char *path, char *err, size_t errlen);
+/* Same from an open context; on success the model takes ownership of g. */
+lm_model *model_from_gguf(gguf_ctx *g, char *err, size_t errlen);
+void model_free(lm_model *m);
+
+const char *model_arch_name(lm_arch a);
+/* KV-cache bytes per token of context for the given element size. */
+uint64_t model_kv_bytes_per_token(const lm_model *m, size_t elem_bytes);
+
+#endif

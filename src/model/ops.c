@@ -1,0 +1,354 @@
+/*
+ * ops.c - see ops.h. The scalar loops here are written so compilers
+ * vectorize them; matrix products go through the per-type vec_dot of the
+ * quant table, which quant_init() points at the fastest variant.
+ */
+#include "model/ops.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/avx2_ops.h"
+#include "kernels/kernels.h"
+#include "format/quant.h"
+
+/* Element-wise kernels: the AVX2 versions when the CPU has them (and
+ * LAMINA_NO_SIMD is not set), chosen once. */
+typedef struct {
+    void (*rmsnorm)(float *y, const float *x, const float *w, int n, float eps);
+    void (*swiglu)(float *g, const float *u, int n);
+    void (*geglu)(float *g, const float *u, int n);
+    void (*rope)(float *x, int n_heads, int head_dim, int n_rot, const float *cs, int neox);
+} ew_table;
+
+static void rmsnorm_ref(float *y, const float *x, const float *w, int n, float eps);
+static void swiglu_ref(float *g, const float *u, int n);
+static void geglu_ref(float *g, const float *u, int n);
+static void rope_ref(float *x, int n_heads, int head_dim, int n_rot, const float *cs, int neox);
+static ew_table ew = {rmsnorm_ref, swiglu_ref, geglu_ref, rope_ref};
+static pthread_once_t ew_once = PTHREAD_ONCE_INIT;
+
+static void ew_init(void) {
+    const char *no_simd = getenv("LAMINA_NO_SIMD");
+    if (no_simd && *no_simd && strcmp(no_simd, "0") != 0) return;
+#if defined(__x86_64__) || defined(__i386__)
+    if (cpu_has_avx2()) ew = (ew_table){avx2_rmsnorm, avx2_swiglu, avx2_geglu, avx2_rope_apply};
+#endif
+}
+
+void ops_rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
+    pthread_once(&ew_once, ew_init);
+    ew.rmsnorm(y, x, w, n, eps);
+}
+
+void ops_swiglu(float *g, const float *u, int n) {
+    pthread_once(&ew_once, ew_init);
+    ew.swiglu(g, u, n);
+}
+
+void ops_geglu(float *g, const float *u, int n) {
+    pthread_once(&ew_once, ew_init);
+    ew.geglu(g, u, n);
+}
+
+static void rmsnorm_ref(float *y, const float *x, const float *w, int n, float eps) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++) y[i] = x[i] * scale * w[i];
+}
+
+void ops_rope_angles(float *cs, int n_rot, int pos, float base, float scale) {
+    for (int i = 0; i < n_rot / 2; i++) {
+        double theta = (double)pos * scale * pow((double)base, -2.0 * i / n_rot);
+        cs[2 * i] = (float)cos(theta);
+        cs[2 * i + 1] = (float)sin(theta);
+    }
+}
+
+void ops_rope_apply(float *x, int n_heads, int head_dim, int n_rot, const float *cs, lm_rope_style style) {
+    pthread_once(&ew_once, ew_init);
+    ew.rope(x, n_heads, head_dim, n_rot, cs, style == LM_ROPE_NEOX);
+}
+
+static void rope_ref(float *x, int n_heads, int head_dim, int n_rot, const float *cs, int neox) {
+    lm_rope_style style = neox ? LM_ROPE_NEOX : LM_ROPE_ADJACENT;
+    int half = n_rot / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * head_dim;
+        for (int i = 0; i < half; i++) {
+            int a = style == LM_ROPE_NEOX ? i : 2 * i;
+            int b = style == LM_ROPE_NEOX ? i + half : 2 * i + 1;
+            float c = cs[2 * i], s = cs[2 * i + 1];
+            float x0 = v[a], x1 = v[b];
+            v[a] = x0 * c - x1 * s;
+            v[b] = x0 * s + x1 * c;
+        }
+    }
+}
+
+void ops_softmax(float *x, int n) {
+    float max = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (x[i] > max) max = x[i];
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += x[i];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+static void swiglu_ref(float *g, const float *u, int n) {
+    for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static void geglu_ref(float *g, const float *u, int n) {
+    /* GELU(tanh): 0.5 x (1 + tanh(y)) = x / (1 + e^(-2y)), y = sqrt(2/pi)
+     * (x + 0.044715 x^3); this form keeps small negative outputs exact */
+    const float c2 = -2.0f * 0.7978845608028654f;
+    for (int i = 0; i < n; i++) {
+        float x = g[i];
+        g[i] = x / (1.0f + expf(c2 * (x + 0.044715f * x * x * x))) * u[i];
+    }
+}
+
+size_t ops_matmul_scratch(uint32_t type, int64_t cols, int n_tok) {
+    const lm_type_traits *t = quant_traits(type);
+    if (!t || t->vec_dot_type == LM_TYPE_F32) return 0;
+    size_t row = quant_row_size(t->vec_dot_type, cols);
+    /* weights with a packed copy take the packed kernel's rows instead */
+    if (t->packed_gemm && t->packed_act && quant_packed_x_row_size(type, cols) > row)
+        row = quant_packed_x_row_size(type, cols);
+    return row * (size_t)n_tok;
+}
+
+/* Rows are handed out in chunks through atomic counters so a thread that
+ * finishes early takes more (the two cores here are sometimes shared). The
+ * chunks are split into one contiguous range per thread, each with its own
+ * counter: a thread takes its own range's chunks in order, then helps with
+ * the others'. So in decode each thread streams one run of consecutive
+ * weight bytes, which the prefetchers follow (chunks dealt out in turn
+ * measured 10% slower for Q4_0 decode), and nobody waits for a slow core. */
+#define MATMUL_CHUNK 16
+#define MATMUL_RANGES 16
+#define MATMUL_MAX_PARTS 3
+/* activation bytes per block of tokens in the gemm loop (matmul_chunk):
+ * about half the L2 */
+#define GEMM_BLOCK_BYTES (256 * 1024)
+
+/* One or more products sharing the input x: part k computes
+ * y_k = x · w_kᵀ. Chunks of MATMUL_CHUNK rows are numbered across the parts
+ * (part k's chunks after part k-1's) so one pool run covers them all. */
+typedef struct {
+    int n_parts;
+    float *y[MATMUL_MAX_PARTS];
+    const lm_weight *w[MATMUL_MAX_PARTS];
+    lm_vec_dot_fn dot[MATMUL_MAX_PARTS];
+    lm_gemm_fn gemm[MATMUL_MAX_PARTS];   /* tile kernel, or NULL */
+    int gemm_cols[MATMUL_MAX_PARTS];     /* its activation rows per call */
+    lm_packed_gemm_fn packed[MATMUL_MAX_PARTS]; /* with w->packed: every part has one, or none */
+    long chunk_rows;     /* rows per chunk: a multiple of every quant_pack_rows */
+    long chunk0[MATMUL_MAX_PARTS + 1];   /* first global chunk of each part */
+    const void *x;       /* activations in the shared vec_dot_type, n_tok rows */
+    size_t x_row_bytes;
+    int n_tok;
+    int n_ranges;
+    struct {
+        _Alignas(64) atomic_long next; /* next chunk of the range */
+        long end;
+    } range[MATMUL_RANGES];
+} matmul_job;
+
+static void matmul_chunk(const matmul_job *j, int k, long r0) {
+    const lm_weight *w = j->w[k];
+    float *y = j->y[k];
+    long r1 = r0 + j->chunk_rows < w->rows ? r0 + j->chunk_rows : w->rows;
+    if (j->packed[k]) {
+        /* groups of interleaved rows x tiles of tokens, tokens in the outer
+         * loop: the chunk's groups stay in cache across all tokens, each
+         * token tile's activations across the groups */
+        const lm_type_traits *t = quant_traits(w->type);
+        const int gr = quant_pack_rows(w->type), tile = t->pack_tile;
+        const size_t gb = quant_pack_size(w->type, gr, w->cols);
+        for (int c = 0; c < j->n_tok; c += tile) {
+            int nc = j->n_tok - c < tile ? j->n_tok - c : tile;
+            for (long r = r0; r < r1; r += gr) {
+                int nr = r1 - r < gr ? (int)(r1 - r) : gr;
+                j->packed[k](w->cols, (const char *)w->packed + (size_t)(r / gr) * gb, nr,
+                             (const char *)j->x + (size_t)c * j->x_row_bytes, j->x_row_bytes, nc,
+                             y + (size_t)c * (size_t)w->rows + r, (size_t)w->rows);
+            }
+        }
+        return;
+    }
+    if (j->gemm[k]) {
+        /* tiles of up to 4 weight rows x gemm_cols tokens: each weight
+         * block is decoded once per tile of tokens, each activation block
+         * loaded once per row tile. Float weights: the tokens go in blocks
+         * of GEMM_BLOCK_BYTES of activations, and within a block each row
+         * tile meets every token tile in turn, so its weights stay in L1
+         * while the block's activations stream from L2. Quantized weights
+         * (small rows, small 8-bit activations): each token tile meets
+         * the chunk's row tiles in turn, the chunk's rows staying in L2. */
+        const int tc = j->gemm_cols[k];
+        int bt = tc;
+        if (!quant_traits(w->type)->is_quantized) {
+            bt = (int)(GEMM_BLOCK_BYTES / j->x_row_bytes) / tc * tc;
+            if (bt < tc) bt = tc;
+        }
+        for (int c0 = 0; c0 < j->n_tok; c0 += bt) {
+            int c1 = j->n_tok - c0 < bt ? j->n_tok : c0 + bt;
+            for (long r = r0; r < r1; r += LM_GEMM_TILE) {
+                int nr = r1 - r < LM_GEMM_TILE ? (int)(r1 - r) : LM_GEMM_TILE;
+                for (int c = c0; c < c1; c += tc) {
+                    int nc = c1 - c < tc ? c1 - c : tc;
+                    j->gemm[k](w->cols, (const char *)w->data + (size_t)r * w->row_bytes, w->row_bytes, nr,
+                               (const char *)j->x + (size_t)c * j->x_row_bytes, j->x_row_bytes, nc,
+                               y + (size_t)c * (size_t)w->rows + r, (size_t)w->rows);
+                }
+            }
+        }
+        return;
+    }
+    for (int t = 0; t < j->n_tok; t++) {
+        const char *xt = (const char *)j->x + (size_t)t * j->x_row_bytes;
+        float *yt = y + (size_t)t * (size_t)w->rows;
+        for (long r = r0; r < r1; r++) yt[r] = j->dot[k](w->cols, (const char *)w->data + (size_t)r * w->row_bytes, xt);
+    }
+}
+
+static void matmul_worker(void *arg, int ith, int nth) {
+    matmul_job *j = arg;
+    for (int i = 0; i < j->n_ranges; i++) {
+        int r = (ith + i) % j->n_ranges;
+        for (;;) {
+            long c = atomic_fetch_add(&j->range[r].next, 1);
+            if (c >= j->range[r].end) break;
+            int k = 0;
+            while (c >= j->chunk0[k + 1]) k++;
+            matmul_chunk(j, k, (c - j->chunk0[k]) * j->chunk_rows);
+        }
+    }
+}
+
+/* Whether products with w run on its interleaved copy (quant.h). */
+static bool use_packed(const lm_weight *w) { return w->packed && quant_traits(w->type)->packed_gemm; }
+
+/* Activation rows converted in parallel, QUANT_CHUNK rows at a time. Each
+ * row is converted by the same function whichever thread takes it, so the
+ * bytes do not depend on the split. */
+#define QUANT_CHUNK 4
+
+typedef struct {
+    lm_from_float_fn fn;
+    const float *x;      /* (n_tok, cols) */
+    char *dst;           /* (n_tok, row_bytes) */
+    int64_t cols;
+    size_t row_bytes;
+    int n_tok;
+    atomic_int next;
+} quant_job;
+
+static void quant_worker(void *arg, int ith, int nth) {
+    quant_job *q = arg;
+    for (;;) {
+        int t0 = atomic_fetch_add(&q->next, QUANT_CHUNK);
+        if (t0 >= q->n_tok) break;
+        int t1 = t0 + QUANT_CHUNK < q->n_tok ? t0 + QUANT_CHUNK : q->n_tok;
+        for (int t = t0; t < t1; t++) q->fn(q->x + (size_t)t * (size_t)q->cols, q->dst + (size_t)t * q->row_bytes, q->cols);
+    }
+}
+
+static void quantize_rows(lm_pool *pool, lm_from_float_fn fn, const float *x, int64_t cols, int n_tok, void *dst,
+                          size_t row_bytes) {
+    quant_job q = {.fn = fn, .x = x, .dst = dst, .cols = cols, .row_bytes = row_bytes, .n_tok = n_tok};
+    atomic_init(&q.next, 0);
+    /* a pool run costs a wake-up: only worth it for many rows */
+    pool_run((double)n_tok * (double)cols < 64.0 * 1024 ? NULL : pool, quant_worker, &q);
+}
+
+/* Convert x once to the activation type all parts share. */
+static void matmul_run(lm_pool *pool, matmul_job *j, const float *x, int64_t cols, void *scratch) {
+    const lm_type_traits *t = quant_traits(j->w[0]->type);
+    j->chunk_rows = MATMUL_CHUNK;
+    if (use_packed(j->w[0])) {
+        if (t->packed_act) {
+            j->x_row_bytes = quant_packed_x_row_size(j->w[0]->type, cols);
+            quantize_rows(pool, t->packed_act, x, cols, j->n_tok, scratch, j->x_row_bytes);
+            j->x = scratch;
+        } else { /* F16 panels take the floats */
+            j->x = x;
+            j->x_row_bytes = (size_t)cols * sizeof(float);
+        }
+        /* many tokens: larger chunks, so each token tile's activations are
+         * read once per 64 rows rather than per 16 */
+        if (j->n_tok >= 4 * t->pack_tile) j->chunk_rows = 4 * MATMUL_CHUNK;
+    } else if (t->vec_dot_type == LM_TYPE_F32) {
+        j->x = x;
+        j->x_row_bytes = (size_t)cols * sizeof(float);
+    } else {
+        const lm_type_traits *at = quant_traits(t->vec_dot_type);
+        j->x_row_bytes = quant_row_size(t->vec_dot_type, cols);
+        quantize_rows(pool, at->from_float, x, cols, j->n_tok, scratch, j->x_row_bytes);
+        j->x = scratch;
+    }
+    double work = 0;
+    j->chunk0[0] = 0;
+    for (int k = 0; k < j->n_parts; k++) {
+        const lm_type_traits *tk = quant_traits(j->w[k]->type);
+        j->dot[k] = tk->vec_dot;
+        j->gemm[k] = tk->gemm;
+        j->gemm_cols[k] = tk->gemm_cols;
+        j->packed[k] = use_packed(j->w[k]) ? tk->packed_gemm : NULL;
+        j->chunk0[k + 1] = j->chunk0[k] + (j->w[k]->rows + j->chunk_rows - 1) / j->chunk_rows;
+        work += (double)j->w[k]->rows * (double)cols * j->n_tok;
+    }
+    /* Waking the workers costs a few microseconds: small products run on
+     * the caller alone. */
+    lm_pool *run = work < 256.0 * 1024 ? NULL : pool;
+    const long n_chunks = j->chunk0[j->n_parts];
+    int nr = run ? pool_size(run) : 1;
+    if (nr > MATMUL_RANGES) nr = MATMUL_RANGES;
+    j->n_ranges = nr;
+    for (int r = 0; r < nr; r++) {
+        atomic_init(&j->range[r].next, n_chunks * r / nr);
+        j->range[r].end = n_chunks * (r + 1) / nr;
+    }
+    pool_run(run, matmul_worker, j);
+}
+
+void ops_matmul(lm_pool *pool, float *y, const lm_weight *w, const float *x, int n_tok, void *scratch) {
+    matmul_job j = {.n_parts = 1, .n_tok = n_tok};
+    j.y[0] = y;
+    j.w[0] = w;
+    matmul_run(pool, &j, x, w->cols, scratch);
+}
+
+void ops_matmul_multi(lm_pool *pool, int n, float *const *y, const lm_weight *const *w, const float *x, int n_tok,
+                      void *scratch) {
+    /* one pass when the parts read the same activation format, else one each */
+    bool same = n <= MATMUL_MAX_PARTS;
+    for (int k = 1; k < n && same; k++)
+        same = w[k]->cols == w[0]->cols &&
+               quant_traits(w[k]->type)->vec_dot_type == quant_traits(w[0]->type)->vec_dot_type &&
+               use_packed(w[k]) == use_packed(w[0]);
+    if (!same) {
+        for (int k = 0; k < n; k++) ops_matmul(pool, y[k], w[k], x, n_tok, scratch);
+        return;
+    }
+    matmul_job j = {.n_parts = n, .n_tok = n_tok};
+    for (int k = 0; k < n; k++) {
+        j.y[k] = y[k];
+        j.w[k] = w[k];
+    }
+    matmul_run(pool, &j, x, w[0]->cols, scratch);
+}
+
+void ops_get_row(const lm_weight *w, int64_t row, float *out) {
+    quant_traits(w->type)->to_float((const char *)w->data + (size_t)row * w->row_bytes, out, w->cols);
+}

@@ -1,0 +1,56 @@
+/*
+ * ops.h - the element-wise and matrix kernels of the forward pass.
+ *
+ * Shapes are given in comments as (rows, cols), row-major. Matrix products
+ * take a weight in any supported type (quant.h) and float activations; the
+ * activations are converted once per call to the weight type's vec_dot_type
+ * (e.g. Q8_0 blocks) and every output element is one vec_dot, so a row's
+ * result does not depend on how many other rows share the call. A weight
+ * with an interleaved copy (lm_weight.packed: Q8_0/Q4_0 on AVX2) is always
+ * multiplied through that copy's kernels instead, against block_q8_0s
+ * activations, with the same guarantee (quant.h).
+ */
+#ifndef LAMINA_OPS_H
+#define LAMINA_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/model.h"
+#include "base/pool.h"
+
+/* y = x / rms(x) * w over n elements (y may alias x). */
+void ops_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
+
+/* Precompute the rotation of one position: cs[2i] = cos, cs[2i+1] = sin of
+ * pos * scale * base^(-2i/n_rot), i < n_rot/2, angles in double. */
+void ops_rope_angles(float *cs, int n_rot, int pos, float base, float scale);
+/* Rotate n_heads heads of head_dim values in place with angles from above. */
+void ops_rope_apply(float *x, int n_heads, int head_dim, int n_rot, const float *cs, lm_rope_style style);
+
+/* In-place softmax over n values (max-subtracted, sum in double). */
+void ops_softmax(float *x, int n);
+
+/* g[i] = silu(g[i]) * u[i]. */
+void ops_swiglu(float *g, const float *u, int n);
+/* g[i] = gelu(g[i]) * u[i], GELU in its tanh form. */
+void ops_geglu(float *g, const float *u, int n);
+
+/* Bytes of activation scratch ops_matmul needs for n_tok rows of `cols`
+ * inputs against weights of type `type`. */
+size_t ops_matmul_scratch(uint32_t type, int64_t cols, int n_tok);
+
+/* y (n_tok, w->rows) = x (n_tok, w->cols) · wᵀ, split over the pool's
+ * threads by output rows. scratch: ops_matmul_scratch() bytes. */
+void ops_matmul(lm_pool *pool, float *y, const lm_weight *w, const float *x, int n_tok, void *scratch);
+
+/* Several products of the same input (e.g. Q, K and V; gate and up), up to
+ * 3, in one pass over the pool with the input converted once; each y[k] is
+ * bit-identical to ops_matmul(y[k], w[k]). */
+void ops_matmul_multi(lm_pool *pool, int n, float *const *y, const lm_weight *const *w, const float *x, int n_tok,
+                      void *scratch);
+
+/* Dequantize row `row` of w into out (w->cols floats). */
+void ops_get_row(const lm_weight *w, int64_t row, float *out);
+
+#endif

@@ -1,0 +1,588 @@
+/*
+ * server.c - the HTTP side of `lamina serve`: listening, routing,
+ * authentication, body limits, /health, /v1/models and /metrics.
+ * Generation requests are handed to server_gen.c (call_run).
+ *
+ * The HTTP library (libmicrohttpd) runs an internal polling thread and one
+ * thread per connection, so the handler of a request may block: a
+ * non-streaming answer waits in the access handler, a streaming one in the
+ * content reader. Neither blocks the engine, which only ever appends to a
+ * call's queue.
+ *
+ * Life of a request: the access handler's first call sees the headers only;
+ * routes that need no body answer at once (and so do a bad key, an unknown
+ * route, a wrong method, a declared Content-Length over the limit). For the
+ * generation routes it makes a srv_call; the body arrives in pieces (kept
+ * up to max_body bytes; the rest is read and dropped and answered 413);
+ * the last call runs the request. The completed callback frees the call,
+ * whatever the way the request ended (answered, client gone, shutdown).
+ */
+#include <netdb.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <microhttpd.h>
+
+#include "text/chat.h"
+#include "model/model.h"
+#include "serve/server_int.h"
+#include "base/util.h"
+
+/* ------------------------------------------------------------- byte buffer */
+
+void sbuf_put(srv_buf *b, const void *s, size_t n) {
+    if (b->failed || n == 0) return;
+    if (n > SIZE_MAX / 2 - b->len) {
+        b->failed = true;
+        return;
+    }
+    size_t need = b->len + n + 1;
+    if (need > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < need) cap *= 2;
+        char *p = lm_realloc(b->p, cap);
+        if (!p) {
+            b->failed = true;
+            return;
+        }
+        b->p = p, b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+void sbuf_puts(srv_buf *b, const char *s) {
+    if (s) sbuf_put(b, s, strlen(s));
+}
+
+void sbuf_printf(srv_buf *b, const char *fmt, ...) {
+    char small[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        b->failed = true;
+        return;
+    }
+    if ((size_t)n < sizeof small) {
+        sbuf_put(b, small, (size_t)n);
+        return;
+    }
+    char *big = lm_malloc((size_t)n + 1);
+    if (!big) {
+        b->failed = true;
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    sbuf_put(b, big, (size_t)n);
+    lm_free(big);
+}
+
+void sbuf_free(srv_buf *b) {
+    lm_free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+/* Length of the UTF-8 sequence at s (n bytes readable): > 0 a valid
+ * character, 0 a valid but incomplete start, -1 invalid (one byte to drop). */
+static int utf8_seq(const unsigned char *s, size_t n) {
+    unsigned char c = s[0];
+    if (c < 0x80) return 1;
+    int len;
+    if (c >= 0xc2 && c <= 0xdf) len = 2;
+    else if (c >= 0xe0 && c <= 0xef) len = 3;
+    else if (c >= 0xf0 && c <= 0xf4) len = 4;
+    else return -1;
+    for (int k = 1; k < len; k++) {
+        if ((size_t)k >= n) return 0;
+        unsigned char d = s[k];
+        /* the second byte's range excludes overlongs, surrogates and > U+10FFFF */
+        unsigned char lo = 0x80, hi = 0xbf;
+        if (k == 1 && c == 0xe0) lo = 0xa0;
+        if (k == 1 && c == 0xed) hi = 0x9f;
+        if (k == 1 && c == 0xf0) lo = 0x90;
+        if (k == 1 && c == 0xf4) hi = 0x8f;
+        if (d < lo || d > hi) return -1;
+    }
+    return len;
+}
+
+size_t sbuf_put_utf8(srv_buf *b, const char *str, size_t n, bool final) {
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < n) {
+        int len = utf8_seq(s + i, n - i);
+        if (len == 0 && !final) break;
+        if (len <= 0) {
+            sbuf_put(b, "\xef\xbf\xbd", 3);
+            i++;
+        } else if (len == 1 && s[i] == 0) {
+            sbuf_put(b, "\xef\xbf\xbd", 3); /* a NUL cannot travel in a C string */
+            i++;
+        } else {
+            sbuf_put(b, s + i, (size_t)len);
+            i += (size_t)len;
+        }
+    }
+    return i;
+}
+
+/* --------------------------------------------------------------- responses */
+
+int srv_respond(lm_server *s, struct MHD_Connection *conn, int status, const char *ctype, const char *body,
+                size_t len, const char *hdr, const char *hdr_val) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", ctype);
+    if (hdr) MHD_add_response_header(r, hdr, hdr_val);
+    enum MHD_Result ret = MHD_queue_response(conn, (unsigned)status, r);
+    MHD_destroy_response(r);
+    if (ret == MHD_YES && status > 0 && status < SRV_STATUS_MAX) atomic_fetch_add(&s->http_status[status], 1);
+    return ret;
+}
+
+char *srv_error_json(const lm_server_error *e) {
+    cJSON *o = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(o, "error");
+    srv_buf msg = {0};
+    sbuf_put_utf8(&msg, e->message, strlen(e->message), true);
+    cJSON_AddStringToObject(err, "message", msg.p ? msg.p : "");
+    sbuf_free(&msg);
+    cJSON_AddStringToObject(err, "type", e->type[0] ? e->type : "invalid_request_error");
+    if (e->param[0]) cJSON_AddStringToObject(err, "param", e->param);
+    else cJSON_AddNullToObject(err, "param");
+    if (e->code[0]) cJSON_AddStringToObject(err, "code", e->code);
+    else cJSON_AddNullToObject(err, "code");
+    char *p = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return p; /* cJSON allocates through lm_malloc (server_parse.c's hooks) */
+}
+
+int srv_respond_error(lm_server *s, struct MHD_Connection *conn, const lm_server_error *e) {
+    char *j = srv_error_json(e);
+    static const char fallback[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+                                   "\"param\":null,\"code\":null}}";
+    int ret = srv_respond(s, conn, e->status, "application/json", j ? j : fallback, j ? strlen(j) : strlen(fallback),
+                          NULL, NULL);
+    lm_free(j);
+    return ret;
+}
+
+/* An error answer in one call: status, type, code and message. */
+static int respond_err(lm_server *s, struct MHD_Connection *conn, int status, const char *type, const char *code,
+                       const char *hdr, const char *hdr_val, const char *fmt, ...)
+    __attribute__((format(printf, 8, 9)));
+static int respond_err(lm_server *s, struct MHD_Connection *conn, int status, const char *type, const char *code,
+                       const char *hdr, const char *hdr_val, const char *fmt, ...) {
+    lm_server_error e;
+    server_error(&e, status, type, NULL, code, "%s", "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e.message, sizeof e.message, fmt, ap);
+    va_end(ap);
+    char *j = srv_error_json(&e);
+    int ret = srv_respond(s, conn, status, "application/json", j ? j : "{}", j ? strlen(j) : 2, hdr, hdr_val);
+    lm_free(j);
+    return ret;
+}
+
+bool srv_peer_gone(struct MHD_Connection *conn) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return false;
+    struct pollfd p = {.fd = ci->connect_fd, .events = POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0) return false;
+    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+/* ------------------------------------------------------------- small routes */
+
+static int route_health(lm_server *s, struct MHD_Connection *conn) {
+    bool ready = atomic_load(&s->engine) != NULL;
+    const char *body = ready ? "{\"status\":\"ok\"}" : "{\"status\":\"loading\"}";
+    return srv_respond(s, conn, ready ? 200 : 503, "application/json", body, strlen(body), NULL, NULL);
+}
+
+static cJSON *model_object(lm_server *s) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", s->model_name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)s->started);
+    cJSON_AddStringToObject(m, "owned_by", "lamina");
+    lm_engine *e = atomic_load(&s->engine);
+    if (e) cJSON_AddNumberToObject(m, "max_model_len", engine_n_ctx(e));
+    return m;
+}
+
+/* GET /v1/models and /v1/models/NAME. */
+static int route_models(lm_server *s, struct MHD_Connection *conn, const char *name) {
+    cJSON *o;
+    if (name) {
+        if (strcmp(name, s->model_name) != 0)
+            return respond_err(s, conn, 404, "invalid_request_error", "model_not_found", NULL, NULL,
+                               "The model '%.100s' does not exist.", name);
+        o = model_object(s);
+    } else {
+        o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "object", "list");
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "data"), model_object(s));
+    }
+    char *j = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!j) return MHD_NO;
+    int ret = srv_respond(s, conn, 200, "application/json", j, strlen(j), NULL, NULL);
+    cJSON_free(j);
+    return ret;
+}
+
+static void metric(srv_buf *b, const char *name, const char *type, const char *help, double v) {
+    sbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+}
+
+/* A histogram in Prometheus' form: cumulative buckets, +Inf, sum, count. */
+static void histogram(srv_buf *b, const char *name, const char *help, const lm_hist *h) {
+    sbuf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    int nb = h->n_bounds < LM_HIST_MAX ? h->n_bounds : LM_HIST_MAX;
+    for (int i = 0; i < nb; i++) {
+        cum += h->counts[i];
+        sbuf_printf(b, "%s_bucket{le=\"%.10g\"} %llu\n", name, h->bounds[i], (unsigned long long)cum);
+    }
+    cum += h->counts[nb];
+    sbuf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.17g\n%s_count %llu\n", name, (unsigned long long)cum, name,
+                h->sum, name, (unsigned long long)h->count);
+}
+
+static int route_metrics(lm_server *s, struct MHD_Connection *conn) {
+    lm_engine_stats st;
+    memset(&st, 0, sizeof st);
+    lm_engine *e = atomic_load(&s->engine);
+    if (e) engine_stats(e, &st);
+    srv_buf b = {0};
+    metric(&b, "lamina_model_loaded", "gauge", "1 once the model is loaded.", e ? 1 : 0);
+    metric(&b, "lamina_requests_running", "gauge", "Requests generating now.", st.running);
+    metric(&b, "lamina_requests_waiting", "gauge", "Requests queued for admission.", st.waiting);
+    metric(&b, "lamina_requests_total", "counter", "Requests accepted by the engine.", (double)st.requests_total);
+    metric(&b, "lamina_requests_finished_total", "counter", "Requests finished.", (double)st.requests_finished);
+    metric(&b, "lamina_requests_rejected_total", "counter", "Requests refused as busy.", (double)st.requests_rejected);
+    metric(&b, "lamina_prompt_tokens_total", "counter", "Prompt tokens submitted.", (double)st.prompt_tokens_total);
+    metric(&b, "lamina_generation_tokens_total", "counter", "Tokens generated.", (double)st.generation_tokens_total);
+    metric(&b, "lamina_iterations_total", "counter", "Engine iterations.", (double)st.iterations);
+    metric(&b, "lamina_kv_blocks_total", "gauge", "KV cache blocks in the pool.", (double)st.kv_blocks_total);
+    metric(&b, "lamina_kv_blocks_used", "gauge", "KV cache blocks held by sequences.", (double)st.kv_blocks_used);
+    metric(&b, "lamina_kv_blocks_free", "gauge", "KV cache blocks free.", (double)st.kv_blocks_free);
+    metric(&b, "lamina_kv_blocks_cached", "gauge", "Free KV blocks kept for prefix reuse.",
+           (double)st.kv_blocks_cached);
+    if (st.kv_local_blocks_total) { /* sliding-window layers: their own blocks */
+        metric(&b, "lamina_kv_local_blocks_total", "gauge", "KV blocks of sliding-window layers in the pool.",
+               (double)st.kv_local_blocks_total);
+        metric(&b, "lamina_kv_local_blocks_used", "gauge", "KV blocks of sliding-window layers held by sequences.",
+               (double)st.kv_local_blocks_used);
+        metric(&b, "lamina_kv_local_blocks_free", "gauge", "KV blocks of sliding-window layers free.",
+               (double)st.kv_local_blocks_free);
+        metric(&b, "lamina_kv_local_blocks_cached", "gauge",
+               "Free KV blocks of sliding-window layers kept for prefix reuse.", (double)st.kv_local_blocks_cached);
+    }
+    metric(&b, "lamina_prefix_cache_queries_total", "counter", "Prefix cache lookups.",
+           (double)st.prefix_queries_total);
+    metric(&b, "lamina_prefix_cache_hits_total", "counter", "Prefix cache hits.", (double)st.prefix_hits_total);
+    metric(&b, "lamina_preemptions_total", "counter", "Sequences preempted for KV space.",
+           (double)st.preemptions_total);
+    histogram(&b, "lamina_batch_size", "Sequences per engine iteration.", &st.batch_size);
+    histogram(&b, "lamina_time_to_first_token_seconds", "Submission to first token.", &st.ttft);
+    histogram(&b, "lamina_time_per_output_token_seconds", "Time per output token after the first.", &st.tpot);
+    histogram(&b, "lamina_request_duration_seconds", "Submission to finish.", &st.e2e);
+    sbuf_puts(&b, "# HELP lamina_http_requests_total HTTP responses by status code.\n"
+                  "# TYPE lamina_http_requests_total counter\n");
+    for (int code = 100; code < SRV_STATUS_MAX; code++) {
+        uint64_t n = atomic_load(&s->http_status[code]);
+        if (n) sbuf_printf(&b, "lamina_http_requests_total{code=\"%d\"} %llu\n", code, (unsigned long long)n);
+    }
+    int ret = b.failed ? MHD_NO
+                       : srv_respond(s, conn, 200, "text/plain; version=0.0.4; charset=utf-8", b.p ? b.p : "", b.len,
+                                     NULL, NULL);
+    sbuf_free(&b);
+    return ret;
+}
+
+/* ----------------------------------------------------------------- routing */
+
+/* Equal strings, in time that depends on their lengths only. */
+static bool same_secret(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    unsigned char diff = la != lb;
+    for (size_t i = 0; i < la; i++) diff |= (unsigned char)a[i] ^ (unsigned char)b[lb ? i % lb : 0];
+    return diff == 0;
+}
+
+static bool authorized(lm_server *s, struct MHD_Connection *conn) {
+    if (!s->api_key || !s->api_key[0]) return true;
+    const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
+    h += 7;
+    while (*h == ' ') h++;
+    return same_secret(h, s->api_key);
+}
+
+enum { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT };
+
+static int route_of(const char *url) {
+    if (!strcmp(url, "/health")) return R_HEALTH;
+    if (!strcmp(url, "/metrics")) return R_METRICS;
+    if (!strcmp(url, "/v1/models")) return R_MODELS;
+    if (!strncmp(url, "/v1/models/", 11) && url[11]) return R_MODEL;
+    if (!strcmp(url, "/v1/completions")) return R_COMPLETIONS;
+    if (!strcmp(url, "/v1/chat/completions")) return R_CHAT;
+    return R_NONE;
+}
+
+/* The first call of a request (headers only): answer it, or set up a call
+ * for a generation route and wait for the body. */
+static enum MHD_Result first_call(lm_server *s, struct MHD_Connection *conn, const char *url, const char *method,
+                                  void **req_cls) {
+    int route = route_of(url);
+    bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
+    if (!strncmp(url, "/v1/", 4) && !authorized(s, conn))
+        return respond_err(s, conn, 401, "invalid_request_error", "invalid_api_key", "WWW-Authenticate", "Bearer",
+                           "Incorrect or missing API key: send 'Authorization: Bearer KEY'.");
+    if (route == R_NONE)
+        return respond_err(s, conn, 404, "invalid_request_error", "not_found", NULL, NULL, "Unknown route %.8s %.200s",
+                           method, url);
+    bool gen = route == R_COMPLETIONS || route == R_CHAT;
+    if (gen ? !post : !get)
+        return respond_err(s, conn, 405, "invalid_request_error", "method_not_allowed", "Allow",
+                           gen ? "POST" : "GET, HEAD", "Method %.8s is not allowed on %.200s (use %s)", method, url,
+                           gen ? "POST" : "GET");
+    if (route == R_HEALTH) return route_health(s, conn);
+    if (route == R_METRICS) return route_metrics(s, conn);
+    if (route == R_MODELS) return route_models(s, conn, NULL);
+    if (route == R_MODEL) return route_models(s, conn, url + 11);
+    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
+    if (cl) {
+        char *end;
+        unsigned long long n = strtoull(cl, &end, 10);
+        if (n > s->cfg.max_body)
+            return respond_err(s, conn, 413, "invalid_request_error", "request_too_large", "Connection", "close",
+                               "The request body is larger than the server's limit of %zu bytes.", s->cfg.max_body);
+    }
+    srv_call *c = call_new(s, conn, route == R_CHAT);
+    if (!c) return MHD_NO;
+    *req_cls = c;
+    return MHD_YES;
+}
+
+static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                                 const char *version, const char *upload_data, size_t *upload_data_size,
+                                 void **req_cls) {
+    lm_server *s = cls;
+    srv_call *c = *req_cls;
+    if (!c) return first_call(s, conn, url, method, req_cls);
+    if (*upload_data_size) {
+        if (!c->too_big && c->body.len + *upload_data_size > s->cfg.max_body) {
+            c->too_big = true;
+            sbuf_free(&c->body);
+        }
+        if (!c->too_big) sbuf_put(&c->body, upload_data, *upload_data_size);
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (c->too_big)
+        return respond_err(s, conn, 413, "invalid_request_error", "request_too_large", "Connection", "close",
+                           "The request body is larger than the server's limit of %zu bytes.", s->cfg.max_body);
+    if (c->body.failed)
+        return respond_err(s, conn, 500, "server_error", NULL, NULL, NULL, "out of memory reading the request");
+    return call_run(c);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    srv_call *c = *req_cls;
+    if (!c) return;
+    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) c->disconnected = true;
+    call_free(c); /* cancels what still generates and waits for its final events */
+    *req_cls = NULL;
+}
+
+static void on_log(void *cls, const char *fmt, va_list ap) {
+    lm_server *s = cls;
+    if (!s->starting) return;
+    vsnprintf(s->start_error, sizeof s->start_error, fmt, ap);
+    size_t n = strlen(s->start_error);
+    while (n && (s->start_error[n - 1] == '\n' || s->start_error[n - 1] == '\r')) s->start_error[--n] = 0;
+}
+
+/* ------------------------------------------------------------------ set-up */
+
+void server_config_default(lm_server_config *c) {
+    memset(c, 0, sizeof *c);
+    c->host = "127.0.0.1";
+    c->port = 8080;
+    c->max_body = 1 << 20;
+    c->max_n = 16;
+    c->timeout = 600;
+    c->keepalive = 3;
+    c->idle_timeout = 60;
+    c->stream_buffer = 4 << 20;
+    c->max_connections = 512;
+}
+
+static char *dup_or_null(const char *s) {
+    if (!s) return NULL;
+    size_t n = strlen(s);
+    char *d = lm_malloc(n + 1);
+    if (d) memcpy(d, s, n + 1);
+    return d;
+}
+
+static void free_strings(lm_server *s) {
+    lm_free(s->host);
+    lm_free(s->api_key);
+    lm_free(s->model_name);
+    lm_free(s->tmpl_name);
+    lm_free(s->tmpl_text);
+    lm_free(s->model_tmpl);
+}
+
+/* Bind address: the first that getaddrinfo gives for the host. */
+static int start_daemon(lm_server *s, char *err, size_t errlen) {
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
+    struct addrinfo *ai = NULL;
+    char port[16];
+    snprintf(port, sizeof port, "%d", s->cfg.port);
+    int gai = getaddrinfo(s->host, port, &hints, &ai);
+    if (gai || !ai) return lm_err(err, errlen, "cannot resolve '%s': %s", s->host, gai_strerror(gai));
+    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG;
+    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    s->starting = true;
+    s->daemon = MHD_start_daemon(flags, (uint16_t)s->cfg.port, NULL, NULL, on_access, s, MHD_OPTION_SOCK_ADDR,
+                                 ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg.idle_timeout,
+                                 MHD_OPTION_EXTERNAL_LOGGER, on_log, s,
+                                 MHD_OPTION_END);
+    freeaddrinfo(ai);
+    s->starting = false;
+    if (!s->daemon)
+        return lm_err(err, errlen, "cannot listen on %s:%d%s%s", s->host, s->cfg.port, s->start_error[0] ? ": " : "",
+                      s->start_error);
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : s->cfg.port;
+    return 0;
+}
+
+lm_server *server_new(lm_engine *e, const lm_server_config *c, char *err, size_t errlen) {
+    srv_json_init();
+    lm_server *s = lm_calloc(1, sizeof *s);
+    if (!s) return lm_err(err, errlen, "out of memory"), NULL;
+    s->cfg = *c;
+    if (!s->cfg.host) s->cfg.host = "127.0.0.1";
+    if (!s->cfg.max_body) s->cfg.max_body = 1 << 20;
+    if (s->cfg.max_n < 1) s->cfg.max_n = 16;
+    if (!(s->cfg.keepalive > 0)) s->cfg.keepalive = 3;
+    if (s->cfg.idle_timeout < 1) s->cfg.idle_timeout = 60;
+    if (!s->cfg.stream_buffer) s->cfg.stream_buffer = 4 << 20;
+    if (s->cfg.max_connections < 1) s->cfg.max_connections = 512;
+    s->host = dup_or_null(s->cfg.host);
+    s->api_key = dup_or_null(c->api_key);
+    s->model_name = dup_or_null(c->model_name ? c->model_name : "lamina");
+    s->tmpl_name = dup_or_null(c->chat_template);
+    s->tmpl_text = dup_or_null(c->chat_template_text);
+    if (!s->host || !s->model_name || (c->api_key && !s->api_key) || (c->chat_template && !s->tmpl_name) ||
+        (c->chat_template_text && !s->tmpl_text)) {
+        free_strings(s);
+        lm_free(s);
+        return lm_err(err, errlen, "out of memory"), NULL;
+    }
+    s->started = (long long)time(NULL);
+    s->id_salt = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid() << 32 ^ (uint64_t)(lm_now() * 1e9);
+    if (start_daemon(s, err, errlen)) {
+        free_strings(s);
+        lm_free(s);
+        return NULL;
+    }
+    if (e && server_set_engine(s, e, err, errlen)) {
+        server_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+/* Chat template: the named family, a template file's text, or the model's
+ * own (a Gemma 3 file without one speaks Gemma's format). */
+static void resolve_chat(lm_server *s, const lm_model *m) {
+    lm_server_parse_ctx *p = &s->pctx;
+    p->chat_family = -1;
+    p->chat_template = NULL;
+    if (s->tmpl_name) {
+        p->chat_family = chat_family_from_name(s->tmpl_name);
+        if (p->chat_family < 0)
+            snprintf(s->chat_error, sizeof s->chat_error, "chat template '%.100s' is not a known family name",
+                     s->tmpl_name);
+        return;
+    }
+    const char *text = s->tmpl_text;
+    gguf_str gs;
+    if (!text && m->gguf && gguf_get_str(m->gguf, "tokenizer.chat_template", &gs)) {
+        s->model_tmpl = lm_malloc(gs.len + 1);
+        if (!s->model_tmpl) {
+            snprintf(s->chat_error, sizeof s->chat_error, "out of memory reading the chat template");
+            return;
+        }
+        memcpy(s->model_tmpl, gs.ptr, gs.len);
+        s->model_tmpl[gs.len] = 0;
+        text = s->model_tmpl;
+    }
+    if (!text && m->hp.arch == LM_ARCH_GEMMA3) {
+        p->chat_family = chat_family_from_name("gemma");
+        return;
+    }
+    if (!text)
+        snprintf(s->chat_error, sizeof s->chat_error,
+                 "the model has no chat template (tokenizer.chat_template); start the server with --chat-template "
+                 "NAME|FILE to enable chat");
+    else if (chat_detect(text) < 0)
+        snprintf(s->chat_error, sizeof s->chat_error, "the %s chat template is not one lamina recognizes",
+                 s->tmpl_text ? "--chat-template file's" : "model's");
+    else
+        p->chat_template = text;
+}
+
+int server_set_engine(lm_server *s, lm_engine *e, char *err, size_t errlen) {
+    if (!e) return lm_err(err, errlen, "no engine");
+    if (atomic_load(&s->engine)) return lm_err(err, errlen, "the server already has an engine");
+    lm_server_parse_ctx *p = &s->pctx;
+    p->tok = engine_tokenizer(e);
+    p->n_ctx = engine_n_ctx(e);
+    p->model_name = s->model_name;
+    p->max_n = s->cfg.max_n;
+    p->max_tokens_cap = s->cfg.max_tokens_cap;
+    s->chat_error[0] = 0;
+    resolve_chat(s, engine_model(e));
+    p->chat_error = s->chat_error[0] ? s->chat_error : NULL;
+    if (p->chat_error && s->cfg.log) {
+        char line[400];
+        snprintf(line, sizeof line, "chat requests will fail: %s", s->chat_error);
+        s->cfg.log(s->cfg.log_user, line);
+    }
+    atomic_store(&s->engine, e);
+    return 0;
+}
+
+int server_port(const lm_server *s) { return s->port; }
+
+void server_free(lm_server *s) {
+    if (!s) return;
+    atomic_store(&s->stopping, true);
+    if (s->daemon) MHD_stop_daemon(s->daemon);
+    free_strings(s);
+    lm_free(s);
+}

@@ -1,0 +1,162 @@
+/*
+ * server.h - an OpenAI-compatible HTTP front end for the engine.
+ *
+ * Routes (JSON in and out, OpenAI's request and response shapes):
+ *   POST /v1/completions        text completion; prompt a string, an array of
+ *                               strings, an array of token ids or an array of
+ *                               such arrays (each its own prompt)
+ *   POST /v1/chat/completions   chat: messages rendered with the chat template
+ *   GET  /v1/models             the one model served
+ *   GET  /health                503 while the model loads, 200 when ready
+ *   GET  /metrics               Prometheus text: engine gauges, counters and
+ *                               histograms, HTTP requests by status
+ * With "stream": true the answer comes as Server-Sent Events, one chunk per
+ * released piece of text, a final chunk with the finish reason, an optional
+ * usage chunk, then "data: [DONE]"; comment lines keep the connection alive
+ * while nothing else is sent.
+ *
+ * Threads: the HTTP library runs one thread per connection. Generation goes
+ * through the engine only (engine_submit / engine_cancel); the engine calls
+ * back on its own thread, and that callback only appends to a bounded
+ * per-request queue and signals, never blocks. The connection's thread turns
+ * the queue into JSON. A request whose client went away, whose queue
+ * overflowed (a client that does not read) or that ran past the timeout is
+ * cancelled, and its KV blocks return to the pool.
+ *
+ * Request parsing is a pure function (server_parse_request): body bytes in,
+ * engine-ready parameters or an HTTP status with an OpenAI error out, no
+ * sockets and no engine, so it can be unit-tested and fuzzed.
+ *
+ * Library code: nothing here prints or exits. Notices (an unusable chat
+ * template) go to the log callback of the configuration.
+ */
+#ifndef LAMINA_SERVER_H
+#define LAMINA_SERVER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sched/engine.h"
+#include "decode/sample.h"
+#include "text/tokenizer.h"
+
+/* ---------------------------------------------------------------- parsing */
+
+#define SERVER_MAX_STOP 16          /* stop strings a request may give */
+#define SERVER_MAX_STOP_LEN 256     /* bytes per stop string */
+#define SERVER_MAX_PROMPTS 64       /* prompts in one completions request */
+#define SERVER_MAX_BIAS 1024        /* logit_bias entries */
+
+/* What the parser needs to know about the model and the limits. */
+typedef struct {
+    const lm_tokenizer *tok;
+    int n_ctx;                 /* positions per sequence */
+    const char *model_name;    /* requests naming another model get 404 */
+    int chat_family;           /* a family (chat.h), or -1 to use chat_template */
+    const char *chat_template; /* Jinja text for chat_render_template, or NULL */
+    const char *chat_error;    /* when neither is usable: why chat requests fail */
+    int max_n;                 /* largest n (choices per prompt) */
+    int max_tokens_cap;        /* largest max_tokens; 0: only the context limits it */
+} lm_server_parse_ctx;
+
+/* An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}. */
+typedef struct {
+    int status;        /* HTTP status; 200 when there is no error */
+    char message[320];
+    char type[40];     /* "invalid_request_error", "authentication_error", ... */
+    char param[48];    /* the offending parameter, "" for none */
+    char code[40];     /* "" for none */
+} lm_server_error;
+
+/* One request, ready for engine_submit (one submission per prompt). */
+typedef struct {
+    bool chat;
+    bool stream, include_usage;
+    bool echo;                 /* completions: prepend the prompt text */
+    int n_prompts;             /* >= 1 */
+    int32_t **prompts;         /* (n_prompts) token arrays */
+    int *n_prompt;             /* (n_prompts) their lengths, >= 1 */
+    char **echo_text;          /* (n_prompts) with echo: the prompt as text, else NULL */
+    int max_tokens;            /* >= 1; prompt + max_tokens fits the context */
+    int n;                     /* choices per prompt */
+    lm_sample_params sp;
+    bool seed_given;           /* else the caller picks a seed */
+    int32_t *bias_ids;         /* (n_bias) */
+    float *bias_vals;          /* (n_bias), -INFINITY for a ban (-100) */
+    int n_bias;
+    char *stop[SERVER_MAX_STOP + 1]; /* (n_stop), the chat stop marker included */
+    int n_stop;
+    bool ignore_eos;
+    bool logprobs;             /* per-token log probabilities wanted */
+    int top_logprobs;          /* alternatives per token, 0 .. LM_MAX_TOP_LOGPROBS */
+    int priority;
+} lm_server_request;
+
+/*
+ * Parse a request body for /v1/completions (chat false) or
+ * /v1/chat/completions (chat true): validate it, render and tokenize the
+ * prompt, check the limits. Returns 0 with *out filled (release it with
+ * server_request_free), or -1 with *e set (a 4xx status) and *out empty.
+ * Never reads past len; the body need not be NUL-terminated.
+ */
+int server_parse_request(const lm_server_parse_ctx *c, bool chat, const char *body, size_t len,
+                         lm_server_request *out, lm_server_error *e);
+void server_request_free(lm_server_request *r);
+
+/* Fill *e and return -1 (for `return server_error(...)`). */
+int server_error(lm_server_error *e, int status, const char *type, const char *param, const char *code,
+                 const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* Whether len bytes are well-formed UTF-8 (no overlong forms, surrogates or
+ * code points past U+10FFFF). */
+bool server_utf8_valid(const char *s, size_t len);
+
+/* ----------------------------------------------------------------- server */
+
+typedef void (*lm_server_log_fn)(void *user, const char *line);
+
+typedef struct {
+    const char *host;          /* numeric address or name to bind (default 127.0.0.1) */
+    int port;                  /* 0: any free port (see server_port) */
+    const char *api_key;       /* NULL or "": no authentication */
+    const char *model_name;    /* the name /v1/models reports and requests may use */
+    const char *chat_template; /* a family name, or NULL for the model's own */
+    const char *chat_template_text; /* a template's text (from a file), or NULL */
+    size_t max_body;           /* request body bytes (default 1 MiB) */
+    int max_n;                 /* default 16 */
+    int max_tokens_cap;        /* 0: the context is the only limit */
+    double timeout;            /* seconds per request, then it is cancelled; 0: none */
+    double keepalive;          /* seconds of silence before a keep-alive comment (default 3) */
+    int idle_timeout;          /* seconds a connection may sit idle (no request, or a client that
+                                  reads nothing) before it is closed (default 60) */
+    size_t stream_buffer;      /* bytes a streaming request may hold unsent before it is
+                                  cancelled (default 4 MiB) */
+    int max_connections;       /* default 512 */
+    lm_server_log_fn log;      /* notices; may be NULL */
+    void *log_user;
+} lm_server_config;
+
+void server_config_default(lm_server_config *c);
+
+typedef struct lm_server lm_server;
+
+/*
+ * Start listening. The engine may be NULL: the server then answers /health
+ * with 503 and the generation routes with 503 until server_set_engine. The
+ * configuration's strings are copied. NULL with a message on failure (the
+ * address cannot be bound, ...).
+ */
+lm_server *server_new(lm_engine *e, const lm_server_config *c, char *err, size_t errlen);
+/* Attach the engine once the model is loaded (once). Resolves the chat
+ * template; one that cannot be used is logged, and chat requests then fail
+ * with 400 naming why. Returns 0, or -1 with a message. */
+int server_set_engine(lm_server *s, lm_engine *e, char *err, size_t errlen);
+/* The port listened on (the chosen one when the configuration said 0). */
+int server_port(const lm_server *s);
+/* Stop accepting, cancel what is in flight, wait for every connection's
+ * thread, free. The engine is not freed (the caller owns it and frees it
+ * after this returns). */
+void server_free(lm_server *s);
+
+#endif

@@ -1,0 +1,176 @@
+/*
+ * server_int.h - what server.c (HTTP, routes, metrics) and server_gen.c
+ * (generation requests: engine events, streaming, JSON answers) share.
+ * Not a public header: the contract is server.h.
+ *
+ * Ownership. A srv_call is one HTTP request on a generation route. It is
+ * created by the access handler, owned by its connection's thread, and
+ * freed in the request-completed callback, which first cancels what is
+ * still generating and waits for every choice's final engine event: after
+ * that the engine holds no pointer into the call.
+ *
+ * Locking. call->mu guards what the engine thread writes (the event queue,
+ * final counts, handles); the connection's thread takes the whole queue at
+ * once (queue_take) and works on its own copy without the lock.
+ */
+#ifndef LAMINA_SERVER_INT_H
+#define LAMINA_SERVER_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sched/engine.h"
+#include "serve/server.h"
+
+/* ------------------------------------------------------------- byte buffer */
+
+typedef struct {
+    char *p;     /* NUL-terminated when len > 0 */
+    size_t len;
+    size_t cap;
+    bool failed; /* an allocation failed: the content is incomplete */
+} srv_buf;
+
+void sbuf_put(srv_buf *b, const void *s, size_t n);
+void sbuf_puts(srv_buf *b, const char *s);
+void sbuf_printf(srv_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void sbuf_free(srv_buf *b);
+/* Append the longest prefix of s[0..n) that is complete UTF-8, with every
+ * invalid byte replaced by U+FFFD; returns the bytes consumed. With final set
+ * an incomplete tail is replaced too and everything is consumed. */
+size_t sbuf_put_utf8(srv_buf *b, const char *s, size_t n, bool final);
+
+/* ------------------------------------------------------------------ server */
+
+#define SRV_STATUS_MAX 600
+
+struct lm_server {
+    lm_server_config cfg;      /* strings below are the owned copies */
+    char *host, *api_key, *model_name, *tmpl_name, *tmpl_text, *model_tmpl;
+    struct MHD_Daemon *daemon;
+    int port;
+    _Atomic(lm_engine *) engine; /* NULL while the model loads */
+    lm_server_parse_ctx pctx;  /* valid once engine is set */
+    char chat_error[256];
+    atomic_bool stopping;
+    atomic_uint_least64_t next_id;
+    uint64_t id_salt;
+    long long started;         /* time(NULL) at start, for /v1/models */
+    atomic_uint_least64_t http_status[SRV_STATUS_MAX];
+    char start_error[256];     /* the HTTP library's message while starting */
+    atomic_bool starting;
+};
+
+/* ------------------------------------------------------------------- calls */
+
+typedef struct srv_call srv_call;
+
+/* One engine submission: one prompt of the call. */
+typedef struct {
+    srv_call *call;
+    int prompt;                /* index into req.prompts */
+    lm_request *handle;        /* set under call->mu after engine_submit */
+} srv_sub;
+
+/* One engine event as copied by the callback. */
+typedef struct {
+    int choice;                /* prompt * n + event index */
+    int32_t token;             /* -1 for a final event */
+    float logprob;
+    int n_top;
+    size_t top_off;            /* into the queue's top arrays */
+    size_t text_off, text_len; /* into the queue's text */
+    bool done;
+    lm_finish finish;
+    lm_request_stats stats;    /* with done */
+} srv_ev;
+
+typedef struct {
+    srv_ev *ev;
+    size_t n_ev, cap_ev;
+    srv_buf text;
+    int32_t *top_ids;          /* (cap_top) */
+    float *top_lps;            /* (cap_top) */
+    size_t n_top, cap_top;
+} srv_queue;
+
+/* What the connection's thread knows about one choice. */
+typedef struct {
+    srv_buf text;              /* the answer so far (non-streaming), raw bytes */
+    srv_buf pending;           /* streaming: bytes of an incomplete UTF-8 character */
+    void *lp;                  /* cJSON logprobs of the answer (non-streaming), or NULL */
+    size_t text_total;         /* bytes of text so far (completions' text_offset) */
+    bool done;
+    lm_finish finish;
+    lm_request_stats stats;
+} srv_choice;
+
+/* A choice's end as the callback recorded it (kept apart from the queue so
+ * that it survives even when the queue cannot grow). */
+typedef struct {
+    bool done;
+    lm_finish finish;
+    lm_request_stats stats;
+} srv_fin;
+
+struct srv_call {
+    lm_server *srv;
+    struct MHD_Connection *conn;
+    bool chat;
+    srv_buf body;
+    bool too_big;
+    lm_server_request req;
+    bool parsed;
+    char id[48];
+    long long created;
+    double t_start;
+    int n_choices;             /* n_prompts * n */
+    srv_sub *subs;             /* (n_prompts) */
+    int n_subs;                /* submitted */
+    srv_choice *ch;            /* (n_choices) */
+    lm_engine *engine;         /* the engine the subs went to */
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool sync_init;
+    /* under mu (written by the engine thread) */
+    srv_queue q;
+    srv_fin *fin;              /* (n_choices) */
+    bool overflow;             /* the queue outgrew its bound: cancelled */
+    int n_final;               /* final events received */
+    char error[256];           /* the first engine error */
+
+    /* connection thread only */
+    bool cancelled, timed_out, disconnected;
+    srv_buf out;               /* streaming: formatted, not yet handed to the HTTP library */
+    size_t out_pos;
+    bool out_end;              /* the last bytes are in out */
+    bool out_started;          /* the opening chunks are written */
+    double t_last_send;
+};
+
+/* server_parse.c: cJSON allocates through lm_malloc/lm_free from here on. */
+void srv_json_init(void);
+
+/* server_gen.c */
+srv_call *call_new(lm_server *s, struct MHD_Connection *conn, bool chat);
+/* Cancel what runs, wait for every final event, release, free. */
+void call_free(srv_call *c);
+/* Run a parsed call: submit, then answer (stream or whole). Returns the
+ * MHD_Result to give back to the library. */
+int call_run(srv_call *c);
+
+/* server.c */
+/* Queue a JSON (or other) response with its status, counting it. */
+int srv_respond(lm_server *s, struct MHD_Connection *conn, int status, const char *ctype, const char *body,
+                size_t len, const char *hdr, const char *hdr_val);
+int srv_respond_error(lm_server *s, struct MHD_Connection *conn, const lm_server_error *e);
+/* The error object {"error": {...}} as a JSON string (lm_malloc'ed). */
+char *srv_error_json(const lm_server_error *e);
+/* Whether the connection's peer has closed its side. */
+bool srv_peer_gone(struct MHD_Connection *conn);
+
+#endif

@@ -1,0 +1,653 @@
+/*
+ * server_parse.c - request bodies of the OpenAI routes to engine parameters.
+ *
+ * A pure function of its inputs (body bytes, tokenizer, limits): it touches
+ * no socket and no engine, so tests and the fuzzer call it directly. The
+ * order of checks is fixed so that every body maps to exactly one answer:
+ * bytes (UTF-8, raw control characters) -> JSON syntax -> top-level object
+ * -> model -> each parameter's type and range -> prompt or messages ->
+ * tokenization -> the context and max_tokens limits.
+ *
+ * Conventions, as OpenAI's API: a JSON null counts as an absent field;
+ * unknown fields are ignored; integers may be written as integral floats
+ * (2.0); an error names the parameter it is about. Defaults follow OpenAI
+ * (temperature 1, top_p 1, n 1, max_tokens 16 for completions and the rest
+ * of the context for chat), with lamina's extensions off unless given
+ * (top_k, min_p, repetition_penalty, priority, ignore_eos).
+ *
+ * Memory: cJSON allocates through lm_malloc/lm_free (hooks installed once);
+ * everything in lm_server_request is lm_malloc'ed and freed by
+ * server_request_free, which also accepts a partly filled request, so every
+ * failure path is `goto fail`.
+ */
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "text/chat.h"
+#include "serve/server.h"
+#include "serve/server_int.h"
+#include "base/util.h"
+
+static const char *INVALID = "invalid_request_error";
+
+int server_error(lm_server_error *e, int status, const char *type, const char *param, const char *code,
+                 const char *fmt, ...) {
+    if (!e) return -1;
+    e->status = status;
+    snprintf(e->type, sizeof e->type, "%s", type ? type : INVALID);
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    snprintf(e->code, sizeof e->code, "%s", code ? code : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* A 400 invalid_request_error about one parameter. */
+#define BAD(param, ...) server_error(e, 400, INVALID, (param), NULL, __VA_ARGS__)
+
+/* ------------------------------------------------------------------ bytes */
+
+bool server_utf8_valid(const char *str, size_t len) {
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < len) {
+        unsigned char c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        int n;
+        uint32_t cp, min;
+        if (c >= 0xc2 && c <= 0xdf) n = 1, cp = c & 0x1f, min = 0x80;
+        else if (c >= 0xe0 && c <= 0xef) n = 2, cp = c & 0x0f, min = 0x800;
+        else if (c >= 0xf0 && c <= 0xf4) n = 3, cp = c & 0x07, min = 0x10000;
+        else return false;
+        if (len - i <= (size_t)n) return false;
+        for (int k = 1; k <= n; k++) {
+            if ((s[i + k] & 0xc0) != 0x80) return false;
+            cp = (cp << 6) | (s[i + k] & 0x3f);
+        }
+        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+        i += (size_t)n + 1;
+    }
+    return true;
+}
+
+static void *hook_malloc(size_t n) { return lm_malloc(n); }
+static void hook_free(void *p) { lm_free(p); }
+static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
+static void install_hooks(void) {
+    cJSON_Hooks h = {hook_malloc, hook_free};
+    cJSON_InitHooks(&h);
+}
+
+/* cJSON's allocator is process-wide: set it once, before any JSON is made
+ * (server_new calls this too, so answers built before the first parse use
+ * the same allocator as everything else). */
+void srv_json_init(void) { pthread_once(&hooks_once, install_hooks); }
+
+/* ------------------------------------------------------ typed field access */
+
+/* The member `name` of obj, NULL when absent or null. */
+static const cJSON *field(const cJSON *obj, const char *name) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+/* A number in [lo, hi] when present; 1 if set, 0 if absent, -1 on error. */
+static int get_num(const cJSON *obj, const char *name, double lo, double hi, double *out, lm_server_error *e) {
+    const cJSON *v = field(obj, name);
+    if (!v) return 0;
+    if (!cJSON_IsNumber(v)) return BAD(name, "'%s' must be a number", name);
+    double x = v->valuedouble;
+    if (!(x >= lo && x <= hi)) return BAD(name, "'%s' must be between %g and %g, got %g", name, lo, hi, x);
+    *out = x;
+    return 1;
+}
+
+/* An integer (an integral number) in [lo, hi]; returns as get_num. */
+static int get_int(const cJSON *obj, const char *name, long long lo, long long hi, long long *out,
+                   lm_server_error *e) {
+    const cJSON *v = field(obj, name);
+    if (!v) return 0;
+    double x = v->valuedouble;
+    if (!cJSON_IsNumber(v) || !isfinite(x) || floor(x) != x) return BAD(name, "'%s' must be an integer", name);
+    if (x < (double)lo || x > (double)hi)
+        return BAD(name, "'%s' must be between %lld and %lld, got %.17g", name, lo, hi, x);
+    *out = (long long)x;
+    return 1;
+}
+
+static int get_bool(const cJSON *obj, const char *name, bool *out, lm_server_error *e) {
+    const cJSON *v = field(obj, name);
+    if (!v) return 0;
+    if (!cJSON_IsBool(v)) return BAD(name, "'%s' must be a boolean", name);
+    *out = cJSON_IsTrue(v);
+    return 1;
+}
+
+static char *dup_str(const char *s, size_t n) {
+    char *d = lm_malloc(n + 1);
+    if (!d) return NULL;
+    memcpy(d, s, n);
+    d[n] = 0;
+    return d;
+}
+
+static int oom(lm_server_error *e) {
+    return server_error(e, 500, "server_error", NULL, NULL, "out of memory while parsing the request");
+}
+
+/* -------------------------------------------------------------- sampling */
+
+/* Sampling and output options common to both routes. */
+static int parse_sampling(const cJSON *root, bool chat, lm_server_request *r, lm_server_error *e) {
+    lm_sample_params *sp = &r->sp;
+    sample_params_default(sp);
+    sp->temp = 1, sp->top_p = 1, sp->top_k = 0, sp->min_p = 0;
+    sp->repeat_penalty = 1, sp->repeat_last_n = 64, sp->freq_penalty = 0, sp->presence_penalty = 0;
+    double x;
+    long long k;
+    int rc;
+    if ((rc = get_num(root, "temperature", 0, 2, &x, e)) < 0) return -1;
+    if (rc) sp->temp = (float)x;
+    if ((rc = get_num(root, "top_p", 0, 1, &x, e)) < 0) return -1;
+    if (rc) sp->top_p = (float)x;
+    if ((rc = get_num(root, "presence_penalty", -2, 2, &x, e)) < 0) return -1;
+    if (rc) sp->presence_penalty = (float)x;
+    if ((rc = get_num(root, "frequency_penalty", -2, 2, &x, e)) < 0) return -1;
+    if (rc) sp->freq_penalty = (float)x;
+    if ((rc = get_num(root, "repetition_penalty", 0, 10, &x, e)) < 0) return -1;
+    if (rc && x <= 0) return BAD("repetition_penalty", "'repetition_penalty' must be greater than 0");
+    if (rc) sp->repeat_penalty = (float)x;
+    /* OpenAI's penalties count every generated token, not a window */
+    if (sp->presence_penalty != 0 || sp->freq_penalty != 0 || sp->repeat_penalty != 1) sp->repeat_last_n = -1;
+    if ((rc = get_int(root, "top_k", -1, INT_MAX, &k, e)) < 0) return -1;
+    if (rc) sp->top_k = k < 0 ? 0 : (int)k;
+    if ((rc = get_num(root, "min_p", 0, 1, &x, e)) < 0) return -1;
+    if (rc) sp->min_p = (float)x;
+    /* seeds are int64 in OpenAI's API; 2^63 itself does not fit */
+    if ((rc = get_int(root, "seed", -9223372036854775807LL, 9223372036854774784LL, &k, e)) < 0) return -1;
+    if (rc) sp->seed = (uint64_t)k, r->seed_given = true;
+    if ((rc = get_int(root, "priority", INT_MIN, INT_MAX, &k, e)) < 0) return -1;
+    if (rc) r->priority = (int)k;
+    if (get_bool(root, "ignore_eos", &r->ignore_eos, e) < 0) return -1;
+
+    /* logprobs: an integer 0..5 for completions, a boolean + top_logprobs for chat */
+    if (!chat) {
+        if ((rc = get_int(root, "logprobs", 0, 5, &k, e)) < 0) return -1;
+        if (rc) r->logprobs = true, r->top_logprobs = (int)k;
+    } else {
+        if (get_bool(root, "logprobs", &r->logprobs, e) < 0) return -1;
+        if ((rc = get_int(root, "top_logprobs", 0, LM_MAX_TOP_LOGPROBS, &k, e)) < 0) return -1;
+        if (rc && !r->logprobs)
+            return BAD("top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
+        if (rc) r->top_logprobs = (int)k;
+    }
+    return 0;
+}
+
+/* stop: a string or an array of strings; empty strings are dropped. */
+static int parse_stop(const cJSON *root, lm_server_request *r, lm_server_error *e) {
+    const cJSON *v = field(root, "stop");
+    if (!v) return 0;
+    const cJSON *one = v;
+    int count = 1;
+    if (cJSON_IsArray(v)) {
+        count = cJSON_GetArraySize(v);
+        if (count > SERVER_MAX_STOP) return BAD("stop", "'stop' may hold at most %d strings", SERVER_MAX_STOP);
+        one = v->child;
+    } else if (!cJSON_IsString(v)) {
+        return BAD("stop", "'stop' must be a string or an array of strings");
+    }
+    for (int i = 0; i < count; i++, one = one->next) {
+        if (!cJSON_IsString(one)) return BAD("stop", "'stop' must be a string or an array of strings");
+        size_t n = strlen(one->valuestring);
+        if (n > SERVER_MAX_STOP_LEN) return BAD("stop", "a stop string may be at most %d bytes", SERVER_MAX_STOP_LEN);
+        if (n == 0) continue;
+        if (!(r->stop[r->n_stop] = dup_str(one->valuestring, n))) return oom(e);
+        r->n_stop++;
+    }
+    return 0;
+}
+
+/* logit_bias: {"token id": bias in [-100, 100]}; -100 bans the token. */
+static int parse_bias(const cJSON *root, int32_t n_vocab, lm_server_request *r, lm_server_error *e) {
+    const cJSON *v = field(root, "logit_bias");
+    if (!v) return 0;
+    if (!cJSON_IsObject(v)) return BAD("logit_bias", "'logit_bias' must be an object of token ids to numbers");
+    int count = cJSON_GetArraySize(v);
+    if (count > SERVER_MAX_BIAS) return BAD("logit_bias", "'logit_bias' may hold at most %d entries", SERVER_MAX_BIAS);
+    if (count == 0) return 0;
+    r->bias_ids = lm_malloc((size_t)count * sizeof(int32_t));
+    r->bias_vals = lm_malloc((size_t)count * sizeof(float));
+    if (!r->bias_ids || !r->bias_vals) return oom(e);
+    for (const cJSON *b = v->child; b; b = b->next) {
+        const char *key = b->string ? b->string : "";
+        char *end;
+        long id = strtol(key, &end, 10);
+        bool digits = key[0] >= '0' && key[0] <= '9';
+        if (!digits || *end || strlen(key) > 9 || id < 0 || id >= n_vocab)
+            return BAD("logit_bias", "'logit_bias' key '%.40s' is not a token id in [0, %d)", key, (int)n_vocab);
+        if (!cJSON_IsNumber(b) || !(b->valuedouble >= -100 && b->valuedouble <= 100))
+            return BAD("logit_bias", "'logit_bias' values must be numbers between -100 and 100");
+        r->bias_ids[r->n_bias] = (int32_t)id;
+        r->bias_vals[r->n_bias] = b->valuedouble <= -100 ? -INFINITY : (float)b->valuedouble;
+        r->n_bias++;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- prompts */
+
+/* Append a prompt (token array, ownership taken) to the request. */
+static int add_prompt(lm_server_request *r, int32_t *ids, int n, char *echo, lm_server_error *e) {
+    int i = r->n_prompts;
+    r->prompts[i] = ids;
+    r->n_prompt[i] = n;
+    r->echo_text[i] = echo;
+    r->n_prompts++;
+    return 0;
+}
+
+/* Tokenize text (len bytes) into a fresh array; returns the count or -1. */
+static int encode(const lm_tokenizer *tok, const char *text, size_t len, bool add_bos, int32_t **out,
+                  lm_server_error *e) {
+    int32_t small[256];
+    int n = tok_encode(tok, text, len, add_bos, true, small, 256);
+    if (n < 0) return server_error(e, 400, INVALID, NULL, NULL, "the text could not be tokenized");
+    *out = lm_malloc((size_t)(n ? n : 1) * sizeof(int32_t));
+    if (!*out) return oom(e);
+    if (n <= 256) memcpy(*out, small, (size_t)n * sizeof(int32_t));
+    else if (tok_encode(tok, text, len, add_bos, true, *out, n) != n)
+        return server_error(e, 500, "server_error", NULL, NULL, "tokenization is not deterministic");
+    return n;
+}
+
+/* The text a token prompt stands for (echo). */
+static char *detokenize(const lm_tokenizer *tok, const int32_t *ids, int n) {
+    int cap = detok_max_out(tok);
+    size_t size = (size_t)n * (size_t)cap + 8, len = 0;
+    char *s = lm_malloc(size);
+    if (!s) return NULL;
+    lm_detok d;
+    detok_init(&d, tok, true, false);
+    for (int i = 0; i < n; i++) {
+        int w = detok_push(&d, ids[i], s + len, cap);
+        if (w > 0) len += (size_t)w;
+    }
+    int w = detok_flush(&d, s + len, 8);
+    if (w > 0) len += (size_t)w;
+    s[len] = 0;
+    return s;
+}
+
+/* One array of token ids (param names the field for messages). */
+static int token_array(const cJSON *a, int32_t n_vocab, const char *param, int32_t **out, lm_server_error *e) {
+    int n = cJSON_GetArraySize(a);
+    if (n == 0) return BAD(param, "'%s' is empty", param);
+    *out = lm_malloc((size_t)n * sizeof(int32_t));
+    if (!*out) return oom(e);
+    int i = 0;
+    for (const cJSON *t = a->child; t; t = t->next, i++) {
+        double x = t->valuedouble;
+        if (!cJSON_IsNumber(t) || floor(x) != x || !(x >= 0 && x < n_vocab))
+            return BAD(param, "'%s' token ids must be integers in [0, %d)", param, (int)n_vocab);
+        (*out)[i] = (int32_t)x;
+    }
+    return n;
+}
+
+static bool all_of(const cJSON *a, int type) {
+    for (const cJSON *t = a->child; t; t = t->next)
+        if ((t->type & 0xff) != type) return false;
+    return true;
+}
+
+/* prompt: a string, an array of strings, an array of ids, an array of arrays of ids. */
+static int parse_prompt(const lm_server_parse_ctx *c, const cJSON *root, lm_server_request *r, lm_server_error *e) {
+    const cJSON *p = field(root, "prompt");
+    if (!p) return BAD("prompt", "'prompt' is required");
+    int32_t n_vocab = tok_n_vocab(c->tok);
+    bool bos = tok_add_bos(c->tok);
+    int count = 1;
+    if (cJSON_IsArray(p)) {
+        count = cJSON_GetArraySize(p);
+        if (count == 0) return BAD("prompt", "'prompt' is empty");
+        if (all_of(p, cJSON_Number)) count = 1;
+        else if (!all_of(p, cJSON_String) && !all_of(p, cJSON_Array))
+            return BAD("prompt", "'prompt' must be a string, an array of strings, an array of token ids or an "
+                                 "array of arrays of token ids");
+    } else if (!cJSON_IsString(p)) {
+        return BAD("prompt", "'prompt' must be a string, an array of strings, an array of token ids or an array "
+                             "of arrays of token ids");
+    }
+    if (count > SERVER_MAX_PROMPTS) return BAD("prompt", "at most %d prompts per request", SERVER_MAX_PROMPTS);
+    r->prompts = lm_calloc((size_t)count, sizeof(int32_t *));
+    r->n_prompt = lm_calloc((size_t)count, sizeof(int));
+    r->echo_text = lm_calloc((size_t)count, sizeof(char *));
+    if (!r->prompts || !r->n_prompt || !r->echo_text) return oom(e);
+    /* one prompt (a string or one id array) or one per element */
+    bool several = cJSON_IsArray(p) && !all_of(p, cJSON_Number);
+    const cJSON *one = several ? p->child : p;
+    for (int i = 0; i < count; i++, one = one->next) {
+        int32_t *ids = NULL;
+        int n;
+        char *echo = NULL;
+        if (cJSON_IsString(one)) {
+            size_t len = strlen(one->valuestring);
+            n = encode(c->tok, one->valuestring, len, bos, &ids, e);
+            if (n >= 0 && r->echo && !(echo = dup_str(one->valuestring, len))) n = oom(e);
+        } else if (cJSON_IsArray(one) && (one == p || all_of(one, cJSON_Number))) {
+            n = token_array(one, n_vocab, "prompt", &ids, e);
+            if (n >= 0 && r->echo && !(echo = detokenize(c->tok, ids, n))) n = oom(e);
+        } else {
+            n = BAD("prompt", "'prompt' arrays of arrays must hold token ids only");
+        }
+        if (n == 0) n = BAD("prompt", "'prompt' encodes to no tokens");
+        if (n < 0) {
+            lm_free(ids);
+            lm_free(echo);
+            return -1;
+        }
+        add_prompt(r, ids, n, echo, e);
+    }
+    return 0;
+}
+
+/* A message's content: a string, or an array of {"type": "text", "text"} parts
+ * (joined with newlines). Returns an lm_malloc'ed string or NULL with *e set. */
+static char *message_content(const cJSON *m, int i, lm_server_error *e) {
+    char param[48];
+    snprintf(param, sizeof param, "messages[%d].content", i);
+    const cJSON *c = field(m, "content");
+    if (!c || cJSON_IsString(c)) {
+        const char *t = c ? c->valuestring : "";
+        char *s = dup_str(t, strlen(t));
+        if (!s) oom(e);
+        return s;
+    }
+    if (!cJSON_IsArray(c)) {
+        BAD(param, "'%s' must be a string or an array of text parts", param);
+        return NULL;
+    }
+    size_t total = 1;
+    for (const cJSON *p = c->child; p; p = p->next) {
+        const cJSON *type = field(p, "type"), *text = field(p, "text");
+        if (!cJSON_IsObject(p) || !cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 ||
+            !cJSON_IsString(text)) {
+            BAD(param, "'%s' parts must be {\"type\": \"text\", \"text\": string} (other part types are not "
+                       "supported)", param);
+            return NULL;
+        }
+        total += strlen(text->valuestring) + 1;
+    }
+    char *s = lm_malloc(total), *w = s;
+    if (!s) {
+        oom(e);
+        return NULL;
+    }
+    for (const cJSON *p = c->child; p; p = p->next) {
+        const char *t = field(p, "text")->valuestring;
+        size_t n = strlen(t);
+        if (w != s) *w++ = '\n';
+        memcpy(w, t, n);
+        w += n;
+    }
+    *w = 0;
+    return s;
+}
+
+/* The family the chat stop marker comes from, or -1. */
+static int chat_family_of(const lm_server_parse_ctx *c) {
+    if (c->chat_family >= 0) return c->chat_family;
+    return c->chat_template ? chat_detect(c->chat_template) : -1;
+}
+
+/* Render the conversation and tokenize it (chat.h's BOS rule). */
+static int render_messages(const lm_server_parse_ctx *c, const lm_chat_msg *msgs, int n, lm_server_request *r,
+                           lm_server_error *e) {
+    const lm_tokenizer *tok = c->tok;
+    char bos_text[128] = "", eos_text[128] = "";
+    size_t len;
+    const char *piece;
+    if (tok_bos(tok) >= 0 && (piece = tok_piece(tok, tok_bos(tok), &len)))
+        snprintf(bos_text, sizeof bos_text, "%.*s", (int)len, piece);
+    if (tok_eos(tok) >= 0 && (piece = tok_piece(tok, tok_eos(tok), &len)))
+        snprintf(eos_text, sizeof eos_text, "%.*s", (int)len, piece);
+    char *text = NULL, err[LM_ERRLEN];
+    int rc = c->chat_family >= 0
+                 ? chat_render(c->chat_family, msgs, n, true, bos_text, eos_text, &text, err, sizeof err)
+                 : chat_render_template(c->chat_template, msgs, n, true, bos_text, eos_text, &text, err, sizeof err);
+    if (rc) return BAD("messages", "%s", err);
+    bool add_bos = tok_add_bos(tok);
+    size_t bl = strlen(bos_text), skip = add_bos && bl && strncmp(text, bos_text, bl) == 0 ? bl : 0;
+    int32_t *ids = NULL;
+    int nt = encode(tok, text + skip, strlen(text + skip), add_bos, &ids, e);
+    lm_free(text);
+    if (nt == 0) nt = BAD("messages", "the conversation encodes to no tokens");
+    if (nt < 0) {
+        lm_free(ids);
+        return -1;
+    }
+    return add_prompt(r, ids, nt, NULL, e);
+}
+
+/* messages: [{"role", "content"}, ...] -> one rendered, tokenized prompt. */
+static int parse_messages(const lm_server_parse_ctx *c, const cJSON *root, lm_server_request *r,
+                          lm_server_error *e) {
+    const cJSON *ms = field(root, "messages");
+    if (!ms) return BAD("messages", "'messages' is required");
+    if (!cJSON_IsArray(ms)) return BAD("messages", "'messages' must be an array");
+    int n = cJSON_GetArraySize(ms);
+    if (n == 0) return BAD("messages", "'messages' must hold at least one message");
+    if (c->chat_family < 0 && !c->chat_template)
+        return server_error(e, 400, INVALID, "messages", "chat_template_unavailable", "%s",
+                            c->chat_error ? c->chat_error : "this model has no usable chat template");
+    r->prompts = lm_calloc(1, sizeof(int32_t *));
+    r->n_prompt = lm_calloc(1, sizeof(int));
+    r->echo_text = lm_calloc(1, sizeof(char *));
+    lm_chat_msg *msgs = lm_calloc((size_t)n, sizeof *msgs);
+    char **contents = lm_calloc((size_t)n, sizeof(char *));
+    int rc = -1, i = 0;
+    if (!r->prompts || !r->n_prompt || !r->echo_text || !msgs || !contents) {
+        oom(e);
+        goto done;
+    }
+    for (const cJSON *m = ms->child; m; m = m->next, i++) {
+        char param[40];
+        snprintf(param, sizeof param, "messages[%d].role", i);
+        const cJSON *role = field(m, "role");
+        if (!cJSON_IsObject(m)) {
+            BAD("messages", "'messages[%d]' must be an object", i);
+            goto done;
+        }
+        if (!cJSON_IsString(role)) {
+            BAD(param, "'%s' must be a string", param);
+            goto done;
+        }
+        const char *rs = role->valuestring;
+        if (!strcmp(rs, "developer")) rs = "system";
+        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant")) {
+            BAD(param, "'%s' must be 'system', 'developer', 'user' or 'assistant' (got '%.40s')", param, rs);
+            goto done;
+        }
+        if (!(contents[i] = message_content(m, i, e))) goto done;
+        msgs[i] = (lm_chat_msg){rs, contents[i]};
+    }
+    rc = render_messages(c, msgs, n, r, e);
+done:
+    for (int k = 0; k < n && contents; k++) lm_free(contents[k]);
+    lm_free(contents);
+    lm_free(msgs);
+    return rc;
+}
+
+/* The chat family's end-of-turn text as a stop string, unless it is an
+ * end-of-generation token the engine stops on by itself. */
+static int add_chat_stop(const lm_server_parse_ctx *c, lm_server_request *r, lm_server_error *e) {
+    const char *marker = chat_stop_marker(chat_family_of(c));
+    if (!marker) return 0;
+    int32_t id = tok_find(c->tok, marker, strlen(marker));
+    if (id >= 0 && tok_is_eog(c->tok, id)) return 0;
+    for (int i = 0; i < r->n_stop; i++)
+        if (!strcmp(r->stop[i], marker)) return 0;
+    if (!(r->stop[r->n_stop] = dup_str(marker, strlen(marker)))) return oom(e);
+    r->n_stop++;
+    return 0;
+}
+
+/* --------------------------------------------------------------- the rest */
+
+/* Features of OpenAI's API that lamina does not implement: a 400 naming them. */
+static int check_unsupported(const cJSON *root, bool chat, lm_server_request *r, lm_server_error *e) {
+    const cJSON *v;
+    if (!chat) {
+        if (get_bool(root, "echo", &r->echo, e) < 0) return -1;
+        if (r->echo && r->logprobs) return BAD("echo", "'echo' together with 'logprobs' is not supported");
+        if ((v = field(root, "suffix")) && !(cJSON_IsString(v) && !v->valuestring[0]))
+            return BAD("suffix", "'suffix' is not supported");
+        long long best_of = 1;
+        if (get_int(root, "best_of", 1, 1 << 20, &best_of, e) < 0) return -1;
+        if (best_of != 1 && best_of != r->n) return BAD("best_of", "'best_of' other than n is not supported");
+    } else {
+        if ((v = field(root, "tools")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
+            return BAD("tools", "'tools' (function calling) is not supported");
+        if (field(root, "functions")) return BAD("functions", "'functions' is not supported");
+        if ((v = field(root, "response_format"))) {
+            const cJSON *t = cJSON_IsObject(v) ? field(v, "type") : NULL;
+            if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0)
+                return BAD("response_format", "only 'response_format' {\"type\": \"text\"} is supported");
+        }
+    }
+    if ((v = field(root, "user")) && !cJSON_IsString(v)) return BAD("user", "'user' must be a string");
+    return 0;
+}
+
+/* stream, stream_options, n, max_tokens (range only; the context check comes later). */
+static int parse_shape(const lm_server_parse_ctx *c, const cJSON *root, bool chat, lm_server_request *r,
+                       long long *max_tokens, const char **mt_name, lm_server_error *e) {
+    if (get_bool(root, "stream", &r->stream, e) < 0) return -1;
+    const cJSON *so = field(root, "stream_options");
+    if (so) {
+        if (!cJSON_IsObject(so)) return BAD("stream_options", "'stream_options' must be an object");
+        if (!r->stream) return BAD("stream_options", "'stream_options' is only allowed when 'stream' is true");
+        if (get_bool(so, "include_usage", &r->include_usage, e) < 0) return -1;
+    }
+    long long n = 1;
+    if (get_int(root, "n", 1, c->max_n > 0 ? c->max_n : 1, &n, e) < 0) return -1;
+    r->n = (int)n;
+    long long cap = c->max_tokens_cap > 0 ? c->max_tokens_cap : INT_MAX;
+    *max_tokens = 0;
+    *mt_name = "max_tokens";
+    int rc = 0;
+    if (chat && field(root, "max_completion_tokens")) {
+        *mt_name = "max_completion_tokens";
+        rc = get_int(root, "max_completion_tokens", 1, cap, max_tokens, e);
+    } else {
+        rc = get_int(root, "max_tokens", 1, cap, max_tokens, e);
+    }
+    if (rc == 0) *mt_name = NULL; /* the default: a context overflow is the prompt's */
+    return rc < 0 ? -1 : 0;
+}
+
+/* Every prompt plus max_tokens within the context; chat's default max_tokens. */
+static int check_context(const lm_server_parse_ctx *c, bool chat, long long max_tokens, const char *mt_name,
+                         lm_server_request *r, lm_server_error *e) {
+    const char *what = chat ? "messages" : "prompt";
+    int longest = 0;
+    for (int i = 0; i < r->n_prompts; i++)
+        if (r->n_prompt[i] > longest) longest = r->n_prompt[i];
+    if (longest >= c->n_ctx)
+        return server_error(e, 400, INVALID, what, "context_length_exceeded",
+                            "This model's maximum context length is %d tokens, but the %s has %d tokens "
+                            "(leaving no room to generate).", c->n_ctx, what, longest);
+    if (max_tokens == 0) {
+        max_tokens = chat ? c->n_ctx - longest : 16;
+        if (c->max_tokens_cap > 0 && max_tokens > c->max_tokens_cap) max_tokens = c->max_tokens_cap;
+    }
+    if ((long long)longest + max_tokens > c->n_ctx)
+        return server_error(e, 400, INVALID, mt_name ? mt_name : what, "context_length_exceeded",
+                            "This model's maximum context length is %d tokens. However, you requested %lld "
+                            "tokens (%d in the %s, %lld in the completion).", c->n_ctx, longest + max_tokens,
+                            longest, what, max_tokens);
+    r->max_tokens = (int)max_tokens;
+    return 0;
+}
+
+/* The top level: JSON object -> parameters, in the order the file comment gives. */
+static int parse_root(const lm_server_parse_ctx *c, bool chat, const cJSON *root, lm_server_request *r,
+                      lm_server_error *e) {
+    if (!cJSON_IsObject(root)) return BAD(NULL, "the request body must be a JSON object");
+    const cJSON *model = field(root, "model");
+    if (model && !cJSON_IsString(model)) return BAD("model", "'model' must be a string");
+    if (model && c->model_name && strcmp(model->valuestring, c->model_name) != 0)
+        return server_error(e, 404, INVALID, "model", "model_not_found",
+                            "The model '%.100s' does not exist (this server serves '%.100s').", model->valuestring,
+                            c->model_name);
+    long long max_tokens = 0;
+    const char *mt_name = "max_tokens";
+    if (parse_shape(c, root, chat, r, &max_tokens, &mt_name, e)) return -1;
+    if (parse_sampling(root, chat, r, e) || parse_stop(root, r, e)) return -1;
+    if (parse_bias(root, tok_n_vocab(c->tok), r, e) || check_unsupported(root, chat, r, e)) return -1;
+    if (chat ? parse_messages(c, root, r, e) || add_chat_stop(c, r, e) : parse_prompt(c, root, r, e)) return -1;
+    return check_context(c, chat, max_tokens, mt_name, r, e);
+}
+
+int server_parse_request(const lm_server_parse_ctx *c, bool chat, const char *body, size_t len,
+                         lm_server_request *out, lm_server_error *e) {
+    srv_json_init();
+    memset(out, 0, sizeof *out);
+    memset(e, 0, sizeof *e);
+    e->status = 200;
+    out->chat = chat;
+    if (len == 0 || !body) return BAD(NULL, "the request body is empty (a JSON object is expected)");
+    if (!server_utf8_valid(body, len)) return BAD(NULL, "the request body is not valid UTF-8");
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)body[i];
+        if (ch < 0x20 && ch != '\t' && ch != '\n' && ch != '\r')
+            return BAD(NULL, "the request body holds a raw control character (byte 0x%02x at offset %zu): not "
+                             "valid JSON", ch, i);
+    }
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
+    if (!root) {
+        size_t at = end && end >= body && end <= body + len ? (size_t)(end - body) : 0;
+        return BAD(NULL, "We could not parse the JSON body of your request (error near byte %zu).", at);
+    }
+    while (end && end < body + len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
+    int rc;
+    if (end && end < body + len) rc = BAD(NULL, "We could not parse the JSON body of your request (data after "
+                                                "the JSON value at byte %zu).", (size_t)(end - body));
+    else rc = parse_root(c, chat, root, out, e);
+    cJSON_Delete(root);
+    if (rc) {
+        server_request_free(out);
+        out->chat = chat;
+    }
+    return rc;
+}
+
+void server_request_free(lm_server_request *r) {
+    if (!r) return;
+    for (int i = 0; i < r->n_prompts; i++) {
+        lm_free(r->prompts[i]);
+        if (r->echo_text) lm_free(r->echo_text[i]);
+    }
+    lm_free(r->prompts);
+    lm_free(r->n_prompt);
+    lm_free(r->echo_text);
+    lm_free(r->bias_ids);
+    lm_free(r->bias_vals);
+    for (int i = 0; i < r->n_stop; i++) lm_free(r->stop[i]);
+    memset(r, 0, sizeof *r);
+}
