@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define LM_ERRLEN 512
+#include "lamina.h" /* LM_ERRLEN, lm_status */
 
 /* printf-style message into err (truncated to errlen); always returns -1 so
  * callers can write `return lm_err(err, errlen, "...")`. */

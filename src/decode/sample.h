@@ -31,19 +31,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "lamina.h"
 #include "base/util.h"
 
-typedef struct {
-    float temp;            /* <= 0: greedy */
-    int top_k;             /* <= 0: off */
-    float top_p;           /* >= 1: off; <= 0: the most likely token only */
-    float min_p;           /* <= 0: off */
-    float repeat_penalty;  /* 1: off (llama.cpp semantics: divide positive logits, multiply negative) */
-    int repeat_last_n;     /* history window for penalties; 0: off, -1: whole history */
-    float freq_penalty;    /* OpenAI semantics: logit -= count * freq_penalty */
-    float presence_penalty;/* logit -= (count > 0) * presence_penalty */
-    uint64_t seed;
-} lm_sample_params;
+/* lm_sample_params is in lamina.h. */
 
 void sample_params_default(lm_sample_params *p); /* temp 0.8, top_k 40, top_p 0.95, min_p 0.05, penalties off, window 64, seed 0 */
 

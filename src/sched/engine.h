@@ -42,6 +42,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "lamina.h"
 #include "model/model.h"
 #include "decode/sample.h"
 #include "text/tokenizer.h"
@@ -49,87 +50,12 @@
 typedef struct lm_engine lm_engine;
 typedef struct lm_request lm_request;
 
-typedef struct {
-    int n_threads;        /* <= 0: pool_default_threads() */
-    int batch_tokens;     /* tokens per iteration, >= 1 (default 512) */
-    int max_seqs;         /* sequences running at once (default 64) */
-    int n_ctx;            /* positions per sequence; <= 0: the model's */
-    uint64_t kv_mem;      /* KV pool bytes; 0: n_ctx x max_seqs positions (capped at 4 GiB).
-                             Sliding-window layers: local blocks for max_seqs windows,
-                             the rest for global context (kv.h) */
-    uint32_t kv_type;     /* LM_TYPE_F32, LM_TYPE_F16 (default) or LM_TYPE_Q8_0 */
-    int block_size;       /* KV block tokens (default 16) */
-    double watermark;     /* share of blocks kept free when admitting (default 0.01) */
-    int max_waiting;      /* queued requests before submission fails busy; 0: unbounded */
-    bool prefix_cache;    /* share cached prompt blocks between requests (default true) */
-    bool static_batching; /* baseline for benchmarks: admit a batch only when nothing runs,
-                             and none joins until all of it finished */
-} lm_engine_config;
+/* lm_engine_config, lm_finish, lm_request_stats, lm_event, lm_request_params,
+ * lm_hist and lm_engine_stats are in lamina.h. */
 
 void engine_config_default(lm_engine_config *c);
 
-typedef enum {
-    LM_FINISH_NONE = 0,   /* not finished (a token event) */
-    LM_FINISH_STOP,       /* end-of-generation token or a stop string */
-    LM_FINISH_LENGTH,     /* max_tokens or the context reached */
-    LM_FINISH_CANCELLED,  /* engine_cancel, or the engine shut down */
-    LM_FINISH_ERROR,      /* see lm_event.error */
-} lm_finish;
-
 const char *engine_finish_name(lm_finish f); /* "stop", "length", "cancelled", "error" */
-
-/* Per-choice statistics, final in the done event. Times in seconds. */
-typedef struct {
-    int prompt_tokens;        /* the prompt's length */
-    int cached_tokens;        /* of which taken from the prefix cache */
-    int completion_tokens;
-    int preemptions;
-    double t_submit;          /* lm_now() at submission */
-    double ttft;              /* submission -> first token */
-    double e2e;               /* submission -> finish */
-    double tpot;              /* (e2e - ttft) / (completion_tokens - 1); 0 if fewer than 2 */
-} lm_request_stats;
-
-#define LM_MAX_TOP_LOGPROBS 20
-
-typedef struct {
-    int index;                /* the choice (0 .. n-1) */
-    int32_t token;            /* the sampled token; -1 in a done event */
-    const char *text;         /* text released by this event (UTF-8, may be empty; */
-    size_t text_len;          /*   held back while it could begin a stop string) */
-    float logprob;            /* log p(token) under the model's distribution, if logprobs */
-    int n_top;                /* top_logprobs entries below */
-    const int32_t *top_ids;
-    const float *top_logprobs;
-    bool done;                /* the choice's final event */
-    lm_finish finish;
-    const char *error;        /* with LM_FINISH_ERROR */
-    const lm_request_stats *stats;
-} lm_event;
-
-typedef void (*lm_event_fn)(void *user, const lm_event *ev);
-
-typedef struct {
-    const int32_t *prompt;    /* token ids (copied at submission), at least one; or NULL and: */
-    int n_prompt;
-    const char *text;         /* the prompt as text, tokenized at submission (BOS as the model */
-    size_t text_len;          /*   adds it, special tokens parsed) */
-    int max_tokens;           /* > 0; generation also ends at the context */
-    int n;                    /* choices sampled from one prompt (forked KV), >= 1 */
-    lm_sample_params sp;      /* choice i uses seed sp.seed + i */
-    const int32_t *bias_ids;  /* logit bias entries (copied) */
-    const float *bias_vals;
-    int n_bias;
-    const char *const *stop;  /* stop strings (copied); not part of the output */
-    int n_stop;
-    bool ignore_eos;
-    bool logprobs;            /* fill logprob in token events */
-    int top_logprobs;         /* 0 .. LM_MAX_TOP_LOGPROBS */
-    int priority;             /* lower runs first (default 0) */
-    uint64_t cache_salt;      /* prefix-cache namespace */
-    lm_event_fn on_event;     /* required */
-    void *user;
-} lm_request_params;
 
 void engine_request_params_default(lm_request_params *p);
 
@@ -157,30 +83,6 @@ int engine_submit(lm_engine *e, const lm_request_params *p, lm_request **out, ch
  * iteration boundary. Any thread; safe after the request finished. */
 void engine_cancel(lm_engine *e, lm_request *r);
 void engine_request_release(lm_engine *e, lm_request *r);
-
-/* A histogram with fixed upper bounds (Prometheus style, cumulative on read). */
-#define LM_HIST_MAX 16
-typedef struct {
-    int n_bounds;
-    double bounds[LM_HIST_MAX];
-    uint64_t counts[LM_HIST_MAX + 1]; /* per bucket, the last for > every bound (not cumulative) */
-    double sum;
-    uint64_t count;
-} lm_hist;
-
-typedef struct {
-    int running, waiting;
-    uint64_t requests_total, requests_finished, requests_rejected;
-    uint64_t prompt_tokens_total, generation_tokens_total;
-    uint64_t iterations, batch_seqs_total, batch_tokens_total;
-    uint64_t preemptions_total;
-    int64_t kv_blocks_total, kv_blocks_used, kv_blocks_free, kv_blocks_cached; /* global (all) blocks */
-    /* blocks of sliding-window layers (kv.h), all 0 without them */
-    int64_t kv_local_blocks_total, kv_local_blocks_used, kv_local_blocks_free, kv_local_blocks_cached;
-    uint64_t prefix_queries_total, prefix_hits_total;
-    lm_hist batch_size;       /* sequences per iteration */
-    lm_hist ttft, tpot, e2e;  /* seconds */
-} lm_engine_stats;
 
 void engine_stats(lm_engine *e, lm_engine_stats *st);
 /* Block until nothing is queued or running (tests, benchmarks). */

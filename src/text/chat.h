@@ -97,10 +97,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-typedef struct {
-    const char *role;    /* "system", "user" or "assistant" */
-    const char *content; /* UTF-8, NUL-terminated */
-} lm_chat_msg;
+#include "lamina.h"
+
+/* lm_chat_msg is in lamina.h. */
 
 enum {
     CHAT_CHATML,

@@ -1,0 +1,324 @@
+/*
+ * lamina.h - the public C API of lamina, an LLM inference and serving engine.
+ *
+ * The only header a program that embeds lamina needs. Link with
+ * `$(pkg-config --cflags --libs lamina)` (shared) or `--static` (archive).
+ * Every name the library exports starts with lm_.
+ *
+ * The objects:
+ *   lm_model      a GGUF model file, loaded (weights memory-mapped) with its
+ *                 tokenizer; read-only once loaded, shareable between engines.
+ *   lm_tokenizer  text <-> token ids; from a model, or from a GGUF file that
+ *                 holds only a vocabulary.
+ *   lm_engine     the continuous-batching engine over one model: its own
+ *                 thread runs every submitted request, many at once, each
+ *                 iteration one flat batch through the model.
+ *   lm_request    one submitted request, a handle to cancel it.
+ *
+ * Errors: every call that can fail returns an lm_status (LM_OK is 0, errors
+ * are negative) and writes one line saying what is wrong into a caller's
+ * buffer `err` of `errlen` bytes (LM_ERRLEN is enough; err may be NULL).
+ * Nothing here prints or exits.
+ *
+ * Threads: loading, tokenizing and rendering are plain calls on the caller's
+ * thread. An engine is safe to use from any number of threads; the event
+ * callback of a request runs on the engine's thread and must return quickly
+ * (copy the text out; never call lm_engine_free from it).
+ *
+ * Ownership: what a function returns through `**out` belongs to the caller
+ * and has one free function (lm_model_free, lm_tokenizer_free,
+ * lm_engine_free, lm_request_release, lm_string_free). A model must outlive
+ * the engines and tokenizer handles made from it.
+ *
+ * This header also names the types the library uses inside (status codes,
+ * finish reasons, sampling and request parameters, events, statistics), so
+ * a request travels from the API to the engine without being copied into
+ * another shape.
+ */
+#ifndef LAMINA_H
+#define LAMINA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LM_VERSION_MAJOR 0
+#define LM_VERSION_MINOR 5
+#define LM_VERSION_PATCH 0
+#define LM_VERSION_STRING "0.5.0"
+
+#if defined(__GNUC__) || defined(__clang__)
+#define LM_API __attribute__((visibility("default")))
+#else
+#define LM_API
+#endif
+
+/* Bytes of an error-message buffer that always suffices. */
+#define LM_ERRLEN 512
+
+/* ---- status codes ------------------------------------------------------ */
+
+typedef enum {
+    LM_OK = 0,
+    LM_ERR_INVALID = -1,     /* a bad argument or request field */
+    LM_ERR_TOO_LONG = -2,    /* the prompt plus max_tokens can never fit the context or the KV pool */
+    LM_ERR_BUSY = -3,        /* the engine's queue is full: try again later */
+    LM_ERR_NOMEM = -4,       /* out of memory */
+    LM_ERR_IO = -5,          /* a file cannot be opened, read or written */
+    LM_ERR_FORMAT = -6,      /* a file is malformed (not GGUF, truncated, inconsistent) */
+    LM_ERR_UNSUPPORTED = -7, /* well-formed but not supported (architecture, tensor type, tokenizer) */
+    LM_ERR_CANCELLED = -8,   /* stopped on request (a progress callback said stop) */
+    LM_ERR_INTERNAL = -9,    /* a bug in lamina: please report it */
+} lm_status;
+
+/* "ok", "invalid", "too_long", "busy", "nomem", "io", "format", "unsupported",
+ * "cancelled", "internal"; "unknown" for any other value. */
+LM_API const char *lm_status_name(lm_status s);
+
+/* "MAJOR.MINOR.PATCH" of the library actually linked. */
+LM_API const char *lm_version(void);
+
+/* ---- opaque handles ---------------------------------------------------- */
+
+typedef struct lm_model lm_model;
+typedef struct lm_tokenizer lm_tokenizer;
+typedef struct lm_engine lm_engine;
+typedef struct lm_request lm_request;
+
+/* ---- models -------------------------------------------------------------- */
+
+/* Called during loading with the share done so far (0 .. 1, increasing);
+ * returning false stops the load, which then fails with LM_ERR_CANCELLED. */
+typedef bool (*lm_progress_fn)(void *user, float done);
+
+typedef struct {
+    lm_progress_fn progress;  /* may be NULL */
+    void *progress_user;
+} lm_load_params;
+
+/* Open a GGUF model. On success *out holds the model (free with lm_model_free). */
+LM_API lm_status lm_model_load(const char *path, const lm_load_params *p, lm_model **out, char *err,
+                               size_t errlen);
+LM_API void lm_model_free(lm_model *m);
+
+typedef struct {
+    const char *name;         /* general.name or the file's base name */
+    const char *arch;         /* "llama", "qwen2", "gemma3", ... */
+    int n_vocab, n_ctx_train, n_embd, n_layer, n_head, n_head_kv;
+    uint64_t n_params;
+    uint64_t weight_bytes;    /* bytes of all tensors in the file */
+} lm_model_info;
+
+/* Valid while the model lives. */
+LM_API void lm_model_get_info(const lm_model *m, lm_model_info *info);
+/* The model's tokenizer (owned by the model), or NULL when the file has none. */
+LM_API const lm_tokenizer *lm_model_tokenizer(const lm_model *m);
+
+/* ---- tokenizer ----------------------------------------------------------- */
+
+/* A tokenizer from any GGUF file with tokenizer metadata: a full model or a
+ * vocabulary-only file (no tensors, any architecture name). */
+LM_API lm_status lm_tokenizer_load(const char *path, lm_tokenizer **out, char *err, size_t errlen);
+/* Only for handles from lm_tokenizer_load (a model's belongs to the model). */
+LM_API void lm_tokenizer_free(lm_tokenizer *t);
+
+LM_API int32_t lm_vocab_size(const lm_tokenizer *t);
+LM_API int32_t lm_token_bos(const lm_tokenizer *t);   /* -1 if none */
+LM_API int32_t lm_token_eos(const lm_tokenizer *t);   /* -1 if none */
+/* End of generation: EOS, end-of-turn or another such token. */
+LM_API bool lm_token_is_eog(const lm_tokenizer *t, int32_t id);
+/* Whether the model wants BOS before a prompt (what lm_tokenize adds with add_bos). */
+LM_API bool lm_tokenizer_adds_bos(const lm_tokenizer *t);
+
+/* Encode len bytes of UTF-8 text. Writes up to cap ids into out and returns
+ * how many the text encodes to (call again with a larger buffer when that is
+ * more than cap), or a negative lm_status. add_bos adds BOS when the model
+ * uses one; parse_special matches control tokens written in the text. */
+LM_API int lm_tokenize(const lm_tokenizer *t, const char *text, size_t len, bool add_bos, bool parse_special,
+                       int32_t *out, int cap);
+/* Decode n ids to text (control tokens only when special). Writes up to cap
+ * bytes (no NUL) and returns the full length, or a negative lm_status. */
+LM_API long lm_detokenize(const lm_tokenizer *t, const int32_t *ids, int n, bool special, char *out,
+                          size_t cap);
+
+/* ---- chat ------------------------------------------------------------------ */
+
+typedef struct {
+    const char *role;    /* "system", "user" or "assistant" */
+    const char *content; /* UTF-8, NUL-terminated */
+} lm_chat_msg;
+
+/* Render a conversation as the prompt text the model expects. tmpl is a
+ * template family name ("chatml", "llama3", "gemma", ...), or NULL for the
+ * model's own template (with the family's fallback where the file has none).
+ * add_generation_prompt appends the header of the assistant's turn. On
+ * success *out is a NUL-terminated string to free with lm_string_free; submit
+ * it as text with special tokens parsed. */
+LM_API lm_status lm_chat_render(const lm_model *m, const char *tmpl, const lm_chat_msg *msgs, int n,
+                                bool add_generation_prompt, char **out, char *err, size_t errlen);
+LM_API void lm_string_free(char *s);
+
+/* ---- sampling -------------------------------------------------------------- */
+
+typedef struct {
+    float temp;            /* <= 0: greedy */
+    int top_k;             /* <= 0: off */
+    float top_p;           /* >= 1: off; <= 0: the most likely token only */
+    float min_p;           /* <= 0: off */
+    float repeat_penalty;  /* 1: off (divide positive logits, multiply negative) */
+    int repeat_last_n;     /* history window for penalties; 0: off, -1: whole history */
+    float freq_penalty;    /* logit -= count * freq_penalty */
+    float presence_penalty;/* logit -= (count > 0) * presence_penalty */
+    uint64_t seed;
+} lm_sample_params;
+
+/* temp 0.8, top_k 40, top_p 0.95, min_p 0.05, penalties off, window 64, seed 0 */
+LM_API void lm_sample_params_default(lm_sample_params *p);
+
+/* ---- the engine ------------------------------------------------------------ */
+
+/* KV cache element types (the GGUF tensor type ids). */
+enum { LM_KV_F32 = 0, LM_KV_F16 = 1, LM_KV_Q8_0 = 8 };
+
+typedef struct {
+    int n_threads;        /* <= 0: one per core */
+    int batch_tokens;     /* tokens per iteration; <= 0: the default (512) */
+    int max_seqs;         /* sequences running at once (default 64) */
+    int n_ctx;            /* positions per sequence; <= 0: the model's */
+    uint64_t kv_mem;      /* KV pool bytes; 0: n_ctx x max_seqs positions (capped at 4 GiB) */
+    uint32_t kv_type;     /* LM_KV_F32, LM_KV_F16 (default) or LM_KV_Q8_0 */
+    int block_size;       /* KV block tokens (default 16) */
+    double watermark;     /* share of blocks kept free when admitting (default 0.01) */
+    int max_waiting;      /* queued requests before submission fails LM_ERR_BUSY; 0: unbounded */
+    bool prefix_cache;    /* share cached prompt blocks between requests (default true) */
+    bool static_batching; /* baseline for benchmarks: admit a batch only when nothing runs,
+                             and none joins until all of it finished */
+} lm_engine_config;
+
+LM_API void lm_engine_config_default(lm_engine_config *c);
+
+typedef enum {
+    LM_FINISH_NONE = 0,   /* not finished (a token event) */
+    LM_FINISH_STOP,       /* end-of-generation token or a stop string */
+    LM_FINISH_LENGTH,     /* max_tokens or the context reached */
+    LM_FINISH_CANCELLED,  /* cancelled, or the engine shut down */
+    LM_FINISH_ERROR,      /* see lm_event.error and lm_event.status */
+} lm_finish;
+
+/* "stop", "length", "cancelled", "error" ("none" for LM_FINISH_NONE). */
+LM_API const char *lm_finish_name(lm_finish f);
+
+/* Per-choice statistics, final in the done event. Times in seconds. */
+typedef struct {
+    int prompt_tokens;        /* the prompt's length */
+    int cached_tokens;        /* of which taken from the prefix cache */
+    int completion_tokens;
+    int preemptions;
+    double t_submit;          /* monotonic clock at submission */
+    double ttft;              /* submission -> first token */
+    double e2e;               /* submission -> finish */
+    double tpot;              /* (e2e - ttft) / (completion_tokens - 1); 0 if fewer than 2 */
+} lm_request_stats;
+
+#define LM_MAX_TOP_LOGPROBS 20
+
+typedef struct {
+    int index;                /* the choice (0 .. n-1) */
+    int32_t token;            /* the sampled token; -1 in a done event */
+    const char *text;         /* text released by this event (UTF-8, may be empty; */
+    size_t text_len;          /*   held back while it could begin a stop string) */
+    float logprob;            /* log p(token) under the model's distribution, if logprobs */
+    int n_top;                /* top_logprobs entries below */
+    const int32_t *top_ids;
+    const float *top_logprobs;
+    bool done;                /* the choice's final event */
+    lm_finish finish;
+    lm_status status;         /* with LM_FINISH_ERROR: what kind of error */
+    const char *error;        /* with LM_FINISH_ERROR: what went wrong */
+    const lm_request_stats *stats;
+} lm_event;
+
+/* Called on the engine's thread; everything ev points to is valid only
+ * during the call. */
+typedef void (*lm_event_fn)(void *user, const lm_event *ev);
+
+typedef struct {
+    const int32_t *prompt;    /* token ids (copied at submission), at least one; or NULL and: */
+    int n_prompt;
+    const char *text;         /* the prompt as text, tokenized at submission (BOS as the model */
+    size_t text_len;          /*   adds it, special tokens parsed) */
+    int max_tokens;           /* > 0; generation also ends at the context */
+    int n;                    /* choices sampled from one prompt (forked KV), >= 1 */
+    lm_sample_params sp;      /* choice i uses seed sp.seed + i */
+    const int32_t *bias_ids;  /* logit bias entries (copied) */
+    const float *bias_vals;
+    int n_bias;
+    const char *const *stop;  /* stop strings (copied); not part of the output */
+    int n_stop;
+    bool ignore_eos;
+    bool logprobs;            /* fill logprob in token events */
+    int top_logprobs;         /* 0 .. LM_MAX_TOP_LOGPROBS */
+    int priority;             /* lower runs first (default 0) */
+    uint64_t cache_salt;      /* prefix-cache namespace */
+    lm_event_fn on_event;     /* required */
+    void *user;
+} lm_request_params;
+
+LM_API void lm_request_params_default(lm_request_params *p);
+
+/* Start an engine (and its thread) over a model that must outlive it. */
+LM_API lm_status lm_engine_new(const lm_model *m, const lm_engine_config *c, lm_engine **out, char *err,
+                               size_t errlen);
+/* Cancels everything still queued or running (each gets its final event),
+ * stops the thread, frees the engine. */
+LM_API void lm_engine_free(lm_engine *e);
+
+/* Queue a request. On LM_OK every choice gets token events and exactly one
+ * final (done) event; *out (when out is not NULL) is a handle for
+ * lm_request_cancel, valid until lm_request_release. On failure no event is
+ * ever called: LM_ERR_INVALID (a bad field), LM_ERR_TOO_LONG (can never fit),
+ * LM_ERR_BUSY (max_waiting requests already wait). */
+LM_API lm_status lm_engine_submit(lm_engine *e, const lm_request_params *p, lm_request **out, char *err,
+                                  size_t errlen);
+/* Ask a request to end (final event LM_FINISH_CANCELLED unless it finished
+ * first). Any thread; safe after it finished. */
+LM_API void lm_request_cancel(lm_engine *e, lm_request *r);
+LM_API void lm_request_release(lm_engine *e, lm_request *r);
+/* Block until nothing is queued or running. */
+LM_API void lm_engine_wait_idle(lm_engine *e);
+
+/* A histogram with fixed upper bounds (Prometheus style, cumulative on read). */
+#define LM_HIST_MAX 16
+typedef struct {
+    int n_bounds;
+    double bounds[LM_HIST_MAX];
+    uint64_t counts[LM_HIST_MAX + 1]; /* per bucket, the last for > every bound (not cumulative) */
+    double sum;
+    uint64_t count;
+} lm_hist;
+
+typedef struct {
+    int running, waiting;
+    uint64_t requests_total, requests_finished, requests_rejected;
+    uint64_t prompt_tokens_total, generation_tokens_total;
+    uint64_t iterations, batch_seqs_total, batch_tokens_total;
+    uint64_t preemptions_total;
+    int64_t kv_blocks_total, kv_blocks_used, kv_blocks_free, kv_blocks_cached; /* global (all) blocks */
+    /* blocks of sliding-window layers, all 0 without them */
+    int64_t kv_local_blocks_total, kv_local_blocks_used, kv_local_blocks_free, kv_local_blocks_cached;
+    uint64_t prefix_queries_total, prefix_hits_total;
+    lm_hist batch_size;       /* sequences per iteration */
+    lm_hist ttft, tpot, e2e;  /* seconds */
+} lm_engine_stats;
+
+LM_API void lm_engine_get_stats(lm_engine *e, lm_engine_stats *st);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
