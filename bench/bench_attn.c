@@ -33,6 +33,7 @@
 #include "kv/attn.h"
 #include "kv/kv.h"
 #include "format/quant.h"
+#include "kernels/kernels.h"
 #include "base/util.h"
 
 typedef struct {
@@ -220,7 +221,6 @@ static void speed(int nh, int nkv, int hd, int T, uint32_t type, int nq, bool sc
     char err[LM_ERRLEN];
     attn_scratch *scr = attn_scratch_new(b.pool, nh, err, sizeof err);
     if (!scr) die(err);
-    attn_scratch_set_scalar(scr, scalar);
     size_t qd = (size_t)nh * hd;
     float *o1 = malloc((size_t)nq * qd * 4), *o2 = malloc((size_t)nq * qd * 4), *sc = malloc((size_t)T * 4);
     bool f16 = type == LM_TYPE_F16;
@@ -318,14 +318,15 @@ int main(int argc, char **argv) {
         } else die("unknown flag (see the comment at the top of bench/bench_attn.c)");
     }
     if (nh <= 0 || nkv <= 0 || nh % nkv || hd <= 0 || nq <= 0) die("bad shape");
-    quant_init();
+    kernels_init();
+    if (scalar) kernels_use(LM_ISA_SCALAR); /* the whole table: attention loops and KV conversion */
     for (int i = 0; i < 65536; i++) f16_table[i] = lm_f16_to_f32((uint16_t)i);
 
     /* memory first, while this process is still small (children inherit it) */
     if (mem_ctx > 0) memory(4, 1, 64, mem_ctx);
 
     printf("\n%d heads / %d KV heads, head dim %d, block %d, one thread, %s kernels; prefill = last %d queries\n",
-           nh, nkv, hd, block_size, scalar ? "scalar" : "SIMD (if the CPU has AVX2+FMA+F16C)", nq);
+           nh, nkv, hd, block_size, kernels_isa_name(), nq);
     printf("| ctx | KV | decode tiled µs | decode plain µs | speedup | prefill tiled ms | prefill plain ms | speedup "
            "| decode GB/s | max rel diff |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|\n");

@@ -37,7 +37,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "kernels/kernels.h"
+#include "kernels/avx2.h"
 #include "format/quant.h"
 #include "base/util.h"
 

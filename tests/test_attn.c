@@ -11,17 +11,22 @@
  *   each value to within amax/254 of its block of 32).
  * Shapes cover MHA, GQA and MQA, head dims that do and do not take the SIMD
  * path, block sizes 1, 7, 16, 32 and one larger than the context, prefill in
- * one call, chunked prefill, decode steps, sliding windows, split-KV parts
- * merged, prefix-cache hits and forks with copy-on-write. Because the kernel chunks keys by logical position, its
- * float32 result for a path must not depend on the block size or on which
- * physical blocks hold the data: those comparisons are bit for bit.
+ * one call, chunked prefill, decode steps, sliding windows, prefix-cache
+ * hits and forks with copy-on-write. Because the kernel chunks keys by
+ * logical position, its float32 result for a path must not depend on the
+ * block size or on which physical blocks hold the data: those comparisons
+ * are bit for bit. The two paths are the kernel table as CPUID fills it and
+ * the table switched to the scalar kernels (kernels_use); LAMINA_NO_SIMD=1
+ * must give the scalar path's bits (test_no_simd_env).
  */
 #include <pthread.h>
 #include <stdint.h>
 
 #include "kv/attn.h"
+#include "kernels/avx2.h"
 #include "kernels/avx2_attn.h"
 #include "kernels/kernels.h"
+#include "kernels/scalar.h"
 #include "kv/kv.h"
 #include "format/quant.h"
 #include "test.h"
@@ -159,6 +164,10 @@ static void run_attn(const kv_pool *p, const kv_seq *s, const data *d, int layer
 
 static double rel_err(const float *a, const double *ref, size_t n) { return test_rel_l2(a, ref, n); }
 
+/* Path 0: the kernel table as CPUID and the environment fill it; path 1:
+ * the scalar kernels. */
+static void use_path(int path) { CHECK(kernels_use(path ? LM_ISA_SCALAR : -1) == 0); }
+
 /* Checks one configuration end to end; returns 0 when every bound holds.
  * Runs prefill (whole), chunked prefill and decode on both kernel paths. */
 static int check_config_w(int n_layer, int n_head, int n_head_kv, int hd, int T, uint32_t type, int B, int window,
@@ -186,7 +195,7 @@ static int check_config_w(int n_layer, int n_head, int n_head_kv, int hd, int T,
             ref_attn_w(&d, d.ks, d.vs, layer, pos0, n_q, window, ref);
             ref_attn_w(&d, d.k, d.v, layer, pos0, n_q, window, ref_o);
             for (int path = 0; path < 2; path++) {
-                attn_scratch_set_scalar(scr, path == 1);
+                use_path(path);
                 run_attn_w(p, s, &d, layer, pos0, n_q, window, out, scr);
                 double e = rel_err(out, ref, (size_t)n_q * qd), eo = rel_err(out, ref_o, (size_t)n_q * qd);
                 if (e > *worst_stored) *worst_stored = e;
@@ -205,7 +214,7 @@ static int check_config_w(int n_layer, int n_head, int n_head_kv, int hd, int T,
     for (int pos = T - 4; pos < T && !rc; pos++) {
         ref_attn_w(&d, d.ks, d.vs, n_layer - 1, pos, 1, window, ref);
         for (int path = 0; path < 2; path++) {
-            attn_scratch_set_scalar(scr, path == 1);
+            use_path(path);
             run_attn_w(p, s, &d, n_layer - 1, pos, 1, window, out, scr);
             double e = rel_err(out, ref, qd);
             if (e > *worst_stored) *worst_stored = e;
@@ -216,6 +225,7 @@ static int check_config_w(int n_layer, int n_head, int n_head_kv, int hd, int T,
             }
         }
     }
+    use_path(0);
     attn_scratch_free(scr);
     kv_seq_free(p, s);
     kv_pool_free(p);
@@ -298,7 +308,7 @@ static void test_paging_is_bit_exact(void) {
             }
             kv_seq_free(p, decoy);
             attn_scratch *scr = attn_scratch_new(p, 8, err, sizeof err);
-            attn_scratch_set_scalar(scr, path == 1);
+            use_path(path);
             run_attn(p, s, &d, 0, 0, 200, i == 0 ? want : got, scr);
             if (i > 0 && memcmp(want, got, 200 * qd * sizeof(float))) {
                 fprintf(stderr, "  block %d (%s) differs from contiguous\n", bs[i], path ? "scalar" : "simd");
@@ -309,6 +319,7 @@ static void test_paging_is_bit_exact(void) {
             kv_pool_free(p);
         }
     }
+    use_path(0);
     free(want), free(got);
     data_free(&d);
     CHECK(ok);
@@ -468,52 +479,51 @@ static void test_threads_split_items(void) {
     data_free(&d);
 }
 
-/* Split-KV: parts over key ranges merged give the whole result, including
- * parts some queries see nothing of. */
-static void test_split_kv_merge(void) {
+/* LAMINA_NO_SIMD=1 reaches attention: with the table filled under it, the
+ * attention loops and the KV conversions are the scalar references, and
+ * attention's output equals the scalar path's bit for bit; where the CPU
+ * has a SIMD path its output differs from those bits (so the comparison can
+ * tell the paths apart). F16 KV and head dim 64: the SIMD loops and the
+ * SIMD conversion would both apply. */
+static void test_no_simd_env(void) {
     data d;
-    data_make(&d, 1, 6, 2, 32, 200, LM_TYPE_F16, 23);
-    kv_pool *p = pool_for(&d, LM_TYPE_F16, 7, 29);
+    data_make(&d, 1, 8, 2, 64, 150, LM_TYPE_F16, 31);
+    kv_pool *p = pool_for(&d, LM_TYPE_F16, 16, 10);
     char err[LM_ERRLEN];
     kv_seq *s = kv_seq_new(p, err, sizeof err);
-    CHECK(!fill(p, s, &d, 0, 200));
-    attn_scratch *scr = attn_scratch_new(p, 6, err, sizeof err);
-    int G = 3, hd = 32, nq_max = 20;
-    size_t qd = 6 * 32;
-    float *po[4], *pml[4];
-    float *out = malloc((size_t)nq_max * qd * sizeof(float)), *whole = malloc((size_t)nq_max * qd * sizeof(float));
-    for (int i = 0; i < 4; i++) {
-        po[i] = malloc((size_t)nq_max * G * hd * sizeof(float));
-        pml[i] = malloc((size_t)nq_max * G * 2 * sizeof(float));
+    CHECK(!fill(p, s, &d, 0, 150));
+    attn_scratch *scr = attn_scratch_new(p, 8, err, sizeof err);
+    size_t n = 150 * (size_t)8 * 64;
+    float *want = malloc(n * sizeof(float)), *best = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+
+    CHECK(kernels_use(LM_ISA_SCALAR) == 0);
+    run_attn(p, s, &d, 0, 0, 150, want, scr);
+    CHECK(kernels_use(kernels_cpu_isa()) == 0);
+    run_attn(p, s, &d, 0, 0, 150, best, scr);
+
+    const char *old = getenv("LAMINA_NO_SIMD");
+    char saved[64] = "";
+    if (old) snprintf(saved, sizeof saved, "%s", old);
+    setenv("LAMINA_NO_SIMD", "1", 1);
+    CHECK(kernels_use(-1) == 0);
+    CHECK(!strcmp(kernels_isa_name(), "scalar"));
+    const lm_attn_kernels *a = kernels_attn(64);
+    CHECK(a->scores == scalar_attn_scores && a->pv == scalar_attn_pv && a->max == scalar_attn_max &&
+          a->scale == scalar_attn_scale && a->exp_sum == scalar_attn_exp_sum);
+    for (uint32_t t = LM_TYPE_F32; t <= LM_TYPE_Q8_0; t++) {
+        if (t != LM_TYPE_F32 && t != LM_TYPE_F16 && t != LM_TYPE_Q8_0) continue;
+        CHECKF(kernels_type(t)->to_float == quant_traits(t)->to_float &&
+                   kernels_type(t)->from_float == quant_traits(t)->from_float,
+               "%s", quant_type_name(t));
     }
-    double *ref = malloc((size_t)nq_max * qd * sizeof(double));
-    static const int cuts[3][5] = {{0, 64, 128, 200, -1}, {0, 37, 101, 190, 200}, {0, 200, -1, -1, -1}};
-    float scale = 1.0f / sqrtf(32.0f);
-    for (int path = 0; path < 2; path++) {
-        attn_scratch_set_scalar(scr, path == 1);
-        for (int c = 0; c < 3; c++) {
-            int n_parts = 0;
-            while (n_parts < 4 && cuts[c][n_parts + 1] >= 0) n_parts++;
-            for (int mode = 0; mode < 4; mode++) { /* decode at 199; prefill of 180..199; each with a window */
-                int pos0 = mode & 1 ? 180 : 199, n_q = mode & 1 ? 20 : 1, window = mode & 2 ? 30 : 0;
-                ref_attn_w(&d, d.ks, d.vs, 0, pos0, n_q, window, ref);
-                for (int kh = 0; kh < 2; kh++) {
-                    for (int i = 0; i < n_parts; i++)
-                        attn_tile_part(p, s, 0, kh, qrow(&d, 0, pos0), qd, n_q, pos0, scale, window, cuts[c][i],
-                                       cuts[c][i + 1], po[i], pml[i], scr);
-                    attn_merge(n_parts, (const float *const *)po, (const float *const *)pml, n_q, G, hd, kh, out, qd);
-                    attn_tile(p, s, 0, kh, qrow(&d, 0, pos0), qd, n_q, pos0, scale, window, whole, qd, scr);
-                }
-                double e = rel_err(out, ref, (size_t)n_q * qd);
-                CHECKF(e < 1e-5, "cuts %d mode %d path %d: %.3g", c, mode, path, e);
-                CHECK(rel_err(whole, ref, (size_t)n_q * qd) < 1e-5);
-                /* query 180 sees nothing in [190, 200) */
-                if ((mode & 1) && c == 1) CHECK(pml[3][0] == -INFINITY && pml[3][1] == 0);
-            }
-        }
-    }
-    for (int i = 0; i < 4; i++) free(po[i]), free(pml[i]);
-    free(out), free(whole), free(ref);
+    run_attn(p, s, &d, 0, 0, 150, got, scr);
+    CHECK(!memcmp(got, want, n * sizeof(float)));
+    if (kernels_cpu_isa() != LM_ISA_SCALAR) CHECK(memcmp(best, want, n * sizeof(float)));
+
+    if (old) setenv("LAMINA_NO_SIMD", saved, 1);
+    else unsetenv("LAMINA_NO_SIMD");
+    CHECK(kernels_use(-1) == 0);
+    free(want), free(best), free(got);
     attn_scratch_free(scr);
     kv_seq_free(p, s);
     kv_pool_free(p);
@@ -592,7 +602,7 @@ static void test_simd_kernels(void) {
 #endif
 
 int main(void) {
-    quant_init();
+    kernels_init();
 #if defined(__x86_64__) || defined(__i386__)
     TEST_RUN(test_simd_kernels);
 #endif
@@ -604,7 +614,7 @@ int main(void) {
     TEST_RUN(test_prefix_hit_equals_cold);
     TEST_RUN(test_fork_cow_branches);
     TEST_RUN(test_threads_split_items);
-    TEST_RUN(test_split_kv_merge);
+    TEST_RUN(test_no_simd_env);
     TEST_RUN(test_scratch_is_bounded);
     return TEST_DONE();
 }

@@ -30,6 +30,7 @@
 #include "model/forward.h"
 #include "model/model.h"
 #include "format/quant.h"
+#include "kernels/kernels.h"
 #include "format/quantize.h"
 #include "decode/sample.h"
 #include "swa_model.h"
@@ -770,7 +771,7 @@ static void test_swa_engine(void) {
 }
 
 int main(void) {
-    quant_init();
+    kernels_init();
     char err[LM_ERRLEN];
     models[0] = model_load(TEST_MODEL, err, sizeof err);
     if (!models[0]) {

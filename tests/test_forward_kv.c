@@ -23,6 +23,7 @@
 #include "kv/kv.h"
 #include "model/model.h"
 #include "format/quant.h"
+#include "kernels/kernels.h"
 #include "swa_model.h"
 #include "test.h"
 #include "base/util.h"
@@ -355,7 +356,7 @@ static void test_swa_prefix_cache(void) {
 }
 
 int main(void) {
-    quant_init();
+    kernels_init();
     char err[LM_ERRLEN];
     model = model_load(TEST_MODEL, err, sizeof err);
     if (!model) {

@@ -736,7 +736,6 @@ static void test_alloc_failure(void) {
 }
 
 int main(void) {
-    quant_init();
     TEST_RUN(test_stories_facts);
     TEST_RUN(test_mem_and_v2);
     TEST_RUN(test_open_errors);

@@ -26,14 +26,25 @@
  *    written past the valid rows. block_q8_0s activations byte-identical to
  *    the reference. Through ops_matmul on two threads: each token's outputs
  *    bit-identical for batches of 1..9 at any position.
- *  - the lookup table: every weight type has vec_dot and gemm, Q8_0/Q8_K
- *    and F16 have from_float, other types get NULL; only Q8_0/Q4_0 have packed
- *    kernels.
+ *  - KV conversions to float (F16, Q8_0): bit for bit the reference's, for
+ *    every one of the 65,536 halves (NaNs stay NaNs) at lengths with and
+ *    without a tail, and for random Q8_0 blocks.
+ *  - the AVX2 lookup table: every weight type has vec_dot and gemm, Q8_0/Q8_K
+ *    and F16 have from_float, F16/Q8_0 to_float, other types get NULL; only
+ *    Q8_0/Q4_0/Q5_0/Q4_K (and F16 panels) have packed kernels.
+ *  - the kernel table (kernels.h): filled with the AVX2 entries on this
+ *    CPU; kernels_use(LM_ISA_SCALAR) and LAMINA_NO_SIMD=1 leave every entry
+ *    the scalar reference (matrix, conversion, element-wise, attention);
+ *    LAMINA_NO_REPACK=1 drops only the packed kernels.
  *
  * On a CPU without AVX2/FMA/F16C the program prints a SKIP line and counts
  * nothing.
  */
+#include "kernels/avx2.h"
+#include "kernels/avx2_attn.h"
+#include "kernels/avx2_ops.h"
 #include "kernels/kernels.h"
+#include "kernels/scalar.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -688,7 +699,7 @@ static void test_packed_f16(void) {
  * (1..9) and the token's position in the batch; rows 37 and 69 leave the
  * last group partial; cols 64 and 2816. */
 static void check_matmul_batch_invariance(uint32_t wt) {
-    if (!quant_traits(wt)->packed_gemm) return; /* LAMINA_NO_REPACK: nothing to test */
+    if (!kernels_type(wt)->packed_gemm) return; /* LAMINA_NO_REPACK: nothing to test */
     lm_pool *pool = pool_new(2);
     CHECK(pool);
     static const int64_t shapes[][2] = {{37, 64}, {69, 2816}, {8, 32}};
@@ -750,6 +761,45 @@ static void test_matmul_batch_invariance(void) {
     check_matmul_batch_invariance(LM_TYPE_F16);
 }
 
+/* ---- KV conversions -------------------------------------------------------- */
+
+/* Same bits, or both NaN (F16C quietens a signalling NaN). */
+static bool same_value_bits(float a, float b) {
+    if (isnan(a) || isnan(b)) return isnan(a) && isnan(b);
+    return same_bits(a, b);
+}
+
+static void test_to_float(void) {
+    const lm_avx2_kernels *k16 = avx2_kernels(LM_TYPE_F16), *k8 = avx2_kernels(LM_TYPE_Q8_0);
+    CHECK(k16 && k16->to_float == avx2_to_float_f16 && k8 && k8->to_float == avx2_to_float_q8_0);
+    uint16_t *h = lm_malloc(65536 * sizeof(uint16_t));
+    float *want = lm_malloc(65536 * sizeof(float)), *got = lm_malloc(65536 * sizeof(float));
+    for (int i = 0; i < 65536; i++) h[i] = (uint16_t)i;
+    quant_to_float_ref(LM_TYPE_F16, h, want, 65536);
+    static const int64_t lens[] = {65536, 65535, 65529, 7, 1, 0};
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+        int64_t n = lens[li], off = 65536 - n; /* the tail covers the NaNs at the top */
+        memset(got, 0, 65536 * sizeof(float));
+        avx2_to_float_f16(h + off, got, n);
+        int64_t bad = -1;
+        for (int64_t i = 0; i < n && bad < 0; i++)
+            if (!same_value_bits(got[i], want[off + i])) bad = off + i;
+        CHECKF(bad < 0, "F16 n=%lld: half 0x%04llx", (long long)n, (long long)bad);
+    }
+    int64_t nq = 32 * 64;
+    uint8_t *q = lm_malloc(quant_row_size(LM_TYPE_Q8_0, nq));
+    fill_random_blocks(LM_TYPE_Q8_0, q, nq);
+    quant_to_float_ref(LM_TYPE_Q8_0, q, want, nq);
+    for (int64_t n = 32; n <= nq; n += 32 * 21) {
+        avx2_to_float_q8_0(q, got, n);
+        CHECKF(!memcmp(got, want, (size_t)n * sizeof(float)), "Q8_0 n=%lld", (long long)n);
+    }
+    lm_free(q);
+    lm_free(h);
+    lm_free(want);
+    lm_free(got);
+}
+
 /* ---- table ----------------------------------------------------------------- */
 
 static void test_table(void) {
@@ -776,6 +826,96 @@ static void test_table(void) {
     }
 }
 
+/* Every entry of the kernel table is its scalar reference. */
+static bool table_is_scalar(void) {
+    const lm_kernels *k = kernels();
+    bool ok = k->isa == LM_ISA_SCALAR && !strcmp(kernels_isa_name(), "scalar");
+    for (uint32_t t = 0; t < LM_TYPE_COUNT; t++) {
+        const lm_type_traits *tr = quant_traits(t);
+        const lm_type_kernels *e = &k->type[t];
+        if (!tr) continue;
+        ok &= e == kernels_type(t) && e->to_float == tr->to_float && e->from_float == tr->from_float &&
+              e->vec_dot == tr->vec_dot && !e->gemm && !e->packed_gemm && !e->packed_act;
+    }
+    ok &= k->ew.rmsnorm == scalar_rmsnorm && k->ew.swiglu == scalar_swiglu && k->ew.geglu == scalar_geglu &&
+          k->ew.rope == scalar_rope;
+    for (int hd = 8; hd <= 128; hd += 60) {
+        const lm_attn_kernels *a = kernels_attn(hd);
+        ok &= a->scores == scalar_attn_scores && a->pv == scalar_attn_pv && a->max == scalar_attn_max &&
+              a->scale == scalar_attn_scale && a->exp_sum == scalar_attn_exp_sum;
+    }
+    return ok;
+}
+
+/* Sets (value) or clears (NULL) an environment variable. */
+static void set_env(const char *name, const char *value) {
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+}
+
+static void test_dispatch(void) {
+    const char *ns = getenv("LAMINA_NO_SIMD"), *nr = getenv("LAMINA_NO_REPACK");
+    char saved_ns[64] = "", saved_nr[64] = "";
+    if (ns) snprintf(saved_ns, sizeof saved_ns, "%s", ns);
+    if (nr) snprintf(saved_nr, sizeof saved_nr, "%s", nr);
+    set_env("LAMINA_NO_SIMD", NULL);
+    set_env("LAMINA_NO_REPACK", NULL);
+
+    /* this CPU has AVX2: every AVX2 entry is in the table */
+    CHECK(kernels_cpu_isa() == LM_ISA_AVX2 && kernels_cpu_has(LM_ISA_AVX2));
+    CHECK(kernels_use(-1) == 0);
+    const lm_kernels *k = kernels();
+    CHECK(k->isa == LM_ISA_AVX2 && !strcmp(kernels_isa_name(), "avx2"));
+    for (uint32_t t = 0; t < LM_TYPE_COUNT; t++) {
+        const lm_avx2_kernels *a = avx2_kernels(t);
+        const lm_type_kernels *e = kernels_type(t);
+        if (!quant_traits(t)) {
+            CHECK(!e);
+            continue;
+        }
+        const lm_type_traits *tr = quant_traits(t);
+        CHECKF(e->to_float == (a && a->to_float ? a->to_float : tr->to_float) &&
+                   e->from_float == (a && a->from_float ? a->from_float : tr->from_float) &&
+                   e->vec_dot == (a && a->vec_dot ? a->vec_dot : tr->vec_dot) && e->gemm == (a ? a->gemm : NULL) &&
+                   e->packed_gemm == (a ? a->packed_gemm : NULL) && e->packed_act == (a ? a->packed_act : NULL),
+               "%s", quant_type_name(t));
+    }
+    CHECK(k->ew.rmsnorm == avx2_rmsnorm && k->ew.swiglu == avx2_swiglu && k->ew.geglu == avx2_geglu &&
+          k->ew.rope == avx2_rope_apply);
+    CHECK(kernels_attn(64)->scores == attn_scores_avx2 && kernels_attn(64)->pv == attn_pv_avx2 &&
+          kernels_attn(64)->exp_sum == attn_exp_sum_avx2);
+    CHECK(kernels_attn(36)->scores == scalar_attn_scores); /* not a multiple of 8 */
+    CHECK(kernels_type(LM_TYPE_COUNT) == NULL && kernels_type(UINT32_MAX) == NULL);
+
+    /* in-process switch to the scalar reference, and back */
+    CHECK(kernels_use(LM_ISA_SCALAR) == 0);
+    CHECK(table_is_scalar());
+    CHECK(kernels_use(LM_ISA_COUNT) == -1 && table_is_scalar()); /* no such ISA: unchanged */
+    CHECK(kernels_use(LM_ISA_AVX2) == 0 && kernels()->isa == LM_ISA_AVX2);
+
+    /* LAMINA_NO_SIMD=1: the scalar reference everywhere; "0" and "" do not count */
+    set_env("LAMINA_NO_SIMD", "1");
+    CHECK(kernels_use(-1) == 0 && table_is_scalar());
+    set_env("LAMINA_NO_SIMD", "0");
+    CHECK(kernels_use(-1) == 0 && kernels()->isa == LM_ISA_AVX2);
+    set_env("LAMINA_NO_SIMD", "");
+    CHECK(kernels_use(-1) == 0 && kernels()->isa == LM_ISA_AVX2);
+    set_env("LAMINA_NO_SIMD", NULL);
+
+    /* LAMINA_NO_REPACK=1: the row-major AVX2 kernels, no packed ones */
+    set_env("LAMINA_NO_REPACK", "1");
+    CHECK(kernels_use(-1) == 0 && kernels()->isa == LM_ISA_AVX2);
+    for (uint32_t t = 0; t < LM_TYPE_COUNT; t++) {
+        const lm_type_kernels *e = &kernels()->type[t];
+        CHECK(!e->packed_gemm && !e->packed_act && !e->pack_tile);
+    }
+    CHECK(kernels_type(LM_TYPE_Q4_0)->gemm == avx2_gemm_q4_0);
+
+    set_env("LAMINA_NO_SIMD", ns ? saved_ns : NULL);
+    set_env("LAMINA_NO_REPACK", nr ? saved_nr : NULL);
+    CHECK(kernels_use(-1) == 0);
+}
+
 int main(void) {
     if (!cpu_has_avx2()) {
         printf("SKIP test_kernels: this CPU (or OS) lacks AVX2/FMA/F16C\n");
@@ -783,6 +923,8 @@ int main(void) {
     }
     lm_rng_seed(&rng, 20240611);
     TEST_RUN(test_table);
+    TEST_RUN(test_dispatch);
+    TEST_RUN(test_to_float);
     TEST_RUN(test_vec_dot_float);
     TEST_RUN(test_vec_dot_q8_0);
     TEST_RUN(test_vec_dot_q4_0);

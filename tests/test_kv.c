@@ -12,6 +12,7 @@
 
 #include "kv/kv.h"
 #include "format/quant.h"
+#include "kernels/kernels.h"
 #include "test.h"
 #include "base/util.h"
 
@@ -867,7 +868,7 @@ static void test_swa_random_workload(void) {
 }
 
 int main(void) {
-    quant_init();
+    kernels_init();
     TEST_RUN(test_plan_matches_formula);
     TEST_RUN(test_plan_errors);
     TEST_RUN(test_grow_and_release);

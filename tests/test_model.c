@@ -31,6 +31,7 @@
 #include "model/model.h"
 #include "base/pool.h"
 #include "format/quant.h"
+#include "kernels/kernels.h"
 #include "test.h"
 #include "base/util.h"
 
@@ -294,7 +295,7 @@ static double *ref_forward(const ref_model *r, const int32_t *tokens, int T) {
 }
 
 static double bound_for(uint32_t type) {
-    if (type == LM_TYPE_F16) return quant_traits(type)->packed_gemm ? 1e-5 : 2e-3;
+    if (type == LM_TYPE_F16) return kernels_type(type)->packed_gemm ? 1e-5 : 2e-3;
     return type == LM_TYPE_Q8_0 || type == LM_TYPE_Q4_0 ? 5e-2 : 1e-5;
 }
 
@@ -489,7 +490,7 @@ static void test_refuses_missing_tensor(void) {
 }
 
 int main(void) {
-    quant_init();
+    kernels_init();
     lm_rng_seed(&rng, 1234);
     TEST_RUN(test_llama_mha_f32);
     TEST_RUN(test_llama_gqa_f32_tied);

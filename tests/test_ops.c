@@ -11,7 +11,9 @@
  *   rope     |y - ref| <= 1e-6 max|x| for both pair layouts, head_dim 8 to
  *            256, partial rotation (n_rot < head_dim) leaving the rest alone
  * and the batch property: an element's result is the same bits whether it
- * is processed alone, in a short tail, or inside a long array.
+ * is processed alone, in a short tail, or inside a long array. Run for
+ * every ISA the CPU has (the kernel table switched with kernels_use), the
+ * scalar reference included.
  */
 #include <math.h>
 #include <string.h>
@@ -19,6 +21,7 @@
 #include "model/model.h"
 #include "model/ops.h"
 #include "format/quant.h"
+#include "kernels/kernels.h"
 #include "test.h"
 #include "base/util.h"
 
@@ -113,12 +116,20 @@ static void test_rope(void) {
         }
 }
 
+/* Every ISA this CPU runs, the scalar reference first, each held to the
+ * same bounds; then the table as start-up fills it. */
 int main(void) {
-    quant_init();
+    kernels_init();
     fill();
-    TEST_RUN(test_rmsnorm);
-    TEST_RUN(test_swiglu);
-    TEST_RUN(test_geglu);
-    TEST_RUN(test_rope);
+    for (int isa = 0; isa < LM_ISA_COUNT; isa++) {
+        if (!kernels_cpu_has((lm_isa)isa)) continue;
+        if (kernels_use(isa)) return 1;
+        printf("NOTE element-wise kernels: %s\n", kernels_isa_name());
+        TEST_RUN(test_rmsnorm);
+        TEST_RUN(test_swiglu);
+        TEST_RUN(test_geglu);
+        TEST_RUN(test_rope);
+    }
+    kernels_use(-1);
     return TEST_DONE();
 }

@@ -29,6 +29,7 @@
  *    against the Q8_0 reference quantizer.
  */
 #include "format/quant.h"
+#include "kernels/kernels.h"
 
 #include <ctype.h>
 #include <stdint.h>
@@ -227,7 +228,7 @@ static void test_golden_dequant(void) {
         /* The dispatched variant must give the same bits too: the products
          * in dequantization are exact, so only the final subtraction rounds,
          * whatever the instruction sequence (see quant.c). */
-        const lm_type_traits *t = quant_traits(g->type);
+        const lm_type_kernels *t = kernels_type(g->type);
         CHECK(t && t->to_float);
         memset(y, 0, (size_t)g->n * sizeof(float));
         t->to_float(g->blocks, y, g->n);
@@ -468,7 +469,7 @@ static void check_vec_dot(uint32_t type, int64_t n, uint64_t seed, double w_scal
         }
         act_err += wsum * step * amax;
     }
-    float got[2] = {quant_vec_dot_ref(type, n, wq, xq), t->vec_dot(n, wq, xq)};
+    float got[2] = {quant_vec_dot_ref(type, n, wq, xq), kernels_type(type)->vec_dot(n, wq, xq)};
     for (int k = 0; k < 2; k++) {
         CHECKF(fabs(got[k] - exact) <= 1e-5 * mag,
                "%s%s n=%lld: %.9g vs dequantized %.9g (sum|wx| %g)", k ? "dispatched " : "",
@@ -583,8 +584,8 @@ static void test_table_names(void) {
 }
 
 static void test_table_kernels(void) {
-    quant_init();
-    quant_init(); /* idempotent */
+    kernels_init();
+    kernels_init(); /* idempotent */
     for (uint32_t id = 0; id < LM_TYPE_COUNT; id++) {
         bool want = false;
         for (size_t t = 0; t < N_WEIGHT_TYPES; t++) want |= weight_types[t] == id;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "format/quant.h"
+#include "kernels/kernels.h"
 #include "test.h"
 #include "base/util.h"
 #include "data/q5_0_golden.h"
@@ -62,14 +63,14 @@ static void test_vec_dot(void) {
         quant_to_float_ref(LM_TYPE_Q8_0, xq, xd, n);
         double ref = 0, mag = 0;
         for (int i = 0; i < n; i++) ref += (double)wd[i] * xd[i], mag += fabs((double)wd[i] * xd[i]);
-        float got = quant_traits(LM_TYPE_Q5_0)->vec_dot(n, wq, xq);
+        float got = kernels_type(LM_TYPE_Q5_0)->vec_dot(n, wq, xq);
         CHECKF(fabs(got - ref) <= 1e-5 * mag, "n %d: %g vs %g", n, got, ref);
     }
     CHECK(quant_supported(LM_TYPE_Q5_0));
 }
 
 int main(void) {
-    quant_init();
+    kernels_init();
     TEST_RUN(test_golden_dequant);
     TEST_RUN(test_golden_quant);
     TEST_RUN(test_roundtrip_error);

@@ -152,7 +152,6 @@ static void test_bad_input(void) {
 }
 
 int main(void) {
-    quant_init();
     if (write_source()) return 1;
     TEST_RUN(test_f16);
     TEST_RUN(test_bf16);

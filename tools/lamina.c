@@ -17,6 +17,7 @@
 #include "model/model.h"
 #include "base/pool.h"
 #include "format/quant.h"
+#include "kernels/kernels.h"
 #include "decode/sample.h"
 #include "text/tokenizer.h"
 #include "base/util.h"
@@ -530,7 +531,7 @@ static void usage_main(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-    quant_init();
+    kernels_init();
     if (argc < 2) {
         usage_main(stderr);
         return 2;

@@ -6,7 +6,8 @@
  * listed and refused by name.
  *
  * The reference kernels are plain scalar C written to be read; they define
- * what every faster variant must compute:
+ * what every faster variant must compute (the variants, and the choice
+ * between them, belong to the kernels layer: kernels/kernels.h):
  *  - to_float gives the same bits as GGUF tools, and so must any faster
  *    variant: every product in it is exact in float (an f16 scale has 11
  *    significant bits, a 6-bit or int8 sub-block scale at most 7 more, a
@@ -28,76 +29,10 @@
 
 #include <assert.h>
 #include <math.h>
-#include <pthread.h>
-#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-#include "kernels/kernels.h"
 #include "base/util.h"
-
-static lm_type_traits traits[LM_TYPE_COUNT] = {
-    [LM_TYPE_F32] = {.name = "F32", .blck = 1, .type_size = 4, .is_quantized = false},
-    [LM_TYPE_F16] = {.name = "F16", .blck = 1, .type_size = 2, .is_quantized = false},
-    [LM_TYPE_Q4_0] = {.name = "Q4_0", .blck = 32, .type_size = 18, .is_quantized = true},
-    [LM_TYPE_Q4_1] = {.name = "Q4_1", .blck = 32, .type_size = 20, .is_quantized = true},
-    [LM_TYPE_Q5_0] = {.name = "Q5_0", .blck = 32, .type_size = 22, .is_quantized = true},
-    [LM_TYPE_Q5_1] = {.name = "Q5_1", .blck = 32, .type_size = 24, .is_quantized = true},
-    [LM_TYPE_Q8_0] = {.name = "Q8_0", .blck = 32, .type_size = 34, .is_quantized = true},
-    [LM_TYPE_Q8_1] = {.name = "Q8_1", .blck = 32, .type_size = 36, .is_quantized = true},
-    [LM_TYPE_Q2_K] = {.name = "Q2_K", .blck = 256, .type_size = 84, .is_quantized = true},
-    [LM_TYPE_Q3_K] = {.name = "Q3_K", .blck = 256, .type_size = 110, .is_quantized = true},
-    [LM_TYPE_Q4_K] = {.name = "Q4_K", .blck = 256, .type_size = 144, .is_quantized = true},
-    [LM_TYPE_Q5_K] = {.name = "Q5_K", .blck = 256, .type_size = 176, .is_quantized = true},
-    [LM_TYPE_Q6_K] = {.name = "Q6_K", .blck = 256, .type_size = 210, .is_quantized = true},
-    [LM_TYPE_Q8_K] = {.name = "Q8_K", .blck = 256, .type_size = 292, .is_quantized = true},
-    [LM_TYPE_IQ2_XXS] = {.name = "IQ2_XXS", .blck = 256, .type_size = 66, .is_quantized = true},
-    [LM_TYPE_IQ2_XS] = {.name = "IQ2_XS", .blck = 256, .type_size = 74, .is_quantized = true},
-    [LM_TYPE_IQ3_XXS] = {.name = "IQ3_XXS", .blck = 256, .type_size = 98, .is_quantized = true},
-    [LM_TYPE_IQ1_S] = {.name = "IQ1_S", .blck = 256, .type_size = 50, .is_quantized = true},
-    [LM_TYPE_IQ4_NL] = {.name = "IQ4_NL", .blck = 32, .type_size = 18, .is_quantized = true},
-    [LM_TYPE_IQ3_S] = {.name = "IQ3_S", .blck = 256, .type_size = 110, .is_quantized = true},
-    [LM_TYPE_IQ2_S] = {.name = "IQ2_S", .blck = 256, .type_size = 82, .is_quantized = true},
-    [LM_TYPE_IQ4_XS] = {.name = "IQ4_XS", .blck = 256, .type_size = 136, .is_quantized = true},
-    [LM_TYPE_I8] = {.name = "I8", .blck = 1, .type_size = 1, .is_quantized = false},
-    [LM_TYPE_I16] = {.name = "I16", .blck = 1, .type_size = 2, .is_quantized = false},
-    [LM_TYPE_I32] = {.name = "I32", .blck = 1, .type_size = 4, .is_quantized = false},
-    [LM_TYPE_I64] = {.name = "I64", .blck = 1, .type_size = 8, .is_quantized = false},
-    [LM_TYPE_F64] = {.name = "F64", .blck = 1, .type_size = 8, .is_quantized = false},
-    [LM_TYPE_IQ1_M] = {.name = "IQ1_M", .blck = 256, .type_size = 56, .is_quantized = true},
-    [LM_TYPE_BF16] = {.name = "BF16", .blck = 1, .type_size = 2, .is_quantized = false},
-    [LM_TYPE_TQ1_0] = {.name = "TQ1_0", .blck = 256, .type_size = 54, .is_quantized = true},
-    [LM_TYPE_TQ2_0] = {.name = "TQ2_0", .blck = 256, .type_size = 66, .is_quantized = true},
-    [LM_TYPE_MXFP4] = {.name = "MXFP4", .blck = 32, .type_size = 17, .is_quantized = true},
-};
-
-const lm_type_traits *quant_traits(uint32_t type) {
-    quant_init();
-    if (type >= LM_TYPE_COUNT || traits[type].name == NULL) return NULL;
-    return &traits[type];
-}
-
-const char *quant_type_name(uint32_t type) {
-    const lm_type_traits *t = quant_traits(type);
-    return t ? t->name : "unknown";
-}
-
-int quant_type_from_name(const char *name) {
-    for (int i = 0; i < LM_TYPE_COUNT; i++)
-        if (traits[i].name && strcasecmp(traits[i].name, name) == 0) return i;
-    return -1;
-}
-
-bool quant_supported(uint32_t type) {
-    const lm_type_traits *t = quant_traits(type);
-    return t && t->vec_dot && t->to_float;
-}
-
-size_t quant_row_size(uint32_t type, int64_t n) {
-    const lm_type_traits *t = quant_traits(type);
-    if (!t || n < 0 || n % t->blck) return 0;
-    return (size_t)(n / t->blck) * t->type_size;
-}
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -774,42 +709,106 @@ static float vec_dot_q6_K(int64_t n, const void *w, const void *x) {
     return (float)acc;
 }
 
-/* ---- dispatch ------------------------------------------------------------------ */
+/* ---- the table ------------------------------------------------------------- */
 
-typedef struct {
-    lm_to_float_fn to_float;
-    lm_from_float_fn from_float;
-    uint32_t vec_dot_type;
-    lm_vec_dot_fn vec_dot;
-} ref_kernels;
-
-static const ref_kernels ref[LM_TYPE_COUNT] = {
-    [LM_TYPE_F32] = {f32_to_float, f32_from_float, LM_TYPE_F32, vec_dot_f32},
-    [LM_TYPE_F16] = {f16_to_float, f16_from_float, LM_TYPE_F16, vec_dot_f16},
-    [LM_TYPE_BF16] = {bf16_to_float, bf16_from_float, LM_TYPE_F32, vec_dot_bf16},
-    [LM_TYPE_Q8_0] = {q8_0_to_float, q8_0_from_float, LM_TYPE_Q8_0, vec_dot_q8_0},
-    [LM_TYPE_Q4_0] = {q4_0_to_float, q4_0_from_float, LM_TYPE_Q8_0, vec_dot_q4_0},
-    [LM_TYPE_Q5_0] = {q5_0_to_float, q5_0_from_float, LM_TYPE_Q8_0, vec_dot_q5_0},
-    [LM_TYPE_Q4_K] = {q4_K_to_float, q4_K_from_float, LM_TYPE_Q8_K, vec_dot_q4_K},
-    [LM_TYPE_Q5_K] = {q5_K_to_float, q5_K_from_float, LM_TYPE_Q8_K, vec_dot_q5_K},
-    [LM_TYPE_Q6_K] = {q6_K_to_float, q6_K_from_float, LM_TYPE_Q8_K, vec_dot_q6_K},
-    /* activation format only: no weight kernel */
-    [LM_TYPE_Q8_K] = {q8_K_to_float, q8_K_from_float, LM_TYPE_F32, NULL},
+/* Every ggml type, with the reference kernels of those lamina computes with
+ * (Q8_K is an activation format only: no weight kernel). */
+static const lm_type_traits traits[LM_TYPE_COUNT] = {
+    [LM_TYPE_F32] = {.name = "F32", .blck = 1, .type_size = 4, .is_quantized = false,
+                  .to_float = f32_to_float, .from_float = f32_from_float,
+                  .vec_dot_type = LM_TYPE_F32, .vec_dot = vec_dot_f32},
+    [LM_TYPE_F16] = {.name = "F16", .blck = 1, .type_size = 2, .is_quantized = false,
+                  .to_float = f16_to_float, .from_float = f16_from_float,
+                  .vec_dot_type = LM_TYPE_F16, .vec_dot = vec_dot_f16},
+    [LM_TYPE_Q4_0] = {.name = "Q4_0", .blck = 32, .type_size = 18, .is_quantized = true,
+                   .to_float = q4_0_to_float, .from_float = q4_0_from_float,
+                   .vec_dot_type = LM_TYPE_Q8_0, .vec_dot = vec_dot_q4_0},
+    [LM_TYPE_Q4_1] = {.name = "Q4_1", .blck = 32, .type_size = 20, .is_quantized = true},
+    [LM_TYPE_Q5_0] = {.name = "Q5_0", .blck = 32, .type_size = 22, .is_quantized = true,
+                   .to_float = q5_0_to_float, .from_float = q5_0_from_float,
+                   .vec_dot_type = LM_TYPE_Q8_0, .vec_dot = vec_dot_q5_0},
+    [LM_TYPE_Q5_1] = {.name = "Q5_1", .blck = 32, .type_size = 24, .is_quantized = true},
+    [LM_TYPE_Q8_0] = {.name = "Q8_0", .blck = 32, .type_size = 34, .is_quantized = true,
+                   .to_float = q8_0_to_float, .from_float = q8_0_from_float,
+                   .vec_dot_type = LM_TYPE_Q8_0, .vec_dot = vec_dot_q8_0},
+    [LM_TYPE_Q8_1] = {.name = "Q8_1", .blck = 32, .type_size = 36, .is_quantized = true},
+    [LM_TYPE_Q2_K] = {.name = "Q2_K", .blck = 256, .type_size = 84, .is_quantized = true},
+    [LM_TYPE_Q3_K] = {.name = "Q3_K", .blck = 256, .type_size = 110, .is_quantized = true},
+    [LM_TYPE_Q4_K] = {.name = "Q4_K", .blck = 256, .type_size = 144, .is_quantized = true,
+                   .to_float = q4_K_to_float, .from_float = q4_K_from_float,
+                   .vec_dot_type = LM_TYPE_Q8_K, .vec_dot = vec_dot_q4_K},
+    [LM_TYPE_Q5_K] = {.name = "Q5_K", .blck = 256, .type_size = 176, .is_quantized = true,
+                   .to_float = q5_K_to_float, .from_float = q5_K_from_float,
+                   .vec_dot_type = LM_TYPE_Q8_K, .vec_dot = vec_dot_q5_K},
+    [LM_TYPE_Q6_K] = {.name = "Q6_K", .blck = 256, .type_size = 210, .is_quantized = true,
+                   .to_float = q6_K_to_float, .from_float = q6_K_from_float,
+                   .vec_dot_type = LM_TYPE_Q8_K, .vec_dot = vec_dot_q6_K},
+    [LM_TYPE_Q8_K] = {.name = "Q8_K", .blck = 256, .type_size = 292, .is_quantized = true,
+                   .to_float = q8_K_to_float, .from_float = q8_K_from_float,
+                   .vec_dot_type = LM_TYPE_F32, .vec_dot = NULL},
+    [LM_TYPE_IQ2_XXS] = {.name = "IQ2_XXS", .blck = 256, .type_size = 66, .is_quantized = true},
+    [LM_TYPE_IQ2_XS] = {.name = "IQ2_XS", .blck = 256, .type_size = 74, .is_quantized = true},
+    [LM_TYPE_IQ3_XXS] = {.name = "IQ3_XXS", .blck = 256, .type_size = 98, .is_quantized = true},
+    [LM_TYPE_IQ1_S] = {.name = "IQ1_S", .blck = 256, .type_size = 50, .is_quantized = true},
+    [LM_TYPE_IQ4_NL] = {.name = "IQ4_NL", .blck = 32, .type_size = 18, .is_quantized = true},
+    [LM_TYPE_IQ3_S] = {.name = "IQ3_S", .blck = 256, .type_size = 110, .is_quantized = true},
+    [LM_TYPE_IQ2_S] = {.name = "IQ2_S", .blck = 256, .type_size = 82, .is_quantized = true},
+    [LM_TYPE_IQ4_XS] = {.name = "IQ4_XS", .blck = 256, .type_size = 136, .is_quantized = true},
+    [LM_TYPE_I8] = {.name = "I8", .blck = 1, .type_size = 1, .is_quantized = false},
+    [LM_TYPE_I16] = {.name = "I16", .blck = 1, .type_size = 2, .is_quantized = false},
+    [LM_TYPE_I32] = {.name = "I32", .blck = 1, .type_size = 4, .is_quantized = false},
+    [LM_TYPE_I64] = {.name = "I64", .blck = 1, .type_size = 8, .is_quantized = false},
+    [LM_TYPE_F64] = {.name = "F64", .blck = 1, .type_size = 8, .is_quantized = false},
+    [LM_TYPE_IQ1_M] = {.name = "IQ1_M", .blck = 256, .type_size = 56, .is_quantized = true},
+    [LM_TYPE_BF16] = {.name = "BF16", .blck = 1, .type_size = 2, .is_quantized = false,
+                   .to_float = bf16_to_float, .from_float = bf16_from_float,
+                   .vec_dot_type = LM_TYPE_F32, .vec_dot = vec_dot_bf16},
+    [LM_TYPE_TQ1_0] = {.name = "TQ1_0", .blck = 256, .type_size = 54, .is_quantized = true},
+    [LM_TYPE_TQ2_0] = {.name = "TQ2_0", .blck = 256, .type_size = 66, .is_quantized = true},
+    [LM_TYPE_MXFP4] = {.name = "MXFP4", .blck = 32, .type_size = 17, .is_quantized = true},
 };
 
+const lm_type_traits *quant_traits(uint32_t type) {
+    if (type >= LM_TYPE_COUNT || traits[type].name == NULL) return NULL;
+    return &traits[type];
+}
+
+const char *quant_type_name(uint32_t type) {
+    const lm_type_traits *t = quant_traits(type);
+    return t ? t->name : "unknown";
+}
+
+int quant_type_from_name(const char *name) {
+    for (int i = 0; i < LM_TYPE_COUNT; i++)
+        if (traits[i].name && strcasecmp(traits[i].name, name) == 0) return i;
+    return -1;
+}
+
+bool quant_supported(uint32_t type) {
+    const lm_type_traits *t = quant_traits(type);
+    return t && t->vec_dot && t->to_float;
+}
+
+size_t quant_row_size(uint32_t type, int64_t n) {
+    const lm_type_traits *t = quant_traits(type);
+    if (!t || n < 0 || n % t->blck) return 0;
+    return (size_t)(n / t->blck) * t->type_size;
+}
+
+
 void quant_to_float_ref(uint32_t type, const void *src, float *dst, int64_t n) {
-    assert(type < LM_TYPE_COUNT && ref[type].to_float && n % traits[type].blck == 0);
-    ref[type].to_float(src, dst, n);
+    assert(type < LM_TYPE_COUNT && traits[type].to_float && n % traits[type].blck == 0);
+    traits[type].to_float(src, dst, n);
 }
 
 void quant_from_float_ref(uint32_t type, const float *src, void *dst, int64_t n) {
-    assert(type < LM_TYPE_COUNT && ref[type].from_float && n % traits[type].blck == 0);
-    ref[type].from_float(src, dst, n);
+    assert(type < LM_TYPE_COUNT && traits[type].from_float && n % traits[type].blck == 0);
+    traits[type].from_float(src, dst, n);
 }
 
 float quant_vec_dot_ref(uint32_t type, int64_t n, const void *w, const void *x) {
-    assert(type < LM_TYPE_COUNT && ref[type].vec_dot && n % traits[type].blck == 0);
-    return ref[type].vec_dot(n, w, x);
+    assert(type < LM_TYPE_COUNT && traits[type].vec_dot && n % traits[type].blck == 0);
+    return traits[type].vec_dot(n, w, x);
 }
 
 size_t quant_act_row_size(uint32_t weight_type, int64_t n) {
@@ -971,47 +970,3 @@ void quant_packed_act_ref(const float *src, void *dst, int64_t n) {
         memcpy(o[i].qs, b.qs, QK8_0);
     }
 }
-
-/* Copies the reference kernels into the table. Faster variants chosen by
- * CPU features will replace entries here; the *_ref entry points keep
- * calling the scalar code. pthread_once makes concurrent first calls safe. */
-static void init_table(void) {
-    for (int t = 0; t < LM_TYPE_COUNT; t++) {
-        if (!traits[t].name) continue;
-        traits[t].to_float = ref[t].to_float;
-        traits[t].from_float = ref[t].from_float;
-        traits[t].vec_dot_type = ref[t].vec_dot_type;
-        traits[t].vec_dot = ref[t].vec_dot;
-        traits[t].gemm = NULL;
-        traits[t].gemm_cols = LM_GEMM_TILE;
-        traits[t].packed_gemm = NULL;
-        traits[t].packed_act = NULL;
-        traits[t].pack_tile = 0;
-    }
-    /* Faster variants where the CPU has them; LAMINA_NO_SIMD=1 keeps the
-     * scalar reference (for comparisons). */
-    const char *no_simd = getenv("LAMINA_NO_SIMD");
-    if (no_simd && *no_simd && strcmp(no_simd, "0") != 0) return;
-    if (!cpu_has_avx2()) return;
-    for (int t = 0; t < LM_TYPE_COUNT; t++) {
-        const lm_avx2_kernels *k = traits[t].name ? avx2_kernels((uint32_t)t) : NULL;
-        if (!k) continue;
-        if (k->from_float) traits[t].from_float = k->from_float;
-        if (k->vec_dot) {
-            traits[t].vec_dot = k->vec_dot;
-            traits[t].gemm = k->gemm;
-            if (k->gemm_cols) traits[t].gemm_cols = k->gemm_cols;
-        }
-        /* LAMINA_NO_REPACK=1 keeps the row-major kernels (for comparisons) */
-        const char *no_repack = getenv("LAMINA_NO_REPACK");
-        if (k->packed_gemm && !(no_repack && *no_repack && strcmp(no_repack, "0") != 0)) {
-            traits[t].packed_gemm = k->packed_gemm;
-            traits[t].packed_act = k->packed_act;
-            traits[t].pack_tile = k->pack_tile;
-        }
-    }
-}
-
-static pthread_once_t init_once = PTHREAD_ONCE_INIT;
-
-void quant_init(void) { pthread_once(&init_once, init_table); }

@@ -52,11 +52,14 @@
  * data must be aligned like its struct (2 bytes; 4 for Q8_K), which GGUF
  * tensor alignment guarantees.
  *
- * quant_init() fills the function pointers once, choosing the fastest
- * variant the CPU supports; the `*_ref` scalar functions stay available for
- * tests. Every to_float variant must return the reference's bits (the
- * products involved are exact, see quant.c); vec_dot variants agree with
- * the reference within float rounding (tests allow 1e-5 of sum |w*x|).
+ * This table holds the layouts and the scalar reference functions only; they
+ * define what every faster variant computes. The kernels layer
+ * (kernels/kernels.h) picks the variants the CPU runs, by type, once at
+ * start-up; every matrix product, conversion and dot product of the forward
+ * pass goes through that table. Every to_float variant must return the
+ * reference's bits (the products involved are exact, see quant.c); vec_dot
+ * variants agree with the reference within float rounding (tests allow 1e-5
+ * of sum |w*x|).
  */
 #ifndef LAMINA_QUANT_H
 #define LAMINA_QUANT_H
@@ -193,31 +196,20 @@ typedef void (*lm_packed_gemm_fn)(int64_t n, const void *wp, int nr, const void 
 typedef void (*lm_to_float_fn)(const void *src, float *dst, int64_t n);
 typedef void (*lm_from_float_fn)(const float *src, void *dst, int64_t n);
 
+/* One ggml type: its block layout and, where lamina computes with it, the
+ * scalar reference conversions and dot product. Constant: nothing here
+ * changes at run time. */
 typedef struct {
     const char *name;         /* "F32", "Q4_K", ... as GGUF tools print them */
     int64_t blck;             /* elements per block */
     size_t type_size;         /* bytes per block */
     bool is_quantized;
-    /* NULL where lamina does not implement the type: */
+    /* scalar references, NULL where lamina does not implement the type: */
     lm_to_float_fn to_float;
     lm_from_float_fn from_float;
-    uint32_t vec_dot_type;
+    uint32_t vec_dot_type;    /* activation type of vec_dot (weight types only) */
     lm_vec_dot_fn vec_dot;
-    lm_gemm_fn gemm;          /* NULL: callers loop over vec_dot */
-    int gemm_cols;            /* activation rows per gemm call (1..LM_GEMM_TILE)
-                                 the kernel is fastest with */
-    /* interleaved kernels (NULL where the type or the CPU has none, and
-     * with LAMINA_NO_SIMD or LAMINA_NO_REPACK set): */
-    lm_packed_gemm_fn packed_gemm;
-    lm_from_float_fn packed_act; /* floats -> the packed kernel's activation
-                                    row (quant_packed_x_row_size); NULL: it
-                                    takes the floats (F16 panels) */
-    int pack_tile;               /* most tokens per packed_gemm call */
 } lm_type_traits;
-
-/* Fill the function pointers (idempotent and thread-safe; quant_traits()
- * also calls it, so a table read never sees empty pointers). */
-void quant_init(void);
 
 /* NULL for an id that is not a known ggml type. */
 const lm_type_traits *quant_traits(uint32_t type);
@@ -243,7 +235,7 @@ float quant_vec_dot_ref(uint32_t type, int64_t n, const void *w, const void *x);
 /* For matrix products: bytes of one activation row of n elements in the
  * weight type's vec_dot_type (0 if the type is not supported or n is not a
  * multiple of the block size), and the conversion of n floats into that
- * format through the dispatched from_float. */
+ * format by the reference quantizer (every variant gives the same bits). */
 size_t quant_act_row_size(uint32_t weight_type, int64_t n);
 void quant_act_from_float(uint32_t weight_type, const float *x, void *dst, int64_t n);
 
@@ -253,7 +245,7 @@ int quant_pack_rows(uint32_t type);
 /* Bytes of the interleaved copy of a (rows, cols) matrix of Q8_0, Q4_0,
  * Q5_0, Q4_K or F16 (rows rounded up to a whole group); 0 for other types or a cols that
  * is not a multiple of the block size. The layout exists whatever the CPU;
- * whether anything computes with it is traits->packed_gemm. */
+ * whether anything computes with it is the kernel table's packed_gemm. */
 size_t quant_pack_size(uint32_t type, int64_t rows, int64_t cols);
 /* Write the interleaved copy of `rows` rows of src (src_stride bytes apart)
  * into dst (quant_pack_size bytes). */

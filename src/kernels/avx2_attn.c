@@ -212,25 +212,6 @@ float attn_exp_sum_avx2(float *x, int n, float m) {
     return s;
 }
 
-void attn_f16_to_f32_avx2(const uint16_t *src, float *dst, int n) {
-    for (int i = 0; i < n; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
-}
-
-void attn_q8_0_to_f32_avx2(const void *src, float *dst, int n) {
-    const uint8_t *b = src;
-    for (int i = 0; i < n; i += 32, b += 34) {
-        uint16_t h;
-        memcpy(&h, b, 2);
-        __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
-        for (int j = 0; j < 4; j++) {
-            __m128i q8 = _mm_loadl_epi64((const __m128i *)(b + 2 + 8 * j));
-            __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
-            _mm256_storeu_ps(dst + i + 8 * j, _mm256_mul_ps(d, q));
-        }
-    }
-}
-
 #else
 typedef int avx2_attn_unused; /* not an x86 target: nothing to compile */
 #endif

@@ -1,13 +1,12 @@
 /*
  * avx2_attn.h - the attention kernel's inner loops in AVX2 + FMA + F16C
- * (avx2_attn.c, compiled with -mavx2 -mfma -mf16c). attn.c calls them only
- * after checking the CPU has all three and that head_dim is a multiple of 8;
- * attn.c holds the scalar versions with the same contracts.
+ * (avx2_attn.c, compiled with -mavx2 -mfma -mf16c). The kernel table
+ * (kernels/dispatch.c) hands them to attention only on a CPU with all three
+ * and only for a head_dim that is a multiple of 8; kernels/scalar.c holds
+ * the scalar versions with the same contracts.
  */
 #ifndef LAMINA_AVX2_ATTN_H
 #define LAMINA_AVX2_ATTN_H
-
-#include <stdint.h>
 
 /* S[r*s_stride + t] = Q[r*hd .. r*hd+hd) · krow[t][0 .. hd), r < R, t < nk. */
 void attn_scores_avx2(const float *Q, int R, int hd, const float *const *krow, int nk, float *S, int s_stride);
@@ -19,9 +18,5 @@ float attn_max_avx2(const float *x, int n);
 void attn_scale_avx2(float *dst, const float *src, int n, float c);
 /* x[t] = exp(x[t] - m) for t < n (every x[t] <= m); returns Σ x[t]. */
 float attn_exp_sum_avx2(float *x, int n, float m);
-/* n halves (n a multiple of 8) to floats; exact. */
-void attn_f16_to_f32_avx2(const uint16_t *src, float *dst, int n);
-/* n values (n a multiple of 32) of Q8_0 blocks to floats; exact (d * q). */
-void attn_q8_0_to_f32_avx2(const void *src, float *dst, int n);
 
 #endif

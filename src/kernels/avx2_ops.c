@@ -112,10 +112,4 @@ void avx2_rope_apply(float *x, int n_heads, int head_dim, int n_rot, const float
     }
 }
 
-void avx2_add(float *y, const float *x, int n) {
-    int i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(x + i)));
-    for (; i < n; i++) y[i] += x[i];
-}
-
 #endif

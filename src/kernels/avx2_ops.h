@@ -1,7 +1,8 @@
 /*
  * avx2_ops.h - element-wise operations of the forward pass in AVX2 + FMA
- * (avx2_ops.c). ops.c calls them only after a CPUID check, and keeps the
- * scalar versions with the same contracts.
+ * (avx2_ops.c). The kernel table (kernels/dispatch.c) hands them out only
+ * after a CPUID check; kernels/scalar.c holds the scalar versions with the
+ * same contracts.
  *
  * Every element goes through the same vector code whatever n is (a tail
  * shorter than 8 is processed in a padded vector), so an element's result
@@ -21,7 +22,5 @@ void avx2_geglu(float *g, const float *u, int n);
  * each head rotated by the angles cs = (cos, sin) pairs, as ops_rope_apply;
  * neox picks the halves layout (pairs i, i + n_rot/2), else adjacent pairs. */
 void avx2_rope_apply(float *x, int n_heads, int head_dim, int n_rot, const float *cs, int neox);
-/* y += x. */
-void avx2_add(float *y, const float *x, int n);
 
 #endif

@@ -35,7 +35,7 @@
  * Zen 3 than 4 tokens with everything in registers. One token (decode) is
  * the same code with C = 1, streaming the group's bytes with prefetches.
  */
-#include "kernels/kernels.h"
+#include "kernels/avx2.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 

@@ -29,7 +29,7 @@
  * latency), several tokens one segment after another (twelve chains
  * already do).
  */
-#include "kernels/kernels.h"
+#include "kernels/avx2.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 

@@ -1,6 +1,6 @@
 /*
- * avx2_quant.c - AVX2 + FMA + F16C dot products, gemm tiles and activation
- * quantizers for the weight types in quant.h. Compiled with -mavx2 -mfma
+ * avx2_quant.c - AVX2 + FMA + F16C dot products, gemm tiles, activation
+ * quantizers and the KV types' conversions to float for the types in quant.h. Compiled with -mavx2 -mfma
  * -mf16c; nothing here runs unless cpu_has_avx2() said yes.
  *
  * One code path per type. Each type has a tile function, always inlined,
@@ -39,7 +39,7 @@
  * eight chunks: < 2^26, minus the -32 correction, at most 2^24. Sums above
  * 2^24 round when converted to float, identically in every path.
  */
-#include "kernels/kernels.h"
+#include "kernels/avx2.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 
@@ -761,6 +761,29 @@ INLINE __m256i pack32(__m256i a, __m256i b, __m256i c, __m256i d) {
     return _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+/* F16 to floats (F16C): exact, so the reference's bits for every non-NaN
+ * value (a signalling NaN comes back quietened). Any n: the tail goes
+ * through lm_f16_to_f32. */
+void avx2_to_float_f16(const void *src, float *dst, int64_t n) {
+    const uint16_t *h = src;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+    for (; i < n; i++) dst[i] = lm_f16_to_f32(h[i]);
+}
+
+/* Q8_0 blocks to floats: d * q, one exact product per value (an f16 scale
+ * times an int8), as the reference. */
+void avx2_to_float_q8_0(const void *src, float *dst, int64_t n) {
+    const uint8_t *b = src;
+    for (int64_t i = 0; i < n; i += QK8_0, b += sizeof(block_q8_0)) {
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(ld16(b)));
+        for (int j = 0; j < 4; j++) {
+            __m128i q8 = _mm_loadl_epi64((const __m128i *)(const void *)(b + 2 + 8 * j));
+            __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
+            _mm256_storeu_ps(dst + i + 8 * j, _mm256_mul_ps(d, q));
+        }
+    }
+}
 
 /* Floats to F16, rounded to nearest-even (F16C), as lm_f32_to_f16 does for
  * every finite value and infinity (NaNs stay NaNs). */
@@ -842,26 +865,27 @@ void avx2_from_float_q8_K(const float *src, void *dst, int64_t n) {
 /* ---- table ---------------------------------------------------------------- */
 
 static const lm_avx2_kernels table[LM_TYPE_COUNT] = {
-    [LM_TYPE_F32] = {NULL, avx2_vec_dot_f32, avx2_gemm_f32, NULL, NULL, 3, 0},
-    [LM_TYPE_F16] = {avx2_from_float_f16, avx2_vec_dot_f16, avx2_gemm_f16, avx2_packed_gemm_f16, NULL, 3, 6},
-    [LM_TYPE_BF16] = {NULL, avx2_vec_dot_bf16, avx2_gemm_bf16, NULL, NULL, 3, 0},
-    [LM_TYPE_Q8_0] = {avx2_from_float_q8_0, avx2_vec_dot_q8_0, avx2_gemm_q8_0, avx2_packed_gemm_q8_0,
-                      avx2_packed_act, 0, LM_PACK_TILE},
-    [LM_TYPE_Q4_0] = {NULL, avx2_vec_dot_q4_0, avx2_gemm_q4_0, avx2_packed_gemm_q4_0, avx2_packed_act, 0,
+    [LM_TYPE_F32] = {NULL, NULL, avx2_vec_dot_f32, avx2_gemm_f32, NULL, NULL, 3, 0},
+    [LM_TYPE_F16] = {avx2_to_float_f16, avx2_from_float_f16, avx2_vec_dot_f16, avx2_gemm_f16, avx2_packed_gemm_f16,
+                     NULL, 3, 6},
+    [LM_TYPE_BF16] = {NULL, NULL, avx2_vec_dot_bf16, avx2_gemm_bf16, NULL, NULL, 3, 0},
+    [LM_TYPE_Q8_0] = {avx2_to_float_q8_0, avx2_from_float_q8_0, avx2_vec_dot_q8_0, avx2_gemm_q8_0,
+                      avx2_packed_gemm_q8_0, avx2_packed_act, 0, LM_PACK_TILE},
+    [LM_TYPE_Q4_0] = {NULL, NULL, avx2_vec_dot_q4_0, avx2_gemm_q4_0, avx2_packed_gemm_q4_0, avx2_packed_act, 0,
                       LM_PACK_TILE},
-    [LM_TYPE_Q5_0] = {NULL, avx2_vec_dot_q5_0, avx2_gemm_q5_0, avx2_packed_gemm_q5_0, avx2_packed_act, 0,
+    [LM_TYPE_Q5_0] = {NULL, NULL, avx2_vec_dot_q5_0, avx2_gemm_q5_0, avx2_packed_gemm_q5_0, avx2_packed_act, 0,
                       LM_PACK_TILE},
-    [LM_TYPE_Q4_K] = {NULL, avx2_vec_dot_q4_K, avx2_gemm_q4_K, avx2_packed_gemm_q4_K, avx2_from_float_q8_K, 0,
+    [LM_TYPE_Q4_K] = {NULL, NULL, avx2_vec_dot_q4_K, avx2_gemm_q4_K, avx2_packed_gemm_q4_K, avx2_from_float_q8_K, 0,
                       LM_PACK_TILE},
-    [LM_TYPE_Q5_K] = {NULL, avx2_vec_dot_q5_K, avx2_gemm_q5_K, NULL, NULL, 0, 0},
-    [LM_TYPE_Q6_K] = {NULL, avx2_vec_dot_q6_K, avx2_gemm_q6_K, NULL, NULL, 0, 0},
-    [LM_TYPE_Q8_K] = {avx2_from_float_q8_K, NULL, NULL, NULL, NULL, 0, 0},
+    [LM_TYPE_Q5_K] = {NULL, NULL, avx2_vec_dot_q5_K, avx2_gemm_q5_K, NULL, NULL, 0, 0},
+    [LM_TYPE_Q6_K] = {NULL, NULL, avx2_vec_dot_q6_K, avx2_gemm_q6_K, NULL, NULL, 0, 0},
+    [LM_TYPE_Q8_K] = {NULL, avx2_from_float_q8_K, NULL, NULL, NULL, NULL, 0, 0},
 };
 
 const lm_avx2_kernels *avx2_kernels(uint32_t type) {
     if (type >= LM_TYPE_COUNT) return NULL;
     const lm_avx2_kernels *k = &table[type];
-    return k->from_float || k->vec_dot ? k : NULL;
+    return k->to_float || k->from_float || k->vec_dot ? k : NULL;
 }
 
 #else /* not x86: no kernels here */

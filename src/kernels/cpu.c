@@ -12,7 +12,7 @@
  * Plain C, compiled without SIMD flags; the answer does not change while the
  * process runs, and computing it is cheap, so nothing is cached.
  */
-#include "kernels/kernels.h"
+#include "kernels/avx2.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>

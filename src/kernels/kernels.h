@@ -1,139 +1,135 @@
 /*
- * kernels.h - per-architecture matrix-product kernels and CPU detection.
+ * kernels.h - the kernel table: which variant of every kernel this process
+ * runs.
  *
- * The scalar reference kernels live in quant.c and define what every variant
- * here computes. This header declares the x86-64 AVX2 variants (AVX2 + FMA +
- * F16C, in kernels/avx2_quant.c) for the weight types lamina multiplies:
+ * One table, filled once at start-up from CPUID and the environment, is the
+ * only place anything picks a kernel variant. It holds:
  *
- *   weight type   activation (vec_dot_type)   vec_dot / gemm          from_float
- *   F32, BF16        F32                      avx2_vec_dot_<t>, _gemm_ -
- *   F16              F16 (panels: F32)        avx2_vec_dot_f16, _gemm_ avx2_from_float_f16
- *   Q8_0, Q4_0, Q5_0 Q8_0                     avx2_vec_dot_<t>, _gemm_ avx2_from_float_q8_0
- *   Q4_K, Q5_K, Q6_K Q8_K                     avx2_vec_dot_<t>, _gemm_ avx2_from_float_q8_K
+ *   type[t]   per tensor type (quant.h): to_float (weights and KV rows to
+ *             floats), from_float (floats to the type: activations and KV
+ *             writes), vec_dot, the gemm tile and the interleaved-weight
+ *             kernels with their tile sizes;
+ *   ew        the element-wise ops of the forward pass (RMSNorm, SwiGLU,
+ *             GeGLU, RoPE);
+ *   attn      the inner loops of tiled attention (scores, P·V, row max, row
+ *             scaling, exp-and-sum), reached through kernels_attn().
  *
- * and, for Q8_0, Q4_0 and Q5_0 weights in the interleaved layout of quant.h
- * (kernels/avx2_packed.c), avx2_packed_gemm_<t> against block_q8_0s
- * activations from avx2_packed_act; for Q4_K weights likewise
- * avx2_packed_gemm_q4_K against Q8_K activations; for F16 weights in the panel layout
- * (kernels/avx2_panel.c), avx2_packed_gemm_f16 against F32 activations.
+ * Each op has a scalar reference that defines what it computes (the tensor
+ * types' in format/quant.c, the others in kernels/scalar.c); an ISA's files
+ * (kernels/<isa>_*.c) provide its faster entries, and kernels/dispatch.c
+ * chooses, per ISA in one function, which entries replace the reference.
+ * Adding an ISA is: its files, an lm_isa value, its CPUID check, its lines
+ * in that function.
  *
- * Contracts:
- *  - vec_dot has the signature of lm_vec_dot_fn: one weight row of n elements
- *    against one activation row already in vec_dot_type; n a multiple of the
- *    block size (any n >= 0 for the float types). Results agree with
- *    quant_vec_dot_ref to float rounding (tests state the tolerances).
- *  - gemm (lm_gemm_fn and LM_GEMM_TILE are in quant.h) computes a tile of
- *    nr weight rows by nc activation rows (1 <= nr, nc <= LM_GEMM_TILE; 0
- *    does nothing):
- *        y[c * y_stride + r] = vec_dot(n, w + r * w_stride, x + c * x_stride)
- *    and every one of those floats is BIT-IDENTICAL to what the same type's
- *    avx2_vec_dot returns, whatever nr and nc are: each output has its own
- *    accumulators and the same sequence of float operations in both. This
- *    is what lets a token's output not depend on the batch it shares. Each
- *    weight block is decoded once per tile and each activation block loaded
- *    once per weight row, so wider tiles do less work per output. With
- *    nc == 1 the rows are simply done one after another (that streams from
- *    memory best), so decode may call gemm or vec_dot per row alike; the
- *    float types instead run the tile's rows together with nc == 1 (one
- *    accumulator per output needs several chains to cover FMA latency). The
- *    kernels prefetch the weight bytes they will read 4 KiB later.
- *  - packed_gemm (lm_packed_gemm_fn, quant.h) computes rows [0, nr) of one
- *    interleaved group (8 rows; F16: 16) against nc <= pack_tile activation
- *    rows:
- *        y[c * y_stride + r] = row r · token c
- *    Each output has its own accumulator lane and the same float steps in
- *    the same order whatever nc and the token's place in the tile, so every
- *    product of a packed matrix, one token or many, gives the same bits for
- *    a (row, token). Its results differ from vec_dot's in rounding only (a
- *    matrix uses one family or the other for all its products), and agree
- *    with quant_vec_dot_ref within the same tolerance (F16 panels: equal to
- *    quant_panel_dot_ref bit for bit). Rows past nr in the group are
- *    computed from the zero padding and not stored.
- *  - from_float produces blocks bit-identical to quant_from_float_ref, so
- *    nothing downstream depends on which path quantized; likewise
- *    packed_act and quant_packed_act_ref.
- *  - Strides are in bytes for w and x, in floats for y. Rows must be aligned
- *    like their block struct (2 bytes; 4 for Q8_K), as GGUF guarantees.
- *  - Activations in Q8_0 must lie in [-127, 127], which both quantizers
- *    produce (the sign trick of the Q8_0 weight kernel cannot negate -128).
+ * Environment (read once, when the table is filled):
+ *   LAMINA_NO_SIMD=1    every entry stays the scalar reference (matrix
+ *                       products, element-wise ops, attention, conversions)
+ *   LAMINA_NO_REPACK=1  no interleaved-weight kernels (row-major ones only)
  *
- * These functions use AVX2/FMA/F16C instructions: call them only when
- * cpu_has_avx2() is true. avx2_kernels() hands them out by type for
- * quant_init(); on non-x86 builds it returns NULL and nothing else is
- * defined.
+ * What varies between variants, and what does not:
+ *   - to_float and from_float give the reference's bits in every variant,
+ *     so the KV cache and quantized activations hold the same bytes
+ *     whichever ISA wrote them;
+ *   - vec_dot, gemm and packed_gemm agree with the reference within float
+ *     rounding; within one variant, gemm outputs equal vec_dot's bit for bit
+ *     and packed_gemm outputs do not depend on the batch (kernels/avx2.h);
+ *   - element-wise and attention variants agree with the reference to a few
+ *     ulps (tests state the bounds); an element's result never depends on
+ *     how many tokens share the call.
+ *
+ * Threads: reading the table is safe from any thread once kernels_init()
+ * returned (kernels() calls it on first use). kernels_use() rewrites it in
+ * place: tests and benchmarks only, with nothing else running.
  */
 #ifndef LAMINA_KERNELS_H
 #define LAMINA_KERNELS_H
 
 #include <stdbool.h>
-#include <stddef.h>
 #include <stdint.h>
 
 #include "format/quant.h"
 
-/* True when the CPU has AVX2, FMA and F16C and the OS saves YMM state. */
-bool cpu_has_avx2(void);
+/* Instruction sets, in the order dispatch prefers them (higher is faster). */
+typedef enum {
+    LM_ISA_SCALAR = 0, /* portable C: the reference of every op */
+    LM_ISA_AVX2 = 1,   /* x86-64 AVX2 + FMA + F16C */
+    LM_ISA_COUNT
+} lm_isa;
 
-/* The AVX2 kernels of one type; NULL members keep the reference. */
+/* The kernels of one tensor type. An entry is NULL where the type has no
+ * such kernel (types lamina does not compute with have all NULL). */
 typedef struct {
-    lm_from_float_fn from_float; /* quantize floats into this type */
-    lm_vec_dot_fn vec_dot;       /* weights of this type · vec_dot_type */
-    lm_gemm_fn gemm;             /* tile kernel matching vec_dot bit for bit */
-    lm_packed_gemm_fn packed_gemm; /* interleaved weights (quant.h), or NULL */
-    lm_from_float_fn packed_act;   /* floats -> block_q8_0s, with packed_gemm */
-    int gemm_cols;                 /* activation rows per gemm call it is fastest
-                                      with; 0: LM_GEMM_TILE */
-    int pack_tile;                 /* most activation rows per packed_gemm call */
-} lm_avx2_kernels;
+    lm_to_float_fn to_float;         /* n elements of this type to floats */
+    lm_from_float_fn from_float;     /* n floats to this type */
+    lm_vec_dot_fn vec_dot;           /* weight row · activation row in vec_dot_type */
+    lm_gemm_fn gemm;                 /* tile matching vec_dot bit for bit, or NULL */
+    int gemm_cols;                   /* activation rows per gemm call it is fastest with */
+    lm_packed_gemm_fn packed_gemm;   /* interleaved weights (quant.h), or NULL */
+    lm_from_float_fn packed_act;     /* floats -> packed_gemm's activation rows;
+                                        NULL: it takes the floats (F16 panels) */
+    int pack_tile;                   /* most activation rows per packed_gemm call */
+} lm_type_kernels;
 
-/* The kernels for a type, or NULL when there are none (or not x86-64). */
-const lm_avx2_kernels *avx2_kernels(uint32_t type);
+/* Element-wise ops (contracts: model/ops.h). */
+typedef struct {
+    /* y = x / sqrt(mean(x^2) + eps) * w over n (y may alias x) */
+    void (*rmsnorm)(float *y, const float *x, const float *w, int n, float eps);
+    /* g = silu(g) * u */
+    void (*swiglu)(float *g, const float *u, int n);
+    /* g = gelu_tanh(g) * u */
+    void (*geglu)(float *g, const float *u, int n);
+    /* RoPE in place on n_heads heads of head_dim floats; neox: pairs
+     * (i, i + n_rot/2), else adjacent pairs; cs = (cos, sin) per pair */
+    void (*rope)(float *x, int n_heads, int head_dim, int n_rot, const float *cs, int neox);
+} lm_ew_kernels;
 
-#if defined(__x86_64__) || defined(__i386__)
-float avx2_vec_dot_f32(int64_t n, const void *w, const void *x);
-float avx2_vec_dot_f16(int64_t n, const void *w, const void *x);
-float avx2_vec_dot_bf16(int64_t n, const void *w, const void *x);
-float avx2_vec_dot_q8_0(int64_t n, const void *w, const void *x);
-float avx2_vec_dot_q4_0(int64_t n, const void *w, const void *x);
-float avx2_vec_dot_q5_0(int64_t n, const void *w, const void *x);
-float avx2_vec_dot_q4_K(int64_t n, const void *w, const void *x);
-float avx2_vec_dot_q5_K(int64_t n, const void *w, const void *x);
-float avx2_vec_dot_q6_K(int64_t n, const void *w, const void *x);
+/* Attention inner loops (contracts: kernels/avx2_attn.h). `scale` is
+ * called with n = head_dim only. */
+typedef struct {
+    void (*scores)(const float *Q, int R, int hd, const float *const *krow, int nk, float *S, int s_stride);
+    void (*pv)(float *O, int R, int hd, const float *P, int p_stride, const float *const *vrow, int nk);
+    float (*max)(const float *x, int n);
+    void (*scale)(float *dst, const float *src, int n, float c);
+    float (*exp_sum)(float *x, int n, float m);
+    int head_multiple; /* head_dim must be a multiple of this (1: any) */
+} lm_attn_kernels;
 
-void avx2_gemm_f32(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
-                   size_t x_stride, int nc, float *y, size_t y_stride);
-void avx2_gemm_f16(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
-                   size_t x_stride, int nc, float *y, size_t y_stride);
-void avx2_gemm_bf16(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
-                    size_t x_stride, int nc, float *y, size_t y_stride);
-void avx2_gemm_q8_0(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
-                    size_t x_stride, int nc, float *y, size_t y_stride);
-void avx2_gemm_q4_0(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
-                    size_t x_stride, int nc, float *y, size_t y_stride);
-void avx2_gemm_q5_0(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
-                    size_t x_stride, int nc, float *y, size_t y_stride);
-void avx2_gemm_q4_K(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
-                    size_t x_stride, int nc, float *y, size_t y_stride);
-void avx2_gemm_q5_K(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
-                    size_t x_stride, int nc, float *y, size_t y_stride);
-void avx2_gemm_q6_K(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
-                    size_t x_stride, int nc, float *y, size_t y_stride);
+typedef struct {
+    lm_isa isa;                         /* the ISA whose entries were chosen */
+    lm_type_kernels type[LM_TYPE_COUNT];
+    lm_ew_kernels ew;
+    lm_attn_kernels attn;
+} lm_kernels;
 
-void avx2_packed_gemm_q8_0(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc,
-                           float *y, size_t y_stride);
-void avx2_packed_gemm_q4_0(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc,
-                           float *y, size_t y_stride);
-void avx2_packed_gemm_q5_0(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc,
-                           float *y, size_t y_stride);
-void avx2_packed_gemm_q4_K(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc,
-                           float *y, size_t y_stride);
-void avx2_packed_gemm_f16(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc,
-                          float *y, size_t y_stride);
-void avx2_packed_act(const float *src, void *dst, int64_t n);
+/* Fill the table from CPUID and the environment (idempotent, thread-safe).
+ * Called at start-up; kernels() calls it too, so a read never sees an
+ * empty table. */
+void kernels_init(void);
 
-void avx2_from_float_f16(const float *src, void *dst, int64_t n);
-void avx2_from_float_q8_0(const float *src, void *dst, int64_t n);
-void avx2_from_float_q8_K(const float *src, void *dst, int64_t n);
-#endif
+/* The table. */
+const lm_kernels *kernels(void);
+
+/* The kernels of one tensor type (a type lamina does not know: NULL). */
+const lm_type_kernels *kernels_type(uint32_t type);
+
+/* The attention kernels for a head dimension: the table's, or the scalar
+ * ones where head_dim is not a multiple of their head_multiple. */
+const lm_attn_kernels *kernels_attn(int head_dim);
+
+/* "avx2", "scalar": the ISA of the table now. */
+const char *kernels_isa_name(void);
+/* The name of an ISA ("scalar", "avx2"). */
+const char *kernels_isa_str(lm_isa isa);
+
+/* The best ISA this CPU runs, and whether it runs a given one. */
+lm_isa kernels_cpu_isa(void);
+bool kernels_cpu_has(lm_isa isa);
+
+/* Tests and benchmarks: fill the table with an ISA's entries (the scalar
+ * reference for LM_ISA_SCALAR), or, with isa < 0, again from CPUID and the
+ * environment. -1 when the CPU cannot run that ISA (table unchanged).
+ * LAMINA_NO_REPACK is honoured in every case. Not thread-safe: call with
+ * nothing else running. */
+int kernels_use(int isa);
 
 #endif

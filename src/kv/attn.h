@@ -36,9 +36,11 @@
  * thread. The K/V of every position < pos0 + n_q must be written (kv_store)
  * before the call.
  *
- * Numerics: float32 accumulation; on x86-64 with AVX2+FMA+F16C the dot
- * products, exponentials and conversions use 8-wide kernels (same math,
- * different summation order than the scalar path). For a given path the
+ * Numerics: float32 accumulation; the inner loops and the KV conversion are
+ * the kernel table's (kernels/kernels.h): on x86-64 with AVX2+FMA+F16C and a
+ * head_dim that is a multiple of 8, 8-wide kernels (same math, different
+ * summation order than the scalar path); with LAMINA_NO_SIMD=1, or
+ * kernels_use(LM_ISA_SCALAR), the scalar reference. For a given path the
  * result depends only on the logical data, not on which physical blocks hold
  * it. Against a float64 reference on the stored values the relative error is
  * ~1e-6 (tests bound it by 1e-5).
@@ -67,10 +69,6 @@ void attn_scratch_free(attn_scratch *scr);
 size_t attn_scratch_bytes(const attn_scratch *scr);
 /* (query, head) rows per internal sub-tile. */
 int attn_tile_rows(const attn_scratch *scr);
-/* Use the portable scalar kernels even where SIMD ones exist (tests, bench). */
-void attn_scratch_set_scalar(attn_scratch *scr, bool scalar);
-/* Whether this scratch runs the SIMD kernels. */
-bool attn_scratch_simd(const attn_scratch *scr);
 
 /*
  * q:      row i at q + i*q_stride floats holds all n_head query heads (head
@@ -84,21 +82,5 @@ bool attn_scratch_simd(const attn_scratch *scr);
  */
 void attn_tile(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride, int n_q,
                int pos0, float scale, int window, float *out, size_t out_stride, attn_scratch *scr);
-
-/*
- * Split-KV form, for a long decode with fewer (sequence, kv head) items than
- * threads: the same computation over key positions [k0, k1) only (and,
- * as always, only keys a query may see), leaving per row
- * r = i * group + g the unnormalized output po (n_q * group, head_dim) and
- * pml[2r] = running max, pml[2r+1] = running sum (-inf and 0 for a row that
- * saw no key). attn_merge combines parts that together cover [0, pos] of
- * every query into the layout attn_tile writes. Parts starting on a multiple
- * of ATTN_KV_CHUNK chunk the keys as attn_tile does.
- */
-void attn_tile_part(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride,
-                    int n_q, int pos0, float scale, int window, int k0, int k1, float *po, float *pml,
-                    attn_scratch *scr);
-void attn_merge(int n_parts, const float *const *po, const float *const *pml, int n_q, int group, int head_dim,
-                int kv_head, float *out, size_t out_stride);
 
 #endif

@@ -38,6 +38,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "kernels/kernels.h"
 #include "format/quant.h"
 #include "base/sha256.h"
 #include "base/util.h"
@@ -92,7 +93,6 @@ struct kv_pool {
     kv_seq *seqs;                 /* live sequences */
     int64_t n_seqs;
     uint64_t prefix_queries, prefix_hit_blocks;
-    const lm_type_traits *tt;     /* conversion of the element type */
 };
 
 void kv_config_init(kv_config *c, int n_layer, int n_head_kv, int head_dim) {
@@ -398,7 +398,6 @@ kv_pool *kv_pool_new(const kv_config *c, char *err, size_t errlen) {
     if (p->n_class == 1) /* an unused class: a layout of no layer */
         p->cls[KV_LOCAL].lay = (kv_layout){.row_bytes = plan.row_bytes, .block_size = c->block_size,
                                            .n_head_kv = c->n_head_kv, .head_dim = c->head_dim, .type = c->type};
-    p->tt = quant_traits(c->type);
     return p;
 }
 
@@ -689,6 +688,8 @@ void kv_store_rows(kv_pool *p, const kv_seq *s, int layer, int pos0, int n, cons
     kv_class *kc = &p->cls[c];
     const kv_layout *l = &kc->lay;
     int B = l->block_size, hd = l->head_dim;
+    /* the kernel table's conversion, as attention's reads (not for F32) */
+    lm_from_float_fn from_float = l->type == LM_TYPE_F32 ? NULL : kernels_type(l->type)->from_float;
     for (int t = 0; t < n; t++) {
         int pos = pos0 + t;
         int32_t b = s->table[c][pos / B];
@@ -699,7 +700,7 @@ void kv_store_rows(kv_pool *p, const kv_seq *s, int layer, int pos0, int n, cons
             for (int h = 0; h < l->n_head_kv; h++) {
                 uint8_t *dst = base + kv_slab_offset(l, slot, which, h);
                 if (l->type == LM_TYPE_F32) memcpy(dst, src + (size_t)h * hd, (size_t)hd * sizeof(float));
-                else p->tt->from_float(src + (size_t)h * hd, dst, hd);
+                else from_float(src + (size_t)h * hd, dst, hd);
             }
         }
     }

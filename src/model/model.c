@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "kernels/kernels.h"
 #include "format/quant.h"
 #include "base/util.h"
 
@@ -116,13 +117,13 @@ static int load_vec(loader *L, const char *name, int64_t n, bool required, const
         if (!required && !gguf_find_tensor(L->m->gguf, name)) return 0;
         return -1;
     }
-    const lm_type_traits *tr = quant_traits(t->type);
-    if (!tr || !tr->to_float)
+    const lm_type_kernels *tk = kernels_type(t->type);
+    if (!tk || !tk->to_float)
         return lm_err(L->err, L->errlen, "tensor '%s' has type %s, which lamina cannot read", name,
                       quant_type_name(t->type));
     if (L->f32_used + (size_t)n > L->f32_cap) return lm_err(L->err, L->errlen, "internal: vector slab too small");
     float *dst = L->m->f32 + L->f32_used;
-    tr->to_float(t->data, dst, n);
+    tk->to_float(t->data, dst, n);
     L->f32_used += (size_t)n;
     *out = dst;
     return 0;
@@ -295,8 +296,7 @@ static int pack_weights(loader *L) {
     ws[k++] = &m->output;
     size_t total = 0;
     for (int i = 0; i < n_w; i++) {
-        const lm_type_traits *t = quant_traits(ws[i]->type);
-        if (t->packed_gemm) total += quant_pack_size(ws[i]->type, ws[i]->rows, ws[i]->cols);
+        if (kernels_type(ws[i]->type)->packed_gemm) total += quant_pack_size(ws[i]->type, ws[i]->rows, ws[i]->cols);
     }
     /* Copies that would take most of the free memory are not made: the
      * row-major kernels compute the same products from the mapping, where
@@ -316,7 +316,7 @@ static int pack_weights(loader *L) {
     for (int i = 0; i < n_w; i++) {
         lm_weight *w = ws[i];
         size_t sz = quant_pack_size(w->type, w->rows, w->cols);
-        if (!quant_traits(w->type)->packed_gemm || !sz) continue;
+        if (!kernels_type(w->type)->packed_gemm || !sz) continue;
         quant_pack(w->type, w->data, w->row_bytes, w->rows, w->cols, p);
         w->packed = p;
         p += sz;
@@ -327,7 +327,7 @@ static int pack_weights(loader *L) {
 }
 
 lm_model *model_from_gguf(gguf_ctx *g, char *err, size_t errlen) {
-    quant_init();
+    kernels_init();
     lm_model *m = lm_calloc(1, sizeof *m);
     if (!m) {
         lm_err(err, errlen, "out of memory");

@@ -1,65 +1,25 @@
 /*
- * ops.c - see ops.h. The scalar loops here are written so compilers
- * vectorize them; matrix products go through the per-type vec_dot of the
- * quant table, which quant_init() points at the fastest variant.
+ * ops.c - see ops.h. Every kernel comes from the kernel table
+ * (kernels/kernels.h): the element-wise ops are one table call per row, the
+ * matrix products fetch their type's entries once per call and split the
+ * rows over the pool.
  */
 #include "model/ops.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdatomic.h>
-#include <stdlib.h>
 #include <string.h>
 
-#include "kernels/avx2_ops.h"
 #include "kernels/kernels.h"
 #include "format/quant.h"
 
-/* Element-wise kernels: the AVX2 versions when the CPU has them (and
- * LAMINA_NO_SIMD is not set), chosen once. */
-typedef struct {
-    void (*rmsnorm)(float *y, const float *x, const float *w, int n, float eps);
-    void (*swiglu)(float *g, const float *u, int n);
-    void (*geglu)(float *g, const float *u, int n);
-    void (*rope)(float *x, int n_heads, int head_dim, int n_rot, const float *cs, int neox);
-} ew_table;
-
-static void rmsnorm_ref(float *y, const float *x, const float *w, int n, float eps);
-static void swiglu_ref(float *g, const float *u, int n);
-static void geglu_ref(float *g, const float *u, int n);
-static void rope_ref(float *x, int n_heads, int head_dim, int n_rot, const float *cs, int neox);
-static ew_table ew = {rmsnorm_ref, swiglu_ref, geglu_ref, rope_ref};
-static pthread_once_t ew_once = PTHREAD_ONCE_INIT;
-
-static void ew_init(void) {
-    const char *no_simd = getenv("LAMINA_NO_SIMD");
-    if (no_simd && *no_simd && strcmp(no_simd, "0") != 0) return;
-#if defined(__x86_64__) || defined(__i386__)
-    if (cpu_has_avx2()) ew = (ew_table){avx2_rmsnorm, avx2_swiglu, avx2_geglu, avx2_rope_apply};
-#endif
-}
-
 void ops_rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
-    pthread_once(&ew_once, ew_init);
-    ew.rmsnorm(y, x, w, n, eps);
+    kernels()->ew.rmsnorm(y, x, w, n, eps);
 }
 
-void ops_swiglu(float *g, const float *u, int n) {
-    pthread_once(&ew_once, ew_init);
-    ew.swiglu(g, u, n);
-}
+void ops_swiglu(float *g, const float *u, int n) { kernels()->ew.swiglu(g, u, n); }
 
-void ops_geglu(float *g, const float *u, int n) {
-    pthread_once(&ew_once, ew_init);
-    ew.geglu(g, u, n);
-}
-
-static void rmsnorm_ref(float *y, const float *x, const float *w, int n, float eps) {
-    double ss = 0;
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    float scale = (float)(1.0 / sqrt(ss / n + eps));
-    for (int i = 0; i < n; i++) y[i] = x[i] * scale * w[i];
-}
+void ops_geglu(float *g, const float *u, int n) { kernels()->ew.geglu(g, u, n); }
 
 void ops_rope_angles(float *cs, int n_rot, int pos, float base, float scale) {
     for (int i = 0; i < n_rot / 2; i++) {
@@ -70,51 +30,7 @@ void ops_rope_angles(float *cs, int n_rot, int pos, float base, float scale) {
 }
 
 void ops_rope_apply(float *x, int n_heads, int head_dim, int n_rot, const float *cs, lm_rope_style style) {
-    pthread_once(&ew_once, ew_init);
-    ew.rope(x, n_heads, head_dim, n_rot, cs, style == LM_ROPE_NEOX);
-}
-
-static void rope_ref(float *x, int n_heads, int head_dim, int n_rot, const float *cs, int neox) {
-    lm_rope_style style = neox ? LM_ROPE_NEOX : LM_ROPE_ADJACENT;
-    int half = n_rot / 2;
-    for (int h = 0; h < n_heads; h++) {
-        float *v = x + (size_t)h * head_dim;
-        for (int i = 0; i < half; i++) {
-            int a = style == LM_ROPE_NEOX ? i : 2 * i;
-            int b = style == LM_ROPE_NEOX ? i + half : 2 * i + 1;
-            float c = cs[2 * i], s = cs[2 * i + 1];
-            float x0 = v[a], x1 = v[b];
-            v[a] = x0 * c - x1 * s;
-            v[b] = x0 * s + x1 * c;
-        }
-    }
-}
-
-void ops_softmax(float *x, int n) {
-    float max = -INFINITY;
-    for (int i = 0; i < n; i++)
-        if (x[i] > max) max = x[i];
-    double sum = 0;
-    for (int i = 0; i < n; i++) {
-        x[i] = expf(x[i] - max);
-        sum += x[i];
-    }
-    float inv = (float)(1.0 / sum);
-    for (int i = 0; i < n; i++) x[i] *= inv;
-}
-
-static void swiglu_ref(float *g, const float *u, int n) {
-    for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-}
-
-static void geglu_ref(float *g, const float *u, int n) {
-    /* GELU(tanh): 0.5 x (1 + tanh(y)) = x / (1 + e^(-2y)), y = sqrt(2/pi)
-     * (x + 0.044715 x^3); this form keeps small negative outputs exact */
-    const float c2 = -2.0f * 0.7978845608028654f;
-    for (int i = 0; i < n; i++) {
-        float x = g[i];
-        g[i] = x / (1.0f + expf(c2 * (x + 0.044715f * x * x * x))) * u[i];
-    }
+    kernels()->ew.rope(x, n_heads, head_dim, n_rot, cs, style == LM_ROPE_NEOX);
 }
 
 size_t ops_matmul_scratch(uint32_t type, int64_t cols, int n_tok) {
@@ -122,7 +38,8 @@ size_t ops_matmul_scratch(uint32_t type, int64_t cols, int n_tok) {
     if (!t || t->vec_dot_type == LM_TYPE_F32) return 0;
     size_t row = quant_row_size(t->vec_dot_type, cols);
     /* weights with a packed copy take the packed kernel's rows instead */
-    if (t->packed_gemm && t->packed_act && quant_packed_x_row_size(type, cols) > row)
+    const lm_type_kernels *k = kernels_type(type);
+    if (k->packed_gemm && k->packed_act && quant_packed_x_row_size(type, cols) > row)
         row = quant_packed_x_row_size(type, cols);
     return row * (size_t)n_tok;
 }
@@ -148,6 +65,7 @@ typedef struct {
     int n_parts;
     float *y[MATMUL_MAX_PARTS];
     const lm_weight *w[MATMUL_MAX_PARTS];
+    int pack_tile;       /* tokens per packed call (the parts share it) */
     lm_vec_dot_fn dot[MATMUL_MAX_PARTS];
     lm_gemm_fn gemm[MATMUL_MAX_PARTS];   /* tile kernel, or NULL */
     int gemm_cols[MATMUL_MAX_PARTS];     /* its activation rows per call */
@@ -172,8 +90,7 @@ static void matmul_chunk(const matmul_job *j, int k, long r0) {
         /* groups of interleaved rows x tiles of tokens, tokens in the outer
          * loop: the chunk's groups stay in cache across all tokens, each
          * token tile's activations across the groups */
-        const lm_type_traits *t = quant_traits(w->type);
-        const int gr = quant_pack_rows(w->type), tile = t->pack_tile;
+        const int gr = quant_pack_rows(w->type), tile = j->pack_tile;
         const size_t gb = quant_pack_size(w->type, gr, w->cols);
         for (int c = 0; c < j->n_tok; c += tile) {
             int nc = j->n_tok - c < tile ? j->n_tok - c : tile;
@@ -237,7 +154,7 @@ static void matmul_worker(void *arg, int ith, int nth) {
 }
 
 /* Whether products with w run on its interleaved copy (quant.h). */
-static bool use_packed(const lm_weight *w) { return w->packed && quant_traits(w->type)->packed_gemm; }
+static bool use_packed(const lm_weight *w) { return w->packed && kernels_type(w->type)->packed_gemm; }
 
 /* Activation rows converted in parallel, QUANT_CHUNK rows at a time. Each
  * row is converted by the same function whichever thread takes it, so the
@@ -274,12 +191,15 @@ static void quantize_rows(lm_pool *pool, lm_from_float_fn fn, const float *x, in
 
 /* Convert x once to the activation type all parts share. */
 static void matmul_run(lm_pool *pool, matmul_job *j, const float *x, int64_t cols, void *scratch) {
+    const lm_kernels *kt = kernels();
     const lm_type_traits *t = quant_traits(j->w[0]->type);
+    const lm_type_kernels *k0 = &kt->type[j->w[0]->type];
     j->chunk_rows = MATMUL_CHUNK;
     if (use_packed(j->w[0])) {
-        if (t->packed_act) {
+        j->pack_tile = k0->pack_tile;
+        if (k0->packed_act) {
             j->x_row_bytes = quant_packed_x_row_size(j->w[0]->type, cols);
-            quantize_rows(pool, t->packed_act, x, cols, j->n_tok, scratch, j->x_row_bytes);
+            quantize_rows(pool, k0->packed_act, x, cols, j->n_tok, scratch, j->x_row_bytes);
             j->x = scratch;
         } else { /* F16 panels take the floats */
             j->x = x;
@@ -287,20 +207,19 @@ static void matmul_run(lm_pool *pool, matmul_job *j, const float *x, int64_t col
         }
         /* many tokens: larger chunks, so each token tile's activations are
          * read once per 64 rows rather than per 16 */
-        if (j->n_tok >= 4 * t->pack_tile) j->chunk_rows = 4 * MATMUL_CHUNK;
+        if (j->n_tok >= 4 * j->pack_tile) j->chunk_rows = 4 * MATMUL_CHUNK;
     } else if (t->vec_dot_type == LM_TYPE_F32) {
         j->x = x;
         j->x_row_bytes = (size_t)cols * sizeof(float);
     } else {
-        const lm_type_traits *at = quant_traits(t->vec_dot_type);
         j->x_row_bytes = quant_row_size(t->vec_dot_type, cols);
-        quantize_rows(pool, at->from_float, x, cols, j->n_tok, scratch, j->x_row_bytes);
+        quantize_rows(pool, kt->type[t->vec_dot_type].from_float, x, cols, j->n_tok, scratch, j->x_row_bytes);
         j->x = scratch;
     }
     double work = 0;
     j->chunk0[0] = 0;
     for (int k = 0; k < j->n_parts; k++) {
-        const lm_type_traits *tk = quant_traits(j->w[k]->type);
+        const lm_type_kernels *tk = &kt->type[j->w[k]->type];
         j->dot[k] = tk->vec_dot;
         j->gemm[k] = tk->gemm;
         j->gemm_cols[k] = tk->gemm_cols;
@@ -350,5 +269,5 @@ void ops_matmul_multi(lm_pool *pool, int n, float *const *y, const lm_weight *co
 }
 
 void ops_get_row(const lm_weight *w, int64_t row, float *out) {
-    quant_traits(w->type)->to_float((const char *)w->data + (size_t)row * w->row_bytes, out, w->cols);
+    kernels_type(w->type)->to_float((const char *)w->data + (size_t)row * w->row_bytes, out, w->cols);
 }

@@ -6,9 +6,12 @@
  * activations are converted once per call to the weight type's vec_dot_type
  * (e.g. Q8_0 blocks) and every output element is one vec_dot, so a row's
  * result does not depend on how many other rows share the call. A weight
- * with an interleaved copy (lm_weight.packed: Q8_0/Q4_0 on AVX2) is always
- * multiplied through that copy's kernels instead, against block_q8_0s
- * activations, with the same guarantee (quant.h).
+ * with an interleaved copy (lm_weight.packed: Q8_0/Q4_0/Q5_0/Q4_K/F16 where
+ * the kernel table has packed kernels) is always multiplied through that
+ * copy's kernels instead, with the same guarantee (quant.h).
+ *
+ * Every kernel comes from the kernel table (kernels/kernels.h), so
+ * LAMINA_NO_SIMD=1 runs the scalar reference of each op.
  */
 #ifndef LAMINA_OPS_H
 #define LAMINA_OPS_H
@@ -27,9 +30,6 @@ void ops_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
 void ops_rope_angles(float *cs, int n_rot, int pos, float base, float scale);
 /* Rotate n_heads heads of head_dim values in place with angles from above. */
 void ops_rope_apply(float *x, int n_heads, int head_dim, int n_rot, const float *cs, lm_rope_style style);
-
-/* In-place softmax over n values (max-subtracted, sum in double). */
-void ops_softmax(float *x, int n);
 
 /* g[i] = silu(g[i]) * u[i]. */
 void ops_swiglu(float *g, const float *u, int n);

@@ -1,0 +1,148 @@
+/*
+ * dispatch.c - fills the kernel table (kernels.h).
+ *
+ * The table starts as the scalar reference of every op (format/quant.c for
+ * the tensor types, kernels/scalar.c for the rest); fill() then lays the
+ * chosen ISA's entries over it, type by type and op by op, so an ISA that
+ * lacks a kernel keeps the reference for it. fill() is the one function
+ * that knows which ISA provides what; the ISA's own files say which kernels
+ * they have (avx2_kernels() for the tensor types).
+ *
+ * The ISA is the best the CPU runs (kernels_cpu_isa: CPUID and the OS's
+ * saved register state, cpu.c), or scalar when LAMINA_NO_SIMD is set to
+ * anything but "" or "0". LAMINA_NO_REPACK (same rule) drops the
+ * interleaved-weight kernels. Both are read when the table is filled.
+ *
+ * This file is compiled without ISA flags: it only stores pointers.
+ */
+#include "kernels/kernels.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/avx2.h"
+#include "kernels/avx2_attn.h"
+#include "kernels/avx2_ops.h"
+#include "kernels/scalar.h"
+
+static lm_kernels table;
+static atomic_bool ready;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static const lm_attn_kernels scalar_attn = {scalar_attn_scores, scalar_attn_pv, scalar_attn_max, scalar_attn_scale,
+                                            scalar_attn_exp_sum, 1};
+
+static bool env_set(const char *name) {
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+/* The table for one ISA (which the CPU must run). */
+static void fill(lm_kernels *k, lm_isa isa, bool repack) {
+    memset(k, 0, sizeof *k);
+    k->isa = isa;
+    /* the reference of everything */
+    for (uint32_t t = 0; t < LM_TYPE_COUNT; t++) {
+        const lm_type_traits *tr = quant_traits(t);
+        if (!tr) continue;
+        k->type[t] = (lm_type_kernels){.to_float = tr->to_float, .from_float = tr->from_float,
+                                       .vec_dot = tr->vec_dot, .gemm_cols = LM_GEMM_TILE};
+    }
+    k->ew = (lm_ew_kernels){scalar_rmsnorm, scalar_swiglu, scalar_geglu, scalar_rope};
+    k->attn = scalar_attn;
+
+    switch (isa) {
+    case LM_ISA_AVX2:
+#if defined(__x86_64__) || defined(__i386__)
+        for (uint32_t t = 0; t < LM_TYPE_COUNT; t++) {
+            const lm_avx2_kernels *a = avx2_kernels(t);
+            if (!a) continue;
+            lm_type_kernels *e = &k->type[t];
+            if (a->to_float) e->to_float = a->to_float;
+            if (a->from_float) e->from_float = a->from_float;
+            if (a->vec_dot) {
+                e->vec_dot = a->vec_dot;
+                e->gemm = a->gemm;
+                if (a->gemm_cols) e->gemm_cols = a->gemm_cols;
+            }
+            if (a->packed_gemm) {
+                e->packed_gemm = a->packed_gemm;
+                e->packed_act = a->packed_act;
+                e->pack_tile = a->pack_tile;
+            }
+        }
+        k->ew = (lm_ew_kernels){avx2_rmsnorm, avx2_swiglu, avx2_geglu, avx2_rope_apply};
+        k->attn = (lm_attn_kernels){attn_scores_avx2, attn_pv_avx2, attn_max_avx2, attn_scale_avx2,
+                                    attn_exp_sum_avx2, 8};
+#endif
+        break;
+    case LM_ISA_SCALAR:
+    case LM_ISA_COUNT:
+        break;
+    }
+
+    if (!repack)
+        for (int t = 0; t < LM_TYPE_COUNT; t++) {
+            k->type[t].packed_gemm = NULL;
+            k->type[t].packed_act = NULL;
+            k->type[t].pack_tile = 0;
+        }
+}
+
+static void init_once(void) {
+    fill(&table, env_set("LAMINA_NO_SIMD") ? LM_ISA_SCALAR : kernels_cpu_isa(), !env_set("LAMINA_NO_REPACK"));
+    atomic_store_explicit(&ready, true, memory_order_release);
+}
+
+void kernels_init(void) { pthread_once(&once, init_once); }
+
+const lm_kernels *kernels(void) {
+    if (!atomic_load_explicit(&ready, memory_order_acquire)) kernels_init();
+    return &table;
+}
+
+const lm_type_kernels *kernels_type(uint32_t type) {
+    if (type >= LM_TYPE_COUNT || !quant_traits(type)) return NULL;
+    return &kernels()->type[type];
+}
+
+const lm_attn_kernels *kernels_attn(int head_dim) {
+    const lm_attn_kernels *a = &kernels()->attn;
+    return head_dim % a->head_multiple == 0 ? a : &scalar_attn;
+}
+
+const char *kernels_isa_str(lm_isa isa) {
+    switch (isa) {
+    case LM_ISA_SCALAR: return "scalar";
+    case LM_ISA_AVX2: return "avx2";
+    case LM_ISA_COUNT: break;
+    }
+    return "unknown";
+}
+
+const char *kernels_isa_name(void) { return kernels_isa_str(kernels()->isa); }
+
+lm_isa kernels_cpu_isa(void) { return cpu_has_avx2() ? LM_ISA_AVX2 : LM_ISA_SCALAR; }
+
+bool kernels_cpu_has(lm_isa isa) {
+    switch (isa) {
+    case LM_ISA_SCALAR: return true;
+    case LM_ISA_AVX2: return cpu_has_avx2();
+    case LM_ISA_COUNT: break;
+    }
+    return false;
+}
+
+int kernels_use(int isa) {
+    kernels_init();
+    bool repack = !env_set("LAMINA_NO_REPACK");
+    if (isa < 0) {
+        fill(&table, env_set("LAMINA_NO_SIMD") ? LM_ISA_SCALAR : kernels_cpu_isa(), repack);
+        return 0;
+    }
+    if (isa >= LM_ISA_COUNT || !kernels_cpu_has((lm_isa)isa)) return -1;
+    fill(&table, (lm_isa)isa, repack);
+    return 0;
+}

@@ -1,0 +1,104 @@
+/*
+ * scalar.c - the scalar reference of the element-wise ops and of the
+ * attention inner loops (contracts in kernels/scalar.h and kernels.h).
+ *
+ * Element-wise: RMSNorm sums squares in double; SiLU and GELU use expf;
+ * GELU's tanh form is written 0.5 x (1 + tanh(y)) = x / (1 + e^(-2y)), which
+ * keeps small negative outputs exact. RoPE rotates each pair by its
+ * precomputed (cos, sin).
+ *
+ * Attention: a dot product is eight partial sums in a fixed order, summed
+ * pairwise; P·V is one multiply-add chain per output element over the keys
+ * in order, skipping zero probabilities (masked keys).
+ */
+#include "kernels/scalar.h"
+
+#include <math.h>
+#include <stddef.h>
+
+/* ---- element-wise ----------------------------------------------------------- */
+
+void scalar_rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++) y[i] = x[i] * scale * w[i];
+}
+
+void scalar_swiglu(float *g, const float *u, int n) {
+    for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+void scalar_geglu(float *g, const float *u, int n) {
+    /* GELU(tanh): 0.5 x (1 + tanh(y)) = x / (1 + e^(-2y)), y = sqrt(2/pi)
+     * (x + 0.044715 x^3); this form keeps small negative outputs exact */
+    const float c2 = -2.0f * 0.7978845608028654f;
+    for (int i = 0; i < n; i++) {
+        float x = g[i];
+        g[i] = x / (1.0f + expf(c2 * (x + 0.044715f * x * x * x))) * u[i];
+    }
+}
+
+void scalar_rope(float *x, int n_heads, int head_dim, int n_rot, const float *cs, int neox) {
+    int half = n_rot / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * head_dim;
+        for (int i = 0; i < half; i++) {
+            int a = neox ? i : 2 * i;
+            int b = neox ? i + half : 2 * i + 1;
+            float c = cs[2 * i], s = cs[2 * i + 1];
+            float x0 = v[a], x1 = v[b];
+            v[a] = x0 * c - x1 * s;
+            v[b] = x0 * s + x1 * c;
+        }
+    }
+}
+
+/* ---- attention ---------------------------------------------------------------- */
+
+static float dot8(const float *a, const float *b, int n) {
+    /* eight partial sums: a fixed order the compiler can also vectorize */
+    float acc[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
+    for (; i < n; i++) acc[0] += a[i] * b[i];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+void scalar_attn_scores(const float *Q, int R, int hd, const float *const *krow, int nk, float *S, int s_stride) {
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < nk; t++) S[(size_t)r * s_stride + t] = dot8(Q + (size_t)r * hd, krow[t], hd);
+}
+
+void scalar_attn_pv(float *O, int R, int hd, const float *P, int p_stride, const float *const *vrow, int nk) {
+    for (int r = 0; r < R; r++) {
+        float *o = O + (size_t)r * hd;
+        const float *p = P + (size_t)r * p_stride;
+        for (int t = 0; t < nk; t++) {
+            float w = p[t];
+            if (w == 0.0f) continue;
+            const float *v = vrow[t];
+            for (int d = 0; d < hd; d++) o[d] += w * v[d];
+        }
+    }
+}
+
+float scalar_attn_max(const float *x, int n) {
+    float m = x[0];
+    for (int i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+void scalar_attn_scale(float *dst, const float *src, int n, float c) {
+    for (int i = 0; i < n; i++) dst[i] = src[i] * c;
+}
+
+float scalar_attn_exp_sum(float *x, int n, float m) {
+    float s = 0;
+    for (int t = 0; t < n; t++) {
+        x[t] = expf(x[t] - m);
+        s += x[t];
+    }
+    return s;
+}
