@@ -58,6 +58,9 @@ fi
 
 # 6. info
 "$L" info -m "$M" >"$T/info" 2>&1 && grep -q "GQA" "$T/info" && grep -q "layers: *5" "$T/info" && ok info || bad info "$(cat "$T/info")"
+# the kernel table's ISA; LAMINA_NO_SIMD=1 keeps the scalar reference
+grep -Eq "^kernels: +(avx2|scalar)$" "$T/info" && LAMINA_NO_SIMD=1 "$L" info -m "$M" 2>&1 | grep -Eq "^kernels: +scalar$" &&
+    ok info_kernels || bad info_kernels "$(grep kernels "$T/info")"
 
 # 7. exit codes: usage errors 2, failures 1, help 0
 "$L" run --bogus >/dev/null 2>&1; [ $? -eq 2 ] && ok bad_flag_exit2 || bad bad_flag_exit2

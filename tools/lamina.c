@@ -441,7 +441,8 @@ static int cmd_convert(int argc, char **argv) {
 static void usage_info(FILE *f) {
     fprintf(f,
             "usage: lamina info -m MODEL.gguf [--kv]\n"
-            "Print the architecture, shapes, tensor types, parameter count and KV bytes per token;\n"
+            "Print the architecture, shapes, tensor types, parameter count, KV bytes per token and\n"
+            "the kernels this CPU runs (avx2, or scalar with LAMINA_NO_SIMD=1);\n"
             "--kv also lists every metadata key.\n");
 }
 
@@ -492,6 +493,7 @@ static int cmd_info(int argc, char **argv) {
     for (int t = 0; t < LM_TYPE_COUNT; t++)
         if (by_type[t]) printf(" %s x%llu", quant_type_name((uint32_t)t), (unsigned long long)by_type[t]);
     printf(" (%lld tensors)\n", (long long)gguf_n_tensors(g));
+    printf("kernels:       %s\n", kernels_isa_name());
     if (kv) {
         for (int64_t i = 0; i < gguf_n_kv(g); i++) {
             gguf_str k = gguf_kv_key(g, i), s;
