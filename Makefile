@@ -34,7 +34,7 @@ $(BUILD)/obj/%.o: src/%.c
 	$(CC) $(CFLAGS) -c $< -o $@
 
 # Per-architecture kernels: only these files are compiled with SIMD flags,
-# and they are only called after a CPUID check (see quant_init).
+# and they are reached only through the kernel table (kernels/dispatch.c).
 $(BUILD)/obj/kernels/avx2_%.o: src/kernels/avx2_%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(SIMD_FLAGS) -c $< -o $@
