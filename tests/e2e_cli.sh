@@ -91,11 +91,10 @@ grep -q "layers: *2" "$T/info2" && grep -q "embedding: *128" "$T/info2" && grep 
     grep -q "feed-forward: *256" "$T/info2" && grep -q "vocabulary: *300" "$T/info2" && grep -q "Q8_0" "$T/info2" &&
     ok mkmodel_header || bad mkmodel_header "$(cat "$T/info2")"
 # with a real vocabulary, text goes through it
-if [ -f ../shared/vocab/ggml-vocab-llama-spm.gguf ]; then
-    mk --seed 1 --vocab-from ../shared/vocab/ggml-vocab-llama-spm.gguf -o "$T/m4.gguf"
-    "$L" run -m "$T/m4.gguf" -p "Hello" -n 4 --temp 0 >/dev/null 2>"$T/err" && grep -q "vocabulary: *32000" <("$L" info -m "$T/m4.gguf") &&
-        ok mkmodel_vocab_from || bad mkmodel_vocab_from "$(cat "$T/err")"
-fi
+V=tests/data/vocab
+mk --seed 1 --vocab-from $V/ggml-vocab-llama-spm.gguf -o "$T/m4.gguf"
+"$L" run -m "$T/m4.gguf" -p "Hello" -n 4 --temp 0 >/dev/null 2>"$T/err" && grep -q "vocabulary: *32000" <("$L" info -m "$T/m4.gguf") &&
+    ok mkmodel_vocab_from || bad mkmodel_vocab_from "$(cat "$T/err")"
 # 9. quantize through the command line: the Q4_0 copy loads, runs and is smaller
 "$L" quantize "$T/m1.gguf" "$T/m1q4.gguf" Q4_0 2>"$T/err" && "$L" bench -m "$T/m1q4.gguf" -p 8 -n 2 -r 1 --no-bw >/dev/null 2>&1 &&
     [ "$(stat -c %s "$T/m1q4.gguf")" -lt "$(stat -c %s "$T/m1.gguf")" ] && ok quantize_cli || bad quantize_cli "$(tail -3 "$T/err")"
