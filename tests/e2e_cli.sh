@@ -99,6 +99,12 @@ mk --seed 1 --vocab-from $V/ggml-vocab-llama-spm.gguf -o "$T/m4.gguf"
 "$L" quantize "$T/m1.gguf" "$T/m1q4.gguf" Q4_0 2>"$T/err" && "$L" bench -m "$T/m1q4.gguf" -p 8 -n 2 -r 1 --no-bw >/dev/null 2>&1 &&
     [ "$(stat -c %s "$T/m1q4.gguf")" -lt "$(stat -c %s "$T/m1.gguf")" ] && ok quantize_cli || bad quantize_cli "$(tail -3 "$T/err")"
 "$L" quantize "$T/m1.gguf" "$T/x.gguf" Q3_K >/dev/null 2>&1; [ $? -eq 2 ] && ok quantize_bad_type || bad quantize_bad_type
+# one KV type parser: every --kv-type rejects an unknown type with the same message, exit 2
+for c in run perplexity kv bench serve; do
+    "$L" $c -m "$M" --kv-type Q4_0 >/dev/null 2>"$T/err"; rc=$?
+    [ $rc -eq 2 ] && grep -q "KV type 'Q4_0' is not one of F32, F16, Q8_0" "$T/err" && ok "kv_type_bad_$c" ||
+        bad "kv_type_bad_$c" "rc=$rc" "$(head -3 "$T/err")"
+done
 # 10. kv: the plan printed agrees with the formula
 "$L" kv -m "$M" -c 128 --seqs 4 >"$T/kv" 2>&1 && grep -q "640 bytes" "$T/kv" && ok kv_plan || bad kv_plan "$(cat "$T/kv")"
 

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "format/quant.h"
+#include "kv/kv.h"
 #include "base/util.h"
 
 
@@ -149,8 +149,8 @@ lm_model *load_or_die(const char *cmd, const char *path) {
 
 uint32_t need_kv_type(args *a) {
     const char *v = need_val(a);
-    int t = quant_type_from_name(v);
-    if (t != LM_TYPE_F32 && t != LM_TYPE_F16 && t != LM_TYPE_Q8_0)
-        die_usage(a, "KV type '%s' is not one of F32, F16, Q8_0", v);
-    return (uint32_t)t;
+    uint32_t t;
+    char err[LM_ERRLEN];
+    if (kv_type_from_name(v, &t, err, sizeof err)) die_usage(a, "%s", err);
+    return t;
 }

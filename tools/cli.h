@@ -47,7 +47,8 @@ int cmd_quantize(int argc, char **argv);
 int cmd_kv(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 
-/* Parse a KV cache element type name (F32, F16, Q8_0); exits 2 otherwise. */
+/* The value after the current flag as a KV cache element type (kv_type_from_name:
+ * F32, F16, Q8_0); exits 2 otherwise. */
 uint32_t need_kv_type(args *a);
 
 #endif
