@@ -43,6 +43,26 @@ ids=$(printf 'Once upon a time' | "$L" tokenize -m "$M" --ids)
 pieces=$(printf 'Once upon a time' | "$L" tokenize -m "$M")
 [[ "$pieces" == *"▁"* ]] && ok tokenize_pieces || bad tokenize_pieces "$pieces"
 
+# tokenize needs only the tokenizer: vocabulary-only files (no tensors, any architecture
+# name) give the ids of their reference vectors (.inp cases, one .out line each)
+for v in llama-spm phi-3 gpt-2; do
+    f=tests/data/vocab/ggml-vocab-$v.gguf
+    python3 - "$f.inp" "$T/case" <<'PY'
+import sys
+cases = open(sys.argv[1], "rb").read().split(b"\n__ggml_vocab_test__\n")[:-1]
+for i, c in enumerate(cases):
+    open("%s.%d" % (sys.argv[2], i), "wb").write(c)
+PY
+    n=0 nbad=0 first=
+    while IFS= read -r want; do
+        got=$("$L" tokenize -m "$f" --ids --no-parse-special <"$T/case.$n" 2>&1)
+        if [ "$(echo $got)" != "$(echo $want)" ]; then nbad=$((nbad + 1)); [ -z "$first" ] && first="case $n: got '$got' want '$want'"; fi
+        n=$((n + 1))
+    done <"$f.out"
+    [ $n -gt 40 ] && [ $nbad -eq 0 ] && ok "tokenize_vocab_only_$v" || bad "tokenize_vocab_only_$v" "$nbad of $n cases differ" "$first"
+done
+rm -f "$T"/case.*
+
 # 5. perplexity: the model's own greedy story scores low, the same words in
 #    reverse order score much higher
 "$L" run -m "$M" -p "Once upon a time" -n 120 --temp 0 2>/dev/null >"$T/story.txt"

@@ -131,20 +131,45 @@ unsigned long long need_bytes(args *a) {
     return (unsigned long long)(x * mul);
 }
 
-lm_model *load_or_die(const char *cmd, const char *path) {
+static void die_no_model(const char *cmd, const char *path) {
     if (!path) {
         fprintf(stderr, "lamina %s: no model given (-m MODEL.gguf)\n", cmd);
         exit(2);
     }
+}
+
+/* "lamina CMD: PATH: ERR" (reader messages already start with the path), exit 1. */
+static void die_load(const char *cmd, const char *path, const char *err) {
+    if (strncmp(err, path, strlen(path)) == 0) fprintf(stderr, "lamina %s: %s\n", cmd, err);
+    else fprintf(stderr, "lamina %s: %s: %s\n", cmd, path, err);
+    exit(1);
+}
+
+lm_model *load_or_die(const char *cmd, const char *path) {
+    die_no_model(cmd, path);
     char err[LM_ERRLEN];
     lm_model *m = model_load(path, err, sizeof err);
-    if (!m) {
-        /* reader messages already start with the path */
-        if (strncmp(err, path, strlen(path)) == 0) fprintf(stderr, "lamina %s: %s\n", cmd, err);
-        else fprintf(stderr, "lamina %s: %s: %s\n", cmd, path, err);
-        exit(1);
-    }
+    if (!m) die_load(cmd, path, err);
     return m;
+}
+
+lm_tokenizer *load_tok_or_die(const char *cmd, const char *path) {
+    die_no_model(cmd, path);
+    char err[LM_ERRLEN];
+    gguf_ctx *g = gguf_open(path, err, sizeof err);
+    if (!g) die_load(cmd, path, err);
+    if (gguf_find_key(g, "tokenizer.ggml.model") < 0) {
+        gguf_close(g);
+        fail(cmd, "the model file has no tokenizer");
+    }
+    lm_tokenizer *t = tok_load(g, err, sizeof err);
+    gguf_close(g); /* the tokenizer keeps no pointer into the file */
+    if (!t) {
+        char msg[LM_ERRLEN + 16];
+        snprintf(msg, sizeof msg, "tokenizer: %s", err);
+        die_load(cmd, path, msg);
+    }
+    return t;
 }
 
 uint32_t need_kv_type(args *a) {

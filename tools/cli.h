@@ -38,6 +38,9 @@ void fail(const char *cmd, const char *msg) __attribute__((noreturn));
 char *read_all(FILE *f, size_t *len);
 int encode_all(const lm_tokenizer *tok, const char *text, size_t len, bool bos, bool special, int32_t **out);
 lm_model *load_or_die(const char *cmd, const char *path);
+/* The tokenizer of a GGUF file alone (a full model or a vocabulary-only file
+ * of any architecture); exits 1 when the file or its tokenizer cannot be read. */
+lm_tokenizer *load_tok_or_die(const char *cmd, const char *path);
 
 /* Subcommands (tools/lamina.c and tools/cmd_*.c). */
 int cmd_bench(int argc, char **argv);

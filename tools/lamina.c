@@ -263,8 +263,9 @@ static void usage_tokenize(FILE *f) {
     fprintf(f,
             "usage: lamina tokenize -m MODEL.gguf [--ids] [--bos] [--no-parse-special] [--lines] < TEXT\n"
             "Tokenize standard input (no BOS unless --bos); print ids space-separated with --ids,\n"
-            "else the vocabulary pieces space-separated. With --lines every input line (without\n"
-            "its newline) is tokenized on its own and gives one output line.\n");
+            "else the vocabulary pieces space-separated. MODEL.gguf may be a whole model or a\n"
+            "vocabulary-only file (tokenizer metadata, no tensors). With --lines every input line\n"
+            "(without its newline) is tokenized on its own and gives one output line.\n");
 }
 
 static int cmd_tokenize(int argc, char **argv) {
@@ -280,8 +281,7 @@ static int cmd_tokenize(int argc, char **argv) {
         else if (is_flag(&a, "--lines", NULL)) lines = true;
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
-    lm_model *m = load_or_die("tokenize", model);
-    if (!m->tok) fail("tokenize", "the model file has no tokenizer");
+    lm_tokenizer *tok = load_tok_or_die("tokenize", model);
     size_t len;
     char *text = read_all(stdin, &len);
     if (!text) fail("tokenize", "out of memory");
@@ -293,7 +293,7 @@ static int cmd_tokenize(int argc, char **argv) {
             end = nl ? (size_t)(nl - text) : len;
         }
         int32_t *toks = NULL;
-        int n = encode_all(m->tok, text + start, end - start, bos, special, &toks);
+        int n = encode_all(tok, text + start, end - start, bos, special, &toks);
         if (n < 0) fail("tokenize", "tokenization failed");
         for (int i = 0; i < n; i++) {
             if (i) putchar(' ');
@@ -301,7 +301,7 @@ static int cmd_tokenize(int argc, char **argv) {
                 printf("%d", toks[i]);
             } else {
                 size_t pl;
-                const char *p = tok_piece(m->tok, toks[i], &pl);
+                const char *p = tok_piece(tok, toks[i], &pl);
                 fwrite(p, 1, pl, stdout);
             }
         }
@@ -311,7 +311,7 @@ static int cmd_tokenize(int argc, char **argv) {
         if (!lines) break;
     }
     free(text);
-    model_free(m);
+    tok_free(tok);
     return 0;
 }
 
