@@ -63,6 +63,18 @@ PY
 done
 rm -f "$T"/case.*
 
+# run --chat: the prompt is the rendered template, one BOS (the model adds it, so the
+# template's leading <s> is dropped); no template is exit 1, a bad --chat-template exit 2
+"$L" run -m "$M" -p "Hi" --chat --chat-template llama2 -n 2 --temp 0 --show-ids >/dev/null 2>"$T/err"; rc=$?
+want=$(printf '[INST] Hi [/INST]' | "$L" tokenize -m "$M" --ids --bos)
+[ $rc -eq 0 ] && grep -qx "prompt ids: $want" "$T/err" && ok run_chat_ids || bad run_chat_ids "rc=$rc" "want $want" "$(cat "$T/err")"
+"$L" run -m "$M" -p "Hi" --chat -n 2 >/dev/null 2>"$T/err"; rc=$?
+[ $rc -eq 1 ] && grep -q "no chat template (tokenizer.chat_template); pick one with --chat-template" "$T/err" &&
+    ok run_chat_no_template || bad run_chat_no_template "rc=$rc" "$(cat "$T/err")"
+"$L" run -m "$M" -p "Hi" --chat --chat-template nosuch -n 2 >/dev/null 2>"$T/err"; rc=$?
+[ $rc -eq 2 ] && grep -q "neither a template name nor a readable file" "$T/err" && ok run_chat_bad_template ||
+    bad run_chat_bad_template "rc=$rc" "$(cat "$T/err")"
+
 # 5. perplexity: the model's own greedy story scores low, the same words in
 #    reverse order score much higher
 "$L" run -m "$M" -p "Once upon a time" -n 120 --temp 0 2>/dev/null >"$T/story.txt"

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "kv/kv.h"
+#include "text/chat.h"
 #include "base/util.h"
 
 
@@ -178,4 +179,21 @@ uint32_t need_kv_type(args *a) {
     char err[LM_ERRLEN];
     if (kv_type_from_name(v, &t, err, sizeof err)) die_usage(a, "%s", err);
     return t;
+}
+
+bool chat_template_choice(const char *v, const char **name, char **text) {
+    *name = NULL;
+    *text = NULL;
+    if (!v) return true;
+    if (chat_family_from_name(v) >= 0) {
+        *name = v;
+        return true;
+    }
+    FILE *f = fopen(v, "rb");
+    if (!f) return false;
+    size_t len;
+    *text = read_all(f, &len);
+    fclose(f);
+    if (!*text) fail("chat", "out of memory reading the chat template");
+    return true;
 }

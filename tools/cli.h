@@ -42,6 +42,11 @@ lm_model *load_or_die(const char *cmd, const char *path);
  * of any architecture); exits 1 when the file or its tokenizer cannot be read. */
 lm_tokenizer *load_tok_or_die(const char *cmd, const char *path);
 
+/* The value of --chat-template: a family name (*name = v) or else a readable
+ * file (*text = its contents, to free); false when v is neither. v NULL:
+ * both NULL (the model's own template). */
+bool chat_template_choice(const char *v, const char **name, char **text);
+
 /* Subcommands (tools/lamina.c and tools/cmd_*.c). */
 int cmd_bench(int argc, char **argv);
 int cmd_bench_serve(int argc, char **argv); /* lamina bench serve */

@@ -55,9 +55,8 @@ static void usage_run(FILE *f) {
 }
 
 /* Render a one-turn conversation (optional system message, then `user`)
- * with the chosen or the model's chat template, ready to tokenize with
- * special tokens parsed. When the model adds BOS itself and the template
- * wrote it too, the written one is dropped (*add_bos stays true). */
+ * with the chosen or the model's chat template (chat_template_resolve), ready
+ * to tokenize with special tokens parsed and add_bos = *add_bos. */
 static char *render_chat(const lm_model *m, const char *user, const char *system, const char *tmpl_arg,
                          bool *add_bos) {
     char err[LM_ERRLEN];
@@ -65,47 +64,25 @@ static char *render_chat(const lm_model *m, const char *user, const char *system
     int n = 0;
     if (system) msgs[n++] = (lm_chat_msg){"system", system};
     msgs[n++] = (lm_chat_msg){"user", user};
-    size_t len;
-    int32_t bos = tok_bos(m->tok), eos = tok_eos(m->tok);
-    char bos_text[128] = "", eos_text[128] = "";
-    if (bos >= 0) snprintf(bos_text, sizeof bos_text, "%.*s", (int)(tok_piece(m->tok, bos, &len), len), tok_piece(m->tok, bos, &len));
-    if (eos >= 0) snprintf(eos_text, sizeof eos_text, "%.*s", (int)(tok_piece(m->tok, eos, &len), len), tok_piece(m->tok, eos, &len));
-    char *out = NULL, *file_text = NULL;
-    int rc;
-    /* a Gemma file without a template still speaks Gemma's turn format */
-    if (!tmpl_arg && m->hp.arch == LM_ARCH_GEMMA3 && gguf_find_key(m->gguf, "tokenizer.chat_template") < 0)
-        tmpl_arg = "gemma";
-    if (tmpl_arg && chat_family_from_name(tmpl_arg) >= 0) {
-        rc = chat_render(chat_family_from_name(tmpl_arg), msgs, n, true, bos_text, eos_text, &out, err, sizeof err);
-    } else {
-        const char *text = NULL;
-        gguf_str gs;
-        char *model_tmpl = NULL;
-        if (tmpl_arg) {
-            FILE *f = fopen(tmpl_arg, "rb");
-            if (!f) {
-                fprintf(stderr, "lamina run: --chat-template '%s' is neither a template name nor a readable file\n", tmpl_arg);
-                exit(2);
-            }
-            file_text = read_all(f, &len);
-            fclose(f);
-            text = file_text;
-        } else if (gguf_get_str(m->gguf, "tokenizer.chat_template", &gs)) {
-            model_tmpl = malloc(gs.len + 1);
-            if (!model_tmpl) fail("run", "out of memory");
-            memcpy(model_tmpl, gs.ptr, gs.len);
-            model_tmpl[gs.len] = 0;
-            text = model_tmpl;
-        } else {
-            fail("run", "the model has no chat template (tokenizer.chat_template); pick one with --chat-template");
-        }
-        rc = chat_render_template(text, msgs, n, true, bos_text, eos_text, &out, err, sizeof err);
-        free(model_tmpl);
+    const char *name;
+    char *file_text;
+    if (!chat_template_choice(tmpl_arg, &name, &file_text)) {
+        fprintf(stderr, "lamina run: --chat-template '%s' is neither a template name nor a readable file\n", tmpl_arg);
+        exit(2);
     }
+    lm_chat_template t;
+    int rc = chat_template_resolve(&t, m->gguf, name, file_text, err, sizeof err);
     free(file_text);
+    if (rc == CHAT_NONE) {
+        char msg[LM_ERRLEN + 40];
+        snprintf(msg, sizeof msg, "%s; pick one with --chat-template", err);
+        fail("run", msg);
+    }
     if (rc) fail("run", err);
-    size_t bl = strlen(bos_text);
-    if (*add_bos && bl && strncmp(out, bos_text, bl) == 0) memmove(out, out + bl, strlen(out + bl) + 1);
+    char *out;
+    rc = chat_apply(t.family, t.text, m->tok, msgs, n, &out, add_bos, err, sizeof err);
+    chat_template_free(&t);
+    if (rc) fail("run", err);
     return out;
 }
 
