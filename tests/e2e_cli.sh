@@ -113,6 +113,20 @@ done
 # generation that reaches the context end stops with a note
 "$L" run -m "$M" -p "Once upon a time" -n 500 --temp 0 >/dev/null 2>"$T/err"; rc=$?
 [ $rc -eq 0 ] && grep -q "context of 128 tokens is full" "$T/err" && ok context_full_stops || bad context_full_stops "rc=$rc" "$(cat "$T/err")"
+# run is one request to the engine: a full context holds every position, and the token
+# sampled from the last one ends the text (prompt 5 + 36 = 41 tokens with -c 40); the same
+# with -n -1 and --ignore-eos; -n N stops at N first without a note; -n 0 echoes the prompt
+n_ids() { sed -n 's/^generated ids://p' "$T/err" | wc -w; }
+"$L" run -m "$M" -p "Once upon a time" -n -1 -c 40 --temp 0 --show-ids >"$T/out" 2>"$T/err"; rc=$?
+[ $rc -eq 0 ] && [ "$(n_ids)" -eq 36 ] && grep -q "prompt 5 tok" "$T/err" && grep -q "generated 36 tok" "$T/err" &&
+    grep -q "context of 40 tokens is full" "$T/err" && ok run_context_full_count || bad run_context_full_count "rc=$rc" "$(cat "$T/err")"
+"$L" run -m "$M" -p "Once upon a time" -n -1 -c 24 --temp 1 --seed 3 --ignore-eos --show-ids >/dev/null 2>"$T/err"; rc=$?
+[ $rc -eq 0 ] && [ "$(n_ids)" -eq 20 ] && grep -q "context of 24 tokens is full" "$T/err" && ok run_context_full_ignore_eos ||
+    bad run_context_full_ignore_eos "rc=$rc" "$(cat "$T/err")"
+"$L" run -m "$M" -p "Once upon a time" -n 36 -c 40 --temp 0 --show-ids >/dev/null 2>"$T/err"; rc=$?
+[ $rc -eq 0 ] && [ "$(n_ids)" -eq 36 ] && ! grep -q "is full" "$T/err" && ok run_max_tokens_no_note || bad run_max_tokens_no_note "rc=$rc" "$(cat "$T/err")"
+out0=$("$L" run -m "$M" -p "Once upon a time" -n 0 2>"$T/err"); rc=$?
+[ $rc -eq 0 ] && [ "$out0" == "Once upon a time" ] && grep -q "generated 0 tok" "$T/err" && ok run_n0 || bad run_n0 "rc=$rc" "$out0" "$(cat "$T/err")"
 
 # 8. mkmodel: deterministic from --seed, its header describes the shape asked
 mk() { "$L" mkmodel --layers 2 --embd 128 --heads 4 --kv-heads 2 --ff 256 --vocab 300 --ctx 64 --type Q8_0 -t 2 "$@" 2>/dev/null; }
