@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # End-to-end checks of the lamina command line on the bundled model:
-# the demo's greedy story, seeded sampling, llama2.c import, tokenize,
-# perplexity, info, and the exit codes of bad invocations.
+# the demo's greedy story, seeded sampling, llama2.c import, tokenize (also
+# on the vocabulary-only files of tests/data/vocab), run --chat, where run
+# stops (context, -n), perplexity, info, the --kv-type parser, and the exit
+# codes of bad invocations.
 set -u
 cd "$(dirname "$0")/.."
 L=${LAMINA_BIN:-build/lamina}

@@ -2,6 +2,12 @@
  * lamina.c - the command-line front end. Each subcommand parses its own
  * flags, calls into the library, prints, and decides the exit status:
  * 0 success, 1 failure (message on stderr), 2 usage error.
+ *
+ * run generates through the engine (sched/engine.h) as the server does: one
+ * request on an engine with one sequence slot, its text printed from the
+ * event callback; chat prompts are rendered by chat_template_resolve and
+ * chat_apply (text/chat.h), also the server's. tokenize needs only the
+ * tokenizer, so a vocabulary-only GGUF file works too.
  */
 #include <errno.h>
 #include <pthread.h>
