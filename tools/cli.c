@@ -181,7 +181,7 @@ uint32_t need_kv_type(args *a) {
     return t;
 }
 
-bool chat_template_choice(const char *v, const char **name, char **text) {
+bool chat_template_choice(const char *cmd, const char *v, const char **name, char **text) {
     *name = NULL;
     *text = NULL;
     if (!v) return true;
@@ -194,6 +194,6 @@ bool chat_template_choice(const char *v, const char **name, char **text) {
     size_t len;
     *text = read_all(f, &len);
     fclose(f);
-    if (!*text) fail("chat", "out of memory reading the chat template");
+    if (!*text) fail(cmd, "out of memory reading the chat template");
     return true;
 }

@@ -44,8 +44,8 @@ lm_tokenizer *load_tok_or_die(const char *cmd, const char *path);
 
 /* The value of --chat-template: a family name (*name = v) or else a readable
  * file (*text = its contents, to free); false when v is neither. v NULL:
- * both NULL (the model's own template). */
-bool chat_template_choice(const char *v, const char **name, char **text);
+ * both NULL (the model's own template). Out of memory exits 1 (as cmd). */
+bool chat_template_choice(const char *cmd, const char *v, const char **name, char **text);
 
 /* Subcommands (tools/lamina.c and tools/cmd_*.c). */
 int cmd_bench(int argc, char **argv);

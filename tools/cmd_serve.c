@@ -53,7 +53,7 @@ static void log_line(void *user, const char *line) { fprintf(stderr, "lamina ser
  * reports it once the model is loaded and chat requests fail with 400. */
 static void chat_option(const char *v, lm_server_config *sc, char **file_text) {
     const char *name;
-    if (!chat_template_choice(v, &name, file_text)) name = v;
+    if (!chat_template_choice("serve", v, &name, file_text)) name = v;
     sc->chat_template = name;
     sc->chat_template_text = *file_text;
 }

@@ -75,7 +75,7 @@ static char *render_chat(const lm_model *m, const char *user, const char *system
     msgs[n++] = (lm_chat_msg){"user", user};
     const char *name;
     char *file_text;
-    if (!chat_template_choice(tmpl_arg, &name, &file_text)) {
+    if (!chat_template_choice("run", tmpl_arg, &name, &file_text)) {
         fprintf(stderr, "lamina run: --chat-template '%s' is neither a template name nor a readable file\n", tmpl_arg);
         exit(2);
     }
