@@ -17,6 +17,7 @@
 
 #include "base/util.h"
 #include "format/gguf.h"
+#include "kernels/kernels.h"
 #include "model/model.h"
 #include "sched/engine.h"
 #include "test.h"
@@ -172,6 +173,7 @@ static void test_run_prints_it(void) {
 }
 
 int main(void) {
+    kernels_init();
     long_text = malloc(LONG_BYTES + 1);
     for (int i = 0; i < LONG_BYTES; i += 2) memcpy(long_text + i, "\xc3\xa9", 2); /* U+00E9 */
     long_text[LONG_BYTES] = 0;
