@@ -2,7 +2,7 @@
  * fuzz_tokenize.c - libFuzzer target for the tokenizers: arbitrary bytes
  * (any UTF-8 or not) are encoded with every option combination and streamed
  * back through the detokenizer. Vocabularies: the bundled SentencePiece model
- * and, when ../shared/vocab is present, GPT-2's byte-level BPE.
+ * and GPT-2's byte-level BPE (tests/data/vocab); run from the repository root.
  *
  * The first input byte picks the tokenizer and flags; the rest is the text.
  */
@@ -29,8 +29,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!n_toks) {
         load("models/stories260K.gguf");
-        load("../shared/vocab/ggml-vocab-gpt-2.gguf");
-        if (!n_toks) abort();
+        load("tests/data/vocab/ggml-vocab-gpt-2.gguf");
+        if (n_toks != 2) abort();
     }
     if (size < 1) return 0;
     uint8_t opt = data[0];

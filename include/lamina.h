@@ -251,7 +251,9 @@ typedef struct {
     int n_prompt;
     const char *text;         /* the prompt as text, tokenized at submission (BOS as the model */
     size_t text_len;          /*   adds it, special tokens parsed) */
-    int max_tokens;           /* > 0; generation also ends at the context */
+    int max_tokens;           /* > 0; generation also ends when the context is full: every
+                                 position holds a token, the last one sampled from it ends the
+                                 text (n_ctx + 1 tokens in all) */
     int n;                    /* choices sampled from one prompt (forked KV), >= 1 */
     lm_sample_params sp;      /* choice i uses seed sp.seed + i */
     const int32_t *bias_ids;  /* logit bias entries (copied) */
@@ -260,6 +262,8 @@ typedef struct {
     const char *const *stop;  /* stop strings (copied); not part of the output */
     int n_stop;
     bool ignore_eos;
+    bool penalize_prompt;     /* the prompt's tokens enter the penalty history (repetition,
+                                 frequency, presence), as lamina run does; else only generated ones */
     bool logprobs;            /* fill logprob in token events */
     int top_logprobs;         /* 0 .. LM_MAX_TOP_LOGPROBS */
     int priority;             /* lower runs first (default 0) */

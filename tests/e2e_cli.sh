@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # End-to-end checks of the lamina command line on the bundled model:
-# the demo's greedy story, seeded sampling, llama2.c import, tokenize,
-# perplexity, info, and the exit codes of bad invocations.
+# the demo's greedy story, seeded sampling, llama2.c import, tokenize (also
+# on the vocabulary-only files of tests/data/vocab), run --chat, where run
+# stops (context, -n), perplexity, info, the --kv-type parser, and the exit
+# codes of bad invocations.
 set -u
 cd "$(dirname "$0")/.."
 L=${LAMINA_BIN:-build/lamina}
@@ -43,6 +45,38 @@ ids=$(printf 'Once upon a time' | "$L" tokenize -m "$M" --ids)
 pieces=$(printf 'Once upon a time' | "$L" tokenize -m "$M")
 [[ "$pieces" == *"▁"* ]] && ok tokenize_pieces || bad tokenize_pieces "$pieces"
 
+# tokenize needs only the tokenizer: vocabulary-only files (no tensors, any architecture
+# name) give the ids of their reference vectors (.inp cases, one .out line each)
+for v in llama-spm phi-3 gpt-2; do
+    f=tests/data/vocab/ggml-vocab-$v.gguf
+    python3 - "$f.inp" "$T/case" <<'PY'
+import sys
+cases = open(sys.argv[1], "rb").read().split(b"\n__ggml_vocab_test__\n")[:-1]
+for i, c in enumerate(cases):
+    open("%s.%d" % (sys.argv[2], i), "wb").write(c)
+PY
+    n=0 nbad=0 first=
+    while IFS= read -r want; do
+        got=$("$L" tokenize -m "$f" --ids --no-parse-special <"$T/case.$n" 2>&1)
+        if [ "$(echo $got)" != "$(echo $want)" ]; then nbad=$((nbad + 1)); [ -z "$first" ] && first="case $n: got '$got' want '$want'"; fi
+        n=$((n + 1))
+    done <"$f.out"
+    [ $n -gt 40 ] && [ $nbad -eq 0 ] && ok "tokenize_vocab_only_$v" || bad "tokenize_vocab_only_$v" "$nbad of $n cases differ" "$first"
+done
+rm -f "$T"/case.*
+
+# run --chat: the prompt is the rendered template, one BOS (the model adds it, so the
+# template's leading <s> is dropped); no template is exit 1, a bad --chat-template exit 2
+"$L" run -m "$M" -p "Hi" --chat --chat-template llama2 -n 2 --temp 0 --show-ids >/dev/null 2>"$T/err"; rc=$?
+want=$(printf '[INST] Hi [/INST]' | "$L" tokenize -m "$M" --ids --bos)
+[ $rc -eq 0 ] && grep -qx "prompt ids: $want" "$T/err" && ok run_chat_ids || bad run_chat_ids "rc=$rc" "want $want" "$(cat "$T/err")"
+"$L" run -m "$M" -p "Hi" --chat -n 2 >/dev/null 2>"$T/err"; rc=$?
+[ $rc -eq 1 ] && grep -q "no chat template (tokenizer.chat_template); pick one with --chat-template" "$T/err" &&
+    ok run_chat_no_template || bad run_chat_no_template "rc=$rc" "$(cat "$T/err")"
+"$L" run -m "$M" -p "Hi" --chat --chat-template nosuch -n 2 >/dev/null 2>"$T/err"; rc=$?
+[ $rc -eq 2 ] && grep -q "neither a template name nor a readable file" "$T/err" && ok run_chat_bad_template ||
+    bad run_chat_bad_template "rc=$rc" "$(cat "$T/err")"
+
 # 5. perplexity: the model's own greedy story scores low, the same words in
 #    reverse order score much higher
 "$L" run -m "$M" -p "Once upon a time" -n 120 --temp 0 2>/dev/null >"$T/story.txt"
@@ -81,6 +115,20 @@ done
 # generation that reaches the context end stops with a note
 "$L" run -m "$M" -p "Once upon a time" -n 500 --temp 0 >/dev/null 2>"$T/err"; rc=$?
 [ $rc -eq 0 ] && grep -q "context of 128 tokens is full" "$T/err" && ok context_full_stops || bad context_full_stops "rc=$rc" "$(cat "$T/err")"
+# run is one request to the engine: a full context holds every position, and the token
+# sampled from the last one ends the text (prompt 5 + 36 = 41 tokens with -c 40); the same
+# with -n -1 and --ignore-eos; -n N stops at N first without a note; -n 0 echoes the prompt
+n_ids() { sed -n 's/^generated ids://p' "$T/err" | wc -w; }
+"$L" run -m "$M" -p "Once upon a time" -n -1 -c 40 --temp 0 --show-ids >"$T/out" 2>"$T/err"; rc=$?
+[ $rc -eq 0 ] && [ "$(n_ids)" -eq 36 ] && grep -q "prompt 5 tok" "$T/err" && grep -q "generated 36 tok" "$T/err" &&
+    grep -q "context of 40 tokens is full" "$T/err" && ok run_context_full_count || bad run_context_full_count "rc=$rc" "$(cat "$T/err")"
+"$L" run -m "$M" -p "Once upon a time" -n -1 -c 24 --temp 1 --seed 3 --ignore-eos --show-ids >/dev/null 2>"$T/err"; rc=$?
+[ $rc -eq 0 ] && [ "$(n_ids)" -eq 20 ] && grep -q "context of 24 tokens is full" "$T/err" && ok run_context_full_ignore_eos ||
+    bad run_context_full_ignore_eos "rc=$rc" "$(cat "$T/err")"
+"$L" run -m "$M" -p "Once upon a time" -n 36 -c 40 --temp 0 --show-ids >/dev/null 2>"$T/err"; rc=$?
+[ $rc -eq 0 ] && [ "$(n_ids)" -eq 36 ] && ! grep -q "is full" "$T/err" && ok run_max_tokens_no_note || bad run_max_tokens_no_note "rc=$rc" "$(cat "$T/err")"
+out0=$("$L" run -m "$M" -p "Once upon a time" -n 0 2>"$T/err"); rc=$?
+[ $rc -eq 0 ] && [ "$out0" == "Once upon a time" ] && grep -q "generated 0 tok" "$T/err" && ok run_n0 || bad run_n0 "rc=$rc" "$out0" "$(cat "$T/err")"
 
 # 8. mkmodel: deterministic from --seed, its header describes the shape asked
 mk() { "$L" mkmodel --layers 2 --embd 128 --heads 4 --kv-heads 2 --ff 256 --vocab 300 --ctx 64 --type Q8_0 -t 2 "$@" 2>/dev/null; }
@@ -91,15 +139,20 @@ grep -q "layers: *2" "$T/info2" && grep -q "embedding: *128" "$T/info2" && grep 
     grep -q "feed-forward: *256" "$T/info2" && grep -q "vocabulary: *300" "$T/info2" && grep -q "Q8_0" "$T/info2" &&
     ok mkmodel_header || bad mkmodel_header "$(cat "$T/info2")"
 # with a real vocabulary, text goes through it
-if [ -f ../shared/vocab/ggml-vocab-llama-spm.gguf ]; then
-    mk --seed 1 --vocab-from ../shared/vocab/ggml-vocab-llama-spm.gguf -o "$T/m4.gguf"
-    "$L" run -m "$T/m4.gguf" -p "Hello" -n 4 --temp 0 >/dev/null 2>"$T/err" && grep -q "vocabulary: *32000" <("$L" info -m "$T/m4.gguf") &&
-        ok mkmodel_vocab_from || bad mkmodel_vocab_from "$(cat "$T/err")"
-fi
+V=tests/data/vocab
+mk --seed 1 --vocab-from $V/ggml-vocab-llama-spm.gguf -o "$T/m4.gguf"
+"$L" run -m "$T/m4.gguf" -p "Hello" -n 4 --temp 0 >/dev/null 2>"$T/err" && grep -q "vocabulary: *32000" <("$L" info -m "$T/m4.gguf") &&
+    ok mkmodel_vocab_from || bad mkmodel_vocab_from "$(cat "$T/err")"
 # 9. quantize through the command line: the Q4_0 copy loads, runs and is smaller
 "$L" quantize "$T/m1.gguf" "$T/m1q4.gguf" Q4_0 2>"$T/err" && "$L" bench -m "$T/m1q4.gguf" -p 8 -n 2 -r 1 --no-bw >/dev/null 2>&1 &&
     [ "$(stat -c %s "$T/m1q4.gguf")" -lt "$(stat -c %s "$T/m1.gguf")" ] && ok quantize_cli || bad quantize_cli "$(tail -3 "$T/err")"
 "$L" quantize "$T/m1.gguf" "$T/x.gguf" Q3_K >/dev/null 2>&1; [ $? -eq 2 ] && ok quantize_bad_type || bad quantize_bad_type
+# one KV type parser: every --kv-type rejects an unknown type with the same message, exit 2
+for c in run perplexity kv bench serve; do
+    "$L" $c -m "$M" --kv-type Q4_0 >/dev/null 2>"$T/err"; rc=$?
+    [ $rc -eq 2 ] && grep -q "KV type 'Q4_0' is not one of F32, F16, Q8_0" "$T/err" && ok "kv_type_bad_$c" ||
+        bad "kv_type_bad_$c" "rc=$rc" "$(head -3 "$T/err")"
+done
 # 10. kv: the plan printed agrees with the formula
 "$L" kv -m "$M" -c 128 --seqs 4 >"$T/kv" 2>&1 && grep -q "640 bytes" "$T/kv" && ok kv_plan || bad kv_plan "$(cat "$T/kv")"
 

@@ -13,13 +13,19 @@
  * Also: detection rules one by one, names and stop markers, argument errors,
  * NULL bos/eos, bytes that are not UTF-8, the default system message and
  * leading-BOS rules of chat_render_template, and allocation failure at every
- * allocation.
+ * allocation. And a model's template resolution (chat_template_resolve:
+ * the user's name or file, the model's own, the architecture's fallback, none)
+ * and rendering for a tokenizer with the BOS strip (chat_apply), on small
+ * GGUF files written here and the bundled model's tokenizer.
  */
 #include "text/chat.h"
 
 #include <stdint.h>
+#include <unistd.h>
 
+#include "format/gguf.h"
 #include "test.h"
+#include "text/tokenizer.h"
 #include "base/util.h"
 
 #define DATA "tests/data/chat/"
@@ -637,6 +643,187 @@ static void test_alloc_failure(void) {
     CHECK(failures_seen > CHAT_N_FAMILIES);
 }
 
+/* ------------------------------------------------- a model's template */
+
+#define TEST_MODEL "models/stories260K.gguf"
+
+/* A GGUF file holding only the given metadata (NULL: key absent), read back. */
+static gguf_ctx *meta_file(const char *arch, const char *tmpl) {
+    char path[] = "/tmp/lamina_test_chat_XXXXXX", err[LM_ERRLEN];
+    int fd = mkstemp(path);
+    if (fd < 0)
+        return NULL;
+    close(fd);
+    gguf_writer *w = gguf_writer_new();
+    if (arch)
+        gguf_w_set_str(w, "general.architecture", arch);
+    if (tmpl)
+        gguf_w_set_str(w, "tokenizer.chat_template", tmpl);
+    gguf_ctx *g = NULL;
+    if (gguf_writer_write(w, path, err, sizeof err) == 0)
+        g = gguf_open(path, err, sizeof err);
+    gguf_writer_free(w);
+    unlink(path);
+    return g;
+}
+
+/* The bundled model's tokenizer, with add_bos_token forced to add_bos. */
+static lm_tokenizer *model_tok(bool add_bos) {
+    char path[] = "/tmp/lamina_test_chat_XXXXXX", err[LM_ERRLEN];
+    gguf_ctx *src = gguf_open(TEST_MODEL, err, sizeof err);
+    int fd = mkstemp(path);
+    if (!src || fd < 0) {
+        gguf_close(src);
+        return NULL;
+    }
+    close(fd);
+    gguf_writer *w = gguf_writer_new();
+    for (int64_t i = 0; i < gguf_n_kv(src); i++)
+        gguf_w_copy_kv(w, src, i);
+    gguf_w_set_bool(w, "tokenizer.ggml.add_bos_token", add_bos);
+    lm_tokenizer *t = NULL;
+    gguf_ctx *g = gguf_writer_write(w, path, err, sizeof err) == 0 ? gguf_open(path, err, sizeof err) : NULL;
+    if (g)
+        t = tok_load(g, err, sizeof err);
+    gguf_close(g);
+    gguf_writer_free(w);
+    gguf_close(src);
+    unlink(path);
+    return t;
+}
+
+static char *template_file(const char *id) {
+    char p[256];
+    size_t len;
+    snprintf(p, sizeof p, DATA "templates/%s.jinja", id);
+    return read_all(p, &len);
+}
+
+static void test_resolve_branches(void) {
+    char err[LM_ERRLEN];
+    lm_chat_template t;
+    char *qwen = template_file("qwen2.5-7b-instruct"), *llama2 = template_file("llama-2-7b-chat");
+    char *phi4 = template_file("phi-4");
+    CHECK(qwen && llama2 && phi4);
+    gguf_ctx *with = meta_file("llama", qwen), *plain = meta_file("llama", NULL);
+    gguf_ctx *gemma = meta_file("gemma3", NULL), *gemma_own = meta_file("gemma3", llama2);
+    gguf_ctx *unknown = meta_file("llama", phi4), *noarch = meta_file(NULL, NULL);
+    CHECK(with && plain && gemma && gemma_own && unknown && noarch);
+
+    /* 1. the user's family name wins over everything */
+    CHECK(chat_template_resolve(&t, with, "llama3", llama2, err, sizeof err) == CHAT_OK);
+    CHECK(t.family == CHAT_LLAMA3 && t.text == NULL && t.source == CHAT_SRC_NAME);
+    chat_template_free(&t);
+    CHECK(chat_template_resolve(&t, gemma, "Mistral", NULL, err, sizeof err) == CHAT_OK);
+    CHECK(t.family == CHAT_MISTRAL_V1 && t.source == CHAT_SRC_NAME);
+    chat_template_free(&t);
+    /* ... and an unknown name is an error naming it, not a fall-through */
+    err[0] = '\0';
+    CHECK(chat_template_resolve(&t, with, "chatmlx", NULL, err, sizeof err) == CHAT_ERR);
+    CHECKF(strstr(err, "'chatmlx'") && strstr(err, "family name"), "%s", err);
+    CHECK(t.family == -1 && t.text == NULL);
+
+    /* 2. a template file's text wins over the model's own (copied) */
+    CHECK(chat_template_resolve(&t, with, NULL, llama2, err, sizeof err) == CHAT_OK);
+    CHECK(t.family == -1 && t.text && t.text != llama2 && !strcmp(t.text, llama2) && t.source == CHAT_SRC_FILE);
+    chat_template_free(&t);
+    CHECK(chat_template_resolve(&t, with, NULL, phi4, err, sizeof err) == CHAT_ERR);
+    CHECKF(strstr(err, "given chat template is not one lamina recognizes"), "%s", err);
+    CHECK(t.family == -1 && t.text == NULL);
+
+    /* 3. the model's own tokenizer.chat_template */
+    CHECK(chat_template_resolve(&t, with, NULL, NULL, err, sizeof err) == CHAT_OK);
+    CHECK(t.family == -1 && t.text && !strcmp(t.text, qwen) && t.source == CHAT_SRC_MODEL);
+    chat_template_free(&t);
+    chat_template_free(&t); /* twice is harmless */
+    CHECK(t.text == NULL && t.family == -1);
+    CHECK(chat_template_resolve(&t, gemma_own, NULL, NULL, err, sizeof err) == CHAT_OK);
+    CHECK(t.source == CHAT_SRC_MODEL && !strcmp(t.text, llama2)); /* a Gemma file's own template first */
+    chat_template_free(&t);
+    CHECK(chat_template_resolve(&t, unknown, NULL, NULL, err, sizeof err) == CHAT_ERR);
+    CHECKF(strstr(err, "model's chat template is not one lamina recognizes"), "%s", err);
+
+    /* 4. the architecture's fallback: Gemma 3 without a template speaks Gemma */
+    CHECK(chat_template_resolve(&t, gemma, NULL, NULL, err, sizeof err) == CHAT_OK);
+    CHECK(t.family == CHAT_GEMMA && t.text == NULL && t.source == CHAT_SRC_FALLBACK);
+    chat_template_free(&t);
+
+    /* 5. nothing: CHAT_NONE with a message naming the key */
+    gguf_ctx *none[] = {plain, noarch, NULL};
+    for (int i = 0; i < 3; i++) {
+        err[0] = '\0';
+        CHECK(chat_template_resolve(&t, none[i], NULL, NULL, err, sizeof err) == CHAT_NONE);
+        CHECKF(strstr(err, "no chat template") && strstr(err, "tokenizer.chat_template"), "%s", err);
+        CHECK(t.family == -1 && t.text == NULL);
+    }
+
+    gguf_close(with);
+    gguf_close(plain);
+    gguf_close(gemma);
+    gguf_close(gemma_own);
+    gguf_close(unknown);
+    gguf_close(noarch);
+    free(qwen);
+    free(llama2);
+    free(phi4);
+}
+
+/* chat_apply: the tokenizer's BOS/EOS texts go in, and the leading BOS text
+ * comes out again exactly when the tokenizer adds BOS itself. */
+static void test_apply_bos_strip(void) {
+    char err[LM_ERRLEN];
+    lm_tokenizer *adds = model_tok(true), *keeps = model_tok(false);
+    CHECK(adds && keeps);
+    size_t bl, el;
+    const char *bp = tok_piece(adds, tok_bos(adds), &bl), *ep = tok_piece(adds, tok_eos(adds), &el);
+    char bos[64], eos[64];
+    CHECK(bl > 0 && bl < sizeof bos && el > 0 && el < sizeof eos);
+    memcpy(bos, bp, bl);
+    bos[bl] = '\0';
+    memcpy(eos, ep, el);
+    eos[el] = '\0';
+    CHECK(!strcmp(bos, "<s>") && !strcmp(eos, "</s>"));
+    const lm_chat_msg talk[] = {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", "Bye"}};
+    const int fams[] = {CHAT_LLAMA2, CHAT_LLAMA3, CHAT_GEMMA, CHAT_CHATML, CHAT_ZEPHYR};
+    for (size_t f = 0; f < sizeof fams / sizeof fams[0]; f++) {
+        char *want = NULL, *a = NULL, *k = NULL;
+        bool ab = false, kb = true;
+        CHECK(chat_render(fams[f], talk, 4, true, bos, eos, &want, err, sizeof err) == 0);
+        CHECKF(chat_apply(fams[f], NULL, adds, talk, 4, &a, &ab, err, sizeof err) == 0, "%s", err);
+        CHECKF(chat_apply(fams[f], NULL, keeps, talk, 4, &k, &kb, err, sizeof err) == 0, "%s", err);
+        CHECK(ab == true && kb == false);
+        bool leads = !strncmp(want, bos, bl);
+        /* llama2, llama3 and gemma write the BOS first; chatml and zephyr do not */
+        CHECK(leads == (fams[f] == CHAT_LLAMA2 || fams[f] == CHAT_LLAMA3 || fams[f] == CHAT_GEMMA));
+        CHECKF(!strcmp(a, leads ? want + bl : want), "family %d: '%s'", fams[f], a);
+        CHECKF(!strcmp(k, want), "family %d: '%s'", fams[f], k);
+        if (fams[f] == CHAT_LLAMA2) /* only the leading BOS goes: the later turn keeps its own */
+            CHECK(strstr(a, "<s>[INST] Bye [/INST]") != NULL);
+        if (fams[f] == CHAT_ZEPHYR) /* the EOS text ends a turn */
+            CHECK(strstr(a, "Hello.</s>") != NULL);
+        lm_free(want);
+        lm_free(a);
+        lm_free(k);
+    }
+    /* by template text: the same as chat_render_template, stripped */
+    char *llama2 = template_file("llama-2-7b-chat"), *want = NULL, *a = NULL;
+    bool ab;
+    CHECK(llama2 && chat_render_template(llama2, talk, 4, true, bos, eos, &want, err, sizeof err) == 0);
+    CHECK(chat_apply(-1, llama2, adds, talk, 4, &a, &ab, err, sizeof err) == 0 && ab);
+    CHECK(!strncmp(want, "<s>", 3) && !strcmp(a, want + 3));
+    lm_free(want);
+    lm_free(a);
+    free(llama2);
+    /* no template, or a render error: -1, *out NULL, a message */
+    a = (char *)"unset";
+    CHECK(chat_apply(-1, NULL, adds, talk, 4, &a, &ab, err, sizeof err) == -1 && a == NULL);
+    const lm_chat_msg two_users[] = {{"user", "a"}, {"user", "b"}};
+    err[0] = '\0';
+    CHECK(chat_apply(CHAT_LLAMA2, NULL, adds, two_users, 2, &a, &ab, err, sizeof err) == -1 && a == NULL && err[0]);
+    tok_free(adds);
+    tok_free(keeps);
+}
+
 static void free_convs(void) {
     for (int i = 0; i < n_convs; i++)
         for (int j = 0; j < convs[i].n; j++) {
@@ -655,6 +842,8 @@ int main(void) {
     TEST_RUN(test_strip_bytes);
     TEST_RUN(test_template_text_rules);
     TEST_RUN(test_alloc_failure);
+    TEST_RUN(test_resolve_branches);
+    TEST_RUN(test_apply_bos_strip);
     free_convs();
     return TEST_DONE();
 }

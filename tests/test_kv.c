@@ -867,8 +867,26 @@ static void test_swa_random_workload(void) {
     kv_pool_free(p);
 }
 
+/* The one parser of KV type names (every --kv-type flag uses it). */
+static void test_type_from_name(void) {
+    char err[LM_ERRLEN];
+    uint32_t t = 99;
+    CHECK(kv_type_from_name("F32", &t, err, sizeof err) == 0 && t == LM_TYPE_F32);
+    CHECK(kv_type_from_name("f16", &t, err, sizeof err) == 0 && t == LM_TYPE_F16);
+    CHECK(kv_type_from_name("Q8_0", &t, err, sizeof err) == 0 && t == LM_TYPE_Q8_0);
+    const char *bad[] = {"Q4_0", "BF16", "", "F16 ", "q8"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        t = 99;
+        err[0] = 0;
+        CHECKF(kv_type_from_name(bad[i], &t, err, sizeof err) == -1 && t == 99, "'%s'", bad[i]);
+        CHECKF(strstr(err, "F32, F16, Q8_0") && strstr(err, bad[i]), "%s", err);
+    }
+    CHECK(kv_type_from_name(NULL, &t, err, sizeof err) == -1);
+}
+
 int main(void) {
     kernels_init();
+    TEST_RUN(test_type_from_name);
     TEST_RUN(test_plan_matches_formula);
     TEST_RUN(test_plan_errors);
     TEST_RUN(test_grow_and_release);

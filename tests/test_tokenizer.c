@@ -1,22 +1,21 @@
 /*
  * test_tokenizer.c - the tokenizer against reference vectors and by property.
  *
- * Reference vectors: ../shared/vocab/X.gguf with X.gguf.inp (cases separated
+ * Reference vectors: tests/data/vocab/X.gguf with X.gguf.inp (cases separated
  * by "\n__ggml_vocab_test__\n") and X.gguf.out (line i: the ids of case i, no
- * BOS, special tokens not parsed). When that directory is missing the vector
- * cases print SKIP and are not counted. The rest builds small GGUF files in
+ * BOS, special tokens not parsed). They live in the repository: a missing
+ * file fails its test (run from the repository root, as tests/run.sh does). The rest builds small GGUF files in
  * memory (hand-assembled bytes) or uses the bundled models/stories260K.gguf.
  */
 #include "test.h"
 
 #include <stdint.h>
-#include <sys/stat.h>
 
 #include "format/gguf.h"
 #include "text/tokenizer.h"
 #include "base/util.h"
 
-#define VOCAB_DIR "../shared/vocab/"
+#define VOCAB_DIR "tests/data/vocab/"
 
 /* Time limits are loose (a quadratic blow-up on 100 KB takes many seconds)
  * and looser still under the sanitizers (make asan sets LAMINA_ASAN). */
@@ -775,20 +774,15 @@ static void test_alloc_failures(void) {
 }
 
 int main(void) {
-    struct stat st;
-    if (stat(VOCAB_DIR, &st) == 0 && S_ISDIR(st.st_mode)) {
-        TEST_RUN(test_vectors_llama_spm);
-        TEST_RUN(test_vectors_phi3);
-        TEST_RUN(test_vectors_gpt2);
-        TEST_RUN(test_roundtrip_llama_spm);
-        TEST_RUN(test_roundtrip_phi3);
-        TEST_RUN(test_roundtrip_gpt2);
-        TEST_RUN(test_parse_special);
-        TEST_RUN(test_encode_cap);
-        TEST_RUN(test_performance);
-    } else {
-        printf("SKIP tokenizer vector tests: %s not found\n", VOCAB_DIR);
-    }
+    TEST_RUN(test_vectors_llama_spm);
+    TEST_RUN(test_vectors_phi3);
+    TEST_RUN(test_vectors_gpt2);
+    TEST_RUN(test_roundtrip_llama_spm);
+    TEST_RUN(test_roundtrip_phi3);
+    TEST_RUN(test_roundtrip_gpt2);
+    TEST_RUN(test_parse_special);
+    TEST_RUN(test_encode_cap);
+    TEST_RUN(test_performance);
     TEST_RUN(test_stories);
     TEST_RUN(test_utf8_streaming);
     TEST_RUN(test_pretok_llama3);

@@ -7,7 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "format/quant.h"
+#include "kv/kv.h"
+#include "text/chat.h"
 #include "base/util.h"
 
 
@@ -131,26 +132,68 @@ unsigned long long need_bytes(args *a) {
     return (unsigned long long)(x * mul);
 }
 
-lm_model *load_or_die(const char *cmd, const char *path) {
+static void die_no_model(const char *cmd, const char *path) {
     if (!path) {
         fprintf(stderr, "lamina %s: no model given (-m MODEL.gguf)\n", cmd);
         exit(2);
     }
+}
+
+/* "lamina CMD: PATH: ERR" (reader messages already start with the path), exit 1. */
+static void die_load(const char *cmd, const char *path, const char *err) {
+    if (strncmp(err, path, strlen(path)) == 0) fprintf(stderr, "lamina %s: %s\n", cmd, err);
+    else fprintf(stderr, "lamina %s: %s: %s\n", cmd, path, err);
+    exit(1);
+}
+
+lm_model *load_or_die(const char *cmd, const char *path) {
+    die_no_model(cmd, path);
     char err[LM_ERRLEN];
     lm_model *m = model_load(path, err, sizeof err);
-    if (!m) {
-        /* reader messages already start with the path */
-        if (strncmp(err, path, strlen(path)) == 0) fprintf(stderr, "lamina %s: %s\n", cmd, err);
-        else fprintf(stderr, "lamina %s: %s: %s\n", cmd, path, err);
-        exit(1);
-    }
+    if (!m) die_load(cmd, path, err);
     return m;
+}
+
+lm_tokenizer *load_tok_or_die(const char *cmd, const char *path) {
+    die_no_model(cmd, path);
+    char err[LM_ERRLEN];
+    gguf_ctx *g = gguf_open(path, err, sizeof err);
+    if (!g) die_load(cmd, path, err);
+    if (gguf_find_key(g, "tokenizer.ggml.model") < 0) {
+        gguf_close(g);
+        fail(cmd, "the model file has no tokenizer");
+    }
+    lm_tokenizer *t = tok_load(g, err, sizeof err);
+    gguf_close(g); /* the tokenizer keeps no pointer into the file */
+    if (!t) {
+        char msg[LM_ERRLEN + 16];
+        snprintf(msg, sizeof msg, "tokenizer: %s", err);
+        die_load(cmd, path, msg);
+    }
+    return t;
 }
 
 uint32_t need_kv_type(args *a) {
     const char *v = need_val(a);
-    int t = quant_type_from_name(v);
-    if (t != LM_TYPE_F32 && t != LM_TYPE_F16 && t != LM_TYPE_Q8_0)
-        die_usage(a, "KV type '%s' is not one of F32, F16, Q8_0", v);
-    return (uint32_t)t;
+    uint32_t t;
+    char err[LM_ERRLEN];
+    if (kv_type_from_name(v, &t, err, sizeof err)) die_usage(a, "%s", err);
+    return t;
+}
+
+bool chat_template_choice(const char *cmd, const char *v, const char **name, char **text) {
+    *name = NULL;
+    *text = NULL;
+    if (!v) return true;
+    if (chat_family_from_name(v) >= 0) {
+        *name = v;
+        return true;
+    }
+    FILE *f = fopen(v, "rb");
+    if (!f) return false;
+    size_t len;
+    *text = read_all(f, &len);
+    fclose(f);
+    if (!*text) fail(cmd, "out of memory reading the chat template");
+    return true;
 }

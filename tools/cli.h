@@ -38,6 +38,14 @@ void fail(const char *cmd, const char *msg) __attribute__((noreturn));
 char *read_all(FILE *f, size_t *len);
 int encode_all(const lm_tokenizer *tok, const char *text, size_t len, bool bos, bool special, int32_t **out);
 lm_model *load_or_die(const char *cmd, const char *path);
+/* The tokenizer of a GGUF file alone (a full model or a vocabulary-only file
+ * of any architecture); exits 1 when the file or its tokenizer cannot be read. */
+lm_tokenizer *load_tok_or_die(const char *cmd, const char *path);
+
+/* The value of --chat-template: a family name (*name = v) or else a readable
+ * file (*text = its contents, to free); false when v is neither. v NULL:
+ * both NULL (the model's own template). Out of memory exits 1 (as cmd). */
+bool chat_template_choice(const char *cmd, const char *v, const char **name, char **text);
 
 /* Subcommands (tools/lamina.c and tools/cmd_*.c). */
 int cmd_bench(int argc, char **argv);
@@ -47,7 +55,8 @@ int cmd_quantize(int argc, char **argv);
 int cmd_kv(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 
-/* Parse a KV cache element type name (F32, F16, Q8_0); exits 2 otherwise. */
+/* The value after the current flag as a KV cache element type (kv_type_from_name:
+ * F32, F16, Q8_0); exits 2 otherwise. */
 uint32_t need_kv_type(args *a);
 
 #endif

@@ -50,14 +50,15 @@ static double mib(uint64_t b) { return (double)b / 1048576.0; }
 
 int cmd_kv(int argc, char **argv) {
     args a = {argc, argv, 0, "kv", usage_kv};
-    const char *model = NULL, *type_name = "F16";
+    const char *model = NULL;
+    uint32_t type = LM_TYPE_F16;
     unsigned long long mem = 0;
     long long ctx = 0, seqs = 1, block = KV_DEFAULT_BLOCK, chunk = KV_DEFAULT_CHUNK;
     bool alloc = false;
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
         if (is_flag(&a, "-m", "--model")) model = need_val(&a);
-        else if (is_flag(&a, "--kv-type", NULL)) type_name = need_val(&a);
+        else if (is_flag(&a, "--kv-type", NULL)) type = need_kv_type(&a);
         else if (is_flag(&a, "--kv-mem", NULL)) mem = need_bytes(&a);
         else if (is_flag(&a, "-c", "--ctx")) ctx = need_int(&a, 1, 1 << 30);
         else if (is_flag(&a, "--seqs", NULL)) seqs = need_int(&a, 1, 1 << 24);
@@ -66,16 +67,13 @@ int cmd_kv(int argc, char **argv) {
         else if (is_flag(&a, "--alloc", NULL)) alloc = true;
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
-    int type = quant_type_from_name(type_name);
-    if (type != LM_TYPE_F32 && type != LM_TYPE_F16 && type != LM_TYPE_Q8_0)
-        die_usage(&a, "--kv-type wants F32, F16 or Q8_0, got '%s'", type_name);
     lm_model *m = load_or_die("kv", model);
     const lm_hparams *hp = &m->hp;
     if (ctx == 0) ctx = hp->n_ctx_train > 0 ? hp->n_ctx_train : 2048;
 
     kv_config c;
     state_kv_config(m, &c);
-    c.type = (uint32_t)type;
+    c.type = type;
     c.block_size = (int)block;
     c.chunk = (int)chunk;
     c.mem_bytes = mem;

@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "text/chat.h"
 #include "cli.h"
 #include "sched/engine.h"
 #include "format/quant.h"
@@ -53,19 +52,9 @@ static void log_line(void *user, const char *line) { fprintf(stderr, "lamina ser
  * unknown name that is no readable file is passed on as a name: the server
  * reports it once the model is loaded and chat requests fail with 400. */
 static void chat_option(const char *v, lm_server_config *sc, char **file_text) {
-    if (!v || chat_family_from_name(v) >= 0) {
-        sc->chat_template = v;
-        return;
-    }
-    FILE *f = fopen(v, "rb");
-    if (!f) {
-        sc->chat_template = v;
-        return;
-    }
-    size_t len;
-    *file_text = read_all(f, &len);
-    fclose(f);
-    if (!*file_text) fail("serve", "out of memory reading the chat template");
+    const char *name;
+    if (!chat_template_choice("serve", v, &name, file_text)) name = v;
+    sc->chat_template = name;
     sc->chat_template_text = *file_text;
 }
 

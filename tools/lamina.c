@@ -2,8 +2,15 @@
  * lamina.c - the command-line front end. Each subcommand parses its own
  * flags, calls into the library, prints, and decides the exit status:
  * 0 success, 1 failure (message on stderr), 2 usage error.
+ *
+ * run generates through the engine (sched/engine.h) as the server does: one
+ * request on an engine with one sequence slot, its text printed from the
+ * event callback; chat prompts are rendered by chat_template_resolve and
+ * chat_apply (text/chat.h), also the server's. tokenize needs only the
+ * tokenizer, so a vocabulary-only GGUF file works too.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +26,8 @@
 #include "format/quant.h"
 #include "kernels/kernels.h"
 #include "decode/sample.h"
+#include "kv/kv.h"
+#include "sched/engine.h"
 #include "text/tokenizer.h"
 #include "base/util.h"
 
@@ -55,9 +64,8 @@ static void usage_run(FILE *f) {
 }
 
 /* Render a one-turn conversation (optional system message, then `user`)
- * with the chosen or the model's chat template, ready to tokenize with
- * special tokens parsed. When the model adds BOS itself and the template
- * wrote it too, the written one is dropped (*add_bos stays true). */
+ * with the chosen or the model's chat template (chat_template_resolve), ready
+ * to tokenize with special tokens parsed and add_bos = *add_bos. */
 static char *render_chat(const lm_model *m, const char *user, const char *system, const char *tmpl_arg,
                          bool *add_bos) {
     char err[LM_ERRLEN];
@@ -65,48 +73,91 @@ static char *render_chat(const lm_model *m, const char *user, const char *system
     int n = 0;
     if (system) msgs[n++] = (lm_chat_msg){"system", system};
     msgs[n++] = (lm_chat_msg){"user", user};
-    size_t len;
-    int32_t bos = tok_bos(m->tok), eos = tok_eos(m->tok);
-    char bos_text[128] = "", eos_text[128] = "";
-    if (bos >= 0) snprintf(bos_text, sizeof bos_text, "%.*s", (int)(tok_piece(m->tok, bos, &len), len), tok_piece(m->tok, bos, &len));
-    if (eos >= 0) snprintf(eos_text, sizeof eos_text, "%.*s", (int)(tok_piece(m->tok, eos, &len), len), tok_piece(m->tok, eos, &len));
-    char *out = NULL, *file_text = NULL;
-    int rc;
-    /* a Gemma file without a template still speaks Gemma's turn format */
-    if (!tmpl_arg && m->hp.arch == LM_ARCH_GEMMA3 && gguf_find_key(m->gguf, "tokenizer.chat_template") < 0)
-        tmpl_arg = "gemma";
-    if (tmpl_arg && chat_family_from_name(tmpl_arg) >= 0) {
-        rc = chat_render(chat_family_from_name(tmpl_arg), msgs, n, true, bos_text, eos_text, &out, err, sizeof err);
-    } else {
-        const char *text = NULL;
-        gguf_str gs;
-        char *model_tmpl = NULL;
-        if (tmpl_arg) {
-            FILE *f = fopen(tmpl_arg, "rb");
-            if (!f) {
-                fprintf(stderr, "lamina run: --chat-template '%s' is neither a template name nor a readable file\n", tmpl_arg);
-                exit(2);
-            }
-            file_text = read_all(f, &len);
-            fclose(f);
-            text = file_text;
-        } else if (gguf_get_str(m->gguf, "tokenizer.chat_template", &gs)) {
-            model_tmpl = malloc(gs.len + 1);
-            if (!model_tmpl) fail("run", "out of memory");
-            memcpy(model_tmpl, gs.ptr, gs.len);
-            model_tmpl[gs.len] = 0;
-            text = model_tmpl;
-        } else {
-            fail("run", "the model has no chat template (tokenizer.chat_template); pick one with --chat-template");
-        }
-        rc = chat_render_template(text, msgs, n, true, bos_text, eos_text, &out, err, sizeof err);
-        free(model_tmpl);
+    const char *name;
+    char *file_text;
+    if (!chat_template_choice("run", tmpl_arg, &name, &file_text)) {
+        fprintf(stderr, "lamina run: --chat-template '%s' is neither a template name nor a readable file\n", tmpl_arg);
+        exit(2);
     }
+    lm_chat_template t;
+    int rc = chat_template_resolve(&t, m->gguf, name, file_text, err, sizeof err);
     free(file_text);
+    if (rc == CHAT_NONE) {
+        char msg[LM_ERRLEN + 40];
+        snprintf(msg, sizeof msg, "%s; pick one with --chat-template", err);
+        fail("run", msg);
+    }
     if (rc) fail("run", err);
-    size_t bl = strlen(bos_text);
-    if (*add_bos && bl && strncmp(out, bos_text, bl) == 0) memmove(out, out + bl, strlen(out + bl) + 1);
+    char *out;
+    rc = chat_apply(t.family, t.text, m->tok, msgs, n, &out, add_bos, err, sizeof err);
+    chat_template_free(&t);
+    if (rc) fail("run", err);
     return out;
+}
+
+/* What run's event callback (on the engine thread) writes and the main
+ * thread reads once done is set. */
+typedef struct {
+    const lm_tokenizer *tok;
+    bool ignore_eos;
+    bool quiet;               /* -n 0: the one token the engine must sample is not output */
+    int32_t *gen_ids;         /* (ids_cap) generated ids for --show-ids, or NULL */
+    int ids_cap;
+    int n_gen;                /* tokens output (an end-of-generation token is not) */
+    lm_finish finish;
+    lm_request_stats stats;
+    char error[LM_ERRLEN];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+} run_out;
+
+/* Print each token's text as it comes; at the end, the text the
+ * detokenizer still held, then wake the main thread. */
+static void run_event(void *user, const lm_event *ev) {
+    run_out *o = user;
+    if (!ev->done) {
+        if (o->quiet || (!o->ignore_eos && tok_is_eog(o->tok, ev->token))) return;
+        if (o->gen_ids && o->n_gen < o->ids_cap) o->gen_ids[o->n_gen] = ev->token;
+        o->n_gen++;
+        fwrite(ev->text, 1, ev->text_len, stdout);
+        fflush(stdout);
+        return;
+    }
+    if (!o->quiet && ev->finish != LM_FINISH_ERROR) fwrite(ev->text, 1, ev->text_len, stdout);
+    pthread_mutex_lock(&o->mu);
+    o->finish = ev->finish;
+    o->stats = *ev->stats;
+    snprintf(o->error, sizeof o->error, "%s", ev->error ? ev->error : "");
+    o->done = true;
+    pthread_cond_signal(&o->cv);
+    pthread_mutex_unlock(&o->mu);
+}
+
+/* The engine for one sequence of n_ctx positions: its KV pool holds exactly
+ * that sequence, whatever its size (the engine's default caps a pool at 4 GiB). */
+static lm_engine *run_engine(const lm_model *m, int n_ctx, int threads, uint32_t kv_type) {
+    char err[LM_ERRLEN];
+    lm_engine_config ec;
+    engine_config_default(&ec);
+    ec.n_threads = threads;
+    ec.max_seqs = 1;
+    ec.n_ctx = n_ctx;
+    ec.kv_type = kv_type;
+    ec.prefix_cache = false;
+    kv_config kc;
+    state_kv_config(m, &kc);
+    kc.type = kv_type;
+    kc.block_size = ec.block_size;
+    kc.chunk = ec.batch_tokens < n_ctx ? ec.batch_tokens : n_ctx;
+    kc.n_ctx = n_ctx;
+    kc.n_seqs = 1;
+    kv_plan pl;
+    if (kv_plan_make(&kc, &pl, err, sizeof err) != KV_OK) fail("run", err);
+    if (pl.data_bytes > (4ull << 30)) ec.kv_mem = pl.data_bytes;
+    lm_engine *e = engine_new(m, m->tok, &ec, err, sizeof err);
+    if (!e) fail("run", err);
+    return e;
 }
 
 static int cmd_run(int argc, char **argv) {
@@ -162,14 +213,10 @@ static int cmd_run(int argc, char **argv) {
     double t0 = lm_now();
     lm_model *m = load_or_die("run", model);
     if (!m->tok) fail("run", "the model file has no tokenizer");
-    lm_pool *pool = pool_new((int)threads);
-    if (!pool) fail("run", "cannot start threads");
-    char err[LM_ERRLEN];
     /* default context: the model's, capped at 4096 so a 128k-context model
      * does not reserve a huge cache for a short run */
     if (n_ctx == 0) n_ctx = m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
-    lm_state *st = state_new_kv(m, pool, (int)n_ctx, 512, kv_type, err, sizeof err);
-    if (!st) fail("run", err);
+    lm_engine *eng = run_engine(m, (int)n_ctx, (int)threads, kv_type);
     double t_load = lm_now() - t0;
 
     char *rendered = NULL;
@@ -183,76 +230,68 @@ static int cmd_run(int argc, char **argv) {
     int n_tok = encode_all(m->tok, prompt, plen, add_bos, true, &toks);
     if (n_tok < 0) fail("run", "tokenization failed");
     if (n_tok == 0) fail("run", "the prompt encodes to no tokens");
-    if (n_tok >= st->n_ctx) {
+    char err[LM_ERRLEN];
+    if (n_tok >= n_ctx) {
         snprintf(err, sizeof err, "the prompt has %d tokens, which does not fit the context of %d (use -c)", n_tok,
-                 st->n_ctx);
+                 (int)n_ctx);
         fail("run", err);
     }
-    lm_sampler *smp = sampler_new(&sp, m->hp.n_vocab);
-    float *logits = malloc((size_t)m->hp.n_vocab * sizeof(float));
-    if (!smp || !logits) fail("run", "out of memory");
-    for (int i = 0; i < n_tok; i++) sampler_accept(smp, toks[i]);
-    int32_t *gen_ids = show_ids ? malloc(((size_t)(n_predict < 0 ? st->n_ctx : n_predict) + 1) * sizeof(int32_t)) : NULL;
-    if (show_ids && !gen_ids) fail("run", "out of memory");
+    /* one request; -n -1 runs until the end of text or of the context, and
+     * -n 0 still samples one token, which is not output */
+    run_out out = {.tok = m->tok, .ignore_eos = ignore_eos, .quiet = n_predict == 0};
+    pthread_mutex_init(&out.mu, NULL);
+    pthread_cond_init(&out.cv, NULL);
+    if (show_ids) {
+        out.ids_cap = (int)(n_predict < 0 || n_predict > n_ctx ? n_ctx : n_predict) + 1;
+        if (!(out.gen_ids = malloc((size_t)out.ids_cap * sizeof(int32_t)))) fail("run", "out of memory");
+    }
+    lm_request_params rp;
+    engine_request_params_default(&rp);
+    rp.prompt = toks;
+    rp.n_prompt = n_tok;
+    rp.max_tokens = n_predict < 0 ? (int)n_ctx : n_predict == 0 ? 1 : (int)n_predict;
+    rp.sp = sp;
+    rp.ignore_eos = ignore_eos;
+    rp.penalize_prompt = true;
+    rp.on_event = run_event;
+    rp.user = &out;
 
     if (!chat) fwrite(prompt, 1, plen, stdout);
     fflush(stdout);
-    double t1 = lm_now();
-    if (state_forward(st, toks, n_tok, logits, false, err, sizeof err)) fail("run", err);
-    double t_prompt = lm_now() - t1;
-
-    lm_detok dt;
-    detok_init(&dt, m->tok, false, false);
-    char piece[4096]; /* >= detok_max_out() of every vocab lamina loads */
-    int n_gen = 0;
-    const char *stop_note = NULL;
-    double t2 = lm_now();
-    while (n_predict < 0 || n_gen < n_predict) {
-        int32_t next = sampler_sample(smp, logits);
-        if (next < 0) fail("run", "no token can be sampled (every logit is banned or not a number)");
-        if (!ignore_eos && tok_is_eog(m->tok, next)) {
-            stop_note = "end of text";
-            break;
-        }
-        sampler_accept(smp, next);
-        if (gen_ids) gen_ids[n_gen] = next;
-        n_gen++;
-        int w = detok_push(&dt, next, piece, sizeof piece);
-        if (w < 0) fail("run", "internal: a token's text does not fit the output buffer");
-        fwrite(piece, 1, (size_t)w, stdout);
+    if (engine_submit(eng, &rp, NULL, err, sizeof err) != ENGINE_OK) fail("run", err);
+    pthread_mutex_lock(&out.mu);
+    while (!out.done) pthread_cond_wait(&out.cv, &out.mu);
+    pthread_mutex_unlock(&out.mu);
+    if (out.finish == LM_FINISH_ERROR || out.finish == LM_FINISH_CANCELLED) {
         fflush(stdout);
-        if (n_predict >= 0 && n_gen >= n_predict) break;
-        if (st->n_past >= st->n_ctx) {
-            stop_note = "context full";
-            break;
-        }
-        if (state_forward(st, &next, 1, logits, false, err, sizeof err)) fail("run", err);
+        fail("run", out.error[0] ? out.error : "generation ended early");
     }
-    double t_gen = lm_now() - t2;
-    int w = detok_flush(&dt, piece, sizeof piece);
-    if (w > 0) fwrite(piece, 1, (size_t)w, stdout);
+    int n_gen = out.n_gen;
+    /* the engine's times: submission -> first token (the prompt), first
+     * token -> the end (the generated ones) */
+    double t_prompt = out.stats.ttft, t_gen = out.stats.e2e - out.stats.ttft;
+    bool ctx_full = out.finish == LM_FINISH_LENGTH && (n_predict < 0 || n_gen < n_predict);
     printf("\n");
     fflush(stdout);
     if (show_ids) {
         fprintf(stderr, "prompt ids:");
         for (int i = 0; i < n_tok; i++) fprintf(stderr, " %d", toks[i]);
         fprintf(stderr, "\ngenerated ids:");
-        for (int i = 0; i < n_gen; i++) fprintf(stderr, " %d", gen_ids[i]);
+        for (int i = 0; i < n_gen && i < out.ids_cap; i++) fprintf(stderr, " %d", out.gen_ids[i]);
         fprintf(stderr, "\n");
-        free(gen_ids);
+        free(out.gen_ids);
     }
-    if (stop_note && strcmp(stop_note, "context full") == 0)
-        fprintf(stderr, "lamina run: stopped: the context of %d tokens is full (use -c for more)\n", st->n_ctx);
+    if (ctx_full)
+        fprintf(stderr, "lamina run: stopped: the context of %d tokens is full (use -c for more)\n", (int)n_ctx);
     fprintf(stderr, "load %.3f s | prompt %d tok, %.1f tok/s | generated %d tok, %.1f tok/s | threads %d\n", t_load,
             n_tok, t_prompt > 0 ? n_tok / t_prompt : 0.0, n_gen, t_gen > 0 && n_gen > 1 ? (n_gen - 1) / t_gen : 0.0,
-            pool_size(pool));
-    free(logits);
+            (int)threads);
+    engine_free(eng);
+    pthread_mutex_destroy(&out.mu);
+    pthread_cond_destroy(&out.cv);
     free(toks);
     free(pbuf);
     lm_free(rendered);
-    sampler_free(smp);
-    state_free(st);
-    pool_free(pool);
     model_free(m);
     return 0;
 }
@@ -263,8 +302,9 @@ static void usage_tokenize(FILE *f) {
     fprintf(f,
             "usage: lamina tokenize -m MODEL.gguf [--ids] [--bos] [--no-parse-special] [--lines] < TEXT\n"
             "Tokenize standard input (no BOS unless --bos); print ids space-separated with --ids,\n"
-            "else the vocabulary pieces space-separated. With --lines every input line (without\n"
-            "its newline) is tokenized on its own and gives one output line.\n");
+            "else the vocabulary pieces space-separated. MODEL.gguf may be a whole model or a\n"
+            "vocabulary-only file (tokenizer metadata, no tensors). With --lines every input line\n"
+            "(without its newline) is tokenized on its own and gives one output line.\n");
 }
 
 static int cmd_tokenize(int argc, char **argv) {
@@ -280,8 +320,7 @@ static int cmd_tokenize(int argc, char **argv) {
         else if (is_flag(&a, "--lines", NULL)) lines = true;
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
-    lm_model *m = load_or_die("tokenize", model);
-    if (!m->tok) fail("tokenize", "the model file has no tokenizer");
+    lm_tokenizer *tok = load_tok_or_die("tokenize", model);
     size_t len;
     char *text = read_all(stdin, &len);
     if (!text) fail("tokenize", "out of memory");
@@ -293,7 +332,7 @@ static int cmd_tokenize(int argc, char **argv) {
             end = nl ? (size_t)(nl - text) : len;
         }
         int32_t *toks = NULL;
-        int n = encode_all(m->tok, text + start, end - start, bos, special, &toks);
+        int n = encode_all(tok, text + start, end - start, bos, special, &toks);
         if (n < 0) fail("tokenize", "tokenization failed");
         for (int i = 0; i < n; i++) {
             if (i) putchar(' ');
@@ -301,7 +340,7 @@ static int cmd_tokenize(int argc, char **argv) {
                 printf("%d", toks[i]);
             } else {
                 size_t pl;
-                const char *p = tok_piece(m->tok, toks[i], &pl);
+                const char *p = tok_piece(tok, toks[i], &pl);
                 fwrite(p, 1, pl, stdout);
             }
         }
@@ -311,7 +350,7 @@ static int cmd_tokenize(int argc, char **argv) {
         if (!lines) break;
     }
     free(text);
-    model_free(m);
+    tok_free(tok);
     return 0;
 }
 

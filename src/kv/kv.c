@@ -105,6 +105,14 @@ void kv_config_init(kv_config *c, int n_layer, int n_head_kv, int head_dim) {
     c->n_seqs = 1;
 }
 
+int kv_type_from_name(const char *name, uint32_t *type, char *err, size_t errlen) {
+    int t = name ? quant_type_from_name(name) : -1;
+    if (t != LM_TYPE_F32 && t != LM_TYPE_F16 && t != LM_TYPE_Q8_0)
+        return lm_err(err, errlen, "KV type '%s' is not one of F32, F16, Q8_0", name ? name : "(null)");
+    *type = (uint32_t)t;
+    return 0;
+}
+
 /* Layers of the local class: those flagged, or 0 when there is no window or
  * every layer is flagged (nothing would be global: one class then). */
 static int count_local(const kv_config *c) {

@@ -132,6 +132,10 @@ typedef struct {
  * the caller. */
 void kv_config_init(kv_config *c, int n_layer, int n_head_kv, int head_dim);
 
+/* The KV element type named name (F32, F16 or Q8_0, any case): 0 with *type
+ * set, or -1 with a message naming the accepted types (*type untouched). */
+int kv_type_from_name(const char *name, uint32_t *type, char *err, size_t errlen);
+
 /* One block class's share of a plan. */
 typedef struct {
     int n_layer;              /* layers whose K/V its blocks hold (0: class unused) */

@@ -42,6 +42,8 @@
 
 typedef enum { CH_PENDING_FORK, CH_WAITING, CH_RUNNING, CH_DONE } ch_state;
 
+enum { STOP_MAX = 1024 }; /* longest stop string, bytes */
+
 typedef struct eseq {
     struct lm_request *req;
     int index;
@@ -118,8 +120,10 @@ struct lm_engine {
     eseq **seg_ch;            /* (max_seqs) */
     float *logits;            /* (max_seqs + 2, n_vocab): batch rows, a fork's source and work rows */
     float *lp;                /* (n_vocab) log-probabilities / sampling scratch */
-    char *emit;               /* (emit_cap) text of one event */
+    char *emit;               /* (emit_cap) text of one event: a choice's held text and a flush */
     int emit_cap;
+    char *piece;              /* (piece_cap) one token's text, piece_cap = detok_max_out(tok) */
+    int piece_cap;
 
     lm_engine_stats stats;    /* published under mu */
 };
@@ -344,18 +348,22 @@ static void take_token(lm_engine *e, eseq *c, float *row) {
     size_t len = 0;
     bool stopped = false;
     if (!eog) {
-        char piece[1024];
-        int w = detok_push(&c->dt, t, piece, sizeof piece);
-        if (w < 0) w = 0;
-        if (r->n_stop) stopped = c->stop_hit = stop_scan(e, c, piece, w, &len);
+        int w = detok_push(&c->dt, t, e->piece, e->piece_cap);
+        if (w < 0) { /* cannot happen: piece_cap is the detokenizer's maximum */
+            finish(e, c, LM_FINISH_ERROR, "internal: a token's text does not fit the detokenizer's maximum");
+            return;
+        }
+        if (r->n_stop) stopped = c->stop_hit = stop_scan(e, c, e->piece, w, &len);
         else {
-            memcpy(e->emit, piece, (size_t)w);
+            memcpy(e->emit, e->piece, (size_t)w);
             len = (size_t)w;
         }
     }
     emit_event(e, c, t, e->emit, len, lp, n_top, top_ids, top_lp);
     if (eog || stopped) finish(e, c, LM_FINISH_STOP, NULL);
-    else if (c->n_gen >= r->max_tokens || c->n_tokens >= e->n_ctx) finish(e, c, LM_FINISH_LENGTH, NULL);
+    /* the context is full once every position holds a token: the token
+     * sampled from the last position's logits ends the text without one */
+    else if (c->n_gen >= r->max_tokens || c->n_tokens > e->n_ctx) finish(e, c, LM_FINISH_LENGTH, NULL);
 }
 
 /* ---- submission -------------------------------------------------------- */
@@ -408,8 +416,8 @@ static int submit_tokens(lm_engine *e, const lm_request_params *p, lm_request **
             return lm_err(err, errlen, "logit_bias token id %d is out of range [0, %d)", p->bias_ids[i],
                           hp->n_vocab), ENGINE_EINVAL;
     for (int i = 0; i < p->n_stop; i++)
-        if (!p->stop[i] || !p->stop[i][0] || strlen(p->stop[i]) > 1024)
-            return lm_err(err, errlen, "stop string %d is empty or longer than 1024 bytes", i), ENGINE_EINVAL;
+        if (!p->stop[i] || !p->stop[i][0] || strlen(p->stop[i]) > STOP_MAX)
+            return lm_err(err, errlen, "stop string %d is empty or longer than %d bytes", i, STOP_MAX), ENGINE_EINVAL;
     if (p->n_prompt >= e->n_ctx)
         return lm_err(err, errlen, "the prompt has %d tokens; the context holds %d (room for at least one more is "
                       "needed)", p->n_prompt, e->n_ctx), ENGINE_ETOOBIG;
@@ -464,7 +472,7 @@ static int submit_tokens(lm_engine *e, const lm_request_params *p, lm_request **
         c->state = i == 0 ? CH_WAITING : CH_PENDING_FORK;
         c->cap = cap;
         c->n_prompt = c->n_tokens = p->n_prompt;
-        c->held_cap = r->max_stop_len + 1100;
+        c->held_cap = r->max_stop_len + e->piece_cap; /* a stop string's prefix kept + one token */
         c->tokens = lm_malloc((size_t)cap * sizeof *c->tokens);
         c->held = lm_malloc((size_t)c->held_cap);
         lm_sample_params sp = p->sp;
@@ -476,6 +484,8 @@ static int submit_tokens(lm_engine *e, const lm_request_params *p, lm_request **
         }
         memcpy(c->tokens, p->prompt, (size_t)p->n_prompt * sizeof *c->tokens);
         for (int b = 0; b < p->n_bias; b++) sampler_set_bias(c->smp, p->bias_ids[b], p->bias_vals[b]);
+        if (p->penalize_prompt)
+            for (int k = 0; k < p->n_prompt; k++) sampler_accept(c->smp, p->prompt[k]);
         detok_init(&c->dt, e->tok, false, false);
         c->stats.prompt_tokens = p->n_prompt;
         c->stats.t_submit = now;
@@ -582,7 +592,7 @@ static eseq *admit(lm_engine *e) {
     if (!kv) return NULL;
     int cached = 0;
     if (e->cfg.prefix_cache) cached = kv_prefix_match(e->kv, kv, c->tokens, c->n_tokens, c->req->salt);
-    int n = c->n_tokens - cached + 1;
+    int n = (c->n_tokens < e->n_ctx ? c->n_tokens + 1 : e->n_ctx) - cached; /* never past the context */
     int64_t need = kv_blocks_needed(e->kv, kv, n, KV_GLOBAL);
     int64_t need_local = kv_blocks_needed(e->kv, kv, n, KV_LOCAL);
     if (need_local > e->local_per_seq) need_local = e->local_per_seq;
@@ -858,6 +868,7 @@ static void destroy(lm_engine *e) {
     lm_free(e->logits);
     lm_free(e->lp);
     lm_free(e->emit);
+    lm_free(e->piece);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->wake);
     pthread_cond_destroy(&e->idle_cv);
@@ -924,9 +935,14 @@ lm_engine *engine_new(const lm_model *m, const lm_tokenizer *tok, const lm_engin
     e->btok = lm_malloc((size_t)c.batch_tokens * sizeof *e->btok);
     e->logits = lm_malloc((S + 2) * V * sizeof *e->logits); /* batch rows, fork source, fork work */
     e->lp = lm_malloc(V * sizeof *e->lp);
-    e->emit_cap = 4096 + 2 * 1100;
+    /* a token's text: the detokenizer's maximum for this vocabulary; an
+     * event's: all a choice may hold back (held_cap) plus a flush's U+FFFD */
+    e->piece_cap = detok_max_out(tok);
+    e->piece = lm_malloc((size_t)e->piece_cap);
+    e->emit_cap = STOP_MAX + e->piece_cap + 4;
     e->emit = lm_malloc((size_t)e->emit_cap);
-    if (!e->running || !e->order || !e->segs || !e->seg_ch || !e->btok || !e->logits || !e->lp || !e->emit) {
+    if (!e->running || !e->order || !e->segs || !e->seg_ch || !e->btok || !e->logits || !e->lp || !e->emit ||
+        !e->piece) {
         lm_err(err, errlen, "out of memory allocating the engine's buffers");
         goto fail;
     }

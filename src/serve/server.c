@@ -449,7 +449,7 @@ static void free_strings(lm_server *s) {
     lm_free(s->model_name);
     lm_free(s->tmpl_name);
     lm_free(s->tmpl_text);
-    lm_free(s->model_tmpl);
+    chat_template_free(&s->chat);
 }
 
 /* Bind address: the first that getaddrinfo gives for the host. */
@@ -517,43 +517,19 @@ lm_server *server_new(lm_engine *e, const lm_server_config *c, char *err, size_t
 }
 
 /* Chat template: the named family, a template file's text, or the model's
- * own (a Gemma 3 file without one speaks Gemma's format). */
+ * own (chat_template_resolve). */
 static void resolve_chat(lm_server *s, const lm_model *m) {
     lm_server_parse_ctx *p = &s->pctx;
-    p->chat_family = -1;
-    p->chat_template = NULL;
-    if (s->tmpl_name) {
-        p->chat_family = chat_family_from_name(s->tmpl_name);
-        if (p->chat_family < 0)
-            snprintf(s->chat_error, sizeof s->chat_error, "chat template '%.100s' is not a known family name",
-                     s->tmpl_name);
-        return;
-    }
-    const char *text = s->tmpl_text;
-    gguf_str gs;
-    if (!text && m->gguf && gguf_get_str(m->gguf, "tokenizer.chat_template", &gs)) {
-        s->model_tmpl = lm_malloc(gs.len + 1);
-        if (!s->model_tmpl) {
-            snprintf(s->chat_error, sizeof s->chat_error, "out of memory reading the chat template");
-            return;
-        }
-        memcpy(s->model_tmpl, gs.ptr, gs.len);
-        s->model_tmpl[gs.len] = 0;
-        text = s->model_tmpl;
-    }
-    if (!text && m->hp.arch == LM_ARCH_GEMMA3) {
-        p->chat_family = chat_family_from_name("gemma");
-        return;
-    }
-    if (!text)
-        snprintf(s->chat_error, sizeof s->chat_error,
-                 "the model has no chat template (tokenizer.chat_template); start the server with --chat-template "
-                 "NAME|FILE to enable chat");
-    else if (chat_detect(text) < 0)
-        snprintf(s->chat_error, sizeof s->chat_error, "the %s chat template is not one lamina recognizes",
-                 s->tmpl_text ? "--chat-template file's" : "model's");
-    else
-        p->chat_template = text;
+    char err[200];
+    chat_template_free(&s->chat);
+    int rc = chat_template_resolve(&s->chat, m->gguf, s->tmpl_name, s->tmpl_text, err, sizeof err);
+    p->chat_family = s->chat.family;
+    p->chat_template = s->chat.text;
+    if (rc == CHAT_NONE)
+        snprintf(s->chat_error, sizeof s->chat_error, "%.180s; start the server with --chat-template NAME|FILE to "
+                 "enable chat", err);
+    else if (rc)
+        snprintf(s->chat_error, sizeof s->chat_error, "%.180s", err);
 }
 
 int server_set_engine(lm_server *s, lm_engine *e, char *err, size_t errlen) {

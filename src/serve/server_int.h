@@ -24,6 +24,7 @@
 
 #include "sched/engine.h"
 #include "serve/server.h"
+#include "text/chat.h"
 
 /* ------------------------------------------------------------- byte buffer */
 
@@ -49,7 +50,8 @@ size_t sbuf_put_utf8(srv_buf *b, const char *s, size_t n, bool final);
 
 struct lm_server {
     lm_server_config cfg;      /* strings below are the owned copies */
-    char *host, *api_key, *model_name, *tmpl_name, *tmpl_text, *model_tmpl;
+    char *host, *api_key, *model_name, *tmpl_name, *tmpl_text;
+    lm_chat_template chat;     /* resolved at server_set_engine (pctx points into it) */
     struct MHD_Daemon *daemon;
     int port;
     _Atomic(lm_engine *) engine; /* NULL while the model loads */

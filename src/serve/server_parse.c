@@ -417,22 +417,12 @@ static int chat_family_of(const lm_server_parse_ctx *c) {
 static int render_messages(const lm_server_parse_ctx *c, const lm_chat_msg *msgs, int n, lm_server_request *r,
                            lm_server_error *e) {
     const lm_tokenizer *tok = c->tok;
-    char bos_text[128] = "", eos_text[128] = "";
-    size_t len;
-    const char *piece;
-    if (tok_bos(tok) >= 0 && (piece = tok_piece(tok, tok_bos(tok), &len)))
-        snprintf(bos_text, sizeof bos_text, "%.*s", (int)len, piece);
-    if (tok_eos(tok) >= 0 && (piece = tok_piece(tok, tok_eos(tok), &len)))
-        snprintf(eos_text, sizeof eos_text, "%.*s", (int)len, piece);
     char *text = NULL, err[LM_ERRLEN];
-    int rc = c->chat_family >= 0
-                 ? chat_render(c->chat_family, msgs, n, true, bos_text, eos_text, &text, err, sizeof err)
-                 : chat_render_template(c->chat_template, msgs, n, true, bos_text, eos_text, &text, err, sizeof err);
-    if (rc) return BAD("messages", "%s", err);
-    bool add_bos = tok_add_bos(tok);
-    size_t bl = strlen(bos_text), skip = add_bos && bl && strncmp(text, bos_text, bl) == 0 ? bl : 0;
+    bool add_bos;
+    if (chat_apply(c->chat_family, c->chat_template, tok, msgs, n, &text, &add_bos, err, sizeof err))
+        return BAD("messages", "%s", err);
     int32_t *ids = NULL;
-    int nt = encode(tok, text + skip, strlen(text + skip), add_bos, &ids, e);
+    int nt = encode(tok, text, strlen(text), add_bos, &ids, e);
     lm_free(text);
     if (nt == 0) nt = BAD("messages", "the conversation encodes to no tokens");
     if (nt < 0) {

@@ -98,6 +98,8 @@
 #include <stddef.h>
 
 #include "lamina.h"
+#include "format/gguf.h"
+#include "text/tokenizer.h"
 
 /* lm_chat_msg is in lamina.h. */
 
@@ -171,5 +173,64 @@ int chat_render(int family, const lm_chat_msg *msgs, int n, bool add_generation_
 int chat_render_template(const char *template_text, const lm_chat_msg *msgs, int n,
                          bool add_generation_prompt, const char *bos_text,
                          const char *eos_text, char **out, char *err, size_t errlen);
+
+/*
+ * A model's chat template, resolved once (text/chat_model.c), for every
+ * caller that renders conversations for a model (lamina run --chat, serve).
+ *
+ * Resolution order:
+ *   1. the user's choice: a family name (chat_family_from_name), or the text
+ *      of a template file the user gave (its family must be detected);
+ *   2. the model's own template, the GGUF string tokenizer.chat_template
+ *      (its family must be detected);
+ *   3. the family fallback of the architecture (general.architecture): a
+ *      Gemma 3 file without a template speaks Gemma's turn format.
+ * Exactly one of family >= 0 / text != NULL holds: a template text renders
+ * through chat_render_template (which applies what the text says beyond its
+ * family), a family through chat_render.
+ */
+typedef enum {
+    CHAT_SRC_NAME,       /* a family named by the user */
+    CHAT_SRC_FILE,       /* a template text given by the user */
+    CHAT_SRC_MODEL,      /* tokenizer.chat_template */
+    CHAT_SRC_FALLBACK,   /* the architecture's family */
+} lm_chat_source;
+
+typedef struct {
+    int family;            /* >= 0: render this family by name; -1 with text */
+    char *text;            /* (owned, lm_malloc) template text, or NULL with family */
+    lm_chat_source source;
+} lm_chat_template;
+
+enum { CHAT_OK = 0, CHAT_ERR = -1, CHAT_NONE = -2 };
+
+/*
+ * Resolve the template of the GGUF file g (may be NULL: no model template,
+ * no fallback) given the user's choice: name (a family name, or NULL) or
+ * user_text (a template's text, or NULL); name wins when both are given.
+ * Returns CHAT_OK with *t filled (chat_template_free it), or, with *t empty
+ * (family -1, text NULL) and a message in err:
+ *   CHAT_ERR   the name is no family, or the chosen or the model's template
+ *              is not one chat_detect recognizes;
+ *   CHAT_NONE  no choice, no model template and no fallback ("the model has
+ *              no chat template (tokenizer.chat_template)": callers add how
+ *              to choose one).
+ * Never prints or exits.
+ */
+int chat_template_resolve(lm_chat_template *t, const gguf_ctx *g, const char *name, const char *user_text,
+                          char *err, size_t errlen);
+void chat_template_free(lm_chat_template *t);
+
+/*
+ * Render msgs with the generation prompt, by family (family >= 0) or template
+ * text (chat_render_template), for tokenizer tok: bos_text/eos_text are its
+ * BOS/EOS token texts, and the BOS rule above is applied: when tok adds BOS
+ * and the rendered text starts with its BOS text, that prefix is removed.
+ * On success *out (lm_malloc, NUL-terminated) is to be tokenized with
+ * parse_special and add_bos = *add_bos (which is tok_add_bos). On failure
+ * returns -1, *out NULL, a message in err.
+ */
+int chat_apply(int family, const char *text, const lm_tokenizer *tok, const lm_chat_msg *msgs, int n,
+               char **out, bool *add_bos, char *err, size_t errlen);
 
 #endif

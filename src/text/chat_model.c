@@ -1,0 +1,119 @@
+/*
+ * chat_model.c - a model's chat template: which one to use (the user's
+ * choice, the GGUF's tokenizer.chat_template, the architecture's family) and
+ * rendering a conversation for the model's tokenizer (its BOS/EOS texts, the
+ * BOS it adds itself). See chat.h for the order and the BOS rule.
+ *
+ * Invariants: a resolved lm_chat_template holds exactly one of a family
+ * (>= 0) and an owned template text whose family chat_detect recognizes; on
+ * any failure it is left empty, so chat_template_free is always safe.
+ */
+#include "text/chat.h"
+
+#include <string.h>
+
+#include "base/util.h"
+
+/* Architectures whose files may lack a template but whose turn format is
+ * known (general.architecture -> family name). */
+static const struct {
+    const char *arch, *family;
+} FALLBACK[] = {
+    {"gemma3", "gemma"},
+};
+
+static char *dup_n(const char *s, size_t n) {
+    char *d = lm_malloc(n + 1);
+    if (!d)
+        return NULL;
+    memcpy(d, s, n);
+    d[n] = '\0';
+    return d;
+}
+
+static int fallback_family(const gguf_ctx *g) {
+    gguf_str a;
+    if (!g || !gguf_get_str(g, "general.architecture", &a))
+        return -1;
+    for (size_t i = 0; i < sizeof FALLBACK / sizeof FALLBACK[0]; i++)
+        if (gguf_str_eq(a, FALLBACK[i].arch))
+            return chat_family_from_name(FALLBACK[i].family);
+    return -1;
+}
+
+/* Take a template text (copied) whose family must be detected. */
+static int take_text(lm_chat_template *t, const char *text, size_t len, lm_chat_source src, char *err,
+                     size_t errlen) {
+    char *copy = dup_n(text, len);
+    if (!copy)
+        return lm_err(err, errlen, "out of memory reading the chat template");
+    if (chat_detect(copy) < 0) {
+        lm_free(copy);
+        return lm_err(err, errlen, "the %s chat template is not one lamina recognizes; choose a family by name: "
+                      "chatml, llama2, llama3, mistral-legacy, mistral-v1, mistral-v3, mistral-v3-tekken, gemma, "
+                      "phi3, zephyr", src == CHAT_SRC_FILE ? "given" : "model's");
+    }
+    t->text = copy;
+    t->source = src;
+    return CHAT_OK;
+}
+
+int chat_template_resolve(lm_chat_template *t, const gguf_ctx *g, const char *name, const char *user_text,
+                          char *err, size_t errlen) {
+    *t = (lm_chat_template){.family = -1, .text = NULL, .source = CHAT_SRC_NAME};
+    if (name) {
+        t->family = chat_family_from_name(name);
+        if (t->family < 0)
+            return lm_err(err, errlen, "chat template '%.100s' is not a known family name", name);
+        return CHAT_OK;
+    }
+    if (user_text)
+        return take_text(t, user_text, strlen(user_text), CHAT_SRC_FILE, err, errlen);
+    gguf_str s;
+    if (g && gguf_get_str(g, "tokenizer.chat_template", &s))
+        return take_text(t, s.ptr, s.len, CHAT_SRC_MODEL, err, errlen);
+    t->family = fallback_family(g);
+    if (t->family >= 0) {
+        t->source = CHAT_SRC_FALLBACK;
+        return CHAT_OK;
+    }
+    lm_err(err, errlen, "the model has no chat template (tokenizer.chat_template)");
+    return CHAT_NONE;
+}
+
+void chat_template_free(lm_chat_template *t) {
+    if (!t)
+        return;
+    lm_free(t->text);
+    t->text = NULL;
+    t->family = -1;
+}
+
+/* A token's vocabulary text (lm_malloc), "" for id < 0; NULL when out of memory. */
+static char *piece_text(const lm_tokenizer *tok, int32_t id) {
+    size_t len = 0;
+    const char *p = id >= 0 ? tok_piece(tok, id, &len) : NULL;
+    return dup_n(p ? p : "", p ? len : 0);
+}
+
+int chat_apply(int family, const char *text, const lm_tokenizer *tok, const lm_chat_msg *msgs, int n,
+               char **out, bool *add_bos, char *err, size_t errlen) {
+    *out = NULL;
+    *add_bos = tok_add_bos(tok);
+    if (family < 0 && !text)
+        return lm_err(err, errlen, "no chat template");
+    char *bos = piece_text(tok, tok_bos(tok)), *eos = piece_text(tok, tok_eos(tok));
+    int rc = -1;
+    if (!bos || !eos)
+        lm_err(err, errlen, "out of memory");
+    else if (family >= 0)
+        rc = chat_render(family, msgs, n, true, bos, eos, out, err, errlen);
+    else
+        rc = chat_render_template(text, msgs, n, true, bos, eos, out, err, errlen);
+    size_t bl = bos ? strlen(bos) : 0;
+    if (rc == 0 && *add_bos && bl && strncmp(*out, bos, bl) == 0)
+        memmove(*out, *out + bl, strlen(*out + bl) + 1);
+    lm_free(bos);
+    lm_free(eos);
+    return rc;
+}
