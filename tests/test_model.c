@@ -460,33 +460,84 @@ static void test_refuses_unknown_arch(void) {
     CHECKF(strstr(err, "mamba") != NULL, "%s", err);
 }
 
-static void test_refuses_missing_tensor(void) {
+/* Write a model of shape sh, then a copy without tensor `drop` (NULL: none),
+ * and load the copy: the model, or NULL with err. */
+static lm_model *load_without(const shape *sh, const char *drop, char *err, size_t errlen) {
     ref_model r;
-    shape sh = {"llama", 1, 32, 2, 2, 32, 40, LM_TYPE_F32, true};
     snprintf(tmp_path, sizeof tmp_path, "/tmp/lamina_test_ok_%d.gguf", (int)getpid());
-    CHECK(write_model(&r, &sh, tmp_path) == 0);
+    if (write_model(&r, sh, tmp_path) != 0) return lm_err(err, errlen, "cannot write the model"), NULL;
     free_ref(&r);
-    /* rewrite the file without blk.0.ffn_up.weight by copying every other tensor */
-    char err[LM_ERRLEN];
-    gguf_ctx *g = gguf_open(tmp_path, err, sizeof err);
-    CHECKF(g != NULL, "%s", err);
+    gguf_ctx *g = gguf_open(tmp_path, err, errlen);
+    if (!g) return NULL;
     gguf_writer *w = gguf_writer_new();
     for (int64_t i = 0; i < gguf_n_kv(g); i++) gguf_w_copy_kv(w, g, i);
     for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
         const gguf_tensor *t = gguf_tensor_at(g, i);
-        if (strcmp(t->name, "blk.0.ffn_up.weight") == 0) continue;
+        if (drop && strcmp(t->name, drop) == 0) continue;
         gguf_w_add_tensor(w, t->name, t->n_dims, t->ne, t->type, t->data, t->nbytes);
     }
     char path2[300];
     snprintf(path2, sizeof path2, "%s.2", tmp_path);
-    CHECK(gguf_writer_write(w, path2, err, sizeof err) == 0);
+    int rc = gguf_writer_write(w, path2, err, errlen);
     gguf_writer_free(w);
     gguf_close(g);
     unlink(tmp_path);
-    lm_model *m = model_load(path2, err, sizeof err);
+    lm_model *m = rc == 0 ? model_load(path2, err, errlen) : NULL;
     unlink(path2);
+    return m;
+}
+
+static void test_refuses_missing_tensor(void) {
+    shape sh = {"llama", 1, 32, 2, 2, 32, 40, LM_TYPE_F32, true};
+    char err[LM_ERRLEN];
+    lm_model *m = load_without(&sh, "blk.0.ffn_up.weight", err, sizeof err);
     CHECK(m == NULL);
     CHECKF(strstr(err, "blk.0.ffn_up.weight") != NULL, "%s", err);
+}
+
+/* The one table of a layer's tensors: model_layer_matrices gives wq, wk, wv,
+ * wo, w_gate, w_up, w_down in that order; every tensor of a layer that the
+ * architecture requires (all of them for qwen2 and gemma3) is refused by
+ * name when missing, and llama's absent biases are optional. */
+static void test_layer_tensor_table(void) {
+    static const char *const names[] = {
+        "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+        "attn_q.bias", "attn_k.bias", "attn_v.bias", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
+        "ffn_down.weight", "attn_q_norm.weight", "attn_k_norm.weight", "post_attention_norm.weight",
+        "post_ffw_norm.weight",
+    };
+    shape shapes[2] = {{"qwen2", 2, 32, 2, 2, 32, 40, LM_TYPE_F32, false},
+                       {"gemma3", 2, 32, 2, 1, 32, 40, LM_TYPE_F32, true}};
+    char err[LM_ERRLEN], name[64];
+    for (int si = 0; si < 2; si++) {
+        lm_model *m = load_without(&shapes[si], NULL, err, sizeof err);
+        CHECKF(m != NULL, "%s", err);
+        if (!m) continue;
+        for (int li = 0; li < m->hp.n_layer; li++) {
+            const lm_layer *l = &m->layers[li];
+            const lm_weight *ws[MODEL_LAYER_MATRICES];
+            model_layer_matrices(l, ws);
+            const lm_weight *want[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
+            CHECK(MODEL_LAYER_MATRICES == sizeof want / sizeof want[0]);
+            for (int k = 0; k < MODEL_LAYER_MATRICES; k++) CHECKF(ws[k] == want[k], "layer %d matrix %d", li, k);
+        }
+        model_free(m);
+        bool gemma = si == 1;
+        for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+            bool bias = strstr(names[k], ".bias") != NULL;
+            bool gemma_only = k >= 12;
+            if ((gemma && bias) || (!gemma && gemma_only)) continue; /* not in this file */
+            snprintf(name, sizeof name, "blk.1.%s", names[k]);
+            m = load_without(&shapes[si], name, err, sizeof err);
+            CHECKF(m == NULL && strstr(err, name), "%s without %s: %s", shapes[si].arch, name, m ? "loaded" : err);
+            model_free(m);
+        }
+    }
+    /* llama: biases optional (none written), every other tensor required */
+    shape ll = {"llama", 1, 32, 2, 2, 32, 40, LM_TYPE_F32, true};
+    lm_model *m = load_without(&ll, NULL, err, sizeof err);
+    CHECKF(m != NULL && !m->layers[0].bq && !m->layers[0].q_norm, "%s", err);
+    model_free(m);
 }
 
 int main(void) {
@@ -507,5 +558,6 @@ int main(void) {
     TEST_RUN(test_gemma3_window_blocks);
     TEST_RUN(test_refuses_unknown_arch);
     TEST_RUN(test_refuses_missing_tensor);
+    TEST_RUN(test_layer_tensor_table);
     return TEST_DONE();
 }

@@ -118,9 +118,9 @@ static void stats(const double *v, int n, double *mean, double *sd) {
 static uint64_t weight_bytes_per_token(const lm_model *m) {
     uint64_t b = 0;
     for (int i = 0; i < m->hp.n_layer; i++) {
-        const lm_layer *l = &m->layers[i];
-        const lm_weight *ws[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
-        for (size_t k = 0; k < sizeof ws / sizeof ws[0]; k++) b += ws[k]->row_bytes * (uint64_t)ws[k]->rows;
+        const lm_weight *ws[MODEL_LAYER_MATRICES];
+        model_layer_matrices(&m->layers[i], ws);
+        for (int k = 0; k < MODEL_LAYER_MATRICES; k++) b += ws[k]->row_bytes * (uint64_t)ws[k]->rows;
     }
     b += m->output.row_bytes * (uint64_t)m->output.rows;
     return b;

@@ -92,9 +92,9 @@ static lm_state *state_build(const lm_model *m, lm_pool *pool, kv_pool *kv, bool
     /* activation scratch: the largest input row of any matmul, in any type used */
     size_t a = 0;
     for (int li = 0; li < hp->n_layer; li++) {
-        const lm_layer *l = &m->layers[li];
-        const lm_weight *lw[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
-        for (size_t i = 0; i < sizeof lw / sizeof lw[0]; i++)
+        const lm_weight *lw[MODEL_LAYER_MATRICES];
+        model_layer_matrices(&m->layers[li], lw);
+        for (int i = 0; i < MODEL_LAYER_MATRICES; i++)
             a = max_sz(a, ops_matmul_scratch(lw[i]->type, lw[i]->cols, max_batch));
     }
     a = max_sz(a, ops_matmul_scratch(m->output.type, m->output.cols, max_batch));

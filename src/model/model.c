@@ -3,14 +3,19 @@
  * `<arch>.*` keys, weights by their GGUF tensor names, every shape checked
  * against the hyperparameters before anything runs.
  *
- * Tensor names (per layer N):  token_embd.weight, output_norm.weight,
- *   output.weight (absent when tied), blk.N.attn_norm.weight,
- *   blk.N.attn_{q,k,v,output}.weight, blk.N.attn_{q,k,v}.bias (qwen2),
- *   blk.N.ffn_norm.weight, blk.N.ffn_{gate,up,down}.weight.
+ * Tensor names: token_embd.weight, output_norm.weight, output.weight
+ * (absent when tied), and per layer N blk.N.<name> for every entry of
+ * layer_tensors below: attn_norm, attn_{q,k,v,output} weights,
+ * attn_{q,k,v}.bias (qwen2), ffn_norm, ffn_{gate,up,down}, and gemma3's
+ * attn_{q,k}_norm, post_attention_norm, post_ffw_norm. That table is the
+ * one list of a layer's tensors: the loader, the packer and
+ * model_layer_matrices all read it.
  */
 #include "model/model.h"
 
+#include <assert.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -31,6 +36,70 @@ const char *model_arch_name(lm_arch a) {
 uint64_t model_kv_bytes_per_token(const lm_model *m, size_t elem_bytes) {
     const lm_hparams *hp = &m->hp;
     return 2ull * (uint64_t)hp->n_layer * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim * elem_bytes;
+}
+
+/* ---- the per-layer tensors ---------------------------------------------- */
+
+/* A tensor's length along one axis, in hyperparameters. */
+typedef enum { DIM_EMBD, DIM_Q, DIM_KV, DIM_FF, DIM_HEAD } hp_dim;
+
+#define ARCH(a) (1u << (a))
+#define ALL_ARCHS (ARCH(LM_ARCH_LLAMA) | ARCH(LM_ARCH_QWEN2) | ARCH(LM_ARCH_GEMMA3))
+
+typedef struct {
+    const char *name;      /* GGUF name after "blk.N." */
+    size_t offset;         /* its field in lm_layer: an lm_weight (matrix) or a const float * (vector) */
+    bool matrix;
+    hp_dim cols, rows;     /* a matrix's input and output features; a vector has cols elements */
+    unsigned required;     /* ARCH() bits of the architectures that must have it; optional for the others */
+} layer_tensor;
+
+#define MAT(n, field, c, r) {n, offsetof(lm_layer, field), true, c, r, ALL_ARCHS}
+#define VEC(n, field, c, req) {n, offsetof(lm_layer, field), false, c, 0, req}
+
+/* In load order (the first problem found is the one reported). */
+static const layer_tensor layer_tensors[] = {
+    VEC("attn_norm.weight", attn_norm, DIM_EMBD, ALL_ARCHS),
+    MAT("attn_q.weight", wq, DIM_EMBD, DIM_Q),
+    MAT("attn_k.weight", wk, DIM_EMBD, DIM_KV),
+    MAT("attn_v.weight", wv, DIM_EMBD, DIM_KV),
+    MAT("attn_output.weight", wo, DIM_Q, DIM_EMBD),
+    VEC("attn_q.bias", bq, DIM_Q, ARCH(LM_ARCH_QWEN2)),
+    VEC("attn_k.bias", bk, DIM_KV, ARCH(LM_ARCH_QWEN2)),
+    VEC("attn_v.bias", bv, DIM_KV, ARCH(LM_ARCH_QWEN2)),
+    VEC("ffn_norm.weight", ffn_norm, DIM_EMBD, ALL_ARCHS),
+    MAT("ffn_gate.weight", w_gate, DIM_EMBD, DIM_FF),
+    MAT("ffn_up.weight", w_up, DIM_EMBD, DIM_FF),
+    MAT("ffn_down.weight", w_down, DIM_FF, DIM_EMBD),
+    VEC("attn_q_norm.weight", q_norm, DIM_HEAD, ARCH(LM_ARCH_GEMMA3)),
+    VEC("attn_k_norm.weight", k_norm, DIM_HEAD, ARCH(LM_ARCH_GEMMA3)),
+    VEC("post_attention_norm.weight", post_attn_norm, DIM_EMBD, ARCH(LM_ARCH_GEMMA3)),
+    VEC("post_ffw_norm.weight", post_ffn_norm, DIM_EMBD, ARCH(LM_ARCH_GEMMA3)),
+};
+#define N_LAYER_TENSORS (sizeof layer_tensors / sizeof layer_tensors[0])
+
+static int64_t dim_len(const lm_hparams *hp, hp_dim d) {
+    switch (d) {
+    case DIM_EMBD: return hp->n_embd;
+    case DIM_Q: return (int64_t)hp->n_head * hp->head_dim;
+    case DIM_KV: return (int64_t)hp->n_head_kv * hp->head_dim;
+    case DIM_FF: return hp->n_ff;
+    case DIM_HEAD: return hp->head_dim;
+    }
+    return 0;
+}
+
+static lm_weight *layer_weight(lm_layer *l, const layer_tensor *t) { return (lm_weight *)((char *)l + t->offset); }
+static const float **layer_vec(lm_layer *l, const layer_tensor *t) { return (const float **)((char *)l + t->offset); }
+
+void model_layer_matrices(const lm_layer *l, const lm_weight *out[MODEL_LAYER_MATRICES]) {
+    int k = 0;
+    for (size_t i = 0; i < N_LAYER_TENSORS; i++)
+        if (layer_tensors[i].matrix) {
+            assert(k < MODEL_LAYER_MATRICES);
+            out[k++] = (const lm_weight *)((const char *)l + layer_tensors[i].offset);
+        }
+    assert(k == MODEL_LAYER_MATRICES);
 }
 
 /* Loader state: the model being built plus where the next float vector goes. */
@@ -202,9 +271,12 @@ static int read_hparams(loader *L) {
 static int load_tensors(loader *L) {
     lm_model *m = L->m;
     const lm_hparams *hp = &m->hp;
-    int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->head_dim, KV = (int64_t)hp->n_head_kv * hp->head_dim;
-    /* vectors: 4 norms per layer, 2 per-head norms, biases, final norm */
-    L->f32_cap = (size_t)hp->n_layer * (size_t)(4 * E + 2 * hp->head_dim + Q + 2 * KV) + (size_t)E;
+    int64_t E = hp->n_embd;
+    /* vectors: every vector of the table per layer, then the final norm */
+    size_t per_layer = 0;
+    for (size_t k = 0; k < N_LAYER_TENSORS; k++)
+        if (!layer_tensors[k].matrix) per_layer += (size_t)dim_len(hp, layer_tensors[k].cols);
+    L->f32_cap = (size_t)hp->n_layer * per_layer + (size_t)E;
     m->f32 = lm_malloc(L->f32_cap * sizeof(float));
     m->layers = lm_calloc((size_t)hp->n_layer, sizeof(lm_layer));
     m->layer_local = lm_calloc((size_t)hp->n_layer, 1);
@@ -220,29 +292,16 @@ static int load_tensors(loader *L) {
         m->hp.tied_output = true;
     }
     char name[96];
-#define NAME(fmt) (snprintf(name, sizeof name, "blk.%d." fmt, i), name)
     for (int i = 0; i < hp->n_layer; i++) {
         lm_layer *l = &m->layers[i];
-        bool bias = hp->arch == LM_ARCH_QWEN2;
-        if (load_vec(L, NAME("attn_norm.weight"), E, true, &l->attn_norm) ||
-            load_weight(L, NAME("attn_q.weight"), E, Q, &l->wq) ||
-            load_weight(L, NAME("attn_k.weight"), E, KV, &l->wk) ||
-            load_weight(L, NAME("attn_v.weight"), E, KV, &l->wv) ||
-            load_weight(L, NAME("attn_output.weight"), Q, E, &l->wo) ||
-            load_vec(L, NAME("attn_q.bias"), Q, bias, &l->bq) ||
-            load_vec(L, NAME("attn_k.bias"), KV, bias, &l->bk) ||
-            load_vec(L, NAME("attn_v.bias"), KV, bias, &l->bv) ||
-            load_vec(L, NAME("ffn_norm.weight"), E, true, &l->ffn_norm) ||
-            load_weight(L, NAME("ffn_gate.weight"), E, hp->n_ff, &l->w_gate) ||
-            load_weight(L, NAME("ffn_up.weight"), E, hp->n_ff, &l->w_up) ||
-            load_weight(L, NAME("ffn_down.weight"), hp->n_ff, E, &l->w_down))
-            return -1;
-        bool gemma = hp->arch == LM_ARCH_GEMMA3;
-        if (load_vec(L, NAME("attn_q_norm.weight"), hp->head_dim, gemma, &l->q_norm) ||
-            load_vec(L, NAME("attn_k_norm.weight"), hp->head_dim, gemma, &l->k_norm) ||
-            load_vec(L, NAME("post_attention_norm.weight"), E, gemma, &l->post_attn_norm) ||
-            load_vec(L, NAME("post_ffw_norm.weight"), E, gemma, &l->post_ffn_norm))
-            return -1;
+        for (size_t k = 0; k < N_LAYER_TENSORS; k++) {
+            const layer_tensor *t = &layer_tensors[k];
+            snprintf(name, sizeof name, "blk.%d.%s", i, t->name);
+            int rc = t->matrix ? load_weight(L, name, dim_len(hp, t->cols), dim_len(hp, t->rows), layer_weight(l, t))
+                               : load_vec(L, name, dim_len(hp, t->cols), (t->required & ARCH(hp->arch)) != 0,
+                                          layer_vec(l, t));
+            if (rc) return -1;
+        }
         /* gemma3: every swa_pattern-th layer (counting from 1) is global */
         bool local = hp->swa_window > 0 && (i + 1) % hp->swa_pattern != 0;
         l->window = local ? hp->swa_window : 0;
@@ -250,7 +309,6 @@ static int load_tensors(loader *L) {
         l->rope_base = local ? hp->rope_base_swa : hp->rope_base;
         l->rope_scale = local ? 1.0f : hp->rope_scale;
     }
-#undef NAME
     for (int64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {
         const gguf_tensor *t = gguf_tensor_at(m->gguf, i);
         m->weight_bytes += t->nbytes;
@@ -284,16 +342,15 @@ static uint64_t mem_available(void) {
 
 static int pack_weights(loader *L) {
     lm_model *m = L->m;
-    const int n_w = 7 * m->hp.n_layer + 1;
+    const int n_w = MODEL_LAYER_MATRICES * m->hp.n_layer + 1;
     lm_weight **ws = lm_malloc((size_t)n_w * sizeof *ws);
     if (!ws) return lm_err(L->err, L->errlen, "out of memory");
     int k = 0;
-    for (int i = 0; i < m->hp.n_layer; i++) {
-        lm_layer *l = &m->layers[i];
-        lm_weight *lw[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
-        for (int j = 0; j < 7; j++) ws[k++] = lw[j];
-    }
+    for (int i = 0; i < m->hp.n_layer; i++)
+        for (size_t j = 0; j < N_LAYER_TENSORS; j++)
+            if (layer_tensors[j].matrix) ws[k++] = layer_weight(&m->layers[i], &layer_tensors[j]);
     ws[k++] = &m->output;
+    assert(k == n_w);
     size_t total = 0;
     for (int i = 0; i < n_w; i++) {
         if (kernels_type(ws[i]->type)->packed_gemm) total += quant_pack_size(ws[i]->type, ws[i]->rows, ws[i]->cols);

@@ -103,6 +103,13 @@ typedef struct lm_model {
     uint64_t weight_bytes;   /* bytes of all tensors */
 } lm_model;
 
+/* A layer's weight matrices (lm_weight fields of lm_layer), in the order of
+ * model.c's one table of per-layer tensors: wq, wk, wv, wo, w_gate, w_up,
+ * w_down. Loading, weight packing, the forward pass's activation scratch and
+ * bench's bytes-per-token figure all walk this list. */
+#define MODEL_LAYER_MATRICES 7
+void model_layer_matrices(const lm_layer *l, const lm_weight *out[MODEL_LAYER_MATRICES]);
+
 /* Open and validate a GGUF model; NULL and a message naming the problem on
  * failure (unknown architecture, missing or misshapen tensor, unsupported
  * tensor type, bad hyperparameters). */
