@@ -2,7 +2,7 @@
  * test_engine.c - the continuous-batching engine on the bundled model (F32
  * weights) and on Q8_0 / Q4_0 copies of it:
  *   - a greedy request gives the tokens of the single-sequence generator
- *     (state_forward + argmax), alone and among 1, 7 or 31 others;
+ *     (seqrun_forward + argmax), alone and among 1, 7 or 31 others;
  *   - chunked prefill (a budget of 7 tokens per iteration) gives logits
  *     bit-identical to whole-prompt prefill, at the forward level and as the
  *     engine's reported logprobs;
@@ -81,17 +81,17 @@ static void on_event(void *user, const lm_event *ev) {
 }
 
 /* Greedy decoding of s (empty) from prompt, up to max_tokens. */
-static int greedy_on(lm_state *s, const lm_model *m, const int32_t *prompt, int n_prompt, int max_tokens,
+static int greedy_on(lm_seqrun *s, const lm_model *m, const int32_t *prompt, int n_prompt, int max_tokens,
                      int32_t *out) {
     char err[LM_ERRLEN];
     float *logits = lm_malloc((size_t)m->hp.n_vocab * sizeof *logits);
     int n = 0;
-    if (state_forward(s, prompt, n_prompt, logits, false, err, sizeof err) != 0) n = -1;
+    if (seqrun_forward(s, prompt, n_prompt, logits, false, err, sizeof err) != 0) n = -1;
     while (n >= 0 && n < max_tokens) {
         int32_t t = sample_argmax(logits, m->hp.n_vocab);
         out[n++] = t;
         if (tok_is_eog(m->tok, t) || n == max_tokens || s->n_past + 1 >= s->n_ctx) break;
-        if (state_forward(s, &t, 1, logits, false, err, sizeof err) != 0) n = -1;
+        if (seqrun_forward(s, &t, 1, logits, false, err, sizeof err) != 0) n = -1;
     }
     lm_free(logits);
     return n;
@@ -100,10 +100,10 @@ static int greedy_on(lm_state *s, const lm_model *m, const int32_t *prompt, int 
 /* Greedy reference through the single-sequence path. */
 static int solo_greedy(const lm_model *m, const int32_t *prompt, int n_prompt, int max_tokens, int32_t *out) {
     char err[LM_ERRLEN];
-    lm_state *s = state_new(m, ref_pool, 0, 64, err, sizeof err);
+    lm_seqrun *s = seqrun_new(m, ref_pool, 0, 64, LM_TYPE_F32, err, sizeof err);
     if (!s) return -1;
     int n = greedy_on(s, m, prompt, n_prompt, max_tokens, out);
-    state_free(s);
+    seqrun_free(s);
     return n;
 }
 
@@ -116,9 +116,9 @@ static int solo_greedy_keep_all(const lm_model *m, const int32_t *prompt, int n_
     kc.type = LM_TYPE_F32;
     kc.n_ctx = m->hp.n_ctx_train;
     kv_pool *kv = kv_pool_new(&kc, err, sizeof err);
-    lm_state *s = kv ? state_new_shared(m, ref_pool, kv, 0, 64, err, sizeof err) : NULL;
+    lm_seqrun *s = kv ? seqrun_new_shared(m, ref_pool, kv, 0, 64, err, sizeof err) : NULL;
     int n = s ? greedy_on(s, m, prompt, n_prompt, max_tokens, out) : -1;
-    state_free(s);
+    seqrun_free(s);
     kv_pool_free(kv);
     return n;
 }
@@ -237,19 +237,20 @@ static void test_chunked_prefill_logits(void) {
     kc.n_seqs = 4;
     kv_pool *kv = kv_pool_new(&kc, err, sizeof err);
     CHECK(kv);
-    lm_state *st = state_new_shared(m, ref_pool, kv, 128, 64, err, sizeof err);
-    CHECK(st);
+    fwd_dims d = fwd_dims_make(m, 128, 64);
+    lm_fwd *fwd = fwd_new(m, ref_pool, kv, &d, err, sizeof err);
+    CHECK(fwd);
     kv_seq *a = kv_seq_new(kv, err, sizeof err), *b = kv_seq_new(kv, err, sizeof err),
            *o = kv_seq_new(kv, err, sizeof err);
     float *la = lm_malloc((size_t)V * n * sizeof *la), *lb = lm_malloc((size_t)V * 2 * sizeof *lb);
     /* whole prompt, every row's logits */
     CHECK(kv_append(kv, a, n, err, sizeof err) == KV_OK);
     lm_seg sa = {.seq = a, .pos0 = 0, .n = n, .n_logits = n};
-    CHECKF(state_forward_segs(st, prompt, &sa, 1, la, err, sizeof err) == 0, "%s", err);
+    CHECKF(fwd_run(fwd, prompt, &sa, 1, la, err, sizeof err) == 0, "%s", err);
     /* chunks of 7, each beside one token of another sequence */
     CHECK(kv_append(kv, o, 3, err, sizeof err) == KV_OK);
     lm_seg so = {.seq = o, .pos0 = 0, .n = 3, .n_logits = 1};
-    CHECK(state_forward_segs(st, other, &so, 1, lb, err, sizeof err) == 0);
+    CHECK(fwd_run(fwd, other, &so, 1, lb, err, sizeof err) == 0);
     int opos = 3;
     for (int p0 = 0; p0 < n; p0 += 7) {
         int c = n - p0 < 7 ? n - p0 : 7;
@@ -260,7 +261,7 @@ static void test_chunked_prefill_logits(void) {
         CHECK(kv_append(kv, b, c, err, sizeof err) == KV_OK);
         lm_seg segs[2] = {{.seq = o, .pos0 = opos++, .n = 1, .n_logits = 1},
                           {.seq = b, .pos0 = p0, .n = c, .n_logits = 1}};
-        CHECKF(state_forward_segs(st, toks, segs, 2, lb, err, sizeof err) == 0, "%s", err);
+        CHECKF(fwd_run(fwd, toks, segs, 2, lb, err, sizeof err) == 0, "%s", err);
         const float *want = la + (size_t)(p0 + c - 1) * V;
         CHECKF(!memcmp(lb + V, want, (size_t)V * sizeof *lb), "chunk at %d differs from whole prefill", p0);
     }
@@ -269,11 +270,11 @@ static void test_chunked_prefill_logits(void) {
     kv_seq_free(kv, a);
     kv_seq_free(kv, b);
     kv_seq_free(kv, o);
-    state_free(st);
+    fwd_free(fwd);
     kv_pool_free(kv);
 }
 
-/* The engine with a 7-token budget reports the same logprobs as with 512. */
+/* The engine with a 7-token budget reports the same logprobs as with the default budget. */
 static void test_chunked_prefill_engine(void) {
     const lm_model *m = models[1];
     int32_t prompt[60];
@@ -285,7 +286,7 @@ static void test_chunked_prefill_engine(void) {
     memset(&c2, 0, sizeof c2);
     char err[LM_ERRLEN];
     for (int k = 0; k < 2; k++) {
-        lm_engine *e = new_engine(m, k ? 7 : 512, 4, 0);
+        lm_engine *e = new_engine(m, k ? 7 : FWD_BATCH_DEFAULT, 4, 0);
         CHECK(e);
         lm_request_params p = greedy_params(prompt, 60, 20, k ? &c2 : &c1);
         p.logprobs = true;

@@ -5,7 +5,7 @@
  *     same logits as a cold prefill of the whole prompt;
  *   - fork + copy-on-write: two branches continuing one prefix with
  *     different tokens each give the logits of their own cold run;
- *   - when every state is gone, every block is back in the pool
+ *   - when every sequence is gone, every block is back in the pool
  *     (free or cached), and a pool too small gives an error, not a crash.
  * F32 KV, so equal reduction orders give equal bits; the bound used is
  * 1e-6 relative L2 (it measures 0 here).
@@ -16,11 +16,18 @@
  * layer's positions, while holding at most the bound of kv.h of local
  * blocks; forks and prefix-cache hits are bit-identical to cold runs; every
  * block of both classes comes back.
+ * The batch budget (forward.h): one number sizes the workspace, the KV
+ * chunk and the engine's tokens per iteration. Recorded facts: the sizes
+ * derived from it agree (defaults, clamping to the context), a windowed
+ * pool planned for shorter appends and a batch past the workspace's rows
+ * are refused with an error, and the engine runs exactly n_batch prompt
+ * tokens per iteration with exactly the local blocks that chunk plans.
  */
 #include <string.h>
 
 #include "model/forward.h"
 #include "kv/kv.h"
+#include "sched/engine.h"
 #include "model/model.h"
 #include "format/quant.h"
 #include "kernels/kernels.h"
@@ -57,9 +64,9 @@ static kv_pool *new_pool(int n_ctx, int n_seqs, int block) {
 /* Logits of the last token after a cold prefill of toks[0..n). */
 static void cold_logits(const int32_t *toks, int n, float *out) {
     char err[LM_ERRLEN];
-    lm_state *s = state_new_kv(model, tpool, 128, 64, LM_TYPE_F32, err, sizeof err);
-    state_forward(s, toks, n, out, false, err, sizeof err);
-    state_free(s);
+    lm_seqrun *s = seqrun_new(model, tpool, 128, 64, LM_TYPE_F32, err, sizeof err);
+    seqrun_forward(s, toks, n, out, false, err, sizeof err);
+    seqrun_free(s);
 }
 
 static void prompt(int32_t *toks, int n, uint64_t seed) {
@@ -81,24 +88,24 @@ static void test_prefix_reuse(void) {
         CHECK(kv != NULL);
         char err[LM_ERRLEN];
         /* the first user's prompt shares its first 40 tokens with the second's */
-        lm_state *a = state_new_shared(model, tpool, kv, 128, 64, err, sizeof err);
+        lm_seqrun *a = seqrun_new_shared(model, tpool, kv, 128, 64, err, sizeof err);
         CHECKF(a != NULL, "%s", err);
-        CHECK(state_forward(a, toks, 40, warm, false, err, sizeof err) == 0);
-        state_prefix_commit(a, toks, 7);
-        lm_state *b = state_new_shared(model, tpool, kv, 128, 64, err, sizeof err);
-        int got = state_prefix_match(b, toks, 45, 7);
+        CHECK(seqrun_forward(a, toks, 40, warm, false, err, sizeof err) == 0);
+        seqrun_prefix_commit(a, toks, 7);
+        lm_seqrun *b = seqrun_new_shared(model, tpool, kv, 128, 64, err, sizeof err);
+        int got = seqrun_prefix_match(b, toks, 45, 7);
         int want = 40 / blocks[bi] * blocks[bi];
         CHECKF(got == want, "block %d: matched %d, want %d", blocks[bi], got, want);
-        CHECK(state_forward(b, toks + got, 45 - got, warm, false, err, sizeof err) == 0);
+        CHECK(seqrun_forward(b, toks + got, 45 - got, warm, false, err, sizeof err) == 0);
         double e = rel_diff(warm, cold, V);
         printf("NOTE prefix reuse, block %2d: %d of 45 positions from the cache, rel diff %.2e\n", blocks[bi], got, e);
         CHECK(e < 1e-6);
         /* another tenant's salt gets nothing */
-        lm_state *c = state_new_shared(model, tpool, kv, 128, 64, err, sizeof err);
-        CHECK(state_prefix_match(c, toks, 45, 8) == 0);
-        state_free(c);
-        state_free(b);
-        state_free(a);
+        lm_seqrun *c = seqrun_new_shared(model, tpool, kv, 128, 64, err, sizeof err);
+        CHECK(seqrun_prefix_match(c, toks, 45, 8) == 0);
+        seqrun_free(c);
+        seqrun_free(b);
+        seqrun_free(a);
         kv_stats st;
         kv_stats_get(kv, &st);
         CHECKF(st.n_used == 0 && st.n_free + st.n_cached == st.n_blocks && st.n_seqs == 0,
@@ -126,22 +133,22 @@ static void test_fork_cow(void) {
     cold_logits(xb, 26, cb);
     kv_pool *kv = new_pool(64, 4, 16);
     char err[LM_ERRLEN];
-    lm_state *a = state_new_shared(model, tpool, kv, 64, 64, err, sizeof err);
-    CHECK(state_forward(a, base, 20, la, false, err, sizeof err) == 0); /* 20 = one full block + 4 */
-    lm_state *b = state_fork(a, err, sizeof err);
+    lm_seqrun *a = seqrun_new_shared(model, tpool, kv, 64, 64, err, sizeof err);
+    CHECK(seqrun_forward(a, base, 20, la, false, err, sizeof err) == 0); /* 20 = one full block + 4 */
+    lm_seqrun *b = seqrun_fork(a, err, sizeof err);
     CHECKF(b != NULL, "%s", err);
     CHECK(b->n_past == 20);
     /* both branches write into the shared partial block: copy-on-write */
-    CHECK(state_forward(a, xa + 20, 6, la, false, err, sizeof err) == 0);
-    CHECK(state_forward(b, xb + 20, 6, lb, false, err, sizeof err) == 0);
+    CHECK(seqrun_forward(a, xa + 20, 6, la, false, err, sizeof err) == 0);
+    CHECK(seqrun_forward(b, xb + 20, 6, lb, false, err, sizeof err) == 0);
     double ea = rel_diff(la, ca, V), eb = rel_diff(lb, cb, V);
     printf("NOTE fork + copy-on-write: branch a rel diff %.2e, branch b %.2e\n", ea, eb);
     CHECK(ea < 1e-6 && eb < 1e-6);
     kv_stats st;
     kv_stats_get(kv, &st);
     CHECK(st.n_cow >= 1);
-    state_free(b);
-    state_free(a);
+    seqrun_free(b);
+    seqrun_free(a);
     kv_stats_get(kv, &st);
     CHECK(st.n_used == 0 && st.n_seqs == 0);
     kv_pool_free(kv);
@@ -151,17 +158,17 @@ static void test_fork_cow(void) {
 static void test_pool_exhaustion(void) {
     kv_pool *kv = new_pool(32, 1, 16); /* 2 blocks */
     char err[LM_ERRLEN];
-    lm_state *a = state_new_shared(model, tpool, kv, 128, 64, err, sizeof err);
+    lm_seqrun *a = seqrun_new_shared(model, tpool, kv, 128, 64, err, sizeof err);
     int32_t toks[40];
     prompt(toks, 40, 5);
     float *lg = malloc((size_t)model->hp.n_vocab * 4);
-    CHECK(state_forward(a, toks, 30, lg, false, err, sizeof err) == 0);
-    CHECK(state_forward(a, toks + 30, 10, lg, false, err, sizeof err) != 0);
+    CHECK(seqrun_forward(a, toks, 30, lg, false, err, sizeof err) == 0);
+    CHECK(seqrun_forward(a, toks + 30, 10, lg, false, err, sizeof err) != 0);
     CHECKF(strstr(err, "block") != NULL || strstr(err, "full") != NULL, "%s", err);
     CHECK(a->n_past == 30);
-    /* the state is still usable within what the pool holds */
-    CHECK(state_forward(a, toks + 30, 2, lg, false, err, sizeof err) == 0);
-    state_free(a);
+    /* the sequence is still usable within what the pool holds */
+    CHECK(seqrun_forward(a, toks + 30, 2, lg, false, err, sizeof err) == 0);
+    seqrun_free(a);
     kv_pool_free(kv);
     free(lg);
 }
@@ -172,12 +179,11 @@ static void test_pool_exhaustion(void) {
  * one class keeping every layer's positions (the reference layout). */
 static kv_pool *swa_pool(bool windowed, uint32_t type, int block, int chunk, int n_seqs) {
     kv_config kc;
-    state_kv_config(swa, &kc);
+    fwd_dims d = fwd_dims_make(swa, SWA_CTX, chunk);
+    fwd_kv_config(swa, &d, &kc);
     if (!windowed) kc.window = 0, kc.layer_local = NULL;
     kc.type = type;
     kc.block_size = block;
-    kc.chunk = chunk;
-    kc.n_ctx = SWA_CTX;
     kc.n_seqs = n_seqs;
     char err[LM_ERRLEN];
     kv_pool *p = kv_pool_new(&kc, err, sizeof err);
@@ -194,24 +200,24 @@ static int all_back(const kv_pool *kv) {
     return st.n_seqs == 0 && kv_pool_check(kv, err, sizeof err) == KV_OK;
 }
 
-/* Prefill `prefill` tokens in chunks of max_batch with every row's logits,
+/* Prefill `prefill` tokens in chunks of n_batch with every row's logits,
  * then decode the rest one by one; out gets n rows, *held (when not NULL)
  * the local blocks held at the end. After every decode step a windowed pool
  * must hold ceil(len/B) global blocks and no more local ones than kv.h's
  * bound for an append of one. 0, or -1 with a message. */
-static int swa_run(kv_pool *kv, int max_batch, const int32_t *toks, int n, int prefill, float *out, int *held) {
+static int swa_run(kv_pool *kv, int n_batch, const int32_t *toks, int n, int prefill, float *out, int *held) {
     char err[LM_ERRLEN];
     int V = swa->hp.n_vocab, B = kv_pool_layout(kv)->block_size;
-    lm_state *s = state_new_shared(swa, tpool, kv, SWA_CTX, max_batch, err, sizeof err);
-    if (!s || state_forward(s, toks, prefill, out, true, err, sizeof err)) {
+    lm_seqrun *s = seqrun_new_shared(swa, tpool, kv, SWA_CTX, n_batch, err, sizeof err);
+    if (!s || seqrun_forward(s, toks, prefill, out, true, err, sizeof err)) {
         fprintf(stderr, "  %s\n", err);
-        state_free(s);
+        seqrun_free(s);
         return -1;
     }
     for (int i = prefill; i < n; i++) {
-        if (state_forward(s, toks + i, 1, out + (size_t)i * V, false, err, sizeof err)) {
+        if (seqrun_forward(s, toks + i, 1, out + (size_t)i * V, false, err, sizeof err)) {
             fprintf(stderr, "  %s\n", err);
-            state_free(s);
+            seqrun_free(s);
             return -1;
         }
         int len = i + 1, bound = (SWA_WINDOW + 1 + 2 * B - 3) / B;
@@ -219,12 +225,12 @@ static int swa_run(kv_pool *kv, int max_batch, const int32_t *toks, int n, int p
                                    kv_seq_held(s->seq, KV_LOCAL) > bound)) {
             fprintf(stderr, "  length %d: %d global, %d local blocks held (local bound %d)\n", len,
                     kv_seq_held(s->seq, KV_GLOBAL), kv_seq_held(s->seq, KV_LOCAL), bound);
-            state_free(s);
+            seqrun_free(s);
             return -1;
         }
     }
     if (held) *held = kv_seq_held(s->seq, KV_LOCAL);
-    state_free(s);
+    seqrun_free(s);
     return 0;
 }
 
@@ -285,23 +291,23 @@ static void test_swa_fork(void) {
     CHECK(kv);
     CHECK(swa_run(kv, 16, xa, N, BASE, ca, NULL) == 0 && swa_run(kv, 16, xb, N, BASE, cb, NULL) == 0);
     char err[LM_ERRLEN];
-    lm_state *a = state_new_shared(swa, tpool, kv, SWA_CTX, 16, err, sizeof err);
-    CHECK(state_forward(a, xa, BASE, lg, false, err, sizeof err) == 0);
+    lm_seqrun *a = seqrun_new_shared(swa, tpool, kv, SWA_CTX, 16, err, sizeof err);
+    CHECK(seqrun_forward(a, xa, BASE, lg, false, err, sizeof err) == 0);
     CHECK(kv_seq_held(a->seq, KV_LOCAL) < kv_seq_held(a->seq, KV_GLOBAL));
-    lm_state *b = state_fork(a, err, sizeof err);
+    lm_seqrun *b = seqrun_fork(a, err, sizeof err);
     CHECKF(b != NULL, "%s", err);
     kv_stats st0, st;
     kv_stats_get(kv, &st0);
     for (int i = BASE; i < N; i++) {
-        CHECK(state_forward(a, xa + i, 1, lg, false, err, sizeof err) == 0);
+        CHECK(seqrun_forward(a, xa + i, 1, lg, false, err, sizeof err) == 0);
         CHECKF(!memcmp(lg, ca + (size_t)i * V, (size_t)V * 4), "branch a, position %d", i);
-        CHECK(state_forward(b, xb + i, 1, lg, false, err, sizeof err) == 0);
+        CHECK(seqrun_forward(b, xb + i, 1, lg, false, err, sizeof err) == 0);
         CHECKF(!memcmp(lg, cb + (size_t)i * V, (size_t)V * 4), "branch b, position %d", i);
     }
     kv_stats_get(kv, &st);
     CHECKF(st.n_cow - st0.n_cow == 2, "%llu copies", (unsigned long long)(st.n_cow - st0.n_cow));
-    state_free(b);
-    state_free(a);
+    seqrun_free(b);
+    seqrun_free(a);
     CHECK(all_back(kv));
     kv_pool_free(kv);
     free(ca), free(cb), free(lg);
@@ -327,32 +333,169 @@ static void test_swa_prefix_cache(void) {
     char err[LM_ERRLEN];
     for (int per_chunk = 1; per_chunk >= 0; per_chunk--) {
         uint64_t salt = 40 + (uint64_t)per_chunk;
-        lm_state *a = state_new_shared(swa, tpool, kv, SWA_CTX, 8, err, sizeof err);
+        lm_seqrun *a = seqrun_new_shared(swa, tpool, kv, SWA_CTX, 8, err, sizeof err);
         for (int i = 0; i < SHARED; i += 8) {
             int n = SHARED - i < 8 ? SHARED - i : 8;
-            CHECK(state_forward(a, toks[0] + i, n, lg, false, err, sizeof err) == 0);
-            if (per_chunk) state_prefix_commit(a, toks[0], salt);
+            CHECK(seqrun_forward(a, toks[0] + i, n, lg, false, err, sizeof err) == 0);
+            if (per_chunk) seqrun_prefix_commit(a, toks[0], salt);
         }
-        state_prefix_commit(a, toks[0], salt);
-        state_free(a);
+        seqrun_prefix_commit(a, toks[0], salt);
+        seqrun_free(a);
         for (int pi = 0; pi < 2; pi++) {
-            lm_state *b = state_new_shared(swa, tpool, kv, SWA_CTX, 8, err, sizeof err);
-            int got = state_prefix_match(b, toks[pi], N, salt);
+            lm_seqrun *b = seqrun_new_shared(swa, tpool, kv, SWA_CTX, 8, err, sizeof err);
+            int got = seqrun_prefix_match(b, toks[pi], N, salt);
             int want = pi == 0 ? SHARED : per_chunk ? PART : 0;
             CHECKF(got == want, "prompt %d, %s: matched %d, want %d", pi, per_chunk ? "per chunk" : "at the end", got,
                    want);
             if (got) CHECK(kv_seq_held(b->seq, KV_LOCAL) < kv_seq_held(b->seq, KV_GLOBAL));
-            CHECK(state_forward(b, toks[pi] + got, N - got, lg, false, err, sizeof err) == 0);
+            CHECK(seqrun_forward(b, toks[pi] + got, N - got, lg, false, err, sizeof err) == 0);
             CHECKF(!memcmp(lg, cold[pi] + (size_t)(N - 1) * V, (size_t)V * 4), "prefix hit of %d positions", got);
             printf("NOTE sliding-window prefix cache, committed %s: %d of the %d shared positions reused, logits "
                    "identical to a cold prefill\n",
                    per_chunk ? "per chunk " : "at the end", got, pi == 0 ? SHARED : PART);
-            state_free(b);
+            seqrun_free(b);
         }
         CHECK(all_back(kv));
     }
     kv_pool_free(kv);
     free(cold[0]), free(cold[1]), free(lg);
+}
+
+/* ---- the batch budget ---------------------------------------------------- */
+
+/* Final events of a request: how many, and whether one was an error (as a
+ * batch past the workspace's rows would be). */
+typedef struct {
+    int done, errors;
+} finals;
+
+static void on_event(void *user, const lm_event *ev) {
+    finals *f = user;
+    f->done += ev->done;
+    f->errors += ev->done && ev->finish == LM_FINISH_ERROR;
+}
+
+/* Iterations the engine ran for one prompt of n tokens (one generated
+ * token), or -1 when it did not end well; its stats in *st. */
+static int engine_iterations(lm_engine *e, int n, lm_engine_stats *st) {
+    int32_t toks[SWA_CTX];
+    prompt(toks, n, 51);
+    finals fin = {0, 0};
+    lm_request_params p;
+    engine_request_params_default(&p);
+    p.prompt = toks;
+    p.n_prompt = n;
+    p.max_tokens = 1;
+    p.sp.temp = 0;
+    p.on_event = on_event;
+    p.user = &fin;
+    lm_engine_stats s0;
+    engine_stats(e, &s0);
+    char err[LM_ERRLEN];
+    if (engine_submit(e, &p, NULL, err, sizeof err) != ENGINE_OK) {
+        fprintf(stderr, "  engine_submit: %s\n", err);
+        return -1;
+    }
+    engine_wait_idle(e);
+    engine_stats(e, st);
+    return fin.done == 1 && !fin.errors ? (int)(st->iterations - s0.iterations) : -1;
+}
+
+static void test_batch_budget(void) {
+    char err[LM_ERRLEN];
+    /* derivation: defaults, and never more than the context */
+    fwd_dims d = fwd_dims_make(swa, 0, 0);
+    CHECK(d.n_ctx == SWA_CTX && d.n_batch == (FWD_BATCH_DEFAULT < SWA_CTX ? FWD_BATCH_DEFAULT : SWA_CTX));
+    d = fwd_dims_make(swa, 100, 0);
+    CHECK(d.n_ctx == 100 && d.n_batch == (FWD_BATCH_DEFAULT < 100 ? FWD_BATCH_DEFAULT : 100));
+    d = fwd_dims_make(model, 4096, 0);
+    CHECK(d.n_ctx == 4096 && d.n_batch == FWD_BATCH_DEFAULT);
+    d = fwd_dims_make(swa, 100, 101);
+    CHECK(d.n_batch == 100);
+    d = fwd_dims_make(swa, 100, 12);
+    CHECK(d.n_ctx == 100 && d.n_batch == 12);
+    kv_config kc;
+    fwd_kv_config(swa, &d, &kc);
+    CHECK(kc.chunk == 12 && kc.n_ctx == 100 && kc.window == SWA_WINDOW && kc.layer_local == swa->layer_local);
+
+    /* a single sequence: its workspace's rows are its own pool's chunk */
+    lm_seqrun *r = seqrun_new(swa, tpool, 100, 12, LM_TYPE_F32, err, sizeof err);
+    CHECKF(r != NULL, "%s", err);
+    CHECK(r->n_ctx == 100 && r->fwd->dims.n_batch == 12 && kv_pool_plan(r->kv)->chunk == 12);
+    seqrun_free(r);
+    r = seqrun_new(swa, tpool, 0, 0, LM_TYPE_F32, err, sizeof err);
+    CHECKF(r != NULL, "%s", err);
+    CHECK(r->n_ctx == SWA_CTX && r->fwd->dims.n_batch == fwd_dims_make(swa, 0, 0).n_batch &&
+          kv_pool_plan(r->kv)->chunk == r->fwd->dims.n_batch);
+    seqrun_free(r);
+
+    /* a windowed pool planned for appends of 8 takes workspaces of up to 8 */
+    kv_pool *kv = swa_pool(true, LM_TYPE_F32, 4, 8, 2);
+    CHECK(kv && kv_pool_plan(kv)->chunk == 8);
+    fwd_dims d8 = fwd_dims_make(swa, SWA_CTX, 8), d9 = fwd_dims_make(swa, SWA_CTX, 9);
+    lm_fwd *f = fwd_new(swa, tpool, kv, &d9, err, sizeof err);
+    CHECKF(f == NULL && strstr(err, "9 tokens") && strstr(err, "at most 8"), "%s", err);
+    CHECK(seqrun_new_shared(swa, tpool, kv, SWA_CTX, 9, err, sizeof err) == NULL);
+    f = fwd_new(swa, tpool, kv, &d8, err, sizeof err);
+    CHECKF(f != NULL, "%s", err);
+    /* a batch of 9 rows (two segments) is refused before anything runs */
+    int32_t toks[9];
+    prompt(toks, 9, 52);
+    kv_seq *a = kv_seq_new(kv, err, sizeof err), *b = kv_seq_new(kv, err, sizeof err);
+    CHECK(a && b && kv_append(kv, a, 5, err, sizeof err) == KV_OK && kv_append(kv, b, 4, err, sizeof err) == KV_OK);
+    float *lg = malloc((size_t)2 * swa->hp.n_vocab * 4);
+    lm_seg segs[2] = {{.seq = a, .pos0 = 0, .n = 5, .n_logits = 1}, {.seq = b, .pos0 = 0, .n = 4, .n_logits = 1}};
+    CHECKF(fwd_run(f, toks, segs, 2, lg, err, sizeof err) != 0 && strstr(err, "more than 8 tokens"), "%s", err);
+    segs[1].n = 3; /* 8 rows: at capacity */
+    CHECKF(fwd_run(f, toks, segs, 2, lg, err, sizeof err) == 0, "%s", err);
+    kv_seq_free(kv, a);
+    kv_seq_free(kv, b);
+    fwd_free(f);
+    CHECK(all_back(kv));
+    kv_pool_free(kv);
+    free(lg);
+    /* the KV pool cannot be planned for sliding windows without a chunk */
+    fwd_kv_config(swa, &d, &kc);
+    kc.chunk = 0;
+    kv_plan pl;
+    CHECK(kv_plan_make(&kc, &pl, err, sizeof err) == KV_ERR && strstr(err, "chunk"));
+
+    /* the engine: a budget of 16 runs a prompt of 16 in one iteration and
+     * one of 17 in two, and its pool holds the local blocks of appends of 16
+     * for each of its sequences */
+    lm_engine_config ec;
+    engine_config_default(&ec);
+    ec.n_threads = 2;
+    ec.batch_tokens = 16;
+    ec.max_seqs = 3;
+    ec.n_ctx = SWA_CTX;
+    ec.kv_type = LM_TYPE_F32;
+    ec.prefix_cache = false; /* every prompt computed in full */
+    lm_engine *e = engine_new(swa, swa->tok, &ec, err, sizeof err);
+    CHECKF(e != NULL, "%s", err);
+    fwd_dims de = fwd_dims_make(swa, SWA_CTX, 16);
+    fwd_kv_config(swa, &de, &kc);
+    kc.type = ec.kv_type;
+    kc.block_size = ec.block_size;
+    kc.n_seqs = ec.max_seqs;
+    CHECK(kv_plan_make(&kc, &pl, err, sizeof err) == KV_OK);
+    /* window 8 + chunk 16 in blocks of 16: ceil((8 + 16 + 16 - 2) / 16) = 3 */
+    CHECK(pl.local_blocks_per_seq == 3);
+    lm_engine_stats st;
+    CHECK(engine_iterations(e, 16, &st) == 1);
+    CHECK(st.kv_local_blocks_total == 3 * pl.local_blocks_per_seq && st.kv_blocks_total == pl.cls[KV_GLOBAL].n_blocks);
+    CHECK(engine_iterations(e, 17, &st) == 2);
+    CHECK(engine_check(e, err, sizeof err) == 0);
+    engine_free(e);
+    /* the default budget, clamped to a context of 40: a prompt of 39 in one
+     * iteration */
+    ec.batch_tokens = 0;
+    ec.n_ctx = 40;
+    e = engine_new(swa, swa->tok, &ec, err, sizeof err);
+    CHECKF(e != NULL, "%s", err);
+    CHECK(engine_iterations(e, 39, &st) == 1);
+    CHECKF(engine_check(e, err, sizeof err) == 0, "%s", err);
+    engine_free(e);
 }
 
 int main(void) {
@@ -375,6 +518,7 @@ int main(void) {
     TEST_RUN(test_swa_matches_keep_all);
     TEST_RUN(test_swa_fork);
     TEST_RUN(test_swa_prefix_cache);
+    TEST_RUN(test_batch_budget);
     pool_free(tpool);
     model_free(swa);
     model_free(model);

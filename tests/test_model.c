@@ -319,12 +319,12 @@ static void check_shape(const shape *sh, int threads) {
     int V = sh->n_vocab;
     float *lg = malloc((size_t)T * V * sizeof(float));
     lm_pool *pool = pool_new(threads);
-    lm_state *st = state_new(m, pool, 32, 4, err, sizeof err); /* max_batch 4: prefill crosses batches */
+    lm_seqrun *st = seqrun_new(m, pool, 32, 4, LM_TYPE_F32, err, sizeof err); /* passes of 4 tokens */
     CHECKF(st != NULL, "%s", err);
     double bound = bound_for(sh->wtype), worst = 0;
 
     /* 1. whole prompt at once, every row */
-    CHECK(state_forward(st, toks, T, lg, true, err, sizeof err) == 0);
+    CHECK(seqrun_forward(st, toks, T, lg, true, err, sizeof err) == 0);
     for (int t = 0; t < T; t++) {
         double e = test_rel_l2(lg + (size_t)t * V, ref + (size_t)t * V, (size_t)V);
         if (e > worst) worst = e;
@@ -333,31 +333,31 @@ static void check_shape(const shape *sh, int threads) {
                e, bound);
     }
     /* 2. one token at a time through the cache */
-    state_reset(st);
+    seqrun_reset(st);
     for (int t = 0; t < T; t++) {
-        CHECK(state_forward(st, toks + t, 1, lg, false, err, sizeof err) == 0);
+        CHECK(seqrun_forward(st, toks + t, 1, lg, false, err, sizeof err) == 0);
         double e = test_rel_l2(lg, ref + (size_t)t * V, (size_t)V);
         CHECKF(e < bound, "decode position %d rel err %.3g", t, e);
     }
     /* 3. uneven split 3 + 1 + 7: last-row logits of each call */
-    state_reset(st);
+    seqrun_reset(st);
     int splits[3] = {3, 1, 7}, pos = 0;
     for (int i = 0; i < 3; i++) {
-        CHECK(state_forward(st, toks + pos, splits[i], lg, false, err, sizeof err) == 0);
+        CHECK(seqrun_forward(st, toks + pos, splits[i], lg, false, err, sizeof err) == 0);
         pos += splits[i];
         double e = test_rel_l2(lg, ref + (size_t)(pos - 1) * V, (size_t)V);
         CHECKF(e < bound, "split ending at %d rel err %.3g", pos, e);
     }
-    /* running past the context is an error that leaves the state usable */
-    CHECK(state_forward(st, toks, 32, lg, false, err, sizeof err) != 0);
+    /* running past the context is an error that leaves the sequence usable */
+    CHECK(seqrun_forward(st, toks, 32, lg, false, err, sizeof err) != 0);
     CHECK(strstr(err, "context") != NULL);
     CHECK(st->n_past == T);
     int32_t bad = (int32_t)V;
-    CHECK(state_forward(st, &bad, 1, lg, false, err, sizeof err) != 0);
+    CHECK(seqrun_forward(st, &bad, 1, lg, false, err, sizeof err) != 0);
     printf("NOTE %s %-5s L%d H%d/%d %-6s threads %d: worst rel L2 %.2e (bound %.0e)\n", sh->arch,
            quant_type_name(sh->wtype), sh->n_layer, sh->n_head, sh->n_head_kv, sh->tied ? "tied" : "untied", threads,
            worst, bound);
-    state_free(st);
+    seqrun_free(st);
     pool_free(pool);
     model_free(m);
     free(lg);
@@ -407,25 +407,24 @@ static void test_gemma3_window_blocks(void) {
     float *lg = malloc((size_t)T * V * sizeof(float));
     lm_pool *pool = pool_new(2);
     kv_config kc;
-    state_kv_config(m, &kc);
+    fwd_dims d = fwd_dims_make(m, 64, 4);
+    fwd_kv_config(m, &d, &kc);
     kc.type = LM_TYPE_F32;
     kc.block_size = 3;
-    kc.chunk = 4;
-    kc.n_ctx = 64;
     kv_pool *kv = kv_pool_new(&kc, err, sizeof err);
     CHECKF(kv && kv_pool_window(kv) == 4, "%s", err);
-    lm_state *st = state_new_shared(m, pool, kv, 64, 4, err, sizeof err);
+    lm_seqrun *st = seqrun_new_shared(m, pool, kv, 64, 4, err, sizeof err);
     CHECKF(st != NULL, "%s", err);
     double worst = 0;
-    CHECK(state_forward(st, toks, T, lg, true, err, sizeof err) == 0);
+    CHECK(seqrun_forward(st, toks, T, lg, true, err, sizeof err) == 0);
     for (int t = 0; t < T; t++) {
         double e = test_rel_l2(lg + (size_t)t * V, ref + (size_t)t * V, (size_t)V);
         worst = e > worst ? e : worst;
         CHECKF(e < 1e-5, "batch row %d rel err %.3g", t, e);
     }
-    state_reset(st);
+    seqrun_reset(st);
     for (int t = 0; t < T; t++) {
-        CHECK(state_forward(st, toks + t, 1, lg, false, err, sizeof err) == 0);
+        CHECK(seqrun_forward(st, toks + t, 1, lg, false, err, sizeof err) == 0);
         double e = test_rel_l2(lg, ref + (size_t)t * V, (size_t)V);
         worst = e > worst ? e : worst;
         CHECKF(e < 1e-5, "decode position %d rel err %.3g", t, e);
@@ -434,7 +433,7 @@ static void test_gemma3_window_blocks(void) {
     CHECKF(held <= 3 && nb == (T + 2) / 3, "%d local, %d global blocks", held, nb);
     printf("NOTE gemma3 window 4, block 3: %d positions in %d global and %d local blocks, worst rel L2 %.2e\n", T, nb,
            held, worst);
-    state_free(st);
+    seqrun_free(st);
     kv_pool_free(kv);
     pool_free(pool);
     model_free(m);

@@ -120,16 +120,16 @@ static void check_scheme(const char *scheme, uint32_t want) {
     /* the file loads and runs */
     lm_model *m = model_load(out, err, sizeof err);
     CHECKF(m != NULL, "%s", err);
-    lm_state *st = state_new_kv(m, pool, 16, 16, LM_TYPE_F16, err, sizeof err);
+    lm_seqrun *st = seqrun_new(m, pool, 16, 16, LM_TYPE_F16, err, sizeof err);
     int32_t toks[4] = {1, 5, 9, 200};
     float *lg = malloc(300 * sizeof(float));
-    CHECK(state_forward(st, toks, 4, lg, false, err, sizeof err) == 0);
+    CHECK(seqrun_forward(st, toks, 4, lg, false, err, sizeof err) == 0);
     bool finite = true;
     for (int i = 0; i < 300; i++) finite = finite && isfinite(lg[i]);
     free(lg);
     CHECK(finite);
     printf("NOTE quantize %-6s worst matrix rel RMS error %.4f%%\n", scheme, 100 * worst);
-    state_free(st);
+    seqrun_free(st);
     model_free(m);
     pool_free(pool);
     unlink(out);

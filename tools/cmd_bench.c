@@ -126,14 +126,10 @@ static uint64_t weight_bytes_per_token(const lm_model *m) {
     return b;
 }
 
-static int fill_depth(lm_state *st, int depth, int32_t *toks, char *err, size_t errlen) {
-    state_reset(st);
-    for (int done = 0; done < depth;) {
-        int b = depth - done < 512 ? depth - done : 512;
-        if (state_forward(st, toks + done, b, NULL, false, err, errlen)) return -1;
-        done += b;
-    }
-    return 0;
+/* An empty cache, then depth tokens in it (in passes of the batch size). */
+static int fill_depth(lm_seqrun *sr, int depth, int32_t *toks, char *err, size_t errlen) {
+    seqrun_reset(sr);
+    return depth ? seqrun_forward(sr, toks, depth, NULL, false, err, errlen) : 0;
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -163,8 +159,9 @@ int cmd_bench(int argc, char **argv) {
     if (!pool) fail("bench", "cannot start threads");
     int ctx = (int)(depth + (np > ng ? np : ng) + 1);
     char err[LM_ERRLEN];
-    lm_state *st = state_new_kv(m, pool, ctx, 512, kv_type, err, sizeof err);
-    if (!st) fail("bench", err);
+    lm_seqrun *sr = seqrun_new(m, pool, ctx, FWD_BATCH_DEFAULT, kv_type, err, sizeof err);
+    if (!sr) fail("bench", err);
+    lm_fwd *fwd = sr->fwd; /* its profile counters */
     int32_t *toks = malloc((size_t)ctx * sizeof(int32_t));
     float *logits = malloc((size_t)m->hp.n_vocab * sizeof(float));
     double *v = malloc((size_t)reps * sizeof(double));
@@ -197,27 +194,27 @@ int cmd_bench(int argc, char **argv) {
         int n = (int)(test == 0 ? np : ng);
         if (n == 0) continue;
         /* warm-up: a short run of the same kind */
-        if (fill_depth(st, (int)depth, toks, err, sizeof err)) fail("bench", err);
+        if (fill_depth(sr, (int)depth, toks, err, sizeof err)) fail("bench", err);
         if (test == 0) {
-            if (state_forward(st, toks, n < 32 ? n : 32, logits, false, err, sizeof err)) fail("bench", err);
+            if (seqrun_forward(sr, toks, n < 32 ? n : 32, logits, false, err, sizeof err)) fail("bench", err);
         } else {
             for (int i = 0; i < 4 && i < n; i++)
-                if (state_forward(st, toks + i, 1, logits, false, err, sizeof err)) fail("bench", err);
+                if (seqrun_forward(sr, toks + i, 1, logits, false, err, sizeof err)) fail("bench", err);
         }
-        memset(st->prof, 0, sizeof st->prof);
+        memset(fwd->prof, 0, sizeof fwd->prof);
         double total = 0;
         for (int r = 0; r < reps; r++) {
-            if (fill_depth(st, (int)depth, toks, err, sizeof err)) fail("bench", err);
-            st->profile = profile;
+            if (fill_depth(sr, (int)depth, toks, err, sizeof err)) fail("bench", err);
+            fwd->profile = profile;
             double t0 = lm_now();
             if (test == 0) {
-                if (state_forward(st, toks + depth, n, logits, false, err, sizeof err)) fail("bench", err);
+                if (seqrun_forward(sr, toks + depth, n, logits, false, err, sizeof err)) fail("bench", err);
             } else {
                 for (int i = 0; i < n; i++)
-                    if (state_forward(st, toks + depth + i, 1, logits, false, err, sizeof err)) fail("bench", err);
+                    if (seqrun_forward(sr, toks + depth + i, 1, logits, false, err, sizeof err)) fail("bench", err);
             }
             double dt = lm_now() - t0;
-            st->profile = false;
+            fwd->profile = false;
             total += dt;
             v[r] = n / dt;
         }
@@ -241,9 +238,9 @@ int cmd_bench(int argc, char **argv) {
             double acc = 0;
             printf("\n  profile of %s (%% of %.3f s over %lld reps):\n", name, total, reps);
             for (int k = 0; k < LM_PROF_COUNT; k++) {
-                acc += st->prof[k];
-                printf("    %-20s %6.1f%%  %8.3f ms/token\n", lm_prof_names[k], 100 * st->prof[k] / total,
-                       1e3 * st->prof[k] / ((double)n * reps));
+                acc += fwd->prof[k];
+                printf("    %-20s %6.1f%%  %8.3f ms/token\n", lm_prof_names[k], 100 * fwd->prof[k] / total,
+                       1e3 * fwd->prof[k] / ((double)n * reps));
             }
             printf("    %-20s %6.1f%%\n\n", "(other)", 100 * (total - acc) / total);
         }
@@ -254,7 +251,7 @@ int cmd_bench(int argc, char **argv) {
     free(toks);
     free(logits);
     free(v);
-    state_free(st);
+    seqrun_free(sr);
     pool_free(pool);
     model_free(m);
     return 0;

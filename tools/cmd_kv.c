@@ -39,7 +39,7 @@ static void usage_kv(FILE *f) {
             "  --chunk N        most tokens a sequence appends at once, i.e. the prefill chunk (default %d,\n"
             "                   as run, perplexity and serve use); sizes the sliding-window layers' blocks\n"
             "  --alloc          also allocate the pool and check its size against the estimate\n",
-            KV_DEFAULT_BLOCK, KV_DEFAULT_CHUNK);
+            KV_DEFAULT_BLOCK, FWD_BATCH_DEFAULT);
 }
 
 static void print_bytes(const char *label, uint64_t b) {
@@ -53,7 +53,7 @@ int cmd_kv(int argc, char **argv) {
     const char *model = NULL;
     uint32_t type = LM_TYPE_F16;
     unsigned long long mem = 0;
-    long long ctx = 0, seqs = 1, block = KV_DEFAULT_BLOCK, chunk = KV_DEFAULT_CHUNK;
+    long long ctx = 0, seqs = 1, block = KV_DEFAULT_BLOCK, chunk = FWD_BATCH_DEFAULT;
     bool alloc = false;
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
@@ -71,13 +71,14 @@ int cmd_kv(int argc, char **argv) {
     const lm_hparams *hp = &m->hp;
     if (ctx == 0) ctx = hp->n_ctx_train > 0 ? hp->n_ctx_train : 2048;
 
+    /* the pool a forward pass of chunk-token batches would use (a chunk
+     * above the context counts as the context: it sizes the same blocks) */
+    fwd_dims dims = fwd_dims_make(m, (int)ctx, (int)chunk);
     kv_config c;
-    state_kv_config(m, &c);
+    fwd_kv_config(m, &dims, &c);
     c.type = type;
     c.block_size = (int)block;
-    c.chunk = (int)chunk;
     c.mem_bytes = mem;
-    c.n_ctx = (int)ctx;
     c.n_seqs = (int)seqs;
     kv_plan pl;
     char err[LM_ERRLEN];

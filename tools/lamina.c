@@ -145,12 +145,11 @@ static lm_engine *run_engine(const lm_model *m, int n_ctx, int threads, uint32_t
     ec.n_ctx = n_ctx;
     ec.kv_type = kv_type;
     ec.prefix_cache = false;
+    fwd_dims d = fwd_dims_make(m, n_ctx, ec.batch_tokens); /* the sizes engine_new derives */
     kv_config kc;
-    state_kv_config(m, &kc);
+    fwd_kv_config(m, &d, &kc);
     kc.type = kv_type;
     kc.block_size = ec.block_size;
-    kc.chunk = ec.batch_tokens < n_ctx ? ec.batch_tokens : n_ctx;
-    kc.n_ctx = n_ctx;
     kc.n_seqs = 1;
     kv_plan pl;
     if (kv_plan_make(&kc, &pl, err, sizeof err) != KV_OK) fail("run", err);
@@ -405,7 +404,7 @@ static int cmd_perplexity(int argc, char **argv) {
     if (max_chunks > 0 && max_chunks < n_chunk) n_chunk = (int)max_chunks;
     lm_pool *pool = pool_new((int)threads);
     char err[LM_ERRLEN];
-    lm_state *st = pool ? state_new_kv(m, pool, C, 512, kv_type, err, sizeof err) : NULL;
+    lm_seqrun *st = pool ? seqrun_new(m, pool, C, FWD_BATCH_DEFAULT, kv_type, err, sizeof err) : NULL;
     if (!st) fail("perplexity", pool ? err : "cannot start threads");
     int V = m->hp.n_vocab;
     float *logits = malloc((size_t)C * V * sizeof(float));
@@ -419,8 +418,8 @@ static int cmd_perplexity(int argc, char **argv) {
     for (int c = 0; c < n_chunk; c++) {
         memcpy(chunk, toks + (size_t)c * C, (size_t)C * sizeof(int32_t));
         if (add_bos && tok_bos(m->tok) >= 0) chunk[0] = tok_bos(m->tok);
-        state_reset(st);
-        if (state_forward(st, chunk, C, logits, true, err, sizeof err)) fail("perplexity", err);
+        seqrun_reset(st);
+        if (seqrun_forward(st, chunk, C, logits, true, err, sizeof err)) fail("perplexity", err);
         for (int j = first; j < C - 1; j++) {
             const float *row = logits + (size_t)j * V;
             double mx = -INFINITY, sum = 0;
@@ -444,7 +443,7 @@ static int cmd_perplexity(int argc, char **argv) {
     free(chunk);
     free(toks);
     free(text);
-    state_free(st);
+    seqrun_free(st);
     pool_free(pool);
     model_free(m);
     return 0;

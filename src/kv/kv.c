@@ -164,7 +164,10 @@ int kv_plan_make(const kv_config *c, kv_plan *plan, char *err, size_t errlen) {
      * context's blocks */
     int64_t per_seq = 0;
     if (n_local) {
-        int64_t chunk = c->chunk > 0 ? c->chunk : KV_DEFAULT_CHUNK;
+        if (c->chunk < 1)
+            return lm_err(err, errlen, "KV sliding-window layers need the most positions one append adds "
+                          "(chunk >= 1), got %d", c->chunk);
+        int64_t chunk = c->chunk;
         per_seq = ((int64_t)c->window + chunk + 2 * (int64_t)B - 3) / B;
         if (c->n_ctx > 0 && ((int64_t)c->n_ctx + B - 1) / B < per_seq) per_seq = ((int64_t)c->n_ctx + B - 1) / B;
     }
@@ -210,6 +213,7 @@ int kv_plan_make(const kv_config *c, kv_plan *plan, char *err, size_t errlen) {
     plan->data_bytes = total;
     plan->window = n_local ? c->window : 0;
     plan->local_blocks_per_seq = per_seq;
+    plan->chunk = n_local ? c->chunk : 0;
     return KV_OK;
 }
 

@@ -104,7 +104,6 @@ enum { KV_OK = 0, KV_ERR = -1, KV_FULL = -2 };
 enum { KV_GLOBAL = 0, KV_LOCAL = 1, KV_N_CLASS = 2 };
 
 #define KV_DEFAULT_BLOCK 16
-#define KV_DEFAULT_CHUNK 512
 #define KV_KEY_LEN 32
 
 typedef struct kv_pool kv_pool;
@@ -120,7 +119,8 @@ typedef struct {
     int window;
     const uint8_t *layer_local;
     int chunk;              /* most positions one kv_append adds to a sequence (its
-                               prefill chunk); sizes the local class; <= 0: KV_DEFAULT_CHUNK */
+                               prefill chunk); sizes the local class, so >= 1 is required
+                               when there is one (the forward pass's batch, forward.h) */
     /* Size: mem_bytes > 0 spends that budget (n_seqs, and n_ctx when > 0,
      * then only size the local class); otherwise n_seqs sequences of n_ctx
      * positions. */
@@ -156,12 +156,14 @@ typedef struct {
     kv_class_plan cls[KV_N_CLASS];
     int window;               /* the local class's window; 0: one class */
     int64_t local_blocks_per_seq; /* most local blocks one sequence holds (0: one class) */
+    int chunk;                /* the kv_config.chunk that bound was planned for (0: one class) */
 } kv_plan;
 
 /* Validate a config and size the pool without allocating. KV_ERR with a
  * message for: unsupported type, Q8_0 with head_dim not a multiple of 32,
  * non-positive dimensions or block size, a negative window, a budget below
- * one block of every layer, or sizes past 2^31 blocks / 2^52 bytes. */
+ * one block of every layer, a local class without a chunk, or sizes past
+ * 2^31 blocks / 2^52 bytes. */
 int kv_plan_make(const kv_config *c, kv_plan *plan, char *err, size_t errlen);
 
 kv_pool *kv_pool_new(const kv_config *c, char *err, size_t errlen);

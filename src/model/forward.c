@@ -1,5 +1,7 @@
 /*
- * forward.c - the decoder forward pass over a batch of one sequence's tokens.
+ * forward.c - the decoder forward pass over a flat batch of tokens from one
+ * or many sequences (segments), the workspace it runs in, and the
+ * single-sequence helper (forward.h).
  *
  * For each layer, with x the residual stream (n, n_embd):
  *   xb = rmsnorm(x) * attn_norm
@@ -15,6 +17,9 @@
  * before each residual add; GELU(tanh) instead of SiLU; local layers attend
  * to the last `window` positions only, with their own RoPE base.
  * then logits = rmsnorm(x) * out_norm · Woutᵀ for the rows asked for.
+ * Each row's arithmetic is the same whatever else is in the batch and
+ * whichever thread runs it, so a sequence's logits do not depend on how its
+ * tokens were batched.
  */
 #include "model/forward.h"
 
@@ -33,170 +38,127 @@ const char *const lm_prof_names[LM_PROF_COUNT] = {
     "ffn activation", "ffn down matmul", "lm head",
 };
 
-/* Profiling: PROF(s, slot) closes the interval started at the previous
+/* Profiling: PROF(f, slot) closes the interval started at the previous
  * PROF call and charges it to slot. */
-#define PROF_START(s) double prof_t_ = (s)->profile ? lm_now() : 0
-#define PROF(s, slot)                          \
+#define PROF_START(f) double prof_t_ = (f)->profile ? lm_now() : 0
+#define PROF(f, slot)                          \
     do {                                       \
-        if ((s)->profile) {                    \
+        if ((f)->profile) {                    \
             double now_ = lm_now();            \
-            (s)->prof[slot] += now_ - prof_t_; \
+            (f)->prof[slot] += now_ - prof_t_; \
             prof_t_ = now_;                    \
         }                                      \
     } while (0)
 
-lm_state *state_new(const lm_model *m, lm_pool *pool, int n_ctx, int max_batch, char *err, size_t errlen) {
-    return state_new_kv(m, pool, n_ctx, max_batch, LM_TYPE_F32, err, errlen);
+/* ---- the batch budget ---------------------------------------------------- */
+
+fwd_dims fwd_dims_make(const lm_model *m, int n_ctx, int n_batch) {
+    fwd_dims d;
+    d.n_ctx = n_ctx > 0 ? n_ctx : m->hp.n_ctx_train;
+    d.n_batch = n_batch > 0 ? n_batch : FWD_BATCH_DEFAULT;
+    if (d.n_batch > d.n_ctx) d.n_batch = d.n_ctx;
+    return d;
 }
 
-/* The common part of every constructor: buffers for max_batch tokens, a
- * sequence in kv (taken over when owns_kv), attention scratch per thread. */
-static lm_state *state_build(const lm_model *m, lm_pool *pool, kv_pool *kv, bool owns_kv, int n_ctx, int max_batch,
-                             char *err, size_t errlen) {
-    const lm_hparams *hp = &m->hp;
-    if (max_batch <= 0) max_batch = 512;
-    if (max_batch > n_ctx) max_batch = n_ctx;
-    lm_state *s = lm_calloc(1, sizeof *s);
-    if (!s) {
-        if (owns_kv) kv_pool_free(kv);
-        lm_err(err, errlen, "out of memory");
-        return NULL;
-    }
-    s->m = m;
-    s->pool = pool;
-    s->n_ctx = n_ctx;
-    s->max_batch = max_batch;
-    s->kv = kv;
-    s->owns_kv = owns_kv;
-    size_t kvd = (size_t)hp->n_head_kv * hp->head_dim, qd = (size_t)hp->n_head * hp->head_dim;
-    size_t B = (size_t)max_batch, E = (size_t)hp->n_embd;
-    s->seq = kv_seq_new(s->kv, err, errlen);
-    s->n_scr = pool_size(pool);
-    s->scr = lm_calloc((size_t)s->n_scr, sizeof *s->scr);
-    for (int i = 0; s->scr && i < s->n_scr; i++)
-        if (!(s->scr[i] = attn_scratch_new(s->kv, hp->n_head, err, errlen))) {
-            state_free(s);
-            return NULL;
-        }
-    s->x = lm_malloc(B * E * sizeof(float));
-    s->xb = lm_malloc(B * max_sz(E, qd) * sizeof(float));
-    s->q = lm_malloc(B * qd * sizeof(float));
-    s->k = lm_malloc(B * kvd * sizeof(float));
-    s->v = lm_malloc(B * kvd * sizeof(float));
-    s->hb = lm_malloc(B * (size_t)hp->n_ff * sizeof(float));
-    s->hb2 = lm_malloc(B * (size_t)hp->n_ff * sizeof(float));
-    s->cs = lm_malloc(B * (size_t)hp->n_rot * sizeof(float));
-    s->pos = lm_malloc(B * sizeof(int));
-    s->seg_row0 = lm_malloc((B + 1) * sizeof(int));
-    s->seg_item0 = lm_malloc((B + 1) * sizeof(int));
-    /* activation scratch: the largest input row of any matmul, in any type used */
-    size_t a = 0;
-    for (int li = 0; li < hp->n_layer; li++) {
-        const lm_weight *lw[MODEL_LAYER_MATRICES];
-        model_layer_matrices(&m->layers[li], lw);
-        for (int i = 0; i < MODEL_LAYER_MATRICES; i++)
-            a = max_sz(a, ops_matmul_scratch(lw[i]->type, lw[i]->cols, max_batch));
-    }
-    a = max_sz(a, ops_matmul_scratch(m->output.type, m->output.cols, max_batch));
-    s->act_bytes = a;
-    s->act = a ? lm_malloc(a) : NULL;
-    if (!s->seq || !s->scr || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->hb || !s->hb2 ||
-        !s->cs || !s->pos || !s->seg_row0 || !s->seg_item0 || (a && !s->act)) {
-        lm_err(err, errlen, "out of memory allocating the state for context %d", n_ctx);
-        state_free(s);
-        return NULL;
-    }
-    return s;
-}
-
-void state_kv_config(const lm_model *m, kv_config *c) {
+void fwd_kv_config(const lm_model *m, const fwd_dims *d, kv_config *c) {
     const lm_hparams *hp = &m->hp;
     kv_config_init(c, hp->n_layer, hp->n_head_kv, hp->head_dim);
     if (hp->swa_window > 0) {
         c->window = hp->swa_window;
         c->layer_local = m->layer_local;
     }
+    c->n_ctx = d->n_ctx;
+    c->chunk = d->n_batch;
 }
 
-lm_state *state_new_kv(const lm_model *m, lm_pool *pool, int n_ctx, int max_batch, uint32_t kv_type, char *err,
-                       size_t errlen) {
+/* ---- the workspace ------------------------------------------------------- */
+
+lm_fwd *fwd_new(const lm_model *m, lm_pool *pool, kv_pool *kv, const fwd_dims *d, char *err, size_t errlen) {
     const lm_hparams *hp = &m->hp;
-    if (n_ctx <= 0) n_ctx = hp->n_ctx_train;
-    kv_config kc;
-    state_kv_config(m, &kc);
-    kc.type = kv_type;
-    kc.n_ctx = n_ctx;
-    kc.n_seqs = 1;
-    /* state_forward appends at most max_batch positions at a time (as
-     * state_build clamps it) */
-    kc.chunk = max_batch <= 0 ? 512 : max_batch > n_ctx ? n_ctx : max_batch;
-    kv_pool *kv = kv_pool_new(&kc, err, errlen);
-    if (!kv) return NULL;
-    return state_build(m, pool, kv, true, n_ctx, max_batch, err, errlen);
-}
-
-lm_state *state_new_shared(const lm_model *m, lm_pool *pool, kv_pool *kv, int n_ctx, int max_batch, char *err,
-                           size_t errlen) {
-    if (n_ctx <= 0) n_ctx = m->hp.n_ctx_train;
-    return state_build(m, pool, kv, false, n_ctx, max_batch, err, errlen);
-}
-
-lm_state *state_fork(const lm_state *src, char *err, size_t errlen) {
-    lm_state *s = state_build(src->m, src->pool, src->kv, false, src->n_ctx, src->max_batch, err, errlen);
-    if (!s) return NULL;
-    kv_seq *f = kv_fork(s->kv, src->seq, err, errlen);
-    if (!f) {
-        state_free(s);
+    const kv_plan *plan = kv_pool_plan(kv);
+    if (d->n_batch < 1 || d->n_batch > d->n_ctx) {
+        lm_err(err, errlen, "a batch of %d tokens for a context of %d (fwd_dims_make gives valid sizes)", d->n_batch,
+               d->n_ctx);
         return NULL;
     }
-    kv_seq_free(s->kv, s->seq);
-    s->seq = f;
-    s->n_past = src->n_past;
-    return s;
+    if (plan->local_blocks_per_seq && d->n_batch > plan->chunk) {
+        lm_err(err, errlen, "passes of %d tokens over a KV pool whose sliding-window blocks are planned for appends "
+               "of at most %d", d->n_batch, plan->chunk);
+        return NULL;
+    }
+    lm_fwd *f = lm_calloc(1, sizeof *f);
+    if (!f) {
+        lm_err(err, errlen, "out of memory");
+        return NULL;
+    }
+    f->m = m;
+    f->pool = pool;
+    f->kv = kv;
+    f->dims = *d;
+    size_t kvd = (size_t)hp->n_head_kv * hp->head_dim, qd = (size_t)hp->n_head * hp->head_dim;
+    size_t B = (size_t)d->n_batch, E = (size_t)hp->n_embd;
+    f->n_scr = pool_size(pool);
+    f->scr = lm_calloc((size_t)f->n_scr, sizeof *f->scr);
+    for (int i = 0; f->scr && i < f->n_scr; i++)
+        if (!(f->scr[i] = attn_scratch_new(kv, hp->n_head, err, errlen))) {
+            fwd_free(f);
+            return NULL;
+        }
+    f->x = lm_malloc(B * E * sizeof(float));
+    f->xb = lm_malloc(B * max_sz(E, qd) * sizeof(float));
+    f->q = lm_malloc(B * qd * sizeof(float));
+    f->k = lm_malloc(B * kvd * sizeof(float));
+    f->v = lm_malloc(B * kvd * sizeof(float));
+    f->hb = lm_malloc(B * (size_t)hp->n_ff * sizeof(float));
+    f->hb2 = lm_malloc(B * (size_t)hp->n_ff * sizeof(float));
+    f->cs = lm_malloc(B * (size_t)hp->n_rot * sizeof(float));
+    f->pos = lm_malloc(B * sizeof(int));
+    f->seg_row0 = lm_malloc((B + 1) * sizeof(int));
+    f->seg_item0 = lm_malloc((B + 1) * sizeof(int));
+    /* activation scratch: the largest input row of any matmul, in any type used */
+    size_t a = 0;
+    for (int li = 0; li < hp->n_layer; li++) {
+        const lm_weight *lw[MODEL_LAYER_MATRICES];
+        model_layer_matrices(&m->layers[li], lw);
+        for (int i = 0; i < MODEL_LAYER_MATRICES; i++)
+            a = max_sz(a, ops_matmul_scratch(lw[i]->type, lw[i]->cols, d->n_batch));
+    }
+    a = max_sz(a, ops_matmul_scratch(m->output.type, m->output.cols, d->n_batch));
+    f->act_bytes = a;
+    f->act = a ? lm_malloc(a) : NULL;
+    if (!f->scr || !f->x || !f->xb || !f->q || !f->k || !f->v || !f->hb || !f->hb2 || !f->cs || !f->pos ||
+        !f->seg_row0 || !f->seg_item0 || (a && !f->act)) {
+        lm_err(err, errlen, "out of memory allocating the workspace for batches of %d tokens", d->n_batch);
+        fwd_free(f);
+        return NULL;
+    }
+    return f;
 }
 
-int state_prefix_match(lm_state *s, const int32_t *tokens, int n, uint64_t salt) {
-    if (s->n_past != 0) return 0;
-    if (n > s->n_ctx) n = s->n_ctx;
-    s->n_past = kv_prefix_match(s->kv, s->seq, tokens, n, salt);
-    return s->n_past;
-}
-
-void state_prefix_commit(lm_state *s, const int32_t *tokens, uint64_t salt) {
-    kv_prefix_commit(s->kv, s->seq, tokens, s->n_past, salt);
-}
-
-void state_free(lm_state *s) {
-    if (!s) return;
-    for (int i = 0; s->scr && i < s->n_scr; i++) attn_scratch_free(s->scr[i]);
-    lm_free(s->scr);
-    if (s->owns_kv) kv_pool_free(s->kv); /* frees s->seq too */
-    else if (s->kv) kv_seq_free(s->kv, s->seq);
-    lm_free(s->x);
-    lm_free(s->xb);
-    lm_free(s->q);
-    lm_free(s->k);
-    lm_free(s->v);
-    lm_free(s->hb);
-    lm_free(s->hb2);
-    lm_free(s->cs);
-    lm_free(s->pos);
-    lm_free(s->seg_row0);
-    lm_free(s->seg_item0);
-    lm_free(s->act);
-    lm_free(s);
-}
-
-void state_reset(lm_state *s) {
-    kv_truncate(s->kv, s->seq, 0, NULL, 0);
-    s->n_past = 0;
+void fwd_free(lm_fwd *f) {
+    if (!f) return;
+    for (int i = 0; f->scr && i < f->n_scr; i++) attn_scratch_free(f->scr[i]);
+    lm_free(f->scr);
+    lm_free(f->x);
+    lm_free(f->xb);
+    lm_free(f->q);
+    lm_free(f->k);
+    lm_free(f->v);
+    lm_free(f->hb);
+    lm_free(f->hb2);
+    lm_free(f->cs);
+    lm_free(f->pos);
+    lm_free(f->seg_row0);
+    lm_free(f->seg_item0);
+    lm_free(f->act);
+    lm_free(f);
 }
 
 /* Attention for one layer over a batch of segments; work items are
  * (segment, query tile, kv head) triples, each computing every query head of
  * that KV head's group for up to ATTN_TILE_Q rows of one sequence. */
 typedef struct {
-    lm_state *s;
+    lm_fwd *f;
     const lm_seg *segs;
     int layer, n_seg;
     int window;           /* 0: whole context */
@@ -205,11 +167,11 @@ typedef struct {
 
 static void attn_worker(void *arg, int ith, int nth) {
     attn_job *j = arg;
-    lm_state *s = j->s;
-    const lm_hparams *hp = &s->m->hp;
+    lm_fwd *f = j->f;
+    const lm_hparams *hp = &f->m->hp;
     size_t qd = (size_t)hp->n_head * hp->head_dim;
     float scale = 1.0f / sqrtf((float)hp->head_dim);
-    const int *first = s->seg_item0; /* (n_seg + 1) first work item of each segment */
+    const int *first = f->seg_item0; /* (n_seg + 1) first work item of each segment */
     int total = first[j->n_seg], sg = 0;
     for (;;) {
         int item = atomic_fetch_add(&j->next, 1);
@@ -219,9 +181,9 @@ static void attn_worker(void *arg, int ith, int nth) {
         int local = item - first[sg];
         int i0 = local / hp->n_head_kv * ATTN_TILE_Q, kh = local % hp->n_head_kv;
         int nq = g->n - i0 < ATTN_TILE_Q ? g->n - i0 : ATTN_TILE_Q;
-        size_t row = (size_t)s->seg_row0[sg] + (size_t)i0;
-        attn_tile(s->kv, g->seq, j->layer, kh, s->q + row * qd, qd, nq, g->pos0 + i0, scale, j->window,
-                  s->xb + row * qd, qd, s->scr[ith]);
+        size_t row = (size_t)f->seg_row0[sg] + (size_t)i0;
+        attn_tile(f->kv, g->seq, j->layer, kh, f->q + row * qd, qd, nq, g->pos0 + i0, scale, j->window,
+                  f->xb + row * qd, qd, f->scr[ith]);
     }
 }
 
@@ -239,28 +201,28 @@ enum { ROWS_ATTN_IN, ROWS_QK, ROWS_ATTN_OUT, ROWS_FFN_IN, ROWS_ACT, ROWS_FFN_OUT
 #define ROWS_BLOCK 8
 
 typedef struct {
-    lm_state *s;
+    lm_fwd *f;
     const lm_layer *l;
     int stage, n;
     atomic_int next;
 } rows_job;
 
-static void rows_range(lm_state *s, const lm_layer *l, int stage, int t0, int t1) {
-    const lm_hparams *hp = &s->m->hp;
+static void rows_range(lm_fwd *f, const lm_layer *l, int stage, int t0, int t1) {
+    const lm_hparams *hp = &f->m->hp;
     const int E = hp->n_embd, hd = hp->head_dim;
     const size_t qd = (size_t)hp->n_head * hd, kvd = (size_t)hp->n_head_kv * hd, ff = (size_t)hp->n_ff;
     for (int t = t0; t < t1; t++) {
-        float *x = s->x + (size_t)t * E, *xb = s->xb + (size_t)t * E, *hb = s->hb + (size_t)t * E;
+        float *x = f->x + (size_t)t * E, *xb = f->xb + (size_t)t * E, *hb = f->hb + (size_t)t * E;
         switch (stage) {
         case ROWS_ATTN_IN: ops_rmsnorm(xb, x, l->attn_norm, E, hp->norm_eps); break;
         case ROWS_QK: {
-            float *q = s->q + (size_t)t * qd, *k = s->k + (size_t)t * kvd;
+            float *q = f->q + (size_t)t * qd, *k = f->k + (size_t)t * kvd;
             if (l->q_norm)
                 for (int h = 0; h < hp->n_head; h++) ops_rmsnorm(q + h * hd, q + h * hd, l->q_norm, hd, hp->norm_eps);
             if (l->k_norm)
                 for (int h = 0; h < hp->n_head_kv; h++)
                     ops_rmsnorm(k + h * hd, k + h * hd, l->k_norm, hd, hp->norm_eps);
-            const float *cs = s->cs + (size_t)t * hp->n_rot;
+            const float *cs = f->cs + (size_t)t * hp->n_rot;
             ops_rope_apply(q, hp->n_head, hd, hp->n_rot, cs, hp->rope_style);
             ops_rope_apply(k, hp->n_head_kv, hd, hp->n_rot, cs, hp->rope_style);
             break;
@@ -271,7 +233,7 @@ static void rows_range(lm_state *s, const lm_layer *l, int stage, int t0, int t1
             break;
         case ROWS_FFN_IN: ops_rmsnorm(xb, x, l->ffn_norm, E, hp->norm_eps); break;
         case ROWS_ACT: {
-            float *g = s->hb + (size_t)t * ff, *u = s->hb2 + (size_t)t * ff;
+            float *g = f->hb + (size_t)t * ff, *u = f->hb2 + (size_t)t * ff;
             if (hp->gelu) ops_geglu(g, u, (int)ff);
             else ops_swiglu(g, u, (int)ff);
             break;
@@ -290,152 +252,229 @@ static void rows_worker(void *arg, int ith, int nth) {
     for (;;) {
         int t0 = atomic_fetch_add(&j->next, ROWS_BLOCK);
         if (t0 >= j->n) break;
-        rows_range(j->s, j->l, j->stage, t0, t0 + ROWS_BLOCK < j->n ? t0 + ROWS_BLOCK : j->n);
+        rows_range(j->f, j->l, j->stage, t0, t0 + ROWS_BLOCK < j->n ? t0 + ROWS_BLOCK : j->n);
     }
 }
 
-static void run_rows(lm_state *s, const lm_layer *l, int stage, int n) {
+static void run_rows(lm_fwd *f, const lm_layer *l, int stage, int n) {
     if (n < 4 * ROWS_BLOCK) { /* not worth a wake-up */
-        rows_range(s, l, stage, 0, n);
+        rows_range(f, l, stage, 0, n);
         return;
     }
-    rows_job j = {.s = s, .l = l, .stage = stage, .n = n};
+    rows_job j = {.f = f, .l = l, .stage = stage, .n = n};
     atomic_init(&j.next, 0);
-    pool_run(s->pool, rows_worker, &j);
+    pool_run(f->pool, rows_worker, &j);
 }
 
-/* One pass over n <= max_batch tokens split into segments (one sequence
+/* One pass over n <= dims.n_batch tokens split into segments (one sequence
  * each, already grown to hold their positions). */
-static void forward_batch(lm_state *s, const int32_t *tokens, int n, const lm_seg *segs, int n_seg, float *logits) {
-    const lm_model *m = s->m;
+static void forward_batch(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *segs, int n_seg, float *logits) {
+    const lm_model *m = f->m;
     const lm_hparams *hp = &m->hp;
     int E = hp->n_embd, hd = hp->head_dim;
     size_t kvd = (size_t)hp->n_head_kv * hd, qd = (size_t)hp->n_head * hd;
-    PROF_START(s);
+    PROF_START(f);
 
     /* row -> position, segment -> first row and first attention work item */
     double attn_work = 0;
-    s->seg_row0[0] = 0;
-    s->seg_item0[0] = 0;
+    f->seg_row0[0] = 0;
+    f->seg_item0[0] = 0;
     for (int g = 0; g < n_seg; g++) {
-        for (int i = 0; i < segs[g].n; i++) s->pos[s->seg_row0[g] + i] = segs[g].pos0 + i;
-        s->seg_row0[g + 1] = s->seg_row0[g] + segs[g].n;
-        s->seg_item0[g + 1] = s->seg_item0[g] + (segs[g].n + ATTN_TILE_Q - 1) / ATTN_TILE_Q * hp->n_head_kv;
+        for (int i = 0; i < segs[g].n; i++) f->pos[f->seg_row0[g] + i] = segs[g].pos0 + i;
+        f->seg_row0[g + 1] = f->seg_row0[g] + segs[g].n;
+        f->seg_item0[g + 1] = f->seg_item0[g] + (segs[g].n + ATTN_TILE_Q - 1) / ATTN_TILE_Q * hp->n_head_kv;
         attn_work += (double)segs[g].n * hp->n_head * (segs[g].pos0 + segs[g].n) * hd;
     }
     for (int t = 0; t < n; t++) {
-        float *x = s->x + (size_t)t * E;
+        float *x = f->x + (size_t)t * E;
         ops_get_row(&m->tok_embd, tokens[t], x);
         if (hp->emb_scale != 1.0f)
             for (int i = 0; i < E; i++) x[i] *= hp->emb_scale;
     }
-    PROF(s, LM_PROF_EMBED);
-    float cs_base = -1, cs_scale = -1; /* the RoPE the angles in s->cs are for */
+    PROF(f, LM_PROF_EMBED);
+    float cs_base = -1, cs_scale = -1; /* the RoPE the angles in f->cs are for */
     for (int li = 0; li < hp->n_layer; li++) {
         const lm_layer *l = &m->layers[li];
         if (l->rope_base != cs_base || l->rope_scale != cs_scale) {
             for (int t = 0; t < n; t++)
-                ops_rope_angles(s->cs + (size_t)t * hp->n_rot, hp->n_rot, s->pos[t], l->rope_base, l->rope_scale);
+                ops_rope_angles(f->cs + (size_t)t * hp->n_rot, hp->n_rot, f->pos[t], l->rope_base, l->rope_scale);
             cs_base = l->rope_base;
             cs_scale = l->rope_scale;
         }
-        run_rows(s, l, ROWS_ATTN_IN, n);
-        PROF(s, LM_PROF_NORM);
-        float *const qkv_y[3] = {s->q, s->k, s->v};
+        run_rows(f, l, ROWS_ATTN_IN, n);
+        PROF(f, LM_PROF_NORM);
+        float *const qkv_y[3] = {f->q, f->k, f->v};
         const lm_weight *const qkv_w[3] = {&l->wq, &l->wk, &l->wv};
-        ops_matmul_multi(s->pool, 3, qkv_y, qkv_w, s->xb, n, s->act);
-        add_bias(s->q, l->bq, n, (int)qd);
-        add_bias(s->k, l->bk, n, (int)kvd);
-        add_bias(s->v, l->bv, n, (int)kvd);
-        PROF(s, LM_PROF_QKV);
-        run_rows(s, l, ROWS_QK, n);
+        ops_matmul_multi(f->pool, 3, qkv_y, qkv_w, f->xb, n, f->act);
+        add_bias(f->q, l->bq, n, (int)qd);
+        add_bias(f->k, l->bk, n, (int)kvd);
+        add_bias(f->v, l->bv, n, (int)kvd);
+        PROF(f, LM_PROF_QKV);
+        run_rows(f, l, ROWS_QK, n);
         for (int g = 0; g < n_seg; g++) {
-            size_t r0 = (size_t)s->seg_row0[g];
-            kv_store_rows(s->kv, segs[g].seq, li, segs[g].pos0, segs[g].n, s->k + r0 * kvd, kvd, s->v + r0 * kvd, kvd);
+            size_t r0 = (size_t)f->seg_row0[g];
+            kv_store_rows(f->kv, segs[g].seq, li, segs[g].pos0, segs[g].n, f->k + r0 * kvd, kvd, f->v + r0 * kvd, kvd);
         }
-        PROF(s, LM_PROF_ROPE);
+        PROF(f, LM_PROF_ROPE);
 
-        attn_job aj = {.s = s, .segs = segs, .layer = li, .n_seg = n_seg, .window = l->window};
+        attn_job aj = {.f = f, .segs = segs, .layer = li, .n_seg = n_seg, .window = l->window};
         atomic_init(&aj.next, 0);
         /* tiny attention (short contexts, small heads) is not worth a wake-up */
-        pool_run(attn_work < 64.0 * 1024 ? NULL : s->pool, attn_worker, &aj);
-        PROF(s, LM_PROF_ATTN);
+        pool_run(attn_work < 64.0 * 1024 ? NULL : f->pool, attn_worker, &aj);
+        PROF(f, LM_PROF_ATTN);
 
         /* x += attn · Woᵀ (hb as a temporary of n_embd per token) */
-        ops_matmul(s->pool, s->hb, &l->wo, s->xb, n, s->act);
-        run_rows(s, l, ROWS_ATTN_OUT, n);
-        PROF(s, LM_PROF_WO);
+        ops_matmul(f->pool, f->hb, &l->wo, f->xb, n, f->act);
+        run_rows(f, l, ROWS_ATTN_OUT, n);
+        PROF(f, LM_PROF_WO);
 
-        run_rows(s, l, ROWS_FFN_IN, n);
-        PROF(s, LM_PROF_NORM);
-        float *const gu_y[2] = {s->hb, s->hb2};
+        run_rows(f, l, ROWS_FFN_IN, n);
+        PROF(f, LM_PROF_NORM);
+        float *const gu_y[2] = {f->hb, f->hb2};
         const lm_weight *const gu_w[2] = {&l->w_gate, &l->w_up};
-        ops_matmul_multi(s->pool, 2, gu_y, gu_w, s->xb, n, s->act);
-        PROF(s, LM_PROF_FFN_UP);
-        run_rows(s, l, ROWS_ACT, n);
-        PROF(s, LM_PROF_FFN_ACT);
-        ops_matmul(s->pool, s->xb, &l->w_down, s->hb, n, s->act);
-        run_rows(s, l, ROWS_FFN_OUT, n);
-        PROF(s, LM_PROF_FFN_DOWN);
+        ops_matmul_multi(f->pool, 2, gu_y, gu_w, f->xb, n, f->act);
+        PROF(f, LM_PROF_FFN_UP);
+        run_rows(f, l, ROWS_ACT, n);
+        PROF(f, LM_PROF_FFN_ACT);
+        ops_matmul(f->pool, f->xb, &l->w_down, f->hb, n, f->act);
+        run_rows(f, l, ROWS_FFN_OUT, n);
+        PROF(f, LM_PROF_FFN_DOWN);
     }
     if (!logits) return;
     /* only the rows that need logits go through the final norm and LM head */
     int rows = 0;
     for (int g = 0; g < n_seg; g++)
         for (int i = segs[g].n - segs[g].n_logits; i < segs[g].n; i++, rows++) {
-            int t = s->seg_row0[g] + i;
-            ops_rmsnorm(s->xb + (size_t)rows * E, s->x + (size_t)t * E, m->out_norm, E, hp->norm_eps);
+            int t = f->seg_row0[g] + i;
+            ops_rmsnorm(f->xb + (size_t)rows * E, f->x + (size_t)t * E, m->out_norm, E, hp->norm_eps);
         }
-    PROF(s, LM_PROF_NORM);
-    if (rows) ops_matmul(s->pool, logits, &m->output, s->xb, rows, s->act);
-    PROF(s, LM_PROF_LM_HEAD);
+    PROF(f, LM_PROF_NORM);
+    if (rows) ops_matmul(f->pool, logits, &m->output, f->xb, rows, f->act);
+    PROF(f, LM_PROF_LM_HEAD);
 }
 
-int state_forward_segs(lm_state *s, const int32_t *tokens, const lm_seg *segs, int n_seg, float *logits, char *err,
-                       size_t errlen) {
-    const lm_hparams *hp = &s->m->hp;
+int fwd_run(lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_seg, float *logits, char *err,
+            size_t errlen) {
+    const lm_hparams *hp = &f->m->hp;
     int n = 0;
     if (n_seg <= 0) return lm_err(err, errlen, "no tokens to process");
     for (int g = 0; g < n_seg; g++) {
         const lm_seg *sg = &segs[g];
         if (sg->n <= 0 || sg->n_logits < 0 || sg->n_logits > sg->n || sg->pos0 < 0 || !sg->seq)
             return lm_err(err, errlen, "segment %d is malformed", g);
-        if (sg->pos0 + sg->n > s->n_ctx)
-            return lm_err(err, errlen, "segment %d passes the context (%d positions)", g, s->n_ctx);
+        if (sg->pos0 + sg->n > f->dims.n_ctx)
+            return lm_err(err, errlen, "segment %d passes the context (%d positions)", g, f->dims.n_ctx);
         if (kv_seq_len(sg->seq) < sg->pos0 + sg->n)
             return lm_err(err, errlen, "segment %d: its sequence holds %d positions, %d needed", g,
                           kv_seq_len(sg->seq), sg->pos0 + sg->n);
         n += sg->n;
-        if (n > s->max_batch) return lm_err(err, errlen, "batch of more than %d tokens", s->max_batch);
+        if (n > f->dims.n_batch) return lm_err(err, errlen, "batch of more than %d tokens", f->dims.n_batch);
     }
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
             return lm_err(err, errlen, "token id %d is out of range [0, %d)", tokens[i], hp->n_vocab);
-    forward_batch(s, tokens, n, segs, n_seg, logits);
+    forward_batch(f, tokens, n, segs, n_seg, logits);
     return 0;
 }
 
-int state_forward(lm_state *s, const int32_t *tokens, int n, float *logits, bool all_logits, char *err,
-                  size_t errlen) {
-    const lm_hparams *hp = &s->m->hp;
+/* ---- one sequence -------------------------------------------------------- */
+
+/* The common part of every constructor: a workspace over kv and a sequence
+ * in it (kv taken over when owns_kv, freed on failure too). */
+static lm_seqrun *seqrun_build(const lm_model *m, lm_pool *pool, kv_pool *kv, bool owns_kv, const fwd_dims *d,
+                               bool with_seq, char *err, size_t errlen) {
+    lm_seqrun *r = lm_calloc(1, sizeof *r);
+    if (!r) {
+        if (owns_kv) kv_pool_free(kv);
+        lm_err(err, errlen, "out of memory");
+        return NULL;
+    }
+    r->kv = kv;
+    r->owns_kv = owns_kv;
+    r->n_ctx = d->n_ctx;
+    if ((with_seq && !(r->seq = kv_seq_new(kv, err, errlen))) || !(r->fwd = fwd_new(m, pool, kv, d, err, errlen))) {
+        seqrun_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+lm_seqrun *seqrun_new(const lm_model *m, lm_pool *pool, int n_ctx, int n_batch, uint32_t kv_type, char *err,
+                      size_t errlen) {
+    fwd_dims d = fwd_dims_make(m, n_ctx, n_batch);
+    kv_config kc;
+    fwd_kv_config(m, &d, &kc);
+    kc.type = kv_type;
+    kc.n_seqs = 1;
+    kv_pool *kv = kv_pool_new(&kc, err, errlen);
+    if (!kv) return NULL;
+    return seqrun_build(m, pool, kv, true, &d, true, err, errlen);
+}
+
+lm_seqrun *seqrun_new_shared(const lm_model *m, lm_pool *pool, kv_pool *kv, int n_ctx, int n_batch, char *err,
+                             size_t errlen) {
+    fwd_dims d = fwd_dims_make(m, n_ctx, n_batch);
+    return seqrun_build(m, pool, kv, false, &d, true, err, errlen);
+}
+
+lm_seqrun *seqrun_fork(const lm_seqrun *src, char *err, size_t errlen) {
+    lm_seqrun *r = seqrun_build(src->fwd->m, src->fwd->pool, src->kv, false, &src->fwd->dims, false, err, errlen);
+    if (!r) return NULL;
+    if (!(r->seq = kv_fork(r->kv, src->seq, err, errlen))) {
+        seqrun_free(r);
+        return NULL;
+    }
+    r->n_past = src->n_past;
+    return r;
+}
+
+void seqrun_free(lm_seqrun *r) {
+    if (!r) return;
+    fwd_free(r->fwd);
+    if (r->owns_kv) kv_pool_free(r->kv); /* frees r->seq too */
+    else if (r->seq) kv_seq_free(r->kv, r->seq);
+    lm_free(r);
+}
+
+void seqrun_reset(lm_seqrun *r) {
+    kv_truncate(r->kv, r->seq, 0, NULL, 0);
+    r->n_past = 0;
+}
+
+int seqrun_prefix_match(lm_seqrun *r, const int32_t *tokens, int n, uint64_t salt) {
+    if (r->n_past != 0) return 0;
+    if (n > r->n_ctx) n = r->n_ctx;
+    r->n_past = kv_prefix_match(r->kv, r->seq, tokens, n, salt);
+    return r->n_past;
+}
+
+void seqrun_prefix_commit(lm_seqrun *r, const int32_t *tokens, uint64_t salt) {
+    kv_prefix_commit(r->kv, r->seq, tokens, r->n_past, salt);
+}
+
+int seqrun_forward(lm_seqrun *r, const int32_t *tokens, int n, float *logits, bool all_logits, char *err,
+                   size_t errlen) {
+    lm_fwd *f = r->fwd;
+    const lm_hparams *hp = &f->m->hp;
+    const int n_batch = f->dims.n_batch;
     if (n <= 0) return lm_err(err, errlen, "no tokens to process");
-    if (n > s->n_ctx - s->n_past)
-        return lm_err(err, errlen, "context is full: %d positions used of %d, %d more requested", s->n_past,
-                      s->n_ctx, n);
+    if (n > r->n_ctx - r->n_past)
+        return lm_err(err, errlen, "context is full: %d positions used of %d, %d more requested", r->n_past,
+                      r->n_ctx, n);
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
             return lm_err(err, errlen, "token id %d is out of range [0, %d)", tokens[i], hp->n_vocab);
     for (int done = 0; done < n;) {
-        int b = n - done < s->max_batch ? n - done : s->max_batch;
+        int b = n - done < n_batch ? n - done : n_batch;
         bool last = done + b == n;
         float *out = NULL;
         if (logits && all_logits) out = logits + (size_t)done * hp->n_vocab;
         else if (logits && last) out = logits;
         /* positions n_past .. n_past+b-1 get cache slots before the pass writes them */
-        if (kv_append(s->kv, s->seq, b, err, errlen) != KV_OK) return -1;
-        lm_seg seg = {.seq = s->seq, .pos0 = s->n_past, .n = b, .n_logits = !out ? 0 : all_logits ? b : 1};
-        forward_batch(s, tokens + done, b, &seg, 1, out);
-        s->n_past += b;
+        if (kv_append(r->kv, r->seq, b, err, errlen) != KV_OK) return -1;
+        lm_seg seg = {.seq = r->seq, .pos0 = r->n_past, .n = b, .n_logits = !out ? 0 : all_logits ? b : 1};
+        forward_batch(f, tokens + done, b, &seg, 1, out);
+        r->n_past += b;
         done += b;
     }
     return 0;

@@ -88,7 +88,7 @@ struct lm_engine {
     int n_ctx;
     lm_pool *pool;
     kv_pool *kv;
-    lm_state *st;             /* activation buffers for batch_tokens rows */
+    lm_fwd *fwd;              /* the forward pass's workspace: batch_tokens rows */
     int64_t wm_blocks;        /* watermark (global class) */
     int64_t total_blocks[KV_N_CLASS];
     int64_t local_per_seq;    /* most local blocks one sequence holds (0: no window) */
@@ -141,8 +141,8 @@ const char *engine_finish_name(lm_finish f) {
 }
 
 void engine_config_default(lm_engine_config *c) {
-    *c = (lm_engine_config){.n_threads = 0, .batch_tokens = 512, .max_seqs = 64, .n_ctx = 0, .kv_mem = 0,
-                            .kv_type = LM_TYPE_F16, .block_size = KV_DEFAULT_BLOCK, .watermark = 0.01,
+    *c = (lm_engine_config){.n_threads = 0, .batch_tokens = FWD_BATCH_DEFAULT, .max_seqs = 64, .n_ctx = 0,
+                            .kv_mem = 0, .kv_type = LM_TYPE_F16, .block_size = KV_DEFAULT_BLOCK, .watermark = 0.01,
                             .max_waiting = 0, .prefix_cache = true, .static_batching = false};
 }
 
@@ -750,7 +750,7 @@ static bool step(lm_engine *e) {
 
     /* one pass over the whole batch; logits rows in segment order */
     char err[LM_ERRLEN];
-    int rc = state_forward_segs(e->st, e->btok, e->segs, n_seg, e->logits, err, sizeof err);
+    int rc = fwd_run(e->fwd, e->btok, e->segs, n_seg, e->logits, err, sizeof err);
     int row = 0;
     for (int g = 0; g < n_seg; g++) {
         eseq *c = e->seg_ch[g];
@@ -806,7 +806,7 @@ static int check_now(lm_engine *e, char *err, size_t errlen) {
     if (kv_pool_check(e->kv, err, errlen) != KV_OK) return -1;
     kv_stats ks;
     kv_stats_get(e->kv, &ks);
-    int64_t live = 1; /* the activation state's own (empty) sequence */
+    int64_t live = 0;
     for (int i = 0; i < e->n_running; i++) live += e->running[i]->kv != NULL;
     if (ks.n_seqs != live)
         return lm_err(err, errlen, "%lld KV sequences exist, %lld are live", (long long)ks.n_seqs, (long long)live);
@@ -856,7 +856,7 @@ static void *engine_main(void *arg) {
 /* Free everything an engine owns (its thread already stopped or never
  * started); used by a failed engine_new and by engine_free. */
 static void destroy(lm_engine *e) {
-    state_free(e->st);
+    fwd_free(e->fwd);
     pool_free(e->pool);
     kv_pool_free(e->kv);
     lm_free(e->running);
@@ -882,7 +882,10 @@ lm_engine *engine_new(const lm_model *m, const lm_tokenizer *tok, const lm_engin
     else engine_config_default(&c);
     if (!tok) tok = m->tok;
     if (!tok) return lm_err(err, errlen, "the model has no tokenizer"), NULL;
-    if (c.batch_tokens < 1) c.batch_tokens = 512;
+    /* the context and the batch budget: the workspace's rows and the KV
+     * chunk come from the same dims */
+    fwd_dims dims = fwd_dims_make(m, c.n_ctx, c.batch_tokens);
+    c.batch_tokens = dims.n_batch;
     if (c.max_seqs < 1) c.max_seqs = 64;
     if (c.max_seqs > c.batch_tokens) c.max_seqs = c.batch_tokens;
     if (c.block_size < 1) c.block_size = KV_DEFAULT_BLOCK;
@@ -892,9 +895,7 @@ lm_engine *engine_new(const lm_model *m, const lm_tokenizer *tok, const lm_engin
     if (!e) return lm_err(err, errlen, "out of memory"), NULL;
     e->m = m;
     e->tok = tok;
-    e->n_ctx = c.n_ctx > 0 ? c.n_ctx : m->hp.n_ctx_train;
-    if (c.batch_tokens > e->n_ctx) c.batch_tokens = e->n_ctx;
-    if (c.max_seqs > c.batch_tokens) c.max_seqs = c.batch_tokens;
+    e->n_ctx = dims.n_ctx;
     e->cfg = c;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->wake, NULL);
@@ -905,11 +906,9 @@ lm_engine *engine_new(const lm_model *m, const lm_tokenizer *tok, const lm_engin
      * rest buying global context, kv.h), each sequence growing by at most
      * batch_tokens per iteration */
     kv_config kc;
-    state_kv_config(m, &kc);
+    fwd_kv_config(m, &dims, &kc);
     kc.type = c.kv_type;
     kc.block_size = c.block_size;
-    kc.chunk = c.batch_tokens;
-    kc.n_ctx = e->n_ctx;
     kc.n_seqs = c.max_seqs;
     if (c.kv_mem) kc.mem_bytes = c.kv_mem;
     else {
@@ -926,7 +925,7 @@ lm_engine *engine_new(const lm_model *m, const lm_tokenizer *tok, const lm_engin
         lm_err(err, errlen, "cannot start %d threads", c.n_threads);
         goto fail;
     }
-    if (!(e->st = state_new_shared(m, e->pool, e->kv, e->n_ctx, c.batch_tokens, err, errlen))) goto fail;
+    if (!(e->fwd = fwd_new(m, e->pool, e->kv, &dims, err, errlen))) goto fail;
     size_t V = (size_t)m->hp.n_vocab, S = (size_t)c.max_seqs;
     e->running = lm_calloc(S, sizeof *e->running);
     e->order = lm_calloc(S, sizeof *e->order);
