@@ -26,6 +26,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "model/forward.h"
 #include "sched/engine.h"
 #include "base/pool.h"
 #include "format/quant.h"
@@ -47,10 +48,11 @@ static void usage_bench_serve(FILE *f) {
             "  --modes LIST        comma-separated subset of one-at-a-time,static,continuous\n"
             "  -t N                threads (default: physical cores)\n"
             "  -c N                context per sequence (default: the model's)\n"
-            "  --batch-tokens N    tokens per iteration (default 512)\n"
+            "  --batch-tokens N    tokens per iteration (default %d)\n"
             "  --max-seqs N        sequences per iteration (default 64)\n"
             "  --kv-mem BYTES      KV pool size (default: context x max-seqs, at most 4 GiB)\n"
-            "  --kv-type T         F16 (default), F32, Q8_0\n");
+            "  --kv-type T         F16 (default), F32, Q8_0\n",
+            FWD_BATCH_DEFAULT);
 }
 
 typedef struct {

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "model/forward.h"
 #include "sched/engine.h"
 #include "format/quant.h"
 #include "serve/server.h"
@@ -33,7 +34,7 @@ static void usage_serve(FILE *f) {
             "  -c, --ctx-size N       positions per sequence (default: the model's)\n"
             "  -t, --threads N        threads (default: physical cores)\n"
             "      --max-seqs N       sequences generating at once (default 64)\n"
-            "      --batch-tokens N   tokens per engine iteration (default 512)\n"
+            "      --batch-tokens N   tokens per engine iteration (default %d)\n"
             "      --kv-mem BYTES     KV cache pool size, e.g. 512M (default: context x max-seqs, at most 4G)\n"
             "      --kv-type T        KV cache element type: F16 (default), F32, Q8_0\n"
             "      --max-waiting N    queued requests before answering 429 (default 256; 0: unbounded)\n"
@@ -43,7 +44,8 @@ static void usage_serve(FILE *f) {
             "      --max-body BYTES   largest request body (default 1M; larger: 413)\n"
             "      --max-tokens-cap N largest max_tokens a request may ask for (default: the context)\n"
             "      --max-n N          largest n (choices per prompt; default 16)\n"
-            "  -h, --help             this text\n");
+            "  -h, --help             this text\n",
+            FWD_BATCH_DEFAULT);
 }
 
 static void log_line(void *user, const char *line) { fprintf(stderr, "lamina serve: %s\n", line); }
