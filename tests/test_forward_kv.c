@@ -22,6 +22,8 @@
  * pool planned for shorter appends and a batch past the workspace's rows
  * are refused with an error, and the engine runs exactly n_batch prompt
  * tokens per iteration with exactly the local blocks that chunk plans.
+ * Every allocation of the single-sequence constructors and of a fork
+ * failing in turn gives NULL and a message, and leaves the pool as it was.
  */
 #include <string.h>
 
@@ -498,6 +500,51 @@ static void test_batch_budget(void) {
     engine_free(e);
 }
 
+/* Every allocation of seqrun_new, seqrun_new_shared and seqrun_fork
+ * failing in turn: NULL with a message, nothing left held in a shared pool
+ * (and nothing leaked, under ASan), and the pool still usable. */
+static void test_alloc_failure(void) {
+    char err[LM_ERRLEN];
+    int n_fail = 0;
+    for (long k = 0;; k++) {
+        err[0] = 0;
+        lm_alloc_fail_after(k);
+        lm_seqrun *r = seqrun_new(swa, tpool, 64, 8, LM_TYPE_F16, err, sizeof err);
+        lm_alloc_fail_after(-1);
+        if (r) {
+            seqrun_free(r);
+            break;
+        }
+        n_fail++;
+        CHECKF(err[0] != 0, "allocation %ld failed without a message", k);
+    }
+    kv_pool *kv = swa_pool(true, LM_TYPE_F32, 4, 8, 4);
+    CHECK(kv);
+    int32_t toks[20];
+    prompt(toks, 20, 61);
+    lm_seqrun *a = seqrun_new_shared(swa, tpool, kv, SWA_CTX, 8, err, sizeof err);
+    CHECK(a && seqrun_forward(a, toks, 20, NULL, false, err, sizeof err) == 0);
+    for (long k = 0;; k++) {
+        err[0] = 0;
+        lm_alloc_fail_after(k);
+        lm_seqrun *b = seqrun_new_shared(swa, tpool, kv, SWA_CTX, 8, err, sizeof err);
+        lm_seqrun *f = b ? seqrun_fork(a, err, sizeof err) : NULL;
+        lm_alloc_fail_after(-1);
+        CHECKF(f || err[0] != 0, "allocation %ld failed without a message", k);
+        kv_stats st;
+        kv_stats_get(kv, &st);
+        CHECKF(st.n_seqs == 1 + (b != NULL) + (f != NULL), "allocation %ld: %lld sequences", k, (long long)st.n_seqs);
+        seqrun_free(f);
+        seqrun_free(b);
+        n_fail += !f;
+        if (f) break;
+    }
+    seqrun_free(a);
+    CHECK(all_back(kv));
+    kv_pool_free(kv);
+    printf("NOTE allocation failure: %d injected failures, each an error with a message\n", n_fail);
+}
+
 int main(void) {
     kernels_init();
     char err[LM_ERRLEN];
@@ -519,6 +566,7 @@ int main(void) {
     TEST_RUN(test_swa_fork);
     TEST_RUN(test_swa_prefix_cache);
     TEST_RUN(test_batch_budget);
+    TEST_RUN(test_alloc_failure);
     pool_free(tpool);
     model_free(swa);
     model_free(model);
