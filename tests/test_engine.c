@@ -185,7 +185,7 @@ static void test_batch_invariance(void) {
             memset(&solo[i], 0, sizeof solo[i]);
             lm_request_params p = greedy_params(prompts[i], lens[i], maxt[i], &solo[i]);
             p.logprobs = true;
-            CHECKF(engine_submit(e, &p, NULL, err0, sizeof err0) == ENGINE_OK, "%s", err0);
+            CHECKF(engine_submit(e, &p, NULL, err0, sizeof err0) == LM_OK, "%s", err0);
             engine_wait_idle(e);
         }
         for (int gi = 0; gi < 4; gi++) {
@@ -195,7 +195,7 @@ static void test_batch_invariance(void) {
             for (int i = 0; i < g; i++) {
                 lm_request_params p = greedy_params(prompts[i], lens[i], maxt[i], &col[i]);
                 p.logprobs = true;
-                CHECKF(engine_submit(e, &p, NULL, err, sizeof err) == ENGINE_OK, "%s", err);
+                CHECKF(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK, "%s", err);
             }
             engine_wait_idle(e);
             for (int i = 0; i < g; i++) {
@@ -291,7 +291,7 @@ static void test_chunked_prefill_engine(void) {
         lm_request_params p = greedy_params(prompt, 60, 20, k ? &c2 : &c1);
         p.logprobs = true;
         p.ignore_eos = true;
-        CHECK(engine_submit(e, &p, NULL, err, sizeof err) == ENGINE_OK);
+        CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
         engine_wait_idle(e);
         engine_free(e);
     }
@@ -323,7 +323,7 @@ static void *submit_thread(void *arg) {
         lm_request_params p = greedy_params(s->prompts[i], s->lens[i], s->maxt[i], &s->col[i]);
         lm_request *h = NULL;
         char err[LM_ERRLEN];
-        if (engine_submit(s->e, &p, &h, err, sizeof err) != ENGINE_OK) continue;
+        if (engine_submit(s->e, &p, &h, err, sizeof err) != LM_OK) continue;
         if (lm_rng_u64(&r) % 4 == 0) {
             usleep((useconds_t)(lm_rng_u64(&r) % 3000));
             engine_cancel(s->e, h);
@@ -412,7 +412,7 @@ static void test_preemption(void) {
     for (int i = 0; i < N; i++) {
         lm_request_params p = greedy_params(prompts[i], 20 + i, 70, &col[i]);
         p.ignore_eos = false;
-        CHECKF(engine_submit(e, &p, NULL, err, sizeof err) == ENGINE_OK, "%s", err);
+        CHECKF(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK, "%s", err);
     }
     engine_wait_idle(e);
     for (int i = 0; i < N; i++) {
@@ -433,11 +433,11 @@ static void test_preemption(void) {
     int32_t big[50];
     random_prompt(&r, big, 50);
     lm_request_params p = greedy_params(big, 50, 60, &col[0]);
-    CHECK(engine_submit(e, &p, NULL, err, sizeof err) == ENGINE_ETOOBIG);
+    CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_ERR_TOO_LONG);
     CHECKF(strstr(err, "KV blocks"), "%s", err);
     p.max_tokens = 10; /* 60 positions: 4 blocks */
     memset(&col[0], 0, sizeof col[0]);
-    CHECK(engine_submit(e, &p, NULL, err, sizeof err) == ENGINE_OK);
+    CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
     engine_wait_idle(e);
     CHECK(col[0].done[0] == 1 && col[0].finish[0] != LM_FINISH_ERROR);
     engine_free(e);
@@ -458,7 +458,7 @@ static void test_priority(void) {
         lm_request_params p = greedy_params(prompt, 8, i == 0 ? 100 : 3, &col[i]);
         p.ignore_eos = true;
         p.priority = prio[i];
-        CHECK(engine_submit(e, &p, NULL, err, sizeof err) == ENGINE_OK);
+        CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
     }
     engine_wait_idle(e);
     /* request 0 may already run when the others arrive; the rest finish in
@@ -483,7 +483,7 @@ static void test_stop_fork_reject(void) {
     char err[LM_ERRLEN];
     lm_request_params p = greedy_params(prompt, 5, 60, &a);
     p.ignore_eos = true;
-    CHECK(engine_submit(e, &p, NULL, err, sizeof err) == ENGINE_OK);
+    CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
     engine_wait_idle(e);
     CHECK(a.text_len[0] > 20);
     /* a stop string from the middle of that text, spanning tokens */
@@ -494,7 +494,7 @@ static void test_stop_fork_reject(void) {
     p.user = &b;
     p.stop = stops;
     p.n_stop = 2;
-    CHECK(engine_submit(e, &p, NULL, err, sizeof err) == ENGINE_OK);
+    CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
     engine_wait_idle(e);
     CHECK(b.finish[0] == LM_FINISH_STOP);
     const char *hit = memmem(a.text[0], a.text_len[0], stop, 5);
@@ -509,7 +509,7 @@ static void test_stop_fork_reject(void) {
     q.sp.temp = 1.0f;
     q.sp.seed = 9;
     q.ignore_eos = true;
-    CHECK(engine_submit(e, &q, NULL, err, sizeof err) == ENGINE_OK);
+    CHECK(engine_submit(e, &q, NULL, err, sizeof err) == LM_OK);
     engine_wait_idle(e);
     engine_stats(e, &s1);
     for (int i = 0; i < 3; i++) CHECK(c.done[i] == 1 && c.n[i] == 30 && c.finish[i] == LM_FINISH_LENGTH);
@@ -521,13 +521,13 @@ static void test_stop_fork_reject(void) {
     /* rejections */
     int32_t badtok[2] = {1, 100000};
     lm_request_params r = greedy_params(badtok, 2, 5, &a);
-    CHECK(engine_submit(e, &r, NULL, err, sizeof err) == ENGINE_EINVAL);
+    CHECK(engine_submit(e, &r, NULL, err, sizeof err) == LM_ERR_INVALID);
     r = greedy_params(prompt, 5, 0, &a);
-    CHECK(engine_submit(e, &r, NULL, err, sizeof err) == ENGINE_EINVAL);
+    CHECK(engine_submit(e, &r, NULL, err, sizeof err) == LM_ERR_INVALID);
     static int32_t longp[128];
     for (int i = 0; i < 128; i++) longp[i] = 5;
     r = greedy_params(longp, 128, 5, &a);
-    CHECK(engine_submit(e, &r, NULL, err, sizeof err) == ENGINE_ETOOBIG);
+    CHECK(engine_submit(e, &r, NULL, err, sizeof err) == LM_ERR_TOO_LONG);
     CHECK(strstr(err, "context"));
     /* shutdown with work in flight: every request still gets its final event */
     static collect d[6];
@@ -535,7 +535,7 @@ static void test_stop_fork_reject(void) {
     for (int i = 0; i < 6; i++) {
         r = greedy_params(prompt, 5, 120, &d[i]);
         r.ignore_eos = true;
-        CHECK(engine_submit(e, &r, NULL, err, sizeof err) == ENGINE_OK);
+        CHECK(engine_submit(e, &r, NULL, err, sizeof err) == LM_OK);
     }
     engine_free(e);
     for (int i = 0; i < 6; i++) CHECK(d[i].done[0] == 1);
@@ -560,8 +560,8 @@ static void test_max_waiting(void) {
         lm_request_params p = greedy_params(prompt, 3, 100, &col[i]);
         p.ignore_eos = true;
         int rc = engine_submit(e, &p, NULL, err, sizeof err);
-        if (rc == ENGINE_EBUSY) busy++;
-        else if (rc == ENGINE_OK) ok++;
+        if (rc == LM_ERR_BUSY) busy++;
+        else if (rc == LM_OK) ok++;
     }
     CHECK(busy > 0 && ok >= 2);
     engine_wait_idle(e);
@@ -585,7 +585,7 @@ static void test_cancel_alone_and_text(void) {
     p.ignore_eos = true;
     lm_request *h = NULL;
     char err[LM_ERRLEN];
-    CHECK(engine_submit(e, &p, &h, err, sizeof err) == ENGINE_OK && h);
+    CHECK(engine_submit(e, &p, &h, err, sizeof err) == LM_OK && h);
     engine_cancel(e, h);
     engine_wait_idle(e); /* returns: nothing is left running */
     CHECK(a.done[0] == 1);
@@ -604,7 +604,7 @@ static void test_cancel_alone_and_text(void) {
     lm_request_params q = greedy_params(NULL, 0, 10, &b);
     q.text = text;
     q.text_len = strlen(text);
-    CHECKF(engine_submit(e, &q, NULL, err, sizeof err) == ENGINE_OK, "%s", err);
+    CHECKF(engine_submit(e, &q, NULL, err, sizeof err) == LM_OK, "%s", err);
     engine_wait_idle(e);
     int32_t ref[16];
     int nr = solo_greedy(m, ids, n, 10, ref);
@@ -646,7 +646,7 @@ static void *stress_thread(void *arg) {
         p.stop = stops;
         lm_request *h = NULL;
         char err[LM_ERRLEN];
-        if (engine_submit(a->e, &p, &h, err, sizeof err) != ENGINE_OK) {
+        if (engine_submit(a->e, &p, &h, err, sizeof err) != LM_OK) {
             c->order = -1; /* refused: no events expected */
             continue;
         }
@@ -735,7 +735,7 @@ static void test_swa_engine(void) {
         for (int i = 0; i < N; i++) {
             lm_request_params p = greedy_params(prompts[i], lens[i], maxt[i], &col[i]);
             p.n = i % 4 == 3 ? 2 : 1;
-            CHECKF(engine_submit(e, &p, NULL, err, sizeof err) == ENGINE_OK, "%s", err);
+            CHECKF(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK, "%s", err);
         }
         engine_wait_idle(e);
         for (int i = 0; i < N; i++)
@@ -751,7 +751,7 @@ static void test_swa_engine(void) {
             int i = k / 2;
             memset(&col[i], 0, sizeof col[i]);
             lm_request_params p = greedy_params(prompts[i], lens[i], maxt[i], &col[i]);
-            CHECK(engine_submit(e, &p, NULL, err, sizeof err) == ENGINE_OK);
+            CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
             engine_wait_idle(e);
             CHECK(col[i].n[0] == n_ref[i] && !memcmp(col[i].tokens[0], ref[i], (size_t)n_ref[i] * 4));
             if (k % 2) CHECK(col[i].stats[0].cached_tokens > 0);

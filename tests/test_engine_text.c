@@ -107,7 +107,7 @@ static int generate(lm_engine *e, const char *const *stop, int n_stop, collect *
     c->n_tokens = 0;
     atomic_init(&c->done, false);
     char err[LM_ERRLEN];
-    if (!c->text || engine_submit(e, &p, NULL, err, sizeof err) != ENGINE_OK) return -1;
+    if (!c->text || engine_submit(e, &p, NULL, err, sizeof err) != LM_OK) return -1;
     engine_wait_idle(e);
     return atomic_load(&c->done) ? 0 : -1;
 }

@@ -123,7 +123,7 @@ static void submit_one_locked(bench_run *b, int i) {
     b->in_flight++;
     char err[LM_ERRLEN];
     /* the engine never calls back before submit returns (it only queues) */
-    if (engine_submit(b->e, &p, NULL, err, sizeof err) != ENGINE_OK) {
+    if (engine_submit(b->e, &p, NULL, err, sizeof err) != LM_OK) {
         fprintf(stderr, "lamina bench serve: request %d: %s\n", i, err);
         b->rec[i].failed = true;
         b->done++;

@@ -257,7 +257,7 @@ static int cmd_run(int argc, char **argv) {
 
     if (!chat) fwrite(prompt, 1, plen, stdout);
     fflush(stdout);
-    if (engine_submit(eng, &rp, NULL, err, sizeof err) != ENGINE_OK) fail("run", err);
+    if (engine_submit(eng, &rp, NULL, err, sizeof err) != LM_OK) fail("run", err);
     pthread_mutex_lock(&out.mu);
     while (!out.done) pthread_cond_wait(&out.cv, &out.mu);
     pthread_mutex_unlock(&out.mu);

@@ -1,12 +1,14 @@
 /*
- * engine.c - the continuous-batching engine (see engine.h for the contract).
+ * engine.c - the continuous-batching engine (see engine.h for the contract):
+ * request lifecycle, and acting on the scheduler's plans.
  *
- * Objects. A request (lm_request) is what a submitter holds; it owns n
- * choices (eseq), each one sequence of tokens with its own KV sequence,
- * sampler, detokenizer and stop-string state. Choice 0 prefills the prompt;
- * when its prompt is done, choices 1..n-1 fork its KV blocks (kv_fork: the
- * prompt's blocks are shared, the partial last block is copied on the first
- * write) and sample from the same logits row.
+ * Objects. A request (lm_request) is what a submitter holds; it keeps a
+ * copy of its parameters and owns n choices (eseq), each one sequence of
+ * tokens with its own KV sequence, sampler, detokenizer and held text (stop
+ * strings, stop.h). Choice 0 prefills the prompt; when its prompt is done,
+ * choices 1..n-1 fork its KV blocks (kv_fork: the prompt's blocks are
+ * shared, the partial last block is copied on the first write) and sample
+ * from the same logits row.
  *
  * A choice's tokens[0..n_tokens) are its prompt and what it generated so far;
  * positions [0, n_computed) of its KV are written. Every pass feeds
@@ -15,17 +17,25 @@
  * sets n_computed back to 0: recomputation is then just a longer prefill,
  * and the sampler's RNG and history carry on, so the output is the same.
  *
- * Threads. Submitters only touch the inbox (under mu) and a request's cancel
- * flag (atomic). Everything else - queues, KV bookkeeping, samplers - belongs
- * to the engine thread, which takes mu only to move the inbox, publish
- * statistics and sleep. Callbacks run on the engine thread without mu held,
- * so a callback may call engine_cancel or engine_submit.
+ * Who decides what. The scheduler (sched.h) owns the waiting and running
+ * queues and plans each iteration; it never calls back. This file tells it
+ * what it cannot see (each running choice's length and pending tokens, the
+ * pool's free blocks, answers to its questions: what a preemption frees,
+ * what an admission takes), then acts on the plan: frees the KV of
+ * preempted choices, grows the others', admits, runs the batch, samples,
+ * and finishes choices. A choice's scheduler handle is its first member.
  *
- * Scheduling, per iteration (engine.h): cancellations; decode tokens of
- * running choices, best priority first, preempting the worst running choice
- * when a block is missing; prefill chunks of running choices; admission from
- * the waiting queue (priority, then arrival) while the token budget, max_seqs
- * and free blocks above the watermark allow.
+ * An admission is measured by a probe: a KV sequence that takes the
+ * prompt's cached prefix (kv_prefix_match) and so shows what the prefix
+ * cache saves and which cached blocks it takes. A probe the plan admits
+ * becomes the choice's KV; the others are freed before anything else
+ * happens, so the pool the plan counted on is the pool the engine acts on.
+ *
+ * Threads. Submitters only touch the inbox (under mu) and a request's cancel
+ * flag (atomic). Everything else - scheduler, KV bookkeeping, samplers -
+ * belongs to the engine thread, which takes mu only to move the inbox,
+ * publish statistics and sleep. Callbacks run on the engine thread without
+ * mu held, so a callback may call engine_cancel or engine_submit.
  */
 #include "sched/engine.h"
 
@@ -34,30 +44,33 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#include "model/forward.h"
-#include "kv/kv.h"
 #include "base/pool.h"
-#include "format/quant.h"
 #include "base/util.h"
+#include "format/quant.h"
+#include "kv/kv.h"
+#include "model/forward.h"
+#include "sched/metrics.h"
+#include "sched/sched.h"
+#include "sched/stop.h"
 
-typedef enum { CH_PENDING_FORK, CH_WAITING, CH_RUNNING, CH_DONE } ch_state;
+#define MAX_STOP_LEN 1024     /* bytes of one stop string */
 
-enum { STOP_MAX = 1024 }; /* longest stop string, bytes */
+typedef enum { CH_PENDING_FORK, CH_LIVE, CH_DONE } ch_state;
 
 typedef struct eseq {
+    sched_seq sq;             /* the scheduler's handle: first, so a sched_seq * is the choice */
     struct lm_request *req;
     int index;
-    ch_state state;
+    ch_state state;           /* CH_LIVE: queued in the scheduler (sq.where) */
     int32_t *tokens;          /* (cap) prompt then generated */
     int n_tokens, cap, n_prompt;
     int n_computed;           /* KV positions written */
     int n_gen;
     kv_seq *kv;               /* NULL unless running */
+    kv_seq *probe;            /* this iteration's admission probe, or NULL */
     lm_sampler *smp;
     lm_detok dt;
-    char *held;               /* (held_cap) released text not yet emitted (stop-string look-behind) */
-    int n_held, held_cap;
-    bool scheduled;           /* in this iteration's batch */
+    stop_text held;           /* released text not yet emitted (stop-string look-behind) */
     bool stop_hit;            /* a stop string ended the text */
     lm_request_stats stats;
 } eseq;
@@ -65,19 +78,11 @@ typedef struct eseq {
 struct lm_request {
     atomic_int refs;          /* engine + submitter (when it asked for a handle) */
     atomic_bool cancel;
-    uint64_t arrival;         /* submission order */
-    int priority;
-    int max_tokens;
-    bool ignore_eos, logprobs;
-    int top_logprobs;
-    uint64_t salt;
-    char **stop;              /* (n_stop) */
-    int n_stop, max_stop_len;
-    lm_event_fn on_event;
-    void *user;
-    int n;                    /* choices */
+    lm_request_params p;      /* as submitted; prompt, text and bias cleared (the choices and
+                                 samplers hold them), stop pointing into `stop`, max_tokens resolved */
+    stop_set stop;            /* owned copies of the stop strings */
     int n_live;               /* choices not yet done */
-    eseq *ch;                 /* (n) */
+    eseq *ch;                 /* (p.n) */
     struct lm_request *next;  /* inbox link */
 };
 
@@ -89,7 +94,8 @@ struct lm_engine {
     lm_pool *pool;
     kv_pool *kv;
     lm_fwd *fwd;              /* the forward pass's workspace: batch_tokens rows */
-    int64_t wm_blocks;        /* watermark (global class) */
+    sched *sc;
+    int n_class;              /* KV block classes */
     int64_t total_blocks[KV_N_CLASS];
     int64_t local_per_seq;    /* most local blocks one sequence holds (0: no window) */
 
@@ -105,28 +111,23 @@ struct lm_engine {
     int check_rc;
     char check_msg[LM_ERRLEN];
 
-    /* engine-thread state */
-    eseq **running;           /* (max_seqs) */
-    eseq **order;             /* (max_seqs) running, sorted, per iteration */
-    int n_running;
-    eseq **waiting;           /* (wait_cap) sorted by priority, then arrival */
-    bool static_open;         /* static batching: the current batch still admits */
-    int static_count;         /* sequences admitted into it */
-    int n_waiting, wait_cap;
-
     /* per-iteration buffers */
     int32_t *btok;            /* (batch_tokens) */
     lm_seg *segs;             /* (max_seqs) */
     eseq **seg_ch;            /* (max_seqs) */
+    eseq **probes;            /* (2 max_seqs + 2) choices holding a probe this iteration */
+    int n_probes;
     float *logits;            /* (max_seqs + 2, n_vocab): batch rows, a fork's source and work rows */
     float *lp;                /* (n_vocab) log-probabilities / sampling scratch */
-    char *emit;               /* (emit_cap) text of one event: a choice's held text and a flush */
-    int emit_cap;
-    char *piece;              /* (piece_cap) one token's text, piece_cap = detok_max_out(tok) */
+    char *piece;              /* (piece_cap) one token's text: detok_max_out bytes */
     int piece_cap;
+    char *emit;               /* (emit_cap) text of one event: held text, a piece and a flush */
+    int emit_cap;
 
     lm_engine_stats stats;    /* published under mu */
 };
+
+#define CHOICE(q) ((eseq *)(q))
 
 /* ---- small helpers ----------------------------------------------------- */
 
@@ -153,71 +154,24 @@ void engine_request_params_default(lm_request_params *p) {
     p->n = 1;
 }
 
-static void hist_init(lm_hist *h, const double *bounds, int n) {
-    memset(h, 0, sizeof *h);
-    h->n_bounds = n;
-    memcpy(h->bounds, bounds, (size_t)n * sizeof *bounds);
-}
-
-static void hist_add(lm_hist *h, double v) {
-    int i = 0;
-    while (i < h->n_bounds && v > h->bounds[i]) i++;
-    h->counts[i]++;
-    h->sum += v;
-    h->count++;
+lm_status engine_fit_context(int n_ctx, int n_prompt, int max_tokens, int *max_out) {
+    if (n_prompt >= n_ctx) return LM_ERR_TOO_LONG; /* no room for one generated token */
+    if (max_tokens < 0) max_tokens = n_ctx - n_prompt;
+    else if (max_tokens > n_ctx - n_prompt) return LM_ERR_TOO_LONG;
+    if (max_out) *max_out = max_tokens;
+    return LM_OK;
 }
 
 static void request_unref(lm_request *r) {
     if (atomic_fetch_sub(&r->refs, 1) != 1) return;
-    for (int i = 0; i < r->n; i++) {
+    for (int i = 0; i < r->p.n && r->ch; i++) {
         lm_free(r->ch[i].tokens);
-        lm_free(r->ch[i].held);
+        stop_text_free(&r->ch[i].held);
         sampler_free(r->ch[i].smp);
     }
-    for (int i = 0; i < r->n_stop; i++) lm_free(r->stop[i]);
-    lm_free(r->stop);
+    stop_set_free(&r->stop);
     lm_free(r->ch);
     lm_free(r);
-}
-
-/* ---- waiting queue ----------------------------------------------------- */
-
-static bool before(const eseq *a, const eseq *b) {
-    if (a->req->priority != b->req->priority) return a->req->priority < b->req->priority;
-    if (a->req->arrival != b->req->arrival) return a->req->arrival < b->req->arrival;
-    return a->index < b->index;
-}
-
-static int wait_push(lm_engine *e, eseq *c) {
-    if (e->n_waiting == e->wait_cap) {
-        int cap = e->wait_cap ? e->wait_cap * 2 : 64;
-        eseq **w = lm_realloc(e->waiting, (size_t)cap * sizeof *w);
-        if (!w) return -1;
-        e->waiting = w;
-        e->wait_cap = cap;
-    }
-    int i = e->n_waiting++;
-    while (i > 0 && before(c, e->waiting[i - 1])) {
-        e->waiting[i] = e->waiting[i - 1];
-        i--;
-    }
-    e->waiting[i] = c;
-    c->state = CH_WAITING;
-    return 0;
-}
-
-static void wait_remove(lm_engine *e, int i) {
-    memmove(e->waiting + i, e->waiting + i + 1, (size_t)(e->n_waiting - i - 1) * sizeof *e->waiting);
-    e->n_waiting--;
-}
-
-static void running_remove(lm_engine *e, eseq *c) {
-    for (int i = 0; i < e->n_running; i++)
-        if (e->running[i] == c) {
-            memmove(e->running + i, e->running + i + 1, (size_t)(e->n_running - i - 1) * sizeof *e->running);
-            e->n_running--;
-            return;
-        }
 }
 
 /* ---- events ------------------------------------------------------------ */
@@ -226,24 +180,23 @@ static void emit_event(lm_engine *e, eseq *c, int32_t tok, const char *text, siz
                        const int32_t *top_ids, const float *top_lp) {
     lm_event ev = {.index = c->index, .token = tok, .text = text, .text_len = len, .logprob = lp, .n_top = n_top,
                    .top_ids = top_ids, .top_logprobs = top_lp, .stats = &c->stats};
-    c->req->on_event(c->req->user, &ev);
+    c->req->p.on_event(c->req->p.user, &ev);
 }
 
 /* End a choice: release its KV (registering its blocks for prefix reuse when
  * it completed normally), flush its text, send the final event; the request
- * loses the engine's reference when its last choice ends. */
-static void finish(lm_engine *e, eseq *c, lm_finish why, const char *error) {
+ * loses the engine's reference when its last choice ends. status says what
+ * kind of error with LM_FINISH_ERROR (LM_OK otherwise). */
+static void finish(lm_engine *e, eseq *c, lm_finish why, lm_status status, const char *error) {
     lm_request *r = c->req;
-    if (c->state == CH_RUNNING) running_remove(e, c);
-    else if (c->state == CH_WAITING)
-        for (int i = 0; i < e->n_waiting; i++)
-            if (e->waiting[i] == c) {
-                wait_remove(e, i);
-                break;
-            }
+    sched_remove(e->sc, &c->sq);
+    if (c->probe) {
+        kv_seq_free(e->kv, c->probe);
+        c->probe = NULL;
+    }
     if (c->kv) {
         if (e->cfg.prefix_cache && (why == LM_FINISH_STOP || why == LM_FINISH_LENGTH))
-            kv_prefix_commit(e->kv, c->kv, c->tokens, c->n_computed, r->salt);
+            kv_prefix_commit(e->kv, c->kv, c->tokens, c->n_computed, r->p.cache_salt);
         kv_seq_free(e->kv, c->kv);
         c->kv = NULL;
     }
@@ -255,66 +208,28 @@ static void finish(lm_engine *e, eseq *c, lm_finish why, const char *error) {
     /* what is still held back is output unless a stop string ended the text */
     size_t len = 0;
     if (!c->stop_hit) {
-        memcpy(e->emit, c->held, (size_t)c->n_held);
-        len = (size_t)c->n_held;
+        memcpy(e->emit, c->held.held, (size_t)c->held.n);
+        len = (size_t)c->held.n;
         if (why == LM_FINISH_STOP || why == LM_FINISH_LENGTH) {
             /* an incomplete UTF-8 tail ends as U+FFFD rather than vanishing */
             int w = detok_flush(&c->dt, e->emit + len, e->emit_cap - (int)len);
             if (w > 0) len += (size_t)w;
         }
     }
-    c->n_held = 0;
+    c->held.n = 0;
+    if (why != LM_FINISH_ERROR) status = LM_OK;
+    else if (status == LM_OK) status = LM_ERR_INTERNAL;
     lm_event ev = {.index = c->index, .token = -1, .text = e->emit, .text_len = len, .done = true, .finish = why,
-                   .error = error, .stats = &c->stats};
+                   .status = status, .error = error, .stats = &c->stats};
     pthread_mutex_lock(&e->mu);
-    e->stats.requests_finished += c->index == 0;
-    if (why == LM_FINISH_STOP || why == LM_FINISH_LENGTH) {
-        if (c->n_gen > 0) hist_add(&e->stats.ttft, c->stats.ttft);
-        if (c->n_gen > 1) hist_add(&e->stats.tpot, c->stats.tpot);
-        hist_add(&e->stats.e2e, c->stats.e2e);
-    }
+    metrics_finished(&e->stats, &c->stats, c->index, why);
     pthread_mutex_unlock(&e->mu);
-    r->on_event(r->user, &ev);
+    r->p.on_event(r->p.user, &ev);
     /* choices still waiting for a fork from choice 0 cannot get one now */
     if (c->index == 0 && c->n_gen == 0)
-        for (int i = 1; i < r->n; i++)
-            if (r->ch[i].state == CH_PENDING_FORK) finish(e, &r->ch[i], why, error);
+        for (int i = 1; i < r->p.n; i++)
+            if (r->ch[i].state == CH_PENDING_FORK) finish(e, &r->ch[i], why, status, error);
     if (--r->n_live == 0) request_unref(r);
-}
-
-/* Text released by the detokenizer: append to the held text, cut at the
- * first stop string, and release all but the longest tail that could still
- * begin one. Returns true when a stop string matched; len: the bytes to emit
- * now from e->emit. */
-static bool stop_scan(lm_engine *e, eseq *c, const char *add, int n_add, size_t *len) {
-    lm_request *r = c->req;
-    memcpy(c->held + c->n_held, add, (size_t)n_add);
-    c->n_held += n_add;
-    int cut = -1;
-    for (int s = 0; s < r->n_stop; s++) {
-        const char *hit = memmem(c->held, (size_t)c->n_held, r->stop[s], strlen(r->stop[s]));
-        if (hit && (cut < 0 || hit - c->held < cut)) cut = (int)(hit - c->held);
-    }
-    if (cut >= 0) {
-        memcpy(e->emit, c->held, (size_t)cut);
-        *len = (size_t)cut;
-        c->n_held = 0;
-        return true;
-    }
-    int keep = 0;
-    for (int s = 0; s < r->n_stop; s++) {
-        int sl = (int)strlen(r->stop[s]);
-        for (int k = sl - 1 > c->n_held ? c->n_held : sl - 1; k > keep; k--)
-            if (!memcmp(c->held + c->n_held - k, r->stop[s], (size_t)k)) {
-                keep = k;
-                break;
-            }
-    }
-    *len = (size_t)(c->n_held - keep);
-    memcpy(e->emit, c->held, *len);
-    memmove(c->held, c->held + *len, (size_t)keep);
-    c->n_held = keep;
-    return false;
 }
 
 /* Sample choice c's next token from its logits row (modified), emit it, and
@@ -325,13 +240,14 @@ static void take_token(lm_engine *e, eseq *c, float *row) {
     int n_top = 0;
     int32_t top_ids[LM_MAX_TOP_LOGPROBS];
     float top_lp[LM_MAX_TOP_LOGPROBS];
-    if (r->logprobs || r->top_logprobs > 0) {
+    bool want_lp = r->p.logprobs || r->p.top_logprobs > 0;
+    if (want_lp) {
         sample_log_softmax(row, V, e->lp);
-        n_top = sample_top_n(e->lp, V, r->top_logprobs, top_ids, top_lp);
+        n_top = sample_top_n(e->lp, V, r->p.top_logprobs, top_ids, top_lp);
     }
     int32_t t = sampler_sample(c->smp, row);
     if (t < 0) {
-        finish(e, c, LM_FINISH_ERROR, "every token is banned (logit_bias)");
+        finish(e, c, LM_FINISH_ERROR, LM_ERR_INVALID, "every token is banned (logit_bias)");
         return;
     }
     sampler_accept(c->smp, t);
@@ -342,28 +258,29 @@ static void take_token(lm_engine *e, eseq *c, float *row) {
     pthread_mutex_lock(&e->mu);
     e->stats.generation_tokens_total++;
     pthread_mutex_unlock(&e->mu);
-    float lp = (r->logprobs || r->top_logprobs > 0) ? e->lp[t] : 0;
+    float lp = want_lp ? e->lp[t] : 0;
 
-    bool eog = !r->ignore_eos && tok_is_eog(e->tok, t);
+    bool eog = !r->p.ignore_eos && tok_is_eog(e->tok, t);
     size_t len = 0;
     bool stopped = false;
     if (!eog) {
         int w = detok_push(&c->dt, t, e->piece, e->piece_cap);
         if (w < 0) { /* cannot happen: piece_cap is the detokenizer's maximum */
-            finish(e, c, LM_FINISH_ERROR, "internal: a token's text does not fit the detokenizer's maximum");
+            finish(e, c, LM_FINISH_ERROR, LM_ERR_INTERNAL,
+                   "internal: a token's text does not fit the detokenizer's maximum");
             return;
         }
-        if (r->n_stop) stopped = c->stop_hit = stop_scan(e, c, e->piece, w, &len);
+        if (r->stop.n) stopped = c->stop_hit = stop_scan(&r->stop, &c->held, e->piece, w, e->emit, &len);
         else {
             memcpy(e->emit, e->piece, (size_t)w);
             len = (size_t)w;
         }
     }
     emit_event(e, c, t, e->emit, len, lp, n_top, top_ids, top_lp);
-    if (eog || stopped) finish(e, c, LM_FINISH_STOP, NULL);
+    if (eog || stopped) finish(e, c, LM_FINISH_STOP, LM_OK, NULL);
     /* the context is full once every position holds a token: the token
      * sampled from the last position's logits ends the text without one */
-    else if (c->n_gen >= r->max_tokens || c->n_tokens > e->n_ctx) finish(e, c, LM_FINISH_LENGTH, NULL);
+    else if (c->n_gen >= r->p.max_tokens || c->n_tokens > e->n_ctx) finish(e, c, LM_FINISH_LENGTH, LM_OK, NULL);
 }
 
 /* ---- submission -------------------------------------------------------- */
@@ -372,113 +289,110 @@ static int64_t blocks_for(const lm_engine *e, int64_t tokens) {
     return (tokens + e->cfg.block_size - 1) / e->cfg.block_size;
 }
 
-static int submit_tokens(lm_engine *e, const lm_request_params *p, lm_request **out, char *err, size_t errlen);
+static lm_status submit_tokens(lm_engine *e, const lm_request_params *p, lm_request **out, char *err,
+                               size_t errlen);
 
-int engine_submit(lm_engine *e, const lm_request_params *p, lm_request **out, char *err, size_t errlen) {
+lm_status engine_submit(lm_engine *e, const lm_request_params *p, lm_request **out, char *err, size_t errlen) {
     if (out) *out = NULL;
+    if (!p) return lm_err(err, errlen, "no request parameters"), LM_ERR_INVALID;
     if (p->prompt || !p->text) return submit_tokens(e, p, out, err, errlen);
     /* a text prompt: tokenize it here (the context bounds its useful length) */
     if (p->text_len > (size_t)16 * (size_t)e->n_ctx + 4096)
         return lm_err(err, errlen, "the prompt text (%zu bytes) cannot fit the context of %d tokens", p->text_len,
-                      e->n_ctx), ENGINE_ETOOBIG;
+                      e->n_ctx), LM_ERR_TOO_LONG;
     int n = tok_encode(e->tok, p->text, p->text_len, tok_add_bos(e->tok), true, NULL, 0);
-    if (n < 0) return lm_err(err, errlen, "the prompt text cannot be tokenized"), ENGINE_EINVAL;
+    if (n < 0) return lm_err(err, errlen, "the prompt text cannot be tokenized"), LM_ERR_INVALID;
     int32_t *ids = lm_malloc((size_t)(n > 0 ? n : 1) * sizeof *ids);
-    if (!ids) return lm_err(err, errlen, "out of memory"), ENGINE_ENOMEM;
+    if (!ids) return lm_err(err, errlen, "out of memory"), LM_ERR_NOMEM;
     tok_encode(e->tok, p->text, p->text_len, tok_add_bos(e->tok), true, ids, n);
     lm_request_params q = *p;
     q.prompt = ids;
     q.n_prompt = n;
-    int rc = submit_tokens(e, &q, out, err, errlen);
+    lm_status rc = submit_tokens(e, &q, out, err, errlen);
     lm_free(ids);
     return rc;
 }
 
-static int submit_tokens(lm_engine *e, const lm_request_params *p, lm_request **out, char *err, size_t errlen) {
-    const lm_hparams *hp = &e->m->hp;
-    if (!p->on_event) return lm_err(err, errlen, "no event callback"), ENGINE_EINVAL;
-    if (!p->prompt || p->n_prompt < 1) return lm_err(err, errlen, "the prompt is empty"), ENGINE_EINVAL;
-    if (p->max_tokens < 1) return lm_err(err, errlen, "max_tokens must be at least 1"), ENGINE_EINVAL;
-    if (p->n < 1) return lm_err(err, errlen, "n must be at least 1"), ENGINE_EINVAL;
+/* The request's fields, each on its own: LM_OK or LM_ERR_INVALID. */
+static lm_status check_fields(const lm_engine *e, const lm_request_params *p, char *err, size_t errlen) {
+    int32_t V = e->m->hp.n_vocab;
+    if (!p->on_event) return lm_err(err, errlen, "no event callback"), LM_ERR_INVALID;
+    if (!p->prompt || p->n_prompt < 1) return lm_err(err, errlen, "the prompt is empty"), LM_ERR_INVALID;
+    if (p->max_tokens == 0)
+        return lm_err(err, errlen, "max_tokens must be at least 1 (or negative: the rest of the context)"),
+               LM_ERR_INVALID;
+    if (p->n < 1) return lm_err(err, errlen, "n must be at least 1"), LM_ERR_INVALID;
     if (p->n > e->cfg.max_seqs)
         return lm_err(err, errlen, "n = %d is more than the %d sequences the engine runs at once", p->n,
-                      e->cfg.max_seqs), ENGINE_ETOOBIG;
+                      e->cfg.max_seqs), LM_ERR_INVALID;
     if (p->top_logprobs < 0 || p->top_logprobs > LM_MAX_TOP_LOGPROBS)
-        return lm_err(err, errlen, "top_logprobs must be in [0, %d]", LM_MAX_TOP_LOGPROBS), ENGINE_EINVAL;
+        return lm_err(err, errlen, "top_logprobs must be in [0, %d]", LM_MAX_TOP_LOGPROBS), LM_ERR_INVALID;
     if (p->n_stop < 0 || (p->n_stop && !p->stop) || p->n_bias < 0 || (p->n_bias && (!p->bias_ids || !p->bias_vals)))
-        return lm_err(err, errlen, "malformed stop or bias list"), ENGINE_EINVAL;
+        return lm_err(err, errlen, "malformed stop or bias list"), LM_ERR_INVALID;
     for (int i = 0; i < p->n_prompt; i++)
-        if (p->prompt[i] < 0 || p->prompt[i] >= hp->n_vocab)
-            return lm_err(err, errlen, "prompt token %d (id %d) is out of range [0, %d)", i, p->prompt[i],
-                          hp->n_vocab), ENGINE_EINVAL;
+        if (p->prompt[i] < 0 || p->prompt[i] >= V)
+            return lm_err(err, errlen, "prompt token %d (id %d) is out of range [0, %d)", i, p->prompt[i], V),
+                   LM_ERR_INVALID;
     for (int i = 0; i < p->n_bias; i++)
-        if (p->bias_ids[i] < 0 || p->bias_ids[i] >= hp->n_vocab)
-            return lm_err(err, errlen, "logit_bias token id %d is out of range [0, %d)", p->bias_ids[i],
-                          hp->n_vocab), ENGINE_EINVAL;
+        if (p->bias_ids[i] < 0 || p->bias_ids[i] >= V)
+            return lm_err(err, errlen, "logit_bias token id %d is out of range [0, %d)", p->bias_ids[i], V),
+                   LM_ERR_INVALID;
     for (int i = 0; i < p->n_stop; i++)
-        if (!p->stop[i] || !p->stop[i][0] || strlen(p->stop[i]) > STOP_MAX)
-            return lm_err(err, errlen, "stop string %d is empty or longer than %d bytes", i, STOP_MAX), ENGINE_EINVAL;
-    if (p->n_prompt >= e->n_ctx)
-        return lm_err(err, errlen, "the prompt has %d tokens; the context holds %d (room for at least one more is "
-                      "needed)", p->n_prompt, e->n_ctx), ENGINE_ETOOBIG;
-    /* worst case the request must fit the pool alone: its prompt once, each
-     * choice's generated tokens plus a copied partial block */
-    int64_t total = (int64_t)p->n_prompt + p->max_tokens;
-    if (total > e->n_ctx) total = e->n_ctx;
+        if (!p->stop[i] || !p->stop[i][0] || strlen(p->stop[i]) > MAX_STOP_LEN)
+            return lm_err(err, errlen, "stop string %d is empty or longer than %d bytes", i, MAX_STOP_LEN),
+                   LM_ERR_INVALID;
+    return LM_OK;
+}
+
+/* Whether the request, alone in the empty pool, fits: its prompt once, each
+ * choice's generated tokens plus a copied partial block. */
+static lm_status check_pool(const lm_engine *e, const lm_request_params *p, int64_t total, char *err,
+                            size_t errlen) {
     int64_t gen = total - p->n_prompt;
     int64_t need = blocks_for(e, total) + (int64_t)(p->n - 1) * (blocks_for(e, gen) + 1);
     if (need > e->total_blocks[KV_GLOBAL])
         return lm_err(err, errlen, "the request needs up to %lld KV blocks; the pool has %lld", (long long)need,
-                      (long long)e->total_blocks[KV_GLOBAL]), ENGINE_ETOOBIG;
+                      (long long)e->total_blocks[KV_GLOBAL]), LM_ERR_TOO_LONG;
     /* sliding-window layers: each choice holds at most local_per_seq blocks */
     if (e->local_per_seq) {
         int64_t per = blocks_for(e, total) < e->local_per_seq ? blocks_for(e, total) : e->local_per_seq;
         if (per * p->n > e->total_blocks[KV_LOCAL])
             return lm_err(err, errlen, "the request needs up to %lld local KV blocks; the pool has %lld",
-                          (long long)(per * p->n), (long long)e->total_blocks[KV_LOCAL]), ENGINE_ETOOBIG;
+                          (long long)(per * p->n), (long long)e->total_blocks[KV_LOCAL]), LM_ERR_TOO_LONG;
     }
+    return LM_OK;
+}
 
+/* A new request with its choices, or NULL when out of memory. */
+static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max_tokens, bool handle) {
     lm_request *r = lm_calloc(1, sizeof *r);
-    if (!r) return lm_err(err, errlen, "out of memory"), ENGINE_ENOMEM;
-    atomic_init(&r->refs, out ? 2 : 1);
+    if (!r) return NULL;
+    atomic_init(&r->refs, 1);
     atomic_init(&r->cancel, false);
-    r->priority = p->priority;
-    r->max_tokens = p->max_tokens;
-    r->ignore_eos = p->ignore_eos;
-    r->logprobs = p->logprobs;
-    r->top_logprobs = p->top_logprobs;
-    r->salt = p->cache_salt;
-    r->on_event = p->on_event;
-    r->user = p->user;
-    r->n = r->n_live = p->n;
+    r->p = *p;
+    r->p.prompt = NULL, r->p.n_prompt = 0, r->p.text = NULL, r->p.text_len = 0;
+    r->p.bias_ids = NULL, r->p.bias_vals = NULL, r->p.n_bias = 0;
+    r->p.max_tokens = max_tokens;
+    r->n_live = p->n;
     r->ch = lm_calloc((size_t)p->n, sizeof *r->ch);
-    r->stop = p->n_stop ? lm_calloc((size_t)p->n_stop, sizeof *r->stop) : NULL;
-    bool ok = r->ch && (!p->n_stop || r->stop);
-    for (int i = 0; ok && i < p->n_stop; i++) {
-        size_t l = strlen(p->stop[i]);
-        if (!(r->stop[i] = lm_malloc(l + 1))) ok = false;
-        else {
-            memcpy(r->stop[i], p->stop[i], l + 1);
-            r->n_stop++;
-            if ((int)l > r->max_stop_len) r->max_stop_len = (int)l;
-        }
-    }
+    bool ok = r->ch && stop_set_init(&r->stop, p->stop, p->n_stop) == 0;
+    r->p.stop = (const char *const *)r->stop.s;
+    r->p.n_stop = r->stop.n;
     double now = lm_now();
-    int cap = (int)total + 1;
+    int cap = p->n_prompt + max_tokens + 1;
     for (int i = 0; ok && i < p->n; i++) {
         eseq *c = &r->ch[i];
         c->req = r;
         c->index = i;
-        c->state = i == 0 ? CH_WAITING : CH_PENDING_FORK;
+        c->state = i == 0 ? CH_LIVE : CH_PENDING_FORK;
+        c->sq = (sched_seq){.priority = p->priority, .index = i};
         c->cap = cap;
         c->n_prompt = c->n_tokens = p->n_prompt;
-        c->held_cap = r->max_stop_len + e->piece_cap; /* a stop string's prefix kept + one token */
         c->tokens = lm_malloc((size_t)cap * sizeof *c->tokens);
-        c->held = lm_malloc((size_t)c->held_cap);
         lm_sample_params sp = p->sp;
         sp.seed += (uint64_t)i;
-        c->smp = sampler_new(&sp, hp->n_vocab);
-        if (!c->tokens || !c->held || !c->smp) {
+        c->smp = sampler_new(&sp, e->m->hp.n_vocab);
+        if (!c->tokens || !c->smp || stop_text_init(&c->held, &r->stop, e->piece_cap) != 0) {
             ok = false;
             break;
         }
@@ -491,10 +405,28 @@ static int submit_tokens(lm_engine *e, const lm_request_params *p, lm_request **
         c->stats.t_submit = now;
     }
     if (!ok) {
-        atomic_store(&r->refs, 1);
         request_unref(r);
-        return lm_err(err, errlen, "out of memory"), ENGINE_ENOMEM;
+        return NULL;
     }
+    if (handle) atomic_store(&r->refs, 2);
+    return r;
+}
+
+static lm_status submit_tokens(lm_engine *e, const lm_request_params *p, lm_request **out, char *err,
+                               size_t errlen) {
+    lm_status rc = check_fields(e, p, err, errlen);
+    if (rc != LM_OK) return rc;
+    int max_tokens;
+    if (engine_fit_context(e->n_ctx, p->n_prompt, p->max_tokens, &max_tokens) != LM_OK) {
+        if (p->n_prompt >= e->n_ctx)
+            return lm_err(err, errlen, "the prompt has %d tokens; the context holds %d (room for at least one "
+                          "more is needed)", p->n_prompt, e->n_ctx), LM_ERR_TOO_LONG;
+        return lm_err(err, errlen, "the prompt has %d tokens and max_tokens is %d; the context holds %d",
+                      p->n_prompt, p->max_tokens, e->n_ctx), LM_ERR_TOO_LONG;
+    }
+    if ((rc = check_pool(e, p, (int64_t)p->n_prompt + max_tokens, err, errlen)) != LM_OK) return rc;
+    lm_request *r = request_new(e, p, max_tokens, out != NULL);
+    if (!r) return lm_err(err, errlen, "out of memory"), LM_ERR_NOMEM;
     pthread_mutex_lock(&e->mu);
     if (e->stop || (e->cfg.max_waiting > 0 && e->n_inbox + e->stats.waiting >= e->cfg.max_waiting)) {
         bool stopping = e->stop;
@@ -502,10 +434,11 @@ static int submit_tokens(lm_engine *e, const lm_request_params *p, lm_request **
         pthread_mutex_unlock(&e->mu);
         atomic_store(&r->refs, 1);
         request_unref(r);
-        if (stopping) return lm_err(err, errlen, "the engine is shutting down"), ENGINE_EBUSY;
-        return lm_err(err, errlen, "%d requests are already waiting", e->cfg.max_waiting), ENGINE_EBUSY;
+        if (stopping) return lm_err(err, errlen, "the engine is shutting down"), LM_ERR_BUSY;
+        return lm_err(err, errlen, "%d requests are already waiting", e->cfg.max_waiting), LM_ERR_BUSY;
     }
-    r->arrival = e->next_arrival++;
+    uint64_t arrival = e->next_arrival++;
+    for (int i = 0; i < p->n; i++) r->ch[i].sq.arrival = arrival;
     if (e->inbox_tail) e->inbox_tail->next = r;
     else e->inbox = r;
     e->inbox_tail = r;
@@ -515,7 +448,7 @@ static int submit_tokens(lm_engine *e, const lm_request_params *p, lm_request **
     pthread_cond_signal(&e->wake);
     pthread_mutex_unlock(&e->mu);
     if (out) *out = r;
-    return ENGINE_OK;
+    return LM_OK;
 }
 
 void engine_cancel(lm_engine *e, lm_request *r) {
@@ -530,85 +463,138 @@ void engine_request_release(lm_engine *e, lm_request *r) {
     if (r) request_unref(r);
 }
 
-/* ---- scheduling -------------------------------------------------------- */
+/* ---- acting on the scheduler ------------------------------------------- */
 
-/* Free c's KV and requeue it for recomputation. */
+/* Queue c to wait (again) from the start of its sequence. */
+static void enqueue(lm_engine *e, eseq *c) {
+    c->n_computed = 0;
+    c->sq.n_pending = c->n_tokens;
+    if (sched_enqueue(e->sc, &c->sq) != 0) finish(e, c, LM_FINISH_ERROR, LM_ERR_NOMEM, "out of memory queueing a request");
+}
+
+/* Free running choice c's KV; the scheduler already moved it to waiting. */
 static void preempt(lm_engine *e, eseq *c) {
-    running_remove(e, c);
     kv_seq_free(e->kv, c->kv);
     c->kv = NULL;
     c->n_computed = 0;
+    c->sq.n_pending = c->n_tokens;
     c->stats.preemptions++;
     pthread_mutex_lock(&e->mu);
     e->stats.preemptions_total++;
     pthread_mutex_unlock(&e->mu);
-    if (wait_push(e, c) != 0) finish(e, c, LM_FINISH_ERROR, "out of memory requeueing a preempted request");
 }
 
-/* The running choice to preempt: worst priority, latest arrival, not in this
- * iteration's batch; NULL when there is none. */
-static eseq *pick_victim(lm_engine *e, const eseq *except) {
-    eseq *v = NULL;
-    for (int i = 0; i < e->n_running; i++) {
-        eseq *c = e->running[i];
-        if (c->scheduled || c == except) continue;
-        if (!v || before(v, c)) v = c;
-    }
-    return v;
-}
-
-/* Grow running choice c's KV by n positions, preempting the worst other
- * running choice while the pool is full (or c itself when it is the worst).
- * Returns 1 when grown, 0 when c was preempted, -1 on error (c finished). */
-static int reserve(lm_engine *e, eseq *c, int n) {
-    char err[LM_ERRLEN];
-    for (;;) {
-        int rc = kv_append(e->kv, c->kv, n, err, sizeof err);
-        if (rc == KV_OK) return 1;
-        if (rc != KV_FULL) {
-            finish(e, c, LM_FINISH_ERROR, err);
-            return -1;
-        }
-        eseq *v = pick_victim(e, c);
-        if (!v || before(v, c)) {
-            preempt(e, c);
-            return 0;
-        }
-        preempt(e, v);
+/* What the plan does not know about running choices: their lengths, and
+ * what an append takes beyond its new blocks (a copy-on-write of a shared
+ * last block; less the local blocks leaving the window). Measured for one
+ * token: kv_blocks_needed never goes below 0, so for longer appends the
+ * figure errs on the side of taking more. */
+static void report_running(lm_engine *e) {
+    int B = e->cfg.block_size;
+    for (int i = 0; i < sched_n_running(e->sc); i++) {
+        eseq *c = CHOICE(sched_running_at(e->sc, i));
+        c->sq.n_pending = c->n_tokens - c->n_computed;
+        c->sq.len = c->n_computed;
+        int fresh = (c->n_computed + 1 + B - 1) / B - (c->n_computed + B - 1) / B;
+        for (int k = 0; k < e->n_class; k++)
+            c->sq.extra[k] = (int)kv_blocks_needed(e->kv, c->kv, 1, k) - fresh;
     }
 }
 
-/* Admit the head of the waiting queue when the pool can take its whole
- * remaining prompt above the watermark: global blocks for every position,
- * and (with sliding-window layers) the local blocks of its remaining prompt
- * up to what one sequence ever holds, as it gives its own blocks back once
- * they leave the window. No watermark applies to local blocks: a decode
- * releases about one for each it takes. Returns the admitted choice or NULL. */
-static eseq *admit(lm_engine *e) {
-    if (!e->n_waiting || e->n_running >= e->cfg.max_seqs) return NULL;
-    eseq *c = e->waiting[0];
-    char err[LM_ERRLEN];
-    kv_seq *kv = kv_seq_new(e->kv, err, sizeof err);
-    if (!kv) return NULL;
+/* Blocks of each class freeing c's KV would give back: those it alone holds. */
+static void answer_frees(lm_engine *e, eseq *c) {
+    int64_t frees[KV_N_CLASS] = {0};
+    int nb = (kv_seq_len(c->kv) + e->cfg.block_size - 1) / e->cfg.block_size;
+    for (int k = 0; k < e->n_class; k++) {
+        const int32_t *t = kv_seq_table(c->kv, k);
+        for (int i = 0; t && i < nb; i++) frees[k] += t[i] >= 0 && kv_class_refcount(e->kv, k, t[i]) == 1;
+    }
+    sched_answer_frees(e->sc, &c->sq, frees);
+}
+
+/* Probe waiting choice c's admission: what the prefix cache fills, the
+ * cached blocks it takes out of the available ones, and the new blocks the
+ * rest of its prompt (and one position) needs; local ones at most what one
+ * sequence ever holds, as it gives its own back once they leave the window. */
+static void answer_admit(lm_engine *e, eseq *c) {
+    int64_t take[KV_N_CLASS] = {0}, need[KV_N_CLASS] = {0}, before[KV_N_CLASS];
     int cached = 0;
-    if (e->cfg.prefix_cache) cached = kv_prefix_match(e->kv, kv, c->tokens, c->n_tokens, c->req->salt);
-    int n = (c->n_tokens < e->n_ctx ? c->n_tokens + 1 : e->n_ctx) - cached; /* never past the context */
-    int64_t need = kv_blocks_needed(e->kv, kv, n, KV_GLOBAL);
-    int64_t need_local = kv_blocks_needed(e->kv, kv, n, KV_LOCAL);
-    if (need_local > e->local_per_seq) need_local = e->local_per_seq;
-    bool alone = e->n_running == 0;
-    if (need + (alone ? 0 : e->wm_blocks) > kv_available(e->kv, KV_GLOBAL) ||
-        need_local > kv_available(e->kv, KV_LOCAL)) {
-        kv_seq_free(e->kv, kv);
-        return NULL;
+    char err[LM_ERRLEN];
+    if (!c->probe) {
+        for (int k = 0; k < e->n_class; k++) before[k] = kv_available(e->kv, k);
+        c->probe = kv_seq_new(e->kv, err, sizeof err);
+        if (c->probe && e->cfg.prefix_cache)
+            cached = kv_prefix_match(e->kv, c->probe, c->tokens, c->n_tokens, c->req->p.cache_salt);
+        if (c->probe) e->probes[e->n_probes++] = c;
+        for (int k = 0; k < e->n_class; k++) take[k] = before[k] - kv_available(e->kv, k);
     }
-    wait_remove(e, 0);
-    c->kv = kv;
-    c->n_computed = cached;
-    if (c->stats.preemptions == 0) c->stats.cached_tokens = cached;
-    c->state = CH_RUNNING;
-    e->running[e->n_running++] = c;
-    return c;
+    if (c->probe) {
+        cached = kv_seq_len(c->probe);
+        for (int k = 0; k < e->n_class; k++) need[k] = kv_blocks_needed(e->kv, c->probe, c->n_tokens - cached + 1, k);
+        if (e->n_class > 1 && need[KV_LOCAL] > e->local_per_seq) need[KV_LOCAL] = e->local_per_seq;
+    } else {
+        for (int k = 0; k < e->n_class; k++) need[k] = INT64_MAX / 4; /* no memory: it cannot be admitted now */
+    }
+    sched_answer_admit(e->sc, &c->sq, cached, take, need);
+}
+
+/* Put n of c's pending tokens into the batch. */
+static void batch_add(lm_engine *e, eseq *c, int n, int *n_tok, int *n_seg) {
+    memcpy(e->btok + *n_tok, c->tokens + c->n_computed, (size_t)n * sizeof *e->btok);
+    e->segs[*n_seg] = (lm_seg){.seq = c->kv, .pos0 = c->n_computed, .n = n,
+                               .n_logits = c->n_computed + n == c->n_tokens};
+    e->seg_ch[(*n_seg)++] = c;
+    *n_tok += n;
+}
+
+/* Act on a complete plan: free probes it does not admit, preempt, reject,
+ * grow and admit. Fills the batch; returns its segment count. */
+static int act(lm_engine *e, const sched_plan *p, int *n_tok) {
+    int n_seg = 0;
+    char err[LM_ERRLEN];
+    for (int i = 0; i < e->n_probes; i++) {
+        eseq *c = e->probes[i];
+        bool admitted = false;
+        for (int j = 0; j < p->n_admit && !admitted; j++) admitted = p->admit[j].seq == &c->sq;
+        if (!admitted && c->probe) {
+            kv_seq_free(e->kv, c->probe);
+            c->probe = NULL;
+        }
+    }
+    e->n_probes = 0;
+    sched_commit(e->sc, p);
+    for (int i = 0; i < p->n_preempt; i++) preempt(e, CHOICE(p->preempt[i]));
+    for (int i = 0; i < p->n_reject; i++)
+        finish(e, CHOICE(p->reject[i]), LM_FINISH_ERROR, LM_ERR_TOO_LONG, "the request does not fit the KV pool");
+    for (int i = 0; i < p->n_run; i++) {
+        eseq *c = CHOICE(p->run[i].seq);
+        int rc = kv_append(e->kv, c->kv, p->run[i].n, err, sizeof err);
+        if (rc == KV_OK) {
+            batch_add(e, c, p->run[i].n, n_tok, &n_seg);
+        } else if (rc == KV_FULL) { /* the plan counted wrong: wait again rather than fail */
+            sched_requeue(e->sc, &c->sq);
+            preempt(e, c);
+        } else {
+            finish(e, c, LM_FINISH_ERROR, LM_ERR_NOMEM, err);
+        }
+    }
+    for (int i = 0; i < p->n_admit; i++) {
+        eseq *c = CHOICE(p->admit[i].seq);
+        c->kv = c->probe;
+        c->probe = NULL;
+        c->n_computed = kv_seq_len(c->kv);
+        if (c->stats.preemptions == 0) c->stats.cached_tokens = c->n_computed;
+        int n = p->admit[i].n < c->n_tokens - c->n_computed ? p->admit[i].n : c->n_tokens - c->n_computed;
+        if (kv_append(e->kv, c->kv, n, err, sizeof err) == KV_OK) {
+            batch_add(e, c, n, n_tok, &n_seg);
+        } else { /* cannot happen after the plan's check; requeue it to be safe */
+            sched_requeue(e->sc, &c->sq);
+            kv_seq_free(e->kv, c->kv);
+            c->kv = NULL;
+            c->n_computed = 0;
+        }
+    }
+    return n_seg;
 }
 
 /* Fork choice 0's prompt into the request's other choices, each sampling
@@ -617,132 +603,70 @@ static void fork_choices(lm_engine *e, eseq *c0, const float *src) {
     lm_request *r = c0->req;
     int32_t V = e->m->hp.n_vocab;
     float *work = e->logits + (size_t)(e->cfg.max_seqs + 1) * V;
-    for (int i = 1; i < r->n; i++) {
+    for (int i = 1; i < r->p.n; i++) {
         eseq *c = &r->ch[i];
         if (c->state != CH_PENDING_FORK) continue;
-        char err[LM_ERRLEN];
-        if (e->n_running >= e->cfg.max_seqs) {
+        c->state = CH_LIVE;
+        if (!sched_start(e->sc, &c->sq)) {
             /* no room to run beside it now: it prefills later on its own
              * (the prefix cache makes that cheap) */
-            if (wait_push(e, c) != 0) finish(e, c, LM_FINISH_ERROR, "out of memory");
+            enqueue(e, c);
             continue;
         }
-        c->kv = kv_fork(e->kv, c0->kv, err, sizeof err);
-        if (!c->kv) {
-            finish(e, c, LM_FINISH_ERROR, err);
+        char err[LM_ERRLEN];
+        if (!(c->kv = kv_fork(e->kv, c0->kv, err, sizeof err))) {
+            finish(e, c, LM_FINISH_ERROR, LM_ERR_NOMEM, err);
             continue;
         }
         c->n_computed = c0->n_computed;
         c->stats.cached_tokens = c0->stats.cached_tokens;
-        c->state = CH_RUNNING;
-        e->running[e->n_running++] = c;
         memcpy(work, src, (size_t)V * sizeof *work);
         take_token(e, c, work);
     }
-}
-
-/* Put n of c's pending tokens into the batch. */
-static void batch_add(lm_engine *e, eseq *c, int n, int *n_tok, int *n_seg) {
-    c->scheduled = true;
-    memcpy(e->btok + *n_tok, c->tokens + c->n_computed, (size_t)n * sizeof *e->btok);
-    e->segs[*n_seg] = (lm_seg){.seq = c->kv, .pos0 = c->n_computed, .n = n,
-                               .n_logits = c->n_computed + n == c->n_tokens};
-    e->seg_ch[(*n_seg)++] = c;
-    *n_tok += n;
 }
 
 static void publish(lm_engine *e) {
     kv_stats ks;
     kv_stats_get(e->kv, &ks);
     pthread_mutex_lock(&e->mu);
-    e->stats.running = e->n_running;
-    e->stats.waiting = e->n_waiting;
-    e->stats.kv_blocks_total = ks.n_blocks;
-    e->stats.kv_blocks_used = ks.n_used;
-    e->stats.kv_blocks_free = ks.n_free + ks.n_cached;
-    e->stats.kv_blocks_cached = ks.n_cached;
-    e->stats.kv_local_blocks_total = ks.cls[KV_LOCAL].n_blocks;
-    e->stats.kv_local_blocks_used = ks.cls[KV_LOCAL].n_used;
-    e->stats.kv_local_blocks_free = ks.cls[KV_LOCAL].n_free + ks.cls[KV_LOCAL].n_cached;
-    e->stats.kv_local_blocks_cached = ks.cls[KV_LOCAL].n_cached;
-    e->stats.prefix_queries_total = ks.prefix_queries;
-    e->stats.prefix_hits_total = ks.prefix_hit_blocks;
+    metrics_queues(&e->stats, sched_n_running(e->sc), sched_n_waiting(e->sc), &ks);
     pthread_mutex_unlock(&e->mu);
+}
+
+/* Finish every cancelled choice, running or waiting. */
+static void reap_cancelled(lm_engine *e) {
+    for (int i = sched_n_running(e->sc) - 1; i >= 0; i--)
+        if (i < sched_n_running(e->sc)) {
+            eseq *c = CHOICE(sched_running_at(e->sc, i));
+            if (atomic_load(&c->req->cancel)) finish(e, c, LM_FINISH_CANCELLED, LM_OK, NULL);
+        }
+    for (int i = sched_n_waiting(e->sc) - 1; i >= 0; i--)
+        if (i < sched_n_waiting(e->sc)) {
+            eseq *c = CHOICE(sched_waiting_at(e->sc, i));
+            if (atomic_load(&c->req->cancel)) finish(e, c, LM_FINISH_CANCELLED, LM_OK, NULL);
+        }
 }
 
 /* One iteration. Returns false when there was nothing to run. */
 static bool step(lm_engine *e) {
     const int32_t V = e->m->hp.n_vocab;
-    /* cancellations */
-    for (int i = e->n_running - 1; i >= 0; i--)
-        if (i < e->n_running && atomic_load(&e->running[i]->req->cancel))
-            finish(e, e->running[i], LM_FINISH_CANCELLED, NULL);
-    for (int i = e->n_waiting - 1; i >= 0; i--)
-        if (i < e->n_waiting && atomic_load(&e->waiting[i]->req->cancel))
-            finish(e, e->waiting[i], LM_FINISH_CANCELLED, NULL);
-    if (!e->n_running && !e->n_waiting) {
+    reap_cancelled(e);
+    if (!sched_n_running(e->sc) && !sched_n_waiting(e->sc)) {
         publish(e);
         return false;
     }
-
-    int budget = e->cfg.batch_tokens, n_tok = 0, n_seg = 0;
-    /* running choices, best first; decodes (one token) before prefill chunks */
-    int n_order = e->n_running;
-    eseq **order = e->order;
-    memcpy(order, e->running, (size_t)n_order * sizeof *order);
-    for (int i = 1; i < n_order; i++)
-        for (int j = i; j > 0 && before(order[j], order[j - 1]); j--) {
-            eseq *t = order[j];
-            order[j] = order[j - 1];
-            order[j - 1] = t;
-        }
-    for (int i = 0; i < n_order; i++) order[i]->scheduled = false;
-    for (int pass = 0; pass < 2; pass++)
-        for (int i = 0; i < n_order && n_tok < budget; i++) {
-            eseq *c = order[i];
-            if (c->state != CH_RUNNING || c->scheduled) continue;
-            int want = c->n_tokens - c->n_computed;
-            if ((pass == 0) != (want == 1)) continue;
-            int n = want < budget - n_tok ? want : budget - n_tok;
-            if (reserve(e, c, n) == 1) batch_add(e, c, n, &n_tok, &n_seg);
-        }
-    /* admission (static batching: only into an empty engine, then no one
-     * joins until the whole batch has finished) */
-    if (e->cfg.static_batching && e->n_running == 0) {
-        e->static_open = true; /* a new batch forms, over as many iterations as its prompts need */
-        e->static_count = 0;
+    /* plan, answering the scheduler's questions, then act */
+    report_running(e);
+    sched_view view = {{0}};
+    for (int k = 0; k < e->n_class; k++) view.avail[k] = kv_available(e->kv, k);
+    sched_begin(e->sc);
+    const sched_plan *p;
+    while ((p = sched_decide(e->sc, &view))->ask) {
+        eseq *c = CHOICE(p->ask);
+        if (c->sq.where == SCHED_RUNNING) answer_frees(e, c);
+        else answer_admit(e, c);
     }
-    bool may_admit = !e->cfg.static_batching || e->static_open;
-    while (may_admit && n_tok < budget) {
-        bool alone = e->n_running == 0;
-        eseq *c = admit(e);
-        if (!c) {
-            e->static_open = false;
-            if (alone && e->n_waiting) {
-                /* the pool cannot take it even empty: it would wait forever */
-                finish(e, e->waiting[0], LM_FINISH_ERROR, "the request does not fit the KV pool");
-                continue;
-            }
-            break;
-        }
-        int want = c->n_tokens - c->n_computed;
-        int n = want < budget - n_tok ? want : budget - n_tok;
-        char err[LM_ERRLEN];
-        if (kv_append(e->kv, c->kv, n, err, sizeof err) != KV_OK) {
-            /* cannot happen after admit's check; requeue it to be safe */
-            running_remove(e, c);
-            kv_seq_free(e->kv, c->kv);
-            c->kv = NULL;
-            c->n_computed = 0;
-            if (wait_push(e, c) != 0) finish(e, c, LM_FINISH_ERROR, "out of memory");
-            break;
-        }
-        batch_add(e, c, n, &n_tok, &n_seg);
-        if (e->cfg.static_batching && ++e->static_count >= e->cfg.max_seqs) {
-            e->static_open = false;
-            break;
-        }
-    }
+    int n_tok = 0, n_seg = act(e, p, &n_tok);
     if (n_seg == 0) {
         publish(e);
         return false;
@@ -754,18 +678,17 @@ static bool step(lm_engine *e) {
     int row = 0;
     for (int g = 0; g < n_seg; g++) {
         eseq *c = e->seg_ch[g];
-        c->scheduled = false;
-        if (c->state != CH_RUNNING) continue;
+        if (c->sq.where != SCHED_RUNNING) continue;
         if (rc != 0) {
-            finish(e, c, LM_FINISH_ERROR, err);
+            finish(e, c, LM_FINISH_ERROR, LM_ERR_INTERNAL, err);
             continue;
         }
         c->n_computed += e->segs[g].n;
         if (e->cfg.prefix_cache && c->n_gen == 0)
-            kv_prefix_commit(e->kv, c->kv, c->tokens, c->n_computed, c->req->salt);
+            kv_prefix_commit(e->kv, c->kv, c->tokens, c->n_computed, c->req->p.cache_salt);
         if (!e->segs[g].n_logits) continue;
         float *lrow = e->logits + (size_t)row++ * V;
-        if (c->n_gen == 0 && c->index == 0 && c->req->n > 1) {
+        if (c->n_gen == 0 && c->index == 0 && c->req->p.n > 1) {
             /* the forks sample from copies of this row before choice 0 (which
              * may finish at once and free its blocks) takes its token */
             float *src = e->logits + (size_t)e->cfg.max_seqs * V;
@@ -775,10 +698,7 @@ static bool step(lm_engine *e) {
         take_token(e, c, lrow);
     }
     pthread_mutex_lock(&e->mu);
-    e->stats.iterations++;
-    e->stats.batch_seqs_total += (uint64_t)n_seg;
-    e->stats.batch_tokens_total += (uint64_t)n_tok;
-    hist_add(&e->stats.batch_size, n_seg);
+    metrics_iteration(&e->stats, n_seg, n_tok);
     pthread_mutex_unlock(&e->mu);
     publish(e);
     return true;
@@ -793,13 +713,15 @@ static void drain_inbox(lm_engine *e) {
         e->inbox = r->next;
         if (!e->inbox) e->inbox_tail = NULL;
         e->n_inbox--;
-        if (wait_push(e, &r->ch[0]) != 0) {
+        eseq *c = &r->ch[0];
+        c->sq.n_pending = c->n_tokens;
+        if (sched_enqueue(e->sc, &c->sq) != 0) {
             pthread_mutex_unlock(&e->mu);
-            finish(e, &r->ch[0], LM_FINISH_ERROR, "out of memory queueing the request");
+            finish(e, c, LM_FINISH_ERROR, LM_ERR_NOMEM, "out of memory queueing the request");
             pthread_mutex_lock(&e->mu);
         }
     }
-    e->stats.waiting = e->n_waiting;
+    e->stats.waiting = sched_n_waiting(e->sc);
 }
 
 static int check_now(lm_engine *e, char *err, size_t errlen) {
@@ -807,14 +729,24 @@ static int check_now(lm_engine *e, char *err, size_t errlen) {
     kv_stats ks;
     kv_stats_get(e->kv, &ks);
     int64_t live = 0;
-    for (int i = 0; i < e->n_running; i++) live += e->running[i]->kv != NULL;
+    int n_running = sched_n_running(e->sc);
+    for (int i = 0; i < n_running; i++) live += CHOICE(sched_running_at(e->sc, i))->kv != NULL;
     if (ks.n_seqs != live)
         return lm_err(err, errlen, "%lld KV sequences exist, %lld are live", (long long)ks.n_seqs, (long long)live);
     for (int k = 0; k < KV_N_CLASS; k++)
-        if (!e->n_running && ks.cls[k].n_used != 0)
+        if (!n_running && ks.cls[k].n_used != 0)
             return lm_err(err, errlen, "%lld %sKV blocks are held with nothing running", (long long)ks.cls[k].n_used,
                           k == KV_LOCAL ? "local " : "");
     return 0;
+}
+
+/* Shutdown: every choice still queued gets its final event. */
+static void cancel_all(lm_engine *e) {
+    int n;
+    while ((n = sched_n_running(e->sc)))
+        finish(e, CHOICE(sched_running_at(e->sc, n - 1)), LM_FINISH_CANCELLED, LM_OK, "the engine shut down");
+    while ((n = sched_n_waiting(e->sc)))
+        finish(e, CHOICE(sched_waiting_at(e->sc, n - 1)), LM_FINISH_CANCELLED, LM_OK, "the engine shut down");
 }
 
 static void *engine_main(void *arg) {
@@ -833,19 +765,17 @@ static void *engine_main(void *arg) {
         bool busy = step(e);
         pthread_mutex_lock(&e->mu);
         if (!busy && !e->inbox && !e->stop && !e->check_req) {
-            if (!e->n_running && !e->n_waiting) pthread_cond_broadcast(&e->idle_cv);
+            if (!sched_n_running(e->sc) && !sched_n_waiting(e->sc)) pthread_cond_broadcast(&e->idle_cv);
             /* nothing runnable: sleep until a submission or cancellation */
             pthread_cond_wait(&e->wake, &e->mu);
         }
     }
     pthread_mutex_unlock(&e->mu);
-    /* shutdown: every request still here gets its final event */
-    while (e->n_running) finish(e, e->running[e->n_running - 1], LM_FINISH_CANCELLED, "the engine shut down");
-    while (e->n_waiting) finish(e, e->waiting[e->n_waiting - 1], LM_FINISH_CANCELLED, "the engine shut down");
+    cancel_all(e);
     pthread_mutex_lock(&e->mu);
     drain_inbox(e);
     pthread_mutex_unlock(&e->mu);
-    while (e->n_waiting) finish(e, e->waiting[e->n_waiting - 1], LM_FINISH_CANCELLED, "the engine shut down");
+    cancel_all(e);
     publish(e);
     pthread_mutex_lock(&e->mu);
     pthread_cond_broadcast(&e->idle_cv);
@@ -859,20 +789,44 @@ static void destroy(lm_engine *e) {
     fwd_free(e->fwd);
     pool_free(e->pool);
     kv_pool_free(e->kv);
-    lm_free(e->running);
-    lm_free(e->order);
-    lm_free(e->waiting);
+    sched_free(e->sc);
     lm_free(e->segs);
     lm_free(e->seg_ch);
+    lm_free(e->probes);
     lm_free(e->btok);
     lm_free(e->logits);
     lm_free(e->lp);
-    lm_free(e->emit);
     lm_free(e->piece);
+    lm_free(e->emit);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->wake);
     pthread_cond_destroy(&e->idle_cv);
     lm_free(e);
+}
+
+/* The per-iteration buffers and the scheduler, once the pool is made. */
+static int alloc_buffers(lm_engine *e, char *err, size_t errlen) {
+    const lm_engine_config *c = &e->cfg;
+    size_t V = (size_t)e->m->hp.n_vocab, S = (size_t)c->max_seqs;
+    sched_config scfg = {.batch_tokens = c->batch_tokens, .max_seqs = c->max_seqs, .block_size = c->block_size,
+                         .n_class = e->n_class,
+                         .wm_blocks = (int64_t)ceil(c->watermark * (double)e->total_blocks[KV_GLOBAL]),
+                         .static_batching = c->static_batching};
+    e->sc = sched_new(&scfg);
+    e->segs = lm_calloc(S, sizeof *e->segs);
+    e->seg_ch = lm_calloc(S, sizeof *e->seg_ch);
+    e->probes = lm_calloc(2 * S + 2, sizeof *e->probes);
+    e->btok = lm_malloc((size_t)c->batch_tokens * sizeof *e->btok);
+    e->logits = lm_malloc((S + 2) * V * sizeof *e->logits); /* batch rows, fork source, fork work */
+    e->lp = lm_malloc(V * sizeof *e->lp);
+    e->piece_cap = detok_max_out(e->tok);
+    e->piece = lm_malloc((size_t)e->piece_cap);
+    e->emit_cap = MAX_STOP_LEN + 2 * e->piece_cap + 64; /* held text + a piece, and a flush */
+    e->emit = lm_malloc((size_t)e->emit_cap);
+    if (!e->sc || !e->segs || !e->seg_ch || !e->probes || !e->btok || !e->logits || !e->lp || !e->piece ||
+        !e->emit)
+        return lm_err(err, errlen, "out of memory allocating the engine's buffers");
+    return 0;
 }
 
 lm_engine *engine_new(const lm_model *m, const lm_tokenizer *tok, const lm_engine_config *cin, char *err,
@@ -919,40 +873,15 @@ lm_engine *engine_new(const lm_model *m, const lm_tokenizer *tok, const lm_engin
     if (!(e->kv = kv_pool_new(&kc, err, errlen))) goto fail;
     const kv_plan *plan = kv_pool_plan(e->kv);
     for (int k = 0; k < KV_N_CLASS; k++) e->total_blocks[k] = plan->cls[k].n_blocks;
+    e->n_class = kv_pool_window(e->kv) > 0 ? 2 : 1;
     e->local_per_seq = plan->local_blocks_per_seq;
-    e->wm_blocks = (int64_t)ceil(c.watermark * (double)e->total_blocks[KV_GLOBAL]);
     if (!(e->pool = pool_new(c.n_threads))) {
         lm_err(err, errlen, "cannot start %d threads", c.n_threads);
         goto fail;
     }
     if (!(e->fwd = fwd_new(m, e->pool, e->kv, &dims, err, errlen))) goto fail;
-    size_t V = (size_t)m->hp.n_vocab, S = (size_t)c.max_seqs;
-    e->running = lm_calloc(S, sizeof *e->running);
-    e->order = lm_calloc(S, sizeof *e->order);
-    e->segs = lm_calloc(S, sizeof *e->segs);
-    e->seg_ch = lm_calloc(S, sizeof *e->seg_ch);
-    e->btok = lm_malloc((size_t)c.batch_tokens * sizeof *e->btok);
-    e->logits = lm_malloc((S + 2) * V * sizeof *e->logits); /* batch rows, fork source, fork work */
-    e->lp = lm_malloc(V * sizeof *e->lp);
-    /* a token's text: the detokenizer's maximum for this vocabulary; an
-     * event's: all a choice may hold back (held_cap) plus a flush's U+FFFD */
-    e->piece_cap = detok_max_out(tok);
-    e->piece = lm_malloc((size_t)e->piece_cap);
-    e->emit_cap = STOP_MAX + e->piece_cap + 4;
-    e->emit = lm_malloc((size_t)e->emit_cap);
-    if (!e->running || !e->order || !e->segs || !e->seg_ch || !e->btok || !e->logits || !e->lp || !e->emit ||
-        !e->piece) {
-        lm_err(err, errlen, "out of memory allocating the engine's buffers");
-        goto fail;
-    }
-    static const double b_batch[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
-    static const double b_ttft[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
-    static const double b_tpot[] = {0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5};
-    static const double b_e2e[] = {0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600};
-    hist_init(&e->stats.batch_size, b_batch, 10);
-    hist_init(&e->stats.ttft, b_ttft, 12);
-    hist_init(&e->stats.tpot, b_tpot, 10);
-    hist_init(&e->stats.e2e, b_e2e, 12);
+    if (alloc_buffers(e, err, errlen) != 0) goto fail;
+    metrics_init(&e->stats);
     publish(e);
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         lm_err(err, errlen, "cannot start the engine thread");
@@ -1002,3 +931,4 @@ int engine_check(lm_engine *e, char *err, size_t errlen) {
 const lm_model *engine_model(const lm_engine *e) { return e->m; }
 const lm_tokenizer *engine_tokenizer(const lm_engine *e) { return e->tok; }
 int engine_n_ctx(const lm_engine *e) { return e->n_ctx; }
+int engine_max_seqs(const lm_engine *e) { return e->cfg.max_seqs; }

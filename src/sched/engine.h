@@ -17,16 +17,14 @@
  * LM head. A sequence's output does not depend on what else is in the batch
  * (the kernels' summation order is fixed per row).
  *
- * Admission: a waiting request is admitted when the pool can hold its whole
- * prompt (plus one block of room) above a watermark of free blocks and fewer
- * than max_seqs run (with sliding-window layers: global blocks for the whole
- * prompt, and the local blocks of as much of it as one sequence ever holds
- * at once; a request needs both classes); the queue is ordered by priority (lower value first, as
- * vLLM's), then by arrival. When the pool runs out during decode, the
- * running sequence with the worst priority (latest arrival among equals) is
- * preempted: its blocks are freed and it is requeued with the tokens it has
- * generated, to be recomputed later with the same output. A request that the
- * whole pool or the context could never hold is rejected at submission.
+ * Which sequences wait, run or are preempted, and what each batch holds, is
+ * the scheduler's decision (sched.h: admission by free KV blocks above a
+ * watermark and max_seqs, priority order - lower value first, as vLLM's -
+ * then arrival, preemption of the worst running sequence when the pool runs
+ * out, the chunk budget); the engine acts on it. A preempted sequence's
+ * blocks are freed and it is requeued with the tokens it has generated, to
+ * be recomputed later with the same output. A request that the whole pool
+ * or the context could never hold is rejected at submission.
  *
  * Results reach the submitter through its callback, called on the engine
  * thread once per generated token (with the newly released text) and once
@@ -67,17 +65,26 @@ lm_engine *engine_new(const lm_model *m, const lm_tokenizer *tok, const lm_engin
  * stops the thread, frees the engine. */
 void engine_free(lm_engine *e);
 
-enum { ENGINE_OK = 0, ENGINE_EINVAL = -1, ENGINE_EBUSY = -2, ENGINE_ENOMEM = -3, ENGINE_ETOOBIG = -4 };
-
 /*
- * Queue a request. On success returns ENGINE_OK and, when out is not NULL,
- * a handle for engine_cancel that stays valid until engine_request_release.
+ * Queue a request. On success returns LM_OK and, when out is not NULL, a
+ * handle for engine_cancel that stays valid until engine_request_release.
  * (With out NULL nothing needs releasing.) On failure no event is ever
- * called and err says why: EINVAL for bad parameters (token out of range,
- * max_tokens < 1, ...), ETOOBIG when the prompt plus max_tokens can never fit
- * the context or the KV pool, EBUSY when max_waiting requests already wait.
+ * called and err says why: LM_ERR_INVALID for a bad field (token out of
+ * range, max_tokens 0, n above max_seqs, ...), LM_ERR_TOO_LONG when the
+ * request breaks the context rule (engine_fit_context) or could never fit
+ * the KV pool, LM_ERR_BUSY when max_waiting requests already wait or the
+ * engine is stopping, LM_ERR_NOMEM.
  */
-int engine_submit(lm_engine *e, const lm_request_params *p, lm_request **out, char *err, size_t errlen);
+lm_status engine_submit(lm_engine *e, const lm_request_params *p, lm_request **out, char *err, size_t errlen);
+/*
+ * The context rule, the one every layer applies: a prompt of n_prompt
+ * tokens must leave room for one generated token; max_tokens > 0 must fit
+ * beside it (n_prompt + max_tokens <= n_ctx); max_tokens < 0 asks for the
+ * rest of the context. LM_OK with *max_out (may be NULL) the tokens the
+ * request may generate, or LM_ERR_TOO_LONG. (max_tokens 0 is the caller's
+ * to refuse: engine_submit says LM_ERR_INVALID.)
+ */
+lm_status engine_fit_context(int n_ctx, int n_prompt, int max_tokens, int *max_out);
 /* Ask for the request to end (its final event says LM_FINISH_CANCELLED
  * unless it finished first); its blocks return to the pool at the next
  * iteration boundary. Any thread; safe after the request finished. */
@@ -95,5 +102,7 @@ int engine_check(lm_engine *e, char *err, size_t errlen);
 const lm_model *engine_model(const lm_engine *e);
 const lm_tokenizer *engine_tokenizer(const lm_engine *e);
 int engine_n_ctx(const lm_engine *e);
+/* The most sequences it runs at once (a request's n may not exceed it). */
+int engine_max_seqs(const lm_engine *e);
 
 #endif

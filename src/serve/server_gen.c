@@ -185,6 +185,23 @@ void call_free(srv_call *c) {
 
 /* ------------------------------------------------------------- submission */
 
+/* An engine's refusal as an HTTP error, by its status alone: busy 429,
+ * out of memory 503, too long 400 context_length_exceeded (about the prompt:
+ * the parser already held max_tokens and n to the engine's limits), any
+ * other field 400, anything else 500. */
+static int submit_error(lm_server_error *e, lm_status rc, const char *prompt_param, const char *err) {
+    switch (rc) {
+    case LM_ERR_BUSY:
+        return server_error(e, 429, "rate_limit_error", NULL, "server_busy", "The server is busy (%s); retry later.",
+                            err);
+    case LM_ERR_TOO_LONG:
+        return server_error(e, 400, "invalid_request_error", prompt_param, "context_length_exceeded", "%s", err);
+    case LM_ERR_NOMEM: return server_error(e, 503, "server_error", NULL, NULL, "%s", err);
+    case LM_ERR_INVALID: return server_error(e, 400, "invalid_request_error", NULL, NULL, "%s", err);
+    default: return server_error(e, 500, "server_error", NULL, NULL, "%s", err);
+    }
+}
+
 /* Submit every prompt; 0, or -1 with *e (429 busy, 400 too big or invalid). */
 static int submit_all(srv_call *c, lm_server_error *e) {
     lm_server_request *r = &c->req;
@@ -218,17 +235,8 @@ static int submit_all(srv_call *c, lm_server_error *e) {
         p.user = &c->subs[i];
         lm_request *h = NULL;
         char err[LM_ERRLEN];
-        int rc = engine_submit(c->engine, &p, &h, err, sizeof err);
-        if (rc == ENGINE_EBUSY)
-            return server_error(e, 429, "rate_limit_error", NULL, "server_busy", "The server is busy (%s); retry "
-                                "later.", err);
-        if (rc == ENGINE_ETOOBIG && r->n > 1 && !strncmp(err, "n = ", 4)) /* more choices than sequences */
-            return server_error(e, 400, "invalid_request_error", "n", NULL, "%s", err);
-        if (rc == ENGINE_ETOOBIG)
-            return server_error(e, 400, "invalid_request_error", c->chat ? "messages" : "prompt",
-                                "context_length_exceeded", "%s", err);
-        if (rc == ENGINE_ENOMEM) return server_error(e, 503, "server_error", NULL, NULL, "%s", err);
-        if (rc != ENGINE_OK) return server_error(e, 400, "invalid_request_error", NULL, NULL, "%s", err);
+        lm_status rc = engine_submit(c->engine, &p, &h, err, sizeof err);
+        if (rc != LM_OK) return submit_error(e, rc, c->chat ? "messages" : "prompt", err);
         pthread_mutex_lock(&c->mu);
         c->subs[i].handle = h;
         c->n_subs = i + 1;

@@ -1,0 +1,310 @@
+/*
+ * sched.c - the scheduling policy (see sched.h for the contract).
+ *
+ * Data. `running` is an unordered set of at most max_seqs handles; `waiting`
+ * is an array kept sorted (insertion: queues are short next to a forward
+ * pass). Its capacity never drops below n_waiting + n_running, so a
+ * preempted sequence always has a slot to go back to without allocating.
+ *
+ * A plan is a pure function of the queues, the view and the answers given
+ * in this iteration: sched_decide recomputes it from scratch each time, so
+ * after an answer the same steps lead to the same point and go on past it.
+ * Marks on running sequences (in the batch, preempted) are the plan's
+ * scratch and mean nothing outside it.
+ */
+#include "sched/sched.h"
+
+#include <string.h>
+
+#include "base/util.h"
+
+enum { MARK_NONE = 0, MARK_BATCH, MARK_PREEMPT };
+
+struct sched {
+    sched_config cfg;
+    sched_seq **running;        /* (max_seqs) */
+    int n_running;
+    sched_seq **waiting;        /* (wait_cap) sorted by sched_before */
+    int n_waiting, wait_cap;
+    sched_seq **order;          /* (max_seqs) running, sorted, per plan */
+    uint64_t epoch;
+    bool static_open;           /* static batching: the current batch still admits */
+    int static_count;           /* sequences admitted into it */
+    sched_plan plan;
+};
+
+bool sched_before(const sched_seq *a, const sched_seq *b) {
+    if (a->priority != b->priority) return a->priority < b->priority;
+    if (a->arrival != b->arrival) return a->arrival < b->arrival;
+    return a->index < b->index;
+}
+
+sched *sched_new(const sched_config *c) {
+    if (c->batch_tokens < 1 || c->max_seqs < 1 || c->block_size < 1 || c->n_class < 1 || c->n_class > KV_N_CLASS)
+        return NULL;
+    sched *s = lm_calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->cfg = *c;
+    size_t S = (size_t)c->max_seqs;
+    s->running = lm_calloc(S, sizeof *s->running);
+    s->order = lm_calloc(S, sizeof *s->order);
+    s->plan.run = lm_calloc(S, sizeof *s->plan.run);
+    s->plan.admit = lm_calloc(S, sizeof *s->plan.admit);
+    s->plan.preempt = lm_calloc(S, sizeof *s->plan.preempt);
+    s->plan.reject = lm_calloc(S, sizeof *s->plan.reject);
+    if (!s->running || !s->order || !s->plan.run || !s->plan.admit || !s->plan.preempt || !s->plan.reject) {
+        sched_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void sched_free(sched *s) {
+    if (!s) return;
+    lm_free(s->running);
+    lm_free(s->waiting);
+    lm_free(s->order);
+    lm_free(s->plan.run);
+    lm_free(s->plan.admit);
+    lm_free(s->plan.preempt);
+    lm_free(s->plan.reject);
+    lm_free(s);
+}
+
+/* ---- queues ------------------------------------------------------------ */
+
+/* Room for every queued sequence plus `more` in the waiting array. */
+static int wait_room(sched *s, int more) {
+    int want = s->n_waiting + s->n_running + more;
+    if (want <= s->wait_cap) return 0;
+    int cap = s->wait_cap ? s->wait_cap : 64;
+    while (cap < want) cap *= 2;
+    sched_seq **w = lm_realloc(s->waiting, (size_t)cap * sizeof *w);
+    if (!w) return -1;
+    s->waiting = w;
+    s->wait_cap = cap;
+    return 0;
+}
+
+/* Sorted insert; the room is there (wait_room). */
+static void wait_insert(sched *s, sched_seq *q) {
+    int i = s->n_waiting++;
+    while (i > 0 && sched_before(q, s->waiting[i - 1])) {
+        s->waiting[i] = s->waiting[i - 1];
+        i--;
+    }
+    s->waiting[i] = q;
+    q->where = SCHED_WAITING;
+}
+
+static void wait_remove(sched *s, sched_seq *q) {
+    for (int i = 0; i < s->n_waiting; i++)
+        if (s->waiting[i] == q) {
+            memmove(s->waiting + i, s->waiting + i + 1, (size_t)(s->n_waiting - i - 1) * sizeof *s->waiting);
+            s->n_waiting--;
+            break;
+        }
+    q->where = SCHED_NONE;
+}
+
+static void running_remove(sched *s, sched_seq *q) {
+    for (int i = 0; i < s->n_running; i++)
+        if (s->running[i] == q) {
+            memmove(s->running + i, s->running + i + 1, (size_t)(s->n_running - i - 1) * sizeof *s->running);
+            s->n_running--;
+            break;
+        }
+    q->where = SCHED_NONE;
+}
+
+int sched_enqueue(sched *s, sched_seq *q) {
+    if (wait_room(s, 1) != 0) return -1;
+    wait_insert(s, q);
+    return 0;
+}
+
+bool sched_start(sched *s, sched_seq *q) {
+    if (s->n_running >= s->cfg.max_seqs || wait_room(s, 1) != 0) return false;
+    s->running[s->n_running++] = q;
+    q->where = SCHED_RUNNING;
+    return true;
+}
+
+void sched_remove(sched *s, sched_seq *q) {
+    if (q->where == SCHED_RUNNING) running_remove(s, q);
+    else if (q->where == SCHED_WAITING) wait_remove(s, q);
+}
+
+void sched_requeue(sched *s, sched_seq *q) {
+    if (q->where != SCHED_RUNNING) return;
+    running_remove(s, q);
+    wait_insert(s, q); /* wait_room kept a slot for every running sequence */
+}
+
+int sched_n_running(const sched *s) { return s->n_running; }
+int sched_n_waiting(const sched *s) { return s->n_waiting; }
+sched_seq *sched_running_at(const sched *s, int i) { return s->running[i]; }
+sched_seq *sched_waiting_at(const sched *s, int i) { return s->waiting[i]; }
+
+/* ---- planning ---------------------------------------------------------- */
+
+void sched_begin(sched *s) { s->epoch++; }
+
+static bool answered(const sched *s, const sched_seq *q) { return q->epoch == s->epoch; }
+
+void sched_answer_frees(sched *s, sched_seq *q, const int64_t frees[KV_N_CLASS]) {
+    memcpy(q->frees, frees, sizeof q->frees);
+    q->epoch = s->epoch;
+}
+
+void sched_answer_admit(sched *s, sched_seq *q, int cached, const int64_t take[KV_N_CLASS],
+                        const int64_t need[KV_N_CLASS]) {
+    q->cached = cached;
+    memcpy(q->take, take, sizeof q->take);
+    memcpy(q->need, need, sizeof q->need);
+    q->epoch = s->epoch;
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Blocks of each class a running sequence's growth by n takes. */
+static void grow_need(const sched *s, const sched_seq *q, int n, int64_t need[KV_N_CLASS]) {
+    int64_t B = s->cfg.block_size, fresh = ceil_div((int64_t)q->len + n, B) - ceil_div(q->len, B);
+    for (int k = 0; k < KV_N_CLASS; k++) {
+        need[k] = k < s->cfg.n_class ? fresh + q->extra[k] : 0;
+        if (need[k] < 0) need[k] = 0;
+    }
+}
+
+static bool fits(const int64_t need[KV_N_CLASS], const int64_t avail[KV_N_CLASS]) {
+    for (int k = 0; k < KV_N_CLASS; k++)
+        if (need[k] > avail[k]) return false;
+    return true;
+}
+
+/* The running sequence to preempt for q: the worst one neither in the batch
+ * nor already preempted, or q itself when it is the worst. */
+static sched_seq *victim_for(const sched *s, sched_seq *q, int n_order) {
+    sched_seq *v = NULL;
+    for (int i = 0; i < n_order; i++) {
+        sched_seq *c = s->order[i];
+        if (c->mark != MARK_NONE || c == q) continue;
+        if (!v || sched_before(v, c)) v = c;
+    }
+    return !v || sched_before(v, q) ? q : v;
+}
+
+/* Step 1: the running sequences' tokens, preempting where blocks run out.
+ * Returns false when it stopped to ask. */
+static bool plan_running(sched *s, sched_plan *p, int64_t avail[KV_N_CLASS], int *n_live) {
+    int n_order = s->n_running, budget = s->cfg.batch_tokens;
+    memcpy(s->order, s->running, (size_t)n_order * sizeof *s->order);
+    for (int i = 1; i < n_order; i++)
+        for (int j = i; j > 0 && sched_before(s->order[j], s->order[j - 1]); j--) {
+            sched_seq *t = s->order[j];
+            s->order[j] = s->order[j - 1];
+            s->order[j - 1] = t;
+        }
+    for (int i = 0; i < n_order; i++) s->order[i]->mark = MARK_NONE;
+    for (int pass = 0; pass < 2; pass++)     /* decodes, then prefill chunks */
+        for (int i = 0; i < n_order && p->n_tokens < budget; i++) {
+            sched_seq *q = s->order[i];
+            if (q->mark != MARK_NONE || (pass == 0) != (q->n_pending == 1)) continue;
+            int n = q->n_pending < budget - p->n_tokens ? q->n_pending : budget - p->n_tokens;
+            int64_t need[KV_N_CLASS];
+            grow_need(s, q, n, need);
+            for (;;) {
+                if (fits(need, avail)) {
+                    for (int k = 0; k < KV_N_CLASS; k++) avail[k] -= need[k];
+                    p->run[p->n_run++] = (sched_item){q, n};
+                    p->n_tokens += n;
+                    q->mark = MARK_BATCH;
+                    break;
+                }
+                sched_seq *v = victim_for(s, q, n_order);
+                if (!answered(s, v)) {
+                    p->ask = v;
+                    return false;
+                }
+                for (int k = 0; k < KV_N_CLASS; k++) avail[k] += v->frees[k];
+                v->mark = MARK_PREEMPT;
+                p->preempt[p->n_preempt++] = v;
+                (*n_live)--;
+                if (v == q) break;
+            }
+        }
+    return true;
+}
+
+/* Step 2: admissions from the head of the waiting queue. Returns false when
+ * it stopped to ask. */
+static bool plan_admit(sched *s, sched_plan *p, int64_t avail[KV_N_CLASS], int n_live) {
+    const sched_config *c = &s->cfg;
+    if (c->static_batching && n_live == 0) {
+        p->static_open = true; /* a new batch forms, over as many iterations as its prompts need */
+        p->static_count = 0;
+    }
+    if (c->static_batching && !p->static_open) return true;
+    for (int w = 0; p->n_tokens < c->batch_tokens;) {
+        if (w >= s->n_waiting || n_live >= c->max_seqs) {
+            p->static_open = false;
+            break;
+        }
+        sched_seq *q = s->waiting[w];
+        if (!answered(s, q)) {
+            p->ask = q;
+            return false;
+        }
+        bool alone = n_live == 0;
+        int64_t wm = alone ? 0 : c->wm_blocks;
+        bool ok = q->take[KV_GLOBAL] + q->need[KV_GLOBAL] + wm <= avail[KV_GLOBAL];
+        for (int k = 1; k < c->n_class; k++) ok = ok && q->take[k] + q->need[k] <= avail[k];
+        if (!ok) {
+            p->static_open = false;
+            if (!alone) break;
+            p->reject[p->n_reject++] = q; /* the pool cannot take it even empty */
+            w++;
+            if (p->n_reject == c->max_seqs) break;
+            continue;
+        }
+        int rest = q->n_pending - q->cached;
+        int n = rest < c->batch_tokens - p->n_tokens ? rest : c->batch_tokens - p->n_tokens;
+        /* this iteration's chunk takes its cached blocks and its own new ones */
+        int64_t chunk = ceil_div(n, c->block_size);
+        for (int k = 0; k < c->n_class; k++) avail[k] -= q->take[k] + (chunk < q->need[k] ? chunk : q->need[k]);
+        p->admit[p->n_admit++] = (sched_item){q, n};
+        p->n_tokens += n;
+        n_live++;
+        w++;
+        if (c->static_batching && ++p->static_count >= c->max_seqs) {
+            p->static_open = false;
+            break;
+        }
+    }
+    return true;
+}
+
+const sched_plan *sched_decide(sched *s, const sched_view *v) {
+    sched_plan *p = &s->plan;
+    p->ask = NULL;
+    p->n_run = p->n_admit = p->n_preempt = p->n_reject = p->n_tokens = 0;
+    p->static_open = s->static_open;
+    p->static_count = s->static_count;
+    int64_t avail[KV_N_CLASS];
+    for (int k = 0; k < KV_N_CLASS; k++) avail[k] = k < s->cfg.n_class ? v->avail[k] : 0;
+    int n_live = s->n_running;
+    if (plan_running(s, p, avail, &n_live)) plan_admit(s, p, avail, n_live);
+    return p;
+}
+
+void sched_commit(sched *s, const sched_plan *p) {
+    for (int i = 0; i < p->n_preempt; i++) sched_requeue(s, p->preempt[i]);
+    for (int i = 0; i < p->n_admit; i++) {
+        sched_seq *q = p->admit[i].seq;
+        wait_remove(s, q);
+        s->running[s->n_running++] = q;
+        q->where = SCHED_RUNNING;
+    }
+    s->static_open = p->static_open;
+    s->static_count = p->static_count;
+}
