@@ -18,6 +18,7 @@
 #include "format/gguf.h"
 #include "test.h"
 #include "text/tokenizer.h"
+#include "base/utf8.h"
 #include "base/util.h"
 
 static lm_tokenizer *tok;
@@ -349,16 +350,16 @@ static void test_context_limits(void) {
 }
 
 static void test_utf8(void) {
-    CHECK(server_utf8_valid("", 0));
-    CHECK(server_utf8_valid("abc \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", 15));
-    CHECK(!server_utf8_valid("\xc3", 1));           /* truncated */
-    CHECK(!server_utf8_valid("\xc0\x80", 2));       /* overlong NUL */
-    CHECK(!server_utf8_valid("\xe0\x80\xaf", 3));   /* overlong */
-    CHECK(!server_utf8_valid("\xed\xbf\xbf", 3));   /* surrogate */
-    CHECK(!server_utf8_valid("\xf4\x90\x80\x80", 4)); /* past U+10FFFF */
-    CHECK(!server_utf8_valid("\x80", 1));
-    CHECK(!server_utf8_valid("\xfe", 1));
-    CHECK(server_utf8_valid("\xf4\x8f\xbf\xbf", 4));
+    CHECK(utf8_valid("", 0));
+    CHECK(utf8_valid("abc \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", 15));
+    CHECK(!utf8_valid("\xc3", 1));           /* truncated */
+    CHECK(!utf8_valid("\xc0\x80", 2));       /* overlong NUL */
+    CHECK(!utf8_valid("\xe0\x80\xaf", 3));   /* overlong */
+    CHECK(!utf8_valid("\xed\xbf\xbf", 3));   /* surrogate */
+    CHECK(!utf8_valid("\xf4\x90\x80\x80", 4)); /* past U+10FFFF */
+    CHECK(!utf8_valid("\x80", 1));
+    CHECK(!utf8_valid("\xfe", 1));
+    CHECK(utf8_valid("\xf4\x8f\xbf\xbf", 4));
 }
 
 /* Deeply nested JSON is refused (cJSON's depth limit), without a crash. */

@@ -32,177 +32,9 @@
 
 #include "text/chat.h"
 #include "model/model.h"
+#include "serve/http.h"
 #include "serve/server_int.h"
 #include "base/util.h"
-
-/* ------------------------------------------------------------- byte buffer */
-
-void sbuf_put(srv_buf *b, const void *s, size_t n) {
-    if (b->failed || n == 0) return;
-    if (n > SIZE_MAX / 2 - b->len) {
-        b->failed = true;
-        return;
-    }
-    size_t need = b->len + n + 1;
-    if (need > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < need) cap *= 2;
-        char *p = lm_realloc(b->p, cap);
-        if (!p) {
-            b->failed = true;
-            return;
-        }
-        b->p = p, b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
-void sbuf_puts(srv_buf *b, const char *s) {
-    if (s) sbuf_put(b, s, strlen(s));
-}
-
-void sbuf_printf(srv_buf *b, const char *fmt, ...) {
-    char small[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(small, sizeof small, fmt, ap);
-    va_end(ap);
-    if (n < 0) {
-        b->failed = true;
-        return;
-    }
-    if ((size_t)n < sizeof small) {
-        sbuf_put(b, small, (size_t)n);
-        return;
-    }
-    char *big = lm_malloc((size_t)n + 1);
-    if (!big) {
-        b->failed = true;
-        return;
-    }
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    sbuf_put(b, big, (size_t)n);
-    lm_free(big);
-}
-
-void sbuf_free(srv_buf *b) {
-    lm_free(b->p);
-    memset(b, 0, sizeof *b);
-}
-
-/* Length of the UTF-8 sequence at s (n bytes readable): > 0 a valid
- * character, 0 a valid but incomplete start, -1 invalid (one byte to drop). */
-static int utf8_seq(const unsigned char *s, size_t n) {
-    unsigned char c = s[0];
-    if (c < 0x80) return 1;
-    int len;
-    if (c >= 0xc2 && c <= 0xdf) len = 2;
-    else if (c >= 0xe0 && c <= 0xef) len = 3;
-    else if (c >= 0xf0 && c <= 0xf4) len = 4;
-    else return -1;
-    for (int k = 1; k < len; k++) {
-        if ((size_t)k >= n) return 0;
-        unsigned char d = s[k];
-        /* the second byte's range excludes overlongs, surrogates and > U+10FFFF */
-        unsigned char lo = 0x80, hi = 0xbf;
-        if (k == 1 && c == 0xe0) lo = 0xa0;
-        if (k == 1 && c == 0xed) hi = 0x9f;
-        if (k == 1 && c == 0xf0) lo = 0x90;
-        if (k == 1 && c == 0xf4) hi = 0x8f;
-        if (d < lo || d > hi) return -1;
-    }
-    return len;
-}
-
-size_t sbuf_put_utf8(srv_buf *b, const char *str, size_t n, bool final) {
-    const unsigned char *s = (const unsigned char *)str;
-    size_t i = 0;
-    while (i < n) {
-        int len = utf8_seq(s + i, n - i);
-        if (len == 0 && !final) break;
-        if (len <= 0) {
-            sbuf_put(b, "\xef\xbf\xbd", 3);
-            i++;
-        } else if (len == 1 && s[i] == 0) {
-            sbuf_put(b, "\xef\xbf\xbd", 3); /* a NUL cannot travel in a C string */
-            i++;
-        } else {
-            sbuf_put(b, s + i, (size_t)len);
-            i += (size_t)len;
-        }
-    }
-    return i;
-}
-
-/* --------------------------------------------------------------- responses */
-
-int srv_respond(lm_server *s, struct MHD_Connection *conn, int status, const char *ctype, const char *body,
-                size_t len, const char *hdr, const char *hdr_val) {
-    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
-    if (!r) return MHD_NO;
-    MHD_add_response_header(r, "Content-Type", ctype);
-    if (hdr) MHD_add_response_header(r, hdr, hdr_val);
-    enum MHD_Result ret = MHD_queue_response(conn, (unsigned)status, r);
-    MHD_destroy_response(r);
-    if (ret == MHD_YES && status > 0 && status < SRV_STATUS_MAX) atomic_fetch_add(&s->http_status[status], 1);
-    return ret;
-}
-
-char *srv_error_json(const lm_server_error *e) {
-    cJSON *o = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(o, "error");
-    srv_buf msg = {0};
-    sbuf_put_utf8(&msg, e->message, strlen(e->message), true);
-    cJSON_AddStringToObject(err, "message", msg.p ? msg.p : "");
-    sbuf_free(&msg);
-    cJSON_AddStringToObject(err, "type", e->type[0] ? e->type : "invalid_request_error");
-    if (e->param[0]) cJSON_AddStringToObject(err, "param", e->param);
-    else cJSON_AddNullToObject(err, "param");
-    if (e->code[0]) cJSON_AddStringToObject(err, "code", e->code);
-    else cJSON_AddNullToObject(err, "code");
-    char *p = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    return p; /* cJSON allocates through lm_malloc (server_parse.c's hooks) */
-}
-
-int srv_respond_error(lm_server *s, struct MHD_Connection *conn, const lm_server_error *e) {
-    char *j = srv_error_json(e);
-    static const char fallback[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
-                                   "\"param\":null,\"code\":null}}";
-    int ret = srv_respond(s, conn, e->status, "application/json", j ? j : fallback, j ? strlen(j) : strlen(fallback),
-                          NULL, NULL);
-    lm_free(j);
-    return ret;
-}
-
-/* An error answer in one call: status, type, code and message. */
-static int respond_err(lm_server *s, struct MHD_Connection *conn, int status, const char *type, const char *code,
-                       const char *hdr, const char *hdr_val, const char *fmt, ...)
-    __attribute__((format(printf, 8, 9)));
-static int respond_err(lm_server *s, struct MHD_Connection *conn, int status, const char *type, const char *code,
-                       const char *hdr, const char *hdr_val, const char *fmt, ...) {
-    lm_server_error e;
-    server_error(&e, status, type, NULL, code, "%s", "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e.message, sizeof e.message, fmt, ap);
-    va_end(ap);
-    char *j = srv_error_json(&e);
-    int ret = srv_respond(s, conn, status, "application/json", j ? j : "{}", j ? strlen(j) : 2, hdr, hdr_val);
-    lm_free(j);
-    return ret;
-}
-
-bool srv_peer_gone(struct MHD_Connection *conn) {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci) return false;
-    struct pollfd p = {.fd = ci->connect_fd, .events = POLLRDHUP};
-    if (poll(&p, 1, 0) <= 0) return false;
-    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
-}
 
 /* ------------------------------------------------------------- small routes */
 
@@ -228,7 +60,7 @@ static int route_models(lm_server *s, struct MHD_Connection *conn, const char *n
     cJSON *o;
     if (name) {
         if (strcmp(name, s->model_name) != 0)
-            return respond_err(s, conn, 404, "invalid_request_error", "model_not_found", NULL, NULL,
+            return srv_respond_errf(s, conn, 404, "invalid_request_error", "model_not_found", NULL, NULL,
                                "The model '%.100s' does not exist.", name);
         o = model_object(s);
     } else {
@@ -244,21 +76,21 @@ static int route_models(lm_server *s, struct MHD_Connection *conn, const char *n
     return ret;
 }
 
-static void metric(srv_buf *b, const char *name, const char *type, const char *help, double v) {
-    sbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+static void metric(strbuf *b, const char *name, const char *type, const char *help, double v) {
+    strbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
 }
 
 /* A histogram in Prometheus' form: cumulative buckets, +Inf, sum, count. */
-static void histogram(srv_buf *b, const char *name, const char *help, const lm_hist *h) {
-    sbuf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+static void histogram(strbuf *b, const char *name, const char *help, const lm_hist *h) {
+    strbuf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     uint64_t cum = 0;
     int nb = h->n_bounds < LM_HIST_MAX ? h->n_bounds : LM_HIST_MAX;
     for (int i = 0; i < nb; i++) {
         cum += h->counts[i];
-        sbuf_printf(b, "%s_bucket{le=\"%.10g\"} %llu\n", name, h->bounds[i], (unsigned long long)cum);
+        strbuf_printf(b, "%s_bucket{le=\"%.10g\"} %llu\n", name, h->bounds[i], (unsigned long long)cum);
     }
     cum += h->counts[nb];
-    sbuf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.17g\n%s_count %llu\n", name, (unsigned long long)cum, name,
+    strbuf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.17g\n%s_count %llu\n", name, (unsigned long long)cum, name,
                 h->sum, name, (unsigned long long)h->count);
 }
 
@@ -267,7 +99,7 @@ static int route_metrics(lm_server *s, struct MHD_Connection *conn) {
     memset(&st, 0, sizeof st);
     lm_engine *e = atomic_load(&s->engine);
     if (e) engine_stats(e, &st);
-    srv_buf b = {0};
+    strbuf b = {0};
     metric(&b, "lamina_model_loaded", "gauge", "1 once the model is loaded.", e ? 1 : 0);
     metric(&b, "lamina_requests_running", "gauge", "Requests generating now.", st.running);
     metric(&b, "lamina_requests_waiting", "gauge", "Requests queued for admission.", st.waiting);
@@ -301,16 +133,16 @@ static int route_metrics(lm_server *s, struct MHD_Connection *conn) {
     histogram(&b, "lamina_time_to_first_token_seconds", "Submission to first token.", &st.ttft);
     histogram(&b, "lamina_time_per_output_token_seconds", "Time per output token after the first.", &st.tpot);
     histogram(&b, "lamina_request_duration_seconds", "Submission to finish.", &st.e2e);
-    sbuf_puts(&b, "# HELP lamina_http_requests_total HTTP responses by status code.\n"
+    strbuf_puts(&b, "# HELP lamina_http_requests_total HTTP responses by status code.\n"
                   "# TYPE lamina_http_requests_total counter\n");
     for (int code = 100; code < SRV_STATUS_MAX; code++) {
         uint64_t n = atomic_load(&s->http_status[code]);
-        if (n) sbuf_printf(&b, "lamina_http_requests_total{code=\"%d\"} %llu\n", code, (unsigned long long)n);
+        if (n) strbuf_printf(&b, "lamina_http_requests_total{code=\"%d\"} %llu\n", code, (unsigned long long)n);
     }
     int ret = b.failed ? MHD_NO
                        : srv_respond(s, conn, 200, "text/plain; version=0.0.4; charset=utf-8", b.p ? b.p : "", b.len,
                                      NULL, NULL);
-    sbuf_free(&b);
+    strbuf_free(&b);
     return ret;
 }
 
@@ -352,14 +184,14 @@ static enum MHD_Result first_call(lm_server *s, struct MHD_Connection *conn, con
     int route = route_of(url);
     bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     if (!strncmp(url, "/v1/", 4) && !authorized(s, conn))
-        return respond_err(s, conn, 401, "invalid_request_error", "invalid_api_key", "WWW-Authenticate", "Bearer",
+        return srv_respond_errf(s, conn, 401, "invalid_request_error", "invalid_api_key", "WWW-Authenticate", "Bearer",
                            "Incorrect or missing API key: send 'Authorization: Bearer KEY'.");
     if (route == R_NONE)
-        return respond_err(s, conn, 404, "invalid_request_error", "not_found", NULL, NULL, "Unknown route %.8s %.200s",
+        return srv_respond_errf(s, conn, 404, "invalid_request_error", "not_found", NULL, NULL, "Unknown route %.8s %.200s",
                            method, url);
     bool gen = route == R_COMPLETIONS || route == R_CHAT;
     if (gen ? !post : !get)
-        return respond_err(s, conn, 405, "invalid_request_error", "method_not_allowed", "Allow",
+        return srv_respond_errf(s, conn, 405, "invalid_request_error", "method_not_allowed", "Allow",
                            gen ? "POST" : "GET, HEAD", "Method %.8s is not allowed on %.200s (use %s)", method, url,
                            gen ? "POST" : "GET");
     if (route == R_HEALTH) return route_health(s, conn);
@@ -371,7 +203,7 @@ static enum MHD_Result first_call(lm_server *s, struct MHD_Connection *conn, con
         char *end;
         unsigned long long n = strtoull(cl, &end, 10);
         if (n > s->cfg.max_body)
-            return respond_err(s, conn, 413, "invalid_request_error", "request_too_large", "Connection", "close",
+            return srv_respond_errf(s, conn, 413, "invalid_request_error", "request_too_large", "Connection", "close",
                                "The request body is larger than the server's limit of %zu bytes.", s->cfg.max_body);
     }
     srv_call *c = call_new(s, conn, route == R_CHAT);
@@ -389,17 +221,17 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
     if (*upload_data_size) {
         if (!c->too_big && c->body.len + *upload_data_size > s->cfg.max_body) {
             c->too_big = true;
-            sbuf_free(&c->body);
+            strbuf_free(&c->body);
         }
-        if (!c->too_big) sbuf_put(&c->body, upload_data, *upload_data_size);
+        if (!c->too_big) strbuf_put(&c->body, upload_data, *upload_data_size);
         *upload_data_size = 0;
         return MHD_YES;
     }
     if (c->too_big)
-        return respond_err(s, conn, 413, "invalid_request_error", "request_too_large", "Connection", "close",
+        return srv_respond_errf(s, conn, 413, "invalid_request_error", "request_too_large", "Connection", "close",
                            "The request body is larger than the server's limit of %zu bytes.", s->cfg.max_body);
     if (c->body.failed)
-        return respond_err(s, conn, 500, "server_error", NULL, NULL, NULL, "out of memory reading the request");
+        return srv_respond_errf(s, conn, 500, "server_error", NULL, NULL, NULL, "out of memory reading the request");
     return call_run(c);
 }
 

@@ -108,10 +108,6 @@ void server_request_free(lm_server_request *r);
 int server_error(lm_server_error *e, int status, const char *type, const char *param, const char *code,
                  const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
-/* Whether len bytes are well-formed UTF-8 (no overlong forms, surrogates or
- * code points past U+10FFFF). */
-bool server_utf8_valid(const char *s, size_t len);
-
 /* ----------------------------------------------------------------- server */
 
 typedef void (*lm_server_log_fn)(void *user, const char *line);

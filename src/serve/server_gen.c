@@ -30,6 +30,7 @@
 #include <cjson/cJSON.h>
 #include <microhttpd.h>
 
+#include "serve/http.h"
 #include "serve/server_int.h"
 #include "base/util.h"
 
@@ -62,7 +63,7 @@ static bool queue_push(srv_queue *q, int choice, const lm_event *ev) {
         q->top_lps = lps, q->cap_top = cap;
     }
     size_t text_off = q->text.len;
-    if (ev->text_len && ev->text) sbuf_put(&q->text, ev->text, ev->text_len);
+    if (ev->text_len && ev->text) strbuf_put(&q->text, ev->text, ev->text_len);
     if (q->text.failed) return false;
     srv_ev *r = &q->ev[q->n_ev++];
     *r = (srv_ev){.choice = choice, .token = ev->token, .logprob = ev->logprob, .n_top = n_top,
@@ -145,7 +146,7 @@ static void cancel_all(srv_call *c) {
 
 static void queue_free(srv_queue *q) {
     lm_free(q->ev);
-    sbuf_free(&q->text);
+    strbuf_free(&q->text);
     lm_free(q->top_ids);
     lm_free(q->top_lps);
     memset(q, 0, sizeof *q);
@@ -165,16 +166,16 @@ void call_free(srv_call *c) {
         for (int i = 0; i < c->n_subs; i++) engine_request_release(c->engine, c->subs[i].handle);
     }
     for (int i = 0; i < c->n_choices && c->ch; i++) {
-        sbuf_free(&c->ch[i].text);
-        sbuf_free(&c->ch[i].pending);
+        strbuf_free(&c->ch[i].text);
+        strbuf_free(&c->ch[i].pending);
         cJSON_Delete(c->ch[i].lp);
     }
     lm_free(c->ch);
     lm_free(c->fin);
     lm_free(c->subs);
     queue_free(&c->q);
-    sbuf_free(&c->out);
-    sbuf_free(&c->body);
+    strbuf_free(&c->out);
+    strbuf_free(&c->body);
     server_request_free(&c->req);
     if (c->sync_init) {
         pthread_cond_destroy(&c->cv);
@@ -328,10 +329,10 @@ static cJSON *token_string(const lm_tokenizer *tok, int32_t id, char *raw, int *
     if (n > (int)sizeof buf) n = (int)sizeof buf;
     memcpy(raw, buf, (size_t)n);
     *n_raw = n;
-    srv_buf s = {0};
-    sbuf_put_utf8(&s, buf, (size_t)n, true);
+    strbuf s = {0};
+    strbuf_put_utf8(&s, buf, (size_t)n, true);
     cJSON *j = cJSON_CreateString(s.p ? s.p : "");
-    sbuf_free(&s);
+    strbuf_free(&s);
     return j;
 }
 
@@ -436,7 +437,7 @@ static void absorb(srv_call *c, const srv_ev *ev, const srv_queue *q) {
     if (ev->choice < 0 || ev->choice >= c->n_choices) return;
     srv_choice *ch = &c->ch[ev->choice];
     size_t offset = ch->text.len;
-    if (ev->text_len) sbuf_put(&ch->text, q->text.p + ev->text_off, ev->text_len);
+    if (ev->text_len) strbuf_put(&ch->text, q->text.p + ev->text_off, ev->text_len);
     if (ev->done) {
         ch->done = true;
         ch->finish = ev->finish;
@@ -462,10 +463,10 @@ static char *whole_answer(srv_call *c) {
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     for (int i = 0; i < c->n_choices; i++) {
         srv_choice *ch = &c->ch[i];
-        srv_buf text = {0};
+        strbuf text = {0};
         const char *echo = !c->chat && c->req.echo_text ? c->req.echo_text[i / c->req.n] : NULL;
-        if (echo) sbuf_puts(&text, echo);
-        sbuf_put_utf8(&text, ch->text.p ? ch->text.p : "", ch->text.len, true);
+        if (echo) strbuf_puts(&text, echo);
+        strbuf_put_utf8(&text, ch->text.p ? ch->text.p : "", ch->text.len, true);
         cJSON *j = cJSON_CreateObject();
         cJSON_AddNumberToObject(j, "index", i);
         if (c->chat) {
@@ -475,7 +476,7 @@ static char *whole_answer(srv_call *c) {
         } else {
             cJSON_AddStringToObject(j, "text", text.p ? text.p : "");
         }
-        sbuf_free(&text);
+        strbuf_free(&text);
         if (c->req.logprobs) {
             cJSON *lp = ch->lp;
             if (c->chat) {
@@ -538,9 +539,9 @@ static void sse_text(srv_call *c, const char *s) {
         c->out.failed = true;
         return;
     }
-    sbuf_puts(&c->out, "data: ");
-    sbuf_puts(&c->out, s);
-    sbuf_puts(&c->out, "\n\n");
+    strbuf_puts(&c->out, "data: ");
+    strbuf_puts(&c->out, s);
+    strbuf_puts(&c->out, "\n\n");
 }
 
 /* One JSON event; frees o. */
@@ -600,17 +601,17 @@ static void stream_event(srv_call *c, const srv_ev *ev, const srv_queue *q) {
     if (ev->choice < 0 || ev->choice >= c->n_choices) return;
     srv_choice *ch = &c->ch[ev->choice];
     if (ch->done) return;
-    if (ev->text_len) sbuf_put(&ch->pending, q->text.p + ev->text_off, ev->text_len);
-    srv_buf text = {0};
+    if (ev->text_len) strbuf_put(&ch->pending, q->text.p + ev->text_off, ev->text_len);
+    strbuf text = {0};
     if (ch->pending.len) {
-        size_t used = sbuf_put_utf8(&text, ch->pending.p, ch->pending.len, ev->done);
+        size_t used = strbuf_put_utf8(&text, ch->pending.p, ch->pending.len, ev->done);
         memmove(ch->pending.p, ch->pending.p + used, ch->pending.len - used);
         ch->pending.len -= used;
     }
     cJSON *lp = c->req.logprobs && !ev->done && ev->token >= 0 ? event_logprobs(c, ev, q, ch->text_total) : NULL;
     if (text.len || lp) chunk(c, ev->choice, text.p ? text.p : "", false, lp, NULL);
     ch->text_total += text.len;
-    sbuf_free(&text);
+    strbuf_free(&text);
     if (ev->done) {
         ch->done = true;
         ch->finish = ev->finish;
@@ -632,7 +633,7 @@ static void stream_close(srv_call *c, bool overflow) {
         cJSON_AddItemToObject(o, "usage", usage_json(c));
         sse(c, o);
     }
-    sbuf_puts(&c->out, "data: [DONE]\n\n");
+    strbuf_puts(&c->out, "data: [DONE]\n\n");
     c->out_end = true;
 }
 
@@ -670,7 +671,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         double wait = c->srv->cfg.keepalive - (lm_now() - c->t_last_send);
         if (wait <= 0) {
-            sbuf_puts(&c->out, ": keep-alive\n\n");
+            strbuf_puts(&c->out, ": keep-alive\n\n");
             continue;
         }
         bool overflow = false;

@@ -1,7 +1,9 @@
 /*
- * server_int.h - what server.c (HTTP, routes, metrics) and server_gen.c
- * (generation requests: engine events, streaming, JSON answers) share.
- * Not a public header: the contract is server.h.
+ * server_int.h - the data server.c (HTTP, routes, metrics) and server_gen.c
+ * (generation requests: engine events, streaming, JSON answers) share, and
+ * server_gen.c's entry points. Functions go one way: server.c calls
+ * server_gen.c (call_*), both call http.c (responses) and server_parse.c;
+ * none of those calls back. Not a public header: the contract is server.h.
  *
  * Ownership. A srv_call is one HTTP request on a generation route. It is
  * created by the access handler, owned by its connection's thread, and
@@ -22,27 +24,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/strbuf.h"
 #include "sched/engine.h"
 #include "serve/server.h"
 #include "text/chat.h"
-
-/* ------------------------------------------------------------- byte buffer */
-
-typedef struct {
-    char *p;     /* NUL-terminated when len > 0 */
-    size_t len;
-    size_t cap;
-    bool failed; /* an allocation failed: the content is incomplete */
-} srv_buf;
-
-void sbuf_put(srv_buf *b, const void *s, size_t n);
-void sbuf_puts(srv_buf *b, const char *s);
-void sbuf_printf(srv_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void sbuf_free(srv_buf *b);
-/* Append the longest prefix of s[0..n) that is complete UTF-8, with every
- * invalid byte replaced by U+FFFD; returns the bytes consumed. With final set
- * an incomplete tail is replaced too and everything is consumed. */
-size_t sbuf_put_utf8(srv_buf *b, const char *s, size_t n, bool final);
 
 /* ------------------------------------------------------------------ server */
 
@@ -93,7 +78,7 @@ typedef struct {
 typedef struct {
     srv_ev *ev;
     size_t n_ev, cap_ev;
-    srv_buf text;
+    strbuf text;
     int32_t *top_ids;          /* (cap_top) */
     float *top_lps;            /* (cap_top) */
     size_t n_top, cap_top;
@@ -101,8 +86,8 @@ typedef struct {
 
 /* What the connection's thread knows about one choice. */
 typedef struct {
-    srv_buf text;              /* the answer so far (non-streaming), raw bytes */
-    srv_buf pending;           /* streaming: bytes of an incomplete UTF-8 character */
+    strbuf text;              /* the answer so far (non-streaming), raw bytes */
+    strbuf pending;           /* streaming: bytes of an incomplete UTF-8 character */
     void *lp;                  /* cJSON logprobs of the answer (non-streaming), or NULL */
     size_t text_total;         /* bytes of text so far (completions' text_offset) */
     bool done;
@@ -122,7 +107,7 @@ struct srv_call {
     lm_server *srv;
     struct MHD_Connection *conn;
     bool chat;
-    srv_buf body;
+    strbuf body;
     bool too_big;
     lm_server_request req;
     bool parsed;
@@ -147,7 +132,7 @@ struct srv_call {
 
     /* connection thread only */
     bool cancelled, timed_out, disconnected;
-    srv_buf out;               /* streaming: formatted, not yet handed to the HTTP library */
+    strbuf out;               /* streaming: formatted, not yet handed to the HTTP library */
     size_t out_pos;
     bool out_end;              /* the last bytes are in out */
     bool out_started;          /* the opening chunks are written */
@@ -164,15 +149,5 @@ void call_free(srv_call *c);
 /* Run a parsed call: submit, then answer (stream or whole). Returns the
  * MHD_Result to give back to the library. */
 int call_run(srv_call *c);
-
-/* server.c */
-/* Queue a JSON (or other) response with its status, counting it. */
-int srv_respond(lm_server *s, struct MHD_Connection *conn, int status, const char *ctype, const char *body,
-                size_t len, const char *hdr, const char *hdr_val);
-int srv_respond_error(lm_server *s, struct MHD_Connection *conn, const lm_server_error *e);
-/* The error object {"error": {...}} as a JSON string (lm_malloc'ed). */
-char *srv_error_json(const lm_server_error *e);
-/* Whether the connection's peer has closed its side. */
-bool srv_peer_gone(struct MHD_Connection *conn);
 
 #endif

@@ -33,6 +33,7 @@
 #include "text/chat.h"
 #include "serve/server.h"
 #include "serve/server_int.h"
+#include "base/utf8.h"
 #include "base/util.h"
 
 static const char *INVALID = "invalid_request_error";
@@ -54,33 +55,7 @@ int server_error(lm_server_error *e, int status, const char *type, const char *p
 /* A 400 invalid_request_error about one parameter. */
 #define BAD(param, ...) server_error(e, 400, INVALID, (param), NULL, __VA_ARGS__)
 
-/* ------------------------------------------------------------------ bytes */
-
-bool server_utf8_valid(const char *str, size_t len) {
-    const unsigned char *s = (const unsigned char *)str;
-    size_t i = 0;
-    while (i < len) {
-        unsigned char c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        int n;
-        uint32_t cp, min;
-        if (c >= 0xc2 && c <= 0xdf) n = 1, cp = c & 0x1f, min = 0x80;
-        else if (c >= 0xe0 && c <= 0xef) n = 2, cp = c & 0x0f, min = 0x800;
-        else if (c >= 0xf0 && c <= 0xf4) n = 3, cp = c & 0x07, min = 0x10000;
-        else return false;
-        if (len - i <= (size_t)n) return false;
-        for (int k = 1; k <= n; k++) {
-            if ((s[i + k] & 0xc0) != 0x80) return false;
-            cp = (cp << 6) | (s[i + k] & 0x3f);
-        }
-        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
-        i += (size_t)n + 1;
-    }
-    return true;
-}
+/* ------------------------------------------------------------ JSON memory */
 
 static void *hook_malloc(size_t n) { return lm_malloc(n); }
 static void hook_free(void *p) { lm_free(p); }
@@ -601,7 +576,7 @@ int server_parse_request(const lm_server_parse_ctx *c, bool chat, const char *bo
     e->status = 200;
     out->chat = chat;
     if (len == 0 || !body) return BAD(NULL, "the request body is empty (a JSON object is expected)");
-    if (!server_utf8_valid(body, len)) return BAD(NULL, "the request body is not valid UTF-8");
+    if (!utf8_valid(body, len)) return BAD(NULL, "the request body is not valid UTF-8");
     for (size_t i = 0; i < len; i++) {
         unsigned char ch = (unsigned char)body[i];
         if (ch < 0x20 && ch != '\t' && ch != '\n' && ch != '\r')

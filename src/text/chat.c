@@ -18,46 +18,18 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "base/strbuf.h"
+#include "base/utf8.h"
 #include "base/util.h"
 
 /* ------------------------------------------------------------ output buffer */
 
-typedef struct {
-    char *p;     /* NUL-terminated when len > 0; NULL until the first write */
-    size_t len;  /* bytes written, not counting the NUL */
-    size_t cap;  /* bytes allocated */
-    bool failed; /* an allocation failed or a size overflowed: p is stale */
-} sbuf;
+/* base/strbuf.h's buffer under the short names this file uses. */
+typedef strbuf sbuf;
 
-static void sb_put(sbuf *b, const char *s, size_t n) {
-    if (b->failed || n == 0)
-        return;
-    if (n > SIZE_MAX - 1 - b->len) {
-        b->failed = true;
-        return;
-    }
-    size_t need = b->len + n + 1;
-    if (need > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < need)
-            cap = cap > SIZE_MAX / 2 ? need : cap * 2;
-        char *q = lm_realloc(b->p, cap);
-        if (!q) {
-            b->failed = true;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
+static void sb_put(sbuf *b, const char *s, size_t n) { strbuf_put(b, s, n); }
 
-static void sb_puts(sbuf *b, const char *s) {
-    if (s)
-        sb_put(b, s, strlen(s));
-}
+static void sb_puts(sbuf *b, const char *s) { strbuf_puts(b, s); }
 
 /* ------------------------------------------------- Python's str.strip() */
 
@@ -537,31 +509,10 @@ static int hex_val(char c) {
 /* Appends code point cp as UTF-8; false for a surrogate or out of range. */
 static bool put_utf8(sbuf *b, uint32_t cp) {
     char u[4];
-    size_t n;
-    if (cp < 0x80) {
-        u[0] = (char)cp;
-        n = 1;
-    } else if (cp < 0x800) {
-        u[0] = (char)(0xc0 | (cp >> 6));
-        u[1] = (char)(0x80 | (cp & 0x3f));
-        n = 2;
-    } else if (cp >= 0xd800 && cp < 0xe000) {
+    int n = utf8_encode(cp, u);
+    if (n == 0)
         return false;
-    } else if (cp < 0x10000) {
-        u[0] = (char)(0xe0 | (cp >> 12));
-        u[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        u[2] = (char)(0x80 | (cp & 0x3f));
-        n = 3;
-    } else if (cp < 0x110000) {
-        u[0] = (char)(0xf0 | (cp >> 18));
-        u[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-        u[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        u[3] = (char)(0x80 | (cp & 0x3f));
-        n = 4;
-    } else {
-        return false;
-    }
-    sb_put(b, u, n);
+    sb_put(b, u, (size_t)n);
     return true;
 }
 

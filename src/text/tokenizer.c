@@ -57,6 +57,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/utf8.h"
 #include "base/util.h"
 
 #define TOK_MAX_VOCAB (1 << 24)          /* ranks and ids stay exact in a float */
@@ -137,39 +138,11 @@ static const char *piece_of(const lm_tokenizer *t, int32_t id, size_t *len) {
     return t->pool + t->off[id];
 }
 
-/* Length of the valid UTF-8 sequence at s (n bytes available), 0 if invalid. */
-static size_t utf8_valid_len(const unsigned char *s, size_t n) {
-    unsigned char c = s[0];
-    if (c < 0x80) return 1;
-    size_t need;
-    unsigned char lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) need = 2;
-    else if (c >= 0xE0 && c <= 0xEF) {
-        need = 3;
-        if (c == 0xE0) lo = 0xA0;
-        if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        need = 4;
-        if (c == 0xF0) lo = 0x90;
-        if (c == 0xF4) hi = 0x8F;
-    } else return 0;
-    if (n < need || s[1] < lo || s[1] > hi) return 0;
-    for (size_t i = 2; i < need; i++)
-        if ((s[i] & 0xC0) != 0x80) return 0;
-    return need;
-}
-
-static size_t utf8_put(uint32_t cp, char *out) {
-    if (cp < 0x80) { out[0] = (char)cp; return 1; }
-    if (cp < 0x800) {
-        out[0] = (char)(0xC0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    out[0] = (char)(0xE0 | (cp >> 12));
-    out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[2] = (char)(0x80 | (cp & 0x3F));
-    return 3;
+/* Length of the valid UTF-8 sequence at s (n bytes available), 0 if invalid
+ * or cut off. */
+static inline size_t utf8_valid_len(const unsigned char *s, size_t n) {
+    int l = utf8_seq(s, n);
+    return l > 0 ? (size_t)l : 0;
 }
 
 /* ---- vocab hash ------------------------------------------------------------ */
@@ -559,7 +532,7 @@ static int derive_tables(lm_tokenizer *t) {
             buf[5] = '>';
             n = 6;
         } else {
-            n = utf8_put(t->b2u[b], buf);
+            n = (size_t)utf8_encode(t->b2u[b], buf);
         }
         t->byte_tok[b] = vocab_find(t, buf, n);
         /* vocabs without token_type still mean <0xXX> as a byte */
@@ -950,7 +923,7 @@ static int64_t pretokenize(const lm_tokenizer *t, work *w, const char *text, siz
 static int encode_bpe_piece(const lm_tokenizer *t, work *w, const unsigned char *s, size_t n, emitter *e) {
     if (t->ignore_merges) { /* the whole piece may already be a token */
         size_t m = 0;
-        for (size_t i = 0; i < n; i++) m += utf8_put(t->b2u[s[i]], w->buf + m);
+        for (size_t i = 0; i < n; i++) m += (size_t)utf8_encode(t->b2u[s[i]], w->buf + m);
         int32_t id = vocab_find(t, w->buf, m);
         if (id >= 0 && (t->flag[id] & F_MERGE)) {
             emit(e, id);
@@ -1162,31 +1135,12 @@ void detok_init(lm_detok *d, const lm_tokenizer *t, bool strip_space, bool speci
 
 int detok_max_out(const lm_tokenizer *t) { return t->detok_max; }
 
-/* Bytes a sequence starting with lead byte c needs, and the allowed range of
- * its second byte; 0 when c cannot start a sequence. */
-static int seq_need(unsigned char c, unsigned char *lo, unsigned char *hi) {
-    *lo = 0x80;
-    *hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) return 2;
-    if (c >= 0xE0 && c <= 0xEF) {
-        if (c == 0xE0) *lo = 0xA0;
-        if (c == 0xED) *hi = 0x9F;
-        return 3;
-    }
-    if (c >= 0xF0 && c <= 0xF4) {
-        if (c == 0xF0) *lo = 0x90;
-        if (c == 0xF4) *hi = 0x8F;
-        return 4;
-    }
-    return 0;
-}
-
 /* Feed one byte through the UTF-8 assembler. A byte that cannot continue the
  * pending sequence turns the pending part into one U+FFFD and starts over. */
 static void feed(lm_detok *d, unsigned char c, sink *k) {
     unsigned char lo, hi;
     if (d->n_pending > 0) {
-        int need = seq_need(d->pending[0], &lo, &hi);
+        int need = utf8_lead(d->pending[0], &lo, &hi);
         if (d->n_pending > 1) { /* only the second byte has a narrowed range */
             lo = 0x80;
             hi = 0xBF;
@@ -1203,7 +1157,7 @@ static void feed(lm_detok *d, unsigned char c, sink *k) {
         d->n_pending = 0;
     }
     if (c < 0x80) put(k, (const char *)&c, 1);
-    else if (seq_need(c, &lo, &hi)) d->pending[d->n_pending++] = c;
+    else if (utf8_lead(c, &lo, &hi)) d->pending[d->n_pending++] = c;
     else put(k, REPL, 3);
 }
 
