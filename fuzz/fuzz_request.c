@@ -45,21 +45,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int rc = server_parse_request(&c, opt & 1, (const char *)data + 1, size - 1, &r, &e);
     if (rc == 0) {
         /* what the engine will be given must be within its bounds */
-        if (r.n_prompts < 1 || r.n < 1 || r.n > 8 || r.max_tokens < 1) abort();
+        if (r.n_prompts < 1 || r.p.n < 1 || r.p.n > 8 || r.p.max_tokens < 1) abort();
         for (int i = 0; i < r.n_prompts; i++) {
-            if (r.n_prompt[i] < 1 || r.n_prompt[i] + r.max_tokens > c.n_ctx) abort();
+            if (r.n_prompt[i] < 1 || r.n_prompt[i] + r.p.max_tokens > c.n_ctx) abort();
             for (int k = 0; k < r.n_prompt[i]; k++)
                 if (r.prompts[i][k] < 0 || r.prompts[i][k] >= tok_n_vocab(tok)) abort();
         }
-        for (int i = 0; i < r.n_bias; i++)
-            if (r.bias_ids[i] < 0 || r.bias_ids[i] >= tok_n_vocab(tok)) abort();
-        for (int i = 0; i < r.n_stop; i++)
-            if (!r.stop[i][0] || strlen(r.stop[i]) > 1024) abort();
-        if (r.top_logprobs < 0 || r.top_logprobs > 20) abort();
+        for (int i = 0; i < r.p.n_bias; i++)
+            if (r.p.bias_ids[i] < 0 || r.p.bias_ids[i] >= tok_n_vocab(tok)) abort();
+        for (int i = 0; i < r.p.n_stop; i++)
+            if (!r.stops[i][0] || strlen(r.stops[i]) > 1024) abort();
+        if (r.p.top_logprobs < 0 || r.p.top_logprobs > 20) abort();
         server_request_free(&r);
     } else {
         if (e.status < 400 || e.status > 599 || !e.message[0]) abort();
-        if (r.prompts || r.n_stop || r.bias_ids) abort();
+        if (r.prompts || r.p.n_stop || r.p.bias_ids) abort();
     }
     return 0;
 }

@@ -251,9 +251,10 @@ typedef struct {
     int n_prompt;
     const char *text;         /* the prompt as text, tokenized at submission (BOS as the model */
     size_t text_len;          /*   adds it, special tokens parsed) */
-    int max_tokens;           /* > 0; generation also ends when the context is full: every
-                                 position holds a token, the last one sampled from it ends the
-                                 text (n_ctx + 1 tokens in all) */
+    int max_tokens;           /* > 0: the context is full when every position holds a token and
+                                 one more is sampled from the last (n_ctx + 1 tokens in all);
+                                 prompt + max_tokens beyond that is LM_ERR_TOO_LONG.
+                                 < 0: until the context is full. */
     int n;                    /* choices sampled from one prompt (forked KV), >= 1 */
     lm_sample_params sp;      /* choice i uses seed sp.seed + i */
     const int32_t *bias_ids;  /* logit bias entries (copied) */

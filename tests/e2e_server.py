@@ -16,11 +16,14 @@ nothing from AddressSanitizer / UBSan.
      unknown model, invalid UTF-8, out-of-range parameters, bodies over the
      limit (413, declared and chunked), prompt + max_tokens past the context,
      API keys (401; /health and /metrics open), unknown routes (404), wrong
-     methods (405), a full queue (429 with Retry-After). Each checks the status
-     and the shape of OpenAI's error object.
+     methods (405), a full queue (429 with Retry-After), an error the engine
+     finds while generating (a logit_bias banning every token: 400, and the
+     error object as a stream's last event). Each checks the status and the
+     shape of OpenAI's error object.
      A server with one sequence slot, a 1 s request timeout and a 1 s idle
-     timeout: a long request is cut with what it has (and still answered), a
-     stream queued behind it gets keep-alive comments; a client that stops
+     timeout: a long request is cut with what it has (and still answered,
+     finish_reason "abort"), a stream queued behind it gets keep-alive
+     comments, n above the engine's sequences is a 400 naming n; a client that stops
      reading a stream (without closing) has its request cancelled.
   3. Client disconnect: a long stream closed after a few chunks is cancelled
      (far fewer tokens generated than asked) and its KV blocks return.
@@ -458,6 +461,19 @@ def check_errors(srv):
     result("405 names the allowed method", h is not None and h.get("Allow") == "POST", h)
     expect_error(srv, "POST on /health", "/health", {"x": 1}, 405)
     expect_error(srv, "DELETE on /v1/models", "/v1/models", None, 405, method="DELETE")
+    # an error the engine finds while generating (every token banned): the request's fault, so 400 with
+    # OpenAI's error object, and the same object as a stream's last event; never a finish_reason
+    ban = {str(i): -100 for i in range(512)}
+    expect_error(srv, "engine error: every token banned (400)", C, {"prompt": "a", "max_tokens": 4, "logit_bias": ban},
+                 400)
+    try:
+        st, events = read_stream(srv, {"prompt": "a", "max_tokens": 4, "stream": True, "logit_bias": ban})
+        err = json.loads(events[-2]) if len(events) > 1 else {}
+        ok = st == 200 and events[-1] == "[DONE]" and error_shape(events[-2]) and \
+            err["error"]["type"] == "invalid_request_error" and not any('"finish_reason":"' in ev for ev in events)
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        ok, events = False, str(e)
+    result("engine error: every token banned (stream ends with the error)", ok, events)
     # the server still works after all of that
     st, _, data = post(srv, C, {"prompt": "Once", "max_tokens": 4})
     result("answers after the errors", st == 200 and json.loads(data)["choices"][0]["finish_reason"], data[:200])
@@ -525,8 +541,8 @@ def check_busy():
 
 def check_slow():
     """One sequence at a time, a 1 s request timeout, keep-alive comments every 0.2 s: a long request is cut
-    at the timeout with what it has (finish_reason "length"), and a stream queued behind it receives
-    keep-alive comments while it waits."""
+    at the timeout with what it has (finish_reason "abort": cut short, not its length), and a stream queued
+    behind it receives keep-alive comments while it waits. n above the one sequence is refused naming n."""
     srv = Server("--max-seqs", "1", "-c", "8192", "--timeout", "1", "--keepalive", "0.2", "--idle-timeout", "1")
     try:
         out = {}
@@ -551,13 +567,14 @@ def check_slow():
         st, _, data = out.get("long", (None, {}, b""))
         try:
             j = json.loads(data)
-            ok = st == 200 and j["choices"][0]["finish_reason"] == "length" and \
+            ok = st == 200 and j["choices"][0]["finish_reason"] == "abort" and \
                 0 < j["usage"]["completion_tokens"] < 8000
         except (ValueError, KeyError, IndexError):
             ok = False
         result("timeout: cut with what it has", ok, "status %s %r" % (st, data[:300]))
         result("keep-alive comments while queued", r.status == 200 and ": keep-alive\n\n" in text and
                text.endswith("data: [DONE]\n\n") and '"finish_reason":"' in text, text[:600])
+        expect_error(srv, "n above the engine's sequences", "/v1/completions", {"prompt": "a", "n": 2}, 400, "n")
         ok, m = wait_idle(srv)
         result("slow server idle afterwards", ok, m)
     finally:

@@ -12,6 +12,8 @@
  *   - preemption under a tiny pool completes every request with its solo
  *     output; priorities order admission; stop strings, n > 1 forks,
  *     rejections, and shutdown with requests in flight;
+ *   - every finish reason with its status (an error carries LM_ERR_INVALID
+ *     when a logit_bias bans every token) and the context rule;
  *   - a sliding-window model (swa_model.h: window 8), whose pool keeps only
  *     the local blocks a window can see: requests many windows long, alone,
  *     together, preempted in a small pool, forked (n = 2) and served from
@@ -53,6 +55,8 @@ typedef struct {
     size_t text_len[4];
     int done[4];
     lm_finish finish[4];
+    lm_status status[4];
+    bool has_error[4];
     lm_request_stats stats[4];
     atomic_int n_done;
     int order; /* finish order (priority test) */
@@ -74,6 +78,8 @@ static void on_event(void *user, const lm_event *ev) {
     if (ev->done) {
         c->done[i]++;
         c->finish[i] = ev->finish;
+        c->status[i] = ev->status;
+        c->has_error[i] = ev->error != NULL;
         c->stats[i] = *ev->stats;
         c->order = atomic_fetch_add(&finish_counter, 1);
         atomic_fetch_add(&c->n_done, 1);
@@ -613,6 +619,90 @@ static void test_cancel_alone_and_text(void) {
     engine_free(e);
 }
 
+/* Every finish reason, each with its status: stop (LM_OK), length
+ * (max_tokens, or the context with max_tokens < 0), cancelled (LM_OK), and
+ * error (a logit_bias that bans every token: LM_ERR_INVALID, with a
+ * message). The context rule at submission: past the context is
+ * LM_ERR_TOO_LONG, max_tokens 0 and n above max_seqs LM_ERR_INVALID. */
+static void test_finish_reasons(void) {
+    const lm_model *m = models[0];
+    lm_engine *e = new_engine(m, 64, 4, 0);
+    CHECK(e);
+    int V = m->hp.n_vocab, n_ctx = engine_n_ctx(e);
+    int32_t prompt[4] = {1, 300, 301, 302};
+    static collect c[5];
+    memset(c, 0, sizeof c);
+    char err[LM_ERRLEN];
+    /* stop: a stop string met at once */
+    lm_request_params p = greedy_params(prompt, 4, 50, &c[0]);
+    p.ignore_eos = true;
+    CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
+    engine_wait_idle(e);
+    CHECK(c[0].done[0] == 1 && c[0].n[0] >= 1);
+    const char *stop1[1] = {NULL};
+    char first[8] = "";
+    if (c[0].text_len[0] > 0) {
+        first[0] = c[0].text[0][0];
+        stop1[0] = first;
+        memset(&c[0], 0, sizeof c[0]);
+        p.stop = stop1;
+        p.n_stop = 1;
+        CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
+        engine_wait_idle(e);
+        CHECKF(c[0].finish[0] == LM_FINISH_STOP && c[0].status[0] == LM_OK && !c[0].has_error[0], "finish %d",
+               c[0].finish[0]);
+    }
+    /* length: max_tokens, and the rest of the context */
+    p = greedy_params(prompt, 4, 5, &c[1]);
+    p.ignore_eos = true;
+    CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
+    p = greedy_params(prompt, 4, -1, &c[2]);
+    p.ignore_eos = true;
+    CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
+    engine_wait_idle(e);
+    CHECK(c[1].finish[0] == LM_FINISH_LENGTH && c[1].status[0] == LM_OK && c[1].n[0] == 5);
+    CHECKF(c[2].finish[0] == LM_FINISH_LENGTH && c[2].stats[0].completion_tokens == n_ctx - 4, "%d of %d",
+           c[2].stats[0].completion_tokens, n_ctx - 4);
+    /* cancelled */
+    p = greedy_params(prompt, 4, 100, &c[3]);
+    p.ignore_eos = true;
+    lm_request *h = NULL;
+    CHECK(engine_submit(e, &p, &h, err, sizeof err) == LM_OK);
+    engine_cancel(e, h);
+    engine_wait_idle(e);
+    engine_request_release(e, h);
+    CHECK(c[3].done[0] == 1 && c[3].status[0] == LM_OK);
+    CHECK(c[3].finish[0] == LM_FINISH_CANCELLED || c[3].n[0] == 100);
+    /* error: every token banned */
+    static int32_t ids[1024];
+    static float vals[1024];
+    for (int i = 0; i < V; i++) ids[i] = i, vals[i] = -INFINITY;
+    p = greedy_params(prompt, 4, 5, &c[4]);
+    p.bias_ids = ids;
+    p.bias_vals = vals;
+    p.n_bias = V;
+    p.n = 2;
+    CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
+    engine_wait_idle(e);
+    for (int i = 0; i < 2; i++)
+        CHECKF(c[4].done[i] == 1 && c[4].finish[i] == LM_FINISH_ERROR && c[4].status[i] == LM_ERR_INVALID &&
+               c[4].has_error[i] && c[4].n[i] == 0, "choice %d: finish %d status %d", i, c[4].finish[i],
+               c[4].status[i]);
+    /* the context rule and the other refusals */
+    p = greedy_params(prompt, 4, n_ctx - 4, &c[0]);
+    CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
+    engine_wait_idle(e);
+    p = greedy_params(prompt, 4, n_ctx - 3, &c[0]);
+    CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_ERR_TOO_LONG);
+    p = greedy_params(prompt, 4, 0, &c[0]);
+    CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_ERR_INVALID);
+    p = greedy_params(prompt, 4, 5, &c[0]);
+    p.n = 5;
+    CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_ERR_INVALID);
+    CHECKF(engine_check(e, err, sizeof err) == 0, "%s", err);
+    engine_free(e);
+}
+
 /* Random requests (n up to 3, stop strings, logprobs, priorities, cancels)
  * from two threads into a 10-block pool with a 5-token budget: preemption,
  * forks and chunking all at once. Every choice gets exactly one final
@@ -800,6 +890,7 @@ int main(void) {
     TEST_RUN(test_stop_fork_reject);
     TEST_RUN(test_max_waiting);
     TEST_RUN(test_cancel_alone_and_text);
+    TEST_RUN(test_finish_reasons);
     TEST_RUN(test_random_stress);
     if (!(swa = swa_model_load(TEST_MODEL, 8, 3, 256, err, sizeof err))) {
         fprintf(stderr, "%s\n", err);

@@ -10,6 +10,7 @@
  * EOS "</s>" = 2); the context is set to 128 and max_tokens capped at 100.
  */
 #include "serve/server.h"
+#include "sched/engine.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -59,11 +60,11 @@ static void test_completion_defaults(void) {
     CHECK(r.n_prompts == 1 && r.n_prompt[0] == n);
     CHECK(memcmp(r.prompts[0], ids, (size_t)n * sizeof(int32_t)) == 0);
     CHECK(r.prompts[0][0] == tok_bos(tok));
-    CHECK(r.max_tokens == 16 && r.n == 1 && !r.stream && !r.include_usage && !r.echo);
-    CHECK(r.sp.temp == 1 && r.sp.top_p == 1 && r.sp.top_k == 0 && r.sp.min_p == 0);
-    CHECK(r.sp.repeat_penalty == 1 && r.sp.freq_penalty == 0 && r.sp.presence_penalty == 0);
-    CHECK(!r.seed_given && r.n_bias == 0 && r.n_stop == 0 && !r.logprobs && r.top_logprobs == 0);
-    CHECK(!r.ignore_eos && r.priority == 0 && !r.chat);
+    CHECK(r.p.max_tokens == 16 && r.p.n == 1 && !r.stream && !r.include_usage && !r.echo);
+    CHECK(r.p.sp.temp == 1 && r.p.sp.top_p == 1 && r.p.sp.top_k == 0 && r.p.sp.min_p == 0);
+    CHECK(r.p.sp.repeat_penalty == 1 && r.p.sp.freq_penalty == 0 && r.p.sp.presence_penalty == 0);
+    CHECK(!r.seed_given && r.p.n_bias == 0 && r.p.n_stop == 0 && !r.p.logprobs && r.p.top_logprobs == 0);
+    CHECK(!r.p.ignore_eos && r.p.priority == 0 && !r.chat);
     server_request_free(&r);
 }
 
@@ -78,16 +79,16 @@ static void test_completion_all_fields(void) {
     lm_server_request r;
     lm_server_error e;
     CHECKF(parse(false, body, &r, &e) == 0, "%s", e.message);
-    CHECK(r.max_tokens == 10 && r.n == 2 && r.stream && r.include_usage);
-    CHECK(fabsf(r.sp.temp - 0.5f) < 1e-6f && fabsf(r.sp.top_p - 0.9f) < 1e-6f);
-    CHECK(r.seed_given && r.sp.seed == 42);
-    CHECK(r.sp.presence_penalty == 0.5f && r.sp.freq_penalty == -1.5f && r.sp.repeat_last_n == -1);
-    CHECK(r.sp.top_k == 40 && fabsf(r.sp.min_p - 0.1f) < 1e-6f && fabsf(r.sp.repeat_penalty - 1.1f) < 1e-6f);
-    CHECK(r.priority == -3 && r.ignore_eos);
-    CHECK(r.logprobs && r.top_logprobs == 3);
-    CHECK(r.n_stop == 2 && !strcmp(r.stop[0], "x") && !strcmp(r.stop[1], "yy"));
-    CHECK(r.n_bias == 2 && r.bias_ids[0] == 5 && isinf(r.bias_vals[0]) && r.bias_vals[0] < 0);
-    CHECK(r.bias_ids[1] == 7 && r.bias_vals[1] == 3.5f);
+    CHECK(r.p.max_tokens == 10 && r.p.n == 2 && r.stream && r.include_usage);
+    CHECK(fabsf(r.p.sp.temp - 0.5f) < 1e-6f && fabsf(r.p.sp.top_p - 0.9f) < 1e-6f);
+    CHECK(r.seed_given && r.p.sp.seed == 42);
+    CHECK(r.p.sp.presence_penalty == 0.5f && r.p.sp.freq_penalty == -1.5f && r.p.sp.repeat_last_n == -1);
+    CHECK(r.p.sp.top_k == 40 && fabsf(r.p.sp.min_p - 0.1f) < 1e-6f && fabsf(r.p.sp.repeat_penalty - 1.1f) < 1e-6f);
+    CHECK(r.p.priority == -3 && r.p.ignore_eos);
+    CHECK(r.p.logprobs && r.p.top_logprobs == 3);
+    CHECK(r.p.n_stop == 2 && !strcmp(r.stops[0], "x") && !strcmp(r.stops[1], "yy"));
+    CHECK(r.p.n_bias == 2 && r.p.bias_ids[0] == 5 && isinf(r.p.bias_vals[0]) && r.p.bias_vals[0] < 0);
+    CHECK(r.p.bias_ids[1] == 7 && r.p.bias_vals[1] == 3.5f);
     server_request_free(&r);
 }
 
@@ -96,7 +97,7 @@ static void test_prompt_forms(void) {
     lm_server_error e;
     /* an array of strings: one prompt each */
     CHECKF(parse(false, "{\"prompt\": [\"Once\", \"upon a time\", \"x\"], \"n\": 2}", &r, &e) == 0, "%s", e.message);
-    CHECK(r.n_prompts == 3 && r.n == 2);
+    CHECK(r.n_prompts == 3 && r.p.n == 2);
     int32_t ids[64];
     int n = encode("upon a time", ids, 64);
     CHECK(r.n_prompt[1] == n && memcmp(r.prompts[1], ids, (size_t)n * sizeof(int32_t)) == 0);
@@ -143,26 +144,26 @@ static void test_chat(void) {
     CHECK(r.chat && r.n_prompts == 1 && r.n_prompt[0] == n);
     CHECK(memcmp(r.prompts[0], ids, (size_t)n * sizeof(int32_t)) == 0);
     /* no max_tokens: the rest of the context */
-    CHECK(r.max_tokens == 128 - n);
-    CHECK(r.logprobs && r.top_logprobs == 5);
+    CHECK(r.p.max_tokens == 128 - n);
+    CHECK(r.p.logprobs && r.p.top_logprobs == 5);
     /* ChatML's <|im_end|> is no token of this vocabulary: it becomes a stop string */
-    CHECK(r.n_stop == 1 && !strcmp(r.stop[0], "<|im_end|>"));
+    CHECK(r.p.n_stop == 1 && !strcmp(r.stops[0], "<|im_end|>"));
     server_request_free(&r);
 
     /* max_completion_tokens, the default capped, developer role, null content */
     CHECKF(parse(true, "{\"messages\": [{\"role\": \"developer\", \"content\": \"x\"}, {\"role\": \"user\","
                        " \"content\": \"y\"}, {\"role\": \"assistant\", \"content\": null}, {\"role\": \"user\","
                        " \"content\": \"z\"}], \"max_completion_tokens\": 7}", &r, &e) == 0, "%s", e.message);
-    CHECK(r.max_tokens == 7);
+    CHECK(r.p.max_tokens == 7);
     server_request_free(&r);
     CHECKF(parse(true, "{\"messages\": [{\"role\": \"user\", \"content\": \"y\"}]}", &r, &e) == 0, "%s", e.message);
-    CHECK(r.max_tokens == (128 - r.n_prompt[0] < 100 ? 128 - r.n_prompt[0] : 100));
+    CHECK(r.p.max_tokens == (128 - r.n_prompt[0] < 100 ? 128 - r.n_prompt[0] : 100));
     server_request_free(&r);
     ctx.n_ctx = 1000;
     rc = parse(true, "{\"messages\": [{\"role\": \"user\", \"content\": \"y\"}]}", &r, &e);
     ctx.n_ctx = 128;
     CHECKF(rc == 0, "%s", e.message);
-    CHECK(r.max_tokens == 100);
+    CHECK(r.p.max_tokens == 100);
     server_request_free(&r);
 
     /* zephyr ends turns with </s>, the EOS token: no stop string needed */
@@ -170,7 +171,7 @@ static void test_chat(void) {
     rc = parse(true, "{\"messages\": [{\"role\": \"user\", \"content\": \"y\"}], \"stop\": \"a\"}", &r, &e);
     ctx.chat_family = CHAT_CHATML;
     CHECKF(rc == 0, "%s", e.message);
-    CHECK(r.n_stop == 1 && !strcmp(r.stop[0], "a"));
+    CHECK(r.p.n_stop == 1 && !strcmp(r.stops[0], "a"));
     server_request_free(&r);
 
     /* no template at all: 400 naming why */
@@ -307,7 +308,7 @@ static void test_bad_bodies(void) {
                e.message);
         CHECKF(!b->code || !strcmp(e.code, b->code), "case %zu: code '%s', want '%s'", i, e.code, b->code);
         CHECKF(e.message[0] && !strcmp(e.type, "invalid_request_error"), "case %zu: type '%s'", i, e.type);
-        CHECK(r.n_prompts == 0 && r.prompts == NULL && r.n_stop == 0);
+        CHECK(r.n_prompts == 0 && r.prompts == NULL && r.p.n_stop == 0);
     }
 }
 
@@ -337,7 +338,7 @@ static void test_context_limits(void) {
     CHECK(n > 28 && n < 100);
     snprintf(body, sizeof body, "{\"prompt\": \"%s\", \"max_tokens\": %d}", prompt, 128 - n);
     CHECKF(parse(false, body, &r, &e) == 0, "%s", e.message);
-    CHECK(r.max_tokens == 128 - n);
+    CHECK(r.p.max_tokens == 128 - n);
     server_request_free(&r);
     snprintf(body, sizeof body, "{\"prompt\": \"%s\", \"max_tokens\": %d}", prompt, 129 - n);
     CHECK(parse(false, body, &r, &e) == -1);
@@ -347,6 +348,64 @@ static void test_context_limits(void) {
              prompt);
     CHECK(parse(true, body, &r, &e) == -1);
     CHECK(e.status == 400 && !strcmp(e.param, "messages") && !strcmp(e.code, "context_length_exceeded"));
+}
+
+/* One context rule: for token prompts of every interesting length and
+ * max_tokens given or not, the parser accepts exactly when the engine's
+ * engine_fit_context does, with the same max_tokens; a cap bounds the
+ * default without breaking the context; n above the engine's sequences is a
+ * 400 about n. */
+static void test_context_rule(void) {
+    static const int lens[] = {1, 60, 100, 112, 113, 127, 128, 129};
+    char body[2048];
+    lm_server_request r;
+    lm_server_error e;
+    for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+        int k = lens[li];
+        int mts[] = {0, 1, 16, 127 - k, 128 - k, 129 - k};
+        for (size_t mi = 0; mi < sizeof mts / sizeof *mts; mi++) {
+            int mt = mts[mi];
+            if (mt < 0 || mt > ctx.max_tokens_cap) continue;
+            int w = snprintf(body, sizeof body, "{\"prompt\": [1");
+            for (int i = 1; i < k; i++) w += snprintf(body + w, sizeof body - (size_t)w, ", 5");
+            if (mt) snprintf(body + w, sizeof body - (size_t)w, "], \"max_tokens\": %d}", mt);
+            else snprintf(body + w, sizeof body - (size_t)w, "]}");
+            int fit = -1;
+            lm_status want = engine_fit_context(ctx.n_ctx, k, mt ? mt : 16, &fit);
+            int rc = parse(false, body, &r, &e);
+            CHECKF((rc == 0) == (want == LM_OK), "prompt %d, max_tokens %d: parser %d, engine %d", k, mt, rc, want);
+            if (rc == 0) CHECKF(r.p.max_tokens == fit, "prompt %d: %d vs %d", k, r.p.max_tokens, fit);
+            else CHECK(e.status == 400 && !strcmp(e.code, "context_length_exceeded"));
+            server_request_free(&r);
+        }
+    }
+    CHECK(engine_fit_context(128, 100, -1, NULL) == LM_OK && engine_fit_context(128, 128, -1, NULL) == LM_ERR_TOO_LONG);
+    int fit = 0;
+    CHECK(engine_fit_context(128, 100, -1, &fit) == LM_OK && fit == 28);
+    CHECK(engine_fit_context(128, 100, 29, &fit) == LM_ERR_TOO_LONG);
+    /* the cap bounds the default (16 -> 8), so 120 + 8 still fits */
+    ctx.max_tokens_cap = 8;
+    int w = snprintf(body, sizeof body, "{\"prompt\": [1");
+    for (int i = 1; i < 120; i++) w += snprintf(body + w, sizeof body - (size_t)w, ", 5");
+    snprintf(body + w, sizeof body - (size_t)w, "]}");
+    int rc = parse(false, body, &r, &e);
+    ctx.max_tokens_cap = 100;
+    CHECKF(rc == 0 && r.p.max_tokens == 8, "%s", e.message);
+    server_request_free(&r);
+    /* n within max_n but above the engine's sequences */
+    ctx.max_seqs = 2;
+    rc = parse(false, "{\"prompt\": \"a\", \"n\": 3}", &r, &e);
+    int rc2 = parse(false, "{\"prompt\": \"a\", \"n\": 2}", &r, &e);
+    ctx.max_seqs = 0;
+    server_request_free(&r);
+    CHECK(rc == -1 && rc2 == 0);
+    rc = parse(false, "{\"prompt\": \"a\", \"n\": 3}", &r, &e);
+    server_request_free(&r);
+    CHECK(rc == 0);
+    ctx.max_seqs = 2;
+    parse(false, "{\"prompt\": \"a\", \"n\": 3}", &r, &e);
+    ctx.max_seqs = 0;
+    CHECK(e.status == 400 && !strcmp(e.param, "n"));
 }
 
 static void test_utf8(void) {
@@ -414,6 +473,7 @@ int main(void) {
     TEST_RUN(test_chat);
     TEST_RUN(test_bad_bodies);
     TEST_RUN(test_context_limits);
+    TEST_RUN(test_context_rule);
     TEST_RUN(test_utf8);
     TEST_RUN(test_nesting);
     TEST_RUN(test_alloc_failure);

@@ -373,6 +373,7 @@ int server_set_engine(lm_server *s, lm_engine *e, char *err, size_t errlen) {
     p->model_name = s->model_name;
     p->max_n = s->cfg.max_n;
     p->max_tokens_cap = s->cfg.max_tokens_cap;
+    p->max_seqs = engine_max_seqs(e);
     s->chat_error[0] = 0;
     resolve_chat(s, engine_model(e));
     p->chat_error = s->chat_error[0] ? s->chat_error : NULL;

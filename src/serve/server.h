@@ -58,6 +58,7 @@ typedef struct {
     const char *chat_error;    /* when neither is usable: why chat requests fail */
     int max_n;                 /* largest n (choices per prompt) */
     int max_tokens_cap;        /* largest max_tokens; 0: only the context limits it */
+    int max_seqs;              /* the engine's sequences at once (n above it: 400); 0: no limit */
 } lm_server_parse_ctx;
 
 /* An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}. */
@@ -78,19 +79,16 @@ typedef struct {
     int32_t **prompts;         /* (n_prompts) token arrays */
     int *n_prompt;             /* (n_prompts) their lengths, >= 1 */
     char **echo_text;          /* (n_prompts) with echo: the prompt as text, else NULL */
-    int max_tokens;            /* >= 1; prompt + max_tokens fits the context */
-    int n;                     /* choices per prompt */
-    lm_sample_params sp;
+    /* What every prompt's submission shares: max_tokens (>= 1, every prompt
+     * plus max_tokens within the context: engine_fit_context), n, sampling,
+     * logit bias (bias_ids, bias_vals owned by this request; -INFINITY bans
+     * a token), stop strings (pointing into stops; the chat stop marker
+     * included), ignore_eos, logprobs, top_logprobs (0 ..
+     * LM_MAX_TOP_LOGPROBS), priority. The prompt, each prompt's seed (unless
+     * seed_given) and the callback are filled at submission. */
+    lm_request_params p;
     bool seed_given;           /* else the caller picks a seed */
-    int32_t *bias_ids;         /* (n_bias) */
-    float *bias_vals;          /* (n_bias), -INFINITY for a ban (-100) */
-    int n_bias;
-    char *stop[SERVER_MAX_STOP + 1]; /* (n_stop), the chat stop marker included */
-    int n_stop;
-    bool ignore_eos;
-    bool logprobs;             /* per-token log probabilities wanted */
-    int top_logprobs;          /* alternatives per token, 0 .. LM_MAX_TOP_LOGPROBS */
-    int priority;
+    char *stops[SERVER_MAX_STOP + 1]; /* (p.n_stop) owned */
 } lm_server_request;
 
 /*

@@ -85,8 +85,8 @@ static void on_event(void *user, const lm_event *ev) {
     lm_request *to_cancel[SERVER_MAX_PROMPTS];
     int n_cancel = 0;
     pthread_mutex_lock(&c->mu);
-    int choice = sb->prompt * c->req.n + ev->index;
-    bool valid = ev->index >= 0 && ev->index < c->req.n && choice < c->n_choices;
+    int choice = sb->prompt * c->req.p.n + ev->index;
+    bool valid = ev->index >= 0 && ev->index < c->req.p.n && choice < c->n_choices;
     if (valid && (ev->done || !c->overflow)) {
         bool ok = queue_push(&c->q, choice, ev);
         if (!ev->done && (!ok || queue_bytes(&c->q) > c->srv->cfg.stream_buffer) && !c->overflow) {
@@ -99,8 +99,10 @@ static void on_event(void *user, const lm_event *ev) {
         c->fin[choice] = (srv_fin){.done = true, .finish = ev->finish};
         if (ev->stats) c->fin[choice].stats = *ev->stats;
         c->n_final++;
-        if (ev->finish == LM_FINISH_ERROR && !c->error[0])
+        if (ev->finish == LM_FINISH_ERROR && !c->error[0]) {
             snprintf(c->error, sizeof c->error, "%s", ev->error ? ev->error : "generation failed");
+            c->error_status = ev->status;
+        }
     }
     /* c may be freed once the lock is released after its last final event;
      * this event is not final when there is something to cancel, so the
@@ -155,7 +157,7 @@ static void queue_free(srv_queue *q) {
 void call_free(srv_call *c) {
     if (!c) return;
     if (c->n_subs) {
-        int expected = c->n_subs * c->req.n;
+        int expected = c->n_subs * c->req.p.n;
         pthread_mutex_lock(&c->mu);
         bool all = c->n_final >= expected;
         pthread_mutex_unlock(&c->mu);
@@ -206,7 +208,7 @@ static int submit_error(lm_server_error *e, lm_status rc, const char *prompt_par
 /* Submit every prompt; 0, or -1 with *e (429 busy, 400 too big or invalid). */
 static int submit_all(srv_call *c, lm_server_error *e) {
     lm_server_request *r = &c->req;
-    uint64_t seed = r->sp.seed;
+    uint64_t seed = r->p.sp.seed;
     if (!r->seed_given) {
         /* a fresh seed per call: splitmix64 of a counter and the start time */
         uint64_t z = c->srv->id_salt + 0x9e3779b97f4a7c15ull * (atomic_fetch_add(&c->srv->next_id, 1) + 1);
@@ -215,23 +217,11 @@ static int submit_all(srv_call *c, lm_server_error *e) {
         seed = z ^ (z >> 31);
     }
     for (int i = 0; i < r->n_prompts; i++) {
-        lm_request_params p;
-        engine_request_params_default(&p);
+        lm_request_params p = r->p;
         p.prompt = r->prompts[i];
         p.n_prompt = r->n_prompt[i];
-        p.max_tokens = r->max_tokens;
-        p.n = r->n;
-        p.sp = r->sp;
-        p.sp.seed = seed + (uint64_t)i * (uint64_t)r->n;
-        p.bias_ids = r->bias_ids;
-        p.bias_vals = r->bias_vals;
-        p.n_bias = r->n_bias;
-        p.stop = (const char *const *)r->stop;
-        p.n_stop = r->n_stop;
-        p.ignore_eos = r->ignore_eos;
-        p.logprobs = r->logprobs;
-        p.top_logprobs = r->top_logprobs;
-        p.priority = r->priority;
+        p.sp.seed = seed + (uint64_t)i * (uint64_t)r->p.n;
+        p.stop = (const char *const *)r->stops;
         p.on_event = on_event;
         p.user = &c->subs[i];
         lm_request *h = NULL;
@@ -272,7 +262,7 @@ static bool call_wait(srv_call *c, srv_queue *mine, double wait, bool *overflow)
     mine->n_ev = 0, mine->n_top = 0, mine->text.len = 0, mine->text.failed = false;
     check_abort(c); /* also when events keep coming and the loop below never sleeps */
     double until = lm_now() + wait;
-    int expected = c->n_subs * c->req.n;
+    int expected = c->n_subs * c->req.p.n;
     pthread_mutex_lock(&c->mu);
     for (;;) {
         if (c->q.n_ev > 0 || c->n_final >= expected) break;
@@ -313,9 +303,37 @@ static void settle_finals(srv_call *c) {
 
 /* ------------------------------------------------------------ JSON pieces */
 
-static const char *finish_reason(const srv_call *c, lm_finish f) {
-    if (f == LM_FINISH_STOP) return "stop";
-    return "length"; /* length, and a timeout's cancellation */
+/*
+ * The finish reason a client sees. OpenAI's values where they apply:
+ * "stop" (an end-of-generation token or a stop string) and "length"
+ * (max_tokens or the context reached). A choice the server cancelled when
+ * the request ran past its timeout reports "abort", vLLM's value for an
+ * aborted request, so a client can tell an answer cut short from one that
+ * reached its length. Errors never get here: the answer is an error object
+ * (engine_error), and other cancellations (shutdown, a stream the client
+ * does not read, a client gone) end the same way or with no answer at all.
+ */
+static const char *finish_reason(lm_finish f) {
+    switch (f) {
+    case LM_FINISH_STOP: return "stop";
+    case LM_FINISH_LENGTH: return "length";
+    default: return "abort";
+    }
+}
+
+/* An engine error (a choice's LM_FINISH_ERROR) as an HTTP error, by its
+ * status: the request's own fault 400 (e.g. a logit_bias that bans every
+ * token), out of memory 503, anything else 500. */
+static void engine_error(const srv_call *c, lm_server_error *e) {
+    switch (c->error_status) {
+    case LM_ERR_INVALID: server_error(e, 400, "invalid_request_error", NULL, NULL, "%s", c->error); break;
+    case LM_ERR_TOO_LONG:
+        server_error(e, 400, "invalid_request_error", c->chat ? "messages" : "prompt", "context_length_exceeded", "%s",
+                     c->error);
+        break;
+    case LM_ERR_NOMEM: server_error(e, 503, "server_error", NULL, NULL, "%s", c->error); break;
+    default: server_error(e, 500, "server_error", NULL, NULL, "%s", c->error);
+    }
 }
 
 /* A log-probability as JSON allows it (no infinities). */
@@ -408,7 +426,7 @@ static cJSON *usage_json(const srv_call *c) {
     for (int i = 0; i < c->req.n_prompts; i++) prompt += c->req.n_prompt[i];
     for (int i = 0; i < c->n_choices; i++) {
         completion += c->ch[i].stats.completion_tokens;
-        if (i % c->req.n == 0) cached += c->ch[i].stats.cached_tokens;
+        if (i % c->req.p.n == 0) cached += c->ch[i].stats.cached_tokens;
     }
     cJSON *u = cJSON_CreateObject();
     cJSON_AddNumberToObject(u, "prompt_tokens", (double)prompt);
@@ -444,15 +462,15 @@ static void absorb(srv_call *c, const srv_ev *ev, const srv_queue *q) {
         ch->stats = ev->stats;
         return;
     }
-    if (!c->req.logprobs || ev->token < 0) return;
+    if (!c->req.p.logprobs || ev->token < 0) return;
     const lm_tokenizer *tok = engine_tokenizer(c->engine);
     if (c->chat) {
         if (!ch->lp) ch->lp = cJSON_CreateArray();
         cJSON_AddItemToArray(ch->lp, chat_lp_entry(tok, ev, q));
     } else {
         if (!ch->lp) ch->lp = completion_lp_new();
-        size_t echo = c->req.echo_text && c->req.echo_text[ev->choice / c->req.n]
-                          ? strlen(c->req.echo_text[ev->choice / c->req.n]) : 0;
+        size_t echo = c->req.echo_text && c->req.echo_text[ev->choice / c->req.p.n]
+                          ? strlen(c->req.echo_text[ev->choice / c->req.p.n]) : 0;
         completion_lp_add(ch->lp, tok, ev, q, echo + offset);
     }
 }
@@ -464,7 +482,7 @@ static char *whole_answer(srv_call *c) {
     for (int i = 0; i < c->n_choices; i++) {
         srv_choice *ch = &c->ch[i];
         strbuf text = {0};
-        const char *echo = !c->chat && c->req.echo_text ? c->req.echo_text[i / c->req.n] : NULL;
+        const char *echo = !c->chat && c->req.echo_text ? c->req.echo_text[i / c->req.p.n] : NULL;
         if (echo) strbuf_puts(&text, echo);
         strbuf_put_utf8(&text, ch->text.p ? ch->text.p : "", ch->text.len, true);
         cJSON *j = cJSON_CreateObject();
@@ -477,7 +495,7 @@ static char *whole_answer(srv_call *c) {
             cJSON_AddStringToObject(j, "text", text.p ? text.p : "");
         }
         strbuf_free(&text);
-        if (c->req.logprobs) {
+        if (c->req.p.logprobs) {
             cJSON *lp = ch->lp;
             if (c->chat) {
                 lp = cJSON_CreateObject();
@@ -490,7 +508,7 @@ static char *whole_answer(srv_call *c) {
         } else {
             cJSON_AddNullToObject(j, "logprobs");
         }
-        cJSON_AddStringToObject(j, "finish_reason", finish_reason(c, ch->finish));
+        cJSON_AddStringToObject(j, "finish_reason", finish_reason(ch->finish));
         cJSON_AddItemToArray(choices, j);
     }
     cJSON_AddItemToObject(o, "usage", usage_json(c));
@@ -513,7 +531,7 @@ static int run_whole(srv_call *c) {
     if (c->disconnected) return MHD_NO;
     lm_server_error e = {0};
     if (c->error[0]) {
-        server_error(&e, 500, "server_error", NULL, NULL, "%s", c->error);
+        engine_error(c, &e);
         return srv_respond_error(s, c->conn, &e);
     }
     if (c->cancelled && !c->timed_out) {
@@ -574,12 +592,17 @@ static void chunk(srv_call *c, int i, const char *text, bool role, cJSON *logpro
     sse(c, o);
 }
 
+/* An error object as the stream's last event (before [DONE]). */
+static void stream_error_obj(srv_call *c, const lm_server_error *e) {
+    char *s = srv_error_json(e);
+    sse_text(c, s);
+    lm_free(s);
+}
+
 static void stream_error(srv_call *c, const char *msg) {
     lm_server_error e;
     server_error(&e, 500, "server_error", NULL, NULL, "%s", msg);
-    char *s = srv_error_json(&e);
-    sse_text(c, s);
-    lm_free(s);
+    stream_error_obj(c, &e);
 }
 
 /* The opening chunks: chat's role deltas, completions' echoed prompts. */
@@ -587,8 +610,8 @@ static void stream_open(srv_call *c) {
     for (int i = 0; i < c->n_choices; i++) {
         if (c->chat) {
             chunk(c, i, "", true, NULL, NULL);
-        } else if (c->req.echo_text && c->req.echo_text[i / c->req.n]) {
-            const char *echo = c->req.echo_text[i / c->req.n];
+        } else if (c->req.echo_text && c->req.echo_text[i / c->req.p.n]) {
+            const char *echo = c->req.echo_text[i / c->req.p.n];
             chunk(c, i, echo, false, NULL, NULL);
             c->ch[i].text_total = strlen(echo);
         }
@@ -608,7 +631,7 @@ static void stream_event(srv_call *c, const srv_ev *ev, const srv_queue *q) {
         memmove(ch->pending.p, ch->pending.p + used, ch->pending.len - used);
         ch->pending.len -= used;
     }
-    cJSON *lp = c->req.logprobs && !ev->done && ev->token >= 0 ? event_logprobs(c, ev, q, ch->text_total) : NULL;
+    cJSON *lp = c->req.p.logprobs && !ev->done && ev->token >= 0 ? event_logprobs(c, ev, q, ch->text_total) : NULL;
     if (text.len || lp) chunk(c, ev->choice, text.p ? text.p : "", false, lp, NULL);
     ch->text_total += text.len;
     strbuf_free(&text);
@@ -622,11 +645,14 @@ static void stream_event(srv_call *c, const srv_ev *ev, const srv_queue *q) {
 /* Every choice ended: final chunks (or an error), usage, [DONE]. */
 static void stream_close(srv_call *c, bool overflow) {
     settle_finals(c);
-    if (c->error[0]) stream_error(c, c->error);
-    else if (overflow) stream_error(c, "the client did not read the stream fast enough; generation cancelled");
+    if (c->error[0]) {
+        lm_server_error e;
+        engine_error(c, &e);
+        stream_error_obj(c, &e);
+    } else if (overflow) stream_error(c, "the client did not read the stream fast enough; generation cancelled");
     else if (c->cancelled && !c->timed_out) stream_error(c, "the request was cancelled (the server is shutting down)");
     else
-        for (int i = 0; i < c->n_choices; i++) chunk(c, i, c->chat ? NULL : "", false, NULL, finish_reason(c, c->ch[i].finish));
+        for (int i = 0; i < c->n_choices; i++) chunk(c, i, c->chat ? NULL : "", false, NULL, finish_reason(c->ch[i].finish));
     if (c->req.include_usage && !c->error[0]) {
         cJSON *o = envelope(c, c->chat ? "chat.completion.chunk" : "text_completion");
         cJSON_AddArrayToObject(o, "choices");
@@ -709,7 +735,7 @@ int call_run(srv_call *c) {
     if (server_parse_request(&s->pctx, c->chat, c->body.p, c->body.len, &c->req, &e))
         return srv_respond_error(s, c->conn, &e);
     c->parsed = true;
-    c->n_choices = c->req.n_prompts * c->req.n;
+    c->n_choices = c->req.n_prompts * c->req.p.n;
     c->ch = lm_calloc((size_t)c->n_choices, sizeof *c->ch);
     c->fin = lm_calloc((size_t)c->n_choices, sizeof *c->fin);
     c->subs = lm_calloc((size_t)c->req.n_prompts, sizeof *c->subs);

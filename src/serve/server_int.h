@@ -129,6 +129,7 @@ struct srv_call {
     bool overflow;             /* the queue outgrew its bound: cancelled */
     int n_final;               /* final events received */
     char error[256];           /* the first engine error */
+    lm_status error_status;    /* its kind (lm_event.status) */
 
     /* connection thread only */
     bool cancelled, timed_out, disconnected;

@@ -30,6 +30,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "sched/engine.h"
 #include "text/chat.h"
 #include "serve/server.h"
 #include "serve/server_int.h"
@@ -126,7 +127,7 @@ static int oom(lm_server_error *e) {
 
 /* Sampling and output options common to both routes. */
 static int parse_sampling(const cJSON *root, bool chat, lm_server_request *r, lm_server_error *e) {
-    lm_sample_params *sp = &r->sp;
+    lm_sample_params *sp = &r->p.sp;
     sample_params_default(sp);
     sp->temp = 1, sp->top_p = 1, sp->top_k = 0, sp->min_p = 0;
     sp->repeat_penalty = 1, sp->repeat_last_n = 64, sp->freq_penalty = 0, sp->presence_penalty = 0;
@@ -154,19 +155,19 @@ static int parse_sampling(const cJSON *root, bool chat, lm_server_request *r, lm
     if ((rc = get_int(root, "seed", -9223372036854775807LL, 9223372036854774784LL, &k, e)) < 0) return -1;
     if (rc) sp->seed = (uint64_t)k, r->seed_given = true;
     if ((rc = get_int(root, "priority", INT_MIN, INT_MAX, &k, e)) < 0) return -1;
-    if (rc) r->priority = (int)k;
-    if (get_bool(root, "ignore_eos", &r->ignore_eos, e) < 0) return -1;
+    if (rc) r->p.priority = (int)k;
+    if (get_bool(root, "ignore_eos", &r->p.ignore_eos, e) < 0) return -1;
 
     /* logprobs: an integer 0..5 for completions, a boolean + top_logprobs for chat */
     if (!chat) {
         if ((rc = get_int(root, "logprobs", 0, 5, &k, e)) < 0) return -1;
-        if (rc) r->logprobs = true, r->top_logprobs = (int)k;
+        if (rc) r->p.logprobs = true, r->p.top_logprobs = (int)k;
     } else {
-        if (get_bool(root, "logprobs", &r->logprobs, e) < 0) return -1;
+        if (get_bool(root, "logprobs", &r->p.logprobs, e) < 0) return -1;
         if ((rc = get_int(root, "top_logprobs", 0, LM_MAX_TOP_LOGPROBS, &k, e)) < 0) return -1;
-        if (rc && !r->logprobs)
+        if (rc && !r->p.logprobs)
             return BAD("top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
-        if (rc) r->top_logprobs = (int)k;
+        if (rc) r->p.top_logprobs = (int)k;
     }
     return 0;
 }
@@ -189,8 +190,8 @@ static int parse_stop(const cJSON *root, lm_server_request *r, lm_server_error *
         size_t n = strlen(one->valuestring);
         if (n > SERVER_MAX_STOP_LEN) return BAD("stop", "a stop string may be at most %d bytes", SERVER_MAX_STOP_LEN);
         if (n == 0) continue;
-        if (!(r->stop[r->n_stop] = dup_str(one->valuestring, n))) return oom(e);
-        r->n_stop++;
+        if (!(r->stops[r->p.n_stop] = dup_str(one->valuestring, n))) return oom(e);
+        r->p.n_stop++;
     }
     return 0;
 }
@@ -203,9 +204,10 @@ static int parse_bias(const cJSON *root, int32_t n_vocab, lm_server_request *r, 
     int count = cJSON_GetArraySize(v);
     if (count > SERVER_MAX_BIAS) return BAD("logit_bias", "'logit_bias' may hold at most %d entries", SERVER_MAX_BIAS);
     if (count == 0) return 0;
-    r->bias_ids = lm_malloc((size_t)count * sizeof(int32_t));
-    r->bias_vals = lm_malloc((size_t)count * sizeof(float));
-    if (!r->bias_ids || !r->bias_vals) return oom(e);
+    int32_t *ids = lm_malloc((size_t)count * sizeof(int32_t));
+    float *vals = lm_malloc((size_t)count * sizeof(float));
+    r->p.bias_ids = ids, r->p.bias_vals = vals; /* owned: server_request_free */
+    if (!ids || !vals) return oom(e);
     for (const cJSON *b = v->child; b; b = b->next) {
         const char *key = b->string ? b->string : "";
         char *end;
@@ -215,9 +217,9 @@ static int parse_bias(const cJSON *root, int32_t n_vocab, lm_server_request *r, 
             return BAD("logit_bias", "'logit_bias' key '%.40s' is not a token id in [0, %d)", key, (int)n_vocab);
         if (!cJSON_IsNumber(b) || !(b->valuedouble >= -100 && b->valuedouble <= 100))
             return BAD("logit_bias", "'logit_bias' values must be numbers between -100 and 100");
-        r->bias_ids[r->n_bias] = (int32_t)id;
-        r->bias_vals[r->n_bias] = b->valuedouble <= -100 ? -INFINITY : (float)b->valuedouble;
-        r->n_bias++;
+        ids[r->p.n_bias] = (int32_t)id;
+        vals[r->p.n_bias] = b->valuedouble <= -100 ? -INFINITY : (float)b->valuedouble;
+        r->p.n_bias++;
     }
     return 0;
 }
@@ -464,10 +466,10 @@ static int add_chat_stop(const lm_server_parse_ctx *c, lm_server_request *r, lm_
     if (!marker) return 0;
     int32_t id = tok_find(c->tok, marker, strlen(marker));
     if (id >= 0 && tok_is_eog(c->tok, id)) return 0;
-    for (int i = 0; i < r->n_stop; i++)
-        if (!strcmp(r->stop[i], marker)) return 0;
-    if (!(r->stop[r->n_stop] = dup_str(marker, strlen(marker)))) return oom(e);
-    r->n_stop++;
+    for (int i = 0; i < r->p.n_stop; i++)
+        if (!strcmp(r->stops[i], marker)) return 0;
+    if (!(r->stops[r->p.n_stop] = dup_str(marker, strlen(marker)))) return oom(e);
+    r->p.n_stop++;
     return 0;
 }
 
@@ -478,12 +480,12 @@ static int check_unsupported(const cJSON *root, bool chat, lm_server_request *r,
     const cJSON *v;
     if (!chat) {
         if (get_bool(root, "echo", &r->echo, e) < 0) return -1;
-        if (r->echo && r->logprobs) return BAD("echo", "'echo' together with 'logprobs' is not supported");
+        if (r->echo && r->p.logprobs) return BAD("echo", "'echo' together with 'logprobs' is not supported");
         if ((v = field(root, "suffix")) && !(cJSON_IsString(v) && !v->valuestring[0]))
             return BAD("suffix", "'suffix' is not supported");
         long long best_of = 1;
         if (get_int(root, "best_of", 1, 1 << 20, &best_of, e) < 0) return -1;
-        if (best_of != 1 && best_of != r->n) return BAD("best_of", "'best_of' other than n is not supported");
+        if (best_of != 1 && best_of != r->p.n) return BAD("best_of", "'best_of' other than n is not supported");
     } else {
         if ((v = field(root, "tools")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
             return BAD("tools", "'tools' (function calling) is not supported");
@@ -510,7 +512,7 @@ static int parse_shape(const lm_server_parse_ctx *c, const cJSON *root, bool cha
     }
     long long n = 1;
     if (get_int(root, "n", 1, c->max_n > 0 ? c->max_n : 1, &n, e) < 0) return -1;
-    r->n = (int)n;
+    r->p.n = (int)n;
     long long cap = c->max_tokens_cap > 0 ? c->max_tokens_cap : INT_MAX;
     *max_tokens = 0;
     *mt_name = "max_tokens";
@@ -525,27 +527,37 @@ static int parse_shape(const lm_server_parse_ctx *c, const cJSON *root, bool cha
     return rc < 0 ? -1 : 0;
 }
 
-/* Every prompt plus max_tokens within the context; chat's default max_tokens. */
+/* Every prompt plus max_tokens within the context, by the engine's rule
+ * (engine_fit_context); the defaults: 16 for completions, the rest of the
+ * context for chat, either bounded by max_tokens_cap. Last, n within the
+ * sequences the engine runs at once. */
 static int check_context(const lm_server_parse_ctx *c, bool chat, long long max_tokens, const char *mt_name,
                          lm_server_request *r, lm_server_error *e) {
     const char *what = chat ? "messages" : "prompt";
     int longest = 0;
     for (int i = 0; i < r->n_prompts; i++)
         if (r->n_prompt[i] > longest) longest = r->n_prompt[i];
-    if (longest >= c->n_ctx)
-        return server_error(e, 400, INVALID, what, "context_length_exceeded",
-                            "This model's maximum context length is %d tokens, but the %s has %d tokens "
-                            "(leaving no room to generate).", c->n_ctx, what, longest);
+    int want = (int)max_tokens; /* at most max_tokens_cap, itself at most INT_MAX */
     if (max_tokens == 0) {
-        max_tokens = chat ? c->n_ctx - longest : 16;
-        if (c->max_tokens_cap > 0 && max_tokens > c->max_tokens_cap) max_tokens = c->max_tokens_cap;
+        want = chat ? -1 : 16;
+        if (c->max_tokens_cap > 0 && (want < 0 || want > c->max_tokens_cap))
+            want = want < 0 && c->n_ctx - longest < c->max_tokens_cap ? -1 : c->max_tokens_cap;
     }
-    if ((long long)longest + max_tokens > c->n_ctx)
+    int fit;
+    if (engine_fit_context(c->n_ctx, longest, want, &fit) != LM_OK) {
+        if (longest >= c->n_ctx)
+            return server_error(e, 400, INVALID, what, "context_length_exceeded",
+                                "This model's maximum context length is %d tokens, but the %s has %d tokens "
+                                "(leaving no room to generate).", c->n_ctx, what, longest);
         return server_error(e, 400, INVALID, mt_name ? mt_name : what, "context_length_exceeded",
                             "This model's maximum context length is %d tokens. However, you requested %lld "
-                            "tokens (%d in the %s, %lld in the completion).", c->n_ctx, longest + max_tokens,
-                            longest, what, max_tokens);
-    r->max_tokens = (int)max_tokens;
+                            "tokens (%d in the %s, %d in the completion).", c->n_ctx, (long long)longest + want,
+                            longest, what, want);
+    }
+    if (c->max_seqs > 0 && r->p.n > c->max_seqs)
+        return BAD("n", "n = %d is more than the %d sequences the engine runs at once", r->p.n, c->max_seqs);
+    r->p.max_tokens = fit;
+    r->p.stop = (const char *const *)r->stops;
     return 0;
 }
 
@@ -611,8 +623,8 @@ void server_request_free(lm_server_request *r) {
     lm_free(r->prompts);
     lm_free(r->n_prompt);
     lm_free(r->echo_text);
-    lm_free(r->bias_ids);
-    lm_free(r->bias_vals);
-    for (int i = 0; i < r->n_stop; i++) lm_free(r->stop[i]);
+    lm_free((void *)r->p.bias_ids);
+    lm_free((void *)r->p.bias_vals);
+    for (int i = 0; i < r->p.n_stop; i++) lm_free(r->stops[i]);
     memset(r, 0, sizeof *r);
 }
