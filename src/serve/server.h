@@ -15,6 +15,13 @@
  * usage chunk, then "data: [DONE]"; comment lines keep the connection alive
  * while nothing else is sent.
  *
+ * finish_reason is "stop" (an end-of-generation token or a stop string),
+ * "length" (max_tokens or the context) or "abort" (cut by the request
+ * timeout; vLLM's value for an aborted request). An error the engine meets
+ * while generating is no finish reason: the answer is an error object, with
+ * the status its lm_status maps to (400 for the request's own fault, 503 out
+ * of memory, 500 otherwise), as the last event of a stream.
+ *
  * Threads: the HTTP library runs one thread per connection. Generation goes
  * through the engine only (engine_submit / engine_cancel); the engine calls
  * back on its own thread, and that callback only appends to a bounded

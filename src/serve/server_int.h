@@ -86,8 +86,8 @@ typedef struct {
 
 /* What the connection's thread knows about one choice. */
 typedef struct {
-    strbuf text;              /* the answer so far (non-streaming), raw bytes */
-    strbuf pending;           /* streaming: bytes of an incomplete UTF-8 character */
+    strbuf text;               /* the answer so far (non-streaming), raw bytes */
+    strbuf pending;            /* streaming: bytes of an incomplete UTF-8 character */
     void *lp;                  /* cJSON logprobs of the answer (non-streaming), or NULL */
     size_t text_total;         /* bytes of text so far (completions' text_offset) */
     bool done;
@@ -133,7 +133,7 @@ struct srv_call {
 
     /* connection thread only */
     bool cancelled, timed_out, disconnected;
-    strbuf out;               /* streaming: formatted, not yet handed to the HTTP library */
+    strbuf out;                /* streaming: formatted, not yet handed to the HTTP library */
     size_t out_pos;
     bool out_end;              /* the last bytes are in out */
     bool out_started;          /* the opening chunks are written */
