@@ -123,6 +123,7 @@ struct lm_engine {
     int piece_cap;
     char *emit;               /* (emit_cap) text of one event: held text, a piece and a flush */
     int emit_cap;
+    uint64_t plan_misses;     /* appends a plan allowed that failed (engine_check reports them) */
 
     lm_engine_stats stats;    /* published under mu */
 };
@@ -484,53 +485,91 @@ static void preempt(lm_engine *e, eseq *c) {
     pthread_mutex_unlock(&e->mu);
 }
 
-/* What the plan does not know about running choices: their lengths, and
- * what an append takes beyond its new blocks (a copy-on-write of a shared
- * last block; less the local blocks leaving the window). Measured for one
- * token: kv_blocks_needed never goes below 0, so for longer appends the
- * figure errs on the side of taking more. */
+/* What the plan does not know about running choices: their lengths, a
+ * partial last block they share (forks), and what an append takes beyond
+ * its new blocks and that copy (less, for the local class, the blocks
+ * leaving the window). kv_blocks_needed never goes below 0, so it is asked
+ * for an append long enough to need more new blocks than the choice could
+ * release: then the difference is exact. */
 static void report_running(lm_engine *e) {
     int B = e->cfg.block_size;
     for (int i = 0; i < sched_n_running(e->sc); i++) {
         eseq *c = CHOICE(sched_running_at(e->sc, i));
         c->sq.n_pending = c->n_tokens - c->n_computed;
         c->sq.len = c->n_computed;
-        int fresh = (c->n_computed + 1 + B - 1) / B - (c->n_computed + B - 1) / B;
-        for (int k = 0; k < e->n_class; k++)
-            c->sq.extra[k] = (int)kv_blocks_needed(e->kv, c->kv, 1, k) - fresh;
+        for (int k = 0; k < KV_N_CLASS; k++) c->sq.shared[k] = -1, c->sq.extra[k] = 0;
+        for (int k = 0; k < e->n_class; k++) {
+            int n = k == KV_GLOBAL ? 1 : (kv_seq_held(c->kv, k) + 2) * B;
+            int fresh = (c->n_computed + n + B - 1) / B - (c->n_computed + B - 1) / B;
+            c->sq.extra[k] = (int)kv_blocks_needed(e->kv, c->kv, n, k) - fresh;
+            if (c->n_computed % B == 0) continue;
+            int32_t last = kv_seq_table(c->kv, k)[c->n_computed / B];
+            int refs = kv_class_refcount(e->kv, k, last);
+            if (refs > 1) { /* the copy is the plan's to count */
+                c->sq.shared[k] = last;
+                c->sq.shared_refs[k] = refs;
+                c->sq.extra[k]--;
+            }
+        }
     }
 }
 
-/* Blocks of each class freeing c's KV would give back: those it alone holds. */
-static void answer_frees(lm_engine *e, eseq *c) {
-    int64_t frees[KV_N_CLASS] = {0};
-    int nb = (kv_seq_len(c->kv) + e->cfg.block_size - 1) / e->cfg.block_size;
-    for (int k = 0; k < e->n_class; k++) {
-        const int32_t *t = kv_seq_table(c->kv, k);
-        for (int i = 0; t && i < nb; i++) frees[k] += t[i] >= 0 && kv_class_refcount(e->kv, k, t[i]) == 1;
+/* Whether seq s holds block b of class k. */
+static bool holds(const lm_engine *e, const kv_seq *s, int k, int32_t b) {
+    const int32_t *t = kv_seq_table(s, k);
+    int nb = (kv_seq_len(s) + e->cfg.block_size - 1) / e->cfg.block_size;
+    for (int i = 0; t && i < nb; i++)
+        if (t[i] == b) return true;
+    return false;
+}
+
+/* Blocks of class k in s's table (a released local entry is -1) that no
+ * one but s holds once the victims p already chose are gone. */
+static int64_t held_alone(const lm_engine *e, const kv_seq *s, int k, const eseq *self, const sched_plan *p) {
+    int64_t n = 0;
+    int nb = (kv_seq_len(s) + e->cfg.block_size - 1) / e->cfg.block_size;
+    const int32_t *t = kv_seq_table(s, k);
+    for (int i = 0; t && i < nb; i++) {
+        if (t[i] < 0) continue;
+        int refs = kv_class_refcount(e->kv, k, t[i]);
+        for (int j = 0; j < p->n_preempt && refs > 1; j++) {
+            const eseq *v = CHOICE(p->preempt[j]);
+            if (v != self && v->kv && holds(e, v->kv, k, t[i])) refs--;
+        }
+        n += refs == 1;
     }
+    return n;
+}
+
+/* Blocks of each class freeing c's KV would give back: those no one else
+ * holds once the victims the plan already chose are gone too (forks of one
+ * request share their prompt's blocks). */
+static void answer_frees(lm_engine *e, eseq *c, const sched_plan *p) {
+    int64_t frees[KV_N_CLASS] = {0};
+    for (int k = 0; k < e->n_class; k++) frees[k] = held_alone(e, c->kv, k, c, p);
     sched_answer_frees(e->sc, &c->sq, frees);
 }
 
 /* Probe waiting choice c's admission: what the prefix cache fills, the
- * cached blocks it takes out of the available ones, and the new blocks the
- * rest of its prompt (and one position) needs; local ones at most what one
- * sequence ever holds, as it gives its own back once they leave the window. */
-static void answer_admit(lm_engine *e, eseq *c) {
-    int64_t take[KV_N_CLASS] = {0}, need[KV_N_CLASS] = {0}, before[KV_N_CLASS];
+ * blocks that takes out of the available ones (cached blocks, and those
+ * only the plan's victims hold, which the plan counted as given back), and
+ * the new blocks the rest of its prompt (and one position) needs; local ones
+ * at most what one sequence ever holds, as it gives its own back once they
+ * leave the window. */
+static void answer_admit(lm_engine *e, eseq *c, const sched_plan *p) {
+    int64_t take[KV_N_CLASS] = {0}, need[KV_N_CLASS] = {0};
     int cached = 0;
     char err[LM_ERRLEN];
-    if (!c->probe) {
-        for (int k = 0; k < e->n_class; k++) before[k] = kv_available(e->kv, k);
-        c->probe = kv_seq_new(e->kv, err, sizeof err);
-        if (c->probe && e->cfg.prefix_cache)
-            cached = kv_prefix_match(e->kv, c->probe, c->tokens, c->n_tokens, c->req->p.cache_salt);
-        if (c->probe) e->probes[e->n_probes++] = c;
-        for (int k = 0; k < e->n_class; k++) take[k] = before[k] - kv_available(e->kv, k);
+    if (!c->probe && (c->probe = kv_seq_new(e->kv, err, sizeof err))) {
+        if (e->cfg.prefix_cache) kv_prefix_match(e->kv, c->probe, c->tokens, c->n_tokens, c->req->p.cache_salt);
+        e->probes[e->n_probes++] = c;
     }
     if (c->probe) {
         cached = kv_seq_len(c->probe);
-        for (int k = 0; k < e->n_class; k++) need[k] = kv_blocks_needed(e->kv, c->probe, c->n_tokens - cached + 1, k);
+        for (int k = 0; k < e->n_class; k++) {
+            take[k] = held_alone(e, c->probe, k, c, p);
+            need[k] = kv_blocks_needed(e->kv, c->probe, c->n_tokens - cached + 1, k);
+        }
         if (e->n_class > 1 && need[KV_LOCAL] > e->local_per_seq) need[KV_LOCAL] = e->local_per_seq;
     } else {
         for (int k = 0; k < e->n_class; k++) need[k] = INT64_MAX / 4; /* no memory: it cannot be admitted now */
@@ -572,6 +611,7 @@ static int act(lm_engine *e, const sched_plan *p, int *n_tok) {
         if (rc == KV_OK) {
             batch_add(e, c, p->run[i].n, n_tok, &n_seg);
         } else if (rc == KV_FULL) { /* the plan counted wrong: wait again rather than fail */
+            e->plan_misses++;
             sched_requeue(e->sc, &c->sq);
             preempt(e, c);
         } else {
@@ -587,7 +627,8 @@ static int act(lm_engine *e, const sched_plan *p, int *n_tok) {
         int n = p->admit[i].n < c->n_tokens - c->n_computed ? p->admit[i].n : c->n_tokens - c->n_computed;
         if (kv_append(e->kv, c->kv, n, err, sizeof err) == KV_OK) {
             batch_add(e, c, n, n_tok, &n_seg);
-        } else { /* cannot happen after the plan's check; requeue it to be safe */
+        } else { /* the plan counted wrong (or no memory): wait again rather than fail */
+            e->plan_misses++;
             sched_requeue(e->sc, &c->sq);
             kv_seq_free(e->kv, c->kv);
             c->kv = NULL;
@@ -663,8 +704,8 @@ static bool step(lm_engine *e) {
     const sched_plan *p;
     while ((p = sched_decide(e->sc, &view))->ask) {
         eseq *c = CHOICE(p->ask);
-        if (c->sq.where == SCHED_RUNNING) answer_frees(e, c);
-        else answer_admit(e, c);
+        if (c->sq.where == SCHED_RUNNING) answer_frees(e, c, p);
+        else answer_admit(e, c, p);
     }
     int n_tok = 0, n_seg = act(e, p, &n_tok);
     if (n_seg == 0) {
@@ -733,6 +774,8 @@ static int check_now(lm_engine *e, char *err, size_t errlen) {
     for (int i = 0; i < n_running; i++) live += CHOICE(sched_running_at(e->sc, i))->kv != NULL;
     if (ks.n_seqs != live)
         return lm_err(err, errlen, "%lld KV sequences exist, %lld are live", (long long)ks.n_seqs, (long long)live);
+    if (e->plan_misses)
+        return lm_err(err, errlen, "%llu appends the scheduler's plans allowed failed", (unsigned long long)e->plan_misses);
     for (int k = 0; k < KV_N_CLASS; k++)
         if (!n_running && ks.cls[k].n_used != 0)
             return lm_err(err, errlen, "%lld %sKV blocks are held with nothing running", (long long)ks.cls[k].n_used,

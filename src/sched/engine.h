@@ -94,8 +94,10 @@ void engine_request_release(lm_engine *e, lm_request *r);
 void engine_stats(lm_engine *e, lm_engine_stats *st);
 /* Block until nothing is queued or running (tests, benchmarks). */
 void engine_wait_idle(lm_engine *e);
-/* Check the KV pool's invariants and that no block is held by a finished
- * request: 0, or -1 with a message (tests; call when idle). */
+/* Check the KV pool's invariants, that no block is held by a finished
+ * request, and that every KV append a scheduler plan allowed succeeded (the
+ * plans' block accounting is exact): 0, or -1 with a message (tests; call
+ * when idle). */
 int engine_check(lm_engine *e, char *err, size_t errlen);
 
 /* The model and tokenizer the engine serves. */

@@ -167,11 +167,24 @@ void sched_answer_admit(sched *s, sched_seq *q, int cached, const int64_t take[K
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/* Whether q's append must copy its partial last block of class k: others
+ * still hold it once the sharers this plan grew (each took a copy) or
+ * preempted have let go. */
+static bool must_copy(const sched *s, const sched_seq *q, int k, int n_order) {
+    if (q->shared[k] < 0) return false;
+    int refs = q->shared_refs[k];
+    for (int i = 0; i < n_order && refs > 1; i++) {
+        const sched_seq *o = s->order[i];
+        if (o != q && o->mark != MARK_NONE && o->shared[k] == q->shared[k]) refs--;
+    }
+    return refs > 1;
+}
+
 /* Blocks of each class a running sequence's growth by n takes. */
-static void grow_need(const sched *s, const sched_seq *q, int n, int64_t need[KV_N_CLASS]) {
+static void grow_need(const sched *s, const sched_seq *q, int n, int n_order, int64_t need[KV_N_CLASS]) {
     int64_t B = s->cfg.block_size, fresh = ceil_div((int64_t)q->len + n, B) - ceil_div(q->len, B);
     for (int k = 0; k < KV_N_CLASS; k++) {
-        need[k] = k < s->cfg.n_class ? fresh + q->extra[k] : 0;
+        need[k] = k < s->cfg.n_class ? fresh + q->extra[k] + must_copy(s, q, k, n_order) : 0;
         if (need[k] < 0) need[k] = 0;
     }
 }
@@ -211,9 +224,9 @@ static bool plan_running(sched *s, sched_plan *p, int64_t avail[KV_N_CLASS], int
             sched_seq *q = s->order[i];
             if (q->mark != MARK_NONE || (pass == 0) != (q->n_pending == 1)) continue;
             int n = q->n_pending < budget - p->n_tokens ? q->n_pending : budget - p->n_tokens;
-            int64_t need[KV_N_CLASS];
-            grow_need(s, q, n, need);
             for (;;) {
+                int64_t need[KV_N_CLASS]; /* again after each preemption: a sibling's may spare a copy */
+                grow_need(s, q, n, n_order, need);
                 if (fits(need, avail)) {
                     for (int k = 0; k < KV_N_CLASS; k++) avail[k] -= need[k];
                     p->run[p->n_run++] = (sched_item){q, n};
@@ -236,6 +249,15 @@ static bool plan_running(sched *s, sched_plan *p, int64_t avail[KV_N_CLASS], int
     return true;
 }
 
+/* Whether a sequence this plan preempted would queue before q: it heads
+ * the queue (the pool was short a moment ago), so admission stops there and
+ * it is considered again by the next plan. */
+static bool preempted_before(const sched_plan *p, const sched_seq *q) {
+    for (int i = 0; i < p->n_preempt; i++)
+        if (sched_before(p->preempt[i], q)) return true;
+    return false;
+}
+
 /* Step 2: admissions from the head of the waiting queue. Returns false when
  * it stopped to ask. */
 static bool plan_admit(sched *s, sched_plan *p, int64_t avail[KV_N_CLASS], int n_live) {
@@ -246,7 +268,7 @@ static bool plan_admit(sched *s, sched_plan *p, int64_t avail[KV_N_CLASS], int n
     }
     if (c->static_batching && !p->static_open) return true;
     for (int w = 0; p->n_tokens < c->batch_tokens;) {
-        if (w >= s->n_waiting || n_live >= c->max_seqs) {
+        if (w >= s->n_waiting || n_live >= c->max_seqs || preempted_before(p, s->waiting[w])) {
             p->static_open = false;
             break;
         }

@@ -27,7 +27,8 @@
  *      watermark for those: a decode releases about one for each it takes).
  *      Beside no running sequence the watermark does not apply, and a head
  *      that does not fit even then is rejected (it would wait forever).
- *      Sequences preempted by this plan wait for the next one.
+ *      Sequences preempted by this plan take their place in that queue:
+ *      admission stops at one of them and leaves it to the next plan.
  *   Static batching (a baseline for benchmarks): admission opens only when
  *   nothing runs and closes when it first fails or max_seqs were admitted;
  *   no one joins until the batch has finished.
@@ -41,9 +42,10 @@
  * layers, kv.h): the plan starts from the blocks the pool can hand out
  * (sched_view.avail) and subtracts what each growth and admission takes and
  * adds what each preemption gives back. What a running sequence's growth by
- * n takes is computed from its length (new blocks) and what the engine
- * reports as extra (a copy-on-write of a shared last block; less, for the
- * local class, the blocks leaving its window). What a preemption gives back
+ * n takes is computed from its length (new blocks), a copy of its partial
+ * last block while others still share it (forks: each append but the last
+ * among the sharers copies), and what the engine reports as extra (for the
+ * local class, less the blocks leaving its window). What a preemption gives back
  * and what an admission takes (prefix-cache hits included) the scheduler
  * cannot know: the plan stops and asks (sched_plan.ask); the engine measures
  * it (sched_answer_*) and asks for the plan again. The engine's numbers are
@@ -75,7 +77,10 @@ typedef struct sched_seq {
     /* reported by the engine before each plan */
     int n_pending;              /* tokens not yet in its KV (1: a decode; waiting: the whole sequence) */
     int len;                    /* running: KV positions held */
-    int extra[KV_N_CLASS];      /* running: blocks an append takes beyond its new ones (may be negative) */
+    int extra[KV_N_CLASS];      /* running: blocks an append takes beyond its new ones and a copy of a
+                                   shared last block (may be negative: local blocks leaving the window) */
+    int32_t shared[KV_N_CLASS]; /* running: its partial last block when others hold it too, else -1 */
+    int shared_refs[KV_N_CLASS];/*   and how many hold it: the first appends among them copy it */
     /* answers (sched_answer_*), valid in the iteration they were given */
     uint64_t epoch;
     int64_t frees[KV_N_CLASS];  /* running: blocks its preemption gives back */
