@@ -48,9 +48,10 @@
  * local class, less the blocks leaving its window). What a preemption gives back
  * and what an admission takes (prefix-cache hits included) the scheduler
  * cannot know: the plan stops and asks (sched_plan.ask); the engine measures
- * it (sched_answer_*) and asks for the plan again. The engine's numbers are
- * exact or err on the side of taking more and giving back less, so an
- * append the plan allows succeeds.
+ * it (sched_answer_*) and asks for the plan again. The answers count the
+ * blocks the plan's earlier victims let go, so the accounting is exact: an
+ * append the plan allows succeeds (the engine counts any that does not, and
+ * engine_check reports it).
  *
  * Threads: one (the engine's). Memory: queues and plan arrays are allocated
  * in sched_new and by sched_enqueue/sched_start, which keep room to requeue
