@@ -661,8 +661,9 @@ static void test_finish_reasons(void) {
     CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
     engine_wait_idle(e);
     CHECK(c[1].finish[0] == LM_FINISH_LENGTH && c[1].status[0] == LM_OK && c[1].n[0] == 5);
-    CHECKF(c[2].finish[0] == LM_FINISH_LENGTH && c[2].stats[0].completion_tokens == n_ctx - 4, "%d of %d",
-           c[2].stats[0].completion_tokens, n_ctx - 4);
+    /* every position holds a token, and one more is sampled from the last */
+    CHECKF(c[2].finish[0] == LM_FINISH_LENGTH && c[2].stats[0].completion_tokens == n_ctx + 1 - 4, "%d of %d",
+           c[2].stats[0].completion_tokens, n_ctx + 1 - 4);
     /* cancelled */
     p = greedy_params(prompt, 4, 100, &c[3]);
     p.ignore_eos = true;
@@ -689,10 +690,10 @@ static void test_finish_reasons(void) {
                c[4].has_error[i] && c[4].n[i] == 0, "choice %d: finish %d status %d", i, c[4].finish[i],
                c[4].status[i]);
     /* the context rule and the other refusals */
-    p = greedy_params(prompt, 4, n_ctx - 4, &c[0]);
+    p = greedy_params(prompt, 4, n_ctx + 1 - 4, &c[0]);
     CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
     engine_wait_idle(e);
-    p = greedy_params(prompt, 4, n_ctx - 3, &c[0]);
+    p = greedy_params(prompt, 4, n_ctx + 2 - 4, &c[0]);
     CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_ERR_TOO_LONG);
     p = greedy_params(prompt, 4, 0, &c[0]);
     CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_ERR_INVALID);

@@ -248,7 +248,8 @@ static int cmd_run(int argc, char **argv) {
     engine_request_params_default(&rp);
     rp.prompt = toks;
     rp.n_prompt = n_tok;
-    rp.max_tokens = n_predict < 0 ? (int)n_ctx : n_predict == 0 ? 1 : (int)n_predict;
+    /* more than fits asks for the rest of the context (engine_fit_context) */
+    rp.max_tokens = n_predict < 0 || n_predict > n_ctx + 1 - n_tok ? -1 : n_predict == 0 ? 1 : (int)n_predict;
     rp.sp = sp;
     rp.ignore_eos = ignore_eos;
     rp.penalize_prompt = true;

@@ -155,10 +155,10 @@ void engine_request_params_default(lm_request_params *p) {
     p->n = 1;
 }
 
-lm_status engine_fit_context(int n_ctx, int n_prompt, int max_tokens, int *max_out) {
-    if (n_prompt >= n_ctx) return LM_ERR_TOO_LONG; /* no room for one generated token */
-    if (max_tokens < 0) max_tokens = n_ctx - n_prompt;
-    else if (max_tokens > n_ctx - n_prompt) return LM_ERR_TOO_LONG;
+lm_status engine_fit_context(int n_max, int n_prompt, int max_tokens, int *max_out) {
+    if (n_prompt + 1 > n_max) return LM_ERR_TOO_LONG; /* no room for one generated token */
+    if (max_tokens < 0) max_tokens = n_max - n_prompt;
+    else if (max_tokens > n_max - n_prompt) return LM_ERR_TOO_LONG;
     if (max_out) *max_out = max_tokens;
     return LM_OK;
 }
@@ -418,14 +418,17 @@ static lm_status submit_tokens(lm_engine *e, const lm_request_params *p, lm_requ
     lm_status rc = check_fields(e, p, err, errlen);
     if (rc != LM_OK) return rc;
     int max_tokens;
-    if (engine_fit_context(e->n_ctx, p->n_prompt, p->max_tokens, &max_tokens) != LM_OK) {
-        if (p->n_prompt >= e->n_ctx)
-            return lm_err(err, errlen, "the prompt has %d tokens; the context holds %d (room for at least one "
-                          "more is needed)", p->n_prompt, e->n_ctx), LM_ERR_TOO_LONG;
-        return lm_err(err, errlen, "the prompt has %d tokens and max_tokens is %d; the context holds %d",
-                      p->n_prompt, p->max_tokens, e->n_ctx), LM_ERR_TOO_LONG;
+    /* every position holds a token and one more is sampled from the last */
+    if (engine_fit_context(e->n_ctx + 1, p->n_prompt, p->max_tokens, &max_tokens) != LM_OK) {
+        if (p->n_prompt > e->n_ctx)
+            return lm_err(err, errlen, "the prompt has %d tokens; the context holds %d", p->n_prompt, e->n_ctx),
+                   LM_ERR_TOO_LONG;
+        return lm_err(err, errlen, "the prompt has %d tokens and max_tokens is %d; the context holds %d and one more "
+                      "sampled from the last", p->n_prompt, p->max_tokens, e->n_ctx), LM_ERR_TOO_LONG;
     }
-    if ((rc = check_pool(e, p, (int64_t)p->n_prompt + max_tokens, err, errlen)) != LM_OK) return rc;
+    /* the KV holds every token but the last */
+    int64_t positions = (int64_t)p->n_prompt + max_tokens < e->n_ctx ? (int64_t)p->n_prompt + max_tokens : e->n_ctx;
+    if ((rc = check_pool(e, p, positions, err, errlen)) != LM_OK) return rc;
     lm_request *r = request_new(e, p, max_tokens, out != NULL);
     if (!r) return lm_err(err, errlen, "out of memory"), LM_ERR_NOMEM;
     pthread_mutex_lock(&e->mu);
@@ -566,9 +569,10 @@ static void answer_admit(lm_engine *e, eseq *c, const sched_plan *p) {
     }
     if (c->probe) {
         cached = kv_seq_len(c->probe);
+        int positions = c->n_tokens < e->n_ctx ? c->n_tokens + 1 : e->n_ctx; /* never past the context */
         for (int k = 0; k < e->n_class; k++) {
             take[k] = held_alone(e, c->probe, k, c, p);
-            need[k] = kv_blocks_needed(e->kv, c->probe, c->n_tokens - cached + 1, k);
+            need[k] = kv_blocks_needed(e->kv, c->probe, positions - cached, k);
         }
         if (e->n_class > 1 && need[KV_LOCAL] > e->local_per_seq) need[KV_LOCAL] = e->local_per_seq;
     } else {

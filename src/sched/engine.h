@@ -71,20 +71,24 @@ void engine_free(lm_engine *e);
  * (With out NULL nothing needs releasing.) On failure no event is ever
  * called and err says why: LM_ERR_INVALID for a bad field (token out of
  * range, max_tokens 0, n above max_seqs, ...), LM_ERR_TOO_LONG when the
- * request breaks the context rule (engine_fit_context) or could never fit
- * the KV pool, LM_ERR_BUSY when max_waiting requests already wait or the
+ * request breaks the context rule (engine_fit_context with n_ctx + 1) or
+ * could never fit the KV pool, LM_ERR_BUSY when max_waiting requests already wait or the
  * engine is stopping, LM_ERR_NOMEM.
  */
 lm_status engine_submit(lm_engine *e, const lm_request_params *p, lm_request **out, char *err, size_t errlen);
 /*
- * The context rule, the one every layer applies: a prompt of n_prompt
- * tokens must leave room for one generated token; max_tokens > 0 must fit
- * beside it (n_prompt + max_tokens <= n_ctx); max_tokens < 0 asks for the
- * rest of the context. LM_OK with *max_out (may be NULL) the tokens the
- * request may generate, or LM_ERR_TOO_LONG. (max_tokens 0 is the caller's
- * to refuse: engine_submit says LM_ERR_INVALID.)
+ * The context rule, the one every layer applies: a request may hold at most
+ * n_max tokens in all, prompt and generated. The prompt must leave room for
+ * one generated token; max_tokens > 0 must fit beside it (n_prompt +
+ * max_tokens <= n_max), never clamped; max_tokens < 0 asks for the rest
+ * (n_max - n_prompt). LM_OK with *max_out (may be NULL) the tokens the
+ * request may generate, or LM_ERR_TOO_LONG. The engine's n_max is n_ctx + 1
+ * (every position holds a token and one more is sampled from the last); the
+ * server's is n_ctx, as OpenAI counts a context (prompt and completion within
+ * max_model_len). (max_tokens 0 is the caller's to refuse: engine_submit
+ * says LM_ERR_INVALID.)
  */
-lm_status engine_fit_context(int n_ctx, int n_prompt, int max_tokens, int *max_out);
+lm_status engine_fit_context(int n_max, int n_prompt, int max_tokens, int *max_out);
 /* Ask for the request to end (its final event says LM_FINISH_CANCELLED
  * unless it finished first); its blocks return to the pool at the next
  * iteration boundary. Any thread; safe after the request finished. */

@@ -528,7 +528,7 @@ static int parse_shape(const lm_server_parse_ctx *c, const cJSON *root, bool cha
 }
 
 /* Every prompt plus max_tokens within the context, by the engine's rule
- * (engine_fit_context); the defaults: 16 for completions, the rest of the
+ * (engine_fit_context, with OpenAI's count: n_ctx tokens in all); the defaults: 16 for completions, the rest of the
  * context for chat, either bounded by max_tokens_cap. Last, n within the
  * sequences the engine runs at once. */
 static int check_context(const lm_server_parse_ctx *c, bool chat, long long max_tokens, const char *mt_name,
