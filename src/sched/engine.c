@@ -156,7 +156,7 @@ void engine_request_params_default(lm_request_params *p) {
 }
 
 lm_status engine_fit_context(int n_max, int n_prompt, int max_tokens, int *max_out) {
-    if (n_prompt + 1 > n_max) return LM_ERR_TOO_LONG; /* no room for one generated token */
+    if (n_prompt >= n_max) return LM_ERR_TOO_LONG; /* no room for one generated token */
     if (max_tokens < 0) max_tokens = n_max - n_prompt;
     else if (max_tokens > n_max - n_prompt) return LM_ERR_TOO_LONG;
     if (max_out) *max_out = max_tokens;
