@@ -394,7 +394,7 @@ static int engine_iterations(lm_engine *e, int n, lm_engine_stats *st) {
     lm_engine_stats s0;
     engine_stats(e, &s0);
     char err[LM_ERRLEN];
-    if (engine_submit(e, &p, NULL, err, sizeof err) != ENGINE_OK) {
+    if (engine_submit(e, &p, NULL, err, sizeof err) != LM_OK) {
         fprintf(stderr, "  engine_submit: %s\n", err);
         return -1;
     }
