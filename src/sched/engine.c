@@ -473,7 +473,8 @@ void engine_request_release(lm_engine *e, lm_request *r) {
 static void enqueue(lm_engine *e, eseq *c) {
     c->n_computed = 0;
     c->sq.n_pending = c->n_tokens;
-    if (sched_enqueue(e->sc, &c->sq) != 0) finish(e, c, LM_FINISH_ERROR, LM_ERR_NOMEM, "out of memory queueing a request");
+    if (sched_enqueue(e->sc, &c->sq) != 0)
+        finish(e, c, LM_FINISH_ERROR, LM_ERR_NOMEM, "out of memory queueing a request");
 }
 
 /* Free running choice c's KV; the scheduler already moved it to waiting. */
@@ -779,7 +780,8 @@ static int check_now(lm_engine *e, char *err, size_t errlen) {
     if (ks.n_seqs != live)
         return lm_err(err, errlen, "%lld KV sequences exist, %lld are live", (long long)ks.n_seqs, (long long)live);
     if (e->plan_misses)
-        return lm_err(err, errlen, "%llu appends the scheduler's plans allowed failed", (unsigned long long)e->plan_misses);
+        return lm_err(err, errlen, "%llu appends the scheduler's plans allowed failed",
+                      (unsigned long long)e->plan_misses);
     for (int k = 0; k < KV_N_CLASS; k++)
         if (!n_running && ks.cls[k].n_used != 0)
             return lm_err(err, errlen, "%lld %sKV blocks are held with nothing running", (long long)ks.cls[k].n_used,

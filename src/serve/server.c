@@ -61,7 +61,7 @@ static int route_models(lm_server *s, struct MHD_Connection *conn, const char *n
     if (name) {
         if (strcmp(name, s->model_name) != 0)
             return srv_respond_errf(s, conn, 404, "invalid_request_error", "model_not_found", NULL, NULL,
-                               "The model '%.100s' does not exist.", name);
+                                    "The model '%.100s' does not exist.", name);
         o = model_object(s);
     } else {
         o = cJSON_CreateObject();
@@ -185,15 +185,15 @@ static enum MHD_Result first_call(lm_server *s, struct MHD_Connection *conn, con
     bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     if (!strncmp(url, "/v1/", 4) && !authorized(s, conn))
         return srv_respond_errf(s, conn, 401, "invalid_request_error", "invalid_api_key", "WWW-Authenticate", "Bearer",
-                           "Incorrect or missing API key: send 'Authorization: Bearer KEY'.");
+                                "Incorrect or missing API key: send 'Authorization: Bearer KEY'.");
     if (route == R_NONE)
-        return srv_respond_errf(s, conn, 404, "invalid_request_error", "not_found", NULL, NULL, "Unknown route %.8s %.200s",
-                           method, url);
+        return srv_respond_errf(s, conn, 404, "invalid_request_error", "not_found", NULL, NULL,
+                                "Unknown route %.8s %.200s", method, url);
     bool gen = route == R_COMPLETIONS || route == R_CHAT;
     if (gen ? !post : !get)
         return srv_respond_errf(s, conn, 405, "invalid_request_error", "method_not_allowed", "Allow",
-                           gen ? "POST" : "GET, HEAD", "Method %.8s is not allowed on %.200s (use %s)", method, url,
-                           gen ? "POST" : "GET");
+                                gen ? "POST" : "GET, HEAD", "Method %.8s is not allowed on %.200s (use %s)", method,
+                                url, gen ? "POST" : "GET");
     if (route == R_HEALTH) return route_health(s, conn);
     if (route == R_METRICS) return route_metrics(s, conn);
     if (route == R_MODELS) return route_models(s, conn, NULL);
@@ -204,7 +204,8 @@ static enum MHD_Result first_call(lm_server *s, struct MHD_Connection *conn, con
         unsigned long long n = strtoull(cl, &end, 10);
         if (n > s->cfg.max_body)
             return srv_respond_errf(s, conn, 413, "invalid_request_error", "request_too_large", "Connection", "close",
-                               "The request body is larger than the server's limit of %zu bytes.", s->cfg.max_body);
+                                    "The request body is larger than the server's limit of %zu bytes.",
+                                    s->cfg.max_body);
     }
     srv_call *c = call_new(s, conn, route == R_CHAT);
     if (!c) return MHD_NO;
@@ -229,7 +230,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
     }
     if (c->too_big)
         return srv_respond_errf(s, conn, 413, "invalid_request_error", "request_too_large", "Connection", "close",
-                           "The request body is larger than the server's limit of %zu bytes.", s->cfg.max_body);
+                                "The request body is larger than the server's limit of %zu bytes.", s->cfg.max_body);
     if (c->body.failed)
         return srv_respond_errf(s, conn, 500, "server_error", NULL, NULL, NULL, "out of memory reading the request");
     return call_run(c);

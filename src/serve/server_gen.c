@@ -652,7 +652,8 @@ static void stream_close(srv_call *c, bool overflow) {
     } else if (overflow) stream_error(c, "the client did not read the stream fast enough; generation cancelled");
     else if (c->cancelled && !c->timed_out) stream_error(c, "the request was cancelled (the server is shutting down)");
     else
-        for (int i = 0; i < c->n_choices; i++) chunk(c, i, c->chat ? NULL : "", false, NULL, finish_reason(c->ch[i].finish));
+        for (int i = 0; i < c->n_choices; i++)
+            chunk(c, i, c->chat ? NULL : "", false, NULL, finish_reason(c->ch[i].finish));
     if (c->req.include_usage && !c->error[0]) {
         cJSON *o = envelope(c, c->chat ? "chat.completion.chunk" : "text_completion");
         cJSON_AddArrayToObject(o, "choices");
