@@ -178,7 +178,13 @@ typedef struct {
     char *err;
     size_t errlen;
     char where[320];      /* "kv 3 'general.name'" or "tensor 7 'output.weight'" */
+    lm_status status;     /* the kind of the failure: LM_ERR_FORMAT unless set otherwise */
 } parser;
+
+/* Mark the failure being reported as out of memory / not supported; returns
+ * -1 like lm_err, so `return nomem(p), lm_err(...)` reads as one failure. */
+static int nomem(parser *p) { p->status = LM_ERR_NOMEM; return -1; }
+static int unsupported(parser *p) { p->status = LM_ERR_UNSUPPORTED; return -1; }
 
 /* Check that n bytes are left at the cursor. `what` names the field; idx >= 0
  * adds an array element index. */
@@ -261,7 +267,7 @@ static int parse_indexed_elems(parser *p, int depth, gguf_arr *arr) {
     if (arr->n == 0) return 0;
     size_t esz = arr->type == GGUF_STRING ? sizeof(uint64_t) : sizeof(gguf_arr);
     void *index = arena_alloc(&p->ctx->arena, (size_t)arr->n * esz);
-    if (!index) return lm_err(p->err, p->errlen, "%s: out of memory indexing %" PRIu64
+    if (!index) return nomem(p), lm_err(p->err, p->errlen, "%s: out of memory indexing %" PRIu64
                               " array elements", p->where, arr->n);
     arr->index = index;
     uint64_t start = p->off;
@@ -359,9 +365,10 @@ static int parse_header(parser *p) {
     uint64_t nt, nkv;
     if (take_u32(p, &v, "header version", -1)) return -1;
     if (v == 1)
-        return lm_err(p->err, p->errlen, "GGUF version 1 is not supported (it uses 32-bit counts); "
+        return unsupported(p), lm_err(p->err, p->errlen, "GGUF version 1 is not supported (it uses 32-bit counts); "
                       "convert the file to version 3");
     if (v != 2 && v != 3) {
+        unsupported(p);
         if (v == 0x02000000u || v == 0x03000000u)
             return lm_err(p->err, p->errlen, "GGUF version %u is not supported (a big-endian file?)", v);
         return lm_err(p->err, p->errlen, "GGUF version %u is not supported (only 2 and 3)", v);
@@ -393,7 +400,7 @@ static int parse_kvs(parser *p) {
     gguf_ctx *c = p->ctx;
     c->kv = lm_calloc((size_t)c->n_kv, sizeof(kv_entry));
     c->kv_hash = hash_new(c->n_kv, &c->kv_hmask);
-    if (!c->kv || !c->kv_hash) return lm_err(p->err, p->errlen, "out of memory for %" PRId64 " kvs", c->n_kv);
+    if (!c->kv || !c->kv_hash) return nomem(p), lm_err(p->err, p->errlen, "out of memory for %" PRId64 " kvs", c->n_kv);
     for (int64_t i = 0; i < c->n_kv; i++) {
         kv_entry *e = &c->kv[i];
         snprintf(p->where, sizeof p->where, "kv %" PRId64, i);
@@ -455,7 +462,7 @@ static int parse_tensor_shape(parser *p, gguf_tensor *t) {
     }
     if (take_u32(p, &t->type, "type", -1)) return -1;
     const lm_type_traits *tr = quant_traits(t->type);
-    if (!tr) return lm_err(p->err, p->errlen, "%s: unknown ggml type %u", p->where, t->type);
+    if (!tr) return unsupported(p), lm_err(p->err, p->errlen, "%s: unknown ggml type %u", p->where, t->type);
     if (t->ne[0] % (uint64_t)tr->blck)
         return lm_err(p->err, p->errlen, "%s: ne[0] = %" PRIu64 " is not a multiple of the %s block size %" PRId64,
                       p->where, t->ne[0], tr->name, tr->blck);
@@ -471,7 +478,7 @@ static int parse_tensor_infos(parser *p) {
     c->tensors = lm_calloc((size_t)c->n_tensors, sizeof(gguf_tensor));
     c->t_hash = hash_new(c->n_tensors, &c->t_hmask);
     if (!c->tensors || !c->t_hash)
-        return lm_err(p->err, p->errlen, "out of memory for %" PRId64 " tensors", c->n_tensors);
+        return nomem(p), lm_err(p->err, p->errlen, "out of memory for %" PRId64 " tensors", c->n_tensors);
     for (int64_t i = 0; i < c->n_tensors; i++) {
         gguf_tensor *t = &c->tensors[i];
         gguf_str name;
@@ -484,7 +491,7 @@ static int parse_tensor_infos(parser *p) {
         if (memchr(name.ptr, 0, name.len))
             return lm_err(p->err, p->errlen, "tensor %" PRId64 ": name contains a NUL byte", i);
         t->name = arena_alloc(&c->arena, name.len + 1);
-        if (!t->name) return lm_err(p->err, p->errlen, "out of memory for tensor names");
+        if (!t->name) return nomem(p), lm_err(p->err, p->errlen, "out of memory for tensor names");
         memcpy(t->name, name.ptr, name.len);
         t->name[name.len] = 0;
         snprintf(p->where, sizeof p->where, "tensor '%s'", t->name);
@@ -518,7 +525,7 @@ static int check_tensor_data(parser *p) {
                       " bytes)", c->data_off, c->size);
     uint64_t room = c->size - c->data_off;
     extent *ex = lm_malloc((size_t)c->n_tensors * sizeof(extent));
-    if (!ex) return lm_err(p->err, p->errlen, "out of memory checking %" PRId64 " tensors", c->n_tensors);
+    if (!ex) return nomem(p), lm_err(p->err, p->errlen, "out of memory checking %" PRId64 " tensors", c->n_tensors);
     for (int64_t i = 0; i < c->n_tensors; i++) {
         gguf_tensor *t = &c->tensors[i];
         if (t->offset % c->alignment) {
@@ -558,13 +565,15 @@ static void ctx_free(gguf_ctx *c) {
     lm_free(c);
 }
 
-static gguf_ctx *parse_all(gguf_ctx *c, char *err, size_t errlen) {
-    parser p = {.ctx = c, .off = 0, .err = err, .errlen = errlen, .where = ""};
+static gguf_ctx *parse_all(gguf_ctx *c, lm_status *status, char *err, size_t errlen) {
+    parser p = {.ctx = c, .off = 0, .err = err, .errlen = errlen, .where = "", .status = LM_ERR_FORMAT};
     if (parse_header(&p) || parse_kvs(&p) || parse_alignment(&p) || parse_tensor_infos(&p) ||
         check_tensor_data(&p)) {
         ctx_free(c);
+        *status = p.status;
         return NULL;
     }
+    *status = LM_OK;
     return c;
 }
 
@@ -581,10 +590,17 @@ gguf_ctx *gguf_open_mem(const void *data, size_t size, char *err, size_t errlen)
     static const uint8_t empty[1];
     c->base = data ? data : empty;
     c->size = size;
-    return parse_all(c, err, errlen);
+    lm_status st;
+    return parse_all(c, &st, err, errlen);
 }
 
 gguf_ctx *gguf_open(const char *path, char *err, size_t errlen) {
+    lm_status st;
+    return gguf_open_status(path, &st, err, errlen);
+}
+
+gguf_ctx *gguf_open_status(const char *path, lm_status *status, char *err, size_t errlen) {
+    *status = LM_ERR_IO;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         lm_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
@@ -602,6 +618,7 @@ gguf_ctx *gguf_open(const char *path, char *err, size_t errlen) {
         return NULL;
     }
     if (st.st_size == 0) {
+        *status = LM_ERR_FORMAT;
         lm_err(err, errlen, "%s: file is empty", path);
         close(fd);
         return NULL;
@@ -617,6 +634,7 @@ gguf_ctx *gguf_open(const char *path, char *err, size_t errlen) {
     gguf_ctx *c = lm_calloc(1, sizeof *c);
     if (!c) {
         munmap(map, len);
+        *status = LM_ERR_NOMEM;
         lm_err(err, errlen, "%s: out of memory", path);
         return NULL;
     }
@@ -625,7 +643,7 @@ gguf_ctx *gguf_open(const char *path, char *err, size_t errlen) {
     c->map = map;
     c->map_len = len;
     char msg[LM_ERRLEN];
-    gguf_ctx *r = parse_all(c, msg, sizeof msg);
+    gguf_ctx *r = parse_all(c, status, msg, sizeof msg);
     if (!r) lm_err(err, errlen, "%s: %s", path, msg);
     return r;
 }

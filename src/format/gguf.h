@@ -29,6 +29,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "lamina.h" /* lm_status */
+
 enum gguf_vtype {
     GGUF_UINT8 = 0, GGUF_INT8 = 1, GGUF_UINT16 = 2, GGUF_INT16 = 3,
     GGUF_UINT32 = 4, GGUF_INT32 = 5, GGUF_FLOAT32 = 6, GGUF_BOOL = 7,
@@ -65,6 +67,11 @@ typedef struct {
 typedef struct gguf_ctx gguf_ctx;
 
 gguf_ctx *gguf_open(const char *path, char *err, size_t errlen);
+/* The same, saying what kind of failure it was in *status: LM_ERR_IO (cannot
+ * open, read or map the file), LM_ERR_FORMAT (malformed), LM_ERR_UNSUPPORTED
+ * (a GGUF version or tensor type lamina does not know), LM_ERR_NOMEM; LM_OK
+ * on success. */
+gguf_ctx *gguf_open_status(const char *path, lm_status *status, char *err, size_t errlen);
 /* Parse a caller-owned buffer (not copied; must outlive the context). */
 gguf_ctx *gguf_open_mem(const void *data, size_t size, char *err, size_t errlen);
 void gguf_close(gguf_ctx *ctx);

@@ -65,6 +65,10 @@
 #define TOK_MAX_PIECE 65536             /* longest token text accepted */
 #define MAX_RE 6                        /* regexes per pre-tokenizer */
 
+/* What the loading helpers return besides 0 and -1 (malformed metadata), so
+ * tok_load_status can tell the caller what kind of failure it was. */
+enum { TOK_EUNSUPPORTED = -2, TOK_ENOMEM = -3 };
+
 /* tokenizer.ggml.token_type values. */
 enum { TT_UNDEF = 0, TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER = 4, TT_UNUSED = 5, TT_BYTE = 6 };
 
@@ -202,7 +206,7 @@ static int merges_build(lm_tokenizer *t, const gguf_arr *arr, char *err, size_t 
     char *cat = lm_malloc(2 * TOK_MAX_PIECE);
     if (!t->mslot || !cat) {
         lm_free(cat);
-        return lm_err(err, errlen, "out of memory for %llu merges", (unsigned long long)arr->n);
+        return lm_err(err, errlen, "out of memory for %llu merges", (unsigned long long)arr->n), TOK_ENOMEM;
     }
     for (uint64_t i = 0; i <= t->mmask; i++) t->mslot[i].left = -1;
     for (uint64_t r = 0; r < arr->n; r++) {
@@ -387,7 +391,7 @@ static int load_tokens(lm_tokenizer *t, const gguf_ctx *g, char *err, size_t err
     t->type = lm_calloc(arr.n, 1);
     t->flag = lm_calloc(arr.n, 1);
     if (!t->pool || !t->off || !t->type || !t->flag)
-        return lm_err(err, errlen, "out of memory for %llu tokens", (unsigned long long)arr.n);
+        return lm_err(err, errlen, "out of memory for %llu tokens", (unsigned long long)arr.n), TOK_ENOMEM;
     uint32_t pos = 0;
     for (uint64_t i = 0; i < arr.n; i++) {
         gguf_str s;
@@ -430,7 +434,7 @@ static int load_types_scores(lm_tokenizer *t, const gguf_ctx *g, char *err, size
     if (get_token_arr(g, "tokenizer.ggml.scores", t->n_vocab, &arr, &present, err, errlen)) return -1;
     if (!present) return lm_err(err, errlen, "tokenizer.ggml.scores is missing (needed by the llama tokenizer)");
     t->score = lm_malloc((size_t)t->n_vocab * sizeof *t->score);
-    if (!t->score) return lm_err(err, errlen, "out of memory for scores");
+    if (!t->score) return lm_err(err, errlen, "out of memory for scores"), TOK_ENOMEM;
     for (int32_t i = 0; i < t->n_vocab; i++) {
         double v;
         if (!gguf_arr_float(&arr, (uint64_t)i, &v))
@@ -601,7 +605,7 @@ static int load_family(lm_tokenizer *t, const gguf_ctx *g, char *err, size_t err
         t->family = FAM_BPE;
     } else {
         return lm_err(err, errlen, "unsupported tokenizer model '%.*s' (lamina knows 'llama' and 'gpt2')",
-                      (int)(model.len > 64 ? 64 : model.len), model.ptr);
+                      (int)(model.len > 64 ? 64 : model.len), model.ptr), TOK_EUNSUPPORTED;
     }
     return 0;
 }
@@ -619,7 +623,7 @@ static int load_bpe(lm_tokenizer *t, const gguf_ctx *g, char *err, size_t errlen
         snprintf(namebuf, sizeof namebuf, "%.*s", n, pre.ptr);
         name = namebuf;
         ps = pre_lookup(pre.ptr, pre.len);
-        if (!ps) return lm_err(err, errlen, "unsupported pre-tokenizer '%s' (tokenizer.ggml.pre)", name);
+        if (!ps) return lm_err(err, errlen, "unsupported pre-tokenizer '%s' (tokenizer.ggml.pre)", name), TOK_EUNSUPPORTED;
     }
     t->add_bos = ps->add_bos;
     if (pre_compile(t, ps, name, err, errlen)) return -1;
@@ -632,29 +636,38 @@ static int load_bpe(lm_tokenizer *t, const gguf_ctx *g, char *err, size_t errlen
 }
 
 lm_tokenizer *tok_load(const gguf_ctx *g, char *err, size_t errlen) {
+    lm_status st;
+    return tok_load_status(g, &st, err, errlen);
+}
+
+lm_tokenizer *tok_load_status(const gguf_ctx *g, lm_status *status, char *err, size_t errlen) {
+    *status = LM_ERR_NOMEM;
     lm_tokenizer *t = lm_calloc(1, sizeof *t);
     if (!t) {
         lm_err(err, errlen, "out of memory");
         return NULL;
     }
-    if (load_family(t, g, err, errlen) || load_tokens(t, g, err, errlen) ||
-        load_types_scores(t, g, err, errlen))
-        goto fail;
+    int rc = load_family(t, g, err, errlen);
+    if (!rc) rc = load_tokens(t, g, err, errlen);
+    if (!rc) rc = load_types_scores(t, g, err, errlen);
+    if (rc) goto fail;
     if (vocab_build(t)) {
-        lm_err(err, errlen, "out of memory for the vocab hash");
+        rc = (lm_err(err, errlen, "out of memory for the vocab hash"), TOK_ENOMEM);
         goto fail;
     }
     if (t->family == FAM_BPE) {
         byte_unicode_build(t);
-        if (load_bpe(t, g, err, errlen)) goto fail;
+        if ((rc = load_bpe(t, g, err, errlen))) goto fail;
     }
-    if (load_specials(t, g, err, errlen)) goto fail;
+    if ((rc = load_specials(t, g, err, errlen))) goto fail;
     if (derive_tables(t) || detok_bound(t)) {
-        lm_err(err, errlen, "out of memory");
+        rc = (lm_err(err, errlen, "out of memory"), TOK_ENOMEM);
         goto fail;
     }
+    *status = LM_OK;
     return t;
 fail:
+    *status = rc == TOK_ENOMEM ? LM_ERR_NOMEM : rc == TOK_EUNSUPPORTED ? LM_ERR_UNSUPPORTED : LM_ERR_FORMAT;
     tok_free(t);
     return NULL;
 }

@@ -26,11 +26,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "lamina.h" /* lm_status */
 #include "format/gguf.h"
 
 typedef struct lm_tokenizer lm_tokenizer;
 
 lm_tokenizer *tok_load(const gguf_ctx *g, char *err, size_t errlen);
+/* The same, saying what kind of failure it was in *status: LM_ERR_FORMAT
+ * (missing or malformed metadata), LM_ERR_UNSUPPORTED (a tokenizer model or
+ * pre-tokenizer lamina does not know), LM_ERR_NOMEM; LM_OK on success. */
+lm_tokenizer *tok_load_status(const gguf_ctx *g, lm_status *status, char *err, size_t errlen);
 void tok_free(lm_tokenizer *t);
 
 int32_t tok_n_vocab(const lm_tokenizer *t);
