@@ -108,7 +108,24 @@ typedef struct {
     size_t f32_used, f32_cap;
     char *err;
     size_t errlen;
+    lm_status status;        /* the kind of a failure: LM_ERR_FORMAT unless set otherwise */
+    lm_progress_fn progress; /* may be NULL */
+    void *progress_user;
 } loader;
+
+/* Mark the failure being reported as not supported / out of memory; returns
+ * -1, so `return unsupported(L), lm_err(...)` reads as one failure. */
+static int unsupported(loader *L) { L->status = LM_ERR_UNSUPPORTED; return -1; }
+static int nomem(loader *L) { L->status = LM_ERR_NOMEM; return -1; }
+
+/* Tell the caller's progress callback how far loading is (0 .. 1); -1 when
+ * it answers stop. Loading shares: 0.05 the header, up to 0.2 reading the
+ * layers' tensors, up to 0.95 making the packed copies, 1 the tokenizer. */
+static int report(loader *L, double done) {
+    if (!L->progress || L->progress(L->progress_user, (float)done)) return 0;
+    L->status = LM_ERR_CANCELLED;
+    return lm_err(L->err, L->errlen, "loading cancelled by the progress callback");
+}
 
 /* Read an integer hyperparameter `<arch>.<suffix>`; def < 0 means required. */
 static int get_hp_int(loader *L, const char *arch, const char *suffix, int64_t def, int64_t lo,
@@ -167,7 +184,7 @@ static int load_weight(loader *L, const char *name, int64_t cols, int64_t rows, 
     const gguf_tensor *t = find_shaped(L, name, cols, rows, true);
     if (!t) return -1;
     if (!quant_supported(t->type))
-        return lm_err(L->err, L->errlen, "tensor '%s' has type %s, which lamina cannot compute with", name,
+        return unsupported(L), lm_err(L->err, L->errlen, "tensor '%s' has type %s, which lamina cannot compute with", name,
                       quant_type_name(t->type));
     w->data = t->data;
     w->type = t->type;
@@ -188,7 +205,7 @@ static int load_vec(loader *L, const char *name, int64_t n, bool required, const
     }
     const lm_type_kernels *tk = kernels_type(t->type);
     if (!tk || !tk->to_float)
-        return lm_err(L->err, L->errlen, "tensor '%s' has type %s, which lamina cannot read", name,
+        return unsupported(L), lm_err(L->err, L->errlen, "tensor '%s' has type %s, which lamina cannot read", name,
                       quant_type_name(t->type));
     if (L->f32_used + (size_t)n > L->f32_cap) return lm_err(L->err, L->errlen, "internal: vector slab too small");
     float *dst = L->m->f32 + L->f32_used;
@@ -216,7 +233,7 @@ static int read_hparams(loader *L) {
         hp->arch = LM_ARCH_GEMMA3;
         hp->rope_style = LM_ROPE_NEOX;
     } else {
-        return lm_err(L->err, L->errlen, "unsupported architecture '%s' (lamina runs llama, qwen2 and gemma3)", arch);
+        return unsupported(L), lm_err(L->err, L->errlen, "unsupported architecture '%s' (lamina runs llama, qwen2 and gemma3)", arch);
     }
     const int64_t big = 1 << 20;
     if (get_hp_int(L, arch, "block_count", -1, 1, 4096, &hp->n_layer) ||
@@ -234,7 +251,7 @@ static int read_hparams(loader *L) {
     int vlen;
     if (get_hp_int(L, arch, "attention.value_length", hp->head_dim, 1, 4096, &vlen)) return -1;
     if (vlen != hp->head_dim)
-        return lm_err(L->err, L->errlen, "key length %d differs from value length %d: not supported", hp->head_dim, vlen);
+        return unsupported(L), lm_err(L->err, L->errlen, "key length %d differs from value length %d: not supported", hp->head_dim, vlen);
     if (get_hp_int(L, arch, "rope.dimension_count", hp->head_dim, 2, hp->head_dim, &hp->n_rot)) return -1;
     if (hp->n_rot % 2) return lm_err(L->err, L->errlen, "rope dimension count %d is odd", hp->n_rot);
     if (get_hp_float(L, arch, "rope.freq_base", 10000.0, &hp->rope_base) ||
@@ -245,7 +262,7 @@ static int read_hparams(loader *L) {
     snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
     if (gguf_get_str(m->gguf, key, &s) && !gguf_str_eq(s, "none")) {
         if (!gguf_str_eq(s, "linear"))
-            return lm_err(L->err, L->errlen, "rope scaling '%.*s' is not supported (only linear)", (int)(s.len > 32 ? 32 : s.len), s.ptr);
+            return unsupported(L), lm_err(L->err, L->errlen, "rope scaling '%.*s' is not supported (only linear)", (int)(s.len > 32 ? 32 : s.len), s.ptr);
         float f;
         if (get_hp_float(L, arch, "rope.scaling.factor", 1.0, &f)) return -1;
         if (f > 0) hp->rope_scale = 1.0f / f;
@@ -280,7 +297,7 @@ static int load_tensors(loader *L) {
     m->f32 = lm_malloc(L->f32_cap * sizeof(float));
     m->layers = lm_calloc((size_t)hp->n_layer, sizeof(lm_layer));
     m->layer_local = lm_calloc((size_t)hp->n_layer, 1);
-    if (!m->f32 || !m->layers || !m->layer_local) return lm_err(L->err, L->errlen, "out of memory");
+    if (!m->f32 || !m->layers || !m->layer_local) return nomem(L), lm_err(L->err, L->errlen, "out of memory");
 
     if (load_weight(L, "token_embd.weight", E, hp->n_vocab, &m->tok_embd)) return -1;
     if (load_vec(L, "output_norm.weight", E, true, &m->out_norm)) return -1;
@@ -308,6 +325,7 @@ static int load_tensors(loader *L) {
         m->layer_local[i] = local;
         l->rope_base = local ? hp->rope_base_swa : hp->rope_base;
         l->rope_scale = local ? 1.0f : hp->rope_scale;
+        if (report(L, 0.05 + 0.15 * (i + 1) / hp->n_layer)) return -1;
     }
     for (int64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {
         const gguf_tensor *t = gguf_tensor_at(m->gguf, i);
@@ -344,7 +362,7 @@ static int pack_weights(loader *L) {
     lm_model *m = L->m;
     const int n_w = MODEL_LAYER_MATRICES * m->hp.n_layer + 1;
     lm_weight **ws = lm_malloc((size_t)n_w * sizeof *ws);
-    if (!ws) return lm_err(L->err, L->errlen, "out of memory");
+    if (!ws) return nomem(L), lm_err(L->err, L->errlen, "out of memory");
     int k = 0;
     for (int i = 0; i < m->hp.n_layer; i++)
         for (size_t j = 0; j < N_LAYER_TENSORS; j++)
@@ -366,10 +384,11 @@ static int pack_weights(loader *L) {
     m->packed_mem = lm_malloc(total + PACK_ALIGN);
     if (!m->packed_mem) {
         lm_free(ws);
-        return lm_err(L->err, L->errlen, "out of memory for the packed weights (%zu bytes)", total);
+        return nomem(L), lm_err(L->err, L->errlen, "out of memory for the packed weights (%zu bytes)", total);
     }
     uint8_t *p = (uint8_t *)(((uintptr_t)m->packed_mem + PACK_ALIGN - 1) & ~(uintptr_t)(PACK_ALIGN - 1));
     madvise(p, total / PACK_ALIGN * PACK_ALIGN, MADV_HUGEPAGE);
+    size_t done = 0;
     for (int i = 0; i < n_w; i++) {
         lm_weight *w = ws[i];
         size_t sz = quant_pack_size(w->type, w->rows, w->cols);
@@ -377,49 +396,75 @@ static int pack_weights(loader *L) {
         quant_pack(w->type, w->data, w->row_bytes, w->rows, w->cols, p);
         w->packed = p;
         p += sz;
+        done += sz;
+        if (report(L, 0.2 + 0.75 * (double)done / (double)total)) {
+            lm_free(ws);
+            return -1;
+        }
     }
     m->packed_bytes = total;
     lm_free(ws);
     return 0;
 }
 
+static lm_model *from_gguf(gguf_ctx *g, const lm_load_params *p, lm_status *status, char *err, size_t errlen);
+
 lm_model *model_from_gguf(gguf_ctx *g, char *err, size_t errlen) {
+    lm_status st;
+    return from_gguf(g, NULL, &st, err, errlen);
+}
+
+static lm_model *from_gguf(gguf_ctx *g, const lm_load_params *p, lm_status *status, char *err, size_t errlen) {
     kernels_init();
+    *status = LM_ERR_NOMEM;
     lm_model *m = lm_calloc(1, sizeof *m);
     if (!m) {
         lm_err(err, errlen, "out of memory");
         return NULL;
     }
     m->gguf = g;
-    loader L = {.m = m, .err = err, .errlen = errlen};
-    if (read_hparams(&L) || load_tensors(&L) || pack_weights(&L)) goto fail;
+    loader L = {.m = m, .err = err, .errlen = errlen, .status = LM_ERR_FORMAT,
+                .progress = p ? p->progress : NULL, .progress_user = p ? p->progress_user : NULL};
+    if (report(&L, 0) || read_hparams(&L) || report(&L, 0.05) || load_tensors(&L) || pack_weights(&L) ||
+        report(&L, 0.95))
+        goto fail;
     gguf_str s;
     if (gguf_get_str(g, "general.name", &s))
         snprintf(m->name, sizeof m->name, "%.*s", (int)(s.len < 127 ? s.len : 127), s.ptr);
     if (gguf_find_key(g, "tokenizer.ggml.model") >= 0) {
         char terr[LM_ERRLEN];
-        m->tok = tok_load(g, terr, sizeof terr);
+        m->tok = tok_load_status(g, &L.status, terr, sizeof terr);
         if (!m->tok) {
             lm_err(err, errlen, "tokenizer: %s", terr);
             goto fail;
         }
         if (tok_n_vocab(m->tok) > m->hp.n_vocab) {
+            L.status = LM_ERR_FORMAT;
             lm_err(err, errlen, "tokenizer has %d tokens but the embedding only %d rows", tok_n_vocab(m->tok),
                    m->hp.n_vocab);
             goto fail;
         }
     }
+    if (report(&L, 1)) goto fail;
+    *status = LM_OK;
     return m;
 fail:
+    *status = L.status;
     m->gguf = NULL; /* the caller keeps g on failure */
     model_free(m);
     return NULL;
 }
 
 lm_model *model_load(const char *path, char *err, size_t errlen) {
-    gguf_ctx *g = gguf_open(path, err, errlen);
+    lm_status st;
+    return model_load_params(path, NULL, &st, err, errlen);
+}
+
+lm_model *model_load_params(const char *path, const lm_load_params *p, lm_status *status, char *err,
+                            size_t errlen) {
+    gguf_ctx *g = gguf_open_status(path, status, err, errlen);
     if (!g) return NULL;
-    lm_model *m = model_from_gguf(g, err, errlen);
+    lm_model *m = from_gguf(g, p, status, err, errlen);
     if (!m) {
         gguf_close(g);
         return NULL;

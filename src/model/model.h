@@ -27,6 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "lamina.h" /* lm_status, lm_load_params */
 #include "format/gguf.h"
 #include "text/tokenizer.h"
 
@@ -114,6 +115,13 @@ void model_layer_matrices(const lm_layer *l, const lm_weight *out[MODEL_LAYER_MA
  * failure (unknown architecture, missing or misshapen tensor, unsupported
  * tensor type, bad hyperparameters). */
 lm_model *model_load(const char *path, char *err, size_t errlen);
+/* The same with a progress callback (p may be NULL; a false answer stops
+ * the load, everything freed, with LM_ERR_CANCELLED) and the kind of a
+ * failure in *status: LM_ERR_IO, LM_ERR_FORMAT, LM_ERR_UNSUPPORTED (an
+ * architecture, tensor type, tokenizer or option lamina does not run),
+ * LM_ERR_NOMEM, LM_ERR_CANCELLED; LM_OK on success. */
+lm_model *model_load_params(const char *path, const lm_load_params *p, lm_status *status, char *err,
+                            size_t errlen);
 /* Same from an open context; on success the model takes ownership of g. */
 lm_model *model_from_gguf(gguf_ctx *g, char *err, size_t errlen);
 void model_free(lm_model *m);
