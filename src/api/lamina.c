@@ -1,0 +1,277 @@
+/*
+ * lamina.c - the public C API (include/lamina.h) over the layers above it.
+ *
+ * Every function here is thin: it checks the caller's arguments (a bad one
+ * is LM_ERR_INVALID, never a crash), calls the module that does the work and
+ * turns that module's result into an lm_status. The opaque handles of
+ * lamina.h are the internal structs themselves: an lm_model is model.h's
+ * struct, an lm_tokenizer tokenizer.h's, an lm_engine and lm_request the
+ * engine's. So a handle costs no allocation of its own, and the engine,
+ * server and command line work on exactly what an embedder holds.
+ *
+ * A tokenizer loaded on its own (lm_tokenizer_load) needs nothing else:
+ * tok_load copies what it reads, so the GGUF file is closed before the
+ * handle is returned. A model's tokenizer belongs to the model.
+ *
+ * These are the only functions the shared library exports (everything else
+ * is compiled with hidden visibility); each is marked LM_API in lamina.h.
+ */
+#include "lamina.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "base/util.h"
+#include "decode/sample.h"
+#include "format/gguf.h"
+#include "model/model.h"
+#include "sched/engine.h"
+#include "text/chat.h"
+#include "text/tokenizer.h"
+
+/* The most bytes lm_tokenize accepts (the tokenizer's own limit is 512 MiB). */
+#define API_MAX_TEXT ((size_t)1 << 29)
+
+static lm_status fail(lm_status s, char *err, size_t errlen, const char *msg) {
+    lm_err(err, errlen, "%s", msg);
+    return s;
+}
+
+/* ---- status, version --------------------------------------------------- */
+
+const char *lm_status_name(lm_status s) {
+    switch (s) {
+    case LM_OK: return "ok";
+    case LM_ERR_INVALID: return "invalid";
+    case LM_ERR_TOO_LONG: return "too_long";
+    case LM_ERR_BUSY: return "busy";
+    case LM_ERR_NOMEM: return "nomem";
+    case LM_ERR_IO: return "io";
+    case LM_ERR_FORMAT: return "format";
+    case LM_ERR_UNSUPPORTED: return "unsupported";
+    case LM_ERR_CANCELLED: return "cancelled";
+    case LM_ERR_INTERNAL: return "internal";
+    }
+    return "unknown";
+}
+
+const char *lm_version(void) { return LM_VERSION_STRING; }
+
+/* ---- models -------------------------------------------------------------- */
+
+lm_status lm_model_load(const char *path, const lm_load_params *p, lm_model **out, char *err, size_t errlen) {
+    if (out) *out = NULL;
+    if (!path || !out) return fail(LM_ERR_INVALID, err, errlen, "lm_model_load: path and out are required");
+    lm_status st;
+    *out = model_load_params(path, p, &st, err, errlen);
+    return *out ? LM_OK : st;
+}
+
+void lm_model_free(lm_model *m) { model_free(m); }
+
+void lm_model_get_info(const lm_model *m, lm_model_info *info) {
+    if (!m || !info) return;
+    const lm_hparams *hp = &m->hp;
+    *info = (lm_model_info){
+        .name = m->name,
+        .arch = model_arch_name(hp->arch),
+        .n_vocab = hp->n_vocab,
+        .n_ctx_train = hp->n_ctx_train,
+        .n_embd = hp->n_embd,
+        .n_layer = hp->n_layer,
+        .n_head = hp->n_head,
+        .n_head_kv = hp->n_head_kv,
+        .n_params = m->n_params,
+        .weight_bytes = m->weight_bytes,
+    };
+}
+
+const lm_tokenizer *lm_model_tokenizer(const lm_model *m) { return m ? m->tok : NULL; }
+
+/* ---- tokenizer ----------------------------------------------------------- */
+
+lm_status lm_tokenizer_load(const char *path, lm_tokenizer **out, char *err, size_t errlen) {
+    if (out) *out = NULL;
+    if (!path || !out) return fail(LM_ERR_INVALID, err, errlen, "lm_tokenizer_load: path and out are required");
+    lm_status st;
+    gguf_ctx *g = gguf_open_status(path, &st, err, errlen);
+    if (!g) return st;
+    if (gguf_find_key(g, "tokenizer.ggml.model") < 0) {
+        gguf_close(g);
+        lm_err(err, errlen, "%s: no tokenizer metadata (tokenizer.ggml.model)", path);
+        return LM_ERR_FORMAT;
+    }
+    char terr[LM_ERRLEN];
+    *out = tok_load_status(g, &st, terr, sizeof terr);
+    gguf_close(g); /* the tokenizer copied what it needs */
+    if (!*out) lm_err(err, errlen, "%s: tokenizer: %s", path, terr);
+    return *out ? LM_OK : st;
+}
+
+void lm_tokenizer_free(lm_tokenizer *t) { tok_free(t); }
+
+int32_t lm_vocab_size(const lm_tokenizer *t) { return t ? tok_n_vocab(t) : 0; }
+int32_t lm_token_bos(const lm_tokenizer *t) { return t ? tok_bos(t) : -1; }
+int32_t lm_token_eos(const lm_tokenizer *t) { return t ? tok_eos(t) : -1; }
+bool lm_token_is_eog(const lm_tokenizer *t, int32_t id) { return t && tok_is_eog(t, id); }
+bool lm_tokenizer_adds_bos(const lm_tokenizer *t) { return t && tok_add_bos(t) && tok_bos(t) >= 0; }
+
+int lm_tokenize(const lm_tokenizer *t, const char *text, size_t len, bool add_bos, bool parse_special,
+                int32_t *out, int cap) {
+    if (!t || (len && !text) || cap < 0 || (cap > 0 && !out)) return LM_ERR_INVALID;
+    if (len >= API_MAX_TEXT) return LM_ERR_TOO_LONG;
+    int n = tok_encode(t, text, len, add_bos && lm_tokenizer_adds_bos(t), parse_special, out, cap);
+    return n >= 0 ? n : LM_ERR_NOMEM; /* the arguments were checked: only allocation can fail */
+}
+
+/* Append n bytes to out (cap bytes) at *len, counting what does not fit. */
+static void put_bytes(char *out, size_t cap, size_t *len, const char *s, int n) {
+    if (n <= 0) return;
+    if (*len < cap) memcpy(out + *len, s, (size_t)n < cap - *len ? (size_t)n : cap - *len);
+    *len += (size_t)n;
+}
+
+long lm_detokenize(const lm_tokenizer *t, const int32_t *ids, int n, bool special, char *out, size_t cap) {
+    if (!t || n < 0 || (n > 0 && !ids) || (cap > 0 && !out)) return LM_ERR_INVALID;
+    int32_t nv = tok_n_vocab(t);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= nv) return LM_ERR_INVALID;
+    int pcap = detok_max_out(t);
+    char *piece = lm_malloc((size_t)pcap);
+    if (!piece) return LM_ERR_NOMEM;
+    lm_detok d;
+    /* strip the space prefix the tokenizer adds, so that detokenizing what
+     * lm_tokenize made gives the text back */
+    detok_init(&d, t, true, special);
+    size_t len = 0;
+    for (int i = 0; i < n; i++) {
+        int w = detok_push(&d, ids[i], piece, pcap);
+        if (w < 0) {
+            lm_free(piece);
+            return LM_ERR_NOMEM; /* pcap always fits one token: only allocation fails */
+        }
+        put_bytes(out, cap, &len, piece, w);
+    }
+    put_bytes(out, cap, &len, piece, detok_flush(&d, piece, pcap));
+    lm_free(piece);
+    return (long)len;
+}
+
+/* ---- chat ------------------------------------------------------------------ */
+
+/* A token's vocabulary text into buf ("" for -1). */
+static void piece_text(const lm_tokenizer *t, int32_t id, char *buf, size_t cap) {
+    buf[0] = 0;
+    if (!t || id < 0) return;
+    size_t len;
+    const char *p = tok_piece(t, id, &len);
+    snprintf(buf, cap, "%.*s", (int)(len < cap ? len : cap - 1), p);
+}
+
+lm_status lm_chat_render(const lm_model *m, const char *tmpl, const lm_chat_msg *msgs, int n,
+                         bool add_generation_prompt, char **out, char *err, size_t errlen) {
+    if (out) *out = NULL;
+    if (!m || !out || n < 1 || !msgs)
+        return fail(LM_ERR_INVALID, err, errlen, "lm_chat_render: a model, messages and out are required");
+    char bos_text[128], eos_text[128];
+    piece_text(m->tok, m->tok ? tok_bos(m->tok) : -1, bos_text, sizeof bos_text);
+    piece_text(m->tok, m->tok ? tok_eos(m->tok) : -1, eos_text, sizeof eos_text);
+    gguf_str own = {0};
+    bool has_own = gguf_get_str(m->gguf, "tokenizer.chat_template", &own);
+    /* a Gemma file without a template still speaks Gemma's turn format */
+    if (!tmpl && !has_own && m->hp.arch == LM_ARCH_GEMMA3) tmpl = "gemma";
+    int rc;
+    if (tmpl) {
+        int fam = chat_family_from_name(tmpl);
+        if (fam < 0) {
+            lm_err(err, errlen, "unknown chat template '%s'", tmpl);
+            return LM_ERR_INVALID;
+        }
+        rc = chat_render(fam, msgs, n, add_generation_prompt, bos_text, eos_text, out, err, errlen);
+    } else {
+        if (!has_own)
+            return fail(LM_ERR_UNSUPPORTED, err, errlen,
+                        "the model has no chat template (tokenizer.chat_template); name a template family");
+        char *text = lm_malloc(own.len + 1);
+        if (!text) return fail(LM_ERR_NOMEM, err, errlen, "out of memory");
+        memcpy(text, own.ptr, own.len);
+        text[own.len] = 0;
+        if (chat_detect(text) < 0) {
+            lm_free(text);
+            return fail(LM_ERR_UNSUPPORTED, err, errlen, "the model's chat template is of no family lamina renders");
+        }
+        rc = chat_render_template(text, msgs, n, add_generation_prompt, bos_text, eos_text, out, err, errlen);
+        lm_free(text);
+    }
+    if (rc) return LM_ERR_INVALID; /* the template refuses this conversation */
+    /* the tokenizer adds BOS itself: drop the one the template wrote */
+    size_t bl = strlen(bos_text);
+    if (m->tok && lm_tokenizer_adds_bos(m->tok) && bl && strncmp(*out, bos_text, bl) == 0)
+        memmove(*out, *out + bl, strlen(*out + bl) + 1);
+    return LM_OK;
+}
+
+void lm_string_free(char *s) { lm_free(s); }
+
+/* ---- sampling, engine ------------------------------------------------------ */
+
+void lm_sample_params_default(lm_sample_params *p) {
+    if (p) sample_params_default(p);
+}
+
+void lm_engine_config_default(lm_engine_config *c) {
+    if (c) engine_config_default(c);
+}
+
+void lm_request_params_default(lm_request_params *p) {
+    if (p) engine_request_params_default(p);
+}
+
+const char *lm_finish_name(lm_finish f) { return engine_finish_name(f); }
+
+lm_status lm_engine_new(const lm_model *m, const lm_engine_config *c, lm_engine **out, char *err, size_t errlen) {
+    if (out) *out = NULL;
+    if (!m || !out) return fail(LM_ERR_INVALID, err, errlen, "lm_engine_new: a model and out are required");
+    if (!m->tok) return fail(LM_ERR_INVALID, err, errlen, "the model has no tokenizer");
+    if (c) {
+        if (!(c->watermark >= 0 && c->watermark < 1))
+            return fail(LM_ERR_INVALID, err, errlen, "watermark must be in [0, 1)");
+        if (c->kv_type != LM_KV_F32 && c->kv_type != LM_KV_F16 && c->kv_type != LM_KV_Q8_0)
+            return fail(LM_ERR_INVALID, err, errlen, "kv_type must be LM_KV_F32, LM_KV_F16 or LM_KV_Q8_0");
+        if (c->max_waiting < 0) return fail(LM_ERR_INVALID, err, errlen, "max_waiting must be >= 0");
+    }
+    /* with the configuration checked, what is left to fail is memory and threads */
+    *out = engine_new(m, NULL, c, err, errlen);
+    return *out ? LM_OK : LM_ERR_NOMEM;
+}
+
+void lm_engine_free(lm_engine *e) { engine_free(e); }
+
+lm_status lm_engine_submit(lm_engine *e, const lm_request_params *p, lm_request **out, char *err, size_t errlen) {
+    if (out) *out = NULL;
+    if (!e || !p) return fail(LM_ERR_INVALID, err, errlen, "lm_engine_submit: an engine and parameters are required");
+    switch (engine_submit(e, p, out, err, errlen)) {
+    case ENGINE_OK: return LM_OK;
+    case ENGINE_EINVAL: return LM_ERR_INVALID;
+    case ENGINE_EBUSY: return LM_ERR_BUSY;
+    case ENGINE_ENOMEM: return LM_ERR_NOMEM;
+    case ENGINE_ETOOBIG: return LM_ERR_TOO_LONG;
+    }
+    return LM_ERR_INTERNAL;
+}
+
+void lm_request_cancel(lm_engine *e, lm_request *r) {
+    if (e && r) engine_cancel(e, r);
+}
+
+void lm_request_release(lm_engine *e, lm_request *r) {
+    if (e && r) engine_request_release(e, r);
+}
+
+void lm_engine_wait_idle(lm_engine *e) {
+    if (e) engine_wait_idle(e);
+}
+
+void lm_engine_get_stats(lm_engine *e, lm_engine_stats *st) {
+    if (e && st) engine_stats(e, st);
+}
