@@ -1,12 +1,13 @@
 # lamina - plain Makefile.
-#   make            build build/lamina
+#   make            build build/lamina, the library (build/liblamina.a, build/liblamina.so) and examples
 #   make test       build and run every test (ends with "N passed, N failed")
 #   make demo       run the bundled model on "Once upon a time"
 #   make asan       the test suite under AddressSanitizer + UBSan (build/asan/)
 #   make fuzz       libFuzzer targets for the parsers, run for FUZZ_SECONDS each
 #   make check-layers  fail on an include that points down the layer map (src/README.md)
 #   make bench      build the micro-benchmarks in bench/ (lamina bench measures the model)
-#   make install    copy lamina to $(PREFIX)/bin
+#   make examples   build/examples/simple and batch, linked with the public library only
+#   make install    lamina, the library, lamina.h and lamina.pc under $(DESTDIR)$(PREFIX)
 
 CC      ?= cc
 PREFIX  ?= /usr/local
@@ -21,27 +22,61 @@ SIMD_FLAGS = -mavx2 -mfma -mf16c
 # Sources live one folder per layer (src/README.md has the map).
 SRC      := $(wildcard src/*/*.c)
 OBJ      := $(SRC:src/%.c=$(BUILD)/obj/%.o)
-LIB      := $(BUILD)/liblamina.a
 TESTSRC  := $(wildcard tests/test_*.c)
 TESTBIN  := $(TESTSRC:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all test demo asan fuzz install clean bench check-layers
+# The library boundary. Every object of the library is compiled with hidden
+# visibility (and position-independent, for the shared library); only the
+# functions lamina.h marks LM_API are visible. Two archives of the same
+# objects: liblamina.a, the public one, where everything but the LM_API
+# functions is made local (one relocatable object, hidden symbols localized),
+# and liblamina-internal.a, which the command line, tests, benchmarks and
+# fuzz targets link, since they call the modules directly.
+LIBFLAGS  = -fPIC -fvisibility=hidden
+SOVERSION = 0
+LIB      := $(BUILD)/liblamina-internal.a
+PUBLIB   := $(BUILD)/liblamina.a
+SOLIB    := $(BUILD)/liblamina.so
+EXSRC    := $(wildcard examples/*.c)
+EXBIN    := $(EXSRC:examples/%.c=$(BUILD)/examples/%)
 
-all: $(BUILD)/lamina $(TESTBIN)
+.PHONY: all test demo asan fuzz install clean bench check-layers examples lib
+
+all: $(BUILD)/lamina lib examples $(TESTBIN)
+lib: $(PUBLIB) $(SOLIB)
 
 $(BUILD)/obj/%.o: src/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) $(LIBFLAGS) -c $< -o $@
 
 # Per-architecture kernels: only these files are compiled with SIMD flags,
 # and they are reached only through the kernel table (kernels/dispatch.c).
 $(BUILD)/obj/kernels/avx2_%.o: src/kernels/avx2_%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(SIMD_FLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) $(LIBFLAGS) $(SIMD_FLAGS) -c $< -o $@
 
 $(LIB): $(OBJ)
 	@rm -f $@
 	ar rcs $@ $^
+
+$(PUBLIB): $(OBJ)
+	@rm -f $@ $(BUILD)/lamina-public.o
+	ld -r -o $(BUILD)/lamina-public.o $^
+	objcopy --localize-hidden $(BUILD)/lamina-public.o
+	ar rcs $@ $(BUILD)/lamina-public.o
+	@rm -f $(BUILD)/lamina-public.o
+
+$(SOLIB).$(SOVERSION): $(OBJ)
+	$(CC) -shared -Wl,-soname,liblamina.so.$(SOVERSION) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+$(SOLIB): $(SOLIB).$(SOVERSION)
+	ln -sf liblamina.so.$(SOVERSION) $@
+
+# The examples see lamina.h alone and link the public archive.
+examples: $(EXBIN)
+$(BUILD)/examples/%: examples/%.c include/lamina.h $(PUBLIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(OPT) -std=c11 -Wall -Wextra -Werror -Iinclude $(LDFLAGS) $< $(PUBLIB) $(LDLIBS) -o $@
 
 TOOLSRC  := $(wildcard tools/*.c)
 TOOLOBJ  := $(TOOLSRC:tools/%.c=$(BUILD)/obj/tools/%.o)
@@ -76,10 +111,10 @@ FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := $(patsubst fuzz/%.c,%,$(wildcard fuzz/fuzz_*.c))
 fuzz:
 	$(MAKE) BUILD=build/fuzz CC=clang OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined,fuzzer-no-link" \
-	    build/fuzz/liblamina.a
+	    build/fuzz/liblamina-internal.a
 	@mkdir -p build/fuzz/bin
 	@for t in $(FUZZ_TARGETS); do \
-	    clang $(CFLAGS_BASE) -O1 -fsanitize=address,undefined,fuzzer fuzz/$$t.c build/fuzz/liblamina.a $(LDLIBS) -o build/fuzz/bin/$$t || exit 1; \
+	    clang $(CFLAGS_BASE) -O1 -fsanitize=address,undefined,fuzzer fuzz/$$t.c build/fuzz/liblamina-internal.a $(LDLIBS) -o build/fuzz/bin/$$t || exit 1; \
 	    mkdir -p build/fuzz/corpus/$$t; \
 	    echo "fuzzing $$t for $(FUZZ_SECONDS)s"; \
 	    ./build/fuzz/bin/$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 build/fuzz/corpus/$$t fuzz/seeds/$$t || exit 1; \
@@ -92,8 +127,29 @@ $(BUILD)/bench_%: bench/bench_%.c $(LIB)
 	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
 bench: $(BENCHBIN)
 
-install: $(BUILD)/lamina
+# pkg-config file: shared by default, --static adds Libs.private.
+define LAMINA_PC
+prefix=$(PREFIX)
+libdir=$${prefix}/lib
+includedir=$${prefix}/include
+
+Name: lamina
+Description: LLM inference and serving engine (GGUF models, paged KV cache, continuous batching)
+Version: $(shell sed -n 's/^#define LM_VERSION_STRING "\(.*\)"/\1/p' include/lamina.h)
+Libs: -L$${libdir} -llamina
+Libs.private: -lpcre2-8 -lmicrohttpd -lcjson -lpthread -lm
+Cflags: -I$${includedir}
+endef
+export LAMINA_PC
+
+install: $(BUILD)/lamina $(PUBLIB) $(SOLIB)
 	install -D -m 755 $(BUILD)/lamina $(DESTDIR)$(PREFIX)/bin/lamina
+	install -D -m 644 $(PUBLIB) $(DESTDIR)$(PREFIX)/lib/liblamina.a
+	install -D -m 755 $(SOLIB).$(SOVERSION) $(DESTDIR)$(PREFIX)/lib/liblamina.so.$(SOVERSION)
+	ln -sf liblamina.so.$(SOVERSION) $(DESTDIR)$(PREFIX)/lib/liblamina.so
+	install -D -m 644 include/lamina.h $(DESTDIR)$(PREFIX)/include/lamina.h
+	@mkdir -p $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	printf '%s\n' "$$LAMINA_PC" > $(DESTDIR)$(PREFIX)/lib/pkgconfig/lamina.pc
 
 clean:
 	rm -rf build
