@@ -100,7 +100,13 @@ typedef struct {
     void *progress_user;
 } lm_load_params;
 
-/* Open a GGUF model. On success *out holds the model (free with lm_model_free). */
+/* Open a GGUF model (p may be NULL). On success *out holds the model (free
+ * with lm_model_free); on failure *out is NULL and the status says why:
+ * LM_ERR_IO (cannot open or map the file), LM_ERR_FORMAT (not GGUF,
+ * truncated, missing or misshapen tensors or metadata), LM_ERR_UNSUPPORTED
+ * (an architecture, tensor type, tokenizer or option lamina does not run),
+ * LM_ERR_NOMEM, LM_ERR_CANCELLED (the progress callback said stop; nothing
+ * is left allocated), LM_ERR_INVALID (path or out NULL). */
 LM_API lm_status lm_model_load(const char *path, const lm_load_params *p, lm_model **out, char *err,
                                size_t errlen);
 LM_API void lm_model_free(lm_model *m);
@@ -121,7 +127,9 @@ LM_API const lm_tokenizer *lm_model_tokenizer(const lm_model *m);
 /* ---- tokenizer ----------------------------------------------------------- */
 
 /* A tokenizer from any GGUF file with tokenizer metadata: a full model or a
- * vocabulary-only file (no tensors, any architecture name). */
+ * vocabulary-only file (no tensors, any architecture name). The file is
+ * closed again before this returns. Errors as lm_model_load's (a file
+ * without tokenizer metadata is LM_ERR_FORMAT). */
 LM_API lm_status lm_tokenizer_load(const char *path, lm_tokenizer **out, char *err, size_t errlen);
 /* Only for handles from lm_tokenizer_load (a model's belongs to the model). */
 LM_API void lm_tokenizer_free(lm_tokenizer *t);
@@ -136,12 +144,18 @@ LM_API bool lm_tokenizer_adds_bos(const lm_tokenizer *t);
 
 /* Encode len bytes of UTF-8 text. Writes up to cap ids into out and returns
  * how many the text encodes to (call again with a larger buffer when that is
- * more than cap), or a negative lm_status. add_bos adds BOS when the model
- * uses one; parse_special matches control tokens written in the text. */
+ * more than cap), or a negative lm_status (LM_ERR_INVALID, LM_ERR_TOO_LONG
+ * from 512 MiB of text, LM_ERR_NOMEM). add_bos adds BOS when the model uses
+ * one (lm_tokenizer_adds_bos); parse_special matches control tokens written
+ * in the text. Bytes that are not valid UTF-8 become byte tokens. */
 LM_API int lm_tokenize(const lm_tokenizer *t, const char *text, size_t len, bool add_bos, bool parse_special,
                        int32_t *out, int cap);
 /* Decode n ids to text (control tokens only when special). Writes up to cap
- * bytes (no NUL) and returns the full length, or a negative lm_status. */
+ * bytes (no NUL) and returns the full length, or a negative lm_status
+ * (LM_ERR_INVALID for an id outside the vocabulary). The space a
+ * SentencePiece tokenizer puts before the first word is dropped, so decoding
+ * what lm_tokenize made gives the text back; a character split across the
+ * last ids comes out as U+FFFD. */
 LM_API long lm_detokenize(const lm_tokenizer *t, const int32_t *ids, int n, bool special, char *out,
                           size_t cap);
 
@@ -153,11 +167,17 @@ typedef struct {
 } lm_chat_msg;
 
 /* Render a conversation as the prompt text the model expects. tmpl is a
- * template family name ("chatml", "llama3", "gemma", ...), or NULL for the
- * model's own template (with the family's fallback where the file has none).
- * add_generation_prompt appends the header of the assistant's turn. On
- * success *out is a NUL-terminated string to free with lm_string_free; submit
- * it as text with special tokens parsed. */
+ * template family name ("chatml", "llama2", "llama3", "mistral-v1",
+ * "mistral-v3", "mistral-v3-tekken", "mistral-legacy", "gemma", "phi3",
+ * "zephyr"), or NULL for the model's own template (with the family's
+ * fallback where the file has none). add_generation_prompt appends the
+ * header of the assistant's turn. When the tokenizer adds BOS itself, a BOS
+ * the template writes first is left out, so the prompt gets one BOS. On
+ * success *out is a NUL-terminated string to free with lm_string_free;
+ * submit it as text (lm_request_params.text, which parses special tokens).
+ * LM_ERR_INVALID: an unknown family name, or a conversation the template
+ * refuses (roles that do not alternate, an unknown role); LM_ERR_UNSUPPORTED:
+ * the model has no template, or one of no family lamina renders. */
 LM_API lm_status lm_chat_render(const lm_model *m, const char *tmpl, const lm_chat_msg *msgs, int n,
                                 bool add_generation_prompt, char **out, char *err, size_t errlen);
 LM_API void lm_string_free(char *s);
@@ -275,7 +295,10 @@ typedef struct {
 
 LM_API void lm_request_params_default(lm_request_params *p);
 
-/* Start an engine (and its thread) over a model that must outlive it. */
+/* Start an engine (and its thread) over a model that must outlive it (c may
+ * be NULL: the defaults). LM_ERR_INVALID for a model without a tokenizer or
+ * a bad configuration; LM_ERR_NOMEM when the KV pool, buffers or threads
+ * cannot be had. */
 LM_API lm_status lm_engine_new(const lm_model *m, const lm_engine_config *c, lm_engine **out, char *err,
                                size_t errlen);
 /* Cancels everything still queued or running (each gets its final event),
