@@ -166,20 +166,22 @@ typedef struct {
     const char *content; /* UTF-8, NUL-terminated */
 } lm_chat_msg;
 
-/* Render a conversation as the prompt text the model expects. tmpl is a
+/* Render a conversation as the prompt text the model expects, ending with
+ * the header of the assistant's turn (ready for the reply). tmpl is a
  * template family name ("chatml", "llama2", "llama3", "mistral-v1",
  * "mistral-v3", "mistral-v3-tekken", "mistral-legacy", "gemma", "phi3",
- * "zephyr"), or NULL for the model's own template (with the family's
- * fallback where the file has none). add_generation_prompt appends the
- * header of the assistant's turn. When the tokenizer adds BOS itself, a BOS
- * the template writes first is left out, so the prompt gets one BOS. On
- * success *out is a NUL-terminated string to free with lm_string_free;
- * submit it as text (lm_request_params.text, which parses special tokens).
- * LM_ERR_INVALID: an unknown family name, or a conversation the template
- * refuses (roles that do not alternate, an unknown role); LM_ERR_UNSUPPORTED:
- * the model has no template, or one of no family lamina renders. */
-LM_API lm_status lm_chat_render(const lm_model *m, const char *tmpl, const lm_chat_msg *msgs, int n,
-                                bool add_generation_prompt, char **out, char *err, size_t errlen);
+ * "zephyr"), or NULL for the model's own template (with its architecture's
+ * family where the file has none: Gemma 3 speaks "gemma"); `lamina run
+ * --chat` and the server resolve templates the same way. When the tokenizer
+ * adds BOS itself, a BOS the template writes first is left out, so the
+ * prompt gets one BOS. On success *out is a NUL-terminated string to free
+ * with lm_string_free; submit it as text (lm_request_params.text, which
+ * parses special tokens). LM_ERR_INVALID: an unknown family name, or a
+ * conversation the template refuses (roles that do not alternate, an
+ * unknown role); LM_ERR_UNSUPPORTED: the model has no template, or one of no
+ * family lamina renders. */
+LM_API lm_status lm_chat_render(const lm_model *m, const char *tmpl, const lm_chat_msg *msgs, int n, char **out,
+                                char *err, size_t errlen);
 LM_API void lm_string_free(char *s);
 
 /* ---- sampling -------------------------------------------------------------- */

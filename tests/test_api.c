@@ -5,14 +5,18 @@
  * load failures with the right lm_status (missing file, directory, empty,
  * not GGUF, truncated, unsupported architecture, NULL arguments), the
  * progress callback (increasing from 0 to 1, and a cancel at any point
- * failing cleanly), model info, tokenize/detokenize against recorded ids, a
- * tokenizer loaded from a vocabulary-only GGUF, chat rendering, and the
- * engine: text and token prompts, greedy output independent of batching,
- * cancellation, a full queue, bad parameters and a prompt too long.
+ * failing cleanly), model info, tokenize/detokenize against recorded ids,
+ * tokenizers loaded from vocabulary-only GGUF files (one made from the
+ * bundled model, and llama.cpp's in tests/data/vocab against their reference
+ * ids), chat rendering (by name, the model's own template, BOS left out
+ * once), and the engine: text and token prompts, greedy output independent
+ * of batching, cancellation, a full queue, bad parameters and a prompt too
+ * long.
  *
- * The only internal header used is format/gguf.h, to write the
- * vocabulary-only fixture (the bundled model's tokenizer metadata and no
- * tensors, under an architecture name lamina does not run).
+ * The only internal header used is format/gguf.h, to write two fixtures:
+ * the bundled model's tokenizer metadata with no tensors under an
+ * architecture name lamina does not run, and the bundled model with a chat
+ * template.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -255,6 +259,24 @@ static int write_vocab_only(const char *dst, char *err, size_t errlen) {
     return rc;
 }
 
+/* The bundled model with tokenizer.chat_template set to text. */
+static int write_with_template(const char *dst, const char *text, char *err, size_t errlen) {
+    gguf_ctx *g = gguf_open(TEST_MODEL, err, errlen);
+    if (!g) return -1;
+    gguf_writer *w = gguf_writer_new();
+    int rc = w ? 0 : -1;
+    for (int64_t i = 0; i < gguf_n_kv(g) && !rc; i++) rc = gguf_w_copy_kv(w, g, i);
+    for (int64_t i = 0; i < gguf_n_tensors(g) && !rc; i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        rc = gguf_w_add_tensor(w, t->name, t->n_dims, t->ne, t->type, t->data, t->nbytes);
+    }
+    if (!rc) rc = gguf_w_set_str(w, "tokenizer.chat_template", text);
+    if (!rc) rc = gguf_writer_write(w, dst, err, errlen);
+    gguf_writer_free(w);
+    gguf_close(g);
+    return rc;
+}
+
 static void test_vocab_only_tokenizer(void) {
     char err[LM_ERRLEN];
     const char *path = tmp_path("vocab.gguf");
@@ -291,37 +313,110 @@ static void test_vocab_only_tokenizer(void) {
     CHECK(lm_tokenizer_load(NULL, &t, err, sizeof err) == LM_ERR_INVALID);
 }
 
+/* llama.cpp's vocabulary-only files (tests/data/vocab): each loads as a
+ * tokenizer handle and encodes every reference case to the recorded ids. */
+static void test_vocab_files(void) {
+    static const char *const names[] = {"ggml-vocab-llama-spm.gguf", "ggml-vocab-phi-3.gguf", "ggml-vocab-gpt-2.gguf"};
+    const char *sep = "\n__ggml_vocab_test__\n";
+    for (size_t f = 0; f < sizeof names / sizeof names[0]; f++) {
+        char path[256], err[LM_ERRLEN];
+        snprintf(path, sizeof path, "tests/data/vocab/%s", names[f]);
+        lm_tokenizer *t;
+        lm_status st = lm_tokenizer_load(path, &t, err, sizeof err);
+        CHECKF(st == LM_OK, "%s: %s", path, err);
+        size_t ni, no;
+        snprintf(path, sizeof path, "tests/data/vocab/%s.inp", names[f]);
+        char *inp = read_file(path, &ni);
+        snprintf(path, sizeof path, "tests/data/vocab/%s.out", names[f]);
+        char *outs = read_file(path, &no);
+        int cases = 0, bad = -1;
+        if (inp && outs) {
+            inp = realloc(inp, ni + 1);
+            outs = realloc(outs, no + 1);
+            inp[ni] = outs[no] = 0;
+            char *text = inp, *line = outs;
+            for (char *end; (end = strstr(text, sep)) && bad < 0; text = end + strlen(sep), cases++) {
+                char *nl = strchr(line, '\n');
+                if (!nl) {
+                    bad = cases;
+                    break;
+                }
+                *nl = 0;
+                int32_t want[512], got[512];
+                int nw = 0;
+                for (char *q = line; *q && nw < 512;) {
+                    char *e;
+                    long v = strtol(q, &e, 10);
+                    if (e == q) break;
+                    want[nw++] = (int32_t)v;
+                    q = e;
+                }
+                int n = lm_tokenize(t, text, (size_t)(end - text), false, false, got, 512);
+                if (n != nw || memcmp(got, want, (size_t)nw * sizeof *got) != 0) bad = cases;
+                line = nl + 1;
+            }
+        }
+        free(inp);
+        free(outs);
+        lm_tokenizer_free(t);
+        CHECKF(cases >= 10 && bad < 0, "%s: %d cases, case %d differs", names[f], cases, bad);
+    }
+}
+
 static void test_chat_render(void) {
     char err[LM_ERRLEN];
     lm_chat_msg msgs[] = {{"system", "Be brief."}, {"user", "Hi"}};
     char *out = NULL;
-    CHECKF(lm_chat_render(model, "chatml", msgs, 2, true, &out, err, sizeof err) == LM_OK, "%s", err);
+    CHECKF(lm_chat_render(model, "chatml", msgs, 2, &out, err, sizeof err) == LM_OK, "%s", err);
     int same = strcmp(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
                            "<|im_start|>assistant\n");
     lm_string_free(out);
     CHECK(same == 0);
     /* llama3 writes BOS first; the model's tokenizer adds BOS itself, so the
      * written one is dropped (one BOS either way) */
-    CHECK(lm_chat_render(model, "llama3", msgs + 1, 1, true, &out, err, sizeof err) == LM_OK);
+    CHECK(lm_chat_render(model, "llama3", msgs + 1, 1, &out, err, sizeof err) == LM_OK);
     same = strcmp(out, "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
                        "<|start_header_id|>assistant<|end_header_id|>\n\n");
     lm_string_free(out);
     CHECK(same == 0);
     /* llama2 writes BOS before each user turn: only the first is dropped */
     lm_chat_msg turns[] = {{"user", "A"}, {"assistant", "B"}, {"user", "C"}};
-    CHECK(lm_chat_render(model, "llama2", turns, 3, false, &out, err, sizeof err) == LM_OK);
+    CHECK(lm_chat_render(model, "llama2", turns, 3, &out, err, sizeof err) == LM_OK);
     same = strcmp(out, "[INST] A [/INST] B </s><s>[INST] C [/INST]");
     if (same) fprintf(stderr, "  llama2 gave: %s\n", out);
     lm_string_free(out);
     CHECK(same == 0);
     /* the bundled model has no template of its own */
     out = (char *)1;
-    CHECK(lm_chat_render(model, NULL, msgs, 2, true, &out, err, sizeof err) == LM_ERR_UNSUPPORTED && out == NULL);
-    CHECK(lm_chat_render(model, "no-such-family", msgs, 2, true, &out, err, sizeof err) == LM_ERR_INVALID);
+    CHECK(lm_chat_render(model, NULL, msgs, 2, &out, err, sizeof err) == LM_ERR_UNSUPPORTED && out == NULL);
+    CHECK(lm_chat_render(model, "no-such-family", msgs, 2, &out, err, sizeof err) == LM_ERR_INVALID);
     lm_chat_msg bad[] = {{"robot", "Hi"}};
-    CHECK(lm_chat_render(model, "chatml", bad, 1, true, &out, err, sizeof err) == LM_ERR_INVALID && out == NULL);
-    CHECK(lm_chat_render(model, "chatml", msgs, 0, true, &out, err, sizeof err) == LM_ERR_INVALID);
-    CHECK(lm_chat_render(NULL, "chatml", msgs, 2, true, &out, err, sizeof err) == LM_ERR_INVALID);
+    CHECK(lm_chat_render(model, "chatml", bad, 1, &out, err, sizeof err) == LM_ERR_INVALID && out == NULL);
+    CHECK(lm_chat_render(model, "chatml", msgs, 0, &out, err, sizeof err) == LM_ERR_INVALID);
+    CHECK(lm_chat_render(NULL, "chatml", msgs, 2, &out, err, sizeof err) == LM_ERR_INVALID);
+    /* a model with a template of its own: a Llama 3 one writes BOS, which is
+     * dropped as the tokenizer adds it; one of no known family is refused */
+    const char *llama3 = "{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message['role'] }}"
+                         "<|end_header_id|>\n\n{{ message['content'] | trim }}<|eot_id|>{% endfor %}"
+                         "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}";
+    const char *path = tmp_path("templ.gguf");
+    CHECKF(write_with_template(path, llama3, err, sizeof err) == 0, "%s", err);
+    lm_model *m2;
+    CHECKF(lm_model_load(path, NULL, &m2, err, sizeof err) == LM_OK, "%s", err);
+    lm_status st = lm_chat_render(m2, NULL, msgs + 1, 1, &out, err, sizeof err);
+    lm_model_free(m2);
+    CHECKF(st == LM_OK, "%s", err);
+    same = strcmp(out, "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                       "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    lm_string_free(out);
+    CHECK(same == 0);
+    CHECKF(write_with_template(path, "{{ messages }}", err, sizeof err) == 0, "%s", err);
+    CHECKF(lm_model_load(path, NULL, &m2, err, sizeof err) == LM_OK, "%s", err);
+    st = lm_chat_render(m2, NULL, msgs, 2, &out, err, sizeof err);
+    lm_status st2 = lm_chat_render(m2, "chatml", msgs, 2, &out, err, sizeof err); /* a name still works */
+    lm_string_free(out);
+    lm_model_free(m2);
+    CHECK(st == LM_ERR_UNSUPPORTED && st2 == LM_OK);
 }
 
 /* ---- the engine ---------------------------------------------------------- */
@@ -533,6 +628,7 @@ int main(void) {
     TEST_RUN(test_model_info);
     TEST_RUN(test_tokenize_roundtrip);
     TEST_RUN(test_vocab_only_tokenizer);
+    TEST_RUN(test_vocab_files);
     TEST_RUN(test_chat_render);
     TEST_RUN(test_engine_generate);
     TEST_RUN(test_engine_cancel_busy);

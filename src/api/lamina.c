@@ -18,7 +18,6 @@
  */
 #include "lamina.h"
 
-#include <stdio.h>
 #include <string.h>
 
 #include "base/util.h"
@@ -159,56 +158,25 @@ long lm_detokenize(const lm_tokenizer *t, const int32_t *ids, int n, bool specia
 
 /* ---- chat ------------------------------------------------------------------ */
 
-/* A token's vocabulary text into buf ("" for -1). */
-static void piece_text(const lm_tokenizer *t, int32_t id, char *buf, size_t cap) {
-    buf[0] = 0;
-    if (!t || id < 0) return;
-    size_t len;
-    const char *p = tok_piece(t, id, &len);
-    snprintf(buf, cap, "%.*s", (int)(len < cap ? len : cap - 1), p);
-}
-
-lm_status lm_chat_render(const lm_model *m, const char *tmpl, const lm_chat_msg *msgs, int n,
-                         bool add_generation_prompt, char **out, char *err, size_t errlen) {
+lm_status lm_chat_render(const lm_model *m, const char *tmpl, const lm_chat_msg *msgs, int n, char **out, char *err,
+                         size_t errlen) {
     if (out) *out = NULL;
     if (!m || !out || n < 1 || !msgs)
         return fail(LM_ERR_INVALID, err, errlen, "lm_chat_render: a model, messages and out are required");
-    char bos_text[128], eos_text[128];
-    piece_text(m->tok, m->tok ? tok_bos(m->tok) : -1, bos_text, sizeof bos_text);
-    piece_text(m->tok, m->tok ? tok_eos(m->tok) : -1, eos_text, sizeof eos_text);
-    gguf_str own = {0};
-    bool has_own = gguf_get_str(m->gguf, "tokenizer.chat_template", &own);
-    /* a Gemma file without a template still speaks Gemma's turn format */
-    if (!tmpl && !has_own && m->hp.arch == LM_ARCH_GEMMA3) tmpl = "gemma";
-    int rc;
-    if (tmpl) {
-        int fam = chat_family_from_name(tmpl);
-        if (fam < 0) {
-            lm_err(err, errlen, "unknown chat template '%s'", tmpl);
-            return LM_ERR_INVALID;
-        }
-        rc = chat_render(fam, msgs, n, add_generation_prompt, bos_text, eos_text, out, err, errlen);
-    } else {
-        if (!has_own)
-            return fail(LM_ERR_UNSUPPORTED, err, errlen,
-                        "the model has no chat template (tokenizer.chat_template); name a template family");
-        char *text = lm_malloc(own.len + 1);
-        if (!text) return fail(LM_ERR_NOMEM, err, errlen, "out of memory");
-        memcpy(text, own.ptr, own.len);
-        text[own.len] = 0;
-        if (chat_detect(text) < 0) {
-            lm_free(text);
-            return fail(LM_ERR_UNSUPPORTED, err, errlen, "the model's chat template is of no family lamina renders");
-        }
-        rc = chat_render_template(text, msgs, n, add_generation_prompt, bos_text, eos_text, out, err, errlen);
-        lm_free(text);
+    if (!m->tok) return fail(LM_ERR_INVALID, err, errlen, "the model has no tokenizer");
+    if (tmpl && chat_family_from_name(tmpl) < 0) {
+        lm_err(err, errlen, "unknown chat template '%s'", tmpl);
+        return LM_ERR_INVALID;
     }
-    if (rc) return LM_ERR_INVALID; /* the template refuses this conversation */
-    /* the tokenizer adds BOS itself: drop the one the template wrote */
-    size_t bl = strlen(bos_text);
-    if (m->tok && lm_tokenizer_adds_bos(m->tok) && bl && strncmp(*out, bos_text, bl) == 0)
-        memmove(*out, *out + bl, strlen(*out + bl) + 1);
-    return LM_OK;
+    /* the one resolution every caller uses: the name, else the model's own
+     * template, else its architecture's family */
+    lm_chat_template t;
+    if (chat_template_resolve(&t, m->gguf, tmpl, NULL, err, errlen) != CHAT_OK)
+        return LM_ERR_UNSUPPORTED; /* no template, or one of no family lamina renders */
+    bool add_bos;
+    int rc = chat_apply(t.family, t.text, m->tok, msgs, n, out, &add_bos, err, errlen);
+    chat_template_free(&t);
+    return rc ? LM_ERR_INVALID : LM_OK; /* the template refuses this conversation */
 }
 
 void lm_string_free(char *s) { lm_free(s); }
