@@ -13,10 +13,11 @@
  * of batching, cancellation, a full queue, bad parameters and a prompt too
  * long.
  *
- * The only internal header used is format/gguf.h, to write two fixtures:
- * the bundled model's tokenizer metadata with no tensors under an
+ * Internal headers serve the fixtures only: format/gguf.h writes two files
+ * (the bundled model's tokenizer metadata with no tensors under an
  * architecture name lamina does not run, and the bundled model with a chat
- * template.
+ * template), and base/util.h's allocation failure injection checks that
+ * running out of memory anywhere in a load is LM_ERR_NOMEM.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -26,6 +27,7 @@
 #include <unistd.h>
 
 #include "lamina.h"
+#include "base/util.h"
 #include "format/gguf.h"
 #include "test.h"
 
@@ -129,6 +131,40 @@ static void test_load_errors(void) {
     CHECK(lm_model_load(NULL, NULL, &m, err, sizeof err) == LM_ERR_INVALID && m == NULL);
     CHECK(lm_model_load(TEST_MODEL, NULL, NULL, err, sizeof err) == LM_ERR_INVALID);
     CHECK(lm_model_load(tmp_path("nope"), NULL, &m, NULL, 0) == LM_ERR_IO); /* err may be NULL */
+}
+
+/* Fail the k-th allocation of a load for every k until the load succeeds:
+ * each failure is LM_ERR_NOMEM, with *out NULL (ASan: nothing leaks). */
+static void test_load_nomem(void) {
+    char err[LM_ERRLEN];
+    int fails = 0, other = 0;
+    bool done = false;
+    for (long k = 0; k < 10000 && !done; k++) {
+        lm_model *m = (lm_model *)1;
+        lm_alloc_fail_after(k);
+        lm_status st = lm_model_load(TEST_MODEL, NULL, &m, err, sizeof err);
+        lm_alloc_fail_after(-1);
+        if (st == LM_OK) lm_model_free(m);
+        done = st == LM_OK;
+        fails += st == LM_ERR_NOMEM && m == NULL;
+        if (st != LM_OK && (st != LM_ERR_NOMEM || m != NULL) && other++ == 0)
+            fprintf(stderr, "  model, allocation %ld: %s: %s\n", k, lm_status_name(st), err);
+    }
+    CHECK(done && fails > 5 && other == 0);
+    done = false;
+    fails = 0;
+    for (long k = 0; k < 10000 && !done; k++) {
+        lm_tokenizer *t = (lm_tokenizer *)1;
+        lm_alloc_fail_after(k);
+        lm_status st = lm_tokenizer_load("tests/data/vocab/ggml-vocab-gpt-2.gguf", &t, err, sizeof err);
+        lm_alloc_fail_after(-1);
+        if (st == LM_OK) lm_tokenizer_free(t);
+        done = st == LM_OK;
+        fails += st == LM_ERR_NOMEM && t == NULL;
+        if (st != LM_OK && (st != LM_ERR_NOMEM || t != NULL) && other++ == 0)
+            fprintf(stderr, "  tokenizer, allocation %ld: %s: %s\n", k, lm_status_name(st), err);
+    }
+    CHECK(done && fails > 5 && other == 0);
 }
 
 typedef struct {
@@ -619,6 +655,7 @@ int main(void) {
     TEST_RUN(test_names_and_version);
     TEST_RUN(test_load_errors);
     TEST_RUN(test_progress);
+    TEST_RUN(test_load_nomem);
     char err[LM_ERRLEN];
     if (lm_model_load(TEST_MODEL, NULL, &model, err, sizeof err) != LM_OK) {
         fprintf(stderr, "cannot load %s: %s\n", TEST_MODEL, err);
