@@ -218,14 +218,7 @@ void lm_engine_free(lm_engine *e) { engine_free(e); }
 lm_status lm_engine_submit(lm_engine *e, const lm_request_params *p, lm_request **out, char *err, size_t errlen) {
     if (out) *out = NULL;
     if (!e || !p) return fail(LM_ERR_INVALID, err, errlen, "lm_engine_submit: an engine and parameters are required");
-    switch (engine_submit(e, p, out, err, errlen)) {
-    case ENGINE_OK: return LM_OK;
-    case ENGINE_EINVAL: return LM_ERR_INVALID;
-    case ENGINE_EBUSY: return LM_ERR_BUSY;
-    case ENGINE_ENOMEM: return LM_ERR_NOMEM;
-    case ENGINE_ETOOBIG: return LM_ERR_TOO_LONG;
-    }
-    return LM_ERR_INTERNAL;
+    return engine_submit(e, p, out, err, errlen);
 }
 
 void lm_request_cancel(lm_engine *e, lm_request *r) {
