@@ -407,13 +407,6 @@ static int pack_weights(loader *L) {
     return 0;
 }
 
-static lm_model *from_gguf(gguf_ctx *g, const lm_load_params *p, lm_status *status, char *err, size_t errlen);
-
-lm_model *model_from_gguf(gguf_ctx *g, char *err, size_t errlen) {
-    lm_status st;
-    return from_gguf(g, NULL, &st, err, errlen);
-}
-
 static lm_model *from_gguf(gguf_ctx *g, const lm_load_params *p, lm_status *status, char *err, size_t errlen) {
     kernels_init();
     *status = LM_ERR_NOMEM;

@@ -122,8 +122,6 @@ lm_model *model_load(const char *path, char *err, size_t errlen);
  * LM_ERR_NOMEM, LM_ERR_CANCELLED; LM_OK on success. */
 lm_model *model_load_params(const char *path, const lm_load_params *p, lm_status *status, char *err,
                             size_t errlen);
-/* Same from an open context; on success the model takes ownership of g. */
-lm_model *model_from_gguf(gguf_ctx *g, char *err, size_t errlen);
 void model_free(lm_model *m);
 
 const char *model_arch_name(lm_arch a);
