@@ -86,6 +86,13 @@ static void test_names_and_version(void) {
     snprintf(want, sizeof want, "%d.%d.%d", LM_VERSION_MAJOR, LM_VERSION_MINOR, LM_VERSION_PATCH);
     CHECK(strcmp(lm_version(), want) == 0);
     CHECK(strcmp(LM_VERSION_STRING, want) == 0);
+    /* the documented sampling defaults (lamina.h) */
+    lm_sample_params sp;
+    memset(&sp, 0xff, sizeof sp);
+    lm_sample_params_default(&sp);
+    CHECK(sp.temp == 0.8f && sp.top_k == 40 && sp.top_p == 0.95f && sp.min_p == 0.05f);
+    CHECK(sp.repeat_penalty == 1.0f && sp.repeat_last_n == 64 && sp.freq_penalty == 0 && sp.presence_penalty == 0);
+    CHECK(sp.seed == 0);
 }
 
 /* Load path expecting status want; the message must be non-empty. */
@@ -645,6 +652,12 @@ static void test_engine_bad_requests(void) {
     cfg.kv_type = 2;
     CHECK(lm_engine_new(model, &cfg, &e, err, sizeof err) == LM_ERR_INVALID);
     CHECK(lm_engine_new(NULL, NULL, &e, err, sizeof err) == LM_ERR_INVALID);
+    /* a KV budget too small for one block of every layer: the caller's mistake, not memory */
+    lm_engine_config_default(&cfg);
+    cfg.kv_mem = 64;
+    e = (lm_engine *)1;
+    lm_status s_kv = lm_engine_new(model, &cfg, &e, err, sizeof err);
+    CHECKF(s_kv == LM_ERR_INVALID && e == NULL && err[0], "%s: %s", lm_status_name(s_kv), err);
 }
 
 int main(void) {

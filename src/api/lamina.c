@@ -208,9 +208,9 @@ lm_status lm_engine_new(const lm_model *m, const lm_engine_config *c, lm_engine 
             return fail(LM_ERR_INVALID, err, errlen, "kv_type must be LM_KV_F32, LM_KV_F16 or LM_KV_Q8_0");
         if (c->max_waiting < 0) return fail(LM_ERR_INVALID, err, errlen, "max_waiting must be >= 0");
     }
-    /* with the configuration checked, what is left to fail is memory and threads */
-    *out = engine_new(m, NULL, c, err, errlen);
-    return *out ? LM_OK : LM_ERR_NOMEM;
+    lm_status st;
+    *out = engine_new_status(m, NULL, c, &st, err, errlen);
+    return st;
 }
 
 void lm_engine_free(lm_engine *e) { engine_free(e); }

@@ -880,6 +880,15 @@ static int alloc_buffers(lm_engine *e, char *err, size_t errlen) {
 
 lm_engine *engine_new(const lm_model *m, const lm_tokenizer *tok, const lm_engine_config *cin, char *err,
                       size_t errlen) {
+    lm_status st;
+    return engine_new_status(m, tok, cin, &st, err, errlen);
+}
+
+lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const lm_engine_config *cin,
+                             lm_status *status, char *err, size_t errlen) {
+    /* a configuration the pool cannot be planned for is the caller's
+     * (invalid); once it plans, what is left to fail is memory and threads */
+    *status = LM_ERR_INVALID;
     lm_engine_config c;
     if (cin) c = *cin;
     else engine_config_default(&c);
@@ -894,6 +903,7 @@ lm_engine *engine_new(const lm_model *m, const lm_tokenizer *tok, const lm_engin
     if (c.block_size < 1) c.block_size = KV_DEFAULT_BLOCK;
     if (!(c.watermark >= 0 && c.watermark < 1)) return lm_err(err, errlen, "watermark must be in [0, 1)"), NULL;
     if (c.n_threads <= 0) c.n_threads = pool_default_threads();
+    *status = LM_ERR_NOMEM;
     lm_engine *e = lm_calloc(1, sizeof *e);
     if (!e) return lm_err(err, errlen, "out of memory"), NULL;
     e->m = m;
@@ -913,12 +923,13 @@ lm_engine *engine_new(const lm_model *m, const lm_tokenizer *tok, const lm_engin
     kc.type = c.kv_type;
     kc.block_size = c.block_size;
     kc.n_seqs = c.max_seqs;
+    kv_plan pl;
     if (c.kv_mem) kc.mem_bytes = c.kv_mem;
     else {
-        kv_plan pl;
-        if (kv_plan_make(&kc, &pl, err, errlen) != KV_OK) goto fail;
+        if (kv_plan_make(&kc, &pl, err, errlen) != KV_OK) goto invalid;
         if (pl.data_bytes > (4ull << 30)) kc.mem_bytes = 4ull << 30;
     }
+    if (kv_plan_make(&kc, &pl, err, errlen) != KV_OK) goto invalid;
     if (!(e->kv = kv_pool_new(&kc, err, errlen))) goto fail;
     const kv_plan *plan = kv_pool_plan(e->kv);
     for (int k = 0; k < KV_N_CLASS; k++) e->total_blocks[k] = plan->cls[k].n_blocks;
@@ -936,7 +947,10 @@ lm_engine *engine_new(const lm_model *m, const lm_tokenizer *tok, const lm_engin
         lm_err(err, errlen, "cannot start the engine thread");
         goto fail;
     }
+    *status = LM_OK;
     return e;
+invalid:
+    *status = LM_ERR_INVALID;
 fail:
     destroy(e);
     return NULL;

@@ -61,6 +61,12 @@ void engine_request_params_default(lm_request_params *p);
  * The model and tokenizer must outlive the engine. Starts the engine thread. */
 lm_engine *engine_new(const lm_model *m, const lm_tokenizer *tok, const lm_engine_config *c, char *err,
                       size_t errlen);
+/* The same with the kind of a failure in *status: LM_ERR_INVALID for a
+ * configuration the KV pool cannot be planned for (e.g. a kv_mem too small
+ * for one block of every layer), LM_ERR_NOMEM when memory or threads run
+ * out; LM_OK on success. */
+lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const lm_engine_config *c,
+                             lm_status *status, char *err, size_t errlen);
 /* Cancels everything still queued or running (each gets its final event),
  * stops the thread, frees the engine. */
 void engine_free(lm_engine *e);
