@@ -1,0 +1,289 @@
+/*
+ * safefile.c - temporary file, fsync, rename (see safefile.h).
+ *
+ * Invariants: a safefile owns exactly one path on disk, its temporary file,
+ * from safefile_create until commit or abort; no other path is ever
+ * unlinked, opened for writing or truncated here. The temporary file is
+ * created with O_EXCL, so it cannot be anything that existed before.
+ */
+#include "base/safefile.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/util.h"
+
+struct safefile {
+    char *path;  /* as given, for messages */
+    char *dest;  /* the file that is replaced (symbolic links resolved) */
+    char *dir;   /* dest's folder */
+    char *tmp;   /* the temporary file, owned */
+    FILE *fp;
+    int failed;  /* errno of the first failed write, 0 if none */
+};
+
+static atomic_long fail_after = -1;
+
+void safefile_fail_after(long n) { atomic_store(&fail_after, n < 0 ? -1 : n); }
+
+static char *dup_str(const char *s, size_t n) {
+    char *d = lm_malloc(n + 1);
+    if (d) {
+        memcpy(d, s, n);
+        d[n] = 0;
+    }
+    return d;
+}
+
+static const char *kind_of(mode_t m) {
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISCHR(m) || S_ISBLK(m)) return "a device";
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISSOCK(m)) return "a socket";
+    return "not a regular file";
+}
+
+static void sf_free(safefile *f) {
+    if (!f) return;
+    lm_free(f->path);
+    lm_free(f->dest);
+    lm_free(f->dir);
+    lm_free(f->tmp);
+    lm_free(f);
+}
+
+/* Resolve dest (following a symbolic link) and split off its folder. */
+static int resolve(safefile *f, const char *path, struct stat *st, bool *exists, char *err, size_t errlen) {
+    struct stat lst;
+    *exists = false;
+    if (lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode)) {
+        char *real = realpath(path, NULL);
+        if (!real) return lm_err(err, errlen, "%s: a symbolic link that cannot be followed: %s", path, strerror(errno));
+        f->dest = dup_str(real, strlen(real));
+        free(real);
+    } else {
+        f->dest = dup_str(path, strlen(path));
+    }
+    if (!f->dest) return lm_err(err, errlen, "%s: out of memory", path);
+    if (stat(f->dest, st) == 0) {
+        if (!S_ISREG(st->st_mode))
+            return lm_err(err, errlen, "%s: is %s, not a regular file; lamina will not write over it", path,
+                          kind_of(st->st_mode));
+        *exists = true;
+    } else if (errno != ENOENT) {
+        return lm_err(err, errlen, "%s: cannot create the output there: %s", path, strerror(errno));
+    }
+    const char *slash = strrchr(f->dest, '/');
+    if (!slash) f->dir = dup_str(".", 1);
+    else f->dir = dup_str(f->dest, slash == f->dest ? 1 : (size_t)(slash - f->dest));
+    if (!f->dir) return lm_err(err, errlen, "%s: out of memory", path);
+    return 0;
+}
+
+/* Create ".NAME.tmp-XXXXXX" beside dest with O_EXCL (mode 0666 less the
+ * umask, as fopen would); a few names are tried if one is taken. */
+static int make_temp(safefile *f, char *err, size_t errlen) {
+    const char *slash = strrchr(f->dest, '/');
+    const char *base = slash ? slash + 1 : f->dest;
+    size_t blen = strlen(base);
+    if (blen > 200) blen = 200; /* keep the name under NAME_MAX */
+    size_t cap = strlen(f->dir) + blen + 32;
+    f->tmp = lm_malloc(cap);
+    if (!f->tmp) return lm_err(err, errlen, "%s: out of memory", f->path);
+    static atomic_uint counter;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int e = 0;
+    for (int tries = 0; tries < 64; tries++) {
+        uint32_t x = (uint32_t)getpid() * 2654435761u ^ (uint32_t)ts.tv_nsec ^
+                     (atomic_fetch_add(&counter, 1) + (uint32_t)tries) * 40503u;
+        snprintf(f->tmp, cap, "%s/.%.*s.tmp-%06x", f->dir, (int)blen, base, x & 0xffffff);
+        int fd = open(f->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd >= 0) {
+            f->fp = fdopen(fd, "wb");
+            if (!f->fp) {
+                e = errno;
+                close(fd);
+                unlink(f->tmp);
+                break;
+            }
+            return 0;
+        }
+        e = errno;
+        if (e != EEXIST) break;
+    }
+    lm_free(f->tmp);
+    f->tmp = NULL;
+    return lm_err(err, errlen, "%s: cannot create a file in the folder %s: %s", f->path, f->dir, strerror(e));
+}
+
+safefile *safefile_create(const char *path, char *err, size_t errlen) {
+    if (!path || !*path) {
+        lm_err(err, errlen, "no output path");
+        return NULL;
+    }
+    const char *env = getenv("LAMINA_WRITE_FAIL_AFTER");
+    if (env && *env) safefile_fail_after(strtol(env, NULL, 10));
+    safefile *f = lm_calloc(1, sizeof *f);
+    if (!f || !(f->path = dup_str(path, strlen(path)))) {
+        lm_free(f);
+        lm_err(err, errlen, "%s: out of memory", path);
+        return NULL;
+    }
+    struct stat st;
+    bool exists;
+    if (resolve(f, path, &st, &exists, err, errlen) || make_temp(f, err, errlen)) {
+        sf_free(f);
+        return NULL;
+    }
+    /* replacing a file keeps its permission bits */
+    if (exists) (void)fchmod(fileno(f->fp), st.st_mode & 07777);
+    return f;
+}
+
+int safefile_write(safefile *f, const void *p, size_t n) {
+    if (f->failed) {
+        errno = f->failed;
+        return -1;
+    }
+    if (n == 0) return 0;
+    long left = atomic_load(&fail_after);
+    if (left >= 0) {
+        if (left == 0) {
+            atomic_store(&fail_after, -1);
+            f->failed = ENOSPC;
+            errno = ENOSPC;
+            return -1;
+        }
+        atomic_store(&fail_after, left - 1);
+    }
+    if (fwrite(p, 1, n, f->fp) != n) {
+        f->failed = errno ? errno : EIO;
+        errno = f->failed;
+        return -1;
+    }
+    return 0;
+}
+
+const char *safefile_path(const safefile *f) { return f->path; }
+
+void safefile_abort(safefile *f) {
+    if (!f) return;
+    if (f->fp) fclose(f->fp);
+    if (f->tmp) unlink(f->tmp);
+    sf_free(f);
+}
+
+int safefile_commit(safefile *f, char *err, size_t errlen) {
+    int e = f->failed;
+    const char *what = "write failed";
+    if (!e && fflush(f->fp) != 0) e = errno;
+    if (!e && fsync(fileno(f->fp)) != 0) e = errno, what = "fsync failed";
+    int closed = fclose(f->fp);
+    f->fp = NULL;
+    if (!e && closed != 0) e = errno;
+    if (!e && rename(f->tmp, f->dest) != 0) e = errno, what = "cannot rename the finished file into place";
+    if (e) {
+        lm_err(err, errlen, "%s: %s: %s (nothing written; the destination is untouched)", f->path, what,
+               strerror(e));
+        safefile_abort(f);
+        return -1;
+    }
+    /* the rename itself is durable once the folder is synced */
+    int dfd = open(f->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        (void)fsync(dfd);
+        close(dfd);
+    }
+    lm_free(f->tmp);
+    f->tmp = NULL;
+    sf_free(f);
+    return 0;
+}
+
+int safefile_check_distinct(const char *in, const char *out, char *err, size_t errlen) {
+    struct stat a, b;
+    if (!in || !out || stat(in, &a) != 0 || stat(out, &b) != 0) return 0;
+    if (a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+        return lm_err(err, errlen, "output %s is the input %s (the same file); write to another path", out, in);
+    return 0;
+}
+
+/* Read fd to its end into a growing buffer (start with cap bytes). */
+static char *read_fd(int fd, size_t cap, size_t *len, const char *name, char *err, size_t errlen) {
+    size_t n = 0;
+    if (cap < 4096) cap = 4096;
+    char *buf = lm_malloc(cap + 1);
+    if (!buf) goto nomem;
+    for (;;) {
+        if (n == cap) {
+            if (cap > SIZE_MAX / 2 - 1) goto nomem;
+            char *nb = lm_realloc(buf, cap * 2 + 1);
+            if (!nb) goto nomem;
+            buf = nb;
+            cap *= 2;
+        }
+        ssize_t r = read(fd, buf + n, cap - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            lm_err(err, errlen, "%s: cannot read: %s", name, strerror(errno));
+            lm_free(buf);
+            return NULL;
+        }
+        if (r == 0) break;
+        n += (size_t)r;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+nomem:
+    lm_free(buf);
+    lm_err(err, errlen, "%s: out of memory", name);
+    return NULL;
+}
+
+char *safefile_read(const char *path, size_t *len, char *err, size_t errlen) {
+    struct stat st;
+    if (!path) {
+        if (fstat(0, &st) != 0) {
+            lm_err(err, errlen, "standard input: cannot read: %s", strerror(errno));
+            return NULL;
+        }
+        if (S_ISDIR(st.st_mode)) {
+            lm_err(err, errlen, "standard input is a directory, not text");
+            return NULL;
+        }
+        return read_fd(0, S_ISREG(st.st_mode) ? (size_t)st.st_size : 0, len, "standard input", err, errlen);
+    }
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        lm_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    if (fstat(fd, &st) != 0) {
+        lm_err(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        if (S_ISFIFO(st.st_mode))
+            lm_err(err, errlen, "%s: is a FIFO, not a file (pipe it to standard input instead)", path);
+        else lm_err(err, errlen, "%s: is %s, not a file", path, kind_of(st.st_mode));
+        close(fd);
+        return NULL;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    char *buf = read_fd(fd, (size_t)st.st_size, len, path, err, errlen);
+    close(fd);
+    return buf;
+}

@@ -1,0 +1,66 @@
+/*
+ * safefile.h - writing files without ever losing what was there, and
+ * reading inputs that are checked to be files.
+ *
+ * Writing. safefile_create() checks the destination and creates a
+ * temporary file beside it (same folder, so the final rename is atomic):
+ * ".NAME.tmp-XXXXXX". Writes go to the temporary file; safefile_commit()
+ * flushes it, fsyncs it, renames it over the destination and fsyncs the
+ * folder. Until the commit succeeds the destination is untouched: a failed
+ * write, a failed commit or safefile_abort() removes only the temporary
+ * file. lamina never deletes or truncates a path it did not create.
+ *
+ * The destination may be absent or an existing regular file (its
+ * permission bits are kept). Anything else - a directory, a device such as
+ * /dev/null or /dev/full, a FIFO, a socket - is refused. A symbolic link is
+ * followed: the file it points to is replaced, the link stays. Calling
+ * safefile_create() before any long work is the check that the destination
+ * folder can be written: it fails at once when it cannot.
+ *
+ * Reading. safefile_read() reads a whole input (a named file, or standard
+ * input for NULL) and refuses what is not data: a directory, and, for a
+ * named file, a FIFO, socket or device (a FIFO would block; pipe it to
+ * standard input instead).
+ *
+ * Fault injection for tests: safefile_fail_after(n) makes the (n+1)-th
+ * safefile_write() from now fail with ENOSPC, as a full disk would; a
+ * negative n switches it off. The environment variable
+ * LAMINA_WRITE_FAIL_AFTER=n does the same for a whole process (read at each
+ * safefile_create), so command-line tests can fail a write half-way.
+ */
+#ifndef LAMINA_SAFEFILE_H
+#define LAMINA_SAFEFILE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct safefile safefile;
+
+/* Check `path` as a destination and create its temporary file. NULL with a
+ * message when the destination is not a regular file, or its folder cannot
+ * hold a new file. */
+safefile *safefile_create(const char *path, char *err, size_t errlen);
+/* Append n bytes. 0, or -1 with errno set; the failure is sticky (commit
+ * then fails and removes the temporary file). */
+int safefile_write(safefile *f, const void *p, size_t n);
+/* Flush, fsync, rename into place, fsync the folder; frees f. 0, or -1 with
+ * a message and the temporary file removed (the destination untouched). */
+int safefile_commit(safefile *f, char *err, size_t errlen);
+/* Remove the temporary file and free f (NULL is a no-op). */
+void safefile_abort(safefile *f);
+/* The path given to safefile_create. */
+const char *safefile_path(const safefile *f);
+
+/* -1 with a message "OUT is the input IN" when `out` exists and is the same
+ * file as `in` (same device and inode: hard links and symbolic links
+ * count); 0 otherwise (also when either does not exist). */
+int safefile_check_distinct(const char *in, const char *out, char *err, size_t errlen);
+
+/* Read all of `path` (standard input when NULL) into a NUL-terminated
+ * lm_malloc'd buffer, its length in *len. NULL with a message on a
+ * directory, a non-regular named file, a read error or no memory. */
+char *safefile_read(const char *path, size_t *len, char *err, size_t errlen);
+
+void safefile_fail_after(long n);
+
+#endif
