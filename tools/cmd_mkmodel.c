@@ -2,7 +2,9 @@
  * cmd_mkmodel.c - `lamina mkmodel`: write a random-weight GGUF of a real
  * shape, for benchmarks and tests. Deterministic from --seed whatever the
  * thread count: every row draws from its own generator seeded by
- * (seed, tensor index, row).
+ * (seed, tensor index, row). The output is created (as a temporary file,
+ * base/safefile.h) before the weights are generated, so a path that cannot
+ * be written is refused at once, and renamed into place only when complete.
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -12,6 +14,7 @@
 #include "cli.h"
 #include "format/gguf.h"
 #include "base/pool.h"
+#include "base/safefile.h"
 #include "format/quant.h"
 #include "format/quantize.h"
 #include "base/util.h"
@@ -152,6 +155,11 @@ int cmd_mkmodel(int argc, char **argv) {
     maker mk = {.w = gguf_writer_new(), .pool = pool_new((int)threads), .seed = (uint64_t)seed};
     mk.bufs = calloc((size_t)(4 + 9 * p.layers), sizeof(void *));
     if (!mk.w || !mk.pool || !mk.bufs) fail("mkmodel", "out of memory");
+    /* the output is checked, and its temporary file created, before the work;
+     * from here every failure removes that temporary file and nothing else */
+    if (vocab_from && safefile_check_distinct(vocab_from, out, err, sizeof err)) fail("mkmodel", err);
+    safefile *sf = safefile_create(out, err, sizeof err);
+    if (!sf) fail("mkmodel", err);
     gguf_writer *w = mk.w;
     int hd = p.embd / p.heads;
     gguf_w_set_str(w, "general.architecture", "llama");
@@ -198,8 +206,15 @@ int cmd_mkmodel(int argc, char **argv) {
         fprintf(stderr, "\rmkmodel: layer %d/%d", i + 1, p.layers);
     }
     fprintf(stderr, "\n");
-    if (rc) fail("mkmodel", "out of memory generating weights");
-    if (gguf_writer_write(w, out, err, sizeof err)) fail("mkmodel", err);
+    if (rc) {
+        safefile_abort(sf);
+        fail("mkmodel", "out of memory generating weights");
+    }
+    if (gguf_writer_write_file(w, sf, err, sizeof err)) {
+        safefile_abort(sf);
+        fail("mkmodel", err);
+    }
+    if (safefile_commit(sf, err, sizeof err)) fail("mkmodel", err);
     fprintf(stderr, "mkmodel: wrote %s (%.1f MiB of tensors, %s, %.1f s)\n", out, mk.bytes / 1048576.0,
             quant_type_name(t), lm_now() - t0);
     for (int i = 0; i < mk.n_tensors; i++) free(mk.bufs[i]);

@@ -28,6 +28,7 @@
 
 #include "format/gguf.h"
 #include "format/quant.h"
+#include "base/safefile.h"
 #include "base/util.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -59,7 +60,7 @@ typedef struct {
 
 static int map_file(const char *path, const char *what, mapped *m, char *err, size_t errlen) {
     memset(m, 0, sizeof *m);
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* a FIFO must not block the open */
     if (fd < 0) return lm_err(err, errlen, "%s %s: cannot open: %s", what, path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
@@ -354,6 +355,7 @@ int convert_llama2c(const char *model_bin, const char *tokenizer_bin, const char
     l2c_layout lo = {0};
     l2c_vocab v = {0};
     gguf_writer *w = NULL;
+    safefile *f = NULL;
     int rc = -1;
     if (!model_bin || !tokenizer_bin || !out_gguf) return lm_err(err, errlen, "convert: NULL path");
     if (map_file(model_bin, "checkpoint", &ck, err, errlen)) goto done;
@@ -361,6 +363,7 @@ int convert_llama2c(const char *model_bin, const char *tokenizer_bin, const char
     if (map_file(tokenizer_bin, "tokenizer", &tk, err, errlen)) goto done;
     if (load_tokenizer(tokenizer_bin, &tk, c.vocab_size, &v, err, errlen)) goto done;
     if (check_output(out_gguf, &ck, &tk, err, errlen)) goto done;
+    if (!(f = safefile_create(out_gguf, err, errlen))) goto done;
     w = gguf_writer_new();
     if (!w) {
         lm_err(err, errlen, "convert: out of memory");
@@ -369,8 +372,12 @@ int convert_llama2c(const char *model_bin, const char *tokenizer_bin, const char
     /* set/add failures are sticky in the writer and reported by write */
     set_metadata(w, &c, &lo, &v);
     add_tensors(w, &c, &lo, (const float *)(const void *)(ck.data + HEADER_BYTES));
-    rc = gguf_writer_write(w, out_gguf, err, errlen);
+    if (gguf_writer_write_file(w, f, err, errlen) == 0) {
+        rc = safefile_commit(f, err, errlen);
+        f = NULL; /* commit frees it, success or not */
+    }
 done:
+    safefile_abort(f);
     gguf_writer_free(w);
     vocab_free(&v);
     unmap_file(&tk);

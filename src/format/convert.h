@@ -40,8 +40,10 @@
 
 /* Convert model_bin + tokenizer_bin into out_gguf (which must not be one of
  * the inputs). Returns 0, or -1 with a message in err. Inputs are fully
- * validated before out_gguf is opened; if writing itself fails, the partial
- * file is removed. */
+ * validated before out_gguf is created. out_gguf is written to a temporary
+ * file beside it and renamed into place only when complete (base/safefile.h):
+ * if writing fails, only the temporary file is removed and out_gguf is
+ * untouched; a directory, device or FIFO as out_gguf is refused. */
 int convert_llama2c(const char *model_bin, const char *tokenizer_bin, const char *out_gguf, char *err,
                     size_t errlen);
 

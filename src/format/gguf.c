@@ -35,7 +35,9 @@
  * the reader has already validated, nested arrays included. The first
  * failed set/add call is remembered and makes gguf_writer_write() fail with
  * its message, so a caller cannot write a file silently missing an entry.
- * The host is assumed little-endian, as GGUF is (checked at compile time).
+ * Files are written through base/safefile: a temporary file renamed over
+ * the destination only when complete, so a failed write leaves whatever
+ * was at the destination as it was. The host is assumed little-endian, as GGUF is (checked at compile time).
  */
 #include "format/gguf.h"
 
@@ -601,7 +603,7 @@ gguf_ctx *gguf_open(const char *path, char *err, size_t errlen) {
 
 gguf_ctx *gguf_open_status(const char *path, lm_status *status, char *err, size_t errlen) {
     *status = LM_ERR_IO;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* a FIFO must not block the open */
     if (fd < 0) {
         lm_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
         return NULL;
@@ -1063,12 +1065,12 @@ int gguf_w_add_tensor(gguf_writer *w, const char *name, uint32_t n_dims, const u
     return 0;
 }
 
-static bool put(FILE *f, const void *p, size_t n) { return n == 0 || fwrite(p, 1, n, f) == n; }
-static bool put_u32(FILE *f, uint32_t v) { return put(f, &v, 4); }
-static bool put_u64(FILE *f, uint64_t v) { return put(f, &v, 8); }
-static bool put_str(FILE *f, const char *s) { size_t n = strlen(s); return put_u64(f, n) && put(f, s, n); }
+static bool put(safefile *f, const void *p, size_t n) { return safefile_write(f, p, n) == 0; }
+static bool put_u32(safefile *f, uint32_t v) { return put(f, &v, 4); }
+static bool put_u64(safefile *f, uint64_t v) { return put(f, &v, 8); }
+static bool put_str(safefile *f, const char *s) { size_t n = strlen(s); return put_u64(f, n) && put(f, s, n); }
 
-static bool put_zeros(FILE *f, uint64_t n) {
+static bool put_zeros(safefile *f, uint64_t n) {
     static const uint8_t zeros[256];
     while (n) {
         size_t k = n < sizeof zeros ? (size_t)n : sizeof zeros;
@@ -1092,7 +1094,7 @@ static int writer_alignment(gguf_writer *w, uint32_t *align, char *err, size_t e
 }
 
 /* Header, kvs, tensor infos, padding, data; offsets assigned beforehand. */
-static bool write_body(gguf_writer *w, FILE *f, uint32_t align) {
+static bool write_body(gguf_writer *w, safefile *f, uint32_t align) {
     uint64_t pos = 24;
     if (!put(f, GGUF_MAGIC, 4) || !put_u32(f, 3) || !put_u64(f, w->n_t) || !put_u64(f, w->n_kv)) return false;
     for (size_t i = 0; i < w->n_kv; i++) {
@@ -1120,7 +1122,8 @@ static bool write_body(gguf_writer *w, FILE *f, uint32_t align) {
     return align_up(end, align, &tail) && put_zeros(f, tail - end);
 }
 
-int gguf_writer_write(gguf_writer *w, const char *path, char *err, size_t errlen) {
+int gguf_writer_write_file(gguf_writer *w, safefile *f, char *err, size_t errlen) {
+    const char *path = safefile_path(f);
     if (w->failed) return lm_err(err, errlen, "%s: not written: %s", path, w->msg);
     uint32_t align;
     char msg[LM_ERRLEN];
@@ -1136,17 +1139,16 @@ int gguf_writer_write(gguf_writer *w, const char *path, char *err, size_t errlen
         if (!lm_add_u64(off, t->nbytes, &off) || !align_up(off, align, &off))
             return lm_err(err, errlen, "%s: data section size overflows", path);
     }
-    FILE *f = fopen(path, "wb");
-    if (!f) return lm_err(err, errlen, "%s: cannot create: %s", path, strerror(errno));
-    bool ok = write_body(w, f, align);
-    int werr = errno;
-    if (fclose(f) != 0 && ok) {
-        ok = false;
-        werr = errno;
-    }
-    if (!ok) {
-        remove(path);
-        return lm_err(err, errlen, "%s: write failed: %s", path, strerror(werr));
-    }
+    if (!write_body(w, f, align)) return lm_err(err, errlen, "%s: write failed: %s", path, strerror(errno));
     return 0;
+}
+
+int gguf_writer_write(gguf_writer *w, const char *path, char *err, size_t errlen) {
+    safefile *f = safefile_create(path, err, errlen);
+    if (!f) return -1;
+    if (gguf_writer_write_file(w, f, err, errlen)) {
+        safefile_abort(f);
+        return -1;
+    }
+    return safefile_commit(f, err, errlen);
 }

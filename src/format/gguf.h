@@ -29,6 +29,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/safefile.h"
 #include "lamina.h" /* lm_status */
 
 enum gguf_vtype {
@@ -151,6 +152,13 @@ int gguf_w_remove_kv(gguf_writer *w, const char *key);
 int gguf_w_add_tensor(gguf_writer *w, const char *name, uint32_t n_dims, const uint64_t *ne,
                       uint32_t type, const void *data, uint64_t nbytes);
 
+/* Write the file at `path` through a safefile (base/safefile.h): a
+ * temporary file beside it, renamed into place only when complete; on any
+ * failure the temporary file is removed and `path` is untouched. A path
+ * that is a directory, device or FIFO is refused. 0, or -1 with a message. */
 int gguf_writer_write(gguf_writer *w, const char *path, char *err, size_t errlen);
+/* The same into a safefile the caller created (before its long work, so a
+ * bad destination is refused first) and commits or aborts afterwards. */
+int gguf_writer_write_file(gguf_writer *w, safefile *f, char *err, size_t errlen);
 
 #endif

@@ -8,6 +8,10 @@
  * eighth of the stack and every third layer between), Q4_K elsewhere.
  * A matrix whose rows do not divide into the type's blocks falls back to
  * Q8_0 (rows a multiple of 32) or F16.
+ *
+ * The output is checked before any work (not the input, a writable folder,
+ * not a directory or device) and written through base/safefile, so a
+ * failure at any point leaves an existing output file as it was.
  */
 #include "format/quantize.h"
 
@@ -19,6 +23,7 @@
 
 #include "format/gguf.h"
 #include "format/quant.h"
+#include "base/safefile.h"
 #include "base/util.h"
 
 /* general.file_type values as GGUF tools write them. */
@@ -93,8 +98,16 @@ int quantize_file(const char *in, const char *out, const char *scheme, lm_pool *
     bool k_m;
     if (quantize_scheme(scheme, &base, &k_m))
         return lm_err(err, errlen, "cannot quantize to '%s' (F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K Q4_K_M)", scheme);
+    /* every check on the output comes before the work: the input is mapped
+     * while the output is written, so they must be different files */
+    if (safefile_check_distinct(in, out, err, errlen)) return -1;
     gguf_ctx *g = gguf_open(in, err, errlen);
     if (!g) return -1;
+    safefile *f = safefile_create(out, err, errlen);
+    if (!f) {
+        gguf_close(g);
+        return -1;
+    }
     int rc = -1;
     gguf_str arch;
     int64_t n_layer = 0;
@@ -143,8 +156,12 @@ int quantize_file(const char *in, const char *out, const char *scheme, lm_pool *
         gguf_w_add_tensor(w, t->name, t->n_dims, t->ne, to, data, nbytes);
         if (progress) progress(user, i, nt, t->name, t->type, to, t->nbytes, nbytes);
     }
-    rc = gguf_writer_write(w, out, err, errlen);
+    if (gguf_writer_write_file(w, f, err, errlen) == 0) {
+        rc = safefile_commit(f, err, errlen);
+        f = NULL; /* commit frees it, success or not */
+    }
 out:
+    safefile_abort(f);
     for (int64_t i = 0; bufs && i < nt; i++) lm_free(bufs[i]);
     lm_free(bufs);
     gguf_writer_free(w);

@@ -22,7 +22,10 @@ int quantize_scheme(const char *name, uint32_t *base, bool *k_m);
 uint32_t quantize_file_type(const char *scheme);
 
 /* Write `out` with every weight matrix of `in` converted under `scheme`,
- * rows split over the pool's threads. 0, or -1 with a message. */
+ * rows split over the pool's threads. Before any work, `out` is refused
+ * when it is `in` (same file through any link) or cannot be created; it is
+ * written to a temporary file renamed into place only when complete (see
+ * base/safefile.h). 0, or -1 with a message and `out` untouched. */
 int quantize_file(const char *in, const char *out, const char *scheme, lm_pool *pool, quantize_progress_fn progress,
                   void *user, char *err, size_t errlen);
 
