@@ -23,6 +23,7 @@
 #include "format/gguf.h"
 #include "model/model.h"
 #include "base/pool.h"
+#include "base/safefile.h"
 #include "format/quant.h"
 #include "kernels/kernels.h"
 #include "decode/sample.h"
@@ -196,14 +197,9 @@ static int cmd_run(int argc, char **argv) {
     char *pbuf = NULL;
     size_t plen = 0;
     if (pfile) {
-        FILE *f = fopen(pfile, "rb");
-        if (!f) {
-            fprintf(stderr, "lamina run: %s: %s\n", pfile, strerror(errno));
-            return 1;
-        }
-        pbuf = read_all(f, &plen);
-        fclose(f);
-        if (!pbuf) fail("run", "out of memory reading the prompt");
+        char rerr[LM_ERRLEN];
+        pbuf = safefile_read(pfile, &plen, rerr, sizeof rerr);
+        if (!pbuf) fail("run", rerr);
         prompt = pbuf;
     }
     if (!prompt) die_usage(&a, "%s", "no prompt given (-p TEXT or -f FILE)");
@@ -290,7 +286,7 @@ static int cmd_run(int argc, char **argv) {
     pthread_mutex_destroy(&out.mu);
     pthread_cond_destroy(&out.cv);
     free(toks);
-    free(pbuf);
+    lm_free(pbuf);
     lm_free(rendered);
     model_free(m);
     return 0;
@@ -322,8 +318,9 @@ static int cmd_tokenize(int argc, char **argv) {
     }
     lm_tokenizer *tok = load_tok_or_die("tokenize", model);
     size_t len;
-    char *text = read_all(stdin, &len);
-    if (!text) fail("tokenize", "out of memory");
+    char rerr[LM_ERRLEN];
+    char *text = safefile_read(NULL, &len, rerr, sizeof rerr);
+    if (!text) fail("tokenize", rerr);
     size_t start = 0;
     while (start < len || (!lines && start == 0)) {
         size_t end = len;
@@ -349,7 +346,7 @@ static int cmd_tokenize(int argc, char **argv) {
         start = end + 1;
         if (!lines) break;
     }
-    free(text);
+    lm_free(text);
     tok_free(tok);
     return 0;
 }
@@ -380,15 +377,10 @@ static int cmd_perplexity(int argc, char **argv) {
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
     if (!file) die_usage(&a, "%s", "no text file given (-f FILE)");
-    FILE *f = fopen(file, "rb");
-    if (!f) {
-        fprintf(stderr, "lamina perplexity: %s: %s\n", file, strerror(errno));
-        return 1;
-    }
     size_t len;
-    char *text = read_all(f, &len);
-    fclose(f);
-    if (!text) fail("perplexity", "out of memory");
+    char rerr[LM_ERRLEN];
+    char *text = safefile_read(file, &len, rerr, sizeof rerr);
+    if (!text) fail("perplexity", rerr);
     lm_model *m = load_or_die("perplexity", model);
     if (!m->tok) fail("perplexity", "the model file has no tokenizer");
     bool add_bos = tok_add_bos(m->tok);
@@ -443,7 +435,7 @@ static int cmd_perplexity(int argc, char **argv) {
     free(logits);
     free(chunk);
     free(toks);
-    free(text);
+    lm_free(text);
     seqrun_free(st);
     pool_free(pool);
     model_free(m);
