@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# End-to-end checks that lamina never loses the user's data (base/safefile.h):
+#   - quantize refuses an output that is its input (the same path, a hard
+#     link, a symbolic link), and the input stays byte-identical;
+#   - quantize, mkmodel and convert refuse /dev/null, /dev/full, a FIFO and a
+#     directory as output (all still there, of the same kind, afterwards), and
+#     a destination folder that cannot hold a file (a path under a regular
+#     file, which fails even for root) before any work;
+#   - a write that fails half-way (LAMINA_WRITE_FAIL_AFTER=n, and a full
+#     64 KiB tmpfs where mount is allowed) leaves an existing output
+#     byte-identical with the same inode, and no temporary file behind;
+#   - a successful write replaces the output and leaves no temporary file;
+#   - inputs that are directories or FIFOs (model, -f files, tokenize's
+#     standard input) are a clear error and exit 1, never a hang (every
+#     command runs under a timeout).
+# These do not rely on permissions, so they hold when run as root.
+set -u
+cd "$(dirname "$0")/.."
+L=${LAMINA_BIN:-build/lamina}
+M=models/stories260K.gguf
+T=$(mktemp -d)
+MNT=
+cleanup() {
+    [ -n "$MNT" ] && umount "$MNT" 2>/dev/null
+    rm -rf "$T"
+}
+trap cleanup EXIT
+pass=0 fail=0 skip=0
+ok() { echo "PASS $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1"; shift; printf '  %s\n' "$@"; fail=$((fail + 1)); }
+to() { timeout 60 "$@"; }
+# entries of a folder whose name marks a temporary file
+tmps() { find "$1" -maxdepth 1 -name '.*.tmp-*' | wc -l; }
+
+cp "$M" "$T/m.gguf"
+ln "$T/m.gguf" "$T/hard.gguf"
+ln -s m.gguf "$T/sym.gguf"
+
+# 1. output = input, a hard link, a symbolic link: refused, input intact
+for out in m.gguf hard.gguf sym.gguf; do
+    to "$L" quantize "$T/m.gguf" "$T/$out" Q8_0 >/dev/null 2>"$T/err"
+    rc=$?
+    if [ $rc -eq 1 ] && grep -q "is the input" "$T/err" && cmp -s "$M" "$T/m.gguf" && [ "$(tmps "$T")" -eq 0 ] &&
+        ! grep -q '^\[' "$T/err"; then
+        ok "quantize_refuses_input_as_output_$out"
+    else
+        bad "quantize_refuses_input_as_output_$out" "rc $rc" "$(cat "$T/err")"
+    fi
+done
+[ -L "$T/sym.gguf" ] && [ "$(stat -c %h "$T/m.gguf")" -eq 2 ] && ok links_untouched || bad links_untouched
+
+# 2. non-regular outputs refused, and still what they were
+mkfifo "$T/fifo"
+mkdir "$T/dir"
+touch "$T/dir/keep"
+check_kind() { # path, stat %F before the run
+    [ "$(stat -c %F "$1" 2>/dev/null)" == "$2" ]
+}
+for out in /dev/null /dev/full "$T/fifo" "$T/dir"; do
+    [ -e "$out" ] || continue
+    kind=$(stat -c %F "$out")
+    name=$(basename "$out")
+    for c in quantize mkmodel convert; do
+        case $c in
+        quantize) to "$L" quantize "$T/m.gguf" "$out" Q8_0 >/dev/null 2>"$T/err" ;;
+        mkmodel) to "$L" mkmodel --layers 1 --embd 64 --heads 2 --ff 128 --vocab 64 -o "$out" >/dev/null 2>"$T/err" ;;
+        convert) to "$L" convert --llama2c models/stories260K.bin --tokenizer models/tok512.bin -o "$out" \
+            >/dev/null 2>"$T/err" ;;
+        esac
+        rc=$?
+        if [ $rc -eq 1 ] && grep -q "not a regular file" "$T/err" && check_kind "$out" "$kind" &&
+            ! grep -q '^\[\|mkmodel: layer' "$T/err"; then
+            ok "${c}_refuses_output_$name"
+        else
+            bad "${c}_refuses_output_$name" "rc $rc, now $(stat -c %F "$out" 2>&1)" "$(cat "$T/err")"
+        fi
+    done
+done
+[ -f "$T/dir/keep" ] && ok dir_output_untouched || bad dir_output_untouched
+
+# 3. a folder that cannot hold a file: refused before any work
+touch "$T/plain"
+to "$L" quantize "$T/m.gguf" "$T/plain/out.gguf" Q8_0 >/dev/null 2>"$T/err"
+rc=$?
+[ $rc -eq 1 ] && ! grep -q '^\[' "$T/err" && grep -q "plain/out.gguf" "$T/err" &&
+    ok quantize_bad_folder_before_work || bad quantize_bad_folder_before_work "rc $rc" "$(cat "$T/err")"
+to "$L" mkmodel --layers 1 --embd 64 --heads 2 --ff 128 --vocab 64 -o "$T/plain/out.gguf" >/dev/null 2>"$T/err"
+rc=$?
+[ $rc -eq 1 ] && ! grep -q 'mkmodel: layer' "$T/err" &&
+    ok mkmodel_bad_folder_before_work || bad mkmodel_bad_folder_before_work "rc $rc" "$(cat "$T/err")"
+to "$L" convert --llama2c models/stories260K.bin --tokenizer models/tok512.bin -o "$T/nofolder/out.gguf" \
+    >/dev/null 2>"$T/err"
+rc=$?
+[ $rc -eq 1 ] && [ ! -e "$T/nofolder" ] && ok convert_bad_folder || bad convert_bad_folder "rc $rc" "$(cat "$T/err")"
+
+# 4. a write that fails half-way: the existing output is untouched (same bytes, same inode)
+printf 'an older file the user cares about\n' >"$T/old"
+for c in quantize mkmodel convert; do
+    for n in 0 7 40; do
+        cp "$T/old" "$T/out.gguf"
+        ino=$(stat -c %i "$T/out.gguf")
+        case $c in
+        quantize) LAMINA_WRITE_FAIL_AFTER=$n to "$L" quantize "$T/m.gguf" "$T/out.gguf" Q8_0 >/dev/null 2>"$T/err" ;;
+        mkmodel) LAMINA_WRITE_FAIL_AFTER=$n to "$L" mkmodel --layers 1 --embd 64 --heads 2 --ff 128 --vocab 64 \
+            -o "$T/out.gguf" >/dev/null 2>"$T/err" ;;
+        convert) LAMINA_WRITE_FAIL_AFTER=$n to "$L" convert --llama2c models/stories260K.bin \
+            --tokenizer models/tok512.bin -o "$T/out.gguf" >/dev/null 2>"$T/err" ;;
+        esac
+        rc=$?
+        if [ $rc -eq 1 ] && grep -q "No space left" "$T/err" && cmp -s "$T/old" "$T/out.gguf" &&
+            [ "$(stat -c %i "$T/out.gguf")" == "$ino" ] && [ "$(tmps "$T")" -eq 0 ]; then
+            ok "${c}_failed_write_$n"
+        else
+            bad "${c}_failed_write_$n" "rc $rc" "$(cat "$T/err")" "$(ls -A "$T")"
+        fi
+    done
+done
+
+# 5. the same writes unfailed replace the output and leave nothing behind
+to "$L" quantize "$T/m.gguf" "$T/out.gguf" Q8_0 >/dev/null 2>"$T/err" && "$L" info -m "$T/out.gguf" >/dev/null 2>&1 &&
+    [ "$(tmps "$T")" -eq 0 ] && ! cmp -s "$T/old" "$T/out.gguf" && ok quantize_replaces_output ||
+    bad quantize_replaces_output "$(cat "$T/err")"
+cp "$T/out.gguf" "$T/q8.gguf"
+to "$L" quantize "$T/m.gguf" "$T/sym.out" Q8_0 >/dev/null 2>&1 && cmp -s "$T/sym.out" "$T/q8.gguf" &&
+    ok quantize_deterministic || bad quantize_deterministic
+
+# 6. a full filesystem (a 64 KiB tmpfs; the Q8_0 model is about 370 KiB)
+mkdir "$T/full"
+if mount -t tmpfs -o size=64k tmpfs "$T/full" 2>/dev/null; then
+    MNT="$T/full"
+    cp "$T/old" "$T/full/out.gguf"
+    ino=$(stat -c %i "$T/full/out.gguf")
+    to "$L" quantize "$T/m.gguf" "$T/full/out.gguf" Q8_0 >/dev/null 2>"$T/err"
+    rc=$?
+    if [ $rc -eq 1 ] && cmp -s "$T/old" "$T/full/out.gguf" && [ "$(stat -c %i "$T/full/out.gguf")" == "$ino" ] &&
+        [ "$(tmps "$T/full")" -eq 0 ] && [ "$(ls -A "$T/full" | wc -l)" -eq 1 ]; then
+        ok quantize_full_filesystem
+    else
+        bad quantize_full_filesystem "rc $rc" "$(cat "$T/err")" "$(ls -A "$T/full")"
+    fi
+    umount "$T/full" && MNT=
+else
+    echo "SKIP quantize_full_filesystem (mount of a tmpfs refused)"
+    skip=$((skip + 1))
+fi
+
+# 7. inputs that are directories or FIFOs: exit 1 with a clear message, no hang
+expect_input_error() { # name, pattern, command...
+    local name=$1 pat=$2
+    shift 2
+    timeout 20 "$@" >"$T/out" 2>"$T/err" </dev/null
+    local rc=$?
+    if [ $rc -eq 1 ] && grep -qi "$pat" "$T/err"; then ok "$name"; else bad "$name" "rc $rc" "$(cat "$T/err")"; fi
+}
+expect_input_error run_f_dir "directory" "$L" run -m "$M" -f "$T/dir" -n 2
+expect_input_error run_f_fifo "FIFO" "$L" run -m "$M" -f "$T/fifo" -n 2
+expect_input_error perplexity_f_dir "directory" "$L" perplexity -m "$M" -f "$T/dir"
+expect_input_error perplexity_f_fifo "FIFO" "$L" perplexity -m "$M" -f "$T/fifo"
+expect_input_error run_model_dir "directory" "$L" run -m "$T/dir" -p hi -n 2
+expect_input_error run_model_fifo "regular file" "$L" run -m "$T/fifo" -p hi -n 2
+expect_input_error tokenize_model_dir "directory" "$L" tokenize -m "$T/dir"
+expect_input_error quantize_input_dir "directory" "$L" quantize "$T/dir" "$T/x.gguf" Q8_0
+expect_input_error quantize_input_fifo "regular file" "$L" quantize "$T/fifo" "$T/x.gguf" Q8_0
+expect_input_error convert_input_fifo "regular file" "$L" convert --llama2c "$T/fifo" --tokenizer models/tok512.bin -o "$T/x.gguf"
+[ ! -e "$T/x.gguf" ] && [ "$(tmps "$T")" -eq 0 ] && ok bad_inputs_write_nothing || bad bad_inputs_write_nothing "$(ls -A "$T")"
+timeout 20 "$L" tokenize -m "$M" <"$T/dir" >"$T/out" 2>"$T/err"
+rc=$?
+[ $rc -eq 1 ] && grep -q "standard input is a directory" "$T/err" && [ ! -s "$T/out" ] &&
+    ok tokenize_stdin_dir || bad tokenize_stdin_dir "rc $rc" "$(cat "$T/err")"
+# standard input that is a pipe is still read
+ids=$(printf 'Once upon a time' | timeout 20 "$L" tokenize -m "$M" --ids)
+[[ "$ids" =~ ^[0-9]+( [0-9]+)*$ ]] && ok tokenize_stdin_pipe || bad tokenize_stdin_pipe "$ids"
+
+echo "$pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ]
