@@ -10,8 +10,8 @@
 #     64 KiB tmpfs where mount is allowed) leaves an existing output
 #     byte-identical with the same inode, and no temporary file behind;
 #   - a successful write replaces the output and leaves no temporary file;
-#   - inputs that are directories or FIFOs (model, -f files, tokenize's
-#     standard input) are a clear error and exit 1, never a hang (every
+#   - inputs that are directories or FIFOs (model, -f files, a chat template
+#     file, tokenize's standard input) are a clear error and exit 1, never a hang (every
 #     command runs under a timeout).
 # These do not rely on permissions, so they hold when run as root.
 set -u
@@ -158,6 +158,7 @@ expect_input_error perplexity_f_dir "directory" "$L" perplexity -m "$M" -f "$T/d
 expect_input_error perplexity_f_fifo "FIFO" "$L" perplexity -m "$M" -f "$T/fifo"
 expect_input_error run_model_dir "directory" "$L" run -m "$T/dir" -p hi -n 2
 expect_input_error run_model_fifo "regular file" "$L" run -m "$T/fifo" -p hi -n 2
+expect_input_error run_chat_template_dir "directory" "$L" run -m "$M" -p hi -n 2 --chat --chat-template "$T/dir"
 expect_input_error tokenize_model_dir "directory" "$L" tokenize -m "$T/dir"
 expect_input_error quantize_input_dir "directory" "$L" quantize "$T/dir" "$T/x.gguf" Q8_0
 expect_input_error quantize_input_fifo "regular file" "$L" quantize "$T/fifo" "$T/x.gguf" Q8_0

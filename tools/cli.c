@@ -6,7 +6,9 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "base/safefile.h"
 #include "kv/kv.h"
 #include "text/chat.h"
 #include "base/util.h"
@@ -189,11 +191,11 @@ bool chat_template_choice(const char *cmd, const char *v, const char **name, cha
         *name = v;
         return true;
     }
-    FILE *f = fopen(v, "rb");
-    if (!f) return false;
+    struct stat st;
+    if (stat(v, &st) != 0) return false;
     size_t len;
-    *text = read_all(f, &len);
-    fclose(f);
-    if (!*text) fail(cmd, "out of memory reading the chat template");
+    char err[LM_ERRLEN];
+    *text = safefile_read(v, &len, err, sizeof err); /* a directory or FIFO is an error */
+    if (!*text) fail(cmd, err);
     return true;
 }
