@@ -10,6 +10,7 @@
 #     64 KiB tmpfs where mount is allowed) leaves an existing output
 #     byte-identical with the same inode, and no temporary file behind;
 #   - a successful write replaces the output and leaves no temporary file;
+#   - an interrupted write (SIGINT) leaves no temporary file;
 #   - inputs that are directories or FIFOs (model, -f files, a chat template
 #     file, tokenize's standard input) are a clear error and exit 1, never a hang (every
 #     command runs under a timeout).
@@ -171,6 +172,29 @@ rc=$?
 # standard input that is a pipe is still read
 ids=$(printf 'Once upon a time' | timeout 20 "$L" tokenize -m "$M" --ids)
 [[ "$ids" =~ ^[0-9]+( [0-9]+)*$ ]] && ok tokenize_stdin_pipe || bad tokenize_stdin_pipe "$ids"
+
+# 8. an interrupted write (SIGINT while mkmodel generates weights, its temporary file
+#    already created) leaves neither the temporary file nor an output
+mkdir "$T/int"
+"$L" mkmodel --layers 6 --embd 512 --heads 8 --ff 1408 --vocab 32000 --type Q8_0 -t 1 -o "$T/int/big.gguf" \
+    >/dev/null 2>&1 &
+pid=$!
+for _ in $(seq 500); do
+    [ "$(tmps "$T/int")" -gt 0 ] && break
+    sleep 0.01
+done
+seen=$(tmps "$T/int")
+kill -INT $pid 2>/dev/null
+wait $pid
+rc=$?
+if [ $rc -eq 0 ]; then
+    echo "SKIP interrupted_write (mkmodel finished before the signal)"
+    skip=$((skip + 1))
+elif [ "$seen" -eq 1 ] && [ $rc -eq 130 ] && [ -z "$(ls -A "$T/int")" ]; then
+    ok interrupted_write
+else
+    bad interrupted_write "rc $rc, temporary files seen $seen" "$(ls -A "$T/int")"
+fi
 
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

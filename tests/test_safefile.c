@@ -13,7 +13,8 @@
  *     a symbolic link is followed (the target replaced, the link kept);
  *   - safefile_check_distinct on the same file, a hard link, a symbolic
  *     link, another file and a missing one;
- *   - safefile_read of a file, a directory and a FIFO (which must not block).
+ *   - safefile_read of a file, a directory and a FIFO (which must not block);
+ *   - safefile_remove_temps removes live temporary files and nothing else.
  * These do not depend on permissions, so they hold when run as root.
  */
 #include <dirent.h>
@@ -257,6 +258,31 @@ static void test_read_inputs(void) {
     CHECKF(strstr(err, "cannot open") != NULL, "%s", err);
 }
 
+/* safefile_remove_temps (the signal-handler cleanup) removes the live
+ * temporary files only: not a committed file, not an existing destination. */
+static void test_remove_temps(void) {
+    clean_dir();
+    char a[256], b[256], c[256], buf[64], err[LM_ERRLEN];
+    path_in(a, sizeof a, "a.gguf");
+    path_in(b, sizeof b, "b.gguf");
+    path_in(c, sizeof c, "c.gguf");
+    CHECK(write_text(a, "keep me") == 0);
+    safefile *fc = safefile_create(c, err, sizeof err);
+    CHECKF(fc, "%s", err);
+    CHECK(safefile_write(fc, "done", 4) == 0 && safefile_commit(fc, err, sizeof err) == 0);
+    safefile *fa = safefile_create(a, err, sizeof err), *fb = safefile_create(b, err, sizeof err);
+    CHECK(fa && fb);
+    CHECK(safefile_write(fa, "partial", 7) == 0);
+    CHECK(n_entries() == 4);
+    safefile_remove_temps();
+    CHECK(n_entries() == 2);
+    CHECK(read_text(a, buf, sizeof buf) == 7 && !strcmp(buf, "keep me"));
+    CHECK(read_text(c, buf, sizeof buf) == 4 && !strcmp(buf, "done"));
+    safefile_abort(fa);
+    safefile_abort(fb);
+    CHECK(n_entries() == 2);
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/lamina-safefile-XXXXXX");
     if (!mkdtemp(dir)) {
@@ -270,6 +296,7 @@ int main(void) {
     TEST_RUN(test_symlink_followed);
     TEST_RUN(test_check_distinct);
     TEST_RUN(test_read_inputs);
+    TEST_RUN(test_remove_temps);
     clean_dir();
     rmdir(dir);
     return TEST_DONE();

@@ -11,6 +11,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -563,6 +564,19 @@ static void usage_main(FILE *f) {
             "  serve       OpenAI-compatible HTTP server (continuous batching)\n");
 }
 
+/* Commands that write a file remove their temporary file when interrupted,
+ * then die of the signal as they would have. */
+static void on_fatal_signal(int sig) {
+    safefile_remove_temps();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void remove_temps_on_signal(void) {
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) signal(sigs[i], on_fatal_signal);
+}
+
 int main(int argc, char **argv) {
     kernels_init();
     if (argc < 2) {
@@ -574,6 +588,7 @@ int main(int argc, char **argv) {
         usage_main(stdout);
         return 0;
     }
+    if (!strcmp(c, "convert") || !strcmp(c, "mkmodel") || !strcmp(c, "quantize")) remove_temps_on_signal();
     if (!strcmp(c, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(c, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(c, "perplexity")) return cmd_perplexity(argc - 1, argv + 1);

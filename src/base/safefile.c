@@ -5,6 +5,9 @@
  * from safefile_create until commit or abort; no other path is ever
  * unlinked, opened for writing or truncated here. The temporary file is
  * created with O_EXCL, so it cannot be anything that existed before.
+ * Live temporary files are also listed in a small static table (copies of
+ * their paths) so that safefile_remove_temps can unlink them from a signal
+ * handler, using only unlink and atomic loads.
  */
 #include "base/safefile.h"
 
@@ -29,9 +32,41 @@ struct safefile {
     char *tmp;   /* the temporary file, owned */
     FILE *fp;
     int failed;  /* errno of the first failed write, 0 if none */
+    int slot;    /* index in live[], -1 if none */
 };
 
 static atomic_long fail_after = -1;
+
+/* The temporary files alive now, for safefile_remove_temps from a signal
+ * handler: each slot holds a copy of the path (never freed or changed while
+ * `used` is set), so the handler reads no memory that may be freed. */
+#define N_LIVE 8
+static struct {
+    atomic_int used;
+    char path[4096];
+} live[N_LIVE];
+
+static int live_add(const char *tmp) {
+    if (strlen(tmp) >= sizeof live[0].path) return -1;
+    for (int i = 0; i < N_LIVE; i++) {
+        int expect = 0;
+        if (atomic_compare_exchange_strong(&live[i].used, &expect, 2)) { /* 2: being filled */
+            strcpy(live[i].path, tmp);
+            atomic_store(&live[i].used, 1);
+            return i;
+        }
+    }
+    return -1; /* more than N_LIVE at once: not covered by the signal cleanup */
+}
+
+static void live_drop(int slot) {
+    if (slot >= 0) atomic_store(&live[slot].used, 0);
+}
+
+void safefile_remove_temps(void) {
+    for (int i = 0; i < N_LIVE; i++)
+        if (atomic_load(&live[i].used) == 1) unlink(live[i].path);
+}
 
 void safefile_fail_after(long n) { atomic_store(&fail_after, n < 0 ? -1 : n); }
 
@@ -109,10 +144,13 @@ static int make_temp(safefile *f, char *err, size_t errlen) {
         snprintf(f->tmp, cap, "%s/.%.*s.tmp-%06x", f->dir, (int)blen, base, x & 0xffffff);
         int fd = open(f->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         if (fd >= 0) {
+            f->slot = live_add(f->tmp);
             f->fp = fdopen(fd, "wb");
             if (!f->fp) {
                 e = errno;
                 close(fd);
+                live_drop(f->slot);
+                f->slot = -1;
                 unlink(f->tmp);
                 break;
             }
@@ -134,6 +172,7 @@ safefile *safefile_create(const char *path, char *err, size_t errlen) {
     const char *env = getenv("LAMINA_WRITE_FAIL_AFTER");
     if (env && *env) safefile_fail_after(strtol(env, NULL, 10));
     safefile *f = lm_calloc(1, sizeof *f);
+    if (f) f->slot = -1;
     if (!f || !(f->path = dup_str(path, strlen(path)))) {
         lm_free(f);
         lm_err(err, errlen, "%s: out of memory", path);
@@ -180,6 +219,7 @@ void safefile_abort(safefile *f) {
     if (!f) return;
     if (f->fp) fclose(f->fp);
     if (f->tmp) unlink(f->tmp);
+    live_drop(f->slot);
     sf_free(f);
 }
 
@@ -191,7 +231,11 @@ int safefile_commit(safefile *f, char *err, size_t errlen) {
     int closed = fclose(f->fp);
     f->fp = NULL;
     if (!e && closed != 0) e = errno;
-    if (!e && rename(f->tmp, f->dest) != 0) e = errno, what = "cannot rename the finished file into place";
+    if (!e) {
+        live_drop(f->slot); /* a signal from here on leaves the finished file */
+        f->slot = -1;
+        if (rename(f->tmp, f->dest) != 0) e = errno, what = "cannot rename the finished file into place";
+    }
     if (e) {
         lm_err(err, errlen, "%s: %s: %s (nothing written; the destination is untouched)", f->path, what,
                strerror(e));

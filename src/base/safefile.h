@@ -63,4 +63,9 @@ char *safefile_read(const char *path, size_t *len, char *err, size_t errlen);
 
 void safefile_fail_after(long n);
 
+/* Unlink every temporary file not yet committed or aborted (at most 8 at
+ * once are tracked). Async-signal-safe: for a SIGINT/SIGTERM handler of a
+ * program that then exits, so an interrupted write leaves nothing behind. */
+void safefile_remove_temps(void);
+
 #endif
