@@ -7,7 +7,8 @@
  * and FFN down matrices of the layers that matter most (the first and last
  * eighth of the stack and every third layer between), Q4_K elsewhere.
  * A matrix whose rows do not divide into the type's blocks falls back to
- * Q8_0 (rows a multiple of 32) or F16.
+ * Q8_0 (rows a multiple of 32) or F16; the progress callback is told both
+ * the type asked and the type written, so the caller can say so.
  *
  * The output is checked before any work (not the input, a writable folder,
  * not a directory or device) and written through base/safefile, so a
@@ -40,8 +41,10 @@ static bool more_bits(int layer, int n_layer) {
     return layer < n_layer / 8 || layer >= 7 * n_layer / 8 || (layer - n_layer / 8) % 3 == 2;
 }
 
-/* Target type of one tensor under the requested scheme. */
-static uint32_t target_type(const gguf_tensor *t, uint32_t base, bool k_m, int n_layer) {
+/* Target type of one tensor under the requested scheme; *want is the
+ * scheme's choice before the fallback for rows that do not fit its blocks. */
+static uint32_t target_type(const gguf_tensor *t, uint32_t base, bool k_m, int n_layer, uint32_t *want_out) {
+    *want_out = t->type;
     if (t->n_dims < 2) return t->type;
     uint32_t want = base;
     if (k_m) {
@@ -52,6 +55,7 @@ static uint32_t target_type(const gguf_tensor *t, uint32_t base, bool k_m, int n
                  more_bits(layer, n_layer))
             want = LM_TYPE_Q6_K;
     }
+    *want_out = want;
     if (quant_row_size(want, (int64_t)t->ne[0]) == 0) want = t->ne[0] % 32 == 0 ? LM_TYPE_Q8_0 : LM_TYPE_F16;
     return want;
 }
@@ -132,7 +136,8 @@ int quantize_file(const char *in, const char *out, const char *scheme, lm_pool *
     gguf_w_set_u32(w, "general.quantization_version", 2);
     for (int64_t i = 0; i < nt; i++) {
         const gguf_tensor *t = gguf_tensor_at(g, i);
-        uint32_t to = target_type(t, base, k_m, (int)n_layer);
+        uint32_t want;
+        uint32_t to = target_type(t, base, k_m, (int)n_layer, &want);
         const void *data = t->data;
         uint64_t nbytes = t->nbytes;
         if (to != t->type) {
@@ -154,7 +159,13 @@ int quantize_file(const char *in, const char *out, const char *scheme, lm_pool *
             data = bufs[i];
         }
         gguf_w_add_tensor(w, t->name, t->n_dims, t->ne, to, data, nbytes);
-        if (progress) progress(user, i, nt, t->name, t->type, to, t->nbytes, nbytes);
+        if (progress) {
+            quantize_tensor_info info = {.i = i, .n = nt, .name = t->name, .from = t->type, .want = want, .to = to,
+                                         .row_len = (int64_t)t->ne[0],
+                                         .n_elements = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3],
+                                         .in_bytes = t->nbytes, .out_bytes = nbytes};
+            progress(user, &info);
+        }
     }
     if (gguf_writer_write_file(w, f, err, errlen) == 0) {
         rc = safefile_commit(f, err, errlen);

@@ -1,5 +1,7 @@
 /*
- * quantize.h - convert a GGUF model's weight matrices to another type.
+ * quantize.h - convert a GGUF model's weight matrices to another type,
+ * telling the caller about each tensor (its type asked and written, so a
+ * caller can report fallbacks and totals).
  */
 #ifndef LAMINA_QUANTIZE_H
 #define LAMINA_QUANTIZE_H
@@ -10,9 +12,22 @@
 
 #include "base/pool.h"
 
-/* Called after each tensor: index, count, name, source and target types, bytes. */
-typedef void (*quantize_progress_fn)(void *user, int64_t i, int64_t n, const char *name, uint32_t from, uint32_t to,
-                                     uint64_t in_bytes, uint64_t out_bytes);
+/* One tensor as written. want != to is a fallback: the scheme asked for
+ * `want`, but a row of row_len elements is not a whole number of its blocks
+ * (quant_traits(want)->blck), so the tensor was written as `to` (Q8_0 when
+ * rows are a multiple of 32, else F16). 1-D tensors keep their type
+ * (want == to == from). */
+typedef struct {
+    int64_t i, n;             /* index of this tensor, tensors in the file */
+    const char *name;         /* borrowed from the input file, valid during the call */
+    uint32_t from, want, to;  /* the input's type, the scheme's choice, the type written */
+    int64_t row_len;          /* elements per row (ne[0]) */
+    uint64_t n_elements;
+    uint64_t in_bytes, out_bytes;
+} quantize_tensor_info;
+
+/* Called after each tensor. */
+typedef void (*quantize_progress_fn)(void *user, const quantize_tensor_info *t);
 
 /* Parse a scheme name (F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K Q4_K_M): the base
  * type and whether it is the Q4_K_M mix; -1 when unknown. */
