@@ -504,7 +504,7 @@ def check_api_key():
 
 
 def check_busy():
-    srv = Server("--max-seqs", "1", "--max-waiting", "1", "-c", "512")
+    srv = Server("--max-seqs", "1", "--max-waiting", "1", "-c", "512", "--ctx-extend")
     try:
         statuses, retry, shapes = [], [], []
         barrier = threading.Barrier(32)
@@ -543,7 +543,7 @@ def check_slow():
     """One sequence at a time, a 1 s request timeout, keep-alive comments every 0.2 s: a long request is cut
     at the timeout with what it has (finish_reason "abort": cut short, not its length), and a stream queued
     behind it receives keep-alive comments while it waits. n above the one sequence is refused naming n."""
-    srv = Server("--max-seqs", "1", "-c", "8192", "--timeout", "1", "--keepalive", "0.2", "--idle-timeout", "1")
+    srv = Server("--max-seqs", "1", "-c", "8192", "--ctx-extend", "--timeout", "1", "--keepalive", "0.2", "--idle-timeout", "1")
     try:
         out = {}
 
@@ -584,7 +584,7 @@ def check_slow():
 def check_stalled():
     """A client that opens a long stream and then reads nothing (without closing) is cut off, by the
     bound on what a stream may hold unsent or by the idle timeout, and its request is cancelled."""
-    srv = Server("-c", "8192", "--idle-timeout", "1")
+    srv = Server("-c", "8192", "--ctx-extend", "--idle-timeout", "1")
     try:
         body = json.dumps({"prompt": "Once upon a time", "max_tokens": 8000, "ignore_eos": True, "stream": True,
                            "logprobs": 5}).encode()
@@ -865,7 +865,7 @@ def main():
         return 1
     servers = []
     try:
-        srv = Server("--chat-template", "chatml", "-c", str(CTX))
+        srv = Server("--chat-template", "chatml", "-c", str(CTX), "--ctx-extend")
         servers.append(srv)
         ready = [l for l in srv.lines if "listening on http://127.0.0.1:" in l]
         result("start-up line", len(ready) == 1, srv.lines)

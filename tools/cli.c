@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/safefile.h"
 #include "kv/kv.h"
@@ -198,4 +199,50 @@ bool chat_template_choice(const char *cmd, const char *v, const char **name, cha
     *text = safefile_read(v, &len, err, sizeof err); /* a directory or FIFO is an error */
     if (!*text) fail(cmd, err);
     return true;
+}
+
+void ctx_check(const char *cmd, const char *flag, long long n_ctx, int n_train, bool extend) {
+    if (n_train <= 0 || n_ctx <= n_train) return;
+    if (!extend) {
+        fprintf(stderr,
+                "lamina %s: %s %lld is above the model's trained context of %d tokens; "
+                "pass --ctx-extend to use it anyway\n",
+                cmd, flag, n_ctx, n_train);
+        exit(1);
+    }
+    fprintf(stderr,
+            "lamina %s: warning: %s %lld is past the model's trained context of %d tokens (--ctx-extend); "
+            "output past position %d may be of poor quality\n",
+            cmd, flag, n_ctx, n_train, n_train);
+}
+
+void progress_begin(progress *p, const char *cmd, const char *what, const char *unit) {
+    *p = (progress){.on = isatty(2) == 1, .cmd = cmd, .what = what, .unit = unit, .after = 2.0};
+    const char *env = getenv("LAMINA_PROGRESS_AFTER");
+    if (env && *env) {
+        char *end;
+        double x = strtod(env, &end);
+        if (!*end && x >= 0) p->after = x;
+    }
+    p->start = lm_now();
+    p->last = -1e30;
+}
+
+void progress_update(progress *p, long long done, long long total) {
+    if (!p->on) return;
+    double now = lm_now();
+    if (now - p->start < p->after || now - p->last < 0.25) return;
+    p->last = now;
+    p->shown = true;
+    if (total > 0)
+        fprintf(stderr, "\r\033[K%s: %s %lld/%lld %s (%.0f%%)", p->cmd, p->what, done, total, p->unit,
+                100.0 * (double)done / (double)total);
+    else fprintf(stderr, "\r\033[K%s: %s %lld %s", p->cmd, p->what, done, p->unit);
+    fflush(stderr);
+}
+
+void progress_end(progress *p) {
+    if (p->shown) fprintf(stderr, "\r\033[K");
+    fflush(stderr);
+    p->shown = false;
 }

@@ -1,8 +1,10 @@
 /*
  * cli.h - shared pieces of the command-line front end: flag parsing with
  * usage errors (exit 2), failure exits (exit 1), reading files and stdin,
- * tokenizing into a growing buffer. Each subcommand lives in its own
- * tools/cmd_*.c (or in lamina.c) as `int cmd_NAME(int argc, char **argv)`.
+ * tokenizing into a growing buffer, the context-length check against the
+ * model's trained context (--ctx-extend), and progress lines on a terminal.
+ * Each subcommand lives in its own tools/cmd_*.c (or in lamina.c) as
+ * `int cmd_NAME(int argc, char **argv)`.
  */
 #ifndef LAMINA_CLI_H
 #define LAMINA_CLI_H
@@ -58,5 +60,30 @@ int cmd_serve(int argc, char **argv);
 /* The value after the current flag as a KV cache element type (kv_type_from_name:
  * F32, F16, Q8_0); exits 2 otherwise. */
 uint32_t need_kv_type(args *a);
+
+/* The context length a command is about to use (what `flag` asked, or its
+ * default), checked against the model's trained context n_train: above it,
+ * exit 1 with a message naming both and --ctx-extend, unless extend, when a
+ * warning about quality past the trained context goes to stderr instead.
+ * n_train <= 0 (not recorded in the file): anything is accepted. The engine
+ * itself takes any n_ctx; this check is the command line's. */
+void ctx_check(const char *cmd, const char *flag, long long n_ctx, int n_train, bool extend);
+
+/* Progress of one long phase on stderr, only when stderr is a terminal:
+ * "\r<cmd>: <what> <done>/<total> <unit> (<pct>%)", rewritten in place at
+ * most 4 times a second, starting once the phase has run for
+ * LAMINA_PROGRESS_AFTER seconds (default 2; 0 shows it at once, as the tests
+ * do). progress_end clears the line. Nothing at all when stderr is not a
+ * terminal, so logs and pipes stay clean. */
+typedef struct {
+    bool on;            /* stderr is a terminal */
+    bool shown;         /* a line is on the screen */
+    double start, last, after;
+    const char *cmd, *what, *unit;
+} progress;
+
+void progress_begin(progress *p, const char *cmd, const char *what, const char *unit);
+void progress_update(progress *p, long long done, long long total);
+void progress_end(progress *p);
 
 #endif

@@ -28,6 +28,9 @@ static void usage_bench(FILE *f) {
             "  -p N       prompt tokens for the pp test (0 skips it; default 512)\n"
             "  -n N       generated tokens for the tg test (0 skips it; default 128)\n"
             "  -d N       tokens already in the cache before each test (default 0)\n"
+            "             (the defaults of -p and -n shrink to fit the model's trained context\n"
+            "             after -d; -d plus -p or -n past it is refused without --ctx-extend)\n"
+            "  --ctx-extend  allow tests past the model's trained context (with a warning)\n"
             "  -t N       threads (default: physical cores)\n"
             "  -r N       repetitions (default 5)\n"
             "  -o FMT     md (default) or json\n"
@@ -136,8 +139,8 @@ int cmd_bench(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "serve")) return cmd_bench_serve(argc - 1, argv + 1);
     args a = {argc, argv, 0, "bench", usage_bench};
     const char *model = NULL, *fmt = "md";
-    long long np = 512, ng = 128, depth = 0, threads = pool_default_threads(), reps = 5;
-    bool bw = true, profile = false;
+    long long np = -1, ng = -1, depth = 0, threads = pool_default_threads(), reps = 5;
+    bool bw = true, profile = false, ctx_extend = false;
     uint32_t kv_type = LM_TYPE_F16;
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
@@ -150,11 +153,20 @@ int cmd_bench(int argc, char **argv) {
         else if (is_flag(&a, "-o", "--output")) fmt = need_val(&a);
         else if (is_flag(&a, "--no-bw", NULL)) bw = false;
         else if (is_flag(&a, "--profile", NULL)) profile = true;
+        else if (is_flag(&a, "--ctx-extend", NULL)) ctx_extend = true;
         else if (is_flag(&a, "--kv-type", NULL)) kv_type = need_kv_type(&a);
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
     if (strcmp(fmt, "md") && strcmp(fmt, "json")) die_usage(&a, "output format '%s' is not md or json", fmt);
     lm_model *m = load_or_die("bench", model);
+    /* defaults 512 and 128, shrunk to the trained context left after -d */
+    long long room = m->hp.n_ctx_train > 0 ? m->hp.n_ctx_train - depth : 1LL << 40;
+    if (np < 0) np = room >= 1 && room < 512 ? room : 512;
+    if (ng < 0) ng = room >= 1 && room < 128 ? room : 128;
+    char what[96];
+    if (depth) snprintf(what, sizeof what, "-d %lld + %s %lld =", depth, np >= ng ? "-p" : "-n", np >= ng ? np : ng);
+    else snprintf(what, sizeof what, "%s", np >= ng ? "-p" : "-n");
+    ctx_check("bench", what, depth + (np > ng ? np : ng), m->hp.n_ctx_train, ctx_extend);
     lm_pool *pool = pool_new((int)threads);
     if (!pool) fail("bench", "cannot start threads");
     int ctx = (int)(depth + (np > ng ? np : ng) + 1);

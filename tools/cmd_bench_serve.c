@@ -48,6 +48,7 @@ static void usage_bench_serve(FILE *f) {
             "  --modes LIST        comma-separated subset of one-at-a-time,static,continuous\n"
             "  -t N                threads (default: physical cores)\n"
             "  -c N                context per sequence (default: the model's)\n"
+            "  --ctx-extend        allow -c above the model's trained context (with a warning)\n"
             "  --batch-tokens N    tokens per iteration (default %d)\n"
             "  --max-seqs N        sequences per iteration (default 64)\n"
             "  --kv-mem BYTES      KV pool size (default: context x max-seqs, at most 4 GiB)\n"
@@ -263,6 +264,7 @@ int cmd_bench_serve(int argc, char **argv) {
     const char *model = NULL, *modes = "one-at-a-time,static,continuous";
     long long n_req = 64, conc = 0, seed = 1, threads = pool_default_threads(), ctx = 0;
     double rate = 0;
+    bool ctx_extend = false;
     int p_lo = 16, p_hi = 96, o_lo = 16, o_hi = 64, fixed_p = 0, fixed_g = 0;
     lm_engine_config ec;
     engine_config_default(&ec);
@@ -282,6 +284,7 @@ int cmd_bench_serve(int argc, char **argv) {
         } else if (is_flag(&a, "--modes", NULL)) modes = need_val(&a);
         else if (is_flag(&a, "-t", "--threads")) threads = need_int(&a, 1, 1024);
         else if (is_flag(&a, "-c", "--ctx")) ctx = need_int(&a, 1, 1 << 24);
+        else if (is_flag(&a, "--ctx-extend", NULL)) ctx_extend = true;
         else if (is_flag(&a, "--batch-tokens", NULL)) ec.batch_tokens = (int)need_int(&a, 1, 1 << 20);
         else if (is_flag(&a, "--max-seqs", NULL)) ec.max_seqs = (int)need_int(&a, 1, 1 << 16);
         else if (is_flag(&a, "--kv-mem", NULL)) ec.kv_mem = need_bytes(&a);
@@ -289,6 +292,7 @@ int cmd_bench_serve(int argc, char **argv) {
         else die_usage(&a, "unknown option '%s'", argv[a.i]);
     }
     lm_model *m = load_or_die("bench serve", model);
+    ctx_check("bench serve", "-c", ctx, m->hp.n_ctx_train, ctx_extend);
     ec.n_threads = (int)threads;
     ec.n_ctx = (int)ctx;
     ec.prefix_cache = false; /* random prompts share nothing; keep the modes comparable */

@@ -33,6 +33,7 @@ static void usage_kv(FILE *f) {
             "  --kv-type T      element type: F32, F16 (default) or Q8_0 (head dim a multiple of 32)\n"
             "  --kv-mem BYTES   size the pool from a budget (e.g. 512M, 8G); reports sequences of CTX that fit\n"
             "  -c CTX           tokens per sequence (default: the model's training context)\n"
+            "  --ctx-extend     allow -c above the model's trained context (with a warning)\n"
             "  --seqs N         sequences (default 1): without --kv-mem the pool holds N sequences of CTX\n"
             "                   tokens; with it, sliding-window layers get blocks for N sequences at once\n"
             "  --block-size B   tokens per block (default %d)\n"
@@ -54,13 +55,14 @@ int cmd_kv(int argc, char **argv) {
     uint32_t type = LM_TYPE_F16;
     unsigned long long mem = 0;
     long long ctx = 0, seqs = 1, block = KV_DEFAULT_BLOCK, chunk = FWD_BATCH_DEFAULT;
-    bool alloc = false;
+    bool alloc = false, ctx_extend = false;
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
         if (is_flag(&a, "-m", "--model")) model = need_val(&a);
         else if (is_flag(&a, "--kv-type", NULL)) type = need_kv_type(&a);
         else if (is_flag(&a, "--kv-mem", NULL)) mem = need_bytes(&a);
         else if (is_flag(&a, "-c", "--ctx")) ctx = need_int(&a, 1, 1 << 30);
+        else if (is_flag(&a, "--ctx-extend", NULL)) ctx_extend = true;
         else if (is_flag(&a, "--seqs", NULL)) seqs = need_int(&a, 1, 1 << 24);
         else if (is_flag(&a, "--block-size", NULL)) block = need_int(&a, 1, 1 << 20);
         else if (is_flag(&a, "--chunk", NULL)) chunk = need_int(&a, 1, 1 << 24);
@@ -70,6 +72,7 @@ int cmd_kv(int argc, char **argv) {
     lm_model *m = load_or_die("kv", model);
     const lm_hparams *hp = &m->hp;
     if (ctx == 0) ctx = hp->n_ctx_train > 0 ? hp->n_ctx_train : 2048;
+    ctx_check("kv", "-c", ctx, hp->n_ctx_train, ctx_extend);
 
     /* the pool a forward pass of chunk-token batches would use (a chunk
      * above the context counts as the context: it sizes the same blocks) */

@@ -32,6 +32,7 @@ static void usage_serve(FILE *f) {
             "      --chat-template NAME|FILE  a template family (chatml, llama2, llama3, mistral, gemma,\n"
             "                         phi3, zephyr, ...) or a Jinja template file, instead of the model's\n"
             "  -c, --ctx-size N       positions per sequence (default: the model's)\n"
+            "      --ctx-extend       allow -c above the model's trained context (with a warning)\n"
             "  -t, --threads N        threads (default: physical cores)\n"
             "      --max-seqs N       sequences generating at once (default 64)\n"
             "      --batch-tokens N   tokens per engine iteration (default %d)\n"
@@ -68,6 +69,7 @@ int cmd_serve(int argc, char **argv) {
     lm_engine_config ec;
     engine_config_default(&ec);
     ec.max_waiting = 256;
+    bool ctx_extend = false;
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
         if (is_flag(&a, "-m", "--model")) model = need_val(&a);
@@ -77,6 +79,7 @@ int cmd_serve(int argc, char **argv) {
         else if (is_flag(&a, "--model-name", NULL)) sc.model_name = need_val(&a);
         else if (is_flag(&a, "--chat-template", NULL)) tmpl = need_val(&a);
         else if (is_flag(&a, "-c", "--ctx-size")) ec.n_ctx = (int)need_int(&a, 0, 1 << 24);
+        else if (is_flag(&a, "--ctx-extend", NULL)) ctx_extend = true;
         else if (is_flag(&a, "-t", "--threads")) ec.n_threads = (int)need_int(&a, 1, 1024);
         else if (is_flag(&a, "--max-seqs", NULL)) ec.max_seqs = (int)need_int(&a, 1, 1 << 16);
         else if (is_flag(&a, "--batch-tokens", NULL)) ec.batch_tokens = (int)need_int(&a, 1, 1 << 20);
@@ -118,6 +121,7 @@ int cmd_serve(int argc, char **argv) {
     double t0 = lm_now();
     lm_model *m = load_or_die("serve", model);
     if (!m->tok) fail("serve", "the model file has no tokenizer");
+    ctx_check("serve", "-c", ec.n_ctx, m->hp.n_ctx_train, ctx_extend);
     lm_engine *eng = engine_new(m, m->tok, &ec, err, sizeof err);
     if (!eng) fail("serve", err);
     if (server_set_engine(srv, eng, err, sizeof err)) fail("serve", err);

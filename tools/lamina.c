@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "text/chat.h"
 #include "cli.h"
@@ -44,6 +45,7 @@ static void usage_run(FILE *f) {
             "  -f, --file FILE      read the prompt from a file\n"
             "  -n, --n-predict N    tokens to generate (default 128; -1: until EOS or context end)\n"
             "  -c, --ctx-size N     context length (default: the model's, at most 4096)\n"
+            "      --ctx-extend     allow -c above the model's trained context (with a warning)\n"
             "  -t, --threads N      threads (default: physical cores)\n"
             "      --kv-type T      KV cache element type: F16 (default), F32, Q8_0\n"
             "      --temp T         temperature (default 0.8; 0 = greedy)\n"
@@ -112,12 +114,35 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool done;
+    /* the prompt is echoed when the first event comes (after the prefill), so
+     * that a progress line on a terminal never overwrites it */
+    const char *echo;         /* (echo_len) bytes to print first, or NULL */
+    size_t echo_len;
+    bool prefilled;           /* the first event came (under mu) */
+    progress prog;            /* the prefill's progress line (under mu) */
 } run_out;
+
+/* The first event: the prefill is over; clear its progress line, then echo
+ * the prompt. */
+static void run_first_event(run_out *o) {
+    pthread_mutex_lock(&o->mu);
+    bool first = !o->prefilled;
+    if (first) {
+        o->prefilled = true;
+        progress_end(&o->prog);
+    }
+    pthread_mutex_unlock(&o->mu);
+    if (first && o->echo) {
+        fwrite(o->echo, 1, o->echo_len, stdout);
+        fflush(stdout);
+    }
+}
 
 /* Print each token's text as it comes; at the end, the text the
  * detokenizer still held, then wake the main thread. */
 static void run_event(void *user, const lm_event *ev) {
     run_out *o = user;
+    run_first_event(o);
     if (!ev->done) {
         if (o->quiet || (!o->ignore_eos && tok_is_eog(o->tok, ev->token))) return;
         if (o->gen_ids && o->n_gen < o->ids_cap) o->gen_ids[o->n_gen] = ev->token;
@@ -134,6 +159,37 @@ static void run_event(void *user, const lm_event *ev) {
     o->done = true;
     pthread_cond_signal(&o->cv);
     pthread_mutex_unlock(&o->mu);
+}
+
+/* Wait for the request to end; meanwhile, on a terminal, show how much of the
+ * prompt (n_tok tokens) the engine has prefilled, from its batch-token count
+ * (it runs this one request alone). The engine's stats are read outside
+ * o->mu: the engine thread holds its own lock while it calls run_event. */
+static void wait_run(lm_engine *eng, run_out *o, int n_tok) {
+    for (;;) {
+        lm_engine_stats st;
+        bool poll = o->prog.on;
+        if (poll) engine_stats(eng, &st);
+        pthread_mutex_lock(&o->mu);
+        if (o->done) {
+            pthread_mutex_unlock(&o->mu);
+            return;
+        }
+        if (poll && !o->prefilled)
+            progress_update(&o->prog, (long long)(st.batch_tokens_total < (uint64_t)n_tok ? st.batch_tokens_total
+                                                                                            : (uint64_t)n_tok),
+                            n_tok);
+        if (!poll) {
+            pthread_cond_wait(&o->cv, &o->mu);
+        } else {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 100 * 1000 * 1000;
+            if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+            pthread_cond_timedwait(&o->cv, &o->mu, &ts);
+        }
+        pthread_mutex_unlock(&o->mu);
+    }
 }
 
 /* The engine for one sequence of n_ctx positions: its KV pool holds exactly
@@ -165,7 +221,7 @@ static int cmd_run(int argc, char **argv) {
     args a = {argc, argv, 0, "run", usage_run};
     const char *model = NULL, *prompt = NULL, *pfile = NULL;
     long long n_predict = 128, n_ctx = 0, threads = pool_default_threads();
-    bool ignore_eos = false, show_ids = false, chat = false;
+    bool ignore_eos = false, show_ids = false, chat = false, ctx_extend = false;
     uint32_t kv_type = LM_TYPE_F16;
     const char *system = NULL, *chat_tmpl = NULL;
     lm_sample_params sp;
@@ -177,6 +233,7 @@ static int cmd_run(int argc, char **argv) {
         else if (is_flag(&a, "-f", "--file")) pfile = need_val(&a);
         else if (is_flag(&a, "-n", "--n-predict")) n_predict = need_int(&a, -1, 1 << 30);
         else if (is_flag(&a, "-c", "--ctx-size")) n_ctx = need_int(&a, 0, 1 << 24);
+        else if (is_flag(&a, "--ctx-extend", NULL)) ctx_extend = true;
         else if (is_flag(&a, "-t", "--threads")) threads = need_int(&a, 1, 1024);
         else if (is_flag(&a, "--kv-type", NULL)) kv_type = need_kv_type(&a);
         else if (is_flag(&a, "--temp", NULL)) sp.temp = (float)need_float(&a, 0, 100);
@@ -212,6 +269,7 @@ static int cmd_run(int argc, char **argv) {
     /* default context: the model's, capped at 4096 so a 128k-context model
      * does not reserve a huge cache for a short run */
     if (n_ctx == 0) n_ctx = m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
+    ctx_check("run", "-c", n_ctx, m->hp.n_ctx_train, ctx_extend);
     lm_engine *eng = run_engine(m, (int)n_ctx, (int)threads, kv_type);
     double t_load = lm_now() - t0;
 
@@ -253,12 +311,17 @@ static int cmd_run(int argc, char **argv) {
     rp.on_event = run_event;
     rp.user = &out;
 
-    if (!chat) fwrite(prompt, 1, plen, stdout);
-    fflush(stdout);
-    if (engine_submit(eng, &rp, NULL, err, sizeof err) != LM_OK) fail("run", err);
-    pthread_mutex_lock(&out.mu);
-    while (!out.done) pthread_cond_wait(&out.cv, &out.mu);
-    pthread_mutex_unlock(&out.mu);
+    if (!chat) {
+        out.echo = prompt;
+        out.echo_len = plen;
+    }
+    progress_begin(&out.prog, "run", "prompt", "tokens");
+    if (engine_submit(eng, &rp, NULL, err, sizeof err) != LM_OK) {
+        if (out.echo) fwrite(out.echo, 1, out.echo_len, stdout);
+        fflush(stdout);
+        fail("run", err);
+    }
+    wait_run(eng, &out, n_tok);
     if (out.finish == LM_FINISH_ERROR || out.finish == LM_FINISH_CANCELLED) {
         fflush(stdout);
         fail("run", out.error[0] ? out.error : "generation ended early");
@@ -359,19 +422,24 @@ static void usage_perplexity(FILE *f) {
             "usage: lamina perplexity -m MODEL.gguf -f TEXT [-c CTX] [-t THREADS] [--chunks N] [--kv-type T]\n"
             "Perplexity the way llama.cpp's llama-perplexity measures it: the text is cut into\n"
             "chunks of CTX tokens, each starting with BOS, and only the second half of each chunk\n"
-            "is scored. Prints the running estimate per chunk and the final PPL with its error.\n");
+            "is scored. Prints the running estimate per chunk and the final PPL with its error.\n\n"
+            "  -c, --ctx-size N   tokens per chunk (default 512, or the model's trained context\n"
+            "                     when that is smaller)\n"
+            "      --ctx-extend   allow -c above the model's trained context (with a warning)\n");
 }
 
 static int cmd_perplexity(int argc, char **argv) {
     args a = {argc, argv, 0, "perplexity", usage_perplexity};
     const char *model = NULL, *file = NULL;
-    long long n_ctx = 512, threads = pool_default_threads(), max_chunks = -1;
+    long long n_ctx = 0, threads = pool_default_threads(), max_chunks = -1;
     uint32_t kv_type = LM_TYPE_F16;
+    bool ctx_extend = false;
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
         if (is_flag(&a, "-m", "--model")) model = need_val(&a);
         else if (is_flag(&a, "-f", "--file")) file = need_val(&a);
         else if (is_flag(&a, "-c", "--ctx-size")) n_ctx = need_int(&a, 8, 1 << 24);
+        else if (is_flag(&a, "--ctx-extend", NULL)) ctx_extend = true;
         else if (is_flag(&a, "-t", "--threads")) threads = need_int(&a, 1, 1024);
         else if (is_flag(&a, "--chunks", NULL)) max_chunks = need_int(&a, 1, 1 << 30);
         else if (is_flag(&a, "--kv-type", NULL)) kv_type = need_kv_type(&a);
@@ -384,6 +452,9 @@ static int cmd_perplexity(int argc, char **argv) {
     if (!text) fail("perplexity", rerr);
     lm_model *m = load_or_die("perplexity", model);
     if (!m->tok) fail("perplexity", "the model file has no tokenizer");
+    /* default chunk: 512 tokens, never past the trained context */
+    if (n_ctx == 0) n_ctx = m->hp.n_ctx_train > 0 && m->hp.n_ctx_train < 512 ? m->hp.n_ctx_train : 512;
+    ctx_check("perplexity", "-c", n_ctx, m->hp.n_ctx_train, ctx_extend);
     bool add_bos = tok_add_bos(m->tok);
     int32_t *toks = NULL;
     int n = encode_all(m->tok, text, len, add_bos, false, &toks);
