@@ -86,10 +86,13 @@ static void measure_bandwidth(lm_pool *pool, double *copy_gbs, double *triad_gbs
     j.c = malloc(j.n * sizeof(float));
     *copy_gbs = *triad_gbs = *read_gbs = 0;
     if (!j.a || !j.b || !j.c) goto out;
+    progress prog;
+    progress_begin(&prog, "bench", "memory bandwidth", "passes");
     pool_run(pool, init_worker, &j);
     for (int op = 0; op < 3; op++) {
         double best = 0;
         for (int rep = 0; rep < 5; rep++) {
+            progress_update(&prog, op * 5 + rep, 15);
             j.op = op;
             double t0 = lm_now();
             pool_run(pool, stream_worker, &j);
@@ -100,6 +103,7 @@ static void measure_bandwidth(lm_pool *pool, double *copy_gbs, double *triad_gbs
         }
         *(op == 0 ? copy_gbs : op == 1 ? triad_gbs : read_gbs) = best / 1e9;
     }
+    progress_end(&prog);
 out:
     free(j.a);
     free(j.b);
@@ -129,10 +133,19 @@ static uint64_t weight_bytes_per_token(const lm_model *m) {
     return b;
 }
 
-/* An empty cache, then depth tokens in it (in passes of the batch size). */
+/* An empty cache, then depth tokens in it, in passes of the batch size (the
+ * passes seqrun_forward would make), with progress on a terminal. */
 static int fill_depth(lm_seqrun *sr, int depth, int32_t *toks, char *err, size_t errlen) {
     seqrun_reset(sr);
-    return depth ? seqrun_forward(sr, toks, depth, NULL, false, err, errlen) : 0;
+    progress prog;
+    progress_begin(&prog, "bench", "filling the cache to depth", "tokens");
+    for (int off = 0; off < depth; off += FWD_BATCH_DEFAULT) {
+        progress_update(&prog, off, depth);
+        int k = depth - off < FWD_BATCH_DEFAULT ? depth - off : FWD_BATCH_DEFAULT;
+        if (seqrun_forward(sr, toks + off, k, NULL, false, err, errlen)) return -1;
+    }
+    progress_end(&prog);
+    return 0;
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -215,21 +228,36 @@ int cmd_bench(int argc, char **argv) {
         }
         memset(fwd->prof, 0, sizeof fwd->prof);
         double total = 0;
+        /* progress on a terminal: per repetition for pp, per token for tg;
+         * the time taken to draw it is outside the timed span */
+        char phase[64];
+        snprintf(phase, sizeof phase, "%s%d", test == 0 ? "pp" : "tg", n);
+        progress prog = {0};
         for (int r = 0; r < reps; r++) {
             if (fill_depth(sr, (int)depth, toks, err, sizeof err)) fail("bench", err);
+            if (r == 0) progress_begin(&prog, "bench", phase, test == 0 ? "repetitions" : "tokens");
+            progress_update(&prog, test == 0 ? r : (long long)r * n, test == 0 ? reps : reps * n);
             fwd->profile = profile;
             double t0 = lm_now();
+            double t_prog = 0; /* time spent drawing progress inside the span */
             if (test == 0) {
                 if (seqrun_forward(sr, toks + depth, n, logits, false, err, sizeof err)) fail("bench", err);
             } else {
-                for (int i = 0; i < n; i++)
+                for (int i = 0; i < n; i++) {
                     if (seqrun_forward(sr, toks + depth + i, 1, logits, false, err, sizeof err)) fail("bench", err);
+                    if (prog.on) {
+                        double tp = lm_now();
+                        progress_update(&prog, (long long)r * n + i + 1, reps * n);
+                        t_prog += lm_now() - tp;
+                    }
+                }
             }
-            double dt = lm_now() - t0;
+            double dt = lm_now() - t0 - t_prog;
             fwd->profile = false;
             total += dt;
             v[r] = n / dt;
         }
+        progress_end(&prog);
         double mean, sd;
         stats(v, (int)reps, &mean, &sd);
         char name[64];

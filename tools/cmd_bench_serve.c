@@ -180,6 +180,9 @@ static int run_mode(const lm_model *m, const lm_engine_config *ec, const work_it
     b.itl = malloc((size_t)b.itl_cap * sizeof *b.itl);
     pthread_mutex_init(&b.mu, NULL);
     pthread_cond_init(&b.cv, NULL);
+    /* requests done, on a terminal (drawn under b.mu, at most 4 times a second) */
+    progress prog;
+    progress_begin(&prog, "bench serve", name, "requests done");
     double t0 = lm_now();
     pthread_mutex_lock(&b.mu);
     if (!poisson) {
@@ -199,10 +202,15 @@ static int run_mode(const lm_model *m, const lm_engine_config *ec, const work_it
             }
             submit_one_locked(&b, i);
             b.next = i + 1;
+            progress_update(&prog, b.done, n);
         }
     }
-    while (b.done < n) pthread_cond_wait(&b.cv, &b.mu);
+    while (b.done < n) {
+        pthread_cond_wait(&b.cv, &b.mu);
+        progress_update(&prog, b.done, n);
+    }
     pthread_mutex_unlock(&b.mu);
+    progress_end(&prog);
     double t_end = lm_now();
     lm_engine_stats st;
     engine_stats(e, &st);

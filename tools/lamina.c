@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "text/chat.h"
 #include "cli.h"
@@ -316,6 +317,7 @@ static int cmd_run(int argc, char **argv) {
         out.echo_len = plen;
     }
     progress_begin(&out.prog, "run", "prompt", "tokens");
+    progress_update(&out.prog, 0, n_tok); /* shown at once only when LAMINA_PROGRESS_AFTER is 0 */
     if (engine_submit(eng, &rp, NULL, err, sizeof err) != LM_OK) {
         if (out.echo) fwrite(out.echo, 1, out.echo_len, stdout);
         fflush(stdout);
@@ -480,7 +482,13 @@ static int cmd_perplexity(int argc, char **argv) {
     int first = C / 2;
     fprintf(stderr, "perplexity: %d tokens, %d chunks of %d, scoring the second half of each\n", n, n_chunk, C);
     double t0 = lm_now();
+    /* chunks done, on a terminal; when stdout is the terminal too, the
+     * running estimates printed there are the progress */
+    progress prog;
+    progress_begin(&prog, "perplexity", "chunk", "chunks");
+    prog.on = prog.on && !isatty(1);
     for (int c = 0; c < n_chunk; c++) {
+        progress_update(&prog, c, n_chunk);
         memcpy(chunk, toks + (size_t)c * C, (size_t)C * sizeof(int32_t));
         if (add_bos && tok_bos(m->tok) >= 0) chunk[0] = tok_bos(m->tok);
         seqrun_reset(st);
@@ -498,6 +506,7 @@ static int cmd_perplexity(int argc, char **argv) {
         printf("[%d]%.4f,", c + 1, exp(nll / count));
         fflush(stdout);
     }
+    progress_end(&prog);
     printf("\n");
     double mean = nll / count, mean2 = nll2 / count;
     double ppl = exp(mean);
