@@ -2,8 +2,10 @@
 # End-to-end checks of the lamina command line on the bundled model:
 # the demo's greedy story, seeded sampling, llama2.c import, tokenize (also
 # on the vocabulary-only files of tests/data/vocab), run --chat, where run
-# stops (context, -n), perplexity, info, the --kv-type parser, and the exit
-# codes of bad invocations.
+# stops (context, -n), perplexity, info, the --kv-type parser, the exit
+# codes of bad invocations, the trained-context limit (--ctx-extend) of every
+# command with -c, quantize's fallback warnings and summary, and progress
+# lines on a terminal (under script) but not on a pipe.
 set -u
 cd "$(dirname "$0")/.."
 L=${LAMINA_BIN:-build/lamina}
@@ -155,6 +157,98 @@ for c in run perplexity kv bench serve; do
 done
 # 10. kv: the plan printed agrees with the formula
 "$L" kv -m "$M" -c 128 --seqs 4 >"$T/kv" 2>&1 && grep -q "640 bytes" "$T/kv" && ok kv_plan || bad kv_plan "$(cat "$T/kv")"
+
+
+# 11. the trained context (128 tokens for the bundled model): -c above it is refused (exit 1,
+#     naming the trained context and --ctx-extend) by every command that takes it, and accepted
+#     with --ctx-extend and a warning; defaults stay within it
+refused() { [ "$1" -eq 1 ] && grep -q "above the model's trained context of 128 tokens; pass --ctx-extend" "$T/err"; }
+warned() { grep -q "warning: .* is past the model's trained context of 128 tokens (--ctx-extend)" "$T/err"; }
+"$L" run -m "$M" -p "Once upon a time" -n 4 -c 16777216 >/dev/null 2>"$T/err"; rc=$?
+refused $rc && grep -q -- "-c 16777216" "$T/err" && ok ctx_run_refused || bad ctx_run_refused "rc=$rc" "$(cat "$T/err")"
+"$L" run -m "$M" -p "Once upon a time" -n 4 -c 256 --ctx-extend --temp 0 >/dev/null 2>"$T/err"; rc=$?
+[ $rc -eq 0 ] && warned && ok ctx_run_extend || bad ctx_run_extend "rc=$rc" "$(cat "$T/err")"
+"$L" run -m "$M" -p "Once upon a time" -n 4 -c 128 >/dev/null 2>"$T/err"; rc=$?
+[ $rc -eq 0 ] && ! grep -q "trained context" "$T/err" && ok ctx_run_at_limit || bad ctx_run_at_limit "rc=$rc" "$(cat "$T/err")"
+"$L" perplexity -m "$M" -f "$T/text.txt" -c 256 >/dev/null 2>"$T/err"; rc=$?
+refused $rc && ok ctx_perplexity_refused || bad ctx_perplexity_refused "rc=$rc" "$(cat "$T/err")"
+"$L" perplexity -m "$M" -f "$T/text.txt" -c 256 --ctx-extend >"$T/out" 2>"$T/err"; rc=$?
+[ $rc -eq 0 ] && warned && grep -q "chunks of 256" "$T/err" && grep -q "PPL = " "$T/out" && ok ctx_perplexity_extend ||
+    bad ctx_perplexity_extend "rc=$rc" "$(cat "$T/err")"
+# perplexity's default chunk is 512 tokens, or the trained context when smaller
+"$L" perplexity -m "$M" -f "$T/text.txt" >"$T/out" 2>"$T/err"; rc=$?
+[ $rc -eq 0 ] && grep -q "chunks of 128, scoring" "$T/err" && ! grep -q "trained context" "$T/err" &&
+    grep -q "PPL = " "$T/out" && ok perplexity_default_ctx || bad perplexity_default_ctx "rc=$rc" "$(cat "$T/err")"
+"$L" bench -m "$M" -d 100000 -r 1 --no-bw >/dev/null 2>"$T/err"; rc=$?
+refused $rc && grep -q -- "-d 100000 + -p 512 = 100512" "$T/err" && ok ctx_bench_depth_refused ||
+    bad ctx_bench_depth_refused "rc=$rc" "$(cat "$T/err")"
+"$L" bench -m "$M" -p 200 -n 0 -r 1 --no-bw >/dev/null 2>"$T/err"; rc=$?
+refused $rc && grep -q -- "-p 200 is above" "$T/err" && ok ctx_bench_p_refused || bad ctx_bench_p_refused "rc=$rc" "$(cat "$T/err")"
+"$L" bench -m "$M" -p 200 -n 0 -r 1 --no-bw --ctx-extend >"$T/out" 2>"$T/err"; rc=$?
+[ $rc -eq 0 ] && warned && grep -q "| pp200 |" "$T/out" && ok ctx_bench_extend || bad ctx_bench_extend "rc=$rc" "$(cat "$T/err")"
+# bench's defaults (-p 512, -n 128) shrink to what the trained context leaves after -d
+"$L" bench -m "$M" -d 100 -r 1 --no-bw >"$T/out" 2>"$T/err"; rc=$?
+[ $rc -eq 0 ] && grep -q "| pp28 @ d100 |" "$T/out" && grep -q "| tg28 @ d100 |" "$T/out" && ! grep -q "trained" "$T/err" &&
+    ok bench_default_fits_ctx || bad bench_default_fits_ctx "rc=$rc" "$(cat "$T/out" "$T/err")"
+"$L" kv -m "$M" -c 4096 >/dev/null 2>"$T/err"; rc=$?
+refused $rc && ok ctx_kv_refused || bad ctx_kv_refused "rc=$rc" "$(cat "$T/err")"
+"$L" kv -m "$M" -c 4096 --ctx-extend >"$T/out" 2>"$T/err"; rc=$?
+[ $rc -eq 0 ] && warned && grep -q "1 sequence of 4096 tokens" "$T/out" && ok ctx_kv_extend || bad ctx_kv_extend "rc=$rc" "$(cat "$T/err")"
+"$L" bench serve -m "$M" -c 1024 --requests 2 --modes continuous >/dev/null 2>"$T/err"; rc=$?
+refused $rc && ok ctx_bench_serve_refused || bad ctx_bench_serve_refused "rc=$rc" "$(cat "$T/err")"
+"$L" bench serve -m "$M" -c 256 --ctx-extend --requests 2 --modes continuous -t 1 >"$T/out" 2>"$T/err"; rc=$?
+[ $rc -eq 0 ] && warned && grep -q "^continuous" "$T/out" && ok ctx_bench_serve_extend || bad ctx_bench_serve_extend "rc=$rc" "$(cat "$T/err")"
+"$L" serve -m "$M" --port 0 -t 1 -c 16777216 >/dev/null 2>"$T/err"; rc=$?
+refused $rc && ok ctx_serve_refused || bad ctx_serve_refused "rc=$rc" "$(cat "$T/err")"
+timeout -s INT 5 "$L" serve -m "$M" --port 0 -t 1 -c 256 --ctx-extend >/dev/null 2>"$T/err"
+warned && grep -q "ready in .* (context 256)" "$T/err" && ok ctx_serve_extend || bad ctx_serve_extend "$(cat "$T/err")"
+
+# 12. quantize to Q4_K: the bundled model's rows are 64 wide (172 for ffn_down), so nothing
+#     fits Q4_K's 256-element blocks: one warning per fallback with the reason, and a summary
+#     whose numbers agree with lamina info of the output
+"$L" quantize "$M" "$T/q4k.gguf" Q4_K >/dev/null 2>"$T/err"; rc=$?
+"$L" info -m "$T/q4k.gguf" >"$T/qinfo" 2>&1
+wb=$(sed -n 's/^weight bytes: *\([0-9]*\) .*/\1/p' "$T/qinfo")
+np=$(sed -n 's/^parameters: *\([0-9]*\) .*/\1/p' "$T/qinfo")
+bpw=$(awk -v b="$wb" -v n="$np" 'BEGIN{printf "%.2f", 8 * b / n}')
+[ $rc -eq 0 ] &&
+    grep -qx "quantize: warning: 32 tensors kept as Q8_0 instead of Q4_K: row length 64 is not a multiple of Q4_K's block of 256" "$T/err" &&
+    grep -qx "quantize: warning: 5 tensors kept as F16 instead of Q4_K: row length 172 is not a multiple of Q4_K's block of 256" "$T/err" &&
+    [ "$(grep -c "quantize: warning" "$T/err")" -eq 2 ] &&
+    grep -q "^tensor types: *F32 x11 F16 x5 Q8_0 x32 (48 tensors)" "$T/qinfo" &&
+    grep -Eq "^  F32 +11 tensors " "$T/err" && grep -Eq "^  F16 +5 tensors .* 16.00 bits/weight" "$T/err" &&
+    grep -Eq "^  Q8_0 +32 tensors .* 8.50 bits/weight" "$T/err" &&
+    grep -Eq "^  total +48 tensors +$wb bytes .* $bpw bits/weight, $np weights" "$T/err" &&
+    ok quantize_fallback_summary || bad quantize_fallback_summary "rc=$rc wb=$wb np=$np bpw=$bpw" "$(tail -9 "$T/err")" "$(cat "$T/qinfo")"
+# no fallback, no warning (Q8_0 fits rows of 64 but not 172: one warning)
+"$L" quantize "$M" "$T/q8.gguf" F16 >/dev/null 2>"$T/err"; rc=$?
+[ $rc -eq 0 ] && ! grep -q warning "$T/err" && grep -Eq "^  total +48 tensors " "$T/err" && ok quantize_no_fallback ||
+    bad quantize_no_fallback "rc=$rc" "$(tail -5 "$T/err")"
+
+# 13. progress on a terminal: under a pseudo-terminal (script) with LAMINA_PROGRESS_AFTER=0
+#     (no delay), run's prefill, perplexity's chunks, bench's depth fill, pp and tg and
+#     bench serve's modes draw a line rewritten in place (\r); with stderr not a terminal,
+#     nothing of it
+if command -v script >/dev/null 2>&1; then
+    tty_run() { LAMINA_PROGRESS_AFTER=0 script -qec "$1" /dev/null >"$T/tty" 2>&1 </dev/null; }
+    tty_run "$L run -m $M -f $T/story.txt -n 2 --temp 0"
+    grep -aq $'\r\e\\[Krun: prompt 0/[0-9]* tokens (0%)' "$T/tty" && ok progress_run_tty || bad progress_run_tty "$(od -c "$T/tty" | head -5)"
+    tty_run "$L perplexity -m $M -f $T/text.txt -c 64 >$T/out"
+    grep -aq $'\r\e\\[Kperplexity: chunk 0/[0-9]* chunks (0%)' "$T/tty" && ok progress_perplexity_tty ||
+        bad progress_perplexity_tty "$(od -c "$T/tty" | head -5)"
+    tty_run "$L bench -m $M -d 64 -p 32 -n 8 -r 2 --no-bw >$T/out"
+    grep -aq "bench: filling the cache to depth 0/64 tokens" "$T/tty" && grep -aq "bench: pp32 0/2 repetitions" "$T/tty" &&
+        grep -aq "bench: tg8 0/16 tokens (0%)" "$T/tty" && ok progress_bench_tty || bad progress_bench_tty "$(tr '\r' '\n' <"$T/tty")"
+    tty_run "$L bench serve -m $M --requests 4 --modes continuous -t 1 >$T/out"
+    grep -aq "bench serve: continuous [0-9]/4 requests done" "$T/tty" && ok progress_bench_serve_tty ||
+        bad progress_bench_serve_tty "$(tr '\r' '\n' <"$T/tty")"
+    LAMINA_PROGRESS_AFTER=0 "$L" run -m "$M" -f "$T/story.txt" -n 2 --temp 0 >/dev/null 2>"$T/err"
+    LAMINA_PROGRESS_AFTER=0 "$L" bench -m "$M" -d 64 -p 32 -n 8 -r 2 --no-bw >/dev/null 2>>"$T/err"
+    LAMINA_PROGRESS_AFTER=0 "$L" perplexity -m "$M" -f "$T/text.txt" -c 64 >/dev/null 2>>"$T/err"
+    ! grep -q $'\r' "$T/err" && ! grep -q "repetitions\|chunk 0/" "$T/err" && ok progress_not_on_pipe || bad progress_not_on_pipe "$(cat -A "$T/err" | head)"
+else
+    echo "SKIP progress (no script command)"
+fi
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
