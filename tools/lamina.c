@@ -167,16 +167,17 @@ static void run_event(void *user, const lm_event *ev) {
  * (it runs this one request alone). The engine's stats are read outside
  * o->mu: the engine thread holds its own lock while it calls run_event. */
 static void wait_run(lm_engine *eng, run_out *o, int n_tok) {
+    bool poll = o->prog.on; /* until the prefill is over */
     for (;;) {
         lm_engine_stats st;
-        bool poll = o->prog.on;
         if (poll) engine_stats(eng, &st);
         pthread_mutex_lock(&o->mu);
         if (o->done) {
             pthread_mutex_unlock(&o->mu);
             return;
         }
-        if (poll && !o->prefilled)
+        if (o->prefilled) poll = false;
+        if (poll)
             progress_update(&o->prog, (long long)(st.batch_tokens_total < (uint64_t)n_tok ? st.batch_tokens_total
                                                                                             : (uint64_t)n_tok),
                             n_tok);
