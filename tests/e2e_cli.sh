@@ -117,6 +117,8 @@ done
 # generation that reaches the context end stops with a note
 "$L" run -m "$M" -p "Once upon a time" -n 500 --temp 0 >/dev/null 2>"$T/err"; rc=$?
 [ $rc -eq 0 ] && grep -q "context of 128 tokens is full" "$T/err" && ok context_full_stops || bad context_full_stops "rc=$rc" "$(cat "$T/err")"
+grep -q "the model's trained context; -c above it needs --ctx-extend" "$T/err" && ok context_full_names_trained ||
+    bad context_full_names_trained "$(cat "$T/err")"
 # run is one request to the engine: a full context holds every position, and the token
 # sampled from the last one ends the text (prompt 5 + 36 = 41 tokens with -c 40); the same
 # with -n -1 and --ignore-eos; -n N stops at N first without a note; -n 0 echoes the prompt

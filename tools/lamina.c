@@ -345,7 +345,9 @@ static int cmd_run(int argc, char **argv) {
         free(out.gen_ids);
     }
     if (ctx_full)
-        fprintf(stderr, "lamina run: stopped: the context of %d tokens is full (use -c for more)\n", (int)n_ctx);
+        fprintf(stderr, "lamina run: stopped: the context of %d tokens is full (%s)\n", (int)n_ctx,
+                n_ctx < m->hp.n_ctx_train ? "use -c for more"
+                                          : "the model's trained context; -c above it needs --ctx-extend");
     fprintf(stderr, "load %.3f s | prompt %d tok, %.1f tok/s | generated %d tok, %.1f tok/s | threads %d\n", t_load,
             n_tok, t_prompt > 0 ? n_tok / t_prompt : 0.0, n_gen, t_gen > 0 && n_gen > 1 ? (n_gen - 1) / t_gen : 0.0,
             (int)threads);
