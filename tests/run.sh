@@ -6,6 +6,11 @@ set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 export LAMINA_BIN="$BUILD/lamina"
+# A test's output is captured into a log; what it writes to descriptor 3
+# (LAMINA_INSTALL_FD) reaches this script's stderr at once: pip's progress
+# while the end-to-end tests install their PyPI packages on a first run.
+exec 3>&2
+export LAMINA_INSTALL_FD=3
 passed=0 failed=0 skipped=0
 run_one() {
     local name=$1; shift
