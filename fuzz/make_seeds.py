@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Write the seed corpora of fuzz_chat and fuzz_convert into fuzz/seeds/.
+
+Run from the repository root: python3 fuzz/make_seeds.py. The files are
+committed; rerunning rewrites them identically (no randomness).
+
+fuzz_chat: byte 0 options, then NUL-separated template, role, content, ...
+  Seeds: every template in tests/data/chat/templates with a short
+  conversation, plus a few odd conversations (invalid UTF-8, unknown roles,
+  no messages, a dangling role).
+fuzz_convert: 4-byte little-endian checkpoint length, checkpoint, tokenizer.
+  Seeds: a tiny valid llama2.c checkpoint (dim 8, 1 layer) with tied and with
+  separate classifiers, with grouped-query attention, and truncated or
+  corrupted variants of each part.
+"""
+import os
+import struct
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SEEDS = os.path.join(ROOT, "fuzz", "seeds")
+
+
+def write(target, name, data):
+    d = os.path.join(SEEDS, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+def chat_input(opt, template, msgs):
+    parts = [template]
+    for role, content in msgs:
+        parts += [role, content]
+    return bytes([opt]) + b"\0".join(parts)
+
+
+CONV = [(b"system", b"You are terse."), (b"user", b"Hello!"), (b"assistant", b"Hi."),
+        (b"user", b"What is 2+2?")]
+
+
+def chat_seeds():
+    tdir = os.path.join(ROOT, "tests", "data", "chat", "templates")
+    for i, name in enumerate(sorted(os.listdir(tdir))):
+        with open(os.path.join(tdir, name), "rb") as f:
+            text = f.read()
+        write("fuzz_chat", "tmpl_" + name.replace(".jinja", ""), chat_input((2 * i + 1) & 0xff, text, CONV))
+    write("fuzz_chat", "name_chatml", chat_input(1, b"chatml", CONV[1:]))
+    write("fuzz_chat", "name_llama3_nomsg", chat_input(6, b"llama3", []))
+    write("fuzz_chat", "bad_utf8", chat_input(3, b"{{ '<|im_start|>' }}",
+                                              [(b"user", b"\xff\xfe\xc3(\xe2\x82"), (b"\x80role", b"x")]))
+    write("fuzz_chat", "odd_roles", chat_input(8, b"[INST] <<SYS>>",
+                                               [(b"tool", b"t"), (b"", b""), (b"assistant", b"a"),
+                                                (b"system", b"late system")]))
+    write("fuzz_chat", "dangling_role", b"\x05<start_of_turn>\0user")
+
+
+def checkpoint(dim=8, hidden=16, layers=1, heads=2, kv=2, vocab=8, seq=4, shared=True):
+    hs = dim // heads
+    floats = (vocab * dim + layers * dim + layers * heads * hs * dim + 2 * layers * kv * hs * dim +
+              layers * dim * heads * hs + layers * dim + 2 * layers * hidden * dim + layers * dim * hidden +
+              dim + 2 * seq * (hs // 2) + (0 if shared else vocab * dim))
+    head = struct.pack("<7i", dim, hidden, layers, heads, kv, vocab if shared else -vocab, seq)
+    # Deterministic small values, exact in float32.
+    body = struct.pack("<%df" % floats, *[((i % 17) - 8) / 16.0 for i in range(floats)])
+    return head + body
+
+
+PIECES = [b"<unk>", b"\n<s>\n", b"\n</s>\n", b"<0x0A>", b" a", b"b", b"", b"hello"]
+
+
+def tokenizer(pieces=PIECES):
+    out = struct.pack("<i", max(len(p) for p in pieces))
+    for i, p in enumerate(pieces):
+        out += struct.pack("<fi", -float(i), len(p)) + p
+    return out
+
+
+def convert_input(ckpt, tok):
+    return struct.pack("<I", len(ckpt)) + ckpt + tok
+
+
+def convert_seeds():
+    tok = tokenizer()
+    tied = checkpoint()
+    write("fuzz_convert", "ok_tied", convert_input(tied, tok))
+    write("fuzz_convert", "ok_separate", convert_input(checkpoint(shared=False), tok))
+    write("fuzz_convert", "ok_gqa", convert_input(checkpoint(heads=2, kv=1), tok))
+    write("fuzz_convert", "ckpt_truncated", convert_input(tied[:-5], tok))
+    write("fuzz_convert", "ckpt_header_only", convert_input(tied[:28], tok))
+    write("fuzz_convert", "ckpt_trailing", convert_input(tied + b"\0\0\0\0", tok))
+    write("fuzz_convert", "tok_truncated", convert_input(tied, tok[:-3]))
+    write("fuzz_convert", "tok_short_vocab", convert_input(tied, tokenizer(PIECES[:5])))
+    write("fuzz_convert", "tok_bad_len", convert_input(tied, tok[:8] + struct.pack("<i", -1) + tok[12:]))
+    bad = bytearray(tied)
+    bad[12:16] = struct.pack("<i", 3)  # n_heads 3 does not divide dim 8
+    write("fuzz_convert", "ckpt_bad_heads", convert_input(bytes(bad), tok))
+
+
+if __name__ == "__main__":
+    chat_seeds()
+    convert_seeds()
