@@ -12,6 +12,10 @@ fuzz_convert: 4-byte little-endian checkpoint length, checkpoint, tokenizer.
   Seeds: a tiny valid llama2.c checkpoint (dim 8, 1 layer) with tied and with
   separate classifiers, with grouped-query attention, and truncated or
   corrupted variants of each part.
+fuzz_request: byte 0 picks the route (bit 0: chat), then the body; these
+  add limits and odd values to the hand-written seeds already there.
+fuzz_gguf: the malformed files of tests/data/gguf_bad under 1 KiB (copied as
+  bad_<name>), beside the valid ones already in fuzz/seeds/fuzz_gguf.
 """
 import os
 import struct
@@ -96,6 +100,39 @@ def convert_seeds():
     write("fuzz_convert", "ckpt_bad_heads", convert_input(bytes(bad), tok))
 
 
+def gguf_seeds():
+    bdir = os.path.join(ROOT, "tests", "data", "gguf_bad")
+    for name in sorted(os.listdir(bdir)):
+        path = os.path.join(bdir, name)
+        if name.endswith(".gguf") and os.path.getsize(path) <= 1024:
+            with open(path, "rb") as f:
+                write("fuzz_gguf", "bad_" + name, f.read())
+
+
+REQUESTS = {
+    "gen_empty_body": (0, b""),
+    "gen_limits": (0, b'{"prompt":"x","max_tokens":2147483648,"temperature":1e309,"top_p":-0.0,'
+                      b'"top_k":-1,"min_p":2,"seed":18446744073709551616,"n":1,"logprobs":5}'),
+    "gen_sampling": (0, b'{"prompt":"Once","max_tokens":4,"temperature":0.7,"top_k":40,"min_p":0.05,'
+                        b'"repetition_penalty":1.1,"presence_penalty":0.5,"frequency_penalty":0.5,'
+                        b'"logit_bias":{"5":-100,"x":1},"stop":["a","b","c","d","e"],"ignore_eos":true,'
+                        b'"echo":false,"stream":true,"stream_options":{"include_usage":true}}'),
+    "gen_lone_surrogate": (0, b'{"prompt":"\\ud800 \\udfff","suffix":null,"best_of":1}'),
+    "chat_options": (1, b'{"messages":[{"role":"developer","content":"d"},{"role":"user","content":'
+                        b'[{"type":"text","text":"hi"}]}],"max_completion_tokens":3,"top_logprobs":2,'
+                        b'"response_format":{"type":"text"},"priority":-5,"user":"u","model":"m"}'),
+    "chat_tools": (1, b'{"messages":[{"role":"user","content":"x"}],"tools":[],"functions":[]}'),
+    "chat_bad_role": (3, b'{"messages":[{"role":"wizard","content":"x"},{"content":"no role"}]}'),
+}
+
+
+def request_seeds():
+    for name, (opt, body) in REQUESTS.items():
+        write("fuzz_request", name, bytes([opt]) + body)
+
+
 if __name__ == "__main__":
+    gguf_seeds()
+    request_seeds()
     chat_seeds()
     convert_seeds()
