@@ -107,6 +107,9 @@ asan:
 	    LDFLAGS="-fsanitize=address,undefined" all
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 LAMINA_ASAN=1 BUILD=build/asan bash tests/run.sh
 
+# Fuzzing: every fuzz/fuzz_*.c for FUZZ_SECONDS each, starting from its
+# committed seeds in fuzz/seeds/<target> (python3 fuzz/make_seeds.py rewrites
+# the generated ones) plus what earlier runs found in build/fuzz/corpus/<target>.
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := $(patsubst fuzz/%.c,%,$(wildcard fuzz/fuzz_*.c))
 fuzz:

@@ -21,9 +21,14 @@
 #include <string.h>
 
 #include "base/util.h"
+#include "format/gguf.h"
 #include "text/chat.h"
+#include "text/tokenizer.h"
 
 enum { MAX_MSGS = 16, MAX_FIELDS = 1 + 2 * MAX_MSGS };
+
+static gguf_ctx *model;
+static lm_tokenizer *tok;
 
 static void check(int rc, char *out, const char *err) {
     if (rc == 0) {
@@ -39,6 +44,11 @@ static void check(int rc, char *out, const char *err) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (!model) {
+        char e[256];
+        if (!(model = gguf_open("models/stories260K.gguf", e, sizeof e))) abort();
+        if (!(tok = tok_load(model, e, sizeof e))) abort();
+    }
     if (size < 1) return 0;
     uint8_t opt = data[0];
     /* One NUL-terminated copy, split in place at its NUL bytes. */
@@ -79,6 +89,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     err[0] = '\0';
     out = (char *)1;
     check(chat_render(family, msgs, n, gen, "<s>", "</s>", &out, err, sizeof err), out, err);
+
+    lm_chat_template t;
+    err[0] = '\0';
+    int rc = chat_template_resolve(&t, model, NULL, tmpl, err, sizeof err);
+    if (rc == CHAT_OK) {
+        if ((t.family < 0) == (t.text == NULL)) abort();
+        bool add_bos;
+        err[0] = '\0';
+        out = (char *)1;
+        check(chat_apply(t.family, t.text, tok, msgs, n, &out, &add_bos, err, sizeof err), out, err);
+        chat_template_free(&t);
+    } else if (rc != CHAT_ERR || err[0] == '\0' || t.family != -1 || t.text) {
+        abort();
+    }
     free(buf);
     return 0;
 }
