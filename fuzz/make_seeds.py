@@ -14,6 +14,9 @@ fuzz_convert: 4-byte little-endian checkpoint length, checkpoint, tokenizer.
   corrupted variants of each part.
 fuzz_request: byte 0 picks the route (bit 0: chat), then the body; these
   add limits and odd values to the hand-written seeds already there.
+fuzz_tokenize: byte 0 picks the tokenizer (bit 0: GPT-2 BPE, else
+  SentencePiece) and flags, then the text; these add whitespace runs,
+  byte-fallback text, special-token look-alikes and contractions.
 fuzz_gguf: the malformed files of tests/data/gguf_bad under 1 KiB (copied as
   bad_<name>), beside the valid ones already in fuzz/seeds/fuzz_gguf.
 """
@@ -126,6 +129,21 @@ REQUESTS = {
 }
 
 
+TEXTS = {
+    "spaces_sp": (0, b"  a\t\tb \n\n\n   c   "),
+    "spaces_bpe": (1, b"  a\t\tb \n\n\n   c   "),
+    "bytes_sp": (6, "日本語 😀́ \x00".encode() + b"\xc0\xaf\xed\xa0\x80"),
+    "contractions_bpe": (3, b"I'm we'll they've 'S 123456789 ____ ..."),
+    "specials_bpe": (7, b"<|endoftext|>x<|endoftext|<s></s><unk><0x41>"),
+    "specials_sp": (30, b"<s>Once</s><unk> <0x0A><0xZZ>"),
+}
+
+
+def tokenize_seeds():
+    for name, (opt, text) in TEXTS.items():
+        write("fuzz_tokenize", name, bytes([opt]) + text)
+
+
 def request_seeds():
     for name, (opt, body) in REQUESTS.items():
         write("fuzz_request", name, bytes([opt]) + body)
@@ -134,5 +152,6 @@ def request_seeds():
 if __name__ == "__main__":
     gguf_seeds()
     request_seeds()
+    tokenize_seeds()
     chat_seeds()
     convert_seeds()
