@@ -70,15 +70,6 @@ void safefile_remove_temps(void) {
 
 void safefile_fail_after(long n) { atomic_store(&fail_after, n < 0 ? -1 : n); }
 
-static char *dup_str(const char *s, size_t n) {
-    char *d = lm_malloc(n + 1);
-    if (d) {
-        memcpy(d, s, n);
-        d[n] = 0;
-    }
-    return d;
-}
-
 static const char *kind_of(mode_t m) {
     if (S_ISDIR(m)) return "a directory";
     if (S_ISCHR(m) || S_ISBLK(m)) return "a device";
@@ -103,10 +94,10 @@ static int resolve(safefile *f, const char *path, struct stat *st, bool *exists,
     if (lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode)) {
         char *real = realpath(path, NULL);
         if (!real) return lm_err(err, errlen, "%s: a symbolic link that cannot be followed: %s", path, strerror(errno));
-        f->dest = dup_str(real, strlen(real));
+        f->dest = lm_strndup(real, strlen(real));
         free(real);
     } else {
-        f->dest = dup_str(path, strlen(path));
+        f->dest = lm_strndup(path, strlen(path));
     }
     if (!f->dest) return lm_err(err, errlen, "%s: out of memory", path);
     if (stat(f->dest, st) == 0) {
@@ -118,8 +109,8 @@ static int resolve(safefile *f, const char *path, struct stat *st, bool *exists,
         return lm_err(err, errlen, "%s: cannot create the output there: %s", path, strerror(errno));
     }
     const char *slash = strrchr(f->dest, '/');
-    if (!slash) f->dir = dup_str(".", 1);
-    else f->dir = dup_str(f->dest, slash == f->dest ? 1 : (size_t)(slash - f->dest));
+    if (!slash) f->dir = lm_strndup(".", 1);
+    else f->dir = lm_strndup(f->dest, slash == f->dest ? 1 : (size_t)(slash - f->dest));
     if (!f->dir) return lm_err(err, errlen, "%s: out of memory", path);
     return 0;
 }
@@ -173,7 +164,7 @@ safefile *safefile_create(const char *path, char *err, size_t errlen) {
     if (env && *env) safefile_fail_after(strtol(env, NULL, 10));
     safefile *f = lm_calloc(1, sizeof *f);
     if (f) f->slot = -1;
-    if (!f || !(f->path = dup_str(path, strlen(path)))) {
+    if (!f || !(f->path = lm_strndup(path, strlen(path)))) {
         lm_free(f);
         lm_err(err, errlen, "%s: out of memory", path);
         return NULL;

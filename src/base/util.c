@@ -59,6 +59,14 @@ float lm_f16_to_f32(uint16_t h) {
     return f;
 }
 
+char *lm_strndup(const char *s, size_t n) {
+    char *d = lm_malloc(n + 1);
+    if (!d) return NULL;
+    memcpy(d, s, n);
+    d[n] = 0;
+    return d;
+}
+
 uint16_t lm_f32_to_f16(float f) {
     uint32_t x;
     memcpy(&x, &f, 4);

@@ -30,6 +30,9 @@ void *lm_malloc(size_t n);
 void *lm_calloc(size_t count, size_t size);
 void *lm_realloc(void *p, size_t n);
 void lm_free(void *p);
+/* The n bytes at s (need not be NUL-terminated) as a new NUL-terminated
+ * string from lm_malloc, or NULL when memory runs out. */
+char *lm_strndup(const char *s, size_t n);
 void lm_alloc_fail_after(long n);
 
 /* Overflow-safe arithmetic: return false (and leave *out unspecified) when the

@@ -877,15 +877,6 @@ static int wfail(gguf_writer *w, const char *fmt, ...) {
     return -1;
 }
 
-static char *dup_cstr(const char *s, size_t n) {
-    char *d = lm_malloc(n + 1);
-    if (d) {
-        memcpy(d, s, n);
-        d[n] = 0;
-    }
-    return d;
-}
-
 static int64_t wfind(const gguf_writer *w, const char *key) {
     for (size_t i = 0; i < w->n_kv; i++)
         if (strcmp(w->kv[i].key, key) == 0) return (int64_t)i;
@@ -916,7 +907,7 @@ static int wset(gguf_writer *w, const char *key, uint32_t type, uint8_t *val, si
         w->kv = nk;
         w->cap_kv = cap;
     }
-    char *k = dup_cstr(key, strlen(key));
+    char *k = lm_strndup(key, strlen(key));
     if (!k) {
         lm_free(val);
         return wfail(w, "out of memory adding key '%s'", key);
@@ -998,7 +989,7 @@ int gguf_w_set_arr_str(gguf_writer *w, const char *key, const char *const *strs,
 int gguf_w_copy_kv(gguf_writer *w, const gguf_ctx *src, int64_t i) {
     if (!src || i < 0 || i >= src->n_kv) return wfail(w, "copy of kv %" PRId64 ": no such kv", i);
     const kv_entry *e = &src->kv[i];
-    char *key = dup_cstr(e->key.ptr, (size_t)e->key.len); /* keys hold no NUL: checked on open */
+    char *key = lm_strndup(e->key.ptr, (size_t)e->key.len); /* keys hold no NUL: checked on open */
     if (!key) return wfail(w, "out of memory copying kv %" PRId64, i);
     int rc = wset_bytes(w, key, e->type, e->val, (size_t)e->val_len);
     lm_free(key);
@@ -1054,7 +1045,7 @@ int gguf_w_add_tensor(gguf_writer *w, const char *name, uint32_t n_dims, const u
     }
     wtensor *t = &w->t[w->n_t];
     memset(t, 0, sizeof *t);
-    t->name = dup_cstr(name, len);
+    t->name = lm_strndup(name, len);
     if (!t->name) return wfail(w, "out of memory adding tensor '%s'", name);
     t->n_dims = n_dims;
     t->type = type;

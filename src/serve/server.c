@@ -268,13 +268,7 @@ void server_config_default(lm_server_config *c) {
     c->max_connections = 512;
 }
 
-static char *dup_or_null(const char *s) {
-    if (!s) return NULL;
-    size_t n = strlen(s);
-    char *d = lm_malloc(n + 1);
-    if (d) memcpy(d, s, n + 1);
-    return d;
-}
+static char *dup_or_null(const char *s) { return s ? lm_strndup(s, strlen(s)) : NULL; }
 
 static void free_strings(lm_server *s) {
     lm_free(s->host);

@@ -111,14 +111,6 @@ static int get_bool(const cJSON *obj, const char *name, bool *out, lm_server_err
     return 1;
 }
 
-static char *dup_str(const char *s, size_t n) {
-    char *d = lm_malloc(n + 1);
-    if (!d) return NULL;
-    memcpy(d, s, n);
-    d[n] = 0;
-    return d;
-}
-
 static int oom(lm_server_error *e) {
     return server_error(e, 500, "server_error", NULL, NULL, "out of memory while parsing the request");
 }
@@ -190,7 +182,7 @@ static int parse_stop(const cJSON *root, lm_server_request *r, lm_server_error *
         size_t n = strlen(one->valuestring);
         if (n > SERVER_MAX_STOP_LEN) return BAD("stop", "a stop string may be at most %d bytes", SERVER_MAX_STOP_LEN);
         if (n == 0) continue;
-        if (!(r->stops[r->p.n_stop] = dup_str(one->valuestring, n))) return oom(e);
+        if (!(r->stops[r->p.n_stop] = lm_strndup(one->valuestring, n))) return oom(e);
         r->p.n_stop++;
     }
     return 0;
@@ -323,7 +315,7 @@ static int parse_prompt(const lm_server_parse_ctx *c, const cJSON *root, lm_serv
         if (cJSON_IsString(one)) {
             size_t len = strlen(one->valuestring);
             n = encode(c->tok, one->valuestring, len, bos, &ids, e);
-            if (n >= 0 && r->echo && !(echo = dup_str(one->valuestring, len))) n = oom(e);
+            if (n >= 0 && r->echo && !(echo = lm_strndup(one->valuestring, len))) n = oom(e);
         } else if (cJSON_IsArray(one) && (one == p || all_of(one, cJSON_Number))) {
             n = token_array(one, n_vocab, "prompt", &ids, e);
             if (n >= 0 && r->echo && !(echo = detokenize(c->tok, ids, n))) n = oom(e);
@@ -349,7 +341,7 @@ static char *message_content(const cJSON *m, int i, lm_server_error *e) {
     const cJSON *c = field(m, "content");
     if (!c || cJSON_IsString(c)) {
         const char *t = c ? c->valuestring : "";
-        char *s = dup_str(t, strlen(t));
+        char *s = lm_strndup(t, strlen(t));
         if (!s) oom(e);
         return s;
     }
@@ -468,7 +460,7 @@ static int add_chat_stop(const lm_server_parse_ctx *c, lm_server_request *r, lm_
     if (id >= 0 && tok_is_eog(c->tok, id)) return 0;
     for (int i = 0; i < r->p.n_stop; i++)
         if (!strcmp(r->stops[i], marker)) return 0;
-    if (!(r->stops[r->p.n_stop] = dup_str(marker, strlen(marker)))) return oom(e);
+    if (!(r->stops[r->p.n_stop] = lm_strndup(marker, strlen(marker)))) return oom(e);
     r->p.n_stop++;
     return 0;
 }

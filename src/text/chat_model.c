@@ -22,15 +22,6 @@ static const struct {
     {"gemma3", "gemma"},
 };
 
-static char *dup_n(const char *s, size_t n) {
-    char *d = lm_malloc(n + 1);
-    if (!d)
-        return NULL;
-    memcpy(d, s, n);
-    d[n] = '\0';
-    return d;
-}
-
 static int fallback_family(const gguf_ctx *g) {
     gguf_str a;
     if (!g || !gguf_get_str(g, "general.architecture", &a))
@@ -44,7 +35,7 @@ static int fallback_family(const gguf_ctx *g) {
 /* Take a template text (copied) whose family must be detected. */
 static int take_text(lm_chat_template *t, const char *text, size_t len, lm_chat_source src, char *err,
                      size_t errlen) {
-    char *copy = dup_n(text, len);
+    char *copy = lm_strndup(text, len);
     if (!copy)
         return lm_err(err, errlen, "out of memory reading the chat template");
     if (chat_detect(copy) < 0) {
@@ -93,7 +84,7 @@ void chat_template_free(lm_chat_template *t) {
 static char *piece_text(const lm_tokenizer *tok, int32_t id) {
     size_t len = 0;
     const char *p = id >= 0 ? tok_piece(tok, id, &len) : NULL;
-    return dup_n(p ? p : "", p ? len : 0);
+    return lm_strndup(p ? p : "", p ? len : 0);
 }
 
 int chat_apply(int family, const char *text, const lm_tokenizer *tok, const lm_chat_msg *msgs, int n,
