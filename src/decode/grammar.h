@@ -1,0 +1,82 @@
+/*
+ * grammar.h - grammar-constrained decoding: GBNF grammars, a byte-level
+ * parser state per sequence, and the mask of tokens that may come next.
+ *
+ * Three objects, by lifetime:
+ *
+ *   lm_grammar  a compiled GBNF grammar (immutable after grammar_parse;
+ *               shared by every sequence that uses it).
+ *   lm_gvocab   what can be computed once per vocabulary: every token's
+ *               bytes (as tok_token_bytes gives them, specials included),
+ *               a byte trie over them, which tokens end generation (EOG).
+ *   lm_gmatch   one sequence's parse state over (grammar, vocabulary):
+ *               the set of positions the bytes so far may have reached,
+ *               and a cache of masks per state. Copyable (n > 1 forks),
+ *               resettable and replayable (preemption recomputes by
+ *               accepting the same tokens again).
+ *
+ * GBNF as llama.cpp's users write it: `name ::= alternatives`, `|`,
+ * grouping `( )`, `*` `+` `?` `{m}` `{m,}` `{m,n}`, literals "..." with
+ * escapes (\n \t \r \\ \" \xHH \uHHHH \UHHHHHHHH), UTF-8 in literals and
+ * classes, character classes `[a-z]` `[^"\\]` with ranges and negation,
+ * `.` (any character), `#` comments, rules that refer to each other
+ * (recursion allowed, left recursion refused). The root rule is "root"
+ * unless another name is given. Matching is over UTF-8 characters, fed
+ * as bytes: a token may end inside a multi-byte character or cross rule
+ * boundaries.
+ *
+ * A token is allowed iff its bytes extend the bytes accepted so far to a
+ * prefix of some string of the grammar's language; an EOG token is
+ * allowed iff the bytes so far are a complete string of the language. A
+ * token with no bytes that is not EOG (a control token) is never allowed.
+ */
+#ifndef LAMINA_GRAMMAR_H
+#define LAMINA_GRAMMAR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lamina.h"
+#include "text/tokenizer.h"
+
+typedef struct lm_grammar lm_grammar;
+typedef struct lm_gvocab lm_gvocab;
+typedef struct lm_gmatch lm_gmatch;
+
+/* Compile GBNF text (len bytes, need not be NUL-terminated). root: the
+ * start rule's name, NULL for "root". NULL on error, with err saying
+ * "line L, column C: what" (1-based) or naming an undefined rule. */
+lm_grammar *grammar_parse(const char *text, size_t len, const char *root, char *err, size_t errlen);
+void grammar_free(lm_grammar *g);
+
+/* Per-vocabulary tables (NULL on allocation failure). The tokenizer must
+ * outlive it. */
+lm_gvocab *grammar_vocab_new(const lm_tokenizer *tok, char *err, size_t errlen);
+void grammar_vocab_free(lm_gvocab *v);
+int32_t grammar_vocab_size(const lm_gvocab *v);
+
+/* A parse state at the grammar's start. g and v must outlive it. */
+lm_gmatch *gmatch_new(const lm_grammar *g, const lm_gvocab *v, char *err, size_t errlen);
+lm_gmatch *gmatch_copy(const lm_gmatch *m); /* an independent copy (NULL: no memory) */
+void gmatch_free(lm_gmatch *m);
+void gmatch_reset(lm_gmatch *m);            /* back to the start */
+
+/* The allowed tokens now: bit t of allow (n_vocab bits, (n_vocab + 31) / 32
+ * words) is set iff token t is allowed. Returns the number allowed (0: the
+ * grammar is stuck, which accept never lets happen). */
+int32_t gmatch_mask(lm_gmatch *m, uint32_t *allow);
+/* Whether one token is allowed (cheaper than a mask when the sampler's
+ * first choice is usually right). */
+bool gmatch_allows(lm_gmatch *m, int32_t tok);
+/* Advance by a token. 0, or -1 (state unchanged) when it is not allowed. */
+int gmatch_accept(lm_gmatch *m, int32_t tok);
+/* Advance by raw bytes (lazy grammars start after a trigger's text). 0, or
+ * -1 (state unchanged) when they do not continue a valid prefix. */
+int gmatch_accept_bytes(lm_gmatch *m, const char *bytes, size_t n);
+/* The bytes so far form a complete string of the language. */
+bool gmatch_can_end(const lm_gmatch *m);
+/* No byte can follow: only ending is possible. */
+bool gmatch_must_end(const lm_gmatch *m);
+
+#endif
