@@ -1,0 +1,404 @@
+#!/usr/bin/env python3
+"""`lamina serve` under memory pressure: a KV pool of a few blocks, 64 clients.
+
+The bundled model (models/stories260K.gguf: a 128-token context, 10 KiB per
+16-token F16 block) is served with --kv-mem 100K: a pool of 10 blocks, where
+one request may need up to 8 and 64 sequences may run at once. 64 client
+threads send a seeded mix of requests:
+  - /v1/completions with a short text prompt or a token-id prompt of 40..110
+    tokens, and /v1/chat/completions (ChatML);
+  - max_tokens short (1..8) or long (up to the rest of the context);
+  - n = 1, or 2 or 3 for some; greedy or sampled with a seed;
+  - streaming or not;
+  - some cancelled mid-way: a stream closed after a few events, or a
+    non-streaming request whose client closes the connection before the
+    answer.
+The same requests, none cancelled, first run against a roomy server (the
+default pool), which gives each one's expected text.
+
+Every request must end in one of the intended ways, each counted:
+  - complete: 200 with every choice finished ("stop" or "length") and the
+    roomy server's text (preemption recomputes the same output);
+  - refused: 400 context_length_exceeded naming the KV blocks, exactly for
+    the requests the pool could never hold (the engine's rule: the prompt
+    once, each further choice's generated tokens and a copied block);
+  - cancelled by its client: what it had received is a prefix of the
+    expected text.
+Anything else (another status, a malformed or truncated stream, a wrong
+text, no answer within the deadline) is a failure. Afterwards /metrics must
+show preemptions, nothing running or waiting, every accepted request
+finished, and every KV block free (lamina_kv_blocks_free ==
+lamina_kv_blocks_total); the server still answers /health and exits 0 on
+SIGTERM without a sanitizer report.
+"""
+import http.client
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
+MODEL = "models/stories260K.gguf"
+ASAN = bool(os.environ.get("LAMINA_ASAN"))
+CTX = 128                # the model's trained context: the server's default
+BLOCK = 16               # positions per KV block
+BLOCK_BYTES = 10240      # 16 positions x 5 layers x 4 KV heads x 8 dims x K and V x 2 bytes (F16)
+POOL_BLOCKS = 10
+CLIENTS = 64
+TOTAL = 128 if ASAN else 512
+DEADLINE = 300           # seconds for the whole load; past it a request counts as hung
+
+passed = failed = 0
+lock = threading.Lock()
+
+
+def result(name, ok, detail=""):
+    global passed, failed
+    with lock:
+        if ok:
+            passed += 1
+            print("PASS", name)
+        else:
+            failed += 1
+            print("FAIL", name)
+            if detail:
+                print("  " + str(detail).replace("\n", "\n  "))
+        sys.stdout.flush()
+
+
+class Server:
+    def __init__(self, *args):
+        self.args = [LAMINA, "serve", "-m", MODEL, "--port", "0", "-t", "1", "--chat-template", "chatml", *args]
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.lines = []
+        self.port = None
+        got_port = threading.Event()
+
+        def reader():
+            for raw in self.proc.stderr:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                self.lines.append(line)
+                m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+                if m:
+                    self.port = int(m.group(1))
+                    got_port.set()
+            got_port.set()
+
+        self.reader = threading.Thread(target=reader, daemon=True)
+        self.reader.start()
+        got_port.wait(60)
+        deadline = time.time() + 120
+        while self.port and time.time() < deadline:
+            try:
+                if self.get("/health")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.proc.kill()
+        self.proc.wait()
+        raise RuntimeError("server did not start: %s" % "\n".join(self.lines))
+
+    def get(self, path):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        try:
+            c.request("GET", path)
+            r = c.getresponse()
+            return r.status, r.read()
+        finally:
+            c.close()
+
+    def metrics(self):
+        out = {}
+        for line in self.get("/metrics")[1].decode().splitlines():
+            if line.startswith("#") or not line.strip():
+                continue
+            k, v = line.rsplit(" ", 1)
+            out[k] = float(v)
+        return out
+
+    def wait_idle(self, timeout=60):
+        deadline = time.time() + timeout
+        m = {}
+        while time.time() < deadline:
+            m = self.metrics()
+            if m.get("lamina_requests_running") == 0 and m.get("lamina_requests_waiting") == 0 and \
+                    m.get("lamina_kv_blocks_used") == 0:
+                return True, m
+            time.sleep(0.05)
+        return False, m
+
+    def stop(self, name):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+            result("%s: exits on SIGTERM" % name, False, "did not exit within 60 s")
+            return
+        self.reader.join(10)
+        text = "\n".join(self.lines)
+        bad = re.search(r"Sanitizer|runtime error:|LeakSanitizer", text)
+        result("%s: clean exit" % name, rc == 0 and not bad, "exit %s\n%s" % (rc, text[-4000:]))
+
+
+# ------------------------------------------------------------ the requests
+
+TEXTS = ["Once upon a time", "The little dog", "Lily and Ben went to the park"]
+CHATS = [[{"role": "user", "content": "Tell me a story."}], [{"role": "user", "content": "Hi"}]]
+
+
+def make_requests():
+    rng = random.Random(1515)
+    reqs = []
+    for i in range(TOTAL):
+        chat = rng.random() < 0.25
+        body = {"max_tokens": 0, "seed": rng.randrange(1 << 31),
+                "temperature": 0.0 if rng.random() < 0.5 else 0.9, "ignore_eos": rng.random() < 0.5}
+        if chat:
+            body["messages"] = rng.choice(CHATS)
+        elif rng.random() < 0.5:
+            body["prompt"] = rng.choice(TEXTS)
+        else:
+            n = rng.randint(40, 110)
+            body["prompt"] = [1] + [rng.randint(3, 511) for _ in range(n - 1)]
+        if rng.random() < 0.25:
+            body["n"] = rng.randint(2, 3)
+        r = {"i": i, "chat": chat, "body": body, "long": rng.random() < 0.5, "stream": rng.random() < 0.5,
+             "u": rng.random(), "cancel": None}
+        if rng.random() < 0.2:
+            r["cancel"] = rng.randint(1, 6) if r["stream"] else rng.uniform(0.005, 0.2)
+        reqs.append(r)
+    return reqs
+
+
+def prompt_tokens(srv, reqs):
+    """Each request's prompt length as the server counts it (usage.prompt_tokens
+    of a one-token request; token-id prompts are their own length)."""
+    seen = {}
+    for r in reqs:
+        b = r["body"]
+        if isinstance(b.get("prompt"), list):
+            r["n_prompt"] = len(b["prompt"])
+            continue
+        key = json.dumps(b.get("messages") or b.get("prompt"))
+        if key not in seen:
+            probe = {k: b[k] for k in ("messages", "prompt") if k in b}
+            probe["max_tokens"] = 1
+            st, data = post(srv, "/v1/chat/completions" if r["chat"] else "/v1/completions", probe)
+            seen[key] = json.loads(data)["usage"]["prompt_tokens"]
+        r["n_prompt"] = seen[key]
+
+
+def finish_requests(reqs):
+    """max_tokens from the prompt's length, and whether the pool could never
+    hold the request (the engine's rule for submission)."""
+    for r in reqs:
+        rest = CTX - r["n_prompt"]
+        mt = 1 + int(r["u"] * 8) if not r["long"] else 1 + int(r["u"] * rest)
+        r["body"]["max_tokens"] = min(mt, rest)
+        n = r["body"].get("n", 1)
+        pos = r["n_prompt"] + r["body"]["max_tokens"]
+        gen = r["body"]["max_tokens"]
+        need = -(-pos // BLOCK) + (n - 1) * (-(-gen // BLOCK) + 1)
+        r["never_fits"] = need > POOL_BLOCKS
+        if r["never_fits"] and not r["stream"]:
+            r["cancel"] = None  # a client gone before the answer could not see the refusal
+        if r["stream"]:
+            r["body"]["stream"] = True
+
+
+def post(srv, path, body, timeout=120):
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=timeout)
+    try:
+        c.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+        resp = c.getresponse()
+        return resp.status, resp.read()
+    finally:
+        c.close()
+
+
+def texts_of_answer(r, data):
+    """Each choice's text and finish reason from a whole answer."""
+    j = json.loads(data)
+    n = r["body"].get("n", 1)
+    out = [None] * n
+    for ch in j["choices"]:
+        t = ch["message"]["content"] if r["chat"] else ch["text"]
+        out[ch["index"]] = (t, ch["finish_reason"])
+    return out
+
+
+def run_one(srv, r, cancel):
+    """Send r; returns (kind, detail, texts). kind: complete, refused,
+    cancelled, or an unintended kind. texts: [(text, finish)] per choice."""
+    path = "/v1/chat/completions" if r["chat"] else "/v1/completions"
+    n = r["body"].get("n", 1)
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=120)
+    try:
+        c.request("POST", path, body=json.dumps(r["body"]), headers={"Content-Type": "application/json"})
+        if cancel and not r["stream"]:
+            time.sleep(r["cancel"])  # gone before the answer: the server must notice and cancel
+            c.sock.shutdown(socket.SHUT_RDWR)
+            return "cancelled", "", None
+        resp = c.getresponse()
+        if resp.status != 200:
+            data = resp.read()
+            try:
+                e = json.loads(data)["error"]
+            except (ValueError, KeyError, TypeError):
+                return "bad-error", "status %d: %r" % (resp.status, data[:200]), None
+            if resp.status == 400 and e.get("code") == "context_length_exceeded" and "KV blocks" in e.get("message", ""):
+                return "refused", e["message"], None
+            return "status-%d" % resp.status, e.get("message"), None
+        if not r["stream"]:
+            return "complete", "", texts_of_answer(r, resp.read())
+        texts, finish, events = [""] * n, [None] * n, 0
+        for raw in resp:
+            line = raw.decode().rstrip("\n")
+            if not line.startswith("data: "):
+                continue
+            payload = line[6:]
+            if payload == "[DONE]":
+                if None in finish:
+                    return "truncated", "[DONE] before every choice finished: %r" % finish, None
+                return "complete", "", list(zip(texts, finish))
+            j = json.loads(payload)
+            if "error" in j:
+                return "stream-error", j["error"].get("message"), None
+            for ch in j.get("choices", []):
+                k = ch["index"]
+                texts[k] += (ch["delta"].get("content") or "") if r["chat"] else ch["text"]
+                if ch.get("finish_reason"):
+                    finish[k] = ch["finish_reason"]
+            events += 1
+            if cancel and events >= r["cancel"]:
+                c.sock.shutdown(socket.SHUT_RDWR)  # gone mid-stream
+                return "cancelled", "", [(t, None) for t in texts]
+        return "truncated", "the stream ended without [DONE]", None
+    except (OSError, ValueError, http.client.HTTPException) as e:
+        return "exception", repr(e), None
+    finally:
+        c.close()
+
+
+def load(srv, reqs, cancels):
+    """Every request from CLIENTS threads; returns {i: (kind, detail, texts)}."""
+    todo = list(reversed(reqs))
+    out = {}
+
+    def worker():
+        while True:
+            with lock:
+                if not todo:
+                    return
+                r = todo.pop()
+            res = run_one(srv, r, cancels and r["cancel"] is not None)
+            with lock:
+                out[r["i"]] = res
+
+    ts = [threading.Thread(target=worker, daemon=True) for _ in range(CLIENTS)]
+    t0 = time.time()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(max(1, DEADLINE - (time.time() - t0)))
+    return out, time.time() - t0
+
+
+def main():
+    if not os.path.exists(LAMINA):
+        print("FAIL no lamina binary at %s" % LAMINA)
+        print("0 passed, 1 failed")
+        return 1
+    servers = []
+    try:
+        reqs = make_requests()
+        roomy = Server()
+        servers.append(roomy)
+        prompt_tokens(roomy, reqs)
+        finish_requests(reqs)
+        ref, dt = load(roomy, reqs, cancels=False)
+        bad = ["%d: %s %s" % (i, k, d) for i, (k, d, _) in sorted(ref.items()) if k != "complete"]
+        result("roomy server: every request complete", len(ref) == TOTAL and not bad,
+               "%d answered of %d\n%s" % (len(ref), TOTAL, "\n".join(bad[:10])))
+        m = roomy.metrics()
+        result("roomy server: no preemption", m.get("lamina_preemptions_total") == 0, m.get("lamina_preemptions_total"))
+        print("NOTE roomy server: %d requests in %.1f s" % (TOTAL, dt))
+        roomy.stop("roomy server")
+        servers.remove(roomy)
+
+        srv = Server("--kv-mem", str(POOL_BLOCKS * BLOCK_BYTES))
+        servers.append(srv)
+        m0 = srv.metrics()
+        result("pressure server: a pool of %d blocks" % POOL_BLOCKS, m0.get("lamina_kv_blocks_total") == POOL_BLOCKS,
+               m0.get("lamina_kv_blocks_total"))
+        got, dt = load(srv, reqs, cancels=True)
+        counts, unintended = {}, []
+        for r in reqs:
+            i = r["i"]
+            if i not in got:
+                counts["hung"] = counts.get("hung", 0) + 1
+                unintended.append("%d: no answer within %d s" % (i, DEADLINE))
+                continue
+            kind, detail, texts = got[i]
+            counts[kind] = counts.get(kind, 0) + 1
+            want_kind = "refused" if r["never_fits"] else ("cancelled", "complete")
+            if kind == "refused" or r["never_fits"]:
+                if kind != want_kind:
+                    unintended.append("%d: %s, expected %s (prompt %d, max_tokens %d, n %d): %s" % (
+                        i, kind, want_kind, r["n_prompt"], r["body"]["max_tokens"], r["body"].get("n", 1), detail))
+                continue
+            if kind not in want_kind:
+                unintended.append("%d: %s: %s" % (i, kind, detail))
+                continue
+            expect = ref[i][2]
+            if kind == "complete":
+                if texts != expect:
+                    unintended.append("%d: %r differs from the roomy server's %r" % (i, texts, expect))
+            elif texts is not None:
+                for k, (t, _) in enumerate(texts):
+                    if not expect[k][0].startswith(t):
+                        unintended.append("%d: cancelled choice %d's %r is no prefix of %r" % (i, k, t, expect[k][0]))
+        n_stream = sum(1 for r in reqs if r["stream"])
+        n_multi = sum(1 for r in reqs if r["body"].get("n", 1) > 1)
+        print("NOTE pressure: %d requests (%d streaming, %d with n > 1, %d chat) from %d clients in %.1f s: %s" % (
+            TOTAL, n_stream, n_multi, sum(1 for r in reqs if r["chat"]), CLIENTS, dt,
+            ", ".join("%d %s" % (v, k) for k, v in sorted(counts.items()))))
+        result("pressure: every request complete (the roomy text), refused as too long, or cancelled",
+               not unintended, "%d unintended:\n%s" % (len(unintended), "\n".join(unintended[:12])))
+        result("pressure: each intended outcome happened",
+               all(counts.get(k, 0) > 0 for k in ("complete", "refused", "cancelled")), counts)
+        result("pressure: healthy afterwards", srv.get("/health")[0] == 200)
+        ok, m = srv.wait_idle()
+        result("pressure: nothing running or waiting, no KV block held", ok, m)
+        result("pressure: every KV block free",
+               m.get("lamina_kv_blocks_free") == m.get("lamina_kv_blocks_total") == POOL_BLOCKS,
+               "free %s of %s" % (m.get("lamina_kv_blocks_free"), m.get("lamina_kv_blocks_total")))
+        result("pressure: every accepted request finished",
+               m.get("lamina_requests_finished_total") == m.get("lamina_requests_total") > 0,
+               "%s finished of %s" % (m.get("lamina_requests_finished_total"), m.get("lamina_requests_total")))
+        pre = m.get("lamina_preemptions_total", 0)
+        print("NOTE pressure: %d preemptions, %d KV blocks cached for prefix reuse" % (
+            pre, m.get("lamina_kv_blocks_cached", 0)))
+        result("pressure: sequences were preempted and recomputed", pre > 0, pre)
+    except Exception:
+        import traceback
+        result("e2e_pressure ran to the end", False, traceback.format_exc())
+    finally:
+        for s in servers:
+            s.stop("pressure server")
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
