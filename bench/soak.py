@@ -3,10 +3,13 @@
 
 Not part of `make test`. Starts `lamina serve` on a model (default the bundled
 models/stories260K.gguf) on a free port, then keeps K client threads busy for
---minutes. Each client sends one request after another to /v1/completions:
+--minutes. Each client sends one request after another: /v1/completions
+(sometimes two prompts in one request, sometimes echo) or, for a share,
+/v1/chat/completions (the server gets --chat-template, default chatml);
 a random prompt (1 .. a quarter of the context in words), random max_tokens
-(1 .. a quarter of the context), streaming or not, n = 1 or sometimes 2,
-greedy or sampled. Some requests are cut short on purpose:
+(1 .. a quarter of the context), streaming (with or without the usage chunk)
+or not, n = 1 or sometimes 2, greedy or sampled, with logprobs or stop
+strings for some. Some requests are cut short on purpose:
   - disconnect: a stream whose client closes the socket after a few events;
   - cancel: a non-streaming request whose client goes away before the answer.
 Every minute it prints a row: the server's VmRSS and VmHWM (/proc/PID/status),
@@ -58,6 +61,9 @@ def parse_args():
     ap.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
     ap.add_argument("--threads", type=int, default=1, help="the server's -t (default 1)")
     ap.add_argument("--kv-mem", default=None, help="the server's --kv-mem (default: its own)")
+    ap.add_argument("--chat-template", default="chatml",
+                    help="the server's --chat-template (default chatml; '' for the model's own)")
+    ap.add_argument("--chat", type=float, default=0.2, help="share of chat requests (default 0.2)")
     ap.add_argument("--disconnect", type=float, default=0.1, help="share of streams closed mid-way (default 0.1)")
     ap.add_argument("--cancel", type=float, default=0.05,
                     help="share of non-streaming requests abandoned before the answer (default 0.05)")
@@ -77,6 +83,8 @@ class Server:
         cmd = [a.lamina, "serve", "-m", a.model, "--port", "0", "-t", str(a.threads)]
         if a.kv_mem:
             cmd += ["--kv-mem", a.kv_mem]
+        if a.chat_template:
+            cmd += ["--chat-template", a.chat_template]
         cmd += a.serve_args
         if a.nice:
             cmd = ["nice", "-n", str(a.nice)] + cmd  # nice execs lamina: the same pid
@@ -147,23 +155,45 @@ class Server:
 def one_request(srv, rng, a):
     """One request; returns (kind, seconds). kind: ok, disconnect, cancel,
     too_long, or an unintended kind."""
-    words = rng.randint(1, max(1, srv.ctx // 4))
-    body = {"prompt": " ".join(rng.choice(WORDS) for _ in range(words)),
-            "max_tokens": rng.randint(1, max(1, srv.ctx // 4)),
+    def text():
+        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, max(1, srv.ctx // 4))))
+
+    chat = rng.random() < a.chat
+    body = {"max_tokens": rng.randint(1, max(1, srv.ctx // 4)),
             "temperature": rng.choice((0.0, 0.8)), "seed": rng.randrange(1 << 30),
             "ignore_eos": rng.random() < 0.5}
+    n_prompts = 1
+    if chat:
+        body["messages"] = [{"role": "user", "content": text()}]
+    elif rng.random() < 0.05:
+        body["prompt"] = [text(), text()]
+        n_prompts = 2
+    else:
+        body["prompt"] = text()
     if rng.random() < 0.15:
         body["n"] = 2
+    if rng.random() < 0.1:
+        if chat:
+            body["logprobs"], body["top_logprobs"] = True, rng.randint(0, 3)
+        else:
+            body["logprobs"] = rng.randint(0, 3)
+    elif not chat and rng.random() < 0.05:
+        body["echo"] = True
+    if rng.random() < 0.15:
+        body["stop"] = rng.sample(["the", "\n", ".", "dog", "e"], rng.randint(1, 2))
     stream = rng.random() < 0.5
     if stream:
         body["stream"] = True
+        if rng.random() < 0.3:
+            body["stream_options"] = {"include_usage": True}
     cut_after = rng.randint(1, 8) if stream and rng.random() < a.disconnect else None
     abandon = rng.uniform(0.01, 0.5) if not stream and rng.random() < a.cancel else None
-    n = body.get("n", 1)
+    n = body.get("n", 1) * n_prompts
+    path = "/v1/chat/completions" if chat else "/v1/completions"
     t0 = time.monotonic()
     c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=300)
     try:
-        c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+        c.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
         if abandon is not None:
             time.sleep(abandon)
             c.sock.shutdown(socket.SHUT_RDWR)
@@ -291,7 +321,7 @@ def main():
 
 def fmt_row(r):
     un = ", ".join("%s %d" % kv for kv in sorted(r["unintended"].items())) or "0"
-    return "| %d | %.1f | %.1f | %d | %d | %d / %d / %d | %s | %.3f | %.3f | %d | %d |" % (
+    return "| %d | %.2f | %.2f | %d | %d | %d / %d / %d | %s | %.3f | %.3f | %d | %d |" % (
         r["minute"], r["rss"], r["hwm"], r["ended"], r["ok"], r["intended"][0], r["intended"][1], r["intended"][2], un,
         r["p50"], r["p99"], r["tokens"], r["preempt"])
 
@@ -303,7 +333,7 @@ def verdict(a, srv, rows, done):
     base = rows[1]
     limit = max(base["rss"] * (1 + a.rss_margin), base["rss"] + a.rss_slack)
     worst = max(rows[2:], key=lambda r: r["rss"])
-    lines.append("%s RSS flat: minutes 3-%d at most %.1f MiB (minute %d), minute 2 %.1f MiB, limit %.1f MiB "
+    lines.append("%s RSS flat: minutes 3-%d at most %.2f MiB (minute %d), minute 2 %.2f MiB, limit %.2f MiB "
                  "(+%g%% or +%g MiB)" % ("PASS" if worst["rss"] <= limit else "FAIL", rows[-1]["minute"],
                                          worst["rss"], worst["minute"], base["rss"], limit, a.rss_margin * 100,
                                          a.rss_slack))
