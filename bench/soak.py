@@ -31,6 +31,13 @@ At the end the load stops and it prints a verdict, each line PASS or FAIL:
 Exit status 0 when every line passes. --out FILE writes the table and the
 verdict as Markdown too.
 
+RSS and glibc: the HTTP library runs a thread per connection, and glibc's
+malloc gives threads their own arenas (up to 8 per core), each keeping the
+memory its own peak needed, so RSS can creep up for a long while as the
+arenas fill, without a leak.
+To tell that from a leak, run the same load with MALLOC_ARENA_MAX=1 in the
+environment (the server inherits it): a leak still grows, arenas do not.
+
   python3 bench/soak.py --minutes 10 --clients 16 --kv-mem 160K
 """
 import argparse
@@ -249,7 +256,8 @@ def percentile(xs, p):
 def main():
     a = parse_args()
     srv = Server(a)
-    print("soak: %s" % " ".join(srv.cmd))
+    env = " ".join("%s=%s" % (k, os.environ[k]) for k in ("MALLOC_ARENA_MAX",) if k in os.environ)
+    print("soak: %s%s" % (env + " " if env else "", " ".join(srv.cmd)))
     print("soak: %d clients for %g minutes, context %d, port %d, pid %d" % (a.clients, a.minutes, srv.ctx, srv.port,
                                                                             srv.proc.pid))
     sys.stdout.flush()
