@@ -194,6 +194,8 @@ def prompt_tokens(srv, reqs):
             probe = {k: b[k] for k in ("messages", "prompt") if k in b}
             probe["max_tokens"] = 1
             st, data = post(srv, "/v1/chat/completions" if r["chat"] else "/v1/completions", probe)
+            if st != 200:
+                raise RuntimeError("prompt length probe: status %d: %r" % (st, data[:300]))
             seen[key] = json.loads(data)["usage"]["prompt_tokens"]
         r["n_prompt"] = seen[key]
 
@@ -256,8 +258,9 @@ def run_one(srv, r, cancel):
                 e = json.loads(data)["error"]
             except (ValueError, KeyError, TypeError):
                 return "bad-error", "status %d: %r" % (resp.status, data[:200]), None
-            if resp.status == 400 and e.get("code") == "context_length_exceeded" and "KV blocks" in e.get("message", ""):
-                return "refused", e["message"], None
+            msg = e.get("message") or ""
+            if resp.status == 400 and e.get("code") == "context_length_exceeded" and "KV blocks" in msg:
+                return "refused", msg, None
             return "status-%d" % resp.status, e.get("message"), None
         if not r["stream"]:
             return "complete", "", texts_of_answer(r, resp.read())
