@@ -5,8 +5,8 @@ The bundled model (models/stories260K.gguf: a 128-token context, 10 KiB per
 16-token F16 block) is served with --kv-mem 100K: a pool of 10 blocks, where
 one request may need up to 8 and 64 sequences may run at once. 64 client
 threads send a seeded mix of requests:
-  - /v1/completions with a short text prompt or a token-id prompt of 40..110
-    tokens, and /v1/chat/completions (ChatML);
+  - /v1/completions with a short text prompt (or two in one request) or a
+    token-id prompt of 40..110 tokens, and /v1/chat/completions (ChatML);
   - max_tokens short (1..8) or long (up to the rest of the context);
   - n = 1, or 2 or 3 for some; greedy or sampled with a seed;
   - streaming or not;
@@ -21,7 +21,8 @@ Every request must end in one of the intended ways, each counted:
     roomy server's text (preemption recomputes the same output);
   - refused: 400 context_length_exceeded naming the KV blocks, exactly for
     the requests the pool could never hold (the engine's rule: the prompt
-    once, each further choice's generated tokens and a copied block);
+    once, each further choice's generated tokens and a copied block; with
+    two prompts, a first one already submitted is cancelled);
   - cancelled by its client: what it had received is a prefix of the
     expected text.
 Anything else (another status, a malformed or truncated stream, a wrong
@@ -30,6 +31,11 @@ show preemptions, nothing running or waiting, every accepted request
 finished, and every KV block free (lamina_kv_blocks_free ==
 lamina_kv_blocks_total); the server still answers /health and exits 0 on
 SIGTERM without a sanitizer report.
+
+Then the same load on the same pool with --max-waiting 16, where most
+requests find the queue full: 429 server_busy with Retry-After is one more
+intended outcome (also for the second prompt of a request whose first was
+accepted, which is then cancelled), and the same checks hold afterwards.
 """
 import http.client
 import json
@@ -166,7 +172,8 @@ def make_requests():
         if chat:
             body["messages"] = rng.choice(CHATS)
         elif rng.random() < 0.5:
-            body["prompt"] = rng.choice(TEXTS)
+            # one text, or two in one request (each its own engine request; choice index = prompt x n + i)
+            body["prompt"] = rng.choice(TEXTS) if rng.random() < 0.8 else [rng.choice(TEXTS), rng.choice(TEXTS)]
         else:
             n = rng.randint(40, 110)
             body["prompt"] = [1] + [rng.randint(3, 511) for _ in range(n - 1)]
@@ -180,38 +187,54 @@ def make_requests():
     return reqs
 
 
+def prompts_of(r):
+    """The request's prompts: a list of token-id lists, texts or message lists."""
+    b = r["body"]
+    if r["chat"]:
+        return [b["messages"]]
+    p = b["prompt"]
+    return p if isinstance(p, list) and p and isinstance(p[0], str) else [p]
+
+
+def n_choices(r):
+    return len(prompts_of(r)) * r["body"].get("n", 1)
+
+
 def prompt_tokens(srv, reqs):
-    """Each request's prompt length as the server counts it (usage.prompt_tokens
-    of a one-token request; token-id prompts are their own length)."""
+    """Each prompt's length as the server counts it (usage.prompt_tokens of a
+    one-token request; token-id prompts are their own length)."""
     seen = {}
     for r in reqs:
-        b = r["body"]
-        if isinstance(b.get("prompt"), list):
-            r["n_prompt"] = len(b["prompt"])
-            continue
-        key = json.dumps(b.get("messages") or b.get("prompt"))
-        if key not in seen:
-            probe = {k: b[k] for k in ("messages", "prompt") if k in b}
-            probe["max_tokens"] = 1
-            st, data = post(srv, "/v1/chat/completions" if r["chat"] else "/v1/completions", probe)
-            if st != 200:
-                raise RuntimeError("prompt length probe: status %d: %r" % (st, data[:300]))
-            seen[key] = json.loads(data)["usage"]["prompt_tokens"]
-        r["n_prompt"] = seen[key]
+        r["n_prompts"] = []
+        for p in prompts_of(r):
+            if isinstance(p, list) and p and isinstance(p[0], int):
+                r["n_prompts"].append(len(p))
+                continue
+            key = json.dumps(p)
+            if key not in seen:
+                probe = {"messages" if r["chat"] else "prompt": p, "max_tokens": 1}
+                st, data = post(srv, "/v1/chat/completions" if r["chat"] else "/v1/completions", probe)
+                if st != 200:
+                    raise RuntimeError("prompt length probe: status %d: %r" % (st, data[:300]))
+                seen[key] = json.loads(data)["usage"]["prompt_tokens"]
+            r["n_prompts"].append(seen[key])
 
 
 def finish_requests(reqs):
-    """max_tokens from the prompt's length, and whether the pool could never
-    hold the request (the engine's rule for submission)."""
+    """max_tokens from the longest prompt, and which prompt the pool could
+    never hold (the engine's rule for submission; prompts are submitted in
+    order, and the first that cannot fit refuses the request)."""
     for r in reqs:
-        rest = CTX - r["n_prompt"]
+        rest = CTX - max(r["n_prompts"])
         mt = 1 + int(r["u"] * 8) if not r["long"] else 1 + int(r["u"] * rest)
-        r["body"]["max_tokens"] = min(mt, rest)
+        r["body"]["max_tokens"] = gen = min(mt, rest)
         n = r["body"].get("n", 1)
-        pos = r["n_prompt"] + r["body"]["max_tokens"]
-        gen = r["body"]["max_tokens"]
-        need = -(-pos // BLOCK) + (n - 1) * (-(-gen // BLOCK) + 1)
-        r["never_fits"] = need > POOL_BLOCKS
+        r["never_fits_at"] = None
+        for k, n_prompt in enumerate(r["n_prompts"]):
+            need = -(-(n_prompt + gen) // BLOCK) + (n - 1) * (-(-gen // BLOCK) + 1)
+            if need > POOL_BLOCKS and r["never_fits_at"] is None:
+                r["never_fits_at"] = k
+        r["never_fits"] = r["never_fits_at"] is not None
         if r["never_fits"] and not r["stream"]:
             r["cancel"] = None  # a client gone before the answer could not see the refusal
         if r["stream"]:
@@ -231,8 +254,7 @@ def post(srv, path, body, timeout=120):
 def texts_of_answer(r, data):
     """Each choice's text and finish reason from a whole answer."""
     j = json.loads(data)
-    n = r["body"].get("n", 1)
-    out = [None] * n
+    out = [None] * n_choices(r)
     for ch in j["choices"]:
         t = ch["message"]["content"] if r["chat"] else ch["text"]
         out[ch["index"]] = (t, ch["finish_reason"])
@@ -243,7 +265,7 @@ def run_one(srv, r, cancel):
     """Send r; returns (kind, detail, texts). kind: complete, refused,
     cancelled, or an unintended kind. texts: [(text, finish)] per choice."""
     path = "/v1/chat/completions" if r["chat"] else "/v1/completions"
-    n = r["body"].get("n", 1)
+    n = n_choices(r)
     c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=120)
     try:
         c.request("POST", path, body=json.dumps(r["body"]), headers={"Content-Type": "application/json"})
@@ -259,6 +281,8 @@ def run_one(srv, r, cancel):
             except (ValueError, KeyError, TypeError):
                 return "bad-error", "status %d: %r" % (resp.status, data[:200]), None
             msg = e.get("message") or ""
+            if resp.status == 429 and e.get("code") == "server_busy" and resp.getheader("Retry-After"):
+                return "busy", msg, None
             if resp.status == 400 and e.get("code") == "context_length_exceeded" and "KV blocks" in msg:
                 return "refused", msg, None
             return "status-%d" % resp.status, e.get("message"), None
@@ -317,6 +341,73 @@ def load(srv, reqs, cancels):
     return out, time.time() - t0
 
 
+def evaluate(reqs, got, ref, busy):
+    """Each request's outcome against what it may be; (counts by kind,
+    unintended outcomes)."""
+    counts, unintended = {}, []
+    for r in reqs:
+        i = r["i"]
+        if i not in got:
+            counts["hung"] = counts.get("hung", 0) + 1
+            unintended.append("%d: no answer within %d s" % (i, DEADLINE))
+            continue
+        kind, detail, texts = got[i]
+        counts[kind] = counts.get(kind, 0) + 1
+        if r["never_fits"]:
+            # refused by the first prompt that cannot fit, unless one before it found the queue full
+            want = ("refused", "busy") if busy and r["never_fits_at"] > 0 else ("refused",)
+        else:
+            want = ("cancelled", "complete", "busy") if busy else ("cancelled", "complete")
+        if kind not in want:
+            unintended.append("%d: %s, expected %s (prompts %s, max_tokens %d, n %d): %s" % (
+                i, kind, "/".join(want), r["n_prompts"], r["body"]["max_tokens"], r["body"].get("n", 1), detail))
+            continue
+        expect = ref[i][2]
+        if kind == "complete":
+            if texts != expect:
+                unintended.append("%d: %r differs from the roomy server's %r" % (i, texts, expect))
+        elif kind == "cancelled" and texts is not None:
+            for k, (t, _) in enumerate(texts):
+                if not expect[k][0].startswith(t):
+                    unintended.append("%d: cancelled choice %d's %r is no prefix of %r" % (i, k, t, expect[k][0]))
+    return counts, unintended
+
+
+def pressure(srv, name, reqs, ref, busy):
+    m0 = srv.metrics()
+    result("%s: a pool of %d blocks" % (name, POOL_BLOCKS), m0.get("lamina_kv_blocks_total") == POOL_BLOCKS,
+           m0.get("lamina_kv_blocks_total"))
+    got, dt = load(srv, reqs, cancels=True)
+    counts, unintended = evaluate(reqs, got, ref, busy)
+    print("NOTE %s: %d requests (%d streaming, %d with n > 1, %d with two prompts, %d chat) from %d clients in "
+          "%.1f s: %s" % (name, TOTAL, sum(1 for r in reqs if r["stream"]),
+                          sum(1 for r in reqs if r["body"].get("n", 1) > 1),
+                          sum(1 for r in reqs if len(r["n_prompts"]) > 1), sum(1 for r in reqs if r["chat"]), CLIENTS,
+                          dt, ", ".join("%d %s" % (v, k) for k, v in sorted(counts.items()))))
+    result("%s: every request complete (the roomy text), refused as too long%s, or cancelled" % (
+        name, ", busy (429)" if busy else ""),
+        not unintended, "%d unintended:\n%s" % (len(unintended), "\n".join(unintended[:12])))
+    kinds = ("complete", "refused", "cancelled") + (("busy",) if busy else ())
+    result("%s: each intended outcome happened" % name, all(counts.get(k, 0) > 0 for k in kinds), counts)
+    result("%s: healthy afterwards" % name, srv.get("/health")[0] == 200)
+    ok, m = srv.wait_idle()
+    result("%s: nothing running or waiting, no KV block held" % name, ok, m)
+    result("%s: every KV block free" % name,
+           m.get("lamina_kv_blocks_free") == m.get("lamina_kv_blocks_total") == POOL_BLOCKS,
+           "free %s of %s" % (m.get("lamina_kv_blocks_free"), m.get("lamina_kv_blocks_total")))
+    result("%s: every accepted request finished" % name,
+           m.get("lamina_requests_finished_total") == m.get("lamina_requests_total") > 0,
+           "%s finished of %s" % (m.get("lamina_requests_finished_total"), m.get("lamina_requests_total")))
+    if busy:
+        result("%s: the engine counted the refusals" % name, m.get("lamina_requests_rejected_total", 0) > 0,
+               m.get("lamina_requests_rejected_total"))
+    pre = m.get("lamina_preemptions_total", 0)
+    print("NOTE %s: %d preemptions, %d KV blocks cached for prefix reuse" % (name, pre,
+                                                                           m.get("lamina_kv_blocks_cached", 0)))
+    if not busy:  # (with most requests turned away, preemption is likely but not certain)
+        result("%s: sequences were preempted and recomputed" % name, pre > 0, pre)
+
+
 def main():
     if not os.path.exists(LAMINA):
         print("FAIL no lamina binary at %s" % LAMINA)
@@ -339,66 +430,20 @@ def main():
         roomy.stop("roomy server")
         servers.remove(roomy)
 
-        srv = Server("--kv-mem", str(POOL_BLOCKS * BLOCK_BYTES))
-        servers.append(srv)
-        m0 = srv.metrics()
-        result("pressure server: a pool of %d blocks" % POOL_BLOCKS, m0.get("lamina_kv_blocks_total") == POOL_BLOCKS,
-               m0.get("lamina_kv_blocks_total"))
-        got, dt = load(srv, reqs, cancels=True)
-        counts, unintended = {}, []
-        for r in reqs:
-            i = r["i"]
-            if i not in got:
-                counts["hung"] = counts.get("hung", 0) + 1
-                unintended.append("%d: no answer within %d s" % (i, DEADLINE))
-                continue
-            kind, detail, texts = got[i]
-            counts[kind] = counts.get(kind, 0) + 1
-            want_kind = "refused" if r["never_fits"] else ("cancelled", "complete")
-            if kind == "refused" or r["never_fits"]:
-                if kind != want_kind:
-                    unintended.append("%d: %s, expected %s (prompt %d, max_tokens %d, n %d): %s" % (
-                        i, kind, want_kind, r["n_prompt"], r["body"]["max_tokens"], r["body"].get("n", 1), detail))
-                continue
-            if kind not in want_kind:
-                unintended.append("%d: %s: %s" % (i, kind, detail))
-                continue
-            expect = ref[i][2]
-            if kind == "complete":
-                if texts != expect:
-                    unintended.append("%d: %r differs from the roomy server's %r" % (i, texts, expect))
-            elif texts is not None:
-                for k, (t, _) in enumerate(texts):
-                    if not expect[k][0].startswith(t):
-                        unintended.append("%d: cancelled choice %d's %r is no prefix of %r" % (i, k, t, expect[k][0]))
-        n_stream = sum(1 for r in reqs if r["stream"])
-        n_multi = sum(1 for r in reqs if r["body"].get("n", 1) > 1)
-        print("NOTE pressure: %d requests (%d streaming, %d with n > 1, %d chat) from %d clients in %.1f s: %s" % (
-            TOTAL, n_stream, n_multi, sum(1 for r in reqs if r["chat"]), CLIENTS, dt,
-            ", ".join("%d %s" % (v, k) for k, v in sorted(counts.items()))))
-        result("pressure: every request complete (the roomy text), refused as too long, or cancelled",
-               not unintended, "%d unintended:\n%s" % (len(unintended), "\n".join(unintended[:12])))
-        result("pressure: each intended outcome happened",
-               all(counts.get(k, 0) > 0 for k in ("complete", "refused", "cancelled")), counts)
-        result("pressure: healthy afterwards", srv.get("/health")[0] == 200)
-        ok, m = srv.wait_idle()
-        result("pressure: nothing running or waiting, no KV block held", ok, m)
-        result("pressure: every KV block free",
-               m.get("lamina_kv_blocks_free") == m.get("lamina_kv_blocks_total") == POOL_BLOCKS,
-               "free %s of %s" % (m.get("lamina_kv_blocks_free"), m.get("lamina_kv_blocks_total")))
-        result("pressure: every accepted request finished",
-               m.get("lamina_requests_finished_total") == m.get("lamina_requests_total") > 0,
-               "%s finished of %s" % (m.get("lamina_requests_finished_total"), m.get("lamina_requests_total")))
-        pre = m.get("lamina_preemptions_total", 0)
-        print("NOTE pressure: %d preemptions, %d KV blocks cached for prefix reuse" % (
-            pre, m.get("lamina_kv_blocks_cached", 0)))
-        result("pressure: sequences were preempted and recomputed", pre > 0, pre)
+        # the pool of a few blocks; then the same with a queue of at most 16
+        # waiting requests, where 429 (busy) is one more intended outcome
+        for name, extra in (("pressure", []), ("pressure, --max-waiting 16", ["--max-waiting", "16"])):
+            srv = Server("--kv-mem", str(POOL_BLOCKS * BLOCK_BYTES), *extra)
+            servers.append(srv)
+            pressure(srv, name, reqs, ref, busy=bool(extra))
+            srv.stop(name + " server")
+            servers.remove(srv)
     except Exception:
         import traceback
         result("e2e_pressure ran to the end", False, traceback.format_exc())
     finally:
         for s in servers:
-            s.stop("pressure server")
+            s.stop("server")
     print("%d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
 
