@@ -35,7 +35,8 @@ SIGTERM without a sanitizer report.
 Then the same load on the same pool with --max-waiting 16, where most
 requests find the queue full: 429 server_busy with Retry-After is one more
 intended outcome (also for the second prompt of a request whose first was
-accepted, which is then cancelled), and the same checks hold afterwards.
+accepted, which is then cancelled), and the same checks hold afterwards but
+preemption (likely, not certain, with most requests turned away).
 """
 import http.client
 import json
