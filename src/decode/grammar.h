@@ -55,6 +55,11 @@ void grammar_free(lm_grammar *g);
 lm_gvocab *grammar_vocab_new(const lm_tokenizer *tok, char *err, size_t errlen);
 void grammar_vocab_free(lm_gvocab *v);
 int32_t grammar_vocab_size(const lm_gvocab *v);
+/* The same tables from explicit token bytes (tests, tools): token t is
+ * lens[t] bytes at bytes[t] (0: none), eog[t] (eog may be NULL) says it
+ * ends generation. Tokens' bytes are copied. */
+lm_gvocab *grammar_vocab_from_bytes(int32_t n, const char *const *bytes, const int *lens, const bool *eog, char *err,
+                                    size_t errlen);
 
 /* A parse state at the grammar's start. g and v must outlive it. */
 lm_gmatch *gmatch_new(const lm_grammar *g, const lm_gvocab *v, char *err, size_t errlen);
@@ -66,6 +71,7 @@ void gmatch_reset(lm_gmatch *m);            /* back to the start */
  * words) is set iff token t is allowed. Returns the number allowed (0: the
  * grammar is stuck, which accept never lets happen). */
 int32_t gmatch_mask(lm_gmatch *m, uint32_t *allow);
+/* (A negative count: memory ran out while computing the mask.) */
 /* Whether one token is allowed (cheaper than a mask when the sampler's
  * first choice is usually right). */
 bool gmatch_allows(lm_gmatch *m, int32_t tok);
