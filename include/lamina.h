@@ -291,6 +291,14 @@ typedef struct {
     int top_logprobs;         /* 0 .. LM_MAX_TOP_LOGPROBS */
     int priority;             /* lower runs first (default 0) */
     uint64_t cache_salt;      /* prefix-cache namespace */
+    const char *grammar;      /* GBNF text the output must follow (NULL: free), compiled at submission:
+                                 a bad grammar is LM_ERR_INVALID naming its line and column. Tokens
+                                 that cannot continue it are removed before any sampling step; when
+                                 it can only end, the choice finishes with LM_FINISH_STOP */
+    size_t grammar_len;       /* its bytes (0: strlen(grammar)) */
+    const char *grammar_root; /* its start rule (NULL: "root") */
+    const char *const *grammar_triggers; /* lazy grammar: the output is free until it contains one of */
+    int n_grammar_triggers;   /*   these strings; the grammar then holds from the trigger's first byte */
     lm_event_fn on_event;     /* required */
     void *user;
 } lm_request_params;

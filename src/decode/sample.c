@@ -427,6 +427,8 @@ static dist_t truncate_and_weigh(lm_sampler *s, float *logits, int32_t n_finite,
 
 /* ---- public entry points -------------------------------------------------- */
 
+bool sampler_greedy(const lm_sampler *s) { return s->greedy; }
+
 int32_t sampler_sample(lm_sampler *s, float *logits) {
     int32_t n_finite;
     int32_t best = preprocess(s, logits, &n_finite);

@@ -45,7 +45,9 @@ typedef struct lm_sampler lm_sampler;
  * penalties are treated as off, a NaN temp as greedy. */
 lm_sampler *sampler_new(const lm_sample_params *p, int32_t n_vocab);
 void sampler_free(lm_sampler *s);
-void sampler_reset(lm_sampler *s);               /* clear history, reseed (biases are kept) */
+void sampler_reset(lm_sampler *s);
+/* Whether it picks the largest (biased, penalized) logit: temp <= 0 or NaN. */
+bool sampler_greedy(const lm_sampler *s);               /* clear history, reseed (biases are kept) */
 /* Record a token in the penalty history (prompt tokens too, if wanted).
  * Out-of-range ids are ignored. */
 void sampler_accept(lm_sampler *s, int32_t tok);

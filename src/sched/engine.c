@@ -46,6 +46,7 @@
 
 #include "base/pool.h"
 #include "base/util.h"
+#include "decode/grammar.h"
 #include "format/quant.h"
 #include "kv/kv.h"
 #include "model/forward.h"
@@ -54,6 +55,7 @@
 #include "sched/stop.h"
 
 #define MAX_STOP_LEN 1024     /* bytes of one stop string */
+#define MAX_TRIGGERS 64       /* lazy-grammar triggers of one request */
 
 typedef enum { CH_PENDING_FORK, CH_LIVE, CH_DONE } ch_state;
 
@@ -72,6 +74,10 @@ typedef struct eseq {
     lm_detok dt;
     stop_text held;           /* released text not yet emitted (stop-string look-behind) */
     bool stop_hit;            /* a stop string ended the text */
+    lm_gmatch *gm;            /* the grammar's parse state (NULL: no grammar) */
+    bool gm_on;               /* the grammar constrains now (a lazy one: after a trigger) */
+    char *lz;                 /* (lz_cap) lazy grammar: the output's last bytes, searched for triggers */
+    int n_lz, lz_cap;
     lm_request_stats stats;
 } eseq;
 
@@ -81,6 +87,8 @@ struct lm_request {
     lm_request_params p;      /* as submitted; prompt, text and bias cleared (the choices and
                                  samplers hold them), stop pointing into `stop`, max_tokens resolved */
     stop_set stop;            /* owned copies of the stop strings */
+    lm_grammar *grammar;      /* the compiled grammar (NULL: none); p.grammar is cleared */
+    stop_set triggers;        /* owned copies of the lazy grammar's triggers */
     int n_live;               /* choices not yet done */
     eseq *ch;                 /* (p.n) */
     struct lm_request *next;  /* inbox link */
@@ -124,6 +132,12 @@ struct lm_engine {
     char *emit;               /* (emit_cap) text of one event: held text, a piece and a flush */
     int emit_cap;
     uint64_t plan_misses;     /* appends a plan allowed that failed (engine_check reports them) */
+
+    /* constrained decoding: built on the first request with a grammar */
+    pthread_mutex_t gv_mu;    /* guards gvocab's creation (submitters build it) */
+    lm_gvocab *gvocab;        /* the vocabulary's byte trie, shared by every grammar */
+    float *gwork;             /* (n_vocab) a logits copy for the greedy shortcut */
+    uint32_t *gmask;          /* ((max(n_vocab, gvocab size) + 31) / 32) allowed tokens */
 
     lm_engine_stats stats;    /* published under mu */
 };
@@ -169,8 +183,12 @@ static void request_unref(lm_request *r) {
         lm_free(r->ch[i].tokens);
         stop_text_free(&r->ch[i].held);
         sampler_free(r->ch[i].smp);
+        gmatch_free(r->ch[i].gm);
+        lm_free(r->ch[i].lz);
     }
     stop_set_free(&r->stop);
+    stop_set_free(&r->triggers);
+    grammar_free(r->grammar);
     lm_free(r->ch);
     lm_free(r);
 }
@@ -233,6 +251,82 @@ static void finish(lm_engine *e, eseq *c, lm_finish why, lm_status status, const
     if (--r->n_live == 0) request_unref(r);
 }
 
+/* ---- constrained decoding ---------------------------------------------- */
+
+/* Choice c's next token under its grammar: the tokens the grammar refuses
+ * are set to -INFINITY before the sampler runs (as a banned logit bias, so
+ * before penalties, top-k/p, min-p and temperature). Greedy shortcut: the
+ * unconstrained argmax, when the grammar allows it, is the constrained one
+ * (the sampler's order and tie-break are the same over fewer candidates).
+ * -1: every allowed token is banned; -2: the choice was finished here. */
+static int32_t grammar_pick(lm_engine *e, eseq *c, float *row) {
+    int32_t V = e->m->hp.n_vocab;
+    if (sampler_greedy(c->smp)) {
+        memcpy(e->gwork, row, (size_t)V * sizeof *row);
+        int32_t t = sampler_sample(c->smp, e->gwork);
+        if (t >= 0 && gmatch_allows(c->gm, t)) return t;
+    }
+    int32_t n = gmatch_mask(c->gm, e->gmask);
+    if (n <= 0) {
+        finish(e, c, LM_FINISH_ERROR, n < 0 ? LM_ERR_NOMEM : LM_ERR_INTERNAL,
+               n < 0 ? "out of memory computing the grammar's mask" : "internal: no token continues the grammar");
+        return -2;
+    }
+    int32_t gv = grammar_vocab_size(e->gvocab);
+    for (int32_t w = 0; w < (V + 31) / 32; w++) {
+        uint32_t bits = e->gmask[w];
+        if (bits == 0xFFFFFFFFu) continue;
+        for (int32_t i = w * 32; i < w * 32 + 32 && i < V; i++)
+            if (i >= gv || !((bits >> (i & 31)) & 1)) row[i] = -INFINITY;
+    }
+    int32_t t = sampler_sample(c->smp, row);
+    if (t < 0) {
+        finish(e, c, LM_FINISH_ERROR, LM_ERR_INVALID, "every token the grammar allows is banned (logit_bias)");
+        return -2;
+    }
+    return t;
+}
+
+/* After token t: advance the grammar, or (a lazy one) look for a trigger
+ * in the output's last bytes and start the grammar at its first byte. 0,
+ * or -1 when the choice was finished here. */
+static int grammar_advance(lm_engine *e, eseq *c, int32_t t) {
+    if (c->gm_on) {
+        if (tok_is_eog(e->tok, t) || gmatch_accept(c->gm, t) == 0) return 0;
+        finish(e, c, LM_FINISH_ERROR, LM_ERR_INTERNAL, "internal: the grammar refused the token it allowed");
+        return -1;
+    }
+    const stop_set *tr = &c->req->triggers;
+    int w = tok_token_bytes(e->tok, t, false, c->lz + c->n_lz, c->lz_cap - c->n_lz);
+    if (w < 0) w = 0;
+    if (w > c->lz_cap - c->n_lz) w = c->lz_cap - c->n_lz;
+    c->n_lz += w;
+    int first = -1;
+    for (int i = 0; i < tr->n; i++) {
+        size_t n = strlen(tr->s[i]);
+        for (int k = 0; k + (int)n <= c->n_lz; k++)
+            if (memcmp(c->lz + k, tr->s[i], n) == 0) {
+                if (first < 0 || k < first) first = k;
+                break;
+            }
+    }
+    if (first >= 0) {
+        c->gm_on = true;
+        if (gmatch_accept_bytes(c->gm, c->lz + first, (size_t)(c->n_lz - first)) < 0) {
+            finish(e, c, LM_FINISH_ERROR, LM_ERR_INVALID, "the text from the grammar's trigger on does not match the grammar");
+            return -1;
+        }
+        return 0;
+    }
+    /* keep what could still begin a trigger */
+    int keep = tr->max_len - 1;
+    if (c->n_lz > keep) {
+        memmove(c->lz, c->lz + c->n_lz - keep, (size_t)keep);
+        c->n_lz = keep;
+    }
+    return 0;
+}
+
 /* Sample choice c's next token from its logits row (modified), emit it, and
  * finish the choice if it ended. */
 static void take_token(lm_engine *e, eseq *c, float *row) {
@@ -246,12 +340,14 @@ static void take_token(lm_engine *e, eseq *c, float *row) {
         sample_log_softmax(row, V, e->lp);
         n_top = sample_top_n(e->lp, V, r->p.top_logprobs, top_ids, top_lp);
     }
-    int32_t t = sampler_sample(c->smp, row);
+    int32_t t = c->gm_on ? grammar_pick(e, c, row) : sampler_sample(c->smp, row);
+    if (t == -2) return; /* grammar_pick finished the choice */
     if (t < 0) {
         finish(e, c, LM_FINISH_ERROR, LM_ERR_INVALID, "every token is banned (logit_bias)");
         return;
     }
     sampler_accept(c->smp, t);
+    if (c->gm && grammar_advance(e, c, t) < 0) return;
     double now = lm_now();
     if (c->n_gen == 0) c->stats.ttft = now - c->stats.t_submit;
     c->tokens[c->n_tokens++] = t;
@@ -278,7 +374,8 @@ static void take_token(lm_engine *e, eseq *c, float *row) {
         }
     }
     emit_event(e, c, t, e->emit, len, lp, n_top, top_ids, top_lp);
-    if (eog || stopped) finish(e, c, LM_FINISH_STOP, LM_OK, NULL);
+    /* a grammar that can only end ends the text */
+    if (eog || stopped || (c->gm_on && gmatch_must_end(c->gm))) finish(e, c, LM_FINISH_STOP, LM_OK, NULL);
     /* the context is full once every position holds a token: the token
      * sampled from the last position's logits ends the text without one */
     else if (c->n_gen >= r->p.max_tokens || c->n_tokens > e->n_ctx) finish(e, c, LM_FINISH_LENGTH, LM_OK, NULL);
@@ -342,6 +439,14 @@ static lm_status check_fields(const lm_engine *e, const lm_request_params *p, ch
         if (!p->stop[i] || !p->stop[i][0] || strlen(p->stop[i]) > MAX_STOP_LEN)
             return lm_err(err, errlen, "stop string %d is empty or longer than %d bytes", i, MAX_STOP_LEN),
                    LM_ERR_INVALID;
+    if (p->n_grammar_triggers < 0 || p->n_grammar_triggers > MAX_TRIGGERS ||
+        (p->n_grammar_triggers && (!p->grammar_triggers || !p->grammar)))
+        return lm_err(err, errlen, "grammar triggers need a grammar and at most %d strings", MAX_TRIGGERS),
+               LM_ERR_INVALID;
+    for (int i = 0; i < p->n_grammar_triggers; i++)
+        if (!p->grammar_triggers[i] || !p->grammar_triggers[i][0] || strlen(p->grammar_triggers[i]) > MAX_STOP_LEN)
+            return lm_err(err, errlen, "grammar trigger %d is empty or longer than %d bytes", i, MAX_STOP_LEN),
+                   LM_ERR_INVALID;
     return LM_OK;
 }
 
@@ -364,19 +469,65 @@ static lm_status check_pool(const lm_engine *e, const lm_request_params *p, int6
     return LM_OK;
 }
 
-/* A new request with its choices, or NULL when out of memory. */
-static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max_tokens, bool handle) {
+/* The per-vocabulary grammar tables and buffers, built by the first request
+ * with a grammar. 0, or -1 when out of memory. */
+static int grammar_tables(lm_engine *e) {
+    int rc = 0;
+    pthread_mutex_lock(&e->gv_mu);
+    if (!e->gvocab) {
+        int32_t V = e->m->hp.n_vocab;
+        lm_gvocab *gv = grammar_vocab_new(e->tok, NULL, 0);
+        int32_t n = gv ? (grammar_vocab_size(gv) > V ? grammar_vocab_size(gv) : V) : 0;
+        e->gwork = lm_malloc((size_t)V * sizeof *e->gwork);
+        e->gmask = lm_malloc((size_t)(n + 31) / 32 * sizeof *e->gmask);
+        if (gv && e->gwork && e->gmask) e->gvocab = gv;
+        else {
+            grammar_vocab_free(gv);
+            lm_free(e->gwork);
+            lm_free(e->gmask);
+            e->gwork = NULL, e->gmask = NULL;
+            rc = -1;
+        }
+    }
+    pthread_mutex_unlock(&e->gv_mu);
+    return rc;
+}
+
+/* Choice c's grammar state: a new one for choice 0, a copy of choice 0's
+ * for the others (all at the start). 0, or -1 when out of memory. */
+static int choice_grammar(lm_engine *e, lm_request *r, eseq *c) {
+    c->gm = c->index == 0 ? gmatch_new(r->grammar, e->gvocab, NULL, 0) : gmatch_copy(r->ch[0].gm);
+    if (!c->gm) return -1;
+    c->gm_on = r->triggers.n == 0;
+    if (!c->gm_on) {
+        c->lz_cap = r->triggers.max_len - 1 + e->piece_cap;
+        if (!(c->lz = lm_malloc((size_t)c->lz_cap))) return -1;
+    }
+    return 0;
+}
+
+/* A new request with its choices, or NULL when out of memory. g: its
+ * compiled grammar (taken over, even on failure), or NULL. */
+static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max_tokens, bool handle,
+                               lm_grammar *g) {
     lm_request *r = lm_calloc(1, sizeof *r);
-    if (!r) return NULL;
+    if (!r) {
+        grammar_free(g);
+        return NULL;
+    }
+    r->grammar = g;
     atomic_init(&r->refs, 1);
     atomic_init(&r->cancel, false);
     r->p = *p;
     r->p.prompt = NULL, r->p.n_prompt = 0, r->p.text = NULL, r->p.text_len = 0;
     r->p.bias_ids = NULL, r->p.bias_vals = NULL, r->p.n_bias = 0;
     r->p.max_tokens = max_tokens;
+    r->p.grammar = NULL, r->p.grammar_len = 0, r->p.grammar_root = NULL;
+    r->p.grammar_triggers = NULL, r->p.n_grammar_triggers = 0;
     r->n_live = p->n;
     r->ch = lm_calloc((size_t)p->n, sizeof *r->ch);
-    bool ok = r->ch && stop_set_init(&r->stop, p->stop, p->n_stop) == 0;
+    bool ok = r->ch && stop_set_init(&r->stop, p->stop, p->n_stop) == 0 &&
+              (!g || stop_set_init(&r->triggers, p->grammar_triggers, p->n_grammar_triggers) == 0);
     r->p.stop = (const char *const *)r->stop.s;
     r->p.n_stop = r->stop.n;
     double now = lm_now();
@@ -402,6 +553,10 @@ static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max
         if (p->penalize_prompt)
             for (int k = 0; k < p->n_prompt; k++) sampler_accept(c->smp, p->prompt[k]);
         detok_init(&c->dt, e->tok, false, false);
+        if (g && choice_grammar(e, r, c) != 0) {
+            ok = false;
+            break;
+        }
         c->stats.prompt_tokens = p->n_prompt;
         c->stats.t_submit = now;
     }
@@ -429,7 +584,18 @@ static lm_status submit_tokens(lm_engine *e, const lm_request_params *p, lm_requ
     /* the KV holds every token but the last */
     int64_t positions = (int64_t)p->n_prompt + max_tokens < e->n_ctx ? (int64_t)p->n_prompt + max_tokens : e->n_ctx;
     if ((rc = check_pool(e, p, positions, err, errlen)) != LM_OK) return rc;
-    lm_request *r = request_new(e, p, max_tokens, out != NULL);
+    lm_grammar *g = NULL;
+    if (p->grammar) {
+        char gerr[LM_ERRLEN];
+        size_t glen = p->grammar_len ? p->grammar_len : strlen(p->grammar);
+        if (!(g = grammar_parse(p->grammar, glen, p->grammar_root, gerr, sizeof gerr)))
+            return lm_err(err, errlen, "grammar: %s", gerr), LM_ERR_INVALID;
+        if (grammar_tables(e) != 0) {
+            grammar_free(g);
+            return lm_err(err, errlen, "out of memory building the grammar's vocabulary tables"), LM_ERR_NOMEM;
+        }
+    }
+    lm_request *r = request_new(e, p, max_tokens, out != NULL, g);
     if (!r) return lm_err(err, errlen, "out of memory"), LM_ERR_NOMEM;
     pthread_mutex_lock(&e->mu);
     if (e->stop || (e->cfg.max_waiting > 0 && e->n_inbox + e->stats.waiting >= e->cfg.max_waiting)) {
@@ -847,6 +1013,10 @@ static void destroy(lm_engine *e) {
     lm_free(e->lp);
     lm_free(e->piece);
     lm_free(e->emit);
+    grammar_vocab_free(e->gvocab);
+    lm_free(e->gwork);
+    lm_free(e->gmask);
+    pthread_mutex_destroy(&e->gv_mu);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->wake);
     pthread_cond_destroy(&e->idle_cv);
@@ -911,6 +1081,7 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
     e->n_ctx = dims.n_ctx;
     e->cfg = c;
     pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->gv_mu, NULL);
     pthread_cond_init(&e->wake, NULL);
     pthread_cond_init(&e->idle_cv, NULL);
 
