@@ -3,7 +3,7 @@
 # the demo's greedy story, seeded sampling, llama2.c import, tokenize (also
 # on the vocabulary-only files of tests/data/vocab), run --chat, where run
 # stops (context, -n), perplexity, info, the --kv-type parser, the exit
-# codes of bad invocations, the trained-context limit (--ctx-extend) of every
+# codes of bad invocations, run --grammar, the trained-context limit (--ctx-extend) of every
 # command with -c, quantize's fallback warnings and summary, and progress
 # lines on a terminal (under script) but not on a pipe.
 set -u
@@ -97,6 +97,18 @@ fi
 # the kernel table's ISA; LAMINA_NO_SIMD=1 keeps the scalar reference
 grep -Eq "^kernels: +(avx2|scalar)$" "$T/info" && LAMINA_NO_SIMD=1 "$L" info -m "$M" 2>&1 | grep -Eq "^kernels: +scalar$" &&
     ok info_kernels || bad info_kernels "$(grep kernels "$T/info")"
+
+# run --grammar: the text after the prompt is a whole string of the grammar (it ends
+# the text), greedy and sampled; a bad grammar fails naming its line and column
+printf 'root ::= " Once" (" " [a-z]+){3,8} "."\n' >"$T/words.gbnf"
+for s in "--temp 0" "--temp 1 --seed 3"; do
+    out=$("$L" run -m "$M" -p "Hello" -n 60 $s --grammar "$T/words.gbnf" 2>"$T/err")
+    [[ "$out" =~ ^Hello\ Once(\ [a-z]+){3,8}\.$ ]] && ok "run_grammar $s" || bad "run_grammar $s" "got: $out" "$(cat "$T/err")"
+done
+printf 'root ::= "a"\nb ::= [x\n' >"$T/bad.gbnf"
+"$L" run -m "$M" -p "Hello" -n 5 --grammar "$T/bad.gbnf" >/dev/null 2>"$T/err"; rc=$?
+[ $rc -eq 1 ] && grep -q "grammar: line 2, column 9: unexpected end of line" "$T/err" && ok run_grammar_error ||
+    bad run_grammar_error "rc=$rc" "$(cat "$T/err")"
 
 # 7. exit codes: usage errors 2, failures 1, help 0
 "$L" run --bogus >/dev/null 2>&1; [ $? -eq 2 ] && ok bad_flag_exit2 || bad bad_flag_exit2

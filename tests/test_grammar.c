@@ -155,6 +155,8 @@ static void test_errors(void) {
     CHECK(err_has("root ::= \"\xc3\"", "line 1, column 11: invalid UTF-8"));
     CHECK(err_has("root ::= \"a\" @", "line 1, column 14: unexpected character '@'"));
     CHECK(err_has("\n\n  root ::= \"a\"\n  x ::= [a-", "line 4, column 9: unterminated character class"));
+    CHECK(err_has("root ::= \"a\" (\n", "line 1, column 14: unclosed '('"));
+    CHECK(err_has("root ::= (\n  \"a\"\n  | [b\n", "line 3, column 7: unexpected end of line"));
     CHECK(err_has("x ::= \"a\"", "no rule named 'root'"));
     CHECK(err_has("", "no rule named 'root'"));
 }

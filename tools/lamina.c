@@ -58,6 +58,9 @@ static void usage_run(FILE *f) {
             "      --frequency-penalty F, --presence-penalty P\n"
             "      --seed S         RNG seed (default 0)\n"
             "      --ignore-eos     keep generating past end-of-generation tokens\n"
+            "      --grammar FILE   constrain the output to a GBNF grammar (root rule \"root\"):\n"
+            "                       tokens that cannot continue it are never sampled, and the\n"
+            "                       text ends when the grammar is complete\n"
             "      --show-ids       also print the prompt and generated token ids to stderr\n"
             "      --chat           treat the prompt as a user message: render it with the model's\n"
             "                       chat template and print only the reply\n"
@@ -225,7 +228,7 @@ static int cmd_run(int argc, char **argv) {
     long long n_predict = 128, n_ctx = 0, threads = pool_default_threads();
     bool ignore_eos = false, show_ids = false, chat = false, ctx_extend = false;
     uint32_t kv_type = LM_TYPE_F16;
-    const char *system = NULL, *chat_tmpl = NULL;
+    const char *system = NULL, *chat_tmpl = NULL, *gfile = NULL;
     lm_sample_params sp;
     sample_params_default(&sp);
     for (a.i = 1; a.i < argc; a.i++) {
@@ -248,6 +251,7 @@ static int cmd_run(int argc, char **argv) {
         else if (is_flag(&a, "--presence-penalty", NULL)) sp.presence_penalty = (float)need_float(&a, -2, 2);
         else if (is_flag(&a, "--seed", NULL)) sp.seed = (uint64_t)need_int(&a, 0, 0x7fffffffffffffffLL);
         else if (is_flag(&a, "--ignore-eos", NULL)) ignore_eos = true;
+        else if (is_flag(&a, "--grammar", NULL)) gfile = need_val(&a);
         else if (is_flag(&a, "--show-ids", NULL)) show_ids = true;
         else if (is_flag(&a, "--chat", NULL)) chat = true;
         else if (is_flag(&a, "--system", NULL)) system = need_val(&a);
@@ -264,6 +268,13 @@ static int cmd_run(int argc, char **argv) {
     }
     if (!prompt) die_usage(&a, "%s", "no prompt given (-p TEXT or -f FILE)");
     if (!pfile) plen = strlen(prompt);
+    char *gbuf = NULL;
+    size_t glen = 0;
+    if (gfile) {
+        char rerr[LM_ERRLEN];
+        if (!(gbuf = safefile_read(gfile, &glen, rerr, sizeof rerr))) fail("run", rerr);
+        if (glen == 0) fail("run", "the grammar file is empty");
+    }
 
     double t0 = lm_now();
     lm_model *m = load_or_die("run", model);
@@ -310,6 +321,8 @@ static int cmd_run(int argc, char **argv) {
     rp.sp = sp;
     rp.ignore_eos = ignore_eos;
     rp.penalize_prompt = true;
+    rp.grammar = gbuf;
+    rp.grammar_len = glen;
     rp.on_event = run_event;
     rp.user = &out;
 
@@ -356,6 +369,7 @@ static int cmd_run(int argc, char **argv) {
     pthread_cond_destroy(&out.cv);
     free(toks);
     lm_free(pbuf);
+    lm_free(gbuf);
     lm_free(rendered);
     model_free(m);
     return 0;

@@ -64,7 +64,7 @@ typedef struct {
 } prule;
 
 typedef struct {
-    const char *s, *end, *line_start;
+    const char *start, *s, *end, *line_start;
     int line;
     prule *rules;
     int32_t n_rules, cap_rules;
@@ -88,7 +88,12 @@ static int perr(parser *p, const char *at, const char *fmt, const char *arg) {
     p->failed = true;
     char what[200];
     snprintf(what, sizeof what, fmt, arg ? arg : "");
-    lm_err(p->err, p->errlen, "line %d, column %d: %s", p->line, col_of(p, at), what);
+    /* the line and column of at, counted from the text's start */
+    int line = 1;
+    const char *ls = p->start;
+    for (const char *q = p->start; q < at; q++)
+        if (*q == '\n') line++, ls = q + 1;
+    lm_err(p->err, p->errlen, "line %d, column %d: %s", line, (int)(at - ls) + 1, what);
     return -1;
 }
 
@@ -735,8 +740,8 @@ static lm_grammar *flatten(parser *p, int32_t root) {
 }
 
 lm_grammar *grammar_parse(const char *text, size_t len, const char *root, char *err, size_t errlen) {
-    parser p = {.s = text, .end = text + len, .line_start = text, .line = 1, .err = err, .errlen = errlen};
-    if (!text) len = 0, p.s = p.end = p.line_start = "";
+    if (!text) text = "", len = 0;
+    parser p = {.start = text, .s = text, .end = text + len, .line_start = text, .line = 1, .err = err, .errlen = errlen};
     if (!root) root = "root";
     lm_grammar *g = NULL;
     if (parse_rules(&p) < 0) goto done;
