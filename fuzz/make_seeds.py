@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write the seed corpora of fuzz_chat and fuzz_convert into fuzz/seeds/.
+"""Write the seed corpora of the fuzz targets into fuzz/seeds/.
 
 Run from the repository root: python3 fuzz/make_seeds.py. The files are
 committed; rerunning rewrites them identically (no randomness).
@@ -17,6 +17,8 @@ fuzz_request: byte 0 picks the route (bit 0: chat), then the body; these
 fuzz_tokenize: byte 0 picks the tokenizer (bit 0: GPT-2 BPE, else
   SentencePiece) and flags, then the text; these add whitespace runs,
   byte-fallback text, special-token look-alikes and contractions.
+fuzz_grammar: GBNF text, a NUL, then bytes for the matcher. Seeds: a JSON
+  grammar with a document, every construct, and refused grammars.
 fuzz_gguf: the malformed files of tests/data/gguf_bad under 1 KiB (copied as
   bad_<name>), beside the valid ones already in fuzz/seeds/fuzz_gguf.
 """
@@ -149,9 +151,36 @@ def request_seeds():
         write("fuzz_request", name, bytes([opt]) + body)
 
 
+
+JSON_GBNF = b"""root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\\"" ( [^"\\\\\\x7F\\x00-\\x1F] | "\\\\" (["\\\\/bfnrt] | "u" [0-9a-fA-F]{4}) )* "\\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+ws ::= | " " | "\\n" [ \\t]{0,20}
+"""
+
+
+def grammar_seeds():
+    write("fuzz_grammar", "json", JSON_GBNF + b"\0" + b'{"a": [1, 2.5e3, "x\\u00e9\xc3\xa9", {"b": null}], "c": true}')
+    write("fuzz_grammar", "constructs",
+          b'# every construct\nroot ::= a b{2} c{1,} d{0,3} e? f* (g | h)+ "\\x41\\u00e9\\U0001F600" . [^a-z\\]]\n'
+          b'a ::= "a"\nb ::= [b-c]\nc ::= "c"\nd ::= "d" | "dd"\ne ::= "e"\nf ::= "f"\ng ::= "g"\nh ::= "h"\n'
+          b"\0abbcccddeffgh\x41\xc3\xa9\xf0\x9f\x98\x80zZ")
+    write("fuzz_grammar", "recursion", b'root ::= p\np ::= "(" p ")" p | ""\n\0(()(()))()')
+    write("fuzz_grammar", "continued", b'root ::= "x"\n     | "y" [\xe4\xb8\xad-\xe4\xb9\x80]+\n\0y\xe4\xb8\xad\xe4')
+    write("fuzz_grammar", "left_recursive", b'root ::= root "a" | "b"\0ba')
+    write("fuzz_grammar", "nullable_repeat", b'root ::= ("a"?)*\0aa')
+    write("fuzz_grammar", "undefined", b"root ::= missing\0")
+    write("fuzz_grammar", "unterminated", b'root ::= "abc\0abc')
+    write("fuzz_grammar", "bad_escape", b'root ::= "\\q" [\\x4]\0')
+
+
 if __name__ == "__main__":
     gguf_seeds()
     request_seeds()
     tokenize_seeds()
     chat_seeds()
     convert_seeds()
+    grammar_seeds()

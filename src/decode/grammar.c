@@ -39,8 +39,9 @@
  *
  * The cache (frames, states, transitions, masks) belongs to the matchers
  * of one grammar and vocabulary: gmatch_copy shares it (reference
- * counted). It only grows, and ids never change, so copies stay
- * independent; it is not thread-safe (one engine thread uses it).
+ * counted, atomically: copies may be made and freed on any thread). It
+ * only grows, and ids never change, so copies stay independent; stepping
+ * and masking are not thread-safe (one engine thread does them).
  * Masks are dropped when they exceed a memory bound (GM_MASK_BYTES).
  */
 #include "decode/grammar.h"

@@ -23,6 +23,7 @@
  * deep grammars cannot overflow the C stack. It terminates because the
  * compiler refused left recursion.
  */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,14 +32,14 @@
 #include "decode/grammar_int.h"
 
 enum { T_UNKNOWN = -2, T_DEAD = -1, T_NOMEM = -3 };
-#define GM_MASK_BYTES ((size_t)256 << 20) /* cached masks above this are dropped */
+#define GM_MASK_BYTES ((size_t)64 << 20) /* cached masks above this are dropped */
 
 typedef struct {
     int32_t pos, parent;
 } gframe;
 
 typedef struct {
-    int refs;
+    atomic_int refs;     /* matchers sharing it (copies may be made and freed on any thread) */
     const lm_grammar *g;
     const lm_gvocab *v;
     gframe *fr;          /* (n_fr) interned frames; fr[0] is the empty stack */
@@ -383,7 +384,7 @@ static void cache_free(gcache *c) {
 static gcache *cache_new(const lm_grammar *g, const lm_gvocab *v) {
     gcache *c = lm_calloc(1, sizeof *c);
     if (!c) return NULL;
-    c->refs = 1;
+    atomic_init(&c->refs, 1);
     c->g = g;
     c->v = v;
     c->cap_fr = 256, c->fr_htcap = 1024, c->cap_items = 1024, c->cap_st = 64, c->st_htcap = 256;
@@ -446,13 +447,13 @@ lm_gmatch *gmatch_copy(const lm_gmatch *m) {
     lm_gmatch *k = lm_malloc(sizeof *k);
     if (!k) return NULL;
     *k = *m;
-    k->c->refs++;
+    atomic_fetch_add(&k->c->refs, 1);
     return k;
 }
 
 void gmatch_free(lm_gmatch *m) {
     if (!m) return;
-    if (--m->c->refs == 0) cache_free(m->c);
+    if (atomic_fetch_sub(&m->c->refs, 1) == 1) cache_free(m->c);
     lm_free(m);
 }
 

@@ -56,6 +56,18 @@
 
 #define MAX_STOP_LEN 1024     /* bytes of one stop string */
 #define MAX_TRIGGERS 64       /* lazy-grammar triggers of one request */
+#define MAX_GRAMMARS 8        /* compiled grammars the engine keeps for reuse */
+
+/* A compiled grammar kept for the requests that send the same text: they
+ * share its matcher's cache (states, transitions, masks), so a schema
+ * served many times computes each mask once. */
+typedef struct {
+    char *text;               /* (len) the GBNF text */
+    size_t len;
+    char *root;               /* the start rule's name */
+    lm_grammar *g;
+    lm_gmatch *proto;         /* at the start; requests copy it */
+} gentry;
 
 typedef enum { CH_PENDING_FORK, CH_LIVE, CH_DONE } ch_state;
 
@@ -87,7 +99,8 @@ struct lm_request {
     lm_request_params p;      /* as submitted; prompt, text and bias cleared (the choices and
                                  samplers hold them), stop pointing into `stop`, max_tokens resolved */
     stop_set stop;            /* owned copies of the stop strings */
-    lm_grammar *grammar;      /* the compiled grammar (NULL: none); p.grammar is cleared */
+    lm_grammar *grammar;      /* its own compiled grammar, or NULL (none, or the engine's shared one) */
+    lm_gmatch *gproto;        /* the grammar's start state, which choices copy (owned with grammar) */
     stop_set triggers;        /* owned copies of the lazy grammar's triggers */
     int n_live;               /* choices not yet done */
     eseq *ch;                 /* (p.n) */
@@ -136,6 +149,8 @@ struct lm_engine {
     /* constrained decoding: built on the first request with a grammar */
     pthread_mutex_t gv_mu;    /* guards gvocab's creation (submitters build it) */
     lm_gvocab *gvocab;        /* the vocabulary's byte trie, shared by every grammar */
+    gentry gtab[MAX_GRAMMARS];/* grammars kept for reuse (under gv_mu) */
+    int n_gtab;
     float *gwork;             /* (n_vocab) a logits copy for the greedy shortcut */
     uint32_t *gmask;          /* ((max(n_vocab, gvocab size) + 31) / 32) allowed tokens */
 
@@ -188,6 +203,7 @@ static void request_unref(lm_request *r) {
     }
     stop_set_free(&r->stop);
     stop_set_free(&r->triggers);
+    if (r->grammar) gmatch_free(r->gproto);
     grammar_free(r->grammar);
     lm_free(r->ch);
     lm_free(r);
@@ -493,10 +509,57 @@ static int grammar_tables(lm_engine *e) {
     return rc;
 }
 
-/* Choice c's grammar state: a new one for choice 0, a copy of choice 0's
- * for the others (all at the start). 0, or -1 when out of memory. */
+/* The request's grammar: the engine's compiled copy of the same text and
+ * root if it keeps one, else compiled now (and kept while there is room).
+ * *proto is its start state; *own the grammar when the request owns it
+ * (with *proto). LM_ERR_INVALID for a bad grammar, LM_ERR_NOMEM. */
+static lm_status grammar_get(lm_engine *e, const lm_request_params *p, lm_gmatch **proto, lm_grammar **own,
+                             char *err, size_t errlen) {
+    size_t len = p->grammar_len ? p->grammar_len : strlen(p->grammar);
+    const char *root = p->grammar_root ? p->grammar_root : "root";
+    if (grammar_tables(e) != 0)
+        return lm_err(err, errlen, "out of memory building the grammar's vocabulary tables"), LM_ERR_NOMEM;
+    lm_status rc = LM_OK;
+    pthread_mutex_lock(&e->gv_mu);
+    for (int i = 0; i < e->n_gtab; i++) {
+        gentry *t = &e->gtab[i];
+        if (t->len == len && !memcmp(t->text, p->grammar, len) && !strcmp(t->root, root)) {
+            *proto = t->proto;
+            goto done;
+        }
+    }
+    char gerr[LM_ERRLEN];
+    lm_grammar *g = grammar_parse(p->grammar, len, root, gerr, sizeof gerr);
+    if (!g) {
+        rc = LM_ERR_INVALID;
+        lm_err(err, errlen, "grammar: %s", gerr);
+        goto done;
+    }
+    lm_gmatch *m = gmatch_new(g, e->gvocab, NULL, 0);
+    if (!m) {
+        grammar_free(g);
+        rc = LM_ERR_NOMEM;
+        lm_err(err, errlen, "out of memory starting the grammar");
+        goto done;
+    }
+    gentry t = {lm_strndup(p->grammar, len), len, lm_strndup(root, strlen(root)), g, m};
+    if (e->n_gtab < MAX_GRAMMARS && t.text && t.root) {
+        e->gtab[e->n_gtab++] = t;
+    } else {
+        lm_free(t.text);
+        lm_free(t.root);
+        *own = g;
+    }
+    *proto = m;
+done:
+    pthread_mutex_unlock(&e->gv_mu);
+    return rc;
+}
+
+/* Choice c's grammar state: a copy of the request's start state. 0, or -1
+ * when out of memory. */
 static int choice_grammar(lm_engine *e, lm_request *r, eseq *c) {
-    c->gm = c->index == 0 ? gmatch_new(r->grammar, e->gvocab, NULL, 0) : gmatch_copy(r->ch[0].gm);
+    c->gm = gmatch_copy(r->gproto);
     if (!c->gm) return -1;
     c->gm_on = r->triggers.n == 0;
     if (!c->gm_on) {
@@ -506,16 +569,20 @@ static int choice_grammar(lm_engine *e, lm_request *r, eseq *c) {
     return 0;
 }
 
-/* A new request with its choices, or NULL when out of memory. g: its
- * compiled grammar (taken over, even on failure), or NULL. */
+/* A new request with its choices, or NULL when out of memory. proto: its
+ * grammar's start state or NULL; own: its grammar when not the engine's
+ * (taken over with proto, even on failure). */
 static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max_tokens, bool handle,
-                               lm_grammar *g) {
+                               lm_gmatch *proto, lm_grammar *own) {
     lm_request *r = lm_calloc(1, sizeof *r);
     if (!r) {
-        grammar_free(g);
+        if (own) gmatch_free(proto);
+        grammar_free(own);
         return NULL;
     }
-    r->grammar = g;
+    r->grammar = own;
+    r->gproto = proto;
+    const bool g = proto != NULL;
     atomic_init(&r->refs, 1);
     atomic_init(&r->cancel, false);
     r->p = *p;
@@ -584,18 +651,10 @@ static lm_status submit_tokens(lm_engine *e, const lm_request_params *p, lm_requ
     /* the KV holds every token but the last */
     int64_t positions = (int64_t)p->n_prompt + max_tokens < e->n_ctx ? (int64_t)p->n_prompt + max_tokens : e->n_ctx;
     if ((rc = check_pool(e, p, positions, err, errlen)) != LM_OK) return rc;
-    lm_grammar *g = NULL;
-    if (p->grammar) {
-        char gerr[LM_ERRLEN];
-        size_t glen = p->grammar_len ? p->grammar_len : strlen(p->grammar);
-        if (!(g = grammar_parse(p->grammar, glen, p->grammar_root, gerr, sizeof gerr)))
-            return lm_err(err, errlen, "grammar: %s", gerr), LM_ERR_INVALID;
-        if (grammar_tables(e) != 0) {
-            grammar_free(g);
-            return lm_err(err, errlen, "out of memory building the grammar's vocabulary tables"), LM_ERR_NOMEM;
-        }
-    }
-    lm_request *r = request_new(e, p, max_tokens, out != NULL, g);
+    lm_gmatch *proto = NULL;
+    lm_grammar *own = NULL;
+    if (p->grammar && (rc = grammar_get(e, p, &proto, &own, err, errlen)) != LM_OK) return rc;
+    lm_request *r = request_new(e, p, max_tokens, out != NULL, proto, own);
     if (!r) return lm_err(err, errlen, "out of memory"), LM_ERR_NOMEM;
     pthread_mutex_lock(&e->mu);
     if (e->stop || (e->cfg.max_waiting > 0 && e->n_inbox + e->stats.waiting >= e->cfg.max_waiting)) {
@@ -1013,6 +1072,12 @@ static void destroy(lm_engine *e) {
     lm_free(e->lp);
     lm_free(e->piece);
     lm_free(e->emit);
+    for (int i = 0; i < e->n_gtab; i++) {
+        gmatch_free(e->gtab[i].proto);
+        grammar_free(e->gtab[i].g);
+        lm_free(e->gtab[i].text);
+        lm_free(e->gtab[i].root);
+    }
     grammar_vocab_free(e->gvocab);
     lm_free(e->gwork);
     lm_free(e->gmask);
