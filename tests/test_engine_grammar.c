@@ -12,7 +12,8 @@
  *     and under preemption in a tiny KV pool;
  *   - a lazy grammar: output identical to the free one up to the trigger,
  *     constrained from the trigger's first byte on;
- *   - a bad grammar or bad triggers are refused at submission.
+ *   - a bad grammar or bad triggers are refused at submission;
+ *   - more distinct grammars than the engine keeps compiled.
  */
 #include <stdatomic.h>
 #include <string.h>
@@ -335,6 +336,32 @@ static void test_refused(void) {
     engine_free(e);
 }
 
+/* More distinct grammars than the engine keeps: each request still gets
+ * its own, and its output follows it. */
+static void test_many_grammars(void) {
+    lm_engine *e = new_engine(8, 0);
+    CHECK(e);
+    lm_sample_params sp = sampling(1);
+    enum { K = 12 };
+    static collect c[K];
+    static char g[K][128];
+    memset(c, 0, sizeof c);
+    char err[LM_ERRLEN];
+    for (int k = 0; k < K; k++) {
+        snprintf(g[k], sizeof g[k], "root ::= \"Once\" (\" \" [a-z]+){%d,%d} \".\"\n", 1 + k % 3, 2 + k);
+        lm_request_params p = params(g[k], &sp, 60, &c[k]);
+        CHECKF(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK, "%s", err);
+    }
+    engine_wait_idle(e);
+    for (int k = 0; k < K; k++) {
+        CHECK(c[k].done[0] == 1);
+        int j = text_judge(g[k], c[k].tokens[0], c[k].n[0]);
+        CHECKF(c[k].finish[0] == LM_FINISH_STOP ? j == 1 : j == 0, "grammar %d: judge %d", k, j);
+    }
+    CHECKF(engine_check(e, err, sizeof err) == 0, "%s", err);
+    engine_free(e);
+}
+
 int main(void) {
     kernels_init();
     char err[LM_ERRLEN];
@@ -351,6 +378,7 @@ int main(void) {
     TEST_RUN(test_batch_fork_preemption);
     TEST_RUN(test_lazy);
     TEST_RUN(test_refused);
+    TEST_RUN(test_many_grammars);
     grammar_vocab_free(gvocab);
     pool_free(ref_pool);
     model_free(model);
