@@ -104,7 +104,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-g") && i + 1 < argc) gfile = argv[++i];
         else if (!strcmp(argv[i], "--temp") && i + 1 < argc) temp = (float)atof(argv[++i]);
         else {
-            fprintf(stderr, "usage: bench_grammar -m MODEL.gguf [-b BATCH] [-n TOKENS] [-t THREADS] [-g FILE.gbnf] [--temp T]\n");
+            fprintf(stderr, "usage: bench_grammar -m MODEL.gguf [-b BATCH] [-n TOKENS] [-t THREADS] [-g FILE.gbnf] "
+                            "[--temp T]\n");
             return 2;
         }
     }

@@ -56,7 +56,8 @@ static void on_event(void *user, const lm_event *ev) {
 
 /* A JSON-like record; the model has never seen one, so the mask decides. */
 static const char *RECORD =
-    "root ::= \"{\\\"name\\\": \\\"\" [a-z ]{1,12} \"\\\", \\\"age\\\": \" [1-9] [0-9]? \", \\\"tags\\\": [\" tags? \"]}\"\n"
+    "root ::= \"{\\\"name\\\": \\\"\" [a-z ]{1,12} \"\\\", \\\"age\\\": \" [1-9] [0-9]? "
+    "\", \\\"tags\\\": [\" tags? \"]}\"\n"
     "tags ::= tag (\", \" tag){0,2}\n"
     "tag ::= \"\\\"\" [a-z]+ \"\\\"\"\n";
 

@@ -51,7 +51,8 @@ static int judge(const lm_gvocab *v, const char *gbnf, const char *s) {
     return r;
 }
 
-#define J(gbnf, s, want) CHECKF(judge(v, gbnf, s) == (want), "%s on \"%s\": %d, want %d", gbnf, s, judge(v, gbnf, s), want)
+#define J(gbnf, s, want) \
+    CHECKF(judge(v, gbnf, s) == (want), "%s on \"%s\": %d, want %d", gbnf, s, judge(v, gbnf, s), want)
 
 static void test_constructs(void) {
     lm_gvocab *v = byte_vocab();

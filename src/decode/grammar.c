@@ -196,9 +196,9 @@ static int32_t class_add(parser *p, grange *r, int32_t n, bool neg, const char *
             if (r[i].hi > r[m - 1].hi) r[m - 1].hi = r[i].hi;
         } else r[m++] = r[i];
     }
-    grange tmp[1];
     int32_t need = neg ? m + 2 : m;
-    if (!GROW(p, p->ranges, p->n_ranges, p->cap_ranges, p->n_ranges + need + 1)) return perr(p, at, "out of memory%s", NULL);
+    if (!GROW(p, p->ranges, p->n_ranges, p->cap_ranges, p->n_ranges + need + 1))
+        return perr(p, at, "out of memory%s", NULL);
     int32_t off = p->n_ranges;
     if (neg) {
         uint32_t next = 0;
@@ -211,7 +211,6 @@ static int32_t class_add(parser *p, grange *r, int32_t n, bool neg, const char *
         memcpy(p->ranges + off, r, (size_t)m * sizeof *r);
         p->n_ranges += m;
     }
-    (void)tmp;
     /* surrogates are not characters: cut them out (may split a range) */
     for (int32_t i = off; i < p->n_ranges; i++) {
         grange *x = &p->ranges[i];
@@ -234,7 +233,8 @@ static int32_t class_add(parser *p, grange *r, int32_t n, bool neg, const char *
     c->n = p->n_ranges - off;
     c->ascii[0] = c->ascii[1] = 0;
     for (int32_t i = off; i < p->n_ranges; i++)
-        for (uint32_t cp = p->ranges[i].lo; cp <= p->ranges[i].hi && cp < 128; cp++) c->ascii[cp >> 6] |= 1ull << (cp & 63);
+        for (uint32_t cp = p->ranges[i].lo; cp <= p->ranges[i].hi && cp < 128; cp++)
+            c->ascii[cp >> 6] |= 1ull << (cp & 63);
     return p->n_cls++;
 }
 
@@ -312,8 +312,6 @@ static int parse_alternates(parser *p, int32_t rule);
 
 /* The last element of seq as an item to repeat: a single element. */
 static int emit_repeat(parser *p, int32_t rule, gelem item, int min, int max, const char *at) {
-    prule *r = &p->rules[rule];
-    (void)r;
     for (int i = 0; i < min; i++)
         if (rule_emit(p, rule, item.type, item.val) < 0) return -1;
     if (max == min) return 0;
@@ -323,8 +321,8 @@ static int emit_repeat(parser *p, int32_t rule, gelem item, int min, int max, co
         if (h < 0) return perr(p, at, "out of memory%s", NULL);
         p->rules[h].repeat = true;
         p->rules[h].defined = true;
-        if (rule_emit(p, h, item.type, item.val) < 0 || rule_emit(p, h, E_REF, h) < 0 || rule_emit(p, h, E_ALT, 0) < 0 ||
-            rule_emit(p, h, E_END, 0) < 0)
+        if (rule_emit(p, h, item.type, item.val) < 0 || rule_emit(p, h, E_REF, h) < 0 ||
+            rule_emit(p, h, E_ALT, 0) < 0 || rule_emit(p, h, E_END, 0) < 0)
             return -1;
         return rule_emit(p, rule, E_REF, h);
     }
@@ -338,7 +336,8 @@ static int emit_repeat(parser *p, int32_t rule, gelem item, int min, int max, co
         if (rule_emit(p, h, item.type, item.val) < 0) return -1;
         if (prev >= 0) {
             /* finish prev: x h | "" */
-            if (rule_emit(p, prev, E_REF, h) < 0 || rule_emit(p, prev, E_ALT, 0) < 0 || rule_emit(p, prev, E_END, 0) < 0)
+            if (rule_emit(p, prev, E_REF, h) < 0 || rule_emit(p, prev, E_ALT, 0) < 0 ||
+                rule_emit(p, prev, E_END, 0) < 0)
                 return -1;
         } else first = h;
         prev = h;
@@ -459,7 +458,8 @@ static int parse_sequence(parser *p, int32_t rule, bool nested) {
                 return 0;
             }
             int32_t ri = rule_find(p, ns, nl);
-            if (ri < 0 && (ri = rule_add(p, ns, nl, p->line, col_of(p, ns))) < 0) return perr(p, at, "out of memory%s", NULL);
+            if (ri < 0 && (ri = rule_add(p, ns, nl, p->line, col_of(p, ns))) < 0)
+                return perr(p, at, "out of memory%s", NULL);
             last_start = p->rules[rule].n, last_n = 1;
             if (rule_emit(p, rule, E_REF, ri) < 0) return -1;
         } else if (c == '*' || c == '+' || c == '?' || c == '{') {
@@ -506,7 +506,8 @@ static int parse_sequence(parser *p, int32_t rule, bool nested) {
             return 0;
         } else {
             char s[2] = {c, 0};
-            return perr(p, at, "unexpected character '%s'", (unsigned char)c >= 0x20 && (unsigned char)c < 0x7f ? s : "?");
+            bool printable = (unsigned char)c >= 0x20 && (unsigned char)c < 0x7f;
+            return perr(p, at, "unexpected character '%s'", printable ? s : "?");
         }
     }
 }
@@ -541,7 +542,8 @@ static int parse_rules(parser *p) {
             snprintf(name, sizeof name, "%.*s", (int)(nl < 60 ? nl : 60), ns);
             return perr(p, ns, "rule '%s' is defined twice", name);
         }
-        if (ri < 0 && (ri = rule_add(p, ns, nl, p->line, col_of(p, ns))) < 0) return perr(p, ns, "out of memory%s", NULL);
+        if (ri < 0 && (ri = rule_add(p, ns, nl, p->line, col_of(p, ns))) < 0)
+            return perr(p, ns, "out of memory%s", NULL);
         p->rules[ri].defined = true;
         p->rules[ri].line = p->line;
         p->rules[ri].col = col_of(p, ns);
@@ -586,8 +588,12 @@ static void fixpoint(const parser *p, bool *flag, bool productive) {
     }
 }
 
-/* DFS over leftmost references for a cycle; color 0 new, 1 on path, 2 done. */
+/* DFS over leftmost references for a cycle; color 0 new, 1 on path, 2 done.
+ * The rule on a cycle, -1 for none, -2 when references nest deeper than
+ * MAX_LEFT_DEPTH (refused rather than risking the C stack). */
+enum { MAX_LEFT_DEPTH = 4000 };
 static int32_t left_cycle(const parser *p, const bool *nullable, int32_t r, uint8_t *color, int depth) {
+    if (depth > MAX_LEFT_DEPTH) return -2;
     color[r] = 1;
     const prule *R = &p->rules[r];
     bool blocked = false;
@@ -603,9 +609,9 @@ static int32_t left_cycle(const parser *p, const bool *nullable, int32_t r, uint
             continue;
         }
         if (color[e.val] == 1) return e.val;
-        if (color[e.val] == 0 && depth < 100000) {
+        if (color[e.val] == 0) {
             int32_t c = left_cycle(p, nullable, e.val, color, depth + 1);
-            if (c >= 0) return c;
+            if (c != -1) return c;
         }
         if (!nullable[e.val]) blocked = true;
     }
@@ -634,6 +640,10 @@ static int check_rules(parser *p, int32_t root) {
     for (int32_t r = 0; r < p->n_rules; r++) {
         if (color[r]) continue;
         int32_t c = left_cycle(p, nullable, r, color, 0);
+        if (c == -2) {
+            lm_err(p->err, p->errlen, "rules refer to each other more than %d deep at their start", MAX_LEFT_DEPTH);
+            goto done;
+        }
         if (c >= 0) {
             if (p->rules[c].repeat)
                 lm_err(p->err, p->errlen, "line %d, column %d: repetition of something that can match the empty string",
@@ -659,7 +669,8 @@ static int check_rules(parser *p, int32_t root) {
         int32_t r = work[--nw];
         if (!prod[r]) {
             bool self = false;
-            for (int32_t i = 0; i < p->rules[r].n; i++) self |= p->rules[r].el[i].type == E_REF && p->rules[r].el[i].val == r;
+            for (int32_t i = 0; i < p->rules[r].n; i++)
+                self |= p->rules[r].el[i].type == E_REF && p->rules[r].el[i].val == r;
             if (bad < 0 || self) bad = r;
         }
         for (int32_t i = 0; i < p->rules[r].n; i++) {
@@ -742,7 +753,8 @@ static lm_grammar *flatten(parser *p, int32_t root) {
 
 lm_grammar *grammar_parse(const char *text, size_t len, const char *root, char *err, size_t errlen) {
     if (!text) text = "", len = 0;
-    parser p = {.start = text, .s = text, .end = text + len, .line_start = text, .line = 1, .err = err, .errlen = errlen};
+    parser p = {.start = text, .s = text, .end = text + len, .line_start = text, .line = 1,
+                .err = err, .errlen = errlen};
     if (!root) root = "root";
     lm_grammar *g = NULL;
     if (parse_rules(&p) < 0) goto done;

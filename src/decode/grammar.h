@@ -71,7 +71,9 @@ void gmatch_reset(lm_gmatch *m);            /* back to the start */
  * words) is set iff token t is allowed. Returns the number allowed (0: the
  * grammar is stuck, which accept never lets happen). */
 int32_t gmatch_mask(lm_gmatch *m, uint32_t *allow);
-/* (A negative count: memory ran out while computing the mask.) */
+/* (A negative count: memory ran out while computing the mask, or a parse
+ * state held more than 65,536 stacks: a grammar too ambiguous to follow.
+ * gmatch_allows, gmatch_accept and gmatch_accept_bytes then refuse.) */
 /* Whether one token is allowed (cheaper than a mask when the sampler's
  * first choice is usually right). */
 bool gmatch_allows(lm_gmatch *m, int32_t tok);

@@ -33,6 +33,7 @@
 
 enum { T_UNKNOWN = -2, T_DEAD = -1, T_NOMEM = -3 };
 #define GM_MASK_BYTES ((size_t)64 << 20) /* cached masks above this are dropped */
+#define GM_MAX_STACKS (1 << 16)           /* stacks in one state: beyond, the grammar is refused as too ambiguous */
 
 typedef struct {
     int32_t pos, parent;
@@ -161,6 +162,7 @@ static int st_rehash(gcache *c, uint32_t cap) {
 static int32_t st_intern(gcache *c, uint32_t part) {
     int32_t n = c->n_out;
     if (n == 0) return T_DEAD;
+    if (n > GM_MAX_STACKS) return T_NOMEM; /* reported like running out of memory */
     qsort(c->out, (size_t)n, sizeof *c->out, cmp_i32);
     int32_t m = 0;
     for (int32_t i = 0; i < n; i++)

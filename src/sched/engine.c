@@ -285,7 +285,8 @@ static int32_t grammar_pick(lm_engine *e, eseq *c, float *row) {
     int32_t n = gmatch_mask(c->gm, e->gmask);
     if (n <= 0) {
         finish(e, c, LM_FINISH_ERROR, n < 0 ? LM_ERR_NOMEM : LM_ERR_INTERNAL,
-               n < 0 ? "out of memory computing the grammar's mask" : "internal: no token continues the grammar");
+               n < 0 ? "the grammar's parse state outgrew its bounds (too ambiguous) or memory ran out"
+                     : "internal: no token continues the grammar");
         return -2;
     }
     int32_t gv = grammar_vocab_size(e->gvocab);
@@ -329,7 +330,8 @@ static int grammar_advance(lm_engine *e, eseq *c, int32_t t) {
     if (first >= 0) {
         c->gm_on = true;
         if (gmatch_accept_bytes(c->gm, c->lz + first, (size_t)(c->n_lz - first)) < 0) {
-            finish(e, c, LM_FINISH_ERROR, LM_ERR_INVALID, "the text from the grammar's trigger on does not match the grammar");
+            finish(e, c, LM_FINISH_ERROR, LM_ERR_INVALID,
+                   "the text from the grammar's trigger on does not match the grammar");
             return -1;
         }
         return 0;
