@@ -21,6 +21,7 @@
  * whitespace, one object per line, repeated so that a request does not end
  * before its n tokens (free and constrained requests generate as many).
  */
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,7 @@
 #include "base/safefile.h"
 #include "base/util.h"
 #include "decode/grammar.h"
+#include "decode/sample.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "sched/engine.h"
@@ -168,8 +170,19 @@ int main(int argc, char **argv) {
     lm_gmatch *gm = gv && gr ? gmatch_new(gr, gv, err, sizeof err) : NULL;
     if (!gm) return fprintf(stderr, "%s\n", err), 1;
     uint32_t *mask = malloc(((size_t)grammar_vocab_size(gv) + 31) / 32 * 4);
-    double cold = 0, warm = 0, cold_max = 0;
+    double cold = 0, warm = 0, cold_max = 0, t_free = 0, t_con = 0;
     int steps = 0;
+    /* a sampling step alone and with the mask applied (cached masks), on
+     * random logits: the per-token cost the grammar adds to sampling */
+    int32_t V = m->hp.n_vocab;
+    float *row = malloc((size_t)V * sizeof *row), *work = malloc((size_t)V * sizeof *row);
+    lm_rng rng;
+    lm_rng_seed(&rng, 7);
+    for (int32_t i = 0; i < V; i++) row[i] = 3.0f * lm_rng_normal(&rng);
+    lm_sample_params sp;
+    sample_params_default(&sp);
+    sp.temp = temp;
+    lm_sampler *smp = sampler_new(&sp, V);
     for (int pass = 0; pass < 2; pass++) {
         gmatch_reset(gm);
         for (int i = 0; i < cs[0].n_out; i++) {
@@ -180,7 +193,30 @@ int main(int argc, char **argv) {
                 cold += d;
                 if (d > cold_max) cold_max = d;
                 steps++;
-            } else warm += d;
+            } else {
+                warm += d;
+                memcpy(work, row, (size_t)V * sizeof *row);
+                double s1 = cpu_now(CLOCK_THREAD_CPUTIME_ID);
+                sampler_sample(smp, work);
+                double s2 = cpu_now(CLOCK_THREAD_CPUTIME_ID);
+                memcpy(work, row, (size_t)V * sizeof *row);
+                double s3 = cpu_now(CLOCK_THREAD_CPUTIME_ID);
+                gmatch_mask(gm, mask);
+                for (int32_t w = 0; w < V / 32; w++) { /* as the engine applies it */
+                    uint32_t bits = mask[w];
+                    float *x = work + (size_t)w * 32;
+                    if (bits == 0xFFFFFFFFu) continue;
+                    if (bits == 0)
+                        for (int k = 0; k < 32; k++) x[k] = -INFINITY;
+                    else
+                        for (int k = 0; k < 32; k++)
+                            if (!((bits >> k) & 1)) x[k] = -INFINITY;
+                }
+                sampler_sample(smp, work);
+                double s4 = cpu_now(CLOCK_THREAD_CPUTIME_ID);
+                t_free += s2 - s1;
+                t_con += s4 - s3;
+            }
             if (gmatch_accept(gm, cs[0].out[i]) != 0) break;
         }
     }
@@ -193,7 +229,12 @@ int main(int argc, char **argv) {
            cpu_free * 1e3, cpu_g * 1e3, cpu_g / cpu_free);
     printf("mask per token (thread CPU time) over %d tokens: cold %.3f ms (max %.2f ms), cached %.4f ms\n", steps,
            steps ? cold / steps * 1e3 : 0, cold_max * 1e3, steps ? warm / steps * 1e3 : 0);
+    printf("sampling step (thread CPU time, cached masks): free %.3f ms, masked %.3f ms\n", t_free / steps * 1e3,
+           t_con / steps * 1e3);
     free(mask);
+    free(row);
+    free(work);
+    sampler_free(smp);
     gmatch_free(gm);
     grammar_free(gr);
     grammar_vocab_free(gv);

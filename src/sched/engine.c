@@ -289,13 +289,20 @@ static int32_t grammar_pick(lm_engine *e, eseq *c, float *row) {
                      : "internal: no token continues the grammar");
         return -2;
     }
-    int32_t gv = grammar_vocab_size(e->gvocab);
-    for (int32_t w = 0; w < (V + 31) / 32; w++) {
+    /* whole words first: most are all refused (or all allowed) */
+    int32_t gv = grammar_vocab_size(e->gvocab), full = (gv < V ? gv : V) / 32;
+    for (int32_t w = 0; w < full; w++) {
         uint32_t bits = e->gmask[w];
+        float *x = row + (size_t)w * 32;
         if (bits == 0xFFFFFFFFu) continue;
-        for (int32_t i = w * 32; i < w * 32 + 32 && i < V; i++)
-            if (i >= gv || !((bits >> (i & 31)) & 1)) row[i] = -INFINITY;
+        if (bits == 0)
+            for (int k = 0; k < 32; k++) x[k] = -INFINITY;
+        else
+            for (int k = 0; k < 32; k++)
+                if (!((bits >> k) & 1)) x[k] = -INFINITY;
     }
+    for (int32_t i = full * 32; i < V; i++)
+        if (i >= gv || !((e->gmask[i >> 5] >> (i & 31)) & 1)) row[i] = -INFINITY;
     int32_t t = sampler_sample(c->smp, row);
     if (t < 0) {
         finish(e, c, LM_FINISH_ERROR, LM_ERR_INVALID, "every token the grammar allows is banned (logit_bias)");
