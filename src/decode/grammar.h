@@ -25,6 +25,14 @@
  * as bytes: a token may end inside a multi-byte character or cross rule
  * boundaries.
  *
+ * The matcher is a set-of-stacks pushdown recognizer (as llama.cpp's),
+ * its parse states interned and their byte transitions cached, so it runs
+ * as a lazily built automaton; masks come from one pass over a preorder
+ * byte trie of the vocabulary and are cached per state (grammar_match.c).
+ * Refused at compile time: undefined rules, left recursion (also through
+ * rules that can be empty, e.g. a repetition of something that can be
+ * empty), rules that can never finish, empty classes.
+ *
  * A token is allowed iff its bytes extend the bytes accepted so far to a
  * prefix of some string of the grammar's language; an EOG token is
  * allowed iff the bytes so far are a complete string of the language. A

@@ -31,6 +31,12 @@
  * becomes the choice's KV; the others are freed before anything else
  * happens, so the pool the plan counted on is the pool the engine acts on.
  *
+ * Grammars. A choice's lm_gmatch advances with every token it takes
+ * (grammar_advance); it is not tied to the KV, so preemption and recompute
+ * leave it as it is, like the sampler's RNG and history. Submitters compile
+ * grammars and build the per-vocabulary tables under gv_mu; masks and steps
+ * happen on the engine thread only.
+ *
  * Threads. Submitters only touch the inbox (under mu) and a request's cancel
  * flag (atomic). Everything else - scheduler, KV bookkeeping, samplers -
  * belongs to the engine thread, which takes mu only to move the inbox,

@@ -26,6 +26,18 @@
  * be recomputed later with the same output. A request that the whole pool
  * or the context could never hold is rejected at submission.
  *
+ * A request may carry a GBNF grammar (lm_request_params.grammar, compiled
+ * at submission; decode/grammar.h): each choice keeps its own parse state,
+ * the tokens the grammar refuses are set to -INFINITY before its sampler
+ * runs, and a grammar that can only end finishes the choice with "stop".
+ * With trigger strings the grammar is lazy: free until the output contains
+ * a trigger, then in force from the trigger's first byte. The parse state
+ * depends only on the tokens chosen, so forks start from the same state,
+ * preemption keeps it, and the output is the same alone or in a batch. The
+ * per-vocabulary tables are built by the first request with a grammar; up
+ * to 8 compiled grammars are kept, so requests sending the same text share
+ * one mask cache.
+ *
  * Results reach the submitter through its callback, called on the engine
  * thread once per generated token (with the newly released text) and once
  * more at the end (done set). Callbacks must return quickly: a slow
