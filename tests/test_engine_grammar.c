@@ -7,7 +7,8 @@
  *     logits, then the sampler), greedy and sampled with top-k, top-p,
  *     min-p and penalties: the mask composes with every sampling option;
  *   - its text is a string of the grammar (a prefix when cut by max_tokens),
- *     and a grammar that can only end finishes the choice with "stop";
+ *     a grammar that can only end finishes the choice with "stop", and EOS
+ *     (even favoured by a logit bias) comes only where the grammar can end;
  *   - the same output alone and among free requests, with n = 3 choices,
  *     and under preemption in a tiny KV pool;
  *   - a lazy grammar: output identical to the free one up to the trigger,
@@ -63,6 +64,10 @@ static const char *RECORD =
 
 /* Free text in words, ending at a period; "Once" first. */
 static const char *WORDS = "root ::= \"Once\" (\" \" [a-z]+){2,6} \".\"\n";
+
+/* Lower-case text that may end anywhere after its first character: the
+ * end comes from an EOG token, allowed only there. */
+static const char *LOWER = "root ::= [a-z] [a-z ,.]*\n";
 
 static int32_t prompt[8];
 static int n_prompt;
@@ -174,8 +179,9 @@ static lm_sample_params sampling(int kind) {
 static void test_matches_reference(void) {
     lm_engine *e = new_engine(8, 0);
     CHECK(e);
-    const char *grammars[2] = {RECORD, WORDS};
-    for (int gi = 0; gi < 2; gi++)
+    const char *grammars[3] = {RECORD, WORDS, LOWER};
+    int eog_ends = 0; /* LOWER requests ended by an EOG token */
+    for (int gi = 0; gi < 3; gi++)
         for (int kind = 0; kind < 4; kind++) {
             lm_sample_params sp = sampling(kind);
             int32_t ref[MAX_OUT];
@@ -201,8 +207,23 @@ static void test_matches_reference(void) {
                 printf("NOTE grammar %d, sampled: %.*s\n", gi, len, text);
             }
             CHECKF(c.finish[0] == LM_FINISH_STOP ? j == 1 : j >= 0, "grammar %d sampling %d: judge %d", gi, kind, j);
+            if (gi == 2 && c.finish[0] == LM_FINISH_STOP) eog_ends++;
         }
+    printf("NOTE %d of 4 requests under the lower-case grammar ended on an EOG token\n", eog_ends);
+    /* EOS favoured by a large bias: refused until the grammar can end, taken then */
+    static collect c;
+    memset(&c, 0, sizeof c);
+    lm_sample_params sp = sampling(0);
+    lm_request_params p = params(LOWER, &sp, 20, &c);
+    int32_t eos = tok_eos(model->tok);
+    float big = 100.0f;
+    p.bias_ids = &eos, p.bias_vals = &big, p.n_bias = 1;
     char err[LM_ERRLEN];
+    CHECK(eos >= 0 && engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
+    engine_wait_idle(e);
+    CHECKF(c.n[0] == 2 && c.tokens[0][1] == eos && c.finish[0] == LM_FINISH_STOP &&
+               text_judge(LOWER, c.tokens[0], 1) == 1,
+           "%d tokens, finish %d", c.n[0], c.finish[0]);
     CHECKF(engine_check(e, err, sizeof err) == 0, "%s", err);
     engine_free(e);
 }
