@@ -12,7 +12,9 @@
  *   - the same output alone and among free requests, with n = 3 choices,
  *     and under preemption in a tiny KV pool;
  *   - a lazy grammar: output identical to the free one up to the trigger,
- *     constrained from the trigger's first byte on;
+ *     constrained from the trigger's first byte on; a token that completes
+ *     the trigger but continues with text the grammar refuses ends the
+ *     choice with an error;
  *   - a bad grammar or bad triggers are refused at submission;
  *   - more distinct grammars than the engine keeps compiled.
  */
@@ -329,6 +331,19 @@ static void test_lazy(void) {
     /* from the trigger on, a whole string of the grammar */
     int r = text_judge(gbnf, lazy_c.tokens[0] + 4, lazy_c.n[0] - 4);
     CHECKF(r == 1, "judge %d", r);
+    /* a trigger that ends inside a token whose rest the grammar refuses: an error */
+    static collect bad_c;
+    memset(&bad_c, 0, sizeof bad_c);
+    char t1[2] = {trig[0], 0};
+    snprintf(gbnf, sizeof gbnf, "root ::= \"\\x%02X\" \"\\x01\"\n", (unsigned char)trig[0]);
+    const char *trigs1[1] = {t1};
+    p = params(gbnf, &sp, 40, &bad_c);
+    p.grammar_triggers = trigs1;
+    p.n_grammar_triggers = 1;
+    CHECKF(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK, "%s", err);
+    engine_wait_idle(e);
+    CHECKF(bad_c.done[0] == 1 && bad_c.finish[0] == LM_FINISH_ERROR && bad_c.n[0] >= 1, "finish %d after %d tokens",
+           bad_c.finish[0], bad_c.n[0]);
     CHECKF(engine_check(e, err, sizeof err) == 0, "%s", err);
     engine_free(e);
 }
