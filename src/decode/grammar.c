@@ -189,7 +189,7 @@ static int cmp_range(const void *a, const void *b) {
 }
 
 static int32_t class_add(parser *p, grange *r, int32_t n, bool neg, const char *at) {
-    qsort(r, (size_t)n, sizeof *r, cmp_range);
+    if (n > 1) qsort(r, (size_t)n, sizeof *r, cmp_range);
     int32_t m = 0;
     for (int32_t i = 0; i < n; i++) {
         if (m && r[i].lo <= r[m - 1].hi + 1) {
@@ -732,8 +732,8 @@ static lm_grammar *flatten(parser *p, int32_t root) {
         grammar_free(g);
         return NULL;
     }
-    memcpy(g->ranges, p->ranges, (size_t)p->n_ranges * sizeof *g->ranges);
-    memcpy(g->cls, p->cls, (size_t)p->n_cls * sizeof *g->cls);
+    if (p->n_ranges) memcpy(g->ranges, p->ranges, (size_t)p->n_ranges * sizeof *g->ranges);
+    if (p->n_cls) memcpy(g->cls, p->cls, (size_t)p->n_cls * sizeof *g->cls);
     g->n_cls = p->n_cls;
     int32_t e = 0, a = 0;
     for (int32_t r = 0; r < p->n_rules; r++) {
