@@ -89,6 +89,7 @@ static void test_constructs(void) {
     J("root ::= [a\\-z]", "b", -1);
     J("root ::= [\\]\\\\]", "]", 1);
     J("root ::= .", "\xf0\x9f\x98\x80", 1);
+    J("root ::= [^]", "x", 1); /* a negated empty class: any character */
     J("root ::= . .", "\xf0\x9f", 0);
     J("root ::= \"\\n\\t\\r\\\\\\\"\"", "\n\t\r\\\"", 1);
     J("root ::= \"\\x41\\u00e9\\U0001F600\"", "A\xc3\xa9\xf0\x9f\x98\x80", 1);
