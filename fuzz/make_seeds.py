@@ -21,6 +21,9 @@ fuzz_grammar: GBNF text, a NUL, then bytes for the matcher. Seeds: a JSON
   grammar with a document, every construct, and refused grammars.
 fuzz_gguf: the malformed files of tests/data/gguf_bad under 1 KiB (copied as
   bad_<name>), beside the valid ones already in fuzz/seeds/fuzz_gguf.
+fuzz_json_schema: the schema of every file in tests/data/schemas (compact
+  JSON), plus schemas the compiler refuses (unsupported keywords, patterns
+  and formats, bad $refs, unsatisfiable bounds).
 """
 import os
 import struct
@@ -151,6 +154,32 @@ def request_seeds():
         write("fuzz_request", name, bytes([opt]) + body)
 
 
+REFUSED_SCHEMAS = {
+    "bad_not": b'{"not":{}}',
+    "bad_pattern_lookahead": b'{"type":"string","pattern":"(?=a)b"}',
+    "bad_pattern_backref": b'{"pattern":"(a)\\\\1"}',
+    "bad_format": b'{"format":"hostname"}',
+    "bad_ref_remote": b'{"$ref":"http://example.com/s.json"}',
+    "bad_ref_missing": b'{"$ref":"#/$defs/x"}',
+    "bad_ref_loop": b'{"$defs":{"a":{"$ref":"#/$defs/b"},"b":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"}',
+    "bad_bounds": b'{"type":"integer","minimum":5,"maximum":4}',
+    "bad_oneof_overlap": b'{"oneOf":[{"type":"integer"},{"type":"number"}]}',
+    "bad_truncated": b'{"type":"object","properties":{"a":',
+}
+
+
+def schema_seeds():
+    import json
+    sdir = os.path.join(ROOT, "tests", "data", "schemas")
+    for name in sorted(os.listdir(sdir)):
+        if name.endswith(".json"):
+            with open(os.path.join(sdir, name), encoding="utf-8") as f:
+                schema = json.load(f)["schema"]
+            write("fuzz_json_schema", name[:-5],
+                  json.dumps(schema, ensure_ascii=False, separators=(",", ":")).encode())
+    for name, data in REFUSED_SCHEMAS.items():
+        write("fuzz_json_schema", name, data)
+
 
 JSON_GBNF = b"""root   ::= object
 value  ::= object | array | string | number | ("true" | "false" | "null") ws
@@ -183,4 +212,5 @@ if __name__ == "__main__":
     tokenize_seeds()
     chat_seeds()
     convert_seeds()
+    schema_seeds()
     grammar_seeds()

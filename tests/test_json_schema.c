@@ -152,6 +152,11 @@ static void test_refusals(void) {
         {"{\"type\":", "not valid JSON", ""},
         {"{} {}", "after the JSON", ""},
         {"[1]", "must be an object or a boolean", "#"},
+        {"{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"null\"}]}", "left recursion", "#/anyOf/0"},
+        {"{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/b\"},\"b\":{\"$ref\":\"#/$defs/a\"}},\"$ref\":\"#/$defs/a\"}",
+         "left recursion", "#/$defs/b"},
+        {"{\"$defs\":{\"a\":{\"allOf\":[{\"$ref\":\"#/$defs/a\"},{\"$ref\":\"#/$defs/a\"}]}},\"$ref\":\"#/$defs/a\"}",
+         "allOf", "#/$defs/a"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char err[LM_ERRLEN];

@@ -43,6 +43,7 @@
 #define MAX_DEPTH JGBNF_MAX_DEPTH
 #define MAX_COUNT JGBNF_MAX_COUNT
 #define NAME_LEN 48
+#define MAX_WORK 200000 /* compiler steps (rules, merges, type checks) per schema */
 
 /* JSON value kinds, as bits (integer and number share one: they overlap). */
 enum { T_OBJ = 1, T_ARR = 2, T_STR = 4, T_NUM = 8, T_INT = 16, T_BOOL = 32, T_NULL = 64 };
@@ -58,6 +59,8 @@ enum {
 typedef struct {
     char *ref;            /* the $ref text, owned */
     char name[NAME_LEN];  /* its rule */
+    int inside;           /* c->inside when its compilation began */
+    bool done;            /* compiled */
 } refname;
 
 typedef struct {
@@ -75,6 +78,8 @@ typedef struct {
     char path[1024];      /* JSON pointer of the node being compiled */
     size_t plen;
     int depth;
+    int inside;           /* object values and array items entered (each reads "{" or "[" first) */
+    long work;            /* steps so far, bounded by MAX_WORK */
 } jsc;
 
 static int schema_rule(jsc *c, const cJSON *s, const char *hint, char *name);
@@ -323,11 +328,17 @@ static int get_count(jsc *c, const cJSON *s, const char *k, long def, long *out)
  * could spell a declared name), the complement of a trie of the names. */
 static int key_complement(jsc *c, const char **names, int n, size_t off, char *name) {
     if (c->depth > MAX_DEPTH * 4) return fail(c, "property names too long to exclude");
+    if (++c->work > MAX_WORK) return fail(c, "schema too complex");
     c->prims |= P_PCHAR;
     new_name(c, "key", name);
-    strbuf b = {0};
+    uint32_t *kids = lm_malloc((size_t)n * sizeof *kids); /* (nk) distinct next characters */
+    const char **sub = lm_malloc((size_t)n * sizeof *sub); /* (ns) names going on with one */
+    if (!kids || !sub) {
+        lm_free(kids);
+        lm_free(sub);
+        return fail(c, "out of memory");
+    }
     bool terminal = false;
-    uint32_t kids[256];
     int nk = 0;
     for (int i = 0; i < n; i++) {
         uint32_t cp;
@@ -336,19 +347,18 @@ static int key_complement(jsc *c, const char **names, int n, size_t off, char *n
             terminal = true;
             continue;
         }
-        if (!jgbnf_utf8(names[i] + off, len - off, &cp)) continue;
+        if (!jgbnf_utf8(names[i] + off, len - off, &cp)) continue; /* never a valid key */
         bool seen = false;
         for (int k = 0; k < nk; k++) seen |= kids[k] == cp;
-        if (!seen && nk < 256) kids[nk++] = cp;
+        if (!seen) kids[nk++] = cp;
     }
+    strbuf b = {0};
     strbuf_puts(&b, "( [^");
     for (int k = 0; k < nk; k++) jgbnf_class_cp(&b, kids[k]);
     strbuf_puts(&b, "\"\\\\\\x00-\\x1F] pchar*");
     for (int k = 0; k < nk && !c->failed; k++) {
-        const char *sub[256];
-        int ns = 0;
-        int clen = 0;
-        for (int i = 0; i < n && ns < 256; i++) {
+        int ns = 0, clen = 0;
+        for (int i = 0; i < n; i++) {
             uint32_t cp;
             size_t len = strlen(names[i]);
             int l = len > off ? jgbnf_utf8(names[i] + off, len - off, &cp) : 0;
@@ -358,16 +368,19 @@ static int key_complement(jsc *c, const char **names, int n, size_t off, char *n
             }
         }
         char kid[NAME_LEN];
+        const char *first = sub[0];
         c->depth++;
         key_complement(c, sub, ns, off + (size_t)clen, kid);
         c->depth--;
         strbuf_puts(&b, " | ");
-        jgbnf_lit(&b, sub[0] + off, (size_t)clen);
+        jgbnf_lit(&b, first + off, (size_t)clen);
         strbuf_printf(&b, " %s", kid);
     }
     strbuf_puts(&b, terminal ? " )" : " )?");
-    emit_rule(c, name, &b);
+    if (!c->failed) emit_rule(c, name, &b);
     strbuf_free(&b);
+    lm_free(kids);
+    lm_free(sub);
     return c->failed ? -1 : 0;
 }
 
@@ -434,7 +447,9 @@ static int object_expr(jsc *c, const cJSON *s, strbuf *e) {
         char val[NAME_LEN];
         size_t m0 = path_push(c, p[i].schema == &any_schema ? "required" : "properties");
         size_t m1 = path_push(c, p[i].key);
+        c->inside++;
         schema_rule(c, p[i].schema, p[i].key, val);
+        c->inside--;
         path_pop(c, m1);
         path_pop(c, m0);
         if (c->failed) break;
@@ -486,7 +501,9 @@ static int object_expr(jsc *c, const cJSON *s, strbuf *e) {
         if (!c->failed) {
             if (add) {
                 size_t m0 = path_push(c, "additionalProperties");
+                c->inside++;
                 schema_rule(c, add, "add", val);
+                c->inside--;
                 path_pop(c, m0);
             } else {
                 c->prims |= P_VALUE;
@@ -577,7 +594,9 @@ static int array_expr(jsc *c, const cJSON *s, strbuf *e) {
     for (int i = 0; i < k && !c->failed; i++) {
         size_t m0 = path_push(c, pre == items ? "items" : "prefixItems");
         size_t m1 = path_push_idx(c, i);
+        c->inside++;
         schema_rule(c, cJSON_GetArrayItem(pre, i), "item", pr[i]);
+        c->inside--;
         path_pop(c, m1);
         path_pop(c, m0);
     }
@@ -586,7 +605,9 @@ static int array_expr(jsc *c, const cJSON *s, strbuf *e) {
     if (!c->failed && more) {
         if (items) {
             size_t m0 = path_push(c, "items");
+            c->inside++;
             schema_rule(c, items, "item", it);
+            c->inside--;
             path_pop(c, m0);
         } else {
             c->prims |= P_VALUE;
@@ -785,6 +806,7 @@ static cJSON *dup(jsc *c, const cJSON *s) {
  * through allOf, required unite, bounds tighten); otherwise refused. */
 static int merge_into(jsc *c, cJSON *dst, const cJSON *src) {
     if (c->depth > MAX_DEPTH) return fail(c, "allOf nests too deep");
+    if (++c->work > MAX_WORK) return fail(c, "schema too complex");
     if (cJSON_IsTrue(src)) return 0;
     if (!cJSON_IsObject(src)) return fail(c, "allOf holds something that is not a usable schema");
     const cJSON *ref = cJSON_GetObjectItemCaseSensitive(src, "$ref");
@@ -906,7 +928,7 @@ static cJSON *siblings_of(jsc *c, const cJSON *s, const char *skip) {
 
 /* Kinds a schema's instances can have (for oneOf's disjointness check). */
 static unsigned schema_types(jsc *c, const cJSON *s, int depth) {
-    if (depth > MAX_DEPTH || cJSON_IsTrue(s)) return T_ALL;
+    if (depth > MAX_DEPTH || ++c->work > MAX_WORK || cJSON_IsTrue(s)) return T_ALL; /* may overlap */
     if (!cJSON_IsObject(s)) return 0;
     unsigned m = declared_types(c, s);
     if (!has_kw(s, "type")) {
@@ -1084,6 +1106,9 @@ plain_ref:
         if (!cJSON_IsString(ref)) return fail(c, "\"$ref\" must be a string");
         for (int i = 0; i < c->nrefs; i++) {
             if (!strcmp(c->refs[i].ref, ref->valuestring)) {
+                if (!c->refs[i].done && c->refs[i].inside == c->inside)
+                    return fail(c, "$ref \"%.200s\" reaches itself before any JSON is read (left recursion)",
+                                ref->valuestring);
                 strbuf_puts(e, c->refs[i].name);
                 return 0;
             }
@@ -1102,7 +1127,9 @@ plain_ref:
         if (!r->ref) return fail(c, "out of memory");
         const char *tail = strrchr(ref->valuestring, '/');
         new_name(c, tail ? tail + 1 : "self", r->name);
-        c->nrefs++;
+        r->inside = c->inside;
+        r->done = false;
+        int ri = c->nrefs++;
         char name[NAME_LEN], target[NAME_LEN];
         strcpy(name, r->name); /* refs may move as it grows */
         /* The target's errors name its own place. */
@@ -1115,6 +1142,7 @@ plain_ref:
         memcpy(c->path, saved, sizeof saved);
         c->plen = slen;
         if (rc) return -1;
+        c->refs[ri].done = true;
         strbuf b = {0};
         strbuf_puts(&b, target);
         emit_rule(c, name, &b);
@@ -1178,6 +1206,7 @@ static int schema_rule(jsc *c, const cJSON *s, const char *hint, char *name) {
     if (cJSON_IsFalse(s)) return fail(c, "schema false accepts nothing");
     if (!cJSON_IsObject(s)) return fail(c, "a schema must be an object or a boolean");
     if (c->depth >= MAX_DEPTH) return fail(c, "schema nests deeper than %d", MAX_DEPTH);
+    if (++c->work > MAX_WORK) return fail(c, "schema too complex");
     c->depth++;
     new_name(c, hint, name);
     char mine[NAME_LEN];
