@@ -16,6 +16,11 @@
  * Matcher: sets of end positions (bitsets over the input's code points),
  * memoised per (rule, start position); no left recursion (json_schema.c
  * writes none), so a rule re-entered at the same position matches nothing.
+ * In prefix mode one more position, n + 1, stands for "the input ran out
+ * inside this node, which some continuation completes": a literal the
+ * input's tail begins, a class or literal wanted at the end. It passes
+ * through every later node, so the input is a viable prefix iff n or n + 1
+ * is reached (every rule can finish: gref_parse checks).
  */
 #ifndef LAMINA_GBNF_REF_H
 #define LAMINA_GBNF_REF_H
@@ -406,7 +411,8 @@ typedef struct {
     gref *g;
     const uint32_t *s;   /* (n) input code points */
     int n;
-    int words;           /* bitset words per position set: (n + 1 + 63) / 64 */
+    bool prefix;         /* position n + 1: ran out inside a node */
+    int words;           /* bitset words per position set: (n + 2 + 63) / 64 */
     uint64_t **memo;     /* (nr * (n + 1)) end sets per (rule, start), NULL: not yet */
     char *busy;          /* (nr * (n + 1)) being computed */
 } gmatchref;
@@ -415,11 +421,15 @@ static uint64_t *gm_set(const gmatchref *m) { return calloc((size_t)m->words, 8)
 
 static uint64_t *gm_match(gmatchref *m, const gnode *nd, const uint64_t *in);
 
+#define GM_HAS(set, p) (((set)[(p) / 64] >> ((p) % 64)) & 1)
+#define GM_ADD(set, p) ((set)[(p) / 64] |= 1ull << ((p) % 64))
+
 static uint64_t *gm_ref(gmatchref *m, int rule, const uint64_t *in) {
     uint64_t *out = gm_set(m);
+    if (m->prefix && GM_HAS(in, m->n + 1)) GM_ADD(out, m->n + 1);
     for (int p = 0; p <= m->n; p++) {
         if (!(in[p / 64] >> (p % 64) & 1)) continue;
-        size_t k = (size_t)rule * (size_t)(m->n + 1) + (size_t)p;
+        size_t k = (size_t)rule * (size_t)(m->n + 2) + (size_t)p;
         if (!m->memo[k]) {
             if (m->busy[k]) continue; /* re-entered at the same place */
             m->busy[k] = 1;
@@ -436,10 +446,16 @@ static uint64_t *gm_ref(gmatchref *m, int rule, const uint64_t *in) {
 
 static uint64_t *gm_match(gmatchref *m, const gnode *nd, const uint64_t *in) {
     uint64_t *out = gm_set(m);
+    bool pre = m->prefix;
+    if (pre && GM_HAS(in, m->n + 1) && nd->kind != GN_REF) GM_ADD(out, m->n + 1);
     switch (nd->kind) {
     case GN_LIT:
         for (int p = 0; p <= m->n; p++) {
-            if (!(in[p / 64] >> (p % 64) & 1) || p + nd->n > m->n) continue;
+            if (!(in[p / 64] >> (p % 64) & 1)) continue;
+            if (p + nd->n > m->n) { /* the input's tail may begin the literal */
+                if (pre && !memcmp(m->s + p, nd->cps, (size_t)(m->n - p) * sizeof *nd->cps)) GM_ADD(out, m->n + 1);
+                continue;
+            }
             if (!memcmp(m->s + p, nd->cps, (size_t)nd->n * sizeof *nd->cps)) {
                 int e = p + nd->n;
                 out[e / 64] |= 1ull << (e % 64);
@@ -447,6 +463,7 @@ static uint64_t *gm_match(gmatchref *m, const gnode *nd, const uint64_t *in) {
         }
         break;
     case GN_CLASS:
+        if (pre && GM_HAS(in, m->n)) GM_ADD(out, m->n + 1);
         for (int p = 0; p < m->n; p++)
             if ((in[p / 64] >> (p % 64) & 1) && gn_in_class(nd, m->s[p])) out[(p + 1) / 64] |= 1ull << ((p + 1) % 64);
         break;
@@ -494,20 +511,32 @@ static uint64_t *gm_match(gmatchref *m, const gnode *nd, const uint64_t *in) {
     return out;
 }
 
-/* Whether the UTF-8 text (len bytes) is a string of the language. */
-static bool gref_accepts(gref *g, const char *text, size_t len) {
+/* Whether the UTF-8 text (len bytes) is a string of the language or, with
+ * prefix, the beginning of one. */
+static bool gref_match_text(gref *g, const char *text, size_t len, bool prefix) {
     uint32_t *s = malloc((len + 1) * sizeof *s);
     int n = 0;
     const char *p = text;
-    while (p < text + len) s[n++] = gp_utf8(&p);
-    gmatchref m = {g, s, n, (n + 1 + 63) / 64, NULL, NULL};
-    size_t cells = (size_t)g->nr * (size_t)(n + 1);
+    while (p < text + len) {
+        unsigned char c0 = (unsigned char)*p;
+        size_t need = c0 < 0x80 ? 1 : (c0 & 0xE0) == 0xC0 ? 2 : (c0 & 0xF0) == 0xE0 ? 3 : 4;
+        if (need > (size_t)(text + len - p)) { /* a character cut short: only a prefix can hold it */
+            if (!prefix) {
+                free(s);
+                return false;
+            }
+            break;
+        }
+        s[n++] = gp_utf8(&p);
+    }
+    gmatchref m = {g, s, n, prefix, (n + 2 + 63) / 64, NULL, NULL};
+    size_t cells = (size_t)g->nr * (size_t)(n + 2);
     m.memo = calloc(cells, sizeof *m.memo);
     m.busy = calloc(cells, 1);
     uint64_t *start = gm_set(&m);
     start[0] = 1;
     uint64_t *end = gm_ref(&m, g->root, start);
-    bool ok = (end[n / 64] >> (n % 64)) & 1;
+    bool ok = GM_HAS(end, n) || (prefix && GM_HAS(end, n + 1));
     free(start);
     free(end);
     for (size_t i = 0; i < cells; i++) free(m.memo[i]);
@@ -516,5 +545,8 @@ static bool gref_accepts(gref *g, const char *text, size_t len) {
     free(s);
     return ok;
 }
+
+static bool gref_accepts(gref *g, const char *text, size_t len) { return gref_match_text(g, text, len, false); }
+static bool gref_accepts_prefix(gref *g, const char *text, size_t len) { return gref_match_text(g, text, len, true); }
 
 #endif

@@ -11,7 +11,8 @@
  *
  * With --samples N the program instead prints, per corpus schema, one JSON
  * line {"file": name, "samples": [N texts]} of random-walk strings, which
- * tests/e2e_schema.py validates with jsonschema.
+ * tests/e2e_schema.py validates with jsonschema; --check (below) says
+ * whether a model's output cut short by its token limit is a viable prefix.
  */
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -377,6 +378,42 @@ static void test_corpus(void) {
     printf("NOTE %d corpus schemas, %d random-walk samples parsed\n", n, samples);
 }
 
+/* ---- viable prefixes (for outputs a token limit cut short) ---- */
+
+static void test_prefixes(void) {
+    char err[LM_ERRLEN];
+    gref g;
+    const char *schema = "{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\",\"minimum\":10,"
+                         "\"maximum\":20},\"s\":{\"enum\":[\"ab\",\"cd\"]}},\"required\":[\"n\",\"s\"]}";
+    CHECKF(load(&g, schema, err) == 0, "%s", err);
+    const char *full = "{\"n\":15,\"s\":\"cd\"}";
+    for (size_t k = 0; k <= strlen(full); k++) CHECKF(gref_accepts_prefix(&g, full, k), "%.*s", (int)k, full);
+    static const char *const no[] = {"[", "{\"s\"", "{\"n\":3", "{\"n\":21", "{\"n\":15,\"s\":\"ac",
+                                     "{\"n\":15,\"s\":\"cd\"}x", "{\"n\":15}"};
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
+        bool bad = !gref_accepts_prefix(&g, no[i], strlen(no[i]));
+        CHECKF(bad, "%s taken as a prefix", no[i]);
+    }
+    CHECK(gref_accepts_prefix(&g, "{\"n\":15", 7) && !gref_accepts(&g, "{\"n\":15", 7));
+    gref_free(&g);
+    /* Every prefix of every drawn sample, for a recursive schema. */
+    CHECKF(load(&g, "{\"$defs\":{\"t\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"string\"},"
+                    "\"k\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/t\"}}}}},\"$ref\":\"#/$defs/t\"}", err) == 0,
+           "%s", err);
+    for (int r = 0; r < 20; r++) {
+        char *smp = gref_sample(&g, 5);
+        size_t n = strlen(smp);
+        for (size_t k = 0; k <= n; k++) {
+            bool ok = gref_accepts_prefix(&g, smp, k);
+            if (!ok) fprintf(stderr, "  prefix %zu of %s\n", k, smp);
+            if (!ok) free(smp);
+            CHECK(ok);
+        }
+        free(smp);
+    }
+    gref_free(&g);
+}
+
 /* ---- allocation failures: NULL with a message, never a crash ---- */
 
 static void test_alloc_failures(void) {
@@ -446,8 +483,36 @@ static int print_samples(int count) {
     return 0;
 }
 
+/* --check CORPUS_FILE TEXT_FILE: prints "complete" when the text is a string
+ * of the schema's grammar, "prefix" when only the beginning of one, else
+ * "invalid" (for tests/e2e_schema.py, on outputs a token limit cut). */
+static int check_text(const char *corpus_file, const char *text_file) {
+    char *text = read_all(corpus_file), *out = read_all(text_file);
+    cJSON *doc = text ? cJSON_Parse(text) : NULL;
+    char *schema = doc ? cJSON_PrintUnformatted(cJSON_GetObjectItem(doc, "schema")) : NULL;
+    char err[LM_ERRLEN];
+    gref g;
+    int rc = 1;
+    if (!schema || !out) {
+        fprintf(stderr, "cannot read %s or %s\n", corpus_file, text_file);
+    } else if (load(&g, schema, err)) {
+        fprintf(stderr, "%s\n", err);
+    } else {
+        size_t n = strlen(out);
+        puts(gref_accepts(&g, out, n) ? "complete" : gref_accepts_prefix(&g, out, n) ? "prefix" : "invalid");
+        gref_free(&g);
+        rc = 0;
+    }
+    cJSON_free(schema);
+    cJSON_Delete(doc);
+    free(text);
+    free(out);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--samples")) return print_samples(atoi(argv[2]));
+    if (argc == 4 && !strcmp(argv[1], "--check")) return check_text(argv[2], argv[3]);
     TEST_RUN(test_each_keyword);
     TEST_RUN(test_refusals);
     TEST_RUN(test_integer_ranges);
@@ -456,6 +521,7 @@ int main(int argc, char **argv) {
     TEST_RUN(test_objects);
     TEST_RUN(test_any_object);
     TEST_RUN(test_corpus);
+    TEST_RUN(test_prefixes);
     TEST_RUN(test_alloc_failures);
     return TEST_DONE();
 }
