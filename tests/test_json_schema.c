@@ -154,6 +154,11 @@ static void test_refusals(void) {
         {"{} {}", "after the JSON", ""},
         {"[1]", "must be an object or a boolean", "#"},
         {"{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"null\"}]}", "left recursion", "#/anyOf/0"},
+        {"{\"allOf\":[{\"additionalProperties\":false},{\"properties\":{\"a\":{}}}]}", "additionalProperties", "#"},
+        {"{\"allOf\":[{\"properties\":{\"b\":{}}}],\"additionalProperties\":false,\"properties\":{\"a\":{}}}",
+         "additionalProperties", "#"},
+        {"{\"$defs\":{\"b\":{\"properties\":{\"x\":{}},\"additionalProperties\":false}},\"$ref\":\"#/$defs/b\","
+         "\"properties\":{\"y\":{}}}", "additionalProperties", "#"},
         {"{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/b\"},\"b\":{\"$ref\":\"#/$defs/a\"}},\"$ref\":\"#/$defs/a\"}",
          "left recursion", "#/$defs/b"},
         {"{\"$defs\":{\"a\":{\"allOf\":[{\"$ref\":\"#/$defs/a\"},{\"$ref\":\"#/$defs/a\"}]}},\"$ref\":\"#/$defs/a\"}",

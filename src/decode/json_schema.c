@@ -80,6 +80,9 @@ typedef struct {
     int depth;
     int inside;           /* object values and array items entered (each reads "{" or "[" first) */
     long work;            /* steps so far, bounded by MAX_WORK */
+    int merge_id;         /* allOf branches merged so far (ids) */
+    int ap_branch;        /* the branch with additionalProperties in this merge (-1 none, -2 several) */
+    int prop_branch;      /* the branch with properties (same) */
 } jsc;
 
 static int schema_rule(jsc *c, const cJSON *s, const char *hint, char *name);
@@ -807,6 +810,13 @@ static cJSON *dup(jsc *c, const cJSON *s) {
 static int merge_into(jsc *c, cJSON *dst, const cJSON *src) {
     if (c->depth > MAX_DEPTH) return fail(c, "allOf nests too deep");
     if (++c->work > MAX_WORK) return fail(c, "schema too complex");
+    /* additionalProperties speaks of its own branch's properties only, so
+     * merged with another branch's properties it would change meaning:
+     * note which branches hold each (-2: several). */
+    int id = ++c->merge_id;
+    const cJSON *ap = cJSON_GetObjectItemCaseSensitive(src, "additionalProperties");
+    if (ap && !cJSON_IsTrue(ap)) c->ap_branch = c->ap_branch == -1 ? id : -2;
+    if (has_kw(src, "properties")) c->prop_branch = c->prop_branch == -1 ? id : -2;
     if (cJSON_IsTrue(src)) return 0;
     if (!cJSON_IsObject(src)) return fail(c, "allOf holds something that is not a usable schema");
     const cJSON *ref = cJSON_GetObjectItemCaseSensitive(src, "$ref");
@@ -858,8 +868,6 @@ static int merge_into(jsc *c, cJSON *dst, const cJSON *src) {
             if (!arr) return fail(c, "out of memory");
             cJSON_ReplaceItemInObjectCaseSensitive(dst, k, arr);
         } else if (!strcmp(k, "properties") && cJSON_IsObject(it) && cJSON_IsObject(cur)) {
-            if (has_kw(dst, "additionalProperties") || has_kw(src, "additionalProperties"))
-                return fail(c, "allOf: additionalProperties beside properties of another branch is not supported");
             const cJSON *pp;
             cJSON_ArrayForEach(pp, it) {
                 cJSON *old = cJSON_GetObjectItemCaseSensitive(cur, pp->string);
@@ -899,8 +907,6 @@ static int merge_into(jsc *c, cJSON *dst, const cJSON *src) {
             return fail(c, "allOf: two branches set \"%s\" differently, which is not supported", k);
         }
     }
-    if (has_kw(src, "additionalProperties") && has_kw(dst, "properties") && has_kw(src, "properties") == false)
-        return fail(c, "allOf: additionalProperties beside properties of another branch is not supported");
     return c->failed ? -1 : 0;
 }
 
@@ -974,7 +980,23 @@ static const cJSON *pinned(const cJSON *s) {
 /* Two oneOf alternatives cannot both match an instance: their kinds are
  * disjoint, their enum/const values differ, or both are objects that
  * require a property pinned to different values (a discriminator). */
+/* A schema that is only a $ref (and annotations), followed (a few hops). */
+static const cJSON *deref(jsc *c, const cJSON *s) {
+    for (int hop = 0; hop < 16 && cJSON_IsObject(s); hop++) {
+        const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref"), *it;
+        bool only = cJSON_IsString(ref);
+        cJSON_ArrayForEach(it, s) only &= !strcmp(it->string, "$ref") || is_annotation(it->string);
+        if (!only) break;
+        const cJSON *t = resolve_ref(c, ref->valuestring);
+        if (!t) break;
+        s = t;
+    }
+    return s;
+}
+
 static bool disjoint(jsc *c, const cJSON *a, const cJSON *b) {
+    a = deref(c, a);
+    b = deref(c, b);
     if (!(schema_types(c, a, 0) & schema_types(c, b, 0))) return true;
     const cJSON *ea = cJSON_GetObjectItemCaseSensitive(a, "enum"), *eb = cJSON_GetObjectItemCaseSensitive(b, "enum");
     const cJSON *ca = pinned(a), *cb = pinned(b);
@@ -1092,7 +1114,10 @@ static int node_body(jsc *c, const cJSON *s, strbuf *e) {
         cJSON_DeleteItemFromObjectCaseSensitive(d, "$defs");
         cJSON_DeleteItemFromObjectCaseSensitive(d, "definitions");
         cJSON_AddItemToArray(list, d);
+        c->ap_branch = c->prop_branch = -1;
         if (own(c, wrap) || merge_into(c, m, wrap)) return -1;
+        if (c->ap_branch != -1 && c->prop_branch != -1 && c->ap_branch != c->prop_branch)
+            return fail(c, "allOf: additionalProperties beside properties of another branch is not supported");
         if (has_kw(m, "allOf") || has_kw(m, "$ref")) return fail(c, "allOf could not be flattened");
         char r[NAME_LEN];
         if (schema_rule(c, m, "all", r)) return -1;
