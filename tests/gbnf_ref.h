@@ -517,10 +517,17 @@ static bool gref_match_text(gref *g, const char *text, size_t len, bool prefix) 
     uint32_t *s = malloc((len + 1) * sizeof *s);
     int n = 0;
     const char *p = text;
-    while (p < text + len) {
+    while (p < text + len) { /* strict UTF-8: anything malformed matches nothing */
         unsigned char c0 = (unsigned char)*p;
-        size_t need = c0 < 0x80 ? 1 : (c0 & 0xE0) == 0xC0 ? 2 : (c0 & 0xF0) == 0xE0 ? 3 : 4;
-        if (need > (size_t)(text + len - p)) { /* a character cut short: only a prefix can hold it */
+        size_t need = c0 < 0x80 ? 1 : c0 >= 0xC2 && c0 <= 0xDF ? 2 : c0 >= 0xE0 && c0 <= 0xEF ? 3
+                    : c0 >= 0xF0 && c0 <= 0xF4 ? 4 : 0;
+        size_t have = (size_t)(text + len - p), k = 1;
+        while (k < need && k < have && ((unsigned char)p[k] & 0xC0) == 0x80) k++;
+        if (need == 0 || (k < need && k < have)) {
+            free(s);
+            return false;
+        }
+        if (k < need) { /* a character cut short at the end: only a prefix can hold it */
             if (!prefix) {
                 free(s);
                 return false;
