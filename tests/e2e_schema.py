@@ -13,7 +13,8 @@ and invalid instances):
   - the corpus itself: jsonschema accepts the valid instances and rejects
     the invalid ones (the C test holds the grammar to the same instances);
   - random-walk samples of the compiled grammar (build/tests/test_json_schema
-    --samples) all parse as JSON and validate;
+    --samples) all parse as JSON and validate; the same for 400 random
+    schemas combining every supported keyword (seeded, so the same each run);
   - real outputs: `lamina run --json-schema` on random-weight models (lamina
     mkmodel: one with the bundled model's 512-token vocabulary, one with
     Gemma 3's 262,144 tokens when Gemma is installed) greedy and sampled, and
@@ -28,6 +29,7 @@ outputs are expected; the counts are printed as NOTE lines.
 import concurrent.futures
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -168,6 +170,115 @@ def check_samples(v, files):
     print("NOTE %d random-walk samples of %d schemas validated" % (n, len(files)))
 
 
+# ---- random schemas: every keyword the compiler takes, combined at random ----
+
+RANDOM_SCHEMAS = 400
+PATTERNS = ["^[a-z]+$", "^\\d{3}-\\d{2}$", "ab?c", "^(x|yz)*$", "^[^\"\\\\]{1,4}$", "^.{0,3}$", "\\w+@\\w+",
+            "^[A-F0-9]{2}(:[A-F0-9]{2}){2}$", "^\\s?[+-]?\\d+(\\.\\d+)?$", "^(?:ab|cd){1,2}$", "^\\$\\{[a-z]\\}$",
+            "^[é-ü中]+$", "^\\x41\\u00e9?$", "[.]", "^a*?b+?$", "^\\S\\D\\W$"]
+FORMATS = ["date", "time", "date-time", "uuid", "email"]
+def gen(r, depth, defs):
+    """A random schema node using the supported keywords (depth-limited)."""
+    kinds = ["string", "integer", "number", "boolean", "null", "enum", "const", "tlist"]
+    if depth < 3:
+        kinds += ["object", "object", "array", "array", "anyOf", "oneOf", "allOf", "ref"]
+    k = r.choice(kinds)
+    if k == "string":
+        s = {"type": "string"}
+        c = r.random()
+        if c < 0.3: s["pattern"] = r.choice(PATTERNS)
+        elif c < 0.5: s["format"] = r.choice(FORMATS)
+        elif c < 0.7:
+            lo = r.randint(0, 3); s["minLength"] = lo
+            if r.random() < 0.7: s["maxLength"] = lo + r.randint(0, 4)
+        return s
+    if k == "integer":
+        s = {"type": "integer"}
+        if r.random() < 0.7:
+            a = r.randint(-2000, 2000); b = a + r.choice([0, 1, 9, 10, 99, 100, 1234, 50000])
+            if r.random() < 0.8: s[r.choice(["minimum", "exclusiveMinimum"])] = a
+            if r.random() < 0.8: s[r.choice(["maximum", "exclusiveMaximum"])] = b + 2
+        return s
+    if k == "number":
+        s = {"type": "number"}
+        if r.random() < 0.4: s["minimum"] = r.randint(-50, 0); s["maximum"] = r.randint(1, 50)
+        return s
+    if k == "boolean": return {"type": "boolean"}
+    if k == "null": return {"type": "null"}
+    if k == "enum": return {"enum": r.sample(["a", "b\"c", 1, 2.5, None, True, [1], {"k": "v"}, "é"], r.randint(1, 4))}
+    if k == "const": return {"const": r.choice(["x", 0, -3, {"a": [None]}, "\n"])}
+    if k == "tlist": return {"type": r.sample(["string", "integer", "null", "boolean", "array", "object"], 2)}
+    if k == "object":
+        props = {}
+        for i in range(r.randint(0, 4)):
+            props[r.choice(["a", "b", "ab", "name", "n", "x y", "é", "id", "idx"]) + ("" if r.random() < 0.7 else str(i))] = gen(r, depth + 1, defs)
+        s = {"type": "object", "properties": props}
+        if props and r.random() < 0.6: s["required"] = r.sample(list(props), r.randint(1, len(props)))
+        c = r.random()
+        if c < 0.4: s["additionalProperties"] = False
+        elif c < 0.6: s["additionalProperties"] = gen(r, depth + 2, defs)
+        elif c < 0.7: s["additionalProperties"] = True
+        return s
+    if k == "array":
+        s = {"type": "array"}
+        if r.random() < 0.3:
+            s["prefixItems"] = [gen(r, depth + 1, defs) for _ in range(r.randint(1, 3))]
+            if r.random() < 0.5: s["items"] = False
+            elif r.random() < 0.5: s["items"] = gen(r, depth + 1, defs)
+        else:
+            s["items"] = gen(r, depth + 1, defs)
+        if r.random() < 0.5: s["minItems"] = r.randint(0, 2)
+        if r.random() < 0.5: s["maxItems"] = s.get("minItems", 0) + r.randint(0, 3)
+        return s
+    if k == "anyOf": return {"anyOf": [gen(r, depth + 1, defs) for _ in range(r.randint(1, 3))]}
+    if k == "oneOf":
+        ts = r.sample(["string", "integer", "boolean", "null", "array"], r.randint(1, 3))
+        return {"oneOf": [{"type": t} for t in ts]}
+    if k == "allOf":
+        return {"allOf": [{"type": "object", "properties": {"p": gen(r, depth + 1, defs)}, "required": ["p"]},
+                          {"properties": {"q": gen(r, depth + 1, defs)}}]}
+    if k == "ref":
+        name = "d%d" % len(defs)
+        defs[name] = None
+        defs[name] = gen(r, depth + 1, defs)
+        return {"$ref": "#/$defs/" + name}
+def random_schema(seed):
+    r = random.Random(seed)
+    defs = {}
+    s = gen(r, 0, defs)
+    if defs:
+        s = {"$defs": defs, "allOf": [s]} if "$ref" in s or r.random() < 0.5 else dict(s, **{"$defs": defs})
+    return s
+
+
+def check_random_schemas(v, tmp):
+    d = os.path.join(tmp, "random")
+    os.makedirs(d)
+    schemas = {}
+    for i in range(RANDOM_SCHEMAS):
+        name = "%04d.json" % i
+        schemas[name] = random_schema(i)
+        with open(os.path.join(d, name), "w", encoding="utf-8") as f:
+            json.dump({"schema": schemas[name], "valid": [], "invalid": []}, f)
+    r = subprocess.run([TESTBIN, "--samples", "8", d], capture_output=True, text=True, timeout=300)
+    bad, n, refused = [], 0, 0
+    for line in r.stdout.splitlines():
+        res = json.loads(line)
+        if "error" in res:  # only schemas nothing satisfies may be refused
+            refused += 1
+            if "fits" not in res["error"]:
+                bad.append("%s: %s" % (json.dumps(schemas[res["file"]]), res["error"]))
+            continue
+        for text in res["samples"]:
+            n += 1
+            out = v.check(schemas[res["file"]], text=text)
+            if out != "ok":
+                bad.append("%s: %r: %s" % (json.dumps(schemas[res["file"]]), text, out))
+    result("random_schemas_samples_validate", r.returncode == 0 and n >= 8 * (RANDOM_SCHEMAS - 20) and not bad,
+           "%d samples\n%s" % (n, "\n".join(bad[:10])))
+    print("NOTE %d random schemas (%d refused as unsatisfiable), %d samples validated" % (RANDOM_SCHEMAS, refused, n))
+
+
 def run_model(model, schema_file, prompt, n, temp, seed, chat):
     args = [LAMINA, "run", "-m", model, "-p", prompt, "-n", str(n), "--temp", str(temp), "--seed", str(seed),
             "-t", "1"]
@@ -270,6 +381,8 @@ def main():
     v = Validator()
     check_corpus(v, files)
     check_samples(v, files)
+    with tempfile.TemporaryDirectory() as tmp:
+        check_random_schemas(v, tmp)
     asan = bool(os.environ.get("LAMINA_ASAN"))
     skipped = 0
     helptext = subprocess.run([LAMINA, "run", "--help"], capture_output=True, text=True).stdout

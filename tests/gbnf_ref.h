@@ -275,8 +275,9 @@ static int gref_parse(gref *g, const char *text) {
             snprintf(g->err, sizeof g->err, "rule %s defined twice", g->r[r].name);
             return -1;
         }
-        g->r[r].body = gp_alt(g, &p);
-        if (!g->r[r].body) return -1;
+        gnode *body = gp_alt(g, &p); /* may grow g->r: assign after */
+        if (!body) return -1;
+        g->r[r].body = body;
         gp_ws(&p);
         if (*p && *p != '\n') {
             snprintf(g->err, sizeof g->err, "trailing \"%.20s\" in %s", p, g->r[r].name);

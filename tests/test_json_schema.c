@@ -57,9 +57,9 @@ static char *read_all(const char *path) {
 
 static int cmpstr(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-/* The corpus files, sorted (names malloc'd). */
-static int corpus(char ***names) {
-    DIR *d = opendir(CORPUS);
+/* The .json files in dir, sorted (names malloc'd). */
+static int list_dir(const char *dir, char ***names) {
+    DIR *d = opendir(dir);
     int n = 0;
     *names = NULL;
     if (!d) return 0;
@@ -74,6 +74,8 @@ static int corpus(char ***names) {
     qsort(*names, (size_t)n, sizeof **names, cmpstr);
     return n;
 }
+
+static int corpus(char ***names) { return list_dir(CORPUS, names); }
 
 /* ---- keywords compile ---- */
 
@@ -449,13 +451,14 @@ static void test_alloc_failures(void) {
     cJSON_free(schema);
 }
 
-/* --samples N: one JSON line per corpus schema with N random-walk texts. */
-static int print_samples(int count) {
+/* --samples N [DIR]: one JSON line per schema file of DIR (default: the
+ * corpus) with N random-walk texts, or the compiler's error. */
+static int print_samples(int count, const char *dir) {
     char **names;
-    int n = corpus(&names);
+    int n = list_dir(dir, &names);
     for (int i = 0; i < n; i++) {
-        char path[512];
-        snprintf(path, sizeof path, CORPUS "/%s", names[i]);
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
         char *text = read_all(path);
         cJSON *doc = text ? cJSON_Parse(text) : NULL;
         free(text);
@@ -516,7 +519,7 @@ static int check_text(const char *corpus_file, const char *text_file) {
 }
 
 int main(int argc, char **argv) {
-    if (argc == 3 && !strcmp(argv[1], "--samples")) return print_samples(atoi(argv[2]));
+    if ((argc == 3 || argc == 4) && !strcmp(argv[1], "--samples")) return print_samples(atoi(argv[2]), argc == 4 ? argv[3] : CORPUS);
     if (argc == 4 && !strcmp(argv[1], "--check")) return check_text(argv[2], argv[3]);
     TEST_RUN(test_each_keyword);
     TEST_RUN(test_refusals);

@@ -19,8 +19,10 @@
  * groups, possessive quantifiers, POSIX classes) is refused, named. A
  * matched character is written as JSON writes it: quote, backslash and
  * control characters as escapes. Negated classes and "." produce no
- * control characters; \d \w \s are ASCII (a subset of what Python's re
- * and ECMA-262 match, so every string still matches the pattern).
+ * control characters; \d \w \s are ASCII, and \D \W \S (or a negated
+ * class holding \d \w \s) printable ASCII only: Python's re takes the
+ * shorthands Unicode-wide, ECMA-262 ASCII-only, and the strings produced
+ * match the pattern under both.
  */
 #include "decode/json_gbnf.h"
 
@@ -255,6 +257,24 @@ static int rx_fail(rx *r, const char *what) {
 /* A class's GBNF form: the characters JSON writes raw in one [...], the
  * rest as escaped literals. Negated: every character but those, except
  * control characters (not produced). */
+/* A negated class holding a shorthand (\D \W \S, [^\d...]): the printable
+ * ASCII characters outside it. Python's \d \w \s are Unicode-wide and
+ * ECMA-262's ASCII, so only ASCII is outside both. */
+static int class_expr(rx *r, const cprange *rg, int n, bool neg, strbuf *e);
+
+static int ascii_complement(rx *r, const cprange *rg, int n, strbuf *e) {
+    cprange out[64];
+    int k = 0;
+    for (uint32_t c = 0x20; c <= 0x7E; c++) {
+        bool in = false;
+        for (int i = 0; i < n; i++) in |= rg[i].lo <= c && c <= rg[i].hi;
+        if (in) continue;
+        if (k && out[k - 1].hi == c - 1) out[k - 1].hi = c;
+        else if (k < 64) out[k++] = (cprange){c, c};
+    }
+    return class_expr(r, out, k, false, e);
+}
+
 static int class_expr(rx *r, const cprange *rg, int n, bool neg, strbuf *e) {
     int alts = 0;
     strbuf_puts(e, "(");
@@ -382,7 +402,7 @@ static int rx_escape(rx *r, uint32_t *cp, cprange *rg, int *nr, bool *neg) {
 static int rx_class(rx *r, strbuf *e) {
     cprange rg[RX_MAX_RANGES];
     int n = 0;
-    bool neg = false;
+    bool neg = false, shorthand = false;
     if (r->p < r->end && *r->p == '^') {
         neg = true;
         r->p++;
@@ -401,6 +421,7 @@ static int rx_class(rx *r, strbuf *e) {
             if (k < 0) return -1;
             if (k == 2) {
                 if (sneg) return rx_fail(r, "\\D, \\W or \\S inside a class is not supported");
+                shorthand = true;
                 for (int i = 0; i < ns && n < RX_MAX_RANGES; i++) rg[n++] = sh[i];
                 continue;
             }
@@ -432,7 +453,7 @@ static int rx_class(rx *r, strbuf *e) {
     }
     if (r->p >= r->end) return rx_fail(r, "an unterminated class");
     r->p++; /* ] */
-    return class_expr(r, rg, n, neg, e);
+    return neg && shorthand ? ascii_complement(r, rg, n, e) : class_expr(r, rg, n, neg, e);
 }
 
 /* A {m}, {m,} or {m,n} quantifier at r->p: 1 with *m, *n (-1: none), 0 when
@@ -503,7 +524,7 @@ static int rx_atom(rx *r, strbuf *e) {
         bool neg;
         int k = rx_escape(r, &cp, rg, &nr, &neg);
         if (k < 0) rc = -1;
-        else if (k == 2) rc = class_expr(r, rg, nr, neg, &a);
+        else if (k == 2) rc = neg ? ascii_complement(r, rg, nr, &a) : class_expr(r, rg, nr, false, &a);
         else jgbnf_json_cp(&a, cp);
     } else {
         uint32_t cp;

@@ -17,8 +17,9 @@
  * additionalProperties beside properties means no other keys; numbers have
  * at most 16 integer digits, 16 fraction digits and a 2-digit exponent;
  * minimum/maximum on "number" allow integers in range only; date years are
- * 1000-2999; patterns produce ASCII classes for \d \w \s and no control
- * characters for "." and negated classes. Whitespace between tokens is at
+ * 1000-2999; patterns produce ASCII for \d \w \s, printable ASCII for
+ * \D \W \S, no control characters for "." and negated classes (json_gbnf.c).
+ * Whitespace between tokens is at
  * most a space, or a newline and 20 blanks.
  *
  * Bounds: schemas nest at most MAX_DEPTH deep (untrusted input reaches this
