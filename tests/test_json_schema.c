@@ -246,6 +246,49 @@ static void test_integer_ranges(void) {
     check_range("{\"minimum\":3,\"exclusiveMinimum\":true}", true, 4, false, 0);
 }
 
+/* Bounded numbers: everything accepted is in range (checked on a grid of
+ * decimals); the integers in range and the decimals whose unit interval
+ * is inside are accepted. */
+static void test_number_ranges(void) {
+    static const struct { const char *schema; double lo, hi; bool xlo, xhi; } cases[] = {
+        {"{\"type\":\"number\",\"minimum\":-3,\"maximum\":5}", -3, 5, false, false},
+        {"{\"type\":\"number\",\"minimum\":-2.5,\"maximum\":7.25}", -2.5, 7.25, false, false},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":-4,\"exclusiveMaximum\":4}", -4, 4, true, true},
+        {"{\"type\":\"number\",\"minimum\":0}", 0, 1e300, false, false},
+        {"{\"type\":\"number\",\"maximum\":-1}", -1e300, -1, false, false},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1}", 0, 1, true, false},
+        {"{\"type\":\"number\",\"minimum\":-10,\"maximum\":-6}", -10, -6, false, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char err[LM_ERRLEN];
+        gref g;
+        CHECKF(load(&g, cases[i].schema, err) == 0, "%s: %s", cases[i].schema, err);
+        double lo = cases[i].lo, hi = cases[i].hi;
+        for (int k = -48; k <= 48; k++) {
+            static const char *const frac[] = {"", ".0", ".25", ".5", ".999"};
+            for (int f = 0; f < 5; f++) {
+                char t[32];
+                int whole = k / 2 < 0 ? -(k / 2) : k / 2;
+                bool neg = k < 0;
+                snprintf(t, sizeof t, "%s%d%s", neg ? "-" : "", whole, frac[f]);
+                double v = atof(t);
+                bool in = (cases[i].xlo ? v > lo : v >= lo) && (cases[i].xhi ? v < hi : v <= hi);
+                bool got = accepts(&g, t);
+                if (got && !in) fprintf(stderr, "  %s: %s accepted\n", cases[i].schema, t);
+                CHECK(!got || in);
+                /* complete where promised: integers, and intervals inside */
+                double base = neg ? -(double)whole : whole;
+                bool whole_in = f == 0 ? in
+                              : neg ? (base - 1 > lo || (!cases[i].xlo && base - 1 >= lo)) && (cases[i].xhi ? base < hi : base <= hi)
+                                    : (cases[i].xlo ? base > lo : base >= lo) && base + 1 <= hi - (cases[i].xhi ? 1e-9 : 0);
+                if (whole_in && !got && !(neg && whole == 0)) fprintf(stderr, "  %s: %s rejected\n", cases[i].schema, t);
+                CHECK(got || !whole_in || (neg && whole == 0) || (f == 0 && !in));
+            }
+        }
+        gref_free(&g);
+    }
+}
+
 /* ---- strings: exactly the JSON strings ---- */
 
 static void test_strings(void) {
@@ -524,6 +567,7 @@ int main(int argc, char **argv) {
     TEST_RUN(test_each_keyword);
     TEST_RUN(test_refusals);
     TEST_RUN(test_integer_ranges);
+    TEST_RUN(test_number_ranges);
     TEST_RUN(test_strings);
     TEST_RUN(test_whitespace);
     TEST_RUN(test_objects);

@@ -228,6 +228,29 @@ void jgbnf_int_range(strbuf *e, bool hl, int64_t lo, bool hh, int64_t hi) {
     strbuf_puts(e, " )");
 }
 
+/* Numbers in [lo, hi] (integer bounds, as for jgbnf_int_range): the
+ * integers, and decimals i.f whose whole interval [i, i + 1) (or, negative,
+ * (-(i + 1), -i]) lies within the bounds. */
+void jgbnf_num_range(strbuf *e, bool hl, int64_t lo, bool hh, int64_t hi) {
+    strbuf_puts(e, "( ");
+    jgbnf_int_range(e, hl, lo, hh, hi);
+    /* non-negative whole parts i in [max(0, lo), hi - 1] */
+    int64_t a = hl && lo > 0 ? lo : 0;
+    if (!hh || hi - 1 >= a) {
+        strbuf_puts(e, " | ");
+        uint_range(e, (uint64_t)a, hh, hh ? (uint64_t)(hi - 1) : 0);
+        strbuf_puts(e, " \".\" [0-9]{1,16}");
+    }
+    /* negative ones: -(i.f) for i in [max(0, -hi), -lo - 1] */
+    int64_t b = hh && hi < 0 ? -hi : 0;
+    if (!hl || -lo - 1 >= b) {
+        strbuf_puts(e, " | \"-\" ");
+        uint_range(e, (uint64_t)b, hl, hl ? (uint64_t)(-lo - 1) : 0);
+        strbuf_puts(e, " \".\" [0-9]{1,16}");
+    }
+    strbuf_puts(e, " )");
+}
+
 /* ---- pattern: a regular-expression subset ---- */
 
 /* Compiled to the JSON spellings of the strings it matches: literal

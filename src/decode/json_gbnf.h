@@ -32,6 +32,9 @@ void jgbnf_repeat(strbuf *b, long m, long n);
 /* An expression for the integers in [lo, hi]; a side without its has_
  * flag is unbounded (up to 16 digits). */
 void jgbnf_int_range(strbuf *e, bool has_lo, int64_t lo, bool has_hi, int64_t hi);
+/* The same for numbers: the integers in range and the decimals i.f whose
+ * every value is in range (exponents not written). */
+void jgbnf_num_range(strbuf *e, bool has_lo, int64_t lo, bool has_hi, int64_t hi);
 /* A JSON string matching the pattern (search semantics), "\"" ... "\"".
  * Sets *any_char when the expression uses the rule "char". -1 with err
  * naming what is unsupported and its offset. */

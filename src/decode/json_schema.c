@@ -16,7 +16,8 @@
  * where it is: properties come in the schema's order; absent
  * additionalProperties beside properties means no other keys; numbers have
  * at most 16 integer digits, 16 fraction digits and a 2-digit exponent;
- * minimum/maximum on "number" allow integers in range only; date years are
+ * bounded numbers are integers and decimals i.f with all of [i, i + 1) in
+ * range, without exponents; date years are
  * 1000-2999; patterns produce ASCII for \d \w \s, printable ASCII for
  * \D \W \S, no control characters for "." and negated classes (json_gbnf.c).
  * Whitespace between tokens is at
@@ -750,16 +751,18 @@ static int int_bounds(jsc *c, const cJSON *s, bool *has_lo, int64_t *lo, bool *h
     return 0;
 }
 
-static int integer_expr(jsc *c, const cJSON *s, strbuf *e) {
+/* An integer, or with number a number, within the schema's bounds. */
+static int integer_expr(jsc *c, const cJSON *s, bool number, strbuf *e) {
     bool hl, hh;
     int64_t lo = 0, hi = 0;
     if (int_bounds(c, s, &hl, &lo, &hh, &hi)) return -1;
     if (!hl && !hh) {
-        c->prims |= P_INTEGER;
-        strbuf_puts(e, "integer");
+        c->prims |= number ? P_NUMBER : P_INTEGER;
+        strbuf_puts(e, number ? "number" : "integer");
         return 0;
     }
-    jgbnf_int_range(e, hl, lo, hh, hi);
+    if (number) jgbnf_num_range(e, hl, lo, hh, hi);
+    else jgbnf_int_range(e, hl, lo, hh, hi);
     return 0;
 }
 
@@ -1199,14 +1202,7 @@ plain_ref:
     }
     if (types & (T_NUM | T_INT)) {
         if (n++) strbuf_puts(e, " | ");
-        bool bounded = has_kw(s, "minimum") || has_kw(s, "maximum") || has_kw(s, "exclusiveMinimum") ||
-                       has_kw(s, "exclusiveMaximum");
-        if ((types & T_NUM) && !bounded) {
-            c->prims |= P_NUMBER;
-            strbuf_puts(e, "number");
-        } else if (integer_expr(c, s, e)) {
-            return -1;
-        }
+        if (integer_expr(c, s, (types & T_NUM) != 0, e)) return -1;
     }
     if (types & T_BOOL) {
         if (n++) strbuf_puts(e, " | ");
