@@ -29,6 +29,7 @@
 #include "base/safefile.h"
 #include "format/quant.h"
 #include "kernels/kernels.h"
+#include "decode/json_schema.h"
 #include "decode/sample.h"
 #include "kv/kv.h"
 #include "sched/engine.h"
@@ -61,6 +62,10 @@ static void usage_run(FILE *f) {
             "      --grammar FILE   constrain the output to a GBNF grammar (root rule \"root\"):\n"
             "                       tokens that cannot continue it are never sampled, and the\n"
             "                       text ends when the grammar is complete\n"
+            "      --json-schema FILE  constrain the output to JSON that validates against the JSON\n"
+            "                       Schema in FILE (compiled to a grammar; unsupported keywords\n"
+            "                       are refused, naming them and where they are)\n"
+            "      --json           constrain the output to a JSON object\n"
             "      --show-ids       also print the prompt and generated token ids to stderr\n"
             "      --chat           treat the prompt as a user message: render it with the model's\n"
             "                       chat template and print only the reply\n"
@@ -228,7 +233,8 @@ static int cmd_run(int argc, char **argv) {
     long long n_predict = 128, n_ctx = 0, threads = pool_default_threads();
     bool ignore_eos = false, show_ids = false, chat = false, ctx_extend = false;
     uint32_t kv_type = LM_TYPE_F16;
-    const char *system = NULL, *chat_tmpl = NULL, *gfile = NULL;
+    const char *system = NULL, *chat_tmpl = NULL, *gfile = NULL, *sfile = NULL;
+    bool json_any = false;
     lm_sample_params sp;
     sample_params_default(&sp);
     for (a.i = 1; a.i < argc; a.i++) {
@@ -252,6 +258,8 @@ static int cmd_run(int argc, char **argv) {
         else if (is_flag(&a, "--seed", NULL)) sp.seed = (uint64_t)need_int(&a, 0, 0x7fffffffffffffffLL);
         else if (is_flag(&a, "--ignore-eos", NULL)) ignore_eos = true;
         else if (is_flag(&a, "--grammar", NULL)) gfile = need_val(&a);
+        else if (is_flag(&a, "--json-schema", NULL)) sfile = need_val(&a);
+        else if (is_flag(&a, "--json", NULL)) json_any = true;
         else if (is_flag(&a, "--show-ids", NULL)) show_ids = true;
         else if (is_flag(&a, "--chat", NULL)) chat = true;
         else if (is_flag(&a, "--system", NULL)) system = need_val(&a);
@@ -268,12 +276,26 @@ static int cmd_run(int argc, char **argv) {
     }
     if (!prompt) die_usage(&a, "%s", "no prompt given (-p TEXT or -f FILE)");
     if (!pfile) plen = strlen(prompt);
+    if ((gfile != NULL) + (sfile != NULL) + json_any > 1)
+        die_usage(&a, "%s", "--grammar, --json-schema and --json exclude each other");
     char *gbuf = NULL;
     size_t glen = 0;
     if (gfile) {
         char rerr[LM_ERRLEN];
         if (!(gbuf = safefile_read(gfile, &glen, rerr, sizeof rerr))) fail("run", rerr);
         if (glen == 0) fail("run", "the grammar file is empty");
+    } else if (sfile) { /* the schema's grammar */
+        char rerr[LM_ERRLEN];
+        size_t slen;
+        char *sbuf = safefile_read(sfile, &slen, rerr, sizeof rerr);
+        if (!sbuf) fail("run", rerr);
+        gbuf = json_schema_to_gbnf(sbuf, slen, rerr, sizeof rerr);
+        lm_free(sbuf);
+        if (!gbuf) fail("run", rerr);
+        glen = strlen(gbuf);
+    } else if (json_any) {
+        if (!(gbuf = json_schema_any_object_gbnf())) fail("run", "out of memory");
+        glen = strlen(gbuf);
     }
 
     double t0 = lm_now();
