@@ -7,7 +7,9 @@
  * jsonschema by tests/e2e_schema.py) the grammar accepts the valid
  * instances and rejects the invalid ones, and strings drawn by a random
  * walk of the grammar parse as JSON. Matching and walking use the slow
- * reference of tests/gbnf_ref.h.
+ * reference of tests/gbnf_ref.h; the grammar engine (decode/grammar.h)
+ * parses every corpus grammar and agrees with the reference on instances,
+ * samples, cut and mutated samples, and a byte vocabulary's masks.
  *
  * With --samples N the program instead prints, per corpus schema, one JSON
  * line {"file": name, "samples": [N texts]} of random-walk strings, which
@@ -19,6 +21,7 @@
 
 #include "base/strbuf.h"
 #include "base/util.h"
+#include "decode/grammar.h"
 #include "decode/json_schema.h"
 #include "gbnf_ref.h"
 #include "test.h"
@@ -464,6 +467,133 @@ static void test_prefixes(void) {
     gref_free(&g);
 }
 
+/* ---- the grammar engine agrees with the reference ---- */
+
+/* A vocabulary of the 256 single bytes and one end-of-generation token. */
+static lm_gvocab *byte_vocab(void) {
+    static char bytes[256];
+    const char *ptr[257];
+    int lens[257];
+    bool eog[257];
+    for (int t = 0; t < 257; t++) {
+        if (t < 256) bytes[t] = (char)t;
+        ptr[t] = t < 256 ? &bytes[t] : "";
+        lens[t] = t < 256 ? 1 : 0;
+        eog[t] = t == 256;
+    }
+    char err[LM_ERRLEN];
+    return grammar_vocab_from_bytes(257, ptr, lens, eog, err, sizeof err);
+}
+
+/* The engine's verdict on text: 2 complete, 1 a viable prefix, 0 neither. */
+static int engine_verdict(lm_gmatch *m, const char *text, size_t n) {
+    gmatch_reset(m);
+    if (gmatch_accept_bytes(m, text, n) != 0) return 0;
+    return gmatch_can_end(m) ? 2 : 1;
+}
+
+static int ref_verdict(gref *g, const char *text, size_t n) {
+    return gref_accepts(g, text, n) ? 2 : gref_accepts_prefix(g, text, n) ? 1 : 0;
+}
+
+static void test_engine_agrees(void) {
+    char **names;
+    int n = corpus(&names);
+    lm_gvocab *v = byte_vocab();
+    CHECK(v);
+    uint32_t *allow = calloc((257 + 31) / 32, sizeof *allow);
+    long checks = 0;
+    uint64_t rng = 99;
+    for (int i = 0; i < n && !test_cur_failed_; i++) {
+        char path[512];
+        snprintf(path, sizeof path, CORPUS "/%s", names[i]);
+        char *text = read_all(path);
+        cJSON *doc = cJSON_Parse(text);
+        free(text);
+        char *schema = cJSON_PrintUnformatted(cJSON_GetObjectItem(doc, "schema"));
+        char err[LM_ERRLEN];
+        char *gbnf = compile(schema, err);
+        cJSON_free(schema);
+        CHECKF(gbnf, "%s: %s", names[i], err);
+        lm_grammar *gr = grammar_parse(gbnf, strlen(gbnf), NULL, err, sizeof err);
+        CHECKF(gr, "%s: the engine refuses the grammar: %s\n%s", names[i], err, gbnf);
+        gref g;
+        CHECK(gref_parse(&g, gbnf) == 0);
+        lm_free(gbnf);
+        lm_gmatch *m = gmatch_new(gr, v, err, sizeof err);
+        CHECKF(m, "%s", err);
+        const char *sets[2] = {"valid", "invalid"};
+        for (int s = 0; s < 2; s++) {
+            const cJSON *it;
+            cJSON_ArrayForEach(it, cJSON_GetObjectItem(doc, sets[s])) {
+                char *inst = cJSON_PrintUnformatted(it);
+                int e = engine_verdict(m, inst, strlen(inst));
+                bool ok = s == 0 ? e == 2 : e != 2;
+                if (!ok) fprintf(stderr, "  %s: engine: %s instance %s: %d\n", names[i], sets[s], inst, e);
+                cJSON_free(inst);
+                CHECK(ok);
+            }
+        }
+        for (int k = 0; k < 12 && !test_cur_failed_; k++) {
+            char *smp = gref_sample(&g, 5 + k % 3);
+            size_t len = strlen(smp);
+            /* the sample, a random cut of it, and a random one-byte change */
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            size_t cut = len ? (size_t)(rng >> 33) % (len + 1) : 0;
+            char *mut = malloc(len + 2);
+            memcpy(mut, smp, len + 1);
+            size_t at = len ? (size_t)(rng >> 20) % len : 0;
+            static const char pool[] = "{}[]\",:0123456789-.eE \\ntfaxu\n";
+            if (len) mut[at] = pool[(rng >> 40) % (sizeof pool - 1)];
+            const char *texts[3] = {smp, smp, mut};
+            size_t lens[3] = {len, cut, len};
+            for (int t = 0; t < 3; t++) {
+                int e = engine_verdict(m, texts[t], lens[t]), r = ref_verdict(&g, texts[t], lens[t]);
+                if (e != r) fprintf(stderr, "  %s: engine %d, reference %d on %.*s\n", names[i], e, r, (int)lens[t], texts[t]);
+                checks++;
+                if (e != r) {
+                    free(smp);
+                    free(mut);
+                }
+                CHECK(e == r);
+            }
+            /* the mask at the cut: byte b allowed iff the reference takes it */
+            if (k == 0) {
+                gmatch_reset(m);
+                CHECK(gmatch_accept_bytes(m, smp, cut) == 0);
+                gmatch_mask(m, allow);
+                char *buf = malloc(cut + 2);
+                memcpy(buf, smp, cut);
+                for (int b = 1; b < 256; b++) {
+                    buf[cut] = (char)b;
+                    bool want = gref_accepts_prefix(&g, buf, cut + 1);
+                    /* a lone lead byte of a multi-byte character: the
+                     * reference needs the whole character */
+                    if (b >= 0xC0) continue;
+                    bool got = (allow[b / 32] >> (b % 32)) & 1;
+                    if (got != want) fprintf(stderr, "  %s: mask byte 0x%02x after %.*s: %d\n", names[i], b, (int)cut, smp, got);
+                    CHECK(got == want);
+                }
+                bool eog = (allow[256 / 32] >> (256 % 32)) & 1;
+                CHECK(eog == gref_accepts(&g, smp, cut));
+                free(buf);
+                checks += 256;
+            }
+            free(smp);
+            free(mut);
+        }
+        gmatch_free(m);
+        grammar_free(gr);
+        gref_free(&g);
+        cJSON_Delete(doc);
+    }
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+    free(allow);
+    grammar_vocab_free(v);
+    printf("NOTE the engine and the reference agree on %ld texts and mask bits\n", checks);
+}
+
 /* ---- allocation failures: NULL with a message, never a crash ---- */
 
 static void test_alloc_failures(void) {
@@ -574,6 +704,7 @@ int main(int argc, char **argv) {
     TEST_RUN(test_any_object);
     TEST_RUN(test_corpus);
     TEST_RUN(test_prefixes);
+    TEST_RUN(test_engine_agrees);
     TEST_RUN(test_alloc_failures);
     return TEST_DONE();
 }
