@@ -360,6 +360,23 @@ def check_model(v, files, tag, model, n, chat, runs, tmp, every=1):
     return complete
 
 
+def check_cli_refusals(tmp):
+    """A schema the compiler refuses, and conflicting flags, stop run before any work."""
+    bad = os.path.join(tmp, "bad.json")
+    with open(bad, "w") as f:
+        f.write('{"type":"object","properties":{"a":{"type":"string","format":"ipv4"}}}')
+    model = os.path.join(ROOT, "models", "stories260K.gguf")
+    r = subprocess.run([LAMINA, "run", "-m", model, "-p", "x", "--json-schema", bad], capture_output=True, text=True)
+    result("cli_schema_refused", r.returncode == 1 and '"ipv4"' in r.stderr and "#/properties/a/format" in r.stderr
+           and r.stdout == "", r.stderr)
+    r = subprocess.run([LAMINA, "run", "-m", model, "-p", "x", "--json", "--json-schema", bad], capture_output=True,
+                       text=True)
+    result("cli_schema_flags_exclusive", r.returncode == 2 and "exclude each other" in r.stderr, r.stderr[:300])
+    r = subprocess.run([LAMINA, "run", "-m", model, "-p", "x", "--json-schema", os.path.join(tmp, "none.json")],
+                       capture_output=True, text=True)
+    result("cli_schema_missing_file", r.returncode == 1 and "none.json" in r.stderr, r.stderr[:300])
+
+
 def check_any_object(v, tag, model, chat):
     bad = []
     prompt = "Reply with a JSON object." if chat else "Once upon a time"
@@ -403,6 +420,7 @@ def main():
                             os.path.join(ROOT, "models", "stories260K.gguf"), "--seed", "7"],
                            capture_output=True, timeout=300)
         result("mkmodel_random_small", r.returncode == 0, r.stderr.decode()[-500:])
+        check_cli_refusals(tmp)
         if r.returncode == 0:
             check_model(v, files, "random_small", small, RANDOM_N, False, [(0, 0), (1.0, 1)], tmp)
             check_any_object(v, "random_small", small, False)
