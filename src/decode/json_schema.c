@@ -39,6 +39,7 @@
 #include <string.h>
 
 #include "base/strbuf.h"
+#include "base/utf8.h"
 #include "base/util.h"
 #include "decode/json_gbnf.h"
 
@@ -1273,6 +1274,17 @@ static void emit_prims(strbuf *o, unsigned p) {
                               (p & P_EMAIL ? JGBNF_EMAIL : 0));
 }
 
+/* Every key and string of the document is valid UTF-8 (grammar literals
+ * are matched as UTF-8; cJSON turns a lone \uD800 into invalid bytes). */
+static bool strings_valid(const cJSON *n) {
+    for (; n; n = n->next) {
+        if (n->string && !utf8_valid(n->string, strlen(n->string))) return false;
+        if (cJSON_IsString(n) && !utf8_valid(n->valuestring, strlen(n->valuestring))) return false;
+        if (n->child && !strings_valid(n->child)) return false;
+    }
+    return true;
+}
+
 static void jsc_free(jsc *c) {
     for (int i = 0; i < c->nrefs; i++) lm_free(c->refs[i].ref);
     lm_free(c->refs);
@@ -1293,6 +1305,11 @@ char *json_schema_to_gbnf(const char *json, size_t len, char *err, size_t errlen
             lm_err(err, errlen, "json schema: text after the JSON value (at byte %zu)", (size_t)(end - json));
             return NULL;
         }
+    }
+    if (!strings_valid(doc) || memmem(json, len, "\\u0000", 6)) {
+        cJSON_Delete(doc);
+        lm_err(err, errlen, "json schema: a string that is not valid UTF-8 or holds \\u0000");
+        return NULL;
     }
     jsc c = {.root = doc, .err = err, .errlen = errlen};
     char top[NAME_LEN];
