@@ -390,6 +390,56 @@ static int key_complement(jsc *c, const char **names, int n, size_t off, char *n
     return c->failed ? -1 : 0;
 }
 
+/* The rule for one member beyond the declared names[0..n) (the
+ * additionalProperties schema add, or any value when add is NULL) into
+ * addkv: a key that cannot spell a declared name, then its value. */
+static int additional_member(jsc *c, const cJSON *add, const char **names, int n, char *addkv) {
+    char key[NAME_LEN], val[NAME_LEN];
+    const char **plain = lm_calloc((size_t)n + 1, sizeof *plain);
+    int nplain = 0;
+    for (int i = 0; plain && i < n; i++) {
+        bool ok = true;
+        for (const unsigned char *q = (const unsigned char *)names[i]; *q; q++)
+            ok &= *q >= 0x20 && *q != '"' && *q != '\\';
+        if (ok) plain[nplain++] = names[i];
+    }
+    if (!plain) {
+        fail(c, "out of memory");
+    } else if (n == 0) {
+        c->prims |= P_STRING;
+        strcpy(key, "string");
+    } else {
+        char inner[NAME_LEN];
+        key_complement(c, plain, nplain, 0, inner);
+        new_name(c, "addkey", key);
+        strbuf kb = {0};
+        strbuf_printf(&kb, "\"\\\"\" %s \"\\\"\"", inner);
+        emit_rule(c, key, &kb);
+        strbuf_free(&kb);
+    }
+    lm_free(plain);
+    if (!c->failed) {
+        if (add) {
+            size_t m0 = path_push(c, "additionalProperties");
+            c->inside++;
+            schema_rule(c, add, "add", val);
+            c->inside--;
+            path_pop(c, m0);
+        } else {
+            c->prims |= P_VALUE;
+            strcpy(val, "value");
+        }
+    }
+    if (!c->failed) {
+        new_name(c, "addkv", addkv);
+        strbuf ab = {0};
+        strbuf_printf(&ab, "%s ws \":\" ws %s", key, val);
+        emit_rule(c, addkv, &ab);
+        strbuf_free(&ab);
+    }
+    return c->failed ? -1 : 0;
+}
+
 typedef struct {
     const char *key;     /* property name, not owned */
     const cJSON *schema; /* its schema, not owned */
@@ -480,49 +530,7 @@ static int object_expr(jsc *c, const cJSON *s, strbuf *e) {
     char addkv[NAME_LEN] = "";
     bool extra = add ? !cJSON_IsFalse(add) : n == 0;
     if (!c->failed && extra) {
-        char key[NAME_LEN], val[NAME_LEN];
-        const char **plain = lm_calloc((size_t)n + 1, sizeof *plain);
-        int nplain = 0;
-        for (int i = 0; plain && i < n; i++) {
-            bool ok = true;
-            for (const unsigned char *q = (const unsigned char *)names[i]; *q; q++)
-                ok &= *q >= 0x20 && *q != '"' && *q != '\\';
-            if (ok) plain[nplain++] = names[i];
-        }
-        if (!plain) {
-            fail(c, "out of memory");
-        } else if (n == 0) {
-            c->prims |= P_STRING;
-            strcpy(key, "string");
-        } else {
-            char inner[NAME_LEN];
-            key_complement(c, plain, nplain, 0, inner);
-            new_name(c, "addkey", key);
-            strbuf kb = {0};
-            strbuf_printf(&kb, "\"\\\"\" %s \"\\\"\"", inner);
-            emit_rule(c, key, &kb);
-            strbuf_free(&kb);
-        }
-        lm_free(plain);
-        if (!c->failed) {
-            if (add) {
-                size_t m0 = path_push(c, "additionalProperties");
-                c->inside++;
-                schema_rule(c, add, "add", val);
-                c->inside--;
-                path_pop(c, m0);
-            } else {
-                c->prims |= P_VALUE;
-                strcpy(val, "value");
-            }
-        }
-        if (!c->failed) {
-            new_name(c, "addkv", addkv);
-            strbuf ab = {0};
-            strbuf_printf(&ab, "%s ws \":\" ws %s", key, val);
-            emit_rule(c, addkv, &ab);
-            strbuf_free(&ab);
-        }
+        additional_member(c, add, names, n, addkv);
     }
     if (c->failed) {
         strbuf_free(&b);
