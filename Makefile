@@ -16,7 +16,7 @@ OPT     ?= -O2
 CFLAGS_BASE = -std=c11 -g -Wall -Wextra -Werror -Wshadow -Wmissing-prototypes \
               -Wno-unused-parameter -D_GNU_SOURCE -Isrc -Iinclude -MMD -MP
 CFLAGS  += $(OPT) $(CFLAGS_BASE)
-LDLIBS  += -lpcre2-8 -lmicrohttpd -lcjson -lpthread -lm
+LDLIBS  += -lpcre2-8 -lmicrohttpd -lcurl -lcjson -lpthread -lm
 SIMD_FLAGS = -mavx2 -mfma -mf16c
 
 # Sources live one folder per layer (src/README.md has the map).
@@ -140,7 +140,7 @@ Name: lamina
 Description: LLM inference and serving engine (GGUF models, paged KV cache, continuous batching)
 Version: $(shell sed -n 's/^#define LM_VERSION_STRING "\(.*\)"/\1/p' include/lamina.h)
 Libs: -L$${libdir} -llamina
-Libs.private: -lpcre2-8 -lmicrohttpd -lcjson -lpthread -lm
+Libs.private: -lpcre2-8 -lmicrohttpd -lcurl -lcjson -lpthread -lm
 Cflags: -I$${includedir}
 endef
 export LAMINA_PC

@@ -680,7 +680,8 @@ static void usage_main(FILE *f) {
             "  mkmodel     write a random-weight GGUF of a real shape\n"
             "  quantize    convert a model's weights to another type\n"
             "  kv          KV cache size: bytes per token, tokens and sequences that fit\n"
-            "  serve       OpenAI-compatible HTTP server (continuous batching)\n");
+            "  serve       OpenAI-compatible HTTP server (continuous batching)\n"
+            "  route       router in front of serve replicas (admission, prefix affinity, faults)\n");
 }
 
 /* Commands that write a file remove their temporary file when interrupted,
@@ -718,6 +719,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "quantize")) return cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(c, "kv")) return cmd_kv(argc - 1, argv + 1);
     if (!strcmp(c, "serve")) return cmd_serve(argc - 1, argv + 1);
+    if (!strcmp(c, "route")) return cmd_route(argc - 1, argv + 1);
     fprintf(stderr, "lamina: unknown command '%s'\n\n", c);
     usage_main(stderr);
     return 2;

@@ -1,0 +1,422 @@
+/*
+ * route_up.c - the router's replica side. One upstream thread runs every
+ * transfer to the replicas with libcurl's multi interface: it admits queued
+ * requests (route.c picks the replica), adds their transfers, and on each
+ * transfer's end decides between done, retry elsewhere (nothing reached the
+ * client yet) and failure. One poller thread asks each replica's /health and
+ * /metrics every poll_interval: ejection and re-admission, and the learnt
+ * in-flight limit (route.h).
+ *
+ * Callbacks run on the upstream thread inside curl_multi_perform and take
+ * rt->mu; the loop itself never holds rt->mu while curl runs. A client that
+ * goes away is noticed by the transfer's write or progress callback (the
+ * latter runs at least about once a second), which aborts the transfer:
+ * curl closes that connection, and the replica cancels the request.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include <curl/curl.h>
+
+#include "base/util.h"
+#include "route/route_int.h"
+
+#define LIMIT_START 4
+#define LIMIT_MAX 4096
+
+static void logf_(lm_router *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void logf_(lm_router *r, const char *fmt, ...) {
+    if (!r->cfg.log) return;
+    char line[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    r->cfg.log(r->cfg.log_user, line);
+}
+
+/* Eject a replica (under mu): nothing new goes there until /health is 200. */
+static void eject(lm_router *r, int i, const char *why) {
+    rt_replica *p = &r->rep[i];
+    if (!p->healthy) return;
+    p->healthy = false;
+    p->ejections++;
+    logf_(r, "replica %s ejected: %s", p->url, why);
+}
+
+/* ------------------------------------------------------------ transfers */
+
+static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
+    rt_req *q = ud;
+    lm_router *r = q->rt;
+    size_t n = size * nmemb;
+    pthread_mutex_lock(&r->mu);
+    if (q->client_gone || atomic_load(&r->stopping)) {
+        pthread_mutex_unlock(&r->mu);
+        return 0; /* abort: curl closes the connection, the replica cancels */
+    }
+    if (!q->status) {
+        curl_easy_getinfo((CURL *)q->easy, CURLINFO_RESPONSE_CODE, &q->status);
+        q->t_first = lm_now();
+    }
+    if (q->buf.len + n > RT_STREAM_LIMIT) {
+        q->overflow = true;
+        pthread_mutex_unlock(&r->mu);
+        return 0;
+    }
+    strbuf_put(&q->buf, data, n);
+    if (q->status == 200) route_sse_feed(&q->sse, data, n);
+    if (q->stream) pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+static int on_progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un) {
+    rt_req *q = ud;
+    lm_router *r = q->rt;
+    pthread_mutex_lock(&r->mu);
+    bool stop = q->client_gone || atomic_load(&r->stopping);
+    pthread_mutex_unlock(&r->mu);
+    return stop ? 1 : 0;
+}
+
+/* Start q's transfer to replica i (under mu). Returns 0, or -1. */
+static int start(lm_router *r, rt_req *q, int i) {
+    rt_replica *p = &r->rep[i];
+    CURL *h = curl_easy_init();
+    if (!h) return -1;
+    char url[1024];
+    snprintf(url, sizeof url, "%s%s", p->url, q->chat ? "/v1/chat/completions" : "/v1/completions");
+    struct curl_slist *hd = curl_slist_append(NULL, "Content-Type: application/json");
+    hd = hd ? curl_slist_append(hd, "Expect:") : NULL;
+    if (hd && r->auth_header) hd = curl_slist_append(hd, r->auth_header);
+    if (!hd) {
+        curl_easy_cleanup(h);
+        return -1;
+    }
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_POST, 1L);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, q->body);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)q->body_len);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_write);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, q);
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(h, CURLOPT_XFERINFODATA, q);
+    curl_easy_setopt(h, CURLOPT_PRIVATE, q);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
+    if (r->cfg.timeout > 0) curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(r->cfg.timeout * 1000));
+    q->easy = h;
+    q->hdrs = hd;
+    q->state = RQ_SENT;
+    q->replica = i;
+    q->attempts++;
+    q->tried[i] = true;
+    q->status = 0;
+    strbuf_free(&q->buf);
+    memset(&q->sse, 0, sizeof q->sse);
+    q->t_send = lm_now();
+    if (!q->t_admit) q->t_admit = q->t_send;
+    p->in_flight++;
+    p->sent++;
+    for (int k = 0; k < q->n_keys; k++) p->slots[q->keys[k] & (RT_SLOTS - 1)] = q->keys[k];
+    q->refs++; /* the transfer's reference */
+    if (curl_multi_add_handle((CURLM *)r->multi, h) != CURLM_OK) {
+        q->refs--;
+        p->in_flight--;
+        curl_easy_cleanup(h);
+        curl_slist_free_all(hd);
+        q->easy = q->hdrs = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+static void fail_req(lm_router *r, rt_req *q, int status, const char *fmt, const char *what) {
+    q->error_status = status;
+    snprintf(q->error, sizeof q->error, fmt, what);
+    rt_finish(r, q);
+}
+
+/* Admit what the queue holds while replicas have room (under mu); fail what
+ * has waited past the queue timeout (no replica could take it). */
+static void dispatch(lm_router *r) {
+    double now = lm_now();
+    double qt = r->cfg.timeout > 0 ? r->cfg.timeout : 600;
+    for (rt_req *q = r->q_head, *nx; q; q = nx) {
+        nx = q->next;
+        if (q->client_gone || now - q->t_arrive > qt) {
+            rt_queue_remove(r, q);
+            if (q->client_gone) {
+                q->error_status = 499;
+                snprintf(q->error, sizeof q->error, "the client went away");
+                rt_finish(r, q);
+            } else fail_req(r, q, 503, "%s", "no replica could take the request in time");
+            rt_req_unref(r, q);
+        }
+    }
+    while (r->q_head) {
+        rt_req *q = r->q_head;
+        int i = rt_pick(r, q);
+        if (i < 0) break;
+        rt_queue_remove(r, q);
+        if (start(r, q, i)) {
+            fail_req(r, q, 500, "%s", "out of memory starting the upstream transfer");
+            rt_req_unref(r, q);
+        }
+        else rt_req_unref(r, q); /* the queue's reference; the transfer holds its own */
+    }
+}
+
+/* Whether another attempt may go to some healthy replica. */
+static bool can_retry(lm_router *r, rt_req *q) {
+    if (q->streaming || q->client_gone || q->overflow || q->attempts >= r->cfg.max_attempts) return false;
+    for (int i = 0; i < r->n_rep; i++)
+        if (r->rep[i].healthy) return true;
+    return q->attempts < r->cfg.max_attempts; /* one may come back */
+}
+
+/* A transfer ended (under mu). */
+static void transfer_done(lm_router *r, rt_req *q, CURLcode rc) {
+    rt_replica *p = &r->rep[q->replica];
+    p->in_flight--;
+    long code = 0;
+    curl_easy_getinfo((CURL *)q->easy, CURLINFO_RESPONSE_CODE, &code);
+    if (!q->status) q->status = code;
+    q->easy = NULL;
+    curl_slist_free_all(q->hdrs);
+    q->hdrs = NULL;
+    if (q->client_gone) {
+        q->error_status = 499;
+        snprintf(q->error, sizeof q->error, "the client went away");
+        rt_finish(r, q);
+        return;
+    }
+    if (q->overflow) {
+        fail_req(r, q, 500, "%s", "the client did not read the stream fast enough; request cancelled");
+        return;
+    }
+    bool conn_failed = rc != CURLE_OK;
+    if (conn_failed) {
+        p->failures++;
+        if (rc == CURLE_COULDNT_CONNECT || rc == CURLE_OPERATION_TIMEDOUT || rc == CURLE_RECV_ERROR ||
+            rc == CURLE_SEND_ERROR || rc == CURLE_GOT_NOTHING || rc == CURLE_PARTIAL_FILE)
+            eject(r, q->replica, curl_easy_strerror(rc));
+    } else if (code == 429 && r->cfg.max_inflight <= 0 && p->limit > 1) {
+        p->limit = p->in_flight > 1 ? p->in_flight : 1; /* the replica's queue is full: ask less */
+    }
+    bool retryable = conn_failed || code == 429 || code >= 500;
+    if (retryable && can_retry(r, q)) {
+        r->retried++;
+        strbuf_free(&q->buf);
+        q->status = 0;
+        q->state = RQ_QUEUED;
+        rt_queue_push(r, q, true); /* the transfer's reference becomes the queue's */
+        return;
+    }
+    if (conn_failed) {
+        fail_req(r, q, 502, "the replica failed: %s", curl_easy_strerror(rc));
+        return;
+    }
+    if (q->stream && code == 200 && !q->sse.done && !q->sse.error) {
+        fail_req(r, q, 502, "%s", "the replica's stream ended before [DONE]");
+        return;
+    }
+    q->error_status = 0;
+    rt_finish(r, q);
+}
+
+static void read_done(lm_router *r) {
+    CURLMsg *msg;
+    int left;
+    while ((msg = curl_multi_info_read((CURLM *)r->multi, &left))) {
+        if (msg->msg != CURLMSG_DONE) continue;
+        CURL *h = msg->easy_handle;
+        CURLcode rc = msg->data.result;
+        rt_req *q = NULL;
+        curl_easy_getinfo(h, CURLINFO_PRIVATE, (char **)&q);
+        curl_multi_remove_handle((CURLM *)r->multi, h);
+        pthread_mutex_lock(&r->mu);
+        transfer_done(r, q, rc);
+        bool drop = q->state == RQ_FINAL;
+        if (drop) rt_req_unref(r, q); /* the transfer's reference */
+        pthread_mutex_unlock(&r->mu);
+        curl_easy_cleanup(h);
+    }
+}
+
+static void *up_main(void *arg) {
+    lm_router *r = arg;
+    CURLM *m = r->multi;
+    for (;;) {
+        pthread_mutex_lock(&r->mu);
+        bool stop = atomic_load(&r->stopping);
+        if (stop) {
+            while (r->q_head) { /* fail what is queued */
+                rt_req *q = r->q_head;
+                rt_queue_remove(r, q);
+                fail_req(r, q, 503, "%s", "the router is shutting down");
+                rt_req_unref(r, q);
+            }
+        } else dispatch(r);
+        pthread_mutex_unlock(&r->mu);
+        int running = 0;
+        curl_multi_perform(m, &running);
+        read_done(r);
+        if (stop && running == 0) break;
+        curl_multi_poll(m, NULL, 0, 50, NULL);
+    }
+    return NULL;
+}
+
+void rt_up_wake(lm_router *r) {
+    if (r->multi) curl_multi_wakeup((CURLM *)r->multi);
+}
+
+/* ------------------------------------------------------------- the poller */
+
+static size_t sink(char *data, size_t size, size_t nmemb, void *ud) {
+    strbuf *b = ud;
+    if (b) strbuf_put(b, data, size * nmemb);
+    return size * nmemb;
+}
+
+static long get_with(CURL *h, lm_router *r, const char *base, const char *path, strbuf *out, double timeout) {
+    char url[1024];
+    snprintf(url, sizeof url, "%s%s", base, path);
+    struct curl_slist *hd = r->auth_header ? curl_slist_append(NULL, r->auth_header) : NULL;
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_HTTPGET, 1L);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, sink);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, out);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(timeout * 1000));
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)(timeout * 1000));
+    CURLcode rc = curl_easy_perform(h);
+    long code = -1;
+    if (rc == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, NULL);
+    curl_slist_free_all(hd);
+    return code;
+}
+
+long rt_get(lm_router *r, const char *base, const char *path, strbuf *out, double timeout) {
+    CURL *h = curl_easy_init();
+    if (!h) return -1;
+    long code = get_with(h, r, base, path, out, timeout);
+    curl_easy_cleanup(h);
+    return code;
+}
+
+/* The learnt limit (under mu): room while the replica's own queue is short
+ * and the router holds work; what it runs plus a short queue once its
+ * queue grows. */
+static void learn(lm_router *r, rt_replica *p) {
+    if (r->cfg.max_inflight > 0) {
+        p->limit = r->cfg.max_inflight;
+        return;
+    }
+    if (p->st.running < 0 || p->st.waiting < 0) return;
+    bool kv_room = p->st.kv_total <= 0 || p->st.kv_free > 0.05 * p->st.kv_total;
+    if (p->st.waiting > 2 * RT_TARGET_WAIT) {
+        int want = (int)p->st.running + RT_TARGET_WAIT;
+        p->limit = want > 1 ? want : 1;
+    } else if (p->st.waiting < RT_TARGET_WAIT && r->q_len > 0 && p->in_flight >= p->limit && kv_room)
+        p->limit = p->limit * 2 < LIMIT_MAX ? p->limit * 2 : LIMIT_MAX;
+}
+
+static void poll_one(lm_router *r, int i, CURL *h) {
+    const char *url = r->rep[i].url;
+    long hc = get_with(h, r, url, "/health", NULL, 2.0);
+    strbuf m = {0};
+    long mc = hc == 200 ? get_with(h, r, url, "/metrics", &m, 2.0) : -1;
+    rt_upstats st;
+    int found = mc == 200 && m.p ? route_parse_metrics(m.p, m.len, &st) : 0;
+    strbuf_free(&m);
+    pthread_mutex_lock(&r->mu);
+    rt_replica *p = &r->rep[i];
+    if (hc == 200 && !p->healthy) {
+        p->healthy = true;
+        p->limit = r->cfg.max_inflight > 0 ? r->cfg.max_inflight : LIMIT_START;
+        p->last_iter = -1;
+        logf_(r, "replica %s admitted", p->url);
+    } else if (hc != 200 && p->healthy)
+        eject(r, i, hc < 0 ? "no answer to /health" : "/health is not 200");
+    if (found) {
+        if (p->last_iter >= 0 && st.iterations > p->last_iter && st.batch_count > p->last_bcount)
+            p->batch_mean = (st.batch_sum - p->last_bsum) / (st.batch_count - p->last_bcount);
+        else if (p->last_iter >= 0 && st.iterations == p->last_iter) p->batch_mean = 0;
+        p->last_iter = st.iterations;
+        p->last_bsum = st.batch_sum;
+        p->last_bcount = st.batch_count;
+        p->st = st;
+        learn(r, p);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void *poll_main(void *arg) {
+    lm_router *r = arg;
+    CURL *h[RT_MAX_REPLICAS] = {0};
+    for (int i = 0; i < r->n_rep; i++) h[i] = curl_easy_init();
+    while (!atomic_load(&r->stopping)) {
+        for (int i = 0; i < r->n_rep && !atomic_load(&r->stopping); i++)
+            if (h[i]) poll_one(r, i, h[i]);
+        rt_up_wake(r);
+        pthread_mutex_lock(&r->mu);
+        rt_trace_sample(r);
+        if (!atomic_load(&r->stopping)) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            double t = ts.tv_sec + ts.tv_nsec * 1e-9 + r->cfg.poll_interval;
+            ts.tv_sec = (time_t)t;
+            ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+            pthread_cond_timedwait(&r->poll_cv, &r->mu, &ts);
+        }
+        pthread_mutex_unlock(&r->mu);
+    }
+    for (int i = 0; i < r->n_rep; i++)
+        if (h[i]) curl_easy_cleanup(h[i]);
+    return NULL;
+}
+
+/* --------------------------------------------------------------- set-up */
+
+static void global_init(void) { curl_global_init(CURL_GLOBAL_ALL); }
+
+int rt_up_start(lm_router *r, char *err, size_t errlen) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, global_init);
+    r->multi = curl_multi_init();
+    if (!r->multi) return lm_err(err, errlen, "cannot start libcurl");
+    for (int i = 0; i < r->n_rep; i++) {
+        r->rep[i].limit = r->cfg.max_inflight > 0 ? r->cfg.max_inflight : LIMIT_START;
+        r->rep[i].last_iter = -1;
+        r->rep[i].batch_mean = -1;
+        r->rep[i].st = (rt_upstats){-1, -1, -1, -1, -1, -1, -1};
+    }
+    if (pthread_create(&r->up_thread, NULL, up_main, r)) return lm_err(err, errlen, "cannot start a thread");
+    r->up_started = true;
+    if (pthread_create(&r->poll_thread, NULL, poll_main, r)) return lm_err(err, errlen, "cannot start a thread");
+    r->poll_started = true;
+    return 0;
+}
+
+void rt_up_stop(lm_router *r) {
+    atomic_store(&r->stopping, true);
+    pthread_mutex_lock(&r->mu);
+    pthread_cond_broadcast(&r->poll_cv);
+    pthread_mutex_unlock(&r->mu);
+    rt_up_wake(r);
+    if (r->poll_started) pthread_join(r->poll_thread, NULL);
+    if (r->up_started) pthread_join(r->up_thread, NULL);
+    r->poll_started = r->up_started = false;
+    if (r->multi) curl_multi_cleanup((CURLM *)r->multi);
+    r->multi = NULL;
+}
