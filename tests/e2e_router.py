@@ -1,0 +1,468 @@
+#!/usr/bin/env python3
+"""End-to-end checks of `lamina route` over spawned replicas of the bundled model.
+
+Each router is started as `$LAMINA_BIN route --spawn N -m models/stories260K.gguf
+--port 0 ... -- <serve options>`; the script reads the router's port and each
+replica's pid and port from its stderr, waits until /health reports every
+replica healthy, and always stops it with SIGTERM at the end: it must exit 0,
+take its replicas with it and print nothing from the sanitizers.
+
+  1. The official `openai` client through the router (the same checks as
+     e2e_server.py makes against one server: completions, chat, streaming,
+     n=2, stop strings, usage, logprobs, streamed text equal to the
+     non-streamed text for the same seed), and /v1/models, /health, /metrics.
+  2. Faults: 128 streaming requests from 64 clients while one replica is
+     killed with SIGKILL: every request ends (a complete stream, or an error
+     status or error event; none hangs past the client's timeout), most
+     complete, the replica is restarted (a new pid) and re-admitted (healthy
+     in the router's /metrics, and it takes requests again).
+  3. Client disconnect: a long stream closed after a few chunks; the
+     replica that ran it stops (far fewer tokens generated than asked), runs
+     nothing and holds no KV block.
+  4. Admission: one replica, one request in flight, a queue of 2: a burst
+     gets 429 with Retry-After for what does not fit, and the rest complete;
+     the router's /metrics counts the rejections and never shows the
+     replica more than 1 in flight.
+  5. Prefix affinity: requests sharing a long prefix all go to one replica
+     (the router's per-replica counters), whose prefix cache then hits;
+     round-robin spreads the same requests.
+  6. API keys: --api-key at the router (401 without it), --upstream-key to
+     the replicas (which then refuse a request without it).
+"""
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import e2e_server as es  # noqa: E402 (shared helpers and the openai client checks)
+
+LAMINA = es.LAMINA
+MODEL = es.MODEL
+ASAN = es.ASAN
+CTX = 1024
+SERVE = ["-t", "1", "--chat-template", "chatml", "-c", str(CTX), "--ctx-extend"]
+
+passed = failed = 0
+lock = threading.Lock()
+
+
+def result(name, ok, detail=""):
+    global passed, failed
+    with lock:
+        if ok:
+            passed += 1
+            print("PASS", name)
+        else:
+            failed += 1
+            print("FAIL", name)
+            if detail:
+                print("  " + str(detail).replace("\n", "\n  "))
+        sys.stdout.flush()
+
+
+class Router:
+    def __init__(self, n, *args, serve=SERVE):
+        self.n = n
+        self.args = [LAMINA, "route", "--spawn", str(n), "-m", MODEL, "--port", "0", *args, "--", *serve]
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.lines = []
+        self.port = None
+        self.pids = {}       # replica index -> latest pid
+        self.rports = {}     # replica index -> port
+        got = threading.Event()
+
+        def reader():
+            for raw in self.proc.stderr:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                with lock:
+                    self.lines.append(line)
+                m = re.search(r"lamina route: replica (\d+) pid (\d+) at http://127\.0\.0\.1:(\d+)", line)
+                if m:
+                    self.pids[int(m.group(1))] = int(m.group(2))
+                    self.rports[int(m.group(1))] = int(m.group(3))
+                m = re.search(r"lamina route: listening on http://127\.0\.0\.1:(\d+)", line)
+                if m:
+                    self.port = int(m.group(1))
+                    got.set()
+            got.set()
+
+        self.reader = threading.Thread(target=reader, daemon=True)
+        self.reader.start()
+        got.wait(60)
+        if self.port is None:
+            self.proc.kill()
+            self.proc.wait()
+            raise RuntimeError("router did not start: %s" % "\n".join(self.lines))
+        if not self.wait_healthy(n, 120):
+            self.proc.kill()
+            self.proc.wait()
+            raise RuntimeError("replicas never became healthy: %s" % "\n".join(self.lines))
+
+    def wait_healthy(self, n, timeout):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                st, _, body = es.get(self, "/health")
+                if st == 200 and json.loads(body).get("replicas_healthy") == n:
+                    return True
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.05)
+        return False
+
+    def replica(self, i):
+        """A stand-in for e2e_server's Server, aimed at replica i directly."""
+        return type("R", (), {"port": self.rports[i]})()
+
+    def stop(self, name):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+            result("%s: exits on SIGTERM" % name, False, "did not exit within 60 s")
+            return
+        self.reader.join(10)
+        text = "\n".join(self.lines)
+        bad = re.search(r"Sanitizer|runtime error:|LeakSanitizer", text)
+        alive = [p for p in self.pids.values() if os.path.exists("/proc/%d" % p) and
+                 not open("/proc/%d/stat" % p).read().split()[2] == "Z"]
+        result("%s: clean exit, replicas stopped" % name, rc == 0 and not bad and not alive,
+               "exit %s, alive %s\n%s" % (rc, alive, text[-3000:]))
+
+
+def rmetrics(rt):
+    return es.metrics(rt)
+
+
+def per_replica(m, name):
+    """{url: value} of a per-replica router metric."""
+    out = {}
+    for k, v in m.items():
+        mm = re.match(r'%s\{replica="([^"]+)"\}$' % name, k)
+        if mm:
+            out[mm.group(1)] = v
+    return out
+
+
+def stream(rt, body, timeout=120, path="/v1/completions"):
+    """POST a streaming request; (status, data payloads)."""
+    c = http.client.HTTPConnection("127.0.0.1", rt.port, timeout=timeout)
+    try:
+        c.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        payload = r.read().decode()
+        return r.status, dict(r.getheaders()), [ln[6:] for ln in payload.split("\n") if ln.startswith("data: ")]
+    finally:
+        c.close()
+
+
+# --------------------------------------------------------------- 1. basics
+
+def check_basics(rt):
+    st, _, body = es.get(rt, "/health")
+    result("health: every replica healthy", st == 200 and json.loads(body)["replicas_healthy"] == rt.n, body)
+    st, _, body = es.get(rt, "/v1/models")
+    result("models forwarded", st == 200 and json.loads(body)["data"][0]["id"] == es.MODEL_NAME, body)
+    st, _, body = es.post(rt, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0})
+    direct = es.post(rt.replica(0), "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 8,
+                                                        "temperature": 0})[2]
+    result("completion through the router equals the replica's", st == 200 and
+           json.loads(body)["choices"][0]["text"] == json.loads(direct)["choices"][0]["text"], (body, direct))
+    st, hdrs, events = stream(rt, {"prompt": "Once upon a time", "max_tokens": 12, "stream": True})
+    result("stream passed through", st == 200 and hdrs.get("Content-Type") == "text/event-stream" and
+           len(events) >= 3 and events[-1] == "[DONE]", (st, hdrs, events[-3:]))
+    st, _, body = es.post(rt, "/v1/completions", {"prompt": "x", "max_tokens": -3})
+    result("the replica's 400 passed through", st == 400 and "error" in json.loads(body), body)
+    st, _, body = es.post(rt, "/v1/nothing", {})
+    result("unknown route 404", st == 404, body)
+    st, _, body = es.request(rt, "GET", "/v1/completions")
+    result("wrong method 405", st == 405, body)
+    m = rmetrics(rt)
+    result("metrics: router counters", m.get("lamina_router_requests_admitted_total", 0) >= 3 and
+           "lamina_router_queue_depth" in m and 'lamina_router_queue_seconds_bucket{le="+Inf"}' in m, m)
+
+
+def check_client(rt):
+    before = (es.passed, es.failed, es.skipped)
+    es.check_client(rt)
+    global passed, failed
+    passed += es.passed - before[0]
+    failed += es.failed - before[1]
+    if es.skipped > before[2]:
+        print("SKIP openai client checks (see above)")
+
+
+# --------------------------------------------------------------- 2. faults
+
+def check_kill(rt):
+    clients, total = (16, 32) if ASAN else (64, 128)
+    todo = list(range(total))
+    outcome = {}
+    victim = 1
+    old_pid = rt.pids[victim]
+    m0 = rmetrics(rt)
+
+    def worker():
+        while True:
+            with lock:
+                if not todo:
+                    return
+                i = todo.pop()
+            body = {"prompt": "Once upon a time" if i % 2 else "The little dog", "max_tokens": 64 + i % 64,
+                    "stream": i % 2 == 0, "temperature": 0.8, "seed": i, "ignore_eos": True}
+            try:
+                if not body["stream"]:  # nothing reaches the client before the end: retried, never lost
+                    st, _, raw = es.post(rt, "/v1/completions", body, timeout=120)
+                    ok = st == 200 and json.loads(raw)["usage"]["completion_tokens"] == body["max_tokens"]
+                    with lock:
+                        outcome[i] = "complete" if ok else "whole-failed %s" % st
+                    continue
+                st, _, events = stream(rt, body, timeout=120)
+                if st == 200 and events and events[-1] == "[DONE]":
+                    err = any(e.startswith('{"error"') for e in events)
+                    kind = "error-event" if err else "complete"
+                elif st != 200:
+                    kind = "error-status"
+                else:
+                    kind = "truncated"
+            except (OSError, ValueError, http.client.HTTPException) as e:
+                kind = "exception %s" % e
+            with lock:
+                outcome[i] = kind
+
+    ts = [threading.Thread(target=worker) for _ in range(clients)]
+    t0 = time.time()
+    for t in ts:
+        t.start()
+    # kill one replica once it is busy
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        inflight = per_replica(rmetrics(rt), "lamina_router_replica_in_flight")
+        if inflight.get("http://127.0.0.1:%d" % rt.rports[victim], 0) >= 8 and len(outcome) < total:
+            break
+        time.sleep(0.02)
+    os.kill(old_pid, signal.SIGKILL)
+    for t in ts:
+        t.join(300)
+    hung = [t for t in ts if t.is_alive()]
+    kinds = {}
+    for k in outcome.values():
+        kinds[k] = kinds.get(k, 0) + 1
+    print("NOTE kill: %d requests in %.1f s: %s" % (total, time.time() - t0, kinds))
+    bad = {k: v for k, v in kinds.items() if k not in ("complete", "error-event", "error-status")}
+    result("kill -9: every request ended (complete or an error), none hung; every whole answer complete",
+           not hung and len(outcome) == total and not bad, (len(hung), kinds))
+    result("kill -9: most requests complete", kinds.get("complete", 0) >= total // 2, kinds)
+    # restarted and re-admitted
+    deadline = time.time() + 60
+    while time.time() < deadline and rt.pids.get(victim) == old_pid:
+        time.sleep(0.05)
+    result("kill -9: the replica was restarted", rt.pids.get(victim) != old_pid, rt.lines[-10:])
+    result("kill -9: the replica was re-admitted", rt.wait_healthy(rt.n, 60), rt.lines[-10:])
+    m1 = rmetrics(rt)
+    ej = per_replica(m1, "lamina_router_replica_ejections_total")
+    result("kill -9: the router ejected it", sum(ej.values()) >= 1, ej)
+    url = "http://127.0.0.1:%d" % rt.rports[victim]
+    sent0 = per_replica(m1, "lamina_router_replica_sent_total").get(url, 0)
+    for i in range(6):
+        es.post(rt, "/v1/completions", {"prompt": "Round %d" % i, "max_tokens": 4}, timeout=60)
+    sent1 = per_replica(rmetrics(rt), "lamina_router_replica_sent_total").get(url, 0)
+    result("kill -9: the re-admitted replica takes requests again", sent1 > sent0, (sent0, sent1))
+    for i in range(rt.n):
+        ok, m = es.wait_idle(rt.replica(i))
+        result("kill -9: replica %d idle afterwards, no KV block held" % i, ok, m)
+    result("kill -9: router queue empty", rmetrics(rt).get("lamina_router_queue_depth") == 0)
+    retried = rmetrics(rt).get("lamina_router_requests_retried_total", 0) - m0.get(
+        "lamina_router_requests_retried_total", 0)
+    result("kill -9: requests that had not started were retried elsewhere", retried >= 1, retried)
+
+
+# ------------------------------------------------------------- 3. disconnect
+
+def check_disconnect(rt):
+    reps = [rt.replica(i) for i in range(rt.n)]
+    before = sum(es.metrics(r).get("lamina_generation_tokens_total", 0) for r in reps)
+    want = CTX - 24
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": want, "ignore_eos": True, "stream": True,
+                       "temperature": 0.9}).encode()
+    s = socket.create_connection(("127.0.0.1", rt.port), timeout=30)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    got = b""
+    while got.count(b"data: ") < 4:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        got += chunk
+    s.close()
+    result("disconnect: stream started", got.startswith(b"HTTP/1.1 200") and b"data: {" in got, got[:300])
+    oks = [es.wait_idle(r) for r in reps]
+    result("disconnect: replicas run nothing, every KV block back", all(o for o, _ in oks), [m for _, m in oks])
+    after = sum(es.metrics(r).get("lamina_generation_tokens_total", 0) for r in reps)
+    result("disconnect: the replica's request was cancelled early", after - before < want,
+           "%d of %d tokens generated" % (after - before, want))
+    deadline = time.time() + 10
+    while time.time() < deadline and rmetrics(rt).get("lamina_router_requests_cancelled_total", 0) < 1:
+        time.sleep(0.05)
+    result("disconnect: the router counts it cancelled",
+           rmetrics(rt).get("lamina_router_requests_cancelled_total", 0) >= 1)
+
+
+# --------------------------------------------------------------- 4. admission
+
+def check_queue_bound():
+    rt = Router(1, "--max-queue", "2", "--max-inflight-per-replica", "1", "--trace", TRACE)
+    try:
+        statuses = []
+        retry_after = []
+        peak = [0]
+        stop = threading.Event()
+
+        def watch():
+            while not stop.is_set():
+                v = per_replica(rmetrics(rt), "lamina_router_replica_in_flight")
+                peak[0] = max(peak[0], max(v.values()))
+                time.sleep(0.01)
+
+        def one(i):
+            st, hdrs, _ = es.request(rt, "POST", "/v1/completions",
+                                     {"prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": True,
+                                      "seed": i}, timeout=120)
+            with lock:
+                statuses.append(st)
+                if st == 429:
+                    retry_after.append(hdrs.get("Retry-After"))
+
+        w = threading.Thread(target=watch)
+        w.start()
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(300)
+        stop.set()
+        w.join()
+        n429 = statuses.count(429)
+        result("queue bound: 429 for what does not fit", n429 >= 1 and statuses.count(200) >= 3 and
+               n429 + statuses.count(200) == 16, statuses)
+        result("queue bound: 429 carries Retry-After", retry_after and all(r == "1" for r in retry_after),
+               retry_after)
+        m = rmetrics(rt)
+        result("queue bound: rejections counted", m.get("lamina_router_requests_rejected_total") == n429, m)
+        result("fixed limit: never more than 1 in flight at the replica", peak[0] == 1, peak[0])
+    finally:
+        rt.stop("router (queue bound)")
+    # the trace: a start line, samples, one line per request that was queued
+    try:
+        lines = [json.loads(l) for l in open(TRACE)]
+        reqs = [l for l in lines if l["kind"] == "req"]
+        samples = [l for l in lines if l["kind"] == "sample"]
+        ok = lines[0]["kind"] == "start" and samples and len(reqs) == statuses.count(200) and all(
+            0 <= r["arrive"] <= r["admit"] <= r["send"] <= r["first"] <= r["done"] for r in reqs)
+        result("trace: per-request hops in order, samples", ok, lines[:3])
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        result("trace: per-request hops in order, samples", False, e)
+
+
+# ------------------------------------------------------------ 5. affinity
+
+SYSTEM = ("You are a storyteller who tells short, happy stories about animals in the forest, "
+          "with a clear beginning, a middle and an end, for small children at bedtime. ")
+
+
+def routed(rt, n, prompts):
+    m0 = per_replica(rmetrics(rt), "lamina_router_replica_sent_total")
+    for p in prompts:
+        st, _, _ = es.post(rt, "/v1/completions", {"prompt": p, "max_tokens": 4}, timeout=60)
+    m1 = per_replica(rmetrics(rt), "lamina_router_replica_sent_total")
+    return sorted(m1[k] - m0.get(k, 0) for k in m1)
+
+
+def check_affinity(rt):
+    prompts = [SYSTEM + "Tell me about animal number %d." % i for i in range(8)]
+    reps = [rt.replica(i) for i in range(rt.n)]
+    hits0 = sum(es.metrics(r).get("lamina_prefix_cache_hits_total", 0) for r in reps)
+    d = routed(rt, rt.n, prompts)
+    result("prefix affinity: a shared prefix goes to one replica", d[-1] == 8, d)
+    hits1 = sum(es.metrics(r).get("lamina_prefix_cache_hits_total", 0) for r in reps)
+    result("prefix affinity: the replica's prefix cache hits", hits1 - hits0 >= 7, (hits0, hits1))
+    m = rmetrics(rt)
+    result("prefix affinity: hit rate reported", m.get("lamina_router_prefix_hit_rate", 0) > 0, m)
+    other = [("Another long shared opening line that differs from the first one in every block, "
+              "so that it keys other blocks of the cache entirely. Request %d." % i) for i in range(8)]
+    d2 = routed(rt, rt.n, other)
+    result("prefix affinity: a second prefix also sticks", d2[-1] == 8, d2)
+
+
+def check_round_robin():
+    rt = Router(2, "--policy", "round-robin")
+    try:
+        d = routed(rt, 2, [SYSTEM + "Tell me about animal number %d." % i for i in range(8)])
+        result("round-robin: the same prefix spreads", d == [4, 4], d)
+    finally:
+        rt.stop("router (round-robin)")
+
+
+# ------------------------------------------------------------- 6. api keys
+
+def check_keys():
+    rt = Router(1, "--api-key", "front", "--upstream-key", "back")
+    try:
+        body = {"prompt": "Once upon a time", "max_tokens": 4}
+        st = es.post(rt, "/v1/completions", body)[0]
+        result("api key: 401 without it", st == 401, st)
+        st = es.post(rt, "/v1/completions", body, headers={"Authorization": "Bearer front"})[0]
+        result("api key: 200 with it (the router sends its own key upstream)", st == 200, st)
+        st = es.post(rt.replica(0), "/v1/completions", body, headers={"Authorization": "Bearer front"})[0]
+        result("upstream key: the replica refuses the client's key", st == 401, st)
+        result("api key: /health open", es.get(rt, "/health")[0] == 200)
+    finally:
+        rt.stop("router (keys)")
+
+
+TRACE = os.path.join(os.environ.get("TMPDIR", "/tmp"), "lamina_e2e_router_%d.trace" % os.getpid())
+
+
+def main():
+    if not os.path.exists(LAMINA):
+        print("FAIL no lamina binary at %s" % LAMINA)
+        print("0 passed, 1 failed")
+        return 1
+    routers = []
+    t0 = time.time()
+    try:
+        rt = Router(2)
+        routers.append(rt)
+        check_basics(rt)
+        check_client(rt)
+        check_affinity(rt)
+        check_disconnect(rt)
+        check_kill(rt)
+        check_queue_bound()
+        check_round_robin()
+        check_keys()
+    except Exception:
+        import traceback
+        result("e2e_router ran to the end", False, traceback.format_exc())
+    finally:
+        for i, r in enumerate(routers):
+            r.stop("router %d" % i)
+        if os.path.exists(TRACE):
+            os.unlink(TRACE)
+    print("NOTE e2e_router: %.1f s" % (time.time() - t0))
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
