@@ -681,7 +681,8 @@ static void usage_main(FILE *f) {
             "  quantize    convert a model's weights to another type\n"
             "  kv          KV cache size: bytes per token, tokens and sequences that fit\n"
             "  serve       OpenAI-compatible HTTP server (continuous batching)\n"
-            "  route       router in front of serve replicas (admission, prefix affinity, faults)\n");
+            "  route       router in front of serve replicas (admission, prefix affinity, faults)\n"
+            "  trace       where concurrency was lost, from a `lamina route --trace` file (and an SVG)\n");
 }
 
 /* Commands that write a file remove their temporary file when interrupted,
@@ -720,6 +721,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "kv")) return cmd_kv(argc - 1, argv + 1);
     if (!strcmp(c, "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(c, "route")) return cmd_route(argc - 1, argv + 1);
+    if (!strcmp(c, "trace")) return cmd_trace(argc - 1, argv + 1);
     fprintf(stderr, "lamina: unknown command '%s'\n\n", c);
     usage_main(stderr);
     return 2;
