@@ -19,6 +19,9 @@ fuzz_tokenize: byte 0 picks the tokenizer (bit 0: GPT-2 BPE, else
   byte-fallback text, special-token look-alikes and contractions.
 fuzz_grammar: GBNF text, a NUL, then bytes for the matcher. Seeds: a JSON
   grammar with a document, every construct, and refused grammars.
+fuzz_route: byte 0 picks the part (0 request body, 1 SSE stream, 2 metrics
+  text, 3 token ids as block keys; bit 2 with 0: chat); these are a few of
+  each, with truncated streams and malformed lines.
 fuzz_gguf: the malformed files of tests/data/gguf_bad under 1 KiB (copied as
   bad_<name>), beside the valid ones already in fuzz/seeds/fuzz_gguf.
 fuzz_json_schema: the schema of every file in tests/data/schemas (compact
@@ -206,7 +209,35 @@ def grammar_seeds():
     write("fuzz_grammar", "bad_escape", b'root ::= "\\q" [\\x4]\0')
 
 
+CHUNK = (b'data: {"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":" a",'
+         b'"finish_reason":null}]}\n\n')
+ROUTE = {
+    "peek_completion": (0, b'{"prompt":"Once upon a time, in a land far away, there lived a king who had three '
+                           b'daughters and one old dog.","stream":true,"max_tokens":8}'),
+    "peek_chat": (4, b'{"messages":[{"role":"system","content":"You tell stories."},{"role":"user","content":'
+                     b'[{"type":"text","text":"hi"},{"type":"image"}]},{"role":7}],"stream":false}'),
+    "peek_bad": (0, b'{"prompt":["a",'),
+    "sse_whole": (1, b": keep-alive\n\n" + CHUNK * 3 + b"data: [DONE]\n\n"),
+    "sse_truncated": (1, CHUNK * 2 + b'data: {"id":"cmpl-1","choi'),
+    "sse_error": (5, CHUNK + b'data: {"error":{"message":"x","type":"server_error"}}\r\n\r\ndata: [DONE]\r\n'),
+    "sse_long_line": (9, b"data: " + b"x" * 2000 + b"\n\ndata:[DONE]\n"),
+    "metrics": (2, b"# HELP lamina_requests_running r\n# TYPE lamina_requests_running gauge\n"
+                   b"lamina_requests_running 3\nlamina_requests_waiting 1\nlamina_kv_blocks_free 120\n"
+                   b"lamina_kv_blocks_total 128\nlamina_iterations_total 1e3\nlamina_batch_size_sum 4000\n"
+                   b"lamina_batch_size_count 1000\nlamina_requests_running_x 9\n"),
+    "metrics_odd": (6, b"lamina_requests_running\nlamina_requests_waiting nan\nlamina_kv_blocks_free -1\n"
+                       b"lamina_kv_blocks_total " + b"9" * 80 + b"\n"),
+    "tokens": (63, struct.pack("<40i", *range(1, 41))),
+}
+
+
+def route_seeds():
+    for name, (opt, body) in ROUTE.items():
+        write("fuzz_route", name, bytes([opt]) + body)
+
+
 if __name__ == "__main__":
+    route_seeds()
     gguf_seeds()
     request_seeds()
     tokenize_seeds()
