@@ -28,6 +28,15 @@ take its replicas with it and print nothing from the sanitizers.
      round-robin spreads the same requests.
   6. API keys: --api-key at the router (401 without it), --upstream-key to
      the replicas (which then refuse a request without it).
+  7. Learnt admission: one replica with 8 sequence slots under 64 clients:
+     the router's limit for it grows past 1 to what the engine runs, the
+     engine runs full batches, and the router, not the replica, holds the
+     rest (the trace's samples).
+  8. Bad replicas (a stand-in HTTP server given with --replica): a stream
+     cut before [DONE] ends with an error event and [DONE]; a whole answer
+     cut short is a 502 after the retries; a replica that never answers is
+     given up on after --timeout and ejected; a request that has not started
+     on it is retried on a good replica.
 """
 import http.client
 import json
@@ -100,7 +109,7 @@ class Router:
             self.proc.kill()
             self.proc.wait()
             raise RuntimeError("router did not start: %s" % "\n".join(self.lines))
-        if not self.wait_healthy(n, 120):
+        if not self.wait_healthy(n + args.count("--replica"), 120):
             self.proc.kill()
             self.proc.wait()
             raise RuntimeError("replicas never became healthy: %s" % "\n".join(self.lines))
@@ -430,6 +439,190 @@ def check_keys():
         rt.stop("router (keys)")
 
 
+# ------------------------------------------------------- 7. learnt admission
+
+def check_learnt():
+    trace = TRACE + ".learnt"
+    rt = Router(1, "--trace", trace, "--poll-interval", "0.05", serve=SERVE + ["--max-seqs", "8"])
+    try:
+        todo = list(range(128))
+        codes = []
+
+        def worker():
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    i = todo.pop()
+                st = es.post(rt, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 96,
+                                                      "ignore_eos": True, "seed": i}, timeout=120)[0]
+                with lock:
+                    codes.append(st)
+
+        ts = [threading.Thread(target=worker) for _ in range(64)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(300)
+        result("learnt: every request answered", codes.count(200) == 128, codes)
+    finally:
+        rt.stop("router (learnt)")
+    try:
+        samples = [json.loads(l) for l in open(trace)]
+        samples = [x for x in samples if x["kind"] == "sample" and x["queue"] > 0]
+        limits = [x["replicas"][0]["limit"] for x in samples]
+        running = [x["replicas"][0]["running"] for x in samples]
+        waiting = [x["replicas"][0]["waiting"] for x in samples]
+        queue = [x["queue"] for x in samples]
+        ok = samples and max(limits) >= 8 and max(running) == 8
+        result("learnt: the limit grew to the engine's capacity (8 slots), all of them used", ok,
+               (limits[:40], running[:40]))
+        mean = lambda v: sum(v) / len(v) if v else 0  # noqa: E731
+        result("learnt: the router held the work, the replica's queue stayed short",
+               mean(queue) > mean(waiting) and max(limits) <= 64, (mean(queue), mean(waiting), max(limits)))
+        out = subprocess.run([LAMINA, "trace", trace, "--svg", trace + ".svg"], capture_output=True, text=True)
+        svg = open(trace + ".svg").read() if os.path.exists(trace + ".svg") else ""
+        result("lamina trace: a summary naming the hops, and an SVG", out.returncode == 0 and
+               "router held" in out.stdout and "engine batch mean" in out.stdout and "<polyline" in svg,
+               out.stdout + out.stderr)
+        print("NOTE learnt trace:\n" + out.stdout)
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        result("learnt: trace samples", False, e)
+    finally:
+        for f in (trace, trace + ".svg"):
+            if os.path.exists(f):
+                os.unlink(f)
+
+
+# ----------------------------------------------------------- 8. bad replicas
+
+class Fake:
+    """A stand-in replica: /health 200, and a POST answered as `mode` says."""
+
+    def __init__(self, mode):
+        import http.server
+
+        fake = self
+        self.mode = mode
+        self.posts = 0
+
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                body = b'{"status":"ok"}' if self.path == "/health" else b"lamina_requests_running 0\n"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length", 0))
+                self.rfile.read(n)
+                with lock:
+                    fake.posts += 1
+                if fake.mode == "hang":
+                    time.sleep(30)
+                    return
+                self.send_response(200)
+                if fake.mode == "cut-stream":
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    ev = b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
+                    self.wfile.flush()
+                else:  # cut-body: promise more than is sent
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", "1000")
+                    self.end_headers()
+                    self.wfile.write(b'{"choices":[')
+                self.wfile.flush()
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.srv.daemon_threads = True
+        self.url = "http://127.0.0.1:%d" % self.srv.server_address[1]
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+class Front:
+    """`lamina route` over given URLs only (no spawned replicas)."""
+
+    def __init__(self, urls, *args):
+        cmd = [LAMINA, "route", "--port", "0", *args]
+        for u in urls:
+            cmd += ["--replica", u]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.lines = []
+        got = threading.Event()
+        self.port = None
+
+        def reader():
+            for raw in self.proc.stderr:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                self.lines.append(line)
+                m = re.search(r"lamina route: listening on http://127\.0\.0\.1:(\d+)", line)
+                if m:
+                    self.port = int(m.group(1))
+                    got.set()
+            got.set()
+
+        self.reader = threading.Thread(target=reader, daemon=True)
+        self.reader.start()
+        got.wait(60)
+        if self.port is None:
+            raise RuntimeError("router did not start: %s" % self.lines)
+        Router.wait_healthy(self, len(urls), 60)
+
+    def stop(self, name):
+        self.pids = {}
+        Router.stop(self, name)
+
+
+def check_bad_replicas():
+    cut, body_cut, hang = Fake("cut-stream"), Fake("cut-body"), Fake("hang")
+    fronts = []
+    try:
+        f = Front([cut.url], "--max-attempts", "2")
+        fronts.append(f)
+        st, _, events = stream(f, {"prompt": "x", "max_tokens": 4, "stream": True}, timeout=60)
+        result("cut stream: ends with an error event and [DONE]", st == 200 and len(events) >= 3 and
+               events[-1] == "[DONE]" and json.loads(events[-2]).get("error") and "choices" in events[0], events)
+        f2 = Front([body_cut.url], "--max-attempts", "2")
+        fronts.append(f2)
+        st, _, body = es.post(f2, "/v1/completions", {"prompt": "x", "max_tokens": 4}, timeout=60)
+        result("cut body: 502 with an error object, after a retry", st == 502 and "error" in json.loads(body) and
+               body_cut.posts == 2, (st, body, body_cut.posts))
+        # a replica that never answers, beside a real one: given up on, ejected, retried on the real one
+        rt = Router(1, "--replica", hang.url, "--timeout", "2", "--policy", "round-robin")
+        fronts.append(rt)
+        t0 = time.time()
+        codes = []
+        for i in range(4):
+            codes.append(es.post(rt, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 4},
+                                 timeout=60)[0])
+        m = rmetrics(rt)
+        ej = per_replica(m, "lamina_router_replica_ejections_total")
+        result("hanging replica: every request answered by the good one", codes == [200] * 4 and hang.posts >= 1,
+               (codes, hang.posts, time.time() - t0))
+        result("hanging replica: ejected and retried", ej.get(hang.url, 0) >= 1 and
+               m.get("lamina_router_requests_retried_total", 0) >= 1, (ej, m.get("lamina_router_requests_retried_total")))
+    finally:
+        for i, f in enumerate(fronts):
+            f.stop("router (bad replicas %d)" % i)
+        for x in (cut, body_cut, hang):
+            x.close()
+
+
 TRACE = os.path.join(os.environ.get("TMPDIR", "/tmp"), "lamina_e2e_router_%d.trace" % os.getpid())
 
 
@@ -443,14 +636,12 @@ def main():
     try:
         rt = Router(2)
         routers.append(rt)
-        check_basics(rt)
-        check_client(rt)
-        check_affinity(rt)
-        check_disconnect(rt)
-        check_kill(rt)
-        check_queue_bound()
-        check_round_robin()
-        check_keys()
+        for part in (lambda: check_basics(rt), lambda: check_client(rt), lambda: check_affinity(rt),
+                     lambda: check_disconnect(rt), lambda: check_kill(rt), check_queue_bound, check_round_robin,
+                     check_keys, check_learnt, check_bad_replicas):
+            t1 = time.time()
+            part()
+            print("NOTE part done in %.1f s" % (time.time() - t1))
     except Exception:
         import traceback
         result("e2e_router ran to the end", False, traceback.format_exc())

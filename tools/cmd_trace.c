@@ -221,8 +221,12 @@ int cmd_trace(int argc, char **argv) {
     }
     /* where it was lost: the largest share of the clients' requests held at one hop */
     const char *where;
-    if (m_queue / d >= 0.5 * clients)
-        where = "at the router: its in-flight limits let too little through to the replicas";
+    double wait_per = n_rep ? tot_wait / n_rep : 0;
+    if (m_queue / d >= 0.5 * clients && wait_per >= 1)
+        where = "nowhere the router could help: the engines are full (their own queues are not empty) and the "
+                "router holds the excess";
+    else if (m_queue / d >= 0.5 * clients)
+        where = "at the router: its in-flight limits let too little through (the replicas' own queues are empty)";
     else if (tot_wait >= tot_run && tot_wait > 1)
         where = "at the replicas' engines: requests wait there (sequence slots or KV blocks)";
     else if (tot_run < 0.5 * clients)

@@ -98,6 +98,7 @@ static bool peer_gone(struct MHD_Connection *conn) {
 
 void rt_queue_push(lm_router *r, rt_req *q, bool front) {
     q->state = RQ_QUEUED;
+    q->t_queued = lm_now();
     q->prev = q->next = NULL;
     if (front) {
         q->next = r->q_head;

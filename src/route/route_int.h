@@ -71,6 +71,7 @@ struct rt_req {
     rt_sse sse;
     /* trace timestamps (lm_now), 0 when not reached */
     double t_arrive, t_admit, t_send, t_first, t_done;
+    double t_queued;           /* the last time it entered the queue (the queue timeout counts from here) */
     pthread_cond_t cv;
 };
 

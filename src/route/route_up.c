@@ -150,7 +150,7 @@ static void dispatch(lm_router *r) {
     double qt = r->cfg.timeout > 0 ? r->cfg.timeout : 600;
     for (rt_req *q = r->q_head, *nx; q; q = nx) {
         nx = q->next;
-        if (q->client_gone || now - q->t_arrive > qt) {
+        if (q->client_gone || now - q->t_queued > qt) {
             rt_queue_remove(r, q);
             if (q->client_gone) {
                 q->error_status = 499;
