@@ -623,6 +623,34 @@ def check_bad_replicas():
             x.close()
 
 
+def check_shutdown():
+    """SIGTERM with requests queued and in flight: each client gets an end, the router exits 0."""
+    rt = Router(1, "--max-inflight-per-replica", "1")
+    ends = []
+
+    def one(i):
+        try:
+            st = es.post(rt, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 800,
+                                                  "ignore_eos": True, "seed": i}, timeout=60)[0]
+        except (OSError, http.client.HTTPException) as e:
+            st = type(e).__name__
+        with lock:
+            ends.append(st)
+
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+    for t in ts:
+        t.start()
+    deadline = time.time() + 30
+    while time.time() < deadline and rmetrics(rt).get("lamina_router_queue_depth", 0) < 3:
+        time.sleep(0.02)
+    t0 = time.time()
+    rt.stop("router (shutdown under load)")
+    for t in ts:
+        t.join(60)
+    result("shutdown: every client got an end, none hung", len(ends) == 6 and not any(t.is_alive() for t in ts)
+           and time.time() - t0 < 30 and 503 in ends, ends)
+
+
 TRACE = os.path.join(os.environ.get("TMPDIR", "/tmp"), "lamina_e2e_router_%d.trace" % os.getpid())
 
 
@@ -638,7 +666,7 @@ def main():
         routers.append(rt)
         for part in (lambda: check_basics(rt), lambda: check_client(rt), lambda: check_affinity(rt),
                      lambda: check_disconnect(rt), lambda: check_kill(rt), check_queue_bound, check_round_robin,
-                     check_keys, check_learnt, check_bad_replicas):
+                     check_keys, check_learnt, check_bad_replicas, check_shutdown):
             t1 = time.time()
             part()
             print("NOTE part done in %.1f s" % (time.time() - t1))

@@ -211,7 +211,7 @@ static void transfer_done(lm_router *r, rt_req *q, CURLcode rc) {
         p->limit = p->in_flight > 1 ? p->in_flight : 1; /* the replica's queue is full: ask less */
     }
     bool retryable = conn_failed || code == 429 || code >= 500;
-    if (retryable && can_retry(r, q)) {
+    if (retryable && !atomic_load(&r->stopping) && can_retry(r, q)) {
         r->retried++;
         strbuf_free(&q->buf);
         q->status = 0;
@@ -250,20 +250,24 @@ static void read_done(lm_router *r) {
     }
 }
 
+/* Fail what is queued (under mu): the router is stopping. */
+static void fail_queued(lm_router *r) {
+    while (r->q_head) {
+        rt_req *q = r->q_head;
+        rt_queue_remove(r, q);
+        fail_req(r, q, 503, "%s", "the router is shutting down");
+        rt_req_unref(r, q);
+    }
+}
+
 static void *up_main(void *arg) {
     lm_router *r = arg;
     CURLM *m = r->multi;
     for (;;) {
         pthread_mutex_lock(&r->mu);
         bool stop = atomic_load(&r->stopping);
-        if (stop) {
-            while (r->q_head) { /* fail what is queued */
-                rt_req *q = r->q_head;
-                rt_queue_remove(r, q);
-                fail_req(r, q, 503, "%s", "the router is shutting down");
-                rt_req_unref(r, q);
-            }
-        } else dispatch(r);
+        if (stop) fail_queued(r);
+        else dispatch(r);
         pthread_mutex_unlock(&r->mu);
         int running = 0;
         curl_multi_perform(m, &running);
@@ -271,6 +275,9 @@ static void *up_main(void *arg) {
         if (stop && running == 0) break;
         curl_multi_poll(m, NULL, 0, 50, NULL);
     }
+    pthread_mutex_lock(&r->mu);
+    fail_queued(r); /* nothing is retried once stopping, but be sure nothing waits */
+    pthread_mutex_unlock(&r->mu);
     return NULL;
 }
 
@@ -327,7 +334,7 @@ static void learn(lm_router *r, rt_replica *p) {
     if (p->st.waiting > 2 * RT_TARGET_WAIT) {
         int want = (int)p->st.running + RT_TARGET_WAIT;
         p->limit = want > 1 ? want : 1;
-    } else if (p->st.waiting < RT_TARGET_WAIT && r->q_len > 0 && p->in_flight >= p->limit && kv_room)
+    } else if (p->st.waiting <= RT_TARGET_WAIT && r->q_len > 0 && p->in_flight >= p->limit && kv_room)
         p->limit = p->limit * 2 < LIMIT_MAX ? p->limit * 2 : LIMIT_MAX;
 }
 
