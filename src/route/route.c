@@ -26,6 +26,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 #include <microhttpd.h>
@@ -545,6 +546,9 @@ static enum MHD_Result first_call(lm_router *r, struct MHD_Connection *conn, con
     c->conn = conn;
     c->chat = chat;
     *req_cls = c;
+    pthread_mutex_lock(&r->mu);
+    r->n_calls++;
+    pthread_mutex_unlock(&r->mu);
     return MHD_YES;
 }
 
@@ -576,13 +580,14 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
     lm_router *r = cls;
     rt_call *c = *req_cls;
     if (!c) return;
+    pthread_mutex_lock(&r->mu);
     if (c->q) {
-        pthread_mutex_lock(&r->mu);
         if (c->q->state != RQ_FINAL) c->q->client_gone = true;
         rt_req_unref(r, c->q);
-        pthread_mutex_unlock(&r->mu);
-        rt_up_wake(r);
     }
+    r->n_calls--;
+    pthread_mutex_unlock(&r->mu);
+    if (c->q) rt_up_wake(r);
     strbuf_free(&c->body);
     strbuf_free(&c->tail);
     lm_free(c);
@@ -612,7 +617,7 @@ static int start_daemon(lm_router *r, char *err, size_t errlen) {
     snprintf(port, sizeof port, "%d", r->cfg.port);
     int gai = getaddrinfo(r->host, port, &hints, &ai);
     if (gai || !ai) return lm_err(err, errlen, "cannot resolve '%s': %s", r->host, gai_strerror(gai));
-    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_THREAD_PER_CONNECTION;
+    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     r->daemon = MHD_start_daemon(flags, (uint16_t)r->cfg.port, NULL, NULL, on_access, r, MHD_OPTION_SOCK_ADDR,
                                  ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, r,
@@ -690,7 +695,20 @@ int route_port(const lm_router *r) { return r->port; }
 void route_free(lm_router *r) {
     if (!r) return;
     atomic_store(&r->stopping, true);
+    if (r->daemon) { /* no new connections; the listening socket is ours to close */
+        MHD_socket ls = MHD_quiesce_daemon(r->daemon);
+        if (ls != MHD_INVALID_SOCKET) close(ls);
+    }
     rt_up_stop(r); /* fails what is queued, aborts what is in flight */
+    /* let the clients' threads send those answers (at most 5 s) before closing their connections */
+    for (int i = 0; i < 500; i++) {
+        pthread_mutex_lock(&r->mu);
+        int n = r->n_calls;
+        pthread_mutex_unlock(&r->mu);
+        if (!n) break;
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
     if (r->daemon) MHD_stop_daemon(r->daemon);
     for (int i = 0; i < r->n_rep; i++) {
         lm_free(r->rep[i].url);

@@ -219,6 +219,10 @@ static void transfer_done(lm_router *r, rt_req *q, CURLcode rc) {
         rt_queue_push(r, q, true); /* the transfer's reference becomes the queue's */
         return;
     }
+    if (atomic_load(&r->stopping)) {
+        fail_req(r, q, 503, "%s", "the router is shutting down");
+        return;
+    }
     if (conn_failed) {
         fail_req(r, q, 502, "the replica failed: %s", curl_easy_strerror(rc));
         return;
