@@ -6,7 +6,8 @@ bundled model, greedy, EOS ignored) against:
   direct        one `lamina serve` replica, clients talking to it directly
   router-1      `lamina route --spawn K` with --max-inflight-per-replica 1
   router-learnt `lamina route --spawn K` with limits learnt from /metrics
-for K = 1 and 2 replicas, then the 8-shared-system-prompts workload through
+for K = 1 and 2 replicas (each replica with -t 1), one replica with -t 2
+(2 replicas against 1 on the same two cores), then the 8-shared-system-prompts workload through
 2 replicas with --policy prefix-affinity and round-robin. For each: request
 throughput, TTFT, the engines' mean batch (from their /metrics), the
 replicas' prefix-cache hit rate, and `lamina trace`'s summary of the
@@ -110,15 +111,16 @@ def run_load(base, prompts, clients, max_tokens):
             "wall": wall}
 
 
-def experiment(name, kind, n_rep, extra, prompts, a):
+def experiment(name, kind, n_rep, extra, prompts, a, serve=None):
+    serve = serve or SERVE
     trace = None
     if kind == "direct":
-        p, base, reps = start([LAMINA, "serve", "-m", MODEL, "--port", "0", *SERVE],
+        p, base, reps = start([LAMINA, "serve", "-m", MODEL, "--port", "0", *serve],
                               r"listening on http://127\.0\.0\.1:(\d+)")
     else:
         trace = tempfile.mktemp(suffix=".trace")
         p, base, reps = start([LAMINA, "route", "--spawn", str(n_rep), "-m", MODEL, "--port", "0", "--trace", trace,
-                               "--poll-interval", "0.05", *extra, "--", *SERVE],
+                               "--poll-interval", "0.05", *extra, "--", *serve],
                               r"lamina route: listening on http://127\.0\.0\.1:(\d+)")
     before = [metrics(u) for u in reps]
     r = run_load(base, prompts, a.clients, a.max_tokens)
@@ -167,12 +169,17 @@ def main():
             ("router, 1 in flight per replica", "route", 1, ["--max-inflight-per-replica", "1"]),
             ("router, learnt admission", "route", 1, []),
             ("router, 1 in flight per replica", "route", 2, ["--max-inflight-per-replica", "1"]),
-            ("router, learnt admission", "route", 2, [])]
+            ("router, learnt admission", "route", 2, []),
+            ("router, learnt admission, the replica with -t 2", "route", 1, ["--serve-threads", "2"])]
     summaries = []
     if a.only and "admission" not in a.only:
         runs = []
     for name, kind, n, extra in runs:
-        row, s = experiment(name, kind, n, extra, prompts, a)
+        serve = None
+        if extra[:1] == ["--serve-threads"]:  # the same cores in one replica
+            serve = [x if i == 0 or SERVE[i - 1] != "-t" else extra[1] for i, x in enumerate(SERVE)]
+            extra = []
+        row, s = experiment(name, kind, n, extra, prompts, a, serve)
         summaries.append((name + ", %d replica(s)" % n, s))
     for pol in ("prefix-affinity", "round-robin") if not a.only or "affinity" in a.only else ():
         row, s = experiment("8 system prompts, " + pol, "route", 2, ["--policy", pol], shared, a)

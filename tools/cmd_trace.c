@@ -204,7 +204,7 @@ int cmd_trace(int argc, char **argv) {
             if (s[i].batch[r] > 0) b_sum[r] += s[i].batch[r], b_n[r]++;
         }
     }
-    double d = n_in ? n_in : 1, tot_inf = 0, tot_run = 0, tot_wait = 0;
+    double d = n_in ? n_in : 1, tot_run = 0, tot_wait = 0;
     printf("trace %s: %d requests (%d answered 200), %d samples, %d replicas, %.2f s busy\n", path, nq, ok, ns,
            n_rep, span);
     printf("throughput %.2f requests/s; TTFT mean %.3f s, p50 %.3f s, p90 %.3f s; queued at the router "
@@ -215,7 +215,6 @@ int cmd_trace(int argc, char **argv) {
     for (int r = 0; r < n_rep; r++) {
         printf("  replica %d: %.1f in flight from the router; engine ran %.1f, kept %.1f waiting; engine batch mean "
                "%.2f\n", r, m_inf[r] / d, m_run[r] / d, m_wait[r] / d, b_n[r] ? b_sum[r] / b_n[r] : 0.0);
-        tot_inf += m_inf[r] / d;
         tot_run += m_run[r] / d;
         tot_wait += m_wait[r] / d;
     }
