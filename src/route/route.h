@@ -14,11 +14,12 @@
  * Retry-After). A queued request goes to a replica only while that replica's
  * in-flight count is below its limit. The limit is max_inflight when that
  * is set; otherwise it is learnt from the replica's /metrics, polled every
- * poll_interval: while the router holds work and the replica's own waiting
- * queue is empty (and KV blocks are free), the limit doubles; when the
- * replica's queue grows past a few requests, the limit drops to what it
- * runs plus a short queue (RT_TARGET_WAIT). So the replica's queue is short
- * but, while the router has work, not empty.
+ * poll_interval: while the router holds work, the limit binds and the
+ * replica's own waiting queue holds at most RT_TARGET_WAIT (and KV blocks
+ * are free), the limit doubles; when the replica's queue grows past
+ * 2 x RT_TARGET_WAIT while what it runs does not grow, the limit drops to
+ * what it runs plus RT_TARGET_WAIT. So the replica's queue is short but,
+ * while the router has work, not empty.
  *
  * Policies: round-robin, least-outstanding (fewest in flight), and
  * prefix-affinity: each request is reduced to a chain of block keys (the

@@ -38,6 +38,7 @@ typedef struct {
     int in_flight;             /* sent and not final */
     int limit;                 /* in-flight limit (learnt or fixed) */
     rt_upstats st;             /* the last /metrics */
+    double prev_running;       /* running at the poll before */
     double batch_mean;         /* engine's mean batch over the last poll interval, or -1 */
     double last_iter, last_bsum, last_bcount;
     uint64_t sent, failures, ejections;

@@ -327,7 +327,7 @@ long rt_get(lm_router *r, const char *base, const char *path, strbuf *out, doubl
 
 /* The learnt limit (under mu): room while the replica's own queue is short
  * and the router holds work; what it runs plus a short queue once its
- * queue grows. */
+ * queue grows and what it runs does not. */
 static void learn(lm_router *r, rt_replica *p) {
     if (r->cfg.max_inflight > 0) {
         p->limit = r->cfg.max_inflight;
@@ -335,7 +335,9 @@ static void learn(lm_router *r, rt_replica *p) {
     }
     if (p->st.running < 0 || p->st.waiting < 0) return;
     bool kv_room = p->st.kv_total <= 0 || p->st.kv_free > 0.05 * p->st.kv_total;
-    if (p->st.waiting > 2 * RT_TARGET_WAIT) {
+    /* a long queue at the replica means it is full only when it stopped taking more: on a slow
+     * engine new requests wait a whole iteration before it admits them */
+    if (p->st.waiting > 2 * RT_TARGET_WAIT && p->st.running <= p->prev_running) {
         int want = (int)p->st.running + RT_TARGET_WAIT;
         p->limit = want > 1 ? want : 1;
     } else if (p->st.waiting <= RT_TARGET_WAIT && r->q_len > 0 && p->in_flight >= p->limit && kv_room)
@@ -366,6 +368,7 @@ static void poll_one(lm_router *r, int i, CURL *h) {
         p->last_iter = st.iterations;
         p->last_bsum = st.batch_sum;
         p->last_bcount = st.batch_count;
+        p->prev_running = p->st.running;
         p->st = st;
         learn(r, p);
     }
