@@ -238,7 +238,9 @@ int cmd_trace(int argc, char **argv) {
         snprintf(def, sizeof def, "%s.svg", path);
         svg = def;
     }
-    write_svg(svg, s, ns, n_rep, t_hi);
+    double t_end = t_hi; /* the picture spans every sample, the last ones after the last request too */
+    for (int i = 0; i < ns; i++) t_end = fmax(t_end, s[i].t);
+    write_svg(svg, s, ns, n_rep, t_end);
     printf("picture: %s\n", svg);
     (void)bad;
     free(s);
