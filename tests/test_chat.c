@@ -832,6 +832,215 @@ static void free_convs(void) {
         }
 }
 
+/* ------------------------------------------------------------------ tools */
+
+/* tools_golden.txt (make_tools_golden.py): conversations with tools rendered
+ * by jinja2 with the real Qwen2.5 and Mistral v0.3 / Nemo templates; the
+ * same through chat_render_tools, by template text and by family name. */
+typedef struct {
+    char tid[64], name[64], bos[32], eos[32];
+    int gen;
+    char *tools[8];
+    int n_tools;
+    lm_chat_xmsg m[MAX_MSGS];
+    lm_chat_call calls[MAX_MSGS][4];
+    int n;
+    char *expect; /* NULL: the template raises */
+} tool_case;
+
+static void tool_case_free(tool_case *c) {
+    for (int i = 0; i < c->n_tools; i++)
+        free(c->tools[i]);
+    for (int i = 0; i < c->n; i++) {
+        free((char *)c->m[i].role);
+        free((char *)c->m[i].content);
+        free((char *)c->m[i].call_id);
+        for (int k = 0; k < c->m[i].n_calls; k++) {
+            free((char *)c->calls[i][k].id);
+            free((char *)c->calls[i][k].name);
+            free((char *)c->calls[i][k].arguments);
+        }
+    }
+    free(c->expect);
+    memset(c, 0, sizeof *c);
+}
+
+static void test_tools_golden(void) {
+    char *text = read_all(DATA "tools_golden.txt", NULL);
+    CHECK(text);
+    char *p = text, *line;
+    int n_cases = 0, n_ok = 0;
+    tool_case c;
+    memset(&c, 0, sizeof c);
+    bool open_case = false;
+    for (;;) {
+        line = take_line(&p);
+        char a[64], b[64];
+        size_t len;
+        bool end = !line || !strncmp(line, "case ", 5);
+        if (end && open_case) {
+            CHECKF(c.expect || true, "%s", c.name);
+            char tpath[256];
+            snprintf(tpath, sizeof tpath, DATA "templates/%s.jinja", c.tid);
+            char *tmpl = read_all(tpath, NULL);
+            CHECKF(tmpl, "no template %s", tpath);
+            const char *bos = strcmp(c.bos, "-") ? c.bos : NULL, *eos = strcmp(c.eos, "-") ? c.eos : NULL;
+            for (int by_name = 0; by_name < 2; by_name++) {
+                /* by family name only where the template adds nothing to its family (Mistral) */
+                int fam = chat_detect(tmpl);
+                if (by_name && fam == CHAT_CHATML)
+                    continue;
+                char *out = NULL, err[LM_ERRLEN] = "";
+                int rc = chat_render_tools(by_name ? fam : -1, by_name ? NULL : tmpl, c.m, c.n,
+                                           (const char *const *)c.tools, c.n_tools, c.gen, bos, eos, &out, err,
+                                           sizeof err);
+                if (c.expect) {
+                    CHECKF(rc == 0, "%s %s gen %d: %s", c.tid, c.name, c.gen, err);
+                    CHECKF(!strcmp(out, c.expect), "%s %s gen %d (by %s):\n--- got\n%s\n--- want\n%s", c.tid, c.name,
+                           c.gen, by_name ? "name" : "text", out, c.expect);
+                    n_ok++;
+                } else {
+                    CHECKF(rc == -1 && !out && err[0], "%s %s: the template raises, lamina rendered", c.tid, c.name);
+                }
+                lm_free(out);
+            }
+            free(tmpl);
+            tool_case_free(&c);
+            open_case = false;
+            n_cases++;
+        }
+        if (!line)
+            break;
+        if (line[0] == '#' || !line[0])
+            continue;
+        if (!strncmp(line, "case ", 5)) {
+            CHECK(sscanf(line, "case %63s %d %63s %31s %31s", c.tid, &c.gen, c.name, c.bos, c.eos) == 5);
+            open_case = true;
+        } else if (sscanf(line, "tool %zu", &len) == 1) {
+            CHECK(c.n_tools < 8 && (c.tools[c.n_tools++] = take_counted(&p, len)));
+        } else if (sscanf(line, "msg %63s %zu", a, &len) == 2) {
+            CHECK(c.n < MAX_MSGS);
+            c.m[c.n].role = strdup(a);
+            CHECK((c.m[c.n].content = take_counted(&p, len)));
+            c.m[c.n].calls = c.calls[c.n];
+            c.n++;
+        } else if (sscanf(line, "call %63s %63s %zu", a, b, &len) == 3) {
+            lm_chat_xmsg *m = &c.m[c.n - 1];
+            CHECK(c.n > 0 && m->n_calls < 4);
+            lm_chat_call *k = &c.calls[c.n - 1][m->n_calls++];
+            k->id = strdup(a);
+            k->name = strdup(b);
+            CHECK((k->arguments = take_counted(&p, len)));
+        } else if (sscanf(line, "callid %63s", a) == 1) {
+            c.m[c.n - 1].call_id = strdup(a);
+        } else if (sscanf(line, "ok %zu", &len) == 1) {
+            CHECK((c.expect = take_counted(&p, len)));
+        } else if (!strcmp(line, "error")) {
+            take_line(&p);
+        }
+    }
+    free(text);
+    CHECKF(n_cases == 30 && n_ok >= 40, "%d cases, %d renders compared", n_cases, n_ok);
+}
+
+/* The families without a tool format of their own: the hermes text in the
+ * system turn, calls in the assistant turn, results as user turns joined to
+ * their neighbours where roles must alternate; Llama 3's ipython turns. */
+static void test_tools_fallback(void) {
+    const char *tool = "{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}}";
+    lm_chat_call call = {"id1", "f", "{\"a\":1}"};
+    lm_chat_xmsg m[] = {{"user", "Hi", NULL, 0, NULL},
+                        {"assistant", "", &call, 1, NULL},
+                        {"tool", "42", NULL, 0, "id1"},
+                        {"user", "thanks", NULL, 0, NULL}};
+    char *out = NULL, err[LM_ERRLEN];
+    CHECKF(chat_render_tools(CHAT_GEMMA, NULL, m, 4, &tool, 1, true, "<bos>", "<eos>", &out, err, sizeof err) == 0,
+           "%s", err);
+    const char *want_gemma =
+        "<bos><start_of_turn>user\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": "
+        "\"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\"}}}\n</tools>\n\nFor "
+        "each function call, return a json object with function name and arguments within <tool_call></tool_call> "
+        "XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>\n\n"
+        "Hi<end_of_turn>\n<start_of_turn>model\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n"
+        "</tool_call><end_of_turn>\n<start_of_turn>user\n<tool_response>\n42\n</tool_response>\nthanks<end_of_turn>\n"
+        "<start_of_turn>model\n";
+    CHECKF(!strcmp(out, want_gemma), "gemma:\n%s", out);
+    lm_free(out);
+    /* llama3: tools in the first user turn (indent 4), calls as JSON, results as ipython */
+    CHECKF(chat_render_tools(CHAT_LLAMA3, NULL, m, 3, &tool, 1, true, "<|begin_of_text|>", "", &out, err,
+                             sizeof err) == 0, "%s", err);
+    const char *want_llama3 =
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n\n<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON for "
+        "a function call with its proper arguments that best answers the given prompt.\n\nRespond in the format "
+        "{\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do not use "
+        "variables.\n\n{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"f\",\n        "
+        "\"parameters\": {\n            \"type\": \"object\"\n        }\n    }\n}\n\nHi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"f\", \"parameters\": {\"a\": 1}}<|eot_id|>"
+        "<|start_header_id|>ipython<|end_header_id|>\n\n42<|eot_id|><|start_header_id|>assistant<|end_header_id|>"
+        "\n\n";
+    CHECKF(!strcmp(out, want_llama3), "llama3:\n%s", out);
+    lm_free(out);
+    /* without tools and tool messages: exactly chat_render */
+    lm_chat_msg plain[] = {{"user", "Hi"}};
+    char *a = NULL, *b = NULL;
+    for (int f = 0; f < CHAT_N_FAMILIES; f++) {
+        CHECK(chat_render(f, plain, 1, true, "<s>", "</s>", &a, err, sizeof err) == 0);
+        CHECK(chat_render_tools(f, NULL, m, 1, NULL, 0, true, "<s>", "</s>", &b, err, sizeof err) == 0);
+        CHECKF(!strcmp(a, b), "family %d", f);
+        lm_free(a);
+        lm_free(b);
+    }
+    /* syntaxes by family */
+    CHECK(chat_tool_syntax(CHAT_CHATML) == CHAT_TOOLS_HERMES && chat_tool_syntax(CHAT_GEMMA) == CHAT_TOOLS_HERMES);
+    CHECK(chat_tool_syntax(CHAT_LLAMA3) == CHAT_TOOLS_LLAMA3 && chat_tool_syntax(CHAT_MISTRAL_V3) == CHAT_TOOLS_MISTRAL);
+    CHECK(chat_tool_syntax(CHAT_MISTRAL_V3_TEKKEN) == CHAT_TOOLS_MISTRAL);
+    /* errors: unknown role, calls on a user message, a bad tool */
+    lm_chat_xmsg bad1[] = {{"robot", "x", NULL, 0, NULL}};
+    CHECK(chat_render_tools(CHAT_CHATML, NULL, bad1, 1, NULL, 0, true, NULL, NULL, &out, err, sizeof err) == -1 && !out);
+    lm_chat_xmsg bad2[] = {{"user", "x", &call, 1, NULL}};
+    CHECK(chat_render_tools(CHAT_CHATML, NULL, bad2, 1, NULL, 0, true, NULL, NULL, &out, err, sizeof err) == -1);
+    const char *badtool = "{\"type\":\"function\"}";
+    CHECK(chat_render_tools(CHAT_MISTRAL_V3, NULL, m, 1, &badtool, 1, true, NULL, NULL, &out, err, sizeof err) == -1);
+    CHECK(strstr(err, "function"));
+}
+
+/* Python's json.dumps: separators, indent, string escapes, invalid JSON. */
+static void test_json_dump(void) {
+    static const struct {
+        const char *in;
+        int indent;
+        const char *want;
+    } cases[] = {
+        {"{\"a\":1,\"b\":[true,false,null,-1.5e3,\"x\"]}", -1, "{\"a\": 1, \"b\": [true, false, null, -1.5e3, \"x\"]}"},
+        {" [ ] ", -1, "[]"},
+        {"{}", 4, "{}"},
+        {"{\"a\":[1,{}]}", 2, "{\n  \"a\": [\n    1,\n    {}\n  ]\n}"},
+        {"\"\\u00e9\\/\\u0001\\ud83d\\ude00\\\"\\t\"", -1, "\"\xc3\xa9/\\u0001\xf0\x9f\x98\x80\\\"\\t\""},
+        {"\"\x7f\xe2\x80\xa8\"", -1, "\"\x7f\xe2\x80\xa8\""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        strbuf b = {0};
+        CHECKF(chat_json_dump(cases[i].in, strlen(cases[i].in), cases[i].indent, &b) == 0, "case %zu", i);
+        CHECKF(b.p && !strcmp(b.p, cases[i].want), "case %zu: %s", i, b.p);
+        strbuf_free(&b);
+    }
+    static const char *const bad[] = {"", "{", "{\"a\"}", "[1,]", "01", "1.", "\"\\x\"", "tru", "{} x", "\"\x01\"",
+                                      "[1 2]", "-", "1e"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        strbuf b = {0};
+        CHECKF(chat_json_dump(bad[i], strlen(bad[i]), -1, &b) == -1, "'%s' accepted", bad[i]);
+        strbuf_free(&b);
+    }
+    char deep[400];
+    memset(deep, '[', 200);
+    memset(deep + 200, ']', 200);
+    strbuf b = {0};
+    CHECK(chat_json_dump(deep, 400, -1, &b) == -1); /* past the depth limit: refused, no crash */
+    strbuf_free(&b);
+}
+
 int main(void) {
     TEST_RUN(test_golden_renders);
     TEST_RUN(test_detect_real_templates);
@@ -844,6 +1053,9 @@ int main(void) {
     TEST_RUN(test_alloc_failure);
     TEST_RUN(test_resolve_branches);
     TEST_RUN(test_apply_bos_strip);
+    TEST_RUN(test_tools_golden);
+    TEST_RUN(test_tools_fallback);
+    TEST_RUN(test_json_dump);
     free_convs();
     return TEST_DONE();
 }

@@ -14,6 +14,7 @@
  * whitespace tests look at most 3 bytes on either side within a known length.
  */
 #include "text/chat.h"
+#include "text/chat_int.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -77,7 +78,7 @@ static size_t space_len_before(const unsigned char *s, size_t n) {
 }
 
 /* The span of s[0..n) left after stripping: *start .. *start + *len. */
-static void strip_span(const char *s, size_t n, size_t *start, size_t *len) {
+void chat_strip_span(const char *s, size_t n, size_t *start, size_t *len) {
     const unsigned char *u = (const unsigned char *)s;
     size_t a = 0, b = n, k;
     while (a < b && (k = space_len(u + a, b - a)) > 0)
@@ -91,7 +92,7 @@ static void strip_span(const char *s, size_t n, size_t *start, size_t *len) {
 /* Jinja's `x | trim` / `x.strip()` of one string, appended. */
 static void sb_put_stripped(sbuf *b, const char *s) {
     size_t a, n;
-    strip_span(s, strlen(s), &a, &n);
+    chat_strip_span(s, strlen(s), &a, &n);
     sb_put(b, s + a, n);
 }
 
@@ -101,7 +102,7 @@ static void sb_strip_from(sbuf *b, size_t p0) {
     if (b->failed || b->len <= p0)
         return;
     size_t a, n;
-    strip_span(b->p + p0, b->len - p0, &a, &n);
+    chat_strip_span(b->p + p0, b->len - p0, &a, &n);
     memmove(b->p + p0, b->p + p0 + a, n);
     b->len = p0 + n;
     b->p[b->len] = '\0';
@@ -563,7 +564,7 @@ static bool decode_literal(const char *s, const char *e, char q, sbuf *out) {
  * <|im_end|> (concatenations with the first message's content) are skipped.
  * Returns true with the decoded TEXT in *out.
  */
-static bool find_default_system(const char *t, sbuf *out) {
+bool chat_default_system(const char *t, sbuf *out) {
     static const char key[] = "<|im_start|>system";
     for (const char *p = strstr(t, key); p; p = strstr(p + 1, key)) {
         if (p == t || (p[-1] != '\'' && p[-1] != '"'))
@@ -665,7 +666,7 @@ int chat_render_template(const char *template_text, const lm_chat_msg *msgs, int
     rctx c = {msgs, n, add_generation_prompt, bos_text, eos_text, NULL, false};
     c.lead_bos = FAMILIES[family].may_lead_bos && opens_with_bos(template_text);
     sbuf sys = {0};
-    if (family == CHAT_CHATML && find_default_system(template_text, &sys))
+    if (family == CHAT_CHATML && chat_default_system(template_text, &sys))
         c.default_system = sys.p ? sys.p : "";
     if (sys.failed) {
         lm_free(sys.p);

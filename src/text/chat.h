@@ -98,6 +98,7 @@
 #include <stddef.h>
 
 #include "lamina.h"
+#include "base/strbuf.h"
 #include "format/gguf.h"
 #include "text/tokenizer.h"
 
@@ -232,5 +233,91 @@ void chat_template_free(lm_chat_template *t);
  */
 int chat_apply(int family, const char *text, const lm_tokenizer *tok, const lm_chat_msg *msgs, int n,
                char **out, bool *add_bos, char *err, size_t errlen);
+
+/* ------------------------------------------------------------------ tools */
+
+/*
+ * Conversations with tools (text/chat_tools.c): OpenAI's function tools, the
+ * assistant's tool calls and the tool results, rendered the way each family
+ * shows them. Three tool-call syntaxes; the family picks one:
+ *
+ *   CHAT_TOOLS_HERMES   <tool_call>\n{"name": N, "arguments": {...}}\n</tool_call>,
+ *                       one block per call; results in a user turn as
+ *                       <tool_response>\nRESULT\n</tool_response>; the tools
+ *                       listed in the system turn inside <tools></tools>.
+ *                       Reproduces Qwen2.5-Instruct's template (chatml). The
+ *                       generic fallback of the families that have no tool
+ *                       format of their own (gemma, phi3, zephyr, llama2,
+ *                       mistral-legacy, mistral-v1): the same text, in the
+ *                       system turn (mistral-legacy, which has none: at the
+ *                       start of the first user turn); a tool turn is a user
+ *                       turn, joined to an adjacent user turn in the families
+ *                       whose roles must alternate.
+ *   CHAT_TOOLS_LLAMA3   {"name": N, "parameters": {...}}, the whole assistant
+ *                       turn (one call a line); results in an "ipython" turn;
+ *                       the tools (JSON, indent 4) and Llama 3.1's
+ *                       instructions at the start of the first user turn,
+ *                       "Environment: ipython" in the system turn. Llama
+ *                       3.1's template, less its date lines (lamina's llama3
+ *                       writes none either).
+ *   CHAT_TOOLS_MISTRAL  [TOOL_CALLS] [{"name": N, "arguments": {...}, "id": I}, ...]
+ *                       then EOS; results as [TOOL_RESULTS] {"content": R,
+ *                       "call_id": I}[/TOOL_RESULTS]; the tools in
+ *                       [AVAILABLE_TOOLS] [...][/AVAILABLE_TOOLS] before the
+ *                       last user turn. Reproduces Mistral-7B-Instruct-v0.3
+ *                       (mistral-v3) and Mistral-Nemo (mistral-v3-tekken,
+ *                       without the spaces after the markers), except that
+ *                       ids are written as given (the templates refuse ids
+ *                       that are not 9 characters).
+ *
+ * JSON written into prompts (tools, arguments) is re-printed as Python's
+ * json.dumps(ensure_ascii=False) prints it (", " and ": " separators, strings
+ * re-escaped, numbers as written), which is what transformers' tojson gives;
+ * arguments that are not valid JSON are written as they are.
+ */
+enum { CHAT_TOOLS_HERMES, CHAT_TOOLS_LLAMA3, CHAT_TOOLS_MISTRAL };
+
+/* The tool-call syntax of a family (hermes for the families without one). */
+int chat_tool_syntax(int family);
+
+typedef struct {
+    const char *id;        /* the call's id, or NULL */
+    const char *name;      /* the function's name */
+    const char *arguments; /* JSON text of the arguments (an object) */
+} lm_chat_call;
+
+/* A message of a conversation with tools: role "system", "user",
+ * "assistant" or "tool"; content never NULL (""); an assistant message may
+ * carry calls, a tool message names the call it answers. */
+typedef struct {
+    const char *role;
+    const char *content;
+    const lm_chat_call *calls; /* (n_calls) */
+    int n_calls;
+    const char *call_id;       /* tool: the id of the call answered, or NULL */
+} lm_chat_xmsg;
+
+/*
+ * Render a conversation with tools (n_tools JSON texts, each one tool
+ * object as the request gave it: {"type": "function", "function": {"name",
+ * "description", "parameters"}}; n_tools may be 0 with tool messages) by
+ * family, or by template text when family < 0 (chat_render_template's
+ * rules). Output and errors as chat_render.
+ */
+int chat_render_tools(int family, const char *template_text, const lm_chat_xmsg *msgs, int n,
+                      const char *const *tools, int n_tools, bool add_generation_prompt, const char *bos_text,
+                      const char *eos_text, char **out, char *err, size_t errlen);
+
+/* chat_apply for a conversation with tools (chat_render_tools, then the BOS
+ * rule). Without tools, tool messages and calls it renders exactly as
+ * chat_apply. */
+int chat_apply_tools(int family, const char *text, const lm_tokenizer *tok, const lm_chat_xmsg *msgs, int n,
+                     const char *const *tools, int n_tools, char **out, bool *add_bos, char *err,
+                     size_t errlen);
+
+/* Python's json.dumps(x, ensure_ascii=False, indent=indent) of the JSON
+ * text json[0..len) (indent < 0: none), appended to out. -1 when the text
+ * is not one valid JSON value (out then holds a partial print). */
+int chat_json_dump(const char *json, size_t len, int indent, strbuf *out);
 
 #endif

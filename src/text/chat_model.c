@@ -108,3 +108,25 @@ int chat_apply(int family, const char *text, const lm_tokenizer *tok, const lm_c
     lm_free(eos);
     return rc;
 }
+
+int chat_apply_tools(int family, const char *text, const lm_tokenizer *tok, const lm_chat_xmsg *msgs, int n,
+                     const char *const *tools, int n_tools, char **out, bool *add_bos, char *err,
+                     size_t errlen) {
+    *out = NULL;
+    *add_bos = tok_add_bos(tok);
+    if (family < 0 && !text)
+        return lm_err(err, errlen, "no chat template");
+    char *bos = piece_text(tok, tok_bos(tok)), *eos = piece_text(tok, tok_eos(tok));
+    int rc = -1;
+    if (!bos || !eos)
+        lm_err(err, errlen, "out of memory");
+    else
+        rc = chat_render_tools(family, family >= 0 ? NULL : text, msgs, n, tools, n_tools, true, bos, eos, out, err,
+                               errlen);
+    size_t bl = bos ? strlen(bos) : 0;
+    if (rc == 0 && *add_bos && bl && strncmp(*out, bos, bl) == 0)
+        memmove(*out, *out + bl, strlen(*out + bl) + 1);
+    lm_free(bos);
+    lm_free(eos);
+    return rc;
+}
