@@ -10,6 +10,7 @@
  * EOS "</s>" = 2); the context is set to 128 and max_tokens capped at 100.
  */
 #include "serve/server.h"
+#include "serve/server_int.h"
 #include "sched/engine.h"
 
 #include <math.h>
@@ -283,7 +284,7 @@ static const bad_case BAD[] = {
     {true, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"tools\": [{\"type\": \"function\"}]}", 400,
      "tools", NULL},
     {true, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"response_format\": {\"type\": "
-           "\"json_object\"}}", 400, "response_format", NULL},
+           "\"xml\"}}", 400, "response_format", NULL},
     {true, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"max_completion_tokens\": 0}", 400,
      "max_completion_tokens", NULL},
     {true, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"model\": \"x\"}", 404, "model",
@@ -465,6 +466,297 @@ static void test_alloc_failure(void) {
     }
 }
 
+/* ------------------------------------------------- structured outputs */
+
+#define CHAT_A "\"messages\": [{\"role\": \"user\", \"content\": \"a\"}]"
+#define TOOL_W "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"d\", " \
+               "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}"
+#define TOOL_T "{\"type\": \"function\", \"function\": {\"name\": \"get_time\"}}"
+#define TOOLS "\"tools\": [" TOOL_W ", " TOOL_T "]"
+
+/* response_format, grammar, json_schema on both routes: a grammar on the
+ * request, checked; errors name the field. */
+static void test_format_fields(void) {
+    lm_server_request r;
+    lm_server_error e;
+    static const struct {
+        bool chat;
+        const char *body;
+    } ok[] = {
+        {false, "{\"prompt\": \"a\", \"response_format\": {\"type\": \"json_object\"}}"},
+        {true, "{" CHAT_A ", \"response_format\": {\"type\": \"json_object\"}}"},
+        {true, "{" CHAT_A ", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", "
+               "\"schema\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}}, \"strict\": true}}}"},
+        {false, "{\"prompt\": \"a\", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", "
+                "\"schema\": {\"type\": \"string\"}}}}"},
+        {false, "{\"prompt\": \"a\", \"grammar\": \"root ::= \\\"yes\\\" | \\\"no\\\"\"}"},
+        {true, "{" CHAT_A ", \"json_schema\": {\"type\": \"array\", \"items\": {\"type\": \"boolean\"}}}"},
+        {true, "{" CHAT_A ", \"response_format\": {\"type\": \"text\"}, \"grammar\": \"root ::= [a-z]+\"}"},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        CHECKF(parse(ok[i].chat, ok[i].body, &r, &e) == 0, "case %zu: %s", i, e.message);
+        CHECKF(r.grammar && r.grammar[0] && !r.grammar_trigger && !r.tool_calls, "case %zu", i);
+        server_request_free(&r);
+    }
+    CHECK(parse(false, "{\"prompt\": \"a\", \"grammar\": \"root ::= [a-z]+\"}", &r, &e) == 0);
+    CHECK(!strcmp(r.grammar, "root ::= [a-z]+"));
+    server_request_free(&r);
+    /* no constraint: no grammar */
+    CHECK(parse(true, "{" CHAT_A ", \"response_format\": {\"type\": \"text\"}}", &r, &e) == 0 && !r.grammar);
+    server_request_free(&r);
+    static const struct {
+        bool chat;
+        const char *body, *param, *needle;
+    } bad[] = {
+        {false, "{\"prompt\": \"a\", \"grammar\": \"root ::= \\\"x\"}", "grammar", "line"},
+        {false, "{\"prompt\": \"a\", \"grammar\": \"\"}", "grammar", "grammar"},
+        {false, "{\"prompt\": \"a\", \"grammar\": 5}", "grammar", "grammar"},
+        {true, "{" CHAT_A ", \"grammar\": \"root ::= undefined-rule\"}", "grammar", "undefined-rule"},
+        {true, "{" CHAT_A ", \"json_schema\": {\"type\": \"object\", \"notAKeyword\": 1}}", "json_schema", "notAKeyword"},
+        {true, "{" CHAT_A ", \"json_schema\": 3}", "json_schema", "object"},
+        {true, "{" CHAT_A ", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", "
+               "\"schema\": {\"type\": \"object\", \"notAKeyword\": 1}}}}", "response_format", "notAKeyword"},
+        {true, "{" CHAT_A ", \"response_format\": {\"type\": \"json_schema\"}}", "response_format", "json_schema"},
+        {true, "{" CHAT_A ", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"strict\": 1}}}",
+         "response_format", "strict"},
+        {true, "{" CHAT_A ", \"response_format\": \"json\"}", "response_format", "type"},
+        {true, "{" CHAT_A ", \"response_format\": {\"type\": \"json_object\"}, \"grammar\": \"root ::= \\\"a\\\"\"}",
+         "grammar", "only one"},
+        {true, "{" CHAT_A ", \"grammar\": \"root ::= \\\"a\\\"\", \"json_schema\": {}}", "json_schema", "only one"},
+        {true, "{" CHAT_A ", " TOOLS ", \"response_format\": {\"type\": \"json_object\"}}", "tools", "tool_choice"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        int rc = parse(bad[i].chat, bad[i].body, &r, &e);
+        CHECKF(rc == -1 && e.status == 400 && !strcmp(e.param, bad[i].param), "case %zu: rc %d, status %d, param %s (%s)",
+               i, rc, e.status, e.param, e.message);
+        CHECKF(strstr(e.message, bad[i].needle), "case %zu: '%s' does not name '%s'", i, e.message, bad[i].needle);
+        CHECK(!r.grammar && !r.prompts);
+    }
+    /* tool_choice none: the JSON format is allowed beside the tools */
+    CHECK(parse(true, "{" CHAT_A ", " TOOLS ", \"tool_choice\": \"none\", \"response_format\": {\"type\": "
+                      "\"json_object\"}}", &r, &e) == 0 && r.grammar && !r.tool_calls);
+    server_request_free(&r);
+}
+
+/* The prompt the parser made equals chat_apply_tools' for the same
+ * conversation and tools. */
+static bool same_prompt(const lm_server_request *r, int family, const lm_chat_xmsg *m, int n, const char *const *tools,
+                        int n_tools) {
+    char *text = NULL, err[LM_ERRLEN];
+    bool add_bos;
+    if (chat_apply_tools(family, NULL, tok, m, n, tools, n_tools, &text, &add_bos, err, sizeof err)) return false;
+    int32_t ids[4096];
+    int k = tok_encode(tok, text, strlen(text), add_bos, true, ids, 4096);
+    lm_free(text);
+    return r->n_prompts == 1 && k == r->n_prompt[0] && !memcmp(ids, r->prompts[0], (size_t)k * sizeof(int32_t));
+}
+
+static void test_tool_fields(void) {
+    lm_server_request r;
+    lm_server_error e;
+    ctx.n_ctx = 4096;
+    ctx.max_tokens_cap = 0;
+    const char *tool_json[2] = {
+        "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"d\",\"parameters\":"
+        "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}",
+        "{\"type\":\"function\",\"function\":{\"name\":\"get_time\"}}"};
+    lm_chat_xmsg user_a[] = {{"user", "a", NULL, 0, NULL}};
+    /* auto (the default): a lazy grammar from the opener on, the tools in the prompt */
+    int rc = parse(true, "{" CHAT_A ", " TOOLS "}", &r, &e);
+    CHECKF(rc == 0, "%s", e.message);
+    CHECK(r.tool_calls && r.tool_syntax == CHAT_TOOLS_HERMES && r.grammar && !strcmp(r.grammar_trigger, "<tool_call>"));
+    CHECK(strstr(r.grammar, "\\\"get_weather\\\"") && strstr(r.grammar, "\\\"get_time\\\"") && strstr(r.grammar, "t0-root"));
+    CHECK(strstr(r.grammar, "(tc-ws tc-call)*")); /* parallel by default */
+    CHECK(same_prompt(&r, CHAT_CHATML, user_a, 1, tool_json, 2));
+    server_request_free(&r);
+    /* required, without parallel calls: from the first token, one call */
+    CHECK(parse(true, "{" CHAT_A ", " TOOLS ", \"tool_choice\": \"required\", \"parallel_tool_calls\": false}", &r, &e) == 0);
+    CHECK(r.tool_calls && r.grammar && !r.grammar_trigger && !strstr(r.grammar, "(tc-ws tc-call)*"));
+    server_request_free(&r);
+    /* a named function: only that one */
+    CHECK(parse(true, "{" CHAT_A ", " TOOLS ", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
+                      "\"get_time\"}}}", &r, &e) == 0);
+    CHECK(r.tool_calls && !r.grammar_trigger && strstr(r.grammar, "\\\"get_time\\\"") && !strstr(r.grammar, "get_weather"));
+    server_request_free(&r);
+    /* none: tools in the prompt, no grammar, no reading of calls */
+    CHECK(parse(true, "{" CHAT_A ", " TOOLS ", \"tool_choice\": \"none\"}", &r, &e) == 0);
+    CHECK(!r.tool_calls && !r.grammar && same_prompt(&r, CHAT_CHATML, user_a, 1, tool_json, 2));
+    server_request_free(&r);
+    /* empty tools: as none given */
+    CHECK(parse(true, "{" CHAT_A ", \"tools\": []}", &r, &e) == 0 && !r.tool_calls && !r.grammar);
+    server_request_free(&r);
+    /* a round trip: the call and its result rendered by the template */
+    const char *trip = "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"assistant\", \"content\": "
+                       "null, \"tool_calls\": [{\"id\": \"call_1\", \"type\": \"function\", \"function\": {\"name\": "
+                       "\"get_time\", \"arguments\": \"{\\\"tz\\\": \\\"UTC\\\"}\"}}]}, {\"role\": \"tool\", "
+                       "\"tool_call_id\": \"call_1\", \"content\": \"12:00\"}], " TOOLS "}";
+    CHECKF(parse(true, trip, &r, &e) == 0, "%s", e.message);
+    lm_chat_call call = {"call_1", "get_time", "{\"tz\": \"UTC\"}"};
+    lm_chat_xmsg conv[] = {{"user", "a", NULL, 0, NULL}, {"assistant", "", &call, 1, NULL},
+                           {"tool", "12:00", NULL, 0, "call_1"}};
+    CHECK(same_prompt(&r, CHAT_CHATML, conv, 3, tool_json, 2));
+    server_request_free(&r);
+    /* the family picks the syntax and the trigger */
+    static const struct {
+        int family;
+        const char *trigger;
+        int syntax;
+    } fams[] = {{CHAT_LLAMA3, "{\"name\"", CHAT_TOOLS_LLAMA3}, {CHAT_MISTRAL_V3, "[TOOL_CALLS]", CHAT_TOOLS_MISTRAL},
+                {CHAT_GEMMA, "<tool_call>", CHAT_TOOLS_HERMES}};
+    for (size_t i = 0; i < sizeof fams / sizeof *fams; i++) {
+        ctx.chat_family = fams[i].family;
+        rc = parse(true, "{" CHAT_A ", " TOOLS "}", &r, &e);
+        ctx.chat_family = CHAT_CHATML;
+        CHECKF(rc == 0, "family %d: %s", fams[i].family, e.message);
+        CHECK(r.tool_syntax == fams[i].syntax && !strcmp(r.grammar_trigger, fams[i].trigger));
+        CHECK(same_prompt(&r, fams[i].family, user_a, 1, tool_json, 2));
+        server_request_free(&r);
+    }
+    ctx.n_ctx = 128;
+    ctx.max_tokens_cap = 100;
+    static const struct {
+        const char *body, *param, *needle;
+    } bad[] = {
+        {"{" CHAT_A ", " TOOLS ", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"nope\"}}}",
+         "tool_choice", "nope"},
+        {"{" CHAT_A ", " TOOLS ", \"tool_choice\": \"sometimes\"}", "tool_choice", "sometimes"},
+        {"{" CHAT_A ", " TOOLS ", \"tool_choice\": {\"type\": \"function\"}}", "tool_choice", "tool_choice"},
+        {"{" CHAT_A ", \"tool_choice\": \"required\"}", "tool_choice", "tools"},
+        {"{" CHAT_A ", " TOOLS ", \"parallel_tool_calls\": 1}", "parallel_tool_calls", "boolean"},
+        {"{" CHAT_A ", \"tools\": {}}", "tools", "array"},
+        {"{" CHAT_A ", \"tools\": [{\"type\": \"retrieval\"}]}", "tools", "function"},
+        {"{" CHAT_A ", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"a b\"}}]}", "tools", "name"},
+        {"{" CHAT_A ", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": 1}}]}",
+         "tools", "parameters"},
+        {"{" CHAT_A ", \"tools\": [" TOOL_T ", " TOOL_T "]}", "tools", "twice"},
+        {"{" CHAT_A ", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": "
+         "{\"type\": \"object\", \"notAKeyword\": 1}}}]}", "tools", "notAKeyword"},
+        {"{" CHAT_A ", \"functions\": [{\"name\": \"f\"}]}", "functions", "tools"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"tool\", \"content\": \"x\"}]}",
+         "messages[1].role", "tool_calls"},
+        {"{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": 5}]}", "messages[0].tool_calls", "array"},
+        {"{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"function\": {\"name\": 1}}]}]}",
+         "messages[0].tool_calls", "name"},
+        {"{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"id\": \"x\", \"function\": {\"name\": \"f\", "
+         "\"arguments\": {}}}]}]}", "messages[0].tool_calls", "arguments"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        rc = parse(true, bad[i].body, &r, &e);
+        CHECKF(rc == -1 && e.status == 400 && !strcmp(e.param, bad[i].param), "case %zu: rc %d, status %d, param %s (%s)",
+               i, rc, e.status, e.param, e.message);
+        CHECKF(strstr(e.message, bad[i].needle), "case %zu: '%s' does not name '%s'", i, e.message, bad[i].needle);
+        CHECK(!r.grammar && !r.prompts && !r.grammar_trigger);
+    }
+}
+
+/* ------------------------------------------------------ reading calls */
+
+typedef struct {
+    strbuf content;
+    int n_calls;
+    char names[8][64];
+    strbuf args[8];
+    bool bad; /* events out of order */
+} calls_read;
+
+static void read_events(calls_read *cr, srv_tc_out *o) {
+    strbuf_put(&cr->content, o->content.p ? o->content.p : "", o->content.len);
+    for (int k = 0; k < o->n; k++) {
+        srv_tc_ev *v = &o->ev[k];
+        if (v->name) {
+            if (v->index != cr->n_calls || cr->n_calls == 8) cr->bad = true;
+            else snprintf(cr->names[cr->n_calls++], 64, "%s", v->name);
+        } else if (v->index != cr->n_calls - 1) {
+            cr->bad = true;
+        } else {
+            strbuf_put(&cr->args[v->index], v->args, v->args_len);
+        }
+    }
+    srv_tc_out_free(o);
+}
+
+/* The text fed in pieces of `step` bytes (0: whole). */
+static void read_calls(int syntax, const char *text, size_t step, calls_read *cr) {
+    memset(cr, 0, sizeof *cr);
+    srv_tc t;
+    srv_tc_init(&t, syntax);
+    size_t n = strlen(text);
+    if (step == 0) step = n ? n : 1;
+    for (size_t at = 0;; at += step) {
+        size_t k = at < n ? (n - at < step ? n - at : step) : 0;
+        srv_tc_out o = {0};
+        srv_tc_feed(&t, text + at, k, at + k >= n, &o);
+        read_events(cr, &o);
+        if (at + k >= n) break;
+    }
+    srv_tc_free(&t);
+}
+
+static void calls_read_free(calls_read *cr) {
+    strbuf_free(&cr->content);
+    for (int i = 0; i < 8; i++) strbuf_free(&cr->args[i]);
+}
+
+/* Answers read for calls: content before them, names, the arguments'
+ * exact text; the same whatever pieces the text comes in. */
+static void test_tool_call_reader(void) {
+    static const struct {
+        int syntax;
+        const char *text, *content;
+        int n;
+        const char *name[2], *args[2];
+    } cases[] = {
+        {CHAT_TOOLS_HERMES, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+         "", 1, {"get_weather"}, {"{\"city\": \"Paris\"}"}},
+        {CHAT_TOOLS_HERMES, "Let me see.\n\n<tool_call>{\"name\":\"a\",\"arguments\":{\"x\":[1,{\"y\":\"}\\\"\"}]}}"
+                            "</tool_call>\n<tool_call> {\"arguments\": {}, \"name\": \"b\"} </tool_call>",
+         "Let me see.", 2, {"a", "b"}, {"{\"x\":[1,{\"y\":\"}\\\"\"}]}", "{}"}},
+        {CHAT_TOOLS_HERMES, "no call here, only <tool talk> and <tool_cal", "no call here, only <tool talk> and <tool_cal",
+         0, {0}, {0}},
+        {CHAT_TOOLS_HERMES, "  spaces kept when no call follows  \n", "  spaces kept when no call follows  \n", 0, {0}, {0}},
+        {CHAT_TOOLS_HERMES, "<tool_call>{\"name\": \"f\"}</tool_call>", "", 1, {"f"}, {"{}"}},
+        {CHAT_TOOLS_HERMES, "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call>trailing ignored", "", 1,
+         {"f"}, {"{\"a\": 1}"}},
+        {CHAT_TOOLS_HERMES, "<tool_call>not json</tool_call>", "", 0, {0}, {0}},
+        {CHAT_TOOLS_HERMES, "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": [1, 2", "", 1, {"f"}, {"{\"a\": [1, 2"}},
+        {CHAT_TOOLS_LLAMA3, "{\"name\": \"get_time\", \"parameters\": {\"tz\": \"UTC\"}}", "", 1, {"get_time"},
+         {"{\"tz\": \"UTC\"}"}},
+        {CHAT_TOOLS_LLAMA3, "Sure.\n{\"name\": \"a\", \"parameters\": {}}\n{\"name\": \"b\", \"parameters\": {\"k\": 2.5e1}}",
+         "Sure.", 2, {"a", "b"}, {"{}", "{\"k\": 2.5e1}"}},
+        {CHAT_TOOLS_MISTRAL, "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {\"q\": \"x\"}}, {\"name\": \"b\", "
+                             "\"arguments\": {}}]", "", 2, {"a", "b"}, {"{\"q\": \"x\"}", "{}"}},
+        {CHAT_TOOLS_MISTRAL, "[TOOL_CALL] [x]", "[TOOL_CALL] [x]", 0, {0}, {0}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        size_t n = strlen(cases[i].text);
+        for (size_t step = 0; step <= n; step += step < 4 ? 1 : 7) {
+            calls_read cr;
+            read_calls(cases[i].syntax, cases[i].text, step, &cr);
+            bool ok = !cr.bad && cr.n_calls == cases[i].n &&
+                      !strcmp(cr.content.p ? cr.content.p : "", cases[i].content);
+            for (int k = 0; ok && k < cr.n_calls; k++)
+                ok = !strcmp(cr.names[k], cases[i].name[k]) && !strcmp(cr.args[k].p ? cr.args[k].p : "", cases[i].args[k]);
+            if (!ok) {
+                fprintf(stderr, "case %zu step %zu: content '%s', %d calls", i, step, cr.content.p ? cr.content.p : "",
+                        cr.n_calls);
+                for (int k = 0; k < cr.n_calls; k++) fprintf(stderr, " %s(%s)", cr.names[k], cr.args[k].p);
+                fprintf(stderr, "\n");
+            }
+            calls_read_free(&cr);
+            CHECK(ok);
+        }
+    }
+    /* ids: OpenAI's shape, 9 characters for Mistral's template, different per call and choice */
+    char a[40], b[40], c[40], d[40];
+    srv_tc_call_id("chatcmpl-1", 0, 0, CHAT_TOOLS_HERMES, a, sizeof a);
+    srv_tc_call_id("chatcmpl-1", 0, 1, CHAT_TOOLS_HERMES, b, sizeof b);
+    srv_tc_call_id("chatcmpl-1", 1, 0, CHAT_TOOLS_HERMES, c, sizeof c);
+    srv_tc_call_id("chatcmpl-1", 0, 0, CHAT_TOOLS_MISTRAL, d, sizeof d);
+    CHECK(!strncmp(a, "call_", 5) && strlen(a) == 29 && strcmp(a, b) && strcmp(a, c) && strcmp(b, c));
+    CHECK(strlen(d) == 9);
+    for (const char *p = d; *p; p++) CHECK((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9'));
+}
+
 int main(void) {
     setup();
     TEST_RUN(test_completion_defaults);
@@ -477,6 +769,9 @@ int main(void) {
     TEST_RUN(test_utf8);
     TEST_RUN(test_nesting);
     TEST_RUN(test_alloc_failure);
+    TEST_RUN(test_format_fields);
+    TEST_RUN(test_tool_fields);
+    TEST_RUN(test_tool_call_reader);
     tok_free(tok);
     return TEST_DONE();
 }

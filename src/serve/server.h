@@ -54,6 +54,7 @@
 #define SERVER_MAX_STOP_LEN 256     /* bytes per stop string */
 #define SERVER_MAX_PROMPTS 64       /* prompts in one completions request */
 #define SERVER_MAX_BIAS 1024        /* logit_bias entries */
+#define SERVER_MAX_TOOLS 128        /* tools in one chat request */
 
 /* What the parser needs to know about the model and the limits. */
 typedef struct {
@@ -96,6 +97,17 @@ typedef struct {
     lm_request_params p;
     bool seed_given;           /* else the caller picks a seed */
     char *stops[SERVER_MAX_STOP + 1]; /* (p.n_stop) owned */
+    /* Constrained output (owned): the GBNF text every choice's text must
+     * match (response_format json_object / json_schema, grammar, json_schema,
+     * or the tool-call grammar), or NULL. With grammar_trigger the grammar is
+     * lazy: the text is free until the trigger appears, and the grammar
+     * matches from the trigger's first byte on (tool_choice auto). */
+    char *grammar;
+    char *grammar_trigger;
+    /* Tool calls: the answer's text is read for calls in tool_syntax
+     * (chat_tool_syntax of the template's family) and answered as tool_calls. */
+    bool tool_calls;
+    int tool_syntax;
 } lm_server_request;
 
 /*

@@ -170,6 +170,7 @@ void call_free(srv_call *c) {
     for (int i = 0; i < c->n_choices && c->ch; i++) {
         strbuf_free(&c->ch[i].text);
         strbuf_free(&c->ch[i].pending);
+        srv_tc_free(&c->ch[i].tc);
         cJSON_Delete(c->ch[i].lp);
     }
     lm_free(c->ch);
@@ -475,6 +476,52 @@ static void absorb(srv_call *c, const srv_ev *ev, const srv_queue *q) {
     }
 }
 
+/* A tool call's JSON: {"id", "type": "function", "function": {"name", "arguments"}};
+ * stream: the first delta, with "index" and empty arguments. */
+static cJSON *call_json(const srv_call *c, int choice, int index, const char *name, const char *args, bool stream) {
+    char id[40];
+    srv_tc_call_id(c->id, choice, index, c->req.tool_syntax, id, sizeof id);
+    cJSON *o = cJSON_CreateObject();
+    if (stream) cJSON_AddNumberToObject(o, "index", index);
+    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "type", "function");
+    cJSON *f = cJSON_AddObjectToObject(o, "function");
+    cJSON_AddStringToObject(f, "name", name);
+    cJSON_AddStringToObject(f, "arguments", args);
+    return o;
+}
+
+/* A chat choice's message when tools may be called: the text read for calls
+ * (content null when the calls are all there is). Returns whether any call
+ * was made. */
+static bool whole_tool_message(srv_call *c, int i, cJSON *j, const strbuf *text) {
+    srv_tc tc;
+    srv_tc_out o = {0};
+    srv_tc_init(&tc, c->req.tool_syntax);
+    srv_tc_feed(&tc, text->p ? text->p : "", text->len, true, &o);
+    srv_tc_free(&tc);
+    cJSON *m = cJSON_AddObjectToObject(j, "message");
+    cJSON_AddStringToObject(m, "role", "assistant");
+    /* the events in order: a name opens a call, pieces extend its arguments */
+    int n_calls = 0;
+    for (int k = 0; k < o.n; k++)
+        if (o.ev[k].name) n_calls++;
+    if (n_calls && !o.content.len) cJSON_AddNullToObject(m, "content");
+    else cJSON_AddStringToObject(m, "content", o.content.p ? o.content.p : "");
+    if (n_calls) {
+        cJSON *arr = cJSON_AddArrayToObject(m, "tool_calls");
+        for (int k = 0; k < o.n; k++) {
+            if (!o.ev[k].name) continue;
+            strbuf args = {0};
+            for (int q = k + 1; q < o.n && !o.ev[q].name; q++) strbuf_put(&args, o.ev[q].args, o.ev[q].args_len);
+            cJSON_AddItemToArray(arr, call_json(c, i, o.ev[k].index, o.ev[k].name, args.p ? args.p : "", false));
+            strbuf_free(&args);
+        }
+    }
+    srv_tc_out_free(&o);
+    return n_calls > 0;
+}
+
 /* The complete JSON answer once every choice is done (lm_malloc'ed). */
 static char *whole_answer(srv_call *c) {
     cJSON *o = envelope(c, c->chat ? "chat.completion" : "text_completion");
@@ -487,7 +534,10 @@ static char *whole_answer(srv_call *c) {
         strbuf_put_utf8(&text, ch->text.p ? ch->text.p : "", ch->text.len, true);
         cJSON *j = cJSON_CreateObject();
         cJSON_AddNumberToObject(j, "index", i);
-        if (c->chat) {
+        bool called = false;
+        if (c->chat && c->req.tool_calls) {
+            called = whole_tool_message(c, i, j, &text);
+        } else if (c->chat) {
             cJSON *m = cJSON_AddObjectToObject(j, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
             cJSON_AddStringToObject(m, "content", text.p ? text.p : "");
@@ -508,7 +558,8 @@ static char *whole_answer(srv_call *c) {
         } else {
             cJSON_AddNullToObject(j, "logprobs");
         }
-        cJSON_AddStringToObject(j, "finish_reason", finish_reason(ch->finish));
+        cJSON_AddStringToObject(j, "finish_reason", called && ch->finish == LM_FINISH_STOP ? "tool_calls"
+                                                                                           : finish_reason(ch->finish));
         cJSON_AddItemToArray(choices, j);
     }
     cJSON_AddItemToObject(o, "usage", usage_json(c));
@@ -592,6 +643,31 @@ static void chunk(srv_call *c, int i, const char *text, bool role, cJSON *logpro
     sse(c, o);
 }
 
+/* One tool-call delta for choice i: a call's first (id, type, name) or a
+ * piece of its arguments. */
+static void tool_chunk(srv_call *c, int i, const srv_tc_ev *ev) {
+    cJSON *o = envelope(c, "chat.completion.chunk");
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "index", i);
+    cJSON *d = cJSON_AddObjectToObject(j, "delta");
+    cJSON *calls = cJSON_AddArrayToObject(d, "tool_calls");
+    if (ev->name) {
+        cJSON_AddItemToArray(calls, call_json(c, i, ev->index, ev->name, "", true));
+    } else {
+        cJSON *t = cJSON_CreateObject();
+        cJSON_AddNumberToObject(t, "index", ev->index);
+        cJSON *f = cJSON_AddObjectToObject(t, "function");
+        cJSON_AddStringToObject(f, "arguments", ev->args);
+        cJSON_AddItemToArray(calls, t);
+    }
+    cJSON_AddNullToObject(j, "logprobs");
+    cJSON_AddNullToObject(j, "finish_reason");
+    cJSON_AddItemToArray(choices, j);
+    if (c->req.include_usage) cJSON_AddNullToObject(o, "usage");
+    sse(c, o);
+}
+
 /* An error object as the stream's last event (before [DONE]). */
 static void stream_error_obj(srv_call *c, const lm_server_error *e) {
     char *s = srv_error_json(e);
@@ -632,8 +708,18 @@ static void stream_event(srv_call *c, const srv_ev *ev, const srv_queue *q) {
         ch->pending.len -= used;
     }
     cJSON *lp = c->req.p.logprobs && !ev->done && ev->token >= 0 ? event_logprobs(c, ev, q, ch->text_total) : NULL;
-    if (text.len || lp) chunk(c, ev->choice, text.p ? text.p : "", false, lp, NULL);
     ch->text_total += text.len;
+    if (c->chat && c->req.tool_calls) {
+        /* the text read for calls: content before them, then their deltas */
+        srv_tc_out o = {0};
+        srv_tc_feed(&ch->tc, text.p ? text.p : "", text.len, ev->done, &o);
+        if (o.content.len || lp) chunk(c, ev->choice, o.content.p ? o.content.p : "", false, lp, NULL);
+        for (int k = 0; k < o.n; k++) tool_chunk(c, ev->choice, &o.ev[k]);
+        if (o.failed) c->out.failed = true;
+        srv_tc_out_free(&o);
+    } else if (text.len || lp) {
+        chunk(c, ev->choice, text.p ? text.p : "", false, lp, NULL);
+    }
     strbuf_free(&text);
     if (ev->done) {
         ch->done = true;
@@ -652,8 +738,12 @@ static void stream_close(srv_call *c, bool overflow) {
     } else if (overflow) stream_error(c, "the client did not read the stream fast enough; generation cancelled");
     else if (c->cancelled && !c->timed_out) stream_error(c, "the request was cancelled (the server is shutting down)");
     else
-        for (int i = 0; i < c->n_choices; i++)
-            chunk(c, i, c->chat ? NULL : "", false, NULL, finish_reason(c->ch[i].finish));
+        for (int i = 0; i < c->n_choices; i++) {
+            const srv_choice *ch = &c->ch[i];
+            bool called = c->req.tool_calls && (ch->tc.n_calls > 0 || ch->tc.cur_named);
+            chunk(c, i, c->chat ? NULL : "", false, NULL,
+                  called && ch->finish == LM_FINISH_STOP ? "tool_calls" : finish_reason(ch->finish));
+        }
     if (c->req.include_usage && !c->error[0]) {
         cJSON *o = envelope(c, c->chat ? "chat.completion.chunk" : "text_completion");
         cJSON_AddArrayToObject(o, "choices");
@@ -745,6 +835,7 @@ int call_run(srv_call *c) {
         return srv_respond_error(s, c->conn, &e);
     }
     for (int i = 0; i < c->req.n_prompts; i++) c->subs[i] = (srv_sub){c, i, NULL};
+    for (int i = 0; i < c->n_choices; i++) srv_tc_init(&c->ch[i].tc, c->req.tool_syntax);
     snprintf(c->id, sizeof c->id, "%s-%016llx%08llx", c->chat ? "chatcmpl" : "cmpl",
              (unsigned long long)(s->id_salt ^ (uint64_t)(c->t_start * 1e9)),
              (unsigned long long)(atomic_fetch_add(&s->next_id, 1) & 0xffffffffu));

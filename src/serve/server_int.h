@@ -84,12 +84,67 @@ typedef struct {
     size_t n_top, cap_top;
 } srv_queue;
 
+/* ---------------------------------------------------------- tool calls */
+
+/* server_tools.c, request side: the tools of a chat request as the chat
+ * template takes them (each tool object printed as JSON). */
+typedef struct {
+    int n;
+    char *json[SERVER_MAX_TOOLS]; /* (n) cJSON_Print'ed, cJSON_free */
+} srv_tools;
+
+struct cJSON;
+/* response_format, grammar, json_schema -> r->grammar (checked); 0 or -1 with *e. */
+int srv_parse_format(const struct cJSON *root, lm_server_request *r, lm_server_error *e);
+/* tools, tool_choice, parallel_tool_calls for a template family -> *t (the
+ * prompt's tools), r->grammar and its trigger, r->tool_calls; 0 or -1. */
+int srv_parse_tools(const struct cJSON *root, int family, lm_server_request *r, srv_tools *t, lm_server_error *e);
+void srv_tools_free(srv_tools *t);
+
+/* Answer side: one choice's text read for tool calls as it comes. */
+typedef struct {
+    int syntax;             /* CHAT_TOOLS_* */
+    int phase;              /* text, calls, end */
+    strbuf buf;             /* text: held back (a possible opener's start); calls: from the opener on */
+    size_t pos;             /* calls: where the current call (or what precedes it) starts in buf */
+    bool in_call, in_array; /* inside a call object; mistral: past "[TOOL_CALLS] [" */
+    bool cur_named;         /* the current call's name is out */
+    size_t args_sent;       /* bytes of the current call's arguments out */
+    int n_calls;            /* calls finished */
+} srv_tc;
+
+/* What one feed releases: content text, and call events in order. */
+typedef struct {
+    int index;              /* the call, 0 .. */
+    char *name;             /* the call's first event: its name; else NULL */
+    char *args;             /* a piece of its arguments' JSON text (may be "") */
+    size_t args_len;
+} srv_tc_ev;
+
+typedef struct {
+    strbuf content;
+    srv_tc_ev *ev;          /* (n) */
+    int n, cap;
+    bool failed;            /* out of memory: events were lost */
+} srv_tc_out;
+
+void srv_tc_init(srv_tc *t, int syntax);
+void srv_tc_free(srv_tc *t);
+/* Feed text (complete UTF-8 characters); final: the text is complete. */
+void srv_tc_feed(srv_tc *t, const char *s, size_t n, bool final, srv_tc_out *o);
+void srv_tc_out_free(srv_tc_out *o);
+/* A call's id: "call_" + 24 letters and digits, or 9 of them for the
+ * mistral syntax (its template's rule), from the answer's id, the choice
+ * and the call's index. */
+void srv_tc_call_id(const char *seed, int choice, int index, int syntax, char *out, size_t cap);
+
 /* What the connection's thread knows about one choice. */
 typedef struct {
     strbuf text;               /* the answer so far (non-streaming), raw bytes */
     strbuf pending;            /* streaming: bytes of an incomplete UTF-8 character */
     void *lp;                  /* cJSON logprobs of the answer (non-streaming), or NULL */
     size_t text_total;         /* bytes of text so far (completions' text_offset) */
+    srv_tc tc;                 /* streaming with tool calls: the reader of the text */
     bool done;
     lm_finish finish;
     lm_request_stats stats;

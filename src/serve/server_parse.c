@@ -383,12 +383,13 @@ static int chat_family_of(const lm_server_parse_ctx *c) {
 }
 
 /* Render the conversation and tokenize it (chat.h's BOS rule). */
-static int render_messages(const lm_server_parse_ctx *c, const lm_chat_msg *msgs, int n, lm_server_request *r,
-                           lm_server_error *e) {
+static int render_messages(const lm_server_parse_ctx *c, const lm_chat_xmsg *msgs, int n, const srv_tools *tools,
+                           lm_server_request *r, lm_server_error *e) {
     const lm_tokenizer *tok = c->tok;
     char *text = NULL, err[LM_ERRLEN];
     bool add_bos;
-    if (chat_apply(c->chat_family, c->chat_template, tok, msgs, n, &text, &add_bos, err, sizeof err))
+    if (chat_apply_tools(c->chat_family, c->chat_template, tok, msgs, n, (const char *const *)tools->json, tools->n,
+                         &text, &add_bos, err, sizeof err))
         return BAD("messages", "%s", err);
     int32_t *ids = NULL;
     int nt = encode(tok, text, strlen(text), add_bos, &ids, e);
@@ -401,9 +402,40 @@ static int render_messages(const lm_server_parse_ctx *c, const lm_chat_msg *msgs
     return add_prompt(r, ids, nt, NULL, e);
 }
 
-/* messages: [{"role", "content"}, ...] -> one rendered, tokenized prompt. */
-static int parse_messages(const lm_server_parse_ctx *c, const cJSON *root, lm_server_request *r,
-                          lm_server_error *e) {
+/* An assistant message's tool_calls: [{"id", "type": "function", "function":
+ * {"name", "arguments": a JSON string}}, ...]; the strings point into m. */
+static int message_calls(const cJSON *m, int i, lm_chat_xmsg *x, lm_server_error *e) {
+    const cJSON *tc = field(m, "tool_calls");
+    char param[48];
+    snprintf(param, sizeof param, "messages[%d].tool_calls", i);
+    if (!tc) return 0;
+    if (!cJSON_IsArray(tc)) return BAD(param, "'%s' must be an array", param);
+    int k = cJSON_GetArraySize(tc);
+    if (k == 0) return 0;
+    if (k > SERVER_MAX_TOOLS) return BAD(param, "'%s' may hold at most %d calls", param, SERVER_MAX_TOOLS);
+    lm_chat_call *calls = lm_calloc((size_t)k, sizeof *calls);
+    if (!calls) return oom(e);
+    x->calls = calls;
+    int j = 0;
+    for (const cJSON *c = tc->child; c; c = c->next, j++) {
+        const cJSON *id = field(c, "id"), *type = field(c, "type"), *fn = field(c, "function");
+        const cJSON *name = cJSON_IsObject(fn) ? field(fn, "name") : NULL;
+        const cJSON *args = cJSON_IsObject(fn) ? field(fn, "arguments") : NULL;
+        if (!cJSON_IsObject(c) || (id && !cJSON_IsString(id)) ||
+            (type && (!cJSON_IsString(type) || strcmp(type->valuestring, "function") != 0)) ||
+            !cJSON_IsString(name) || (args && !cJSON_IsString(args)))
+            return BAD(param, "'%s[%d]' must be {\"id\": string, \"type\": \"function\", \"function\": {\"name\": "
+                              "string, \"arguments\": string}}", param, j);
+        calls[j] = (lm_chat_call){id ? id->valuestring : NULL, name->valuestring, args ? args->valuestring : "{}"};
+    }
+    x->n_calls = k;
+    return 0;
+}
+
+/* messages: [{"role", "content"}, ...] -> one rendered, tokenized prompt;
+ * tool results and the assistant's calls as the template writes them. */
+static int parse_messages(const lm_server_parse_ctx *c, const cJSON *root, const srv_tools *tools,
+                          lm_server_request *r, lm_server_error *e) {
     const cJSON *ms = field(root, "messages");
     if (!ms) return BAD("messages", "'messages' is required");
     if (!cJSON_IsArray(ms)) return BAD("messages", "'messages' must be an array");
@@ -415,9 +447,10 @@ static int parse_messages(const lm_server_parse_ctx *c, const cJSON *root, lm_se
     r->prompts = lm_calloc(1, sizeof(int32_t *));
     r->n_prompt = lm_calloc(1, sizeof(int));
     r->echo_text = lm_calloc(1, sizeof(char *));
-    lm_chat_msg *msgs = lm_calloc((size_t)n, sizeof *msgs);
+    lm_chat_xmsg *msgs = lm_calloc((size_t)n, sizeof *msgs);
     char **contents = lm_calloc((size_t)n, sizeof(char *));
     int rc = -1, i = 0;
+    bool calls_seen = false;
     if (!r->prompts || !r->n_prompt || !r->echo_text || !msgs || !contents) {
         oom(e);
         goto done;
@@ -436,16 +469,31 @@ static int parse_messages(const lm_server_parse_ctx *c, const cJSON *root, lm_se
         }
         const char *rs = role->valuestring;
         if (!strcmp(rs, "developer")) rs = "system";
-        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant")) {
-            BAD(param, "'%s' must be 'system', 'developer', 'user' or 'assistant' (got '%.40s')", param, rs);
+        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant") && strcmp(rs, "tool")) {
+            BAD(param, "'%s' must be 'system', 'developer', 'user', 'assistant' or 'tool' (got '%.40s')", param, rs);
             goto done;
         }
         if (!(contents[i] = message_content(m, i, e))) goto done;
-        msgs[i] = (lm_chat_msg){rs, contents[i]};
+        msgs[i] = (lm_chat_xmsg){rs, contents[i], NULL, 0, NULL};
+        if (!strcmp(rs, "assistant") && message_calls(m, i, &msgs[i], e)) goto done;
+        calls_seen |= msgs[i].n_calls > 0;
+        if (!strcmp(rs, "tool")) {
+            const cJSON *id = field(m, "tool_call_id");
+            if (!calls_seen) {
+                BAD(param, "'messages[%d]' with role 'tool' must answer a preceding message with 'tool_calls'", i);
+                goto done;
+            }
+            if (id && !cJSON_IsString(id)) {
+                BAD("messages", "'messages[%d].tool_call_id' must be a string", i);
+                goto done;
+            }
+            msgs[i].call_id = id ? id->valuestring : NULL;
+        }
     }
-    rc = render_messages(c, msgs, n, r, e);
+    rc = render_messages(c, msgs, n, tools, r, e);
 done:
     for (int k = 0; k < n && contents; k++) lm_free(contents[k]);
+    for (int k = 0; k < n && msgs; k++) lm_free((void *)msgs[k].calls);
     lm_free(contents);
     lm_free(msgs);
     return rc;
@@ -478,15 +526,6 @@ static int check_unsupported(const cJSON *root, bool chat, lm_server_request *r,
         long long best_of = 1;
         if (get_int(root, "best_of", 1, 1 << 20, &best_of, e) < 0) return -1;
         if (best_of != 1 && best_of != r->p.n) return BAD("best_of", "'best_of' other than n is not supported");
-    } else {
-        if ((v = field(root, "tools")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
-            return BAD("tools", "'tools' (function calling) is not supported");
-        if (field(root, "functions")) return BAD("functions", "'functions' is not supported");
-        if ((v = field(root, "response_format"))) {
-            const cJSON *t = cJSON_IsObject(v) ? field(v, "type") : NULL;
-            if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0)
-                return BAD("response_format", "only 'response_format' {\"type\": \"text\"} is supported");
-        }
     }
     if ((v = field(root, "user")) && !cJSON_IsString(v)) return BAD("user", "'user' must be a string");
     return 0;
@@ -568,8 +607,13 @@ static int parse_root(const lm_server_parse_ctx *c, bool chat, const cJSON *root
     if (parse_shape(c, root, chat, r, &max_tokens, &mt_name, e)) return -1;
     if (parse_sampling(root, chat, r, e) || parse_stop(root, r, e)) return -1;
     if (parse_bias(root, tok_n_vocab(c->tok), r, e) || check_unsupported(root, chat, r, e)) return -1;
-    if (chat ? parse_messages(c, root, r, e) || add_chat_stop(c, r, e) : parse_prompt(c, root, r, e)) return -1;
-    return check_context(c, chat, max_tokens, mt_name, r, e);
+    if (srv_parse_format(root, r, e)) return -1;
+    if (!chat) return parse_prompt(c, root, r, e) || check_context(c, chat, max_tokens, mt_name, r, e) ? -1 : 0;
+    srv_tools tools;
+    int rc = srv_parse_tools(root, chat_family_of(c), r, &tools, e);
+    if (rc == 0) rc = parse_messages(c, root, &tools, r, e) || add_chat_stop(c, r, e) ? -1 : 0;
+    srv_tools_free(&tools);
+    return rc ? -1 : check_context(c, chat, max_tokens, mt_name, r, e);
 }
 
 int server_parse_request(const lm_server_parse_ctx *c, bool chat, const char *body, size_t len,
@@ -618,5 +662,7 @@ void server_request_free(lm_server_request *r) {
     lm_free((void *)r->p.bias_ids);
     lm_free((void *)r->p.bias_vals);
     for (int i = 0; i < r->p.n_stop; i++) lm_free(r->stops[i]);
+    lm_free(r->grammar);
+    lm_free(r->grammar_trigger);
     memset(r, 0, sizeof *r);
 }
