@@ -6,14 +6,18 @@
  * naming the problem, and free everything either way (ASan checks leaks).
  *
  * The first input byte picks the route (bit 0: chat) and the chat template
- * (bit 1: a family by name, else a template text through chat_detect); the
- * rest is the body.
+ * (bit 1: a family by name, else a template text through chat_detect; with
+ * bit 1, bit 3 picks llama3 and bit 4 mistral-v3 instead of chatml, so that
+ * every tool-call syntax is reached); the rest is the body. Structured
+ * outputs and tools: a grammar the parser accepts must compile, a trigger
+ * comes only with tool calls, and tool calls only with a grammar.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "text/chat.h"
+#include "decode/grammar.h"
 #include "format/gguf.h"
 #include "serve/server.h"
 #include "text/tokenizer.h"
@@ -38,7 +42,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint8_t opt = data[0];
     lm_server_parse_ctx c = {.tok = tok, .n_ctx = 128, .model_name = "stories260K.gguf", .max_n = 8,
                              .max_tokens_cap = (opt & 4) ? 64 : 0};
-    if (opt & 2) c.chat_family = CHAT_CHATML;
+    if (opt & 2) c.chat_family = (opt & 8) ? CHAT_LLAMA3 : (opt & 16) ? CHAT_MISTRAL_V3 : CHAT_CHATML;
     else c.chat_family = -1, c.chat_template = ZEPHYR_TEMPLATE;
     lm_server_request r;
     lm_server_error e;
@@ -56,10 +60,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (int i = 0; i < r.p.n_stop; i++)
             if (!r.stops[i][0] || strlen(r.stops[i]) > 1024) abort();
         if (r.p.top_logprobs < 0 || r.p.top_logprobs > 20) abort();
+        if ((r.grammar_trigger && !r.tool_calls) || (r.tool_calls && !r.grammar) || (r.tool_calls && !r.chat)) abort();
+        if (r.grammar) {
+            lm_grammar *g = grammar_parse(r.grammar, strlen(r.grammar), NULL, NULL, 0);
+            if (!g) abort();
+            grammar_free(g);
+        }
         server_request_free(&r);
     } else {
         if (e.status < 400 || e.status > 599 || !e.message[0]) abort();
-        if (r.prompts || r.p.n_stop || r.p.bias_ids) abort();
+        if (r.prompts || r.p.n_stop || r.p.bias_ids || r.grammar || r.grammar_trigger) abort();
     }
     return 0;
 }

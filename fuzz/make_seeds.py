@@ -134,6 +134,37 @@ REQUESTS = {
                         b'"response_format":{"type":"text"},"priority":-5,"user":"u","model":"m"}'),
     "chat_tools": (1, b'{"messages":[{"role":"user","content":"x"}],"tools":[],"functions":[]}'),
     "chat_bad_role": (3, b'{"messages":[{"role":"wizard","content":"x"},{"content":"no role"}]}'),
+    # structured outputs and tools (bits 3 and 4 pick the llama3 and mistral-v3 families)
+    "fmt_json_object": (0, b'{"prompt":"x","max_tokens":4,"response_format":{"type":"json_object"}}'),
+    "fmt_json_schema": (3, b'{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema",'
+                           b'"json_schema":{"name":"n","strict":true,"schema":{"type":"object","properties":'
+                           b'{"a":{"type":"integer","minimum":1,"maximum":30},"b":{"enum":["x","y"]},"c":{"type":'
+                           b'"array","items":{"$ref":"#/$defs/d"},"maxItems":3}},"required":["a"],"$defs":{"d":'
+                           b'{"type":"string","pattern":"^[a-z]{2,4}$"}}}}}}'),
+    "fmt_grammar": (0, b'{"prompt":"x","grammar":"root ::= (\\"a\\" | [b-d]+){1,3} tail\\ntail ::= \\"\\\\n\\" # c"}'),
+    "fmt_bad_grammar": (1, b'{"messages":[{"role":"user","content":"x"}],"grammar":"root ::= \\"x"}'),
+    "fmt_json_schema_field": (1, b'{"messages":[{"role":"user","content":"x"}],"json_schema":{"type":"array",'
+                                 b'"prefixItems":[{"type":"boolean"}],"items":false}}'),
+    "fmt_two": (0, b'{"prompt":"x","grammar":"root ::= \\"a\\"","json_schema":{}}'),
+    "tools_auto": (3, b'{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":'
+                      b'{"name":"get_weather","description":"d","parameters":{"type":"object","properties":'
+                      b'{"city":{"type":"string","maxLength":9}},"required":["city"]}}},{"type":"function",'
+                      b'"function":{"name":"t"}}]}'),
+    "tools_named_llama3": (11, b'{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":'
+                               b'{"name":"f","parameters":{"type":"object"}}}],"tool_choice":{"type":"function",'
+                               b'"function":{"name":"f"}},"parallel_tool_calls":false}'),
+    "tools_required_mistral": (19, b'{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function",'
+                                   b'"function":{"name":"f"}}],"tool_choice":"required"}'),
+    "tools_round_trip": (3, b'{"messages":[{"role":"system","content":"s"},{"role":"user","content":"x"},'
+                            b'{"role":"assistant","content":null,"tool_calls":[{"id":"abc123XYZ","type":"function",'
+                            b'"function":{"name":"f","arguments":"{\\"a\\": [1, \\"\\u00e9\\"]}"}},'
+                            b'{"id":"2","type":"function","function":{"name":"g","arguments":"not json"}}]},'
+                            b'{"role":"tool","tool_call_id":"abc123XYZ","content":"r1"},{"role":"tool",'
+                            b'"tool_call_id":"2","content":[{"type":"text","text":"r2"}]},{"role":"user",'
+                            b'"content":"y"}],"tools":[{"type":"function","function":{"name":"f"}}],'
+                            b'"tool_choice":"auto"}'),
+    "tools_bad": (1, b'{"messages":[{"role":"tool","content":"x"}],"tools":[{"type":"function","function":'
+                     b'{"name":"a b"}}],"tool_choice":{"type":"function","function":{"name":"zz"}}}'),
 }
 
 

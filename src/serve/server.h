@@ -16,8 +16,24 @@
  * while nothing else is sent.
  *
  * finish_reason is "stop" (an end-of-generation token or a stop string),
- * "length" (max_tokens or the context) or "abort" (cut by the request
- * timeout; vLLM's value for an aborted request). An error the engine meets
+ * "length" (max_tokens or the context), "tool_calls" (the answer is tool
+ * calls) or "abort" (cut by the request timeout; vLLM's value for an
+ * aborted request).
+ *
+ * Structured outputs (server_tools.c): response_format {"type":
+ * "json_object"} or {"type": "json_schema", "json_schema": {"name",
+ * "schema", "strict"}} on both routes, and the extensions "grammar" (GBNF
+ * text) and "json_schema" (a schema), constrain every choice's text through
+ * the engine's grammar; a grammar or schema that does not compile is a 400
+ * naming the problem. Tools on chat: "tools" (functions with a JSON Schema
+ * of their parameters) are written into the prompt by the chat template in
+ * its family's syntax (chat.h), "tool_choice" none / auto / required / a
+ * named function and "parallel_tool_calls" pick the constraint (a grammar
+ * from the first token, or a lazy one from the syntax's opener for auto),
+ * and the answer's text is read back into "tool_calls" (whole, or streamed
+ * as OpenAI's incremental tool_calls deltas), with finish_reason
+ * "tool_calls". Messages with role "tool" and assistant messages with
+ * "tool_calls" are rendered by the template. An error the engine meets
  * while generating is no finish reason: the answer is an error object, with
  * the status its lm_status maps to (400 for the request's own fault, 503 out
  * of memory, 500 otherwise), as the last event of a stream.

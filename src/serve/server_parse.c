@@ -5,7 +5,8 @@
  * no socket and no engine, so tests and the fuzzer call it directly. The
  * order of checks is fixed so that every body maps to exactly one answer:
  * bytes (UTF-8, raw control characters) -> JSON syntax -> top-level object
- * -> model -> each parameter's type and range -> prompt or messages ->
+ * -> model -> each parameter's type and range -> response_format, grammar,
+ * json_schema -> tools and tool_choice (chat) -> prompt or messages ->
  * tokenization -> the context and max_tokens limits.
  *
  * Conventions, as OpenAI's API: a JSON null counts as an absent field;
