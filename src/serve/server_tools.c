@@ -15,7 +15,8 @@
  *   hermes   <tool_call> {"name": "N", "arguments": ARGS} </tool_call>
  *   llama3   {"name": "N", "parameters": ARGS}
  *   mistral  [TOOL_CALLS] [{"name": "N", "arguments": ARGS}, ...]
- * with at most four blanks between tokens, the name one of the tools (or the
+ * with at most four blanks between tokens (none inside the opening {"name",
+ * which the reader and the llama3 trigger look for), the name one of the tools (or the
  * one tool_choice names) and ARGS that tool's schema; several calls when
  * parallel_tool_calls (the default). tool_choice "required" or a named
  * function constrains the answer from its first token; "auto" makes the
@@ -203,7 +204,8 @@ static char *tool_grammar(const tool_ref *tools, int n, int syntax, bool paralle
         strbuf_printf(&b, "root ::= tc-call %s\n", parallel ? "(tc-ws tc-call)*" : "");
     if (syntax == CHAT_TOOLS_HERMES) strbuf_puts(&b, "tc-call ::= \"<tool_call>\" tc-ws tc-obj tc-ws \"</tool_call>\"\n");
     else if (syntax == CHAT_TOOLS_LLAMA3) strbuf_puts(&b, "tc-call ::= tc-obj\n");
-    strbuf_puts(&b, "tc-obj ::= \"{\" tc-ws \"\\\"name\\\"\" tc-ws \":\" tc-ws tc-fn tc-ws \"}\"\n");
+    /* {"name" as one piece: the opener the reader (and the llama3 trigger) looks for */
+    strbuf_puts(&b, "tc-obj ::= \"{\\\"name\\\"\" tc-ws \":\" tc-ws tc-fn tc-ws \"}\"\n");
     strbuf_puts(&b, "tc-ws ::= [ \\t\\n]{0,4}\n");
     strbuf_puts(&b, "tc-fn ::= ");
     for (int i = 0; i < n; i++)
