@@ -60,7 +60,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (int i = 0; i < r.p.n_stop; i++)
             if (!r.stops[i][0] || strlen(r.stops[i]) > 1024) abort();
         if (r.p.top_logprobs < 0 || r.p.top_logprobs > 20) abort();
-        if ((r.grammar_trigger && !r.tool_calls) || (r.tool_calls && !r.grammar) || (r.tool_calls && !r.chat)) abort();
+        if ((r.n_grammar_triggers && !r.tool_calls) || (r.tool_calls && !r.grammar) || (r.tool_calls && !r.chat)) abort();
         if (r.grammar) {
             lm_grammar *g = grammar_parse(r.grammar, strlen(r.grammar), NULL, NULL, 0);
             if (!g) abort();
@@ -69,7 +69,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         server_request_free(&r);
     } else {
         if (e.status < 400 || e.status > 599 || !e.message[0]) abort();
-        if (r.prompts || r.p.n_stop || r.p.bias_ids || r.grammar || r.grammar_trigger) abort();
+        if (r.prompts || r.p.n_stop || r.p.bias_ids || r.grammar || r.n_grammar_triggers) abort();
     }
     return 0;
 }

@@ -495,7 +495,7 @@ static void test_format_fields(void) {
     };
     for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
         CHECKF(parse(ok[i].chat, ok[i].body, &r, &e) == 0, "case %zu: %s", i, e.message);
-        CHECKF(r.grammar && r.grammar[0] && !r.grammar_trigger && !r.tool_calls, "case %zu", i);
+        CHECKF(r.grammar && r.grammar[0] && !r.n_grammar_triggers && !r.tool_calls, "case %zu", i);
         server_request_free(&r);
     }
     CHECK(parse(false, "{\"prompt\": \"a\", \"grammar\": \"root ::= [a-z]+\"}", &r, &e) == 0);
@@ -567,19 +567,20 @@ static void test_tool_fields(void) {
     /* auto (the default): a lazy grammar from the opener on, the tools in the prompt */
     int rc = parse(true, "{" CHAT_A ", " TOOLS "}", &r, &e);
     CHECKF(rc == 0, "%s", e.message);
-    CHECK(r.tool_calls && r.tool_syntax == CHAT_TOOLS_HERMES && r.grammar && !strcmp(r.grammar_trigger, "<tool_call>"));
+    CHECK(r.tool_calls && r.tool_syntax == CHAT_TOOLS_HERMES && r.grammar && r.n_grammar_triggers == 1 &&
+          !strcmp(r.grammar_triggers[0], "<tool_call>"));
     CHECK(strstr(r.grammar, "\\\"get_weather\\\"") && strstr(r.grammar, "\\\"get_time\\\"") && strstr(r.grammar, "t0-root"));
     CHECK(strstr(r.grammar, "(tc-ws tc-call)*")); /* parallel by default */
     CHECK(same_prompt(&r, CHAT_CHATML, user_a, 1, tool_json, 2));
     server_request_free(&r);
     /* required, without parallel calls: from the first token, one call */
     CHECK(parse(true, "{" CHAT_A ", " TOOLS ", \"tool_choice\": \"required\", \"parallel_tool_calls\": false}", &r, &e) == 0);
-    CHECK(r.tool_calls && r.grammar && !r.grammar_trigger && !strstr(r.grammar, "(tc-ws tc-call)*"));
+    CHECK(r.tool_calls && r.grammar && !r.n_grammar_triggers && !strstr(r.grammar, "(tc-ws tc-call)*"));
     server_request_free(&r);
     /* a named function: only that one */
     CHECK(parse(true, "{" CHAT_A ", " TOOLS ", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
                       "\"get_time\"}}}", &r, &e) == 0);
-    CHECK(r.tool_calls && !r.grammar_trigger && strstr(r.grammar, "\\\"get_time\\\"") && !strstr(r.grammar, "get_weather"));
+    CHECK(r.tool_calls && !r.n_grammar_triggers && strstr(r.grammar, "\\\"get_time\\\"") && !strstr(r.grammar, "get_weather"));
     server_request_free(&r);
     /* none: tools in the prompt, no grammar, no reading of calls */
     CHECK(parse(true, "{" CHAT_A ", " TOOLS ", \"tool_choice\": \"none\"}", &r, &e) == 0);
@@ -611,7 +612,8 @@ static void test_tool_fields(void) {
         rc = parse(true, "{" CHAT_A ", " TOOLS "}", &r, &e);
         ctx.chat_family = CHAT_CHATML;
         CHECKF(rc == 0, "family %d: %s", fams[i].family, e.message);
-        CHECK(r.tool_syntax == fams[i].syntax && !strcmp(r.grammar_trigger, fams[i].trigger));
+        CHECK(r.tool_syntax == fams[i].syntax && !strcmp(r.grammar_triggers[0], fams[i].trigger));
+        CHECK(r.n_grammar_triggers == (fams[i].syntax == CHAT_TOOLS_MISTRAL ? 2 : 1));
         CHECK(same_prompt(&r, fams[i].family, user_a, 1, tool_json, 2));
         server_request_free(&r);
     }
@@ -648,7 +650,7 @@ static void test_tool_fields(void) {
         CHECKF(rc == -1 && e.status == 400 && !strcmp(e.param, bad[i].param), "case %zu: rc %d, status %d, param %s (%s)",
                i, rc, e.status, e.param, e.message);
         CHECKF(strstr(e.message, bad[i].needle), "case %zu: '%s' does not name '%s'", i, e.message, bad[i].needle);
-        CHECK(!r.grammar && !r.prompts && !r.grammar_trigger);
+        CHECK(!r.grammar && !r.prompts && !r.n_grammar_triggers);
     }
 }
 
@@ -729,6 +731,9 @@ static void test_tool_call_reader(void) {
         {CHAT_TOOLS_MISTRAL, "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {\"q\": \"x\"}}, {\"name\": \"b\", "
                              "\"arguments\": {}}]", "", 2, {"a", "b"}, {"{\"q\": \"x\"}", "{}"}},
         {CHAT_TOOLS_MISTRAL, "[TOOL_CALL] [x]", "[TOOL_CALL] [x]", 0, {0}, {0}},
+        /* [TOOL_CALLS] as a control token leaves no text: the array opens the calls */
+        {CHAT_TOOLS_MISTRAL, "Sure. [{\"name\": \"a\", \"arguments\": {\"q\": 1}}]", "Sure.", 1, {"a"}, {"{\"q\": 1}"}},
+        {CHAT_TOOLS_MISTRAL, "a [list] of [{things}]", "a [list] of [{things}]", 0, {0}, {0}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         size_t n = strlen(cases[i].text);
@@ -779,11 +784,11 @@ static void test_tool_alloc_failure(void) {
         lm_alloc_fail_after(-1);
         if (rc == 0) {
             ok = true;
-            CHECK(r.tool_calls && r.grammar && r.grammar_trigger);
+            CHECK(r.tool_calls && r.grammar && r.n_grammar_triggers == 1);
             server_request_free(&r);
         } else {
             CHECKF(e.status == 500 || e.status == 400, "fail after %ld: status %d (%s)", k, e.status, e.message);
-            CHECK(r.n_prompts == 0 && r.prompts == NULL && !r.grammar && !r.grammar_trigger);
+            CHECK(r.n_prompts == 0 && r.prompts == NULL && !r.grammar && !r.n_grammar_triggers);
         }
     }
     ctx.n_ctx = 128;

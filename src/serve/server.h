@@ -115,11 +115,12 @@ typedef struct {
     char *stops[SERVER_MAX_STOP + 1]; /* (p.n_stop) owned */
     /* Constrained output (owned): the GBNF text every choice's text must
      * match (response_format json_object / json_schema, grammar, json_schema,
-     * or the tool-call grammar), or NULL. With grammar_trigger the grammar is
-     * lazy: the text is free until the trigger appears, and the grammar
-     * matches from the trigger's first byte on (tool_choice auto). */
+     * or the tool-call grammar), or NULL. With triggers the grammar is lazy:
+     * the text is free until one of them appears, and the grammar matches
+     * from the trigger's first byte on (tool_choice auto). */
     char *grammar;
-    char *grammar_trigger;
+    char *grammar_triggers[2]; /* (n_grammar_triggers) owned */
+    int n_grammar_triggers;
     /* Tool calls: the answer's text is read for calls in tool_syntax
      * (chat_tool_syntax of the template's family) and answered as tool_calls. */
     bool tool_calls;

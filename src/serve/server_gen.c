@@ -224,8 +224,8 @@ static int submit_all(srv_call *c, lm_server_error *e) {
         p.sp.seed = seed + (uint64_t)i * (uint64_t)r->p.n;
         p.stop = (const char *const *)r->stops;
         p.grammar = r->grammar;
-        p.grammar_triggers = r->grammar_trigger ? (const char *const *)&r->grammar_trigger : NULL;
-        p.n_grammar_triggers = r->grammar_trigger ? 1 : 0;
+        p.grammar_triggers = r->n_grammar_triggers ? (const char *const *)r->grammar_triggers : NULL;
+        p.n_grammar_triggers = r->n_grammar_triggers;
         p.on_event = on_event;
         p.user = &c->subs[i];
         lm_request *h = NULL;

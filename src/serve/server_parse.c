@@ -664,6 +664,6 @@ void server_request_free(lm_server_request *r) {
     lm_free((void *)r->p.bias_vals);
     for (int i = 0; i < r->p.n_stop; i++) lm_free(r->stops[i]);
     lm_free(r->grammar);
-    lm_free(r->grammar_trigger);
+    for (int i = 0; i < r->n_grammar_triggers; i++) lm_free(r->grammar_triggers[i]);
     memset(r, 0, sizeof *r);
 }

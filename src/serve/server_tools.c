@@ -14,14 +14,16 @@
  * (chat_tool_syntax):
  *   hermes   <tool_call> {"name": "N", "arguments": ARGS} </tool_call>
  *   llama3   {"name": "N", "parameters": ARGS}
- *   mistral  [TOOL_CALLS] [{"name": "N", "arguments": ARGS}, ...]
+ *   mistral  [TOOL_CALLS] [{"name": "N", "arguments": ARGS}, ...]  ([TOOL_CALLS]
+ *            may be left out: a control token of Mistral's vocabulary, it
+ *            leaves no text, and the array then opens the calls)
  * with at most four blanks between tokens (none inside the opening {"name",
  * which the reader and the llama3 trigger look for), the name one of the tools (or the
  * one tool_choice names) and ARGS that tool's schema; several calls when
  * parallel_tool_calls (the default). tool_choice "required" or a named
  * function constrains the answer from its first token; "auto" makes the
  * grammar lazy, starting at the syntax's opener ("<tool_call>", {"name",
- * "[TOOL_CALLS]"), so free text stays free; "none" leaves the tools in the
+ * "[TOOL_CALLS]" or [{"name"), so free text stays free; "none" leaves the tools in the
  * prompt and out of the constraint.
  *
  * Answers (called by server_gen.c): srv_tc reads a choice's text as it comes
@@ -183,9 +185,13 @@ static char *prefix_rules(const char *g, const char *prefix) {
     return b.p;
 }
 
-/* What opens a call in free text (the lazy grammar's trigger). */
-static const char *opener(int syntax) {
-    return syntax == CHAT_TOOLS_LLAMA3 ? "{\"name\"" : syntax == CHAT_TOOLS_MISTRAL ? "[TOOL_CALLS]" : "<tool_call>";
+/* What opens calls in free text (the lazy grammar's triggers; NULL-ended).
+ * Mistral's [TOOL_CALLS] is a control token in its own vocabulary, and
+ * control tokens leave no text: its call array, [{"name", opens them too. */
+static const char *const *openers(int syntax) {
+    static const char *const hermes[] = {"<tool_call>", NULL}, *const llama3[] = {"{\"name\"", NULL},
+                             *const mistral[] = {"[TOOL_CALLS]", "[{\"name\"", NULL};
+    return syntax == CHAT_TOOLS_LLAMA3 ? llama3 : syntax == CHAT_TOOLS_MISTRAL ? mistral : hermes;
 }
 
 typedef struct {
@@ -198,7 +204,7 @@ static char *tool_grammar(const tool_ref *tools, int n, int syntax, bool paralle
     strbuf b = {0};
     const char *args_key = syntax == CHAT_TOOLS_LLAMA3 ? "parameters" : "arguments";
     if (syntax == CHAT_TOOLS_MISTRAL)
-        strbuf_printf(&b, "root ::= \"[TOOL_CALLS]\" tc-ws \"[\" tc-ws tc-obj %s tc-ws \"]\"\n",
+        strbuf_printf(&b, "root ::= (\"[TOOL_CALLS]\" tc-ws)? \"[\" tc-obj %s tc-ws \"]\"\n",
                       parallel ? "(tc-ws \",\" tc-ws tc-obj)*" : "");
     else
         strbuf_printf(&b, "root ::= tc-call %s\n", parallel ? "(tc-ws tc-call)*" : "");
@@ -328,7 +334,11 @@ int srv_parse_tools(const cJSON *root, int family, lm_server_request *r, srv_too
     if (!g) return -1;
     r->grammar = g;
     if (check_grammar(g, "tools", "the tools' grammar", e)) return -1;
-    if (mode == AUTO && !(r->grammar_trigger = lm_strndup(opener(syntax), strlen(opener(syntax))))) return oom(e);
+    for (int k = 0; mode == AUTO && k < 2 && openers(syntax)[k]; k++) {
+        const char *op = openers(syntax)[k];
+        if (!(r->grammar_triggers[k] = lm_strndup(op, strlen(op)))) return oom(e);
+        r->n_grammar_triggers = k + 1;
+    }
     r->tool_calls = true;
     r->tool_syntax = syntax;
     return 0;
@@ -539,7 +549,8 @@ static void calls_step(srv_tc *t, bool final, srv_tc_out *o) {
                 st = expect(s, n, &p, "<tool_call>");
             } else if (t->syntax == CHAT_TOOLS_MISTRAL) {
                 if (!t->in_array) {
-                    st = expect(s, n, &p, "[TOOL_CALLS]");
+                    /* [TOOL_CALLS] (absent when it was a control token), then the array */
+                    st = s[p] == '[' && (n - p < 2 || s[p + 1] != 'T') ? J_DONE : expect(s, n, &p, "[TOOL_CALLS]");
                     if (st == J_DONE) {
                         p = skip_ws(s, n, p);
                         st = p >= n ? J_MORE : s[p] == '[' ? (p++, J_DONE) : J_BAD;
@@ -609,10 +620,16 @@ void srv_tc_feed(srv_tc *t, const char *s, size_t n, bool final, srv_tc_out *o) 
         return;
     }
     if (t->phase == TC_TEXT) {
-        const char *op = opener(t->syntax);
+        const char *const *ops = openers(t->syntax);
         const char *b = t->buf.p ? t->buf.p : "";
-        size_t len = t->buf.len;
-        const char *hit = len ? memmem(b, len, op, strlen(op)) : NULL;
+        size_t len = t->buf.len, hold = 0;
+        const char *hit = NULL;
+        for (int k = 0; ops[k]; k++) {
+            const char *h = len ? memmem(b, len, ops[k], strlen(ops[k])) : NULL;
+            if (h && (!hit || h < hit)) hit = h;
+            size_t part = partial_opener(b, len, ops[k]);
+            if (part > hold) hold = part;
+        }
         size_t rel;
         if (hit) {
             rel = (size_t)(hit - b);
@@ -620,7 +637,7 @@ void srv_tc_feed(srv_tc *t, const char *s, size_t n, bool final, srv_tc_out *o) 
             while (keep > 0 && is_ws(b[keep - 1])) keep--; /* blanks before a call are not content */
             strbuf_put(&o->content, b, keep);
         } else {
-            rel = len - partial_opener(b, len, op);
+            rel = len - hold;
             while (rel > 0 && is_ws(b[rel - 1])) rel--;
             if (final) rel = len;
             strbuf_put(&o->content, b, rel);
