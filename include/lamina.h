@@ -241,6 +241,9 @@ typedef struct {
     int completion_tokens;
     int preemptions;
     double t_submit;          /* monotonic clock at submission */
+    double queue;             /* submission -> first admitted into a batch by the scheduler (its
+                                 first prefill chunk, or its fork from choice 0); a preempted and
+                                 readmitted choice keeps its first value; 0 until admitted */
     double ttft;              /* submission -> first token */
     double e2e;               /* submission -> finish */
     double tpot;              /* (e2e - ttft) / (completion_tokens - 1); 0 if fewer than 2 */

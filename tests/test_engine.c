@@ -429,6 +429,9 @@ static void test_preemption(void) {
     lm_engine_stats st;
     engine_stats(e, &st);
     CHECKF(st.preemptions_total > 0, "no preemption happened");
+    for (int i = 0; i < N; i++) /* a readmitted request keeps its first queue time */
+        CHECKF(col[i].stats[0].queue > 0 && col[i].stats[0].queue <= col[i].stats[0].ttft,
+               "request %d: queue %g ttft %g", i, col[i].stats[0].queue, col[i].stats[0].ttft);
     CHECKF(engine_check(e, err, sizeof err) == 0, "%s", err);
     printf("NOTE preemption: %llu preemptions for %d requests in a 14-block pool\n",
            (unsigned long long)st.preemptions_total, N);
@@ -545,6 +548,48 @@ static void test_stop_fork_reject(void) {
     }
     engine_free(e);
     for (int i = 0; i < 6; i++) CHECK(d[i].done[0] == 1);
+}
+
+/* The queue time: submission to first admission, after 0 and at most the
+ * TTFT; with one running slot the second request's covers the first's run
+ * (admitted no earlier than the first finished); forked choices get one
+ * too. */
+static void test_queue_time(void) {
+    const lm_model *m = models[0];
+    lm_engine *e = new_engine(m, 64, 1, 0);
+    CHECK(e);
+    int32_t prompt[6] = {1, 50, 51, 52, 53, 54};
+    static collect col[2];
+    memset(col, 0, sizeof col);
+    char err[LM_ERRLEN];
+    for (int i = 0; i < 2; i++) {
+        lm_request_params p = greedy_params(prompt, 6, 30, &col[i]);
+        p.ignore_eos = true;
+        CHECKF(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK, "%s", err);
+    }
+    engine_wait_idle(e);
+    const lm_request_stats *a = &col[0].stats[0], *b = &col[1].stats[0];
+    CHECK(col[0].done[0] == 1 && col[1].done[0] == 1);
+    CHECKF(a->queue > 0 && a->queue <= a->ttft, "first: queue %g ttft %g", a->queue, a->ttft);
+    CHECKF(b->queue > 0 && b->queue <= b->ttft, "second: queue %g ttft %g", b->queue, b->ttft);
+    CHECKF(b->t_submit + b->queue >= a->t_submit + a->e2e, "second admitted at %g, first done at %g",
+           b->t_submit + b->queue, a->t_submit + a->e2e);
+    CHECKF(b->queue > a->queue, "second queue %g first %g", b->queue, a->queue);
+    printf("NOTE queue time: first %.4f s (ttft %.4f), second %.4f s (first's e2e %.4f)\n", a->queue, a->ttft,
+           b->queue, a->e2e);
+    engine_free(e);
+    e = new_engine(m, 64, 4, 0);
+    CHECK(e);
+    memset(col, 0, sizeof col);
+    lm_request_params p = greedy_params(prompt, 6, 5, &col[0]);
+    p.n = 3;
+    p.sp.temp = 1;
+    CHECKF(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK, "%s", err);
+    engine_wait_idle(e);
+    for (int i = 0; i < 3; i++)
+        CHECKF(col[0].done[i] == 1 && col[0].stats[i].queue > 0 && col[0].stats[i].queue <= col[0].stats[i].ttft,
+               "choice %d: queue %g ttft %g", i, col[0].stats[i].queue, col[0].stats[i].ttft);
+    engine_free(e);
 }
 
 /* A bounded queue refuses with EBUSY instead of growing. */
@@ -889,6 +934,7 @@ int main(void) {
     TEST_RUN(test_preemption);
     TEST_RUN(test_priority);
     TEST_RUN(test_stop_fork_reject);
+    TEST_RUN(test_queue_time);
     TEST_RUN(test_max_waiting);
     TEST_RUN(test_cancel_alone_and_text);
     TEST_RUN(test_finish_reasons);

@@ -831,6 +831,13 @@ static void batch_add(lm_engine *e, eseq *c, int n, int *n_tok, int *n_seg) {
     *n_tok += n;
 }
 
+/* Seconds from c's submission to now, its first admission: never 0, which
+ * marks a choice not yet admitted. */
+static double admit_time(const eseq *c) {
+    double q = lm_now() - c->stats.t_submit;
+    return q > 1e-9 ? q : 1e-9;
+}
+
 /* Act on a complete plan: free probes it does not admit, preempt, reject,
  * grow and admit. Fills the batch; returns its segment count. */
 static int act(lm_engine *e, const sched_plan *p, int *n_tok) {
@@ -871,6 +878,7 @@ static int act(lm_engine *e, const sched_plan *p, int *n_tok) {
         if (c->stats.preemptions == 0) c->stats.cached_tokens = c->n_computed;
         int n = p->admit[i].n < c->n_tokens - c->n_computed ? p->admit[i].n : c->n_tokens - c->n_computed;
         if (kv_append(e->kv, c->kv, n, err, sizeof err) == KV_OK) {
+            if (c->stats.queue == 0) c->stats.queue = admit_time(c);
             batch_add(e, c, n, n_tok, &n_seg);
         } else { /* the plan counted wrong (or no memory): wait again rather than fail */
             e->plan_misses++;
@@ -906,6 +914,7 @@ static void fork_choices(lm_engine *e, eseq *c0, const float *src) {
         }
         c->n_computed = c0->n_computed;
         c->stats.cached_tokens = c0->stats.cached_tokens;
+        if (c->stats.queue == 0) c->stats.queue = admit_time(c);
         memcpy(work, src, (size_t)V * sizeof *work);
         take_token(e, c, work);
     }
