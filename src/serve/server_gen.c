@@ -525,6 +525,17 @@ static bool whole_tool_message(srv_call *c, int i, cJSON *j, const strbuf *text)
     return n_calls > 0;
 }
 
+/* The longest time a choice waited in the engine's queue, from submission
+ * to its first admission into a batch (lm_request_stats.queue): the
+ * X-Lamina-Queue-Time header of an answer, the ": lamina queue_time="
+ * comment before a stream's [DONE]; neither when no choice was admitted. */
+static double queue_time(const srv_call *c) {
+    double q = 0;
+    for (int i = 0; i < c->n_choices; i++)
+        if (c->ch[i].stats.queue > q) q = c->ch[i].stats.queue;
+    return q;
+}
+
 /* The complete JSON answer once every choice is done (lm_malloc'ed). */
 static char *whole_answer(srv_call *c) {
     cJSON *o = envelope(c, c->chat ? "chat.completion" : "text_completion");
@@ -598,7 +609,10 @@ static int run_whole(srv_call *c) {
         server_error(&e, 500, "server_error", NULL, NULL, "out of memory formatting the answer");
         return srv_respond_error(s, c->conn, &e);
     }
-    int rc = srv_respond(s, c->conn, 200, "application/json", body, strlen(body), NULL, NULL);
+    char qt[32];
+    snprintf(qt, sizeof qt, "%.6f", queue_time(c));
+    int rc = srv_respond(s, c->conn, 200, "application/json", body, strlen(body),
+                         queue_time(c) > 0 ? "X-Lamina-Queue-Time" : NULL, qt);
     cJSON_free(body);
     return rc;
 }
@@ -753,6 +767,9 @@ static void stream_close(srv_call *c, bool overflow) {
         cJSON_AddItemToObject(o, "usage", usage_json(c));
         sse(c, o);
     }
+    char qt[64];
+    snprintf(qt, sizeof qt, ": lamina queue_time=%.6f\n\n", queue_time(c));
+    if (queue_time(c) > 0) strbuf_puts(&c->out, qt);
     strbuf_puts(&c->out, "data: [DONE]\n\n");
     c->out_end = true;
 }
