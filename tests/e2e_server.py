@@ -863,6 +863,44 @@ def check_basics(srv):
     result("token-id prompt", st == 200 and j["usage"]["prompt_tokens"] == 3, data[:300])
 
 
+def check_queue_time(srv):
+    """The engine's queue time (submission to first admission into a batch): an X-Lamina-Queue-Time header on
+    a whole answer, a ": lamina queue_time=" comment before a stream's [DONE]; after 0 and within the request's
+    wall time. The openai client's streaming checks (check_client) read streams that carry the comment."""
+    for body, what in (({"prompt": "Once upon a time", "max_tokens": 4}, "one choice"),
+                       ({"prompt": ["Once", "The dog"], "n": 2, "max_tokens": 3}, "two prompts, n=2")):
+        t0 = time.time()
+        st, h, data = post(srv, "/v1/completions", body)
+        wall = time.time() - t0
+        qt = {k.lower(): v for k, v in h.items()}.get("x-lamina-queue-time")
+        try:
+            v = float(qt)
+        except (TypeError, ValueError):
+            v = -1
+        result("queue time header (%s): after 0, within the request's %.3f s" % (what, wall),
+               st == 200 and 0 < v <= wall, "status %d header %r" % (st, qt))
+    c = conn(srv)
+    try:
+        t0 = time.time()
+        c.request("POST", "/v1/completions", body=json.dumps({"prompt": "Once", "max_tokens": 4, "stream": True}),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        text = r.read().decode()
+        wall = time.time() - t0
+    finally:
+        c.close()
+    lines = text.split("\n")
+    qlines = [i for i, l in enumerate(lines) if l.startswith(": lamina queue_time=")]
+    done = [i for i, l in enumerate(lines) if l == "data: [DONE]"]
+    v = float(lines[qlines[0]].split("=", 1)[1]) if len(qlines) == 1 else -1
+    result("queue time comment in a stream, before [DONE], within the request's wall time",
+           r.status == 200 and len(qlines) == 1 and len(done) == 1 and qlines[0] < done[0] and 0 < v <= wall,
+           text[-300:])
+    st, h, _ = post(srv, "/v1/completions", {"prompt": "a", "max_tokens": 4, "logit_bias": {"99999": 1}})
+    result("no queue time header on an error", st == 400 and
+           "x-lamina-queue-time" not in {k.lower() for k in h}, "status %d %r" % (st, h))
+
+
 def main():
     if not os.path.exists(LAMINA):
         print("FAIL no lamina binary at %s" % LAMINA)
@@ -875,6 +913,7 @@ def main():
         ready = [l for l in srv.lines if "listening on http://127.0.0.1:" in l]
         result("start-up line", len(ready) == 1, srv.lines)
         check_basics(srv)
+        check_queue_time(srv)
         check_client(srv)
         check_errors(srv)
         check_disconnect(srv)
