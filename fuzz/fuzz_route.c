@@ -4,8 +4,9 @@
  * a prompt (route_keys_text, route_keys_tokens), the Server-Sent Events a
  * replica streams back, cut into arbitrary pieces as a slow or failing
  * replica sends them (route_sse_feed: malformed lines, lines longer than
- * its buffer, a stream truncated anywhere), and a replica's /metrics text
- * (route_parse_metrics). Each must take any bytes without reading past
+ * its buffer, a stream truncated anywhere, the ": lamina queue_time="
+ * comment), and a replica's /metrics text (route_parse_metrics) and, the
+ * same bytes, a response header line (route_parse_queue_header). Each must take any bytes without reading past
  * them and keep its invariants; the SSE parser must also give the same
  * answer however the bytes are split.
  *
@@ -19,7 +20,9 @@
 #include "route/route.h"
 
 static void check_sse(const uint8_t *d, size_t n, unsigned seed) {
-    rt_sse whole = {0}, cut = {0};
+    rt_sse whole, cut;
+    route_sse_init(&whole);
+    route_sse_init(&cut);
     route_sse_feed(&whole, (const char *)d, n);
     /* the same bytes in pieces of 1..16 bytes, sizes from the seed */
     size_t pos = 0;
@@ -30,7 +33,12 @@ static void check_sse(const uint8_t *d, size_t n, unsigned seed) {
         route_sse_feed(&cut, (const char *)d + pos, k);
         pos += k;
     }
-    if (whole.events != cut.events || whole.done != cut.done || whole.error != cut.error) abort();
+    if (whole.events != cut.events || whole.done != cut.done || whole.error != cut.error ||
+        whole.queue_time != cut.queue_time)
+        abort();
+    if (whole.queue_time != -1 &&
+        (!(whole.queue_time >= 0 && whole.queue_time < 1e7) || !memmem(d, n, ": lamina queue_time=", 20)))
+        abort();
     size_t lines = 0;
     for (size_t i = 0; i < n; i++) lines += d[i] == '\n';
     if ((size_t)whole.events > lines) abort();
@@ -64,6 +72,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         rt_upstats st;
         int found = route_parse_metrics((const char *)d, n, &st);
         if (found < 0 || found > 7) abort();
+        double qt = route_parse_queue_header((const char *)d, n); /* the same bytes as a header line */
+        if (qt != -1 && !(qt >= 0 && qt < 1e7)) abort();
         break;
     }
     default: {

@@ -20,8 +20,9 @@ fuzz_tokenize: byte 0 picks the tokenizer (bit 0: GPT-2 BPE, else
 fuzz_grammar: GBNF text, a NUL, then bytes for the matcher. Seeds: a JSON
   grammar with a document, every construct, and refused grammars.
 fuzz_route: byte 0 picks the part (0 request body, 1 SSE stream, 2 metrics
-  text, 3 token ids as block keys; bit 2 with 0: chat); these are a few of
-  each, with truncated streams and malformed lines.
+  text and a response header line, 3 token ids as block keys; bit 2 with 0:
+  chat); these are a few of each, with truncated streams, malformed lines,
+  and the replica engine's queue time as a stream comment and a header.
 fuzz_gguf: the malformed files of tests/data/gguf_bad under 1 KiB (copied as
   bad_<name>), beside the valid ones already in fuzz/seeds/fuzz_gguf.
 fuzz_json_schema: the schema of every file in tests/data/schemas (compact
@@ -252,6 +253,12 @@ ROUTE = {
     "sse_truncated": (1, CHUNK * 2 + b'data: {"id":"cmpl-1","choi'),
     "sse_error": (5, CHUNK + b'data: {"error":{"message":"x","type":"server_error"}}\r\n\r\ndata: [DONE]\r\n'),
     "sse_long_line": (9, b"data: " + b"x" * 2000 + b"\n\ndata:[DONE]\n"),
+    "sse_queue_time": (1, CHUNK * 2 + b": lamina queue_time=0.012345\n\ndata: [DONE]\n\n"),
+    "sse_queue_time_odd": (13, b": lamina queue_time=\r\n: lamina queue_time=1e999\n: lamina queue_time=-1\n"
+                              b": lamina queue_time=1..2\n: lamina queue_time=" + b"9" * 600 + b"\n"
+                              b": lamina queue_time= 0.5 \r\n" + CHUNK),
+    "queue_header": (2, b"X-Lamina-Queue-Time: 0.250000\r\n"),
+    "queue_header_odd": (2, b"x-lamina-queue-time:nan\r\n"),
     "metrics": (2, b"# HELP lamina_requests_running r\n# TYPE lamina_requests_running gauge\n"
                    b"lamina_requests_running 3\nlamina_requests_waiting 1\nlamina_kv_blocks_free 120\n"
                    b"lamina_kv_blocks_total 128\nlamina_iterations_total 1e3\nlamina_batch_size_sum 4000\n"

@@ -104,6 +104,49 @@ static void test_sse(void) {
     CHECK(l.events == 2 && l.done && !l.error); /* a line longer than the buffer */
 }
 
+/* The replica engine's queue time: a stream's comment (in any pieces), a
+ * whole answer's header; malformed values are no value. */
+static void test_queue_time(void) {
+    const char *s = "data: {\"choices\":[]}\n\n: keep-alive\n\n: lamina queue_time=0.125000\r\n\ndata: [DONE]\n\n";
+    size_t n = strlen(s);
+    for (size_t cut = 1; cut <= n; cut++) {
+        rt_sse e;
+        route_sse_init(&e);
+        CHECK(e.queue_time == -1);
+        for (size_t i = 0; i < n; i += cut) route_sse_feed(&e, s + i, i + cut <= n ? cut : n - i);
+        CHECKF(e.events == 2 && e.done && e.queue_time == 0.125, "pieces of %zu: %d events, %g", cut, e.events,
+               e.queue_time);
+    }
+    static const char *bad[] = {": lamina queue_time=\n", ": lamina queue_time=-1\n", ": lamina queue_time=1e3\n",
+                                ": lamina queue_time=nan\n", ": lamina queue_time=1.2.3\n",
+                                ": lamina queue_time=.\n", ": lamina queue_time=99999999\n",
+                                ":lamina queue_time=1\n", "data: lamina queue_time=1\n"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        rt_sse e;
+        route_sse_init(&e);
+        route_sse_feed(&e, bad[i], strlen(bad[i]));
+        CHECKF(e.queue_time == -1, "%s", bad[i]);
+    }
+    char big[700];
+    memset(big, '1', sizeof big);
+    memcpy(big, ": lamina queue_time=", 20);
+    big[sizeof big - 1] = '\n';
+    rt_sse l;
+    route_sse_init(&l);
+    route_sse_feed(&l, big, sizeof big);
+    CHECK(l.queue_time == -1); /* longer than the line buffer: not a value */
+    const char *h = "X-Lamina-Queue-Time: 0.500000\r\n";
+    CHECK(route_parse_queue_header(h, strlen(h)) == 0.5);
+    const char *hl = "x-lamina-queue-time:3\r\n";
+    CHECK(route_parse_queue_header(hl, strlen(hl)) == 3);
+    CHECK(route_parse_queue_header(h, 20) == -1); /* the name alone */
+    static const char *hbad[] = {"Content-Type: application/json\r\n", "X-Lamina-Queue-Time: soon\r\n",
+                                 "X-Lamina-Queue-Times: 1\r\n", "HTTP/1.1 200 OK\r\n", "\r\n",
+                                 "X-Lamina-Queue-Time: -0.5\r\n"};
+    for (size_t i = 0; i < sizeof hbad / sizeof *hbad; i++)
+        CHECKF(route_parse_queue_header(hbad[i], strlen(hbad[i])) == -1, "%s", hbad[i]);
+}
+
 static void test_metrics(void) {
     const char *m = "# HELP lamina_requests_running x\n# TYPE lamina_requests_running gauge\n"
                     "lamina_requests_running 3\nlamina_requests_waiting 12\nlamina_kv_blocks_free 100\n"
@@ -122,6 +165,7 @@ int main(void) {
     TEST_RUN(test_text_keys);
     TEST_RUN(test_peek);
     TEST_RUN(test_sse);
+    TEST_RUN(test_queue_time);
     TEST_RUN(test_metrics);
     return TEST_DONE();
 }

@@ -127,7 +127,17 @@ typedef struct {
     int events;                /* complete "data:" events seen */
     bool done;                 /* "data: [DONE]" seen */
     bool error;                /* an event whose data starts {"error" */
+    double queue_time;         /* ": lamina queue_time=SECONDS" (the replica's engine queue), -1 none */
 } rt_sse;
+
+/* Start a stream's state (everything 0, no queue time). */
+void route_sse_init(rt_sse *s);
+
+/* The replica engine's queue time of one response header line (as curl
+ * hands it over, CRLF included) "X-Lamina-Queue-Time: SECONDS", the name
+ * in any case: the seconds, or -1 when the line is another header or the
+ * value is not a finite number in [0, 1e7). */
+double route_parse_queue_header(const char *line, size_t n);
 
 /* Feed n bytes; never fails. */
 void route_sse_feed(rt_sse *s, const char *p, size_t n);

@@ -1,7 +1,9 @@
 /*
  * route_parse.c - the router's pure parsing: what it reads of a client's
  * request body (stream flag, prompt text), the block keys of a prompt, the
- * Server-Sent Events a replica streams back, and a replica's Prometheus
+ * Server-Sent Events a replica streams back (with the ": lamina
+ * queue_time=" comment lamina serve ends a stream with), the
+ * X-Lamina-Queue-Time header of a whole answer, and a replica's Prometheus
  * /metrics. No sockets, no locks; every function takes untrusted bytes with
  * their length and never reads past it (fuzz/fuzz_route.c).
  */
@@ -102,10 +104,52 @@ int route_keys_text(const char *text, size_t len, uint64_t *keys, int max) {
 
 /* ------------------------------------------------------------------ SSE */
 
+/* Seconds written as a plain decimal number (digits, at most one '.',
+ * surrounding blanks), in [0, 1e7); else -1. */
+static double parse_seconds(const char *p, size_t n) {
+    while (n && (*p == ' ' || *p == '\t')) p++, n--;
+    while (n && (p[n - 1] == ' ' || p[n - 1] == '\t' || p[n - 1] == '\r' || p[n - 1] == '\n')) n--;
+    char buf[40];
+    if (n == 0 || n >= sizeof buf) return -1;
+    int dots = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] == '.') dots++;
+        else if (p[i] < '0' || p[i] > '9') return -1;
+    }
+    if (dots > 1 || (dots && n == 1)) return -1;
+    memcpy(buf, p, n);
+    buf[n] = 0;
+    double v = strtod(buf, NULL);
+    return isfinite(v) && v >= 0 && v < 1e7 ? v : -1;
+}
+
+double route_parse_queue_header(const char *line, size_t n) {
+    static const char name[] = "x-lamina-queue-time:";
+    size_t k = sizeof name - 1;
+    if (n <= k) return -1;
+    for (size_t i = 0; i < k; i++) {
+        char c = line[i];
+        if (c >= 'A' && c <= 'Z') c = (char)(c - 'A' + 'a');
+        if (c != name[i]) return -1;
+    }
+    return parse_seconds(line + k, n - k);
+}
+
+void route_sse_init(rt_sse *s) {
+    memset(s, 0, sizeof *s);
+    s->queue_time = -1;
+}
+
 /* One complete line (its first bytes in s->line, line_len its full length). */
 static void sse_line(rt_sse *s) {
     size_t n = s->line_len < sizeof s->line ? s->line_len : sizeof s->line;
     if (n && s->line[n - 1] == '\r') n--;
+    static const char qt[] = ": lamina queue_time=";
+    if (n > sizeof qt - 1 && s->line_len <= sizeof s->line && !memcmp(s->line, qt, sizeof qt - 1)) {
+        double v = parse_seconds(s->line + sizeof qt - 1, n - (sizeof qt - 1));
+        if (v >= 0) s->queue_time = v;
+        return;
+    }
     if (n < 5 || memcmp(s->line, "data:", 5) != 0) return;
     const char *d = s->line + 5;
     size_t m = n - 5;
