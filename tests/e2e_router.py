@@ -22,7 +22,11 @@ take its replicas with it and print nothing from the sanitizers.
   4. Admission: one replica, one request in flight, a queue of 2: a burst
      gets 429 with Retry-After for what does not fit, and the rest complete;
      the router's /metrics counts the rejections and never shows the
-     replica more than 1 in flight.
+     replica more than 1 in flight. The trace's engine_admit (the replica
+     engine's queue time after the send) lies between send and first; with
+     an engine of one slot and six requests let through, the wait shows
+     inside the engine and `lamina trace` says so; a replica that does not
+     report its queue time gets null.
   5. Prefix affinity: requests sharing a long prefix all go to one replica
      (the router's per-replica counters), whose prefix cache then hits;
      round-robin spreads the same requests.
@@ -379,8 +383,61 @@ def check_queue_bound():
         ok = lines[0]["kind"] == "start" and samples and len(reqs) == statuses.count(200) and all(
             0 <= r["arrive"] <= r["admit"] <= r["send"] <= r["first"] <= r["done"] for r in reqs)
         result("trace: per-request hops in order, samples", ok, lines[:3])
-    except (OSError, ValueError, KeyError, IndexError) as e:
+        bad = [r for r in reqs if r["engine_admit"] is None or not r["send"] < r["engine_admit"] <= r["first"]]
+        result("trace: every request admitted by the replica's engine between send and first", reqs and not bad,
+               bad[:3])
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
         result("trace: per-request hops in order, samples", False, e)
+
+
+def check_engine_admit():
+    """Requests the router lets through to an engine with one running slot wait inside that engine: each
+    one's engine_admit lies between its send and its first byte (streams too: their first byte is the first
+    token's chunk) or, for a stream, its end; `lamina trace` says the wait was inside the engines."""
+    trace = TRACE + ".admit"
+    rt = Router(1, "--trace", trace, "--max-inflight-per-replica", "6", serve=SERVE + ["--max-seqs", "1"])
+    codes = []
+    try:
+        def one(i):
+            body = {"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True, "seed": i,
+                    "stream": i % 2 == 1}
+            st = stream(rt, body)[0] if body["stream"] else es.post(rt, "/v1/completions", body, timeout=120)[0]
+            with lock:
+                codes.append(st)
+
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(300)
+        result("engine admit: every request answered", codes == [200] * 6, codes)
+    finally:
+        rt.stop("router (engine admit)")
+    try:
+        reqs = [r for r in map(json.loads, open(trace)) if r["kind"] == "req"]
+        ok = len(reqs) == 6 and all(r["engine_admit"] is not None and r["send"] < r["engine_admit"] <= r["done"] and
+                                    (r["stream"] or r["engine_admit"] <= r["first"]) for r in reqs)
+        result("engine admit: each request's engine_admit between its send and its first byte (its end for a "
+               "stream)", ok, reqs)
+        late = sum(r["stream"] and r["engine_admit"] > r["first"] for r in reqs)
+        if late:
+            print("NOTE engine admit: %d streams had a first byte (a keep-alive) before their engine admission"
+                  % late)
+        waits = sorted(r["engine_admit"] - r["send"] for r in reqs)
+        held = max(r["admit"] - r["arrive"] for r in reqs)
+        result("engine admit: one slot, so later requests waited in the engine longer than at the router",
+               waits[-1] > held and waits[-1] > 2 * waits[0], (waits, held))
+        out = subprocess.run([LAMINA, "trace", trace, "--svg", trace + ".svg"], capture_output=True, text=True)
+        result("lamina trace: the engines' queue times and the verdict", out.returncode == 0 and
+               "queued in the replicas' engines p50" in out.stdout and "(6 of 6 requests reported)" in out.stdout
+               and "the wait is inside the engines" in out.stdout, out.stdout + out.stderr)
+        print("NOTE engine admit trace:\n" + out.stdout)
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+        result("engine admit: trace", False, e)
+    finally:
+        for f in (trace, trace + ".svg"):
+            if os.path.exists(f):
+                os.unlink(f)
 
 
 # ------------------------------------------------------------ 5. affinity
@@ -593,12 +650,23 @@ def check_bad_replicas():
     cut, body_cut, hang = Fake("cut-stream"), Fake("cut-body"), Fake("hang")
     fronts = []
     try:
-        f = Front([cut.url], "--max-attempts", "2")
+        f = Front([cut.url], "--max-attempts", "2", "--trace", TRACE + ".fake")
         fronts.append(f)
         st, _, events = stream(f, {"prompt": "x", "max_tokens": 4, "stream": True}, timeout=60)
         result("cut stream: ends with an error event and [DONE]", st == 200 and len(events) >= 3 and
                events[-1] == "[DONE]" and json.loads(events[-2]).get("error") and "choices" in events[0],
                (st, events))
+        f.stop("router (bad replicas trace)")
+        fronts.remove(f)
+        try:
+            reqs = [r for r in map(json.loads, open(TRACE + ".fake")) if r["kind"] == "req"]
+            result("trace: engine_admit null when the replica did not report it",
+                   len(reqs) == 1 and "engine_admit" in reqs[0] and reqs[0]["engine_admit"] is None, reqs)
+        except (OSError, ValueError) as e:
+            result("trace: engine_admit null when the replica did not report it", False, e)
+        finally:
+            if os.path.exists(TRACE + ".fake"):
+                os.unlink(TRACE + ".fake")
         f2 = Front([body_cut.url], "--max-attempts", "2")
         fronts.append(f2)
         st, _, body = es.post(f2, "/v1/completions", {"prompt": "x", "max_tokens": 4}, timeout=60)
@@ -667,7 +735,8 @@ def main():
         rt = Router(2)
         routers.append(rt)
         for part in (lambda: check_basics(rt), lambda: check_client(rt), lambda: check_affinity(rt),
-                     lambda: check_disconnect(rt), lambda: check_kill(rt), check_queue_bound, check_round_robin,
+                     lambda: check_disconnect(rt), lambda: check_kill(rt), check_queue_bound, check_engine_admit,
+                     check_round_robin,
                      check_keys, check_learnt, check_bad_replicas, check_shutdown):
             t1 = time.time()
             part()

@@ -8,13 +8,20 @@
  * poll: the router's queue, and per replica its in-flight count and limit
  * at the router and the running and waiting counts and mean batch its
  * engine reported), and one "req" line per request (arrive, admit, send,
- * first byte, done, seconds since the router started).
+ * engine_admit, first byte, done, seconds since the router started;
+ * engine_admit, when the replica reported its engine's queue time, is the
+ * send plus that time, else null).
  *
  * The summary averages each hop over the time requests were present: the
  * clients' concurrency (requests between arrival and done, from the req
  * lines), what the router held in its queue, what it had in flight at each
  * replica, what each engine ran and kept waiting, and its mean batch. The
  * hop where the count falls most is named as the one that lost concurrency.
+ * Where the replicas reported their engines' queue times, the requests
+ * waiting inside the engines are counted from those (Little's law: the sum
+ * of the waits over the span) rather than from the sampled waiting counts,
+ * and the verdict weighs the time held at the router against the time
+ * queued inside the engines.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -40,7 +47,7 @@ typedef struct {
 } sample;
 
 typedef struct {
-    double arrive, admit, first, done;
+    double arrive, admit, send, engine_admit, first, done; /* engine_admit -1: the replica did not say */
     int replica, status, error;
 } req;
 
@@ -114,21 +121,14 @@ static void write_svg(const char *path, const sample *s, int ns, int n_rep, doub
     fclose(f);
 }
 
-int cmd_trace(int argc, char **argv) {
-    args a = {argc, argv, 0, "trace", usage_trace};
-    const char *path = NULL, *svg = NULL;
-    for (a.i = 1; a.i < argc; a.i++) {
-        if (is_help(&a)) continue;
-        if (is_flag(&a, "--svg", NULL)) svg = need_val(&a);
-        else if (argv[a.i][0] == '-') die_usage(&a, "unknown argument '%s'", argv[a.i]);
-        else path = argv[a.i];
-    }
-    if (!path) die_usage(&a, "%s", "no trace file given");
+/* The trace's samples and request lines (malloc'ed arrays); lines of
+ * other kinds or not JSON are skipped. */
+static void read_trace(const char *path, sample **s_out, int *ns_out, req **q_out, int *nq_out, int *n_rep_out) {
     FILE *f = fopen(path, "r");
     if (!f) fail("trace", "cannot read the trace file");
     sample *s = NULL;
     req *q = NULL;
-    int ns = 0, nq = 0, cap_s = 0, cap_q = 0, n_rep = 0, bad = 0;
+    int ns = 0, nq = 0, cap_s = 0, cap_q = 0, n_rep = 0;
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;
@@ -136,8 +136,10 @@ int cmd_trace(int argc, char **argv) {
         cJSON *o = cJSON_ParseWithLength(line, (size_t)len);
         const cJSON *kind = cJSON_GetObjectItemCaseSensitive(o, "kind");
         if (!cJSON_IsString(kind)) {
-            bad++;
-        } else if (!strcmp(kind->valuestring, "sample")) {
+            cJSON_Delete(o);
+            continue;
+        }
+        if (!strcmp(kind->valuestring, "sample")) {
             if (ns == cap_s && !(s = realloc(s, (size_t)(cap_s = cap_s ? 2 * cap_s : 256) * sizeof *s)))
                 fail("trace", "out of memory");
             sample *p = &s[ns++];
@@ -160,6 +162,8 @@ int cmd_trace(int argc, char **argv) {
             req *p = &q[nq++];
             p->arrive = num(o, "arrive");
             p->admit = num(o, "admit");
+            p->send = num(o, "send");
+            p->engine_admit = num(o, "engine_admit");
             p->first = num(o, "first");
             p->done = num(o, "done");
             p->replica = (int)num(o, "replica");
@@ -170,21 +174,42 @@ int cmd_trace(int argc, char **argv) {
     }
     free(line);
     fclose(f);
+    *s_out = s, *ns_out = ns, *q_out = q, *nq_out = nq, *n_rep_out = n_rep;
+}
+
+int cmd_trace(int argc, char **argv) {
+    args a = {argc, argv, 0, "trace", usage_trace};
+    const char *path = NULL, *svg = NULL;
+    for (a.i = 1; a.i < argc; a.i++) {
+        if (is_help(&a)) continue;
+        if (is_flag(&a, "--svg", NULL)) svg = need_val(&a);
+        else if (argv[a.i][0] == '-') die_usage(&a, "unknown argument '%s'", argv[a.i]);
+        else path = argv[a.i];
+    }
+    if (!path) die_usage(&a, "%s", "no trace file given");
+    sample *s = NULL;
+    req *q = NULL;
+    int ns = 0, nq = 0, n_rep = 0;
+    read_trace(path, &s, &ns, &q, &nq, &n_rep);
     if (!nq) fail("trace", "the trace holds no request");
 
     /* the busy span: first arrival to last done */
     double t_lo = INFINITY, t_hi = 0, busy = 0;
     int ok = 0;
     double *ttft = calloc((size_t)nq, sizeof *ttft), *queued = calloc((size_t)nq, sizeof *queued);
-    int n_ttft = 0;
-    double ttft_sum = 0;
-    if (!ttft || !queued) fail("trace", "out of memory");
+    double *eq = calloc((size_t)nq, sizeof *eq); /* queued inside the replicas' engines */
+    int n_ttft = 0, n_eq = 0;
+    double ttft_sum = 0, queued_sum = 0, eq_sum = 0;
+    if (!ttft || !queued || !eq) fail("trace", "out of memory");
     for (int i = 0; i < nq; i++) {
         t_lo = fmin(t_lo, q[i].arrive);
         t_hi = fmax(t_hi, q[i].done);
         busy += q[i].done - q[i].arrive;
         ok += q[i].error == 0 && q[i].status == 200;
         queued[i] = q[i].admit >= 0 ? q[i].admit - q[i].arrive : q[i].done - q[i].arrive;
+        queued_sum += queued[i];
+        if (q[i].engine_admit >= 0 && q[i].send >= 0)
+            eq[n_eq] = fmax(q[i].engine_admit - q[i].send, 0), eq_sum += eq[n_eq++];
         if (q[i].first >= 0) ttft[n_ttft++] = q[i].first - q[i].arrive, ttft_sum += q[i].first - q[i].arrive;
     }
     double span = t_hi - t_lo > 0 ? t_hi - t_lo : 1e-9;
@@ -210,6 +235,12 @@ int cmd_trace(int argc, char **argv) {
     printf("throughput %.2f requests/s; TTFT mean %.3f s, p50 %.3f s, p90 %.3f s; queued at the router "
            "p50 %.3f s, p90 %.3f s\n", nq / span, n_ttft ? ttft_sum / n_ttft : 0, pct(ttft, n_ttft, 0.5), pct(ttft, n_ttft, 0.9),
            pct(queued, nq, 0.5), pct(queued, nq, 0.9));
+    if (n_eq)
+        printf("queued in the replicas' engines p50 %.3f s, p90 %.3f s (%d of %d requests reported); mean wait "
+               "%.3f s held at the router, %.3f s queued inside the engines\n", pct(eq, n_eq, 0.5),
+               pct(eq, n_eq, 0.9), n_eq, nq, queued_sum / nq, eq_sum / n_eq);
+    else
+        printf("queued in the replicas' engines: not reported (replicas other than lamina serve)\n");
     printf("concurrency (mean over the busy span):\n  clients had %.1f requests open\n  router held %.1f in its queue\n",
            clients, m_queue / d);
     for (int r = 0; r < n_rep; r++) {
@@ -218,7 +249,9 @@ int cmd_trace(int argc, char **argv) {
         tot_run += m_run[r] / d;
         tot_wait += m_wait[r] / d;
     }
-    /* where it was lost: the largest share of the clients' requests held at one hop */
+    /* where it was lost: the largest share of the clients' requests held at one hop;
+     * with reported engine queue times, the engines' waiting count is theirs */
+    if (n_eq) tot_wait = eq_sum * ((double)nq / n_eq) / span;
     const char *where;
     double wait_per = n_rep ? tot_wait / n_rep : 0;
     if (m_queue / d >= 0.5 * clients && wait_per >= 1)
@@ -233,6 +266,12 @@ int cmd_trace(int argc, char **argv) {
     else where = "nowhere: concurrency reaches the engines";
     printf("router held %.0f of %.0f; replicas ran %.1f in all; concurrency lost %s\n", m_queue / d, clients,
            tot_run, where);
+    if (n_eq)
+        printf("waiting: %.1f requests held at the router, %.1f queued inside the engines (from the per-request "
+               "times); %s\n", queued_sum / span, tot_wait,
+               queued_sum / span > 2 * tot_wait ? "the wait is at the router"
+               : tot_wait > 2 * queued_sum / span ? "the wait is inside the engines"
+                                                  : "the wait is shared between the router and the engines");
     char def[1024];
     if (!svg) {
         snprintf(def, sizeof def, "%s.svg", path);
@@ -242,10 +281,10 @@ int cmd_trace(int argc, char **argv) {
     for (int i = 0; i < ns; i++) t_end = fmax(t_end, s[i].t);
     write_svg(svg, s, ns, n_rep, t_end);
     printf("picture: %s\n", svg);
-    (void)bad;
     free(s);
     free(q);
     free(ttft);
     free(queued);
+    free(eq);
     return 0;
 }

@@ -135,11 +135,18 @@ void rt_req_unref(lm_router *r, rt_req *q) {
 static void trace_req(lm_router *r, rt_req *q) {
     double t0 = r->t0;
 #define REL(t) ((t) > 0 ? (t) - t0 : -1.0)
+    /* admitted by the replica's engine: the send plus the queue time the
+     * replica reported (its header, or its stream's closing comment) */
+    double up = q->up_queue >= 0 ? q->up_queue : q->sse.queue_time;
+    char eng[32] = "null";
+    if (up >= 0 && q->t_send > 0) snprintf(eng, sizeof eng, "%.6f", q->t_send + up - t0);
     fprintf(r->trace,
             "{\"kind\":\"req\",\"id\":%llu,\"replica\":%d,\"attempts\":%d,\"stream\":%s,\"status\":%ld,"
-            "\"error\":%d,\"arrive\":%.6f,\"admit\":%.6f,\"send\":%.6f,\"first\":%.6f,\"done\":%.6f}\n",
+            "\"error\":%d,\"arrive\":%.6f,\"admit\":%.6f,\"send\":%.6f,\"engine_admit\":%s,\"first\":%.6f,"
+            "\"done\":%.6f}\n",
             (unsigned long long)q->id, q->replica, q->attempts, q->stream ? "true" : "false", q->status,
-            q->error_status, REL(q->t_arrive), REL(q->t_admit), REL(q->t_send), REL(q->t_first), REL(q->t_done));
+            q->error_status, REL(q->t_arrive), REL(q->t_admit), REL(q->t_send), eng, REL(q->t_first),
+            REL(q->t_done));
 #undef REL
 }
 
@@ -454,6 +461,8 @@ static int run_call(rt_call *c) {
     q->body_len = c->body.len;
     memset(&c->body, 0, sizeof c->body);
     q->replica = -1;
+    q->up_queue = -1;
+    route_sse_init(&q->sse);
     pthread_cond_init(&q->cv, NULL);
     q->t_arrive = lm_now();
     request_keys(r, q, pk.text);

@@ -70,6 +70,7 @@ struct rt_req {
     char error[200];           /* a final failure, for the client */
     int error_status;
     rt_sse sse;
+    double up_queue;           /* X-Lamina-Queue-Time of the answer (the replica engine's queue), -1 none */
     /* trace timestamps (lm_now), 0 when not reached */
     double t_arrive, t_admit, t_send, t_first, t_done;
     double t_queued;           /* the last time it entered the queue (the queue timeout counts from here) */

@@ -73,6 +73,19 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
     return n;
 }
 
+/* Response headers: the replica engine's queue time of a whole answer. */
+static size_t on_header(char *data, size_t size, size_t nmemb, void *ud) {
+    rt_req *q = ud;
+    size_t n = size * nmemb;
+    double v = route_parse_queue_header(data, n);
+    if (v >= 0) {
+        pthread_mutex_lock(&q->rt->mu);
+        q->up_queue = v;
+        pthread_mutex_unlock(&q->rt->mu);
+    }
+    return n;
+}
+
 static int on_progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un) {
     rt_req *q = ud;
     lm_router *r = q->rt;
@@ -103,6 +116,8 @@ static int start(lm_router *r, rt_req *q, int i) {
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_write);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, q);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, q);
     curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
     curl_easy_setopt(h, CURLOPT_XFERINFODATA, q);
@@ -119,7 +134,8 @@ static int start(lm_router *r, rt_req *q, int i) {
     q->tried[i] = true;
     q->status = 0;
     strbuf_free(&q->buf);
-    memset(&q->sse, 0, sizeof q->sse);
+    route_sse_init(&q->sse);
+    q->up_queue = -1;
     q->t_send = lm_now();
     if (!q->t_admit) q->t_admit = q->t_send;
     p->in_flight++;
