@@ -202,16 +202,7 @@ int main(int argc, char **argv) {
                 memcpy(work, row, (size_t)V * sizeof *row);
                 double s3 = cpu_now(CLOCK_THREAD_CPUTIME_ID);
                 gmatch_mask(gm, mask);
-                for (int32_t w = 0; w < V / 32; w++) { /* as the engine applies it */
-                    uint32_t bits = mask[w];
-                    float *x = work + (size_t)w * 32;
-                    if (bits == 0xFFFFFFFFu) continue;
-                    if (bits == 0)
-                        for (int k = 0; k < 32; k++) x[k] = -INFINITY;
-                    else
-                        for (int k = 0; k < 32; k++)
-                            if (!((bits >> k) & 1)) x[k] = -INFINITY;
-                }
+                grammar_mask_apply(mask, grammar_vocab_size(gv), work, V); /* as the engine applies it */
                 sampler_sample(smp, work);
                 double s4 = cpu_now(CLOCK_THREAD_CPUTIME_ID);
                 t_free += s2 - s1;

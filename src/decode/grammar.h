@@ -95,4 +95,12 @@ bool gmatch_can_end(const lm_gmatch *m);
 /* No byte can follow: only ending is possible. */
 bool gmatch_must_end(const lm_gmatch *m);
 
+/* Apply a mask to a row of logits: every token whose bit in allow is clear
+ * becomes -INFINITY, as does every token at or past n_mask (the tokens the
+ * vocabulary tables do not cover). row holds n_vocab entries. Whole words
+ * that are all allowed or all refused are handled at once; mixed words
+ * with a select that does not branch (inside a JSON string most tokens are
+ * allowed and a few scattered ones are not, which branches mispredict). */
+void grammar_mask_apply(const uint32_t *allow, int32_t n_mask, float *row, int32_t n_vocab);
+
 #endif

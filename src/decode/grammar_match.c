@@ -23,6 +23,7 @@
  * deep grammars cannot overflow the C stack. It terminates because the
  * compiler refused left recursion.
  */
+#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -470,6 +471,28 @@ bool gmatch_can_end(const lm_gmatch *m) { return st_can_end(m->c, m->cur); }
 bool gmatch_must_end(const lm_gmatch *m) {
     const gcache *c = m->c;
     return st_can_end(c, m->cur) && c->st_len[m->cur] == 1;
+}
+
+void grammar_mask_apply(const uint32_t *allow, int32_t n_mask, float *row, int32_t n_vocab) {
+    int32_t full = (n_mask < n_vocab ? n_mask : n_vocab) / 32;
+    for (int32_t w = 0; w < full; w++) {
+        uint32_t bits = allow[w];
+        float *x = row + (size_t)w * 32;
+        if (bits == 0xFFFFFFFFu) continue;
+        if (bits == 0) {
+            for (int k = 0; k < 32; k++) x[k] = -INFINITY;
+            continue;
+        }
+        uint32_t u[32];
+        memcpy(u, x, sizeof u);
+        for (int k = 0; k < 32; k++) {
+            uint32_t keep = 0u - ((bits >> k) & 1u);
+            u[k] = (u[k] & keep) | (0xFF800000u & ~keep); /* 0xFF800000: the bits of -INFINITY */
+        }
+        memcpy(x, u, sizeof u);
+    }
+    for (int32_t i = full * 32; i < n_vocab; i++)
+        if (i >= n_mask || !((allow[i >> 5] >> (i & 31)) & 1)) row[i] = -INFINITY;
 }
 
 /* The state after n bytes from s, or a negative T_ value. */

@@ -295,20 +295,7 @@ static int32_t grammar_pick(lm_engine *e, eseq *c, float *row) {
                      : "internal: no token continues the grammar");
         return -2;
     }
-    /* whole words first: most are all refused (or all allowed) */
-    int32_t gv = grammar_vocab_size(e->gvocab), full = (gv < V ? gv : V) / 32;
-    for (int32_t w = 0; w < full; w++) {
-        uint32_t bits = e->gmask[w];
-        float *x = row + (size_t)w * 32;
-        if (bits == 0xFFFFFFFFu) continue;
-        if (bits == 0)
-            for (int k = 0; k < 32; k++) x[k] = -INFINITY;
-        else
-            for (int k = 0; k < 32; k++)
-                if (!((bits >> k) & 1)) x[k] = -INFINITY;
-    }
-    for (int32_t i = full * 32; i < V; i++)
-        if (i >= gv || !((e->gmask[i >> 5] >> (i & 31)) & 1)) row[i] = -INFINITY;
+    grammar_mask_apply(e->gmask, grammar_vocab_size(e->gvocab), row, V);
     int32_t t = sampler_sample(c->smp, row);
     if (t < 0) {
         finish(e, c, LM_FINISH_ERROR, LM_ERR_INVALID, "every token the grammar allows is banned (logit_bias)");
