@@ -9,9 +9,11 @@
  * content reader. Neither blocks the engine, which only ever appends to a
  * call's queue.
  *
- * Life of a request: the access handler's first call sees the headers only;
- * routes that need no body answer at once (and so do a bad key, an unknown
- * route, a wrong method, a declared Content-Length over the limit). For the
+ * Life of a request: the access handler's first call sees the headers only.
+ * A request without a body is answered at the library's second call (see
+ * on_access for why). One with a body that the headers already refuse is
+ * answered at once (a bad key, an unknown route, a wrong method, a declared
+ * Content-Length over the limit). For the
  * generation routes it makes a srv_call; the body arrives in pieces (kept
  * up to max_body bytes; the rest is read and dropped and answered 413);
  * the last call runs the request. The completed callback frees the call,
@@ -177,8 +179,16 @@ static int route_of(const char *url) {
     return R_NONE;
 }
 
-/* The first call of a request (headers only): answer it, or set up a call
- * for a generation route and wait for the body. */
+/* Whether a request says it has a body (a Content-Length other than 0, or a
+ * Transfer-Encoding). */
+static bool has_body(struct MHD_Connection *conn) {
+    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
+    if (cl && strspn(cl, "0 \t") != strlen(cl)) return true;
+    return MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Transfer-Encoding") != NULL;
+}
+
+/* Answer a request from its headers, or set up a call for a generation
+ * route (*req_cls) and wait for the body. */
 static enum MHD_Result first_call(lm_server *s, struct MHD_Connection *conn, const char *url, const char *method,
                                   void **req_cls) {
     int route = route_of(url);
@@ -213,12 +223,38 @@ static enum MHD_Result first_call(lm_server *s, struct MHD_Connection *conn, con
     return MHD_YES;
 }
 
+/* *req_cls of a request without a body between the library's first call
+ * (headers) and its second (the request complete). */
+static char deferred;
+
+/*
+ * The library calls this once with the headers, then with each piece of the
+ * body, then once more with none. A request without a body is answered at
+ * that last call: an answer queued at the first call makes the library
+ * close the connection after it (libmicrohttpd 0.9.75 then discards what
+ * follows), which would drop pipelined requests and kept-alive GETs. A
+ * request with a body that is refused from its headers alone (401, 404,
+ * 405, 413) is answered at once, and the connection closes without reading
+ * the body.
+ */
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                  const char *version, const char *upload_data, size_t *upload_data_size,
                                  void **req_cls) {
     lm_server *s = cls;
+    (void)version;
+    if (!*req_cls && !has_body(conn)) {
+        *req_cls = &deferred;
+        return MHD_YES;
+    }
+    if (*req_cls == &deferred) {
+        *req_cls = NULL;
+        enum MHD_Result ret = first_call(s, conn, url, method, req_cls);
+        if (!*req_cls) return ret;
+        /* a generation route without a body: run it (the parser answers 400) */
+    } else if (!*req_cls) {
+        return first_call(s, conn, url, method, req_cls);
+    }
     srv_call *c = *req_cls;
-    if (!c) return first_call(s, conn, url, method, req_cls);
     if (*upload_data_size) {
         if (!c->too_big && c->body.len + *upload_data_size > s->cfg.max_body) {
             c->too_big = true;
@@ -239,6 +275,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
 static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
                          enum MHD_RequestTerminationCode toe) {
     srv_call *c = *req_cls;
+    if (*req_cls == &deferred) *req_cls = NULL, c = NULL;
     if (!c) return;
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) c->disconnected = true;
     call_free(c); /* cancels what still generates and waits for its final events */
