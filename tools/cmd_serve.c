@@ -9,6 +9,8 @@
  * connections closed), then the engine, then the model.
  */
 #include <signal.h>
+#include <stdio.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,11 +44,39 @@ static void usage_serve(FILE *f) {
             "      --timeout SECONDS  cancel a request after this long, answering with what it has (default 600)\n"
             "      --keepalive SECONDS  a streaming comment line after this much silence (default 3)\n"
             "      --idle-timeout SECONDS  close a connection idle this long (default 60)\n"
+            "      --read-timeout SECONDS  close a connection whose request (headers and body) has not all\n"
+            "                         arrived this long after its first byte (default 30; 0: no limit)\n"
+            "      --max-connections N  connections at once (default 512); past it new ones wait in the\n"
+            "                         kernel's queue until one closes\n"
+            "      --max-connections-per-ip N  connections from one address (default 256; 0: no limit);\n"
+            "                         past it a new one is closed at once\n"
+            "      --conn-memory BYTES  memory per connection for the request line, headers and buffers\n"
+            "                         (default 32K, at least 8K; a request line or headers past it: 414, 431)\n"
+            "      --max-headers N    header lines in a request (default 100; more: 431)\n"
             "      --max-body BYTES   largest request body (default 1M; larger: 413)\n"
+            "      --stream-buffer BYTES  output a stream may hold unsent before its request is cancelled\n"
+            "                         (default 4M)\n"
             "      --max-tokens-cap N largest max_tokens a request may ask for (default: the context)\n"
             "      --max-n N          largest n (choices per prompt; default 16)\n"
             "  -h, --help             this text\n",
             FWD_BATCH_DEFAULT);
+}
+
+/* Each connection holds a descriptor: raise the soft limit on open files
+ * (up to the hard one) so that --max-connections fits, with room for the
+ * model and the listening socket; refuse a limit that cannot fit. */
+static void fd_limit(int max_connections) {
+    struct rlimit rl;
+    rlim_t want = (rlim_t)max_connections + 64;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= want) return;
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < want) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "--max-connections %d needs %llu open files, and the limit is %llu (ulimit -n)",
+                 max_connections, (unsigned long long)want, (unsigned long long)rl.rlim_max);
+        fail("serve", msg);
+    }
+    rl.rlim_cur = want;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) fail("serve", "cannot raise the limit on open files (ulimit -n)");
 }
 
 static void log_line(void *user, const char *line) { fprintf(stderr, "lamina serve: %s\n", line); }
@@ -89,12 +119,20 @@ int cmd_serve(int argc, char **argv) {
         else if (is_flag(&a, "--timeout", NULL)) sc.timeout = need_float(&a, 0, 1e7);
         else if (is_flag(&a, "--keepalive", NULL)) sc.keepalive = need_float(&a, 0.01, 3600);
         else if (is_flag(&a, "--idle-timeout", NULL)) sc.idle_timeout = (int)need_int(&a, 1, 86400);
+        else if (is_flag(&a, "--read-timeout", NULL)) sc.read_timeout = need_float(&a, 0, 86400);
+        else if (is_flag(&a, "--max-connections", NULL)) sc.max_connections = (int)need_int(&a, 1, 1 << 20);
+        else if (is_flag(&a, "--max-connections-per-ip", NULL)) sc.max_conn_per_ip = (int)need_int(&a, 0, 1 << 20);
+        else if (is_flag(&a, "--conn-memory", NULL)) sc.conn_memory = (size_t)need_bytes(&a);
+        else if (is_flag(&a, "--max-headers", NULL)) sc.max_headers = (int)need_int(&a, 1, 1 << 16);
         else if (is_flag(&a, "--max-body", NULL)) sc.max_body = (size_t)need_bytes(&a);
+        else if (is_flag(&a, "--stream-buffer", NULL)) sc.stream_buffer = (size_t)need_bytes(&a);
         else if (is_flag(&a, "--max-tokens-cap", NULL)) sc.max_tokens_cap = (int)need_int(&a, 1, 1 << 30);
         else if (is_flag(&a, "--max-n", NULL)) sc.max_n = (int)need_int(&a, 1, 1024);
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
     if (!model) die_usage(&a, "%s", "no model given (-m MODEL.gguf)");
+    if (sc.conn_memory < 8 << 10) die_usage(&a, "%s", "--conn-memory must be at least 8K");
+    fd_limit(sc.max_connections);
     if (!sc.model_name) {
         const char *slash = strrchr(model, '/');
         sc.model_name = slash ? slash + 1 : model;

@@ -12,12 +12,18 @@
  * Life of a request: the access handler's first call sees the headers only.
  * A request without a body is answered at the library's second call (see
  * on_access for why). One with a body that the headers already refuse is
- * answered at once (a bad key, an unknown route, a wrong method, a declared
- * Content-Length over the limit). For the
- * generation routes it makes a srv_call; the body arrives in pieces (kept
- * up to max_body bytes; the rest is read and dropped and answered 413);
- * the last call runs the request. The completed callback frees the call,
- * whatever the way the request ended (answered, client gone, shutdown).
+ * answered at once (more header lines than --max-headers, a bad key, an
+ * unknown route, a wrong method, a declared Content-Length over the limit).
+ * For the generation routes it makes a srv_call; the body arrives in pieces
+ * (kept up to max_body bytes; the rest is read and dropped and answered
+ * 413); the last call runs the request. The completed callback frees the
+ * call, whatever the way the request ended (answered, client gone,
+ * shutdown).
+ *
+ * Limits on connections (server.h): the library enforces the global and
+ * per-address connection counts, the per-connection memory (a request line
+ * or headers past it: 414 or 431, and the connection closes) and the idle
+ * timeout; server_conn.c adds the deadline for receiving a whole request.
  */
 #include <netdb.h>
 #include <poll.h>
@@ -135,6 +141,12 @@ static int route_metrics(lm_server *s, struct MHD_Connection *conn) {
     histogram(&b, "lamina_time_to_first_token_seconds", "Submission to first token.", &st.ttft);
     histogram(&b, "lamina_time_per_output_token_seconds", "Time per output token after the first.", &st.tpot);
     histogram(&b, "lamina_request_duration_seconds", "Submission to finish.", &st.e2e);
+    metric(&b, "lamina_http_connections", "gauge", "HTTP connections open.", (double)atomic_load(&s->conns_open));
+    metric(&b, "lamina_http_connections_total", "counter", "HTTP connections accepted.",
+           (double)atomic_load(&s->conns_total));
+    metric(&b, "lamina_http_read_timeouts_total", "counter",
+           "Connections closed for not sending a whole request within --read-timeout.",
+           (double)atomic_load(&s->read_timeouts));
     strbuf_puts(&b, "# HELP lamina_http_requests_total HTTP responses by status code.\n"
                   "# TYPE lamina_http_requests_total counter\n");
     for (int code = 100; code < SRV_STATUS_MAX; code++) {
@@ -191,6 +203,11 @@ static bool has_body(struct MHD_Connection *conn) {
  * route (*req_cls) and wait for the body. */
 static enum MHD_Result first_call(lm_server *s, struct MHD_Connection *conn, const char *url, const char *method,
                                   void **req_cls) {
+    int n_headers = MHD_get_connection_values(conn, MHD_HEADER_KIND, NULL, NULL);
+    if (n_headers > s->cfg.max_headers)
+        return srv_respond_errf(s, conn, 431, "invalid_request_error", "too_many_headers", "Connection", "close",
+                                "The request has %d header lines; the server takes at most %d.", n_headers,
+                                s->cfg.max_headers);
     int route = route_of(url);
     bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     if (!strncmp(url, "/v1/", 4) && !authorized(s, conn))
@@ -234,8 +251,8 @@ static char deferred;
  * close the connection after it (libmicrohttpd 0.9.75 then discards what
  * follows), which would drop pipelined requests and kept-alive GETs. A
  * request with a body that is refused from its headers alone (401, 404,
- * 405, 413) is answered at once, and the connection closes without reading
- * the body.
+ * 405, 413, 431) is answered at once, and the connection closes without
+ * reading the body.
  */
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                  const char *version, const char *upload_data, size_t *upload_data_size,
@@ -248,11 +265,14 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
     }
     if (*req_cls == &deferred) {
         *req_cls = NULL;
+        conn_request_received(s, conn);
         enum MHD_Result ret = first_call(s, conn, url, method, req_cls);
         if (!*req_cls) return ret;
         /* a generation route without a body: run it (the parser answers 400) */
     } else if (!*req_cls) {
-        return first_call(s, conn, url, method, req_cls);
+        enum MHD_Result ret = first_call(s, conn, url, method, req_cls);
+        if (!*req_cls) conn_request_received(s, conn);
+        return ret;
     }
     srv_call *c = *req_cls;
     if (*upload_data_size) {
@@ -264,6 +284,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         *upload_data_size = 0;
         return MHD_YES;
     }
+    conn_request_received(s, conn);
     if (c->too_big)
         return srv_respond_errf(s, conn, 413, "invalid_request_error", "request_too_large", "Connection", "close",
                                 "The request body is larger than the server's limit of %zu bytes.", s->cfg.max_body);
@@ -274,6 +295,8 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
                          enum MHD_RequestTerminationCode toe) {
+    lm_server *s = cls;
+    conn_request_done(s, conn);
     srv_call *c = *req_cls;
     if (*req_cls == &deferred) *req_cls = NULL, c = NULL;
     if (!c) return;
@@ -303,6 +326,10 @@ void server_config_default(lm_server_config *c) {
     c->idle_timeout = 60;
     c->stream_buffer = 4 << 20;
     c->max_connections = 512;
+    c->max_conn_per_ip = 256;
+    c->conn_memory = 32 << 10;
+    c->read_timeout = 30;
+    c->max_headers = 100;
 }
 
 static char *dup_or_null(const char *s) { return s ? lm_strndup(s, strlen(s)) : NULL; }
@@ -329,7 +356,10 @@ static int start_daemon(lm_server *s, char *err, size_t errlen) {
     s->starting = true;
     s->daemon = MHD_start_daemon(flags, (uint16_t)s->cfg.port, NULL, NULL, on_access, s, MHD_OPTION_SOCK_ADDR,
                                  ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                                 MHD_OPTION_NOTIFY_CONNECTION, conn_notify, s,
                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
+                                 MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->cfg.max_conn_per_ip,
+                                 MHD_OPTION_CONNECTION_MEMORY_LIMIT, s->cfg.conn_memory,
                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg.idle_timeout,
                                  MHD_OPTION_EXTERNAL_LOGGER, on_log, s,
                                  MHD_OPTION_END);
@@ -355,6 +385,11 @@ lm_server *server_new(lm_engine *e, const lm_server_config *c, char *err, size_t
     if (s->cfg.idle_timeout < 1) s->cfg.idle_timeout = 60;
     if (!s->cfg.stream_buffer) s->cfg.stream_buffer = 4 << 20;
     if (s->cfg.max_connections < 1) s->cfg.max_connections = 512;
+    if (s->cfg.max_conn_per_ip < 0) s->cfg.max_conn_per_ip = 0;
+    if (!s->cfg.conn_memory) s->cfg.conn_memory = 32 << 10;
+    if (s->cfg.conn_memory < 8 << 10) s->cfg.conn_memory = 8 << 10;
+    if (!(s->cfg.read_timeout > 0)) s->cfg.read_timeout = 0;
+    if (s->cfg.max_headers < 1) s->cfg.max_headers = 100;
     s->host = dup_or_null(s->cfg.host);
     s->api_key = dup_or_null(c->api_key);
     s->model_name = dup_or_null(c->model_name ? c->model_name : "lamina");
@@ -368,7 +403,8 @@ lm_server *server_new(lm_engine *e, const lm_server_config *c, char *err, size_t
     }
     s->started = (long long)time(NULL);
     s->id_salt = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid() << 32 ^ (uint64_t)(lm_now() * 1e9);
-    if (start_daemon(s, err, errlen)) {
+    if (conn_guard_start(s, err, errlen) || start_daemon(s, err, errlen)) {
+        conn_guard_stop(s);
         free_strings(s);
         lm_free(s);
         return NULL;
@@ -424,6 +460,7 @@ void server_free(lm_server *s) {
     if (!s) return;
     atomic_store(&s->stopping, true);
     if (s->daemon) MHD_stop_daemon(s->daemon);
+    conn_guard_stop(s); /* after the library: its closed notices take conn_mu */
     free_strings(s);
     lm_free(s);
 }

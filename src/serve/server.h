@@ -38,8 +38,11 @@
  * the status its lm_status maps to (400 for the request's own fault, 503 out
  * of memory, 500 otherwise), as the last event of a stream.
  *
- * Threads: the HTTP library runs one thread per connection. Generation goes
- * through the engine only (engine_submit / engine_cancel); the engine calls
+ * Threads: the HTTP library runs one thread per connection. A slow client
+ * (a trickled request, a stream it does not read) blocks only its own
+ * thread, which waits in poll() and costs its stack's touched pages and
+ * the connection's memory pool; the limits below bound how many there are.
+ * Generation goes through the engine only (engine_submit / engine_cancel); the engine calls
  * back on its own thread, and that callback only appends to a bounded
  * per-request queue and signals, never blocks. The connection's thread turns
  * the queue into JSON. A request whose client went away, whose queue
@@ -162,7 +165,18 @@ typedef struct {
                                   reads nothing) before it is closed (default 60) */
     size_t stream_buffer;      /* bytes a streaming request may hold unsent before it is
                                   cancelled (default 4 MiB) */
+    /* Connections. The HTTP library holds a connection's request line,
+     * headers and buffers in one pool of conn_memory bytes: a request line or
+     * headers that do not fit get 414 or 431. The whole request (headers and
+     * body) must arrive within read_timeout seconds of its first byte, or the
+     * connection is closed. Past max_connections the server stops accepting
+     * (new connections wait in the kernel's queue); a connection from an
+     * address that already holds max_conn_per_ip is closed at once. */
     int max_connections;       /* default 512 */
+    int max_conn_per_ip;       /* default 256 (half the connections); 0: no limit */
+    size_t conn_memory;        /* bytes per connection (default 32 KiB, at least 8 KiB) */
+    double read_timeout;       /* seconds to receive one request (default 30); 0: no limit */
+    int max_headers;           /* request header lines; more: 431 (default 100) */
     lm_server_log_fn log;      /* notices; may be NULL */
     void *log_user;
 } lm_server_config;

@@ -1,0 +1,198 @@
+/*
+ * server_conn.c - the server's open connections and the deadline for
+ * receiving a request.
+ *
+ * The HTTP library bounds a connection's silence (--idle-timeout: no byte
+ * in or out for that long closes it) but not its slowness: a client that
+ * sends one byte of its headers or body every few seconds would hold its
+ * connection, and its thread, forever. Here every connection is registered
+ * (the library's connection-started and -closed notices) with its socket
+ * and a state:
+ *
+ *   receiving  from the connection's start, and again after each answer,
+ *              until the access handler has the whole request (headers,
+ *              and body for the generation routes); the clock starts at
+ *              the request's first byte, seen as a rise in the kernel's
+ *              count of bytes received on the socket (TCP_INFO), so an
+ *              idle kept-alive connection is left to the idle timeout;
+ *   answering  from then until the request-completed notice: no deadline
+ *              here (the request's own --timeout applies).
+ *
+ * A guard thread wakes a few times a second (at most read_timeout / 8
+ * apart) and shuts down (shutdown(2), both ways) the socket of every
+ * connection still receiving read_timeout seconds after its request's
+ * first byte. The connection's own thread then reads end-of-file and the
+ * library closes the connection as a client abort: a clean close, and the
+ * request-completed callback frees what the request held.
+ *
+ * Invariants. conn_mu guards the list and every srv_conn's fields. An
+ * entry lives from the started notice to the closed notice, and the
+ * library closes the socket only after the closed notice (daemon.c in
+ * libmicrohttpd 0.9.75), so a socket the guard shuts down under conn_mu is
+ * never one reused by another connection. Without TCP_INFO's byte count
+ * (kernels before 4.1) the clock starts at the connection's start or the
+ * previous answer instead.
+ */
+#include <linux/tcp.h>
+#include <netinet/in.h>
+#include <stddef.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <microhttpd.h>
+
+#include "base/util.h"
+#include "serve/server_int.h"
+
+struct srv_conn {
+    struct srv_conn *prev, *next;
+    int fd;
+    bool receiving;            /* no whole request yet (see the top of the file) */
+    bool started;              /* receiving: the request's first byte is in */
+    bool killed;               /* shut down by the guard */
+    double t0;                 /* started: when the first byte was seen */
+    uint64_t base;             /* bytes received on the socket when receiving began */
+};
+
+/* Bytes the kernel has received on a TCP socket; false when it cannot say. */
+static bool bytes_in(int fd, uint64_t *n) {
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    memset(&ti, 0, sizeof ti);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) return false;
+    if (len < offsetof(struct tcp_info, tcpi_bytes_received) + sizeof ti.tcpi_bytes_received) return false;
+    *n = ti.tcpi_bytes_received;
+    return true;
+}
+
+/* Start receiving a request: its clock starts at its first byte, the
+ * first one received past sc->base. On a new connection that is any byte
+ * (some may have come before the connection was accepted); after an answer,
+ * a byte past what the socket had received by then. Under conn_mu. */
+static void begin_receiving(srv_conn *sc, bool fresh) {
+    sc->receiving = true;
+    sc->started = !bytes_in(sc->fd, &sc->base);
+    if (fresh) sc->base = 0;
+    sc->t0 = lm_now();
+}
+
+static srv_conn *conn_of(struct MHD_Connection *conn) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+void conn_notify(void *cls, struct MHD_Connection *conn, void **socket_context,
+                 enum MHD_ConnectionNotificationCode toe) {
+    lm_server *s = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        atomic_fetch_add(&s->conns_total, 1);
+        atomic_fetch_add(&s->conns_open, 1);
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        srv_conn *sc = ci ? lm_calloc(1, sizeof *sc) : NULL;
+        *socket_context = sc;
+        if (!sc) return; /* out of memory: the connection has the idle timeout only */
+        sc->fd = ci->connect_fd;
+        pthread_mutex_lock(&s->conn_mu);
+        begin_receiving(sc, true);
+        sc->next = s->conns;
+        if (s->conns) s->conns->prev = sc;
+        s->conns = sc;
+        pthread_mutex_unlock(&s->conn_mu);
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        atomic_fetch_sub(&s->conns_open, 1);
+        srv_conn *sc = *socket_context;
+        *socket_context = NULL;
+        if (!sc) return;
+        pthread_mutex_lock(&s->conn_mu);
+        if (sc->prev) sc->prev->next = sc->next;
+        else s->conns = sc->next;
+        if (sc->next) sc->next->prev = sc->prev;
+        pthread_mutex_unlock(&s->conn_mu);
+        lm_free(sc);
+    }
+}
+
+void conn_request_received(lm_server *s, struct MHD_Connection *conn) {
+    srv_conn *sc = conn_of(conn);
+    if (!sc) return;
+    pthread_mutex_lock(&s->conn_mu);
+    sc->receiving = false;
+    pthread_mutex_unlock(&s->conn_mu);
+}
+
+void conn_request_done(lm_server *s, struct MHD_Connection *conn) {
+    srv_conn *sc = conn_of(conn);
+    if (!sc) return;
+    pthread_mutex_lock(&s->conn_mu);
+    begin_receiving(sc, false);
+    pthread_mutex_unlock(&s->conn_mu);
+}
+
+/* One pass over the connections: start clocks, shut down the overdue. Under conn_mu. */
+static void guard_pass(lm_server *s, double now) {
+    double limit = s->cfg.read_timeout;
+    for (srv_conn *sc = s->conns; sc; sc = sc->next) {
+        if (!sc->receiving || sc->killed) continue;
+        if (!sc->started) {
+            uint64_t n;
+            if (bytes_in(sc->fd, &n) && n == sc->base) continue; /* nothing of the next request yet */
+            sc->started = true;
+            sc->t0 = now;
+            continue;
+        }
+        if (now - sc->t0 <= limit) continue;
+        sc->killed = true;
+        shutdown(sc->fd, SHUT_RDWR);
+        atomic_fetch_add(&s->read_timeouts, 1);
+    }
+}
+
+static void *guard_main(void *arg) {
+    lm_server *s = arg;
+    double period = s->cfg.read_timeout / 8;
+    if (period > 0.25) period = 0.25;
+    if (period < 0.01) period = 0.01;
+    pthread_mutex_lock(&s->conn_mu);
+    while (!s->guard_stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        long ns = ts.tv_nsec + (long)(period * 1e9);
+        ts.tv_sec += ns / 1000000000L;
+        ts.tv_nsec = ns % 1000000000L;
+        pthread_cond_timedwait(&s->conn_cv, &s->conn_mu, &ts);
+        if (!s->guard_stop) guard_pass(s, lm_now());
+    }
+    pthread_mutex_unlock(&s->conn_mu);
+    return NULL;
+}
+
+int conn_guard_start(lm_server *s, char *err, size_t errlen) {
+    if (pthread_mutex_init(&s->conn_mu, NULL)) return lm_err(err, errlen, "cannot create a mutex");
+    if (pthread_cond_init(&s->conn_cv, NULL)) {
+        pthread_mutex_destroy(&s->conn_mu);
+        return lm_err(err, errlen, "cannot create a condition variable");
+    }
+    s->conn_sync = true;
+    if (s->cfg.read_timeout > 0) {
+        int rc = pthread_create(&s->guard, NULL, guard_main, s);
+        if (rc) return lm_err(err, errlen, "cannot start the connection guard: %s", strerror(rc));
+        s->guard_started = true;
+    }
+    return 0;
+}
+
+void conn_guard_stop(lm_server *s) {
+    if (!s->conn_sync) return;
+    if (s->guard_started) {
+        pthread_mutex_lock(&s->conn_mu);
+        s->guard_stop = true;
+        pthread_cond_broadcast(&s->conn_cv);
+        pthread_mutex_unlock(&s->conn_mu);
+        pthread_join(s->guard, NULL);
+        s->guard_started = false;
+    }
+    pthread_cond_destroy(&s->conn_cv);
+    pthread_mutex_destroy(&s->conn_mu);
+    s->conn_sync = false;
+}
