@@ -169,9 +169,9 @@ typedef struct {
      * headers and buffers in one pool of conn_memory bytes: a request line or
      * headers that do not fit get 414 or 431. The whole request (headers and
      * body) must arrive within read_timeout seconds of its first byte, or the
-     * connection is closed. Past max_connections the server stops accepting
-     * (new connections wait in the kernel's queue); a connection from an
-     * address that already holds max_conn_per_ip is closed at once. */
+     * connection is closed. A new connection past max_connections, or from
+     * an address that already holds max_conn_per_ip, is closed at once (the
+     * library accepts and closes it). */
     int max_connections;       /* default 512 */
     int max_conn_per_ip;       /* default 256 (half the connections); 0: no limit */
     size_t conn_memory;        /* bytes per connection (default 32 KiB, at least 8 KiB) */
