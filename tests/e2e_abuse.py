@@ -13,7 +13,8 @@ so the per-address limit applies to them and not to the baseline client on 127.0
      while the sockets stay open, far fewer tokens are generated than asked, and the
      connection is closed after --idle-timeout.
   3. Everything at once, while the baseline client keeps measuring: slowloris headers and
-     bodies (a byte every 0.1 s: closed by --read-timeout, not before it), unread streams,
+     bodies (a byte every 0.1 s; also all but the last KiB of a --max-body body at once:
+     closed by --read-timeout, not before it), unread streams,
      idle keep-alive connections (closed by --idle-timeout, not by the read deadline), a
      flood past --max-connections-per-ip (the excess closed at once), and malformed HTTP:
      oversized request lines and headers, too many headers, chunked bodies with bad sizes
@@ -25,9 +26,9 @@ so the per-address limit applies to them and not to the baseline client on 127.0
      server's peak RSS (VmHWM in /proc/PID/status) under a bound derived from the limits.
   4. After: /health answers, /metrics shows nothing running or waiting, no KV block held,
      the open connections back to the baseline's, read timeouts counted.
-  5. The global limit: --max-connections idle connections from eight addresses; a request
-     past them waits in the kernel's queue and is answered once the idle timeout frees a
-     slot, as are a flood of further requests.
+  5. The global limit: --max-connections connections held from eight addresses; 40 more are
+     closed at once (never answered, never left hanging), the held ones are still served,
+     and once they close new connections are served again.
   6. The server exits 0 on SIGTERM with nothing from the sanitizers.
 
 `python3 tests/e2e_abuse.py --memory N` instead measures RSS before, at the peak of N slow
