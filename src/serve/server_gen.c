@@ -15,6 +15,16 @@
  * recorded, in srv_fin, so the count of final events is exact whatever the
  * memory does.
  *
+ * What a stream whose client does not read holds, at most: the kernel's
+ * socket buffer (net.ipv4.tcp_wmem, about 3-4 MiB on loopback), the HTTP
+ * library's block (16 KiB), the formatted SSE of one take of the queue
+ * (stream_read formats the whole queue, but only once the previous take is
+ * all handed over: a few times stream_buffer at most, the JSON of a token
+ * with logprobs being larger than its queued event), and the queue itself
+ * up to stream_buffer, where the request is cancelled. The connection then
+ * closes at the idle timeout (no byte sent for that long), or once the
+ * client has read what is left.
+ *
  * Waiting (call_wait) happens on the connection's thread in slices of at
  * most 250 ms; between slices it checks for a server shutdown, the request
  * timeout and a peer that closed its socket, and cancels when one of them
