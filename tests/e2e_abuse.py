@@ -32,7 +32,8 @@ so the per-address limit applies to them and not to the baseline client on 127.0
   6. The server exits 0 on SIGTERM with nothing from the sanitizers.
 
 `python3 tests/e2e_abuse.py --memory N` instead measures RSS before, at the peak of N slow
-connections (headers a byte at a time) and after, with the default limits (bench/RESULTS.md).
+connections (headers a byte at a time) and after, with the default limits (bench/RESULTS.md);
+`--memory-body N` the same with whole headers and a body a byte at a time.
 """
 import errno
 import http.client
@@ -744,10 +745,11 @@ def check_global_limit(srv):
     result("global limit: the server is idle afterwards", ok, m)
 
 
-def measure_memory(n):
-    """RSS before, at the peak of n slow connections (headers a byte every 0.5 s, from as many
-    addresses as the default per-address limit needs) and after, with the default limits but a
-    read timeout long enough to hold them and room for the /metrics request."""
+def measure_memory(n, body=False):
+    """RSS before, at the peak of n slow connections (headers a byte every 0.5 s, or with body
+    whole headers and then a 1000-byte body a byte every 0.5 s; from as many addresses as the
+    default per-address limit needs) and after, with the default limits but a read timeout
+    long enough to hold them and room for the /metrics request."""
     srv = Server("--read-timeout", "60", "--max-connections", str(n + 16))
     try:
         time.sleep(0.5)
@@ -755,14 +757,17 @@ def measure_memory(n):
         socks = []
         for i in range(n):
             s = connect(srv, "127.0.1.%d" % (1 + i // 200))
-            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            if body:
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+            else:
+                s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
             socks.append(s)
         peak = 0
         t0 = time.time()
         while time.time() - t0 < 10:
             for s in socks:
                 try:
-                    s.sendall(b"a")
+                    s.sendall(b" " if body else b"a")
                 except OSError:
                     pass
             peak = max(peak, srv.status("VmRSS"))
@@ -782,8 +787,8 @@ def measure_memory(n):
 
 
 def main():
-    if len(sys.argv) == 3 and sys.argv[1] == "--memory":
-        measure_memory(int(sys.argv[2]))
+    if len(sys.argv) == 3 and sys.argv[1] in ("--memory", "--memory-body"):
+        measure_memory(int(sys.argv[2]), sys.argv[1] == "--memory-body")
         return 0
     if not os.path.exists(LAMINA):
         print("FAIL no lamina binary at %s" % LAMINA)
