@@ -639,10 +639,12 @@ def check_abuse(srv, base):
     deadline_ok(slow_big, "bodies of --max-body less a KiB, then a trickle")
     st_ok = len(stalled) == 4 and all(t is not None and t < READ_TIMEOUT + SLACK for t, _ in stalled)
     result("chunk longer than the data, then a trickle: closed by the read deadline", st_ok, stalled)
+    # not before: the read deadline must leave them alone (the lower bound sits between the two
+    # timeouts, since the client's clock starts when its thread gets the answer, maybe late)
     times = [t for t, _ in idle]
     result("idle keep-alive: all %d answered, then closed after the idle timeout" % N_IDLE,
            len(idle) == N_IDLE and all(ok is True for _, ok in idle) and
-           all(t is not None and IDLE_TIMEOUT - 1.5 < t < IDLE_TIMEOUT + SLACK for t in times), idle)
+           all(t is not None and READ_TIMEOUT + 1.5 < t < IDLE_TIMEOUT + SLACK for t in times), idle)
     n, closed, open_, served = floods[0] if floods else (0, 0, 0, 0)
     result("flood of %d connections from one address: the %d past --max-connections-per-ip closed at once, "
            "the rest served" % (n, max(0, n - PER_IP)),
