@@ -435,16 +435,21 @@ def flood(srv, src, out):
             socks.append(connect(srv, src, timeout=10))
         except OSError:
             pass
-    time.sleep(0.5)
-    closed, open_ = 0, []
-    for s in socks:
-        r, _, _ = select.select([s], [], [], 0)
-        if r:
-            data, how = read_all(s, 2)
-            if how != "timeout" and not data:
-                closed += 1
-                continue
-        open_.append(s)
+    # the library closes each one past the limit as it accepts it; give a loaded machine time
+    closed, open_ = 0, list(socks)
+    deadline = time.time() + 10
+    while closed < len(socks) - PER_IP and time.time() < deadline:
+        time.sleep(0.1)
+        still = []
+        for s in open_:
+            r, _, _ = select.select([s], [], [], 0)
+            if r:
+                data, how = read_all(s, 2)
+                if how != "timeout" and not data:
+                    closed += 1
+                    continue
+            still.append(s)
+        open_ = still
     served = 0
     for s in open_:
         try:
