@@ -259,9 +259,11 @@ def check_kill(rt):
         t.start()
     # kill one replica once it is busy
     deadline = time.time() + 30
+    busy = False  # the victim held requests when it was killed
     while time.time() < deadline:
         inflight = per_replica(rmetrics(rt), "lamina_router_replica_in_flight")
         if inflight.get("http://127.0.0.1:%d" % rt.rports[victim], 0) >= 8 and len(outcome) < total:
+            busy = True
             break
         time.sleep(0.02)
     os.kill(old_pid, signal.SIGKILL)
@@ -297,7 +299,10 @@ def check_kill(rt):
     result("kill -9: router queue empty", rmetrics(rt).get("lamina_router_queue_depth") == 0)
     retried = rmetrics(rt).get("lamina_router_requests_retried_total", 0) - m0.get(
         "lamina_router_requests_retried_total", 0)
-    result("kill -9: requests that had not started were retried elsewhere", retried >= 1, retried)
+    if busy:
+        result("kill -9: requests that had not started were retried elsewhere", retried >= 1, retried)
+    else:  # a slow build (sanitizers) may never fill the victim within the deadline: nothing to retry
+        print("NOTE kill -9: the victim never held 8 requests within 30 s; the retry check needs a busy victim")
 
 
 # ------------------------------------------------------------- 3. disconnect

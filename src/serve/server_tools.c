@@ -642,7 +642,7 @@ void srv_tc_feed(srv_tc *t, const char *s, size_t n, bool final, srv_tc_out *o) 
             if (final) rel = len;
             strbuf_put(&o->content, b, rel);
         }
-        memmove(t->buf.p, t->buf.p + rel, len - rel);
+        if (len > rel) memmove(t->buf.p, t->buf.p + rel, len - rel); /* buf.p is NULL while nothing came */
         t->buf.len = len - rel;
         if (t->buf.p) t->buf.p[t->buf.len] = '\0';
         if (!hit) return;
