@@ -121,6 +121,8 @@ static void test_each_keyword(void) {
 static void test_refusals(void) {
     static const struct { const char *schema, *what, *where; } bad[] = {
         {"{\"not\":{}}", "\"not\"", "#/not"},
+        /* no finite text: a required property that is the object itself */
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}},\"required\":[\"a\"]}", "no finite JSON text", ""},
         {"{\"properties\":{\"a\":{\"multipleOf\":2}}}", "\"multipleOf\"", "#/properties/a/multipleOf"},
         {"{\"items\":{\"patternProperties\":{}}}", "\"patternProperties\"", "#/items/patternProperties"},
         {"{\"if\":{},\"then\":{}}", "\"if\"", "#/if"},

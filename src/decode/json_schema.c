@@ -29,6 +29,7 @@
  * place as a JSON pointer ("#/properties/a").
  */
 #include "decode/json_schema.h"
+#include "decode/grammar.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -1314,7 +1315,7 @@ char *json_schema_to_gbnf(const char *json, size_t len, char *err, size_t errlen
             return NULL;
         }
     }
-    if (!strings_valid(doc) || memmem(json, len, "\\u0000", 6)) {
+    if (!strings_valid(doc) || memmem(json, len, "\\u0000", 6) || memchr(json, 0, len)) {
         cJSON_Delete(doc);
         lm_err(err, errlen, "json schema: a string that is not valid UTF-8 or holds \\u0000");
         return NULL;
@@ -1332,6 +1333,17 @@ char *json_schema_to_gbnf(const char *json, size_t len, char *err, size_t errlen
         strbuf_free(&c.out);
         return NULL;
     }
+    /* A schema no finite text satisfies (a required property whose $ref
+     * leads back to the object itself, ...) compiles to rules that can
+     * never finish: the grammar engine's check says so. */
+    char gerr[LM_ERRLEN] = "";
+    lm_grammar *g = grammar_parse(c.out.p, c.out.len, NULL, gerr, sizeof gerr);
+    if (!g) {
+        lm_err(err, errlen, "json schema: no finite JSON text satisfies it (its grammar: %s)", gerr);
+        strbuf_free(&c.out);
+        return NULL;
+    }
+    grammar_free(g);
     return c.out.p;
 }
 
