@@ -777,6 +777,110 @@ static void test_top_n(void) {
     free(ord);
 }
 
+/* ---- the sparse path ------------------------------------------------------ */
+
+/* sampler_sample_sparse over a mask's allowed ids gives the token that
+ * sampler_sample gives on the row with every other token at -INFINITY, for
+ * every sampling configuration, seed, mask density and run of draws (the
+ * RNG and the penalty history stay in step: 12 consecutive draws, each
+ * token accepted into both samplers' histories). Rows have ties, NaN and
+ * +INFINITY entries; biases include bans of allowed tokens and +INFINITY. */
+static void test_sparse_matches_dense(void) {
+    static const int32_t Vs[] = {7, 600, 5000};
+    static const double dens[] = {0.004, 0.05, 0.5, 0.97, 1.0};
+    lm_rng rng;
+    lm_rng_seed(&rng, 2024);
+    long compared = 0, mismatches = 0;
+    for (int vi = 0; vi < 3; vi++) {
+        int32_t V = Vs[vi];
+        float *row = malloc((size_t)V * sizeof *row), *dense = malloc((size_t)V * sizeof *row);
+        float *scratch = malloc((size_t)V * sizeof *row);
+        int32_t *ids = malloc((size_t)V * sizeof *ids);
+        for (int cfg = 0; cfg < 24; cfg++) {
+            lm_sample_params p;
+            params_off(&p, (cfg % 6 == 0) ? 0.0f : 0.3f + 0.25f * (float)(cfg % 5));
+            if (cfg & 1) p.top_k = 1 + (int32_t)(lm_rng_u64(&rng) % 60);
+            if (cfg & 2) p.top_p = 0.5f + 0.45f * (float)lm_rng_uniform(&rng);
+            if (cfg & 4) p.min_p = 0.02f + 0.2f * (float)lm_rng_uniform(&rng);
+            if (cfg & 8) {
+                p.repeat_penalty = 1.3f;
+                p.freq_penalty = 0.4f;
+                p.presence_penalty = 0.2f;
+                p.repeat_last_n = (cfg & 16) ? -1 : 5;
+            }
+            for (int di = 0; di < 5; di++) {
+                for (uint64_t seed = 1; seed <= 4; seed++) {
+                    p.seed = seed * 7919 + (uint64_t)cfg;
+                    lm_sampler *a = sampler_new(&p, V), *b = sampler_new(&p, V);
+                    CHECK(a && b);
+                    if (cfg % 3 == 1) /* biases: some bans, some boosts, one +inf */
+                        for (int k = 0; k < 6; k++) {
+                            int32_t t = (int32_t)(lm_rng_u64(&rng) % (uint64_t)V);
+                            float bias = k == 0 ? -INFINITY : k == 1 ? INFINITY : (float)lm_rng_normal(&rng);
+                            if (k == 1 && seed != 2) continue;
+                            sampler_set_bias(a, t, bias);
+                            sampler_set_bias(b, t, bias);
+                        }
+                    for (int h = 0; h < 3; h++) { /* a prompt history */
+                        int32_t t = (int32_t)(lm_rng_u64(&rng) % (uint64_t)V);
+                        sampler_accept(a, t);
+                        sampler_accept(b, t);
+                    }
+                    for (int draw = 0; draw < 12; draw++) {
+                        for (int32_t i = 0; i < V; i++) { /* coarse values: many ties */
+                            row[i] = (float)(int)(4.0 * lm_rng_normal(&rng)) * 0.5f;
+                            uint64_t r = lm_rng_u64(&rng) % 1000;
+                            if (r == 0) row[i] = NAN;
+                            else if (r == 1 && draw % 4 == 3) row[i] = INFINITY;
+                        }
+                        int32_t n = 0;
+                        for (int32_t i = 0; i < V; i++)
+                            if (lm_rng_uniform(&rng) < dens[di]) ids[n++] = i;
+                        memcpy(dense, row, (size_t)V * sizeof *row);
+                        for (int32_t i = 0, j = 0; i < V; i++) {
+                            if (j < n && ids[j] == i) j++;
+                            else dense[i] = -INFINITY;
+                        }
+                        int32_t td = sampler_sample(a, dense);
+                        int32_t ts = sampler_sample_sparse(b, row, ids, n, scratch);
+                        compared++;
+                        if (td != ts) {
+                            if (mismatches++ < 5)
+                                CHECKF(0, "V %d cfg %d density %g seed %llu draw %d: dense %d, sparse %d", V, cfg,
+                                       dens[di], (unsigned long long)seed, draw, td, ts);
+                            break;
+                        }
+                        if (td < 0) continue;
+                        sampler_accept(a, td);
+                        sampler_accept(b, ts);
+                    }
+                    sampler_free(a);
+                    sampler_free(b);
+                }
+            }
+        }
+        free(row);
+        free(dense);
+        free(scratch);
+        free(ids);
+    }
+    CHECKF(mismatches == 0, "%ld of %ld draws differ", mismatches, compared);
+    /* sparse rows the sampler reads and never writes; nothing listed: -1 */
+    lm_sample_params p;
+    params_off(&p, 1.0f);
+    lm_sampler *s = sampler_new(&p, 4);
+    float row[4] = {1.0f, 2.0f, 3.0f, 4.0f}, scratch[4];
+    const int32_t two[2] = {0, 2};
+    int32_t t = sampler_sample_sparse(s, row, two, 2, scratch);
+    CHECK(t == 0 || t == 2);
+    CHECK(row[0] == 1.0f && row[2] == 3.0f);
+    CHECK(sampler_sample_sparse(s, row, two, 0, scratch) == -1);
+    sampler_set_bias(s, 0, -INFINITY);
+    sampler_set_bias(s, 2, -INFINITY);
+    CHECK(sampler_sample_sparse(s, row, two, 2, scratch) == -1);
+    sampler_free(s);
+}
+
 int main(void) {
     TEST_RUN(test_greedy_argmax);
     TEST_RUN(test_determinism);
@@ -794,5 +898,6 @@ int main(void) {
     TEST_RUN(test_no_alloc);
     TEST_RUN(test_log_softmax);
     TEST_RUN(test_top_n);
+    TEST_RUN(test_sparse_matches_dense);
     return TEST_DONE();
 }

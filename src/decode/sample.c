@@ -197,16 +197,53 @@ static void apply_penalties(lm_sampler *s, float *logits) {
     for (int32_t i = 0; i < s->hist_len; i++) s->counts[s->hist[i]] &= ~mark;
 }
 
-/* Bias, penalties and the sanitizing pass. Returns the first index of the
- * maximum (-1 if no token is finite) and the number of finite tokens. */
-static int32_t preprocess(lm_sampler *s, float *logits, int32_t *n_finite) {
-    const int32_t V = s->n_vocab;
-    if (s->n_biased > 0)
-        for (int32_t i = 0; i < V; i++) logits[i] += s->bias[i];
-    if (s->penalize) apply_penalties(s, logits);
+/* The index of token t in the ascending ids[0..n), -1 when absent. */
+static int32_t find_id(const int32_t *ids, int32_t n, int32_t t) {
+    int32_t lo = 0, hi = n - 1;
+    while (lo <= hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (ids[mid] < t) lo = mid + 1;
+        else if (ids[mid] > t) hi = mid - 1;
+        else return mid;
+    }
+    return -1;
+}
+
+/* Penalties on a sparse row: entry j is token ids[j]; tokens of the
+ * history that are not in ids are skipped (on a dense row they are
+ * -INFINITY, which a penalty leaves as it is). */
+static void apply_penalties_sparse(lm_sampler *s, float *x, const int32_t *ids, int32_t n) {
+    const uint32_t mark = 0x80000000u;
+    bool ring = s->p.repeat_last_n >= 0;
+    for (int32_t i = 0; i < s->hist_len; i++) {
+        int32_t t = s->hist[i];
+        if (ring && (s->counts[t] & mark)) continue;
+        int32_t j = find_id(ids, n, t);
+        if (j >= 0) x[j] = penalize(&s->p, x[j], s->counts[t] & ~mark);
+        if (ring) s->counts[t] |= mark;
+    }
+    if (ring)
+        for (int32_t i = 0; i < s->hist_len; i++) s->counts[s->hist[i]] &= ~mark;
+}
+
+/* Bias, penalties and the sanitizing pass over a row of n entries, entry j
+ * being token ids[j] (ids NULL: token j, n = n_vocab). Returns the first
+ * index of the maximum (-1 if no token is finite) and the number of finite
+ * tokens. */
+static int32_t preprocess(lm_sampler *s, float *logits, int32_t n, const int32_t *ids, int32_t *n_finite) {
+    if (s->n_biased > 0) {
+        if (ids)
+            for (int32_t j = 0; j < n; j++) logits[j] += s->bias[ids[j]];
+        else
+            for (int32_t i = 0; i < n; i++) logits[i] += s->bias[i];
+    }
+    if (s->penalize) {
+        if (ids) apply_penalties_sparse(s, logits, ids, n);
+        else apply_penalties(s, logits);
+    }
     int32_t best = -1, nf = 0;
     float m = -INFINITY;
-    for (int32_t i = 0; i < V; i++) {
+    for (int32_t i = 0; i < n; i++) {
         float l = logits[i];
         if (isnan(l)) l = logits[i] = -INFINITY;
         else if (l == INFINITY) l = logits[i] = FLT_MAX;
@@ -353,12 +390,13 @@ static int32_t collect(const float *logits, int32_t V, double thr, cand_t *c) {
 
 /* Top-p over every finite token of the row, heaping only those above a
  * threshold that holds more than the top-p mass (see the file comment). */
-static int32_t top_p_all(const float *logits, int32_t V, int32_t n_finite, float m, float top_p,
-                         cand_t *c) {
+static int32_t top_p_all(const float *logits, int32_t V, int32_t n_vocab, int32_t n_finite, float m,
+                         float top_p, cand_t *c) {
     double z = 0.0;
     for (int32_t i = 0; i < V; i++) z += (double)expf(logits[i] - m);
     double target = (double)top_p * z;
-    double thr = fmin((double)m + log(z) + log((1.0 - (double)top_p) / (double)V), (double)m);
+    /* n_vocab, not V: a sparse row gathers what the dense row would */
+    double thr = fmin((double)m + log(z) + log((1.0 - (double)top_p) / (double)n_vocab), (double)m);
     int32_t n = collect(logits, V, thr, c);
     int32_t kept = top_p_cut(c, n, m, target);
     if (kept >= 0) return kept;
@@ -388,10 +426,11 @@ static int32_t min_p_all(const float *logits, int32_t V, float m, float min_p, c
 }
 
 /* Steps 2 and 3: truncate, then turn the survivors' logits into tempered
- * softmax weights (maximum weight 1). m is the row maximum (finite). */
-static dist_t truncate_and_weigh(lm_sampler *s, float *logits, int32_t n_finite, float m) {
+ * softmax weights (maximum weight 1). m is the row maximum (finite). The
+ * row has V entries (a sparse row fewer than n_vocab); candidates' ids are
+ * indices into it. */
+static dist_t truncate_and_weigh(lm_sampler *s, float *logits, int32_t V, int32_t n_finite, float m) {
     const lm_sample_params *p = &s->p;
-    const int32_t V = s->n_vocab;
     dist_t d = {true, V, 0.0};
     cand_t *c = s->cand;
     if (p->top_k > 0 && p->top_k < n_finite) {
@@ -399,7 +438,7 @@ static dist_t truncate_and_weigh(lm_sampler *s, float *logits, int32_t n_finite,
         d.n = top_k_select(logits, V, p->top_k, c);
     }
     if (p->top_p < 1.0f) { /* NaN top_p compares false: off */
-        if (d.all) d.n = top_p_all(logits, V, n_finite, m, p->top_p, c);
+        if (d.all) d.n = top_p_all(logits, V, s->n_vocab, n_finite, m, p->top_p, c);
         else d.n = top_p_cand(c, d.n, m, p->top_p);
         d.all = false;
     }
@@ -429,17 +468,18 @@ static dist_t truncate_and_weigh(lm_sampler *s, float *logits, int32_t n_finite,
 
 bool sampler_greedy(const lm_sampler *s) { return s->greedy; }
 
-int32_t sampler_sample(lm_sampler *s, float *logits) {
+/* One draw from a row of n entries (see preprocess); the index into it. */
+static int32_t sample_row(lm_sampler *s, float *logits, int32_t n, const int32_t *ids) {
     int32_t n_finite;
-    int32_t best = preprocess(s, logits, &n_finite);
+    int32_t best = preprocess(s, logits, n, ids, &n_finite);
     if (best < 0 || s->greedy) return best;
-    dist_t d = truncate_and_weigh(s, logits, n_finite, logits[best]);
+    dist_t d = truncate_and_weigh(s, logits, n, n_finite, logits[best]);
     /* Walk the cumulative weights to the first that exceeds u; rounding can
      * leave u >= the final sum, then the last positive weight is taken. */
     double u = lm_rng_uniform(&s->rng) * d.sum, cum = 0.0;
     int32_t last = best;
     if (d.all) {
-        for (int32_t i = 0; i < s->n_vocab; i++) {
+        for (int32_t i = 0; i < n; i++) {
             if (logits[i] <= 0.0f) continue;
             cum += (double)logits[i];
             last = i;
@@ -456,16 +496,24 @@ int32_t sampler_sample(lm_sampler *s, float *logits) {
     return last;
 }
 
+int32_t sampler_sample(lm_sampler *s, float *logits) { return sample_row(s, logits, s->n_vocab, NULL); }
+
+int32_t sampler_sample_sparse(lm_sampler *s, const float *logits, const int32_t *ids, int32_t n, float *scratch) {
+    for (int32_t j = 0; j < n; j++) scratch[j] = logits[ids[j]];
+    int32_t j = n > 0 ? sample_row(s, scratch, n, ids) : -1;
+    return j < 0 ? -1 : ids[j];
+}
+
 int32_t sampler_dist(lm_sampler *s, float *logits, int32_t *ids, float *probs) {
     int32_t n_finite;
-    int32_t best = preprocess(s, logits, &n_finite);
+    int32_t best = preprocess(s, logits, s->n_vocab, NULL, &n_finite);
     if (best < 0) return 0;
     if (s->greedy) {
         ids[0] = best;
         probs[0] = 1.0f;
         return 1;
     }
-    dist_t d = truncate_and_weigh(s, logits, n_finite, logits[best]);
+    dist_t d = truncate_and_weigh(s, logits, s->n_vocab, n_finite, logits[best]);
     int32_t n = 0;
     if (d.all) {
         for (int32_t i = 0; i < s->n_vocab; i++) {

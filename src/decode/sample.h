@@ -57,6 +57,13 @@ void sampler_set_bias(lm_sampler *s, int32_t tok, float bias);
 /* Pick the next token. logits (n_vocab) is used as scratch and modified.
  * Returns -1 only when every token is banned. */
 int32_t sampler_sample(lm_sampler *s, float *logits);
+/* sampler_sample over the tokens ids[0..n) alone (ascending, distinct, each
+ * in [0, n_vocab)): the same token, and the same RNG and history state
+ * after, as sampler_sample on a copy of logits where every other token is
+ * -INFINITY, in O(n + history) instead of O(n_vocab) (a grammar's mask that
+ * allows few tokens). logits (n_vocab) is read, not modified; scratch holds
+ * n floats. -1 when every listed token is banned or n is 0. */
+int32_t sampler_sample_sparse(lm_sampler *s, const float *logits, const int32_t *ids, int32_t n, float *scratch);
 /* The distribution sampler_sample draws from, without drawing (the RNG is not
  * touched): writes the surviving token ids and their probabilities (summing
  * to 1, in no particular order; a token whose tempered weight underflows to
