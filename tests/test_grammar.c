@@ -838,6 +838,108 @@ static void test_json(void) {
     grammar_vocab_free(v);
 }
 
+/* ---- bounds on the matcher's work ------------------------------------------ */
+
+/* Grammars whose stacks double with every "x": each x may open a nested r
+ * whose return point differs by alternative, so after n bytes there are
+ * 2^n distinct stacks. */
+static const char *ADVERSARIAL[] = {
+    "root ::= r\nr ::= \"x\" r \"a\"? | \"x\" r \"b\"? | \"x\"",
+    "root ::= r*\nr ::= \"x\" r* \"a\"? | \"x\" r* \"b\"? | \"x\"",
+    "root ::= (t \",\")*\nt ::= \"x\" t \"a\"? \"c\"? | \"x\" t \"b\"? | \"x\" t \"d\"? | \"x\"",
+};
+
+/* A long literal first: the probe explores 96 states, so it does not reach
+ * the doubling part, which only generation finds. */
+#define HIDDEN_PREFIX "The following text is long enough that a probe of the first states stops before it ends, and then:"
+
+static lm_grammar *compile(const char *gb) {
+    char err[LM_ERRLEN];
+    lm_grammar *g = grammar_parse(gb, strlen(gb), NULL, err, sizeof err);
+    if (!g) fprintf(stderr, "  %s\n", err);
+    return g;
+}
+
+/* An ambiguous grammar is found by gmatch_probe before use, and, fed
+ * bytes or masked, fails within a few bytes with a clear reason that every
+ * copy then sees; what took seconds (the stacks grew unbounded) takes a
+ * fraction of a second, and ordinary grammars pass the probe. */
+static void test_bounds(void) {
+    lm_gvocab *v = byte_vocab();
+    char err[LM_ERRLEN];
+    for (size_t i = 0; i < sizeof ADVERSARIAL / sizeof *ADVERSARIAL; i++) {
+        lm_grammar *g = compile(ADVERSARIAL[i]);
+        CHECK(g);
+        lm_gmatch *m = gmatch_new(g, v, err, sizeof err), *k = m ? gmatch_copy(m) : NULL;
+        CHECK(m && k);
+        double t0 = lm_now();
+        CHECKF(gmatch_probe(m, err, sizeof err) == -1, "grammar %zu passed the probe", i);
+        double t_probe = lm_now() - t0;
+        CHECKF(strstr(err, "too ambiguous") != NULL, "%s", err);
+        CHECK(gmatch_spoiled(m) && gmatch_spoiled(k) && strstr(gmatch_spoiled(k), "too ambiguous"));
+        /* fed byte by byte (a fresh cache): refused within 20 bytes */
+        gmatch_free(k);
+        k = gmatch_new(g, v, err, sizeof err);
+        CHECK(k && !gmatch_spoiled(k) && !gmatch_error(k));
+        t0 = lm_now();
+        int n = 0;
+        while (n < 1000 && gmatch_accept_bytes(k, "x", 1) == 0) n++;
+        double t_feed = lm_now() - t0;
+        CHECKF(n >= 8 && n <= 20, "grammar %zu: %d bytes before the bound", i, n);
+        CHECKF(gmatch_error(k) && strstr(gmatch_error(k), "too ambiguous"), "%s", gmatch_error(k));
+        uint32_t mask[9];
+        CHECK(gmatch_mask(k, mask) < 0 && strstr(gmatch_error(k), "too ambiguous")); /* its mask needs that byte */
+        CHECK(gmatch_spoiled(k) != NULL);
+        printf("  grammar %zu: probe %.3f s, refused after %d bytes in %.3f s\n", i, t_probe, n, t_feed);
+        gmatch_free(m);
+        gmatch_free(k);
+        grammar_free(g);
+    }
+    /* ordinary grammars pass the probe and are not spoiled */
+    const char *fine[] = {JSON_GBNF, "root ::= [a-z]+ (\" \" [a-z]+)*", "root ::= (\"ab\" | \"a\" \"b\")*"};
+    for (size_t i = 0; i < 3; i++) {
+        lm_grammar *g = compile(fine[i]);
+        lm_gmatch *m = g ? gmatch_new(g, v, err, sizeof err) : NULL;
+        CHECK(m);
+        CHECKF(gmatch_probe(m, err, sizeof err) == 0, "%s", err);
+        CHECK(!gmatch_spoiled(m) && !gmatch_error(m));
+        gmatch_free(m);
+        grammar_free(g);
+    }
+    grammar_vocab_free(v);
+
+    /* past the probe: masks over a real vocabulary (32,000 tokens) */
+    tvocab tv = {0};
+    CHECK(tvocab_real(&tv, "tests/data/vocab/ggml-vocab-llama-spm.gguf") == 0);
+    char gb[512];
+    snprintf(gb, sizeof gb, "root ::= \"%s\" r\nr ::= \"x\" r \"a\"? | \"x\" r \"b\"? | \"x\"", HIDDEN_PREFIX);
+    lm_grammar *g = compile(gb);
+    lm_gmatch *m = g ? gmatch_new(g, tv.v, err, sizeof err) : NULL;
+    CHECK(m);
+    CHECKF(gmatch_probe(m, err, sizeof err) == 0, "the probe found %s", err);
+    CHECK(gmatch_accept_bytes(m, HIDDEN_PREFIX, strlen(HIDDEN_PREFIX)) == 0);
+    uint32_t *mask = malloc(((size_t)tv.n + 31) / 32 * sizeof *mask);
+    int steps = 0;
+    int32_t n = 0;
+    double t0 = lm_now();
+    for (; steps < 100; steps++) {
+        if ((n = gmatch_mask(m, mask)) < 0) break;
+        int32_t x = -1; /* the token "x" alone */
+        for (int32_t t = 0; t < tv.n && x < 0; t++)
+            if (tv.lens[t] == 1 && tv.bytes[t][0] == 'x' && ((mask[t >> 5] >> (t & 31)) & 1)) x = t;
+        CHECK(x >= 0);
+        if (gmatch_accept(m, x) != 0) break;
+    }
+    double t_mask = lm_now() - t0;
+    CHECKF(steps <= 20 && (n < 0 || gmatch_error(m)), "%d steps, mask %d", steps, n);
+    CHECKF(gmatch_error(m) && strstr(gmatch_error(m), "too ambiguous"), "%s", gmatch_error(m));
+    printf("  hidden: refused at step %d in %.3f s over %d tokens\n", steps, t_mask, tv.n);
+    free(mask);
+    gmatch_free(m);
+    grammar_free(g);
+    tvocab_free(&tv);
+}
+
 int main(void) {
     TEST_RUN(test_constructs);
     TEST_RUN(test_errors);
@@ -845,5 +947,6 @@ int main(void) {
     TEST_RUN(test_json);
     TEST_RUN(test_mask_random_vocab);
     TEST_RUN(test_mask_real_vocab);
+    TEST_RUN(test_bounds);
     return TEST_DONE();
 }

@@ -79,9 +79,37 @@ void gmatch_reset(lm_gmatch *m);            /* back to the start */
  * words) is set iff token t is allowed. Returns the number allowed (0: the
  * grammar is stuck, which accept never lets happen). */
 int32_t gmatch_mask(lm_gmatch *m, uint32_t *allow);
-/* (A negative count: memory ran out while computing the mask, or a parse
- * state held more than 65,536 stacks: a grammar too ambiguous to follow.
- * gmatch_allows, gmatch_accept and gmatch_accept_bytes then refuse.) */
+/* (A negative count: memory ran out while computing the mask, or the work
+ * passed one of the matcher's bounds (gmatch_error says which); gmatch_allows,
+ * gmatch_accept and gmatch_accept_bytes then refuse.)
+ *
+ * Bounds. Every call (a mask, a token, a run of bytes) may spend at most
+ * 16,777,216 operations (frames expanded, stacks stepped: a quarter of a
+ * second at most), a parse state may hold at most 65,536 stacks, and one grammar's
+ * cache at most 256 MiB. Highly ambiguous grammars (repetitions nested in
+ * repetitions that match the same text many ways) multiply their stacks
+ * with every byte; past a bound the call fails, gmatch_error gives the
+ * reason, and the grammar is spoiled (gmatch_spoiled) for every copy. A
+ * JSON Schema's grammar stays far below them. */
+/* Why the last call on m (or a copy sharing its cache) failed: NULL when it
+ * did not fail, else one line (a bound passed, or memory ran out). */
+const char *gmatch_error(const lm_gmatch *m);
+/* NULL, or (some call on any copy passed a bound) the bound it passed; safe
+ * from any thread. */
+const char *gmatch_spoiled(const lm_gmatch *m);
+/* Check a new grammar against the bounds before it is used: explore the
+ * parse states the first bytes lead to, those with the most stacks first
+ * (up to 96 states, every byte that may follow each, a sixteenth of a
+ * call's budget in all: a few milliseconds). 0 (nothing found, which
+ * proves nothing), or -1 with err saying which bound the grammar passed.
+ * Changes only the shared cache, not m's state. */
+int gmatch_probe(lm_gmatch *m, char *err, size_t errlen);
+/* The same allowed tokens as a list, after gmatch_mask on the current
+ * state: *n ascending token ids, or NULL (*n = 0) when the mask allows more
+ * than an eighth of the vocabulary (the list is kept only when it is
+ * short, where sampling over it beats a pass over the whole row) or was
+ * not cached. Valid until the next gmatch_mask on any copy of the matcher. */
+const int32_t *gmatch_mask_ids(const lm_gmatch *m, int32_t *n);
 /* Whether one token is allowed (cheaper than a mask when the sampler's
  * first choice is usually right). */
 bool gmatch_allows(lm_gmatch *m, int32_t tok);

@@ -32,9 +32,13 @@
 #include "decode/grammar.h"
 #include "decode/grammar_int.h"
 
-enum { T_UNKNOWN = -2, T_DEAD = -1, T_NOMEM = -3 };
+enum { T_UNKNOWN = -2, T_DEAD = -1, T_NOMEM = -3, T_BOUND = -4 };
 #define GM_MASK_BYTES ((size_t)64 << 20) /* cached masks above this are dropped */
 #define GM_MAX_STACKS (1 << 16)           /* stacks in one state: beyond, the grammar is refused as too ambiguous */
+#define GM_WORK ((int64_t)1 << 24)        /* operations of one call (frames expanded, stacks stepped) */
+#define GM_CACHE_BYTES ((size_t)256 << 20) /* frames, states and transitions of one grammar's cache */
+#define GM_PROBE_STATES 96                /* states gmatch_probe explores */
+#define GM_SPARSE_DIV 8                   /* masks allowing at most n_vocab / 8 tokens also keep a list of ids */
 
 typedef struct {
     int32_t pos, parent;
@@ -59,6 +63,8 @@ typedef struct {
     int32_t **trans;     /* (n_st) NULL or (256) next state per byte */
     uint32_t **mask;     /* (n_st) NULL or the cached mask ((n_vocab + 31) / 32 words) */
     int32_t *mask_n;     /* (n_st) allowed count of the cached mask */
+    int32_t **ids;       /* (n_st) NULL or the cached mask's allowed ids, ascending (mask_n[s]), when
+                            at most GM_SPARSE_DIV-th of the vocabulary */
     int32_t n_st, cap_st;
     int32_t *st_ht;      /* (st_htcap) state id + 1, 0 empty */
     uint32_t st_htcap;
@@ -68,7 +74,11 @@ typedef struct {
     int32_t *walk;       /* (max_depth + 1) state per trie depth during a mask */
     int32_t *eog;        /* (n_eog) the vocabulary's EOG tokens */
     int32_t n_eog;
-    bool nomem;
+    int32_t n_rows;      /* transition rows allocated */
+    int64_t ops;         /* operations in the current call, against GM_WORK */
+    int fail;            /* why the last call failed: 0, T_NOMEM or T_BOUND */
+    char why[160];       /* what bound it passed (fail == T_BOUND) */
+    atomic_bool spoiled; /* some call passed a bound: the grammar is refused from then on */
 } gcache;
 
 struct lm_gmatch {
@@ -79,6 +89,32 @@ struct lm_gmatch {
 static uint64_t mix(uint64_t h, uint64_t x) {
     h ^= x + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
     return h * 0xFF51AFD7ED558CCDull;
+}
+
+/* ---- bounds -------------------------------------------------------------- */
+
+/* Memory the cache holds now (its arrays at capacity, the transition rows). */
+static size_t cache_bytes(const gcache *c) {
+    return (size_t)c->cap_fr * (sizeof *c->fr + sizeof *c->stamp) + (size_t)c->fr_htcap * sizeof *c->fr_ht +
+           (size_t)c->cap_items * sizeof *c->items + (size_t)c->st_htcap * sizeof *c->st_ht +
+           (size_t)c->cap_st * (sizeof *c->st_off + sizeof *c->st_len + sizeof *c->st_part + sizeof *c->st_hash +
+                                sizeof *c->trans + sizeof *c->mask + sizeof *c->mask_n + sizeof *c->ids) +
+           (size_t)c->n_rows * 256 * sizeof(int32_t) + (size_t)(c->cap_work + c->cap_out) * sizeof(int32_t);
+}
+
+/* Record that a bound was passed: T_BOUND. */
+static int32_t bound(gcache *c, const char *what) {
+    /* the first reason stays once the grammar is spoiled: other threads may read it then */
+    if (c->fail != T_BOUND && !atomic_load(&c->spoiled)) lm_err(c->why, sizeof c->why, "%s", what);
+    c->fail = T_BOUND;
+    return T_BOUND;
+}
+
+/* Count n operations of the current call: 0, or T_BOUND past the budget. */
+static inline int32_t spend(gcache *c, int64_t n) {
+    c->ops += n;
+    if (c->ops <= GM_WORK) return 0;
+    return bound(c, "one step of the grammar took more than 16,777,216 operations (a grammar too ambiguous)");
 }
 
 /* ---- frames -------------------------------------------------------------- */
@@ -163,7 +199,9 @@ static int st_rehash(gcache *c, uint32_t cap) {
 static int32_t st_intern(gcache *c, uint32_t part) {
     int32_t n = c->n_out;
     if (n == 0) return T_DEAD;
-    if (n > GM_MAX_STACKS) return T_NOMEM; /* reported like running out of memory */
+    if (n > GM_MAX_STACKS)
+        return bound(c, "a parse state held more than 65,536 stacks (a grammar too ambiguous)");
+    if (spend(c, n) < 0) return T_BOUND;
     qsort(c->out, (size_t)n, sizeof *c->out, cmp_i32);
     int32_t m = 0;
     for (int32_t i = 0; i < n; i++)
@@ -193,8 +231,10 @@ static int32_t st_intern(gcache *c, uint32_t part) {
         REGROW(c->trans, nc);
         REGROW(c->mask, nc);
         REGROW(c->mask_n, nc);
+        REGROW(c->ids, nc);
         c->cap_st = nc;
     }
+    if (cache_bytes(c) > GM_CACHE_BYTES) return bound(c, "the grammar's parse states outgrew 256 MiB");
     int32_t s = c->n_st++;
     memcpy(c->items + c->n_items, c->out, (size_t)m * sizeof *c->out);
     c->st_off[s] = c->n_items;
@@ -205,6 +245,7 @@ static int32_t st_intern(gcache *c, uint32_t part) {
     c->trans[s] = NULL;
     c->mask[s] = NULL;
     c->mask_n[s] = 0;
+    c->ids[s] = NULL;
     c->st_ht[h] = s + 1;
     if ((uint32_t)c->n_st * 2 > c->st_htcap && st_rehash(c, c->st_htcap * 2) < 0) return T_NOMEM;
     return s;
@@ -238,30 +279,33 @@ static int push_out(gcache *c, int32_t id) {
 }
 
 /* Expand the work list into c->out: frames whose top is a class, and frame
- * 0 when a stack can end. Frames already visited in this step are skipped. */
+ * 0 when a stack can end. Frames already visited in this step are skipped.
+ * 0, T_NOMEM, or T_BOUND past the work budget. */
 static int expand(gcache *c) {
     const lm_grammar *g = c->g;
     while (c->n_work) {
         int32_t id = c->work[--c->n_work];
         if (c->stamp[id] == c->cur_stamp) continue;
         c->stamp[id] = c->cur_stamp;
+        if (spend(c, 1) < 0) return T_BOUND;
         if (id == 0) {
-            if (push_out(c, 0) < 0) return -1;
+            if (push_out(c, 0) < 0) return T_NOMEM;
             continue;
         }
         gframe f = c->fr[id];
         gelem e = g->el[f.pos];
         if (e.type == E_CLASS) {
-            if (push_out(c, id) < 0) return -1;
+            if (push_out(c, id) < 0) return T_NOMEM;
         } else if (e.type == E_REF) {
             uint8_t nt = g->el[f.pos + 1].type;
             int32_t cont = (nt == E_ALT || nt == E_END) ? f.parent : fr_intern(c, f.pos + 1, f.parent);
-            if (cont < 0) return -1;
+            if (cont < 0) return T_NOMEM;
             for (int32_t a = g->alt_off[e.val]; a < g->alt_off[e.val + 1]; a++)
-                if (push_work(c, fr_intern(c, g->alt_pos[a], cont)) < 0) return -1;
+                if (push_work(c, fr_intern(c, g->alt_pos[a], cont)) < 0) return T_NOMEM;
         } else if (push_work(c, f.parent) < 0) /* end of an alternative: return to the parent */
-            return -1;
+            return T_NOMEM;
     }
+    if (cache_bytes(c) > GM_CACHE_BYTES) return bound(c, "the grammar's parse states outgrew 256 MiB");
     return 0;
 }
 
@@ -294,6 +338,7 @@ static bool part_range(uint32_t part, uint32_t *lo, uint32_t *hi) {
 static int32_t step_cp(gcache *c, int32_t s, uint32_t cp) {
     const lm_grammar *g = c->g;
     new_step(c);
+    if (spend(c, c->st_len[s]) < 0) return T_BOUND;
     for (int32_t i = 0; i < c->st_len[s]; i++) {
         int32_t id = c->items[c->st_off[s] + i];
         if (id == 0) continue;
@@ -301,7 +346,8 @@ static int32_t step_cp(gcache *c, int32_t s, uint32_t cp) {
         if (!class_has(g, &g->cls[g->el[f.pos].val], cp)) continue;
         if (push_work(c, fr_intern(c, f.pos + 1, f.parent)) < 0) return T_NOMEM;
     }
-    if (expand(c) < 0) return T_NOMEM;
+    int rc = expand(c);
+    if (rc < 0) return rc;
     return st_intern(c, 0);
 }
 
@@ -312,6 +358,7 @@ static int32_t step_part(gcache *c, int32_t s, uint32_t part) {
     uint32_t lo, hi;
     if (!part_range(part, &lo, &hi)) return T_DEAD;
     new_step(c);
+    if (spend(c, c->st_len[s]) < 0) return T_BOUND;
     for (int32_t i = 0; i < c->st_len[s]; i++) {
         int32_t id = c->items[c->st_off[s] + i];
         if (id == 0 || !class_meets(g, &g->cls[g->el[c->fr[id].pos].val], lo, hi)) continue;
@@ -344,14 +391,15 @@ static inline int32_t step(gcache *c, int32_t s, uint8_t b) {
     int32_t *row = c->trans[s];
     if (row && row[b] != T_UNKNOWN) return row[b];
     if (!row) {
-        if (!(row = lm_malloc(256 * sizeof *row))) return T_NOMEM;
+        if (!(row = lm_malloc(256 * sizeof *row))) return c->fail = T_NOMEM;
         for (int i = 0; i < 256; i++) row[i] = T_UNKNOWN;
         c->trans[s] = row;
+        c->n_rows++;
     }
     int32_t t = step_byte(c, s, b);
-    if (t == T_NOMEM) {
-        c->nomem = true;
-        return T_NOMEM;
+    if (t == T_NOMEM || t == T_BOUND) { /* not cached: a later call fails the same way or succeeds */
+        if (t == T_NOMEM && !c->fail) c->fail = T_NOMEM;
+        return t;
     }
     row[b] = t;
     return t;
@@ -364,6 +412,7 @@ static void cache_free(gcache *c) {
     for (int32_t s = 0; s < c->n_st; s++) {
         lm_free(c->trans[s]);
         lm_free(c->mask[s]);
+        lm_free(c->ids[s]);
     }
     lm_free(c->fr);
     lm_free(c->stamp);
@@ -376,6 +425,7 @@ static void cache_free(gcache *c) {
     lm_free(c->trans);
     lm_free(c->mask);
     lm_free(c->mask_n);
+    lm_free(c->ids);
     lm_free(c->st_ht);
     lm_free(c->work);
     lm_free(c->out);
@@ -403,6 +453,7 @@ static gcache *cache_new(const lm_grammar *g, const lm_gvocab *v) {
     c->trans = lm_malloc((size_t)c->cap_st * sizeof *c->trans);
     c->mask = lm_malloc((size_t)c->cap_st * sizeof *c->mask);
     c->mask_n = lm_malloc((size_t)c->cap_st * sizeof *c->mask_n);
+    c->ids = lm_malloc((size_t)c->cap_st * sizeof *c->ids);
     c->st_ht = lm_calloc(c->st_htcap, sizeof *c->st_ht);
     c->work = lm_malloc((size_t)c->cap_work * sizeof *c->work);
     c->out = lm_malloc((size_t)c->cap_out * sizeof *c->out);
@@ -411,7 +462,7 @@ static gcache *cache_new(const lm_grammar *g, const lm_gvocab *v) {
     for (int32_t t = 0; t < v->n_vocab; t++) n_eog += v->eog[t];
     c->eog = lm_malloc((size_t)(n_eog ? n_eog : 1) * sizeof *c->eog);
     if (!c->fr || !c->stamp || !c->fr_ht || !c->items || !c->st_off || !c->st_len || !c->st_part || !c->st_hash ||
-        !c->trans || !c->mask || !c->mask_n || !c->st_ht || !c->work || !c->out || !c->walk || !c->eog) {
+        !c->trans || !c->mask || !c->mask_n || !c->ids || !c->st_ht || !c->work || !c->out || !c->walk || !c->eog) {
         cache_free(c);
         return NULL;
     }
@@ -436,13 +487,15 @@ lm_gmatch *gmatch_new(const lm_grammar *g, const lm_gvocab *v, char *err, size_t
     m->c = c;
     new_step(c);
     for (int32_t a = g->alt_off[g->root]; a < g->alt_off[g->root + 1]; a++)
-        if (push_work(c, fr_intern(c, g->alt_pos[a], 0)) < 0) goto nomem;
-    if (expand(c) < 0 || (m->start = st_intern(c, 0)) < 0) goto nomem;
+        if (push_work(c, fr_intern(c, g->alt_pos[a], 0)) < 0) goto fail;
+    int rc = expand(c);
+    if (rc < 0 || (m->start = st_intern(c, 0)) < 0) goto fail;
     m->cur = m->start;
     return m;
-nomem:
+fail:
+    if (c->fail == T_BOUND) lm_err(err, errlen, "%s", c->why);
+    else lm_err(err, errlen, "out of memory starting a grammar");
     gmatch_free(m);
-    lm_err(err, errlen, "out of memory starting a grammar");
     return NULL;
 }
 
@@ -495,15 +548,89 @@ void grammar_mask_apply(const uint32_t *allow, int32_t n_mask, float *row, int32
         if (i >= n_mask || !((allow[i >> 5] >> (i & 31)) & 1)) row[i] = -INFINITY;
 }
 
+/* A public call starts: a fresh work budget. */
+static void begin(gcache *c) {
+    c->ops = 0;
+    c->fail = 0;
+}
+
+/* A public call ends with result t: a bound passed spoils the grammar. */
+static int32_t end_call(gcache *c, int32_t t) {
+    if (c->fail == T_BOUND) atomic_store(&c->spoiled, true);
+    return t;
+}
+
 /* The state after n bytes from s, or a negative T_ value. */
 static int32_t walk_bytes(gcache *c, int32_t s, const char *bytes, size_t n) {
+    begin(c);
     for (size_t i = 0; i < n && s >= 0; i++) s = step(c, s, (uint8_t)bytes[i]);
-    return s;
+    return end_call(c, s);
+}
+
+const char *gmatch_error(const lm_gmatch *m) {
+    const gcache *c = m->c;
+    return c->fail == T_BOUND ? c->why : c->fail == T_NOMEM ? "out of memory following the grammar" : NULL;
+}
+
+const char *gmatch_spoiled(const lm_gmatch *m) { return atomic_load(&m->c->spoiled) ? m->c->why : NULL; }
+
+/* The bytes that may follow state s (a superset): bit b of live[b >> 6]. */
+static void live_bytes(const gcache *c, int32_t s, uint64_t live[4]) {
+    const lm_grammar *g = c->g;
+    live[0] = live[1] = live[2] = live[3] = 0;
+    if (c->st_part[s]) { /* inside a character: its continuation bytes */
+        live[2] = ~0ull;
+        return;
+    }
+    for (int32_t i = 0; i < c->st_len[s]; i++) {
+        int32_t id = c->items[c->st_off[s] + i];
+        if (id == 0) continue;
+        const gclass *k = &g->cls[g->el[c->fr[id].pos].val];
+        live[0] |= k->ascii[0], live[1] |= k->ascii[1];
+        if (k->n > 0 && g->ranges[k->off + k->n - 1].hi >= 0x80) live[3] |= ~0ull; /* lead bytes 0xC0-0xFF */
+    }
+}
+
+/* Explore the states the first bytes lead to, most stacks first, up to
+ * GM_PROBE_STATES of them: a grammar whose stacks multiply with repeated
+ * input (ambiguous repetitions nested in each other) passes a bound here,
+ * before any request generates with it. The exploration itself stops,
+ * with no verdict, after GM_WORK / 4 operations in all. */
+int gmatch_probe(lm_gmatch *m, char *err, size_t errlen) {
+    gcache *c = m->c;
+    int32_t todo[GM_PROBE_STATES], n_todo = 0, seen = 0;
+    todo[n_todo++] = m->start;
+    int64_t spent = 0;
+    while (n_todo > 0 && seen < GM_PROBE_STATES && spent <= GM_WORK / 4) {
+        int32_t k = 0;
+        for (int32_t i = 1; i < n_todo; i++)
+            if (c->st_len[todo[i]] > c->st_len[todo[k]]) k = i;
+        int32_t s = todo[k];
+        todo[k] = todo[--n_todo];
+        seen++;
+        uint64_t live[4];
+        live_bytes(c, s, live);
+        for (int b = 0; b < 256 && spent <= GM_WORK / 4; b++) {
+            if (!((live[b >> 6] >> (b & 63)) & 1)) continue;
+            bool fresh = !c->trans[s] || c->trans[s][b] == T_UNKNOWN;
+            begin(c);
+            int32_t t = step(c, s, (uint8_t)b);
+            spent += c->ops + 1;
+            if (t == T_NOMEM || t == T_BOUND) {
+                end_call(c, t);
+                lm_err(err, errlen, "%s", gmatch_error(m));
+                return -1;
+            }
+            if (t >= 0 && fresh && n_todo < GM_PROBE_STATES) todo[n_todo++] = t;
+        }
+    }
+    return 0;
 }
 
 bool gmatch_allows(lm_gmatch *m, int32_t tok) {
     const lm_gvocab *v = m->c->v;
     if (tok < 0 || tok >= v->n_vocab) return false;
+    m->c->fail = 0;
     if (v->eog[tok]) return gmatch_can_end(m);
     int64_t n = v->off[tok + 1] - v->off[tok];
     return n > 0 && walk_bytes(m->c, m->cur, v->bytes + v->off[tok], (size_t)n) >= 0;
@@ -511,6 +638,7 @@ bool gmatch_allows(lm_gmatch *m, int32_t tok) {
 
 int gmatch_accept(lm_gmatch *m, int32_t tok) {
     const lm_gvocab *v = m->c->v;
+    m->c->fail = 0;
     if (tok < 0 || tok >= v->n_vocab) return -1;
     if (v->eog[tok]) return gmatch_can_end(m) ? 0 : -1;
     int64_t n = v->off[tok + 1] - v->off[tok];
@@ -533,6 +661,7 @@ int32_t gmatch_mask(lm_gmatch *m, uint32_t *allow) {
     const lm_gvocab *v = c->v;
     int32_t s = m->cur;
     size_t nw = ((size_t)v->n_vocab + 31) / 32;
+    begin(c);
     if (c->mask[s]) {
         memcpy(allow, c->mask[s], nw * sizeof *allow);
         return c->mask_n[s];
@@ -548,13 +677,12 @@ int32_t gmatch_mask(lm_gmatch *m, uint32_t *allow) {
     const uint16_t *depth = v->depth;
     const int32_t *end = v->end, *toff = v->tok_off, *toks = v->toks;
     int32_t n_nodes = v->n_nodes;
-    bool nomem = false;
     for (int32_t i = 1; i < n_nodes;) {
         int32_t from = ws[depth[i] - 1];
         const int32_t *row = c->trans[from];
         int32_t t = row && row[nb[i]] != T_UNKNOWN ? row[nb[i]] : step(c, from, nb[i]);
         if (t < 0) {
-            nomem |= t == T_NOMEM;
+            if (t == T_BOUND) break; /* no use going on: the call has failed */
             i = end[i];
             continue;
         }
@@ -562,21 +690,43 @@ int32_t gmatch_mask(lm_gmatch *m, uint32_t *allow) {
         for (int32_t k = toff[i]; k < toff[i + 1]; k++) allow[toks[k] >> 5] |= 1u << (toks[k] & 31), count++;
         i++;
     }
-    if (nomem) return -1;
-    /* cache it (dropping every cached mask past the memory bound) */
-    if (c->mask_bytes + nw * sizeof *allow > GM_MASK_BYTES) {
+    if (c->fail) return end_call(c, -1);
+    /* cache it, with the list of ids when it is short (dropping every
+     * cached mask past the memory bound) */
+    bool sparse = count <= v->n_vocab / GM_SPARSE_DIV;
+    size_t bytes = nw * sizeof *allow + (sparse ? (size_t)count * sizeof(int32_t) : 0);
+    if (c->mask_bytes + bytes > GM_MASK_BYTES) {
         for (int32_t k = 0; k < c->n_st; k++) {
             lm_free(c->mask[k]);
+            lm_free(c->ids[k]);
             c->mask[k] = NULL;
+            c->ids[k] = NULL;
         }
         c->mask_bytes = 0;
     }
     uint32_t *keep = lm_malloc(nw * sizeof *keep);
-    if (keep) {
+    int32_t *ids = sparse ? lm_malloc((size_t)(count ? count : 1) * sizeof *ids) : NULL;
+    if (keep && (ids || !sparse)) {
         memcpy(keep, allow, nw * sizeof *keep);
+        if (ids) {
+            int32_t k = 0;
+            for (size_t w = 0; w < nw; w++)
+                for (uint32_t bits = allow[w]; bits; bits &= bits - 1)
+                    ids[k++] = (int32_t)(w * 32) + __builtin_ctz(bits);
+        }
         c->mask[s] = keep;
+        c->ids[s] = ids;
         c->mask_n[s] = count;
-        c->mask_bytes += nw * sizeof *keep;
+        c->mask_bytes += bytes;
+    } else {
+        lm_free(keep);
+        lm_free(ids);
     }
     return count;
+}
+
+const int32_t *gmatch_mask_ids(const lm_gmatch *m, int32_t *n) {
+    const gcache *c = m->c;
+    *n = c->ids[m->cur] ? c->mask_n[m->cur] : 0;
+    return c->ids[m->cur];
 }

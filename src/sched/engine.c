@@ -157,7 +157,7 @@ struct lm_engine {
     lm_gvocab *gvocab;        /* the vocabulary's byte trie, shared by every grammar */
     gentry gtab[MAX_GRAMMARS];/* grammars kept for reuse (under gv_mu) */
     int n_gtab;
-    float *gwork;             /* (n_vocab) a logits copy for the greedy shortcut */
+    float *gwork;             /* (n_vocab) a logits copy for the greedy shortcut, or the allowed tokens' logits */
     uint32_t *gmask;          /* ((max(n_vocab, gvocab size) + 31) / 32) allowed tokens */
 
     lm_engine_stats stats;    /* published under mu */
@@ -280,6 +280,8 @@ static void finish(lm_engine *e, eseq *c, lm_finish why, lm_status status, const
  * before penalties, top-k/p, min-p and temperature). Greedy shortcut: the
  * unconstrained argmax, when the grammar allows it, is the constrained one
  * (the sampler's order and tie-break are the same over fewer candidates).
+ * When the mask allows few tokens the sampler runs over their list alone
+ * (sampler_sample_sparse: the same token as over the masked row).
  * -1: every allowed token is banned; -2: the choice was finished here. */
 static int32_t grammar_pick(lm_engine *e, eseq *c, float *row) {
     int32_t V = e->m->hp.n_vocab;
@@ -290,13 +292,20 @@ static int32_t grammar_pick(lm_engine *e, eseq *c, float *row) {
     }
     int32_t n = gmatch_mask(c->gm, e->gmask);
     if (n <= 0) {
-        finish(e, c, LM_FINISH_ERROR, n < 0 ? LM_ERR_NOMEM : LM_ERR_INTERNAL,
-               n < 0 ? "the grammar's parse state outgrew its bounds (too ambiguous) or memory ran out"
-                     : "internal: no token continues the grammar");
+        const char *why = gmatch_error(c->gm);
+        lm_status st = !why ? LM_ERR_INTERNAL : gmatch_spoiled(c->gm) ? LM_ERR_INVALID : LM_ERR_NOMEM;
+        finish(e, c, LM_FINISH_ERROR, st, why ? why : "internal: no token continues the grammar");
         return -2;
     }
-    grammar_mask_apply(e->gmask, grammar_vocab_size(e->gvocab), row, V);
-    int32_t t = sampler_sample(c->smp, row);
+    int32_t n_ids, t;
+    const int32_t *ids = gmatch_mask_ids(c->gm, &n_ids);
+    while (n_ids > 0 && ids[n_ids - 1] >= V) n_ids--; /* tokens without a logit */
+    if (ids) { /* few allowed: sample over them alone (the same token as over the masked row) */
+        t = sampler_sample_sparse(c->smp, row, ids, n_ids, e->gwork);
+    } else {
+        grammar_mask_apply(e->gmask, grammar_vocab_size(e->gvocab), row, V);
+        t = sampler_sample(c->smp, row);
+    }
     if (t < 0) {
         finish(e, c, LM_FINISH_ERROR, LM_ERR_INVALID, "every token the grammar allows is banned (logit_bias)");
         return -2;
@@ -310,7 +319,9 @@ static int32_t grammar_pick(lm_engine *e, eseq *c, float *row) {
 static int grammar_advance(lm_engine *e, eseq *c, int32_t t) {
     if (c->gm_on) {
         if (tok_is_eog(e->tok, t) || gmatch_accept(c->gm, t) == 0) return 0;
-        finish(e, c, LM_FINISH_ERROR, LM_ERR_INTERNAL, "internal: the grammar refused the token it allowed");
+        const char *why = gmatch_error(c->gm);
+        finish(e, c, LM_FINISH_ERROR, why ? LM_ERR_INVALID : LM_ERR_INTERNAL,
+               why ? why : "internal: the grammar refused the token it allowed");
         return -1;
     }
     const stop_set *tr = &c->req->triggers;
@@ -330,8 +341,9 @@ static int grammar_advance(lm_engine *e, eseq *c, int32_t t) {
     if (first >= 0) {
         c->gm_on = true;
         if (gmatch_accept_bytes(c->gm, c->lz + first, (size_t)(c->n_lz - first)) < 0) {
+            const char *why = gmatch_error(c->gm);
             finish(e, c, LM_FINISH_ERROR, LM_ERR_INVALID,
-                   "the text from the grammar's trigger on does not match the grammar");
+                   why ? why : "the text from the grammar's trigger on does not match the grammar");
             return -1;
         }
         return 0;
@@ -526,6 +538,11 @@ static lm_status grammar_get(lm_engine *e, const lm_request_params *p, lm_gmatch
     for (int i = 0; i < e->n_gtab; i++) {
         gentry *t = &e->gtab[i];
         if (t->len == len && !memcmp(t->text, p->grammar, len) && !strcmp(t->root, root)) {
+            if (gmatch_spoiled(t->proto)) { /* an earlier request passed the matcher's bounds */
+                rc = LM_ERR_INVALID;
+                lm_err(err, errlen, "grammar: %s", gmatch_spoiled(t->proto));
+                goto done;
+            }
             *proto = t->proto;
             goto done;
         }
@@ -537,11 +554,12 @@ static lm_status grammar_get(lm_engine *e, const lm_request_params *p, lm_gmatch
         lm_err(err, errlen, "grammar: %s", gerr);
         goto done;
     }
-    lm_gmatch *m = gmatch_new(g, e->gvocab, NULL, 0);
-    if (!m) {
+    lm_gmatch *m = gmatch_new(g, e->gvocab, gerr, sizeof gerr);
+    if (!m || gmatch_probe(m, gerr, sizeof gerr) < 0) { /* a grammar past the matcher's bounds is refused here */
+        rc = m || !strstr(gerr, "out of memory") ? LM_ERR_INVALID : LM_ERR_NOMEM;
+        gmatch_free(m);
         grammar_free(g);
-        rc = LM_ERR_NOMEM;
-        lm_err(err, errlen, "out of memory starting the grammar");
+        lm_err(err, errlen, "grammar: %s", gerr);
         goto done;
     }
     gentry t = {lm_strndup(p->grammar, len), len, lm_strndup(root, strlen(root)), g, m};
