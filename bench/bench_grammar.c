@@ -3,18 +3,21 @@
  * through the engine with a JSON grammar against the same requests free,
  * and the mask's own time per token.
  *
- *   build/bench_grammar -m MODEL.gguf [-b BATCH] [-n TOKENS] [-t THREADS] [-g FILE.gbnf] [--temp T]
+ *   build/bench_grammar -m MODEL.gguf [-b BATCH] [-n TOKENS] [-t THREADS] [-g FILE.gbnf] [--temp T] [-r ROUNDS]
  *
  * Per batch size: B free requests (max_tokens n, ignore_eos), then B
  * constrained ones (the grammar below, or -g), same prompt and seeds; the
  * engine runs each set alone and the time per output token is wall time
  * over tokens generated. A constrained warm-up request first builds the
- * per-vocabulary tables (reported separately: once per engine). Three
- * interleaved rounds, best of each, in wall time and in CPU time of all
- * threads (the steadier figure on a shared machine). Then the
+ * per-vocabulary tables (reported separately: once per engine). ROUNDS
+ * (default 3) interleaved rounds, free then constrained: the best of each,
+ * and the median and range of the per-round ratios, in wall time and in CPU
+ * time of all threads (the steadier figure on a shared machine). Then the
  * mask alone: one constrained output replayed with a fresh matcher (every
  * state new: cold) and again after a reset (states cached: warm), timing
- * gmatch_mask at every token.
+ * gmatch_mask at every token, and one sampling step as the engine takes it
+ * (over the allowed ids when the mask keeps them, else over the masked
+ * row), with the share of steps that took the list.
  *
  * The default grammar is what a JSON schema with a string, an integer, an
  * enum, a boolean and an array of strings compiles to, with bounded
@@ -73,6 +76,13 @@ static double cpu_now(clockid_t which) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(const double *x, int n) { return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]); }
+
 /* Run b requests at once; wall seconds per generated token, and CPU
  * seconds (all threads) per generated token in *cpu. */
 static double run_set(lm_engine *e, const int32_t *prompt, int n_prompt, int b, int n, float temp, const char *g,
@@ -108,7 +118,7 @@ static double run_set(lm_engine *e, const int32_t *prompt, int n_prompt, int b, 
 
 int main(int argc, char **argv) {
     const char *path = NULL, *gfile = NULL;
-    int batch = 1, n = 64, threads = 2;
+    int batch = 1, n = 64, threads = 2, rounds = 3;
     float temp = 0.8f;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-m") && i + 1 < argc) path = argv[++i];
@@ -117,13 +127,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-t") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-g") && i + 1 < argc) gfile = argv[++i];
         else if (!strcmp(argv[i], "--temp") && i + 1 < argc) temp = (float)atof(argv[++i]);
+        else if (!strcmp(argv[i], "-r") && i + 1 < argc) rounds = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: bench_grammar -m MODEL.gguf [-b BATCH] [-n TOKENS] [-t THREADS] [-g FILE.gbnf] "
-                            "[--temp T]\n");
+                            "[--temp T] [-r ROUNDS]\n");
             return 2;
         }
     }
-    if (!path || batch < 1 || batch > 64 || n < 1) return 2;
+    if (!path || batch < 1 || batch > 64 || n < 1 || rounds < 1 || rounds > 64) return 2;
     char err[LM_ERRLEN];
     const char *gbnf = SCHEMA_GBNF;
     char *gbuf = NULL;
@@ -153,10 +164,13 @@ int main(int argc, char **argv) {
     /* warm the model's pages, then free and constrained, twice, best of each */
     run_set(e, prompt, n_prompt, batch, 8, temp, NULL, cs, &tok_free, NULL);
     double best_free = 1e9, best_g = 1e9, cpu_free = 1e9, cpu_g = 1e9;
-    for (int rep = 0; rep < 3; rep++) { /* interleaved, best of three: the machine may be shared */
+    double wr[64], cr[64];
+    for (int rep = 0; rep < rounds; rep++) { /* interleaved: the machine may be shared */
         double cf, cg;
         double f = run_set(e, prompt, n_prompt, batch, n, temp, NULL, cs, &tok_free, &cf);
         double g = run_set(e, prompt, n_prompt, batch, n, temp, gbnf, cs, &tok_g, &cg);
+        wr[rep] = g / f;
+        cr[rep] = cg / cf;
         if (f < best_free) best_free = f;
         if (g < best_g) best_g = g;
         if (cf < cpu_free) cpu_free = cf;
@@ -171,7 +185,7 @@ int main(int argc, char **argv) {
     if (!gm) return fprintf(stderr, "%s\n", err), 1;
     uint32_t *mask = malloc(((size_t)grammar_vocab_size(gv) + 31) / 32 * 4);
     double cold = 0, warm = 0, cold_max = 0, t_free = 0, t_con = 0;
-    int steps = 0;
+    int steps = 0, n_sparse = 0;
     /* a sampling step alone and with the mask applied (cached masks), on
      * random logits: the per-token cost the grammar adds to sampling */
     int32_t V = m->hp.n_vocab;
@@ -202,8 +216,15 @@ int main(int argc, char **argv) {
                 memcpy(work, row, (size_t)V * sizeof *row);
                 double s3 = cpu_now(CLOCK_THREAD_CPUTIME_ID);
                 gmatch_mask(gm, mask);
-                grammar_mask_apply(mask, grammar_vocab_size(gv), work, V); /* as the engine applies it */
-                sampler_sample(smp, work);
+                int32_t n_ids;
+                const int32_t *ids = gmatch_mask_ids(gm, &n_ids);
+                if (ids) { /* as the engine samples */
+                    sampler_sample_sparse(smp, row, ids, n_ids, work);
+                    n_sparse++;
+                } else {
+                    grammar_mask_apply(mask, grammar_vocab_size(gv), work, V);
+                    sampler_sample(smp, work);
+                }
                 double s4 = cpu_now(CLOCK_THREAD_CPUTIME_ID);
                 t_free += s2 - s1;
                 t_con += s4 - s3;
@@ -218,10 +239,15 @@ int main(int argc, char **argv) {
            best_g * 1e3, best_g / best_free);
     printf("CPU time per output token (all threads): free %.2f ms, JSON grammar %.2f ms, ratio %.3f\n",
            cpu_free * 1e3, cpu_g * 1e3, cpu_g / cpu_free);
+    qsort(wr, (size_t)rounds, sizeof *wr, cmp_double);
+    qsort(cr, (size_t)rounds, sizeof *cr, cmp_double);
+    printf("per-round ratios over %d rounds: wall median %.3f (%.3f to %.3f), CPU median %.3f (%.3f to %.3f)\n",
+           rounds, median(wr, rounds), wr[0], wr[rounds - 1], median(cr, rounds), cr[0], cr[rounds - 1]);
     printf("mask per token (thread CPU time) over %d tokens: cold %.3f ms (max %.2f ms), cached %.4f ms\n", steps,
            steps ? cold / steps * 1e3 : 0, cold_max * 1e3, steps ? warm / steps * 1e3 : 0);
-    printf("sampling step (thread CPU time, cached masks): free %.3f ms, masked %.3f ms\n", t_free / steps * 1e3,
-           t_con / steps * 1e3);
+    printf("sampling step (thread CPU time, cached masks): free %.3f ms, masked %.3f ms (%d of %d steps over the "
+           "allowed ids)\n",
+           t_free / steps * 1e3, t_con / steps * 1e3, n_sparse, steps);
     free(mask);
     free(row);
     free(work);

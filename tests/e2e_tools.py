@@ -29,7 +29,9 @@ false, arguments validated against the tool's schema, the streamed deltas
 (index, id, type and name first, then arguments in pieces) adding up to
 the whole answer's calls; a round trip (call -> tool message -> answer);
 auto leaves free text free (same as none when no call is made). Then 400s
-for a bad grammar, a bad schema and an unknown tool_choice name; batch
+for a bad grammar, a bad schema and an unknown tool_choice name, and for
+highly ambiguous grammars (found at submission, or while generating: then
+the request ends with an error and the grammar is refused from then on); batch
 invariance (a constrained request's output alone and among free ones) and
 preemption with constrained requests mixed among free ones (every output
 equal to its solo output, preemptions counted in /metrics).
@@ -136,7 +138,7 @@ class Server:
 # ------------------------------------------------------------ the client
 
 CLIENT = r'''
-import json, sys, threading
+import json, sys, threading, time
 from typing import List, Literal
 import jsonschema, openai, pydantic
 cfg = json.loads(sys.argv[1])
@@ -368,6 +370,38 @@ def errors():
             check("400 for a %s" % name, e.status_code == 400 and body.get("param") == param and body.get("message"),
                   body)
 
+# Grammars whose parse stacks double with every "x" (each x may open a
+# nested r whose continuation differs by alternative): the server must refuse
+# them quickly instead of following the stacks for seconds. The first is
+# found when the grammar is submitted (400); the second hides the doubling
+# behind a literal longer than the states explored at submission, so it is
+# found while generating (the request ends with an error); sent again it is
+# refused again (at submission when the engine kept the compiled grammar,
+# which test_engine_grammar checks; here the engine's table of grammars may
+# be full from the checks before).
+AMBIGUOUS = 'root ::= r\nr ::= "x" r "x"? | "x" r ("x" "x")? | "x"\n'
+HIDDEN = 'root ::= "%s" r\nr ::= "x" r "x"? | "x" r ("x" "x")? | "x"\n' % ("a" * 120)
+
+def ambiguous():
+    def attempt(grammar):
+        t0 = time.time()
+        try:
+            client.completions.create(model=M, prompt="x", max_tokens=400, temperature=0,
+                                      extra_body={"grammar": grammar, "ignore_eos": True})
+            return None, None, time.time() - t0
+        except openai.BadRequestError as e:
+            body = e.body if isinstance(e.body, dict) else {}
+            return e.status_code, body.get("message") or "", time.time() - t0
+    for name, grammar in [("at submission", AMBIGUOUS), ("while generating", HIDDEN),
+                          ("again", HIDDEN)]:
+        code, msg, dt = attempt(grammar)
+        print("  ambiguous grammar %s: %s in %.2f s: %s" % (name, code, dt, msg))
+        check("an ambiguous grammar is refused %s: 400 saying so" % name,
+              code == 400 and "too ambiguous" in (msg or ""), (code, msg))
+        check("an ambiguous grammar is refused %s within 30 s (not minutes)" % name, dt < 30, dt)
+    check("the server still answers after ambiguous grammars",
+          client.completions.create(model=M, prompt="x", max_tokens=4).choices[0].text is not None)
+
 def batch_invariance():
     rf = {"type": "json_schema", "json_schema": {"name": "b", "schema": SCHEMAS[0]}}
     kw = dict(model=M, messages=MSGS, response_format=rf, max_tokens=MT, temperature=1.0, seed=77)
@@ -390,7 +424,7 @@ def batch_invariance():
           "%r vs %r" % (got[0], alone))
 
 for name, fn in [("schemas", schema_outputs), ("pydantic", parse_pydantic), ("tools", tools_required),
-                 ("round trip", round_trip), ("auto", auto_free), ("errors", errors),
+                 ("round trip", round_trip), ("auto", auto_free), ("errors", errors), ("ambiguous", ambiguous),
                  ("batch", batch_invariance)]:
     if name in cfg["skip"]:
         continue

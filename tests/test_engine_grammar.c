@@ -16,6 +16,8 @@
  *     the trigger but continues with text the grammar refuses ends the
  *     choice with an error;
  *   - a bad grammar or bad triggers are refused at submission;
+ *   - a highly ambiguous grammar is refused at submission, or ends its
+ *     request with an error while generating and is refused from then on;
  *   - more distinct grammars than the engine keeps compiled.
  */
 #include <stdatomic.h>
@@ -399,6 +401,66 @@ static void test_many_grammars(void) {
     engine_free(e);
 }
 
+/* A highly ambiguous grammar: refused at submission when the probe finds
+ * it; else the request ends with an error finish (LM_ERR_INVALID, saying
+ * "too ambiguous") once generation reaches the ambiguous part, and the same
+ * grammar is refused at submission from then on. Another request running
+ * at the same time is not disturbed. */
+typedef struct {
+    atomic_int done;
+    lm_finish finish;
+    lm_status status;
+    char error[LM_ERRLEN];
+    int n;
+} outcome;
+
+static void on_outcome(void *user, const lm_event *ev) {
+    outcome *o = user;
+    if (ev->token >= 0) o->n++;
+    if (ev->done) {
+        o->finish = ev->finish;
+        o->status = ev->status;
+        if (ev->error) snprintf(o->error, sizeof o->error, "%s", ev->error);
+        atomic_store(&o->done, 1);
+    }
+}
+
+static void test_ambiguous(void) {
+    lm_engine *e = new_engine(4, 0);
+    CHECK(e);
+    lm_sample_params sp = sampling(0);
+    char err[LM_ERRLEN];
+    outcome o = {0}, free_o = {0};
+    lm_request_params p = params("root ::= r\nr ::= \"x\" r \"x\"? | \"x\" r (\"x\" \"x\")? | \"x\"\n", &sp, -1, NULL);
+    p.on_event = on_outcome;
+    p.user = &o;
+    p.ignore_eos = true;
+    double t0 = lm_now();
+    CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_ERR_INVALID);
+    CHECKF(strstr(err, "grammar: ") && strstr(err, "too ambiguous"), "%s", err);
+    printf("  refused at submission in %.3f s: %s\n", lm_now() - t0, err);
+    /* hidden behind a literal longer than the probe explores */
+    const char *hidden = "root ::= \"Once upon a time there was a grammar that hid its ambiguity behind a long "
+                         "literal, far past the states explored at submission:\" r\n"
+                         "r ::= \"x\" r \"x\"? | \"x\" r (\"x\" \"x\")? | \"x\"\n";
+    p.grammar = hidden;
+    lm_request_params pf = params(NULL, &sp, 40, NULL);
+    pf.on_event = on_outcome;
+    pf.user = &free_o;
+    pf.ignore_eos = true;
+    t0 = lm_now();
+    CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
+    CHECK(engine_submit(e, &pf, NULL, err, sizeof err) == LM_OK);
+    engine_wait_idle(e);
+    CHECKF(o.done && o.finish == LM_FINISH_ERROR && o.status == LM_ERR_INVALID && strstr(o.error, "too ambiguous"),
+           "finish %d status %d: %s", o.finish, o.status, o.error);
+    printf("  ended while generating after %d tokens in %.3f s: %s\n", o.n, lm_now() - t0, o.error);
+    CHECK(free_o.done && free_o.finish == LM_FINISH_LENGTH && free_o.n == 40);
+    CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_ERR_INVALID);
+    CHECKF(strstr(err, "grammar: ") && strstr(err, "too ambiguous"), "%s", err);
+    engine_free(e);
+}
+
 int main(void) {
     kernels_init();
     char err[LM_ERRLEN];
@@ -416,6 +478,7 @@ int main(void) {
     TEST_RUN(test_lazy);
     TEST_RUN(test_refused);
     TEST_RUN(test_many_grammars);
+    TEST_RUN(test_ambiguous);
     grammar_vocab_free(gvocab);
     pool_free(ref_pool);
     model_free(model);

@@ -110,6 +110,8 @@ int gmatch_probe(lm_gmatch *m, char *err, size_t errlen);
  * short, where sampling over it beats a pass over the whole row) or was
  * not cached. Valid until the next gmatch_mask on any copy of the matcher. */
 const int32_t *gmatch_mask_ids(const lm_gmatch *m, int32_t *n);
+/* Whether the current state's mask is cached (gmatch_mask then copies it). */
+bool gmatch_mask_cached(const lm_gmatch *m);
 /* Whether one token is allowed (cheaper than a mask when the sampler's
  * first choice is usually right). */
 bool gmatch_allows(lm_gmatch *m, int32_t tok);

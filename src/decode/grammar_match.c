@@ -725,6 +725,8 @@ int32_t gmatch_mask(lm_gmatch *m, uint32_t *allow) {
     return count;
 }
 
+bool gmatch_mask_cached(const lm_gmatch *m) { return m->c->mask[m->cur] != NULL; }
+
 const int32_t *gmatch_mask_ids(const lm_gmatch *m, int32_t *n) {
     const gcache *c = m->c;
     *n = c->ids[m->cur] ? c->mask_n[m->cur] : 0;

@@ -281,11 +281,12 @@ static void finish(lm_engine *e, eseq *c, lm_finish why, lm_status status, const
  * unconstrained argmax, when the grammar allows it, is the constrained one
  * (the sampler's order and tie-break are the same over fewer candidates).
  * When the mask allows few tokens the sampler runs over their list alone
- * (sampler_sample_sparse: the same token as over the masked row).
+ * (sampler_sample_sparse: the same token as over the masked row); greedy
+ * goes there directly when the state's mask is cached.
  * -1: every allowed token is banned; -2: the choice was finished here. */
 static int32_t grammar_pick(lm_engine *e, eseq *c, float *row) {
     int32_t V = e->m->hp.n_vocab;
-    if (sampler_greedy(c->smp)) {
+    if (sampler_greedy(c->smp) && !gmatch_mask_cached(c->gm)) { /* (a cached mask is cheaper) */
         memcpy(e->gwork, row, (size_t)V * sizeof *row);
         int32_t t = sampler_sample(c->smp, e->gwork);
         if (t >= 0 && gmatch_allows(c->gm, t)) return t;
