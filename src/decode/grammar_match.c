@@ -386,15 +386,38 @@ static int32_t step_byte(gcache *c, int32_t s, uint8_t b) {
     return step_part(c, s, need | len << 2 | acc << 5);
 }
 
-/* trans[s][b], computed on first use. */
+/* The bytes that may follow state s (a superset): bit b of live[b >> 6]. */
+static void live_bytes(const gcache *c, int32_t s, uint64_t live[4]) {
+    const lm_grammar *g = c->g;
+    live[0] = live[1] = live[2] = live[3] = 0;
+    if (c->st_part[s]) { /* inside a character: its continuation bytes */
+        live[2] = ~0ull;
+        return;
+    }
+    for (int32_t i = 0; i < c->st_len[s]; i++) {
+        int32_t id = c->items[c->st_off[s] + i];
+        if (id == 0) continue;
+        const gclass *k = &g->cls[g->el[c->fr[id].pos].val];
+        live[0] |= k->ascii[0], live[1] |= k->ascii[1];
+        if (k->n > 0 && g->ranges[k->off + k->n - 1].hi >= 0x80) live[3] |= ~0ull; /* lead bytes 0xC0-0xFF */
+    }
+}
+
+/* trans[s][b], computed on first use. A new row starts with the bytes no
+ * stack can take marked dead (one pass over the stacks), so a state with
+ * many stacks costs its stacks once per byte that may follow, not per byte. */
 static inline int32_t step(gcache *c, int32_t s, uint8_t b) {
     int32_t *row = c->trans[s];
     if (row && row[b] != T_UNKNOWN) return row[b];
     if (!row) {
+        if (spend(c, c->st_len[s]) < 0) return T_BOUND;
         if (!(row = lm_malloc(256 * sizeof *row))) return c->fail = T_NOMEM;
-        for (int i = 0; i < 256; i++) row[i] = T_UNKNOWN;
+        uint64_t live[4];
+        live_bytes(c, s, live);
+        for (int i = 0; i < 256; i++) row[i] = (live[i >> 6] >> (i & 63)) & 1 ? T_UNKNOWN : T_DEAD;
         c->trans[s] = row;
         c->n_rows++;
+        if (row[b] != T_UNKNOWN) return row[b];
     }
     int32_t t = step_byte(c, s, b);
     if (t == T_NOMEM || t == T_BOUND) { /* not cached: a later call fails the same way or succeeds */
@@ -573,23 +596,6 @@ const char *gmatch_error(const lm_gmatch *m) {
 }
 
 const char *gmatch_spoiled(const lm_gmatch *m) { return atomic_load(&m->c->spoiled) ? m->c->why : NULL; }
-
-/* The bytes that may follow state s (a superset): bit b of live[b >> 6]. */
-static void live_bytes(const gcache *c, int32_t s, uint64_t live[4]) {
-    const lm_grammar *g = c->g;
-    live[0] = live[1] = live[2] = live[3] = 0;
-    if (c->st_part[s]) { /* inside a character: its continuation bytes */
-        live[2] = ~0ull;
-        return;
-    }
-    for (int32_t i = 0; i < c->st_len[s]; i++) {
-        int32_t id = c->items[c->st_off[s] + i];
-        if (id == 0) continue;
-        const gclass *k = &g->cls[g->el[c->fr[id].pos].val];
-        live[0] |= k->ascii[0], live[1] |= k->ascii[1];
-        if (k->n > 0 && g->ranges[k->off + k->n - 1].hi >= 0x80) live[3] |= ~0ull; /* lead bytes 0xC0-0xFF */
-    }
-}
 
 /* Explore the states the first bytes lead to, most stacks first, up to
  * GM_PROBE_STATES of them: a grammar whose stacks multiply with repeated
