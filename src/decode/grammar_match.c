@@ -22,6 +22,20 @@
  * step (a stamp per frame), so shared sub-stacks are not expanded twice and
  * deep grammars cannot overflow the C stack. It terminates because the
  * compiler refused left recursion.
+ *
+ * Masks. A state's mask is cached with its allowed count; when it allows
+ * at most an eighth of the vocabulary its ids are kept too (ascending), for
+ * samplers that visit only those. All cached masks are dropped together
+ * past GM_MASK_BYTES.
+ *
+ * Bounds. Each public call starts a budget of GM_WORK operations (a frame
+ * expanded, a stack stepped or interned, a new row's pass over its stacks);
+ * a state may hold GM_MAX_STACKS stacks and the cache GM_CACHE_BYTES. A
+ * call past one fails (T_BOUND inside, -1 or false outside) with the reason
+ * in `why`; failed steps are not cached, and the cache is marked spoiled
+ * (atomically: submitters read it to refuse the grammar). gmatch_probe
+ * explores the first states, most stacks first, to find such grammars
+ * before a request uses them.
  */
 #include <math.h>
 #include <stdatomic.h>

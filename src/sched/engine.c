@@ -34,8 +34,11 @@
  * Grammars. A choice's lm_gmatch advances with every token it takes
  * (grammar_advance); it is not tied to the KV, so preemption and recompute
  * leave it as it is, like the sampler's RNG and history. Submitters compile
- * grammars and build the per-vocabulary tables under gv_mu; masks and steps
- * happen on the engine thread only.
+ * grammars, probe new ones against the matcher's bounds (gmatch_probe: a
+ * highly ambiguous grammar is refused there) and build the per-vocabulary
+ * tables under gv_mu; masks and steps happen on the engine thread only. A
+ * grammar a step found past the bounds is refused at submission from then
+ * on (gmatch_spoiled).
  *
  * Threads. Submitters only touch the inbox (under mu) and a request's cancel
  * flag (atomic). Everything else - scheduler, KV bookkeeping, samplers -
