@@ -8,7 +8,7 @@
  *    around 1e-7 of that sum). Rows come from the reference quantizer and,
  *    for the quantized types, also from random block bytes (every nibble,
  *    sign bit, scale code and -128 weight occurs). Lengths: every multiple of
- *    32 up to 1280 plus 2048 and 2816 for Q8_0/Q4_0/Q5_0; 256, 512, 768, 1024,
+ *    32 up to 1280 plus 2048 and 2816 for Q8_0/Q4_0/Q5_0/Q4_1/Q5_1; 256, 512, 768, 1024,
  *    2048 and 2816 for the K-quants; for F32/F16/BF16 also lengths that end
  *    in a short tail (1, 7, 15, 17, 33, 100, ...).
  *  - activation quantizers Q8_0, Q8_K and F16: blocks byte-identical to
@@ -19,7 +19,7 @@
  *    nr, nc in 1..4 (a quarter of the trials on the longest rows): each
  *    output bit-identical (memcmp) to that type's AVX2 vec_dot, and nothing
  *    outside the tile written.
- *  - interleaved (packed) Q8_0/Q4_0 tiles: against quant_vec_dot_ref on
+ *  - interleaved (packed) Q8_0/Q4_0/Q5_0/Q4_1/Q5_1/Q4_K tiles: against quant_vec_dot_ref on
  *    the original rows and the float64 dot (same tolerance) for 1..29 rows
  *    (partial last groups) and 32..2816 columns; bit-identical to
  *    themselves for every tile width 1..8 and token position; nothing
@@ -31,7 +31,9 @@
  *    without a tail, and for random Q8_0 blocks.
  *  - the AVX2 lookup table: every weight type has vec_dot and gemm, Q8_0/Q8_K
  *    and F16 have from_float, F16/Q8_0 to_float, other types get NULL; only
- *    Q8_0/Q4_0/Q5_0/Q4_K (and F16 panels) have packed kernels.
+ *    Q8_0/Q4_0/Q5_0/Q4_1/Q5_1/Q4_K (and F16 panels) have packed kernels.
+ *  - Q4_1 and Q5_1 through ops_matmul, packed and row-major, for every
+ *    batch of 1 to 64 tokens and odd shapes, against the scalar reference.
  *  - the kernel table (kernels.h): filled with the AVX2 entries on this
  *    CPU; kernels_use(LM_ISA_SCALAR) and LAMINA_NO_SIMD=1 leave every entry
  *    the scalar reference (matrix, conversion, element-wise, attention);
@@ -56,8 +58,9 @@
 #include "test.h"
 #include "base/util.h"
 
-static const uint32_t weight_types[] = {LM_TYPE_F32,  LM_TYPE_F16,  LM_TYPE_BF16, LM_TYPE_Q8_0, LM_TYPE_Q4_0,
-                                        LM_TYPE_Q5_0, LM_TYPE_Q4_K, LM_TYPE_Q5_K, LM_TYPE_Q6_K};
+static const uint32_t weight_types[] = {LM_TYPE_F32,  LM_TYPE_F16,  LM_TYPE_BF16, LM_TYPE_Q8_0,
+                                        LM_TYPE_Q4_0, LM_TYPE_Q5_0, LM_TYPE_Q4_1, LM_TYPE_Q5_1,
+                                        LM_TYPE_Q4_K, LM_TYPE_Q5_K, LM_TYPE_Q6_K};
 #define N_WEIGHT_TYPES (sizeof weight_types / sizeof weight_types[0])
 
 #define TOL 1e-5 /* relative to sum |w_i x_i|, every type */
@@ -86,6 +89,13 @@ static void fill_random_blocks(uint32_t type, uint8_t *p, int64_t n) {
         case LM_TYPE_Q8_0:
         case LM_TYPE_Q4_0:
         case LM_TYPE_Q5_0: memcpy(blk, &d, 2); break;
+        case LM_TYPE_Q4_1:
+        case LM_TYPE_Q5_1: {
+            uint16_t m = lm_f32_to_f16((float)(lm_rng_uniform(&rng) * 0.2 - 0.1));
+            memcpy(blk, &d, 2);
+            memcpy(blk + 2, &m, 2);
+            break;
+        }
         case LM_TYPE_Q4_K:
         case LM_TYPE_Q5_K:
             memcpy(blk, &d, 2);
@@ -198,6 +208,16 @@ static void test_vec_dot_q5_0(void) {
     check_vec_dot_type(LM_TYPE_Q5_0, true);
 }
 
+static void test_vec_dot_q4_1(void) {
+    check_vec_dot_type(LM_TYPE_Q4_1, false);
+    check_vec_dot_type(LM_TYPE_Q4_1, true);
+}
+
+static void test_vec_dot_q5_1(void) {
+    check_vec_dot_type(LM_TYPE_Q5_1, false);
+    check_vec_dot_type(LM_TYPE_Q5_1, true);
+}
+
 static void test_vec_dot_q4_K(void) {
     check_vec_dot_type(LM_TYPE_Q4_K, false);
     check_vec_dot_type(LM_TYPE_Q4_K, true);
@@ -237,6 +257,9 @@ static void test_vec_dot_extremes(void) {
                 switch (wt) {
                 case LM_TYPE_Q8_0: memset(blk + 2, pattern & 2 ? 0x80 : 0x7F, 32); break;
                 case LM_TYPE_Q4_0: memset(blk + 2, fillb, 16); break;
+                case LM_TYPE_Q5_0: memset(blk + 2, fillb, 20); break;
+                case LM_TYPE_Q4_1: memset(blk + 4, fillb, 16); break;
+                case LM_TYPE_Q5_1: memset(blk + 4, fillb, 20); break;
                 case LM_TYPE_Q4_K:
                     memset(blk + 4, 0xFF, 12);
                     memset(blk + 16, fillb, 128);
@@ -440,6 +463,8 @@ static void test_gemm_bf16(void) { check_gemm_type(LM_TYPE_BF16); }
 static void test_gemm_q8_0(void) { check_gemm_type(LM_TYPE_Q8_0); }
 static void test_gemm_q4_0(void) { check_gemm_type(LM_TYPE_Q4_0); }
 static void test_gemm_q5_0(void) { check_gemm_type(LM_TYPE_Q5_0); }
+static void test_gemm_q4_1(void) { check_gemm_type(LM_TYPE_Q4_1); }
+static void test_gemm_q5_1(void) { check_gemm_type(LM_TYPE_Q5_1); }
 static void test_gemm_q4_K(void) { check_gemm_type(LM_TYPE_Q4_K); }
 static void test_gemm_q5_K(void) { check_gemm_type(LM_TYPE_Q5_K); }
 static void test_gemm_q6_K(void) { check_gemm_type(LM_TYPE_Q6_K); }
@@ -586,6 +611,8 @@ static void test_packed_q8_0(void) { check_packed_type(LM_TYPE_Q8_0); }
 static void test_packed_q4_0(void) { check_packed_type(LM_TYPE_Q4_0); }
 static void test_packed_q4_K(void) { check_packed_type(LM_TYPE_Q4_K); }
 static void test_packed_q5_0(void) { check_packed_type(LM_TYPE_Q5_0); }
+static void test_packed_q4_1(void) { check_packed_type(LM_TYPE_Q4_1); }
+static void test_packed_q5_1(void) { check_packed_type(LM_TYPE_Q5_1); }
 
 /* ---- F16 panels --------------------------------------------------------------- */
 
@@ -758,8 +785,73 @@ static void test_matmul_batch_invariance(void) {
     check_matmul_batch_invariance(LM_TYPE_Q4_0);
     check_matmul_batch_invariance(LM_TYPE_Q4_K);
     check_matmul_batch_invariance(LM_TYPE_Q5_0);
+    check_matmul_batch_invariance(LM_TYPE_Q4_1);
+    check_matmul_batch_invariance(LM_TYPE_Q5_1);
     check_matmul_batch_invariance(LM_TYPE_F16);
 }
+
+/* Q4_1 and Q5_1 through ops_matmul on two threads, packed and row-major,
+ * for every batch of 1 to 64 tokens: each output against the scalar
+ * reference (quant_vec_dot_ref with the token's Q8_0 row) and the float64
+ * dot of the dequantized rows, within TOL of sum |w x|. Odd shapes: rows
+ * that leave the last group of 8 partial, and row lengths of 1, 3, 18 and
+ * 48 blocks (SmolLM2's 576 and 1536). */
+static void check_matmul_tokens(uint32_t wt) {
+    lm_pool *pool = pool_new(2);
+    CHECK(pool);
+    static const int64_t shapes[][2] = {{37, 576}, {13, 96}, {3, 32}, {9, 1536}};
+    enum { MAX_TOK = 64 };
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int64_t rows = shapes[si][0], n = shapes[si][1];
+        size_t rb = quant_row_size(wt, n), qs = quant_row_size(LM_TYPE_Q8_0, n);
+        uint8_t *w = lm_malloc(rb * (size_t)rows), *wp = lm_malloc(quant_pack_size(wt, rows, n));
+        for (int64_t r = 0; r < rows; r++) make_weight(wt, n, r % 3 == 1, w + (size_t)r * rb);
+        quant_pack(wt, w, rb, rows, n, wp);
+        float *x = lm_malloc((size_t)MAX_TOK * (size_t)n * sizeof(float));
+        fill_normal(x, (int64_t)MAX_TOK * n, 1.0);
+        uint8_t *xq = lm_malloc(qs * MAX_TOK);
+        double *ref = lm_malloc((size_t)MAX_TOK * (size_t)rows * sizeof(double));
+        double *tol = lm_malloc((size_t)MAX_TOK * (size_t)rows * sizeof(double));
+        for (int t = 0; t < MAX_TOK; t++) {
+            quant_act_from_float(wt, x + (size_t)t * (size_t)n, xq + (size_t)t * qs, n);
+            for (int64_t r = 0; r < rows; r++) {
+                double abs_sum, exact = deq_dot(wt, n, w + (size_t)r * rb, xq + (size_t)t * qs, &abs_sum);
+                float sref = quant_vec_dot_ref(wt, n, w + (size_t)r * rb, xq + (size_t)t * qs);
+                CHECK(fabs((double)sref - exact) <= TOL * abs_sum + 1e-30);
+                ref[(size_t)t * (size_t)rows + (size_t)r] = sref;
+                tol[(size_t)t * (size_t)rows + (size_t)r] = TOL * abs_sum + 1e-30;
+            }
+        }
+        void *scratch = lm_malloc(ops_matmul_scratch(wt, n, MAX_TOK));
+        float *y = lm_malloc((size_t)MAX_TOK * (size_t)rows * sizeof(float));
+        char msg[200] = "";
+        for (int packed = 0; packed < 2 && !msg[0]; packed++) {
+            lm_weight lw = {.data = w, .type = wt, .rows = rows, .cols = n, .row_bytes = rb,
+                            .packed = packed ? wp : NULL};
+            for (int n_tok = 1; n_tok <= MAX_TOK && !msg[0]; n_tok++) {
+                ops_matmul(pool, y, &lw, x, n_tok, scratch);
+                for (size_t i = 0; i < (size_t)n_tok * (size_t)rows && !msg[0]; i++)
+                    if (!(fabs((double)y[i] - ref[i]) <= tol[i]))
+                        snprintf(msg, sizeof msg, "%s batch %d: token %zu row %zu: %.9g vs reference %.9g",
+                                 packed ? "packed" : "row-major", n_tok, i / (size_t)rows, i % (size_t)rows, y[i],
+                                 ref[i]);
+            }
+        }
+        lm_free(w);
+        lm_free(wp);
+        lm_free(x);
+        lm_free(xq);
+        lm_free(ref);
+        lm_free(tol);
+        lm_free(scratch);
+        lm_free(y);
+        CHECKF(!msg[0], "%s rows=%lld n=%lld: %s", quant_type_name(wt), (long long)rows, (long long)n, msg);
+    }
+    pool_free(pool);
+}
+
+static void test_matmul_tokens_q4_1(void) { check_matmul_tokens(LM_TYPE_Q4_1); }
+static void test_matmul_tokens_q5_1(void) { check_matmul_tokens(LM_TYPE_Q5_1); }
 
 /* ---- KV conversions -------------------------------------------------------- */
 
@@ -812,14 +904,15 @@ static void test_table(void) {
     CHECK(avx2_kernels(LM_TYPE_Q8_K)->vec_dot == NULL);
     CHECK(avx2_kernels(LM_TYPE_F16)->from_float == avx2_from_float_f16);
     CHECK(avx2_kernels(LM_TYPE_Q4_0)->from_float == NULL);
-    CHECK(avx2_kernels(LM_TYPE_Q4_1) == NULL);
+    CHECK(avx2_kernels(LM_TYPE_Q8_1) == NULL);
     CHECK(avx2_kernels(LM_TYPE_I8) == NULL);
     CHECK(avx2_kernels(LM_TYPE_COUNT) == NULL);
     CHECK(avx2_kernels(UINT32_MAX) == NULL);
     for (size_t ti = 0; ti < N_WEIGHT_TYPES; ti++) {
         const lm_avx2_kernels *k = avx2_kernels(weight_types[ti]);
         uint32_t wt = weight_types[ti];
-        bool packed = wt == LM_TYPE_Q8_0 || wt == LM_TYPE_Q4_0 || wt == LM_TYPE_Q5_0 || wt == LM_TYPE_Q4_K;
+        bool packed = wt == LM_TYPE_Q8_0 || wt == LM_TYPE_Q4_0 || wt == LM_TYPE_Q5_0 || wt == LM_TYPE_Q4_1 ||
+                      wt == LM_TYPE_Q5_1 || wt == LM_TYPE_Q4_K;
         CHECKF((k->packed_gemm != NULL) == (packed || wt == LM_TYPE_F16) && (k->packed_act != NULL) == packed &&
                    (k->pack_tile == LM_PACK_TILE) == packed,
                "%s", quant_type_name(wt));
@@ -929,6 +1022,8 @@ int main(void) {
     TEST_RUN(test_vec_dot_q8_0);
     TEST_RUN(test_vec_dot_q4_0);
     TEST_RUN(test_vec_dot_q5_0);
+    TEST_RUN(test_vec_dot_q4_1);
+    TEST_RUN(test_vec_dot_q5_1);
     TEST_RUN(test_vec_dot_q4_K);
     TEST_RUN(test_vec_dot_q5_K);
     TEST_RUN(test_vec_dot_q6_K);
@@ -942,6 +1037,8 @@ int main(void) {
     TEST_RUN(test_gemm_q8_0);
     TEST_RUN(test_gemm_q4_0);
     TEST_RUN(test_gemm_q5_0);
+    TEST_RUN(test_gemm_q4_1);
+    TEST_RUN(test_gemm_q5_1);
     TEST_RUN(test_gemm_q4_K);
     TEST_RUN(test_gemm_q5_K);
     TEST_RUN(test_gemm_q6_K);
@@ -953,6 +1050,10 @@ int main(void) {
     TEST_RUN(test_packed_q4_0);
     TEST_RUN(test_packed_q4_K);
     TEST_RUN(test_packed_q5_0);
+    TEST_RUN(test_packed_q4_1);
+    TEST_RUN(test_packed_q5_1);
     TEST_RUN(test_matmul_batch_invariance);
+    TEST_RUN(test_matmul_tokens_q4_1);
+    TEST_RUN(test_matmul_tokens_q5_1);
     return TEST_DONE();
 }

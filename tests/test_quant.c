@@ -590,6 +590,7 @@ static void test_table_kernels(void) {
         bool want = false;
         for (size_t t = 0; t < N_WEIGHT_TYPES; t++) want |= weight_types[t] == id;
         want |= id == LM_TYPE_Q5_0; /* checked in test_quant_q5.c */
+        want |= id == LM_TYPE_Q4_1 || id == LM_TYPE_Q5_1; /* checked in test_quant_q1.c */
         CHECKF(quant_supported(id) == want, "quant_supported(%s)", quant_type_name(id));
     }
     CHECK(!quant_supported(LM_TYPE_Q8_K) && !quant_supported(999));
@@ -614,7 +615,7 @@ static void test_table_kernels(void) {
     CHECK(quant_act_row_size(LM_TYPE_Q4_0, 48) == 0);  /* not a whole block */
     CHECK(quant_act_row_size(LM_TYPE_Q4_K, 288) == 0);
     CHECK(quant_act_row_size(LM_TYPE_Q8_K, 256) == 0); /* activation-only type */
-    CHECK(quant_act_row_size(LM_TYPE_Q4_1, 32) == 0);  /* not computed */
+    CHECK(quant_act_row_size(LM_TYPE_Q8_1, 32) == 0);  /* not computed */
 }
 
 /* ---- interleaved layout ---------------------------------------------------- */

@@ -27,7 +27,7 @@ static void usage_mkmodel(FILE *f) {
             "                     n_ff 5632, vocab 32000, context 2048) or small (8 layers, n_embd 512,\n"
             "                     8 heads, 4 KV heads, n_ff 1408, vocab 32000, context 2048)\n"
             "  --layers N --embd N --heads N --kv-heads N --ff N --vocab N --ctx N   custom shape\n"
-            "  --type T           weight type: F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K (default F16);\n"
+            "  --type T           weight type: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_1 Q4_K Q6_K (default F16);\n"
             "                     norms stay F32\n"
             "  --vocab-from FILE  copy the tokenizer metadata of another GGUF (the vocabulary size\n"
             "                     then follows that file)\n"
@@ -136,7 +136,7 @@ int cmd_mkmodel(int argc, char **argv) {
     if (!out) die_usage(&a, "%s", "no output file (-o OUT.gguf)");
     int type = quant_type_from_name(type_name);
     if (type < 0 || !quant_traits((uint32_t)type)->from_float)
-        die_usage(&a, "weight type '%s' cannot be written (F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K)", type_name);
+        die_usage(&a, "weight type '%s' cannot be written (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_1 Q4_K Q6_K)", type_name);
     if (p.kv_heads < 0) p.kv_heads = p.heads;
     if (p.embd % p.heads || p.heads % p.kv_heads)
         die_usage(&a, "%s", "embd must be a multiple of heads, and heads a multiple of kv-heads");

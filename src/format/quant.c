@@ -14,7 +14,8 @@
  *    quant at most 6 more: <= 24), so each value is rounded once, by the
  *    final subtraction of the min, whatever the evaluation order and with or
  *    without fused multiply-adds. Q8_K's f32 d times q is one rounding too.
- *  - from_float for Q8_0 and Q4_0 is the GGUF round-to-nearest bit for bit;
+ *  - from_float for Q8_0, Q4_0, Q5_0, Q4_1 and Q5_1 is the GGUF
+ *    round-to-nearest bit for bit;
  *    for the K-quants a small least-squares search per sub-block (see
  *    fit_affine / fit_symmetric), then 6- or 8-bit sub-block scales against
  *    an f16 super-block scale, then every element rounded against the scale
@@ -39,6 +40,8 @@
 _Static_assert(sizeof(block_q8_0) == 34, "Q8_0 block is 34 bytes");
 _Static_assert(sizeof(block_q4_0) == 18, "Q4_0 block is 18 bytes");
 _Static_assert(sizeof(block_q5_0) == 22, "Q5_0 block is 22 bytes");
+_Static_assert(sizeof(block_q4_1) == 20, "Q4_1 block is 20 bytes");
+_Static_assert(sizeof(block_q5_1) == 24, "Q5_1 block is 24 bytes");
 _Static_assert(sizeof(block_q4_K) == 144, "Q4_K block is 144 bytes");
 _Static_assert(sizeof(block_q5_K) == 176, "Q5_K block is 176 bytes");
 _Static_assert(sizeof(block_q6_K) == 210, "Q6_K block is 210 bytes");
@@ -218,6 +221,112 @@ static float vec_dot_q5_0(int64_t n, const void *w, const void *x) {
         int sumi = 0;
         for (int j = 0; j < QK5_0; j++) sumi += (q5_0_q(&a[i], j) - 16) * b[i].qs[j];
         acc += (double)f16(a[i].d) * f16(b[i].d) * sumi;
+    }
+    return (float)acc;
+}
+
+/* ---- Q4_1 and Q5_1 ---------------------------------------------------------- */
+/* 32 values each: f16 d, f16 m, then as Q4_0 (Q4_1) or Q5_0 (Q5_1) but
+ * unsigned: x = d * q + m with q in 0..15 (0..31). The product d * q is
+ * exact in float, so the one rounding is the addition of m. */
+
+static inline int q4_1_q(const block_q4_1 *b, int j) {
+    return j < 16 ? (b->qs[j] & 0x0F) : (b->qs[j - 16] >> 4);
+}
+
+static inline int q5_1_q(const block_q5_1 *b, int j) {
+    uint32_t qh;
+    memcpy(&qh, b->qh, 4);
+    int lo = j < 16 ? (b->qs[j] & 0x0F) : (b->qs[j - 16] >> 4);
+    return lo | (int)(((qh >> j) & 1u) << 4);
+}
+
+static void q4_1_to_float(const void *src, float *dst, int64_t n) {
+    const block_q4_1 *b = src;
+    for (int64_t i = 0; i < n / QK4_1; i++) {
+        float d = f16(b[i].d), m = f16(b[i].m);
+        for (int j = 0; j < QK4_1; j++) dst[i * QK4_1 + j] = d * (float)q4_1_q(&b[i], j) + m;
+    }
+}
+
+static void q5_1_to_float(const void *src, float *dst, int64_t n) {
+    const block_q5_1 *b = src;
+    for (int64_t i = 0; i < n / QK5_1; i++) {
+        float d = f16(b[i].d), m = f16(b[i].m);
+        for (int j = 0; j < QK5_1; j++) dst[i * QK5_1 + j] = d * (float)q5_1_q(&b[i], j) + m;
+    }
+}
+
+/* The block's range [min, max] on 2^bits levels: d = (max - min) / nmax,
+ * m = min (each rounded to f16 only on store), q = trunc((x - min) / d +
+ * 0.5) capped at nmax, computed with the unrounded d and min and 1/d, as
+ * GGUF tools do. */
+static void affine_round(const float *x, int nmax, uint16_t *d16, uint16_t *m16, uint8_t q[32]) {
+    float lo = x[0], hi = x[0];
+    for (int j = 1; j < 32; j++) {
+        if (x[j] < lo) lo = x[j];
+        if (x[j] > hi) hi = x[j];
+    }
+    float d = (hi - lo) / (float)nmax;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    *d16 = lm_f32_to_f16(d);
+    *m16 = lm_f32_to_f16(lo);
+    for (int j = 0; j < 32; j++) {
+        float t = (x[j] - lo) * id + 0.5f; /* >= 0.5 for finite x */
+        q[j] = t >= (float)nmax ? (uint8_t)nmax : t > 0.0f ? (uint8_t)t : 0;
+    }
+}
+
+static void q4_1_from_float(const float *src, void *dst, int64_t n) {
+    block_q4_1 *b = dst;
+    for (int64_t i = 0; i < n / QK4_1; i++) {
+        uint8_t q[32];
+        affine_round(src + i * QK4_1, 15, &b[i].d, &b[i].m, q);
+        for (int j = 0; j < 16; j++) b[i].qs[j] = (uint8_t)(q[j] | (q[j + 16] << 4));
+    }
+}
+
+static void q5_1_from_float(const float *src, void *dst, int64_t n) {
+    block_q5_1 *b = dst;
+    for (int64_t i = 0; i < n / QK5_1; i++) {
+        uint8_t q[32];
+        affine_round(src + i * QK5_1, 31, &b[i].d, &b[i].m, q);
+        uint32_t qh = 0;
+        for (int j = 0; j < 32; j++) qh |= (uint32_t)(q[j] >> 4) << j;
+        for (int j = 0; j < 16; j++) b[i].qs[j] = (uint8_t)((q[j] & 0x0F) | ((q[j + 16] & 0x0F) << 4));
+        memcpy(b[i].qh, &qh, 4);
+    }
+}
+
+/* Against Q8_0 activations (dx, qx): per block dw*dx*sum(q*qx) + m*dx*sum(qx). */
+static float vec_dot_q4_1(int64_t n, const void *w, const void *x) {
+    const block_q4_1 *a = w;
+    const block_q8_0 *b = x;
+    double acc = 0;
+    for (int64_t i = 0; i < n / QK4_1; i++) {
+        int sumi = 0, sumx = 0;
+        for (int j = 0; j < QK4_1; j++) {
+            sumi += q4_1_q(&a[i], j) * b[i].qs[j];
+            sumx += b[i].qs[j];
+        }
+        double dx = f16(b[i].d);
+        acc += (double)f16(a[i].d) * dx * sumi + (double)f16(a[i].m) * dx * sumx;
+    }
+    return (float)acc;
+}
+
+static float vec_dot_q5_1(int64_t n, const void *w, const void *x) {
+    const block_q5_1 *a = w;
+    const block_q8_0 *b = x;
+    double acc = 0;
+    for (int64_t i = 0; i < n / QK5_1; i++) {
+        int sumi = 0, sumx = 0;
+        for (int j = 0; j < QK5_1; j++) {
+            sumi += q5_1_q(&a[i], j) * b[i].qs[j];
+            sumx += b[i].qs[j];
+        }
+        double dx = f16(b[i].d);
+        acc += (double)f16(a[i].d) * dx * sumi + (double)f16(a[i].m) * dx * sumx;
     }
     return (float)acc;
 }
@@ -723,11 +832,15 @@ static const lm_type_traits traits[LM_TYPE_COUNT] = {
     [LM_TYPE_Q4_0] = {.name = "Q4_0", .blck = 32, .type_size = 18, .is_quantized = true,
                    .to_float = q4_0_to_float, .from_float = q4_0_from_float,
                    .vec_dot_type = LM_TYPE_Q8_0, .vec_dot = vec_dot_q4_0},
-    [LM_TYPE_Q4_1] = {.name = "Q4_1", .blck = 32, .type_size = 20, .is_quantized = true},
+    [LM_TYPE_Q4_1] = {.name = "Q4_1", .blck = 32, .type_size = 20, .is_quantized = true,
+                   .to_float = q4_1_to_float, .from_float = q4_1_from_float,
+                   .vec_dot_type = LM_TYPE_Q8_0, .vec_dot = vec_dot_q4_1},
     [LM_TYPE_Q5_0] = {.name = "Q5_0", .blck = 32, .type_size = 22, .is_quantized = true,
                    .to_float = q5_0_to_float, .from_float = q5_0_from_float,
                    .vec_dot_type = LM_TYPE_Q8_0, .vec_dot = vec_dot_q5_0},
-    [LM_TYPE_Q5_1] = {.name = "Q5_1", .blck = 32, .type_size = 24, .is_quantized = true},
+    [LM_TYPE_Q5_1] = {.name = "Q5_1", .blck = 32, .type_size = 24, .is_quantized = true,
+                   .to_float = q5_1_to_float, .from_float = q5_1_from_float,
+                   .vec_dot_type = LM_TYPE_Q8_0, .vec_dot = vec_dot_q5_1},
     [LM_TYPE_Q8_0] = {.name = "Q8_0", .blck = 32, .type_size = 34, .is_quantized = true,
                    .to_float = q8_0_to_float, .from_float = q8_0_from_float,
                    .vec_dot_type = LM_TYPE_Q8_0, .vec_dot = vec_dot_q8_0},
@@ -835,11 +948,18 @@ static size_t pack_block_bytes(uint32_t type) {
     if (type == LM_TYPE_Q4_0) return 2 * LM_PACK_ROWS + LM_PACK_ROWS * QK4_0 / 2;
     if (type == LM_TYPE_Q8_0) return 2 * LM_PACK_ROWS + LM_PACK_ROWS * QK8_0;
     if (type == LM_TYPE_Q5_0) return 2 * LM_PACK_ROWS + LM_PACK_ROWS * (4 + QK5_0 / 2);
+    if (type == LM_TYPE_Q4_1) return 4 * LM_PACK_ROWS + LM_PACK_ROWS * QK4_1 / 2;
+    if (type == LM_TYPE_Q5_1) return 4 * LM_PACK_ROWS + LM_PACK_ROWS * (4 + QK5_1 / 2);
     return 0;
 }
 
+/* f16 scales at the head of a block: d (and m for Q4_1, Q5_1). */
+static int pack_scales(uint32_t type) { return type == LM_TYPE_Q4_1 || type == LM_TYPE_Q5_1 ? 2 : 1; }
+
 int quant_pack_rows(uint32_t type) {
-    if (type == LM_TYPE_Q4_0 || type == LM_TYPE_Q5_0 || type == LM_TYPE_Q8_0 || type == LM_TYPE_Q4_K) return LM_PACK_ROWS;
+    if (type == LM_TYPE_Q4_0 || type == LM_TYPE_Q5_0 || type == LM_TYPE_Q8_0 || type == LM_TYPE_Q4_K ||
+        type == LM_TYPE_Q4_1 || type == LM_TYPE_Q5_1)
+        return LM_PACK_ROWS;
     if (type == LM_TYPE_F16) return LM_PANEL_ROWS;
     return 0;
 }
@@ -862,7 +982,9 @@ size_t quant_packed_x_row_size(uint32_t type, int64_t n) {
     if (n < 0) return 0;
     if (type == LM_TYPE_F16) return (size_t)n * sizeof(float);
     if (type == LM_TYPE_Q4_K) return quant_row_size(LM_TYPE_Q8_K, n);
-    if (type == LM_TYPE_Q4_0 || type == LM_TYPE_Q5_0 || type == LM_TYPE_Q8_0) return quant_packed_act_row_size(n);
+    if (type == LM_TYPE_Q4_0 || type == LM_TYPE_Q5_0 || type == LM_TYPE_Q8_0 || type == LM_TYPE_Q4_1 ||
+        type == LM_TYPE_Q5_1)
+        return quant_packed_act_row_size(n);
     return 0;
 }
 
@@ -906,9 +1028,10 @@ static void pack_f16(const uint8_t *src, size_t src_stride, int64_t rows, int64_
     }
 }
 
-/* Q8_0, Q4_0 and Q5_0: a pure byte shuffle: scales and the bytes after them
- * (Q5_0: qh, then qs) are copied unchanged, in 4-byte chunks; padding rows
- * are zero (zero scale, so they add nothing to anything and are never
+/* Q8_0, Q4_0, Q5_0, Q4_1 and Q5_1: a pure byte shuffle: scales (Q4_1,
+ * Q5_1: the 8 rows' d, then their m) and the bytes after them (Q5_0, Q5_1:
+ * qh, then qs) are copied unchanged, in 4-byte chunks; padding rows are
+ * zero (zero scales, so they add nothing to anything and are never
  * stored). */
 void quant_pack(uint32_t type, const void *src, size_t src_stride, int64_t rows, int64_t cols, void *dst) {
     if (type == LM_TYPE_F16) {
@@ -923,7 +1046,9 @@ void quant_pack(uint32_t type, const void *src, size_t src_stride, int64_t rows,
     }
     const size_t bb = pack_block_bytes(type);
     assert(bb && cols % 32 == 0 && rows >= 0);
-    const size_t qbytes = (bb - 2 * LM_PACK_ROWS) / LM_PACK_ROWS; /* quant bytes of one row's block */
+    const int ns = pack_scales(type);
+    const size_t head = 2 * (size_t)ns * LM_PACK_ROWS;          /* the group's scales */
+    const size_t qbytes = (bb - head) / LM_PACK_ROWS; /* quant bytes of one row's block */
     const size_t src_bs = traits[type].type_size;
     const int64_t nb = cols / 32, groups = (rows + LM_PACK_ROWS - 1) / LM_PACK_ROWS;
     uint8_t *o = dst;
@@ -932,9 +1057,9 @@ void quant_pack(uint32_t type, const void *src, size_t src_stride, int64_t rows,
         for (int64_t b = 0; b < nb; b++, o += bb) {
             for (int r = 0; r < LM_PACK_ROWS && g * LM_PACK_ROWS + r < rows; r++) {
                 const uint8_t *blk = (const uint8_t *)src + (size_t)(g * LM_PACK_ROWS + r) * src_stride + (size_t)b * src_bs;
-                memcpy(o + 2 * r, blk, 2); /* the f16 scale */
+                for (int s = 0; s < ns; s++) memcpy(o + 2 * LM_PACK_ROWS * s + 2 * r, blk + 2 * s, 2); /* f16 scales */
                 for (size_t k = 0; k < qbytes / 4; k++)
-                    memcpy(o + 2 * LM_PACK_ROWS + 32 * k + 4 * (size_t)r, blk + 2 + 4 * k, 4);
+                    memcpy(o + head + 32 * k + 4 * (size_t)r, blk + 2 * ns + 4 * k, 4);
             }
         }
     }

@@ -11,6 +11,11 @@
  *   Q4_0  (32 / 18 B)  f16 scale d, 16 bytes of nibbles; element j (j < 16)
  *                      is the low nibble of byte j, element j+16 the high
  *                      nibble of byte j;                x = d * (q - 8)
+ *   Q5_0  (32 / 22 B)  f16 d, 4 bytes qh (bit j of the little-endian u32
+ *                      is bit 4 of element j), 16 bytes of nibbles as
+ *                      Q4_0;                            x = d * (q - 16)
+ *   Q4_1  (32 / 20 B)  f16 d, f16 m, nibbles as Q4_0;   x = d * q + m
+ *   Q5_1  (32 / 24 B)  f16 d, f16 m, qh and nibbles as Q5_0; x = d * q + m
  *
  *   K-quants: super-blocks of QK_K = 256 elements (layouts below)
  *   Q4_K (144 B)  f16 d, f16 dmin, 12 bytes of 6-bit scales and mins for the
@@ -39,7 +44,8 @@
  *              scales[j - 4] (scale) and scales[j] (min).
  *
  * Quantized weights are multiplied against activations that are themselves
- * quantized to `vec_dot_type` (Q8_0 for Q8_0 and Q4_0, Q8_K for the
+ * quantized to `vec_dot_type` (Q8_0 for Q8_0, Q4_0, Q5_0, Q4_1 and Q5_1
+ * (whose m term takes the sum of the activation quants), Q8_K for the
  * K-quants), with integer dot products per block, as GGUF engines do. F16
  * weights take activations rounded to F16 (relative error <= 2^-11 each,
  * values past 65504 become infinite; products and sums stay in F32), which
@@ -91,6 +97,10 @@ typedef struct { uint16_t d; int8_t qs[QK8_0]; } block_q8_0;      /* 34 bytes */
 typedef struct { uint16_t d; uint8_t qs[QK4_0 / 2]; } block_q4_0; /* 18 bytes */
 #define QK5_0 32
 typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[QK5_0 / 2]; } block_q5_0; /* 22 bytes */
+#define QK4_1 32
+#define QK5_1 32
+typedef struct { uint16_t d, m; uint8_t qs[QK4_1 / 2]; } block_q4_1;              /* 20 bytes */
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[QK5_1 / 2]; } block_q5_1; /* 24 bytes */
 
 typedef struct {                 /* 144 bytes */
     uint16_t d;                  /* f16 scale of the 6-bit sub-block scales */
@@ -130,14 +140,14 @@ typedef float (*lm_vec_dot_fn)(int64_t n, const void *w, const void *x);
 #define LM_GEMM_TILE 4
 typedef void (*lm_gemm_fn)(int64_t n, const void *w, size_t w_stride, int nr, const void *x, size_t x_stride,
                            int nc, float *y, size_t y_stride);
-/* Interleaved weights (Q8_0, Q4_0, Q5_0, Q4_K and F16).
+/* Interleaved weights (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K and F16).
  *
- * For matrix products a Q8_0, Q4_0, Q5_0, Q4_K or F16 weight matrix may be copied once,
+ * For matrix products a Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K or F16 weight matrix may be copied once,
  * at model load, into an interleaved layout: its rows in groups of
  * quant_pack_rows(type) (the last group padded with zero rows), each group
  * stored column by column, groups one after another.
  *
- * Q8_0, Q4_0 and Q5_0: groups of LM_PACK_ROWS = 8 rows, block column by block
+ * Q8_0, Q4_0, Q5_0, Q4_1 and Q5_1: groups of LM_PACK_ROWS = 8 rows, block column by block
  * column (the cols / 32 blocks of the 8 rows at the same position):
  *
  *   Q4_0x8  144 B per block column: d[8] (f16, row r's scale at d[r]), then
@@ -147,6 +157,10 @@ typedef void (*lm_gemm_fn)(int64_t n, const void *w, size_t w_stride, int nr, co
  *           of row r's 32 quants sit at qs[32k + 4r] (k < 8)
  *   Q5_0x8  176 B per block column: d[8], then qh[32] with row r's 4 qh
  *           bytes at qh[4r], then qs[128] as in Q4_0x8
+ *   Q4_1x8  160 B per block column: d[8], m[8] (f16, row r's at [r]), then
+ *           qs[128] as in Q4_0x8
+ *   Q5_1x8  192 B per block column: d[8], m[8], then qh[32] and qs[128] as
+ *           in Q5_0x8
  *
  * So one 32-byte load holds four consecutive quants (Q4_0: eight, low and
  * high nibbles) of each of the 8 rows, one row per 32-bit lane, and a
@@ -155,7 +169,7 @@ typedef void (*lm_gemm_fn)(int64_t n, const void *w, size_t w_stride, int nr, co
  * take activations as block_q8_0s rows: the Q8_0 quants and scale of the
  * same values (bit for bit what Q8_0's from_float gives), the scale already
  * widened to f32, plus 8 * the sum of the quants (the correction for
- * Q4_0's offset of -8).
+ * Q4_0's offset of -8; Q4_1 and Q5_1 multiply the sum by m * dx).
  *
  * Q4_K: groups of 8 rows, super-block column by super-block column, 1152 B
  * each: d[8], then dmin[8] (f16, row r's at [r]), then the three 4-byte
@@ -186,7 +200,7 @@ typedef struct { float d; int32_t s8; int8_t qs[QK8_0]; } block_q8_0s; /* 40 byt
 /* An interleaved tile: rows [0, nr) (nr <= quant_pack_rows) of the group at
  * wp against nc activation rows (x_stride bytes apart; 1 <= nc <= the
  * type's pack_tile): y[c * y_stride + r] = row r · token c. Activations are
- * block_q8_0s rows for Q8_0, Q4_0 and Q5_0, Q8_K rows for Q4_K, floats for
+ * block_q8_0s rows for Q8_0, Q4_0, Q5_0, Q4_1 and Q5_1, Q8_K rows for Q4_K, floats for
  * F16. Each output has its
  * own accumulator and the same float steps in the same order for every nc
  * and position, so results do not depend on the batch. */
@@ -225,8 +239,8 @@ size_t quant_row_size(uint32_t type, int64_t n);
 
 /* Scalar reference implementations, for tests and as the portable path.
  * `type` must be one with the function (asserted); n a multiple of its block
- * size. quant_from_float_ref for Q8_0 and Q4_0 reproduces GGUF tools bit for
- * bit; for the K-quants it is lamina's own search (valid blocks, not
+ * size. quant_from_float_ref for Q8_0, Q4_0, Q5_0, Q4_1 and Q5_1 reproduces GGUF
+ * tools bit for bit; for the K-quants it is lamina's own search (valid blocks, not
  * byte-identical to other quantizers). vec_dot's `x` is in vec_dot_type. */
 void quant_to_float_ref(uint32_t type, const void *src, float *dst, int64_t n);
 void quant_from_float_ref(uint32_t type, const float *src, void *dst, int64_t n);
@@ -239,11 +253,11 @@ float quant_vec_dot_ref(uint32_t type, int64_t n, const void *w, const void *x);
 size_t quant_act_row_size(uint32_t weight_type, int64_t n);
 void quant_act_from_float(uint32_t weight_type, const float *x, void *dst, int64_t n);
 
-/* Rows per interleaved group of a type: LM_PACK_ROWS for Q8_0, Q4_0, Q5_0
- * and Q4_K, LM_PANEL_ROWS for F16, 0 for types without the layout. */
+/* Rows per interleaved group of a type: LM_PACK_ROWS for Q8_0, Q4_0, Q5_0,
+ * Q4_1, Q5_1 and Q4_K, LM_PANEL_ROWS for F16, 0 for types without the layout. */
 int quant_pack_rows(uint32_t type);
 /* Bytes of the interleaved copy of a (rows, cols) matrix of Q8_0, Q4_0,
- * Q5_0, Q4_K or F16 (rows rounded up to a whole group); 0 for other types or a cols that
+ * Q5_0, Q4_1, Q5_1, Q4_K or F16 (rows rounded up to a whole group); 0 for other types or a cols that
  * is not a multiple of the block size. The layout exists whatever the CPU;
  * whether anything computes with it is the kernel table's packed_gemm. */
 size_t quant_pack_size(uint32_t type, int64_t rows, int64_t cols);
@@ -254,7 +268,7 @@ void quant_pack(uint32_t type, const void *src, size_t src_stride, int64_t rows,
  * group at wp and the floats x: the four segments' fmaf chains, summed. */
 float quant_panel_dot_ref(int64_t n, const void *wp, int r, const float *x);
 /* Bytes of one activation row of n elements that the packed kernels of a
- * weight type take: block_q8_0s rows (Q8_0, Q4_0, Q5_0), Q8_K rows (Q4_K),
+ * weight type take: block_q8_0s rows (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1), Q8_K rows (Q4_K),
  * floats (F16); 0 for other types. */
 size_t quant_packed_x_row_size(uint32_t type, int64_t n);
 /* Bytes of one block_q8_0s activation row of n elements (n % 32 == 0). */

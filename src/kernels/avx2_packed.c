@@ -1,5 +1,6 @@
 /*
- * avx2_packed.c - AVX2 + FMA + F16C matrix tiles for Q8_0 and Q4_0 weights
+ * avx2_packed.c - AVX2 + FMA + F16C matrix tiles for Q8_0, Q4_0, Q5_0, Q4_1
+ * and Q5_1 weights
  * in the interleaved layout of quant.h (groups of 8 rows, 4-byte chunks of
  * the 8 rows side by side), against block_q8_0s activations, and for Q4_K
  * weights in the same manner against Q8_K activations (its own notes
@@ -15,7 +16,8 @@
  *    into one int32 per lane;
  *  - then acc = fma(float(isum), dw * dx, acc), where dw holds the 8 rows'
  *    scales and dx is the token's scale: one rounding for the scale
- *    product, one for the fused multiply-add.
+ *    product, one for the fused multiply-add (Q4_1 and Q5_1 then add their
+ *    m term with one more: acc = fma(m, sum(x) * dx, acc)).
  * Each (row, token) has its own accumulator lane, starts from zero and takes
  * the blocks in order 0, 1, 2, ...; the result is the lane itself. Tiles of
  * 1..8 tokens and any row count therefore give the same bits for a given
@@ -219,6 +221,89 @@ void avx2_packed_gemm_q5_0(int64_t n, const void *wp, int nr, const void *x, siz
     assert(n % 32 == 0 && nr >= 0 && nr <= LM_PACK_ROWS && nc >= 0 && nc <= LM_PACK_TILE);
 #define T(C) \
     case C: p5_tile(n / 32, wp, nr, x, xs, C, y, ys); break;
+    switch (nc) { TILES(T) default: break; }
+#undef T
+}
+
+/* ---- Q4_1 and Q5_1 ------------------------------------------------------------ */
+
+#define P41_BYTES 160
+#define P51_BYTES 192
+#define P1_M 16  /* the 8 rows' f16 m */
+#define P1_QS 32 /* Q4_1's nibbles; Q5_1: qh here, nibbles at 64 */
+
+/* One group (8 rows) by C tokens of Q4_1 (five = 0) or Q5_1 (five = 1):
+ * the unsigned quants unpacked as in p4_tile / p5_tile (no offset), their
+ * exact integer dot (Q4_1 sums its eight products in int16 as Q4_0 does,
+ * Q5_1 in two halves as Q5_0), then two fused steps per block:
+ *   acc = fma(float(isum), dw * dx, acc)
+ *   acc = fma(m, float(sum x) * dx, acc)
+ * where sum x = s8 / 8 and its product with dx is exact (below 2^12 times
+ * an f16 scale). */
+INLINE void p1_tile(int five, int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size_t xs, int C, float *y,
+                    size_t ys) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const size_t bytes = five ? P51_BYTES : P41_BYTES, qs = five ? P1_QS + 32 : P1_QS;
+    __m256 acc[LM_PACK_TILE];
+#pragma GCC unroll 8 /* vector stores, not a rep stos (slow to start) */
+    for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += bytes) {
+        prefetch_ahead(w, bytes);
+        const __m256 dw = scales8(w), mw = scales8(w + P1_M);
+        __m256i u[8];
+        if (five) {
+            const __m256i qh = ld256(w + P1_QS);
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const __m256i v = ld256(w + qs + 32 * k);
+                u[k] = _mm256_or_si256(_mm256_and_si256(v, low4), p5_bit4(qh, k, 0));
+                u[k + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), p5_bit4(qh, k, 1));
+            }
+        } else {
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const __m256i v = ld256(w + qs + 32 * k);
+                u[k] = _mm256_and_si256(v, low4);
+                u[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            }
+        }
+#pragma GCC unroll 8 /* = LM_PACK_TILE */
+        for (int c = 0; c < C; c++) {
+            const uint8_t *xb = x + (size_t)c * xs + (size_t)b * XBS;
+            const uint8_t *q = xb + X_QS;
+            __m256i s0 = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u[0], bcast4(q)),
+                                                           _mm256_maddubs_epi16(u[1], bcast4(q + 4))),
+                                          _mm256_add_epi16(_mm256_maddubs_epi16(u[2], bcast4(q + 8)),
+                                                           _mm256_maddubs_epi16(u[3], bcast4(q + 12))));
+            __m256i s1 = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u[4], bcast4(q + 16)),
+                                                           _mm256_maddubs_epi16(u[5], bcast4(q + 20))),
+                                          _mm256_add_epi16(_mm256_maddubs_epi16(u[6], bcast4(q + 24)),
+                                                           _mm256_maddubs_epi16(u[7], bcast4(q + 28))));
+            __m256i isum = five ? _mm256_add_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones))
+                                : _mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones);
+            const __m256 dx = bcastf(xb + X_D);
+            const __m256 sx = _mm256_cvtepi32_ps(_mm256_srai_epi32(bcast4(xb + X_S8), 3));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc[c]);
+            acc[c] = _mm256_fmadd_ps(mw, _mm256_mul_ps(sx, dx), acc[c]);
+        }
+    }
+    for (int c = 0; c < C; c++) store_rows(y + (size_t)c * ys, nr, acc[c]);
+}
+
+void avx2_packed_gemm_q4_1(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y,
+                           size_t ys) {
+    assert(n % 32 == 0 && nr >= 0 && nr <= LM_PACK_ROWS && nc >= 0 && nc <= LM_PACK_TILE);
+#define T(C) \
+    case C: p1_tile(0, n / 32, wp, nr, x, xs, C, y, ys); break;
+    switch (nc) { TILES(T) default: break; }
+#undef T
+}
+
+void avx2_packed_gemm_q5_1(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y,
+                           size_t ys) {
+    assert(n % 32 == 0 && nr >= 0 && nr <= LM_PACK_ROWS && nc >= 0 && nc <= LM_PACK_TILE);
+#define T(C) \
+    case C: p1_tile(1, n / 32, wp, nr, x, xs, C, y, ys); break;
     switch (nc) { TILES(T) default: break; }
 #undef T
 }

@@ -18,18 +18,21 @@
  *    unchanged). One accumulator keeps a tile's outputs in registers; the
  *    FMA latency is covered by running several outputs of a tile together
  *    (all rows of the tile when there is one column, as in decode).
- *  - Q8_0, Q4_0: per block b of 32, the exact integer dot as eight int32
- *    partial sums s_b (pmaddubsw + pmaddwd); then
+ *  - Q8_0, Q4_0, Q5_0, Q4_1, Q5_1: per block b of 32, the exact integer dot
+ *    as eight int32 partial sums s_b (pmaddubsw + pmaddwd); then
  *    acc[b % 2] = fma(float(s_b), dw_b * dx_b, acc[b % 2]), the scale
- *    product formed in float for eight blocks at a time. A last partial
- *    group of eight is copied into zeroed blocks (zero scale, zero sum).
+ *    product formed in float for eight blocks at a time. Q4_1/Q5_1 add
+ *    their m term per group of eight blocks, lane b of a third accumulator:
+ *    fma(m_b, float(sum x_b) * dx_b, .). A last partial group of eight is
+ *    copied into zeroed blocks (zero scales, zero sums).
  *  - Q4_K, Q5_K, Q6_K: per super-block of 256 the sub-block scales are
  *    applied in int32 (pmaddwd against the scale), giving exact partial
  *    sums SI (and for Q4_K/Q5_K the min term MV from bsums); then
  *    acc = fma(float(SI), dx * d, acc) and acc = acc - float(MV) * (dx * dmin)
  *    (one fnmadd).
  * Every output ends with the same horizontal sum of its 8 lanes (of
- * acc[0] + acc[1] for Q8_0/Q4_0).
+ * acc[0] + acc[1] for the 32-element types, (acc[0] + acc[1]) + acc[2]
+ * for Q4_1/Q5_1).
  *
  * Integer bounds (so no pmaddubsw saturation and no int32 overflow):
  * Q8_0 |w| <= 128 (abs of -128 read unsigned), |x| <= 127: pairs <= 32512.
@@ -306,11 +309,18 @@ void avx2_gemm_bf16(int64_t n, const void *w, size_t ws, int nr, const void *x, 
 
 /* ---- Q8_0 and Q4_0 weights against Q8_0 activations ----------------------- */
 
-enum { KQ8_0, KQ4_0, KQ5_0 };
+enum { KQ8_0, KQ4_0, KQ5_0, KQ4_1, KQ5_1 };
 
 INLINE size_t q32_block_size(int kind) {
-    return kind == KQ4_0 ? sizeof(block_q4_0) : kind == KQ5_0 ? sizeof(block_q5_0) : sizeof(block_q8_0);
+    return kind == KQ4_0   ? sizeof(block_q4_0)
+           : kind == KQ5_0 ? sizeof(block_q5_0)
+           : kind == KQ4_1 ? sizeof(block_q4_1)
+           : kind == KQ5_1 ? sizeof(block_q5_1)
+                           : sizeof(block_q8_0);
 }
+
+/* Q4_1 and Q5_1: x = d * q + m, with an f16 m after d. */
+INLINE bool q32_affine(int kind) { return kind == KQ4_1 || kind == KQ5_1; }
 
 /* Byte j of the result is 0xFF when bit j of bits is set. */
 INLINE __m256i spread_bits(uint32_t bits) {
@@ -335,18 +345,19 @@ INLINE __m256i q32_dot(int kind, __m256i u, const uint8_t *wq, const uint8_t *xq
     return _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(u, xv), e), ones);
 }
 
-/* q points just past the block's f16 scale. */
+/* q points just past the block's f16 scale d (Q4_1, Q5_1: at m). */
 INLINE __m256i q32_unsigned(int kind, const uint8_t *q) {
     if (kind == KQ8_0) return _mm256_abs_epi8(ld256(q));
     /* the 16 nibble bytes in both halves, the upper half shifted down a
-     * nibble (Q5_0: after the 4 bytes of fifth bits) */
-    const uint8_t *nib = kind == KQ5_0 ? q + 4 : q;
+     * nibble (Q5_0, Q5_1: after the 4 bytes of fifth bits) */
+    const uint8_t *qhp = kind == KQ5_1 ? q + 2 : q;
+    const uint8_t *nib = kind == KQ5_0 ? q + 4 : kind == KQ4_1 ? q + 2 : kind == KQ5_1 ? q + 6 : q;
     __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)nib));
     v = _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
     v = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
-    if (kind == KQ5_0) { /* bit j of qh is bit 4 of element j */
+    if (kind == KQ5_0 || kind == KQ5_1) { /* bit j of qh is bit 4 of element j */
         uint32_t qh;
-        memcpy(&qh, q, 4);
+        memcpy(&qh, qhp, 4);
         v = _mm256_or_si256(v, _mm256_and_si256(spread_bits(qh), _mm256_set1_epi8(0x10)));
     }
     return v;
@@ -356,9 +367,12 @@ INLINE __m256i q32_unsigned(int kind, const uint8_t *q) {
  * first block of the group, x at column 0's. acc[r][c][0] takes the even
  * blocks and [1] the odd ones (two chains, so a single row is not bound by
  * the FMA latency). The weight block is unpacked once per row and reused
- * for every column; the activation side (scales, 8*x sums) once per column. */
+ * for every column; the activation side (scales, 8*x sums) once per column.
+ * Q4_1/Q5_1 add their m term in acc[r][c][2], lane b for block b of the
+ * group: fma(m_b, float(sum of x_b's quants) * dx_b, .) (that product is
+ * exact: a sum below 2^12 times an f16 scale). */
 INLINE void q32_group(int kind, const uint8_t *w, size_t ws, int R, const uint8_t *x, size_t xs,
-                      int C, __m256 acc[4][4][2]) {
+                      int C, __m256 acc[4][4][3]) {
     const size_t wbs = q32_block_size(kind);
     const size_t xbs = sizeof(block_q8_0);
     const __m256i eight = _mm256_set1_epi8(kind == KQ5_0 ? 16 : 8); /* the offset */
@@ -366,12 +380,22 @@ INLINE void q32_group(int kind, const uint8_t *w, size_t ws, int R, const uint8_
      * keep them here */
     const bool offset = kind == KQ4_0 || kind == KQ5_0;
     const bool keep_e = offset && R > 1;
-    __m256 dx[4];
+    const bool affine = q32_affine(kind);
+    __m256 dx[4], sxd[4];
     __m256i e8[4][GROUP];
 #pragma GCC unroll 4
     for (int c = 0; c < C; c++) {
         const uint8_t *xc = x + (size_t)c * xs;
         dx[c] = scales8(xc, xbs);
+        if (affine) {
+            __m256i sx[GROUP];
+#define SX(b)                                                                                          \
+    sx[b] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), ld256(xc + b * xbs + 2)), \
+                              _mm256_set1_epi16(1));
+            REP8(SX)
+#undef SX
+            sxd[c] = _mm256_mul_ps(_mm256_cvtepi32_ps(tree8(sx)), dx[c]);
+        }
         if (keep_e) {
 #define E8(b) e8[c][b] = _mm256_maddubs_epi16(eight, ld256(xc + b * xbs + 2));
             REP8(E8)
@@ -382,6 +406,7 @@ INLINE void q32_group(int kind, const uint8_t *w, size_t ws, int R, const uint8_
         const uint8_t *wr = w + (size_t)r * ws;
         prefetch_ahead(wr, GROUP * wbs);
         __m256 dw = scales8(wr, wbs);
+        __m256 mw = affine ? scales8(wr + 2, wbs) : _mm256_setzero_ps();
 #define U(b) __m256i u##b = q32_unsigned(kind, wr + b * wbs + 2);
         REP8(U)
 #undef U
@@ -404,6 +429,7 @@ INLINE void q32_group(int kind, const uint8_t *w, size_t ws, int R, const uint8_
 #undef STEP
             acc[r][c][0] = a0;
             acc[r][c][1] = a1;
+            if (affine) acc[r][c][2] = _mm256_fmadd_ps(mw, sxd[c], acc[r][c][2]);
         }
     }
 }
@@ -413,9 +439,9 @@ INLINE void q32_tile(int kind, int64_t n, const uint8_t *w, size_t ws, int R, co
     const size_t wbs = q32_block_size(kind);
     const size_t xbs = sizeof(block_q8_0);
     const int64_t nb = n / 32;
-    __m256 acc[4][4][2];
+    __m256 acc[4][4][3];
     for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) acc[r][c][0] = acc[r][c][1] = _mm256_setzero_ps();
+        for (int c = 0; c < C; c++) acc[r][c][0] = acc[r][c][1] = acc[r][c][2] = _mm256_setzero_ps();
     int64_t g = 0;
     for (; g + GROUP <= nb; g += GROUP)
         q32_group(kind, w + (size_t)g * wbs, ws, R, x + (size_t)g * xbs, xs, C, acc);
@@ -431,7 +457,9 @@ INLINE void q32_tile(int kind, int64_t n, const uint8_t *w, size_t ws, int R, co
     }
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++)
-            y[(size_t)c * ys + (size_t)r] = hsum8(_mm256_add_ps(acc[r][c][0], acc[r][c][1]));
+            y[(size_t)c * ys + (size_t)r] =
+                hsum8(q32_affine(kind) ? _mm256_add_ps(_mm256_add_ps(acc[r][c][0], acc[r][c][1]), acc[r][c][2])
+                                       : _mm256_add_ps(acc[r][c][0], acc[r][c][1]));
 }
 
 float avx2_vec_dot_q8_0(int64_t n, const void *w, const void *x) {
@@ -449,6 +477,18 @@ float avx2_vec_dot_q4_0(int64_t n, const void *w, const void *x) {
 float avx2_vec_dot_q5_0(int64_t n, const void *w, const void *x) {
     float y;
     q32_tile(KQ5_0, n, w, 0, 1, x, 0, 1, &y, 1);
+    return y;
+}
+
+float avx2_vec_dot_q4_1(int64_t n, const void *w, const void *x) {
+    float y;
+    q32_tile(KQ4_1, n, w, 0, 1, x, 0, 1, &y, 1);
+    return y;
+}
+
+float avx2_vec_dot_q5_1(int64_t n, const void *w, const void *x) {
+    float y;
+    q32_tile(KQ5_1, n, w, 0, 1, x, 0, 1, &y, 1);
     return y;
 }
 
@@ -492,6 +532,32 @@ void avx2_gemm_q5_0(int64_t n, const void *w, size_t ws, int nr, const void *x, 
      * runs the tile's rows together too, sharing the activation side and
      * the padded last group */
 #define KIND KQ5_0
+    switch (nr * 8 + nc) {
+        Q32(1, 1) Q32(2, 1) Q32(3, 1) Q32(4, 1)
+        CASES(Q32)
+    default: break;
+    }
+#undef KIND
+}
+
+/* Q4_1 and Q5_1 as Q5_0: SmolLM2's rows are 576 (18 blocks) long, so one
+ * token runs the tile's rows together too. */
+void avx2_gemm_q4_1(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs,
+                    int nc, float *y, size_t ys) {
+    assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n % 32 == 0);
+#define KIND KQ4_1
+    switch (nr * 8 + nc) {
+        Q32(1, 1) Q32(2, 1) Q32(3, 1) Q32(4, 1)
+        CASES(Q32)
+    default: break;
+    }
+#undef KIND
+}
+
+void avx2_gemm_q5_1(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs,
+                    int nc, float *y, size_t ys) {
+    assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n % 32 == 0);
+#define KIND KQ5_1
     switch (nr * 8 + nc) {
         Q32(1, 1) Q32(2, 1) Q32(3, 1) Q32(4, 1)
         CASES(Q32)
@@ -874,6 +940,10 @@ static const lm_avx2_kernels table[LM_TYPE_COUNT] = {
     [LM_TYPE_Q4_0] = {NULL, NULL, avx2_vec_dot_q4_0, avx2_gemm_q4_0, avx2_packed_gemm_q4_0, avx2_packed_act, 0,
                       LM_PACK_TILE},
     [LM_TYPE_Q5_0] = {NULL, NULL, avx2_vec_dot_q5_0, avx2_gemm_q5_0, avx2_packed_gemm_q5_0, avx2_packed_act, 0,
+                      LM_PACK_TILE},
+    [LM_TYPE_Q4_1] = {NULL, NULL, avx2_vec_dot_q4_1, avx2_gemm_q4_1, avx2_packed_gemm_q4_1, avx2_packed_act, 0,
+                      LM_PACK_TILE},
+    [LM_TYPE_Q5_1] = {NULL, NULL, avx2_vec_dot_q5_1, avx2_gemm_q5_1, avx2_packed_gemm_q5_1, avx2_packed_act, 0,
                       LM_PACK_TILE},
     [LM_TYPE_Q4_K] = {NULL, NULL, avx2_vec_dot_q4_K, avx2_gemm_q4_K, avx2_packed_gemm_q4_K, avx2_from_float_q8_K, 0,
                       LM_PACK_TILE},
