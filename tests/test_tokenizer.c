@@ -635,11 +635,19 @@ static void test_pretok_gpt2_and_others(void) {
     keep = t;
     CHECK_SPLIT(t, "x=1234567", "x|=|123|456|7");
     tok_free(keep);
+    /* SmolLM2's "smollm": every digit alone, then the GPT-2 pattern
+     * (llama.cpp's split; its ids on the real vocabulary: e2e_smollm2.py) */
+    s = good_bpe("smollm");
+    t = build(&s, err, sizeof err);
+    CHECKF(t, "%s", err);
+    keep = t;
+    CHECK_SPLIT(t, "x=1234 it's  ok!\n", "x|=|1|2|3|4| it|'s| | ok|!|\n");
+    tok_free(keep);
     /* every supported name compiles; an unknown one is refused by name */
     const char *names[] = {"default", "gpt-2", "llama3", "llama-bpe", "smaug-bpe", "qwen2", "deepseek-llm",
                            "deepseek-coder", "deepseek-v3", "falcon", "starcoder", "refact", "mpt", "olmo",
                            "command-r", "bloom", "viking", "tekken", "gpt-4o", "seed-coder", "bailingmoe",
-                           "chatglm-bpe", "dbrx", "stablelm2"};
+                           "chatglm-bpe", "dbrx", "stablelm2", "smollm"};
     /* long runs of one class stress backtracking (and the JIT stack) */
     const size_t runlen = 60000;
     char *run = malloc(4 * runlen);
