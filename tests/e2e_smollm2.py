@@ -184,7 +184,7 @@ parts = []
 for ch in c.chat.completions.create(model=cfg["model"], messages=q, temperature=0, max_tokens=48, stream=True):
     if ch.choices and ch.choices[0].delta.content:
         parts.append(ch.choices[0].delta.content)
-d = c.chat.completions.create(model=cfg["model"], temperature=0, max_tokens=24,
+d = c.chat.completions.create(model=cfg["model"], temperature=0, max_tokens=32,
                               messages=[{"role": "user", "content": "What is the capital of France?"}])
 print(json.dumps({"whole": whole, "finish": r.choices[0].finish_reason, "stream": "".join(parts),
                   "default_system": d.choices[0].message.content}))
