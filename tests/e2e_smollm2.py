@@ -26,6 +26,8 @@ Checks:
     the answer mentions Paris, whole and streamed; without a system message
     the template's default one is used (the reply equals llama.cpp's greedy
     reply to the same rendered prompt, which does not name Paris).
+  - `make chat`: serves the model at the URL it prints (/health answers, and
+    a chat request through that URL answers).
 Under AddressSanitizer (LAMINA_ASAN set) only the tokenizer checks and the
 chat answer run (the greedy and perplexity runs take minutes there).
 """
@@ -222,6 +224,48 @@ def check_chat(model):
     return 0
 
 
+def check_make_chat():
+    import socket
+    import signal
+    import time
+    import urllib.request
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    build = os.path.dirname(LAMINA) or "."
+    p = subprocess.Popen(["make", "--no-print-directory", "chat", "BUILD=" + build, "CHAT_PORT=%d" % port],
+                         cwd=os.path.dirname(HERE), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         start_new_session=True)
+    lines, answer = [], None
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            line = p.stdout.readline().decode("utf-8", "replace")
+            if not line:
+                break
+            lines.append(line)
+            if " ready in " in line:
+                break
+        url = next((m.group(1) for l in lines for m in [re.search(r"Serving it at (http://\S+)", l)] if m), None)
+        if url:
+            body = json.dumps({"messages": [{"role": "system", "content": "You are a helpful assistant."},
+                                            {"role": "user", "content": "What is the capital of France?"}],
+                               "temperature": 0, "max_tokens": 24}).encode()
+            req = urllib.request.Request(url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=300) as r:
+                answer = json.loads(r.read())["choices"][0]["message"]["content"]
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        lines.append("error: %s\n" % e)
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except OSError:
+            pass
+        p.wait(60)
+    result("make chat: prints its URL and answers there (%r)" % answer,
+           url == "http://127.0.0.1:%d" % port and answer is not None and "Paris" in answer, "".join(lines)[-3000:])
+
+
 def read_default_system_reply():
     for c in read_greedy():
         if c.get("chat") == "default-system":
@@ -243,6 +287,7 @@ def main():
     else:
         check_greedy(model)
         check_perplexity(model)
+        check_make_chat()
     print("%d passed, %d failed%s" % (passed, failed, ", %d skipped" % skipped if skipped else ""))
     return 1 if failed else 0
 
