@@ -45,7 +45,7 @@ import testenv  # noqa: E402 (tests/ is the script's folder)
 
 NEAR_TIE = 0.25
 MIN_FULL = 4
-PPL_CHUNKS = 9
+PPL_CHUNKS = 4
 PPL_TOLERANCE = 0.005
 N_CHECKS = 12
 
