@@ -172,12 +172,19 @@ typedef struct {
     const float *q;
     size_t q_stride;
     float scale;
+    float softcap;          /* > 0: scores become softcap·tanh(s / softcap) before the softmax */
     int window;             /* > 0: query at pos sees keys pos-window+1 .. pos */
     float *out;
     size_t out_stride;
     const lm_attn_kernels *k; /* the table's inner loops for this head_dim */
     lm_to_float_fn to_float;  /* the KV type's rows to floats (not F32) */
 } tile_args;
+
+/* Gemma 2's soft-capping of R rows of nk scores (row stride CHUNK). */
+static void softcap_rows(float *S, int R, int nk, float cap) {
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < nk; j++) S[(size_t)r * CHUNK + j] = cap * tanhf(S[(size_t)r * CHUNK + j] / cap);
+}
 
 /* One sub-tile: queries i0 .. i0+nq-1 of the call (positions qpos0 ..), all
  * heads of the group. */
@@ -206,6 +213,7 @@ static void subtile(const tile_args *a, int i0, int nq, int qpos0, attn_scratch 
         }
         gather(lay, a->table, a->layer, 0, kh, c0, nk, wlo, a->to_float, scr->kf, scr->zero, scr->krow);
         k->scores(scr->qs, R, hd, scr->krow, nk, scr->s, CHUNK);
+        if (a->softcap > 0) softcap_rows(scr->s, R, nk, a->softcap);
         int nv = 0; /* values any row needs */
         for (int r = 0; r < R; r++) {
             float *s = scr->s + (size_t)r * CHUNK;
@@ -266,7 +274,14 @@ static tile_args layer_args(const kv_pool *p, const kv_seq *s, int layer, int wi
 
 void attn_tile(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride, int n_q,
                int pos0, float scale, int window, float *out, size_t out_stride, attn_scratch *scr) {
+    attn_tile_softcap(p, s, layer, kv_head, q, q_stride, n_q, pos0, scale, 0, window, out, out_stride, scr);
+}
+
+void attn_tile_softcap(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride,
+                       int n_q, int pos0, float scale, float softcap, int window, float *out, size_t out_stride,
+                       attn_scratch *scr) {
     tile_args a = layer_args(p, s, layer, window, scr);
+    a.softcap = softcap;
     assert(kv_head >= 0 && kv_head < a.lay->n_head_kv && pos0 >= 0 && n_q >= 0 && pos0 + n_q <= kv_seq_len(s));
     a.kv_head = kv_head;
     a.q = q;

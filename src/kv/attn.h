@@ -82,5 +82,11 @@ int attn_tile_rows(const attn_scratch *scr);
  */
 void attn_tile(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride, int n_q,
                int pos0, float scale, int window, float *out, size_t out_stride, attn_scratch *scr);
+/* The same with Gemma 2's soft-capping: each score s = scale·q·k becomes
+ * softcap·tanh(s / softcap) before the softmax (softcap <= 0: none, as
+ * attn_tile). */
+void attn_tile_softcap(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride,
+                       int n_q, int pos0, float scale, float softcap, int window, float *out, size_t out_stride,
+                       attn_scratch *scr);
 
 #endif

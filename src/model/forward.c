@@ -16,6 +16,11 @@
  * RMSNorm of q and k before RoPE; RMSNorm of the attention and FFN outputs
  * before each residual add; GELU(tanh) instead of SiLU; local layers attend
  * to the last `window` positions only, with their own RoPE base.
+ * qwen3 has gemma3's Q/K norms and nothing else of it. gemma2 has gemma3's
+ * scaled embeddings, post norms and GELU, no Q/K norms, and soft-caps the
+ * attention scores and the logits (cap·tanh(s/cap)). phi3's Q, K, V and
+ * gate/up are row slices of fused matrices (model.c), and its RoPE angles
+ * may be divided by per-frequency factors, cos and sin scaled.
  * then logits = rmsnorm(x) * out_norm · Woutᵀ for the rows asked for.
  * Each row's arithmetic is the same whatever else is in the batch and
  * whichever thread runs it, so a sequence's logits do not depend on how its
@@ -170,7 +175,7 @@ static void attn_worker(void *arg, int ith, int nth) {
     lm_fwd *f = j->f;
     const lm_hparams *hp = &f->m->hp;
     size_t qd = (size_t)hp->n_head * hp->head_dim;
-    float scale = 1.0f / sqrtf((float)hp->head_dim);
+    float scale = hp->attn_scale;
     const int *first = f->seg_item0; /* (n_seg + 1) first work item of each segment */
     int total = first[j->n_seg], sg = 0;
     for (;;) {
@@ -182,8 +187,8 @@ static void attn_worker(void *arg, int ith, int nth) {
         int i0 = local / hp->n_head_kv * ATTN_TILE_Q, kh = local % hp->n_head_kv;
         int nq = g->n - i0 < ATTN_TILE_Q ? g->n - i0 : ATTN_TILE_Q;
         size_t row = (size_t)f->seg_row0[sg] + (size_t)i0;
-        attn_tile(f->kv, g->seq, j->layer, kh, f->q + row * qd, qd, nq, g->pos0 + i0, scale, j->window,
-                  f->xb + row * qd, qd, f->scr[ith]);
+        attn_tile_softcap(f->kv, g->seq, j->layer, kh, f->q + row * qd, qd, nq, g->pos0 + i0, scale, hp->attn_softcap,
+                          j->window, f->xb + row * qd, qd, f->scr[ith]);
     }
 }
 
@@ -293,11 +298,18 @@ static void forward_batch(lm_fwd *f, const int32_t *tokens, int n, const lm_seg 
     }
     PROF(f, LM_PROF_EMBED);
     float cs_base = -1, cs_scale = -1; /* the RoPE the angles in f->cs are for */
+    /* phi3 long-rope: the long factors when the context in use passes the original one */
+    const float *rope_ff = f->dims.n_ctx > hp->n_ctx_orig ? hp->rope_factors_long : hp->rope_factors_short;
+    bool rope_ext = rope_ff || (hp->rope_attn_factor != 1.0f && hp->rope_attn_factor != 0.0f);
     for (int li = 0; li < hp->n_layer; li++) {
         const lm_layer *l = &m->layers[li];
         if (l->rope_base != cs_base || l->rope_scale != cs_scale) {
             for (int t = 0; t < n; t++)
-                ops_rope_angles(f->cs + (size_t)t * hp->n_rot, hp->n_rot, f->pos[t], l->rope_base, l->rope_scale);
+                if (rope_ext)
+                    ops_rope_angles_ext(f->cs + (size_t)t * hp->n_rot, hp->n_rot, f->pos[t], l->rope_base,
+                                        l->rope_scale, rope_ff, hp->rope_attn_factor);
+                else
+                    ops_rope_angles(f->cs + (size_t)t * hp->n_rot, hp->n_rot, f->pos[t], l->rope_base, l->rope_scale);
             cs_base = l->rope_base;
             cs_scale = l->rope_scale;
         }
@@ -350,6 +362,10 @@ static void forward_batch(lm_fwd *f, const int32_t *tokens, int n, const lm_seg 
         }
     PROF(f, LM_PROF_NORM);
     if (rows) ops_matmul(f->pool, logits, &m->output, f->xb, rows, f->act);
+    if (hp->final_softcap > 0) { /* gemma2 */
+        float cap = hp->final_softcap;
+        for (size_t i = 0; i < (size_t)rows * hp->n_vocab; i++) logits[i] = cap * tanhf(logits[i] / cap);
+    }
     PROF(f, LM_PROF_LM_HEAD);
 }
 

@@ -9,7 +9,10 @@
  * attn_{q,k,v}.bias (qwen2), ffn_norm, ffn_{gate,up,down}, and gemma3's
  * attn_{q,k}_norm, post_attention_norm, post_ffw_norm. That table is the
  * one list of a layer's tensors: the loader, the packer and
- * model_layer_matrices all read it.
+ * model_layer_matrices all read it. phi3 files store Q, K, V as one
+ * blk.N.attn_qkv matrix and gate and up as one blk.N.ffn_up of 2·n_ff rows;
+ * the table's entries marked fused for phi3 are then row slices of those
+ * (load_fused), so every later reader still sees seven matrices.
  */
 #include "model/model.h"
 
@@ -29,6 +32,9 @@ const char *model_arch_name(lm_arch a) {
     case LM_ARCH_LLAMA: return "llama";
     case LM_ARCH_QWEN2: return "qwen2";
     case LM_ARCH_GEMMA3: return "gemma3";
+    case LM_ARCH_QWEN3: return "qwen3";
+    case LM_ARCH_GEMMA2: return "gemma2";
+    case LM_ARCH_PHI3: return "phi3";
     }
     return "unknown";
 }
@@ -44,7 +50,11 @@ uint64_t model_kv_bytes_per_token(const lm_model *m, size_t elem_bytes) {
 typedef enum { DIM_EMBD, DIM_Q, DIM_KV, DIM_FF, DIM_HEAD } hp_dim;
 
 #define ARCH(a) (1u << (a))
-#define ALL_ARCHS (ARCH(LM_ARCH_LLAMA) | ARCH(LM_ARCH_QWEN2) | ARCH(LM_ARCH_GEMMA3))
+#define ALL_ARCHS (ARCH(LM_ARCH_LLAMA) | ARCH(LM_ARCH_QWEN2) | ARCH(LM_ARCH_GEMMA3) | ARCH(LM_ARCH_QWEN3) | \
+                   ARCH(LM_ARCH_GEMMA2) | ARCH(LM_ARCH_PHI3))
+#define QK_NORM_ARCHS (ARCH(LM_ARCH_GEMMA3) | ARCH(LM_ARCH_QWEN3))
+#define POST_NORM_ARCHS (ARCH(LM_ARCH_GEMMA3) | ARCH(LM_ARCH_GEMMA2))
+#define FUSED_ARCHS ARCH(LM_ARCH_PHI3)
 
 typedef struct {
     const char *name;      /* GGUF name after "blk.N." */
@@ -52,29 +62,30 @@ typedef struct {
     bool matrix;
     hp_dim cols, rows;     /* a matrix's input and output features; a vector has cols elements */
     unsigned required;     /* ARCH() bits of the architectures that must have it; optional for the others */
+    unsigned fused;        /* ARCH() bits of the architectures that store it inside a fused matrix */
 } layer_tensor;
 
-#define MAT(n, field, c, r) {n, offsetof(lm_layer, field), true, c, r, ALL_ARCHS}
-#define VEC(n, field, c, req) {n, offsetof(lm_layer, field), false, c, 0, req}
+#define MAT(n, field, c, r, fu) {n, offsetof(lm_layer, field), true, c, r, ALL_ARCHS, fu}
+#define VEC(n, field, c, req) {n, offsetof(lm_layer, field), false, c, 0, req, 0}
 
 /* In load order (the first problem found is the one reported). */
 static const layer_tensor layer_tensors[] = {
     VEC("attn_norm.weight", attn_norm, DIM_EMBD, ALL_ARCHS),
-    MAT("attn_q.weight", wq, DIM_EMBD, DIM_Q),
-    MAT("attn_k.weight", wk, DIM_EMBD, DIM_KV),
-    MAT("attn_v.weight", wv, DIM_EMBD, DIM_KV),
-    MAT("attn_output.weight", wo, DIM_Q, DIM_EMBD),
+    MAT("attn_q.weight", wq, DIM_EMBD, DIM_Q, FUSED_ARCHS),
+    MAT("attn_k.weight", wk, DIM_EMBD, DIM_KV, FUSED_ARCHS),
+    MAT("attn_v.weight", wv, DIM_EMBD, DIM_KV, FUSED_ARCHS),
+    MAT("attn_output.weight", wo, DIM_Q, DIM_EMBD, 0),
     VEC("attn_q.bias", bq, DIM_Q, ARCH(LM_ARCH_QWEN2)),
     VEC("attn_k.bias", bk, DIM_KV, ARCH(LM_ARCH_QWEN2)),
     VEC("attn_v.bias", bv, DIM_KV, ARCH(LM_ARCH_QWEN2)),
     VEC("ffn_norm.weight", ffn_norm, DIM_EMBD, ALL_ARCHS),
-    MAT("ffn_gate.weight", w_gate, DIM_EMBD, DIM_FF),
-    MAT("ffn_up.weight", w_up, DIM_EMBD, DIM_FF),
-    MAT("ffn_down.weight", w_down, DIM_FF, DIM_EMBD),
-    VEC("attn_q_norm.weight", q_norm, DIM_HEAD, ARCH(LM_ARCH_GEMMA3)),
-    VEC("attn_k_norm.weight", k_norm, DIM_HEAD, ARCH(LM_ARCH_GEMMA3)),
-    VEC("post_attention_norm.weight", post_attn_norm, DIM_EMBD, ARCH(LM_ARCH_GEMMA3)),
-    VEC("post_ffw_norm.weight", post_ffn_norm, DIM_EMBD, ARCH(LM_ARCH_GEMMA3)),
+    MAT("ffn_gate.weight", w_gate, DIM_EMBD, DIM_FF, FUSED_ARCHS),
+    MAT("ffn_up.weight", w_up, DIM_EMBD, DIM_FF, FUSED_ARCHS),
+    MAT("ffn_down.weight", w_down, DIM_FF, DIM_EMBD, 0),
+    VEC("attn_q_norm.weight", q_norm, DIM_HEAD, QK_NORM_ARCHS),
+    VEC("attn_k_norm.weight", k_norm, DIM_HEAD, QK_NORM_ARCHS),
+    VEC("post_attention_norm.weight", post_attn_norm, DIM_EMBD, POST_NORM_ARCHS),
+    VEC("post_ffw_norm.weight", post_ffn_norm, DIM_EMBD, POST_NORM_ARCHS),
 };
 #define N_LAYER_TENSORS (sizeof layer_tensors / sizeof layer_tensors[0])
 
@@ -215,6 +226,34 @@ static int load_vec(loader *L, const char *name, int64_t n, bool required, const
     return 0;
 }
 
+/* gemma2's and phi3's options (read_hparams has set the common ones). */
+static int read_family_hparams(loader *L, const char *arch) {
+    lm_hparams *hp = &L->m->hp;
+    hp->rope_attn_factor = 1.0f;
+    hp->n_ctx_orig = hp->n_ctx_train;
+    if (hp->arch == LM_ARCH_GEMMA2) {
+        hp->emb_scale = sqrtf((float)hp->n_embd);
+        hp->gelu = true;
+        /* the 27B model (46 layers) scales queries by n_embd / n_head, not the head width */
+        if (hp->n_layer == 46) hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head));
+        if (get_hp_int(L, arch, "attention.sliding_window", 4096, 0, 1 << 30, &hp->swa_window) ||
+            get_hp_int(L, arch, "attention.sliding_window_pattern", 2, 1, 4096, &hp->swa_pattern) ||
+            get_hp_float(L, arch, "rope.freq_base_swa", hp->rope_base, &hp->rope_base_swa) ||
+            get_hp_float(L, arch, "attn_logit_softcapping", 50.0, &hp->attn_softcap) ||
+            get_hp_float(L, arch, "final_logit_softcapping", 30.0, &hp->final_softcap))
+            return -1;
+    } else if (hp->arch == LM_ARCH_PHI3) {
+        /* one window on every layer, where the file sets one */
+        if (get_hp_int(L, arch, "attention.sliding_window", 0, 0, 1 << 30, &hp->swa_window) ||
+            get_hp_int(L, arch, "rope.scaling.original_context_length", hp->n_ctx_train, 1, 1 << 30,
+                       &hp->n_ctx_orig) ||
+            get_hp_float(L, arch, "rope.scaling.attn_factor", 1.0, &hp->rope_attn_factor))
+            return -1;
+        hp->swa_pattern = 0;
+    }
+    return 0;
+}
+
 static int read_hparams(loader *L) {
     lm_model *m = L->m;
     lm_hparams *hp = &m->hp;
@@ -232,8 +271,18 @@ static int read_hparams(loader *L) {
     } else if (strcmp(arch, "gemma3") == 0) {
         hp->arch = LM_ARCH_GEMMA3;
         hp->rope_style = LM_ROPE_NEOX;
+    } else if (strcmp(arch, "qwen3") == 0) {
+        hp->arch = LM_ARCH_QWEN3;
+        hp->rope_style = LM_ROPE_NEOX;
+    } else if (strcmp(arch, "gemma2") == 0) {
+        hp->arch = LM_ARCH_GEMMA2;
+        hp->rope_style = LM_ROPE_NEOX;
+    } else if (strcmp(arch, "phi3") == 0) {
+        hp->arch = LM_ARCH_PHI3;
+        hp->rope_style = LM_ROPE_NEOX;
     } else {
-        return unsupported(L), lm_err(L->err, L->errlen, "unsupported architecture '%s' (lamina runs llama, qwen2 and gemma3)", arch);
+        return unsupported(L), lm_err(L->err, L->errlen, "unsupported architecture '%s' (lamina runs llama, qwen2, "
+                                      "qwen3, gemma2, gemma3 and phi3)", arch);
     }
     const int64_t big = 1 << 20;
     if (get_hp_int(L, arch, "block_count", -1, 1, 4096, &hp->n_layer) ||
@@ -277,11 +326,50 @@ static int read_hparams(loader *L) {
             get_hp_float(L, arch, "rope.freq_base_swa", 10000.0, &hp->rope_base_swa))
             return -1;
     }
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    if (read_family_hparams(L, arch)) return -1;
     const gguf_tensor *emb = gguf_find_tensor(m->gguf, "token_embd.weight");
     if (!emb) return lm_err(L->err, L->errlen, "missing tensor 'token_embd.weight'");
     if (emb->ne[1] < 1 || emb->ne[1] > (uint64_t)(64 * big))
         return lm_err(L->err, L->errlen, "tensor 'token_embd.weight' has a bad vocabulary dimension");
     hp->n_vocab = (int)emb->ne[1];
+    return 0;
+}
+
+/* A row slice of a loaded matrix: rows r0 .. r0+rows-1 as a matrix of its own. */
+static lm_weight weight_rows(const lm_weight *w, int64_t r0, int64_t rows) {
+    lm_weight s = *w;
+    s.data = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+    s.rows = rows;
+    return s;
+}
+
+/* phi3: Q, K, V from blk.N.attn_qkv (Q rows, then K, then V) when the file
+ * has it, else from the separate tensors; gate and up from blk.N.ffn_up of
+ * 2·n_ff rows (the gate's rows first, as SwiGLU reads them). */
+static int load_fused(loader *L, int i, lm_layer *l) {
+    const lm_hparams *hp = &L->m->hp;
+    int64_t E = hp->n_embd, Q = dim_len(hp, DIM_Q), KV = dim_len(hp, DIM_KV), F = hp->n_ff;
+    char name[96];
+    lm_weight w;
+    snprintf(name, sizeof name, "blk.%d.attn_qkv.weight", i);
+    if (gguf_find_tensor(L->m->gguf, name)) {
+        if (load_weight(L, name, E, Q + 2 * KV, &w)) return -1;
+        l->wq = weight_rows(&w, 0, Q);
+        l->wk = weight_rows(&w, Q, KV);
+        l->wv = weight_rows(&w, Q + KV, KV);
+    } else {
+        snprintf(name, sizeof name, "blk.%d.attn_q.weight", i);
+        if (load_weight(L, name, E, Q, &l->wq)) return -1;
+        snprintf(name, sizeof name, "blk.%d.attn_k.weight", i);
+        if (load_weight(L, name, E, KV, &l->wk)) return -1;
+        snprintf(name, sizeof name, "blk.%d.attn_v.weight", i);
+        if (load_weight(L, name, E, KV, &l->wv)) return -1;
+    }
+    snprintf(name, sizeof name, "blk.%d.ffn_up.weight", i);
+    if (load_weight(L, name, E, 2 * F, &w)) return -1;
+    l->w_gate = weight_rows(&w, 0, F);
+    l->w_up = weight_rows(&w, F, F);
     return 0;
 }
 
@@ -293,7 +381,7 @@ static int load_tensors(loader *L) {
     size_t per_layer = 0;
     for (size_t k = 0; k < N_LAYER_TENSORS; k++)
         if (!layer_tensors[k].matrix) per_layer += (size_t)dim_len(hp, layer_tensors[k].cols);
-    L->f32_cap = (size_t)hp->n_layer * per_layer + (size_t)E;
+    L->f32_cap = (size_t)hp->n_layer * per_layer + (size_t)E + (size_t)hp->n_rot;
     m->f32 = lm_malloc(L->f32_cap * sizeof(float));
     m->layers = lm_calloc((size_t)hp->n_layer, sizeof(lm_layer));
     m->layer_local = lm_calloc((size_t)hp->n_layer, 1);
@@ -308,23 +396,33 @@ static int load_tensors(loader *L) {
         m->output = m->tok_embd;
         m->hp.tied_output = true;
     }
+    if (hp->arch == LM_ARCH_GEMMA2) { /* gemma2's head is the embedding, whatever else the file holds */
+        m->output = m->tok_embd;
+        m->hp.tied_output = true;
+    }
+    if (hp->arch == LM_ARCH_PHI3 &&
+        (load_vec(L, "rope_factors_short.weight", hp->n_rot / 2, false, &m->hp.rope_factors_short) ||
+         load_vec(L, "rope_factors_long.weight", hp->n_rot / 2, false, &m->hp.rope_factors_long)))
+        return -1;
     char name[96];
     for (int i = 0; i < hp->n_layer; i++) {
         lm_layer *l = &m->layers[i];
         for (size_t k = 0; k < N_LAYER_TENSORS; k++) {
             const layer_tensor *t = &layer_tensors[k];
+            if (t->fused & ARCH(hp->arch)) continue; /* load_fused below */
             snprintf(name, sizeof name, "blk.%d.%s", i, t->name);
             int rc = t->matrix ? load_weight(L, name, dim_len(hp, t->cols), dim_len(hp, t->rows), layer_weight(l, t))
                                : load_vec(L, name, dim_len(hp, t->cols), (t->required & ARCH(hp->arch)) != 0,
                                           layer_vec(l, t));
             if (rc) return -1;
         }
-        /* gemma3: every swa_pattern-th layer (counting from 1) is global */
-        bool local = hp->swa_window > 0 && (i + 1) % hp->swa_pattern != 0;
+        if ((FUSED_ARCHS & ARCH(hp->arch)) && load_fused(L, i, l)) return -1;
+        /* gemma: every swa_pattern-th layer (counting from 1) is global; pattern 0: none is */
+        bool local = hp->swa_window > 0 && (hp->swa_pattern == 0 || (i + 1) % hp->swa_pattern != 0);
         l->window = local ? hp->swa_window : 0;
         m->layer_local[i] = local;
         l->rope_base = local ? hp->rope_base_swa : hp->rope_base;
-        l->rope_scale = local ? 1.0f : hp->rope_scale;
+        l->rope_scale = local && hp->arch == LM_ARCH_GEMMA3 ? 1.0f : hp->rope_scale;
         if (report(L, 0.05 + 0.15 * (i + 1) / hp->n_layer)) return -1;
     }
     for (int64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {

@@ -10,6 +10,18 @@
  *          RMSNorm after attention and after the FFN too; GELU(tanh)-gated
  *          FFN; sliding-window attention on local layers (all but every
  *          sliding_window_pattern-th) with their own RoPE base; tied output.
+ *   qwen3  as qwen2 without the biases, with gemma3's per-head RMSNorm of Q
+ *          and K; the head width may differ from n_embd / n_head.
+ *   gemma2 gemma3 without the Q/K norms, with soft-capping of the attention
+ *          scores (cap·tanh(s/cap)) and of the final logits; sliding window
+ *          on alternate layers (every second is global), the LM head is
+ *          always the embedding.
+ *   phi3   fused attn_qkv and ffn_up (gate rows then up rows) tensors, read
+ *          as row slices of the one matrix; RoPE on halves with optional
+ *          per-frequency factors (rope_factors_short/long: the long ones when
+ *          the context in use exceeds rope.scaling.original_context_length)
+ *          and the file's rope.scaling.attn_factor on cos and sin; a sliding
+ *          window on every layer where the file sets one.
  * Anything else is refused by name, and so is a weight of a type lamina cannot
  * compute with.
  *
@@ -31,7 +43,7 @@
 #include "format/gguf.h"
 #include "text/tokenizer.h"
 
-typedef enum { LM_ARCH_LLAMA, LM_ARCH_QWEN2, LM_ARCH_GEMMA3 } lm_arch;
+typedef enum { LM_ARCH_LLAMA, LM_ARCH_QWEN2, LM_ARCH_GEMMA3, LM_ARCH_QWEN3, LM_ARCH_GEMMA2, LM_ARCH_PHI3 } lm_arch;
 
 typedef enum { LM_ROPE_ADJACENT, LM_ROPE_NEOX } lm_rope_style;
 
@@ -57,6 +69,14 @@ typedef struct {
     int swa_window;      /* sliding window in tokens on local layers (0 = none) */
     int swa_pattern;     /* every swa_pattern-th layer is global */
     float rope_base_swa; /* RoPE base of local layers */
+    float attn_scale;    /* the query scale before q·k (1/sqrt(head_dim) unless the family says otherwise) */
+    float attn_softcap;  /* > 0: scores become attn_softcap·tanh(s / attn_softcap) (gemma2) */
+    float final_softcap; /* > 0: the same on the logits */
+    /* phi3 long-rope: per-frequency divisors (n_rot / 2 each, NULL = none),
+     * the long set used when the context in use exceeds n_ctx_orig */
+    const float *rope_factors_short, *rope_factors_long;
+    int n_ctx_orig;
+    float rope_attn_factor; /* cos and sin multiplied by this (1 = none) */
 } lm_hparams;
 
 typedef struct {

@@ -29,6 +29,15 @@ void ops_rope_angles(float *cs, int n_rot, int pos, float base, float scale) {
     }
 }
 
+void ops_rope_angles_ext(float *cs, int n_rot, int pos, float base, float scale, const float *factors, float mscale) {
+    for (int i = 0; i < n_rot / 2; i++) {
+        double theta = (double)pos * scale * pow((double)base, -2.0 * i / n_rot);
+        if (factors) theta /= factors[i];
+        cs[2 * i] = (float)(cos(theta) * mscale);
+        cs[2 * i + 1] = (float)(sin(theta) * mscale);
+    }
+}
+
 void ops_rope_apply(float *x, int n_heads, int head_dim, int n_rot, const float *cs, lm_rope_style style) {
     kernels()->ew.rope(x, n_heads, head_dim, n_rot, cs, style == LM_ROPE_NEOX);
 }

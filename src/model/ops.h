@@ -28,6 +28,9 @@ void ops_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
 /* Precompute the rotation of one position: cs[2i] = cos, cs[2i+1] = sin of
  * pos * scale * base^(-2i/n_rot), i < n_rot/2, angles in double. */
 void ops_rope_angles(float *cs, int n_rot, int pos, float base, float scale);
+/* The same with each frequency's angle divided by factors[i] (n_rot / 2 of
+ * them; NULL: none) and cos and sin multiplied by mscale (phi3 long-rope). */
+void ops_rope_angles_ext(float *cs, int n_rot, int pos, float base, float scale, const float *factors, float mscale);
 /* Rotate n_heads heads of head_dim values in place with angles from above. */
 void ops_rope_apply(float *x, int n_heads, int head_dim, int n_rot, const float *cs, lm_rope_style style);
 
