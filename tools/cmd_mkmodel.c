@@ -5,6 +5,13 @@
  * (seed, tensor index, row). The output is created (as a temporary file,
  * base/safefile.h) before the weights are generated, so a path that cannot
  * be written is refused at once, and renamed into place only when complete.
+ *
+ * Architectures: llama by default; the qwen3, gemma2 and phi3 presets write
+ * their family's keys and tensors (qwen3's per-head Q/K norms and separate
+ * head width, gemma2's post norms, soft-capping keys and alternate sliding
+ * windows, phi3's fused attn_qkv and gate/up, long-rope factors and window),
+ * real shapes scaled down. Their norm weights are 1 plus noise, so a reader
+ * that skipped one would show.
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -25,7 +32,13 @@ static void usage_mkmodel(FILE *f) {
             "Write a llama-architecture GGUF with random weights of a real shape.\n\n"
             "  --preset NAME      tinyllama-1.1b (22 layers, n_embd 2048, 32 heads, 4 KV heads,\n"
             "                     n_ff 5632, vocab 32000, context 2048) or small (8 layers, n_embd 512,\n"
-            "                     8 heads, 4 KV heads, n_ff 1408, vocab 32000, context 2048)\n"
+            "                     8 heads, 4 KV heads, n_ff 1408, vocab 32000, context 2048);\n"
+            "                     other architectures, real shapes scaled down to 4 layers, n_embd 256:\n"
+            "                     qwen3-small (Qwen3-0.6B: 4 heads of 128, 2 KV heads, n_ff 768, tied),\n"
+            "                     gemma2-small (Gemma 2 2B: 4 heads of 128, 2 KV heads, n_ff 1024,\n"
+            "                     window 128 on alternate layers, soft-caps 50 and 30),\n"
+            "                     phi3-small (Phi-3-mini-128k: 4 heads of 64, n_ff 640, fused QKV and\n"
+            "                     gate/up, long-rope factors from 4096 to 131072, window 2047)\n"
             "  --layers N --embd N --heads N --kv-heads N --ff N --vocab N --ctx N   custom shape\n"
             "  --type T           weight type: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_1 Q4_K Q6_K (default F16);\n"
             "                     norms stay F32\n"
@@ -38,11 +51,17 @@ static void usage_mkmodel(FILE *f) {
 typedef struct {
     const char *name;
     int layers, embd, heads, kv_heads, ff, vocab, ctx;
+    const char *arch;  /* general.architecture; NULL: llama */
+    int head_dim;      /* 0: embd / heads */
+    int window;        /* sliding window (gemma2, phi3), 0: none */
 } preset;
 
 static const preset presets[] = {
-    {"tinyllama-1.1b", 22, 2048, 32, 4, 5632, 32000, 2048},
-    {"small", 8, 512, 8, 4, 1408, 32000, 2048},
+    {"tinyllama-1.1b", 22, 2048, 32, 4, 5632, 32000, 2048, NULL, 0, 0},
+    {"small", 8, 512, 8, 4, 1408, 32000, 2048, NULL, 0, 0},
+    {"qwen3-small", 4, 256, 4, 2, 768, 32000, 40960, "qwen3", 128, 0},
+    {"gemma2-small", 4, 256, 4, 2, 1024, 32000, 8192, "gemma2", 128, 128},
+    {"phi3-small", 4, 256, 4, 4, 640, 32064, 131072, "phi3", 0, 2047},
 };
 
 typedef struct {
@@ -93,8 +112,10 @@ static int add(maker *mk, const char *name, int64_t cols, int64_t rows, uint32_t
     void *buf = malloc(bytes);
     if (!buf) return -1;
     mk->bufs[mk->n_tensors++] = buf;
-    if (ones) {
-        for (int64_t i = 0; i < cols; i++) ((float *)buf)[i] = 1.0f;
+    if (ones) { /* a norm vector: 1, plus noise of that scale when scale > 0 */
+        lm_rng rng;
+        lm_rng_seed(&rng, mk->seed * 0x9e3779b97f4a7c15ull + (uint64_t)mk->n_tensors * 7919u);
+        for (int64_t i = 0; i < cols; i++) ((float *)buf)[i] = 1.0f + (scale > 0 ? scale * approx_normal(&rng) : 0);
     } else {
         fill_job j = {.dst = buf, .rows = rows, .cols = cols, .type = type, .scale = scale,
                       .seed = mk->seed + (uint64_t)mk->n_tensors * 7919u};
@@ -109,7 +130,7 @@ static int add(maker *mk, const char *name, int64_t cols, int64_t rows, uint32_t
 int cmd_mkmodel(int argc, char **argv) {
     args a = {argc, argv, 0, "mkmodel", usage_mkmodel};
     const char *out = NULL, *vocab_from = NULL, *type_name = "F16";
-    preset p = {"custom", 2, 256, 4, -1, 512, 512, 512}; /* kv heads -1: as many as heads */
+    preset p = {"custom", 2, 256, 4, -1, 512, 512, 512, NULL, 0, 0}; /* kv heads -1: as many as heads */
     long long seed = 1, threads = pool_default_threads();
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
@@ -138,7 +159,7 @@ int cmd_mkmodel(int argc, char **argv) {
     if (type < 0 || !quant_traits((uint32_t)type)->from_float)
         die_usage(&a, "weight type '%s' cannot be written (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_1 Q4_K Q6_K)", type_name);
     if (p.kv_heads < 0) p.kv_heads = p.heads;
-    if (p.embd % p.heads || p.heads % p.kv_heads)
+    if ((!p.head_dim && p.embd % p.heads) || p.heads % p.kv_heads)
         die_usage(&a, "%s", "embd must be a multiple of heads, and heads a multiple of kv-heads");
     char err[LM_ERRLEN];
     gguf_ctx *vsrc = NULL;
@@ -153,7 +174,7 @@ int cmd_mkmodel(int argc, char **argv) {
         p.vocab = (int)toks.n;
     }
     maker mk = {.w = gguf_writer_new(), .pool = pool_new((int)threads), .seed = (uint64_t)seed};
-    mk.bufs = calloc((size_t)(4 + 9 * p.layers), sizeof(void *));
+    mk.bufs = calloc((size_t)(6 + 13 * p.layers), sizeof(void *));
     if (!mk.w || !mk.pool || !mk.bufs) fail("mkmodel", "out of memory");
     /* the output is checked, and its temporary file created, before the work;
      * from here every failure removes that temporary file and nothing else */
@@ -161,22 +182,40 @@ int cmd_mkmodel(int argc, char **argv) {
     safefile *sf = safefile_create(out, err, sizeof err);
     if (!sf) fail("mkmodel", err);
     gguf_writer *w = mk.w;
-    int hd = p.embd / p.heads;
-    gguf_w_set_str(w, "general.architecture", "llama");
-    char name[160];
+    int hd = p.head_dim ? p.head_dim : p.embd / p.heads;
+    const char *arch = p.arch ? p.arch : "llama";
+    bool qwen3 = !strcmp(arch, "qwen3"), gemma2 = !strcmp(arch, "gemma2"), phi3 = !strcmp(arch, "phi3");
+    gguf_w_set_str(w, "general.architecture", arch);
+    char name[160], key[160];
     snprintf(name, sizeof name, "lamina-random-%s-%s", p.name, quant_type_name((uint32_t)type));
     gguf_w_set_str(w, "general.name", name);
     gguf_w_set_u32(w, "general.file_type", quantize_file_type(quant_type_name((uint32_t)type)));
-    gguf_w_set_u32(w, "llama.block_count", (uint32_t)p.layers);
-    gguf_w_set_u32(w, "llama.context_length", (uint32_t)p.ctx);
-    gguf_w_set_u32(w, "llama.embedding_length", (uint32_t)p.embd);
-    gguf_w_set_u32(w, "llama.feed_forward_length", (uint32_t)p.ff);
-    gguf_w_set_u32(w, "llama.attention.head_count", (uint32_t)p.heads);
-    gguf_w_set_u32(w, "llama.attention.head_count_kv", (uint32_t)p.kv_heads);
-    gguf_w_set_u32(w, "llama.rope.dimension_count", (uint32_t)hd);
-    gguf_w_set_f32(w, "llama.rope.freq_base", 10000.0f);
-    gguf_w_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
-    gguf_w_set_u32(w, "llama.vocab_size", (uint32_t)p.vocab);
+#define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", arch, suffix), key)
+    gguf_w_set_u32(w, KEY("block_count"), (uint32_t)p.layers);
+    gguf_w_set_u32(w, KEY("context_length"), (uint32_t)p.ctx);
+    gguf_w_set_u32(w, KEY("embedding_length"), (uint32_t)p.embd);
+    gguf_w_set_u32(w, KEY("feed_forward_length"), (uint32_t)p.ff);
+    gguf_w_set_u32(w, KEY("attention.head_count"), (uint32_t)p.heads);
+    gguf_w_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)p.kv_heads);
+    if (p.head_dim) {
+        gguf_w_set_u32(w, KEY("attention.key_length"), (uint32_t)hd);
+        gguf_w_set_u32(w, KEY("attention.value_length"), (uint32_t)hd);
+    }
+    gguf_w_set_u32(w, KEY("rope.dimension_count"), (uint32_t)hd);
+    gguf_w_set_f32(w, KEY("rope.freq_base"), qwen3 ? 1000000.0f : 10000.0f);
+    gguf_w_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), qwen3 || gemma2 ? 1e-6f : 1e-5f);
+    gguf_w_set_u32(w, KEY("vocab_size"), (uint32_t)p.vocab);
+    if (p.window) gguf_w_set_u32(w, KEY("attention.sliding_window"), (uint32_t)p.window);
+    if (gemma2) {
+        gguf_w_set_f32(w, KEY("attn_logit_softcapping"), 50.0f);
+        gguf_w_set_f32(w, KEY("final_logit_softcapping"), 30.0f);
+    }
+    if (phi3) {
+        gguf_w_set_u32(w, KEY("rope.scaling.original_context_length"), 4096);
+        /* sqrt(1 + ln(32) / ln(4096)), as Phi-3's long-rope models carry */
+        gguf_w_set_f32(w, KEY("rope.scaling.attn_factor"), sqrtf(1.0f + logf(32.0f) / logf(4096.0f)));
+    }
+#undef KEY
     if (vsrc) {
         for (int64_t i = 0; i < gguf_n_kv(vsrc); i++) {
             gguf_str k = gguf_kv_key(vsrc, i);
@@ -184,24 +223,58 @@ int cmd_mkmodel(int argc, char **argv) {
         }
     }
     int64_t E = p.embd, Q = (int64_t)p.heads * hd, KV = (int64_t)p.kv_heads * hd;
-    float ws = 1.0f / sqrtf((float)E), wf = 1.0f / sqrtf((float)p.ff);
+    float ws = 1.0f / sqrtf((float)E), wf = 1.0f / sqrtf((float)p.ff), wq = 1.0f / sqrtf((float)Q);
+    float nn = p.arch ? 0.1f : 0.0f; /* noise on the norm weights of the other architectures */
     uint32_t t = (uint32_t)type;
     double t0 = lm_now();
-    int rc = add(&mk, "token_embd.weight", E, p.vocab, t, 1.0f, false);
-    rc |= add(&mk, "output_norm.weight", E, 1, LM_TYPE_F32, 0, true);
-    rc |= add(&mk, "output.weight", E, p.vocab, t, ws, false);
+    /* tied heads: a smaller embedding, so the layers' sum and not the input
+     * token's own row decides the next token (gemma2 scales it by sqrt(E)) */
+    float es = qwen3 ? 0.3f : gemma2 ? 0.05f : 1.0f;
+    int rc = add(&mk, "token_embd.weight", E, p.vocab, t, es, false);
+    rc |= add(&mk, "output_norm.weight", E, 1, LM_TYPE_F32, nn, true);
+    if (!qwen3 && !gemma2) rc |= add(&mk, "output.weight", E, p.vocab, t, ws, false); /* those two tie */
+    if (phi3 && !rc) { /* long-rope divisors per frequency: short near 1, long growing to 32 */
+        int nf = hd / 2;
+        float *sf_ = malloc((size_t)nf * sizeof(float)), *lf = malloc((size_t)nf * sizeof(float));
+        if (!sf_ || !lf) rc = -1;
+        for (int i = 0; !rc && i < nf; i++) {
+            sf_[i] = 1.0f + 0.1f * (float)i / (float)nf;
+            lf[i] = 1.0f + 31.0f * (float)i * (float)i / ((float)nf * (float)nf);
+        }
+        uint64_t ne[1] = {(uint64_t)nf};
+        if (!rc) {
+            mk.bufs[mk.n_tensors++] = sf_;
+            mk.bufs[mk.n_tensors++] = lf;
+            rc |= gguf_w_add_tensor(w, "rope_factors_short.weight", 1, ne, LM_TYPE_F32, sf_, (size_t)nf * 4);
+            rc |= gguf_w_add_tensor(w, "rope_factors_long.weight", 1, ne, LM_TYPE_F32, lf, (size_t)nf * 4);
+        }
+    }
     for (int i = 0; i < p.layers && !rc; i++) {
         char n[96];
 #define A(suffix, cols, rows, ty, sc, ones) (snprintf(n, sizeof n, "blk.%d." suffix, i), add(&mk, n, cols, rows, ty, sc, ones))
-        rc |= A("attn_norm.weight", E, 1, LM_TYPE_F32, 0, true);
-        rc |= A("attn_q.weight", E, Q, t, ws, false);
-        rc |= A("attn_k.weight", E, KV, t, ws, false);
-        rc |= A("attn_v.weight", E, KV, t, ws, false);
-        rc |= A("attn_output.weight", Q, E, t, ws, false);
-        rc |= A("ffn_norm.weight", E, 1, LM_TYPE_F32, 0, true);
-        rc |= A("ffn_gate.weight", E, p.ff, t, ws, false);
-        rc |= A("ffn_up.weight", E, p.ff, t, ws, false);
+        rc |= A("attn_norm.weight", E, 1, LM_TYPE_F32, nn, true);
+        if (phi3) {
+            rc |= A("attn_qkv.weight", E, Q + 2 * KV, t, ws, false);
+        } else {
+            rc |= A("attn_q.weight", E, Q, t, ws, false);
+            rc |= A("attn_k.weight", E, KV, t, ws, false);
+            rc |= A("attn_v.weight", E, KV, t, ws, false);
+        }
+        if (qwen3) {
+            rc |= A("attn_q_norm.weight", hd, 1, LM_TYPE_F32, nn, true);
+            rc |= A("attn_k_norm.weight", hd, 1, LM_TYPE_F32, nn, true);
+        }
+        rc |= A("attn_output.weight", Q, E, t, p.arch ? wq : ws, false);
+        if (gemma2) rc |= A("post_attention_norm.weight", E, 1, LM_TYPE_F32, nn, true);
+        rc |= A("ffn_norm.weight", E, 1, LM_TYPE_F32, nn, true);
+        if (phi3) {
+            rc |= A("ffn_up.weight", E, 2 * (int64_t)p.ff, t, ws, false);
+        } else {
+            rc |= A("ffn_gate.weight", E, p.ff, t, ws, false);
+            rc |= A("ffn_up.weight", E, p.ff, t, ws, false);
+        }
         rc |= A("ffn_down.weight", p.ff, E, t, wf, false);
+        if (gemma2) rc |= A("post_ffw_norm.weight", E, 1, LM_TYPE_F32, nn, true);
 #undef A
         fprintf(stderr, "\rmkmodel: layer %d/%d", i + 1, p.layers);
     }
