@@ -674,6 +674,7 @@ static void usage_main(FILE *f) {
             "  run         generate text from a prompt\n"
             "  tokenize    print the tokens of standard input\n"
             "  perplexity  measure perplexity on a text file (llama.cpp's method)\n"
+            "  logits      the largest logits after a prompt (for comparing implementations)\n"
             "  info        describe a GGUF model\n"
             "  convert     import a llama2.c checkpoint into GGUF\n"
             "  bench       measure prompt and generation speed\n"
@@ -722,6 +723,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(c, "route")) return cmd_route(argc - 1, argv + 1);
     if (!strcmp(c, "trace")) return cmd_trace(argc - 1, argv + 1);
+    if (!strcmp(c, "logits")) return cmd_logits(argc - 1, argv + 1);
     fprintf(stderr, "lamina: unknown command '%s'\n\n", c);
     usage_main(stderr);
     return 2;
