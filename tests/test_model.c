@@ -18,7 +18,10 @@
  * a 4-token sliding window on alternate layers with their own RoPE base);
  * several positions; cache decode vs whole-prefix recompute; odd batch
  * splits; gemma3 over a KV pool that releases the local layers' blocks out
- * of the window.
+ * of the window; qwen3 (Q/K norms, a head width other than n_embd / n_head);
+ * gemma2 (soft-capped scores and logits, with caps small enough to bite,
+ * alternate windows); phi3 (fused QKV and gate/up, long-rope factors and
+ * attention factor, a window on every layer).
  */
 #include <math.h>
 #include <stdio.h>
@@ -54,8 +57,11 @@ typedef struct {
     double *emb, *out_norm, *out;
     ref_layer *L;
     double rope_base, eps;
-    bool gemma;
-    int window, pattern;     /* gemma3 sliding window and global-layer period */
+    bool gemma;              /* gemma3 or gemma2: scaled embeddings, GELU, sliding windows */
+    bool qwen3, gemma2, phi3;
+    double attn_cap, final_cap; /* gemma2 soft-caps */
+    double *factors, mscale; /* phi3: per-frequency RoPE divisors (hd / 2), cos/sin scale */
+    int window, pattern;     /* sliding window and global-layer period (pattern 0: every layer local) */
     double rope_base_swa;
     /* buffers handed to the writer; freed after writing */
     void **blobs;
@@ -103,14 +109,36 @@ static double *add_vec(ref_model *r, gguf_writer *w, const char *name, int n, fl
     return d;
 }
 
+/* A copy of rows r0 .. r0+n-1 of a (rows, cols) matrix. */
+static double *split_rows(const double *m, int r0, int n, int cols) {
+    double *d = malloc((size_t)n * cols * sizeof(double));
+    memcpy(d, m + (size_t)r0 * cols, (size_t)n * cols * sizeof(double));
+    return d;
+}
+
 static int write_model(ref_model *r, const shape *sh, const char *path) {
     memset(r, 0, sizeof *r);
     r->sh = *sh;
     r->hd = sh->n_embd / sh->n_head;
     r->rope_base = 10000.0;
     r->eps = 1e-5;
-    r->gemma = strcmp(sh->arch, "gemma3") == 0;
-    if (r->gemma) { /* a window shorter than the test sequence, so it matters */
+    r->qwen3 = strcmp(sh->arch, "qwen3") == 0;
+    r->gemma2 = strcmp(sh->arch, "gemma2") == 0;
+    r->phi3 = strcmp(sh->arch, "phi3") == 0;
+    r->mscale = 1.0;
+    if (r->qwen3) r->hd = 2 * sh->n_embd / sh->n_head; /* Q wider than the residual, as Qwen3's */
+    r->gemma = strcmp(sh->arch, "gemma3") == 0 || r->gemma2;
+    if (r->gemma2) {
+        r->rope_base = r->rope_base_swa = 10000.0;
+        r->window = 4;
+        r->pattern = 2;
+        r->attn_cap = 1.5;
+        r->final_cap = 3.0;
+    } else if (r->phi3) {
+        r->window = 6;
+        r->pattern = 0;
+        r->mscale = 1.19;
+    } else if (r->gemma) { /* a window shorter than the test sequence, so it matters */
         r->rope_base = 1e6;
         r->rope_base_swa = 10000.0;
         r->window = 4;
@@ -129,10 +157,24 @@ static int write_model(ref_model *r, const shape *sh, const char *path) {
     gguf_w_set_u32(w, K("context_length"), 64);
     gguf_w_set_f32(w, K("rope.freq_base"), (float)r->rope_base);
     gguf_w_set_f32(w, K("attention.layer_norm_rms_epsilon"), (float)r->eps);
-    if (r->gemma) {
+    if (r->gemma && !r->gemma2) {
         gguf_w_set_u32(w, K("attention.sliding_window"), (uint32_t)r->window);
         gguf_w_set_u32(w, K("attention.sliding_window_pattern"), (uint32_t)r->pattern);
         gguf_w_set_f32(w, K("rope.freq_base_swa"), (float)r->rope_base_swa);
+    }
+    if (r->gemma2) { /* the pattern is gemma2's default, 2 */
+        gguf_w_set_u32(w, K("attention.sliding_window"), (uint32_t)r->window);
+        gguf_w_set_f32(w, K("attn_logit_softcapping"), (float)r->attn_cap);
+        gguf_w_set_f32(w, K("final_logit_softcapping"), (float)r->final_cap);
+    }
+    if (r->qwen3) {
+        gguf_w_set_u32(w, K("attention.key_length"), (uint32_t)r->hd);
+        gguf_w_set_u32(w, K("attention.value_length"), (uint32_t)r->hd);
+    }
+    if (r->phi3) { /* original context 16: the tests' 32-token plans use the long factors */
+        gguf_w_set_u32(w, K("attention.sliding_window"), (uint32_t)r->window);
+        gguf_w_set_u32(w, K("rope.scaling.original_context_length"), 16);
+        gguf_w_set_f32(w, K("rope.scaling.attn_factor"), (float)r->mscale);
     }
 #undef K
     int E = sh->n_embd, Q = sh->n_head * r->hd, KV = sh->n_head_kv * r->hd;
@@ -140,6 +182,15 @@ static int write_model(ref_model *r, const shape *sh, const char *path) {
     r->emb = add_weight(r, w, "token_embd.weight", sh->n_vocab, E, sh->wtype, 1.0f);
     r->out_norm = add_vec(r, w, "output_norm.weight", E, 1.0f, 0.1f);
     r->out = sh->tied ? r->emb : add_weight(r, w, "output.weight", sh->n_vocab, E, sh->wtype, ws);
+    if (r->phi3) { /* short factors near 1 (unused by 32-token plans), long ones 1 .. 4 */
+        double *sf = add_vec(r, w, "rope_factors_short.weight", r->hd / 2, 1.0f, 0.05f);
+        free(sf);
+        r->factors = malloc((size_t)(r->hd / 2) * sizeof(double));
+        float *lf = keep(r, malloc((size_t)(r->hd / 2) * sizeof(float)));
+        for (int i = 0; i < r->hd / 2; i++) lf[i] = (float)(r->factors[i] = 1.0 + 3.0 * i / (r->hd / 2));
+        uint64_t ne[1] = {(uint64_t)(r->hd / 2)};
+        gguf_w_add_tensor(w, "rope_factors_long.weight", 1, ne, LM_TYPE_F32, lf, (uint64_t)(r->hd / 2) * 4);
+    }
     r->L = calloc((size_t)sh->n_layer, sizeof(ref_layer));
     bool bias = strcmp(sh->arch, "qwen2") == 0;
     char name[64];
@@ -147,9 +198,17 @@ static int write_model(ref_model *r, const shape *sh, const char *path) {
     for (int i = 0; i < sh->n_layer; i++) {
         ref_layer *l = &r->L[i];
         l->attn_norm = add_vec(r, w, N("attn_norm.weight"), E, 1.0f, 0.1f);
-        l->wq = add_weight(r, w, N("attn_q.weight"), Q, E, sh->wtype, ws);
-        l->wk = add_weight(r, w, N("attn_k.weight"), KV, E, sh->wtype, ws);
-        l->wv = add_weight(r, w, N("attn_v.weight"), KV, E, sh->wtype, ws);
+        if (r->phi3) { /* one fused matrix: Q rows, K rows, V rows */
+            double *qkv = add_weight(r, w, N("attn_qkv.weight"), Q + 2 * KV, E, sh->wtype, ws);
+            l->wq = split_rows(qkv, 0, Q, E);
+            l->wk = split_rows(qkv, Q, KV, E);
+            l->wv = split_rows(qkv, Q + KV, KV, E);
+            free(qkv);
+        } else {
+            l->wq = add_weight(r, w, N("attn_q.weight"), Q, E, sh->wtype, ws);
+            l->wk = add_weight(r, w, N("attn_k.weight"), KV, E, sh->wtype, ws);
+            l->wv = add_weight(r, w, N("attn_v.weight"), KV, E, sh->wtype, ws);
+        }
         l->wo = add_weight(r, w, N("attn_output.weight"), E, Q, sh->wtype, 1.0f / sqrtf((float)Q));
         if (bias) {
             l->bq = add_vec(r, w, N("attn_q.bias"), Q, 0.0f, 0.1f);
@@ -157,12 +216,21 @@ static int write_model(ref_model *r, const shape *sh, const char *path) {
             l->bv = add_vec(r, w, N("attn_v.bias"), KV, 0.0f, 0.1f);
         }
         l->ffn_norm = add_vec(r, w, N("ffn_norm.weight"), E, 1.0f, 0.1f);
-        l->wg = add_weight(r, w, N("ffn_gate.weight"), sh->n_ff, E, sh->wtype, ws);
-        l->wu = add_weight(r, w, N("ffn_up.weight"), sh->n_ff, E, sh->wtype, ws);
+        if (r->phi3) { /* gate rows then up rows */
+            double *gu = add_weight(r, w, N("ffn_up.weight"), 2 * sh->n_ff, E, sh->wtype, ws);
+            l->wg = split_rows(gu, 0, sh->n_ff, E);
+            l->wu = split_rows(gu, sh->n_ff, sh->n_ff, E);
+            free(gu);
+        } else {
+            l->wg = add_weight(r, w, N("ffn_gate.weight"), sh->n_ff, E, sh->wtype, ws);
+            l->wu = add_weight(r, w, N("ffn_up.weight"), sh->n_ff, E, sh->wtype, ws);
+        }
         l->wd = add_weight(r, w, N("ffn_down.weight"), E, sh->n_ff, sh->wtype, 1.0f / sqrtf((float)sh->n_ff));
-        if (r->gemma) {
+        if ((r->gemma && !r->gemma2) || r->qwen3) {
             l->qn = add_vec(r, w, N("attn_q_norm.weight"), r->hd, 1.0f, 0.2f);
             l->kn = add_vec(r, w, N("attn_k_norm.weight"), r->hd, 1.0f, 0.2f);
+        }
+        if (r->gemma) {
             l->pan = add_vec(r, w, N("post_attention_norm.weight"), E, 1.0f, 0.2f);
             l->pfn = add_vec(r, w, N("post_ffw_norm.weight"), E, 1.0f, 0.2f);
         }
@@ -180,6 +248,7 @@ static int write_model(ref_model *r, const shape *sh, const char *path) {
 static void free_ref(ref_model *r) {
     free(r->emb);
     free(r->out_norm);
+    free(r->factors);
     if (!r->sh.tied) free(r->out);
     for (int i = 0; i < r->sh.n_layer; i++) {
         ref_layer *l = &r->L[i];
@@ -206,15 +275,16 @@ static void ref_rms(double *y, const double *x, const double *w, int n, double e
     for (int i = 0; i < n; i++) y[i] = x[i] * sc * w[i];
 }
 
-static void ref_rope(double *v, int n_heads, int hd, int pos, double base, bool neox) {
+static void ref_rope(double *v, int n_heads, int hd, int pos, double base, bool neox, const double *factors,
+                     double ms) {
     for (int h = 0; h < n_heads; h++) {
         double *x = v + (size_t)h * hd;
         for (int i = 0; i < hd / 2; i++) {
-            double th = pos * pow(base, -2.0 * i / hd);
+            double th = pos * pow(base, -2.0 * i / hd) / (factors ? factors[i] : 1.0);
             int a = neox ? i : 2 * i, b = neox ? i + hd / 2 : 2 * i + 1;
             double x0 = x[a], x1 = x[b];
-            x[a] = x0 * cos(th) - x1 * sin(th);
-            x[b] = x0 * sin(th) + x1 * cos(th);
+            x[a] = (x0 * cos(th) - x1 * sin(th)) * ms;
+            x[b] = (x0 * sin(th) + x1 * cos(th)) * ms;
         }
     }
 }
@@ -223,7 +293,7 @@ static void ref_rope(double *v, int n_heads, int hd, int pos, double base, bool 
 static double *ref_forward(const ref_model *r, const int32_t *tokens, int T) {
     const shape *sh = &r->sh;
     int E = sh->n_embd, hd = r->hd, Q = sh->n_head * hd, KV = sh->n_head_kv * hd, F = sh->n_ff;
-    bool neox = strcmp(sh->arch, "qwen2") == 0 || r->gemma;
+    bool neox = strcmp(sh->arch, "qwen2") == 0 || r->gemma || r->qwen3 || r->phi3;
     double *x = calloc((size_t)T * E, sizeof(double)), *xb = malloc((size_t)E * sizeof(double));
     double *q = malloc((size_t)T * Q * sizeof(double)), *k = malloc((size_t)T * KV * sizeof(double));
     double *v = malloc((size_t)T * KV * sizeof(double)), *att = malloc((size_t)Q * sizeof(double));
@@ -234,8 +304,8 @@ static double *ref_forward(const ref_model *r, const int32_t *tokens, int T) {
         for (int i = 0; i < E; i++) x[(size_t)t * E + i] = r->emb[(size_t)tokens[t] * E + i] * (r->gemma ? sqrt((double)E) : 1.0);
     for (int li = 0; li < sh->n_layer; li++) {
         const ref_layer *l = &r->L[li];
-        bool local = r->gemma && (li + 1) % r->pattern != 0;
-        double base = local ? r->rope_base_swa : r->rope_base;
+        bool local = r->window > 0 && (r->pattern == 0 || (li + 1) % r->pattern != 0);
+        double base = local && !r->phi3 ? r->rope_base_swa : r->rope_base;
         for (int t = 0; t < T; t++) {
             ref_rms(xb, x + (size_t)t * E, l->attn_norm, E, r->eps);
             ref_mv(q + (size_t)t * Q, l->wq, xb, l->bq, Q, E);
@@ -245,8 +315,8 @@ static double *ref_forward(const ref_model *r, const int32_t *tokens, int T) {
                 for (int h = 0; h < sh->n_head; h++) ref_rms(q + (size_t)t * Q + h * hd, q + (size_t)t * Q + h * hd, l->qn, hd, r->eps);
             if (l->kn)
                 for (int h = 0; h < sh->n_head_kv; h++) ref_rms(k + (size_t)t * KV + h * hd, k + (size_t)t * KV + h * hd, l->kn, hd, r->eps);
-            ref_rope(q + (size_t)t * Q, sh->n_head, hd, t, base, neox);
-            ref_rope(k + (size_t)t * KV, sh->n_head_kv, hd, t, base, neox);
+            ref_rope(q + (size_t)t * Q, sh->n_head, hd, t, base, neox, r->factors, r->mscale);
+            ref_rope(k + (size_t)t * KV, sh->n_head_kv, hd, t, base, neox, r->factors, r->mscale);
         }
         double *xn = malloc((size_t)T * E * sizeof(double));
         for (int t = 0; t < T; t++) {
@@ -259,6 +329,7 @@ static double *ref_forward(const ref_model *r, const int32_t *tokens, int T) {
                     double d = 0;
                     for (int i = 0; i < hd; i++) d += q[(size_t)t * Q + h * hd + i] * k[(size_t)p * KV + kh * hd + i];
                     sc[p] = d / sqrt((double)hd);
+                    if (r->attn_cap > 0) sc[p] = r->attn_cap * tanh(sc[p] / r->attn_cap);
                     if (sc[p] > mx) mx = sc[p];
                 }
                 for (int p = p0; p <= t; p++) sum += (sc[p] = exp(sc[p] - mx));
@@ -289,6 +360,9 @@ static double *ref_forward(const ref_model *r, const int32_t *tokens, int T) {
     for (int t = 0; t < T; t++) {
         ref_rms(xb, x + (size_t)t * E, r->out_norm, E, r->eps);
         ref_mv(logits + (size_t)t * sh->n_vocab, r->out, xb, NULL, sh->n_vocab, E);
+        if (r->final_cap > 0)
+            for (int i = 0; i < sh->n_vocab; i++)
+                logits[(size_t)t * sh->n_vocab + i] = r->final_cap * tanh(logits[(size_t)t * sh->n_vocab + i] / r->final_cap);
     }
     free(x), free(xb), free(q), free(k), free(v), free(att), free(tmp), free(g), free(u), free(sc);
     return logits;
@@ -385,6 +459,12 @@ SHAPE_TEST(test_llama_mha_q4_0, "llama", 2, 64, 4, 4, 96, 83, LM_TYPE_Q4_0, true
 SHAPE_TEST(test_qwen2_gqa_q4_0, "qwen2", 2, 64, 4, 2, 96, 83, LM_TYPE_Q4_0, false)
 SHAPE_TEST(test_gemma3_mqa_f32, "gemma3", 4, 64, 4, 1, 96, 83, LM_TYPE_F32, true)
 SHAPE_TEST(test_gemma3_gqa_q8_0, "gemma3", 4, 64, 4, 2, 96, 83, LM_TYPE_Q8_0, true)
+SHAPE_TEST(test_qwen3_gqa_f32, "qwen3", 2, 64, 4, 2, 96, 83, LM_TYPE_F32, true)
+SHAPE_TEST(test_qwen3_gqa_q8_0, "qwen3", 2, 64, 4, 2, 96, 83, LM_TYPE_Q8_0, false)
+SHAPE_TEST(test_gemma2_gqa_f32, "gemma2", 4, 64, 4, 2, 96, 83, LM_TYPE_F32, true)
+SHAPE_TEST(test_gemma2_gqa_q8_0, "gemma2", 4, 64, 4, 2, 96, 83, LM_TYPE_Q8_0, true)
+SHAPE_TEST(test_phi3_mha_f32, "phi3", 2, 64, 4, 4, 96, 83, LM_TYPE_F32, false)
+SHAPE_TEST(test_phi3_gqa_q8_0, "phi3", 2, 64, 4, 2, 96, 83, LM_TYPE_Q8_0, false)
 
 /* gemma3 over a pool that releases local blocks out of the window (block 3
  * positions, window 4, appends of at most 4): 40 positions, ten windows,
@@ -558,5 +638,11 @@ int main(void) {
     TEST_RUN(test_refuses_unknown_arch);
     TEST_RUN(test_refuses_missing_tensor);
     TEST_RUN(test_layer_tensor_table);
+    TEST_RUN(test_qwen3_gqa_f32);
+    TEST_RUN(test_qwen3_gqa_q8_0);
+    TEST_RUN(test_gemma2_gqa_f32);
+    TEST_RUN(test_gemma2_gqa_q8_0);
+    TEST_RUN(test_phi3_mha_f32);
+    TEST_RUN(test_phi3_gqa_q8_0);
     return TEST_DONE();
 }
