@@ -21,6 +21,8 @@
  * attention scores and the logits (cap·tanh(s/cap)). phi3's Q, K, V and
  * gate/up are row slices of fused matrices (model.c), and its RoPE angles
  * may be divided by per-frequency factors, cos and sin scaled.
+ * A layer with experts replaces the FFN by moe_ffn (moe.h) between the same
+ * norm and residual add.
  * then logits = rmsnorm(x) * out_norm · Woutᵀ for the rows asked for.
  * Each row's arithmetic is the same whatever else is in the batch and
  * whichever thread runs it, so a sequence's logits do not depend on how its
@@ -32,6 +34,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#include "model/moe.h"
 #include "model/ops.h"
 #include "format/quant.h"
 #include "base/util.h"
@@ -129,6 +132,11 @@ lm_fwd *fwd_new(const lm_model *m, lm_pool *pool, kv_pool *kv, const fwd_dims *d
             a = max_sz(a, ops_matmul_scratch(lw[i]->type, lw[i]->cols, d->n_batch));
     }
     a = max_sz(a, ops_matmul_scratch(m->output.type, m->output.cols, d->n_batch));
+    a = max_sz(a, moe_act_bytes(m, d->n_batch));
+    if (m->moe && !(f->moe = moe_ws_new(m, d->n_batch, err, errlen))) {
+        fwd_free(f);
+        return NULL;
+    }
     f->act_bytes = a;
     f->act = a ? lm_malloc(a) : NULL;
     if (!f->scr || !f->x || !f->xb || !f->q || !f->k || !f->v || !f->hb || !f->hb2 || !f->cs || !f->pos ||
@@ -156,6 +164,7 @@ void fwd_free(lm_fwd *f) {
     lm_free(f->seg_row0);
     lm_free(f->seg_item0);
     lm_free(f->act);
+    moe_ws_free(f->moe);
     lm_free(f);
 }
 
@@ -342,6 +351,13 @@ static void forward_batch(lm_fwd *f, const int32_t *tokens, int n, const lm_seg 
 
         run_rows(f, l, ROWS_FFN_IN, n);
         PROF(f, LM_PROF_NORM);
+        if (l->moe) { /* experts: xb in, xb out */
+            moe_ffn(f->moe, f->pool, m, l, f->xb, n, f->act, NULL);
+            PROF(f, LM_PROF_FFN_UP);
+            run_rows(f, l, ROWS_FFN_OUT, n);
+            PROF(f, LM_PROF_FFN_DOWN);
+            continue;
+        }
         float *const gu_y[2] = {f->hb, f->hb2};
         const lm_weight *const gu_w[2] = {&l->w_gate, &l->w_up};
         ops_matmul_multi(f->pool, 2, gu_y, gu_w, f->xb, n, f->act);

@@ -83,6 +83,7 @@ typedef struct lm_fwd {
     int *pos;             /* (n_batch) each row's position */
     int *seg_row0;        /* (n_batch + 1) a segment's first row */
     int *seg_item0;       /* (n_batch + 1) a segment's first attention work item */
+    struct moe_ws *moe;   /* the expert workspace (moe.h), NULL without experts */
     void *act;            /* quantized activations for ops_matmul */
     size_t act_bytes;
     bool profile;         /* accumulate per-op times into prof[] */

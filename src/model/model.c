@@ -35,6 +35,8 @@ const char *model_arch_name(lm_arch a) {
     case LM_ARCH_QWEN3: return "qwen3";
     case LM_ARCH_GEMMA2: return "gemma2";
     case LM_ARCH_PHI3: return "phi3";
+    case LM_ARCH_QWEN2MOE: return "qwen2moe";
+    case LM_ARCH_QWEN3MOE: return "qwen3moe";
     }
     return "unknown";
 }
@@ -44,6 +46,29 @@ uint64_t model_kv_bytes_per_token(const lm_model *m, size_t elem_bytes) {
     return 2ull * (uint64_t)hp->n_layer * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim * elem_bytes;
 }
 
+uint64_t model_layer_bytes_per_token(const lm_model *m, uint64_t *total) {
+    uint64_t active = 0, all = 0;
+    for (int i = 0; i < m->hp.n_layer; i++) {
+        const lm_layer *l = &m->layers[i];
+        const lm_weight *ws[MODEL_LAYER_MATRICES];
+        model_layer_matrices(l, ws);
+        uint64_t dense = 0;
+        for (int k = 0; k < MODEL_LAYER_MATRICES; k++) dense += (uint64_t)ws[k]->rows * ws[k]->row_bytes;
+        active += dense;
+        all += dense;
+        if (!l->moe) continue;
+        const lm_moe *moe = l->moe;
+        uint64_t router = (uint64_t)moe->gate_inp.rows * moe->gate_inp.row_bytes, one = 0;
+        one += (uint64_t)moe->gate[0].rows * moe->gate[0].row_bytes;
+        one += (uint64_t)moe->up[0].rows * moe->up[0].row_bytes;
+        one += (uint64_t)moe->down[0].rows * moe->down[0].row_bytes;
+        active += router + one * (uint64_t)m->hp.n_expert_used;
+        all += router + one * (uint64_t)m->hp.n_expert;
+    }
+    if (total) *total = all;
+    return active;
+}
+
 /* ---- the per-layer tensors ---------------------------------------------- */
 
 /* A tensor's length along one axis, in hyperparameters. */
@@ -51,8 +76,8 @@ typedef enum { DIM_EMBD, DIM_Q, DIM_KV, DIM_FF, DIM_HEAD } hp_dim;
 
 #define ARCH(a) (1u << (a))
 #define ALL_ARCHS (ARCH(LM_ARCH_LLAMA) | ARCH(LM_ARCH_QWEN2) | ARCH(LM_ARCH_GEMMA3) | ARCH(LM_ARCH_QWEN3) | \
-                   ARCH(LM_ARCH_GEMMA2) | ARCH(LM_ARCH_PHI3))
-#define QK_NORM_ARCHS (ARCH(LM_ARCH_GEMMA3) | ARCH(LM_ARCH_QWEN3))
+                   ARCH(LM_ARCH_GEMMA2) | ARCH(LM_ARCH_PHI3) | ARCH(LM_ARCH_QWEN2MOE) | ARCH(LM_ARCH_QWEN3MOE))
+#define QK_NORM_ARCHS (ARCH(LM_ARCH_GEMMA3) | ARCH(LM_ARCH_QWEN3) | ARCH(LM_ARCH_QWEN3MOE))
 #define POST_NORM_ARCHS (ARCH(LM_ARCH_GEMMA3) | ARCH(LM_ARCH_GEMMA2))
 #define FUSED_ARCHS ARCH(LM_ARCH_PHI3)
 
@@ -63,10 +88,12 @@ typedef struct {
     hp_dim cols, rows;     /* a matrix's input and output features; a vector has cols elements */
     unsigned required;     /* ARCH() bits of the architectures that must have it; optional for the others */
     unsigned fused;        /* ARCH() bits of the architectures that store it inside a fused matrix */
+    bool ffn;              /* a dense FFN matrix: loaded by load_moe instead when the model has experts */
 } layer_tensor;
 
-#define MAT(n, field, c, r, fu) {n, offsetof(lm_layer, field), true, c, r, ALL_ARCHS, fu}
-#define VEC(n, field, c, req) {n, offsetof(lm_layer, field), false, c, 0, req, 0}
+#define MAT(n, field, c, r, fu) {n, offsetof(lm_layer, field), true, c, r, ALL_ARCHS, fu, false}
+#define FFN(n, field, c, r, fu) {n, offsetof(lm_layer, field), true, c, r, ALL_ARCHS, fu, true}
+#define VEC(n, field, c, req) {n, offsetof(lm_layer, field), false, c, 0, req, 0, false}
 
 /* In load order (the first problem found is the one reported). */
 static const layer_tensor layer_tensors[] = {
@@ -79,9 +106,9 @@ static const layer_tensor layer_tensors[] = {
     VEC("attn_k.bias", bk, DIM_KV, ARCH(LM_ARCH_QWEN2)),
     VEC("attn_v.bias", bv, DIM_KV, ARCH(LM_ARCH_QWEN2)),
     VEC("ffn_norm.weight", ffn_norm, DIM_EMBD, ALL_ARCHS),
-    MAT("ffn_gate.weight", w_gate, DIM_EMBD, DIM_FF, FUSED_ARCHS),
-    MAT("ffn_up.weight", w_up, DIM_EMBD, DIM_FF, FUSED_ARCHS),
-    MAT("ffn_down.weight", w_down, DIM_FF, DIM_EMBD, 0),
+    FFN("ffn_gate.weight", w_gate, DIM_EMBD, DIM_FF, FUSED_ARCHS),
+    FFN("ffn_up.weight", w_up, DIM_EMBD, DIM_FF, FUSED_ARCHS),
+    FFN("ffn_down.weight", w_down, DIM_FF, DIM_EMBD, 0),
     VEC("attn_q_norm.weight", q_norm, DIM_HEAD, QK_NORM_ARCHS),
     VEC("attn_k_norm.weight", k_norm, DIM_HEAD, QK_NORM_ARCHS),
     VEC("post_attention_norm.weight", post_attn_norm, DIM_EMBD, POST_NORM_ARCHS),
@@ -226,6 +253,33 @@ static int load_vec(loader *L, const char *name, int64_t n, bool required, const
     return 0;
 }
 
+/* Experts: llama files may have them (Mixtral: experts as wide as
+ * feed_forward_length), qwen2moe and qwen3moe must. */
+static int read_moe_hparams(loader *L, const char *arch) {
+    lm_hparams *hp = &L->m->hp;
+    bool qmoe = hp->arch == LM_ARCH_QWEN2MOE || hp->arch == LM_ARCH_QWEN3MOE;
+    if (get_hp_int(L, arch, "expert_count", 0, 0, 4096, &hp->n_expert)) return -1;
+    if (hp->n_expert == 0) {
+        if (qmoe) return lm_err(L->err, L->errlen, "%s needs metadata '%s.expert_count'", arch, arch);
+        return 0;
+    }
+    if (hp->arch != LM_ARCH_LLAMA && !qmoe)
+        return unsupported(L), lm_err(L->err, L->errlen, "experts in a %s model are not supported", arch);
+    if (get_hp_int(L, arch, "expert_used_count", -1, 1, hp->n_expert, &hp->n_expert_used) ||
+        get_hp_int(L, arch, "expert_feed_forward_length", qmoe ? hp->n_ff / hp->n_expert_used : hp->n_ff, 1,
+                   1 << 23, &hp->n_ff_exp))
+        return -1;
+    if (hp->arch == LM_ARCH_QWEN2MOE &&
+        get_hp_int(L, arch, "expert_shared_feed_forward_length", hp->n_ff, 1, 1 << 23, &hp->n_ff_shexp))
+        return -1;
+    float scale;
+    if (get_hp_float(L, arch, "expert_weights_scale", 0.0, &scale)) return -1;
+    if (scale != 0.0f && scale != 1.0f)
+        return unsupported(L), lm_err(L->err, L->errlen, "expert weights scale %g is not supported", scale);
+    hp->moe_norm_w = hp->arch != LM_ARCH_QWEN2MOE; /* qwen2moe keeps the softmax probabilities as they are */
+    return 0;
+}
+
 /* gemma2's and phi3's options (read_hparams has set the common ones). */
 static int read_family_hparams(loader *L, const char *arch) {
     lm_hparams *hp = &L->m->hp;
@@ -251,7 +305,7 @@ static int read_family_hparams(loader *L, const char *arch) {
             return -1;
         hp->swa_pattern = 0;
     }
-    return 0;
+    return read_moe_hparams(L, arch);
 }
 
 static int read_hparams(loader *L) {
@@ -280,9 +334,15 @@ static int read_hparams(loader *L) {
     } else if (strcmp(arch, "phi3") == 0) {
         hp->arch = LM_ARCH_PHI3;
         hp->rope_style = LM_ROPE_NEOX;
+    } else if (strcmp(arch, "qwen2moe") == 0) {
+        hp->arch = LM_ARCH_QWEN2MOE;
+        hp->rope_style = LM_ROPE_NEOX;
+    } else if (strcmp(arch, "qwen3moe") == 0) {
+        hp->arch = LM_ARCH_QWEN3MOE;
+        hp->rope_style = LM_ROPE_NEOX;
     } else {
         return unsupported(L), lm_err(L->err, L->errlen, "unsupported architecture '%s' (lamina runs llama, qwen2, "
-                                      "qwen3, gemma2, gemma3 and phi3)", arch);
+                                      "qwen3, qwen2moe, qwen3moe, gemma2, gemma3 and phi3)", arch);
     }
     const int64_t big = 1 << 20;
     if (get_hp_int(L, arch, "block_count", -1, 1, 4096, &hp->n_layer) ||
@@ -373,6 +433,60 @@ static int load_fused(loader *L, int i, lm_layer *l) {
     return 0;
 }
 
+/* A 3-D tensor of n_expert (rows, cols) matrices, as one lm_weight per
+ * expert (slice e at data + e * rows * row_bytes). */
+static int load_experts(loader *L, const char *name, int64_t cols, int64_t rows, lm_weight *out) {
+    const lm_hparams *hp = &L->m->hp;
+    const gguf_tensor *t = gguf_find_tensor(L->m->gguf, name);
+    if (!t) return lm_err(L->err, L->errlen, "missing tensor '%s'", name);
+    if (t->ne[0] != (uint64_t)cols || t->ne[1] != (uint64_t)rows || t->ne[2] != (uint64_t)hp->n_expert || t->ne[3] != 1)
+        return lm_err(L->err, L->errlen, "tensor '%s' has shape [%llu, %llu, %llu, %llu], expected [%lld, %lld, %d]",
+                      name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
+                      (unsigned long long)t->ne[2], (unsigned long long)t->ne[3], (long long)cols, (long long)rows,
+                      hp->n_expert);
+    if (!quant_supported(t->type))
+        return unsupported(L), lm_err(L->err, L->errlen, "tensor '%s' has type %s, which lamina cannot compute with",
+                                      name, quant_type_name(t->type));
+    size_t rb = quant_row_size(t->type, cols);
+    for (int e = 0; e < hp->n_expert; e++)
+        out[e] = (lm_weight){.data = (const uint8_t *)t->data + (size_t)e * (size_t)rows * rb, .type = t->type,
+                             .rows = rows, .cols = cols, .row_bytes = rb};
+    return 0;
+}
+
+/* A layer's experts, router and (qwen2moe) shared expert. */
+static int load_moe(loader *L, int i, lm_layer *l) {
+    lm_model *m = L->m;
+    const lm_hparams *hp = &m->hp;
+    int64_t E = hp->n_embd, F = hp->n_ff_exp, X = hp->n_expert;
+    lm_moe *moe = &m->moe[i];
+    l->moe = moe;
+    moe->gate = m->experts + (size_t)i * 3 * (size_t)X;
+    moe->up = moe->gate + X;
+    moe->down = moe->up + X;
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", i);
+    if (load_weight(L, name, E, X, &moe->gate_inp)) return -1;
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_exps.weight", i);
+    if (load_experts(L, name, E, F, moe->gate)) return -1;
+    snprintf(name, sizeof name, "blk.%d.ffn_up_exps.weight", i);
+    if (load_experts(L, name, E, F, moe->up)) return -1;
+    snprintf(name, sizeof name, "blk.%d.ffn_down_exps.weight", i);
+    if (load_experts(L, name, F, E, moe->down)) return -1;
+    if (hp->n_ff_shexp > 0) {
+        int64_t S = hp->n_ff_shexp;
+        snprintf(name, sizeof name, "blk.%d.ffn_gate_inp_shexp.weight", i);
+        if (load_vec(L, name, E, true, &moe->shexp_gate)) return -1;
+        snprintf(name, sizeof name, "blk.%d.ffn_gate_shexp.weight", i);
+        if (load_weight(L, name, E, S, &l->w_gate)) return -1;
+        snprintf(name, sizeof name, "blk.%d.ffn_up_shexp.weight", i);
+        if (load_weight(L, name, E, S, &l->w_up)) return -1;
+        snprintf(name, sizeof name, "blk.%d.ffn_down_shexp.weight", i);
+        if (load_weight(L, name, S, E, &l->w_down)) return -1;
+    }
+    return 0;
+}
+
 static int load_tensors(loader *L) {
     lm_model *m = L->m;
     const lm_hparams *hp = &m->hp;
@@ -381,11 +495,16 @@ static int load_tensors(loader *L) {
     size_t per_layer = 0;
     for (size_t k = 0; k < N_LAYER_TENSORS; k++)
         if (!layer_tensors[k].matrix) per_layer += (size_t)dim_len(hp, layer_tensors[k].cols);
-    L->f32_cap = (size_t)hp->n_layer * per_layer + (size_t)E + (size_t)hp->n_rot;
+    L->f32_cap = (size_t)hp->n_layer * (per_layer + (size_t)E) + (size_t)E + (size_t)hp->n_rot;
     m->f32 = lm_malloc(L->f32_cap * sizeof(float));
     m->layers = lm_calloc((size_t)hp->n_layer, sizeof(lm_layer));
     m->layer_local = lm_calloc((size_t)hp->n_layer, 1);
     if (!m->f32 || !m->layers || !m->layer_local) return nomem(L), lm_err(L->err, L->errlen, "out of memory");
+    if (hp->n_expert > 0) {
+        m->moe = lm_calloc((size_t)hp->n_layer, sizeof(lm_moe));
+        m->experts = lm_calloc((size_t)hp->n_layer * 3 * (size_t)hp->n_expert, sizeof(lm_weight));
+        if (!m->moe || !m->experts) return nomem(L), lm_err(L->err, L->errlen, "out of memory");
+    }
 
     if (load_weight(L, "token_embd.weight", E, hp->n_vocab, &m->tok_embd)) return -1;
     if (load_vec(L, "output_norm.weight", E, true, &m->out_norm)) return -1;
@@ -410,6 +529,7 @@ static int load_tensors(loader *L) {
         for (size_t k = 0; k < N_LAYER_TENSORS; k++) {
             const layer_tensor *t = &layer_tensors[k];
             if (t->fused & ARCH(hp->arch)) continue; /* load_fused below */
+            if (t->ffn && hp->n_expert > 0) continue; /* load_moe below */
             snprintf(name, sizeof name, "blk.%d.%s", i, t->name);
             int rc = t->matrix ? load_weight(L, name, dim_len(hp, t->cols), dim_len(hp, t->rows), layer_weight(l, t))
                                : load_vec(L, name, dim_len(hp, t->cols), (t->required & ARCH(hp->arch)) != 0,
@@ -417,6 +537,7 @@ static int load_tensors(loader *L) {
             if (rc) return -1;
         }
         if ((FUSED_ARCHS & ARCH(hp->arch)) && load_fused(L, i, l)) return -1;
+        if (hp->n_expert > 0 && load_moe(L, i, l)) return -1;
         /* gemma: every swa_pattern-th layer (counting from 1) is global; pattern 0: none is */
         bool local = hp->swa_window > 0 && (hp->swa_pattern == 0 || (i + 1) % hp->swa_pattern != 0);
         l->window = local ? hp->swa_window : 0;
@@ -458,7 +579,7 @@ static uint64_t mem_available(void) {
 
 static int pack_weights(loader *L) {
     lm_model *m = L->m;
-    const int n_w = MODEL_LAYER_MATRICES * m->hp.n_layer + 1;
+    const int n_w = MODEL_LAYER_MATRICES * m->hp.n_layer + 1 + (m->moe ? m->hp.n_layer * (1 + 3 * m->hp.n_expert) : 0);
     lm_weight **ws = lm_malloc((size_t)n_w * sizeof *ws);
     if (!ws) return nomem(L), lm_err(L->err, L->errlen, "out of memory");
     int k = 0;
@@ -466,10 +587,14 @@ static int pack_weights(loader *L) {
         for (size_t j = 0; j < N_LAYER_TENSORS; j++)
             if (layer_tensors[j].matrix) ws[k++] = layer_weight(&m->layers[i], &layer_tensors[j]);
     ws[k++] = &m->output;
+    for (int i = 0; m->moe && i < m->hp.n_layer; i++) {
+        ws[k++] = &m->moe[i].gate_inp;
+        for (int e = 0; e < 3 * m->hp.n_expert; e++) ws[k++] = &m->moe[i].gate[e]; /* gate, up, down follow */
+    }
     assert(k == n_w);
     size_t total = 0;
     for (int i = 0; i < n_w; i++) {
-        if (kernels_type(ws[i]->type)->packed_gemm) total += quant_pack_size(ws[i]->type, ws[i]->rows, ws[i]->cols);
+        if (ws[i]->rows && kernels_type(ws[i]->type)->packed_gemm) total += quant_pack_size(ws[i]->type, ws[i]->rows, ws[i]->cols);
     }
     /* Copies that would take most of the free memory are not made: the
      * row-major kernels compute the same products from the mapping, where
@@ -490,7 +615,7 @@ static int pack_weights(loader *L) {
     for (int i = 0; i < n_w; i++) {
         lm_weight *w = ws[i];
         size_t sz = quant_pack_size(w->type, w->rows, w->cols);
-        if (!kernels_type(w->type)->packed_gemm || !sz) continue;
+        if (!w->rows || !kernels_type(w->type)->packed_gemm || !sz) continue;
         quant_pack(w->type, w->data, w->row_bytes, w->rows, w->cols, p);
         w->packed = p;
         p += sz;
@@ -572,6 +697,8 @@ void model_free(lm_model *m) {
     if (m->tok) tok_free(m->tok);
     lm_free(m->layers);
     lm_free(m->layer_local);
+    lm_free(m->moe);
+    lm_free(m->experts);
     lm_free(m->f32);
     lm_free(m->packed_mem);
     if (m->gguf) gguf_close(m->gguf);

@@ -22,6 +22,15 @@
  *          the context in use exceeds rope.scaling.original_context_length)
  *          and the file's rope.scaling.attn_factor on cos and sin; a sliding
  *          window on every layer where the file sets one.
+ *   qwen2moe, qwen3moe, and llama files with expert tensors (Mixtral):
+ *          the FFN is a Mixture-of-Experts. A router (ffn_gate_inp) scores
+ *          n_expert experts per token, softmax, the top n_expert_used are
+ *          run (SwiGLU experts, ffn_{gate,up,down}_exps as 3-D tensors, one
+ *          2-D slice per expert) and summed with their probabilities,
+ *          renormalised to sum 1 for qwen3moe and Mixtral, as they are for
+ *          qwen2moe; qwen2moe adds a shared expert (ffn_*_shexp) scaled by
+ *          sigmoid(ffn_gate_inp_shexp · x). qwen2moe/qwen3moe as qwen2/qwen3
+ *          otherwise (qwen2moe keeps the QKV biases).
  * Anything else is refused by name, and so is a weight of a type lamina cannot
  * compute with.
  *
@@ -43,7 +52,10 @@
 #include "format/gguf.h"
 #include "text/tokenizer.h"
 
-typedef enum { LM_ARCH_LLAMA, LM_ARCH_QWEN2, LM_ARCH_GEMMA3, LM_ARCH_QWEN3, LM_ARCH_GEMMA2, LM_ARCH_PHI3 } lm_arch;
+typedef enum {
+    LM_ARCH_LLAMA, LM_ARCH_QWEN2, LM_ARCH_GEMMA3, LM_ARCH_QWEN3, LM_ARCH_GEMMA2, LM_ARCH_PHI3,
+    LM_ARCH_QWEN2MOE, LM_ARCH_QWEN3MOE,
+} lm_arch;
 
 typedef enum { LM_ROPE_ADJACENT, LM_ROPE_NEOX } lm_rope_style;
 
@@ -77,6 +89,11 @@ typedef struct {
     const float *rope_factors_short, *rope_factors_long;
     int n_ctx_orig;
     float rope_attn_factor; /* cos and sin multiplied by this (1 = none) */
+    /* Mixture-of-Experts (n_expert 0: a dense FFN) */
+    int n_expert, n_expert_used;
+    int n_ff_exp;        /* an expert's hidden width */
+    int n_ff_shexp;      /* the shared expert's hidden width (0: none) */
+    bool moe_norm_w;     /* the chosen experts' probabilities renormalised to sum 1 */
 } lm_hparams;
 
 typedef struct {
@@ -92,6 +109,16 @@ typedef struct {
     const void *packed;
 } lm_weight;
 
+/* One layer's Mixture-of-Experts FFN. Expert e's matrices are the e-th
+ * slices of the file's 3-D tensors, each an lm_weight of its own, so an
+ * expert can be computed (or, later, placed) independently of the others. */
+typedef struct {
+    lm_weight gate_inp;              /* router (n_expert, n_embd) */
+    lm_weight *gate, *up, *down;     /* (n_expert) each: (n_ff_exp, n_embd) x2, (n_embd, n_ff_exp) */
+    const float *shexp_gate;         /* (n_embd) the shared expert's gate, or NULL; the shared expert
+                                        itself is the layer's w_gate, w_up, w_down (n_ff_shexp) */
+} lm_moe;
+
 typedef struct {
     const float *attn_norm;          /* (n_embd) */
     lm_weight wq, wk, wv, wo;        /* (n_head*hd, n_embd), (n_kv*hd, n_embd) x2, (n_embd, n_head*hd) */
@@ -101,6 +128,8 @@ typedef struct {
     const float *q_norm, *k_norm;    /* (head_dim) per-head RMSNorm weights, or NULL */
     const float *post_attn_norm;     /* (n_embd) or NULL */
     const float *post_ffn_norm;      /* (n_embd) or NULL */
+    lm_moe *moe;                     /* NULL for a dense FFN; then w_gate/w_up/w_down are the FFN, else
+                                        the shared expert (rows 0 when there is none) */
     int window;                      /* attention window in tokens, 0 = whole context */
     float rope_base, rope_scale;     /* this layer's RoPE */
 } lm_layer;
@@ -119,6 +148,8 @@ typedef struct lm_model {
     void *packed_mem;        /* allocation owning every weight's packed copy, or NULL
                                 (also when the copies would not fit in memory) */
     size_t packed_bytes;     /* bytes of packed copies (memory beyond the mapping) */
+    lm_moe *moe;             /* (n_layer) when n_expert > 0, else NULL */
+    lm_weight *experts;      /* (n_layer, 3, n_expert) the slices lm_moe points into */
     char name[128];          /* general.name, or the file's base name */
     uint64_t n_params;
     uint64_t weight_bytes;   /* bytes of all tensors */
@@ -147,5 +178,10 @@ void model_free(lm_model *m);
 const char *model_arch_name(lm_arch a);
 /* KV-cache bytes per token of context for the given element size. */
 uint64_t model_kv_bytes_per_token(const lm_model *m, size_t elem_bytes);
+/* Weight bytes one token reads through the layers: every matrix of a dense
+ * model; with experts, the router, the shared expert and n_expert_used of
+ * the n_expert experts (*total: all experts). Embedding rows and the LM
+ * head are not included (the caller adds the head). */
+uint64_t model_layer_bytes_per_token(const lm_model *m, uint64_t *total);
 
 #endif

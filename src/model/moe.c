@@ -1,0 +1,190 @@
+/*
+ * moe.c - Mixture-of-Experts FFN (moe.h): routing, grouping a batch's
+ * tokens by expert, one pass of each chosen expert over its rows, and the
+ * qwen2moe shared expert.
+ *
+ * Invariants: every buffer is sized for n_batch tokens at moe_ws_new and
+ * never grows; a token's output is summed in ascending expert order (then
+ * the shared expert), so it does not depend on the batch.
+ */
+#include "model/moe.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "model/ops.h"
+#include "base/util.h"
+
+struct moe_ws {
+    int n_batch, n_expert, k, E, F; /* F: max(n_ff_exp, n_ff_shexp) */
+    float *logits;    /* (n_batch, n_expert) router scores, then probabilities */
+    int *sel;         /* (n_batch, k) chosen experts of each token */
+    float *selw;      /* (n_batch, k) their weights */
+    int *count;       /* (n_expert + 1) tokens per expert, then each expert's first slot */
+    int *rows;        /* (n_batch * k) token rows grouped by expert */
+    float *roww;      /* (n_batch * k) the matching weights */
+    float *xe;        /* (n_batch, E) one expert's gathered input rows */
+    float *h, *h2;    /* (n_batch, F) gate and up outputs */
+    float *ye;        /* (n_batch, E) one expert's output rows */
+    float *acc;       /* (n_batch, E) the layer's output being summed */
+};
+
+static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+moe_ws *moe_ws_new(const lm_model *m, int n_batch, char *err, size_t errlen) {
+    const lm_hparams *hp = &m->hp;
+    moe_ws *w = lm_calloc(1, sizeof *w);
+    if (!w) {
+        lm_err(err, errlen, "out of memory");
+        return NULL;
+    }
+    size_t B = (size_t)n_batch, X = (size_t)hp->n_expert, K = (size_t)hp->n_expert_used, E = (size_t)hp->n_embd;
+    w->n_batch = n_batch;
+    w->n_expert = hp->n_expert;
+    w->k = hp->n_expert_used;
+    w->E = hp->n_embd;
+    w->F = hp->n_ff_exp > hp->n_ff_shexp ? hp->n_ff_exp : hp->n_ff_shexp;
+    size_t F = (size_t)w->F;
+    w->logits = lm_malloc(B * X * sizeof(float));
+    w->sel = lm_malloc(B * K * sizeof(int));
+    w->selw = lm_malloc(B * K * sizeof(float));
+    w->count = lm_malloc((X + 1) * sizeof(int));
+    w->rows = lm_malloc(B * K * sizeof(int));
+    w->roww = lm_malloc(B * K * sizeof(float));
+    w->xe = lm_malloc(B * E * sizeof(float));
+    w->h = lm_malloc(B * F * sizeof(float));
+    w->h2 = lm_malloc(B * F * sizeof(float));
+    w->ye = lm_malloc(B * E * sizeof(float));
+    w->acc = lm_malloc(B * E * sizeof(float));
+    if (!w->logits || !w->sel || !w->selw || !w->count || !w->rows || !w->roww || !w->xe || !w->h || !w->h2 ||
+        !w->ye || !w->acc) {
+        moe_ws_free(w);
+        lm_err(err, errlen, "out of memory allocating the expert workspace for batches of %d tokens", n_batch);
+        return NULL;
+    }
+    return w;
+}
+
+void moe_ws_free(moe_ws *w) {
+    if (!w) return;
+    lm_free(w->logits);
+    lm_free(w->sel);
+    lm_free(w->selw);
+    lm_free(w->count);
+    lm_free(w->rows);
+    lm_free(w->roww);
+    lm_free(w->xe);
+    lm_free(w->h);
+    lm_free(w->h2);
+    lm_free(w->ye);
+    lm_free(w->acc);
+    lm_free(w);
+}
+
+size_t moe_act_bytes(const lm_model *m, int n_batch) {
+    size_t a = 0;
+    for (int i = 0; m->moe && i < m->hp.n_layer; i++) {
+        const lm_moe *moe = &m->moe[i];
+        a = max_sz(a, ops_matmul_scratch(moe->gate_inp.type, moe->gate_inp.cols, n_batch));
+        for (int e = 0; e < m->hp.n_expert; e++) {
+            a = max_sz(a, ops_matmul_scratch(moe->gate[e].type, moe->gate[e].cols, n_batch));
+            a = max_sz(a, ops_matmul_scratch(moe->up[e].type, moe->up[e].cols, n_batch));
+            a = max_sz(a, ops_matmul_scratch(moe->down[e].type, moe->down[e].cols, n_batch));
+        }
+    }
+    return a;
+}
+
+/* Softmax of one token's router scores, in place, and its top k. */
+static void route(float *p, int X, int k, bool norm, int *sel, float *selw) {
+    float mx = p[0];
+    for (int e = 1; e < X; e++) mx = p[e] > mx ? p[e] : mx;
+    float sum = 0;
+    for (int e = 0; e < X; e++) sum += (p[e] = expf(p[e] - mx));
+    for (int e = 0; e < X; e++) p[e] /= sum;
+    for (int j = 0; j < k; j++) { /* k is small: selection by repeated scans */
+        int best = -1;
+        for (int e = 0; e < X; e++) {
+            bool taken = false;
+            for (int i = 0; i < j && !taken; i++) taken = sel[i] == e;
+            if (!taken && (best < 0 || p[e] > p[best])) best = e;
+        }
+        sel[j] = best;
+        selw[j] = p[best];
+    }
+    if (norm) {
+        float s = 0;
+        for (int j = 0; j < k; j++) s += selw[j];
+        if (s < 6.103515625e-5f) s = 6.103515625e-5f; /* the smallest normal F16, as llama.cpp clamps */
+        for (int j = 0; j < k; j++) selw[j] /= s;
+    }
+}
+
+void moe_expert_run(moe_ws *w, lm_pool *pool, const lm_model *m, const lm_moe *moe, int e, const float *xe,
+                    const int *rows, const float *weight, int c, float *out, void *act) {
+    const int E = w->E, F = m->hp.n_ff_exp;
+    float *const gu_y[2] = {w->h, w->h2};
+    const lm_weight *const gu_w[2] = {&moe->gate[e], &moe->up[e]};
+    ops_matmul_multi(pool, 2, gu_y, gu_w, xe, c, act);
+    for (int j = 0; j < c; j++) ops_swiglu(w->h + (size_t)j * F, w->h2 + (size_t)j * F, F);
+    ops_matmul(pool, w->ye, &moe->down[e], w->h, c, act);
+    for (int j = 0; j < c; j++) {
+        float *o = out + (size_t)rows[j] * E;
+        const float *y = w->ye + (size_t)j * E;
+        for (int i = 0; i < E; i++) o[i] += weight[j] * y[i];
+    }
+}
+
+/* qwen2moe's shared expert over all n rows, gated per token, added to acc. */
+static void shared_expert(moe_ws *w, lm_pool *pool, const lm_layer *l, const float *xb, int n, void *act) {
+    const int E = w->E, S = (int)l->w_gate.rows;
+    float *const gu_y[2] = {w->h, w->h2};
+    const lm_weight *const gu_w[2] = {&l->w_gate, &l->w_up};
+    ops_matmul_multi(pool, 2, gu_y, gu_w, xb, n, act);
+    for (int t = 0; t < n; t++) ops_swiglu(w->h + (size_t)t * S, w->h2 + (size_t)t * S, S);
+    ops_matmul(pool, w->ye, &l->w_down, w->h, n, act);
+    for (int t = 0; t < n; t++) {
+        const float *x = xb + (size_t)t * E, *y = w->ye + (size_t)t * E;
+        float d = 0;
+        for (int i = 0; i < E; i++) d += l->moe->shexp_gate[i] * x[i];
+        float g = 1.0f / (1.0f + expf(-d));
+        float *o = w->acc + (size_t)t * E;
+        for (int i = 0; i < E; i++) o[i] += g * y[i];
+    }
+}
+
+void moe_ffn(moe_ws *w, lm_pool *pool, const lm_model *m, const lm_layer *l, float *xb, int n, void *act,
+             int *n_run) {
+    const lm_moe *moe = l->moe;
+    const int X = w->n_expert, K = w->k, E = w->E;
+    ops_matmul(pool, w->logits, &moe->gate_inp, xb, n, act);
+    memset(w->count, 0, (size_t)(X + 1) * sizeof(int));
+    for (int t = 0; t < n; t++) {
+        route(w->logits + (size_t)t * X, X, K, m->hp.moe_norm_w, w->sel + (size_t)t * K, w->selw + (size_t)t * K);
+        for (int j = 0; j < K; j++) w->count[w->sel[(size_t)t * K + j] + 1]++;
+    }
+    for (int e = 0; e < X; e++) w->count[e + 1] += w->count[e]; /* count[e]: expert e's first slot */
+    /* rows grouped by expert, each group in token order (count[e] advances
+     * while filling, then is restored) */
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < K; j++) {
+            int e = w->sel[(size_t)t * K + j], slot = w->count[e]++;
+            w->rows[slot] = t;
+            w->roww[slot] = w->selw[(size_t)t * K + j];
+        }
+    for (int e = X; e > 0; e--) w->count[e] = w->count[e - 1];
+    w->count[0] = 0;
+    memset(w->acc, 0, (size_t)n * E * sizeof(float));
+    int run = 0;
+    for (int e = 0; e < X; e++) {
+        int s0 = w->count[e], c = w->count[e + 1] - s0;
+        if (c == 0) continue;
+        for (int j = 0; j < c; j++)
+            memcpy(w->xe + (size_t)j * E, xb + (size_t)w->rows[s0 + j] * E, (size_t)E * sizeof(float));
+        moe_expert_run(w, pool, m, moe, e, w->xe, w->rows + s0, w->roww + s0, c, w->acc, act);
+        run++;
+    }
+    if (moe->shexp_gate) shared_expert(w, pool, l, xb, n, act);
+    memcpy(xb, w->acc, (size_t)n * E * sizeof(float));
+    if (n_run) *n_run = run;
+}
