@@ -38,7 +38,12 @@ static void usage_mkmodel(FILE *f) {
             "                     gemma2-small (Gemma 2 2B: 4 heads of 128, 2 KV heads, n_ff 1024,\n"
             "                     window 128 on alternate layers, soft-caps 50 and 30),\n"
             "                     phi3-small (Phi-3-mini-128k: 4 heads of 64, n_ff 640, fused QKV and\n"
-            "                     gate/up, long-rope factors from 4096 to 131072, window 2047)\n"
+            "                     gate/up, long-rope factors from 4096 to 131072, window 2047),\n"
+            "                     qwen3moe-small (Qwen3-30B-A3B: 8 experts of 256, top 2, 4 heads of 128),\n"
+            "                     qwen2moe-small (Qwen1.5-MoE-A2.7B: 8 experts of 128, top 4, shared\n"
+            "                     expert of 512, QKV biases), mixtral-small (llama with 8 experts of 512,\n"
+            "                     top 2)\n"
+            "  --experts N --experts-used N --ff-exp N   Mixture-of-Experts shape\n"
             "  --layers N --embd N --heads N --kv-heads N --ff N --vocab N --ctx N   custom shape\n"
             "  --type T           weight type: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_1 Q4_K Q6_K (default F16);\n"
             "                     norms stay F32\n"
@@ -54,14 +59,18 @@ typedef struct {
     const char *arch;  /* general.architecture; NULL: llama */
     int head_dim;      /* 0: embd / heads */
     int window;        /* sliding window (gemma2, phi3), 0: none */
+    int experts, used, ff_exp, ff_shexp; /* Mixture-of-Experts (experts 0: dense) */
 } preset;
 
 static const preset presets[] = {
-    {"tinyllama-1.1b", 22, 2048, 32, 4, 5632, 32000, 2048, NULL, 0, 0},
-    {"small", 8, 512, 8, 4, 1408, 32000, 2048, NULL, 0, 0},
-    {"qwen3-small", 4, 256, 4, 2, 768, 32000, 40960, "qwen3", 128, 0},
-    {"gemma2-small", 4, 256, 4, 2, 1024, 32000, 8192, "gemma2", 128, 128},
-    {"phi3-small", 4, 256, 4, 4, 640, 32064, 131072, "phi3", 0, 2047},
+    {"tinyllama-1.1b", 22, 2048, 32, 4, 5632, 32000, 2048, NULL, 0, 0, 0, 0, 0, 0},
+    {"small", 8, 512, 8, 4, 1408, 32000, 2048, NULL, 0, 0, 0, 0, 0, 0},
+    {"qwen3-small", 4, 256, 4, 2, 768, 32000, 40960, "qwen3", 128, 0, 0, 0, 0, 0},
+    {"gemma2-small", 4, 256, 4, 2, 1024, 32000, 8192, "gemma2", 128, 128, 0, 0, 0, 0},
+    {"phi3-small", 4, 256, 4, 4, 640, 32064, 131072, "phi3", 0, 2047, 0, 0, 0, 0},
+    {"qwen3moe-small", 4, 256, 4, 2, 768, 32000, 40960, "qwen3moe", 128, 0, 8, 2, 256, 0},
+    {"qwen2moe-small", 4, 256, 4, 4, 512, 32000, 8192, "qwen2moe", 0, 0, 8, 4, 128, 512},
+    {"mixtral-small", 4, 256, 8, 2, 512, 32000, 32768, "llama", 0, 0, 8, 2, 512, 0},
 };
 
 typedef struct {
@@ -127,10 +136,27 @@ static int add(maker *mk, const char *name, int64_t cols, int64_t rows, uint32_t
     return gguf_w_add_tensor(mk->w, name, rows > 1 ? 2 : 1, ne, type, buf, bytes);
 }
 
+/* A 3-D tensor of n_mat (rows, cols) matrices (the experts), each row
+ * drawn as add() draws them. */
+static int add3(maker *mk, const char *name, int64_t cols, int64_t rows, int64_t n_mat, uint32_t type, float scale) {
+    if (quant_row_size(type, cols) == 0) type = cols % 32 == 0 ? LM_TYPE_Q8_0 : LM_TYPE_F16;
+    size_t bytes = quant_row_size(type, cols) * (size_t)(rows * n_mat);
+    void *buf = malloc(bytes);
+    if (!buf) return -1;
+    mk->bufs[mk->n_tensors++] = buf;
+    fill_job j = {.dst = buf, .rows = rows * n_mat, .cols = cols, .type = type, .scale = scale,
+                  .seed = mk->seed + (uint64_t)mk->n_tensors * 7919u};
+    atomic_init(&j.next, 0);
+    pool_run(mk->pool, fill_worker, &j);
+    uint64_t ne[3] = {(uint64_t)cols, (uint64_t)rows, (uint64_t)n_mat};
+    mk->bytes += bytes;
+    return gguf_w_add_tensor(mk->w, name, 3, ne, type, buf, bytes);
+}
+
 int cmd_mkmodel(int argc, char **argv) {
     args a = {argc, argv, 0, "mkmodel", usage_mkmodel};
     const char *out = NULL, *vocab_from = NULL, *type_name = "F16";
-    preset p = {"custom", 2, 256, 4, -1, 512, 512, 512, NULL, 0, 0}; /* kv heads -1: as many as heads */
+    preset p = {"custom", 2, 256, 4, -1, 512, 512, 512, NULL, 0, 0, 0, 0, 0, 0}; /* kv heads -1: as many as heads */
     long long seed = 1, threads = pool_default_threads();
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
@@ -148,6 +174,9 @@ int cmd_mkmodel(int argc, char **argv) {
         else if (is_flag(&a, "--ff", NULL)) p.ff = (int)need_int(&a, 32, 1 << 20);
         else if (is_flag(&a, "--vocab", NULL)) p.vocab = (int)need_int(&a, 2, 1 << 22);
         else if (is_flag(&a, "--ctx", NULL)) p.ctx = (int)need_int(&a, 1, 1 << 24);
+        else if (is_flag(&a, "--experts", NULL)) p.experts = (int)need_int(&a, 0, 1024);
+        else if (is_flag(&a, "--experts-used", NULL)) p.used = (int)need_int(&a, 1, 1024);
+        else if (is_flag(&a, "--ff-exp", NULL)) p.ff_exp = (int)need_int(&a, 32, 1 << 20);
         else if (is_flag(&a, "--type", NULL)) type_name = need_val(&a);
         else if (is_flag(&a, "--vocab-from", NULL)) vocab_from = need_val(&a);
         else if (is_flag(&a, "--seed", NULL)) seed = need_int(&a, 0, 0x7fffffffffffffffLL);
@@ -159,6 +188,8 @@ int cmd_mkmodel(int argc, char **argv) {
     if (type < 0 || !quant_traits((uint32_t)type)->from_float)
         die_usage(&a, "weight type '%s' cannot be written (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_1 Q4_K Q6_K)", type_name);
     if (p.kv_heads < 0) p.kv_heads = p.heads;
+    if (p.experts && (p.used < 1 || p.used > p.experts || p.ff_exp < 32))
+        die_usage(&a, "%s", "experts need --experts-used between 1 and --experts, and --ff-exp");
     if ((!p.head_dim && p.embd % p.heads) || p.heads % p.kv_heads)
         die_usage(&a, "%s", "embd must be a multiple of heads, and heads a multiple of kv-heads");
     char err[LM_ERRLEN];
@@ -174,7 +205,7 @@ int cmd_mkmodel(int argc, char **argv) {
         p.vocab = (int)toks.n;
     }
     maker mk = {.w = gguf_writer_new(), .pool = pool_new((int)threads), .seed = (uint64_t)seed};
-    mk.bufs = calloc((size_t)(6 + 13 * p.layers), sizeof(void *));
+    mk.bufs = calloc((size_t)(6 + 20 * p.layers), sizeof(void *));
     if (!mk.w || !mk.pool || !mk.bufs) fail("mkmodel", "out of memory");
     /* the output is checked, and its temporary file created, before the work;
      * from here every failure removes that temporary file and nothing else */
@@ -184,7 +215,8 @@ int cmd_mkmodel(int argc, char **argv) {
     gguf_writer *w = mk.w;
     int hd = p.head_dim ? p.head_dim : p.embd / p.heads;
     const char *arch = p.arch ? p.arch : "llama";
-    bool qwen3 = !strcmp(arch, "qwen3"), gemma2 = !strcmp(arch, "gemma2"), phi3 = !strcmp(arch, "phi3");
+    bool qwen3 = !strcmp(arch, "qwen3") || !strcmp(arch, "qwen3moe"), gemma2 = !strcmp(arch, "gemma2");
+    bool phi3 = !strcmp(arch, "phi3"), qwen2moe = !strcmp(arch, "qwen2moe");
     gguf_w_set_str(w, "general.architecture", arch);
     char name[160], key[160];
     snprintf(name, sizeof name, "lamina-random-%s-%s", p.name, quant_type_name((uint32_t)type));
@@ -206,6 +238,12 @@ int cmd_mkmodel(int argc, char **argv) {
     gguf_w_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), qwen3 || gemma2 ? 1e-6f : 1e-5f);
     gguf_w_set_u32(w, KEY("vocab_size"), (uint32_t)p.vocab);
     if (p.window) gguf_w_set_u32(w, KEY("attention.sliding_window"), (uint32_t)p.window);
+    if (p.experts) {
+        gguf_w_set_u32(w, KEY("expert_count"), (uint32_t)p.experts);
+        gguf_w_set_u32(w, KEY("expert_used_count"), (uint32_t)p.used);
+        if (strcmp(arch, "llama")) gguf_w_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)p.ff_exp);
+        if (p.ff_shexp) gguf_w_set_u32(w, KEY("expert_shared_feed_forward_length"), (uint32_t)p.ff_shexp);
+    }
     if (gemma2) {
         gguf_w_set_f32(w, KEY("attn_logit_softcapping"), 50.0f);
         gguf_w_set_f32(w, KEY("final_logit_softcapping"), 30.0f);
@@ -260,6 +298,11 @@ int cmd_mkmodel(int argc, char **argv) {
             rc |= A("attn_k.weight", E, KV, t, ws, false);
             rc |= A("attn_v.weight", E, KV, t, ws, false);
         }
+        if (qwen2moe) {
+            rc |= A("attn_q.bias", Q, 1, LM_TYPE_F32, 0.1f, false);
+            rc |= A("attn_k.bias", KV, 1, LM_TYPE_F32, 0.1f, false);
+            rc |= A("attn_v.bias", KV, 1, LM_TYPE_F32, 0.1f, false);
+        }
         if (qwen3) {
             rc |= A("attn_q_norm.weight", hd, 1, LM_TYPE_F32, nn, true);
             rc |= A("attn_k_norm.weight", hd, 1, LM_TYPE_F32, nn, true);
@@ -267,7 +310,21 @@ int cmd_mkmodel(int argc, char **argv) {
         rc |= A("attn_output.weight", Q, E, t, p.arch ? wq : ws, false);
         if (gemma2) rc |= A("post_attention_norm.weight", E, 1, LM_TYPE_F32, nn, true);
         rc |= A("ffn_norm.weight", E, 1, LM_TYPE_F32, nn, true);
-        if (phi3) {
+        if (p.experts) {
+            int64_t X = p.experts, FE = p.ff_exp;
+            rc |= A("ffn_gate_inp.weight", E, X, LM_TYPE_F32, ws, false);
+#define A3(suffix, cols, rows, sc) (snprintf(n, sizeof n, "blk.%d." suffix, i), add3(&mk, n, cols, rows, X, t, sc))
+            rc |= A3("ffn_gate_exps.weight", E, FE, ws);
+            rc |= A3("ffn_up_exps.weight", E, FE, ws);
+            rc |= A3("ffn_down_exps.weight", FE, E, 1.0f / sqrtf((float)FE));
+#undef A3
+            if (p.ff_shexp) {
+                rc |= A("ffn_gate_inp_shexp.weight", E, 1, LM_TYPE_F32, ws, false);
+                rc |= A("ffn_gate_shexp.weight", E, p.ff_shexp, t, ws, false);
+                rc |= A("ffn_up_shexp.weight", E, p.ff_shexp, t, ws, false);
+                rc |= A("ffn_down_shexp.weight", p.ff_shexp, E, t, 1.0f / sqrtf((float)p.ff_shexp), false);
+            }
+        } else if (phi3) {
             rc |= A("ffn_up.weight", E, 2 * (int64_t)p.ff, t, ws, false);
         } else {
             rc |= A("ffn_gate.weight", E, p.ff, t, ws, false);
