@@ -21,7 +21,11 @@
  * of the window; qwen3 (Q/K norms, a head width other than n_embd / n_head);
  * gemma2 (soft-capped scores and logits, with caps small enough to bite,
  * alternate windows); phi3 (fused QKV and gate/up, long-rope factors and
- * attention factor, a window on every layer).
+ * attention factor, a window on every layer); Mixture-of-Experts: qwen3moe
+ * (4 experts, top 2, renormalised), qwen2moe (top 2 of 4 as softmax
+ * probabilities, a shared expert behind a sigmoid gate, QKV biases) and
+ * Mixtral-style llama, every batch split against the reference, and a
+ * sequence's logits bit-identical alone and batched with another.
  */
 #include <math.h>
 #include <stdio.h>
@@ -49,6 +53,8 @@ typedef struct {
 typedef struct {
     double *attn_norm, *ffn_norm, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *wg, *wu, *wd;
     double *qn, *kn, *pan, *pfn; /* gemma3: per-head q/k norms, post-attention/FFN norms */
+    double *router, *eg, *eu, *ed; /* experts: (X, E); X x (FE, E), (FE, E), (E, FE) */
+    double *shg;                 /* qwen2moe: the shared expert's gate (E); wg/wu/wd are the shared expert */
 } ref_layer;
 
 typedef struct {
@@ -62,6 +68,8 @@ typedef struct {
     double attn_cap, final_cap; /* gemma2 soft-caps */
     double *factors, mscale; /* phi3: per-frequency RoPE divisors (hd / 2), cos/sin scale */
     int window, pattern;     /* sliding window and global-layer period (pattern 0: every layer local) */
+    int n_exp, n_used, ff_exp, ff_sh; /* experts (0: dense), chosen per token, widths */
+    bool norm_w;             /* chosen probabilities renormalised */
     double rope_base_swa;
     /* buffers handed to the writer; freed after writing */
     void **blobs;
@@ -109,6 +117,22 @@ static double *add_vec(ref_model *r, gguf_writer *w, const char *name, int n, fl
     return d;
 }
 
+/* n_mat (rows, cols) matrices as one 3-D tensor; their values in double,
+ * matrix after matrix. */
+static double *add_weight3(ref_model *r, gguf_writer *w, const char *name, int n_mat, int rows, int cols,
+                           uint32_t type, float scale) {
+    char tmp[80];
+    snprintf(tmp, sizeof tmp, "%s.2d", name);
+    gguf_writer *scratch = gguf_writer_new(); /* add_weight's tensor goes here and is dropped */
+    double *d = add_weight(r, scratch, tmp, n_mat * rows, cols, type, scale);
+    gguf_writer_free(scratch);
+    /* the bytes add_weight quantized are its last kept blob */
+    uint64_t ne[3] = {(uint64_t)cols, (uint64_t)rows, (uint64_t)n_mat};
+    gguf_w_add_tensor(w, name, 3, ne, type, r->blobs[r->n_blobs - 1],
+                      quant_row_size(type, cols) * (uint64_t)rows * (uint64_t)n_mat);
+    return d;
+}
+
 /* A copy of rows r0 .. r0+n-1 of a (rows, cols) matrix. */
 static double *split_rows(const double *m, int r0, int n, int cols) {
     double *d = malloc((size_t)n * cols * sizeof(double));
@@ -128,6 +152,17 @@ static int write_model(ref_model *r, const shape *sh, const char *path) {
     r->mscale = 1.0;
     if (r->qwen3) r->hd = 2 * sh->n_embd / sh->n_head; /* Q wider than the residual, as Qwen3's */
     r->gemma = strcmp(sh->arch, "gemma3") == 0 || r->gemma2;
+    bool q3moe = strcmp(sh->arch, "qwen3moe") == 0, q2moe = strcmp(sh->arch, "qwen2moe") == 0;
+    bool mixtral = strcmp(sh->arch, "mixtral") == 0;
+    if (q3moe || q2moe || mixtral) {
+        r->n_exp = 4;
+        r->n_used = 2;
+        r->ff_exp = mixtral ? sh->n_ff : 32;
+        r->ff_sh = q2moe ? 64 : 0;
+        r->norm_w = !q2moe;
+        r->qwen3 = q3moe;
+    }
+    const char *farch = mixtral ? "llama" : sh->arch; /* the file's architecture */
     if (r->gemma2) {
         r->rope_base = r->rope_base_swa = 10000.0;
         r->window = 4;
@@ -146,8 +181,8 @@ static int write_model(ref_model *r, const shape *sh, const char *path) {
     }
     gguf_writer *w = gguf_writer_new();
     char key[128];
-#define K(s) (snprintf(key, sizeof key, "%s." s, sh->arch), key)
-    gguf_w_set_str(w, "general.architecture", sh->arch);
+#define K(s) (snprintf(key, sizeof key, "%s." s, farch), key)
+    gguf_w_set_str(w, "general.architecture", farch);
     gguf_w_set_str(w, "general.name", "test-model");
     gguf_w_set_u32(w, K("block_count"), (uint32_t)sh->n_layer);
     gguf_w_set_u32(w, K("embedding_length"), (uint32_t)sh->n_embd);
@@ -166,6 +201,12 @@ static int write_model(ref_model *r, const shape *sh, const char *path) {
         gguf_w_set_u32(w, K("attention.sliding_window"), (uint32_t)r->window);
         gguf_w_set_f32(w, K("attn_logit_softcapping"), (float)r->attn_cap);
         gguf_w_set_f32(w, K("final_logit_softcapping"), (float)r->final_cap);
+    }
+    if (r->n_exp) {
+        gguf_w_set_u32(w, K("expert_count"), (uint32_t)r->n_exp);
+        gguf_w_set_u32(w, K("expert_used_count"), (uint32_t)r->n_used);
+        if (!mixtral) gguf_w_set_u32(w, K("expert_feed_forward_length"), (uint32_t)r->ff_exp);
+        if (r->ff_sh) gguf_w_set_u32(w, K("expert_shared_feed_forward_length"), (uint32_t)r->ff_sh);
     }
     if (r->qwen3) {
         gguf_w_set_u32(w, K("attention.key_length"), (uint32_t)r->hd);
@@ -192,7 +233,7 @@ static int write_model(ref_model *r, const shape *sh, const char *path) {
         gguf_w_add_tensor(w, "rope_factors_long.weight", 1, ne, LM_TYPE_F32, lf, (uint64_t)(r->hd / 2) * 4);
     }
     r->L = calloc((size_t)sh->n_layer, sizeof(ref_layer));
-    bool bias = strcmp(sh->arch, "qwen2") == 0;
+    bool bias = strcmp(sh->arch, "qwen2") == 0 || q2moe;
     char name[64];
 #define N(s) (snprintf(name, sizeof name, "blk.%d." s, i), name)
     for (int i = 0; i < sh->n_layer; i++) {
@@ -216,7 +257,20 @@ static int write_model(ref_model *r, const shape *sh, const char *path) {
             l->bv = add_vec(r, w, N("attn_v.bias"), KV, 0.0f, 0.1f);
         }
         l->ffn_norm = add_vec(r, w, N("ffn_norm.weight"), E, 1.0f, 0.1f);
-        if (r->phi3) { /* gate rows then up rows */
+        if (r->n_exp) {
+            int X = r->n_exp, FE = r->ff_exp;
+            l->router = add_weight(r, w, N("ffn_gate_inp.weight"), X, E, LM_TYPE_F32, 6.0f * ws); /* decisive: quantized activations must not flip a near-tie */
+            l->eg = add_weight3(r, w, N("ffn_gate_exps.weight"), X, FE, E, sh->wtype, ws);
+            l->eu = add_weight3(r, w, N("ffn_up_exps.weight"), X, FE, E, sh->wtype, ws);
+            l->ed = add_weight3(r, w, N("ffn_down_exps.weight"), X, E, FE, sh->wtype, 1.0f / sqrtf((float)FE));
+            if (r->ff_sh) {
+                l->shg = add_vec(r, w, N("ffn_gate_inp_shexp.weight"), E, 0.0f, ws);
+                l->wg = add_weight(r, w, N("ffn_gate_shexp.weight"), r->ff_sh, E, sh->wtype, ws);
+                l->wu = add_weight(r, w, N("ffn_up_shexp.weight"), r->ff_sh, E, sh->wtype, ws);
+                l->wd = add_weight(r, w, N("ffn_down_shexp.weight"), E, r->ff_sh, sh->wtype,
+                                   1.0f / sqrtf((float)r->ff_sh));
+            }
+        } else if (r->phi3) { /* gate rows then up rows */
             double *gu = add_weight(r, w, N("ffn_up.weight"), 2 * sh->n_ff, E, sh->wtype, ws);
             l->wg = split_rows(gu, 0, sh->n_ff, E);
             l->wu = split_rows(gu, sh->n_ff, sh->n_ff, E);
@@ -225,7 +279,7 @@ static int write_model(ref_model *r, const shape *sh, const char *path) {
             l->wg = add_weight(r, w, N("ffn_gate.weight"), sh->n_ff, E, sh->wtype, ws);
             l->wu = add_weight(r, w, N("ffn_up.weight"), sh->n_ff, E, sh->wtype, ws);
         }
-        l->wd = add_weight(r, w, N("ffn_down.weight"), E, sh->n_ff, sh->wtype, 1.0f / sqrtf((float)sh->n_ff));
+        if (!r->n_exp) l->wd = add_weight(r, w, N("ffn_down.weight"), E, sh->n_ff, sh->wtype, 1.0f / sqrtf((float)sh->n_ff));
         if ((r->gemma && !r->gemma2) || r->qwen3) {
             l->qn = add_vec(r, w, N("attn_q_norm.weight"), r->hd, 1.0f, 0.2f);
             l->kn = add_vec(r, w, N("attn_k_norm.weight"), r->hd, 1.0f, 0.2f);
@@ -253,7 +307,7 @@ static void free_ref(ref_model *r) {
     for (int i = 0; i < r->sh.n_layer; i++) {
         ref_layer *l = &r->L[i];
         double *p[] = {l->attn_norm, l->ffn_norm, l->wq, l->wk, l->wv, l->wo, l->bq, l->bk, l->bv, l->wg, l->wu, l->wd,
-                       l->qn, l->kn, l->pan, l->pfn};
+                       l->qn, l->kn, l->pan, l->pfn, l->router, l->eg, l->eu, l->ed, l->shg};
         for (size_t j = 0; j < sizeof p / sizeof p[0]; j++) free(p[j]);
     }
     free(r->L);
@@ -289,11 +343,57 @@ static void ref_rope(double *v, int n_heads, int hd, int pos, double base, bool 
     }
 }
 
+/* y (E) = the Mixture-of-Experts FFN of xb (E). */
+static void ref_swiglu_ffn(double *y, const double *wg, const double *wu, const double *wd, const double *xb, int E,
+                           int F) {
+    double *g = malloc((size_t)F * sizeof(double)), *u = malloc((size_t)F * sizeof(double));
+    ref_mv(g, wg, xb, NULL, F, E);
+    ref_mv(u, wu, xb, NULL, F, E);
+    for (int i = 0; i < F; i++) g[i] = g[i] / (1 + exp(-g[i])) * u[i];
+    ref_mv(y, wd, g, NULL, E, F);
+    free(g), free(u);
+}
+
+static void ref_moe(const ref_model *r, const ref_layer *l, const double *xb, double *y) {
+    int E = r->sh.n_embd, X = r->n_exp, FE = r->ff_exp;
+    double p[16], mx = -INFINITY, sum = 0, *ye = malloc((size_t)E * sizeof(double));
+    ref_mv(p, l->router, xb, NULL, X, E);
+    for (int e = 0; e < X; e++) mx = p[e] > mx ? p[e] : mx;
+    for (int e = 0; e < X; e++) sum += (p[e] = exp(p[e] - mx));
+    for (int e = 0; e < X; e++) p[e] /= sum;
+    int sel[16];
+    double wsum = 0;
+    for (int j = 0; j < r->n_used; j++) {
+        int best = -1;
+        for (int e = 0; e < X; e++) {
+            bool taken = false;
+            for (int i = 0; i < j; i++) taken |= sel[i] == e;
+            if (!taken && (best < 0 || p[e] > p[best])) best = e;
+        }
+        sel[j] = best;
+        wsum += p[best];
+    }
+    for (int i = 0; i < E; i++) y[i] = 0;
+    for (int j = 0; j < r->n_used; j++) {
+        int e = sel[j];
+        ref_swiglu_ffn(ye, l->eg + (size_t)e * FE * E, l->eu + (size_t)e * FE * E, l->ed + (size_t)e * E * FE, xb, E, FE);
+        double wt = r->norm_w ? p[e] / wsum : p[e];
+        for (int i = 0; i < E; i++) y[i] += wt * ye[i];
+    }
+    if (l->shg) {
+        double d = 0;
+        for (int i = 0; i < E; i++) d += l->shg[i] * xb[i];
+        ref_swiglu_ffn(ye, l->wg, l->wu, l->wd, xb, E, r->ff_sh);
+        for (int i = 0; i < E; i++) y[i] += ye[i] / (1 + exp(-d));
+    }
+    free(ye);
+}
+
 /* Reference logits for every position of tokens[0..T), (T, n_vocab). */
 static double *ref_forward(const ref_model *r, const int32_t *tokens, int T) {
     const shape *sh = &r->sh;
     int E = sh->n_embd, hd = r->hd, Q = sh->n_head * hd, KV = sh->n_head_kv * hd, F = sh->n_ff;
-    bool neox = strcmp(sh->arch, "qwen2") == 0 || r->gemma || r->qwen3 || r->phi3;
+    bool neox = strcmp(sh->arch, "qwen2") == 0 || strcmp(sh->arch, "qwen2moe") == 0 || r->gemma || r->qwen3 || r->phi3;
     double *x = calloc((size_t)T * E, sizeof(double)), *xb = malloc((size_t)E * sizeof(double));
     double *q = malloc((size_t)T * Q * sizeof(double)), *k = malloc((size_t)T * KV * sizeof(double));
     double *v = malloc((size_t)T * KV * sizeof(double)), *att = malloc((size_t)Q * sizeof(double));
@@ -343,6 +443,11 @@ static double *ref_forward(const ref_model *r, const int32_t *tokens, int T) {
             if (l->pan) ref_rms(tmp, tmp, l->pan, E, r->eps);
             for (int i = 0; i < E; i++) xn[(size_t)t * E + i] = x[(size_t)t * E + i] + tmp[i];
             ref_rms(xb, xn + (size_t)t * E, l->ffn_norm, E, r->eps);
+            if (r->n_exp) {
+                ref_moe(r, l, xb, tmp);
+                for (int i = 0; i < E; i++) xn[(size_t)t * E + i] += tmp[i];
+                continue;
+            }
             ref_mv(g, l->wg, xb, NULL, F, E);
             ref_mv(u, l->wu, xb, NULL, F, E);
             for (int i = 0; i < F; i++) {
@@ -465,6 +570,72 @@ SHAPE_TEST(test_gemma2_gqa_f32, "gemma2", 4, 64, 4, 2, 96, 83, LM_TYPE_F32, true
 SHAPE_TEST(test_gemma2_gqa_q8_0, "gemma2", 4, 64, 4, 2, 96, 83, LM_TYPE_Q8_0, true)
 SHAPE_TEST(test_phi3_mha_f32, "phi3", 2, 64, 4, 4, 96, 83, LM_TYPE_F32, false)
 SHAPE_TEST(test_phi3_gqa_q8_0, "phi3", 2, 64, 4, 2, 96, 83, LM_TYPE_Q8_0, false)
+SHAPE_TEST(test_qwen3moe_f32, "qwen3moe", 2, 64, 4, 2, 96, 83, LM_TYPE_F32, false)
+SHAPE_TEST(test_qwen3moe_q8_0, "qwen3moe", 2, 64, 4, 2, 96, 83, LM_TYPE_Q8_0, true)
+SHAPE_TEST(test_qwen2moe_f32, "qwen2moe", 2, 64, 4, 2, 96, 83, LM_TYPE_F32, false)
+SHAPE_TEST(test_qwen2moe_q4_0, "qwen2moe", 2, 64, 4, 2, 96, 83, LM_TYPE_Q4_0, false)
+SHAPE_TEST(test_mixtral_f16, "mixtral", 2, 64, 4, 2, 96, 83, LM_TYPE_F16, false)
+
+/* MoE batch invariance: a sequence's logits are bit-identical whether its
+ * tokens run alone or in one pass with another sequence's (whose tokens
+ * choose other experts too), for a prompt and for a decode step. */
+static void test_moe_batch_invariance(void) {
+    shape sh = {"qwen2moe", 2, 64, 4, 2, 96, 83, LM_TYPE_Q8_0, false};
+    ref_model r;
+    snprintf(tmp_path, sizeof tmp_path, "/tmp/lamina_test_model_%d.gguf", (int)getpid());
+    CHECK(write_model(&r, &sh, tmp_path) == 0);
+    free_ref(&r);
+    char err[LM_ERRLEN];
+    lm_model *m = model_load(tmp_path, err, sizeof err);
+    unlink(tmp_path);
+    CHECKF(m != NULL, "%s", err);
+    lm_pool *pool = pool_new(2);
+    fwd_dims d = fwd_dims_make(m, 32, 16);
+    kv_config kc;
+    fwd_kv_config(m, &d, &kc);
+    kc.type = LM_TYPE_F32;
+    kc.n_seqs = 3;
+    kv_pool *kv = kv_pool_new(&kc, err, sizeof err);
+    CHECKF(kv != NULL, "%s", err);
+    lm_fwd *f = fwd_new(m, pool, kv, &d, err, sizeof err);
+    CHECKF(f != NULL, "%s", err);
+    int V = m->hp.n_vocab;
+    int32_t toks[12];
+    for (int i = 0; i < 12; i++) toks[i] = (int32_t)(lm_rng_u64(&rng) % (uint64_t)V);
+    float *alone = malloc((size_t)12 * V * 4), *both = malloc((size_t)12 * V * 4);
+    /* a: 7 tokens alone */
+    kv_seq *a = kv_seq_new(kv, err, sizeof err);
+    CHECK(a && kv_append(kv, a, 7, err, sizeof err) == KV_OK);
+    lm_seg s1 = {.seq = a, .pos0 = 0, .n = 7, .n_logits = 7};
+    CHECKF(fwd_run(f, toks, &s1, 1, alone, err, sizeof err) == 0, "%s", err);
+    int32_t next = toks[11];
+    CHECK(kv_append(kv, a, 1, err, sizeof err) == KV_OK);
+    lm_seg s1d = {.seq = a, .pos0 = 7, .n = 1, .n_logits = 1};
+    CHECKF(fwd_run(f, &next, &s1d, 1, alone + (size_t)7 * V, err, sizeof err) == 0, "%s", err);
+    /* a again, after b's 5 tokens in the same pass, then both decode together */
+    kv_seq *a2 = kv_seq_new(kv, err, sizeof err), *b = kv_seq_new(kv, err, sizeof err);
+    CHECK(a2 && b && kv_append(kv, b, 5, err, sizeof err) == KV_OK && kv_append(kv, a2, 7, err, sizeof err) == KV_OK);
+    int32_t flat[12];
+    memcpy(flat, toks + 7, 5 * sizeof(int32_t));
+    memcpy(flat + 5, toks, 7 * sizeof(int32_t));
+    lm_seg s2[2] = {{.seq = b, .pos0 = 0, .n = 5, .n_logits = 5}, {.seq = a2, .pos0 = 0, .n = 7, .n_logits = 7}};
+    CHECKF(fwd_run(f, flat, s2, 2, both, err, sizeof err) == 0, "%s", err);
+    CHECK(memcmp(alone, both + (size_t)5 * V, (size_t)7 * V * 4) == 0);
+    CHECK(kv_append(kv, b, 1, err, sizeof err) == KV_OK && kv_append(kv, a2, 1, err, sizeof err) == KV_OK);
+    int32_t dec[2] = {toks[3], next};
+    lm_seg s2d[2] = {{.seq = b, .pos0 = 5, .n = 1, .n_logits = 1}, {.seq = a2, .pos0 = 7, .n = 1, .n_logits = 1}};
+    CHECKF(fwd_run(f, dec, s2d, 2, both, err, sizeof err) == 0, "%s", err);
+    CHECK(memcmp(alone + (size_t)7 * V, both + V, (size_t)V * 4) == 0);
+    kv_seq_free(kv, a);
+    kv_seq_free(kv, a2);
+    kv_seq_free(kv, b);
+    fwd_free(f);
+    kv_pool_free(kv);
+    pool_free(pool);
+    model_free(m);
+    free(alone);
+    free(both);
+}
 
 /* gemma3 over a pool that releases local blocks out of the window (block 3
  * positions, window 4, appends of at most 4): 40 positions, ten windows,
@@ -644,5 +815,11 @@ int main(void) {
     TEST_RUN(test_gemma2_gqa_q8_0);
     TEST_RUN(test_phi3_mha_f32);
     TEST_RUN(test_phi3_gqa_q8_0);
+    TEST_RUN(test_qwen3moe_f32);
+    TEST_RUN(test_qwen3moe_q8_0);
+    TEST_RUN(test_qwen2moe_f32);
+    TEST_RUN(test_qwen2moe_q4_0);
+    TEST_RUN(test_mixtral_f16);
+    TEST_RUN(test_moe_batch_invariance);
     return TEST_DONE();
 }
