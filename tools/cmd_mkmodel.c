@@ -312,7 +312,9 @@ int cmd_mkmodel(int argc, char **argv) {
         rc |= A("ffn_norm.weight", E, 1, LM_TYPE_F32, nn, true);
         if (p.experts) {
             int64_t X = p.experts, FE = p.ff_exp;
-            rc |= A("ffn_gate_inp.weight", E, X, LM_TYPE_F32, ws, false);
+            /* a decisive router (scores of a few units): a near-tie between experts would let
+             * 8-bit activations flip a choice, in lamina or in llama.cpp */
+            rc |= A("ffn_gate_inp.weight", E, X, LM_TYPE_F32, 6.0f * ws, false);
 #define A3(suffix, cols, rows, sc) (snprintf(n, sizeof n, "blk.%d." suffix, i), add3(&mk, n, cols, rows, X, t, sc))
             rc |= A3("ffn_gate_exps.weight", E, FE, ws);
             rc |= A3("ffn_up_exps.weight", E, FE, ws);
@@ -330,7 +332,7 @@ int cmd_mkmodel(int argc, char **argv) {
             rc |= A("ffn_gate.weight", E, p.ff, t, ws, false);
             rc |= A("ffn_up.weight", E, p.ff, t, ws, false);
         }
-        rc |= A("ffn_down.weight", p.ff, E, t, wf, false);
+        if (!p.experts) rc |= A("ffn_down.weight", p.ff, E, t, wf, false);
         if (gemma2) rc |= A("post_ffw_norm.weight", E, 1, LM_TYPE_F32, nn, true);
 #undef A
         fprintf(stderr, "\rmkmodel: layer %d/%d", i + 1, p.layers);
