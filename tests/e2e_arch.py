@@ -170,6 +170,39 @@ def check_perplexity(arch, t, model, ref):
     result(name, d <= tol, "lamina %.4f vs llama.cpp %.4f, tolerance %.1f%%" % (ppl, ref, 100 * tol))
 
 
+# The MoE presets' shapes: n_embd, q width, kv width, experts, used, expert width,
+# shared expert width, vocabulary (the head is tied for qwen3moe), layers.
+MOE_SHAPE = {"qwen3moe": (256, 512, 256, 8, 2, 256, 0, 50257, True, 4),
+             "qwen2moe": (256, 256, 256, 8, 4, 128, 512, 32000, False, 4),
+             "mixtral": (256, 256, 64, 8, 2, 512, 0, 32000, False, 4)}
+
+
+def check_bench_bytes(arch, model):
+    """lamina bench's active and total weight bytes per token, against the
+    preset's shape at Q8_0 (34 bytes per 32 weights; the router is F32)."""
+    E, Q, KV, X, K, FE, S, V, tied, L = MOE_SHAPE[arch]
+    q8 = lambda rows, cols: rows * cols // 32 * 34
+    attn = q8(Q, E) + 2 * q8(KV, E) + q8(E, Q)
+    shared = 2 * q8(S, E) + q8(E, S) if S else 0
+    expert = 2 * q8(FE, E) + q8(E, FE)
+    router = X * E * 4
+    head = q8(V, E)
+    active = L * (attn + shared + router + K * expert) + head
+    total = L * (attn + shared + router + X * expert) + head
+    r = lamina("bench", "-m", model, "-p", "8", "-n", "2", "-r", "1", "--no-bw", "-o", "json")
+    import json
+    try:
+        j = json.loads(r.stdout.decode())
+    except ValueError:
+        result("%s bench bytes" % arch, False, r.stderr.decode())
+        return
+    ok = (j.get("active_weight_bytes_per_token") == active and j.get("total_weight_bytes_per_token") == total
+          and j.get("weight_bytes_per_token") == active and j.get("experts_used") == K)
+    print("NOTE %s Q8_0 weights per token: %d active of %d total bytes" % (arch, active, total))
+    result("%s bench: active and total weight bytes per token" % arch, ok,
+           "want %d / %d, got %s" % (active, total, {k: v for k, v in j.items() if "bytes" in k}))
+
+
 def check_arch(arch, tmp):
     facts, ppl = read_facts(arch)
     vocab = os.path.join(DATA, "vocab", VOCAB.get(arch, DEFAULT_VOCAB))
@@ -188,6 +221,8 @@ def check_arch(arch, tmp):
                 check_greedy(arch, t, model, c)
         if not asan:
             check_perplexity(arch, t, model, ppl[t])
+        if arch in MOE_SHAPE and t == "Q8_0":
+            check_bench_bytes(arch, model)
         os.unlink(model)
 
 

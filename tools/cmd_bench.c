@@ -121,16 +121,13 @@ static void stats(const double *v, int n, double *mean, double *sd) {
 }
 
 /* Bytes of weights one decode step reads: every matrix but the embedding
- * table (only one row of it is read), plus the LM head. */
-static uint64_t weight_bytes_per_token(const lm_model *m) {
-    uint64_t b = 0;
-    for (int i = 0; i < m->hp.n_layer; i++) {
-        const lm_weight *ws[MODEL_LAYER_MATRICES];
-        model_layer_matrices(&m->layers[i], ws);
-        for (int k = 0; k < MODEL_LAYER_MATRICES; k++) b += ws[k]->row_bytes * (uint64_t)ws[k]->rows;
-    }
-    b += m->output.row_bytes * (uint64_t)m->output.rows;
-    return b;
+ * table (only one row of it is read), plus the LM head; with experts, only
+ * the n_expert_used experts a token runs (*total: as if it ran all). */
+static uint64_t weight_bytes_per_token(const lm_model *m, uint64_t *total) {
+    uint64_t head = m->output.row_bytes * (uint64_t)m->output.rows;
+    uint64_t active = model_layer_bytes_per_token(m, total) + head;
+    *total += head;
+    return active;
 }
 
 /* An empty cache, then depth tokens in it, in passes of the batch size (the
@@ -197,16 +194,25 @@ int cmd_bench(int argc, char **argv) {
 
     double copy_gbs = 0, triad_gbs = 0, read_gbs = 0;
     if (bw) measure_bandwidth(pool, &copy_gbs, &triad_gbs, &read_gbs);
-    uint64_t wbytes = weight_bytes_per_token(m);
+    uint64_t wtotal = 0, wbytes = weight_bytes_per_token(m, &wtotal); /* the floor uses the active bytes */
     bool json = !strcmp(fmt, "json");
     const char *wtype = quant_type_name(m->layers[0].wq.type);
     if (json) {
         printf("{\"model\": \"%s\", \"type\": \"%s\", \"size_bytes\": %llu, \"params\": %llu, \"threads\": %d,"
                " \"bandwidth_copy_gbs\": %.2f, \"bandwidth_triad_gbs\": %.2f, \"bandwidth_read_gbs\": %.2f,"
-               " \"weight_bytes_per_token\": %llu, \"tests\": [",
+               " \"weight_bytes_per_token\": %llu,",
                m->name, wtype, (unsigned long long)m->weight_bytes, (unsigned long long)m->n_params, pool_size(pool),
                copy_gbs, triad_gbs, read_gbs, (unsigned long long)wbytes);
+        if (m->hp.n_expert > 0)
+            printf(" \"experts\": %d, \"experts_used\": %d, \"active_weight_bytes_per_token\": %llu,"
+                   " \"total_weight_bytes_per_token\": %llu,", m->hp.n_expert, m->hp.n_expert_used,
+                   (unsigned long long)wbytes, (unsigned long long)wtotal);
+        printf(" \"tests\": [");
     } else {
+        if (m->hp.n_expert > 0)
+            printf("weights per token: %.2f MiB active (%d of %d experts) of %.2f MiB total; the tg floor uses "
+                   "the active bytes\n", wbytes / 1048576.0, m->hp.n_expert_used, m->hp.n_expert,
+                   wtotal / 1048576.0);
         if (bw)
             printf("memory bandwidth: copy %.1f GB/s, triad %.1f GB/s, read %.1f GB/s (%d threads); "
                    "the tg floor uses read\n",
