@@ -29,7 +29,8 @@
 static void usage_mkmodel(FILE *f) {
     fprintf(f,
             "usage: lamina mkmodel -o OUT.gguf [--preset NAME | shape flags] [--type T] [--seed S]\n"
-            "Write a llama-architecture GGUF with random weights of a real shape.\n\n"
+            "Write a GGUF with random weights of a real shape (llama unless the preset says\n"
+            "another architecture).\n\n"
             "  --preset NAME      tinyllama-1.1b (22 layers, n_embd 2048, 32 heads, 4 KV heads,\n"
             "                     n_ff 5632, vocab 32000, context 2048) or small (8 layers, n_embd 512,\n"
             "                     8 heads, 4 KV heads, n_ff 1408, vocab 32000, context 2048);\n"
@@ -43,7 +44,8 @@ static void usage_mkmodel(FILE *f) {
             "                     qwen2moe-small (Qwen1.5-MoE-A2.7B: 8 experts of 128, top 4, shared\n"
             "                     expert of 512, QKV biases), mixtral-small (llama with 8 experts of 512,\n"
             "                     top 2)\n"
-            "  --experts N --experts-used N --ff-exp N   Mixture-of-Experts shape\n"
+            "  --experts N --experts-used N --ff-exp N --ff-shexp N   Mixture-of-Experts shape\n"
+            "                     (--ff-shexp: the shared expert's width, qwen2moe only)\n"
             "  --layers N --embd N --heads N --kv-heads N --ff N --vocab N --ctx N   custom shape\n"
             "  --type T           weight type: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_1 Q4_K Q6_K (default F16);\n"
             "                     norms stay F32\n"
@@ -177,6 +179,7 @@ int cmd_mkmodel(int argc, char **argv) {
         else if (is_flag(&a, "--experts", NULL)) p.experts = (int)need_int(&a, 0, 1024);
         else if (is_flag(&a, "--experts-used", NULL)) p.used = (int)need_int(&a, 1, 1024);
         else if (is_flag(&a, "--ff-exp", NULL)) p.ff_exp = (int)need_int(&a, 32, 1 << 20);
+        else if (is_flag(&a, "--ff-shexp", NULL)) p.ff_shexp = (int)need_int(&a, 0, 1 << 20);
         else if (is_flag(&a, "--type", NULL)) type_name = need_val(&a);
         else if (is_flag(&a, "--vocab-from", NULL)) vocab_from = need_val(&a);
         else if (is_flag(&a, "--seed", NULL)) seed = need_int(&a, 0, 0x7fffffffffffffffLL);

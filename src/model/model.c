@@ -671,6 +671,13 @@ fail:
     return NULL;
 }
 
+lm_model *model_load_gguf(gguf_ctx *g, char *err, size_t errlen) {
+    lm_status st;
+    lm_model *m = from_gguf(g, NULL, &st, err, errlen);
+    if (m && !m->name[0]) snprintf(m->name, sizeof m->name, "model");
+    return m;
+}
+
 lm_model *model_load(const char *path, char *err, size_t errlen) {
     lm_status st;
     return model_load_params(path, NULL, &st, err, errlen);

@@ -173,6 +173,9 @@ lm_model *model_load(const char *path, char *err, size_t errlen);
  * LM_ERR_NOMEM, LM_ERR_CANCELLED; LM_OK on success. */
 lm_model *model_load_params(const char *path, const lm_load_params *p, lm_status *status, char *err,
                             size_t errlen);
+/* The same over a GGUF already open (for the fuzz target: gguf_open_mem);
+ * the model takes g over on success, the caller keeps it on failure. */
+lm_model *model_load_gguf(gguf_ctx *g, char *err, size_t errlen);
 void model_free(lm_model *m);
 
 const char *model_arch_name(lm_arch a);
