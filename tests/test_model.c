@@ -575,6 +575,9 @@ SHAPE_TEST(test_qwen3moe_q8_0, "qwen3moe", 2, 64, 4, 2, 96, 83, LM_TYPE_Q8_0, tr
 SHAPE_TEST(test_qwen2moe_f32, "qwen2moe", 2, 64, 4, 2, 96, 83, LM_TYPE_F32, false)
 SHAPE_TEST(test_qwen2moe_q4_0, "qwen2moe", 2, 64, 4, 2, 96, 83, LM_TYPE_Q4_0, false)
 SHAPE_TEST(test_mixtral_f16, "mixtral", 2, 64, 4, 2, 96, 83, LM_TYPE_F16, false)
+/* feed_forward_length narrower than the embedding (it only sizes a dense
+ * FFN, which an MoE model has not): the workspace must still hold n_embd */
+SHAPE_TEST(test_qwen3moe_narrow_ff, "qwen3moe", 2, 64, 4, 2, 32, 83, LM_TYPE_F32, false)
 
 /* MoE batch invariance: a sequence's logits are bit-identical whether its
  * tokens run alone or in one pass with another sequence's (whose tokens
@@ -820,6 +823,7 @@ int main(void) {
     TEST_RUN(test_qwen2moe_f32);
     TEST_RUN(test_qwen2moe_q4_0);
     TEST_RUN(test_mixtral_f16);
+    TEST_RUN(test_qwen3moe_narrow_ff);
     TEST_RUN(test_moe_batch_invariance);
     return TEST_DONE();
 }

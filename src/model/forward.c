@@ -117,7 +117,9 @@ lm_fwd *fwd_new(const lm_model *m, lm_pool *pool, kv_pool *kv, const fwd_dims *d
     f->q = lm_malloc(B * qd * sizeof(float));
     f->k = lm_malloc(B * kvd * sizeof(float));
     f->v = lm_malloc(B * kvd * sizeof(float));
-    f->hb = lm_malloc(B * (size_t)hp->n_ff * sizeof(float));
+    /* hb also holds the attention output projection, n_embd per token: with
+     * experts, feed_forward_length may be narrower than the embedding */
+    f->hb = lm_malloc(B * max_sz((size_t)hp->n_ff, E) * sizeof(float));
     f->hb2 = lm_malloc(B * (size_t)hp->n_ff * sizeof(float));
     f->cs = lm_malloc(B * (size_t)hp->n_rot * sizeof(float));
     f->pos = lm_malloc(B * sizeof(int));

@@ -78,7 +78,7 @@ typedef struct lm_fwd {
     float *xb;            /* (n_batch, max(n_embd, q_dim)) normed input / attention output */
     float *q;             /* (n_batch, n_head * head_dim) */
     float *k, *v;         /* (n_batch, n_head_kv * head_dim) */
-    float *hb, *hb2;      /* (n_batch, n_ff) */
+    float *hb, *hb2;      /* (n_batch, max(n_ff, n_embd)), (n_batch, n_ff) */
     float *cs;            /* (n_batch, n_rot) rope cos/sin */
     int *pos;             /* (n_batch) each row's position */
     int *seg_row0;        /* (n_batch + 1) a segment's first row */
