@@ -23,6 +23,10 @@ SIMD_FLAGS = -mavx2 -mfma -mf16c
 # Sources live one folder per layer (src/README.md has the map).
 SRC      := $(wildcard src/*/*.c)
 OBJ      := $(SRC:src/%.c=$(BUILD)/obj/%.o)
+# The chat page of `lamina serve` (src/serve/webui/), embedded as a C table
+# generated into $(BUILD)/gen/ (src/serve/webui.h).
+WEBUI    := $(wildcard src/serve/webui/*)
+OBJ      += $(BUILD)/obj/gen/webui_assets.o
 TESTSRC  := $(wildcard tests/test_*.c)
 TESTBIN  := $(TESTSRC:tests/%.c=$(BUILD)/tests/%)
 
@@ -47,6 +51,14 @@ all: $(BUILD)/lamina lib examples $(TESTBIN)
 lib: $(PUBLIB) $(SOLIB)
 
 $(BUILD)/obj/%.o: src/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LIBFLAGS) -c $< -o $@
+
+$(BUILD)/gen/webui_assets.c: $(WEBUI) scripts/embed_webui.py
+	@mkdir -p $(dir $@)
+	python3 scripts/embed_webui.py $@ $(WEBUI)
+
+$(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LIBFLAGS) -c $< -o $@
 

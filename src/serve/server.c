@@ -1,7 +1,9 @@
 /*
  * server.c - the HTTP side of `lamina serve`: listening, routing,
  * authentication, body limits, /health, /v1/models and /metrics.
- * Generation requests are handed to server_gen.c (call_run).
+ * Generation requests are handed to server_gen.c (call_run); the chat page
+ * (/, /webui.js, /webui.css; open like /health, its API calls carry the key)
+ * to webui.c.
  *
  * The HTTP library (libmicrohttpd) runs an internal polling thread and one
  * thread per connection, so the handler of a request may block: a
@@ -42,6 +44,7 @@
 #include "model/model.h"
 #include "serve/http.h"
 #include "serve/server_int.h"
+#include "serve/webui.h"
 #include "base/util.h"
 
 /* ------------------------------------------------------------- small routes */
@@ -179,7 +182,7 @@ static bool authorized(lm_server *s, struct MHD_Connection *conn) {
     return same_secret(h, s->api_key);
 }
 
-enum { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT };
+enum { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_PAGE };
 
 static int route_of(const char *url) {
     if (!strcmp(url, "/health")) return R_HEALTH;
@@ -188,6 +191,7 @@ static int route_of(const char *url) {
     if (!strncmp(url, "/v1/models/", 11) && url[11]) return R_MODEL;
     if (!strcmp(url, "/v1/completions")) return R_COMPLETIONS;
     if (!strcmp(url, "/v1/chat/completions")) return R_CHAT;
+    if (webui_find(url)) return R_PAGE;
     return R_NONE;
 }
 
@@ -225,6 +229,7 @@ static enum MHD_Result first_call(lm_server *s, struct MHD_Connection *conn, con
     if (route == R_METRICS) return route_metrics(s, conn);
     if (route == R_MODELS) return route_models(s, conn, NULL);
     if (route == R_MODEL) return route_models(s, conn, url + 11);
+    if (route == R_PAGE) return webui_respond(s, conn, webui_find(url));
     const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
     if (cl) {
         char *end;
