@@ -5,7 +5,8 @@
  * dequantizes back within its type's error bound (relative RMS on Gaussian
  * data, the bounds test_quant.c measures: F16 0.025%, BF16 0.19%, Q8_0 0.6%,
  * Q6_K 1.95%, Q4_K 7.8%, Q4_0 9.7%; Q4_1 9% and Q5_1 4.5%, measured here
- * as 7.9% and 3.8%).
+ * as 7.9% and 3.8%). The progress callback counts every tensor in order and
+ * its bytes add up to the input's.
  */
 #include <math.h>
 #include <string.h>
@@ -156,6 +157,51 @@ static void test_q4_k(void) { check_scheme("Q4_K", LM_TYPE_Q4_K); }
 static void test_q6_k(void) { check_scheme("Q6_K", LM_TYPE_Q6_K); }
 static void test_q4_k_m(void) { check_scheme("Q4_K_M", LM_TYPE_Q4_K); }
 
+/* The progress callback: once per tensor, i = 0 .. n-1 in order with n
+ * fixed, the input bytes done increasing to the total, which is the sum of
+ * the tensors' sizes in the input file, and each call's own in_bytes adding
+ * up to in_done. */
+typedef struct {
+    int calls;
+    int64_t last_i, n;
+    uint64_t sum, last_done, total;
+    bool ordered, consistent;
+} progress_log;
+
+static void on_progress(void *user, const quantize_tensor_info *t) {
+    progress_log *p = user;
+    if (p->calls == 0) {
+        p->n = t->n;
+        p->total = t->in_total;
+    }
+    p->ordered &= t->i == p->last_i + 1 && t->n == p->n && t->in_total == p->total && t->in_done > p->last_done;
+    p->sum += t->in_bytes;
+    p->consistent &= p->sum == t->in_done && t->in_done <= t->in_total;
+    p->last_i = t->i;
+    p->last_done = t->in_done;
+    p->calls++;
+}
+
+static void test_progress(void) {
+    char out[300], err[LM_ERRLEN];
+    snprintf(out, sizeof out, "%s.progress", src_path);
+    lm_pool *pool = pool_new(2);
+    progress_log p = {.last_i = -1, .ordered = true, .consistent = true};
+    CHECKF(quantize_file(src_path, out, "Q8_0", pool, on_progress, &p, err, sizeof err) == 0, "%s", err);
+    gguf_ctx *g = gguf_open(src_path, err, sizeof err);
+    CHECK(g != NULL);
+    uint64_t total = 0;
+    for (int64_t i = 0; g && i < gguf_n_tensors(g); i++) total += gguf_tensor_at(g, i)->nbytes;
+    CHECKF(g && p.calls == gguf_n_tensors(g) && p.n == p.calls, "%d calls, n %lld", p.calls, (long long)p.n);
+    CHECK(p.ordered);
+    CHECK(p.consistent);
+    CHECKF(p.last_i == p.n - 1 && p.last_done == total && p.total == total, "last %lld of %lld, %llu of %llu bytes",
+           (long long)p.last_i, (long long)p.n, (unsigned long long)p.last_done, (unsigned long long)total);
+    gguf_close(g);
+    pool_free(pool);
+    unlink(out);
+}
+
 static void test_bad_input(void) {
     char err[LM_ERRLEN];
     CHECK(quantize_file(src_path, "/tmp/x.gguf", "Q3_K", NULL, NULL, NULL, err, sizeof err) != 0);
@@ -175,6 +221,7 @@ int main(void) {
     TEST_RUN(test_q4_k);
     TEST_RUN(test_q6_k);
     TEST_RUN(test_q4_k_m);
+    TEST_RUN(test_progress);
     TEST_RUN(test_bad_input);
     unlink(src_path);
     for (int i = 0; i < n_blobs; i++) free(blobs[i]);

@@ -4,6 +4,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -63,7 +64,13 @@ bool is_flag(args *a, const char *s1, const char *s2) {
     return strcmp(f, s1) == 0 || (s2 && strcmp(f, s2) == 0);
 }
 
+bool progress_force;
+
 bool is_help(args *a) {
+    if (is_flag(a, "--progress", NULL)) { /* every command's, see cli.h */
+        progress_force = true;
+        return true;
+    }
     if (is_flag(a, "-h", "--help")) {
         a->usage(stdout);
         exit(0);
@@ -149,10 +156,22 @@ static void die_load(const char *cmd, const char *path, const char *err) {
     exit(1);
 }
 
+static bool on_load(void *user, float done) {
+    progress_update(user, (long long)(done * 100.0f + 0.5f), 100);
+    return true;
+}
+
 lm_model *load_or_die(const char *cmd, const char *path) {
     die_no_model(cmd, path);
     char err[LM_ERRLEN];
-    lm_model *m = model_load(path, err, sizeof err);
+    /* the library's loading callback, drawn on a terminal (or --progress)
+     * when loading takes longer than LAMINA_PROGRESS_AFTER: large files */
+    progress prog;
+    progress_begin(&prog, cmd, "loading the model", NULL);
+    lm_load_params lp = {.progress = on_load, .progress_user = &prog};
+    lm_status st;
+    lm_model *m = model_load_params(path, &lp, &st, err, sizeof err);
+    progress_end(&prog);
     if (!m) die_load(cmd, path, err);
     return m;
 }
@@ -217,7 +236,7 @@ void ctx_check(const char *cmd, const char *flag, long long n_ctx, int n_train, 
 }
 
 void progress_begin(progress *p, const char *cmd, const char *what, const char *unit) {
-    *p = (progress){.on = isatty(2) == 1, .cmd = cmd, .what = what, .unit = unit, .after = 2.0};
+    *p = (progress){.on = progress_force || isatty(2) == 1, .cmd = cmd, .what = what, .unit = unit, .after = 2.0};
     const char *env = getenv("LAMINA_PROGRESS_AFTER");
     if (env && *env) {
         char *end;
@@ -228,17 +247,55 @@ void progress_begin(progress *p, const char *cmd, const char *what, const char *
     p->last = -1e30;
 }
 
+void progress_bytes(progress *p, unsigned long long done, unsigned long long total) {
+    p->bytes = done;
+    p->bytes_total = total;
+}
+
+void progress_note(progress *p, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->note, sizeof p->note, fmt, ap);
+    va_end(ap);
+}
+
+/* "1 h 02 min", "3 min 05 s", "12 s". */
+static void fmt_eta(char *b, size_t n, double s) {
+    long long t = (long long)(s + 0.5);
+    if (t >= 3600) snprintf(b, n, "%lld h %02lld min", t / 3600, t / 60 % 60);
+    else if (t >= 60) snprintf(b, n, "%lld min %02lld s", t / 60, t % 60);
+    else snprintf(b, n, "%lld s", t);
+}
+
 void progress_update(progress *p, long long done, long long total) {
     if (!p->on) return;
     double now = lm_now();
-    if (now - p->start < p->after || now - p->last < 0.25) return;
+    if (now - p->start < p->after || (now - p->last < 0.25 && done != total)) return; /* the end is always drawn */
     p->last = now;
     p->shown = true;
-    if (total > 0)
+    if (!p->unit) /* a share only: done of total percent */
+        fprintf(stderr, "\r\033[K%s: %s (%.0f%%)", p->cmd, p->what, total > 0 ? 100.0 * done / total : 0.0);
+    else if (total > 0)
         fprintf(stderr, "\r\033[K%s: %s %lld/%lld %s (%.0f%%)", p->cmd, p->what, done, total, p->unit,
                 100.0 * (double)done / (double)total);
     else fprintf(stderr, "\r\033[K%s: %s %lld %s", p->cmd, p->what, done, p->unit);
+    if (p->bytes_total)
+        fprintf(stderr, ", %.1f/%.1f MiB", (double)p->bytes / 1048576.0, (double)p->bytes_total / 1048576.0);
+    if (p->note[0]) fprintf(stderr, ", %s", p->note);
+    double frac = p->bytes_total ? (double)p->bytes / (double)p->bytes_total
+                                 : total > 0 ? (double)done / (double)total : 0;
+    if (frac > 0 && frac < 1) {
+        char eta[32];
+        fmt_eta(eta, sizeof eta, (now - p->start) * (1 - frac) / frac);
+        fprintf(stderr, ", ETA %s", eta);
+    }
     fflush(stderr);
+}
+
+void progress_hide(progress *p) {
+    if (p->shown) fprintf(stderr, "\r\033[K");
+    p->shown = false;
+    p->last = -1e30; /* drawn again at the next update */
 }
 
 void progress_end(progress *p) {

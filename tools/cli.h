@@ -72,21 +72,37 @@ uint32_t need_kv_type(args *a);
  * itself takes any n_ctx; this check is the command line's. */
 void ctx_check(const char *cmd, const char *flag, long long n_ctx, int n_train, bool extend);
 
-/* Progress of one long phase on stderr, only when stderr is a terminal:
- * "\r<cmd>: <what> <done>/<total> <unit> (<pct>%)", rewritten in place at
- * most 4 times a second, starting once the phase has run for
- * LAMINA_PROGRESS_AFTER seconds (default 2; 0 shows it at once, as the tests
- * do). progress_end clears the line. Nothing at all when stderr is not a
- * terminal, so logs and pipes stay clean. */
+/* Progress of one long phase on stderr, when stderr is a terminal or the
+ * command was given --progress (progress_force):
+ * "\r<cmd>: <what> <done>/<total> <unit> (<pct>%)[, <MiB>][, <note>][, ETA <t>]"
+ * (a NULL unit shows the percentage alone, as model loading does),
+ * rewritten in place at most 4 times a second (and at done == total), starting once the phase has
+ * run for LAMINA_PROGRESS_AFTER seconds (default 2; 0 shows it at once, as
+ * the tests do). The ETA is the time so far scaled by what is left (by
+ * bytes when progress_bytes gave them, else by steps). progress_end clears
+ * the line. Nothing at all otherwise, so logs and pipes stay clean. */
 typedef struct {
-    bool on;            /* stderr is a terminal */
+    bool on;            /* stderr is a terminal, or --progress */
     bool shown;         /* a line is on the screen */
     double start, last, after;
     const char *cmd, *what, *unit;
+    unsigned long long bytes, bytes_total; /* progress_bytes: weight of the ETA */
+    char note[96];      /* progress_note: shown after the percentage */
 } progress;
+
+/* --progress, accepted by every command (is_help sees it first): draw
+ * progress lines even when stderr is not a terminal. */
+extern bool progress_force;
 
 void progress_begin(progress *p, const char *cmd, const char *what, const char *unit);
 void progress_update(progress *p, long long done, long long total);
+/* Bytes done of a total, shown as MiB and used for the ETA (before update). */
+void progress_bytes(progress *p, unsigned long long done, unsigned long long total);
+/* A short figure shown after the percentage ("ppl 12.34"); "" for none. */
+void progress_note(progress *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Clear the line before printing a line of output under it (the next
+ * progress_update draws it again). */
+void progress_hide(progress *p);
 void progress_end(progress *p);
 
 #endif

@@ -268,6 +268,8 @@ int cmd_mkmodel(int argc, char **argv) {
     float nn = p.arch ? 0.1f : 0.0f; /* noise on the norm weights of the other architectures */
     uint32_t t = (uint32_t)type;
     double t0 = lm_now();
+    progress prog; /* layers generated, the bytes so far: on a terminal or with --progress */
+    progress_begin(&prog, "mkmodel", "generating", "layers");
     /* tied heads: a smaller embedding, so the layers' sum and not the input
      * token's own row decides the next token (gemma2 scales it by sqrt(E)) */
     float es = qwen3 ? 0.3f : gemma2 ? 0.05f : 1.0f;
@@ -338,9 +340,10 @@ int cmd_mkmodel(int argc, char **argv) {
         if (!p.experts) rc |= A("ffn_down.weight", p.ff, E, t, wf, false);
         if (gemma2) rc |= A("post_ffw_norm.weight", E, 1, LM_TYPE_F32, nn, true);
 #undef A
-        fprintf(stderr, "\rmkmodel: layer %d/%d", i + 1, p.layers);
+        progress_note(&prog, "%.1f MiB", mk.bytes / 1048576.0);
+        progress_update(&prog, i + 1, p.layers);
     }
-    fprintf(stderr, "\n");
+    progress_end(&prog);
     if (rc) {
         safefile_abort(sf);
         fail("mkmodel", "out of memory generating weights");

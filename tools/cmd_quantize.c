@@ -14,9 +14,10 @@
 
 static void usage_quantize(FILE *f) {
     fprintf(f,
-            "usage: lamina quantize IN.gguf OUT.gguf TYPE [-t THREADS]\n"
+            "usage: lamina quantize IN.gguf OUT.gguf TYPE [-t THREADS] [--progress]\n"
             "Convert a model's weight matrices to TYPE: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_1 Q4_K Q6_K Q4_K_M.\n"
-            "Norms and biases stay in their type; metadata is copied.\n");
+            "Norms and biases stay in their type; metadata is copied.\n"
+            "A progress line (tensor i of n, bytes, ETA) is drawn when stderr is a terminal, or with --progress.\n");
 }
 
 /* What was written, for the summary: tensors, bytes and elements per output
@@ -33,6 +34,7 @@ typedef struct {
     uint64_t count[LM_TYPE_COUNT], bytes[LM_TYPE_COUNT], elems[LM_TYPE_COUNT];
     q_fallback fb[MAX_FALLBACK];
     int n_fb, fb_other; /* groups; tensors in groups past MAX_FALLBACK */
+    progress prog;      /* tensor i of n, bytes, ETA, under the tensor lines */
 } q_totals;
 
 static void on_tensor(void *user, const quantize_tensor_info *t) {
@@ -53,9 +55,12 @@ static void on_tensor(void *user, const quantize_tensor_info *t) {
         if (k < q->n_fb) q->fb[k].count++;
         else q->fb_other++;
     }
+    progress_hide(&q->prog);
     fprintf(stderr, "[%4lld/%4lld] %-32s %-5s -> %-5s %9.2f MiB -> %8.2f MiB\n", (long long)t->i + 1,
             (long long)t->n, t->name, quant_type_name(t->from), quant_type_name(t->to), t->in_bytes / 1048576.0,
             t->out_bytes / 1048576.0);
+    progress_bytes(&q->prog, t->in_done, t->in_total);
+    progress_update(&q->prog, (long long)t->i + 1, (long long)t->n);
 }
 
 /* The warning about fallbacks (one line per group) and the summary: per
@@ -106,7 +111,10 @@ int cmd_quantize(int argc, char **argv) {
     char err[LM_ERRLEN];
     q_totals tot = {0};
     double t0 = lm_now();
-    if (quantize_file(pos[0], pos[1], pos[2], pool, on_tensor, &tot, err, sizeof err)) fail("quantize", err);
+    progress_begin(&tot.prog, "quantize", "converting", "tensors");
+    int rc = quantize_file(pos[0], pos[1], pos[2], pool, on_tensor, &tot, err, sizeof err);
+    progress_end(&tot.prog);
+    if (rc) fail("quantize", err);
     print_summary(&tot, pos[2]);
     fprintf(stderr, "quantize: %s -> %s: %.2f MiB -> %.2f MiB in %.1f s\n", pos[0], pos[1], tot.in_bytes / 1048576.0,
             tot.out_bytes / 1048576.0, lm_now() - t0);

@@ -521,11 +521,12 @@ static int cmd_perplexity(int argc, char **argv) {
     int first = C / 2;
     fprintf(stderr, "perplexity: %d tokens, %d chunks of %d, scoring the second half of each\n", n, n_chunk, C);
     double t0 = lm_now();
-    /* chunks done, on a terminal; when stdout is the terminal too, the
+    /* chunk i of n with the running perplexity, on a terminal or with
+     * --progress; when stdout is the terminal too (and no --progress), the
      * running estimates printed there are the progress */
     progress prog;
     progress_begin(&prog, "perplexity", "chunk", "chunks");
-    prog.on = prog.on && !isatty(1);
+    prog.on = progress_force || (prog.on && !isatty(1));
     for (int c = 0; c < n_chunk; c++) {
         progress_update(&prog, c, n_chunk);
         memcpy(chunk, toks + (size_t)c * C, (size_t)C * sizeof(int32_t));
@@ -544,6 +545,8 @@ static int cmd_perplexity(int argc, char **argv) {
         }
         printf("[%d]%.4f,", c + 1, exp(nll / count));
         fflush(stdout);
+        progress_note(&prog, "ppl %.4f", exp(nll / count));
+        progress_update(&prog, c + 1, n_chunk);
     }
     progress_end(&prog);
     printf("\n");
@@ -683,7 +686,9 @@ static void usage_main(FILE *f) {
             "  kv          KV cache size: bytes per token, tokens and sequences that fit\n"
             "  serve       OpenAI-compatible HTTP server (continuous batching)\n"
             "  route       router in front of serve replicas (admission, prefix affinity, faults)\n"
-            "  trace       where concurrency was lost, from a `lamina route --trace` file (and an SVG)\n");
+            "  trace       where concurrency was lost, from a `lamina route --trace` file (and an SVG)\n\n"
+            "Long work (loading a large model, quantize, perplexity, mkmodel, bench) draws a progress line\n"
+            "when stderr is a terminal; --progress, accepted by every command, draws it on a pipe too.\n");
 }
 
 /* Commands that write a file remove their temporary file when interrupted,

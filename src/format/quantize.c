@@ -134,6 +134,8 @@ int quantize_file(const char *in, const char *out, const char *scheme, lm_pool *
     }
     gguf_w_set_u32(w, "general.file_type", file_type_of(scheme));
     gguf_w_set_u32(w, "general.quantization_version", 2);
+    uint64_t in_total = 0, in_done = 0;
+    for (int64_t i = 0; i < nt; i++) in_total += gguf_tensor_at(g, i)->nbytes;
     for (int64_t i = 0; i < nt; i++) {
         const gguf_tensor *t = gguf_tensor_at(g, i);
         uint32_t want;
@@ -159,11 +161,13 @@ int quantize_file(const char *in, const char *out, const char *scheme, lm_pool *
             data = bufs[i];
         }
         gguf_w_add_tensor(w, t->name, t->n_dims, t->ne, to, data, nbytes);
+        in_done += t->nbytes;
         if (progress) {
             quantize_tensor_info info = {.i = i, .n = nt, .name = t->name, .from = t->type, .want = want, .to = to,
                                          .row_len = (int64_t)t->ne[0],
                                          .n_elements = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3],
-                                         .in_bytes = t->nbytes, .out_bytes = nbytes};
+                                         .in_bytes = t->nbytes, .out_bytes = nbytes, .in_done = in_done,
+                                         .in_total = in_total};
             progress(user, &info);
         }
     }

@@ -24,9 +24,12 @@ typedef struct {
     int64_t row_len;          /* elements per row (ne[0]) */
     uint64_t n_elements;
     uint64_t in_bytes, out_bytes;
+    uint64_t in_done, in_total; /* input bytes of tensors 0..i, and of all n */
 } quantize_tensor_info;
 
-/* Called after each tensor. */
+/* Called after each tensor, i = 0 .. n-1 in order (the last call has
+ * in_done == in_total): a progress line can show tensor i+1 of n, the
+ * bytes and an ETA. */
 typedef void (*quantize_progress_fn)(void *user, const quantize_tensor_info *t);
 
 /* Parse a scheme name (F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K Q4_K_M): the base
