@@ -56,7 +56,7 @@ MODEL = "models/stories260K.gguf"
 ASAN = bool(os.environ.get("LAMINA_ASAN"))
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-N_BROWSER_CHECKS = 40  # what parts 2 to 5 count when they cannot run
+N_BROWSER_CHECKS = 37  # what parts 2 to 5 count (each server's clean exit included) when they cannot run
 
 passed = failed = skipped = 0
 
@@ -448,20 +448,29 @@ def check_stop(d, srv):
     from selenium.webdriver.common.by import By
     d.get(srv.url)
     wait_for(lambda: d.find_element(By.ID, "model").text == "webui-small-q4_0.gguf", 60)
-    set_setting(d, "max_tokens", 1500)
+    set_setting(d, "max_tokens", 2000)
     set_setting(d, "temperature", 1)
-    before = metrics(srv)
-    send(d, "Write a long story.")
-    grew = []
+    # a random model ends an answer (its end-of-text token) about once in 32000 tokens: should that
+    # happen before the answer was seen growing, the try is made again in a new chat
+    for attempt in range(3):
+        before = metrics(srv)
+        send(d, "Write a long story.")
+        grew = []
 
-    def growing():
-        a = last_answer(d)
-        if a and a["state"] == "streaming" and a["text"]:
-            grew.append(len(a["text"]))
-        return len(grew) >= 2 and grew[-1] > grew[0]
-    ok = wait_for(growing, 120, 0.2)
+        def growing():
+            a = last_answer(d)
+            if a and a["state"] == "streaming" and a["text"]:
+                grew.append(len(a["text"]))
+            return (len(grew) >= 2 and grew[-1] > grew[0]) or (a and a["state"] not in ("waiting", "streaming"))
+        wait_for(growing, 120, 0.2)
+        ok = len(grew) >= 2 and grew[-1] > grew[0] and last_answer(d)["state"] == "streaming"
+        if ok:
+            break
+        print("NOTE stop: the answer ended before it was seen growing (%s); again" % last_answer(d))
+        finished(d, 120)
+        d.find_element(By.ID, "new-chat").click()
     running = metrics(srv)["lamina_requests_running"]
-    result("a long answer grows while it streams", ok and last_answer(d)["state"] == "streaming", grew)
+    result("a long answer grows while it streams", ok, grew)
     result("stop: the request runs on the server before the click", running == 1, running)
     result("stop: the Stop button is shown, Send disabled", d.find_element(By.ID, "stop").is_displayed() and
            not d.find_element(By.ID, "send").is_enabled())
@@ -473,7 +482,7 @@ def check_stop(d, srv):
         metrics(srv)
     gen = m["lamina_generation_tokens_total"] - before["lamina_generation_tokens_total"]
     result("stop: the server's running count drops to 0", m["lamina_requests_running"] == 0, m)
-    result("stop: far fewer tokens generated than asked", 0 < gen < 1500, gen)
+    result("stop: far fewer tokens generated than asked", 0 < gen < 1500, "%d of 2000" % gen)
     result("stop: Send is back, Stop hidden", d.find_element(By.ID, "send").is_enabled() and
            not d.find_element(By.ID, "stop").is_displayed())
 
