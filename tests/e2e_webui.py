@@ -26,7 +26,8 @@ skipped, never as passed.
   4. An API key (--api-key): the page asks for the key, says when a key is
      refused, keeps the right one across a reload.
   5. SmolLM2-135M-Instruct (testenv.smollm2_gguf(), its own ChatML template):
-     "What is the capital of France?" gets an answer naming Paris. Skipped
+     "What is the capital of France?" with the system prompt "You are a
+     helpful assistant." set in the page gets an answer naming Paris. Skipped
      with the reason while the file does not load, and under AddressSanitizer
      (the server then takes minutes per answer).
 
@@ -536,7 +537,9 @@ def check_smollm2(d):
         result("smollm2: the page shows its name", name, d.find_element(By.ID, "model").text)
         set_setting(d, "temperature", 0)
         set_setting(d, "max_tokens", 60)
-        set_setting(d, "system", "")
+        # with the template's default system prompt this small model answers around Paris without
+        # naming it (llama.cpp's greedy reply does the same, tests/data/smollm2); this one it answers
+        set_setting(d, "system", "You are a helpful assistant.")
         d.find_element(By.ID, "new-chat").click()
         send(d, "What is the capital of France?")
         a = finished(d, 300)
