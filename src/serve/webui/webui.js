@@ -48,17 +48,19 @@
 
   /* ------------------------------------------------------------ markdown */
 
-  /* Inline spans: `code`, **strong**, __strong__, *em*, _em_ (not inside words). */
-  var INLINE = /`([^`\n]+)`|\*\*(?=\S)([^*]*?\S)\*\*|__(?=\S)([^_]*?\S)__|\*(?=[^\s*])([^*]*?[^\s*])\*|(?<![\w])_(?=[^\s_])([^_]*?[^\s_])_(?![\w])/g;
+  /* Inline spans: `code`, **strong**, __strong__, *em*, _em_ (not inside words: the character
+   * before is captured, as older browsers have no lookbehind). */
+  var INLINE = /`([^`\n]+)`|\*\*(?=\S)([^*]*?\S)\*\*|__(?=\S)([^_]*?\S)__|\*(?=[^\s*])([^*]*?[^\s*])\*|(^|[^\w])_(?=[^\s_])([^_]*?[^\s_])_(?!\w)/g;
 
   function inline(text, into) {
     var re = new RegExp(INLINE.source, "g"), last = 0, m;
     while ((m = re.exec(text)) !== null) {
-      if (m.index > last) into.appendChild(document.createTextNode(text.slice(last, m.index)));
+      var before = text.slice(last, m.index) + (m[5] || "");
+      if (before) into.appendChild(document.createTextNode(before));
       if (m[1] !== undefined) into.appendChild(el("code", null, m[1]));
       else {
         var e = el(m[2] !== undefined || m[3] !== undefined ? "strong" : "em");
-        inline(m[2] !== undefined ? m[2] : m[3] !== undefined ? m[3] : m[4] !== undefined ? m[4] : m[5], e);
+        inline(m[2] !== undefined ? m[2] : m[3] !== undefined ? m[3] : m[4] !== undefined ? m[4] : m[6], e);
         into.appendChild(e);
       }
       last = re.lastIndex;
