@@ -22,7 +22,8 @@ skipped, never as passed.
   3. Stop: on a random-weight model of a real shape (mkmodel's "small"
      preset, written into build/ once), a long answer grows while it
      streams; Stop ends it, the server's running count drops to 0, and far
-     fewer tokens were generated than asked.
+     fewer tokens were generated than asked; Escape in the message box
+     stops an answer too.
   4. An API key (--api-key): the page asks for the key, says when a key is
      refused, keeps the right one across a reload.
   5. SmolLM2-135M-Instruct (testenv.smollm2_gguf(), its own ChatML template):
@@ -57,7 +58,7 @@ MODEL = "models/stories260K.gguf"
 ASAN = bool(os.environ.get("LAMINA_ASAN"))
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-N_BROWSER_CHECKS = 37  # what parts 2 to 5 count (each server's clean exit included) when they cannot run
+N_BROWSER_CHECKS = 38  # what parts 2 to 5 count (each server's clean exit included) when they cannot run
 
 passed = failed = skipped = 0
 
@@ -486,6 +487,19 @@ def check_stop(d, srv):
     result("stop: far fewer tokens generated than asked", 0 < gen < 1500, "%d of 2000" % gen)
     result("stop: Send is back, Stop hidden", d.find_element(By.ID, "send").is_enabled() and
            not d.find_element(By.ID, "stop").is_displayed())
+    # Escape in the message box stops too (the keyboard's way)
+    from selenium.webdriver.common.keys import Keys
+    d.find_element(By.ID, "new-chat").click()
+    send(d, "Another long story.")
+    wait_for(lambda: (last_answer(d) or {}).get("state") != "waiting", 60)
+    d.find_element(By.ID, "prompt").send_keys(Keys.ESCAPE)
+    a = finished(d, 60)
+    m = wait_for(lambda: (lambda x: x if x["lamina_requests_running"] == 0 else None)(metrics(srv)), 30) or \
+        metrics(srv)
+    if a["state"] == "done":  # the random model's end-of-text came first (rare): no stop to see
+        print("NOTE Escape: the answer ended by itself before the key (%s)" % a)
+    result("stop: Escape stops an answer too", (a["state"] == "stopped" or (a["state"] == "done" and
+           "max tokens" not in a["note"])) and m["lamina_requests_running"] == 0, a)
 
 
 def check_key(d, srv):
