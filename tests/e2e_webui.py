@@ -23,7 +23,8 @@ skipped, never as passed.
      preset, written into build/ once), a long answer grows while it
      streams; Stop ends it, the server's running count drops to 0, and far
      fewer tokens were generated than asked; Escape in the message box
-     stops an answer too.
+     stops an answer too; a conversation past the context shows the server's
+     400 and what to do.
   4. An API key (--api-key): the page asks for the key, says when a key is
      refused, keeps the right one across a reload.
   5. SmolLM2-135M-Instruct (testenv.smollm2_gguf(), its own ChatML template):
@@ -58,7 +59,7 @@ MODEL = "models/stories260K.gguf"
 ASAN = bool(os.environ.get("LAMINA_ASAN"))
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-N_BROWSER_CHECKS = 38  # what parts 2 to 5 count (each server's clean exit included) when they cannot run
+N_BROWSER_CHECKS = 39  # what parts 2 to 5 count (each server's clean exit included) when they cannot run
 
 passed = failed = skipped = 0
 
@@ -500,6 +501,12 @@ def check_stop(d, srv):
         print("NOTE Escape: the answer ended by itself before the key (%s)" % a)
     result("stop: Escape stops an answer too", (a["state"] == "stopped" or (a["state"] == "done" and
            "max tokens" not in a["note"])) and m["lamina_requests_running"] == 0, a)
+    # the same conversation asking for the whole context of 2048 tokens no longer fits
+    set_setting(d, "max_tokens", 2048)
+    send(d, "And another.")
+    a = finished(d, 60)
+    result("a conversation past the context: the server's 400, with what to do", a["state"] == "error" and
+           "maximum context length" in a["error"] and "Start a new chat" in a["error"], a)
 
 
 def check_key(d, srv):

@@ -323,6 +323,8 @@
       }
       if (!res.ok) {
         answer.error = await errorText(res);
+        if (res.status === 400 && /context length/.test(answer.error))
+          answer.error += " Start a new chat, or lower max tokens in the settings.";
       } else {
         box.setAttribute("data-state", "streaming");
         var reader = res.body.getReader(), dec = new TextDecoder(), buf = "";
