@@ -9,6 +9,8 @@
 #   make bench      build the micro-benchmarks in bench/ (lamina bench measures the model)
 #   make examples   build/examples/simple and batch, linked with the public library only
 #   make install    lamina, the library, lamina.h and lamina.pc under $(DESTDIR)$(PREFIX)
+#   make MPI=1      the same with tensor parallelism over MPI (Open MPI, mpicc's flags), in build/mpi/
+#   make mpi        build/mpi/lamina when mpicc is installed (what `make test` runs the MPI tests with)
 
 CC      ?= cc
 PREFIX  ?= /usr/local
@@ -19,6 +21,16 @@ CFLAGS_BASE = -std=c11 -g -Wall -Wextra -Werror -Wshadow -Wmissing-prototypes \
 CFLAGS  += $(OPT) $(CFLAGS_BASE)
 LDLIBS  += -lpcre2-8 -lmicrohttpd -lcurl -lcjson -lpthread -lm
 SIMD_FLAGS = -mavx2 -mfma -mf16c
+
+# MPI=1: src/dist/ over MPI (the flags mpicc would add, so CC stays what it
+# was, clang under asan too), built apart in build/mpi/ by default. Without
+# it the job is one rank and nothing links MPI.
+MPICC := $(shell command -v mpicc 2>/dev/null)
+ifeq ($(MPI),1)
+BUILD   := $(if $(filter command line,$(origin BUILD)),$(BUILD),build/mpi)
+CFLAGS  += -DLAMINA_MPI $(shell mpicc --showme:compile)
+LDLIBS  += $(shell mpicc --showme:link)
+endif
 
 # Sources live one folder per layer (src/README.md has the map).
 SRC      := $(wildcard src/*/*.c)
@@ -45,7 +57,7 @@ SOLIB    := $(BUILD)/liblamina.so
 EXSRC    := $(wildcard examples/*.c)
 EXBIN    := $(EXSRC:examples/%.c=$(BUILD)/examples/%)
 
-.PHONY: all test demo chat asan fuzz install clean bench check-layers examples lib
+.PHONY: all test demo chat asan fuzz install clean bench check-layers examples lib mpi
 
 all: $(BUILD)/lamina lib examples $(TESTBIN)
 lib: $(PUBLIB) $(SOLIB)
@@ -105,7 +117,14 @@ $(BUILD)/tests/%: tests/%.c tests/test.h $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
 
-test: all
+# The distributed binary beside the default one, when Open MPI is installed
+# (tests/e2e_mpi.sh runs it under mpirun; it skips when absent).
+mpi:
+ifneq ($(MPICC),)
+	$(MAKE) MPI=1 BUILD=$(BUILD)/mpi $(BUILD)/mpi/lamina
+endif
+
+test: all mpi
 	BUILD=$(BUILD) bash tests/run.sh
 
 # The include rules of src/README.md: no include points down the layer map.
@@ -128,7 +147,7 @@ chat: $(BUILD)/lamina
 
 asan:
 	$(MAKE) BUILD=build/asan CC=clang OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all" \
-	    LDFLAGS="-fsanitize=address,undefined" all
+	    LDFLAGS="-fsanitize=address,undefined" all mpi
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 LAMINA_ASAN=1 BUILD=build/asan bash tests/run.sh
 
 # Fuzzing: every fuzz/fuzz_*.c for FUZZ_SECONDS each, starting from its

@@ -14,7 +14,7 @@ import os
 import re
 import sys
 
-LAYERS = ["base", "format", "kernels", "text", "kv", "model", "decode", "sched", "serve", "route", "api"]
+LAYERS = ["base", "format", "kernels", "text", "kv", "dist", "model", "decode", "sched", "serve", "route", "api"]
 RANK = {name: i for i, name in enumerate(LAYERS)}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 

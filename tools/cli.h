@@ -40,6 +40,14 @@ void fail(const char *cmd, const char *msg) __attribute__((noreturn));
 char *read_all(FILE *f, size_t *len);
 int encode_all(const lm_tokenizer *tok, const char *text, size_t len, bool bos, bool special, int32_t **out);
 lm_model *load_or_die(const char *cmd, const char *path);
+
+/* Tensor parallelism (--tp N, taken out of argv by main before the
+ * subcommand parses it): this process is rank cli_tp_rank of cli_tp_size
+ * (1: the whole model). load_or_die loads this rank's shard. Every rank
+ * runs the same command on the same arguments (mpirun starts them), so the
+ * sampling and the KV cache's bookkeeping are the same everywhere; ranks
+ * other than 0 write nothing to stdout. */
+extern int cli_tp_rank, cli_tp_size;
 /* The tokenizer of a GGUF file alone (a full model or a vocabulary-only file
  * of any architecture); exits 1 when the file or its tokenizer cannot be read. */
 lm_tokenizer *load_tok_or_die(const char *cmd, const char *path);

@@ -35,6 +35,7 @@
 #include "sched/engine.h"
 #include "text/tokenizer.h"
 #include "base/util.h"
+#include "dist/dist.h"
 
 /* ---- run --------------------------------------------------------------- */
 
@@ -466,12 +467,14 @@ static void usage_perplexity(FILE *f) {
             "is scored. Prints the running estimate per chunk and the final PPL with its error.\n\n"
             "  -c, --ctx-size N   tokens per chunk (default 512, or the model's trained context\n"
             "                     when that is smaller)\n"
-            "      --ctx-extend   allow -c above the model's trained context (with a warning)\n");
+            "      --ctx-extend   allow -c above the model's trained context (with a warning)\n"
+            "      --logits-out FILE  write the first chunk's logits there, raw float32 (CTX rows of\n"
+            "                     n_vocab), to compare runs (e.g. single-process against --tp N)\n");
 }
 
 static int cmd_perplexity(int argc, char **argv) {
     args a = {argc, argv, 0, "perplexity", usage_perplexity};
-    const char *model = NULL, *file = NULL;
+    const char *model = NULL, *file = NULL, *logits_out = NULL;
     long long n_ctx = 0, threads = pool_default_threads(), max_chunks = -1;
     uint32_t kv_type = LM_TYPE_F16;
     bool ctx_extend = false;
@@ -484,6 +487,7 @@ static int cmd_perplexity(int argc, char **argv) {
         else if (is_flag(&a, "-t", "--threads")) threads = need_int(&a, 1, 1024);
         else if (is_flag(&a, "--chunks", NULL)) max_chunks = need_int(&a, 1, 1 << 30);
         else if (is_flag(&a, "--kv-type", NULL)) kv_type = need_kv_type(&a);
+        else if (is_flag(&a, "--logits-out", NULL)) logits_out = need_val(&a);
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
     if (!file) die_usage(&a, "%s", "no text file given (-f FILE)");
@@ -533,6 +537,12 @@ static int cmd_perplexity(int argc, char **argv) {
         if (add_bos && tok_bos(m->tok) >= 0) chunk[0] = tok_bos(m->tok);
         seqrun_reset(st);
         if (seqrun_forward(st, chunk, C, logits, true, err, sizeof err)) fail("perplexity", err);
+        if (c == 0 && logits_out && cli_tp_rank == 0) {
+            safefile *lf = safefile_create(logits_out, err, sizeof err);
+            if (!lf) fail("perplexity", err);
+            safefile_write(lf, logits, (size_t)C * V * sizeof(float));
+            if (safefile_commit(lf, err, sizeof err)) fail("perplexity", err);
+        }
         for (int j = first; j < C - 1; j++) {
             const float *row = logits + (size_t)j * V;
             double mx = -INFINITY, sum = 0;
@@ -704,8 +714,77 @@ static void remove_temps_on_signal(void) {
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) signal(sigs[i], on_fatal_signal);
 }
 
+/* --tp N anywhere after the subcommand: taken out of argv here, so every
+ * subcommand gets it through load_or_die. `lamina kv --tp N` only computes
+ * (rank 0's shard, no runtime); any other command starts the runtime and
+ * wants exactly N ranks (mpirun -np N). */
+static int take_tp(int *argc, char **argv) {
+    int tp = 0, o = 1;
+    for (int i = 1; i < *argc; i++) {
+        if (i >= 2 && !strcmp(argv[i], "--tp")) {
+            char *end = NULL;
+            long v = i + 1 < *argc ? strtol(argv[i + 1], &end, 10) : 0;
+            if (!end || *end || v < 1 || v > LM_TP_MAX) {
+                fprintf(stderr, "lamina: --tp wants a number of ranks from 1 to %d\n", LM_TP_MAX);
+                exit(2);
+            }
+            tp = (int)v;
+            i++;
+            continue;
+        }
+        argv[o++] = argv[i];
+    }
+    *argc = o;
+    argv[o] = NULL;
+    return tp;
+}
+
+static int start_tp(int tp, int *argc, char ***argv) {
+    if (!strcmp((*argv)[1], "kv")) {
+        cli_tp_size = tp;
+        return 0;
+    }
+    if (tp > 1 && !dist_available()) {
+        fprintf(stderr, "lamina: --tp %d needs the MPI build (make MPI=1, then mpirun -np %d build/mpi/lamina ...)\n",
+                tp, tp);
+        exit(2);
+    }
+    char err[LM_ERRLEN];
+    if (dist_init(argc, argv, err, sizeof err)) {
+        fprintf(stderr, "lamina: %s\n", err);
+        exit(1);
+    }
+    if (dist_size() != tp) {
+        fprintf(stderr, "lamina: --tp %d wants %d ranks, this job has %d (mpirun -np %d)\n", tp, tp, dist_size(),
+                tp);
+        dist_finalize();
+        exit(2);
+    }
+    cli_tp_rank = dist_rank();
+    cli_tp_size = tp;
+    if (cli_tp_rank != 0 && !freopen("/dev/null", "w", stdout)) {
+        fprintf(stderr, "lamina: rank %d cannot silence its output\n", cli_tp_rank);
+        dist_abort(1);
+    }
+    return 1;
+}
+
+static int run_cmd(int argc, char **argv);
+
 int main(int argc, char **argv) {
     kernels_init();
+    int tp = argc >= 2 ? take_tp(&argc, argv) : 0;
+    if (tp && start_tp(tp, &argc, &argv)) {
+        int rc = run_cmd(argc, argv);
+        fflush(stdout);
+        if (rc) dist_abort(rc); /* the other ranks may wait in a collective */
+        dist_finalize();
+        return 0;
+    }
+    return run_cmd(argc, argv);
+}
+
+static int run_cmd(int argc, char **argv) {
     if (argc < 2) {
         usage_main(stderr);
         return 2;

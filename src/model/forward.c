@@ -27,6 +27,11 @@
  * Each row's arithmetic is the same whatever else is in the batch and
  * whichever thread runs it, so a sequence's logits do not depend on how its
  * tokens were batched.
+ * Tensor parallel (m->tp.size > 1, shard.c): hp holds this rank's heads and
+ * FFN rows, so the loops above run on the shard as they are; the o and down
+ * products are partial sums, added across ranks (tp_sum, in rank order, the
+ * same on every rank) before the residual add, and the LM head's vocabulary
+ * slices are gathered into whole logits rows on every rank (tp_lm_head).
  */
 #include "model/forward.h"
 
@@ -36,6 +41,7 @@
 
 #include "model/moe.h"
 #include "model/ops.h"
+#include "dist/dist.h"
 #include "format/quant.h"
 #include "base/util.h"
 
@@ -282,9 +288,39 @@ static void run_rows(lm_fwd *f, const lm_layer *l, int stage, int n) {
     pool_run(f->pool, rows_worker, &j);
 }
 
+/* Tensor parallel: y (n, n_embd) := the sum over ranks of each rank's partial
+ * product. Nothing when the model is whole. */
+static int tp_sum(lm_fwd *f, float *y, int n, char *err, size_t errlen) {
+    if (f->m->tp.size <= 1) return 0;
+    return dist_allreduce_sum(y, (size_t)n * (size_t)f->m->hp.n_embd, err, errlen);
+}
+
+/* The LM head over rows normed inputs in f->xb: logits (rows, n_vocab). Split
+ * by vocabulary, each rank's slice (rows, tp.n_vocab) is computed into the
+ * front of a chunk of logits and the slices gathered over it, a few rows at a
+ * time (the gather scratch holds TP_HEAD_ROWS whole rows). */
+#define TP_HEAD_ROWS 16
+static int tp_lm_head(lm_fwd *f, float *logits, int rows, char *err, size_t errlen) {
+    const lm_model *m = f->m;
+    if (m->tp.size <= 1) {
+        ops_matmul(f->pool, logits, &m->output, f->xb, rows, f->act);
+        return 0;
+    }
+    size_t E = (size_t)m->hp.n_embd, V = (size_t)m->hp.n_vocab;
+    for (int r0 = 0; r0 < rows; r0 += TP_HEAD_ROWS) {
+        int nr = rows - r0 < TP_HEAD_ROWS ? rows - r0 : TP_HEAD_ROWS;
+        float *out = logits + (size_t)r0 * V; /* (nr, V); first (nr, tp.n_vocab) the local slice */
+        ops_matmul(f->pool, out, &m->output, f->xb + (size_t)r0 * E, nr, f->act);
+        if (dist_allgather_cols(out, nr, m->tp.vocab_split, out, err, errlen)) return -1;
+    }
+    return 0;
+}
+
 /* One pass over n <= dims.n_batch tokens split into segments (one sequence
- * each, already grown to hold their positions). */
-static void forward_batch(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *segs, int n_seg, float *logits) {
+ * each, already grown to hold their positions). Fails only when a
+ * tensor-parallel collective does. */
+static int forward_batch(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *segs, int n_seg, float *logits,
+                         char *err, size_t errlen) {
     const lm_model *m = f->m;
     const lm_hparams *hp = &m->hp;
     int E = hp->n_embd, hd = hp->head_dim;
@@ -348,6 +384,7 @@ static void forward_batch(lm_fwd *f, const int32_t *tokens, int n, const lm_seg 
 
         /* x += attn · Woᵀ (hb as a temporary of n_embd per token) */
         ops_matmul(f->pool, f->hb, &l->wo, f->xb, n, f->act);
+        if (tp_sum(f, f->hb, n, err, errlen)) return -1;
         run_rows(f, l, ROWS_ATTN_OUT, n);
         PROF(f, LM_PROF_WO);
 
@@ -367,10 +404,11 @@ static void forward_batch(lm_fwd *f, const int32_t *tokens, int n, const lm_seg 
         run_rows(f, l, ROWS_ACT, n);
         PROF(f, LM_PROF_FFN_ACT);
         ops_matmul(f->pool, f->xb, &l->w_down, f->hb, n, f->act);
+        if (tp_sum(f, f->xb, n, err, errlen)) return -1;
         run_rows(f, l, ROWS_FFN_OUT, n);
         PROF(f, LM_PROF_FFN_DOWN);
     }
-    if (!logits) return;
+    if (!logits) return 0;
     /* only the rows that need logits go through the final norm and LM head */
     int rows = 0;
     for (int g = 0; g < n_seg; g++)
@@ -379,12 +417,13 @@ static void forward_batch(lm_fwd *f, const int32_t *tokens, int n, const lm_seg 
             ops_rmsnorm(f->xb + (size_t)rows * E, f->x + (size_t)t * E, m->out_norm, E, hp->norm_eps);
         }
     PROF(f, LM_PROF_NORM);
-    if (rows) ops_matmul(f->pool, logits, &m->output, f->xb, rows, f->act);
+    if (rows && tp_lm_head(f, logits, rows, err, errlen)) return -1;
     if (hp->final_softcap > 0) { /* gemma2 */
         float cap = hp->final_softcap;
         for (size_t i = 0; i < (size_t)rows * hp->n_vocab; i++) logits[i] = cap * tanhf(logits[i] / cap);
     }
     PROF(f, LM_PROF_LM_HEAD);
+    return 0;
 }
 
 int fwd_run(lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_seg, float *logits, char *err,
@@ -407,8 +446,7 @@ int fwd_run(lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_seg, flo
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
             return lm_err(err, errlen, "token id %d is out of range [0, %d)", tokens[i], hp->n_vocab);
-    forward_batch(f, tokens, n, segs, n_seg, logits);
-    return 0;
+    return forward_batch(f, tokens, n, segs, n_seg, logits, err, errlen);
 }
 
 /* ---- one sequence -------------------------------------------------------- */
@@ -507,7 +545,7 @@ int seqrun_forward(lm_seqrun *r, const int32_t *tokens, int n, float *logits, bo
         /* positions n_past .. n_past+b-1 get cache slots before the pass writes them */
         if (kv_append(r->kv, r->seq, b, err, errlen) != KV_OK) return -1;
         lm_seg seg = {.seq = r->seq, .pos0 = r->n_past, .n = b, .n_logits = !out ? 0 : all_logits ? b : 1};
-        forward_batch(f, tokens + done, b, &seg, 1, out);
+        if (forward_batch(f, tokens + done, b, &seg, 1, out, err, errlen)) return -1;
         r->n_past += b;
         done += b;
     }

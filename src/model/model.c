@@ -630,7 +630,14 @@ static int pack_weights(loader *L) {
     return 0;
 }
 
-static lm_model *from_gguf(gguf_ctx *g, const lm_load_params *p, lm_status *status, char *err, size_t errlen) {
+static int shard(loader *L, int rank, int size) {
+    if (!model_shard(L->m, rank, size, L->err, L->errlen)) return 0;
+    L->status = LM_ERR_UNSUPPORTED;
+    return -1;
+}
+
+static lm_model *from_gguf(gguf_ctx *g, const lm_load_params *p, int rank, int size, lm_status *status, char *err,
+                           size_t errlen) {
     kernels_init();
     *status = LM_ERR_NOMEM;
     lm_model *m = lm_calloc(1, sizeof *m);
@@ -641,7 +648,8 @@ static lm_model *from_gguf(gguf_ctx *g, const lm_load_params *p, lm_status *stat
     m->gguf = g;
     loader L = {.m = m, .err = err, .errlen = errlen, .status = LM_ERR_FORMAT,
                 .progress = p ? p->progress : NULL, .progress_user = p ? p->progress_user : NULL};
-    if (report(&L, 0) || read_hparams(&L) || report(&L, 0.05) || load_tensors(&L) || pack_weights(&L) ||
+    if (report(&L, 0) || read_hparams(&L) || report(&L, 0.05) || load_tensors(&L) || shard(&L, rank, size) ||
+        pack_weights(&L) ||
         report(&L, 0.95))
         goto fail;
     gguf_str s;
@@ -685,9 +693,14 @@ lm_model *model_load(const char *path, char *err, size_t errlen) {
 
 lm_model *model_load_params(const char *path, const lm_load_params *p, lm_status *status, char *err,
                             size_t errlen) {
+    return model_load_tp(path, p, 0, 1, status, err, errlen);
+}
+
+lm_model *model_load_tp(const char *path, const lm_load_params *p, int rank, int size, lm_status *status,
+                        char *err, size_t errlen) {
     gguf_ctx *g = gguf_open_status(path, status, err, errlen);
     if (!g) return NULL;
-    lm_model *m = from_gguf(g, p, status, err, errlen);
+    lm_model *m = from_gguf(g, p, rank, size, status, err, errlen);
     if (!m) {
         gguf_close(g);
         return NULL;

@@ -134,9 +134,27 @@ typedef struct {
     float rope_base, rope_scale;     /* this layer's RoPE */
 } lm_layer;
 
+/* Tensor parallelism (shard.c): which part of the model this process holds.
+ * A sharded model's hp counts (n_head, n_head_kv, n_ff) are this rank's;
+ * the whole model's are kept here. Q/K/V and gate/up keep whole rows of
+ * their stored matrices (heads, FFN rows), o and down a block-aligned range
+ * of columns (their products are partial sums, added across ranks after
+ * each), the LM head a range of vocabulary rows (gathered). size 1: the
+ * whole model, every field below describing it. */
+typedef struct {
+    int rank, size;
+    int n_head, n_head_kv, n_ff;  /* the whole model's */
+    int head0, kv_head0, ff0;     /* this rank's first query head, KV head, FFN row */
+    int kv_copies;                /* ranks holding each KV head (size / n_head_kv when size > n_head_kv) */
+    int vocab0, n_vocab;          /* this rank's LM head rows [vocab0, vocab0 + n_vocab) */
+    int vocab_split[64];          /* (size) LM head rows of each rank */
+} lm_tp;
+#define LM_TP_MAX 64
+
 typedef struct lm_model {
     gguf_ctx *gguf;          /* owns the mapping every weight points into */
-    lm_hparams hp;
+    lm_hparams hp;           /* this rank's counts when tp.size > 1 */
+    lm_tp tp;
     lm_tokenizer *tok;       /* NULL when the file carries no tokenizer */
     lm_weight tok_embd;      /* (n_vocab, n_embd) */
     const float *out_norm;   /* (n_embd) */
@@ -177,6 +195,17 @@ lm_model *model_load_params(const char *path, const lm_load_params *p, lm_status
  * the model takes g over on success, the caller keeps it on failure. */
 lm_model *model_load_gguf(gguf_ctx *g, char *err, size_t errlen);
 void model_free(lm_model *m);
+
+/* model_load_params for rank `rank` of a tensor-parallel group of `size`
+ * (1: the whole model): only this rank's slices of the sharded matrices are
+ * packed or read. Fails (LM_ERR_UNSUPPORTED) when the model does not split
+ * that way: heads, KV heads and FFN rows must divide evenly (KV heads may
+ * instead be replicated, size a multiple of them), and the o and down
+ * column ranges must fall on whole quantization blocks. */
+lm_model *model_load_tp(const char *path, const lm_load_params *p, int rank, int size, lm_status *status,
+                        char *err, size_t errlen);
+/* Slice a loaded model's weights for rank of size (shard.c; before packing). */
+int model_shard(lm_model *m, int rank, int size, char *err, size_t errlen);
 
 const char *model_arch_name(lm_arch a);
 /* KV-cache bytes per token of context for the given element size. */

@@ -1,0 +1,175 @@
+/*
+ * dist.c - the job's ranks and collectives (dist.h): MPI when built with
+ * LAMINA_MPI, a single rank otherwise.
+ *
+ * dist_allreduce_sum is an all-gather of the partial vectors into a scratch
+ * buffer (N, n) followed by a sum in rank order on every rank: twice the
+ * bytes of a reduce-scatter ring for two ranks, but bit-identical on every
+ * rank whatever algorithm MPI picks, which the replicated residual stream
+ * of tensor parallelism relies on. The scratch grows to the largest call
+ * and is kept (one allocation per size, never per token once warm).
+ */
+#include "dist/dist.h"
+
+#include <string.h>
+
+#include "base/util.h"
+
+#ifdef LAMINA_MPI
+#include <mpi.h>
+#endif
+
+static int g_rank = 0, g_size = 1;
+static bool g_init = false;
+static dist_stats g_stats;
+static float *g_scratch;       /* (g_scratch_n) floats: gathered parts */
+static size_t g_scratch_n;
+
+bool dist_available(void) {
+#ifdef LAMINA_MPI
+    return true;
+#else
+    return false;
+#endif
+}
+
+int dist_rank(void) { return g_rank; }
+int dist_size(void) { return g_size; }
+
+void dist_stats_get(dist_stats *s) { *s = g_stats; }
+void dist_stats_reset(void) { memset(&g_stats, 0, sizeof g_stats); }
+
+#ifdef LAMINA_MPI
+static int grow(size_t n, char *err, size_t errlen) {
+    if (n <= g_scratch_n) return 0;
+    float *p = lm_realloc(g_scratch, n * sizeof(float));
+    if (!p) return lm_err(err, errlen, "out of memory for %zu floats of communication scratch", n);
+    g_scratch = p;
+    g_scratch_n = n;
+    return 0;
+}
+
+static int mpi_fail(int rc, const char *what, char *err, size_t errlen) {
+    char s[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, s, &len);
+    return lm_err(err, errlen, "%s: %.*s", what, len, s);
+}
+#endif
+
+int dist_init(int *argc, char ***argv, char *err, size_t errlen) {
+    if (g_init) return 0;
+#ifdef LAMINA_MPI
+    int provided = 0, rc = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Init_thread", err, errlen);
+    if (provided < MPI_THREAD_SERIALIZED) {
+        MPI_Finalize();
+        return lm_err(err, errlen, "the MPI library gives thread level %d, lamina needs MPI_THREAD_SERIALIZED",
+                      provided);
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+#endif
+    g_init = true;
+    return 0;
+}
+
+void dist_finalize(void) {
+    if (!g_init) return;
+#ifdef LAMINA_MPI
+    MPI_Finalize();
+#endif
+    g_init = false;
+    lm_free(g_scratch);
+    g_scratch = NULL;
+    g_scratch_n = 0;
+}
+
+void dist_abort(int code) {
+#ifdef LAMINA_MPI
+    if (g_init && g_size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+#endif
+    _Exit(code);
+}
+
+int dist_allreduce_sum(float *x, size_t n, char *err, size_t errlen) {
+    if (g_size == 1 || n == 0) return 0;
+#ifdef LAMINA_MPI
+    double t0 = lm_now();
+    if (n > (size_t)0x7fffffff) return lm_err(err, errlen, "all-reduce of %zu floats is too large", n);
+    if (grow(n * (size_t)g_size, err, errlen)) return -1;
+    int rc = MPI_Allgather(x, (int)n, MPI_FLOAT, g_scratch, (int)n, MPI_FLOAT, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "all-reduce", err, errlen);
+    memcpy(x, g_scratch, n * sizeof(float));
+    for (int r = 1; r < g_size; r++) {
+        const float *p = g_scratch + (size_t)r * n;
+        for (size_t i = 0; i < n; i++) x[i] += p[i];
+    }
+    g_stats.comm_s += lm_now() - t0;
+    g_stats.bytes += n * sizeof(float);
+    g_stats.calls++;
+    return 0;
+#else
+    return lm_err(err, errlen, "built without MPI");
+#endif
+}
+
+int dist_allgather_cols(const float *part, int rows, const int *cols, float *out, char *err, size_t errlen) {
+    if (g_size == 1) {
+        if (out != part) memcpy(out, part, (size_t)rows * (size_t)cols[0] * sizeof(float));
+        return 0;
+    }
+#ifdef LAMINA_MPI
+    double t0 = lm_now();
+    size_t total = 0;
+    for (int r = 0; r < g_size; r++) total += (size_t)cols[r];
+    if ((size_t)rows * total > (size_t)0x7fffffff) return lm_err(err, errlen, "gather of %d rows is too large", rows);
+    if (grow((size_t)rows * total, err, errlen)) return -1;
+    int counts[g_size], displs[g_size];
+    for (int r = 0, d = 0; r < g_size; r++) {
+        counts[r] = rows * cols[r];
+        displs[r] = d;
+        d += counts[r];
+    }
+    int rc = MPI_Allgatherv(part, counts[g_rank], MPI_FLOAT, g_scratch, counts, displs, MPI_FLOAT, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "gather", err, errlen);
+    /* scratch: rank blocks (rows, cols[r]) one after another -> out (rows, total) */
+    for (int r = 0, c0 = 0; r < g_size; c0 += cols[r], r++)
+        for (int i = 0; i < rows; i++)
+            memcpy(out + (size_t)i * total + (size_t)c0, g_scratch + displs[r] + (size_t)i * (size_t)cols[r],
+                   (size_t)cols[r] * sizeof(float));
+    g_stats.comm_s += lm_now() - t0;
+    g_stats.bytes += (size_t)counts[g_rank] * sizeof(float);
+    g_stats.calls++;
+    return 0;
+#else
+    return lm_err(err, errlen, "built without MPI");
+#endif
+}
+
+int dist_bcast(void *buf, size_t bytes, int root, char *err, size_t errlen) {
+    if (g_size == 1 || bytes == 0) return 0;
+#ifdef LAMINA_MPI
+    double t0 = lm_now();
+    if (bytes > (size_t)0x7fffffff) return lm_err(err, errlen, "broadcast of %zu bytes is too large", bytes);
+    int rc = MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "broadcast", err, errlen);
+    g_stats.comm_s += lm_now() - t0;
+    if (g_rank == root) g_stats.bytes += bytes;
+    g_stats.calls++;
+    return 0;
+#else
+    return lm_err(err, errlen, "built without MPI");
+#endif
+}
+
+int dist_barrier(char *err, size_t errlen) {
+    if (g_size == 1) return 0;
+#ifdef LAMINA_MPI
+    int rc = MPI_Barrier(MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "barrier", err, errlen);
+    return 0;
+#else
+    return lm_err(err, errlen, "built without MPI");
+#endif
+}

@@ -1,0 +1,66 @@
+/*
+ * dist.h - parallelism and communication: the processes of one job (ranks)
+ * and the collectives the tensor-parallel forward pass and the command line
+ * need, over MPI.
+ *
+ * Built with MPI (make MPI=1: -DLAMINA_MPI and mpicc's flags) the job is
+ * MPI_COMM_WORLD as mpirun started it; built without, there is one rank and
+ * every collective is the identity (a sum over one rank, a broadcast from
+ * oneself), so callers need no #ifdef.
+ *
+ * Invariants:
+ *  - Deterministic reductions: dist_allreduce_sum gathers every rank's
+ *    partial vector and adds them in rank order 0, 1, ..., N-1 on every
+ *    rank, so the result is bit-identical on all ranks and does not depend
+ *    on timing or on the MPI library's choice of algorithm. The replicated
+ *    state of the forward pass (the residual stream) stays identical.
+ *  - Collectives are called by one thread at a time (MPI_THREAD_SERIALIZED),
+ *    by every rank in the same order.
+ *  - A failure of the runtime is fatal to the whole job (MPI's default error
+ *    handler): a rank that dies makes mpirun end every rank, never a hang.
+ *  - dist keeps counters of time spent in collectives and bytes moved, for
+ *    `lamina bench` (dist_stats_get).
+ */
+#ifndef LAMINA_DIST_H
+#define LAMINA_DIST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* True when built with MPI. */
+bool dist_available(void);
+
+/* Start the runtime (MPI_Init_thread; nothing without MPI). argc/argv may be
+ * NULL. Fails when the runtime cannot start or cannot give the thread level. */
+int dist_init(int *argc, char ***argv, char *err, size_t errlen);
+/* End the runtime; every rank calls it once, after its last collective. */
+void dist_finalize(void);
+/* End every rank of the job at once with this exit code (an error on one rank
+ * that the others cannot see). Does not return. */
+void dist_abort(int code) __attribute__((noreturn));
+
+int dist_rank(void); /* 0 before dist_init or without MPI */
+int dist_size(void); /* 1 before dist_init or without MPI */
+
+/* x (n) := the sum over ranks of each rank's x, added in rank order. */
+int dist_allreduce_sum(float *x, size_t n, char *err, size_t errlen);
+/* Every rank's part: rank r gives part (rows, cols[r]); out (rows, sum of cols)
+ * receives on every rank, row by row, rank 0's columns, then rank 1's, ...
+ * (the columns of a matrix split by column blocks). */
+int dist_allgather_cols(const float *part, int rows, const int *cols, float *out, char *err, size_t errlen);
+/* buf (bytes) from root to every rank. */
+int dist_bcast(void *buf, size_t bytes, int root, char *err, size_t errlen);
+/* Wait for every rank. */
+int dist_barrier(char *err, size_t errlen);
+
+/* Time in collectives and bytes this rank sent into them, since the last reset. */
+typedef struct {
+    double comm_s;      /* seconds inside collectives */
+    uint64_t bytes;     /* bytes this rank contributed */
+    uint64_t calls;     /* collectives */
+} dist_stats;
+void dist_stats_get(dist_stats *s);
+void dist_stats_reset(void);
+
+#endif

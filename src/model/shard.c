@@ -1,0 +1,107 @@
+/*
+ * shard.c - tensor-parallel slices of a loaded model (model.h, lm_tp).
+ *
+ * Rank r of N keeps, per layer (Megatron's split):
+ *   wq, bq        rows of query heads [head0, head0 + n_head/N)
+ *   wk, wv, bk/bv rows of KV heads [kv_head0, kv_head0 + n_kv) where n_kv is
+ *                 n_head_kv/N, or 1 when N > n_head_kv (each KV head is then
+ *                 held by N/n_head_kv ranks, the ones whose query heads use it)
+ *   wo            columns of the same query heads: its product is a partial
+ *                 sum of the attention output, added across ranks
+ *   w_gate, w_up  FFN rows [ff0, ff0 + n_ff/N)
+ *   w_down        the same columns: a partial sum again
+ *   output        LM head rows [vocab0, vocab0 + n_vocab), vocabulary split as
+ *                 evenly as whole rows allow; the embedding table, norms and
+ *                 RoPE are replicated.
+ * Row slices are whole stored rows (a pointer into the mapping); column
+ * slices keep the stored row stride and start on a whole quantization block,
+ * so any type splits as long as the column range is a multiple of its block
+ * (32 for Q4_0/Q8_0, 256 for the K-quants). Afterwards hp.n_head,
+ * hp.n_head_kv and hp.n_ff are this rank's counts, so the forward pass, the
+ * workspace and the KV pool (KV heads of this rank only) size themselves for
+ * the shard unchanged; lm_tp keeps the whole model's. Packing (model.c) runs
+ * after slicing, so only this rank's slices are copied.
+ */
+#include "model/model.h"
+
+#include <string.h>
+
+#include "format/quant.h"
+#include "base/util.h"
+
+static void rows_slice(lm_weight *w, int64_t r0, int64_t n) {
+    w->data = (const char *)w->data + (size_t)r0 * w->row_bytes;
+    w->rows = n;
+}
+
+static int cols_slice(lm_weight *w, int64_t c0, int64_t n, const char *what, char *err, size_t errlen) {
+    size_t off = quant_row_size(w->type, c0), len = quant_row_size(w->type, n);
+    if ((c0 && !off) || !len)
+        return lm_err(err, errlen, "%s of type %s cannot be split at column %lld (%lld columns per rank are not whole "
+                      "blocks of %lld)", what, quant_type_name(w->type), (long long)c0, (long long)n,
+                      (long long)quant_traits(w->type)->blck);
+    w->data = (const char *)w->data + off;
+    w->cols = n;
+    return 0;
+}
+
+int model_shard(lm_model *m, int rank, int size, char *err, size_t errlen) {
+    lm_hparams *hp = &m->hp;
+    lm_tp *tp = &m->tp;
+    memset(tp, 0, sizeof *tp);
+    tp->rank = rank;
+    tp->size = size;
+    tp->n_head = hp->n_head;
+    tp->n_head_kv = hp->n_head_kv;
+    tp->n_ff = hp->n_ff;
+    tp->kv_copies = 1;
+    tp->n_vocab = hp->n_vocab;
+    tp->vocab_split[0] = hp->n_vocab;
+    if (size == 1) return 0;
+    if (size < 1 || size > LM_TP_MAX || rank < 0 || rank >= size)
+        return lm_err(err, errlen, "tensor parallel rank %d of %d (at most %d ranks)", rank, size, LM_TP_MAX);
+    if (hp->n_head % size)
+        return lm_err(err, errlen, "%d attention heads do not split over %d ranks", hp->n_head, size);
+    int nh = hp->n_head / size, nkv;
+    if (hp->n_head_kv >= size) {
+        if (hp->n_head_kv % size)
+            return lm_err(err, errlen, "%d KV heads do not split over %d ranks", hp->n_head_kv, size);
+        nkv = hp->n_head_kv / size;
+        tp->kv_head0 = rank * nkv;
+    } else {
+        if (size % hp->n_head_kv)
+            return lm_err(err, errlen, "%d KV heads cannot be replicated evenly over %d ranks", hp->n_head_kv, size);
+        nkv = 1;
+        tp->kv_copies = size / hp->n_head_kv;
+        tp->kv_head0 = rank / tp->kv_copies;
+    }
+    if (hp->n_ff % size) return lm_err(err, errlen, "%d FFN rows do not split over %d ranks", hp->n_ff, size);
+    int nff = hp->n_ff / size, hd = hp->head_dim;
+    tp->head0 = rank * nh;
+    tp->ff0 = rank * nff;
+    for (int r = 0; r < size; r++) {
+        int64_t a = (int64_t)hp->n_vocab * r / size, b = (int64_t)hp->n_vocab * (r + 1) / size;
+        tp->vocab_split[r] = (int)(b - a);
+        if (r == rank) tp->vocab0 = (int)a;
+    }
+    tp->n_vocab = tp->vocab_split[rank];
+    for (int li = 0; li < hp->n_layer; li++) {
+        lm_layer *l = &m->layers[li];
+        int64_t q0 = (int64_t)tp->head0 * hd, k0 = (int64_t)tp->kv_head0 * hd;
+        rows_slice(&l->wq, q0, (int64_t)nh * hd);
+        rows_slice(&l->wk, k0, (int64_t)nkv * hd);
+        rows_slice(&l->wv, k0, (int64_t)nkv * hd);
+        if (l->bq) l->bq += q0;
+        if (l->bk) l->bk += k0;
+        if (l->bv) l->bv += k0;
+        if (cols_slice(&l->wo, q0, (int64_t)nh * hd, "the attention output", err, errlen)) return -1;
+        rows_slice(&l->w_gate, tp->ff0, nff);
+        rows_slice(&l->w_up, tp->ff0, nff);
+        if (cols_slice(&l->w_down, tp->ff0, nff, "the down projection", err, errlen)) return -1;
+    }
+    rows_slice(&m->output, tp->vocab0, tp->n_vocab);
+    hp->n_head = nh;
+    hp->n_head_kv = nkv;
+    hp->n_ff = nff;
+    return 0;
+}
