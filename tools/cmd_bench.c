@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "dist/dist.h"
 #include "model/forward.h"
 #include "base/pool.h"
 #include "format/quant.h"
@@ -145,6 +146,25 @@ static int fill_depth(lm_seqrun *sr, int depth, int32_t *toks, char *err, size_t
     return 0;
 }
 
+/* Tensor parallel: this rank's time in collectives against the rest, per
+ * token, and the bytes it put into them, next to the model of them: two
+ * all-reduces of n_embd floats per layer per token, and the LM head's
+ * vocabulary slice of each row that wants logits (one row per pass). One
+ * line per rank on stderr (only rank 0 writes to stdout). */
+static void tp_report(const lm_model *m, const char *name, double tokens, double total) {
+    dist_stats ds;
+    dist_stats_get(&ds);
+    double comm = ds.comm_s / tokens, all = total / tokens;
+    double model_bytes = 2.0 * m->hp.n_layer * m->hp.n_embd * sizeof(float);
+    fprintf(stderr,
+            "bench: rank %d/%d %s: %.3f ms/token, communication %.3f ms (%.1f%%), compute %.3f ms; "
+            "%.0f bytes/token into %.1f collectives/token (model: 2 x %d layers x %d floats = %.0f bytes + LM head "
+            "%d floats per logits row)\n",
+            cli_tp_rank, cli_tp_size, name, 1e3 * all, 1e3 * comm, 100 * comm / all, 1e3 * (all - comm),
+            (double)ds.bytes / tokens, (double)ds.calls / tokens, m->hp.n_layer, m->hp.n_embd, model_bytes,
+            m->tp.n_vocab);
+}
+
 int cmd_bench(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "serve")) return cmd_bench_serve(argc - 1, argv + 1);
     args a = {argc, argv, 0, "bench", usage_bench};
@@ -233,6 +253,7 @@ int cmd_bench(int argc, char **argv) {
                 if (seqrun_forward(sr, toks + i, 1, logits, false, err, sizeof err)) fail("bench", err);
         }
         memset(fwd->prof, 0, sizeof fwd->prof);
+        dist_stats_reset();
         double total = 0;
         /* progress on a terminal: per repetition for pp, per token for tg;
          * the time taken to draw it is outside the timed span */
@@ -280,6 +301,7 @@ int cmd_bench(int argc, char **argv) {
             if (floor_ts > 0) printf(" %.2f | %.0f%% |\n", floor_ts, 100 * mean / floor_ts);
             else printf(" | |\n");
         }
+        if (cli_tp_size > 1) tp_report(m, name, (double)n * reps, total);
         if (profile && !json) {
             double acc = 0;
             printf("\n  profile of %s (%% of %.3f s over %lld reps):\n", name, total, reps);

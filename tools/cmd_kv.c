@@ -14,7 +14,8 @@
  * the same budget. The figures come from kv_plan_make, which sizes the pool
  * exactly as kv_pool_new allocates it; the formula is evaluated here
  * independently and the two must agree. --alloc builds the pool and checks
- * its allocation too.
+ * its allocation too. With --tp N the model is rank 0's shard of N, and
+ * every figure is one rank's (its KV heads; replicated ones said so).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -107,6 +108,16 @@ int cmd_kv(int argc, char **argv) {
 
     printf("model:           %s (%d layers, %d query / %d KV heads, head dim %d, trained context %d)\n", m->name,
            hp->n_layer, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_ctx_train);
+    if (m->tp.size > 1) {
+        const lm_tp *tp = &m->tp;
+        if (tp->kv_copies > 1)
+            printf("tensor parallel: %d ranks; the model has %d KV heads, fewer than the ranks, so each KV head is "
+                   "replicated on %d ranks (every rank holds 1; the figures below are per rank)\n",
+                   tp->size, tp->n_head_kv, tp->kv_copies);
+        else
+            printf("tensor parallel: %d ranks, each holding %d of the %d KV heads (%d query heads); the figures below "
+                   "are per rank\n", tp->size, hp->n_head_kv, tp->n_head_kv, hp->n_head);
+    }
     printf("KV type:         %s (%s bytes per element)\n", quant_type_name((uint32_t)type), elem);
     int64_t fit;
     if (!swa) {
