@@ -16,6 +16,9 @@
 
 #include "cli.h"
 #include "model/forward.h"
+#include "model/tp_plan.h"
+#include "dist/dist.h"
+#include "base/pool.h"
 #include "sched/engine.h"
 #include "format/quant.h"
 #include "serve/server.h"
@@ -91,6 +94,23 @@ static void chat_option(const char *v, lm_server_config *sc, char **file_text) {
     sc->chat_template_text = *file_text;
 }
 
+/* Tensor parallel, ranks other than 0: no server; run the passes rank 0's
+ * engine plans, on this rank's shard, until it stops. An error here ends the
+ * whole job (rank 0 would wait for this rank forever). */
+static int follow(const char *model, int threads) {
+    lm_model *m = load_or_die("serve", model);
+    lm_pool *pool = pool_new(threads > 0 ? threads : pool_default_threads());
+    if (!pool) fail("serve", "cannot start threads");
+    char err[LM_ERRLEN];
+    if (tp_plan_follow(m, pool, err, sizeof err)) {
+        fprintf(stderr, "lamina serve: rank %d: %s\n", cli_tp_rank, err);
+        dist_abort(1);
+    }
+    pool_free(pool);
+    model_free(m);
+    return 0;
+}
+
 int cmd_serve(int argc, char **argv) {
     args a = {argc, argv, 0, "serve", usage_serve};
     const char *model = NULL, *tmpl = NULL;
@@ -150,6 +170,7 @@ int cmd_serve(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
 
     char err[LM_ERRLEN];
+    if (cli_tp_size > 1 && cli_tp_rank != 0) return follow(model, ec.n_threads);
     lm_server *srv = server_new(NULL, &sc, err, sizeof err);
     if (!srv) fail("serve", err);
     bool v6 = strchr(sc.host, ':') != NULL;
@@ -160,6 +181,7 @@ int cmd_serve(int argc, char **argv) {
     lm_model *m = load_or_die("serve", model);
     if (!m->tok) fail("serve", "the model file has no tokenizer");
     ctx_check("serve", "-c", ec.n_ctx, m->hp.n_ctx_train, ctx_extend);
+    m->tp.lead = cli_tp_size > 1; /* rank 0: each pass's plan goes to the other ranks first */
     lm_engine *eng = engine_new(m, m->tok, &ec, err, sizeof err);
     if (!eng) fail("serve", err);
     if (server_set_engine(srv, eng, err, sizeof err)) fail("serve", err);
@@ -171,6 +193,7 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "lamina serve: %s, stopping\n", sig == SIGINT ? "interrupted" : "terminated");
     server_free(srv);
     engine_free(eng);
+    if (cli_tp_size > 1 && tp_plan_stop(err, sizeof err)) fail("serve", err);
     model_free(m);
     free(tmpl_text);
     return 0;

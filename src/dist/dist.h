@@ -51,6 +51,9 @@ int dist_allreduce_sum(float *x, size_t n, char *err, size_t errlen);
 int dist_allgather_cols(const float *part, int rows, const int *cols, float *out, char *err, size_t errlen);
 /* buf (bytes) from root to every rank. */
 int dist_bcast(void *buf, size_t bytes, int root, char *err, size_t errlen);
+/* dist_bcast for a rank that may wait long (a follower between requests):
+ * polls the broadcast with short sleeps instead of spinning a core. */
+int dist_bcast_idle(void *buf, size_t bytes, int root, char *err, size_t errlen);
 /* Wait for every rank. */
 int dist_barrier(char *err, size_t errlen);
 

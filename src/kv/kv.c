@@ -80,6 +80,7 @@ struct kv_seq {
     int n_dropped;                /* leading local entries released out of the window (-1) */
     uint64_t salt;                /* salt keys were computed with */
     kv_seq *sprev, *snext;        /* pool's list of live sequences */
+    bool mirror;                  /* tables set by kv_seq_mirror: holds no references */
 };
 
 struct kv_pool {
@@ -93,6 +94,8 @@ struct kv_pool {
     kv_seq *seqs;                 /* live sequences */
     int64_t n_seqs;
     uint64_t prefix_queries, prefix_hit_blocks;
+    kv_copy *copies;              /* (KV_COPY_LOG) block copies since kv_copies_take, when logged */
+    int n_copies;                 /* entries; -1 after an overflow */
 };
 
 void kv_config_init(kv_config *c, int n_layer, int n_head_kv, int head_dim) {
@@ -422,6 +425,7 @@ void kv_pool_free(kv_pool *p) {
         lm_free(p->cls[k].bucket);
     }
     lm_free(p->layer_class);
+    lm_free(p->copies);
     lm_free(p);
 }
 
@@ -532,7 +536,7 @@ kv_seq *kv_seq_new(kv_pool *p, char *err, size_t errlen) {
 
 void kv_seq_free(kv_pool *p, kv_seq *s) {
     if (!s) return;
-    for (int c = 0; c < p->n_class; c++)
+    for (int c = 0; c < p->n_class && !s->mirror; c++)
         for (int i = s->n_blocks - 1; i >= 0; i--)
             if (s->table[c][i] >= 0) release_block(&p->cls[c], s->table[c][i]);
     if (s->sprev) s->sprev->snext = s->snext;
@@ -622,6 +626,9 @@ static void cow_last(kv_pool *p, kv_seq *s, int c) {
     s->table[c][s->n_blocks - 1] = b;
     release_block(k, old);
     k->n_cow++;
+    if (p->copies && p->n_copies >= 0)
+        p->copies[p->n_copies < KV_COPY_LOG ? p->n_copies++ : (p->n_copies = -1, 0)] =
+            (kv_copy){.cls = c, .src = old, .dst = b};
 }
 
 int kv_append(kv_pool *p, kv_seq *s, int n, char *err, size_t errlen) {
@@ -705,7 +712,7 @@ void kv_store_rows(kv_pool *p, const kv_seq *s, int layer, int pos0, int n, cons
     for (int t = 0; t < n; t++) {
         int pos = pos0 + t;
         int32_t b = s->table[c][pos / B];
-        assert(b >= 0 && kc->blk[b].ref == 1 && !kc->blk[b].has_key);
+        assert(b >= 0 && (s->mirror || (kc->blk[b].ref == 1 && !kc->blk[b].has_key))); /* a mirror's blocks are the leader's */
         uint8_t *base = kc->data + (size_t)b * l->block_bytes + (size_t)(pos % B) * l->row_bytes;
         for (int which = 0; which < 2; which++) {
             const float *src = which ? v + (size_t)t * v_stride : k + (size_t)t * k_stride;
@@ -884,3 +891,54 @@ int kv_pool_check(const kv_pool *p, char *err, size_t errlen) {
     }
     return rc;
 }
+
+/* ---- tensor-parallel followers ------------------------------------------- */
+
+const kv_config *kv_pool_config(const kv_pool *p) { return &p->cfg; }
+
+int kv_copies_log(kv_pool *p, char *err, size_t errlen) {
+    if (p->copies) return 0;
+    if (!(p->copies = lm_malloc(KV_COPY_LOG * sizeof *p->copies)))
+        return lm_err(err, errlen, "out of memory for the KV copy log");
+    p->n_copies = 0;
+    return 0;
+}
+
+int kv_copies_take(kv_pool *p, kv_copy *out) {
+    int n = p->copies ? p->n_copies : 0;
+    if (n > 0) memcpy(out, p->copies, (size_t)n * sizeof *out);
+    if (p->copies) p->n_copies = 0;
+    return n;
+}
+
+int kv_block_copy(kv_pool *p, const kv_copy *c) {
+    if (c->cls < 0 || c->cls >= p->n_class) return -1;
+    kv_class *k = &p->cls[c->cls];
+    if (c->src < 0 || c->dst < 0 || c->src >= k->n_blocks || c->dst >= k->n_blocks) return -1;
+    memcpy(k->data + (size_t)c->dst * k->lay.block_bytes, k->data + (size_t)c->src * k->lay.block_bytes,
+           (size_t)k->lay.block_bytes);
+    return 0;
+}
+
+int kv_seq_mirror(kv_pool *p, kv_seq *s, const int32_t *const tables[KV_N_CLASS], int n_blocks, int len,
+                  int n_dropped, char *err, size_t errlen) {
+    int B = p->block_size;
+    if (n_blocks < 0 || len < 0 || n_blocks != (len + B - 1) / B || n_dropped < 0 || n_dropped > n_blocks)
+        return lm_err(err, errlen, "a mirrored sequence of %d blocks for %d positions", n_blocks, len);
+    if (seq_reserve(p, s, n_blocks)) return lm_err(err, errlen, "out of memory mirroring %d blocks", n_blocks);
+    for (int c = 0; c < p->n_class; c++)
+        for (int i = 0; i < n_blocks; i++) {
+            int32_t b = tables[c][i];
+            if (b < -1 || b >= p->cls[c].n_blocks || (b < 0 && !(c == KV_LOCAL && i < n_dropped)))
+                return lm_err(err, errlen, "block %d of a mirrored table is out of range", (int)b);
+            s->table[c][i] = b;
+        }
+    s->mirror = true;
+    s->n_blocks = n_blocks;
+    s->len = len;
+    s->n_dropped = n_dropped;
+    s->n_keyed = 0;
+    return 0;
+}
+
+int kv_seq_dropped(const kv_seq *s) { return s->n_dropped; }

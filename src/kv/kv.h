@@ -308,4 +308,29 @@ int kv_class_refcount(const kv_pool *p, int cls, int32_t block);
  * and a message naming the first broken one. */
 int kv_pool_check(const kv_pool *p, char *err, size_t errlen);
 
+/* ---- tensor-parallel followers (model/tp_plan.c) --------------------------
+ * A follower rank keeps a pool of the same plan as the leader's and copies of
+ * its block tables: the leader logs the blocks it copies (copy-on-write),
+ * and each pass the follower repeats those copies and sets the tables of
+ * its mirror sequences, which hold no references (kv_seq_free of one
+ * releases nothing). */
+typedef struct {
+    int32_t cls, src, dst;
+} kv_copy;
+#define KV_COPY_LOG 4096
+const kv_config *kv_pool_config(const kv_pool *p); /* layer_local cleared */
+/* Log every block copy from now on (leader). */
+int kv_copies_log(kv_pool *p, char *err, size_t errlen);
+/* The copies logged since the last call into out (KV_COPY_LOG entries), in
+ * order; -1 when more happened than the log holds. */
+int kv_copies_take(kv_pool *p, kv_copy *out);
+/* Repeat one copy (follower); -1 for a block out of range. */
+int kv_block_copy(kv_pool *p, const kv_copy *c);
+/* Make s a mirror: its tables (one per class, n_blocks entries each, -1 only
+ * on a local table's first n_dropped entries), length and dropped count
+ * as given (every block checked against the pool). */
+int kv_seq_mirror(kv_pool *p, kv_seq *s, const int32_t *const tables[KV_N_CLASS], int n_blocks, int len,
+                  int n_dropped, char *err, size_t errlen);
+int kv_seq_dropped(const kv_seq *s);
+
 #endif

@@ -32,6 +32,8 @@
  * products are partial sums, added across ranks (tp_sum, in rank order, the
  * same on every rank) before the residual add, and the LM head's vocabulary
  * slices are gathered into whole logits rows on every rank (tp_lm_head).
+ * A serving leader (tp.lead) first sends each fwd_run's plan to the
+ * followers (tp_plan.c), which run the same pass.
  */
 #include "model/forward.h"
 
@@ -41,6 +43,7 @@
 
 #include "model/moe.h"
 #include "model/ops.h"
+#include "model/tp_plan.h"
 #include "dist/dist.h"
 #include "format/quant.h"
 #include "base/util.h"
@@ -446,6 +449,7 @@ int fwd_run(lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_seg, flo
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
             return lm_err(err, errlen, "token id %d is out of range [0, %d)", tokens[i], hp->n_vocab);
+    if (f->m->tp.lead && tp_plan_send(f, tokens, segs, n_seg, logits != NULL, err, errlen)) return -1;
     return forward_batch(f, tokens, n, segs, n_seg, logits, err, errlen);
 }
 

@@ -148,6 +148,7 @@ typedef struct {
     int kv_copies;                /* ranks holding each KV head (size / n_head_kv when size > n_head_kv) */
     int vocab0, n_vocab;          /* this rank's LM head rows [vocab0, vocab0 + n_vocab) */
     int vocab_split[64];          /* (size) LM head rows of each rank */
+    bool lead;                    /* rank 0 serving: fwd_run broadcasts each plan first (tp_plan.h) */
 } lm_tp;
 #define LM_TP_MAX 64
 

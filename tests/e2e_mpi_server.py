@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""`lamina serve` under tensor parallelism: mpirun --oversubscribe -np 2
+$BUILD/mpi/lamina serve ... --tp 2 on the bundled model, against a
+single-process `lamina serve` of the default build, through the official
+`openai` Python client (the venv e2e_server.py installs from PyPI under
+$LAMINA_CACHE; when it cannot be installed these checks count as skipped).
+
+  - a greedy completion of 48 tokens: the same text as the single process
+    (the bundled model's greedy tokens agree under TP, see e2e_mpi.sh);
+  - n=2 with a seed (forks share the prompt's KV blocks; the follower rank
+    repeats the leader's copy-on-write copies): both choices complete with
+    their full length;
+  - a chat-less streamed completion arrives in pieces and ends with a
+    finish_reason;
+  - four concurrent requests (one batch of several sequences, their block
+    tables broadcast each iteration): all answered, greedy ones identical to
+    the single process;
+  - SIGTERM to mpirun: the whole job ends (rank 0 tells the follower to
+    stop), within the timeout.
+Skipped, saying why, when the MPI binary or mpirun is absent.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from e2e_server import openai_python  # noqa: E402 (the venv with the openai client)
+
+LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
+LAMINA_MPI = os.path.join(os.path.dirname(LAMINA), "mpi", "lamina")
+MODEL = "models/stories260K.gguf"
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1",
+           ASAN_OPTIONS=(os.environ.get("ASAN_OPTIONS", "") + ":detect_leaks=0").lstrip(":"))
+N_CHECKS = 6
+passed = failed = skipped = 0
+
+
+def result(name, ok, detail=""):
+    global passed, failed
+    if ok:
+        passed += 1
+        print("PASS", name)
+    else:
+        failed += 1
+        print("FAIL", name)
+        if detail:
+            print("  " + str(detail)[:2000])
+    sys.stdout.flush()
+
+
+def start(cmd, log):
+    f = open(log, "w")
+    p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
+    deadline = time.time() + 120
+    port = None
+    while time.time() < deadline and p.poll() is None:
+        text = open(log).read()
+        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", text)
+        if m:
+            port = int(m.group(1))
+        if port and "ready in" in text:
+            return p, port
+        time.sleep(0.2)
+    return p, None
+
+
+CLIENT = r'''
+import json, sys, threading
+import openai
+cfg = json.loads(sys.argv[1])
+out = {}
+for name, port in (("tp", cfg["tp"]), ("one", cfg["one"])):
+    c = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % port, api_key="unused", max_retries=0, timeout=120)
+    r = c.completions.create(model=cfg["model"], prompt="Once upon a time", max_tokens=48, temperature=0)
+    out[name + "_greedy"] = r.choices[0].text
+    r = c.completions.create(model=cfg["model"], prompt="Once upon a time", max_tokens=24, temperature=0.9,
+                             seed=5, n=2)
+    out[name + "_n2"] = [[ch.text, ch.finish_reason] for ch in r.choices] + [r.usage.completion_tokens]
+    parts = []
+    fin = None
+    for ev in c.completions.create(model=cfg["model"], prompt="The little dog", max_tokens=20, temperature=0,
+                                   stream=True):
+        if ev.choices:
+            parts.append(ev.choices[0].text)
+            fin = ev.choices[0].finish_reason or fin
+    out[name + "_stream"] = [len(parts), "".join(parts), fin]
+    res = [None] * 4
+    def one(i):
+        r = c.completions.create(model=cfg["model"], prompt=["Once upon a time", "The cat", "Tim and Sue",
+                                 "One day"][i], max_tokens=32, temperature=0)
+        res[i] = r.choices[0].text
+    th = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    [t.start() for t in th]
+    [t.join() for t in th]
+    out[name + "_concurrent"] = res
+print(json.dumps(out))
+'''
+
+
+def main():
+    global skipped
+    if not os.access(LAMINA_MPI, os.X_OK) or not shutil.which("mpirun"):
+        skipped += N_CHECKS
+        print("SKIP mpi serve: no %s or no mpirun (make mpi; scripts/deps.sh installs Open MPI)" % LAMINA_MPI)
+        print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))
+        return 0
+    py, why = openai_python()
+    if not py:
+        skipped += N_CHECKS
+        print("SKIP mpi serve: %s" % why)
+        print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))
+        return 0
+    tmp = os.environ.get("TMPDIR", "/tmp")
+    log_tp, log_one = os.path.join(tmp, "lamina_mpi_tp.%d.log" % os.getpid()), os.path.join(
+        tmp, "lamina_mpi_one.%d.log" % os.getpid())
+    tp, tp_port = start(["mpirun", "--oversubscribe", "-np", "2", LAMINA_MPI, "serve", "-m", MODEL, "--port", "0",
+                         "-t", "1", "--tp", "2"], log_tp)
+    one, one_port = start([LAMINA, "serve", "-m", MODEL, "--port", "0", "-t", "1"], log_one)
+    try:
+        if not tp_port or not one_port:
+            result("servers start", False, open(log_tp).read()[-1500:] + open(log_one).read()[-500:])
+            return 1
+        r = subprocess.run([py, "-c", CLIENT, json.dumps({"tp": tp_port, "one": one_port,
+                                                          "model": "stories260K.gguf"})],
+                           capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            result("openai client under --tp 2", False, r.stderr[-1500:] + open(log_tp).read()[-1500:])
+            return 1
+        o = json.loads(r.stdout)
+        result("greedy completion equals the single process", o["tp_greedy"] == o["one_greedy"] and
+               len(o["tp_greedy"]) > 20, (o["tp_greedy"], o["one_greedy"]))
+        result("n=2 with a seed: both choices at full length", len(o["tp_n2"]) == 3 and o["tp_n2"][2] == 48 and
+               all(ch[1] == "length" and ch[0] for ch in o["tp_n2"][:2]), o["tp_n2"])
+        result("n=2: the same choices as the single process", o["tp_n2"] == o["one_n2"], (o["tp_n2"], o["one_n2"]))
+        result("stream arrives in pieces and ends", o["tp_stream"][0] >= 10 and o["tp_stream"][2] == "length" and
+               o["tp_stream"][1] == o["one_stream"][1], (o["tp_stream"], o["one_stream"]))
+        result("four concurrent requests equal the single process", o["tp_concurrent"] == o["one_concurrent"] and
+               all(o["tp_concurrent"]), (o["tp_concurrent"], o["one_concurrent"]))
+    finally:
+        t0 = time.time()
+        for p in (tp, one):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        try:
+            tp.wait(timeout=60)
+            result("SIGTERM ends the whole --tp job", True)
+            print("NOTE the --tp job ended %.1f s after SIGTERM (exit %d)" % (time.time() - t0, tp.returncode))
+        except subprocess.TimeoutExpired:
+            os.killpg(tp.pid, signal.SIGKILL)
+            result("SIGTERM ends the whole --tp job", False, "still running after 60 s")
+        try:
+            one.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(one.pid, signal.SIGKILL)
+        for f in (log_tp, log_one):
+            try:
+                os.unlink(f)
+            except OSError:
+                pass
+    print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
