@@ -165,6 +165,30 @@ static void tp_report(const lm_model *m, const char *name, double tokens, double
             m->tp.n_vocab);
 }
 
+/* Tensor parallel: the all-reduce alone, ranks in step (a barrier, then 200
+ * back to back), per call for one token's n_embd floats and for a 64-token
+ * batch: the transfer cost without the wait for a slower rank that the
+ * per-test communication time includes. */
+static void tp_allreduce_cost(const lm_model *m) {
+    size_t E = (size_t)m->hp.n_embd;
+    float *buf = calloc(64 * E, sizeof(float));
+    char err[LM_ERRLEN];
+    if (!buf) fail("bench", "out of memory");
+    for (int rows = 1; rows <= 64; rows *= 64) {
+        if (dist_barrier(err, sizeof err)) fail("bench", err);
+        double t0 = lm_now();
+        for (int i = 0; i < 200; i++)
+            if (dist_allreduce_sum(buf, (size_t)rows * E, err, sizeof err)) fail("bench", err);
+        double us = 1e6 * (lm_now() - t0) / 200;
+        fprintf(stderr,
+                "bench: rank %d/%d all-reduce of %d x %zu floats (%zu bytes), ranks in step: %.1f us per call; "
+                "model per token: 2 x %d layers x that = %.3f ms\n",
+                cli_tp_rank, cli_tp_size, rows, E, (size_t)rows * E * sizeof(float), us, m->hp.n_layer,
+                2e-3 * m->hp.n_layer * us / rows);
+    }
+    free(buf);
+}
+
 int cmd_bench(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "serve")) return cmd_bench_serve(argc - 1, argv + 1);
     args a = {argc, argv, 0, "bench", usage_bench};
@@ -316,6 +340,7 @@ int cmd_bench(int argc, char **argv) {
         n_tests++;
     }
     if (json) printf("]}\n");
+    if (cli_tp_size > 1) tp_allreduce_cost(m);
     free(toks);
     free(logits);
     free(v);
