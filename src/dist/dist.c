@@ -11,6 +11,7 @@
  */
 #include "dist/dist.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
