@@ -1,0 +1,172 @@
+/*
+ * test_tp.c - tensor-parallel shards (model/shard.c) and the one-rank
+ * collectives (dist/dist.c), in one process without MPI.
+ *
+ * The bundled model is loaded whole and as each rank's shard of 2 and of 4
+ * (KV-head replication is checked on Gemma 3 in e2e_mpi.sh): the shard's counts and
+ * slices are checked against the whole model's, and the Megatron split is
+ * checked numerically: for every layer, the row-split products (q, k, v,
+ * gate, up, LM head) of the shards, put side by side, equal the whole
+ * products; the column-split ones (o, down), summed over ranks in rank
+ * order, equal the whole product within 1e-5 relative L2 (float sums split
+ * differently). Refusals name what does not split.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "test.h"
+#include "dist/dist.h"
+#include "model/model.h"
+#include "model/ops.h"
+#include "kernels/kernels.h"
+#include "base/util.h"
+
+#define MODEL "models/stories260K.gguf"
+
+static lm_model *load(int rank, int size) {
+    char err[LM_ERRLEN];
+    lm_status st;
+    lm_model *m = model_load_tp(MODEL, NULL, rank, size, &st, err, sizeof err);
+    if (!m) fprintf(stderr, "  load %d/%d: %s\n", rank, size, err);
+    return m;
+}
+
+static void rand_fill(float *x, size_t n, unsigned seed) {
+    lm_rng r;
+    lm_rng_seed(&r, seed);
+    for (size_t i = 0; i < n; i++) x[i] = (float)((double)(lm_rng_u64(&r) >> 11) / 9007199254740992.0 * 2 - 1);
+}
+
+static double rel_l2(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void test_shard_counts(void) {
+    lm_model *w = load(0, 1), *s = load(1, 2);
+    CHECK(w && s);
+    CHECK(w->tp.size == 1 && w->tp.n_vocab == w->hp.n_vocab);
+    CHECK(s->tp.size == 2 && s->tp.rank == 1);
+    CHECK(s->hp.n_head * 2 == w->hp.n_head && s->hp.n_head_kv * 2 == w->hp.n_head_kv && s->hp.n_ff * 2 == w->hp.n_ff);
+    CHECK(s->tp.n_head == w->hp.n_head && s->tp.kv_copies == 1 && s->tp.head0 == s->hp.n_head);
+    CHECK(s->tp.vocab_split[0] + s->tp.vocab_split[1] == w->hp.n_vocab && s->tp.vocab0 == s->tp.vocab_split[0]);
+    const lm_layer *lw = &w->layers[0], *ls = &s->layers[0];
+    int hd = w->hp.head_dim;
+    CHECK(ls->wq.rows == (int64_t)s->hp.n_head * hd && ls->wq.cols == w->hp.n_embd);
+    /* (two loads, two mappings: compare the bytes) */
+    CHECK(!memcmp(ls->wq.data, (const char *)lw->wq.data + (size_t)s->tp.head0 * hd * lw->wq.row_bytes,
+                  (size_t)ls->wq.rows * ls->wq.row_bytes));
+    CHECK(ls->wo.rows == w->hp.n_embd && ls->wo.cols == (int64_t)s->hp.n_head * hd && ls->wo.row_bytes == lw->wo.row_bytes);
+    CHECK(ls->w_down.cols == s->hp.n_ff && ls->w_gate.rows == s->hp.n_ff);
+    CHECK(s->output.rows == s->tp.n_vocab);
+    CHECK(s->tok_embd.rows == w->hp.n_vocab); /* the embedding is replicated */
+    CHECK(model_kv_bytes_per_token(s, 2) * 2 == model_kv_bytes_per_token(w, 2));
+    model_free(w);
+    model_free(s);
+}
+
+static void test_shard_refusals(void) {
+    char err[LM_ERRLEN];
+    lm_status st;
+    lm_model *m = model_load_tp(MODEL, NULL, 0, 3, &st, err, sizeof err);
+    CHECK(!m && st == LM_ERR_UNSUPPORTED && strstr(err, "8 attention heads do not split over 3 ranks"));
+    m = model_load_tp(MODEL, NULL, 0, 16, &st, err, sizeof err);
+    CHECK(!m && st == LM_ERR_UNSUPPORTED && strstr(err, "do not split over 16"));
+    /* 8 ranks would replicate its 4 KV heads (Gemma 3 in e2e_mpi.sh), but its 172 FFN rows do not split */
+    m = model_load_tp(MODEL, NULL, 0, 8, &st, err, sizeof err);
+    CHECK(!m && strstr(err, "172 FFN rows do not split over 8 ranks"));
+    m = model_load_tp(MODEL, NULL, 2, 2, &st, err, sizeof err);
+    CHECK(!m && strstr(err, "rank 2 of 2"));
+}
+
+/* The Megatron split, numerically, for every layer and N = 2 and 4. */
+static void check_split(int N) {
+    lm_model *w = load(0, 1), *s[8] = {0};
+    CHECK(w);
+    for (int r = 0; r < N; r++) CHECK((s[r] = load(r, N)));
+    const lm_hparams *hp = &w->hp;
+    size_t E = (size_t)hp->n_embd, qd = (size_t)hp->n_head * hp->head_dim, ff = (size_t)hp->n_ff;
+    size_t big = E > qd ? E : qd;
+    big = big > ff ? big : ff;
+    big = big > (size_t)hp->n_vocab ? big : (size_t)hp->n_vocab;
+    float *x = malloc(big * sizeof(float)), *y = malloc(big * sizeof(float)), *acc = malloc(big * sizeof(float));
+    float *part = malloc(big * sizeof(float));
+    void *scratch = malloc(1 << 20);
+    CHECK(x && y && acc && part && scratch);
+    for (int li = 0; li < hp->n_layer; li++) {
+        /* column split: o over the attention output, down over the FFN rows */
+        for (int which = 0; which < 2; which++) {
+            const lm_weight *full = which ? &w->layers[li].w_down : &w->layers[li].wo;
+            rand_fill(x, (size_t)full->cols, 17u + (unsigned)li);
+            ops_matmul(NULL, y, full, x, 1, scratch);
+            memset(acc, 0, E * sizeof(float));
+            int64_t c0 = 0;
+            for (int r = 0; r < N; r++) {
+                const lm_weight *sw = which ? &s[r]->layers[li].w_down : &s[r]->layers[li].wo;
+                ops_matmul(NULL, part, sw, x + c0, 1, scratch);
+                for (size_t i = 0; i < E; i++) acc[i] += part[i];
+                c0 += sw->cols;
+            }
+            CHECK(c0 == full->cols);
+            double e = rel_l2(acc, y, E);
+            CHECKF(e < 1e-5, "layer %d %s: rel L2 %g", li, which ? "down" : "o", e);
+        }
+        /* row split: q and gate, side by side */
+        for (int which = 0; which < 2; which++) {
+            const lm_weight *full = which ? &w->layers[li].w_gate : &w->layers[li].wq;
+            rand_fill(x, E, 29u + (unsigned)li);
+            ops_matmul(NULL, y, full, x, 1, scratch);
+            int64_t r0 = 0;
+            for (int r = 0; r < N; r++) {
+                const lm_weight *sw = which ? &s[r]->layers[li].w_gate : &s[r]->layers[li].wq;
+                ops_matmul(NULL, part, sw, x, 1, scratch);
+                CHECKF(!memcmp(part, y + r0, (size_t)sw->rows * sizeof(float)), "layer %d rank %d rows differ", li, r);
+                r0 += sw->rows;
+            }
+            CHECK(r0 == full->rows);
+        }
+    }
+    /* the LM head's vocabulary slices, gathered, are the whole row */
+    rand_fill(x, E, 5);
+    ops_matmul(NULL, y, &w->output, x, 1, scratch);
+    for (int r = 0; r < N; r++) {
+        ops_matmul(NULL, part, &s[r]->output, x, 1, scratch);
+        CHECK(!memcmp(part, y + s[r]->tp.vocab0, (size_t)s[r]->tp.n_vocab * sizeof(float)));
+    }
+    free(x);
+    free(y);
+    free(acc);
+    free(part);
+    free(scratch);
+    for (int r = 0; r < N; r++) model_free(s[r]);
+    model_free(w);
+}
+
+static void test_split_2(void) { check_split(2); }
+static void test_split_4(void) { check_split(4); }
+
+/* One rank (no MPI, or before dist_init): every collective is the identity. */
+static void test_dist_one_rank(void) {
+    char err[LM_ERRLEN];
+    CHECK(dist_rank() == 0 && dist_size() == 1);
+    float x[4] = {1, 2, 3, 4}, out[4] = {0};
+    CHECK(dist_allreduce_sum(x, 4, err, sizeof err) == 0 && x[0] == 1 && x[3] == 4);
+    int cols[1] = {2};
+    CHECK(dist_allgather_cols(x, 2, cols, out, err, sizeof err) == 0 && !memcmp(out, x, sizeof x));
+    CHECK(dist_bcast(x, sizeof x, 0, err, sizeof err) == 0 && x[2] == 3);
+    CHECK(dist_barrier(err, sizeof err) == 0);
+}
+
+int main(void) {
+    kernels_init();
+    TEST_RUN(test_shard_counts);
+    TEST_RUN(test_shard_refusals);
+    TEST_RUN(test_split_2);
+    TEST_RUN(test_split_4);
+    TEST_RUN(test_dist_one_rank);
+    return TEST_DONE();
+}
