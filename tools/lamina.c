@@ -698,7 +698,9 @@ static void usage_main(FILE *f) {
             "  route       router in front of serve replicas (admission, prefix affinity, faults)\n"
             "  trace       where concurrency was lost, from a `lamina route --trace` file (and an SVG)\n\n"
             "Long work (loading a large model, quantize, perplexity, mkmodel, bench) draws a progress line\n"
-            "when stderr is a terminal; --progress, accepted by every command, draws it on a pipe too.\n");
+            "when stderr is a terminal; --progress, accepted by every command, draws it on a pipe too.\n"
+            "run, bench, perplexity and serve take --tp N: tensor parallelism over N ranks of the MPI\n"
+            "build (make MPI=1; mpirun -np N build/mpi/lamina CMD ... --tp N); kv --tp N sizes one rank's cache.\n");
 }
 
 /* Commands that write a file remove their temporary file when interrupted,
