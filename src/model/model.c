@@ -681,7 +681,7 @@ fail:
 
 lm_model *model_load_gguf(gguf_ctx *g, char *err, size_t errlen) {
     lm_status st;
-    lm_model *m = from_gguf(g, NULL, &st, err, errlen);
+    lm_model *m = from_gguf(g, NULL, 0, 1, &st, err, errlen);
     if (m && !m->name[0]) snprintf(m->name, sizeof m->name, "model");
     return m;
 }

@@ -58,6 +58,9 @@ int model_shard(lm_model *m, int rank, int size, char *err, size_t errlen) {
     tp->n_vocab = hp->n_vocab;
     tp->vocab_split[0] = hp->n_vocab;
     if (size == 1) return 0;
+    if (hp->arch != LM_ARCH_LLAMA && hp->arch != LM_ARCH_QWEN2 && hp->arch != LM_ARCH_GEMMA3)
+        return lm_err(err, errlen, "tensor parallelism splits llama, qwen2 and gemma3 models, not %s",
+                      model_arch_name(hp->arch));
     if (size < 1 || size > LM_TP_MAX || rank < 0 || rank >= size)
         return lm_err(err, errlen, "tensor parallel rank %d of %d (at most %d ranks)", rank, size, LM_TP_MAX);
     if (hp->n_head % size)
