@@ -219,7 +219,13 @@ typedef struct {
     bool prefix_cache;    /* share cached prompt blocks between requests (default true) */
     bool static_batching; /* baseline for benchmarks: admit a batch only when nothing runs,
                              and none joins until all of it finished */
+    int spec;             /* speculative decoding's proposer: LM_SPEC_NONE (default) or
+                             LM_SPEC_NGRAM (prompt lookup); requests speculate by default */
+    int spec_max;         /* tokens proposed per step at most (<= 0: 8); the engine sizes each
+                             proposal by its acceptance so far, and shrinks it under load */
 } lm_engine_config;
+
+enum { LM_SPEC_NONE = 0, LM_SPEC_NGRAM = 1 };
 
 LM_API void lm_engine_config_default(lm_engine_config *c);
 
@@ -247,6 +253,9 @@ typedef struct {
     double ttft;              /* submission -> first token */
     double e2e;               /* submission -> finish */
     double tpot;              /* (e2e - ttft) / (completion_tokens - 1); 0 if fewer than 2 */
+    int spec_proposed;        /* speculative decoding: tokens proposed, and of them accepted */
+    int spec_accepted;
+    int spec_steps;           /*   passes that verified a proposal */
 } lm_request_stats;
 
 #define LM_MAX_TOP_LOGPROBS 20
@@ -302,6 +311,10 @@ typedef struct {
     const char *grammar_root; /* its start rule (NULL: "root") */
     const char *const *grammar_triggers; /* lazy grammar: the output is free until it contains one of */
     int n_grammar_triggers;   /*   these strings; the grammar then holds from the trigger's first byte */
+    int spec_k;               /* speculative decoding (an engine with a proposer): 0 its default,
+                                 < 0 off, > 0 at most this many tokens per step (capped at spec_max).
+                                 Greedy output is the same token for token; sampled output has the
+                                 same distribution (a seed reproduces it at the same load) */
     lm_event_fn on_event;     /* required */
     void *user;
 } lm_request_params;
@@ -354,6 +367,7 @@ typedef struct {
     uint64_t prefix_queries_total, prefix_hits_total;
     lm_hist batch_size;       /* sequences per iteration */
     lm_hist ttft, tpot, e2e;  /* seconds */
+    uint64_t spec_proposed_total, spec_accepted_total, spec_steps_total; /* speculative decoding */
 } lm_engine_stats;
 
 LM_API void lm_engine_get_stats(lm_engine *e, lm_engine_stats *st);

@@ -205,6 +205,14 @@ uint32_t need_kv_type(args *a) {
     return t;
 }
 
+int need_spec(args *a) {
+    const char *v = need_val(a);
+    if (!strcmp(v, "ngram")) return LM_SPEC_NGRAM;
+    if (!strcmp(v, "none") || !strcmp(v, "off")) return LM_SPEC_NONE;
+    die_usage(a, "unknown speculative proposer '%s' (ngram or none)", v);
+    return LM_SPEC_NONE;
+}
+
 bool chat_template_choice(const char *cmd, const char *v, const char **name, char **text) {
     *name = NULL;
     *text = NULL;

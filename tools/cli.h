@@ -71,6 +71,10 @@ int cmd_logits(int argc, char **argv);
 /* The value after the current flag as a KV cache element type (kv_type_from_name:
  * F32, F16, Q8_0); exits 2 otherwise. */
 uint32_t need_kv_type(args *a);
+/* The value after the current flag as a speculative proposer: "ngram"
+ * (LM_SPEC_NGRAM) or "none"/"off" (LM_SPEC_NONE); exits 2 otherwise. The
+ * draft-model proposer is not built: "draft" is refused saying so. */
+int need_spec(args *a);
 
 /* The context length a command is about to use (what `flag` asked, or its
  * default), checked against the model's trained context n_train: above it,

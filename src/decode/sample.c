@@ -601,3 +601,81 @@ int sample_top_n(const float *logprobs, int32_t n_vocab, int n, int32_t *ids, fl
     }
     return k;
 }
+
+/* ---- speculative verification --------------------------------------------- */
+
+/* The survivors' weights (d over logits or cand) for one token: 0 when it
+ * did not survive. */
+static double weight_of(const lm_sampler *s, const float *logits, dist_t d, int32_t tok) {
+    if (tok < 0 || tok >= s->n_vocab) return 0.0;
+    if (d.all) return logits[tok] > 0.0f ? (double)logits[tok] : 0.0;
+    for (int32_t i = 0; i < d.n; i++)
+        if (s->cand[i].id == tok) return s->cand[i].l > 0.0f ? (double)s->cand[i].l : 0.0;
+    return 0.0;
+}
+
+/* The residual weight max(0, p(tok) - q(tok)) of a survivor of weight w
+ * (p = w / sum); q NULL is a point mass at draft. */
+static inline double residual(double w, double sum, const float *q, int32_t draft, int32_t tok) {
+    double qt = q ? (double)q[tok] : (tok == draft ? 1.0 : 0.0);
+    double r = w / sum - qt;
+    return r > 0.0 ? r : 0.0;
+}
+
+int32_t sampler_sample_spec(lm_sampler *s, float *logits, int32_t draft, const float *q, bool *accepted) {
+    *accepted = false;
+    int32_t n_finite;
+    int32_t best = preprocess(s, logits, &n_finite);
+    if (best < 0) return -1;
+    if (s->greedy) {
+        *accepted = best == draft;
+        return best;
+    }
+    dist_t d = truncate_and_weigh(s, logits, n_finite, logits[best]);
+    /* accept with probability min(1, p(draft) / q(draft)) */
+    double pd = weight_of(s, logits, d, draft) / d.sum;
+    double qd = q ? (draft >= 0 && draft < s->n_vocab ? (double)q[draft] : 0.0) : 1.0;
+    double u = lm_rng_uniform(&s->rng);
+    if (qd > 0.0 && u * qd < pd) {
+        *accepted = true;
+        return draft;
+    }
+    /* rejected: draw from max(0, p - q), normalised; only survivors of p
+     * have p > 0, so only they can carry residual mass */
+    double total = 0.0;
+    if (d.all) {
+        for (int32_t i = 0; i < s->n_vocab; i++)
+            if (logits[i] > 0.0f) total += residual(logits[i], d.sum, q, draft, i);
+    } else {
+        for (int32_t i = 0; i < d.n; i++)
+            if (s->cand[i].l > 0.0f) total += residual(s->cand[i].l, d.sum, q, draft, s->cand[i].id);
+    }
+    double v = lm_rng_uniform(&s->rng) * total, cum = 0.0;
+    int32_t last = -1;
+    if (d.all) {
+        for (int32_t i = 0; i < s->n_vocab; i++) {
+            if (logits[i] <= 0.0f) continue;
+            double r = residual(logits[i], d.sum, q, draft, i);
+            if (r <= 0.0) continue;
+            cum += r;
+            last = i;
+            if (v < cum) return i;
+        }
+    } else {
+        for (int32_t i = 0; i < d.n; i++) {
+            if (s->cand[i].l <= 0.0f) continue;
+            double r = residual(s->cand[i].l, d.sum, q, draft, s->cand[i].id);
+            if (r <= 0.0) continue;
+            cum += r;
+            last = s->cand[i].id;
+            if (v < cum) return last;
+        }
+    }
+    /* no residual mass (p == q up to rounding, where acceptance is certain
+     * but for rounding): the draft stands */
+    if (last < 0) {
+        *accepted = pd > 0.0;
+        return pd > 0.0 ? draft : best;
+    }
+    return last;
+}

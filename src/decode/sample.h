@@ -87,4 +87,19 @@ void sample_log_softmax(const float *logits, int32_t n, float *out);
  * values into ids/vals and returns that count (0 when n <= 0). */
 int sample_top_n(const float *logprobs, int32_t n_vocab, int n, int32_t *ids, float *vals);
 
+/* Speculative verification of one proposed token `draft` (the standard
+ * rejection scheme): p is the distribution sampler_sample draws from this
+ * row (every transform applied: bias, penalties, truncation, temperature;
+ * a grammar's mask is the caller's, on the row first), q the proposer's
+ * distribution over the vocabulary (n_vocab probabilities, the same
+ * transforms applied), or NULL for a proposer that is certain (q a point
+ * mass at draft, as prompt lookup). Accepts draft with probability
+ * min(1, p(draft) / q(draft)); otherwise returns a draw from
+ * max(0, p - q), normalised (p without draft for a point mass). The token
+ * returned is then distributed exactly as sampler_sample's. Greedy: the
+ * argmax, as sampler_sample (the caller compares it with draft). Two RNG
+ * draws at most. *accepted says whether draft was taken. -1 when every token
+ * is banned. logits is modified as by sampler_sample. */
+int32_t sampler_sample_spec(lm_sampler *s, float *logits, int32_t draft, const float *q, bool *accepted);
+
 #endif

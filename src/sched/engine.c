@@ -56,6 +56,7 @@
 #include "base/pool.h"
 #include "base/util.h"
 #include "decode/grammar.h"
+#include "decode/spec.h"
 #include "format/quant.h"
 #include "kv/kv.h"
 #include "model/forward.h"
@@ -99,6 +100,10 @@ typedef struct eseq {
     bool gm_on;               /* the grammar constrains now (a lazy one: after a trigger) */
     char *lz;                 /* (lz_cap) lazy grammar: the output's last bytes, searched for triggers */
     int n_lz, lz_cap;
+    int32_t *draft;           /* (spec_max) speculation: this iteration's proposal */
+    int n_draft;              /*   of it in this iteration's batch (0: a plain decode) */
+    int spec_k;               /*   the most it proposes per step (0: it does not speculate) */
+    spec_ctl ctl;             /*   the proposal's size, from its acceptance so far */
     lm_request_stats stats;
 } eseq;
 
@@ -147,7 +152,8 @@ struct lm_engine {
     eseq **seg_ch;            /* (max_seqs) */
     eseq **probes;            /* (2 max_seqs + 2) choices holding a probe this iteration */
     int n_probes;
-    float *logits;            /* (max_seqs + 2, n_vocab): batch rows, a fork's source and work rows */
+    float *logits;            /* (max_seqs + spec_cap + 2, n_vocab): batch rows, a fork's source and work rows */
+    int spec_cap;             /* proposed tokens one iteration verifies at most (0: no proposer) */
     float *lp;                /* (n_vocab) log-probabilities / sampling scratch */
     char *piece;              /* (piece_cap) one token's text: detok_max_out bytes */
     int piece_cap;
@@ -183,7 +189,8 @@ const char *engine_finish_name(lm_finish f) {
 void engine_config_default(lm_engine_config *c) {
     *c = (lm_engine_config){.n_threads = 0, .batch_tokens = FWD_BATCH_DEFAULT, .max_seqs = 64, .n_ctx = 0,
                             .kv_mem = 0, .kv_type = LM_TYPE_F16, .block_size = KV_DEFAULT_BLOCK, .watermark = 0.01,
-                            .max_waiting = 0, .prefix_cache = true, .static_batching = false};
+                            .max_waiting = 0, .prefix_cache = true, .static_batching = false,
+                            .spec = LM_SPEC_NONE, .spec_max = 8};
 }
 
 void engine_request_params_default(lm_request_params *p) {
@@ -209,6 +216,7 @@ static void request_unref(lm_request *r) {
         sampler_free(r->ch[i].smp);
         gmatch_free(r->ch[i].gm);
         lm_free(r->ch[i].lz);
+        lm_free(r->ch[i].draft);
     }
     stop_set_free(&r->stop);
     stop_set_free(&r->triggers);
@@ -285,9 +293,11 @@ static void finish(lm_engine *e, eseq *c, lm_finish why, lm_status status, const
  * (the sampler's order and tie-break are the same over fewer candidates).
  * When the mask allows few tokens the sampler runs over their list alone
  * (sampler_sample_sparse: the same token as over the masked row); greedy
- * goes there directly when the state's mask is cached.
- * -1: every allowed token is banned; -2: the choice was finished here. */
-static int32_t grammar_pick(lm_engine *e, eseq *c, float *row) {
+ * goes there directly when the state's mask is cached. draft >= 0: verify
+ * that proposed token against the masked row (sampler_sample_spec; greedy
+ * takes its argmax as always and the caller compares). -1: every allowed
+ * token is banned; -2: the choice was finished here. */
+static int32_t grammar_pick(lm_engine *e, eseq *c, float *row, int32_t draft) {
     int32_t V = e->m->hp.n_vocab;
     if (sampler_greedy(c->smp) && !gmatch_mask_cached(c->gm)) { /* (a cached mask is cheaper) */
         memcpy(e->gwork, row, (size_t)V * sizeof *row);
@@ -304,7 +314,11 @@ static int32_t grammar_pick(lm_engine *e, eseq *c, float *row) {
     int32_t n_ids, t;
     const int32_t *ids = gmatch_mask_ids(c->gm, &n_ids);
     while (n_ids > 0 && ids[n_ids - 1] >= V) n_ids--; /* tokens without a logit */
-    if (ids) { /* few allowed: sample over them alone (the same token as over the masked row) */
+    if (draft >= 0 && !sampler_greedy(c->smp)) { /* a proposal to verify: over the masked row */
+        grammar_mask_apply(e->gmask, grammar_vocab_size(e->gvocab), row, V);
+        bool acc;
+        t = sampler_sample_spec(c->smp, row, draft, NULL, &acc);
+    } else if (ids) { /* few allowed: sample over them alone (the same token as over the masked row) */
         t = sampler_sample_sparse(c->smp, row, ids, n_ids, e->gwork);
     } else {
         grammar_mask_apply(e->gmask, grammar_vocab_size(e->gvocab), row, V);
@@ -362,8 +376,11 @@ static int grammar_advance(lm_engine *e, eseq *c, int32_t t) {
 }
 
 /* Sample choice c's next token from its logits row (modified), emit it, and
- * finish the choice if it ended. */
-static void take_token(lm_engine *e, eseq *c, float *row) {
+ * finish the choice if it ended. draft >= 0: a proposed token this row
+ * verifies (the token taken is then the draft when accepted, else the
+ * target's own choice). Returns the token taken, or -1 when the choice
+ * ended without one. */
+static int32_t take_token(lm_engine *e, eseq *c, float *row, int32_t draft) {
     lm_request *r = c->req;
     int32_t V = e->m->hp.n_vocab;
     int n_top = 0;
@@ -374,14 +391,17 @@ static void take_token(lm_engine *e, eseq *c, float *row) {
         sample_log_softmax(row, V, e->lp);
         n_top = sample_top_n(e->lp, V, r->p.top_logprobs, top_ids, top_lp);
     }
-    int32_t t = c->gm_on ? grammar_pick(e, c, row) : sampler_sample(c->smp, row);
-    if (t == -2) return; /* grammar_pick finished the choice */
+    bool acc;
+    int32_t t = c->gm_on ? grammar_pick(e, c, row, draft)
+                : draft >= 0 ? sampler_sample_spec(c->smp, row, draft, NULL, &acc)
+                : sampler_sample(c->smp, row);
+    if (t == -2) return -1; /* grammar_pick finished the choice */
     if (t < 0) {
         finish(e, c, LM_FINISH_ERROR, LM_ERR_INVALID, "every token is banned (logit_bias)");
-        return;
+        return -1;
     }
     sampler_accept(c->smp, t);
-    if (c->gm && grammar_advance(e, c, t) < 0) return;
+    if (c->gm && grammar_advance(e, c, t) < 0) return -1;
     double now = lm_now();
     if (c->n_gen == 0) c->stats.ttft = now - c->stats.t_submit;
     c->tokens[c->n_tokens++] = t;
@@ -399,7 +419,7 @@ static void take_token(lm_engine *e, eseq *c, float *row) {
         if (w < 0) { /* cannot happen: piece_cap is the detokenizer's maximum */
             finish(e, c, LM_FINISH_ERROR, LM_ERR_INTERNAL,
                    "internal: a token's text does not fit the detokenizer's maximum");
-            return;
+            return -1;
         }
         if (r->stop.n) stopped = c->stop_hit = stop_scan(&r->stop, &c->held, e->piece, w, e->emit, &len);
         else {
@@ -413,6 +433,7 @@ static void take_token(lm_engine *e, eseq *c, float *row) {
     /* the context is full once every position holds a token: the token
      * sampled from the last position's logits ends the text without one */
     else if (c->n_gen >= r->p.max_tokens || c->n_tokens > e->n_ctx) finish(e, c, LM_FINISH_LENGTH, LM_OK, NULL);
+    return t;
 }
 
 /* ---- submission -------------------------------------------------------- */
@@ -648,6 +669,14 @@ static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max
             ok = false;
             break;
         }
+        if (e->spec_cap > 0 && p->spec_k >= 0) {
+            c->spec_k = p->spec_k == 0 || p->spec_k > e->cfg.spec_max ? e->cfg.spec_max : p->spec_k;
+            spec_ctl_init(&c->ctl);
+            if (!(c->draft = lm_malloc((size_t)c->spec_k * sizeof *c->draft))) {
+                ok = false;
+                break;
+            }
+        }
         c->stats.prompt_tokens = p->n_prompt;
         c->stats.t_submit = now;
     }
@@ -738,6 +767,23 @@ static void preempt(lm_engine *e, eseq *c) {
     pthread_mutex_unlock(&e->mu);
 }
 
+/* Speculation: the tokens running choice c proposes to verify with its
+ * next decode (c->draft), 0 when it does not speculate this step. Only a
+ * decode proposes (its prompt done, one token pending), and never past what
+ * it may still generate (the last row's own token is always taken) or past
+ * the context. */
+static int propose(lm_engine *e, eseq *c) {
+    c->n_draft = 0;
+    if (c->spec_k <= 0 || c->n_gen == 0 || c->n_tokens - c->n_computed != 1) return 0;
+    int k = c->spec_k;
+    if (k > c->req->p.max_tokens - c->n_gen - 1) k = c->req->p.max_tokens - c->n_gen - 1;
+    if (k > e->n_ctx - c->n_tokens) k = e->n_ctx - c->n_tokens;
+    if (k <= 0) return 0;
+    /* the controller counts every step it is asked, proposal or not */
+    k = spec_ctl_want(&c->ctl, k);
+    return spec_ngram_propose(c->tokens, c->n_tokens, k, c->draft);
+}
+
 /* What the plan does not know about running choices: their lengths, a
  * partial last block they share (forks), and what an append takes beyond
  * its new blocks and that copy (less, for the local class, the blocks
@@ -750,6 +796,7 @@ static void report_running(lm_engine *e) {
         eseq *c = CHOICE(sched_running_at(e->sc, i));
         c->sq.n_pending = c->n_tokens - c->n_computed;
         c->sq.len = c->n_computed;
+        c->sq.n_spec = propose(e, c);
         for (int k = 0; k < KV_N_CLASS; k++) c->sq.shared[k] = -1, c->sq.extra[k] = 0;
         for (int k = 0; k < e->n_class; k++) {
             int n = k == KV_GLOBAL ? 1 : (kv_seq_held(c->kv, k) + 2) * B;
@@ -831,11 +878,20 @@ static void answer_admit(lm_engine *e, eseq *c, const sched_plan *p) {
     sched_answer_admit(e->sc, &c->sq, cached, take, need);
 }
 
-/* Put n of c's pending tokens into the batch. */
+/* Put n of c's pending tokens into the batch; a decode given more (the
+ * plan took its proposal, or the first n - 1 tokens of it) adds the proposed
+ * tokens after its pending one, each with its logits row. */
 static void batch_add(lm_engine *e, eseq *c, int n, int *n_tok, int *n_seg) {
-    memcpy(e->btok + *n_tok, c->tokens + c->n_computed, (size_t)n * sizeof *e->btok);
+    c->n_draft = 0;
+    if (n > 1 && c->n_tokens - c->n_computed == 1) {
+        c->n_draft = n - 1;
+        e->btok[*n_tok] = c->tokens[c->n_computed];
+        memcpy(e->btok + *n_tok + 1, c->draft, (size_t)(n - 1) * sizeof *e->btok);
+    } else {
+        memcpy(e->btok + *n_tok, c->tokens + c->n_computed, (size_t)n * sizeof *e->btok);
+    }
     e->segs[*n_seg] = (lm_seg){.seq = c->kv, .pos0 = c->n_computed, .n = n,
-                               .n_logits = c->n_computed + n == c->n_tokens};
+                               .n_logits = c->n_draft ? n : c->n_computed + n == c->n_tokens};
     e->seg_ch[(*n_seg)++] = c;
     *n_tok += n;
 }
@@ -905,7 +961,7 @@ static int act(lm_engine *e, const sched_plan *p, int *n_tok) {
 static void fork_choices(lm_engine *e, eseq *c0, const float *src) {
     lm_request *r = c0->req;
     int32_t V = e->m->hp.n_vocab;
-    float *work = e->logits + (size_t)(e->cfg.max_seqs + 1) * V;
+    float *work = e->logits + (size_t)(e->cfg.max_seqs + e->spec_cap + 1) * V;
     for (int i = 1; i < r->p.n; i++) {
         eseq *c = &r->ch[i];
         if (c->state != CH_PENDING_FORK) continue;
@@ -925,7 +981,7 @@ static void fork_choices(lm_engine *e, eseq *c0, const float *src) {
         c->stats.cached_tokens = c0->stats.cached_tokens;
         if (c->stats.queue == 0) c->stats.queue = admit_time(c);
         memcpy(work, src, (size_t)V * sizeof *work);
-        take_token(e, c, work);
+        take_token(e, c, work, -1);
     }
 }
 
@@ -949,6 +1005,43 @@ static void reap_cancelled(lm_engine *e) {
             eseq *c = CHOICE(sched_waiting_at(e->sc, i));
             if (atomic_load(&c->req->cancel)) finish(e, c, LM_FINISH_CANCELLED, LM_OK, NULL);
         }
+}
+
+/* Verify the proposal of speculating choice c, whose pass ran its pending
+ * token and c->n_draft proposed ones (rows: n_draft + 1 logits rows). Row i
+ * predicts the token after proposal i - 1: each row's token is taken as a
+ * plain decode would take it (sampler, grammar, stop strings, events), the
+ * proposal at that row verified against it; the first disagreement, or the
+ * row after the last proposal, gives the target's own token and ends the
+ * step. Positions of rejected proposals leave the KV (kv_truncate: they lie
+ * in blocks this append took or copied, never in shared ones). A choice that
+ * ends on the way has its KV released with only verified positions counted
+ * (finish commits n_computed of them to the prefix cache). */
+static void verify(lm_engine *e, eseq *c, float *rows) {
+    const int32_t V = e->m->hp.n_vocab;
+    int nd = c->n_draft, acc = 0;
+    c->n_draft = 0;
+    c->n_computed++; /* the pending token */
+    for (int i = 0; i <= nd; i++) {
+        int32_t d = i < nd ? c->draft[i] : -1;
+        int32_t t = take_token(e, c, rows + (size_t)i * V, d);
+        if (c->state == CH_DONE || t < 0 || t != d) break;
+        acc++;
+        c->n_computed++; /* position of proposal i holds the token taken */
+    }
+    c->stats.spec_proposed += nd;
+    c->stats.spec_accepted += acc;
+    c->stats.spec_steps++;
+    pthread_mutex_lock(&e->mu);
+    e->stats.spec_proposed_total += (uint64_t)nd;
+    e->stats.spec_accepted_total += (uint64_t)acc;
+    e->stats.spec_steps_total++;
+    pthread_mutex_unlock(&e->mu);
+    if (c->state == CH_DONE) return;
+    spec_ctl_update(&c->ctl, nd, acc);
+    char err[LM_ERRLEN];
+    if (kv_truncate(e->kv, c->kv, c->n_computed, err, sizeof err) != KV_OK)
+        finish(e, c, LM_FINISH_ERROR, LM_ERR_INTERNAL, err);
 }
 
 /* One iteration. Returns false when there was nothing to run. */
@@ -987,6 +1080,11 @@ static bool step(lm_engine *e) {
             finish(e, c, LM_FINISH_ERROR, LM_ERR_INTERNAL, err);
             continue;
         }
+        if (c->n_draft) {
+            verify(e, c, e->logits + (size_t)row * V);
+            row += e->segs[g].n_logits;
+            continue;
+        }
         c->n_computed += e->segs[g].n;
         if (e->cfg.prefix_cache && c->n_gen == 0)
             kv_prefix_commit(e->kv, c->kv, c->tokens, c->n_computed, c->req->p.cache_salt);
@@ -995,11 +1093,11 @@ static bool step(lm_engine *e) {
         if (c->n_gen == 0 && c->index == 0 && c->req->p.n > 1) {
             /* the forks sample from copies of this row before choice 0 (which
              * may finish at once and free its blocks) takes its token */
-            float *src = e->logits + (size_t)e->cfg.max_seqs * V;
+            float *src = e->logits + (size_t)(e->cfg.max_seqs + e->spec_cap) * V;
             memcpy(src, lrow, (size_t)V * sizeof *src);
             fork_choices(e, c, src);
         }
-        take_token(e, c, lrow);
+        take_token(e, c, lrow, -1);
     }
     pthread_mutex_lock(&e->mu);
     metrics_iteration(&e->stats, n_seg, n_tok);
@@ -1128,13 +1226,14 @@ static int alloc_buffers(lm_engine *e, char *err, size_t errlen) {
     sched_config scfg = {.batch_tokens = c->batch_tokens, .max_seqs = c->max_seqs, .block_size = c->block_size,
                          .n_class = e->n_class,
                          .wm_blocks = (int64_t)ceil(c->watermark * (double)e->total_blocks[KV_GLOBAL]),
-                         .static_batching = c->static_batching};
+                         .static_batching = c->static_batching, .spec_cap = e->spec_cap};
     e->sc = sched_new(&scfg);
     e->segs = lm_calloc(S, sizeof *e->segs);
     e->seg_ch = lm_calloc(S, sizeof *e->seg_ch);
     e->probes = lm_calloc(2 * S + 2, sizeof *e->probes);
     e->btok = lm_malloc((size_t)c->batch_tokens * sizeof *e->btok);
-    e->logits = lm_malloc((S + 2) * V * sizeof *e->logits); /* batch rows, fork source, fork work */
+    /* batch rows (one per sequence, and one per proposed token), fork source, fork work */
+    e->logits = lm_malloc((S + (size_t)e->spec_cap + 2) * V * sizeof *e->logits);
     e->lp = lm_malloc(V * sizeof *e->lp);
     e->piece_cap = detok_max_out(e->tok);
     e->piece = lm_malloc((size_t)e->piece_cap);
@@ -1171,6 +1270,10 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
     if (c.block_size < 1) c.block_size = KV_DEFAULT_BLOCK;
     if (!(c.watermark >= 0 && c.watermark < 1)) return lm_err(err, errlen, "watermark must be in [0, 1)"), NULL;
     if (c.n_threads <= 0) c.n_threads = pool_default_threads();
+    if (c.spec != LM_SPEC_NONE && c.spec != LM_SPEC_NGRAM)
+        return lm_err(err, errlen, "unknown speculative proposer %d", c.spec), NULL;
+    if (c.spec_max <= 0) c.spec_max = 8;
+    if (c.spec_max > 64) c.spec_max = 64;
     *status = LM_ERR_NOMEM;
     lm_engine *e = lm_calloc(1, sizeof *e);
     if (!e) return lm_err(err, errlen, "out of memory"), NULL;
@@ -1178,6 +1281,14 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
     e->tok = tok;
     e->n_ctx = dims.n_ctx;
     e->cfg = c;
+    /* proposals are verified in what the budget leaves, their rows bounded
+     * so the logits buffer stays small next to the pool */
+    if (c.spec != LM_SPEC_NONE) {
+        int64_t cap = (int64_t)c.spec_max * c.max_seqs;
+        if (cap > c.batch_tokens - 1) cap = c.batch_tokens - 1;
+        if (cap > 64) cap = 64;
+        e->spec_cap = (int)cap;
+    }
     pthread_mutex_init(&e->mu, NULL);
     pthread_mutex_init(&e->gv_mu, NULL);
     pthread_cond_init(&e->wake, NULL);

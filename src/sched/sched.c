@@ -306,6 +306,33 @@ static bool plan_admit(sched *s, sched_plan *p, int64_t avail[KV_N_CLASS], int n
     return true;
 }
 
+/* Step 3: proposed tokens join their decodes with what the budget, the cap
+ * and the blocks leave. */
+static void plan_spec(sched *s, sched_plan *p, int64_t avail[KV_N_CLASS]) {
+    int left = s->cfg.spec_cap, n_order = s->n_running;
+    for (int i = 0; i < p->n_run && left > 0 && p->n_tokens < s->cfg.batch_tokens; i++) {
+        sched_item *it = &p->run[i];
+        sched_seq *q = it->seq;
+        if (q->n_pending != 1 || q->n_spec <= 0 || it->n != 1) continue;
+        int k = q->n_spec;
+        if (k > left) k = left;
+        if (k > s->cfg.batch_tokens - p->n_tokens) k = s->cfg.batch_tokens - p->n_tokens;
+        for (; k > 0; k--) {
+            /* only the new blocks differ from what its decode already took */
+            int64_t base[KV_N_CLASS], more[KV_N_CLASS], diff[KV_N_CLASS];
+            grow_need(s, q, 1, n_order, base);
+            grow_need(s, q, 1 + k, n_order, more);
+            for (int c = 0; c < KV_N_CLASS; c++) diff[c] = more[c] - base[c];
+            if (!fits(diff, avail)) continue;
+            for (int c = 0; c < KV_N_CLASS; c++) avail[c] -= diff[c];
+            it->n += k;
+            p->n_tokens += k;
+            left -= k;
+            break;
+        }
+    }
+}
+
 const sched_plan *sched_decide(sched *s, const sched_view *v) {
     sched_plan *p = &s->plan;
     p->ask = NULL;
@@ -315,7 +342,8 @@ const sched_plan *sched_decide(sched *s, const sched_view *v) {
     int64_t avail[KV_N_CLASS];
     for (int k = 0; k < KV_N_CLASS; k++) avail[k] = k < s->cfg.n_class ? v->avail[k] : 0;
     int n_live = s->n_running;
-    if (plan_running(s, p, avail, &n_live)) plan_admit(s, p, avail, n_live);
+    if (plan_running(s, p, avail, &n_live) && plan_admit(s, p, avail, n_live) && s->cfg.spec_cap > 0)
+        plan_spec(s, p, avail);
     return p;
 }
 

@@ -29,6 +29,11 @@
  *      that does not fit even then is rejected (it would wait forever).
  *      Sequences preempted by this plan take their place in that queue:
  *      admission stops at one of them and leaves it to the next plan.
+ *   3. speculation: decodes with proposed tokens (n_spec) take them into
+ *      their item (n = 1 + proposed), best first, while the budget, spec_cap
+ *      and the free blocks left after steps 1 and 2 allow, shrinking the
+ *      last one to what is left; never preempting or holding back an
+ *      admission for it. So under load speculation shrinks, then stops.
  *   Static batching (a baseline for benchmarks): admission opens only when
  *   nothing runs and closes when it first fails or max_seqs were admitted;
  *   no one joins until the batch has finished.
@@ -82,6 +87,7 @@ typedef struct sched_seq {
                                    shared last block (may be negative: local blocks leaving the window) */
     int32_t shared[KV_N_CLASS]; /* running: its partial last block when others hold it too, else -1 */
     int shared_refs[KV_N_CLASS];/*   and how many hold it: the first appends among them copy it */
+    int n_spec;                 /* running, decoding: proposed tokens it would verify with its decode */
     /* answers (sched_answer_*), valid in the iteration they were given */
     uint64_t epoch;
     int64_t frees[KV_N_CLASS];  /* running: blocks its preemption gives back */
@@ -100,6 +106,7 @@ typedef struct {
     int n_class;                /* KV block classes in the pool: 1, or 2 with sliding-window layers */
     int64_t wm_blocks;          /* global blocks kept free when admitting beside running sequences */
     bool static_batching;
+    int spec_cap;               /* proposed tokens one plan verifies at most (0: no speculation) */
 } sched_config;
 
 /* The pool as the plan starts from it. */

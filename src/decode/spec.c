@@ -1,0 +1,58 @@
+/*
+ * spec.c - the prompt-lookup proposer and the proposal-size controller of
+ * speculative decoding (see spec.h for what each does and why).
+ *
+ * The search walks candidate start positions from the most recent backwards
+ * and stops at the first full match of the suffix, so a sequence that
+ * repeats itself proposes its latest repetition. A match must leave at least
+ * one token after it (the proposal), and may overlap the suffix itself (a
+ * run "a a a a" proposes "a").
+ */
+#include "decode/spec.h"
+
+#include <math.h>
+#include <string.h>
+
+int spec_ngram_propose(const int32_t *toks, int n, int k, int32_t *out) {
+    if (k <= 0 || n < 2) return 0;
+    for (int g = SPEC_NGRAM_MAX; g >= SPEC_NGRAM_MIN; g--) {
+        if (g >= n) continue;
+        const int32_t *suf = toks + n - g;
+        /* the match toks[i .. i+g) ends before the suffix's last token, so
+         * at least toks[i+g] follows it */
+        for (int i = n - g - 1; i >= 0; i--) {
+            if (toks[i + g - 1] != suf[g - 1] || memcmp(toks + i, suf, (size_t)g * sizeof *toks) != 0) continue;
+            int m = n - (i + g);
+            if (m > k) m = k;
+            memcpy(out, toks + i + g, (size_t)m * sizeof *out);
+            return m;
+        }
+    }
+    return 0;
+}
+
+void spec_ctl_init(spec_ctl *c) {
+    c->acc = SPEC_ACC_START;
+    c->idle = 0;
+}
+
+int spec_ctl_want(spec_ctl *c, int k_max) {
+    int k = 0;
+    for (float reach = c->acc; k < k_max && reach >= SPEC_MIN_REACH; reach *= c->acc) k++;
+    if (k > 0 || k_max <= 0) {
+        c->idle = 0;
+        return k;
+    }
+    /* the estimate says no: probe now and then, or it could never recover */
+    if (++c->idle >= SPEC_PROBE_EVERY) {
+        c->idle = 0;
+        return 1;
+    }
+    return 0;
+}
+
+void spec_ctl_update(spec_ctl *c, int proposed, int accepted) {
+    /* one outcome per position reached: accepted ones, then the rejection */
+    for (int i = 0; i < accepted; i++) c->acc += SPEC_EMA * (1.0f - c->acc);
+    if (accepted < proposed) c->acc -= SPEC_EMA * c->acc;
+}

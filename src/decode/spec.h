@@ -1,0 +1,62 @@
+/*
+ * spec.h - speculative decoding's proposer and the rule that sizes a
+ * proposal.
+ *
+ * Speculation: a cheap proposer guesses the next few tokens of a sequence,
+ * the target model scores all of them in one pass (one logits row per
+ * position), and verification keeps the longest prefix the target agrees
+ * with, plus one token of the target's own from the first row it disagreed
+ * on (or from the row after the last proposal). Verification lives with the
+ * sampler (sampler_sample_spec, sample.h) and the engine (engine.c); this
+ * module only proposes.
+ *
+ * Prompt lookup (n-gram) proposer. The sequence's last g tokens (g from
+ * SPEC_NGRAM_MAX down to SPEC_NGRAM_MIN) are searched for, most recent
+ * occurrence first, among the earlier tokens (prompt and output); the
+ * tokens that followed the match are the proposal. So text that copies its
+ * sources (code edits, summaries, answers quoting a document) is proposed
+ * by what it copies. Cost: O(n x g) comparisons per call, no memory. The
+ * proposal depends only on the tokens, so it is the same alone or in a
+ * batch, and after a preemption.
+ *
+ * Sizing (spec_ctl). Proposing k tokens costs k more rows in the pass; the
+ * i-th proposed token pays off only when all before it were accepted. The
+ * controller keeps a running estimate a of the chance that a proposed token
+ * is accepted given the ones before it were (an exponential average of
+ * per-position outcomes), and proposes the k <= k_max tokens whose chance of
+ * being reached, a^i, is at least SPEC_MIN_REACH. When even the first is
+ * below it, the sequence decodes plainly and proposes one token every
+ * SPEC_PROBE_EVERY steps to refresh the estimate, so speculation that does
+ * not pay costs at most one row in SPEC_PROBE_EVERY steps.
+ */
+#ifndef LAMINA_SPEC_H
+#define LAMINA_SPEC_H
+
+#include <stdint.h>
+
+#define SPEC_NGRAM_MAX 4
+#define SPEC_NGRAM_MIN 1
+#define SPEC_MIN_REACH 0.25f
+#define SPEC_PROBE_EVERY 16
+#define SPEC_EMA 0.15f            /* weight of one new outcome in the estimate */
+#define SPEC_ACC_START 0.6f       /* the estimate before any outcome */
+
+/* Up to k tokens that followed the most recent earlier occurrence of the
+ * longest suffix (SPEC_NGRAM_MAX .. SPEC_NGRAM_MIN tokens) of toks[0..n),
+ * written to out (k entries); returns how many (0: no match, k <= 0 or
+ * n < 2). Proposals never run past toks[n-1]. */
+int spec_ngram_propose(const int32_t *toks, int n, int k, int32_t *out);
+
+typedef struct {
+    float acc;  /* estimated chance a proposed token is accepted once the ones before it were */
+    int idle;   /* steps since the last proposal while the estimate is too low */
+} spec_ctl;
+
+void spec_ctl_init(spec_ctl *c);
+/* How many tokens to propose this step, 0 .. k_max (counts a skipped step). */
+int spec_ctl_want(spec_ctl *c, int k_max);
+/* The outcome of a step that proposed `proposed` tokens and accepted the
+ * first `accepted` of them. */
+void spec_ctl_update(spec_ctl *c, int proposed, int accepted);
+
+#endif
