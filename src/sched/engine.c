@@ -400,6 +400,7 @@ static int32_t take_token(lm_engine *e, eseq *c, float *row, int32_t draft) {
         finish(e, c, LM_FINISH_ERROR, LM_ERR_INVALID, "every token is banned (logit_bias)");
         return -1;
     }
+    if (draft >= 0) c->stats.spec_accepted += t == draft; /* before anything can end the choice */
     sampler_accept(c->smp, t);
     if (c->gm && grammar_advance(e, c, t) < 0) return -1;
     double now = lm_now();
@@ -1016,32 +1017,36 @@ static void reap_cancelled(lm_engine *e) {
  * step. Positions of rejected proposals leave the KV (kv_truncate: they lie
  * in blocks this append took or copied, never in shared ones). A choice that
  * ends on the way has its KV released with only verified positions counted
- * (finish commits n_computed of them to the prefix cache). */
+ * (finish commits n_computed of them to the prefix cache); the request is
+ * held meanwhile, so its choices outlive their last final event. */
 static void verify(lm_engine *e, eseq *c, float *rows) {
     const int32_t V = e->m->hp.n_vocab;
+    lm_request *r = c->req;
     int nd = c->n_draft, acc = 0;
     c->n_draft = 0;
     c->n_computed++; /* the pending token */
+    c->stats.spec_proposed += nd;
+    c->stats.spec_steps++;
+    atomic_fetch_add(&r->refs, 1);
     for (int i = 0; i <= nd; i++) {
         int32_t d = i < nd ? c->draft[i] : -1;
         int32_t t = take_token(e, c, rows + (size_t)i * V, d);
+        if (t >= 0 && t == d) acc++;
         if (c->state == CH_DONE || t < 0 || t != d) break;
-        acc++;
         c->n_computed++; /* position of proposal i holds the token taken */
     }
-    c->stats.spec_proposed += nd;
-    c->stats.spec_accepted += acc;
-    c->stats.spec_steps++;
     pthread_mutex_lock(&e->mu);
     e->stats.spec_proposed_total += (uint64_t)nd;
     e->stats.spec_accepted_total += (uint64_t)acc;
     e->stats.spec_steps_total++;
     pthread_mutex_unlock(&e->mu);
-    if (c->state == CH_DONE) return;
-    spec_ctl_update(&c->ctl, nd, acc);
-    char err[LM_ERRLEN];
-    if (kv_truncate(e->kv, c->kv, c->n_computed, err, sizeof err) != KV_OK)
-        finish(e, c, LM_FINISH_ERROR, LM_ERR_INTERNAL, err);
+    if (c->state != CH_DONE) {
+        spec_ctl_update(&c->ctl, nd, acc);
+        char err[LM_ERRLEN];
+        if (kv_truncate(e->kv, c->kv, c->n_computed, err, sizeof err) != KV_OK)
+            finish(e, c, LM_FINISH_ERROR, LM_ERR_INTERNAL, err);
+    }
+    request_unref(r);
 }
 
 /* One iteration. Returns false when there was nothing to run. */

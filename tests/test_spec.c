@@ -1,0 +1,584 @@
+/*
+ * test_spec.c - speculative decoding (decode/spec.h, sampler_sample_spec,
+ * the engine's verification):
+ *   - the prompt-lookup proposer on hand-made sequences, and the controller
+ *     that sizes proposals (full K at high acceptance; at low acceptance one
+ *     proposed token in SPEC_PROBE_EVERY steps at most);
+ *   - the rejection scheme's output distribution equals the target's exact
+ *     distribution (sampler_dist) by a chi-square test at significance 1e-6,
+ *     for point-mass and spread drafts that differ from the target, under
+ *     every transform (bias, penalties, top-k, top-p, min-p, temperature), on
+ *     a small vocabulary and on a stories260K logits row (vocabulary 512);
+ *   - greedy identity in the engine: with prompt lookup on, every request's
+ *     tokens, text and finish reason equal the plain engine's, for many
+ *     prompts (copy-heavy and random), alone, all together, under a budget
+ *     of 8 tokens per iteration, in a pool small enough to preempt, with
+ *     stop strings, max_tokens from 1 to 60, n = 3 forks, grammars, and again
+ *     from the prefix cache; speculation must actually have accepted tokens,
+ *     and engine_check (pool invariants, no leaked block, exact plan
+ *     accounting) passes after each run;
+ *   - sampled requests: a seed reproduces the output, and the engine's
+ *     second token (verified against a proposal) follows the target's exact
+ *     conditional distribution (chi-square, significance 1e-6).
+ */
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/pool.h"
+#include "base/util.h"
+#include "decode/sample.h"
+#include "decode/spec.h"
+#include "format/quantize.h"
+#include "kernels/kernels.h"
+#include "model/forward.h"
+#include "model/model.h"
+#include "sched/engine.h"
+#include "test.h"
+
+static lm_model *model;
+static lm_pool *ref_pool;
+
+/* ---- chi-square ------------------------------------------------------------ */
+
+/* Pearson's statistic of counts against probabilities p (n bins), bins with
+ * an expected count under 5 pooled into one; *df receives the degrees of
+ * freedom. */
+static double chi_square(const long *counts, const double *p, int n, long total, int *df) {
+    double x2 = 0, pool_e = 0, pool_o = 0;
+    int bins = 0;
+    for (int i = 0; i < n; i++) {
+        double e = p[i] * (double)total;
+        if (e < 5) {
+            pool_e += e;
+            pool_o += (double)counts[i];
+            continue;
+        }
+        x2 += ((double)counts[i] - e) * ((double)counts[i] - e) / e;
+        bins++;
+    }
+    if (pool_e > 0) {
+        x2 += (pool_o - pool_e) * (pool_o - pool_e) / (pool_e > 1e-9 ? pool_e : 1e-9);
+        bins++;
+    }
+    *df = bins > 1 ? bins - 1 : 1;
+    return x2;
+}
+
+/* The chi-square quantile at 1 - 1e-6 for df degrees of freedom
+ * (Wilson-Hilferty; z = 4.753 is the normal's 1 - 1e-6 quantile). */
+static double chi_crit(int df) {
+    double k = df, z = 4.753, t = 1 - 2 / (9 * k) + z * sqrt(2 / (9 * k));
+    return k * t * t * t;
+}
+
+/* ---- proposer and controller ------------------------------------------------ */
+
+static void test_ngram(void) {
+    int32_t out[8];
+    /* the suffix "1 2 3" occurred at 0: propose what followed */
+    int32_t a[] = {1, 2, 3, 4, 5, 6, 9, 1, 2, 3};
+    CHECK(spec_ngram_propose(a, 10, 4, out) == 4);
+    CHECK(out[0] == 4 && out[1] == 5 && out[2] == 6 && out[3] == 9);
+    /* never past the end of the sequence, and k bounds it */
+    CHECK(spec_ngram_propose(a, 10, 2, out) == 2 && out[1] == 5);
+    /* the most recent occurrence wins */
+    int32_t b[] = {7, 8, 1, 7, 8, 2, 7, 8};
+    CHECK(spec_ngram_propose(b, 8, 3, out) == 3 && out[0] == 2 && out[1] == 7 && out[2] == 8);
+    /* the longest suffix wins over a more recent shorter one */
+    int32_t c[] = {5, 6, 7, 40, 41, 9, 7, 50, 5, 6, 7};
+    CHECK(spec_ngram_propose(c, 11, 2, out) == 2 && out[0] == 40 && out[1] == 41);
+    /* overlap: a run proposes its continuation */
+    int32_t d[] = {3, 3, 3, 3};
+    CHECK(spec_ngram_propose(d, 4, 5, out) == 1 && out[0] == 3);
+    /* no match, too short, k 0 */
+    int32_t e[] = {1, 2, 3, 4};
+    CHECK(spec_ngram_propose(e, 4, 4, out) == 0);
+    CHECK(spec_ngram_propose(e, 1, 4, out) == 0);
+    CHECK(spec_ngram_propose(a, 10, 0, out) == 0);
+    /* a match at the very end of the earlier text proposes one token */
+    int32_t f[] = {9, 8, 9};
+    CHECK(spec_ngram_propose(f, 3, 4, out) == 2 && out[0] == 8 && out[1] == 9);
+    CHECK(spec_ngram_propose(f, 3, 1, out) == 1 && out[0] == 8);
+}
+
+static void test_controller(void) {
+    spec_ctl c;
+    spec_ctl_init(&c);
+    CHECK(spec_ctl_want(&c, 8) > 0);
+    for (int i = 0; i < 50; i++) spec_ctl_update(&c, 8, 8);
+    CHECK(spec_ctl_want(&c, 8) == 8);
+    CHECK(spec_ctl_want(&c, 3) == 3);
+    /* nothing accepted: speculation fades to one token every SPEC_PROBE_EVERY steps */
+    int proposed = 0, steps = 1000;
+    for (int i = 0; i < 30; i++) spec_ctl_update(&c, 4, 0);
+    for (int i = 0; i < steps; i++) {
+        int k = spec_ctl_want(&c, 8);
+        proposed += k;
+        if (k) spec_ctl_update(&c, k, 0);
+    }
+    CHECKF(proposed <= steps / SPEC_PROBE_EVERY + 1, "%d tokens proposed in %d steps", proposed, steps);
+    CHECK(proposed >= steps / SPEC_PROBE_EVERY - 1);
+    /* and recovers when proposals start to be accepted */
+    for (int i = 0; i < 200 && spec_ctl_want(&c, 8) < 4; i++) spec_ctl_update(&c, 1, 1);
+    CHECK(spec_ctl_want(&c, 8) >= 4);
+}
+
+/* ---- the rejection scheme's distribution ------------------------------------ */
+
+/* Draw n tokens by sampler_sample_spec from logits with draft tokens drawn
+ * from q (NULL: always `point`), and compare them with the exact p. */
+static void spec_dist_case(const lm_sample_params *sp, const float *logits, int V, const float *q, int32_t point,
+                           const int32_t *hist, int n_hist, long n, const char *what, int *fails) {
+    lm_sampler *s = sampler_new(sp, V), *ref = sampler_new(sp, V);
+    float *row = lm_malloc((size_t)V * sizeof *row);
+    int32_t *ids = lm_malloc((size_t)V * sizeof *ids);
+    float *probs = lm_malloc((size_t)V * sizeof *probs);
+    double *p = lm_calloc((size_t)V, sizeof *p);
+    long *counts = lm_calloc((size_t)V, sizeof *counts);
+    for (int i = 0; i < n_hist; i++) sampler_accept(s, hist[i]), sampler_accept(ref, hist[i]);
+    sampler_set_bias(s, 1, 1.5f), sampler_set_bias(ref, 1, 1.5f);
+    memcpy(row, logits, (size_t)V * sizeof *row);
+    int32_t m = sampler_dist(ref, row, ids, probs);
+    for (int i = 0; i < m; i++) p[ids[i]] = probs[i];
+    lm_rng r;
+    lm_rng_seed(&r, 99);
+    long accepted = 0;
+    for (long k = 0; k < n; k++) {
+        int32_t draft = point;
+        if (q) { /* a draw from q */
+            double u = lm_rng_uniform(&r), cum = 0;
+            draft = V - 1;
+            for (int i = 0; i < V; i++)
+                if (u < (cum += q[i])) {
+                    draft = i;
+                    break;
+                }
+        }
+        memcpy(row, logits, (size_t)V * sizeof *row);
+        bool acc;
+        int32_t t = sampler_sample_spec(s, row, draft, q, &acc);
+        if (t < 0 || t >= V) {
+            (*fails)++;
+            break;
+        }
+        accepted += acc;
+        counts[t]++;
+    }
+    int df;
+    double x2 = chi_square(counts, p, V, n, &df);
+    if (!(x2 < chi_crit(df))) {
+        fprintf(stderr, "  %s: chi-square %.1f over %d degrees of freedom (critical %.1f)\n", what, x2, df,
+                chi_crit(df));
+        (*fails)++;
+    }
+    if (accepted == 0 || accepted == n) {
+        fprintf(stderr, "  %s: %ld of %ld drafts accepted: the case does not exercise both branches\n", what, accepted,
+                n);
+        (*fails)++;
+    }
+    sampler_free(s);
+    sampler_free(ref);
+    lm_free(row), lm_free(ids), lm_free(probs), lm_free(p), lm_free(counts);
+}
+
+static void test_spec_distribution_small(void) {
+    const int V = 8;
+    float logits[8] = {1.0f, 0.2f, 2.0f, -1.0f, 0.5f, 1.7f, -3.0f, 0.0f};
+    float q_spread[8] = {0.30f, 0.05f, 0.05f, 0.20f, 0.10f, 0.05f, 0.20f, 0.05f}; /* differs from p */
+    int32_t hist[] = {2, 2, 5, 0};
+    int fails = 0;
+    lm_sample_params sp;
+    for (int cfg = 0; cfg < 5; cfg++) {
+        sample_params_default(&sp);
+        sp.seed = 7 + (uint64_t)cfg;
+        sp.top_k = 0, sp.top_p = 1, sp.min_p = 0, sp.temp = 1;
+        if (cfg == 1) sp.temp = 0.6f, sp.top_k = 5;
+        if (cfg == 2) sp.top_p = 0.8f, sp.temp = 1.3f;
+        if (cfg == 3) sp.min_p = 0.1f, sp.repeat_penalty = 1.3f, sp.freq_penalty = 0.2f, sp.presence_penalty = 0.3f;
+        if (cfg == 4) sp.top_k = 4, sp.top_p = 0.9f, sp.min_p = 0.05f, sp.temp = 0.8f, sp.repeat_penalty = 1.2f;
+        char what[64];
+        snprintf(what, sizeof what, "small vocabulary, transforms %d, spread draft", cfg);
+        spec_dist_case(&sp, logits, V, q_spread, -1, hist, 4, 60000, what, &fails);
+        snprintf(what, sizeof what, "small vocabulary, transforms %d, point draft", cfg);
+        spec_dist_case(&sp, logits, V, NULL, 0, hist, 4, 60000, what, &fails);
+    }
+    CHECK(fails == 0);
+}
+
+/* A stories260K row (vocabulary 512) as the target and a row of another
+ * context, at another temperature, as the draft. */
+static void test_spec_distribution_model(void) {
+    int V = model->hp.n_vocab;
+    char err[LM_ERRLEN];
+    float *tgt = lm_malloc((size_t)V * sizeof *tgt), *drow = lm_malloc((size_t)V * sizeof *drow);
+    float *q = lm_malloc((size_t)V * sizeof *q);
+    int32_t p1[] = {1, 403, 407, 261, 2217 % 512, 280}, p2[] = {1, 300, 301, 302};
+    lm_seqrun *s = seqrun_new(model, ref_pool, 0, 64, LM_TYPE_F32, err, sizeof err);
+    CHECK(s);
+    CHECK(seqrun_forward(s, p1, 6, tgt, false, err, sizeof err) == 0);
+    seqrun_reset(s);
+    CHECK(seqrun_forward(s, p2, 4, drow, false, err, sizeof err) == 0);
+    seqrun_free(s);
+    /* the draft's distribution: softmax(row / 1.5) */
+    double mx = -INFINITY, sum = 0;
+    for (int i = 0; i < V; i++) mx = drow[i] > mx ? drow[i] : mx;
+    for (int i = 0; i < V; i++) sum += (q[i] = (float)exp((drow[i] - mx) / 1.5));
+    for (int i = 0; i < V; i++) q[i] = (float)(q[i] / sum);
+    int32_t hist[] = {403, 407, 280, 280};
+    int fails = 0;
+    lm_sample_params sp;
+    sample_params_default(&sp);
+    sp.top_k = 0, sp.top_p = 0.95f, sp.min_p = 0.01f, sp.temp = 1.0f, sp.repeat_penalty = 1.1f, sp.seed = 3;
+    spec_dist_case(&sp, tgt, V, q, -1, hist, 4, 200000, "stories260K row, spread draft", &fails);
+    int32_t top = sample_argmax(tgt, V);
+    spec_dist_case(&sp, tgt, V, NULL, top, hist, 4, 200000, "stories260K row, point draft at the argmax", &fails);
+    lm_free(tgt), lm_free(drow), lm_free(q);
+    CHECK(fails == 0);
+}
+
+/* ---- the engine -------------------------------------------------------------- */
+
+#define MAX_OUT 80
+
+typedef struct {
+    int32_t tokens[3][MAX_OUT];
+    int n[3];
+    char text[3][1024];
+    size_t text_len[3];
+    lm_finish finish[3];
+    int done[3];
+    lm_request_stats stats[3];
+    atomic_int n_done;
+} collect;
+
+static void on_event(void *user, const lm_event *ev) {
+    collect *c = user;
+    int i = ev->index;
+    if (ev->token >= 0 && c->n[i] < MAX_OUT) c->tokens[i][c->n[i]++] = ev->token;
+    if (ev->text_len && c->text_len[i] + ev->text_len < sizeof c->text[i]) {
+        memcpy(c->text[i] + c->text_len[i], ev->text, ev->text_len);
+        c->text_len[i] += ev->text_len;
+    }
+    if (ev->done) {
+        c->done[i]++;
+        c->finish[i] = ev->finish;
+        c->stats[i] = *ev->stats;
+        atomic_fetch_add(&c->n_done, 1);
+    }
+}
+
+static lm_engine *new_engine(int spec, int batch_tokens, int max_seqs, uint64_t kv_mem) {
+    lm_engine_config ec;
+    engine_config_default(&ec);
+    ec.n_threads = 2;
+    ec.batch_tokens = batch_tokens;
+    ec.max_seqs = max_seqs;
+    ec.kv_mem = kv_mem;
+    ec.kv_type = LM_TYPE_F32;
+    ec.block_size = 4; /* many block boundaries inside proposals */
+    ec.spec = spec;
+    ec.spec_max = 6;
+    char err[LM_ERRLEN];
+    lm_engine *e = engine_new(model, model->tok, &ec, err, sizeof err);
+    if (!e) fprintf(stderr, "engine_new: %s\n", err);
+    return e;
+}
+
+/* One request's shape. */
+typedef struct {
+    int32_t prompt[96];
+    int n_prompt, max_tokens, n;
+    char stop[16];
+    const char *grammar;
+} job;
+
+#define N_JOBS 24
+
+static void make_jobs(job *jobs) {
+    lm_rng r;
+    lm_rng_seed(&r, 4242);
+    for (int j = 0; j < N_JOBS; j++) {
+        job *b = &jobs[j];
+        memset(b, 0, sizeof *b);
+        b->prompt[0] = 1;
+        int n = 8 + (int)(lm_rng_u64(&r) % 24); /* with what it repeats at most 60: the context is 128 */
+        for (int i = 1; i < n; i++) b->prompt[i] = 3 + (int32_t)(lm_rng_u64(&r) % 509);
+        if (j % 3 != 2) { /* copy-heavy: the prompt repeats its own middle */
+            int from = 1 + (int)(lm_rng_u64(&r) % (unsigned)(n / 2)), len = n - from;
+            if (len > 60 - n) len = 60 - n;
+            memcpy(b->prompt + n, b->prompt + from, (size_t)len * sizeof *b->prompt);
+            n += len;
+        }
+        if (j % 7 == 3) b->prompt[n / 2] = 2; /* an end-of-text token inside the prompt */
+        b->n_prompt = n;
+        b->max_tokens = 1 + (j * 13) % 60;
+        if (j % 5 == 4) b->max_tokens = 60;
+        b->n = j % 6 == 5 ? 3 : 1;
+        if (j % 8 == 6) b->grammar = "root ::= [a-z] [a-z ,.]*\n";
+        if (j % 8 == 7) b->grammar = "root ::= \"Once\" (\" \" [a-z]+){2,6} \".\"\n";
+    }
+}
+
+static lm_request_params job_params(const job *b, collect *c) {
+    lm_request_params p;
+    engine_request_params_default(&p);
+    p.prompt = b->prompt;
+    p.n_prompt = b->n_prompt;
+    p.max_tokens = b->max_tokens;
+    p.n = b->n;
+    p.sp.temp = 0;
+    p.grammar = b->grammar;
+    p.on_event = on_event;
+    p.user = c;
+    static const char *stops[1];
+    if (b->stop[0]) {
+        stops[0] = b->stop;
+        p.stop = stops;
+        p.n_stop = 1;
+    }
+    return p;
+}
+
+/* Run the jobs (together when `together`, else one at a time) into out. */
+static int run_jobs(lm_engine *e, const job *jobs, collect *out, bool together) {
+    char err[LM_ERRLEN];
+    for (int j = 0; j < N_JOBS; j++) {
+        memset(&out[j], 0, sizeof out[j]);
+        lm_request_params p = job_params(&jobs[j], &out[j]);
+        if (engine_submit(e, &p, NULL, err, sizeof err) != LM_OK) {
+            fprintf(stderr, "  submit %d: %s\n", j, err);
+            return -1;
+        }
+        if (!together) engine_wait_idle(e);
+    }
+    engine_wait_idle(e);
+    if (engine_check(e, err, sizeof err) != 0) {
+        fprintf(stderr, "  engine_check: %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
+/* Whether got equals want, request by request, choice by choice. */
+static bool same(const job *jobs, const collect *want, const collect *got, const char *what) {
+    for (int j = 0; j < N_JOBS; j++)
+        for (int i = 0; i < jobs[j].n; i++) {
+            const collect *a = &want[j], *b = &got[j];
+            if (b->done[i] != 1 || a->n[i] != b->n[i] || a->finish[i] != b->finish[i] ||
+                memcmp(a->tokens[i], b->tokens[i], (size_t)a->n[i] * sizeof(int32_t)) != 0 ||
+                a->text_len[i] != b->text_len[i] || memcmp(a->text[i], b->text[i], a->text_len[i]) != 0) {
+                fprintf(stderr, "  %s: request %d choice %d differs (%d vs %d tokens, finish %d vs %d)\n", what, j, i,
+                        a->n[i], b->n[i], a->finish[i], b->finish[i]);
+                return false;
+            }
+        }
+    return true;
+}
+
+static void test_greedy_identity(void) {
+    static job jobs[N_JOBS];
+    static collect plain[N_JOBS], got[N_JOBS];
+    make_jobs(jobs);
+    lm_engine *ref = new_engine(LM_SPEC_NONE, 64, 8, 0);
+    CHECK(ref);
+    /* stop strings: a piece from the middle of a first plain run's text */
+    CHECK(run_jobs(ref, jobs, plain, false) == 0);
+    for (int j = 0; j < N_JOBS; j += 4)
+        if (plain[j].text_len[0] > 12) {
+            memcpy(jobs[j].stop, plain[j].text[0] + plain[j].text_len[0] / 2, 3);
+            jobs[j].stop[3] = 0;
+        }
+    CHECK(run_jobs(ref, jobs, plain, false) == 0);
+    engine_free(ref);
+    int n_stop = 0, n_eos = 0;
+    for (int j = 0; j < N_JOBS; j++) {
+        n_stop += jobs[j].stop[0] && plain[j].finish[0] == LM_FINISH_STOP;
+        n_eos += !jobs[j].stop[0] && !jobs[j].grammar && plain[j].finish[0] == LM_FINISH_STOP;
+    }
+    CHECKF(n_stop >= 2, "only %d stop strings hit", n_stop);
+    fprintf(stderr, "  plain: %d requests ended by a stop string, %d by an end-of-text token\n", n_stop, n_eos);
+    /* a pool of 90 blocks of 4 positions: one request fits, eight preempt */
+    uint64_t bytes_per_token = 2ull * (uint64_t)model->hp.n_layer * (uint64_t)model->hp.n_head_kv *
+                               (uint64_t)model->hp.head_dim * sizeof(float);
+
+    struct {
+        const char *what;
+        int batch, seqs;
+        uint64_t kv_mem;
+        bool together;
+    } runs[] = {
+        {"alone", 64, 8, 0, false},
+        {"together", 64, 8, 0, true},
+        {"budget 8", 8, 8, 0, true},
+        {"small pool (preemption)", 64, 8, 90 * 4 * bytes_per_token, true},
+    };
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        lm_engine *e = new_engine(LM_SPEC_NGRAM, runs[r].batch, runs[r].seqs, runs[r].kv_mem);
+        CHECK(e);
+        CHECK(run_jobs(e, jobs, got, runs[r].together) == 0);
+        CHECK(same(jobs, plain, got, runs[r].what));
+        /* again: prompts and outputs now come from the prefix cache */
+        CHECK(run_jobs(e, jobs, got, runs[r].together) == 0);
+        CHECK(same(jobs, plain, got, runs[r].what));
+        lm_engine_stats st;
+        engine_stats(e, &st);
+        fprintf(stderr, "  %s: %llu proposed, %llu accepted in %llu verifying passes, %llu preemptions\n",
+                runs[r].what, (unsigned long long)st.spec_proposed_total, (unsigned long long)st.spec_accepted_total,
+                (unsigned long long)st.spec_steps_total, (unsigned long long)st.preemptions_total);
+        CHECK(st.spec_accepted_total >= 10 && st.spec_accepted_total < st.spec_proposed_total);
+        if (runs[r].kv_mem) CHECK(st.preemptions_total > 0);
+        engine_free(e);
+    }
+}
+
+/* Per request: speculation off (spec_k < 0) gives no proposal; K = 1 at
+ * most one per pass; the output is the same. */
+static void test_request_k(void) {
+    static job jobs[N_JOBS];
+    static collect a[N_JOBS];
+    make_jobs(jobs);
+    lm_engine *e = new_engine(LM_SPEC_NGRAM, 64, 8, 0);
+    CHECK(e);
+    char err[LM_ERRLEN];
+    for (int k = -1; k <= 1; k += 2) {
+        collect c;
+        memset(&c, 0, sizeof c);
+        lm_request_params p = job_params(&jobs[0], &c);
+        p.max_tokens = 60;
+        p.spec_k = k;
+        CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
+        engine_wait_idle(e);
+        if (k < 0) CHECK(c.stats[0].spec_proposed == 0 && c.stats[0].spec_steps == 0);
+        else CHECK(c.stats[0].spec_proposed == c.stats[0].spec_steps && c.stats[0].spec_steps > 0);
+        a[k > 0] = c;
+    }
+    CHECK(a[0].n[0] == a[1].n[0] && !memcmp(a[0].tokens[0], a[1].tokens[0], (size_t)a[0].n[0] * sizeof(int32_t)));
+    engine_free(e);
+}
+
+/* Sampled requests: the same seed gives the same tokens; the second token
+ * (verified against the proposal that follows the first) is distributed as
+ * the target's exact conditional distribution. */
+static void test_sampled(void) {
+    int V = model->hp.n_vocab;
+    char err0[LM_ERRLEN];
+    /* a prompt of 100 distinct tokens, its greedy next token among them, so
+     * that the likeliest first tokens have an earlier occurrence for prompt
+     * lookup to propose from */
+    static int32_t prompt[128];
+    int n = 0;
+    prompt[n++] = 1;
+    for (int t = 0; t < 99; t++) prompt[n++] = 3 + (t * 37) % 509;
+    {
+        float *lr = lm_malloc((size_t)V * sizeof *lr);
+        for (int it = 0; it < 4; it++) {
+            lm_seqrun *s0 = seqrun_new(model, ref_pool, 0, 64, LM_TYPE_F32, err0, sizeof err0);
+            CHECK(s0 && seqrun_forward(s0, prompt, n, lr, false, err0, sizeof err0) == 0);
+            seqrun_free(s0);
+            prompt[40 + it] = sample_argmax(lr, V);
+        }
+        lm_free(lr);
+    }
+    lm_engine *e = new_engine(LM_SPEC_NGRAM, 64, 16, 0);
+    CHECK(e);
+    lm_sample_params sp;
+    sample_params_default(&sp);
+    sp.top_k = 0, sp.top_p = 1, sp.min_p = 0, sp.temp = 1;
+    char err[LM_ERRLEN];
+    /* reproducible */
+    static collect r1, r2;
+    for (int k = 0; k < 2; k++) {
+        collect *c = k ? &r2 : &r1;
+        memset(c, 0, sizeof *c);
+        lm_request_params p;
+        engine_request_params_default(&p);
+        p.prompt = prompt, p.n_prompt = n, p.max_tokens = 25, p.sp = sp, p.sp.seed = 1234;
+        p.on_event = on_event, p.user = c;
+        CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
+        engine_wait_idle(e);
+    }
+    CHECK(r1.n[0] == r2.n[0] && !memcmp(r1.tokens[0], r2.tokens[0], (size_t)r1.n[0] * sizeof(int32_t)));
+    CHECK(r1.stats[0].spec_steps > 0);
+
+    /* the distribution: many 3-token requests (the second verified against a proposal); keep the second tokens of the
+     * most frequent first token */
+    enum { N = 12000, BATCH = 400 };
+    static collect cs[BATCH];
+    static int32_t first[N], second[N];
+    static bool was_verified[N];
+    int verified = 0;
+    for (int b = 0; b < N; b += BATCH) {
+        for (int k = 0; k < BATCH; k++) {
+            memset(&cs[k], 0, sizeof cs[k]);
+            lm_request_params p;
+            engine_request_params_default(&p);
+            p.prompt = prompt, p.n_prompt = n, p.max_tokens = 3, p.sp = sp, p.sp.seed = 77 + (uint64_t)(b + k);
+            p.on_event = on_event, p.user = &cs[k];
+            CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
+        }
+        engine_wait_idle(e);
+        for (int k = 0; k < BATCH; k++) {
+            CHECK(cs[k].n[0] >= 2);
+            first[b + k] = cs[k].tokens[0][0];
+            second[b + k] = cs[k].tokens[0][1];
+            verified += was_verified[b + k] = cs[k].stats[0].spec_steps > 0;
+        }
+    }
+    CHECK(engine_check(e, err, sizeof err) == 0);
+    engine_free(e);
+    CHECKF(verified > N / 10, "only %d of %d second tokens were verified against a proposal", verified, N);
+    /* whether a proposal is made depends only on the first token, so the
+     * second tokens after one first token are all verified or none */
+    long *cnt = lm_calloc((size_t)V, sizeof *cnt);
+    for (int i = 0; i < N; i++) cnt[first[i]] += was_verified[i];
+    int32_t t1 = 0;
+    for (int t = 0; t < V; t++) t1 = cnt[t] > cnt[t1] ? t : t1;
+    memset(cnt, 0, (size_t)V * sizeof *cnt);
+    long m = 0;
+    for (int i = 0; i < N; i++)
+        if (first[i] == t1) cnt[second[i]]++, m++;
+    fprintf(stderr, "  engine: first token %d drawn %ld times of %d\n", t1, m, N);
+    CHECKF(m >= 1000, "the most frequent first token came %ld times", m);
+    /* the exact conditional distribution after prompt + t1 */
+    float *row = lm_malloc((size_t)V * sizeof *row);
+    float *probs = lm_malloc((size_t)V * sizeof *probs);
+    int32_t *ids = lm_malloc((size_t)V * sizeof *ids);
+    double *p = lm_calloc((size_t)V, sizeof *p);
+    lm_seqrun *s = seqrun_new(model, ref_pool, 0, 64, LM_TYPE_F32, err, sizeof err);
+    CHECK(s);
+    prompt[n] = t1;
+    CHECK(seqrun_forward(s, prompt, n + 1, row, false, err, sizeof err) == 0);
+    seqrun_free(s);
+    lm_sampler *ref = sampler_new(&sp, V);
+    int32_t k = sampler_dist(ref, row, ids, probs);
+    for (int i = 0; i < k; i++) p[ids[i]] = probs[i];
+    sampler_free(ref);
+    int df;
+    double x2 = chi_square(cnt, p, V, m, &df);
+    fprintf(stderr, "  engine: second token after %d (%ld draws): chi-square %.1f, %d df, critical %.1f\n", t1, m, x2,
+            df, chi_crit(df));
+    CHECK(x2 < chi_crit(df));
+    lm_free(cnt), lm_free(row), lm_free(probs), lm_free(ids), lm_free(p);
+}
+
+int main(void) {
+    kernels_init();
+    char err[LM_ERRLEN];
+    if (!(model = model_load(TEST_MODEL, err, sizeof err))) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    ref_pool = pool_new(2);
+    TEST_RUN(test_ngram);
+    TEST_RUN(test_controller);
+    TEST_RUN(test_spec_distribution_small);
+    TEST_RUN(test_spec_distribution_model);
+    TEST_RUN(test_greedy_identity);
+    TEST_RUN(test_request_k);
+    TEST_RUN(test_sampled);
+    model_free(model);
+    pool_free(ref_pool);
+    return TEST_DONE();
+}
