@@ -14,7 +14,9 @@
  *     prompts (copy-heavy and random), alone, all together, under a budget
  *     of 8 tokens per iteration, in a pool small enough to preempt, with
  *     stop strings, max_tokens from 1 to 60, n = 3 forks, grammars, and again
- *     from the prefix cache; speculation must actually have accepted tokens,
+ *     from the prefix cache; on the bundled model and on a sliding-window
+ *     variant of it (swa_model.h), whose truncations must keep the window's
+ *     blocks; speculation must actually have accepted tokens,
  *     and engine_check (pool invariants, no leaked block, exact plan
  *     accounting) passes after each run;
  *   - sampled requests: a seed reproduces the output, and the engine's
@@ -35,6 +37,7 @@
 #include "model/forward.h"
 #include "model/model.h"
 #include "sched/engine.h"
+#include "swa_model.h"
 #include "test.h"
 
 static lm_model *model;
@@ -81,25 +84,29 @@ static void test_ngram(void) {
     int32_t a[] = {1, 2, 3, 4, 5, 6, 9, 1, 2, 3};
     CHECK(spec_ngram_propose(a, 10, 4, out) == 4);
     CHECK(out[0] == 4 && out[1] == 5 && out[2] == 6 && out[3] == 9);
-    /* never past the end of the sequence, and k bounds it */
+    /* k bounds it */
     CHECK(spec_ngram_propose(a, 10, 2, out) == 2 && out[1] == 5);
+    /* past the end of the sequence the copy repeats with the match's period */
+    CHECK(spec_ngram_propose(a, 10, 8, out) == 8);
+    CHECK(out[3] == 9 && out[4] == 1 && out[5] == 2 && out[6] == 3 && out[7] == 4);
     /* the most recent occurrence wins */
     int32_t b[] = {7, 8, 1, 7, 8, 2, 7, 8};
     CHECK(spec_ngram_propose(b, 8, 3, out) == 3 && out[0] == 2 && out[1] == 7 && out[2] == 8);
+    CHECK(spec_ngram_propose(b, 8, 5, out) == 5 && out[3] == 2 && out[4] == 7);
     /* the longest suffix wins over a more recent shorter one */
     int32_t c[] = {5, 6, 7, 40, 41, 9, 7, 50, 5, 6, 7};
     CHECK(spec_ngram_propose(c, 11, 2, out) == 2 && out[0] == 40 && out[1] == 41);
     /* overlap: a run proposes its continuation */
     int32_t d[] = {3, 3, 3, 3};
-    CHECK(spec_ngram_propose(d, 4, 5, out) == 1 && out[0] == 3);
+    CHECK(spec_ngram_propose(d, 4, 5, out) == 5 && out[0] == 3 && out[4] == 3);
     /* no match, too short, k 0 */
     int32_t e[] = {1, 2, 3, 4};
     CHECK(spec_ngram_propose(e, 4, 4, out) == 0);
     CHECK(spec_ngram_propose(e, 1, 4, out) == 0);
     CHECK(spec_ngram_propose(a, 10, 0, out) == 0);
-    /* a match at the very end of the earlier text proposes one token */
+    /* a match just before the suffix: period 2 */
     int32_t f[] = {9, 8, 9};
-    CHECK(spec_ngram_propose(f, 3, 4, out) == 2 && out[0] == 8 && out[1] == 9);
+    CHECK(spec_ngram_propose(f, 3, 4, out) == 4 && out[0] == 8 && out[1] == 9 && out[2] == 8 && out[3] == 9);
     CHECK(spec_ngram_propose(f, 3, 1, out) == 1 && out[0] == 8);
 }
 
@@ -292,6 +299,7 @@ typedef struct {
     int n_prompt, max_tokens, n;
     char stop[16];
     const char *grammar;
+    bool eos_bias;              /* end-of-text made likelier, so some outputs end by it */
 } job;
 
 #define N_JOBS 24
@@ -311,7 +319,10 @@ static void make_jobs(job *jobs) {
             memcpy(b->prompt + n, b->prompt + from, (size_t)len * sizeof *b->prompt);
             n += len;
         }
-        if (j % 7 == 3) b->prompt[n / 2] = 2; /* an end-of-text token inside the prompt */
+        if (j % 7 == 3 || j % 7 == 5) { /* an end-of-text token inside the prompt, and likelier */
+            b->prompt[n / 2] = 2;
+            b->eos_bias = true;
+        }
         b->n_prompt = n;
         b->max_tokens = 1 + (j * 13) % 60;
         if (j % 5 == 4) b->max_tokens = 60;
@@ -332,6 +343,9 @@ static lm_request_params job_params(const job *b, collect *c) {
     p.grammar = b->grammar;
     p.on_event = on_event;
     p.user = c;
+    static const int32_t eos_id[1] = {2};
+    static const float eos_val[1] = {9.0f};
+    if (b->eos_bias) p.bias_ids = eos_id, p.bias_vals = eos_val, p.n_bias = 1;
     static const char *stops[1];
     if (b->stop[0]) {
         stops[0] = b->stop;
@@ -377,7 +391,7 @@ static bool same(const job *jobs, const collect *want, const collect *got, const
     return true;
 }
 
-static void test_greedy_identity(void) {
+static void greedy_identity(uint64_t pool_blocks) {
     static job jobs[N_JOBS];
     static collect plain[N_JOBS], got[N_JOBS];
     make_jobs(jobs);
@@ -399,7 +413,7 @@ static void test_greedy_identity(void) {
     }
     CHECKF(n_stop >= 2, "only %d stop strings hit", n_stop);
     fprintf(stderr, "  plain: %d requests ended by a stop string, %d by an end-of-text token\n", n_stop, n_eos);
-    /* a pool of 90 blocks of 4 positions: one request fits, eight preempt */
+    /* a pool of pool_blocks blocks of 4 positions: one request fits, eight preempt */
     uint64_t bytes_per_token = 2ull * (uint64_t)model->hp.n_layer * (uint64_t)model->hp.n_head_kv *
                                (uint64_t)model->hp.head_dim * sizeof(float);
 
@@ -412,8 +426,9 @@ static void test_greedy_identity(void) {
         {"alone", 64, 8, 0, false},
         {"together", 64, 8, 0, true},
         {"budget 8", 8, 8, 0, true},
-        {"small pool (preemption)", 64, 8, 90 * 4 * bytes_per_token, true},
+        {"small pool (preemption)", 64, 8, pool_blocks * 4 * bytes_per_token, true},
     };
+    uint64_t rejected = 0;
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
         lm_engine *e = new_engine(LM_SPEC_NGRAM, runs[r].batch, runs[r].seqs, runs[r].kv_mem);
         CHECK(e);
@@ -427,10 +442,27 @@ static void test_greedy_identity(void) {
         fprintf(stderr, "  %s: %llu proposed, %llu accepted in %llu verifying passes, %llu preemptions\n",
                 runs[r].what, (unsigned long long)st.spec_proposed_total, (unsigned long long)st.spec_accepted_total,
                 (unsigned long long)st.spec_steps_total, (unsigned long long)st.preemptions_total);
-        CHECK(st.spec_accepted_total >= 10 && st.spec_accepted_total < st.spec_proposed_total);
+        CHECK(st.spec_accepted_total >= 10 && st.spec_accepted_total <= st.spec_proposed_total);
+        rejected += st.spec_proposed_total - st.spec_accepted_total;
         if (runs[r].kv_mem) CHECK(st.preemptions_total > 0);
         engine_free(e);
     }
+    CHECK(rejected > 0); /* rejections, and so truncations, happened */
+}
+
+static void test_greedy_identity(void) { greedy_identity(90); }
+
+/* The same on a sliding-window model (window 8 on two layers in three):
+ * truncation keeps the blocks a window still sees. */
+static void test_greedy_identity_swa(void) {
+    char err[LM_ERRLEN];
+    lm_model *keep = model;
+    lm_model *swa = swa_model_load(TEST_MODEL, 8, 3, 128, err, sizeof err);
+    CHECKF(swa, "%s", err);
+    model = swa;
+    greedy_identity(80);
+    model = keep;
+    model_free(swa);
 }
 
 /* Per request: speculation off (spec_k < 0) gives no proposal; K = 1 at
@@ -576,6 +608,7 @@ int main(void) {
     TEST_RUN(test_spec_distribution_small);
     TEST_RUN(test_spec_distribution_model);
     TEST_RUN(test_greedy_identity);
+    TEST_RUN(test_greedy_identity_swa);
     TEST_RUN(test_request_k);
     TEST_RUN(test_sampled);
     model_free(model);

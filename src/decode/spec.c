@@ -5,8 +5,10 @@
  * The search walks candidate start positions from the most recent backwards
  * and stops at the first full match of the suffix, so a sequence that
  * repeats itself proposes its latest repetition. A match must leave at least
- * one token after it (the proposal), and may overlap the suffix itself (a
- * run "a a a a" proposes "a").
+ * one token after it, and may overlap the suffix itself. The proposal copies
+ * the tokens that followed the match and, where those run out at the end of
+ * the sequence, goes on copying its own output: text repeating with a period
+ * p (matched p tokens back) is proposed k tokens ahead, "a a a a" as "a a a".
  */
 #include "decode/spec.h"
 
@@ -22,10 +24,13 @@ int spec_ngram_propose(const int32_t *toks, int n, int k, int32_t *out) {
          * at least toks[i+g] follows it */
         for (int i = n - g - 1; i >= 0; i--) {
             if (toks[i + g - 1] != suf[g - 1] || memcmp(toks + i, suf, (size_t)g * sizeof *toks) != 0) continue;
-            int m = n - (i + g);
-            if (m > k) m = k;
-            memcpy(out, toks + i + g, (size_t)m * sizeof *out);
-            return m;
+            /* copy what followed; past the end, the copy goes on from its
+             * own output (a period shorter than k repeats) */
+            for (int j = 0; j < k; j++) {
+                int src = i + g + j;
+                out[j] = src < n ? toks[src] : out[src - n];
+            }
+            return k;
         }
     }
     return 0;

@@ -13,7 +13,8 @@
  * Prompt lookup (n-gram) proposer. The sequence's last g tokens (g from
  * SPEC_NGRAM_MAX down to SPEC_NGRAM_MIN) are searched for, most recent
  * occurrence first, among the earlier tokens (prompt and output); the
- * tokens that followed the match are the proposal. So text that copies its
+ * tokens that followed the match are the proposal (continued periodically
+ * past the end of the sequence). So text that copies its
  * sources (code edits, summaries, answers quoting a document) is proposed
  * by what it copies. Cost: O(n x g) comparisons per call, no memory. The
  * proposal depends only on the tokens, so it is the same alone or in a
@@ -41,10 +42,10 @@
 #define SPEC_EMA 0.15f            /* weight of one new outcome in the estimate */
 #define SPEC_ACC_START 0.6f       /* the estimate before any outcome */
 
-/* Up to k tokens that followed the most recent earlier occurrence of the
+/* The k tokens that followed the most recent earlier occurrence of the
  * longest suffix (SPEC_NGRAM_MAX .. SPEC_NGRAM_MIN tokens) of toks[0..n),
- * written to out (k entries); returns how many (0: no match, k <= 0 or
- * n < 2). Proposals never run past toks[n-1]. */
+ * written to out (k entries); past toks[n-1] the copy continues from out
+ * itself. Returns k, or 0 (no match, k <= 0 or n < 2). */
 int spec_ngram_propose(const int32_t *toks, int n, int k, int32_t *out);
 
 typedef struct {
