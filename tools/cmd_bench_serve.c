@@ -17,7 +17,10 @@
  *   continuous     requests join and leave at every iteration
  * Reported per mode: request throughput, output and total token throughput,
  * TTFT, TPOT, ITL and end-to-end latency (mean, p50, p99), and the mean
- * number of sequences per iteration.
+ * number of sequences per iteration; with speculative decoding (--spec),
+ * the tokens proposed and accepted and the mean tokens per verifying pass.
+ * --prompt-file gives every request the same text prompt instead (a
+ * copy-heavy workload for prompt lookup).
  */
 #include <math.h>
 #include <pthread.h>
@@ -29,6 +32,7 @@
 #include "model/forward.h"
 #include "sched/engine.h"
 #include "base/pool.h"
+#include "base/safefile.h"
 #include "format/quant.h"
 #include "base/util.h"
 
@@ -52,7 +56,10 @@ static void usage_bench_serve(FILE *f) {
             "  --batch-tokens N    tokens per iteration (default %d)\n"
             "  --max-seqs N        sequences per iteration (default 64)\n"
             "  --kv-mem BYTES      KV pool size (default: context x max-seqs, at most 4 GiB)\n"
-            "  --kv-type T         F16 (default), F32, Q8_0\n",
+            "  --kv-type T         F16 (default), F32, Q8_0\n"
+            "  --spec ngram        speculative decoding by prompt lookup\n"
+            "  --draft-max K       tokens proposed per step at most (default 8)\n"
+            "  --prompt-file FILE  every request's prompt is this text (outputs still drawn)\n",
             FWD_BATCH_DEFAULT);
 }
 
@@ -162,6 +169,7 @@ typedef struct {
     dist ttft, tpot, itl, e2e;
     int failed;
     uint64_t preemptions;
+    uint64_t spec_proposed, spec_accepted, spec_steps;
 } mode_result;
 
 static int run_mode(const lm_model *m, const lm_engine_config *ec, const work_item *w, int n, int32_t **prompts,
@@ -216,7 +224,9 @@ static int run_mode(const lm_model *m, const lm_engine_config *ec, const work_it
     engine_stats(e, &st);
     engine_free(e);
 
-    *res = (mode_result){.name = name, .wall = t_end - t0, .preemptions = st.preemptions_total};
+    *res = (mode_result){.name = name, .wall = t_end - t0, .preemptions = st.preemptions_total,
+                         .spec_proposed = st.spec_proposed_total, .spec_accepted = st.spec_accepted_total,
+                         .spec_steps = st.spec_steps_total};
     double *ttft = malloc((size_t)n * sizeof *ttft), *tpot = malloc((size_t)n * sizeof *tpot),
            *e2e = malloc((size_t)n * sizeof *e2e);
     int n_ok = 0, n_tpot = 0;
@@ -269,7 +279,7 @@ static int draw(lm_rng *r, int lo, int hi) { return lo + (int)(lm_rng_u64(r) % (
 
 int cmd_bench_serve(int argc, char **argv) {
     args a = {argc, argv, 0, "bench serve", usage_bench_serve};
-    const char *model = NULL, *modes = "one-at-a-time,static,continuous";
+    const char *model = NULL, *modes = "one-at-a-time,static,continuous", *pfile = NULL;
     long long n_req = 64, conc = 0, seed = 1, threads = pool_default_threads(), ctx = 0;
     double rate = 0;
     bool ctx_extend = false;
@@ -297,6 +307,9 @@ int cmd_bench_serve(int argc, char **argv) {
         else if (is_flag(&a, "--max-seqs", NULL)) ec.max_seqs = (int)need_int(&a, 1, 1 << 16);
         else if (is_flag(&a, "--kv-mem", NULL)) ec.kv_mem = need_bytes(&a);
         else if (is_flag(&a, "--kv-type", NULL)) ec.kv_type = need_kv_type(&a);
+        else if (is_flag(&a, "--spec", NULL)) ec.spec = need_spec(&a);
+        else if (is_flag(&a, "--draft-max", NULL)) ec.spec_max = (int)need_int(&a, 1, 64);
+        else if (is_flag(&a, "--prompt-file", NULL)) pfile = need_val(&a);
         else die_usage(&a, "unknown option '%s'", argv[a.i]);
     }
     lm_model *m = load_or_die("bench serve", model);
@@ -308,6 +321,18 @@ int cmd_bench_serve(int argc, char **argv) {
     int n = (int)n_req, c = conc > 0 ? (int)conc : n;
 
     /* the workload */
+    int32_t *ftoks = NULL;
+    int n_ftoks = 0;
+    if (pfile) {
+        char rerr[LM_ERRLEN];
+        size_t len;
+        char *text = safefile_read(pfile, &len, rerr, sizeof rerr);
+        if (!text) fail("bench serve", rerr);
+        n_ftoks = encode_all(m->tok, text, len, tok_add_bos(m->tok), true, &ftoks);
+        lm_free(text);
+        if (n_ftoks < 1) fail("bench serve", "the prompt file encodes to no tokens");
+        if (n_ftoks >= n_ctx) fail("bench serve", "the prompt file does not fit the context (use -c)");
+    }
     lm_rng r;
     lm_rng_seed(&r, (uint64_t)seed);
     work_item *w = calloc((size_t)n, sizeof *w);
@@ -319,6 +344,7 @@ int cmd_bench_serve(int argc, char **argv) {
         int np = fixed_p ? fixed_p : longp ? draw(&r, 3 * p_hi, 6 * p_hi) : draw(&r, p_lo, p_hi);
         int no = fixed_g ? fixed_g : longo ? draw(&r, 2 * o_hi, 4 * o_hi) : draw(&r, o_lo, o_hi);
         if (np > n_ctx / 2) np = n_ctx / 2;
+        if (ftoks) np = n_ftoks;
         if (np + no > n_ctx) no = n_ctx - np;
         w[i].n_prompt = np;
         w[i].n_out = no;
@@ -329,7 +355,8 @@ int cmd_bench_serve(int argc, char **argv) {
         prompts[i] = malloc((size_t)np * sizeof *prompts[i]);
         int32_t bos = tok_bos(m->tok);
         for (int k = 0; k < np; k++)
-            prompts[i][k] = k == 0 && bos >= 0 ? bos : (int32_t)(lm_rng_u64(&r) % (uint64_t)m->hp.n_vocab);
+            prompts[i][k] = ftoks ? ftoks[k]
+                            : k == 0 && bos >= 0 ? bos : (int32_t)(lm_rng_u64(&r) % (uint64_t)m->hp.n_vocab);
         sum_p += np;
         sum_o += no;
     }
@@ -369,6 +396,11 @@ int cmd_bench_serve(int argc, char **argv) {
                x->e2e.p50 * 1e3, x->e2e.p99 * 1e3);
         printf("  decode after the last first token: %.2f tok/s; %d failed, %llu preemptions\n", x->decode_tok_s,
                x->failed, (unsigned long long)x->preemptions);
+        if (ec.spec != LM_SPEC_NONE)
+            printf("  speculation: %llu proposed, %llu accepted (%.1f%%), %.2f tokens per verifying pass\n",
+                   (unsigned long long)x->spec_proposed, (unsigned long long)x->spec_accepted,
+                   x->spec_proposed ? 100.0 * (double)x->spec_accepted / (double)x->spec_proposed : 0.0,
+                   x->spec_steps ? 1.0 + (double)x->spec_accepted / (double)x->spec_steps : 0.0);
         fflush(stdout);
     }
     if (have[2] && have[1])
@@ -380,6 +412,7 @@ int cmd_bench_serve(int argc, char **argv) {
     for (int k = 0; k < 3; k++) failed += have[k] ? res[k].failed : 0;
     for (int i = 0; i < n; i++) free(prompts[i]);
     free(prompts);
+    free(ftoks);
     free(w);
     model_free(m);
     return failed ? 1 : 0;

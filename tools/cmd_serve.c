@@ -43,6 +43,10 @@ static void usage_serve(FILE *f) {
             "      --batch-tokens N   tokens per engine iteration (default %d)\n"
             "      --kv-mem BYTES     KV cache pool size, e.g. 512M (default: context x max-seqs, at most 4G)\n"
             "      --kv-type T        KV cache element type: F16 (default), F32, Q8_0\n"
+            "      --spec ngram       speculative decoding by prompt lookup, on for every request unless\n"
+            "                         it sends \"speculative\": false or \"draft_max\": 0\n"
+            "      --draft-max K      tokens proposed per step at most (default 8; a request's\n"
+            "                         \"draft_max\" may ask for fewer)\n"
             "      --max-waiting N    queued requests before answering 429 (default 256; 0: unbounded)\n"
             "      --timeout SECONDS  cancel a request after this long, answering with what it has (default 600)\n"
             "      --keepalive SECONDS  a streaming comment line after this much silence (default 3)\n"
@@ -135,6 +139,8 @@ int cmd_serve(int argc, char **argv) {
         else if (is_flag(&a, "--batch-tokens", NULL)) ec.batch_tokens = (int)need_int(&a, 1, 1 << 20);
         else if (is_flag(&a, "--kv-mem", NULL)) ec.kv_mem = need_bytes(&a);
         else if (is_flag(&a, "--kv-type", NULL)) ec.kv_type = need_kv_type(&a);
+        else if (is_flag(&a, "--spec", NULL)) ec.spec = need_spec(&a);
+        else if (is_flag(&a, "--draft-max", NULL)) ec.spec_max = (int)need_int(&a, 1, 64);
         else if (is_flag(&a, "--max-waiting", NULL)) ec.max_waiting = (int)need_int(&a, 0, 1 << 24);
         else if (is_flag(&a, "--timeout", NULL)) sc.timeout = need_float(&a, 0, 1e7);
         else if (is_flag(&a, "--keepalive", NULL)) sc.keepalive = need_float(&a, 0.01, 3600);

@@ -140,6 +140,12 @@ static int route_metrics(lm_server *s, struct MHD_Connection *conn) {
     metric(&b, "lamina_prefix_cache_hits_total", "counter", "Prefix cache hits.", (double)st.prefix_hits_total);
     metric(&b, "lamina_preemptions_total", "counter", "Sequences preempted for KV space.",
            (double)st.preemptions_total);
+    metric(&b, "lamina_spec_proposed_tokens_total", "counter", "Speculative decoding: tokens proposed.",
+           (double)st.spec_proposed_total);
+    metric(&b, "lamina_spec_accepted_tokens_total", "counter", "Speculative decoding: proposed tokens accepted.",
+           (double)st.spec_accepted_total);
+    metric(&b, "lamina_spec_verify_steps_total", "counter", "Speculative decoding: passes that verified a proposal.",
+           (double)st.spec_steps_total);
     histogram(&b, "lamina_batch_size", "Sequences per engine iteration.", &st.batch_size);
     histogram(&b, "lamina_time_to_first_token_seconds", "Submission to first token.", &st.ttft);
     histogram(&b, "lamina_time_per_output_token_seconds", "Time per output token after the first.", &st.tpot);

@@ -14,7 +14,10 @@
  * (2.0); an error names the parameter it is about. Defaults follow OpenAI
  * (temperature 1, top_p 1, n 1, max_tokens 16 for completions and the rest
  * of the context for chat), with lamina's extensions off unless given
- * (top_k, min_p, repetition_penalty, priority, ignore_eos).
+ * (top_k, min_p, repetition_penalty, priority, ignore_eos; speculative and
+ * draft_max: speculative decoding on a server started with a proposer is on
+ * unless "speculative": false or "draft_max": 0, and draft_max N caps the
+ * tokens proposed per step).
  *
  * Memory: cJSON allocates through lm_malloc/lm_free (hooks installed once);
  * everything in lm_server_request is lm_malloc'ed and freed by
@@ -150,6 +153,10 @@ static int parse_sampling(const cJSON *root, bool chat, lm_server_request *r, lm
     if ((rc = get_int(root, "priority", INT_MIN, INT_MAX, &k, e)) < 0) return -1;
     if (rc) r->p.priority = (int)k;
     if (get_bool(root, "ignore_eos", &r->p.ignore_eos, e) < 0) return -1;
+    bool spec = true;
+    if (get_bool(root, "speculative", &spec, e) < 0) return -1;
+    if ((rc = get_int(root, "draft_max", 0, 64, &k, e)) < 0) return -1;
+    r->p.spec_k = !spec || (rc && k == 0) ? -1 : rc ? (int)k : 0;
 
     /* logprobs: an integer 0..5 for completions, a boolean + top_logprobs for chat */
     if (!chat) {
