@@ -1,0 +1,249 @@
+#!/usr/bin/env python3
+"""End-to-end checks of speculative decoding in `lamina serve` on the bundled
+model (models/stories260K.gguf), over plain HTTP.
+
+Two servers: one plain, one started with `--spec ngram --draft-max 6`.
+
+  1. Greedy identity: for many prompts (copy-heavy ones that repeat
+     themselves, and ordinary ones), with stop strings and n = 2, the
+     speculating server's text and finish reasons equal the plain server's,
+     with speculation on (the default), off ("speculative": false) and at
+     "draft_max": 1; streamed text equals the non-streamed text.
+  2. /metrics: lamina_spec_proposed_tokens_total and
+     lamina_spec_accepted_tokens_total grow with speculating requests
+     (accepted <= proposed, some accepted), and not with a request sent
+     with "speculative": false; with "draft_max": 1 each verifying pass
+     proposes one token. The plain server reports 0 for both.
+  3. Sampling: the same seed gives the same text twice.
+  4. Bad fields: "draft_max" out of [0, 64] and a non-boolean "speculative"
+     are 400s naming the field.
+  5. Both servers exit 0 on SIGTERM with nothing from the sanitizers.
+"""
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
+MODEL = "models/stories260K.gguf"
+
+passed = failed = 0
+
+
+def result(name, ok, detail=""):
+    global passed, failed
+    if ok:
+        passed += 1
+        print("PASS", name)
+    else:
+        failed += 1
+        print("FAIL", name)
+        if detail:
+            print("  " + str(detail).replace("\n", "\n  "))
+    sys.stdout.flush()
+
+
+class Server:
+    def __init__(self, *args):
+        self.args = [LAMINA, "serve", "-m", MODEL, "--port", "0", "-t", "1", "-c", "256", "--ctx-extend", *args]
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.lines = []
+        self.port = None
+        got = threading.Event()
+
+        def reader():
+            for raw in self.proc.stderr:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                self.lines.append(line)
+                m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+                if m:
+                    self.port = int(m.group(1))
+                    got.set()
+            got.set()
+
+        self.reader = threading.Thread(target=reader, daemon=True)
+        self.reader.start()
+        got.wait(60)
+        if self.port is None:
+            self.proc.kill()
+            self.proc.wait()
+            raise RuntimeError("server did not start: %s" % "\n".join(self.lines))
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                if request(self, "GET", "/health")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("server never became healthy")
+
+    def stop(self, name):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        self.reader.join(10)
+        text = "\n".join(self.lines)
+        bad = re.search(r"Sanitizer|runtime error:|LeakSanitizer", text)
+        result("%s: clean exit" % name, rc == 0 and not bad, "exit %s\n%s" % (rc, text[-4000:]))
+
+
+def request(srv, method, path, body=None, timeout=120):
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=timeout)
+    try:
+        if body is not None:
+            body = json.dumps(body).encode()
+        c.request(method, path, body=body, headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
+
+
+def complete(srv, body):
+    status, data = request(srv, "POST", "/v1/completions", body)
+    if status != 200:
+        raise RuntimeError("status %d: %s" % (status, data[:300]))
+    j = json.loads(data)
+    return [(ch["text"], ch["finish_reason"]) for ch in sorted(j["choices"], key=lambda c: c["index"])]
+
+
+def complete_stream(srv, body):
+    b = dict(body)
+    b["stream"] = True
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=120)
+    try:
+        c.request("POST", "/v1/completions", body=json.dumps(b).encode(), headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        text = ""
+        for raw in r.read().decode().splitlines():
+            if raw.startswith("data: ") and raw != "data: [DONE]":
+                ev = json.loads(raw[6:])
+                for ch in ev.get("choices", []):
+                    text += ch.get("text") or ""
+        return text
+    finally:
+        c.close()
+
+
+def metrics(srv):
+    status, body = request(srv, "GET", "/metrics")
+    out = {}
+    for line in body.decode().splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        k, v = line.rsplit(" ", 1)
+        out[k] = float(v)
+    return out
+
+
+PROMPTS = [
+    "Once upon a time, there was a little girl named Lily. She loved to play. Once upon a time, there was",
+    "Tom had a red ball. Tom had a red ball. Tom had a red ball. Tom had",
+    "The cat sat on the mat. The dog sat on the log. The cat sat on the",
+    "Lily and Ben went to the park. They saw a big tree.",
+    "One day, a bird flew over the house.",
+    "Sue said, \"I want to play with you.\" Sue said, \"I want to",
+    "The sun was hot. The sun was hot. The sun was hot.",
+    "Max liked to run and jump. He ran to the park and jumped. He ran to the",
+]
+
+
+def bodies():
+    out = []
+    for i, p in enumerate(PROMPTS):
+        b = {"prompt": p, "max_tokens": 10 + (i * 17) % 70, "temperature": 0}
+        if i % 3 == 1:
+            b["stop"] = [" park", "\n"]
+        if i % 4 == 2:
+            b["n"] = 2
+        out.append(b)
+    return out
+
+
+def check_identity(plain, spec):
+    want = [complete(plain, b) for b in bodies()]
+    for label, extra in [("on", {}), ("off", {"speculative": False}), ("draft_max 1", {"draft_max": 1})]:
+        got = [complete(spec, dict(b, **extra)) for b in bodies()]
+        bad = [i for i in range(len(want)) if want[i] != got[i]]
+        result("greedy identity, speculation %s: %d requests" % (label, len(want)), not bad,
+               "differs at %s: %s vs %s" % (bad, [want[i] for i in bad[:2]], [got[i] for i in bad[:2]]))
+    streamed = [complete_stream(spec, b) for b in bodies() if "n" not in b]
+    nonstream = [w[0][0] for w, b in zip(want, bodies()) if "n" not in b]
+    result("streamed text equals the plain text", streamed == nonstream, "%s vs %s" % (streamed[:2], nonstream[:2]))
+
+
+def check_metrics(plain, spec):
+    m0 = metrics(spec)
+    pk, ak, sk = ("lamina_spec_proposed_tokens_total", "lamina_spec_accepted_tokens_total",
+                  "lamina_spec_verify_steps_total")
+    result("/metrics names the speculation counters", pk in m0 and ak in m0 and sk in m0, sorted(m0)[:50])
+    if pk not in m0:
+        return
+    body = {"prompt": PROMPTS[1], "max_tokens": 60, "temperature": 0}
+    complete(spec, body)
+    m1 = metrics(spec)
+    dp, da = m1[pk] - m0[pk], m1[ak] - m0[ak]
+    result("a copy-heavy request proposes and accepts", dp > 0 and 0 < da <= dp, "proposed %s accepted %s" % (dp, da))
+    complete(spec, dict(body, speculative=False))
+    m2 = metrics(spec)
+    result("\"speculative\": false proposes nothing", m2[pk] == m1[pk], "%s -> %s" % (m1[pk], m2[pk]))
+    complete(spec, dict(body, draft_max=1))
+    m3 = metrics(spec)
+    dp, ds = m3[pk] - m2[pk], m3[sk] - m2[sk]
+    result("\"draft_max\": 1 proposes one token per verifying pass", dp > 0 and dp == ds, "%s over %s" % (dp, ds))
+    mp = metrics(plain)
+    result("a server without a proposer counts none", mp.get(pk) == 0 and mp.get(ak) == 0, mp.get(pk))
+
+
+def check_sampled(spec):
+    body = {"prompt": PROMPTS[0], "max_tokens": 60, "temperature": 0.9, "seed": 5}
+    a, b = complete(spec, body), complete(spec, body)
+    result("a seed reproduces a sampled, speculated text", a == b, "%s vs %s" % (a, b))
+
+
+def check_errors(spec):
+    for body, field in [({"draft_max": 65}, "draft_max"), ({"draft_max": -1}, "draft_max"),
+                        ({"speculative": "yes"}, "speculative")]:
+        b = dict({"prompt": "Hi", "max_tokens": 4}, **body)
+        status, data = request(spec, "POST", "/v1/completions", b)
+        ok = status == 400
+        try:
+            ok = ok and json.loads(data)["error"].get("param") == field
+        except (ValueError, KeyError):
+            ok = False
+        result("400 for %s" % json.dumps(body), ok, "%d %s" % (status, data[:200]))
+
+
+def main():
+    servers = []
+    try:
+        plain = Server()
+        servers.append(plain)
+        spec = Server("--spec", "ngram", "--draft-max", "6")
+        servers.append(spec)
+        check_identity(plain, spec)
+        check_metrics(plain, spec)
+        check_sampled(spec)
+        check_errors(spec)
+    except Exception:
+        import traceback
+        result("e2e_spec ran to the end", False, traceback.format_exc())
+    finally:
+        for i, s in enumerate(servers):
+            s.stop("server %d" % i)
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
