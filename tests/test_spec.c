@@ -1,6 +1,11 @@
 /*
  * test_spec.c - speculative decoding (decode/spec.h, sampler_sample_spec,
  * the engine's verification):
+ *   - the KV pattern of speculation (append a token and k proposals,
+ *     truncate back to the accepted length) on sequences sharing prefix-cached
+ *     blocks and a forked partial block: pool invariants after every step,
+ *     every verified position holds its own sequence's data, the prefix
+ *     cache still serves the prompt's data, no block leaks;
  *   - the prompt-lookup proposer on hand-made sequences, and the controller
  *     that sizes proposals (full K at high acceptance; at low acceptance one
  *     proposed token in SPEC_PROBE_EVERY steps at most);
@@ -130,6 +135,100 @@ static void test_controller(void) {
     /* and recovers when proposals start to be accepted */
     for (int i = 0; i < 200 && spec_ctl_want(&c, 8) < 4; i++) spec_ctl_update(&c, 1, 1);
     CHECK(spec_ctl_want(&c, 8) >= 4);
+}
+
+/* ---- KV truncation of rejected proposals --------------------------------------- */
+
+/* The key row at position pos of s in layer 0, head 0 (F32 pool). */
+static float kv_key_at(kv_pool *p, const kv_seq *s, int pos) {
+    const kv_layout *l = kv_pool_layout(p);
+    int32_t b = kv_seq_blocks(s)[pos / l->block_size];
+    const float *row = (const float *)(l->data + (size_t)b * l->block_bytes + kv_slab_offset(l, 0, 0, 0) +
+                                       (size_t)(pos % l->block_size) * l->row_bytes);
+    return row[0];
+}
+
+/* Write positions [from, to) of s with value(tag, pos) in every element. */
+static void kv_fill(kv_pool *p, kv_seq *s, int from, int to, int tag) {
+    float kv[8];
+    for (int pos = from; pos < to; pos++) {
+        for (int i = 0; i < 8; i++) kv[i] = (float)(tag * 1000 + pos);
+        kv_store(p, s, 0, pos, kv, kv);
+    }
+}
+
+/* Speculation's pattern on the pool: sequences (a prompt's prefix-cached
+ * blocks, forks sharing a partial block) append a pending token and k
+ * proposals, then truncate back to the accepted length, many times at
+ * random. After every step the pool's invariants hold, every verified
+ * position still holds what its own sequence wrote (never a sibling's or a
+ * rejected proposal's), and the prefix cache still serves blocks with the
+ * prompt's data; at the end no block is held. */
+static void test_kv_truncate_pattern(void) {
+    char err[LM_ERRLEN];
+    kv_config c;
+    kv_config_init(&c, 1, 1, 8);
+    c.type = LM_TYPE_F32;
+    c.block_size = 4;
+    c.n_ctx = 256;
+    c.n_seqs = 6;
+    kv_pool *p = kv_pool_new(&c, err, sizeof err);
+    CHECK(p);
+    int32_t prompt[18];
+    for (int i = 0; i < 18; i++) prompt[i] = 100 + i;
+    /* the prompt, computed once and committed to the prefix cache */
+    kv_seq *first = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_append(p, first, 18, err, sizeof err) == KV_OK);
+    kv_fill(p, first, 0, 18, 0);
+    kv_prefix_commit(p, first, prompt, 18, 0);
+    kv_seq_free(p, first);
+    /* three sequences from the cache, the third forked from the second */
+    kv_seq *s[3];
+    int len[3];
+    for (int i = 0; i < 2; i++) {
+        s[i] = kv_seq_new(p, err, sizeof err);
+        int got = kv_prefix_match(p, s[i], prompt, 18, 0);
+        CHECK(got == 16);
+        CHECK(kv_append(p, s[i], 2, err, sizeof err) == KV_OK);
+        kv_fill(p, s[i], 16, 18, 0);
+        len[i] = 18;
+    }
+    CHECK((s[2] = kv_fork(p, s[1], err, sizeof err)));
+    len[2] = 18;
+    lm_rng r;
+    lm_rng_seed(&r, 11);
+    for (int step = 0; step < 400; step++) {
+        int i = (int)(lm_rng_u64(&r) % 3);
+        int k = (int)(lm_rng_u64(&r) % 7);      /* proposals */
+        int acc = (int)(lm_rng_u64(&r) % (unsigned)(k + 1));
+        if (len[i] + 1 + k > 250) continue;
+        CHECK(kv_append(p, s[i], 1 + k, err, sizeof err) == KV_OK);
+        /* verified positions get this sequence's value, rejected ones garbage */
+        kv_fill(p, s[i], len[i], len[i] + 1 + acc, 1 + i);
+        kv_fill(p, s[i], len[i] + 1 + acc, len[i] + 1 + k, 99);
+        CHECK(kv_truncate(p, s[i], len[i] + 1 + acc, err, sizeof err) == KV_OK);
+        len[i] += 1 + acc;
+        CHECKF(kv_pool_check(p, err, sizeof err) == KV_OK, "%s", err);
+        for (int j = 0; j < 3; j++) {
+            CHECK(kv_seq_len(s[j]) == len[j]);
+            for (int pos = 0; pos < len[j]; pos++) {
+                float want = pos < 18 ? (float)pos : (float)((1 + j) * 1000 + pos);
+                CHECKF(kv_key_at(p, s[j], pos) == want, "sequence %d position %d holds %g, not %g", j, pos,
+                       kv_key_at(p, s[j], pos), want);
+            }
+        }
+    }
+    /* the cache still serves the prompt's blocks with the prompt's data */
+    kv_seq *late = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_prefix_match(p, late, prompt, 18, 0) == 16);
+    for (int pos = 0; pos < 16; pos++) CHECK(kv_key_at(p, late, pos) == (float)pos);
+    kv_seq_free(p, late);
+    for (int j = 0; j < 3; j++) kv_seq_free(p, s[j]);
+    kv_stats st;
+    kv_stats_get(p, &st);
+    CHECK(st.n_used == 0 && st.n_seqs == 0);
+    CHECKF(kv_pool_check(p, err, sizeof err) == KV_OK, "%s", err);
+    kv_pool_free(p);
 }
 
 /* ---- the rejection scheme's distribution ------------------------------------ */
@@ -605,6 +704,7 @@ int main(void) {
     ref_pool = pool_new(2);
     TEST_RUN(test_ngram);
     TEST_RUN(test_controller);
+    TEST_RUN(test_kv_truncate_pattern);
     TEST_RUN(test_spec_distribution_small);
     TEST_RUN(test_spec_distribution_model);
     TEST_RUN(test_greedy_identity);
