@@ -42,6 +42,7 @@
 #include "model/forward.h"
 #include "model/model.h"
 #include "sched/engine.h"
+#include "sched/sched.h"
 #include "swa_model.h"
 #include "test.h"
 
@@ -135,6 +136,64 @@ static void test_controller(void) {
     /* and recovers when proposals start to be accepted */
     for (int i = 0; i < 200 && spec_ctl_want(&c, 8) < 4; i++) spec_ctl_update(&c, 1, 1);
     CHECK(spec_ctl_want(&c, 8) >= 4);
+}
+
+/* ---- the scheduler's share for proposals --------------------------------------- */
+
+/* Proposals take what the budget, the cap and the blocks leave after the
+ * decodes, best first, the last one shrunk; none preempts; a prefill chunk
+ * keeps its share. */
+static void test_sched_spec(void) {
+    sched_config sc = {.batch_tokens = 12, .max_seqs = 4, .block_size = 4, .n_class = 1, .spec_cap = 8};
+    sched *s = sched_new(&sc);
+    CHECK(s);
+    sched_seq q[3];
+    memset(q, 0, sizeof q);
+    for (int i = 0; i < 3; i++) {
+        q[i].priority = i;
+        q[i].arrival = (uint64_t)i;
+        q[i].shared[0] = q[i].shared[1] = -1;
+        CHECK(sched_start(s, &q[i]));
+    }
+    /* two decodes at a block boundary proposing 6 each, one prefill of 2 */
+    q[0].n_pending = 1, q[0].len = 4, q[0].n_spec = 6;
+    q[1].n_pending = 1, q[1].len = 8, q[1].n_spec = 6;
+    q[2].n_pending = 2, q[2].len = 4, q[2].n_spec = 0;
+    sched_view v = {{4, 0}};
+    sched_begin(s);
+    const sched_plan *p = sched_decide(s, &v);
+    CHECK(!p->ask && p->n_preempt == 0 && p->n_run == 3 && p->n_tokens == 12);
+    /* decodes 1 + 1 and the prefill's 2 take 3 blocks; q0 gets 6 more tokens
+     * (one more block), q1 the 2 the budget has left (none more) */
+    int n[3] = {0, 0, 0};
+    for (int i = 0; i < p->n_run; i++) n[p->run[i].seq - q] = p->run[i].n;
+    CHECKF(n[0] == 7 && n[1] == 3 && n[2] == 2, "%d %d %d", n[0], n[1], n[2]);
+    /* no block left after the decodes and the prefill: proposals shrink to
+     * what the blocks the decodes took still hold (3 positions each) */
+    v.avail[0] = 3;
+    sched_begin(s);
+    p = sched_decide(s, &v);
+    for (int i = 0; i < p->n_run; i++) n[p->run[i].seq - q] = p->run[i].n;
+    CHECKF(n[0] == 4 && n[1] == 4 && n[2] == 2 && p->n_preempt == 0, "%d %d %d", n[0], n[1], n[2]);
+    /* fewer blocks than the decodes need: the worst is preempted for them, as
+     * without speculation, and no proposal is what preempts */
+    v.avail[0] = 2;
+    sched_begin(s);
+    while ((p = sched_decide(s, &v))->ask) {
+        int64_t fr[KV_N_CLASS] = {1, 0};
+        sched_answer_frees(s, p->ask, fr);
+    }
+    CHECK(p->n_preempt == 1 && p->preempt[0] == &q[2]);
+    /* the cap bounds the total */
+    v.avail[0] = 100;
+    sc.batch_tokens = 64;
+    sched_free(s);
+    s = sched_new(&sc);
+    for (int i = 0; i < 3; i++) CHECK(sched_start(s, &q[i]));
+    sched_begin(s);
+    p = sched_decide(s, &v);
+    CHECK(p->n_tokens == 1 + 1 + 2 + 8);
+    sched_free(s);
 }
 
 /* ---- KV truncation of rejected proposals --------------------------------------- */
@@ -705,6 +764,7 @@ int main(void) {
     TEST_RUN(test_ngram);
     TEST_RUN(test_controller);
     TEST_RUN(test_kv_truncate_pattern);
+    TEST_RUN(test_sched_spec);
     TEST_RUN(test_spec_distribution_small);
     TEST_RUN(test_spec_distribution_model);
     TEST_RUN(test_greedy_identity);
