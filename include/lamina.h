@@ -221,7 +221,7 @@ typedef struct {
                              and none joins until all of it finished */
     int spec;             /* speculative decoding's proposer: LM_SPEC_NONE (default) or
                              LM_SPEC_NGRAM (prompt lookup); requests speculate by default */
-    int spec_max;         /* tokens proposed per step at most (<= 0: 8); the engine sizes each
+    int spec_max;         /* tokens proposed per step at most (<= 0: 4); the engine sizes each
                              proposal by its acceptance so far, and shrinks it under load */
 } lm_engine_config;
 

@@ -58,7 +58,7 @@ static void usage_bench_serve(FILE *f) {
             "  --kv-mem BYTES      KV pool size (default: context x max-seqs, at most 4 GiB)\n"
             "  --kv-type T         F16 (default), F32, Q8_0\n"
             "  --spec ngram        speculative decoding by prompt lookup\n"
-            "  --draft-max K       tokens proposed per step at most (default 8)\n"
+            "  --draft-max K       tokens proposed per step at most (default 4)\n"
             "  --prompt-file FILE  every request's prompt is this text (outputs still drawn)\n",
             FWD_BATCH_DEFAULT);
 }

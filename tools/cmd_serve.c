@@ -45,7 +45,7 @@ static void usage_serve(FILE *f) {
             "      --kv-type T        KV cache element type: F16 (default), F32, Q8_0\n"
             "      --spec ngram       speculative decoding by prompt lookup, on for every request unless\n"
             "                         it sends \"speculative\": false or \"draft_max\": 0\n"
-            "      --draft-max K      tokens proposed per step at most (default 8; a request's\n"
+            "      --draft-max K      tokens proposed per step at most (default 4; a request's\n"
             "                         \"draft_max\" may ask for fewer)\n"
             "      --max-waiting N    queued requests before answering 429 (default 256; 0: unbounded)\n"
             "      --timeout SECONDS  cancel a request after this long, answering with what it has (default 600)\n"

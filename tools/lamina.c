@@ -71,7 +71,7 @@ static void usage_run(FILE *f) {
             "                       earlier occurrence of the text's last words are proposed and\n"
             "                       verified in one pass (greedy output is unchanged; sampled\n"
             "                       output keeps its distribution)\n"
-            "      --draft-max K    tokens proposed per step at most (default 8)\n"
+            "      --draft-max K    tokens proposed per step at most (default 4)\n"
             "      --show-ids       also print the prompt and generated token ids to stderr\n"
             "      --chat           treat the prompt as a user message: render it with the model's\n"
             "                       chat template and print only the reply\n"
@@ -244,7 +244,7 @@ static int cmd_run(int argc, char **argv) {
     const char *system = NULL, *chat_tmpl = NULL, *gfile = NULL, *sfile = NULL;
     bool json_any = false;
     int spec = LM_SPEC_NONE;
-    long long spec_max = 8;
+    long long spec_max = 4;
     lm_sample_params sp;
     sample_params_default(&sp);
     for (a.i = 1; a.i < argc; a.i++) {

@@ -190,7 +190,7 @@ void engine_config_default(lm_engine_config *c) {
     *c = (lm_engine_config){.n_threads = 0, .batch_tokens = FWD_BATCH_DEFAULT, .max_seqs = 64, .n_ctx = 0,
                             .kv_mem = 0, .kv_type = LM_TYPE_F16, .block_size = KV_DEFAULT_BLOCK, .watermark = 0.01,
                             .max_waiting = 0, .prefix_cache = true, .static_batching = false,
-                            .spec = LM_SPEC_NONE, .spec_max = 8};
+                            .spec = LM_SPEC_NONE, .spec_max = 4};
 }
 
 void engine_request_params_default(lm_request_params *p) {
@@ -1277,7 +1277,7 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
     if (c.n_threads <= 0) c.n_threads = pool_default_threads();
     if (c.spec != LM_SPEC_NONE && c.spec != LM_SPEC_NGRAM)
         return lm_err(err, errlen, "unknown speculative proposer %d", c.spec), NULL;
-    if (c.spec_max <= 0) c.spec_max = 8;
+    if (c.spec_max <= 0) c.spec_max = 4;
     if (c.spec_max > 64) c.spec_max = 64;
     *status = LM_ERR_NOMEM;
     lm_engine *e = lm_calloc(1, sizeof *e);
