@@ -40,6 +40,15 @@
  * grammar a step found past the bounds is refused at submission from then
  * on (gmatch_spoiled).
  *
+ * Speculation. report_running asks each decoding choice for a proposal
+ * (propose: sized by its spec_ctl, bounded by what it may still generate and
+ * by the context) and tells the scheduler (sq.n_spec); a run item longer than
+ * one token for a decoding choice carries its pending token and the first
+ * n - 1 proposed ones (batch_add), each with a logits row; verify takes the
+ * rows' tokens in order and truncates the KV to the verified positions.
+ * n_computed counts only verified positions at every moment, so a choice
+ * that finishes mid-way commits only those to the prefix cache.
+ *
  * Threads. Submitters only touch the inbox (under mu) and a request's cancel
  * flag (atomic). Everything else - scheduler, KV bookkeeping, samplers -
  * belongs to the engine thread, which takes mu only to move the inbox,

@@ -38,6 +38,22 @@
  * to 8 compiled grammars are kept, so requests sending the same text share
  * one mask cache.
  *
+ * Speculative decoding (lm_engine_config.spec: prompt lookup, decode/spec.h).
+ * A decoding choice proposes a few tokens (copied from where its last words
+ * occurred before); the scheduler lets the proposals join the choice's
+ * decode in the same flat batch with whatever budget and blocks the decodes
+ * and prefill chunks leave (so under load speculation shrinks, then stops),
+ * the pass returns a logits row per position, and each row's token is taken
+ * as a plain decode would take it (sampler, grammar mask and state, stop
+ * strings, events), the proposal verified against it: greedy keeps a
+ * proposal while it equals the argmax, sampling by the rejection scheme
+ * (sampler_sample_spec). The first disagreement gives the target's own
+ * token; the KV positions of rejected proposals are truncated (they lie in
+ * blocks the append took or copied, never in shared ones). So greedy output
+ * is token for token the same, and sampled output has the same
+ * distribution; a seed reproduces it when the load (and so each proposal's
+ * size) is the same. A request may turn it off or lower K (spec_k).
+ *
  * Results reach the submitter through its callback, called on the engine
  * thread once per generated token (with the newly released text) and once
  * more at the end (done set). Callbacks must return quickly: a slow
