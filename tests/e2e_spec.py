@@ -18,6 +18,8 @@ Two servers: one plain, one started with `--spec ngram --draft-max 6`.
   4. Bad fields: "draft_max" out of [0, 64] and a non-boolean "speculative"
      are 400s naming the field.
   5. Both servers exit 0 on SIGTERM with nothing from the sanitizers.
+  6. `lamina bench spec` on a copy-heavy prompt: exit 0, outputs identical,
+     tokens proposed and accepted.
 """
 import http.client
 import json
@@ -224,6 +226,21 @@ def check_errors(spec):
         result("400 for %s" % json.dumps(body), ok, "%d %s" % (status, data[:200]))
 
 
+def check_bench_spec():
+    prompt = "Tom had a red ball. Tom had a red ball. Tom had a red ball. Lily had a big dog. Tom had"
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "lamina-e2e-spec-%d.txt" % os.getpid())
+    with open(path, "w") as f:
+        f.write(prompt)
+    try:
+        p = subprocess.run([LAMINA, "bench", "spec", "-m", MODEL, "-f", path, "-n", "60", "-r", "2", "-t", "1"],
+                           capture_output=True, text=True, timeout=300)
+    finally:
+        os.unlink(path)
+    m = re.findall(r"^\| \d+ \| [\d.]+ \| [\d.]+ \| (\d+) \| (\d+) \|", p.stdout, re.M)
+    ok = p.returncode == 0 and "outputs identical" in p.stdout and len(m) == 2 and int(m[0][1]) > 0
+    result("lamina bench spec: identical outputs, proposals accepted", ok, p.stdout + p.stderr)
+
+
 def main():
     servers = []
     try:
@@ -235,6 +252,7 @@ def main():
         check_metrics(plain, spec)
         check_sampled(spec)
         check_errors(spec)
+        check_bench_spec()
     except Exception:
         import traceback
         result("e2e_spec ran to the end", False, traceback.format_exc())

@@ -60,6 +60,7 @@ bool chat_template_choice(const char *cmd, const char *v, const char **name, cha
 /* Subcommands (tools/lamina.c and tools/cmd_*.c). */
 int cmd_bench(int argc, char **argv);
 int cmd_bench_serve(int argc, char **argv); /* lamina bench serve */
+int cmd_bench_spec(int argc, char **argv);  /* lamina bench spec */
 int cmd_mkmodel(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_kv(int argc, char **argv);

@@ -25,6 +25,8 @@ static void usage_bench(FILE *f) {
     fprintf(f,
             "usage: lamina bench -m MODEL.gguf [-p 512] [-n 128] [-d DEPTH] [-t THREADS] [-r REPS] [-o md|json]\n"
             "       lamina bench serve -m MODEL.gguf ...   (a serving workload; see lamina bench serve --help)\n"
+            "       lamina bench spec -m MODEL.gguf -f PROMPT ...   (speculative decoding off and on;\n"
+            "                  see lamina bench spec --help)\n"
             "Measure prompt processing (pp) and generation (tg) speed in tokens/s.\n\n"
             "  -p N       prompt tokens for the pp test (0 skips it; default 512)\n"
             "  -n N       generated tokens for the tg test (0 skips it; default 128)\n"
@@ -191,6 +193,7 @@ static void tp_allreduce_cost(const lm_model *m) {
 
 int cmd_bench(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "serve")) return cmd_bench_serve(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "spec")) return cmd_bench_spec(argc - 1, argv + 1);
     args a = {argc, argv, 0, "bench", usage_bench};
     const char *model = NULL, *fmt = "md";
     long long np = -1, ng = -1, depth = 0, threads = pool_default_threads(), reps = 5;
