@@ -625,13 +625,13 @@ static inline double residual(double w, double sum, const float *q, int32_t draf
 int32_t sampler_sample_spec(lm_sampler *s, float *logits, int32_t draft, const float *q, bool *accepted) {
     *accepted = false;
     int32_t n_finite;
-    int32_t best = preprocess(s, logits, &n_finite);
+    int32_t best = preprocess(s, logits, s->n_vocab, NULL, &n_finite);
     if (best < 0) return -1;
     if (s->greedy) {
         *accepted = best == draft;
         return best;
     }
-    dist_t d = truncate_and_weigh(s, logits, n_finite, logits[best]);
+    dist_t d = truncate_and_weigh(s, logits, s->n_vocab, n_finite, logits[best]);
     /* accept with probability min(1, p(draft) / q(draft)) */
     double pd = weight_of(s, logits, d, draft) / d.sum;
     double qd = q ? (draft >= 0 && draft < s->n_vocab ? (double)q[draft] : 0.0) : 1.0;
