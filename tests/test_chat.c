@@ -215,7 +215,7 @@ static int needs_template_text(const char *id) {
     return 0;
 }
 
-static int golden_cases, golden_errors, golden_templates;
+static int golden_cases, golden_errors, golden_templates, golden_folds, golden_fold_renders;
 
 /* Checks one template's golden file; returns 0 or -1 (message printed). */
 static int check_golden(const tmpl_entry *e) {
@@ -239,7 +239,7 @@ static int check_golden(const tmpl_entry *e) {
             fprintf(stderr, "  %s: bad golden line '%s'\n", e->id, line);
             goto done;
         }
-        int ok = !strcmp(kind, "ok");
+        int ok = !strcmp(kind, "ok"), fold = !strcmp(kind, "fold");
         char *want = ok ? take_counted(&p, len) : NULL;
         char *want_err = ok ? NULL : take_line(&p);
         if (ok ? !want : !want_err) {
@@ -250,6 +250,17 @@ static int check_golden(const tmpl_entry *e) {
         int r = chat_render_template(tmpl, c->msgs, c->n, gen, bos, eos, &out, err, sizeof err);
         int good = ok ? r == 0 && out && strlen(out) == len && !memcmp(out, want, len)
                       : r == -1 && out == NULL && err[0] != '\0';
+        if (fold) { /* the template refuses a system message; lamina folds it in as its family does */
+            char *out3 = NULL;
+            int r3 = chat_render(family, c->msgs, c->n, gen, bos, eos, &out3, err, sizeof err);
+            good = c->n > 0 && !strcmp(c->msgs[0].role, "system") &&
+                   (r == 0 ? r3 == 0 && !strcmp(out, out3) : r3 == -1 && out == NULL);
+            golden_fold_renders += good && r == 0;
+            if (r3 == 0)
+                lm_free(out3);
+            if (!good)
+                fprintf(stderr, "  %s / %s / gen=%d: no fold of the system message\n", e->id, name, gen);
+        }
         if (!good) {
             fprintf(stderr, "  %s / %s / gen=%d: ", e->id, name, gen);
             if (ok && r == 0) {
@@ -257,8 +268,10 @@ static int check_golden(const tmpl_entry *e) {
                 show_diff(out, strlen(out), want, len);
             } else if (ok)
                 fprintf(stderr, "render failed: %s\n", err);
-            else
+            else if (!fold)
                 fprintf(stderr, "rendered where the template raises '%s'\n", want_err);
+            else
+                fprintf(stderr, "(fold)\n");
         }
         if (r == 0)
             lm_free(out);
@@ -280,7 +293,8 @@ static int check_golden(const tmpl_entry *e) {
         if (!good)
             goto done;
         golden_cases++;
-        golden_errors += !ok;
+        golden_errors += !ok && !fold;
+        golden_folds += fold;
     }
     /* Where the text adds a default system message or a BOS, it shows. */
     if (needs_template_text(e->id) && !family_differs) {
@@ -300,7 +314,7 @@ static void test_golden_renders(void) {
     CHECKF(load_convs() >= 15, "conversations.txt not found or short (%d)", load_convs());
     CHECKF(load_manifest() >= 20, "manifest.txt not found or short");
     int expected_templates = 0, failed = 0;
-    golden_cases = golden_errors = golden_templates = 0;
+    golden_cases = golden_errors = golden_templates = golden_folds = golden_fold_renders = 0;
     for (int i = 0; i < n_entries; i++) {
         if (!entries[i].golden)
             continue;
@@ -313,8 +327,11 @@ static void test_golden_renders(void) {
            "%d of %d templates", golden_templates, expected_templates);
     CHECKF(golden_cases == expected_templates * load_convs() * 2, "%d cases", golden_cases);
     CHECKF(golden_errors >= 40, "only %d template errors checked", golden_errors);
-    printf("NOTE %d templates, %d renders compared, %d template errors matched\n",
-           golden_templates, golden_cases - golden_errors, golden_errors);
+    /* Gemma 2 refuses every conversation that opens with a system message */
+    CHECKF(golden_folds >= 10 && golden_fold_renders >= 10, "only %d system folds checked (%d rendered)",
+           golden_folds, golden_fold_renders);
+    printf("NOTE %d templates, %d renders compared, %d template errors matched, %d system folds\n",
+           golden_templates, golden_cases - golden_errors - golden_folds, golden_errors, golden_folds);
 }
 
 /* ------------------------------------------------------------ detection */
@@ -370,6 +387,15 @@ static void test_detect_rules(void) {
         {"<|user|> alone", -1},
         /* first rule wins: a ChatML template that mentions [INST] */
         {"<|im_start|> [INST]", CHAT_CHATML},
+        /* ChatML with reasoning is Qwen3; <think> alone is not enough */
+        {"'<|im_start|>' + role + '\\n<think>\\n' + r + '\\n</think>\\n\\n'", CHAT_QWEN3},
+        {"'<|im_start|>assistant\\n<think>'", CHAT_CHATML},
+        {"</think> <|im_start|>system<|im_sep|>", CHAT_QWEN3},
+        {"{{'<｜User｜>' + c}}{{'<｜Assistant｜>'}}", CHAT_DEEPSEEK3},
+        {"'<｜Assistant｜><think>\\n'", CHAT_DEEPSEEK3},
+        {"split('</think>') '<｜Assistant｜>'", CHAT_DEEPSEEK_R1},
+        /* ASCII look-alikes of DeepSeek's full-width bars are not it */
+        {"'<|Assistant|>' + content + '</think>'", -1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int got = chat_detect(cases[i].text);
@@ -398,6 +424,12 @@ static void test_names_and_stops(void) {
     CHECK(!strcmp(chat_stop_marker(CHAT_CHATML), "<|im_end|>"));
     CHECK(!strcmp(chat_stop_marker(CHAT_LLAMA3), "<|eot_id|>"));
     CHECK(!strcmp(chat_stop_marker(CHAT_GEMMA), "<end_of_turn>"));
+    CHECK(chat_family_from_name("qwen3") == CHAT_QWEN3 && chat_family_from_name("Qwen3") == CHAT_QWEN3);
+    CHECK(chat_family_from_name("deepseek3") == CHAT_DEEPSEEK3);
+    CHECK(chat_family_from_name("DeepSeek-R1") == CHAT_DEEPSEEK_R1);
+    CHECK(chat_family_from_name("deepseek") == -1);
+    CHECK(!strcmp(chat_stop_marker(CHAT_QWEN3), "<|im_end|>"));
+    CHECK(!strcmp(chat_stop_marker(CHAT_DEEPSEEK_R1), "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"));
     CHECK(!strcmp(chat_stop_marker(CHAT_PHI3), "<|end|>"));
     CHECK(!strcmp(chat_stop_marker(CHAT_ZEPHYR), "</s>"));
     CHECK(!strcmp(chat_stop_marker(CHAT_LLAMA2), "</s>"));
@@ -747,6 +779,42 @@ static void test_resolve_branches(void) {
     CHECK(chat_template_resolve(&t, gemma, NULL, NULL, err, sizeof err) == CHAT_OK);
     CHECK(t.family == CHAT_GEMMA && t.text == NULL && t.source == CHAT_SRC_FALLBACK);
     chat_template_free(&t);
+
+    /* ... and so do the other architectures whose turn format is fixed */
+    static const struct {
+        const char *arch;
+        int family;
+    } fallbacks[] = {{"gemma2", CHAT_GEMMA}, {"qwen3", CHAT_QWEN3}, {"qwen3moe", CHAT_QWEN3},
+                     {"phi3", CHAT_PHI3}, {"deepseek2", -1}, {"qwen2", -1}};
+    for (size_t i = 0; i < sizeof fallbacks / sizeof fallbacks[0]; i++) {
+        gguf_ctx *g = meta_file(fallbacks[i].arch, NULL);
+        CHECK(g != NULL);
+        int rc = chat_template_resolve(&t, g, NULL, NULL, err, sizeof err);
+        CHECKF(fallbacks[i].family < 0 ? rc == CHAT_NONE : rc == CHAT_OK && t.family == fallbacks[i].family &&
+                                                                    t.source == CHAT_SRC_FALLBACK,
+               "%s: rc %d family %d", fallbacks[i].arch, rc, t.family);
+        chat_template_free(&t);
+        gguf_close(g);
+    }
+    /* a gemma2 / qwen3 / deepseek2 file's own template resolves to its family */
+    static const struct {
+        const char *arch, *id;
+        int family;
+    } own[] = {{"gemma2", "gemma-2-2b-it", CHAT_GEMMA},
+               {"qwen3", "qwen3-0.6b", CHAT_QWEN3},
+               {"phi3", "phi-3-mini-4k-instruct", CHAT_PHI3},
+               {"deepseek2", "deepseek-v3", CHAT_DEEPSEEK3},
+               {"llama", "deepseek-r1-distill-llama-8b", CHAT_DEEPSEEK_R1}};
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) {
+        char *text = template_file(own[i].id);
+        gguf_ctx *g = text ? meta_file(own[i].arch, text) : NULL;
+        CHECK(g != NULL);
+        CHECK(chat_template_resolve(&t, g, NULL, NULL, err, sizeof err) == CHAT_OK);
+        CHECKF(t.source == CHAT_SRC_MODEL && chat_detect(t.text) == own[i].family, "%s", own[i].id);
+        chat_template_free(&t);
+        gguf_close(g);
+        free(text);
+    }
 
     /* 5. nothing: CHAT_NONE with a message naming the key */
     gguf_ctx *none[] = {plain, noarch, NULL};

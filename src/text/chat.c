@@ -394,6 +394,138 @@ static int render_zephyr(const rctx *c, sbuf *b, char *err, size_t errlen) {
     return 0;
 }
 
+/* ------------------------------------------------------ Qwen3 reasoning */
+
+/* The last occurrence of needle in s[0..n), or NULL. */
+static const char *last_in(const char *s, size_t n, const char *needle) {
+    size_t k = strlen(needle);
+    for (size_t i = n >= k ? n - k + 1 : 0; i-- > 0;)
+        if (!memcmp(s + i, needle, k))
+            return s + i;
+    return NULL;
+}
+
+/* content.startswith('<tool_response>') and content.endswith('</tool_response>') */
+static bool is_tool_response(const char *s) {
+    static const char OPEN[] = "<tool_response>", CLOSE[] = "</tool_response>";
+    size_t n = strlen(s), k = sizeof CLOSE - 1;
+    return !strncmp(s, OPEN, sizeof OPEN - 1) && n >= k && !memcmp(s + n - k, CLOSE, k);
+}
+
+/* s[*a..*b) without the newlines Python's strip('\n') takes off the sides
+ * named (left, right). */
+static void nl_strip(const char *s, size_t *a, size_t *b, bool left, bool right) {
+    while (left && *a < *b && s[*a] == '\n')
+        ++*a;
+    while (right && *b > *a && s[*b - 1] == '\n')
+        --*b;
+}
+
+static void qwen3_assistant(const rctx *c, int i, bool after_query, sbuf *b) {
+    const char *s = c->m[i].content;
+    size_t n = strlen(s), c0 = 0, c1 = n, r0 = 0, r1 = 0;
+    const char *close = strstr(s, "</think>");
+    if (close) {
+        /* content = content.split('</think>')[-1].lstrip('\n') */
+        c0 = (size_t)(last_in(s, n, "</think>") - s) + 8;
+        nl_strip(s, &c0, &c1, true, false);
+        /* reasoning = split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') */
+        r1 = (size_t)(close - s);
+        nl_strip(s, &r0, &r1, false, true);
+        const char *open = last_in(s, r1, "<think>");
+        r0 = open ? (size_t)(open - s) + 7 : 0;
+        nl_strip(s, &r0, &r1, true, false);
+    }
+    sb_puts(b, "<|im_start|>assistant\n");
+    if (after_query && (i == c->n - 1 || r1 > r0)) {
+        nl_strip(s, &r0, &r1, true, true); /* reasoning_content.strip('\n') */
+        nl_strip(s, &c0, &c1, true, false); /* content.lstrip('\n') */
+        sb_puts(b, "<think>\n");
+        sb_put(b, s + r0, r1 - r0);
+        sb_puts(b, "\n</think>\n\n");
+    }
+    sb_put(b, s + c0, c1 - c0);
+    sb_puts(b, "<|im_end|>\n");
+}
+
+static int render_qwen3(const rctx *c, sbuf *b, char *err, size_t errlen) {
+    (void)err, (void)errlen;
+    /* ns.last_query_index: the last user message that is no tool response */
+    int last_query = c->n - 1;
+    for (int i = c->n - 1; i >= 0; i--)
+        if (role_at(c, i) == ROLE_USER && !is_tool_response(c->m[i].content)) {
+            last_query = i;
+            break;
+        }
+    for (int i = 0; i < c->n; i++) {
+        if (role_at(c, i) == ROLE_ASSISTANT) {
+            qwen3_assistant(c, i, i > last_query, b);
+            continue;
+        }
+        sb_puts(b, "<|im_start|>");
+        sb_puts(b, c->m[i].role);
+        sb_puts(b, "\n");
+        sb_puts(b, c->m[i].content);
+        sb_puts(b, "<|im_end|>\n");
+    }
+    if (c->gen)
+        sb_puts(b, "<|im_start|>assistant\n");
+    return 0;
+}
+
+/* ------------------------------------------------------------- DeepSeek */
+
+#define DS_USER "<\xef\xbd\x9cUser\xef\xbd\x9c>"
+#define DS_ASSISTANT "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>"
+#define DS_EOS "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
+
+/* DeepSeek-V3 and the R1 form (r1): see chat.h. */
+static void render_deepseek_any(const rctx *c, sbuf *b, bool r1) {
+    sb_puts(b, c->bos);
+    int last_sys = -1;
+    bool first_sp = true;
+    for (int i = 0; i < c->n; i++) {
+        if (role_at(c, i) != ROLE_SYSTEM)
+            continue;
+        last_sys = i;
+        if (!r1) { /* ns.system_prompt + ('\n\n' unless first) + content */
+            if (!first_sp)
+                sb_puts(b, "\n\n");
+            sb_puts(b, c->m[i].content);
+            first_sp = false;
+        }
+    }
+    if (r1 && last_sys >= 0)
+        sb_puts(b, c->m[last_sys].content);
+    for (int i = 0; i < c->n; i++) {
+        const char *s = c->m[i].content;
+        int r = role_at(c, i);
+        if (r == ROLE_USER) {
+            sb_puts(b, DS_USER);
+            sb_puts(b, s);
+        } else if (r == ROLE_ASSISTANT) {
+            const char *tail = r1 ? last_in(s, strlen(s), "</think>") : NULL;
+            sb_puts(b, DS_ASSISTANT);
+            sb_puts(b, tail ? tail + 8 : s); /* content.split('</think>')[-1] */
+            sb_puts(b, DS_EOS);
+        }
+    }
+    if (c->gen)
+        sb_puts(b, r1 ? DS_ASSISTANT "<think>\n" : DS_ASSISTANT);
+}
+
+static int render_deepseek3(const rctx *c, sbuf *b, char *err, size_t errlen) {
+    (void)err, (void)errlen;
+    render_deepseek_any(c, b, false);
+    return 0;
+}
+
+static int render_deepseek_r1(const rctx *c, sbuf *b, char *err, size_t errlen) {
+    (void)err, (void)errlen;
+    render_deepseek_any(c, b, true);
+    return 0;
+}
+
 static const struct {
     const char *name;
     const char *stop;
@@ -410,6 +542,9 @@ static const struct {
     [CHAT_GEMMA] = {"gemma", "<end_of_turn>", render_gemma, false},
     [CHAT_PHI3] = {"phi3", "<|end|>", render_phi3, true},
     [CHAT_ZEPHYR] = {"zephyr", "</s>", render_zephyr, true},
+    [CHAT_QWEN3] = {"qwen3", "<|im_end|>", render_qwen3, false},
+    [CHAT_DEEPSEEK3] = {"deepseek3", DS_EOS, render_deepseek3, false},
+    [CHAT_DEEPSEEK_R1] = {"deepseek-r1", DS_EOS, render_deepseek_r1, false},
 };
 
 /* ------------------------------------------------------------------ names */
@@ -479,6 +614,8 @@ static int detect_inst(const char *t) {
 int chat_detect(const char *t) {
     if (!t)
         return -1;
+    if (has(t, "<|im_start|>") && has(t, "</think>"))
+        return CHAT_QWEN3;
     if (has(t, "<|im_start|>"))
         return has(t, "<|im_sep|>") ? -1 : CHAT_CHATML;
     if (has(t, "<|start_header_id|>"))
@@ -492,6 +629,8 @@ int chat_detect(const char *t) {
         return CHAT_PHI3;
     if (has(t, "<|user|>") && !has(t, "[gMASK]") && (has(t, "eos_token") || has(t, "</s>")))
         return CHAT_ZEPHYR;
+    if (has(t, DS_ASSISTANT))
+        return has(t, "</think>") ? CHAT_DEEPSEEK_R1 : CHAT_DEEPSEEK3;
     return -1;
 }
 
@@ -662,7 +801,7 @@ int chat_render_template(const char *template_text, const lm_chat_msg *msgs, int
         return lm_err(err, errlen,
                       "chat: unrecognized chat template (no family lamina knows); choose one "
                       "by name: chatml, llama2, llama3, mistral-legacy, mistral-v1, mistral-v3, "
-                      "mistral-v3-tekken, gemma, phi3, zephyr");
+                      "mistral-v3-tekken, gemma, phi3, zephyr, qwen3, deepseek3, deepseek-r1");
     rctx c = {msgs, n, add_generation_prompt, bos_text, eos_text, NULL, false};
     c.lead_bos = FAMILIES[family].may_lead_bos && opens_with_bos(template_text);
     sbuf sys = {0};

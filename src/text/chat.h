@@ -47,9 +47,11 @@
  *   gemma              Gemma 3 -it: <bos><start_of_turn>user\nU<end_of_turn>\n
  *                      <start_of_turn>model\nA<end_of_turn>\n, contents
  *                      trim()med, the system text + "\n\n" (untrimmed) at the
- *                      start of the first user turn. Gemma 1/2 templates
- *                      raise an error on a system message; lamina folds it in
- *                      the Gemma 3 way instead.
+ *                      start of the first user turn. Gemma 2's template
+ *                      (google/gemma-2-2b-it) writes the same for every
+ *                      conversation it accepts; Gemma 1/2 templates raise an
+ *                      error on a system message, and lamina folds it in the
+ *                      Gemma 3 way instead.
  *   phi3               microsoft/Phi-3-mini-4k-instruct as published now:
  *                      <|user|>\nU<|end|>\n..., then <|assistant|>\n, or EOS
  *                      without the generation prompt. The mid-2024 revision
@@ -58,6 +60,30 @@
  *                      message, which lamina writes: an approximation there.
  *   zephyr             HuggingFaceH4/zephyr-7b-beta (= TinyLlama-1.1B-Chat):
  *                      <|user|>\nU</s>\n..., then <|assistant|>\n.
+ *   qwen3              Qwen/Qwen3-0.6B (all Qwen3 chat models): ChatML, and
+ *                      an assistant turn's reasoning: text up to </think> is
+ *                      dropped from the assistant turns before the last real
+ *                      user message (one that is not a <tool_response> block);
+ *                      after it, a turn with reasoning, and the last message
+ *                      always, is written <think>\nR\n</think>\n\nC (R without
+ *                      surrounding newlines, empty when there was none). The
+ *                      generation prompt is <|im_start|>assistant\n: thinking
+ *                      on, as the template renders when enable_thinking is not
+ *                      given (lamina has no enable_thinking switch; a request
+ *                      can end the last user message with Qwen3's "/no_think").
+ *                      QwQ-32B's template is detected as qwen3: an
+ *                      approximation there.
+ *   deepseek3          deepseek-ai/DeepSeek-V3 (and V2.5's markers): BOS, the
+ *                      system messages joined by "\n\n" wherever they stand,
+ *                      then <｜User｜>U per user message and
+ *                      <｜Assistant｜>A<｜end▁of▁sentence｜> per answer (the
+ *                      marker text is written, not eos_text), then
+ *                      <｜Assistant｜>.
+ *   deepseek-r1        DeepSeek-R1-Distill-Llama-8B (the R1 form): as
+ *                      deepseek3, but the system prompt is the LAST system
+ *                      message, an answer keeps only the text after its last
+ *                      </think>, and the generation prompt is
+ *                      <｜Assistant｜><think>\n.
  *
  * Where the real template raises an exception, chat_render fails with a
  * message: roles not alternating user/assistant (after an optional leading
@@ -115,12 +141,16 @@ enum {
     CHAT_GEMMA,
     CHAT_PHI3,
     CHAT_ZEPHYR,
+    CHAT_QWEN3,
+    CHAT_DEEPSEEK3,
+    CHAT_DEEPSEEK_R1,
     CHAT_N_FAMILIES
 };
 
 /*
  * The family of a Jinja template text, or -1 when no rule matches (NULL and
  * "" included). Rules, first match wins:
+ *   <|im_start|> and </think>           qwen3
  *   <|im_start|>                        chatml (but -1 with <|im_sep|>: Phi-4)
  *   <|start_header_id|>                 llama3
  *   <start_of_turn>                     gemma
@@ -132,12 +162,15 @@ enum {
  *   any other [INST]                    mistral-legacy ('[INST] ' ... ' [/INST]')
  *   <|user|> or <|assistant|>, <|end|>  phi3
  *   <|user|>, eos_token or </s>         zephyr (but -1 with [gMASK]: GLM)
+ *   <｜Assistant｜> and </think>          deepseek-r1
+ *   <｜Assistant｜>                       deepseek3
  */
 int chat_detect(const char *template_text);
 
 /* Family by name ("chatml", "llama2", "llama3", "mistral-legacy",
  * "mistral-v1" or "mistral", "mistral-v3", "mistral-v3-tekken", "gemma",
- * "phi3", "zephyr"; ASCII case ignored), or -1. */
+ * "phi3", "zephyr", "qwen3", "deepseek3", "deepseek-r1"; ASCII case
+ * ignored), or -1. */
 int chat_family_from_name(const char *name);
 /* Canonical name of a family; NULL for an invalid id. */
 const char *chat_family_name(int family);

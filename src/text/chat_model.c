@@ -20,6 +20,10 @@ static const struct {
     const char *arch, *family;
 } FALLBACK[] = {
     {"gemma3", "gemma"},
+    {"gemma2", "gemma"},
+    {"qwen3", "qwen3"},
+    {"qwen3moe", "qwen3"},
+    {"phi3", "phi3"},
 };
 
 static int fallback_family(const gguf_ctx *g) {
@@ -42,7 +46,7 @@ static int take_text(lm_chat_template *t, const char *text, size_t len, lm_chat_
         lm_free(copy);
         return lm_err(err, errlen, "the %s chat template is not one lamina recognizes; choose a family by name: "
                       "chatml, llama2, llama3, mistral-legacy, mistral-v1, mistral-v3, mistral-v3-tekken, gemma, "
-                      "phi3, zephyr", src == CHAT_SRC_FILE ? "given" : "model's");
+                      "phi3, zephyr, qwen3, deepseek3, deepseek-r1", src == CHAT_SRC_FILE ? "given" : "model's");
     }
     t->text = copy;
     t->source = src;

@@ -24,6 +24,9 @@ Output (all UTF-8, written with "\\n" line ends):
   golden/<id>.txt        per conversation and generation flag either
                          "case <conv> <gen> ok <nbytes>" + the rendered bytes + "\\n"
                          or "case <conv> <gen> error" + the template's message line
+                         or "case <conv> <gen> fold" + the message line of an
+                         error lamina does not raise (FOLDS_SYSTEM: it renders
+                         the system message the Gemma 3 way instead)
 
 Run from the repository root with jinja2 installed (any 3.x):
   python3 -m venv /tmp/venv && /tmp/venv/bin/pip install jinja2
@@ -836,6 +839,13 @@ For each function call, output the function name and arguments within the follow
 {%- endif -%}
 '''
 
+# deepseek-ai/DeepSeek-V3 (DeepSeek-V2.5's markers; MIT)
+DEEPSEEK_V3 = r"""{% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}{% endif %}{% set ns = namespace(is_first=false, is_tool=false, is_output_first=true, system_prompt='', is_first_sp=true) %}{%- for message in messages %}{%- if message['role'] == 'system' %}{%- if ns.is_first_sp %}{% set ns.system_prompt = ns.system_prompt + message['content'] %}{% set ns.is_first_sp = false %}{%- else %}{% set ns.system_prompt = ns.system_prompt + '\n\n' + message['content'] %}{%- endif %}{%- endif %}{%- endfor %}{{bos_token}}{{ns.system_prompt}}{%- for message in messages %}{%- if message['role'] == 'user' %}{%- set ns.is_tool = false -%}{{'<｜User｜>' + message['content']}}{%- endif %}{%- if message['role'] == 'assistant' and message['content'] is none %}{%- set ns.is_tool = false -%}{%- for tool in message['tool_calls']%}{%- if not ns.is_first %}{{'<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\n' + '```json' + '\n' + tool['function']['arguments'] + '\n' + '```' + '<｜tool▁call▁end｜>'}}{%- set ns.is_first = true -%}{%- else %}{{'\n' + '<｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\n' + '```json' + '\n' + tool['function']['arguments'] + '\n' + '```' + '<｜tool▁call▁end｜>'}}{{'<｜tool▁calls▁end｜><｜end▁of▁sentence｜>'}}{%- endif %}{%- endfor %}{%- endif %}{%- if message['role'] == 'assistant' and message['content'] is not none %}{%- if ns.is_tool %}{{'<｜tool▁outputs▁end｜>' + message['content'] + '<｜end▁of▁sentence｜>'}}{%- set ns.is_tool = false -%}{%- else %}{{'<｜Assistant｜>' + message['content'] + '<｜end▁of▁sentence｜>'}}{%- endif %}{%- endif %}{%- if message['role'] == 'tool' %}{%- set ns.is_tool = true -%}{%- if ns.is_output_first %}{{'<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>' + message['content'] + '<｜tool▁output▁end｜>'}}{%- set ns.is_output_first = false %}{%- else %}{{'\n<｜tool▁output▁begin｜>' + message['content'] + '<｜tool▁output▁end｜>'}}{%- endif %}{%- endif %}{%- endfor -%}{% if ns.is_tool %}{{'<｜tool▁outputs▁end｜>'}}{% endif %}{% if add_generation_prompt and not ns.is_tool %}{{'<｜Assistant｜>'}}{% endif %}"""
+
+# deepseek-ai/DeepSeek-V2-Lite-Chat ("User: ... Assistant:"; MIT): detection
+# only, not a family lamina renders
+DEEPSEEK_V2 = r"""{% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}{% endif %}{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ 'User: ' + message['content'] + '\n\n' }}{% elif message['role'] == 'assistant' %}{{ 'Assistant: ' + message['content'] + eos_token }}{% elif message['role'] == 'system' %}{{ message['content'] + '\n\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"""
+
 # (id, text, family chat_detect must return, bos_token, eos_token, golden)
 # golden=False: detection only (lamina renders these with the family's
 # reference variant, which differs from the template in ways chat.h lists,
@@ -858,14 +868,17 @@ TEMPLATES = [
     ("zephyr-7b-beta", ZEPHYR_BETA, "zephyr", "<s>", "</s>", True),
     ("llama-3.1-8b-instruct", LLAMA31, "llama3", "<|begin_of_text|>", "<|eot_id|>", False),
     ("phi-3.5-mini-instruct", PHI35, "phi3", "<s>", "<|endoftext|>", False),
-    ("gemma-2-2b-it", GEMMA2, "gemma", "<bos>", "<eos>", False),
-    ("qwen3-0.6b", QWEN3, "chatml", None, "<|im_end|>", False),
+    ("gemma-2-2b-it", GEMMA2, "gemma", "<bos>", "<eos>", True),
+    ("qwen3-0.6b", QWEN3, "qwen3", None, "<|im_end|>", True),
+    ("deepseek-v3", DEEPSEEK_V3, "deepseek3", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", True),
     ("lfm2-8b-a1b", LFM2, "chatml", "<|startoftext|>", "<|im_end|>", False),
     ("mixtral-8x22b-instruct-v0.1", MIXTRAL_8X22B, "mistral-v1", "<s>", "</s>", False),
     ("mistral-small-3.2-24b-instruct-2506", MISTRAL_SMALL_32, "unknown", "<s>", "</s>", False),
-    ("deepseek-r1-distill-llama-8b", DEEPSEEK_R1_LLAMA, "unknown", None, None, False),
+    ("deepseek-r1-distill-llama-8b", DEEPSEEK_R1_LLAMA, "deepseek-r1", "<｜begin▁of▁sentence｜>",
+     "<｜end▁of▁sentence｜>", True),
     ("granite-3.3-2b-instruct", GRANITE33, "unknown", None, None, False),
     ("phi-4", PHI4, "unknown", None, None, False),
+    ("deepseek-v2-lite-chat", DEEPSEEK_V2, "unknown", None, None, False),
     ("glm-4.6", GLM46, "unknown", None, None, False),
 ]
 
@@ -899,10 +912,22 @@ CONVERSATIONS = [
     ("system_late_even", [(U, "u1"), (A, "a1"), (S, "late system"), (U, "u2")]),
     ("system_late_odd", [(U, "u1"), (S, "odd system"), (U, "u2")]),
     # ~2 KB rendered: the output buffer grows several times
+    # Reasoning (Qwen3, DeepSeek-R1): text up to </think> in assistant turns
+    ("reasoning", [(U, "What is 2+2?"), (A, "<think>\nAdd them.\n</think>\n\n4"), (U, "And 3+3?"),
+                   (A, "<think>\n\nSix, clearly.\n\n</think>\n\n\n6")]),
+    ("reasoning_no_open", [(S, "sys"), (U, "q"), (A, "no open tag</think>answer"), (U, "q2")]),
+    ("reasoning_twice", [(U, "a"), (A, "<think>x</think>y</think>\nz"), (U, "b"), (A, "plain last")]),
+    ("reasoning_after_tool", [(U, "q"), (A, "<think>r</think>call"),
+                              (U, "<tool_response>\n42\n</tool_response>"), (A, "<think>\nr2\n</think>done"),
+                              (A, " <think> </think>")]),
     ("long", [(S, "sys " * 50), (U, "word " * 300 + "end"), (A, "ok " * 100), (U, "again")]),
 ]
 
 GENS = (True, False)
+
+# Templates whose error on a system message lamina answers by folding the
+# system text into the first user turn (the Gemma 3 way): id -> the message.
+FOLDS_SYSTEM = {"gemma-2-2b-it": "System role not supported"}
 
 
 def environment():
@@ -956,7 +981,11 @@ def main():
         for name, messages in CONVERSATIONS:
             for gen in GENS:
                 ok, res = render(env, text, messages, gen, bos, eos)
-                if ok:
+                if not ok and tid in FOLDS_SYSTEM and res == FOLDS_SYSTEM[tid]:
+                    # lamina folds the system message in (chat.h): the test
+                    # checks that it renders, as the family does
+                    out.append(f"case {name} {int(gen)} fold\n{res}\n")
+                elif ok:
                     out.append(f"case {name} {int(gen)} ok {len(res.encode('utf-8'))}\n{res}\n")
                     n_ok += 1
                 else:
