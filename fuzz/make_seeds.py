@@ -68,6 +68,13 @@ def chat_seeds():
                                                [(b"tool", b"t"), (b"", b""), (b"assistant", b"a"),
                                                 (b"system", b"late system")]))
     write("fuzz_chat", "dangling_role", b"\x05<start_of_turn>\0user")
+    # reasoning turns: </think> before, without and after <think>, tool responses
+    think = [(b"user", b"q"), (b"assistant", b"<think>\nr\n</think>\n\na"), (b"user", b"<tool_response>\n1"),
+             (b"user", b"<tool_response></tool_response>"), (b"assistant", b"x</think>y</think><think>"),
+             (b"assistant", b"</think")]
+    write("fuzz_chat", "think_qwen3", chat_input(21, b"<|im_start|></think>", think))
+    write("fuzz_chat", "think_deepseek_r1", chat_input(25, "<｜Assistant｜></think>".encode(), think))
+    write("fuzz_chat", "name_deepseek3", chat_input(1, b"deepseek3", CONV + [(b"system", b"late")]))
 
 
 def checkpoint(dim=8, hidden=16, layers=1, heads=2, kv=2, vocab=8, seq=4, shared=True):
