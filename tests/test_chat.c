@@ -1008,7 +1008,7 @@ static void test_tools_golden(void) {
         }
     }
     free(text);
-    CHECKF(n_cases == 30 && n_ok >= 40, "%d cases, %d renders compared", n_cases, n_ok);
+    CHECKF(n_cases == 40 && n_ok >= 60, "%d cases, %d renders compared", n_cases, n_ok);
 }
 
 /* The families without a tool format of their own: the hermes text in the

@@ -278,7 +278,8 @@ int chat_apply(int family, const char *text, const lm_tokenizer *tok, const lm_c
  *                       one block per call; results in a user turn as
  *                       <tool_response>\nRESULT\n</tool_response>; the tools
  *                       listed in the system turn inside <tools></tools>.
- *                       Reproduces Qwen2.5-Instruct's template (chatml). The
+ *                       Reproduces Qwen2.5-Instruct's template (chatml) and
+ *                       Qwen3's (qwen3: no default system text). The
  *                       generic fallback of the families that have no tool
  *                       format of their own (gemma, phi3, zephyr, llama2,
  *                       mistral-legacy, mistral-v1): the same text, in the

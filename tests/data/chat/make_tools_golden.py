@@ -33,6 +33,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 OUT = os.path.dirname(os.path.abspath(__file__))
 TEMPLATES = [("qwen2.5-7b-instruct", "-", "<|im_end|>"),
+             ("qwen3-0.6b", "-", "<|im_end|>"),
              ("mistral-7b-instruct-v0.3", "<s>", "</s>"),
              ("mistral-nemo-instruct-2407", "<s>", "</s>")]
 
