@@ -215,7 +215,7 @@ static int needs_template_text(const char *id) {
     return 0;
 }
 
-static int golden_cases, golden_errors, golden_templates, golden_folds, golden_fold_renders;
+static int golden_cases, golden_errors, golden_templates, golden_folds, golden_fold_renders, golden_thinking_off;
 
 /* Checks one template's golden file; returns 0 or -1 (message printed). */
 static int check_golden(const tmpl_entry *e) {
@@ -245,6 +245,21 @@ static int check_golden(const tmpl_entry *e) {
         if (ok ? !want : !want_err) {
             fprintf(stderr, "  %s: truncated golden file at %s\n", e->id, name);
             goto done;
+        }
+        /* gen 2: enable_thinking=False, i.e. the render with the generation
+         * prompt followed by chat_thinking_off's text */
+        int thinking_off = gen == 2;
+        if (thinking_off) {
+            const char *sfx = chat_thinking_off(family);
+            size_t sl = sfx ? strlen(sfx) : 0;
+            if (!ok || !sfx || len < sl || memcmp(want + len - sl, sfx, sl)) {
+                fprintf(stderr, "  %s / %s: enable_thinking=False does not end with the family's text\n", e->id,
+                        name);
+                free(want);
+                goto done;
+            }
+            len -= sl;
+            gen = 1;
         }
         char *out = (char *)"unset", err[LM_ERRLEN] = "";
         int r = chat_render_template(tmpl, c->msgs, c->n, gen, bos, eos, &out, err, sizeof err);
@@ -292,6 +307,9 @@ static int check_golden(const tmpl_entry *e) {
         free(want);
         if (!good)
             goto done;
+        golden_thinking_off += thinking_off;
+        if (thinking_off)
+            continue;
         golden_cases++;
         golden_errors += !ok && !fold;
         golden_folds += fold;
@@ -314,7 +332,7 @@ static void test_golden_renders(void) {
     CHECKF(load_convs() >= 15, "conversations.txt not found or short (%d)", load_convs());
     CHECKF(load_manifest() >= 20, "manifest.txt not found or short");
     int expected_templates = 0, failed = 0;
-    golden_cases = golden_errors = golden_templates = golden_folds = golden_fold_renders = 0;
+    golden_cases = golden_errors = golden_templates = golden_folds = golden_fold_renders = golden_thinking_off = 0;
     for (int i = 0; i < n_entries; i++) {
         if (!entries[i].golden)
             continue;
@@ -330,8 +348,12 @@ static void test_golden_renders(void) {
     /* Gemma 2 refuses every conversation that opens with a system message */
     CHECKF(golden_folds >= 10 && golden_fold_renders >= 10, "only %d system folds checked (%d rendered)",
            golden_folds, golden_fold_renders);
-    printf("NOTE %d templates, %d renders compared, %d template errors matched, %d system folds\n",
-           golden_templates, golden_cases - golden_errors - golden_folds, golden_errors, golden_folds);
+    /* Qwen3 with enable_thinking=False, every conversation once */
+    CHECKF(golden_thinking_off == load_convs(), "%d enable_thinking=False renders", golden_thinking_off);
+    printf("NOTE %d templates, %d renders compared, %d template errors matched, %d system folds, "
+           "%d with thinking off\n",
+           golden_templates, golden_cases - golden_errors - golden_folds, golden_errors, golden_folds,
+           golden_thinking_off);
 }
 
 /* ------------------------------------------------------------ detection */
@@ -429,6 +451,9 @@ static void test_names_and_stops(void) {
     CHECK(chat_family_from_name("DeepSeek-R1") == CHAT_DEEPSEEK_R1);
     CHECK(chat_family_from_name("deepseek") == -1);
     CHECK(!strcmp(chat_stop_marker(CHAT_QWEN3), "<|im_end|>"));
+    for (int f = 0; f < CHAT_N_FAMILIES; f++)
+        CHECK((chat_thinking_off(f) != NULL) == (f == CHAT_QWEN3));
+    CHECK(chat_thinking_off(-1) == NULL && chat_thinking_off(CHAT_N_FAMILIES) == NULL);
     CHECK(!strcmp(chat_stop_marker(CHAT_DEEPSEEK_R1), "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"));
     CHECK(!strcmp(chat_stop_marker(CHAT_PHI3), "<|end|>"));
     CHECK(!strcmp(chat_stop_marker(CHAT_ZEPHYR), "</s>"));

@@ -577,6 +577,10 @@ const char *chat_stop_marker(int family) {
     return family >= 0 && family < CHAT_N_FAMILIES ? FAMILIES[family].stop : NULL;
 }
 
+const char *chat_thinking_off(int family) {
+    return family == CHAT_QWEN3 ? "<think>\n\n</think>\n\n" : NULL;
+}
+
 /* -------------------------------------------------------------- detection */
 
 static bool has(const char *t, const char *s) { return strstr(t, s) != NULL; }

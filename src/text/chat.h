@@ -69,8 +69,8 @@
  *                      surrounding newlines, empty when there was none). The
  *                      generation prompt is <|im_start|>assistant\n: thinking
  *                      on, as the template renders when enable_thinking is not
- *                      given (lamina has no enable_thinking switch; a request
- *                      can end the last user message with Qwen3's "/no_think").
+ *                      given; chat_thinking_off gives what it adds when it is
+ *                      false.
  *                      QwQ-32B's template is detected as qwen3: an
  *                      approximation there.
  *   deepseek3          deepseek-ai/DeepSeek-V3 (and V2.5's markers): BOS, the
@@ -183,6 +183,17 @@ const char *chat_family_name(int family);
  * invalid id.
  */
 const char *chat_stop_marker(int family);
+
+/*
+ * What the family's template writes after the generation prompt when the
+ * request turns thinking off (transformers' enable_thinking=False, which
+ * OpenAI-style servers take as chat_template_kwargs.enable_thinking):
+ * "<think>\n\n</think>\n\n" for qwen3 (an empty reasoning block, so the
+ * model answers at once); NULL for the families without that switch
+ * (deepseek-r1 always opens <think>). Append it to a render made with the
+ * generation prompt.
+ */
+const char *chat_thinking_off(int family);
 
 /*
  * Render n messages in a family. add_generation_prompt appends the header of

@@ -26,7 +26,9 @@ Output (all UTF-8, written with "\\n" line ends):
                          or "case <conv> <gen> error" + the template's message line
                          or "case <conv> <gen> fold" + the message line of an
                          error lamina does not raise (FOLDS_SYSTEM: it renders
-                         the system message the Gemma 3 way instead)
+                         the system message the Gemma 3 way instead);
+                         <gen> 2: with the generation prompt and
+                         enable_thinking=False (THINKING_SWITCH only)
 
 Run from the repository root with jinja2 installed (any 3.x):
   python3 -m venv /tmp/venv && /tmp/venv/bin/pip install jinja2
@@ -929,6 +931,11 @@ GENS = (True, False)
 # system text into the first user turn (the Gemma 3 way): id -> the message.
 FOLDS_SYSTEM = {"gemma-2-2b-it": "System role not supported"}
 
+# Templates with an enable_thinking switch: their golden files also hold
+# "case <conv> 2 ..." renders, the generation prompt with enable_thinking=False
+# (lamina: the render with the prompt, then chat_thinking_off's text).
+THINKING_SWITCH = {"qwen3-0.6b"}
+
 
 def environment():
     """The jinja2 environment transformers' apply_chat_template uses."""
@@ -941,13 +948,13 @@ def environment():
     return env
 
 
-def render(env, text, messages, gen, bos, eos):
+def render(env, text, messages, gen, bos, eos, **extra):
     """(True, output) or (False, the exception's message on one line)."""
     tmpl = env.from_string(text)
     msgs = [{"role": r, "content": c} for r, c in messages]
     try:
         return True, tmpl.render(messages=msgs, tools=None, documents=None,
-                                 add_generation_prompt=gen, bos_token=bos, eos_token=eos)
+                                 add_generation_prompt=gen, bos_token=bos, eos_token=eos, **extra)
     except jinja2.exceptions.TemplateError as e:
         return False, " ".join(str(e).split()) or type(e).__name__
 
@@ -991,6 +998,12 @@ def main():
                 else:
                     out.append(f"case {name} {int(gen)} error\n{res}\n")
                     n_err += 1
+        if tid in THINKING_SWITCH:
+            # gen 2: the generation prompt with enable_thinking=False
+            for name, messages in CONVERSATIONS:
+                ok, res = render(env, text, messages, True, bos, eos, enable_thinking=False)
+                out.append(f"case {name} 2 ok {len(res.encode('utf-8'))}\n{res}\n" if ok
+                           else f"case {name} 2 error\n{res}\n")
         write(os.path.join(OUT, "golden", tid + ".txt"), "".join(out))
     write(os.path.join(OUT, "manifest.txt"), "".join(manifest))
     print(f"{len(TEMPLATES)} templates, {n_ok} renders, {n_err} template errors "
