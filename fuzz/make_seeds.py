@@ -173,6 +173,10 @@ REQUESTS = {
                             b'"tool_choice":"auto"}'),
     "tools_bad": (1, b'{"messages":[{"role":"tool","content":"x"}],"tools":[{"type":"function","function":'
                      b'{"name":"a b"}}],"tool_choice":{"type":"function","function":{"name":"zz"}}}'),
+    "thinking_off": (35, b'{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":'
+                        b'"<think>r</think>a"},{"role":"user","content":"q2"}],'
+                        b'"chat_template_kwargs":{"enable_thinking":false,"x":[1]}}'),
+    "thinking_bad": (35, b'{"messages":[{"role":"user","content":"q"}],"chat_template_kwargs":{"enable_thinking":0}}'),
 }
 
 

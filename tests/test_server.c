@@ -704,6 +704,68 @@ static void calls_read_free(calls_read *cr) {
 
 /* Answers read for calls: content before them, names, the arguments'
  * exact text; the same whatever pieces the text comes in. */
+/* chat_template_kwargs.enable_thinking: false appends Qwen3's empty reasoning
+ * block to the prompt; true, absent, other keys and other families change
+ * nothing; a wrong type is a 400. */
+static void test_thinking_switch(void) {
+    lm_server_request r;
+    lm_server_error e;
+    ctx.n_ctx = 4096;
+    lm_chat_xmsg user_a[] = {{"user", "a", NULL, 0, NULL}};
+    static const char *same_bodies[] = {
+        "{" CHAT_A "}",
+        "{" CHAT_A ", \"chat_template_kwargs\": {\"enable_thinking\": true}}",
+        "{" CHAT_A ", \"chat_template_kwargs\": {\"other\": 1}}",
+        "{" CHAT_A ", \"chat_template_kwargs\": null}",
+    };
+    ctx.chat_family = CHAT_QWEN3;
+    for (size_t i = 0; i < sizeof same_bodies / sizeof *same_bodies; i++) {
+        int rc = parse(true, same_bodies[i], &r, &e);
+        CHECKF(rc == 0, "%s", e.message);
+        CHECKF(same_prompt(&r, CHAT_QWEN3, user_a, 1, NULL, 0), "body %zu", i);
+        server_request_free(&r);
+    }
+    /* off: the prompt is the thinking-on one plus "<think>\n\n</think>\n\n" */
+    int rc = parse(true, "{" CHAT_A ", \"chat_template_kwargs\": {\"enable_thinking\": false}}", &r, &e);
+    CHECKF(rc == 0, "%s", e.message);
+    char *text = NULL, err[LM_ERRLEN];
+    bool add_bos;
+    CHECK(chat_apply(CHAT_QWEN3, NULL, tok, (const lm_chat_msg[]){{"user", "a"}}, 1, &text, &add_bos, err,
+                     sizeof err) == 0);
+    char full[256];
+    snprintf(full, sizeof full, "%s<think>\n\n</think>\n\n", text);
+    lm_free(text);
+    int32_t ids[512];
+    int k = tok_encode(tok, full, strlen(full), add_bos, true, ids, 512);
+    CHECK(k > 0 && r.n_prompts == 1 && r.n_prompt[0] == k && !memcmp(ids, r.prompts[0], (size_t)k * sizeof *ids));
+    server_request_free(&r);
+    /* the same template text read from a file (chat_detect) */
+    ctx.chat_family = -1;
+    ctx.chat_template = "{{ '<|im_start|>' + message.role }}{{ '</think>' }}";
+    rc = parse(true, "{" CHAT_A ", \"chat_template_kwargs\": {\"enable_thinking\": false}}", &r, &e);
+    CHECKF(rc == 0, "%s", e.message);
+    CHECK(r.n_prompt[0] == k && !memcmp(ids, r.prompts[0], (size_t)k * sizeof *ids));
+    server_request_free(&r);
+    ctx.chat_template = NULL;
+    /* families without the switch ignore it */
+    ctx.chat_family = CHAT_CHATML;
+    rc = parse(true, "{" CHAT_A ", \"chat_template_kwargs\": {\"enable_thinking\": false}}", &r, &e);
+    CHECKF(rc == 0, "%s", e.message);
+    CHECK(same_prompt(&r, CHAT_CHATML, user_a, 1, NULL, 0));
+    server_request_free(&r);
+    /* wrong types: 400 naming the field */
+    static const char *bad[] = {
+        "{" CHAT_A ", \"chat_template_kwargs\": {\"enable_thinking\": \"no\"}}",
+        "{" CHAT_A ", \"chat_template_kwargs\": [false]}",
+        "{" CHAT_A ", \"chat_template_kwargs\": \"enable_thinking=false\"}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        rc = parse(true, bad[i], &r, &e);
+        CHECKF(rc == -1 && e.status == 400 && !strcmp(e.param, "chat_template_kwargs"), "bad %zu", i);
+    }
+    ctx.n_ctx = 128;
+}
+
 static void test_tool_call_reader(void) {
     static const struct {
         int syntax;
@@ -823,6 +885,7 @@ int main(void) {
     TEST_RUN(test_alloc_failure);
     TEST_RUN(test_format_fields);
     TEST_RUN(test_tool_fields);
+    TEST_RUN(test_thinking_switch);
     TEST_RUN(test_tool_call_reader);
     TEST_RUN(test_tool_alloc_failure);
     tok_free(tok);

@@ -392,13 +392,27 @@ static int chat_family_of(const lm_server_parse_ctx *c) {
 
 /* Render the conversation and tokenize it (chat.h's BOS rule). */
 static int render_messages(const lm_server_parse_ctx *c, const lm_chat_xmsg *msgs, int n, const srv_tools *tools,
-                           lm_server_request *r, lm_server_error *e) {
+                           bool thinking_off, lm_server_request *r, lm_server_error *e) {
     const lm_tokenizer *tok = c->tok;
     char *text = NULL, err[LM_ERRLEN];
     bool add_bos;
     if (chat_apply_tools(c->chat_family, c->chat_template, tok, msgs, n, (const char *const *)tools->json, tools->n,
                          &text, &add_bos, err, sizeof err))
         return BAD("messages", "%s", err);
+    /* enable_thinking false: what the family's template writes after the prompt */
+    const char *sfx = thinking_off ? chat_thinking_off(chat_family_of(c)) : NULL;
+    if (sfx) {
+        size_t tl = strlen(text), sl = strlen(sfx);
+        char *t2 = lm_malloc(tl + sl + 1);
+        if (!t2) {
+            lm_free(text);
+            return oom(e);
+        }
+        memcpy(t2, text, tl);
+        memcpy(t2 + tl, sfx, sl + 1);
+        lm_free(text);
+        text = t2;
+    }
     int32_t *ids = NULL;
     int nt = encode(tok, text, strlen(text), add_bos, &ids, e);
     lm_free(text);
@@ -452,6 +466,15 @@ static int parse_messages(const lm_server_parse_ctx *c, const cJSON *root, const
     if (c->chat_family < 0 && !c->chat_template)
         return server_error(e, 400, INVALID, "messages", "chat_template_unavailable", "%s",
                             c->chat_error ? c->chat_error : "this model has no usable chat template");
+    /* chat_template_kwargs: {"enable_thinking": false} turns reasoning off
+     * where the template has that switch (chat_thinking_off); other keys and
+     * other families: ignored, as templates ignore variables they never read */
+    const cJSON *kw = field(root, "chat_template_kwargs"), *think = kw ? field(kw, "enable_thinking") : NULL;
+    if (kw && !cJSON_IsNull(kw) && !cJSON_IsObject(kw))
+        return BAD("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    if (think && !cJSON_IsBool(think) && !cJSON_IsNull(think))
+        return BAD("chat_template_kwargs", "'chat_template_kwargs.enable_thinking' must be a boolean");
+    bool thinking_off = think && cJSON_IsFalse(think);
     r->prompts = lm_calloc(1, sizeof(int32_t *));
     r->n_prompt = lm_calloc(1, sizeof(int));
     r->echo_text = lm_calloc(1, sizeof(char *));
@@ -498,7 +521,7 @@ static int parse_messages(const lm_server_parse_ctx *c, const cJSON *root, const
             msgs[i].call_id = id ? id->valuestring : NULL;
         }
     }
-    rc = render_messages(c, msgs, n, tools, r, e);
+    rc = render_messages(c, msgs, n, tools, thinking_off, r, e);
 done:
     for (int k = 0; k < n && contents; k++) lm_free(contents[k]);
     for (int k = 0; k < n && msgs; k++) lm_free((void *)msgs[k].calls);
