@@ -78,6 +78,17 @@ want=$(printf '[INST] Hi [/INST]' | "$L" tokenize -m "$M" --ids --bos)
 "$L" run -m "$M" -p "Hi" --chat --chat-template nosuch -n 2 >/dev/null 2>"$T/err"; rc=$?
 [ $rc -eq 2 ] && grep -q "neither a template name nor a readable file" "$T/err" && ok run_chat_bad_template ||
     bad run_chat_bad_template "rc=$rc" "$(cat "$T/err")"
+# run --chat --no-think: Qwen3's empty reasoning block after the prompt; a template without
+# the switch renders as without the flag, with a note
+"$L" run -m "$M" -p "Hi" --chat --chat-template qwen3 --no-think -n 1 --temp 0 --show-ids >/dev/null 2>"$T/err"; rc=$?
+want=$(printf '<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n' |
+    "$L" tokenize -m "$M" --ids --bos)
+[ $rc -eq 0 ] && grep -qx "prompt ids: $want" "$T/err" && ok run_chat_no_think ||
+    bad run_chat_no_think "rc=$rc" "want $want" "$(cat "$T/err")"
+"$L" run -m "$M" -p "Hi" --chat --chat-template chatml --no-think -n 1 --temp 0 --show-ids >/dev/null 2>"$T/err"; rc=$?
+want=$(printf '<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n' | "$L" tokenize -m "$M" --ids --bos)
+[ $rc -eq 0 ] && grep -qx "prompt ids: $want" "$T/err" && grep -q "no thinking switch; --no-think ignored" "$T/err" &&
+    ok run_chat_no_think_ignored || bad run_chat_no_think_ignored "rc=$rc" "want $want" "$(cat "$T/err")"
 
 # 5. perplexity: the model's own greedy story scores low, the same words in
 #    reverse order score much higher

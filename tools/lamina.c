@@ -79,6 +79,9 @@ static void usage_run(FILE *f) {
             "      --chat-template NAME|FILE  with --chat: a template family by name (chatml,\n"
             "                       llama2, llama3, mistral, gemma, phi3, zephyr, ...) or a\n"
             "                       Jinja template file, instead of the model's own\n"
+            "      --no-think       with --chat: reasoning off where the template has that switch\n"
+            "                       (Qwen3's enable_thinking=False: an empty <think></think> block\n"
+            "                       after the prompt); other templates: ignored, with a note\n"
             "  -h, --help           this text\n");
 }
 
@@ -86,7 +89,7 @@ static void usage_run(FILE *f) {
  * with the chosen or the model's chat template (chat_template_resolve), ready
  * to tokenize with special tokens parsed and add_bos = *add_bos. */
 static char *render_chat(const lm_model *m, const char *user, const char *system, const char *tmpl_arg,
-                         bool *add_bos) {
+                         bool no_think, bool *add_bos) {
     char err[LM_ERRLEN];
     lm_chat_msg msgs[2];
     int n = 0;
@@ -109,8 +112,20 @@ static char *render_chat(const lm_model *m, const char *user, const char *system
     if (rc) fail("run", err);
     char *out;
     rc = chat_apply(t.family, t.text, m->tok, msgs, n, &out, add_bos, err, sizeof err);
+    const char *off = chat_thinking_off(t.family >= 0 ? t.family : chat_detect(t.text));
     chat_template_free(&t);
     if (rc) fail("run", err);
+    if (no_think && !off)
+        fprintf(stderr, "lamina run: note: this chat template has no thinking switch; --no-think ignored\n");
+    if (no_think && off) {
+        size_t ol = strlen(out), sl = strlen(off);
+        char *o2 = lm_malloc(ol + sl + 1);
+        if (!o2) fail("run", "out of memory");
+        memcpy(o2, out, ol);
+        memcpy(o2 + ol, off, sl + 1);
+        lm_free(out);
+        out = o2;
+    }
     return out;
 }
 
@@ -239,7 +254,7 @@ static int cmd_run(int argc, char **argv) {
     args a = {argc, argv, 0, "run", usage_run};
     const char *model = NULL, *prompt = NULL, *pfile = NULL;
     long long n_predict = 128, n_ctx = 0, threads = pool_default_threads();
-    bool ignore_eos = false, show_ids = false, chat = false, ctx_extend = false;
+    bool ignore_eos = false, show_ids = false, chat = false, ctx_extend = false, no_think = false;
     uint32_t kv_type = LM_TYPE_F16;
     const char *system = NULL, *chat_tmpl = NULL, *gfile = NULL, *sfile = NULL;
     bool json_any = false;
@@ -276,6 +291,7 @@ static int cmd_run(int argc, char **argv) {
         else if (is_flag(&a, "--chat", NULL)) chat = true;
         else if (is_flag(&a, "--system", NULL)) system = need_val(&a);
         else if (is_flag(&a, "--chat-template", NULL)) chat_tmpl = need_val(&a);
+        else if (is_flag(&a, "--no-think", NULL)) no_think = true;
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
     char *pbuf = NULL;
@@ -323,7 +339,7 @@ static int cmd_run(int argc, char **argv) {
     char *rendered = NULL;
     bool add_bos = tok_add_bos(m->tok);
     if (chat) {
-        rendered = render_chat(m, prompt, system, chat_tmpl, &add_bos);
+        rendered = render_chat(m, prompt, system, chat_tmpl, no_think, &add_bos);
         prompt = rendered;
         plen = strlen(rendered);
     }
