@@ -34,6 +34,7 @@
 #include "kv/kv.h"
 #include "sched/engine.h"
 #include "text/tokenizer.h"
+#include "base/strbuf.h"
 #include "base/util.h"
 #include "dist/dist.h"
 
@@ -400,11 +401,16 @@ static int cmd_run(int argc, char **argv) {
     printf("\n");
     fflush(stdout);
     if (show_ids) {
-        fprintf(stderr, "prompt ids:");
-        for (int i = 0; i < n_tok; i++) fprintf(stderr, " %d", toks[i]);
-        fprintf(stderr, "\ngenerated ids:");
-        for (int i = 0; i < n_gen && i < out.ids_cap; i++) fprintf(stderr, " %d", out.gen_ids[i]);
-        fprintf(stderr, "\n");
+        /* one write: under mpirun every rank prints these lines, and
+         * writes of a few ids each would interleave with the other ranks' */
+        strbuf ids = {0};
+        strbuf_puts(&ids, "prompt ids:");
+        for (int i = 0; i < n_tok; i++) strbuf_printf(&ids, " %d", toks[i]);
+        strbuf_puts(&ids, "\ngenerated ids:");
+        for (int i = 0; i < n_gen && i < out.ids_cap; i++) strbuf_printf(&ids, " %d", out.gen_ids[i]);
+        strbuf_puts(&ids, "\n");
+        if (ids.len && write(STDERR_FILENO, ids.p, ids.len) < 0) perror("lamina run: stderr");
+        strbuf_free(&ids);
         free(out.gen_ids);
     }
     if (ctx_full)
