@@ -41,12 +41,14 @@ import json
 import os
 import re
 import select
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import testenv  # noqa: E402 (tests/ is the script's folder)
+from testenv import result, skip, summary  # noqa: E402
 
 LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
 MODEL = "models/stories260K.gguf"
@@ -71,24 +73,6 @@ N_IDLE = 16               # idle keep-alive connections
 N_STREAMS = 4             # unread streams
 SLACK = 6.0 if not ASAN else 15.0  # seconds a deadline may overrun on a loaded machine
 
-passed = failed = 0
-lock = threading.Lock()
-
-
-def result(name, ok, detail=""):
-    global passed, failed
-    with lock:
-        if ok:
-            passed += 1
-            print("PASS", name)
-        else:
-            failed += 1
-            print("FAIL", name)
-            if detail:
-                print("  " + str(detail).replace("\n", "\n  ")[:3000])
-        sys.stdout.flush()
-
-
 def note(text):
     print("NOTE", text)
     sys.stdout.flush()
@@ -96,66 +80,9 @@ def note(text):
 
 # ---------------------------------------------------------------- the server
 
-class Server:
+class Server(testenv.Server):
     def __init__(self, *args):
-        self.args = [LAMINA, "serve", "-m", MODEL, "--port", "0", "-t", "1", *args]
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.lines = []
-        self.port = None
-        got_port = threading.Event()
-
-        def reader():
-            for raw in self.proc.stderr:
-                line = raw.decode("utf-8", "replace").rstrip("\n")
-                self.lines.append(line)
-                m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-                if m:
-                    self.port = int(m.group(1))
-                    got_port.set()
-            got_port.set()
-
-        self.reader = threading.Thread(target=reader, daemon=True)
-        self.reader.start()
-        got_port.wait(60)
-        if self.port is None:
-            self.proc.kill()
-            self.proc.wait()
-            raise RuntimeError("server did not start: %s" % "\n".join(self.lines))
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                if request(self, "GET", "/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        self.proc.kill()
-        self.proc.wait()
-        raise RuntimeError("server never became healthy: %s" % "\n".join(self.lines))
-
-    def status(self, key):
-        """A field of /proc/PID/status in bytes (VmRSS, VmHWM)."""
-        with open("/proc/%d/status" % self.proc.pid) as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-        return 0
-
-    def stop(self, name):
-        """SIGTERM; the server must exit 0 and print nothing from the sanitizers."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
-            result("%s: exits on SIGTERM" % name, False, "did not exit within 60 s")
-            return
-        self.reader.join(10)
-        text = "\n".join(self.lines)
-        bad = re.search(r"Sanitizer|runtime error:|LeakSanitizer", text)
-        result("%s: clean exit" % name, rc == 0 and not bad, "exit %s\n%s" % (rc, text[-4000:]))
+        super().__init__([LAMINA, "serve", "-m", MODEL, "-t", "1", *args])
 
 
 def request(srv, method, path, body=None, timeout=60, src="127.0.0.1"):
@@ -805,16 +732,14 @@ def main():
         measure_memory(int(sys.argv[2]), sys.argv[1] == "--memory-body")
         return 0
     if not os.path.exists(LAMINA):
-        print("FAIL no lamina binary at %s" % LAMINA)
-        print("0 passed, 1 failed")
-        return 1
+        result("a lamina binary at %s" % LAMINA, False)
+        return summary()
     try:  # the abusers need loopback addresses of their own
         with socket.socket() as probe:
             probe.bind(("127.0.0.2", 0))
     except OSError as e:
-        print("SKIP e2e_abuse: cannot bind 127.0.0.2 (%s); the abusers need their own loopback addresses" % e)
-        print("0 passed, 0 failed, 1 skipped")
-        return 0
+        skip("e2e_abuse", "cannot bind 127.0.0.2 (%s); the abusers need their own loopback addresses" % e)
+        return summary()
     srv = None
     try:
         srv = Server(*LIMITS)
@@ -832,8 +757,7 @@ def main():
     finally:
         if srv:
             srv.stop("abused server")
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -30,6 +30,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from testenv import result, summary  # noqa: E402 (tests/ is the script's folder)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "data")
 LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
@@ -46,22 +49,6 @@ PPL_TOL = {"F16": 0.002, "Q8_0": 0.01}
 # tokens at F16); the logits checks above see no such flip.
 PPL_TOL_MOE = {"F16": 0.01, "Q8_0": 0.01}
 MOE = {"qwen3moe", "qwen2moe", "mixtral"}
-
-passed = failed = 0
-
-
-def result(name, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print("PASS", name)
-    else:
-        failed += 1
-        print("FAIL", name)
-        if detail:
-            print("  " + detail.replace("\n", "\n  "))
-    sys.stdout.flush()
-
 
 def lamina(*args, timeout=300):
     return subprocess.run([LAMINA, *args], capture_output=True, timeout=timeout)
@@ -232,8 +219,7 @@ def main(archs):
             check_arch(a, tmp)
     if os.environ.get("LAMINA_ASAN"):
         print("NOTE under AddressSanitizer only the file and logits checks run, F16 only")
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

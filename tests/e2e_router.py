@@ -55,6 +55,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import e2e_server as es  # noqa: E402 (shared helpers and the openai client checks)
+from testenv import result, summary  # noqa: E402
 
 LAMINA = es.LAMINA
 MODEL = es.MODEL
@@ -62,22 +63,7 @@ ASAN = es.ASAN
 CTX = 1024
 SERVE = ["-t", "1", "--chat-template", "chatml", "-c", str(CTX), "--ctx-extend"]
 
-passed = failed = 0
-lock = threading.Lock()
-
-
-def result(name, ok, detail=""):
-    global passed, failed
-    with lock:
-        if ok:
-            passed += 1
-            print("PASS", name)
-        else:
-            failed += 1
-            print("FAIL", name)
-            if detail:
-                print("  " + str(detail).replace("\n", "\n  "))
-        sys.stdout.flush()
+lock = threading.Lock()  # for what the checks' threads share
 
 
 class Router:
@@ -206,13 +192,7 @@ def check_basics(rt):
 
 
 def check_client(rt):
-    before = (es.passed, es.failed, es.skipped)
-    es.check_client(rt)
-    global passed, failed
-    passed += es.passed - before[0]
-    failed += es.failed - before[1]
-    if es.skipped > before[2]:
-        print("SKIP openai client checks (see above)")
+    es.check_client(rt)  # counted in the same totals (testenv)
 
 
 # --------------------------------------------------------------- 2. faults
@@ -731,9 +711,8 @@ TRACE = os.path.join(os.environ.get("TMPDIR", "/tmp"), "lamina_e2e_router_%d.tra
 
 def main():
     if not os.path.exists(LAMINA):
-        print("FAIL no lamina binary at %s" % LAMINA)
-        print("0 passed, 1 failed")
-        return 1
+        result("a lamina binary at %s" % LAMINA, False)
+        return summary()
     routers = []
     t0 = time.time()
     try:
@@ -755,8 +734,7 @@ def main():
         if os.path.exists(TRACE):
             os.unlink(TRACE)
     print("NOTE e2e_router: %.1f s" % (time.time() - t0))
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

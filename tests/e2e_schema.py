@@ -44,7 +44,7 @@ CORPUS = os.path.join(HERE, "data", "schemas")
 BUILD = os.environ.get("BUILD", "build")
 LAMINA = os.environ.get("LAMINA_BIN", os.path.join(BUILD, "lamina"))
 TESTBIN = os.path.join(os.path.dirname(LAMINA), "tests", "test_json_schema")
-from testenv import CACHE, install_out  # noqa: E402 (tests/ is the script's folder)
+from testenv import CACHE, install_out, result, skip, summary  # noqa: E402 (tests/ is the script's folder)
 import e2e_gemma3  # noqa: E402 (its model_path installs Gemma 3 270M)
 
 VENV = os.path.join(CACHE, "venv-jsonschema")
@@ -54,28 +54,6 @@ RANDOM_N = 96      # token limit for the random-weight model
 GEMMA_N = 40       # and for Gemma 3 270M
 GEMMA_EVERY = 1 if os.environ.get("LAMINA_SCHEMA_ALL") else 6  # Gemma on every k-th schema
 JOBS = 2
-
-passed = failed = 0
-
-
-def result(name, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print("PASS", name)
-    else:
-        failed += 1
-        print("FAIL", name)
-        if detail:
-            print("  " + detail.replace("\n", "\n  "))
-    sys.stdout.flush()
-
-
-def skip(why):
-    print("SKIP schema end-to-end:", why)
-    print("0 passed, 0 failed, 1 skipped")
-    sys.exit(0)
-
 
 # The validator runs inside the venv: one process reads JSON lines
 # {"schema": ..., "text": ...} and answers "ok", "unparsable: ..." or
@@ -112,7 +90,8 @@ def validator():
                            stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=1200)
             subprocess.run(probe, check=True, capture_output=True, timeout=120)
     except (subprocess.SubprocessError, OSError) as e:
-        skip("could not install %s from PyPI (%s)" % (" ".join(PACKAGES), e))
+        skip("schema end-to-end", "could not install %s from PyPI (%s)" % (" ".join(PACKAGES), e))
+        sys.exit(summary())
     return subprocess.Popen([py, "-c", VALIDATOR], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
@@ -396,9 +375,8 @@ def check_any_object(v, tag, model, chat):
 
 def main():
     if not os.path.exists(TESTBIN) or not os.path.exists(LAMINA):
-        print("FAIL build first: %s and %s are needed" % (TESTBIN, LAMINA))
-        print("0 passed, 1 failed")
-        return 1
+        result("build first: %s and %s are needed" % (TESTBIN, LAMINA), False)
+        return summary()
     files = corpus()
     v = Validator()
     check_corpus(v, files)
@@ -406,13 +384,11 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         check_random_schemas(v, tmp)
     asan = bool(os.environ.get("LAMINA_ASAN"))
-    skipped = 0
     helptext = subprocess.run([LAMINA, "run", "--help"], capture_output=True, text=True).stdout
     if "--json-schema" not in helptext:
-        print("SKIP model outputs: this lamina run has no --json-schema")
+        skip("model outputs", "this lamina run has no --json-schema")
         v.close()
-        print("%d passed, %d failed, 1 skipped" % (passed, failed))
-        return 1 if failed else 0
+        return summary()
     with tempfile.TemporaryDirectory() as tmp:
         small = os.path.join(tmp, "random-small.gguf")
         r = subprocess.run([LAMINA, "mkmodel", "-o", small, "--layers", "1", "--embd", "64", "--heads", "2",
@@ -428,14 +404,13 @@ def main():
         if not asan:
             try:
                 gemma = e2e_gemma3.model_path()
-            except SystemExit:  # it printed why; the Gemma part is skipped
-                skipped += 1
+            except OSError as e:
+                skip("gemma3 schemas", str(e))
         if gemma:
             check_model(v, files, "gemma3", gemma, GEMMA_N, True, "alternate", tmp, GEMMA_EVERY)
             check_any_object(v, "gemma3", gemma, True)
     v.close()
-    print("%d passed, %d failed%s" % (passed, failed, ", %d skipped" % skipped if skipped else ""))
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

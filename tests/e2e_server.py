@@ -36,8 +36,6 @@ import http.client
 import json
 import os
 import random
-import re
-import signal
 import socket
 import subprocess
 import sys
@@ -48,89 +46,19 @@ LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
 MODEL = "models/stories260K.gguf"
 MODEL_NAME = "stories260K.gguf"
 ASAN = bool(os.environ.get("LAMINA_ASAN"))
-from testenv import CACHE, install_out  # noqa: E402 (tests/ is the script's folder)
+import testenv  # noqa: E402 (tests/ is the script's folder)
+from testenv import CACHE, install_out, result, skip, summary  # noqa: E402
 CTX = 1024
 N_CLIENT_CHECKS = 10  # checks the openai-client part makes (counted as skipped when it cannot run)
 
-passed = failed = skipped = 0
-lock = threading.Lock()
-
-
-def result(name, ok, detail=""):
-    global passed, failed
-    with lock:
-        if ok:
-            passed += 1
-            print("PASS", name)
-        else:
-            failed += 1
-            print("FAIL", name)
-            if detail:
-                print("  " + str(detail).replace("\n", "\n  "))
-        sys.stdout.flush()
-
-
-def skip(name, why, count=1):
-    global skipped
-    skipped += count
-    print("SKIP %s: %s" % (name, why))
-    sys.stdout.flush()
+lock = threading.Lock()  # for the counts the load checks' threads share
 
 
 # ---------------------------------------------------------------- servers
 
-class Server:
+class Server(testenv.Server):
     def __init__(self, *args):
-        self.args = [LAMINA, "serve", "-m", MODEL, "--port", "0", "-t", "1", *args]
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.lines = []
-        self.port = None
-        got_port = threading.Event()
-
-        def reader():
-            for raw in self.proc.stderr:
-                line = raw.decode("utf-8", "replace").rstrip("\n")
-                self.lines.append(line)
-                m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-                if m:
-                    self.port = int(m.group(1))
-                    got_port.set()
-            got_port.set()
-
-        self.reader = threading.Thread(target=reader, daemon=True)
-        self.reader.start()
-        got_port.wait(60)
-        if self.port is None:
-            self.proc.kill()
-            self.proc.wait()
-            raise RuntimeError("server did not start: %s" % "\n".join(self.lines))
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                if get(self, "/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        self.proc.kill()
-        self.proc.wait()
-        raise RuntimeError("server never became healthy: %s" % "\n".join(self.lines))
-
-    def stop(self, name):
-        """SIGTERM; the server must exit 0 and print nothing from the sanitizers."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
-            result("%s: exits on SIGTERM" % name, False, "did not exit within 60 s")
-            return
-        self.reader.join(10)
-        text = "\n".join(self.lines)
-        bad = re.search(r"Sanitizer|runtime error:|LeakSanitizer", text)
-        result("%s: clean exit" % name, rc == 0 and not bad, "exit %s\n%s" % (rc, text[-4000:]))
+        super().__init__([LAMINA, "serve", "-m", MODEL, "-t", "1", *args])
 
 
 def conn(srv, timeout=60):
@@ -160,14 +88,8 @@ def post(srv, path, body, headers=None, timeout=60):
 
 
 def metrics(srv):
-    status, _, body = get(srv, "/metrics")
-    out = {}
-    for line in body.decode().splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        k, v = line.rsplit(" ", 1)
-        out[k] = float(v)
-    return out
+    """/metrics of a server or a router."""
+    return testenv.parse_metrics(get(srv, "/metrics")[2])
 
 
 def wait_idle(srv, timeout=30):
@@ -903,9 +825,8 @@ def check_queue_time(srv):
 
 def main():
     if not os.path.exists(LAMINA):
-        print("FAIL no lamina binary at %s" % LAMINA)
-        print("0 passed, 1 failed")
-        return 1
+        result("a lamina binary at %s" % LAMINA, False)
+        return summary()
     servers = []
     try:
         srv = Server("--chat-template", "chatml", "-c", str(CTX), "--ctx-extend")
@@ -936,11 +857,7 @@ def main():
     finally:
         for i, s in enumerate(servers):
             s.stop("server %d" % i)
-    line = "%d passed, %d failed" % (passed, failed)
-    if skipped:
-        line += ", %d skipped" % skipped
-    print(line)
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ DATA = os.path.join(HERE, "data", "smollm2")
 CASES = os.path.join(HERE, "data", "gemma3")
 LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
 import testenv  # noqa: E402 (tests/ is the script's folder)
+from testenv import check_tokenize as check_tokenize_files, result, skip, summary, unescape  # noqa: E402
 
 NEAR_TIE = 0.25
 MIN_FULL = 4
@@ -49,67 +50,19 @@ PPL_CHUNKS = 4
 PPL_TOLERANCE = 0.005
 N_CHECKS = 12
 
-passed = failed = 0
-
-
-def result(name, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print("PASS", name)
-    else:
-        failed += 1
-        print("FAIL", name)
-        if detail:
-            print("  " + str(detail).replace("\n", "\n  "))
-    sys.stdout.flush()
-
-
 def lamina(*args, stdin=None, timeout=1800):
     return subprocess.run([LAMINA, *args], input=stdin, capture_output=True, timeout=timeout)
 
 
-def read_lines(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    return data.split(b"\n")[:-1] if data.endswith(b"\n") else data.split(b"\n")
-
-
-def unescape(b):
-    out, i = bytearray(), 0
-    table = {ord("n"): 10, ord("r"): 13, ord("t"): 9, ord("\\"): 92}
-    while i < len(b):
-        if b[i] == 92 and i + 1 < len(b) and b[i + 1] in table:
-            out.append(table[b[i + 1]])
-            i += 2
-        else:
-            out.append(b[i])
-            i += 1
-    return bytes(out)
-
-
 def check_tokenize(model):
-    cases = read_lines(os.path.join(CASES, "tokenize_cases.txt"))
-    for special, expect_file in ((False, "tokenize_expected.txt"), (True, "tokenize_expected_special.txt")):
-        expect = [l.decode().split() for l in read_lines(os.path.join(DATA, expect_file))]
-        flags = ["--ids", "--lines"] + ([] if special else ["--no-parse-special"])
-        r = lamina("tokenize", "-m", model, *flags, stdin=b"\n".join(cases) + b"\n")
-        got = [l.split() for l in r.stdout.decode().split("\n")[: len(cases)]]
-        bad = [i for i in range(len(cases)) if i >= len(got) or got[i] != expect[i]]
-        result("tokenize_%s" % ("special" if special else "plain"), r.returncode == 0 and not bad,
-               "%d of %d lines differ, first: line %d" % (len(bad), len(cases), bad[0] + 1) if bad else r.stderr.decode())
-    for tag, path, prefix in (("multiline", os.path.join(CASES, "tokenize_escaped_cases.txt"), "tokenize_escaped_expected"),
-                              ("smollm2", os.path.join(DATA, "tokenize_extra_cases.txt"), "tokenize_extra_expected")):
-        cases = [unescape(l) for l in read_lines(path)]
-        for special in (False, True):
-            expect = [l.decode().split() for l in read_lines(os.path.join(DATA, prefix + ("_special" if special else "") + ".txt"))]
-            bad = []
-            for i, c in enumerate(cases):
-                r = lamina("tokenize", "-m", model, "--ids", *([] if special else ["--no-parse-special"]), stdin=c)
-                if r.returncode != 0 or r.stdout.decode().split() != expect[i]:
-                    bad.append(i)
-            result("tokenize_%s_%s" % (tag, "special" if special else "plain"), not bad,
-                   "cases %s differ" % [b + 1 for b in bad])
+    g = lambda name: os.path.join(CASES, name)  # noqa: E731
+    d = lambda name: os.path.join(DATA, name)  # noqa: E731
+    check_tokenize_files(LAMINA, model, "tokenize", g("tokenize_cases.txt"), d("tokenize_expected.txt"),
+                         d("tokenize_expected_special.txt"))
+    check_tokenize_files(LAMINA, model, "tokenize_multiline", g("tokenize_escaped_cases.txt"),
+                         d("tokenize_escaped_expected.txt"), d("tokenize_escaped_expected_special.txt"), escaped=True)
+    check_tokenize_files(LAMINA, model, "tokenize_smollm2", d("tokenize_extra_cases.txt"),
+                         d("tokenize_extra_expected.txt"), d("tokenize_extra_expected_special.txt"), escaped=True)
 
 
 def read_greedy():
@@ -197,8 +150,8 @@ def check_chat(model):
     import e2e_tools
     py, why = e2e_tools.client_python()
     if not py:
-        print("SKIP smollm2 chat: could not install the openai client (%s)" % why)
-        return 3
+        skip("smollm2 chat", "could not install the openai client (%s)" % why, 3)
+        return
     srv = e2e_tools.Server(model, "-c", "2048")
     try:
         cfg = {"base": srv.base(), "model": os.path.basename(model)}
@@ -216,12 +169,7 @@ def check_chat(model):
         result("chat: with the template's default system prompt the reply equals llama.cpp's",
                res.get("default_system") == ref, res)
     finally:
-        e2e_tools.passed = e2e_tools.failed = 0
         srv.stop("smollm2 serve")
-        global passed, failed
-        passed += e2e_tools.passed
-        failed += e2e_tools.failed
-    return 0
 
 
 def check_make_chat():
@@ -277,19 +225,17 @@ def main():
     try:
         model = testenv.smollm2_gguf()
     except OSError as e:
-        print("SKIP smollm2 end-to-end: %s" % e)
-        print("0 passed, 0 failed, %d skipped" % N_CHECKS)
-        return 0
+        skip("smollm2 end-to-end", str(e), N_CHECKS)
+        return summary()
     check_tokenize(model)
-    skipped = check_chat(model)
+    check_chat(model)
     if os.environ.get("LAMINA_ASAN"):
         print("NOTE under AddressSanitizer the greedy and perplexity checks do not run")
     else:
         check_greedy(model)
         check_perplexity(model)
         check_make_chat()
-    print("%d passed, %d failed%s" % (passed, failed, ", %d skipped" % skipped if skipped else ""))
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

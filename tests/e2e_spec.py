@@ -25,78 +25,19 @@ import http.client
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import threading
-import time
 
 LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
 MODEL = "models/stories260K.gguf"
-
-passed = failed = 0
-
-
-def result(name, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print("PASS", name)
-    else:
-        failed += 1
-        print("FAIL", name)
-        if detail:
-            print("  " + str(detail).replace("\n", "\n  "))
-    sys.stdout.flush()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import testenv  # noqa: E402 (tests/ is the script's folder)
+from testenv import result, summary  # noqa: E402
 
 
-class Server:
+class Server(testenv.Server):
     def __init__(self, *args):
-        self.args = [LAMINA, "serve", "-m", MODEL, "--port", "0", "-t", "1", "-c", "256", "--ctx-extend", *args]
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.lines = []
-        self.port = None
-        got = threading.Event()
-
-        def reader():
-            for raw in self.proc.stderr:
-                line = raw.decode("utf-8", "replace").rstrip("\n")
-                self.lines.append(line)
-                m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-                if m:
-                    self.port = int(m.group(1))
-                    got.set()
-            got.set()
-
-        self.reader = threading.Thread(target=reader, daemon=True)
-        self.reader.start()
-        got.wait(60)
-        if self.port is None:
-            self.proc.kill()
-            self.proc.wait()
-            raise RuntimeError("server did not start: %s" % "\n".join(self.lines))
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                if request(self, "GET", "/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError("server never became healthy")
-
-    def stop(self, name):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
-        self.reader.join(10)
-        text = "\n".join(self.lines)
-        bad = re.search(r"Sanitizer|runtime error:|LeakSanitizer", text)
-        result("%s: clean exit" % name, rc == 0 and not bad, "exit %s\n%s" % (rc, text[-4000:]))
+        super().__init__([LAMINA, "serve", "-m", MODEL, "-t", "1", "-c", "256", "--ctx-extend", *args])
 
 
 def request(srv, method, path, body=None, timeout=120):
@@ -259,8 +200,7 @@ def main():
     finally:
         for i, s in enumerate(servers):
             s.stop("server %d" % i)
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

