@@ -98,14 +98,7 @@ def request(srv, method, path, body=None, timeout=60, src="127.0.0.1"):
 
 
 def metrics(srv):
-    _, _, body = request(srv, "GET", "/metrics")
-    out = {}
-    for line in body.decode().splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        k, v = line.rsplit(" ", 1)
-        out[k] = float(v)
-    return out
+    return srv.metrics()
 
 
 def wait_idle(srv, timeout=30):

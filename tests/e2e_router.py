@@ -55,6 +55,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import e2e_server as es  # noqa: E402 (shared helpers and the openai client checks)
+import testenv  # noqa: E402
 from testenv import result, summary  # noqa: E402
 
 LAMINA = es.LAMINA
@@ -121,18 +122,10 @@ class Router:
         return type("R", (), {"port": self.rports[i]})()
 
     def stop(self, name):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
-            result("%s: exits on SIGTERM" % name, False, "did not exit within 60 s")
+        ended = testenv.terminate(self, name)
+        if not ended:
             return
-        self.reader.join(10)
-        text = "\n".join(self.lines)
-        bad = re.search(r"Sanitizer|runtime error:|LeakSanitizer", text)
+        rc, text, bad = ended
         alive = [p for p in self.pids.values() if os.path.exists("/proc/%d" % p) and
                  not open("/proc/%d/stat" % p).read().split()[2] == "Z"]
         result("%s: clean exit, replicas stopped" % name, rc == 0 and not bad and not alive,

@@ -79,14 +79,7 @@ def complete_stream(srv, body):
 
 
 def metrics(srv):
-    status, body = request(srv, "GET", "/metrics")
-    out = {}
-    for line in body.decode().splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        k, v = line.rsplit(" ", 1)
-        out[k] = float(v)
-    return out
+    return srv.metrics()
 
 
 PROMPTS = [

@@ -158,19 +158,28 @@ class Server:
     def stop(self, name):
         """SIGTERM; counts as a check that the server exits 0 within 60 s and
         prints nothing from the sanitizers."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
-            result("%s: exits on SIGTERM" % name, False, "did not exit within 60 s")
-            return
-        self.reader.join(10)
-        text = "\n".join(self.lines)
-        bad = re.search(r"Sanitizer|runtime error:|LeakSanitizer", text)
-        result("%s: clean exit" % name, rc == 0 and not bad, "exit %s\n%s" % (rc, text[-4000:]))
+        ended = terminate(self, name)
+        if ended:
+            rc, text, bad = ended
+            result("%s: clean exit" % name, rc == 0 and not bad, "exit %s\n%s" % (rc, text[-4000:]))
+
+
+def terminate(srv, name):
+    """Sends SIGTERM to srv.proc and waits up to 60 s: (exit status, its
+    stderr text, whether the sanitizers printed). Kills it and counts a
+    failed check "NAME: exits on SIGTERM" when it does not end: None."""
+    if srv.proc.poll() is None:
+        srv.proc.send_signal(signal.SIGTERM)
+    try:
+        rc = srv.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        srv.proc.kill()
+        srv.proc.wait()
+        result("%s: exits on SIGTERM" % name, False, "did not exit within 60 s")
+        return None
+    srv.reader.join(10)
+    text = "\n".join(srv.lines)
+    return rc, text, bool(re.search(r"Sanitizer|runtime error:", text))
 
 
 def read_lines(path):
