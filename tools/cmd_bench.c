@@ -7,15 +7,25 @@
  * per token ÷ the read bandwidth (decode only reads its weights; copy and
  * triad count bytes written, and the lines read for ownership before a
  * write are not counted at all, so they understate what reading alone
- * reaches).
+ * reaches). The floor counts the KV cache too: the bytes the tg test's
+ * steps read and write in it at their depths (model/cost.h), beside the
+ * weights. -d takes a list of depths (a sweep): each runs the tests, and
+ * the sweep reports per depth the KV bytes a decode step reads, counted by
+ * the cost model and by the formula 2 x layers x tokens x kv_heads x
+ * head_dim x bytes (per layer class with sliding windows), and the depth
+ * where KV reads overtake the weights. --roofline runs
+ * cmd_bench_roofline.c's per-op report instead of the pp/tg tests.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_roofline.h"
 #include "cli.h"
 #include "dist/dist.h"
+#include "model/cost.h"
 #include "model/forward.h"
 #include "base/pool.h"
 #include "format/quant.h"
@@ -23,14 +33,16 @@
 
 static void usage_bench(FILE *f) {
     fprintf(f,
-            "usage: lamina bench -m MODEL.gguf [-p 512] [-n 128] [-d DEPTH] [-t THREADS] [-r REPS] [-o md|json]\n"
+            "usage: lamina bench -m MODEL.gguf [-p 512] [-n 128] [-d DEPTH[,DEPTH...]] [-t THREADS] [-r REPS]\n"
+            "                    [-o md|json] [--roofline [-b BATCH] [--svg DIR]]\n"
             "       lamina bench serve -m MODEL.gguf ...   (a serving workload; see lamina bench serve --help)\n"
             "       lamina bench spec -m MODEL.gguf -f PROMPT ...   (speculative decoding off and on;\n"
             "                  see lamina bench spec --help)\n"
             "Measure prompt processing (pp) and generation (tg) speed in tokens/s.\n\n"
             "  -p N       prompt tokens for the pp test (0 skips it; default 512)\n"
             "  -n N       generated tokens for the tg test (0 skips it; default 128)\n"
-            "  -d N       tokens already in the cache before each test (default 0)\n"
+            "  -d N       tokens already in the cache before each test (default 0); a list (0,1024,4096)\n"
+            "             runs the tests at each depth and reports where KV reads overtake the weights\n"
             "             (the defaults of -p and -n shrink to fit the model's trained context\n"
             "             after -d; -d plus -p or -n past it is refused without --ctx-extend)\n"
             "  --ctx-extend  allow tests past the model's trained context (with a warning)\n"
@@ -39,7 +51,21 @@ static void usage_bench(FILE *f) {
             "  -o FMT     md (default) or json\n"
             "  --kv-type T  KV cache element type: F16 (default), F32, Q8_0\n"
             "  --no-bw    skip the memory-bandwidth measurement\n"
-            "  --profile  print where the time of each test goes, per operation\n");
+            "  --profile  print where the time of each test goes, per operation\n"
+            "  --roofline per op: time, bytes, FLOPs, achieved GB/s and GFLOP/s against the read\n"
+            "             bandwidth and FMA rate measured in the run, the bound and the share of it\n"
+            "             reached, dispatch gaps apart; for decode at depth 0 and each -d depth (-n\n"
+            "             passes, default 32) and prefill of -p tokens (default 512)\n"
+            "  -b N       --roofline: decode sequences per pass (default 1)\n"
+            "  --svg DIR  --roofline: write roofline-*.svg per scenario and decode-time.svg (and PNGs\n"
+            "             when rsvg-convert is installed) into DIR\n"
+            "JSON of --roofline: model, threads, isa, kv_type, read_bw_gbs, peak_gflops,\n"
+            "ridge_flop_per_byte, scenarios[]: name, kind (decode|prefill), depth, batch, passes,\n"
+            "tokens, step_s, ops_s, other_s, gap_s, pool_runs, wake_s (per pass), per_token\n"
+            "{weight_bytes, kv_read_bytes, kv_write_bytes, kv_read_global_bytes, kv_read_local_bytes,\n"
+            "act_bytes, flops}, ops[]: op, time_s, kernel_s, gap_s, weight_bytes, kv_read_bytes,\n"
+            "kv_write_bytes, act_bytes, bytes, flops (per pass), intensity, gbs, gflops, bound\n"
+            "(memory|compute), roof_gflops, pct_of_roof, plotted.\n");
 }
 
 /* ---- memory bandwidth -------------------------------------------------- */
@@ -191,30 +217,145 @@ static void tp_allreduce_cost(const lm_model *m) {
     free(buf);
 }
 
+/* -d's value: one depth or a comma-separated list of up to 16; *max gets
+ * the largest. Returns how many. */
+static int need_depths(args *a, int *depths, long long *max) {
+    const char *flag = a->argv[a->i], *v = need_val(a), *p = v;
+    int n = 0;
+    *max = 0;
+    for (;;) {
+        char *end;
+        errno = 0;
+        long long x = strtoll(p, &end, 10);
+        if (errno || end == p || x < 0 || x > (1 << 22) || n == 16 || (*end && *end != ',')) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "%s wants up to 16 depths in [0, 4194304], comma-separated, got '%s'", flag, v);
+            die_usage(a, "%s", msg);
+        }
+        depths[n++] = (int)x;
+        if (x > *max) *max = x;
+        if (!*end) return n;
+        p = end + 1;
+    }
+}
+
+/* KV bytes one decode step at depth d reads, by the cost model, and by the
+ * formula 2 x layers x tokens x kv_heads x head_dim x bytes per layer class
+ * (tokens: d + 1, or the window on a sliding-window layer). */
+static void kv_step_bytes(const lm_model *m, uint32_t kv_type, int d, double *counted, double *formula) {
+    cost_pass c;
+    char err[LM_ERRLEN];
+    if (cost_forward(m, kv_type, 1, 1, d, &c, err, sizeof err)) fail("bench", err);
+    *counted = cost_total(&c).kv_read_bytes;
+    double bytes = (double)c.kv_row_bytes / m->hp.head_dim, f = 0;
+    for (int i = 0; i < m->hp.n_layer; i++) {
+        int w = m->layers[i].window;
+        double tokens = w > 0 && d + 1 > w ? w : d + 1;
+        f += 2.0 * 1 * tokens * m->hp.n_head_kv * m->hp.head_dim * bytes;
+    }
+    *formula = f;
+}
+
+/* The KV bytes per token of the tg test's n steps from depth d: read and written. */
+static double kv_bytes_per_token(const lm_model *m, uint32_t kv_type, int d, int n) {
+    double t = 0;
+    for (int i = 0; i < n; i++) {
+        cost_pass c;
+        char err[LM_ERRLEN];
+        if (cost_forward(m, kv_type, 1, 1, d + i, &c, err, sizeof err)) fail("bench", err);
+        cost_op o = cost_total(&c);
+        t += o.kv_read_bytes + o.kv_write_bytes;
+    }
+    return n ? t / n : 0;
+}
+
+/* The first depth whose decode step reads more KV bytes than weight bytes,
+ * up to limit (-1: none; KV reads grow with depth, so a bisection). */
+static int kv_crossover(const lm_model *m, uint32_t kv_type, double wbytes, int limit) {
+    double c, f;
+    kv_step_bytes(m, kv_type, limit, &c, &f);
+    if (c < wbytes) return -1;
+    int lo = 0, hi = limit; /* reads(hi) >= wbytes */
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        kv_step_bytes(m, kv_type, mid, &c, &f);
+        if (c >= wbytes) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+/* The sweep's report: per depth, KV read per decode step counted and by the
+ * formula, against the weights; the crossover depth. */
+static void kv_sweep_report(const lm_model *m, uint32_t kv_type, const int *depths, int n_depth, double wbytes,
+                            bool json) {
+    int limit = m->hp.n_ctx_train > 0 ? m->hp.n_ctx_train : 1 << 20;
+    int cross = kv_crossover(m, kv_type, wbytes, limit);
+    int n_local = 0;
+    for (int i = 0; i < m->hp.n_layer; i++) n_local += m->layers[i].window > 0;
+    double eb = 0, cc, ff;
+    kv_step_bytes(m, kv_type, 0, &cc, &ff);
+    eb = cc / (2.0 * m->hp.n_layer * m->hp.n_head_kv * m->hp.head_dim);
+    if (json) {
+        printf(", \"kv_sweep\": {\"kv_type\": \"%s\", \"weight_bytes_per_token\": %.0f, \"kv_crossover_depth\": ",
+               quant_type_name(kv_type), wbytes);
+        if (cross >= 0) printf("%d", cross);
+        else printf("null");
+        printf(", \"depths\": [");
+        for (int i = 0; i < n_depth; i++) {
+            kv_step_bytes(m, kv_type, depths[i], &cc, &ff);
+            printf("%s{\"depth\": %d, \"kv_read_bytes\": %.0f, \"formula_bytes\": %.0f}", i ? ", " : "", depths[i],
+                   cc, ff);
+        }
+        printf("]}");
+        return;
+    }
+    printf("\nKV reads per decode step (%s cache): formula 2 x %d layers x tokens x %d kv_heads x %d head_dim x %.4g "
+           "bytes%s; weights %.2f MiB\n",
+           quant_type_name(kv_type), m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, eb,
+           n_local ? " (tokens capped at the window on the sliding-window layers)" : "", wbytes / 1048576);
+    printf("| depth | KV read MiB (counted) | formula MiB | KV / weights |\n| ---: | ---: | ---: | ---: |\n");
+    for (int i = 0; i < n_depth; i++) {
+        kv_step_bytes(m, kv_type, depths[i], &cc, &ff);
+        printf("| %d | %.3f | %.3f%s | %.2f |\n", depths[i], cc / 1048576, ff / 1048576,
+               fabs(cc - ff) > 0.5 ? " (differs)" : "", cc / wbytes);
+    }
+    if (cross >= 0) printf("KV reads overtake the weights at depth %d\n", cross);
+    else printf("KV reads stay below the weights up to the trained context (%d)\n", limit);
+}
+
 int cmd_bench(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "serve")) return cmd_bench_serve(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "spec")) return cmd_bench_spec(argc - 1, argv + 1);
     args a = {argc, argv, 0, "bench", usage_bench};
     const char *model = NULL, *fmt = "md";
     long long np = -1, ng = -1, depth = 0, threads = pool_default_threads(), reps = 5;
-    bool bw = true, profile = false, ctx_extend = false;
+    bool bw = true, profile = false, ctx_extend = false, roofline = false;
+    const char *svg_dir = NULL;
+    long long batch = 1;
+    int depths[16] = {0}, n_depth = 1;
     uint32_t kv_type = LM_TYPE_F16;
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
         if (is_flag(&a, "-m", "--model")) model = need_val(&a);
         else if (is_flag(&a, "-p", "--n-prompt")) np = need_int(&a, 0, 1 << 20);
         else if (is_flag(&a, "-n", "--n-gen")) ng = need_int(&a, 0, 1 << 20);
-        else if (is_flag(&a, "-d", "--depth")) depth = need_int(&a, 0, 1 << 22);
+        else if (is_flag(&a, "-d", "--depth")) n_depth = need_depths(&a, depths, &depth);
         else if (is_flag(&a, "-t", "--threads")) threads = need_int(&a, 1, 1024);
         else if (is_flag(&a, "-r", "--repetitions")) reps = need_int(&a, 1, 1000);
         else if (is_flag(&a, "-o", "--output")) fmt = need_val(&a);
         else if (is_flag(&a, "--no-bw", NULL)) bw = false;
         else if (is_flag(&a, "--profile", NULL)) profile = true;
+        else if (is_flag(&a, "--roofline", NULL)) roofline = true;
+        else if (is_flag(&a, "--svg", NULL)) svg_dir = need_val(&a);
+        else if (is_flag(&a, "-b", "--batch")) batch = need_int(&a, 1, 256);
         else if (is_flag(&a, "--ctx-extend", NULL)) ctx_extend = true;
         else if (is_flag(&a, "--kv-type", NULL)) kv_type = need_kv_type(&a);
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
     if (strcmp(fmt, "md") && strcmp(fmt, "json")) die_usage(&a, "output format '%s' is not md or json", fmt);
+    if ((svg_dir || batch > 1) && !roofline) die_usage(&a, "%s needs --roofline", svg_dir ? "--svg" : "-b");
+    if (roofline && ng < 0) ng = 32;
     lm_model *m = load_or_die("bench", model);
     /* defaults 512 and 128, shrunk to the trained context left after -d */
     long long room = m->hp.n_ctx_train > 0 ? m->hp.n_ctx_train - depth : 1LL << 40;
@@ -240,7 +381,21 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; i < ctx; i++) toks[i] = (int32_t)(lm_rng_u64(&rng) % (uint64_t)m->hp.n_vocab);
 
     double copy_gbs = 0, triad_gbs = 0, read_gbs = 0;
-    if (bw) measure_bandwidth(pool, &copy_gbs, &triad_gbs, &read_gbs);
+    if (bw || roofline) measure_bandwidth(pool, &copy_gbs, &triad_gbs, &read_gbs);
+    if (roofline) {
+        seqrun_free(sr);
+        roofline_opts ro = {.m = m, .pool = pool, .kv_type = kv_type, .depths = depths, .n_depth = n_depth,
+                            .batch = (int)batch, .n_gen = (int)ng, .n_prompt = (int)np, .read_bw = read_gbs * 1e9,
+                            .peak_flops = bench_fma_peak(pool), .json = !strcmp(fmt, "json"), .svg_dir = svg_dir};
+        if (ro.read_bw <= 0) fail("bench", "could not measure the read bandwidth (out of memory)");
+        bench_roofline(&ro);
+        free(toks);
+        free(logits);
+        free(v);
+        pool_free(pool);
+        model_free(m);
+        return 0;
+    }
     uint64_t wtotal = 0, wbytes = weight_bytes_per_token(m, &wtotal); /* the floor uses the active bytes */
     bool json = !strcmp(fmt, "json");
     const char *wtype = quant_type_name(m->layers[0].wq.type);
@@ -262,13 +417,15 @@ int cmd_bench(int argc, char **argv) {
                    wtotal / 1048576.0);
         if (bw)
             printf("memory bandwidth: copy %.1f GB/s, triad %.1f GB/s, read %.1f GB/s (%d threads); "
-                   "the tg floor uses read\n",
+                   "the tg floor: weights and the KV bytes at the test's depth, at read\n",
                    copy_gbs, triad_gbs, read_gbs, pool_size(pool));
         printf("\n| model | type | size | params | threads | test | t/s | floor t/s | of floor |\n");
         printf("| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |\n");
     }
     int n_tests = 0;
+    for (int di = 0; di < n_depth; di++)
     for (int test = 0; test < 2; test++) {
+        depth = depths[di];
         int n = (int)(test == 0 ? np : ng);
         if (n == 0) continue;
         /* warm-up: a short run of the same kind */
@@ -317,9 +474,12 @@ int cmd_bench(int argc, char **argv) {
         char name[64];
         if (depth) snprintf(name, sizeof name, "%s%d @ d%lld", test == 0 ? "pp" : "tg", n, depth);
         else snprintf(name, sizeof name, "%s%d", test == 0 ? "pp" : "tg", n);
-        double floor_ts = test == 1 && read_gbs > 0 ? read_gbs * 1e9 / (double)wbytes : 0;
+        /* the floor: weights and the KV bytes of these steps, at the read bandwidth */
+        double kvb = test == 1 ? kv_bytes_per_token(m, kv_type, (int)depth, n) : 0;
+        double floor_ts = test == 1 && read_gbs > 0 ? read_gbs * 1e9 / ((double)wbytes + kvb) : 0;
         if (json) {
             printf("%s{\"test\": \"%s\", \"tokens_per_s\": %.3f, \"std\": %.3f", n_tests ? ", " : "", name, mean, sd);
+            if (test == 1) printf(", \"depth\": %lld, \"kv_bytes_per_token\": %.0f", depth, kvb);
             if (floor_ts > 0) printf(", \"floor_tokens_per_s\": %.3f, \"fraction_of_floor\": %.3f", floor_ts, mean / floor_ts);
             printf("}");
         } else {
@@ -342,7 +502,9 @@ int cmd_bench(int argc, char **argv) {
         fflush(stdout);
         n_tests++;
     }
-    if (json) printf("]}\n");
+    if (json) printf("]");
+    if (ng > 0 && (n_depth > 1 || depths[0] > 0)) kv_sweep_report(m, kv_type, depths, n_depth, (double)wbytes, json);
+    if (json) printf("}\n");
     if (cli_tp_size > 1) tp_allreduce_cost(m);
     free(toks);
     free(logits);

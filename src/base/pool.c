@@ -44,6 +44,11 @@ struct lm_pool {
     atomic_ulong generation;
     atomic_int pending;
     bool stop;
+    /* dispatch timing (pool_timing_enable) */
+    atomic_bool timing;
+    double t_pub;                 /* when the current run was published */
+    atomic_llong wait_ns, wake_ns;
+    atomic_long runs;
 };
 
 typedef struct { lm_pool *p; int ith; } worker_arg;
@@ -70,7 +75,10 @@ static void *worker_main(void *v) {
         seen = atomic_load(&p->generation);
         lm_pool_fn fn = p->fn;
         void *arg = p->arg;
+        double t_pub = p->t_pub;
         pthread_mutex_unlock(&p->mu);
+        if (atomic_load_explicit(&p->timing, memory_order_relaxed))
+            atomic_fetch_add_explicit(&p->wake_ns, (long long)(1e9 * (lm_now() - t_pub)), memory_order_relaxed);
         fn(arg, wa.ith, p->n);
         if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {
             pthread_mutex_lock(&p->mu);
@@ -90,6 +98,10 @@ lm_pool *pool_new(int n_threads) {
     pthread_cond_init(&p->done_cv, NULL);
     atomic_init(&p->generation, 0);
     atomic_init(&p->pending, 0);
+    atomic_init(&p->timing, false);
+    atomic_init(&p->wait_ns, 0);
+    atomic_init(&p->wake_ns, 0);
+    atomic_init(&p->runs, 0);
     p->threads = lm_calloc((size_t)n_threads, sizeof(pthread_t));
     if (!p->threads) goto fail;
     for (int i = 1; i < n_threads; i++) {
@@ -135,14 +147,19 @@ void pool_run(lm_pool *p, lm_pool_fn fn, void *arg) {
         fn(arg, 0, 1);
         return;
     }
+    bool timing = atomic_load_explicit(&p->timing, memory_order_relaxed);
+    double t0 = timing ? lm_now() : 0, t1 = 0;
     pthread_mutex_lock(&p->mu);
     p->fn = fn;
     p->arg = arg;
+    if (timing) p->t_pub = t0;
     atomic_store(&p->pending, p->n - 1);
     atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
     pthread_cond_broadcast(&p->work_cv);
     pthread_mutex_unlock(&p->mu);
+    if (timing) t1 = lm_now();
     fn(arg, 0, p->n);
+    double t2 = timing ? lm_now() : 0;
     for (int spin = 0; spin < SPIN_ROUNDS && atomic_load_explicit(&p->pending, memory_order_acquire) > 0; spin++)
         spin_pause(spin);
     if (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) {
@@ -150,6 +167,27 @@ void pool_run(lm_pool *p, lm_pool_fn fn, void *arg) {
         while (atomic_load(&p->pending) > 0) pthread_cond_wait(&p->done_cv, &p->mu);
         pthread_mutex_unlock(&p->mu);
     }
+    if (timing) {
+        atomic_fetch_add_explicit(&p->wait_ns, (long long)(1e9 * (lm_now() - t2 + t1 - t0)), memory_order_relaxed);
+        atomic_fetch_add_explicit(&p->runs, 1, memory_order_relaxed);
+    }
+}
+
+void pool_timing_enable(lm_pool *p, int on) {
+    if (p) atomic_store(&p->timing, on != 0);
+}
+
+void pool_timing_get(const lm_pool *p, pool_timing *t) {
+    t->wait_s = p ? 1e-9 * (double)atomic_load(&((lm_pool *)p)->wait_ns) : 0;
+    t->wake_s = p ? 1e-9 * (double)atomic_load(&((lm_pool *)p)->wake_ns) : 0;
+    t->runs = p ? atomic_load(&((lm_pool *)p)->runs) : 0;
+}
+
+void pool_timing_reset(lm_pool *p) {
+    if (!p) return;
+    atomic_store(&p->wait_ns, 0);
+    atomic_store(&p->wake_ns, 0);
+    atomic_store(&p->runs, 0);
 }
 
 int pool_default_threads(void) {

@@ -21,6 +21,22 @@ int pool_size(const lm_pool *p);
 /* p may be NULL: fn then runs once as (arg, 0, 1). */
 void pool_run(lm_pool *p, lm_pool_fn fn, void *arg);
 
+/* Dispatch timing, for profiles (off by default; when off a run pays one
+ * relaxed load). With it on, each run adds to two counters, in seconds:
+ * wait_s, the caller's time outside its own share of the work (publishing
+ * the run, then waiting at the barrier for the other threads: their
+ * wake-up, and any imbalance), and wake_s, each worker's delay from the
+ * publication to starting its share, summed over workers. runs counts the
+ * runs that woke workers. */
+typedef struct {
+    double wait_s, wake_s;
+    long runs;
+} pool_timing;
+void pool_timing_enable(lm_pool *p, int on);
+/* The counters so far (zeros for a NULL pool). */
+void pool_timing_get(const lm_pool *p, pool_timing *t);
+void pool_timing_reset(lm_pool *p);
+
 /* Physical cores of this machine (best effort; at least 1). */
 int pool_default_threads(void);
 

@@ -25,6 +25,7 @@
 #include "kernels/avx2.h"
 #include "kernels/avx2_attn.h"
 #include "kernels/avx2_ops.h"
+#include "kernels/avx2_peak.h"
 #include "kernels/scalar.h"
 
 static lm_kernels table;
@@ -52,6 +53,7 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
     }
     k->ew = (lm_ew_kernels){scalar_rmsnorm, scalar_swiglu, scalar_geglu, scalar_rope};
     k->attn = scalar_attn;
+    k->peak = (lm_peak_kernel){scalar_fma_probe, SCALAR_PEAK_FLOPS};
 
     switch (isa) {
     case LM_ISA_AVX2:
@@ -76,6 +78,7 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
         k->ew = (lm_ew_kernels){avx2_rmsnorm, avx2_swiglu, avx2_geglu, avx2_rope_apply};
         k->attn = (lm_attn_kernels){attn_scores_avx2, attn_pv_avx2, attn_max_avx2, attn_scale_avx2,
                                     attn_exp_sum_avx2, 8};
+        k->peak = (lm_peak_kernel){avx2_fma_probe, AVX2_PEAK_FLOPS};
 #endif
         break;
     case LM_ISA_SCALAR:

@@ -94,11 +94,21 @@ typedef struct {
     int head_multiple; /* head_dim must be a multiple of this (1: any) */
 } lm_attn_kernels;
 
+/* The FMA-rate probe: rounds x flops_per_round flops of independent
+ * multiply-adds held in registers (nothing read from memory), the compute
+ * roof `lamina bench --roofline` measures; the result only keeps the work
+ * from being removed. */
+typedef struct {
+    float (*run)(long rounds);
+    int flops_per_round;
+} lm_peak_kernel;
+
 typedef struct {
     lm_isa isa;                         /* the ISA whose entries were chosen */
     lm_type_kernels type[LM_TYPE_COUNT];
     lm_ew_kernels ew;
     lm_attn_kernels attn;
+    lm_peak_kernel peak;
 } lm_kernels;
 
 /* Fill the table from CPUID and the environment (idempotent, thread-safe).

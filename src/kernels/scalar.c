@@ -102,3 +102,20 @@ float scalar_attn_exp_sum(float *x, int n, float m) {
     }
     return s;
 }
+
+/* Eight independent chains of a multiply and an add (16 flops a round). */
+float scalar_fma_probe(long rounds) {
+    const float a = 0.999999f, b = 1e-7f;
+    float c0 = 0, c1 = 0.1f, c2 = 0.2f, c3 = 0.3f, c4 = 0.4f, c5 = 0.5f, c6 = 0.6f, c7 = 0.7f;
+    for (long r = 0; r < rounds; r++) {
+        c0 = c0 * a + b;
+        c1 = c1 * a + b;
+        c2 = c2 * a + b;
+        c3 = c3 * a + b;
+        c4 = c4 * a + b;
+        c5 = c5 * a + b;
+        c6 = c6 * a + b;
+        c7 = c7 * a + b;
+    }
+    return c0 + c1 + c2 + c3 + c4 + c5 + c6 + c7;
+}

@@ -18,6 +18,10 @@ void scalar_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
 void scalar_swiglu(float *g, const float *u, int n);
 void scalar_geglu(float *g, const float *u, int n);
 void scalar_rope(float *x, int n_heads, int head_dim, int n_rot, const float *cs, int neox);
+/* The FMA-rate probe (kernels.h): rounds x SCALAR_PEAK_FLOPS flops of
+ * independent multiply-adds in registers. */
+#define SCALAR_PEAK_FLOPS 16
+float scalar_fma_probe(long rounds);
 
 /* ---- attention ---- */
 void scalar_attn_scores(const float *Q, int R, int hd, const float *const *krow, int nk, float *S, int s_stride);

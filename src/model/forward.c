@@ -56,16 +56,28 @@ const char *const lm_prof_names[LM_PROF_COUNT] = {
 };
 
 /* Profiling: PROF(f, slot) closes the interval started at the previous
- * PROF call and charges it to slot. */
-#define PROF_START(f) double prof_t_ = (f)->profile ? lm_now() : 0
-#define PROF(f, slot)                          \
-    do {                                       \
-        if ((f)->profile) {                    \
-            double now_ = lm_now();            \
-            (f)->prof[slot] += now_ - prof_t_; \
-            prof_t_ = now_;                    \
-        }                                      \
+ * PROF call and charges it to slot, and the pool's dispatch time in it
+ * (pool_timing: publishing runs and waiting at their barriers) to
+ * prof_gap[slot], part of prof[slot]. */
+#define PROF_START(f) double prof_t_ = (f)->profile ? prof_clock(f, NULL) : 0
+#define PROF(f, slot)                                    \
+    do {                                                 \
+        if ((f)->profile) {                              \
+            double now_ = prof_clock(f, &(f)->prof_gap[slot]); \
+            (f)->prof[slot] += now_ - prof_t_;           \
+            prof_t_ = now_;                              \
+        }                                                \
     } while (0)
+
+/* The time now; charges the pool's dispatch time since the last call to
+ * *gap (NULL: only note it). */
+static double prof_clock(lm_fwd *f, double *gap) {
+    pool_timing t;
+    pool_timing_get(f->pool, &t);
+    if (gap) *gap += t.wait_s - f->prof_gap_mark;
+    f->prof_gap_mark = t.wait_s;
+    return lm_now();
+}
 
 /* ---- the batch budget ---------------------------------------------------- */
 

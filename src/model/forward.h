@@ -88,6 +88,8 @@ typedef struct lm_fwd {
     size_t act_bytes;
     bool profile;         /* accumulate per-op times into prof[] */
     double prof[LM_PROF_COUNT];
+    double prof_gap[LM_PROF_COUNT]; /* of prof[]: the pool's dispatch time (pool_timing, when enabled) */
+    double prof_gap_mark;           /* pool_timing wait_s at the last profile mark */
 } lm_fwd;
 
 /* A workspace for passes of up to d->n_batch tokens over sequences of kv
