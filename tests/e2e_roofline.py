@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""`lamina bench --roofline` and the KV sweep of `lamina bench -d`, end to end,
+on random-weight files of mkmodel's presets (llama, gemma2 with sliding
+windows, qwen3moe with experts):
+
+  - the roofline JSON has every documented field (bench's usage text lists
+    them), for each scenario and op;
+  - sums: the op times add up to ops_s, each op's kernel and gap times to its
+    time, and the ops cover the step time within OPS_MARGIN (what lies
+    outside them: fwd_run's checks before the first timer);
+  - the KV bytes a decode step reads equal the formula
+    2 x layers x tokens x kv_heads x head_dim x bytes (tokens = position + 1,
+    capped at the window on gemma2's sliding-window layers), averaged over
+    the timed steps (positions depth + 2 .. depth + 2 + n - 1: two untimed
+    steps first), for F16 and Q8_0 caches; the writes are one token's;
+  - the SVGs are well-formed XML, the roofline one point per op the JSON
+    says was plotted (and no other), the stacked bar one bar per decode
+    scenario;
+  - `-d 0,64,...` reports per depth the counted KV bytes equal to the
+    formula, and the crossover depth where they pass the weights;
+  - bad arguments are refused with exit 2.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+
+LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
+OPS_MARGIN = 0.15
+SVG_NS = "{http://www.w3.org/2000/svg}"
+# preset: layers, kv_heads, head_dim, window, pattern (every pattern-th layer global)
+PRESETS = {
+    "small": (8, 4, 64, 0, 0),
+    "gemma2-small": (4, 2, 128, 128, 2),
+    "qwen3moe-small": (4, 2, 128, 0, 0),
+}
+CTX = {"small": 2048, "gemma2-small": 8192, "qwen3moe-small": 40960}
+KV_BYTES = {"F16": 2.0, "Q8_0": 34.0 / 32.0, "F32": 4.0}
+TOP_FIELDS = ["model", "threads", "isa", "kv_type", "read_bw_gbs", "peak_gflops", "ridge_flop_per_byte", "scenarios"]
+SCEN_FIELDS = ["name", "kind", "depth", "batch", "passes", "tokens", "step_s", "ops_s", "other_s", "gap_s",
+               "pool_runs", "wake_s", "per_token", "ops"]
+PER_TOKEN = ["weight_bytes", "kv_read_bytes", "kv_write_bytes", "kv_read_global_bytes", "kv_read_local_bytes",
+             "act_bytes", "flops"]
+OP_FIELDS = ["op", "time_s", "kernel_s", "gap_s", "weight_bytes", "kv_read_bytes", "kv_write_bytes", "act_bytes",
+             "bytes", "flops", "intensity", "gbs", "gflops", "bound", "roof_gflops", "pct_of_roof", "plotted"]
+OPS = ["embedding", "norms", "q/k/v matmul", "rope", "attention", "output matmul", "ffn gate+up matmul",
+       "ffn activation", "ffn down matmul", "lm head"]
+
+passed = failed = 0
+
+
+def result(name, ok, detail=""):
+    global passed, failed
+    if ok:
+        passed += 1
+        print("PASS", name)
+    else:
+        failed += 1
+        print("FAIL", name, detail)
+
+
+def near(a, b, rel=1e-6):
+    return abs(a - b) <= rel * max(1.0, abs(b))
+
+
+def local(preset, i):
+    _, _, _, w, pat = PRESETS[preset]
+    return w > 0 and (pat == 0 or (i + 1) % pat != 0)
+
+
+def kv_read_formula(preset, pos, b):
+    """KV bytes one decode token at position pos reads."""
+    layers, kvh, hd, w, _ = PRESETS[preset]
+    t = 0.0
+    for i in range(layers):
+        tokens = min(pos + 1, w) if local(preset, i) else pos + 1
+        t += 2 * tokens * kvh * hd * b
+    return t
+
+
+def run(args, timeout=600):
+    return subprocess.run([LAMINA] + args, capture_output=True, text=True, timeout=timeout)
+
+
+def check_roofline(preset, path, kv, tmp, batch=1):
+    svg_dir = os.path.join(tmp, "svg-%s-%s-%d" % (preset, kv, batch))
+    n_gen, depth = 6, 200
+    r = run(["bench", "-m", path, "--roofline", "-o", "json", "-d", str(depth), "-n", str(n_gen), "-p", "40",
+             "-t", "2", "--kv-type", kv, "--svg", svg_dir, "-b", str(batch)])
+    tag = "%s_%s_b%d" % (preset, kv, batch)
+    if r.returncode != 0:
+        result("roofline_runs_" + tag, False, r.stderr[-2000:])
+        return
+    try:
+        js = json.loads(r.stdout)
+    except ValueError as e:
+        result("roofline_json_" + tag, False, "%s: %s" % (e, r.stdout[:500]))
+        return
+    missing = [f for f in TOP_FIELDS if f not in js]
+    for s in js.get("scenarios", []):
+        missing += [s.get("name", "?") + "." + f for f in SCEN_FIELDS if f not in s]
+        missing += [s.get("name", "?") + ".per_token." + f for f in PER_TOKEN if f not in s.get("per_token", {})]
+        for o in s.get("ops", []):
+            missing += [o.get("op", "?") + "." + f for f in OP_FIELDS if f not in o]
+    kinds = [(s["kind"], s["depth"]) for s in js["scenarios"]]
+    result("roofline_fields_" + tag, not missing and kinds == [("decode", 0), ("decode", depth), ("prefill", 0)]
+           and [o["op"] for o in js["scenarios"][0]["ops"]] == OPS and js["kv_type"] == kv,
+           "missing %s, scenarios %s" % (missing[:10], kinds))
+
+    bad = []
+    for s in js["scenarios"]:
+        ops = s["ops"]
+        tsum = sum(o["time_s"] for o in ops)
+        if not near(tsum, s["ops_s"], 1e-4):
+            bad.append("%s: op times %.9f, ops_s %.9f" % (s["name"], tsum, s["ops_s"]))
+        if not (s["ops_s"] <= s["step_s"] * (1 + 1e-6) and s["ops_s"] >= (1 - OPS_MARGIN) * s["step_s"]):
+            bad.append("%s: ops %.6f of step %.6f" % (s["name"], s["ops_s"], s["step_s"]))
+        if not near(s["other_s"], s["step_s"] - s["ops_s"], 1e-3):
+            bad.append("%s: other_s" % s["name"])
+        for o in ops:
+            if not near(o["kernel_s"] + o["gap_s"], o["time_s"], 1e-4) or o["gap_s"] < 0:
+                bad.append("%s %s: kernel + gap != time" % (s["name"], o["op"]))
+            if not near(o["bytes"], o["weight_bytes"] + o["kv_read_bytes"] + o["kv_write_bytes"] + o["act_bytes"], 1e-6):
+                bad.append("%s %s: bytes" % (s["name"], o["op"]))
+            if o["bound"] not in ("memory", "compute"):
+                bad.append("%s %s: bound %s" % (s["name"], o["op"], o["bound"]))
+    result("roofline_sums_" + tag, not bad, "; ".join(bad[:6]))
+
+    # KV bytes against the formula, per decode scenario
+    b = KV_BYTES[kv]
+    layers, kvh, hd, _, _ = PRESETS[preset]
+    bad = []
+    for s in js["scenarios"]:
+        if s["kind"] != "decode":
+            continue
+        d = s["depth"]
+        expect = sum(kv_read_formula(preset, d + 2 + i, b) for i in range(n_gen)) / n_gen
+        pt = s["per_token"]
+        if not near(pt["kv_read_bytes"], expect, 1e-6):
+            bad.append("%s: read %.1f, formula %.1f" % (s["name"], pt["kv_read_bytes"], expect))
+        if not near(pt["kv_read_global_bytes"] + pt["kv_read_local_bytes"], pt["kv_read_bytes"], 1e-6):
+            bad.append("%s: classes" % s["name"])
+        if not near(pt["kv_write_bytes"], 2 * layers * kvh * hd * b, 1e-6):
+            bad.append("%s: write %.1f" % (s["name"], pt["kv_write_bytes"]))
+        att = [o for o in s["ops"] if o["op"] == "attention"][0]
+        if not near(att["kv_read_bytes"], pt["kv_read_bytes"] * s["tokens"] / s["passes"], 1e-6):
+            bad.append("%s: attention op" % s["name"])
+        if s["batch"] != batch or s["tokens"] != n_gen * batch:
+            bad.append("%s: batch %d tokens %d" % (s["name"], s["batch"], s["tokens"]))
+        # a matrix is read once per pass: per token, 1/batch of one pass's
+        qkv = [o for o in s["ops"] if o["op"] == "q/k/v matmul"][0]
+        if not near(pt["weight_bytes"], sum(o["weight_bytes"] for o in s["ops"]) / batch, 1e-6) or \
+                qkv["weight_bytes"] <= 0:
+            bad.append("%s: weights per token" % s["name"])
+    result("roofline_kv_formula_" + tag, not bad, "; ".join(bad))
+
+    # pictures
+    bad = []
+    for s in js["scenarios"]:
+        f = os.path.join(svg_dir, "roofline-%s.svg" % ("decode-b%d-d%d" % (batch, s["depth"]) if s["kind"] == "decode"
+                                                      else "prefill-40"))
+        try:
+            root = ET.parse(f).getroot()
+        except (OSError, ET.ParseError) as e:
+            bad.append("%s: %s" % (f, e))
+            continue
+        pts = [c.get("data-op") for c in root.iter(SVG_NS + "circle") if c.get("class") == "op"]
+        want = [o["op"] for o in s["ops"] if o["plotted"]]
+        if pts != want or not want:
+            bad.append("%s: points %s, plotted %s" % (s["name"], pts, want))
+        if len([p for p in root.iter(SVG_NS + "polyline") if p.get("class") == "roof"]) != 1:
+            bad.append("%s: no roof" % s["name"])
+    try:
+        root = ET.parse(os.path.join(svg_dir, "decode-time.svg")).getroot()
+        texts = [t.text for t in root.iter(SVG_NS + "text")]
+        for s in js["scenarios"]:
+            if s["kind"] == "decode" and s["name"] not in texts:
+                bad.append("no bar for " + s["name"])
+        if not [r_ for r_ in root.iter(SVG_NS + "rect") if r_.get("class") == "part"]:
+            bad.append("no bar parts")
+    except (OSError, ET.ParseError) as e:
+        bad.append("decode-time.svg: %s" % e)
+    result("roofline_svg_" + tag, not bad, "; ".join(bad))
+
+
+def check_sweep(preset, path):
+    r = run(["bench", "-m", path, "-d", "0,64,200", "-p", "0", "-n", "2", "-r", "1", "--no-bw", "-t", "2",
+             "-o", "json"])
+    if r.returncode != 0:
+        result("sweep_runs_" + preset, False, r.stderr[-2000:])
+        return
+    js = json.loads(r.stdout)
+    sw = js.get("kv_sweep", {})
+    bad = []
+    for e in sw.get("depths", []):
+        f = kv_read_formula(preset, e["depth"], 2.0)
+        if not (near(e["kv_read_bytes"], f, 1e-9) and near(e["formula_bytes"], f, 1e-9)):
+            bad.append("depth %d: counted %s, formula %s, expected %.0f" % (e["depth"], e["kv_read_bytes"],
+                                                                             e["formula_bytes"], f))
+    if [e["depth"] for e in sw.get("depths", [])] != [0, 64, 200]:
+        bad.append("depths %s" % sw.get("depths"))
+    tests = [t["test"] for t in js["tests"]]
+    if tests != ["tg2", "tg2 @ d64", "tg2 @ d200"]:
+        bad.append("tests %s" % tests)
+    w = sw.get("weight_bytes_per_token", 0)
+    cross = sw.get("kv_crossover_depth")
+    limit = CTX[preset]  # bench searches up to the trained context
+    if kv_read_formula(preset, limit, 2.0) < w:
+        d = None
+    else:
+        lo, hi = 0, limit
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if kv_read_formula(preset, mid, 2.0) >= w:
+                hi = mid
+            else:
+                lo = mid + 1
+        d = lo
+    if cross != d:
+        bad.append("crossover %s, formula %s" % (cross, d))
+    result("sweep_" + preset, not bad, "; ".join(bad))
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="lamina-roofline-")
+    files = {}
+    for p in PRESETS:
+        path = os.path.join(tmp, p + ".gguf")
+        r = run(["mkmodel", "-o", path, "--preset", p, "--type", "Q8_0" if p != "small" else "Q4_0", "-t", "2"])
+        result("mkmodel_" + p, r.returncode == 0, r.stderr[-500:])
+        files[p] = path
+    for p in PRESETS:
+        check_roofline(p, files[p], "F16" if p != "small" else "Q8_0", tmp)
+    check_roofline("gemma2-small", files["gemma2-small"], "Q8_0", tmp)
+    check_roofline("small", files["small"], "F16", tmp, batch=3)
+    for p in ("small", "gemma2-small"):
+        check_sweep(p, files[p])
+    for args, what in ((["--svg", tmp], "--svg without --roofline"), (["-d", "1,x"], "a bad depth list"),
+                       (["--roofline", "-b", "0"], "batch 0")):
+        r = run(["bench", "-m", files["small"], "-n", "1", "-p", "0"] + args)
+        result("refused " + what, r.returncode == 2 and "lamina bench" in r.stderr, "rc %d %s" % (r.returncode,
+                                                                                                   r.stderr[-300:]))
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
