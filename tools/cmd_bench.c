@@ -58,14 +58,18 @@ static void usage_bench(FILE *f) {
             "             passes, default 32) and prefill of -p tokens (default 512)\n"
             "  -b N       --roofline: decode sequences per pass (default 1)\n"
             "  --svg DIR  --roofline: write roofline-*.svg per scenario and decode-time.svg (and PNGs\n"
-            "             when rsvg-convert is installed) into DIR\n"
+            "             when rsvg-convert or ImageMagick is installed) into DIR\n"
             "JSON of --roofline: model, threads, isa, kv_type, read_bw_gbs, peak_gflops,\n"
             "ridge_flop_per_byte, scenarios[]: name, kind (decode|prefill), depth, batch, passes,\n"
             "tokens, step_s, ops_s, other_s, gap_s, pool_runs, wake_s (per pass), per_token\n"
             "{weight_bytes, kv_read_bytes, kv_write_bytes, kv_read_global_bytes, kv_read_local_bytes,\n"
             "act_bytes, flops}, ops[]: op, time_s, kernel_s, gap_s, weight_bytes, kv_read_bytes,\n"
             "kv_write_bytes, act_bytes, bytes, flops (per pass), intensity, gbs, gflops, bound\n"
-            "(memory|compute), roof_gflops, pct_of_roof, plotted.\n");
+            "(memory|compute), roof_gflops, pct_of_roof, plotted.\n"
+            "JSON of the tests: a tg test adds depth and kv_bytes_per_token (read and written, the\n"
+            "floor's KV part); a -d list adds kv_sweep {kv_type, weight_bytes_per_token,\n"
+            "kv_crossover_depth (null: none within the trained context), depths[]: depth,\n"
+            "kv_read_bytes (counted), formula_bytes}.\n");
 }
 
 /* ---- memory bandwidth -------------------------------------------------- */

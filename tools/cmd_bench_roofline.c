@@ -26,8 +26,9 @@
  * arithmetic intensity against achieved FLOP/s, one point per op that did
  * arithmetic, the two roofs) and decode-time.svg (a stacked bar per decode
  * scenario: time per token per op, dispatch gaps and the rest), and PNGs of
- * them when rsvg-convert is installed.
+ * them when rsvg-convert or ImageMagick's convert is installed.
  */
+#include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -267,6 +268,8 @@ static void print_md(const roofline_opts *o, const scenario *sc, int n) {
                    r.flops / P / 1e9, r.intensity, r.gbs, r.gflops, r.memory_bound ? "memory" : "compute", r.pct);
         }
     }
+    printf("\n(the memory roof is the read bandwidth from memory: an op past 100%% of it read its bytes from the "
+           "caches)\n");
 }
 
 static void print_json(const roofline_opts *o, const scenario *sc, int n) {
@@ -450,20 +453,32 @@ static int write_bars_svg(const char *path, const roofline_opts *o, const scenar
     return fclose(f);
 }
 
-/* A PNG beside path.svg when rsvg-convert runs (no shell: the path is the
- * user's). Silent when it is not installed. */
+/* Run a converter without a shell (the paths are the user's); its exit
+ * status, 127 when it is not installed. */
+static int run_converter(const char *const *argv) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        int devnull = open("/dev/null", O_WRONLY);
+        if (devnull >= 0) dup2(devnull, 1), dup2(devnull, 2);
+        execvp(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) < 0) return 127;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 127;
+}
+
+/* A PNG beside the SVG when rsvg-convert or ImageMagick's convert is
+ * installed; nothing otherwise. */
 static void svg_to_png(const char *svg) {
     char png[4096];
     size_t len = strlen(svg);
     if (len < 4 || len + 1 > sizeof png) return;
     memcpy(png, svg, len - 4);
     memcpy(png + len - 4, ".png", 5);
-    pid_t pid = fork();
-    if (pid == 0) {
-        execlp("rsvg-convert", "rsvg-convert", "-o", png, svg, (char *)NULL);
-        _exit(127);
-    }
-    if (pid > 0) waitpid(pid, NULL, 0);
+    const char *rsvg[] = {"rsvg-convert", "-o", png, svg, NULL};
+    const char *magick[] = {"convert", svg, png, NULL};
+    if (run_converter(rsvg) == 127) run_converter(magick);
 }
 
 static void write_pictures(const roofline_opts *o, const scenario *sc, int n) {

@@ -7,6 +7,10 @@
  * finally sleeps on `done_cv` until pending reaches zero. Workers spin a
  * little before sleeping too, so back-to-back operations (one per layer and
  * kernel during decode) do not pay a full futex wake-up each time.
+ * Timing (pool_timing_enable, for profiles): the caller notes the
+ * publication time under the mutex, each worker adds its delay from it to
+ * wake_ns, and the caller adds its own time outside fn (publishing, then the
+ * barrier) to wait_ns; off, a run reads one relaxed flag.
  */
 #include "base/pool.h"
 
