@@ -13,6 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <time.h>
+
+#include "kernels/kernels.h"
 #include "model/cost.h"
 #include "format/quant.h"
 #include "base/util.h"
@@ -257,6 +260,63 @@ static void test_loaded_model(void) {
     model_free(m);
 }
 
+/* Dispatch timing: workers that sleep while the caller returns at once
+ * leave the caller waiting at the barrier at least that long per run;
+ * with timing off nothing is counted. */
+static void sleepy(void *arg, int ith, int nth) {
+    (void)arg;
+    (void)nth;
+    if (ith > 0) nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+}
+
+static void test_pool_timing(void) {
+    lm_pool *p = pool_new(2);
+    CHECK(p);
+    pool_timing t;
+    pool_run(p, sleepy, NULL);
+    pool_timing_get(p, &t);
+    CHECK(t.runs == 0 && t.wait_s == 0 && t.wake_s == 0);
+    pool_timing_enable(p, 1);
+    for (int i = 0; i < 3; i++) pool_run(p, sleepy, NULL);
+    pool_timing_enable(p, 0);
+    pool_timing_get(p, &t);
+    CHECKF(t.runs == 3 && t.wait_s >= 3 * 0.019 && t.wake_s >= 0, "runs %ld wait %.4f", t.runs, t.wait_s);
+    pool_run(p, sleepy, NULL);
+    pool_timing t2;
+    pool_timing_get(p, &t2);
+    CHECK(t2.runs == 3 && t2.wait_s == t.wait_s);
+    pool_timing_reset(p);
+    pool_timing_get(p, &t);
+    CHECK(t.runs == 0 && t.wait_s == 0);
+    pool_free(p);
+    pool_timing_get(NULL, &t);
+    CHECK(t.runs == 0);
+}
+
+/* The FMA probe of each ISA this CPU runs: flops per round, and the same
+ * chains as a float64 reference (x = x * a + b, 8 or 12 of them, summed as
+ * the probe returns them: lanes 0 and 7 of the vector sum) within float
+ * rounding. */
+static void test_fma_probe(void) {
+    for (int isa = 0; isa < LM_ISA_COUNT; isa++) {
+        if (kernels_use(isa)) continue;
+        const lm_peak_kernel *pk = &kernels()->peak;
+        CHECK(pk->run && pk->flops_per_round > 0);
+        long rounds = 1000;
+        float got = pk->run(rounds);
+        int chains = isa == LM_ISA_SCALAR ? 8 : 12;
+        double ref = 0;
+        for (int c = 0; c < chains; c++) {
+            double x = 0.1 * c;
+            for (long r = 0; r < rounds; r++) x = x * (double)0.999999f + (double)1e-7f;
+            ref += x;
+        }
+        if (isa != LM_ISA_SCALAR) ref *= 2; /* lanes 0 and 7 of the sum */
+        CHECKF(fabs(got - ref) <= 1e-3 * fabs(ref), "isa %d: %g against %g", isa, got, ref);
+    }
+    kernels_use(-1);
+}
+
 int main(void) {
     for (cur = 0; cur < N_SPECS; cur++) {
         printf("%s\n", specs[cur].name);
@@ -264,5 +324,7 @@ int main(void) {
     }
     TEST_RUN(test_bad_args);
     TEST_RUN(test_loaded_model);
+    TEST_RUN(test_pool_timing);
+    TEST_RUN(test_fma_probe);
     return TEST_DONE();
 }
