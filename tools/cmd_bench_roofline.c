@@ -326,7 +326,7 @@ static void xml_text(FILE *f, const char *s) {
     }
 }
 
-#define SVG_W 720
+#define SVG_W 800
 #define SVG_H 480
 #define PLOT_L 80
 #define PLOT_R 560
@@ -384,12 +384,14 @@ static int write_roofline_svg(const char *path, const roofline_opts *o, const sc
         double x = fmin(fmax(r.intensity, xlo), xhi), y = fmin(fmax(r.gflops, ylo), yhi);
         fprintf(f, "<circle class=\"op\" data-op=\"%s\" cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"%s\" stroke=\"#222\"/>\n",
                 lm_prof_names[k], lx(x, xlo, xhi), ly(y, ylo, yhi), op_colors[k]);
-        fprintf(f, "<circle cx=\"%d\" cy=\"%d\" r=\"5\" fill=\"%s\" stroke=\"#222\"/><text x=\"%d\" y=\"%d\">%s: "
-                   "%.0f%% of %s roof</text>\n",
+        fprintf(f, "<circle cx=\"%d\" cy=\"%d\" r=\"5\" fill=\"%s\" stroke=\"#222\"/><text x=\"%d\" y=\"%d\">%s "
+                   "%.0f%% (%s)</text>\n",
                 PLOT_R + 14, PLOT_T + 8 + 18 * row, op_colors[k], PLOT_R + 24, PLOT_T + 12 + 18 * row,
                 lm_prof_names[k], r.pct, r.memory_bound ? "memory" : "compute");
         row++;
     }
+    fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"#555\">share of the roof that bounds the op</text>\n", PLOT_R + 14,
+            PLOT_T + 12 + 18 * row + 6);
     fprintf(f, "</svg>\n");
     return fclose(f);
 }
