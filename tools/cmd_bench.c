@@ -68,7 +68,7 @@ static void usage_bench(FILE *f) {
             "(memory|compute), roof_gflops, pct_of_roof, plotted.\n"
             "JSON of the tests: a tg test adds depth and kv_bytes_per_token (read and written, the\n"
             "floor's KV part); a -d list adds kv_sweep {kv_type, weight_bytes_per_token,\n"
-            "kv_crossover_depth (null: none within the trained context), depths[]: depth,\n"
+            "kv_crossover_depth (null: none below 4194304), depths[]: depth,\n"
             "kv_read_bytes (counted), formula_bytes}.\n");
 }
 
@@ -293,7 +293,7 @@ static int kv_crossover(const lm_model *m, uint32_t kv_type, double wbytes, int 
  * formula, against the weights; the crossover depth. */
 static void kv_sweep_report(const lm_model *m, uint32_t kv_type, const int *depths, int n_depth, double wbytes,
                             bool json) {
-    int limit = m->hp.n_ctx_train > 0 ? m->hp.n_ctx_train : 1 << 20;
+    int limit = 1 << 22, train = m->hp.n_ctx_train; /* the crossover may lie past the trained context */
     int cross = kv_crossover(m, kv_type, wbytes, limit);
     int n_local = 0;
     for (int i = 0; i < m->hp.n_layer; i++) n_local += m->layers[i].window > 0;
@@ -324,8 +324,10 @@ static void kv_sweep_report(const lm_model *m, uint32_t kv_type, const int *dept
         printf("| %d | %.3f | %.3f%s | %.2f |\n", depths[i], cc / 1048576, ff / 1048576,
                fabs(cc - ff) > 0.5 ? " (differs)" : "", cc / wbytes);
     }
-    if (cross >= 0) printf("KV reads overtake the weights at depth %d\n", cross);
-    else printf("KV reads stay below the weights up to the trained context (%d)\n", limit);
+    if (cross >= 0)
+        printf("KV reads overtake the weights at depth %d%s\n", cross,
+               train > 0 && cross > train ? " (past the trained context)" : "");
+    else printf("KV reads stay below the weights up to depth %d (sliding windows cap them)\n", limit);
 }
 
 int cmd_bench(int argc, char **argv) {
