@@ -28,6 +28,9 @@ import sys
 import tempfile
 import xml.etree.ElementTree as ET
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from testenv import result, summary  # noqa: E402 (tests/ is the script's folder)
+
 LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
 ASAN = bool(os.environ.get("LAMINA_ASAN"))  # under AddressSanitizer: one roofline run, and the sweeps
 OPS_MARGIN = 0.15
@@ -48,19 +51,6 @@ OP_FIELDS = ["op", "time_s", "kernel_s", "gap_s", "weight_bytes", "kv_read_bytes
              "bytes", "flops", "intensity", "gbs", "gflops", "bound", "roof_gflops", "pct_of_roof", "plotted"]
 OPS = ["embedding", "norms", "q/k/v matmul", "rope", "attention", "output matmul", "ffn gate+up matmul",
        "ffn activation", "ffn down matmul", "lm head"]
-
-passed = failed = 0
-
-
-def result(name, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print("PASS", name)
-    else:
-        failed += 1
-        print("FAIL", name, detail)
-
 
 def near(a, b, rel=1e-6):
     return abs(a - b) <= rel * max(1.0, abs(b))
@@ -246,8 +236,7 @@ def main():
         r = run(["bench", "-m", files["small"], "-n", "1", "-p", "0"] + args)
         result("refused " + what, r.returncode == 2 and "lamina bench" in r.stderr, "rc %d %s" % (r.returncode,
                                                                                                    r.stderr[-300:]))
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":
