@@ -125,6 +125,32 @@ static int count_local(const kv_config *c) {
     return n == c->n_layer ? 0 : n;
 }
 
+/* A pool of a layer range (pipeline stage): the counts stay those of every
+ * layer; the bytes per token, per block and of the slabs become the held
+ * layers' (cls[].n_held). Without a range n_held is n_layer. */
+static int held_range(const kv_config *c, kv_plan *plan, size_t row, int B, int64_t ng, int64_t nl, uint64_t *per_tok,
+                      uint64_t *blk_bytes, uint64_t *gbytes, uint64_t *lbytes, uint64_t *total, char *err,
+                      size_t errlen) {
+    int n_local = count_local(c);
+    for (int k = 0; k < KV_N_CLASS; k++) plan->cls[k].n_held = plan->cls[k].n_layer;
+    if (c->layer0 == 0 && c->layer1 == 0) return 0;
+    if (c->layer0 < 0 || c->layer1 <= c->layer0 || c->layer1 > c->n_layer)
+        return lm_err(err, errlen, "KV layer range [%d, %d) is not inside %d layers", c->layer0, c->layer1, c->n_layer);
+    int held[KV_N_CLASS] = {0, 0};
+    for (int i = c->layer0; i < c->layer1; i++) held[n_local && c->layer_local[i] ? KV_LOCAL : KV_GLOBAL]++;
+    for (int k = 0; k < KV_N_CLASS; k++) {
+        plan->cls[k].n_held = held[k];
+        plan->cls[k].bytes_per_token = 2ull * (uint64_t)held[k] * (uint64_t)c->n_head_kv * row;
+        plan->cls[k].block_bytes = plan->cls[k].bytes_per_token * (uint64_t)B;
+    }
+    *per_tok = 2ull * (uint64_t)(c->layer1 - c->layer0) * (uint64_t)c->n_head_kv * row;
+    *blk_bytes = *per_tok * (uint64_t)B;
+    *gbytes = (uint64_t)ng * plan->cls[KV_GLOBAL].block_bytes; /* no overflow: parts of the whole's */
+    *lbytes = (uint64_t)nl * plan->cls[KV_LOCAL].block_bytes;
+    *total = *gbytes + *lbytes;
+    return 0;
+}
+
 int kv_plan_make(const kv_config *c, kv_plan *plan, char *err, size_t errlen) {
     memset(plan, 0, sizeof *plan);
     if (c->n_layer <= 0 || c->n_head_kv <= 0 || c->head_dim <= 0)
@@ -204,6 +230,7 @@ int kv_plan_make(const kv_config *c, kv_plan *plan, char *err, size_t errlen) {
         total > (1ull << 52))
         return lm_err(err, errlen, "KV pool of %lld blocks x %llu bytes is too large", (long long)ng,
                       (unsigned long long)blk_bytes);
+    if (held_range(c, plan, row, B, ng, nl, &per_tok, &blk_bytes, &gbytes, &lbytes, &total, err, errlen)) return -1;
     plan->cls[KV_GLOBAL].n_blocks = ng;
     plan->cls[KV_GLOBAL].data_bytes = gbytes;
     plan->cls[KV_LOCAL].n_blocks = nl;
@@ -372,7 +399,7 @@ static int class_init(kv_class *k, const kv_class_plan *cp, const kv_config *c, 
     k->lru_head = k->lru_tail = -1;
     k->n_free = nb;
     k->lay = (kv_layout){.data = k->data, .block_bytes = cp->block_bytes, .row_bytes = plan->row_bytes,
-                         .block_size = c->block_size, .n_layer = cp->n_layer, .n_head_kv = c->n_head_kv,
+                         .block_size = c->block_size, .n_layer = cp->n_held, .n_head_kv = c->n_head_kv,
                          .head_dim = c->head_dim, .type = c->type};
     return 0;
 }
@@ -395,11 +422,11 @@ kv_pool *kv_pool_new(const kv_config *c, char *err, size_t errlen) {
     bool ok = p->layer_class != NULL;
     if (ok) {
         p->layer_slot = p->layer_class + c->n_layer;
-        int next[KV_N_CLASS] = {0, 0};
+        int next[KV_N_CLASS] = {0, 0}, l0 = c->layer0, l1 = c->layer1 ? c->layer1 : c->n_layer;
         for (int i = 0; i < c->n_layer; i++) {
             int k = p->n_class > 1 && c->layer_local[i] ? KV_LOCAL : KV_GLOBAL;
             p->layer_class[i] = k;
-            p->layer_slot[i] = next[k]++;
+            p->layer_slot[i] = i >= l0 && i < l1 ? next[k]++ : -1; /* -1: not held (pipeline stage) */
         }
     }
     for (int k = 0; ok && k < p->n_class; k++) ok = class_init(&p->cls[k], &plan.cls[k], c, &plan) == 0;
@@ -439,7 +466,7 @@ const kv_layout *kv_class_layout(const kv_pool *p, int cls) {
 }
 
 int kv_layer_class(const kv_pool *p, int layer, int *slot) {
-    assert(layer >= 0 && layer < p->cfg.n_layer);
+    assert(layer >= 0 && layer < p->cfg.n_layer && p->layer_slot[layer] >= 0);
     if (slot) *slot = p->layer_slot[layer];
     return p->layer_class[layer];
 }
@@ -702,7 +729,8 @@ int kv_truncate(kv_pool *p, kv_seq *s, int n, char *err, size_t errlen) {
 
 void kv_store_rows(kv_pool *p, const kv_seq *s, int layer, int pos0, int n, const float *k, size_t k_stride,
                    const float *v, size_t v_stride) {
-    assert(layer >= 0 && layer < p->cfg.n_layer && pos0 >= 0 && n >= 0 && pos0 + n <= s->len);
+    assert(layer >= 0 && layer < p->cfg.n_layer && pos0 >= 0 && n >= 0 && pos0 + n <= s->len &&
+           p->layer_slot[layer] >= 0);
     int c = p->layer_class[layer], slot = p->layer_slot[layer];
     kv_class *kc = &p->cls[c];
     const kv_layout *l = &kc->lay;

@@ -126,6 +126,12 @@ typedef struct {
      * positions. */
     uint64_t mem_bytes;
     int n_ctx, n_seqs;
+    /* Pipeline parallelism: the pool stores only layers [layer0, layer1) of
+     * the n_layer (both 0: all). Block counts, classes and block numbers are
+     * planned over all n_layer as without a range, so every stage's pool
+     * numbers the same blocks; only the bytes shrink. A layer outside the
+     * range is never stored or read (kv_layer_class asserts). */
+    int layer0, layer1;
 } kv_config;
 
 /* Defaults: F16, block 16, n_seqs 1, no window; the size fields are left for
@@ -138,7 +144,8 @@ int kv_type_from_name(const char *name, uint32_t *type, char *err, size_t errlen
 
 /* One block class's share of a plan. */
 typedef struct {
-    int n_layer;              /* layers whose K/V its blocks hold (0: class unused) */
+    int n_layer;              /* layers of the class (0: class unused) */
+    int n_held;               /* of them, the layers this pool stores (kv_config.layer0/1) */
     uint64_t bytes_per_token; /* 2 x n_layer x n_head_kv x row_bytes */
     uint64_t block_bytes;     /* block_size x bytes_per_token */
     int64_t n_blocks;
