@@ -22,10 +22,14 @@
 #endif
 
 static int g_rank = 0, g_size = 1;
+static int g_tp_rank = 0, g_tp_size = 1, g_stage = 0, g_stages = 1;
 static bool g_init = false;
 static dist_stats g_stats;
 static float *g_scratch;       /* (g_scratch_n) floats: gathered parts */
 static size_t g_scratch_n;
+#ifdef LAMINA_MPI
+static MPI_Comm g_tp_comm = MPI_COMM_NULL; /* this stage's tensor group (the world until dist_grid) */
+#endif
 
 bool dist_available(void) {
 #ifdef LAMINA_MPI
@@ -37,6 +41,10 @@ bool dist_available(void) {
 
 int dist_rank(void) { return g_rank; }
 int dist_size(void) { return g_size; }
+int dist_tp_rank(void) { return g_tp_rank; }
+int dist_tp_size(void) { return g_tp_size; }
+int dist_stage(void) { return g_stage; }
+int dist_n_stages(void) { return g_stages; }
 
 void dist_stats_get(dist_stats *s) { *s = g_stats; }
 void dist_stats_reset(void) { memset(&g_stats, 0, sizeof g_stats); }
@@ -71,7 +79,10 @@ int dist_init(int *argc, char ***argv, char *err, size_t errlen) {
     }
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    g_tp_comm = MPI_COMM_WORLD;
 #endif
+    g_tp_rank = g_rank;
+    g_tp_size = g_size;
     g_init = true;
     return 0;
 }
@@ -79,6 +90,8 @@ int dist_init(int *argc, char ***argv, char *err, size_t errlen) {
 void dist_finalize(void) {
     if (!g_init) return;
 #ifdef LAMINA_MPI
+    if (g_tp_comm != MPI_COMM_WORLD && g_tp_comm != MPI_COMM_NULL) MPI_Comm_free(&g_tp_comm);
+    g_tp_comm = MPI_COMM_NULL;
     MPI_Finalize();
 #endif
     g_init = false;
@@ -94,16 +107,69 @@ void dist_abort(int code) {
     _Exit(code);
 }
 
+int dist_grid(int tp, int pp, char *err, size_t errlen) {
+    if (tp < 1 || pp < 1 || tp * pp != g_size)
+        return lm_err(err, errlen, "a grid of %d x %d ranks for a job of %d", tp, pp, g_size);
+    g_tp_size = tp;
+    g_tp_rank = g_rank % tp;
+    g_stages = pp;
+    g_stage = g_rank / tp;
+#ifdef LAMINA_MPI
+    if (tp != g_size) {
+        int rc = MPI_Comm_split(MPI_COMM_WORLD, g_stage, g_tp_rank, &g_tp_comm);
+        if (rc != MPI_SUCCESS) return mpi_fail(rc, "splitting the job into stages", err, errlen);
+    }
+#endif
+    return 0;
+}
+
+int dist_send(const void *buf, size_t bytes, int peer, char *err, size_t errlen) {
+#ifdef LAMINA_MPI
+    double t0 = lm_now();
+    if (bytes > (size_t)0x7fffffff) return lm_err(err, errlen, "a message of %zu bytes is too large", bytes);
+    int rc = MPI_Send(buf, (int)bytes, MPI_BYTE, peer, 0, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "send", err, errlen);
+    double dt = lm_now() - t0;
+    g_stats.comm_s += dt;
+    g_stats.p2p_s += dt;
+    g_stats.bytes += bytes;
+    g_stats.p2p_bytes += bytes;
+    g_stats.calls++;
+    return 0;
+#else
+    return lm_err(err, errlen, "built without MPI");
+#endif
+}
+
+int dist_recv(void *buf, size_t bytes, int peer, char *err, size_t errlen) {
+#ifdef LAMINA_MPI
+    double t0 = lm_now();
+    if (bytes > (size_t)0x7fffffff) return lm_err(err, errlen, "a message of %zu bytes is too large", bytes);
+    MPI_Status st;
+    int rc = MPI_Recv(buf, (int)bytes, MPI_BYTE, peer, 0, MPI_COMM_WORLD, &st), got = 0;
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "receive", err, errlen);
+    MPI_Get_count(&st, MPI_BYTE, &got);
+    if ((size_t)got != bytes) return lm_err(err, errlen, "received %d bytes from rank %d, %zu expected", got, peer, bytes);
+    double dt = lm_now() - t0;
+    g_stats.comm_s += dt;
+    g_stats.p2p_s += dt;
+    g_stats.calls++;
+    return 0;
+#else
+    return lm_err(err, errlen, "built without MPI");
+#endif
+}
+
 int dist_allreduce_sum(float *x, size_t n, char *err, size_t errlen) {
-    if (g_size == 1 || n == 0) return 0;
+    if (g_tp_size == 1 || n == 0) return 0;
 #ifdef LAMINA_MPI
     double t0 = lm_now();
     if (n > (size_t)0x7fffffff) return lm_err(err, errlen, "all-reduce of %zu floats is too large", n);
-    if (grow(n * (size_t)g_size, err, errlen)) return -1;
-    int rc = MPI_Allgather(x, (int)n, MPI_FLOAT, g_scratch, (int)n, MPI_FLOAT, MPI_COMM_WORLD);
+    if (grow(n * (size_t)g_tp_size, err, errlen)) return -1;
+    int rc = MPI_Allgather(x, (int)n, MPI_FLOAT, g_scratch, (int)n, MPI_FLOAT, g_tp_comm);
     if (rc != MPI_SUCCESS) return mpi_fail(rc, "all-reduce", err, errlen);
     memcpy(x, g_scratch, n * sizeof(float));
-    for (int r = 1; r < g_size; r++) {
+    for (int r = 1; r < g_tp_size; r++) {
         const float *p = g_scratch + (size_t)r * n;
         for (size_t i = 0; i < n; i++) x[i] += p[i];
     }
@@ -117,31 +183,31 @@ int dist_allreduce_sum(float *x, size_t n, char *err, size_t errlen) {
 }
 
 int dist_allgather_cols(const float *part, int rows, const int *cols, float *out, char *err, size_t errlen) {
-    if (g_size == 1) {
+    if (g_tp_size == 1) {
         if (out != part) memcpy(out, part, (size_t)rows * (size_t)cols[0] * sizeof(float));
         return 0;
     }
 #ifdef LAMINA_MPI
     double t0 = lm_now();
     size_t total = 0;
-    for (int r = 0; r < g_size; r++) total += (size_t)cols[r];
+    for (int r = 0; r < g_tp_size; r++) total += (size_t)cols[r];
     if ((size_t)rows * total > (size_t)0x7fffffff) return lm_err(err, errlen, "gather of %d rows is too large", rows);
     if (grow((size_t)rows * total, err, errlen)) return -1;
-    int counts[g_size], displs[g_size];
-    for (int r = 0, d = 0; r < g_size; r++) {
+    int counts[g_tp_size], displs[g_tp_size];
+    for (int r = 0, d = 0; r < g_tp_size; r++) {
         counts[r] = rows * cols[r];
         displs[r] = d;
         d += counts[r];
     }
-    int rc = MPI_Allgatherv(part, counts[g_rank], MPI_FLOAT, g_scratch, counts, displs, MPI_FLOAT, MPI_COMM_WORLD);
+    int rc = MPI_Allgatherv(part, counts[g_tp_rank], MPI_FLOAT, g_scratch, counts, displs, MPI_FLOAT, g_tp_comm);
     if (rc != MPI_SUCCESS) return mpi_fail(rc, "gather", err, errlen);
     /* scratch: rank blocks (rows, cols[r]) one after another -> out (rows, total) */
-    for (int r = 0, c0 = 0; r < g_size; c0 += cols[r], r++)
+    for (int r = 0, c0 = 0; r < g_tp_size; c0 += cols[r], r++)
         for (int i = 0; i < rows; i++)
             memcpy(out + (size_t)i * total + (size_t)c0, g_scratch + displs[r] + (size_t)i * (size_t)cols[r],
                    (size_t)cols[r] * sizeof(float));
     g_stats.comm_s += lm_now() - t0;
-    g_stats.bytes += (size_t)counts[g_rank] * sizeof(float);
+    g_stats.bytes += (size_t)counts[g_tp_rank] * sizeof(float);
     g_stats.calls++;
     return 0;
 #else

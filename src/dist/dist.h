@@ -20,6 +20,11 @@
  *    handler): a rank that dies makes mpirun end every rank, never a hang.
  *  - dist keeps counters of time spent in collectives and bytes moved, for
  *    `lamina bench` (dist_stats_get).
+ *  - The grid (dist_grid): tp x pp ranks, world rank = stage * tp + tp rank.
+ *    The all-reduce and the column gather run inside one stage's tensor
+ *    group (tp ranks; the whole job until dist_grid is called); broadcasts
+ *    and barriers span the job; dist_send/dist_recv pass a stage's
+ *    activations to the same tensor rank of the next stage.
  */
 #ifndef LAMINA_DIST_H
 #define LAMINA_DIST_H
@@ -43,6 +48,17 @@ void dist_abort(int code) __attribute__((noreturn));
 int dist_rank(void); /* 0 before dist_init or without MPI */
 int dist_size(void); /* 1 before dist_init or without MPI */
 
+/* Arrange the job as pp stages of tp ranks (tp * pp must be dist_size()). */
+int dist_grid(int tp, int pp, char *err, size_t errlen);
+int dist_tp_rank(void); /* rank inside this stage's tensor group */
+int dist_tp_size(void);
+int dist_stage(void);   /* pipeline stage */
+int dist_n_stages(void);
+/* Point to point (world ranks): bytes to peer, or from peer; counted in the
+ * stats (a receive's wait for its sender is its communication time). */
+int dist_send(const void *buf, size_t bytes, int peer, char *err, size_t errlen);
+int dist_recv(void *buf, size_t bytes, int peer, char *err, size_t errlen);
+
 /* x (n) := the sum over ranks of each rank's x, added in rank order. */
 int dist_allreduce_sum(float *x, size_t n, char *err, size_t errlen);
 /* Every rank's part: rank r gives part (rows, cols[r]); out (rows, sum of cols)
@@ -62,6 +78,8 @@ typedef struct {
     double comm_s;      /* seconds inside collectives */
     uint64_t bytes;     /* bytes this rank contributed */
     uint64_t calls;     /* collectives */
+    double p2p_s;       /* of comm_s: seconds in dist_send/dist_recv (pipeline) */
+    uint64_t p2p_bytes; /* of bytes: bytes sent by dist_send */
 } dist_stats;
 void dist_stats_get(dist_stats *s);
 void dist_stats_reset(void);
