@@ -34,6 +34,10 @@
  * slices are gathered into whole logits rows on every rank (tp_lm_head).
  * A serving leader (tp.lead) first sends each fwd_run's plan to the
  * followers (tp_plan.c), which run the same pass.
+ * Pipeline parallel (m->pp.size > 1): the layer loop runs this stage's
+ * layers only; stage 0 embeds, later stages find x received (pp.c, which
+ * splits a pass into micro-batches and moves x and the logits), and only
+ * the last stage runs the LM head.
  */
 #include "model/forward.h"
 
@@ -43,6 +47,7 @@
 
 #include "model/moe.h"
 #include "model/ops.h"
+#include "model/pp.h"
 #include "model/tp_plan.h"
 #include "dist/dist.h"
 #include "format/quant.h"
@@ -98,6 +103,10 @@ void fwd_kv_config(const lm_model *m, const fwd_dims *d, kv_config *c) {
     }
     c->n_ctx = d->n_ctx;
     c->chunk = d->n_batch;
+    if (m->pp.size > 1) { /* a pipeline stage stores its own layers' K/V */
+        c->layer0 = m->pp.layer0;
+        c->layer1 = m->pp.layer1;
+    }
 }
 
 /* ---- the workspace ------------------------------------------------------- */
@@ -352,7 +361,7 @@ static int forward_batch(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *
         f->seg_item0[g + 1] = f->seg_item0[g] + (segs[g].n + ATTN_TILE_Q - 1) / ATTN_TILE_Q * hp->n_head_kv;
         attn_work += (double)segs[g].n * hp->n_head * (segs[g].pos0 + segs[g].n) * hd;
     }
-    for (int t = 0; t < n; t++) {
+    for (int t = 0; t < n && m->pp.stage == 0; t++) { /* later pipeline stages received x (pp.c) */
         float *x = f->x + (size_t)t * E;
         ops_get_row(&m->tok_embd, tokens[t], x);
         if (hp->emb_scale != 1.0f)
@@ -363,7 +372,7 @@ static int forward_batch(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *
     /* phi3 long-rope: the long factors when the context in use passes the original one */
     const float *rope_ff = f->dims.n_ctx > hp->n_ctx_orig ? hp->rope_factors_long : hp->rope_factors_short;
     bool rope_ext = rope_ff || (hp->rope_attn_factor != 1.0f && hp->rope_attn_factor != 0.0f);
-    for (int li = 0; li < hp->n_layer; li++) {
+    for (int li = m->pp.layer0; li < m->pp.layer1; li++) {
         const lm_layer *l = &m->layers[li];
         if (l->rope_base != cs_base || l->rope_scale != cs_scale) {
             for (int t = 0; t < n; t++)
@@ -423,7 +432,7 @@ static int forward_batch(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *
         run_rows(f, l, ROWS_FFN_OUT, n);
         PROF(f, LM_PROF_FFN_DOWN);
     }
-    if (!logits) return 0;
+    if (!logits || m->pp.stage < m->pp.size - 1) return 0; /* a pipeline stage before the last: pp.c sends x on */
     /* only the rows that need logits go through the final norm and LM head */
     int rows = 0;
     for (int g = 0; g < n_seg; g++)
@@ -462,6 +471,12 @@ int fwd_run(lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_seg, flo
         if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
             return lm_err(err, errlen, "token id %d is out of range [0, %d)", tokens[i], hp->n_vocab);
     if (f->m->tp.lead && tp_plan_send(f, tokens, segs, n_seg, logits != NULL, err, errlen)) return -1;
+    if (f->m->pp.size > 1) return pp_forward(f, tokens, n, segs, n_seg, logits, err, errlen);
+    return forward_batch(f, tokens, n, segs, n_seg, logits, err, errlen);
+}
+
+int fwd_pass(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *segs, int n_seg, float *logits, char *err,
+             size_t errlen) {
     return forward_batch(f, tokens, n, segs, n_seg, logits, err, errlen);
 }
 
@@ -561,7 +576,9 @@ int seqrun_forward(lm_seqrun *r, const int32_t *tokens, int n, float *logits, bo
         /* positions n_past .. n_past+b-1 get cache slots before the pass writes them */
         if (kv_append(r->kv, r->seq, b, err, errlen) != KV_OK) return -1;
         lm_seg seg = {.seq = r->seq, .pos0 = r->n_past, .n = b, .n_logits = !out ? 0 : all_logits ? b : 1};
-        if (forward_batch(f, tokens + done, b, &seg, 1, out, err, errlen)) return -1;
+        if (f->m->pp.size > 1 ? pp_forward(f, tokens + done, b, &seg, 1, out, err, errlen)
+                              : forward_batch(f, tokens + done, b, &seg, 1, out, err, errlen))
+            return -1;
         r->n_past += b;
         done += b;
     }

@@ -579,19 +579,22 @@ static uint64_t mem_available(void) {
 
 static int pack_weights(loader *L) {
     lm_model *m = L->m;
-    const int n_w = MODEL_LAYER_MATRICES * m->hp.n_layer + 1 + (m->moe ? m->hp.n_layer * (1 + 3 * m->hp.n_expert) : 0);
+    int n_w = MODEL_LAYER_MATRICES * m->hp.n_layer + 1 + (m->moe ? m->hp.n_layer * (1 + 3 * m->hp.n_expert) : 0);
     lm_weight **ws = lm_malloc((size_t)n_w * sizeof *ws);
     if (!ws) return nomem(L), lm_err(L->err, L->errlen, "out of memory");
     int k = 0;
-    for (int i = 0; i < m->hp.n_layer; i++)
+    /* a pipeline stage packs its own layers, and the LM head on the last */
+    const int l0 = m->pp.layer0, l1 = m->pp.layer1;
+    for (int i = l0; i < l1; i++)
         for (size_t j = 0; j < N_LAYER_TENSORS; j++)
             if (layer_tensors[j].matrix) ws[k++] = layer_weight(&m->layers[i], &layer_tensors[j]);
-    ws[k++] = &m->output;
-    for (int i = 0; m->moe && i < m->hp.n_layer; i++) {
+    if (m->pp.stage == m->pp.size - 1) ws[k++] = &m->output;
+    for (int i = l0; m->moe && i < l1; i++) {
         ws[k++] = &m->moe[i].gate_inp;
         for (int e = 0; e < 3 * m->hp.n_expert; e++) ws[k++] = &m->moe[i].gate[e]; /* gate, up, down follow */
     }
-    assert(k == n_w);
+    assert(k <= n_w);
+    n_w = k;
     size_t total = 0;
     for (int i = 0; i < n_w; i++) {
         if (ws[i]->rows && kernels_type(ws[i]->type)->packed_gemm) total += quant_pack_size(ws[i]->type, ws[i]->rows, ws[i]->cols);
@@ -630,14 +633,15 @@ static int pack_weights(loader *L) {
     return 0;
 }
 
-static int shard(loader *L, int rank, int size) {
-    if (!model_shard(L->m, rank, size, L->err, L->errlen)) return 0;
+static int shard(loader *L, int rank, int size, int stage, int n_stages) {
+    if (!model_shard(L->m, rank, size, L->err, L->errlen) && !model_stage(L->m, stage, n_stages, L->err, L->errlen))
+        return 0;
     L->status = LM_ERR_UNSUPPORTED;
     return -1;
 }
 
-static lm_model *from_gguf(gguf_ctx *g, const lm_load_params *p, int rank, int size, lm_status *status, char *err,
-                           size_t errlen) {
+static lm_model *from_gguf(gguf_ctx *g, const lm_load_params *p, int rank, int size, int stage, int n_stages,
+                           lm_status *status, char *err, size_t errlen) {
     kernels_init();
     *status = LM_ERR_NOMEM;
     lm_model *m = lm_calloc(1, sizeof *m);
@@ -648,7 +652,7 @@ static lm_model *from_gguf(gguf_ctx *g, const lm_load_params *p, int rank, int s
     m->gguf = g;
     loader L = {.m = m, .err = err, .errlen = errlen, .status = LM_ERR_FORMAT,
                 .progress = p ? p->progress : NULL, .progress_user = p ? p->progress_user : NULL};
-    if (report(&L, 0) || read_hparams(&L) || report(&L, 0.05) || load_tensors(&L) || shard(&L, rank, size) ||
+    if (report(&L, 0) || read_hparams(&L) || report(&L, 0.05) || load_tensors(&L) || shard(&L, rank, size, stage, n_stages) ||
         pack_weights(&L) ||
         report(&L, 0.95))
         goto fail;
@@ -681,7 +685,7 @@ fail:
 
 lm_model *model_load_gguf(gguf_ctx *g, char *err, size_t errlen) {
     lm_status st;
-    lm_model *m = from_gguf(g, NULL, 0, 1, &st, err, errlen);
+    lm_model *m = from_gguf(g, NULL, 0, 1, 0, 1, &st, err, errlen);
     if (m && !m->name[0]) snprintf(m->name, sizeof m->name, "model");
     return m;
 }
@@ -698,9 +702,14 @@ lm_model *model_load_params(const char *path, const lm_load_params *p, lm_status
 
 lm_model *model_load_tp(const char *path, const lm_load_params *p, int rank, int size, lm_status *status,
                         char *err, size_t errlen) {
+    return model_load_grid(path, p, rank, size, 0, 1, status, err, errlen);
+}
+
+lm_model *model_load_grid(const char *path, const lm_load_params *p, int tp_rank, int tp_size, int pp_stage,
+                          int pp_size, lm_status *status, char *err, size_t errlen) {
     gguf_ctx *g = gguf_open_status(path, status, err, errlen);
     if (!g) return NULL;
-    lm_model *m = from_gguf(g, p, rank, size, status, err, errlen);
+    lm_model *m = from_gguf(g, p, tp_rank, tp_size, pp_stage, pp_size, status, err, errlen);
     if (!m) {
         gguf_close(g);
         return NULL;

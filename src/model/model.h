@@ -152,10 +152,25 @@ typedef struct {
 } lm_tp;
 #define LM_TP_MAX 64
 
+/* Pipeline parallelism (model_stage, shard.c): the contiguous layers this
+ * process runs. Stage 0 also embeds the tokens, the last stage runs the
+ * final norm and the LM head; the ranges balance the weight bytes each
+ * stage reads, those two counted where they live (model_pp_split). Only
+ * this stage's matrices are packed (touched); the others stay unread in
+ * the mapping. size 1: every layer. */
+typedef struct {
+    int stage, size;              /* this stage of size */
+    int layer0, layer1;           /* layers [layer0, layer1) */
+    int first[LM_TP_MAX + 1];     /* (size + 1) every stage's first layer; first[size] = n_layer */
+    uint64_t bytes[LM_TP_MAX];    /* (size) weight bytes of every stage (this rank's TP shard) */
+    int tp;                       /* ranks per stage: the world rank of (stage s, tensor rank t) is s * tp + t */
+} lm_pp;
+
 typedef struct lm_model {
     gguf_ctx *gguf;          /* owns the mapping every weight points into */
     lm_hparams hp;           /* this rank's counts when tp.size > 1 */
     lm_tp tp;
+    lm_pp pp;
     lm_tokenizer *tok;       /* NULL when the file carries no tokenizer */
     lm_weight tok_embd;      /* (n_vocab, n_embd) */
     const float *out_norm;   /* (n_embd) */
@@ -207,6 +222,21 @@ lm_model *model_load_tp(const char *path, const lm_load_params *p, int rank, int
                         char *err, size_t errlen);
 /* Slice a loaded model's weights for rank of size (shard.c; before packing). */
 int model_shard(lm_model *m, int rank, int size, char *err, size_t errlen);
+/* model_load_tp for tensor rank tp_rank of tp_size in pipeline stage
+ * pp_stage of pp_size: the stage's layers only are packed (m->pp). Fails
+ * (LM_ERR_UNSUPPORTED) with more stages than layers. */
+lm_model *model_load_grid(const char *path, const lm_load_params *p, int tp_rank, int tp_size, int pp_stage,
+                          int pp_size, lm_status *status, char *err, size_t errlen);
+/* Split the layers into size contiguous stages balancing weight bytes:
+ * first (size + 1) receives each stage's first layer, bytes (size) its
+ * bytes (stage 0 counts the embedding table, the last the output norm and
+ * LM head). Minimises the largest stage; every stage gets a layer. Fails
+ * when size is not 1 .. min(n_layer, LM_TP_MAX). */
+int model_pp_split(const lm_model *m, int size, int *first, uint64_t *bytes, char *err, size_t errlen);
+/* Set m->pp for stage of size (after model_shard, before packing). */
+int model_stage(lm_model *m, int stage, int size, char *err, size_t errlen);
+/* Weight bytes of layer li (its matrices, experts and norms). */
+uint64_t model_layer_bytes(const lm_model *m, int li);
 
 const char *model_arch_name(lm_arch a);
 /* KV-cache bytes per token of context for the given element size. */

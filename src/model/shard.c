@@ -108,3 +108,88 @@ int model_shard(lm_model *m, int rank, int size, char *err, size_t errlen) {
     hp->n_ff = nff;
     return 0;
 }
+
+/* ---- pipeline stages ------------------------------------------------------ */
+
+static uint64_t wbytes(const lm_weight *w) { return (uint64_t)w->rows * w->row_bytes; }
+
+uint64_t model_layer_bytes(const lm_model *m, int li) {
+    const lm_layer *l = &m->layers[li];
+    const lm_weight *ws[MODEL_LAYER_MATRICES];
+    model_layer_matrices(l, ws);
+    uint64_t b = 0;
+    for (int k = 0; k < MODEL_LAYER_MATRICES; k++) b += wbytes(ws[k]);
+    if (l->moe) {
+        b += wbytes(&l->moe->gate_inp);
+        for (int e = 0; e < m->hp.n_expert; e++)
+            b += wbytes(&l->moe->gate[e]) + wbytes(&l->moe->up[e]) + wbytes(&l->moe->down[e]);
+    }
+    return b + 2 * (uint64_t)m->hp.n_embd * sizeof(float); /* the two norms */
+}
+
+/* Greedy fill under cap: the stages that layers 0.. need when no stage may
+ * pass cap (the ends weigh head and tail more); first[] filled when it fits
+ * in size stages with a layer each. */
+static bool fits(const uint64_t *lb, int n, uint64_t head, uint64_t tail, int size, uint64_t cap, int *first) {
+    int s = 0;
+    uint64_t cur = head;
+    first[0] = 0;
+    for (int i = 0; i < n; i++) {
+        /* layers left must leave one per stage after this one */
+        uint64_t add = lb[i] + (i == n - 1 ? tail : 0);
+        bool must_cut = n - i <= size - 1 - s && i > first[s];
+        if (must_cut || (cur + add > cap && i > first[s])) {
+            if (++s >= size) return false;
+            first[s] = i;
+            cur = 0;
+        }
+        cur += add;
+        if (cur > cap) return false;
+    }
+    if (s != size - 1) return false;
+    first[size] = n;
+    return true;
+}
+
+int model_pp_split(const lm_model *m, int size, int *first, uint64_t *bytes, char *err, size_t errlen) {
+    int n = m->hp.n_layer;
+    if (size < 1 || size > n || size > LM_TP_MAX)
+        return lm_err(err, errlen, "%d pipeline stages for %d layers (at most one stage per layer, %d stages)", size,
+                      n, n < LM_TP_MAX ? n : LM_TP_MAX);
+    uint64_t *lb = lm_malloc((size_t)n * sizeof *lb), lo = 0, hi = 0;
+    if (!lb) return lm_err(err, errlen, "out of memory");
+    uint64_t head = wbytes(&m->tok_embd), tail = wbytes(&m->output) + (uint64_t)m->hp.n_embd * sizeof(float);
+    hi = head + tail;
+    for (int i = 0; i < n; i++) hi += lb[i] = model_layer_bytes(m, i);
+    /* the smallest cap that fits: binary search (fits is monotone in cap) */
+    while (lo < hi) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (fits(lb, n, head, tail, size, mid, first)) hi = mid;
+        else lo = mid + 1;
+    }
+    bool ok = fits(lb, n, head, tail, size, lo, first);
+    for (int s = 0; ok && s < size; s++) {
+        bytes[s] = (s == 0 ? head : 0) + (s == size - 1 ? tail : 0);
+        for (int i = first[s]; i < first[s + 1]; i++) bytes[s] += lb[i];
+    }
+    lm_free(lb);
+    return ok ? 0 : lm_err(err, errlen, "cannot split %d layers into %d stages", n, size);
+}
+
+int model_stage(lm_model *m, int stage, int size, char *err, size_t errlen) {
+    lm_pp *pp = &m->pp;
+    int tp = m->tp.size;
+    memset(pp, 0, sizeof *pp);
+    pp->size = 1;
+    pp->tp = tp;
+    pp->layer1 = m->hp.n_layer;
+    pp->first[1] = m->hp.n_layer;
+    if (size == 1) return 0;
+    if (stage < 0 || stage >= size) return lm_err(err, errlen, "pipeline stage %d of %d", stage, size);
+    if (model_pp_split(m, size, pp->first, pp->bytes, err, errlen)) return -1;
+    pp->stage = stage;
+    pp->size = size;
+    pp->layer0 = pp->first[stage];
+    pp->layer1 = pp->first[stage + 1];
+    return 0;
+}

@@ -11,9 +11,11 @@
  *   dst each), repeated first.
  * The setup message (first pass) carries the leader's kv_config and
  * fwd_dims instead, so the follower's pool has the same plan and the block
- * numbers mean the same blocks; layer_local comes from the follower's own
- * model. The follower mirrors each segment's tables into sequences of its
- * own pool (kv_seq_mirror: no references, no bookkeeping) and runs fwd_run,
+ * numbers mean the same blocks; layer_local and, under pipeline
+ * parallelism, the stage's layer range come from the follower's own model
+ * (the plan's block counts are the whole model's on every stage, kv.h).
+ * The follower mirrors each segment's tables into sequences of its own
+ * pool (kv_seq_mirror: no references, no bookkeeping) and runs fwd_run,
  * whose collectives then pair with the leader's. The header is received by
  * polling (dist_bcast_idle), so an idle follower sleeps.
  */
@@ -120,6 +122,8 @@ static int follow_setup(follower *fl, const lm_model *m, lm_pool *pool, char *er
     if (fl->kv) return lm_err(err, errlen, "a second setup message");
     kv_config kc = su.kc;
     kc.layer_local = m->layer_local;
+    kc.layer0 = m->pp.size > 1 ? m->pp.layer0 : 0; /* a pipeline stage: its own layers, the leader's blocks */
+    kc.layer1 = m->pp.size > 1 ? m->pp.layer1 : 0;
     if (!(fl->kv = kv_pool_new(&kc, err, errlen))) return -1;
     if (!(fl->fwd = fwd_new(m, pool, fl->kv, &su.dims, err, errlen))) return -1;
     size_t B = (size_t)su.dims.n_batch;

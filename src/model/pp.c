@@ -1,0 +1,87 @@
+/*
+ * pp.c - a pipeline stage's forward pass (pp.h).
+ *
+ * Every rank runs the same calls (the command line's ranks in lockstep, or
+ * a serving leader's followers from its plan, tp_plan.c), so each knows the
+ * whole batch: tokens, segments, which rows want logits. A pass is cut into
+ * micro-batches of consecutive rows; the i-th micro-batch of a stage is
+ * received from the same tensor rank of the previous stage (world rank
+ * (stage - 1) * tp + tp rank), run through this stage's layers by fwd_pass,
+ * and sent to the next. Sends block until the receiver takes them, so
+ * stage s computes micro-batch i + 1 while stage s + 1 computes i (the
+ * GPipe forward schedule; no stage holds more than one micro-batch). After
+ * the last micro-batch, the last stage's tensor rank 0 broadcasts the
+ * logits rows to every rank, which all sample the same tokens.
+ *
+ * A row's arithmetic is the same whichever micro-batch holds it (forward.c),
+ * so a pipelined pass gives the single process's logits bit for bit.
+ *
+ * The scratch for cut segments grows to the largest pass and is kept.
+ */
+#include "model/pp.h"
+
+#include "dist/dist.h"
+#include "base/util.h"
+
+static lm_seg *g_segs;  /* (g_cap) segments of one micro-batch */
+static int g_cap;
+static int g_micro;
+static pp_stats g_st;
+
+void pp_set_micro(int micro) { g_micro = micro; }
+void pp_stats_get(pp_stats *s) {
+    *s = g_st;
+    if (g_st.passes) s->bubble = g_st.bubble / (double)g_st.passes;
+}
+void pp_stats_reset(void) { g_st = (pp_stats){0}; }
+
+int pp_forward(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *segs, int n_seg, float *logits, char *err,
+               size_t errlen) {
+    const lm_model *m = f->m;
+    const lm_pp *pp = &m->pp;
+    const size_t E = (size_t)m->hp.n_embd, V = (size_t)m->hp.n_vocab;
+    const int tp_rank = dist_tp_rank(), last = pp->size - 1;
+    int micro = g_micro > 0 ? g_micro : PP_MICRO_PER_STAGE * pp->size;
+    if (micro > n) micro = n;
+    if (n_seg + micro > g_cap) {
+        lm_seg *p = lm_realloc(g_segs, (size_t)(n_seg + micro) * sizeof *p);
+        if (!p) return lm_err(err, errlen, "out of memory for micro-batches");
+        g_segs = p;
+        g_cap = n_seg + micro;
+    }
+    int per = (n + micro - 1) / micro, g = 0, done_g = 0, row = 0, rows_out = 0, n_mb = 0;
+    /* walk the segments, cutting them into micro-batches of up to per rows */
+    while (row < n) {
+        int rows = 0, ns = 0, mb_row0 = row, mb_logits = 0;
+        while (rows < per && g < n_seg) {
+            const lm_seg *sg = &segs[g];
+            int take = sg->n - done_g < per - rows ? sg->n - done_g : per - rows;
+            int lo = done_g > sg->n - sg->n_logits ? done_g : sg->n - sg->n_logits, hi = done_g + take;
+            int nl = hi > lo ? hi - lo : 0;
+            g_segs[ns++] = (lm_seg){.seq = sg->seq, .pos0 = sg->pos0 + done_g, .n = take, .n_logits = nl};
+            mb_logits += nl;
+            rows += take;
+            done_g += take;
+            if (done_g == sg->n) {
+                g++;
+                done_g = 0;
+            }
+        }
+        int peer_prev = (pp->stage - 1) * pp->tp + tp_rank, peer_next = (pp->stage + 1) * pp->tp + tp_rank;
+        if (pp->stage > 0 && dist_recv(f->x, (size_t)rows * E * sizeof(float), peer_prev, err, errlen)) return -1;
+        double t0 = lm_now();
+        float *out = logits && pp->stage == last ? logits + (size_t)rows_out * V : NULL;
+        if (fwd_pass(f, tokens + mb_row0, rows, g_segs, ns, out, err, errlen)) return -1;
+        g_st.compute_s += lm_now() - t0;
+        if (pp->stage < last && dist_send(f->x, (size_t)rows * E * sizeof(float), peer_next, err, errlen)) return -1;
+        rows_out += mb_logits;
+        row += rows;
+        n_mb++;
+    }
+    g_st.passes++;
+    g_st.micro += (uint64_t)n_mb;
+    g_st.bubble += (double)last / (double)(n_mb + last);
+    if (logits && rows_out)
+        return dist_bcast(logits, (size_t)rows_out * V * sizeof(float), last * pp->tp, err, errlen);
+    return 0;
+}

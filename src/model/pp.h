@@ -1,0 +1,46 @@
+/*
+ * pp.h - pipeline parallelism: one forward pass of a stage split into
+ * micro-batches, the activations passed stage to stage (pp.c).
+ */
+#ifndef LAMINA_PP_H
+#define LAMINA_PP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/forward.h"
+
+/* Micro-batches per pass unless pp_set_micro says otherwise: 2 per stage. */
+#define PP_MICRO_PER_STAGE 2
+
+/* One pass of fwd_run's contract on a pipeline stage (f->m->pp.size > 1),
+ * every rank of the job calling it with the same batch: the tokens are cut
+ * into up to `micro` micro-batches of about equal rows (a segment may be cut
+ * too: its later rows attend to the earlier ones' K/V, stored by then on
+ * every stage); stage s receives each micro-batch's residual stream from
+ * stage s - 1 (stage 0 embeds it), runs its layers and sends it to s + 1,
+ * so stage s works on micro-batch i while s + 1 works on i - 1; the last
+ * stage's logits rows are then broadcast to every rank. */
+int pp_forward(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *segs, int n_seg, float *logits, char *err,
+               size_t errlen);
+/* The pass itself over one micro-batch (forward.c). */
+int fwd_pass(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *segs, int n_seg, float *logits, char *err,
+             size_t errlen);
+
+/* Micro-batches per pass (<= 0: PP_MICRO_PER_STAGE per stage). */
+void pp_set_micro(int micro);
+
+/* Counters since the last reset: passes, micro-batches, seconds on this
+ * rank in its stage's layers (compute; its sends and receives are in
+ * dist_stats.p2p_s) and the bubble the schedule leaves: per pass of m
+ * micro-batches over S stages, (S - 1) / (m + S - 1) of the pass is idle on
+ * each stage when the stages take equal time; bubble is the average. */
+typedef struct {
+    uint64_t passes, micro;
+    double compute_s;
+    double bubble;
+} pp_stats;
+void pp_stats_get(pp_stats *s);
+void pp_stats_reset(void);
+
+#endif
