@@ -156,7 +156,7 @@ static void die_load(const char *cmd, const char *path, const char *err) {
     exit(1);
 }
 
-int cli_tp_rank = 0, cli_tp_size = 1;
+int cli_tp_rank = 0, cli_tp_size = 1, cli_rank = 0, cli_pp_stage = 0, cli_pp_size = 1;
 
 static bool on_load(void *user, float done) {
     progress_update(user, (long long)(done * 100.0f + 0.5f), 100);
@@ -172,7 +172,8 @@ lm_model *load_or_die(const char *cmd, const char *path) {
     progress_begin(&prog, cmd, "loading the model", NULL);
     lm_load_params lp = {.progress = on_load, .progress_user = &prog};
     lm_status st;
-    lm_model *m = model_load_tp(path, &lp, cli_tp_rank, cli_tp_size, &st, err, sizeof err);
+    lm_model *m = model_load_grid(path, &lp, cli_tp_rank, cli_tp_size, cli_pp_stage, cli_pp_size, &st, err,
+                                   sizeof err);
     progress_end(&prog);
     if (!m) die_load(cmd, path, err);
     return m;

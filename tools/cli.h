@@ -48,6 +48,10 @@ lm_model *load_or_die(const char *cmd, const char *path);
  * sampling and the KV cache's bookkeeping are the same everywhere; ranks
  * other than 0 write nothing to stdout. */
 extern int cli_tp_rank, cli_tp_size;
+/* Pipeline parallelism (--pp M, taken out the same way): this process runs
+ * stage cli_pp_stage of cli_pp_size; cli_rank is its rank in the job
+ * (stage x cli_tp_size + cli_tp_rank), 0 the one that writes. */
+extern int cli_rank, cli_pp_stage, cli_pp_size;
 /* The tokenizer of a GGUF file alone (a full model or a vocabulary-only file
  * of any architecture); exits 1 when the file or its tokenizer cannot be read. */
 lm_tokenizer *load_tok_or_die(const char *cmd, const char *path);

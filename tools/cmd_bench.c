@@ -27,6 +27,7 @@
 #include "dist/dist.h"
 #include "model/cost.h"
 #include "model/forward.h"
+#include "model/pp.h"
 #include "base/pool.h"
 #include "format/quant.h"
 #include "base/util.h"
@@ -195,6 +196,28 @@ static void tp_report(const lm_model *m, const char *name, double tokens, double
             cli_tp_rank, cli_tp_size, name, 1e3 * all, 1e3 * comm, 100 * comm / all, 1e3 * (all - comm),
             (double)ds.bytes / tokens, (double)ds.calls / tokens, m->hp.n_layer, m->hp.n_embd, model_bytes,
             m->tp.n_vocab);
+}
+
+/* Pipeline parallel: this rank's stage, its time per token in its layers
+ * (compute) against sending and receiving activations (a receive's wait
+ * for the previous stage included: the bubble shows there), the bytes it
+ * sent, the micro-batches per pass and the schedule's bubble, next to the
+ * model: n_embd floats per row per stage boundary. One line per rank. */
+static void pp_report(const lm_model *m, const char *name, double tokens, double total) {
+    dist_stats ds;
+    pp_stats ps;
+    dist_stats_get(&ds);
+    pp_stats_get(&ps);
+    const lm_pp *pp = &m->pp;
+    fprintf(stderr,
+            "bench: rank %d stage %d/%d (layers %d-%d, %.2f MiB) %s: %.3f ms/token, compute %.3f ms (%.1f%%), "
+            "send/receive %.3f ms (%.1f%%), other %.3f ms; %.0f bytes/token sent (model: %d floats = %zu bytes per "
+            "row per stage boundary); %.2f micro-batches/pass, bubble %.1f%% ((S-1)/(m+S-1))\n",
+            cli_rank, pp->stage, pp->size, pp->layer0, pp->layer1 - 1, pp->bytes[pp->stage] / 1048576.0, name,
+            1e3 * total / tokens, 1e3 * ps.compute_s / tokens, 100 * ps.compute_s / total, 1e3 * ds.p2p_s / tokens,
+            100 * ds.p2p_s / total, 1e3 * (total - ps.compute_s - ds.p2p_s) / tokens, (double)ds.p2p_bytes / tokens,
+            m->hp.n_embd, (size_t)m->hp.n_embd * sizeof(float), ps.passes ? (double)ps.micro / (double)ps.passes : 0,
+            100 * ps.bubble);
 }
 
 /* Tensor parallel: the all-reduce alone, ranks in step (a barrier, then 200
@@ -445,6 +468,7 @@ int cmd_bench(int argc, char **argv) {
         }
         memset(fwd->prof, 0, sizeof fwd->prof);
         dist_stats_reset();
+        pp_stats_reset();
         double total = 0;
         /* progress on a terminal: per repetition for pp, per token for tg;
          * the time taken to draw it is outside the timed span */
@@ -496,6 +520,7 @@ int cmd_bench(int argc, char **argv) {
             else printf(" | |\n");
         }
         if (cli_tp_size > 1) tp_report(m, name, (double)n * reps, total);
+        if (cli_pp_size > 1) pp_report(m, name, (double)n * reps, total);
         if (profile && !json) {
             double acc = 0;
             printf("\n  profile of %s (%% of %.3f s over %lld reps):\n", name, total, reps);

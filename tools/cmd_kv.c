@@ -16,6 +16,9 @@
  * independently and the two must agree. --alloc builds the pool and checks
  * its allocation too. With --tp N the model is rank 0's shard of N, and
  * every figure is one rank's (its KV heads; replicated ones said so).
+ * With --pp M the figures above are the whole model's (all stages), and a
+ * table follows with each stage's layers, weight bytes and its share of
+ * the pool: the same blocks, holding only the stage's layers (kv.h).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +53,39 @@ static void print_bytes(const char *label, uint64_t b) {
 
 static double mib(uint64_t b) { return (double)b / 1048576.0; }
 
+/* --pp: each stage's layers, weight bytes and KV pool, from the same plan
+ * restricted to its layers; 1 when the stages' pools do not add up to the
+ * whole pool. */
+static int pp_table(const lm_model *m, const kv_config *whole, const kv_plan *wpl) {
+    const lm_pp *pp = &m->pp;
+    printf("pipeline:        %d stages of contiguous layers, balanced by weight bytes (embedding on stage 0, "
+           "LM head on stage %d); every stage's pool has the same %lld blocks%s\n", pp->size, pp->size - 1,
+           (long long)(wpl->cls[KV_GLOBAL].n_blocks + wpl->cls[KV_LOCAL].n_blocks),
+           m->tp.size > 1 ? "; figures per tensor rank" : "");
+    printf("  stage  layers      weights (MiB)  KV/token (bytes)  KV pool (MiB)\n");
+    uint64_t sum = 0;
+    int rc = 0;
+    for (int s = 0; s < pp->size; s++) {
+        kv_config c = *whole;
+        c.layer0 = pp->first[s];
+        c.layer1 = pp->first[s + 1];
+        kv_plan pl;
+        char err[LM_ERRLEN];
+        if (kv_plan_make(&c, &pl, err, sizeof err)) {
+            fprintf(stderr, "lamina kv: stage %d: %s\n", s, err);
+            return 1;
+        }
+        if (pl.n_blocks != wpl->n_blocks || pl.cls[KV_LOCAL].n_blocks != wpl->cls[KV_LOCAL].n_blocks) rc = 1;
+        sum += pl.data_bytes;
+        printf("  %5d  %3d-%-3d (%2d)  %13.2f  %16llu  %13.2f\n", s, c.layer0, c.layer1 - 1, c.layer1 - c.layer0,
+               mib(pp->bytes[s]), (unsigned long long)pl.bytes_per_token, mib(pl.data_bytes));
+    }
+    if (sum != wpl->data_bytes) rc = 1;
+    printf("  (stages' pools: %llu bytes in all, the whole pool %llu: %s)\n", (unsigned long long)sum,
+           (unsigned long long)wpl->data_bytes, rc ? "DISAGREE" : "agree");
+    return rc;
+}
+
 int cmd_kv(int argc, char **argv) {
     args a = {argc, argv, 0, "kv", usage_kv};
     const char *model = NULL;
@@ -80,6 +116,7 @@ int cmd_kv(int argc, char **argv) {
     fwd_dims dims = fwd_dims_make(m, (int)ctx, (int)chunk);
     kv_config c;
     fwd_kv_config(m, &dims, &c);
+    c.layer0 = c.layer1 = 0; /* every layer; the stages' shares follow (pp_table) */
     c.type = type;
     c.block_size = (int)block;
     c.mem_bytes = mem;
@@ -194,6 +231,7 @@ int cmd_kv(int argc, char **argv) {
                 (unsigned long long)pl.cls[KV_LOCAL].bytes_per_token, (unsigned long long)pl.data_bytes,
                 (unsigned long long)cls_tok[KV_GLOBAL], (unsigned long long)cls_tok[KV_LOCAL],
                 (unsigned long long)want);
+    if (m->pp.size > 1 && pp_table(m, &c, &pl)) rc = 1;
     if (alloc && !rc) {
         kv_pool *p = kv_pool_new(&c, err, sizeof err);
         if (!p) {

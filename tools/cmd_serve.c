@@ -98,7 +98,7 @@ static void chat_option(const char *v, lm_server_config *sc, char **file_text) {
     sc->chat_template_text = *file_text;
 }
 
-/* Tensor parallel, ranks other than 0: no server; run the passes rank 0's
+/* Tensor or pipeline parallel, ranks other than 0: no server; run the passes rank 0's
  * engine plans, on this rank's shard, until it stops. An error here ends the
  * whole job (rank 0 would wait for this rank forever). */
 static int follow(const char *model, int threads) {
@@ -107,7 +107,7 @@ static int follow(const char *model, int threads) {
     if (!pool) fail("serve", "cannot start threads");
     char err[LM_ERRLEN];
     if (tp_plan_follow(m, pool, err, sizeof err)) {
-        fprintf(stderr, "lamina serve: rank %d: %s\n", cli_tp_rank, err);
+        fprintf(stderr, "lamina serve: rank %d: %s\n", cli_rank, err);
         dist_abort(1);
     }
     pool_free(pool);
@@ -176,7 +176,8 @@ int cmd_serve(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
 
     char err[LM_ERRLEN];
-    if (cli_tp_size > 1 && cli_tp_rank != 0) return follow(model, ec.n_threads);
+    const bool dist = cli_tp_size * cli_pp_size > 1; /* tensor and/or pipeline parallel */
+    if (dist && cli_rank != 0) return follow(model, ec.n_threads);
     lm_server *srv = server_new(NULL, &sc, err, sizeof err);
     if (!srv) fail("serve", err);
     bool v6 = strchr(sc.host, ':') != NULL;
@@ -187,7 +188,7 @@ int cmd_serve(int argc, char **argv) {
     lm_model *m = load_or_die("serve", model);
     if (!m->tok) fail("serve", "the model file has no tokenizer");
     ctx_check("serve", "-c", ec.n_ctx, m->hp.n_ctx_train, ctx_extend);
-    m->tp.lead = cli_tp_size > 1; /* rank 0: each pass's plan goes to the other ranks first */
+    m->tp.lead = dist; /* rank 0: each pass's plan goes to the other ranks first */
     lm_engine *eng = engine_new(m, m->tok, &ec, err, sizeof err);
     if (!eng) fail("serve", err);
     if (server_set_engine(srv, eng, err, sizeof err)) fail("serve", err);
@@ -199,7 +200,7 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "lamina serve: %s, stopping\n", sig == SIGINT ? "interrupted" : "terminated");
     server_free(srv);
     engine_free(eng);
-    if (cli_tp_size > 1 && tp_plan_stop(err, sizeof err)) fail("serve", err);
+    if (dist && tp_plan_stop(err, sizeof err)) fail("serve", err);
     model_free(m);
     free(tmpl_text);
     return 0;

@@ -575,7 +575,7 @@ static int cmd_perplexity(int argc, char **argv) {
         if (add_bos && tok_bos(m->tok) >= 0) chunk[0] = tok_bos(m->tok);
         seqrun_reset(st);
         if (seqrun_forward(st, chunk, C, logits, true, err, sizeof err)) fail("perplexity", err);
-        if (c == 0 && logits_out && cli_tp_rank == 0) {
+        if (c == 0 && logits_out && cli_rank == 0) {
             safefile *lf = safefile_create(logits_out, err, sizeof err);
             if (!lf) fail("perplexity", err);
             safefile_write(lf, logits, (size_t)C * V * sizeof(float));
@@ -738,7 +738,9 @@ static void usage_main(FILE *f) {
             "Long work (loading a large model, quantize, perplexity, mkmodel, bench) draws a progress line\n"
             "when stderr is a terminal; --progress, accepted by every command, draws it on a pipe too.\n"
             "run, bench, perplexity and serve take --tp N: tensor parallelism over N ranks of the MPI\n"
-            "build (make MPI=1; mpirun -np N build/mpi/lamina CMD ... --tp N); kv --tp N sizes one rank's cache.\n");
+            "build (make MPI=1; mpirun -np N build/mpi/lamina CMD ... --tp N); kv --tp N sizes one rank's cache.\n"
+            "--pp M: pipeline parallelism over M stages of contiguous layers (mpirun -np M ... --pp M), with\n"
+            "--tp N too on N x M ranks; kv --pp M prints each stage's layers, bytes and KV cache.\n");
 }
 
 /* Commands that write a file remove their temporary file when interrupted,
@@ -754,21 +756,22 @@ static void remove_temps_on_signal(void) {
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) signal(sigs[i], on_fatal_signal);
 }
 
-/* --tp N anywhere after the subcommand: taken out of argv here, so every
- * subcommand gets it through load_or_die. `lamina kv --tp N` only computes
- * (rank 0's shard, no runtime); any other command starts the runtime and
- * wants exactly N ranks (mpirun -np N). */
-static int take_tp(int *argc, char **argv) {
-    int tp = 0, o = 1;
+/* --tp N and --pp N anywhere after the subcommand: taken out of argv here,
+ * so every subcommand gets them through load_or_die. `lamina kv --tp N
+ * --pp M` only computes (no runtime); any other command starts the runtime
+ * and wants exactly N x M ranks (mpirun -np N*M), world rank = stage x N +
+ * tensor rank. */
+static int take_par(int *argc, char **argv, const char *flag) {
+    int v0 = 0, o = 1;
     for (int i = 1; i < *argc; i++) {
-        if (i >= 2 && !strcmp(argv[i], "--tp")) {
+        if (i >= 2 && !strcmp(argv[i], flag)) {
             char *end = NULL;
             long v = i + 1 < *argc ? strtol(argv[i + 1], &end, 10) : 0;
             if (!end || *end || v < 1 || v > LM_TP_MAX) {
-                fprintf(stderr, "lamina: --tp wants a number of ranks from 1 to %d\n", LM_TP_MAX);
+                fprintf(stderr, "lamina: %s wants a number of ranks from 1 to %d\n", flag, LM_TP_MAX);
                 exit(2);
             }
-            tp = (int)v;
+            v0 = (int)v;
             i++;
             continue;
         }
@@ -776,17 +779,19 @@ static int take_tp(int *argc, char **argv) {
     }
     *argc = o;
     argv[o] = NULL;
-    return tp;
+    return v0;
 }
 
-static int start_tp(int tp, int *argc, char ***argv) {
+static int start_tp(int tp, int pp, int *argc, char ***argv) {
     if (!strcmp((*argv)[1], "kv")) {
         cli_tp_size = tp;
+        cli_pp_size = pp;
         return 0;
     }
-    if (tp > 1 && !dist_available()) {
-        fprintf(stderr, "lamina: --tp %d needs the MPI build (make MPI=1, then mpirun -np %d build/mpi/lamina ...)\n",
-                tp, tp);
+    const char *what = pp > 1 ? (tp > 1 ? "--tp/--pp" : "--pp") : "--tp";
+    if (tp * pp > 1 && !dist_available()) {
+        fprintf(stderr, "lamina: %s needs the MPI build (make MPI=1, then mpirun -np %d build/mpi/lamina ...)\n", what,
+                tp * pp);
         exit(2);
     }
     char err[LM_ERRLEN];
@@ -794,16 +799,27 @@ static int start_tp(int tp, int *argc, char ***argv) {
         fprintf(stderr, "lamina: %s\n", err);
         exit(1);
     }
-    if (dist_size() != tp) {
-        fprintf(stderr, "lamina: --tp %d wants %d ranks, this job has %d (mpirun -np %d)\n", tp, tp, dist_size(),
-                tp);
+    if (dist_size() != tp * pp) {
+        if (pp > 1)
+            fprintf(stderr, "lamina: --tp %d --pp %d wants %d ranks (tp x pp), this job has %d (mpirun -np %d)\n", tp,
+                    pp, tp * pp, dist_size(), tp * pp);
+        else
+            fprintf(stderr, "lamina: --tp %d wants %d ranks, this job has %d (mpirun -np %d)\n", tp, tp, dist_size(),
+                    tp);
         dist_finalize();
         exit(2);
     }
-    cli_tp_rank = dist_rank();
+    if (dist_grid(tp, pp, err, sizeof err)) {
+        fprintf(stderr, "lamina: %s\n", err);
+        dist_abort(1);
+    }
+    cli_rank = dist_rank();
+    cli_tp_rank = dist_tp_rank();
     cli_tp_size = tp;
-    if (cli_tp_rank != 0 && !freopen("/dev/null", "w", stdout)) {
-        fprintf(stderr, "lamina: rank %d cannot silence its output\n", cli_tp_rank);
+    cli_pp_stage = dist_stage();
+    cli_pp_size = pp;
+    if (cli_rank != 0 && !freopen("/dev/null", "w", stdout)) {
+        fprintf(stderr, "lamina: rank %d cannot silence its output\n", cli_rank);
         dist_abort(1);
     }
     return 1;
@@ -813,8 +829,8 @@ static int run_cmd(int argc, char **argv);
 
 int main(int argc, char **argv) {
     kernels_init();
-    int tp = argc >= 2 ? take_tp(&argc, argv) : 0;
-    if (tp && start_tp(tp, &argc, &argv)) {
+    int tp = argc >= 2 ? take_par(&argc, argv, "--tp") : 0, pp = argc >= 2 ? take_par(&argc, argv, "--pp") : 0;
+    if ((tp || pp) && start_tp(tp ? tp : 1, pp ? pp : 1, &argc, &argv)) {
         int rc = run_cmd(argc, argv);
         fflush(stdout);
         if (rc) dist_abort(rc); /* the other ranks may wait in a collective */
