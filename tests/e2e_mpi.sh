@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Tensor parallelism over MPI (--tp N): mpirun --oversubscribe -np 2 on
-# localhost against the single-process run of the default build.
+# Tensor and pipeline parallelism over MPI (--tp N, --pp M): mpirun
+# --oversubscribe -np 2 (4 for --tp 2 --pp 2) on localhost against the
+# single-process run of the default build.
 #   - the bundled model, a tinyllama-width Q4_0 file (4 layers of the
 #     TinyLlama-1.1B shape: 32 heads, 4 KV heads, n_ff 5632) and Gemma 3 270M
 #     when installed (1 KV head: replicated on both ranks): identical greedy
@@ -16,12 +17,20 @@
 #     steps of their quantization); perplexity
 #     within 0.5% (5% for Gemma 3, whose logits move by as much between
 #     lamina's own single-process kernel paths);
-#   - lamina bench under TP reports communication against compute per rank;
-#   - a rank killed mid-run ends the whole job with an error, never a hang;
+#   - the same comparisons under --pp 2 and --tp 2 --pp 2 (4 ranks): pipeline
+#     stages alone give the single process's logits bit for bit (tolerance
+#     0: a row's arithmetic does not depend on its micro-batch), TP x PP
+#     within TP's tolerances;
+#   - lamina bench under TP reports communication against compute per rank,
+#     under PP each stage's compute, send/receive, micro-batches and bubble;
+#   - a rank killed mid-run ends the whole job with an error, never a hang
+#     (under --tp 2 and under --pp 2);
 #   Under AddressSanitizer (LAMINA_ASAN) the Gemma 3 comparison is skipped.
 #   - refusals: --tp without the MPI build, --tp against the number of ranks,
 #     a model whose heads do not split; lamina kv --tp says when KV heads are
-#     replicated.
+#     replicated; --pp without the MPI build, more stages than layers,
+#     --tp 2 --pp 2 on 2 ranks; lamina kv --pp prints each stage's layers,
+#     weights and KV pool, adding up to the whole pool.
 # Open MPI refuses to run as root unless told: CI runs as root, so the
 # OMPI_ALLOW_RUN_AS_ROOT variables are set here. Skips the MPI parts, saying
 # so, when the MPI binary ($BUILD/mpi/lamina, `make mpi`) or mpirun is absent.
@@ -54,17 +63,33 @@ if [ -f "$G" ]; then
         bad kv_tp_replicated "$(cat "$T/kv")"
 fi
 
+# pipeline: refusals and the per-stage split of lamina kv (no runtime)
+"$L" run -m "$M" -p hi --pp 2 >/dev/null 2>"$T/err"; rc=$?
+[ $rc -eq 2 ] && grep -q "\-\-pp needs the MPI build" "$T/err" && ok pp_without_mpi || bad pp_without_mpi "rc $rc" "$(cat "$T/err")"
+"$L" kv -m "$M" --pp 6 >/dev/null 2>"$T/err"; rc=$?
+[ $rc -eq 1 ] && grep -q "6 pipeline stages for 5 layers" "$T/err" && ok pp_more_stages_than_layers ||
+    bad pp_more_stages_than_layers "rc $rc" "$(cat "$T/err")"
+"$L" kv -m "$M" --pp 2 -c 128 --alloc >"$T/kv" 2>&1 && grep -q "0-2   ( 3)" "$T/kv" && grep -q "3-4   ( 2)" "$T/kv" &&
+    grep -q "the whole pool 81920: agree" "$T/kv" && ok kv_pp_split || bad kv_pp_split "$(cat "$T/kv")"
+"$L" kv -m "$M" --tp 2 --pp 3 -c 128 >"$T/kv" 2>&1 && grep -q "3 stages" "$T/kv" && grep -q "per tensor rank" "$T/kv" &&
+    grep -q "the whole pool 40960: agree" "$T/kv" && ok kv_tp_pp_split || bad kv_tp_pp_split "$(cat "$T/kv")"
+
 if [ ! -x "$LM" ] || ! command -v mpirun >/dev/null; then
     skipped "mpi: no $LM or no mpirun (make mpi; scripts/deps.sh installs Open MPI)"
     echo "$pass passed, $fail failed, $skip skipped"
     [ $fail -eq 0 ]
     exit
 fi
-mpi2() { timeout 300 mpirun --oversubscribe -np 2 "$LM" "$@" --tp 2; }
+# the distributed run of compare(): NP ranks with PAR's flags (--tp 2 first)
+NP=2 PAR="--tp 2"
+mpi2() { timeout 300 mpirun --oversubscribe -np $NP "$LM" "$@" $PAR; }
 
 # 2. the number of ranks must be the TP degree
 timeout 120 mpirun --oversubscribe -np 2 "$LM" run -m "$M" -p hi -n 4 --tp 3 >/dev/null 2>"$T/err"; rc=$?
 [ $rc -ne 0 ] && grep -q "wants 3 ranks, this job has 2" "$T/err" && ok tp_rank_count || bad tp_rank_count "rc $rc" "$(cat "$T/err")"
+timeout 120 mpirun --oversubscribe -np 2 "$LM" run -m "$M" -p hi -n 4 --tp 2 --pp 2 >/dev/null 2>"$T/err"; rc=$?
+[ $rc -ne 0 ] && grep -q "wants 4 ranks (tp x pp), this job has 2" "$T/err" && ok tp_pp_rank_count ||
+    bad tp_pp_rank_count "rc $rc" "$(cat "$T/err")"
 
 # 3. logits and greedy tokens against the single process
 ids() { grep "generated ids" "$1"; }
@@ -72,7 +97,8 @@ maxdiff() { python3 - "$1" "$2" <<'PY'
 import array, sys
 a = array.array('f'); a.frombytes(open(sys.argv[1], 'rb').read())
 b = array.array('f'); b.frombytes(open(sys.argv[2], 'rb').read())
-print(len(a) == len(b) and len(a) > 0 and max(abs(x - y) for x, y in zip(a, b)) or 'mismatch')
+# (a difference of 0 is a result, not a mismatch)
+print(max(abs(x - y) for x, y in zip(a, b)) if len(a) == len(b) and len(a) > 0 else 'mismatch')
 PY
 }
 # Teacher-forced greedy: the argmax of every logits row (CTX rows of V) must
@@ -124,11 +150,25 @@ compare() {
     then ok "${name}_perplexity ($p1 vs $p2)"
     else bad "${name}_perplexity" "single $p1, tp $p2"; fi
 }
+# compare_pp: the same under --pp 2 (2 ranks) and --tp 2 --pp 2 (4 ranks).
+# A row's arithmetic does not depend on the micro-batch holding it, so
+# pipeline stages alone give the single process's logits bit for bit
+# (tolerance 0, perplexity equal); with --tp 2 as well, TP's tolerances.
+compare_pp() {
+    local name=$1 model=$2 ctx=$3 tol=$4 prompt=$5 forced=${6:-}
+    NP=2 PAR="--pp 2"
+    compare "${name}_pp2" "$model" README.md "$ctx" 0 0 "$prompt" $forced
+    NP=4 PAR="--tp 2 --pp 2"
+    compare "${name}_tp2pp2" "$model" README.md "$ctx" "$tol" 0.005 "$prompt" $forced
+    NP=2 PAR="--tp 2"
+}
 compare stories "$M" README.md 128 0.02 0.005 "Once upon a time"
+compare_pp stories "$M" 128 0.02 "Once upon a time"
 
 if "$L" mkmodel -o "$T/tl.gguf" --layers 4 --embd 2048 --heads 32 --kv-heads 4 --ff 5632 --ctx 2048 --type Q4_0 \
     --vocab-from tests/data/vocab/ggml-vocab-llama-spm.gguf -t 2 >/dev/null 2>"$T/err"; then
     compare tinyllama_q4_0 "$T/tl.gguf" README.md 64 0.15 0.005 "The history of the world" 32000
+    compare_pp tinyllama_q4_0 "$T/tl.gguf" 64 0.15 "The history of the world" 32000
 else
     bad mkmodel_tinyllama "$(tail -3 "$T/err")"
 fi
@@ -161,13 +201,19 @@ fi
 mpi2 bench -m "$M" -p 32 -n 16 -r 1 --no-bw -t 1 >"$T/b" 2>"$T/be"
 if [ "$(grep -c 'rank [01]/2 tg16: .* communication .* compute .* bytes/token' "$T/be")" -eq 2 ] && grep -q "| tg16 |" "$T/b"
 then ok bench_comm_report; else bad bench_comm_report "$(cat "$T/b" "$T/be")"; fi
+# under PP: each rank's stage, compute against send/receive, micro-batches and bubble
+NP=2 PAR="--pp 2" mpi2 bench -m "$M" -p 32 -n 16 -r 1 --no-bw -t 1 >"$T/b" 2>"$T/be"
+if [ "$(grep -c 'rank [01] stage [01]/2 (layers .*) pp32: .* compute .* send/receive .* 4.00 micro-batches/pass, bubble 20.0%' "$T/be")" -eq 2 ] &&
+    [ "$(grep -c 'tg16: .* 1.00 micro-batches/pass, bubble 50.0%' "$T/be")" -eq 2 ] && grep -q "| tg16 |" "$T/b"
+then ok bench_pp_report; else bad bench_pp_report "$(cat "$T/b" "$T/be")"; fi
 
 # 5. a rank that dies: the job ends with an error naming it, within the timeout
-if [ -f "$T/tl.gguf" ]; then
-    timeout 120 mpirun --oversubscribe -np 2 "$LM" run -m "$T/tl.gguf" -p "Once" -n 2000 --ignore-eos --temp 0 -t 1 \
-        --tp 2 >/dev/null 2>"$T/die" &
-    job=$!
-    victim=""
+die_test() { # NAME NP FLAGS...
+    local name=$1 np=$2
+    shift 2
+    timeout 120 mpirun --oversubscribe -np "$np" "$LM" run -m "$T/tl.gguf" -p "Once" -n 2000 --ignore-eos --temp 0 -t 1 \
+        "$@" >/dev/null 2>"$T/die" &
+    local job=$! victim="" p
     for _ in $(seq 1 600); do
         for p in $(pgrep -P "$(pgrep -P $job | head -1)" 2>/dev/null) $(pgrep -P $job 2>/dev/null); do
             if tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1'; then victim=$p; fi
@@ -180,12 +226,16 @@ if [ -f "$T/tl.gguf" ]; then
         sleep 1
         kill -9 "$victim"
         wait $job; rc=$?
-        if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -qi "signal 9\|killed\|exited" "$T/die"; then ok rank_death_ends_job "(exit $rc)"
-        else bad rank_death_ends_job "exit $rc (124: timed out)" "$(tail -8 "$T/die")"; fi
+        if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -qi "signal 9\|killed\|exited" "$T/die"; then ok "$name" "(exit $rc)"
+        else bad "$name" "exit $rc (124: timed out)" "$(tail -8 "$T/die")"; fi
     else
         kill $job 2>/dev/null; wait $job
-        bad rank_death_ends_job "rank 1 never found" "$(tail -5 "$T/die")"
+        bad "$name" "rank 1 never found" "$(tail -5 "$T/die")"
     fi
+}
+if [ -f "$T/tl.gguf" ]; then
+    die_test rank_death_ends_job 2 --tp 2
+    die_test pp_rank_death_ends_job 2 --pp 2
 fi
 
 echo "$pass passed, $fail failed, $skip skipped"

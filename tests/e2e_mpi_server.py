@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""`lamina serve` under tensor parallelism: mpirun --oversubscribe -np 2
-$BUILD/mpi/lamina serve ... --tp 2 on the bundled model, against a
+"""`lamina serve` under tensor and under pipeline parallelism: mpirun
+--oversubscribe -np 2 $BUILD/mpi/lamina serve ... --tp 2, then --pp 2
+(stage 0 on rank 0 with the engine, the last stage's logits broadcast
+back to it), each on the bundled model, against a
 single-process `lamina serve` of the default build, through the official
 `openai` Python client (the venv e2e_server.py installs from PyPI under
 $LAMINA_CACHE; when it cannot be installed these checks count as skipped).
@@ -17,6 +19,9 @@ $LAMINA_CACHE; when it cannot be installed these checks count as skipped).
     the single process;
   - SIGTERM to mpirun: the whole job ends (rank 0 tells the follower to
     stop), within the timeout.
+Under --pp the pipelined passes cut each batch into micro-batches (rows
+of several sequences or chunks of one); a row's arithmetic does not depend
+on its micro-batch, so the texts must equal the single process's exactly.
 Skipped, saying why, when the MPI binary or mpirun is absent.
 """
 import json
@@ -38,7 +43,7 @@ MODEL = "models/stories260K.gguf"
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1",
            ASAN_OPTIONS=(os.environ.get("ASAN_OPTIONS", "") + ":detect_leaks=0").lstrip(":"))
-N_CHECKS = 6
+N_CHECKS = 12
 
 
 def start(cmd, log):
@@ -90,6 +95,54 @@ print(json.dumps(out))
 '''
 
 
+def run_mode(py, flag, one_port, log_one, tmp):
+    """The checks against the single process (one_port) for `flag 2` (--tp
+    or --pp) on 2 ranks; True when the server or client could not run."""
+    what = flag + " 2"
+    log_tp = os.path.join(tmp, "lamina_mpi_%s.%d.log" % (flag[2:], os.getpid()))
+    tp, tp_port = start(["mpirun", "--oversubscribe", "-np", "2", LAMINA_MPI, "serve", "-m", MODEL, "--port", "0",
+                         "-t", "1", flag, "2"], log_tp)
+    try:
+        if not tp_port or not one_port:
+            result("servers start (%s)" % what, False, open(log_tp).read()[-1500:] + open(log_one).read()[-500:])
+            return True
+        r = subprocess.run([py, "-c", CLIENT, json.dumps({"tp": tp_port, "one": one_port,
+                                                          "model": "stories260K.gguf"})],
+                           capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            result("openai client under %s" % what, False, r.stderr[-1500:] + open(log_tp).read()[-1500:])
+            return True
+        o = json.loads(r.stdout)
+        result("%s: greedy completion equals the single process" % what, o["tp_greedy"] == o["one_greedy"] and
+               len(o["tp_greedy"]) > 20, (o["tp_greedy"], o["one_greedy"]))
+        result("%s: n=2 with a seed: both choices at full length" % what, len(o["tp_n2"]) == 3 and
+               o["tp_n2"][2] == 48 and all(ch[1] == "length" and ch[0] for ch in o["tp_n2"][:2]), o["tp_n2"])
+        result("%s: n=2: the same choices as the single process" % what, o["tp_n2"] == o["one_n2"],
+               (o["tp_n2"], o["one_n2"]))
+        result("%s: stream arrives in pieces and ends" % what, o["tp_stream"][0] >= 10 and
+               o["tp_stream"][2] == "length" and o["tp_stream"][1] == o["one_stream"][1],
+               (o["tp_stream"], o["one_stream"]))
+        result("%s: four concurrent requests equal the single process" % what,
+               o["tp_concurrent"] == o["one_concurrent"] and all(o["tp_concurrent"]),
+               (o["tp_concurrent"], o["one_concurrent"]))
+    finally:
+        t0 = time.time()
+        if tp.poll() is None:
+            os.killpg(tp.pid, signal.SIGTERM)
+        try:
+            tp.wait(timeout=60)
+            result("SIGTERM ends the whole %s job" % what, True)
+            print("NOTE the %s job ended %.1f s after SIGTERM (exit %d)" % (what, time.time() - t0, tp.returncode))
+        except subprocess.TimeoutExpired:
+            os.killpg(tp.pid, signal.SIGKILL)
+            result("SIGTERM ends the whole %s job" % what, False, "still running after 60 s")
+        try:
+            os.unlink(log_tp)
+        except OSError:
+            pass
+    return False
+
+
 def check_tp_server():
     if not os.access(LAMINA_MPI, os.X_OK) or not shutil.which("mpirun"):
         skip("mpi serve", "no %s or no mpirun (make mpi; scripts/deps.sh installs Open MPI)" % LAMINA_MPI, N_CHECKS)
@@ -99,53 +152,23 @@ def check_tp_server():
         skip("mpi serve", why, N_CHECKS)
         return
     tmp = os.environ.get("TMPDIR", "/tmp")
-    log_tp, log_one = os.path.join(tmp, "lamina_mpi_tp.%d.log" % os.getpid()), os.path.join(
-        tmp, "lamina_mpi_one.%d.log" % os.getpid())
-    tp, tp_port = start(["mpirun", "--oversubscribe", "-np", "2", LAMINA_MPI, "serve", "-m", MODEL, "--port", "0",
-                         "-t", "1", "--tp", "2"], log_tp)
+    log_one = os.path.join(tmp, "lamina_mpi_one.%d.log" % os.getpid())
     one, one_port = start([LAMINA, "serve", "-m", MODEL, "--port", "0", "-t", "1"], log_one)
     try:
-        if not tp_port or not one_port:
-            result("servers start", False, open(log_tp).read()[-1500:] + open(log_one).read()[-500:])
-            return
-        r = subprocess.run([py, "-c", CLIENT, json.dumps({"tp": tp_port, "one": one_port,
-                                                          "model": "stories260K.gguf"})],
-                           capture_output=True, text=True, timeout=300)
-        if r.returncode != 0:
-            result("openai client under --tp 2", False, r.stderr[-1500:] + open(log_tp).read()[-1500:])
-            return
-        o = json.loads(r.stdout)
-        result("greedy completion equals the single process", o["tp_greedy"] == o["one_greedy"] and
-               len(o["tp_greedy"]) > 20, (o["tp_greedy"], o["one_greedy"]))
-        result("n=2 with a seed: both choices at full length", len(o["tp_n2"]) == 3 and o["tp_n2"][2] == 48 and
-               all(ch[1] == "length" and ch[0] for ch in o["tp_n2"][:2]), o["tp_n2"])
-        result("n=2: the same choices as the single process", o["tp_n2"] == o["one_n2"], (o["tp_n2"], o["one_n2"]))
-        result("stream arrives in pieces and ends", o["tp_stream"][0] >= 10 and o["tp_stream"][2] == "length" and
-               o["tp_stream"][1] == o["one_stream"][1], (o["tp_stream"], o["one_stream"]))
-        result("four concurrent requests equal the single process", o["tp_concurrent"] == o["one_concurrent"] and
-               all(o["tp_concurrent"]), (o["tp_concurrent"], o["one_concurrent"]))
+        for flag in ("--tp", "--pp"):
+            if run_mode(py, flag, one_port, log_one, tmp):
+                break
     finally:
-        t0 = time.time()
-        for p in (tp, one):
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        try:
-            tp.wait(timeout=60)
-            result("SIGTERM ends the whole --tp job", True)
-            print("NOTE the --tp job ended %.1f s after SIGTERM (exit %d)" % (time.time() - t0, tp.returncode))
-        except subprocess.TimeoutExpired:
-            os.killpg(tp.pid, signal.SIGKILL)
-            result("SIGTERM ends the whole --tp job", False, "still running after 60 s")
+        if one.poll() is None:
+            os.killpg(one.pid, signal.SIGTERM)
         try:
             one.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(one.pid, signal.SIGKILL)
-        for f in (log_tp, log_one):
-            try:
-                os.unlink(f)
-            except OSError:
-                pass
-
+        try:
+            os.unlink(log_one)
+        except OSError:
+            pass
 
 def main():
     check_tp_server()
