@@ -10,14 +10,23 @@
  * products; the column-split ones (o, down), summed over ranks in rank
  * order, equal the whole product within 1e-5 relative L2 (float sums split
  * differently). Refusals name what does not split.
+ *
+ * Pipeline stages (shard.c, kv.c, forward.c): the byte-balanced split
+ * against every split found by brute force; a KV pool of a layer range has
+ * the whole pool's blocks and the range's bytes; and a pipelined prompt run
+ * in one process, stage models side by side (stage 0's residual stream
+ * copied into stage 1's, as pp.c sends it), cut into micro-batches, gives
+ * the whole model's logits bit for bit.
  */
 #include <math.h>
 #include <stdlib.h>
 
 #include "test.h"
 #include "dist/dist.h"
+#include "model/forward.h"
 #include "model/model.h"
 #include "model/ops.h"
+#include "model/pp.h"
 #include "kernels/kernels.h"
 #include "base/util.h"
 
@@ -149,6 +158,134 @@ static void check_split(int N) {
 static void test_split_2(void) { check_split(2); }
 static void test_split_4(void) { check_split(4); }
 
+/* The best largest-stage bytes over every contiguous split with a layer per
+ * stage (brute force, recursive). */
+static uint64_t best_max(const uint64_t *lb, int n, int from, int stages, uint64_t head, uint64_t tail) {
+    if (stages == 1) {
+        uint64_t b = head + tail;
+        for (int i = from; i < n; i++) b += lb[i];
+        return b;
+    }
+    uint64_t best = UINT64_MAX, b = head;
+    for (int end = from + 1; end <= n - (stages - 1); end++) {
+        b += lb[end - 1];
+        uint64_t rest = best_max(lb, n, end, stages - 1, 0, tail), mx = b > rest ? b : rest;
+        if (mx < best) best = mx;
+    }
+    return best;
+}
+
+static void test_pp_split(void) {
+    lm_model *w = load(0, 1);
+    CHECK(w);
+    int n = w->hp.n_layer, first[LM_TP_MAX + 1];
+    uint64_t lb[64], bytes[LM_TP_MAX], total = 0;
+    uint64_t head = (uint64_t)w->tok_embd.rows * w->tok_embd.row_bytes;
+    uint64_t tail = (uint64_t)w->output.rows * w->output.row_bytes + (uint64_t)w->hp.n_embd * sizeof(float);
+    for (int i = 0; i < n; i++) total += lb[i] = model_layer_bytes(w, i);
+    char err[LM_ERRLEN];
+    for (int S = 1; S <= n; S++) {
+        CHECK(model_pp_split(w, S, first, bytes, err, sizeof err) == 0);
+        uint64_t mx = 0, sum = 0;
+        CHECK(first[0] == 0 && first[S] == n);
+        for (int s = 0; s < S; s++) {
+            CHECK(first[s + 1] > first[s]);
+            mx = bytes[s] > mx ? bytes[s] : mx;
+            sum += bytes[s];
+        }
+        CHECKF(sum == total + head + tail, "S=%d: stages add up to %llu, not %llu", S, (unsigned long long)sum,
+               (unsigned long long)(total + head + tail));
+        uint64_t best = best_max(lb, n, 0, S, head, tail);
+        CHECKF(mx == best, "S=%d: largest stage %llu bytes, the best split has %llu", S, (unsigned long long)mx,
+               (unsigned long long)best);
+    }
+    CHECK(model_pp_split(w, n + 1, first, bytes, err, sizeof err) != 0 && strstr(err, "6 pipeline stages for 5 layers"));
+    lm_status st;
+    lm_model *m = model_load_grid(MODEL, NULL, 0, 1, 0, 6, &st, err, sizeof err);
+    CHECK(!m && st == LM_ERR_UNSUPPORTED && strstr(err, "pipeline stages"));
+    model_free(w);
+}
+
+/* A pool of layers [2, 4) of 6, two of them local (window): the whole
+ * pool's block counts, the range's bytes. */
+static void test_kv_layer_range(void) {
+    static const uint8_t local[6] = {1, 1, 0, 1, 1, 0};
+    kv_config c;
+    kv_config_init(&c, 6, 2, 32);
+    c.window = 8;
+    c.layer_local = local;
+    c.chunk = 4;
+    c.n_ctx = 64;
+    c.n_seqs = 3;
+    kv_plan whole, part;
+    char err[LM_ERRLEN];
+    CHECK(kv_plan_make(&c, &whole, err, sizeof err) == 0);
+    c.layer0 = 2;
+    c.layer1 = 4;
+    CHECK(kv_plan_make(&c, &part, err, sizeof err) == 0);
+    CHECK(part.cls[KV_GLOBAL].n_blocks == whole.cls[KV_GLOBAL].n_blocks);
+    CHECK(part.cls[KV_LOCAL].n_blocks == whole.cls[KV_LOCAL].n_blocks);
+    CHECK(part.cls[KV_GLOBAL].n_held == 1 && part.cls[KV_LOCAL].n_held == 1);
+    CHECK(part.cls[KV_GLOBAL].n_layer == 2 && part.cls[KV_LOCAL].n_layer == 4);
+    CHECK(part.cls[KV_GLOBAL].block_bytes * 2 == whole.cls[KV_GLOBAL].block_bytes);
+    CHECK(part.cls[KV_LOCAL].block_bytes * 4 == whole.cls[KV_LOCAL].block_bytes);
+    CHECK(part.bytes_per_token * 3 == whole.bytes_per_token);
+    c.mem_bytes = 1 << 20; /* a budget: the counts are still the whole model's */
+    CHECK(kv_plan_make(&c, &part, err, sizeof err) == 0);
+    c.layer0 = c.layer1 = 0;
+    CHECK(kv_plan_make(&c, &whole, err, sizeof err) == 0);
+    CHECK(part.n_blocks == whole.n_blocks && part.cls[KV_LOCAL].n_blocks == whole.cls[KV_LOCAL].n_blocks);
+    CHECK(part.data_bytes < whole.data_bytes);
+    c.layer0 = 4;
+    c.layer1 = 7;
+    CHECK(kv_plan_make(&c, &part, err, sizeof err) != 0 && strstr(err, "not inside 6 layers"));
+}
+
+/* Two stages in one process: micro-batches of 5 rows (the prompt's one
+ * segment cut), stage 0's x copied into stage 1's, against one pass of the
+ * whole model. */
+static void test_pp_stages_in_process(void) {
+    char err[LM_ERRLEN];
+    lm_status st;
+    lm_model *w = load(0, 1), *s0 = model_load_grid(MODEL, NULL, 0, 1, 0, 2, &st, err, sizeof err),
+             *s1 = model_load_grid(MODEL, NULL, 0, 1, 1, 2, &st, err, sizeof err);
+    CHECK(w && s0 && s1);
+    CHECK(s0->pp.layer0 == 0 && s0->pp.layer1 == s1->pp.layer0 && s1->pp.layer1 == w->hp.n_layer);
+    enum { N = 23, MB = 5 };
+    int32_t tok[N];
+    for (int i = 0; i < N; i++) tok[i] = 1 + (i * 37) % 400;
+    int V = w->hp.n_vocab;
+    float *want = malloc((size_t)N * V * sizeof(float)), *got = malloc((size_t)N * V * sizeof(float));
+    lm_seqrun *rw = seqrun_new(w, NULL, 64, 32, LM_TYPE_F16, err, sizeof err);
+    lm_seqrun *r0 = seqrun_new(s0, NULL, 64, 32, LM_TYPE_F16, err, sizeof err);
+    lm_seqrun *r1 = seqrun_new(s1, NULL, 64, 32, LM_TYPE_F16, err, sizeof err);
+    CHECK(want && got && rw && r0 && r1);
+    /* each stage's pool holds its layers only, the same blocks */
+    CHECK(kv_pool_plan(r0->kv)->n_blocks == kv_pool_plan(rw->kv)->n_blocks);
+    CHECK(kv_pool_plan(r0->kv)->bytes_per_token + kv_pool_plan(r1->kv)->bytes_per_token ==
+          kv_pool_plan(rw->kv)->bytes_per_token);
+    CHECK(seqrun_forward(rw, tok, N, want, true, err, sizeof err) == 0);
+    CHECK(kv_append(r0->kv, r0->seq, N, err, sizeof err) == KV_OK && kv_append(r1->kv, r1->seq, N, err, sizeof err) == KV_OK);
+    size_t E = (size_t)w->hp.n_embd;
+    for (int p0 = 0; p0 < N; p0 += MB) {
+        int n = N - p0 < MB ? N - p0 : MB;
+        lm_seg g0 = {.seq = r0->seq, .pos0 = p0, .n = n, .n_logits = n}, g1 = g0;
+        g1.seq = r1->seq;
+        CHECK(fwd_pass(r0->fwd, tok + p0, n, &g0, 1, got, err, sizeof err) == 0); /* no logits on stage 0 */
+        memcpy(r1->fwd->x, r0->fwd->x, (size_t)n * E * sizeof(float));
+        CHECK(fwd_pass(r1->fwd, tok + p0, n, &g1, 1, got + (size_t)p0 * V, err, sizeof err) == 0);
+    }
+    CHECKF(!memcmp(got, want, (size_t)N * V * sizeof(float)), "pipelined logits differ from the whole model's");
+    seqrun_free(rw);
+    seqrun_free(r0);
+    seqrun_free(r1);
+    free(want);
+    free(got);
+    model_free(w);
+    model_free(s0);
+    model_free(s1);
+}
+
 /* One rank (no MPI, or before dist_init): every collective is the identity. */
 static void test_dist_one_rank(void) {
     char err[LM_ERRLEN];
@@ -168,5 +305,8 @@ int main(void) {
     TEST_RUN(test_split_2);
     TEST_RUN(test_split_4);
     TEST_RUN(test_dist_one_rank);
+    TEST_RUN(test_pp_split);
+    TEST_RUN(test_kv_layer_range);
+    TEST_RUN(test_pp_stages_in_process);
     return TEST_DONE();
 }
