@@ -17,6 +17,8 @@
 #     steps of their quantization); perplexity
 #     within 0.5% (5% for Gemma 3, whose logits move by as much between
 #     lamina's own single-process kernel paths);
+#   - qwen3, gemma2 and phi3 (mkmodel's *-small presets) under --tp 2 as the
+#     bundled model, teacher-forced;
 #   - the same comparisons under --pp 2 and --tp 2 --pp 2 (4 ranks): pipeline
 #     stages alone give the single process's logits bit for bit (tolerance
 #     0: a row's arithmetic does not depend on its micro-batch), TP x PP
@@ -172,6 +174,20 @@ if "$L" mkmodel -o "$T/tl.gguf" --layers 4 --embd 2048 --heads 32 --kv-heads 4 -
 else
     bad mkmodel_tinyllama "$(tail -3 "$T/err")"
 fi
+
+# the other dense architectures under --tp 2 (random weights of their
+# shapes, scaled down: mkmodel's *-small presets, Q8_0): qwen3's per-head
+# Q/K norms, gemma2's soft-caps, post norms and alternate windows, phi3's
+# fused QKV and gate/up sliced again; the same tolerance as the bundled
+# model (measured 0 on each: the split sums happen to round alike here)
+for arch in qwen3 gemma2 phi3; do
+    if "$L" mkmodel --preset $arch-small --type Q8_0 --vocab-from tests/data/vocab/ggml-vocab-llama-spm.gguf \
+        -o "$T/$arch.gguf" -t 2 >/dev/null 2>"$T/err"; then
+        compare "${arch}_small" "$T/$arch.gguf" README.md 64 0.02 0.005 "Once upon a time" 32000
+    else
+        bad "mkmodel_$arch" "$(tail -3 "$T/err")"
+    fi
+done
 
 if [ -n "${LAMINA_ASAN:-}" ]; then
     skipped "gemma3 under --tp 2: not under AddressSanitizer (as e2e_gemma3.py, too slow there)"

@@ -201,8 +201,9 @@ static void tp_report(const lm_model *m, const char *name, double tokens, double
 /* Pipeline parallel: this rank's stage, its time per token in its layers
  * (compute) against sending and receiving activations (a receive's wait
  * for the previous stage included: the bubble shows there), the bytes it
- * sent, the micro-batches per pass and the schedule's bubble, next to the
- * model: n_embd floats per row per stage boundary. One line per rank. */
+ * sent, the wait for the last stage's logits (broadcast to every rank),
+ * the micro-batches per pass and the schedule's bubble, next to the model:
+ * n_embd floats per row per stage boundary. One line per rank. */
 static void pp_report(const lm_model *m, const char *name, double tokens, double total) {
     dist_stats ds;
     pp_stats ps;
@@ -211,11 +212,11 @@ static void pp_report(const lm_model *m, const char *name, double tokens, double
     const lm_pp *pp = &m->pp;
     fprintf(stderr,
             "bench: rank %d stage %d/%d (layers %d-%d, %.2f MiB) %s: %.3f ms/token, compute %.3f ms (%.1f%%), "
-            "send/receive %.3f ms (%.1f%%), other %.3f ms; %.0f bytes/token sent (model: %d floats = %zu bytes per "
+            "send/receive %.3f ms (%.1f%%), logits broadcast %.3f ms, other %.3f ms; %.0f bytes/token sent (model: %d floats = %zu bytes per "
             "row per stage boundary); %.2f micro-batches/pass, bubble %.1f%% ((S-1)/(m+S-1))\n",
             cli_rank, pp->stage, pp->size, pp->layer0, pp->layer1 - 1, pp->bytes[pp->stage] / 1048576.0, name,
             1e3 * total / tokens, 1e3 * ps.compute_s / tokens, 100 * ps.compute_s / total, 1e3 * ds.p2p_s / tokens,
-            100 * ds.p2p_s / total, 1e3 * (total - ps.compute_s - ds.p2p_s) / tokens, (double)ds.p2p_bytes / tokens,
+            100 * ds.p2p_s / total, 1e3 * (ds.comm_s - ds.p2p_s) / tokens, 1e3 * (total - ps.compute_s - ds.comm_s) / tokens, (double)ds.p2p_bytes / tokens,
             m->hp.n_embd, (size_t)m->hp.n_embd * sizeof(float), ps.passes ? (double)ps.micro / (double)ps.passes : 0,
             100 * ps.bubble);
 }

@@ -13,6 +13,11 @@
  *   output        LM head rows [vocab0, vocab0 + n_vocab), vocabulary split as
  *                 evenly as whole rows allow; the embedding table, norms and
  *                 RoPE are replicated.
+ * Every dense architecture splits this way: per-head Q/K norms (qwen3,
+ * gemma3) act on whole heads, post norms and soft-caps (gemma2) on the
+ * replicated stream or the gathered logits, and phi3's fused QKV and
+ * gate/up matrices are already row slices of one tensor (model.c), sliced
+ * again here. Experts are refused (their FFN is not split yet).
  * Row slices are whole stored rows (a pointer into the mapping); column
  * slices keep the stored row stride and start on a whole quantization block,
  * so any type splits as long as the column range is a multiple of its block
@@ -58,9 +63,9 @@ int model_shard(lm_model *m, int rank, int size, char *err, size_t errlen) {
     tp->n_vocab = hp->n_vocab;
     tp->vocab_split[0] = hp->n_vocab;
     if (size == 1) return 0;
-    if (hp->arch != LM_ARCH_LLAMA && hp->arch != LM_ARCH_QWEN2 && hp->arch != LM_ARCH_GEMMA3)
-        return lm_err(err, errlen, "tensor parallelism splits llama, qwen2 and gemma3 models, not %s",
-                      model_arch_name(hp->arch));
+    if (m->moe)
+        return lm_err(err, errlen, "tensor parallelism splits dense models (llama, qwen2, qwen3, gemma2, gemma3, phi3), "
+                      "not the experts of %s", model_arch_name(hp->arch));
     if (size < 1 || size > LM_TP_MAX || rank < 0 || rank >= size)
         return lm_err(err, errlen, "tensor parallel rank %d of %d (at most %d ranks)", rank, size, LM_TP_MAX);
     if (hp->n_head % size)
