@@ -199,7 +199,7 @@ static void tp_report(const lm_model *m, const char *name, double tokens, double
 }
 
 /* Pipeline parallel: this rank's stage, its time per token in its layers
- * (compute) against sending and receiving activations (a receive's wait
+ * (compute, with --tp its all-reduces included) against sending and receiving activations (a receive's wait
  * for the previous stage included: the bubble shows there), the bytes it
  * sent, the wait for the last stage's logits (broadcast to every rank),
  * the micro-batches per pass and the schedule's bubble, next to the model:
@@ -216,7 +216,7 @@ static void pp_report(const lm_model *m, const char *name, double tokens, double
             "row per stage boundary); %.2f micro-batches/pass, bubble %.1f%% ((S-1)/(m+S-1))\n",
             cli_rank, pp->stage, pp->size, pp->layer0, pp->layer1 - 1, pp->bytes[pp->stage] / 1048576.0, name,
             1e3 * total / tokens, 1e3 * ps.compute_s / tokens, 100 * ps.compute_s / total, 1e3 * ds.p2p_s / tokens,
-            100 * ds.p2p_s / total, 1e3 * (ds.comm_s - ds.p2p_s) / tokens, 1e3 * (total - ps.compute_s - ds.comm_s) / tokens, (double)ds.p2p_bytes / tokens,
+            100 * ds.p2p_s / total, 1e3 * ps.bcast_s / tokens, 1e3 * (total - ps.compute_s - ds.p2p_s - ps.bcast_s) / tokens, (double)ds.p2p_bytes / tokens,
             m->hp.n_embd, (size_t)m->hp.n_embd * sizeof(float), ps.passes ? (double)ps.micro / (double)ps.passes : 0,
             100 * ps.bubble);
 }

@@ -81,7 +81,9 @@ int pp_forward(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *segs, int 
     g_st.passes++;
     g_st.micro += (uint64_t)n_mb;
     g_st.bubble += (double)last / (double)(n_mb + last);
-    if (logits && rows_out)
-        return dist_bcast(logits, (size_t)rows_out * V * sizeof(float), last * pp->tp, err, errlen);
-    return 0;
+    if (!logits || !rows_out) return 0;
+    double t0 = lm_now();
+    int rc = dist_bcast(logits, (size_t)rows_out * V * sizeof(float), last * pp->tp, err, errlen);
+    g_st.bcast_s += lm_now() - t0;
+    return rc;
 }

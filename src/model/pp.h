@@ -31,13 +31,15 @@ int fwd_pass(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *segs, int n_
 void pp_set_micro(int micro);
 
 /* Counters since the last reset: passes, micro-batches, seconds on this
- * rank in its stage's layers (compute; its sends and receives are in
- * dist_stats.p2p_s) and the bubble the schedule leaves: per pass of m
+ * rank in its stage's layers (compute, tensor-parallel collectives
+ * included; its sends and receives are in dist_stats.p2p_s), in the logits
+ * broadcast, and the bubble the schedule leaves: per pass of m
  * micro-batches over S stages, (S - 1) / (m + S - 1) of the pass is idle on
  * each stage when the stages take equal time; bubble is the average. */
 typedef struct {
     uint64_t passes, micro;
     double compute_s;
+    double bcast_s;     /* in the broadcast of the last stage's logits (waiting for it, mostly) */
     double bubble;
 } pp_stats;
 void pp_stats_get(pp_stats *s);
