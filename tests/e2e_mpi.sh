@@ -193,6 +193,13 @@ if [ -n "${LAMINA_ASAN:-}" ]; then
     skipped "gemma3 under --tp 2: not under AddressSanitizer (as e2e_gemma3.py, too slow there)"
 elif [ -f "$G" ]; then
     compare gemma3 "$G" README.md 32 2.5 0.05 "The capital of France is"
+    # and under --pp 2 (sliding-window and global layers split over the two
+    # stages' pools): the first chunk's logits, bit for bit ($T/l1 is the
+    # single process's from the line above)
+    timeout 300 mpirun --oversubscribe -np 2 "$LM" perplexity -m "$G" -f README.md -c 32 --chunks 1 -t 1 \
+        --logits-out "$T/l3" --pp 2 >/dev/null 2>"$T/e3"
+    d=$(maxdiff "$T/l1" "$T/l3" 2>&1)
+    [ "$d" == "0.0" ] && ok "gemma3_pp2_logits (max diff $d)" || bad gemma3_pp2_logits "max diff $d" "$(tail -3 "$T/e3")"
 else
     skipped "gemma3: $G is not installed (python3 tests/e2e_gemma3.py installs it)"
 fi

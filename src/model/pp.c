@@ -25,10 +25,8 @@
 
 static lm_seg *g_segs;  /* (g_cap) segments of one micro-batch */
 static int g_cap;
-static int g_micro;
 static pp_stats g_st;
 
-void pp_set_micro(int micro) { g_micro = micro; }
 void pp_stats_get(pp_stats *s) {
     *s = g_st;
     if (g_st.passes) s->bubble = g_st.bubble / (double)g_st.passes;
@@ -41,7 +39,7 @@ int pp_forward(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *segs, int 
     const lm_pp *pp = &m->pp;
     const size_t E = (size_t)m->hp.n_embd, V = (size_t)m->hp.n_vocab;
     const int tp_rank = dist_tp_rank(), last = pp->size - 1;
-    int micro = g_micro > 0 ? g_micro : PP_MICRO_PER_STAGE * pp->size;
+    int micro = PP_MICRO_PER_STAGE * pp->size;
     if (micro > n) micro = n;
     if (n_seg + micro > g_cap) {
         lm_seg *p = lm_realloc(g_segs, (size_t)(n_seg + micro) * sizeof *p);

@@ -10,14 +10,14 @@
 
 #include "model/forward.h"
 
-/* Micro-batches per pass unless pp_set_micro says otherwise: 2 per stage. */
+/* Micro-batches per pass: 2 per stage (fewer when the pass has fewer rows). */
 #define PP_MICRO_PER_STAGE 2
 
 /* One pass of fwd_run's contract on a pipeline stage (f->m->pp.size > 1),
  * every rank of the job calling it with the same batch: the tokens are cut
- * into up to `micro` micro-batches of about equal rows (a segment may be cut
- * too: its later rows attend to the earlier ones' K/V, stored by then on
- * every stage); stage s receives each micro-batch's residual stream from
+ * into up to PP_MICRO_PER_STAGE x stages micro-batches of about equal
+ * rows (a segment may be cut too: its later rows attend to the earlier
+ * ones' K/V, stored by then on every stage); stage s receives each micro-batch's residual stream from
  * stage s - 1 (stage 0 embeds it), runs its layers and sends it to s + 1,
  * so stage s works on micro-batch i while s + 1 works on i - 1; the last
  * stage's logits rows are then broadcast to every rank. */
@@ -26,9 +26,6 @@ int pp_forward(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *segs, int 
 /* The pass itself over one micro-batch (forward.c). */
 int fwd_pass(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *segs, int n_seg, float *logits, char *err,
              size_t errlen);
-
-/* Micro-batches per pass (<= 0: PP_MICRO_PER_STAGE per stage). */
-void pp_set_micro(int micro);
 
 /* Counters since the last reset: passes, micro-batches, seconds on this
  * rank in its stage's layers (compute, tensor-parallel collectives
