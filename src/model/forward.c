@@ -416,6 +416,7 @@ static int forward_batch(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *
         PROF(f, LM_PROF_NORM);
         if (l->moe) { /* experts: xb in, xb out */
             moe_ffn(f->moe, f->pool, m, l, f->xb, n, f->act, NULL);
+            if (tp_sum(f, f->xb, n, err, errlen)) return -1; /* experts split by rows: partial sums */
             PROF(f, LM_PROF_FFN_UP);
             run_rows(f, l, ROWS_FFN_OUT, n);
             PROF(f, LM_PROF_FFN_DOWN);

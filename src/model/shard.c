@@ -17,7 +17,9 @@
  * gemma3) act on whole heads, post norms and soft-caps (gemma2) on the
  * replicated stream or the gathered logits, and phi3's fused QKV and
  * gate/up matrices are already row slices of one tensor (model.c), sliced
- * again here. Experts are refused (their FFN is not split yet).
+ * again here. A Mixture-of-Experts layer splits each expert (and the
+ * shared expert) by its rows the same way, the router replicated
+ * (shard_moe); afterwards hp.n_ff_exp and hp.n_ff_shexp are this rank's.
  * Row slices are whole stored rows (a pointer into the mapping); column
  * slices keep the stored row stride and start on a whole quantization block,
  * so any type splits as long as the column range is a multiple of its block
@@ -50,6 +52,27 @@ static int cols_slice(lm_weight *w, int64_t c0, int64_t n, const char *what, cha
     return 0;
 }
 
+/* A layer's experts: each expert's gate/up rows and down columns split as a
+ * dense FFN's, and so is the shared expert (qwen2moe); the router and the
+ * shared expert's gate vector are replicated, so every rank routes every
+ * token alike and the layer's output is a partial sum like down's. */
+static int shard_moe(const lm_model *m, lm_layer *l, int rank, int size, char *err, size_t errlen) {
+    const lm_hparams *hp = &m->hp;
+    int64_t f = hp->n_ff_exp / size, f0 = (int64_t)rank * f;
+    for (int e = 0; e < hp->n_expert; e++) {
+        rows_slice(&l->moe->gate[e], f0, f);
+        rows_slice(&l->moe->up[e], f0, f);
+        if (cols_slice(&l->moe->down[e], f0, f, "an expert's down projection", err, errlen)) return -1;
+    }
+    if (hp->n_ff_shexp > 0) {
+        int64_t s = hp->n_ff_shexp / size, s0 = (int64_t)rank * s;
+        rows_slice(&l->w_gate, s0, s);
+        rows_slice(&l->w_up, s0, s);
+        if (cols_slice(&l->w_down, s0, s, "the shared expert's down projection", err, errlen)) return -1;
+    }
+    return 0;
+}
+
 int model_shard(lm_model *m, int rank, int size, char *err, size_t errlen) {
     lm_hparams *hp = &m->hp;
     lm_tp *tp = &m->tp;
@@ -63,9 +86,6 @@ int model_shard(lm_model *m, int rank, int size, char *err, size_t errlen) {
     tp->n_vocab = hp->n_vocab;
     tp->vocab_split[0] = hp->n_vocab;
     if (size == 1) return 0;
-    if (m->moe)
-        return lm_err(err, errlen, "tensor parallelism splits dense models (llama, qwen2, qwen3, gemma2, gemma3, phi3), "
-                      "not the experts of %s", model_arch_name(hp->arch));
     if (size < 1 || size > LM_TP_MAX || rank < 0 || rank >= size)
         return lm_err(err, errlen, "tensor parallel rank %d of %d (at most %d ranks)", rank, size, LM_TP_MAX);
     if (hp->n_head % size)
@@ -83,7 +103,11 @@ int model_shard(lm_model *m, int rank, int size, char *err, size_t errlen) {
         tp->kv_copies = size / hp->n_head_kv;
         tp->kv_head0 = rank / tp->kv_copies;
     }
-    if (hp->n_ff % size) return lm_err(err, errlen, "%d FFN rows do not split over %d ranks", hp->n_ff, size);
+    if (!m->moe && hp->n_ff % size)
+        return lm_err(err, errlen, "%d FFN rows do not split over %d ranks", hp->n_ff, size);
+    if (m->moe && (hp->n_ff_exp % size || hp->n_ff_shexp % size))
+        return lm_err(err, errlen, "experts of %d rows (shared expert %d) do not split over %d ranks", hp->n_ff_exp,
+                      hp->n_ff_shexp, size);
     int nff = hp->n_ff / size, hd = hp->head_dim;
     tp->head0 = rank * nh;
     tp->ff0 = rank * nff;
@@ -103,9 +127,17 @@ int model_shard(lm_model *m, int rank, int size, char *err, size_t errlen) {
         if (l->bk) l->bk += k0;
         if (l->bv) l->bv += k0;
         if (cols_slice(&l->wo, q0, (int64_t)nh * hd, "the attention output", err, errlen)) return -1;
+        if (l->moe) {
+            if (shard_moe(m, l, rank, size, err, errlen)) return -1;
+            continue;
+        }
         rows_slice(&l->w_gate, tp->ff0, nff);
         rows_slice(&l->w_up, tp->ff0, nff);
         if (cols_slice(&l->w_down, tp->ff0, nff, "the down projection", err, errlen)) return -1;
+    }
+    if (m->moe) {
+        hp->n_ff_exp /= size;
+        hp->n_ff_shexp /= size;
     }
     rows_slice(&m->output, tp->vocab0, tp->n_vocab);
     hp->n_head = nh;
