@@ -77,6 +77,7 @@ static double bound_of(uint32_t t) {
     case LM_TYPE_Q4_0: return 0.097;
     case LM_TYPE_Q4_1: return 0.09;
     case LM_TYPE_Q5_1: return 0.045;
+    case LM_TYPE_Q5_0: return 0.05;
     default: return 0;
     }
 }
@@ -153,6 +154,11 @@ static void test_q5_1(void) {
     check_scheme("Q5_1", LM_TYPE_Q5_1);
     CHECK(quantize_file_type("q5_1") == 9);
 }
+/* Q5_0 (x = d*q, 5-bit q) is general.file_type 8 */
+static void test_q5_0(void) {
+    check_scheme("Q5_0", LM_TYPE_Q5_0);
+    CHECK(quantize_file_type("Q5_0") == 8);
+}
 static void test_q4_k(void) { check_scheme("Q4_K", LM_TYPE_Q4_K); }
 static void test_q6_k(void) { check_scheme("Q6_K", LM_TYPE_Q6_K); }
 static void test_q4_k_m(void) { check_scheme("Q4_K_M", LM_TYPE_Q4_K); }
@@ -218,6 +224,7 @@ int main(void) {
     TEST_RUN(test_q4_0);
     TEST_RUN(test_q4_1);
     TEST_RUN(test_q5_1);
+    TEST_RUN(test_q5_0);
     TEST_RUN(test_q4_k);
     TEST_RUN(test_q6_k);
     TEST_RUN(test_q4_k_m);

@@ -30,7 +30,7 @@
 /* general.file_type values as GGUF tools write them. */
 static uint32_t file_type_of(const char *name) {
     static const struct { const char *n; uint32_t v; } ft[] = {
-        {"F32", 0}, {"F16", 1}, {"Q4_0", 2}, {"Q4_1", 3}, {"Q8_0", 7}, {"Q5_1", 9}, {"Q4_K", 15}, {"Q4_K_M", 15}, {"Q6_K", 18}, {"BF16", 32},
+        {"F32", 0}, {"F16", 1}, {"Q4_0", 2}, {"Q4_1", 3}, {"Q8_0", 7}, {"Q5_0", 8}, {"Q5_1", 9}, {"Q4_K", 15}, {"Q4_K_M", 15}, {"Q6_K", 18}, {"BF16", 32},
     };
     for (size_t i = 0; i < sizeof ft / sizeof ft[0]; i++)
         if (!strcasecmp(ft[i].n, name)) return ft[i].v;
@@ -90,7 +90,7 @@ int quantize_scheme(const char *name, uint32_t *base, bool *k_m) {
     *k_m = !strcasecmp(name, "Q4_K_M");
     int t = *k_m ? LM_TYPE_Q4_K : quant_type_from_name(name);
     if (t != LM_TYPE_F32 && t != LM_TYPE_F16 && t != LM_TYPE_BF16 && t != LM_TYPE_Q8_0 && t != LM_TYPE_Q4_0 &&
-        t != LM_TYPE_Q4_1 && t != LM_TYPE_Q5_1 && t != LM_TYPE_Q4_K && t != LM_TYPE_Q6_K)
+        t != LM_TYPE_Q5_0 && t != LM_TYPE_Q4_1 && t != LM_TYPE_Q5_1 && t != LM_TYPE_Q4_K && t != LM_TYPE_Q6_K)
         return -1;
     *base = (uint32_t)t;
     return 0;
@@ -101,7 +101,7 @@ int quantize_file(const char *in, const char *out, const char *scheme, lm_pool *
     uint32_t base;
     bool k_m;
     if (quantize_scheme(scheme, &base, &k_m))
-        return lm_err(err, errlen, "cannot quantize to '%s' (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_1 Q4_K Q6_K Q4_K_M)", scheme);
+        return lm_err(err, errlen, "cannot quantize to '%s' (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q6_K Q4_K_M)", scheme);
     /* every check on the output comes before the work: the input is mapped
      * while the output is written, so they must be different files */
     if (safefile_check_distinct(in, out, err, errlen)) return -1;
