@@ -23,6 +23,9 @@ fuzz_route: byte 0 picks the part (0 request body, 1 SSE stream, 2 metrics
   text and a response header line, 3 token ids as block keys; bit 2 with 0:
   chat); these are a few of each, with truncated streams, malformed lines,
   and the replica engine's queue time as a stream comment and a header.
+fuzz_logits: a saved-logits file (lamina perplexity --save-logits) of 2
+  chunks of 4 tokens over a vocabulary of 5, and variants: truncated, one
+  byte more, a token outside the vocabulary, another version.
 fuzz_gguf: the malformed files of tests/data/gguf_bad under 1 KiB (copied as
   bad_<name>), beside the valid ones already in fuzz/seeds/fuzz_gguf.
 fuzz_json_schema: the schema of every file in tests/data/schemas (compact
@@ -287,7 +290,23 @@ def route_seeds():
         write("fuzz_route", name, bytes([opt]) + body)
 
 
+def logits_seeds():
+    import struct
+    def hdr(v=5, ctx=4, chunks=2, first=2, ver=1):
+        return b"LMLOGITS" + struct.pack("<6I", ver, v, ctx, chunks, first, 0) + bytes(range(32))
+    toks = struct.pack("<8i", 2, 1, 4, 0, 2, 3, 3, 1)
+    rows = b"".join(struct.pack("<5f", *[0.5 * i - k for i in range(5)]) for k in range(2 * 1))
+    ok = hdr() + toks + rows
+    write("fuzz_logits", "valid", ok)
+    write("fuzz_logits", "truncated", ok[:-3])
+    write("fuzz_logits", "one_more", ok + b"\0")
+    write("fuzz_logits", "bad_token", hdr() + struct.pack("<8i", 2, 1, 9, 0, 2, 3, 3, 1) + rows)
+    write("fuzz_logits", "version2", hdr(ver=2) + toks + rows)
+    write("fuzz_logits", "header_only", hdr())
+
+
 if __name__ == "__main__":
+    logits_seeds()
     route_seeds()
     gguf_seeds()
     request_seeds()

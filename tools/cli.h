@@ -72,6 +72,7 @@ int cmd_serve(int argc, char **argv);
 int cmd_route(int argc, char **argv);
 int cmd_trace(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
+int cmd_perplexity(int argc, char **argv);
 
 /* The value after the current flag as a KV cache element type (kv_type_from_name:
  * F32, F16, Q8_0); exits 2 otherwise. */
