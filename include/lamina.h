@@ -223,6 +223,14 @@ typedef struct {
                              LM_SPEC_NGRAM (prompt lookup); requests speculate by default */
     int spec_max;         /* tokens proposed per step at most (<= 0: 4); the engine sizes each
                              proposal by its acceptance so far, and shrinks it under load */
+    uint64_t mem;         /* the whole memory budget in bytes: the weights (mapped, and their packed
+                             copies), the workspace (activations, attention scratch per thread, the
+                             logits rows) and the KV pool, which gets the rest (kv_mem is then
+                             ignored); a rest too small for one sequence of n_ctx positions is
+                             LM_ERR_INVALID. 0 (default): no budget, kv_mem's rule */
+    bool mem_cap;         /* with mem: the pool takes at most what kv_mem 0 would give (n_ctx x
+                             max_seqs positions, at most 4 GiB), the budget only a bound (the
+                             command line's default budget); false: all the rest */
 } lm_engine_config;
 
 enum { LM_SPEC_NONE = 0, LM_SPEC_NGRAM = 1 };
@@ -368,6 +376,14 @@ typedef struct {
     lm_hist batch_size;       /* sequences per iteration */
     lm_hist ttft, tpot, e2e;  /* seconds */
     uint64_t spec_proposed_total, spec_accepted_total, spec_steps_total; /* speculative decoding */
+    /* the memory split, fixed at start, in bytes */
+    uint64_t mem_budget;      /* lm_engine_config.mem; 0: none given */
+    uint64_t mem_weights;     /* tensors mapped from the file */
+    uint64_t mem_packed;      /* packed copies of weights (heap, beside the mapping) */
+    uint64_t mem_workspace;   /* forward-pass workspace, attention scratch per thread, logits rows */
+    uint64_t mem_kv;          /* the KV pool's K/V data (both classes) */
+    int64_t kv_max_tokens;    /* positions of context the pool holds */
+    int64_t kv_max_seqs;      /* sequences of the full context it holds at once */
 } lm_engine_stats;
 
 LM_API void lm_engine_get_stats(lm_engine *e, lm_engine_stats *st);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "base/safefile.h"
+#include "format/quant.h"
 #include "kv/kv.h"
 #include "text/chat.h"
 #include "base/util.h"
@@ -313,4 +314,74 @@ void progress_end(progress *p) {
     if (p->shown) fprintf(stderr, "\r\033[K");
     fflush(stderr);
     p->shown = false;
+}
+
+/* ---- the memory budget ---------------------------------------------------- */
+
+/* The first number after `key` in a file (key NULL: the file's first number). */
+static bool read_num(const char *path, const char *key, uint64_t *out) {
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    char line[256];
+    bool ok = false;
+    while (!ok && fgets(line, sizeof line, f)) {
+        const char *p = line;
+        if (key) {
+            if (strncmp(line, key, strlen(key)) != 0) continue;
+            p += strlen(key);
+        }
+        char *end;
+        unsigned long long v = strtoull(p, &end, 10);
+        if (end != p) *out = v, ok = true;
+        if (!key) break;
+    }
+    fclose(f);
+    return ok;
+}
+
+uint64_t mem_available(void) {
+    const char *env = getenv("LAMINA_MEM_AVAILABLE");
+    if (env && *env) return strtoull(env, NULL, 10);
+    uint64_t avail = 0, lim, used;
+    if (read_num("/proc/meminfo", "MemAvailable:", &avail)) avail *= 1024;
+    /* cgroup v2, then v1 ("max" or a huge v1 value reads as no limit) */
+    if ((read_num("/sys/fs/cgroup/memory.max", NULL, &lim) && read_num("/sys/fs/cgroup/memory.current", NULL, &used)) ||
+        (read_num("/sys/fs/cgroup/memory/memory.limit_in_bytes", NULL, &lim) &&
+         read_num("/sys/fs/cgroup/memory/memory.usage_in_bytes", NULL, &used))) {
+        uint64_t left = lim > used ? lim - used : 0;
+        if (lim < (1ull << 60) && (avail == 0 || left < avail)) avail = left;
+    }
+    return avail;
+}
+
+void mem_apply(lm_engine_config *c, unsigned long long mem) {
+    if (mem) {
+        c->mem = mem;
+        c->mem_cap = false;
+    } else if (!c->kv_mem) {
+        c->mem = (uint64_t)((double)mem_available() * MEM_DEFAULT_FRACTION);
+        c->mem_cap = true;
+    }
+}
+
+static const char *hb(uint64_t b, char *buf, size_t n) {
+    if (b >= (1ull << 30)) snprintf(buf, n, "%.2f GiB", (double)b / (double)(1ull << 30));
+    else snprintf(buf, n, "%.1f MiB", (double)b / (double)(1ull << 20));
+    return buf;
+}
+
+void mem_print(FILE *f, const char *cmd, const lm_engine_stats *st, uint32_t kv_type, int n_ctx) {
+    char a[32], b[32], c[32], d[32], e[32];
+    uint64_t used = st->mem_weights + st->mem_packed + st->mem_workspace + st->mem_kv;
+    if (st->mem_budget)
+        fprintf(f, "lamina %s: memory budget %s = weights %s + workspace %s + KV %s + unused %s\n", cmd,
+                hb(st->mem_budget, a, sizeof a), hb(st->mem_weights + st->mem_packed, b, sizeof b),
+                hb(st->mem_workspace, c, sizeof c), hb(st->mem_kv, d, sizeof d),
+                hb(st->mem_budget > used ? st->mem_budget - used : 0, e, sizeof e));
+    else
+        fprintf(f, "lamina %s: memory (no budget) weights %s + workspace %s + KV %s = %s\n", cmd,
+                hb(st->mem_weights + st->mem_packed, b, sizeof b), hb(st->mem_workspace, c, sizeof c),
+                hb(st->mem_kv, d, sizeof d), hb(used, a, sizeof a));
+    fprintf(f, "lamina %s: KV pool %s: %lld tokens, %lld sequence%s of %d at once\n", cmd, quant_type_name(kv_type),
+            (long long)st->kv_max_tokens, (long long)st->kv_max_seqs, st->kv_max_seqs == 1 ? "" : "s", n_ctx);
 }

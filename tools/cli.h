@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "lamina.h"
 #include "model/model.h"
 #include "text/tokenizer.h"
 
@@ -89,6 +90,20 @@ int need_spec(args *a);
  * n_train <= 0 (not recorded in the file): anything is accepted. The engine
  * itself takes any n_ctx; this check is the command line's. */
 void ctx_check(const char *cmd, const char *flag, long long n_ctx, int n_train, bool extend);
+
+/* The memory budget (lm_engine_config.mem). mem_available: what this
+ * process may use now, MemAvailable of /proc/meminfo or the cgroup's limit
+ * less its usage when lower (v2 memory.max, v1 memory.limit_in_bytes); 0
+ * when unknown; LAMINA_MEM_AVAILABLE (bytes) replaces it (tests).
+ * mem_apply: --mem BYTES (mem > 0) is the whole budget and the KV pool gets
+ * what weights and workspace leave; without it (mem 0) and without --kv-mem
+ * the default budget, MEM_DEFAULT_FRACTION of mem_available(), bounds the
+ * pool the engine would size anyway (mem_cap); --kv-mem alone keeps its
+ * meaning. mem_print: the split and the pool's capacity, two lines. */
+#define MEM_DEFAULT_FRACTION 0.8
+uint64_t mem_available(void);
+void mem_apply(lm_engine_config *c, unsigned long long mem);
+void mem_print(FILE *f, const char *cmd, const lm_engine_stats *st, uint32_t kv_type, int n_ctx);
 
 /* Progress of one long phase on stderr, when stderr is a terminal or the
  * command was given --progress (progress_force):

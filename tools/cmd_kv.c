@@ -19,23 +19,36 @@
  * With --pp M the figures above are the whole model's (all stages), and a
  * table follows with each stage's layers, weight bytes and its share of
  * the pool: the same blocks, holding only the stage's layers (kv.h).
+ *
+ * --mem BYTES is the whole memory budget of an engine serving --seqs
+ * sequences of -c tokens with -t threads (engine_mem_plan, the plan
+ * engine_new follows): the split into weights (mapped, packed copies),
+ * workspace (forward pass for batches of --chunk, attention scratch per
+ * thread, logits rows) and the KV pool, which gets the rest and is then
+ * reported as for --kv-mem. A budget too small for one sequence of -c
+ * tokens is an error (exit 1) naming every part.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "base/pool.h"
 #include "model/forward.h"
+#include "sched/engine.h"
 #include "kv/kv.h"
 #include "format/quant.h"
 #include "base/util.h"
 
 static void usage_kv(FILE *f) {
     fprintf(f,
-            "usage: lamina kv -m MODEL.gguf [--kv-type T] [--kv-mem BYTES | -c CTX] [--seqs N] [--block-size B]\n"
-            "                 [--chunk N] [--alloc]\n"
+            "usage: lamina kv -m MODEL.gguf [--kv-type T] [--mem BYTES | --kv-mem BYTES] [-c CTX] [--seqs N]\n"
+            "                 [--block-size B] [--chunk N] [-t THREADS] [--alloc]\n"
             "KV-cache memory: bytes per token, and how many tokens and sequences fit.\n\n"
             "  --kv-type T      element type: F32, F16 (default) or Q8_0 (head dim a multiple of 32)\n"
+            "  --mem BYTES      the whole memory budget (e.g. 8G) of an engine of --seqs sequences and -t\n"
+            "                   threads: prints weights + workspace + KV, the pool getting the rest\n"
             "  --kv-mem BYTES   size the pool from a budget (e.g. 512M, 8G); reports sequences of CTX that fit\n"
+            "  -t N             threads, for --mem's workspace (default: physical cores)\n"
             "  -c CTX           tokens per sequence (default: the model's training context)\n"
             "  --ctx-extend     allow -c above the model's trained context (with a warning)\n"
             "  --seqs N         sequences (default 1): without --kv-mem the pool holds N sequences of CTX\n"
@@ -86,11 +99,42 @@ static int pp_table(const lm_model *m, const kv_config *whole, const kv_plan *wp
     return rc;
 }
 
+/* The split of a whole budget as engine_new makes it; the KV pool's bytes
+ * (exit 1 when the budget cannot hold one sequence of ctx tokens). */
+static uint64_t budget_split(const lm_model *m, uint64_t budget, uint32_t type, int ctx, int seqs, int block,
+                             int chunk, int threads) {
+    lm_engine_config ec;
+    engine_config_default(&ec);
+    ec.mem = budget;
+    ec.kv_type = type;
+    ec.n_ctx = ctx;
+    ec.max_seqs = seqs;
+    ec.block_size = block;
+    ec.batch_tokens = chunk;
+    ec.n_threads = threads;
+    engine_mem sp;
+    char err[LM_ERRLEN];
+    if (engine_mem_plan(m, &ec, &sp, err, sizeof err)) fail("kv", err);
+    uint64_t used = sp.weights + sp.packed + sp.workspace + sp.kv;
+    printf("memory budget:   %llu bytes (%.2f MiB)\n", (unsigned long long)budget, mib(budget));
+    printf("  weights:       %llu bytes (%.2f MiB): %llu mapped + %llu packed copies\n",
+           (unsigned long long)(sp.weights + sp.packed), mib(sp.weights + sp.packed), (unsigned long long)sp.weights,
+           (unsigned long long)sp.packed);
+    printf("  workspace:     %llu bytes (%.2f MiB): batches of %d tokens, %d threads, logits of %d sequences\n",
+           (unsigned long long)sp.workspace, mib(sp.workspace), chunk < ctx ? chunk : ctx, threads, seqs);
+    printf("  KV pool:       %llu bytes (%.2f MiB): the rest, %lld tokens, %lld sequence%s of %d at once\n",
+           (unsigned long long)sp.kv, mib(sp.kv), (long long)sp.kv_tokens, (long long)sp.kv_seqs,
+           sp.kv_seqs == 1 ? "" : "s", ctx);
+    printf("  unused:        %llu bytes (what whole blocks leave)\n", (unsigned long long)(budget - used));
+    return sp.kc.mem_bytes;
+}
+
 int cmd_kv(int argc, char **argv) {
     args a = {argc, argv, 0, "kv", usage_kv};
     const char *model = NULL;
     uint32_t type = LM_TYPE_F16;
-    unsigned long long mem = 0;
+    unsigned long long mem = 0, budget = 0;
+    long long threads = pool_default_threads();
     long long ctx = 0, seqs = 1, block = KV_DEFAULT_BLOCK, chunk = FWD_BATCH_DEFAULT;
     bool alloc = false, ctx_extend = false;
     for (a.i = 1; a.i < argc; a.i++) {
@@ -98,6 +142,8 @@ int cmd_kv(int argc, char **argv) {
         if (is_flag(&a, "-m", "--model")) model = need_val(&a);
         else if (is_flag(&a, "--kv-type", NULL)) type = need_kv_type(&a);
         else if (is_flag(&a, "--kv-mem", NULL)) mem = need_bytes(&a);
+        else if (is_flag(&a, "--mem", NULL)) budget = need_bytes(&a);
+        else if (is_flag(&a, "-t", "--threads")) threads = need_int(&a, 1, 1024);
         else if (is_flag(&a, "-c", "--ctx")) ctx = need_int(&a, 1, 1 << 30);
         else if (is_flag(&a, "--ctx-extend", NULL)) ctx_extend = true;
         else if (is_flag(&a, "--seqs", NULL)) seqs = need_int(&a, 1, 1 << 24);
@@ -110,6 +156,8 @@ int cmd_kv(int argc, char **argv) {
     const lm_hparams *hp = &m->hp;
     if (ctx == 0) ctx = hp->n_ctx_train > 0 ? hp->n_ctx_train : 2048;
     ctx_check("kv", "-c", ctx, hp->n_ctx_train, ctx_extend);
+    if (budget && mem) die_usage(&a, "%s", "--mem is the whole budget (the KV pool gets the rest): give --mem or --kv-mem, not both");
+    if (budget) mem = budget_split(m, budget, type, (int)ctx, (int)seqs, (int)block, (int)chunk, (int)threads);
 
     /* the pool a forward pass of chunk-token batches would use (a chunk
      * above the context counts as the context: it sizes the same blocks) */

@@ -41,6 +41,10 @@ static void usage_serve(FILE *f) {
             "  -t, --threads N        threads (default: physical cores)\n"
             "      --max-seqs N       sequences generating at once (default 64)\n"
             "      --batch-tokens N   tokens per engine iteration (default %d)\n"
+            "      --mem BYTES        the whole memory budget, e.g. 8G: weights, workspace, and the KV\n"
+            "                         pool gets the rest (default: 80%% of the memory available, as a\n"
+            "                         bound on the --kv-mem default); too small for one full context:\n"
+            "                         an error (exit 1)\n"
             "      --kv-mem BYTES     KV cache pool size, e.g. 512M (default: context x max-seqs, at most 4G)\n"
             "      --kv-type T        KV cache element type: F16 (default), F32, Q8_0\n"
             "      --spec ngram       speculative decoding by prompt lookup, on for every request unless\n"
@@ -124,9 +128,11 @@ int cmd_serve(int argc, char **argv) {
     engine_config_default(&ec);
     ec.max_waiting = 256;
     bool ctx_extend = false;
+    unsigned long long mem = 0;
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
         if (is_flag(&a, "-m", "--model")) model = need_val(&a);
+        else if (is_flag(&a, "--mem", NULL)) mem = need_bytes(&a);
         else if (is_flag(&a, "--host", NULL)) sc.host = need_val(&a);
         else if (is_flag(&a, "--port", NULL)) sc.port = (int)need_int(&a, 0, 65535);
         else if (is_flag(&a, "--api-key", NULL)) sc.api_key = need_val(&a);
@@ -157,6 +163,8 @@ int cmd_serve(int argc, char **argv) {
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
     if (!model) die_usage(&a, "%s", "no model given (-m MODEL.gguf)");
+    if (mem && ec.kv_mem) die_usage(&a, "%s", "--mem is the whole budget (the KV pool gets the rest): give --mem or --kv-mem, not both");
+    mem_apply(&ec, mem);
     if (sc.conn_memory < 8 << 10) die_usage(&a, "%s", "--conn-memory must be at least 8K");
     fd_limit(sc.max_connections);
     if (!sc.model_name) {
@@ -194,6 +202,9 @@ int cmd_serve(int argc, char **argv) {
     if (server_set_engine(srv, eng, err, sizeof err)) fail("serve", err);
     fprintf(stderr, "lamina serve: model '%s' ready in %.2f s (context %d)\n", sc.model_name, lm_now() - t0,
             engine_n_ctx(eng));
+    lm_engine_stats est;
+    engine_stats(eng, &est);
+    mem_print(stderr, "serve", &est, ec.kv_type, engine_n_ctx(eng));
 
     int sig = 0;
     while (sigwait(&stop, &sig) != 0) continue;

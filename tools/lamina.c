@@ -52,6 +52,9 @@ static void usage_run(FILE *f) {
             "      --ctx-extend     allow -c above the model's trained context (with a warning)\n"
             "  -t, --threads N      threads (default: physical cores)\n"
             "      --kv-type T      KV cache element type: F16 (default), F32, Q8_0\n"
+            "      --mem BYTES      memory budget, e.g. 2G: weights, workspace and the one sequence's KV\n"
+            "                       must fit in it, or it is an error (default: 80%% of the memory\n"
+            "                       available); prints the split\n"
             "      --temp T         temperature (default 0.8; 0 = greedy)\n"
             "      --top-k K        top-k (default 40; 0 = off)\n"
             "      --top-p P        top-p (default 0.95; 1 = off)\n"
@@ -226,7 +229,8 @@ static void wait_run(lm_engine *eng, run_out *o, int n_tok) {
 
 /* The engine for one sequence of n_ctx positions: its KV pool holds exactly
  * that sequence, whatever its size (the engine's default caps a pool at 4 GiB). */
-static lm_engine *run_engine(const lm_model *m, int n_ctx, int threads, uint32_t kv_type, int spec, int spec_max) {
+static lm_engine *run_engine(const lm_model *m, int n_ctx, int threads, uint32_t kv_type, int spec, int spec_max,
+                             unsigned long long mem) {
     char err[LM_ERRLEN];
     lm_engine_config ec;
     engine_config_default(&ec);
@@ -246,8 +250,18 @@ static lm_engine *run_engine(const lm_model *m, int n_ctx, int threads, uint32_t
     kv_plan pl;
     if (kv_plan_make(&kc, &pl, err, sizeof err) != KV_OK) fail("run", err);
     if (pl.data_bytes > (4ull << 30)) ec.kv_mem = pl.data_bytes;
+    /* a budget bounds the one sequence's pool: weights, workspace and the
+     * sequence must fit, the rest stays unused */
+    if (mem) ec.kv_mem = 0;
+    mem_apply(&ec, mem);
+    ec.mem_cap = true;
     lm_engine *e = engine_new(m, m->tok, &ec, err, sizeof err);
     if (!e) fail("run", err);
+    if (mem) {
+        lm_engine_stats st;
+        engine_stats(e, &st);
+        mem_print(stderr, "run", &st, kv_type, engine_n_ctx(e));
+    }
     return e;
 }
 
@@ -260,6 +274,7 @@ static int cmd_run(int argc, char **argv) {
     const char *system = NULL, *chat_tmpl = NULL, *gfile = NULL, *sfile = NULL;
     bool json_any = false;
     int spec = LM_SPEC_NONE;
+    unsigned long long mem = 0;
     long long spec_max = 4;
     lm_sample_params sp;
     sample_params_default(&sp);
@@ -273,6 +288,7 @@ static int cmd_run(int argc, char **argv) {
         else if (is_flag(&a, "--ctx-extend", NULL)) ctx_extend = true;
         else if (is_flag(&a, "-t", "--threads")) threads = need_int(&a, 1, 1024);
         else if (is_flag(&a, "--kv-type", NULL)) kv_type = need_kv_type(&a);
+        else if (is_flag(&a, "--mem", NULL)) mem = need_bytes(&a);
         else if (is_flag(&a, "--temp", NULL)) sp.temp = (float)need_float(&a, 0, 100);
         else if (is_flag(&a, "--top-k", NULL)) sp.top_k = (int)need_int(&a, 0, 1 << 30);
         else if (is_flag(&a, "--top-p", NULL)) sp.top_p = (float)need_float(&a, 0, 1);
@@ -334,7 +350,7 @@ static int cmd_run(int argc, char **argv) {
      * does not reserve a huge cache for a short run */
     if (n_ctx == 0) n_ctx = m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
     ctx_check("run", "-c", n_ctx, m->hp.n_ctx_train, ctx_extend);
-    lm_engine *eng = run_engine(m, (int)n_ctx, (int)threads, kv_type, spec, (int)spec_max);
+    lm_engine *eng = run_engine(m, (int)n_ctx, (int)threads, kv_type, spec, (int)spec_max, mem);
     double t_load = lm_now() - t0;
 
     char *rendered = NULL;

@@ -61,6 +61,14 @@ struct attn_scratch {
 
 /* ---- scratch ------------------------------------------------------------------- */
 
+/* the buffers alone */
+static size_t buffer_bytes(int n_head, int n_head_kv, int head_dim) {
+    int group = n_head / n_head_kv, tq = group >= RMAX ? 1 : RMAX / group;
+    size_t R = (size_t)tq * (size_t)group, hd = (size_t)head_dim;
+    size_t nf = 2 * R * hd + R * CHUNK + 2 * (size_t)CHUNK * hd + 2 * R + hd;
+    return nf * sizeof(float) + 2 * CHUNK * sizeof(float *);
+}
+
 attn_scratch *attn_scratch_new(const kv_pool *p, int n_head, char *err, size_t errlen) {
     const kv_layout *lay = kv_pool_layout(p);
     if (n_head <= 0 || n_head % lay->n_head_kv) {
@@ -78,8 +86,7 @@ attn_scratch *attn_scratch_new(const kv_pool *p, int n_head, char *err, size_t e
     scr->tq = scr->group >= RMAX ? 1 : RMAX / scr->group;
     scr->rows = scr->tq * scr->group;
     size_t R = (size_t)scr->rows, hd = (size_t)scr->hd;
-    size_t nf = 2 * R * hd + R * CHUNK + 2 * (size_t)CHUNK * hd + 2 * R + hd;
-    scr->bytes = nf * sizeof(float) + 2 * CHUNK * sizeof(float *);
+    scr->bytes = buffer_bytes(n_head, lay->n_head_kv, lay->head_dim);
     scr->mem = lm_malloc(scr->bytes);
     if (!scr->mem) {
         lm_err(err, errlen, "out of memory allocating %zu bytes of attention scratch", scr->bytes);
@@ -108,6 +115,10 @@ void attn_scratch_free(attn_scratch *scr) {
 }
 
 size_t attn_scratch_bytes(const attn_scratch *scr) { return scr->bytes + sizeof *scr; }
+
+size_t attn_scratch_size(int n_head, int n_head_kv, int head_dim) {
+    return buffer_bytes(n_head, n_head_kv, head_dim) + sizeof(attn_scratch);
+}
 int attn_tile_rows(const attn_scratch *scr) { return scr->rows; }
 
 /* ---- the kernel --------------------------------------------------------------- */

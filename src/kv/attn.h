@@ -64,6 +64,10 @@ typedef struct attn_scratch attn_scratch;
  * (a multiple of the pool's n_head_kv). NULL with a message on bad shapes or
  * out of memory. */
 attn_scratch *attn_scratch_new(const kv_pool *p, int n_head, char *err, size_t errlen);
+/* attn_scratch_bytes of a scratch attn_scratch_new would make (n_head a
+ * multiple of n_head_kv), known before any pool exists: the memory budget
+ * counts it once per thread. */
+size_t attn_scratch_size(int n_head, int n_head_kv, int head_dim);
 void attn_scratch_free(attn_scratch *scr);
 /* Bytes one scratch holds (for memory reports). */
 size_t attn_scratch_bytes(const attn_scratch *scr);

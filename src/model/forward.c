@@ -111,6 +111,37 @@ void fwd_kv_config(const lm_model *m, const fwd_dims *d, kv_config *c) {
 
 /* ---- the workspace ------------------------------------------------------- */
 
+static void *ws_alloc(size_t *ws, size_t n) {
+    *ws += n;
+    return lm_malloc(n);
+}
+
+/* the activation scratch: the largest input row of any matmul, in any type used */
+static size_t act_scratch_bytes(const lm_model *m, int n_batch) {
+    const lm_hparams *hp = &m->hp;
+    size_t a = 0;
+    for (int li = 0; li < hp->n_layer; li++) {
+        const lm_weight *lw[MODEL_LAYER_MATRICES];
+        model_layer_matrices(&m->layers[li], lw);
+        for (int i = 0; i < MODEL_LAYER_MATRICES; i++)
+            a = max_sz(a, ops_matmul_scratch(lw[i]->type, lw[i]->cols, n_batch));
+    }
+    a = max_sz(a, ops_matmul_scratch(m->output.type, m->output.cols, n_batch));
+    return max_sz(a, moe_act_bytes(m, n_batch));
+}
+
+size_t fwd_workspace_bytes(const lm_model *m, const fwd_dims *d, int n_threads) {
+    const lm_hparams *hp = &m->hp;
+    size_t kvd = (size_t)hp->n_head_kv * hp->head_dim, qd = (size_t)hp->n_head * hp->head_dim;
+    size_t B = (size_t)d->n_batch, E = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
+    size_t fl = B * E + B * max_sz(E, qd) + B * qd + 2 * B * kvd + B * max_sz(F, E) + B * F + B * (size_t)hp->n_rot;
+    size_t ws = fl * sizeof(float) + B * sizeof(int) + 2 * (B + 1) * sizeof(int);
+    ws += (size_t)n_threads * attn_scratch_size(hp->n_head, hp->n_head_kv, hp->head_dim);
+    ws += act_scratch_bytes(m, d->n_batch);
+    if (m->moe) ws += moe_ws_bytes(m, d->n_batch);
+    return ws;
+}
+
 lm_fwd *fwd_new(const lm_model *m, lm_pool *pool, kv_pool *kv, const fwd_dims *d, char *err, size_t errlen) {
     const lm_hparams *hp = &m->hp;
     const kv_plan *plan = kv_pool_plan(kv);
@@ -135,42 +166,40 @@ lm_fwd *fwd_new(const lm_model *m, lm_pool *pool, kv_pool *kv, const fwd_dims *d
     f->dims = *d;
     size_t kvd = (size_t)hp->n_head_kv * hp->head_dim, qd = (size_t)hp->n_head * hp->head_dim;
     size_t B = (size_t)d->n_batch, E = (size_t)hp->n_embd;
+    /* every byte allocated below is counted in ws (the memory budget's
+     * workspace; fwd_workspace_bytes computes the same sum beforehand) */
+    size_t ws = 0;
     f->n_scr = pool_size(pool);
     f->scr = lm_calloc((size_t)f->n_scr, sizeof *f->scr);
-    for (int i = 0; f->scr && i < f->n_scr; i++)
+    for (int i = 0; f->scr && i < f->n_scr; i++) {
         if (!(f->scr[i] = attn_scratch_new(kv, hp->n_head, err, errlen))) {
             fwd_free(f);
             return NULL;
         }
-    f->x = lm_malloc(B * E * sizeof(float));
-    f->xb = lm_malloc(B * max_sz(E, qd) * sizeof(float));
-    f->q = lm_malloc(B * qd * sizeof(float));
-    f->k = lm_malloc(B * kvd * sizeof(float));
-    f->v = lm_malloc(B * kvd * sizeof(float));
+        ws += attn_scratch_bytes(f->scr[i]);
+    }
+    f->x = ws_alloc(&ws, B * E * sizeof(float));
+    f->xb = ws_alloc(&ws, B * max_sz(E, qd) * sizeof(float));
+    f->q = ws_alloc(&ws, B * qd * sizeof(float));
+    f->k = ws_alloc(&ws, B * kvd * sizeof(float));
+    f->v = ws_alloc(&ws, B * kvd * sizeof(float));
     /* hb also holds the attention output projection, n_embd per token: with
      * experts, feed_forward_length may be narrower than the embedding */
-    f->hb = lm_malloc(B * max_sz((size_t)hp->n_ff, E) * sizeof(float));
-    f->hb2 = lm_malloc(B * (size_t)hp->n_ff * sizeof(float));
-    f->cs = lm_malloc(B * (size_t)hp->n_rot * sizeof(float));
-    f->pos = lm_malloc(B * sizeof(int));
-    f->seg_row0 = lm_malloc((B + 1) * sizeof(int));
-    f->seg_item0 = lm_malloc((B + 1) * sizeof(int));
-    /* activation scratch: the largest input row of any matmul, in any type used */
-    size_t a = 0;
-    for (int li = 0; li < hp->n_layer; li++) {
-        const lm_weight *lw[MODEL_LAYER_MATRICES];
-        model_layer_matrices(&m->layers[li], lw);
-        for (int i = 0; i < MODEL_LAYER_MATRICES; i++)
-            a = max_sz(a, ops_matmul_scratch(lw[i]->type, lw[i]->cols, d->n_batch));
-    }
-    a = max_sz(a, ops_matmul_scratch(m->output.type, m->output.cols, d->n_batch));
-    a = max_sz(a, moe_act_bytes(m, d->n_batch));
+    f->hb = ws_alloc(&ws, B * max_sz((size_t)hp->n_ff, E) * sizeof(float));
+    f->hb2 = ws_alloc(&ws, B * (size_t)hp->n_ff * sizeof(float));
+    f->cs = ws_alloc(&ws, B * (size_t)hp->n_rot * sizeof(float));
+    f->pos = ws_alloc(&ws, B * sizeof(int));
+    f->seg_row0 = ws_alloc(&ws, (B + 1) * sizeof(int));
+    f->seg_item0 = ws_alloc(&ws, (B + 1) * sizeof(int));
+    size_t a = act_scratch_bytes(m, d->n_batch);
     if (m->moe && !(f->moe = moe_ws_new(m, d->n_batch, err, errlen))) {
         fwd_free(f);
         return NULL;
     }
     f->act_bytes = a;
-    f->act = a ? lm_malloc(a) : NULL;
+    f->act = a ? ws_alloc(&ws, a) : NULL;
+    if (m->moe) ws += moe_ws_bytes(m, d->n_batch);
+    f->ws_bytes = ws;
     if (!f->scr || !f->x || !f->xb || !f->q || !f->k || !f->v || !f->hb || !f->hb2 || !f->cs || !f->pos ||
         !f->seg_row0 || !f->seg_item0 || (a && !f->act)) {
         lm_err(err, errlen, "out of memory allocating the workspace for batches of %d tokens", d->n_batch);

@@ -86,6 +86,7 @@ typedef struct lm_fwd {
     struct moe_ws *moe;   /* the expert workspace (moe.h), NULL without experts */
     void *act;            /* quantized activations for ops_matmul */
     size_t act_bytes;
+    size_t ws_bytes;      /* every byte of the workspace allocated by fwd_new (fwd_workspace_bytes) */
     bool profile;         /* accumulate per-op times into prof[] */
     double prof[LM_PROF_COUNT];
     double prof_gap[LM_PROF_COUNT]; /* of prof[]: the pool's dispatch time (pool_timing, when enabled) */
@@ -96,6 +97,11 @@ typedef struct lm_fwd {
  * (which must outlive it). Fails when kv has sliding-window layers planned
  * for appends shorter than n_batch (kv_plan.chunk). */
 lm_fwd *fwd_new(const lm_model *m, lm_pool *pool, kv_pool *kv, const fwd_dims *d, char *err, size_t errlen);
+/* The bytes fwd_new allocates for its buffers with n_threads pool threads
+ * (activations, per-thread attention scratch, the matmul activation scratch,
+ * the expert workspace), known before any pool exists: the memory budget
+ * subtracts it before sizing the KV pool. Equals the new lm_fwd's ws_bytes. */
+size_t fwd_workspace_bytes(const lm_model *m, const fwd_dims *d, int n_threads);
 void fwd_free(lm_fwd *f);
 
 /*

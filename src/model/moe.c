@@ -31,6 +31,14 @@ struct moe_ws {
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 
+size_t moe_ws_bytes(const lm_model *m, int n_batch) {
+    const lm_hparams *hp = &m->hp;
+    size_t B = (size_t)n_batch, X = (size_t)hp->n_expert, K = (size_t)hp->n_expert_used, E = (size_t)hp->n_embd;
+    size_t F = (size_t)(hp->n_ff_exp > hp->n_ff_shexp ? hp->n_ff_exp : hp->n_ff_shexp);
+    return sizeof(moe_ws) + B * X * sizeof(float) + 2 * B * K * sizeof(int) + 2 * B * K * sizeof(float) +
+           (X + 1) * sizeof(int) + 3 * B * E * sizeof(float) + 2 * B * F * sizeof(float);
+}
+
 moe_ws *moe_ws_new(const lm_model *m, int n_batch, char *err, size_t errlen) {
     const lm_hparams *hp = &m->hp;
     moe_ws *w = lm_calloc(1, sizeof *w);

@@ -33,6 +33,8 @@ typedef struct moe_ws moe_ws;
 /* Workspace for passes of up to n_batch tokens; NULL with a message when
  * out of memory. Call only for a model with experts (m->moe). */
 moe_ws *moe_ws_new(const lm_model *m, int n_batch, char *err, size_t errlen);
+/* The bytes moe_ws_new allocates (the struct and its buffers). */
+size_t moe_ws_bytes(const lm_model *m, int n_batch);
 void moe_ws_free(moe_ws *w);
 
 /* Bytes of ops_matmul activation scratch the MoE products need. */

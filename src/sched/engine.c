@@ -58,6 +58,7 @@
 #include "sched/engine.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -1234,6 +1235,105 @@ static void destroy(lm_engine *e) {
 }
 
 /* The per-iteration buffers and the scheduler, once the pool is made. */
+/* ---- configuration and the memory budget --------------------------------- */
+
+/* Defaults and bounds of a configuration, and the forward pass's dims: 0,
+ * or -1 with a message (an invalid configuration). */
+static int resolve_config(const lm_model *m, lm_engine_config *c, fwd_dims *dims, char *err, size_t errlen) {
+    /* the context and the batch budget: the workspace's rows and the KV
+     * chunk come from the same dims */
+    *dims = fwd_dims_make(m, c->n_ctx, c->batch_tokens);
+    c->batch_tokens = dims->n_batch;
+    if (c->max_seqs < 1) c->max_seqs = 64;
+    if (c->max_seqs > c->batch_tokens) c->max_seqs = c->batch_tokens;
+    if (c->block_size < 1) c->block_size = KV_DEFAULT_BLOCK;
+    if (!(c->watermark >= 0 && c->watermark < 1)) return lm_err(err, errlen, "watermark must be in [0, 1)");
+    if (c->n_threads <= 0) c->n_threads = pool_default_threads();
+    if (c->spec != LM_SPEC_NONE && c->spec != LM_SPEC_NGRAM)
+        return lm_err(err, errlen, "unknown speculative proposer %d", c->spec);
+    if (c->spec_max <= 0) c->spec_max = 4;
+    if (c->spec_max > 64) c->spec_max = 64;
+    return 0;
+}
+
+/* proposals are verified in what the budget leaves, their rows bounded so
+ * the logits buffer stays small next to the pool */
+static int spec_cap_of(const lm_engine_config *c) {
+    if (c->spec == LM_SPEC_NONE) return 0;
+    int64_t cap = (int64_t)c->spec_max * c->max_seqs;
+    if (cap > c->batch_tokens - 1) cap = c->batch_tokens - 1;
+    if (cap > 64) cap = 64;
+    return (int)cap;
+}
+
+/* alloc_buffers' large buffers: the logits rows, one log-prob row, the batch's tokens */
+static uint64_t buffer_bytes(const lm_model *m, const lm_engine_config *c) {
+    uint64_t V = (uint64_t)m->hp.n_vocab, S = (uint64_t)c->max_seqs;
+    return ((S + (uint64_t)spec_cap_of(c) + 2) * V + V) * sizeof(float) + (uint64_t)c->batch_tokens * sizeof(int32_t);
+}
+
+static const char *human(uint64_t b, char *buf, size_t n) {
+    if (b >= (1ull << 30)) snprintf(buf, n, "%.2f GiB", (double)b / (double)(1ull << 30));
+    else snprintf(buf, n, "%.1f MiB", (double)b / (double)(1ull << 20));
+    return buf;
+}
+
+/* The pool's configuration and the split of the memory (resolved c). */
+static int mem_plan(const lm_model *m, const lm_engine_config *c, const fwd_dims *dims, engine_mem *o, char *err,
+                    size_t errlen) {
+    memset(o, 0, sizeof *o);
+    kv_config *kc = &o->kc;
+    fwd_kv_config(m, dims, kc);
+    kc->type = c->kv_type;
+    kc->block_size = c->block_size;
+    kc->n_seqs = c->max_seqs;
+    o->n_ctx = dims->n_ctx;
+    o->weights = m->weight_bytes;
+    o->packed = m->packed_bytes;
+    o->workspace = fwd_workspace_bytes(m, dims, c->n_threads) + buffer_bytes(m, c);
+    /* the pool without a budget: n_ctx x max_seqs positions (with
+     * sliding-window layers max_seqs windows of local blocks), at most 4 GiB */
+    kv_plan pl = {0};
+    if ((!c->kv_mem || c->mem) && kv_plan_make(kc, &pl, err, errlen) != KV_OK) return -1;
+    uint64_t dflt = pl.data_bytes > (4ull << 30) ? 4ull << 30 : pl.data_bytes;
+    if (c->mem) {
+        char b1[32], b2[32], b3[32], b4[32], b5[32];
+        o->budget = c->mem;
+        uint64_t fixed = o->weights + o->packed + o->workspace;
+        /* one sequence of the full context, with the local windows of max_seqs */
+        kv_config one = *kc;
+        one.n_seqs = 1;
+        kv_plan p1;
+        if (kv_plan_make(&one, &p1, err, errlen) != KV_OK) return -1;
+        if (c->mem < fixed || c->mem - fixed < p1.data_bytes)
+            return lm_err(err, errlen, "memory budget %s is too small: weights %s + workspace %s leave %s for the KV "
+                          "cache, and one sequence of %d positions needs %s (raise --mem, lower the context or "
+                          "pick a smaller KV type)", human(c->mem, b1, sizeof b1), human(o->weights + o->packed, b2,
+                          sizeof b2), human(o->workspace, b3, sizeof b3),
+                          human(c->mem > fixed ? c->mem - fixed : 0, b4, sizeof b4), dims->n_ctx,
+                          human(p1.data_bytes, b5, sizeof b5));
+        uint64_t rest = c->mem - fixed;
+        uint64_t cap = dflt > p1.data_bytes ? dflt : p1.data_bytes; /* never below the one sequence */
+        kc->mem_bytes = c->mem_cap && rest > cap ? cap : rest;
+    } else if (c->kv_mem) kc->mem_bytes = c->kv_mem;
+    else kc->mem_bytes = dflt < pl.data_bytes ? dflt : 0;
+    if (kv_plan_make(kc, &o->plan, err, errlen) != KV_OK) return -1;
+    o->kv = o->plan.data_bytes;
+    o->kv_tokens = o->plan.n_tokens;
+    int64_t per_seq = (dims->n_ctx + c->block_size - 1) / c->block_size;
+    o->kv_seqs = o->plan.cls[KV_GLOBAL].n_blocks / per_seq;
+    if (o->plan.local_blocks_per_seq > 0 && o->plan.cls[KV_LOCAL].n_blocks / o->plan.local_blocks_per_seq < o->kv_seqs)
+        o->kv_seqs = o->plan.cls[KV_LOCAL].n_blocks / o->plan.local_blocks_per_seq;
+    return 0;
+}
+
+int engine_mem_plan(const lm_model *m, const lm_engine_config *cin, engine_mem *out, char *err, size_t errlen) {
+    lm_engine_config c = *cin;
+    fwd_dims dims;
+    if (resolve_config(m, &c, &dims, err, errlen)) return -1;
+    return mem_plan(m, &c, &dims, out, err, errlen);
+}
+
 static int alloc_buffers(lm_engine *e, char *err, size_t errlen) {
     const lm_engine_config *c = &e->cfg;
     size_t V = (size_t)e->m->hp.n_vocab, S = (size_t)c->max_seqs;
@@ -1275,19 +1375,10 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
     else engine_config_default(&c);
     if (!tok) tok = m->tok;
     if (!tok) return lm_err(err, errlen, "the model has no tokenizer"), NULL;
-    /* the context and the batch budget: the workspace's rows and the KV
-     * chunk come from the same dims */
-    fwd_dims dims = fwd_dims_make(m, c.n_ctx, c.batch_tokens);
-    c.batch_tokens = dims.n_batch;
-    if (c.max_seqs < 1) c.max_seqs = 64;
-    if (c.max_seqs > c.batch_tokens) c.max_seqs = c.batch_tokens;
-    if (c.block_size < 1) c.block_size = KV_DEFAULT_BLOCK;
-    if (!(c.watermark >= 0 && c.watermark < 1)) return lm_err(err, errlen, "watermark must be in [0, 1)"), NULL;
-    if (c.n_threads <= 0) c.n_threads = pool_default_threads();
-    if (c.spec != LM_SPEC_NONE && c.spec != LM_SPEC_NGRAM)
-        return lm_err(err, errlen, "unknown speculative proposer %d", c.spec), NULL;
-    if (c.spec_max <= 0) c.spec_max = 4;
-    if (c.spec_max > 64) c.spec_max = 64;
+    fwd_dims dims;
+    if (resolve_config(m, &c, &dims, err, errlen)) return NULL;
+    engine_mem mem;
+    if (mem_plan(m, &c, &dims, &mem, err, errlen)) return NULL;
     *status = LM_ERR_NOMEM;
     lm_engine *e = lm_calloc(1, sizeof *e);
     if (!e) return lm_err(err, errlen, "out of memory"), NULL;
@@ -1297,33 +1388,15 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
     e->cfg = c;
     /* proposals are verified in what the budget leaves, their rows bounded
      * so the logits buffer stays small next to the pool */
-    if (c.spec != LM_SPEC_NONE) {
-        int64_t cap = (int64_t)c.spec_max * c.max_seqs;
-        if (cap > c.batch_tokens - 1) cap = c.batch_tokens - 1;
-        if (cap > 64) cap = 64;
-        e->spec_cap = (int)cap;
-    }
+    e->spec_cap = spec_cap_of(&c);
     pthread_mutex_init(&e->mu, NULL);
     pthread_mutex_init(&e->gv_mu, NULL);
     pthread_cond_init(&e->wake, NULL);
     pthread_cond_init(&e->idle_cv, NULL);
 
-    /* the pool: n_ctx x max_seqs positions unless a budget is given; with
-     * sliding-window layers max_seqs windows of local blocks (a budget's
-     * rest buying global context, kv.h), each sequence growing by at most
-     * batch_tokens per iteration */
-    kv_config kc;
-    fwd_kv_config(m, &dims, &kc);
-    kc.type = c.kv_type;
-    kc.block_size = c.block_size;
-    kc.n_seqs = c.max_seqs;
-    kv_plan pl;
-    if (c.kv_mem) kc.mem_bytes = c.kv_mem;
-    else {
-        if (kv_plan_make(&kc, &pl, err, errlen) != KV_OK) goto invalid;
-        if (pl.data_bytes > (4ull << 30)) kc.mem_bytes = 4ull << 30;
-    }
-    if (kv_plan_make(&kc, &pl, err, errlen) != KV_OK) goto invalid;
+    /* the pool mem_plan sized (the budget's rest, kv_mem, or n_ctx x
+     * max_seqs positions capped at 4 GiB) */
+    kv_config kc = mem.kc;
     if (!(e->kv = kv_pool_new(&kc, err, errlen))) goto fail;
     const kv_plan *plan = kv_pool_plan(e->kv);
     for (int k = 0; k < KV_N_CLASS; k++) e->total_blocks[k] = plan->cls[k].n_blocks;
@@ -1336,6 +1409,13 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
     if (!(e->fwd = fwd_new(m, e->pool, e->kv, &dims, err, errlen))) goto fail;
     if (alloc_buffers(e, err, errlen) != 0) goto fail;
     metrics_init(&e->stats);
+    e->stats.mem_budget = mem.budget;
+    e->stats.mem_weights = mem.weights;
+    e->stats.mem_packed = mem.packed;
+    e->stats.mem_workspace = e->fwd->ws_bytes + buffer_bytes(m, &c); /* measured: what fwd_new allocated */
+    e->stats.mem_kv = plan->data_bytes;
+    e->stats.kv_max_tokens = plan->n_tokens;
+    e->stats.kv_max_seqs = mem.kv_seqs;
     publish(e);
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         lm_err(err, errlen, "cannot start the engine thread");
@@ -1343,8 +1423,6 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
     }
     *status = LM_OK;
     return e;
-invalid:
-    *status = LM_ERR_INVALID;
 fail:
     destroy(e);
     return NULL;

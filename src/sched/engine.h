@@ -69,6 +69,7 @@
 #include <stdint.h>
 
 #include "lamina.h"
+#include "kv/kv.h"
 #include "model/model.h"
 #include "decode/sample.h"
 #include "text/tokenizer.h"
@@ -95,6 +96,24 @@ lm_engine *engine_new(const lm_model *m, const lm_tokenizer *tok, const lm_engin
  * out; LM_OK on success. */
 lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const lm_engine_config *c,
                              lm_status *status, char *err, size_t errlen);
+/* The memory split an engine of configuration c would have, computed
+ * without allocating (engine_new uses the same plan): the budget
+ * (c->mem, 0 without one), the weights (mapped tensors, packed copies),
+ * the workspace (fwd_workspace_bytes for c's threads and batch, and the
+ * engine's logits rows), and the KV pool's configuration and plan, with the
+ * positions it holds and the sequences of n_ctx positions that fit at once.
+ * With a budget, the pool gets budget - weights - packed - workspace (at most
+ * the default pool with mem_cap); a rest below one sequence of n_ctx
+ * positions is an error naming every part. 0, or -1 with a message. */
+typedef struct {
+    uint64_t budget, weights, packed, workspace, kv;
+    int64_t kv_tokens, kv_seqs;
+    int n_ctx;
+    kv_config kc;   /* the pool's configuration (layer_local borrowed from the model) */
+    kv_plan plan;
+} engine_mem;
+int engine_mem_plan(const lm_model *m, const lm_engine_config *c, engine_mem *out, char *err, size_t errlen);
+
 /* Cancels everything still queued or running (each gets its final event),
  * stops the thread, frees the engine. */
 void engine_free(lm_engine *e);

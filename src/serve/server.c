@@ -125,6 +125,16 @@ static int route_metrics(lm_server *s, struct MHD_Connection *conn) {
     metric(&b, "lamina_kv_blocks_free", "gauge", "KV cache blocks free.", (double)st.kv_blocks_free);
     metric(&b, "lamina_kv_blocks_cached", "gauge", "Free KV blocks kept for prefix reuse.",
            (double)st.kv_blocks_cached);
+    /* the memory split, fixed at start (lm_engine_config.mem) */
+    metric(&b, "lamina_memory_budget_bytes", "gauge", "The memory budget (--mem); 0: none.", (double)st.mem_budget);
+    metric(&b, "lamina_memory_weights_bytes", "gauge", "Weights: tensors mapped from the file and packed copies.",
+           (double)(st.mem_weights + st.mem_packed));
+    metric(&b, "lamina_memory_workspace_bytes", "gauge", "Activation workspace, attention scratch and logits rows.",
+           (double)st.mem_workspace);
+    metric(&b, "lamina_memory_kv_bytes", "gauge", "The KV cache pool's K/V data.", (double)st.mem_kv);
+    metric(&b, "lamina_kv_max_tokens", "gauge", "Positions of context the KV pool holds.", (double)st.kv_max_tokens);
+    metric(&b, "lamina_kv_max_seqs", "gauge", "Sequences of the full context the KV pool holds at once.",
+           (double)st.kv_max_seqs);
     if (st.kv_local_blocks_total) { /* sliding-window layers: their own blocks */
         metric(&b, "lamina_kv_local_blocks_total", "gauge", "KV blocks of sliding-window layers in the pool.",
                (double)st.kv_local_blocks_total);

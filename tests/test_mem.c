@@ -1,0 +1,194 @@
+/*
+ * test_mem.c - the memory budget (lm_engine_config.mem, engine_mem_plan):
+ *   - the workspace computed before any pool (fwd_workspace_bytes) is what
+ *     fwd_new allocates (its ws_bytes), for several batches and thread
+ *     counts, on stories260K and on a sliding-window model;
+ *   - a budget's parts add up: weights + packed + workspace + KV <= budget,
+ *     and what is left is less than one block of each class; the pool's
+ *     blocks are counted from the engine (kv_blocks_total) and equal
+ *     floor(rest / block bytes) on a one-class model;
+ *   - the workspace engine_new measures equals the plan's;
+ *   - a budget one byte short of one full-context sequence is refused
+ *     (LM_ERR_INVALID, a message naming the parts); exactly enough runs with
+ *     one sequence and serves a request;
+ *   - mem_cap bounds the default pool without growing it; kv_mem without
+ *     mem keeps its old meaning.
+ */
+#include <string.h>
+
+#include "sched/engine.h"
+#include "model/forward.h"
+#include "model/model.h"
+#include "kv/kv.h"
+#include "base/pool.h"
+#include "swa_model.h"
+#include "test.h"
+#include "base/util.h"
+
+#define MODEL_PATH "models/stories260K.gguf"
+
+static lm_model *model, *swa;
+
+static void test_workspace_measured(void) {
+    const lm_model *ms[2] = {model, swa};
+    int batches[3] = {1, 16, 128}, threads[2] = {1, 3};
+    char err[LM_ERRLEN];
+    for (int mi = 0; mi < 2; mi++)
+        for (int bi = 0; bi < 3; bi++)
+            for (int ti = 0; ti < 2; ti++) {
+                const lm_model *m = ms[mi];
+                lm_pool *pool = pool_new(threads[ti]);
+                fwd_dims d = fwd_dims_make(m, 128, batches[bi]);
+                kv_config kc;
+                fwd_kv_config(m, &d, &kc);
+                kc.n_ctx = d.n_ctx;
+                kc.n_seqs = 1;
+                kv_pool *kv = kv_pool_new(&kc, err, sizeof err);
+                CHECKF(kv, "%s", err);
+                lm_fwd *f = fwd_new(m, pool, kv, &d, err, sizeof err);
+                CHECKF(f, "%s", err);
+                size_t want = fwd_workspace_bytes(m, &d, threads[ti]);
+                CHECKF(f->ws_bytes == want, "model %d batch %d threads %d: allocated %zu, computed %zu", mi,
+                       batches[bi], threads[ti], f->ws_bytes, want);
+                CHECK(want > (size_t)d.n_batch * (size_t)m->hp.n_embd * sizeof(float));
+                fwd_free(f);
+                kv_pool_free(kv);
+                pool_free(pool);
+            }
+}
+
+static void base_config(lm_engine_config *c) {
+    engine_config_default(c);
+    c->n_threads = 2;
+    c->max_seqs = 4;
+    c->n_ctx = 128;
+}
+
+/* the split of a budget, checked against the plan and the running engine */
+static void check_split(const lm_model *m, uint64_t budget) {
+    lm_engine_config c;
+    base_config(&c);
+    c.mem = budget;
+    engine_mem sp;
+    char err[LM_ERRLEN];
+    CHECKF(engine_mem_plan(m, &c, &sp, err, sizeof err) == 0, "%s", err);
+    CHECK(sp.budget == budget && sp.weights == m->weight_bytes && sp.packed == m->packed_bytes);
+    uint64_t used = sp.weights + sp.packed + sp.workspace + sp.kv;
+    uint64_t slack = sp.plan.cls[KV_GLOBAL].block_bytes + sp.plan.cls[KV_LOCAL].block_bytes;
+    CHECKF(used <= budget && budget - used < slack, "budget %llu used %llu slack %llu", (unsigned long long)budget,
+           (unsigned long long)used, (unsigned long long)slack);
+    lm_engine *e = engine_new(m, NULL, &c, err, sizeof err);
+    CHECKF(e, "%s", err);
+    lm_engine_stats st;
+    engine_stats(e, &st);
+    CHECK(st.mem_budget == budget && st.mem_weights == sp.weights && st.mem_packed == sp.packed);
+    CHECKF(st.mem_workspace == sp.workspace, "measured %llu, planned %llu", (unsigned long long)st.mem_workspace,
+           (unsigned long long)sp.workspace);
+    CHECK(st.mem_kv == sp.kv && st.kv_max_tokens == sp.kv_tokens && st.kv_max_seqs == sp.kv_seqs);
+    /* the pool really is that size: its blocks, counted by the engine */
+    CHECK(st.kv_blocks_total == sp.plan.cls[KV_GLOBAL].n_blocks);
+    CHECK(st.kv_local_blocks_total == sp.plan.cls[KV_LOCAL].n_blocks);
+    if (!sp.plan.window) {
+        uint64_t rest = budget - sp.weights - sp.packed - sp.workspace;
+        CHECK(st.kv_blocks_total == (int64_t)(rest / sp.plan.block_bytes));
+        CHECK(st.kv_max_seqs == st.kv_blocks_total / (128 / 16));
+    }
+    engine_free(e);
+}
+
+static void test_split_adds_up(void) {
+    check_split(model, 8u << 20);
+    check_split(model, 3u << 20);
+    check_split(swa, 12u << 20);
+}
+
+static void on_event(void *user, const lm_event *ev) { (void)user, (void)ev; }
+
+/* the smallest budget: weights + workspace + one sequence; one byte less is refused */
+static void test_too_small(void) {
+    lm_engine_config c;
+    base_config(&c);
+    c.mem = 1ull << 40;
+    engine_mem sp;
+    char err[LM_ERRLEN];
+    CHECK(engine_mem_plan(model, &c, &sp, err, sizeof err) == 0);
+    kv_config one = sp.kc;
+    one.mem_bytes = 0;
+    one.n_seqs = 1;
+    kv_plan p1;
+    CHECK(kv_plan_make(&one, &p1, err, sizeof err) == KV_OK);
+    uint64_t least = sp.weights + sp.packed + sp.workspace + p1.data_bytes;
+    c.mem = least - 1;
+    lm_status status;
+    lm_engine *e = engine_new_status(model, NULL, &c, &status, err, sizeof err);
+    CHECK(!e && status == LM_ERR_INVALID);
+    CHECKF(strstr(err, "too small") && strstr(err, "weights") && strstr(err, "workspace") &&
+           strstr(err, "one sequence of 128 positions"), "%s", err);
+    c.mem = 1000; /* below the weights alone */
+    CHECK(!engine_new_status(model, NULL, &c, &status, err, sizeof err) && status == LM_ERR_INVALID);
+    c.mem = least;
+    e = engine_new_status(model, NULL, &c, &status, err, sizeof err);
+    CHECKF(e && status == LM_OK, "%s", err);
+    lm_engine_stats st;
+    engine_stats(e, &st);
+    CHECK(st.kv_max_seqs == 1 && st.kv_max_tokens == 128);
+    /* and it serves a request of the whole context */
+    lm_request_params rp;
+    engine_request_params_default(&rp);
+    int32_t prompt[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    rp.prompt = prompt;
+    rp.n_prompt = 8;
+    rp.max_tokens = 120;
+    rp.ignore_eos = true;
+    rp.on_event = on_event;
+    CHECKF(engine_submit(e, &rp, NULL, err, sizeof err) == LM_OK, "%s", err);
+    engine_wait_idle(e);
+    CHECKF(engine_check(e, err, sizeof err) == 0, "%s", err);
+    engine_stats(e, &st);
+    CHECK(st.generation_tokens_total == 120);
+    engine_free(e);
+}
+
+/* mem_cap: a large budget gives the pool kv_mem 0 gives; a small one shrinks it */
+static void test_cap_and_old_rule(void) {
+    lm_engine_config c;
+    base_config(&c);
+    engine_mem plain, capped, kvmem;
+    char err[LM_ERRLEN];
+    CHECK(engine_mem_plan(model, &c, &plain, err, sizeof err) == 0);
+    CHECK(plain.budget == 0 && plain.kv_seqs == 4);
+    c.mem = 1ull << 34;
+    c.mem_cap = true;
+    CHECK(engine_mem_plan(model, &c, &capped, err, sizeof err) == 0);
+    CHECK(capped.kv == plain.kv && capped.plan.n_blocks == plain.plan.n_blocks);
+    c.mem = capped.weights + capped.packed + capped.workspace + 2 * plain.kv / 4; /* two of the four sequences */
+    CHECK(engine_mem_plan(model, &c, &capped, err, sizeof err) == 0);
+    CHECK(capped.kv_seqs == 2);
+    c.mem = 0;
+    c.kv_mem = 1u << 20;
+    CHECK(engine_mem_plan(model, &c, &kvmem, err, sizeof err) == 0);
+    CHECK(kvmem.kv <= (1u << 20) && (1u << 20) - kvmem.kv < kvmem.plan.block_bytes);
+    lm_engine *e = engine_new(model, NULL, &c, err, sizeof err);
+    CHECKF(e, "%s", err);
+    lm_engine_stats st;
+    engine_stats(e, &st);
+    CHECK(st.mem_budget == 0 && st.kv_blocks_total == kvmem.plan.n_blocks && st.mem_kv == kvmem.kv);
+    engine_free(e);
+}
+
+int main(void) {
+    char err[LM_ERRLEN];
+    model = model_load(MODEL_PATH, err, sizeof err);
+    swa = model ? swa_model_load(MODEL_PATH, 8, 3, 256, err, sizeof err) : NULL;
+    if (!model || !swa) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    TEST_RUN(test_workspace_measured);
+    TEST_RUN(test_split_adds_up);
+    TEST_RUN(test_too_small);
+    TEST_RUN(test_cap_and_old_rule);
+    model_free(swa);
+    model_free(model);
+    return TEST_DONE();
+}
