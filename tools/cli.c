@@ -366,7 +366,8 @@ void mem_apply(lm_engine_config *c, unsigned long long mem) {
 
 static const char *hb(uint64_t b, char *buf, size_t n) {
     if (b >= (1ull << 30)) snprintf(buf, n, "%.2f GiB", (double)b / (double)(1ull << 30));
-    else snprintf(buf, n, "%.1f MiB", (double)b / (double)(1ull << 20));
+    else if (b >= (1ull << 20)) snprintf(buf, n, "%.1f MiB", (double)b / (double)(1ull << 20));
+    else snprintf(buf, n, "%.1f KiB", (double)b / 1024.0);
     return buf;
 }
 

@@ -24,6 +24,7 @@
 
 #include "bench_roofline.h"
 #include "cli.h"
+#include "sched/engine.h"
 #include "dist/dist.h"
 #include "model/cost.h"
 #include "model/forward.h"
@@ -51,6 +52,8 @@ static void usage_bench(FILE *f) {
             "  -r N       repetitions (default 5)\n"
             "  -o FMT     md (default) or json\n"
             "  --kv-type T  KV cache element type: F16 (default), F32, Q8_0\n"
+            "  --mem BYTES  memory budget (e.g. 2G): weights, workspace and the test's KV must fit,\n"
+            "               or it is an error; the split goes to stderr\n"
             "  --no-bw    skip the memory-bandwidth measurement\n"
             "  --profile  print where the time of each test goes, per operation\n"
             "  --roofline per op: time, bytes, FLOPs, achieved GB/s and GFLOP/s against the read\n"
@@ -365,6 +368,7 @@ int cmd_bench(int argc, char **argv) {
     long long batch = 1;
     int depths[16] = {0}, n_depth = 1;
     uint32_t kv_type = LM_TYPE_F16;
+    unsigned long long mem = 0;
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
         if (is_flag(&a, "-m", "--model")) model = need_val(&a);
@@ -381,6 +385,7 @@ int cmd_bench(int argc, char **argv) {
         else if (is_flag(&a, "-b", "--batch")) batch = need_int(&a, 1, 256);
         else if (is_flag(&a, "--ctx-extend", NULL)) ctx_extend = true;
         else if (is_flag(&a, "--kv-type", NULL)) kv_type = need_kv_type(&a);
+        else if (is_flag(&a, "--mem", NULL)) mem = need_bytes(&a);
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
     if (strcmp(fmt, "md") && strcmp(fmt, "json")) die_usage(&a, "output format '%s' is not md or json", fmt);
@@ -400,6 +405,18 @@ int cmd_bench(int argc, char **argv) {
     if (!pool) fail("bench", "cannot start threads");
     int ctx = (int)(depth + (np > ng ? np : ng) + 1);
     char err[LM_ERRLEN];
+    if (mem) { /* the one sequence's engine plan inside the budget (cli.h) */
+        lm_engine_config ec;
+        engine_config_default(&ec);
+        ec.n_threads = (int)threads, ec.max_seqs = 1, ec.n_ctx = ctx, ec.kv_type = kv_type;
+        ec.mem = mem, ec.mem_cap = true;
+        engine_mem sp;
+        if (engine_mem_plan(m, &ec, &sp, err, sizeof err)) fail("bench", err);
+        lm_engine_stats st = {.mem_budget = mem, .mem_weights = sp.weights, .mem_packed = sp.packed,
+                              .mem_workspace = sp.workspace, .mem_kv = sp.kv, .kv_max_tokens = sp.kv_tokens,
+                              .kv_max_seqs = sp.kv_seqs};
+        mem_print(stderr, "bench", &st, kv_type, ctx);
+    }
     lm_seqrun *sr = seqrun_new(m, pool, ctx, FWD_BATCH_DEFAULT, kv_type, err, sizeof err);
     if (!sr) fail("bench", err);
     lm_fwd *fwd = sr->fwd; /* its profile counters */

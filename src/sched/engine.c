@@ -1274,7 +1274,8 @@ static uint64_t buffer_bytes(const lm_model *m, const lm_engine_config *c) {
 
 static const char *human(uint64_t b, char *buf, size_t n) {
     if (b >= (1ull << 30)) snprintf(buf, n, "%.2f GiB", (double)b / (double)(1ull << 30));
-    else snprintf(buf, n, "%.1f MiB", (double)b / (double)(1ull << 20));
+    else if (b >= (1ull << 20)) snprintf(buf, n, "%.1f MiB", (double)b / (double)(1ull << 20));
+    else snprintf(buf, n, "%.1f KiB", (double)b / 1024.0);
     return buf;
 }
 
