@@ -43,7 +43,11 @@ static void usage_mkmodel(FILE *f) {
             "                     qwen3moe-small (Qwen3-30B-A3B: 8 experts of 256, top 2, 4 heads of 128),\n"
             "                     qwen2moe-small (Qwen1.5-MoE-A2.7B: 8 experts of 128, top 4, shared\n"
             "                     expert of 512, QKV biases), mixtral-small (llama with 8 experts of 512,\n"
-            "                     top 2)\n"
+            "                     top 2), deepseek2-small (DeepSeek-V3's latent attention and routing:\n"
+            "                     4 heads, q rank 96, latent 128 + RoPE key 32, 8 experts of 128, top 2,\n"
+            "                     2 shared, 1 dense layer), deepseek2-lite (DeepSeek-V2-Lite: 27 layers,\n"
+            "                     n_embd 2048, 16 heads, latent 512 + 64, 64 experts of 1408, top 6, 2\n"
+            "                     shared; --layers N for fewer)\n"
             "  --experts N --experts-used N --ff-exp N --ff-shexp N   Mixture-of-Experts shape\n"
             "                     (--ff-shexp: the shared expert's width, qwen2moe only)\n"
             "  --layers N --embd N --heads N --kv-heads N --ff N --vocab N --ctx N   custom shape\n"
@@ -73,6 +77,25 @@ static const preset presets[] = {
     {"qwen3moe-small", 4, 256, 4, 2, 768, 32000, 40960, "qwen3moe", 128, 0, 8, 2, 256, 0},
     {"qwen2moe-small", 4, 256, 4, 4, 512, 32000, 8192, "qwen2moe", 0, 0, 8, 4, 128, 512},
     {"mixtral-small", 4, 256, 8, 2, 512, 32000, 32768, "llama", 0, 0, 8, 2, 512, 0},
+    /* deepseek2: n_ff is the leading dense layers' width, the shape of the attention in mla_shapes */
+    {"deepseek2-small", 4, 256, 4, 1, 512, 32000, 4096, "deepseek2", 0, 0, 8, 2, 128, 0},
+    {"deepseek2-lite", 27, 2048, 16, 1, 10944, 102400, 32768, "deepseek2", 0, 0, 64, 6, 1408, 0},
+};
+
+/* Multi-head latent attention and DeepSeek's expert routing, per deepseek2 preset. */
+typedef struct {
+    const char *name;
+    int q_lora, kv_lora, nope, rope, v_dim; /* ranks, a head's widths */
+    int dense, shared;                      /* leading dense layers, shared experts */
+    bool sigmoid, norm;                     /* router: sigmoid with a selection bias (V3), renormalised */
+    float scale;                            /* expert_weights_scale */
+} mla_shape;
+
+static const mla_shape mla_shapes[] = {
+    /* DeepSeek-V3 scaled down: q bottleneck, sigmoid router with bias, renormalised, scale 2.5 */
+    {"deepseek2-small", 96, 128, 64, 32, 64, 1, 2, true, true, 2.5f},
+    /* DeepSeek-V2-Lite: attn_q, a latent of 512, softmax router, 2 shared experts */
+    {"deepseek2-lite", 0, 512, 128, 64, 128, 1, 2, false, false, 1.0f},
 };
 
 typedef struct {
@@ -155,6 +178,31 @@ static int add3(maker *mk, const char *name, int64_t cols, int64_t rows, int64_t
     return gguf_w_add_tensor(mk->w, name, 3, ne, type, buf, bytes);
 }
 
+/* Layer i's latent attention after its attn_norm (deepseek2), as llama.cpp's
+ * converter writes it: attn_k_b holds each head's W_UKᵀ (kv_lora rows of
+ * nope), attn_v_b each head's W_UV (v_dim rows of kv_lora). */
+static int mla_layer(maker *mk, int i, const mla_shape *ml, const preset *p, uint32_t t, float nn) {
+    int64_t E = p->embd, H = p->heads, QK = (int64_t)ml->nope + ml->rope, R = ml->kv_lora;
+    float ws = 1.0f / sqrtf((float)E), wr = 1.0f / sqrtf((float)R);
+    char n[96];
+    int rc = 0;
+#define N(suffix) (snprintf(n, sizeof n, "blk.%d." suffix, i), n)
+    if (ml->q_lora) {
+        rc |= add(mk, N("attn_q_a.weight"), E, ml->q_lora, t, ws, false);
+        rc |= add(mk, N("attn_q_a_norm.weight"), ml->q_lora, 1, LM_TYPE_F32, nn, true);
+        rc |= add(mk, N("attn_q_b.weight"), ml->q_lora, H * QK, t, 1.0f / sqrtf((float)ml->q_lora), false);
+    } else {
+        rc |= add(mk, N("attn_q.weight"), E, H * QK, t, ws, false);
+    }
+    rc |= add(mk, N("attn_kv_a_mqa.weight"), E, R + ml->rope, t, ws, false);
+    rc |= add(mk, N("attn_kv_a_norm.weight"), R, 1, LM_TYPE_F32, nn, true);
+    rc |= add3(mk, N("attn_k_b.weight"), ml->nope, R, H, t, wr);
+    rc |= add3(mk, N("attn_v_b.weight"), R, ml->v_dim, H, t, wr);
+    rc |= add(mk, N("attn_output.weight"), H * ml->v_dim, E, t, 1.0f / sqrtf((float)(H * ml->v_dim)), false);
+#undef N
+    return rc;
+}
+
 int cmd_mkmodel(int argc, char **argv) {
     args a = {argc, argv, 0, "mkmodel", usage_mkmodel};
     const char *out = NULL, *vocab_from = NULL, *type_name = "F16";
@@ -220,6 +268,9 @@ int cmd_mkmodel(int argc, char **argv) {
     const char *arch = p.arch ? p.arch : "llama";
     bool qwen3 = !strcmp(arch, "qwen3") || !strcmp(arch, "qwen3moe"), gemma2 = !strcmp(arch, "gemma2");
     bool phi3 = !strcmp(arch, "phi3"), qwen2moe = !strcmp(arch, "qwen2moe");
+    const mla_shape *ml = NULL;
+    for (size_t i = 0; i < sizeof mla_shapes / sizeof mla_shapes[0]; i++)
+        if (!strcmp(mla_shapes[i].name, p.name)) ml = &mla_shapes[i];
     gguf_w_set_str(w, "general.architecture", arch);
     char name[160], key[160];
     snprintf(name, sizeof name, "lamina-random-%s-%s", p.name, quant_type_name((uint32_t)type));
@@ -236,9 +287,22 @@ int cmd_mkmodel(int argc, char **argv) {
         gguf_w_set_u32(w, KEY("attention.key_length"), (uint32_t)hd);
         gguf_w_set_u32(w, KEY("attention.value_length"), (uint32_t)hd);
     }
-    gguf_w_set_u32(w, KEY("rope.dimension_count"), (uint32_t)hd);
+    gguf_w_set_u32(w, KEY("rope.dimension_count"), (uint32_t)(ml ? ml->rope : hd));
     gguf_w_set_f32(w, KEY("rope.freq_base"), qwen3 ? 1000000.0f : 10000.0f);
-    gguf_w_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), qwen3 || gemma2 ? 1e-6f : 1e-5f);
+    gguf_w_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), qwen3 || gemma2 || ml ? 1e-6f : 1e-5f);
+    if (ml) { /* the keys llama.cpp's converter writes for DeepSeek-V2/V3 */
+        gguf_w_set_u32(w, KEY("attention.q_lora_rank"), (uint32_t)ml->q_lora);
+        gguf_w_set_u32(w, KEY("attention.kv_lora_rank"), (uint32_t)ml->kv_lora);
+        gguf_w_set_u32(w, KEY("attention.key_length"), (uint32_t)(ml->kv_lora + ml->rope));
+        gguf_w_set_u32(w, KEY("attention.value_length"), (uint32_t)ml->kv_lora);
+        gguf_w_set_u32(w, KEY("attention.key_length_mla"), (uint32_t)(ml->nope + ml->rope));
+        gguf_w_set_u32(w, KEY("attention.value_length_mla"), (uint32_t)ml->v_dim);
+        gguf_w_set_u32(w, KEY("leading_dense_block_count"), (uint32_t)(ml->dense < p.layers ? ml->dense : p.layers));
+        gguf_w_set_u32(w, KEY("expert_shared_count"), (uint32_t)ml->shared);
+        gguf_w_set_f32(w, KEY("expert_weights_scale"), ml->scale);
+        if (ml->norm) gguf_w_set_bool(w, KEY("expert_weights_norm"), true);
+        gguf_w_set_u32(w, KEY("expert_gating_func"), ml->sigmoid ? 2 : 1);
+    }
     gguf_w_set_u32(w, KEY("vocab_size"), (uint32_t)p.vocab);
     if (p.window) gguf_w_set_u32(w, KEY("attention.sliding_window"), (uint32_t)p.window);
     if (p.experts) {
@@ -275,7 +339,9 @@ int cmd_mkmodel(int argc, char **argv) {
     float es = qwen3 ? 0.3f : gemma2 ? 0.05f : 1.0f;
     int rc = add(&mk, "token_embd.weight", E, p.vocab, t, es, false);
     rc |= add(&mk, "output_norm.weight", E, 1, LM_TYPE_F32, nn, true);
-    if (!qwen3 && !gemma2) rc |= add(&mk, "output.weight", E, p.vocab, t, ws, false); /* those two tie */
+    /* deepseek2: a head 4 times larger, so that greedy steps are decided by margins well above the
+     * arithmetic's differences (random layers otherwise leave near-ties between the top logits) */
+    if (!qwen3 && !gemma2) rc |= add(&mk, "output.weight", E, p.vocab, t, ml ? 4 * ws : ws, false); /* those two tie */
     if (phi3 && !rc) { /* long-rope divisors per frequency: short near 1, long growing to 32 */
         int nf = hd / 2;
         float *sf_ = malloc((size_t)nf * sizeof(float)), *lf = malloc((size_t)nf * sizeof(float));
@@ -296,7 +362,9 @@ int cmd_mkmodel(int argc, char **argv) {
         char n[96];
 #define A(suffix, cols, rows, ty, sc, ones) (snprintf(n, sizeof n, "blk.%d." suffix, i), add(&mk, n, cols, rows, ty, sc, ones))
         rc |= A("attn_norm.weight", E, 1, LM_TYPE_F32, nn, true);
-        if (phi3) {
+        if (ml) {
+            rc |= mla_layer(&mk, i, ml, &p, t, nn);
+        } else if (phi3) {
             rc |= A("attn_qkv.weight", E, Q + 2 * KV, t, ws, false);
         } else {
             rc |= A("attn_q.weight", E, Q, t, ws, false);
@@ -312,10 +380,10 @@ int cmd_mkmodel(int argc, char **argv) {
             rc |= A("attn_q_norm.weight", hd, 1, LM_TYPE_F32, nn, true);
             rc |= A("attn_k_norm.weight", hd, 1, LM_TYPE_F32, nn, true);
         }
-        rc |= A("attn_output.weight", Q, E, t, p.arch ? wq : ws, false);
+        if (!ml) rc |= A("attn_output.weight", Q, E, t, p.arch ? wq : ws, false);
         if (gemma2) rc |= A("post_attention_norm.weight", E, 1, LM_TYPE_F32, nn, true);
         rc |= A("ffn_norm.weight", E, 1, LM_TYPE_F32, nn, true);
-        if (p.experts) {
+        if (p.experts && !(ml && i < ml->dense)) {
             int64_t X = p.experts, FE = p.ff_exp;
             /* a decisive router (scores of a few units): a near-tie between experts would let
              * 8-bit activations flip a choice, in lamina or in llama.cpp */
@@ -325,6 +393,14 @@ int cmd_mkmodel(int argc, char **argv) {
             rc |= A3("ffn_up_exps.weight", E, FE, ws);
             rc |= A3("ffn_down_exps.weight", FE, E, 1.0f / sqrtf((float)FE));
 #undef A3
+            if (ml && ml->sigmoid) /* DeepSeek-V3's selection bias, of the size of the probabilities' spread */
+                rc |= A("exp_probs_b.bias", X, 1, LM_TYPE_F32, 0.05f, false);
+            if (ml && ml->shared) {
+                int64_t S = (int64_t)ml->shared * FE;
+                rc |= A("ffn_gate_shexp.weight", E, S, t, ws, false);
+                rc |= A("ffn_up_shexp.weight", E, S, t, ws, false);
+                rc |= A("ffn_down_shexp.weight", S, E, t, 1.0f / sqrtf((float)S), false);
+            }
             if (p.ff_shexp) {
                 rc |= A("ffn_gate_inp_shexp.weight", E, 1, LM_TYPE_F32, ws, false);
                 rc |= A("ffn_gate_shexp.weight", E, p.ff_shexp, t, ws, false);
@@ -337,7 +413,7 @@ int cmd_mkmodel(int argc, char **argv) {
             rc |= A("ffn_gate.weight", E, p.ff, t, ws, false);
             rc |= A("ffn_up.weight", E, p.ff, t, ws, false);
         }
-        if (!p.experts) rc |= A("ffn_down.weight", p.ff, E, t, wf, false);
+        if (!p.experts || (ml && i < ml->dense)) rc |= A("ffn_down.weight", p.ff, E, t, wf, false);
         if (gemma2) rc |= A("post_ffw_norm.weight", E, 1, LM_TYPE_F32, nn, true);
 #undef A
         progress_note(&prog, "%.1f MiB", mk.bytes / 1048576.0);

@@ -188,6 +188,7 @@ typedef struct {
     float *out;
     size_t out_stride;
     const lm_attn_kernels *k; /* the table's inner loops for this head_dim */
+    const lm_attn_kernels *kv; /* the same for the value width (P·V, the output's scaling) */
     lm_to_float_fn to_float;  /* the KV type's rows to floats (not F32) */
 } tile_args;
 
@@ -201,15 +202,16 @@ static void softcap_rows(float *S, int R, int nk, float cap) {
  * heads of the group. */
 static void subtile(const tile_args *a, int i0, int nq, int qpos0, attn_scratch *scr) {
     const kv_layout *lay = a->lay;
-    int G = scr->group, hd = scr->hd, R = nq * G, kh = a->kv_head;
-    const lm_attn_kernels *k = a->k;
+    int G = scr->group, hd = scr->hd, dv = lay->v_dim, R = nq * G, kh = a->kv_head;
+    const lm_attn_kernels *k = a->k, *kv = a->kv;
+    bool latent = lay->n_slab == 1; /* values: the first dv elements of the key rows */
     for (int r = 0; r < R; r++) {
         const float *src = a->q + (size_t)(i0 + r / G) * a->q_stride + (size_t)(kh * G + r % G) * hd;
         k->scale(scr->qs + (size_t)r * hd, src, hd, a->scale);
         scr->m[r] = -INFINITY;
         scr->l[r] = 0;
     }
-    memset(scr->o, 0, (size_t)R * hd * sizeof(float));
+    memset(scr->o, 0, (size_t)R * dv * sizeof(float)); /* O (R, dv) */
     int c_end = qpos0 + nq; /* keys up to the last query's position */
     /* with a window, skip whole chunks below the first query's window (chunk
      * starts stay on the multiple-of-CHUNK grid) */
@@ -220,7 +222,7 @@ static void subtile(const tile_args *a, int i0, int nq, int qpos0, attn_scratch 
         if (c0 + CHUNK < c_end) {
             int nk2 = c_end - c0 - CHUNK < CHUNK ? c_end - c0 - CHUNK : CHUNK;
             prefetch_chunk(lay, a->table, a->layer, 0, kh, c0 + CHUNK, nk2);
-            prefetch_chunk(lay, a->table, a->layer, 1, kh, c0 + CHUNK, nk2);
+            if (!latent) prefetch_chunk(lay, a->table, a->layer, 1, kh, c0 + CHUNK, nk2);
         }
         gather(lay, a->table, a->layer, 0, kh, c0, nk, wlo, a->to_float, scr->kf, scr->zero, scr->krow);
         k->scores(scr->qs, R, hd, scr->krow, nk, scr->s, CHUNK);
@@ -244,21 +246,21 @@ static void subtile(const tile_args *a, int i0, int nq, int qpos0, attn_scratch 
             if (m_new > scr->m[r]) {
                 float corr = expf(scr->m[r] - m_new); /* 0 on the first visible chunk */
                 scr->l[r] *= corr;
-                float *o = scr->o + (size_t)r * hd;
-                k->scale(o, o, hd, corr);
+                float *o = scr->o + (size_t)r * dv;
+                kv->scale(o, o, dv, corr);
                 scr->m[r] = m_new;
             }
             scr->l[r] += sum;
             nv = vis > nv ? vis : nv;
         }
         if (nv == 0) continue;
-        gather(lay, a->table, a->layer, 1, kh, c0, nv, wlo, a->to_float, scr->vf, scr->zero, scr->vrow);
-        k->pv(scr->o, R, hd, scr->s, CHUNK, scr->vrow, nv);
+        if (!latent) gather(lay, a->table, a->layer, 1, kh, c0, nv, wlo, a->to_float, scr->vf, scr->zero, scr->vrow);
+        kv->pv(scr->o, R, dv, scr->s, CHUNK, latent ? scr->krow : scr->vrow, nv);
     }
     for (int r = 0; r < R; r++) {
-        const float *o = scr->o + (size_t)r * hd;
-        float *dst = a->out + (size_t)(i0 + r / G) * a->out_stride + (size_t)(kh * G + r % G) * hd;
-        k->scale(dst, o, hd, 1.0f / scr->l[r]);
+        const float *o = scr->o + (size_t)r * dv;
+        float *dst = a->out + (size_t)(i0 + r / G) * a->out_stride + (size_t)(kh * G + r % G) * dv;
+        kv->scale(dst, o, dv, 1.0f / scr->l[r]);
     }
 }
 
@@ -279,7 +281,7 @@ static tile_args layer_args(const kv_pool *p, const kv_seq *s, int layer, int wi
     assert(lay->head_dim == scr->hd && slot < lay->n_layer);
     assert(cls == KV_GLOBAL || (window > 0 && window <= kv_pool_window(p)));
     return (tile_args){.lay = lay, .table = kv_seq_table(s, cls), .layer = slot, .window = window,
-                       .k = kernels_attn(scr->hd),
+                       .k = kernels_attn(scr->hd), .kv = kernels_attn(lay->v_dim),
                        .to_float = lay->type == LM_TYPE_F32 ? NULL : kernels_type(lay->type)->to_float};
 }
 

@@ -82,6 +82,10 @@ int attn_tile_rows(const attn_scratch *scr);
  *         positions (the query's own included); a layer of the pool's local
  *         class needs 0 < window <= kv_pool_window(p);
  * out:    same layout as q (out_stride); only the group's heads are written.
+ *         In the pool's latent layout (kv.h) the values are the first v_dim
+ *         elements of the key rows and out's head h is at offset h*v_dim
+ *         (multi-head latent attention with absorbed queries: one KV head,
+ *         q rows of n_head x head_dim, out rows of n_head x v_dim).
  * Requires pos0 >= 0 and pos0 + n_q <= kv_seq_len(s).
  */
 void attn_tile(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride, int n_q,

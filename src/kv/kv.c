@@ -174,7 +174,11 @@ int kv_plan_make(const kv_config *c, kv_plan *plan, char *err, size_t errlen) {
     }
     int B = c->block_size;
     uint64_t per_tok, blk_bytes;
-    if (!lm_mul_u64(2ull * (uint64_t)c->n_layer * (uint64_t)c->n_head_kv, row, &per_tok) ||
+    if (c->latent_v < 0 || c->latent_v > c->head_dim || (c->latent_v && c->n_head_kv != 1))
+        return lm_err(err, errlen, "KV latent layout needs one KV head and a value width in 1..%d, got %d heads, %d",
+                      c->head_dim, c->n_head_kv, c->latent_v);
+    const uint64_t n_slab = c->latent_v ? 1 : 2; /* K and V slabs, or the latent row alone */
+    if (!lm_mul_u64(n_slab * (uint64_t)c->n_layer * (uint64_t)c->n_head_kv, row, &per_tok) ||
         !lm_mul_u64(per_tok, (uint64_t)B, &blk_bytes))
         return lm_err(err, errlen, "KV block size overflows");
     /* per class: the same formula over the class's layers (no overflow: a
@@ -183,7 +187,7 @@ int kv_plan_make(const kv_config *c, kv_plan *plan, char *err, size_t errlen) {
     int n_cls_layer[KV_N_CLASS] = {c->n_layer - n_local, n_local};
     for (int k = 0; k < KV_N_CLASS; k++) {
         plan->cls[k].n_layer = n_cls_layer[k];
-        plan->cls[k].bytes_per_token = 2ull * (uint64_t)n_cls_layer[k] * (uint64_t)c->n_head_kv * row;
+        plan->cls[k].bytes_per_token = n_slab * (uint64_t)n_cls_layer[k] * (uint64_t)c->n_head_kv * row;
         plan->cls[k].block_bytes = plan->cls[k].bytes_per_token * (uint64_t)B;
     }
     /* local blocks one sequence holds at most: after an append of up to
@@ -400,7 +404,8 @@ static int class_init(kv_class *k, const kv_class_plan *cp, const kv_config *c, 
     k->n_free = nb;
     k->lay = (kv_layout){.data = k->data, .block_bytes = cp->block_bytes, .row_bytes = plan->row_bytes,
                          .block_size = c->block_size, .n_layer = cp->n_held, .n_head_kv = c->n_head_kv,
-                         .head_dim = c->head_dim, .type = c->type};
+                         .head_dim = c->head_dim, .type = c->type, .n_slab = c->latent_v ? 1 : 2,
+                         .v_dim = c->latent_v ? c->latent_v : c->head_dim};
     return 0;
 }
 
@@ -439,7 +444,9 @@ kv_pool *kv_pool_new(const kv_config *c, char *err, size_t errlen) {
     }
     if (p->n_class == 1) /* an unused class: a layout of no layer */
         p->cls[KV_LOCAL].lay = (kv_layout){.row_bytes = plan.row_bytes, .block_size = c->block_size,
-                                           .n_head_kv = c->n_head_kv, .head_dim = c->head_dim, .type = c->type};
+                                           .n_head_kv = c->n_head_kv, .head_dim = c->head_dim, .type = c->type,
+                                           .n_slab = c->latent_v ? 1 : 2,
+                                           .v_dim = c->latent_v ? c->latent_v : c->head_dim};
     return p;
 }
 
@@ -742,7 +749,7 @@ void kv_store_rows(kv_pool *p, const kv_seq *s, int layer, int pos0, int n, cons
         int32_t b = s->table[c][pos / B];
         assert(b >= 0 && (s->mirror || (kc->blk[b].ref == 1 && !kc->blk[b].has_key))); /* a mirror's blocks are the leader's */
         uint8_t *base = kc->data + (size_t)b * l->block_bytes + (size_t)(pos % B) * l->row_bytes;
-        for (int which = 0; which < 2; which++) {
+        for (int which = 0; which < l->n_slab; which++) { /* latent: the key row alone */
             const float *src = which ? v + (size_t)t * v_stride : k + (size_t)t * k_stride;
             for (int h = 0; h < l->n_head_kv; h++) {
                 uint8_t *dst = base + kv_slab_offset(l, slot, which, h);

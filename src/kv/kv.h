@@ -19,6 +19,14 @@
  * x head_dim x bytes per element (34/32 for Q8_0); kv_plan computes exactly
  * the bytes kv_pool_new allocates for K/V.
  *
+ * Latent layout (kv_config.latent_v > 0, multi-head latent attention): one
+ * KV head whose key row is [c_kv (latent_v), rope key] and whose value is
+ * that row's first latent_v elements, so a block is
+ * (n_layer, 1, 1, block_size, row_bytes) and KV bytes per token =
+ * n_layer x row_bytes: the compressed latent and the shared RoPE key only.
+ * Everything else (paging, sharing, copy-on-write, prefix cache, element
+ * types) is the same.
+ *
  * Sequences. A kv_seq is a table mapping logical block i (positions
  * i*B .. i*B+B-1) to a physical block, and a length. kv_append takes blocks
  * on demand; kv_seq_free (and kv_truncate) give them back. Every block has a
@@ -118,6 +126,10 @@ typedef struct {
      * kv_plan_make and kv_pool_new. window 0 or layer_local NULL: none. */
     int window;
     const uint8_t *layer_local;
+    /* Latent layout (multi-head latent attention): latent_v > 0 stores one
+     * row per (layer, position), the key, whose first latent_v elements are
+     * also the value; no V slab. Needs n_head_kv 1. 0: keys and values. */
+    int latent_v;
     int chunk;              /* most positions one kv_append adds to a sequence (its
                                prefill chunk); sizes the local class, so >= 1 is required
                                when there is one (the forward pass's batch, forward.h) */
@@ -188,6 +200,8 @@ typedef struct {
     size_t row_bytes;
     int block_size, n_layer, n_head_kv, head_dim;
     uint32_t type;
+    int n_slab;   /* slabs per layer: 2 (K, V), or 1 in the latent layout (the key row holds the value) */
+    int v_dim;    /* a value row's elements: head_dim, or latent_v read from the key row's start */
 } kv_layout;
 /* The global class's layout: every layer when the pool has one class. */
 const kv_layout *kv_pool_layout(const kv_pool *p);
@@ -196,9 +210,9 @@ const kv_layout *kv_class_layout(const kv_pool *p, int cls);
 /* The class holding model layer `layer`, and in *slot its index among that
  * class's layers (the layer argument of kv_slab_offset). */
 int kv_layer_class(const kv_pool *p, int layer, int *slot);
-/* which: 0 keys, 1 values. */
+/* which: 0 keys, 1 values (0 only in the latent layout). */
 static inline size_t kv_slab_offset(const kv_layout *l, int layer, int which, int head) {
-    return ((size_t)(layer * 2 + which) * (size_t)l->n_head_kv + (size_t)head) * (size_t)l->block_size * l->row_bytes;
+    return ((size_t)(layer * l->n_slab + which) * (size_t)l->n_head_kv + (size_t)head) * (size_t)l->block_size * l->row_bytes;
 }
 
 /* ---- sequences ------------------------------------------------------- */
@@ -247,7 +261,8 @@ int kv_append(kv_pool *p, kv_seq *s, int n, char *err, size_t errlen);
 int kv_truncate(kv_pool *p, kv_seq *s, int n, char *err, size_t errlen);
 
 /* Write one token's keys and values, (n_head_kv * head_dim) floats each, in
- * every head, converting to the pool's type. pos < len and pos made writable
+ * every head, converting to the pool's type (latent layout: the key row
+ * only; v is not read and may be NULL). pos < len and pos made writable
  * by kv_append (asserted). */
 void kv_store(kv_pool *p, const kv_seq *s, int layer, int pos, const float *k, const float *v);
 /* Same for n tokens at pos0 .. pos0+n-1; row t at k + t*k_stride (floats). */

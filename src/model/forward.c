@@ -45,6 +45,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#include "model/mla.h"
 #include "model/moe.h"
 #include "model/ops.h"
 #include "model/pp.h"
@@ -101,6 +102,7 @@ void fwd_kv_config(const lm_model *m, const fwd_dims *d, kv_config *c) {
         c->window = hp->swa_window;
         c->layer_local = m->layer_local;
     }
+    c->latent_v = hp->kv_lora_rank; /* latent attention: the key row holds the value (kv.h) */
     c->n_ctx = d->n_ctx;
     c->chunk = d->n_batch;
     if (m->pp.size > 1) { /* a pipeline stage stores its own layers' K/V */
@@ -127,6 +129,7 @@ static size_t act_scratch_bytes(const lm_model *m, int n_batch) {
             a = max_sz(a, ops_matmul_scratch(lw[i]->type, lw[i]->cols, n_batch));
     }
     a = max_sz(a, ops_matmul_scratch(m->output.type, m->output.cols, n_batch));
+    a = max_sz(a, mla_act_bytes(m, n_batch));
     return max_sz(a, moe_act_bytes(m, n_batch));
 }
 
@@ -139,6 +142,7 @@ size_t fwd_workspace_bytes(const lm_model *m, const fwd_dims *d, int n_threads) 
     ws += (size_t)n_threads * attn_scratch_size(hp->n_head, hp->n_head_kv, hp->head_dim);
     ws += act_scratch_bytes(m, d->n_batch);
     if (m->moe) ws += moe_ws_bytes(m, d->n_batch);
+    ws += mla_ws_bytes(m, d->n_batch, n_threads);
     return ws;
 }
 
@@ -192,6 +196,11 @@ lm_fwd *fwd_new(const lm_model *m, lm_pool *pool, kv_pool *kv, const fwd_dims *d
     f->seg_row0 = ws_alloc(&ws, (B + 1) * sizeof(int));
     f->seg_item0 = ws_alloc(&ws, (B + 1) * sizeof(int));
     size_t a = act_scratch_bytes(m, d->n_batch);
+    if (m->mla && !(f->mla = mla_ws_new(m, d->n_batch, f->n_scr, err, errlen))) {
+        fwd_free(f);
+        return NULL;
+    }
+    ws += mla_ws_bytes(m, d->n_batch, f->n_scr);
     if (m->moe && !(f->moe = moe_ws_new(m, d->n_batch, err, errlen))) {
         fwd_free(f);
         return NULL;
@@ -226,6 +235,7 @@ void fwd_free(lm_fwd *f) {
     lm_free(f->seg_item0);
     lm_free(f->act);
     moe_ws_free(f->moe);
+    mla_ws_free(f->mla);
     lm_free(f);
 }
 
@@ -415,6 +425,11 @@ static int forward_batch(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *
         }
         run_rows(f, l, ROWS_ATTN_IN, n);
         PROF(f, LM_PROF_NORM);
+        if (l->mla) { /* latent attention (mla.h): xb in, the heads' outputs in xb for wo */
+            mla_attn(f, l, li, segs, n_seg, n);
+            PROF(f, LM_PROF_ATTN);
+            goto attn_out;
+        }
         float *const qkv_y[3] = {f->q, f->k, f->v};
         const lm_weight *const qkv_w[3] = {&l->wq, &l->wk, &l->wv};
         ops_matmul_multi(f->pool, 3, qkv_y, qkv_w, f->xb, n, f->act);
@@ -436,6 +451,7 @@ static int forward_batch(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *
         PROF(f, LM_PROF_ATTN);
 
         /* x += attn · Woᵀ (hb as a temporary of n_embd per token) */
+    attn_out:
         ops_matmul(f->pool, f->hb, &l->wo, f->xb, n, f->act);
         if (tp_sum(f, f->hb, n, err, errlen)) return -1;
         run_rows(f, l, ROWS_ATTN_OUT, n);

@@ -84,6 +84,7 @@ typedef struct lm_fwd {
     int *seg_row0;        /* (n_batch + 1) a segment's first row */
     int *seg_item0;       /* (n_batch + 1) a segment's first attention work item */
     struct moe_ws *moe;   /* the expert workspace (moe.h), NULL without experts */
+    struct mla_ws *mla;   /* the latent attention workspace (mla.h), NULL without it */
     void *act;            /* quantized activations for ops_matmul */
     size_t act_bytes;
     size_t ws_bytes;      /* every byte of the workspace allocated by fwd_new (fwd_workspace_bytes) */

@@ -37,13 +37,15 @@ const char *model_arch_name(lm_arch a) {
     case LM_ARCH_PHI3: return "phi3";
     case LM_ARCH_QWEN2MOE: return "qwen2moe";
     case LM_ARCH_QWEN3MOE: return "qwen3moe";
+    case LM_ARCH_DEEPSEEK2: return "deepseek2";
     }
     return "unknown";
 }
 
 uint64_t model_kv_bytes_per_token(const lm_model *m, size_t elem_bytes) {
     const lm_hparams *hp = &m->hp;
-    return 2ull * (uint64_t)hp->n_layer * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim * elem_bytes;
+    uint64_t slabs = hp->kv_lora_rank ? 1 : 2; /* latent attention: the key row holds the value (kv.h) */
+    return slabs * (uint64_t)hp->n_layer * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim * elem_bytes;
 }
 
 uint64_t model_layer_bytes_per_token(const lm_model *m, uint64_t *total) {
@@ -54,6 +56,13 @@ uint64_t model_layer_bytes_per_token(const lm_model *m, uint64_t *total) {
         model_layer_matrices(l, ws);
         uint64_t dense = 0;
         for (int k = 0; k < MODEL_LAYER_MATRICES; k++) dense += (uint64_t)ws[k]->rows * ws[k]->row_bytes;
+        if (l->mla) {
+            const lm_mla *a = l->mla;
+            dense += (uint64_t)a->q_a.rows * a->q_a.row_bytes + (uint64_t)a->q_b.rows * a->q_b.row_bytes +
+                     (uint64_t)a->kv_a.rows * a->kv_a.row_bytes;
+            for (int h = 0; h < m->hp.n_head; h++)
+                dense += (uint64_t)a->k_b[h].rows * a->k_b[h].row_bytes + (uint64_t)a->v_b[h].rows * a->v_b[h].row_bytes;
+        }
         active += dense;
         all += dense;
         if (!l->moe) continue;
@@ -308,6 +317,86 @@ static int read_family_hparams(loader *L, const char *arch) {
     return read_moe_hparams(L, arch);
 }
 
+static int read_vocab(loader *L);
+
+/* deepseek2 (read_hparams has read the counts common to every family). The
+ * file's attention.key_length / value_length are the latent cache row and
+ * the latent (kv_lora_rank + n_rot, kv_lora_rank), key_length_mla and
+ * value_length_mla a head's query/key and value widths. Files without the
+ * _mla keys store attn_kv_b whole (written before attn_k_b / attn_v_b were
+ * split out of it): refused. */
+static int read_mla_hparams(loader *L, const char *arch) {
+    lm_hparams *hp = &L->m->hp;
+    int kl_mla, vl_mla, kl, vl;
+    if (get_hp_int(L, arch, "attention.key_length_mla", 0, 0, 4096, &kl_mla) ||
+        get_hp_int(L, arch, "attention.value_length_mla", 0, 0, 4096, &vl_mla))
+        return -1;
+    if (!kl_mla || !vl_mla)
+        return unsupported(L), lm_err(L->err, L->errlen, "this deepseek2 file has no '%s.attention.key_length_mla' "
+                                      "and value_length_mla: it stores attn_kv_b whole, a layout lamina does not run "
+                                      "(convert it again: current converters write attn_k_b and attn_v_b)", arch);
+    if (get_hp_int(L, arch, "attention.kv_lora_rank", -1, 1, 1 << 16, &hp->kv_lora_rank) ||
+        get_hp_int(L, arch, "attention.q_lora_rank", 0, 0, 1 << 16, &hp->q_lora_rank) ||
+        get_hp_int(L, arch, "rope.dimension_count", -1, 2, 4096, &hp->n_rot) ||
+        get_hp_int(L, arch, "attention.key_length", hp->kv_lora_rank + hp->n_rot, 1, 1 << 17, &kl) ||
+        get_hp_int(L, arch, "attention.value_length", hp->kv_lora_rank, 1, 1 << 17, &vl) ||
+        get_hp_float(L, arch, "rope.freq_base", 10000.0, &hp->rope_base) ||
+        get_hp_float(L, arch, "attention.layer_norm_rms_epsilon", 1e-6, &hp->norm_eps) ||
+        get_hp_int(L, arch, "leading_dense_block_count", 0, 0, hp->n_layer, &hp->n_layer_dense))
+        return -1;
+    if (hp->n_rot % 2) return lm_err(L->err, L->errlen, "rope dimension count %d is odd", hp->n_rot);
+    if (kl_mla <= hp->n_rot)
+        return lm_err(L->err, L->errlen, "key_length_mla %d leaves no dimension beside the %d rotated ones", kl_mla,
+                      hp->n_rot);
+    if (kl != hp->kv_lora_rank + hp->n_rot || vl != hp->kv_lora_rank)
+        return lm_err(L->err, L->errlen, "key/value length %d/%d do not match kv_lora_rank %d and %d rotated dims",
+                      kl, vl, hp->kv_lora_rank, hp->n_rot);
+    hp->qk_nope = kl_mla - hp->n_rot;
+    hp->v_head_dim = vl_mla;
+    hp->head_dim = hp->kv_lora_rank + hp->n_rot; /* the cache row: one KV head */
+    hp->n_head_kv = 1;
+    hp->rope_scale = 1.0f;
+    hp->emb_scale = 1.0f;
+    hp->rope_base_swa = hp->rope_base;
+    hp->rope_attn_factor = 1.0f;
+    hp->n_ctx_orig = hp->n_ctx_train;
+    hp->attn_scale = 1.0f / sqrtf((float)kl_mla);
+    char key[160];
+    gguf_str s;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    if (gguf_get_str(L->m->gguf, key, &s) && !gguf_str_eq(s, "none"))
+        return unsupported(L), lm_err(L->err, L->errlen, "deepseek2 rope scaling '%.*s' is not supported yet",
+                                      (int)(s.len > 32 ? 32 : s.len), s.ptr);
+    /* experts: on every layer after the leading dense ones */
+    int shared, gating, groups;
+    if (get_hp_int(L, arch, "expert_count", 0, 0, 4096, &hp->n_expert)) return -1;
+    if (hp->n_layer_dense < hp->n_layer && hp->n_expert == 0)
+        return lm_err(L->err, L->errlen, "%s has expert layers but no '%s.expert_count'", arch, arch);
+    if (hp->n_expert == 0) return 0;
+    if (get_hp_int(L, arch, "expert_used_count", -1, 1, hp->n_expert, &hp->n_expert_used) ||
+        get_hp_int(L, arch, "expert_feed_forward_length", -1, 1, 1 << 23, &hp->n_ff_exp) ||
+        get_hp_int(L, arch, "expert_shared_count", 0, 0, 256, &shared) ||
+        get_hp_int(L, arch, "expert_gating_func", 1, 0, 16, &gating) ||
+        get_hp_int(L, arch, "expert_group_count", 0, 0, 4096, &groups) ||
+        get_hp_float(L, arch, "expert_weights_scale", 1.0, &hp->moe_scale))
+        return -1;
+    if (hp->moe_scale == 0.0f) hp->moe_scale = 1.0f;
+    hp->n_ff_shexp = shared * hp->n_ff_exp;
+    if (gating != 0 && gating != 1 && gating != 2)
+        return unsupported(L), lm_err(L->err, L->errlen, "expert gating function %d is not supported (1 softmax, "
+                                      "2 sigmoid)", gating);
+    hp->moe_sigmoid = gating == 2;
+    if (groups > 1)
+        return unsupported(L), lm_err(L->err, L->errlen, "group-limited expert routing (%d groups) is not supported",
+                                      groups);
+    snprintf(key, sizeof key, "%s.expert_weights_norm", arch);
+    bool norm = false;
+    if (gguf_find_key(L->m->gguf, key) >= 0 && !gguf_get_bool(L->m->gguf, key, &norm))
+        return lm_err(L->err, L->errlen, "metadata '%s' is not a boolean", key);
+    hp->moe_norm_w = norm;
+    return 0;
+}
+
 static int read_hparams(loader *L) {
     lm_model *m = L->m;
     lm_hparams *hp = &m->hp;
@@ -340,9 +429,12 @@ static int read_hparams(loader *L) {
     } else if (strcmp(arch, "qwen3moe") == 0) {
         hp->arch = LM_ARCH_QWEN3MOE;
         hp->rope_style = LM_ROPE_NEOX;
+    } else if (strcmp(arch, "deepseek2") == 0) {
+        hp->arch = LM_ARCH_DEEPSEEK2;
+        hp->rope_style = LM_ROPE_ADJACENT;
     } else {
         return unsupported(L), lm_err(L->err, L->errlen, "unsupported architecture '%s' (lamina runs llama, qwen2, "
-                                      "qwen3, qwen2moe, qwen3moe, gemma2, gemma3 and phi3)", arch);
+                                      "qwen3, qwen2moe, qwen3moe, gemma2, gemma3, phi3 and deepseek2)", arch);
     }
     const int64_t big = 1 << 20;
     if (get_hp_int(L, arch, "block_count", -1, 1, 4096, &hp->n_layer) ||
@@ -355,6 +447,7 @@ static int read_hparams(loader *L) {
     if (hp->n_head % hp->n_head_kv)
         return lm_err(L->err, L->errlen, "head count %d is not a multiple of the KV head count %d", hp->n_head,
                       hp->n_head_kv);
+    if (hp->arch == LM_ARCH_DEEPSEEK2) return read_mla_hparams(L, arch) || read_vocab(L);
     int def_hd = hp->n_embd % hp->n_head ? -1 : hp->n_embd / hp->n_head;
     if (get_hp_int(L, arch, "attention.key_length", def_hd, 1, 4096, &hp->head_dim)) return -1;
     int vlen;
@@ -388,11 +481,18 @@ static int read_hparams(loader *L) {
     }
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     if (read_family_hparams(L, arch)) return -1;
+    return read_vocab(L);
+}
+
+/* The vocabulary size, from the embedding's rows. */
+static int read_vocab(loader *L) {
+    const int64_t big = 1 << 20;
+    lm_model *m = L->m;
     const gguf_tensor *emb = gguf_find_tensor(m->gguf, "token_embd.weight");
     if (!emb) return lm_err(L->err, L->errlen, "missing tensor 'token_embd.weight'");
     if (emb->ne[1] < 1 || emb->ne[1] > (uint64_t)(64 * big))
         return lm_err(L->err, L->errlen, "tensor 'token_embd.weight' has a bad vocabulary dimension");
-    hp->n_vocab = (int)emb->ne[1];
+    m->hp.n_vocab = (int)emb->ne[1];
     return 0;
 }
 
@@ -435,26 +535,28 @@ static int load_fused(loader *L, int i, lm_layer *l) {
 
 /* A 3-D tensor of n_expert (rows, cols) matrices, as one lm_weight per
  * expert (slice e at data + e * rows * row_bytes). */
-static int load_experts(loader *L, const char *name, int64_t cols, int64_t rows, lm_weight *out) {
-    const lm_hparams *hp = &L->m->hp;
+static int load_slices(loader *L, const char *name, int64_t cols, int64_t rows, int n, lm_weight *out) {
     const gguf_tensor *t = gguf_find_tensor(L->m->gguf, name);
     if (!t) return lm_err(L->err, L->errlen, "missing tensor '%s'", name);
-    if (t->ne[0] != (uint64_t)cols || t->ne[1] != (uint64_t)rows || t->ne[2] != (uint64_t)hp->n_expert || t->ne[3] != 1)
+    if (t->ne[0] != (uint64_t)cols || t->ne[1] != (uint64_t)rows || t->ne[2] != (uint64_t)n || t->ne[3] != 1)
         return lm_err(L->err, L->errlen, "tensor '%s' has shape [%llu, %llu, %llu, %llu], expected [%lld, %lld, %d]",
                       name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
-                      (unsigned long long)t->ne[2], (unsigned long long)t->ne[3], (long long)cols, (long long)rows,
-                      hp->n_expert);
+                      (unsigned long long)t->ne[2], (unsigned long long)t->ne[3], (long long)cols, (long long)rows, n);
     if (!quant_supported(t->type))
         return unsupported(L), lm_err(L->err, L->errlen, "tensor '%s' has type %s, which lamina cannot compute with",
                                       name, quant_type_name(t->type));
     size_t rb = quant_row_size(t->type, cols);
-    for (int e = 0; e < hp->n_expert; e++)
+    for (int e = 0; e < n; e++)
         out[e] = (lm_weight){.data = (const uint8_t *)t->data + (size_t)e * (size_t)rows * rb, .type = t->type,
                              .rows = rows, .cols = cols, .row_bytes = rb};
     return 0;
 }
 
-/* A layer's experts, router and (qwen2moe) shared expert. */
+static int load_experts(loader *L, const char *name, int64_t cols, int64_t rows, lm_weight *out) {
+    return load_slices(L, name, cols, rows, L->m->hp.n_expert, out);
+}
+
+/* A layer's experts, router and (qwen2moe, deepseek2) shared expert. */
 static int load_moe(loader *L, int i, lm_layer *l) {
     lm_model *m = L->m;
     const lm_hparams *hp = &m->hp;
@@ -476,7 +578,7 @@ static int load_moe(loader *L, int i, lm_layer *l) {
     if (hp->n_ff_shexp > 0) {
         int64_t S = hp->n_ff_shexp;
         snprintf(name, sizeof name, "blk.%d.ffn_gate_inp_shexp.weight", i);
-        if (load_vec(L, name, E, true, &moe->shexp_gate)) return -1;
+        if (hp->arch == LM_ARCH_QWEN2MOE && load_vec(L, name, E, true, &moe->shexp_gate)) return -1;
         snprintf(name, sizeof name, "blk.%d.ffn_gate_shexp.weight", i);
         if (load_weight(L, name, E, S, &l->w_gate)) return -1;
         snprintf(name, sizeof name, "blk.%d.ffn_up_shexp.weight", i);
@@ -484,6 +586,51 @@ static int load_moe(loader *L, int i, lm_layer *l) {
         snprintf(name, sizeof name, "blk.%d.ffn_down_shexp.weight", i);
         if (load_weight(L, name, S, E, &l->w_down)) return -1;
     }
+    return 0;
+}
+
+/* deepseek2's layer: latent attention, then a dense FFN (the leading
+ * layers) or experts with shared ones and an optional selection bias. */
+static int load_mla_layer(loader *L, int i, lm_layer *l) {
+    lm_model *m = L->m;
+    const lm_hparams *hp = &m->hp;
+    int64_t E = hp->n_embd, H = hp->n_head, R = hp->kv_lora_rank, QK = hp->qk_nope + hp->n_rot;
+    lm_mla *a = &m->mla[i];
+    l->mla = a;
+    a->k_b = m->mla_heads + (size_t)i * 2 * (size_t)H;
+    a->v_b = a->k_b + H;
+    char name[96];
+#define NAME(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, i), name)
+    if (load_vec(L, NAME("attn_norm.weight"), E, true, &l->attn_norm)) return -1;
+    if (hp->q_lora_rank > 0) {
+        if (load_weight(L, NAME("attn_q_a.weight"), E, hp->q_lora_rank, &a->q_a) ||
+            load_vec(L, NAME("attn_q_a_norm.weight"), hp->q_lora_rank, true, &a->q_a_norm) ||
+            load_weight(L, NAME("attn_q_b.weight"), hp->q_lora_rank, H * QK, &a->q_b))
+            return -1;
+    } else if (load_weight(L, NAME("attn_q.weight"), E, H * QK, &a->q_b)) {
+        return -1;
+    }
+    if (load_weight(L, NAME("attn_kv_a_mqa.weight"), E, R + hp->n_rot, &a->kv_a) ||
+        load_vec(L, NAME("attn_kv_a_norm.weight"), R, true, &a->kv_a_norm))
+        return -1;
+    if (!gguf_find_tensor(m->gguf, NAME("attn_k_b.weight")) && gguf_find_tensor(m->gguf, NAME("attn_kv_b.weight")))
+        return unsupported(L), lm_err(L->err, L->errlen, "blk.%d has attn_kv_b but no attn_k_b / attn_v_b: lamina "
+                                      "runs the split layout only", i);
+    if (load_slices(L, NAME("attn_k_b.weight"), hp->qk_nope, R, (int)H, a->k_b) ||
+        load_slices(L, NAME("attn_v_b.weight"), R, hp->v_head_dim, (int)H, a->v_b) ||
+        load_weight(L, NAME("attn_output.weight"), H * hp->v_head_dim, E, &l->wo) ||
+        load_vec(L, NAME("ffn_norm.weight"), E, true, &l->ffn_norm))
+        return -1;
+    if (i < hp->n_layer_dense)
+        return load_weight(L, NAME("ffn_gate.weight"), E, hp->n_ff, &l->w_gate) ||
+                       load_weight(L, NAME("ffn_up.weight"), E, hp->n_ff, &l->w_up) ||
+                       load_weight(L, NAME("ffn_down.weight"), hp->n_ff, E, &l->w_down)
+                   ? -1
+                   : 0;
+    if (load_moe(L, i, l) ||
+        load_vec(L, NAME("exp_probs_b.bias"), hp->n_expert, false, &m->moe[i].probs_bias))
+        return -1;
+#undef NAME
     return 0;
 }
 
@@ -496,6 +643,8 @@ static int load_tensors(loader *L) {
     for (size_t k = 0; k < N_LAYER_TENSORS; k++)
         if (!layer_tensors[k].matrix) per_layer += (size_t)dim_len(hp, layer_tensors[k].cols);
     L->f32_cap = (size_t)hp->n_layer * (per_layer + (size_t)E) + (size_t)E + (size_t)hp->n_rot;
+    if (hp->kv_lora_rank) /* deepseek2's own vectors (the table's Q/K/V widths cover the rest) */
+        L->f32_cap += (size_t)hp->n_layer * ((size_t)hp->q_lora_rank + (size_t)hp->kv_lora_rank + (size_t)hp->n_expert);
     m->f32 = lm_malloc(L->f32_cap * sizeof(float));
     m->layers = lm_calloc((size_t)hp->n_layer, sizeof(lm_layer));
     m->layer_local = lm_calloc((size_t)hp->n_layer, 1);
@@ -504,6 +653,11 @@ static int load_tensors(loader *L) {
         m->moe = lm_calloc((size_t)hp->n_layer, sizeof(lm_moe));
         m->experts = lm_calloc((size_t)hp->n_layer * 3 * (size_t)hp->n_expert, sizeof(lm_weight));
         if (!m->moe || !m->experts) return nomem(L), lm_err(L->err, L->errlen, "out of memory");
+    }
+    if (hp->kv_lora_rank) {
+        m->mla = lm_calloc((size_t)hp->n_layer, sizeof(lm_mla));
+        m->mla_heads = lm_calloc((size_t)hp->n_layer * 2 * (size_t)hp->n_head, sizeof(lm_weight));
+        if (!m->mla || !m->mla_heads) return nomem(L), lm_err(L->err, L->errlen, "out of memory");
     }
 
     if (load_weight(L, "token_embd.weight", E, hp->n_vocab, &m->tok_embd)) return -1;
@@ -526,7 +680,7 @@ static int load_tensors(loader *L) {
     char name[96];
     for (int i = 0; i < hp->n_layer; i++) {
         lm_layer *l = &m->layers[i];
-        for (size_t k = 0; k < N_LAYER_TENSORS; k++) {
+        for (size_t k = 0; k < N_LAYER_TENSORS && !m->mla; k++) { /* deepseek2: load_mla_layer */
             const layer_tensor *t = &layer_tensors[k];
             if (t->fused & ARCH(hp->arch)) continue; /* load_fused below */
             if (t->ffn && hp->n_expert > 0) continue; /* load_moe below */
@@ -537,7 +691,11 @@ static int load_tensors(loader *L) {
             if (rc) return -1;
         }
         if ((FUSED_ARCHS & ARCH(hp->arch)) && load_fused(L, i, l)) return -1;
-        if (hp->n_expert > 0 && load_moe(L, i, l)) return -1;
+        if (m->mla) {
+            if (load_mla_layer(L, i, l)) return -1;
+        } else if (hp->n_expert > 0 && load_moe(L, i, l)) {
+            return -1;
+        }
         /* gemma: every swa_pattern-th layer (counting from 1) is global; pattern 0: none is */
         bool local = hp->swa_window > 0 && (hp->swa_pattern == 0 || (i + 1) % hp->swa_pattern != 0);
         l->window = local ? hp->swa_window : 0;
@@ -579,8 +737,10 @@ static uint64_t mem_available(void) {
 
 static int pack_weights(loader *L) {
     lm_model *m = L->m;
-    int n_w = MODEL_LAYER_MATRICES * m->hp.n_layer + 1 + (m->moe ? m->hp.n_layer * (1 + 3 * m->hp.n_expert) : 0);
-    lm_weight **ws = lm_malloc((size_t)n_w * sizeof *ws);
+    const int H = m->hp.n_head;
+    const int n_max = MODEL_LAYER_MATRICES * m->hp.n_layer + 1 + (m->moe ? m->hp.n_layer * (1 + 3 * m->hp.n_expert) : 0) +
+                      (m->mla ? m->hp.n_layer * (3 + 2 * H) : 0);
+    lm_weight **ws = lm_malloc((size_t)n_max * sizeof *ws);
     if (!ws) return nomem(L), lm_err(L->err, L->errlen, "out of memory");
     int k = 0;
     /* a pipeline stage packs its own layers, and the LM head on the last */
@@ -590,11 +750,18 @@ static int pack_weights(loader *L) {
             if (layer_tensors[j].matrix) ws[k++] = layer_weight(&m->layers[i], &layer_tensors[j]);
     if (m->pp.stage == m->pp.size - 1) ws[k++] = &m->output;
     for (int i = l0; m->moe && i < l1; i++) {
+        if (!m->layers[i].moe) continue; /* deepseek2's leading dense layers */
         ws[k++] = &m->moe[i].gate_inp;
         for (int e = 0; e < 3 * m->hp.n_expert; e++) ws[k++] = &m->moe[i].gate[e]; /* gate, up, down follow */
     }
-    assert(k <= n_w);
-    n_w = k;
+    for (int i = l0; m->mla && i < l1; i++) {
+        ws[k++] = &m->mla[i].q_a;
+        ws[k++] = &m->mla[i].q_b;
+        ws[k++] = &m->mla[i].kv_a;
+        for (int h = 0; h < 2 * H; h++) ws[k++] = &m->mla[i].k_b[h]; /* k_b, then v_b */
+    }
+    assert(k <= n_max);
+    const int n_w = k;
     size_t total = 0;
     for (int i = 0; i < n_w; i++) {
         if (ws[i]->rows && kernels_type(ws[i]->type)->packed_gemm) total += quant_pack_size(ws[i]->type, ws[i]->rows, ws[i]->cols);
@@ -634,6 +801,8 @@ static int pack_weights(loader *L) {
 }
 
 static int shard(loader *L, int rank, int size, int stage, int n_stages) {
+    if ((size > 1 || n_stages > 1) && L->m->mla)
+        return unsupported(L), lm_err(L->err, L->errlen, "deepseek2 (latent attention) has no --tp or --pp split");
     if (!model_shard(L->m, rank, size, L->err, L->errlen) && !model_stage(L->m, stage, n_stages, L->err, L->errlen))
         return 0;
     L->status = LM_ERR_UNSUPPORTED;
@@ -728,6 +897,8 @@ void model_free(lm_model *m) {
     lm_free(m->layer_local);
     lm_free(m->moe);
     lm_free(m->experts);
+    lm_free(m->mla);
+    lm_free(m->mla_heads);
     lm_free(m->f32);
     lm_free(m->packed_mem);
     if (m->gguf) gguf_close(m->gguf);

@@ -31,6 +31,16 @@
  *          qwen2moe; qwen2moe adds a shared expert (ffn_*_shexp) scaled by
  *          sigmoid(ffn_gate_inp_shexp · x). qwen2moe/qwen3moe as qwen2/qwen3
  *          otherwise (qwen2moe keeps the QKV biases).
+ *   deepseek2 DeepSeek-V2/V3: multi-head latent attention (mla.h): queries
+ *          through an optional low-rank bottleneck (attn_q_a, its RMSNorm,
+ *          attn_q_b; or attn_q), keys and values through a shared latent
+ *          (attn_kv_a_mqa: c_kv and one RoPE key, c_kv RMSNormed), the
+ *          per-head up-projections attn_k_b / attn_v_b; RoPE on adjacent
+ *          pairs of the last n_rot dims of each query head and the shared
+ *          key. The first leading_dense_block_count layers have a dense FFN,
+ *          the rest experts (softmax or sigmoid router, an optional selection
+ *          bias exp_probs_b, optional renormalisation, expert_weights_scale)
+ *          plus ungated shared experts (ffn_*_shexp).
  * Anything else is refused by name, and so is a weight of a type lamina cannot
  * compute with.
  *
@@ -54,7 +64,7 @@
 
 typedef enum {
     LM_ARCH_LLAMA, LM_ARCH_QWEN2, LM_ARCH_GEMMA3, LM_ARCH_QWEN3, LM_ARCH_GEMMA2, LM_ARCH_PHI3,
-    LM_ARCH_QWEN2MOE, LM_ARCH_QWEN3MOE,
+    LM_ARCH_QWEN2MOE, LM_ARCH_QWEN3MOE, LM_ARCH_DEEPSEEK2,
 } lm_arch;
 
 typedef enum { LM_ROPE_ADJACENT, LM_ROPE_NEOX } lm_rope_style;
@@ -94,6 +104,16 @@ typedef struct {
     int n_ff_exp;        /* an expert's hidden width */
     int n_ff_shexp;      /* the shared expert's hidden width (0: none) */
     bool moe_norm_w;     /* the chosen experts' probabilities renormalised to sum 1 */
+    float moe_scale;     /* the chosen experts' weights then multiplied by this (1: none; deepseek2) */
+    bool moe_sigmoid;    /* router scores through a sigmoid instead of a softmax (DeepSeek-V3) */
+    int n_layer_dense;   /* leading layers with a dense FFN before the expert layers (deepseek2) */
+    /* Multi-head latent attention (deepseek2; kv_lora_rank 0: none). The cache
+     * then holds one KV head of head_dim = kv_lora_rank + n_rot per token and
+     * layer (n_head_kv is 1): the latent c_kv and the shared RoPE key (mla.h). */
+    int q_lora_rank;     /* queries through a rank-q_lora_rank bottleneck; 0: straight from attn_q */
+    int kv_lora_rank;    /* the latent's width */
+    int qk_nope;         /* a head's query/key width without RoPE (the RoPE part is n_rot wide) */
+    int v_head_dim;      /* a head's value width */
 } lm_hparams;
 
 typedef struct {
@@ -115,9 +135,22 @@ typedef struct {
 typedef struct {
     lm_weight gate_inp;              /* router (n_expert, n_embd) */
     lm_weight *gate, *up, *down;     /* (n_expert) each: (n_ff_exp, n_embd) x2, (n_embd, n_ff_exp) */
+    const float *probs_bias;         /* (n_expert) added to the router's probabilities to choose the experts
+                                        (not to weight them; DeepSeek-V3's exp_probs_b), or NULL */
     const float *shexp_gate;         /* (n_embd) the shared expert's gate, or NULL; the shared expert
                                         itself is the layer's w_gate, w_up, w_down (n_ff_shexp) */
 } lm_moe;
+
+/* One layer's latent attention (deepseek2, mla.h). qk = qk_nope + n_rot. */
+typedef struct {
+    lm_weight q_a;                   /* (q_lora_rank, n_embd); rows 0 without the q bottleneck */
+    const float *q_a_norm;           /* (q_lora_rank) or NULL */
+    lm_weight q_b;                   /* (n_head*qk, q_lora_rank), or attn_q (n_head*qk, n_embd) */
+    lm_weight kv_a;                  /* (kv_lora_rank + n_rot, n_embd): the latent, then the RoPE key */
+    const float *kv_a_norm;          /* (kv_lora_rank) */
+    lm_weight *k_b, *v_b;            /* (n_head) each: W_UKᵀ (kv_lora_rank, qk_nope), W_UV (v_head_dim,
+                                        kv_lora_rank), slices of the file's 3-D attn_k_b / attn_v_b */
+} lm_mla;
 
 typedef struct {
     const float *attn_norm;          /* (n_embd) */
@@ -128,6 +161,8 @@ typedef struct {
     const float *q_norm, *k_norm;    /* (head_dim) per-head RMSNorm weights, or NULL */
     const float *post_attn_norm;     /* (n_embd) or NULL */
     const float *post_ffn_norm;      /* (n_embd) or NULL */
+    lm_mla *mla;                     /* latent attention (deepseek2): replaces wq, wk, wv (rows 0);
+                                        wo is then (n_embd, n_head*v_head_dim) */
     lm_moe *moe;                     /* NULL for a dense FFN; then w_gate/w_up/w_down are the FFN, else
                                         the shared expert (rows 0 when there is none) */
     int window;                      /* attention window in tokens, 0 = whole context */
@@ -184,6 +219,8 @@ typedef struct lm_model {
     size_t packed_bytes;     /* bytes of packed copies (memory beyond the mapping) */
     lm_moe *moe;             /* (n_layer) when n_expert > 0, else NULL */
     lm_weight *experts;      /* (n_layer, 3, n_expert) the slices lm_moe points into */
+    lm_mla *mla;             /* (n_layer) with latent attention, else NULL */
+    lm_weight *mla_heads;    /* (n_layer, 2, n_head) the k_b and v_b slices lm_mla points into */
     char name[128];          /* general.name, or the file's base name */
     uint64_t n_params;
     uint64_t weight_bytes;   /* bytes of all tensors */

@@ -93,6 +93,7 @@ size_t moe_act_bytes(const lm_model *m, int n_batch) {
     size_t a = 0;
     for (int i = 0; m->moe && i < m->hp.n_layer; i++) {
         const lm_moe *moe = &m->moe[i];
+        if (!moe->gate) continue; /* a dense layer (deepseek2's leading ones) */
         a = max_sz(a, ops_matmul_scratch(moe->gate_inp.type, moe->gate_inp.cols, n_batch));
         for (int e = 0; e < m->hp.n_expert; e++) {
             a = max_sz(a, ops_matmul_scratch(moe->gate[e].type, moe->gate[e].cols, n_batch));
@@ -103,29 +104,37 @@ size_t moe_act_bytes(const lm_model *m, int n_batch) {
     return a;
 }
 
-/* Softmax of one token's router scores, in place, and its top k. */
-static void route(float *p, int X, int k, bool norm, int *sel, float *selw) {
-    float mx = p[0];
-    for (int e = 1; e < X; e++) mx = p[e] > mx ? p[e] : mx;
-    float sum = 0;
-    for (int e = 0; e < X; e++) sum += (p[e] = expf(p[e] - mx));
-    for (int e = 0; e < X; e++) p[e] /= sum;
+/* Softmax (or, hp.moe_sigmoid, sigmoid) of one token's router scores, in
+ * place, and its top k, chosen by probability plus bias where the layer has
+ * a selection bias, weighted by the probability alone. */
+static void route(float *p, int X, int k, const lm_hparams *hp, const float *bias, int *sel, float *selw) {
+    if (hp->moe_sigmoid) {
+        for (int e = 0; e < X; e++) p[e] = 1.0f / (1.0f + expf(-p[e]));
+    } else {
+        float mx = p[0];
+        for (int e = 1; e < X; e++) mx = p[e] > mx ? p[e] : mx;
+        float sum = 0;
+        for (int e = 0; e < X; e++) sum += (p[e] = expf(p[e] - mx));
+        for (int e = 0; e < X; e++) p[e] /= sum;
+    }
     for (int j = 0; j < k; j++) { /* k is small: selection by repeated scans */
         int best = -1;
         for (int e = 0; e < X; e++) {
             bool taken = false;
             for (int i = 0; i < j && !taken; i++) taken = sel[i] == e;
-            if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            if (!taken && (best < 0 || (bias ? p[e] + bias[e] > p[best] + bias[best] : p[e] > p[best]))) best = e;
         }
         sel[j] = best;
         selw[j] = p[best];
     }
-    if (norm) {
+    if (hp->moe_norm_w) {
         float s = 0;
         for (int j = 0; j < k; j++) s += selw[j];
         if (s < 6.103515625e-5f) s = 6.103515625e-5f; /* the smallest normal F16, as llama.cpp clamps */
         for (int j = 0; j < k; j++) selw[j] /= s;
     }
+    if (hp->moe_scale != 0.0f && hp->moe_scale != 1.0f)
+        for (int j = 0; j < k; j++) selw[j] *= hp->moe_scale;
 }
 
 void moe_expert_run(moe_ws *w, lm_pool *pool, const lm_model *m, const lm_moe *moe, int e, const float *xe,
@@ -143,7 +152,8 @@ void moe_expert_run(moe_ws *w, lm_pool *pool, const lm_model *m, const lm_moe *m
     }
 }
 
-/* qwen2moe's shared expert over all n rows, gated per token, added to acc. */
+/* The shared expert over all n rows, gated per token (qwen2moe) or not
+ * (deepseek2), added to acc. */
 static void shared_expert(moe_ws *w, lm_pool *pool, const lm_layer *l, const float *xb, int n, void *act) {
     const int E = w->E, S = (int)l->w_gate.rows;
     float *const gu_y[2] = {w->h, w->h2};
@@ -153,9 +163,9 @@ static void shared_expert(moe_ws *w, lm_pool *pool, const lm_layer *l, const flo
     ops_matmul(pool, w->ye, &l->w_down, w->h, n, act);
     for (int t = 0; t < n; t++) {
         const float *x = xb + (size_t)t * E, *y = w->ye + (size_t)t * E;
-        float d = 0;
-        for (int i = 0; i < E; i++) d += l->moe->shexp_gate[i] * x[i];
-        float g = 1.0f / (1.0f + expf(-d));
+        float d = 0, g = 1.0f; /* deepseek2's shared experts have no gate */
+        for (int i = 0; l->moe->shexp_gate && i < E; i++) d += l->moe->shexp_gate[i] * x[i];
+        if (l->moe->shexp_gate) g = 1.0f / (1.0f + expf(-d));
         float *o = w->acc + (size_t)t * E;
         for (int i = 0; i < E; i++) o[i] += g * y[i];
     }
@@ -168,7 +178,8 @@ void moe_ffn(moe_ws *w, lm_pool *pool, const lm_model *m, const lm_layer *l, flo
     ops_matmul(pool, w->logits, &moe->gate_inp, xb, n, act);
     memset(w->count, 0, (size_t)(X + 1) * sizeof(int));
     for (int t = 0; t < n; t++) {
-        route(w->logits + (size_t)t * X, X, K, m->hp.moe_norm_w, w->sel + (size_t)t * K, w->selw + (size_t)t * K);
+        route(w->logits + (size_t)t * X, X, K, &m->hp, moe->probs_bias, w->sel + (size_t)t * K,
+              w->selw + (size_t)t * K);
         for (int j = 0; j < K; j++) w->count[w->sel[(size_t)t * K + j] + 1]++;
     }
     for (int e = 0; e < X; e++) w->count[e + 1] += w->count[e]; /* count[e]: expert e's first slot */
@@ -192,7 +203,7 @@ void moe_ffn(moe_ws *w, lm_pool *pool, const lm_model *m, const lm_layer *l, flo
         moe_expert_run(w, pool, m, moe, e, w->xe, w->rows + s0, w->roww + s0, c, w->acc, act);
         run++;
     }
-    if (moe->shexp_gate) shared_expert(w, pool, l, xb, n, act);
+    if (l->w_gate.rows) shared_expert(w, pool, l, xb, n, act);
     memcpy(xb, w->acc, (size_t)n * E * sizeof(float));
     if (n_run) *n_run = run;
 }
