@@ -48,7 +48,7 @@ PPL_TOL = {"F16": 0.002, "Q8_0": 0.01}
 # in one implementation than in the other (0.4% on qwen3moe's 510 scored
 # tokens at F16); the logits checks above see no such flip.
 PPL_TOL_MOE = {"F16": 0.01, "Q8_0": 0.01}
-MOE = {"qwen3moe", "qwen2moe", "mixtral"}
+MOE = {"qwen3moe", "qwen2moe", "mixtral", "deepseek2"}
 
 def lamina(*args, timeout=300):
     return subprocess.run([LAMINA, *args], capture_output=True, timeout=timeout)

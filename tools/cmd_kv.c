@@ -129,6 +129,22 @@ static uint64_t budget_split(const lm_model *m, uint64_t budget, uint32_t type, 
     return sp.kc.mem_bytes;
 }
 
+/* Multi-head latent attention: the latent row per token and layer, and the
+ * caches the same attention would need without it: multi-head (every head's
+ * key of qk and value of v_head_dim) and grouped-query with a KV head per 4
+ * query heads (keys and values of qk). */
+static void print_mla(const lm_hparams *hp, const char *elem, uint64_t num, uint64_t den, uint64_t per_tok) {
+    int qk = hp->qk_nope + hp->n_rot, kvh = hp->n_head >= 4 ? hp->n_head / 4 : 1;
+    uint64_t mha = (uint64_t)hp->n_layer * (uint64_t)hp->n_head * (uint64_t)(qk + hp->v_head_dim) * num / den;
+    uint64_t gqa = 2ull * (uint64_t)hp->n_layer * (uint64_t)kvh * (uint64_t)qk * num / den;
+    printf("KV per token:    %d layers x (%d latent + %d RoPE key) x %s = %llu bytes (latent attention)\n",
+           hp->n_layer, hp->kv_lora_rank, hp->n_rot, elem, (unsigned long long)per_tok);
+    printf("instead of:      MHA %d layers x %d heads x (%d key + %d value) x %s = %llu bytes (%.1fx)\n", hp->n_layer,
+           hp->n_head, qk, hp->v_head_dim, elem, (unsigned long long)mha, (double)mha / (double)per_tok);
+    printf("                 GQA 2 x %d layers x %d KV heads x %d head dim x %s = %llu bytes (%.1fx)\n", hp->n_layer,
+           kvh, qk, elem, (unsigned long long)gqa, (double)gqa / (double)per_tok);
+}
+
 int cmd_kv(int argc, char **argv) {
     args a = {argc, argv, 0, "kv", usage_kv};
     const char *model = NULL;
@@ -185,7 +201,8 @@ int cmd_kv(int argc, char **argv) {
     for (int i = 0; i < hp->n_layer; i++) n_local += hp->swa_window > 0 && m->layer_local[i];
     if (n_local == hp->n_layer) n_local = 0;
     int n_layers[KV_N_CLASS] = {hp->n_layer - n_local, n_local};
-    uint64_t unit = 2ull * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim * num / den; /* one layer */
+    uint64_t slabs = hp->kv_lora_rank ? 1 : 2; /* latent attention: one row, the value inside the key (kv.h) */
+    uint64_t unit = slabs * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim * num / den; /* one layer */
     uint64_t per_tok = unit * (uint64_t)hp->n_layer, cls_tok[KV_N_CLASS] = {unit * (uint64_t)n_layers[0],
                                                                           unit * (uint64_t)n_layers[1]};
     int64_t blocks_per_seq = (ctx + block - 1) / block;
@@ -206,8 +223,11 @@ int cmd_kv(int argc, char **argv) {
     printf("KV type:         %s (%s bytes per element)\n", quant_type_name((uint32_t)type), elem);
     int64_t fit;
     if (!swa) {
-        printf("KV per token:    2 x %d layers x %d KV heads x %d head dim x %s = %llu bytes\n", hp->n_layer,
-               hp->n_head_kv, hp->head_dim, elem, (unsigned long long)per_tok);
+        if (hp->kv_lora_rank)
+            print_mla(hp, elem, num, den, per_tok);
+        else
+            printf("KV per token:    2 x %d layers x %d KV heads x %d head dim x %s = %llu bytes\n", hp->n_layer,
+                   hp->n_head_kv, hp->head_dim, elem, (unsigned long long)per_tok);
         printf("block:           %d tokens = %llu bytes\n", c.block_size, (unsigned long long)pl.block_bytes);
         printf("sequence:        %lld tokens = %lld blocks = %llu bytes\n", ctx, (long long)blocks_per_seq,
                (unsigned long long)((uint64_t)blocks_per_seq * pl.block_bytes));

@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""lamina against llama.cpp on the deepseek2 (multi-head latent attention)
+files lamina mkmodel builds: the checks of tests/e2e_arch.py (its docstring
+says what they are and their tolerances) on deepseek2-small, F16 and Q8_0,
+with the facts of tests/data/deepseek2/ (README.md there says how they were
+made), and `lamina kv` on the same file: the latent cache's bytes per token
+equal n_layer x (kv_lora_rank + n_rot) x bytes per element, against the
+multi-head cache the same attention would need without the latent."""
+import os
+import re
+import sys
+import tempfile
+
+import e2e_arch  # noqa: E402 (tests/ is the script's folder)
+
+# deepseek2-small: 4 layers, 4 heads, kv_lora_rank 128, RoPE key 32, a head's key 64 + 32 and value 64
+LAYERS, HEADS, RANK, ROPE, QK, VD = 4, 4, 128, 32, 96, 64
+ELEM = {"F32": 4.0, "F16": 2.0, "Q8_0": 34.0 / 32}
+
+
+def check_kv(tmp):
+    vocab = os.path.join(e2e_arch.DATA, "vocab", e2e_arch.DEFAULT_VOCAB)
+    model = os.path.join(tmp, "deepseek2-kv.gguf")
+    r = e2e_arch.lamina("mkmodel", "--preset", "deepseek2-small", "--type", "Q8_0", "--vocab-from", vocab, "-o", model)
+    if r.returncode != 0:
+        e2e_arch.result("deepseek2 kv: model written", False, r.stderr.decode())
+        return
+    for t, e in ELEM.items():
+        r = e2e_arch.lamina("kv", "-m", model, "--kv-type", t, "-c", "1024")
+        out = r.stdout.decode()
+        want = int(LAYERS * (RANK + ROPE) * e)
+        mha = int(LAYERS * HEADS * (QK + VD) * e)
+        got = re.search(r"KV per token:.* = (\d+) bytes \(latent attention\)", out)
+        alt = re.search(r"instead of:\s+MHA .* = (\d+) bytes", out)
+        pool = re.search(r"pool:\s+(\d+) blocks = (\d+) tokens = (\d+) bytes", out)
+        ok = (r.returncode == 0 and got and alt and pool and int(got.group(1)) == want and int(alt.group(1)) == mha
+              and int(pool.group(3)) == int(pool.group(2)) * want)
+        print("NOTE deepseek2-small %s KV per token: %d bytes latent, %d bytes as multi-head attention (%.1fx)"
+              % (t, want, mha, mha / want))
+        e2e_arch.result("deepseek2 kv %s: latent bytes per token and pool" % t, bool(ok), out + r.stderr.decode())
+    os.unlink(model)
+
+
+def main():
+    with tempfile.TemporaryDirectory(prefix="lamina_mla_") as tmp:
+        e2e_arch.check_arch("deepseek2", tmp)
+        check_kv(tmp)
+    print("%d passed, %d failed" % (e2e_arch.passed, e2e_arch.failed))
+    return 1 if e2e_arch.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
