@@ -2,7 +2,8 @@
  * fuzz_model.c - libFuzzer entry for the model loader: hyperparameters and
  * every layer's tensors read from a GGUF file's metadata and shapes (dense,
  * fused phi3 matrices sliced by rows, 3-D expert tensors sliced per expert,
- * rope factors, soft-caps, windows).
+ * rope factors, soft-caps, windows, deepseek2's latent attention with its
+ * per-head attn_k_b / attn_v_b slices and leading dense layers).
  *
  * Each input is opened with gguf_open_mem and loaded with model_load_gguf.
  * A model that loads is checked: every layer matrix and expert slice lies
@@ -57,6 +58,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (int k = 0; k < MODEL_LAYER_MATRICES; k++) check_weight(ws[k], base, len);
         if (m->layers[i].moe)
             for (int e = 0; e < 3 * m->hp.n_expert; e++) check_weight(&m->layers[i].moe->gate[e], base, len);
+        const lm_mla *a = m->layers[i].mla;
+        if (a) { /* deepseek2: the latent attention's matrices and per-head slices */
+            check_weight(&a->q_a, base, len);
+            check_weight(&a->q_b, base, len);
+            check_weight(&a->kv_a, base, len);
+            for (int h = 0; h < 2 * m->hp.n_head; h++) check_weight(&a->k_b[h], base, len); /* k_b, then v_b */
+        }
     }
     model_free(m);
     return 0;

@@ -23,6 +23,10 @@
  * may be divided by per-frequency factors, cos and sin scaled.
  * A layer with experts replaces the FFN by moe_ffn (moe.h) between the same
  * norm and residual add.
+ * A layer with latent attention (deepseek2) replaces the Q/K/V products,
+ * RoPE, the cache write and attention by mla_attn (mla.h), whose heads'
+ * outputs go through Wo as above; its cache rows are the pool's latent
+ * layout (fwd_kv_config sets kv_config.latent_v).
  * then logits = rmsnorm(x) * out_norm · Woutᵀ for the rows asked for.
  * Each row's arithmetic is the same whatever else is in the batch and
  * whichever thread runs it, so a sequence's logits do not depend on how its

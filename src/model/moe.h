@@ -2,11 +2,15 @@
  * moe.h - the Mixture-of-Experts FFN of one layer over a flat batch.
  *
  * For each token t of the batch (xb row t, the FFN-normed residual):
- *   p = softmax(router · xb_t) over n_expert experts
- *   chosen = the n_expert_used largest p (ties: the lower expert id),
- *   w_e = p_e, divided by their sum when hp.moe_norm_w
+ *   p = softmax(router · xb_t) over n_expert experts (sigmoid per expert
+ *       when hp.moe_sigmoid, DeepSeek-V3)
+ *   chosen = the n_expert_used largest p (+ the layer's probs_bias where it
+ *       has one; ties: the lower expert id),
+ *   w_e = p_e, divided by their sum when hp.moe_norm_w, times hp.moe_scale
+ *       when that is neither 0 nor 1
  *   out_t = Σ_{e in chosen, ascending e} w_e · down_e(silu(gate_e·xb_t) ⊙ up_e·xb_t)
- *           (+ sigmoid(shexp_gate·xb_t) · shared(xb_t) when the layer has a shared expert)
+ *           (+ sigmoid(shexp_gate·xb_t) · shared(xb_t) when the layer has a shared expert;
+ *            deepseek2's shared experts have no gate: + shared(xb_t))
  *
  * Execution groups the batch's tokens by expert: every expert that any token
  * chose runs once, on the rows of all the tokens that chose it (gathered into
