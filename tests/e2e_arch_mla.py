@@ -11,7 +11,9 @@ import re
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import e2e_arch  # noqa: E402 (tests/ is the script's folder)
+from testenv import result, summary  # noqa: E402
 
 # deepseek2-small: 4 layers, 4 heads, kv_lora_rank 128, RoPE key 32, a head's key 64 + 32 and value 64
 LAYERS, HEADS, RANK, ROPE, QK, VD = 4, 4, 128, 32, 96, 64
@@ -23,7 +25,7 @@ def check_kv(tmp):
     model = os.path.join(tmp, "deepseek2-kv.gguf")
     r = e2e_arch.lamina("mkmodel", "--preset", "deepseek2-small", "--type", "Q8_0", "--vocab-from", vocab, "-o", model)
     if r.returncode != 0:
-        e2e_arch.result("deepseek2 kv: model written", False, r.stderr.decode())
+        result("deepseek2 kv: model written", False, r.stderr.decode())
         return
     for t, e in ELEM.items():
         r = e2e_arch.lamina("kv", "-m", model, "--kv-type", t, "-c", "1024")
@@ -37,7 +39,7 @@ def check_kv(tmp):
               and int(pool.group(3)) == int(pool.group(2)) * want)
         print("NOTE deepseek2-small %s KV per token: %d bytes latent, %d bytes as multi-head attention (%.1fx)"
               % (t, want, mha, mha / want))
-        e2e_arch.result("deepseek2 kv %s: latent bytes per token and pool" % t, bool(ok), out + r.stderr.decode())
+        result("deepseek2 kv %s: latent bytes per token and pool" % t, bool(ok), out + r.stderr.decode())
     os.unlink(model)
 
 
@@ -45,8 +47,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="lamina_mla_") as tmp:
         e2e_arch.check_arch("deepseek2", tmp)
         check_kv(tmp)
-    print("%d passed, %d failed" % (e2e_arch.passed, e2e_arch.failed))
-    return 1 if e2e_arch.failed else 0
+    return summary()
 
 
 if __name__ == "__main__":
