@@ -219,8 +219,9 @@ typedef struct {
     bool prefix_cache;    /* share cached prompt blocks between requests (default true) */
     bool static_batching; /* baseline for benchmarks: admit a batch only when nothing runs,
                              and none joins until all of it finished */
-    int spec;             /* speculative decoding's proposer: LM_SPEC_NONE (default) or
-                             LM_SPEC_NGRAM (prompt lookup); requests speculate by default */
+    int spec;             /* speculative decoding's proposer: LM_SPEC_NONE (default),
+                             LM_SPEC_NGRAM (prompt lookup) or LM_SPEC_DRAFT (a draft model);
+                             requests speculate by default */
     int spec_max;         /* tokens proposed per step at most (<= 0: 4); the engine sizes each
                              proposal by its acceptance so far, and shrinks it under load */
     uint64_t mem;         /* the whole memory budget in bytes: the weights (mapped, and their packed
@@ -231,9 +232,14 @@ typedef struct {
     bool mem_cap;         /* with mem: the pool takes at most what kv_mem 0 would give (n_ctx x
                              max_seqs positions, at most 4 GiB), the budget only a bound (the
                              command line's default budget); false: all the rest */
+    const lm_model *draft_model; /* LM_SPEC_DRAFT: the draft (its tokenizer must agree with the
+                             target's; it must outlive the engine) */
+    int spec_min;         /* LM_SPEC_DRAFT: fewer guesses than this propose nothing (default 0) */
+    float spec_p_min;     /* LM_SPEC_DRAFT: a guess whose distribution's top probability is below
+                             this ends the proposal (default 0: never) */
 } lm_engine_config;
 
-enum { LM_SPEC_NONE = 0, LM_SPEC_NGRAM = 1 };
+enum { LM_SPEC_NONE = 0, LM_SPEC_NGRAM = 1, LM_SPEC_DRAFT = 2 };
 
 LM_API void lm_engine_config_default(lm_engine_config *c);
 

@@ -215,6 +215,38 @@ int need_spec(args *a) {
     return LM_SPEC_NONE;
 }
 
+void spec_opts_default(spec_opts *o) { *o = (spec_opts){.spec = LM_SPEC_NONE, .max = 4}; }
+
+bool spec_opts_flag(args *a, spec_opts *o) {
+    if (is_flag(a, "--spec", NULL)) o->spec = need_spec(a);
+    else if (is_flag(a, "--draft-model", NULL)) o->draft_path = need_val(a);
+    else if (is_flag(a, "--draft-max", NULL)) o->max = (int)need_int(a, 1, 64);
+    else if (is_flag(a, "--draft-min", NULL)) o->min = (int)need_int(a, 0, 64);
+    else if (is_flag(a, "--draft-p-min", NULL)) o->p_min = (float)need_float(a, 0, 1);
+    else return false;
+    return true;
+}
+
+void spec_opts_apply(args *a, spec_opts *o, lm_engine_config *ec) {
+    if (o->draft_path && o->spec == LM_SPEC_NGRAM)
+        die_usage(a, "%s", "--spec ngram and --draft-model exclude each other");
+    if (o->min > o->max) die_usage(a, "%s", "--draft-min is above --draft-max");
+    ec->spec = o->spec;
+    ec->spec_max = o->max;
+    ec->spec_min = o->min;
+    ec->spec_p_min = o->p_min;
+    if (o->draft_path) {
+        o->draft = load_or_die(a->cmd, o->draft_path);
+        ec->spec = LM_SPEC_DRAFT;
+        ec->draft_model = o->draft;
+    }
+}
+
+void spec_opts_free(spec_opts *o) {
+    if (o->draft) model_free(o->draft);
+    o->draft = NULL;
+}
+
 bool chat_template_choice(const char *cmd, const char *v, const char **name, char **text) {
     *name = NULL;
     *text = NULL;

@@ -79,9 +79,27 @@ int cmd_perplexity(int argc, char **argv);
  * F32, F16, Q8_0); exits 2 otherwise. */
 uint32_t need_kv_type(args *a);
 /* The value after the current flag as a speculative proposer: "ngram"
- * (LM_SPEC_NGRAM) or "none"/"off" (LM_SPEC_NONE); exits 2 otherwise. The
- * draft-model proposer is not built: "draft" is refused saying so. */
+ * (LM_SPEC_NGRAM) or "none"/"off" (LM_SPEC_NONE); exits 2 otherwise (a
+ * draft model is chosen by --draft-model). */
 int need_spec(args *a);
+
+/* Speculative decoding's flags, shared by run, serve, bench spec and bench
+ * serve: --spec ngram|none, --draft-model FILE, --draft-max K, --draft-min N,
+ * --draft-p-min P. */
+typedef struct {
+    int spec;               /* LM_SPEC_* from --spec (LM_SPEC_NONE unless given) */
+    const char *draft_path; /* --draft-model */
+    int max, min;           /* --draft-max (default 4), --draft-min (default 0) */
+    float p_min;            /* --draft-p-min (default 0) */
+    lm_model *draft;        /* loaded by spec_opts_apply */
+} spec_opts;
+void spec_opts_default(spec_opts *o);
+/* Whether the current argument is one of those flags (consuming its value). */
+bool spec_opts_flag(args *a, spec_opts *o);
+/* Check the combination, load the draft model and fill the engine config's
+ * speculation fields; exits on an error. spec_opts_free frees the draft. */
+void spec_opts_apply(args *a, spec_opts *o, lm_engine_config *ec);
+void spec_opts_free(spec_opts *o);
 
 /* The context length a command is about to use (what `flag` asked, or its
  * default), checked against the model's trained context n_train: above it,

@@ -58,7 +58,9 @@ static void usage_bench_serve(FILE *f) {
             "  --kv-mem BYTES      KV pool size (default: context x max-seqs, at most 4 GiB)\n"
             "  --kv-type T         F16 (default), F32, Q8_0\n"
             "  --spec ngram        speculative decoding by prompt lookup\n"
+            "  --draft-model FILE  speculative decoding by a draft model (same tokenizer)\n"
             "  --draft-max K       tokens proposed per step at most (default 4)\n"
+            "  --draft-min N, --draft-p-min P  with --draft-model: see lamina run --help\n"
             "  --prompt-file FILE  every request's prompt is this text (outputs still drawn)\n",
             FWD_BATCH_DEFAULT);
 }
@@ -286,6 +288,8 @@ int cmd_bench_serve(int argc, char **argv) {
     int p_lo = 16, p_hi = 96, o_lo = 16, o_hi = 64, fixed_p = 0, fixed_g = 0;
     lm_engine_config ec;
     engine_config_default(&ec);
+    spec_opts so;
+    spec_opts_default(&so);
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
         if (is_flag(&a, "-m", "--model")) model = need_val(&a);
@@ -307,12 +311,12 @@ int cmd_bench_serve(int argc, char **argv) {
         else if (is_flag(&a, "--max-seqs", NULL)) ec.max_seqs = (int)need_int(&a, 1, 1 << 16);
         else if (is_flag(&a, "--kv-mem", NULL)) ec.kv_mem = need_bytes(&a);
         else if (is_flag(&a, "--kv-type", NULL)) ec.kv_type = need_kv_type(&a);
-        else if (is_flag(&a, "--spec", NULL)) ec.spec = need_spec(&a);
-        else if (is_flag(&a, "--draft-max", NULL)) ec.spec_max = (int)need_int(&a, 1, 64);
+        else if (spec_opts_flag(&a, &so)) continue;
         else if (is_flag(&a, "--prompt-file", NULL)) pfile = need_val(&a);
         else die_usage(&a, "unknown option '%s'", argv[a.i]);
     }
     lm_model *m = load_or_die("bench serve", model);
+    spec_opts_apply(&a, &so, &ec);
     ctx_check("bench serve", "-c", ctx, m->hp.n_ctx_train, ctx_extend);
     ec.n_threads = (int)threads;
     ec.n_ctx = (int)ctx;
@@ -414,6 +418,7 @@ int cmd_bench_serve(int argc, char **argv) {
     free(prompts);
     free(ftoks);
     free(w);
+    spec_opts_free(&so);
     model_free(m);
     return failed ? 1 : 0;
 }

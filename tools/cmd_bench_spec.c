@@ -1,6 +1,7 @@
 /*
- * cmd_bench_spec.c - `lamina bench spec`: what speculative decoding by
- * prompt lookup gains on one prompt at batch 1.
+ * cmd_bench_spec.c - `lamina bench spec`: what speculative decoding (by
+ * prompt lookup, or by a draft model with --draft-model) gains on one
+ * prompt at batch 1.
  *
  * One engine with the proposer; each repetition runs the same greedy
  * request twice, speculation off (spec_k < 0) then on, so the two are
@@ -23,15 +24,19 @@
 static void usage_bench_spec(FILE *f) {
     fprintf(f,
             "usage: lamina bench spec -m MODEL.gguf -f PROMPT.txt [-n 128] [-r 3] [-t THREADS] [--draft-max K]\n"
-            "Generate greedily from the prompt with speculative decoding by prompt lookup off and on,\n"
-            "alternately, and print decode speed, acceptance and whether the outputs agree.\n\n"
+            "                         [--draft-model DRAFT.gguf [--draft-min N] [--draft-p-min P]]\n"
+            "Generate greedily from the prompt with speculative decoding off and on, alternately,\n"
+            "and print decode speed, acceptance and whether the outputs agree. The proposer is\n"
+            "prompt lookup, or the draft model given.\n\n"
             "  -f FILE         the prompt (a copy-heavy one shows the gain)\n"
             "  -n N            tokens to generate (default 128)\n"
             "  -r N            repetitions of each (default 3)\n"
             "  -t N            threads (default: physical cores)\n"
             "  -c N            context (default: the model's, at most 4096)\n"
             "  --ctx-extend    allow -c above the model's trained context (with a warning)\n"
-            "  --draft-max K   tokens proposed per step at most (default 4)\n");
+            "  --draft-max K   tokens proposed per step at most (default 4)\n"
+            "  --draft-model FILE  a draft model with the same tokenizer proposes\n"
+            "  --draft-min N, --draft-p-min P  with --draft-model: see lamina run --help\n");
 }
 
 typedef struct {
@@ -89,8 +94,11 @@ static int cmp_double(const void *a, const void *b) {
 int cmd_bench_spec(int argc, char **argv) {
     args a = {argc, argv, 0, "bench spec", usage_bench_spec};
     const char *model = NULL, *pfile = NULL;
-    long long n_gen = 128, reps = 3, threads = pool_default_threads(), n_ctx = 0, spec_max = 4;
+    long long n_gen = 128, reps = 3, threads = pool_default_threads(), n_ctx = 0;
     bool ctx_extend = false;
+    spec_opts so;
+    spec_opts_default(&so);
+    so.spec = LM_SPEC_NGRAM;
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
         if (is_flag(&a, "-m", "--model")) model = need_val(&a);
@@ -99,7 +107,8 @@ int cmd_bench_spec(int argc, char **argv) {
         else if (is_flag(&a, "-r", "--repetitions")) reps = need_int(&a, 1, 100);
         else if (is_flag(&a, "-t", "--threads")) threads = need_int(&a, 1, 1024);
         else if (is_flag(&a, "-c", "--ctx-size")) n_ctx = need_int(&a, 1, 1 << 24);
-        else if (is_flag(&a, "--draft-max", NULL)) spec_max = need_int(&a, 1, 64);
+        else if (is_flag(&a, "--spec", NULL)) die_usage(&a, "%s", "the proposer is ngram, or --draft-model");
+        else if (spec_opts_flag(&a, &so)) continue;
         else if (is_flag(&a, "--ctx-extend", NULL)) ctx_extend = true;
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
@@ -123,8 +132,8 @@ int cmd_bench_spec(int argc, char **argv) {
     ec.max_seqs = 1;
     ec.n_ctx = (int)n_ctx;
     ec.prefix_cache = false; /* each run prefills the prompt itself */
-    ec.spec = LM_SPEC_NGRAM;
-    ec.spec_max = (int)spec_max;
+    if (so.draft_path) so.spec = LM_SPEC_NONE;
+    spec_opts_apply(&a, &so, &ec);
     char err[LM_ERRLEN];
     lm_engine *e = engine_new(m, m->tok, &ec, err, sizeof err);
     if (!e) fail("bench spec", err);
@@ -136,7 +145,8 @@ int cmd_bench_spec(int argc, char **argv) {
     pthread_mutex_init(&off.mu, NULL), pthread_cond_init(&off.cv, NULL);
     pthread_mutex_init(&on.mu, NULL), pthread_cond_init(&on.cv, NULL);
     bool same = true;
-    printf("prompt %d tokens, %lld generated, %lld threads, draft-max %lld\n", n_tok, n_gen, threads, spec_max);
+    printf("prompt %d tokens, %lld generated, %lld threads, proposer %s, draft-max %d\n", n_tok, n_gen, threads,
+           so.draft_path ? so.draft_path : "ngram", so.max);
     printf("| rep | off tok/s | on tok/s | proposed | accepted | tokens per verifying pass |\n");
     printf("| ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (int i = 0; i < reps; i++) {
@@ -160,6 +170,7 @@ int cmd_bench_spec(int argc, char **argv) {
     free(off.ids), free(on.ids), free(t_off), free(t_on), free(toks);
     pthread_mutex_destroy(&off.mu), pthread_cond_destroy(&off.cv);
     pthread_mutex_destroy(&on.mu), pthread_cond_destroy(&on.cv);
+    spec_opts_free(&so);
     model_free(m);
     return same ? 0 : 1;
 }

@@ -49,8 +49,11 @@ static void usage_serve(FILE *f) {
             "      --kv-type T        KV cache element type: F16 (default), F32, Q8_0\n"
             "      --spec ngram       speculative decoding by prompt lookup, on for every request unless\n"
             "                         it sends \"speculative\": false or \"draft_max\": 0\n"
+            "      --draft-model FILE speculative decoding by a draft model with the same tokenizer, on\n"
+            "                         for every request in the same way\n"
             "      --draft-max K      tokens proposed per step at most (default 4; a request's\n"
             "                         \"draft_max\" may ask for fewer)\n"
+            "      --draft-min N, --draft-p-min P  with --draft-model: see lamina run --help\n"
             "      --max-waiting N    queued requests before answering 429 (default 256; 0: unbounded)\n"
             "      --timeout SECONDS  cancel a request after this long, answering with what it has (default 600)\n"
             "      --keepalive SECONDS  a streaming comment line after this much silence (default 3)\n"
@@ -129,6 +132,8 @@ int cmd_serve(int argc, char **argv) {
     ec.max_waiting = 256;
     bool ctx_extend = false;
     unsigned long long mem = 0;
+    spec_opts so;
+    spec_opts_default(&so);
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
         if (is_flag(&a, "-m", "--model")) model = need_val(&a);
@@ -145,8 +150,7 @@ int cmd_serve(int argc, char **argv) {
         else if (is_flag(&a, "--batch-tokens", NULL)) ec.batch_tokens = (int)need_int(&a, 1, 1 << 20);
         else if (is_flag(&a, "--kv-mem", NULL)) ec.kv_mem = need_bytes(&a);
         else if (is_flag(&a, "--kv-type", NULL)) ec.kv_type = need_kv_type(&a);
-        else if (is_flag(&a, "--spec", NULL)) ec.spec = need_spec(&a);
-        else if (is_flag(&a, "--draft-max", NULL)) ec.spec_max = (int)need_int(&a, 1, 64);
+        else if (spec_opts_flag(&a, &so)) continue;
         else if (is_flag(&a, "--max-waiting", NULL)) ec.max_waiting = (int)need_int(&a, 0, 1 << 24);
         else if (is_flag(&a, "--timeout", NULL)) sc.timeout = need_float(&a, 0, 1e7);
         else if (is_flag(&a, "--keepalive", NULL)) sc.keepalive = need_float(&a, 0.01, 3600);
@@ -197,6 +201,7 @@ int cmd_serve(int argc, char **argv) {
     if (!m->tok) fail("serve", "the model file has no tokenizer");
     ctx_check("serve", "-c", ec.n_ctx, m->hp.n_ctx_train, ctx_extend);
     m->tp.lead = dist; /* rank 0: each pass's plan goes to the other ranks first */
+    spec_opts_apply(&a, &so, &ec);
     lm_engine *eng = engine_new(m, m->tok, &ec, err, sizeof err);
     if (!eng) fail("serve", err);
     if (server_set_engine(srv, eng, err, sizeof err)) fail("serve", err);
@@ -212,6 +217,7 @@ int cmd_serve(int argc, char **argv) {
     server_free(srv);
     engine_free(eng);
     if (dist && tp_plan_stop(err, sizeof err)) fail("serve", err);
+    spec_opts_free(&so);
     model_free(m);
     free(tmpl_text);
     return 0;

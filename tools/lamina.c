@@ -75,7 +75,13 @@ static void usage_run(FILE *f) {
             "                       earlier occurrence of the text's last words are proposed and\n"
             "                       verified in one pass (greedy output is unchanged; sampled\n"
             "                       output keeps its distribution)\n"
-            "      --draft-max K    tokens proposed per step at most (default 4)\n"
+            "      --draft-model FILE  speculative decoding by a draft model: a smaller model with the\n"
+            "                       same tokenizer guesses, the model verifies (its own KV, kept in\n"
+            "                       step; sampled output keeps the model's distribution)\n"
+            "      --draft-max K    tokens proposed per step at most (default 4; adapted to acceptance)\n"
+            "      --draft-min N    with --draft-model: fewer guesses than N propose nothing (default 0)\n"
+            "      --draft-p-min P  with --draft-model: stop guessing where the draft's top probability\n"
+            "                       is below P (default 0)\n"
             "      --show-ids       also print the prompt and generated token ids to stderr\n"
             "      --chat           treat the prompt as a user message: render it with the model's\n"
             "                       chat template and print only the reply\n"
@@ -229,18 +235,15 @@ static void wait_run(lm_engine *eng, run_out *o, int n_tok) {
 
 /* The engine for one sequence of n_ctx positions: its KV pool holds exactly
  * that sequence, whatever its size (the engine's default caps a pool at 4 GiB). */
-static lm_engine *run_engine(const lm_model *m, int n_ctx, int threads, uint32_t kv_type, int spec, int spec_max,
+static lm_engine *run_engine(const lm_model *m, int n_ctx, int threads, uint32_t kv_type, const lm_engine_config *sc,
                              unsigned long long mem) {
     char err[LM_ERRLEN];
-    lm_engine_config ec;
-    engine_config_default(&ec);
+    lm_engine_config ec = *sc; /* its speculation fields */
     ec.n_threads = threads;
     ec.max_seqs = 1;
     ec.n_ctx = n_ctx;
     ec.kv_type = kv_type;
     ec.prefix_cache = false;
-    ec.spec = spec;
-    ec.spec_max = spec_max;
     fwd_dims d = fwd_dims_make(m, n_ctx, ec.batch_tokens); /* the sizes engine_new derives */
     kv_config kc;
     fwd_kv_config(m, &d, &kc);
@@ -273,9 +276,9 @@ static int cmd_run(int argc, char **argv) {
     uint32_t kv_type = LM_TYPE_F16;
     const char *system = NULL, *chat_tmpl = NULL, *gfile = NULL, *sfile = NULL;
     bool json_any = false;
-    int spec = LM_SPEC_NONE;
     unsigned long long mem = 0;
-    long long spec_max = 4;
+    spec_opts so;
+    spec_opts_default(&so);
     lm_sample_params sp;
     sample_params_default(&sp);
     for (a.i = 1; a.i < argc; a.i++) {
@@ -303,8 +306,7 @@ static int cmd_run(int argc, char **argv) {
         else if (is_flag(&a, "--json-schema", NULL)) sfile = need_val(&a);
         else if (is_flag(&a, "--json", NULL)) json_any = true;
         else if (is_flag(&a, "--show-ids", NULL)) show_ids = true;
-        else if (is_flag(&a, "--spec", NULL)) spec = need_spec(&a);
-        else if (is_flag(&a, "--draft-max", NULL)) spec_max = need_int(&a, 1, 64);
+        else if (spec_opts_flag(&a, &so)) continue;
         else if (is_flag(&a, "--chat", NULL)) chat = true;
         else if (is_flag(&a, "--system", NULL)) system = need_val(&a);
         else if (is_flag(&a, "--chat-template", NULL)) chat_tmpl = need_val(&a);
@@ -350,7 +352,10 @@ static int cmd_run(int argc, char **argv) {
      * does not reserve a huge cache for a short run */
     if (n_ctx == 0) n_ctx = m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
     ctx_check("run", "-c", n_ctx, m->hp.n_ctx_train, ctx_extend);
-    lm_engine *eng = run_engine(m, (int)n_ctx, (int)threads, kv_type, spec, (int)spec_max, mem);
+    lm_engine_config sec;
+    engine_config_default(&sec);
+    spec_opts_apply(&a, &so, &sec);
+    lm_engine *eng = run_engine(m, (int)n_ctx, (int)threads, kv_type, &sec, mem);
     double t_load = lm_now() - t0;
 
     char *rendered = NULL;
@@ -436,7 +441,7 @@ static int cmd_run(int argc, char **argv) {
     fprintf(stderr, "load %.3f s | prompt %d tok, %.1f tok/s | generated %d tok, %.1f tok/s | threads %d\n", t_load,
             n_tok, t_prompt > 0 ? n_tok / t_prompt : 0.0, n_gen, t_gen > 0 && n_gen > 1 ? (n_gen - 1) / t_gen : 0.0,
             (int)threads);
-    if (spec != LM_SPEC_NONE)
+    if (sec.spec != LM_SPEC_NONE)
         fprintf(stderr, "speculation: %d proposed, %d accepted (%.1f%%), %.2f tokens per verifying pass\n",
                 out.stats.spec_proposed, out.stats.spec_accepted,
                 out.stats.spec_proposed ? 100.0 * out.stats.spec_accepted / out.stats.spec_proposed : 0.0,
@@ -448,6 +453,7 @@ static int cmd_run(int argc, char **argv) {
     lm_free(pbuf);
     lm_free(gbuf);
     lm_free(rendered);
+    spec_opts_free(&so);
     model_free(m);
     return 0;
 }

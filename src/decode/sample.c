@@ -151,6 +151,18 @@ void sampler_accept(lm_sampler *s, int32_t tok) {
     s->counts[tok]++;
 }
 
+void sampler_copy_history(lm_sampler *dst, const lm_sampler *src) {
+    if (!dst->penalize || !src->penalize || dst->n_vocab != src->n_vocab || dst->hist_cap != src->hist_cap ||
+        dst->p.repeat_last_n != src->p.repeat_last_n)
+        return;
+    /* O(window): clear dst's counted tokens, then take src's */
+    for (int32_t i = 0; i < dst->hist_len; i++) dst->counts[dst->hist[i]] = 0;
+    memcpy(dst->hist, src->hist, (size_t)src->hist_len * sizeof *dst->hist);
+    dst->hist_len = src->hist_len;
+    dst->hist_head = src->hist_head;
+    for (int32_t i = 0; i < src->hist_len; i++) dst->counts[src->hist[i]] = src->counts[src->hist[i]];
+}
+
 void sampler_set_bias(lm_sampler *s, int32_t tok, float bias) {
     if (tok < 0 || tok >= s->n_vocab) return;
     if (isnan(bias)) bias = 0.0f;

@@ -51,6 +51,10 @@ bool sampler_greedy(const lm_sampler *s);               /* clear history, reseed
 /* Record a token in the penalty history (prompt tokens too, if wanted).
  * Out-of-range ids are ignored. */
 void sampler_accept(lm_sampler *s, int32_t tok);
+/* Make dst's penalty history a copy of src's (both made with the same
+ * parameters and vocabulary; otherwise nothing happens). O(window): the
+ * draft model's sampler follows its choice's this way. RNG and bias stay. */
+void sampler_copy_history(lm_sampler *dst, const lm_sampler *src);
 /* Additive bias on one token's logit (e.g. OpenAI logit_bias); -INFINITY bans it.
  * Setting a token again replaces its bias; 0 removes it; NaN counts as 0. */
 void sampler_set_bias(lm_sampler *s, int32_t tok, float bias);

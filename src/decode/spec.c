@@ -12,6 +12,8 @@
  */
 #include "decode/spec.h"
 
+#include <stdbool.h>
+
 #include <math.h>
 #include <string.h>
 
@@ -39,6 +41,7 @@ int spec_ngram_propose(const int32_t *toks, int n, int k, int32_t *out) {
 void spec_ctl_init(spec_ctl *c) {
     c->acc = SPEC_ACC_START;
     c->idle = 0;
+    c->every = c->every_max = SPEC_PROBE_EVERY;
 }
 
 int spec_ctl_want(spec_ctl *c, int k_max) {
@@ -49,7 +52,7 @@ int spec_ctl_want(spec_ctl *c, int k_max) {
         return k;
     }
     /* the estimate says no: probe now and then, or it could never recover */
-    if (++c->idle >= SPEC_PROBE_EVERY) {
+    if (++c->idle >= c->every) {
         c->idle = 0;
         return 1;
     }
@@ -58,6 +61,10 @@ int spec_ctl_want(spec_ctl *c, int k_max) {
 
 void spec_ctl_update(spec_ctl *c, int proposed, int accepted) {
     /* one outcome per position reached: accepted ones, then the rejection */
+    bool probe = c->acc < SPEC_MIN_REACH;
     for (int i = 0; i < accepted; i++) c->acc += SPEC_EMA * (1.0f - c->acc);
     if (accepted < proposed) c->acc -= SPEC_EMA * c->acc;
+    if (accepted > 0) c->every = SPEC_PROBE_EVERY;
+    else if (probe && proposed > 0 && c->every < c->every_max)
+        c->every = 2 * c->every < c->every_max ? 2 * c->every : c->every_max;
 }

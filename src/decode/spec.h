@@ -28,7 +28,10 @@
  * being reached, a^i, is at least SPEC_MIN_REACH. When even the first is
  * below it, the sequence decodes plainly and proposes one token every
  * SPEC_PROBE_EVERY steps to refresh the estimate, so speculation that does
- * not pay costs at most one row in SPEC_PROBE_EVERY steps.
+ * not pay costs at most one row in SPEC_PROBE_EVERY steps. A proposer whose
+ * probe costs more (a draft model's passes) sets every_max above that: each
+ * probe rejected doubles the interval up to every_max, one accepted resets
+ * it.
  */
 #ifndef LAMINA_SPEC_H
 #define LAMINA_SPEC_H
@@ -39,6 +42,7 @@
 #define SPEC_NGRAM_MIN 1
 #define SPEC_MIN_REACH 0.25f
 #define SPEC_PROBE_EVERY 16
+#define SPEC_PROBE_MAX_DRAFT 256  /* a draft model's probes back off to one in this many steps */
 #define SPEC_EMA 0.15f            /* weight of one new outcome in the estimate */
 #define SPEC_ACC_START 0.6f       /* the estimate before any outcome */
 
@@ -51,8 +55,11 @@ int spec_ngram_propose(const int32_t *toks, int n, int k, int32_t *out);
 typedef struct {
     float acc;  /* estimated chance a proposed token is accepted once the ones before it were */
     int idle;   /* steps since the last proposal while the estimate is too low */
+    int every;  /* steps between probes (SPEC_PROBE_EVERY, doubling up to every_max while probes fail) */
+    int every_max;
 } spec_ctl;
 
+/* every = every_max = SPEC_PROBE_EVERY (no back-off). */
 void spec_ctl_init(spec_ctl *c);
 /* How many tokens to propose this step, 0 .. k_max (counts a skipped step). */
 int spec_ctl_want(spec_ctl *c, int k_max);

@@ -70,6 +70,7 @@
 #include "format/quant.h"
 #include "kv/kv.h"
 #include "model/forward.h"
+#include "sched/draft.h"
 #include "sched/metrics.h"
 #include "sched/sched.h"
 #include "sched/stop.h"
@@ -114,6 +115,10 @@ typedef struct eseq {
     int n_draft;              /*   of it in this iteration's batch (0: a plain decode) */
     int spec_k;               /*   the most it proposes per step (0: it does not speculate) */
     spec_ctl ctl;             /*   the proposal's size, from its acceptance so far */
+    int n_prop;               /*   proposed this iteration (n_draft of them in the batch) */
+    draft_seq ds;             /*   the draft model's state (LM_SPEC_DRAFT) */
+    int d_base;               /*   the draft's guesses follow tokens[0 .. d_base) */
+    float *q;                 /*   (n_prop, n_vocab) the guesses' distributions (sampling), or NULL */
     lm_request_stats stats;
 } eseq;
 
@@ -161,9 +166,13 @@ struct lm_engine {
     lm_seg *segs;             /* (max_seqs) */
     eseq **seg_ch;            /* (max_seqs) */
     eseq **probes;            /* (2 max_seqs + 2) choices holding a probe this iteration */
+    eseq **job_ch;            /* (max_seqs) the choice of each draft job */
     int n_probes;
     float *logits;            /* (max_seqs + spec_cap + 2, n_vocab): batch rows, a fork's source and work rows */
     int spec_cap;             /* proposed tokens one iteration verifies at most (0: no proposer) */
+    draft_runner *dr;         /* the draft model's pool and workspace (LM_SPEC_DRAFT) */
+    draft_job *jobs;          /* (max_seqs) this iteration's draft proposals */
+    float *dq;                /* (spec_cap, n_vocab) their distributions, made on the first sampled one */
     float *lp;                /* (n_vocab) log-probabilities / sampling scratch */
     char *piece;              /* (piece_cap) one token's text: detok_max_out bytes */
     int piece_cap;
@@ -227,6 +236,7 @@ static void request_unref(lm_request *r) {
         gmatch_free(r->ch[i].gm);
         lm_free(r->ch[i].lz);
         lm_free(r->ch[i].draft);
+        draft_seq_free(NULL, &r->ch[i].ds);
     }
     stop_set_free(&r->stop);
     stop_set_free(&r->triggers);
@@ -262,6 +272,7 @@ static void finish(lm_engine *e, eseq *c, lm_finish why, lm_status status, const
         kv_seq_free(e->kv, c->kv);
         c->kv = NULL;
     }
+    if (e->dr) draft_seq_release(e->dr, &c->ds);
     c->state = CH_DONE;
     double now = lm_now();
     c->stats.completion_tokens = c->n_gen;
@@ -307,7 +318,7 @@ static void finish(lm_engine *e, eseq *c, lm_finish why, lm_status status, const
  * that proposed token against the masked row (sampler_sample_spec; greedy
  * takes its argmax as always and the caller compares). -1: every allowed
  * token is banned; -2: the choice was finished here. */
-static int32_t grammar_pick(lm_engine *e, eseq *c, float *row, int32_t draft) {
+static int32_t grammar_pick(lm_engine *e, eseq *c, float *row, int32_t draft, const float *q) {
     int32_t V = e->m->hp.n_vocab;
     if (sampler_greedy(c->smp) && !gmatch_mask_cached(c->gm)) { /* (a cached mask is cheaper) */
         memcpy(e->gwork, row, (size_t)V * sizeof *row);
@@ -327,7 +338,7 @@ static int32_t grammar_pick(lm_engine *e, eseq *c, float *row, int32_t draft) {
     if (draft >= 0 && !sampler_greedy(c->smp)) { /* a proposal to verify: over the masked row */
         grammar_mask_apply(e->gmask, grammar_vocab_size(e->gvocab), row, V);
         bool acc;
-        t = sampler_sample_spec(c->smp, row, draft, NULL, &acc);
+        t = sampler_sample_spec(c->smp, row, draft, q, &acc);
     } else if (ids) { /* few allowed: sample over them alone (the same token as over the masked row) */
         t = sampler_sample_sparse(c->smp, row, ids, n_ids, e->gwork);
     } else {
@@ -390,7 +401,7 @@ static int grammar_advance(lm_engine *e, eseq *c, int32_t t) {
  * verifies (the token taken is then the draft when accepted, else the
  * target's own choice). Returns the token taken, or -1 when the choice
  * ended without one. */
-static int32_t take_token(lm_engine *e, eseq *c, float *row, int32_t draft) {
+static int32_t take_token(lm_engine *e, eseq *c, float *row, int32_t draft, const float *q) {
     lm_request *r = c->req;
     int32_t V = e->m->hp.n_vocab;
     int n_top = 0;
@@ -402,8 +413,8 @@ static int32_t take_token(lm_engine *e, eseq *c, float *row, int32_t draft) {
         n_top = sample_top_n(e->lp, V, r->p.top_logprobs, top_ids, top_lp);
     }
     bool acc;
-    int32_t t = c->gm_on ? grammar_pick(e, c, row, draft)
-                : draft >= 0 ? sampler_sample_spec(c->smp, row, draft, NULL, &acc)
+    int32_t t = c->gm_on ? grammar_pick(e, c, row, draft, q)
+                : draft >= 0 ? sampler_sample_spec(c->smp, row, draft, q, &acc)
                 : sampler_sample(c->smp, row);
     if (t == -2) return -1; /* grammar_pick finished the choice */
     if (t < 0) {
@@ -683,9 +694,18 @@ static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max
         if (e->spec_cap > 0 && p->spec_k >= 0) {
             c->spec_k = p->spec_k == 0 || p->spec_k > e->cfg.spec_max ? e->cfg.spec_max : p->spec_k;
             spec_ctl_init(&c->ctl);
+            if (e->dr) c->ctl.every_max = SPEC_PROBE_MAX_DRAFT; /* a draft's probe costs passes: back off */
             if (!(c->draft = lm_malloc((size_t)c->spec_k * sizeof *c->draft))) {
                 ok = false;
                 break;
+            }
+            if (e->dr) {
+                lm_sample_params dsp = sp;
+                if (draft_seq_init(e->dr, &c->ds, &dsp) != 0) {
+                    ok = false;
+                    break;
+                }
+                for (int b = 0; b < p->n_bias; b++) draft_seq_set_bias(&c->ds, p->bias_ids[b], p->bias_vals[b]);
             }
         }
         c->stats.prompt_tokens = p->n_prompt;
@@ -768,6 +788,7 @@ static void enqueue(lm_engine *e, eseq *c) {
 
 /* Free running choice c's KV; the scheduler already moved it to waiting. */
 static void preempt(lm_engine *e, eseq *c) {
+    if (e->dr) draft_seq_release(e->dr, &c->ds);
     kv_seq_free(e->kv, c->kv);
     c->kv = NULL;
     c->n_computed = 0;
@@ -778,21 +799,52 @@ static void preempt(lm_engine *e, eseq *c) {
     pthread_mutex_unlock(&e->mu);
 }
 
+/* The draft model's KV keeps only what still agrees with c's tokens: its
+ * guesses after tokens[0 .. d_base) as far as they were taken. */
+static void draft_resync(lm_engine *e, eseq *c) {
+    draft_seq *ds = &c->ds;
+    if (!ds->kv) return;
+    int fed = ds->off + ds->n, agree = fed < c->d_base ? fed : c->d_base;
+    while (agree < fed && agree < c->n_tokens && c->tokens[agree] == c->draft[agree - c->d_base]) agree++;
+    draft_keep(e->dr, ds, agree);
+}
+
 /* Speculation: the tokens running choice c proposes to verify with its
  * next decode (c->draft), 0 when it does not speculate this step. Only a
  * decode proposes (its prompt done, one token pending), and never past what
  * it may still generate (the last row's own token is always taken) or past
  * the context. */
-static int propose(lm_engine *e, eseq *c) {
+static int propose(lm_engine *e, eseq *c, bool busy, int *n_jobs, int *q_used) {
     c->n_draft = 0;
+    c->n_prop = 0;
+    c->q = NULL;
     if (c->spec_k <= 0 || c->n_gen == 0 || c->n_tokens - c->n_computed != 1) return 0;
     int k = c->spec_k;
     if (k > c->req->p.max_tokens - c->n_gen - 1) k = c->req->p.max_tokens - c->n_gen - 1;
     if (k > e->n_ctx - c->n_tokens) k = e->n_ctx - c->n_tokens;
     if (k <= 0) return 0;
-    /* the controller counts every step it is asked, proposal or not */
-    k = spec_ctl_want(&c->ctl, k);
-    return spec_ngram_propose(c->tokens, c->n_tokens, k, c->draft);
+    if (!e->dr) {
+        /* the controller counts every step it is asked, proposal or not */
+        k = spec_ctl_want(&c->ctl, k);
+        return c->n_prop = spec_ngram_propose(c->tokens, c->n_tokens, k, c->draft);
+    }
+    draft_resync(e, c);
+    if (busy) return 0; /* the draft's passes would delay waiting work */
+    if ((k = spec_ctl_want(&c->ctl, k)) <= 0) return 0;
+    float *q = NULL;
+    if (!sampler_greedy(c->smp)) { /* the guesses' distributions, for the rejection scheme */
+        size_t V = (size_t)e->m->hp.n_vocab;
+        if (k > e->spec_cap - *q_used) k = e->spec_cap - *q_used;
+        if (k <= 0 || (!e->dq && !(e->dq = lm_malloc((size_t)e->spec_cap * V * sizeof *e->dq)))) return 0;
+        q = e->dq + (size_t)*q_used * V;
+        *q_used += k;
+    }
+    c->q = q;
+    c->d_base = c->n_tokens;
+    e->jobs[*n_jobs] = (draft_job){.ds = &c->ds, .toks = c->tokens, .n_toks = c->n_tokens, .hist = c->smp,
+                                   .k = k, .out = c->draft, .q = q};
+    e->job_ch[(*n_jobs)++] = c;
+    return 0; /* report_running fills it in once the draft ran */
 }
 
 /* What the plan does not know about running choices: their lengths, a
@@ -803,11 +855,18 @@ static int propose(lm_engine *e, eseq *c) {
  * release: then the difference is exact. */
 static void report_running(lm_engine *e) {
     int B = e->cfg.block_size;
+    /* the draft model speculates only while nothing waits and nothing prefills */
+    bool busy = sched_n_waiting(e->sc) > 0;
+    for (int i = 0; e->dr && !busy && i < sched_n_running(e->sc); i++) {
+        const eseq *c = CHOICE(sched_running_at(e->sc, i));
+        busy = c->n_tokens - c->n_computed > 1;
+    }
+    int n_jobs = 0, q_used = 0;
     for (int i = 0; i < sched_n_running(e->sc); i++) {
         eseq *c = CHOICE(sched_running_at(e->sc, i));
         c->sq.n_pending = c->n_tokens - c->n_computed;
         c->sq.len = c->n_computed;
-        c->sq.n_spec = propose(e, c);
+        c->sq.n_spec = propose(e, c, busy, &n_jobs, &q_used);
         for (int k = 0; k < KV_N_CLASS; k++) c->sq.shared[k] = -1, c->sq.extra[k] = 0;
         for (int k = 0; k < e->n_class; k++) {
             int n = k == KV_GLOBAL ? 1 : (kv_seq_held(c->kv, k) + 2) * B;
@@ -822,6 +881,10 @@ static void report_running(lm_engine *e) {
                 c->sq.extra[k]--;
             }
         }
+    }
+    if (n_jobs) {
+        draft_propose(e->dr, e->jobs, n_jobs, e->cfg.spec_min, e->cfg.spec_p_min);
+        for (int i = 0; i < n_jobs; i++) e->job_ch[i]->sq.n_spec = e->job_ch[i]->n_prop = e->jobs[i].n_out;
     }
 }
 
@@ -992,7 +1055,7 @@ static void fork_choices(lm_engine *e, eseq *c0, const float *src) {
         c->stats.cached_tokens = c0->stats.cached_tokens;
         if (c->stats.queue == 0) c->stats.queue = admit_time(c);
         memcpy(work, src, (size_t)V * sizeof *work);
-        take_token(e, c, work, -1);
+        take_token(e, c, work, -1, NULL);
     }
 }
 
@@ -1040,7 +1103,7 @@ static void verify(lm_engine *e, eseq *c, float *rows) {
     atomic_fetch_add(&r->refs, 1);
     for (int i = 0; i <= nd; i++) {
         int32_t d = i < nd ? c->draft[i] : -1;
-        int32_t t = take_token(e, c, rows + (size_t)i * V, d);
+        int32_t t = take_token(e, c, rows + (size_t)i * V, d, d >= 0 && c->q ? c->q + (size_t)i * V : NULL);
         if (t >= 0 && t == d) acc++;
         if (c->state == CH_DONE || t < 0 || t != d) break;
         c->n_computed++; /* position of proposal i holds the token taken */
@@ -1112,7 +1175,7 @@ static bool step(lm_engine *e) {
             memcpy(src, lrow, (size_t)V * sizeof *src);
             fork_choices(e, c, src);
         }
-        take_token(e, c, lrow, -1);
+        take_token(e, c, lrow, -1, NULL);
     }
     pthread_mutex_lock(&e->mu);
     metrics_iteration(&e->stats, n_seg, n_tok);
@@ -1150,6 +1213,12 @@ static int check_now(lm_engine *e, char *err, size_t errlen) {
     for (int i = 0; i < n_running; i++) live += CHOICE(sched_running_at(e->sc, i))->kv != NULL;
     if (ks.n_seqs != live)
         return lm_err(err, errlen, "%lld KV sequences exist, %lld are live", (long long)ks.n_seqs, (long long)live);
+    if (e->dr) {
+        if (draft_check(e->dr, err, errlen) != 0) return -1;
+        if (draft_live(e->dr) > live)
+            return lm_err(err, errlen, "the draft model holds %lld KV sequences for %lld live ones",
+                          (long long)draft_live(e->dr), (long long)live);
+    }
     if (e->plan_misses)
         return lm_err(err, errlen, "%llu appends the scheduler's plans allowed failed",
                       (unsigned long long)e->plan_misses);
@@ -1213,6 +1282,10 @@ static void destroy(lm_engine *e) {
     lm_free(e->segs);
     lm_free(e->seg_ch);
     lm_free(e->probes);
+    draft_free(e->dr);
+    lm_free(e->jobs);
+    lm_free(e->job_ch);
+    lm_free(e->dq);
     lm_free(e->btok);
     lm_free(e->logits);
     lm_free(e->lp);
@@ -1249,8 +1322,16 @@ static int resolve_config(const lm_model *m, lm_engine_config *c, fwd_dims *dims
     if (c->block_size < 1) c->block_size = KV_DEFAULT_BLOCK;
     if (!(c->watermark >= 0 && c->watermark < 1)) return lm_err(err, errlen, "watermark must be in [0, 1)");
     if (c->n_threads <= 0) c->n_threads = pool_default_threads();
-    if (c->spec != LM_SPEC_NONE && c->spec != LM_SPEC_NGRAM)
+    if (c->spec != LM_SPEC_NONE && c->spec != LM_SPEC_NGRAM && c->spec != LM_SPEC_DRAFT)
         return lm_err(err, errlen, "unknown speculative proposer %d", c->spec);
+    if (c->spec == LM_SPEC_DRAFT) {
+        if (!c->draft_model) return lm_err(err, errlen, "speculation by a draft model needs the draft model");
+        char verr[LM_ERRLEN];
+        if (draft_check_vocab(m, c->draft_model, verr, sizeof verr) != 0)
+            return lm_err(err, errlen, "the draft model's tokenizer does not match the target's: %s", verr);
+        if (!(c->spec_p_min >= 0 && c->spec_p_min <= 1))
+            return lm_err(err, errlen, "the draft's p_min must be in [0, 1]");
+    }
     if (c->spec_max <= 0) c->spec_max = 4;
     if (c->spec_max > 64) c->spec_max = 64;
     return 0;
@@ -1409,6 +1490,16 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
     }
     if (!(e->fwd = fwd_new(m, e->pool, e->kv, &dims, err, errlen))) goto fail;
     if (alloc_buffers(e, err, errlen) != 0) goto fail;
+    if (c.spec == LM_SPEC_DRAFT) {
+        e->jobs = lm_calloc((size_t)c.max_seqs, sizeof *e->jobs);
+        e->job_ch = lm_calloc((size_t)c.max_seqs, sizeof *e->job_ch);
+        if (!e->jobs || !e->job_ch) {
+            lm_err(err, errlen, "out of memory");
+            goto fail;
+        }
+        if (!(e->dr = draft_new(c.draft_model, e->pool, e->n_ctx, c.batch_tokens, c.max_seqs, err, errlen)))
+            goto fail;
+    }
     metrics_init(&e->stats);
     e->stats.mem_budget = mem.budget;
     e->stats.mem_weights = mem.weights;

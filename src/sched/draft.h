@@ -1,0 +1,107 @@
+/*
+ * draft.h - speculative decoding's draft-model proposer: a smaller model
+ * with the target's vocabulary guesses the next tokens of many sequences at
+ * once, each in its own paged KV sequence of the draft's own pool.
+ *
+ * A choice's draft state (draft_seq) mirrors a window of its tokens: the
+ * draft's KV holds tokens[off .. off + n) at positions 0 .. n - 1 (off is 0
+ * unless the draft fell far behind, see below). draft_propose feeds each
+ * job the tokens the draft has not seen yet (its prompt on the first call, a
+ * few tokens after that) and then its own guesses, one pass per guessed
+ * token, every job of the call in the same pass; afterwards the caller
+ * tells it how many of the tokens it fed still agree with the sequence
+ * (draft_keep) and the rest leave its KV, so the draft stays in step with
+ * the target's accepted tokens.
+ *
+ * Proposals. Row by row the draft's logits go through a sampler with the
+ * choice's parameters, bias and penalty history (plus the guesses before
+ * it), the same transforms the target's row gets. Greedy: the argmax is the
+ * guess. Sampling: the guess is drawn from that distribution q with the
+ * draft's own RNG and q is handed back (dense, n_vocab floats) for the
+ * rejection scheme; so any q is exact, and a q like the target's is
+ * accepted often. A guess whose distribution's largest probability is
+ * below p_min ends the proposal (decided before the draw, so q stays the
+ * distribution the guess was drawn from); fewer than min guesses propose
+ * nothing.
+ *
+ * Staying cheap when it does not pay. A draft more than DRAFT_GAP_MAX tokens
+ * behind (the sequence decoded plainly while its acceptance was low) is not
+ * caught up: it restarts on the last DRAFT_RESTART_CTX tokens only (off
+ * moves), so a rare probe costs a short prefill, not the whole context. Its
+ * proposals are then from a shorter context, still exact.
+ *
+ * Resources. Its pool holds max_seqs sequences of the target's context (or
+ * the draft's, if shorter: the window then restarts). When the pool is full
+ * or a truncation is refused (sliding-window layers), the sequence's draft
+ * state is dropped and the job proposes nothing this time; nothing fails.
+ */
+#ifndef LAMINA_DRAFT_H
+#define LAMINA_DRAFT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/pool.h"
+#include "base/util.h"
+#include "decode/sample.h"
+#include "kv/kv.h"
+#include "model/model.h"
+
+#define DRAFT_GAP_MAX 64       /* tokens behind past which the draft restarts on a short window */
+#define DRAFT_RESTART_CTX 32   /* tokens it restarts on */
+
+typedef struct draft_runner draft_runner;
+
+typedef struct {
+    kv_seq *kv;         /* NULL until the first proposal (and after a drop) */
+    int off, n;         /* the KV holds tokens[off .. off + n) */
+    bool started;       /* proposed before (a dropped KV restarts on a short window) */
+    lm_sampler *smp;    /* the choice's parameters; history synced each proposal */
+    lm_rng rng;         /* draws the guesses */
+} draft_seq;
+
+typedef struct {
+    draft_seq *ds;
+    const int32_t *toks;    /* (n_toks) the sequence so far */
+    int n_toks;
+    const lm_sampler *hist; /* the choice's sampler (its penalty history) */
+    int k;                  /* guesses wanted */
+    int32_t *out;           /* (k) guesses */
+    float *q;               /* (k, n_vocab) the guesses' distributions, or NULL (greedy) */
+    int n_out;              /* result: guesses made (0 .. k) */
+} draft_job;
+
+/* Whether the draft's tokenizer agrees with the target's: vocabulary size,
+ * every token's text and kind, BOS/EOS/EOT and add-BOS. 0, or -1 with the
+ * first difference in err. */
+int draft_check_vocab(const lm_model *target, const lm_model *draft, char *err, size_t errlen);
+
+/* A runner for up to max_seqs sequences of n_ctx positions, passes of at
+ * most n_batch tokens, on the given thread pool (shared with the target:
+ * the engine thread runs one after the other). NULL with a message. */
+draft_runner *draft_new(const lm_model *dm, lm_pool *pool, int n_ctx, int n_batch, int max_seqs, char *err,
+                        size_t errlen);
+void draft_free(draft_runner *d);
+
+/* A choice's draft state with its sampling parameters (seeded from sp's
+ * seed) and bias. 0, or -1 when out of memory. */
+int draft_seq_init(draft_runner *d, draft_seq *ds, const lm_sample_params *sp);
+void draft_seq_set_bias(draft_seq *ds, int32_t tok, float bias);
+/* Drop the KV (preemption, the end of the choice); the sampler stays. */
+void draft_seq_release(draft_runner *d, draft_seq *ds);
+void draft_seq_free(draft_runner *d, draft_seq *ds);
+
+/* Run the jobs (at most max_seqs; each k >= 1); fills out / q / n_out. Never fails: a job the
+ * pool cannot hold proposes nothing. min, p_min: see above. */
+void draft_propose(draft_runner *d, draft_job *jobs, int n_jobs, int min, float p_min);
+/* Of the tokens the draft was fed, the first `agree` of the sequence are
+ * still its tokens (the rest were rejected): truncate to them. */
+void draft_keep(draft_runner *d, draft_seq *ds, int agree);
+
+/* Sequences holding KV in the draft's pool (tests: 0 when idle). */
+int64_t draft_live(const draft_runner *d);
+/* The draft pool's invariants: 0, or -1 with a message. */
+int draft_check(draft_runner *d, char *err, size_t errlen);
+
+#endif
