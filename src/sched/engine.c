@@ -855,11 +855,15 @@ static int propose(lm_engine *e, eseq *c, bool busy, int *n_jobs, int *q_used) {
  * release: then the difference is exact. */
 static void report_running(lm_engine *e) {
     int B = e->cfg.block_size;
-    /* the draft model speculates only while nothing waits and nothing prefills */
+    /* the draft model speculates only while nothing waits and the budget
+     * holds every running choice's pending tokens and full proposals */
     bool busy = sched_n_waiting(e->sc) > 0;
+    int64_t want = 0;
     for (int i = 0; e->dr && !busy && i < sched_n_running(e->sc); i++) {
         const eseq *c = CHOICE(sched_running_at(e->sc, i));
-        busy = c->n_tokens - c->n_computed > 1;
+        int left = c->req->p.max_tokens - c->n_gen - 1;
+        want += c->n_tokens - c->n_computed + (c->spec_k < left ? c->spec_k : left);
+        busy = want > e->cfg.batch_tokens;
     }
     int n_jobs = 0, q_used = 0;
     for (int i = 0; i < sched_n_running(e->sc); i++) {
