@@ -2,7 +2,9 @@
 """End-to-end checks of speculative decoding in `lamina serve` on the bundled
 model (models/stories260K.gguf), over plain HTTP.
 
-Two servers: one plain, one started with `--spec ngram --draft-max 6`.
+Three servers: one plain, one started with `--spec ngram --draft-max 6`,
+one with `--draft-model` (a Q4_0 requantization of the bundled model, made
+here with `lamina quantize`) for checks 1 to 3.
 
   1. Greedy identity: for many prompts (copy-heavy ones that repeat
      themselves, and ordinary ones), with stop strings and n = 2, the
@@ -19,7 +21,10 @@ Two servers: one plain, one started with `--spec ngram --draft-max 6`.
      are 400s naming the field.
   5. Both servers exit 0 on SIGTERM with nothing from the sanitizers.
   6. `lamina bench spec` on a copy-heavy prompt: exit 0, outputs identical,
-     tokens proposed and accepted.
+     tokens proposed and accepted (prompt lookup, and the draft model).
+  7. A draft whose tokenizer differs (a copy of the bundled model with one
+     token's text changed) is refused by `lamina run` with an error naming
+     the token; --spec ngram with --draft-model is a usage error.
 """
 import http.client
 import json
@@ -175,8 +180,49 @@ def check_bench_spec():
     result("lamina bench spec: identical outputs, proposals accepted", ok, p.stdout + p.stderr)
 
 
+def make_drafts(tmp):
+    """A Q4_0 requantization of the bundled model, and a copy with token
+    300's text changed (its length kept)."""
+    q4 = os.path.join(tmp, "draft-q4_0.gguf")
+    p = subprocess.run([LAMINA, "quantize", MODEL, q4, "Q4_0", "-t", "1"], capture_output=True, text=True,
+                       timeout=120)
+    if p.returncode != 0:
+        raise RuntimeError(p.stderr)
+    data = bytearray(open(MODEL, "rb").read())
+    piece = "\u2581ha".encode()  # token 300 of the bundled vocabulary
+    at = data.find(len(piece).to_bytes(8, "little") + piece)
+    if at < 0:
+        raise RuntimeError("token 300 not found in the model file")
+    data[at + 8 + len(piece) - 1] = ord("x")
+    bad = os.path.join(tmp, "draft-bad-vocab.gguf")
+    open(bad, "wb").write(bytes(data))
+    return q4, bad
+
+
+def check_draft_cli(q4, bad):
+    p = subprocess.run([LAMINA, "run", "-m", MODEL, "-p", "Once", "-n", "4", "-t", "1", "--draft-model", bad],
+                       capture_output=True, text=True, timeout=120)
+    result("a draft with another tokenizer is refused, naming the token",
+           p.returncode != 0 and "token 300 differs" in p.stderr, p.stderr[-400:])
+    p = subprocess.run([LAMINA, "run", "-m", MODEL, "-p", "Once", "-n", "4", "--spec", "ngram", "--draft-model", q4],
+                       capture_output=True, text=True, timeout=120)
+    result("--spec ngram with --draft-model is a usage error", p.returncode == 2 and "exclude" in p.stderr,
+           p.stderr[-400:])
+    prompt = "Tom had a red ball. Lily had a big dog. Tom had"
+    path = os.path.join(os.path.dirname(q4), "prompt.txt")
+    with open(path, "w") as f:
+        f.write(prompt)
+    p = subprocess.run([LAMINA, "bench", "spec", "-m", MODEL, "-f", path, "-n", "60", "-r", "2", "-t", "1",
+                        "--draft-model", q4], capture_output=True, text=True, timeout=300)
+    m = re.findall(r"^\| \d+ \| [\d.]+ \| [\d.]+ \| (\d+) \| (\d+) \|", p.stdout, re.M)
+    ok = p.returncode == 0 and "outputs identical" in p.stdout and len(m) == 2 and int(m[0][1]) > 0
+    result("lamina bench spec --draft-model: identical outputs, proposals accepted", ok, p.stdout + p.stderr)
+
+
 def main():
+    import tempfile
     servers = []
+    tmp = tempfile.TemporaryDirectory()
     try:
         plain = Server()
         servers.append(plain)
@@ -187,12 +233,22 @@ def main():
         check_sampled(spec)
         check_errors(spec)
         check_bench_spec()
+        q4, bad = make_drafts(tmp.name)
+        check_draft_cli(q4, bad)
+        spec.stop("server 1")
+        servers.remove(spec)
+        drafted = Server("--draft-model", q4, "--draft-max", "5")
+        servers.append(drafted)
+        check_identity(plain, drafted)
+        check_metrics(plain, drafted)
+        check_sampled(drafted)
     except Exception:
         import traceback
         result("e2e_spec ran to the end", False, traceback.format_exc())
     finally:
         for i, s in enumerate(servers):
             s.stop("server %d" % i)
+        tmp.cleanup()
     return summary()
 
 
