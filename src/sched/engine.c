@@ -47,7 +47,14 @@
  * n - 1 proposed ones (batch_add), each with a logits row; verify takes the
  * rows' tokens in order and truncates the KV to the verified positions.
  * n_computed counts only verified positions at every moment, so a choice
- * that finishes mid-way commits only those to the prefix cache.
+ * that finishes mid-way commits only those to the prefix cache. With a draft
+ * model, propose queues a job per choice and report_running runs them all
+ * in the draft's passes (draft_propose); before that, draft_resync cuts the
+ * draft's KV back to the tokens that still agree with the choice's (its
+ * guesses after d_base as far as they were taken), which covers
+ * verification, plain decodes and proposals the plan did not take. Its
+ * guesses' distributions live in dq, slots handed out per iteration. A
+ * preempted or finished choice drops its draft KV; a fork starts its own.
  *
  * Threads. Submitters only touch the inbox (under mu) and a request's cancel
  * flag (atomic). Everything else - scheduler, KV bookkeeping, samplers -

@@ -38,9 +38,11 @@
  * to 8 compiled grammars are kept, so requests sending the same text share
  * one mask cache.
  *
- * Speculative decoding (lm_engine_config.spec: prompt lookup, decode/spec.h).
- * A decoding choice proposes a few tokens (copied from where its last words
- * occurred before); the scheduler lets the proposals join the choice's
+ * Speculative decoding (lm_engine_config.spec: prompt lookup, decode/spec.h,
+ * or a draft model, sched/draft.h). A decoding choice proposes a few tokens
+ * (copied from where its last words occurred before, or guessed by the
+ * draft model in its own KV pool, all choices' guesses in the same draft
+ * passes, the draft kept in step with the tokens taken); the scheduler lets the proposals join the choice's
  * decode in the same flat batch with whatever budget and blocks the decodes
  * and prefill chunks leave (so under load speculation shrinks, then stops),
  * the pass returns a logits row per position, and each row's token is taken
@@ -52,7 +54,14 @@
  * blocks the append took or copied, never in shared ones). So greedy output
  * is token for token the same, and sampled output has the same
  * distribution; a seed reproduces it when the load (and so each proposal's
- * size) is the same. A request may turn it off or lower K (spec_k).
+ * size) is the same. A request may turn it off or lower K (spec_k). The
+ * draft's guesses are drawn from its own row after the choice's sampler
+ * transforms (bias, penalties with the history, truncation, temperature),
+ * and that distribution q is what the rejection scheme divides by; a
+ * grammar's mask is applied to the target's row only (q stays exact, so the
+ * output's distribution does too; acceptance is lower). The draft model
+ * runs only while nothing waits and the batch budget holds every running
+ * choice's pending tokens and full proposals: under load it stands aside.
  *
  * Results reach the submitter through its callback, called on the engine
  * thread once per generated token (with the newly released text) and once
