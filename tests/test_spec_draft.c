@@ -11,7 +11,8 @@
  *     budget of 8 tokens per iteration (the draft stands aside while
  *     prefills run), in a pool small enough to preempt and recompute, with
  *     stop strings, max_tokens from 1 to 60, n = 3 forks, end-of-text made
- *     likely, and grammars; the same runs with prompt lookup. Each run must
+ *     likely, and grammars, and again from the prefix cache; the same runs
+ *     with prompt lookup. Each run must
  *     show an end-of-text token that was an accepted proposal, and (with the
  *     near-certain draft) a stop string ending on an accepted proposal;
  *     engine_check (both pools' invariants, no block or draft sequence left
@@ -363,6 +364,10 @@ static void test_greedy_identity(void) {
             snprintf(what, sizeof what, "%s, %s", props[q].what, runs[r].what);
             CHECK(run_jobs(e, jobs, got, runs[r].together) == 0);
             CHECK(same(jobs, plain, got, what));
+            if (r == 1) { /* again: prompts and outputs now come from the prefix cache */
+                CHECK(run_jobs(e, jobs, got, true) == 0);
+                CHECK(same(jobs, plain, got, what));
+            }
             int ea, sa;
             accepted_ends(jobs, got, &ea, &sa);
             eos_acc += ea, stop_acc += sa;
