@@ -231,7 +231,8 @@ void spec_opts_apply(args *a, spec_opts *o, lm_engine_config *ec) {
     if (o->draft_path && o->spec == LM_SPEC_NGRAM)
         die_usage(a, "%s", "--spec ngram and --draft-model exclude each other");
     if (o->min > o->max) die_usage(a, "%s", "--draft-min is above --draft-max");
-    if (o->draft_path && cli_tp_size > 1) die_usage(a, "%s", "--draft-model does not run under tensor parallelism");
+    if (o->draft_path && cli_tp_size * cli_pp_size > 1)
+        die_usage(a, "%s", "--draft-model does not run under tensor or pipeline parallelism");
     ec->spec = o->spec;
     ec->spec_max = o->max;
     ec->spec_min = o->min;
