@@ -32,7 +32,9 @@ static void usage_serve(FILE *f) {
             "  -m, --model FILE       GGUF model\n"
             "      --host ADDR        address to bind (default 127.0.0.1)\n"
             "      --port N           TCP port (default 8080; 0 picks a free one)\n"
-            "      --api-key KEY      require 'Authorization: Bearer KEY' on /v1/*\n"
+            "      --api-key KEY      require 'Authorization: Bearer KEY' on /v1/*; repeat it for several\n"
+            "                         keys, each a tenant with its own prefix cache (requests may add\n"
+            "                         a \"cache_salt\" string to split a key's cache further)\n"
             "      --model-name NAME  the name requests use (default: the file's base name)\n"
             "      --chat-template NAME|FILE  a template family (chatml, llama2, llama3, mistral, gemma,\n"
             "                         phi3, zephyr, ...) or a Jinja template file, instead of the model's\n"
@@ -134,13 +136,18 @@ int cmd_serve(int argc, char **argv) {
     unsigned long long mem = 0;
     spec_opts so;
     spec_opts_default(&so);
+    const char *keys[64];
+    int n_keys = 0;
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
         if (is_flag(&a, "-m", "--model")) model = need_val(&a);
         else if (is_flag(&a, "--mem", NULL)) mem = need_bytes(&a);
         else if (is_flag(&a, "--host", NULL)) sc.host = need_val(&a);
         else if (is_flag(&a, "--port", NULL)) sc.port = (int)need_int(&a, 0, 65535);
-        else if (is_flag(&a, "--api-key", NULL)) sc.api_key = need_val(&a);
+        else if (is_flag(&a, "--api-key", NULL)) {
+            if (n_keys == (int)(sizeof keys / sizeof *keys)) fail("serve", "at most 64 --api-key flags");
+            keys[n_keys++] = need_val(&a);
+        }
         else if (is_flag(&a, "--model-name", NULL)) sc.model_name = need_val(&a);
         else if (is_flag(&a, "--chat-template", NULL)) tmpl = need_val(&a);
         else if (is_flag(&a, "-c", "--ctx-size")) ec.n_ctx = (int)need_int(&a, 0, 1 << 24);
@@ -190,6 +197,8 @@ int cmd_serve(int argc, char **argv) {
     char err[LM_ERRLEN];
     const bool dist = cli_tp_size * cli_pp_size > 1; /* tensor and/or pipeline parallel */
     if (dist && cli_rank != 0) return follow(model, ec.n_threads);
+    sc.api_keys = keys;
+    sc.n_api_keys = n_keys;
     lm_server *srv = server_new(NULL, &sc, err, sizeof err);
     if (!srv) fail("serve", err);
     bool v6 = strchr(sc.host, ':') != NULL;

@@ -189,13 +189,23 @@ static bool same_secret(const char *a, const char *b) {
     return diff == 0;
 }
 
-static bool authorized(lm_server *s, struct MHD_Connection *conn) {
-    if (!s->api_key || !s->api_key[0]) return true;
+/* Whether the request carries an accepted key (or none is needed); *salt:
+ * that key's prefix-cache salt. Every key is compared, so the time does not
+ * tell which one matched. */
+static bool authorized(lm_server *s, struct MHD_Connection *conn, uint64_t *salt) {
+    *salt = 0;
+    if (s->n_keys == 0) return true;
     const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
     if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
     h += 7;
     while (*h == ' ') h++;
-    return same_secret(h, s->api_key);
+    bool ok = false;
+    for (int i = 0; i < s->n_keys; i++)
+        if (same_secret(h, s->keys[i]) && !ok) {
+            ok = true;
+            *salt = s->key_salt[i];
+        }
+    return ok;
 }
 
 enum { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_PAGE };
@@ -230,7 +240,8 @@ static enum MHD_Result first_call(lm_server *s, struct MHD_Connection *conn, con
                                 s->cfg.max_headers);
     int route = route_of(url);
     bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
-    if (!strncmp(url, "/v1/", 4) && !authorized(s, conn))
+    uint64_t salt = 0;
+    if (!strncmp(url, "/v1/", 4) && !authorized(s, conn, &salt))
         return srv_respond_errf(s, conn, 401, "invalid_request_error", "invalid_api_key", "WWW-Authenticate", "Bearer",
                                 "Incorrect or missing API key: send 'Authorization: Bearer KEY'.");
     if (route == R_NONE)
@@ -257,6 +268,7 @@ static enum MHD_Result first_call(lm_server *s, struct MHD_Connection *conn, con
     }
     srv_call *c = call_new(s, conn, route == R_CHAT);
     if (!c) return MHD_NO;
+    c->tenant_salt = salt;
     *req_cls = c;
     return MHD_YES;
 }
@@ -357,11 +369,29 @@ static char *dup_or_null(const char *s) { return s ? lm_strndup(s, strlen(s)) : 
 
 static void free_strings(lm_server *s) {
     lm_free(s->host);
-    lm_free(s->api_key);
+    for (int i = 0; i < s->n_keys; i++) lm_free(s->keys[i]);
+    lm_free(s->keys);
+    lm_free(s->key_salt);
     lm_free(s->model_name);
     lm_free(s->tmpl_name);
     lm_free(s->tmpl_text);
     chat_template_free(&s->chat);
+}
+
+/* The accepted keys (api_key, then api_keys; empty ones skipped) and their
+ * salts; false when out of memory. */
+static bool set_keys(lm_server *s, const lm_server_config *c) {
+    int n = 1 + (c->api_keys && c->n_api_keys > 0 ? c->n_api_keys : 0);
+    s->keys = lm_calloc((size_t)n, sizeof *s->keys);
+    s->key_salt = lm_calloc((size_t)n, sizeof *s->key_salt);
+    if (!s->keys || !s->key_salt) return false;
+    for (int i = 0; i < n; i++) {
+        const char *k = i == 0 ? c->api_key : c->api_keys[i - 1];
+        if (!k || !k[0]) continue;
+        if (!(s->keys[s->n_keys] = dup_or_null(k))) return false;
+        s->key_salt[s->n_keys++] = server_tenant_salt(k);
+    }
+    return true;
 }
 
 /* Bind address: the first that getaddrinfo gives for the host. */
@@ -399,6 +429,7 @@ lm_server *server_new(lm_engine *e, const lm_server_config *c, char *err, size_t
     lm_server *s = lm_calloc(1, sizeof *s);
     if (!s) return lm_err(err, errlen, "out of memory"), NULL;
     s->cfg = *c;
+    s->cfg.api_key = NULL, s->cfg.api_keys = NULL, s->cfg.n_api_keys = 0; /* copied into keys */
     if (!s->cfg.host) s->cfg.host = "127.0.0.1";
     if (!s->cfg.max_body) s->cfg.max_body = 1 << 20;
     if (s->cfg.max_n < 1) s->cfg.max_n = 16;
@@ -412,11 +443,11 @@ lm_server *server_new(lm_engine *e, const lm_server_config *c, char *err, size_t
     if (!(s->cfg.read_timeout > 0)) s->cfg.read_timeout = 0;
     if (s->cfg.max_headers < 1) s->cfg.max_headers = 100;
     s->host = dup_or_null(s->cfg.host);
-    s->api_key = dup_or_null(c->api_key);
+    bool keys_ok = set_keys(s, c);
     s->model_name = dup_or_null(c->model_name ? c->model_name : "lamina");
     s->tmpl_name = dup_or_null(c->chat_template);
     s->tmpl_text = dup_or_null(c->chat_template_text);
-    if (!s->host || !s->model_name || (c->api_key && !s->api_key) || (c->chat_template && !s->tmpl_name) ||
+    if (!s->host || !s->model_name || !keys_ok || (c->chat_template && !s->tmpl_name) ||
         (c->chat_template_text && !s->tmpl_text)) {
         free_strings(s);
         lm_free(s);

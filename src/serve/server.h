@@ -71,6 +71,7 @@
 
 #define SERVER_MAX_STOP 16          /* stop strings a request may give */
 #define SERVER_MAX_STOP_LEN 256     /* bytes per stop string */
+#define SERVER_MAX_CACHE_SALT 256   /* bytes of a cache_salt string */
 #define SERVER_MAX_PROMPTS 64       /* prompts in one completions request */
 #define SERVER_MAX_BIAS 1024        /* logit_bias entries */
 #define SERVER_MAX_TOOLS 128        /* tools in one chat request */
@@ -128,6 +129,10 @@ typedef struct {
      * (chat_tool_syntax of the template's family) and answered as tool_calls. */
     bool tool_calls;
     int tool_syntax;
+    /* cache_salt: given (a string of 1..SERVER_MAX_CACHE_SALT bytes), and
+     * the first 8 bytes of its SHA-256 (server_request_salt mixes it in). */
+    bool cache_salt_given;
+    uint64_t cache_salt_hash;
 } lm_server_request;
 
 /*
@@ -141,6 +146,14 @@ int server_parse_request(const lm_server_parse_ctx *c, bool chat, const char *bo
                          lm_server_request *out, lm_server_error *e);
 void server_request_free(lm_server_request *r);
 
+/* Prefix-cache salts. A tenant's salt: 0 without authentication, else the
+ * first 8 bytes of SHA-256 of a domain tag and the API key. A request's
+ * salt: the tenant's, or with a cache_salt field SHA-256 of the tenant's
+ * salt and that string's hash, so neither a key nor a cache_salt can reach
+ * another's namespace short of a SHA-256 collision. */
+uint64_t server_tenant_salt(const char *api_key);
+uint64_t server_request_salt(uint64_t tenant, const lm_server_request *r);
+
 /* Fill *e and return -1 (for `return server_error(...)`). */
 int server_error(lm_server_error *e, int status, const char *type, const char *param, const char *code,
                  const char *fmt, ...) __attribute__((format(printf, 6, 7)));
@@ -153,6 +166,12 @@ typedef struct {
     const char *host;          /* numeric address or name to bind (default 127.0.0.1) */
     int port;                  /* 0: any free port (see server_port) */
     const char *api_key;       /* NULL or "": no authentication */
+    /* More accepted keys (each a tenant of its own, like api_key): with any
+     * key set, the /v1 routes need one of them. Every key's requests get their own
+     * prefix-cache salt (server_tenant_salt), so cached prefixes are shared
+     * within a key and never across keys. */
+    const char *const *api_keys;
+    int n_api_keys;
     const char *model_name;    /* the name /v1/models reports and requests may use */
     const char *chat_template; /* a family name, or NULL for the model's own */
     const char *chat_template_text; /* a template's text (from a file), or NULL */

@@ -231,6 +231,7 @@ static int submit_all(srv_call *c, lm_server_error *e) {
         lm_request_params p = r->p;
         p.prompt = r->prompts[i];
         p.n_prompt = r->n_prompt[i];
+        p.cache_salt = server_request_salt(c->tenant_salt, r);
         p.sp.seed = seed + (uint64_t)i * (uint64_t)r->p.n;
         p.stop = (const char *const *)r->stops;
         p.grammar = r->grammar;

@@ -39,7 +39,10 @@ typedef struct srv_conn srv_conn; /* one open connection (server_conn.c) */
 
 struct lm_server {
     lm_server_config cfg;      /* strings below are the owned copies */
-    char *host, *api_key, *model_name, *tmpl_name, *tmpl_text;
+    char *host, *model_name, *tmpl_name, *tmpl_text;
+    char **keys;               /* (n_keys) accepted API keys (api_key, then api_keys); none: no auth */
+    uint64_t *key_salt;        /* (n_keys) server_tenant_salt of each */
+    int n_keys;
     lm_chat_template chat;     /* resolved at server_set_engine (pctx points into it) */
     struct MHD_Daemon *daemon;
     int port;
@@ -189,6 +192,7 @@ struct srv_call {
     lm_server *srv;
     struct MHD_Connection *conn;
     bool chat;
+    uint64_t tenant_salt;      /* the API key's prefix-cache salt (0 without keys) */
     strbuf body;
     bool too_big;
     lm_server_request req;

@@ -38,6 +38,7 @@
 #include "text/chat.h"
 #include "serve/server.h"
 #include "serve/server_int.h"
+#include "base/sha256.h"
 #include "base/utf8.h"
 #include "base/util.h"
 
@@ -562,6 +563,49 @@ static int check_unsupported(const cJSON *root, bool chat, lm_server_request *r,
     return 0;
 }
 
+static uint64_t first8(const uint8_t h[SHA256_LEN]) {
+    uint64_t x = 0;
+    for (int i = 0; i < 8; i++) x |= (uint64_t)h[i] << (8 * i);
+    return x;
+}
+
+/* cache_salt: absent or null, or a string of 1..SERVER_MAX_CACHE_SALT bytes. */
+static int parse_cache_salt(const cJSON *root, lm_server_request *r, lm_server_error *e) {
+    const cJSON *v = field(root, "cache_salt");
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsString(v)) return BAD("cache_salt", "'cache_salt' must be a string");
+    size_t n = strlen(v->valuestring);
+    if (n == 0) return BAD("cache_salt", "'cache_salt' must not be empty (leave it out for the key's own cache)");
+    if (n > SERVER_MAX_CACHE_SALT)
+        return BAD("cache_salt", "'cache_salt' is %zu bytes long; at most %d are allowed", n, SERVER_MAX_CACHE_SALT);
+    uint8_t h[SHA256_LEN];
+    sha256(v->valuestring, n, h);
+    r->cache_salt_given = true;
+    r->cache_salt_hash = first8(h);
+    return 0;
+}
+
+uint64_t server_tenant_salt(const char *api_key) {
+    if (!api_key || !api_key[0]) return 0;
+    sha256_ctx c;
+    sha256_init(&c);
+    sha256_update(&c, "lamina tenant", 14); /* the tag and its NUL */
+    sha256_update(&c, api_key, strlen(api_key));
+    uint8_t h[SHA256_LEN];
+    sha256_final(&c, h);
+    return first8(h);
+}
+
+uint64_t server_request_salt(uint64_t tenant, const lm_server_request *r) {
+    if (!r || !r->cache_salt_given) return tenant;
+    uint8_t m[14 + 16], h[SHA256_LEN];
+    memcpy(m, "lamina salted", 14);
+    for (int i = 0; i < 8; i++) m[14 + i] = (uint8_t)(tenant >> (8 * i));
+    for (int i = 0; i < 8; i++) m[22 + i] = (uint8_t)(r->cache_salt_hash >> (8 * i));
+    sha256(m, sizeof m, h);
+    return first8(h);
+}
+
 /* stream, stream_options, n, max_tokens (range only; the context check comes later). */
 static int parse_shape(const lm_server_parse_ctx *c, const cJSON *root, bool chat, lm_server_request *r,
                        long long *max_tokens, const char **mt_name, lm_server_error *e) {
@@ -638,6 +682,7 @@ static int parse_root(const lm_server_parse_ctx *c, bool chat, const cJSON *root
     if (parse_shape(c, root, chat, r, &max_tokens, &mt_name, e)) return -1;
     if (parse_sampling(root, chat, r, e) || parse_stop(root, r, e)) return -1;
     if (parse_bias(root, tok_n_vocab(c->tok), r, e) || check_unsupported(root, chat, r, e)) return -1;
+    if (parse_cache_salt(root, r, e)) return -1;
     if (srv_parse_format(root, r, e)) return -1;
     if (!chat) return parse_prompt(c, root, r, e) || check_context(c, chat, max_tokens, mt_name, r, e) ? -1 : 0;
     srv_tools tools;
