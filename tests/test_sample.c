@@ -691,6 +691,75 @@ static void test_big_draws(void) {
     CHECKF(bad == 0, "%d draws outside the top-p set", bad);
 }
 
+/* The plain walk the all-mode sampler must reproduce exactly: the same
+ * float weights summed in double in token order, one uniform draw from an
+ * RNG seeded as the sampler's, the first token whose running sum passes it
+ * (the last positive weight if rounding leaves the draw past the sum). */
+static int32_t plain_walk(const float *x, int32_t V, float temp, lm_rng *r) {
+    float m = -INFINITY;
+    int32_t best = -1;
+    for (int32_t i = 0; i < V; i++)
+        if (x[i] > m) m = x[i], best = i;
+    float *w = malloc(sizeof(float) * (size_t)V);
+    double sum = 0;
+    for (int32_t i = 0; i < V; i++) {
+        w[i] = x[i] == -INFINITY ? 0.0f : expf((x[i] - m) / temp);
+        sum += (double)w[i];
+    }
+    double u = lm_rng_uniform(r) * sum, cum = 0;
+    int32_t last = best;
+    for (int32_t i = 0; i < V; i++) {
+        if (w[i] <= 0.0f) continue;
+        cum += (double)w[i];
+        last = i;
+        if (u < cum) break;
+    }
+    free(w);
+    return last;
+}
+
+/* All mode (no truncation) draws by blocks of recorded running sums: the
+ * same token as the plain walk, draw for draw, over vocabulary sizes around
+ * the block size, rows whose mass sits in one late block, rows with whole
+ * blocks banned, and 262,144 tokens. */
+static void test_block_walk(void) {
+    const int32_t Vs[] = {1, 7, 2047, 2048, 2049, 6144, 10001, 262144};
+    int mismatch = 0, cases = 0;
+    for (size_t vi = 0; vi < sizeof Vs / sizeof *Vs; vi++) {
+        int32_t V = Vs[vi];
+        float *x = malloc(sizeof(float) * (size_t)V), *row = malloc(sizeof(float) * (size_t)V);
+        for (int shape = 0; shape < 3; shape++) {
+            lm_rng g;
+            lm_rng_seed(&g, 77 + (uint64_t)shape);
+            for (int32_t i = 0; i < V; i++) {
+                x[i] = lm_rng_normal(&g) * 2.0f;
+                if (shape == 1 && i == V - 1) x[i] = 30.0f;         /* the mass in the last block */
+                if (shape == 2 && (i / 2048) % 2 == 1) x[i] = -INFINITY; /* every other block banned */
+            }
+            for (int ti = 0; ti < 2; ti++) {
+                lm_sample_params p;
+                params_off(&p, ti ? 0.8f : 1.7f);
+                p.seed = 900 + (uint64_t)vi;
+                lm_sampler *s = sampler_new(&p, V);
+                lm_rng ref;
+                lm_rng_seed(&ref, p.seed);
+                int n_draw = V > 100000 ? 40 : 300;
+                for (int d = 0; d < n_draw; d++) {
+                    memcpy(row, x, sizeof(float) * (size_t)V);
+                    int32_t t = sampler_sample(s, row);
+                    int32_t want = plain_walk(x, V, p.temp, &ref);
+                    mismatch += t != want;
+                    cases++;
+                }
+                sampler_free(s);
+            }
+        }
+        free(x);
+        free(row);
+    }
+    CHECKF(mismatch == 0, "%d of %d draws differ from the plain walk", mismatch, cases);
+}
+
 /* sampler_sample allocates nothing; sampler_new fails cleanly. */
 static void test_no_alloc(void) {
     lm_sample_params p;
@@ -884,6 +953,7 @@ static void test_sparse_matches_dense(void) {
 int main(void) {
     TEST_RUN(test_greedy_argmax);
     TEST_RUN(test_determinism);
+    TEST_RUN(test_block_walk);
     TEST_RUN(test_empirical_temp);
     TEST_RUN(test_empirical_top_k);
     TEST_RUN(test_empirical_top_p);

@@ -24,7 +24,11 @@
  *        min-p  keep logit - m >= log(min_p) (the ratio p / p_max >= min_p).
  *   3. Temperature and softmax: weights w = exp((l - m) / T) written over the
  *      survivors' logits, summed in double; a uniform draw in [0, sum) walks
- *      the cumulative weights in the survivors' (deterministic) order.
+ *      the cumulative weights in the survivors' (deterministic) order. In all
+ *      mode the running sum is recorded at the end of every CK_BLOCK tokens
+ *      (ck[]), and the walk starts at the block where it crosses the draw:
+ *      the same double additions in the same order, so the same token as a
+ *      walk from the start, after ~CK_BLOCK steps instead of ~V / 2.
  *
  * Total order used for every tie: larger logit first, then lower id. So the
  * top-k and top-p sets are uniquely defined and independent of heap order.
@@ -35,6 +39,7 @@
  * Either way penalties touch O(window) entries, not O(V).
  *
  * Memory, allocated once in sampler_new: cand (8 B x V), bias (4 B x V),
+ * ck (8 B x V / CK_BLOCK),
  * counts (4 B x V) and the history (4 B x window, or x V for the whole
  * history) when penalties are on.
  */
@@ -43,6 +48,9 @@
 #include <float.h>
 #include <math.h>
 #include <string.h>
+
+/* Tokens per recorded running sum of the all-mode weights. */
+#define CK_BLOCK 2048
 
 typedef struct {
     float l;     /* logit, later the unnormalized weight */
@@ -63,6 +71,7 @@ struct lm_sampler {
     int32_t hist_len;
     int32_t hist_head;   /* ring: index of the oldest entry once full */
     cand_t *cand;        /* (n_vocab) scratch candidates */
+    double *ck;          /* (n_vocab / CK_BLOCK + 1) all mode: running weight sum at each block's end */
 };
 
 /* Result of truncation + temperature: weights either in the logits row
@@ -71,6 +80,7 @@ typedef struct {
     bool all;
     int32_t n;
     double sum;
+    int32_t last;        /* all mode: the last token with a positive weight, or -1 */
 } dist_t;
 
 void sample_params_default(lm_sample_params *p) {
@@ -103,7 +113,8 @@ lm_sampler *sampler_new(const lm_sample_params *p, int32_t n_vocab) {
 
     s->bias = lm_calloc((size_t)n_vocab, sizeof *s->bias);
     s->cand = lm_malloc((size_t)n_vocab * sizeof *s->cand);
-    if (!s->bias || !s->cand) goto err;
+    s->ck = lm_malloc(((size_t)n_vocab / CK_BLOCK + 1) * sizeof *s->ck);
+    if (!s->bias || !s->cand || !s->ck) goto err;
     if (s->penalize) {
         s->hist_cap = s->p.repeat_last_n > 0 ? s->p.repeat_last_n : n_vocab;
         s->counts = lm_calloc((size_t)n_vocab, sizeof *s->counts);
@@ -121,6 +132,7 @@ void sampler_free(lm_sampler *s) {
     if (!s) return;
     lm_free(s->bias);
     lm_free(s->cand);
+    lm_free(s->ck);
     lm_free(s->counts);
     lm_free(s->hist);
     lm_free(s);
@@ -443,7 +455,7 @@ static int32_t min_p_all(const float *logits, int32_t V, float m, float min_p, c
  * indices into it. */
 static dist_t truncate_and_weigh(lm_sampler *s, float *logits, int32_t V, int32_t n_finite, float m) {
     const lm_sample_params *p = &s->p;
-    dist_t d = {true, V, 0.0};
+    dist_t d = {true, V, 0.0, -1};
     cand_t *c = s->cand;
     if (p->top_k > 0 && p->top_k < n_finite) {
         d.all = false;
@@ -461,10 +473,15 @@ static dist_t truncate_and_weigh(lm_sampler *s, float *logits, int32_t V, int32_
     }
     const float t = p->temp;
     if (d.all) {
-        for (int32_t i = 0; i < V; i++) {
-            float w = logits[i] == -INFINITY ? 0.0f : expf((logits[i] - m) / t);
-            logits[i] = w;
-            d.sum += (double)w;
+        for (int32_t b = 0; b * CK_BLOCK < V; b++) {
+            int32_t end = V - b * CK_BLOCK > CK_BLOCK ? (b + 1) * CK_BLOCK : V;
+            for (int32_t i = b * CK_BLOCK; i < end; i++) {
+                float w = logits[i] == -INFINITY ? 0.0f : expf((logits[i] - m) / t);
+                logits[i] = w;
+                d.sum += (double)w;
+                if (w > 0.0f) d.last = i;
+            }
+            s->ck[b] = d.sum;
         }
     } else {
         for (int32_t i = 0; i < d.n; i++) {
@@ -491,12 +508,20 @@ static int32_t sample_row(lm_sampler *s, float *logits, int32_t n, const int32_t
     double u = lm_rng_uniform(&s->rng) * d.sum, cum = 0.0;
     int32_t last = best;
     if (d.all) {
-        for (int32_t i = 0; i < n; i++) {
+        /* the first block whose running sum passes u holds the token: start
+         * there with the sum before it (adding a zero weight changes no sum) */
+        int32_t b = 0, n_blk = (n + CK_BLOCK - 1) / CK_BLOCK;
+        while (b < n_blk && !(u < s->ck[b])) b++;
+        if (b == n_blk) return d.last >= 0 ? d.last : best;
+        cum = b > 0 ? s->ck[b - 1] : 0.0;
+        int32_t end = n - b * CK_BLOCK > CK_BLOCK ? (b + 1) * CK_BLOCK : n;
+        for (int32_t i = b * CK_BLOCK; i < end; i++) {
             if (logits[i] <= 0.0f) continue;
             cum += (double)logits[i];
             last = i;
             if (u < cum) return i;
         }
+        return last; /* not reached: the block's running sum passes u */
     } else {
         for (int32_t i = 0; i < d.n; i++) {
             if (s->cand[i].l <= 0.0f) continue;
