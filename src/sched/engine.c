@@ -126,8 +126,11 @@ typedef struct eseq {
     draft_seq ds;             /*   the draft model's state (LM_SPEC_DRAFT) */
     int d_base;               /*   the draft's guesses follow tokens[0 .. d_base) */
     float *q;                 /*   (n_prop, n_vocab) the guesses' distributions (sampling), or NULL */
+    int32_t pre;              /* this iteration's token, drawn ahead on the pool (presample), or PRE_NONE */
     lm_request_stats stats;
 } eseq;
+
+#define PRE_NONE (-3)
 
 struct lm_request {
     atomic_int refs;          /* engine + submitter (when it asked for a handle) */
@@ -186,6 +189,11 @@ struct lm_engine {
     char *emit;               /* (emit_cap) text of one event: held text, a piece and a flush */
     int emit_cap;
     uint64_t plan_misses;     /* appends a plan allowed that failed (engine_check reports them) */
+    eseq **pre_ch;            /* (max_seqs) presample: the choices sampled on the pool */
+    float **pre_row;          /* (max_seqs) and their logits rows */
+    int n_pre;
+    bool prof_on;             /* engine_set_profile: time the parts of each iteration */
+    engine_profile_t prof;    /* (engine thread) what they took */
 
     /* constrained decoding: built on the first request with a grammar */
     pthread_mutex_t gv_mu;    /* guards gvocab's creation (submitters build it) */
@@ -420,9 +428,13 @@ static int32_t take_token(lm_engine *e, eseq *c, float *row, int32_t draft, cons
         n_top = sample_top_n(e->lp, V, r->p.top_logprobs, top_ids, top_lp);
     }
     bool acc;
-    int32_t t = c->gm_on ? grammar_pick(e, c, row, draft, q)
+    double t_s = e->prof_on ? lm_now() : 0;
+    int32_t t = c->pre != PRE_NONE ? c->pre
+                : c->gm_on ? grammar_pick(e, c, row, draft, q)
                 : draft >= 0 ? sampler_sample_spec(c->smp, row, draft, q, &acc)
                 : sampler_sample(c->smp, row);
+    c->pre = PRE_NONE;
+    if (e->prof_on) e->prof.sample += lm_now() - t_s;
     if (t == -2) return -1; /* grammar_pick finished the choice */
     if (t < 0) {
         finish(e, c, LM_FINISH_ERROR, LM_ERR_INVALID, "every token is banned (logit_bias)");
@@ -685,6 +697,7 @@ static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max
         lm_sample_params sp = p->sp;
         sp.seed += (uint64_t)i;
         c->smp = sampler_new(&sp, e->m->hp.n_vocab);
+        c->pre = PRE_NONE;
         if (!c->tokens || !c->smp || stop_text_init(&c->held, &r->stop, e->piece_cap) != 0) {
             ok = false;
             break;
@@ -1133,6 +1146,53 @@ static void verify(lm_engine *e, eseq *c, float *rows) {
     request_unref(r);
 }
 
+/* ---- sampling on the pool ---------------------------------------------- */
+
+static void presample_fn(void *arg, int ith, int nth) {
+    lm_engine *e = arg;
+    for (int i = ith; i < e->n_pre; i += nth) e->pre_ch[i]->pre = sampler_sample(e->pre_ch[i]->smp, e->pre_row[i]);
+}
+
+/* Draw the next token of every plain decoding row of this iteration at once,
+ * the rows spread over the pool's threads, before take_token emits them in
+ * order. A choice's sampler and row are its own, so the draws are the ones
+ * take_token would make one after another. Plain: a running choice with one
+ * logits row, no grammar, no proposal to verify, no log-probabilities (they
+ * read the row before the sampler writes over it) and not a first token
+ * that forks (the forks copy the row first). */
+static void presample(lm_engine *e, int n_seg) {
+    const int32_t V = e->m->hp.n_vocab;
+    e->n_pre = 0;
+    if (pool_size(e->pool) < 2) return;
+    int row = 0;
+    for (int g = 0; g < n_seg; g++) {
+        eseq *c = e->seg_ch[g];
+        if (c->sq.where != SCHED_RUNNING) continue;
+        if (c->n_draft) {
+            row += e->segs[g].n_logits;
+            continue;
+        }
+        if (!e->segs[g].n_logits) continue;
+        float *lrow = e->logits + (size_t)row++ * V;
+        const lm_request_params *p = &c->req->p;
+        if (c->gm || p->logprobs || p->top_logprobs > 0 || (c->n_gen == 0 && c->index == 0 && p->n > 1)) continue;
+        e->pre_ch[e->n_pre] = c;
+        e->pre_row[e->n_pre++] = lrow;
+    }
+    if (e->n_pre < 2) return;
+    pool_run(e->pool, presample_fn, e);
+}
+
+void engine_set_profile(lm_engine *e, bool on) {
+    e->prof_on = on;
+    e->fwd->profile = on;
+}
+
+void engine_profile(const lm_engine *e, engine_profile_t *p) {
+    *p = e->prof;
+    memcpy(p->ops, e->fwd->prof, sizeof p->ops);
+}
+
 /* One iteration. Returns false when there was nothing to run. */
 static bool step(lm_engine *e) {
     const int32_t V = e->m->hp.n_vocab;
@@ -1160,7 +1220,11 @@ static bool step(lm_engine *e) {
 
     /* one pass over the whole batch; logits rows in segment order */
     char err[LM_ERRLEN];
+    double t0 = e->prof_on ? lm_now() : 0;
     int rc = fwd_run(e->fwd, e->btok, e->segs, n_seg, e->logits, err, sizeof err);
+    double t1 = e->prof_on ? lm_now() : 0;
+    if (rc == 0) presample(e, n_seg);
+    double t2 = e->prof_on ? lm_now() : 0, serial0 = e->prof.sample;
     int row = 0;
     for (int g = 0; g < n_seg; g++) {
         eseq *c = e->seg_ch[g];
@@ -1187,6 +1251,14 @@ static bool step(lm_engine *e) {
             fork_choices(e, c, src);
         }
         take_token(e, c, lrow, -1, NULL);
+    }
+    if (e->prof_on) {
+        double t3 = lm_now();
+        e->prof.forward += t1 - t0;
+        e->prof.sample += t2 - t1;
+        e->prof.emit += (t3 - t2) - (e->prof.sample - serial0); /* less the serial samples in it */
+        e->prof.steps++;
+        e->prof.seqs += (uint64_t)n_seg;
     }
     pthread_mutex_lock(&e->mu);
     metrics_iteration(&e->stats, n_seg, n_tok);
@@ -1292,6 +1364,8 @@ static void destroy(lm_engine *e) {
     sched_free(e->sc);
     lm_free(e->segs);
     lm_free(e->seg_ch);
+    lm_free(e->pre_ch);
+    lm_free(e->pre_row);
     lm_free(e->probes);
     draft_free(e->dr);
     lm_free(e->jobs);
@@ -1437,6 +1511,8 @@ static int alloc_buffers(lm_engine *e, char *err, size_t errlen) {
     e->sc = sched_new(&scfg);
     e->segs = lm_calloc(S, sizeof *e->segs);
     e->seg_ch = lm_calloc(S, sizeof *e->seg_ch);
+    e->pre_ch = lm_calloc(S, sizeof *e->pre_ch);
+    e->pre_row = lm_calloc(S, sizeof *e->pre_row);
     e->probes = lm_calloc(2 * S + 2, sizeof *e->probes);
     e->btok = lm_malloc((size_t)c->batch_tokens * sizeof *e->btok);
     /* batch rows (one per sequence, and one per proposed token), fork source, fork work */
@@ -1446,7 +1522,7 @@ static int alloc_buffers(lm_engine *e, char *err, size_t errlen) {
     e->piece = lm_malloc((size_t)e->piece_cap);
     e->emit_cap = MAX_STOP_LEN + 2 * e->piece_cap + 64; /* held text + a piece, and a flush */
     e->emit = lm_malloc((size_t)e->emit_cap);
-    if (!e->sc || !e->segs || !e->seg_ch || !e->probes || !e->btok || !e->logits || !e->lp || !e->piece ||
+    if (!e->sc || !e->segs || !e->seg_ch || !e->pre_ch || !e->pre_row || !e->probes || !e->btok || !e->logits || !e->lp || !e->piece ||
         !e->emit)
         return lm_err(err, errlen, "out of memory allocating the engine's buffers");
     return 0;

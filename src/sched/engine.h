@@ -80,6 +80,7 @@
 #include "lamina.h"
 #include "kv/kv.h"
 #include "model/model.h"
+#include "model/forward.h"
 #include "decode/sample.h"
 #include "text/tokenizer.h"
 
@@ -160,6 +161,19 @@ void engine_request_release(lm_engine *e, lm_request *r);
 void engine_stats(lm_engine *e, lm_engine_stats *st);
 /* Block until nothing is queued or running (tests, benchmarks). */
 void engine_wait_idle(lm_engine *e);
+
+/* Where the engine thread's iterations spend their time (seconds, summed
+ * while profiling is on): the forward pass (ops: per op, as lm_prof_names),
+ * sampling (on the pool, and the draws made one at a time), and emitting
+ * (detokenization, stop strings, events to the callbacks); steps and the
+ * sequences they ran. Read it while the engine is idle. */
+typedef struct {
+    double forward, sample, emit;
+    double ops[LM_PROF_COUNT];
+    uint64_t steps, seqs;
+} engine_profile_t;
+void engine_set_profile(lm_engine *e, bool on);
+void engine_profile(const lm_engine *e, engine_profile_t *p);
 /* Check the KV pool's invariants, that no block is held by a finished
  * request, and that every KV append a scheduler plan allowed succeeded (the
  * plans' block accounting is exact): 0, or -1 with a message (tests; call
