@@ -2,7 +2,7 @@
 """Load generator for `lamina serve` (or any OpenAI-compatible server).
 
 C concurrent clients each send R streaming /v1/completions requests one
-after another (greedy, EOS ignored, fixed output length) and record, per
+after another (greedy unless --temperature, EOS ignored, fixed output length) and record, per
 request, the time to the first token, the gaps between tokens and the total
 time. Prints request and output-token throughput and TTFT / ITL / end-to-end
 latency (mean, p50, p99). Standard library only.
@@ -28,8 +28,8 @@ def pct(v, p):
     return v[min(len(v) - 1, int(round(p * (len(v) - 1))))] if v else 0.0
 
 
-def one_request(host, port, path_prefix, prompt, max_tokens, model):
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+def one_request(host, port, path_prefix, prompt, max_tokens, model, temperature=0.0):
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
                        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
     conn = http.client.HTTPConnection(host, port, timeout=3600)
     t0 = time.monotonic()
@@ -73,6 +73,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--model", default="")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     a = ap.parse_args()
     u = urllib.parse.urlparse(a.url)
     if not a.model:  # the server's one model
@@ -88,7 +89,7 @@ def main():
     def client(i):
         for p in prompts[i]:
             try:
-                r = one_request(u.hostname, u.port or 80, u.path.rstrip("/"), p, a.max_tokens, a.model)
+                r = one_request(u.hostname, u.port or 80, u.path.rstrip("/"), p, a.max_tokens, a.model, a.temperature)
                 with lock:
                     results.append(r)
             except Exception as e:  # noqa: BLE001 - report every failure

@@ -21,6 +21,13 @@
  * the tokens proposed and accepted and the mean tokens per verifying pass.
  * --prompt-file gives every request the same text prompt instead (a
  * copy-heavy workload for prompt lookup).
+ *
+ * --shared-prefix N: request i's prompt is BOS, then system prompt i mod N
+ * (--prefix-len random tokens, the same for every request that shares it),
+ * then its own drawn tokens. Each mode then runs twice, with the prefix
+ * cache off and on (on an empty cache each time), and reports the hit rate:
+ * prompt tokens taken from the cache over all prompt tokens, and the
+ * engine's block lookups that hit.
  */
 #include <math.h>
 #include <pthread.h>
@@ -61,7 +68,12 @@ static void usage_bench_serve(FILE *f) {
             "  --draft-model FILE  speculative decoding by a draft model (same tokenizer)\n"
             "  --draft-max K       tokens proposed per step at most (default 4)\n"
             "  --draft-min N, --draft-p-min P  with --draft-model: see lamina run --help\n"
-            "  --prompt-file FILE  every request's prompt is this text (outputs still drawn)\n",
+            "  --prompt-file FILE  every request's prompt is this text (outputs still drawn)\n"
+            "  --shared-prefix N   prompts start with one of N shared system prompts; each mode runs\n"
+            "                      with the prefix cache off and on\n"
+            "  --prefix-len L      tokens per shared system prompt (default 256)\n"
+            "  --temp T            sampling temperature (default 0: greedy)\n"
+            "  --profile           print where the engine's iterations spend their time, per op\n",
             FWD_BATCH_DEFAULT);
 }
 
@@ -77,6 +89,7 @@ typedef struct {
     int id;
     double t_submit, t_first, t_last, t_done;
     int n_tok;
+    int cached;               /* prompt tokens the prefix cache gave */
     bool failed;
 } req_rec;
 
@@ -96,6 +109,10 @@ struct bench_run {
 
 static void submit_next_locked(bench_run *b);
 
+/* --temp and --profile (set once before any run) */
+static float bench_temp = 0;
+static bool bench_profile = false;
+
 static void on_event(void *user, const lm_event *ev) {
     req_rec *r = user;
     bench_run *b = r->run;
@@ -110,6 +127,7 @@ static void on_event(void *user, const lm_event *ev) {
     if (ev->done) {
         r->t_done = now;
         r->failed = ev->finish == LM_FINISH_ERROR || ev->finish == LM_FINISH_CANCELLED;
+        if (ev->stats) r->cached = ev->stats->cached_tokens;
         b->done++;
         b->in_flight--;
         if (b->closed_loop) submit_next_locked(b);
@@ -126,7 +144,7 @@ static void submit_one_locked(bench_run *b, int i) {
     p.n_prompt = w->n_prompt;
     p.max_tokens = w->n_out;
     p.ignore_eos = true;
-    p.sp.temp = 0;
+    p.sp.temp = bench_temp;
     p.on_event = on_event;
     p.user = &b->rec[i];
     b->rec[i] = (req_rec){.run = b, .id = i, .t_submit = lm_now()};
@@ -170,9 +188,31 @@ typedef struct {
     double wall, req_s, out_tok_s, total_tok_s, decode_tok_s, mean_batch;
     dist ttft, tpot, itl, e2e;
     int failed;
+    double hit_rate;          /* prompt tokens from the prefix cache / prompt tokens */
+    uint64_t prefix_queries, prefix_hits;
     uint64_t preemptions;
     uint64_t spec_proposed, spec_accepted, spec_steps;
 } mode_result;
+
+/* The engine's iteration times: per op of the forward pass, sampling,
+ * emitting, and what is left of the wall time (scheduling, waiting). */
+static void print_profile(lm_engine *e, const char *name, double wall) {
+    engine_profile_t p;
+    engine_profile(e, &p);
+    if (!p.steps) return;
+    double ops = 0;
+    for (int i = 0; i < LM_PROF_COUNT; i++) ops += p.ops[i];
+    printf("profile (%s): %llu iterations, %.1f sequences each; ms per iteration and share of the wall time\n",
+           name, (unsigned long long)p.steps, (double)p.seqs / (double)p.steps);
+    double ms = 1e3 / (double)p.steps;
+    for (int i = 0; i < LM_PROF_COUNT; i++)
+        if (p.ops[i] > 0) printf("  %-22s %8.2f ms %5.1f%%\n", lm_prof_names[i], p.ops[i] * ms, 100 * p.ops[i] / wall);
+    printf("  %-22s %8.2f ms %5.1f%%\n", "forward (other)", (p.forward - ops) * ms, 100 * (p.forward - ops) / wall);
+    printf("  %-22s %8.2f ms %5.1f%%\n", "sampling", p.sample * ms, 100 * p.sample / wall);
+    printf("  %-22s %8.2f ms %5.1f%%\n", "detokenize + events", p.emit * ms, 100 * p.emit / wall);
+    double rest = wall - p.forward - p.sample - p.emit;
+    printf("  %-22s %8.2f ms %5.1f%%\n", "scheduling + idle", rest * ms, 100 * rest / wall);
+}
 
 static int run_mode(const lm_model *m, const lm_engine_config *ec, const work_item *w, int n, int32_t **prompts,
                     int concurrency, bool poisson, const char *name, mode_result *res) {
@@ -182,6 +222,7 @@ static int run_mode(const lm_model *m, const lm_engine_config *ec, const work_it
         fprintf(stderr, "lamina bench serve: %s\n", err);
         return -1;
     }
+    engine_set_profile(e, bench_profile);
     bench_run b = {.e = e, .w = w, .n = n, .prompts = prompts, .concurrency = concurrency,
                    .closed_loop = !poisson};
     b.rec = calloc((size_t)n, sizeof *b.rec);
@@ -224,15 +265,17 @@ static int run_mode(const lm_model *m, const lm_engine_config *ec, const work_it
     double t_end = lm_now();
     lm_engine_stats st;
     engine_stats(e, &st);
+    if (bench_profile) print_profile(e, name, t_end - t0);
     engine_free(e);
 
     *res = (mode_result){.name = name, .wall = t_end - t0, .preemptions = st.preemptions_total,
                          .spec_proposed = st.spec_proposed_total, .spec_accepted = st.spec_accepted_total,
-                         .spec_steps = st.spec_steps_total};
+                         .spec_steps = st.spec_steps_total, .prefix_queries = st.prefix_queries_total,
+                         .prefix_hits = st.prefix_hits_total};
     double *ttft = malloc((size_t)n * sizeof *ttft), *tpot = malloc((size_t)n * sizeof *tpot),
            *e2e = malloc((size_t)n * sizeof *e2e);
     int n_ok = 0, n_tpot = 0;
-    long out_tok = 0, in_tok = 0;
+    long out_tok = 0, in_tok = 0, cached_tok = 0;
     double last_first = t0;
     for (int i = 0; i < n; i++) {
         req_rec *r = &b.rec[i];
@@ -245,8 +288,10 @@ static int run_mode(const lm_model *m, const lm_engine_config *ec, const work_it
         if (r->n_tok > 1) tpot[n_tpot++] = (r->t_last - r->t_first) / (r->n_tok - 1);
         out_tok += r->n_tok;
         in_tok += w[i].n_prompt;
+        cached_tok += r->cached;
         if (r->t_first > last_first) last_first = r->t_first;
     }
+    res->hit_rate = in_tok ? (double)cached_tok / (double)in_tok : 0;
     res->req_s = n_ok / res->wall;
     res->out_tok_s = (double)out_tok / res->wall;
     res->total_tok_s = (double)(out_tok + in_tok) / res->wall;
@@ -277,6 +322,57 @@ static void parse_range(args *a, int *lo, int *hi) {
     *hi = (int)y;
 }
 
+/* One mode's result lines. */
+static void print_mode(const mode_result *x, bool spec) {
+    printf("%-14s %8.2f tok/s output   %8.2f tok/s total   %6.3f req/s   mean batch %5.2f seqs   "
+           "%.1f s%s\n",
+           x->name, x->out_tok_s, x->total_tok_s, x->req_s, x->mean_batch, x->wall,
+           x->failed ? "   (FAILED REQUESTS)" : "");
+    printf("  %-12s mean %8.1f  p50 %8.1f  p99 %8.1f ms\n", "TTFT", x->ttft.mean * 1e3, x->ttft.p50 * 1e3,
+           x->ttft.p99 * 1e3);
+    printf("  %-12s mean %8.1f  p50 %8.1f  p99 %8.1f ms\n", "TPOT", x->tpot.mean * 1e3, x->tpot.p50 * 1e3,
+           x->tpot.p99 * 1e3);
+    printf("  %-12s mean %8.1f  p50 %8.1f  p99 %8.1f ms\n", "ITL", x->itl.mean * 1e3, x->itl.p50 * 1e3,
+           x->itl.p99 * 1e3);
+    printf("  %-12s mean %8.1f  p50 %8.1f  p99 %8.1f ms\n", "E2E latency", x->e2e.mean * 1e3, x->e2e.p50 * 1e3,
+           x->e2e.p99 * 1e3);
+    printf("  decode after the last first token: %.2f tok/s; %d failed, %llu preemptions\n", x->decode_tok_s,
+           x->failed, (unsigned long long)x->preemptions);
+    if (spec)
+        printf("  speculation: %llu proposed, %llu accepted (%.1f%%), %.2f tokens per verifying pass\n",
+               (unsigned long long)x->spec_proposed, (unsigned long long)x->spec_accepted,
+               x->spec_proposed ? 100.0 * (double)x->spec_accepted / (double)x->spec_proposed : 0.0,
+               x->spec_steps ? 1.0 + (double)x->spec_accepted / (double)x->spec_steps : 0.0);
+    fflush(stdout);
+}
+
+/* --shared-prefix: mode k with the prefix cache off, then on; both printed
+ * with the hit rate, then the ratios. */
+static int run_shared(const lm_model *m, const lm_engine_config *ec, int k, const work_item *w, int n,
+                      int32_t **prompts, int concurrency, bool poisson, const char *const names[2],
+                      mode_result res[2]) {
+    for (int on = 0; on < 2; on++) {
+        lm_engine_config mc = *ec;
+        mc.prefix_cache = on;
+        if (k == 0) mc.max_seqs = 1;
+        if (k == 1) {
+            mc.static_batching = true;
+            if (concurrency < mc.max_seqs) mc.max_seqs = concurrency;
+        }
+        if (run_mode(m, &mc, w, n, prompts, concurrency, poisson, names[on], &res[on]) != 0) return -1;
+        print_mode(&res[on], ec->spec != LM_SPEC_NONE);
+        printf("  prefix cache: %.1f%% of prompt tokens from the cache; %llu of %llu block lookups hit\n",
+               100.0 * res[on].hit_rate, (unsigned long long)res[on].prefix_hits,
+               (unsigned long long)res[on].prefix_queries);
+    }
+    printf("cache on / off: %.2fx output throughput, %.2fx total throughput, mean TTFT %.2fx, p99 TTFT %.2fx\n",
+           res[1].out_tok_s / res[0].out_tok_s, res[1].total_tok_s / res[0].total_tok_s,
+           res[0].ttft.mean > 0 ? res[1].ttft.mean / res[0].ttft.mean : 0,
+           res[0].ttft.p99 > 0 ? res[1].ttft.p99 / res[0].ttft.p99 : 0);
+    fflush(stdout);
+    return 0;
+}
+
 static int draw(lm_rng *r, int lo, int hi) { return lo + (int)(lm_rng_u64(r) % (uint64_t)(hi - lo + 1)); }
 
 int cmd_bench_serve(int argc, char **argv) {
@@ -285,7 +381,7 @@ int cmd_bench_serve(int argc, char **argv) {
     long long n_req = 64, conc = 0, seed = 1, threads = pool_default_threads(), ctx = 0;
     double rate = 0;
     bool ctx_extend = false;
-    int p_lo = 16, p_hi = 96, o_lo = 16, o_hi = 64, fixed_p = 0, fixed_g = 0;
+    int p_lo = 16, p_hi = 96, o_lo = 16, o_hi = 64, fixed_p = 0, fixed_g = 0, n_shared = 0, prefix_len = 256;
     lm_engine_config ec;
     engine_config_default(&ec);
     spec_opts so;
@@ -313,6 +409,10 @@ int cmd_bench_serve(int argc, char **argv) {
         else if (is_flag(&a, "--kv-type", NULL)) ec.kv_type = need_kv_type(&a);
         else if (spec_opts_flag(&a, &so)) continue;
         else if (is_flag(&a, "--prompt-file", NULL)) pfile = need_val(&a);
+        else if (is_flag(&a, "--shared-prefix", NULL)) n_shared = (int)need_int(&a, 1, 1 << 16);
+        else if (is_flag(&a, "--prefix-len", NULL)) prefix_len = (int)need_int(&a, 1, 1 << 20);
+        else if (is_flag(&a, "--temp", NULL)) bench_temp = (float)need_float(&a, 0, 100);
+        else if (is_flag(&a, "--profile", NULL)) bench_profile = true;
         else die_usage(&a, "unknown option '%s'", argv[a.i]);
     }
     lm_model *m = load_or_die("bench serve", model);
@@ -323,6 +423,8 @@ int cmd_bench_serve(int argc, char **argv) {
     ec.prefix_cache = false; /* random prompts share nothing; keep the modes comparable */
     int n_ctx = ctx > 0 ? (int)ctx : m->hp.n_ctx_train;
     int n = (int)n_req, c = conc > 0 ? (int)conc : n;
+    if (n_shared && pfile) fail("bench serve", "--shared-prefix and --prompt-file do not go together");
+    if (n_shared && 1 + prefix_len + 1 > n_ctx / 2) fail("bench serve", "--prefix-len does not fit the context");
 
     /* the workload */
     int32_t *ftoks = NULL;
@@ -339,6 +441,10 @@ int cmd_bench_serve(int argc, char **argv) {
     }
     lm_rng r;
     lm_rng_seed(&r, (uint64_t)seed);
+    /* (n_shared x prefix_len) the shared system prompts */
+    int32_t *sys = n_shared ? malloc((size_t)n_shared * (size_t)prefix_len * sizeof *sys) : NULL;
+    for (size_t k = 0; sys && k < (size_t)n_shared * (size_t)prefix_len; k++)
+        sys[k] = (int32_t)(lm_rng_u64(&r) % (uint64_t)m->hp.n_vocab);
     work_item *w = calloc((size_t)n, sizeof *w);
     int32_t **prompts = calloc((size_t)n, sizeof *prompts);
     double t = 0;
@@ -349,6 +455,8 @@ int cmd_bench_serve(int argc, char **argv) {
         int no = fixed_g ? fixed_g : longo ? draw(&r, 2 * o_hi, 4 * o_hi) : draw(&r, o_lo, o_hi);
         if (np > n_ctx / 2) np = n_ctx / 2;
         if (ftoks) np = n_ftoks;
+        if (sys) np += 1 + prefix_len;
+        if (np > n_ctx - 1) np = n_ctx - 1;
         if (np + no > n_ctx) no = n_ctx - np;
         w[i].n_prompt = np;
         w[i].n_out = no;
@@ -360,7 +468,9 @@ int cmd_bench_serve(int argc, char **argv) {
         int32_t bos = tok_bos(m->tok);
         for (int k = 0; k < np; k++)
             prompts[i][k] = ftoks ? ftoks[k]
-                            : k == 0 && bos >= 0 ? bos : (int32_t)(lm_rng_u64(&r) % (uint64_t)m->hp.n_vocab);
+                            : k == 0 && bos >= 0 ? bos
+                            : sys && k <= prefix_len ? sys[(size_t)(i % n_shared) * (size_t)prefix_len + (size_t)k - 1]
+                                                     : (int32_t)(lm_rng_u64(&r) % (uint64_t)m->hp.n_vocab);
         sum_p += np;
         sum_o += no;
     }
@@ -368,15 +478,25 @@ int cmd_bench_serve(int argc, char **argv) {
            "batch %d tokens, up to %d sequences\n",
            n, (double)sum_p / n, (double)sum_o / n, rate > 0 ? "Poisson arrivals" : "all arriving at once",
            threads, ec.batch_tokens, ec.max_seqs);
+    if (n_shared)
+        printf("shared prefixes: %d system prompts of %d tokens (request i uses i mod %d)\n", n_shared, prefix_len,
+               n_shared);
     if (rate > 0) printf("arrival rate: %.2f requests/s\n", rate);
     else printf("concurrency: %d\n", c);
     fflush(stdout);
 
     static const char *names[3] = {"one-at-a-time", "static", "continuous"};
-    mode_result res[3];
+    static const char *cnames[3][2] = {{"one-at-a-time, cache off", "one-at-a-time, cache on"},
+                                       {"static, cache off", "static, cache on"},
+                                       {"continuous, cache off", "continuous, cache on"}};
+    mode_result res[3], cres[3][2];
     bool have[3] = {false, false, false};
     for (int k = 0; k < 3; k++) {
         if (!strstr(modes, names[k])) continue;
+        if (n_shared) {
+            if (run_shared(m, &ec, k, w, n, prompts, rate > 0 ? n : c, rate > 0, cnames[k], cres[k]) != 0) return 1;
+            continue;
+        }
         lm_engine_config mc = ec;
         if (k == 0) mc.max_seqs = 1;
         if (k == 1) {
@@ -385,27 +505,7 @@ int cmd_bench_serve(int argc, char **argv) {
         }
         if (run_mode(m, &mc, w, n, prompts, rate > 0 ? n : c, rate > 0, names[k], &res[k]) != 0) return 1;
         have[k] = true;
-        mode_result *x = &res[k];
-        printf("%-14s %8.2f tok/s output   %8.2f tok/s total   %6.3f req/s   mean batch %5.2f seqs   "
-               "%.1f s%s\n",
-               x->name, x->out_tok_s, x->total_tok_s, x->req_s, x->mean_batch, x->wall,
-               x->failed ? "   (FAILED REQUESTS)" : "");
-        printf("  %-12s mean %8.1f  p50 %8.1f  p99 %8.1f ms\n", "TTFT", x->ttft.mean * 1e3, x->ttft.p50 * 1e3,
-               x->ttft.p99 * 1e3);
-        printf("  %-12s mean %8.1f  p50 %8.1f  p99 %8.1f ms\n", "TPOT", x->tpot.mean * 1e3, x->tpot.p50 * 1e3,
-               x->tpot.p99 * 1e3);
-        printf("  %-12s mean %8.1f  p50 %8.1f  p99 %8.1f ms\n", "ITL", x->itl.mean * 1e3, x->itl.p50 * 1e3,
-               x->itl.p99 * 1e3);
-        printf("  %-12s mean %8.1f  p50 %8.1f  p99 %8.1f ms\n", "E2E latency", x->e2e.mean * 1e3,
-               x->e2e.p50 * 1e3, x->e2e.p99 * 1e3);
-        printf("  decode after the last first token: %.2f tok/s; %d failed, %llu preemptions\n", x->decode_tok_s,
-               x->failed, (unsigned long long)x->preemptions);
-        if (ec.spec != LM_SPEC_NONE)
-            printf("  speculation: %llu proposed, %llu accepted (%.1f%%), %.2f tokens per verifying pass\n",
-                   (unsigned long long)x->spec_proposed, (unsigned long long)x->spec_accepted,
-                   x->spec_proposed ? 100.0 * (double)x->spec_accepted / (double)x->spec_proposed : 0.0,
-                   x->spec_steps ? 1.0 + (double)x->spec_accepted / (double)x->spec_steps : 0.0);
-        fflush(stdout);
+        print_mode(&res[k], ec.spec != LM_SPEC_NONE);
     }
     if (have[2] && have[1])
         printf("continuous / static: %.2fx output throughput, p99 TTFT %.2fx\n", res[2].out_tok_s / res[1].out_tok_s,
@@ -414,6 +514,9 @@ int cmd_bench_serve(int argc, char **argv) {
         printf("continuous / one-at-a-time: %.2fx output throughput\n", res[2].out_tok_s / res[0].out_tok_s);
     int failed = 0;
     for (int k = 0; k < 3; k++) failed += have[k] ? res[k].failed : 0;
+    for (int k = 0; n_shared && k < 3; k++)
+        if (strstr(modes, names[k])) failed += cres[k][0].failed + cres[k][1].failed;
+    free(sys);
     for (int i = 0; i < n; i++) free(prompts[i]);
     free(prompts);
     free(ftoks);
