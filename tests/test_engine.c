@@ -226,6 +226,57 @@ static void test_batch_invariance(void) {
     }
 }
 
+/* Sampled requests drawn on the thread pool (many plain rows per
+ * iteration) take the same tokens as each run alone (one row: drawn
+ * serially): seeded samplers with no truncation (every token weighed), the
+ * defaults (top-k 40, top-p, min-p), penalties, and beside them rows that
+ * stay serial (log-probabilities, greedy, n = 2 forks). */
+static void test_pool_sampling(void) {
+    enum { N = 24 };
+    static int32_t prompts[N][24];
+    static int lens[N];
+    static collect alone[N], group[N];
+    lm_rng r;
+    lm_rng_seed(&r, 19);
+    for (int i = 0; i < N; i++) {
+        lens[i] = 2 + (int)(lm_rng_u64(&r) % 20);
+        random_prompt(&r, prompts[i], lens[i]);
+    }
+    const lm_model *m = models[0];
+    lm_engine *e = new_engine(m, 256, 32, 0);
+    CHECK(e);
+    for (int pass = 0; pass < 2; pass++) {
+        collect *col = pass ? group : alone;
+        memset(col, 0, sizeof(collect) * N);
+        for (int i = 0; i < N; i++) {
+            lm_request_params p = greedy_params(prompts[i], lens[i], 24, &col[i]);
+            p.ignore_eos = true;
+            sample_params_default(&p.sp);
+            p.sp.seed = 1000 + (uint64_t)i;
+            p.sp.temp = i % 6 == 5 ? 0.0f : 0.9f;
+            if (i % 3 == 0) p.sp.top_k = 0, p.sp.top_p = 1.0f, p.sp.min_p = 0.0f;
+            if (i % 4 == 1) p.sp.repeat_penalty = 1.3f, p.sp.presence_penalty = 0.5f;
+            if (i % 7 == 2) p.logprobs = true;
+            if (i % 8 == 3) p.n = 2;
+            char err[LM_ERRLEN];
+            CHECKF(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK, "%s", err);
+            if (!pass) engine_wait_idle(e);
+        }
+        engine_wait_idle(e);
+    }
+    for (int i = 0; i < N; i++)
+        for (int k = 0; k < (i % 8 == 3 ? 2 : 1); k++)
+            CHECKF(alone[i].done[k] == 1 && group[i].done[k] == 1 && alone[i].n[k] == 24 && group[i].n[k] == 24 &&
+                       !memcmp(alone[i].tokens[k], group[i].tokens[k], 24 * sizeof(int32_t)),
+                   "request %d choice %d: %d tokens alone, %d in the group, or different ones", i, k, alone[i].n[k],
+                   group[i].n[k]);
+    lm_engine_stats st;
+    engine_stats(e, &st);
+    CHECKF(st.batch_seqs_total > 4 * st.iterations / 3, "mean batch %.2f",
+           (double)st.batch_seqs_total / (double)st.iterations);
+    engine_free(e);
+}
+
 /* Chunked prefill: one prompt run whole, and in chunks of 7 interleaved
  * with another sequence's decode, gives bit-identical logits. */
 static void test_chunked_prefill_logits(void) {
@@ -928,6 +979,7 @@ int main(void) {
         unlink(path); /* the mapping stays valid */
     }
     TEST_RUN(test_batch_invariance);
+    TEST_RUN(test_pool_sampling);
     TEST_RUN(test_chunked_prefill_logits);
     TEST_RUN(test_chunked_prefill_engine);
     TEST_RUN(test_concurrent_submitters);
