@@ -26,8 +26,8 @@
  * (--prefix-len random tokens, the same for every request that shares it),
  * then its own drawn tokens. Each mode then runs twice, with the prefix
  * cache off and on (on an empty cache each time), and reports the hit rate:
- * prompt tokens taken from the cache over all prompt tokens, and the
- * engine's block lookups that hit.
+ * prompt tokens taken from the cache over all prompt tokens, and the blocks
+ * the engine's lookups found.
  */
 #include <math.h>
 #include <pthread.h>
@@ -73,7 +73,8 @@ static void usage_bench_serve(FILE *f) {
             "                      with the prefix cache off and on\n"
             "  --prefix-len L      tokens per shared system prompt (default 256)\n"
             "  --temp T            sampling temperature (default 0: greedy)\n"
-            "  --profile           print where the engine's iterations spend their time, per op\n",
+            "  --profile           print where the engine's iterations spend their time, per op\n"
+            "  --serial-sampling   draw the tokens one after another on the engine thread\n",
             FWD_BATCH_DEFAULT);
 }
 
@@ -111,7 +112,7 @@ static void submit_next_locked(bench_run *b);
 
 /* --temp and --profile (set once before any run) */
 static float bench_temp = 0;
-static bool bench_profile = false;
+static bool bench_profile = false, bench_serial = false;
 
 static void on_event(void *user, const lm_event *ev) {
     req_rec *r = user;
@@ -223,6 +224,7 @@ static int run_mode(const lm_model *m, const lm_engine_config *ec, const work_it
         return -1;
     }
     engine_set_profile(e, bench_profile);
+    engine_set_serial_sampling(e, bench_serial);
     bench_run b = {.e = e, .w = w, .n = n, .prompts = prompts, .concurrency = concurrency,
                    .closed_loop = !poisson};
     b.rec = calloc((size_t)n, sizeof *b.rec);
@@ -361,7 +363,8 @@ static int run_shared(const lm_model *m, const lm_engine_config *ec, int k, cons
         }
         if (run_mode(m, &mc, w, n, prompts, concurrency, poisson, names[on], &res[on]) != 0) return -1;
         print_mode(&res[on], ec->spec != LM_SPEC_NONE);
-        printf("  prefix cache: %.1f%% of prompt tokens from the cache; %llu of %llu block lookups hit\n",
+        printf("  prefix cache: hit rate %.1f%% (prompt tokens taken from the cache); %llu blocks found in %llu "
+               "lookups\n",
                100.0 * res[on].hit_rate, (unsigned long long)res[on].prefix_hits,
                (unsigned long long)res[on].prefix_queries);
     }
@@ -413,6 +416,7 @@ int cmd_bench_serve(int argc, char **argv) {
         else if (is_flag(&a, "--prefix-len", NULL)) prefix_len = (int)need_int(&a, 1, 1 << 20);
         else if (is_flag(&a, "--temp", NULL)) bench_temp = (float)need_float(&a, 0, 100);
         else if (is_flag(&a, "--profile", NULL)) bench_profile = true;
+        else if (is_flag(&a, "--serial-sampling", NULL)) bench_serial = true;
         else die_usage(&a, "unknown option '%s'", argv[a.i]);
     }
     lm_model *m = load_or_die("bench serve", model);

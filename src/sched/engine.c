@@ -192,6 +192,7 @@ struct lm_engine {
     eseq **pre_ch;            /* (max_seqs) presample: the choices sampled on the pool */
     float **pre_row;          /* (max_seqs) and their logits rows */
     int n_pre;
+    bool serial_sampling;     /* engine_set_serial_sampling: no presample (for comparisons) */
     bool prof_on;             /* engine_set_profile: time the parts of each iteration */
     engine_profile_t prof;    /* (engine thread) what they took */
 
@@ -1163,7 +1164,7 @@ static void presample_fn(void *arg, int ith, int nth) {
 static void presample(lm_engine *e, int n_seg) {
     const int32_t V = e->m->hp.n_vocab;
     e->n_pre = 0;
-    if (pool_size(e->pool) < 2) return;
+    if (pool_size(e->pool) < 2 || e->serial_sampling) return;
     int row = 0;
     for (int g = 0; g < n_seg; g++) {
         eseq *c = e->seg_ch[g];
@@ -1182,6 +1183,8 @@ static void presample(lm_engine *e, int n_seg) {
     if (e->n_pre < 2) return;
     pool_run(e->pool, presample_fn, e);
 }
+
+void engine_set_serial_sampling(lm_engine *e, bool on) { e->serial_sampling = on; }
 
 void engine_set_profile(lm_engine *e, bool on) {
     e->prof_on = on;
@@ -1255,8 +1258,8 @@ static bool step(lm_engine *e) {
     if (e->prof_on) {
         double t3 = lm_now();
         e->prof.forward += t1 - t0;
-        e->prof.sample += t2 - t1;
         e->prof.emit += (t3 - t2) - (e->prof.sample - serial0); /* less the serial samples in it */
+        e->prof.sample += t2 - t1;
         e->prof.steps++;
         e->prof.seqs += (uint64_t)n_seg;
     }

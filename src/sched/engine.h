@@ -173,6 +173,10 @@ typedef struct {
     uint64_t steps, seqs;
 } engine_profile_t;
 void engine_set_profile(lm_engine *e, bool on);
+/* Draw every row's token one after another on the engine thread instead of
+ * on the pool (the same tokens; for measuring what the pool saves). Set it
+ * before submitting. */
+void engine_set_serial_sampling(lm_engine *e, bool on);
 void engine_profile(const lm_engine *e, engine_profile_t *p);
 /* Check the KV pool's invariants, that no block is held by a finished
  * request, and that every KV append a scheduler plan allowed succeeded (the
