@@ -871,6 +871,44 @@ static void test_tool_alloc_failure(void) {
     CHECK(ok);
 }
 
+/* cache_salt: parsed into a hash, refused when not a 1..256-byte string;
+ * the salts a key and a cache_salt give are fixed functions, distinct
+ * between keys, between cache_salts and between tenants with one cache_salt. */
+static void test_cache_salt(void) {
+    lm_server_request r, r2;
+    lm_server_error e;
+    CHECK(server_tenant_salt(NULL) == 0 && server_tenant_salt("") == 0);
+    uint64_t a = server_tenant_salt("key-a"), b = server_tenant_salt("key-b");
+    CHECK(a != 0 && b != 0 && a != b && a == server_tenant_salt("key-a"));
+    CHECKF(parse(false, "{\"prompt\": \"a\"}", &r, &e) == 0, "%s", e.message);
+    CHECK(!r.cache_salt_given && server_request_salt(a, &r) == a && server_request_salt(0, &r) == 0);
+    server_request_free(&r);
+    CHECKF(parse(false, "{\"prompt\": \"a\", \"cache_salt\": null}", &r, &e) == 0, "%s", e.message);
+    CHECK(!r.cache_salt_given);
+    server_request_free(&r);
+    CHECKF(parse(false, "{\"prompt\": \"a\", \"cache_salt\": \"x\"}", &r, &e) == 0, "%s", e.message);
+    CHECKF(parse(false, "{\"prompt\": \"a\", \"cache_salt\": \"y\"}", &r2, &e) == 0, "%s", e.message);
+    CHECK(r.cache_salt_given && r2.cache_salt_given && r.cache_salt_hash != r2.cache_salt_hash);
+    uint64_t ax = server_request_salt(a, &r), bx = server_request_salt(b, &r), ay = server_request_salt(a, &r2),
+             ox = server_request_salt(0, &r);
+    CHECK(ax != a && ax != bx && ax != ay && ox != 0 && ox != ax && ax == server_request_salt(a, &r));
+    server_request_free(&r);
+    server_request_free(&r2);
+    static const char *bad[] = {"5", "\"\"", "[\"x\"]", "{}", "true"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char body[128];
+        snprintf(body, sizeof body, "{\"prompt\": \"a\", \"cache_salt\": %s}", bad[i]);
+        CHECKF(parse(false, body, &r, &e) == -1 && e.status == 400 && !strcmp(e.param, "cache_salt"),
+               "%s: status %d", bad[i], e.status);
+    }
+    char body[600];
+    snprintf(body, sizeof body, "{\"prompt\": \"a\", \"cache_salt\": \"%0256d\"}", 0);
+    CHECKF(parse(false, body, &r, &e) == 0, "256 bytes: %s", e.message);
+    server_request_free(&r);
+    snprintf(body, sizeof body, "{\"prompt\": \"a\", \"cache_salt\": \"%0257d\"}", 0);
+    CHECK(parse(false, body, &r, &e) == -1 && !strcmp(e.param, "cache_salt") && strstr(e.message, "257"));
+}
+
 int main(void) {
     setup();
     TEST_RUN(test_completion_defaults);
@@ -888,6 +926,7 @@ int main(void) {
     TEST_RUN(test_thinking_switch);
     TEST_RUN(test_tool_call_reader);
     TEST_RUN(test_tool_alloc_failure);
+    TEST_RUN(test_cache_salt);
     tok_free(tok);
     return TEST_DONE();
 }
