@@ -127,6 +127,7 @@ typedef struct eseq {
     int d_base;               /*   the draft's guesses follow tokens[0 .. d_base) */
     float *q;                 /*   (n_prop, n_vocab) the guesses' distributions (sampling), or NULL */
     int32_t pre;              /* this iteration's token, drawn ahead on the pool (presample), or PRE_NONE */
+    uint64_t pre_iter;        /*   the iteration that drew it (a draw is never used in another) */
     lm_request_stats stats;
 } eseq;
 
@@ -192,6 +193,7 @@ struct lm_engine {
     eseq **pre_ch;            /* (max_seqs) presample: the choices sampled on the pool */
     float **pre_row;          /* (max_seqs) and their logits rows */
     int n_pre;
+    uint64_t iter;            /* iterations with a forward pass, counted */
     bool serial_sampling;     /* engine_set_serial_sampling: no presample (for comparisons) */
     bool prof_on;             /* engine_set_profile: time the parts of each iteration */
     engine_profile_t prof;    /* (engine thread) what they took */
@@ -430,7 +432,7 @@ static int32_t take_token(lm_engine *e, eseq *c, float *row, int32_t draft, cons
     }
     bool acc;
     double t_s = e->prof_on ? lm_now() : 0;
-    int32_t t = c->pre != PRE_NONE ? c->pre
+    int32_t t = c->pre != PRE_NONE && c->pre_iter == e->iter ? c->pre
                 : c->gm_on ? grammar_pick(e, c, row, draft, q)
                 : draft >= 0 ? sampler_sample_spec(c->smp, row, draft, q, &acc)
                 : sampler_sample(c->smp, row);
@@ -1177,6 +1179,7 @@ static void presample(lm_engine *e, int n_seg) {
         float *lrow = e->logits + (size_t)row++ * V;
         const lm_request_params *p = &c->req->p;
         if (c->gm || p->logprobs || p->top_logprobs > 0 || (c->n_gen == 0 && c->index == 0 && p->n > 1)) continue;
+        c->pre_iter = e->iter;
         e->pre_ch[e->n_pre] = c;
         e->pre_row[e->n_pre++] = lrow;
     }
@@ -1224,6 +1227,7 @@ static bool step(lm_engine *e) {
     /* one pass over the whole batch; logits rows in segment order */
     char err[LM_ERRLEN];
     double t0 = e->prof_on ? lm_now() : 0;
+    e->iter++;
     int rc = fwd_run(e->fwd, e->btok, e->segs, n_seg, e->logits, err, sizeof err);
     double t1 = e->prof_on ? lm_now() : 0;
     if (rc == 0) presample(e, n_seg);
