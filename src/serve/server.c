@@ -1,6 +1,10 @@
 /*
  * server.c - the HTTP side of `lamina serve`: listening, routing,
  * authentication, body limits, /health, /v1/models and /metrics.
+ * Authentication: any of the configured keys (api_key and api_keys) is
+ * accepted; the key a request came with names its tenant, whose salt
+ * (server_tenant_salt) puts its prefix-cache blocks in a namespace of their
+ * own, so one key's cached prompts never answer another's.
  * Generation requests are handed to server_gen.c (call_run); the chat page
  * (/, /webui.js, /webui.css; open like /health, its API calls carry the key)
  * to webui.c.
