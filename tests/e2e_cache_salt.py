@@ -24,7 +24,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import e2e_server as es  # noqa: E402 (its Server, post, metrics, result, expect_error)
+import e2e_server as es  # noqa: E402 (its Server, post, metrics, wait_idle, expect_error)
+from testenv import result, summary  # noqa: E402
 
 C = "/v1/completions"
 PROMPT = ("Once upon a time there was a little girl named Lily. She liked to play in the park with her dog. "
@@ -56,30 +57,30 @@ def check_keys():
     try:
         auth_b = {"Authorization": "Bearer tenant-b"}
         st, _, _ = es.post(srv, C, {"prompt": "a", "max_tokens": 1}, auth_b)
-        es.result("second --api-key accepted", st == 200, st)
+        result("second --api-key accepted", st == 200, st)
         st, _, _ = es.post(srv, C, {"prompt": "a", "max_tokens": 1}, {"Authorization": "Bearer tenant-c"})
-        es.result("a key not given refused", st == 401, st)
+        result("a key not given refused", st == 401, st)
 
         a1 = ask(srv, "tenant-a")
-        es.result("key A, first time: nothing cached", a1[0] == 0 and a1[1] == 0, a1)
+        result("key A, first time: nothing cached", a1[0] == 0 and a1[1] == 0, a1)
         a2 = ask(srv, "tenant-a")
-        es.result("key A, again: served from the cache", a2[0] > 0 and a2[1] > 0, a2)
+        result("key A, again: served from the cache", a2[0] > 0 and a2[1] > 0, a2)
         b1 = ask(srv, "tenant-b")
-        es.result("key B, same prompt: shares nothing with A", b1[0] == 0 and b1[1] == 0, b1)
+        result("key B, same prompt: shares nothing with A", b1[0] == 0 and b1[1] == 0, b1)
         b2 = ask(srv, "tenant-b")
-        es.result("key B, again: hits its own cache", b2[0] > 0 and b2[1] > 0, b2)
+        result("key B, again: hits its own cache", b2[0] > 0 and b2[1] > 0, b2)
         ax1 = ask(srv, "tenant-a", "x")
-        es.result("key A with cache_salt: shares nothing with A's own cache", ax1[0] == 0 and ax1[1] == 0, ax1)
+        result("key A with cache_salt: shares nothing with A's own cache", ax1[0] == 0 and ax1[1] == 0, ax1)
         ax2 = ask(srv, "tenant-a", "x")
-        es.result("key A with the same cache_salt again: hits", ax2[0] > 0 and ax2[1] > 0, ax2)
+        result("key A with the same cache_salt again: hits", ax2[0] > 0 and ax2[1] > 0, ax2)
         bx1 = ask(srv, "tenant-b", "x")
-        es.result("key B with A's cache_salt: shares nothing", bx1[0] == 0 and bx1[1] == 0, bx1)
+        result("key B with A's cache_salt: shares nothing", bx1[0] == 0 and bx1[1] == 0, bx1)
         ay = ask(srv, "tenant-a", "y")
-        es.result("key A with another cache_salt: shares nothing", ay[0] == 0 and ay[1] == 0, ay)
+        result("key A with another cache_salt: shares nothing", ay[0] == 0 and ay[1] == 0, ay)
         an = ask(srv, "tenant-a", None, unset=True)
-        es.result("cache_salt null is the key's own cache", an[0] > 0 and an[1] > 0, an)
+        result("cache_salt null is the key's own cache", an[0] > 0 and an[1] > 0, an)
         texts = {r[2] for r in (a1, a2, b1, b2, ax1, ax2, bx1, ay, an)}
-        es.result("greedy output the same in every namespace", len(texts) == 1, texts)
+        result("greedy output the same in every namespace", len(texts) == 1, texts)
 
         auth_a = {"Authorization": "Bearer tenant-a"}
         for name, v in (("a number", 5), ("an object", {"a": 1}), ("empty", ""), ("257 bytes", "s" * 257),
@@ -88,11 +89,11 @@ def check_keys():
                                                                         "cache_salt": v}, 400, "cache_salt",
                             headers=auth_a)
         st, _, data = es.post(srv, C, {"prompt": "a", "max_tokens": 1, "cache_salt": "s" * 256}, auth_a)
-        es.result("cache_salt of 256 bytes accepted", st == 200, data[:200])
+        result("cache_salt of 256 bytes accepted", st == 200, data[:200])
         st, _, data = es.post(srv, "/v1/chat/completions",
                               {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "cache_salt": 7},
                               auth_a)
-        es.result("cache_salt checked on chat too", st == 400 and json.loads(data)["error"]["param"] == "cache_salt",
+        result("cache_salt checked on chat too", st == 400 and json.loads(data)["error"]["param"] == "cache_salt",
                   data[:200])
     finally:
         srv.stop("two-key server")
@@ -103,10 +104,10 @@ def check_open():
     try:
         n1 = ask(srv, None)
         n2 = ask(srv, None)
-        es.result("no keys: the same prompt hits", n1[0] == 0 and n2[0] > 0 and n2[1] > 0, (n1, n2))
+        result("no keys: the same prompt hits", n1[0] == 0 and n2[0] > 0 and n2[1] > 0, (n1, n2))
         s1 = ask(srv, None, "tenant-1")
         s2 = ask(srv, None, "tenant-1")
-        es.result("no keys: cache_salt separates, then hits", s1[0] == 0 and s1[1] == 0 and s2[0] > 0, (s1, s2))
+        result("no keys: cache_salt separates, then hits", s1[0] == 0 and s1[1] == 0 and s2[0] > 0, (s1, s2))
     finally:
         srv.stop("open server")
 
@@ -121,9 +122,8 @@ def main():
         check_open()
     except Exception:
         import traceback
-        es.result("e2e_cache_salt ran to the end", False, traceback.format_exc())
-    print("%d passed, %d failed" % (es.passed, es.failed))
-    return 1 if es.failed else 0
+        result("e2e_cache_salt ran to the end", False, traceback.format_exc())
+    return summary()
 
 
 if __name__ == "__main__":
