@@ -79,6 +79,17 @@ $(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.c
 $(BUILD)/obj/kernels/avx2_%.o: src/kernels/avx2_%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LIBFLAGS) $(SIMD_FLAGS) -c $< -o $@
+# The other x86 variants of the same kernels (kernels/x86_variant.h).
+AVX512_FLAGS = $(SIMD_FLAGS) -mavx512f -mavx512bw -mavx512vl
+$(BUILD)/obj/kernels/avx512_%.o: src/kernels/avx512_%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LIBFLAGS) $(AVX512_FLAGS) -c $< -o $@
+$(BUILD)/obj/kernels/avx512vnni_%.o: src/kernels/avx512vnni_%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LIBFLAGS) $(AVX512_FLAGS) -mavx512vnni -c $< -o $@
+$(BUILD)/obj/kernels/avxvnni_%.o: src/kernels/avxvnni_%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LIBFLAGS) $(SIMD_FLAGS) -mavxvnni -c $< -o $@
 
 $(LIB): $(OBJ)
 	@rm -f $@

@@ -951,8 +951,14 @@ static void test_dispatch(void) {
     char saved_ns[64] = "", saved_nr[64] = "";
     if (ns) snprintf(saved_ns, sizeof saved_ns, "%s", ns);
     if (nr) snprintf(saved_nr, sizeof saved_nr, "%s", nr);
+    const char *cpu = getenv("LAMINA_CPU");
+    char saved_cpu[64] = "";
+    if (cpu) snprintf(saved_cpu, sizeof saved_cpu, "%s", cpu);
     set_env("LAMINA_NO_SIMD", NULL);
     set_env("LAMINA_NO_REPACK", NULL);
+    /* the AVX2 table (a CPU with AVX-512 would choose a wider variant:
+     * tests/test_kernels_x86.c tests those and LAMINA_CPU) */
+    set_env("LAMINA_CPU", "avx2");
 
     /* this CPU has AVX2: every AVX2 entry is in the table */
     CHECK(kernels_cpu_isa() == LM_ISA_AVX2 && kernels_cpu_has(LM_ISA_AVX2));
@@ -1006,6 +1012,7 @@ static void test_dispatch(void) {
 
     set_env("LAMINA_NO_SIMD", ns ? saved_ns : NULL);
     set_env("LAMINA_NO_REPACK", nr ? saved_nr : NULL);
+    set_env("LAMINA_CPU", cpu ? saved_cpu : NULL);
     CHECK(kernels_use(-1) == 0);
 }
 

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "bench_roofline.h"
+#include "kernels/kernels.h"
 #include "cli.h"
 #include "sched/engine.h"
 #include "dist/dist.h"
@@ -451,9 +452,9 @@ int cmd_bench(int argc, char **argv) {
     if (json) {
         printf("{\"model\": \"%s\", \"type\": \"%s\", \"size_bytes\": %llu, \"params\": %llu, \"threads\": %d,"
                " \"bandwidth_copy_gbs\": %.2f, \"bandwidth_triad_gbs\": %.2f, \"bandwidth_read_gbs\": %.2f,"
-               " \"weight_bytes_per_token\": %llu,",
+               " \"weight_bytes_per_token\": %llu, \"kernels\": \"%s\",",
                m->name, wtype, (unsigned long long)m->weight_bytes, (unsigned long long)m->n_params, pool_size(pool),
-               copy_gbs, triad_gbs, read_gbs, (unsigned long long)wbytes);
+               copy_gbs, triad_gbs, read_gbs, (unsigned long long)wbytes, kernels_isa_name());
         if (m->hp.n_expert > 0)
             printf(" \"experts\": %d, \"experts_used\": %d, \"active_weight_bytes_per_token\": %llu,"
                    " \"total_weight_bytes_per_token\": %llu,", m->hp.n_expert, m->hp.n_expert_used,
@@ -468,6 +469,8 @@ int cmd_bench(int argc, char **argv) {
             printf("memory bandwidth: copy %.1f GB/s, triad %.1f GB/s, read %.1f GB/s (%d threads); "
                    "the tg floor: weights and the KV bytes at the test's depth, at read\n",
                    copy_gbs, triad_gbs, read_gbs, pool_size(pool));
+        printf("kernels: %s%s%s%s\n", kernels_isa_name(), *kernels_cap_note() ? " (" : "", kernels_cap_note(),
+               *kernels_cap_note() ? ")" : "");
         printf("\n| model | type | size | params | threads | test | t/s | floor t/s | of floor |\n");
         printf("| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |\n");
     }

@@ -600,6 +600,7 @@ static int cmd_info(int argc, char **argv) {
         if (by_type[t]) printf(" %s x%llu", quant_type_name((uint32_t)t), (unsigned long long)by_type[t]);
     printf(" (%lld tensors)\n", (long long)gguf_n_tensors(g));
     printf("kernels:       %s\n", kernels_isa_name());
+    if (*kernels_cap_note()) fprintf(stderr, "note: %s\n", kernels_cap_note());
     if (kv) {
         for (int64_t i = 0; i < gguf_n_kv(g); i++) {
             gguf_str k = gguf_kv_key(g, i), s;

@@ -108,6 +108,22 @@ INLINE void store_rows(float *y, int nr, __m256 v) {
     for (int r = 0; r < nr; r++) y[r] = t[r];
 }
 
+#ifdef X86_DPBUSD
+/* With VNNI (kernels/x86_variant.h): the exact int32 dot, per lane, of the
+ * eight unsigned weight vectors u[k] with the token's quants 4k..4k+3
+ * broadcast (q: the token's 32 quants), in two chains of four vpdpbusd.
+ * The same integers as the pmaddubsw/pmaddwd sums below (no step of either
+ * saturates or overflows: the bounds above), so the same float results. */
+INLINE __m256i dot8(const __m256i u[8], const uint8_t *q) {
+    const __m256i z = _mm256_setzero_si256();
+    __m256i a = X86_DPBUSD(X86_DPBUSD(z, u[0], bcast4(q)), u[1], bcast4(q + 4));
+    __m256i b = X86_DPBUSD(X86_DPBUSD(z, u[4], bcast4(q + 16)), u[5], bcast4(q + 20));
+    a = X86_DPBUSD(X86_DPBUSD(a, u[2], bcast4(q + 8)), u[3], bcast4(q + 12));
+    b = X86_DPBUSD(X86_DPBUSD(b, u[6], bcast4(q + 24)), u[7], bcast4(q + 28));
+    return _mm256_add_epi32(a, b);
+}
+#endif
+
 /* ---- Q4_0 ------------------------------------------------------------------ */
 
 /* One group (8 rows) by C tokens. Vector k < 4 of a block column holds
@@ -133,12 +149,18 @@ INLINE void p4_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size
         for (int c = 0; c < C; c++) {
             const uint8_t *xb = x + (size_t)c * xs + (size_t)b * XBS;
             const uint8_t *q = xb + X_QS;
+#ifdef X86_DPBUSD
+            const __m256i u[8] = {u0, u1, u2, u3, u4, u5, u6, u7};
+            (void)ones;
+            __m256i isum = _mm256_sub_epi32(dot8(u, q), bcast4(xb + X_S8));
+#else
             __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(u0, bcast4(q)), _mm256_maddubs_epi16(u1, bcast4(q + 4)));
             __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(u2, bcast4(q + 8)), _mm256_maddubs_epi16(u3, bcast4(q + 12)));
             __m256i s45 = _mm256_add_epi16(_mm256_maddubs_epi16(u4, bcast4(q + 16)), _mm256_maddubs_epi16(u5, bcast4(q + 20)));
             __m256i s67 = _mm256_add_epi16(_mm256_maddubs_epi16(u6, bcast4(q + 24)), _mm256_maddubs_epi16(u7, bcast4(q + 28)));
             __m256i s = _mm256_add_epi16(_mm256_add_epi16(s01, s23), _mm256_add_epi16(s45, s67));
             __m256i isum = _mm256_sub_epi32(_mm256_madd_epi16(s, ones), bcast4(xb + X_S8));
+#endif
             acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, bcastf(xb + X_D)), acc[c]);
         }
     }
@@ -200,6 +222,10 @@ INLINE void p5_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size
         for (int c = 0; c < C; c++) {
             const uint8_t *xb = x + (size_t)c * xs + (size_t)b * XBS;
             const uint8_t *q = xb + X_QS;
+#ifdef X86_DPBUSD
+            (void)ones;
+            __m256i isum = _mm256_sub_epi32(dot8(u, q), _mm256_slli_epi32(bcast4(xb + X_S8), 1));
+#else
             __m256i s0 = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u[0], bcast4(q)),
                                                            _mm256_maddubs_epi16(u[1], bcast4(q + 4))),
                                           _mm256_add_epi16(_mm256_maddubs_epi16(u[2], bcast4(q + 8)),
@@ -210,6 +236,7 @@ INLINE void p5_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size
                                                            _mm256_maddubs_epi16(u[7], bcast4(q + 28))));
             __m256i s = _mm256_add_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones));
             __m256i isum = _mm256_sub_epi32(s, _mm256_slli_epi32(bcast4(xb + X_S8), 1));
+#endif
             acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, bcastf(xb + X_D)), acc[c]);
         }
     }
@@ -271,6 +298,10 @@ INLINE void p1_tile(int five, int64_t nb, const uint8_t *w, int nr, const uint8_
         for (int c = 0; c < C; c++) {
             const uint8_t *xb = x + (size_t)c * xs + (size_t)b * XBS;
             const uint8_t *q = xb + X_QS;
+#ifdef X86_DPBUSD
+            (void)ones;
+            __m256i isum = dot8(u, q);
+#else
             __m256i s0 = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u[0], bcast4(q)),
                                                            _mm256_maddubs_epi16(u[1], bcast4(q + 4))),
                                           _mm256_add_epi16(_mm256_maddubs_epi16(u[2], bcast4(q + 8)),
@@ -281,6 +312,7 @@ INLINE void p1_tile(int five, int64_t nb, const uint8_t *w, int nr, const uint8_
                                                            _mm256_maddubs_epi16(u[7], bcast4(q + 28))));
             __m256i isum = five ? _mm256_add_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones))
                                 : _mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones);
+#endif
             const __m256 dx = bcastf(xb + X_D);
             const __m256 sx = _mm256_cvtepi32_ps(_mm256_srai_epi32(bcast4(xb + X_S8), 3));
             acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc[c]);
@@ -329,6 +361,16 @@ INLINE void p8_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size
         for (int c = 0; c < C; c++) {
             const uint8_t *xb = x + (size_t)c * xs + (size_t)b * XBS;
             const uint8_t *q = xb + X_QS;
+#ifdef X86_DPBUSD
+#define P(k) const __m256i p##k = _mm256_sign_epi8(bcast4(q + 4 * k), ld256(wq + 32 * k));
+            REP8(P)
+#undef P
+            const __m256i z = _mm256_setzero_si256();
+            (void)ones;
+            __m256i isum = _mm256_add_epi32(
+                X86_DPBUSD(X86_DPBUSD(X86_DPBUSD(X86_DPBUSD(z, u0, p0), u1, p1), u2, p2), u3, p3),
+                X86_DPBUSD(X86_DPBUSD(X86_DPBUSD(X86_DPBUSD(z, u4, p4), u5, p5), u6, p6), u7, p7));
+#else
 #define P(k)                                                                                          \
     const __m256i p##k = _mm256_madd_epi16(                                                           \
         _mm256_maddubs_epi16(u##k, _mm256_sign_epi8(bcast4(q + 4 * k), ld256(wq + 32 * k))), ones);
@@ -336,6 +378,7 @@ INLINE void p8_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size
 #undef P
             __m256i isum = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)),
                                             _mm256_add_epi32(_mm256_add_epi32(p4, p5), _mm256_add_epi32(p6, p7)));
+#endif
             acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, bcastf(xb + X_D)), acc[c]);
         }
     }

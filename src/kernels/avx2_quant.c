@@ -341,6 +341,9 @@ INLINE __m256i spread_bits(uint32_t bits) {
 INLINE __m256i q32_dot(int kind, __m256i u, const uint8_t *wq, const uint8_t *xq, __m256i e) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i xv = ld256(xq);
+#ifdef X86_DPBUSD /* VNNI variants (kernels/x86_variant.h): the same exact sums */
+    if (kind == KQ8_0) return X86_DPBUSD(_mm256_setzero_si256(), u, _mm256_sign_epi8(xv, ld256(wq)));
+#endif
     if (kind == KQ8_0) return _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(xv, ld256(wq))), ones);
     return _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(u, xv), e), ones);
 }

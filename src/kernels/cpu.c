@@ -1,6 +1,13 @@
 /*
  * cpu.c - which SIMD kernels this CPU can run.
  *
+ * x86 variants (kernels/x86.h): AVX2 (below); AVX-512 needs CPUID leaf 7
+ * AVX512F, AVX512BW and AVX512VL on top of AVX2, and XCR0 bits 5..7 (opmask,
+ * upper ZMM halves, ZMM16..31) besides bits 1 and 2: an OS may enable AVX
+ * but not AVX-512 state. AVX512-VNNI is leaf 7 ECX bit 11 on top of that;
+ * AVX-VNNI (the VEX form) is leaf 7 subleaf 1 EAX bit 4, on top of AVX2.
+ * AMX is never used (some hosts list it in CPUID and trap it).
+ *
  * AVX2 kernels need three CPUID features (AVX2, FMA, F16C) and, separately,
  * an operating system that saves the YMM registers on context switches:
  * CPUID.1:ECX.OSXSAVE says XGETBV is usable, and XCR0 bits 1 and 2 (SSE and
@@ -13,6 +20,7 @@
  * process runs, and computing it is cheap, so nothing is cached.
  */
 #include "kernels/avx2.h"
+#include "kernels/x86.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -35,8 +43,33 @@ bool cpu_has_avx2(void) {
     return (b & (1u << 5)) != 0; /* leaf 7 EBX bit 5: AVX2 */
 }
 
+bool cpu_has_avx512(void) {
+    if (!cpu_has_avx2()) return false;
+    if ((read_xcr0() & 0xE6) != 0xE6) return false; /* + opmask, ZMM_Hi256, Hi16_ZMM state */
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const unsigned f = 1u << 16, bw = 1u << 30, vl = 1u << 31;
+    return (b & (f | bw | vl)) == (f | bw | vl);
+}
+
+bool cpu_has_avx512vnni(void) {
+    unsigned a, b, c, d;
+    if (!cpu_has_avx512() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    return (c & (1u << 11)) != 0; /* leaf 7 ECX bit 11: AVX512_VNNI */
+}
+
+bool cpu_has_avxvnni(void) {
+    unsigned a, b, c, d;
+    if (!cpu_has_avx2() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || a < 1) return false;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
+    return (a & (1u << 4)) != 0; /* leaf 7 subleaf 1 EAX bit 4: AVX-VNNI */
+}
+
 #else
 
 bool cpu_has_avx2(void) { return false; }
+bool cpu_has_avx512(void) { return false; }
+bool cpu_has_avx512vnni(void) { return false; }
+bool cpu_has_avxvnni(void) { return false; }
 
 #endif

@@ -10,8 +10,15 @@
  *
  * The ISA is the best the CPU runs (kernels_cpu_isa: CPUID and the OS's
  * saved register state, cpu.c), or scalar when LAMINA_NO_SIMD is set to
- * anything but "" or "0". LAMINA_NO_REPACK (same rule) drops the
- * interleaved-weight kernels. Both are read when the table is filled.
+ * anything but "" or "0". LAMINA_CPU names a variant to use instead, capped
+ * at the best one the CPU runs that is not above it in lm_isa's order.
+ * LAMINA_NO_REPACK (same rule) drops the interleaved-weight kernels. All
+ * three are read when the table is filled.
+ *
+ * The x86 variants: avx2 (kernels/avx2_*.c), and avxvnni, avx512 and
+ * avx512vnni (the same sources built again with their flags, kernels/x86.h):
+ * their matrix kernels replace avx2's; the element-wise and attention
+ * entries are avx2's in all of them.
  *
  * This file is compiled without ISA flags: it only stores pointers.
  */
@@ -19,6 +26,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,8 +35,10 @@
 #include "kernels/avx2_ops.h"
 #include "kernels/avx2_peak.h"
 #include "kernels/scalar.h"
+#include "kernels/x86.h"
 
 static lm_kernels table;
+static char cap_note[128]; /* kernels_cap_note: set when the table is filled from the environment */
 static atomic_bool ready;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
@@ -38,6 +48,16 @@ static const lm_attn_kernels scalar_attn = {scalar_attn_scores, scalar_attn_pv, 
 static bool env_set(const char *name) {
     const char *v = getenv(name);
     return v && *v && strcmp(v, "0") != 0;
+}
+
+/* The matrix kernels of an x86 variant for one type (NULL: none). */
+static const lm_avx2_kernels *x86_lookup(lm_isa isa, uint32_t t) {
+    switch (isa) {
+    case LM_ISA_AVXVNNI: return avxvnni_kernels(t);
+    case LM_ISA_AVX512: return avx512_kernels(t);
+    case LM_ISA_AVX512VNNI: return avx512vnni_kernels(t);
+    default: return avx2_kernels(t);
+    }
 }
 
 /* The table for one ISA (which the CPU must run). */
@@ -57,9 +77,12 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
 
     switch (isa) {
     case LM_ISA_AVX2:
+    case LM_ISA_AVXVNNI:
+    case LM_ISA_AVX512:
+    case LM_ISA_AVX512VNNI:
 #if defined(__x86_64__) || defined(__i386__)
         for (uint32_t t = 0; t < LM_TYPE_COUNT; t++) {
-            const lm_avx2_kernels *a = avx2_kernels(t);
+            const lm_avx2_kernels *a = x86_lookup(isa, t);
             if (!a) continue;
             lm_type_kernels *e = &k->type[t];
             if (a->to_float) e->to_float = a->to_float;
@@ -94,8 +117,15 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
         }
 }
 
+/* The ISA the environment asks for, on this CPU. */
+static lm_isa env_isa(void) {
+    cap_note[0] = 0;
+    if (env_set("LAMINA_NO_SIMD")) return LM_ISA_SCALAR;
+    return kernels_cpu_isa();
+}
+
 static void init_once(void) {
-    fill(&table, env_set("LAMINA_NO_SIMD") ? LM_ISA_SCALAR : kernels_cpu_isa(), !env_set("LAMINA_NO_REPACK"));
+    fill(&table, env_isa(), !env_set("LAMINA_NO_REPACK"));
     atomic_store_explicit(&ready, true, memory_order_release);
 }
 
@@ -120,19 +150,58 @@ const char *kernels_isa_str(lm_isa isa) {
     switch (isa) {
     case LM_ISA_SCALAR: return "scalar";
     case LM_ISA_AVX2: return "avx2";
+    case LM_ISA_AVXVNNI: return "avxvnni";
+    case LM_ISA_AVX512: return "avx512";
+    case LM_ISA_AVX512VNNI: return "avx512vnni";
     case LM_ISA_COUNT: break;
     }
     return "unknown";
 }
 
+int kernels_isa_parse(const char *name) {
+    for (int i = 0; name && i < LM_ISA_COUNT; i++)
+        if (!strcmp(name, kernels_isa_str((lm_isa)i))) return i;
+    return -1;
+}
+
+const char *kernels_cap_note(void) {
+    kernels_init();
+    return cap_note;
+}
+
 const char *kernels_isa_name(void) { return kernels_isa_str(kernels()->isa); }
 
-lm_isa kernels_cpu_isa(void) { return cpu_has_avx2() ? LM_ISA_AVX2 : LM_ISA_SCALAR; }
+/* The best ISA the CPU runs, at most `cap`. */
+static lm_isa best_upto(lm_isa cap) {
+    for (int i = (int)cap; i > 0; i--)
+        if (kernels_cpu_has((lm_isa)i)) return (lm_isa)i;
+    return LM_ISA_SCALAR;
+}
+
+lm_isa kernels_cpu_isa(void) {
+    const char *v = getenv("LAMINA_CPU");
+    lm_isa best = best_upto((lm_isa)(LM_ISA_COUNT - 1));
+    if (!v || !*v) return best;
+    int want = kernels_isa_parse(v);
+    if (want < 0) {
+        snprintf(cap_note, sizeof cap_note, "LAMINA_CPU=%.40s: no such variant, using %s", v,
+                 kernels_isa_str(best));
+        return best;
+    }
+    lm_isa got = best_upto((lm_isa)want);
+    if ((int)got != want)
+        snprintf(cap_note, sizeof cap_note, "LAMINA_CPU=%s: this CPU does not run it, using %s", v,
+                 kernels_isa_str(got));
+    return got;
+}
 
 bool kernels_cpu_has(lm_isa isa) {
     switch (isa) {
     case LM_ISA_SCALAR: return true;
     case LM_ISA_AVX2: return cpu_has_avx2();
+    case LM_ISA_AVXVNNI: return cpu_has_avxvnni();
+    case LM_ISA_AVX512: return cpu_has_avx512();
+    case LM_ISA_AVX512VNNI: return cpu_has_avx512vnni();
     case LM_ISA_COUNT: break;
     }
     return false;
@@ -142,7 +211,7 @@ int kernels_use(int isa) {
     kernels_init();
     bool repack = !env_set("LAMINA_NO_REPACK");
     if (isa < 0) {
-        fill(&table, env_set("LAMINA_NO_SIMD") ? LM_ISA_SCALAR : kernels_cpu_isa(), repack);
+        fill(&table, env_isa(), repack);
         return 0;
     }
     if (isa >= LM_ISA_COUNT || !kernels_cpu_has((lm_isa)isa)) return -1;

@@ -24,6 +24,11 @@
  * Environment (read once, when the table is filled):
  *   LAMINA_NO_SIMD=1    every entry stays the scalar reference (matrix
  *                       products, element-wise ops, attention, conversions)
+ *   LAMINA_CPU=NAME     use the variant NAME (scalar, avx2, avxvnni,
+ *                       avx512, avx512vnni), capped at the best the CPU
+ *                       runs that is not above it (kernels_cap_note says
+ *                       when it was capped); an unknown name is ignored
+ *                       (kernels_cap_note says so too). LAMINA_NO_SIMD wins.
  *   LAMINA_NO_REPACK=1  no interleaved-weight kernels (row-major ones only)
  *
  * What varies between variants, and what does not:
@@ -53,6 +58,9 @@
 typedef enum {
     LM_ISA_SCALAR = 0, /* portable C: the reference of every op */
     LM_ISA_AVX2 = 1,   /* x86-64 AVX2 + FMA + F16C */
+    LM_ISA_AVXVNNI = 2,    /* AVX2 + AVX-VNNI (VEX vpdpbusd) */
+    LM_ISA_AVX512 = 3,     /* AVX2 + AVX-512 F/BW/VL */
+    LM_ISA_AVX512VNNI = 4, /* AVX-512 F/BW/VL + AVX512-VNNI */
     LM_ISA_COUNT
 } lm_isa;
 
@@ -131,7 +139,8 @@ const char *kernels_isa_name(void);
 /* The name of an ISA ("scalar", "avx2"). */
 const char *kernels_isa_str(lm_isa isa);
 
-/* The best ISA this CPU runs, and whether it runs a given one. */
+/* The best ISA this CPU runs (capped by LAMINA_CPU when that is set), and
+ * whether it runs a given one. */
 lm_isa kernels_cpu_isa(void);
 bool kernels_cpu_has(lm_isa isa);
 
@@ -141,5 +150,14 @@ bool kernels_cpu_has(lm_isa isa);
  * LAMINA_NO_REPACK is honoured in every case. Not thread-safe: call with
  * nothing else running. */
 int kernels_use(int isa);
+
+/* The ISA a LAMINA_CPU value names (scalar, avx2, avxvnni, avx512,
+ * avx512vnni), or -1. */
+int kernels_isa_parse(const char *name);
+
+/* One line about LAMINA_CPU when the table was last filled from the
+ * environment: why the variant differs from what was asked ("LAMINA_CPU=
+ * avx512vnni: this CPU runs at most avx2"), or "" when it does not. */
+const char *kernels_cap_note(void);
 
 #endif

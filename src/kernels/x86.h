@@ -1,0 +1,36 @@
+/*
+ * x86.h - the x86 kernel variants beyond AVX2: their CPU checks (cpu.c) and
+ * their kernel lookups (the AVX2 sources built again per variant, see
+ * kernels/x86_variant.h).
+ *
+ *   variant      CPU check             built with
+ *   avxvnni      cpu_has_avxvnni()     AVX2 flags + -mavxvnni
+ *   avx512       cpu_has_avx512()      AVX2 flags + -mavx512f -mavx512bw -mavx512vl
+ *   avx512vnni   cpu_has_avx512vnni()  the avx512 flags + -mavx512vnni
+ *
+ * Each lookup has avx2_kernels()'s contract (kernels/avx2.h) and returns
+ * entries for the same types; their results equal the AVX2 entries' bit for
+ * bit (the integer sums are exact either way). Call a variant's kernels only
+ * when its check said yes. Off x86 every check is false and every lookup
+ * returns NULL.
+ */
+#ifndef LAMINA_X86_H
+#define LAMINA_X86_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels/avx2.h"
+
+/* AVX2 (cpu_has_avx2) plus AVX512F/BW/VL and the OS's AVX-512 state. */
+bool cpu_has_avx512(void);
+/* cpu_has_avx512() plus AVX512-VNNI. */
+bool cpu_has_avx512vnni(void);
+/* AVX2 (cpu_has_avx2) plus AVX-VNNI (the VEX encoding). */
+bool cpu_has_avxvnni(void);
+
+const lm_avx2_kernels *avx512_kernels(uint32_t type);
+const lm_avx2_kernels *avx512vnni_kernels(uint32_t type);
+const lm_avx2_kernels *avxvnni_kernels(uint32_t type);
+
+#endif
