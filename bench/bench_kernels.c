@@ -26,7 +26,8 @@
  *
  * Single-threaded times are on the thread's CPU clock, several threads on
  * the wall clock; each figure is the best of 8 rounds (the machine may be
- * shared). Usage: bench_kernels [-t THREADS] [-s SECONDS] [TYPE...]
+ * shared). Usage: bench_kernels [-t THREADS] [-s SECONDS] [-v VARIANT] [TYPE...]
+ * (-v: avx2, the default, or one of kernels/x86.h: avxvnni, avx512, avx512vnni).
  *
  * Build: `make bench` (build/bench_kernels).
  */
@@ -38,11 +39,16 @@
 #include <time.h>
 
 #include "kernels/avx2.h"
+#include "kernels/x86.h"
 #include "format/quant.h"
 #include "base/util.h"
 
 #define COPY_BYTES (192u << 20)
 #define PANEL 64
+
+/* The kernels measured (-v). */
+static const lm_avx2_kernels *(*lookup)(uint32_t) = avx2_kernels;
+static const char *kernels_label = "avx2";
 
 static lm_rng rng;
 static double min_seconds = 0.5;
@@ -108,7 +114,7 @@ static void setup_make(setup *s, uint32_t type, int64_t rows, int64_t cols, int 
     for (int c = 1; c < s->copies; c++) memcpy(s->w + mat * (size_t)c, s->w, mat);
     s->n_act = n_act;
     s->x = lm_malloc(s->act_bytes * (size_t)n_act);
-    s->k = avx2_kernels(type);
+    s->k = lookup(type);
     s->pack_bytes = quant_pack_size(type, rows, cols);
     bool float_act = s->k && s->k->packed_gemm && !s->k->packed_act;
     s->packed_bytes = quant_packed_x_row_size(type, cols);
@@ -139,7 +145,7 @@ static void setup_free(setup *s) {
 /* ---- the variants ------------------------------------------------------------ */
 
 enum { V_REF, V_VEC_DOT, V_GEMM, V_PACKED };
-static const char *variant_name[] = {"reference", "avx2 vec_dot", "avx2 gemm", "avx2 packed"};
+static const char *variant_name[] = {"reference", "vec_dot", "gemm", "packed"};
 
 /* y (n_act, rows) for weight copy `copy`, weight rows [r0, r1) (r0, r1
  * multiples of 4 except r1 = rows). Prefill walks panels of activation
@@ -300,14 +306,15 @@ static void measure(const setup *s, int variant, const char *shape) {
     t = best;
     double wbytes = (double)s->row_bytes * (double)s->rows;
     double flops = 2.0 * (double)s->rows * (double)s->cols * s->n_act;
-    printf("%-5s %-22s %-13s %10.3f ms %8.2f GB/s %8.2f GFLOP/s\n", quant_type_name(s->type), shape,
-           variant_name[variant], t * 1e3, wbytes / t / 1e9, flops / t / 1e9);
+    char label[40];
+    snprintf(label, sizeof label, "%s%s%s", variant ? kernels_label : "", variant ? " " : "", variant_name[variant]);
+    printf("%-5s %-22s %-18s %10.3f ms %8.2f GB/s %8.2f GFLOP/s\n", quant_type_name(s->type), shape, label, t * 1e3, wbytes / t / 1e9, flops / t / 1e9);
     fflush(stdout);
     lm_free(y);
 }
 
 static void bench_from_float(uint32_t act) {
-    const lm_avx2_kernels *k = avx2_kernels(act);
+    const lm_avx2_kernels *k = lookup(act);
     if (!k || !k->from_float) return;
     const int64_t n = 2048 * 64;
     float *x = lm_malloc((size_t)n * sizeof(float));
@@ -326,7 +333,7 @@ static void bench_from_float(uint32_t act) {
             iters++;
         } while ((t = lm_now() - t0) < min_seconds / 2);
         printf("%-5s %-22s %-13s %10.3f ms %8.2f GB/s (floats in)\n", quant_type_name(act), "from_float 131072",
-               v ? "avx2" : "reference", t / iters * 1e3, (double)n * 4 / (t / iters) / 1e9);
+               v ? kernels_label : "reference", t / iters * 1e3, (double)n * 4 / (t / iters) / 1e9);
     }
     lm_free(x);
     lm_free(a);
@@ -368,6 +375,21 @@ int main(int argc, char **argv) {
             if (n_threads < 1 || n_threads > 16) n_threads = 1;
         } else if (!strcmp(argv[i], "-s") && i + 1 < argc) {
             min_seconds = atof(argv[++i]);
+        } else if (!strcmp(argv[i], "-v") && i + 1 < argc) {
+            const char *v = argv[++i];
+            bool (*has)(void) = cpu_has_avx2;
+            if (!strcmp(v, "avxvnni")) lookup = avxvnni_kernels, has = cpu_has_avxvnni;
+            else if (!strcmp(v, "avx512")) lookup = avx512_kernels, has = cpu_has_avx512;
+            else if (!strcmp(v, "avx512vnni")) lookup = avx512vnni_kernels, has = cpu_has_avx512vnni;
+            else if (strcmp(v, "avx2")) {
+                fprintf(stderr, "unknown variant %s\n", v);
+                return 2;
+            }
+            if (!has()) {
+                printf("SKIP: this CPU does not run %s\n", v);
+                return 0;
+            }
+            kernels_label = v;
         } else {
             int t = quant_type_from_name(argv[i]);
             if (t < 0 || !avx2_kernels((uint32_t)t) || !avx2_kernels((uint32_t)t)->vec_dot || nt >= 16) {
@@ -386,7 +408,7 @@ int main(int argc, char **argv) {
         nt = (int)(sizeof all / sizeof all[0]);
     }
     lm_rng_seed(&rng, 1);
-    printf("threads %d\n", n_threads);
+    printf("threads %d, kernels %s\n", n_threads, kernels_label);
     bench_from_float(LM_TYPE_Q8_0);
     bench_from_float(LM_TYPE_Q8_K);
     for (int i = 0; i < nt; i++) bench_type(types[i]);
