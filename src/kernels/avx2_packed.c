@@ -167,89 +167,9 @@ INLINE void p4_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size
     for (int c = 0; c < C; c++) store_rows(y + (size_t)c * ys, nr, acc[c]);
 }
 
-#ifdef X86_ZMM
-/* AVX-512 VNNI (kernels/x86_variant.h): two tokens side by side in one
- * 512-bit vector, token c in lanes 0..7 and token c + 1 in lanes 8..15,
- * both against the same 8 rows (the unpacked weight vectors broadcast to
- * both halves). Every lane performs the float steps of p4_tile in the same
- * order on the same exact integer sums, so the results are p4_tile's bit
- * for bit; an odd last token takes p4_tile's one-token steps. */
-INLINE __m512i pair4(const uint8_t *p0, const uint8_t *p1) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(bcast4(p0)), bcast4(p1), 1);
-}
-
-INLINE __m512 pairf(const uint8_t *p0, const uint8_t *p1) {
-    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm256_castpd_ps(
-                                                   _mm256_castps_pd(bcastf(p0))))),
-                                               _mm256_castps_pd(bcastf(p1)), 1));
-}
-
-INLINE __m512 dup256f(__m256 v) { return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(v))); }
-
-INLINE void p4_tile_zmm(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size_t xs, int C, float *y,
-                        size_t ys) {
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    const __m512i z = _mm512_setzero_si512();
-    const int P = C / 2;
-    __m512 accp[LM_PACK_TILE / 2];
-    __m256 acc1 = _mm256_setzero_ps();
-#pragma GCC unroll 4
-    for (int p = 0; p < P; p++) accp[p] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, w += P4_BYTES) {
-        prefetch_ahead(w, P4_BYTES);
-        const __m256 dw = scales8(w);
-        const __m512 dw2 = dup256f(dw);
-        __m256i u[8];
-        __m512i U[8];
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) {
-            const __m256i v = ld256(w + P_QS + 32 * k);
-            u[k] = _mm256_and_si256(v, low4);
-            u[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-        }
-#pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) U[k] = _mm512_broadcast_i64x4(u[k]);
-#pragma GCC unroll 4
-        for (int p = 0; p < P; p++) {
-            const uint8_t *xb0 = x + (size_t)(2 * p) * xs + (size_t)b * XBS, *xb1 = xb0 + xs;
-            const uint8_t *q0 = xb0 + X_QS, *q1 = xb1 + X_QS;
-            __m512i a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, U[0], pair4(q0, q1)), U[1], pair4(q0 + 4, q1 + 4));
-            __m512i c = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, U[4], pair4(q0 + 16, q1 + 16)), U[5],
-                                            pair4(q0 + 20, q1 + 20));
-            a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a, U[2], pair4(q0 + 8, q1 + 8)), U[3], pair4(q0 + 12, q1 + 12));
-            c = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(c, U[6], pair4(q0 + 24, q1 + 24)), U[7],
-                                    pair4(q0 + 28, q1 + 28));
-            __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(a, c), pair4(xb0 + X_S8, xb1 + X_S8));
-            accp[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw2, pairf(xb0 + X_D, xb1 + X_D)),
-                                      accp[p]);
-        }
-        if (C & 1) {
-            const uint8_t *xb = x + (size_t)(C - 1) * xs + (size_t)b * XBS;
-            __m256i isum = _mm256_sub_epi32(dot8(u, xb + X_QS), bcast4(xb + X_S8));
-            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, bcastf(xb + X_D)), acc1);
-        }
-    }
-    for (int p = 0; p < P; p++) {
-        store_rows(y + (size_t)(2 * p) * ys, nr, _mm512_castps512_ps256(accp[p]));
-        store_rows(y + (size_t)(2 * p + 1) * ys, nr,
-                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(accp[p]), 1)));
-    }
-    if (C & 1) store_rows(y + (size_t)(C - 1) * ys, nr, acc1);
-}
-#endif
-
 void avx2_packed_gemm_q4_0(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y,
                            size_t ys) {
     assert(n % 32 == 0 && nr >= 0 && nr <= LM_PACK_ROWS && nc >= 0 && nc <= LM_PACK_TILE);
-#ifdef X86_ZMM
-    if (nc >= 2) {
-#define T(C) \
-    case C: p4_tile_zmm(n / 32, wp, nr, x, xs, C, y, ys); break;
-        switch (nc) { TILES(T) default: break; }
-#undef T
-        return;
-    }
-#endif
 #define T(C) \
     case C: p4_tile(n / 32, wp, nr, x, xs, C, y, ys); break;
     switch (nc) { TILES(T) default: break; }

@@ -24,9 +24,7 @@
  * it where the AVX2 path forms the same exact int32 sums with pmaddubsw and
  * pmaddwd (no step of which saturates in those places), so a VNNI variant's
  * integer sums, and hence every float result, equal the AVX2 path's bit for
- * bit: the tests compare the variants with memcmp. X86_ZMM (the avx512vnni
- * variant) adds 512-bit tiles that carry two tokens per vector with the same
- * per-lane steps (kernels/avx2_packed.c), bit-identical as well.
+ * bit: the tests compare the variants with memcmp.
  */
 #ifndef LAMINA_X86_VARIANT_H
 #define LAMINA_X86_VARIANT_H
@@ -45,7 +43,6 @@
 #error "X86_VNNI 1 needs -mavx512vnni -mavx512vl"
 #endif
 #define X86_DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
-#define X86_ZMM 1 /* 512-bit tiles of two tokens where a source has them */
 #elif defined(X86_VNNI) && X86_VNNI == 2
 #if !defined(__AVXVNNI__)
 #error "X86_VNNI 2 needs -mavxvnni"
