@@ -36,6 +36,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "kernels/kernels.h"
 #include "model/forward.h"
 #include "sched/engine.h"
 #include "base/pool.h"
@@ -485,6 +486,7 @@ int cmd_bench_serve(int argc, char **argv) {
     if (n_shared)
         printf("shared prefixes: %d system prompts of %d tokens (request i uses i mod %d)\n", n_shared, prefix_len,
                n_shared);
+    printf("kernels: %s\n", kernels_isa_name());
     if (rate > 0) printf("arrival rate: %.2f requests/s\n", rate);
     else printf("concurrency: %d\n", c);
     fflush(stdout);

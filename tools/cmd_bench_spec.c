@@ -19,6 +19,7 @@
 #include "base/safefile.h"
 #include "base/util.h"
 #include "cli.h"
+#include "kernels/kernels.h"
 #include "sched/engine.h"
 
 static void usage_bench_spec(FILE *f) {
@@ -147,6 +148,7 @@ int cmd_bench_spec(int argc, char **argv) {
     bool same = true;
     printf("prompt %d tokens, %lld generated, %lld threads, proposer %s, draft-max %d\n", n_tok, n_gen, threads,
            so.draft_path ? so.draft_path : "ngram", so.max);
+    printf("kernels: %s\n", kernels_isa_name());
     printf("| rep | off tok/s | on tok/s | proposed | accepted | tokens per verifying pass |\n");
     printf("| ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (int i = 0; i < reps; i++) {
