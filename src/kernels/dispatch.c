@@ -117,11 +117,13 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
         }
 }
 
+static lm_isa cpu_isa_noted(char *note, size_t len);
+
 /* The ISA the environment asks for, on this CPU. */
 static lm_isa env_isa(void) {
     cap_note[0] = 0;
     if (env_set("LAMINA_NO_SIMD")) return LM_ISA_SCALAR;
-    return kernels_cpu_isa();
+    return cpu_isa_noted(cap_note, sizeof cap_note);
 }
 
 static void init_once(void) {
@@ -178,21 +180,29 @@ static lm_isa best_upto(lm_isa cap) {
     return LM_ISA_SCALAR;
 }
 
-lm_isa kernels_cpu_isa(void) {
+/* The best ISA the CPU runs, capped by LAMINA_CPU; a line into note (of
+ * len bytes, "" when none) when that name is unknown or capped. */
+static lm_isa cpu_isa_noted(char *note, size_t len) {
+    note[0] = 0;
     const char *v = getenv("LAMINA_CPU");
     lm_isa best = best_upto((lm_isa)(LM_ISA_COUNT - 1));
     if (!v || !*v) return best;
     int want = kernels_isa_parse(v);
     if (want < 0) {
-        snprintf(cap_note, sizeof cap_note, "LAMINA_CPU=%.40s: no such variant, using %s", v,
+        snprintf(note, len, "LAMINA_CPU=%.40s: no such variant, using %s", v,
                  kernels_isa_str(best));
         return best;
     }
     lm_isa got = best_upto((lm_isa)want);
     if ((int)got != want)
-        snprintf(cap_note, sizeof cap_note, "LAMINA_CPU=%s: this CPU does not run it, using %s", v,
+        snprintf(note, len, "LAMINA_CPU=%s: this CPU does not run it, using %s", v,
                  kernels_isa_str(got));
     return got;
+}
+
+lm_isa kernels_cpu_isa(void) {
+    char note[128];
+    return cpu_isa_noted(note, sizeof note);
 }
 
 bool kernels_cpu_has(lm_isa isa) {
