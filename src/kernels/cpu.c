@@ -16,11 +16,18 @@
  * so both are checked here rather than trusting a compiler builtin whose
  * list of feature names differs between GCC and Clang versions.
  *
+ * On AArch64 the kernel reports the CPU's features in the auxiliary vector:
+ * getauxval(AT_HWCAP) has HWCAP_FP and HWCAP_ASIMD (Advanced SIMD, NEON:
+ * part of every Linux AArch64 system, checked anyway) and HWCAP_ASIMDDP (the
+ * dot-product instructions SDOT/UDOT, FEAT_DotProd). Those bits are what
+ * the kernel lets user space execute, so no further OS check is needed.
+ *
  * Plain C, compiled without SIMD flags; the answer does not change while the
  * process runs, and computing it is cheap, so nothing is cached.
  */
 #include "kernels/avx2.h"
 #include "kernels/x86.h"
+#include "kernels/neon.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -71,5 +78,27 @@ bool cpu_has_avx2(void) { return false; }
 bool cpu_has_avx512(void) { return false; }
 bool cpu_has_avx512vnni(void) { return false; }
 bool cpu_has_avxvnni(void) { return false; }
+
+#endif
+
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+
+/* The bits of <asm/hwcap.h>, spelled out for C libraries that lack them. */
+#define LM_HWCAP_FP (1ul << 0)
+#define LM_HWCAP_ASIMD (1ul << 1)
+#define LM_HWCAP_ASIMDDP (1ul << 20)
+
+bool cpu_has_neon(void) {
+    unsigned long h = getauxval(AT_HWCAP);
+    return (h & (LM_HWCAP_FP | LM_HWCAP_ASIMD)) == (LM_HWCAP_FP | LM_HWCAP_ASIMD);
+}
+
+bool cpu_has_neon_dot(void) { return cpu_has_neon() && (getauxval(AT_HWCAP) & LM_HWCAP_ASIMDDP) != 0; }
+
+#else
+
+bool cpu_has_neon(void) { return false; }
+bool cpu_has_neon_dot(void) { return false; }
 
 #endif

@@ -11,14 +11,18 @@
  * The ISA is the best the CPU runs (kernels_cpu_isa: CPUID and the OS's
  * saved register state, cpu.c), or scalar when LAMINA_NO_SIMD is set to
  * anything but "" or "0". LAMINA_CPU names a variant to use instead, capped
- * at the best one the CPU runs that is not above it in lm_isa's order.
- * LAMINA_NO_REPACK (same rule) drops the interleaved-weight kernels. All
+ * at the best one the CPU runs down its line (isa_below). LAMINA_NO_REPACK
+ * (same rule as LAMINA_NO_SIMD) drops the interleaved-weight kernels. All
  * three are read when the table is filled.
  *
  * The x86 variants: avx2 (kernels/avx2_*.c), and avxvnni, avx512 and
  * avx512vnni (the same sources built again with their flags, kernels/x86.h):
  * their matrix kernels replace avx2's; the element-wise and attention
  * entries are avx2's in all of them.
+ *
+ * On AArch64 the variants are neon and neondot (kernels/neon.h: the same
+ * kernels, the quantized dot products with sdot in the second), with the
+ * element-wise and attention loops of kernels/neon_ops.h in both.
  *
  * This file is compiled without ISA flags: it only stores pointers.
  */
@@ -34,6 +38,8 @@
 #include "kernels/avx2_attn.h"
 #include "kernels/avx2_ops.h"
 #include "kernels/avx2_peak.h"
+#include "kernels/neon.h"
+#include "kernels/neon_ops.h"
 #include "kernels/scalar.h"
 #include "kernels/x86.h"
 
@@ -104,6 +110,25 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
         k->peak = (lm_peak_kernel){avx2_fma_probe, AVX2_PEAK_FLOPS};
 #endif
         break;
+    case LM_ISA_NEON:
+    case LM_ISA_NEONDOT:
+#if defined(__aarch64__)
+        for (uint32_t t = 0; t < LM_TYPE_COUNT; t++) {
+            const lm_neon_kernels *a = neon_kernels(t, isa == LM_ISA_NEONDOT);
+            if (!a) continue;
+            lm_type_kernels *e = &k->type[t];
+            if (a->to_float) e->to_float = a->to_float;
+            if (a->from_float) e->from_float = a->from_float;
+            if (a->vec_dot) {
+                e->vec_dot = a->vec_dot;
+                e->gemm = a->gemm;
+            }
+        }
+        k->ew = (lm_ew_kernels){neon_rmsnorm, neon_swiglu, neon_geglu, neon_rope};
+        k->attn = (lm_attn_kernels){neon_attn_scores, neon_attn_pv, neon_attn_max, neon_attn_scale,
+                                    neon_attn_exp_sum, 4};
+#endif
+        break;
     case LM_ISA_SCALAR:
     case LM_ISA_COUNT:
         break;
@@ -155,6 +180,8 @@ const char *kernels_isa_str(lm_isa isa) {
     case LM_ISA_AVXVNNI: return "avxvnni";
     case LM_ISA_AVX512: return "avx512";
     case LM_ISA_AVX512VNNI: return "avx512vnni";
+    case LM_ISA_NEON: return "neon";
+    case LM_ISA_NEONDOT: return "neondot";
     case LM_ISA_COUNT: break;
     }
     return "unknown";
@@ -173,11 +200,21 @@ const char *kernels_cap_note(void) {
 
 const char *kernels_isa_name(void) { return kernels_isa_str(kernels()->isa); }
 
-/* The best ISA the CPU runs, at most `cap`. */
+/* The variant below an ISA in its line, the one LAMINA_CPU falls back to:
+ * avx512vnni -> avx512 -> avxvnni -> avx2 -> scalar, neondot -> neon -> scalar. */
+static lm_isa isa_below(lm_isa isa) {
+    switch (isa) {
+    case LM_ISA_NEONDOT: return LM_ISA_NEON;
+    case LM_ISA_AVXVNNI: case LM_ISA_AVX512: case LM_ISA_AVX512VNNI: return (lm_isa)(isa - 1);
+    default: return LM_ISA_SCALAR;
+    }
+}
+
+/* The best ISA the CPU runs down the line from `cap`. */
 static lm_isa best_upto(lm_isa cap) {
-    for (int i = (int)cap; i > 0; i--)
-        if (kernels_cpu_has((lm_isa)i)) return (lm_isa)i;
-    return LM_ISA_SCALAR;
+    lm_isa i = cap;
+    while (i != LM_ISA_SCALAR && !kernels_cpu_has(i)) i = isa_below(i);
+    return i;
 }
 
 /* The best ISA the CPU runs, capped by LAMINA_CPU; a line into note (of
@@ -185,7 +222,8 @@ static lm_isa best_upto(lm_isa cap) {
 static lm_isa cpu_isa_noted(char *note, size_t len) {
     note[0] = 0;
     const char *v = getenv("LAMINA_CPU");
-    lm_isa best = best_upto((lm_isa)(LM_ISA_COUNT - 1));
+    lm_isa best = best_upto(LM_ISA_AVX512VNNI);
+    if (best == LM_ISA_SCALAR) best = best_upto(LM_ISA_NEONDOT);
     if (!v || !*v) return best;
     int want = kernels_isa_parse(v);
     if (want < 0) {
@@ -212,6 +250,8 @@ bool kernels_cpu_has(lm_isa isa) {
     case LM_ISA_AVXVNNI: return cpu_has_avxvnni();
     case LM_ISA_AVX512: return cpu_has_avx512();
     case LM_ISA_AVX512VNNI: return cpu_has_avx512vnni();
+    case LM_ISA_NEON: return cpu_has_neon();
+    case LM_ISA_NEONDOT: return cpu_has_neon_dot();
     case LM_ISA_COUNT: break;
     }
     return false;

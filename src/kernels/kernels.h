@@ -24,9 +24,11 @@
  * Environment (read once, when the table is filled):
  *   LAMINA_NO_SIMD=1    every entry stays the scalar reference (matrix
  *                       products, element-wise ops, attention, conversions)
- *   LAMINA_CPU=NAME     use the variant NAME (scalar, avx2, avxvnni,
- *                       avx512, avx512vnni), capped at the best the CPU
- *                       runs that is not above it (kernels_cap_note says
+ *   LAMINA_CPU=NAME     use the variant NAME (scalar; avx2, avxvnni, avx512,
+ *                       avx512vnni on x86-64; neon, neondot on AArch64),
+ *                       capped at the best the CPU runs down its line
+ *                       (avx512vnni -> avx512 -> avxvnni -> avx2 -> scalar,
+ *                       neondot -> neon -> scalar; kernels_cap_note says
  *                       when it was capped); an unknown name is ignored
  *                       (kernels_cap_note says so too). LAMINA_NO_SIMD wins.
  *   LAMINA_NO_REPACK=1  no interleaved-weight kernels (row-major ones only)
@@ -61,6 +63,8 @@ typedef enum {
     LM_ISA_AVXVNNI = 2,    /* AVX2 + AVX-VNNI (VEX vpdpbusd) */
     LM_ISA_AVX512 = 3,     /* AVX2 + AVX-512 F/BW/VL */
     LM_ISA_AVX512VNNI = 4, /* AVX-512 F/BW/VL + AVX512-VNNI */
+    LM_ISA_NEON = 5,       /* AArch64 Advanced SIMD (Armv8-A) */
+    LM_ISA_NEONDOT = 6,    /* AArch64 NEON + the dot-product extension (sdot) */
     LM_ISA_COUNT
 } lm_isa;
 
@@ -134,9 +138,9 @@ const lm_type_kernels *kernels_type(uint32_t type);
  * ones where head_dim is not a multiple of their head_multiple. */
 const lm_attn_kernels *kernels_attn(int head_dim);
 
-/* "avx2", "scalar": the ISA of the table now. */
+/* "avx2", "neon", "scalar": the ISA of the table now. */
 const char *kernels_isa_name(void);
-/* The name of an ISA ("scalar", "avx2"). */
+/* The name of an ISA ("scalar", "avx2", "avx512vnni", "neon", ...). */
 const char *kernels_isa_str(lm_isa isa);
 
 /* The best ISA this CPU runs (capped by LAMINA_CPU when that is set), and
@@ -146,13 +150,13 @@ bool kernels_cpu_has(lm_isa isa);
 
 /* Tests and benchmarks: fill the table with an ISA's entries (the scalar
  * reference for LM_ISA_SCALAR), or, with isa < 0, again from CPUID and the
- * environment. -1 when the CPU cannot run that ISA (table unchanged).
+ * environment (LAMINA_NO_SIMD, LAMINA_CPU). -1 when the CPU cannot run that ISA (table unchanged).
  * LAMINA_NO_REPACK is honoured in every case. Not thread-safe: call with
  * nothing else running. */
 int kernels_use(int isa);
 
 /* The ISA a LAMINA_CPU value names (scalar, avx2, avxvnni, avx512,
- * avx512vnni), or -1. */
+ * avx512vnni, neon, neondot), or -1. */
 int kernels_isa_parse(const char *name);
 
 /* One line about LAMINA_CPU when the table was last filled from the

@@ -1,0 +1,313 @@
+/*
+ * neon_tmpl.h - the dot products and gemm tiles of the NEON kernels, written
+ * once for both variants (contracts in kernels/neon.h).
+ *
+ * Included by kernels/neon_quant.c (NT_DOT 0, names neon_*) and
+ * kernels/neon_dot.c (NT_DOT 1, names neon_dot_*, compiled with
+ * -march=armv8.2-a+dotprod); nothing else includes it. The two differ only
+ * in dot16(), the exact int8 dot product of 16 lanes into four int32
+ * partial sums: sdot with the extension, smull + sadalp without. Every
+ * integer sum is reduced across its lanes (exact) before it meets a float,
+ * so both variants return the same bits.
+ *
+ * Float steps: the 32-element types take blocks four at a time, the four
+ * block sums in one int32x4 (lane k: block b + k; a missing block past the
+ * row's end is a zero sum with zero scales), acc = fma(float(isum),
+ * dw * dx, acc), and Q4_1/Q5_1 accm = fma(float(sum xq), m * dx, accm);
+ * the result is the horizontal sum of acc + accm. K-quants: per
+ * super-block acc = fma(float(isum), dx * d, acc), then acc = fma(-float(msum),
+ * dx * dmin, acc). Float types: groups of 16 elements into four fma
+ * accumulators (a tail shorter than 16 zero-padded), summed (a0 + a1) +
+ * (a2 + a3) then across lanes.
+ *
+ * Integer bounds: a product is at most 128 * 128 = 2^14 (fits the int16 of
+ * smull); a 32-element block sum at most 2^19; Q4_K/Q5_K sc * dot <= 63 *
+ * 31 * 128 * 32 per sub-block, eight of them: < 2^26; Q6_K |sc| <= 128,
+ * sixteen sub-blocks of 16 * 32 * 128: < 2^28. All fit int32.
+ */
+#if !defined(NT_DOT) || !defined(NT_FN)
+#error "neon_tmpl.h is included by neon_quant.c and neon_dot.c only"
+#endif
+
+#include <arm_neon.h>
+#include <math.h>
+#include <string.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* ---- helpers --------------------------------------------------------------- */
+
+/* acc + the products a[i] * b[i] of 16 int8 lanes, as four int32 partial
+ * sums (which lane holds which products differs between the variants; only
+ * the total is used). */
+INLINE int32x4_t dot16(int32x4_t acc, int8x16_t a, int8x16_t b) {
+#if NT_DOT
+    return vdotq_s32(acc, a, b);
+#else
+    acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(a), vget_low_s8(b)));
+    return vpadalq_s16(acc, vmull_high_s8(a, b));
+#endif
+}
+
+/* The f16 at p as a float (FCVT: exact). */
+INLINE float h2f(const void *p) {
+    __fp16 h;
+    memcpy(&h, p, 2);
+    return (float)h;
+}
+
+/* The fifth bits of 16 elements of a Q5 block: lane i is 0x10 when bit i
+ * of the 16 little-endian bits at qh is set, else 0. */
+INLINE uint8x16_t fifth_bits(const uint8_t *qh) {
+    static const uint8_t bit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    uint8x16_t h = vcombine_u8(vdup_n_u8(qh[0]), vdup_n_u8(qh[1]));
+    return vandq_u8(vtstq_u8(h, vld1q_u8(bit)), vdupq_n_u8(0x10));
+}
+
+/* ---- 32-element types against Q8_0 ------------------------------------------ */
+
+enum { K8_0, K4_0, K5_0, K4_1, K5_1 };
+
+INLINE size_t bsize(int kind) {
+    switch (kind) {
+    case K8_0: return sizeof(block_q8_0);
+    case K4_0: return sizeof(block_q4_0);
+    case K5_0: return sizeof(block_q5_0);
+    case K4_1: return sizeof(block_q4_1);
+    default: return sizeof(block_q5_1);
+    }
+}
+
+/* The weight block at p as two int8x16 (elements 0..15, 16..31) and its
+ * scale d (and m for the affine kinds). */
+INLINE void decode32(int kind, const uint8_t *p, int8x16_t *w0, int8x16_t *w1, float *d, float *m) {
+    *d = h2f(p);
+    *m = 0.0f;
+    if (kind == K8_0) {
+        *w0 = vld1q_s8((const int8_t *)(p + 2));
+        *w1 = vld1q_s8((const int8_t *)(p + 18));
+        return;
+    }
+    const uint8_t *qs = p + (kind == K4_0 ? 2 : kind == K5_0 ? 6 : kind == K4_1 ? 4 : 8);
+    uint8x16_t q = vld1q_u8(qs);
+    uint8x16_t lo = vandq_u8(q, vdupq_n_u8(0x0F)), hi = vshrq_n_u8(q, 4);
+    if (kind == K5_0 || kind == K5_1) {
+        const uint8_t *qh = p + (kind == K5_0 ? 2 : 4);
+        lo = vorrq_u8(lo, fifth_bits(qh));
+        hi = vorrq_u8(hi, fifth_bits(qh + 2));
+    }
+    if (kind == K4_1 || kind == K5_1) *m = h2f(p + 2);
+    int off = kind == K4_0 ? 8 : kind == K5_0 ? 16 : 0;
+    *w0 = vsubq_s8(vreinterpretq_s8_u8(lo), vdupq_n_s8((int8_t)off));
+    *w1 = vsubq_s8(vreinterpretq_s8_u8(hi), vdupq_n_s8((int8_t)off));
+}
+
+INLINE float dot32_row(int kind, int64_t n, const void *w, const void *x) {
+    const uint8_t *wp = w;
+    const block_q8_0 *xb = x;
+    const int64_t nb = n / 32;
+    const size_t bs = bsize(kind);
+    const bool affine = kind == K4_1 || kind == K5_1;
+    float32x4_t acc = vdupq_n_f32(0.0f), accm = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < nb; b += 4) {
+        int32x4_t s[4];
+        float sc[4], msc[4];
+        int32_t sx[4];
+        for (int k = 0; k < 4; k++) {
+            s[k] = vdupq_n_s32(0);
+            sc[k] = msc[k] = 0.0f;
+            sx[k] = 0;
+            if (b + k >= nb) continue;
+            const block_q8_0 *xk = &xb[b + k];
+            int8x16_t w0, w1, x0 = vld1q_s8(xk->qs), x1 = vld1q_s8(xk->qs + 16);
+            float d, m;
+            decode32(kind, wp + (size_t)(b + k) * bs, &w0, &w1, &d, &m);
+            s[k] = dot16(dot16(s[k], w0, x0), w1, x1);
+            float dx = h2f(&xk->d);
+            sc[k] = d * dx;
+            if (affine) {
+                msc[k] = m * dx;
+                sx[k] = vaddlvq_s8(x0) + vaddlvq_s8(x1);
+            }
+        }
+        int32x4_t isum = vpaddq_s32(vpaddq_s32(s[0], s[1]), vpaddq_s32(s[2], s[3]));
+        acc = vfmaq_f32(acc, vcvtq_f32_s32(isum), vld1q_f32(sc));
+        if (affine) accm = vfmaq_f32(accm, vcvtq_f32_s32(vld1q_s32(sx)), vld1q_f32(msc));
+    }
+    return vaddvq_f32(vaddq_f32(acc, accm));
+}
+
+float NT_FN(vec_dot_q8_0)(int64_t n, const void *w, const void *x) { return dot32_row(K8_0, n, w, x); }
+float NT_FN(vec_dot_q4_0)(int64_t n, const void *w, const void *x) { return dot32_row(K4_0, n, w, x); }
+float NT_FN(vec_dot_q5_0)(int64_t n, const void *w, const void *x) { return dot32_row(K5_0, n, w, x); }
+float NT_FN(vec_dot_q4_1)(int64_t n, const void *w, const void *x) { return dot32_row(K4_1, n, w, x); }
+float NT_FN(vec_dot_q5_1)(int64_t n, const void *w, const void *x) { return dot32_row(K5_1, n, w, x); }
+
+/* ---- K-quants against Q8_K ---------------------------------------------------- */
+
+/* The 6-bit scales and mins of the eight sub-blocks (quant.h's packing). */
+INLINE void k_scales(const uint8_t *s, int sc[8], int mn[8]) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = s[j] & 63;
+        mn[j] = s[j + 4] & 63;
+    }
+    for (int j = 4; j < 8; j++) {
+        sc[j] = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        mn[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Q4_K (q5 false) and Q5_K: one super-block's sum_j sc_j (q . xq)_j. */
+INLINE int32_t k45_isum(bool q5, const uint8_t *qs, const uint8_t *qh, const int8_t *xq, const int sc[8]) {
+    int32_t isum = 0;
+    uint8x16_t h0 = vdupq_n_u8(0), h1 = h0;
+    if (q5) {
+        h0 = vld1q_u8(qh);
+        h1 = vld1q_u8(qh + 16);
+    }
+    const uint8x16_t m4 = vdupq_n_u8(0x0F), b4 = vdupq_n_u8(0x10);
+    for (int c = 0; c < 4; c++) {
+        uint8x16_t q0 = vld1q_u8(qs + 32 * c), q1 = vld1q_u8(qs + 32 * c + 16);
+        uint8x16_t l0 = vandq_u8(q0, m4), l1 = vandq_u8(q1, m4);
+        uint8x16_t u0 = vshrq_n_u8(q0, 4), u1 = vshrq_n_u8(q1, 4);
+        if (q5) {
+            uint8x16_t bl = vdupq_n_u8((uint8_t)(1u << (2 * c))), bu = vdupq_n_u8((uint8_t)(1u << (2 * c + 1)));
+            l0 = vorrq_u8(l0, vandq_u8(vtstq_u8(h0, bl), b4));
+            l1 = vorrq_u8(l1, vandq_u8(vtstq_u8(h1, bl), b4));
+            u0 = vorrq_u8(u0, vandq_u8(vtstq_u8(h0, bu), b4));
+            u1 = vorrq_u8(u1, vandq_u8(vtstq_u8(h1, bu), b4));
+        }
+        const int8_t *x = xq + 64 * c;
+        int32x4_t z = vdupq_n_s32(0);
+        int32x4_t sl = dot16(dot16(z, vreinterpretq_s8_u8(l0), vld1q_s8(x)), vreinterpretq_s8_u8(l1), vld1q_s8(x + 16));
+        int32x4_t su =
+            dot16(dot16(z, vreinterpretq_s8_u8(u0), vld1q_s8(x + 32)), vreinterpretq_s8_u8(u1), vld1q_s8(x + 48));
+        isum += sc[2 * c] * vaddvq_s32(sl) + sc[2 * c + 1] * vaddvq_s32(su);
+    }
+    return isum;
+}
+
+INLINE float k45_row(bool q5, int64_t n, const void *w, const void *x) {
+    const block_q8_K *xb = x;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const uint8_t *scales, *qs, *qh = NULL;
+        const uint16_t *dd;
+        if (q5) {
+            const block_q5_K *b = (const block_q5_K *)w + i;
+            dd = &b->d, scales = b->scales, qs = b->qs, qh = b->qh;
+        } else {
+            const block_q4_K *b = (const block_q4_K *)w + i;
+            dd = &b->d, scales = b->scales, qs = b->qs;
+        }
+        int sc[8], mn[8];
+        k_scales(scales, sc, mn);
+        int32_t isum = k45_isum(q5, qs, qh, xb[i].qs, sc);
+        int32_t msum = 0;
+        for (int j = 0; j < 8; j++) msum += mn[j] * (xb[i].bsums[2 * j] + xb[i].bsums[2 * j + 1]);
+        float dx = xb[i].d;
+        acc = fmaf((float)isum, dx * h2f(dd), acc);
+        acc = fmaf(-(float)msum, dx * h2f(dd + 1), acc);
+    }
+    return acc;
+}
+
+float NT_FN(vec_dot_q4_K)(int64_t n, const void *w, const void *x) { return k45_row(false, n, w, x); }
+float NT_FN(vec_dot_q5_K)(int64_t n, const void *w, const void *x) { return k45_row(true, n, w, x); }
+
+float NT_FN(vec_dot_q6_K)(int64_t n, const void *w, const void *x) {
+    const block_q6_K *wb = w;
+    const block_q8_K *xb = x;
+    const uint8x16_t m4 = vdupq_n_u8(0x0F), m3 = vdupq_n_u8(3);
+    const int8x16_t off = vdupq_n_s8(32);
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const block_q6_K *b = &wb[i];
+        int32_t isum = 0;
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = b->ql + 64 * h, *qh = b->qh + 32 * h;
+            uint8x16_t qh0 = vld1q_u8(qh), qh1 = vld1q_u8(qh + 16);
+            for (int k = 0; k < 4; k++) {
+                uint8x16_t lo0 = vld1q_u8(ql + 32 * (k & 1)), lo1 = vld1q_u8(ql + 32 * (k & 1) + 16);
+                if (k < 2) {
+                    lo0 = vandq_u8(lo0, m4);
+                    lo1 = vandq_u8(lo1, m4);
+                } else {
+                    lo0 = vshrq_n_u8(lo0, 4);
+                    lo1 = vshrq_n_u8(lo1, 4);
+                }
+                int8x16_t sh = vdupq_n_s8((int8_t)(-2 * k)); /* right shift by 2k */
+                uint8x16_t hi0 = vandq_u8(vshlq_u8(qh0, sh), m3), hi1 = vandq_u8(vshlq_u8(qh1, sh), m3);
+                int8x16_t q0 = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo0, vshlq_n_u8(hi0, 4))), off);
+                int8x16_t q1 = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo1, vshlq_n_u8(hi1, 4))), off);
+                const int8_t *xq = xb[i].qs + 128 * h + 32 * k;
+                int32x4_t z = vdupq_n_s32(0);
+                int j = 8 * h + 2 * k;
+                isum += b->scales[j] * vaddvq_s32(dot16(z, q0, vld1q_s8(xq))) +
+                        b->scales[j + 1] * vaddvq_s32(dot16(z, q1, vld1q_s8(xq + 16)));
+            }
+        }
+        acc = fmaf((float)isum, xb[i].d * h2f(&b->d), acc);
+    }
+    return acc;
+}
+
+/* ---- F32, F16, BF16 --------------------------------------------------------- */
+
+enum { KF32, KF16, KBF16 };
+
+/* Four floats from element 0 at p of a kind (exact conversions). */
+INLINE float32x4_t fload4(int kind, const uint8_t *p) {
+    if (kind == KF32) return vld1q_f32((const float *)(const void *)p);
+    if (kind == KF16) return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(const void *)p)));
+    return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)(const void *)p), 16));
+}
+
+/* 16 elements of w (kind) against 16 of x (xkind) into a[0..3]. */
+INLINE void fstep16(int kind, int xkind, const uint8_t *w, const uint8_t *x, float32x4_t a[4]) {
+    size_t we = kind == KF32 ? 4 : 2, xe = xkind == KF32 ? 4 : 2;
+    for (int k = 0; k < 4; k++) a[k] = vfmaq_f32(a[k], fload4(kind, w + 4 * k * we), fload4(xkind, x + 4 * k * xe));
+}
+
+INLINE float float_row(int kind, int64_t n, const void *w, const void *x) {
+    const int xkind = kind == KF16 ? KF16 : KF32;
+    const size_t we = kind == KF32 ? 4 : 2, xe = xkind == KF32 ? 4 : 2;
+    const uint8_t *wp = w, *xp = x;
+    float32x4_t a[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) fstep16(kind, xkind, wp + (size_t)i * we, xp + (size_t)i * xe, a);
+    if (i < n) {
+        uint8_t wt[64] = {0}, xt[64] = {0};
+        memcpy(wt, wp + (size_t)i * we, (size_t)(n - i) * we);
+        memcpy(xt, xp + (size_t)i * xe, (size_t)(n - i) * xe);
+        fstep16(kind, xkind, wt, xt, a);
+    }
+    return vaddvq_f32(vaddq_f32(vaddq_f32(a[0], a[1]), vaddq_f32(a[2], a[3])));
+}
+
+float NT_FN(vec_dot_f32)(int64_t n, const void *w, const void *x) { return float_row(KF32, n, w, x); }
+float NT_FN(vec_dot_f16)(int64_t n, const void *w, const void *x) { return float_row(KF16, n, w, x); }
+float NT_FN(vec_dot_bf16)(int64_t n, const void *w, const void *x) { return float_row(KBF16, n, w, x); }
+
+/* ---- gemm tiles: each output is vec_dot's, so bit for bit the same ------------ */
+
+#define NT_GEMM(T)                                                                                  \
+    void NT_FN(gemm_##T)(int64_t n, const void *w, size_t w_stride, int nr, const void *x,          \
+                         size_t x_stride, int nc, float *y, size_t y_stride) {                      \
+        for (int c = 0; c < nc; c++)                                                                \
+            for (int r = 0; r < nr; r++)                                                            \
+                y[(size_t)c * y_stride + r] = NT_FN(vec_dot_##T)(                                   \
+                    n, (const uint8_t *)w + (size_t)r * w_stride, (const uint8_t *)x + (size_t)c * x_stride); \
+    }
+NT_GEMM(f32)
+NT_GEMM(f16)
+NT_GEMM(bf16)
+NT_GEMM(q8_0)
+NT_GEMM(q4_0)
+NT_GEMM(q5_0)
+NT_GEMM(q4_1)
+NT_GEMM(q5_1)
+NT_GEMM(q4_K)
+NT_GEMM(q5_K)
+NT_GEMM(q6_K)
+#undef NT_GEMM
