@@ -11,6 +11,7 @@
 #   make install    lamina, the library, lamina.h and lamina.pc under $(DESTDIR)$(PREFIX)
 #   make MPI=1      the same with tensor parallelism over MPI (Open MPI, mpicc's flags), in build/mpi/
 #   make mpi        build/mpi/lamina when mpicc is installed (what `make test` runs the MPI tests with)
+#   make test-arm   cross-build for AArch64 (build/arm64/) and run the C test programs under qemu-user
 
 CC      ?= cc
 PREFIX  ?= /usr/local
@@ -21,6 +22,16 @@ CFLAGS_BASE = -std=c11 -g -Wall -Wextra -Werror -Wshadow -Wmissing-prototypes \
 CFLAGS  += $(OPT) $(CFLAGS_BASE)
 LDLIBS  += -lpcre2-8 -lmicrohttpd -lcurl -lcjson -lpthread -lm
 SIMD_FLAGS = -mavx2 -mfma -mf16c
+# The target architecture ($(CC)'s, so a cross compiler picks its own) says
+# which kernel files get ISA flags: on x86-64 the avx2_*.c files SIMD_FLAGS,
+# on AArch64 neon_dot.c DOTPROD_FLAGS (the other neon_*.c need none: NEON
+# is part of the AArch64 base). Every kernel file compiles on every target;
+# off its architecture it holds only a stub, so no x86 flag reaches an Arm
+# compiler and the reverse.
+DOTPROD_FLAGS = -march=armv8.2-a+dotprod
+TARGET_MACHINE := $(shell $(CC) -dumpmachine 2>/dev/null)
+KERNEL_ARCH := $(if $(filter x86_64% amd64% i386% i486% i586% i686%,$(TARGET_MACHINE)),x86,$(if $(filter aarch64% arm64%,$(TARGET_MACHINE)),aarch64,other))
+AR      ?= ar
 
 # MPI=1: src/dist/ over MPI (the flags mpicc would add, so CC stays what it
 # was, clang under asan too), built apart in build/mpi/ by default. Without
@@ -57,7 +68,7 @@ SOLIB    := $(BUILD)/liblamina.so
 EXSRC    := $(wildcard examples/*.c)
 EXBIN    := $(EXSRC:examples/%.c=$(BUILD)/examples/%)
 
-.PHONY: all test demo chat asan fuzz install clean bench check-layers examples lib mpi
+.PHONY: all test demo chat asan fuzz install clean bench check-layers examples lib mpi test-arm
 
 all: $(BUILD)/lamina lib examples $(TESTBIN)
 lib: $(PUBLIB) $(SOLIB)
@@ -76,6 +87,7 @@ $(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.c
 
 # Per-architecture kernels: only these files are compiled with SIMD flags,
 # and they are reached only through the kernel table (kernels/dispatch.c).
+ifeq ($(KERNEL_ARCH),x86)
 $(BUILD)/obj/kernels/avx2_%.o: src/kernels/avx2_%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LIBFLAGS) $(SIMD_FLAGS) -c $< -o $@
@@ -90,16 +102,22 @@ $(BUILD)/obj/kernels/avx512vnni_%.o: src/kernels/avx512vnni_%.c
 $(BUILD)/obj/kernels/avxvnni_%.o: src/kernels/avxvnni_%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LIBFLAGS) $(SIMD_FLAGS) -mavxvnni -c $< -o $@
+endif
+ifeq ($(KERNEL_ARCH),aarch64)
+$(BUILD)/obj/kernels/neon_dot.o: src/kernels/neon_dot.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LIBFLAGS) $(DOTPROD_FLAGS) -c $< -o $@
+endif
 
 $(LIB): $(OBJ)
 	@rm -f $@
-	ar rcs $@ $^
+	$(AR) rcs $@ $^
 
 $(PUBLIB): $(OBJ)
 	@rm -f $@ $(BUILD)/lamina-public.o
 	ld -r -o $(BUILD)/lamina-public.o $^
 	objcopy --localize-hidden $(BUILD)/lamina-public.o
-	ar rcs $@ $(BUILD)/lamina-public.o
+	$(AR) rcs $@ $(BUILD)/lamina-public.o
 	@rm -f $(BUILD)/lamina-public.o
 
 $(SOLIB).$(SOVERSION): $(OBJ)
@@ -126,7 +144,7 @@ $(BUILD)/lamina: $(TOOLOBJ) $(LIB)
 
 $(BUILD)/tests/%: tests/%.c tests/test.h $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) $(TEST_CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
 
 # The distributed binary beside the default one, when Open MPI is installed
 # (tests/e2e_mpi.sh runs it under mpirun; it skips when absent).
@@ -137,6 +155,30 @@ endif
 
 test: all mpi
 	BUILD=$(BUILD) bash tests/run.sh
+
+# AArch64 without an Arm machine: the cross compiler builds the command line
+# and every C test program into build/arm64/ (linked against Debian's arm64
+# libraries, installed by scripts/deps.sh), and tests/run.sh runs the test
+# programs under qemu-user (its default CPU, "max", has the dot-product
+# extension, so the table holds neondot): once as they are, once with
+# LAMINA_CPU=neon (the plain NEON path on that CPU). test_kernels_isa
+# compares every variant the CPU runs with the scalar reference by itself.
+# The test programs (not the library) are built without the loop vectorizer:
+# Debian 12's aarch64 GCC 12.2 stops with an internal compiler error in
+# vect_transform_reduction on tests/test_sample.c.
+ARM_CC   ?= aarch64-linux-gnu-gcc
+ARM_AR   ?= aarch64-linux-gnu-ar
+# The guest runs on Debian's arm64 loader and libraries (/lib/ld-linux-aarch64.so.1
+# and /lib/aarch64-linux-gnu, the multiarch packages), one consistent set:
+# `-L /usr/aarch64-linux-gnu` would pair the cross package's loader with the
+# multiarch libc.so.6 that ld.so.cache names, two glibc builds whose private
+# structures differ (pthread_create then loops forever).
+ARM_QEMU ?= qemu-aarch64
+ARM_BUILD := build/arm64
+test-arm:
+	$(MAKE) CC=$(ARM_CC) AR=$(ARM_AR) BUILD=$(ARM_BUILD) MPI= TEST_CFLAGS=-fno-tree-vectorize $(ARM_BUILD)/lamina $(TESTSRC:tests/%.c=$(ARM_BUILD)/tests/%)
+	BUILD=$(ARM_BUILD) LAMINA_TEST_WRAP="$(ARM_QEMU)" LAMINA_TEST_C_ONLY=1 LAMINA_EMULATED=1 bash tests/run.sh
+	BUILD=$(ARM_BUILD) LAMINA_TEST_WRAP="$(ARM_QEMU)" LAMINA_TEST_C_ONLY=1 LAMINA_EMULATED=1 LAMINA_CPU=neon bash tests/run.sh
 
 # The include rules of src/README.md: no include points down the layer map.
 check-layers:

@@ -2,6 +2,8 @@
 # Runs every test program (build/tests/test_*) and the end-to-end scripts
 # (tests/e2e_*.sh, tests/e2e_*.py), from the repository root, and adds up
 # their "N passed, N failed" lines. Exits non-zero when anything failed.
+# LAMINA_TEST_C_ONLY=1 runs the test programs only; LAMINA_TEST_WRAP is a
+# command the test programs run under (`make test-arm`: qemu-aarch64).
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -43,8 +45,14 @@ run_one() {
 for t in "$BUILD"/tests/test_*; do
     [ -x "$t" ] || continue
     case "$t" in *.d) continue ;; esac
-    run_one "$(basename "$t")" "$t"
+    run_one "$(basename "$t")" ${LAMINA_TEST_WRAP:-} "$t"
 done
+if [ -n "${LAMINA_TEST_C_ONLY:-}" ]; then
+    echo
+    echo "$passed passed, $failed failed${skipped:+, $skipped skipped}" | sed 's/, 0 skipped$//'
+    [ "$failed" -eq 0 ]
+    exit
+fi
 run_one check_layers python3 scripts/check_layers.py
 for t in tests/e2e_*.sh; do
     [ -f "$t" ] || continue

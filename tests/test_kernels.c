@@ -58,6 +58,8 @@
 #include "test.h"
 #include "base/util.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+
 static const uint32_t weight_types[] = {LM_TYPE_F32,  LM_TYPE_F16,  LM_TYPE_BF16, LM_TYPE_Q8_0,
                                         LM_TYPE_Q4_0, LM_TYPE_Q5_0, LM_TYPE_Q4_1, LM_TYPE_Q5_1,
                                         LM_TYPE_Q4_K, LM_TYPE_Q5_K, LM_TYPE_Q6_K};
@@ -1064,3 +1066,13 @@ int main(void) {
     TEST_RUN(test_matmul_tokens_q5_1);
     return TEST_DONE();
 }
+
+#else /* not x86: the AVX2 kernels do not exist here (test_kernels_isa covers this CPU's variants) */
+
+int main(void) {
+    printf("SKIP test_kernels: the AVX2 kernels are x86-64 only\n");
+    (void)test_cur_failed_;
+    return TEST_DONE();
+}
+
+#endif

@@ -18,8 +18,11 @@
 #define VOCAB_DIR "tests/data/vocab/"
 
 /* Time limits are loose (a quadratic blow-up on 100 KB takes many seconds)
- * and looser still under the sanitizers (make asan sets LAMINA_ASAN). */
-static double time_limit(double s) { return getenv("LAMINA_ASAN") ? 5 * s : s; }
+ * and looser still under the sanitizers (make asan sets LAMINA_ASAN) and
+ * under instruction-set emulation (make test-arm sets LAMINA_EMULATED). */
+static double time_limit(double s) {
+    return getenv("LAMINA_EMULATED") ? 20 * s : getenv("LAMINA_ASAN") ? 5 * s : s;
+}
 
 /* ---- helpers --------------------------------------------------------------- */
 
