@@ -2,8 +2,9 @@
 # Runs every test program (build/tests/test_*) and the end-to-end scripts
 # (tests/e2e_*.sh, tests/e2e_*.py), from the repository root, and adds up
 # their "N passed, N failed" lines. Exits non-zero when anything failed.
-# LAMINA_TEST_C_ONLY=1 runs the test programs only; LAMINA_TEST_WRAP is a
-# command the test programs run under (`make test-arm`: qemu-aarch64).
+# LAMINA_TEST_C_ONLY=1 runs the test programs only, LAMINA_TESTS="test_a
+# test_b" only those; LAMINA_TEST_WRAP is a command the test programs run
+# under (`make test-arm`: qemu-aarch64).
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -45,6 +46,9 @@ run_one() {
 for t in "$BUILD"/tests/test_*; do
     [ -x "$t" ] || continue
     case "$t" in *.d) continue ;; esac
+    if [ -n "${LAMINA_TESTS:-}" ]; then
+        case " $LAMINA_TESTS " in *" $(basename "$t") "*) ;; *) continue ;; esac
+    fi
     run_one "$(basename "$t")" ${LAMINA_TEST_WRAP:-} "$t"
 done
 if [ -n "${LAMINA_TEST_C_ONLY:-}" ]; then

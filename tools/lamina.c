@@ -548,7 +548,8 @@ static void usage_info(FILE *f) {
     fprintf(f,
             "usage: lamina info -m MODEL.gguf [--kv]\n"
             "Print the architecture, shapes, tensor types, parameter count, KV bytes per token and\n"
-            "the kernels this CPU runs (avx2, or scalar with LAMINA_NO_SIMD=1);\n"
+            "the kernels this CPU runs (avx2, neon or neondot; scalar with LAMINA_NO_SIMD=1;\n"
+            "LAMINA_CPU=scalar|avx2|neon|neondot picks one, capped at what the CPU has);\n"
             "--kv also lists every metadata key.\n");
 }
 
