@@ -8,7 +8,8 @@
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
-export LAMINA_BIN="$BUILD/lamina"
+# (a test program that runs the command line runs it under the same wrapper)
+export LAMINA_BIN="${LAMINA_TEST_WRAP:+$LAMINA_TEST_WRAP }$BUILD/lamina"
 # A test's output is captured into a log; what it writes to descriptor 3
 # (LAMINA_INSTALL_FD) reaches this script's stderr at once: pip's progress
 # while the end-to-end tests install their PyPI packages on a first run.
