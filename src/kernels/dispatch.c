@@ -56,6 +56,7 @@ static bool env_set(const char *name) {
     return v && *v && strcmp(v, "0") != 0;
 }
 
+#if defined(__x86_64__) || defined(__i386__)
 /* The matrix kernels of an x86 variant for one type (NULL: none). */
 static const lm_avx2_kernels *x86_lookup(lm_isa isa, uint32_t t) {
     switch (isa) {
@@ -65,6 +66,7 @@ static const lm_avx2_kernels *x86_lookup(lm_isa isa, uint32_t t) {
     default: return avx2_kernels(t);
     }
 }
+#endif
 
 /* The table for one ISA (which the CPU must run). */
 static void fill(lm_kernels *k, lm_isa isa, bool repack) {
