@@ -166,6 +166,11 @@ compare_pp() {
 }
 compare stories "$M" README.md 128 0.02 0.005 "Once upon a time"
 compare_pp stories "$M" 128 0.02 "Once upon a time"
+# four stages of one or two layers each: the pool of every stage holds the
+# blocks of the whole model's plan (the default memory budget included)
+NP=4 PAR="--pp 4"
+compare stories_pp4 "$M" README.md 128 0 0 "Once upon a time"
+NP=2 PAR="--tp 2"
 
 if "$L" mkmodel -o "$T/tl.gguf" --layers 4 --embd 2048 --heads 32 --kv-heads 4 --ff 5632 --ctx 2048 --type Q4_0 \
     --vocab-from tests/data/vocab/ggml-vocab-llama-spm.gguf -t 2 >/dev/null 2>"$T/err"; then

@@ -1466,16 +1466,20 @@ static int mem_plan(const lm_model *m, const lm_engine_config *c, const fwd_dims
     o->packed = m->packed_bytes;
     o->workspace = fwd_workspace_bytes(m, dims, c->n_threads) + buffer_bytes(m, c);
     /* the pool without a budget: n_ctx x max_seqs positions (with
-     * sliding-window layers max_seqs windows of local blocks), at most 4 GiB */
+     * sliding-window layers max_seqs windows of local blocks), at most 4 GiB.
+     * Byte sizes here are every layer's, as kv_plan_make reads mem_bytes:
+     * a pipeline stage's pool holds the same blocks for its layers only */
+    kv_config all = *kc;
+    all.layer0 = all.layer1 = 0;
     kv_plan pl = {0};
-    if ((!c->kv_mem || c->mem) && kv_plan_make(kc, &pl, err, errlen) != KV_OK) return -1;
+    if ((!c->kv_mem || c->mem) && kv_plan_make(&all, &pl, err, errlen) != KV_OK) return -1;
     uint64_t dflt = pl.data_bytes > (4ull << 30) ? 4ull << 30 : pl.data_bytes;
     if (c->mem) {
         char b1[32], b2[32], b3[32], b4[32], b5[32];
         o->budget = c->mem;
         uint64_t fixed = o->weights + o->packed + o->workspace;
         /* one sequence of the full context, with the local windows of max_seqs */
-        kv_config one = *kc;
+        kv_config one = all;
         one.n_seqs = 1;
         kv_plan p1;
         if (kv_plan_make(&one, &p1, err, errlen) != KV_OK) return -1;
