@@ -164,7 +164,7 @@ test: all mpi
 
 # AArch64 without an Arm machine: the cross compiler builds the command line
 # and every C test program into build/arm64/ (linked against Debian's arm64
-# libraries, installed by scripts/deps-arm.sh, which it runs first), and tests/run.sh runs the test
+# libraries, installed by `scripts/deps.sh --arm`, which it runs first), and tests/run.sh runs the test
 # programs under qemu-user (its default CPU, "max", has the dot-product
 # extension, so the table holds neondot): all of them as they are, then
 # those that compute through the kernel table with LAMINA_CPU=neon (the
@@ -188,7 +188,7 @@ ARM_NEON_TESTS = test_kernels_isa test_ops test_attn test_model test_forward_kv 
 ARM_QEMU ?= qemu-aarch64
 ARM_BUILD := build/arm64
 test-arm:
-	bash scripts/deps-arm.sh
+	bash scripts/deps.sh --arm
 	$(MAKE) CC=$(ARM_CC) AR=$(ARM_AR) BUILD=$(ARM_BUILD) MPI= $(ARM_BUILD)/lamina $(TESTSRC:tests/%.c=$(ARM_BUILD)/tests/%)
 	BUILD=$(ARM_BUILD) LAMINA_TEST_WRAP="$(ARM_QEMU)" LAMINA_TEST_C_ONLY=1 LAMINA_EMULATED=1 bash tests/run.sh
 	BUILD=$(ARM_BUILD) LAMINA_TEST_WRAP="$(ARM_QEMU)" LAMINA_TEST_C_ONLY=1 LAMINA_EMULATED=1 LAMINA_CPU=neon \
