@@ -214,8 +214,9 @@ chat: $(BUILD)/lamina
 	echo "Try:  curl -s http://127.0.0.1:$(CHAT_PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"messages\":[{\"role\":\"system\",\"content\":\"You are a helpful assistant.\"},{\"role\":\"user\",\"content\":\"What is the capital of France?\"}]}'"; \
 	exec ./$(BUILD)/lamina serve -m "$$model" --port $(CHAT_PORT) -c 4096 --max-seqs 4
 
+# The sanitizer builds leave out the x86 variants (LAMINA_X86_BASE_ONLY, kernels/x86.h).
 asan:
-	$(MAKE) BUILD=build/asan CC=clang OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all" \
+	$(MAKE) BUILD=build/asan CC=clang OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all -DLAMINA_X86_BASE_ONLY" \
 	    LDFLAGS="-fsanitize=address,undefined" all mpi
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 LAMINA_ASAN=1 BUILD=build/asan bash tests/run.sh
 
@@ -225,7 +226,7 @@ asan:
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := $(patsubst fuzz/%.c,%,$(wildcard fuzz/fuzz_*.c))
 fuzz:
-	$(MAKE) BUILD=build/fuzz CC=clang OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined,fuzzer-no-link" \
+	$(MAKE) BUILD=build/fuzz CC=clang OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined,fuzzer-no-link -DLAMINA_X86_BASE_ONLY" \
 	    build/fuzz/liblamina-internal.a
 	@mkdir -p build/fuzz/bin
 	@for t in $(FUZZ_TARGETS); do \

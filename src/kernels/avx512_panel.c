@@ -5,5 +5,10 @@
  */
 #define X86_PREFIX avx512_
 #include "kernels/x86_variant.h"
+#include "kernels/x86.h"
 
+#if X86_VARIANTS
 #include "kernels/avx2_panel.c"
+#else
+typedef int lm_avx512_unused; /* sanitizer builds leave the variant out (kernels/x86.h) */
+#endif

@@ -6,5 +6,10 @@
 #define X86_PREFIX avx512vnni_
 #define X86_VNNI 1
 #include "kernels/x86_variant.h"
+#include "kernels/x86.h"
 
+#if X86_VARIANTS
 #include "kernels/avx2_packed.c"
+#else
+typedef int lm_avx512vnni_unused; /* sanitizer builds leave the variant out (kernels/x86.h) */
+#endif

@@ -51,7 +51,7 @@ bool cpu_has_avx2(void) {
 }
 
 bool cpu_has_avx512(void) {
-    if (!cpu_has_avx2()) return false;
+    if (!X86_VARIANTS || !cpu_has_avx2()) return false;
     if ((read_xcr0() & 0xE6) != 0xE6) return false; /* + opmask, ZMM_Hi256, Hi16_ZMM state */
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
@@ -67,7 +67,7 @@ bool cpu_has_avx512vnni(void) {
 
 bool cpu_has_avxvnni(void) {
     unsigned a, b, c, d;
-    if (!cpu_has_avx2() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || a < 1) return false;
+    if (!X86_VARIANTS || !cpu_has_avx2() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || a < 1) return false;
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
     return (a & (1u << 4)) != 0; /* leaf 7 subleaf 1 EAX bit 4: AVX-VNNI */
 }
