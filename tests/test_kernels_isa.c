@@ -473,7 +473,10 @@ static void test_attn(void) {
 /* ---- LAMINA_CPU ------------------------------------------------------------------- */
 
 static lm_isa capped(lm_isa isa) {
-    while (!kernels_cpu_has(isa)) isa = isa == LM_ISA_NEONDOT ? LM_ISA_NEON : LM_ISA_SCALAR;
+    while (!kernels_cpu_has(isa))
+        isa = isa == LM_ISA_NEONDOT ? LM_ISA_NEON
+              : isa == LM_ISA_AVXVNNI || isa == LM_ISA_AVX512 || isa == LM_ISA_AVX512VNNI ? (lm_isa)(isa - 1)
+                                                                                          : LM_ISA_SCALAR;
     return isa;
 }
 
