@@ -432,11 +432,13 @@ static int32_t take_token(lm_engine *e, eseq *c, float *row, int32_t draft, cons
     }
     bool acc;
     double t_s = e->prof_on ? lm_now() : 0;
-    int32_t t = c->pre != PRE_NONE && c->pre_iter == e->iter ? c->pre
+    /* the token drawn ahead, taken before grammar_pick can finish (and free) c */
+    int32_t pre = c->pre != PRE_NONE && c->pre_iter == e->iter ? c->pre : PRE_NONE;
+    c->pre = PRE_NONE;
+    int32_t t = pre != PRE_NONE ? pre
                 : c->gm_on ? grammar_pick(e, c, row, draft, q)
                 : draft >= 0 ? sampler_sample_spec(c->smp, row, draft, q, &acc)
                 : sampler_sample(c->smp, row);
-    c->pre = PRE_NONE;
     if (e->prof_on) e->prof.sample += lm_now() - t_s;
     if (t == -2) return -1; /* grammar_pick finished the choice */
     if (t < 0) {
