@@ -17,8 +17,9 @@
  *
  * The x86 variants: avx2 (kernels/avx2_*.c), and avxvnni, avx512 and
  * avx512vnni (the same sources built again with their flags, kernels/x86.h):
- * their matrix kernels replace avx2's; the element-wise and attention
- * entries are avx2's in all of them.
+ * their matrix kernels replace avx2's, and in the two avx512 ones the
+ * 512-bit tiles of kernels/avx512_gemm.h replace some of those; the
+ * element-wise and attention entries are avx2's in all of them.
  *
  * On AArch64 the variants are neon and neondot (kernels/neon.h: the same
  * kernels, the quantized dot products with sdot in the second), with the
@@ -38,6 +39,7 @@
 #include "kernels/avx2_attn.h"
 #include "kernels/avx2_ops.h"
 #include "kernels/avx2_peak.h"
+#include "kernels/avx512_gemm.h"
 #include "kernels/neon.h"
 #include "kernels/neon_ops.h"
 #include "kernels/scalar.h"
@@ -104,6 +106,13 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
                 e->packed_gemm = a->packed_gemm;
                 e->packed_act = a->packed_act;
                 e->pack_tile = a->pack_tile;
+            }
+            /* the avx512 variants' 512-bit prefill tiles (kernels/avx512_gemm.h) */
+            const lm_avx2_kernels *z = isa >= LM_ISA_AVX512 ? avx512_gemm_kernels(t, isa == LM_ISA_AVX512VNNI) : NULL;
+            if (z && z->packed_gemm) {
+                e->packed_gemm = z->packed_gemm;
+                if (z->packed_act) e->packed_act = z->packed_act;
+                e->pack_tile = z->pack_tile;
             }
         }
         k->ew = (lm_ew_kernels){avx2_rmsnorm, avx2_swiglu, avx2_geglu, avx2_rope_apply};

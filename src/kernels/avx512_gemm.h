@@ -1,0 +1,37 @@
+/*
+ * avx512_gemm.h - 512-bit (zmm) matrix tiles for prompt processing in the
+ * avx512 and avx512vnni variants, laid by kernels/dispatch.c over the
+ * AVX2 sources re-encoded for those variants (kernels/x86.h).
+ *
+ *   type   entry                      layout / activations
+ *   F16    avx512_gemm_panel_f16    panels of 16 rows (quant.h) / F32
+ *
+ * Contracts: those of the entries they replace (kernels/avx2.h). The F16
+ * panel tile computes, lane r = row r of the group, the same fmaf chains
+ * in the same order as quant_panel_dot_ref, so its outputs equal the AVX2
+ * panel tile's and the reference's bit for bit, for every tile width and
+ * token position: batch invariance holds, and decode (one token) and
+ * prefill (tiles of up to pack_tile tokens) give the same bits for a
+ * (row, token). Call only when cpu_has_avx512() is true.
+ */
+#ifndef LAMINA_AVX512_GEMM_H
+#define LAMINA_AVX512_GEMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/avx2.h"
+
+/* The 512-bit entries for a type, NULL members meaning "keep the variant's
+ * own"; NULL when there are none (other types, not x86-64, or the
+ * sanitizer builds that leave the variants out, LAMINA_X86_BASE_ONLY).
+ * vnni: the avx512vnni variant (its int8 products may use vpdpbusd). */
+const lm_avx2_kernels *avx512_gemm_kernels(uint32_t type, bool vnni);
+
+#if defined(__x86_64__) || defined(__i386__)
+void avx512_gemm_panel_f16(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc, float *y,
+                            size_t y_stride);
+#endif
+
+#endif
