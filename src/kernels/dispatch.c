@@ -19,7 +19,10 @@
  * avx512vnni (the same sources built again with their flags, kernels/x86.h):
  * their matrix kernels replace avx2's, and in the two avx512 ones the
  * 512-bit tiles of kernels/avx512_gemm.h replace some of those; the
- * element-wise and attention entries are avx2's in all of them.
+ * element-wise and attention entries are avx2's in all of them. avx512 and
+ * avx512vnni add their 512-bit decode tiles (packed_pair, kernels/x86_pair.h)
+ * for Q4_0, Q8_0 and Q4_K, and a gemm entry for Q6_K whose one-token
+ * products take two rows at once.
  *
  * On AArch64 the variants are neon and neondot (kernels/neon.h: the same
  * kernels, the quantized dot products with sdot in the second), with the
@@ -44,6 +47,7 @@
 #include "kernels/neon_ops.h"
 #include "kernels/scalar.h"
 #include "kernels/x86.h"
+#include "kernels/x86_pair.h"
 
 static lm_kernels table;
 static char cap_note[128]; /* kernels_cap_note: set when the table is filled from the environment */
@@ -115,6 +119,15 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
                 e->pack_tile = z->pack_tile;
             }
         }
+        /* the AVX-512 variants' 512-bit decode tiles (kernels/x86_pair.h) */
+        for (uint32_t t = 0; t < LM_TYPE_COUNT && (isa == LM_ISA_AVX512 || isa == LM_ISA_AVX512VNNI); t++) {
+            lm_packed_gemm_fn pf = isa == LM_ISA_AVX512 ? avx512_pair_kernel(t) : avx512vnni_pair_kernel(t);
+            lm_gemm_fn gf = isa == LM_ISA_AVX512 ? avx512_pair_gemm(t) : avx512vnni_pair_gemm(t);
+            if (gf && k->type[t].gemm) k->type[t].gemm = gf;
+            if (!pf || !k->type[t].packed_gemm) continue;
+            k->type[t].packed_pair = pf;
+            k->type[t].pair_tile = LM_PAIR_TILE;
+        }
         k->ew = (lm_ew_kernels){avx2_rmsnorm, avx2_swiglu, avx2_geglu, avx2_rope_apply};
         k->attn = (lm_attn_kernels){attn_scores_avx2, attn_pv_avx2, attn_max_avx2, attn_scale_avx2,
                                     attn_exp_sum_avx2, 8};
@@ -150,6 +163,8 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
             k->type[t].packed_gemm = NULL;
             k->type[t].packed_act = NULL;
             k->type[t].pack_tile = 0;
+            k->type[t].packed_pair = NULL;
+            k->type[t].pair_tile = 0;
         }
 }
 

@@ -40,6 +40,8 @@
  *   - vec_dot, gemm and packed_gemm agree with the reference within float
  *     rounding; within one variant, gemm outputs equal vec_dot's bit for bit
  *     and packed_gemm outputs do not depend on the batch (kernels/avx2.h);
+ *     packed_pair (the AVX-512 variants' 512-bit decode tiles over two
+ *     groups, Q4_0, Q8_0 and Q4_K) equals packed_gemm bit for bit;
  *   - element-wise and attention variants agree with the reference to a few
  *     ulps (tests state the bounds); an element's result never depends on
  *     how many tokens share the call.
@@ -80,6 +82,9 @@ typedef struct {
     lm_from_float_fn packed_act;     /* floats -> packed_gemm's activation rows;
                                         NULL: it takes the floats (F16 panels) */
     int pack_tile;                   /* most activation rows per packed_gemm call */
+    lm_packed_gemm_fn packed_pair;   /* two consecutive groups at once (kernels/x86_pair.h),
+                                        bit-identical to packed_gemm; or NULL */
+    int pair_tile;                   /* most activation rows per packed_pair call */
 } lm_type_kernels;
 
 /* Element-wise ops (contracts: model/ops.h). */

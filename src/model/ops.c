@@ -79,6 +79,8 @@ typedef struct {
     lm_gemm_fn gemm[MATMUL_MAX_PARTS];   /* tile kernel, or NULL */
     int gemm_cols[MATMUL_MAX_PARTS];     /* its activation rows per call */
     lm_packed_gemm_fn packed[MATMUL_MAX_PARTS]; /* with w->packed: every part has one, or none */
+    lm_packed_gemm_fn pair[MATMUL_MAX_PARTS];   /* two groups at once for few tokens, or NULL */
+    int pair_tile[MATMUL_MAX_PARTS];            /* most tokens per pair call */
     long chunk_rows;     /* rows per chunk: a multiple of every quant_pack_rows */
     long chunk0[MATMUL_MAX_PARTS + 1];   /* first global chunk of each part */
     const void *x;       /* activations in the shared vec_dot_type, n_tok rows */
@@ -103,11 +105,17 @@ static void matmul_chunk(const matmul_job *j, int k, long r0) {
         const size_t gb = quant_pack_size(w->type, gr, w->cols);
         for (int c = 0; c < j->n_tok; c += tile) {
             int nc = j->n_tok - c < tile ? j->n_tok - c : tile;
-            for (long r = r0; r < r1; r += gr) {
-                int nr = r1 - r < gr ? (int)(r1 - r) : gr;
-                j->packed[k](w->cols, (const char *)w->packed + (size_t)(r / gr) * gb, nr,
-                             (const char *)j->x + (size_t)c * j->x_row_bytes, j->x_row_bytes, nc,
-                             y + (size_t)c * (size_t)w->rows + r, (size_t)w->rows);
+            /* few tokens (decode): two groups per call where the kernel
+             * table has the pair tile, the same bits as one at a time */
+            lm_packed_gemm_fn pair = nc <= j->pair_tile[k] ? j->pair[k] : NULL;
+            for (long r = r0; r < r1;) {
+                const bool two = pair && r1 - r > gr;
+                const int span = two ? 2 * gr : gr;
+                int nr = r1 - r < span ? (int)(r1 - r) : span;
+                (two ? pair : j->packed[k])(w->cols, (const char *)w->packed + (size_t)(r / gr) * gb, nr,
+                                            (const char *)j->x + (size_t)c * j->x_row_bytes, j->x_row_bytes, nc,
+                                            y + (size_t)c * (size_t)w->rows + r, (size_t)w->rows);
+                r += span;
             }
         }
         return;
@@ -233,6 +241,8 @@ static void matmul_run(lm_pool *pool, matmul_job *j, const float *x, int64_t col
         j->gemm[k] = tk->gemm;
         j->gemm_cols[k] = tk->gemm_cols;
         j->packed[k] = use_packed(j->w[k]) ? tk->packed_gemm : NULL;
+        j->pair[k] = j->packed[k] ? tk->packed_pair : NULL;
+        j->pair_tile[k] = tk->pair_tile;
         j->chunk0[k + 1] = j->chunk0[k] + (j->w[k]->rows + j->chunk_rows - 1) / j->chunk_rows;
         work += (double)j->w[k]->rows * (double)cols * j->n_tok;
     }

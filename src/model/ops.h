@@ -8,7 +8,9 @@
  * result does not depend on how many other rows share the call. A weight
  * with an interleaved copy (lm_weight.packed: Q8_0/Q4_0/Q5_0/Q4_K/F16 where
  * the kernel table has packed kernels) is always multiplied through that
- * copy's kernels instead, with the same guarantee (quant.h).
+ * copy's kernels instead, with the same guarantee (quant.h); a few tokens
+ * (decode) take two groups of its rows per call where the kernel table has
+ * a pair tile (packed_pair, the AVX-512 variants), with the same bits.
  *
  * Every kernel comes from the kernel table (kernels/kernels.h), so
  * LAMINA_NO_SIMD=1 runs the scalar reference of each op.

@@ -1,0 +1,479 @@
+/*
+ * avx512_pair.c - the 512-bit decode kernels of kernels/x86_pair.h: the pair
+ * tiles for Q4_0, Q8_0 and Q4_K (two interleaved groups, 16 weight rows, by
+ * 1..4 tokens) and the row-major Q6_K gemm entry (one token, two rows per
+ * vector).
+ *
+ * Compiled with -mavx512f -mavx512bw -mavx512vl (Makefile); avx512vnni_pair.c
+ * includes this file again with PAIR_VNNI defined and -mavx512vnni, which
+ * forms the exact integer sums with vpdpbusd / vpdpwssd instead of
+ * pmaddubsw / pmaddwd. Nothing here runs unless dispatch.c found the
+ * variant on this CPU.
+ *
+ * Layouts and bounds are kernels/avx2_packed.c's (quant.h describes the
+ * interleaved groups): a 512-bit vector holds the first group's 32 bytes of
+ * a block column in its low half and the second group's same 32 bytes in
+ * its high half, so lane r and lane 8 + r are the two groups' row r. Per
+ * lane the integer sum of a block is exact and the float steps are
+ * avx2_packed.c's, in its order; hence the bit-identical results.
+ *  - Q4_0: the unsigned nibbles' products with the token's quants summed
+ *    in int16 (at most 8 * 2 * 15 * 127 = 30480) then pmaddwd, or with
+ *    vpdpbusd; minus 8 * sum(x) (block_q8_0s.s8).
+ *  - Q8_0: pmaddubsw of |w| with x carrying w's sign (the mask form of
+ *    psignb: AVX-512 has no 512-bit psignb), widened by pmaddwd per vector;
+ *    with VNNI, vpdpbusd of w + 128 (w xor 0x80) with x, minus 128 * sum(x)
+ *    = 16 * s8: exact, as each product fits and vpdpbusd does not saturate.
+ *  - Q4_K: per sub-block the int16 sum of eight pmaddubsw (at most 30720),
+ *    times the 6-bit scale through pmaddwd (or vpdpwssd); the mins against
+ *    the token's bsums as in avx2_packed.c.
+ *  - Q6_K: avx2_quant.c's fused super-block (pmaddubsw pairs <= 16128,
+ *    times the signed 8-bit scales by pmaddwd or vpdpwssd, exact in int32;
+ *    -32 * sum_j scale_j * bsum_j), one fma per super-block into row a's
+ *    8 lanes and row b's, then avx2_quant.c's hsum8 of each.
+ */
+#include "kernels/x86_pair.h"
+
+#include "kernels/x86.h"
+
+#if !defined(PAIR_PREFIX)
+#define PAIR_PREFIX avx512_
+#endif
+#define PAIR_NAME_(p, n) p##n
+#define PAIR_NAME(p, n) PAIR_NAME_(p, n)
+
+#if (defined(__x86_64__) || defined(__i386__)) && X86_VARIANTS
+
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__) || !defined(__FMA__) || \
+    !defined(__F16C__)
+#error "avx512_pair.c must be compiled with the avx512 variant's flags"
+#endif
+#if defined(PAIR_VNNI) && !defined(__AVX512VNNI__)
+#error "PAIR_VNNI needs -mavx512vnni"
+#endif
+
+#include <assert.h>
+#include <immintrin.h>
+#include <stddef.h>
+#include <string.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+#define P4_BYTES 144
+#define P8_BYTES 272
+#define PK_BYTES 1152
+#define P_QS 16
+#define XBS ((size_t)sizeof(block_q8_0s))
+#define X_D 0
+#define X_S8 4
+#define X_QS 8
+#define PK_DMIN 16
+#define PK_SC 32
+#define PK_QS 128
+#define X8K_BYTES ((size_t)sizeof(block_q8_K))
+#define X8K_QS 4
+#define X8K_BSUMS (4 + QK_K)
+
+/* Prefetch distance of each of the two weight streams (bytes ahead), and
+ * the hint (kept overridable for measuring). */
+#ifndef PAIR_AHEAD
+#define PAIR_AHEAD 2048
+#endif
+#ifndef PAIR_HINT
+#define PAIR_HINT _MM_HINT_T0
+#endif
+
+/* The first group's 32 bytes at a, the second's at b. */
+INLINE __m512i ld2(const uint8_t *a, const uint8_t *b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)a)),
+                              _mm256_loadu_si256((const __m256i *)(const void *)b), 1);
+}
+
+/* The 16 rows' f16 scales: 8 at a, 8 at b. */
+INLINE __m512 scales16(const uint8_t *a, const uint8_t *b) {
+    __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)a)),
+                                        _mm_loadu_si128((const __m128i *)(const void *)b), 1);
+    return _mm512_cvtph_ps(h);
+}
+
+INLINE __m512i bc4(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm512_set1_epi32(v);
+}
+
+INLINE __m512 bcf(const uint8_t *p) {
+    float v;
+    memcpy(&v, p, sizeof v);
+    return _mm512_set1_ps(v);
+}
+
+/* Prefetch [p, p + bytes) + PAIR_AHEAD of both streams (the addresses
+ * formed as integers: they may lie past any object; prefetches never fault). */
+INLINE void prefetch2(const uint8_t *a, const uint8_t *b, size_t bytes) {
+    const uintptr_t pa = (uintptr_t)a + PAIR_AHEAD, pb = (uintptr_t)b + PAIR_AHEAD;
+    for (size_t o = 0; o < bytes; o += 64) {
+        _mm_prefetch((const char *)(pa + o), PAIR_HINT);
+        _mm_prefetch((const char *)(pb + o), PAIR_HINT);
+    }
+}
+
+/* Lanes [0, nr) of v at y (nr <= 16). */
+INLINE void store16(float *y, int nr, __m512 v) {
+    if (nr >= 16) _mm512_storeu_ps(y, v);
+    else _mm512_mask_storeu_ps(y, (__mmask16)((1u << nr) - 1), v);
+}
+
+/* ---- Q4_0 ------------------------------------------------------------------ */
+
+INLINE void z4_tile(int64_t nb, const uint8_t *w, size_t gb, int nr, const uint8_t *x, size_t xs, int C, float *y,
+                    size_t ys) {
+    const uint8_t *w2 = w + gb;
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[LM_PAIR_TILE];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += P4_BYTES, w2 += P4_BYTES) {
+        prefetch2(w, w2, P4_BYTES);
+        const __m512 dw = scales16(w, w2);
+        const __m512i v0 = ld2(w + P_QS, w2 + P_QS), v1 = ld2(w + P_QS + 32, w2 + P_QS + 32);
+        const __m512i v2 = ld2(w + P_QS + 64, w2 + P_QS + 64), v3 = ld2(w + P_QS + 96, w2 + P_QS + 96);
+        const __m512i u0 = _mm512_and_si512(v0, low4), u4 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), low4);
+        const __m512i u1 = _mm512_and_si512(v1, low4), u5 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), low4);
+        const __m512i u2 = _mm512_and_si512(v2, low4), u6 = _mm512_and_si512(_mm512_srli_epi16(v2, 4), low4);
+        const __m512i u3 = _mm512_and_si512(v3, low4), u7 = _mm512_and_si512(_mm512_srli_epi16(v3, 4), low4);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const uint8_t *xb = x + (size_t)c * xs + (size_t)b * XBS;
+            const uint8_t *q = xb + X_QS;
+#ifdef PAIR_VNNI
+            const __m512i z = _mm512_setzero_si512();
+            __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, u0, bc4(q)), u1, bc4(q + 4));
+            __m512i t = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, u4, bc4(q + 16)), u5, bc4(q + 20));
+            s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s, u2, bc4(q + 8)), u3, bc4(q + 12));
+            t = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(t, u6, bc4(q + 24)), u7, bc4(q + 28));
+            __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(s, t), bc4(xb + X_S8));
+#else
+            __m512i s01 = _mm512_add_epi16(_mm512_maddubs_epi16(u0, bc4(q)), _mm512_maddubs_epi16(u1, bc4(q + 4)));
+            __m512i s23 = _mm512_add_epi16(_mm512_maddubs_epi16(u2, bc4(q + 8)), _mm512_maddubs_epi16(u3, bc4(q + 12)));
+            __m512i s45 = _mm512_add_epi16(_mm512_maddubs_epi16(u4, bc4(q + 16)), _mm512_maddubs_epi16(u5, bc4(q + 20)));
+            __m512i s67 = _mm512_add_epi16(_mm512_maddubs_epi16(u6, bc4(q + 24)), _mm512_maddubs_epi16(u7, bc4(q + 28)));
+            __m512i s16 = _mm512_add_epi16(_mm512_add_epi16(s01, s23), _mm512_add_epi16(s45, s67));
+            __m512i isum = _mm512_sub_epi32(_mm512_madd_epi16(s16, _mm512_set1_epi16(1)), bc4(xb + X_S8));
+#endif
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, bcf(xb + X_D)), acc[c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) store16(y + (size_t)c * ys, nr, acc[c]);
+}
+
+static void pair_q4_0(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y, size_t ys) {
+    assert(n % 32 == 0 && nr > LM_PACK_ROWS && nr <= 2 * LM_PACK_ROWS && nc >= 1 && nc <= LM_PAIR_TILE);
+    const int64_t nb = n / 32;
+    const size_t gb = (size_t)nb * P4_BYTES;
+    switch (nc) {
+    case 1: z4_tile(nb, wp, gb, nr, x, xs, 1, y, ys); break;
+    case 2: z4_tile(nb, wp, gb, nr, x, xs, 2, y, ys); break;
+    case 3: z4_tile(nb, wp, gb, nr, x, xs, 3, y, ys); break;
+    default: z4_tile(nb, wp, gb, nr, x, xs, 4, y, ys); break;
+    }
+}
+
+/* ---- Q8_0 ------------------------------------------------------------------ */
+
+INLINE void z8_tile(int64_t nb, const uint8_t *w, size_t gb, int nr, const uint8_t *x, size_t xs, int C, float *y,
+                    size_t ys) {
+    const uint8_t *w2 = w + gb;
+    __m512 acc[LM_PAIR_TILE];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += P8_BYTES, w2 += P8_BYTES) {
+        prefetch2(w, w2, P8_BYTES);
+        const __m512 dw = scales16(w, w2);
+        __m512i v[8];
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) v[k] = ld2(w + P_QS + 32 * k, w2 + P_QS + 32 * k);
+#ifdef PAIR_VNNI
+        /* w + 128 as unsigned bytes */
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) v[k] = _mm512_xor_si512(v[k], _mm512_set1_epi8((char)0x80));
+#else
+        __m512i u[8];
+        __mmask64 neg[8];
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            u[k] = _mm512_abs_epi8(v[k]);
+            neg[k] = _mm512_movepi8_mask(v[k]);
+        }
+#endif
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const uint8_t *xb = x + (size_t)c * xs + (size_t)b * XBS;
+            const uint8_t *q = xb + X_QS;
+#ifdef PAIR_VNNI
+            const __m512i z = _mm512_setzero_si512();
+            __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, v[0], bc4(q)), v[1], bc4(q + 4));
+            __m512i t = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, v[4], bc4(q + 16)), v[5], bc4(q + 20));
+            s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s, v[2], bc4(q + 8)), v[3], bc4(q + 12));
+            t = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(t, v[6], bc4(q + 24)), v[7], bc4(q + 28));
+            __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(s, t), _mm512_slli_epi32(bc4(xb + X_S8), 4));
+#else
+            const __m512i ones = _mm512_set1_epi16(1), z = _mm512_setzero_si512();
+            __m512i p[8];
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                const __m512i xk = bc4(q + 4 * k);
+                p[k] = _mm512_madd_epi16(_mm512_maddubs_epi16(u[k], _mm512_mask_sub_epi8(xk, neg[k], z, xk)), ones);
+            }
+            __m512i isum = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(p[0], p[1]), _mm512_add_epi32(p[2], p[3])),
+                                            _mm512_add_epi32(_mm512_add_epi32(p[4], p[5]), _mm512_add_epi32(p[6], p[7])));
+#endif
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, bcf(xb + X_D)), acc[c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) store16(y + (size_t)c * ys, nr, acc[c]);
+}
+
+static void pair_q8_0(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y, size_t ys) {
+    assert(n % 32 == 0 && nr > LM_PACK_ROWS && nr <= 2 * LM_PACK_ROWS && nc >= 1 && nc <= LM_PAIR_TILE);
+    const int64_t nb = n / 32;
+    const size_t gb = (size_t)nb * P8_BYTES;
+    switch (nc) {
+    case 1: z8_tile(nb, wp, gb, nr, x, xs, 1, y, ys); break;
+    case 2: z8_tile(nb, wp, gb, nr, x, xs, 2, y, ys); break;
+    case 3: z8_tile(nb, wp, gb, nr, x, xs, 3, y, ys); break;
+    default: z8_tile(nb, wp, gb, nr, x, xs, 4, y, ys); break;
+    }
+}
+
+/* ---- Q4_K ------------------------------------------------------------------ */
+
+/* pshufb indices (the same in every 128-bit lane): in each 32-bit lane l,
+ * byte t of the lane as an int16 in both halves (a scale), or bytes t and
+ * t + 1 as two int16 (a pair of mins). As avx2_packed.c's SIDX / MIDX. */
+#define SIDX(l, t) ((int)(0x80008000u | ((4u * (l) + (t)) << 16) | (4u * (l) + (t))))
+#define MIDX(l, t) ((int)(0x80008000u | ((4u * (l) + (t) + 1) << 16) | (4u * (l) + (t))))
+#define IDX16(F, t) _mm512_broadcast_i32x4(_mm_setr_epi32(F(0, t), F(1, t), F(2, t), F(3, t)))
+
+/* The 16 rows' sub-block scales and mins (avx2_packed.c's k4x8_scales on
+ * both groups at once): scv[j] the 6-bit scale of sub-block j in both
+ * int16 halves, mv[p] the mins of sub-blocks 2p and 2p + 1. */
+INLINE void k4x16_scales(const uint8_t *a, const uint8_t *b, __m512i scv[8], __m512i mv[4]) {
+    const __m512i s0 = ld2(a + PK_SC, b + PK_SC), s1 = ld2(a + PK_SC + 32, b + PK_SC + 32);
+    const __m512i s2 = ld2(a + PK_SC + 64, b + PK_SC + 64);
+    const __m512i m6 = _mm512_set1_epi8(0x3f), m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    const __m512i sc_lo = _mm512_and_si512(s0, m6), m_lo = _mm512_and_si512(s1, m6);
+    const __m512i sc_hi =
+        _mm512_or_si512(_mm512_and_si512(s2, m4), _mm512_and_si512(_mm512_srli_epi32(s0, 2), m30));
+    const __m512i m_hi =
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(s2, 4), m4), _mm512_and_si512(_mm512_srli_epi32(s1, 2), m30));
+#define SC(t)                                                      \
+    scv[t] = _mm512_shuffle_epi8(sc_lo, IDX16(SIDX, t));           \
+    scv[t + 4] = _mm512_shuffle_epi8(sc_hi, IDX16(SIDX, t));
+    SC(0) SC(1) SC(2) SC(3)
+#undef SC
+    mv[0] = _mm512_shuffle_epi8(m_lo, IDX16(MIDX, 0));
+    mv[1] = _mm512_shuffle_epi8(m_lo, IDX16(MIDX, 2));
+    mv[2] = _mm512_shuffle_epi8(m_hi, IDX16(MIDX, 0));
+    mv[3] = _mm512_shuffle_epi8(m_hi, IDX16(MIDX, 2));
+}
+
+/* sum_j min_j * bsum_j per row: the token's sub-block sums in pairs, each
+ * pair broadcast against mv[p] (avx2_packed.c's k4x8_minsum). */
+INLINE __m512i k4x16_minsum(const __m512i mv[4], const uint8_t *xb) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i b32 = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(xb + X8K_BSUMS)), ones);
+    __m512i b16 = _mm512_castsi256_si512(_mm256_packs_epi32(b32, b32)); /* words 0, 1, 4, 5 used */
+    __m512i m = _mm512_madd_epi16(mv[0], _mm512_permutexvar_epi32(_mm512_set1_epi32(0), b16));
+    m = _mm512_add_epi32(m, _mm512_madd_epi16(mv[1], _mm512_permutexvar_epi32(_mm512_set1_epi32(1), b16)));
+    m = _mm512_add_epi32(m, _mm512_madd_epi16(mv[2], _mm512_permutexvar_epi32(_mm512_set1_epi32(4), b16)));
+    return _mm512_add_epi32(m, _mm512_madd_epi16(mv[3], _mm512_permutexvar_epi32(_mm512_set1_epi32(5), b16)));
+}
+
+INLINE void zk4_tile(int64_t nb, const uint8_t *w, size_t gb, int nr, const uint8_t *x, size_t xs, int C, float *y,
+                     size_t ys) {
+    const uint8_t *w2 = w + gb;
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[LM_PAIR_TILE];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += PK_BYTES, w2 += PK_BYTES) {
+        prefetch2(w, w2, PK_BYTES);
+        __m512i scv[8], mv[4];
+        k4x16_scales(w, w2, scv, mv);
+        __m512i isum[LM_PAIR_TILE];
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) isum[c] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+        for (int j = 0; j < 8; j++) { /* sub-block j: the low (j even) or high nibbles of pair j / 2 */
+            const size_t qo = PK_QS + 256 * (size_t)(j / 2);
+            __m512i u[8];
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                const __m512i v = ld2(w + qo + 32 * k, w2 + qo + 32 * k);
+                u[k] = _mm512_and_si512(j & 1 ? _mm512_srli_epi16(v, 4) : v, low4);
+            }
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++) {
+                const uint8_t *xc = x + (size_t)c * xs + (size_t)b * X8K_BYTES + X8K_QS + 32 * j;
+                __m512i s16 = _mm512_maddubs_epi16(u[0], bc4(xc));
+#pragma GCC unroll 8
+                for (int k = 1; k < 8; k++) s16 = _mm512_add_epi16(s16, _mm512_maddubs_epi16(u[k], bc4(xc + 4 * k)));
+#ifdef PAIR_VNNI
+                isum[c] = _mm512_dpwssd_epi32(isum[c], s16, scv[j]);
+#else
+                isum[c] = _mm512_add_epi32(isum[c], _mm512_madd_epi16(s16, scv[j]));
+#endif
+            }
+        }
+        const __m512 d = scales16(w, w2), dmin = scales16(w + PK_DMIN, w2 + PK_DMIN);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const uint8_t *xb = x + (size_t)c * xs + (size_t)b * X8K_BYTES;
+            const __m512 dx = bcf(xb);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(d, dx), acc[c]);
+            acc[c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(k4x16_minsum(mv, xb)), _mm512_mul_ps(dmin, dx), acc[c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) store16(y + (size_t)c * ys, nr, acc[c]);
+}
+
+static void pair_q4_K(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y, size_t ys) {
+    assert(n % QK_K == 0 && nr > LM_PACK_ROWS && nr <= 2 * LM_PACK_ROWS && nc >= 1 && nc <= LM_PAIR_TILE);
+    const int64_t nb = n / QK_K;
+    const size_t gb = (size_t)nb * PK_BYTES;
+    switch (nc) {
+    case 1: zk4_tile(nb, wp, gb, nr, x, xs, 1, y, ys); break;
+    case 2: zk4_tile(nb, wp, gb, nr, x, xs, 2, y, ys); break;
+    case 3: zk4_tile(nb, wp, gb, nr, x, xs, 3, y, ys); break;
+    default: zk4_tile(nb, wp, gb, nr, x, xs, 4, y, ys); break;
+    }
+}
+
+/* ---- Q6_K, row-major: two rows per 512-bit vector ----------------------------- */
+
+/* avx2_quant.c's q6k_block on two rows at once (row a in the low 256 bits,
+ * row b in the high), against one token's Q8_K block; its hsum8 below. */
+#define Q6_QL 0
+#define Q6_QH 128
+#define Q6_SC 192
+#define Q6_D 208
+_Static_assert(sizeof(block_q6_K) == 210 && offsetof(block_q6_K, qh) == Q6_QH &&
+                   offsetof(block_q6_K, scales) == Q6_SC && offsetof(block_q6_K, d) == Q6_D,
+               "block_q6_K layout");
+
+INLINE __m512i bc256(const uint8_t *p) {
+    return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)p));
+}
+
+INLINE float f16at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return _cvtsh_ss(h);
+}
+
+INLINE __m512 q6k_block2(const uint8_t *a, const uint8_t *b, const uint8_t *xb, __m512 acc) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
+    const __m512i s16 = _mm512_cvtepi8_epi16(
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(a + Q6_SC))),
+                                _mm_loadu_si128((const __m128i *)(const void *)(b + Q6_SC)), 1));
+    const __m512i lo = _mm512_permutex_epi64(s16, 0x44), hi = _mm512_permutex_epi64(s16, 0xEE);
+    const uint8_t *xq = xb + X8K_QS;
+    __m512i si = _mm512_setzero_si512();
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const __m512i l0 = ld2(a + Q6_QL + 64 * h, b + Q6_QL + 64 * h);
+        const __m512i l1 = ld2(a + Q6_QL + 64 * h + 32, b + Q6_QL + 64 * h + 32);
+        const __m512i hv = ld2(a + Q6_QH + 32 * h, b + Q6_QH + 32 * h);
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) {
+            const __m512i lq = t & 1 ? l1 : l0;
+            const __m512i lown = t < 2 ? lq : _mm512_srli_epi16(lq, 4);
+            const __m512i top = t == 0 ? _mm512_slli_epi16(hv, 4)
+                                : t == 1 ? _mm512_slli_epi16(hv, 2)
+                                : t == 2 ? hv
+                                         : _mm512_srli_epi16(hv, 2);
+            const __m512i u = _mm512_or_si512(_mm512_and_si512(lown, low4), _mm512_and_si512(top, top2));
+            const __m512i idx = _mm512_broadcast_i64x4(_mm256_set_m128i(
+                _mm_set1_epi16((short)(0x0100 * (4 * t + 3) + 4 * t + 2)), _mm_set1_epi16((short)(0x0100 * (4 * t + 1) + 4 * t))));
+            const __m512i sc = _mm512_shuffle_epi8(h ? hi : lo, idx);
+            const __m512i p16 = _mm512_maddubs_epi16(u, bc256(xq + 32 * (4 * h + t)));
+#ifdef PAIR_VNNI
+            si = _mm512_dpwssd_epi32(si, p16, sc);
+#else
+            si = _mm512_add_epi32(si, _mm512_madd_epi16(p16, sc));
+#endif
+        }
+    }
+    float dx;
+    memcpy(&dx, xb, sizeof dx);
+    const __m512i corr = _mm512_madd_epi16(bc256(xb + X8K_BSUMS), s16);
+    const __m512i v = _mm512_sub_epi32(si, _mm512_slli_epi32(corr, 5));
+    const __m256 sa = _mm256_set1_ps(dx * f16at(a + Q6_D)), sb = _mm256_set1_ps(dx * f16at(b + Q6_D));
+    const __m512 scale =
+        _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(sa)), _mm256_castps_pd(sb), 1));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), scale, acc);
+}
+
+/* avx2_quant.c's hsum8: halves, then pairs, then the two. */
+INLINE float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Rows a and b against one token: what vec_dot_q6_K gives for each. */
+static void q6k_rows2(int64_t n, const uint8_t *a, const uint8_t *b, const uint8_t *x, float *ya, float *yb) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const size_t o = (size_t)i * sizeof(block_q6_K);
+        prefetch2(a + o, b + o, sizeof(block_q6_K));
+        acc = q6k_block2(a + o, b + o, x + (size_t)i * X8K_BYTES, acc);
+    }
+    *ya = hsum8(_mm512_castps512_ps256(acc));
+    *yb = hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+}
+
+/* The Q6_K gemm entry: one token (decode) two rows at a time; several
+ * tokens, and a last odd row, through the variant's own kernels (the same
+ * bits: every path equals vec_dot_q6_K's). */
+static void gemm_q6_K(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs, int nc, float *y,
+                      size_t ys) {
+    const lm_avx2_kernels *k = PAIR_NAME(PAIR_PREFIX, kernels)(LM_TYPE_Q6_K);
+    if (nc != 1) {
+        k->gemm(n, w, ws, nr, x, xs, nc, y, ys);
+        return;
+    }
+    const uint8_t *wr = w;
+    int r = 0;
+    for (; r + 1 < nr; r += 2) q6k_rows2(n, wr + (size_t)r * ws, wr + (size_t)(r + 1) * ws, x, y + r, y + r + 1);
+    if (r < nr) y[r] = k->vec_dot(n, wr + (size_t)r * ws, x);
+}
+
+lm_gemm_fn PAIR_NAME(PAIR_PREFIX, pair_gemm)(uint32_t type) { return type == LM_TYPE_Q6_K ? gemm_q6_K : NULL; }
+
+lm_packed_gemm_fn PAIR_NAME(PAIR_PREFIX, pair_kernel)(uint32_t type) {
+    switch (type) {
+    case LM_TYPE_Q4_0: return pair_q4_0;
+    case LM_TYPE_Q8_0: return pair_q8_0;
+    case LM_TYPE_Q4_K: return pair_q4_K;
+    default: return NULL;
+    }
+}
+
+#else /* another architecture, or the sanitizer builds (kernels/x86.h) */
+
+lm_gemm_fn PAIR_NAME(PAIR_PREFIX, pair_gemm)(uint32_t type) {
+    (void)type;
+    return NULL;
+}
+
+lm_packed_gemm_fn PAIR_NAME(PAIR_PREFIX, pair_kernel)(uint32_t type) {
+    (void)type;
+    return NULL;
+}
+
+#endif
