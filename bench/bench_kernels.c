@@ -21,6 +21,9 @@
  * GFLOP/s counts 2 * rows * cols * activation rows. Activation quantization
  * (from_float) is timed separately.
  *
+ * With -v avx512 or avx512vnni the decode shapes also time the 512-bit pair
+ * tiles (kernels/x86_pair.h: two groups of 8 rows per call), "pair".
+ *
  * Threads split the weight rows (decode) or the row tiles (prefill); the
  * default is one thread and every type.
  *
@@ -40,6 +43,7 @@
 
 #include "kernels/avx2.h"
 #include "kernels/x86.h"
+#include "kernels/x86_pair.h"
 #include "format/quant.h"
 #include "base/util.h"
 
@@ -48,6 +52,7 @@
 
 /* The kernels measured (-v). */
 static const lm_avx2_kernels *(*lookup)(uint32_t) = avx2_kernels;
+static lm_packed_gemm_fn (*pair_lookup)(uint32_t) = NULL; /* the 512-bit pair tiles (avx512, avx512vnni) */
 static const char *kernels_label = "avx2";
 
 static lm_rng rng;
@@ -144,8 +149,8 @@ static void setup_free(setup *s) {
 
 /* ---- the variants ------------------------------------------------------------ */
 
-enum { V_REF, V_VEC_DOT, V_GEMM, V_PACKED };
-static const char *variant_name[] = {"reference", "vec_dot", "gemm", "packed"};
+enum { V_REF, V_VEC_DOT, V_GEMM, V_PACKED, V_PAIR };
+static const char *variant_name[] = {"reference", "vec_dot", "gemm", "packed", "pair"};
 
 /* y (n_act, rows) for weight copy `copy`, weight rows [r0, r1) (r0, r1
  * multiples of 4 except r1 = rows). Prefill walks panels of activation
@@ -153,19 +158,24 @@ static const char *variant_name[] = {"reference", "vec_dot", "gemm", "packed"};
 static void run_range(const setup *s, int variant, int copy, int64_t r0, int64_t r1, float *y) {
     const uint8_t *w = s->w + s->row_bytes * (size_t)s->rows * (size_t)copy;
     const int64_t n = s->cols;
-    if (variant == V_PACKED) { /* groups of 8 (F16: 16) rows x tiles of pack_tile tokens */
+    if (variant == V_PACKED || variant == V_PAIR) { /* groups of 8 (F16: 16) rows x tiles of pack_tile tokens */
         const uint8_t *wp = s->wp + s->pack_bytes * (size_t)copy;
         const int gr = quant_pack_rows(s->type), tile = s->k->pack_tile;
         const size_t gb = quant_pack_size(s->type, gr, n);
+        lm_packed_gemm_fn pair = variant == V_PAIR && s->n_act <= LM_PAIR_TILE ? pair_lookup(s->type) : NULL;
         for (int p0 = 0; p0 < s->n_act; p0 += PANEL) {
             int p1 = p0 + PANEL < s->n_act ? p0 + PANEL : s->n_act;
-            for (int64_t r = r0; r < r1; r += gr) {
-                int nr = r1 - r < gr ? (int)(r1 - r) : gr;
+            for (int64_t r = r0; r < r1;) {
+                const bool two = pair && r1 - r > gr; /* two groups per call (kernels/x86_pair.h) */
+                const int span = two ? 2 * gr : gr;
+                int nr = r1 - r < span ? (int)(r1 - r) : span;
                 for (int c = p0; c < p1; c += tile) {
                     int nc = p1 - c < tile ? p1 - c : tile;
-                    s->k->packed_gemm(n, wp + (size_t)(r / gr) * gb, nr, s->xp + (size_t)c * s->packed_bytes,
-                                      s->packed_bytes, nc, y + (size_t)c * (size_t)s->rows + (size_t)r, (size_t)s->rows);
+                    (two ? pair : s->k->packed_gemm)(n, wp + (size_t)(r / gr) * gb, nr,
+                                                     s->xp + (size_t)c * s->packed_bytes, s->packed_bytes, nc,
+                                                     y + (size_t)c * (size_t)s->rows + (size_t)r, (size_t)s->rows);
                 }
+                r += span;
             }
         }
         return;
@@ -348,8 +358,9 @@ static void bench_type(uint32_t type) {
         setup_make(&s, type, dec[i].rows, dec[i].cols, 1, true);
         snprintf(shape, sizeof shape, "decode %lldx%lld", (long long)s.rows, (long long)s.cols);
         if (check(&s))
-            for (int v = V_REF; v <= V_PACKED; v++)
-                if (v != V_PACKED || s.wp) measure(&s, v, shape);
+            for (int v = V_REF; v <= V_PAIR; v++)
+                if ((v != V_PACKED || s.wp) && (v != V_PAIR || (s.wp && pair_lookup && pair_lookup(type))))
+                    measure(&s, v, shape);
         setup_free(&s);
     }
     static const int pre[] = {64, 512};
@@ -379,8 +390,10 @@ int main(int argc, char **argv) {
             const char *v = argv[++i];
             bool (*has)(void) = cpu_has_avx2;
             if (!strcmp(v, "avxvnni")) lookup = avxvnni_kernels, has = cpu_has_avxvnni;
-            else if (!strcmp(v, "avx512")) lookup = avx512_kernels, has = cpu_has_avx512;
-            else if (!strcmp(v, "avx512vnni")) lookup = avx512vnni_kernels, has = cpu_has_avx512vnni;
+            else if (!strcmp(v, "avx512"))
+                lookup = avx512_kernels, has = cpu_has_avx512, pair_lookup = avx512_pair_kernel;
+            else if (!strcmp(v, "avx512vnni"))
+                lookup = avx512vnni_kernels, has = cpu_has_avx512vnni, pair_lookup = avx512vnni_pair_kernel;
             else if (strcmp(v, "avx2")) {
                 fprintf(stderr, "unknown variant %s\n", v);
                 return 2;
