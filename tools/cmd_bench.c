@@ -489,6 +489,9 @@ int cmd_bench(int argc, char **argv) {
                 if (seqrun_forward(sr, toks + i, 1, logits, false, err, sizeof err)) fail("bench", err);
         }
         memset(fwd->prof, 0, sizeof fwd->prof);
+        memset(fwd->prof_gap, 0, sizeof fwd->prof_gap);
+        fwd->prof_gap_mark = 0;
+        pool_timing_reset(pool);
         dist_stats_reset();
         pp_stats_reset();
         double total = 0;
@@ -502,6 +505,7 @@ int cmd_bench(int argc, char **argv) {
             if (r == 0) progress_begin(&prog, "bench", phase, test == 0 ? "repetitions" : "tokens");
             progress_update(&prog, test == 0 ? r : (long long)r * n, test == 0 ? reps : reps * n);
             fwd->profile = profile;
+            if (profile) pool_timing_enable(pool, 1); /* the dispatch gaps per op */
             double t0 = lm_now();
             double t_prog = 0; /* time spent drawing progress inside the span */
             if (test == 0) {
@@ -518,6 +522,7 @@ int cmd_bench(int argc, char **argv) {
             }
             double dt = lm_now() - t0 - t_prog;
             fwd->profile = false;
+            pool_timing_enable(pool, 0);
             total += dt;
             v[r] = n / dt;
         }
@@ -544,14 +549,25 @@ int cmd_bench(int argc, char **argv) {
         if (cli_tp_size > 1) tp_report(m, name, (double)n * reps, total);
         if (cli_pp_size > 1) pp_report(m, name, (double)n * reps, total);
         if (profile && !json) {
-            double acc = 0;
-            printf("\n  profile of %s (%% of %.3f s over %lld reps):\n", name, total, reps);
+            /* per op: its share of the time, per token, and the part of it
+             * that was dispatch (publishing pool runs, waiting at their
+             * barriers: other threads' wake-up and imbalance) */
+            double acc = 0, gaps = 0, per = 1e3 / ((double)n * reps);
+            pool_timing pt;
+            pool_timing_get(pool, &pt);
+            printf("\n  profile of %s (%% of %.3f s over %lld reps; gap: dispatch time inside the op):\n", name, total,
+                   reps);
             for (int k = 0; k < LM_PROF_COUNT; k++) {
                 acc += fwd->prof[k];
-                printf("    %-20s %6.1f%%  %8.3f ms/token\n", lm_prof_names[k], 100 * fwd->prof[k] / total,
-                       1e3 * fwd->prof[k] / ((double)n * reps));
+                gaps += fwd->prof_gap[k];
+                printf("    %-20s %6.1f%%  %8.3f ms/token  gap %7.3f ms\n", lm_prof_names[k], 100 * fwd->prof[k] / total,
+                       per * fwd->prof[k], per * fwd->prof_gap[k]);
             }
-            printf("    %-20s %6.1f%%\n\n", "(other)", 100 * (total - acc) / total);
+            printf("    %-20s %6.1f%%\n", "(other)", 100 * (total - acc) / total);
+            printf("    dispatch gaps %.1f%% of the time (%.3f ms/token), %.1f pool runs/token, workers' wake-up "
+                   "%.1f us/run\n\n",
+                   100 * gaps / total, per * gaps, (double)pt.runs / ((double)n * reps),
+                   pt.runs ? 1e6 * pt.wake_s / (double)pt.runs / (pool_size(pool) > 1 ? pool_size(pool) - 1 : 1) : 0);
         }
         fflush(stdout);
         n_tests++;
