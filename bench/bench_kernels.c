@@ -22,7 +22,11 @@
  * (from_float) is timed separately.
  *
  * With -v avx512 or avx512vnni the decode shapes also time the 512-bit pair
- * tiles (kernels/x86_pair.h: two groups of 8 rows per call), "pair".
+ * tiles (kernels/x86_pair.h: two groups of 8 rows per call), "pair". Each
+ * decode shape ends with the memory roof of the same bytes: "read 1
+ * stream" sums the weight rows as uint64 in order, "read 8 streams" in 8
+ * parts read side by side (lamina bench's read probe), so a kernel's GB/s
+ * can be set against what reading alone reaches in the same run.
  *
  * Threads split the weight rows (decode) or the row tiles (prefill); the
  * default is one thread and every type.
@@ -149,8 +153,23 @@ static void setup_free(setup *s) {
 
 /* ---- the variants ------------------------------------------------------------ */
 
-enum { V_REF, V_VEC_DOT, V_GEMM, V_PACKED, V_PAIR };
-static const char *variant_name[] = {"reference", "vec_dot", "gemm", "packed", "pair"};
+enum { V_REF, V_VEC_DOT, V_GEMM, V_PACKED, V_PAIR, V_READ1, V_READ8 };
+static const char *variant_name[] = {"reference", "vec_dot", "gemm", "packed", "pair", "read 1 stream",
+                                     "read 8 streams"};
+
+/* The memory roof of a thread's rows: their weight bytes summed as uint64
+ * (no kernel work), in one sequential stream or split into 8 streams read
+ * side by side (as `lamina bench`'s read probe does). */
+static volatile uint64_t read_sink;
+static void read_rows(const uint8_t *p, size_t bytes, int streams) {
+    const uint64_t *q = (const uint64_t *)(const void *)p;
+    size_t len = bytes / 8 / (size_t)streams / 8 * 8; /* uint64s per stream, whole groups of 8 */
+    uint64_t acc[8] = {0};
+    for (size_t i = 0; i < len; i += 8)
+        for (int st = 0; st < streams; st++)
+            for (int k = 0; k < 8; k++) acc[k] += q[(size_t)st * len + i + (size_t)k];
+    read_sink += acc[0] + acc[1] + acc[2] + acc[3] + acc[4] + acc[5] + acc[6] + acc[7];
+}
 
 /* y (n_act, rows) for weight copy `copy`, weight rows [r0, r1) (r0, r1
  * multiples of 4 except r1 = rows). Prefill walks panels of activation
@@ -158,7 +177,11 @@ static const char *variant_name[] = {"reference", "vec_dot", "gemm", "packed", "
 static void run_range(const setup *s, int variant, int copy, int64_t r0, int64_t r1, float *y) {
     const uint8_t *w = s->w + s->row_bytes * (size_t)s->rows * (size_t)copy;
     const int64_t n = s->cols;
-    if (variant == V_PACKED || variant == V_PAIR) { /* groups of 8 (F16: 16) rows x tiles of pack_tile tokens */
+    if (variant == V_READ1 || variant == V_READ8) {
+        read_rows(w + (size_t)r0 * s->row_bytes, (size_t)(r1 - r0) * s->row_bytes, variant == V_READ1 ? 1 : 8);
+        return;
+    }
+    if (variant == V_PACKED || (variant == V_PAIR && s->wp)) { /* groups of 8 (F16: 16) rows x tiles of pack_tile tokens */
         const uint8_t *wp = s->wp + s->pack_bytes * (size_t)copy;
         const int gr = quant_pack_rows(s->type), tile = s->k->pack_tile;
         const size_t gb = quant_pack_size(s->type, gr, n);
@@ -358,7 +381,7 @@ static void bench_type(uint32_t type) {
         setup_make(&s, type, dec[i].rows, dec[i].cols, 1, true);
         snprintf(shape, sizeof shape, "decode %lldx%lld", (long long)s.rows, (long long)s.cols);
         if (check(&s))
-            for (int v = V_REF; v <= V_PAIR; v++)
+            for (int v = V_REF; v <= V_READ8; v++)
                 if ((v != V_PACKED || s.wp) && (v != V_PAIR || (s.wp && pair_lookup && pair_lookup(type))))
                     measure(&s, v, shape);
         setup_free(&s);

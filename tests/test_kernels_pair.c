@@ -13,13 +13,9 @@
  *    output bit-identical (memcmp) to the same variant's packed_gemm on
  *    each group and to avx2's, and within 1e-5 * sum |w x| of the float64
  *    dot of the dequantized weight and activation rows;
- *  - the Q6_K gemm entry (one token two rows at a time): in the table,
- *    and for every nr, nc in 1..4 on reference-quantized and random-quant
- *    rows, each output bit-identical to vec_dot_q6_K (the variant's and
- *    avx2's) and within the bound of the reference; nothing else written;
  *  - ops_matmul on two threads with the table switched to the variant,
  *    shapes whose rows end in a pair, a lone group and a partial group
- *    (rows 8, 13, 16, 24, 37, 40; Q6_K row-major the same), batches of 1..12 tokens: each token's
+ *    (rows 8, 13, 16, 24, 37, 40; and row-major Q6_K, beside them), batches of 1..12 tokens: each token's
  *    outputs bit-identical to that token alone (batch invariance within
  *    the variant) and to the avx2 table's, and within the same bound of
  *    the reference.
@@ -46,14 +42,14 @@ static const struct {
     const char *name;
     const lm_avx2_kernels *(*lookup)(uint32_t);
     lm_packed_gemm_fn (*pair)(uint32_t);
-    lm_gemm_fn (*gemm)(uint32_t);
-} variants[] = {{LM_ISA_AVX512, "avx512", avx512_kernels, avx512_pair_kernel, avx512_pair_gemm},
-                {LM_ISA_AVX512VNNI, "avx512vnni", avx512vnni_kernels, avx512vnni_pair_kernel, avx512vnni_pair_gemm}};
+} variants[] = {{LM_ISA_AVX512, "avx512", avx512_kernels, avx512_pair_kernel},
+                {LM_ISA_AVX512VNNI, "avx512vnni", avx512vnni_kernels, avx512vnni_pair_kernel}};
 #define N_VARIANTS (sizeof variants / sizeof variants[0])
 
 static const uint32_t pair_types[] = {LM_TYPE_Q4_0, LM_TYPE_Q8_0, LM_TYPE_Q4_K};
 #define N_PAIR_TYPES (sizeof pair_types / sizeof pair_types[0])
-/* ops_matmul's types: the pair tiles', and row-major Q6_K */
+/* ops_matmul's types: the pair tiles', and row-major Q6_K (no pair tile:
+ * its products are untouched by them) */
 static const uint32_t mm_types[] = {LM_TYPE_Q4_0, LM_TYPE_Q8_0, LM_TYPE_Q4_K, LM_TYPE_Q6_K};
 
 static lm_rng rng;
@@ -194,66 +190,6 @@ static void test_tiles(void) {
     }
 }
 
-/* The Q6_K gemm entry: every nr, nc in 1..4 equal to vec_dot (the
- * variant's and avx2's) bit for bit, within the bound of the reference. */
-static void test_q6k_gemm(void) {
-    static const int64_t lens[] = {256, 768, 2816};
-    const uint32_t wt = LM_TYPE_Q6_K;
-    const lm_avx2_kernels *a = avx2_kernels(wt), *v = variants[cur].lookup(wt);
-    lm_gemm_fn g = variants[cur].gemm(wt);
-    CHECK(g && a->vec_dot && v->vec_dot && !variants[cur].gemm(LM_TYPE_Q4_K));
-    CHECK(kernels_use(variants[cur].isa) == 0);
-    bool in_table = kernels_type(wt)->gemm == g;
-    CHECK(kernels_use(-1) == 0);
-    CHECK(in_table);
-    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
-        const int64_t n = lens[li];
-        size_t wb = quant_row_size(wt, n), xb = quant_row_size(LM_TYPE_Q8_K, n);
-        uint8_t *w = lm_malloc(4 * wb), *x = lm_malloc(4 * xb);
-        float *xf = lm_malloc((size_t)n * sizeof(float));
-        for (int r = 0; r < 4; r++) {
-            float *f = lm_malloc((size_t)n * sizeof(float));
-            fill_normal(f, n, 0.5);
-            quant_from_float_ref(wt, f, w + (size_t)r * wb, n);
-            if (r & 1) /* random ql and qh, the scales and d kept */
-                for (int64_t b = 0; b < n / QK_K; b++)
-                    for (size_t i = 0; i < 192; i++) w[(size_t)r * wb + (size_t)b * 210 + i] = (uint8_t)lm_rng_u64(&rng);
-            lm_free(f);
-        }
-        for (int c = 0; c < 4; c++) {
-            fill_normal(xf, n, 1.0);
-            quant_from_float_ref(LM_TYPE_Q8_K, xf, x + (size_t)c * xb, n);
-        }
-        char msg[160] = "";
-        for (int nr = 1; nr <= 4 && !msg[0]; nr++)
-            for (int nc = 1; nc <= 4 && !msg[0]; nc++) {
-                float y[16];
-                for (int i = 0; i < 16; i++) y[i] = -1.0f;
-                g(n, w, wb, nr, x, xb, nc, y, 4);
-                for (int c = 0; c < 4 && !msg[0]; c++)
-                    for (int r = 0; r < 4 && !msg[0]; r++) {
-                        const uint8_t *wr = w + (size_t)r * wb, *xc = x + (size_t)c * xb;
-                        float got = y[c * 4 + r];
-                        if (r >= nr || c >= nc) {
-                            if (got != -1.0f) snprintf(msg, sizeof msg, "%dx%d wrote row %d token %d", nr, nc, r, c);
-                            continue;
-                        }
-                        float want = v->vec_dot(n, wr, xc), want2 = a->vec_dot(n, wr, xc);
-                        double as, ref = ref_dot(wt, n, wr, xc, &as);
-                        if (!same_bits(&got, &want, 1) || !same_bits(&got, &want2, 1))
-                            snprintf(msg, sizeof msg, "%dx%d row %d token %d: %.9g, vec_dot %.9g, avx2 %.9g", nr, nc,
-                                     r, c, got, want, want2);
-                        else if (!(fabs((double)got - ref) <= TOL * as + 1e-30))
-                            snprintf(msg, sizeof msg, "row %d token %d: %.9g, reference %.9g", r, c, got, ref);
-                    }
-            }
-        lm_free(w);
-        lm_free(x);
-        lm_free(xf);
-        CHECKF(!msg[0], "Q6_K n=%lld: %s", (long long)n, msg);
-    }
-}
-
 /* ops_matmul through the table: pairs, lone groups and partial groups. */
 static void test_matmul(void) {
     static const int64_t rows_list[] = {8, 13, 16, 24, 37, 40};
@@ -278,8 +214,7 @@ static void test_matmul(void) {
             float *alone = lm_malloc(ny * sizeof(float));
             void *scratch = lm_malloc(ops_matmul_scratch(wt, n, MAX_TOK));
             lm_weight lw = {.data = w, .type = wt, .rows = rows, .cols = n, .row_bytes = rb, .packed = wp};
-            CHECK(kernels_use(variants[cur].isa) == 0 && (q6 ? kernels_type(wt)->gemm == variants[cur].gemm(wt)
-                                                             : kernels_type(wt)->packed_pair != NULL));
+            CHECK(kernels_use(variants[cur].isa) == 0 && !kernels_type(wt)->packed_pair == q6);
             for (int t = 0; t < MAX_TOK; t++)
                 ops_matmul(pool, alone + (size_t)t * (size_t)rows, &lw, x + (size_t)t * (size_t)n, 1, scratch);
             for (int t = 0; t < MAX_TOK && !msg[0]; t++) { /* each token alone against the reference */
@@ -334,7 +269,6 @@ int main(void) {
         printf("variant %s\n", variants[cur].name);
         TEST_RUN(test_table);
         TEST_RUN(test_tiles);
-        TEST_RUN(test_q6k_gemm);
         TEST_RUN(test_matmul);
     }
     return TEST_DONE();

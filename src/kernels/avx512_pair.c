@@ -1,8 +1,6 @@
 /*
- * avx512_pair.c - the 512-bit decode kernels of kernels/x86_pair.h: the pair
- * tiles for Q4_0, Q8_0 and Q4_K (two interleaved groups, 16 weight rows, by
- * 1..4 tokens) and the row-major Q6_K gemm entry (one token, two rows per
- * vector).
+ * avx512_pair.c - the 512-bit decode tiles of kernels/x86_pair.h for Q4_0,
+ * Q8_0 and Q4_K: two interleaved groups (16 weight rows) by 1..4 tokens.
  *
  * Compiled with -mavx512f -mavx512bw -mavx512vl (Makefile); avx512vnni_pair.c
  * includes this file again with PAIR_VNNI defined and -mavx512vnni, which
@@ -26,10 +24,6 @@
  *  - Q4_K: per sub-block the int16 sum of eight pmaddubsw (at most 30720),
  *    times the 6-bit scale through pmaddwd (or vpdpwssd); the mins against
  *    the token's bsums as in avx2_packed.c.
- *  - Q6_K: avx2_quant.c's fused super-block (pmaddubsw pairs <= 16128,
- *    times the signed 8-bit scales by pmaddwd or vpdpwssd, exact in int32;
- *    -32 * sum_j scale_j * bsum_j), one fma per super-block into row a's
- *    8 lanes and row b's, then avx2_quant.c's hsum8 of each.
  */
 #include "kernels/x86_pair.h"
 
@@ -53,7 +47,6 @@
 
 #include <assert.h>
 #include <immintrin.h>
-#include <stddef.h>
 #include <string.h>
 
 #define INLINE static inline __attribute__((always_inline))
@@ -352,109 +345,6 @@ static void pair_q4_K(int64_t n, const void *wp, int nr, const void *x, size_t x
     }
 }
 
-/* ---- Q6_K, row-major: two rows per 512-bit vector ----------------------------- */
-
-/* avx2_quant.c's q6k_block on two rows at once (row a in the low 256 bits,
- * row b in the high), against one token's Q8_K block; its hsum8 below. */
-#define Q6_QL 0
-#define Q6_QH 128
-#define Q6_SC 192
-#define Q6_D 208
-_Static_assert(sizeof(block_q6_K) == 210 && offsetof(block_q6_K, qh) == Q6_QH &&
-                   offsetof(block_q6_K, scales) == Q6_SC && offsetof(block_q6_K, d) == Q6_D,
-               "block_q6_K layout");
-
-INLINE __m512i bc256(const uint8_t *p) {
-    return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)p));
-}
-
-INLINE float f16at(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, sizeof h);
-    return _cvtsh_ss(h);
-}
-
-INLINE __m512 q6k_block2(const uint8_t *a, const uint8_t *b, const uint8_t *xb, __m512 acc) {
-    const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
-    const __m512i s16 = _mm512_cvtepi8_epi16(
-        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(a + Q6_SC))),
-                                _mm_loadu_si128((const __m128i *)(const void *)(b + Q6_SC)), 1));
-    const __m512i lo = _mm512_permutex_epi64(s16, 0x44), hi = _mm512_permutex_epi64(s16, 0xEE);
-    const uint8_t *xq = xb + X8K_QS;
-    __m512i si = _mm512_setzero_si512();
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; h++) {
-        const __m512i l0 = ld2(a + Q6_QL + 64 * h, b + Q6_QL + 64 * h);
-        const __m512i l1 = ld2(a + Q6_QL + 64 * h + 32, b + Q6_QL + 64 * h + 32);
-        const __m512i hv = ld2(a + Q6_QH + 32 * h, b + Q6_QH + 32 * h);
-#pragma GCC unroll 4
-        for (int t = 0; t < 4; t++) {
-            const __m512i lq = t & 1 ? l1 : l0;
-            const __m512i lown = t < 2 ? lq : _mm512_srli_epi16(lq, 4);
-            const __m512i top = t == 0 ? _mm512_slli_epi16(hv, 4)
-                                : t == 1 ? _mm512_slli_epi16(hv, 2)
-                                : t == 2 ? hv
-                                         : _mm512_srli_epi16(hv, 2);
-            const __m512i u = _mm512_or_si512(_mm512_and_si512(lown, low4), _mm512_and_si512(top, top2));
-            const __m512i idx = _mm512_broadcast_i64x4(_mm256_set_m128i(
-                _mm_set1_epi16((short)(0x0100 * (4 * t + 3) + 4 * t + 2)), _mm_set1_epi16((short)(0x0100 * (4 * t + 1) + 4 * t))));
-            const __m512i sc = _mm512_shuffle_epi8(h ? hi : lo, idx);
-            const __m512i p16 = _mm512_maddubs_epi16(u, bc256(xq + 32 * (4 * h + t)));
-#ifdef PAIR_VNNI
-            si = _mm512_dpwssd_epi32(si, p16, sc);
-#else
-            si = _mm512_add_epi32(si, _mm512_madd_epi16(p16, sc));
-#endif
-        }
-    }
-    float dx;
-    memcpy(&dx, xb, sizeof dx);
-    const __m512i corr = _mm512_madd_epi16(bc256(xb + X8K_BSUMS), s16);
-    const __m512i v = _mm512_sub_epi32(si, _mm512_slli_epi32(corr, 5));
-    const __m256 sa = _mm256_set1_ps(dx * f16at(a + Q6_D)), sb = _mm256_set1_ps(dx * f16at(b + Q6_D));
-    const __m512 scale =
-        _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(sa)), _mm256_castps_pd(sb), 1));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), scale, acc);
-}
-
-/* avx2_quant.c's hsum8: halves, then pairs, then the two. */
-INLINE float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-/* Rows a and b against one token: what vec_dot_q6_K gives for each. */
-static void q6k_rows2(int64_t n, const uint8_t *a, const uint8_t *b, const uint8_t *x, float *ya, float *yb) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        const size_t o = (size_t)i * sizeof(block_q6_K);
-        prefetch2(a + o, b + o, sizeof(block_q6_K));
-        acc = q6k_block2(a + o, b + o, x + (size_t)i * X8K_BYTES, acc);
-    }
-    *ya = hsum8(_mm512_castps512_ps256(acc));
-    *yb = hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
-}
-
-/* The Q6_K gemm entry: one token (decode) two rows at a time; several
- * tokens, and a last odd row, through the variant's own kernels (the same
- * bits: every path equals vec_dot_q6_K's). */
-static void gemm_q6_K(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs, int nc, float *y,
-                      size_t ys) {
-    const lm_avx2_kernels *k = PAIR_NAME(PAIR_PREFIX, kernels)(LM_TYPE_Q6_K);
-    if (nc != 1) {
-        k->gemm(n, w, ws, nr, x, xs, nc, y, ys);
-        return;
-    }
-    const uint8_t *wr = w;
-    int r = 0;
-    for (; r + 1 < nr; r += 2) q6k_rows2(n, wr + (size_t)r * ws, wr + (size_t)(r + 1) * ws, x, y + r, y + r + 1);
-    if (r < nr) y[r] = k->vec_dot(n, wr + (size_t)r * ws, x);
-}
-
-lm_gemm_fn PAIR_NAME(PAIR_PREFIX, pair_gemm)(uint32_t type) { return type == LM_TYPE_Q6_K ? gemm_q6_K : NULL; }
-
 lm_packed_gemm_fn PAIR_NAME(PAIR_PREFIX, pair_kernel)(uint32_t type) {
     switch (type) {
     case LM_TYPE_Q4_0: return pair_q4_0;
@@ -465,11 +355,6 @@ lm_packed_gemm_fn PAIR_NAME(PAIR_PREFIX, pair_kernel)(uint32_t type) {
 }
 
 #else /* another architecture, or the sanitizer builds (kernels/x86.h) */
-
-lm_gemm_fn PAIR_NAME(PAIR_PREFIX, pair_gemm)(uint32_t type) {
-    (void)type;
-    return NULL;
-}
 
 lm_packed_gemm_fn PAIR_NAME(PAIR_PREFIX, pair_kernel)(uint32_t type) {
     (void)type;

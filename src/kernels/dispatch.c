@@ -21,8 +21,7 @@
  * 512-bit tiles of kernels/avx512_gemm.h replace some of those; the
  * element-wise and attention entries are avx2's in all of them. avx512 and
  * avx512vnni add their 512-bit decode tiles (packed_pair, kernels/x86_pair.h)
- * for Q4_0, Q8_0 and Q4_K, and a gemm entry for Q6_K whose one-token
- * products take two rows at once.
+ * for Q4_0, Q8_0 and Q4_K.
  *
  * On AArch64 the variants are neon and neondot (kernels/neon.h: the same
  * kernels, the quantized dot products with sdot in the second), with the
@@ -122,8 +121,6 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
         /* the AVX-512 variants' 512-bit decode tiles (kernels/x86_pair.h) */
         for (uint32_t t = 0; t < LM_TYPE_COUNT && (isa == LM_ISA_AVX512 || isa == LM_ISA_AVX512VNNI); t++) {
             lm_packed_gemm_fn pf = isa == LM_ISA_AVX512 ? avx512_pair_kernel(t) : avx512vnni_pair_kernel(t);
-            lm_gemm_fn gf = isa == LM_ISA_AVX512 ? avx512_pair_gemm(t) : avx512vnni_pair_gemm(t);
-            if (gf && k->type[t].gemm) k->type[t].gemm = gf;
             if (!pf || !k->type[t].packed_gemm) continue;
             k->type[t].packed_pair = pf;
             k->type[t].pair_tile = LM_PAIR_TILE;

@@ -45,13 +45,5 @@
 lm_packed_gemm_fn avx512_pair_kernel(uint32_t type);
 lm_packed_gemm_fn avx512vnni_pair_kernel(uint32_t type);
 
-/* Row-major Q6_K (no interleaved layout; Q4_K_M files hold their LM head
- * and half their FFN down matrices in it): a gemm entry (lm_gemm_fn) that
- * runs one token two rows at a time, row a in the low 256 bits of every
- * vector and row b in the high, each half taking avx2_quant.c's Q6_K steps
- * in its order, so every output equals the variant's vec_dot_q6_K bit for
- * bit; several tokens go to the variant's own gemm. NULL for other types. */
-lm_gemm_fn avx512_pair_gemm(uint32_t type);
-lm_gemm_fn avx512vnni_pair_gemm(uint32_t type);
 
 #endif
