@@ -1,11 +1,11 @@
 /*
  * test_kernels_pair.c - the AVX-512 variants' 512-bit decode tiles
- * (kernels/x86_pair.h: two interleaved groups of Q4_0, Q8_0 or Q4_K rows
- * against 1..4 tokens).
+ * (kernels/x86_pair.h: two interleaved groups of Q4_0, Q5_0, Q4_1, Q5_1,
+ * Q8_0 or Q4_K rows against 1..4 tokens).
  *
  * For avx512 and avx512vnni, where this CPU runs them (otherwise printed
  * as "NOT RUN <variant>", never counted as passed):
- *  - the kernel table holds the pair tile for Q4_0, Q8_0 and Q4_K (and for
+ *  - the kernel table holds the pair tile for those six types (and for
  *    nothing else), none with LAMINA_NO_REPACK, none in the avx2 table;
  *  - pair tiles on reference-quantized and random-byte weights (Q4_K: its
  *    scale bytes random too), lengths of 1, 3, 18 and 88 blocks (Q4_K: 1,
@@ -15,10 +15,10 @@
  *    dot of the dequantized weight and activation rows;
  *  - ops_matmul on two threads with the table switched to the variant,
  *    shapes whose rows end in a pair, a lone group and a partial group
- *    (rows 8, 13, 16, 24, 37, 40; and row-major Q6_K, beside them), batches of 1..12 tokens: each token's
- *    outputs bit-identical to that token alone (batch invariance within
- *    the variant) and to the avx2 table's, and within the same bound of
- *    the reference.
+ *    (rows 8, 13, 16, 24, 37, 40; row-major Q6_K beside them), batches of
+ *    1..12 tokens: each token's outputs bit-identical to that token alone
+ *    (batch invariance within the variant) and to the avx2 table's, and
+ *    within the same bound of the reference.
  * Without AVX2 the program prints a SKIP line and counts nothing.
  */
 #include "kernels/kernels.h"
@@ -46,11 +46,12 @@ static const struct {
                 {LM_ISA_AVX512VNNI, "avx512vnni", avx512vnni_kernels, avx512vnni_pair_kernel}};
 #define N_VARIANTS (sizeof variants / sizeof variants[0])
 
-static const uint32_t pair_types[] = {LM_TYPE_Q4_0, LM_TYPE_Q8_0, LM_TYPE_Q4_K};
+static const uint32_t pair_types[] = {LM_TYPE_Q4_0, LM_TYPE_Q5_0, LM_TYPE_Q4_1, LM_TYPE_Q5_1, LM_TYPE_Q8_0, LM_TYPE_Q4_K};
 #define N_PAIR_TYPES (sizeof pair_types / sizeof pair_types[0])
 /* ops_matmul's types: the pair tiles', and row-major Q6_K (no pair tile:
  * its products are untouched by them) */
-static const uint32_t mm_types[] = {LM_TYPE_Q4_0, LM_TYPE_Q8_0, LM_TYPE_Q4_K, LM_TYPE_Q6_K};
+static const uint32_t mm_types[] = {LM_TYPE_Q4_0, LM_TYPE_Q5_0, LM_TYPE_Q4_1, LM_TYPE_Q5_1,
+                                    LM_TYPE_Q8_0, LM_TYPE_Q4_K, LM_TYPE_Q6_K};
 
 static lm_rng rng;
 static size_t cur;
@@ -60,7 +61,8 @@ static void fill_normal(float *x, int64_t n, double scale) {
 }
 
 /* A weight row: reference-quantized Gaussian floats, or random quant bytes
- * (Q4_0, Q8_0: all but the f16 scale; Q4_K: all but d and dmin, so the
+ * (Q4_0, Q5_0, Q8_0: all but the f16 scale; Q4_1, Q5_1: all but d and m;
+ * Q4_K: all but d and dmin, so the
  * 6-bit scales and mins are random too). */
 static void make_weight(uint32_t type, int64_t n, bool random_bytes, uint8_t *dst) {
     float *f = lm_malloc((size_t)n * sizeof(float));
@@ -68,7 +70,7 @@ static void make_weight(uint32_t type, int64_t n, bool random_bytes, uint8_t *ds
     quant_from_float_ref(type, f, dst, n);
     if (random_bytes) {
         size_t bs = quant_traits(type)->type_size, nb = (size_t)(n / quant_traits(type)->blck);
-        size_t lo = type == LM_TYPE_Q4_K ? 4 : 2;
+        size_t lo = type == LM_TYPE_Q4_K || type == LM_TYPE_Q4_1 || type == LM_TYPE_Q5_1 ? 4 : 2;
         for (size_t b = 0; b < nb; b++)
             for (size_t i = lo; i < bs; i++) dst[b * bs + i] = (uint8_t)lm_rng_u64(&rng);
     }
@@ -95,7 +97,7 @@ static double ref_dot(uint32_t wt, int64_t n, const uint8_t *w, const uint8_t *x
     return s;
 }
 
-/* The table: pair tiles for the three types in the AVX-512 variants only,
+/* The table: pair tiles for those types in the AVX-512 variants only,
  * none with LAMINA_NO_REPACK (the environment is restored after). */
 static void test_table(void) {
     const char *old = getenv("LAMINA_NO_REPACK");
@@ -106,7 +108,8 @@ static void test_table(void) {
     for (uint32_t t = 0; t < LM_TYPE_COUNT && !msg[0]; t++) {
         const lm_type_kernels *k = kernels_type(t);
         if (!k) continue;
-        bool want = t == LM_TYPE_Q4_0 || t == LM_TYPE_Q8_0 || t == LM_TYPE_Q4_K;
+        bool want = false;
+        for (size_t i = 0; i < N_PAIR_TYPES; i++) want = want || t == pair_types[i];
         if (!!k->packed_pair != want || k->pair_tile != (want ? LM_PAIR_TILE : 0) ||
             (want && (k->packed_pair != variants[cur].pair(t) || !k->packed_gemm)))
             snprintf(msg, sizeof msg, "%s: pair entry", quant_type_name(t));

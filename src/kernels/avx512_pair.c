@@ -1,6 +1,7 @@
 /*
  * avx512_pair.c - the 512-bit decode tiles of kernels/x86_pair.h for Q4_0,
- * Q8_0 and Q4_K: two interleaved groups (16 weight rows) by 1..4 tokens.
+ * Q5_0, Q4_1, Q5_1, Q8_0 and Q4_K: two interleaved groups (16 weight rows)
+ * by 1..4 tokens.
  *
  * Compiled with -mavx512f -mavx512bw -mavx512vl (Makefile); avx512vnni_pair.c
  * includes this file again with PAIR_VNNI defined and -mavx512vnni, which
@@ -17,6 +18,9 @@
  *  - Q4_0: the unsigned nibbles' products with the token's quants summed
  *    in int16 (at most 8 * 2 * 15 * 127 = 30480) then pmaddwd, or with
  *    vpdpbusd; minus 8 * sum(x) (block_q8_0s.s8).
+ *  - Q5_0, Q4_1, Q5_1: as Q4_0 with the fifth bit or-ed in (Q5_*: int16
+ *    halves of four products, at most 4 * 2 * 31 * 127 = 31496) and Q4_1 /
+ *    Q5_1's m term as a second fused step, as avx2_packed.c.
  *  - Q8_0: pmaddubsw of |w| with x carrying w's sign (the mask form of
  *    psignb: AVX-512 has no 512-bit psignb), widened by pmaddwd per vector;
  *    with VNNI, vpdpbusd of w + 128 (w xor 0x80) with x, minus 128 * sum(x)
@@ -171,6 +175,116 @@ static void pair_q4_0(int64_t n, const void *wp, int nr, const void *x, size_t x
     default: z4_tile(nb, wp, gb, nr, x, xs, 4, y, ys); break;
     }
 }
+
+/* ---- Q5_0, Q4_1, Q5_1 ----------------------------------------------------------- */
+
+enum { Z_Q5_0, Z_Q4_1, Z_Q5_1 };
+#define P5_BYTES 176 /* Q5_0: d[8], qh[32], qs[128] */
+#define P41_BYTES 160 /* Q4_1: d[8], m[8], qs[128] */
+#define P51_BYTES 192 /* Q5_1: d[8], m[8], qh[32], qs[128] */
+
+/* avx2_packed.c's p5_bit4 on both groups: bit 4 of the quants in vector
+ * k's low (hi = 0) or high (hi = 1) nibbles, as 0x10 where set. Row r's
+ * four qh bytes sit in lane r (of its group's half), so the byte pattern
+ * is the same in every 128-bit lane. */
+INLINE __m512i z5_bit4(__m512i qh, int k, int hi) {
+    const int byte = k / 2 + 2 * hi, sh = 4 * (k & 1);
+    const __m512i idx = _mm512_broadcast_i32x4(_mm_setr_epi32(0x01010101 * byte, 0x01010101 * (4 + byte),
+                                                              0x01010101 * (8 + byte), 0x01010101 * (12 + byte)));
+    const __m512i bit = _mm512_set1_epi32((int)(0x08040201u << sh));
+    return _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, idx), bit), _mm512_set1_epi8(0x10));
+}
+
+/* Q5_0 (q in 0..31, value q - 16: the offset comes off as 16 sum(x) =
+ * 2 s8), Q4_1 and Q5_1 (no offset; then acc = fma(m, sum(x) dx, acc) with
+ * sum(x) = s8 / 8), as avx2_packed.c's p5_tile and p1_tile. Without VNNI
+ * the eight products sum in two int16 halves of four (Q5_*: pairs up to
+ * 2 * 31 * 127 = 7874), or all eight (Q4_1: <= 30480), then pmaddwd. */
+INLINE void z5_tile(int kind, int64_t nb, const uint8_t *w, size_t gb, int nr, const uint8_t *x, size_t xs, int C,
+                    float *y, size_t ys) {
+    const uint8_t *w2 = w + gb;
+    const size_t bytes = kind == Z_Q5_0 ? P5_BYTES : kind == Z_Q4_1 ? P41_BYTES : P51_BYTES;
+    const size_t qh_at = kind == Z_Q5_0 ? 16 : 32, qs_at = kind == Z_Q5_0 ? 48 : kind == Z_Q4_1 ? 32 : 64;
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[LM_PAIR_TILE];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += bytes, w2 += bytes) {
+        prefetch2(w, w2, bytes);
+        const __m512 dw = scales16(w, w2);
+        __m512i u[8];
+        if (kind == Z_Q4_1) {
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const __m512i v = ld2(w + qs_at + 32 * k, w2 + qs_at + 32 * k);
+                u[k] = _mm512_and_si512(v, low4);
+                u[k + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+            }
+        } else {
+            const __m512i qh = ld2(w + qh_at, w2 + qh_at);
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const __m512i v = ld2(w + qs_at + 32 * k, w2 + qs_at + 32 * k);
+                u[k] = _mm512_or_si512(_mm512_and_si512(v, low4), z5_bit4(qh, k, 0));
+                u[k + 4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4), z5_bit4(qh, k, 1));
+            }
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const uint8_t *xb = x + (size_t)c * xs + (size_t)b * XBS;
+            const uint8_t *q = xb + X_QS;
+#ifdef PAIR_VNNI
+            const __m512i z = _mm512_setzero_si512();
+            __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, u[0], bc4(q)), u[1], bc4(q + 4));
+            __m512i t = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, u[4], bc4(q + 16)), u[5], bc4(q + 20));
+            s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s, u[2], bc4(q + 8)), u[3], bc4(q + 12));
+            t = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(t, u[6], bc4(q + 24)), u[7], bc4(q + 28));
+            __m512i isum = _mm512_add_epi32(s, t);
+#else
+            const __m512i ones = _mm512_set1_epi16(1);
+            __m512i s0 = _mm512_add_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(u[0], bc4(q)),
+                                                           _mm512_maddubs_epi16(u[1], bc4(q + 4))),
+                                          _mm512_add_epi16(_mm512_maddubs_epi16(u[2], bc4(q + 8)),
+                                                           _mm512_maddubs_epi16(u[3], bc4(q + 12))));
+            __m512i s1 = _mm512_add_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(u[4], bc4(q + 16)),
+                                                           _mm512_maddubs_epi16(u[5], bc4(q + 20))),
+                                          _mm512_add_epi16(_mm512_maddubs_epi16(u[6], bc4(q + 24)),
+                                                           _mm512_maddubs_epi16(u[7], bc4(q + 28))));
+            __m512i isum = kind == Z_Q4_1 ? _mm512_madd_epi16(_mm512_add_epi16(s0, s1), ones)
+                                          : _mm512_add_epi32(_mm512_madd_epi16(s0, ones), _mm512_madd_epi16(s1, ones));
+#endif
+            const __m512 dx = bcf(xb + X_D);
+            if (kind == Z_Q5_0) {
+                isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(bc4(xb + X_S8), 1));
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, dx), acc[c]);
+            } else {
+                const __m512 mw = scales16(w + 16, w2 + 16);
+                const __m512 sx = _mm512_cvtepi32_ps(_mm512_srai_epi32(bc4(xb + X_S8), 3));
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, dx), acc[c]);
+                acc[c] = _mm512_fmadd_ps(mw, _mm512_mul_ps(sx, dx), acc[c]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) store16(y + (size_t)c * ys, nr, acc[c]);
+}
+
+#define Z5_ENTRY(name, kind, bytes)                                                                                \
+    static void name(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y, size_t ys) { \
+        assert(n % 32 == 0 && nr > LM_PACK_ROWS && nr <= 2 * LM_PACK_ROWS && nc >= 1 && nc <= LM_PAIR_TILE);   \
+        const int64_t nb = n / 32;                                                                                 \
+        const size_t gb = (size_t)nb * (bytes);                                                                    \
+        switch (nc) {                                                                                              \
+        case 1: z5_tile(kind, nb, wp, gb, nr, x, xs, 1, y, ys); break;                                             \
+        case 2: z5_tile(kind, nb, wp, gb, nr, x, xs, 2, y, ys); break;                                             \
+        case 3: z5_tile(kind, nb, wp, gb, nr, x, xs, 3, y, ys); break;                                             \
+        default: z5_tile(kind, nb, wp, gb, nr, x, xs, 4, y, ys); break;                                            \
+        }                                                                                                          \
+    }
+Z5_ENTRY(pair_q5_0, Z_Q5_0, P5_BYTES)
+Z5_ENTRY(pair_q4_1, Z_Q4_1, P41_BYTES)
+Z5_ENTRY(pair_q5_1, Z_Q5_1, P51_BYTES)
+#undef Z5_ENTRY
 
 /* ---- Q8_0 ------------------------------------------------------------------ */
 
@@ -349,6 +463,9 @@ lm_packed_gemm_fn PAIR_NAME(PAIR_PREFIX, pair_kernel)(uint32_t type) {
     switch (type) {
     case LM_TYPE_Q4_0: return pair_q4_0;
     case LM_TYPE_Q8_0: return pair_q8_0;
+    case LM_TYPE_Q5_0: return pair_q5_0;
+    case LM_TYPE_Q4_1: return pair_q4_1;
+    case LM_TYPE_Q5_1: return pair_q5_1;
     case LM_TYPE_Q4_K: return pair_q4_K;
     default: return NULL;
     }

@@ -21,7 +21,7 @@
  * 512-bit tiles of kernels/avx512_gemm.h replace some of those; the
  * element-wise and attention entries are avx2's in all of them. avx512 and
  * avx512vnni add their 512-bit decode tiles (packed_pair, kernels/x86_pair.h)
- * for Q4_0, Q8_0 and Q4_K.
+ * for Q4_0, Q5_0, Q4_1, Q5_1, Q8_0 and Q4_K.
  *
  * On AArch64 the variants are neon and neondot (kernels/neon.h: the same
  * kernels, the quantized dot products with sdot in the second), with the

@@ -41,7 +41,7 @@
  *     rounding; within one variant, gemm outputs equal vec_dot's bit for bit
  *     and packed_gemm outputs do not depend on the batch (kernels/avx2.h);
  *     packed_pair (the AVX-512 variants' 512-bit decode tiles over two
- *     groups, Q4_0, Q8_0 and Q4_K) equals packed_gemm bit for bit;
+ *     groups, Q4_0, Q5_0, Q4_1, Q5_1, Q8_0, Q4_K) equals packed_gemm bit for bit;
  *   - element-wise and attention variants agree with the reference to a few
  *     ulps (tests state the bounds); an element's result never depends on
  *     how many tokens share the call.

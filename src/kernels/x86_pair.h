@@ -23,10 +23,10 @@
  *
  *   variant      built with                      integer sums
  *   avx512       -mavx512f -mavx512bw -mavx512vl pmaddubsw / pmaddwd
- *   avx512vnni   the same + -mavx512vnni         vpdpbusd (Q4_0, Q8_0), vpdpwssd (Q4_K)
+ *   avx512vnni   the same + -mavx512vnni         vpdpbusd (Q4_0..Q5_1, Q8_0), vpdpwssd (Q4_K)
  *
  avx512_pair_kernel(type) and avx512vnni_pair_kernel(type) give the kernel
- * for Q4_0, Q8_0 and Q4_K (NULL for any other type, off x86, and in the
+ * for Q4_0, Q5_0, Q4_1, Q5_1, Q8_0 and Q4_K (NULL for any other type, off x86, and in the
  * sanitizer builds: LAMINA_X86_BASE_ONLY). Call one only when the CPU runs
  * its variant (kernels_cpu_has); dispatch.c puts them in the kernel table as
  * packed_pair.
