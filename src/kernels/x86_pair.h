@@ -17,19 +17,20 @@
  * Every output equals the same variant's (and avx2's) packed_gemm output
  * bit for bit: the integer sums of a block are exact either way, and each
  * lane takes the float steps of kernels/avx2_packed.c in the same order
- * (acc = fma(float(isum), dw * dx, acc) per block, blocks in order; Q4_K
- * its two steps per super-block). So a token's result does not depend on
- * which kernel ran it, nor on the batch it shares.
+ * (acc = fma(float(isum), dw * dx, acc) per block, blocks in order; Q4_1
+ * and Q5_1 their second step with m, Q4_K its two steps per super-block).
+ * So a token's result does not depend on which kernel ran it, nor on the
+ * batch it shares.
  *
  *   variant      built with                      integer sums
  *   avx512       -mavx512f -mavx512bw -mavx512vl pmaddubsw / pmaddwd
  *   avx512vnni   the same + -mavx512vnni         vpdpbusd (Q4_0..Q5_1, Q8_0), vpdpwssd (Q4_K)
  *
- avx512_pair_kernel(type) and avx512vnni_pair_kernel(type) give the kernel
- * for Q4_0, Q5_0, Q4_1, Q5_1, Q8_0 and Q4_K (NULL for any other type, off x86, and in the
- * sanitizer builds: LAMINA_X86_BASE_ONLY). Call one only when the CPU runs
- * its variant (kernels_cpu_has); dispatch.c puts them in the kernel table as
- * packed_pair.
+ * avx512_pair_kernel(type) and avx512vnni_pair_kernel(type) give the
+ * kernel for Q4_0, Q5_0, Q4_1, Q5_1, Q8_0 and Q4_K (NULL for any other
+ * type, off x86, and in the sanitizer builds: LAMINA_X86_BASE_ONLY). Call
+ * one only when the CPU runs its variant (kernels_cpu_has); dispatch.c puts
+ * them in the kernel table as packed_pair.
  */
 #ifndef LAMINA_X86_PAIR_H
 #define LAMINA_X86_PAIR_H
