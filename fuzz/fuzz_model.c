@@ -3,7 +3,8 @@
  * every layer's tensors read from a GGUF file's metadata and shapes (dense,
  * fused phi3 matrices sliced by rows, 3-D expert tensors sliced per expert,
  * rope factors, soft-caps, windows, deepseek2's latent attention with its
- * per-head attn_k_b / attn_v_b slices and leading dense layers).
+ * per-head attn_k_b / attn_v_b slices and leading dense layers, or an
+ * older file's attn_kv_b split at load, and YaRN rope scaling keys).
  *
  * Each input is opened with gguf_open_mem and loaded with model_load_gguf.
  * A model that loads is checked: every layer matrix and expert slice lies
@@ -63,7 +64,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             check_weight(&a->q_a, base, len);
             check_weight(&a->q_b, base, len);
             check_weight(&a->kv_a, base, len);
-            for (int h = 0; h < 2 * m->hp.n_head; h++) check_weight(&a->k_b[h], base, len); /* k_b, then v_b */
+            for (int h = 0; h < m->hp.n_head; h++) {
+                /* W_UKᵀ split out of a whole attn_kv_b lies in the model's own copy */
+                if (m->kb_mem) check_weight(&a->k_b[h], m->kb_mem, m->kb_bytes);
+                else check_weight(&a->k_b[h], base, len);
+                check_weight(&a->v_b[h], base, len);
+            }
         }
     }
     model_free(m);

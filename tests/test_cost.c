@@ -6,7 +6,9 @@
  * depth + 1, a sliding-window layer's capped at its window), split by layer
  * class; KV written = the same for one token; weight bytes = the stored
  * matrices (routed experts: only the top-k of n), once per pass; FLOPs of
- * the products and of attention; the bundled model loaded from its file.
+ * the products and of attention; deepseek2's latent attention (check_mla:
+ * one cache row of kv_lora_rank + n_rot per token and layer, the latent
+ * matrices); the bundled model loaded from its file.
  */
 #include <math.h>
 #include <stdio.h>
@@ -224,8 +226,143 @@ static void check_spec(const spec *s) {
     }
 }
 
+/* deepseek2's latent attention (mkmodel's deepseek2-lite and -small
+ * presets): the cache holds one row of kv_lora_rank + n_rot per token and
+ * layer, so a decode step at depth d reads layers x (d + 1) x (R + r) x
+ * bytes and writes layers x (R + r) x bytes; the weights are the latent
+ * matrices (q_a, q_b or attn_q, kv_a, every head's W_UKᵀ and W_UV), wo,
+ * the leading dense FFN and on the other layers the router, the shared
+ * experts and the chosen experts, plus the LM head and one embedding row;
+ * FLOPs: the q/k/v slot's products, attention's 2 (R + r) + 2 R per head
+ * and position. */
+typedef struct {
+    const char *name;
+    int layers, dense, embd, heads, q_lora, R, rope, nope, vd, ff, experts, used, ff_exp, shared, vocab;
+} mla_spec;
+
+static const mla_spec mla_specs[] = {
+    {"deepseek2-lite", 27, 1, 2048, 16, 0, 512, 64, 128, 128, 10944, 64, 6, 1408, 2, 102400},
+    {"deepseek2-small", 4, 1, 256, 4, 96, 128, 32, 64, 64, 512, 8, 2, 128, 2, 32000},
+};
+
+static void check_mla(const mla_spec *s) {
+    for (int ti = 0; ti < 2; ti++) {
+        uint32_t wt = ti ? LM_TYPE_Q4_0 : LM_TYPE_F16;
+        int E = s->embd, H = s->heads, qk = s->nope + s->rope, S = s->shared * s->ff_exp;
+        lm_model *m = calloc(1, sizeof *m);
+        lm_hparams *hp = &m->hp;
+        hp->arch = LM_ARCH_DEEPSEEK2;
+        hp->n_layer = s->layers;
+        hp->n_embd = E;
+        hp->n_head = H;
+        hp->n_head_kv = 1;
+        hp->head_dim = s->R + s->rope;
+        hp->n_rot = s->rope;
+        hp->kv_lora_rank = s->R;
+        hp->q_lora_rank = s->q_lora;
+        hp->qk_nope = s->nope;
+        hp->v_head_dim = s->vd;
+        hp->n_ff = s->ff;
+        hp->n_vocab = s->vocab;
+        hp->emb_scale = 1.0f;
+        hp->n_expert = s->experts;
+        hp->n_expert_used = s->used;
+        hp->n_ff_exp = s->ff_exp;
+        hp->n_ff_shexp = S;
+        hp->n_layer_dense = s->dense;
+        m->tok_embd = mk_w(wt, s->vocab, E);
+        m->output = mk_w(wt, s->vocab, E);
+        m->layers = calloc((size_t)s->layers, sizeof *m->layers);
+        m->mla = calloc((size_t)s->layers, sizeof *m->mla);
+        m->moe = calloc((size_t)s->layers, sizeof *m->moe);
+        lm_weight *heads = calloc((size_t)s->layers * 2 * H, sizeof(lm_weight));
+        lm_weight *ex = calloc((size_t)s->layers * 3 * s->experts, sizeof(lm_weight));
+        for (int i = 0; i < s->layers; i++) {
+            lm_layer *l = &m->layers[i];
+            lm_mla *a = &m->mla[i];
+            l->mla = a;
+            if (s->q_lora) {
+                a->q_a = mk_w(wt, s->q_lora, E);
+                a->q_b = mk_w(wt, (int64_t)H * qk, s->q_lora);
+            } else {
+                a->q_b = mk_w(wt, (int64_t)H * qk, E);
+            }
+            a->kv_a = mk_w(wt, s->R + s->rope, E);
+            a->k_b = heads + (size_t)i * 2 * H;
+            a->v_b = a->k_b + H;
+            for (int h = 0; h < H; h++) {
+                a->k_b[h] = mk_w(wt, s->R, s->nope);
+                a->v_b[h] = mk_w(wt, s->vd, s->R);
+            }
+            l->wo = mk_w(wt, E, (int64_t)H * s->vd);
+            if (i < s->dense) {
+                l->w_gate = mk_w(wt, s->ff, E);
+                l->w_up = mk_w(wt, s->ff, E);
+                l->w_down = mk_w(wt, E, s->ff);
+                continue;
+            }
+            l->w_gate = mk_w(wt, S, E);
+            l->w_up = mk_w(wt, S, E);
+            l->w_down = mk_w(wt, E, S);
+            lm_moe *moe = &m->moe[i];
+            moe->gate_inp = mk_w(LM_TYPE_F32, s->experts, E);
+            moe->gate = ex + (size_t)i * 3 * s->experts;
+            moe->up = moe->gate + s->experts;
+            moe->down = moe->up + s->experts;
+            for (int e = 0; e < s->experts; e++) {
+                moe->gate[e] = mk_w(wt, s->ff_exp, E);
+                moe->up[e] = mk_w(wt, s->ff_exp, E);
+                moe->down[e] = mk_w(wt, E, s->ff_exp);
+            }
+            l->moe = moe;
+        }
+        /* the formula's weights per decode token */
+        double rE = (double)quant_row_size(wt, E), attn = 0;
+        attn += s->q_lora ? s->q_lora * rE + (double)H * qk * quant_row_size(wt, s->q_lora) : (double)H * qk * rE;
+        attn += (s->R + s->rope) * rE;
+        attn += H * ((double)s->R * quant_row_size(wt, s->nope) + (double)s->vd * quant_row_size(wt, s->R));
+        attn += E * (double)quant_row_size(wt, (int64_t)H * s->vd);
+        double dense = 2.0 * s->ff * rE + E * (double)quant_row_size(wt, s->ff);
+        double expert = 2.0 * s->ff_exp * rE + E * (double)quant_row_size(wt, s->ff_exp);
+        double moe = (double)s->experts * E * 4 + 2.0 * S * rE + E * (double)quant_row_size(wt, S);
+        double wf = s->layers * attn + s->dense * dense + (s->layers - s->dense) * (moe + s->used * expert) +
+                    (double)s->vocab * rE + rE;
+        for (int k = 0; k < 3; k++)
+            for (int d = 0; d <= 4096; d += 2048) {
+                cost_pass c;
+                char err[LM_ERRLEN];
+                CHECKF(cost_forward(m, kv_types[k], 1, 1, d, &c, err, sizeof err) == 0, "%s: %s", s->name, err);
+                cost_op t = cost_total(&c);
+                double b = kv_elem_bytes[k], row = s->R + s->rope;
+                CHECKF(near(t.kv_read_bytes, s->layers * (d + 1.0) * row * b) &&
+                           near(c.kv_read_class[0], t.kv_read_bytes) && c.kv_read_class[1] == 0,
+                       "%s kv %d depth %d: read %.0f, formula %.0f", s->name, k, d, t.kv_read_bytes,
+                       s->layers * (d + 1.0) * row * b);
+                CHECK(near(t.kv_write_bytes, s->layers * row * b));
+                CHECK(c.kv_row_bytes == quant_row_size(kv_types[k], s->R + s->rope));
+                CHECKF(near(t.weight_bytes, wf), "%s: weights %.0f, formula %.0f", s->name, t.weight_bytes, wf);
+                /* (the bottleneck's RMSNorm: 3 per element) */
+                double qf = s->q_lora ? 2.0 * E * s->q_lora + 3.0 * s->q_lora + 2.0 * s->q_lora * H * qk
+                                      : 2.0 * E * H * qk;
+                qf += 2.0 * E * row + 2.0 * H * s->R * s->nope;
+                CHECK(near(c.op[LM_PROF_QKV].flops, s->layers * qf));
+                CHECK(near(c.op[LM_PROF_ATTN].flops, s->layers * H * (d + 1.0) * (2.0 * row + 2.0 * s->R)));
+                /* a batch of 4: KV per sequence, the latent matrices once */
+                CHECK(cost_forward(m, kv_types[k], 4, 1, d, &c, err, sizeof err) == 0);
+                CHECK(near(cost_total(&c).kv_read_bytes, 4 * t.kv_read_bytes));
+            }
+        free(heads);
+        free(ex);
+        free(m->mla);
+        free(m->moe);
+        free(m->layers);
+        free(m);
+    }
+}
+
 static int cur;
 static void test_spec(void) { check_spec(&specs[cur]); }
+static void test_mla(void) { check_mla(&mla_specs[cur]); }
 
 static void test_bad_args(void) {
     lm_model *m = fake_model(&specs[1], LM_TYPE_F16);
@@ -325,6 +462,10 @@ int main(void) {
     for (cur = 0; cur < N_SPECS; cur++) {
         printf("%s\n", specs[cur].name);
         TEST_RUN(test_spec);
+    }
+    for (cur = 0; cur < (int)(sizeof mla_specs / sizeof mla_specs[0]); cur++) {
+        printf("%s\n", mla_specs[cur].name);
+        TEST_RUN(test_mla);
     }
     TEST_RUN(test_bad_args);
     TEST_RUN(test_loaded_model);

@@ -25,7 +25,9 @@
  * (4 experts, top 2, renormalised), qwen2moe (top 2 of 4 as softmax
  * probabilities, a shared expert behind a sigmoid gate, QKV biases) and
  * Mixtral-style llama, every batch split against the reference, and a
- * sequence's logits bit-identical alone and batched with another.
+ * sequence's logits bit-identical alone and batched with another; YaRN
+ * RoPE scaling on llama and qwen2 (the reference's angles from YaRN's
+ * definition, as per-frequency divisors with its magnitude factor).
  */
 #include <math.h>
 #include <stdio.h>
@@ -47,6 +49,7 @@ typedef struct {
     int n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab;
     uint32_t wtype;
     bool tied;
+    float yarn; /* YaRN factor from 32 original positions (0: none) */
 } shape;
 
 /* Reference weights in double, (rows, cols). */
@@ -212,6 +215,11 @@ static int write_model(ref_model *r, const shape *sh, const char *path) {
         gguf_w_set_u32(w, K("attention.key_length"), (uint32_t)r->hd);
         gguf_w_set_u32(w, K("attention.value_length"), (uint32_t)r->hd);
     }
+    if (sh->yarn > 0) { /* YaRN from 32 positions: the reference's divisors and magnitude follow */
+        gguf_w_set_str(w, K("rope.scaling.type"), "yarn");
+        gguf_w_set_f32(w, K("rope.scaling.factor"), sh->yarn);
+        gguf_w_set_u32(w, K("rope.scaling.original_context_length"), 32);
+    }
     if (r->phi3) { /* original context 16: the tests' 32-token plans use the long factors */
         gguf_w_set_u32(w, K("attention.sliding_window"), (uint32_t)r->window);
         gguf_w_set_u32(w, K("rope.scaling.original_context_length"), 16);
@@ -231,6 +239,19 @@ static int write_model(ref_model *r, const shape *sh, const char *path) {
         for (int i = 0; i < r->hd / 2; i++) lf[i] = (float)(r->factors[i] = 1.0 + 3.0 * i / (r->hd / 2));
         uint64_t ne[1] = {(uint64_t)(r->hd / 2)};
         gguf_w_add_tensor(w, "rope_factors_long.weight", 1, ne, LM_TYPE_F32, lf, (uint64_t)(r->hd / 2) * 4);
+    }
+    if (sh->yarn > 0) { /* YaRN from its definition: pair i's angle is the trained one for i <= low,
+                          * divided by the factor for i >= high, linear between; low / high the pairs whose
+                          * wavelength fits 32 / 1 times in the original 32 positions; cos, sin x 1 + 0.1 ln F */
+        int n = r->hd;
+        double lo = fmax(0, floor(n * log(32 / (32 * 2 * M_PI)) / (2 * log(r->rope_base))));
+        double hi = fmin(n - 1, ceil(n * log(32 / (2 * M_PI)) / (2 * log(r->rope_base))));
+        r->factors = malloc((size_t)(n / 2) * sizeof(double));
+        for (int i = 0; i < n / 2; i++) {
+            double t = (i - lo) / fmax(hi - lo, 0.001), ramp = 1 - fmin(1, fmax(0, t));
+            r->factors[i] = 1.0 / ((1 - ramp) / sh->yarn + ramp);
+        }
+        r->mscale = 1 + 0.1 * log(sh->yarn);
     }
     r->L = calloc((size_t)sh->n_layer, sizeof(ref_layer));
     bool bias = strcmp(sh->arch, "qwen2") == 0 || q2moe;
@@ -546,7 +567,7 @@ static void check_shape(const shape *sh, int threads) {
 
 #define SHAPE_TEST(fn, ...)                  \
     static void fn(void) {                   \
-        shape sh = {__VA_ARGS__};            \
+        shape sh = {__VA_ARGS__, 0.0f};      \
         check_shape(&sh, 1);                 \
         if (!test_cur_failed_) check_shape(&sh, 2); \
     }
@@ -575,6 +596,14 @@ SHAPE_TEST(test_qwen3moe_q8_0, "qwen3moe", 2, 64, 4, 2, 96, 83, LM_TYPE_Q8_0, tr
 SHAPE_TEST(test_qwen2moe_f32, "qwen2moe", 2, 64, 4, 2, 96, 83, LM_TYPE_F32, false)
 SHAPE_TEST(test_qwen2moe_q4_0, "qwen2moe", 2, 64, 4, 2, 96, 83, LM_TYPE_Q4_0, false)
 SHAPE_TEST(test_mixtral_f16, "mixtral", 2, 64, 4, 2, 96, 83, LM_TYPE_F16, false)
+/* YaRN x4 on llama (adjacent pairs) and qwen2 (halves): 16 rotated dims, pair 0 as trained, pair 1 half way */
+static void check_yarn(shape sh) {
+    sh.yarn = 4.0f;
+    check_shape(&sh, 1);
+    if (!test_cur_failed_) check_shape(&sh, 2);
+}
+static void test_llama_yarn_f32(void) { check_yarn((shape){"llama", 2, 64, 4, 2, 96, 83, LM_TYPE_F32, false, 0}); }
+static void test_qwen2_yarn_q8_0(void) { check_yarn((shape){"qwen2", 2, 64, 4, 2, 96, 83, LM_TYPE_Q8_0, false, 0}); }
 /* feed_forward_length narrower than the embedding (it only sizes a dense
  * FFN, which an MoE model has not): the workspace must still hold n_embd */
 SHAPE_TEST(test_qwen3moe_narrow_ff, "qwen3moe", 2, 64, 4, 2, 32, 83, LM_TYPE_F32, false)
@@ -583,7 +612,7 @@ SHAPE_TEST(test_qwen3moe_narrow_ff, "qwen3moe", 2, 64, 4, 2, 32, 83, LM_TYPE_F32
  * tokens run alone or in one pass with another sequence's (whose tokens
  * choose other experts too), for a prompt and for a decode step. */
 static void test_moe_batch_invariance(void) {
-    shape sh = {"qwen2moe", 2, 64, 4, 2, 96, 83, LM_TYPE_Q8_0, false};
+    shape sh = {"qwen2moe", 2, 64, 4, 2, 96, 83, LM_TYPE_Q8_0, false, 0};
     ref_model r;
     snprintf(tmp_path, sizeof tmp_path, "/tmp/lamina_test_model_%d.gguf", (int)getpid());
     CHECK(write_model(&r, &sh, tmp_path) == 0);
@@ -645,7 +674,7 @@ static void test_moe_batch_invariance(void) {
  * prefilled in batches of 4 and decoded token by token, against the float64
  * reference at every position. */
 static void test_gemma3_window_blocks(void) {
-    shape sh = {"gemma3", 4, 64, 4, 2, 96, 83, LM_TYPE_F32, true};
+    shape sh = {"gemma3", 4, 64, 4, 2, 96, 83, LM_TYPE_F32, true, 0};
     ref_model r;
     snprintf(tmp_path, sizeof tmp_path, "/tmp/lamina_test_model_%d.gguf", (int)getpid());
     CHECK(write_model(&r, &sh, tmp_path) == 0);
@@ -741,7 +770,7 @@ static lm_model *load_without(const shape *sh, const char *drop, char *err, size
 }
 
 static void test_refuses_missing_tensor(void) {
-    shape sh = {"llama", 1, 32, 2, 2, 32, 40, LM_TYPE_F32, true};
+    shape sh = {"llama", 1, 32, 2, 2, 32, 40, LM_TYPE_F32, true, 0};
     char err[LM_ERRLEN];
     lm_model *m = load_without(&sh, "blk.0.ffn_up.weight", err, sizeof err);
     CHECK(m == NULL);
@@ -759,8 +788,8 @@ static void test_layer_tensor_table(void) {
         "ffn_down.weight", "attn_q_norm.weight", "attn_k_norm.weight", "post_attention_norm.weight",
         "post_ffw_norm.weight",
     };
-    shape shapes[2] = {{"qwen2", 2, 32, 2, 2, 32, 40, LM_TYPE_F32, false},
-                       {"gemma3", 2, 32, 2, 1, 32, 40, LM_TYPE_F32, true}};
+    shape shapes[2] = {{"qwen2", 2, 32, 2, 2, 32, 40, LM_TYPE_F32, false, 0},
+                       {"gemma3", 2, 32, 2, 1, 32, 40, LM_TYPE_F32, true, 0}};
     char err[LM_ERRLEN], name[64];
     for (int si = 0; si < 2; si++) {
         lm_model *m = load_without(&shapes[si], NULL, err, sizeof err);
@@ -787,7 +816,7 @@ static void test_layer_tensor_table(void) {
         }
     }
     /* llama: biases optional (none written), every other tensor required */
-    shape ll = {"llama", 1, 32, 2, 2, 32, 40, LM_TYPE_F32, true};
+    shape ll = {"llama", 1, 32, 2, 2, 32, 40, LM_TYPE_F32, true, 0};
     lm_model *m = load_without(&ll, NULL, err, sizeof err);
     CHECKF(m != NULL && !m->layers[0].bq && !m->layers[0].q_norm, "%s", err);
     model_free(m);
@@ -818,6 +847,8 @@ int main(void) {
     TEST_RUN(test_gemma2_gqa_q8_0);
     TEST_RUN(test_phi3_mha_f32);
     TEST_RUN(test_phi3_gqa_q8_0);
+    TEST_RUN(test_llama_yarn_f32);
+    TEST_RUN(test_qwen2_yarn_q8_0);
     TEST_RUN(test_qwen3moe_f32);
     TEST_RUN(test_qwen3moe_q8_0);
     TEST_RUN(test_qwen2moe_f32);

@@ -273,17 +273,20 @@ static int need_depths(args *a, int *depths, long long *max) {
 
 /* KV bytes one decode step at depth d reads, by the cost model, and by the
  * formula 2 x layers x tokens x kv_heads x head_dim x bytes per layer class
- * (tokens: d + 1, or the window on a sliding-window layer). */
+ * (tokens: d + 1, or the window on a sliding-window layer); with latent
+ * attention (deepseek2) one row of head_dim = kv_lora_rank + n_rot per token
+ * and layer, keys and values alike: layers x tokens x head_dim x bytes. */
 static void kv_step_bytes(const lm_model *m, uint32_t kv_type, int d, double *counted, double *formula) {
     cost_pass c;
     char err[LM_ERRLEN];
     if (cost_forward(m, kv_type, 1, 1, d, &c, err, sizeof err)) fail("bench", err);
     *counted = cost_total(&c).kv_read_bytes;
     double bytes = (double)c.kv_row_bytes / m->hp.head_dim, f = 0;
+    double rows = m->hp.kv_lora_rank > 0 ? 1.0 : 2.0 * m->hp.n_head_kv; /* rows per token and layer */
     for (int i = 0; i < m->hp.n_layer; i++) {
         int w = m->layers[i].window;
         double tokens = w > 0 && d + 1 > w ? w : d + 1;
-        f += 2.0 * 1 * tokens * m->hp.n_head_kv * m->hp.head_dim * bytes;
+        f += rows * tokens * m->hp.head_dim * bytes;
     }
     *formula = f;
 }
@@ -327,7 +330,8 @@ static void kv_sweep_report(const lm_model *m, uint32_t kv_type, const int *dept
     for (int i = 0; i < m->hp.n_layer; i++) n_local += m->layers[i].window > 0;
     double eb = 0, cc, ff;
     kv_step_bytes(m, kv_type, 0, &cc, &ff);
-    eb = cc / (2.0 * m->hp.n_layer * m->hp.n_head_kv * m->hp.head_dim);
+    bool latent = m->hp.kv_lora_rank > 0;
+    eb = cc / ((latent ? 1.0 : 2.0 * m->hp.n_head_kv) * m->hp.n_layer * m->hp.head_dim);
     if (json) {
         printf(", \"kv_sweep\": {\"kv_type\": \"%s\", \"weight_bytes_per_token\": %.0f, \"kv_crossover_depth\": ",
                quant_type_name(kv_type), wbytes);
@@ -342,10 +346,15 @@ static void kv_sweep_report(const lm_model *m, uint32_t kv_type, const int *dept
         printf("]}");
         return;
     }
-    printf("\nKV reads per decode step (%s cache): formula 2 x %d layers x tokens x %d kv_heads x %d head_dim x %.4g "
-           "bytes%s; weights %.2f MiB\n",
-           quant_type_name(kv_type), m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, eb,
-           n_local ? " (tokens capped at the window on the sliding-window layers)" : "", wbytes / 1048576);
+    if (latent)
+        printf("\nKV reads per decode step (%s cache, latent attention): formula %d layers x tokens x (%d kv_lora_rank "
+               "+ %d n_rot) x %.4g bytes; weights %.2f MiB\n",
+               quant_type_name(kv_type), m->hp.n_layer, m->hp.kv_lora_rank, m->hp.n_rot, eb, wbytes / 1048576);
+    else
+        printf("\nKV reads per decode step (%s cache): formula 2 x %d layers x tokens x %d kv_heads x %d head_dim x "
+               "%.4g bytes%s; weights %.2f MiB\n",
+               quant_type_name(kv_type), m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, eb,
+               n_local ? " (tokens capped at the window on the sliding-window layers)" : "", wbytes / 1048576);
     printf("| depth | KV read MiB (counted) | formula MiB | KV / weights |\n| ---: | ---: | ---: | ---: |\n");
     for (int i = 0; i < n_depth; i++) {
         kv_step_bytes(m, kv_type, depths[i], &cc, &ff);

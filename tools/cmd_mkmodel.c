@@ -45,9 +45,13 @@ static void usage_mkmodel(FILE *f) {
             "                     expert of 512, QKV biases), mixtral-small (llama with 8 experts of 512,\n"
             "                     top 2), deepseek2-small (DeepSeek-V3's latent attention and routing:\n"
             "                     4 heads, q rank 96, latent 128 + RoPE key 32, 8 experts of 128, top 2,\n"
-            "                     2 shared, 1 dense layer), deepseek2-lite (DeepSeek-V2-Lite: 27 layers,\n"
-            "                     n_embd 2048, 16 heads, latent 512 + 64, 64 experts of 1408, top 6, 2\n"
-            "                     shared; --layers N for fewer)\n"
+            "                     2 shared, 1 dense layer, YaRN x16 from 256 positions), deepseek2-lite\n"
+            "                     (DeepSeek-V2-Lite: 27 layers, n_embd 2048, 16 heads, latent 512 + 64,\n"
+            "                     64 experts of 1408, top 6, 2 shared, YaRN x40 from 4096 positions;\n"
+            "                     --layers N for fewer)\n"
+            "  --kv-b-whole       deepseek2: store each layer's attn_kv_b whole, without the\n"
+            "                     *_length_mla keys, as older conversions did (the same weights as\n"
+            "                     the attn_k_b / attn_v_b of the default layout)\n"
             "  --experts N --experts-used N --ff-exp N --ff-shexp N   Mixture-of-Experts shape\n"
             "                     (--ff-shexp: the shared expert's width, qwen2moe only)\n"
             "  --layers N --embd N --heads N --kv-heads N --ff N --vocab N --ctx N   custom shape\n"
@@ -79,7 +83,7 @@ static const preset presets[] = {
     {"mixtral-small", 4, 256, 8, 2, 512, 32000, 32768, "llama", 0, 0, 8, 2, 512, 0},
     /* deepseek2: n_ff is the leading dense layers' width, the shape of the attention in mla_shapes */
     {"deepseek2-small", 4, 256, 4, 1, 512, 32000, 4096, "deepseek2", 0, 0, 8, 2, 128, 0},
-    {"deepseek2-lite", 27, 2048, 16, 1, 10944, 102400, 32768, "deepseek2", 0, 0, 64, 6, 1408, 0},
+    {"deepseek2-lite", 27, 2048, 16, 1, 10944, 102400, 163840, "deepseek2", 0, 0, 64, 6, 1408, 0},
 };
 
 /* Multi-head latent attention and DeepSeek's expert routing, per deepseek2 preset. */
@@ -89,13 +93,19 @@ typedef struct {
     int dense, shared;                      /* leading dense layers, shared experts */
     bool sigmoid, norm;                     /* router: sigmoid with a selection bias (V3), renormalised */
     float scale;                            /* expert_weights_scale */
+    float yarn, log_mul;                    /* YaRN factor (0: none), yarn_log_multiplier (0.1 x mscale_all_dim) */
+    int yarn_ctx;                           /* the original context length it stretches */
+    bool betas;                             /* write yarn_beta_fast/slow (32, 1) as current converters do */
 } mla_shape;
 
 static const mla_shape mla_shapes[] = {
     /* DeepSeek-V3 scaled down: q bottleneck, sigmoid router with bias, renormalised, scale 2.5 */
-    {"deepseek2-small", 96, 128, 64, 32, 64, 1, 2, true, true, 2.5f},
-    /* DeepSeek-V2-Lite: attn_q, a latent of 512, softmax router, 2 shared experts */
-    {"deepseek2-lite", 0, 512, 128, 64, 128, 1, 2, false, false, 1.0f},
+    /* and its YaRN (factor 40 from 4096, mscale_all_dim 1) as a factor of 16 from 256 positions, so
+     * that a 512-position test runs past the original context */
+    {"deepseek2-small", 96, 128, 64, 32, 64, 1, 2, true, true, 2.5f, 16.0f, 0.1f, 256, false},
+    /* DeepSeek-V2-Lite: attn_q, a latent of 512, softmax router, 2 shared experts; YaRN 40 from 4096
+     * with mscale_all_dim 0.707 */
+    {"deepseek2-lite", 0, 512, 128, 64, 128, 1, 2, false, false, 1.0f, 40.0f, 0.0707f, 4096, true},
 };
 
 typedef struct {
@@ -135,8 +145,9 @@ typedef struct {
     gguf_writer *w;
     lm_pool *pool;
     uint64_t seed;
-    int n_tensors;
-    void **bufs;
+    int n_tensors;  /* tensors drawn so far: tensor k's rows draw from seed + k * 7919 */
+    void **bufs;    /* (n_bufs) owned until the file is written */
+    int n_bufs;
     uint64_t bytes;
 } maker;
 
@@ -145,7 +156,8 @@ static int add(maker *mk, const char *name, int64_t cols, int64_t rows, uint32_t
     size_t bytes = quant_row_size(type, cols) * (size_t)rows;
     void *buf = malloc(bytes);
     if (!buf) return -1;
-    mk->bufs[mk->n_tensors++] = buf;
+    mk->bufs[mk->n_bufs++] = buf;
+    mk->n_tensors++;
     if (ones) { /* a norm vector: 1, plus noise of that scale when scale > 0 */
         lm_rng rng;
         lm_rng_seed(&rng, mk->seed * 0x9e3779b97f4a7c15ull + (uint64_t)mk->n_tensors * 7919u);
@@ -168,7 +180,8 @@ static int add3(maker *mk, const char *name, int64_t cols, int64_t rows, int64_t
     size_t bytes = quant_row_size(type, cols) * (size_t)(rows * n_mat);
     void *buf = malloc(bytes);
     if (!buf) return -1;
-    mk->bufs[mk->n_tensors++] = buf;
+    mk->bufs[mk->n_bufs++] = buf;
+    mk->n_tensors++;
     fill_job j = {.dst = buf, .rows = rows * n_mat, .cols = cols, .type = type, .scale = scale,
                   .seed = mk->seed + (uint64_t)mk->n_tensors * 7919u};
     atomic_init(&j.next, 0);
@@ -178,10 +191,58 @@ static int add3(maker *mk, const char *name, int64_t cols, int64_t rows, int64_t
     return gguf_w_add_tensor(mk->w, name, 3, ne, type, buf, bytes);
 }
 
+/* The float values add3 would draw for its next tensor, as a tensor of the
+ * seed sequence that is not written (kept in bufs). */
+static float *draw_f32(maker *mk, int64_t rows, int64_t cols, float scale) {
+    float *buf = malloc((size_t)(rows * cols) * sizeof(float));
+    if (!buf) return NULL;
+    mk->bufs[mk->n_bufs++] = buf;
+    mk->n_tensors++;
+    fill_job j = {.dst = buf, .rows = rows, .cols = cols, .type = LM_TYPE_F32, .scale = scale,
+                  .seed = mk->seed + (uint64_t)mk->n_tensors * 7919u};
+    atomic_init(&j.next, 0);
+    pool_run(mk->pool, fill_worker, &j);
+    return buf;
+}
+
+/* attn_kv_b as older conversions stored it, (H * (nope + v_dim), kv_lora):
+ * per head the rows of W_UK (the transpose of that head's attn_k_b block)
+ * then of W_UV (its attn_v_b block), from the values attn_k_b and attn_v_b
+ * get in the split layout (the same seeds). */
+static int add_kv_b(maker *mk, const char *name, int64_t H, int64_t R, int64_t nope, int64_t vd, uint32_t t, float wr) {
+    float *kb = draw_f32(mk, H * R, nope, wr), *vb = draw_f32(mk, H * vd, R, wr);
+    int64_t rows = H * (nope + vd);
+    float *kv = malloc((size_t)(rows * R) * sizeof(float));
+    if (!kb || !vb || !kv) {
+        free(kv);
+        return -1;
+    }
+    for (int64_t h = 0; h < H; h++) {
+        float *w = kv + (size_t)(h * (nope + vd) * R);
+        for (int64_t j = 0; j < nope; j++)
+            for (int64_t r = 0; r < R; r++) w[j * R + r] = kb[(size_t)((h * R + r) * nope + j)];
+        memcpy(w + nope * R, vb + (size_t)(h * vd * R), (size_t)(vd * R) * sizeof(float));
+    }
+    if (quant_row_size(t, R) == 0) t = R % 32 == 0 ? LM_TYPE_Q8_0 : LM_TYPE_F16;
+    size_t rb = quant_row_size(t, R);
+    void *buf = malloc(rb * (size_t)rows);
+    if (!buf) {
+        free(kv);
+        return -1;
+    }
+    mk->bufs[mk->n_bufs++] = buf;
+    for (int64_t r = 0; r < rows; r++) quant_from_float_ref(t, kv + (size_t)(r * R), (char *)buf + (size_t)r * rb, R);
+    free(kv);
+    uint64_t ne[2] = {(uint64_t)R, (uint64_t)rows};
+    mk->bytes += rb * (size_t)rows;
+    return gguf_w_add_tensor(mk->w, name, 2, ne, t, buf, rb * (size_t)rows);
+}
+
 /* Layer i's latent attention after its attn_norm (deepseek2), as llama.cpp's
  * converter writes it: attn_k_b holds each head's W_UKᵀ (kv_lora rows of
- * nope), attn_v_b each head's W_UV (v_dim rows of kv_lora). */
-static int mla_layer(maker *mk, int i, const mla_shape *ml, const preset *p, uint32_t t, float nn) {
+ * nope), attn_v_b each head's W_UV (v_dim rows of kv_lora); or, kv_b_whole,
+ * both in one attn_kv_b as older conversions stored them. */
+static int mla_layer(maker *mk, int i, const mla_shape *ml, const preset *p, uint32_t t, float nn, bool kv_b_whole) {
     int64_t E = p->embd, H = p->heads, QK = (int64_t)ml->nope + ml->rope, R = ml->kv_lora;
     float ws = 1.0f / sqrtf((float)E), wr = 1.0f / sqrtf((float)R);
     char n[96];
@@ -196,8 +257,12 @@ static int mla_layer(maker *mk, int i, const mla_shape *ml, const preset *p, uin
     }
     rc |= add(mk, N("attn_kv_a_mqa.weight"), E, R + ml->rope, t, ws, false);
     rc |= add(mk, N("attn_kv_a_norm.weight"), R, 1, LM_TYPE_F32, nn, true);
-    rc |= add3(mk, N("attn_k_b.weight"), ml->nope, R, H, t, wr);
-    rc |= add3(mk, N("attn_v_b.weight"), R, ml->v_dim, H, t, wr);
+    if (kv_b_whole) {
+        rc |= add_kv_b(mk, N("attn_kv_b.weight"), H, R, ml->nope, ml->v_dim, t, wr);
+    } else {
+        rc |= add3(mk, N("attn_k_b.weight"), ml->nope, R, H, t, wr);
+        rc |= add3(mk, N("attn_v_b.weight"), R, ml->v_dim, H, t, wr);
+    }
     rc |= add(mk, N("attn_output.weight"), H * ml->v_dim, E, t, 1.0f / sqrtf((float)(H * ml->v_dim)), false);
 #undef N
     return rc;
@@ -208,6 +273,7 @@ int cmd_mkmodel(int argc, char **argv) {
     const char *out = NULL, *vocab_from = NULL, *type_name = "F16";
     preset p = {"custom", 2, 256, 4, -1, 512, 512, 512, NULL, 0, 0, 0, 0, 0, 0}; /* kv heads -1: as many as heads */
     long long seed = 1, threads = pool_default_threads();
+    bool kv_b_whole = false;
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
         if (is_flag(&a, "-o", "--output")) out = need_val(&a);
@@ -230,6 +296,7 @@ int cmd_mkmodel(int argc, char **argv) {
         else if (is_flag(&a, "--ff-shexp", NULL)) p.ff_shexp = (int)need_int(&a, 0, 1 << 20);
         else if (is_flag(&a, "--type", NULL)) type_name = need_val(&a);
         else if (is_flag(&a, "--vocab-from", NULL)) vocab_from = need_val(&a);
+        else if (is_flag(&a, "--kv-b-whole", NULL)) kv_b_whole = true;
         else if (is_flag(&a, "--seed", NULL)) seed = need_int(&a, 0, 0x7fffffffffffffffLL);
         else if (is_flag(&a, "-t", "--threads")) threads = need_int(&a, 1, 1024);
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
@@ -256,7 +323,7 @@ int cmd_mkmodel(int argc, char **argv) {
         p.vocab = (int)toks.n;
     }
     maker mk = {.w = gguf_writer_new(), .pool = pool_new((int)threads), .seed = (uint64_t)seed};
-    mk.bufs = calloc((size_t)(6 + 20 * p.layers), sizeof(void *));
+    mk.bufs = calloc((size_t)(6 + 24 * p.layers), sizeof(void *));
     if (!mk.w || !mk.pool || !mk.bufs) fail("mkmodel", "out of memory");
     /* the output is checked, and its temporary file created, before the work;
      * from here every failure removes that temporary file and nothing else */
@@ -271,6 +338,7 @@ int cmd_mkmodel(int argc, char **argv) {
     const mla_shape *ml = NULL;
     for (size_t i = 0; i < sizeof mla_shapes / sizeof mla_shapes[0]; i++)
         if (!strcmp(mla_shapes[i].name, p.name)) ml = &mla_shapes[i];
+    if (kv_b_whole && !ml) die_usage(&a, "%s", "--kv-b-whole needs a deepseek2 preset");
     gguf_w_set_str(w, "general.architecture", arch);
     char name[160], key[160];
     snprintf(name, sizeof name, "lamina-random-%s-%s", p.name, quant_type_name((uint32_t)type));
@@ -293,15 +361,30 @@ int cmd_mkmodel(int argc, char **argv) {
     if (ml) { /* the keys llama.cpp's converter writes for DeepSeek-V2/V3 */
         gguf_w_set_u32(w, KEY("attention.q_lora_rank"), (uint32_t)ml->q_lora);
         gguf_w_set_u32(w, KEY("attention.kv_lora_rank"), (uint32_t)ml->kv_lora);
-        gguf_w_set_u32(w, KEY("attention.key_length"), (uint32_t)(ml->kv_lora + ml->rope));
-        gguf_w_set_u32(w, KEY("attention.value_length"), (uint32_t)ml->kv_lora);
-        gguf_w_set_u32(w, KEY("attention.key_length_mla"), (uint32_t)(ml->nope + ml->rope));
-        gguf_w_set_u32(w, KEY("attention.value_length_mla"), (uint32_t)ml->v_dim);
+        if (kv_b_whole) { /* older conversions: a head's widths, no _mla keys */
+            gguf_w_set_u32(w, KEY("attention.key_length"), (uint32_t)(ml->nope + ml->rope));
+            gguf_w_set_u32(w, KEY("attention.value_length"), (uint32_t)ml->v_dim);
+        } else {
+            gguf_w_set_u32(w, KEY("attention.key_length"), (uint32_t)(ml->kv_lora + ml->rope));
+            gguf_w_set_u32(w, KEY("attention.value_length"), (uint32_t)ml->kv_lora);
+            gguf_w_set_u32(w, KEY("attention.key_length_mla"), (uint32_t)(ml->nope + ml->rope));
+            gguf_w_set_u32(w, KEY("attention.value_length_mla"), (uint32_t)ml->v_dim);
+        }
         gguf_w_set_u32(w, KEY("leading_dense_block_count"), (uint32_t)(ml->dense < p.layers ? ml->dense : p.layers));
         gguf_w_set_u32(w, KEY("expert_shared_count"), (uint32_t)ml->shared);
         gguf_w_set_f32(w, KEY("expert_weights_scale"), ml->scale);
         if (ml->norm) gguf_w_set_bool(w, KEY("expert_weights_norm"), true);
         gguf_w_set_u32(w, KEY("expert_gating_func"), ml->sigmoid ? 2 : 1);
+        if (ml->yarn > 0) { /* the rope.scaling keys of DeepSeek's conversions */
+            gguf_w_set_str(w, KEY("rope.scaling.type"), "yarn");
+            gguf_w_set_f32(w, KEY("rope.scaling.factor"), ml->yarn);
+            gguf_w_set_u32(w, KEY("rope.scaling.original_context_length"), (uint32_t)ml->yarn_ctx);
+            gguf_w_set_f32(w, KEY("rope.scaling.yarn_log_multiplier"), ml->log_mul);
+            if (ml->betas) {
+                gguf_w_set_f32(w, KEY("rope.scaling.yarn_beta_fast"), 32.0f);
+                gguf_w_set_f32(w, KEY("rope.scaling.yarn_beta_slow"), 1.0f);
+            }
+        }
     }
     gguf_w_set_u32(w, KEY("vocab_size"), (uint32_t)p.vocab);
     if (p.window) gguf_w_set_u32(w, KEY("attention.sliding_window"), (uint32_t)p.window);
@@ -352,8 +435,9 @@ int cmd_mkmodel(int argc, char **argv) {
         }
         uint64_t ne[1] = {(uint64_t)nf};
         if (!rc) {
-            mk.bufs[mk.n_tensors++] = sf_;
-            mk.bufs[mk.n_tensors++] = lf;
+            mk.bufs[mk.n_bufs++] = sf_;
+            mk.bufs[mk.n_bufs++] = lf;
+            mk.n_tensors += 2;
             rc |= gguf_w_add_tensor(w, "rope_factors_short.weight", 1, ne, LM_TYPE_F32, sf_, (size_t)nf * 4);
             rc |= gguf_w_add_tensor(w, "rope_factors_long.weight", 1, ne, LM_TYPE_F32, lf, (size_t)nf * 4);
         }
@@ -363,7 +447,7 @@ int cmd_mkmodel(int argc, char **argv) {
 #define A(suffix, cols, rows, ty, sc, ones) (snprintf(n, sizeof n, "blk.%d." suffix, i), add(&mk, n, cols, rows, ty, sc, ones))
         rc |= A("attn_norm.weight", E, 1, LM_TYPE_F32, nn, true);
         if (ml) {
-            rc |= mla_layer(&mk, i, ml, &p, t, nn);
+            rc |= mla_layer(&mk, i, ml, &p, t, nn, kv_b_whole);
         } else if (phi3) {
             rc |= A("attn_qkv.weight", E, Q + 2 * KV, t, ws, false);
         } else {
@@ -431,7 +515,7 @@ int cmd_mkmodel(int argc, char **argv) {
     if (safefile_commit(sf, err, sizeof err)) fail("mkmodel", err);
     fprintf(stderr, "mkmodel: wrote %s (%.1f MiB of tensors, %s, %.1f s)\n", out, mk.bytes / 1048576.0,
             quant_type_name(t), lm_now() - t0);
-    for (int i = 0; i < mk.n_tensors; i++) free(mk.bufs[i]);
+    for (int i = 0; i < mk.n_bufs; i++) free(mk.bufs[i]);
     free(mk.bufs);
     gguf_writer_free(w);
     pool_free(mk.pool);

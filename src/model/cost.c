@@ -73,6 +73,47 @@ static void add_moe(cost_op *o, const lm_model *m, const lm_layer *l, double n, 
     o->flops += 2.0 * n * k * (3.0 * E * F) + 4.0 * n * k * F + 2.0 * n * k * E; /* products, activation, sum */
 }
 
+/* A latent attention layer (deepseek2, mla.h) up to wo's input, by the
+ * phases' slots: q/k/v the query products (through the bottleneck and its
+ * norm), the latent product and the absorbed queries (W_UK_hᵀ per head);
+ * rope c's norm, RoPE on every q_pe and on k_pe, q_pe copied into the
+ * absorbed query, one cache row of R + n_rot per token; attention one row
+ * per position attended (the value is the row's latent), q̃·row over R +
+ * n_rot and p·c over R per head; output the values' products W_UV_h. */
+static void add_mla(cost_op *o, cost_pass *out, const lm_model *m, const lm_layer *l, int n_seq, int n_tok, int depth,
+                    double rb) {
+    const lm_hparams *hp = &m->hp;
+    const lm_mla *a = l->mla;
+    const double n = (double)n_seq * n_tok, S = n_seq, H = hp->n_head, R = hp->kv_lora_rank, r = hp->n_rot;
+    cost_op *q = &o[LM_PROF_QKV];
+    if (a->q_a.rows) {
+        add_matmul(q, &a->q_a, n);
+        add_norm(q, n, hp->q_lora_rank);
+    }
+    add_matmul(q, &a->q_b, n);
+    add_matmul(q, &a->kv_a, n);
+    for (int h = 0; h < hp->n_head; h++) add_matmul(q, &a->k_b[h], n);
+    cost_op *ro = &o[LM_PROF_ROPE];
+    add_norm(ro, n, R);
+    ro->act_bytes += 4.0 * 2.0 * n * (H + 1) * r + 4.0 * 2.0 * n * H * r; /* rope read+write; q_pe copied */
+    ro->flops += 3.0 * n * (H + 1) * r;
+    double kv_w = n * rb;
+    ro->kv_write_bytes += kv_w;
+    out->kv_write_class[0] += kv_w;
+    cost_op *at = &o[LM_PROF_ATTN];
+    for (int i0 = 0; i0 < n_tok; i0 += ATTN_TILE_Q) {
+        int i1 = i0 + ATTN_TILE_Q < n_tok ? i0 + ATTN_TILE_Q : n_tok;
+        double tile, rows;
+        attended(depth + i0, depth + i1 - 1, 0, &tile, &rows);
+        double kv_r = S * tile * rb;
+        at->kv_read_bytes += kv_r;
+        out->kv_read_class[0] += kv_r;
+        at->flops += S * rows * H * (2.0 * (R + r) + 2.0 * R);
+    }
+    at->act_bytes += 4.0 * n * H * (R + r) + 4.0 * n * H * R; /* absorbed queries in, latent outputs out */
+    for (int h = 0; h < hp->n_head; h++) add_matmul(&o[LM_PROF_WO], &a->v_b[h], n);
+}
+
 int cost_forward(const lm_model *m, uint32_t kv_type, int n_seq, int n_tok, int depth, cost_pass *out, char *err,
                  size_t errlen) {
     const lm_hparams *hp = &m->hp;
@@ -82,6 +123,7 @@ int cost_forward(const lm_model *m, uint32_t kv_type, int n_seq, int n_tok, int 
     kv_config kc;
     kv_config_init(&kc, hp->n_layer, hp->n_head_kv, hp->head_dim);
     kc.type = kv_type;
+    kc.latent_v = hp->kv_lora_rank;
     kc.n_ctx = depth + n_tok;
     kv_plan plan;
     if (kv_plan_make(&kc, &plan, err, errlen)) return -1;
@@ -101,6 +143,10 @@ int cost_forward(const lm_model *m, uint32_t kv_type, int n_seq, int n_tok, int 
         int cls = l->window > 0;
         out->n_layer_class[cls]++;
         add_norm(&o[LM_PROF_NORM], n, E);
+        if (l->mla) {
+            add_mla(o, out, m, l, n_seq, n_tok, depth, rb);
+            goto attn_out;
+        }
         add_matmul(&o[LM_PROF_QKV], &l->wq, n);
         add_matmul(&o[LM_PROF_QKV], &l->wk, n);
         add_matmul(&o[LM_PROF_QKV], &l->wv, n);
@@ -129,6 +175,7 @@ int cost_forward(const lm_model *m, uint32_t kv_type, int n_seq, int n_tok, int 
         }
         a->act_bytes += 4.0 * 2.0 * n * qd;
 
+    attn_out:;
         cost_op *wo = &o[LM_PROF_WO];
         add_matmul(wo, &l->wo, n);
         if (l->post_attn_norm) add_norm(wo, n, E);

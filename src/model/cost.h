@@ -38,6 +38,14 @@
  * multiply-add of every product (attention: q·k and p·v over the positions
  * each row attends), and per element 1 for adds and scales, 3 for an
  * RMSNorm, 3 for RoPE, 4 for the gated activation.
+ * Latent attention (deepseek2, mla.h) is counted by its phases' slots: the
+ * query, latent and absorbing products (W_UK_hᵀ per head) under q/k/v, the
+ * values' products (W_UV_h) under output; its cache holds one row of
+ * kv_lora_rank + n_rot elements per token and layer, keys and values alike,
+ * so a decode step at depth d reads layers x (d + 1) x (kv_lora_rank +
+ * n_rot) x bytes and writes layers x (kv_lora_rank + n_rot) x bytes, and
+ * attention does 2 (kv_lora_rank + n_rot) + 2 kv_lora_rank FLOPs per head
+ * and position.
  */
 #ifndef LAMINA_COST_H
 #define LAMINA_COST_H

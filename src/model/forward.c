@@ -20,7 +20,9 @@
  * scaled embeddings, post norms and GELU, no Q/K norms, and soft-caps the
  * attention scores and the logits (cap·tanh(s/cap)). phi3's Q, K, V and
  * gate/up are row slices of fused matrices (model.c), and its RoPE angles
- * may be divided by per-frequency factors, cos and sin scaled.
+ * may be divided by per-frequency factors, cos and sin scaled. A file with
+ * YaRN scaling (llama, qwen2/3 and their MoE, deepseek2) takes its angles
+ * from ops_rope_angles_yarn, the cos and sin scaled by its magnitude factor.
  * A layer with experts replaces the FFN by moe_ffn (moe.h) between the same
  * norm and residual add.
  * A layer with latent attention (deepseek2) replaces the Q/K/V products,
@@ -419,7 +421,10 @@ static int forward_batch(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *
         const lm_layer *l = &m->layers[li];
         if (l->rope_base != cs_base || l->rope_scale != cs_scale) {
             for (int t = 0; t < n; t++)
-                if (rope_ext)
+                if (hp->rope_yarn)
+                    ops_rope_angles_yarn(f->cs + (size_t)t * hp->n_rot, hp->n_rot, f->pos[t], l->rope_base,
+                                         hp->yarn_factor, hp->yarn_low, hp->yarn_high, hp->rope_attn_factor);
+                else if (rope_ext)
                     ops_rope_angles_ext(f->cs + (size_t)t * hp->n_rot, hp->n_rot, f->pos[t], l->rope_base,
                                         l->rope_scale, rope_ff, hp->rope_attn_factor);
                 else
@@ -430,8 +435,13 @@ static int forward_batch(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *
         run_rows(f, l, ROWS_ATTN_IN, n);
         PROF(f, LM_PROF_NORM);
         if (l->mla) { /* latent attention (mla.h): xb in, the heads' outputs in xb for wo */
-            mla_attn(f, l, li, segs, n_seg, n);
+            mla_attn(f, l, li, segs, n_seg, n, MLA_PROJ);
+            PROF(f, LM_PROF_QKV);
+            mla_attn(f, l, li, segs, n_seg, n, MLA_ROPE);
+            PROF(f, LM_PROF_ROPE);
+            mla_attn(f, l, li, segs, n_seg, n, MLA_SCORES);
             PROF(f, LM_PROF_ATTN);
+            mla_attn(f, l, li, segs, n_seg, n, MLA_VALUES); /* charged to the output slot with wo */
             goto attn_out;
         }
         float *const qkv_y[3] = {f->q, f->k, f->v};

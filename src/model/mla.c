@@ -180,40 +180,47 @@ static void attn_worker(void *arg, int ith, int nth) {
     }
 }
 
-void mla_attn(lm_fwd *f, const lm_layer *l, int li, const lm_seg *segs, int n_seg, int n) {
+void mla_attn(lm_fwd *f, const lm_layer *l, int li, const lm_seg *segs, int n_seg, int n, mla_phase phase) {
     const lm_model *m = f->m;
     const lm_hparams *hp = &m->hp;
     const lm_mla *a = l->mla;
     mla_ws *w = f->mla;
     const int H = hp->n_head, R = hp->kv_lora_rank, r = hp->n_rot, nope = hp->qk_nope, qk = nope + r;
     const size_t kd = (size_t)R + (size_t)r, qd = (size_t)H * kd; /* a cache row; an absorbed query row */
-    /* q (or its bottleneck) and the latent with the RoPE key, from the same input */
-    float *const y[2] = {a->q_a.rows ? w->qa : w->q, f->k};
-    const lm_weight *const wt[2] = {a->q_a.rows ? &a->q_a : &a->q_b, &a->kv_a};
-    ops_matmul_multi(f->pool, 2, y, wt, f->xb, n, f->act);
-    if (a->q_a.rows) {
-        for (int t = 0; t < n; t++) {
-            float *qa = w->qa + (size_t)t * hp->q_lora_rank;
-            ops_rmsnorm(qa, qa, a->q_a_norm, hp->q_lora_rank, hp->norm_eps);
+    if (phase == MLA_PROJ) {
+        /* q (or its bottleneck) and the latent with the RoPE key, from the same input */
+        float *const y[2] = {a->q_a.rows ? w->qa : w->q, f->k};
+        const lm_weight *const wt[2] = {a->q_a.rows ? &a->q_a : &a->q_b, &a->kv_a};
+        ops_matmul_multi(f->pool, 2, y, wt, f->xb, n, f->act);
+        if (a->q_a.rows) {
+            for (int t = 0; t < n; t++) {
+                float *qa = w->qa + (size_t)t * hp->q_lora_rank;
+                ops_rmsnorm(qa, qa, a->q_a_norm, hp->q_lora_rank, hp->norm_eps);
+            }
+            ops_matmul(f->pool, w->q, &a->q_b, w->qa, n, f->act);
         }
-        ops_matmul(f->pool, w->q, &a->q_b, w->qa, n, f->act);
+        /* absorbed queries: q̃_h[0..R) = W_UK_hᵀ q_nope_h (the RoPE part follows in MLA_ROPE) */
+        run_heads(f, a->k_b, w->q, (size_t)H * qk, (size_t)qk, f->q, qd, kd, n);
+    } else if (phase == MLA_ROPE) {
+        for (int t = 0; t < n; t++) {
+            float *kv = f->k + (size_t)t * kd, *q = w->q + (size_t)t * H * qk, *qt = f->q + (size_t)t * qd;
+            const float *cs = f->cs + (size_t)t * r;
+            ops_rmsnorm(kv, kv, a->kv_a_norm, R, hp->norm_eps);
+            ops_rope_apply(kv + R, 1, r, r, cs, hp->rope_style);
+            ops_rope_apply(q + nope, H, qk, r, cs, hp->rope_style);
+            for (int h = 0; h < H; h++)
+                memcpy(qt + (size_t)h * kd + R, q + (size_t)h * qk + nope, (size_t)r * sizeof(float));
+        }
+        for (int g = 0; g < n_seg; g++)
+            kv_store_rows(f->kv, segs[g].seq, li, segs[g].pos0, segs[g].n, f->k + (size_t)f->seg_row0[g] * kd, kd,
+                          NULL, 0);
+    } else if (phase == MLA_SCORES) {
+        attn_job aj = {.f = f, .segs = segs, .layer = li, .n_seg = n_seg};
+        atomic_init(&aj.next, 0);
+        pool_run(f->pool, attn_worker, &aj);
+    } else {
+        /* values: out_h = W_UV_h o_h, into xb as attn_output's input rows */
+        run_heads(f, a->v_b, w->ol, (size_t)H * R, (size_t)R, f->xb, (size_t)H * hp->v_head_dim,
+                  (size_t)hp->v_head_dim, n);
     }
-    for (int t = 0; t < n; t++) {
-        float *kv = f->k + (size_t)t * kd, *q = w->q + (size_t)t * H * qk, *qt = f->q + (size_t)t * qd;
-        const float *cs = f->cs + (size_t)t * r;
-        ops_rmsnorm(kv, kv, a->kv_a_norm, R, hp->norm_eps);
-        ops_rope_apply(kv + R, 1, r, r, cs, hp->rope_style);
-        ops_rope_apply(q + nope, H, qk, r, cs, hp->rope_style);
-        for (int h = 0; h < H; h++) memcpy(qt + (size_t)h * kd + R, q + (size_t)h * qk + nope, (size_t)r * sizeof(float));
-    }
-    for (int g = 0; g < n_seg; g++)
-        kv_store_rows(f->kv, segs[g].seq, li, segs[g].pos0, segs[g].n, f->k + (size_t)f->seg_row0[g] * kd, kd, NULL, 0);
-    /* absorbed queries: q̃_h[0..R) = W_UK_hᵀ q_nope_h */
-    run_heads(f, a->k_b, w->q, (size_t)H * qk, (size_t)qk, f->q, qd, kd, n);
-    attn_job aj = {.f = f, .segs = segs, .layer = li, .n_seg = n_seg};
-    atomic_init(&aj.next, 0);
-    pool_run(f->pool, attn_worker, &aj);
-    /* values: out_h = W_UV_h o_h, into xb as attn_output's input rows */
-    run_heads(f, a->v_b, w->ol, (size_t)H * R, (size_t)R, f->xb, (size_t)H * hp->v_head_dim, (size_t)hp->v_head_dim,
-              n);
 }

@@ -49,11 +49,19 @@ size_t mla_ws_bytes(const lm_model *m, int n_batch, int n_threads);
  * need: q_a, q_b, kv_a. */
 size_t mla_act_bytes(const lm_model *m, int n_batch);
 
-/* Layer li of f's model for the pass's n tokens in segments segs: f->xb
- * (n, n_embd) holds the normed input and f->cs (n, n_rot) this layer's RoPE
- * angles; writes each segment's cache rows at its positions and leaves the
- * heads' outputs in f->xb (n, n_head * v_head_dim), the input of l->wo.
- * Uses f->q and f->k as scratch. */
-void mla_attn(lm_fwd *f, const lm_layer *l, int li, const lm_seg *segs, int n_seg, int n);
+/* The four phases of a layer's latent attention, run in this order; the
+ * forward pass times each as the profile slot (and cost.h op) in brackets:
+ *   MLA_PROJ    q (through its bottleneck), [c, k_pe], absorbed q̃ (q/k/v)
+ *   MLA_ROPE    c's RMSNorm, RoPE on q_pe and k_pe, cache rows     (rope)
+ *   MLA_SCORES  attention in the latent space                      (attention)
+ *   MLA_VALUES  out_h = W_UV_h o_h                                 (output) */
+typedef enum { MLA_PROJ, MLA_ROPE, MLA_SCORES, MLA_VALUES } mla_phase;
+
+/* One phase of layer li of f's model for the pass's n tokens in segments
+ * segs: f->xb (n, n_embd) holds the normed input and f->cs (n, n_rot) this
+ * layer's RoPE angles; the phases write each segment's cache rows at its
+ * positions and leave the heads' outputs in f->xb (n, n_head * v_head_dim),
+ * the input of l->wo. Uses f->q and f->k as scratch between phases. */
+void mla_attn(lm_fwd *f, const lm_layer *l, int li, const lm_seg *segs, int n_seg, int n, mla_phase phase);
 
 #endif

@@ -24,6 +24,7 @@
 #include <sys/mman.h>
 
 #include "kernels/kernels.h"
+#include "model/ops.h"
 #include "format/quant.h"
 #include "base/util.h"
 
@@ -158,6 +159,7 @@ typedef struct {
     lm_status status;        /* the kind of a failure: LM_ERR_FORMAT unless set otherwise */
     lm_progress_fn progress; /* may be NULL */
     void *progress_user;
+    bool kv_b_whole;         /* deepseek2 file with attn_kv_b unsplit (no *_length_mla keys) */
 } loader;
 
 /* Mark the failure being reported as not supported / out of memory; returns
@@ -319,31 +321,97 @@ static int read_family_hparams(loader *L, const char *arch) {
 
 static int read_vocab(loader *L);
 
+/* YaRN's magnitude factor for a context stretched by s: 1 + 0.1 m ln s (1 when s <= 1). */
+static float yarn_mscale(float s, float m) { return s <= 1.0f ? 1.0f : 0.1f * m * logf(s) + 1.0f; }
+
+/* `<arch>.rope.scaling.*`: none, linear (rope_scale = 1/factor; not for
+ * deepseek2) or, where the family allows it (yarn_ok), YaRN over rope.scaling.original_context_length
+ * (default the training context) with the ramp between yarn_beta_fast and
+ * yarn_beta_slow (32 and 1 unless the file says), as llama.cpp reads these
+ * files. With factor F:
+ *   cos and sin are multiplied by A * attn_factor, where A = 1 + 0.1 ln F;
+ *   deepseek2 files carry yarn_log_multiplier = 0.1 * M (M is the model's
+ *   mscale_all_dim); with M set, A = 1 (the rotary mscale and mscale_all_dim
+ *   cancel, as DeepSeek's configs give both equal); and deepseek2's
+ *   attention scale is multiplied by (A * attn_factor * (1 + 0.1 M ln F))^2,
+ *   returned in *kq (1 for the other families).
+ * Sets rope_scale, rope_yarn, yarn_low/high and rope_attn_factor. */
+static int read_rope_scaling(loader *L, const char *arch, bool yarn_ok, float *kq) {
+    lm_hparams *hp = &L->m->hp;
+    char key[160];
+    gguf_str s;
+    float f = 1.0f;
+    *kq = 1.0f;
+    hp->rope_scale = 1.0f;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    if (!gguf_get_str(L->m->gguf, key, &s) || gguf_str_eq(s, "none")) return 0;
+    bool yarn = gguf_str_eq(s, "yarn");
+    /* deepseek2 folds the scaling into its attention scale, as DeepSeek's files use it: yarn only */
+    bool linear_ok = hp->arch != LM_ARCH_DEEPSEEK2;
+    if (!(gguf_str_eq(s, "linear") && linear_ok) && !(yarn && yarn_ok))
+        return unsupported(L), lm_err(L->err, L->errlen, "rope scaling '%.*s' is not supported for %s (%s)",
+                                      (int)(s.len > 32 ? 32 : s.len), s.ptr, arch,
+                                      !linear_ok ? "only yarn is" : yarn_ok ? "linear and yarn are" : "only linear is");
+    if (get_hp_float(L, arch, "rope.scaling.factor", 1.0, &f)) return -1;
+    if (f > 0) hp->rope_scale = 1.0f / f;
+    if (!yarn) return 0;
+    if (!(f > 0)) return lm_err(L->err, L->errlen, "yarn rope scaling needs a positive '%s.rope.scaling.factor'", arch);
+    float log_mul = 0, beta_fast, beta_slow, attn;
+    if (get_hp_int(L, arch, "rope.scaling.original_context_length", hp->n_ctx_train, 1, 1 << 30, &hp->n_ctx_orig) ||
+        get_hp_float(L, arch, "rope.scaling.yarn_beta_fast", 32.0, &beta_fast) ||
+        get_hp_float(L, arch, "rope.scaling.yarn_beta_slow", 1.0, &beta_slow) ||
+        get_hp_float(L, arch, "rope.scaling.attn_factor", 1.0, &attn) ||
+        (hp->arch == LM_ARCH_DEEPSEEK2 && get_hp_float(L, arch, "rope.scaling.yarn_log_multiplier", 0.0, &log_mul)))
+        return -1;
+    if (!(beta_fast > 0) || !(beta_slow > 0) || attn == 0.0f)
+        return lm_err(L->err, L->errlen, "yarn rope scaling of %s: beta_fast %g, beta_slow %g and attn_factor %g must "
+                      "be positive", arch, beta_fast, beta_slow, attn);
+    float m_all = log_mul / 0.1f; /* the converter wrote 0.1 * mscale_all_dim */
+    float a = m_all != 0.0f ? 1.0f : yarn_mscale(f, 1.0f);
+    hp->rope_yarn = true;
+    hp->yarn_factor = f;
+    hp->rope_attn_factor = a * attn;
+    ops_rope_yarn_dims(hp->n_rot, hp->n_ctx_orig, hp->rope_base, beta_fast, beta_slow, &hp->yarn_low, &hp->yarn_high);
+    if (hp->arch == LM_ARCH_DEEPSEEK2) {
+        float ms = a * attn * (1.0f + 0.1f * m_all * logf(f));
+        *kq = ms * ms;
+    }
+    return 0;
+}
+
 /* deepseek2 (read_hparams has read the counts common to every family). The
  * file's attention.key_length / value_length are the latent cache row and
  * the latent (kv_lora_rank + n_rot, kv_lora_rank), key_length_mla and
  * value_length_mla a head's query/key and value widths. Files without the
- * _mla keys store attn_kv_b whole (written before attn_k_b / attn_v_b were
- * split out of it): refused. */
+ * _mla keys were written before attn_k_b / attn_v_b were split out of
+ * attn_kv_b: their key_length / value_length are a head's widths, and the
+ * loader splits attn_kv_b itself (load_kv_b). */
 static int read_mla_hparams(loader *L, const char *arch) {
     lm_hparams *hp = &L->m->hp;
     int kl_mla, vl_mla, kl, vl;
     if (get_hp_int(L, arch, "attention.key_length_mla", 0, 0, 4096, &kl_mla) ||
         get_hp_int(L, arch, "attention.value_length_mla", 0, 0, 4096, &vl_mla))
         return -1;
-    if (!kl_mla || !vl_mla)
-        return unsupported(L), lm_err(L->err, L->errlen, "this deepseek2 file has no '%s.attention.key_length_mla' "
-                                      "and value_length_mla: it stores attn_kv_b whole, a layout lamina does not run "
-                                      "(convert it again: current converters write attn_k_b and attn_v_b)", arch);
+    if (!kl_mla != !vl_mla)
+        return lm_err(L->err, L->errlen, "'%s.attention.key_length_mla' and value_length_mla come together", arch);
+    L->kv_b_whole = !kl_mla;
     if (get_hp_int(L, arch, "attention.kv_lora_rank", -1, 1, 1 << 16, &hp->kv_lora_rank) ||
         get_hp_int(L, arch, "attention.q_lora_rank", 0, 0, 1 << 16, &hp->q_lora_rank) ||
         get_hp_int(L, arch, "rope.dimension_count", -1, 2, 4096, &hp->n_rot) ||
-        get_hp_int(L, arch, "attention.key_length", hp->kv_lora_rank + hp->n_rot, 1, 1 << 17, &kl) ||
-        get_hp_int(L, arch, "attention.value_length", hp->kv_lora_rank, 1, 1 << 17, &vl) ||
+        get_hp_int(L, arch, "attention.key_length", L->kv_b_whole ? -1 : hp->kv_lora_rank + hp->n_rot, 1, 1 << 17, &kl) ||
+        get_hp_int(L, arch, "attention.value_length", L->kv_b_whole ? -1 : hp->kv_lora_rank, 1, 1 << 17, &vl) ||
         get_hp_float(L, arch, "rope.freq_base", 10000.0, &hp->rope_base) ||
         get_hp_float(L, arch, "attention.layer_norm_rms_epsilon", 1e-6, &hp->norm_eps) ||
         get_hp_int(L, arch, "leading_dense_block_count", 0, 0, hp->n_layer, &hp->n_layer_dense))
         return -1;
+    if (L->kv_b_whole) { /* the head's widths; the cache row is still the latent and the RoPE key */
+        if (kl > 4096 || vl > 4096)
+            return lm_err(L->err, L->errlen, "key/value length %d/%d of a head are out of range", kl, vl);
+        kl_mla = kl;
+        vl_mla = vl;
+        kl = hp->kv_lora_rank + hp->n_rot;
+        vl = hp->kv_lora_rank;
+    }
     if (hp->n_rot % 2) return lm_err(L->err, L->errlen, "rope dimension count %d is odd", hp->n_rot);
     if (kl_mla <= hp->n_rot)
         return lm_err(L->err, L->errlen, "key_length_mla %d leaves no dimension beside the %d rotated ones", kl_mla,
@@ -355,18 +423,14 @@ static int read_mla_hparams(loader *L, const char *arch) {
     hp->v_head_dim = vl_mla;
     hp->head_dim = hp->kv_lora_rank + hp->n_rot; /* the cache row: one KV head */
     hp->n_head_kv = 1;
-    hp->rope_scale = 1.0f;
     hp->emb_scale = 1.0f;
     hp->rope_base_swa = hp->rope_base;
     hp->rope_attn_factor = 1.0f;
     hp->n_ctx_orig = hp->n_ctx_train;
-    hp->attn_scale = 1.0f / sqrtf((float)kl_mla);
+    float kq;
+    if (read_rope_scaling(L, arch, true, &kq)) return -1;
+    hp->attn_scale = kq / sqrtf((float)kl_mla);
     char key[160];
-    gguf_str s;
-    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
-    if (gguf_get_str(L->m->gguf, key, &s) && !gguf_str_eq(s, "none"))
-        return unsupported(L), lm_err(L->err, L->errlen, "deepseek2 rope scaling '%.*s' is not supported yet",
-                                      (int)(s.len > 32 ? 32 : s.len), s.ptr);
     /* experts: on every layer after the leading dense ones */
     int shared, gating, groups;
     if (get_hp_int(L, arch, "expert_count", 0, 0, 4096, &hp->n_expert)) return -1;
@@ -459,16 +523,6 @@ static int read_hparams(loader *L) {
     if (get_hp_float(L, arch, "rope.freq_base", 10000.0, &hp->rope_base) ||
         get_hp_float(L, arch, "attention.layer_norm_rms_epsilon", 1e-5, &hp->norm_eps))
         return -1;
-    hp->rope_scale = 1.0f;
-    char key[160];
-    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
-    if (gguf_get_str(m->gguf, key, &s) && !gguf_str_eq(s, "none")) {
-        if (!gguf_str_eq(s, "linear"))
-            return unsupported(L), lm_err(L->err, L->errlen, "rope scaling '%.*s' is not supported (only linear)", (int)(s.len > 32 ? 32 : s.len), s.ptr);
-        float f;
-        if (get_hp_float(L, arch, "rope.scaling.factor", 1.0, &f)) return -1;
-        if (f > 0) hp->rope_scale = 1.0f / f;
-    }
     hp->emb_scale = 1.0f;
     hp->rope_base_swa = hp->rope_base;
     if (hp->arch == LM_ARCH_GEMMA3) {
@@ -481,6 +535,11 @@ static int read_hparams(loader *L) {
     }
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     if (read_family_hparams(L, arch)) return -1;
+    /* YaRN where the attention is plain RoPE on one base (not gemma's local
+     * layers, not phi3's long-rope); linear for every family */
+    bool yarn_ok = hp->arch != LM_ARCH_GEMMA2 && hp->arch != LM_ARCH_GEMMA3 && hp->arch != LM_ARCH_PHI3;
+    float kq;
+    if (read_rope_scaling(L, arch, yarn_ok, &kq)) return -1;
     return read_vocab(L);
 }
 
@@ -591,6 +650,46 @@ static int load_moe(loader *L, int i, lm_layer *l) {
 
 /* deepseek2's layer: latent attention, then a dense FFN (the leading
  * layers) or experts with shared ones and an optional selection bias. */
+/* attn_kv_b whole (older files): (n_head * (qk_nope + v_head_dim), kv_lora_rank),
+ * per head h the rows of W_UK_h (qk_nope) then of W_UV_h (v_head_dim). v_b[h]
+ * is W_UV_h, a row slice; k_b[h] must be W_UK_hᵀ (kv_lora_rank, qk_nope),
+ * so W_UK_h is dequantized and transposed once into m->kb_mem, F16 for an
+ * F16 file and F32 otherwise: the exact values, so the products are those
+ * of a file that stores attn_k_b. */
+static int load_kv_b(loader *L, int li, const char *name, lm_mla *a) {
+    lm_model *m = L->m;
+    const lm_hparams *hp = &m->hp;
+    const int64_t H = hp->n_head, R = hp->kv_lora_rank, nope = hp->qk_nope, vd = hp->v_head_dim;
+    lm_weight kv;
+    if (load_weight(L, name, R, H * (nope + vd), &kv)) return -1;
+    const uint32_t kt = kv.type == LM_TYPE_F16 ? LM_TYPE_F16 : LM_TYPE_F32;
+    const size_t rb = quant_row_size(kt, nope), per_layer = (size_t)(H * R) * rb;
+    if (!m->kb_mem) {
+        m->kb_bytes = per_layer * (size_t)hp->n_layer;
+        m->kb_mem = lm_malloc(m->kb_bytes);
+        if (!m->kb_mem) return nomem(L), lm_err(L->err, L->errlen, "out of memory splitting attn_kv_b (%zu bytes)", m->kb_bytes);
+    }
+    float *src = lm_malloc((size_t)(nope * R) * sizeof(float)), *col = lm_malloc((size_t)nope * sizeof(float));
+    if (!src || !col) {
+        lm_free(src);
+        lm_free(col);
+        return nomem(L), lm_err(L->err, L->errlen, "out of memory");
+    }
+    for (int64_t h = 0; h < H; h++) {
+        uint8_t *dst = (uint8_t *)m->kb_mem + (size_t)li * per_layer + (size_t)(h * R) * rb;
+        for (int64_t j = 0; j < nope; j++) ops_get_row(&kv, h * (nope + vd) + j, src + j * R); /* W_UK_h (nope, R) */
+        for (int64_t r = 0; r < R; r++) {
+            for (int64_t j = 0; j < nope; j++) col[j] = src[j * R + r];
+            quant_from_float_ref(kt, col, dst + (size_t)r * rb, nope);
+        }
+        a->k_b[h] = (lm_weight){.data = dst, .type = kt, .rows = R, .cols = nope, .row_bytes = rb};
+        a->v_b[h] = weight_rows(&kv, h * (nope + vd) + nope, vd);
+    }
+    lm_free(src);
+    lm_free(col);
+    return 0;
+}
+
 static int load_mla_layer(loader *L, int i, lm_layer *l) {
     lm_model *m = L->m;
     const lm_hparams *hp = &m->hp;
@@ -613,12 +712,11 @@ static int load_mla_layer(loader *L, int i, lm_layer *l) {
     if (load_weight(L, NAME("attn_kv_a_mqa.weight"), E, R + hp->n_rot, &a->kv_a) ||
         load_vec(L, NAME("attn_kv_a_norm.weight"), R, true, &a->kv_a_norm))
         return -1;
-    if (!gguf_find_tensor(m->gguf, NAME("attn_k_b.weight")) && gguf_find_tensor(m->gguf, NAME("attn_kv_b.weight")))
-        return unsupported(L), lm_err(L->err, L->errlen, "blk.%d has attn_kv_b but no attn_k_b / attn_v_b: lamina "
-                                      "runs the split layout only", i);
-    if (load_slices(L, NAME("attn_k_b.weight"), hp->qk_nope, R, (int)H, a->k_b) ||
-        load_slices(L, NAME("attn_v_b.weight"), R, hp->v_head_dim, (int)H, a->v_b) ||
-        load_weight(L, NAME("attn_output.weight"), H * hp->v_head_dim, E, &l->wo) ||
+    if (L->kv_b_whole ? load_kv_b(L, i, NAME("attn_kv_b.weight"), a)
+                      : load_slices(L, NAME("attn_k_b.weight"), hp->qk_nope, R, (int)H, a->k_b) ||
+                            load_slices(L, NAME("attn_v_b.weight"), R, hp->v_head_dim, (int)H, a->v_b))
+        return -1;
+    if (load_weight(L, NAME("attn_output.weight"), H * hp->v_head_dim, E, &l->wo) ||
         load_vec(L, NAME("ffn_norm.weight"), E, true, &l->ffn_norm))
         return -1;
     if (i < hp->n_layer_dense)
@@ -737,6 +835,7 @@ static uint64_t mem_available(void) {
 
 static int pack_weights(loader *L) {
     lm_model *m = L->m;
+    m->packed_bytes = m->kb_bytes;
     const int H = m->hp.n_head;
     const int n_max = MODEL_LAYER_MATRICES * m->hp.n_layer + 1 + (m->moe ? m->hp.n_layer * (1 + 3 * m->hp.n_expert) : 0) +
                       (m->mla ? m->hp.n_layer * (3 + 2 * H) : 0);
@@ -758,7 +857,8 @@ static int pack_weights(loader *L) {
         ws[k++] = &m->mla[i].q_a;
         ws[k++] = &m->mla[i].q_b;
         ws[k++] = &m->mla[i].kv_a;
-        for (int h = 0; h < 2 * H; h++) ws[k++] = &m->mla[i].k_b[h]; /* k_b, then v_b */
+        for (int h = 0; h < H; h++) ws[k++] = &m->mla[i].k_b[h];
+        for (int h = 0; h < H; h++) ws[k++] = &m->mla[i].v_b[h];
     }
     assert(k <= n_max);
     const int n_w = k;
@@ -795,14 +895,12 @@ static int pack_weights(loader *L) {
             return -1;
         }
     }
-    m->packed_bytes = total;
+    m->packed_bytes += total;
     lm_free(ws);
     return 0;
 }
 
 static int shard(loader *L, int rank, int size, int stage, int n_stages) {
-    if ((size > 1 || n_stages > 1) && L->m->mla)
-        return unsupported(L), lm_err(L->err, L->errlen, "deepseek2 (latent attention) has no --tp or --pp split");
     if (!model_shard(L->m, rank, size, L->err, L->errlen) && !model_stage(L->m, stage, n_stages, L->err, L->errlen))
         return 0;
     L->status = LM_ERR_UNSUPPORTED;
@@ -899,6 +997,7 @@ void model_free(lm_model *m) {
     lm_free(m->experts);
     lm_free(m->mla);
     lm_free(m->mla_heads);
+    lm_free(m->kb_mem);
     lm_free(m->f32);
     lm_free(m->packed_mem);
     if (m->gguf) gguf_close(m->gguf);

@@ -40,7 +40,14 @@
  *          key. The first leading_dense_block_count layers have a dense FFN,
  *          the rest experts (softmax or sigmoid router, an optional selection
  *          bias exp_probs_b, optional renormalisation, expert_weights_scale)
- *          plus ungated shared experts (ffn_*_shexp).
+ *          plus ungated shared experts (ffn_*_shexp). Older files that
+ *          store attn_kv_b whole (no key_length_mla) are split at load: W_UV
+ *          as row slices, W_UKᵀ transposed into an owned copy (kb_mem).
+ * RoPE scaling (rope.scaling.type): linear for every family but deepseek2; YaRN for llama,
+ * qwen2, qwen3, their MoE variants and deepseek2 (the released DeepSeek
+ * files): the factor stretches the low frequencies, the high ones rotate as
+ * trained, a ramp between (ops.h), cos and sin scaled by the magnitude
+ * factor, and deepseek2's attention scale by mscale² (model.c).
  * Anything else is refused by name, and so is a weight of a type lamina cannot
  * compute with.
  *
@@ -99,6 +106,13 @@ typedef struct {
     const float *rope_factors_short, *rope_factors_long;
     int n_ctx_orig;
     float rope_attn_factor; /* cos and sin multiplied by this (1 = none) */
+    /* YaRN (rope.scaling.type yarn): yarn_factor the factor (rope_scale is 1/factor), and pair i's
+     * angle blends the interpolated and the trained one along the ramp from
+     * yarn_low to yarn_high (ops_rope_angles_yarn); cos and sin are then
+     * multiplied by rope_attn_factor, and deepseek2's attn_scale carries the
+     * square of its attention-magnitude factor (model.c, read_rope_scaling) */
+    bool rope_yarn;
+    float yarn_factor, yarn_low, yarn_high;
     /* Mixture-of-Experts (n_expert 0: a dense FFN) */
     int n_expert, n_expert_used;
     int n_ff_exp;        /* an expert's hidden width */
@@ -216,11 +230,14 @@ typedef struct lm_model {
     float *f32;              /* slab owning every converted norm/bias vector */
     void *packed_mem;        /* allocation owning every weight's packed copy, or NULL
                                 (also when the copies would not fit in memory) */
-    size_t packed_bytes;     /* bytes of packed copies (memory beyond the mapping) */
+    size_t packed_bytes;     /* bytes of packed copies and of kb_mem (memory beyond the mapping) */
     lm_moe *moe;             /* (n_layer) when n_expert > 0, else NULL */
     lm_weight *experts;      /* (n_layer, 3, n_expert) the slices lm_moe points into */
     lm_mla *mla;             /* (n_layer) with latent attention, else NULL */
     lm_weight *mla_heads;    /* (n_layer, 2, n_head) the k_b and v_b slices lm_mla points into */
+    void *kb_mem;            /* (n_layer, n_head, kv_lora_rank, qk_nope) F16 or F32: W_UKᵀ split out of
+                                a whole attn_kv_b (older deepseek2 files), or NULL */
+    size_t kb_bytes;         /* its bytes (counted in packed_bytes) */
     char name[128];          /* general.name, or the file's base name */
     uint64_t n_params;
     uint64_t weight_bytes;   /* bytes of all tensors */

@@ -38,6 +38,29 @@ void ops_rope_angles_ext(float *cs, int n_rot, int pos, float base, float scale,
     }
 }
 
+void ops_rope_angles_yarn(float *cs, int n_rot, int pos, float base, float factor, float low, float high, float mscale) {
+    double span = high - low > 0.001f ? (double)high - (double)low : 0.001;
+    for (int i = 0; i < n_rot / 2; i++) {
+        double y = ((double)i - low) / span;
+        double r = 1.0 - (y < 0 ? 0 : y > 1 ? 1 : y);
+        double theta = (double)pos * pow((double)base, -2.0 * i / n_rot) * ((1.0 - r) / factor + r);
+        cs[2 * i] = (float)(cos(theta) * mscale);
+        cs[2 * i + 1] = (float)(sin(theta) * mscale);
+    }
+}
+
+/* the pair index whose wavelength fits b times in n_ctx_orig, in float as the file's converters assume */
+static float yarn_dim(int n_rot, int n_ctx_orig, float b, float base) {
+    return (float)n_rot * logf((float)n_ctx_orig / (b * 2.0f * (float)M_PI)) / (2.0f * logf(base));
+}
+
+void ops_rope_yarn_dims(int n_rot, int n_ctx_orig, float base, float beta_fast, float beta_slow, float *low, float *high) {
+    float lo = floorf(yarn_dim(n_rot, n_ctx_orig, beta_fast, base));
+    float hi = ceilf(yarn_dim(n_rot, n_ctx_orig, beta_slow, base));
+    *low = lo > 0 ? lo : 0;
+    *high = hi < (float)(n_rot - 1) ? hi : (float)(n_rot - 1);
+}
+
 void ops_rope_apply(float *x, int n_heads, int head_dim, int n_rot, const float *cs, lm_rope_style style) {
     kernels()->ew.rope(x, n_heads, head_dim, n_rot, cs, style == LM_ROPE_NEOX);
 }

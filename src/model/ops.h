@@ -33,6 +33,18 @@ void ops_rope_angles(float *cs, int n_rot, int pos, float base, float scale);
 /* The same with each frequency's angle divided by factors[i] (n_rot / 2 of
  * them; NULL: none) and cos and sin multiplied by mscale (phi3 long-rope). */
 void ops_rope_angles_ext(float *cs, int n_rot, int pos, float base, float scale, const float *factors, float mscale);
+/* YaRN: angle i is pos * theta_i * ((1 - r_i) / factor + r_i), theta_i =
+ * base^(-2i/n_rot), so it is the interpolated angle for r_i = 0 and the
+ * trained one for r_i = 1, with the ramp r_i = 1 - clamp((i -
+ * low) / max(high - low, 0.001), 0, 1): dimensions below low rotate as
+ * trained, those past high are interpolated, linear between. cos and sin
+ * are multiplied by mscale. Angles in double. */
+void ops_rope_angles_yarn(float *cs, int n_rot, int pos, float base, float factor, float low, float high, float mscale);
+/* The ramp's ends for n_rot rotated dims trained on n_ctx_orig positions:
+ * low = max(0, floor(d(beta_fast))), high = min(n_rot - 1, ceil(d(beta_slow)))
+ * with d(b) = n_rot * ln(n_ctx_orig / (2 pi b)) / (2 ln base), the pair index
+ * whose wavelength fits b times in the original context. */
+void ops_rope_yarn_dims(int n_rot, int n_ctx_orig, float base, float beta_fast, float beta_slow, float *low, float *high);
 /* Rotate n_heads heads of head_dim values in place with angles from above. */
 void ops_rope_apply(float *x, int n_heads, int head_dim, int n_rot, const float *cs, lm_rope_style style);
 

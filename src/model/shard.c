@@ -13,6 +13,8 @@
  *   output        LM head rows [vocab0, vocab0 + n_vocab), vocabulary split as
  *                 evenly as whole rows allow; the embedding table, norms and
  *                 RoPE are replicated.
+ * deepseek2's latent attention splits by query heads too (shard_mla): q_b
+ * rows, the per-head W_UKᵀ / W_UV, wo columns; the latent is replicated.
  * Every dense architecture splits this way: per-head Q/K norms (qwen3,
  * gemma3) act on whole heads, post norms and soft-caps (gemma2) on the
  * replicated stream or the gathered logits, and phi3's fused QKV and
@@ -73,6 +75,21 @@ static int shard_moe(const lm_model *m, lm_layer *l, int rank, int size, char *e
     return 0;
 }
 
+/* A latent attention layer (deepseek2): this rank's query heads are rows of
+ * q_b (attn_q_b or attn_q), their W_UKᵀ / W_UV slices, and wo's columns of
+ * their values; q_a, kv_a and their norms are replicated, so every rank
+ * computes the whole latent and keeps the whole latent cache (one KV head,
+ * replicated as any single KV head is). */
+static int shard_mla(const lm_model *m, lm_layer *l, int head0, int nh, char *err, size_t errlen) {
+    const lm_hparams *hp = &m->hp;
+    lm_mla *a = l->mla;
+    int64_t qk = (int64_t)hp->qk_nope + hp->n_rot, vd = hp->v_head_dim;
+    rows_slice(&a->q_b, (int64_t)head0 * qk, (int64_t)nh * qk);
+    a->k_b += head0;
+    a->v_b += head0;
+    return cols_slice(&l->wo, (int64_t)head0 * vd, (int64_t)nh * vd, "the attention output", err, errlen);
+}
+
 int model_shard(lm_model *m, int rank, int size, char *err, size_t errlen) {
     lm_hparams *hp = &m->hp;
     lm_tp *tp = &m->tp;
@@ -103,7 +120,7 @@ int model_shard(lm_model *m, int rank, int size, char *err, size_t errlen) {
         tp->kv_copies = size / hp->n_head_kv;
         tp->kv_head0 = rank / tp->kv_copies;
     }
-    if (!m->moe && hp->n_ff % size)
+    if ((!m->moe || hp->n_layer_dense) && hp->n_ff % size) /* deepseek2's leading dense layers too */
         return lm_err(err, errlen, "%d FFN rows do not split over %d ranks", hp->n_ff, size);
     if (m->moe && (hp->n_ff_exp % size || hp->n_ff_shexp % size))
         return lm_err(err, errlen, "experts of %d rows (shared expert %d) do not split over %d ranks", hp->n_ff_exp,
@@ -120,6 +137,10 @@ int model_shard(lm_model *m, int rank, int size, char *err, size_t errlen) {
     for (int li = 0; li < hp->n_layer; li++) {
         lm_layer *l = &m->layers[li];
         int64_t q0 = (int64_t)tp->head0 * hd, k0 = (int64_t)tp->kv_head0 * hd;
+        if (l->mla) {
+            if (shard_mla(m, l, tp->head0, nh, err, errlen)) return -1;
+            goto ffn;
+        }
         rows_slice(&l->wq, q0, (int64_t)nh * hd);
         rows_slice(&l->wk, k0, (int64_t)nkv * hd);
         rows_slice(&l->wv, k0, (int64_t)nkv * hd);
@@ -127,6 +148,7 @@ int model_shard(lm_model *m, int rank, int size, char *err, size_t errlen) {
         if (l->bk) l->bk += k0;
         if (l->bv) l->bv += k0;
         if (cols_slice(&l->wo, q0, (int64_t)nh * hd, "the attention output", err, errlen)) return -1;
+    ffn:
         if (l->moe) {
             if (shard_moe(m, l, rank, size, err, errlen)) return -1;
             continue;
@@ -156,6 +178,12 @@ uint64_t model_layer_bytes(const lm_model *m, int li) {
     model_layer_matrices(l, ws);
     uint64_t b = 0;
     for (int k = 0; k < MODEL_LAYER_MATRICES; k++) b += wbytes(ws[k]);
+    if (l->mla) { /* the latent attention's matrices (wq, wk, wv have no rows) and its two norms */
+        const lm_mla *a = l->mla;
+        b += wbytes(&a->q_a) + wbytes(&a->q_b) + wbytes(&a->kv_a);
+        for (int h = 0; h < m->hp.n_head; h++) b += wbytes(&a->k_b[h]) + wbytes(&a->v_b[h]);
+        b += (uint64_t)(m->hp.q_lora_rank + m->hp.kv_lora_rank) * sizeof(float);
+    }
     if (l->moe) {
         b += wbytes(&l->moe->gate_inp);
         for (int e = 0; e < m->hp.n_expert; e++)
