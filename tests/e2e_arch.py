@@ -89,11 +89,16 @@ def sha256(path):
     return h.hexdigest()
 
 
+def short(prompt):
+    """A prompt as check names show it (long prompts cut to their start)."""
+    return repr(prompt if len(prompt) <= 40 else prompt[:36] + "...")
+
+
 def check_logits(arch, t, model, c):
     r = lamina("logits", "-m", model, "-p", c["prompt"], "--top", "10", "-c", "512", "--kv-type", "F16")
     out = r.stdout.decode()
     m = re.search(r"prompt ids: (.*)\ntop: (.*)", out)
-    name = "%s %s logits %r" % (arch, t, c["prompt"])
+    name = "%s %s logits %s" % (arch, t, short(c["prompt"]))
     if r.returncode != 0 or not m:
         result(name, False, r.stderr.decode())
         return
@@ -107,7 +112,7 @@ def check_logits(arch, t, model, c):
         worst = max(worst, d)
         if d > a + rel * abs(v):
             bad.append("%d: llama.cpp %.4f, lamina %s" % (i, v, "%.4f" % got[i] if i in got else "not in its top 10"))
-    print("NOTE %s %s %-28r largest logit difference %.4f" % (arch, t, c["prompt"], worst))
+    print("NOTE %s %s %-28s largest logit difference %.4f" % (arch, t, short(c["prompt"]), worst))
     result(name, ids == c["prompt_ids"].split() and not bad,
            "prompt ids %s vs %s; %s" % (ids, c["prompt_ids"], "; ".join(bad)))
 
@@ -127,7 +132,7 @@ def check_greedy(arch, t, model, c):
                "--ignore-eos", "--show-ids", "-c", "512")
     err = r.stderr.decode()
     m = re.search(r"generated ids:([0-9 ]*)", err)
-    name = "%s %s greedy %r" % (arch, t, c["prompt"])
+    name = "%s %s greedy %s" % (arch, t, short(c["prompt"]))
     if r.returncode != 0 or not m:
         result(name, False, err)
         return
@@ -137,8 +142,8 @@ def check_greedy(arch, t, model, c):
         same += 1
     tie = near_tie(t, c)
     first_tie = next((i for i, mg in enumerate(margins) if mg < tie), len(ref))
-    print("NOTE %s %s greedy %-28r identical for %2d of %d; llama.cpp's first margin under %.2f at step %d"
-          % (arch, t, c["prompt"], same, len(ref), tie, first_tie))
+    print("NOTE %s %s greedy %-28s identical for %2d of %d; llama.cpp's first margin under %.2f at step %d"
+          % (arch, t, short(c["prompt"]), same, len(ref), tie, first_tie))
     result(name, same >= first_tie, "identical for %d, first near-tie at %d" % (same, first_tie))
 
 

@@ -145,7 +145,7 @@ static int write_model(ref_model *r, const shape *sh, const char *path, int faul
     gguf_w_set_u32(w, K("embedding_length"), (uint32_t)E);
     gguf_w_set_u32(w, K("feed_forward_length"), (uint32_t)sh->n_ff);
     gguf_w_set_u32(w, K("attention.head_count"), (uint32_t)H);
-    gguf_w_set_u32(w, K("attention.head_count_kv"), 1);
+    gguf_w_set_u32(w, K("attention.head_count_kv"), fault == LAYOUT_KV_B ? (uint32_t)H : 1); /* older files: n_head */
     gguf_w_set_u32(w, K("attention.q_lora_rank"), (uint32_t)sh->q_lora);
     gguf_w_set_u32(w, K("attention.kv_lora_rank"), (uint32_t)R);
     bool whole = fault == LAYOUT_KV_B;

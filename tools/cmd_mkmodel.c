@@ -350,7 +350,8 @@ int cmd_mkmodel(int argc, char **argv) {
     gguf_w_set_u32(w, KEY("embedding_length"), (uint32_t)p.embd);
     gguf_w_set_u32(w, KEY("feed_forward_length"), (uint32_t)p.ff);
     gguf_w_set_u32(w, KEY("attention.head_count"), (uint32_t)p.heads);
-    gguf_w_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)p.kv_heads);
+    /* older deepseek2 conversions count every head as a KV head (their multi-head cache) */
+    gguf_w_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)(kv_b_whole ? p.heads : p.kv_heads));
     if (p.head_dim) {
         gguf_w_set_u32(w, KEY("attention.key_length"), (uint32_t)hd);
         gguf_w_set_u32(w, KEY("attention.value_length"), (uint32_t)hd);
