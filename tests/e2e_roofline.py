@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`lamina bench --roofline` and the KV sweep of `lamina bench -d`, end to end,
 on random-weight files of mkmodel's presets (llama, gemma2 with sliding
-windows, qwen3moe with experts):
+windows, qwen3moe with experts, deepseek2 with latent attention):
 
   - the roofline JSON has every documented field (bench's usage text lists
     them), for each scenario and op;
@@ -10,7 +10,8 @@ windows, qwen3moe with experts):
     outside them: fwd_run's checks before the first timer);
   - the KV bytes a decode step reads equal the formula
     2 x layers x tokens x kv_heads x head_dim x bytes (tokens = position + 1,
-    capped at the window on gemma2's sliding-window layers), averaged over
+    capped at the window on gemma2's sliding-window layers; deepseek2's
+    latent cache: layers x tokens x (kv_lora_rank + n_rot) x bytes), averaged over
     the timed steps (positions depth + 2 .. depth + 2 + n - 1: two untimed
     steps first), for F16 and Q8_0 caches; the writes are one token's;
   - the SVGs are well-formed XML, the roofline one point per op the JSON
@@ -40,7 +41,15 @@ PRESETS = {
     "small": (8, 4, 64, 0, 0),
     "gemma2-small": (4, 2, 128, 128, 2),
     "qwen3moe-small": (4, 2, 128, 0, 0),
+    "deepseek2-small": (4, 1, 160, 0, 0),  # the latent row: kv_lora_rank 128 + n_rot 32
 }
+# latent attention: one cache row per token and layer (the value is the row's
+# latent), so the formula counts 1 row where K and V count 2
+LATENT = {"deepseek2-small"}
+
+
+def rows(preset):
+    return 1 if preset in LATENT else 2
 KV_BYTES = {"F16": 2.0, "Q8_0": 34.0 / 32.0, "F32": 4.0}
 TOP_FIELDS = ["model", "threads", "isa", "kv_type", "read_bw_gbs", "peak_gflops", "ridge_flop_per_byte", "scenarios"]
 SCEN_FIELDS = ["name", "kind", "depth", "batch", "passes", "tokens", "step_s", "ops_s", "other_s", "gap_s",
@@ -67,7 +76,7 @@ def kv_read_formula(preset, pos, b):
     t = 0.0
     for i in range(layers):
         tokens = min(pos + 1, w) if local(preset, i) else pos + 1
-        t += 2 * tokens * kvh * hd * b
+        t += rows(preset) * tokens * kvh * hd * b
     return t
 
 
@@ -133,7 +142,7 @@ def check_roofline(preset, path, kv, tmp, batch=1):
             bad.append("%s: read %.1f, formula %.1f" % (s["name"], pt["kv_read_bytes"], expect))
         if not near(pt["kv_read_global_bytes"] + pt["kv_read_local_bytes"], pt["kv_read_bytes"], 1e-6):
             bad.append("%s: classes" % s["name"])
-        if not near(pt["kv_write_bytes"], 2 * layers * kvh * hd * b, 1e-6):
+        if not near(pt["kv_write_bytes"], rows(preset) * layers * kvh * hd * b, 1e-6):
             bad.append("%s: write %.1f" % (s["name"], pt["kv_write_bytes"]))
         att = [o for o in s["ops"] if o["op"] == "attention"][0]
         if not near(att["kv_read_bytes"], pt["kv_read_bytes"] * s["tokens"] / s["passes"], 1e-6):
@@ -229,7 +238,7 @@ def main():
     if not ASAN:
         check_roofline("gemma2-small", files["gemma2-small"], "Q8_0", tmp)
         check_roofline("small", files["small"], "F16", tmp, batch=3)
-    for p in ("small", "gemma2-small"):
+    for p in ("small", "gemma2-small", "deepseek2-small"):
         check_sweep(p, files[p])
     for args, what in ((["--svg", tmp], "--svg without --roofline"), (["-d", "1,x"], "a bad depth list"),
                        (["--roofline", "-b", "0"], "batch 0")):
