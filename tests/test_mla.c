@@ -688,6 +688,21 @@ static void test_latent_kv_bytes(void) {
         uint64_t mha = (uint64_t)((double)sh->n_layer * sh->H * (sh->nope + sh->rope + sh->vd) * elem[i]);
         CHECK(want < mha);
         if (i < 2) CHECK(model_kv_bytes_per_token(m, (size_t)elem[i]) == want);
+        /* a pipeline stage's share (layer ranges 0-0 and 1-2): one latent row per layer it holds,
+         * the stages' pools adding up to the whole pool */
+        uint64_t sum = 0;
+        for (int stage = 0; stage < 2; stage++) {
+            kv_config sc = kc;
+            sc.layer0 = stage ? 1 : 0;
+            sc.layer1 = stage ? sh->n_layer : 1;
+            kv_plan sp;
+            CHECKF(kv_plan_make(&sc, &sp, err, sizeof err) == KV_OK, "%s", err);
+            uint64_t w1 = (uint64_t)((double)(sc.layer1 - sc.layer0) * (double)row * elem[i]);
+            CHECKF(sp.bytes_per_token == w1, "stage %d: %llu bytes per token, want %llu", stage,
+                   (unsigned long long)sp.bytes_per_token, (unsigned long long)w1);
+            sum += sp.data_bytes;
+        }
+        CHECK(sum == pl.data_bytes);
     }
     /* Q8_0 latent cache against F32 */
     lm_pool *pool = pool_new(2);

@@ -137,13 +137,14 @@ static int held_range(const kv_config *c, kv_plan *plan, size_t row, int B, int6
     if (c->layer0 < 0 || c->layer1 <= c->layer0 || c->layer1 > c->n_layer)
         return lm_err(err, errlen, "KV layer range [%d, %d) is not inside %d layers", c->layer0, c->layer1, c->n_layer);
     int held[KV_N_CLASS] = {0, 0};
+    const uint64_t n_slab = c->latent_v ? 1 : 2; /* K and V slabs, or the latent row alone */
     for (int i = c->layer0; i < c->layer1; i++) held[n_local && c->layer_local[i] ? KV_LOCAL : KV_GLOBAL]++;
     for (int k = 0; k < KV_N_CLASS; k++) {
         plan->cls[k].n_held = held[k];
-        plan->cls[k].bytes_per_token = 2ull * (uint64_t)held[k] * (uint64_t)c->n_head_kv * row;
+        plan->cls[k].bytes_per_token = n_slab * (uint64_t)held[k] * (uint64_t)c->n_head_kv * row;
         plan->cls[k].block_bytes = plan->cls[k].bytes_per_token * (uint64_t)B;
     }
-    *per_tok = 2ull * (uint64_t)(c->layer1 - c->layer0) * (uint64_t)c->n_head_kv * row;
+    *per_tok = n_slab * (uint64_t)(c->layer1 - c->layer0) * (uint64_t)c->n_head_kv * row;
     *blk_bytes = *per_tok * (uint64_t)B;
     *gbytes = (uint64_t)ng * plan->cls[KV_GLOBAL].block_bytes; /* no overflow: parts of the whole's */
     *lbytes = (uint64_t)nl * plan->cls[KV_LOCAL].block_bytes;
