@@ -18,7 +18,8 @@
 #     within 0.5% (5% for Gemma 3, whose logits move by as much between
 #     lamina's own single-process kernel paths);
 #   - qwen3, gemma2, phi3, qwen3moe, qwen2moe and mixtral (mkmodel's *-small
-#     presets) under --tp 2 as the bundled model, teacher-forced;
+#     presets) under --tp 2 as the bundled model, teacher-forced; deepseek2
+#     (latent attention) under --tp 2, --pp 2 (bit for bit) and both;
 #   - the same comparisons under --pp 2 and --tp 2 --pp 2 (4 ranks): pipeline
 #     stages alone give the single process's logits bit for bit (tolerance
 #     0: a row's arithmetic does not depend on its micro-batch), TP x PP
@@ -199,6 +200,23 @@ for arch in qwen3 gemma2 phi3 qwen3moe qwen2moe mixtral; do
         bad "mkmodel_$arch" "$(tail -3 "$T/err")"
     fi
 done
+
+# deepseek2's latent attention (mkmodel's deepseek2-small with its YaRN scaling, F16): under --tp 2
+# each rank holds half the query heads (q_b rows, their W_UKᵀ / W_UV, wo's columns) and the whole
+# latent and latent cache, the experts split by rows: the bundled model's tolerance (measured
+# 0.0004); under --pp 2 each stage's layers and their latent cache: bit for bit; --tp 2 --pp 2
+# within TP's tolerance. (F16, not Q8_0: with 8-bit activations one cache row whose latent lands
+# on the other side of a quantization step under the split sums moves every later position's
+# logits by about 0.3 on this file, its 4x head and expert scale 2.5 amplifying the step.)
+if "$L" mkmodel --preset deepseek2-small --type F16 --vocab-from tests/data/vocab/ggml-vocab-llama-spm.gguf \
+    -o "$T/deepseek2.gguf" -t 2 >/dev/null 2>"$T/err"; then
+    "$L" kv -m "$T/deepseek2.gguf" --pp 2 -c 128 >"$T/kv" 2>&1 && grep -q "0-1   ( 2)" "$T/kv" &&
+        grep -q "2-3   ( 2)" "$T/kv" && grep -q ": agree" "$T/kv" && ok kv_pp_deepseek2 || bad kv_pp_deepseek2 "$(cat "$T/kv")"
+    compare deepseek2_small "$T/deepseek2.gguf" README.md 64 0.02 0.005 "Once upon a time" 32000
+    compare_pp deepseek2_small "$T/deepseek2.gguf" 64 0.02 "Once upon a time" 32000
+else
+    bad mkmodel_deepseek2 "$(tail -3 "$T/err")"
+fi
 
 if [ -n "${LAMINA_ASAN:-}" ]; then
     skipped "gemma3 under --tp 2: not under AddressSanitizer (as e2e_gemma3.py, too slow there)"
