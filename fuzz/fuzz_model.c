@@ -15,8 +15,9 @@
  * Seeds: fuzz/seeds/fuzz_model/ (tiny files of each architecture, written by
  * `lamina mkmodel` as fuzz/make_seeds.py says). deepseek2_yarn.gguf and
  * deepseek2_kv_b.gguf (YaRN keys; attn_kv_b whole) are
- *   lamina mkmodel --preset deepseek2-small --layers 2 --embd 32 --heads 2 --vocab 32 --ff 32 \
- *       --experts 2 --experts-used 1 --ff-exp 32 --type Q8_0 [--kv-b-whole] -o SEED
+ *   lamina mkmodel --preset deepseek2-small --layers 2 --embd 32 --heads 1 --vocab 16 --ff 32 \
+ *       --experts 2 --experts-used 1 --ff-exp 32 --type Q4_0 [--kv-b-whole] -o SEED
+ * (under the 64 KiB of make fuzz's -max_len).
  */
 #include <stdint.h>
 #include <stdlib.h>
