@@ -242,9 +242,10 @@ RSS='import resource, subprocess, sys
 subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL)
 print("maxrss_kb", resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr)'
 if [ -f "$T/tl.gguf" ] && [ -z "${LAMINA_ASAN:-}" ]; then
-    one=$(python3 -c "$RSS" "$L" run -m "$T/tl.gguf" -p hi -n 2 -t 1 2>&1 | awk '/maxrss_kb/ {print $2}')
+    # (grep -o: the ranks' stderr lines may run into each other)
+    one=$(python3 -c "$RSS" "$L" run -m "$T/tl.gguf" -p hi -n 2 -t 1 2>&1 | grep -o 'maxrss_kb [0-9]*' | awk '{print $2}')
     two=$(timeout 120 mpirun --oversubscribe -np 2 python3 -c "$RSS" "$LM" run -m "$T/tl.gguf" -p hi -n 2 -t 1 --tp 2 2>&1 |
-        awk '/maxrss_kb/ {print $2}' | sort -n | tail -1)
+        grep -o 'maxrss_kb [0-9]*' | awk '{print $2}' | sort -n | tail -1)
     if [ -n "$one" ] && [ -n "$two" ] && [ "$two" -lt $((one * 8 / 10)) ]; then ok "memory_per_rank ($two KiB per rank, $one KiB alone)"
     else bad memory_per_rank "rank peak $two KiB, single process $one KiB"; fi
 fi
