@@ -411,7 +411,11 @@ _Static_assert(sizeof(block_q8_K) == 292, "block_q8_K layout");
 /* pshufb index: in every 32-bit lane l of a 128-bit half, its byte t as an
  * int16 in both halves of the lane (scales), or bytes t and t + 1 as two
  * int16 (a pair of mins). */
+#ifdef X86_DPBUSD /* VNNI: the scale in the lane's low int16 only (X86_DPWSSD, kernels/x86_variant.h) */
+#define SIDX(l, t) ((int)(0x80808000u | (4u * (l) + (t))))
+#else
 #define SIDX(l, t) ((int)(0x80008000u | ((4u * (l) + (t)) << 16) | (4u * (l) + (t))))
+#endif
 #define MIDX(l, t) ((int)(0x80008000u | ((4u * (l) + (t) + 1) << 16) | (4u * (l) + (t))))
 #define IDX8(F, t) _mm256_setr_epi32(F(0, t), F(1, t), F(2, t), F(3, t), F(0, t), F(1, t), F(2, t), F(3, t))
 
@@ -461,7 +465,9 @@ INLINE __m256 k4x8_acc(const uint8_t *blk, const uint8_t *xb, __m256i isum, __m2
  * nibbles of vectors 8(j/2)..8(j/2)+7, whose bytes 4k..4k+3 of each row
  * hold elements 32j+4k..+3; its 8 unpacked vectors stay in registers for
  * all CT tokens. The 8 pmaddubsw results add in int16 (at most 8 * 2 * 15 *
- * 128 = 30720) before the scale's pmaddwd. xq: the first token's quants
+ * 128 = 30720) before the scale's pmaddwd; the VNNI variants sum each half
+ * of the 8 vectors with vpdpbusd (the same bound) and apply the scale with
+ * vpdpwssd, the same integer sums. xq: the first token's quants
  * for this column; xs: the stride between tokens. */
 INLINE void pk4_tokens(const uint8_t *qs, const __m256i scv[8], const uint8_t *xq, size_t xs, int CT,
                        __m256i isum[4]) {
@@ -480,10 +486,21 @@ INLINE void pk4_tokens(const uint8_t *qs, const __m256i scv[8], const uint8_t *x
 #pragma GCC unroll 4
         for (int c = 0; c < CT; c++) {
             const uint8_t *xc = xq + (size_t)c * xs + 32 * j;
+#ifdef X86_DPBUSD
+            /* VNNI: two halves of 16 products per lane (|.| <= 16 * 15 *
+             * 128 = 30720, an int16), each times the scale */
+            const __m256i z = _mm256_setzero_si256();
+            __m256i a = X86_DPBUSD(X86_DPBUSD(z, u[0], bcast4(xc)), u[1], bcast4(xc + 4));
+            __m256i b = X86_DPBUSD(X86_DPBUSD(z, u[4], bcast4(xc + 16)), u[5], bcast4(xc + 20));
+            a = X86_DPBUSD(X86_DPBUSD(a, u[2], bcast4(xc + 8)), u[3], bcast4(xc + 12));
+            b = X86_DPBUSD(X86_DPBUSD(b, u[6], bcast4(xc + 24)), u[7], bcast4(xc + 28));
+            isum[c] = X86_DPWSSD(X86_DPWSSD(isum[c], a, scv[j]), b, scv[j]);
+#else
             __m256i s16 = _mm256_setzero_si256();
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[k], bcast4(xc + 4 * k)));
             isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(s16, scv[j]));
+#endif
         }
     }
 }

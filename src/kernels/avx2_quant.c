@@ -41,6 +41,13 @@
  * sub-blocks: < 2^23. Q6_K q <= 63: pairs <= 16128, scales |s| <= 128,
  * eight chunks: < 2^26, minus the -32 correction, at most 2^24. Sums above
  * 2^24 round when converted to float, identically in every path.
+ *
+ * The VNNI variants (kernels/x86_variant.h) form the same integer sums
+ * with vpdpbusd: Q8_0 blocks directly; the K-quants per 32-byte chunk
+ * (four products per lane, at most 4 * 63 * 128 = 32256, so an int16
+ * holds it) and then vpdpwssd against the scale in the lane's low int16,
+ * which replaces pmaddubsw, pmaddwd and the add by two instructions. The
+ * lane sums are the AVX2 path's, so every float result is too.
  */
 #include "kernels/avx2.h"
 
@@ -602,7 +609,11 @@ INLINE void k4_scales(const uint8_t *s, krow *k) {
     uint32_t m_hi = ((s2 >> 4) & 0x0f0f0f0fu) | ((s1 >> 2) & 0x30303030u);
     __m256i w16 = _mm256_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)m_lo, (int)m_hi));
     __m256i sc = _mm256_permute4x64_epi64(w16, 0x44); /* sc0..sc7 in both halves */
+#ifdef X86_DPBUSD /* VNNI: the scale in each lane's low int16, zero in the high one (X86_DPWSSD) */
+#define SCV(j) k->scv[j] = _mm256_shuffle_epi8(sc, _mm256_set1_epi32((int)(0x80800000u | ((2u * j + 1) << 8) | (2u * j))));
+#else
 #define SCV(j) k->scv[j] = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((short)(0x0100 * (2 * j + 1) + 2 * j)));
+#endif
     REP8(SCV)
 #undef SCV
     __m128i m = _mm256_extracti128_si256(w16, 1);
@@ -643,12 +654,21 @@ INLINE __m256 k_dot(int kind, const krow *k, const uint8_t *xb, __m256 acc) {
     const float dx = ldf(xb);
     const uint8_t *xq = xb + Q8K_QS;
     __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+#ifdef X86_DPBUSD /* VNNI: four products per lane (|.| <= 15872), times the scale (x86_variant.h) */
+#define KSTEP(j)                                                                                    \
+    {                                                                                               \
+        __m256i p = X86_DPBUSD(_mm256_setzero_si256(), k->u[j], ld256(xq + 32 * j));                \
+        if (j & 1) s1 = X86_DPWSSD(s1, p, k->scv[j]);                                               \
+        else s0 = X86_DPWSSD(s0, p, k->scv[j]);                                                     \
+    }
+#else
 #define KSTEP(j)                                                                                    \
     {                                                                                               \
         __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(k->u[j], ld256(xq + 32 * j)), k->scv[j]); \
         if (j & 1) s1 = _mm256_add_epi32(s1, p);                                                    \
         else s0 = _mm256_add_epi32(s0, p);                                                          \
     }
+#endif
     REP8(KSTEP)
 #undef KSTEP
     __m256i si = _mm256_add_epi32(s0, s1);
@@ -728,15 +748,24 @@ INLINE void q6k_block(const uint8_t *blk, const uint8_t *xb, size_t xs, int C, _
                                 : t == 2 ? hv
                                          : _mm256_srli_epi16(hv, 2);
             const __m256i u = _mm256_or_si256(_mm256_and_si256(lown, low4), _mm256_and_si256(top, top2));
+#ifdef X86_DPBUSD /* VNNI: the scale in each lane's low int16, zero in the high one */
+            const __m256i idx = _mm256_set_m128i(_mm_set1_epi32((int)(0x80800000u | ((4u * t + 3) << 8) | (4u * t + 2))),
+                                                 _mm_set1_epi32((int)(0x80800000u | ((4u * t + 1) << 8) | (4u * t))));
+#else
             const __m256i idx = _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 * (4 * t + 3) + 4 * t + 2)),
                                                  _mm_set1_epi16((short)(0x0100 * (4 * t + 1) + 4 * t)));
+#endif
             const __m256i sc = _mm256_shuffle_epi8(h ? hi : lo, idx);
             const int j = 4 * h + t;
 #pragma GCC unroll 4
             for (int c = 0; c < C; c++) {
                 const uint8_t *xq = xb + (size_t)c * xs + Q8K_QS;
+#ifdef X86_DPBUSD /* VNNI: four products u * x per lane, |.| <= 4 * 63 * 128 = 32256, times the scale */
+                si[c] = X86_DPWSSD(si[c], X86_DPBUSD(_mm256_setzero_si256(), u, ld256(xq + 32 * j)), sc);
+#else
                 si[c] = _mm256_add_epi32(si[c],
                                          _mm256_madd_epi16(_mm256_maddubs_epi16(u, ld256(xq + 32 * j)), sc));
+#endif
             }
         }
     }

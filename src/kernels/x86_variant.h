@@ -25,6 +25,14 @@
  * pmaddwd (no step of which saturates in those places), so a VNNI variant's
  * integer sums, and hence every float result, equal the AVX2 path's bit for
  * bit: the tests compare the variants with memcmp.
+ *
+ * X86_DPWSSD(acc, a, b) is vpdpwssd: acc + a0*b0 + a1*b1 per 32-bit lane,
+ * a and b read as int16 pairs (no saturation). The K-quants use it to apply
+ * a sub-block scale to an int32 sum that fits in int16 (a vpdpbusd of four
+ * products, at most 4 * 63 * 128 = 32256): b holds the scale in the lane's
+ * low int16 and zero in its high one, so the sum's sign-extension bits are
+ * multiplied by zero and the lane gains exactly sum * scale, what pmaddwd
+ * and an add give on the AVX2 path.
  */
 #ifndef LAMINA_X86_VARIANT_H
 #define LAMINA_X86_VARIANT_H
@@ -43,11 +51,13 @@
 #error "X86_VNNI 1 needs -mavx512vnni -mavx512vl"
 #endif
 #define X86_DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#define X86_DPWSSD(acc, a, b) _mm256_dpwssd_epi32(acc, a, b)
 #elif defined(X86_VNNI) && X86_VNNI == 2
 #if !defined(__AVXVNNI__)
 #error "X86_VNNI 2 needs -mavxvnni"
 #endif
 #define X86_DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#define X86_DPWSSD(acc, a, b) _mm256_dpwssd_avx_epi32(acc, a, b)
 #endif
 
 #define avx2_from_float_f16 X86_NAME(X86_PREFIX, from_float_f16)
