@@ -105,6 +105,9 @@ $(BUILD)/obj/kernels/avx512_%.o: src/kernels/avx512_%.c
 $(BUILD)/obj/kernels/avx512vnni_%.o: src/kernels/avx512vnni_%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LIBFLAGS) $(AVX512_FLAGS) -mavx512vnni -c $< -o $@
+$(BUILD)/obj/kernels/avx512bf16_%.o: src/kernels/avx512bf16_%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LIBFLAGS) $(AVX512_FLAGS) -mavx512vnni -mavx512bf16 -c $< -o $@
 $(BUILD)/obj/kernels/avxvnni_%.o: src/kernels/avxvnni_%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LIBFLAGS) $(SIMD_FLAGS) -mavxvnni -c $< -o $@

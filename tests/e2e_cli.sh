@@ -106,7 +106,7 @@ fi
 # 6. info
 "$L" info -m "$M" >"$T/info" 2>&1 && grep -q "GQA" "$T/info" && grep -q "layers: *5" "$T/info" && ok info || bad info "$(cat "$T/info")"
 # the kernel table's ISA; LAMINA_NO_SIMD=1 keeps the scalar reference
-grep -Eq "^kernels: +(avx2|avxvnni|avx512|avx512vnni|scalar)$" "$T/info" && LAMINA_NO_SIMD=1 "$L" info -m "$M" 2>&1 | grep -Eq "^kernels: +scalar$" &&
+grep -Eq "^kernels: +(avx2|avxvnni|avx512|avx512vnni|avx512bf16|scalar)$" "$T/info" && LAMINA_NO_SIMD=1 "$L" info -m "$M" 2>&1 | grep -Eq "^kernels: +scalar$" &&
     ok info_kernels || bad info_kernels "$(grep kernels "$T/info")"
 # LAMINA_CPU forces a variant (scalar always runs); a name this CPU cannot run
 # is capped at one it can, with a note; an unknown name gets a note too
@@ -115,6 +115,10 @@ LAMINA_CPU=scalar "$L" info -m "$M" 2>"$T/cpu_err" | grep -Eq "^kernels: +scalar
     { LAMINA_CPU=avx512vnni "$L" info -m "$M" 2>&1 | grep -Eq "^kernels: +avx512vnni$" ||
       LAMINA_CPU=avx512vnni "$L" info -m "$M" 2>&1 | grep -q "LAMINA_CPU=avx512vnni: this CPU does not run it"; } &&
     ok info_lamina_cpu || bad info_lamina_cpu "$(LAMINA_CPU=avx512vnni "$L" info -m "$M" 2>&1 | grep -i kernels)"
+# the BF16 variant by name: itself, or capped with the note
+{ LAMINA_CPU=avx512bf16 "$L" info -m "$M" 2>&1 | grep -Eq "^kernels: +avx512bf16$" ||
+  LAMINA_CPU=avx512bf16 "$L" info -m "$M" 2>&1 | grep -q "LAMINA_CPU=avx512bf16: this CPU does not run it"; } &&
+    ok info_lamina_cpu_bf16 || bad info_lamina_cpu_bf16 "$(LAMINA_CPU=avx512bf16 "$L" info -m "$M" 2>&1 | grep -i kernels)"
 
 # run --grammar: the text after the prompt is a whole string of the grammar (it ends
 # the text), greedy and sampled; a bad grammar fails naming its line and column

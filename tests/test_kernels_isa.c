@@ -9,7 +9,9 @@
  * Per variant (kernels_use), for F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_1,
  * Q5_1, Q4_K, Q5_K and Q6_K weights:
  *  - vec_dot against quant_vec_dot_ref and the float64 dot of the
- *    dequantized rows: |err| <= 1e-5 * sum |w_i x_i|, on rows from the
+ *    dequantized rows: |err| <= 1e-5 * sum |w_i x_i| (BF16 weights on
+ *    avx512bf16, which rounds the activations to BF16: that variant's
+ *    bound, tol_of), on rows from the
  *    reference quantizer and from random block bytes (every nibble, high
  *    bit, scale code; Q8_0's -128), lengths of 1 to 40 blocks (float types:
  *    also tails 1, 3, 17, 33, 100), and rows at the integer extremes;
@@ -54,6 +56,16 @@ static const uint32_t weight_types[] = {LM_TYPE_F32,  LM_TYPE_F16,  LM_TYPE_BF16
                                         LM_TYPE_Q4_K, LM_TYPE_Q5_K, LM_TYPE_Q6_K};
 #define N_WEIGHT_TYPES (sizeof weight_types / sizeof weight_types[0])
 #define TOL 1e-5
+
+/* The bound relative to sum |w x| for a type on the table now: TOL, except
+ * BF16 weights on avx512bf16, whose vdpbf16ps rounds the activations to
+ * BF16 (kernels/avx512bf16_dot.c: 2^-8 + (n / 16 + 8) * 2^-24, plus TOL
+ * for the reference's own rounding). */
+static double tol_of(uint32_t wt, int64_t n) {
+    if (wt == LM_TYPE_BF16 && kernels()->isa == LM_ISA_AVX512BF16)
+        return ldexp(1.0, -8) + (double)(n / 16 + 8) * ldexp(1.0, -24) + TOL;
+    return TOL;
+}
 
 static lm_rng rng;
 
@@ -135,7 +147,7 @@ static void check_vec_dot(uint32_t wt) {
             lm_free(w);
             lm_free(x);
             lm_free(f);
-            double tol = TOL * abs_sum + 1e-30;
+            double tol = tol_of(wt, n) * abs_sum + 1e-30;
             CHECKF(fabs((double)got - ref) <= tol && fabs((double)got - exact) <= tol,
                    "%s %s n=%lld: %.9g, reference %.9g, float64 %.9g", kernels_isa_name(), quant_type_name(wt),
                    (long long)n, got, ref, exact);
@@ -241,7 +253,7 @@ static void check_matmul(lm_pool *pool, uint32_t wt, int64_t rows, int64_t n, co
             double as;
             deq_dot(wt, n, w + (size_t)r * rb, act + (size_t)t * ab, &as);
             ref[(size_t)t * (size_t)rows + (size_t)r] = quant_vec_dot_ref(wt, n, w + (size_t)r * rb, act + (size_t)t * ab);
-            tol[(size_t)t * (size_t)rows + (size_t)r] = TOL * as + 1e-30;
+            tol[(size_t)t * (size_t)rows + (size_t)r] = tol_of(wt, n) * as + 1e-30;
         }
     }
     lm_weight lw = {.data = w, .type = wt, .rows = rows, .cols = n, .row_bytes = rb};
@@ -475,8 +487,9 @@ static void test_attn(void) {
 static lm_isa capped(lm_isa isa) {
     while (!kernels_cpu_has(isa))
         isa = isa == LM_ISA_NEONDOT ? LM_ISA_NEON
-              : isa == LM_ISA_AVXVNNI || isa == LM_ISA_AVX512 || isa == LM_ISA_AVX512VNNI ? (lm_isa)(isa - 1)
-                                                                                          : LM_ISA_SCALAR;
+              : isa == LM_ISA_AVXVNNI || isa == LM_ISA_AVX512 || isa == LM_ISA_AVX512VNNI || isa == LM_ISA_AVX512BF16
+                  ? (lm_isa)(isa - 1)
+                  : LM_ISA_SCALAR;
     return isa;
 }
 

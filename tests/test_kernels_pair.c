@@ -3,7 +3,8 @@
  * (kernels/x86_pair.h: two interleaved groups of Q4_0, Q5_0, Q4_1, Q5_1,
  * Q8_0 or Q4_K rows against 1..4 tokens).
  *
- * For avx512 and avx512vnni, where this CPU runs them (otherwise printed
+ * For avx512, avx512vnni and avx512bf16 (which takes avx512vnni's tiles),
+ * where this CPU runs them (otherwise printed
  * as "NOT RUN <variant>", never counted as passed):
  *  - the kernel table holds the pair tile for those six types (and for
  *    nothing else), none with LAMINA_NO_REPACK, none in the avx2 table;
@@ -43,7 +44,8 @@ static const struct {
     const lm_avx2_kernels *(*lookup)(uint32_t);
     lm_packed_gemm_fn (*pair)(uint32_t);
 } variants[] = {{LM_ISA_AVX512, "avx512", avx512_kernels, avx512_pair_kernel},
-                {LM_ISA_AVX512VNNI, "avx512vnni", avx512vnni_kernels, avx512vnni_pair_kernel}};
+                {LM_ISA_AVX512VNNI, "avx512vnni", avx512vnni_kernels, avx512vnni_pair_kernel},
+                {LM_ISA_AVX512BF16, "avx512bf16", avx512bf16_kernels, avx512vnni_pair_kernel}};
 #define N_VARIANTS (sizeof variants / sizeof variants[0])
 
 static const uint32_t pair_types[] = {LM_TYPE_Q4_0, LM_TYPE_Q5_0, LM_TYPE_Q4_1, LM_TYPE_Q5_1, LM_TYPE_Q8_0, LM_TYPE_Q4_K};

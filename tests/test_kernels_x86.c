@@ -1,6 +1,6 @@
 /*
- * test_kernels_x86.c - the x86 kernel variants (avxvnni, avx512, avx512vnni:
- * kernels/x86.h) and LAMINA_CPU.
+ * test_kernels_x86.c - the x86 kernel variants (avxvnni, avx512, avx512vnni,
+ * avx512bf16: kernels/x86.h) and LAMINA_CPU.
  *
  * For every variant this CPU runs (the others are printed by name as
  * "NOT RUN", never counted as passed):
@@ -21,6 +21,21 @@
  *    token's activation row), each token's outputs bit-identical to the
  *    same token computed alone (batch invariance within the variant), and
  *    bit-identical to the avx2 table's outputs (batches 1..9, 17, 33, 64).
+ * avx512bf16 is held to all of the above except for BF16 weights, whose
+ * vdpbf16ps kernels (kernels/avx512bf16_dot.c) round the activations to
+ * BF16; for them (test_bf16):
+ *  - the table: BF16 has the variant's vec_dot and gemm, every other type
+ *    avx512vnni's entries;
+ *  - vec_dot at lengths 1 to 4096 (tails of every size class), activations
+ *    of scales 1e-3 to 1e3: within (2^-8 + (n/16 + 8) 2^-24) sum |w x| of
+ *    the float64 dot, and within (n/16 + 8) 2^-24 sum |w x'| of the
+ *    float64 dot with the activations x' rounded to BF16 first (so the
+ *    rounding is the activations' alone, the sums are float's);
+ *  - gemm tiles of every nr, nc in 1..4: bit-identical to vec_dot, nothing
+ *    outside the tile written;
+ *  - ops_matmul on two threads, 1 to 64 tokens, odd shapes: every token's
+ *    outputs bit-identical to the token alone (batch invariance within the
+ *    variant) and within the first bound of the float64 dot.
  * LAMINA_CPU: every variant name is parsed; forcing each one gives that
  * variant where the CPU runs it and otherwise the best one below it with a
  * note; an unknown name keeps the best with a note; LAMINA_NO_SIMD wins.
@@ -50,9 +65,11 @@ static const struct {
     lm_isa isa;
     const char *name;
     const lm_avx2_kernels *(*lookup)(uint32_t);
-} variants[] = {{LM_ISA_AVXVNNI, "avxvnni", avxvnni_kernels},
-                {LM_ISA_AVX512, "avx512", avx512_kernels},
-                {LM_ISA_AVX512VNNI, "avx512vnni", avx512vnni_kernels}};
+    bool own_bf16; /* BF16 weights have their own kernels (test_bf16), not avx2's bits */
+} variants[] = {{LM_ISA_AVXVNNI, "avxvnni", avxvnni_kernels, false},
+                {LM_ISA_AVX512, "avx512", avx512_kernels, false},
+                {LM_ISA_AVX512VNNI, "avx512vnni", avx512vnni_kernels, false},
+                {LM_ISA_AVX512BF16, "avx512bf16", avx512bf16_kernels, true}};
 #define N_VARIANTS (sizeof variants / sizeof variants[0])
 
 static lm_rng rng;
@@ -102,7 +119,7 @@ static void test_table(void) {
     for (uint32_t t = 0; t < LM_TYPE_COUNT; t++) {
         const lm_avx2_kernels *a = avx2_kernels(t), *v = variants[cur].lookup(t);
         CHECKF(!a == !v, "%s", quant_type_name(t));
-        if (!a) continue;
+        if (!a || (t == LM_TYPE_BF16 && variants[cur].own_bf16)) continue;
         CHECKF(!a->to_float == !v->to_float && !a->from_float == !v->from_float && !a->vec_dot == !v->vec_dot &&
                    !a->gemm == !v->gemm && !a->packed_gemm == !v->packed_gemm && !a->packed_act == !v->packed_act &&
                    a->gemm_cols == v->gemm_cols && a->pack_tile == v->pack_tile,
@@ -118,6 +135,7 @@ static void test_vec_dot_gemm(void) {
     static const int64_t kl[] = {256, 512, 768, 2816};
     for (size_t ti = 0; ti < N_WEIGHT_TYPES; ti++) {
         uint32_t wt = weight_types[ti];
+        if (wt == LM_TYPE_BF16 && variants[cur].own_bf16) continue; /* test_bf16 */
         const lm_avx2_kernels *a = avx2_kernels(wt), *v = variants[cur].lookup(wt);
         int64_t blck = quant_traits(wt)->blck;
         const int64_t *lens = blck == 1 ? fl : blck == 32 ? ql : kl;
@@ -335,6 +353,149 @@ static void test_matmul_tokens(void) {
     CHECK(kernels_use(-1) == 0);
 }
 
+/* ---- avx512bf16: BF16 weights through vdpbf16ps ------------------------------ */
+
+/* The variant's bound relative to sum |w x| (kernels/avx512bf16_dot.c):
+ * the activations' rounding to BF16 (2^-8) and the float sums. */
+static double bf16_sum_bound(int64_t n) { return (double)(n / 16 + 8) * ldexp(1.0, -24); }
+static double bf16_bound(int64_t n) { return ldexp(1.0, -8) + bf16_sum_bound(n); }
+
+/* float64 dot of BF16 weights with x, or with x rounded to BF16 first;
+ * *abs_sum gets sum |w x| of the same operands. */
+static double bf16_exact(int64_t n, const uint16_t *w, const float *x, bool round_x, double *abs_sum) {
+    double s = 0, as = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double xi = round_x ? (double)lm_bf16_to_f32(lm_f32_to_bf16(x[i])) : (double)x[i];
+        double p = (double)lm_bf16_to_f32(w[i]) * xi;
+        s += p;
+        as += fabs(p);
+    }
+    *abs_sum = as;
+    return s;
+}
+
+/* The table on avx512bf16: its BF16 entries, avx512vnni's for the rest. */
+static void bf16_table(void) {
+    CHECK(kernels_use(LM_ISA_AVX512BF16) == 0 && kernels()->isa == LM_ISA_AVX512BF16 &&
+          !strcmp(kernels_isa_name(), "avx512bf16"));
+    const lm_avx2_kernels *b = avx512bf16_kernels(LM_TYPE_BF16);
+    CHECK(b && kernels_type(LM_TYPE_BF16)->vec_dot == b->vec_dot && kernels_type(LM_TYPE_BF16)->gemm == b->gemm &&
+          b->vec_dot != avx512vnni_kernels(LM_TYPE_BF16)->vec_dot);
+    for (uint32_t t = 0; t < LM_TYPE_COUNT; t++) {
+        if (t == LM_TYPE_BF16) continue;
+        const lm_avx2_kernels *v = avx512vnni_kernels(t);
+        CHECKF(avx512bf16_kernels(t) == v, "%s", quant_type_name(t));
+        if (v && v->vec_dot) CHECKF(kernels_type(t)->vec_dot == v->vec_dot && kernels_type(t)->gemm == v->gemm,
+                                    "%s", quant_type_name(t));
+    }
+    CHECK(kernels_use(-1) == 0);
+}
+
+/* vec_dot against both float64 references; gemm tiles against vec_dot. */
+static void bf16_dot_gemm(void) {
+    static const int64_t lens[] = {1, 2, 15, 16, 17, 31, 32, 33, 63, 100, 257, 1000, 2816, 4096};
+    const lm_avx2_kernels *k = avx512bf16_kernels(LM_TYPE_BF16);
+    char msg[200] = "";
+    double worst = 0; /* largest error seen, relative to the bound */
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0] && !msg[0]; li++) {
+        const int64_t n = lens[li];
+        uint16_t *w = lm_malloc(4 * (size_t)n * 2);
+        float *x = lm_malloc(4 * (size_t)n * sizeof(float));
+        for (int r = 0; r < 4; r++) make_weight(LM_TYPE_BF16, n, false, (uint8_t *)(w + (size_t)r * (size_t)n));
+        for (int c = 0; c < 4; c++) fill_normal(x + (size_t)c * (size_t)n, n, c == 1 ? 1e-3 : c == 2 ? 1e3 : 1.0);
+        for (int r = 0; r < 4 && !msg[0]; r++)
+            for (int c = 0; c < 4 && !msg[0]; c++) {
+                const uint16_t *wr = w + (size_t)r * (size_t)n;
+                const float *xc = x + (size_t)c * (size_t)n;
+                float got = k->vec_dot(n, wr, xc);
+                double as, as_r, exact = bf16_exact(n, wr, xc, false, &as), exact_r = bf16_exact(n, wr, xc, true, &as_r);
+                double e = fabs((double)got - exact), e_r = fabs((double)got - exact_r);
+                if (as > 0 && e / (bf16_bound(n) * as) > worst) worst = e / (bf16_bound(n) * as);
+                if (!(e <= bf16_bound(n) * as + 1e-30) || !(e_r <= bf16_sum_bound(n) * as_r + 1e-30))
+                    snprintf(msg, sizeof msg, "vec_dot n=%lld row %d col %d: %.9g, float64 %.9g, with x in BF16 %.9g",
+                             (long long)n, r, c, got, exact, exact_r);
+            }
+        const size_t ys = 7;
+        for (int nr = 1; nr <= 4 && !msg[0]; nr++)
+            for (int nc = 1; nc <= 4 && !msg[0]; nc++) {
+                float y[7 * 4 + 7];
+                for (size_t i = 0; i < sizeof y / sizeof y[0]; i++) y[i] = -7.0f;
+                k->gemm(n, w, (size_t)n * 2, nr, x, (size_t)n * sizeof(float), nc, y, ys);
+                for (int c = 0; c < 4; c++)
+                    for (size_t r = 0; r < ys; r++) {
+                        float want = c < nc && (int)r < nr
+                                         ? k->vec_dot(n, w + r * (size_t)n, x + (size_t)c * (size_t)n)
+                                         : -7.0f;
+                        if (memcmp(&y[(size_t)c * ys + r], &want, sizeof want) && !msg[0])
+                            snprintf(msg, sizeof msg, "n=%lld gemm %dx%d differs from vec_dot at (%zu, %d)",
+                                     (long long)n, nr, nc, r, c);
+                    }
+            }
+        lm_free(w);
+        lm_free(x);
+    }
+    CHECKF(!msg[0], "%s", msg);
+    printf("  avx512bf16 BF16 vec_dot: largest error %.3f of the bound\n", worst);
+}
+
+/* ops_matmul with BF16 weights for 1..64 tokens: each token as alone, and
+ * within the bound of the float64 dot. */
+static void bf16_matmul(void) {
+    static const int64_t shapes[][2] = {{37, 576}, {13, 33}, {3, 1000}, {9, 2048}};
+    enum { MAX_TOK = 64 };
+    lm_pool *pool = pool_new(2);
+    CHECK(pool);
+    CHECK(kernels_use(LM_ISA_AVX512BF16) == 0);
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t rows = shapes[si][0], n = shapes[si][1];
+        uint16_t *w = lm_malloc((size_t)rows * (size_t)n * 2);
+        for (int64_t r = 0; r < rows; r++) make_weight(LM_TYPE_BF16, n, false, (uint8_t *)(w + (size_t)r * (size_t)n));
+        float *x = lm_malloc((size_t)MAX_TOK * (size_t)n * sizeof(float));
+        fill_normal(x, (int64_t)MAX_TOK * n, 1.0);
+        const size_t ny = (size_t)MAX_TOK * (size_t)rows;
+        double *ref = lm_malloc(ny * sizeof(double)), *tol = lm_malloc(ny * sizeof(double));
+        for (int t = 0; t < MAX_TOK; t++)
+            for (int64_t r = 0; r < rows; r++) {
+                double as;
+                ref[(size_t)t * (size_t)rows + (size_t)r] =
+                    bf16_exact(n, w + (size_t)r * (size_t)n, x + (size_t)t * (size_t)n, false, &as);
+                tol[(size_t)t * (size_t)rows + (size_t)r] = bf16_bound(n) * as + 1e-30;
+            }
+        lm_weight lw = {.data = w, .type = LM_TYPE_BF16, .rows = rows, .cols = n, .row_bytes = (size_t)n * 2};
+        void *scratch = lm_malloc(ops_matmul_scratch(LM_TYPE_BF16, n, MAX_TOK));
+        float *y = lm_malloc(ny * sizeof(float)), *alone = lm_malloc(ny * sizeof(float));
+        for (int t = 0; t < MAX_TOK; t++)
+            ops_matmul(pool, alone + (size_t)t * (size_t)rows, &lw, x + (size_t)t * (size_t)n, 1, scratch);
+        char msg[200] = "";
+        for (int n_tok = 1; n_tok <= MAX_TOK && !msg[0]; n_tok++) {
+            ops_matmul(pool, y, &lw, x, n_tok, scratch);
+            const size_t m = (size_t)n_tok * (size_t)rows;
+            for (size_t i = 0; i < m && !msg[0]; i++)
+                if (!(fabs((double)y[i] - ref[i]) <= tol[i]))
+                    snprintf(msg, sizeof msg, "batch %d: token %zu row %zu: %.9g vs float64 %.9g", n_tok,
+                             i / (size_t)rows, i % (size_t)rows, y[i], ref[i]);
+            if (!msg[0] && !same_bits(y, alone, m))
+                snprintf(msg, sizeof msg, "batch %d: differs from its tokens alone", n_tok);
+        }
+        lm_free(w);
+        lm_free(x);
+        lm_free(ref);
+        lm_free(tol);
+        lm_free(scratch);
+        lm_free(y);
+        lm_free(alone);
+        CHECKF(!msg[0], "BF16 rows=%lld n=%lld: %s", (long long)rows, (long long)n, msg);
+    }
+    pool_free(pool);
+    CHECK(kernels_use(-1) == 0);
+}
+
+static void test_bf16(void) {
+    bf16_table();
+    bf16_dot_gemm();
+    bf16_matmul();
+}
+
 static void set_env(const char *name, const char *value) {
     if (value) setenv(name, value, 1);
     else unsetenv(name);
@@ -353,7 +514,7 @@ static void test_lamina_cpu(void) {
     set_env("LAMINA_CPU", NULL);
     CHECK(kernels_use(-1) == 0 && !kernels_cap_note()[0]);
     lm_isa best = kernels()->isa;
-    for (int i = LM_ISA_AVX512VNNI; i > (int)best; i--) CHECK(!kernels_cpu_has((lm_isa)i)); /* the best it has */
+    for (int i = LM_ISA_AVX512BF16; i > (int)best; i--) CHECK(!kernels_cpu_has((lm_isa)i)); /* the best it has */
     CHECK(!kernels_cpu_has(LM_ISA_NEON) && !kernels_cpu_has(LM_ISA_NEONDOT));                /* an x86 CPU */
     for (int i = 0; i < LM_ISA_COUNT; i++) {
         set_env("LAMINA_CPU", kernels_isa_str((lm_isa)i));
@@ -368,7 +529,7 @@ static void test_lamina_cpu(void) {
                    "LAMINA_CPU=%s gave %s (%s)", kernels_isa_str((lm_isa)i), kernels_isa_name(), kernels_cap_note());
             /* down its line: past the x86 variants below it that the CPU
              * lacks; an Arm variant's line ends at scalar */
-            if (i <= LM_ISA_AVX512VNNI)
+            if (i <= LM_ISA_AVX512BF16)
                 for (int j = (int)got + 1; j < i; j++) CHECK(!kernels_cpu_has((lm_isa)j));
             else
                 CHECK(got == LM_ISA_SCALAR);
@@ -403,6 +564,7 @@ int main(void) {
         TEST_RUN(test_packed);
         TEST_RUN(test_conversions);
         TEST_RUN(test_matmul_tokens);
+        if (variants[cur].own_bf16) TEST_RUN(test_bf16);
     }
     return TEST_DONE();
 }

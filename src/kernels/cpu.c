@@ -6,6 +6,8 @@
  * upper ZMM halves, ZMM16..31) besides bits 1 and 2: an OS may enable AVX
  * but not AVX-512 state. AVX512-VNNI is leaf 7 ECX bit 11 on top of that;
  * AVX-VNNI (the VEX form) is leaf 7 subleaf 1 EAX bit 4, on top of AVX2.
+ * AVX512_BF16 is leaf 7 subleaf 1 EAX bit 5, taken on top of AVX512-VNNI
+ * (the avx512bf16 variant is avx512vnni plus vdpbf16ps).
  * AMX is never used (some hosts list it in CPUID and trap it).
  *
  * AVX2 kernels need three CPUID features (AVX2, FMA, F16C) and, separately,
@@ -72,12 +74,20 @@ bool cpu_has_avxvnni(void) {
     return (a & (1u << 4)) != 0; /* leaf 7 subleaf 1 EAX bit 4: AVX-VNNI */
 }
 
+bool cpu_has_avx512bf16(void) {
+    unsigned a, b, c, d;
+    if (!cpu_has_avx512vnni() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || a < 1) return false;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
+    return (a & (1u << 5)) != 0; /* leaf 7 subleaf 1 EAX bit 5: AVX512_BF16 */
+}
+
 #else
 
 bool cpu_has_avx2(void) { return false; }
 bool cpu_has_avx512(void) { return false; }
 bool cpu_has_avx512vnni(void) { return false; }
 bool cpu_has_avxvnni(void) { return false; }
+bool cpu_has_avx512bf16(void) { return false; }
 
 #endif
 

@@ -16,12 +16,14 @@
  * three are read when the table is filled.
  *
  * The x86 variants: avx2 (kernels/avx2_*.c), and avxvnni, avx512 and
- * avx512vnni (the same sources built again with their flags, kernels/x86.h):
- * their matrix kernels replace avx2's, and in the two avx512 ones the
- * 512-bit tiles of kernels/avx512_gemm.h replace some of those; the
- * element-wise and attention entries are avx2's in all of them. avx512 and
- * avx512vnni add their 512-bit decode tiles (packed_pair, kernels/x86_pair.h)
- * for Q4_0, Q5_0, Q4_1, Q5_1, Q8_0 and Q4_K.
+ * avx512vnni (the same sources built again with their flags, kernels/x86.h),
+ * and avx512bf16 (avx512vnni's, with BF16 weights through vdpbf16ps,
+ * kernels/avx512bf16_dot.c): their matrix kernels replace avx2's, and in
+ * the avx512 ones the 512-bit tiles of kernels/avx512_gemm.h replace some
+ * of those; the element-wise and attention entries are avx2's in all of
+ * them. The avx512 ones add their 512-bit decode tiles (packed_pair,
+ * kernels/x86_pair.h) for Q4_0, Q5_0, Q4_1, Q5_1, Q8_0 and Q4_K
+ * (avx512bf16 takes avx512vnni's, as it does its other Q kernels).
  *
  * On AArch64 the variants are neon and neondot (kernels/neon.h: the same
  * kernels, the quantized dot products with sdot in the second), with the
@@ -68,6 +70,7 @@ static const lm_avx2_kernels *x86_lookup(lm_isa isa, uint32_t t) {
     case LM_ISA_AVXVNNI: return avxvnni_kernels(t);
     case LM_ISA_AVX512: return avx512_kernels(t);
     case LM_ISA_AVX512VNNI: return avx512vnni_kernels(t);
+    case LM_ISA_AVX512BF16: return avx512bf16_kernels(t);
     default: return avx2_kernels(t);
     }
 }
@@ -93,6 +96,7 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
     case LM_ISA_AVXVNNI:
     case LM_ISA_AVX512:
     case LM_ISA_AVX512VNNI:
+    case LM_ISA_AVX512BF16:
 #if defined(__x86_64__) || defined(__i386__)
         for (uint32_t t = 0; t < LM_TYPE_COUNT; t++) {
             const lm_avx2_kernels *a = x86_lookup(isa, t);
@@ -111,7 +115,7 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
                 e->pack_tile = a->pack_tile;
             }
             /* the avx512 variants' 512-bit prefill tiles (kernels/avx512_gemm.h) */
-            const lm_avx2_kernels *z = isa >= LM_ISA_AVX512 ? avx512_gemm_kernels(t, isa == LM_ISA_AVX512VNNI) : NULL;
+            const lm_avx2_kernels *z = isa >= LM_ISA_AVX512 ? avx512_gemm_kernels(t, isa != LM_ISA_AVX512) : NULL;
             if (z && z->packed_gemm) {
                 e->packed_gemm = z->packed_gemm;
                 if (z->packed_act) e->packed_act = z->packed_act;
@@ -119,7 +123,7 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
             }
         }
         /* the AVX-512 variants' 512-bit decode tiles (kernels/x86_pair.h) */
-        for (uint32_t t = 0; t < LM_TYPE_COUNT && (isa == LM_ISA_AVX512 || isa == LM_ISA_AVX512VNNI); t++) {
+        for (uint32_t t = 0; t < LM_TYPE_COUNT && isa >= LM_ISA_AVX512 && isa <= LM_ISA_AVX512BF16; t++) {
             lm_packed_gemm_fn pf = isa == LM_ISA_AVX512 ? avx512_pair_kernel(t) : avx512vnni_pair_kernel(t);
             if (!pf || !k->type[t].packed_gemm) continue;
             k->type[t].packed_pair = pf;
@@ -203,6 +207,7 @@ const char *kernels_isa_str(lm_isa isa) {
     case LM_ISA_AVXVNNI: return "avxvnni";
     case LM_ISA_AVX512: return "avx512";
     case LM_ISA_AVX512VNNI: return "avx512vnni";
+    case LM_ISA_AVX512BF16: return "avx512bf16";
     case LM_ISA_NEON: return "neon";
     case LM_ISA_NEONDOT: return "neondot";
     case LM_ISA_COUNT: break;
@@ -224,11 +229,13 @@ const char *kernels_cap_note(void) {
 const char *kernels_isa_name(void) { return kernels_isa_str(kernels()->isa); }
 
 /* The variant below an ISA in its line, the one LAMINA_CPU falls back to:
- * avx512vnni -> avx512 -> avxvnni -> avx2 -> scalar, neondot -> neon -> scalar. */
+ * avx512bf16 -> avx512vnni -> avx512 -> avxvnni -> avx2 -> scalar,
+ * neondot -> neon -> scalar. */
 static lm_isa isa_below(lm_isa isa) {
     switch (isa) {
     case LM_ISA_NEONDOT: return LM_ISA_NEON;
-    case LM_ISA_AVXVNNI: case LM_ISA_AVX512: case LM_ISA_AVX512VNNI: return (lm_isa)(isa - 1);
+    case LM_ISA_AVXVNNI: case LM_ISA_AVX512: case LM_ISA_AVX512VNNI: case LM_ISA_AVX512BF16:
+        return (lm_isa)(isa - 1);
     default: return LM_ISA_SCALAR;
     }
 }
@@ -245,7 +252,7 @@ static lm_isa best_upto(lm_isa cap) {
 static lm_isa cpu_isa_noted(char *note, size_t len) {
     note[0] = 0;
     const char *v = getenv("LAMINA_CPU");
-    lm_isa best = best_upto(LM_ISA_AVX512VNNI);
+    lm_isa best = best_upto(LM_ISA_AVX512BF16);
     if (best == LM_ISA_SCALAR) best = best_upto(LM_ISA_NEONDOT);
     if (!v || !*v) return best;
     int want = kernels_isa_parse(v);
@@ -273,6 +280,7 @@ bool kernels_cpu_has(lm_isa isa) {
     case LM_ISA_AVXVNNI: return cpu_has_avxvnni();
     case LM_ISA_AVX512: return cpu_has_avx512();
     case LM_ISA_AVX512VNNI: return cpu_has_avx512vnni();
+    case LM_ISA_AVX512BF16: return cpu_has_avx512bf16();
     case LM_ISA_NEON: return cpu_has_neon();
     case LM_ISA_NEONDOT: return cpu_has_neon_dot();
     case LM_ISA_COUNT: break;

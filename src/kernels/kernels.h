@@ -25,9 +25,10 @@
  *   LAMINA_NO_SIMD=1    every entry stays the scalar reference (matrix
  *                       products, element-wise ops, attention, conversions)
  *   LAMINA_CPU=NAME     use the variant NAME (scalar; avx2, avxvnni, avx512,
- *                       avx512vnni on x86-64; neon, neondot on AArch64),
- *                       capped at the best the CPU runs down its line
- *                       (avx512vnni -> avx512 -> avxvnni -> avx2 -> scalar,
+ *                       avx512vnni, avx512bf16 on x86-64; neon, neondot on
+ *                       AArch64), capped at the best the CPU runs down its
+ *                       line (avx512bf16 -> avx512vnni -> avx512 -> avxvnni
+ *                       -> avx2 -> scalar,
  *                       neondot -> neon -> scalar; kernels_cap_note says
  *                       when it was capped); an unknown name is ignored
  *                       (kernels_cap_note says so too). LAMINA_NO_SIMD wins.
@@ -38,8 +39,10 @@
  *     so the KV cache and quantized activations hold the same bytes
  *     whichever ISA wrote them;
  *   - vec_dot, gemm and packed_gemm agree with the reference within float
- *     rounding; within one variant, gemm outputs equal vec_dot's bit for bit
- *     and packed_gemm outputs do not depend on the batch (kernels/avx2.h);
+ *     rounding (avx512bf16's BF16 kernels, which round the activations to
+ *     BF16, within the bound kernels/avx512bf16_dot.c states); within one
+ *     variant, gemm outputs equal vec_dot's bit for bit and packed_gemm
+ *     outputs do not depend on the batch (kernels/avx2.h);
  *     packed_pair (the AVX-512 variants' 512-bit decode tiles over two
  *     groups, Q4_0, Q5_0, Q4_1, Q5_1, Q8_0, Q4_K) equals packed_gemm bit for bit;
  *   - element-wise and attention variants agree with the reference to a few
@@ -65,8 +68,9 @@ typedef enum {
     LM_ISA_AVXVNNI = 2,    /* AVX2 + AVX-VNNI (VEX vpdpbusd) */
     LM_ISA_AVX512 = 3,     /* AVX2 + AVX-512 F/BW/VL */
     LM_ISA_AVX512VNNI = 4, /* AVX-512 F/BW/VL + AVX512-VNNI */
-    LM_ISA_NEON = 5,       /* AArch64 Advanced SIMD (Armv8-A) */
-    LM_ISA_NEONDOT = 6,    /* AArch64 NEON + the dot-product extension (sdot) */
+    LM_ISA_AVX512BF16 = 5, /* AVX512-VNNI + AVX512_BF16 (vdpbf16ps for BF16 weights) */
+    LM_ISA_NEON = 6,       /* AArch64 Advanced SIMD (Armv8-A) */
+    LM_ISA_NEONDOT = 7,    /* AArch64 NEON + the dot-product extension (sdot) */
     LM_ISA_COUNT
 } lm_isa;
 
@@ -161,7 +165,7 @@ bool kernels_cpu_has(lm_isa isa);
 int kernels_use(int isa);
 
 /* The ISA a LAMINA_CPU value names (scalar, avx2, avxvnni, avx512,
- * avx512vnni, neon, neondot), or -1. */
+ * avx512vnni, avx512bf16, neon, neondot), or -1. */
 int kernels_isa_parse(const char *name);
 
 /* One line about LAMINA_CPU when the table was last filled from the

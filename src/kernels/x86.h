@@ -7,10 +7,14 @@
  *   avxvnni      cpu_has_avxvnni()     AVX2 flags + -mavxvnni
  *   avx512       cpu_has_avx512()      AVX2 flags + -mavx512f -mavx512bw -mavx512vl
  *   avx512vnni   cpu_has_avx512vnni()  the avx512 flags + -mavx512vnni
+ *   avx512bf16   cpu_has_avx512bf16()  the avx512vnni flags + -mavx512bf16
  *
  * Each lookup has avx2_kernels()'s contract (kernels/avx2.h) and returns
  * entries for the same types; their results equal the AVX2 entries' bit for
- * bit (the integer sums are exact either way). Call a variant's kernels only
+ * bit (the integer sums are exact either way). avx512bf16 is the exception
+ * for BF16 weights only (vdpbf16ps, kernels/avx512bf16_dot.c: activations
+ * rounded to BF16, a stated bound instead of equal bits); its other types
+ * are avx512vnni's. Call a variant's kernels only
  * when its check said yes. Off x86 every check is false and every lookup
  * returns NULL.
  */
@@ -39,9 +43,12 @@ bool cpu_has_avx512(void);
 bool cpu_has_avx512vnni(void);
 /* AVX2 (cpu_has_avx2) plus AVX-VNNI (the VEX encoding). */
 bool cpu_has_avxvnni(void);
+/* cpu_has_avx512vnni() plus AVX512_BF16. */
+bool cpu_has_avx512bf16(void);
 
 const lm_avx2_kernels *avx512_kernels(uint32_t type);
 const lm_avx2_kernels *avx512vnni_kernels(uint32_t type);
 const lm_avx2_kernels *avxvnni_kernels(uint32_t type);
+const lm_avx2_kernels *avx512bf16_kernels(uint32_t type);
 
 #endif
