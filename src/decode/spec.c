@@ -42,11 +42,34 @@ void spec_ctl_init(spec_ctl *c) {
     c->acc = SPEC_ACC_START;
     c->idle = 0;
     c->every = c->every_max = SPEC_PROBE_EVERY;
+    c->cost = 0;
+}
+
+float spec_gain(float a, int k, float cost) {
+    float tokens = 1, reach = 1;
+    for (int i = 0; i < k; i++) tokens += reach *= a;
+    return tokens / (1.0f + (float)k * (cost + SPEC_ROW_COST));
+}
+
+/* The cost model's k (0: a plain step pays best) at acceptance a. */
+static int best_k(float a, int k_max, float cost) {
+    int k = 0;
+    float best = 1.0f + SPEC_MIN_GAIN;
+    for (int i = 1; i <= k_max; i++) {
+        float g = spec_gain(a, i, cost);
+        if (g > best) best = g, k = i;
+    }
+    return k;
 }
 
 int spec_ctl_want(spec_ctl *c, int k_max) {
     int k = 0;
-    for (float reach = c->acc; k < k_max && reach >= SPEC_MIN_REACH; reach *= c->acc) k++;
+    if (c->cost > 0) {
+        k = best_k(c->acc, k_max, c->cost);
+        if (k == 0 && k_max > 0 && best_k(1.0f, k_max, c->cost) == 0) return 0; /* it could never pay */
+    } else {
+        for (float reach = c->acc; k < k_max && reach >= SPEC_MIN_REACH; reach *= c->acc) k++;
+    }
     if (k > 0 || k_max <= 0) {
         c->idle = 0;
         return k;
@@ -61,7 +84,7 @@ int spec_ctl_want(spec_ctl *c, int k_max) {
 
 void spec_ctl_update(spec_ctl *c, int proposed, int accepted) {
     /* one outcome per position reached: accepted ones, then the rejection */
-    bool probe = c->acc < SPEC_MIN_REACH;
+    bool probe = c->cost > 0 ? best_k(c->acc, proposed > 1 ? proposed : 1, c->cost) == 0 : c->acc < SPEC_MIN_REACH;
     for (int i = 0; i < accepted; i++) c->acc += SPEC_EMA * (1.0f - c->acc);
     if (accepted < proposed) c->acc -= SPEC_EMA * c->acc;
     if (accepted > 0) c->every = SPEC_PROBE_EVERY;

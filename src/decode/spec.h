@@ -32,6 +32,17 @@
  * probe costs more (a draft model's passes) sets every_max above that: each
  * probe rejected doubles the interval up to every_max, one accepted resets
  * it.
+ *
+ * Cost model (a draft model: cost > 0, each guess costs one draft pass, a
+ * share `cost` of the model's pass, which the engine measures at start). A step of k guesses at acceptance a
+ * yields 1 + a + ... + a^k tokens for 1 + k x (cost + SPEC_ROW_COST)
+ * passes' time (a verified row adds SPEC_ROW_COST of a pass); the
+ * controller proposes the k <= k_max with the best ratio, and nothing
+ * unless that ratio beats a plain step by SPEC_MIN_GAIN. Probes as above
+ * while it says no, and none at all when even a = 1 could not pay (a draft
+ * as slow as the model): then the draft never runs. So a draft that is
+ * rarely right stops after a few steps, and one that costs too much is
+ * never consulted.
  */
 #ifndef LAMINA_SPEC_H
 #define LAMINA_SPEC_H
@@ -45,6 +56,8 @@
 #define SPEC_PROBE_MAX_DRAFT 256  /* a draft model's probes back off to one in this many steps */
 #define SPEC_EMA 0.15f            /* weight of one new outcome in the estimate */
 #define SPEC_ACC_START 0.6f       /* the estimate before any outcome */
+#define SPEC_ROW_COST 0.03f       /* cost model: one more verified row, as a share of a pass */
+#define SPEC_MIN_GAIN 0.03f       /* cost model: the speed-up a proposal must promise over a plain step */
 
 /* The k tokens that followed the most recent earlier occurrence of the
  * longest suffix (SPEC_NGRAM_MAX .. SPEC_NGRAM_MIN tokens) of toks[0..n),
@@ -57,10 +70,14 @@ typedef struct {
     int idle;   /* steps since the last proposal while the estimate is too low */
     int every;  /* steps between probes (SPEC_PROBE_EVERY, doubling up to every_max while probes fail) */
     int every_max;
+    float cost; /* a guess's cost as a share of the model's pass; 0: free (prompt lookup, no cost model) */
 } spec_ctl;
 
-/* every = every_max = SPEC_PROBE_EVERY (no back-off). */
+/* every = every_max = SPEC_PROBE_EVERY (no back-off), cost 0. */
 void spec_ctl_init(spec_ctl *c);
+/* The expected speed-up of proposing k tokens at acceptance a with a
+ * guess's cost `cost` (the cost model above): tokens per pass's time. */
+float spec_gain(float a, int k, float cost);
 /* How many tokens to propose this step, 0 .. k_max (counts a skipped step). */
 int spec_ctl_want(spec_ctl *c, int k_max);
 /* The outcome of a step that proposed `proposed` tokens and accepted the
