@@ -237,6 +237,10 @@ typedef struct {
     int spec_min;         /* LM_SPEC_DRAFT: fewer guesses than this propose nothing (default 0) */
     float spec_p_min;     /* LM_SPEC_DRAFT: a guess whose distribution's top probability is below
                              this ends the proposal (default 0: never) */
+    float spec_cost;      /* LM_SPEC_DRAFT: a draft pass's time as a share of the model's, which
+                             sizes proposals (a guess must pay for itself); 0 (default): measured
+                             once when the engine starts (one-token passes of each); < 0: no cost
+                             model (propose while acceptance is likely, as prompt lookup does) */
 } lm_engine_config;
 
 enum { LM_SPEC_NONE = 0, LM_SPEC_NGRAM = 1, LM_SPEC_DRAFT = 2 };
@@ -390,6 +394,12 @@ typedef struct {
     uint64_t mem_kv;          /* the KV pool's K/V data (both classes) */
     int64_t kv_max_tokens;    /* positions of context the pool holds */
     int64_t kv_max_seqs;      /* sequences of the full context it holds at once */
+    /* a draft model's share of the memory (LM_SPEC_DRAFT; 0 without one) */
+    uint64_t mem_draft_weights;   /* its tensors, mapped and packed */
+    uint64_t mem_draft_workspace; /* its forward pass, buffers, and the guesses' distributions */
+    uint64_t mem_draft_kv;        /* its own KV pool */
+    float spec_draft_cost;        /* the cost model's price of a draft pass, as a share of the
+                                     model's (lm_engine_config.spec_cost); 0: no cost model */
 } lm_engine_stats;
 
 LM_API void lm_engine_get_stats(lm_engine *e, lm_engine_stats *st);

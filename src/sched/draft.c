@@ -15,6 +15,10 @@
  *
  * Invariant: ds->kv holds exactly ds->n positions (kv_seq_len), those of
  * the stream's first n tokens; a pass that fails drops every job's state.
+ *
+ * A job with a grammar (j->gm) gets its own copy of the parse state for the
+ * call (gw[i]), advanced by each guess; a guess where the matcher fails
+ * (memory, a bound) or allows nothing ends the proposal, never the choice.
  */
 #include "sched/draft.h"
 
@@ -37,6 +41,9 @@ struct draft_runner {
     float *logits;      /* (max_seqs, n_vocab) */
     int32_t *ids;       /* (n_vocab) sampler_dist's survivors */
     float *probs;       /* (n_vocab) */
+    lm_gmatch **gw;     /* (max_seqs) the jobs' parse states during a call (NULL: no grammar) */
+    uint64_t ws_bytes;  /* the workspace and the buffers above, as draft_plan counts them */
+    bool no_mask;       /* tests: guess without the grammar's mask */
 };
 
 int draft_check_vocab(const lm_model *target, const lm_model *draft, char *err, size_t errlen) {
@@ -77,32 +84,67 @@ void draft_free(draft_runner *d) {
     lm_free(d->logits);
     lm_free(d->ids);
     lm_free(d->probs);
+    lm_free(d->gw);
     lm_free(d);
 }
 
-draft_runner *draft_new(const lm_model *dm, lm_pool *pool, int n_ctx, int n_batch, int max_seqs, char *err,
-                        size_t errlen) {
+/* The dims of the draft's passes: the target's context, or the draft's
+ * own when shorter. */
+static fwd_dims draft_dims(const lm_model *dm, int n_ctx, int n_batch) {
+    if (dm->hp.n_ctx_train > 0 && n_ctx > dm->hp.n_ctx_train) n_ctx = dm->hp.n_ctx_train;
+    return fwd_dims_make(dm, n_ctx, n_batch);
+}
+
+/* btok, logits, ids, probs */
+static uint64_t buffer_bytes(const lm_model *dm, const fwd_dims *dims, int max_seqs) {
+    uint64_t V = (uint64_t)dm->hp.n_vocab;
+    return (uint64_t)dims->n_batch * sizeof(int32_t) + ((uint64_t)max_seqs * V + 2 * V) * sizeof(float);
+}
+
+int draft_plan(const lm_model *dm, int n_ctx, int n_batch, int max_seqs, int n_threads, kv_config *kc,
+               uint64_t *workspace, char *err, size_t errlen) {
+    fwd_dims dims = draft_dims(dm, n_ctx, n_batch);
+    fwd_kv_config(dm, &dims, kc);
+    kc->type = LM_TYPE_F16;
+    kc->n_seqs = max_seqs;
+    kc->mem_bytes = 0;
+    *workspace = fwd_workspace_bytes(dm, &dims, n_threads) + buffer_bytes(dm, &dims, max_seqs);
+    kv_plan pl;
+    return kv_plan_make(kc, &pl, err, errlen) == KV_OK ? 0 : -1;
+}
+
+int draft_pool_default(const kv_config *kc, uint64_t *bytes, char *err, size_t errlen) {
+    kv_config c = *kc;
+    c.mem_bytes = 0;
+    kv_plan pl;
+    if (kv_plan_make(&c, &pl, err, errlen) != KV_OK) return -1;
+    *bytes = pl.data_bytes > (2ull << 30) ? 2ull << 30 : pl.data_bytes;
+    return 0;
+}
+
+draft_runner *draft_new(const lm_model *dm, lm_pool *pool, const kv_config *kcin, int n_ctx, int n_batch,
+                        int max_seqs, char *err, size_t errlen) {
     draft_runner *d = lm_calloc(1, sizeof *d);
     if (!d) return lm_err(err, errlen, "out of memory"), NULL;
     d->m = dm;
-    if (dm->hp.n_ctx_train > 0 && n_ctx > dm->hp.n_ctx_train) n_ctx = dm->hp.n_ctx_train;
-    fwd_dims dims = fwd_dims_make(dm, n_ctx, n_batch);
+    fwd_dims dims = draft_dims(dm, n_ctx, n_batch);
     d->n_ctx = dims.n_ctx;
     d->n_batch = dims.n_batch;
     d->max_seqs = max_seqs;
     kv_config kc;
-    fwd_kv_config(dm, &dims, &kc);
-    kc.type = LM_TYPE_F16;
-    kc.n_seqs = max_seqs;
-    kv_plan pl;
-    if (kv_plan_make(&kc, &pl, err, errlen) != KV_OK) goto fail;
-    if (pl.data_bytes > (2ull << 30)) {
-        kc.mem_bytes = 2ull << 30;
+    uint64_t ws;
+    if (draft_plan(dm, n_ctx, n_batch, max_seqs, pool_size(pool), &kc, &ws, err, errlen) != 0) goto fail;
+    if (kcin) {
+        kc = *kcin;
+    } else { /* the full pool, at most 2 GiB */
+        kv_plan pl;
         if (kv_plan_make(&kc, &pl, err, errlen) != KV_OK) goto fail;
+        if (pl.data_bytes > (2ull << 30)) kc.mem_bytes = 2ull << 30;
     }
     size_t V = (size_t)dm->hp.n_vocab;
     if (!(d->kv = kv_pool_new(&kc, err, errlen))) goto fail;
     if (!(d->fwd = fwd_new(dm, pool, d->kv, &dims, err, errlen))) goto fail;
+    d->ws_bytes = d->fwd->ws_bytes + buffer_bytes(dm, &dims, max_seqs);
     d->btok = lm_malloc((size_t)d->n_batch * sizeof *d->btok);
     d->segs = lm_calloc((size_t)max_seqs, sizeof *d->segs);
     d->seg_job = lm_calloc((size_t)max_seqs, sizeof *d->seg_job);
@@ -110,7 +152,8 @@ draft_runner *draft_new(const lm_model *dm, lm_pool *pool, int n_ctx, int n_batc
     d->logits = lm_malloc((size_t)max_seqs * V * sizeof *d->logits);
     d->ids = lm_malloc(V * sizeof *d->ids);
     d->probs = lm_malloc(V * sizeof *d->probs);
-    if (!d->btok || !d->segs || !d->seg_job || !d->live || !d->logits || !d->ids || !d->probs) {
+    d->gw = lm_calloc((size_t)max_seqs, sizeof *d->gw);
+    if (!d->btok || !d->segs || !d->seg_job || !d->live || !d->logits || !d->ids || !d->probs || !d->gw) {
         lm_err(err, errlen, "out of memory allocating the draft model's buffers");
         goto fail;
     }
@@ -118,6 +161,28 @@ draft_runner *draft_new(const lm_model *dm, lm_pool *pool, int n_ctx, int n_batc
 fail:
     draft_free(d);
     return NULL;
+}
+
+uint64_t draft_workspace_bytes(const draft_runner *d) { return d->ws_bytes; }
+
+uint64_t draft_kv_bytes(const draft_runner *d) { return kv_pool_plan(d->kv)->data_bytes; }
+
+int64_t draft_kv_tokens(const draft_runner *d) { return kv_pool_plan(d->kv)->n_tokens; }
+
+void draft_set_masking(draft_runner *d, bool on) { d->no_mask = !on; }
+
+double draft_time_pass(draft_runner *d, int32_t tok) {
+    char err[LM_ERRLEN];
+    kv_seq *s = kv_seq_new(d->kv, err, sizeof err);
+    if (!s) return -1;
+    double t = -1;
+    if (kv_append(d->kv, s, 1, err, sizeof err) == KV_OK) {
+        lm_seg seg = {.seq = s, .pos0 = 0, .n = 1, .n_logits = 1};
+        double t0 = lm_now();
+        if (fwd_run(d->fwd, &tok, &seg, 1, d->logits, err, sizeof err) == 0) t = lm_now() - t0;
+    }
+    kv_seq_free(d->kv, s);
+    return t;
 }
 
 int draft_seq_init(draft_runner *d, draft_seq *ds, const lm_sample_params *sp) {
@@ -179,13 +244,20 @@ static float top_prob(const float *row, int32_t V) {
     return (float)(1.0 / s);
 }
 
-/* The guess from row (the draft's logits for job j's next token), written
- * to j->out and, sampling, its distribution to j->q. false when p_min
- * stops the proposal or every token is banned. */
-static bool guess(draft_runner *d, draft_job *j, float *row, float p_min) {
+/* The guess from row (the draft's logits for job j's next token, g its
+ * parse state or NULL), written to j->out and, sampling, its distribution
+ * to j->q. false when p_min stops the proposal, every token is banned, or
+ * the grammar allows nothing; *last when nothing may follow the guess (a
+ * grammar that can only end, or one the matcher failed on). */
+static bool guess(draft_runner *d, draft_job *j, lm_gmatch *g, float *row, float p_min, bool *last) {
     int32_t V = d->m->hp.n_vocab;
     lm_sampler *s = j->ds->smp;
     int32_t t;
+    *last = false;
+    if (g) { /* the target's row gets the same mask before its sampler */
+        if (gmatch_mask(g, j->mask) <= 0) return false;
+        grammar_mask_apply(j->mask, j->n_mask, row, V);
+    }
     if (sampler_greedy(s)) {
         t = sampler_sample(s, row); /* bias and penalties applied to row, then its argmax */
         if (t < 0 || (p_min > 0 && top_prob(row, V) < p_min)) return false;
@@ -212,6 +284,8 @@ static bool guess(draft_runner *d, draft_job *j, float *row, float p_min) {
     }
     j->out[j->n_out++] = t;
     sampler_accept(s, t);
+    /* as the engine's grammar_advance: an end-of-generation token leaves the state */
+    if (g && !tok_is_eog(d->m->tok, t) && (gmatch_accept(g, t) != 0 || gmatch_must_end(g))) *last = true;
     return true;
 }
 
@@ -226,6 +300,8 @@ void draft_propose(draft_runner *d, draft_job *jobs, int n_jobs, int min, float 
         place(d, j);
         live[i] = j->ds->kv != NULL && j->k > 0;
         if (live[i]) sampler_copy_history(j->ds->smp, j->hist);
+        d->gw[i] = NULL;
+        if (live[i] && j->gm && !d->no_mask && !(d->gw[i] = gmatch_copy(j->gm))) live[i] = false;
     }
     for (;;) {
         int n_seg = 0, n_tok = 0;
@@ -254,18 +330,24 @@ void draft_propose(draft_runner *d, draft_job *jobs, int n_jobs, int min, float 
                 draft_seq_release(d, jobs[i].ds);
                 jobs[i].n_out = 0;
             }
-            return;
+            break;
         }
         int row = 0;
         for (int g = 0; g < n_seg; g++) {
-            draft_job *j = &jobs[d->seg_job[g]];
+            int i = d->seg_job[g];
+            draft_job *j = &jobs[i];
             j->ds->n += d->segs[g].n;
             if (!d->segs[g].n_logits) continue;
-            if (!guess(d, j, d->logits + (size_t)row++ * V, p_min) || j->n_out >= j->k) live[d->seg_job[g]] = false;
+            bool last;
+            if (!guess(d, j, d->gw[i], d->logits + (size_t)row++ * V, p_min, &last) || last || j->n_out >= j->k)
+                live[i] = false;
         }
     }
-    for (int i = 0; i < n_jobs; i++)
+    for (int i = 0; i < n_jobs; i++) {
+        gmatch_free(d->gw[i]);
+        d->gw[i] = NULL;
         if (jobs[i].n_out < min) jobs[i].n_out = 0;
+    }
 }
 
 void draft_keep(draft_runner *d, draft_seq *ds, int agree) {

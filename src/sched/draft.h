@@ -30,10 +30,20 @@
  * moves), so a rare probe costs a short prefill, not the whole context. Its
  * proposals are then from a shorter context, still exact.
  *
+ * Grammars. A job whose choice has a grammar in force (gm) guesses under
+ * the same mask the target's row gets: the draft's row is masked before
+ * its sampler runs, a copy of the parse state advances along the guesses
+ * (an end-of-generation token leaves it, as it does the target's), and the
+ * proposal ends where the grammar can only end. So every guess is grammar-valid, and q (the masked
+ * distribution the guess was drawn from) is what the rejection scheme
+ * divides by: exact still, and accepted as often as without a grammar.
+ *
  * Resources. Its pool holds max_seqs sequences of the target's context (or
- * the draft's, if shorter: the window then restarts). When the pool is full
- * or a truncation is refused (sliding-window layers), the sequence's draft
- * state is dropped and the job proposes nothing this time; nothing fails.
+ * the draft's, if shorter: the window then restarts), or what a memory
+ * budget gave it (engine_mem_plan: draft_plan says what it needs). When the
+ * pool is full or a truncation is refused (sliding-window layers), the
+ * sequence's draft state is dropped and the job proposes nothing this
+ * time; nothing fails.
  */
 #ifndef LAMINA_DRAFT_H
 #define LAMINA_DRAFT_H
@@ -44,6 +54,7 @@
 
 #include "base/pool.h"
 #include "base/util.h"
+#include "decode/grammar.h"
 #include "decode/sample.h"
 #include "kv/kv.h"
 #include "model/model.h"
@@ -66,6 +77,10 @@ typedef struct {
     const int32_t *toks;    /* (n_toks) the sequence so far */
     int n_toks;
     const lm_sampler *hist; /* the choice's sampler (its penalty history) */
+    lm_gmatch *gm;          /* the choice's parse state when a grammar is in force, else NULL (not
+                               owned: a copy advances along the guesses) */
+    uint32_t *mask;         /* ((n_mask + 31) / 32) scratch for gm's masks (not owned) */
+    int32_t n_mask;         /* tokens the grammar's vocabulary tables cover */
     int k;                  /* guesses wanted */
     int32_t *out;           /* (k) guesses */
     float *q;               /* (k, n_vocab) the guesses' distributions, or NULL (greedy) */
@@ -77,11 +92,36 @@ typedef struct {
  * first difference in err. */
 int draft_check_vocab(const lm_model *target, const lm_model *draft, char *err, size_t errlen);
 
+/* What draft_new allocates for max_seqs sequences of n_ctx positions,
+ * passes of n_batch tokens and n_threads threads, computed without
+ * allocating: *workspace, the forward pass's workspace and the runner's
+ * large buffers (batch tokens, logits rows, a sampler's id and probability
+ * rows), in bytes; *kc, its pool's configuration for max_seqs sequences of
+ * its context (F16, mem_bytes 0: the caller sets the budget). 0, or -1
+ * with a message. */
+int draft_plan(const lm_model *dm, int n_ctx, int n_batch, int max_seqs, int n_threads, kv_config *kc,
+               uint64_t *workspace, char *err, size_t errlen);
+/* The full pool's bytes for kc as draft_plan gives it, at most 2 GiB: what
+ * the pool gets without a budget. 0, or -1 with a message. */
+int draft_pool_default(const kv_config *kc, uint64_t *bytes, char *err, size_t errlen);
+
 /* A runner for up to max_seqs sequences of n_ctx positions, passes of at
  * most n_batch tokens, on the given thread pool (shared with the target:
- * the engine thread runs one after the other). NULL with a message. */
-draft_runner *draft_new(const lm_model *dm, lm_pool *pool, int n_ctx, int n_batch, int max_seqs, char *err,
-                        size_t errlen);
+ * the engine thread runs one after the other), its KV pool made from kc
+ * (draft_plan's, with mem_bytes set; NULL: the default pool). NULL with a
+ * message. */
+draft_runner *draft_new(const lm_model *dm, lm_pool *pool, const kv_config *kc, int n_ctx, int n_batch,
+                        int max_seqs, char *err, size_t errlen);
+/* What it allocated: the workspace (as draft_plan's) and the pool's K/V bytes. */
+uint64_t draft_workspace_bytes(const draft_runner *d);
+uint64_t draft_kv_bytes(const draft_runner *d);
+/* Its pool's positions (global class). */
+int64_t draft_kv_tokens(const draft_runner *d);
+/* Seconds of one draft pass over one token (position 0 of a scratch
+ * sequence, freed after); -1 when the pool or the pass fails. */
+double draft_time_pass(draft_runner *d, int32_t tok);
+/* Tests: guess without the grammar's mask (acceptance drops; output stays exact). */
+void draft_set_masking(draft_runner *d, bool on);
 void draft_free(draft_runner *d);
 
 /* A choice's draft state with its sampling parameters (seeded from sp's

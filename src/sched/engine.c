@@ -182,6 +182,7 @@ struct lm_engine {
     float *logits;            /* (max_seqs + spec_cap + 2, n_vocab): batch rows, a fork's source and work rows */
     int spec_cap;             /* proposed tokens one iteration verifies at most (0: no proposer) */
     draft_runner *dr;         /* the draft model's pool and workspace (LM_SPEC_DRAFT) */
+    float draft_cost;         /*   a draft pass as a share of the model's (0: no cost model) */
     draft_job *jobs;          /* (max_seqs) this iteration's draft proposals */
     float *dq;                /* (spec_cap, n_vocab) their distributions, made on the first sampled one */
     float *lp;                /* (n_vocab) log-probabilities / sampling scratch */
@@ -719,7 +720,10 @@ static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max
         if (e->spec_cap > 0 && p->spec_k >= 0) {
             c->spec_k = p->spec_k == 0 || p->spec_k > e->cfg.spec_max ? e->cfg.spec_max : p->spec_k;
             spec_ctl_init(&c->ctl);
-            if (e->dr) c->ctl.every_max = SPEC_PROBE_MAX_DRAFT; /* a draft's probe costs passes: back off */
+            if (e->dr) {
+                c->ctl.every_max = SPEC_PROBE_MAX_DRAFT; /* a draft's probe costs passes: back off */
+                c->ctl.cost = e->draft_cost;
+            }
             if (!(c->draft = lm_malloc((size_t)c->spec_k * sizeof *c->draft))) {
                 ok = false;
                 break;
@@ -868,6 +872,11 @@ static int propose(lm_engine *e, eseq *c, bool busy, int *n_jobs, int *q_used) {
     c->d_base = c->n_tokens;
     e->jobs[*n_jobs] = (draft_job){.ds = &c->ds, .toks = c->tokens, .n_toks = c->n_tokens, .hist = c->smp,
                                    .k = k, .out = c->draft, .q = q};
+    if (c->gm_on) { /* the guesses under the mask the target's rows get (the engine's mask buffer is free now) */
+        e->jobs[*n_jobs].gm = c->gm;
+        e->jobs[*n_jobs].mask = e->gmask;
+        e->jobs[*n_jobs].n_mask = grammar_vocab_size(e->gvocab);
+    }
     e->job_ch[(*n_jobs)++] = c;
     return 0; /* report_running fills it in once the draft ran */
 }
@@ -1191,6 +1200,10 @@ static void presample(lm_engine *e, int n_seg) {
 
 void engine_set_serial_sampling(lm_engine *e, bool on) { e->serial_sampling = on; }
 
+void engine_set_draft_masking(lm_engine *e, bool on) {
+    if (e->dr) draft_set_masking(e->dr, on);
+}
+
 void engine_set_profile(lm_engine *e, bool on) {
     e->prof_on = on;
     e->fwd->profile = on;
@@ -1404,6 +1417,46 @@ static void destroy(lm_engine *e) {
 /* The per-iteration buffers and the scheduler, once the pool is made. */
 /* ---- configuration and the memory budget --------------------------------- */
 
+/* Seconds of one pass of the model over one token (a scratch sequence);
+ * -1 when it fails. */
+static double time_pass(lm_engine *e, int32_t tok) {
+    char err[LM_ERRLEN];
+    kv_seq *s = kv_seq_new(e->kv, err, sizeof err);
+    if (!s) return -1;
+    double t = -1;
+    if (kv_append(e->kv, s, 1, err, sizeof err) == KV_OK) {
+        lm_seg seg = {.seq = s, .pos0 = 0, .n = 1, .n_logits = 1};
+        double t0 = lm_now();
+        if (fwd_run(e->fwd, &tok, &seg, 1, e->logits, err, sizeof err) == 0) t = lm_now() - t0;
+    }
+    kv_seq_free(e->kv, s);
+    return t;
+}
+
+/* The cost model's price of a draft pass (spec.h): its time over the
+ * model's, one token each, the least of three interleaved after a pass of
+ * each that pages the weights in (so a pass the load slowed counts
+ * little). Without a measurement, the ratio of the weights' bytes, which
+ * a batch-1 pass reads once. At least 0.001. */
+static float draft_calibrate(lm_engine *e) {
+    const lm_model *dm = e->cfg.draft_model;
+    double bytes = (double)(dm->weight_bytes + dm->packed_bytes) /
+                   (double)(e->m->weight_bytes + e->m->packed_bytes ? e->m->weight_bytes + e->m->packed_bytes : 1);
+    int32_t tok = tok_bos(e->tok) >= 0 ? tok_bos(e->tok) : 0;
+    double tm = 1e30, td = 1e30;
+    for (int i = 0; i < 4; i++) {
+        double a = time_pass(e, tok), b = draft_time_pass(e->dr, tok);
+        if (a < 0 || b < 0) {
+            tm = -1;
+            break;
+        }
+        if (i > 0 && a < tm) tm = a;
+        if (i > 0 && b < td) td = b;
+    }
+    double cost = tm > 0 && td < 1e30 ? td / tm : bytes;
+    return cost < 1e-3 ? 1e-3f : (float)cost;
+}
+
 /* Defaults and bounds of a configuration, and the forward pass's dims: 0,
  * or -1 with a message (an invalid configuration). */
 static int resolve_config(const lm_model *m, lm_engine_config *c, fwd_dims *dims, char *err, size_t errlen) {
@@ -1425,6 +1478,7 @@ static int resolve_config(const lm_model *m, lm_engine_config *c, fwd_dims *dims
             return lm_err(err, errlen, "the draft model's tokenizer does not match the target's: %s", verr);
         if (!(c->spec_p_min >= 0 && c->spec_p_min <= 1))
             return lm_err(err, errlen, "the draft's p_min must be in [0, 1]");
+        if (!isfinite(c->spec_cost)) return lm_err(err, errlen, "the draft's cost must be a finite number");
     }
     if (c->spec_max <= 0) c->spec_max = 4;
     if (c->spec_max > 64) c->spec_max = 64;
@@ -1454,6 +1508,25 @@ static const char *human(uint64_t b, char *buf, size_t n) {
     return buf;
 }
 
+/* The draft model's parts (LM_SPEC_DRAFT): its weights, its workspace
+ * with the guesses' distributions the engine keeps, its pool's
+ * configuration at the default size (o->dkc); *full and *one its pool's
+ * plans for max_seqs sequences and for one, *dflt the default's bytes. */
+static int draft_parts(const lm_model *m, const lm_engine_config *c, const fwd_dims *dims, engine_mem *o,
+                       kv_plan *full, kv_plan *one, uint64_t *dflt, char *err, size_t errlen) {
+    const lm_model *dm = c->draft_model;
+    o->draft_weights = dm->weight_bytes + dm->packed_bytes;
+    if (draft_plan(dm, dims->n_ctx, c->batch_tokens, c->max_seqs, c->n_threads, &o->dkc, &o->draft_workspace, err,
+                   errlen) != 0 || draft_pool_default(&o->dkc, dflt, err, errlen) != 0)
+        return -1;
+    o->draft_workspace += (uint64_t)spec_cap_of(c) * (uint64_t)m->hp.n_vocab * sizeof(float);
+    kv_config c1 = o->dkc;
+    c1.n_seqs = 1;
+    if (kv_plan_make(&o->dkc, full, err, errlen) != KV_OK || kv_plan_make(&c1, one, err, errlen) != KV_OK) return -1;
+    o->dkc.mem_bytes = full->data_bytes > *dflt ? *dflt : 0; /* 0: the full pool */
+    return 0;
+}
+
 /* The pool's configuration and the split of the memory (resolved c). */
 static int mem_plan(const lm_model *m, const lm_engine_config *c, const fwd_dims *dims, engine_mem *o, char *err,
                     size_t errlen) {
@@ -1476,15 +1549,27 @@ static int mem_plan(const lm_model *m, const lm_engine_config *c, const fwd_dims
     kv_plan pl = {0};
     if ((!c->kv_mem || c->mem) && kv_plan_make(&all, &pl, err, errlen) != KV_OK) return -1;
     uint64_t dflt = pl.data_bytes > (4ull << 30) ? 4ull << 30 : pl.data_bytes;
+    kv_plan dfull = {0}, d1 = {0};
+    uint64_t ddflt = 0;
+    if (c->spec == LM_SPEC_DRAFT && draft_parts(m, c, dims, o, &dfull, &d1, &ddflt, err, errlen) != 0) return -1;
     if (c->mem) {
-        char b1[32], b2[32], b3[32], b4[32], b5[32];
+        char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32], b8[32];
         o->budget = c->mem;
-        uint64_t fixed = o->weights + o->packed + o->workspace;
+        uint64_t fixed = o->weights + o->packed + o->workspace + o->draft_weights + o->draft_workspace;
         /* one sequence of the full context, with the local windows of max_seqs */
         kv_config one = all;
         one.n_seqs = 1;
         kv_plan p1;
         if (kv_plan_make(&one, &p1, err, errlen) != KV_OK) return -1;
+        if ((c->mem < fixed || c->mem - fixed < p1.data_bytes + d1.data_bytes) && c->spec == LM_SPEC_DRAFT)
+            return lm_err(err, errlen, "memory budget %s is too small: weights %s + workspace %s + the draft model's "
+                          "weights %s and workspace %s leave %s for the KV caches, and one sequence of %d positions "
+                          "needs %s in the model's and %s in the draft's (raise --mem, lower the context or pick a "
+                          "smaller KV type)", human(c->mem, b1, sizeof b1), human(o->weights + o->packed, b2,
+                          sizeof b2), human(o->workspace, b3, sizeof b3), human(o->draft_weights, b6, sizeof b6),
+                          human(o->draft_workspace, b7, sizeof b7),
+                          human(c->mem > fixed ? c->mem - fixed : 0, b4, sizeof b4), dims->n_ctx,
+                          human(p1.data_bytes, b5, sizeof b5), human(d1.data_bytes, b8, sizeof b8));
         if (c->mem < fixed || c->mem - fixed < p1.data_bytes)
             return lm_err(err, errlen, "memory budget %s is too small: weights %s + workspace %s leave %s for the KV "
                           "cache, and one sequence of %d positions needs %s (raise --mem, lower the context or "
@@ -1493,6 +1578,19 @@ static int mem_plan(const lm_model *m, const lm_engine_config *c, const fwd_dims
                           human(c->mem > fixed ? c->mem - fixed : 0, b4, sizeof b4), dims->n_ctx,
                           human(p1.data_bytes, b5, sizeof b5));
         uint64_t rest = c->mem - fixed;
+        if (c->spec == LM_SPEC_DRAFT) {
+            /* the pools share the rest in proportion to their full sizes,
+             * each at least one sequence, the draft's at most its default */
+            uint64_t dshare = (uint64_t)((double)rest * (double)dfull.data_bytes /
+                                         ((double)dfull.data_bytes + (double)pl.data_bytes));
+            if (dshare > ddflt) dshare = ddflt;
+            if (dshare > rest - p1.data_bytes) dshare = rest - p1.data_bytes;
+            if (dshare < d1.data_bytes) dshare = d1.data_bytes;
+            o->dkc.mem_bytes = dshare >= dfull.data_bytes ? 0 : dshare;
+            kv_plan dp;
+            if (kv_plan_make(&o->dkc, &dp, err, errlen) != KV_OK) return -1;
+            rest -= dp.data_bytes; /* what whole blocks leave goes to the model's pool */
+        }
         uint64_t cap = dflt > p1.data_bytes ? dflt : p1.data_bytes; /* never below the one sequence */
         kc->mem_bytes = c->mem_cap && rest > cap ? cap : rest;
     } else if (c->kv_mem) kc->mem_bytes = c->kv_mem;
@@ -1504,6 +1602,12 @@ static int mem_plan(const lm_model *m, const lm_engine_config *c, const fwd_dims
     o->kv_seqs = o->plan.cls[KV_GLOBAL].n_blocks / per_seq;
     if (o->plan.local_blocks_per_seq > 0 && o->plan.cls[KV_LOCAL].n_blocks / o->plan.local_blocks_per_seq < o->kv_seqs)
         o->kv_seqs = o->plan.cls[KV_LOCAL].n_blocks / o->plan.local_blocks_per_seq;
+    if (c->spec == LM_SPEC_DRAFT) {
+        kv_plan dp;
+        if (kv_plan_make(&o->dkc, &dp, err, errlen) != KV_OK) return -1;
+        o->draft_kv = dp.data_bytes;
+        o->draft_kv_tokens = dp.n_tokens;
+    }
     return 0;
 }
 
@@ -1597,8 +1701,10 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
             lm_err(err, errlen, "out of memory");
             goto fail;
         }
-        if (!(e->dr = draft_new(c.draft_model, e->pool, e->n_ctx, c.batch_tokens, c.max_seqs, err, errlen)))
+        if (!(e->dr = draft_new(c.draft_model, e->pool, &mem.dkc, e->n_ctx, c.batch_tokens, c.max_seqs, err,
+                                errlen)))
             goto fail;
+        e->draft_cost = c.spec_cost > 0 ? c.spec_cost : c.spec_cost < 0 ? 0 : draft_calibrate(e);
     }
     metrics_init(&e->stats);
     e->stats.mem_budget = mem.budget;
@@ -1608,6 +1714,13 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
     e->stats.mem_kv = plan->data_bytes;
     e->stats.kv_max_tokens = plan->n_tokens;
     e->stats.kv_max_seqs = mem.kv_seqs;
+    e->stats.spec_draft_cost = e->draft_cost;
+    if (e->dr) { /* measured: what draft_new allocated, and the distributions' rows */
+        e->stats.mem_draft_weights = mem.draft_weights;
+        e->stats.mem_draft_workspace =
+            draft_workspace_bytes(e->dr) + (uint64_t)e->spec_cap * (uint64_t)m->hp.n_vocab * sizeof(float);
+        e->stats.mem_draft_kv = draft_kv_bytes(e->dr);
+    }
     publish(e);
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         lm_err(err, errlen, "cannot start the engine thread");

@@ -58,8 +58,12 @@
  * draft's guesses are drawn from its own row after the choice's sampler
  * transforms (bias, penalties with the history, truncation, temperature),
  * and that distribution q is what the rejection scheme divides by; a
- * grammar's mask is applied to the target's row only (q stays exact, so the
- * output's distribution does too; acceptance is lower). The draft model
+ * grammar in force masks the draft's rows as it masks the target's (a copy
+ * of the parse state follows the guesses), so every guess is grammar-valid
+ * and q is the masked distribution. A draft's proposal is sized by the
+ * cost model of spec.h (a draft pass's share of the model's pass,
+ * lm_engine_config.spec_cost), so a draft that is rarely right or too slow
+ * stops being consulted. The draft model
  * runs only while nothing waits and the batch budget holds every running
  * choice's pending tokens and full proposals: under load it stands aside.
  *
@@ -112,15 +116,27 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
  * the workspace (fwd_workspace_bytes for c's threads and batch, and the
  * engine's logits rows), and the KV pool's configuration and plan, with the
  * positions it holds and the sequences of n_ctx positions that fit at once.
- * With a budget, the pool gets budget - weights - packed - workspace (at most
- * the default pool with mem_cap); a rest below one sequence of n_ctx
- * positions is an error naming every part. 0, or -1 with a message. */
+ * With a draft model (LM_SPEC_DRAFT) its parts too: its weights (mapped and
+ * packed), its workspace (draft_plan's, and the guesses' distributions the
+ * engine keeps, spec_cap rows of n_vocab floats) and its own KV pool.
+ * With a budget, the KV pools get budget - every weight and workspace: the
+ * target's pool all of it without a draft; with one, the two pools share it
+ * in proportion to their bytes for max_seqs full sequences, so both hold
+ * about the same positions (the draft's at most its default pool, 2 GiB;
+ * the target's at most its default with mem_cap). A rest below one sequence
+ * of n_ctx positions in each pool is an error naming every part. 0, or -1
+ * with a message. */
 typedef struct {
     uint64_t budget, weights, packed, workspace, kv;
     int64_t kv_tokens, kv_seqs;
     int n_ctx;
     kv_config kc;   /* the pool's configuration (layer_local borrowed from the model) */
     kv_plan plan;
+    /* the draft model's parts (0 without one) */
+    uint64_t draft_weights;   /* mapped and packed */
+    uint64_t draft_workspace, draft_kv;
+    int64_t draft_kv_tokens;
+    kv_config dkc;            /* its pool's configuration */
 } engine_mem;
 int engine_mem_plan(const lm_model *m, const lm_engine_config *c, engine_mem *out, char *err, size_t errlen);
 
@@ -177,6 +193,9 @@ void engine_set_profile(lm_engine *e, bool on);
  * on the pool (the same tokens; for measuring what the pool saves). Set it
  * before submitting. */
 void engine_set_serial_sampling(lm_engine *e, bool on);
+/* Tests: the draft model guesses without the grammar's mask (the same
+ * output; acceptance drops). Set it before submitting. */
+void engine_set_draft_masking(lm_engine *e, bool on);
 void engine_profile(const lm_engine *e, engine_profile_t *p);
 /* Check the KV pool's invariants, that no block is held by a finished
  * request, and that every KV append a scheduler plan allowed succeeded (the

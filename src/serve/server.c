@@ -136,6 +136,11 @@ static int route_metrics(lm_server *s, struct MHD_Connection *conn) {
     metric(&b, "lamina_memory_workspace_bytes", "gauge", "Activation workspace, attention scratch and logits rows.",
            (double)st.mem_workspace);
     metric(&b, "lamina_memory_kv_bytes", "gauge", "The KV cache pool's K/V data.", (double)st.mem_kv);
+    metric(&b, "lamina_memory_draft_weights_bytes", "gauge", "The draft model's weights (--draft-model); 0: none.",
+           (double)st.mem_draft_weights);
+    metric(&b, "lamina_memory_draft_workspace_bytes", "gauge",
+           "The draft model's workspace, buffers and guess distributions.", (double)st.mem_draft_workspace);
+    metric(&b, "lamina_memory_draft_kv_bytes", "gauge", "The draft model's own KV pool.", (double)st.mem_draft_kv);
     metric(&b, "lamina_kv_max_tokens", "gauge", "Positions of context the KV pool holds.", (double)st.kv_max_tokens);
     metric(&b, "lamina_kv_max_seqs", "gauge", "Sequences of the full context the KV pool holds at once.",
            (double)st.kv_max_seqs);
