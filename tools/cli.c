@@ -215,7 +215,9 @@ int need_spec(args *a) {
     return LM_SPEC_NONE;
 }
 
-void spec_opts_default(spec_opts *o) { *o = (spec_opts){.spec = LM_SPEC_NONE, .max = 4}; }
+/* max 0: the default, 4 for prompt lookup and 3 for a draft model (whose
+ * guesses cost passes: bench/RESULTS.md) */
+void spec_opts_default(spec_opts *o) { *o = (spec_opts){.spec = LM_SPEC_NONE, .max = 0}; }
 
 bool spec_opts_flag(args *a, spec_opts *o) {
     if (is_flag(a, "--spec", NULL)) o->spec = need_spec(a);
@@ -230,6 +232,7 @@ bool spec_opts_flag(args *a, spec_opts *o) {
 void spec_opts_apply(args *a, spec_opts *o, lm_engine_config *ec) {
     if (o->draft_path && o->spec == LM_SPEC_NGRAM)
         die_usage(a, "%s", "--spec ngram and --draft-model exclude each other");
+    if (o->max == 0) o->max = o->draft_path ? 3 : 4;
     if (o->min > o->max) die_usage(a, "%s", "--draft-min is above --draft-max");
     if (o->draft_path && cli_tp_size * cli_pp_size > 1)
         die_usage(a, "%s", "--draft-model does not run under tensor or pipeline parallelism");
@@ -406,17 +409,24 @@ static const char *hb(uint64_t b, char *buf, size_t n) {
 }
 
 void mem_print(FILE *f, const char *cmd, const lm_engine_stats *st, uint32_t kv_type, int n_ctx) {
-    char a[32], b[32], c[32], d[32], e[32];
-    uint64_t used = st->mem_weights + st->mem_packed + st->mem_workspace + st->mem_kv;
+    char a[32], b[32], c[32], d[32], e[32], g[32];
+    uint64_t draft = st->mem_draft_weights + st->mem_draft_workspace + st->mem_draft_kv;
+    uint64_t used = st->mem_weights + st->mem_packed + st->mem_workspace + st->mem_kv + draft;
+    char dpart[48] = "";
+    if (draft) snprintf(dpart, sizeof dpart, " + draft model %s", hb(draft, g, sizeof g));
     if (st->mem_budget)
-        fprintf(f, "lamina %s: memory budget %s = weights %s + workspace %s + KV %s + unused %s\n", cmd,
+        fprintf(f, "lamina %s: memory budget %s = weights %s + workspace %s + KV %s%s + unused %s\n", cmd,
                 hb(st->mem_budget, a, sizeof a), hb(st->mem_weights + st->mem_packed, b, sizeof b),
-                hb(st->mem_workspace, c, sizeof c), hb(st->mem_kv, d, sizeof d),
+                hb(st->mem_workspace, c, sizeof c), hb(st->mem_kv, d, sizeof d), dpart,
                 hb(st->mem_budget > used ? st->mem_budget - used : 0, e, sizeof e));
     else
-        fprintf(f, "lamina %s: memory (no budget) weights %s + workspace %s + KV %s = %s\n", cmd,
+        fprintf(f, "lamina %s: memory (no budget) weights %s + workspace %s + KV %s%s = %s\n", cmd,
                 hb(st->mem_weights + st->mem_packed, b, sizeof b), hb(st->mem_workspace, c, sizeof c),
-                hb(st->mem_kv, d, sizeof d), hb(used, a, sizeof a));
+                hb(st->mem_kv, d, sizeof d), dpart, hb(used, a, sizeof a));
     fprintf(f, "lamina %s: KV pool %s: %lld tokens, %lld sequence%s of %d at once\n", cmd, quant_type_name(kv_type),
             (long long)st->kv_max_tokens, (long long)st->kv_max_seqs, st->kv_max_seqs == 1 ? "" : "s", n_ctx);
+    if (draft)
+        fprintf(f, "lamina %s: draft model %s = weights %s + workspace %s + KV %s (F16)\n", cmd, hb(draft, g, sizeof g),
+                hb(st->mem_draft_weights, b, sizeof b), hb(st->mem_draft_workspace, c, sizeof c),
+                hb(st->mem_draft_kv, d, sizeof d));
 }

@@ -117,7 +117,8 @@ void ctx_check(const char *cmd, const char *flag, long long n_ctx, int n_train, 
  * what weights and workspace leave; without it (mem 0) and without --kv-mem
  * the default budget, MEM_DEFAULT_FRACTION of mem_available(), bounds the
  * pool the engine would size anyway (mem_cap); --kv-mem alone keeps its
- * meaning. mem_print: the split and the pool's capacity, two lines. */
+ * meaning. mem_print: the split and the pool's capacity, two lines, and
+ * with a draft model a third with its parts. */
 #define MEM_DEFAULT_FRACTION 0.8
 uint64_t mem_available(void);
 void mem_apply(lm_engine_config *c, unsigned long long mem);

@@ -17,8 +17,11 @@
  *   continuous     requests join and leave at every iteration
  * Reported per mode: request throughput, output and total token throughput,
  * TTFT, TPOT, ITL and end-to-end latency (mean, p50, p99), and the mean
- * number of sequences per iteration; with speculative decoding (--spec),
- * the tokens proposed and accepted and the mean tokens per verifying pass.
+ * number of sequences per iteration; with speculative decoding (--spec or
+ * --draft-model), the tokens proposed and accepted, the mean tokens per
+ * verifying pass, and the share of decode passes that verified a proposal
+ * (under load the scheduler shrinks speculation and a draft stands aside,
+ * so the share falls).
  * --prompt-file gives every request the same text prompt instead (a
  * copy-heavy workload for prompt lookup).
  *
@@ -67,7 +70,7 @@ static void usage_bench_serve(FILE *f) {
             "  --kv-type T         F16 (default), F32, Q8_0\n"
             "  --spec ngram        speculative decoding by prompt lookup\n"
             "  --draft-model FILE  speculative decoding by a draft model (same tokenizer)\n"
-            "  --draft-max K       tokens proposed per step at most (default 4)\n"
+            "  --draft-max K       tokens proposed per step at most (default 4; 3 with --draft-model)\n"
             "  --draft-min N, --draft-p-min P  with --draft-model: see lamina run --help\n"
             "  --prompt-file FILE  every request's prompt is this text (outputs still drawn)\n"
             "  --shared-prefix N   prompts start with one of N shared system prompts; each mode runs\n"
@@ -194,6 +197,7 @@ typedef struct {
     uint64_t prefix_queries, prefix_hits;
     uint64_t preemptions;
     uint64_t spec_proposed, spec_accepted, spec_steps;
+    uint64_t gen_tokens;      /* tokens generated: with the accepted ones, the decode passes per sequence */
 } mode_result;
 
 /* The engine's iteration times: per op of the forward pass, sampling,
@@ -273,7 +277,8 @@ static int run_mode(const lm_model *m, const lm_engine_config *ec, const work_it
 
     *res = (mode_result){.name = name, .wall = t_end - t0, .preemptions = st.preemptions_total,
                          .spec_proposed = st.spec_proposed_total, .spec_accepted = st.spec_accepted_total,
-                         .spec_steps = st.spec_steps_total, .prefix_queries = st.prefix_queries_total,
+                         .spec_steps = st.spec_steps_total, .gen_tokens = st.generation_tokens_total,
+                         .prefix_queries = st.prefix_queries_total,
                          .prefix_hits = st.prefix_hits_total};
     double *ttft = malloc((size_t)n * sizeof *ttft), *tpot = malloc((size_t)n * sizeof *tpot),
            *e2e = malloc((size_t)n * sizeof *e2e);
@@ -341,11 +346,18 @@ static void print_mode(const mode_result *x, bool spec) {
            x->e2e.p99 * 1e3);
     printf("  decode after the last first token: %.2f tok/s; %d failed, %llu preemptions\n", x->decode_tok_s,
            x->failed, (unsigned long long)x->preemptions);
-    if (spec)
-        printf("  speculation: %llu proposed, %llu accepted (%.1f%%), %.2f tokens per verifying pass\n",
+    if (spec) {
+        /* a sequence's decode passes: its tokens less those accepted (a
+         * verifying pass yields 1 + accepted) */
+        uint64_t passes = x->gen_tokens > x->spec_accepted ? x->gen_tokens - x->spec_accepted : 0;
+        printf("  speculation: %llu proposed, %llu accepted (%.1f%%), %.2f tokens per verifying pass; "
+               "%llu of %llu decode passes verified a proposal (%.1f%%)\n",
                (unsigned long long)x->spec_proposed, (unsigned long long)x->spec_accepted,
                x->spec_proposed ? 100.0 * (double)x->spec_accepted / (double)x->spec_proposed : 0.0,
-               x->spec_steps ? 1.0 + (double)x->spec_accepted / (double)x->spec_steps : 0.0);
+               x->spec_steps ? 1.0 + (double)x->spec_accepted / (double)x->spec_steps : 0.0,
+               (unsigned long long)x->spec_steps, (unsigned long long)passes,
+               passes ? 100.0 * (double)x->spec_steps / (double)passes : 0.0);
+    }
     fflush(stdout);
 }
 

@@ -9,7 +9,9 @@
  * each (the engine's own times: first token to the end), their medians and
  * ratio, the tokens proposed and accepted, the acceptance rate, the mean
  * tokens per verifying pass, and whether the two outputs are identical
- * token for token (they must be: greedy verification is lossless).
+ * token for token (they must be: greedy verification is lossless). With a
+ * draft model, the price of a draft pass the engine measured at start (a
+ * share of a model pass), which its cost model sizes proposals by.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -35,7 +37,7 @@ static void usage_bench_spec(FILE *f) {
             "  -t N            threads (default: physical cores)\n"
             "  -c N            context (default: the model's, at most 4096)\n"
             "  --ctx-extend    allow -c above the model's trained context (with a warning)\n"
-            "  --draft-max K   tokens proposed per step at most (default 4)\n"
+            "  --draft-max K   tokens proposed per step at most (default 4; 3 with --draft-model)\n"
             "  --draft-model FILE  a draft model with the same tokenizer proposes\n"
             "  --draft-min N, --draft-p-min P  with --draft-model: see lamina run --help\n");
 }
@@ -149,6 +151,12 @@ int cmd_bench_spec(int argc, char **argv) {
     printf("prompt %d tokens, %lld generated, %lld threads, proposer %s, draft-max %d\n", n_tok, n_gen, threads,
            so.draft_path ? so.draft_path : "ngram", so.max);
     printf("kernels: %s\n", kernels_isa_name());
+    if (so.draft_path) {
+        lm_engine_stats est;
+        engine_stats(e, &est);
+        printf("draft pass: %.3f of a model pass (measured at start: the cost model's price of a guess)\n",
+               (double)est.spec_draft_cost);
+    }
     printf("| rep | off tok/s | on tok/s | proposed | accepted | tokens per verifying pass |\n");
     printf("| ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (int i = 0; i < reps; i++) {

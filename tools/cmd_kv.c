@@ -26,7 +26,9 @@
  * workspace (forward pass for batches of --chunk, attention scratch per
  * thread, logits rows) and the KV pool, which gets the rest and is then
  * reported as for --kv-mem. A budget too small for one sequence of -c
- * tokens is an error (exit 1) naming every part.
+ * tokens is an error (exit 1) naming every part. --draft-model FILE (with
+ * --mem) counts a speculative-decoding draft in it: its weights, workspace
+ * and its own KV pool, which shares the rest with the model's.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +50,8 @@ static void usage_kv(FILE *f) {
             "  --mem BYTES      the whole memory budget (e.g. 8G) of an engine of --seqs sequences and -t\n"
             "                   threads: prints weights + workspace + KV, the pool getting the rest\n"
             "  --kv-mem BYTES   size the pool from a budget (e.g. 512M, 8G); reports sequences of CTX that fit\n"
+            "  --draft-model F  with --mem: count a speculative-decoding draft model (weights, workspace and\n"
+            "                   its own KV pool, sharing the rest with the model's; --draft-max 3)\n"
             "  -t N             threads, for --mem's workspace (default: physical cores)\n"
             "  -c CTX           tokens per sequence (default: the model's training context)\n"
             "  --ctx-extend     allow -c above the model's trained context (with a warning)\n"
@@ -101,10 +105,15 @@ static int pp_table(const lm_model *m, const kv_config *whole, const kv_plan *wp
 
 /* The split of a whole budget as engine_new makes it; the KV pool's bytes
  * (exit 1 when the budget cannot hold one sequence of ctx tokens). */
-static uint64_t budget_split(const lm_model *m, uint64_t budget, uint32_t type, int ctx, int seqs, int block,
-                             int chunk, int threads) {
+static uint64_t budget_split(const lm_model *m, const lm_model *dm, uint64_t budget, uint32_t type, int ctx, int seqs,
+                             int block, int chunk, int threads) {
     lm_engine_config ec;
     engine_config_default(&ec);
+    if (dm) {
+        ec.spec = LM_SPEC_DRAFT;
+        ec.draft_model = dm;
+        ec.spec_max = 3;
+    }
     ec.mem = budget;
     ec.kv_type = type;
     ec.n_ctx = ctx;
@@ -115,7 +124,8 @@ static uint64_t budget_split(const lm_model *m, uint64_t budget, uint32_t type, 
     engine_mem sp;
     char err[LM_ERRLEN];
     if (engine_mem_plan(m, &ec, &sp, err, sizeof err)) fail("kv", err);
-    uint64_t used = sp.weights + sp.packed + sp.workspace + sp.kv;
+    uint64_t draft = sp.draft_weights + sp.draft_workspace + sp.draft_kv;
+    uint64_t used = sp.weights + sp.packed + sp.workspace + sp.kv + draft;
     printf("memory budget:   %llu bytes (%.2f MiB)\n", (unsigned long long)budget, mib(budget));
     printf("  weights:       %llu bytes (%.2f MiB): %llu mapped + %llu packed copies\n",
            (unsigned long long)(sp.weights + sp.packed), mib(sp.weights + sp.packed), (unsigned long long)sp.weights,
@@ -125,6 +135,10 @@ static uint64_t budget_split(const lm_model *m, uint64_t budget, uint32_t type, 
     printf("  KV pool:       %llu bytes (%.2f MiB): the rest, %lld tokens, %lld sequence%s of %d at once\n",
            (unsigned long long)sp.kv, mib(sp.kv), (long long)sp.kv_tokens, (long long)sp.kv_seqs,
            sp.kv_seqs == 1 ? "" : "s", ctx);
+    if (dm)
+        printf("  draft model:   %llu bytes (%.2f MiB): weights %llu + workspace %llu + KV pool %llu (%lld tokens, F16)\n",
+               (unsigned long long)draft, mib(draft), (unsigned long long)sp.draft_weights,
+               (unsigned long long)sp.draft_workspace, (unsigned long long)sp.draft_kv, (long long)sp.draft_kv_tokens);
     printf("  unused:        %llu bytes (what whole blocks leave)\n", (unsigned long long)(budget - used));
     return sp.kc.mem_bytes;
 }
@@ -147,7 +161,7 @@ static void print_mla(const lm_hparams *hp, const char *elem, uint64_t num, uint
 
 int cmd_kv(int argc, char **argv) {
     args a = {argc, argv, 0, "kv", usage_kv};
-    const char *model = NULL;
+    const char *model = NULL, *draft_path = NULL;
     uint32_t type = LM_TYPE_F16;
     unsigned long long mem = 0, budget = 0;
     long long threads = pool_default_threads();
@@ -166,6 +180,7 @@ int cmd_kv(int argc, char **argv) {
         else if (is_flag(&a, "--block-size", NULL)) block = need_int(&a, 1, 1 << 20);
         else if (is_flag(&a, "--chunk", NULL)) chunk = need_int(&a, 1, 1 << 24);
         else if (is_flag(&a, "--alloc", NULL)) alloc = true;
+        else if (is_flag(&a, "--draft-model", NULL)) draft_path = need_val(&a);
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
     lm_model *m = load_or_die("kv", model);
@@ -173,7 +188,10 @@ int cmd_kv(int argc, char **argv) {
     if (ctx == 0) ctx = hp->n_ctx_train > 0 ? hp->n_ctx_train : 2048;
     ctx_check("kv", "-c", ctx, hp->n_ctx_train, ctx_extend);
     if (budget && mem) die_usage(&a, "%s", "--mem is the whole budget (the KV pool gets the rest): give --mem or --kv-mem, not both");
-    if (budget) mem = budget_split(m, budget, type, (int)ctx, (int)seqs, (int)block, (int)chunk, (int)threads);
+    if (draft_path && !budget) die_usage(&a, "%s", "--draft-model counts a draft model in the budget: give --mem");
+    lm_model *dm = draft_path ? load_or_die("kv", draft_path) : NULL;
+    if (budget) mem = budget_split(m, dm, budget, type, (int)ctx, (int)seqs, (int)block, (int)chunk, (int)threads);
+    model_free(dm);
 
     /* the pool a forward pass of chunk-token batches would use (a chunk
      * above the context counts as the context: it sizes the same blocks) */
