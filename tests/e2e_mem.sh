@@ -11,7 +11,12 @@
 #     block count (lamina_kv_blocks_total x block bytes = lamina_memory_kv_bytes);
 #     too small a budget stops the server with exit 1;
 #   - the default budget (LAMINA_MEM_AVAILABLE replaces the memory available):
-#     plenty leaves the pool as it was without a budget; too little is refused.
+#     plenty leaves the pool as it was without a budget; too little is refused;
+#   - a draft model (--draft-model, the bundled model as its own draft) is in
+#     the budget: kv --mem's split adds up with the draft's line, too small a
+#     budget names the draft's parts, --draft-model without --mem is a usage
+#     error; serve --mem --draft-model prints the draft's line and /metrics
+#     has its gauges, every part within the budget.
 set -u
 cd "$(dirname "$0")/.."
 L=${LAMINA_BIN:-build/lamina}
@@ -96,6 +101,48 @@ rc2=$?
 if [ $rc1 -eq 0 ] && [ $rc2 -eq 1 ] && grep -q "memory budget 781.2 KiB is too small" "$T/d2.err"; then
     ok default_budget
 else bad default_budget "rc $rc1 $rc2" "$(cat "$T/d1.err" "$T/d2.err")"; fi
+
+# 5. a draft model in the budget
+to "$L" kv -m "$M" --mem 4M --draft-model "$M" --seqs 4 -c 128 -t 2 >"$T/kvd.out" 2>&1
+rc=$?
+w=$(num "weights:" "$T/kvd.out"); s=$(num "workspace:" "$T/kvd.out"); k=$(num "KV pool:" "$T/kvd.out")
+u=$(num "unused:" "$T/kvd.out"); d=$(num "draft model:" "$T/kvd.out")
+dk=$(grep -m1 "draft model:" "$T/kvd.out" | sed 's/.*KV pool //; s/ .*//')
+blk=$(grep -m1 "^block:" "$T/kvd.out" | sed 's/.*= //; s/ bytes.*//')
+if [ $rc -eq 0 ] && [ -n "$d" ] && [ $((w + s + k + d + u)) -eq $((4 * 1048576)) ] && [ "$u" -lt $((2 * blk)) ] &&
+    [ "$dk" -gt 0 ] && [ "$dk" -le "$k" ]; then
+    ok kv_mem_draft_split
+else bad kv_mem_draft_split "rc $rc w $w s $s k $k d $d dk $dk u $u block $blk" "$(cat "$T/kvd.out")"; fi
+to "$L" kv -m "$M" --mem 2M --draft-model "$M" -c 128 -t 2 >"$T/kvd2.out" 2>&1
+rc=$?
+if [ $rc -eq 1 ] && grep -q "too small: .* the draft model's weights .* in the draft's" "$T/kvd2.out"; then
+    ok kv_mem_draft_too_small
+else bad kv_mem_draft_too_small "rc $rc" "$(cat "$T/kvd2.out")"; fi
+to "$L" kv -m "$M" --draft-model "$M" >"$T/kvd3.out" 2>&1
+rc=$?
+if [ $rc -eq 2 ] && grep -q "give --mem" "$T/kvd3.out"; then ok kv_draft_needs_mem; else bad kv_draft_needs_mem "rc $rc" "$(cat "$T/kvd3.out")"; fi
+"$L" serve -m "$M" --port 0 --mem 8M --max-seqs 8 -t 2 --draft-model "$M" 2>"$T/served.err" &
+SPID=$!
+port=
+for _ in $(seq 1 300); do
+    port=$(grep -m1 "listening on" "$T/served.err" 2>/dev/null | sed 's/.*://')
+    [ -n "$port" ] && grep -q "draft model" "$T/served.err" && break
+    sleep 0.1
+done
+curl -s "http://127.0.0.1:$port/metrics" >"$T/metrics" 2>/dev/null
+B=$(g lamina_memory_budget_bytes); W=$(g lamina_memory_weights_bytes); S=$(g lamina_memory_workspace_bytes)
+K=$(g lamina_memory_kv_bytes); DW=$(g lamina_memory_draft_weights_bytes); DS=$(g lamina_memory_draft_workspace_bytes)
+DK=$(g lamina_memory_draft_kv_bytes)
+if [ -n "$DK" ] && [ "$B" -eq $((8 * 1048576)) ] && [ "$DW" -eq "$W" ] && [ "$DS" -gt 0 ] && [ "$DK" -gt 0 ] &&
+    [ $((W + S + K + DW + DS + DK)) -le "$B" ] && [ $((B - W - S - K - DW - DS - DK)) -lt 20480 ] &&
+    grep -q "lamina serve: memory budget 8.0 MiB = .* + draft model .* + unused" "$T/served.err" &&
+    grep -q "lamina serve: draft model .* = weights .* + workspace .* + KV" "$T/served.err"; then
+    ok serve_metrics_draft_memory
+else bad serve_metrics_draft_memory "port $port B $B W $W S $S K $K DW $DW DS $DS DK $DK" "$(cat "$T/served.err")" \
+    "$(grep -i "memory" "$T/metrics")"; fi
+kill "$SPID" 2>/dev/null
+wait "$SPID" 2>/dev/null
+SPID=
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

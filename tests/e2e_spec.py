@@ -25,6 +25,10 @@ here with `lamina quantize`) for checks 1 to 3.
   7. A draft whose tokenizer differs (a copy of the bundled model with one
      token's text changed) is refused by `lamina run` with an error naming
      the token; --spec ngram with --draft-model is a usage error.
+  8. `lamina bench serve --draft-model`: alone the draft proposes and is
+     accepted, and the acceptance is reported; with 8 requests at once and
+     16 tokens per iteration it stands aside (a share of decode passes
+     that verify a proposal under half the one alone).
 """
 import http.client
 import json
@@ -219,6 +223,28 @@ def check_draft_cli(q4, bad):
     result("lamina bench spec --draft-model: identical outputs, proposals accepted", ok, p.stdout + p.stderr)
 
 
+def check_bench_serve_draft(q4):
+    """The draft under bench serve: alone it proposes and is accepted; with
+    8 requests at once and a budget of 16 tokens per iteration (which
+    cannot hold every sequence's guesses) it stands aside, so a smaller
+    share of decode passes verifies a proposal."""
+    def run(extra):
+        p = subprocess.run([LAMINA, "bench", "serve", "-m", MODEL, "--draft-model", q4, "--requests", "8",
+                            "--fixed", "12:32", "--modes", "continuous", "-t", "1"] + extra,
+                           capture_output=True, text=True, timeout=300)
+        m = re.search(r"speculation: (\d+) proposed, (\d+) accepted .*; (\d+) of (\d+) decode passes verified",
+                      p.stdout)
+        ok = p.returncode == 0 and m is not None and " 0 failed" in p.stdout
+        share = int(m.group(3)) / max(1, int(m.group(4))) if m else 0
+        return ok, m, share, p.stdout + p.stderr
+    ok1, m1, s1, out1 = run(["--concurrency", "1"])
+    ok8, m8, s8, out8 = run(["--concurrency", "8", "--batch-tokens", "16"])
+    result("bench serve --draft-model alone: proposals accepted, acceptance reported",
+           ok1 and int(m1.group(1)) > 0 and int(m1.group(2)) > 0, out1[-1500:])
+    result("bench serve --draft-model under load: the draft stands aside (share of verifying passes falls)",
+           ok8 and s8 < s1 / 2, "alone %.3f, under load %.3f\n%s" % (s1, s8, out8[-1500:]))
+
+
 def main():
     import tempfile
     servers = []
@@ -235,6 +261,7 @@ def main():
         check_bench_spec()
         q4, bad = make_drafts(tmp.name)
         check_draft_cli(q4, bad)
+        check_bench_serve_draft(q4)
         spec.stop("server 1")
         servers.remove(spec)
         drafted = Server("--draft-model", q4, "--draft-max", "5")

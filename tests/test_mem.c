@@ -12,10 +12,19 @@
  *     (LM_ERR_INVALID, a message naming the parts); exactly enough runs with
  *     one sequence and serves a request;
  *   - mem_cap bounds the default pool without growing it; kv_mem without
- *     mem keeps its old meaning.
+ *     mem keeps its old meaning;
+ *   - a draft model (LM_SPEC_DRAFT) is counted: its weights, workspace and
+ *     KV pool are in the plan and in the engine's statistics (measured =
+ *     planned), every part adds up within the budget (less than a block of
+ *     each class of each pool left), the two pools share the rest so that
+ *     they hold about the same positions, a budget one byte short of one
+ *     sequence in each pool is refused naming the draft's parts, exactly
+ *     enough serves a request with the draft proposing; without a budget
+ *     the draft's pool is its default (max_seqs sequences, at most 2 GiB).
  */
 #include <string.h>
 
+#include "sched/draft.h"
 #include "sched/engine.h"
 #include "model/forward.h"
 #include "model/model.h"
@@ -176,6 +185,109 @@ static void test_cap_and_old_rule(void) {
     engine_free(e);
 }
 
+/* the draft's parts of a budget; dm: the draft (the model itself: the same vocabulary) */
+static void check_draft_split(const lm_model *m, uint64_t budget) {
+    lm_engine_config c;
+    base_config(&c);
+    c.mem = budget;
+    c.spec = LM_SPEC_DRAFT;
+    c.draft_model = m;
+    engine_mem sp, alone;
+    char err[LM_ERRLEN];
+    CHECKF(engine_mem_plan(m, &c, &sp, err, sizeof err) == 0, "%s", err);
+    CHECK(sp.draft_weights == m->weight_bytes + m->packed_bytes && sp.draft_workspace > 0 && sp.draft_kv > 0);
+    uint64_t used = sp.weights + sp.packed + sp.workspace + sp.kv + sp.draft_weights + sp.draft_workspace + sp.draft_kv;
+    kv_plan dp;
+    CHECK(kv_plan_make(&sp.dkc, &dp, err, sizeof err) == KV_OK);
+    uint64_t slack = sp.plan.cls[KV_GLOBAL].block_bytes + sp.plan.cls[KV_LOCAL].block_bytes +
+                     dp.cls[KV_GLOBAL].block_bytes + dp.cls[KV_LOCAL].block_bytes;
+    CHECKF(used <= budget && budget - used < slack, "budget %llu used %llu slack %llu", (unsigned long long)budget,
+           (unsigned long long)used, (unsigned long long)slack);
+    /* the same model as its own draft, both pools F16: the rest is halved,
+     * the draft's half at most its full pool (max_seqs sequences) */
+    int64_t full = (int64_t)c.max_seqs * 128;
+    if (!sp.plan.window)
+        CHECKF(sp.draft_kv_tokens <= full && sp.draft_kv_tokens <= sp.kv_tokens &&
+               sp.draft_kv_tokens >= (sp.kv_tokens - 16 < full ? sp.kv_tokens - 16 : full),
+               "draft %lld tokens, model %lld", (long long)sp.draft_kv_tokens, (long long)sp.kv_tokens);
+    /* without the draft the model's pool would have had it all */
+    c.spec = LM_SPEC_NONE;
+    CHECK(engine_mem_plan(m, &c, &alone, err, sizeof err) == 0);
+    CHECK(alone.draft_weights == 0 && alone.draft_kv == 0 && alone.kv > sp.kv);
+    c.spec = LM_SPEC_DRAFT;
+    lm_engine *e = engine_new(m, NULL, &c, err, sizeof err);
+    CHECKF(e, "%s", err);
+    lm_engine_stats st;
+    engine_stats(e, &st);
+    CHECK(st.mem_draft_weights == sp.draft_weights && st.mem_draft_kv == sp.draft_kv);
+    CHECKF(st.mem_draft_workspace == sp.draft_workspace, "measured %llu, planned %llu",
+           (unsigned long long)st.mem_draft_workspace, (unsigned long long)sp.draft_workspace);
+    CHECK(st.mem_kv == sp.kv && st.mem_workspace == sp.workspace);
+    engine_free(e);
+}
+
+static void on_token(void *user, const lm_event *ev) {
+    if (ev->done) *(lm_request_stats *)user = *ev->stats;
+}
+
+static void test_draft_counted(void) {
+    check_draft_split(model, 8u << 20);
+    check_draft_split(model, 5u << 20);
+    check_draft_split(swa, 16u << 20);
+    /* the least budget: both models' weights and workspaces, one sequence in each pool */
+    lm_engine_config c;
+    base_config(&c);
+    c.mem = 1ull << 40;
+    c.spec = LM_SPEC_DRAFT;
+    c.draft_model = model;
+    c.spec_cost = -1; /* the model as its own draft proposes only without the cost model */
+    engine_mem sp;
+    char err[LM_ERRLEN];
+    CHECK(engine_mem_plan(model, &c, &sp, err, sizeof err) == 0);
+    kv_config one = sp.kc, done = sp.dkc;
+    one.mem_bytes = done.mem_bytes = 0;
+    one.n_seqs = done.n_seqs = 1;
+    kv_plan p1, d1;
+    CHECK(kv_plan_make(&one, &p1, err, sizeof err) == KV_OK && kv_plan_make(&done, &d1, err, sizeof err) == KV_OK);
+    uint64_t least = sp.weights + sp.packed + sp.workspace + sp.draft_weights + sp.draft_workspace + p1.data_bytes +
+                     d1.data_bytes;
+    check_draft_split(model, least + 4 * p1.data_bytes); /* three sequences in each pool */
+    c.mem = least + 4 * p1.data_bytes;
+    CHECK(engine_mem_plan(model, &c, &sp, err, sizeof err) == 0 && sp.kv_seqs == 3 && sp.draft_kv_tokens == 3 * 128);
+    c.mem = least - 1;
+    lm_status status;
+    CHECK(!engine_new_status(model, NULL, &c, &status, err, sizeof err) && status == LM_ERR_INVALID);
+    CHECKF(strstr(err, "too small") && strstr(err, "draft model's weights") && strstr(err, "in the draft's"), "%s",
+           err);
+    fprintf(stderr, "  refused: %s\n", err);
+    c.mem = least;
+    lm_engine *e = engine_new_status(model, NULL, &c, &status, err, sizeof err);
+    CHECKF(e && status == LM_OK, "%s", err);
+    lm_engine_stats st;
+    engine_stats(e, &st);
+    CHECK(st.kv_max_seqs == 1 && st.mem_draft_kv == d1.data_bytes);
+    lm_request_params rp;
+    engine_request_params_default(&rp);
+    int32_t prompt[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    lm_request_stats rs = {0};
+    rp.prompt = prompt;
+    rp.n_prompt = 8;
+    rp.max_tokens = 100;
+    rp.ignore_eos = true;
+    rp.sp.temp = 0;
+    rp.on_event = on_token;
+    rp.user = &rs;
+    CHECKF(engine_submit(e, &rp, NULL, err, sizeof err) == LM_OK, "%s", err);
+    engine_wait_idle(e);
+    CHECKF(engine_check(e, err, sizeof err) == 0, "%s", err);
+    CHECKF(rs.spec_accepted > 10, "%d accepted", rs.spec_accepted);
+    engine_free(e);
+    /* no budget: the draft's default pool, all its sequences */
+    c.mem = 0;
+    CHECK(engine_mem_plan(model, &c, &sp, err, sizeof err) == 0);
+    CHECK(sp.budget == 0 && sp.draft_kv == (uint64_t)c.max_seqs * d1.data_bytes);
+}
+
 int main(void) {
     char err[LM_ERRLEN];
     model = model_load(MODEL_PATH, err, sizeof err);
@@ -188,6 +300,7 @@ int main(void) {
     TEST_RUN(test_split_adds_up);
     TEST_RUN(test_too_small);
     TEST_RUN(test_cap_and_old_rule);
+    TEST_RUN(test_draft_counted);
     model_free(swa);
     model_free(model);
     return TEST_DONE();

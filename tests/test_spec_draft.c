@@ -23,7 +23,27 @@
  *     conditional distribution (chi-square at significance 1e-6), under
  *     plain sampling and under bias + penalties + top-k + top-p; both the
  *     accept and the reject branch must occur; a seed reproduces a run;
- *   - the controller's back-off: a probe rejected doubles the interval.
+ *   - the controller's back-off: a probe rejected doubles the interval;
+ *   - grammars: the draft guesses under the grammar's mask (a copy of the
+ *     parse state follows its guesses): with three grammars (letters, a
+ *     list of numbers, a fixed sentence shape) outputs equal the plain
+ *     engine's with the mask and without it (engine_set_draft_masking),
+ *     for both drafts; acceptance with the mask is at least that without,
+ *     the draft that is the model accepts 90% or more, and on the numbers
+ *     grammar (which the unconstrained draft never guesses) it rises by
+ *     more than half; the chi-square test again with a grammar (the
+ *     target's exact distribution is then the masked one);
+ *   - the cost model (spec.h): spec_gain's arithmetic against a float64
+ *     evaluation, the k it picks is the best one, a draft as costly as the
+ *     model is never consulted (no probes either), a cheap one always
+ *     rejected spends under 5% of 128 steps' passes and under 1% of 2,000,
+ *     one always accepted proposes k_max; in the engine, the model as its
+ *     own draft at the default cost proposes nothing and the Q4_0 draft
+ *     proposes and is accepted, outputs equal to the plain ones.
+ * The engines of the other cases run without the cost model (spec_cost
+ * -1), so their proposals depend on acceptance alone (the model as its own
+ * draft, which the cost model would never consult, gives near-certain
+ * guesses there).
  * Under AddressSanitizer (LAMINA_ASAN) the sample counts are a third.
  */
 #include <math.h>
@@ -36,6 +56,7 @@
 #include "base/pool.h"
 #include "base/safefile.h"
 #include "base/util.h"
+#include "decode/grammar.h"
 #include "decode/sample.h"
 #include "decode/spec.h"
 #include "format/quant.h"
@@ -189,7 +210,8 @@ static void on_event(void *user, const lm_event *ev) {
     }
 }
 
-static lm_engine *new_engine(int spec, const lm_model *dm, int batch_tokens, int max_seqs, uint64_t kv_mem) {
+static lm_engine *new_engine_cost(int spec, const lm_model *dm, int batch_tokens, int max_seqs, uint64_t kv_mem,
+                                  float cost) {
     lm_engine_config ec;
     engine_config_default(&ec);
     ec.n_threads = 2;
@@ -201,10 +223,16 @@ static lm_engine *new_engine(int spec, const lm_model *dm, int batch_tokens, int
     ec.spec = spec;
     ec.spec_max = 6;
     ec.draft_model = dm;
+    ec.spec_cost = cost;
     char err[LM_ERRLEN];
     lm_engine *e = engine_new(model, model->tok, &ec, err, sizeof err);
     if (!e) fprintf(stderr, "engine_new: %s\n", err);
     return e;
+}
+
+/* without the cost model: proposals sized by acceptance alone */
+static lm_engine *new_engine(int spec, const lm_model *dm, int batch_tokens, int max_seqs, uint64_t kv_mem) {
+    return new_engine_cost(spec, dm, batch_tokens, max_seqs, kv_mem, -1);
 }
 
 typedef struct {
@@ -441,7 +469,7 @@ static void test_ngram_eos(void) {
 /* The second token of many 3-token sampled requests (the first sampled
  * plainly, the second verified against the Q4_0 draft's guess) against
  * the target's exact conditional distribution. */
-static void dist_case(const lm_sample_params *sp, const char *what) {
+static void dist_case(const lm_sample_params *sp, const char *grammar, const char *what) {
     int V = model->hp.n_vocab;
     static int32_t prompt[24];
     int n = 0;
@@ -464,6 +492,8 @@ static void dist_case(const lm_sample_params *sp, const char *what) {
             engine_request_params_default(&p);
             p.prompt = prompt, p.n_prompt = n, p.max_tokens = 3, p.sp = *sp, p.sp.seed = 91 + (uint64_t)(b + k);
             p.bias_ids = bias_id, p.bias_vals = bias_val, p.n_bias = 1;
+            p.grammar = grammar;
+            p.ignore_eos = grammar != NULL; /* every request has its second token */
             p.on_event = on_event, p.user = &cs[k];
             CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
         }
@@ -497,6 +527,19 @@ static void dist_case(const lm_sample_params *sp, const char *what) {
     prompt[n] = t1;
     CHECK(seqrun_forward(s, prompt, n + 1, row, false, err, sizeof err) == 0);
     seqrun_free(s);
+    if (grammar) { /* the target's row after t1 under the grammar's mask */
+        lm_grammar *g = grammar_parse(grammar, strlen(grammar), NULL, err, sizeof err);
+        lm_gvocab *gv = grammar_vocab_new(model->tok, err, sizeof err);
+        lm_gmatch *gm = g && gv ? gmatch_new(g, gv, err, sizeof err) : NULL;
+        CHECKF(gm, "%s", err);
+        uint32_t *mask = lm_malloc((size_t)(grammar_vocab_size(gv) + 31) / 32 * sizeof *mask);
+        CHECK(mask && (tok_is_eog(model->tok, t1) || gmatch_accept(gm, t1) == 0) && gmatch_mask(gm, mask) > 0);
+        grammar_mask_apply(mask, grammar_vocab_size(gv), row, V);
+        lm_free(mask);
+        gmatch_free(gm);
+        grammar_vocab_free(gv);
+        grammar_free(g);
+    }
     lm_sampler *ref = sampler_new(sp, V);
     sampler_set_bias(ref, bias_id[0], bias_val[0]);
     sampler_accept(ref, t1);
@@ -515,9 +558,11 @@ static void test_distribution(void) {
     lm_sample_params sp;
     sample_params_default(&sp);
     sp.top_k = 0, sp.top_p = 1, sp.min_p = 0, sp.temp = 1;
-    dist_case(&sp, "plain sampling");
+    dist_case(&sp, NULL, "plain sampling");
+    /* the draft's q is then the masked distribution, as the target's p */
+    dist_case(&sp, "root ::= [a-m .]+\n", "a grammar");
     sp.top_k = 30, sp.top_p = 0.9f, sp.temp = 0.8f, sp.repeat_penalty = 1.3f, sp.presence_penalty = 0.5f;
-    dist_case(&sp, "penalties, top-k, top-p");
+    dist_case(&sp, NULL, "penalties, top-k, top-p");
 }
 
 /* A seed reproduces a sampled run with the draft. */
@@ -541,6 +586,142 @@ static void test_seed(void) {
     CHECK(r[0].stats[0].spec_steps > 0);
     CHECK(engine_check(e, err, sizeof err) == 0);
     engine_free(e);
+}
+
+/* ---- grammars --------------------------------------------------------------- */
+
+static const char *const grammars[3] = {"root ::= [a-z] [a-z ,.]*\n", "root ::= [0-9]+ (\",\" [0-9]+)*\n",
+                                        "root ::= \"Once\" (\" \" [a-z]+){2,6} \".\"\n"};
+
+static void test_grammar_draft(void) {
+    static job jobs[N_JOBS];
+    static collect plain[N_JOBS], got[N_JOBS];
+    make_jobs(jobs);
+    for (int j = 0; j < N_JOBS; j++) {
+        jobs[j].grammar = grammars[j % 3];
+        if (jobs[j].max_tokens < 12) jobs[j].max_tokens = 12 + j;
+    }
+    lm_engine *ref = new_engine(LM_SPEC_NONE, NULL, 64, 8, 0);
+    CHECK(ref);
+    CHECK(run_jobs(ref, jobs, plain, false) == 0);
+    engine_free(ref);
+    const lm_model *dms[2] = {model, draft_q4};
+    const char *names[2] = {"draft = target", "draft Q4_0"};
+    double rate[2][2][3]; /* [draft][mask][grammar] */
+    for (int d = 0; d < 2; d++)
+        for (int mask = 0; mask < 2; mask++) {
+            lm_engine *e = new_engine(LM_SPEC_DRAFT, dms[d], 64, 8, 0);
+            CHECK(e);
+            engine_set_draft_masking(e, mask);
+            char what[96];
+            snprintf(what, sizeof what, "%s, grammars, mask %s", names[d], mask ? "on" : "off");
+            CHECK(run_jobs(e, jobs, got, true) == 0);
+            CHECK(same(jobs, plain, got, what));
+            long prop[3] = {0}, acc[3] = {0};
+            for (int j = 0; j < N_JOBS; j++)
+                for (int i = 0; i < jobs[j].n; i++) {
+                    prop[j % 3] += got[j].stats[i].spec_proposed;
+                    acc[j % 3] += got[j].stats[i].spec_accepted;
+                }
+            for (int g = 0; g < 3; g++) {
+                rate[d][mask][g] = prop[g] ? (double)acc[g] / (double)prop[g] : 0;
+                fprintf(stderr, "  %s, grammar %d: %ld proposed, %ld accepted (%.1f%%)\n", what, g, prop[g], acc[g],
+                        100 * rate[d][mask][g]);
+            }
+            CHECK(prop[0] + prop[1] + prop[2] > 0);
+            engine_free(e);
+        }
+    for (int d = 0; d < 2; d++)
+        for (int g = 0; g < 3; g++)
+            CHECKF(rate[d][1][g] >= rate[d][0][g] - 0.02, "%s, grammar %d: %.3f with the mask, %.3f without",
+                   names[d], g, rate[d][1][g], rate[d][0][g]);
+    for (int g = 0; g < 3; g++) CHECKF(rate[0][1][g] >= 0.9, "grammar %d: %.3f", g, rate[0][1][g]);
+    CHECKF(rate[0][1][1] > rate[0][0][1] + 0.5, "numbers: %.3f with the mask, %.3f without", rate[0][1][1],
+           rate[0][0][1]);
+}
+
+/* ---- the cost model ------------------------------------------------------------ */
+
+static double gain64(double a, int k, double cost) {
+    double t = 1, r = 1;
+    for (int i = 0; i < k; i++) t += r *= a;
+    return t / (1 + k * (cost + (double)SPEC_ROW_COST));
+}
+
+/* Passes' worth spent on guesses over `steps` steps of a draft of the
+ * given cost whose guesses are all rejected (or all accepted). */
+static double spent(float cost, int steps, bool accept, int *last_k) {
+    spec_ctl c;
+    spec_ctl_init(&c);
+    c.every_max = SPEC_PROBE_MAX_DRAFT;
+    c.cost = cost;
+    double s = 0;
+    for (int i = 0; i < steps; i++) {
+        int k = spec_ctl_want(&c, 4);
+        *last_k = k;
+        if (!k) continue;
+        s += k * (cost + SPEC_ROW_COST);
+        spec_ctl_update(&c, k, accept ? k : 0);
+    }
+    return s;
+}
+
+static void test_cost_model(void) {
+    CHECK(fabs(spec_gain(0.96f, 3, 0.54f) - gain64(0.96, 3, 0.54)) < 1e-5);
+    CHECK(fabs(spec_gain(0.3f, 1, 0.1f) - gain64(0.3, 1, 0.1)) < 1e-5);
+    CHECK(spec_gain(0.5f, 0, 0.3f) == 1.0f);
+    /* the k picked is the best (above a plain step by SPEC_MIN_GAIN), or 0 */
+    const float as[6] = {0.05f, 0.3f, 0.6f, 0.8f, 0.96f, 1.0f}, costs[4] = {0.02f, 0.1f, 0.54f, 0.9f};
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < 4; j++) {
+            spec_ctl c;
+            spec_ctl_init(&c);
+            c.cost = costs[j];
+            c.acc = as[i];
+            int best = 0;
+            double bg = 1 + (double)SPEC_MIN_GAIN;
+            for (int k = 1; k <= 6; k++)
+                if (gain64(as[i], k, costs[j]) > bg) bg = gain64(as[i], k, costs[j]), best = k;
+            int k = spec_ctl_want(&c, 6);
+            CHECKF(k == best || (best == 0 && k <= 1), "a %.2f cost %.2f: k %d, best %d", as[i], costs[j], k, best);
+        }
+    /* as slow as the model: never consulted, not even by a probe */
+    int k;
+    CHECK(spent(1.0f, 2000, false, &k) == 0);
+    spec_ctl c;
+    spec_ctl_init(&c);
+    c.cost = 1.0f;
+    c.acc = 1.0f;
+    CHECK(spec_ctl_want(&c, 4) == 0);
+    /* cheap and always wrong: a few steps, then rare probes */
+    double s128 = spent(0.06f, 128, false, &k), s2000 = spent(0.06f, 2000, false, &k);
+    fprintf(stderr, "  a draft at 0.06 of a pass, every guess rejected: %.2f passes spent in 128 steps, %.2f in 2000\n",
+            s128, s2000);
+    CHECK(s128 > 0 && s128 < 0.05 * 128 && s2000 < 0.01 * 2000);
+    /* cheap and always right: k_max */
+    spent(0.06f, 64, true, &k);
+    CHECK(k == 4);
+    /* the engine: the model as its own draft costs a whole pass: never consulted */
+    static job jobs[N_JOBS];
+    static collect plain[N_JOBS], got[N_JOBS];
+    make_jobs(jobs);
+    lm_engine *ref = new_engine(LM_SPEC_NONE, NULL, 64, 8, 0);
+    CHECK(ref && run_jobs(ref, jobs, plain, true) == 0);
+    engine_free(ref);
+    const lm_model *dms[2] = {model, draft_q4};
+    for (int d = 0; d < 2; d++) {
+        lm_engine *e = new_engine_cost(LM_SPEC_DRAFT, dms[d], 64, 8, 0, 0);
+        CHECK(e);
+        CHECK(run_jobs(e, jobs, got, true) == 0);
+        CHECK(same(jobs, plain, got, d ? "draft Q4_0, cost model" : "draft = target, cost model"));
+        lm_engine_stats st;
+        engine_stats(e, &st);
+        fprintf(stderr, "  cost model, %s: %llu proposed, %llu accepted\n", d ? "draft Q4_0" : "draft = target",
+                (unsigned long long)st.spec_proposed_total, (unsigned long long)st.spec_accepted_total);
+        if (d == 0) CHECK(st.spec_proposed_total == 0);
+        else CHECK(st.spec_proposed_total > 0 && st.spec_accepted_total > 0);
+        engine_free(e);
+    }
 }
 
 int main(void) {
@@ -567,6 +748,8 @@ int main(void) {
     TEST_RUN(test_ngram_eos);
     TEST_RUN(test_distribution);
     TEST_RUN(test_seed);
+    TEST_RUN(test_grammar_draft);
+    TEST_RUN(test_cost_model);
     model_free(draft_q4);
     unlink(q4);
     rmdir(tmpdir);
