@@ -41,7 +41,7 @@ int spec_ngram_propose(const int32_t *toks, int n, int k, int32_t *out) {
 void spec_ctl_init(spec_ctl *c) {
     c->acc = SPEC_ACC_START;
     c->idle = 0;
-    c->every = c->every_max = SPEC_PROBE_EVERY;
+    c->every = c->every_min = c->every_max = SPEC_PROBE_EVERY;
     c->cost = 0;
 }
 
@@ -87,7 +87,10 @@ void spec_ctl_update(spec_ctl *c, int proposed, int accepted) {
     bool probe = c->cost > 0 ? best_k(c->acc, proposed > 1 ? proposed : 1, c->cost) == 0 : c->acc < SPEC_MIN_REACH;
     for (int i = 0; i < accepted; i++) c->acc += SPEC_EMA * (1.0f - c->acc);
     if (accepted < proposed) c->acc -= SPEC_EMA * c->acc;
-    if (accepted > 0) c->every = SPEC_PROBE_EVERY;
-    else if (probe && proposed > 0 && c->every < c->every_max)
+    /* the cost model: a probe after which the estimate still says no
+     * backs off, accepted or not (its restart is the expensive part) */
+    bool failed = c->cost > 0 ? probe && best_k(c->acc, proposed > 1 ? proposed : 1, c->cost) == 0 : accepted == 0;
+    if (!failed && accepted > 0) c->every = c->every_min;
+    else if (failed && probe && proposed > 0 && c->every < c->every_max)
         c->every = 2 * c->every < c->every_max ? 2 * c->every : c->every_max;
 }

@@ -40,9 +40,13 @@
  * controller proposes the k <= k_max with the best ratio, and nothing
  * unless that ratio beats a plain step by SPEC_MIN_GAIN. Probes as above
  * while it says no, and none at all when even a = 1 could not pay (a draft
- * as slow as the model): then the draft never runs. So a draft that is
- * rarely right stops after a few steps, and one that costs too much is
- * never consulted.
+ * as slow as the model): then the draft never runs. A probe costs a draft
+ * restart on a short window, so with the cost model every probe after
+ * which the estimate still says no doubles the interval (accepted or not),
+ * from every_min (the engine starts a draft's at SPEC_PROBE_FIRST_DRAFT and
+ * its estimate at SPEC_ACC_START_DRAFT: a draft was chosen to be right).
+ * So a draft that is rarely right stops after a few steps, and one that
+ * costs too much is never consulted.
  */
 #ifndef LAMINA_SPEC_H
 #define LAMINA_SPEC_H
@@ -57,6 +61,8 @@
 #define SPEC_EMA 0.15f            /* weight of one new outcome in the estimate */
 #define SPEC_ACC_START 0.6f       /* the estimate before any outcome */
 #define SPEC_ROW_COST 0.03f       /* cost model: one more verified row, as a share of a pass */
+#define SPEC_ACC_START_DRAFT 0.8f /* cost model: a draft's estimate before any outcome */
+#define SPEC_PROBE_FIRST_DRAFT 64 /* cost model: a draft's first probe interval */
 #define SPEC_MIN_GAIN 0.03f       /* cost model: the speed-up a proposal must promise over a plain step */
 
 /* The k tokens that followed the most recent earlier occurrence of the
@@ -68,12 +74,12 @@ int spec_ngram_propose(const int32_t *toks, int n, int k, int32_t *out);
 typedef struct {
     float acc;  /* estimated chance a proposed token is accepted once the ones before it were */
     int idle;   /* steps since the last proposal while the estimate is too low */
-    int every;  /* steps between probes (SPEC_PROBE_EVERY, doubling up to every_max while probes fail) */
-    int every_max;
+    int every;  /* steps between probes (every_min, doubling up to every_max while probes fail) */
+    int every_min, every_max;
     float cost; /* a guess's cost as a share of the model's pass; 0: free (prompt lookup, no cost model) */
 } spec_ctl;
 
-/* every = every_max = SPEC_PROBE_EVERY (no back-off), cost 0. */
+/* every = every_min = every_max = SPEC_PROBE_EVERY (no back-off), cost 0. */
 void spec_ctl_init(spec_ctl *c);
 /* The expected speed-up of proposing k tokens at acceptance a with a
  * guess's cost `cost` (the cost model above): tokens per pass's time. */

@@ -723,6 +723,10 @@ static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max
             if (e->dr) {
                 c->ctl.every_max = SPEC_PROBE_MAX_DRAFT; /* a draft's probe costs passes: back off */
                 c->ctl.cost = e->draft_cost;
+                if (e->draft_cost > 0) {
+                    c->ctl.acc = SPEC_ACC_START_DRAFT;
+                    c->ctl.every = c->ctl.every_min = SPEC_PROBE_FIRST_DRAFT;
+                }
             }
             if (!(c->draft = lm_malloc((size_t)c->spec_k * sizeof *c->draft))) {
                 ok = false;
@@ -1434,7 +1438,7 @@ static double time_pass(lm_engine *e, int32_t tok) {
 }
 
 /* The cost model's price of a draft pass (spec.h): its time over the
- * model's, one token each, the least of three interleaved after a pass of
+ * model's, one token each, the least of five interleaved after a pass of
  * each that pages the weights in (so a pass the load slowed counts
  * little). Without a measurement, the ratio of the weights' bytes, which
  * a batch-1 pass reads once. At least 0.001. */
@@ -1444,7 +1448,7 @@ static float draft_calibrate(lm_engine *e) {
                    (double)(e->m->weight_bytes + e->m->packed_bytes ? e->m->weight_bytes + e->m->packed_bytes : 1);
     int32_t tok = tok_bos(e->tok) >= 0 ? tok_bos(e->tok) : 0;
     double tm = 1e30, td = 1e30;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 6; i++) {
         double a = time_pass(e, tok), b = draft_time_pass(e->dr, tok);
         if (a < 0 || b < 0) {
             tm = -1;
