@@ -222,8 +222,8 @@ static void place(draft_runner *d, draft_job *j) {
     bool fresh = !ds->started;
     ds->started = true;
     draft_seq_release(d, ds);
-    /* the first time a longer window, else a short one */
-    int ctx = fresh ? DRAFT_FIRST_CTX : DRAFT_RESTART_CTX;
+    /* the first time the whole sequence (when it fits), else a short window */
+    int ctx = fresh && j->n_toks + j->k <= d->n_ctx ? j->n_toks : DRAFT_RESTART_CTX;
     if (ctx > d->n_ctx - j->k) ctx = d->n_ctx - j->k;
     if (ctx > j->n_toks) ctx = j->n_toks;
     if (ctx < 1) ctx = 1;

@@ -24,13 +24,14 @@
  * distribution the guess was drawn from); fewer than min guesses propose
  * nothing.
  *
- * Staying cheap when it does not pay. A sequence's first proposal feeds
- * the draft its last DRAFT_FIRST_CTX tokens at most, not a whole long
- * prompt. A draft more than DRAFT_GAP_MAX tokens behind (the sequence
- * decoded plainly while its acceptance was low) is not caught up: it
- * restarts on the last DRAFT_RESTART_CTX tokens only (off moves), so a
- * rare probe costs a short prefill, not the whole context. Its proposals
- * are then from a shorter context, still exact.
+ * Staying cheap when it does not pay. A draft more than DRAFT_GAP_MAX tokens
+ * behind (the sequence decoded plainly while its acceptance was low) is not
+ * caught up: it restarts on the last DRAFT_RESTART_CTX tokens only (off
+ * moves), so a rare probe costs a short prefill, not the whole context. Its
+ * proposals are then from a shorter context, still exact. (A window that
+ * starts past the first token loses the BOS some models lean on: Gemma 3's
+ * guesses are then poor, so a sequence's first proposal feeds the whole
+ * sequence when it fits.)
  *
  * Grammars. A job whose choice has a grammar in force (gm) guesses under
  * the same mask the target's row gets: the draft's row is masked before
@@ -61,9 +62,8 @@
 #include "kv/kv.h"
 #include "model/model.h"
 
-#define DRAFT_GAP_MAX 16       /* tokens behind past which the draft restarts on a short window */
-#define DRAFT_RESTART_CTX 16   /* tokens it restarts on */
-#define DRAFT_FIRST_CTX 64     /* tokens a sequence's first proposal starts on at most */
+#define DRAFT_GAP_MAX 64       /* tokens behind past which the draft restarts on a short window */
+#define DRAFT_RESTART_CTX 32   /* tokens it restarts on */
 
 typedef struct draft_runner draft_runner;
 
