@@ -18,11 +18,20 @@
  *  - gemm: every nr, nc in 1..4 with padded strides, each output
  *    bit-identical (memcmp) to the variant's vec_dot, nothing outside the
  *    tile written;
+ *  - packed (interleaved) tiles of the variant, for the 32-element types
+ *    that have them (block_q8_0s activations: neon and neondot Q8_0 and
+ *    Q4_0; x86 Q8_0, Q4_0, Q5_0, Q4_1, Q5_1): packed_act's bytes equal
+ *    quant_packed_act_ref's; every output of 1, 5, 8, 13 and 21 rows (the
+ *    last group partial) by 9 tokens within TOL of quant_vec_dot_ref and
+ *    the float64 dot, bit-identical for every tile width up to pack_tile
+ *    and position of a token in its tile, nothing past the last row
+ *    written;
  *  - ops_matmul on a pool of two threads for every batch of 1 to 64 tokens
  *    and odd shapes (13 rows; 3 blocks of 32, one K super-block, 37 float
  *    columns), and 37 x 576 / 768 for 1, 7 and 64 tokens: each output
  *    within the same bound of the scalar reference for that token's
- *    activation row;
+ *    activation row; where the variant has packed tiles for a quantized
+ *    type, the same again on the weights' interleaved copy (quant_pack);
  *  - the table's from_float for Q8_0, Q8_K and F16: bytes identical to the
  *    reference quantizer (Gaussian rows of many scales, ties, zeros,
  *    subnormals, huge values, F16 also NaNs and infinities); to_float of
@@ -259,16 +268,29 @@ static void check_matmul(lm_pool *pool, uint32_t wt, int64_t rows, int64_t n, co
     lm_weight lw = {.data = w, .type = wt, .rows = rows, .cols = n, .row_bytes = rb};
     void *scratch = lm_malloc(ops_matmul_scratch(wt, n, max_tok));
     float *y = lm_malloc((size_t)max_tok * (size_t)rows * sizeof(float));
-    int bad_tok = 0;
-    int64_t bad_i = -1;
-    for (int i = 0; i < ntoks && bad_i < 0; i++) {
-        ops_matmul(pool, y, &lw, x, toks[i], scratch);
-        for (int64_t j = 0; j < (int64_t)toks[i] * rows && bad_i < 0; j++)
-            if (!(fabs((double)y[j] - ref[j]) <= tol[j])) bad_tok = toks[i], bad_i = j;
+    /* row-major, then on the interleaved copy where the variant has tiles
+     * that take the reference's activation rows (the quantized types; F16
+     * panels multiply the floats themselves) */
+    void *wp = NULL;
+    if (kernels_type(wt)->packed_gemm && quant_traits(wt)->is_quantized && quant_pack_size(wt, rows, n)) {
+        wp = lm_malloc(quant_pack_size(wt, rows, n));
+        quant_pack(wt, w, rb, rows, n, wp);
     }
-    CHECKF(bad_i < 0, "%s %s %lldx%lld, %d tokens: token %lld row %lld: %.9g, reference %.9g", kernels_isa_name(),
-           quant_type_name(wt), (long long)rows, (long long)n, bad_tok, (long long)(bad_i / rows),
-           (long long)(bad_i % rows), bad_i < 0 ? 0.0 : y[bad_i], bad_i < 0 ? 0.0 : ref[bad_i]);
+    for (int packed = 0; packed < 1 + (wp != NULL) && !test_cur_failed_; packed++) {
+        lw.packed = packed ? wp : NULL;
+        int bad_tok = 0;
+        int64_t bad_i = -1;
+        for (int i = 0; i < ntoks && bad_i < 0; i++) {
+            ops_matmul(pool, y, &lw, x, toks[i], scratch);
+            for (int64_t j = 0; j < (int64_t)toks[i] * rows && bad_i < 0; j++)
+                if (!(fabs((double)y[j] - ref[j]) <= tol[j])) bad_tok = toks[i], bad_i = j;
+        }
+        CHECKF(bad_i < 0, "%s %s %s %lldx%lld, %d tokens: token %lld row %lld: %.9g, reference %.9g",
+               kernels_isa_name(), quant_type_name(wt), packed ? "packed" : "row-major", (long long)rows, (long long)n,
+               bad_tok, (long long)(bad_i / rows), (long long)(bad_i % rows), bad_i < 0 ? 0.0 : y[bad_i],
+               bad_i < 0 ? 0.0 : ref[bad_i]);
+    }
+    lm_free(wp);
     lm_free(w);
     lm_free(act);
     lm_free(x);
@@ -290,6 +312,109 @@ static void test_matmul_tokens(void) {
         if (!test_cur_failed_) check_matmul(pool, wt, 37, blck == 256 ? 768 : 576, few, 3);
     }
     pool_free(pool);
+}
+
+/* ---- packed (interleaved) tiles ------------------------------------------------ */
+
+/* y (n_tok tokens, ys apart) for every row of the interleaved matrix wp,
+ * the tokens in tiles of `split` (the last one shorter) after a first tile
+ * of `first` tokens (none when 0). */
+static void packed_all(const lm_type_kernels *k, uint32_t wt, int64_t n, int64_t rows, const uint8_t *wp,
+                       const uint8_t *x, size_t xs, int n_tok, int split, int first, float *y, size_t ys) {
+    const size_t gb = quant_pack_size(wt, LM_PACK_ROWS, n);
+    for (int64_t g = 0; g * LM_PACK_ROWS < rows; g++) {
+        int nr = rows - LM_PACK_ROWS * g < LM_PACK_ROWS ? (int)(rows - LM_PACK_ROWS * g) : LM_PACK_ROWS;
+        int c = 0;
+        if (first > 0) {
+            k->packed_gemm(n, wp + (size_t)g * gb, nr, x, xs, first, y + LM_PACK_ROWS * g, ys);
+            c = first;
+        }
+        for (; c < n_tok; c += split) {
+            int nc = n_tok - c < split ? n_tok - c : split;
+            k->packed_gemm(n, wp + (size_t)g * gb, nr, x + (size_t)c * xs, xs, nc,
+                           y + (size_t)c * ys + LM_PACK_ROWS * g, ys);
+        }
+    }
+}
+
+/* The variant's packed tiles of one 32-element type against the reference,
+ * and against themselves for every tile width and first tile. */
+static void check_packed(uint32_t wt) {
+    const lm_type_kernels *k = kernels_type(wt);
+    const int tile = k->pack_tile, n_tok = 9;
+    CHECK(tile >= 1 && tile <= LM_PACK_TILE && k->packed_act);
+    if (test_cur_failed_) return;
+    static const int64_t row_counts[] = {1, 5, 8, 13, 21};
+    static const int64_t col_counts[] = {32, 96, 320, 1024};
+    for (size_t ri = 0; ri < sizeof row_counts / sizeof row_counts[0]; ri++)
+        for (size_t ci = 0; ci < sizeof col_counts / sizeof col_counts[0]; ci++) {
+            int64_t rows = row_counts[ri], n = col_counts[ci];
+            size_t rb = quant_row_size(wt, n), xs = quant_packed_act_row_size(n), qs = quant_row_size(act_type(wt), n);
+            uint8_t *w = lm_malloc(rb * (size_t)rows), *wp = lm_malloc(quant_pack_size(wt, rows, n));
+            uint8_t *x = lm_malloc(xs * (size_t)n_tok), *xr = lm_malloc(xs), *xq = lm_malloc(qs * (size_t)n_tok);
+            float *f = lm_malloc((size_t)n * sizeof(float));
+            for (int64_t r = 0; r < rows; r++) make_weight(wt, n, (ri + ci + (size_t)r) & 1, w + (size_t)r * rb);
+            bool act_same = true;
+            for (int c = 0; c < n_tok; c++) {
+                fill_normal(f, n, c == 3 ? 1e-3 : 1.0);
+                k->packed_act(f, x + (size_t)c * xs, n);
+                quant_packed_act_ref(f, xr, n);
+                act_same = act_same && !memcmp(xr, x + (size_t)c * xs, xs);
+                quant_from_float_ref(act_type(wt), f, xq + (size_t)c * qs, n);
+            }
+            quant_pack(wt, w, rb, rows, n, wp);
+            const size_t ys = (size_t)rows + 3; /* three padding floats per token */
+            float *y0 = lm_malloc(ys * (size_t)n_tok * sizeof(float)), *y1 = lm_malloc(ys * (size_t)n_tok * sizeof(float));
+            for (size_t i = 0; i < ys * (size_t)n_tok; i++) y0[i] = -1234.5f;
+            packed_all(k, wt, n, rows, wp, x, xs, n_tok, 1, 0, y0, ys);
+            char msg[200] = "";
+            for (int c = 0; c < n_tok && !msg[0]; c++)
+                for (size_t r = 0; r < ys && !msg[0]; r++) {
+                    float got = y0[(size_t)c * ys + r];
+                    if (r >= (size_t)rows) {
+                        if (got != -1234.5f) snprintf(msg, sizeof msg, "wrote past the last row (token %d)", c);
+                        continue;
+                    }
+                    const uint8_t *wr = w + r * rb, *xc = xq + (size_t)c * qs;
+                    double abs_sum, exact = deq_dot(wt, n, wr, xc, &abs_sum);
+                    float ref = quant_vec_dot_ref(wt, n, wr, xc);
+                    double tol = TOL * abs_sum + 1e-30;
+                    if (!(fabs((double)got - ref) <= tol) || !(fabs((double)got - exact) <= tol))
+                        snprintf(msg, sizeof msg, "row %zu token %d: packed %.9g reference %.9g float64 %.9g (tol %.3g)",
+                                 r, c, got, ref, exact, tol);
+                }
+            for (int split = 2; split <= tile && !msg[0]; split++)
+                for (int first = 1; first <= split && !msg[0]; first++) {
+                    for (size_t i = 0; i < ys * (size_t)n_tok; i++) y1[i] = -1234.5f;
+                    packed_all(k, wt, n, rows, wp, x, xs, n_tok, split, first, y1, ys);
+                    if (memcmp(y0, y1, ys * (size_t)n_tok * sizeof(float)))
+                        snprintf(msg, sizeof msg, "tiles of %d tokens (the first of %d) differ from single tokens",
+                                 split, first);
+                }
+            lm_free(w), lm_free(wp), lm_free(x), lm_free(xr), lm_free(xq), lm_free(f), lm_free(y0), lm_free(y1);
+            CHECKF(act_same, "%s %s n=%lld: packed_act differs from quant_packed_act_ref", kernels_isa_name(),
+                   quant_type_name(wt), (long long)n);
+            CHECKF(!msg[0], "%s %s rows=%lld n=%lld: %s", kernels_isa_name(), quant_type_name(wt), (long long)rows,
+                   (long long)n, msg);
+            if (test_cur_failed_) return;
+        }
+}
+
+static void test_packed(void) {
+    static const uint32_t types[] = {LM_TYPE_Q8_0, LM_TYPE_Q4_0, LM_TYPE_Q5_0, LM_TYPE_Q4_1, LM_TYPE_Q5_1};
+    int tested = 0;
+    for (size_t i = 0; i < sizeof types / sizeof types[0] && !test_cur_failed_; i++)
+        if (kernels_type(types[i])->packed_gemm) {
+            check_packed(types[i]);
+            tested++;
+        }
+    printf("NOTE variant %s: packed tiles of %d of the 32-element types\n", kernels_isa_name(), tested);
+    if (getenv("LAMINA_NO_REPACK")) return; /* the table holds none then */
+#if defined(__aarch64__)
+    CHECK(tested == 2 && kernels_type(LM_TYPE_Q8_0)->packed_gemm && kernels_type(LM_TYPE_Q4_0)->packed_gemm);
+#else
+    CHECK(tested > 0);
+#endif
 }
 
 /* ---- conversions ---------------------------------------------------------------- */
@@ -542,6 +667,7 @@ int main(void) {
         printf("NOTE variant %s: tested against the scalar reference\n", kernels_isa_name());
         TEST_RUN(test_vec_dot);
         TEST_RUN(test_gemm);
+        TEST_RUN(test_packed);
         TEST_RUN(test_matmul_tokens);
         TEST_RUN(test_from_float);
         TEST_RUN(test_to_float);

@@ -148,6 +148,11 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
                 e->vec_dot = a->vec_dot;
                 e->gemm = a->gemm;
             }
+            if (a->packed_gemm) {
+                e->packed_gemm = a->packed_gemm;
+                e->packed_act = a->packed_act;
+                e->pack_tile = a->pack_tile;
+            }
         }
         k->ew = (lm_ew_kernels){neon_rmsnorm, neon_swiglu, neon_geglu, neon_rope};
         k->attn = (lm_attn_kernels){neon_attn_scores, neon_attn_pv, neon_attn_max, neon_attn_scale,

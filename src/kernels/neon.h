@@ -36,8 +36,13 @@
  *    non-NaN half converts exactly, FCVTL). Round-to-nearest, ties away
  *    (roundf) is FCVTAS; the f16 conversions are NEON's FCVTN/FCVTL, IEEE
  *    round to nearest even under Linux's default FPCR.
- *  - No interleaved (packed) kernels: on AArch64 every matrix stays
- *    row-major (packed_gemm NULL in the table).
+ *  - Interleaved (packed) tiles for Q8_0 and Q4_0 (quant.h's layout of 8
+ *    rows, against block_q8_0s activations; neon_tmpl.h): per (row, token)
+ *    acc = fma(float(isum_b), dw_b * dx_b, acc) over the block columns in
+ *    order, the integer sums exact, so both variants give the same bits and
+ *    a token's result does not depend on its tile (1 to NEON_PACK_TILE
+ *    tokens); packed_act gives quant_packed_act_ref's bytes. The other
+ *    types stay row-major on AArch64 (packed_gemm NULL in the table).
  *
  * Call the neon_* functions only when cpu_has_neon() is true and the
  * neon_dot_* ones when cpu_has_neon_dot() is; neon_kernels() hands them out
@@ -64,7 +69,14 @@ typedef struct {
     lm_from_float_fn from_float; /* quantize floats into this type */
     lm_vec_dot_fn vec_dot;       /* weights of this type · vec_dot_type */
     lm_gemm_fn gemm;             /* tile matching vec_dot bit for bit */
+    lm_packed_gemm_fn packed_gemm; /* interleaved weights (Q8_0, Q4_0), or NULL */
+    lm_from_float_fn packed_act;   /* floats -> packed_gemm's block_q8_0s rows */
+    int pack_tile;                 /* most tokens per packed_gemm call */
 } lm_neon_kernels;
+
+/* Tokens per packed tile: two float accumulators per token beside the 16
+ * vectors of a block column's weights stay within the 32 NEON registers. */
+#define NEON_PACK_TILE 4
 
 /* The kernels of a type for the plain (dot false) or dot-product variant,
  * or NULL when there are none (or not AArch64). */
@@ -93,7 +105,9 @@ const lm_neon_kernels *neon_kernels(uint32_t type, bool dot);
     void P##gemm_q5_1(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t); \
     void P##gemm_q4_K(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t); \
     void P##gemm_q5_K(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t); \
-    void P##gemm_q6_K(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t);
+    void P##gemm_q6_K(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t); \
+    void P##packed_gemm_q8_0(int64_t, const void *, int, const void *, size_t, int, float *, size_t);  \
+    void P##packed_gemm_q4_0(int64_t, const void *, int, const void *, size_t, int, float *, size_t);
 NEON_DECL(neon_)
 NEON_DECL(neon_dot_)
 
@@ -102,6 +116,7 @@ void neon_to_float_q8_0(const void *src, float *dst, int64_t n);
 void neon_from_float_f16(const float *src, void *dst, int64_t n);
 void neon_from_float_q8_0(const float *src, void *dst, int64_t n);
 void neon_from_float_q8_K(const float *src, void *dst, int64_t n);
+void neon_packed_act(const float *src, void *dst, int64_t n);
 #endif
 
 #endif

@@ -156,6 +156,20 @@ void neon_from_float_q8_K(const float *src, void *dst, int64_t n) {
     }
 }
 
+/* block_q8_0s rows for the packed tiles: this file's Q8_0 quantizer (the
+ * reference's bytes), the scale widened (exact) and 8 * the sum of the
+ * quants, as quant_packed_act_ref. */
+void neon_packed_act(const float *src, void *dst, int64_t n) {
+    block_q8_0s *o = dst;
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        block_q8_0 b;
+        neon_from_float_q8_0(src + i * QK8_0, &b, QK8_0);
+        o[i].d = h2f(&b.d);
+        o[i].s8 = 8 * (vaddlvq_s8(vld1q_s8(b.qs)) + vaddlvq_s8(vld1q_s8(b.qs + 16)));
+        memcpy(o[i].qs, b.qs, QK8_0);
+    }
+}
+
 /* ---- the list the kernel table reads ------------------------------------------ */
 
 #define NK(P, T) {.vec_dot = P##vec_dot_##T, .gemm = P##gemm_##T}
@@ -166,8 +180,13 @@ void neon_from_float_q8_K(const float *src, void *dst, int64_t n) {
                          .vec_dot = P##vec_dot_f16, .gemm = P##gemm_f16},                                 \
         [LM_TYPE_BF16] = NK(P, bf16),                                                                     \
         [LM_TYPE_Q8_0] = {.to_float = neon_to_float_q8_0, .from_float = neon_from_float_q8_0,             \
-                          .vec_dot = P##vec_dot_q8_0, .gemm = P##gemm_q8_0},                              \
-        [LM_TYPE_Q4_0] = NK(P, q4_0), [LM_TYPE_Q5_0] = NK(P, q5_0), [LM_TYPE_Q4_1] = NK(P, q4_1),         \
+                          .vec_dot = P##vec_dot_q8_0, .gemm = P##gemm_q8_0,                               \
+                          .packed_gemm = P##packed_gemm_q8_0, .packed_act = neon_packed_act,              \
+                          .pack_tile = NEON_PACK_TILE},                                                   \
+        [LM_TYPE_Q4_0] = {.vec_dot = P##vec_dot_q4_0, .gemm = P##gemm_q4_0,                               \
+                          .packed_gemm = P##packed_gemm_q4_0, .packed_act = neon_packed_act,              \
+                          .pack_tile = NEON_PACK_TILE},                                                   \
+        [LM_TYPE_Q5_0] = NK(P, q5_0), [LM_TYPE_Q4_1] = NK(P, q4_1),                                       \
         [LM_TYPE_Q5_1] = NK(P, q5_1), [LM_TYPE_Q4_K] = NK(P, q4_K), [LM_TYPE_Q5_K] = NK(P, q5_K),         \
         [LM_TYPE_Q6_K] = NK(P, q6_K), [LM_TYPE_Q8_K] = {.from_float = neon_from_float_q8_K},              \
     }

@@ -6,7 +6,8 @@
  * kernels/neon_dot.c (NT_DOT 1, names neon_dot_*, compiled with
  * -march=armv8.2-a+dotprod); nothing else includes it. The two differ only
  * in dot16(), the exact int8 dot product of 16 lanes into four int32
- * partial sums: sdot with the extension, smull + sadalp without. Every
+ * partial sums, and NP_DOT (the same by 4-byte lane, for the packed tiles
+ * at the end): sdot with the extension, smull + sadalp without. Every
  * integer sum is reduced across its lanes (exact) before it meets a float,
  * so both variants return the same bits.
  *
@@ -311,3 +312,132 @@ NT_GEMM(q4_K)
 NT_GEMM(q5_K)
 NT_GEMM(q6_K)
 #undef NT_GEMM
+
+/* ---- interleaved (packed) Q8_0 and Q4_0 tiles -------------------------------- */
+
+/* The layout is quant.h's (groups of LM_PACK_ROWS = 8 rows, block column
+ * after block column): 32 bytes of a block column hold four consecutive
+ * quants of each of the 8 rows, row r in bytes 4r..4r+3, so one 16-byte
+ * NEON vector holds four rows ("a quad": rows 0-3, then rows 4-7) with one
+ * row per 32-bit lane, and a 4-byte group of the token's quants meets all
+ * four at once. Activations are block_q8_0s rows (quant.h: Q8_0's quants,
+ * the scale widened to f32, 8 * the sum of the quants).
+ *
+ * Per (row, token) and block column: the exact int32 dot of the row's 32
+ * quants with the token's (sdot by lane with the extension; smull of each
+ * lane's four bytes against the group broadcast, pairwise adds into int32
+ * without it: every step exact, so both variants give the same integers),
+ * Q4_0's nibbles taken unsigned (0..15) and 8 * sum(x) = s8 subtracted;
+ * then acc = fma(float(isum), dw * dx, acc), dw the row's scale and dx the
+ * token's. Each output has its own accumulator lane, starts from zero and
+ * takes the blocks in order, so tiles of any width and any position of a
+ * token in its tile give the same bits. Integer bounds: |isum| < 2^20. */
+#define NP_P4_BYTES 144 /* d[8], qs[128] */
+#define NP_P8_BYTES 272 /* d[8], qs[256] */
+#define NP_QS 16
+
+/* The 4-byte group `lane` of x in every lane. */
+#define NP_BCAST(x, lane) vreinterpretq_s8_s32(vdupq_laneq_s32(vreinterpretq_s32_s8(x), lane))
+
+#if NT_DOT
+#define NP_DOT(a, b, w, x, lane) (a) = vdotq_laneq_s32((a), (w), (x), lane)
+#else
+/* a: lanes (row 0, row 0, row 1, row 1), b: (row 2, row 2, row 3, row 3),
+ * each a partial sum of the row's products */
+#define NP_DOT(a, b, w, x, lane)                                                                         \
+    do {                                                                                                 \
+        int8x16_t xb_ = NP_BCAST(x, lane);                                                               \
+        (a) = vpadalq_s16((a), vmull_s8(vget_low_s8(w), vget_low_s8(xb_)));                            \
+        (b) = vpadalq_s16((b), vmull_high_s8((w), xb_));                                                \
+    } while (0)
+#endif
+
+/* The int32 dots of one quad's four rows with one token: w[k] holds the
+ * quad's quants 4k..4k+3 (k < 8); x0, x1 the token's quants 0..15, 16..31. */
+INLINE int32x4_t np_quad_dot(const int8x16_t w[8], int8x16_t x0, int8x16_t x1) {
+    int32x4_t a = vdupq_n_s32(0), b = vdupq_n_s32(0);
+    NP_DOT(a, b, w[0], x0, 0);
+    NP_DOT(a, b, w[1], x0, 1);
+    NP_DOT(a, b, w[2], x0, 2);
+    NP_DOT(a, b, w[3], x0, 3);
+    NP_DOT(a, b, w[4], x1, 0);
+    NP_DOT(a, b, w[5], x1, 1);
+    NP_DOT(a, b, w[6], x1, 2);
+    NP_DOT(a, b, w[7], x1, 3);
+#if NT_DOT
+    (void)b;
+    return a;
+#else
+    return vpaddq_s32(a, b);
+#endif
+}
+
+/* Rows [0, nr) of a group's two quads lo (rows 0-3) and hi (4-7) to y. */
+INLINE void np_store(float *y, int nr, float32x4_t lo, float32x4_t hi) {
+    if (nr == LM_PACK_ROWS) {
+        vst1q_f32(y, lo);
+        vst1q_f32(y + 4, hi);
+        return;
+    }
+    float t[8];
+    vst1q_f32(t, lo);
+    vst1q_f32(t + 4, hi);
+    for (int r = 0; r < nr; r++) y[r] = t[r];
+}
+
+/* One group of 8 rows (q4: Q4_0, else Q8_0) by C tokens. */
+INLINE void np_tile(bool q4, int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size_t xs, int C, float *y,
+                    size_t ys) {
+    const size_t bytes = q4 ? NP_P4_BYTES : NP_P8_BYTES;
+    float32x4_t acc[NEON_PACK_TILE][2];
+    for (int c = 0; c < C; c++) acc[c][0] = acc[c][1] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < nb; b++, w += bytes) {
+        const float32x4_t dw0 = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(const void *)w)));
+        const float32x4_t dw1 = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(const void *)w + 4)));
+        int8x16_t q[2][8]; /* [quad][k]: quants 4k..4k+3 of the quad's rows */
+        const uint8_t *qs = w + NP_QS;
+        for (int h = 0; h < 2; h++) {
+            if (q4) {
+                for (int k = 0; k < 4; k++) {
+                    uint8x16_t v = vld1q_u8(qs + 32 * k + 16 * h);
+                    q[h][k] = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0F)));
+                    q[h][k + 4] = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+                }
+            } else {
+                for (int k = 0; k < 8; k++) q[h][k] = vld1q_s8((const int8_t *)(qs + 32 * k + 16 * h));
+            }
+        }
+        for (int c = 0; c < C; c++) {
+            const uint8_t *xb = x + (size_t)c * xs + (size_t)b * sizeof(block_q8_0s);
+            const block_q8_0s *xq = (const block_q8_0s *)(const void *)xb;
+            const int8x16_t x0 = vld1q_s8(xq->qs), x1 = vld1q_s8(xq->qs + 16);
+            int32x4_t s0 = np_quad_dot(q[0], x0, x1), s1 = np_quad_dot(q[1], x0, x1);
+            if (q4) {
+                s0 = vsubq_s32(s0, vdupq_n_s32(xq->s8));
+                s1 = vsubq_s32(s1, vdupq_n_s32(xq->s8));
+            }
+            acc[c][0] = vfmaq_f32(acc[c][0], vcvtq_f32_s32(s0), vmulq_n_f32(dw0, xq->d));
+            acc[c][1] = vfmaq_f32(acc[c][1], vcvtq_f32_s32(s1), vmulq_n_f32(dw1, xq->d));
+        }
+    }
+    for (int c = 0; c < C; c++) np_store(y + (size_t)c * ys, nr, acc[c][0], acc[c][1]);
+}
+
+/* One specialisation per tile width, so the token loop unrolls. */
+#define NP_GEMM(T, Q4)                                                                                        \
+    void NT_FN(packed_gemm_##T)(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y, \
+                                size_t ys) {                                                                  \
+        switch (nc) {                                                                                         \
+        case 1: np_tile(Q4, n / 32, wp, nr, x, xs, 1, y, ys); break;                                          \
+        case 2: np_tile(Q4, n / 32, wp, nr, x, xs, 2, y, ys); break;                                          \
+        case 3: np_tile(Q4, n / 32, wp, nr, x, xs, 3, y, ys); break;                                          \
+        case 4: np_tile(Q4, n / 32, wp, nr, x, xs, 4, y, ys); break;                                          \
+        default: break;                                                                                       \
+        }                                                                                                     \
+    }
+_Static_assert(NEON_PACK_TILE == 4, "NP_GEMM's cases assume 4");
+NP_GEMM(q4_0, true)
+NP_GEMM(q8_0, false)
+#undef NP_GEMM
+#undef NP_DOT
+#undef NP_BCAST
