@@ -25,6 +25,8 @@ here with `lamina quantize`) for checks 1 to 3.
   7. A draft whose tokenizer differs (a copy of the bundled model with one
      token's text changed) is refused by `lamina run` with an error naming
      the token; --spec ngram with --draft-model is a usage error.
+  (The draft runs at a set price, --draft-cost 0.2, so whether it guesses
+  does not depend on the time its passes took on a loaded machine.)
   8. `lamina bench serve --draft-model`: alone the draft proposes and is
      accepted, and the acceptance is reported; with 8 requests at once and
      16 tokens per iteration it stands aside (a share of decode passes
@@ -217,9 +219,10 @@ def check_draft_cli(q4, bad):
     with open(path, "w") as f:
         f.write(prompt)
     p = subprocess.run([LAMINA, "bench", "spec", "-m", MODEL, "-f", path, "-n", "60", "-r", "2", "-t", "1",
-                        "--draft-model", q4], capture_output=True, text=True, timeout=300)
+                        "--draft-model", q4, "--draft-cost", "0.2"], capture_output=True, text=True, timeout=300)
     m = re.findall(r"^\| \d+ \| [\d.]+ \| [\d.]+ \| (\d+) \| (\d+) \|", p.stdout, re.M)
-    ok = p.returncode == 0 and "outputs identical" in p.stdout and len(m) == 2 and int(m[0][1]) > 0
+    ok = (p.returncode == 0 and "outputs identical" in p.stdout and len(m) == 2 and int(m[0][1]) > 0 and
+          "draft pass: 0.200 of a model pass" in p.stdout)
     result("lamina bench spec --draft-model: identical outputs, proposals accepted", ok, p.stdout + p.stderr)
 
 
@@ -229,7 +232,8 @@ def check_bench_serve_draft(q4):
     cannot hold every sequence's guesses) it stands aside, so a smaller
     share of decode passes verifies a proposal."""
     def run(extra):
-        p = subprocess.run([LAMINA, "bench", "serve", "-m", MODEL, "--draft-model", q4, "--requests", "8",
+        p = subprocess.run([LAMINA, "bench", "serve", "-m", MODEL, "--draft-model", q4, "--draft-cost", "0.2",
+                            "--requests", "8",
                             "--fixed", "12:32", "--modes", "continuous", "-t", "1"] + extra,
                            capture_output=True, text=True, timeout=300)
         m = re.search(r"speculation: (\d+) proposed, (\d+) accepted .*; (\d+) of (\d+) decode passes verified",
@@ -264,7 +268,7 @@ def main():
         check_bench_serve_draft(q4)
         spec.stop("server 1")
         servers.remove(spec)
-        drafted = Server("--draft-model", q4, "--draft-max", "5")
+        drafted = Server("--draft-model", q4, "--draft-max", "5", "--draft-cost", "0.2")
         servers.append(drafted)
         check_identity(plain, drafted)
         check_metrics(plain, drafted)

@@ -225,6 +225,7 @@ bool spec_opts_flag(args *a, spec_opts *o) {
     else if (is_flag(a, "--draft-max", NULL)) o->max = (int)need_int(a, 1, 64);
     else if (is_flag(a, "--draft-min", NULL)) o->min = (int)need_int(a, 0, 64);
     else if (is_flag(a, "--draft-p-min", NULL)) o->p_min = (float)need_float(a, 0, 1);
+    else if (is_flag(a, "--draft-cost", NULL)) o->cost = (float)need_float(a, -1, 100);
     else return false;
     return true;
 }
@@ -240,6 +241,7 @@ void spec_opts_apply(args *a, spec_opts *o, lm_engine_config *ec) {
     ec->spec_max = o->max;
     ec->spec_min = o->min;
     ec->spec_p_min = o->p_min;
+    ec->spec_cost = o->cost;
     if (o->draft_path) {
         o->draft = load_or_die(a->cmd, o->draft_path);
         ec->spec = LM_SPEC_DRAFT;

@@ -85,12 +85,14 @@ int need_spec(args *a);
 
 /* Speculative decoding's flags, shared by run, serve, bench spec and bench
  * serve: --spec ngram|none, --draft-model FILE, --draft-max K, --draft-min N,
- * --draft-p-min P. */
+ * --draft-p-min P, --draft-cost P. */
 typedef struct {
     int spec;               /* LM_SPEC_* from --spec (LM_SPEC_NONE unless given) */
     const char *draft_path; /* --draft-model */
     int max, min;           /* --draft-max (default 4), --draft-min (default 0) */
     float p_min;            /* --draft-p-min (default 0) */
+    float cost;             /* --draft-cost: a draft pass's price as a share of the model's
+                               (0, the default: measured at start; negative: no cost model) */
     lm_model *draft;        /* loaded by spec_opts_apply */
 } spec_opts;
 void spec_opts_default(spec_opts *o);

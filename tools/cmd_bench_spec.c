@@ -27,7 +27,7 @@
 static void usage_bench_spec(FILE *f) {
     fprintf(f,
             "usage: lamina bench spec -m MODEL.gguf -f PROMPT.txt [-n 128] [-r 3] [-t THREADS] [--draft-max K]\n"
-            "                         [--draft-model DRAFT.gguf [--draft-min N] [--draft-p-min P]]\n"
+            "                         [--draft-model DRAFT.gguf [--draft-min N] [--draft-p-min P] [--draft-cost P]]\n"
             "Generate greedily from the prompt with speculative decoding off and on, alternately,\n"
             "and print decode speed, acceptance and whether the outputs agree. The proposer is\n"
             "prompt lookup, or the draft model given.\n\n"
@@ -39,7 +39,7 @@ static void usage_bench_spec(FILE *f) {
             "  --ctx-extend    allow -c above the model's trained context (with a warning)\n"
             "  --draft-max K   tokens proposed per step at most (default 4; 3 with --draft-model)\n"
             "  --draft-model FILE  a draft model with the same tokenizer proposes\n"
-            "  --draft-min N, --draft-p-min P  with --draft-model: see lamina run --help\n");
+            "  --draft-min N, --draft-p-min P, --draft-cost P  with --draft-model: see lamina run --help\n");
 }
 
 typedef struct {
@@ -154,7 +154,7 @@ int cmd_bench_spec(int argc, char **argv) {
     if (so.draft_path) {
         lm_engine_stats est;
         engine_stats(e, &est);
-        printf("draft pass: %.3f of a model pass (measured at start: the cost model's price of a guess)\n",
+        printf("draft pass: %.3f of a model pass (the cost model's price of a guess: measured at start, or --draft-cost)\n",
                (double)est.spec_draft_cost);
     }
     printf("| rep | off tok/s | on tok/s | proposed | accepted | tokens per verifying pass |\n");
