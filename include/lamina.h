@@ -241,6 +241,12 @@ typedef struct {
                              sizes proposals (a guess must pay for itself); 0 (default): measured
                              once when the engine starts (one-token passes of each); < 0: no cost
                              model (propose while acceptance is likely, as prompt lookup does) */
+    int draft_vocab;      /* LM_SPEC_DRAFT: the draft's LM head computes the logits of this many
+                             tokens (its end-of-generation tokens and the best ranked by the
+                             tokenizer's scores) and of the sequence's own tokens only, every
+                             other token's -inf (its pass gets cheaper; output stays exact).
+                             < 0 (lm_engine_config_default): 32768 for vocabularies over 65536
+                             tokens, else the whole vocabulary; 0: the whole vocabulary */
 } lm_engine_config;
 
 enum { LM_SPEC_NONE = 0, LM_SPEC_NGRAM = 1, LM_SPEC_DRAFT = 2 };

@@ -217,7 +217,7 @@ int need_spec(args *a) {
 
 /* max 0: the default, 4 for prompt lookup and 3 for a draft model (whose
  * guesses cost passes: bench/RESULTS.md) */
-void spec_opts_default(spec_opts *o) { *o = (spec_opts){.spec = LM_SPEC_NONE, .max = 0}; }
+void spec_opts_default(spec_opts *o) { *o = (spec_opts){.spec = LM_SPEC_NONE, .max = 0, .vocab = -1}; }
 
 bool spec_opts_flag(args *a, spec_opts *o) {
     if (is_flag(a, "--spec", NULL)) o->spec = need_spec(a);
@@ -226,6 +226,7 @@ bool spec_opts_flag(args *a, spec_opts *o) {
     else if (is_flag(a, "--draft-min", NULL)) o->min = (int)need_int(a, 0, 64);
     else if (is_flag(a, "--draft-p-min", NULL)) o->p_min = (float)need_float(a, 0, 1);
     else if (is_flag(a, "--draft-cost", NULL)) o->cost = (float)need_float(a, -1, 100);
+    else if (is_flag(a, "--draft-vocab", NULL)) o->vocab = (int)need_int(a, 0, INT32_MAX);
     else return false;
     return true;
 }
@@ -242,6 +243,7 @@ void spec_opts_apply(args *a, spec_opts *o, lm_engine_config *ec) {
     ec->spec_min = o->min;
     ec->spec_p_min = o->p_min;
     ec->spec_cost = o->cost;
+    ec->draft_vocab = o->vocab;
     if (o->draft_path) {
         o->draft = load_or_die(a->cmd, o->draft_path);
         ec->spec = LM_SPEC_DRAFT;

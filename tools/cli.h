@@ -85,7 +85,7 @@ int need_spec(args *a);
 
 /* Speculative decoding's flags, shared by run, serve, bench spec and bench
  * serve: --spec ngram|none, --draft-model FILE, --draft-max K, --draft-min N,
- * --draft-p-min P, --draft-cost P. */
+ * --draft-p-min P, --draft-cost P, --draft-vocab N. */
 typedef struct {
     int spec;               /* LM_SPEC_* from --spec (LM_SPEC_NONE unless given) */
     const char *draft_path; /* --draft-model */
@@ -93,6 +93,8 @@ typedef struct {
     float p_min;            /* --draft-p-min (default 0) */
     float cost;             /* --draft-cost: a draft pass's price as a share of the model's
                                (0, the default: measured at start; negative: no cost model) */
+    int vocab;              /* --draft-vocab N: the draft's LM head over N tokens (0: all; default -1:
+                               32768 above 65536 tokens) */
     lm_model *draft;        /* loaded by spec_opts_apply */
 } spec_opts;
 void spec_opts_default(spec_opts *o);

@@ -22,12 +22,13 @@
 #include "base/util.h"
 #include "cli.h"
 #include "kernels/kernels.h"
+#include "sched/draft.h"
 #include "sched/engine.h"
 
 static void usage_bench_spec(FILE *f) {
     fprintf(f,
             "usage: lamina bench spec -m MODEL.gguf -f PROMPT.txt [-n 128] [-r 3] [-t THREADS] [--draft-max K]\n"
-            "                         [--draft-model DRAFT.gguf [--draft-min N] [--draft-p-min P] [--draft-cost P]]\n"
+            "                         [--draft-model DRAFT.gguf [--draft-min N] [--draft-p-min P] [--draft-cost P] [--draft-vocab N]]\n"
             "Generate greedily from the prompt with speculative decoding off and on, alternately,\n"
             "and print decode speed, acceptance and whether the outputs agree. The proposer is\n"
             "prompt lookup, or the draft model given.\n\n"
@@ -39,7 +40,7 @@ static void usage_bench_spec(FILE *f) {
             "  --ctx-extend    allow -c above the model's trained context (with a warning)\n"
             "  --draft-max K   tokens proposed per step at most (default 4; 3 with --draft-model)\n"
             "  --draft-model FILE  a draft model with the same tokenizer proposes\n"
-            "  --draft-min N, --draft-p-min P, --draft-cost P  with --draft-model: see lamina run --help\n");
+            "  --draft-min N, --draft-p-min P, --draft-cost P, --draft-vocab N  with --draft-model: see lamina run --help\n");
 }
 
 typedef struct {
@@ -156,6 +157,9 @@ int cmd_bench_spec(int argc, char **argv) {
         engine_stats(e, &est);
         printf("draft pass: %.3f of a model pass (the cost model's price of a guess: measured at start, or --draft-cost)\n",
                (double)est.spec_draft_cost);
+        int nv = draft_vocab_size(so.draft, so.vocab);
+        if (nv > 0) printf("draft LM head: %d of %d tokens and the sequence's own (--draft-vocab)\n", nv, so.draft->hp.n_vocab);
+        else printf("draft LM head: the whole vocabulary (%d tokens)\n", so.draft->hp.n_vocab);
     }
     printf("| rep | off tok/s | on tok/s | proposed | accepted | tokens per verifying pass |\n");
     printf("| ---: | ---: | ---: | ---: | ---: | ---: |\n");

@@ -501,6 +501,11 @@ static int forward_batch(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *
             ops_rmsnorm(f->xb + (size_t)rows * E, f->x + (size_t)t * E, m->out_norm, E, hp->norm_eps);
         }
     PROF(f, LM_PROF_NORM);
+    if (f->head) { /* a draft's vocabulary subset (head_sub.c, softcap included) */
+        if (rows) head_sub_logits(f, logits, rows);
+        PROF(f, LM_PROF_LM_HEAD);
+        return 0;
+    }
     if (rows && tp_lm_head(f, logits, rows, err, errlen)) return -1;
     if (hp->final_softcap > 0) { /* gemma2 */
         float cap = hp->final_softcap;

@@ -92,6 +92,7 @@ typedef struct lm_fwd {
     double prof[LM_PROF_COUNT];
     double prof_gap[LM_PROF_COUNT]; /* of prof[]: the pool's dispatch time (pool_timing, when enabled) */
     double prof_gap_mark;           /* pool_timing wait_s at the last profile mark */
+    const struct fwd_head_sel *head; /* NULL: the whole LM head; else logits over a subset (below) */
 } lm_fwd;
 
 /* A workspace for passes of up to d->n_batch tokens over sequences of kv
@@ -124,6 +125,46 @@ typedef struct {
 } lm_seg;
 int fwd_run(lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_seg, float *logits, char *err,
             size_t errlen);
+
+/* ---- an LM head over a vocabulary subset (head_sub.c) --------------------- */
+
+/*
+ * A draft model guesses from logits of a few tokens only: the LM head's
+ * rows of a fixed subset, copied at load into a packed matrix of their own
+ * (head_sub), plus a short list of extra token ids per pass whose rows are
+ * gathered then (fwd_head_sel). With f->head set, every logits row fwd_run
+ * writes holds the head's product (and softcap) for those tokens, the same
+ * values as the whole head's within float rounding (the same kernels on
+ * the same rows: the type's packed kernel on the subset, the row-major one
+ * on the extras), and -inf for every other token. Never with tensor or
+ * pipeline parallelism (head_sub_new refuses). The target never sets it.
+ */
+typedef struct {
+    lm_weight w;          /* (n, n_embd) the subset's rows of the LM head, in its type (packed when the
+                             kernels have a packed form) */
+    int32_t *ids;         /* (n) their token ids, ascending */
+    int n;
+    void *mem;            /* owns w's rows and packed copy */
+    size_t bytes;         /* of mem and ids: head_sub_bytes */
+} lm_head_sub;
+
+typedef struct fwd_head_sel {
+    const lm_head_sub *sub;
+    const int32_t *extra; /* (n_extra) more token ids, none of them in sub */
+    int n_extra;
+    uint8_t *gather;      /* (n_extra, output.row_bytes) scratch for their rows */
+    float *out;           /* (rows, sub->n + n_extra) scratch: the products before the scatter */
+} fwd_head_sel;
+
+/* The bytes head_sub_new allocates for n rows of m's LM head. */
+size_t head_sub_bytes(const lm_model *m, int n);
+/* The subset of the n token ids in ids (distinct, in [0, n_vocab); any
+ * order: kept ascending). NULL with a message. */
+lm_head_sub *head_sub_new(const lm_model *m, const int32_t *ids, int n, char *err, size_t errlen);
+void head_sub_free(lm_head_sub *h);
+/* forward.c's LM head when f->head is set: rows normed inputs in f->xb ->
+ * logits (rows, n_vocab) as above. */
+void head_sub_logits(lm_fwd *f, float *logits, int rows);
 
 /* ---- one sequence -------------------------------------------------------- */
 

@@ -23,6 +23,7 @@
 #include "sched/draft.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "format/quant.h"
@@ -42,6 +43,16 @@ struct draft_runner {
     int32_t *ids;       /* (n_vocab) sampler_dist's survivors */
     float *probs;       /* (n_vocab) */
     lm_gmatch **gw;     /* (max_seqs) the jobs' parse states during a call (NULL: no grammar) */
+    /* the vocabulary subset (NULL sub: the whole LM head); see draft.h */
+    lm_head_sub *sub;
+    fwd_head_sel sel;   /* sub, the call's extras (ux), gather and out scratch */
+    uint8_t *in_sub;    /* (n_vocab) 1 for the subset's tokens */
+    uint32_t *jmark, *umark; /* (n_vocab) stamps: in this job's extras, in the call's */
+    uint32_t tick;
+    int32_t *ux;        /* (DRAFT_EXTRA_MAX) the call's extras: the union of its jobs' */
+    int32_t *jx;        /* (DRAFT_EXTRA_MAX) each job's extras, job after job */
+    int *jx0;           /* (max_seqs + 1) job i's are jx[jx0[i] .. jx0[i + 1]) */
+    float *save;        /* (DRAFT_EXTRA_MAX) a row's values of its job's extras */
     uint64_t ws_bytes;  /* the workspace and the buffers above, as draft_plan counts them */
     bool no_mask;       /* tests: guess without the grammar's mask */
 };
@@ -85,6 +96,16 @@ void draft_free(draft_runner *d) {
     lm_free(d->ids);
     lm_free(d->probs);
     lm_free(d->gw);
+    head_sub_free(d->sub);
+    lm_free(d->sel.gather);
+    lm_free(d->sel.out);
+    lm_free(d->in_sub);
+    lm_free(d->jmark);
+    lm_free(d->umark);
+    lm_free(d->ux);
+    lm_free(d->jx);
+    lm_free(d->jx0);
+    lm_free(d->save);
     lm_free(d);
 }
 
@@ -95,20 +116,91 @@ static fwd_dims draft_dims(const lm_model *dm, int n_ctx, int n_batch) {
     return fwd_dims_make(dm, n_ctx, n_batch);
 }
 
-/* btok, logits, ids, probs */
-static uint64_t buffer_bytes(const lm_model *dm, const fwd_dims *dims, int max_seqs) {
-    uint64_t V = (uint64_t)dm->hp.n_vocab;
-    return (uint64_t)dims->n_batch * sizeof(int32_t) + ((uint64_t)max_seqs * V + 2 * V) * sizeof(float);
+int draft_vocab_size(const lm_model *dm, int asked) {
+    int V = dm->hp.n_vocab;
+    if (asked < 0) asked = V > DRAFT_VOCAB_AUTO_ABOVE ? DRAFT_VOCAB_AUTO : 0;
+    if (asked == 0 || dm->tp.size > 1 || dm->pp.size > 1) return 0;
+    int n_eog = 0; /* always in the subset */
+    for (int32_t i = 0; dm->tok && i < V; i++) n_eog += tok_is_eog(dm->tok, i);
+    if (asked < n_eog) asked = n_eog;
+    return asked >= V ? 0 : asked;
 }
 
-int draft_plan(const lm_model *dm, int n_ctx, int n_batch, int max_seqs, int n_threads, kv_config *kc,
+/* btok, logits, ids, probs; with a subset of n tokens its rows, the
+ * extras' scratch and the stamps */
+static uint64_t buffer_bytes(const lm_model *dm, const fwd_dims *dims, int max_seqs, int n) {
+    uint64_t V = (uint64_t)dm->hp.n_vocab;
+    uint64_t b = (uint64_t)dims->n_batch * sizeof(int32_t) + ((uint64_t)max_seqs * V + 2 * V) * sizeof(float);
+    if (n > 0) {
+        uint64_t X = DRAFT_EXTRA_MAX;
+        b += head_sub_bytes(dm, n) + X * dm->output.row_bytes + (uint64_t)max_seqs * ((uint64_t)n + X) * sizeof(float);
+        b += V * (1 + 2 * sizeof(uint32_t)) + X * (2 * sizeof(int32_t) + sizeof(float)) +
+             ((uint64_t)max_seqs + 1) * sizeof(int);
+    }
+    return b;
+}
+
+/* The subset's n tokens: the end-of-generation tokens, then the best by
+ * the tokenizer's scores (SentencePiece's rank frequency; Gemma 3's fall
+ * with the id among ordinary tokens), ties and files without scores by id. */
+typedef struct {
+    float score;
+    int32_t id;
+} ranked;
+
+static int cmp_rank(const void *a, const void *b) {
+    const ranked *x = a, *y = b;
+    if (x->score != y->score) return x->score > y->score ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+static int make_subset(draft_runner *d, int n, char *err, size_t errlen) {
+    const lm_model *dm = d->m;
+    int32_t V = dm->hp.n_vocab;
+    const float *sc = dm->tok ? tok_scores(dm->tok) : NULL;
+    ranked *rk = lm_malloc((size_t)V * sizeof *rk);
+    int32_t *order = lm_malloc((size_t)V * sizeof *order);
+    if (!rk || !order) {
+        lm_free(rk), lm_free(order);
+        return lm_err(err, errlen, "out of memory");
+    }
+    int k = 0, n_eog = 0;
+    for (int32_t i = 0; i < V; i++)
+        if (dm->tok && tok_is_eog(dm->tok, i)) order[n_eog++] = i;
+        else rk[k++] = (ranked){.score = sc && i < tok_n_vocab(dm->tok) ? sc[i] : 0, .id = i};
+    qsort(rk, (size_t)k, sizeof *rk, cmp_rank);
+    for (int i = 0; i < k; i++) order[n_eog + i] = rk[i].id;
+    lm_free(rk);
+    d->sub = head_sub_new(dm, order, n, err, errlen);
+    lm_free(order);
+    if (!d->sub) return -1;
+    size_t X = DRAFT_EXTRA_MAX;
+    d->sel.sub = d->sub;
+    d->sel.gather = lm_malloc(X * dm->output.row_bytes);
+    d->sel.out = lm_malloc((size_t)d->max_seqs * ((size_t)n + X) * sizeof(float));
+    d->in_sub = lm_calloc((size_t)V, 1);
+    d->jmark = lm_calloc((size_t)V, sizeof *d->jmark);
+    d->umark = lm_calloc((size_t)V, sizeof *d->umark);
+    d->ux = lm_malloc(X * sizeof *d->ux);
+    d->jx = lm_malloc(X * sizeof *d->jx);
+    d->jx0 = lm_malloc(((size_t)d->max_seqs + 1) * sizeof *d->jx0);
+    d->save = lm_malloc(X * sizeof *d->save);
+    if (!d->sel.gather || !d->sel.out || !d->in_sub || !d->jmark || !d->umark || !d->ux || !d->jx || !d->jx0 ||
+        !d->save)
+        return lm_err(err, errlen, "out of memory for the draft's vocabulary subset");
+    for (int i = 0; i < d->sub->n; i++) d->in_sub[d->sub->ids[i]] = 1;
+    return 0;
+}
+
+int draft_plan(const lm_model *dm, int n_ctx, int n_batch, int max_seqs, int n_threads, int vocab, kv_config *kc,
                uint64_t *workspace, char *err, size_t errlen) {
     fwd_dims dims = draft_dims(dm, n_ctx, n_batch);
     fwd_kv_config(dm, &dims, kc);
     kc->type = LM_TYPE_F16;
     kc->n_seqs = max_seqs;
     kc->mem_bytes = 0;
-    *workspace = fwd_workspace_bytes(dm, &dims, n_threads) + buffer_bytes(dm, &dims, max_seqs);
+    *workspace = fwd_workspace_bytes(dm, &dims, n_threads) +
+                 buffer_bytes(dm, &dims, max_seqs, draft_vocab_size(dm, vocab));
     kv_plan pl;
     return kv_plan_make(kc, &pl, err, errlen) == KV_OK ? 0 : -1;
 }
@@ -123,7 +215,7 @@ int draft_pool_default(const kv_config *kc, uint64_t *bytes, char *err, size_t e
 }
 
 draft_runner *draft_new(const lm_model *dm, lm_pool *pool, const kv_config *kcin, int n_ctx, int n_batch,
-                        int max_seqs, char *err, size_t errlen) {
+                        int max_seqs, int vocab, char *err, size_t errlen) {
     draft_runner *d = lm_calloc(1, sizeof *d);
     if (!d) return lm_err(err, errlen, "out of memory"), NULL;
     d->m = dm;
@@ -133,7 +225,8 @@ draft_runner *draft_new(const lm_model *dm, lm_pool *pool, const kv_config *kcin
     d->max_seqs = max_seqs;
     kv_config kc;
     uint64_t ws;
-    if (draft_plan(dm, n_ctx, n_batch, max_seqs, pool_size(pool), &kc, &ws, err, errlen) != 0) goto fail;
+    int n_sub = draft_vocab_size(dm, vocab);
+    if (draft_plan(dm, n_ctx, n_batch, max_seqs, pool_size(pool), vocab, &kc, &ws, err, errlen) != 0) goto fail;
     if (kcin) {
         kc = *kcin;
     } else { /* the full pool, at most 2 GiB */
@@ -144,7 +237,7 @@ draft_runner *draft_new(const lm_model *dm, lm_pool *pool, const kv_config *kcin
     size_t V = (size_t)dm->hp.n_vocab;
     if (!(d->kv = kv_pool_new(&kc, err, errlen))) goto fail;
     if (!(d->fwd = fwd_new(dm, pool, d->kv, &dims, err, errlen))) goto fail;
-    d->ws_bytes = d->fwd->ws_bytes + buffer_bytes(dm, &dims, max_seqs);
+    d->ws_bytes = d->fwd->ws_bytes + buffer_bytes(dm, &dims, max_seqs, n_sub);
     d->btok = lm_malloc((size_t)d->n_batch * sizeof *d->btok);
     d->segs = lm_calloc((size_t)max_seqs, sizeof *d->segs);
     d->seg_job = lm_calloc((size_t)max_seqs, sizeof *d->seg_job);
@@ -157,6 +250,7 @@ draft_runner *draft_new(const lm_model *dm, lm_pool *pool, const kv_config *kcin
         lm_err(err, errlen, "out of memory allocating the draft model's buffers");
         goto fail;
     }
+    if (n_sub > 0 && make_subset(d, n_sub, err, errlen) != 0) goto fail;
     return d;
 fail:
     draft_free(d);
@@ -171,6 +265,58 @@ int64_t draft_kv_tokens(const draft_runner *d) { return kv_pool_plan(d->kv)->n_t
 
 void draft_set_masking(draft_runner *d, bool on) { d->no_mask = !on; }
 
+int draft_vocab_n(const draft_runner *d, const int32_t **ids) {
+    if (ids) *ids = d->sub ? d->sub->ids : NULL;
+    return d->sub ? d->sub->n : 0;
+}
+
+/* The next stamp for jmark/umark (both cleared when it wraps). */
+static uint32_t next_tick(draft_runner *d) {
+    if (++d->tick == 0) {
+        size_t V = (size_t)d->m->hp.n_vocab;
+        memset(d->jmark, 0, V * sizeof *d->jmark);
+        memset(d->umark, 0, V * sizeof *d->umark);
+        d->tick = 1;
+    }
+    return d->tick;
+}
+
+/* The call's extras: each live job's context tokens outside the subset
+ * (the latest first, DRAFT_EXTRA_MAX in all), and their union for the
+ * passes' LM head. */
+static void gather_extras(draft_runner *d, const draft_job *jobs, int n_jobs, const bool *live) {
+    uint32_t call = next_tick(d);
+    int nj = 0, nu = 0;
+    for (int i = 0; i < n_jobs; i++) {
+        d->jx0[i] = nj;
+        if (!live[i]) continue;
+        const draft_job *j = &jobs[i];
+        uint32_t st = next_tick(d);
+        for (int t = j->n_toks - 1; t >= 0 && nj < DRAFT_EXTRA_MAX; t--) {
+            int32_t id = j->toks[t];
+            if (d->in_sub[id] || d->jmark[id] == st) continue;
+            d->jmark[id] = st;
+            d->jx[nj++] = id;
+            if (d->umark[id] != call) {
+                d->umark[id] = call;
+                d->ux[nu++] = id;
+            }
+        }
+    }
+    d->jx0[n_jobs] = nj;
+    d->sel.extra = d->ux;
+    d->sel.n_extra = nu;
+}
+
+/* Job i's row keeps only its own extras of the call's union. */
+static void own_extras(draft_runner *d, int i, float *row) {
+    int a = d->jx0[i], b = d->jx0[i + 1];
+    if (b - a == d->sel.n_extra) return; /* its extras are the union */
+    for (int k = a; k < b; k++) d->save[k - a] = row[d->jx[k]];
+    for (int k = 0; k < d->sel.n_extra; k++) row[d->ux[k]] = -INFINITY;
+    for (int k = a; k < b; k++) row[d->jx[k]] = d->save[k - a];
+}
+
 double draft_time_pass(draft_runner *d, int32_t tok) {
     char err[LM_ERRLEN];
     kv_seq *s = kv_seq_new(d->kv, err, sizeof err);
@@ -178,8 +324,11 @@ double draft_time_pass(draft_runner *d, int32_t tok) {
     double t = -1;
     if (kv_append(d->kv, s, 1, err, sizeof err) == KV_OK) {
         lm_seg seg = {.seq = s, .pos0 = 0, .n = 1, .n_logits = 1};
+        d->sel.n_extra = 0;
+        d->fwd->head = d->sub ? &d->sel : NULL;
         double t0 = lm_now();
         if (fwd_run(d->fwd, &tok, &seg, 1, d->logits, err, sizeof err) == 0) t = lm_now() - t0;
+        d->fwd->head = NULL;
     }
     kv_seq_free(d->kv, s);
     return t;
@@ -303,6 +452,8 @@ void draft_propose(draft_runner *d, draft_job *jobs, int n_jobs, int min, float 
         d->gw[i] = NULL;
         if (live[i] && j->gm && !d->no_mask && !(d->gw[i] = gmatch_copy(j->gm))) live[i] = false;
     }
+    if (d->sub) gather_extras(d, jobs, n_jobs, live);
+    d->fwd->head = d->sub ? &d->sel : NULL;
     for (;;) {
         int n_seg = 0, n_tok = 0;
         for (int i = 0; i < n_jobs && n_seg < d->max_seqs; i++) {
@@ -339,10 +490,12 @@ void draft_propose(draft_runner *d, draft_job *jobs, int n_jobs, int min, float 
             j->ds->n += d->segs[g].n;
             if (!d->segs[g].n_logits) continue;
             bool last;
+            if (d->sub) own_extras(d, i, d->logits + (size_t)row * V);
             if (!guess(d, j, d->gw[i], d->logits + (size_t)row++ * V, p_min, &last) || last || j->n_out >= j->k)
                 live[i] = false;
         }
     }
+    d->fwd->head = NULL;
     for (int i = 0; i < n_jobs; i++) {
         gmatch_free(d->gw[i]);
         d->gw[i] = NULL;

@@ -41,6 +41,23 @@
  * distribution the guess was drawn from) is what the rejection scheme
  * divides by: exact still, and accepted as often as without a grammar.
  *
+ * The vocabulary subset. A draft whose vocabulary is large spends most of
+ * its pass on the LM head (Gemma 3 270M: 262,144 rows of 640, 168M of its
+ * 270M parameters), on logits of tokens that are almost never its guess.
+ * With a subset of n tokens (draft_vocab_size) the draft's LM head computes
+ * only the rows of: the end-of-generation tokens and the n best ranked by
+ * the tokenizer's scores (a packed copy made at start, model/forward.h's
+ * head_sub; SentencePiece scores rank frequency, and Gemma 3's fall with
+ * the id among ordinary tokens; without scores, the id order), united with
+ * the tokens of the job's own sequence (prompt and output so far, the
+ * latest DRAFT_EXTRA_MAX distinct ones outside the subset across the
+ * call's jobs, gathered per call: copied text is what a draft guesses
+ * best). Every other token's logit is -inf before the draft's sampler, so
+ * q, the distribution the guess is drawn from, is zero outside the job's
+ * subset and the rejection scheme stays exact; greedy output stays the
+ * target's. A job's row keeps its own sequence's tokens only, not those of
+ * the other jobs in the pass, so its guesses do not depend on the batch.
+ *
  * Resources. Its pool holds max_seqs sequences of the target's context (or
  * the draft's, if shorter: the window then restarts), or what a memory
  * budget gave it (engine_mem_plan: draft_plan says what it needs). When the
@@ -64,6 +81,9 @@
 
 #define DRAFT_GAP_MAX 64       /* tokens behind past which the draft restarts on a short window */
 #define DRAFT_RESTART_CTX 32   /* tokens it restarts on */
+#define DRAFT_VOCAB_AUTO 32768        /* the subset's size by default ... */
+#define DRAFT_VOCAB_AUTO_ABOVE 65536  /* ... for vocabularies larger than this */
+#define DRAFT_EXTRA_MAX 4096   /* a call's context tokens outside the subset, at most */
 
 typedef struct draft_runner draft_runner;
 
@@ -99,22 +119,33 @@ int draft_check_vocab(const lm_model *target, const lm_model *draft, char *err, 
  * passes of n_batch tokens and n_threads threads, computed without
  * allocating: *workspace, the forward pass's workspace and the runner's
  * large buffers (batch tokens, logits rows, a sampler's id and probability
- * rows), in bytes; *kc, its pool's configuration for max_seqs sequences of
+ * rows; the vocabulary subset's rows and scratch for vocab as in
+ * draft_vocab_size), in bytes; *kc, its pool's configuration for max_seqs sequences of
  * its context (F16, mem_bytes 0: the caller sets the budget). 0, or -1
  * with a message. */
-int draft_plan(const lm_model *dm, int n_ctx, int n_batch, int max_seqs, int n_threads, kv_config *kc,
+int draft_plan(const lm_model *dm, int n_ctx, int n_batch, int max_seqs, int n_threads, int vocab, kv_config *kc,
                uint64_t *workspace, char *err, size_t errlen);
+/* The subset's size for a request of vocab tokens (lm_engine_config's
+ * draft_vocab): < 0 the default (DRAFT_VOCAB_AUTO above
+ * DRAFT_VOCAB_AUTO_ABOVE tokens, else the whole vocabulary); 0, or n_vocab
+ * or more, the whole vocabulary (returns 0); else vocab, at least the
+ * number of end-of-generation tokens. */
+int draft_vocab_size(const lm_model *dm, int vocab);
 /* The full pool's bytes for kc as draft_plan gives it, at most 2 GiB: what
  * the pool gets without a budget. 0, or -1 with a message. */
 int draft_pool_default(const kv_config *kc, uint64_t *bytes, char *err, size_t errlen);
 
 /* A runner for up to max_seqs sequences of n_ctx positions, passes of at
- * most n_batch tokens, on the given thread pool (shared with the target:
+ * most n_batch tokens, the LM head over a subset for vocab
+ * (draft_vocab_size), on the given thread pool (shared with the target:
  * the engine thread runs one after the other), its KV pool made from kc
  * (draft_plan's, with mem_bytes set; NULL: the default pool). NULL with a
  * message. */
 draft_runner *draft_new(const lm_model *dm, lm_pool *pool, const kv_config *kc, int n_ctx, int n_batch,
-                        int max_seqs, char *err, size_t errlen);
+                        int max_seqs, int vocab, char *err, size_t errlen);
+/* The subset's fixed tokens (0: the whole vocabulary), their ids
+ * ascending in *ids when ids is not NULL. */
+int draft_vocab_n(const draft_runner *d, const int32_t **ids);
 /* What it allocated: the workspace (as draft_plan's) and the pool's K/V bytes. */
 uint64_t draft_workspace_bytes(const draft_runner *d);
 uint64_t draft_kv_bytes(const draft_runner *d);

@@ -228,7 +228,7 @@ void engine_config_default(lm_engine_config *c) {
     *c = (lm_engine_config){.n_threads = 0, .batch_tokens = FWD_BATCH_DEFAULT, .max_seqs = 64, .n_ctx = 0,
                             .kv_mem = 0, .kv_type = LM_TYPE_F16, .block_size = KV_DEFAULT_BLOCK, .watermark = 0.01,
                             .max_waiting = 0, .prefix_cache = true, .static_batching = false,
-                            .spec = LM_SPEC_NONE, .spec_max = 4};
+                            .spec = LM_SPEC_NONE, .spec_max = 4, .draft_vocab = -1};
 }
 
 void engine_request_params_default(lm_request_params *p) {
@@ -1520,7 +1520,8 @@ static int draft_parts(const lm_model *m, const lm_engine_config *c, const fwd_d
                        kv_plan *full, kv_plan *one, uint64_t *dflt, char *err, size_t errlen) {
     const lm_model *dm = c->draft_model;
     o->draft_weights = dm->weight_bytes + dm->packed_bytes;
-    if (draft_plan(dm, dims->n_ctx, c->batch_tokens, c->max_seqs, c->n_threads, &o->dkc, &o->draft_workspace, err,
+    if (draft_plan(dm, dims->n_ctx, c->batch_tokens, c->max_seqs, c->n_threads, c->draft_vocab, &o->dkc,
+                   &o->draft_workspace, err,
                    errlen) != 0 || draft_pool_default(&o->dkc, dflt, err, errlen) != 0)
         return -1;
     o->draft_workspace += (uint64_t)spec_cap_of(c) * (uint64_t)m->hp.n_vocab * sizeof(float);
@@ -1705,7 +1706,8 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
             lm_err(err, errlen, "out of memory");
             goto fail;
         }
-        if (!(e->dr = draft_new(c.draft_model, e->pool, &mem.dkc, e->n_ctx, c.batch_tokens, c.max_seqs, err,
+        if (!(e->dr = draft_new(c.draft_model, e->pool, &mem.dkc, e->n_ctx, c.batch_tokens, c.max_seqs, c.draft_vocab,
+                                err,
                                 errlen)))
             goto fail;
         e->draft_cost = c.spec_cost > 0 ? c.spec_cost : c.spec_cost < 0 ? 0 : draft_calibrate(e);

@@ -694,6 +694,7 @@ int32_t tok_bos(const lm_tokenizer *t) { return t->bos; }
 int32_t tok_eos(const lm_tokenizer *t) { return t->eos; }
 int32_t tok_eot(const lm_tokenizer *t) { return t->eot; }
 bool tok_add_bos(const lm_tokenizer *t) { return t->add_bos; }
+const float *tok_scores(const lm_tokenizer *t) { return t->family == FAM_SPM ? t->score : NULL; }
 
 bool tok_is_eog(const lm_tokenizer *t, int32_t id) {
     return id >= 0 && id < t->n_vocab && (t->flag[id] & F_EOG);

@@ -47,6 +47,9 @@ bool tok_add_bos(const lm_tokenizer *t);           /* tokenizer.ggml.add_bos_tok
 /* End of generation: EOS, EOT or another end-of-generation token. */
 bool tok_is_eog(const lm_tokenizer *t, int32_t id);
 bool tok_is_control(const lm_tokenizer *t, int32_t id);
+/* The vocabulary's scores (n_vocab; SentencePiece's, higher = more
+ * frequent), or NULL when the file has none (byte-level BPE). */
+const float *tok_scores(const lm_tokenizer *t);
 /* Look up a token by its exact vocab text; -1 if absent. */
 int32_t tok_find(const lm_tokenizer *t, const char *text, size_t len);
 /* The raw vocab string of a token (e.g. "▁the", "<0x0A>", "Ġthe"). */
