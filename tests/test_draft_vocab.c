@@ -16,6 +16,8 @@
  *   - greedy identity: with the Q4_0 draft over 32 of the 512 tokens,
  *     every request's tokens equal the plain engine's (12 prompts, alone
  *     and together), and guesses are proposed and accepted;
+ *   - the memory plan: the subset's rows and scratch are in the draft's
+ *     workspace, planned (engine_mem_plan) as allocated;
  *   - the sampled output's distribution: with the Q4_0 draft over 24
  *     tokens (a subset that, with the prompt's tokens, leaves out at least
  *     20% of the target's probability of the tested position), the second
@@ -361,6 +363,30 @@ static void test_greedy_identity(void) {
         }
 }
 
+/* The subset's rows and scratch are in the draft's workspace, planned as
+ * allocated. */
+static void test_mem_counted(void) {
+    lm_engine_config c;
+    engine_config_default(&c);
+    c.n_threads = 2, c.max_seqs = 4, c.n_ctx = 128, c.batch_tokens = 64, c.kv_type = LM_TYPE_F32;
+    c.spec = LM_SPEC_DRAFT, c.draft_model = draft_q4, c.spec_cost = -1;
+    engine_mem whole, part;
+    char err[LM_ERRLEN];
+    c.draft_vocab = 0;
+    CHECKF(engine_mem_plan(model, &c, &whole, err, sizeof err) == 0, "%s", err);
+    c.draft_vocab = 32;
+    CHECKF(engine_mem_plan(model, &c, &part, err, sizeof err) == 0, "%s", err);
+    CHECK(part.draft_workspace >= whole.draft_workspace + head_sub_bytes(draft_q4, 32));
+    lm_engine *e = engine_new(model, model->tok, &c, err, sizeof err);
+    CHECKF(e, "%s", err);
+    if (!e) return;
+    lm_engine_stats st;
+    engine_stats(e, &st);
+    CHECKF(st.mem_draft_workspace == part.draft_workspace, "measured %llu, planned %llu",
+           (unsigned long long)st.mem_draft_workspace, (unsigned long long)part.draft_workspace);
+    engine_free(e);
+}
+
 /* The second token's distribution with a small subset (as test_spec_draft's
  * dist_case, the draft's q restricted). */
 static void test_distribution(void) {
@@ -472,6 +498,7 @@ int main(void) {
     TEST_RUN(test_size_rule);
     TEST_RUN(test_runner_q);
     TEST_RUN(test_greedy_identity);
+    TEST_RUN(test_mem_counted);
     TEST_RUN(test_distribution);
     model_free(draft_q4);
     unlink(q4);
