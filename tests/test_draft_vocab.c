@@ -102,6 +102,7 @@ static void logits_case(const lm_model *m, const char *what) {
     fwd_head_sel sel = {.sub = h, .extra = extra, .n_extra = nx,
                         .gather = lm_malloc((size_t)NX * m->output.row_bytes),
                         .out = lm_malloc(3 * (size_t)(NSUB + NX) * sizeof(float))};
+    head_sub_gather(m, &sel);
     lm_seqrun *s = seqrun_new(m, ref_pool, 64, 64, LM_TYPE_F32, err, sizeof err);
     CHECKF(s, "%s", err);
     /* the last 3 rows of each: all_logits over the prompt's last 3 tokens */

@@ -131,12 +131,13 @@ int fwd_run(lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_seg, flo
 /*
  * A draft model guesses from logits of a few tokens only: the LM head's
  * rows of a fixed subset, copied at load into a packed matrix of their own
- * (head_sub), plus a short list of extra token ids per pass whose rows are
- * gathered then (fwd_head_sel). With f->head set, every logits row fwd_run
- * writes holds the head's product (and softcap) for those tokens, the same
- * values as the whole head's within float rounding (the same kernels on
- * the same rows: the type's packed kernel on the subset, the row-major one
- * on the extras), and -inf for every other token. Never with tensor or
+ * (head_sub), plus a short list of extra token ids whose rows are gathered
+ * for a few passes (fwd_head_sel, head_sub_gather). With f->head set,
+ * every logits row fwd_run writes holds the head's product (and softcap)
+ * for those tokens, the same values as the whole head's within float
+ * rounding (the same kernels on the same rows: the type's packed kernel on
+ * the subset, the row-major one on the extras), and -inf for every other
+ * token. Never with tensor or
  * pipeline parallelism (head_sub_new refuses). The target never sets it.
  */
 typedef struct {
@@ -162,6 +163,9 @@ size_t head_sub_bytes(const lm_model *m, int n);
  * order: kept ascending). NULL with a message. */
 lm_head_sub *head_sub_new(const lm_model *m, const int32_t *ids, int n, char *err, size_t errlen);
 void head_sub_free(lm_head_sub *h);
+/* Copy the extras' rows of m's LM head into s->gather: after setting
+ * s->extra, before the passes that use it. */
+void head_sub_gather(const lm_model *m, const fwd_head_sel *s);
 /* forward.c's LM head when f->head is set: rows normed inputs in f->xb ->
  * logits (rows, n_vocab) as above. */
 void head_sub_logits(lm_fwd *f, float *logits, int rows);

@@ -9,8 +9,9 @@
  * model's loader does, so a product over the subset runs the same kernel
  * the whole head would and reads n / n_vocab of its bytes. head_sub_logits
  * fills a pass's logits rows: -inf everywhere, then the subset's products
- * and the extras' (their rows memcpy'd into the selection's gather scratch,
- * a row-major matrix) scattered to their token ids, the final softcap
+ * and the extras' (their rows memcpy'd into the selection's gather scratch
+ * by head_sub_gather, once for as many passes as keep the same extras, a
+ * row-major matrix) scattered to their token ids, the final softcap
  * applied to the products only.
  *
  * Invariant: the subset's ids are distinct and ascending; the extras are
@@ -91,6 +92,13 @@ void head_sub_free(lm_head_sub *h) {
     lm_free(h);
 }
 
+void head_sub_gather(const lm_model *m, const fwd_head_sel *s) {
+    const lm_weight *o = &m->output;
+    for (int i = 0; i < s->n_extra; i++)
+        memcpy(s->gather + (size_t)i * o->row_bytes, (const uint8_t *)o->data + (size_t)s->extra[i] * o->row_bytes,
+               o->row_bytes);
+}
+
 void head_sub_logits(lm_fwd *f, float *logits, int rows) {
     const lm_model *m = f->m;
     const fwd_head_sel *s = f->head;
@@ -100,10 +108,7 @@ void head_sub_logits(lm_fwd *f, float *logits, int rows) {
     /* out: (rows, w), the subset's products then the extras' */
     ops_matmul(f->pool, s->out, &s->sub->w, f->xb, rows, f->act);
     float *xo = NULL;
-    if (nx > 0) {
-        for (int i = 0; i < nx; i++)
-            memcpy(s->gather + (size_t)i * o->row_bytes, (const uint8_t *)o->data + (size_t)s->extra[i] * o->row_bytes,
-                   o->row_bytes);
+    if (nx > 0) { /* the rows head_sub_gather copied */
         lm_weight g = {.data = s->gather, .type = o->type, .rows = nx, .cols = o->cols, .row_bytes = o->row_bytes};
         xo = s->out + (size_t)rows * n; /* (rows, nx) after the subset's block */
         ops_matmul(f->pool, xo, &g, f->xb, rows, f->act);

@@ -306,6 +306,7 @@ static void gather_extras(draft_runner *d, const draft_job *jobs, int n_jobs, co
     d->jx0[n_jobs] = nj;
     d->sel.extra = d->ux;
     d->sel.n_extra = nu;
+    head_sub_gather(d->m, &d->sel);
 }
 
 /* Job i's row keeps only its own extras of the call's union. */
