@@ -14,6 +14,9 @@
  *    output bit-identical (memcmp) to the same variant's packed_gemm on
  *    each group and to avx2's, and within 1e-5 * sum |w x| of the float64
  *    dot of the dequantized weight and activation rows;
+ *  - the integer sums at their bounds (Q4_0, Q5_0, Q8_0 quant bytes all at
+ *    one extreme pattern, tokens whose quants are all +-127): bit-identical
+ *    to avx2's packed_gemm and within the same bound of the reference;
  *  - ops_matmul on two threads with the table switched to the variant,
  *    shapes whose rows end in a pair, a lone group and a partial group
  *    (rows 8, 13, 16, 24, 37, 40; row-major Q6_K beside them), batches of
@@ -195,6 +198,69 @@ static void test_tiles(void) {
     }
 }
 
+/* The integer sums at their bounds: Q4_0, Q5_0 and Q8_0 rows whose quant
+ * bytes all take one extreme pattern (Q4_0: nibbles 15 everywhere, where
+ * the VNNI tile sums the high nibbles in place as 16 q up to 240; 0;
+ * 15 in the low nibbles only; in the high only; Q8_0: 127, -128, the sign
+ * alternating), against tokens whose every quant is +127 or -127 (or
+ * alternating): each output bit-identical to avx2's packed_gemm and
+ * within the bound of the reference, for 1..4 tokens and 88 blocks. */
+static void test_extremes(void) {
+    static const uint32_t types[] = {LM_TYPE_Q4_0, LM_TYPE_Q5_0, LM_TYPE_Q8_0};
+    static const uint8_t pat[] = {0xFF, 0x00, 0x0F, 0xF0, 0x7F, 0x80, 0x81};
+    const int64_t n = 2816;
+    char msg[200] = "";
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0] && !msg[0]; ti++) {
+        const uint32_t wt = types[ti];
+        const lm_avx2_kernels *a = avx2_kernels(wt);
+        lm_packed_gemm_fn pair = variants[cur].pair(wt);
+        CHECK(pair && a->packed_gemm);
+        const size_t bs = quant_traits(wt)->type_size, nb = (size_t)(n / 32);
+        const size_t rb = quant_row_size(wt, n), gb = quant_pack_size(wt, 8, n);
+        const size_t xs = quant_packed_act_row_size(n), xq_s = quant_row_size(quant_traits(wt)->vec_dot_type, n);
+        uint8_t *w = lm_malloc(rb * 16), *wp = lm_malloc(quant_pack_size(wt, 16, n));
+        uint8_t *x = lm_malloc(xs * LM_PAIR_TILE), *xq = lm_malloc(xq_s * LM_PAIR_TILE);
+        float *xf = lm_malloc((size_t)n * sizeof(float));
+        for (size_t pi = 0; pi < sizeof pat && !msg[0]; pi++) {
+            for (int r = 0; r < 16; r++) {
+                make_weight(wt, n, false, w + (size_t)r * rb);
+                for (size_t b = 0; b < nb; b++) /* every byte past the f16 scale (Q5_0: qh too) */
+                    for (size_t i = 2; i < bs; i++) w[(size_t)r * rb + b * bs + i] = (uint8_t)(pat[pi] ^ (r == 5 ? 0x11 : 0));
+            }
+            quant_pack(wt, w, rb, 16, n, wp);
+            for (int c = 0; c < LM_PAIR_TILE; c++) { /* +127, -127, alternating, +127 with one -127 per block */
+                for (int64_t i = 0; i < n; i++)
+                    xf[i] = c == 1 ? -1.0f : c == 2 ? (i & 1 ? -1.0f : 1.0f) : c == 3 && i % 32 == 7 ? -1.0f : 1.0f;
+                quant_packed_act_ref(xf, x + (size_t)c * xs, n);
+                quant_act_from_float(wt, xf, xq + (size_t)c * xq_s, n);
+            }
+            float y[LM_PAIR_TILE * 16], y1[LM_PAIR_TILE * 16];
+            for (int nc = 1; nc <= LM_PAIR_TILE && !msg[0]; nc++) {
+                for (int i = 0; i < LM_PAIR_TILE * 16; i++) y[i] = y1[i] = -1.0f;
+                pair(n, wp, 16, x, xs, nc, y, 16);
+                a->packed_gemm(n, wp, 8, x, xs, nc, y1, 16);
+                a->packed_gemm(n, wp + gb, 8, x, xs, nc, y1 + 8, 16);
+                if (!same_bits(y, y1, LM_PAIR_TILE * 16))
+                    snprintf(msg, sizeof msg, "%s pattern 0x%02x, %d tokens: differs from avx2's packed_gemm",
+                             quant_type_name(wt), pat[pi], nc);
+                for (int c = 0; c < nc && !msg[0]; c++)
+                    for (int r = 0; r < 16 && !msg[0]; r++) {
+                        double as, ref = ref_dot(wt, n, w + (size_t)r * rb, xq + (size_t)c * xq_s, &as);
+                        if (!(fabs((double)y[c * 16 + r] - ref) <= TOL * as + 1e-30))
+                            snprintf(msg, sizeof msg, "%s pattern 0x%02x row %d token %d: %.9g, reference %.9g",
+                                     quant_type_name(wt), pat[pi], r, c, y[c * 16 + r], ref);
+                    }
+            }
+        }
+        lm_free(w);
+        lm_free(wp);
+        lm_free(x);
+        lm_free(xq);
+        lm_free(xf);
+    }
+    CHECKF(!msg[0], "%s", msg);
+}
+
 /* ops_matmul through the table: pairs, lone groups and partial groups. */
 static void test_matmul(void) {
     static const int64_t rows_list[] = {8, 13, 16, 24, 37, 40};
@@ -274,6 +340,7 @@ int main(void) {
         printf("variant %s\n", variants[cur].name);
         TEST_RUN(test_table);
         TEST_RUN(test_tiles);
+        TEST_RUN(test_extremes);
         TEST_RUN(test_matmul);
     }
     return TEST_DONE();

@@ -107,6 +107,10 @@ INLINE __m512 bcf(const uint8_t *p) {
 /* Prefetch [p, p + bytes) + PAIR_AHEAD of both streams (the addresses
  * formed as integers: they may lie past any object; prefetches never fault). */
 INLINE void prefetch2(const uint8_t *a, const uint8_t *b, size_t bytes) {
+#ifdef PAIR_NO_PREFETCH
+    (void)a, (void)b, (void)bytes;
+    return;
+#endif
     const uintptr_t pa = (uintptr_t)a + PAIR_AHEAD, pb = (uintptr_t)b + PAIR_AHEAD;
     for (size_t o = 0; o < bytes; o += 64) {
         _mm_prefetch((const char *)(pa + o), PAIR_HINT);
@@ -120,61 +124,85 @@ INLINE void store16(float *y, int nr, __m512 v) {
     else _mm512_mask_storeu_ps(y, (__mmask16)((1u << nr) - 1), v);
 }
 
+/* A pair kernel's entry (lm_packed_gemm_fn) for blocks of blk values and
+ * bytes bytes per group: the checks, then TILE(LEAD nb, wp, gb, ..., C, y,
+ * ys) with the token count C a constant, so each width gets its own
+ * unrolled copy of the tile. The variadic part is the tile's leading
+ * arguments with a trailing comma ("Z_Q5_0,"), or empty. */
+#define PAIR_ENTRY(name, blk, bytes, TILE, ...)                                                                   \
+    static void name(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y, size_t ys) { \
+        assert(n % (blk) == 0 && nr > LM_PACK_ROWS && nr <= 2 * LM_PACK_ROWS && nc >= 1 && nc <= LM_PAIR_TILE);  \
+        const int64_t nb = n / (blk);                                                                              \
+        const size_t gb = (size_t)nb * (bytes);                                                                    \
+        switch (nc) {                                                                                              \
+        case 1: TILE(__VA_ARGS__ nb, wp, gb, nr, x, xs, 1, y, ys); break;                                          \
+        case 2: TILE(__VA_ARGS__ nb, wp, gb, nr, x, xs, 2, y, ys); break;                                          \
+        case 3: TILE(__VA_ARGS__ nb, wp, gb, nr, x, xs, 3, y, ys); break;                                          \
+        default: TILE(__VA_ARGS__ nb, wp, gb, nr, x, xs, 4, y, ys); break;                                         \
+        }                                                                                                          \
+    }
+
 /* ---- Q4_0 ------------------------------------------------------------------ */
+
+/* Block b of the pair (its bytes at w and w2) against the C tokens, added
+ * to acc[0..C). */
+INLINE void z4_block(const uint8_t *w, const uint8_t *w2, int64_t b, const uint8_t *x, size_t xs, int C,
+                     __m512 acc[LM_PAIR_TILE]) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const __m512 dw = scales16(w, w2);
+    const __m512i v0 = ld2(w + P_QS, w2 + P_QS), v1 = ld2(w + P_QS + 32, w2 + P_QS + 32);
+    const __m512i v2 = ld2(w + P_QS + 64, w2 + P_QS + 64), v3 = ld2(w + P_QS + 96, w2 + P_QS + 96);
+    const __m512i u0 = _mm512_and_si512(v0, low4), u1 = _mm512_and_si512(v1, low4);
+    const __m512i u2 = _mm512_and_si512(v2, low4), u3 = _mm512_and_si512(v3, low4);
+#ifdef PAIR_VNNI
+    /* the high nibbles left in place (16 q, up to 240): one and-not
+     * each, and their sum shifted down once per token below */
+    const __m512i u4 = _mm512_andnot_si512(low4, v0), u5 = _mm512_andnot_si512(low4, v1);
+    const __m512i u6 = _mm512_andnot_si512(low4, v2), u7 = _mm512_andnot_si512(low4, v3);
+#else
+    const __m512i u4 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), low4);
+    const __m512i u5 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), low4);
+    const __m512i u6 = _mm512_and_si512(_mm512_srli_epi16(v2, 4), low4);
+    const __m512i u7 = _mm512_and_si512(_mm512_srli_epi16(v3, 4), low4);
+#endif
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) {
+        const uint8_t *xb = x + (size_t)c * xs + (size_t)b * XBS;
+        const uint8_t *q = xb + X_QS;
+#ifdef PAIR_VNNI
+        const __m512i z = _mm512_setzero_si512();
+        __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, u0, bc4(q)), u1, bc4(q + 4));
+        __m512i t = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, u4, bc4(q + 16)), u5, bc4(q + 20));
+        s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s, u2, bc4(q + 8)), u3, bc4(q + 12));
+        t = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(t, u6, bc4(q + 24)), u7, bc4(q + 28));
+        __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(s, _mm512_srai_epi32(t, 4)), bc4(xb + X_S8));
+#else
+        __m512i s01 = _mm512_add_epi16(_mm512_maddubs_epi16(u0, bc4(q)), _mm512_maddubs_epi16(u1, bc4(q + 4)));
+        __m512i s23 = _mm512_add_epi16(_mm512_maddubs_epi16(u2, bc4(q + 8)), _mm512_maddubs_epi16(u3, bc4(q + 12)));
+        __m512i s45 = _mm512_add_epi16(_mm512_maddubs_epi16(u4, bc4(q + 16)), _mm512_maddubs_epi16(u5, bc4(q + 20)));
+        __m512i s67 = _mm512_add_epi16(_mm512_maddubs_epi16(u6, bc4(q + 24)), _mm512_maddubs_epi16(u7, bc4(q + 28)));
+        __m512i s16 = _mm512_add_epi16(_mm512_add_epi16(s01, s23), _mm512_add_epi16(s45, s67));
+        __m512i isum = _mm512_sub_epi32(_mm512_madd_epi16(s16, _mm512_set1_epi16(1)), bc4(xb + X_S8));
+#endif
+        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, bcf(xb + X_D)), acc[c]);
+    }
+}
 
 INLINE void z4_tile(int64_t nb, const uint8_t *w, size_t gb, int nr, const uint8_t *x, size_t xs, int C, float *y,
                     size_t ys) {
     const uint8_t *w2 = w + gb;
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
     __m512 acc[LM_PAIR_TILE];
 #pragma GCC unroll 4
     for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += P4_BYTES, w2 += P4_BYTES) {
         prefetch2(w, w2, P4_BYTES);
-        const __m512 dw = scales16(w, w2);
-        const __m512i v0 = ld2(w + P_QS, w2 + P_QS), v1 = ld2(w + P_QS + 32, w2 + P_QS + 32);
-        const __m512i v2 = ld2(w + P_QS + 64, w2 + P_QS + 64), v3 = ld2(w + P_QS + 96, w2 + P_QS + 96);
-        const __m512i u0 = _mm512_and_si512(v0, low4), u4 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), low4);
-        const __m512i u1 = _mm512_and_si512(v1, low4), u5 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), low4);
-        const __m512i u2 = _mm512_and_si512(v2, low4), u6 = _mm512_and_si512(_mm512_srli_epi16(v2, 4), low4);
-        const __m512i u3 = _mm512_and_si512(v3, low4), u7 = _mm512_and_si512(_mm512_srli_epi16(v3, 4), low4);
-#pragma GCC unroll 4
-        for (int c = 0; c < C; c++) {
-            const uint8_t *xb = x + (size_t)c * xs + (size_t)b * XBS;
-            const uint8_t *q = xb + X_QS;
-#ifdef PAIR_VNNI
-            const __m512i z = _mm512_setzero_si512();
-            __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, u0, bc4(q)), u1, bc4(q + 4));
-            __m512i t = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, u4, bc4(q + 16)), u5, bc4(q + 20));
-            s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s, u2, bc4(q + 8)), u3, bc4(q + 12));
-            t = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(t, u6, bc4(q + 24)), u7, bc4(q + 28));
-            __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(s, t), bc4(xb + X_S8));
-#else
-            __m512i s01 = _mm512_add_epi16(_mm512_maddubs_epi16(u0, bc4(q)), _mm512_maddubs_epi16(u1, bc4(q + 4)));
-            __m512i s23 = _mm512_add_epi16(_mm512_maddubs_epi16(u2, bc4(q + 8)), _mm512_maddubs_epi16(u3, bc4(q + 12)));
-            __m512i s45 = _mm512_add_epi16(_mm512_maddubs_epi16(u4, bc4(q + 16)), _mm512_maddubs_epi16(u5, bc4(q + 20)));
-            __m512i s67 = _mm512_add_epi16(_mm512_maddubs_epi16(u6, bc4(q + 24)), _mm512_maddubs_epi16(u7, bc4(q + 28)));
-            __m512i s16 = _mm512_add_epi16(_mm512_add_epi16(s01, s23), _mm512_add_epi16(s45, s67));
-            __m512i isum = _mm512_sub_epi32(_mm512_madd_epi16(s16, _mm512_set1_epi16(1)), bc4(xb + X_S8));
-#endif
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, bcf(xb + X_D)), acc[c]);
-        }
+        z4_block(w, w2, b, x, xs, C, acc);
     }
 #pragma GCC unroll 4
     for (int c = 0; c < C; c++) store16(y + (size_t)c * ys, nr, acc[c]);
 }
 
-static void pair_q4_0(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y, size_t ys) {
-    assert(n % 32 == 0 && nr > LM_PACK_ROWS && nr <= 2 * LM_PACK_ROWS && nc >= 1 && nc <= LM_PAIR_TILE);
-    const int64_t nb = n / 32;
-    const size_t gb = (size_t)nb * P4_BYTES;
-    switch (nc) {
-    case 1: z4_tile(nb, wp, gb, nr, x, xs, 1, y, ys); break;
-    case 2: z4_tile(nb, wp, gb, nr, x, xs, 2, y, ys); break;
-    case 3: z4_tile(nb, wp, gb, nr, x, xs, 3, y, ys); break;
-    default: z4_tile(nb, wp, gb, nr, x, xs, 4, y, ys); break;
-    }
-}
+PAIR_ENTRY(pair_q4_0, 32, P4_BYTES, z4_tile, )
 
 /* ---- Q5_0, Q4_1, Q5_1 ----------------------------------------------------------- */
 
@@ -269,22 +297,9 @@ INLINE void z5_tile(int kind, int64_t nb, const uint8_t *w, size_t gb, int nr, c
     for (int c = 0; c < C; c++) store16(y + (size_t)c * ys, nr, acc[c]);
 }
 
-#define Z5_ENTRY(name, kind, bytes)                                                                                \
-    static void name(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y, size_t ys) { \
-        assert(n % 32 == 0 && nr > LM_PACK_ROWS && nr <= 2 * LM_PACK_ROWS && nc >= 1 && nc <= LM_PAIR_TILE);   \
-        const int64_t nb = n / 32;                                                                                 \
-        const size_t gb = (size_t)nb * (bytes);                                                                    \
-        switch (nc) {                                                                                              \
-        case 1: z5_tile(kind, nb, wp, gb, nr, x, xs, 1, y, ys); break;                                             \
-        case 2: z5_tile(kind, nb, wp, gb, nr, x, xs, 2, y, ys); break;                                             \
-        case 3: z5_tile(kind, nb, wp, gb, nr, x, xs, 3, y, ys); break;                                             \
-        default: z5_tile(kind, nb, wp, gb, nr, x, xs, 4, y, ys); break;                                            \
-        }                                                                                                          \
-    }
-Z5_ENTRY(pair_q5_0, Z_Q5_0, P5_BYTES)
-Z5_ENTRY(pair_q4_1, Z_Q4_1, P41_BYTES)
-Z5_ENTRY(pair_q5_1, Z_Q5_1, P51_BYTES)
-#undef Z5_ENTRY
+PAIR_ENTRY(pair_q5_0, 32, P5_BYTES, z5_tile, Z_Q5_0, )
+PAIR_ENTRY(pair_q4_1, 32, P41_BYTES, z5_tile, Z_Q4_1, )
+PAIR_ENTRY(pair_q5_1, 32, P51_BYTES, z5_tile, Z_Q5_1, )
 
 /* ---- Q8_0 ------------------------------------------------------------------ */
 
@@ -342,17 +357,7 @@ INLINE void z8_tile(int64_t nb, const uint8_t *w, size_t gb, int nr, const uint8
     for (int c = 0; c < C; c++) store16(y + (size_t)c * ys, nr, acc[c]);
 }
 
-static void pair_q8_0(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y, size_t ys) {
-    assert(n % 32 == 0 && nr > LM_PACK_ROWS && nr <= 2 * LM_PACK_ROWS && nc >= 1 && nc <= LM_PAIR_TILE);
-    const int64_t nb = n / 32;
-    const size_t gb = (size_t)nb * P8_BYTES;
-    switch (nc) {
-    case 1: z8_tile(nb, wp, gb, nr, x, xs, 1, y, ys); break;
-    case 2: z8_tile(nb, wp, gb, nr, x, xs, 2, y, ys); break;
-    case 3: z8_tile(nb, wp, gb, nr, x, xs, 3, y, ys); break;
-    default: z8_tile(nb, wp, gb, nr, x, xs, 4, y, ys); break;
-    }
-}
+PAIR_ENTRY(pair_q8_0, 32, P8_BYTES, z8_tile, )
 
 /* ---- Q4_K ------------------------------------------------------------------ */
 
@@ -447,17 +452,7 @@ INLINE void zk4_tile(int64_t nb, const uint8_t *w, size_t gb, int nr, const uint
     for (int c = 0; c < C; c++) store16(y + (size_t)c * ys, nr, acc[c]);
 }
 
-static void pair_q4_K(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y, size_t ys) {
-    assert(n % QK_K == 0 && nr > LM_PACK_ROWS && nr <= 2 * LM_PACK_ROWS && nc >= 1 && nc <= LM_PAIR_TILE);
-    const int64_t nb = n / QK_K;
-    const size_t gb = (size_t)nb * PK_BYTES;
-    switch (nc) {
-    case 1: zk4_tile(nb, wp, gb, nr, x, xs, 1, y, ys); break;
-    case 2: zk4_tile(nb, wp, gb, nr, x, xs, 2, y, ys); break;
-    case 3: zk4_tile(nb, wp, gb, nr, x, xs, 3, y, ys); break;
-    default: zk4_tile(nb, wp, gb, nr, x, xs, 4, y, ys); break;
-    }
-}
+PAIR_ENTRY(pair_q4_K, QK_K, PK_BYTES, zk4_tile, )
 
 lm_packed_gemm_fn PAIR_NAME(PAIR_PREFIX, pair_kernel)(uint32_t type) {
     switch (type) {
