@@ -86,8 +86,11 @@ static void test_table(void) {
     CHECK(kernels_use(variants[cur].isa) == 0);
     const lm_type_kernels *k = kernels_type(LM_TYPE_F16);
     CHECK(k->packed_gemm == zmm_f16() && !k->packed_act && k->pack_tile == 12);
+    CHECK(k->panel_widen && k->panel2);
+    CHECK(!kernels_type(LM_TYPE_Q8_0)->panel2 && !kernels_type(LM_TYPE_F32)->panel2);
     CHECK(kernels_use(LM_ISA_AVX2) == 0);
     CHECK(kernels_type(LM_TYPE_F16)->packed_gemm != zmm_f16());
+    CHECK(!kernels_type(LM_TYPE_F16)->panel_widen && !kernels_type(LM_TYPE_F16)->panel2);
     CHECK(kernels_use(-1) == 0);
 }
 
@@ -156,6 +159,71 @@ static void test_panel_f16(void) {
         }
 }
 
+/* The k-blocked pair tile (panel_widen + panel2) for one (rows, n): two
+ * groups at a time, columns cut in blocks of kb, 1..12 tokens; every output
+ * bit for bit quant_panel_dot_ref's, nothing written past the last row. */
+static void check_panel2(int64_t rows, int64_t n, int64_t kb, char *msg, size_t ml) {
+    lm_panel_widen_fn widen;
+    lm_panel2_fn tile;
+    avx512_gemm_panel2_lookup(LM_TYPE_F16, &widen, &tile);
+    const int n_tok = 12;
+    size_t rb = quant_row_size(LM_TYPE_F16, n), groups = (size_t)(rows + 15) / 16;
+    size_t gb = quant_pack_size(LM_TYPE_F16, 16, n);
+    uint8_t *w = lm_malloc(rb * (size_t)rows + 2), *wp = lm_malloc(quant_pack_size(LM_TYPE_F16, rows, n) + 2);
+    float *x = lm_malloc((size_t)n_tok * (size_t)n * sizeof(float) + 4);
+    float *wf = lm_malloc((size_t)(2 * 16 * kb) * sizeof(float)), *st = lm_malloc((size_t)n_tok * 96 * sizeof(float));
+    make_f16_rows(w, rows, n);
+    fill_normal(x, (int64_t)n_tok * n, 1.0);
+    quant_pack(LM_TYPE_F16, w, rb, rows, n, wp);
+    const size_t ys = (size_t)rows + 3;
+    float *y = lm_malloc(ys * n_tok * sizeof(float));
+    for (int nc = 1; nc <= n_tok && !msg[0]; nc++) {
+        for (size_t i = 0; i < ys * n_tok; i++) y[i] = -1234.5f;
+        for (size_t g = 0; g < groups; g += 2) {
+            int64_t left = rows - 16 * (int64_t)g;
+            int nr0 = left < 16 ? (int)left : 16, nr1 = left <= 16 ? 0 : left - 16 < 16 ? (int)(left - 16) : 16;
+            for (int64_t k0 = 0; k0 < n; k0 += kb) {
+                int64_t k1 = n - k0 < kb ? n : k0 + kb;
+                widen(wp + g * gb, k0, k1, wf);
+                if (nr1) widen(wp + (g + 1) * gb, k0, k1, wf + 16 * (k1 - k0));
+                tile(n, k0, k1, wf, nr0, nr1, x, (size_t)n * sizeof(float), nc, st, y + 16 * g, ys);
+            }
+        }
+        for (int c = 0; c < n_tok && !msg[0]; c++)
+            for (size_t r = 0; r < ys && !msg[0]; r++) {
+                float got = y[(size_t)c * ys + r];
+                if (r >= (size_t)rows || c >= nc) {
+                    if (got != -1234.5f) snprintf(msg, ml, "%d tokens: wrote past the end (token %d, row %zu)", nc, c, r);
+                    continue;
+                }
+                float ref = quant_panel_dot_ref(n, wp + (r / 16) * gb, (int)(r % 16), x + (size_t)c * (size_t)n);
+                if (!same_bits(&got, &ref, 1))
+                    snprintf(msg, ml, "%d tokens: row %zu token %d: %.9g, fmaf chain %.9g", nc, r, c, got, ref);
+            }
+    }
+    lm_free(w);
+    lm_free(wp);
+    lm_free(x);
+    lm_free(wf);
+    lm_free(st);
+    lm_free(y);
+}
+
+static void test_panel2_f16(void) {
+    static const int64_t row_counts[] = {1, 16, 17, 40, 64};
+    static const int64_t col_counts[] = {4, 5, 7, 64, 100, 577, 2816};
+    static const int64_t blocks[] = {1, 3, 128, 4096};
+    for (size_t ri = 0; ri < sizeof row_counts / sizeof row_counts[0]; ri++)
+        for (size_t ci = 0; ci < sizeof col_counts / sizeof col_counts[0]; ci++)
+            for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++) {
+                if (blocks[bi] < 8 && col_counts[ci] > 600) continue; /* tiny blocks: small rows only */
+                char msg[200] = "";
+                check_panel2(row_counts[ri], col_counts[ci], blocks[bi], msg, sizeof msg);
+                CHECKF(!msg[0], "F16 rows=%lld n=%lld kb=%lld: %s", (long long)row_counts[ri],
+                       (long long)col_counts[ci], (long long)blocks[bi], msg);
+            }
+}
+
 /* ops_matmul with F16 panels under the variant's table, 1..64 tokens. */
 static void check_matmul(int64_t rows, int64_t n, lm_pool *pool, char *msg, size_t ml) {
     enum { MAX_TOK = 64 };
@@ -209,7 +277,7 @@ static void check_matmul(int64_t rows, int64_t n, lm_pool *pool, char *msg, size
 }
 
 static void test_matmul_tokens(void) {
-    static const int64_t shapes[][2] = {{37, 576}, {13, 96}, {3, 33}, {16, 7}, {9, 1536}, {70, 258}};
+    static const int64_t shapes[][2] = {{37, 576}, {13, 96}, {3, 33}, {16, 7}, {9, 1536}, {70, 258}, {113, 1031}};
     lm_pool *pool = pool_new(2);
     CHECK(pool);
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -236,6 +304,7 @@ int main(void) {
         printf("variant %s\n", variants[cur].name);
         TEST_RUN(test_table);
         TEST_RUN(test_panel_f16);
+        TEST_RUN(test_panel2_f16);
         TEST_RUN(test_matmul_tokens);
     }
     return TEST_DONE();

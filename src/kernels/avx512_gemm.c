@@ -129,25 +129,37 @@ INLINE void panel_tile(int64_t n, const uint16_t *p, int nr, const uint8_t *x, s
         store16(y + (size_t)c * ys, nr, _mm512_add_ps(s01[c], _mm512_add_ps(acc[0][c], acc[1][c])));
 }
 
+/* Column k of the group at p, widened: F16 panels (F = 0) convert, F32
+ * panels (F = 1, the same layout widened by avx512_panel_widen) load. */
+INLINE __m512 ldk(int F, const void *p, int64_t k) {
+    return F ? _mm512_loadu_ps((const float *)p + 16 * k) : ld16((const uint16_t *)p + 16 * k);
+}
+
 /* Elements [k0, k1) of the group at p for C tokens (xr[c]: token c's
- * floats), one chain per token from zero: acc[c]. */
-INLINE void seg1(int64_t k0, int64_t k1, const uint16_t *p, const float *const *xr, int C, __m512 acc[TILE]) {
-#pragma GCC unroll 12
-    for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+ * floats), continuing one chain per token: acc[c]. */
+INLINE void chain(int F, int64_t k0, int64_t k1, const void *p, const float *const *xr, int C, __m512 acc[TILE]) {
+    const int64_t wb = F ? 64 : 32; /* bytes per column */
     for (int64_t k = k0; k < k1; k++) {
-        _mm_prefetch((const char *)(p + 16 * k + W_AHEAD), _MM_HINT_T0);
+        _mm_prefetch((const char *)p + wb * k + 2 * W_AHEAD, _MM_HINT_T0);
         if (((k - k0) & 15) == 0)
 #pragma GCC unroll 12
             for (int c = 0; c < C; c++) _mm_prefetch((const char *)(xr[c] + k + X_AHEAD), _MM_HINT_T0);
-        const __m512 w = ld16(p + 16 * k);
+        const __m512 w = ldk(F, p, k);
 #pragma GCC unroll 12
         for (int c = 0; c < C; c++) acc[c] = _mm512_fmadd_ps(w, _mm512_set1_ps(xr[c][k]), acc[c]);
     }
 }
 
+/* The same from zero. */
+INLINE void seg1(int F, int64_t k0, int64_t k1, const void *p, const float *const *xr, int C, __m512 acc[TILE]) {
+#pragma GCC unroll 12
+    for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    chain(F, k0, k1, p, xr, C, acc);
+}
+
 /* One group by C = 8..TILE tokens: one segment at a time with C chains
  * (one conversion per C FMAs), s0 + s1 and s2 waiting on the stack. */
-INLINE void panel_wide(int64_t n, const uint16_t *p, int nr, const uint8_t *x, size_t xs, int C, float *y,
+INLINE void panel_wide(int F, int64_t n, const void *p, int nr, const uint8_t *x, size_t xs, int C, float *y,
                        size_t ys) {
     const int64_t q = n / LM_PANEL_SEGS;
     const float *xr[TILE];
@@ -155,16 +167,16 @@ INLINE void panel_wide(int64_t n, const uint16_t *p, int nr, const uint8_t *x, s
     for (int c = 0; c < TILE; c++) xr[c] = (const float *)(const void *)(x + (size_t)(c < C ? c : 0) * xs);
     _Alignas(64) float s01[TILE][16], s2[TILE][16];
     __m512 acc[TILE];
-    seg1(0, q, p, xr, C, acc);
+    seg1(F, 0, q, p, xr, C, acc);
 #pragma GCC unroll 12
     for (int c = 0; c < C; c++) _mm512_store_ps(s01[c], acc[c]);
-    seg1(q, 2 * q, p, xr, C, acc);
+    seg1(F, q, 2 * q, p, xr, C, acc);
 #pragma GCC unroll 12
     for (int c = 0; c < C; c++) _mm512_store_ps(s01[c], _mm512_add_ps(_mm512_load_ps(s01[c]), acc[c]));
-    seg1(2 * q, 3 * q, p, xr, C, acc);
+    seg1(F, 2 * q, 3 * q, p, xr, C, acc);
 #pragma GCC unroll 12
     for (int c = 0; c < C; c++) _mm512_store_ps(s2[c], acc[c]);
-    seg1(3 * q, n, p, xr, C, acc);
+    seg1(F, 3 * q, n, p, xr, C, acc);
 #pragma GCC unroll 12
     for (int c = 0; c < C; c++)
         store16(y + (size_t)c * ys, nr,
@@ -184,11 +196,174 @@ void avx512_gemm_panel_f16(int64_t n, const void *wp, int nr, const void *x, siz
     case 6: panel_tile(n, p, nr, xb, xs, 6, y, ys); break;
     case 7: panel_tile(n, p, nr, xb, xs, 7, y, ys); break;
 #define WIDE(C) \
-    case C: panel_wide(n, p, nr, xb, xs, C, y, ys); break;
+    case C: panel_wide(0, n, p, nr, xb, xs, C, y, ys); break;
     WIDE(8) WIDE(9) WIDE(10) WIDE(11) WIDE(12)
 #undef WIDE
     default: break;
     }
+}
+
+/* Elements [k0, k1) of one group by C tokens, the chains carried between
+ * calls in st (per token: the open segment's chain, s0 + s1, s2; 16 floats
+ * each). A segment's chain starts from zero at its first element, is
+ * folded as panel_wide folds it at its last, and the outputs are stored
+ * when k1 reaches n: the same operations in the same order as
+ * panel_wide, so the same bits however [0, n) is cut. */
+INLINE void part_tile(int64_t n, int64_t k0, int64_t k1, const uint16_t *p, int nr, const uint8_t *x, size_t xs,
+                      int C, float *st, float *y, size_t ys) {
+    const int64_t q = n / LM_PANEL_SEGS;
+    const float *xr[TILE];
+#pragma GCC unroll 12
+    for (int c = 0; c < TILE; c++) xr[c] = (const float *)(const void *)(x + (size_t)(c < C ? c : 0) * xs);
+    __m512 acc[TILE];
+    for (int j = 0; j < LM_PANEL_SEGS; j++) {
+        const int64_t s0 = j * q, s1 = j == LM_PANEL_SEGS - 1 ? n : (j + 1) * q;
+        const int64_t a = k0 > s0 ? k0 : s0, b = k1 < s1 ? k1 : s1;
+        if (a >= b) continue;
+#pragma GCC unroll 12
+        for (int c = 0; c < C; c++) acc[c] = a == s0 ? _mm512_setzero_ps() : _mm512_loadu_ps(st + 48 * c);
+        chain(0, a, b, p, xr, C, acc);
+        if (b < s1) {
+#pragma GCC unroll 12
+            for (int c = 0; c < C; c++) _mm512_storeu_ps(st + 48 * c, acc[c]);
+            continue;
+        }
+#pragma GCC unroll 12
+        for (int c = 0; c < C; c++) {
+            float *t = st + 48 * c;
+            if (j == 0) _mm512_storeu_ps(t + 16, acc[c]);
+            else if (j == 1) _mm512_storeu_ps(t + 16, _mm512_add_ps(_mm512_loadu_ps(t + 16), acc[c]));
+            else if (j == 2) _mm512_storeu_ps(t + 32, acc[c]);
+            else
+                store16(y + (size_t)c * ys, nr,
+                        _mm512_add_ps(_mm512_loadu_ps(t + 16), _mm512_add_ps(_mm512_loadu_ps(t + 32), acc[c])));
+        }
+    }
+}
+
+void avx512_gemm_panel_part_f16(int64_t n, int64_t k0, int64_t k1, const void *wp, int nr, const void *x, size_t xs,
+                                int nc, float *st, float *y, size_t ys) {
+    const uint16_t *p = wp;
+    const uint8_t *xb = x;
+    switch (nc) {
+#define PART(C) \
+    case C: part_tile(n, k0, k1, p, nr, xb, xs, C, st, y, ys); break;
+        PART(1) PART(2) PART(3) PART(4) PART(5) PART(6) PART(7) PART(8) PART(9) PART(10) PART(11) PART(12)
+#undef PART
+    default: break;
+    }
+}
+
+/* Elements [a, b) of two groups' widened columns (w0, w1: element a of
+ * each, 16 floats per element) for C tokens (xr[c]: token c's floats):
+ * each broadcast x[k] feeds both groups' chains, acc0[c] and acc1[c]. */
+INLINE void chain2(int64_t a, int64_t b, const float *w0, const float *w1, const float *const *xr, int C,
+                   __m512 acc0[TILE], __m512 acc1[TILE]) {
+    const float *xa[TILE];
+#pragma GCC unroll 12
+    for (int c = 0; c < C; c++) {
+        xa[c] = xr[c] + a;
+        __asm__("" : "+r"(xa[c]));
+    }
+    for (int64_t i = 0; i < b - a; i++) {
+        if ((i & 15) == 0)
+#pragma GCC unroll 12
+            for (int c = 0; c < C; c++) _mm_prefetch((const char *)(xa[c] + i + X_AHEAD), _MM_HINT_T0);
+        const __m512 v0 = _mm512_loadu_ps(w0 + 16 * i), v1 = _mm512_loadu_ps(w1 + 16 * i);
+#pragma GCC unroll 12
+        for (int c = 0; c < C; c++) {
+            const __m512 xv = _mm512_set1_ps(xa[c][i]);
+            acc0[c] = _mm512_fmadd_ps(v0, xv, acc0[c]);
+            acc1[c] = _mm512_fmadd_ps(v1, xv, acc1[c]);
+        }
+    }
+}
+
+/* Fold a finished segment j's chains (acc) into the state t (16 floats
+ * each: open chain, s0 + s1, s2) as panel_wide folds them; the last
+ * segment stores rows [0, nr) of the output at y. */
+INLINE void fold(int j, float *t, __m512 acc, float *y, int nr) {
+    if (j == 0) _mm512_storeu_ps(t + 16, acc);
+    else if (j == 1) _mm512_storeu_ps(t + 16, _mm512_add_ps(_mm512_loadu_ps(t + 16), acc));
+    else if (j == 2) _mm512_storeu_ps(t + 32, acc);
+    else if (nr > 0) store16(y, nr, _mm512_add_ps(_mm512_loadu_ps(t + 16), _mm512_add_ps(_mm512_loadu_ps(t + 32), acc)));
+}
+
+/* Two groups (rows [0, nr0) and [16, 16 + nr1) of y; nr1 = 0: one) by C
+ * tokens over elements [k0, k1) of widened columns wf (group g's element
+ * k at wf + 16 (g (k1 - k0) + k - k0)), chains carried in st (per token
+ * and group 48 floats, at st + 96 c + 48 g). */
+INLINE void part2_tile(int64_t n, int64_t k0, int64_t k1, const float *wf, int nr0, int nr1, const uint8_t *x,
+                       size_t xs, int C, float *st, float *y, size_t ys) {
+    const int64_t q = n / LM_PANEL_SEGS, kn = k1 - k0;
+    const float *xr[TILE];
+#pragma GCC unroll 12
+    for (int c = 0; c < TILE; c++) xr[c] = (const float *)(const void *)(x + (size_t)(c < C ? c : 0) * xs);
+    const float *w1b = nr1 > 0 ? wf + 16 * kn : wf;
+    __m512 acc0[TILE], acc1[TILE];
+    for (int j = 0; j < LM_PANEL_SEGS; j++) {
+        const int64_t s0 = j * q, s1 = j == LM_PANEL_SEGS - 1 ? n : (j + 1) * q;
+        const int64_t a = k0 > s0 ? k0 : s0, b = k1 < s1 ? k1 : s1;
+        if (a >= b) continue;
+#pragma GCC unroll 12
+        for (int c = 0; c < C; c++) {
+            acc0[c] = a == s0 ? _mm512_setzero_ps() : _mm512_loadu_ps(st + 96 * c);
+            acc1[c] = a == s0 ? _mm512_setzero_ps() : _mm512_loadu_ps(st + 96 * c + 48);
+        }
+        chain2(a, b, wf + 16 * (a - k0), w1b + 16 * (a - k0), xr, C, acc0, acc1);
+        if (b < s1) {
+#pragma GCC unroll 12
+            for (int c = 0; c < C; c++) {
+                _mm512_storeu_ps(st + 96 * c, acc0[c]);
+                _mm512_storeu_ps(st + 96 * c + 48, acc1[c]);
+            }
+            continue;
+        }
+#pragma GCC unroll 12
+        for (int c = 0; c < C; c++) {
+            fold(j, st + 96 * c, acc0[c], y + (size_t)c * ys, nr0);
+            fold(j, st + 96 * c + 48, acc1[c], y + (size_t)c * ys + 16, nr1);
+        }
+    }
+}
+
+void avx512_gemm_panel2_f32(int64_t n, int64_t k0, int64_t k1, const float *wf, int nr0, int nr1, const void *x,
+                            size_t xs, int nc, float *st, float *y, size_t ys) {
+    const uint8_t *xb = x;
+    switch (nc) {
+#define PART(C) \
+    case C: part2_tile(n, k0, k1, wf, nr0, nr1, xb, xs, C, st, y, ys); break;
+        PART(1) PART(2) PART(3) PART(4) PART(5) PART(6) PART(7) PART(8) PART(9) PART(10) PART(11) PART(12)
+#undef PART
+    default: break;
+    }
+}
+
+void avx512_panel_widen_block(const void *wp, int64_t k0, int64_t k1, float *wf) {
+    const uint16_t *p = (const uint16_t *)wp + 16 * k0;
+    for (int64_t i = 0; i < k1 - k0; i++) _mm512_storeu_ps(wf + 16 * i, ld16(p + 16 * i));
+}
+
+void avx512_gemm_panel_f32(int64_t n, const float *wf, int nr, const void *x, size_t xs, int nc, float *y,
+                           size_t ys) {
+    const uint8_t *xb = x;
+    for (int c = 0; c < nc; c += TILE) {
+        const int C = nc - c < TILE ? nc - c : TILE;
+        const uint8_t *xc = xb + (size_t)c * xs;
+        float *yc = y + (size_t)c * ys;
+        switch (C) {
+#define WIDE(C) \
+    case C: panel_wide(1, n, wf, nr, xc, xs, C, yc, ys); break;
+            WIDE(1) WIDE(2) WIDE(3) WIDE(4) WIDE(5) WIDE(6) WIDE(7) WIDE(8) WIDE(9) WIDE(10) WIDE(11) WIDE(12)
+#undef WIDE
+        default: break;
+        }
+    }
+}
+
+void avx512_panel_widen(int64_t n, const void *wp, float *wf) {
+    const uint16_t *p = wp;
+    for (int64_t k = 0; k < n; k++) _mm512_storeu_ps(wf + 16 * k, ld16(p + 16 * k));
 }
 
 /* The entries laid over both avx512 variants' (the F16 tile width stays
@@ -200,7 +375,18 @@ const lm_avx2_kernels *avx512_gemm_kernels(uint32_t type, bool vnni) {
     return type == LM_TYPE_F16 ? &f16_entries : NULL;
 }
 
+void avx512_gemm_panel2_lookup(uint32_t type, lm_panel_widen_fn *widen, lm_panel2_fn *tile) {
+    *widen = type == LM_TYPE_F16 ? avx512_panel_widen_block : NULL;
+    *tile = type == LM_TYPE_F16 ? avx512_gemm_panel2_f32 : NULL;
+}
+
 #else /* not x86, or the variants left out */
+
+void avx512_gemm_panel2_lookup(uint32_t type, lm_panel_widen_fn *widen, lm_panel2_fn *tile) {
+    (void)type;
+    *widen = NULL;
+    *tile = NULL;
+}
 
 const lm_avx2_kernels *avx512_gemm_kernels(uint32_t type, bool vnni) {
     (void)type;

@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "kernels/avx2.h"
+#include "kernels/kernels.h"
 
 /* The 512-bit entries for a type, NULL members meaning "keep the variant's
  * own"; NULL when there are none (other types, not x86-64, or the
@@ -29,9 +30,21 @@
  * vnni: the avx512vnni variant (its int8 products may use vpdpbusd). */
 const lm_avx2_kernels *avx512_gemm_kernels(uint32_t type, bool vnni);
 
+/* The k-blocked F16 entries (kernels.h: panel_widen, panel2) for a type;
+ * both NULL where there are none (as avx512_gemm_kernels). */
+void avx512_gemm_panel2_lookup(uint32_t type, lm_panel_widen_fn *widen, lm_panel2_fn *tile);
+
 #if defined(__x86_64__) || defined(__i386__)
 void avx512_gemm_panel_f16(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc, float *y,
                             size_t y_stride);
+void avx512_gemm_panel_f32(int64_t n, const float *wf, int nr, const void *x, size_t x_stride, int nc, float *y,
+                           size_t y_stride);
+void avx512_panel_widen(int64_t n, const void *wp, float *wf);
+void avx512_gemm_panel2_f32(int64_t n, int64_t k0, int64_t k1, const float *wf, int nr0, int nr1, const void *x,
+                            size_t x_stride, int nc, float *st, float *y, size_t y_stride);
+void avx512_panel_widen_block(const void *wp, int64_t k0, int64_t k1, float *wf);
+void avx512_gemm_panel_part_f16(int64_t n, int64_t k0, int64_t k1, const void *wp, int nr, const void *x,
+                                size_t x_stride, int nc, float *st, float *y, size_t y_stride);
 #endif
 
 #endif

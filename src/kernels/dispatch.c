@@ -121,6 +121,7 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
                 if (z->packed_act) e->packed_act = z->packed_act;
                 e->pack_tile = z->pack_tile;
             }
+            if (isa >= LM_ISA_AVX512) avx512_gemm_panel2_lookup(t, &e->panel_widen, &e->panel2);
         }
         /* the AVX-512 variants' 512-bit decode tiles (kernels/x86_pair.h) */
         for (uint32_t t = 0; t < LM_TYPE_COUNT && isa >= LM_ISA_AVX512 && isa <= LM_ISA_AVX512BF16; t++) {
@@ -171,6 +172,8 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
             k->type[t].pack_tile = 0;
             k->type[t].packed_pair = NULL;
             k->type[t].pair_tile = 0;
+            k->type[t].panel_widen = NULL;
+            k->type[t].panel2 = NULL;
         }
 }
 

@@ -74,6 +74,13 @@ typedef enum {
     LM_ISA_COUNT
 } lm_isa;
 
+/* F16 panels in k-blocks (kernels/avx512_gemm.h): columns [k0, k1) of one
+ * group widened to floats, and a tile of two groups by up to pack_tile
+ * tokens over them, chains carried between blocks in st. */
+typedef void (*lm_panel_widen_fn)(const void *wp, int64_t k0, int64_t k1, float *wf);
+typedef void (*lm_panel2_fn)(int64_t n, int64_t k0, int64_t k1, const float *wf, int nr0, int nr1, const void *x,
+                             size_t x_stride, int nc, float *st, float *y, size_t y_stride);
+
 /* The kernels of one tensor type. An entry is NULL where the type has no
  * such kernel (types lamina does not compute with have all NULL). */
 typedef struct {
@@ -89,6 +96,8 @@ typedef struct {
     lm_packed_gemm_fn packed_pair;   /* two consecutive groups at once (kernels/x86_pair.h),
                                         bit-identical to packed_gemm; or NULL */
     int pair_tile;                   /* most activation rows per packed_pair call */
+    lm_panel_widen_fn panel_widen;   /* F16 panels, many tokens: k-blocked tiles bit-identical */
+    lm_panel2_fn panel2;             /* to packed_gemm (both or neither), or NULL */
 } lm_type_kernels;
 
 /* Element-wise ops (contracts: model/ops.h). */

@@ -104,6 +104,8 @@ typedef struct {
     lm_packed_gemm_fn packed[MATMUL_MAX_PARTS]; /* with w->packed: every part has one, or none */
     lm_packed_gemm_fn pair[MATMUL_MAX_PARTS];   /* two groups at once for few tokens, or NULL */
     int pair_tile[MATMUL_MAX_PARTS];            /* most tokens per pair call */
+    lm_panel_widen_fn widen[MATMUL_MAX_PARTS];  /* F16 panels in k-blocks (panel_chunk), or NULL */
+    lm_panel2_fn panel2[MATMUL_MAX_PARTS];
     long chunk_rows;     /* rows per chunk: a multiple of every quant_pack_rows */
     long chunk0[MATMUL_MAX_PARTS + 1];   /* first global chunk of each part */
     const void *x;       /* activations in the shared vec_dot_type, n_tok rows */
@@ -116,10 +118,57 @@ typedef struct {
     } range[MATMUL_RANGES];
 } matmul_job;
 
+/* F16 panels by many tokens in k-blocks: tokens in blocks of PANEL_TOK,
+ * within a block two groups at a time, and for each block of PANEL_K
+ * columns of those two groups the columns are widened to floats once
+ * (2 x 16 x PANEL_K floats, 16 KiB: they stay in L1) and every token tile
+ * of the block runs over them, its chains carried in st between column
+ * blocks. The block's activations (PANEL_TOK rows) stay in L2 across the
+ * chunk's groups. Each (row, token) is the same fmaf chains in the same
+ * order as packed_gemm's, so the bits do not depend on the blocking. */
+#define PANEL_K 128
+#define PANEL_TOK 48
+#define PANEL_MIN_TOK 24 /* fewer tokens: the widening does not pay */
+#define PANEL_MIN_COLS 64
+
+static void panel_chunk(const matmul_job *j, int k, long r0, long r1) {
+    const lm_weight *w = j->w[k];
+    float *y = j->y[k];
+    const int tile = j->pack_tile;
+    const int64_t n = w->cols;
+    const size_t gb = quant_pack_size(w->type, LM_PANEL_ROWS, n);
+    _Alignas(64) float wf[2 * LM_PANEL_ROWS * PANEL_K]; /* (2, PANEL_K, 16): the two groups' widened columns */
+    _Alignas(64) float st[PANEL_TOK * 2 * 48];          /* (PANEL_TOK, 2, 48): open chain, s0 + s1, s2 */
+    for (int c0 = 0; c0 < j->n_tok; c0 += PANEL_TOK) {
+        const int c1 = j->n_tok - c0 < PANEL_TOK ? j->n_tok : c0 + PANEL_TOK;
+        for (long r = r0; r < r1; r += 2 * LM_PANEL_ROWS) {
+            const int nr0 = r1 - r < LM_PANEL_ROWS ? (int)(r1 - r) : LM_PANEL_ROWS;
+            const long rest = r1 - r - LM_PANEL_ROWS;
+            const int nr1 = rest <= 0 ? 0 : rest < LM_PANEL_ROWS ? (int)rest : LM_PANEL_ROWS;
+            const char *g0 = (const char *)w->packed + (size_t)(r / LM_PANEL_ROWS) * gb;
+            for (int64_t k0 = 0; k0 < n; k0 += PANEL_K) {
+                const int64_t k1 = n - k0 < PANEL_K ? n : k0 + PANEL_K;
+                j->widen[k](g0, k0, k1, wf);
+                if (nr1) j->widen[k](g0 + gb, k0, k1, wf + LM_PANEL_ROWS * (k1 - k0));
+                for (int c = c0; c < c1; c += tile) {
+                    const int nc = c1 - c < tile ? c1 - c : tile;
+                    j->panel2[k](n, k0, k1, wf, nr0, nr1, (const char *)j->x + (size_t)c * j->x_row_bytes,
+                                 j->x_row_bytes, nc, st + (size_t)(c - c0) * 96, y + (size_t)c * (size_t)w->rows + r,
+                                 (size_t)w->rows);
+                }
+            }
+        }
+    }
+}
+
 static void matmul_chunk(const matmul_job *j, int k, long r0) {
     const lm_weight *w = j->w[k];
     float *y = j->y[k];
     long r1 = r0 + j->chunk_rows < w->rows ? r0 + j->chunk_rows : w->rows;
+    if (j->panel2[k] && j->n_tok >= PANEL_MIN_TOK && w->cols >= PANEL_MIN_COLS && j->pack_tile <= PANEL_TOK) {
+        panel_chunk(j, k, r0, r1);
+        return;
+    }
     if (j->packed[k]) {
         /* groups of interleaved rows x tiles of tokens, tokens in the outer
          * loop: the chunk's groups stay in cache across all tokens, each
@@ -266,6 +315,8 @@ static void matmul_run(lm_pool *pool, matmul_job *j, const float *x, int64_t col
         j->packed[k] = use_packed(j->w[k]) ? tk->packed_gemm : NULL;
         j->pair[k] = j->packed[k] ? tk->packed_pair : NULL;
         j->pair_tile[k] = tk->pair_tile;
+        j->widen[k] = j->packed[k] ? tk->panel_widen : NULL;
+        j->panel2[k] = j->widen[k] ? tk->panel2 : NULL;
         j->chunk0[k + 1] = j->chunk0[k] + (j->w[k]->rows + j->chunk_rows - 1) / j->chunk_rows;
         work += (double)j->w[k]->rows * (double)cols * j->n_tok;
     }
