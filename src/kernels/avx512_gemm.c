@@ -28,6 +28,22 @@
  * the reference's and the AVX2 panel tile's bit for bit (tests compare
  * them with memcmp): results do not depend on the batch, and decode and
  * prefill agree.
+ *
+ * Many tokens (model/ops.c, panel_chunk): the conversion (two uops on the
+ * FMA ports per column, one per C FMAs) and the single group per
+ * broadcast bound the tile above. avx512_panel_widen_block widens a block
+ * of columns of a group once into floats that stay in L1, and
+ * avx512_gemm_panel2_f32 runs two groups by up to 12 tokens over them:
+ * per column two loads and 12 broadcasts feed 24 FMAs (24 chains), and no
+ * conversion. The chains are carried between column blocks in a small
+ * state (per token and group: the open segment's chain, s0 + s1, s2), each
+ * segment's chain starts from zero and is folded exactly as panel_wide
+ * folds it, so the outputs are the same bits (tests compare them with
+ * quant_panel_dot_ref's). Measured on the Xeon (2048 x 1024 panels x 512
+ * tokens, one thread, loaded machine): 115-124 GFLOP/s against 108-116
+ * for the tile above in the same run at n = 2048; at n = 5632 (FFN down)
+ * the two were level (119-122 against 121-123). The whole F16 prefill
+ * gains more than the kernel alone (bench/RESULTS.md).
  */
 #include "kernels/avx512_gemm.h"
 
@@ -129,37 +145,30 @@ INLINE void panel_tile(int64_t n, const uint16_t *p, int nr, const uint8_t *x, s
         store16(y + (size_t)c * ys, nr, _mm512_add_ps(s01[c], _mm512_add_ps(acc[0][c], acc[1][c])));
 }
 
-/* Column k of the group at p, widened: F16 panels (F = 0) convert, F32
- * panels (F = 1, the same layout widened by avx512_panel_widen) load. */
-INLINE __m512 ldk(int F, const void *p, int64_t k) {
-    return F ? _mm512_loadu_ps((const float *)p + 16 * k) : ld16((const uint16_t *)p + 16 * k);
-}
-
 /* Elements [k0, k1) of the group at p for C tokens (xr[c]: token c's
  * floats), continuing one chain per token: acc[c]. */
-INLINE void chain(int F, int64_t k0, int64_t k1, const void *p, const float *const *xr, int C, __m512 acc[TILE]) {
-    const int64_t wb = F ? 64 : 32; /* bytes per column */
+INLINE void chain(int64_t k0, int64_t k1, const uint16_t *p, const float *const *xr, int C, __m512 acc[TILE]) {
     for (int64_t k = k0; k < k1; k++) {
-        _mm_prefetch((const char *)p + wb * k + 2 * W_AHEAD, _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + 16 * k + W_AHEAD), _MM_HINT_T0);
         if (((k - k0) & 15) == 0)
 #pragma GCC unroll 12
             for (int c = 0; c < C; c++) _mm_prefetch((const char *)(xr[c] + k + X_AHEAD), _MM_HINT_T0);
-        const __m512 w = ldk(F, p, k);
+        const __m512 w = ld16(p + 16 * k);
 #pragma GCC unroll 12
         for (int c = 0; c < C; c++) acc[c] = _mm512_fmadd_ps(w, _mm512_set1_ps(xr[c][k]), acc[c]);
     }
 }
 
 /* The same from zero. */
-INLINE void seg1(int F, int64_t k0, int64_t k1, const void *p, const float *const *xr, int C, __m512 acc[TILE]) {
+INLINE void seg1(int64_t k0, int64_t k1, const uint16_t *p, const float *const *xr, int C, __m512 acc[TILE]) {
 #pragma GCC unroll 12
     for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
-    chain(F, k0, k1, p, xr, C, acc);
+    chain(k0, k1, p, xr, C, acc);
 }
 
 /* One group by C = 8..TILE tokens: one segment at a time with C chains
  * (one conversion per C FMAs), s0 + s1 and s2 waiting on the stack. */
-INLINE void panel_wide(int F, int64_t n, const void *p, int nr, const uint8_t *x, size_t xs, int C, float *y,
+INLINE void panel_wide(int64_t n, const uint16_t *p, int nr, const uint8_t *x, size_t xs, int C, float *y,
                        size_t ys) {
     const int64_t q = n / LM_PANEL_SEGS;
     const float *xr[TILE];
@@ -167,16 +176,16 @@ INLINE void panel_wide(int F, int64_t n, const void *p, int nr, const uint8_t *x
     for (int c = 0; c < TILE; c++) xr[c] = (const float *)(const void *)(x + (size_t)(c < C ? c : 0) * xs);
     _Alignas(64) float s01[TILE][16], s2[TILE][16];
     __m512 acc[TILE];
-    seg1(F, 0, q, p, xr, C, acc);
+    seg1(0, q, p, xr, C, acc);
 #pragma GCC unroll 12
     for (int c = 0; c < C; c++) _mm512_store_ps(s01[c], acc[c]);
-    seg1(F, q, 2 * q, p, xr, C, acc);
+    seg1(q, 2 * q, p, xr, C, acc);
 #pragma GCC unroll 12
     for (int c = 0; c < C; c++) _mm512_store_ps(s01[c], _mm512_add_ps(_mm512_load_ps(s01[c]), acc[c]));
-    seg1(F, 2 * q, 3 * q, p, xr, C, acc);
+    seg1(2 * q, 3 * q, p, xr, C, acc);
 #pragma GCC unroll 12
     for (int c = 0; c < C; c++) _mm512_store_ps(s2[c], acc[c]);
-    seg1(F, 3 * q, n, p, xr, C, acc);
+    seg1(3 * q, n, p, xr, C, acc);
 #pragma GCC unroll 12
     for (int c = 0; c < C; c++)
         store16(y + (size_t)c * ys, nr,
@@ -196,60 +205,9 @@ void avx512_gemm_panel_f16(int64_t n, const void *wp, int nr, const void *x, siz
     case 6: panel_tile(n, p, nr, xb, xs, 6, y, ys); break;
     case 7: panel_tile(n, p, nr, xb, xs, 7, y, ys); break;
 #define WIDE(C) \
-    case C: panel_wide(0, n, p, nr, xb, xs, C, y, ys); break;
+    case C: panel_wide(n, p, nr, xb, xs, C, y, ys); break;
     WIDE(8) WIDE(9) WIDE(10) WIDE(11) WIDE(12)
 #undef WIDE
-    default: break;
-    }
-}
-
-/* Elements [k0, k1) of one group by C tokens, the chains carried between
- * calls in st (per token: the open segment's chain, s0 + s1, s2; 16 floats
- * each). A segment's chain starts from zero at its first element, is
- * folded as panel_wide folds it at its last, and the outputs are stored
- * when k1 reaches n: the same operations in the same order as
- * panel_wide, so the same bits however [0, n) is cut. */
-INLINE void part_tile(int64_t n, int64_t k0, int64_t k1, const uint16_t *p, int nr, const uint8_t *x, size_t xs,
-                      int C, float *st, float *y, size_t ys) {
-    const int64_t q = n / LM_PANEL_SEGS;
-    const float *xr[TILE];
-#pragma GCC unroll 12
-    for (int c = 0; c < TILE; c++) xr[c] = (const float *)(const void *)(x + (size_t)(c < C ? c : 0) * xs);
-    __m512 acc[TILE];
-    for (int j = 0; j < LM_PANEL_SEGS; j++) {
-        const int64_t s0 = j * q, s1 = j == LM_PANEL_SEGS - 1 ? n : (j + 1) * q;
-        const int64_t a = k0 > s0 ? k0 : s0, b = k1 < s1 ? k1 : s1;
-        if (a >= b) continue;
-#pragma GCC unroll 12
-        for (int c = 0; c < C; c++) acc[c] = a == s0 ? _mm512_setzero_ps() : _mm512_loadu_ps(st + 48 * c);
-        chain(0, a, b, p, xr, C, acc);
-        if (b < s1) {
-#pragma GCC unroll 12
-            for (int c = 0; c < C; c++) _mm512_storeu_ps(st + 48 * c, acc[c]);
-            continue;
-        }
-#pragma GCC unroll 12
-        for (int c = 0; c < C; c++) {
-            float *t = st + 48 * c;
-            if (j == 0) _mm512_storeu_ps(t + 16, acc[c]);
-            else if (j == 1) _mm512_storeu_ps(t + 16, _mm512_add_ps(_mm512_loadu_ps(t + 16), acc[c]));
-            else if (j == 2) _mm512_storeu_ps(t + 32, acc[c]);
-            else
-                store16(y + (size_t)c * ys, nr,
-                        _mm512_add_ps(_mm512_loadu_ps(t + 16), _mm512_add_ps(_mm512_loadu_ps(t + 32), acc[c])));
-        }
-    }
-}
-
-void avx512_gemm_panel_part_f16(int64_t n, int64_t k0, int64_t k1, const void *wp, int nr, const void *x, size_t xs,
-                                int nc, float *st, float *y, size_t ys) {
-    const uint16_t *p = wp;
-    const uint8_t *xb = x;
-    switch (nc) {
-#define PART(C) \
-    case C: part_tile(n, k0, k1, p, nr, xb, xs, C, st, y, ys); break;
-        PART(1) PART(2) PART(3) PART(4) PART(5) PART(6) PART(7) PART(8) PART(9) PART(10) PART(11) PART(12)
-#undef PART
     default: break;
     }
 }
@@ -342,28 +300,6 @@ void avx512_gemm_panel2_f32(int64_t n, int64_t k0, int64_t k1, const float *wf, 
 void avx512_panel_widen_block(const void *wp, int64_t k0, int64_t k1, float *wf) {
     const uint16_t *p = (const uint16_t *)wp + 16 * k0;
     for (int64_t i = 0; i < k1 - k0; i++) _mm512_storeu_ps(wf + 16 * i, ld16(p + 16 * i));
-}
-
-void avx512_gemm_panel_f32(int64_t n, const float *wf, int nr, const void *x, size_t xs, int nc, float *y,
-                           size_t ys) {
-    const uint8_t *xb = x;
-    for (int c = 0; c < nc; c += TILE) {
-        const int C = nc - c < TILE ? nc - c : TILE;
-        const uint8_t *xc = xb + (size_t)c * xs;
-        float *yc = y + (size_t)c * ys;
-        switch (C) {
-#define WIDE(C) \
-    case C: panel_wide(1, n, wf, nr, xc, xs, C, yc, ys); break;
-            WIDE(1) WIDE(2) WIDE(3) WIDE(4) WIDE(5) WIDE(6) WIDE(7) WIDE(8) WIDE(9) WIDE(10) WIDE(11) WIDE(12)
-#undef WIDE
-        default: break;
-        }
-    }
-}
-
-void avx512_panel_widen(int64_t n, const void *wp, float *wf) {
-    const uint16_t *p = wp;
-    for (int64_t k = 0; k < n; k++) _mm512_storeu_ps(wf + 16 * k, ld16(p + 16 * k));
 }
 
 /* The entries laid over both avx512 variants' (the F16 tile width stays
