@@ -49,6 +49,7 @@
 #include "kernels/scalar.h"
 #include "kernels/x86.h"
 #include "kernels/x86_pair.h"
+#include "kernels/x86_wide.h"
 
 static lm_kernels table;
 static char cap_note[128]; /* kernels_cap_note: set when the table is filled from the environment */
@@ -130,6 +131,11 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
             k->type[t].packed_pair = pf;
             k->type[t].pair_tile = LM_PAIR_TILE;
         }
+        /* the VNNI variants' 512-bit prefill tiles (kernels/x86_wide.h) */
+        for (uint32_t t = 0; t < LM_TYPE_COUNT && isa >= LM_ISA_AVX512VNNI && isa <= LM_ISA_AVX512BF16; t++) {
+            lm_packed_gemm_fn wf = avx512vnni_wide_kernel(t);
+            if (wf && k->type[t].packed_gemm && k->type[t].pack_tile <= LM_WIDE_TILE) k->type[t].packed_wide = wf;
+        }
         k->ew = (lm_ew_kernels){avx2_rmsnorm, avx2_swiglu, avx2_geglu, avx2_rope_apply};
         k->attn = (lm_attn_kernels){attn_scores_avx2, attn_pv_avx2, attn_max_avx2, attn_scale_avx2,
                                     attn_exp_sum_avx2, 8};
@@ -174,6 +180,7 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
             k->type[t].pair_tile = 0;
             k->type[t].panel_widen = NULL;
             k->type[t].panel2 = NULL;
+            k->type[t].packed_wide = NULL;
         }
 }
 

@@ -98,6 +98,9 @@ typedef struct {
     int pair_tile;                   /* most activation rows per packed_pair call */
     lm_panel_widen_fn panel_widen;   /* F16 panels, many tokens: k-blocked tiles bit-identical */
     lm_panel2_fn panel2;             /* to packed_gemm (both or neither), or NULL */
+    lm_packed_gemm_fn packed_wide;   /* two consecutive groups by pair_tile < nc <= pack_tile
+                                        rows (prefill, kernels/x86_wide.h), bit-identical to
+                                        packed_gemm; or NULL */
 } lm_type_kernels;
 
 /* Element-wise ops (contracts: model/ops.h). */

@@ -106,6 +106,7 @@ typedef struct {
     int pair_tile[MATMUL_MAX_PARTS];            /* most tokens per pair call */
     lm_panel_widen_fn widen[MATMUL_MAX_PARTS];  /* F16 panels in k-blocks (panel_chunk), or NULL */
     lm_panel2_fn panel2[MATMUL_MAX_PARTS];
+    lm_packed_gemm_fn wide[MATMUL_MAX_PARTS];   /* two groups at once for more tokens, or NULL */
     long chunk_rows;     /* rows per chunk: a multiple of every quant_pack_rows */
     long chunk0[MATMUL_MAX_PARTS + 1];   /* first global chunk of each part */
     const void *x;       /* activations in the shared vec_dot_type, n_tok rows */
@@ -177,9 +178,10 @@ static void matmul_chunk(const matmul_job *j, int k, long r0) {
         const size_t gb = quant_pack_size(w->type, gr, w->cols);
         for (int c = 0; c < j->n_tok; c += tile) {
             int nc = j->n_tok - c < tile ? j->n_tok - c : tile;
-            /* few tokens (decode): two groups per call where the kernel
-             * table has the pair tile, the same bits as one at a time */
-            lm_packed_gemm_fn pair = nc <= j->pair_tile[k] ? j->pair[k] : NULL;
+            /* two groups per call where the kernel table has the tile:
+             * the pair tile for few tokens (decode), the wide tile for
+             * more (prefill); the same bits as one group at a time */
+            lm_packed_gemm_fn pair = nc <= j->pair_tile[k] ? j->pair[k] : j->wide[k];
             for (long r = r0; r < r1;) {
                 const bool two = pair && r1 - r > gr;
                 const int span = two ? 2 * gr : gr;
@@ -317,6 +319,7 @@ static void matmul_run(lm_pool *pool, matmul_job *j, const float *x, int64_t col
         j->pair_tile[k] = tk->pair_tile;
         j->widen[k] = j->packed[k] ? tk->panel_widen : NULL;
         j->panel2[k] = j->widen[k] ? tk->panel2 : NULL;
+        j->wide[k] = j->packed[k] ? tk->packed_wide : NULL;
         j->chunk0[k + 1] = j->chunk0[k] + (j->w[k]->rows + j->chunk_rows - 1) / j->chunk_rows;
         work += (double)j->w[k]->rows * (double)cols * j->n_tok;
     }

@@ -1,0 +1,227 @@
+/*
+ * avx512vnni_wide.c - the 512-bit prefill tile of kernels/x86_wide.h for
+ * Q4_K: two interleaved groups (16 weight rows) by up to 8 tokens, with
+ * vpdpbusd over 64-byte vectors.
+ *
+ * Compiled with the avx512vnni variant's flags (Makefile); nothing here
+ * runs unless dispatch.c found the variant on this CPU.
+ *
+ * Layout and bounds are kernels/avx2_packed.c's (quant.h describes the
+ * groups): a 512-bit vector holds the first group's 32 bytes of a
+ * super-block column in its low half and the second group's same 32 bytes
+ * in its high half, so lane r and lane 8 + r are the two groups' row r.
+ * Per super-block column:
+ *  - the 16 rows' 6-bit scales and mins are unpacked once and serve every
+ *    token of the tile;
+ *  - per sub-block j, its 8 unpacked weight vectors (the low or high
+ *    nibbles, 4 quants of each row per 32-bit lane) are formed once and
+ *    meet each token's quants: two vpdpbusd chains of four (16 products
+ *    per lane each, at most 16 * 15 * 128 = 30720, an int16), each times
+ *    the scale through vpdpwssd against the scale in the lane's low int16
+ *    (kernels/x86_variant.h): the exact integer sum scale_j * dot_j added
+ *    into one int32 per (row, token), as every other Q4_K path forms it;
+ *  - the min term from the token's per-sub-block sums (Q8_K bsums), not
+ *    per element: sum_j min_j * bsum_j, exact in int32;
+ *  - then acc = fma(isum, d * dx, acc) and acc = fnmadd(msum, dmin * dx,
+ *    acc), avx2_packed.c's float steps in its order.
+ * Each (row, token) lane starts from zero and takes the super-blocks in
+ * order, so the result equals packed_gemm's bit for bit.
+ *
+ * Against the 256-bit packed tile, each instruction covers 16 rows instead
+ * of 8, and the unpacked weights are reused by all 8 tokens of the tile
+ * instead of 4; the activations' 4-byte groups are broadcast from memory.
+ */
+#include "kernels/x86_wide.h"
+
+#include "kernels/x86.h"
+
+#if (defined(__x86_64__) || defined(__i386__)) && X86_VARIANTS
+
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__) || !defined(__AVX512VNNI__) || \
+    !defined(__FMA__) || !defined(__F16C__)
+#error "avx512vnni_wide.c must be compiled with the avx512vnni variant's flags"
+#endif
+
+#include <assert.h>
+#include <immintrin.h>
+#include <string.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* One group's super-block column (quant.h, avx2_packed.c): d[8] f16,
+ * dmin[8] f16, the 12 scale bytes of each row as three 32-byte vectors,
+ * then qs[1024] with bytes 4k..4k+3 of row r's 128 at 32k + 4r. */
+#define PK_BYTES 1152
+#define PK_DMIN 16
+#define PK_SC 32
+#define PK_QS 128
+#define X8K_BYTES ((size_t)sizeof(block_q8_K))
+#define X8K_QS 4
+#define X8K_BSUMS (4 + QK_K)
+_Static_assert(sizeof(block_q8_K) == 292, "block_q8_K layout");
+_Static_assert(LM_WIDE_TILE == 8, "the unroll pragmas assume 8");
+
+/* Prefetch distance of each of the two weight streams (bytes ahead). */
+#ifndef WIDE_AHEAD
+#define WIDE_AHEAD 2048
+#endif
+
+/* The first group's 32 bytes at a, the second's at b. */
+INLINE __m512i ld2(const uint8_t *a, const uint8_t *b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)a)),
+                              _mm256_loadu_si256((const __m256i *)(const void *)b), 1);
+}
+
+/* The 16 rows' f16 scales: 8 at a, 8 at b. */
+INLINE __m512 scales16(const uint8_t *a, const uint8_t *b) {
+    __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)a)),
+                                        _mm_loadu_si128((const __m128i *)(const void *)b), 1);
+    return _mm512_cvtph_ps(h);
+}
+
+/* Four activation bytes at p in every 32-bit lane. */
+INLINE __m512i bc4(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm512_set1_epi32(v);
+}
+
+INLINE __m512 bcf(const uint8_t *p) {
+    float v;
+    memcpy(&v, p, sizeof v);
+    return _mm512_set1_ps(v);
+}
+
+/* Prefetch [p, p + bytes) + WIDE_AHEAD of both streams (the addresses
+ * formed as integers: they may lie past any object; prefetches never fault). */
+INLINE void prefetch2(const uint8_t *a, const uint8_t *b, size_t bytes) {
+    const uintptr_t pa = (uintptr_t)a + WIDE_AHEAD, pb = (uintptr_t)b + WIDE_AHEAD;
+    for (size_t o = 0; o < bytes; o += 64) {
+        _mm_prefetch((const char *)(pa + o), _MM_HINT_T0);
+        _mm_prefetch((const char *)(pb + o), _MM_HINT_T0);
+    }
+}
+
+/* Lanes [0, nr) of v at y (nr <= 16). */
+INLINE void store16(float *y, int nr, __m512 v) {
+    if (nr >= 16) _mm512_storeu_ps(y, v);
+    else _mm512_mask_storeu_ps(y, (__mmask16)((1u << nr) - 1), v);
+}
+
+/* pshufb indices (the same in every 128-bit lane): in each 32-bit lane l,
+ * byte t of the lane as the low int16 with a zero high int16 (a scale for
+ * vpdpwssd), or bytes t and t + 1 as two int16 (a pair of mins). */
+#define SIDX(l, t) ((int)(0x80808000u | (4u * (l) + (t))))
+#define MIDX(l, t) ((int)(0x80008000u | ((4u * (l) + (t) + 1) << 16) | (4u * (l) + (t))))
+#define IDX16(F, t) _mm512_broadcast_i32x4(_mm_setr_epi32(F(0, t), F(1, t), F(2, t), F(3, t)))
+
+/* The 16 rows' sub-block scales and mins (avx2_packed.c's k4x8_scales on
+ * both groups at once): scv[j] the 6-bit scale of sub-block j in each
+ * lane's low int16, mv[p] the mins of sub-blocks 2p and 2p + 1. */
+INLINE void k4x16_scales(const uint8_t *a, const uint8_t *b, __m512i scv[8], __m512i mv[4]) {
+    const __m512i s0 = ld2(a + PK_SC, b + PK_SC), s1 = ld2(a + PK_SC + 32, b + PK_SC + 32);
+    const __m512i s2 = ld2(a + PK_SC + 64, b + PK_SC + 64);
+    const __m512i m6 = _mm512_set1_epi8(0x3f), m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    const __m512i sc_lo = _mm512_and_si512(s0, m6), m_lo = _mm512_and_si512(s1, m6);
+    const __m512i sc_hi =
+        _mm512_or_si512(_mm512_and_si512(s2, m4), _mm512_and_si512(_mm512_srli_epi32(s0, 2), m30));
+    const __m512i m_hi =
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(s2, 4), m4), _mm512_and_si512(_mm512_srli_epi32(s1, 2), m30));
+#define SC(t)                                                      \
+    scv[t] = _mm512_shuffle_epi8(sc_lo, IDX16(SIDX, t));           \
+    scv[t + 4] = _mm512_shuffle_epi8(sc_hi, IDX16(SIDX, t));
+    SC(0) SC(1) SC(2) SC(3)
+#undef SC
+    mv[0] = _mm512_shuffle_epi8(m_lo, IDX16(MIDX, 0));
+    mv[1] = _mm512_shuffle_epi8(m_lo, IDX16(MIDX, 2));
+    mv[2] = _mm512_shuffle_epi8(m_hi, IDX16(MIDX, 0));
+    mv[3] = _mm512_shuffle_epi8(m_hi, IDX16(MIDX, 2));
+}
+
+/* sum_j min_j * bsum_j per row: the token's sub-block sums (each the sum
+ * of two bsums, |.| <= 4096) in pairs, each pair broadcast against mv[p]. */
+INLINE __m512i k4x16_minsum(const __m512i mv[4], const uint8_t *xb) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i b32 = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(xb + X8K_BSUMS)), ones);
+    __m512i b16 = _mm512_castsi256_si512(_mm256_packs_epi32(b32, b32)); /* words 0, 1, 4, 5 used */
+    __m512i m = _mm512_madd_epi16(mv[0], _mm512_permutexvar_epi32(_mm512_set1_epi32(0), b16));
+    m = _mm512_add_epi32(m, _mm512_madd_epi16(mv[1], _mm512_permutexvar_epi32(_mm512_set1_epi32(1), b16)));
+    m = _mm512_add_epi32(m, _mm512_madd_epi16(mv[2], _mm512_permutexvar_epi32(_mm512_set1_epi32(4), b16)));
+    return _mm512_add_epi32(m, _mm512_madd_epi16(mv[3], _mm512_permutexvar_epi32(_mm512_set1_epi32(5), b16)));
+}
+
+/* Two groups (w, w + gb) by C tokens; C a constant after inlining. */
+INLINE void wk4_tile(int64_t nb, const uint8_t *w, size_t gb, int nr, const uint8_t *x, size_t xs, int C, float *y,
+                     size_t ys) {
+    const uint8_t *w2 = w + gb;
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[LM_WIDE_TILE];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += PK_BYTES, w2 += PK_BYTES) {
+        prefetch2(w, w2, PK_BYTES);
+        __m512i scv[8], mv[4];
+        k4x16_scales(w, w2, scv, mv);
+        const uint8_t *xq = x + (size_t)b * X8K_BYTES + X8K_QS;
+        __m512i isum[LM_WIDE_TILE];
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) isum[c] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+        for (int j = 0; j < 8; j++) { /* sub-block j: the low (j even) or high nibbles of pair j / 2 */
+            const size_t qo = PK_QS + 256 * (size_t)(j / 2);
+            __m512i u[8];
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                const __m512i v = ld2(w + qo + 32 * k, w2 + qo + 32 * k);
+                u[k] = _mm512_and_si512(j & 1 ? _mm512_srli_epi16(v, 4) : v, low4);
+            }
+            const __m512i sc = scv[j], z = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++) {
+                const uint8_t *xc = xq + (size_t)c * xs + 32 * j;
+                __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, u[0], bc4(xc)), u[1], bc4(xc + 4));
+                __m512i t = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, u[4], bc4(xc + 16)), u[5], bc4(xc + 20));
+                s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s, u[2], bc4(xc + 8)), u[3], bc4(xc + 12));
+                t = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(t, u[6], bc4(xc + 24)), u[7], bc4(xc + 28));
+                isum[c] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(isum[c], s, sc), t, sc);
+            }
+        }
+        const __m512 d = scales16(w, w2), dmin = scales16(w + PK_DMIN, w2 + PK_DMIN);
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) {
+            const uint8_t *xb = x + (size_t)c * xs + (size_t)b * X8K_BYTES;
+            const __m512 dx = bcf(xb);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(d, dx), acc[c]);
+            acc[c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(k4x16_minsum(mv, xb)), _mm512_mul_ps(dmin, dx), acc[c]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++) store16(y + (size_t)c * ys, nr, acc[c]);
+}
+
+static void wide_q4_K(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y, size_t ys) {
+    assert(n % QK_K == 0 && nr > LM_PACK_ROWS && nr <= 2 * LM_PACK_ROWS && nc >= 1 && nc <= LM_WIDE_TILE);
+    const int64_t nb = n / QK_K;
+    const size_t gb = (size_t)nb * PK_BYTES;
+    switch (nc) {
+    case 1: wk4_tile(nb, wp, gb, nr, x, xs, 1, y, ys); break;
+    case 2: wk4_tile(nb, wp, gb, nr, x, xs, 2, y, ys); break;
+    case 3: wk4_tile(nb, wp, gb, nr, x, xs, 3, y, ys); break;
+    case 4: wk4_tile(nb, wp, gb, nr, x, xs, 4, y, ys); break;
+    case 5: wk4_tile(nb, wp, gb, nr, x, xs, 5, y, ys); break;
+    case 6: wk4_tile(nb, wp, gb, nr, x, xs, 6, y, ys); break;
+    case 7: wk4_tile(nb, wp, gb, nr, x, xs, 7, y, ys); break;
+    default: wk4_tile(nb, wp, gb, nr, x, xs, 8, y, ys); break;
+    }
+}
+
+lm_packed_gemm_fn avx512vnni_wide_kernel(uint32_t type) { return type == LM_TYPE_Q4_K ? wide_q4_K : NULL; }
+
+#else /* another architecture, or the sanitizer builds (kernels/x86.h) */
+
+lm_packed_gemm_fn avx512vnni_wide_kernel(uint32_t type) {
+    (void)type;
+    return NULL;
+}
+
+#endif
