@@ -20,7 +20,13 @@
  *    batches of 1..64 tokens (every tile width and remainder): each token's
  *    outputs bit-identical to that token alone (batch invariance within the
  *    variant) and to the avx2 table's, and within the same bound of the
- *    reference.
+ *    reference;
+ *  - Q6_K's row-major gemm with two rows per 512-bit vector: in the table
+ *    of both variants as the gemm, on reference-quantized and random-byte
+ *    rows (random scales), lengths of 1, 3 and 11 super-blocks, every
+ *    tile of 1..4 rows by 1..4 tokens: bit-identical to the variant's
+ *    vec_dot and to avx2's, within the same bound of the reference; and
+ *    ops_matmul as above (rows 1, 3, 13, 37, 1..64 tokens).
  * Without AVX2 the program prints a SKIP line and counts nothing.
  */
 #include "kernels/kernels.h"
@@ -56,23 +62,28 @@ static void fill_normal(float *x, int64_t n, double scale) {
 
 /* A Q4_K row: reference-quantized Gaussian floats, or with every byte but
  * d and dmin random (so the 6-bit scales and mins are random too). */
-static void make_weight(int64_t n, bool random_bytes, uint8_t *dst) {
+static void make_weight_t(uint32_t type, int64_t n, bool random_bytes, uint8_t *dst) {
     float *f = lm_malloc((size_t)n * sizeof(float));
     fill_normal(f, n, 0.5);
-    quant_from_float_ref(LM_TYPE_Q4_K, f, dst, n);
+    quant_from_float_ref(type, f, dst, n);
+    /* Q4_K: all but d and dmin; Q6_K: all but d (its last two bytes) */
+    const size_t bs = quant_traits(type)->type_size, lo = type == LM_TYPE_Q4_K ? 4 : 0;
+    const size_t hi = type == LM_TYPE_Q4_K ? bs : bs - 2;
     if (random_bytes)
         for (size_t b = 0; b < (size_t)(n / QK_K); b++)
-            for (size_t i = 4; i < sizeof(block_q4_K); i++) dst[b * sizeof(block_q4_K) + i] = (uint8_t)lm_rng_u64(&rng);
+            for (size_t i = lo; i < hi; i++) dst[b * bs + i] = (uint8_t)lm_rng_u64(&rng);
     lm_free(f);
 }
+
+static void make_weight(int64_t n, bool random_bytes, uint8_t *dst) { make_weight_t(LM_TYPE_Q4_K, n, random_bytes, dst); }
 
 static bool same_bits(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof *a) == 0; }
 
 /* float64 dot of a Q4_K row and a Q8_K row, both dequantized by the
  * reference; *abs_sum gets sum |w x|. */
-static double ref_dot(int64_t n, const uint8_t *w, const uint8_t *xq, double *abs_sum) {
+static double ref_dot_t(uint32_t type, int64_t n, const uint8_t *w, const uint8_t *xq, double *abs_sum) {
     float *wf = lm_malloc((size_t)n * sizeof(float)), *xf = lm_malloc((size_t)n * sizeof(float));
-    quant_to_float_ref(LM_TYPE_Q4_K, w, wf, n);
+    quant_to_float_ref(type, w, wf, n);
     quant_to_float_ref(LM_TYPE_Q8_K, xq, xf, n);
     double s = 0, a = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -83,6 +94,10 @@ static double ref_dot(int64_t n, const uint8_t *w, const uint8_t *xq, double *ab
     lm_free(xf);
     *abs_sum = a;
     return s;
+}
+
+static double ref_dot(int64_t n, const uint8_t *w, const uint8_t *xq, double *abs_sum) {
+    return ref_dot_t(LM_TYPE_Q4_K, n, w, xq, abs_sum);
 }
 
 /* The table: the wide tile for Q4_K in the VNNI variants only, none with
@@ -235,6 +250,114 @@ static void test_matmul(void) {
     CHECKF(!msg[0], "Q4_K %s", msg);
 }
 
+/* Q6_K's gemm tile against the variant's vec_dot, avx2's, the reference. */
+static void test_q6_tiles(void) {
+    enum { T = LM_GEMM_TILE };
+    static const int64_t lens[] = {256, 768, 2816};
+    const lm_avx2_kernels *a = avx2_kernels(LM_TYPE_Q6_K), *v = variants[cur].lookup(LM_TYPE_Q6_K);
+    lm_gemm_fn g = avx512vnni_wide_gemm_q6_K;
+    CHECK(a->vec_dot && v->vec_dot && v->gemm == g);
+    CHECK(kernels_use(variants[cur].isa) == 0 && kernels_type(LM_TYPE_Q6_K)->gemm == g);
+    CHECK(kernels_use(-1) == 0);
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+        const int64_t n = lens[li];
+        size_t rb = quant_row_size(LM_TYPE_Q6_K, n), xs = quant_row_size(LM_TYPE_Q8_K, n);
+        uint8_t *w = lm_malloc(rb * T), *x = lm_malloc(xs * T);
+        for (int r = 0; r < T; r++) make_weight_t(LM_TYPE_Q6_K, n, r % 2 == 1, w + (size_t)r * rb);
+        float *xf = lm_malloc((size_t)T * (size_t)n * sizeof(float));
+        fill_normal(xf, (int64_t)T * n, 1.0);
+        for (int c = 0; c < T; c++) quant_from_float_ref(LM_TYPE_Q8_K, xf + (size_t)c * (size_t)n, x + (size_t)c * xs, n);
+        char msg[200] = "";
+        float y[T * T];
+        for (int nr = 1; nr <= T && !msg[0]; nr++)
+            for (int nc = 1; nc <= T && !msg[0]; nc++) {
+                for (int i = 0; i < T * T; i++) y[i] = -1.0f;
+                g(n, w, rb, nr, x, xs, nc, y, T);
+                for (int c = 0; c < T && !msg[0]; c++)
+                    for (int r = 0; r < T && !msg[0]; r++) {
+                        const float got = y[c * T + r];
+                        if (c >= nc || r >= nr) {
+                            if (got != -1.0f) snprintf(msg, sizeof msg, "%dx%d wrote row %d token %d", nr, nc, r, c);
+                            continue;
+                        }
+                        const float dv = v->vec_dot(n, w + (size_t)r * rb, x + (size_t)c * xs);
+                        const float da = a->vec_dot(n, w + (size_t)r * rb, x + (size_t)c * xs);
+                        double as, ref = ref_dot_t(LM_TYPE_Q6_K, n, w + (size_t)r * rb, x + (size_t)c * xs, &as);
+                        if (memcmp(&got, &dv, sizeof got))
+                            snprintf(msg, sizeof msg, "%dx%d row %d token %d: %.9g, the variant's vec_dot %.9g", nr,
+                                     nc, r, c, got, dv);
+                        else if (memcmp(&got, &da, sizeof got))
+                            snprintf(msg, sizeof msg, "%dx%d row %d token %d: %.9g, avx2's vec_dot %.9g", nr, nc, r,
+                                     c, got, da);
+                        else if (!(fabs((double)got - ref) <= TOL * as + 1e-30))
+                            snprintf(msg, sizeof msg, "row %d token %d: %.9g, reference %.9g", r, c, got, ref);
+                    }
+            }
+        lm_free(w);
+        lm_free(x);
+        lm_free(xf);
+        CHECKF(!msg[0], "Q6_K n=%lld: %s", (long long)n, msg);
+    }
+}
+
+/* ops_matmul with Q6_K rows (row-major) through the variant's table. */
+static void test_q6_matmul(void) {
+    static const int64_t rows_list[] = {1, 3, 13, 37};
+    enum { MAX_TOK = 64 };
+    const int64_t n = 512;
+    lm_pool *pool = pool_new(2);
+    CHECK(pool);
+    char msg[220] = "";
+    for (size_t ri = 0; ri < sizeof rows_list / sizeof rows_list[0] && !msg[0]; ri++) {
+        const int64_t rows = rows_list[ri];
+        size_t rb = quant_row_size(LM_TYPE_Q6_K, n), xq_s = quant_row_size(LM_TYPE_Q8_K, n);
+        uint8_t *w = lm_malloc(rb * (size_t)rows);
+        for (int64_t r = 0; r < rows; r++) make_weight_t(LM_TYPE_Q6_K, n, r % 2 == 1, w + (size_t)r * rb);
+        float *x = lm_malloc((size_t)MAX_TOK * (size_t)n * sizeof(float));
+        fill_normal(x, (int64_t)MAX_TOK * n, 1.0);
+        uint8_t *xq = lm_malloc(xq_s);
+        size_t ny = (size_t)MAX_TOK * (size_t)rows;
+        float *y = lm_malloc(ny * sizeof(float)), *y2 = lm_malloc(ny * sizeof(float));
+        float *alone = lm_malloc(ny * sizeof(float));
+        void *scratch = lm_malloc(ops_matmul_scratch(LM_TYPE_Q6_K, n, MAX_TOK));
+        lm_weight lw = {.data = w, .type = LM_TYPE_Q6_K, .rows = rows, .cols = n, .row_bytes = rb};
+        CHECK(kernels_use(variants[cur].isa) == 0);
+        for (int t = 0; t < MAX_TOK; t++)
+            ops_matmul(pool, alone + (size_t)t * (size_t)rows, &lw, x + (size_t)t * (size_t)n, 1, scratch);
+        for (int t = 0; t < MAX_TOK && !msg[0]; t++) {
+            quant_act_from_float(LM_TYPE_Q6_K, x + (size_t)t * (size_t)n, xq, n);
+            for (int64_t r = 0; r < rows && !msg[0]; r++) {
+                double as, ref = ref_dot_t(LM_TYPE_Q6_K, n, w + (size_t)r * rb, xq, &as);
+                float got = alone[(size_t)t * (size_t)rows + (size_t)r];
+                if (!(fabs((double)got - ref) <= TOL * as + 1e-30))
+                    snprintf(msg, sizeof msg, "rows %lld: token %d row %lld: %.9g, reference %.9g", (long long)rows, t,
+                             (long long)r, got, ref);
+            }
+        }
+        for (int n_tok = 1; n_tok <= MAX_TOK && !msg[0]; n_tok++) {
+            size_t m = (size_t)n_tok * (size_t)rows;
+            CHECK(kernels_use(variants[cur].isa) == 0);
+            ops_matmul(pool, y, &lw, x, n_tok, scratch);
+            CHECK(kernels_use(LM_ISA_AVX2) == 0);
+            ops_matmul(pool, y2, &lw, x, n_tok, scratch);
+            if (!same_bits(y, alone, m))
+                snprintf(msg, sizeof msg, "rows %lld batch %d: differs from its tokens alone", (long long)rows, n_tok);
+            else if (!same_bits(y, y2, m))
+                snprintf(msg, sizeof msg, "rows %lld batch %d: differs from the avx2 table's", (long long)rows, n_tok);
+        }
+        lm_free(w);
+        lm_free(x);
+        lm_free(xq);
+        lm_free(y);
+        lm_free(y2);
+        lm_free(alone);
+        lm_free(scratch);
+    }
+    pool_free(pool);
+    CHECK(kernels_use(-1) == 0);
+    CHECKF(!msg[0], "Q6_K %s", msg);
+}
+
 int main(void) {
     if (!cpu_has_avx2()) {
         printf("SKIP test_kernels_wide: this CPU (or OS) lacks AVX2/FMA/F16C\n");
@@ -251,6 +374,8 @@ int main(void) {
         TEST_RUN(test_table);
         TEST_RUN(test_tiles);
         TEST_RUN(test_matmul);
+        TEST_RUN(test_q6_tiles);
+        TEST_RUN(test_q6_matmul);
     }
     return TEST_DONE();
 }

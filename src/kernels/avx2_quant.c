@@ -63,6 +63,15 @@
 
 #include "base/util.h"
 
+/* The avx512vnni variant's Q6_K gemm: two rows per 512-bit vector,
+ * the same bits as the tile below (kernels/x86_wide.h). */
+#if defined(X86_VNNI) && X86_VNNI == 1
+#include "kernels/x86_wide.h"
+#define Q6K_GEMM avx512vnni_wide_gemm_q6_K
+#else
+#define Q6K_GEMM avx2_gemm_q6_K
+#endif
+
 #define INLINE static inline __attribute__((always_inline))
 
 /* ---- small helpers ------------------------------------------------------ */
@@ -980,7 +989,7 @@ static const lm_avx2_kernels table[LM_TYPE_COUNT] = {
     [LM_TYPE_Q4_K] = {NULL, NULL, avx2_vec_dot_q4_K, avx2_gemm_q4_K, avx2_packed_gemm_q4_K, avx2_from_float_q8_K, 0,
                       LM_PACK_TILE},
     [LM_TYPE_Q5_K] = {NULL, NULL, avx2_vec_dot_q5_K, avx2_gemm_q5_K, NULL, NULL, 0, 0},
-    [LM_TYPE_Q6_K] = {NULL, NULL, avx2_vec_dot_q6_K, avx2_gemm_q6_K, NULL, NULL, 0, 0},
+    [LM_TYPE_Q6_K] = {NULL, NULL, avx2_vec_dot_q6_K, Q6K_GEMM, NULL, NULL, 0, 0},
     [LM_TYPE_Q8_K] = {NULL, avx2_from_float_q8_K, NULL, NULL, NULL, NULL, 0, 0},
 };
 
