@@ -45,6 +45,8 @@
  *     outputs do not depend on the batch (kernels/avx2.h);
  *     packed_pair (the AVX-512 variants' 512-bit decode tiles over two
  *     groups, Q4_0, Q5_0, Q4_1, Q5_1, Q8_0, Q4_K) equals packed_gemm bit for bit;
+ *     so does packed_wide (the VNNI variants' 512-bit prefill tile over two
+ *     groups, Q4_K; kernels/x86_wide.h);
  *   - element-wise and attention variants agree with the reference to a few
  *     ulps (tests state the bounds); an element's result never depends on
  *     how many tokens share the call.
