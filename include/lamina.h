@@ -247,6 +247,11 @@ typedef struct {
                              other token's -inf (its pass gets cheaper; output stays exact).
                              < 0 (lm_engine_config_default): 32768 for vocabularies over 65536
                              tokens, else the whole vocabulary; 0: the whole vocabulary */
+    const char *spec_widths; /* the model pass's time by its rows, "W:T,W:T,..." (T relative to
+                             W = 1's; must include 1), which sizes the batch's proposals (guesses
+                             widen the shared pass); NULL (default): timed once when the engine
+                             starts, unless spec_cost is set (> 0: priced flat, as for one
+                             sequence) or < 0 (no cost model at all) */
 } lm_engine_config;
 
 enum { LM_SPEC_NONE = 0, LM_SPEC_NGRAM = 1, LM_SPEC_DRAFT = 2 };

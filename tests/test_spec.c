@@ -9,6 +9,13 @@
  *   - the prompt-lookup proposer on hand-made sequences, and the controller
  *     that sizes proposals (full K at high acceptance; at low acceptance one
  *     proposed token in SPEC_PROBE_EVERY steps at most);
+ *   - the width curve (parsing, bad curves refused, interpolation) and the
+ *     batch's sizing at set prices (spec_size_batch): one sequence on a
+ *     flat curve gets the one-sequence cost model's k; a cheap draft at
+ *     batch 1 proposes K; a wide compute-bound pass shrinks the proposals
+ *     to one each, or none; probes are kept; and in the engine, all
+ *     requests together at a set steep curve propose under half of what a
+ *     flat one does, with output identical to the plain engine's;
  *   - the rejection scheme's output distribution equals the target's exact
  *     distribution (sampler_dist) by a chi-square test at significance 1e-6,
  *     for point-mass and spread drafts that differ from the target, under
@@ -146,6 +153,91 @@ static void test_controller(void) {
 /* Proposals take what the budget, the cap and the blocks leave after the
  * decodes, best first, the last one shrunk; none preempts; a prefill chunk
  * keeps its share. */
+/* The width curve: parsing, errors, interpolation and extrapolation. */
+static void test_width_curve(void) {
+    char err[LM_ERRLEN];
+    spec_curve c;
+    CHECKF(spec_curve_parse("8:2.4,1:2,32:9.2", &c, err, sizeof err) == 0, "%s", err);
+    CHECK(c.n == 3 && c.w[0] == 1 && c.w[1] == 8 && c.w[2] == 32);
+    CHECK(fabsf(spec_curve_at(&c, 1) - 1.0f) < 1e-6f);  /* relative to the one-row time, 2 */
+    CHECK(fabsf(spec_curve_at(&c, 0) - 1.0f) < 1e-6f);
+    CHECK(fabsf(spec_curve_at(&c, 8) - 1.2f) < 1e-5f);
+    CHECK(fabsf(spec_curve_at(&c, 20) - (1.2f + 3.4f * 12.0f / 24.0f)) < 1e-5f);
+    CHECK(fabsf(spec_curve_at(&c, 64) - (4.6f + 3.4f * 32.0f / 24.0f)) < 1e-4f); /* past the last point */
+    CHECK(fabsf(spec_curve_at(&c, 4) - (1.0f + 0.2f * 3.0f / 7.0f)) < 1e-5f);
+    /* a time below a narrower one's is raised to it; repeated widths keep the least */
+    CHECK(spec_curve_parse("1:1,4:0.5,8:3,8:2", &c, err, sizeof err) == 0);
+    CHECK(c.n == 3 && c.t[1] == 1.0f && c.t[2] == 2.0f);
+    /* no curve: the flat one-sequence price */
+    spec_curve flat = {0};
+    CHECK(fabsf(spec_curve_at(&flat, 5) - (1.0f + 4 * SPEC_ROW_COST)) < 1e-6f);
+    const char *bad[] = {"", "2:1", "1:0", "1:-1", "1:x", "x", "1:1,", "1:1;2:2", "0:1", "1:1,4"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = 0;
+        CHECKF(spec_curve_parse(bad[i], &c, err, sizeof err) != 0 && err[0], "'%s' parsed", bad[i]);
+    }
+}
+
+/* Sizing at set prices: one sequence on a flat curve proposes what the
+ * one-sequence cost model says; a wide compute-bound pass shrinks, then
+ * stops, the batch's proposals; probes are kept. */
+static void test_width_sizing(void) {
+    spec_curve flat = {0}, mild, wide, steep;
+    CHECK(spec_curve_parse("1:1,4:1.1,8:1.2,16:3", &mild, NULL, 0) == 0);
+    CHECK(spec_curve_parse("1:1,8:1.3,16:2.4,32:4.6", &wide, NULL, 0) == 0);
+    CHECK(spec_curve_parse("1:1,2:1.9,8:7.5", &steep, NULL, 0) == 0);
+    /* batch 1, a cheap draft, a pass bound by reading the weights: all K */
+    spec_want w[8];
+    w[0] = (spec_want){.acc = 0.9f, .k_max = 4};
+    CHECK(spec_size_batch(w, 1, 1, 1, &mild, 0.1f, NULL) == 4 && w[0].k == 4);
+    CHECK(spec_size_batch(w, 1, 1, 1, &flat, 0.1f, NULL) == 4);
+    CHECK(spec_size_batch(w, 1, 1, 1, &mild, 0, NULL) == 4); /* prompt lookup */
+    /* one sequence on the flat curve: the k of the one-sequence model (spec_gain) */
+    const float accs[] = {0.2f, 0.4f, 0.55f, 0.7f, 0.85f, 0.95f}, costs[] = {0.05f, 0.2f, 0.35f, 0.6f};
+    for (int a = 0; a < 6; a++)
+        for (int c = 0; c < 4; c++) {
+            int want = 0;
+            float best = 1.0f + SPEC_MIN_GAIN;
+            for (int k = 1; k <= 4; k++)
+                if (spec_gain(accs[a], k, costs[c]) > best) best = spec_gain(accs[a], k, costs[c]), want = k;
+            w[0] = (spec_want){.acc = accs[a], .k_max = 4};
+            int got = spec_size_batch(w, 1, 1, 1, &flat, costs[c], NULL);
+            CHECKF(got == want, "acc %.2f cost %.2f: %d, the one-sequence model %d", (double)accs[a],
+                   (double)costs[c], got, want);
+        }
+    /* eight sequences at acceptance 0.9 on the wide curve: a draft's guesses
+     * (its pass 0.3 of the model's) would cost more than they give: none */
+    for (int i = 0; i < 8; i++) w[i] = (spec_want){.acc = 0.9f, .k_max = 3};
+    CHECK(spec_size_batch(w, 8, 8, 8, &wide, 0.3f, NULL) == 0);
+    for (int i = 0; i < 8; i++) CHECK(w[i].k == 0);
+    /* the same alone: it guesses */
+    CHECK(spec_size_batch(w, 1, 1, 1, &wide, 0.3f, NULL) > 0);
+    /* four sequences on the mild curve (prompt lookup): the first guesses
+     * fit under the knee at 8 rows, the rest not: one each */
+    for (int i = 0; i < 4; i++) w[i] = (spec_want){.acc = 0.9f, .k_max = 4};
+    CHECK(spec_size_batch(w, 4, 4, 4, &mild, 0, NULL) == 4);
+    for (int i = 0; i < 4; i++) CHECK(w[i].k == 1);
+    /* the likeliest guesses go first: at 0.95 and 0.5 the first gets more */
+    w[0] = (spec_want){.acc = 0.95f, .k_max = 4};
+    w[1] = (spec_want){.acc = 0.5f, .k_max = 4};
+    spec_size_batch(w, 2, 2, 2, &mild, 0, NULL);
+    CHECK(w[0].k >= w[1].k && w[0].k > 0);
+    /* a steep curve: even one sequence stops; a probe is kept as it is */
+    w[0] = (spec_want){.acc = 0.5f, .k_max = 4};
+    CHECK(spec_size_batch(w, 1, 1, 1, &steep, 0, NULL) == 0);
+    w[1] = (spec_want){.acc = 0.1f, .k_max = 1, .probe = true};
+    CHECK(spec_size_batch(w, 2, 2, 2, &steep, 0, NULL) == 1 && w[0].k == 0 && w[1].k == 1);
+    /* prefill rows make the pass wide too: one decode among 30 prefill rows on the wide curve */
+    w[0] = (spec_want){.acc = 0.9f, .k_max = 3};
+    CHECK(spec_size_batch(w, 1, 31, 1, &wide, 0.3f, NULL) == 0);
+    /* deterministic */
+    for (int i = 0; i < 8; i++) w[i] = (spec_want){.acc = 0.5f + 0.05f * (float)i, .k_max = 4};
+    spec_want v[8];
+    memcpy(v, w, sizeof v);
+    int t1 = spec_size_batch(w, 8, 8, 8, &mild, 0.05f, &mild), t2 = spec_size_batch(v, 8, 8, 8, &mild, 0.05f, &mild);
+    CHECK(t1 == t2 && memcmp(w, v, sizeof v) == 0);
+}
+
 static void test_sched_spec(void) {
     sched_config sc = {.batch_tokens = 12, .max_seqs = 4, .block_size = 4, .n_class = 1, .spec_cap = 8};
     sched *s = sched_new(&sc);
@@ -438,6 +530,11 @@ static void on_event(void *user, const lm_event *ev) {
     }
 }
 
+/* The width curve new engines get: flat (rows free, as prompt lookup was
+ * priced before the curve), so what these tests check does not depend on
+ * passes timed on a loaded machine. */
+static const char *engine_widths = "1:1,64:1";
+
 static lm_engine *new_engine(int spec, int batch_tokens, int max_seqs, uint64_t kv_mem) {
     lm_engine_config ec;
     engine_config_default(&ec);
@@ -449,6 +546,7 @@ static lm_engine *new_engine(int spec, int batch_tokens, int max_seqs, uint64_t 
     ec.block_size = 4; /* many block boundaries inside proposals */
     ec.spec = spec;
     ec.spec_max = 6;
+    ec.spec_widths = engine_widths;
     char err[LM_ERRLEN];
     lm_engine *e = engine_new(model, model->tok, &ec, err, sizeof err);
     if (!e) fprintf(stderr, "engine_new: %s\n", err);
@@ -627,6 +725,50 @@ static void test_greedy_identity_swa(void) {
     model_free(swa);
 }
 
+/* Greedy identity at set width curves, all requests together: on a flat
+ * curve prompt lookup proposes as before; on one where every row beyond a
+ * few costs nearly a pass the batch's proposals shrink (fewer than half as
+ * many), and the output is the plain engine's either way. */
+static void test_width_identity(void) {
+    static job jobs[N_JOBS];
+    static collect plain[N_JOBS], got[N_JOBS];
+    make_jobs(jobs);
+    lm_engine *ref = new_engine(LM_SPEC_NONE, 64, 8, 0);
+    CHECK(ref);
+    CHECK(run_jobs(ref, jobs, plain, true) == 0);
+    engine_free(ref);
+    const char *curves[] = {"1:1,64:1", "1:1,2:1.02,8:3,64:30"};
+    uint64_t proposed[2] = {0, 0};
+    for (int r = 0; r < 2; r++) {
+        const char *keep = engine_widths;
+        engine_widths = curves[r];
+        lm_engine *e = new_engine(LM_SPEC_NGRAM, 64, 8, 0);
+        engine_widths = keep;
+        CHECK(e);
+        if (!e) continue;
+        CHECK(run_jobs(e, jobs, got, true) == 0);
+        CHECK(same(jobs, plain, got, curves[r]));
+        lm_engine_stats st;
+        engine_stats(e, &st);
+        proposed[r] = st.spec_proposed_total;
+        fprintf(stderr, "  curve %s: %llu proposed, %llu accepted in %llu verifying passes\n", curves[r],
+                (unsigned long long)st.spec_proposed_total, (unsigned long long)st.spec_accepted_total,
+                (unsigned long long)st.spec_steps_total);
+        engine_free(e);
+    }
+    CHECKF(proposed[0] >= 20 && proposed[1] < proposed[0] / 2, "flat %llu, wide %llu", (unsigned long long)proposed[0],
+           (unsigned long long)proposed[1]);
+    /* a curve that does not parse is refused */
+    char err[LM_ERRLEN];
+    lm_engine_config ec;
+    engine_config_default(&ec);
+    ec.spec = LM_SPEC_NGRAM;
+    ec.spec_widths = "2:1";
+    lm_engine *bad = engine_new(model, model->tok, &ec, err, sizeof err);
+    CHECKF(!bad && strstr(err, "width"), "%s", bad ? "accepted" : err);
+    if (bad) engine_free(bad);
+}
+
 /* Per request: speculation off (spec_k < 0) gives no proposal; K = 1 at
  * most one per pass; the output is the same. */
 static void test_request_k(void) {
@@ -769,12 +911,15 @@ int main(void) {
     ref_pool = pool_new(2);
     TEST_RUN(test_ngram);
     TEST_RUN(test_controller);
+    TEST_RUN(test_width_curve);
+    TEST_RUN(test_width_sizing);
     TEST_RUN(test_kv_truncate_pattern);
     TEST_RUN(test_sched_spec);
     TEST_RUN(test_spec_distribution_small);
     TEST_RUN(test_spec_distribution_model);
     TEST_RUN(test_greedy_identity);
     TEST_RUN(test_greedy_identity_swa);
+    TEST_RUN(test_width_identity);
     TEST_RUN(test_request_k);
     TEST_RUN(test_sampled);
     model_free(model);

@@ -227,6 +227,7 @@ bool spec_opts_flag(args *a, spec_opts *o) {
     else if (is_flag(a, "--draft-p-min", NULL)) o->p_min = (float)need_float(a, 0, 1);
     else if (is_flag(a, "--draft-cost", NULL)) o->cost = (float)need_float(a, -1, 100);
     else if (is_flag(a, "--draft-vocab", NULL)) o->vocab = (int)need_int(a, 0, INT32_MAX);
+    else if (is_flag(a, "--spec-widths", NULL)) o->widths = need_val(a);
     else return false;
     return true;
 }
@@ -244,6 +245,7 @@ void spec_opts_apply(args *a, spec_opts *o, lm_engine_config *ec) {
     ec->spec_p_min = o->p_min;
     ec->spec_cost = o->cost;
     ec->draft_vocab = o->vocab;
+    ec->spec_widths = o->widths;
     if (o->draft_path) {
         o->draft = load_or_die(a->cmd, o->draft_path);
         ec->spec = LM_SPEC_DRAFT;

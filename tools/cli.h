@@ -85,7 +85,7 @@ int need_spec(args *a);
 
 /* Speculative decoding's flags, shared by run, serve, bench spec and bench
  * serve: --spec ngram|none, --draft-model FILE, --draft-max K, --draft-min N,
- * --draft-p-min P, --draft-cost P, --draft-vocab N. */
+ * --draft-p-min P, --draft-cost P, --draft-vocab N, --spec-widths W:T,... */
 typedef struct {
     int spec;               /* LM_SPEC_* from --spec (LM_SPEC_NONE unless given) */
     const char *draft_path; /* --draft-model */
@@ -95,6 +95,7 @@ typedef struct {
                                (0, the default: measured at start; negative: no cost model) */
     int vocab;              /* --draft-vocab N: the draft's LM head over N tokens (0: all; default -1:
                                32768 above 65536 tokens) */
+    const char *widths;     /* --spec-widths W:T,...: the model pass's time by its rows (NULL: timed) */
     lm_model *draft;        /* loaded by spec_opts_apply */
 } spec_opts;
 void spec_opts_default(spec_opts *o);

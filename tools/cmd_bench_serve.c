@@ -72,6 +72,7 @@ static void usage_bench_serve(FILE *f) {
             "  --draft-model FILE  speculative decoding by a draft model (same tokenizer)\n"
             "  --draft-max K       tokens proposed per step at most (default 4; 3 with --draft-model)\n"
             "  --draft-min N, --draft-p-min P, --draft-cost P, --draft-vocab N  with --draft-model: see lamina run --help\n"
+            "  --spec-widths W:T,...  the model pass's time by its rows: see lamina run --help\n"
             "  --prompt-file FILE  every request's prompt is this text (outputs still drawn)\n"
             "  --shared-prefix N   prompts start with one of N shared system prompts; each mode runs\n"
             "                      with the prefix cache off and on\n"

@@ -40,7 +40,8 @@ static void usage_bench_spec(FILE *f) {
             "  --ctx-extend    allow -c above the model's trained context (with a warning)\n"
             "  --draft-max K   tokens proposed per step at most (default 4; 3 with --draft-model)\n"
             "  --draft-model FILE  a draft model with the same tokenizer proposes\n"
-            "  --draft-min N, --draft-p-min P, --draft-cost P, --draft-vocab N  with --draft-model: see lamina run --help\n");
+            "  --draft-min N, --draft-p-min P, --draft-cost P, --draft-vocab N  with --draft-model: see lamina run --help\n"
+            "  --spec-widths W:T,...  the model pass's time by its rows: see lamina run --help\n");
 }
 
 typedef struct {

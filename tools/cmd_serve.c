@@ -56,6 +56,7 @@ static void usage_serve(FILE *f) {
             "      --draft-max K      tokens proposed per step at most (default 4, 3 with --draft-model;\n"
             "                         a request's \"draft_max\" may ask for fewer)\n"
             "      --draft-min N, --draft-p-min P, --draft-cost P, --draft-vocab N  with --draft-model: see lamina run --help\n"
+            "      --spec-widths W:T,...  the model pass's time by its rows: see lamina run --help\n"
             "      --max-waiting N    queued requests before answering 429 (default 256; 0: unbounded)\n"
             "      --timeout SECONDS  cancel a request after this long, answering with what it has (default 600)\n"
             "      --keepalive SECONDS  a streaming comment line after this much silence (default 3)\n"

@@ -47,10 +47,34 @@
  * its estimate at SPEC_ACC_START_DRAFT: a draft was chosen to be right).
  * So a draft that is rarely right stops after a few steps, and one that
  * costs too much is never consulted.
+ *
+ * The batch's width (spec_size_batch). The price above is a one-sequence
+ * price: a verified row adds SPEC_ROW_COST of a pass. In a batch every
+ * sequence's guesses widen the same pass, and once the pass is wide enough
+ * to be bound by arithmetic rather than by reading the weights (a large LM
+ * head on few cores: Gemma 3's 262,144 rows) each row costs nearly a
+ * pass's worth. So each step the engine asks spec_size_batch, with the
+ * model pass's time as a function of its rows (spec_curve: measured at
+ * start, or set), for the proposal sizes that give the most tokens per unit
+ * of time across the batch: the step already carries `rows` rows (decode
+ * tokens and prefill chunks) that yield n_dec tokens; guess j of a sequence
+ * adds one row and acc^j expected tokens; a draft model's guesses add its
+ * passes, all sequences in the same pass (pass p as wide as the sequences
+ * guessing at least p tokens, priced by the draft's own curve times its
+ * one-row price). Guesses are added most likely first and the best prefix
+ * of that order is kept, or none when the best does not beat the plain
+ * step by SPEC_MIN_GAIN. At batch 1 on a pass bound by reading the weights
+ * this keeps what each controller wants; on a wide compute-bound pass it
+ * shrinks the proposals, then stops them. Probes (a controller refreshing
+ * a low estimate) are kept as they are: they are rare by construction.
+ * The decision depends only on the estimates and the curve, so with a set
+ * curve it is deterministic; verification is exact either way.
  */
 #ifndef LAMINA_SPEC_H
 #define LAMINA_SPEC_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define SPEC_NGRAM_MAX 4
@@ -77,7 +101,48 @@ typedef struct {
     int every;  /* steps between probes (every_min, doubling up to every_max while probes fail) */
     int every_min, every_max;
     float cost; /* a guess's cost as a share of the model's pass; 0: free (prompt lookup, no cost model) */
+    int probing; /* the last spec_ctl_want was a probe (the estimate said no) */
 } spec_ctl;
+
+#define SPEC_CURVE_MAX 16
+#define SPEC_CALIB_ROWS 64 /* the widest pass the engine times at start */
+
+/* A pass's time as a function of its rows, as a share of a one-row pass:
+ * points (w[i], t[i]), widths increasing from w[0] = 1 (t[0] = 1), times
+ * never decreasing. Between points it is linear, past the last it goes on
+ * with the last segment's slope. n = 0: the flat one-sequence price,
+ * 1 + (rows - 1) x SPEC_ROW_COST. */
+typedef struct {
+    int n;
+    int w[SPEC_CURVE_MAX];
+    float t[SPEC_CURVE_MAX];
+} spec_curve;
+
+/* One sequence's say in spec_size_batch. */
+typedef struct {
+    float acc;  /* its controller's estimate */
+    int k_max;  /* what its controller wants this step (the most it may propose) */
+    bool probe; /* that is a probe: kept as it is */
+    int k;      /* result: what it proposes */
+} spec_want;
+
+/* The curve's time at `rows` rows (rows < 1 count as 1). */
+float spec_curve_at(const spec_curve *c, int rows);
+/* Make the points a curve: sorted by width, merged, times from w = 1's
+ * (which it must have), never decreasing. 0, or -1 with a message. */
+int spec_curve_fix(spec_curve *c, char *err, size_t errlen);
+/* Parse "W:T,W:T,..." (widths >= 1 with W = 1 among them, times > 0, at
+ * most SPEC_CURVE_MAX points) into a curve (spec_curve_fix'd: times are
+ * taken relative to W = 1's). 0, or -1 with a message. */
+int spec_curve_parse(const char *s, spec_curve *c, char *err, size_t errlen);
+/* Size the proposals of n sequences sharing one pass (see above): fills
+ * each w[i].k (0 .. k_max) and returns their sum. rows: what the step
+ * carries without proposals; n_dec: tokens those rows yield; model: the
+ * model pass's curve; draft_cost: a draft pass over one row as a share of
+ * the model's (0: the guesses are free to make, prompt lookup); draft: the
+ * draft pass's curve (NULL: flat, every pass draft_cost). */
+int spec_size_batch(spec_want *w, int n, int rows, int n_dec, const spec_curve *model, float draft_cost,
+                    const spec_curve *draft);
 
 /* every = every_min = every_max = SPEC_PROBE_EVERY (no back-off), cost 0. */
 void spec_ctl_init(spec_ctl *c);

@@ -335,6 +335,29 @@ double draft_time_pass(draft_runner *d, int32_t tok) {
     return t;
 }
 
+double draft_time_rows(draft_runner *d, int32_t tok, int n) {
+    char err[LM_ERRLEN];
+    kv_seq *s[64];
+    if (n < 1 || n > d->max_seqs || n > d->n_batch || n > 64) return -1;
+    int made = 0;
+    double t = -1;
+    for (; made < n; made++) {
+        if (!(s[made] = kv_seq_new(d->kv, err, sizeof err))) break;
+        if (kv_append(d->kv, s[made], 1, err, sizeof err) != KV_OK) {
+            kv_seq_free(d->kv, s[made]);
+            break;
+        }
+        d->segs[made] = (lm_seg){.seq = s[made], .pos0 = 0, .n = 1, .n_logits = 1};
+        d->btok[made] = tok;
+    }
+    if (made == n) {
+        double t0 = lm_now();
+        if (fwd_run(d->fwd, d->btok, d->segs, n, d->logits, err, sizeof err) == 0) t = lm_now() - t0;
+    }
+    for (int i = 0; i < made; i++) kv_seq_free(d->kv, s[i]);
+    return t;
+}
+
 int draft_seq_init(draft_runner *d, draft_seq *ds, const lm_sample_params *sp) {
     memset(ds, 0, sizeof *ds);
     ds->smp = sampler_new(sp, d->m->hp.n_vocab);

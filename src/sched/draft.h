@@ -154,6 +154,10 @@ int64_t draft_kv_tokens(const draft_runner *d);
 /* Seconds of one draft pass over one token (position 0 of a scratch
  * sequence, freed after); -1 when the pool or the pass fails. */
 double draft_time_pass(draft_runner *d, int32_t tok);
+/* Seconds of one draft pass over n rows (1 .. max_seqs; n one-token
+ * sequences, each with its logits row, as a step's guesses are made);
+ * -1 when the pool or the pass fails. */
+double draft_time_rows(draft_runner *d, int32_t tok, int n);
 /* Tests: guess without the grammar's mask (acceptance drops; output stays exact). */
 void draft_set_masking(draft_runner *d, bool on);
 void draft_free(draft_runner *d);

@@ -183,6 +183,11 @@ struct lm_engine {
     int spec_cap;             /* proposed tokens one iteration verifies at most (0: no proposer) */
     draft_runner *dr;         /* the draft model's pool and workspace (LM_SPEC_DRAFT) */
     float draft_cost;         /*   a draft pass as a share of the model's (0: no cost model) */
+    bool sizing;              /* proposals sized at the batch's width (spec_size_batch) */
+    spec_curve curve;         /*   the model pass's time by its rows (n = 0: the flat price) */
+    spec_curve dcurve;        /*   the draft pass's (n = 0: every draft pass costs draft_cost) */
+    spec_want *wants;         /*   (max_seqs) this iteration's proposals to size */
+    eseq **want_ch;           /*   (max_seqs) and their choices */
     draft_job *jobs;          /* (max_seqs) this iteration's draft proposals */
     float *dq;                /* (spec_cap, n_vocab) their distributions, made on the first sampled one */
     float *lp;                /* (n_vocab) log-probabilities / sampling scratch */
@@ -842,12 +847,12 @@ static void draft_resync(lm_engine *e, eseq *c) {
     draft_keep(e->dr, ds, agree);
 }
 
-/* Speculation: the tokens running choice c proposes to verify with its
- * next decode (c->draft), 0 when it does not speculate this step. Only a
- * decode proposes (its prompt done, one token pending), and never past what
- * it may still generate (the last row's own token is always taken) or past
- * the context. */
-static int propose(lm_engine *e, eseq *c, bool busy, int *n_jobs, int *q_used) {
+/* Speculation: how many tokens running choice c would propose with its
+ * next decode (its controller's wish; prompt lookup's proposal is already in
+ * c->draft), 0 when it does not speculate this step. Only a decode proposes
+ * (its prompt done, one token pending), and never past what it may still
+ * generate (the last row's own token is always taken) or past the context. */
+static int spec_wish(lm_engine *e, eseq *c, bool busy) {
     c->n_draft = 0;
     c->n_prop = 0;
     c->q = NULL;
@@ -863,7 +868,17 @@ static int propose(lm_engine *e, eseq *c, bool busy, int *n_jobs, int *q_used) {
     }
     draft_resync(e, c);
     if (busy) return 0; /* the draft's passes would delay waiting work */
-    if ((k = spec_ctl_want(&c->ctl, k)) <= 0) return 0;
+    return spec_ctl_want(&c->ctl, k);
+}
+
+/* Choice c proposes k tokens (k <= its wish): prompt lookup keeps the
+ * first k of its proposal; a draft model's guesses become a job for this
+ * iteration's draft passes. The count the scheduler sees (sq.n_spec), or 0
+ * for a job (report_running fills it in once the draft ran). */
+static int propose(lm_engine *e, eseq *c, int k, int *n_jobs, int *q_used) {
+    if (!e->dr) return c->n_prop = k;
+    c->n_prop = 0;
+    if (k <= 0) return 0;
     float *q = NULL;
     if (!sampler_greedy(c->smp)) { /* the guesses' distributions, for the rejection scheme */
         size_t V = (size_t)e->m->hp.n_vocab;
@@ -882,7 +897,20 @@ static int propose(lm_engine *e, eseq *c, bool busy, int *n_jobs, int *q_used) {
         e->jobs[*n_jobs].n_mask = grammar_vocab_size(e->gvocab);
     }
     e->job_ch[(*n_jobs)++] = c;
-    return 0; /* report_running fills it in once the draft ran */
+    return 0;
+}
+
+/* Size the wishes of this iteration's n speculating choices at the
+ * batch's width (spec.h): rows, the tokens the running choices carry
+ * without proposals (at most the budget), n_dec of them decodes. */
+static void size_wishes(lm_engine *e, int n, int64_t rows, int n_dec) {
+    if (!e->sizing || n == 0) {
+        for (int i = 0; i < n; i++) e->wants[i].k = e->wants[i].k_max;
+        return;
+    }
+    if (rows > e->cfg.batch_tokens) rows = e->cfg.batch_tokens;
+    spec_size_batch(e->wants, n, (int)rows, n_dec, &e->curve, e->dr ? e->draft_cost : 0,
+                    e->dcurve.n ? &e->dcurve : NULL);
 }
 
 /* What the plan does not know about running choices: their lengths, a
@@ -903,12 +931,22 @@ static void report_running(lm_engine *e) {
         want += c->n_tokens - c->n_computed + (c->spec_k < left ? c->spec_k : left);
         busy = want > e->cfg.batch_tokens;
     }
-    int n_jobs = 0, q_used = 0;
+    int n_jobs = 0, q_used = 0, n_want = 0, n_dec = 0;
+    int64_t rows = 0;
     for (int i = 0; i < sched_n_running(e->sc); i++) {
         eseq *c = CHOICE(sched_running_at(e->sc, i));
         c->sq.n_pending = c->n_tokens - c->n_computed;
         c->sq.len = c->n_computed;
-        c->sq.n_spec = propose(e, c, busy, &n_jobs, &q_used);
+        c->sq.n_spec = 0;
+        rows += c->sq.n_pending;
+        n_dec += c->sq.n_pending == 1;
+        int wish = spec_wish(e, c, busy);
+        if (wish > 0 && n_want < e->cfg.max_seqs) {
+            e->wants[n_want] = (spec_want){.acc = c->ctl.acc, .k_max = wish, .probe = c->ctl.probing != 0};
+            e->want_ch[n_want++] = c;
+        } else {
+            c->n_prop = 0;
+        }
         for (int k = 0; k < KV_N_CLASS; k++) c->sq.shared[k] = -1, c->sq.extra[k] = 0;
         for (int k = 0; k < e->n_class; k++) {
             int n = k == KV_GLOBAL ? 1 : (kv_seq_held(c->kv, k) + 2) * B;
@@ -924,6 +962,8 @@ static void report_running(lm_engine *e) {
             }
         }
     }
+    size_wishes(e, n_want, rows, n_dec);
+    for (int i = 0; i < n_want; i++) e->want_ch[i]->sq.n_spec = propose(e, e->want_ch[i], e->wants[i].k, &n_jobs, &q_used);
     if (n_jobs) {
         draft_propose(e->dr, e->jobs, n_jobs, e->cfg.spec_min, e->cfg.spec_p_min);
         for (int i = 0; i < n_jobs; i++) e->job_ch[i]->sq.n_spec = e->job_ch[i]->n_prop = e->jobs[i].n_out;
@@ -1396,6 +1436,8 @@ static void destroy(lm_engine *e) {
     draft_free(e->dr);
     lm_free(e->jobs);
     lm_free(e->job_ch);
+    lm_free(e->wants);
+    lm_free(e->want_ch);
     lm_free(e->dq);
     lm_free(e->btok);
     lm_free(e->logits);
@@ -1421,20 +1463,80 @@ static void destroy(lm_engine *e) {
 /* The per-iteration buffers and the scheduler, once the pool is made. */
 /* ---- configuration and the memory budget --------------------------------- */
 
-/* Seconds of one pass of the model over one token (a scratch sequence);
+/* Seconds of one pass of the model over n rows (a scratch sequence of n
+ * tokens, each with its logits row; n <= the budget and the logits rows);
  * -1 when it fails. */
-static double time_pass(lm_engine *e, int32_t tok) {
+static double time_rows(lm_engine *e, int32_t tok, int n) {
     char err[LM_ERRLEN];
     kv_seq *s = kv_seq_new(e->kv, err, sizeof err);
     if (!s) return -1;
     double t = -1;
-    if (kv_append(e->kv, s, 1, err, sizeof err) == KV_OK) {
-        lm_seg seg = {.seq = s, .pos0 = 0, .n = 1, .n_logits = 1};
+    for (int i = 0; i < n; i++) e->btok[i] = tok;
+    if (kv_append(e->kv, s, n, err, sizeof err) == KV_OK) {
+        lm_seg seg = {.seq = s, .pos0 = 0, .n = n, .n_logits = n};
         double t0 = lm_now();
-        if (fwd_run(e->fwd, &tok, &seg, 1, e->logits, err, sizeof err) == 0) t = lm_now() - t0;
+        if (fwd_run(e->fwd, e->btok, &seg, 1, e->logits, err, sizeof err) == 0) t = lm_now() - t0;
     }
     kv_seq_free(e->kv, s);
     return t;
+}
+
+static double time_pass(lm_engine *e, int32_t tok) { return time_rows(e, tok, 1); }
+
+/* A measured curve's times held under the bound a pass obeys: the weights
+ * read once (the one-row time) plus arithmetic in proportion to the rows
+ * (the widest point's time, per row): t(w) <= 1 + t(W) x w / W. A sample
+ * the load inflated at a narrow width (where a tiny model's pass is a
+ * matter of microseconds) so does not stop speculation at batch 1. */
+static void curve_bound(spec_curve *c) {
+    if (c->n < 2) return;
+    float per_row = c->t[c->n - 1] / (float)c->w[c->n - 1];
+    for (int i = 1; i < c->n - 1; i++)
+        if (c->t[i] > 1.0f + per_row * (float)c->w[i]) c->t[i] = 1.0f + per_row * (float)c->w[i];
+    for (int i = 1; i < c->n; i++)
+        if (c->t[i] < c->t[i - 1]) c->t[i] = c->t[i - 1];
+}
+
+/* The width curves (spec.h, spec_size_batch): the model's pass at 1, 2, 4,
+ * ... rows up to what one iteration verifies (at most SPEC_CALIB_ROWS; the
+ * curve goes on linearly past it) and, with a draft model priced at start,
+ * the draft's pass at 1 .. max_seqs rows. Each is the least of rounds of
+ * interleaved passes after a first round that pages the weights in: at
+ * least four, more while they took under a tenth of a second (a small
+ * model's passes, which the load disturbs most), at most 100; so a pass the
+ * load slowed counts little. Then curve_bound. A curve that cannot be
+ * timed stays flat (n = 0). */
+static void curve_calibrate(lm_engine *e) {
+    int32_t tok = tok_bos(e->tok) >= 0 ? tok_bos(e->tok) : 0;
+    int wmax = e->cfg.max_seqs + e->spec_cap, dmax = e->dr ? e->cfg.max_seqs : 0;
+    if (wmax > e->cfg.batch_tokens) wmax = e->cfg.batch_tokens;
+    if (wmax > SPEC_CALIB_ROWS) wmax = SPEC_CALIB_ROWS;
+    if (dmax > SPEC_CALIB_ROWS) dmax = SPEC_CALIB_ROWS;
+    int w[SPEC_CURVE_MAX], n = 0;
+    for (int x = 1; n < SPEC_CURVE_MAX - 1 && x < (wmax > dmax ? wmax : dmax); x *= 2) w[n++] = x;
+    w[n++] = wmax > dmax ? wmax : dmax;
+    double tm[SPEC_CURVE_MAX], td[SPEC_CURVE_MAX];
+    for (int i = 0; i < n; i++) tm[i] = td[i] = 1e30;
+    bool mok = true, dok = dmax > 0;
+    double t0 = lm_now();
+    for (int r = 0; r < 100 && (mok || dok) && (r < 5 || lm_now() - t0 < 0.1); r++)
+        for (int i = 0; i < n; i++) {
+            double a = mok && w[i] <= wmax ? time_rows(e, tok, w[i]) : 0;
+            double b = dok && w[i] <= dmax ? draft_time_rows(e->dr, tok, w[i]) : 0;
+            if (a < 0) mok = false;
+            if (b < 0) dok = false;
+            if (r > 0 && w[i] <= wmax && a < tm[i]) tm[i] = a;
+            if (r > 0 && w[i] <= dmax && b < td[i]) td[i] = b;
+        }
+    e->curve.n = e->dcurve.n = 0;
+    for (int i = 0; i < n; i++) {
+        if (mok && w[i] <= wmax && tm[i] > 0) e->curve.w[e->curve.n] = w[i], e->curve.t[e->curve.n++] = (float)tm[i];
+        if (dok && w[i] <= dmax && td[i] > 0) e->dcurve.w[e->dcurve.n] = w[i], e->dcurve.t[e->dcurve.n++] = (float)td[i];
+    }
+    if (e->curve.n && spec_curve_fix(&e->curve, NULL, 0) != 0) e->curve.n = 0;
+    if (e->dcurve.n && spec_curve_fix(&e->dcurve, NULL, 0) != 0) e->dcurve.n = 0;
+    curve_bound(&e->curve);
+    curve_bound(&e->dcurve);
 }
 
 /* The cost model's price of a draft pass (spec.h): its time over the
@@ -1483,6 +1585,12 @@ static int resolve_config(const lm_model *m, lm_engine_config *c, fwd_dims *dims
         if (!(c->spec_p_min >= 0 && c->spec_p_min <= 1))
             return lm_err(err, errlen, "the draft's p_min must be in [0, 1]");
         if (!isfinite(c->spec_cost)) return lm_err(err, errlen, "the draft's cost must be a finite number");
+    }
+    if (c->spec != LM_SPEC_NONE && c->spec_widths) {
+        spec_curve sc;
+        char cerr[LM_ERRLEN];
+        if (spec_curve_parse(c->spec_widths, &sc, cerr, sizeof cerr) != 0)
+            return lm_err(err, errlen, "the width curve '%.60s': %s", c->spec_widths, cerr);
     }
     if (c->spec_max <= 0) c->spec_max = 4;
     if (c->spec_max > 64) c->spec_max = 64;
@@ -1711,6 +1819,17 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
                                 errlen)))
             goto fail;
         e->draft_cost = c.spec_cost > 0 ? c.spec_cost : c.spec_cost < 0 ? 0 : draft_calibrate(e);
+    }
+    if (e->spec_cap > 0 && c.spec_cost >= 0) { /* the batch's width prices proposals */
+        e->wants = lm_calloc((size_t)c.max_seqs, sizeof *e->wants);
+        e->want_ch = lm_calloc((size_t)c.max_seqs, sizeof *e->want_ch);
+        if (!e->wants || !e->want_ch) {
+            lm_err(err, errlen, "out of memory");
+            goto fail;
+        }
+        if (c.spec_widths) spec_curve_parse(c.spec_widths, &e->curve, NULL, 0); /* resolve_config checked it */
+        else if (c.spec_cost == 0) curve_calibrate(e);
+        e->sizing = true;
     }
     metrics_init(&e->stats);
     e->stats.mem_budget = mem.budget;
