@@ -227,9 +227,13 @@ static void test_width_sizing(void) {
     CHECK(spec_size_batch(w, 1, 1, 1, &steep, 0, NULL) == 0);
     w[1] = (spec_want){.acc = 0.1f, .k_max = 1, .probe = true};
     CHECK(spec_size_batch(w, 2, 2, 2, &steep, 0, NULL) == 1 && w[0].k == 0 && w[1].k == 1);
-    /* prefill rows make the pass wide too: one decode among 30 prefill rows on the wide curve */
-    w[0] = (spec_want){.acc = 0.9f, .k_max = 3};
-    CHECK(spec_size_batch(w, 1, 31, 1, &wide, 0.3f, NULL) == 0);
+    /* eight on the mild curve: past the knee even one guess each loses */
+    for (int i = 0; i < 8; i++) w[i] = (spec_want){.acc = 0.9f, .k_max = 4};
+    CHECK(spec_size_batch(w, 8, 8, 8, &mild, 0, NULL) == 0);
+    /* on the wide curve's flat part one decode guesses fully, alone or
+     * beside 3 prefill rows */
+    w[0] = (spec_want){.acc = 0.9f, .k_max = 4};
+    CHECK(spec_size_batch(w, 1, 1, 1, &wide, 0, NULL) == 4 && spec_size_batch(w, 1, 4, 1, &wide, 0, NULL) == 4);
     /* deterministic */
     for (int i = 0; i < 8; i++) w[i] = (spec_want){.acc = 0.5f + 0.05f * (float)i, .k_max = 4};
     spec_want v[8];
