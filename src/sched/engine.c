@@ -1820,13 +1820,15 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
             goto fail;
         e->draft_cost = c.spec_cost > 0 ? c.spec_cost : c.spec_cost < 0 ? 0 : draft_calibrate(e);
     }
-    if (e->spec_cap > 0 && c.spec_cost >= 0) { /* the batch's width prices proposals */
+    if (e->spec_cap > 0) {
         e->wants = lm_calloc((size_t)c.max_seqs, sizeof *e->wants);
         e->want_ch = lm_calloc((size_t)c.max_seqs, sizeof *e->want_ch);
         if (!e->wants || !e->want_ch) {
             lm_err(err, errlen, "out of memory");
             goto fail;
         }
+    }
+    if (e->spec_cap > 0 && c.spec_cost >= 0) { /* the batch's width prices proposals */
         if (c.spec_widths) spec_curve_parse(c.spec_widths, &e->curve, NULL, 0); /* resolve_config checked it */
         else if (c.spec_cost == 0) curve_calibrate(e);
         e->sizing = true;
