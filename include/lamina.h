@@ -411,6 +411,9 @@ typedef struct {
     uint64_t mem_draft_kv;        /* its own KV pool */
     float spec_draft_cost;        /* the cost model's price of a draft pass, as a share of the
                                      model's (lm_engine_config.spec_cost); 0: no cost model */
+    int32_t spec_width_rows;      /* the widest pass the width curve knows (0: no curve, rows priced
+                                     flat) and its time as a share of a one-row pass */
+    float spec_width_cost;
 } lm_engine_stats;
 
 LM_API void lm_engine_get_stats(lm_engine *e, lm_engine_stats *st);

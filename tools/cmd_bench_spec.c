@@ -162,6 +162,13 @@ int cmd_bench_spec(int argc, char **argv) {
         if (nv > 0) printf("draft LM head: %d of %d tokens and the sequence's own (--draft-vocab)\n", nv, so.draft->hp.n_vocab);
         else printf("draft LM head: the whole vocabulary (%d tokens)\n", so.draft->hp.n_vocab);
     }
+    {
+        lm_engine_stats est;
+        engine_stats(e, &est);
+        if (est.spec_width_rows > 0)
+            printf("model pass over %d rows: %.2f of one row's (the width curve: timed at start, or --spec-widths)\n",
+                   (int)est.spec_width_rows, (double)est.spec_width_cost);
+    }
     printf("| rep | off tok/s | on tok/s | proposed | accepted | tokens per verifying pass |\n");
     printf("| ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (int i = 0; i < reps; i++) {

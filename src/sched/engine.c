@@ -1842,6 +1842,10 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
     e->stats.kv_max_tokens = plan->n_tokens;
     e->stats.kv_max_seqs = mem.kv_seqs;
     e->stats.spec_draft_cost = e->draft_cost;
+    if (e->sizing && e->curve.n > 0) {
+        e->stats.spec_width_rows = e->curve.w[e->curve.n - 1];
+        e->stats.spec_width_cost = e->curve.t[e->curve.n - 1];
+    }
     if (e->dr) { /* measured: what draft_new allocated, and the distributions' rows */
         e->stats.mem_draft_weights = mem.draft_weights;
         e->stats.mem_draft_workspace =
