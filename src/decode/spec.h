@@ -106,6 +106,7 @@ typedef struct {
 
 #define SPEC_CURVE_MAX 16
 #define SPEC_CALIB_ROWS 64 /* the widest pass the engine times at start */
+#define SPEC_CALIB_MIN_S 1e-3 /* a one-row pass shorter than this is priced flat, not timed */
 
 /* A pass's time as a function of its rows, as a share of a one-row pass:
  * points (w[i], t[i]), widths increasing from w[0] = 1 (t[0] = 1), times

@@ -1505,7 +1505,9 @@ static void curve_bound(spec_curve *c) {
  * least four, more while they took under a tenth of a second (a small
  * model's passes, which the load disturbs most), at most 100; so a pass the
  * load slowed counts little. Then curve_bound. A curve that cannot be
- * timed stays flat (n = 0). */
+ * timed stays flat (n = 0), and so do both when the model's one-row pass
+ * takes under SPEC_CALIB_MIN_S: a small model's passes are microseconds,
+ * which the load and the threads' hand-offs time more than the rows do. */
 static void curve_calibrate(lm_engine *e) {
     int32_t tok = tok_bos(e->tok) >= 0 ? tok_bos(e->tok) : 0;
     int wmax = e->cfg.max_seqs + e->spec_cap, dmax = e->dr ? e->cfg.max_seqs : 0;
@@ -1535,6 +1537,7 @@ static void curve_calibrate(lm_engine *e) {
     }
     if (e->curve.n && spec_curve_fix(&e->curve, NULL, 0) != 0) e->curve.n = 0;
     if (e->dcurve.n && spec_curve_fix(&e->dcurve, NULL, 0) != 0) e->dcurve.n = 0;
+    if (mok && tm[0] < SPEC_CALIB_MIN_S) e->curve.n = e->dcurve.n = 0; /* too short to time under load */
     curve_bound(&e->curve);
     curve_bound(&e->dcurve);
 }
