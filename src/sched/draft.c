@@ -350,9 +350,12 @@ double draft_time_rows(draft_runner *d, int32_t tok, int n) {
         d->segs[made] = (lm_seg){.seq = s[made], .pos0 = 0, .n = 1, .n_logits = 1};
         d->btok[made] = tok;
     }
-    if (made == n) {
+    if (made == n) { /* the head its proposals use (the subset, when it has one) */
+        d->sel.n_extra = 0;
+        d->fwd->head = d->sub ? &d->sel : NULL;
         double t0 = lm_now();
         if (fwd_run(d->fwd, d->btok, d->segs, n, d->logits, err, sizeof err) == 0) t = lm_now() - t0;
+        d->fwd->head = NULL;
     }
     for (int i = 0; i < made; i++) kv_seq_free(d->kv, s[i]);
     return t;
