@@ -195,12 +195,17 @@ ARM_NEON_TESTS = test_kernels_isa test_ops test_attn test_model test_forward_kv 
 # multiarch libc.so.6 that ld.so.cache names, two glibc builds whose private
 # structures differ (pthread_create then loops forever).
 ARM_QEMU ?= qemu-aarch64
+# Test programs under emulation at once: qemu-user translates one guest
+# thread per host thread, and most programs keep one core busy.
+ARM_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 ARM_BUILD := build/arm64
 test-arm:
 	bash scripts/deps.sh --arm
 	$(MAKE) CC=$(ARM_CC) AR=$(ARM_AR) BUILD=$(ARM_BUILD) MPI= $(ARM_BUILD)/lamina $(TESTSRC:tests/%.c=$(ARM_BUILD)/tests/%)
-	BUILD=$(ARM_BUILD) LAMINA_TEST_WRAP="$(ARM_QEMU)" LAMINA_TEST_C_ONLY=1 LAMINA_EMULATED=1 bash tests/run.sh
+	BUILD=$(ARM_BUILD) LAMINA_TEST_WRAP="$(ARM_QEMU)" LAMINA_TEST_C_ONLY=1 LAMINA_EMULATED=1 \
+	    LAMINA_TEST_JOBS=$(ARM_JOBS) bash tests/run.sh
 	BUILD=$(ARM_BUILD) LAMINA_TEST_WRAP="$(ARM_QEMU)" LAMINA_TEST_C_ONLY=1 LAMINA_EMULATED=1 LAMINA_CPU=neon \
+	    LAMINA_TEST_JOBS=$(ARM_JOBS) \
 	    LAMINA_TESTS="$(ARM_NEON_TESTS)" bash tests/run.sh
 	@echo "test_kernels_isa on qemu's cortex-a53:"; $(ARM_QEMU) -cpu cortex-a53 $(ARM_BUILD)/tests/test_kernels_isa >$(ARM_BUILD)/a53.log 2>&1; \
 	    rc=$$?; grep -Ev '^PASS ' $(ARM_BUILD)/a53.log; exit $$rc

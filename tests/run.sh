@@ -4,7 +4,9 @@
 # their "N passed, N failed" lines. Exits non-zero when anything failed.
 # LAMINA_TEST_C_ONLY=1 runs the test programs only, LAMINA_TESTS="test_a
 # test_b" only those; LAMINA_TEST_WRAP is a command the test programs run
-# under (`make test-arm`: qemu-aarch64).
+# under (`make test-arm`: qemu-aarch64). LAMINA_TEST_JOBS=N runs up to N
+# test programs at once (each one's report is printed in the usual order
+# once all have ended); the end-to-end scripts always run one at a time.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -44,14 +46,44 @@ run_one() {
     fi
     rm -f "$log"
 }
+# run_one in the background: its report to $results/NAME.out, its counts
+# to $results/NAME.cnt (missing if it died: counted as a failure)
+jobs_max=${LAMINA_TEST_JOBS:-1}
+results=$(mktemp -d)
+names=()
+run_bg() {
+    local name=$1
+    (
+        passed=0 failed=0 skipped=0
+        run_one "$@" >"$results/$name.out"
+        echo "$passed $failed $skipped" >"$results/$name.cnt"
+    ) &
+    names+=("$name")
+}
 for t in "$BUILD"/tests/test_*; do
     [ -x "$t" ] || continue
     case "$t" in *.d) continue ;; esac
     if [ -n "${LAMINA_TESTS:-}" ]; then
         case " $LAMINA_TESTS " in *" $(basename "$t") "*) ;; *) continue ;; esac
     fi
-    run_one "$(basename "$t")" ${LAMINA_TEST_WRAP:-} "$t"
+    if [ "$jobs_max" -gt 1 ]; then
+        while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
+        run_bg "$(basename "$t")" ${LAMINA_TEST_WRAP:-} "$t"
+    else
+        run_one "$(basename "$t")" ${LAMINA_TEST_WRAP:-} "$t"
+    fi
 done
+wait
+for n in "${names[@]}"; do
+    cat "$results/$n.out" 2>/dev/null
+    if read -r p f s <"$results/$n.cnt" 2>/dev/null; then
+        passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+    else
+        echo "== $n: no result (the runner died)"
+        failed=$((failed + 1))
+    fi
+done
+rm -rf "$results"
 if [ -n "${LAMINA_TEST_C_ONLY:-}" ]; then
     echo
     echo "$passed passed, $failed failed${skipped:+, $skipped skipped}" | sed 's/, 0 skipped$//'
