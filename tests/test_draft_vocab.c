@@ -430,7 +430,10 @@ static void test_distribution(void) {
     CHECK(engine_check(e, err, sizeof err) == 0);
     engine_free(e);
     fprintf(stderr, "  %ld guesses, %ld accepted\n", proposed, accepted);
-    CHECK(proposed > N / 2 && accepted > 0 && accepted < proposed); /* both branches */
+    /* both branches, and a share of the second tokens verified against a
+     * guess (the draft stands aside in an iteration where requests wait, so
+     * how many guess moves with the batch's arrival: 42-99% in runs seen) */
+    CHECK(proposed > N / 8 && accepted > 0 && accepted < proposed);
     long *cnt = lm_calloc((size_t)V, sizeof *cnt);
     for (int i = 0; i < N; i++) cnt[first[i]]++;
     int32_t t1 = 0;
