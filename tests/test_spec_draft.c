@@ -69,39 +69,13 @@
 #include "sched/draft.h"
 #include "sched/engine.h"
 #include "text/tokenizer.h"
+#include "chi2.h"
 #include "test.h"
 
 static lm_model *model, *draft_q4;
 static lm_pool *ref_pool;
 static long scale = 1;
 static char tmpdir[64];
-
-static double chi_square(const long *counts, const double *p, int n, long total, int *df) {
-    double x2 = 0, pool_e = 0, pool_o = 0;
-    int bins = 0;
-    for (int i = 0; i < n; i++) {
-        double e = p[i] * (double)total;
-        if (e < 5) {
-            pool_e += e;
-            pool_o += (double)counts[i];
-            continue;
-        }
-        x2 += ((double)counts[i] - e) * ((double)counts[i] - e) / e;
-        bins++;
-    }
-    if (pool_e > 0) {
-        x2 += (pool_o - pool_e) * (pool_o - pool_e) / (pool_e > 1e-9 ? pool_e : 1e-9);
-        bins++;
-    }
-    *df = bins > 1 ? bins - 1 : 1;
-    return x2;
-}
-
-/* The chi-square quantile at 1 - 1e-6 (Wilson-Hilferty, z = 4.753). */
-static double chi_crit(int df) {
-    double k = df, t = 1 - 2 / (9 * k) + 4.753 * sqrt(2 / (9 * k));
-    return k * t * t * t;
-}
 
 /* ---- the tokenizer check ---------------------------------------------------- */
 
