@@ -63,6 +63,7 @@
  * mu held, so a callback may call engine_cancel or engine_submit.
  */
 #include "sched/engine.h"
+#include "sched/engine_int.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -81,141 +82,6 @@
 #include "sched/metrics.h"
 #include "sched/sched.h"
 #include "sched/stop.h"
-
-#define MAX_STOP_LEN 1024     /* bytes of one stop string */
-#define MAX_TRIGGERS 64       /* lazy-grammar triggers of one request */
-#define MAX_GRAMMARS 8        /* compiled grammars the engine keeps for reuse */
-
-/* A compiled grammar kept for the requests that send the same text: they
- * share its matcher's cache (states, transitions, masks), so a schema
- * served many times computes each mask once. */
-typedef struct {
-    char *text;               /* (len) the GBNF text */
-    size_t len;
-    char *root;               /* the start rule's name */
-    lm_grammar *g;
-    lm_gmatch *proto;         /* at the start; requests copy it */
-} gentry;
-
-typedef enum { CH_PENDING_FORK, CH_LIVE, CH_DONE } ch_state;
-
-typedef struct eseq {
-    sched_seq sq;             /* the scheduler's handle: first, so a sched_seq * is the choice */
-    struct lm_request *req;
-    int index;
-    ch_state state;           /* CH_LIVE: queued in the scheduler (sq.where) */
-    int32_t *tokens;          /* (cap) prompt then generated */
-    int n_tokens, cap, n_prompt;
-    int n_computed;           /* KV positions written */
-    int n_gen;
-    kv_seq *kv;               /* NULL unless running */
-    kv_seq *probe;            /* this iteration's admission probe, or NULL */
-    lm_sampler *smp;
-    lm_detok dt;
-    stop_text held;           /* released text not yet emitted (stop-string look-behind) */
-    bool stop_hit;            /* a stop string ended the text */
-    lm_gmatch *gm;            /* the grammar's parse state (NULL: no grammar) */
-    bool gm_on;               /* the grammar constrains now (a lazy one: after a trigger) */
-    char *lz;                 /* (lz_cap) lazy grammar: the output's last bytes, searched for triggers */
-    int n_lz, lz_cap;
-    int32_t *draft;           /* (spec_max) speculation: this iteration's proposal */
-    int n_draft;              /*   of it in this iteration's batch (0: a plain decode) */
-    int spec_k;               /*   the most it proposes per step (0: it does not speculate) */
-    spec_ctl ctl;             /*   the proposal's size, from its acceptance so far */
-    int n_prop;               /*   proposed this iteration (n_draft of them in the batch) */
-    draft_seq ds;             /*   the draft model's state (LM_SPEC_DRAFT) */
-    int d_base;               /*   the draft's guesses follow tokens[0 .. d_base) */
-    float *q;                 /*   (n_prop, n_vocab) the guesses' distributions (sampling), or NULL */
-    int32_t pre;              /* this iteration's token, drawn ahead on the pool (presample), or PRE_NONE */
-    uint64_t pre_iter;        /*   the iteration that drew it (a draw is never used in another) */
-    lm_request_stats stats;
-} eseq;
-
-#define PRE_NONE (-3)
-
-struct lm_request {
-    atomic_int refs;          /* engine + submitter (when it asked for a handle) */
-    atomic_bool cancel;
-    lm_request_params p;      /* as submitted; prompt, text and bias cleared (the choices and
-                                 samplers hold them), stop pointing into `stop`, max_tokens resolved */
-    stop_set stop;            /* owned copies of the stop strings */
-    lm_grammar *grammar;      /* its own compiled grammar, or NULL (none, or the engine's shared one) */
-    lm_gmatch *gproto;        /* the grammar's start state, which choices copy (owned with grammar) */
-    stop_set triggers;        /* owned copies of the lazy grammar's triggers */
-    int n_live;               /* choices not yet done */
-    eseq *ch;                 /* (p.n) */
-    struct lm_request *next;  /* inbox link */
-};
-
-struct lm_engine {
-    const lm_model *m;
-    const lm_tokenizer *tok;
-    lm_engine_config cfg;
-    int n_ctx;
-    lm_pool *pool;
-    kv_pool *kv;
-    lm_fwd *fwd;              /* the forward pass's workspace: batch_tokens rows */
-    sched *sc;
-    int n_class;              /* KV block classes */
-    int64_t total_blocks[KV_N_CLASS];
-    int64_t local_per_seq;    /* most local blocks one sequence holds (0: no window) */
-
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t wake;      /* engine thread: work arrived */
-    pthread_cond_t idle_cv;   /* waiters of engine_wait_idle / engine_check */
-    bool stop;
-    lm_request *inbox, *inbox_tail;
-    int n_inbox;
-    uint64_t next_arrival;
-    bool check_req, check_done;
-    int check_rc;
-    char check_msg[LM_ERRLEN];
-
-    /* per-iteration buffers */
-    int32_t *btok;            /* (batch_tokens) */
-    lm_seg *segs;             /* (max_seqs) */
-    eseq **seg_ch;            /* (max_seqs) */
-    eseq **probes;            /* (2 max_seqs + 2) choices holding a probe this iteration */
-    eseq **job_ch;            /* (max_seqs) the choice of each draft job */
-    int n_probes;
-    float *logits;            /* (max_seqs + spec_cap + 2, n_vocab): batch rows, a fork's source and work rows */
-    int spec_cap;             /* proposed tokens one iteration verifies at most (0: no proposer) */
-    draft_runner *dr;         /* the draft model's pool and workspace (LM_SPEC_DRAFT) */
-    float draft_cost;         /*   a draft pass as a share of the model's (0: no cost model) */
-    bool sizing;              /* proposals sized at the batch's width (spec_size_batch) */
-    spec_curve curve;         /*   the model pass's time by its rows (n = 0: the flat price) */
-    spec_curve dcurve;        /*   the draft pass's (n = 0: every draft pass costs draft_cost) */
-    spec_want *wants;         /*   (max_seqs) this iteration's proposals to size */
-    eseq **want_ch;           /*   (max_seqs) and their choices */
-    draft_job *jobs;          /* (max_seqs) this iteration's draft proposals */
-    float *dq;                /* (spec_cap, n_vocab) their distributions, made on the first sampled one */
-    float *lp;                /* (n_vocab) log-probabilities / sampling scratch */
-    char *piece;              /* (piece_cap) one token's text: detok_max_out bytes */
-    int piece_cap;
-    char *emit;               /* (emit_cap) text of one event: held text, a piece and a flush */
-    int emit_cap;
-    uint64_t plan_misses;     /* appends a plan allowed that failed (engine_check reports them) */
-    eseq **pre_ch;            /* (max_seqs) presample: the choices sampled on the pool */
-    float **pre_row;          /* (max_seqs) and their logits rows */
-    int n_pre;
-    uint64_t iter;            /* iterations with a forward pass, counted */
-    bool serial_sampling;     /* engine_set_serial_sampling: no presample (for comparisons) */
-    bool prof_on;             /* engine_set_profile: time the parts of each iteration */
-    engine_profile_t prof;    /* (engine thread) what they took */
-
-    /* constrained decoding: built on the first request with a grammar */
-    pthread_mutex_t gv_mu;    /* guards gvocab's creation (submitters build it) */
-    lm_gvocab *gvocab;        /* the vocabulary's byte trie, shared by every grammar */
-    gentry gtab[MAX_GRAMMARS];/* grammars kept for reuse (under gv_mu) */
-    int n_gtab;
-    float *gwork;             /* (n_vocab) a logits copy for the greedy shortcut, or the allowed tokens' logits */
-    uint32_t *gmask;          /* ((max(n_vocab, gvocab size) + 31) / 32) allowed tokens */
-
-    lm_engine_stats stats;    /* published under mu */
-};
-
-#define CHOICE(q) ((eseq *)(q))
 
 /* ---- small helpers ----------------------------------------------------- */
 
@@ -251,7 +117,7 @@ lm_status engine_fit_context(int n_max, int n_prompt, int max_tokens, int *max_o
     return LM_OK;
 }
 
-static void request_unref(lm_request *r) {
+void engine_request_unref(lm_request *r) {
     if (atomic_fetch_sub(&r->refs, 1) != 1) return;
     for (int i = 0; i < r->p.n && r->ch; i++) {
         lm_free(r->ch[i].tokens);
@@ -283,7 +149,7 @@ static void emit_event(lm_engine *e, eseq *c, int32_t tok, const char *text, siz
  * it completed normally), flush its text, send the final event; the request
  * loses the engine's reference when its last choice ends. status says what
  * kind of error with LM_FINISH_ERROR (LM_OK otherwise). */
-static void finish(lm_engine *e, eseq *c, lm_finish why, lm_status status, const char *error) {
+void engine_finish_choice(lm_engine *e, eseq *c, lm_finish why, lm_status status, const char *error) {
     lm_request *r = c->req;
     sched_remove(e->sc, &c->sq);
     if (c->probe) {
@@ -325,8 +191,8 @@ static void finish(lm_engine *e, eseq *c, lm_finish why, lm_status status, const
     /* choices still waiting for a fork from choice 0 cannot get one now */
     if (c->index == 0 && c->n_gen == 0)
         for (int i = 1; i < r->p.n; i++)
-            if (r->ch[i].state == CH_PENDING_FORK) finish(e, &r->ch[i], why, status, error);
-    if (--r->n_live == 0) request_unref(r);
+            if (r->ch[i].state == CH_PENDING_FORK) engine_finish_choice(e, &r->ch[i], why, status, error);
+    if (--r->n_live == 0) engine_request_unref(r);
 }
 
 /* ---- constrained decoding ---------------------------------------------- */
@@ -353,7 +219,7 @@ static int32_t grammar_pick(lm_engine *e, eseq *c, float *row, int32_t draft, co
     if (n <= 0) {
         const char *why = gmatch_error(c->gm);
         lm_status st = !why ? LM_ERR_INTERNAL : gmatch_spoiled(c->gm) ? LM_ERR_INVALID : LM_ERR_NOMEM;
-        finish(e, c, LM_FINISH_ERROR, st, why ? why : "internal: no token continues the grammar");
+        engine_finish_choice(e, c, LM_FINISH_ERROR, st, why ? why : "internal: no token continues the grammar");
         return -2;
     }
     int32_t n_ids, t;
@@ -370,7 +236,7 @@ static int32_t grammar_pick(lm_engine *e, eseq *c, float *row, int32_t draft, co
         t = sampler_sample(c->smp, row);
     }
     if (t < 0) {
-        finish(e, c, LM_FINISH_ERROR, LM_ERR_INVALID, "every token the grammar allows is banned (logit_bias)");
+        engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_INVALID, "every token the grammar allows is banned (logit_bias)");
         return -2;
     }
     return t;
@@ -383,7 +249,7 @@ static int grammar_advance(lm_engine *e, eseq *c, int32_t t) {
     if (c->gm_on) {
         if (tok_is_eog(e->tok, t) || gmatch_accept(c->gm, t) == 0) return 0;
         const char *why = gmatch_error(c->gm);
-        finish(e, c, LM_FINISH_ERROR, why ? LM_ERR_INVALID : LM_ERR_INTERNAL,
+        engine_finish_choice(e, c, LM_FINISH_ERROR, why ? LM_ERR_INVALID : LM_ERR_INTERNAL,
                why ? why : "internal: the grammar refused the token it allowed");
         return -1;
     }
@@ -405,7 +271,7 @@ static int grammar_advance(lm_engine *e, eseq *c, int32_t t) {
         c->gm_on = true;
         if (gmatch_accept_bytes(c->gm, c->lz + first, (size_t)(c->n_lz - first)) < 0) {
             const char *why = gmatch_error(c->gm);
-            finish(e, c, LM_FINISH_ERROR, LM_ERR_INVALID,
+            engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_INVALID,
                    why ? why : "the text from the grammar's trigger on does not match the grammar");
             return -1;
         }
@@ -425,7 +291,7 @@ static int grammar_advance(lm_engine *e, eseq *c, int32_t t) {
  * verifies (the token taken is then the draft when accepted, else the
  * target's own choice). Returns the token taken, or -1 when the choice
  * ended without one. */
-static int32_t take_token(lm_engine *e, eseq *c, float *row, int32_t draft, const float *q) {
+int32_t engine_take_token(lm_engine *e, eseq *c, float *row, int32_t draft, const float *q) {
     lm_request *r = c->req;
     int32_t V = e->m->hp.n_vocab;
     int n_top = 0;
@@ -448,7 +314,7 @@ static int32_t take_token(lm_engine *e, eseq *c, float *row, int32_t draft, cons
     if (e->prof_on) e->prof.sample += lm_now() - t_s;
     if (t == -2) return -1; /* grammar_pick finished the choice */
     if (t < 0) {
-        finish(e, c, LM_FINISH_ERROR, LM_ERR_INVALID, "every token is banned (logit_bias)");
+        engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_INVALID, "every token is banned (logit_bias)");
         return -1;
     }
     if (draft >= 0) c->stats.spec_accepted += t == draft; /* before anything can end the choice */
@@ -469,7 +335,7 @@ static int32_t take_token(lm_engine *e, eseq *c, float *row, int32_t draft, cons
     if (!eog) {
         int w = detok_push(&c->dt, t, e->piece, e->piece_cap);
         if (w < 0) { /* cannot happen: piece_cap is the detokenizer's maximum */
-            finish(e, c, LM_FINISH_ERROR, LM_ERR_INTERNAL,
+            engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_INTERNAL,
                    "internal: a token's text does not fit the detokenizer's maximum");
             return -1;
         }
@@ -481,10 +347,10 @@ static int32_t take_token(lm_engine *e, eseq *c, float *row, int32_t draft, cons
     }
     emit_event(e, c, t, e->emit, len, lp, n_top, top_ids, top_lp);
     /* a grammar that can only end ends the text */
-    if (eog || stopped || (c->gm_on && gmatch_must_end(c->gm))) finish(e, c, LM_FINISH_STOP, LM_OK, NULL);
+    if (eog || stopped || (c->gm_on && gmatch_must_end(c->gm))) engine_finish_choice(e, c, LM_FINISH_STOP, LM_OK, NULL);
     /* the context is full once every position holds a token: the token
      * sampled from the last position's logits ends the text without one */
-    else if (c->n_gen >= r->p.max_tokens || c->n_tokens > e->n_ctx) finish(e, c, LM_FINISH_LENGTH, LM_OK, NULL);
+    else if (c->n_gen >= r->p.max_tokens || c->n_tokens > e->n_ctx) engine_finish_choice(e, c, LM_FINISH_LENGTH, LM_OK, NULL);
     return t;
 }
 
@@ -750,7 +616,7 @@ static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max
         c->stats.t_submit = now;
     }
     if (!ok) {
-        request_unref(r);
+        engine_request_unref(r);
         return NULL;
     }
     if (handle) atomic_store(&r->refs, 2);
@@ -784,7 +650,7 @@ static lm_status submit_tokens(lm_engine *e, const lm_request_params *p, lm_requ
         e->stats.requests_rejected++;
         pthread_mutex_unlock(&e->mu);
         atomic_store(&r->refs, 1);
-        request_unref(r);
+        engine_request_unref(r);
         if (stopping) return lm_err(err, errlen, "the engine is shutting down"), LM_ERR_BUSY;
         return lm_err(err, errlen, "%d requests are already waiting", e->cfg.max_waiting), LM_ERR_BUSY;
     }
@@ -811,7 +677,7 @@ void engine_cancel(lm_engine *e, lm_request *r) {
 }
 
 void engine_request_release(lm_engine *e, lm_request *r) {
-    if (r) request_unref(r);
+    if (r) engine_request_unref(r);
 }
 
 /* ---- acting on the scheduler ------------------------------------------- */
@@ -821,7 +687,7 @@ static void enqueue(lm_engine *e, eseq *c) {
     c->n_computed = 0;
     c->sq.n_pending = c->n_tokens;
     if (sched_enqueue(e->sc, &c->sq) != 0)
-        finish(e, c, LM_FINISH_ERROR, LM_ERR_NOMEM, "out of memory queueing a request");
+        engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_NOMEM, "out of memory queueing a request");
 }
 
 /* Free running choice c's KV; the scheduler already moved it to waiting. */
@@ -837,82 +703,6 @@ static void preempt(lm_engine *e, eseq *c) {
     pthread_mutex_unlock(&e->mu);
 }
 
-/* The draft model's KV keeps only what still agrees with c's tokens: its
- * guesses after tokens[0 .. d_base) as far as they were taken. */
-static void draft_resync(lm_engine *e, eseq *c) {
-    draft_seq *ds = &c->ds;
-    if (!ds->kv) return;
-    int fed = ds->off + ds->n, agree = fed < c->d_base ? fed : c->d_base;
-    while (agree < fed && agree < c->n_tokens && c->tokens[agree] == c->draft[agree - c->d_base]) agree++;
-    draft_keep(e->dr, ds, agree);
-}
-
-/* Speculation: how many tokens running choice c would propose with its
- * next decode (its controller's wish; prompt lookup's proposal is already in
- * c->draft), 0 when it does not speculate this step. Only a decode proposes
- * (its prompt done, one token pending), and never past what it may still
- * generate (the last row's own token is always taken) or past the context. */
-static int spec_wish(lm_engine *e, eseq *c, bool busy) {
-    c->n_draft = 0;
-    c->n_prop = 0;
-    c->q = NULL;
-    if (c->spec_k <= 0 || c->n_gen == 0 || c->n_tokens - c->n_computed != 1) return 0;
-    int k = c->spec_k;
-    if (k > c->req->p.max_tokens - c->n_gen - 1) k = c->req->p.max_tokens - c->n_gen - 1;
-    if (k > e->n_ctx - c->n_tokens) k = e->n_ctx - c->n_tokens;
-    if (k <= 0) return 0;
-    if (!e->dr) {
-        /* the controller counts every step it is asked, proposal or not */
-        k = spec_ctl_want(&c->ctl, k);
-        return c->n_prop = spec_ngram_propose(c->tokens, c->n_tokens, k, c->draft);
-    }
-    draft_resync(e, c);
-    if (busy) return 0; /* the draft's passes would delay waiting work */
-    return spec_ctl_want(&c->ctl, k);
-}
-
-/* Choice c proposes k tokens (k <= its wish): prompt lookup keeps the
- * first k of its proposal; a draft model's guesses become a job for this
- * iteration's draft passes. The count the scheduler sees (sq.n_spec), or 0
- * for a job (report_running fills it in once the draft ran). */
-static int propose(lm_engine *e, eseq *c, int k, int *n_jobs, int *q_used) {
-    if (!e->dr) return c->n_prop = k;
-    c->n_prop = 0;
-    if (k <= 0) return 0;
-    float *q = NULL;
-    if (!sampler_greedy(c->smp)) { /* the guesses' distributions, for the rejection scheme */
-        size_t V = (size_t)e->m->hp.n_vocab;
-        if (k > e->spec_cap - *q_used) k = e->spec_cap - *q_used;
-        if (k <= 0 || (!e->dq && !(e->dq = lm_malloc((size_t)e->spec_cap * V * sizeof *e->dq)))) return 0;
-        q = e->dq + (size_t)*q_used * V;
-        *q_used += k;
-    }
-    c->q = q;
-    c->d_base = c->n_tokens;
-    e->jobs[*n_jobs] = (draft_job){.ds = &c->ds, .toks = c->tokens, .n_toks = c->n_tokens, .hist = c->smp,
-                                   .k = k, .out = c->draft, .q = q};
-    if (c->gm_on) { /* the guesses under the mask the target's rows get (the engine's mask buffer is free now) */
-        e->jobs[*n_jobs].gm = c->gm;
-        e->jobs[*n_jobs].mask = e->gmask;
-        e->jobs[*n_jobs].n_mask = grammar_vocab_size(e->gvocab);
-    }
-    e->job_ch[(*n_jobs)++] = c;
-    return 0;
-}
-
-/* Size the wishes of this iteration's n speculating choices at the
- * batch's width (spec.h): rows, the tokens the running choices carry
- * without proposals (at most the budget), n_dec of them decodes. */
-static void size_wishes(lm_engine *e, int n, int64_t rows, int n_dec) {
-    if (!e->sizing || n == 0) {
-        for (int i = 0; i < n; i++) e->wants[i].k = e->wants[i].k_max;
-        return;
-    }
-    if (rows > e->cfg.batch_tokens) rows = e->cfg.batch_tokens;
-    spec_size_batch(e->wants, n, (int)rows, n_dec, &e->curve, e->dr ? e->draft_cost : 0,
-                    e->dcurve.n ? &e->dcurve : NULL);
-}
-
 /* What the plan does not know about running choices: their lengths, a
  * partial last block they share (forks), and what an append takes beyond
  * its new blocks and that copy (less, for the local class, the blocks
@@ -921,17 +711,8 @@ static void size_wishes(lm_engine *e, int n, int64_t rows, int n_dec) {
  * release: then the difference is exact. */
 static void report_running(lm_engine *e) {
     int B = e->cfg.block_size;
-    /* the draft model speculates only while nothing waits and the budget
-     * holds every running choice's pending tokens and full proposals */
-    bool busy = sched_n_waiting(e->sc) > 0;
-    int64_t want = 0;
-    for (int i = 0; e->dr && !busy && i < sched_n_running(e->sc); i++) {
-        const eseq *c = CHOICE(sched_running_at(e->sc, i));
-        int left = c->req->p.max_tokens - c->n_gen - 1;
-        want += c->n_tokens - c->n_computed + (c->spec_k < left ? c->spec_k : left);
-        busy = want > e->cfg.batch_tokens;
-    }
-    int n_jobs = 0, q_used = 0, n_want = 0, n_dec = 0;
+    bool busy = spec_sched_busy(e);
+    int n_want = 0, n_dec = 0;
     int64_t rows = 0;
     for (int i = 0; i < sched_n_running(e->sc); i++) {
         eseq *c = CHOICE(sched_running_at(e->sc, i));
@@ -940,13 +721,7 @@ static void report_running(lm_engine *e) {
         c->sq.n_spec = 0;
         rows += c->sq.n_pending;
         n_dec += c->sq.n_pending == 1;
-        int wish = spec_wish(e, c, busy);
-        if (wish > 0 && n_want < e->cfg.max_seqs) {
-            e->wants[n_want] = (spec_want){.acc = c->ctl.acc, .k_max = wish, .probe = c->ctl.probing != 0};
-            e->want_ch[n_want++] = c;
-        } else {
-            c->n_prop = 0;
-        }
+        spec_sched_wish(e, c, busy, &n_want);
         for (int k = 0; k < KV_N_CLASS; k++) c->sq.shared[k] = -1, c->sq.extra[k] = 0;
         for (int k = 0; k < e->n_class; k++) {
             int n = k == KV_GLOBAL ? 1 : (kv_seq_held(c->kv, k) + 2) * B;
@@ -962,12 +737,7 @@ static void report_running(lm_engine *e) {
             }
         }
     }
-    size_wishes(e, n_want, rows, n_dec);
-    for (int i = 0; i < n_want; i++) e->want_ch[i]->sq.n_spec = propose(e, e->want_ch[i], e->wants[i].k, &n_jobs, &q_used);
-    if (n_jobs) {
-        draft_propose(e->dr, e->jobs, n_jobs, e->cfg.spec_min, e->cfg.spec_p_min);
-        for (int i = 0; i < n_jobs; i++) e->job_ch[i]->sq.n_spec = e->job_ch[i]->n_prop = e->jobs[i].n_out;
-    }
+    spec_sched_propose(e, n_want, rows, n_dec);
 }
 
 /* Whether seq s holds block b of class k. */
@@ -1077,7 +847,7 @@ static int act(lm_engine *e, const sched_plan *p, int *n_tok) {
     sched_commit(e->sc, p);
     for (int i = 0; i < p->n_preempt; i++) preempt(e, CHOICE(p->preempt[i]));
     for (int i = 0; i < p->n_reject; i++)
-        finish(e, CHOICE(p->reject[i]), LM_FINISH_ERROR, LM_ERR_TOO_LONG, "the request does not fit the KV pool");
+        engine_finish_choice(e, CHOICE(p->reject[i]), LM_FINISH_ERROR, LM_ERR_TOO_LONG, "the request does not fit the KV pool");
     for (int i = 0; i < p->n_run; i++) {
         eseq *c = CHOICE(p->run[i].seq);
         int rc = kv_append(e->kv, c->kv, p->run[i].n, err, sizeof err);
@@ -1088,7 +858,7 @@ static int act(lm_engine *e, const sched_plan *p, int *n_tok) {
             sched_requeue(e->sc, &c->sq);
             preempt(e, c);
         } else {
-            finish(e, c, LM_FINISH_ERROR, LM_ERR_NOMEM, err);
+            engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_NOMEM, err);
         }
     }
     for (int i = 0; i < p->n_admit; i++) {
@@ -1130,14 +900,14 @@ static void fork_choices(lm_engine *e, eseq *c0, const float *src) {
         }
         char err[LM_ERRLEN];
         if (!(c->kv = kv_fork(e->kv, c0->kv, err, sizeof err))) {
-            finish(e, c, LM_FINISH_ERROR, LM_ERR_NOMEM, err);
+            engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_NOMEM, err);
             continue;
         }
         c->n_computed = c0->n_computed;
         c->stats.cached_tokens = c0->stats.cached_tokens;
         if (c->stats.queue == 0) c->stats.queue = admit_time(c);
         memcpy(work, src, (size_t)V * sizeof *work);
-        take_token(e, c, work, -1, NULL);
+        engine_take_token(e, c, work, -1, NULL);
     }
 }
 
@@ -1154,54 +924,13 @@ static void reap_cancelled(lm_engine *e) {
     for (int i = sched_n_running(e->sc) - 1; i >= 0; i--)
         if (i < sched_n_running(e->sc)) {
             eseq *c = CHOICE(sched_running_at(e->sc, i));
-            if (atomic_load(&c->req->cancel)) finish(e, c, LM_FINISH_CANCELLED, LM_OK, NULL);
+            if (atomic_load(&c->req->cancel)) engine_finish_choice(e, c, LM_FINISH_CANCELLED, LM_OK, NULL);
         }
     for (int i = sched_n_waiting(e->sc) - 1; i >= 0; i--)
         if (i < sched_n_waiting(e->sc)) {
             eseq *c = CHOICE(sched_waiting_at(e->sc, i));
-            if (atomic_load(&c->req->cancel)) finish(e, c, LM_FINISH_CANCELLED, LM_OK, NULL);
+            if (atomic_load(&c->req->cancel)) engine_finish_choice(e, c, LM_FINISH_CANCELLED, LM_OK, NULL);
         }
-}
-
-/* Verify the proposal of speculating choice c, whose pass ran its pending
- * token and c->n_draft proposed ones (rows: n_draft + 1 logits rows). Row i
- * predicts the token after proposal i - 1: each row's token is taken as a
- * plain decode would take it (sampler, grammar, stop strings, events), the
- * proposal at that row verified against it; the first disagreement, or the
- * row after the last proposal, gives the target's own token and ends the
- * step. Positions of rejected proposals leave the KV (kv_truncate: they lie
- * in blocks this append took or copied, never in shared ones). A choice that
- * ends on the way has its KV released with only verified positions counted
- * (finish commits n_computed of them to the prefix cache); the request is
- * held meanwhile, so its choices outlive their last final event. */
-static void verify(lm_engine *e, eseq *c, float *rows) {
-    const int32_t V = e->m->hp.n_vocab;
-    lm_request *r = c->req;
-    int nd = c->n_draft, acc = 0;
-    c->n_draft = 0;
-    c->n_computed++; /* the pending token */
-    c->stats.spec_proposed += nd;
-    c->stats.spec_steps++;
-    atomic_fetch_add(&r->refs, 1);
-    for (int i = 0; i <= nd; i++) {
-        int32_t d = i < nd ? c->draft[i] : -1;
-        int32_t t = take_token(e, c, rows + (size_t)i * V, d, d >= 0 && c->q ? c->q + (size_t)i * V : NULL);
-        if (t >= 0 && t == d) acc++;
-        if (c->state == CH_DONE || t < 0 || t != d) break;
-        c->n_computed++; /* position of proposal i holds the token taken */
-    }
-    pthread_mutex_lock(&e->mu);
-    e->stats.spec_proposed_total += (uint64_t)nd;
-    e->stats.spec_accepted_total += (uint64_t)acc;
-    e->stats.spec_steps_total++;
-    pthread_mutex_unlock(&e->mu);
-    if (c->state != CH_DONE) {
-        spec_ctl_update(&c->ctl, nd, acc);
-        char err[LM_ERRLEN];
-        if (kv_truncate(e->kv, c->kv, c->n_computed, err, sizeof err) != KV_OK)
-            finish(e, c, LM_FINISH_ERROR, LM_ERR_INTERNAL, err);
-    }
-    request_unref(r);
 }
 
 /* ---- sampling on the pool ---------------------------------------------- */
@@ -1296,11 +1025,11 @@ static bool step(lm_engine *e) {
         eseq *c = e->seg_ch[g];
         if (c->sq.where != SCHED_RUNNING) continue;
         if (rc != 0) {
-            finish(e, c, LM_FINISH_ERROR, LM_ERR_INTERNAL, err);
+            engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_INTERNAL, err);
             continue;
         }
         if (c->n_draft) {
-            verify(e, c, e->logits + (size_t)row * V);
+            spec_sched_verify(e, c, e->logits + (size_t)row * V);
             row += e->segs[g].n_logits;
             continue;
         }
@@ -1316,7 +1045,7 @@ static bool step(lm_engine *e) {
             memcpy(src, lrow, (size_t)V * sizeof *src);
             fork_choices(e, c, src);
         }
-        take_token(e, c, lrow, -1, NULL);
+        engine_take_token(e, c, lrow, -1, NULL);
     }
     if (e->prof_on) {
         double t3 = lm_now();
@@ -1346,7 +1075,7 @@ static void drain_inbox(lm_engine *e) {
         c->sq.n_pending = c->n_tokens;
         if (sched_enqueue(e->sc, &c->sq) != 0) {
             pthread_mutex_unlock(&e->mu);
-            finish(e, c, LM_FINISH_ERROR, LM_ERR_NOMEM, "out of memory queueing the request");
+            engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_NOMEM, "out of memory queueing the request");
             pthread_mutex_lock(&e->mu);
         }
     }
@@ -1382,9 +1111,9 @@ static int check_now(lm_engine *e, char *err, size_t errlen) {
 static void cancel_all(lm_engine *e) {
     int n;
     while ((n = sched_n_running(e->sc)))
-        finish(e, CHOICE(sched_running_at(e->sc, n - 1)), LM_FINISH_CANCELLED, LM_OK, "the engine shut down");
+        engine_finish_choice(e, CHOICE(sched_running_at(e->sc, n - 1)), LM_FINISH_CANCELLED, LM_OK, "the engine shut down");
     while ((n = sched_n_waiting(e->sc)))
-        finish(e, CHOICE(sched_waiting_at(e->sc, n - 1)), LM_FINISH_CANCELLED, LM_OK, "the engine shut down");
+        engine_finish_choice(e, CHOICE(sched_waiting_at(e->sc, n - 1)), LM_FINISH_CANCELLED, LM_OK, "the engine shut down");
 }
 
 static void *engine_main(void *arg) {
@@ -1463,109 +1192,6 @@ static void destroy(lm_engine *e) {
 /* The per-iteration buffers and the scheduler, once the pool is made. */
 /* ---- configuration and the memory budget --------------------------------- */
 
-/* Seconds of one pass of the model over n rows (a scratch sequence of n
- * tokens, each with its logits row; n <= the budget and the logits rows);
- * -1 when it fails. */
-static double time_rows(lm_engine *e, int32_t tok, int n) {
-    char err[LM_ERRLEN];
-    kv_seq *s = kv_seq_new(e->kv, err, sizeof err);
-    if (!s) return -1;
-    double t = -1;
-    for (int i = 0; i < n; i++) e->btok[i] = tok;
-    if (kv_append(e->kv, s, n, err, sizeof err) == KV_OK) {
-        lm_seg seg = {.seq = s, .pos0 = 0, .n = n, .n_logits = n};
-        double t0 = lm_now();
-        if (fwd_run(e->fwd, e->btok, &seg, 1, e->logits, err, sizeof err) == 0) t = lm_now() - t0;
-    }
-    kv_seq_free(e->kv, s);
-    return t;
-}
-
-static double time_pass(lm_engine *e, int32_t tok) { return time_rows(e, tok, 1); }
-
-/* A measured curve's times held under the bound a pass obeys: the weights
- * read once (the one-row time) plus arithmetic in proportion to the rows
- * (the widest point's time, per row): t(w) <= 1 + t(W) x w / W. A sample
- * the load inflated at a narrow width (where a tiny model's pass is a
- * matter of microseconds) so does not stop speculation at batch 1. */
-static void curve_bound(spec_curve *c) {
-    if (c->n < 2) return;
-    float per_row = c->t[c->n - 1] / (float)c->w[c->n - 1];
-    for (int i = 1; i < c->n - 1; i++)
-        if (c->t[i] > 1.0f + per_row * (float)c->w[i]) c->t[i] = 1.0f + per_row * (float)c->w[i];
-    for (int i = 1; i < c->n; i++)
-        if (c->t[i] < c->t[i - 1]) c->t[i] = c->t[i - 1];
-}
-
-/* The width curves (spec.h, spec_size_batch): the model's pass at 1, 2, 4,
- * ... rows up to what one iteration verifies (at most SPEC_CALIB_ROWS; the
- * curve goes on linearly past it) and, with a draft model priced at start,
- * the draft's pass at 1 .. max_seqs rows. Each is the least of rounds of
- * interleaved passes after a first round that pages the weights in: at
- * least four, more while they took under a tenth of a second (a small
- * model's passes, which the load disturbs most), at most 100; so a pass the
- * load slowed counts little. Then curve_bound. A curve that cannot be
- * timed stays flat (n = 0), and so do both when the model's one-row pass
- * takes under SPEC_CALIB_MIN_S: a small model's passes are microseconds,
- * which the load and the threads' hand-offs time more than the rows do. */
-static void curve_calibrate(lm_engine *e) {
-    int32_t tok = tok_bos(e->tok) >= 0 ? tok_bos(e->tok) : 0;
-    int wmax = e->cfg.max_seqs + e->spec_cap, dmax = e->dr ? e->cfg.max_seqs : 0;
-    if (wmax > e->cfg.batch_tokens) wmax = e->cfg.batch_tokens;
-    if (wmax > SPEC_CALIB_ROWS) wmax = SPEC_CALIB_ROWS;
-    if (dmax > SPEC_CALIB_ROWS) dmax = SPEC_CALIB_ROWS;
-    int w[SPEC_CURVE_MAX], n = 0;
-    for (int x = 1; n < SPEC_CURVE_MAX - 1 && x < (wmax > dmax ? wmax : dmax); x *= 2) w[n++] = x;
-    w[n++] = wmax > dmax ? wmax : dmax;
-    double tm[SPEC_CURVE_MAX], td[SPEC_CURVE_MAX];
-    for (int i = 0; i < n; i++) tm[i] = td[i] = 1e30;
-    bool mok = true, dok = dmax > 0;
-    double t0 = lm_now();
-    for (int r = 0; r < 100 && (mok || dok) && (r < 5 || lm_now() - t0 < 0.1); r++)
-        for (int i = 0; i < n; i++) {
-            double a = mok && w[i] <= wmax ? time_rows(e, tok, w[i]) : 0;
-            double b = dok && w[i] <= dmax ? draft_time_rows(e->dr, tok, w[i]) : 0;
-            if (a < 0) mok = false;
-            if (b < 0) dok = false;
-            if (r > 0 && w[i] <= wmax && a < tm[i]) tm[i] = a;
-            if (r > 0 && w[i] <= dmax && b < td[i]) td[i] = b;
-        }
-    e->curve.n = e->dcurve.n = 0;
-    for (int i = 0; i < n; i++) {
-        if (mok && w[i] <= wmax && tm[i] > 0) e->curve.w[e->curve.n] = w[i], e->curve.t[e->curve.n++] = (float)tm[i];
-        if (dok && w[i] <= dmax && td[i] > 0) e->dcurve.w[e->dcurve.n] = w[i], e->dcurve.t[e->dcurve.n++] = (float)td[i];
-    }
-    if (e->curve.n && spec_curve_fix(&e->curve, NULL, 0) != 0) e->curve.n = 0;
-    if (e->dcurve.n && spec_curve_fix(&e->dcurve, NULL, 0) != 0) e->dcurve.n = 0;
-    if (mok && tm[0] < SPEC_CALIB_MIN_S) e->curve.n = e->dcurve.n = 0; /* too short to time under load */
-    curve_bound(&e->curve);
-    curve_bound(&e->dcurve);
-}
-
-/* The cost model's price of a draft pass (spec.h): its time over the
- * model's, one token each, the least of five interleaved after a pass of
- * each that pages the weights in (so a pass the load slowed counts
- * little). Without a measurement, the ratio of the weights' bytes, which
- * a batch-1 pass reads once. At least 0.001. */
-static float draft_calibrate(lm_engine *e) {
-    const lm_model *dm = e->cfg.draft_model;
-    double bytes = (double)(dm->weight_bytes + dm->packed_bytes) /
-                   (double)(e->m->weight_bytes + e->m->packed_bytes ? e->m->weight_bytes + e->m->packed_bytes : 1);
-    int32_t tok = tok_bos(e->tok) >= 0 ? tok_bos(e->tok) : 0;
-    double tm = 1e30, td = 1e30;
-    for (int i = 0; i < 6; i++) {
-        double a = time_pass(e, tok), b = draft_time_pass(e->dr, tok);
-        if (a < 0 || b < 0) {
-            tm = -1;
-            break;
-        }
-        if (i > 0 && a < tm) tm = a;
-        if (i > 0 && b < td) td = b;
-    }
-    double cost = tm > 0 && td < 1e30 ? td / tm : bytes;
-    return cost < 1e-3 ? 1e-3f : (float)cost;
-}
-
 /* Defaults and bounds of a configuration, and the forward pass's dims: 0,
  * or -1 with a message (an invalid configuration). */
 static int resolve_config(const lm_model *m, lm_engine_config *c, fwd_dims *dims, char *err, size_t errlen) {
@@ -1600,20 +1226,10 @@ static int resolve_config(const lm_model *m, lm_engine_config *c, fwd_dims *dims
     return 0;
 }
 
-/* proposals are verified in what the budget leaves, their rows bounded so
- * the logits buffer stays small next to the pool */
-static int spec_cap_of(const lm_engine_config *c) {
-    if (c->spec == LM_SPEC_NONE) return 0;
-    int64_t cap = (int64_t)c->spec_max * c->max_seqs;
-    if (cap > c->batch_tokens - 1) cap = c->batch_tokens - 1;
-    if (cap > 64) cap = 64;
-    return (int)cap;
-}
-
 /* alloc_buffers' large buffers: the logits rows, one log-prob row, the batch's tokens */
 static uint64_t buffer_bytes(const lm_model *m, const lm_engine_config *c) {
     uint64_t V = (uint64_t)m->hp.n_vocab, S = (uint64_t)c->max_seqs;
-    return ((S + (uint64_t)spec_cap_of(c) + 2) * V + V) * sizeof(float) + (uint64_t)c->batch_tokens * sizeof(int32_t);
+    return ((S + (uint64_t)spec_sched_cap(c) + 2) * V + V) * sizeof(float) + (uint64_t)c->batch_tokens * sizeof(int32_t);
 }
 
 static const char *human(uint64_t b, char *buf, size_t n) {
@@ -1635,7 +1251,7 @@ static int draft_parts(const lm_model *m, const lm_engine_config *c, const fwd_d
                    &o->draft_workspace, err,
                    errlen) != 0 || draft_pool_default(&o->dkc, dflt, err, errlen) != 0)
         return -1;
-    o->draft_workspace += (uint64_t)spec_cap_of(c) * (uint64_t)m->hp.n_vocab * sizeof(float);
+    o->draft_workspace += (uint64_t)spec_sched_cap(c) * (uint64_t)m->hp.n_vocab * sizeof(float);
     kv_config c1 = o->dkc;
     c1.n_seqs = 1;
     if (kv_plan_make(&o->dkc, full, err, errlen) != KV_OK || kv_plan_make(&c1, one, err, errlen) != KV_OK) return -1;
@@ -1790,7 +1406,7 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
     e->cfg = c;
     /* proposals are verified in what the budget leaves, their rows bounded
      * so the logits buffer stays small next to the pool */
-    e->spec_cap = spec_cap_of(&c);
+    e->spec_cap = spec_sched_cap(&c);
     pthread_mutex_init(&e->mu, NULL);
     pthread_mutex_init(&e->gv_mu, NULL);
     pthread_cond_init(&e->wake, NULL);
@@ -1810,32 +1426,7 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
     }
     if (!(e->fwd = fwd_new(m, e->pool, e->kv, &dims, err, errlen))) goto fail;
     if (alloc_buffers(e, err, errlen) != 0) goto fail;
-    if (c.spec == LM_SPEC_DRAFT) {
-        e->jobs = lm_calloc((size_t)c.max_seqs, sizeof *e->jobs);
-        e->job_ch = lm_calloc((size_t)c.max_seqs, sizeof *e->job_ch);
-        if (!e->jobs || !e->job_ch) {
-            lm_err(err, errlen, "out of memory");
-            goto fail;
-        }
-        if (!(e->dr = draft_new(c.draft_model, e->pool, &mem.dkc, e->n_ctx, c.batch_tokens, c.max_seqs, c.draft_vocab,
-                                err,
-                                errlen)))
-            goto fail;
-        e->draft_cost = c.spec_cost > 0 ? c.spec_cost : c.spec_cost < 0 ? 0 : draft_calibrate(e);
-    }
-    if (e->spec_cap > 0) {
-        e->wants = lm_calloc((size_t)c.max_seqs, sizeof *e->wants);
-        e->want_ch = lm_calloc((size_t)c.max_seqs, sizeof *e->want_ch);
-        if (!e->wants || !e->want_ch) {
-            lm_err(err, errlen, "out of memory");
-            goto fail;
-        }
-    }
-    if (e->spec_cap > 0 && c.spec_cost >= 0) { /* the batch's width prices proposals */
-        if (c.spec_widths) spec_curve_parse(c.spec_widths, &e->curve, NULL, 0); /* resolve_config checked it */
-        else if (c.spec_cost == 0) curve_calibrate(e);
-        e->sizing = true;
-    }
+    if (spec_sched_setup(e, &mem.dkc, err, errlen) != 0) goto fail;
     metrics_init(&e->stats);
     e->stats.mem_budget = mem.budget;
     e->stats.mem_weights = mem.weights;
