@@ -9,6 +9,12 @@
  *   - the prompt-lookup proposer on hand-made sequences, and the controller
  *     that sizes proposals (full K at high acceptance; at low acceptance one
  *     proposed token in SPEC_PROBE_EVERY steps at most);
+ *   - the measured guard (spec_guard) at set timings: a losing proposer
+ *     (even 2% slower) is switched off after SPEC_GUARD_MIN steps and its
+ *     steps cost at most 5% over plain decoding, probing resumes after
+ *     SPEC_GUARD_OFF_MIN steps; a winning one stays on (but for the plain
+ *     refresh steps); one that starts winning is taken up again; widths are
+ *     judged apart;
  *   - the width curve (parsing, bad curves refused, interpolation) and the
  *     batch's sizing at set prices (spec_size_batch): one sequence on a
  *     flat curve gets the one-sequence cost model's k; a cheap draft at
@@ -114,6 +120,85 @@ static void test_controller(void) {
     /* and recovers when proposals start to be accepted */
     for (int i = 0; i < 200 && spec_ctl_want(&c, 8) < 4; i++) spec_ctl_update(&c, 1, 1);
     CHECK(spec_ctl_want(&c, 8) >= 4);
+}
+
+/* ---- the measured guard ----------------------------------------------------- */
+
+/* Steps of `width` decodes each emitting one token (a speculating step
+ * emits more per unit of time or less, per_spec against per_plain seconds
+ * per token), the guard deciding each: how many speculated, and the time
+ * spent. */
+static int guard_run(spec_guard *g, int width, int steps, double per_plain, double per_spec, double *time) {
+    int n_spec = 0;
+    for (int i = 0; i < steps; i++) {
+        bool on = spec_guard_allow(g, width);
+        double t = (on ? per_spec : per_plain) * width;
+        spec_guard_record(g, width, on, t, width);
+        n_spec += on;
+        if (time) *time += t;
+    }
+    return n_spec;
+}
+
+/* A losing proposer is switched off and kept within 5% of plain decoding;
+ * it is tried again after SPEC_GUARD_OFF_MIN steps (probing resumes), the
+ * interval doubling while it keeps losing; a winning one stays on but for
+ * one plain step in SPEC_GUARD_REFRESH + 1; one that starts winning is
+ * taken up again; widths are judged apart. */
+static void test_guard(void) {
+    CHECK(spec_guard_bucket(1) == 0 && spec_guard_bucket(2) == 1 && spec_guard_bucket(3) == 2);
+    CHECK(spec_guard_bucket(8) == 3 && spec_guard_bucket(9) == 4 && spec_guard_bucket(1 << 20) == SPEC_GUARD_BUCKETS - 1);
+    spec_guard g;
+    /* losing: 15 ms per token against 10 */
+    spec_guard_init(&g);
+    int first_on = -1, first_off = -1, back_on = -1;
+    for (int i = 0; i < 200; i++) {
+        bool on = spec_guard_allow(&g, 8);
+        if (on && first_on < 0) first_on = i;
+        if (!on && first_on >= 0 && first_off < 0) first_off = i;
+        if (on && first_off >= 0 && back_on < 0) back_on = i;
+        spec_guard_record(&g, 8, on, (on ? 0.015 : 0.010) * 8, 8);
+    }
+    CHECKF(first_on == SPEC_GUARD_MIN, "first speculating step %d", first_on);
+    CHECKF(first_off == first_on + SPEC_GUARD_MIN, "switched off at step %d", first_off);
+    CHECKF(back_on >= first_off + SPEC_GUARD_OFF_MIN - 1 && back_on <= first_off + SPEC_GUARD_OFF_MIN + 1,
+           "probing resumed at step %d (off at %d)", back_on, first_off);
+    double t_lose = 0;
+    spec_guard_init(&g);
+    int n = guard_run(&g, 8, 4000, 0.010, 0.015, &t_lose);
+    double t_plain = 4000 * 8 * 0.010;
+    CHECKF(t_lose <= 1.05 * t_plain, "losing proposer: %.2f s against %.2f s plain", t_lose, t_plain);
+    CHECKF(n > 0 && n < 4000 / 50, "losing proposer: %d of 4000 steps speculated", n);
+    /* slightly losing (2%) is switched off too */
+    spec_guard_init(&g);
+    n = guard_run(&g, 8, 2000, 0.010, 0.0102, NULL);
+    CHECKF(n < 2000 / 20, "2%% slower: %d of 2000 steps speculated", n);
+    /* winning: 6 ms per token */
+    double t_win = 0;
+    spec_guard_init(&g);
+    n = guard_run(&g, 8, 4000, 0.010, 0.006, &t_win);
+    CHECKF(n >= 4000 - 4000 / SPEC_GUARD_REFRESH - SPEC_GUARD_MIN - 2, "winning proposer: %d of 4000 steps", n);
+    CHECKF(t_win < 0.65 * t_plain, "winning proposer: %.2f s against %.2f s plain", t_win, t_plain);
+    /* losing for 100 steps, then winning: taken up again */
+    spec_guard_init(&g);
+    guard_run(&g, 8, 100, 0.010, 0.015, NULL);
+    guard_run(&g, 8, 300, 0.010, 0.006, NULL);
+    n = guard_run(&g, 8, 600, 0.010, 0.006, NULL);
+    CHECKF(n >= 600 * 9 / 10, "after it started winning: %d of 600 steps", n);
+    /* widths apart: losing at 8 sequences, winning alone */
+    spec_guard_init(&g);
+    int on1 = 0, on8 = 0;
+    for (int i = 0; i < 1000; i++) {
+        on8 += guard_run(&g, 8, 1, 0.010, 0.015, NULL);
+        on1 += guard_run(&g, 1, 1, 0.020, 0.012, NULL);
+    }
+    CHECKF(on1 >= 1000 - 1000 / SPEC_GUARD_REFRESH - SPEC_GUARD_MIN - 2, "alone: %d of 1000", on1);
+    CHECKF(on8 < 1000 / 20, "at 8: %d of 1000", on8);
+    /* steps without tokens or with a bad time do not count */
+    spec_guard_init(&g);
+    spec_guard_record(&g, 8, false, 0.1, 0);
+    spec_guard_record(&g, 8, false, NAN, 8);
+    CHECK(g.b[3].n_plain == 0);
 }
 
 /* ---- the scheduler's share for proposals --------------------------------------- */
@@ -883,6 +968,7 @@ int main(void) {
     ref_pool = pool_new(2);
     TEST_RUN(test_ngram);
     TEST_RUN(test_controller);
+    TEST_RUN(test_guard);
     TEST_RUN(test_width_curve);
     TEST_RUN(test_width_sizing);
     TEST_RUN(test_kv_truncate_pattern);

@@ -217,3 +217,51 @@ int spec_size_batch(spec_want *w, int n, int rows, int n_dec, const spec_curve *
     for (int i = 0; i < best_added; i++) w[next_pick(w, n)].k++;
     return sum + best_added;
 }
+
+/* ---- the measured guard -------------------------------------------------- */
+
+void spec_guard_init(spec_guard *g) {
+    memset(g, 0, sizeof *g);
+    for (int i = 0; i < SPEC_GUARD_BUCKETS; i++) g->b[i].off = SPEC_GUARD_OFF_MIN;
+}
+
+int spec_guard_bucket(int width) {
+    int b = 0;
+    for (int w = 1; w < width && b < SPEC_GUARD_BUCKETS - 1; w *= 2) b++;
+    return b;
+}
+
+bool spec_guard_allow(spec_guard *g, int width) {
+    spec_guard_width *b = &g->b[spec_guard_bucket(width)];
+    g->step++;
+    if (g->step < b->off_until) return false;          /* it lost: an interval without */
+    if (b->n_plain < SPEC_GUARD_MIN) return false;     /* the baseline first */
+    return b->since_plain < SPEC_GUARD_REFRESH;        /* else one plain step refreshes it */
+}
+
+static void ema(double *avg, int *n, double x) {
+    *avg = *n == 0 ? x : *avg + SPEC_GUARD_EMA * (x - *avg);
+    (*n)++;
+}
+
+void spec_guard_record(spec_guard *g, int width, bool spec, double seconds, int tokens) {
+    if (tokens <= 0 || !(seconds >= 0)) return;
+    spec_guard_width *b = &g->b[spec_guard_bucket(width)];
+    double per = seconds / tokens;
+    if (!spec) {
+        ema(&b->t_plain, &b->n_plain, per);
+        b->since_plain = 0;
+        return;
+    }
+    ema(&b->t_spec, &b->n_spec, per);
+    b->since_plain++;
+    if (b->n_spec < SPEC_GUARD_MIN || b->n_plain < SPEC_GUARD_MIN) return;
+    if (b->t_spec > b->t_plain) { /* losing: stop for an interval, then measure afresh */
+        b->off_until = g->step + (uint64_t)b->off;
+        b->off = b->off * 2 > SPEC_GUARD_OFF_MAX ? SPEC_GUARD_OFF_MAX : b->off * 2;
+        b->n_spec = 0;
+        b->t_spec = 0;
+    } else {
+        b->off = SPEC_GUARD_OFF_MIN;
+    }
+}

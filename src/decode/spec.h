@@ -69,6 +69,21 @@
  * a low estimate) are kept as they are: they are rare by construction.
  * The decision depends only on the estimates and the curve, so with a set
  * curve it is deterministic; verification is exact either way.
+ *
+ * The measured guard (spec_guard). Whatever the cost model predicts, the
+ * engine times every decode-only step (from proposing to the last token
+ * emitted, the draft's passes included) and keeps, per width of the batch
+ * (its decoding sequences, in power-of-two buckets), an exponential average
+ * of the seconds per emitted token of steps that speculated and of plain
+ * steps. Speculation at a width starts only once SPEC_GUARD_MIN plain
+ * steps were timed there, and every SPEC_GUARD_REFRESH speculating steps
+ * one plain step refreshes the baseline. Once SPEC_GUARD_MIN speculating
+ * steps were timed and their average is slower than the plain one,
+ * speculation at that width stops for an interval of steps (from
+ * SPEC_GUARD_OFF_MIN, doubling while it keeps losing, up to
+ * SPEC_GUARD_OFF_MAX; a win resets it), then is tried again with a fresh
+ * average. The guard is a pure function of the timings it is given, so
+ * its decisions are tested with set times.
  */
 #ifndef LAMINA_SPEC_H
 #define LAMINA_SPEC_H
@@ -155,5 +170,37 @@ int spec_ctl_want(spec_ctl *c, int k_max);
 /* The outcome of a step that proposed `proposed` tokens and accepted the
  * first `accepted` of them. */
 void spec_ctl_update(spec_ctl *c, int proposed, int accepted);
+
+#define SPEC_GUARD_BUCKETS 8    /* widths 1, 2, 3-4, 5-8, ..., 65 and more */
+#define SPEC_GUARD_EMA 0.25f    /* weight of one step's time in an average */
+#define SPEC_GUARD_MIN 3        /* steps of a kind timed before a decision rests on them */
+#define SPEC_GUARD_REFRESH 32   /* a plain step after this many speculating ones at a width */
+#define SPEC_GUARD_OFF_MIN 32   /* steps without speculation after it first lost */
+#define SPEC_GUARD_OFF_MAX 1024 /* the longest such interval */
+
+typedef struct {
+    double t_spec, t_plain; /* averages: seconds per emitted token */
+    int n_spec, n_plain;    /* steps in each average */
+    int since_plain;        /* speculating steps since the last plain one */
+    uint64_t off_until;     /* no speculation before this step */
+    int off;                /* the next interval without speculation */
+} spec_guard_width;
+
+typedef struct {
+    uint64_t step;          /* spec_guard_allow calls */
+    spec_guard_width b[SPEC_GUARD_BUCKETS];
+} spec_guard;
+
+/* Nothing timed, no interval. */
+void spec_guard_init(spec_guard *g);
+/* The bucket of a width (decoding sequences; < 1 counts as 1). */
+int spec_guard_bucket(int width);
+/* At the start of a step of `width` decoding sequences: whether it may
+ * speculate. Counts the step. */
+bool spec_guard_allow(spec_guard *g, int width);
+/* A decode-only step of `width` sequences took `seconds` and emitted
+ * `tokens` tokens; spec: it speculated (proposals verified or the draft's
+ * passes run). Steps that emitted nothing are ignored. */
+void spec_guard_record(spec_guard *g, int width, bool spec, double seconds, int tokens);
 
 #endif

@@ -996,6 +996,8 @@ static bool step(lm_engine *e) {
         return false;
     }
     /* plan, answering the scheduler's questions, then act */
+    double t_step = e->guard_on ? lm_now() : 0;
+    uint64_t gen0 = e->stats.generation_tokens_total; /* (the engine thread is its only writer) */
     report_running(e);
     sched_view view = {{0}};
     for (int k = 0; k < e->n_class; k++) view.avail[k] = kv_available(e->kv, k);
@@ -1011,6 +1013,9 @@ static bool step(lm_engine *e) {
         publish(e);
         return false;
     }
+    bool decode_only = true; /* every segment one choice's decode (and its proposal) */
+    for (int g = 0; g < n_seg && decode_only; g++)
+        decode_only = e->seg_ch[g]->n_gen > 0 && e->segs[g].n == 1 + e->seg_ch[g]->n_draft;
 
     /* one pass over the whole batch; logits rows in segment order */
     char err[LM_ERRLEN];
@@ -1055,6 +1060,8 @@ static bool step(lm_engine *e) {
         e->prof.steps++;
         e->prof.seqs += (uint64_t)n_seg;
     }
+    if (e->guard_on && decode_only && rc == 0)
+        spec_sched_record(e, n_seg, lm_now() - t_step, (int)(e->stats.generation_tokens_total - gen0));
     pthread_mutex_lock(&e->mu);
     metrics_iteration(&e->stats, n_seg, n_tok);
     pthread_mutex_unlock(&e->mu);

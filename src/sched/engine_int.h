@@ -130,6 +130,10 @@ struct lm_engine {
     bool sizing;              /* proposals sized at the batch's width (spec_size_batch) */
     spec_curve curve;         /*   the model pass's time by its rows (n = 0: the flat price) */
     spec_curve dcurve;        /*   the draft pass's (n = 0: every draft pass costs draft_cost) */
+    spec_guard guard;         /*   measured time per token, speculating or not (spec.h) */
+    bool guard_on;            /*   the guard decides (the curve was timed at start) */
+    bool spec_off;            /*   this iteration: the guard said no */
+    bool step_spec;           /*   this iteration speculated (proposals or the draft's passes) */
     spec_want *wants;         /*   (max_seqs) this iteration's proposals to size */
     eseq **want_ch;           /*   (max_seqs) and their choices */
     draft_job *jobs;          /* (max_seqs) this iteration's draft proposals */
@@ -191,6 +195,9 @@ void spec_sched_wish(lm_engine *e, eseq *c, bool busy, int *n_want);
  * decodes), then make the proposals (the draft's passes) and tell the
  * scheduler their sizes (sq.n_spec). */
 void spec_sched_propose(lm_engine *e, int n_want, int64_t rows, int n_dec);
+/* A decode-only iteration of `width` sequences took `seconds` and emitted
+ * `tokens`: the guard's measurement. */
+void spec_sched_record(lm_engine *e, int width, double seconds, int tokens);
 /* Verify choice c's proposal against its logits rows (n_draft + 1 of them). */
 void spec_sched_verify(lm_engine *e, eseq *c, float *rows);
 

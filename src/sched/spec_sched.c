@@ -58,6 +58,10 @@ static int spec_wish(lm_engine *e, eseq *c, bool busy) {
     if (k > c->req->p.max_tokens - c->n_gen - 1) k = c->req->p.max_tokens - c->n_gen - 1;
     if (k > e->n_ctx - c->n_tokens) k = e->n_ctx - c->n_tokens;
     if (k <= 0) return 0;
+    if (e->spec_off) { /* the guard measured speculation losing at this width */
+        if (e->dr) draft_resync(e, c);
+        return 0;
+    }
     if (!e->dr) {
         /* the controller counts every step it is asked, proposal or not */
         k = spec_ctl_want(&c->ctl, k);
@@ -269,6 +273,16 @@ bool spec_sched_busy(lm_engine *e) {
      * holds every running choice's pending tokens and full proposals */
     bool busy = sched_n_waiting(e->sc) > 0;
     int64_t want = 0;
+    e->step_spec = false;
+    e->spec_off = false;
+    if (e->guard_on) {
+        int width = 0;
+        for (int i = 0; i < sched_n_running(e->sc); i++) {
+            const eseq *c = CHOICE(sched_running_at(e->sc, i));
+            width += c->n_tokens - c->n_computed == 1;
+        }
+        e->spec_off = !spec_guard_allow(&e->guard, width);
+    }
     for (int i = 0; e->dr && !busy && i < sched_n_running(e->sc); i++) {
         const eseq *c = CHOICE(sched_running_at(e->sc, i));
         int left = c->req->p.max_tokens - c->n_gen - 1;
@@ -292,7 +306,9 @@ void spec_sched_propose(lm_engine *e, int n_want, int64_t rows, int n_dec) {
     int n_jobs = 0, q_used = 0;
     size_wishes(e, n_want, rows, n_dec);
     for (int i = 0; i < n_want; i++) e->want_ch[i]->sq.n_spec = propose(e, e->want_ch[i], e->wants[i].k, &n_jobs, &q_used);
+    for (int i = 0; i < n_want; i++) e->step_spec |= e->want_ch[i]->sq.n_spec > 0;
     if (n_jobs) {
+        e->step_spec = true;
         draft_propose(e->dr, e->jobs, n_jobs, e->cfg.spec_min, e->cfg.spec_p_min);
         for (int i = 0; i < n_jobs; i++) e->job_ch[i]->sq.n_spec = e->job_ch[i]->n_prop = e->jobs[i].n_out;
     }
@@ -318,6 +334,14 @@ int spec_sched_setup(lm_engine *e, const kv_config *dkc, char *err, size_t errle
         if (c->spec_widths) spec_curve_parse(c->spec_widths, &e->curve, NULL, 0); /* resolve_config checked it */
         else if (c->spec_cost == 0) curve_calibrate(e);
         e->sizing = true;
+        /* measured prices: the measured guard decides too (a set curve or a
+         * flat price stays deterministic) */
+        e->guard_on = !c->spec_widths && c->spec_cost == 0 && e->curve.n > 0;
+        spec_guard_init(&e->guard);
     }
     return 0;
+}
+
+void spec_sched_record(lm_engine *e, int width, double seconds, int tokens) {
+    if (e->guard_on) spec_guard_record(&e->guard, width, e->step_spec, seconds, tokens);
 }
