@@ -217,7 +217,11 @@ static void print_profile(lm_engine *e, const char *name, double wall) {
     printf("  %-22s %8.2f ms %5.1f%%\n", "forward (other)", (p.forward - ops) * ms, 100 * (p.forward - ops) / wall);
     printf("  %-22s %8.2f ms %5.1f%%\n", "sampling", p.sample * ms, 100 * p.sample / wall);
     printf("  %-22s %8.2f ms %5.1f%%\n", "detokenize + events", p.emit * ms, 100 * p.emit / wall);
-    double rest = wall - p.forward - p.sample - p.emit;
+    if (p.draft_steps)
+        printf("  %-22s %8.2f ms %5.1f%%   (%.2f ms in each of %llu iterations)\n", "draft model", p.draft * ms,
+               100 * p.draft / wall, 1e3 * p.draft / (double)p.draft_steps, (unsigned long long)p.draft_steps);
+    if (p.guard_off) printf("  speculation kept off by the measured guard in %llu iterations\n", (unsigned long long)p.guard_off);
+    double rest = wall - p.forward - p.sample - p.emit - p.draft;
     printf("  %-22s %8.2f ms %5.1f%%\n", "scheduling + idle", rest * ms, 100 * rest / wall);
 }
 

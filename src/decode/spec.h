@@ -175,7 +175,7 @@ void spec_ctl_update(spec_ctl *c, int proposed, int accepted);
 #define SPEC_GUARD_EMA 0.25f    /* weight of one step's time in an average */
 #define SPEC_GUARD_MIN 3        /* steps of a kind timed before a decision rests on them */
 #define SPEC_GUARD_REFRESH 32   /* a plain step after this many speculating ones at a width */
-#define SPEC_GUARD_OFF_MIN 32   /* steps without speculation after it first lost */
+#define SPEC_GUARD_OFF_MIN 8    /* steps without speculation after it first lost */
 #define SPEC_GUARD_OFF_MAX 1024 /* the longest such interval */
 
 typedef struct {

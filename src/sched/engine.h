@@ -182,11 +182,15 @@ void engine_wait_idle(lm_engine *e);
  * while profiling is on): the forward pass (ops: per op, as lm_prof_names),
  * sampling (on the pool, and the draws made one at a time), and emitting
  * (detokenization, stop strings, events to the callbacks); steps and the
- * sequences they ran. Read it while the engine is idle. */
+ * sequences they ran; the draft model's share and the steps the guard
+ * (decode/spec.h, spec_guard) kept plain. Read it while the engine is idle. */
 typedef struct {
     double forward, sample, emit;
     double ops[LM_PROF_COUNT];
     uint64_t steps, seqs;
+    double draft;             /* the draft model's passes and guesses (draft_propose) */
+    uint64_t draft_steps;     /* iterations that ran them */
+    uint64_t guard_off;       /* iterations the measured guard kept from speculating */
 } engine_profile_t;
 void engine_set_profile(lm_engine *e, bool on);
 /* Draw every row's token one after another on the engine thread instead of

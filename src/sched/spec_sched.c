@@ -282,6 +282,7 @@ bool spec_sched_busy(lm_engine *e) {
             width += c->n_tokens - c->n_computed == 1;
         }
         e->spec_off = !spec_guard_allow(&e->guard, width);
+        if (e->prof_on) e->prof.guard_off += e->spec_off;
     }
     for (int i = 0; e->dr && !busy && i < sched_n_running(e->sc); i++) {
         const eseq *c = CHOICE(sched_running_at(e->sc, i));
@@ -309,7 +310,9 @@ void spec_sched_propose(lm_engine *e, int n_want, int64_t rows, int n_dec) {
     for (int i = 0; i < n_want; i++) e->step_spec |= e->want_ch[i]->sq.n_spec > 0;
     if (n_jobs) {
         e->step_spec = true;
+        double t0 = e->prof_on ? lm_now() : 0;
         draft_propose(e->dr, e->jobs, n_jobs, e->cfg.spec_min, e->cfg.spec_p_min);
+        if (e->prof_on) e->prof.draft += lm_now() - t0, e->prof.draft_steps++;
         for (int i = 0; i < n_jobs; i++) e->job_ch[i]->sq.n_spec = e->job_ch[i]->n_prop = e->jobs[i].n_out;
     }
 }
