@@ -53,6 +53,9 @@ struct draft_runner {
     int32_t *jx;        /* (DRAFT_EXTRA_MAX) each job's extras, job after job */
     int *jx0;           /* (max_seqs + 1) job i's are jx[jx0[i] .. jx0[i + 1]) */
     float *save;        /* (DRAFT_EXTRA_MAX) a row's values of its job's extras */
+    int32_t *xs;        /* (DRAFT_EXTRA_MAX) a job's extras, ascending */
+    int32_t *gids;      /* (sub->n + DRAFT_EXTRA_MAX) a greedy guess's candidates: the subset's and its job's extras, ascending */
+    float *gval;        /* (sub->n + DRAFT_EXTRA_MAX) their logits (sampler scratch) */
     uint64_t ws_bytes;  /* the workspace and the buffers above, as draft_plan counts them */
     bool no_mask;       /* tests: guess without the grammar's mask */
 };
@@ -106,6 +109,9 @@ void draft_free(draft_runner *d) {
     lm_free(d->jx);
     lm_free(d->jx0);
     lm_free(d->save);
+    lm_free(d->xs);
+    lm_free(d->gids);
+    lm_free(d->gval);
     lm_free(d);
 }
 
@@ -134,8 +140,8 @@ static uint64_t buffer_bytes(const lm_model *dm, const fwd_dims *dims, int max_s
     if (n > 0) {
         uint64_t X = DRAFT_EXTRA_MAX;
         b += head_sub_bytes(dm, n) + X * dm->output.row_bytes + (uint64_t)max_seqs * ((uint64_t)n + X) * sizeof(float);
-        b += V * (1 + 2 * sizeof(uint32_t)) + X * (2 * sizeof(int32_t) + sizeof(float)) +
-             ((uint64_t)max_seqs + 1) * sizeof(int);
+        b += V * (1 + 2 * sizeof(uint32_t)) + X * (3 * sizeof(int32_t) + sizeof(float)) +
+             ((uint64_t)max_seqs + 1) * sizeof(int) + ((uint64_t)n + X) * (sizeof(int32_t) + sizeof(float));
     }
     return b;
 }
@@ -185,8 +191,11 @@ static int make_subset(draft_runner *d, int n, char *err, size_t errlen) {
     d->jx = lm_malloc(X * sizeof *d->jx);
     d->jx0 = lm_malloc(((size_t)d->max_seqs + 1) * sizeof *d->jx0);
     d->save = lm_malloc(X * sizeof *d->save);
+    d->xs = lm_malloc(X * sizeof *d->xs);
+    d->gids = lm_malloc(((size_t)n + X) * sizeof *d->gids);
+    d->gval = lm_malloc(((size_t)n + X) * sizeof *d->gval);
     if (!d->sel.gather || !d->sel.out || !d->in_sub || !d->jmark || !d->umark || !d->ux || !d->jx || !d->jx0 ||
-        !d->save)
+        !d->save || !d->xs || !d->gids || !d->gval)
         return lm_err(err, errlen, "out of memory for the draft's vocabulary subset");
     for (int i = 0; i < d->sub->n; i++) d->in_sub[d->sub->ids[i]] = 1;
     return 0;
@@ -408,6 +417,24 @@ static void place(draft_runner *d, draft_job *j) {
     ds->kv = kv_seq_new(d->kv, err, sizeof err);
 }
 
+static int cmp_id(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Job i's candidates in gids, ascending: the subset's ids and its own
+ * extras, the only finite entries of its row (head_sub leaves -inf
+ * elsewhere, own_extras the other jobs' extras). Returns their count. */
+static int job_ids(draft_runner *d, int i) {
+    int a = d->jx0[i], nx = d->jx0[i + 1] - a, n = d->sub->n, k = 0;
+    memcpy(d->xs, d->jx + a, (size_t)nx * sizeof *d->xs);
+    qsort(d->xs, (size_t)nx, sizeof *d->xs, cmp_id);
+    const int32_t *ids = d->sub->ids;
+    for (int p = 0, q = 0; p < n || q < nx;)
+        d->gids[k++] = q >= nx || (p < n && ids[p] < d->xs[q]) ? ids[p++] : d->xs[q++];
+    return k;
+}
+
 /* The largest probability of the row (its softmax), O(V). */
 static float top_prob(const float *row, int32_t V) {
     float m = -INFINITY;
@@ -425,7 +452,7 @@ static float top_prob(const float *row, int32_t V) {
  * to j->q. false when p_min stops the proposal, every token is banned, or
  * the grammar allows nothing; *last when nothing may follow the guess (a
  * grammar that can only end, or one the matcher failed on). */
-static bool guess(draft_runner *d, draft_job *j, lm_gmatch *g, float *row, float p_min, bool *last) {
+static bool guess(draft_runner *d, int ji, draft_job *j, lm_gmatch *g, float *row, float p_min, bool *last) {
     int32_t V = d->m->hp.n_vocab;
     lm_sampler *s = j->ds->smp;
     int32_t t;
@@ -434,7 +461,14 @@ static bool guess(draft_runner *d, draft_job *j, lm_gmatch *g, float *row, float
         if (gmatch_mask(g, j->mask) <= 0) return false;
         grammar_mask_apply(j->mask, j->n_mask, row, V);
     }
-    if (sampler_greedy(s)) {
+    if (sampler_greedy(s) && d->sub && !g) {
+        /* over the row's finite entries alone, ascending: the same argmax
+         * (ties to the lower id) and the same top probability, summed in
+         * the same order, as over the whole row */
+        int n = job_ids(d, ji);
+        t = sampler_sample_sparse(s, row, d->gids, n, d->gval);
+        if (t < 0 || (p_min > 0 && top_prob(d->gval, n) < p_min)) return false;
+    } else if (sampler_greedy(s)) {
         t = sampler_sample(s, row); /* bias and penalties applied to row, then its argmax */
         if (t < 0 || (p_min > 0 && top_prob(row, V) < p_min)) return false;
     } else {
@@ -517,8 +551,8 @@ void draft_propose(draft_runner *d, draft_job *jobs, int n_jobs, int min, float 
             j->ds->n += d->segs[g].n;
             if (!d->segs[g].n_logits) continue;
             bool last;
-            if (d->sub) own_extras(d, i, d->logits + (size_t)row * V);
-            if (!guess(d, j, d->gw[i], d->logits + (size_t)row++ * V, p_min, &last) || last || j->n_out >= j->k)
+            if (d->sub && (d->gw[i] || !sampler_greedy(j->ds->smp))) own_extras(d, i, d->logits + (size_t)row * V);
+            if (!guess(d, i, j, d->gw[i], d->logits + (size_t)row++ * V, p_min, &last) || last || j->n_out >= j->k)
                 live[i] = false;
         }
     }
