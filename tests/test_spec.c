@@ -21,7 +21,8 @@
  *     batch 1 proposes K; a wide compute-bound pass shrinks the proposals
  *     to one each, or none; probes are kept; and in the engine, all
  *     requests together at a set steep curve propose under half of what a
- *     flat one does, with output identical to the plain engine's;
+ *     flat one does, with output identical to the plain engine's; a
+ *     draft's catch-up rows widen its first pass's price;
  *   - the rejection scheme's output distribution equals the target's exact
  *     distribution (sampler_dist) by a chi-square test at significance 1e-6,
  *     for point-mass and spread drafts that differ from the target, under
@@ -287,6 +288,18 @@ static void test_width_sizing(void) {
      * beside 3 prefill rows */
     w[0] = (spec_want){.acc = 0.9f, .k_max = 4};
     CHECK(spec_size_batch(w, 1, 1, 1, &wide, 0, NULL) == 4 && spec_size_batch(w, 1, 4, 1, &wide, 0, NULL) == 4);
+    /* a draft's catch-up rows widen its first pass: four sequences that
+     * feed one row each guess, the same feeding four rows each do not
+     * (a draft pass linear in its rows, a tenth of the model's per row) */
+    spec_curve knee, dlin;
+    CHECK(spec_curve_parse("1:1,8:1.05,16:2", &knee, NULL, 0) == 0);
+    CHECK(spec_curve_parse("1:1,16:16", &dlin, NULL, 0) == 0);
+    for (int i = 0; i < 4; i++) w[i] = (spec_want){.acc = 0.9f, .k_max = 1, .feed = 1};
+    CHECK(spec_size_batch(w, 4, 4, 4, &knee, 0.1f, &dlin) == 4);
+    for (int i = 0; i < 4; i++) w[i] = (spec_want){.acc = 0.9f, .k_max = 1, .feed = 4};
+    CHECK(spec_size_batch(w, 4, 4, 4, &knee, 0.1f, &dlin) == 0);
+    for (int i = 0; i < 4; i++) w[i] = (spec_want){.acc = 0.9f, .k_max = 1, .feed = 0}; /* < 1 counts as 1 */
+    CHECK(spec_size_batch(w, 4, 4, 4, &knee, 0.1f, &dlin) == 4);
     /* deterministic */
     for (int i = 0; i < 8; i++) w[i] = (spec_want){.acc = 0.5f + 0.05f * (float)i, .k_max = 4};
     spec_want v[8];

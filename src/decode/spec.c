@@ -180,7 +180,7 @@ static double batch_rate(const spec_want *w, int n, int rows, int n_dec, const s
     time = spec_curve_at(model, rows + K);
     for (int p = 1; draft_cost > 0 && p <= kmax; p++) { /* draft pass p: the sequences guessing at least p */
         int width = 0;
-        for (int i = 0; i < n; i++) width += w[i].k >= p;
+        for (int i = 0; i < n; i++) width += w[i].k < p ? 0 : p == 1 && w[i].feed > 1 ? w[i].feed : 1;
         time += (double)draft_cost * (draft ? spec_curve_at(draft, width) : 1.0f);
     }
     return tokens / time;

@@ -60,8 +60,9 @@
  * tokens and prefill chunks) that yield n_dec tokens; guess j of a sequence
  * adds one row and acc^j expected tokens; a draft model's guesses add its
  * passes, all sequences in the same pass (pass p as wide as the sequences
- * guessing at least p tokens, priced by the draft's own curve times its
- * one-row price). Guesses are added most likely first and the best prefix
+ * guessing at least p tokens, the first pass as wide as the rows they feed
+ * to catch up: the tokens taken since the draft's last pass, up to k + 1
+ * of them; priced by the draft's own curve times its one-row price). Guesses are added most likely first and the best prefix
  * of that order is kept, or none when the best does not beat the plain
  * step by SPEC_MIN_GAIN. At batch 1 on a pass bound by reading the weights
  * this keeps what each controller wants; on a wide compute-bound pass it
@@ -139,6 +140,8 @@ typedef struct {
     float acc;  /* its controller's estimate */
     int k_max;  /* what its controller wants this step (the most it may propose) */
     bool probe; /* that is a probe: kept as it is */
+    int feed;   /* a draft's first pass: the rows it feeds for this sequence (its tokens not yet
+                   in the draft's KV; < 1 counts as 1) */
     int k;      /* result: what it proposes */
 } spec_want;
 

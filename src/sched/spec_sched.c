@@ -296,7 +296,13 @@ bool spec_sched_busy(lm_engine *e) {
 void spec_sched_wish(lm_engine *e, eseq *c, bool busy, int *n_want) {
     int wish = spec_wish(e, c, busy);
     if (wish > 0 && *n_want < e->cfg.max_seqs) {
-        e->wants[*n_want] = (spec_want){.acc = c->ctl.acc, .k_max = wish, .probe = c->ctl.probing != 0};
+        int feed = 1; /* the draft's catch-up: the tokens since its KV ends (a restart: its window) */
+        if (e->dr) {
+            const draft_seq *ds = &c->ds;
+            int behind = c->n_tokens - (ds->off + ds->n);
+            feed = ds->kv && behind >= 0 && behind <= DRAFT_GAP_MAX ? behind : DRAFT_RESTART_CTX;
+        }
+        e->wants[*n_want] = (spec_want){.acc = c->ctl.acc, .k_max = wish, .probe = c->ctl.probing != 0, .feed = feed};
         e->want_ch[(*n_want)++] = c;
     } else {
         c->n_prop = 0;
