@@ -40,7 +40,8 @@
  * grammar a step found past the bounds is refused at submission from then
  * on (gmatch_spoiled).
  *
- * Speculation. report_running asks each decoding choice for a proposal
+ * Speculation (its functions are in spec_sched.c, the objects shared through
+ * engine_int.h). report_running asks each decoding choice for a proposal
  * (propose: sized by its spec_ctl, bounded by what it may still generate and
  * by the context) and tells the scheduler (sq.n_spec); a run item longer than
  * one token for a decoding choice carries its pending token and the first
@@ -55,6 +56,10 @@
  * verification, plain decodes and proposals the plan did not take. Its
  * guesses' distributions live in dq, slots handed out per iteration. A
  * preempted or finished choice drops its draft KV; a fork starts its own.
+ * When the cost model's curve was timed at start, step times its
+ * decode-only iterations (proposing included) and the measured guard
+ * (spec_guard, decode/spec.h) keeps speculation off at a width where it
+ * has been slower per emitted token than plain steps.
  *
  * Threads. Submitters only touch the inbox (under mu) and a request's cancel
  * flag (atomic). Everything else - scheduler, KV bookkeeping, samplers -

@@ -65,7 +65,11 @@
  * lm_engine_config.spec_cost), so a draft that is rarely right or too slow
  * stops being consulted. The draft model
  * runs only while nothing waits and the batch budget holds every running
- * choice's pending tokens and full proposals: under load it stands aside.
+ * choice's pending tokens and full proposals: under load it stands aside. Whatever the
+ * cost model predicts, a measured guard (spec_guard, decode/spec.h) times
+ * the decode steps with and without speculation at each width of the
+ * batch and stops speculation where it has been slower, trying it again
+ * after an interval.
  *
  * Results reach the submitter through its callback, called on the engine
  * thread once per generated token (with the newly released text) and once
