@@ -199,8 +199,11 @@ static void curve_bound(spec_curve *c) {
  * load slowed counts little. Then curve_bound. A curve that cannot be
  * timed stays flat (n = 0), and so do both when the model's one-row pass
  * takes under SPEC_CALIB_MIN_S: a small model's passes are microseconds,
- * which the load and the threads' hand-offs time more than the rows do. */
-static void curve_calibrate(lm_engine *e) {
+ * which the load and the threads' hand-offs time more than the rows do.
+ * Returns the draft's one-row pass over the model's, the draft's flat
+ * price (as draft_calibrate measures it, from the same rounds), or -1
+ * when either was not timed. */
+static float curve_calibrate(lm_engine *e) {
     int32_t tok = tok_bos(e->tok) >= 0 ? tok_bos(e->tok) : 0;
     int wmax = e->cfg.max_seqs + e->spec_cap, dmax = e->dr ? e->cfg.max_seqs : 0;
     if (wmax > e->cfg.batch_tokens) wmax = e->cfg.batch_tokens;
@@ -232,6 +235,7 @@ static void curve_calibrate(lm_engine *e) {
     if (mok && tm[0] < SPEC_CALIB_MIN_S) e->curve.n = e->dcurve.n = 0; /* too short to time under load */
     curve_bound(&e->curve);
     curve_bound(&e->dcurve);
+    return mok && dok && tm[0] > 0 && tm[0] < 1e30 && td[0] < 1e30 ? (float)(td[0] / tm[0]) : -1.0f;
 }
 
 /* The cost model's price of a draft pass (spec.h): its time over the
@@ -332,22 +336,28 @@ int spec_sched_setup(lm_engine *e, const kv_config *dkc, char *err, size_t errle
         if (!(e->dr = draft_new(c->draft_model, e->pool, dkc, e->n_ctx, c->batch_tokens, c->max_seqs, c->draft_vocab,
                                 err, errlen)))
             return -1;
-        e->draft_cost = c->spec_cost > 0 ? c->spec_cost : c->spec_cost < 0 ? 0 : draft_calibrate(e);
     }
     if (e->spec_cap > 0) {
         e->wants = lm_calloc((size_t)c->max_seqs, sizeof *e->wants);
         e->want_ch = lm_calloc((size_t)c->max_seqs, sizeof *e->want_ch);
         if (!e->wants || !e->want_ch) return lm_err(err, errlen, "out of memory");
     }
+    float ratio = -1;
     if (e->spec_cap > 0 && c->spec_cost >= 0) { /* the batch's width prices proposals */
         if (c->spec_widths) spec_curve_parse(c->spec_widths, &e->curve, NULL, 0); /* resolve_config checked it */
-        else if (c->spec_cost == 0) curve_calibrate(e);
+        else if (c->spec_cost == 0) ratio = curve_calibrate(e);
         e->sizing = true;
         /* measured prices: the measured guard decides too (a set curve or a
          * flat price stays deterministic) */
         e->guard_on = !c->spec_widths && c->spec_cost == 0 && e->curve.n > 0;
         spec_guard_init(&e->guard);
     }
+    /* a draft's flat price: set, none, from the width curves' rounds, or timed */
+    if (e->dr)
+        e->draft_cost = c->spec_cost > 0 ? c->spec_cost
+                        : c->spec_cost < 0 ? 0
+                        : ratio > 0 ? (ratio < 1e-3f ? 1e-3f : ratio)
+                        : draft_calibrate(e);
     return 0;
 }
 
