@@ -140,8 +140,8 @@ typedef struct {
     float acc;  /* its controller's estimate */
     int k_max;  /* what its controller wants this step (the most it may propose) */
     bool probe; /* that is a probe: kept as it is */
-    int feed;   /* a draft's first pass: the rows it feeds for this sequence (its tokens not yet
-                   in the draft's KV; < 1 counts as 1) */
+    int feed;   /* a draft's first pass: the rows it feeds for this sequence (the tokens taken
+                   since its last guesses, up to k + 1; < 1 counts as 1) */
     int k;      /* result: what it proposes */
 } spec_want;
 

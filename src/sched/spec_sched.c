@@ -300,11 +300,14 @@ bool spec_sched_busy(lm_engine *e) {
 void spec_sched_wish(lm_engine *e, eseq *c, bool busy, int *n_want) {
     int wish = spec_wish(e, c, busy);
     if (wish > 0 && *n_want < e->cfg.max_seqs) {
-        int feed = 1; /* the draft's catch-up: the tokens since its KV ends (a restart: its window) */
-        if (e->dr) {
-            const draft_seq *ds = &c->ds;
-            int behind = c->n_tokens - (ds->off + ds->n);
-            feed = ds->kv && behind >= 0 && behind <= DRAFT_GAP_MAX ? behind : DRAFT_RESTART_CTX;
+        /* the draft's catch-up as a step pays it while the draft keeps in
+         * step: the tokens since its KV ends, at most wish + 1 (the
+         * accepted guesses and the target's own token); a longer gap (after
+         * plain steps) or a start is paid once, not at every step */
+        int feed = 1;
+        if (e->dr && c->ds.kv) {
+            feed = c->n_tokens - (c->ds.off + c->ds.n);
+            if (feed > wish + 1) feed = wish + 1;
         }
         e->wants[*n_want] = (spec_want){.acc = c->ctl.acc, .k_max = wish, .probe = c->ctl.probing != 0, .feed = feed};
         e->want_ch[(*n_want)++] = c;
