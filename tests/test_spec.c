@@ -61,6 +61,7 @@
 #include "sched/sched.h"
 #include "swa_model.h"
 #include "chi2.h"
+#include "spec_collect.h"
 #include "test.h"
 
 static lm_model *model;
@@ -571,34 +572,6 @@ static void test_spec_distribution_model(void) {
 
 /* ---- the engine -------------------------------------------------------------- */
 
-#define MAX_OUT 80
-
-typedef struct {
-    int32_t tokens[3][MAX_OUT];
-    int n[3];
-    char text[3][1024];
-    size_t text_len[3];
-    lm_finish finish[3];
-    int done[3];
-    lm_request_stats stats[3];
-    atomic_int n_done;
-} collect;
-
-static void on_event(void *user, const lm_event *ev) {
-    collect *c = user;
-    int i = ev->index;
-    if (ev->token >= 0 && c->n[i] < MAX_OUT) c->tokens[i][c->n[i]++] = ev->token;
-    if (ev->text_len && c->text_len[i] + ev->text_len < sizeof c->text[i]) {
-        memcpy(c->text[i] + c->text_len[i], ev->text, ev->text_len);
-        c->text_len[i] += ev->text_len;
-    }
-    if (ev->done) {
-        c->done[i]++;
-        c->finish[i] = ev->finish;
-        c->stats[i] = *ev->stats;
-        atomic_fetch_add(&c->n_done, 1);
-    }
-}
 
 /* The width curve new engines get: flat (rows free, as prompt lookup was
  * priced before the curve), so what these tests check does not depend on
@@ -708,16 +681,7 @@ static int run_jobs(lm_engine *e, const job *jobs, collect *out, bool together) 
 /* Whether got equals want, request by request, choice by choice. */
 static bool same(const job *jobs, const collect *want, const collect *got, const char *what) {
     for (int j = 0; j < N_JOBS; j++)
-        for (int i = 0; i < jobs[j].n; i++) {
-            const collect *a = &want[j], *b = &got[j];
-            if (b->done[i] != 1 || a->n[i] != b->n[i] || a->finish[i] != b->finish[i] ||
-                memcmp(a->tokens[i], b->tokens[i], (size_t)a->n[i] * sizeof(int32_t)) != 0 ||
-                a->text_len[i] != b->text_len[i] || memcmp(a->text[i], b->text[i], a->text_len[i]) != 0) {
-                fprintf(stderr, "  %s: request %d choice %d differs (%d vs %d tokens, finish %d vs %d)\n", what, j, i,
-                        a->n[i], b->n[i], a->finish[i], b->finish[i]);
-                return false;
-            }
-        }
+        if (!collect_same(want, got, j, jobs[j].n, what)) return false;
     return true;
 }
 

@@ -70,6 +70,7 @@
 #include "sched/engine.h"
 #include "text/tokenizer.h"
 #include "chi2.h"
+#include "spec_collect.h"
 #include "test.h"
 
 static lm_model *model, *draft_q4;
@@ -152,39 +153,7 @@ static void test_backoff(void) {
 
 /* ---- the engine -------------------------------------------------------------- */
 
-#define MAX_OUT 80
 #define N_JOBS 24
-
-typedef struct {
-    int32_t tokens[3][MAX_OUT];
-    bool acc[3][MAX_OUT];      /* the token was an accepted proposal */
-    int last_acc[3];
-    int n[3];
-    char text[3][1024];
-    size_t text_len[3];
-    lm_finish finish[3];
-    int done[3];
-    lm_request_stats stats[3];
-} collect;
-
-static void on_event(void *user, const lm_event *ev) {
-    collect *c = user;
-    int i = ev->index;
-    if (ev->token >= 0 && c->n[i] < MAX_OUT) {
-        c->acc[i][c->n[i]] = ev->stats->spec_accepted > c->last_acc[i];
-        c->tokens[i][c->n[i]++] = ev->token;
-    }
-    c->last_acc[i] = ev->stats->spec_accepted;
-    if (ev->text_len && c->text_len[i] + ev->text_len < sizeof c->text[i]) {
-        memcpy(c->text[i] + c->text_len[i], ev->text, ev->text_len);
-        c->text_len[i] += ev->text_len;
-    }
-    if (ev->done) {
-        c->done[i]++;
-        c->finish[i] = ev->finish;
-        c->stats[i] = *ev->stats;
-    }
-}
 
 static lm_engine *new_engine_cost(int spec, const lm_model *dm, int batch_tokens, int max_seqs, uint64_t kv_mem,
                                   float cost) {
@@ -290,18 +259,10 @@ static int run_jobs(lm_engine *e, const job *jobs, collect *out, bool together) 
     return 0;
 }
 
+/* Whether got equals want, request by request, choice by choice. */
 static bool same(const job *jobs, const collect *want, const collect *got, const char *what) {
     for (int j = 0; j < N_JOBS; j++)
-        for (int i = 0; i < jobs[j].n; i++) {
-            const collect *a = &want[j], *b = &got[j];
-            if (b->done[i] != 1 || a->n[i] != b->n[i] || a->finish[i] != b->finish[i] ||
-                memcmp(a->tokens[i], b->tokens[i], (size_t)a->n[i] * sizeof(int32_t)) != 0 ||
-                a->text_len[i] != b->text_len[i] || memcmp(a->text[i], b->text[i], a->text_len[i]) != 0) {
-                fprintf(stderr, "  %s: request %d choice %d differs (%d vs %d tokens, finish %d vs %d)\n", what, j, i,
-                        a->n[i], b->n[i], a->finish[i], b->finish[i]);
-                return false;
-            }
-        }
+        if (!collect_same(want, got, j, jobs[j].n, what)) return false;
     return true;
 }
 
