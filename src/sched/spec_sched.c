@@ -303,11 +303,19 @@ void spec_sched_wish(lm_engine *e, eseq *c, bool busy, int *n_want) {
         /* the draft's catch-up as a step pays it while the draft keeps in
          * step: the tokens since its KV ends, at most wish + 1 (the
          * accepted guesses and the target's own token); a longer gap (after
-         * plain steps) or a start is paid once, not at every step */
+         * plain steps) is paid once. A start (no KV: the whole sequence the
+         * first time, else a short window) is paid once too, so it is
+         * spread over the steps the choice may still take: under load, with
+         * many sequences starting at once, the start is priced as it runs */
         int feed = 1;
         if (e->dr && c->ds.kv) {
             feed = c->n_tokens - (c->ds.off + c->ds.n);
             if (feed > wish + 1) feed = wish + 1;
+        } else if (e->dr) {
+            int start = c->ds.started ? DRAFT_RESTART_CTX : c->n_tokens;
+            float per_step = 1.0f + c->ctl.acc * (float)wish; /* tokens a step yields, about */
+            int steps = (int)((float)(c->req->p.max_tokens - c->n_gen) / per_step) + 1;
+            feed = 1 + (start + steps - 1) / steps;
         }
         e->wants[*n_want] = (spec_want){.acc = c->ctl.acc, .k_max = wish, .probe = c->ctl.probing != 0, .feed = feed};
         e->want_ch[(*n_want)++] = c;
