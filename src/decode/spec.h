@@ -73,7 +73,8 @@
  *
  * The measured guard (spec_guard). Whatever the cost model predicts, the
  * engine times every decode-only step (from proposing to the last token
- * emitted, the draft's passes included) and keeps, per width of the batch
+ * emitted, the draft's passes included; not a step that starts a draft or
+ * catches one up after a gap, a one-off cost the sizing spreads) and keeps, per width of the batch
  * (its decoding sequences, in power-of-two buckets), an exponential average
  * of the seconds per emitted token of steps that speculated and of plain
  * steps. Speculation at a width starts only once SPEC_GUARD_MIN plain

@@ -134,6 +134,7 @@ struct lm_engine {
     bool guard_on;            /*   the guard decides (the curve was timed at start) */
     bool spec_off;            /*   this iteration: the guard said no */
     bool step_spec;           /*   this iteration speculated (proposals or the draft's passes) */
+    bool step_once;           /*   its draft passes started a draft or caught one up after a gap */
     spec_want *wants;         /*   (max_seqs) this iteration's proposals to size */
     eseq **want_ch;           /*   (max_seqs) and their choices */
     draft_job *jobs;          /* (max_seqs) this iteration's draft proposals */

@@ -278,6 +278,7 @@ bool spec_sched_busy(lm_engine *e) {
     bool busy = sched_n_waiting(e->sc) > 0;
     int64_t want = 0;
     e->step_spec = false;
+    e->step_once = false;
     e->spec_off = false;
     if (e->guard_on) {
         int width = 0;
@@ -329,6 +330,11 @@ void spec_sched_propose(lm_engine *e, int n_want, int64_t rows, int n_dec) {
     size_wishes(e, n_want, rows, n_dec);
     for (int i = 0; i < n_want; i++) e->want_ch[i]->sq.n_spec = propose(e, e->want_ch[i], e->wants[i].k, &n_jobs, &q_used);
     for (int i = 0; i < n_want; i++) e->step_spec |= e->want_ch[i]->sq.n_spec > 0;
+    e->step_once = false;
+    for (int i = 0; i < n_jobs; i++) { /* a start or a long catch-up: paid once, not the steady price */
+        const draft_seq *ds = e->jobs[i].ds;
+        e->step_once |= !ds->kv || e->jobs[i].n_toks - (ds->off + ds->n) > e->jobs[i].k + 1;
+    }
     if (n_jobs) {
         e->step_spec = true;
         double t0 = e->prof_on ? lm_now() : 0;
@@ -373,5 +379,8 @@ int spec_sched_setup(lm_engine *e, const kv_config *dkc, char *err, size_t errle
 }
 
 void spec_sched_record(lm_engine *e, int width, double seconds, int tokens) {
-    if (e->guard_on) spec_guard_record(&e->guard, width, e->step_spec, seconds, tokens);
+    /* a step that started a draft or caught it up after a gap pays a
+     * one-off cost the sizing spreads: it says nothing of speculation's
+     * steady price */
+    if (e->guard_on && !e->step_once) spec_guard_record(&e->guard, width, e->step_spec, seconds, tokens);
 }
