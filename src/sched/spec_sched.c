@@ -18,10 +18,19 @@
  * pass, spec_sched_verify takes the proposal's rows in order through
  * engine_take_token and truncates the KV to the verified positions.
  *
+ * The draft's passes are priced at the rows they feed: a sequence's
+ * catch-up (spec_want.feed, up to wish + 1 rows while the draft keeps in
+ * step) and its start (the whole sequence, spread over the steps it may
+ * still take). The measured guard (spec_guard, decode/spec.h), on when
+ * the curves were timed, gets every decode-only iteration's time and
+ * tokens (spec_sched_record) but those that started a draft or caught
+ * one up after a gap, and may keep an iteration plain (spec_off).
+ *
  * Calibration (engine_new, spec_sched_setup). The width curves time the
  * model's (and the draft's) passes at 1, 2, 4, ... rows; a draft's flat
  * price is its one-row pass over the model's. Each time is the least of
- * interleaved rounds, so a pass the load slowed counts little.
+ * interleaved rounds, so a pass the load slowed counts little; with timed
+ * curves the draft's flat price comes from their one-row rounds.
  */
 #include "sched/engine_int.h"
 
