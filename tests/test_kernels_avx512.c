@@ -5,7 +5,8 @@
  * For each of avx512 and avx512vnni that this CPU runs (the others are
  * printed by name as "NOT RUN", never counted as passed):
  *  - the table filled for the variant (kernels_use) holds the 512-bit F16
- *    panel tile, 12 tokens wide; the avx2 table does not;
+ *    panel tile, 12 tokens wide; the avx2 table does not (it holds its
+ *    256-bit tiles, test_kernels_kblock);
  *  - the F16 panel tile itself, for rows 1, 5, 16, 17, 40 (partial groups),
  *    lengths 0 to 2816 (every remainder mod 4, so the last segment's tail),
  *    29 tokens in tiles of every width 1..12, with and without a first tile
@@ -90,7 +91,9 @@ static void test_table(void) {
     CHECK(!kernels_type(LM_TYPE_Q8_0)->panel2 && !kernels_type(LM_TYPE_F32)->panel2);
     CHECK(kernels_use(LM_ISA_AVX2) == 0);
     CHECK(kernels_type(LM_TYPE_F16)->packed_gemm != zmm_f16());
-    CHECK(!kernels_type(LM_TYPE_F16)->panel_widen && !kernels_type(LM_TYPE_F16)->panel2);
+    /* avx2's own k-blocked pair (test_kernels_kblock), not the 512-bit one */
+    CHECK(kernels_type(LM_TYPE_F16)->panel2 == avx2_kernels(LM_TYPE_F16)->panel2 &&
+          kernels_type(LM_TYPE_F16)->panel2 != k->panel2);
     CHECK(kernels_use(-1) == 0);
 }
 

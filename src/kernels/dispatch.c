@@ -114,6 +114,8 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
                 e->packed_gemm = a->packed_gemm;
                 e->packed_act = a->packed_act;
                 e->pack_tile = a->pack_tile;
+                e->panel_widen = a->panel2 ? a->panel_widen : NULL;
+                e->panel2 = a->panel_widen ? a->panel2 : NULL;
             }
             /* the avx512 variants' 512-bit prefill tiles (kernels/avx512_gemm.h) */
             const lm_avx2_kernels *z = isa >= LM_ISA_AVX512 ? avx512_gemm_kernels(t, isa != LM_ISA_AVX512) : NULL;
