@@ -6,8 +6,10 @@
  *
  * For avx2 and avxvnni where this CPU runs them (the others are printed by
  * name as "NOT RUN", never counted as passed):
- *  - the table filled for the variant (kernels_use) holds its own 256-bit
- *    k-blocked pair for F16 with 6-token tiles, and no other type has one;
+ *  - the table filled for the variant (kernels_use) holds no k-blocked
+ *    tiles unless LAMINA_AVX2_KBLOCK is set (kernels/dispatch.c), and with
+ *    it its own 256-bit k-blocked pair for F16 with 6-token tiles, no
+ *    other type having one (the rest of the program runs with it set);
  *    on the avx512 variants the table holds the 512-bit pair instead
  *    (kernels/avx512_gemm.h), so those keep their own faster path;
  *  - the tile itself, for rows 1, 5, 16, 17, 40, 64 (partial groups, one
@@ -34,6 +36,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/pool.h"
@@ -75,6 +78,14 @@ static const lm_avx2_kernels *f16_entries(void) { return variants[cur].lookup(LM
 /* The variant's table holds its 256-bit pair for F16 only; the avx512
  * variants' tables hold the 512-bit one. */
 static void test_table(void) {
+    /* without LAMINA_AVX2_KBLOCK the table holds the panel tile alone */
+    unsetenv("LAMINA_AVX2_KBLOCK");
+    CHECK(kernels_use(variants[cur].isa) == 0);
+    CHECK(!kernels_type(LM_TYPE_F16)->panel2 && !kernels_type(LM_TYPE_F16)->panel_widen &&
+          kernels_type(LM_TYPE_F16)->pack_tile == 6);
+    setenv("LAMINA_AVX2_KBLOCK", "0", 1);
+    CHECK(kernels_use(variants[cur].isa) == 0 && !kernels_type(LM_TYPE_F16)->panel2);
+    setenv("LAMINA_AVX2_KBLOCK", "1", 1);
     CHECK(kernels_use(variants[cur].isa) == 0);
     const lm_avx2_kernels *a = f16_entries();
     const lm_type_kernels *k = kernels_type(LM_TYPE_F16);
@@ -246,6 +257,7 @@ int main(void) {
         printf("variant %s\n", variants[cur].name);
         TEST_RUN(test_table);
         TEST_RUN(test_tile);
+        setenv("LAMINA_AVX2_KBLOCK", "1", 1);
         TEST_RUN(test_matmul_tokens);
     }
     return TEST_DONE();

@@ -91,7 +91,8 @@ typedef struct {
     int pack_tile;                 /* most activation rows per packed_gemm call */
     /* F16 panels by many tokens in k-blocks (kernels.h: panel_widen,
      * panel2; model/ops.c panel_chunk), bit-identical to packed_gemm; or
-     * NULL */
+     * NULL. The table takes them only with LAMINA_AVX2_KBLOCK set
+     * (kernels/dispatch.c). */
     void (*panel_widen)(const void *wp, int64_t k0, int64_t k1, float *wf);
     void (*panel2)(int64_t n, int64_t k0, int64_t k1, const float *wf, int nr0, int nr1, const void *x,
                    size_t x_stride, int nc, float *st, float *y, size_t y_stride);

@@ -28,6 +28,24 @@
  * token runs the segments side by side (eight chains hide the FMA
  * latency), several tokens one segment after another (twelve chains
  * already do).
+ *
+ * Many tokens (model/ops.c, panel_chunk): avx2_panel_widen_cols widens a
+ * block of a group's columns to floats once (they stay in L1) and
+ * avx2_gemm_panel_kblock runs up to 6 tokens of a block of tokens over
+ * them, one group after the other (the 16 registers hold one group's 12
+ * chains; the 512-bit tile of kernels/avx512_gemm.c takes two groups per
+ * broadcast): per column two loads and six broadcasts feed 12 FMAs, and
+ * the two conversions per column of panel_seg are done once per block of
+ * 48 tokens instead of once per 6. The chains are carried between column
+ * blocks in the caller's state (per token and group: the open segment's
+ * chain, s0 + s1, s2), each segment's chain starts from zero and is folded
+ * exactly as panel_tile folds it, so the outputs are the same bits
+ * (tests/test_kernels_kblock.c compares them with quant_panel_dot_ref's).
+ * Measured on the Intel Xeon (ops_matmul of 512 tokens, loaded machine):
+ * 1.01-1.05x the tile above on one thread, 0.95-1.03x on two, and no gain
+ * in a whole prefill, so the kernel table takes these only when
+ * LAMINA_AVX2_KBLOCK is set (kernels/dispatch.c), for the A/B on the AMD
+ * AVX2 host that decides (bench/RESULTS.md).
  */
 #include "kernels/avx2.h"
 
