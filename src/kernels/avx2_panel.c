@@ -28,6 +28,24 @@
  * token runs the segments side by side (eight chains hide the FMA
  * latency), several tokens one segment after another (twelve chains
  * already do).
+ *
+ * Many tokens (model/ops.c, panel_chunk): avx2_panel_widen_cols widens a
+ * block of a group's columns to floats once (they stay in L1) and
+ * avx2_gemm_panel_kblock runs up to 6 tokens of a block of tokens over
+ * them, one group after the other (the 16 registers hold one group's 12
+ * chains; the 512-bit tile of kernels/avx512_gemm.c takes two groups per
+ * broadcast): per column two loads and six broadcasts feed 12 FMAs, and
+ * the two conversions per column of panel_seg are done once per block of
+ * 48 tokens instead of once per 6. The chains are carried between column
+ * blocks in the caller's state (per token and group: the open segment's
+ * chain, s0 + s1, s2), each segment's chain starts from zero and is folded
+ * exactly as panel_tile folds it, so the outputs are the same bits
+ * (tests/test_kernels_kblock.c compares them with quant_panel_dot_ref's).
+ * Measured on the Intel Xeon (ops_matmul of 512 tokens, loaded machine):
+ * 1.01-1.05x the tile above on one thread, 0.95-1.03x on two, and no gain
+ * in a whole prefill, so the kernel table takes these only when
+ * LAMINA_AVX2_KBLOCK is set (kernels/dispatch.c), for the A/B on the AMD
+ * AVX2 host that decides (bench/RESULTS.md).
  */
 #include "kernels/avx2.h"
 
@@ -133,6 +151,120 @@ INLINE void panel_one(int64_t n, const uint16_t *p, int nr, const float *x, floa
     }
     store_rows(y, nr, _mm256_add_ps(_mm256_add_ps(a[0][0], a[1][0]), _mm256_add_ps(a[2][0], a[3][0])),
                _mm256_add_ps(_mm256_add_ps(a[0][1], a[1][1]), _mm256_add_ps(a[2][1], a[3][1])));
+}
+
+/* ---- k-blocks: widened columns, chains carried between blocks -------- */
+
+/* Elements [a, b) of one group's widened columns (w: element a, 16 floats
+ * per element) for C tokens (xr[c]: token c's floats), continuing the
+ * chains acc[c][0] (rows 0-7) and acc[c][1] (rows 8-15). Per column two
+ * loads from L1 and C broadcasts feed 2 C FMAs, and nothing is converted:
+ * the conversions of panel_seg (two per column, on the FMA ports) are done
+ * once per block by avx2_panel_widen_cols, not once per token tile. */
+INLINE void chain_f32(int64_t a, int64_t b, const float *w, const float *const *xr, int C, __m256 acc[6][2]) {
+    const float *xa[6];
+#pragma GCC unroll 6
+    for (int c = 0; c < 6; c++) {
+        xa[c] = xr[c < C ? c : 0] + a;
+        __asm__("" : "+r"(xa[c])); /* opaque: one base register per token, indexed by i */
+    }
+#pragma GCC unroll 2
+    for (int64_t i = 0; i < b - a; i++) {
+        if ((i & 15) == 0)
+#pragma GCC unroll 6
+            for (int c = 0; c < C; c++) _mm_prefetch((const char *)(xa[c] + i + 64), _MM_HINT_T0);
+        const __m256 w0 = _mm256_loadu_ps(w + 16 * i), w1 = _mm256_loadu_ps(w + 16 * i + 8);
+#pragma GCC unroll 6
+        for (int c = 0; c < C; c++) {
+            const __m256 v = _mm256_broadcast_ss(xa[c] + i);
+            acc[c][0] = _mm256_fmadd_ps(w0, v, acc[c][0]);
+            acc[c][1] = _mm256_fmadd_ps(w1, v, acc[c][1]);
+        }
+    }
+}
+
+/* Fold a finished segment j's chain (lo, hi) into the state t (16 floats
+ * each: open chain, s0 + s1, s2) as panel_tile folds it: s0, then
+ * s0 + s1, then s2, and the last segment stores rows [0, nr) of
+ * (s0 + s1) + (s2 + s3) at y. */
+INLINE void fold8(int j, float *t, __m256 lo, __m256 hi, float *y, int nr) {
+    if (j == 0) {
+        _mm256_storeu_ps(t + 16, lo);
+        _mm256_storeu_ps(t + 24, hi);
+    } else if (j == 1) {
+        _mm256_storeu_ps(t + 16, _mm256_add_ps(_mm256_loadu_ps(t + 16), lo));
+        _mm256_storeu_ps(t + 24, _mm256_add_ps(_mm256_loadu_ps(t + 24), hi));
+    } else if (j == 2) {
+        _mm256_storeu_ps(t + 32, lo);
+        _mm256_storeu_ps(t + 40, hi);
+    } else {
+        store_rows(y, nr, _mm256_add_ps(_mm256_loadu_ps(t + 16), _mm256_add_ps(_mm256_loadu_ps(t + 32), lo)),
+                   _mm256_add_ps(_mm256_loadu_ps(t + 24), _mm256_add_ps(_mm256_loadu_ps(t + 40), hi)));
+    }
+}
+
+/* One group (rows [0, nr) of y) by C tokens over elements [k0, k1) of its
+ * widened columns wf (element k at wf + 16 (k - k0)), chains carried in st
+ * (48 floats per token, 96 apart). */
+INLINE void part_tile(int64_t n, int64_t k0, int64_t k1, const float *wf, int nr, const uint8_t *x, size_t xs,
+                      int C, float *st, float *y, size_t ys) {
+    const int64_t q = n / LM_PANEL_SEGS;
+    const float *xr[6];
+#pragma GCC unroll 6
+    for (int c = 0; c < 6; c++) xr[c] = (const float *)(const void *)(x + (size_t)(c < C ? c : 0) * xs);
+    __m256 acc[6][2];
+    for (int j = 0; j < LM_PANEL_SEGS; j++) {
+        const int64_t s0 = j * q, s1 = j == LM_PANEL_SEGS - 1 ? n : (j + 1) * q;
+        const int64_t a = k0 > s0 ? k0 : s0, b = k1 < s1 ? k1 : s1;
+        if (a >= b) continue;
+#pragma GCC unroll 6
+        for (int c = 0; c < C; c++) {
+            acc[c][0] = a == s0 ? _mm256_setzero_ps() : _mm256_loadu_ps(st + 96 * c);
+            acc[c][1] = a == s0 ? _mm256_setzero_ps() : _mm256_loadu_ps(st + 96 * c + 8);
+        }
+        chain_f32(a, b, wf + 16 * (a - k0), xr, C, acc);
+        if (b < s1) {
+#pragma GCC unroll 6
+            for (int c = 0; c < C; c++) {
+                _mm256_storeu_ps(st + 96 * c, acc[c][0]);
+                _mm256_storeu_ps(st + 96 * c + 8, acc[c][1]);
+            }
+            continue;
+        }
+#pragma GCC unroll 6
+        for (int c = 0; c < C; c++) fold8(j, st + 96 * c, acc[c][0], acc[c][1], y + (size_t)c * ys, nr);
+    }
+}
+
+void avx2_gemm_panel_kblock(int64_t n, int64_t k0, int64_t k1, const float *wf, int nr0, int nr1, const void *x,
+                          size_t xs, int nc, float *st, float *y, size_t ys) {
+    const uint8_t *xb = x;
+    const int64_t kn = k1 - k0;
+    /* the two groups one after another (16 registers hold one group's 12
+     * chains); the block's activations are in L1 for the second */
+    for (int g = 0; g < (nr1 > 0 ? 2 : 1); g++) {
+        const float *w = wf + 16 * kn * g;
+        float *sg = st + 48 * g, *yg = y + 16 * g;
+        const int nr = g ? nr1 : nr0;
+        switch (nc) {
+        case 1: part_tile(n, k0, k1, w, nr, xb, xs, 1, sg, yg, ys); break;
+        case 2: part_tile(n, k0, k1, w, nr, xb, xs, 2, sg, yg, ys); break;
+        case 3: part_tile(n, k0, k1, w, nr, xb, xs, 3, sg, yg, ys); break;
+        case 4: part_tile(n, k0, k1, w, nr, xb, xs, 4, sg, yg, ys); break;
+        case 5: part_tile(n, k0, k1, w, nr, xb, xs, 5, sg, yg, ys); break;
+        case 6: part_tile(n, k0, k1, w, nr, xb, xs, 6, sg, yg, ys); break;
+        default: break;
+        }
+    }
+}
+
+void avx2_panel_widen_cols(const void *wp, int64_t k0, int64_t k1, float *wf) {
+    const uint16_t *p = (const uint16_t *)wp + 16 * k0;
+    for (int64_t i = 0; i < k1 - k0; i++) {
+        _mm256_storeu_ps(wf + 16 * i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 16 * i))));
+        _mm256_storeu_ps(wf + 16 * i + 8,
+                         _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 16 * i + 8))));
+    }
 }
 
 void avx2_packed_gemm_f16(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y,

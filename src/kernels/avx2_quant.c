@@ -974,7 +974,7 @@ void avx2_from_float_q8_K(const float *src, void *dst, int64_t n) {
 static const lm_avx2_kernels table[LM_TYPE_COUNT] = {
     [LM_TYPE_F32] = {NULL, NULL, avx2_vec_dot_f32, avx2_gemm_f32, NULL, NULL, 3, 0},
     [LM_TYPE_F16] = {avx2_to_float_f16, avx2_from_float_f16, avx2_vec_dot_f16, avx2_gemm_f16, avx2_packed_gemm_f16,
-                     NULL, 3, 6},
+                     NULL, 3, 6, avx2_panel_widen_cols, avx2_gemm_panel_kblock},
     [LM_TYPE_BF16] = {NULL, NULL, avx2_vec_dot_bf16, avx2_gemm_bf16, NULL, NULL, 3, 0},
     [LM_TYPE_Q8_0] = {avx2_to_float_q8_0, avx2_from_float_q8_0, avx2_vec_dot_q8_0, avx2_gemm_q8_0,
                       avx2_packed_gemm_q8_0, avx2_packed_act, 0, LM_PACK_TILE},

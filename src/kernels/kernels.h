@@ -76,7 +76,7 @@ typedef enum {
     LM_ISA_COUNT
 } lm_isa;
 
-/* F16 panels in k-blocks (kernels/avx512_gemm.h): columns [k0, k1) of one
+/* F16 panels in k-blocks (kernels/avx512_gemm.h, kernels/avx2.h): columns [k0, k1) of one
  * group widened to floats, and a tile of two groups by up to pack_tile
  * tokens over them, chains carried between blocks in st. */
 typedef void (*lm_panel_widen_fn)(const void *wp, int64_t k0, int64_t k1, float *wf);
