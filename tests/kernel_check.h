@@ -229,6 +229,30 @@ static inline void check_packed_outputs(uint32_t wt, int64_t n, int64_t rows, co
         }
 }
 
+/* The packed tiles of gemm on rows x n weights w (their interleaved copy
+ * wp) against n_tok tokens x (xs apart; their act_type rows xq, one after
+ * the other): single-token tiles as check_packed_outputs says, and every
+ * tile width 2..max_split bit-identical to them, after a first tile of 1
+ * to `split` tokens (all_firsts) or of 0, 1 and 2. */
+static inline void check_packed_tiles(lm_packed_gemm_fn gemm, uint32_t wt, int64_t n, int64_t rows, const uint8_t *w,
+                                      const uint8_t *wp, const uint8_t *x, size_t xs, const uint8_t *xq, int n_tok,
+                                      int max_split, bool all_firsts, char *msg, size_t ml) {
+    const size_t ys = (size_t)rows + 3; /* three padding floats per token */
+    float *y0 = lm_malloc(ys * (size_t)n_tok * sizeof(float)), *y1 = lm_malloc(ys * (size_t)n_tok * sizeof(float));
+    for (size_t i = 0; i < ys * (size_t)n_tok; i++) y0[i] = -1234.5f;
+    packed_all(gemm, wt, n, rows, wp, x, xs, n_tok, 1, 0, y0, ys);
+    check_packed_outputs(wt, n, rows, w, xq, n_tok, y0, ys, msg, ml);
+    for (int split = 2; split <= max_split && !msg[0]; split++)
+        for (int first = all_firsts ? 1 : 0; first <= (all_firsts ? split : 2) && !msg[0]; first++) {
+            for (size_t i = 0; i < ys * (size_t)n_tok; i++) y1[i] = -1234.5f;
+            packed_all(gemm, wt, n, rows, wp, x, xs, n_tok, split, first, y1, ys);
+            if (memcmp(y0, y1, ys * (size_t)n_tok * sizeof(float)))
+                snprintf(msg, ml, "tiles of %d tokens (a first tile of %d) differ from single tokens", split, first);
+        }
+    lm_free(y0);
+    lm_free(y1);
+}
+
 /* What a test asks of one type's entry in a kernel table. */
 typedef bool (*kc_entry_fn)(const lm_type_kernels *k, uint32_t type);
 

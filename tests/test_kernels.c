@@ -414,28 +414,14 @@ static void check_packed_type(uint32_t wt) {
                 quant_from_float_ref(act_type(wt), f, xq + (size_t)c * qs, n);
             }
             quant_pack(wt, w, rb, rows, n, wp);
-            const size_t ys = (size_t)rows + 3; /* three padding floats per token */
-            float *y0 = lm_malloc(ys * (size_t)n_tok * sizeof(float)), *y1 = lm_malloc(ys * (size_t)n_tok * sizeof(float));
-            for (size_t i = 0; i < ys * (size_t)n_tok; i++) y0[i] = -1234.5f;
-            packed_all(k->packed_gemm, wt, n, rows, wp, x, xs, n_tok, 1, 0, y0, ys);
             char msg[200] = "";
-            check_packed_outputs(wt, n, rows, w, xq, n_tok, y0, ys, msg, sizeof msg);
-            for (int split = 2; split <= LM_PACK_TILE && !msg[0]; split++) {
-                for (int first = 0; first < 3 && !msg[0]; first++) {
-                    for (size_t i = 0; i < ys * (size_t)n_tok; i++) y1[i] = -1234.5f;
-                    packed_all(k->packed_gemm, wt, n, rows, wp, x, xs, n_tok, split, first, y1, ys);
-                    if (memcmp(y0, y1, ys * (size_t)n_tok * sizeof(float)) != 0)
-                        snprintf(msg, sizeof msg, "tiles of %d tokens (first tile %d) differ from single tokens", split,
-                                 first);
-                }
-            }
+            check_packed_tiles(k->packed_gemm, wt, n, rows, w, wp, x, xs, xq, n_tok, LM_PACK_TILE, false, msg,
+                               sizeof msg);
             lm_free(w);
             lm_free(wp);
             lm_free(x);
             lm_free(xq);
             lm_free(f);
-            lm_free(y0);
-            lm_free(y1);
             CHECKF(!msg[0], "%s rows=%lld n=%lld: %s", quant_type_name(wt), (long long)rows, (long long)n, msg);
         }
     }

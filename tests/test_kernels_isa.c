@@ -241,21 +241,9 @@ static void check_packed(uint32_t wt) {
                 quant_from_float_ref(act_type(wt), f, xq + (size_t)c * qs, n);
             }
             quant_pack(wt, w, rb, rows, n, wp);
-            const size_t ys = (size_t)rows + 3; /* three padding floats per token */
-            float *y0 = lm_malloc(ys * (size_t)n_tok * sizeof(float)), *y1 = lm_malloc(ys * (size_t)n_tok * sizeof(float));
-            for (size_t i = 0; i < ys * (size_t)n_tok; i++) y0[i] = -1234.5f;
-            packed_all(k->packed_gemm, wt, n, rows, wp, x, xs, n_tok, 1, 0, y0, ys);
             char msg[200] = "";
-            check_packed_outputs(wt, n, rows, w, xq, n_tok, y0, ys, msg, sizeof msg);
-            for (int split = 2; split <= tile && !msg[0]; split++)
-                for (int first = 1; first <= split && !msg[0]; first++) {
-                    for (size_t i = 0; i < ys * (size_t)n_tok; i++) y1[i] = -1234.5f;
-                    packed_all(k->packed_gemm, wt, n, rows, wp, x, xs, n_tok, split, first, y1, ys);
-                    if (memcmp(y0, y1, ys * (size_t)n_tok * sizeof(float)))
-                        snprintf(msg, sizeof msg, "tiles of %d tokens (the first of %d) differ from single tokens",
-                                 split, first);
-                }
-            lm_free(w), lm_free(wp), lm_free(x), lm_free(xr), lm_free(xq), lm_free(f), lm_free(y0), lm_free(y1);
+            check_packed_tiles(k->packed_gemm, wt, n, rows, w, wp, x, xs, xq, n_tok, tile, true, msg, sizeof msg);
+            lm_free(w), lm_free(wp), lm_free(x), lm_free(xr), lm_free(xq), lm_free(f);
             CHECKF(act_same, "%s %s n=%lld: packed_act differs from quant_packed_act_ref", kernels_isa_name(),
                    quant_type_name(wt), (long long)n);
             CHECKF(!msg[0], "%s %s rows=%lld n=%lld: %s", kernels_isa_name(), quant_type_name(wt), (long long)rows,
