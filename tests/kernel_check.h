@@ -1,10 +1,13 @@
 /*
  * kernel_check.h - what the kernel test programs (test_kernels,
  * test_kernels_isa, test_kernels_pair, test_kernels_wide) share: the
- * random stream and its fills, weight rows, the float64 reference dot,
- * the walk of packed tiles over a matrix and the comparison loops run on
- * their outputs, ops_matmul on a variant against the avx2 table, and the
- * loop over variants that names each check a CPU cannot run.
+ * random stream and its fills, weight rows (also at the integer
+ * extremes), the float64 reference dot, the walk of packed tiles over a
+ * matrix and the comparison loops run on their outputs, the check of a
+ * variant's tile entries, the two-group 512-bit tiles and ops_matmul on a
+ * variant against the avx2 table, and the loop over variants that names
+ * each check a CPU cannot run (NOT RUN, counted as skipped, never as
+ * passed).
  *
  * Invariants: every helper draws from `rng` in a fixed order (main seeds
  * it once; a program's data depend only on the seed and the order of its
