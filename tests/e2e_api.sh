@@ -10,16 +10,9 @@
 #      libraries, the header and lamina.pc, and examples/simple.c builds with
 #      pkg-config against the installed shared library and, with --static,
 #      the archive, and both give the same output.
-set -u
-cd "$(dirname "$0")/.."
+. "$(dirname "$0")/testenv.sh"
 BUILD=${BUILD:-build}
 L=${LAMINA_BIN:-$BUILD/lamina}
-M=models/stories260K.gguf
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { echo "PASS $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL $1"; shift; printf '  %s\n' "$@"; fail=$((fail + 1)); }
 
 # 1. symbols
 sed -n 's/^LM_API[^(]*[ *]\(lm_[a-z0-9_]*\)(.*/\1/p' include/lamina.h | sort >"$T/api"

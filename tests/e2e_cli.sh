@@ -6,15 +6,7 @@
 # codes of bad invocations, run --grammar, the trained-context limit (--ctx-extend) of every
 # command with -c, quantize's fallback warnings and summary, and progress
 # lines on a terminal (under script) but not on a pipe.
-set -u
-cd "$(dirname "$0")/.."
-L=${LAMINA_BIN:-build/lamina}
-M=models/stories260K.gguf
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { echo "PASS $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL $1"; shift; printf '  %s\n' "$@"; fail=$((fail + 1)); }
+. "$(dirname "$0")/testenv.sh"
 
 # 1. the demo: greedy continuation of "Once upon a time"
 want="Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball."

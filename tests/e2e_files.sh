@@ -15,20 +15,14 @@
 #     file, tokenize's standard input) are a clear error and exit 1, never a hang (every
 #     command runs under a timeout).
 # These do not rely on permissions, so they hold when run as root.
-set -u
-cd "$(dirname "$0")/.."
-L=${LAMINA_BIN:-build/lamina}
-M=models/stories260K.gguf
-T=$(mktemp -d)
+. "$(dirname "$0")/testenv.sh"
+skip=0
 MNT=
 cleanup() {
     [ -n "$MNT" ] && umount "$MNT" 2>/dev/null
     rm -rf "$T"
 }
 trap cleanup EXIT
-pass=0 fail=0 skip=0
-ok() { echo "PASS $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL $1"; shift; printf '  %s\n' "$@"; fail=$((fail + 1)); }
 to() { timeout 60 "$@"; }
 # entries of a folder whose name marks a temporary file
 tmps() { find "$1" -maxdepth 1 -name '.*.tmp-*' | wc -l; }

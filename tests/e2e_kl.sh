@@ -13,16 +13,8 @@
 #     model with the llama SentencePiece vocabulary), another vocabulary of
 #     the same size (the file's hash changed), another chunk size (-c),
 #     another text (tokens differ), a file cut short, a file that is not one.
-set -u
-cd "$(dirname "$0")/.."
-L=${LAMINA_BIN:-build/lamina}
-M=models/stories260K.gguf
+. "$(dirname "$0")/testenv.sh"
 TXT=tests/data/gemma3/ppl_text.txt
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { echo "PASS $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL $1"; shift; printf '  %s\n' "$@"; fail=$((fail + 1)); }
 to() { timeout 120 nice "$@"; }
 field() { grep -m1 "$1" "$2" | sed 's/.*: *//; s/ .*//'; }
 

@@ -17,20 +17,13 @@
 #     budget names the draft's parts, --draft-model without --mem is a usage
 #     error; serve --mem --draft-model prints the draft's line and /metrics
 #     has its gauges, every part within the budget.
-set -u
-cd "$(dirname "$0")/.."
-L=${LAMINA_BIN:-build/lamina}
-M=models/stories260K.gguf
-T=$(mktemp -d)
+. "$(dirname "$0")/testenv.sh"
 SPID=
 cleanup() {
     [ -n "$SPID" ] && kill "$SPID" 2>/dev/null && wait "$SPID" 2>/dev/null
     rm -rf "$T"
 }
 trap cleanup EXIT
-pass=0 fail=0
-ok() { echo "PASS $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL $1"; shift; printf '  %s\n' "$@"; fail=$((fail + 1)); }
 to() { timeout 60 nice "$@"; }
 num() { grep -m1 "$1" "$2" | sed "s/.*$1 *//; s/ bytes.*//"; }
 

@@ -37,17 +37,10 @@
 # Open MPI refuses to run as root unless told: CI runs as root, so the
 # OMPI_ALLOW_RUN_AS_ROOT variables are set here. Skips the MPI parts, saying
 # so, when the MPI binary ($BUILD/mpi/lamina, `make mpi`) or mpirun is absent.
-set -u
-cd "$(dirname "$0")/.."
-L=${LAMINA_BIN:-build/lamina}
+. "$(dirname "$0")/testenv.sh"
+skip=0
 LM=$(dirname "$L")/mpi/lamina
-M=models/stories260K.gguf
 G=${LAMINA_CACHE:-$HOME/.cache/lamina}/gemma-3-270m-q4_k_m.gguf
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0 fail=0 skip=0
-ok() { echo "PASS $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL $1"; shift; printf '  %s\n' "$@"; fail=$((fail + 1)); }
 skipped() { echo "SKIP $1"; skip=$((skip + 1)); }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 # Open MPI's own allocations are not lamina's to answer for under LeakSanitizer

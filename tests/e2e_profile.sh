@@ -5,15 +5,7 @@
 # line, and the summary of dispatch gaps, pool runs per token and the
 # workers' wake-up; the ops' shares and (other) add up to 100% (within the
 # rounding of the printed figures); without --profile, none of it.
-set -u
-cd "$(dirname "$0")/.."
-L=${LAMINA_BIN:-build/lamina}
-M=models/stories260K.gguf
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { echo "PASS $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL $1"; shift; printf '  %s\n' "$@"; fail=$((fail + 1)); }
+. "$(dirname "$0")/testenv.sh"
 
 "$L" bench -m "$M" -p 32 -n 8 -r 2 -t 2 --no-bw --profile >"$T/out" 2>"$T/err"; rc=$?
 [ $rc -eq 0 ] && [ "$(grep -c '^  profile of ' "$T/out")" -eq 2 ] && ok profile_runs || bad profile_runs "rc=$rc" "$(head -5 "$T/err")"

@@ -12,15 +12,7 @@
 #     loading share;
 #   - on a terminal (under script) without --progress, quantize and mkmodel
 #     draw their lines too.
-set -u
-cd "$(dirname "$0")/.."
-L=${LAMINA_BIN:-build/lamina}
-M=models/stories260K.gguf
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { echo "PASS $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL $1"; shift; printf '  %s\n' "$@"; fail=$((fail + 1)); }
+. "$(dirname "$0")/testenv.sh"
 export LAMINA_PROGRESS_AFTER=0
 
 # progress lines of a captured stderr, one per drawing (\r\e[K ... up to the next \r or \n)

@@ -48,15 +48,7 @@
 #include "kernels/kernels.h"
 #include "kernels/scalar.h"
 
-#include <math.h>
-#include <stdint.h>
-
-#include "model/model.h"
-#include "model/ops.h"
-#include "base/pool.h"
-#include "format/quant.h"
-#include "test.h"
-#include "base/util.h"
+#include "kernel_check.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 
@@ -65,83 +57,12 @@ static const uint32_t weight_types[] = {LM_TYPE_F32,  LM_TYPE_F16,  LM_TYPE_BF16
                                         LM_TYPE_Q4_K, LM_TYPE_Q5_K, LM_TYPE_Q6_K};
 #define N_WEIGHT_TYPES (sizeof weight_types / sizeof weight_types[0])
 
-#define TOL 1e-5 /* relative to sum |w_i x_i|, every type */
-
-static lm_rng rng;
-
-static void fill_normal(float *x, int64_t n, double scale) {
-    for (int64_t i = 0; i < n; i++) x[i] = (float)(lm_rng_normal(&rng) * scale);
-}
-
-static uint32_t act_type(uint32_t wt) { return quant_traits(wt)->vec_dot_type; }
-
-/* Random bytes for n elements of a quantized type, with every f16 scale
- * set to a finite value of moderate size (random bits there could be
- * inf/NaN, which no quantizer writes). */
-static void fill_random_blocks(uint32_t type, uint8_t *p, int64_t n) {
-    size_t bytes = quant_row_size(type, n);
-    for (size_t i = 0; i < bytes; i++) p[i] = (uint8_t)lm_rng_u64(&rng);
-    const lm_type_traits *t = quant_traits(type);
-    for (int64_t b = 0; b < n / t->blck; b++) {
-        uint8_t *blk = p + (size_t)b * t->type_size;
-        uint16_t d = lm_f32_to_f16((float)((lm_rng_uniform(&rng) * 0.1 + 1e-3) *
-                                           (lm_rng_u64(&rng) & 1 ? 1 : -1)));
-        uint16_t dmin = lm_f32_to_f16((float)(lm_rng_uniform(&rng) * 0.1));
-        switch (type) {
-        case LM_TYPE_Q8_0:
-        case LM_TYPE_Q4_0:
-        case LM_TYPE_Q5_0: memcpy(blk, &d, 2); break;
-        case LM_TYPE_Q4_1:
-        case LM_TYPE_Q5_1: {
-            uint16_t m = lm_f32_to_f16((float)(lm_rng_uniform(&rng) * 0.2 - 0.1));
-            memcpy(blk, &d, 2);
-            memcpy(blk + 2, &m, 2);
-            break;
-        }
-        case LM_TYPE_Q4_K:
-        case LM_TYPE_Q5_K:
-            memcpy(blk, &d, 2);
-            memcpy(blk + 2, &dmin, 2);
-            break;
-        case LM_TYPE_Q6_K: memcpy(blk + offsetof(block_q6_K, d), &d, 2); break;
-        default: break;
-        }
-    }
-}
-
-/* A weight row of `type`: from Gaussian floats through the reference
- * quantizer (random_bytes false) or random blocks; float types always from
- * Gaussian floats. */
-static void make_weight(uint32_t type, int64_t n, bool random_bytes, void *dst) {
-    float *f = lm_malloc((size_t)n * sizeof(float));
-    fill_normal(f, n, 0.5);
-    if (quant_traits(type)->is_quantized && random_bytes) fill_random_blocks(type, dst, n);
-    else quant_from_float_ref(type, f, dst, n);
-    lm_free(f);
-}
-
 /* An activation row in the weight type's vec_dot_type. */
 static void make_act(uint32_t wt, int64_t n, void *dst) {
     float *f = lm_malloc((size_t)n * sizeof(float));
     fill_normal(f, n, 1.0);
     quant_from_float_ref(act_type(wt), f, dst, n);
     lm_free(f);
-}
-
-/* float64 dot of the dequantized rows, and sum |w_i x_i|. */
-static double deq_dot(uint32_t wt, int64_t n, const void *w, const void *x, double *abs_sum) {
-    float *a = lm_malloc((size_t)n * sizeof(float)), *b = lm_malloc((size_t)n * sizeof(float));
-    quant_to_float_ref(wt, w, a, n);
-    quant_to_float_ref(act_type(wt), x, b, n);
-    double s = 0, as = 0;
-    for (int64_t i = 0; i < n; i++) {
-        s += (double)a[i] * b[i];
-        as += fabs((double)a[i] * b[i]);
-    }
-    lm_free(a);
-    lm_free(b);
-    *abs_sum = as;
-    return s;
 }
 
 /* The lengths tested for a type (0-terminated). */
@@ -239,55 +160,10 @@ static void test_vec_dot_q6_K(void) {
  * activation row at its largest, so the integer paths run at their bounds
  * (saturation or overflow would show as a large error). */
 static void test_vec_dot_extremes(void) {
-    const int64_t n = 2048;
     for (size_t ti = 3; ti < N_WEIGHT_TYPES; ti++) {
-        uint32_t wt = weight_types[ti];
-        size_t wb = quant_row_size(wt, n);
-        uint8_t *w = lm_malloc(wb);
-        void *x = lm_malloc(quant_row_size(act_type(wt), n));
-        float *f = lm_malloc((size_t)n * sizeof(float));
-        for (int pattern = 0; pattern < 4; pattern++) {
-            /* activations all -max or alternating in sign */
-            for (int64_t i = 0; i < n; i++) f[i] = pattern & 1 ? (i & 1 ? 3.0f : -3.0f) : -3.0f;
-            quant_from_float_ref(act_type(wt), f, x, n);
-            fill_random_blocks(wt, w, n);
-            /* saturate the quant bytes (keep the scales): all ones or zeros */
-            const lm_type_traits *t = quant_traits(wt);
-            uint8_t fillb = pattern & 2 ? 0xFF : 0x00;
-            for (int64_t b = 0; b < n / t->blck; b++) {
-                uint8_t *blk = w + (size_t)b * t->type_size;
-                switch (wt) {
-                case LM_TYPE_Q8_0: memset(blk + 2, pattern & 2 ? 0x80 : 0x7F, 32); break;
-                case LM_TYPE_Q4_0: memset(blk + 2, fillb, 16); break;
-                case LM_TYPE_Q5_0: memset(blk + 2, fillb, 20); break;
-                case LM_TYPE_Q4_1: memset(blk + 4, fillb, 16); break;
-                case LM_TYPE_Q5_1: memset(blk + 4, fillb, 20); break;
-                case LM_TYPE_Q4_K:
-                    memset(blk + 4, 0xFF, 12);
-                    memset(blk + 16, fillb, 128);
-                    break;
-                case LM_TYPE_Q5_K:
-                    memset(blk + 4, 0xFF, 12);
-                    memset(blk + 16, fillb, 160);
-                    break;
-                case LM_TYPE_Q6_K:
-                    memset(blk, fillb, 192);
-                    memset(blk + 192, pattern & 2 ? 0x80 : 0x7F, 16);
-                    break;
-                default: break;
-                }
-            }
-            double abs_sum, exact = deq_dot(wt, n, w, x, &abs_sum);
-            float got = avx2_kernels(wt)->vec_dot(n, w, x);
-            float ref = quant_vec_dot_ref(wt, n, w, x);
-            CHECKF(fabs((double)got - exact) <= TOL * abs_sum + 1e-30,
-                   "%s pattern %d: avx2 %.9g float64 %.9g", quant_type_name(wt), pattern, got, exact);
-            CHECKF(fabs((double)got - ref) <= TOL * abs_sum + 1e-30,
-                   "%s pattern %d: avx2 %.9g ref %.9g", quant_type_name(wt), pattern, got, ref);
-        }
-        lm_free(w);
-        lm_free(x);
-        lm_free(f);
+        char msg[160] = "";
+        check_extremes(weight_types[ti], 2048, avx2_kernels(weight_types[ti])->vec_dot, true, msg, sizeof msg);
+        CHECKF(!msg[0], "avx2 %s", msg);
     }
 }
 
@@ -508,27 +384,6 @@ static void test_packed_act(void) {
     }
 }
 
-/* y (n_tok, ys) for all rows of a packed matrix, the tokens taken in tiles
- * of `split` (the last one shorter), starting at token `first` (the tokens
- * before it in a tile of their own). */
-static void packed_all(uint32_t wt, int64_t n, int64_t rows, const uint8_t *wp, const uint8_t *x, size_t xs,
-                       int n_tok, int split, int first, float *y, size_t ys) {
-    const lm_avx2_kernels *k = avx2_kernels(wt);
-    const size_t gb = quant_pack_size(wt, 8, n);
-    for (int64_t g = 0; g * 8 < rows; g++) {
-        int nr = rows - 8 * g < 8 ? (int)(rows - 8 * g) : 8;
-        int c = 0;
-        if (first > 0) {
-            k->packed_gemm(n, wp + (size_t)g * gb, nr, x, xs, first, y + 8 * g, ys);
-            c = first;
-        }
-        for (; c < n_tok; c += split) {
-            int nc = n_tok - c < split ? n_tok - c : split;
-            k->packed_gemm(n, wp + (size_t)g * gb, nr, x + (size_t)c * xs, xs, nc, y + (size_t)c * ys + 8 * g, ys);
-        }
-    }
-}
-
 /* Packed tiles against the scalar reference (quant_vec_dot_ref on the
  * original rows, and the float64 dot; tolerance TOL), and bit-identical to
  * themselves for every tile width 1..8 and position of a token in its
@@ -559,52 +414,15 @@ static void check_packed_type(uint32_t wt) {
                 quant_from_float_ref(act_type(wt), f, xq + (size_t)c * qs, n);
             }
             quant_pack(wt, w, rb, rows, n, wp);
-            const size_t ys = (size_t)rows + 3; /* three padding floats per token */
-            float *y0 = lm_malloc(ys * (size_t)n_tok * sizeof(float)), *y1 = lm_malloc(ys * (size_t)n_tok * sizeof(float));
-            for (size_t i = 0; i < ys * (size_t)n_tok; i++) y0[i] = -1234.5f;
-            packed_all(wt, n, rows, wp, x, xs, n_tok, 1, 0, y0, ys);
-            int bad = 0;
             char msg[200] = "";
-            for (int c = 0; c < n_tok && !bad; c++) {
-                for (size_t r = 0; r < ys && !bad; r++) {
-                    float got = y0[(size_t)c * ys + r];
-                    if (r >= (size_t)rows) {
-                        if (got != -1234.5f) {
-                            bad = 1;
-                            snprintf(msg, sizeof msg, "wrote past the last row (token %d, %zu)", c, r);
-                        }
-                        continue;
-                    }
-                    const uint8_t *wr = w + r * rb, *xc = xq + (size_t)c * qs;
-                    double abs_sum, exact = deq_dot(wt, n, wr, xc, &abs_sum);
-                    float ref = quant_vec_dot_ref(wt, n, wr, xc);
-                    double tol = TOL * abs_sum + 1e-30;
-                    if (fabs((double)got - ref) > tol || fabs((double)got - exact) > tol) {
-                        bad = 1;
-                        snprintf(msg, sizeof msg, "row %zu token %d: packed %.9g ref %.9g float64 %.9g (tol %.3g)", r,
-                                 c, got, ref, exact, tol);
-                    }
-                }
-            }
-            for (int split = 2; split <= LM_PACK_TILE && !bad; split++) {
-                for (int first = 0; first < 3 && !bad; first++) {
-                    for (size_t i = 0; i < ys * (size_t)n_tok; i++) y1[i] = -1234.5f;
-                    packed_all(wt, n, rows, wp, x, xs, n_tok, split, first, y1, ys);
-                    if (memcmp(y0, y1, ys * (size_t)n_tok * sizeof(float)) != 0) {
-                        bad = 1;
-                        snprintf(msg, sizeof msg, "tiles of %d tokens (first tile %d) differ from single tokens", split,
-                                 first);
-                    }
-                }
-            }
+            check_packed_tiles(k->packed_gemm, wt, n, rows, w, wp, x, xs, xq, n_tok, LM_PACK_TILE, false, msg,
+                               sizeof msg);
             lm_free(w);
             lm_free(wp);
             lm_free(x);
             lm_free(xq);
             lm_free(f);
-            lm_free(y0);
-            lm_free(y1);
-            CHECKF(!bad, "%s rows=%lld n=%lld: %s", quant_type_name(wt), (long long)rows, (long long)n, msg);
+            CHECKF(!msg[0], "%s rows=%lld n=%lld: %s", quant_type_name(wt), (long long)rows, (long long)n, msg);
         }
     }
 }
@@ -805,25 +623,16 @@ static void check_matmul_tokens(uint32_t wt) {
     enum { MAX_TOK = 64 };
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int64_t rows = shapes[si][0], n = shapes[si][1];
-        size_t rb = quant_row_size(wt, n), qs = quant_row_size(LM_TYPE_Q8_0, n);
+        size_t rb = quant_row_size(wt, n);
         uint8_t *w = lm_malloc(rb * (size_t)rows), *wp = lm_malloc(quant_pack_size(wt, rows, n));
         for (int64_t r = 0; r < rows; r++) make_weight(wt, n, r % 3 == 1, w + (size_t)r * rb);
         quant_pack(wt, w, rb, rows, n, wp);
         float *x = lm_malloc((size_t)MAX_TOK * (size_t)n * sizeof(float));
         fill_normal(x, (int64_t)MAX_TOK * n, 1.0);
-        uint8_t *xq = lm_malloc(qs * MAX_TOK);
         double *ref = lm_malloc((size_t)MAX_TOK * (size_t)rows * sizeof(double));
         double *tol = lm_malloc((size_t)MAX_TOK * (size_t)rows * sizeof(double));
-        for (int t = 0; t < MAX_TOK; t++) {
-            quant_act_from_float(wt, x + (size_t)t * (size_t)n, xq + (size_t)t * qs, n);
-            for (int64_t r = 0; r < rows; r++) {
-                double abs_sum, exact = deq_dot(wt, n, w + (size_t)r * rb, xq + (size_t)t * qs, &abs_sum);
-                float sref = quant_vec_dot_ref(wt, n, w + (size_t)r * rb, xq + (size_t)t * qs);
-                CHECK(fabs((double)sref - exact) <= TOL * abs_sum + 1e-30);
-                ref[(size_t)t * (size_t)rows + (size_t)r] = sref;
-                tol[(size_t)t * (size_t)rows + (size_t)r] = TOL * abs_sum + 1e-30;
-            }
-        }
+        /* quant_vec_dot_ref itself within TOL of the float64 dot */
+        CHECK(matmul_reference(wt, n, rows, w, x, MAX_TOK, TOL, ref, tol));
         void *scratch = lm_malloc(ops_matmul_scratch(wt, n, MAX_TOK));
         float *y = lm_malloc((size_t)MAX_TOK * (size_t)rows * sizeof(float));
         char msg[200] = "";
@@ -842,7 +651,6 @@ static void check_matmul_tokens(uint32_t wt) {
         lm_free(w);
         lm_free(wp);
         lm_free(x);
-        lm_free(xq);
         lm_free(ref);
         lm_free(tol);
         lm_free(scratch);

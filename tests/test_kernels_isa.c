@@ -49,22 +49,14 @@
 #include "kernels/kernels.h"
 #include "kernels/scalar.h"
 
-#include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
 
-#include "base/pool.h"
-#include "base/util.h"
-#include "format/quant.h"
-#include "model/model.h"
-#include "model/ops.h"
-#include "test.h"
+#include "kernel_check.h"
 
 static const uint32_t weight_types[] = {LM_TYPE_F32,  LM_TYPE_F16,  LM_TYPE_BF16, LM_TYPE_Q8_0,
                                         LM_TYPE_Q4_0, LM_TYPE_Q5_0, LM_TYPE_Q4_1, LM_TYPE_Q5_1,
                                         LM_TYPE_Q4_K, LM_TYPE_Q5_K, LM_TYPE_Q6_K};
 #define N_WEIGHT_TYPES (sizeof weight_types / sizeof weight_types[0])
-#define TOL 1e-5
 
 /* The bound relative to sum |w x| for a type on the table now: TOL, except
  * BF16 weights on avx512bf16, whose vdpbf16ps rounds the activations to
@@ -74,60 +66,6 @@ static double tol_of(uint32_t wt, int64_t n) {
     if (wt == LM_TYPE_BF16 && kernels()->isa == LM_ISA_AVX512BF16)
         return ldexp(1.0, -8) + (double)(n / 16 + 8) * ldexp(1.0, -24) + TOL;
     return TOL;
-}
-
-static lm_rng rng;
-
-static void fill_normal(float *x, int64_t n, double scale) {
-    for (int64_t i = 0; i < n; i++) x[i] = (float)(lm_rng_normal(&rng) * scale);
-}
-
-static uint32_t act_type(uint32_t wt) { return quant_traits(wt)->vec_dot_type; }
-
-/* Random block bytes with finite, moderate f16 scales. */
-static void fill_random_blocks(uint32_t type, uint8_t *p, int64_t n) {
-    size_t bytes = quant_row_size(type, n);
-    for (size_t i = 0; i < bytes; i++) p[i] = (uint8_t)lm_rng_u64(&rng);
-    const lm_type_traits *t = quant_traits(type);
-    for (int64_t b = 0; b < n / t->blck; b++) {
-        uint8_t *blk = p + (size_t)b * t->type_size;
-        uint16_t d = lm_f32_to_f16((float)((lm_rng_uniform(&rng) * 0.1 + 1e-3) * (lm_rng_u64(&rng) & 1 ? 1 : -1)));
-        uint16_t d2 = lm_f32_to_f16((float)(lm_rng_uniform(&rng) * 0.2 - 0.1));
-        switch (type) {
-        case LM_TYPE_Q6_K: memcpy(blk + offsetof(block_q6_K, d), &d, 2); break;
-        case LM_TYPE_Q4_1:
-        case LM_TYPE_Q5_1:
-        case LM_TYPE_Q4_K:
-        case LM_TYPE_Q5_K:
-            memcpy(blk, &d, 2);
-            memcpy(blk + 2, &d2, 2);
-            break;
-        default: memcpy(blk, &d, 2); break;
-        }
-    }
-}
-
-static void make_weight(uint32_t type, int64_t n, bool random_bytes, void *dst) {
-    float *f = lm_malloc((size_t)n * sizeof(float));
-    fill_normal(f, n, 0.5);
-    if (quant_traits(type)->is_quantized && random_bytes) fill_random_blocks(type, dst, n);
-    else quant_from_float_ref(type, f, dst, n);
-    lm_free(f);
-}
-
-static double deq_dot(uint32_t wt, int64_t n, const void *w, const void *x, double *abs_sum) {
-    float *a = lm_malloc((size_t)n * sizeof(float)), *b = lm_malloc((size_t)n * sizeof(float));
-    quant_to_float_ref(wt, w, a, n);
-    quant_to_float_ref(act_type(wt), x, b, n);
-    double s = 0, as = 0;
-    for (int64_t i = 0; i < n; i++) {
-        s += (double)a[i] * b[i];
-        as += fabs((double)a[i] * b[i]);
-    }
-    lm_free(a);
-    lm_free(b);
-    *abs_sum = as;
-    return s;
 }
 
 /* ---- matrix kernels ---------------------------------------------------------- */
@@ -163,39 +101,9 @@ static void check_vec_dot(uint32_t wt) {
         }
     /* integer extremes: quant bytes all ones / all zeros against activations at their largest */
     if (blck > 1) {
-        const int64_t n = 8 * 256;
-        size_t wb = quant_row_size(wt, n);
-        uint8_t *w = lm_malloc(wb);
-        void *x = lm_malloc(quant_row_size(act_type(wt), n));
-        float *f = lm_malloc((size_t)n * sizeof(float));
-        for (int pattern = 0; pattern < 4; pattern++) {
-            for (int64_t i = 0; i < n; i++) f[i] = pattern & 1 ? (i & 1 ? 3.0f : -3.0f) : -3.0f;
-            quant_from_float_ref(act_type(wt), f, x, n);
-            fill_random_blocks(wt, w, n);
-            const lm_type_traits *t = quant_traits(wt);
-            uint8_t fb = pattern & 2 ? 0xFF : 0x00;
-            for (int64_t b = 0; b < n / t->blck; b++) {
-                uint8_t *blk = w + (size_t)b * t->type_size;
-                switch (wt) {
-                case LM_TYPE_Q8_0: memset(blk + 2, pattern & 2 ? 0x80 : 0x7F, 32); break;
-                case LM_TYPE_Q4_0: memset(blk + 2, fb, 16); break;
-                case LM_TYPE_Q5_0: memset(blk + 2, fb, 20); break;
-                case LM_TYPE_Q4_1: memset(blk + 4, fb, 16); break;
-                case LM_TYPE_Q5_1: memset(blk + 4, fb, 20); break;
-                case LM_TYPE_Q4_K: memset(blk + 4, 0xFF, 12), memset(blk + 16, fb, 128); break;
-                case LM_TYPE_Q5_K: memset(blk + 4, 0xFF, 12), memset(blk + 16, fb, 160); break;
-                case LM_TYPE_Q6_K: memset(blk, fb, 192), memset(blk + 192, pattern & 2 ? 0x80 : 0x7F, 16); break;
-                default: break;
-                }
-            }
-            double abs_sum, exact = deq_dot(wt, n, w, x, &abs_sum);
-            float got = k->vec_dot(n, w, x);
-            CHECKF(fabs((double)got - exact) <= TOL * abs_sum + 1e-30, "%s %s extremes %d: %.9g, float64 %.9g",
-                   kernels_isa_name(), quant_type_name(wt), pattern, got, exact);
-        }
-        lm_free(w);
-        lm_free(x);
-        lm_free(f);
+        char msg[160] = "";
+        check_extremes(wt, 8 * 256, k->vec_dot, false, msg, sizeof msg);
+        CHECKF(!msg[0], "%s %s", kernels_isa_name(), msg);
     }
 }
 
@@ -247,24 +155,16 @@ static void test_gemm(void) {
 /* ops_matmul for n_tok tokens of x against w, each output within TOL of
  * sum |w x| of the reference dot for that token's activation row. */
 static void check_matmul(lm_pool *pool, uint32_t wt, int64_t rows, int64_t n, const int *toks, int ntoks) {
-    size_t rb = quant_row_size(wt, n), ab = quant_row_size(act_type(wt), n);
+    size_t rb = quant_row_size(wt, n);
     int max_tok = 0;
     for (int i = 0; i < ntoks; i++) max_tok = toks[i] > max_tok ? toks[i] : max_tok;
-    uint8_t *w = lm_malloc(rb * (size_t)rows), *act = lm_malloc(ab * (size_t)max_tok);
+    uint8_t *w = lm_malloc(rb * (size_t)rows);
     for (int64_t r = 0; r < rows; r++) make_weight(wt, n, r & 1, w + (size_t)r * rb);
     float *x = lm_malloc((size_t)max_tok * (size_t)n * sizeof(float));
     fill_normal(x, (int64_t)max_tok * n, 1.0);
     double *ref = lm_malloc((size_t)max_tok * (size_t)rows * sizeof(double));
     double *tol = lm_malloc((size_t)max_tok * (size_t)rows * sizeof(double));
-    for (int t = 0; t < max_tok; t++) {
-        quant_act_from_float(wt, x + (size_t)t * (size_t)n, act + (size_t)t * ab, n);
-        for (int64_t r = 0; r < rows; r++) {
-            double as;
-            deq_dot(wt, n, w + (size_t)r * rb, act + (size_t)t * ab, &as);
-            ref[(size_t)t * (size_t)rows + (size_t)r] = quant_vec_dot_ref(wt, n, w + (size_t)r * rb, act + (size_t)t * ab);
-            tol[(size_t)t * (size_t)rows + (size_t)r] = tol_of(wt, n) * as + 1e-30;
-        }
-    }
+    matmul_reference(wt, n, rows, w, x, max_tok, tol_of(wt, n), ref, tol);
     lm_weight lw = {.data = w, .type = wt, .rows = rows, .cols = n, .row_bytes = rb};
     void *scratch = lm_malloc(ops_matmul_scratch(wt, n, max_tok));
     float *y = lm_malloc((size_t)max_tok * (size_t)rows * sizeof(float));
@@ -292,7 +192,6 @@ static void check_matmul(lm_pool *pool, uint32_t wt, int64_t rows, int64_t n, co
     }
     lm_free(wp);
     lm_free(w);
-    lm_free(act);
     lm_free(x);
     lm_free(ref);
     lm_free(tol);
@@ -315,27 +214,6 @@ static void test_matmul_tokens(void) {
 }
 
 /* ---- packed (interleaved) tiles ------------------------------------------------ */
-
-/* y (n_tok tokens, ys apart) for every row of the interleaved matrix wp,
- * the tokens in tiles of `split` (the last one shorter) after a first tile
- * of `first` tokens (none when 0). */
-static void packed_all(const lm_type_kernels *k, uint32_t wt, int64_t n, int64_t rows, const uint8_t *wp,
-                       const uint8_t *x, size_t xs, int n_tok, int split, int first, float *y, size_t ys) {
-    const size_t gb = quant_pack_size(wt, LM_PACK_ROWS, n);
-    for (int64_t g = 0; g * LM_PACK_ROWS < rows; g++) {
-        int nr = rows - LM_PACK_ROWS * g < LM_PACK_ROWS ? (int)(rows - LM_PACK_ROWS * g) : LM_PACK_ROWS;
-        int c = 0;
-        if (first > 0) {
-            k->packed_gemm(n, wp + (size_t)g * gb, nr, x, xs, first, y + LM_PACK_ROWS * g, ys);
-            c = first;
-        }
-        for (; c < n_tok; c += split) {
-            int nc = n_tok - c < split ? n_tok - c : split;
-            k->packed_gemm(n, wp + (size_t)g * gb, nr, x + (size_t)c * xs, xs, nc,
-                           y + (size_t)c * ys + LM_PACK_ROWS * g, ys);
-        }
-    }
-}
 
 /* The variant's packed tiles of one 32-element type against the reference,
  * and against themselves for every tile width and first tile. */
@@ -363,35 +241,9 @@ static void check_packed(uint32_t wt) {
                 quant_from_float_ref(act_type(wt), f, xq + (size_t)c * qs, n);
             }
             quant_pack(wt, w, rb, rows, n, wp);
-            const size_t ys = (size_t)rows + 3; /* three padding floats per token */
-            float *y0 = lm_malloc(ys * (size_t)n_tok * sizeof(float)), *y1 = lm_malloc(ys * (size_t)n_tok * sizeof(float));
-            for (size_t i = 0; i < ys * (size_t)n_tok; i++) y0[i] = -1234.5f;
-            packed_all(k, wt, n, rows, wp, x, xs, n_tok, 1, 0, y0, ys);
             char msg[200] = "";
-            for (int c = 0; c < n_tok && !msg[0]; c++)
-                for (size_t r = 0; r < ys && !msg[0]; r++) {
-                    float got = y0[(size_t)c * ys + r];
-                    if (r >= (size_t)rows) {
-                        if (got != -1234.5f) snprintf(msg, sizeof msg, "wrote past the last row (token %d)", c);
-                        continue;
-                    }
-                    const uint8_t *wr = w + r * rb, *xc = xq + (size_t)c * qs;
-                    double abs_sum, exact = deq_dot(wt, n, wr, xc, &abs_sum);
-                    float ref = quant_vec_dot_ref(wt, n, wr, xc);
-                    double tol = TOL * abs_sum + 1e-30;
-                    if (!(fabs((double)got - ref) <= tol) || !(fabs((double)got - exact) <= tol))
-                        snprintf(msg, sizeof msg, "row %zu token %d: packed %.9g reference %.9g float64 %.9g (tol %.3g)",
-                                 r, c, got, ref, exact, tol);
-                }
-            for (int split = 2; split <= tile && !msg[0]; split++)
-                for (int first = 1; first <= split && !msg[0]; first++) {
-                    for (size_t i = 0; i < ys * (size_t)n_tok; i++) y1[i] = -1234.5f;
-                    packed_all(k, wt, n, rows, wp, x, xs, n_tok, split, first, y1, ys);
-                    if (memcmp(y0, y1, ys * (size_t)n_tok * sizeof(float)))
-                        snprintf(msg, sizeof msg, "tiles of %d tokens (the first of %d) differ from single tokens",
-                                 split, first);
-                }
-            lm_free(w), lm_free(wp), lm_free(x), lm_free(xr), lm_free(xq), lm_free(f), lm_free(y0), lm_free(y1);
+            check_packed_tiles(k->packed_gemm, wt, n, rows, w, wp, x, xs, xq, n_tok, tile, true, msg, sizeof msg);
+            lm_free(w), lm_free(wp), lm_free(x), lm_free(xr), lm_free(xq), lm_free(f);
             CHECKF(act_same, "%s %s n=%lld: packed_act differs from quant_packed_act_ref", kernels_isa_name(),
                    quant_type_name(wt), (long long)n);
             CHECKF(!msg[0], "%s %s rows=%lld n=%lld: %s", kernels_isa_name(), quant_type_name(wt), (long long)rows,
