@@ -1,91 +1,81 @@
 /*
- * spec.h - speculative decoding's proposer and the rule that sizes a
- * proposal.
+ * spec.h - speculative decoding's proposer and the rules that size
+ * proposals and decide when speculation is worth it.
  *
  * Speculation: a cheap proposer guesses the next few tokens of a sequence,
  * the target model scores all of them in one pass (one logits row per
  * position), and verification keeps the longest prefix the target agrees
  * with, plus one token of the target's own from the first row it disagreed
  * on (or from the row after the last proposal). Verification lives with the
- * sampler (sampler_sample_spec, sample.h) and the engine (engine.c); this
- * module only proposes.
+ * sampler (sampler_sample_spec, sample.h) and the engine (sched/); this
+ * module only proposes and sizes.
  *
  * Prompt lookup (n-gram) proposer. The sequence's last g tokens (g from
  * SPEC_NGRAM_MAX down to SPEC_NGRAM_MIN) are searched for, most recent
  * occurrence first, among the earlier tokens (prompt and output); the
  * tokens that followed the match are the proposal (continued periodically
- * past the end of the sequence). So text that copies its
- * sources (code edits, summaries, answers quoting a document) is proposed
- * by what it copies. Cost: O(n x g) comparisons per call, no memory. The
- * proposal depends only on the tokens, so it is the same alone or in a
- * batch, and after a preemption.
+ * past the end of the sequence), so text that copies its sources is
+ * proposed by what it copies. Cost: O(n x g) comparisons per call, no
+ * memory. The proposal depends only on the tokens, so it is the same alone
+ * or in a batch, and after a preemption.
  *
- * Sizing (spec_ctl). Proposing k tokens costs k more rows in the pass; the
- * i-th proposed token pays off only when all before it were accepted. The
- * controller keeps a running estimate a of the chance that a proposed token
- * is accepted given the ones before it were (an exponential average of
- * per-position outcomes), and proposes the k <= k_max tokens whose chance of
- * being reached, a^i, is at least SPEC_MIN_REACH. When even the first is
- * below it, the sequence decodes plainly and proposes one token every
- * SPEC_PROBE_EVERY steps to refresh the estimate, so speculation that does
- * not pay costs at most one row in SPEC_PROBE_EVERY steps. A proposer whose
- * probe costs more (a draft model's passes) sets every_max above that: each
- * probe rejected doubles the interval up to every_max, one accepted resets
- * it.
+ * Sizing (spec_ctl). The controller keeps a running estimate a of the
+ * chance that a proposed token is accepted given the ones before it were
+ * (an exponential average of per-position outcomes) and proposes the
+ * k <= k_max tokens whose chance of being reached, a^i, is at least
+ * SPEC_MIN_REACH. When even the first is below it, the sequence decodes
+ * plainly and proposes one token every SPEC_PROBE_EVERY steps to refresh
+ * the estimate, so speculation that does not pay costs at most one row in
+ * SPEC_PROBE_EVERY steps. A proposer whose probe costs more sets every_max
+ * above that: each rejected probe doubles the interval up to every_max, an
+ * accepted one resets it.
  *
- * Cost model (a draft model: cost > 0, each guess costs one draft pass, a
- * share `cost` of the model's pass, which the engine measures at start). A step of k guesses at acceptance a
- * yields 1 + a + ... + a^k tokens for 1 + k x (cost + SPEC_ROW_COST)
- * passes' time (a verified row adds SPEC_ROW_COST of a pass); the
- * controller proposes the k <= k_max with the best ratio, and nothing
- * unless that ratio beats a plain step by SPEC_MIN_GAIN. Probes as above
- * while it says no, and none at all when even a = 1 could not pay (a draft
+ * Cost model (a draft model: cost > 0, the share of the model's pass one
+ * draft pass costs, measured by the engine at start). A step of k guesses
+ * at acceptance a yields 1 + a + ... + a^k tokens for 1 + k x (cost +
+ * SPEC_ROW_COST) passes' time (a verified row adds SPEC_ROW_COST of a
+ * pass); the controller proposes the k <= k_max with the best ratio, and
+ * nothing unless it beats a plain step by SPEC_MIN_GAIN. While it says no
+ * it probes as above, and not at all when even a = 1 could not pay (a draft
  * as slow as the model): then the draft never runs. A probe costs a draft
- * restart on a short window, so with the cost model every probe after
- * which the estimate still says no doubles the interval (accepted or not),
- * from every_min (the engine starts a draft's at SPEC_PROBE_FIRST_DRAFT and
- * its estimate at SPEC_ACC_START_DRAFT: a draft was chosen to be right).
- * So a draft that is rarely right stops after a few steps, and one that
- * costs too much is never consulted.
+ * restart on a short window, so every probe after which the estimate still
+ * says no doubles the interval (accepted or not), from every_min (a draft
+ * starts at SPEC_PROBE_FIRST_DRAFT, with its estimate at
+ * SPEC_ACC_START_DRAFT). So a draft that is rarely right stops after a few
+ * steps, and one that costs too much is never consulted.
  *
- * The batch's width (spec_size_batch). The price above is a one-sequence
- * price: a verified row adds SPEC_ROW_COST of a pass. In a batch every
- * sequence's guesses widen the same pass, and once the pass is wide enough
- * to be bound by arithmetic rather than by reading the weights (a large LM
- * head on few cores: Gemma 3's 262,144 rows) each row costs nearly a
- * pass's worth. So each step the engine asks spec_size_batch, with the
- * model pass's time as a function of its rows (spec_curve: measured at
- * start, or set), for the proposal sizes that give the most tokens per unit
- * of time across the batch: the step already carries `rows` rows (decode
- * tokens and prefill chunks) that yield n_dec tokens; guess j of a sequence
- * adds one row and acc^j expected tokens; a draft model's guesses add its
- * passes, all sequences in the same pass (pass p as wide as the sequences
- * guessing at least p tokens, the first pass as wide as the rows they feed
- * to catch up: the tokens taken since the draft's last pass, up to k + 1
- * of them; priced by the draft's own curve times its one-row price). Guesses are added most likely first and the best prefix
- * of that order is kept, or none when the best does not beat the plain
- * step by SPEC_MIN_GAIN. At batch 1 on a pass bound by reading the weights
- * this keeps what each controller wants; on a wide compute-bound pass it
- * shrinks the proposals, then stops them. Probes (a controller refreshing
- * a low estimate) are kept as they are: they are rare by construction.
- * The decision depends only on the estimates and the curve, so with a set
- * curve it is deterministic; verification is exact either way.
+ * The batch's width (spec_size_batch). In a batch every sequence's guesses
+ * widen the same pass, and a pass wide enough to be bound by arithmetic
+ * rather than by reading the weights pays nearly a pass's worth per row.
+ * So each step the engine asks spec_size_batch, with the model pass's time
+ * as a function of its rows (spec_curve: timed at start, or set), for the
+ * proposal sizes that give the most tokens per unit of time across the
+ * batch: the step already carries `rows` rows that yield n_dec tokens;
+ * guess j of a sequence adds one row and acc^j expected tokens; a draft's
+ * guesses add its passes, all sequences in the same pass (pass p as wide as
+ * the sequences guessing at least p tokens, the first as wide as the rows
+ * they feed to catch up: the tokens taken since the draft's last pass, up
+ * to k + 1; priced by the draft's own curve times its one-row price).
+ * Guesses are added most likely first and the best prefix of that order is
+ * kept, or none when it does not beat the plain step by SPEC_MIN_GAIN. At
+ * batch 1 on a pass bound by the weights this keeps what each controller
+ * wants; on a wide compute-bound pass it shrinks the proposals, then stops
+ * them. Probes are kept as they are (rare by construction). With a set
+ * curve the decision is deterministic; verification is exact either way.
  *
- * The measured guard (spec_guard). Whatever the cost model predicts, the
- * engine times every decode-only step (from proposing to the last token
- * emitted, the draft's passes included; not a step that starts a draft or
- * catches one up after a gap, a one-off cost the sizing spreads) and keeps, per width of the batch
- * (its decoding sequences, in power-of-two buckets), an exponential average
- * of the seconds per emitted token of steps that speculated and of plain
- * steps. Speculation at a width starts only once SPEC_GUARD_MIN plain
- * steps were timed there, and every SPEC_GUARD_REFRESH speculating steps
- * one plain step refreshes the baseline. Once SPEC_GUARD_MIN speculating
- * steps were timed and their average is slower than the plain one,
- * speculation at that width stops for an interval of steps (from
+ * The measured guard (spec_guard). The engine times every decode-only step
+ * (from proposing to the last token emitted, the draft's passes included;
+ * not a step that starts a draft or catches one up after a gap) and keeps,
+ * per width of the batch (decoding sequences, power-of-two buckets), an
+ * exponential average of the seconds per emitted token of speculating and
+ * of plain steps. Speculation at a width starts only once SPEC_GUARD_MIN
+ * plain steps were timed there, and every SPEC_GUARD_REFRESH speculating
+ * steps one plain step refreshes the baseline. Once SPEC_GUARD_MIN
+ * speculating steps were timed and their average is slower than the plain
+ * one, speculation at that width stops for an interval of steps (from
  * SPEC_GUARD_OFF_MIN, doubling while it keeps losing, up to
  * SPEC_GUARD_OFF_MAX; a win resets it), then is tried again with a fresh
- * average. The guard is a pure function of the timings it is given, so
- * its decisions are tested with set times.
+ * average. The guard is a pure function of the timings it is given.
  */
 #ifndef LAMINA_SPEC_H
 #define LAMINA_SPEC_H

@@ -37,7 +37,8 @@
  * its message, so a caller cannot write a file silently missing an entry.
  * Files are written through base/safefile: a temporary file renamed over
  * the destination only when complete, so a failed write leaves whatever
- * was at the destination as it was. The host is assumed little-endian, as GGUF is (checked at compile time).
+ * was at the destination as it was. The host is assumed little-endian, as
+ * GGUF is (checked at compile time).
  */
 #include "format/gguf.h"
 

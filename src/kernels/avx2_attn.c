@@ -6,9 +6,9 @@
  * of 8 lanes, so both FMA pipes stay busy across their latency), reduced
  * with three horizontal adds into 4 sums per row. P·V: 6-row x 16-column
  * tiles of accumulators that live in registers across the whole key loop,
- * each value vector loaded once for the 6 rows (the former 3-row x
- * 32-column block needed 12 accumulators plus 4 value vectors, more than the
- * 16 registers, and was spilled to the stack at every key: twice as slow).
+ * each value vector loaded once for the 6 rows (a 3-row x 32-column block
+ * would need 12 accumulators plus 4 value vectors, more than the 16
+ * registers, and spill to the stack at every key).
  * Row max and row scaling for the online softmax, 8 lanes at a time.
  * exp: Cody-Waite range reduction x = n ln2 + r, |r| <= ln2/2, a degree-7
  * polynomial for e^r (the classic Cephes single-precision coefficients,

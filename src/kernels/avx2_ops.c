@@ -4,7 +4,7 @@
  * SiLU and GELU use exp8 (avx2_math.h, ~1 ulp). GELU's tanh form is
  * rewritten 0.5 x (1 + tanh(y)) = x / (1 + e^(-2y)), which has no
  * cancellation for negative x (1 - 2 / (1 + e^(2y)) loses the small
- * outputs there, enough to move Gemma 3's perplexity by 0.7%).
+ * outputs there, enough to show in a model's perplexity).
  */
 #if defined(__x86_64__) || defined(__i386__)
 

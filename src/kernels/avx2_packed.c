@@ -1,11 +1,10 @@
 /*
  * avx2_packed.c - AVX2 + FMA + F16C matrix tiles for Q8_0, Q4_0, Q5_0, Q4_1
- * and Q5_1 weights
- * in the interleaved layout of quant.h (groups of 8 rows, 4-byte chunks of
- * the 8 rows side by side), against block_q8_0s activations, and for Q4_K
- * weights in the same manner against Q8_K activations (its own notes
- * below). Compiled with
- * -mavx2 -mfma -mf16c; nothing here runs unless cpu_has_avx2() said yes.
+ * and Q5_1 weights in the interleaved layout of quant.h (groups of 8 rows,
+ * 4-byte chunks of the 8 rows side by side), against block_q8_0s
+ * activations, and for Q4_K weights in the same manner against Q8_K
+ * activations (its own notes below). Compiled with -mavx2 -mfma -mf16c;
+ * nothing here runs unless cpu_has_avx2() said yes.
  *
  * Lane r of every vector belongs to weight row r of the group. For one block
  * column and one token:
@@ -33,9 +32,9 @@
  *
  * Tile width: 8 tokens (LM_PACK_TILE). The unpacked weights of a block
  * column are reused across the tile; with 8 accumulators some of them live
- * in memory between blocks, which still measured about 10% faster on
- * Zen 3 than 4 tokens with everything in registers. One token (decode) is
- * the same code with C = 1, streaming the group's bytes with prefetches.
+ * in memory between blocks, a trade that still beats 4 tokens with
+ * everything in registers. One token (decode) is the same code with C = 1,
+ * streaming the group's bytes with prefetches.
  */
 #include "kernels/avx2.h"
 

@@ -1,7 +1,8 @@
 /*
  * avx2_quant.c - AVX2 + FMA + F16C dot products, gemm tiles, activation
- * quantizers and the KV types' conversions to float for the types in quant.h. Compiled with -mavx2 -mfma
- * -mf16c; nothing here runs unless cpu_has_avx2() said yes.
+ * quantizers and the KV types' conversions to float for the types in
+ * quant.h. Compiled with -mavx2 -mfma -mf16c; nothing here runs unless
+ * cpu_has_avx2() said yes.
  *
  * One code path per type. Each type has a tile function, always inlined,
  * that computes R x C outputs (R weight rows, C activation rows, both

@@ -1,7 +1,9 @@
 /*
- * avx512_packed.c - the avx512 variant's interleaved-weight tiles (kernels/avx2_packed.c).
- * AVX-512 F/BW/VL: the AVX2 kernels encoded with EVEX and 32 vector registers; see kernels/x86_variant.h. Compiled with the variant's flags
- * (Makefile); nothing here runs unless dispatch.c found the variant on this CPU.
+ * avx512_packed.c - the avx512 variant's interleaved-weight tiles
+ * (kernels/avx2_packed.c). AVX-512 F/BW/VL: the AVX2 kernels encoded with
+ * EVEX and 32 vector registers; see kernels/x86_variant.h. Compiled with the
+ * variant's flags (Makefile); nothing here runs unless dispatch.c found the
+ * variant on this CPU.
  */
 #define X86_PREFIX avx512_
 #include "kernels/x86_variant.h"

@@ -1,7 +1,9 @@
 /*
- * avx512vnni_packed.c - the avx512vnni variant's interleaved-weight tiles (kernels/avx2_packed.c).
- * AVX-512 F/BW/VL with AVX512-VNNI: the AVX2 kernels with vpdpbusd (EVEX, 256-bit) for the int8 sums; see kernels/x86_variant.h. Compiled with the variant's flags
- * (Makefile); nothing here runs unless dispatch.c found the variant on this CPU.
+ * avx512vnni_packed.c - the avx512vnni variant's interleaved-weight tiles
+ * (kernels/avx2_packed.c). AVX-512 F/BW/VL with AVX512-VNNI: the AVX2
+ * kernels with vpdpbusd (EVEX, 256-bit) for the int8 sums; see
+ * kernels/x86_variant.h. Compiled with the variant's flags (Makefile);
+ * nothing here runs unless dispatch.c found the variant on this CPU.
  */
 #define X86_PREFIX avx512vnni_
 #define X86_VNNI 1

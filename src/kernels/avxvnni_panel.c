@@ -1,7 +1,9 @@
 /*
- * avxvnni_panel.c - the avxvnni variant's F16 panel tiles (kernels/avx2_panel.c).
- * AVX2 with AVX-VNNI: the AVX2 kernels with the VEX vpdpbusd for the int8 sums; see kernels/x86_variant.h. Compiled with the variant's flags
- * (Makefile); nothing here runs unless dispatch.c found the variant on this CPU.
+ * avxvnni_panel.c - the avxvnni variant's F16 panel tiles
+ * (kernels/avx2_panel.c). AVX2 with AVX-VNNI: the AVX2 kernels with the VEX
+ * vpdpbusd for the int8 sums; see kernels/x86_variant.h. Compiled with the
+ * variant's flags (Makefile); nothing here runs unless dispatch.c found the
+ * variant on this CPU.
  */
 #define X86_PREFIX avxvnni_
 #define X86_VNNI 2

@@ -43,20 +43,22 @@
  *          plus ungated shared experts (ffn_*_shexp). Older files that
  *          store attn_kv_b whole (no key_length_mla) are split at load: W_UV
  *          as row slices, W_UKᵀ transposed into an owned copy (kb_mem).
- * RoPE scaling (rope.scaling.type): linear for every family but deepseek2; YaRN for llama,
- * qwen2, qwen3, their MoE variants and deepseek2 (the released DeepSeek
- * files): the factor stretches the low frequencies, the high ones rotate as
- * trained, a ramp between (ops.h), cos and sin scaled by the magnitude
- * factor, and deepseek2's attention scale by mscale² (model.c).
- * Anything else is refused by name, and so is a weight of a type lamina cannot
- * compute with.
+ * RoPE scaling (rope.scaling.type): linear for every family but deepseek2;
+ * YaRN for llama, qwen2, qwen3, their MoE variants and deepseek2 (the
+ * released DeepSeek files): the factor stretches the low frequencies, the
+ * high ones rotate as trained, a ramp between (ops.h), cos and sin scaled by
+ * the magnitude factor, and deepseek2's attention scale by mscale²
+ * (model.c). Anything else is refused by name, and so is a weight of a type
+ * lamina cannot compute with.
  *
  * Weights stay in the file mapping; only the small norm vectors and biases
- * are converted to float at load, and, where the CPU has kernels for it, the
- * Q8_0 and Q4_0 matrices used in products are copied once into the
+ * are converted to float at load, and the matrices used in products whose
+ * type the kernel table has packed kernels for are copied once into the
  * interleaved layout of quant.h (about as many bytes again as those
- * matrices; the mapped originals are then only read for embedding rows). A weight matrix is stored row-major
- * with `rows` output rows of `cols` inputs (GGUF ne[1] x ne[0]).
+ * matrices; the mapped originals are then only read for embedding rows;
+ * copies that would take most of the free memory are not made). A weight
+ * matrix is stored row-major with `rows` output rows of `cols` inputs (GGUF
+ * ne[1] x ne[0]).
  */
 #ifndef LAMINA_MODEL_H
 #define LAMINA_MODEL_H

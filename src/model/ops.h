@@ -6,11 +6,12 @@
  * activations are converted once per call to the weight type's vec_dot_type
  * (e.g. Q8_0 blocks) and every output element is one vec_dot, so a row's
  * result does not depend on how many other rows share the call. A weight
- * with an interleaved copy (lm_weight.packed: Q8_0/Q4_0/Q5_0/Q4_K/F16 where
- * the kernel table has packed kernels) is always multiplied through that
- * copy's kernels instead, with the same guarantee (quant.h); a few tokens
- * (decode) take two groups of its rows per call where the kernel table has
- * a pair tile (packed_pair, the AVX-512 variants), with the same bits.
+ * with an interleaved copy (lm_weight.packed: every type the kernel table
+ * has packed kernels for) is always multiplied through that copy's kernels
+ * instead, with the same guarantee (quant.h); a few tokens (decode) take
+ * two groups of its rows per call where the kernel table has a pair tile
+ * (packed_pair, the AVX-512 variants), more tokens likewise where it has a
+ * wide tile (packed_wide), with the same bits.
  *
  * Every kernel comes from the kernel table (kernels/kernels.h), so
  * LAMINA_NO_SIMD=1 runs the scalar reference of each op.

@@ -24,43 +24,40 @@
  * distribution the guess was drawn from); fewer than min guesses propose
  * nothing.
  *
- * Staying cheap when it does not pay. A draft more than DRAFT_GAP_MAX tokens
- * behind (the sequence decoded plainly while its acceptance was low) is not
- * caught up: it restarts on the last DRAFT_RESTART_CTX tokens only (off
- * moves), so a rare probe costs a short prefill, not the whole context. Its
- * proposals are then from a shorter context, still exact. (A window that
- * starts past the first token loses the BOS some models lean on: Gemma 3's
- * guesses are then poor, so a sequence's first proposal feeds the whole
- * sequence when it fits.)
+ * Falling behind. A draft more than DRAFT_GAP_MAX tokens behind (the
+ * sequence decoded plainly while its acceptance was low) is not caught up:
+ * it restarts on the last DRAFT_RESTART_CTX tokens only (off moves), so a
+ * rare probe costs a short prefill, not the whole context; its proposals
+ * are then from a shorter context, still exact. A sequence's first proposal
+ * feeds the whole sequence when it fits, so the window keeps the BOS some
+ * models (Gemma 3) need to guess well.
  *
  * Grammars. A job whose choice has a grammar in force (gm) guesses under
- * the same mask the target's row gets: the draft's row is masked before
- * its sampler runs, a copy of the parse state advances along the guesses
- * (an end-of-generation token leaves it, as it does the target's), and the
- * proposal ends where the grammar can only end. So every guess is grammar-valid, and q (the masked
- * distribution the guess was drawn from) is what the rejection scheme
- * divides by: exact still, and accepted as often as without a grammar.
+ * the same mask the target's row gets: the draft's row is masked before its
+ * sampler runs, a copy of the parse state advances along the guesses (an
+ * end-of-generation token leaves it, as it does the target's), and the
+ * proposal ends where the grammar can only end. So every guess is
+ * grammar-valid, and q (the masked distribution the guess was drawn from)
+ * keeps the rejection scheme exact.
  *
- * The vocabulary subset. A draft whose vocabulary is large spends most of
- * its pass on the LM head (Gemma 3 270M: 262,144 rows of 640, 168M of its
- * 270M parameters), on logits of tokens that are almost never its guess.
- * With a subset of n tokens (draft_vocab_size) the draft's LM head computes
- * only the rows of: the end-of-generation tokens and the n best ranked by
- * the tokenizer's scores (a packed copy made at start, model/forward.h's
- * head_sub; SentencePiece scores rank frequency, and Gemma 3's fall with
- * the id among ordinary tokens; without scores, the id order), united with
- * the tokens of the job's own sequence (prompt and output so far, the
- * latest DRAFT_EXTRA_MAX distinct ones outside the subset across the
- * call's jobs, gathered per call: copied text is what a draft guesses
- * best). Every other token's logit is -inf before the draft's sampler, so
- * q, the distribution the guess is drawn from, is zero outside the job's
- * subset and the rejection scheme stays exact; greedy output stays the
- * target's. A job's row keeps its own sequence's tokens only, not those of
- * the other jobs in the pass, so its guesses do not depend on the batch.
+ * The vocabulary subset. A draft with a large vocabulary spends most of its
+ * pass on the LM head (Gemma 3 270M: 262,144 rows of 640, 168M of its 270M
+ * parameters). With a subset of n tokens (draft_vocab_size) the draft's LM
+ * head computes only the rows of: the end-of-generation tokens and the n
+ * best ranked by the tokenizer's scores (a packed copy made at start,
+ * model/forward.h's head_sub; SentencePiece scores rank frequency; without
+ * scores, the id order), united with the tokens of the job's own sequence
+ * (prompt and output so far; the latest DRAFT_EXTRA_MAX distinct ones
+ * outside the subset across the call's jobs, gathered per call: copied
+ * text is what a draft guesses best). Every other token's logit is -inf
+ * before the draft's sampler, so q is zero outside the job's subset and the
+ * rejection scheme stays exact; greedy output stays the target's. A job's
+ * row keeps its own sequence's tokens only, so its guesses do not depend
+ * on the batch.
  *
  * Resources. Its pool holds max_seqs sequences of the target's context (or
  * the draft's, if shorter: the window then restarts), or what a memory
- * budget gave it (engine_mem_plan: draft_plan says what it needs). When the
+ * budget gave it (engine_mem_plan; draft_plan says what it needs). When the
  * pool is full or a truncation is refused (sliding-window layers), the
  * sequence's draft state is dropped and the job proposes nothing this
  * time; nothing fails.

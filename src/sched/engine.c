@@ -1,65 +1,44 @@
 /*
- * engine.c - the continuous-batching engine (see engine.h for the contract):
- * request lifecycle, and acting on the scheduler's plans.
+ * engine.c - the continuous-batching engine (contract in engine.h): request
+ * lifecycle, and acting on the scheduler's plans. Speculation's part of an
+ * iteration is spec_sched.c; the objects both share are in engine_int.h.
  *
- * Objects. A request (lm_request) is what a submitter holds; it keeps a
- * copy of its parameters and owns n choices (eseq), each one sequence of
- * tokens with its own KV sequence, sampler, detokenizer and held text (stop
- * strings, stop.h). Choice 0 prefills the prompt; when its prompt is done,
- * choices 1..n-1 fork its KV blocks (kv_fork: the prompt's blocks are
- * shared, the partial last block is copied on the first write) and sample
- * from the same logits row.
+ * Objects. A request (lm_request) keeps a copy of its parameters and owns n
+ * choices (eseq), each one sequence of tokens with its own KV sequence,
+ * sampler, detokenizer and held text (stop.h); a choice's scheduler handle
+ * is its first member. Choice 0 prefills the prompt; then choices 1..n-1
+ * fork its KV blocks (kv_fork: the prompt's blocks shared, the partial last
+ * block copied on the first write) and sample from the same logits row.
  *
- * A choice's tokens[0..n_tokens) are its prompt and what it generated so far;
- * positions [0, n_computed) of its KV are written. Every pass feeds
- * tokens[n_computed ..] (one token in decode, a chunk in prefill) and wants
- * logits only when the chunk reaches n_tokens. Preemption frees the KV and
- * sets n_computed back to 0: recomputation is then just a longer prefill,
- * and the sampler's RNG and history carry on, so the output is the same.
+ * Positions. tokens[0..n_tokens) are the prompt and what was generated;
+ * KV positions [0, n_computed) are written. A pass feeds tokens[n_computed..]
+ * (one token in decode, a chunk in prefill) and wants logits only when the
+ * chunk reaches n_tokens; a decode with a proposal feeds its pending token
+ * and the first n - 1 proposed ones, each with a logits row (batch_add).
+ * n_computed counts only verified positions at every moment, so a choice
+ * that finishes mid-way commits only those to the prefix cache. Preemption
+ * frees the KV and sets n_computed back to 0: recomputation is a longer
+ * prefill, and the sampler's RNG and history and the grammar's parse state
+ * carry on, so the output is the same. A preempted or finished choice also
+ * drops its draft KV; a fork starts its own.
  *
- * Who decides what. The scheduler (sched.h) owns the waiting and running
- * queues and plans each iteration; it never calls back. This file tells it
- * what it cannot see (each running choice's length and pending tokens, the
- * pool's free blocks, answers to its questions: what a preemption frees,
- * what an admission takes), then acts on the plan: frees the KV of
- * preempted choices, grows the others', admits, runs the batch, samples,
- * and finishes choices. A choice's scheduler handle is its first member.
- *
- * An admission is measured by a probe: a KV sequence that takes the
- * prompt's cached prefix (kv_prefix_match) and so shows what the prefix
- * cache saves and which cached blocks it takes. A probe the plan admits
- * becomes the choice's KV; the others are freed before anything else
- * happens, so the pool the plan counted on is the pool the engine acts on.
+ * Acting on a plan. The scheduler (sched.h) owns the waiting and running
+ * queues, plans each iteration and never calls back. This file tells it
+ * what it cannot see (each running choice's length, pending tokens and
+ * proposal, the pool's free blocks) and answers its questions (what a
+ * preemption frees, what an admission takes), then acts: frees the KV of
+ * preempted choices, grows the others', admits, runs the batch, samples and
+ * finishes choices. An admission is measured by a probe, a KV sequence that
+ * takes the prompt's cached prefix (kv_prefix_match); a probe the plan
+ * admits becomes the choice's KV and the others are freed before anything
+ * else happens, so the pool the plan counted on is the pool acted on.
  *
  * Grammars. A choice's lm_gmatch advances with every token it takes
- * (grammar_advance); it is not tied to the KV, so preemption and recompute
- * leave it as it is, like the sampler's RNG and history. Submitters compile
- * grammars, probe new ones against the matcher's bounds (gmatch_probe: a
- * highly ambiguous grammar is refused there) and build the per-vocabulary
- * tables under gv_mu; masks and steps happen on the engine thread only. A
- * grammar a step found past the bounds is refused at submission from then
- * on (gmatch_spoiled).
- *
- * Speculation (its functions are in spec_sched.c, the objects shared through
- * engine_int.h). report_running asks each decoding choice for a proposal
- * (propose: sized by its spec_ctl, bounded by what it may still generate and
- * by the context) and tells the scheduler (sq.n_spec); a run item longer than
- * one token for a decoding choice carries its pending token and the first
- * n - 1 proposed ones (batch_add), each with a logits row; verify takes the
- * rows' tokens in order and truncates the KV to the verified positions.
- * n_computed counts only verified positions at every moment, so a choice
- * that finishes mid-way commits only those to the prefix cache. With a draft
- * model, propose queues a job per choice and report_running runs them all
- * in the draft's passes (draft_propose); before that, draft_resync cuts the
- * draft's KV back to the tokens that still agree with the choice's (its
- * guesses after d_base as far as they were taken), which covers
- * verification, plain decodes and proposals the plan did not take. Its
- * guesses' distributions live in dq, slots handed out per iteration. A
- * preempted or finished choice drops its draft KV; a fork starts its own.
- * When the cost model's curve was timed at start, step times its
- * decode-only iterations (proposing included) and the measured guard
- * (spec_guard, decode/spec.h) keeps speculation off at a width where it
- * has been slower per emitted token than plain steps.
+ * (grammar_advance) and is not tied to the KV. Submitters compile grammars,
+ * probe new ones against the matcher's bounds (gmatch_probe) and build the
+ * per-vocabulary tables under gv_mu; masks and steps run on the engine
+ * thread only. A grammar a step found past the bounds is refused at
+ * submission from then on (gmatch_spoiled).
  *
  * Threads. Submitters only touch the inbox (under mu) and a request's cancel
  * flag (atomic). Everything else - scheduler, KV bookkeeping, samplers -

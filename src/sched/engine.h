@@ -39,37 +39,28 @@
  * one mask cache.
  *
  * Speculative decoding (lm_engine_config.spec: prompt lookup, decode/spec.h,
- * or a draft model, sched/draft.h). A decoding choice proposes a few tokens
- * (copied from where its last words occurred before, or guessed by the
- * draft model in its own KV pool, all choices' guesses in the same draft
- * passes, the draft kept in step with the tokens taken); the scheduler lets the proposals join the choice's
- * decode in the same flat batch with whatever budget and blocks the decodes
- * and prefill chunks leave (so under load speculation shrinks, then stops),
- * the pass returns a logits row per position, and each row's token is taken
- * as a plain decode would take it (sampler, grammar mask and state, stop
- * strings, events), the proposal verified against it: greedy keeps a
- * proposal while it equals the argmax, sampling by the rejection scheme
- * (sampler_sample_spec). The first disagreement gives the target's own
- * token; the KV positions of rejected proposals are truncated (they lie in
- * blocks the append took or copied, never in shared ones). So greedy output
- * is token for token the same, and sampled output has the same
- * distribution; a seed reproduces it when the load (and so each proposal's
- * size) is the same. A request may turn it off or lower K (spec_k). The
- * draft's guesses are drawn from its own row after the choice's sampler
- * transforms (bias, penalties with the history, truncation, temperature),
- * and that distribution q is what the rejection scheme divides by; a
- * grammar in force masks the draft's rows as it masks the target's (a copy
- * of the parse state follows the guesses), so every guess is grammar-valid
- * and q is the masked distribution. A draft's proposal is sized by the
- * cost model of spec.h (a draft pass's share of the model's pass,
- * lm_engine_config.spec_cost), so a draft that is rarely right or too slow
- * stops being consulted. The draft model
- * runs only while nothing waits and the batch budget holds every running
- * choice's pending tokens and full proposals: under load it stands aside. Whatever the
- * cost model predicts, a measured guard (spec_guard, decode/spec.h) times
- * the decode steps with and without speculation at each width of the
- * batch and stops speculation where it has been slower, trying it again
- * after an interval.
+ * or a draft model, sched/draft.h). A decoding choice proposes a few tokens;
+ * the scheduler lets the proposals join the choice's decode in the same
+ * flat batch with whatever budget and blocks the decodes and prefill chunks
+ * leave (so under load speculation shrinks, then stops), the pass returns a
+ * logits row per position, and each row's token is taken as a plain decode
+ * would take it (sampler, grammar mask and state, stop strings, events),
+ * the proposal verified against it: greedy keeps a proposal while it equals
+ * the argmax, sampling uses the rejection scheme (sampler_sample_spec) over
+ * the distribution q the guess was drawn from (a draft's q: after the
+ * choice's sampler transforms and under its grammar's mask, draft.h). The
+ * first disagreement gives the target's own token; the KV positions of
+ * rejected proposals are truncated (they lie in blocks the append took or
+ * copied, never in shared ones). So greedy output is token for token the
+ * same, and sampled output has the same distribution; a seed reproduces it
+ * when the load (and so each proposal's size) is the same. A request may
+ * turn it off or lower K (spec_k). A draft's proposals are sized by spec.h's
+ * cost model (lm_engine_config.spec_cost), and the draft runs only while
+ * nothing waits and the batch budget holds every running choice's pending
+ * tokens and full proposals. Whatever the cost model predicts, a measured
+ * guard (spec_guard, decode/spec.h) stops speculation at a width of the
+ * batch where it has been slower than plain steps, and tries it again after
+ * an interval.
  *
  * Results reach the submitter through its callback, called on the engine
  * thread once per generated token (with the newly released text) and once
