@@ -137,6 +137,28 @@ for c in run tokenize perplexity convert info; do
     "$L" $c --help >"$T/h" 2>&1; rc=$?
     [ $rc -eq 0 ] && grep -q usage "$T/h" && ok "help_$c" || bad "help_$c" "rc=$rc"
 done
+# a usage error is the error and one line pointing to --help, not the whole usage
+for c in run serve bench quantize route; do
+    "$L" $c --bogus-flag >/dev/null 2>"$T/err"; rc=$?
+    [ $rc -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 2 ] && grep -q "^lamina $c: unknown argument '--bogus-flag'$" "$T/err" &&
+        grep -qx "Try 'lamina $c --help'." "$T/err" && ok "usage_error_short_$c" || bad "usage_error_short_$c" "rc=$rc" "$(cat "$T/err")"
+done
+"$L" frobnicate >/dev/null 2>"$T/err"
+[ "$(wc -l <"$T/err")" -eq 2 ] && grep -qx "Try 'lamina --help'." "$T/err" && ok unknown_command_short ||
+    bad unknown_command_short "$(cat "$T/err")"
+# lamina --version / lamina version: the release, the commit, the compiler, the kernels
+v=$(sed -n 's/^#define LM_VERSION_STRING "\(.*\)"/\1/p' include/lamina.h)
+for f in --version version; do
+    "$L" $f >"$T/v" 2>&1; rc=$?
+    [ $rc -eq 0 ] && grep -qx "lamina $v" "$T/v" && grep -q "^commit:   [0-9a-f]\{7,\}\|^commit:   unknown" "$T/v" &&
+        grep -q "^compiler: \(gcc\|clang\) [0-9]" "$T/v" &&
+        grep -qx "kernels:  $("$L" info "$M" | sed -n 's/^kernels: *//p' | head -1)" "$T/v" && ok "version_$f" ||
+        bad "version_$f" "rc=$rc" "$(cat "$T/v")"
+done
+LAMINA_NO_SIMD=1 "$L" --version | grep -qx "kernels:  scalar" && ok version_kernels_follow_env || bad version_kernels_follow_env
+# lamina info MODEL, without -m
+"$L" info "$M" >"$T/i1" 2>&1 && "$L" info -m "$M" >"$T/i2" 2>&1 && cmp -s "$T/i1" "$T/i2" &&
+    grep -q "^architecture:  llama" "$T/i1" && ok info_positional || bad info_positional "$(head -3 "$T/i1")"
 # prompt longer than the context is a clear error
 "$L" run -m "$M" -p "$(head -c 3000 "$T/text.txt")" -n 5 >/dev/null 2>"$T/err"; rc=$?
 [ $rc -eq 1 ] && grep -q context "$T/err" && ok prompt_too_long || bad prompt_too_long "rc=$rc" "$(cat "$T/err")"

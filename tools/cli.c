@@ -21,8 +21,7 @@
 void die_usage(args *a, const char *fmt, const char *what) {
     fprintf(stderr, "lamina %s: ", a->cmd);
     fprintf(stderr, fmt, what);
-    fprintf(stderr, "\n\n");
-    a->usage(stderr);
+    fprintf(stderr, "\nTry 'lamina %s --help'.\n", a->cmd);
     exit(2);
 }
 

@@ -37,6 +37,7 @@
 #include "base/strbuf.h"
 #include "base/util.h"
 #include "dist/dist.h"
+#include "version.h"
 
 /* ---- run --------------------------------------------------------------- */
 
@@ -556,10 +557,11 @@ static int cmd_convert(int argc, char **argv) {
 
 static void usage_info(FILE *f) {
     fprintf(f,
-            "usage: lamina info -m MODEL.gguf [--kv]\n"
+            "usage: lamina info [-m] MODEL.gguf [--kv]\n"
             "Print the architecture, shapes, tensor types, parameter count, KV bytes per token and\n"
-            "the kernels this CPU runs (avx2, neon or neondot; scalar with LAMINA_NO_SIMD=1;\n"
-            "LAMINA_CPU=scalar|avx2|neon|neondot picks one, capped at what the CPU has);\n"
+            "the kernel variant this CPU runs: the best of avx512bf16, avx512vnni, avx512, avxvnni,\n"
+            "avx2 (x86-64) or neondot, neon (AArch64), else scalar. LAMINA_CPU=NAME picks one of\n"
+            "these, capped at what the CPU has; LAMINA_NO_SIMD=1 keeps the scalar reference.\n"
             "--kv also lists every metadata key.\n");
 }
 
@@ -571,6 +573,7 @@ static int cmd_info(int argc, char **argv) {
         if (is_help(&a)) continue;
         if (is_flag(&a, "-m", "--model")) model = need_val(&a);
         else if (is_flag(&a, "--kv", NULL)) kv = true;
+        else if (argv[a.i][0] != '-' && !model) model = argv[a.i]; /* lamina info MODEL.gguf */
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
     lm_model *m = load_or_die("info", model);
@@ -650,7 +653,8 @@ static void usage_main(FILE *f) {
             "  kv          KV cache size: bytes per token, tokens and sequences that fit\n"
             "  serve       OpenAI-compatible HTTP server (continuous batching)\n"
             "  route       router in front of serve replicas (admission, prefix affinity, faults)\n"
-            "  trace       where concurrency was lost, from a `lamina route --trace` file (and an SVG)\n\n"
+            "  trace       where concurrency was lost, from a `lamina route --trace` file (and an SVG)\n"
+            "  version     the version, commit, compiler and kernel variant (also --version)\n\n"
             "Long work (loading a large model, quantize, perplexity, mkmodel, bench) draws a progress line\n"
             "when stderr is a terminal; --progress, accepted by every command, draws it on a pipe too.\n"
             "run, bench, perplexity and serve take --tp N: tensor parallelism over N ranks of the MPI\n"
@@ -743,6 +747,26 @@ static int start_tp(int tp, int pp, int *argc, char ***argv) {
 
 static int run_cmd(int argc, char **argv);
 
+/* lamina --version: the release, the commit it was built from (LAMINA_GIT,
+ * from build/gen/version.h; "unknown" outside a git checkout), the compiler
+ * and the kernel variant this CPU runs. */
+static int cmd_version(void) {
+    printf("lamina %s\n", LM_VERSION_STRING);
+    printf("commit:   %s\n", LAMINA_GIT);
+#if defined(__clang__)
+    printf("compiler: clang %s\n", __clang_version__);
+#elif defined(__GNUC__)
+    printf("compiler: gcc %d.%d.%d\n", __GNUC__, __GNUC_MINOR__, __GNUC_PATCHLEVEL__);
+#else
+    printf("compiler: unknown\n");
+#endif
+    const char *note = kernels_cap_note();
+    bool capped = note && *note;
+    printf("kernels:  %s%s%s%s\n", kernels_isa_name(), capped ? " (" : "", capped ? note : "", capped ? ")" : "");
+    printf("mpi:      %s\n", dist_available() ? "yes (tensor and pipeline parallel)" : "no (make MPI=1 adds it)");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     kernels_init();
     int tp = argc >= 2 ? take_par(&argc, argv, "--tp") : 0, pp = argc >= 2 ? take_par(&argc, argv, "--pp") : 0;
@@ -780,7 +804,7 @@ static int run_cmd(int argc, char **argv) {
     if (!strcmp(c, "route")) return cmd_route(argc - 1, argv + 1);
     if (!strcmp(c, "trace")) return cmd_trace(argc - 1, argv + 1);
     if (!strcmp(c, "logits")) return cmd_logits(argc - 1, argv + 1);
-    fprintf(stderr, "lamina: unknown command '%s'\n\n", c);
-    usage_main(stderr);
+    if (!strcmp(c, "version") || !strcmp(c, "--version") || !strcmp(c, "-V")) return cmd_version();
+    fprintf(stderr, "lamina: unknown command '%s'\nTry 'lamina --help'.\n", c);
     return 2;
 }
