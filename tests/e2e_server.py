@@ -823,6 +823,41 @@ def check_queue_time(srv):
            "x-lamina-queue-time" not in {k.lower() for k in h}, "status %d %r" % (st, h))
 
 
+def check_defaults(srv, servers):
+    """The server's defaults: a chat request without max_tokens is bounded
+    (the rest of this small context here; 1024 at most), the start-up names
+    the chat page, and `serve --temp 0 --max-tokens 5` makes a request that
+    sets neither greedy and 5 tokens long, while one that sets them wins."""
+    msgs = [{"role": "user", "content": "Tell me a story."}]
+    page = [l for l in srv.lines if "chat page: http://127.0.0.1:%d/" % srv.port in l]
+    result("start-up names the chat page", len(page) == 1, srv.lines)
+    st, _, data = post(srv, "/v1/chat/completions", {"messages": msgs, "ignore_eos": True}, timeout=300)
+    j = json.loads(data) if st == 200 else {}
+    n = j.get("usage", {}).get("completion_tokens", -1)
+    result("chat without max_tokens: bounded by the context and by 1024", st == 200 and 0 < n <= min(1024, CTX) and
+           j["usage"]["prompt_tokens"] + n <= CTX, (st, data[:300]))
+    s3 = Server("--chat-template", "chatml", "--temp", "0", "--max-tokens", "5", "--top-k", "3", "--min-p", "0.2")
+    servers.append(s3)
+    texts = []
+    for _ in range(2):
+        st, _, data = post(s3, "/v1/chat/completions", {"messages": msgs, "ignore_eos": True, "seed": len(texts)})
+        j = json.loads(data) if st == 200 else {}
+        texts.append((st, j.get("choices", [{}])[0].get("message", {}).get("content"),
+                      j.get("usage", {}).get("completion_tokens")))
+    greedy = post(s3, "/v1/chat/completions", {"messages": msgs, "ignore_eos": True, "temperature": 0,
+                                               "max_tokens": 5, "top_k": 0, "min_p": 0})
+    gtext = json.loads(greedy[2])["choices"][0]["message"]["content"] if greedy[0] == 200 else None
+    result("serve --temp 0 --max-tokens 5: a request setting neither is greedy and 5 tokens long",
+           texts[0][0] == 200 and texts[0] == texts[1] and texts[0][2] == 5 and texts[0][1] == gtext, (texts, gtext))
+    st, _, data = post(s3, "/v1/completions", {"prompt": "Once", "max_tokens": 9, "ignore_eos": True,
+                                               "temperature": 1})
+    result("a request's own max_tokens wins over --max-tokens", st == 200 and
+           json.loads(data)["usage"]["completion_tokens"] == 9, data[:300])
+    st, _, data = post(s3, "/v1/completions", {"prompt": "Once", "ignore_eos": True})
+    result("--max-tokens applies to completions too", st == 200 and
+           json.loads(data)["usage"]["completion_tokens"] == 5, data[:300])
+
+
 def main():
     if not os.path.exists(LAMINA):
         result("a lamina binary at %s" % LAMINA, False)
@@ -844,6 +879,7 @@ def main():
         check_busy()
         check_slow()
         check_stalled()
+        check_defaults(srv, servers)
         # no template: chat fails with 400 and start-up said why
         srv2 = Server()
         servers.append(srv2)

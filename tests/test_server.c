@@ -62,11 +62,52 @@ static void test_completion_defaults(void) {
     CHECK(memcmp(r.prompts[0], ids, (size_t)n * sizeof(int32_t)) == 0);
     CHECK(r.prompts[0][0] == tok_bos(tok));
     CHECK(r.p.max_tokens == 16 && r.p.n == 1 && !r.stream && !r.include_usage && !r.echo);
-    CHECK(r.p.sp.temp == 1 && r.p.sp.top_p == 1 && r.p.sp.top_k == 0 && r.p.sp.min_p == 0);
+    /* no server defaults given: `lamina run`'s (sample_params_default) */
+    lm_sample_params d;
+    sample_params_default(&d);
+    CHECK(d.temp == 0.8f && d.top_k == 40 && d.top_p == 0.95f && d.min_p == 0.05f);
+    CHECK(r.p.sp.temp == d.temp && r.p.sp.top_p == d.top_p && r.p.sp.top_k == d.top_k && r.p.sp.min_p == d.min_p);
     CHECK(r.p.sp.repeat_penalty == 1 && r.p.sp.freq_penalty == 0 && r.p.sp.presence_penalty == 0);
     CHECK(!r.seed_given && r.p.n_bias == 0 && r.p.n_stop == 0 && !r.p.logprobs && r.p.top_logprobs == 0);
     CHECK(!r.p.ignore_eos && r.p.priority == 0 && !r.chat);
     server_request_free(&r);
+}
+
+/* The server's own defaults (serve --temp, --top-k, --top-p, --min-p,
+ * --max-tokens) reach a request that leaves the fields out, and never one
+ * that sets them; a chat request without max_tokens gets 1024, within the
+ * context. */
+static void test_server_defaults(void) {
+    lm_server_request r;
+    lm_server_error e;
+    lm_sample_params sp;
+    sample_params_default(&sp);
+    sp.temp = 0.25f, sp.top_k = 7, sp.top_p = 0.5f, sp.min_p = 0.2f;
+    lm_server_parse_ctx saved = ctx;
+    ctx.sampling = &sp;
+    ctx.max_tokens_default = 9;
+    CHECKF(parse(false, "{\"prompt\": \"Once\"}", &r, &e) == 0, "%s", e.message);
+    CHECK(r.p.sp.temp == 0.25f && r.p.sp.top_k == 7 && r.p.sp.top_p == 0.5f && r.p.sp.min_p == 0.2f);
+    CHECK(r.p.max_tokens == 9);
+    server_request_free(&r);
+    CHECKF(parse(true, "{\"messages\": [{\"role\": \"user\", \"content\": \"y\"}], \"temperature\": 0,"
+                       " \"top_k\": 0, \"top_p\": 1, \"min_p\": 0, \"max_tokens\": 3}", &r, &e) == 0, "%s", e.message);
+    CHECK(r.p.sp.temp == 0 && r.p.sp.top_k == 0 && r.p.sp.top_p == 1 && r.p.sp.min_p == 0 && r.p.max_tokens == 3);
+    server_request_free(&r);
+    /* chat: the built-in 1024 on a large context, the rest of a small one */
+    ctx.max_tokens_default = 0, ctx.max_tokens_cap = 0, ctx.n_ctx = 4096;
+    CHECKF(parse(true, "{\"messages\": [{\"role\": \"user\", \"content\": \"y\"}]}", &r, &e) == 0, "%s", e.message);
+    CHECK(r.p.max_tokens == SERVER_MAX_TOKENS_CHAT && SERVER_MAX_TOKENS_CHAT == 1024);
+    server_request_free(&r);
+    ctx.n_ctx = 1030;
+    CHECKF(parse(true, "{\"messages\": [{\"role\": \"user\", \"content\": \"y\"}]}", &r, &e) == 0, "%s", e.message);
+    CHECK(r.p.max_tokens == 1030 - r.n_prompt[0] && r.p.max_tokens < 1024);
+    server_request_free(&r);
+    /* completions: the default that does not fit is the prompt's error, as before */
+    ctx.n_ctx = 128, ctx.max_tokens_default = 200;
+    CHECK(parse(false, "{\"prompt\": \"Once\"}", &r, &e) != 0 && e.status == 400);
+    server_request_free(&r);
+    ctx = saved;
 }
 
 static void test_completion_all_fields(void) {
@@ -912,6 +953,7 @@ static void test_cache_salt(void) {
 int main(void) {
     setup();
     TEST_RUN(test_completion_defaults);
+    TEST_RUN(test_server_defaults);
     TEST_RUN(test_completion_all_fields);
     TEST_RUN(test_prompt_forms);
     TEST_RUN(test_chat);

@@ -27,8 +27,9 @@
 static void usage_serve(FILE *f) {
     fprintf(f,
             "usage: lamina serve -m MODEL.gguf [options]\n"
-            "Serve the model over HTTP with OpenAI's API: POST /v1/completions, POST /v1/chat/completions,\n"
-            "GET /v1/models, GET /health, GET /metrics (Prometheus).\n\n"
+            "Serve the model over HTTP: a chat page at / (open it in a browser), and OpenAI's API:\n"
+            "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,\n"
+            "GET /metrics (Prometheus).\n\n"
             "  -m, --model FILE       GGUF model\n"
             "      --host ADDR        address to bind (default 127.0.0.1)\n"
             "      --port N           TCP port (default 8080; 0 picks a free one)\n"
@@ -73,7 +74,12 @@ static void usage_serve(FILE *f) {
             "      --max-body BYTES   largest request body (default 1M; larger: 413)\n"
             "      --stream-buffer BYTES  generated text and logprobs a stream may hold unsent (once the\n"
             "                         socket's buffer is full) before its request is cancelled (default 4M)\n"
+            "      --max-tokens N     max_tokens of a request that sets none (default: 1024 on chat, 16 on\n"
+            "                         completions as OpenAI's API; chat never past the context)\n"
             "      --max-tokens-cap N largest max_tokens a request may ask for (default: the context)\n"
+            "      --temp T, --top-k K, --top-p P, --min-p P  sampling for a request that sets none of\n"
+            "                         these fields (defaults 0.8, 40, 0.95, 0.05, as lamina run; a\n"
+            "                         request's temperature 0 is greedy)\n"
             "      --max-n N          largest n (choices per prompt; default 16)\n"
             "  -h, --help             this text\n",
             FWD_BATCH_DEFAULT);
@@ -170,6 +176,11 @@ int cmd_serve(int argc, char **argv) {
         else if (is_flag(&a, "--max-headers", NULL)) sc.max_headers = (int)need_int(&a, 1, 1 << 16);
         else if (is_flag(&a, "--max-body", NULL)) sc.max_body = (size_t)need_bytes(&a);
         else if (is_flag(&a, "--stream-buffer", NULL)) sc.stream_buffer = (size_t)need_bytes(&a);
+        else if (is_flag(&a, "--max-tokens", NULL)) sc.max_tokens_default = (int)need_int(&a, 1, 1 << 30);
+        else if (is_flag(&a, "--temp", NULL)) sc.sampling.temp = need_float(&a, 0, 2);
+        else if (is_flag(&a, "--top-k", NULL)) sc.sampling.top_k = (int)need_int(&a, 0, 1 << 30);
+        else if (is_flag(&a, "--top-p", NULL)) sc.sampling.top_p = need_float(&a, 0, 1);
+        else if (is_flag(&a, "--min-p", NULL)) sc.sampling.min_p = need_float(&a, 0, 1);
         else if (is_flag(&a, "--max-tokens-cap", NULL)) sc.max_tokens_cap = (int)need_int(&a, 1, 1 << 30);
         else if (is_flag(&a, "--max-n", NULL)) sc.max_n = (int)need_int(&a, 1, 1024);
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
@@ -220,6 +231,9 @@ int cmd_serve(int argc, char **argv) {
     lm_engine_stats est;
     engine_stats(eng, &est);
     mem_print(stderr, "serve", &est, ec.kv_type, engine_n_ctx(eng));
+    fprintf(stderr, "lamina serve: chat page: http://%s%s%s:%d/  OpenAI API: http://%s%s%s:%d/v1  (Ctrl-C stops)\n",
+            v6 ? "[" : "", sc.host, v6 ? "]" : "", server_port(srv), v6 ? "[" : "", sc.host, v6 ? "]" : "",
+            server_port(srv));
 
     int sig = 0;
     while (sigwait(&stop, &sig) != 0) continue;

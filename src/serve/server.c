@@ -372,6 +372,7 @@ void server_config_default(lm_server_config *c) {
     c->conn_memory = 32 << 10;
     c->read_timeout = 30;
     c->max_headers = 100;
+    sample_params_default(&c->sampling);
 }
 
 static char *dup_or_null(const char *s) { return s ? lm_strndup(s, strlen(s)) : NULL; }
@@ -502,6 +503,8 @@ int server_set_engine(lm_server *s, lm_engine *e, char *err, size_t errlen) {
     p->model_name = s->model_name;
     p->max_n = s->cfg.max_n;
     p->max_tokens_cap = s->cfg.max_tokens_cap;
+    p->max_tokens_default = s->cfg.max_tokens_default;
+    p->sampling = &s->cfg.sampling;
     p->max_seqs = engine_max_seqs(e);
     s->chat_error[0] = 0;
     resolve_chat(s, engine_model(e));

@@ -75,6 +75,7 @@
 #define SERVER_MAX_PROMPTS 64       /* prompts in one completions request */
 #define SERVER_MAX_BIAS 1024        /* logit_bias entries */
 #define SERVER_MAX_TOOLS 128        /* tools in one chat request */
+#define SERVER_MAX_TOKENS_CHAT 1024 /* a chat request's max_tokens when it sets none */
 
 /* What the parser needs to know about the model and the limits. */
 typedef struct {
@@ -86,6 +87,10 @@ typedef struct {
     const char *chat_error;    /* when neither is usable: why chat requests fail */
     int max_n;                 /* largest n (choices per prompt) */
     int max_tokens_cap;        /* largest max_tokens; 0: only the context limits it */
+    int max_tokens_default;    /* a request without max_tokens: this many (within the context);
+                                  0: SERVER_MAX_TOKENS_CHAT for chat, 16 for completions */
+    const lm_sample_params *sampling; /* temperature, top_k, top_p and min_p for a request that
+                                  leaves them out; NULL: sample_params_default's */
     int max_seqs;              /* the engine's sequences at once (n above it: 400); 0: no limit */
 } lm_server_parse_ctx;
 
@@ -178,6 +183,13 @@ typedef struct {
     size_t max_body;           /* request body bytes (default 1 MiB) */
     int max_n;                 /* default 16 */
     int max_tokens_cap;        /* 0: the context is the only limit */
+    /* The server's defaults for what a request leaves out: sampling (only
+     * temperature, top_k, top_p and min_p are read; server_config_default
+     * sets sample_params_default's, the values `lamina run` uses) and
+     * max_tokens (0: SERVER_MAX_TOKENS_CHAT on chat, OpenAI's 16 on
+     * completions). */
+    lm_sample_params sampling;
+    int max_tokens_default;
     double timeout;            /* seconds per request, then it is cancelled; 0: none */
     double keepalive;          /* seconds of silence before a keep-alive comment (default 3) */
     int idle_timeout;          /* seconds a connection may sit idle (no request, or a client that

@@ -12,9 +12,12 @@
  * Conventions, as OpenAI's API: a JSON null counts as an absent field;
  * unknown fields are ignored; integers may be written as integral floats
  * (2.0); an error names the parameter it is about. Defaults follow OpenAI
- * (temperature 1, top_p 1, n 1, max_tokens 16 for completions and the rest
- * of the context for chat), with lamina's extensions off unless given
- * (top_k, min_p, repetition_penalty, priority, ignore_eos; speculative and
+ * (n 1, no penalties), except sampling and max_tokens, which take the
+ * server's defaults (lm_server_parse_ctx.sampling: temperature 0.8, top_k 40,
+ * top_p 0.95, min_p 0.05 unless the server is started with others, as
+ * `lamina run` samples; max_tokens_default: 1024 for chat, 16 for
+ * completions; chat's within the rest of the context), with lamina's other
+ * extensions off unless given (repetition_penalty, priority, ignore_eos; speculative and
  * draft_max: speculative decoding on a server started with a proposer is on
  * unless "speculative": false or "draft_max": 0, and draft_max N caps the
  * tokens proposed per step).
@@ -123,10 +126,14 @@ static int oom(lm_server_error *e) {
 /* -------------------------------------------------------------- sampling */
 
 /* Sampling and output options common to both routes. */
-static int parse_sampling(const cJSON *root, bool chat, lm_server_request *r, lm_server_error *e) {
+static int parse_sampling(const lm_server_parse_ctx *c, const cJSON *root, bool chat, lm_server_request *r,
+                          lm_server_error *e) {
     lm_sample_params *sp = &r->p.sp;
     sample_params_default(sp);
-    sp->temp = 1, sp->top_p = 1, sp->top_k = 0, sp->min_p = 0;
+    if (c->sampling) {
+        sp->temp = c->sampling->temp, sp->top_p = c->sampling->top_p;
+        sp->top_k = c->sampling->top_k, sp->min_p = c->sampling->min_p;
+    }
     sp->repeat_penalty = 1, sp->repeat_last_n = 64, sp->freq_penalty = 0, sp->presence_penalty = 0;
     double x;
     long long k;
@@ -634,8 +641,9 @@ static int parse_shape(const lm_server_parse_ctx *c, const cJSON *root, bool cha
 }
 
 /* Every prompt plus max_tokens within the context, by the engine's rule
- * (engine_fit_context, with OpenAI's count: n_ctx tokens in all); the defaults: 16 for completions, the rest of the
- * context for chat, either bounded by max_tokens_cap. Last, n within the
+ * (engine_fit_context, with OpenAI's count: n_ctx tokens in all); without
+ * max_tokens: max_tokens_default (1024 for chat, 16 for completions when 0),
+ * bounded by max_tokens_cap and by the rest of the context. Last, n within the
  * sequences the engine runs at once. */
 static int check_context(const lm_server_parse_ctx *c, bool chat, long long max_tokens, const char *mt_name,
                          lm_server_request *r, lm_server_error *e) {
@@ -645,9 +653,10 @@ static int check_context(const lm_server_parse_ctx *c, bool chat, long long max_
         if (r->n_prompt[i] > longest) longest = r->n_prompt[i];
     int want = (int)max_tokens; /* at most max_tokens_cap, itself at most INT_MAX */
     if (max_tokens == 0) {
-        want = chat ? -1 : 16;
-        if (c->max_tokens_cap > 0 && (want < 0 || want > c->max_tokens_cap))
-            want = want < 0 && c->n_ctx - longest < c->max_tokens_cap ? -1 : c->max_tokens_cap;
+        want = c->max_tokens_default > 0 ? c->max_tokens_default : chat ? SERVER_MAX_TOKENS_CHAT : 16;
+        if (c->max_tokens_cap > 0 && want > c->max_tokens_cap) want = c->max_tokens_cap;
+        /* chat: at most the rest of the context; completions keep the error */
+        if (chat && want > c->n_ctx - longest && longest < c->n_ctx) want = -1;
     }
     int fit;
     if (engine_fit_context(c->n_ctx, longest, want, &fit) != LM_OK) {
@@ -680,7 +689,7 @@ static int parse_root(const lm_server_parse_ctx *c, bool chat, const cJSON *root
     long long max_tokens = 0;
     const char *mt_name = "max_tokens";
     if (parse_shape(c, root, chat, r, &max_tokens, &mt_name, e)) return -1;
-    if (parse_sampling(root, chat, r, e) || parse_stop(root, r, e)) return -1;
+    if (parse_sampling(c, root, chat, r, e) || parse_stop(root, r, e)) return -1;
     if (parse_bias(root, tok_n_vocab(c->tok), r, e) || check_unsupported(root, chat, r, e)) return -1;
     if (parse_cache_salt(root, r, e)) return -1;
     if (srv_parse_format(root, r, e)) return -1;
