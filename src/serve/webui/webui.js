@@ -39,7 +39,8 @@
   var chats = load(K_CHATS, []);
   if (!Array.isArray(chats)) chats = [];
   chats = chats.filter(function (c) { return c && typeof c.id === "string" && Array.isArray(c.messages); });
-  var settings = Object.assign({ system: "", temperature: 0.7, top_p: 0.95, max_tokens: null }, load(K_SET, {}));
+  /* null: the field is not sent, and the server's default applies */
+  var settings = Object.assign({ system: "", temperature: null, top_p: null, max_tokens: null }, load(K_SET, {}));
   var apiKey = load(K_KEY, "");
   var model = null;
   var current = load(K_CUR, null);
@@ -97,8 +98,17 @@
         i++;
       } else if (BULLET.test(line) || NUMBER.test(line)) {
         var re = BULLET.test(line) ? BULLET : NUMBER, list = el(re === BULLET ? "ul" : "ol"), item = null;
+        var start = /^\s*(\d+)/.exec(line);
+        if (re === NUMBER && start && +start[1] !== 1) list.setAttribute("start", String(+start[1]));
         for (; i < lines.length; i++) {
           var lm = re.exec(lines[i]);
+          if (!lines[i].trim()) {
+            /* blank lines between items ("loose" lists) keep the list going */
+            var j = i + 1;
+            while (j < lines.length && !lines[j].trim()) j++;
+            if (j < lines.length && (re.test(lines[j]) || (/^\s{2,}/.test(lines[j]) && item))) { i = j - 1; continue; }
+            break;
+          }
           if (lm) {
             item = el("li");
             inline(lm[1], item);
