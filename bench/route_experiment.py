@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The router experiment of bench/RESULTS.md: does concurrency reach the engines?
+"""The router experiment of bench/results/router.md: does concurrency reach the engines?
 
 Runs the same workload (R requests from C concurrent streaming clients, the
 bundled model, greedy, EOS ignored) against:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """tp_scale_model.py - the paper model of tensor-parallel decode across hosts
-(bench/RESULTS.md, "Tensor parallelism over MPI"): expected tokens/s of one
+(bench/results/parallel.md, "Tensor parallelism over MPI"): expected tokens/s of one
 sequence's decode for a model shape on N hosts joined by an Ethernet link.
 
 Per token, with tensor parallelism over N hosts (one rank per host):

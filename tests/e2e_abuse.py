@@ -32,7 +32,8 @@ so the per-address limit applies to them and not to the baseline client on 127.0
   6. The server exits 0 on SIGTERM with nothing from the sanitizers.
 
 `python3 tests/e2e_abuse.py --memory N` instead measures RSS before, at the peak of N slow
-connections (headers a byte at a time) and after, with the default limits (bench/RESULTS.md);
+connections (headers a byte at a time) and after, with the default limits
+(bench/results/robustness.md, "The server under abuse");
 `--memory-body N` the same with whole headers and a body a byte at a time.
 """
 import errno

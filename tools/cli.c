@@ -215,7 +215,7 @@ int need_spec(args *a) {
 }
 
 /* max 0: the default, 4 for prompt lookup and 3 for a draft model (whose
- * guesses cost passes: bench/RESULTS.md) */
+ * guesses cost passes: bench/results/speculative.md) */
 void spec_opts_default(spec_opts *o) { *o = (spec_opts){.spec = LM_SPEC_NONE, .max = 0, .vocab = -1}; }
 
 bool spec_opts_flag(args *a, spec_opts *o) {

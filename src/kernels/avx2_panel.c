@@ -9,15 +9,15 @@
  * loaded and widened once (two 8-lane vectors, lane r = row r) and each
  * token's x[k] is broadcast from memory into all lanes, then one FMA per
  * (half-group, token). With 6 tokens that is 12 FMAs for 2 conversions
- * and 6 broadcasts (which use the load ports only), against 12 FMAs for 7
- * conversions in the row-major dot-product tile: the FMA units, not the
- * F16 conversions, set the pace. The 12 accumulators, the two weight
- * vectors and one broadcast fill the 16 registers; no horizontal sums.
- * The loop over k is unrolled twice and each token's row has its own base
- * register indexed by k: 44 instructions per 24 FMAs instead of 54 (the
- * compiler otherwise rebuilds token addresses from one pointer with LEAs
- * every step). When another tenant shares the core, instructions, not
- * FMAs, are the limit: 1.15-1.2x on a 512-token product in that state.
+ * and 6 broadcasts (load ports only), against 12 FMAs for 7 conversions in
+ * the row-major dot-product tile: the FMA units, not the F16 conversions,
+ * set the pace. The 12 accumulators, the two weight vectors and one
+ * broadcast fill the 16 registers; no horizontal sums. The loop over k is
+ * unrolled twice and each token's row has its own base register indexed by
+ * k (otherwise the compiler rebuilds token addresses from one pointer with
+ * LEAs every step): 44 instructions per 24 FMAs instead of 54, which counts
+ * when another tenant shares the core and instructions, not FMAs, are the
+ * limit.
  *
  * Each (row, token) has its own accumulator lanes: the row splits into four
  * segments (quant.h), each an fmaf chain acc = fma(w[k], x[k], acc) from
@@ -32,20 +32,18 @@
  * Many tokens (model/ops.c, panel_chunk): avx2_panel_widen_cols widens a
  * block of a group's columns to floats once (they stay in L1) and
  * avx2_gemm_panel_kblock runs up to 6 tokens of a block of tokens over
- * them, one group after the other (the 16 registers hold one group's 12
- * chains; the 512-bit tile of kernels/avx512_gemm.c takes two groups per
- * broadcast): per column two loads and six broadcasts feed 12 FMAs, and
- * the two conversions per column of panel_seg are done once per block of
- * 48 tokens instead of once per 6. The chains are carried between column
- * blocks in the caller's state (per token and group: the open segment's
- * chain, s0 + s1, s2), each segment's chain starts from zero and is folded
- * exactly as panel_tile folds it, so the outputs are the same bits
- * (tests/test_kernels_kblock.c compares them with quant_panel_dot_ref's).
- * Measured on the Intel Xeon (ops_matmul of 512 tokens, loaded machine):
- * 1.01-1.05x the tile above on one thread, 0.95-1.03x on two, and no gain
- * in a whole prefill, so the kernel table takes these only when
- * LAMINA_AVX2_KBLOCK is set (kernels/dispatch.c), for the A/B on the AMD
- * AVX2 host that decides (bench/RESULTS.md).
+ * them, one group after the other (the 512-bit tile of
+ * kernels/avx512_gemm.c takes two groups per broadcast): per column two
+ * loads and six broadcasts feed 12 FMAs, and the conversions are done once
+ * per block of 48 tokens instead of once per 6. The chains are carried
+ * between column blocks in the caller's state (per token and group: the
+ * open segment's chain, s0 + s1, s2), each segment's chain starts from zero
+ * and is folded exactly as panel_tile folds it, so the outputs are the same
+ * bits (tests/test_kernels_kblock.c compares them with
+ * quant_panel_dot_ref's). The kernel table takes these only when
+ * LAMINA_AVX2_KBLOCK is set (kernels/dispatch.c); bench/README.md ("The
+ * AVX2 path") has the figures behind that default, and
+ * bench/results/speed.md the dated runs.
  */
 #include "kernels/avx2.h"
 

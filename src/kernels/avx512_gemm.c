@@ -17,9 +17,7 @@
  * registers), with 8 to 12 one at a time (s0 + s1 and s2 on the stack);
  * 8 or more chains cover the FMA latency. A tile's weights and
  * activations come from L2 in up to 14 streams, more than the L1
- * prefetchers follow: the loops prefetch both. Measured on the Xeon
- * (2048 x 256 F16 panels x 512 tokens, one thread, best of 10 on a loaded
- * machine): about 1.5x the AVX2 tile's GFLOP/s.
+ * prefetchers follow: the loops prefetch both.
  *
  * Results: lane r of chain (j, c) is segment j of row r for token c, an
  * fmaf chain from zero over the segment's elements in order; the output is
@@ -39,11 +37,8 @@
  * state (per token and group: the open segment's chain, s0 + s1, s2), each
  * segment's chain starts from zero and is folded exactly as panel_wide
  * folds it, so the outputs are the same bits (tests compare them with
- * quant_panel_dot_ref's). Measured on the Xeon (2048 x 1024 panels x 512
- * tokens, one thread, loaded machine): 115-124 GFLOP/s against 108-116
- * for the tile above in the same run at n = 2048; at n = 5632 (FFN down)
- * the two were level (119-122 against 121-123). The whole F16 prefill
- * gains more than the kernel alone (bench/RESULTS.md).
+ * quant_panel_dot_ref's). Throughput figures: bench/README.md (Kernels);
+ * the dated runs are in bench/results/kernels.md.
  */
 #include "kernels/avx512_gemm.h"
 
