@@ -38,9 +38,9 @@
 
 typedef struct {
     int nh, nkv, hd, T;
-    float *k, *v;    /* (T, nkv*hd) */
+    float *k, *v; /* (T, nkv*hd) */
     uint16_t *k16, *v16;
-    float *q;        /* (T, nh*hd) */
+    float *q; /* (T, nh*hd) */
     kv_pool *pool;
     kv_seq *seq;
 } bench;
@@ -325,8 +325,8 @@ int main(int argc, char **argv) {
     /* memory first, while this process is still small (children inherit it) */
     if (mem_ctx > 0) memory(4, 1, 64, mem_ctx);
 
-    printf("\n%d heads / %d KV heads, head dim %d, block %d, one thread, %s kernels; prefill = last %d queries\n",
-           nh, nkv, hd, block_size, kernels_isa_name(), nq);
+    printf("\n%d heads / %d KV heads, head dim %d, block %d, one thread, %s kernels; prefill = last %d queries\n", nh,
+           nkv, hd, block_size, kernels_isa_name(), nq);
     printf("| ctx | KV | decode tiled µs | decode plain µs | speedup | prefill tiled ms | prefill plain ms | speedup "
            "| decode GB/s | max rel diff |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|\n");

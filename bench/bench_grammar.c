@@ -129,8 +129,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--temp") && i + 1 < argc) temp = (float)atof(argv[++i]);
         else if (!strcmp(argv[i], "-r") && i + 1 < argc) rounds = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: bench_grammar -m MODEL.gguf [-b BATCH] [-n TOKENS] [-t THREADS] [-g FILE.gbnf] "
-                            "[--temp T] [-r ROUNDS]\n");
+            fprintf(stderr,
+                    "usage: bench_grammar -m MODEL.gguf [-b BATCH] [-n TOKENS] [-t THREADS] [-g FILE.gbnf] "
+                    "[--temp T] [-r ROUNDS]\n");
             return 2;
         }
     }
@@ -237,12 +238,12 @@ int main(int argc, char **argv) {
     printf("per-vocabulary tables, once per engine (thread CPU time): %.1f ms\n", t_tables * 1e3);
     printf("time per output token (wall): free %.2f ms, JSON grammar %.2f ms, ratio %.3f\n", best_free * 1e3,
            best_g * 1e3, best_g / best_free);
-    printf("CPU time per output token (all threads): free %.2f ms, JSON grammar %.2f ms, ratio %.3f\n",
-           cpu_free * 1e3, cpu_g * 1e3, cpu_g / cpu_free);
+    printf("CPU time per output token (all threads): free %.2f ms, JSON grammar %.2f ms, ratio %.3f\n", cpu_free * 1e3,
+           cpu_g * 1e3, cpu_g / cpu_free);
     qsort(wr, (size_t)rounds, sizeof *wr, cmp_double);
     qsort(cr, (size_t)rounds, sizeof *cr, cmp_double);
-    printf("per-round ratios over %d rounds: wall median %.3f (%.3f to %.3f), CPU median %.3f (%.3f to %.3f)\n",
-           rounds, median(wr, rounds), wr[0], wr[rounds - 1], median(cr, rounds), cr[0], cr[rounds - 1]);
+    printf("per-round ratios over %d rounds: wall median %.3f (%.3f to %.3f), CPU median %.3f (%.3f to %.3f)\n", rounds,
+           median(wr, rounds), wr[0], wr[rounds - 1], median(cr, rounds), cr[0], cr[rounds - 1]);
     printf("mask per token (thread CPU time) over %d tokens: cold %.3f ms (max %.2f ms), cached %.4f ms\n", steps,
            steps ? cold / steps * 1e3 : 0, cold_max * 1e3, steps ? warm / steps * 1e3 : 0);
     printf("sampling step (thread CPU time, cached masks): free %.3f ms, masked %.3f ms (%d of %d steps over the "

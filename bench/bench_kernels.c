@@ -100,10 +100,10 @@ typedef struct {
     int64_t rows, cols;
     size_t row_bytes, act_bytes;
     int copies;
-    uint8_t *w;       /* copies x rows x row_bytes */
-    uint8_t *x;       /* n_act x act_bytes */
-    uint8_t *wp;      /* copies x interleaved copy (quant.h), or NULL */
-    uint8_t *xp;      /* n_act x packed_bytes (block_q8_0s rows; F16 panels: floats) */
+    uint8_t *w;  /* copies x rows x row_bytes */
+    uint8_t *x;  /* n_act x act_bytes */
+    uint8_t *wp; /* copies x interleaved copy (quant.h), or NULL */
+    uint8_t *xp; /* n_act x packed_bytes (block_q8_0s rows; F16 panels: floats) */
     size_t pack_bytes, packed_bytes;
     int n_act;
     const lm_avx2_kernels *k;
@@ -139,7 +139,8 @@ static void setup_make(setup *s, uint32_t type, int64_t rows, int64_t cols, int 
         for (int64_t i = 0; i < cols; i++) f[i] = lm_rng_normal(&rng);
         quant_from_float_ref(s->act, f, s->x + (size_t)a * s->act_bytes, cols);
         if (s->xp && float_act) memcpy(s->xp + (size_t)a * s->packed_bytes, f, (size_t)cols * sizeof(float));
-        else if (s->xp && type == LM_TYPE_Q4_K) quant_from_float_ref(LM_TYPE_Q8_K, f, s->xp + (size_t)a * s->packed_bytes, cols);
+        else if (s->xp && type == LM_TYPE_Q4_K)
+            quant_from_float_ref(LM_TYPE_Q8_K, f, s->xp + (size_t)a * s->packed_bytes, cols);
         else if (s->xp) quant_packed_act_ref(f, s->xp + (size_t)a * s->packed_bytes, cols);
     }
     lm_free(f);
@@ -155,8 +156,8 @@ static void setup_free(setup *s) {
 /* ---- the variants ------------------------------------------------------------ */
 
 enum { V_REF, V_VEC_DOT, V_GEMM, V_PACKED, V_PAIR, V_READ1, V_READ8 };
-static const char *variant_name[] = {"reference", "vec_dot", "gemm", "packed", "pair", "read 1 stream",
-                                     "read 8 streams"};
+static const char *variant_name[] = {"reference", "vec_dot",       "gemm",          "packed",
+                                     "pair",      "read 1 stream", "read 8 streams"};
 
 /* The memory roof of a thread's rows: their weight bytes summed as uint64
  * (no kernel work), in one sequential stream or split into 8 streams read
@@ -182,7 +183,8 @@ static void run_range(const setup *s, int variant, int copy, int64_t r0, int64_t
         read_rows(w + (size_t)r0 * s->row_bytes, (size_t)(r1 - r0) * s->row_bytes, variant == V_READ1 ? 1 : 8);
         return;
     }
-    if (variant == V_PACKED || (variant == V_PAIR && s->wp)) { /* groups of 8 (F16: 16) rows x tiles of pack_tile tokens */
+    if (variant == V_PACKED ||
+        (variant == V_PAIR && s->wp)) { /* groups of 8 (F16: 16) rows x tiles of pack_tile tokens */
         const uint8_t *wp = s->wp + s->pack_bytes * (size_t)copy;
         const int gr = quant_pack_rows(s->type), tile = s->k->pack_tile;
         const size_t gb = quant_pack_size(s->type, gr, n);
@@ -296,8 +298,8 @@ static bool check(const setup *s) {
         float got = yv[(size_t)c * (size_t)s->rows + (size_t)r];
         /* avx512bf16 rounds BF16 weights' activations to BF16: its bound */
         const double tol = s->type == LM_TYPE_BF16 && lookup == avx512bf16_kernels
-                               ? ldexp(1.0, -8) + (double)(s->cols / 16 + 8) * ldexp(1.0, -24) + 1e-5
-                               : 1e-5;
+            ? ldexp(1.0, -8) + (double)(s->cols / 16 + 8) * ldexp(1.0, -24) + 1e-5
+            : 1e-5;
         if (fabs((double)got - ref) > tol * abs_sum + 1e-30) {
             printf("  CHECK FAILED: row %lld col %d: avx2 %.9g reference %.9g\n", (long long)r, c, got, ref);
             ok = false;
@@ -346,7 +348,8 @@ static void measure(const setup *s, int variant, const char *shape) {
     double flops = 2.0 * (double)s->rows * (double)s->cols * s->n_act;
     char label[40];
     snprintf(label, sizeof label, "%s%s%s", variant ? kernels_label : "", variant ? " " : "", variant_name[variant]);
-    printf("%-5s %-22s %-18s %10.3f ms %8.2f GB/s %8.2f GFLOP/s\n", quant_type_name(s->type), shape, label, t * 1e3, wbytes / t / 1e9, flops / t / 1e9);
+    printf("%-5s %-22s %-18s %10.3f ms %8.2f GB/s %8.2f GFLOP/s\n", quant_type_name(s->type), shape, label, t * 1e3,
+           wbytes / t / 1e9, flops / t / 1e9);
     fflush(stdout);
     lm_free(y);
 }
@@ -361,7 +364,8 @@ static void bench_from_float(uint32_t act) {
     uint8_t *a = lm_malloc(bytes), *b = lm_malloc(bytes);
     quant_from_float_ref(act, x, a, n);
     k->from_float(x, b, n);
-    printf("%-5s from_float %s\n", quant_type_name(act), memcmp(a, b, bytes) ? "CHECK FAILED: differs" : "bit-identical");
+    printf("%-5s from_float %s\n", quant_type_name(act),
+           memcmp(a, b, bytes) ? "CHECK FAILED: differs" : "bit-identical");
     for (int v = 0; v < 2; v++) {
         int iters = 0;
         double t0 = lm_now(), t;

@@ -19,7 +19,7 @@
 /* One prompt's output, filled on the engine's thread. */
 typedef struct {
     const char *prompt;
-    char *text;              /* (len) bytes of completion, grown as events arrive */
+    char *text; /* (len) bytes of completion, grown as events arrive */
     size_t len, cap;
     int tokens;
     lm_finish finish;

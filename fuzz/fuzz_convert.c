@@ -50,8 +50,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     size_t nc = size, off = 0;
     if (size >= 4) {
-        uint32_t l = (uint32_t)data[0] | (uint32_t)data[1] << 8 | (uint32_t)data[2] << 16 |
-                     (uint32_t)data[3] << 24;
+        uint32_t l = (uint32_t)data[0] | (uint32_t)data[1] << 8 | (uint32_t)data[2] << 16 | (uint32_t)data[3] << 24;
         off = 4;
         nc = l < size - 4 ? l : size - 4;
     }

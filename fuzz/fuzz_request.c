@@ -41,13 +41,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     if (size < 1) return 0;
     uint8_t opt = data[0];
-    lm_server_parse_ctx c = {.tok = tok, .n_ctx = 128, .model_name = "stories260K.gguf", .max_n = 8,
-                             .max_tokens_cap = (opt & 4) ? 64 : 0};
+    lm_server_parse_ctx c = {
+        .tok = tok, .n_ctx = 128, .model_name = "stories260K.gguf", .max_n = 8, .max_tokens_cap = (opt & 4) ? 64 : 0};
     if (opt & 2)
-        c.chat_family = (opt & 8)    ? CHAT_LLAMA3
-                        : (opt & 16) ? CHAT_MISTRAL_V3
-                        : (opt & 32) ? CHAT_QWEN3
-                                     : CHAT_CHATML;
+        c.chat_family = (opt & 8) ? CHAT_LLAMA3 : (opt & 16) ? CHAT_MISTRAL_V3 : (opt & 32) ? CHAT_QWEN3 : CHAT_CHATML;
     else c.chat_family = -1, c.chat_template = ZEPHYR_TEMPLATE;
     lm_server_request r;
     lm_server_error e;
@@ -65,7 +62,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (int i = 0; i < r.p.n_stop; i++)
             if (!r.stops[i][0] || strlen(r.stops[i]) > 1024) abort();
         if (r.p.top_logprobs < 0 || r.p.top_logprobs > 20) abort();
-        if ((r.n_grammar_triggers && !r.tool_calls) || (r.tool_calls && !r.grammar) || (r.tool_calls && !r.chat)) abort();
+        if ((r.n_grammar_triggers && !r.tool_calls) || (r.tool_calls && !r.grammar) || (r.tool_calls && !r.chat))
+            abort();
         if (r.grammar) {
             lm_grammar *g = grammar_parse(r.grammar, strlen(r.grammar), NULL, NULL, 0);
             if (!g) abort();

@@ -53,43 +53,41 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *d = data + 1;
     size_t n = size - 1;
     switch (opt & 3) {
-    case 0: {
-        rt_peek p;
-        if (route_peek(opt & 4, (const char *)d, n, &p) == 0) {
-            uint64_t keys[64];
-            int k = p.text ? route_keys_text(p.text, strlen(p.text), keys, 64) : 0;
-            if (k < 0 || k > 64 || (p.text && (size_t)k > strlen(p.text) / RT_TEXT_BLOCK)) abort();
-            for (int i = 0; i < k; i++)
-                if (!keys[i]) abort();
-            rt_peek_free(&p);
+        case 0: {
+            rt_peek p;
+            if (route_peek(opt & 4, (const char *)d, n, &p) == 0) {
+                uint64_t keys[64];
+                int k = p.text ? route_keys_text(p.text, strlen(p.text), keys, 64) : 0;
+                if (k < 0 || k > 64 || (p.text && (size_t)k > strlen(p.text) / RT_TEXT_BLOCK)) abort();
+                for (int i = 0; i < k; i++)
+                    if (!keys[i]) abort();
+                rt_peek_free(&p);
+            }
+            break;
         }
-        break;
-    }
-    case 1:
-        check_sse(d, n, opt);
-        break;
-    case 2: {
-        rt_upstats st;
-        int found = route_parse_metrics((const char *)d, n, &st);
-        if (found < 0 || found > 7) abort();
-        double qt = route_parse_queue_header((const char *)d, n); /* the same bytes as a header line */
-        if (qt != -1 && !(qt >= 0 && qt < 1e7)) abort();
-        break;
-    }
-    default: {
-        uint64_t keys[32], again[32];
-        int nt = (int)(n / 4);
-        int32_t *tok = lm_malloc((size_t)(nt ? nt : 1) * sizeof *tok);
-        if (!tok) return 0;
-        memcpy(tok, d, (size_t)nt * 4);
-        int bs = 1 + (opt >> 2) % 32;
-        int k = route_keys_tokens(tok, nt, bs, keys, 32);
-        int k2 = route_keys_tokens(tok, nt, bs, again, 32);
-        /* one key per full block, a chain: the same tokens give the same keys */
-        if (k != (nt / bs < 32 ? nt / bs : 32) || k2 != k || memcmp(keys, again, (size_t)k * sizeof *keys)) abort();
-        lm_free(tok);
-        break;
-    }
+        case 1: check_sse(d, n, opt); break;
+        case 2: {
+            rt_upstats st;
+            int found = route_parse_metrics((const char *)d, n, &st);
+            if (found < 0 || found > 7) abort();
+            double qt = route_parse_queue_header((const char *)d, n); /* the same bytes as a header line */
+            if (qt != -1 && !(qt >= 0 && qt < 1e7)) abort();
+            break;
+        }
+        default: {
+            uint64_t keys[32], again[32];
+            int nt = (int)(n / 4);
+            int32_t *tok = lm_malloc((size_t)(nt ? nt : 1) * sizeof *tok);
+            if (!tok) return 0;
+            memcpy(tok, d, (size_t)nt * 4);
+            int bs = 1 + (opt >> 2) % 32;
+            int k = route_keys_tokens(tok, nt, bs, keys, 32);
+            int k2 = route_keys_tokens(tok, nt, bs, again, 32);
+            /* one key per full block, a chain: the same tokens give the same keys */
+            if (k != (nt / bs < 32 ? nt / bs : 32) || k2 != k || memcmp(keys, again, (size_t)k * sizeof *keys)) abort();
+            lm_free(tok);
+            break;
+        }
     }
     return 0;
 }

@@ -96,7 +96,7 @@ typedef struct lm_request lm_request;
 typedef bool (*lm_progress_fn)(void *user, float done);
 
 typedef struct {
-    lm_progress_fn progress;  /* may be NULL */
+    lm_progress_fn progress; /* may be NULL */
     void *progress_user;
 } lm_load_params;
 
@@ -107,16 +107,15 @@ typedef struct {
  * (an architecture, tensor type, tokenizer or option lamina does not run),
  * LM_ERR_NOMEM, LM_ERR_CANCELLED (the progress callback said stop; nothing
  * is left allocated), LM_ERR_INVALID (path or out NULL). */
-LM_API lm_status lm_model_load(const char *path, const lm_load_params *p, lm_model **out, char *err,
-                               size_t errlen);
+LM_API lm_status lm_model_load(const char *path, const lm_load_params *p, lm_model **out, char *err, size_t errlen);
 LM_API void lm_model_free(lm_model *m);
 
 typedef struct {
-    const char *name;         /* general.name or the file's base name */
-    const char *arch;         /* "llama", "qwen2", "gemma3", ... */
+    const char *name; /* general.name or the file's base name */
+    const char *arch; /* "llama", "qwen2", "gemma3", ... */
     int n_vocab, n_ctx_train, n_embd, n_layer, n_head, n_head_kv;
     uint64_t n_params;
-    uint64_t weight_bytes;    /* bytes of all tensors in the file */
+    uint64_t weight_bytes; /* bytes of all tensors in the file */
 } lm_model_info;
 
 /* Valid while the model lives. */
@@ -135,8 +134,8 @@ LM_API lm_status lm_tokenizer_load(const char *path, lm_tokenizer **out, char *e
 LM_API void lm_tokenizer_free(lm_tokenizer *t);
 
 LM_API int32_t lm_vocab_size(const lm_tokenizer *t);
-LM_API int32_t lm_token_bos(const lm_tokenizer *t);   /* -1 if none */
-LM_API int32_t lm_token_eos(const lm_tokenizer *t);   /* -1 if none */
+LM_API int32_t lm_token_bos(const lm_tokenizer *t); /* -1 if none */
+LM_API int32_t lm_token_eos(const lm_tokenizer *t); /* -1 if none */
 /* End of generation: EOS, end-of-turn or another such token. */
 LM_API bool lm_token_is_eog(const lm_tokenizer *t, int32_t id);
 /* Whether the model wants BOS before a prompt (what lm_tokenize adds with add_bos). */
@@ -156,8 +155,7 @@ LM_API int lm_tokenize(const lm_tokenizer *t, const char *text, size_t len, bool
  * SentencePiece tokenizer puts before the first word is dropped, so decoding
  * what lm_tokenize made gives the text back; a character split across the
  * last ids comes out as U+FFFD. */
-LM_API long lm_detokenize(const lm_tokenizer *t, const int32_t *ids, int n, bool special, char *out,
-                          size_t cap);
+LM_API long lm_detokenize(const lm_tokenizer *t, const int32_t *ids, int n, bool special, char *out, size_t cap);
 
 /* ---- chat ------------------------------------------------------------------ */
 
@@ -187,14 +185,14 @@ LM_API void lm_string_free(char *s);
 /* ---- sampling -------------------------------------------------------------- */
 
 typedef struct {
-    float temp;            /* <= 0: greedy */
-    int top_k;             /* <= 0: off */
-    float top_p;           /* >= 1: off; <= 0: the most likely token only */
-    float min_p;           /* <= 0: off */
-    float repeat_penalty;  /* 1: off (divide positive logits, multiply negative) */
-    int repeat_last_n;     /* history window for penalties; 0: off, -1: whole history */
-    float freq_penalty;    /* logit -= count * freq_penalty */
-    float presence_penalty;/* logit -= (count > 0) * presence_penalty */
+    float temp;             /* <= 0: greedy */
+    int top_k;              /* <= 0: off */
+    float top_p;            /* >= 1: off; <= 0: the most likely token only */
+    float min_p;            /* <= 0: off */
+    float repeat_penalty;   /* 1: off (divide positive logits, multiply negative) */
+    int repeat_last_n;      /* history window for penalties; 0: off, -1: whole history */
+    float freq_penalty;     /* logit -= count * freq_penalty */
+    float presence_penalty; /* logit -= (count > 0) * presence_penalty */
     uint64_t seed;
 } lm_sample_params;
 
@@ -207,47 +205,47 @@ LM_API void lm_sample_params_default(lm_sample_params *p);
 enum { LM_KV_F32 = 0, LM_KV_F16 = 1, LM_KV_Q8_0 = 8 };
 
 typedef struct {
-    int n_threads;        /* <= 0: one per core */
-    int batch_tokens;     /* tokens per iteration; <= 0: the default (512) */
-    int max_seqs;         /* sequences running at once (default 64) */
-    int n_ctx;            /* positions per sequence; <= 0: the model's */
-    uint64_t kv_mem;      /* KV pool bytes; 0: n_ctx x max_seqs positions (capped at 4 GiB) */
-    uint32_t kv_type;     /* LM_KV_F32, LM_KV_F16 (default) or LM_KV_Q8_0 */
-    int block_size;       /* KV block tokens (default 16) */
-    double watermark;     /* share of blocks kept free when admitting (default 0.01) */
-    int max_waiting;      /* queued requests before submission fails LM_ERR_BUSY; 0: unbounded */
-    bool prefix_cache;    /* share cached prompt blocks between requests (default true) */
-    bool static_batching; /* baseline for benchmarks: admit a batch only when nothing runs,
+    int n_threads;               /* <= 0: one per core */
+    int batch_tokens;            /* tokens per iteration; <= 0: the default (512) */
+    int max_seqs;                /* sequences running at once (default 64) */
+    int n_ctx;                   /* positions per sequence; <= 0: the model's */
+    uint64_t kv_mem;             /* KV pool bytes; 0: n_ctx x max_seqs positions (capped at 4 GiB) */
+    uint32_t kv_type;            /* LM_KV_F32, LM_KV_F16 (default) or LM_KV_Q8_0 */
+    int block_size;              /* KV block tokens (default 16) */
+    double watermark;            /* share of blocks kept free when admitting (default 0.01) */
+    int max_waiting;             /* queued requests before submission fails LM_ERR_BUSY; 0: unbounded */
+    bool prefix_cache;           /* share cached prompt blocks between requests (default true) */
+    bool static_batching;        /* baseline for benchmarks: admit a batch only when nothing runs,
                              and none joins until all of it finished */
-    int spec;             /* speculative decoding's proposer: LM_SPEC_NONE (default),
+    int spec;                    /* speculative decoding's proposer: LM_SPEC_NONE (default),
                              LM_SPEC_NGRAM (prompt lookup) or LM_SPEC_DRAFT (a draft model);
                              requests speculate by default */
-    int spec_max;         /* tokens proposed per step at most (<= 0: 4); the engine sizes each
+    int spec_max;                /* tokens proposed per step at most (<= 0: 4); the engine sizes each
                              proposal by its acceptance so far, and shrinks it under load */
-    uint64_t mem;         /* the whole memory budget in bytes: the weights (mapped, and their packed
+    uint64_t mem;                /* the whole memory budget in bytes: the weights (mapped, and their packed
                              copies), the workspace (activations, attention scratch per thread, the
                              logits rows) and the KV pool, which gets the rest (kv_mem is then
                              ignored); a rest too small for one sequence of n_ctx positions is
                              LM_ERR_INVALID. 0 (default): no budget, kv_mem's rule */
-    bool mem_cap;         /* with mem: the pool takes at most what kv_mem 0 would give (n_ctx x
+    bool mem_cap;                /* with mem: the pool takes at most what kv_mem 0 would give (n_ctx x
                              max_seqs positions, at most 4 GiB), the budget only a bound (the
                              command line's default budget); false: all the rest */
     const lm_model *draft_model; /* LM_SPEC_DRAFT: the draft (its tokenizer must agree with the
                              target's; it must outlive the engine) */
-    int spec_min;         /* LM_SPEC_DRAFT: fewer guesses than this propose nothing (default 0) */
-    float spec_p_min;     /* LM_SPEC_DRAFT: a guess whose distribution's top probability is below
+    int spec_min;                /* LM_SPEC_DRAFT: fewer guesses than this propose nothing (default 0) */
+    float spec_p_min;            /* LM_SPEC_DRAFT: a guess whose distribution's top probability is below
                              this ends the proposal (default 0: never) */
-    float spec_cost;      /* LM_SPEC_DRAFT: a draft pass's time as a share of the model's, which
+    float spec_cost;             /* LM_SPEC_DRAFT: a draft pass's time as a share of the model's, which
                              sizes proposals (a guess must pay for itself); 0 (default): measured
                              once when the engine starts (one-token passes of each); < 0: no cost
                              model (propose while acceptance is likely, as prompt lookup does) */
-    int draft_vocab;      /* LM_SPEC_DRAFT: the draft's LM head computes the logits of this many
+    int draft_vocab;             /* LM_SPEC_DRAFT: the draft's LM head computes the logits of this many
                              tokens (its end-of-generation tokens and the best ranked by the
                              tokenizer's scores) and of the sequence's own tokens only, every
                              other token's -inf (its pass gets cheaper; output stays exact).
                              < 0 (lm_engine_config_default): 32768 for vocabularies over 65536
                              tokens, else the whole vocabulary; 0: the whole vocabulary */
-    const char *spec_widths; /* the model pass's time by its rows, "W:T,W:T,..." (T relative to
+    const char *spec_widths;     /* the model pass's time by its rows, "W:T,W:T,..." (T relative to
                              W = 1's; must include 1), which sizes the batch's proposals (guesses
                              widen the shared pass); NULL (default): timed once when the engine
                              starts, unless spec_cost is set (> 0: priced flat, as for one
@@ -259,11 +257,11 @@ enum { LM_SPEC_NONE = 0, LM_SPEC_NGRAM = 1, LM_SPEC_DRAFT = 2 };
 LM_API void lm_engine_config_default(lm_engine_config *c);
 
 typedef enum {
-    LM_FINISH_NONE = 0,   /* not finished (a token event) */
-    LM_FINISH_STOP,       /* end-of-generation token or a stop string */
-    LM_FINISH_LENGTH,     /* max_tokens or the context reached */
-    LM_FINISH_CANCELLED,  /* cancelled, or the engine shut down */
-    LM_FINISH_ERROR,      /* see lm_event.error and lm_event.status */
+    LM_FINISH_NONE = 0,  /* not finished (a token event) */
+    LM_FINISH_STOP,      /* end-of-generation token or a stop string */
+    LM_FINISH_LENGTH,    /* max_tokens or the context reached */
+    LM_FINISH_CANCELLED, /* cancelled, or the engine shut down */
+    LM_FINISH_ERROR,     /* see lm_event.error and lm_event.status */
 } lm_finish;
 
 /* "stop", "length", "cancelled", "error" ("none" for LM_FINISH_NONE). */
@@ -271,37 +269,37 @@ LM_API const char *lm_finish_name(lm_finish f);
 
 /* Per-choice statistics, final in the done event. Times in seconds. */
 typedef struct {
-    int prompt_tokens;        /* the prompt's length */
-    int cached_tokens;        /* of which taken from the prefix cache */
+    int prompt_tokens; /* the prompt's length */
+    int cached_tokens; /* of which taken from the prefix cache */
     int completion_tokens;
     int preemptions;
-    double t_submit;          /* monotonic clock at submission */
-    double queue;             /* submission -> first admitted into a batch by the scheduler (its
+    double t_submit;   /* monotonic clock at submission */
+    double queue;      /* submission -> first admitted into a batch by the scheduler (its
                                  first prefill chunk, or its fork from choice 0); a preempted and
                                  readmitted choice keeps its first value; 0 until admitted */
-    double ttft;              /* submission -> first token */
-    double e2e;               /* submission -> finish */
-    double tpot;              /* (e2e - ttft) / (completion_tokens - 1); 0 if fewer than 2 */
-    int spec_proposed;        /* speculative decoding: tokens proposed, and of them accepted */
+    double ttft;       /* submission -> first token */
+    double e2e;        /* submission -> finish */
+    double tpot;       /* (e2e - ttft) / (completion_tokens - 1); 0 if fewer than 2 */
+    int spec_proposed; /* speculative decoding: tokens proposed, and of them accepted */
     int spec_accepted;
-    int spec_steps;           /*   passes that verified a proposal */
+    int spec_steps; /*   passes that verified a proposal */
 } lm_request_stats;
 
 #define LM_MAX_TOP_LOGPROBS 20
 
 typedef struct {
-    int index;                /* the choice (0 .. n-1) */
-    int32_t token;            /* the sampled token; -1 in a done event */
-    const char *text;         /* text released by this event (UTF-8, may be empty; */
-    size_t text_len;          /*   held back while it could begin a stop string) */
-    float logprob;            /* log p(token) under the model's distribution, if logprobs */
-    int n_top;                /* top_logprobs entries below */
+    int index;        /* the choice (0 .. n-1) */
+    int32_t token;    /* the sampled token; -1 in a done event */
+    const char *text; /* text released by this event (UTF-8, may be empty; */
+    size_t text_len;  /*   held back while it could begin a stop string) */
+    float logprob;    /* log p(token) under the model's distribution, if logprobs */
+    int n_top;        /* top_logprobs entries below */
     const int32_t *top_ids;
     const float *top_logprobs;
-    bool done;                /* the choice's final event */
+    bool done; /* the choice's final event */
     lm_finish finish;
-    lm_status status;         /* with LM_FINISH_ERROR: what kind of error */
-    const char *error;        /* with LM_FINISH_ERROR: what went wrong */
+    lm_status status;  /* with LM_FINISH_ERROR: what kind of error */
+    const char *error; /* with LM_FINISH_ERROR: what went wrong */
     const lm_request_stats *stats;
 } lm_event;
 
@@ -310,41 +308,41 @@ typedef struct {
 typedef void (*lm_event_fn)(void *user, const lm_event *ev);
 
 typedef struct {
-    const int32_t *prompt;    /* token ids (copied at submission), at least one; or NULL and: */
+    const int32_t *prompt; /* token ids (copied at submission), at least one; or NULL and: */
     int n_prompt;
-    const char *text;         /* the prompt as text, tokenized at submission (BOS as the model */
-    size_t text_len;          /*   adds it, special tokens parsed) */
-    int max_tokens;           /* > 0: the context is full when every position holds a token and
+    const char *text;        /* the prompt as text, tokenized at submission (BOS as the model */
+    size_t text_len;         /*   adds it, special tokens parsed) */
+    int max_tokens;          /* > 0: the context is full when every position holds a token and
                                  one more is sampled from the last (n_ctx + 1 tokens in all);
                                  prompt + max_tokens beyond that is LM_ERR_TOO_LONG.
                                  < 0: until the context is full. */
-    int n;                    /* choices sampled from one prompt (forked KV), >= 1 */
-    lm_sample_params sp;      /* choice i uses seed sp.seed + i */
-    const int32_t *bias_ids;  /* logit bias entries (copied) */
+    int n;                   /* choices sampled from one prompt (forked KV), >= 1 */
+    lm_sample_params sp;     /* choice i uses seed sp.seed + i */
+    const int32_t *bias_ids; /* logit bias entries (copied) */
     const float *bias_vals;
     int n_bias;
-    const char *const *stop;  /* stop strings (copied); not part of the output */
+    const char *const *stop; /* stop strings (copied); not part of the output */
     int n_stop;
     bool ignore_eos;
-    bool penalize_prompt;     /* the prompt's tokens enter the penalty history (repetition,
+    bool penalize_prompt;                /* the prompt's tokens enter the penalty history (repetition,
                                  frequency, presence), as lamina run does; else only generated ones */
-    bool logprobs;            /* fill logprob in token events */
-    int top_logprobs;         /* 0 .. LM_MAX_TOP_LOGPROBS */
-    int priority;             /* lower runs first (default 0) */
-    uint64_t cache_salt;      /* prefix-cache namespace */
-    const char *grammar;      /* GBNF text the output must follow (NULL: free), compiled at submission:
+    bool logprobs;                       /* fill logprob in token events */
+    int top_logprobs;                    /* 0 .. LM_MAX_TOP_LOGPROBS */
+    int priority;                        /* lower runs first (default 0) */
+    uint64_t cache_salt;                 /* prefix-cache namespace */
+    const char *grammar;                 /* GBNF text the output must follow (NULL: free), compiled at submission:
                                  a bad grammar is LM_ERR_INVALID naming its line and column. Tokens
                                  that cannot continue it are removed before any sampling step; when
                                  it can only end, the choice finishes with LM_FINISH_STOP */
-    size_t grammar_len;       /* its bytes (0: strlen(grammar)) */
-    const char *grammar_root; /* its start rule (NULL: "root") */
+    size_t grammar_len;                  /* its bytes (0: strlen(grammar)) */
+    const char *grammar_root;            /* its start rule (NULL: "root") */
     const char *const *grammar_triggers; /* lazy grammar: the output is free until it contains one of */
-    int n_grammar_triggers;   /*   these strings; the grammar then holds from the trigger's first byte */
-    int spec_k;               /* speculative decoding (an engine with a proposer): 0 its default,
+    int n_grammar_triggers;              /*   these strings; the grammar then holds from the trigger's first byte */
+    int spec_k;                          /* speculative decoding (an engine with a proposer): 0 its default,
                                  < 0 off, > 0 at most this many tokens per step (capped at spec_max).
                                  Greedy output is the same token for token; sampled output has the
                                  same distribution (a seed reproduces it at the same load) */
-    lm_event_fn on_event;     /* required */
+    lm_event_fn on_event;                /* required */
     void *user;
 } lm_request_params;
 
@@ -354,8 +352,7 @@ LM_API void lm_request_params_default(lm_request_params *p);
  * be NULL: the defaults). LM_ERR_INVALID for a model without a tokenizer or
  * a bad configuration; LM_ERR_NOMEM when the KV pool, buffers or threads
  * cannot be had. */
-LM_API lm_status lm_engine_new(const lm_model *m, const lm_engine_config *c, lm_engine **out, char *err,
-                               size_t errlen);
+LM_API lm_status lm_engine_new(const lm_model *m, const lm_engine_config *c, lm_engine **out, char *err, size_t errlen);
 /* Cancels everything still queued or running (each gets its final event),
  * stops the thread, frees the engine. */
 LM_API void lm_engine_free(lm_engine *e);
@@ -365,8 +362,7 @@ LM_API void lm_engine_free(lm_engine *e);
  * lm_request_cancel, valid until lm_request_release. On failure no event is
  * ever called: LM_ERR_INVALID (a bad field), LM_ERR_TOO_LONG (can never fit),
  * LM_ERR_BUSY (max_waiting requests already wait). */
-LM_API lm_status lm_engine_submit(lm_engine *e, const lm_request_params *p, lm_request **out, char *err,
-                                  size_t errlen);
+LM_API lm_status lm_engine_submit(lm_engine *e, const lm_request_params *p, lm_request **out, char *err, size_t errlen);
 /* Ask a request to end (final event LM_FINISH_CANCELLED unless it finished
  * first). Any thread; safe after it finished. */
 LM_API void lm_request_cancel(lm_engine *e, lm_request *r);
@@ -394,17 +390,17 @@ typedef struct {
     /* blocks of sliding-window layers, all 0 without them */
     int64_t kv_local_blocks_total, kv_local_blocks_used, kv_local_blocks_free, kv_local_blocks_cached;
     uint64_t prefix_queries_total, prefix_hits_total;
-    lm_hist batch_size;       /* sequences per iteration */
-    lm_hist ttft, tpot, e2e;  /* seconds */
+    lm_hist batch_size;                                                  /* sequences per iteration */
+    lm_hist ttft, tpot, e2e;                                             /* seconds */
     uint64_t spec_proposed_total, spec_accepted_total, spec_steps_total; /* speculative decoding */
     /* the memory split, fixed at start, in bytes */
-    uint64_t mem_budget;      /* lm_engine_config.mem; 0: none given */
-    uint64_t mem_weights;     /* tensors mapped from the file */
-    uint64_t mem_packed;      /* packed copies of weights (heap, beside the mapping) */
-    uint64_t mem_workspace;   /* forward-pass workspace, attention scratch per thread, logits rows */
-    uint64_t mem_kv;          /* the KV pool's K/V data (both classes) */
-    int64_t kv_max_tokens;    /* positions of context the pool holds */
-    int64_t kv_max_seqs;      /* sequences of the full context it holds at once */
+    uint64_t mem_budget;    /* lm_engine_config.mem; 0: none given */
+    uint64_t mem_weights;   /* tensors mapped from the file */
+    uint64_t mem_packed;    /* packed copies of weights (heap, beside the mapping) */
+    uint64_t mem_workspace; /* forward-pass workspace, attention scratch per thread, logits rows */
+    uint64_t mem_kv;        /* the KV pool's K/V data (both classes) */
+    int64_t kv_max_tokens;  /* positions of context the pool holds */
+    int64_t kv_max_seqs;    /* sequences of the full context it holds at once */
     /* a draft model's share of the memory (LM_SPEC_DRAFT; 0 without one) */
     uint64_t mem_draft_weights;   /* its tensors, mapped and packed */
     uint64_t mem_draft_workspace; /* its forward pass, buffers, and the guesses' distributions */

@@ -35,23 +35,23 @@ enum { GN_LIT, GN_CLASS, GN_REF, GN_SEQ, GN_ALT, GN_REP };
 
 typedef struct gnode {
     int kind;
-    uint32_t *cps;         /* (n) LIT: code points; CLASS: lo,hi pairs (2n) */
+    uint32_t *cps; /* (n) LIT: code points; CLASS: lo,hi pairs (2n) */
     int n;
-    bool neg;              /* CLASS: negated */
-    int ref;               /* REF: rule index */
-    struct gnode **kids;   /* (nk) SEQ, ALT: children; REP: one */
+    bool neg;            /* CLASS: negated */
+    int ref;             /* REF: rule index */
+    struct gnode **kids; /* (nk) SEQ, ALT: children; REP: one */
     int nk;
-    long min, max;         /* REP: max < 0 unbounded */
+    long min, max; /* REP: max < 0 unbounded */
 } gnode;
 
 typedef struct {
     char name[64];
     gnode *body;
-    int cost;              /* least depth to finish (random walk) */
+    int cost; /* least depth to finish (random walk) */
 } grule;
 
 typedef struct {
-    grule *r;              /* (nr) */
+    grule *r; /* (nr) */
     int nr, cap;
     int root;
     char err[256];
@@ -165,7 +165,8 @@ static gnode *gp_atom(gref *g, const char **p) {
         (*p)++;
     } else if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9')) {
         const char *s = *p;
-        while ((**p >= 'a' && **p <= 'z') || (**p >= 'A' && **p <= 'Z') || (**p >= '0' && **p <= '9') || **p == '-') (*p)++;
+        while ((**p >= 'a' && **p <= 'z') || (**p >= 'A' && **p <= 'Z') || (**p >= '0' && **p <= '9') || **p == '-')
+            (*p)++;
         n = gn_new(GN_REF);
         n->ref = gref_rule(g, s, (size_t)(*p - s));
     } else {
@@ -236,21 +237,21 @@ static void gref_free(gref *g) {
 static int gn_cost(gref *g, const gnode *n) {
     int c = 0, best = 1 << 20;
     switch (n->kind) {
-    case GN_REF: return g->r[n->ref].cost >= (1 << 20) ? 1 << 20 : g->r[n->ref].cost + 1;
-    case GN_SEQ:
-        for (int i = 0; i < n->nk; i++) {
-            int k = gn_cost(g, n->kids[i]);
-            c = k > c ? k : c;
-        }
-        return c;
-    case GN_ALT:
-        for (int i = 0; i < n->nk; i++) {
-            int k = gn_cost(g, n->kids[i]);
-            best = k < best ? k : best;
-        }
-        return best;
-    case GN_REP: return n->min == 0 ? 0 : gn_cost(g, n->kids[0]);
-    default: return 0;
+        case GN_REF: return g->r[n->ref].cost >= (1 << 20) ? 1 << 20 : g->r[n->ref].cost + 1;
+        case GN_SEQ:
+            for (int i = 0; i < n->nk; i++) {
+                int k = gn_cost(g, n->kids[i]);
+                c = k > c ? k : c;
+            }
+            return c;
+        case GN_ALT:
+            for (int i = 0; i < n->nk; i++) {
+                int k = gn_cost(g, n->kids[i]);
+                best = k < best ? k : best;
+            }
+            return best;
+        case GN_REP: return n->min == 0 ? 0 : gn_cost(g, n->kids[0]);
+        default: return 0;
     }
 }
 
@@ -334,7 +335,8 @@ static void gw_put(char **o, size_t *len, size_t *cap, uint32_t c) {
     if (c < 0x80) d[0] = (char)c, *len += 1;
     else if (c < 0x800) d[0] = (char)(0xC0 | (c >> 6)), d[1] = (char)(0x80 | (c & 0x3F)), *len += 2;
     else if (c < 0x10000)
-        d[0] = (char)(0xE0 | (c >> 12)), d[1] = (char)(0x80 | ((c >> 6) & 0x3F)), d[2] = (char)(0x80 | (c & 0x3F)), *len += 3;
+        d[0] = (char)(0xE0 | (c >> 12)), d[1] = (char)(0x80 | ((c >> 6) & 0x3F)), d[2] = (char)(0x80 | (c & 0x3F)),
+        *len += 3;
     else
         d[0] = (char)(0xF0 | (c >> 18)), d[1] = (char)(0x80 | ((c >> 12) & 0x3F)),
         d[2] = (char)(0x80 | ((c >> 6) & 0x3F)), d[3] = (char)(0x80 | (c & 0x3F)), *len += 4;
@@ -348,50 +350,50 @@ static bool gn_in_class(const gnode *n, uint32_t c) {
 }
 
 static void gn_walk(gref *g, const gnode *n, int depth, int limit, char **o, size_t *len, size_t *cap) {
-    static const uint32_t pool[] = {'a', 'Z', '7', ' ', '_', '-', '.', ',', ':', '!', '@', '/', '{',
-                                    0xE9, 0x4E2D, 0x1F600, 'q', 'x', '0', '9', 'e', 'E', '+'};
+    static const uint32_t pool[] = {'a', 'Z',  '7',    ' ',     '_', '-', '.', ',', ':', '!', '@', '/',
+                                    '{', 0xE9, 0x4E2D, 0x1F600, 'q', 'x', '0', '9', 'e', 'E', '+'};
     switch (n->kind) {
-    case GN_LIT:
-        for (int i = 0; i < n->n; i++) gw_put(o, len, cap, n->cps[i]);
-        break;
-    case GN_CLASS: {
-        uint32_t c = 0;
-        if (!n->neg) {
-            int k = (int)(gref_rand(g) % (uint32_t)n->n);
-            uint32_t a = n->cps[2 * k], b = n->cps[2 * k + 1];
-            uint32_t span = b - a + 1;
-            c = a + gref_rand(g) % (span > 0x100 ? 0x100 : span);
-            if (c >= 0xD800 && c <= 0xDFFF) c = a;
-        } else {
-            do c = pool[gref_rand(g) % (sizeof pool / sizeof pool[0])];
-            while (!gn_in_class(n, c));
-        }
-        gw_put(o, len, cap, c);
-        break;
-    }
-    case GN_REF: gn_walk(g, g->r[n->ref].body, depth + 1, limit, o, len, cap); break;
-    case GN_SEQ:
-        for (int i = 0; i < n->nk; i++) gn_walk(g, n->kids[i], depth, limit, o, len, cap);
-        break;
-    case GN_ALT: {
-        int k = (int)(gref_rand(g) % (uint32_t)n->nk);
-        if (depth >= limit) { /* the way that finishes soonest */
-            int best = 1 << 30;
-            for (int i = 0; i < n->nk; i++) {
-                int c = gn_cost(g, n->kids[i]);
-                if (c < best) best = c, k = i;
+        case GN_LIT:
+            for (int i = 0; i < n->n; i++) gw_put(o, len, cap, n->cps[i]);
+            break;
+        case GN_CLASS: {
+            uint32_t c = 0;
+            if (!n->neg) {
+                int k = (int)(gref_rand(g) % (uint32_t)n->n);
+                uint32_t a = n->cps[2 * k], b = n->cps[2 * k + 1];
+                uint32_t span = b - a + 1;
+                c = a + gref_rand(g) % (span > 0x100 ? 0x100 : span);
+                if (c >= 0xD800 && c <= 0xDFFF) c = a;
+            } else {
+                do c = pool[gref_rand(g) % (sizeof pool / sizeof pool[0])];
+                while (!gn_in_class(n, c));
             }
+            gw_put(o, len, cap, c);
+            break;
         }
-        gn_walk(g, n->kids[k], depth, limit, o, len, cap);
-        break;
-    }
-    case GN_REP: {
-        long extra = n->max < 0 ? 3 : n->max - n->min;
-        if (extra > 3) extra = 3;
-        long cnt = n->min + (depth >= limit ? 0 : (long)(gref_rand(g) % (uint32_t)(extra + 1)));
-        for (long i = 0; i < cnt; i++) gn_walk(g, n->kids[0], depth, limit, o, len, cap);
-        break;
-    }
+        case GN_REF: gn_walk(g, g->r[n->ref].body, depth + 1, limit, o, len, cap); break;
+        case GN_SEQ:
+            for (int i = 0; i < n->nk; i++) gn_walk(g, n->kids[i], depth, limit, o, len, cap);
+            break;
+        case GN_ALT: {
+            int k = (int)(gref_rand(g) % (uint32_t)n->nk);
+            if (depth >= limit) { /* the way that finishes soonest */
+                int best = 1 << 30;
+                for (int i = 0; i < n->nk; i++) {
+                    int c = gn_cost(g, n->kids[i]);
+                    if (c < best) best = c, k = i;
+                }
+            }
+            gn_walk(g, n->kids[k], depth, limit, o, len, cap);
+            break;
+        }
+        case GN_REP: {
+            long extra = n->max < 0 ? 3 : n->max - n->min;
+            if (extra > 3) extra = 3;
+            long cnt = n->min + (depth >= limit ? 0 : (long)(gref_rand(g) % (uint32_t)(extra + 1)));
+            for (long i = 0; i < cnt; i++) gn_walk(g, n->kids[0], depth, limit, o, len, cap);
+            break;
+        }
     }
 }
 
@@ -410,12 +412,12 @@ static char *gref_sample(gref *g, int limit) {
 
 typedef struct {
     gref *g;
-    const uint32_t *s;   /* (n) input code points */
+    const uint32_t *s; /* (n) input code points */
     int n;
-    bool prefix;         /* position n + 1: ran out inside a node */
-    int words;           /* bitset words per position set: (n + 2 + 63) / 64 */
-    uint64_t **memo;     /* (nr * (n + 1)) end sets per (rule, start), NULL: not yet */
-    char *busy;          /* (nr * (n + 1)) being computed */
+    bool prefix;     /* position n + 1: ran out inside a node */
+    int words;       /* bitset words per position set: (n + 2 + 63) / 64 */
+    uint64_t **memo; /* (nr * (n + 1)) end sets per (rule, start), NULL: not yet */
+    char *busy;      /* (nr * (n + 1)) being computed */
 } gmatchref;
 
 static uint64_t *gm_set(const gmatchref *m) { return calloc((size_t)m->words, 8); }
@@ -450,64 +452,63 @@ static uint64_t *gm_match(gmatchref *m, const gnode *nd, const uint64_t *in) {
     bool pre = m->prefix;
     if (pre && GM_HAS(in, m->n + 1) && nd->kind != GN_REF) GM_ADD(out, m->n + 1);
     switch (nd->kind) {
-    case GN_LIT:
-        for (int p = 0; p <= m->n; p++) {
-            if (!(in[p / 64] >> (p % 64) & 1)) continue;
-            if (p + nd->n > m->n) { /* the input's tail may begin the literal */
-                if (pre && !memcmp(m->s + p, nd->cps, (size_t)(m->n - p) * sizeof *nd->cps)) GM_ADD(out, m->n + 1);
-                continue;
-            }
-            if (!memcmp(m->s + p, nd->cps, (size_t)nd->n * sizeof *nd->cps)) {
-                int e = p + nd->n;
-                out[e / 64] |= 1ull << (e % 64);
-            }
-        }
-        break;
-    case GN_CLASS:
-        if (pre && GM_HAS(in, m->n)) GM_ADD(out, m->n + 1);
-        for (int p = 0; p < m->n; p++)
-            if ((in[p / 64] >> (p % 64) & 1) && gn_in_class(nd, m->s[p])) out[(p + 1) / 64] |= 1ull << ((p + 1) % 64);
-        break;
-    case GN_REF:
-        free(out);
-        return gm_ref(m, nd->ref, in);
-    case GN_SEQ: {
-        memcpy(out, in, (size_t)m->words * 8);
-        for (int i = 0; i < nd->nk; i++) {
-            uint64_t *nx = gm_match(m, nd->kids[i], out);
-            free(out);
-            out = nx;
-        }
-        break;
-    }
-    case GN_ALT:
-        for (int i = 0; i < nd->nk; i++) {
-            uint64_t *r = gm_match(m, nd->kids[i], in);
-            for (int w = 0; w < m->words; w++) out[w] |= r[w];
-            free(r);
-        }
-        break;
-    case GN_REP: {
-        uint64_t *cur = gm_set(m);
-        memcpy(cur, in, (size_t)m->words * 8);
-        if (nd->min == 0) memcpy(out, in, (size_t)m->words * 8);
-        for (long k = 1; nd->max < 0 || k <= nd->max; k++) {
-            uint64_t *nx = gm_match(m, nd->kids[0], cur);
-            free(cur);
-            cur = nx;
-            bool any = false, grew = false;
-            for (int w = 0; w < m->words; w++) {
-                any |= cur[w] != 0;
-                if (k >= nd->min) {
-                    grew |= (cur[w] & ~out[w]) != 0;
-                    out[w] |= cur[w];
+        case GN_LIT:
+            for (int p = 0; p <= m->n; p++) {
+                if (!(in[p / 64] >> (p % 64) & 1)) continue;
+                if (p + nd->n > m->n) { /* the input's tail may begin the literal */
+                    if (pre && !memcmp(m->s + p, nd->cps, (size_t)(m->n - p) * sizeof *nd->cps)) GM_ADD(out, m->n + 1);
+                    continue;
+                }
+                if (!memcmp(m->s + p, nd->cps, (size_t)nd->n * sizeof *nd->cps)) {
+                    int e = p + nd->n;
+                    out[e / 64] |= 1ull << (e % 64);
                 }
             }
-            if (!any || (nd->max < 0 && k >= nd->min && !grew)) break;
+            break;
+        case GN_CLASS:
+            if (pre && GM_HAS(in, m->n)) GM_ADD(out, m->n + 1);
+            for (int p = 0; p < m->n; p++)
+                if ((in[p / 64] >> (p % 64) & 1) && gn_in_class(nd, m->s[p]))
+                    out[(p + 1) / 64] |= 1ull << ((p + 1) % 64);
+            break;
+        case GN_REF: free(out); return gm_ref(m, nd->ref, in);
+        case GN_SEQ: {
+            memcpy(out, in, (size_t)m->words * 8);
+            for (int i = 0; i < nd->nk; i++) {
+                uint64_t *nx = gm_match(m, nd->kids[i], out);
+                free(out);
+                out = nx;
+            }
+            break;
         }
-        free(cur);
-        break;
-    }
+        case GN_ALT:
+            for (int i = 0; i < nd->nk; i++) {
+                uint64_t *r = gm_match(m, nd->kids[i], in);
+                for (int w = 0; w < m->words; w++) out[w] |= r[w];
+                free(r);
+            }
+            break;
+        case GN_REP: {
+            uint64_t *cur = gm_set(m);
+            memcpy(cur, in, (size_t)m->words * 8);
+            if (nd->min == 0) memcpy(out, in, (size_t)m->words * 8);
+            for (long k = 1; nd->max < 0 || k <= nd->max; k++) {
+                uint64_t *nx = gm_match(m, nd->kids[0], cur);
+                free(cur);
+                cur = nx;
+                bool any = false, grew = false;
+                for (int w = 0; w < m->words; w++) {
+                    any |= cur[w] != 0;
+                    if (k >= nd->min) {
+                        grew |= (cur[w] & ~out[w]) != 0;
+                        out[w] |= cur[w];
+                    }
+                }
+                if (!any || (nd->max < 0 && k >= nd->min && !grew)) break;
+            }
+            free(cur);
+            break;
+        }
     }
     return out;
 }
@@ -520,8 +521,11 @@ static bool gref_match_text(gref *g, const char *text, size_t len, bool prefix) 
     const char *p = text;
     while (p < text + len) { /* strict UTF-8: anything malformed matches nothing */
         unsigned char c0 = (unsigned char)*p;
-        size_t need = c0 < 0x80 ? 1 : c0 >= 0xC2 && c0 <= 0xDF ? 2 : c0 >= 0xE0 && c0 <= 0xEF ? 3
-                    : c0 >= 0xF0 && c0 <= 0xF4 ? 4 : 0;
+        size_t need = c0 < 0x80        ? 1
+            : c0 >= 0xC2 && c0 <= 0xDF ? 2
+            : c0 >= 0xE0 && c0 <= 0xEF ? 3
+            : c0 >= 0xF0 && c0 <= 0xF4 ? 4
+                                       : 0;
         size_t have = (size_t)(text + len - p), k = 1;
         while (k < need && k < have && ((unsigned char)p[k] & 0xC0) == 0x80) k++;
         if (need == 0 || (k < need && k < have)) {

@@ -54,15 +54,15 @@ static inline void fill_random_blocks(uint32_t type, uint8_t *p, int64_t n) {
         uint16_t d = lm_f32_to_f16((float)((lm_rng_uniform(&rng) * 0.1 + 1e-3) * (lm_rng_u64(&rng) & 1 ? 1 : -1)));
         uint16_t d2 = lm_f32_to_f16((float)(lm_rng_uniform(&rng) * 0.2 - 0.1));
         switch (type) {
-        case LM_TYPE_Q6_K: memcpy(blk + offsetof(block_q6_K, d), &d, 2); break;
-        case LM_TYPE_Q4_1:
-        case LM_TYPE_Q5_1:
-        case LM_TYPE_Q4_K:
-        case LM_TYPE_Q5_K:
-            memcpy(blk, &d, 2);
-            memcpy(blk + 2, &d2, 2);
-            break;
-        default: memcpy(blk, &d, 2); break;
+            case LM_TYPE_Q6_K: memcpy(blk + offsetof(block_q6_K, d), &d, 2); break;
+            case LM_TYPE_Q4_1:
+            case LM_TYPE_Q5_1:
+            case LM_TYPE_Q4_K:
+            case LM_TYPE_Q5_K:
+                memcpy(blk, &d, 2);
+                memcpy(blk + 2, &d2, 2);
+                break;
+            default: memcpy(blk, &d, 2); break;
         }
     }
 }
@@ -129,15 +129,15 @@ static inline void make_extremes(uint32_t wt, int64_t n, int pattern, float *f, 
     for (int64_t b = 0; b < n / t->blck; b++) {
         uint8_t *blk = w + (size_t)b * t->type_size;
         switch (wt) {
-        case LM_TYPE_Q8_0: memset(blk + 2, sb, 32); break;
-        case LM_TYPE_Q4_0: memset(blk + 2, fb, 16); break;
-        case LM_TYPE_Q5_0: memset(blk + 2, fb, 20); break;
-        case LM_TYPE_Q4_1: memset(blk + 4, fb, 16); break;
-        case LM_TYPE_Q5_1: memset(blk + 4, fb, 20); break;
-        case LM_TYPE_Q4_K: memset(blk + 4, 0xFF, 12), memset(blk + 16, fb, 128); break;
-        case LM_TYPE_Q5_K: memset(blk + 4, 0xFF, 12), memset(blk + 16, fb, 160); break;
-        case LM_TYPE_Q6_K: memset(blk, fb, 192), memset(blk + 192, sb, 16); break;
-        default: break;
+            case LM_TYPE_Q8_0: memset(blk + 2, sb, 32); break;
+            case LM_TYPE_Q4_0: memset(blk + 2, fb, 16); break;
+            case LM_TYPE_Q5_0: memset(blk + 2, fb, 20); break;
+            case LM_TYPE_Q4_1: memset(blk + 4, fb, 16); break;
+            case LM_TYPE_Q5_1: memset(blk + 4, fb, 20); break;
+            case LM_TYPE_Q4_K: memset(blk + 4, 0xFF, 12), memset(blk + 16, fb, 128); break;
+            case LM_TYPE_Q5_K: memset(blk + 4, 0xFF, 12), memset(blk + 16, fb, 160); break;
+            case LM_TYPE_Q6_K: memset(blk, fb, 192), memset(blk + 192, sb, 16); break;
+            default: break;
         }
     }
 }
@@ -271,7 +271,8 @@ static inline void check_tile_table(lm_isa isa, const char *what, kc_entry_fn en
     unsetenv("LAMINA_NO_REPACK");
     if (kernels_use(isa) != 0) snprintf(msg, ml, "cannot switch to the variant");
     for (uint32_t t = 0; t < LM_TYPE_COUNT && !msg[0]; t++)
-        if (kernels_type(t) && !entry_ok(kernels_type(t), t)) snprintf(msg, ml, "%s: %s entry", quant_type_name(t), what);
+        if (kernels_type(t) && !entry_ok(kernels_type(t), t))
+            snprintf(msg, ml, "%s: %s entry", quant_type_name(t), what);
     for (size_t i = 0; i < n_others && !msg[0]; i++) {
         if (!kernels_cpu_has(others[i])) continue;
         if (kernels_use(others[i]) != 0) snprintf(msg, ml, "cannot switch to %s", kernels_isa_str(others[i]));
@@ -293,9 +294,9 @@ static inline void check_tile_table(lm_isa isa, const char *what, kc_entry_fn en
  * x (xs apart): each output bit-identical to packed_gemm on each group,
  * the variant's (vg) and avx2's (ag), within TOL of the float64 dot
  * (ref and abs_sum as, [token * 16 + row]), nothing written past nr, nc. */
-static inline void check_two_group_tile(lm_packed_gemm_fn tile, lm_packed_gemm_fn vg, lm_packed_gemm_fn ag,
-                                        int64_t n, const uint8_t *wp, size_t gb, const uint8_t *x, size_t xs,
-                                        int max_tok, const double *ref, const double *as, char *msg, size_t ml) {
+static inline void check_two_group_tile(lm_packed_gemm_fn tile, lm_packed_gemm_fn vg, lm_packed_gemm_fn ag, int64_t n,
+                                        const uint8_t *wp, size_t gb, const uint8_t *x, size_t xs, int max_tok,
+                                        const double *ref, const double *as, char *msg, size_t ml) {
     const size_t m = (size_t)max_tok * 16;
     float *y = lm_malloc(m * sizeof(float)), *y0 = lm_malloc(m * sizeof(float)), *y1 = lm_malloc(m * sizeof(float));
     for (int nr = 9; nr <= 16 && !msg[0]; nr++)
@@ -414,10 +415,10 @@ static inline void kc_not_run(const char *check) {
     kc_not_run_++;
 }
 
-#define KC_CHECK(fn)                                                                 \
-    do {                                                                             \
-        if (kc_variant_why_) kc_not_run(#fn);                                        \
-        else TEST_RUN(fn);                                                           \
+#define KC_CHECK(fn)                                                                                                   \
+    do {                                                                                                               \
+        if (kc_variant_why_) kc_not_run(#fn);                                                                          \
+        else TEST_RUN(fn);                                                                                             \
     } while (0)
 
 /* TEST_DONE with the skipped checks counted (tests/run.sh adds them up). */

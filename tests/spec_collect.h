@@ -18,7 +18,7 @@
 
 typedef struct {
     int32_t tokens[3][MAX_OUT];
-    bool acc[3][MAX_OUT];      /* the token was an accepted proposal */
+    bool acc[3][MAX_OUT]; /* the token was an accepted proposal */
     int last_acc[3];
     int n[3];
     char text[3][1024];

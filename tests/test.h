@@ -16,43 +16,42 @@
 
 static int test_passed_, test_failed_, test_cur_failed_;
 
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            fprintf(stderr, "  %s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
-            test_cur_failed_ = 1;                                                    \
-            return;                                                                  \
-        }                                                                            \
+#define CHECK(cond)                                                                                                    \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            fprintf(stderr, "  %s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond);                                 \
+            test_cur_failed_ = 1;                                                                                      \
+            return;                                                                                                    \
+        }                                                                                                              \
     } while (0)
 
 /* CHECK with a printf-style explanation. */
-#define CHECKF(cond, ...)                                                            \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            fprintf(stderr, "  %s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                            \
-            fprintf(stderr, "\n");                                                   \
-            test_cur_failed_ = 1;                                                    \
-            return;                                                                  \
-        }                                                                            \
+#define CHECKF(cond, ...)                                                                                              \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            fprintf(stderr, "  %s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);                                 \
+            fprintf(stderr, __VA_ARGS__);                                                                              \
+            fprintf(stderr, "\n");                                                                                     \
+            test_cur_failed_ = 1;                                                                                      \
+            return;                                                                                                    \
+        }                                                                                                              \
     } while (0)
 
-#define TEST_RUN(fn)                                                                 \
-    do {                                                                             \
-        test_cur_failed_ = 0;                                                        \
-        fn();                                                                        \
-        if (test_cur_failed_) {                                                      \
-            test_failed_++;                                                          \
-            printf("FAIL %s\n", #fn);                                                \
-        } else {                                                                     \
-            test_passed_++;                                                          \
-            printf("PASS %s\n", #fn);                                                \
-        }                                                                            \
-        fflush(stdout);                                                              \
+#define TEST_RUN(fn)                                                                                                   \
+    do {                                                                                                               \
+        test_cur_failed_ = 0;                                                                                          \
+        fn();                                                                                                          \
+        if (test_cur_failed_) {                                                                                        \
+            test_failed_++;                                                                                            \
+            printf("FAIL %s\n", #fn);                                                                                  \
+        } else {                                                                                                       \
+            test_passed_++;                                                                                            \
+            printf("PASS %s\n", #fn);                                                                                  \
+        }                                                                                                              \
+        fflush(stdout);                                                                                                \
     } while (0)
 
-#define TEST_DONE()                                                                  \
-    (printf("%d passed, %d failed\n", test_passed_, test_failed_), test_failed_ ? 1 : 0)
+#define TEST_DONE() (printf("%d passed, %d failed\n", test_passed_, test_failed_), test_failed_ ? 1 : 0)
 
 /* Relative L2 error ||a - ref|| / ||ref|| computed in double. */
 static inline double test_rel_l2(const float *a, const double *ref, size_t n) {

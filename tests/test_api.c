@@ -258,7 +258,7 @@ static void test_tokenize_roundtrip(void) {
     char out[256];
     long len = lm_detokenize(mtok, want, nw, false, out, sizeof out);
     CHECK(len == (long)strlen(text) && memcmp(out, text, (size_t)len) == 0);
-    len = lm_detokenize(mtok, want, nw, true, out, sizeof out); /* with control tokens */
+    len = lm_detokenize(mtok, want, nw, true, out, sizeof out);          /* with control tokens */
     CHECK(len == (long)strlen(text) + 4 && memcmp(out, "<s> ", 4) == 0); /* the space is no longer first */
     char small[5];
     CHECK(lm_detokenize(mtok, want, nw, false, small, sizeof small) == (long)strlen(text));
@@ -411,15 +411,17 @@ static void test_chat_render(void) {
     lm_chat_msg msgs[] = {{"system", "Be brief."}, {"user", "Hi"}};
     char *out = NULL;
     CHECKF(lm_chat_render(model, "chatml", msgs, 2, &out, err, sizeof err) == LM_OK, "%s", err);
-    int same = strcmp(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-                           "<|im_start|>assistant\n");
+    int same = strcmp(out,
+                      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                      "<|im_start|>assistant\n");
     lm_string_free(out);
     CHECK(same == 0);
     /* llama3 writes BOS first; the model's tokenizer adds BOS itself, so the
      * written one is dropped (one BOS either way) */
     CHECK(lm_chat_render(model, "llama3", msgs + 1, 1, &out, err, sizeof err) == LM_OK);
-    same = strcmp(out, "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
-                       "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    same = strcmp(out,
+                  "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\n");
     lm_string_free(out);
     CHECK(same == 0);
     /* llama2 writes BOS before each user turn: only the first is dropped */
@@ -449,8 +451,9 @@ static void test_chat_render(void) {
     lm_status st = lm_chat_render(m2, NULL, msgs + 1, 1, &out, err, sizeof err);
     lm_model_free(m2);
     CHECKF(st == LM_OK, "%s", err);
-    same = strcmp(out, "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
-                       "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    same = strcmp(out,
+                  "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\n");
     lm_string_free(out);
     CHECK(same == 0);
     CHECKF(write_with_template(path, "{{ messages }}", err, sizeof err) == 0, "%s", err);

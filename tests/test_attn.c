@@ -70,9 +70,7 @@ static void data_make(data *d, int n_layer, int n_head, int n_head_kv, int hd, i
     }
 }
 
-static void data_free(data *d) {
-    free(d->k), free(d->v), free(d->ks), free(d->vs), free(d->q);
-}
+static void data_free(data *d) { free(d->k), free(d->v), free(d->ks), free(d->vs), free(d->q); }
 
 static const float *qrow(const data *d, int layer, int t) {
     return d->q + ((size_t)layer * d->T + t) * d->n_head * d->hd;
@@ -219,8 +217,8 @@ static int check_config_w(int n_layer, int n_head, int n_head_kv, int hd, int T,
             double e = rel_err(out, ref, qd);
             if (e > *worst_stored) *worst_stored = e;
             if (!(e < 1e-5)) {
-                fprintf(stderr, "  decode %s B=%d window %d pos %d: err %.3g\n", quant_type_name(type), B, window,
-                        pos, e);
+                fprintf(stderr, "  decode %s B=%d window %d pos %d: err %.3g\n", quant_type_name(type), B, window, pos,
+                        e);
                 rc = -1;
             }
         }
@@ -255,8 +253,8 @@ static void test_f16_and_q8_0(void) {
         CHECKF(!check_config(2, 8, 2, 64, 130, LM_TYPE_F16, bs[i], 2e-3, &ws16, &wo16), "F16 block %d", bs[i]);
         CHECKF(!check_config(2, 8, 2, 64, 130, LM_TYPE_Q8_0, bs[i], 2e-2, &ws8, &wo8), "Q8_0 block %d", bs[i]);
     }
-    printf("NOTE F16 worst error %.2e vs stored, %.2e vs original; Q8_0 %.2e vs stored, %.2e vs original\n", ws16,
-           wo16, ws8, wo8);
+    printf("NOTE F16 worst error %.2e vs stored, %.2e vs original; Q8_0 %.2e vs stored, %.2e vs original\n", ws16, wo16,
+           ws8, wo8);
 }
 
 static void test_head_shapes(void) {

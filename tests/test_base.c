@@ -118,10 +118,16 @@ static void test_strbuf(void) {
     strbuf_free(&b);
     CHECK(!b.p && !b.len && !b.cap && !b.failed);
     /* U+FFFD for malformed bytes and NUL; an incomplete tail waits unless final */
-    const char in[] = "a\x80" "b\0c\xe2\x82";
+    const char in[] = "a\x80"
+                      "b\0c\xe2\x82";
     size_t used = strbuf_put_utf8(&b, in, sizeof in - 1, false);
     CHECK(used == sizeof in - 1 - 2);
-    CHECK(b.len == 1 + 3 + 1 + 3 + 1 && !memcmp(b.p, "a\xef\xbf\xbd" "b\xef\xbf\xbd" "c", b.len));
+    CHECK(b.len == 1 + 3 + 1 + 3 + 1 &&
+          !memcmp(b.p,
+                  "a\xef\xbf\xbd"
+                  "b\xef\xbf\xbd"
+                  "c",
+                  b.len));
     used = strbuf_put_utf8(&b, in + used, 2, true);
     CHECK(used == 2 && b.len == 9 + 6); /* E2 82 cut off: each byte replaced */
     strbuf_free(&b);

@@ -38,15 +38,13 @@
 /* Whole file, NUL-terminated (len excludes the NUL); NULL if unreadable. */
 static char *read_all(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
+    if (!f) return NULL;
     size_t cap = 4096, n = 0;
     char *p = malloc(cap);
     while (p) {
         size_t got = fread(p + n, 1, cap - n - 1, f);
         n += got;
-        if (got == 0)
-            break;
+        if (got == 0) break;
         if (cap - n - 1 == 0) {
             char *q = realloc(p, cap * 2);
             if (!q) {
@@ -61,8 +59,7 @@ static char *read_all(const char *path, size_t *len) {
     fclose(f);
     if (p) {
         p[n] = '\0';
-        if (len)
-            *len = n;
+        if (len) *len = n;
     }
     return p;
 }
@@ -79,11 +76,9 @@ static int n_convs = -1; /* -1: not loaded yet */
 /* Reads "N\n" + N bytes + "\n" at *pp; returns a malloc'd NUL-terminated copy. */
 static char *take_counted(char **pp, size_t n) {
     char *p = *pp;
-    if (strlen(p) < n + 1 || p[n] != '\n')
-        return NULL;
+    if (strlen(p) < n + 1 || p[n] != '\n') return NULL;
     char *s = malloc(n + 1);
-    if (!s)
-        return NULL;
+    if (!s) return NULL;
     memcpy(s, p, n);
     s[n] = '\0';
     *pp = p + n + 1;
@@ -93,37 +88,31 @@ static char *take_counted(char **pp, size_t n) {
 /* The rest of the current line (NUL-terminated in place); advances *pp. */
 static char *take_line(char **pp) {
     char *p = *pp, *nl = strchr(p, '\n');
-    if (!nl)
-        return NULL;
+    if (!nl) return NULL;
     *nl = '\0';
     *pp = nl + 1;
     return p;
 }
 
 static int load_convs(void) {
-    if (n_convs >= 0)
-        return n_convs;
+    if (n_convs >= 0) return n_convs;
     char *text = read_all(DATA "conversations.txt", NULL);
-    if (!text)
-        return n_convs = 0;
+    if (!text) return n_convs = 0;
     char *p = text, *line;
     int nc = 0;
     conv *c = NULL;
     while ((line = take_line(&p)) != NULL) {
         char a[64], b[64];
         size_t len;
-        if (line[0] == '#' || line[0] == '\0')
-            continue;
+        if (line[0] == '#' || line[0] == '\0') continue;
         if (sscanf(line, "conv %63s", a) == 1) {
-            if (nc == MAX_CONVS)
-                break;
+            if (nc == MAX_CONVS) break;
             c = &convs[nc++];
             snprintf(c->name, sizeof c->name, "%s", a);
             c->n = 0;
         } else if (c && sscanf(line, "msg %63s %zu", b, &len) == 2 && c->n < MAX_MSGS) {
             char *content = take_counted(&p, len);
-            if (!content)
-                break;
+            if (!content) break;
             c->msgs[c->n].role = strdup(b);
             c->msgs[c->n].content = content;
             c->n++;
@@ -135,8 +124,7 @@ static int load_convs(void) {
 
 static const conv *find_conv(const char *name) {
     for (int i = 0; i < load_convs(); i++)
-        if (!strcmp(convs[i].name, name))
-            return &convs[i];
+        if (!strcmp(convs[i].name, name)) return &convs[i];
     return NULL;
 }
 
@@ -149,20 +137,15 @@ static tmpl_entry entries[MAX_TEMPLATES];
 static int n_entries = -1;
 
 static int load_manifest(void) {
-    if (n_entries >= 0)
-        return n_entries;
+    if (n_entries >= 0) return n_entries;
     char *text = read_all(DATA "manifest.txt", NULL);
     n_entries = 0;
-    if (!text)
-        return 0;
+    if (!text) return 0;
     char *p = text, *line;
     while ((line = take_line(&p)) != NULL && n_entries < MAX_TEMPLATES) {
         tmpl_entry *e = &entries[n_entries];
-        if (line[0] == '#')
-            continue;
-        if (sscanf(line, "%95s %31s %47s %47s %d", e->id, e->family, e->bos, e->eos,
-                   &e->golden) == 5)
-            n_entries++;
+        if (line[0] == '#') continue;
+        if (sscanf(line, "%95s %31s %47s %47s %d", e->id, e->family, e->bos, e->eos, &e->golden) == 5) n_entries++;
     }
     free(text);
     return n_entries;
@@ -179,8 +162,7 @@ static const char *dash_null(const char *s) { return strcmp(s, "-") ? s : NULL; 
 /* Prints where two renders first differ, with a little context, escaped. */
 static void show_diff(const char *got, size_t gn, const char *want, size_t wn) {
     size_t i = 0;
-    while (i < gn && i < wn && got[i] == want[i])
-        i++;
+    while (i < gn && i < wn && got[i] == want[i]) i++;
     size_t from = i > 24 ? i - 24 : 0;
     const char *what[2] = {"got ", "want"};
     const char *s[2] = {got, want};
@@ -190,12 +172,9 @@ static void show_diff(const char *got, size_t gn, const char *want, size_t wn) {
         fprintf(stderr, "    %s: ", what[k]);
         for (size_t j = from; j < n[k] && j < i + 40; j++) {
             unsigned char c = (unsigned char)s[k][j];
-            if (c == '\n')
-                fprintf(stderr, "\\n");
-            else if (c < 0x20 || c == 0x7f)
-                fprintf(stderr, "\\x%02x", c);
-            else
-                fputc(c, stderr);
+            if (c == '\n') fprintf(stderr, "\\n");
+            else if (c < 0x20 || c == 0x7f) fprintf(stderr, "\\x%02x", c);
+            else fputc(c, stderr);
         }
         fputc('\n', stderr);
     }
@@ -206,12 +185,10 @@ static void show_diff(const char *got, size_t gn, const char *want, size_t wn) {
 /* Templates whose render needs more than the family: a default system
  * message or a leading BOS that chat_render_template reads from the text. */
 static int needs_template_text(const char *id) {
-    static const char *ids[] = {"qwen2.5-7b-instruct", "qwen2-7b-instruct",
-                                "smollm2-135m-instruct", "nous-hermes-2-mixtral-8x7b-dpo",
-                                "phi-3-mini-4k-instruct-3a811845"};
+    static const char *ids[] = {"qwen2.5-7b-instruct", "qwen2-7b-instruct", "smollm2-135m-instruct",
+                                "nous-hermes-2-mixtral-8x7b-dpo", "phi-3-mini-4k-instruct-3a811845"};
     for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
-        if (!strcmp(id, ids[i]))
-            return 1;
+        if (!strcmp(id, ids[i])) return 1;
     return 0;
 }
 
@@ -253,8 +230,7 @@ static int check_golden(const tmpl_entry *e) {
             const char *sfx = chat_thinking_off(family);
             size_t sl = sfx ? strlen(sfx) : 0;
             if (!ok || !sfx || len < sl || memcmp(want + len - sl, sfx, sl)) {
-                fprintf(stderr, "  %s / %s: enable_thinking=False does not end with the family's text\n", e->id,
-                        name);
+                fprintf(stderr, "  %s / %s: enable_thinking=False does not end with the family's text\n", e->id, name);
                 free(want);
                 goto done;
             }
@@ -269,55 +245,45 @@ static int check_golden(const tmpl_entry *e) {
             char *out3 = NULL;
             int r3 = chat_render(family, c->msgs, c->n, gen, bos, eos, &out3, err, sizeof err);
             good = c->n > 0 && !strcmp(c->msgs[0].role, "system") &&
-                   (r == 0 ? r3 == 0 && !strcmp(out, out3) : r3 == -1 && out == NULL);
+                (r == 0 ? r3 == 0 && !strcmp(out, out3) : r3 == -1 && out == NULL);
             golden_fold_renders += good && r == 0;
-            if (r3 == 0)
-                lm_free(out3);
-            if (!good)
-                fprintf(stderr, "  %s / %s / gen=%d: no fold of the system message\n", e->id, name, gen);
+            if (r3 == 0) lm_free(out3);
+            if (!good) fprintf(stderr, "  %s / %s / gen=%d: no fold of the system message\n", e->id, name, gen);
         }
         if (!good) {
             fprintf(stderr, "  %s / %s / gen=%d: ", e->id, name, gen);
             if (ok && r == 0) {
                 fprintf(stderr, "render differs\n");
                 show_diff(out, strlen(out), want, len);
-            } else if (ok)
-                fprintf(stderr, "render failed: %s\n", err);
-            else if (!fold)
-                fprintf(stderr, "rendered where the template raises '%s'\n", want_err);
-            else
-                fprintf(stderr, "(fold)\n");
+            } else if (ok) fprintf(stderr, "render failed: %s\n", err);
+            else if (!fold) fprintf(stderr, "rendered where the template raises '%s'\n", want_err);
+            else fprintf(stderr, "(fold)\n");
         }
-        if (r == 0)
-            lm_free(out);
+        if (r == 0) lm_free(out);
         /* The family alone gives the same, unless the text adds something. */
         if (good && ok) {
             char *out2 = NULL;
             int r2 = chat_render(family, c->msgs, c->n, gen, bos, eos, &out2, err, sizeof err);
             int same = r2 == 0 && strlen(out2) == len && !memcmp(out2, want, len);
             if (!same && !needs_template_text(e->id)) {
-                fprintf(stderr, "  %s / %s / gen=%d: chat_render(%s) differs\n", e->id, name,
-                        gen, chat_family_name(family));
+                fprintf(stderr, "  %s / %s / gen=%d: chat_render(%s) differs\n", e->id, name, gen,
+                        chat_family_name(family));
                 good = 0;
             }
             family_differs |= !same;
-            if (r2 == 0)
-                lm_free(out2);
+            if (r2 == 0) lm_free(out2);
         }
         free(want);
-        if (!good)
-            goto done;
+        if (!good) goto done;
         golden_thinking_off += thinking_off;
-        if (thinking_off)
-            continue;
+        if (thinking_off) continue;
         golden_cases++;
         golden_errors += !ok && !fold;
         golden_folds += fold;
     }
     /* Where the text adds a default system message or a BOS, it shows. */
     if (needs_template_text(e->id) && !family_differs) {
-        fprintf(stderr, "  %s: chat_render_template added nothing to the family render\n",
-                e->id);
+        fprintf(stderr, "  %s: chat_render_template added nothing to the family render\n", e->id);
         goto done;
     }
     golden_templates++;
@@ -334,20 +300,19 @@ static void test_golden_renders(void) {
     int expected_templates = 0, failed = 0;
     golden_cases = golden_errors = golden_templates = golden_folds = golden_fold_renders = golden_thinking_off = 0;
     for (int i = 0; i < n_entries; i++) {
-        if (!entries[i].golden)
-            continue;
+        if (!entries[i].golden) continue;
         expected_templates++;
         failed |= check_golden(&entries[i]) != 0;
     }
     CHECK(!failed);
     /* Every family has a golden template; every conversation twice each. */
-    CHECKF(golden_templates == expected_templates && expected_templates >= CHAT_N_FAMILIES,
-           "%d of %d templates", golden_templates, expected_templates);
+    CHECKF(golden_templates == expected_templates && expected_templates >= CHAT_N_FAMILIES, "%d of %d templates",
+           golden_templates, expected_templates);
     CHECKF(golden_cases == expected_templates * load_convs() * 2, "%d cases", golden_cases);
     CHECKF(golden_errors >= 40, "only %d template errors checked", golden_errors);
     /* Gemma 2 refuses every conversation that opens with a system message */
-    CHECKF(golden_folds >= 10 && golden_fold_renders >= 10, "only %d system folds checked (%d rendered)",
-           golden_folds, golden_fold_renders);
+    CHECKF(golden_folds >= 10 && golden_fold_renders >= 10, "only %d system folds checked (%d rendered)", golden_folds,
+           golden_fold_renders);
     /* Qwen3 with enable_thinking=False, every conversation once */
     CHECKF(golden_thinking_off == load_convs(), "%d enable_thinking=False renders", golden_thinking_off);
     printf("NOTE %d templates, %d renders compared, %d template errors matched, %d system folds, "
@@ -369,15 +334,11 @@ static void test_detect_real_templates(void) {
         int got = chat_detect(t);
         free(t);
         CHECKF(strcmp(e->family, "unknown") == 0 || want >= 0, "bad family %s", e->family);
-        CHECKF(got == want, "%s: detected %s, want %s", e->id,
-               got < 0 ? "unknown" : chat_family_name(got), e->family);
-        if (got >= 0)
-            seen[got]++;
-        else
-            unknown++;
+        CHECKF(got == want, "%s: detected %s, want %s", e->id, got < 0 ? "unknown" : chat_family_name(got), e->family);
+        if (got >= 0) seen[got]++;
+        else unknown++;
     }
-    for (int f = 0; f < CHAT_N_FAMILIES; f++)
-        CHECKF(seen[f] > 0, "no real template of family %s", chat_family_name(f));
+    for (int f = 0; f < CHAT_N_FAMILIES; f++) CHECKF(seen[f] > 0, "no real template of family %s", chat_family_name(f));
     CHECK(unknown >= 5);
 }
 
@@ -421,8 +382,8 @@ static void test_detect_rules(void) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int got = chat_detect(cases[i].text);
-        CHECKF(got == cases[i].family, "case %zu '%s': got %d want %d", i,
-               cases[i].text ? cases[i].text : "(null)", got, cases[i].family);
+        CHECKF(got == cases[i].family, "case %zu '%s': got %d want %d", i, cases[i].text ? cases[i].text : "(null)",
+               got, cases[i].family);
     }
 }
 
@@ -451,10 +412,11 @@ static void test_names_and_stops(void) {
     CHECK(chat_family_from_name("DeepSeek-R1") == CHAT_DEEPSEEK_R1);
     CHECK(chat_family_from_name("deepseek") == -1);
     CHECK(!strcmp(chat_stop_marker(CHAT_QWEN3), "<|im_end|>"));
-    for (int f = 0; f < CHAT_N_FAMILIES; f++)
-        CHECK((chat_thinking_off(f) != NULL) == (f == CHAT_QWEN3));
+    for (int f = 0; f < CHAT_N_FAMILIES; f++) CHECK((chat_thinking_off(f) != NULL) == (f == CHAT_QWEN3));
     CHECK(chat_thinking_off(-1) == NULL && chat_thinking_off(CHAT_N_FAMILIES) == NULL);
-    CHECK(!strcmp(chat_stop_marker(CHAT_DEEPSEEK_R1), "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"));
+    CHECK(!strcmp(chat_stop_marker(CHAT_DEEPSEEK_R1),
+                  "<\xef\xbd\x9c"
+                  "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"));
     CHECK(!strcmp(chat_stop_marker(CHAT_PHI3), "<|end|>"));
     CHECK(!strcmp(chat_stop_marker(CHAT_ZEPHYR), "</s>"));
     CHECK(!strcmp(chat_stop_marker(CHAT_LLAMA2), "</s>"));
@@ -467,8 +429,7 @@ static void test_names_and_stops(void) {
 static int fails_with(int family, const lm_chat_msg *m, int n, const char *needle) {
     char *out = (char *)"unset", err[LM_ERRLEN] = "";
     int r = chat_render(family, m, n, true, "<s>", "</s>", &out, err, sizeof err);
-    if (r == 0)
-        lm_free(out);
+    if (r == 0) lm_free(out);
     if (r != -1 || out != NULL || !strstr(err, needle)) {
         fprintf(stderr, "  family %d: r=%d err='%s' (want '%s')\n", family, r, err, needle);
         return 0;
@@ -512,31 +473,28 @@ static void test_errors(void) {
     int free_form[] = {CHAT_CHATML, CHAT_LLAMA3, CHAT_PHI3, CHAT_ZEPHYR};
     for (size_t i = 0; i < 4; i++) {
         char *o = NULL, err[LM_ERRLEN];
-        CHECK(chat_render(free_form[i], two_users, 2, true, "<s>", "</s>", &o, err,
-                          sizeof err) == 0);
+        CHECK(chat_render(free_form[i], two_users, 2, true, "<s>", "</s>", &o, err, sizeof err) == 0);
         lm_free(o);
     }
 
     /* chat_render_template on text lamina does not know. */
     out = (char *)"unset";
     char err[LM_ERRLEN] = "";
-    CHECK(chat_render_template("{{ messages }}", ok, 1, true, NULL, NULL, &out, err,
-                               sizeof err) == -1);
+    CHECK(chat_render_template("{{ messages }}", ok, 1, true, NULL, NULL, &out, err, sizeof err) == -1);
     CHECK(out == NULL && strstr(err, "unrecognized chat template"));
     CHECK(chat_render_template(NULL, ok, 1, true, NULL, NULL, &out, err, sizeof err) == -1);
 }
 
 /* ------------------------------------------------------- small renders */
 
-static int renders_to(int family, const lm_chat_msg *m, int n, bool gen, const char *bos,
-                      const char *eos, const char *want) {
+static int renders_to(int family, const lm_chat_msg *m, int n, bool gen, const char *bos, const char *eos,
+                      const char *want) {
     char *out = NULL, err[LM_ERRLEN] = "";
     int r = chat_render(family, m, n, gen, bos, eos, &out, err, sizeof err);
     int good = r == 0 && out && !strcmp(out, want);
     if (!good) {
         fprintf(stderr, "  family %s: r=%d err='%s'\n", chat_family_name(family), r, err);
-        if (r == 0)
-            show_diff(out, strlen(out), want, strlen(want));
+        if (r == 0) show_diff(out, strlen(out), want, strlen(want));
     }
     lm_free(out);
     return good;
@@ -545,14 +503,13 @@ static int renders_to(int family, const lm_chat_msg *m, int n, bool gen, const c
 static void test_null_bos_eos(void) {
     lm_chat_msg m[] = {{"user", "Hi"}, {"assistant", "Yo"}, {"user", "Q"}};
     CHECK(renders_to(CHAT_LLAMA2, m, 3, true, NULL, NULL, "[INST] Hi [/INST] Yo [INST] Q [/INST]"));
-    CHECK(renders_to(CHAT_LLAMA2, m, 3, true, "<s>", "</s>",
-                     "<s>[INST] Hi [/INST] Yo </s><s>[INST] Q [/INST]"));
-    CHECK(renders_to(CHAT_GEMMA, m, 1, true, NULL, NULL,
-                     "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"));
+    CHECK(renders_to(CHAT_LLAMA2, m, 3, true, "<s>", "</s>", "<s>[INST] Hi [/INST] Yo </s><s>[INST] Q [/INST]"));
+    CHECK(
+        renders_to(CHAT_GEMMA, m, 1, true, NULL, NULL, "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"));
     CHECK(renders_to(CHAT_PHI3, m, 1, false, NULL, NULL, "<|user|>\nHi<|end|>\n"));
     /* Families that write no BOS do not gain one from bos_text. */
-    CHECK(renders_to(CHAT_CHATML, m, 1, true, "<s>", "</s>",
-                     "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"));
+    CHECK(
+        renders_to(CHAT_CHATML, m, 1, true, "<s>", "</s>", "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"));
     /* llama2 with only a system message renders nothing, as its template. */
     lm_chat_msg sys[] = {{"system", "S"}};
     CHECK(renders_to(CHAT_LLAMA2, sys, 1, true, "<s>", "</s>", ""));
@@ -565,36 +522,38 @@ static void test_strip_bytes(void) {
                      "<|start_header_id|>user<|end_header_id|>\n\n\xff\xfe \xc2<|eot_id|>"));
     /* A truncated U+2000 (E2 80) is not whitespace; a whole one is. */
     lm_chat_msg m2[] = {{"user", "a\xe2\x80"}};
-    CHECK(renders_to(CHAT_GEMMA, m2, 1, false, "", "",
-                     "<start_of_turn>user\na\xe2\x80<end_of_turn>\n"));
-    lm_chat_msg m3[] = {{"user", "\xe2\x80\x80" "a\xe2\x80\x80\xc2\xa0"}};
+    CHECK(renders_to(CHAT_GEMMA, m2, 1, false, "", "", "<start_of_turn>user\na\xe2\x80<end_of_turn>\n"));
+    lm_chat_msg m3[] = {{"user",
+                         "\xe2\x80\x80"
+                         "a\xe2\x80\x80\xc2\xa0"}};
     CHECK(renders_to(CHAT_GEMMA, m3, 1, false, "", "", "<start_of_turn>user\na<end_of_turn>\n"));
     /* U+200B ZERO WIDTH SPACE (E2 80 8B) is not whitespace to Python. */
-    lm_chat_msg m4[] = {{"user", "\xe2\x80\x8b" "a"}};
+    lm_chat_msg m4[] = {{"user",
+                         "\xe2\x80\x8b"
+                         "a"}};
     CHECK(renders_to(CHAT_GEMMA, m4, 1, false, "", "",
-                     "<start_of_turn>user\n\xe2\x80\x8b" "a<end_of_turn>\n"));
+                     "<start_of_turn>user\n\xe2\x80\x8b"
+                     "a<end_of_turn>\n"));
     /* Only blanks: nothing left. */
     lm_chat_msg m5[] = {{"user", " \t\n\xe3\x80\x80"}};
     CHECK(renders_to(CHAT_GEMMA, m5, 1, false, "", "", "<start_of_turn>user\n<end_of_turn>\n"));
 }
 
-static int template_renders_to(const char *tmpl, const lm_chat_msg *m, int n,
-                               const char *want) {
+static int template_renders_to(const char *tmpl, const lm_chat_msg *m, int n, const char *want) {
     char *out = NULL, err[LM_ERRLEN] = "";
     int r = chat_render_template(tmpl, m, n, true, "<s>", "</s>", &out, err, sizeof err);
     int good = r == 0 && !strcmp(out, want);
     if (!good) {
         fprintf(stderr, "  template '%.60s...': r=%d err='%s'\n", tmpl, r, err);
-        if (r == 0)
-            show_diff(out, strlen(out), want, strlen(want));
+        if (r == 0) show_diff(out, strlen(out), want, strlen(want));
     }
     lm_free(out);
     return good;
 }
 
-#define CHATML_LOOP                                                                       \
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "          \
-    "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt " \
+#define CHATML_LOOP                                                                                                    \
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "                                       \
+    "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt "                              \
     "%}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 
 static void test_template_text_rules(void) {
@@ -637,10 +596,9 @@ static void test_template_text_rules(void) {
     /* A leading {{ bos_token }} in the families that write none. */
     CHECK(template_renders_to("  {{- bos_token -}}" CHATML_LOOP, u, 1,
                               "<s><|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"));
-    CHECK(template_renders_to("{{ '<|user|>\\n' }}{{ bos_token }}<|end|>", u, 1,
-                              "<|user|>\nQ<|end|>\n<|assistant|>\n"));
-    CHECK(template_renders_to("{{bos_token}}'<|user|>\\n' + eos_token", u, 1,
-                              "<s><|user|>\nQ</s>\n<|assistant|>\n"));
+    CHECK(
+        template_renders_to("{{ '<|user|>\\n' }}{{ bos_token }}<|end|>", u, 1, "<|user|>\nQ<|end|>\n<|assistant|>\n"));
+    CHECK(template_renders_to("{{bos_token}}'<|user|>\\n' + eos_token", u, 1, "<s><|user|>\nQ</s>\n<|assistant|>\n"));
     /* ... but not where the family writes the BOS itself. */
     CHECK(template_renders_to("{{ bos_token }}<|start_header_id|>", u, 1,
                               "<s><|start_header_id|>user<|end_header_id|>\n\nQ<|eot_id|>"
@@ -655,8 +613,7 @@ static void test_alloc_failure(void) {
     CHECK(c != NULL);
     char *qwen_text = NULL;
     for (int i = 0; i < load_manifest(); i++)
-        if (!strcmp(entries[i].id, "qwen2.5-7b-instruct"))
-            qwen_text = load_template(&entries[i]);
+        if (!strcmp(entries[i].id, "qwen2.5-7b-instruct")) qwen_text = load_template(&entries[i]);
     CHECK(qwen_text != NULL);
     int failures_seen = 0;
     for (int f = 0; f <= CHAT_N_FAMILIES; f++) { /* f == N: chat_render_template */
@@ -669,20 +626,16 @@ static void test_alloc_failure(void) {
             n = c->n - 1;
         }
         char *want = NULL, err[LM_ERRLEN];
-        int r = f < CHAT_N_FAMILIES
-                    ? chat_render(f, m, n, true, "<s>", "</s>", &want, err, sizeof err)
-                    : chat_render_template(qwen_text, m, n, true, NULL, NULL, &want, err,
-                                           sizeof err);
+        int r = f < CHAT_N_FAMILIES ? chat_render(f, m, n, true, "<s>", "</s>", &want, err, sizeof err)
+                                    : chat_render_template(qwen_text, m, n, true, NULL, NULL, &want, err, sizeof err);
         CHECKF(r == 0, "family %d: %s", f, err);
         int done = 0;
         for (long k = 0; k < 64 && !done; k++) {
             char *out = (char *)"unset";
             err[0] = '\0';
             lm_alloc_fail_after(k);
-            r = f < CHAT_N_FAMILIES
-                    ? chat_render(f, m, n, true, "<s>", "</s>", &out, err, sizeof err)
-                    : chat_render_template(qwen_text, m, n, true, NULL, NULL, &out, err,
-                                           sizeof err);
+            r = f < CHAT_N_FAMILIES ? chat_render(f, m, n, true, "<s>", "</s>", &out, err, sizeof err)
+                                    : chat_render_template(qwen_text, m, n, true, NULL, NULL, &out, err, sizeof err);
             lm_alloc_fail_after(-1);
             if (r == 0) {
                 CHECKF(!strcmp(out, want), "family %d, %ld allocations", f, k);
@@ -708,17 +661,13 @@ static void test_alloc_failure(void) {
 static gguf_ctx *meta_file(const char *arch, const char *tmpl) {
     char path[] = "/tmp/lamina_test_chat_XXXXXX", err[LM_ERRLEN];
     int fd = mkstemp(path);
-    if (fd < 0)
-        return NULL;
+    if (fd < 0) return NULL;
     close(fd);
     gguf_writer *w = gguf_writer_new();
-    if (arch)
-        gguf_w_set_str(w, "general.architecture", arch);
-    if (tmpl)
-        gguf_w_set_str(w, "tokenizer.chat_template", tmpl);
+    if (arch) gguf_w_set_str(w, "general.architecture", arch);
+    if (tmpl) gguf_w_set_str(w, "tokenizer.chat_template", tmpl);
     gguf_ctx *g = NULL;
-    if (gguf_writer_write(w, path, err, sizeof err) == 0)
-        g = gguf_open(path, err, sizeof err);
+    if (gguf_writer_write(w, path, err, sizeof err) == 0) g = gguf_open(path, err, sizeof err);
     gguf_writer_free(w);
     unlink(path);
     return g;
@@ -735,13 +684,11 @@ static lm_tokenizer *model_tok(bool add_bos) {
     }
     close(fd);
     gguf_writer *w = gguf_writer_new();
-    for (int64_t i = 0; i < gguf_n_kv(src); i++)
-        gguf_w_copy_kv(w, src, i);
+    for (int64_t i = 0; i < gguf_n_kv(src); i++) gguf_w_copy_kv(w, src, i);
     gguf_w_set_bool(w, "tokenizer.ggml.add_bos_token", add_bos);
     lm_tokenizer *t = NULL;
     gguf_ctx *g = gguf_writer_write(w, path, err, sizeof err) == 0 ? gguf_open(path, err, sizeof err) : NULL;
-    if (g)
-        t = tok_load(g, err, sizeof err);
+    if (g) t = tok_load(g, err, sizeof err);
     gguf_close(g);
     gguf_writer_free(w);
     gguf_close(src);
@@ -810,13 +757,14 @@ static void test_resolve_branches(void) {
         const char *arch;
         int family;
     } fallbacks[] = {{"gemma2", CHAT_GEMMA}, {"qwen3", CHAT_QWEN3}, {"qwen3moe", CHAT_QWEN3},
-                     {"phi3", CHAT_PHI3}, {"deepseek2", -1}, {"qwen2", -1}};
+                     {"phi3", CHAT_PHI3},    {"deepseek2", -1},     {"qwen2", -1}};
     for (size_t i = 0; i < sizeof fallbacks / sizeof fallbacks[0]; i++) {
         gguf_ctx *g = meta_file(fallbacks[i].arch, NULL);
         CHECK(g != NULL);
         int rc = chat_template_resolve(&t, g, NULL, NULL, err, sizeof err);
-        CHECKF(fallbacks[i].family < 0 ? rc == CHAT_NONE : rc == CHAT_OK && t.family == fallbacks[i].family &&
-                                                                    t.source == CHAT_SRC_FALLBACK,
+        CHECKF(fallbacks[i].family < 0
+                   ? rc == CHAT_NONE
+                   : rc == CHAT_OK && t.family == fallbacks[i].family && t.source == CHAT_SRC_FALLBACK,
                "%s: rc %d family %d", fallbacks[i].arch, rc, t.family);
         chat_template_free(&t);
         gguf_close(g);
@@ -942,8 +890,7 @@ typedef struct {
 } tool_case;
 
 static void tool_case_free(tool_case *c) {
-    for (int i = 0; i < c->n_tools; i++)
-        free(c->tools[i]);
+    for (int i = 0; i < c->n_tools; i++) free(c->tools[i]);
     for (int i = 0; i < c->n; i++) {
         free((char *)c->m[i].role);
         free((char *)c->m[i].content);
@@ -981,12 +928,11 @@ static void test_tools_golden(void) {
             for (int by_name = 0; by_name < 2; by_name++) {
                 /* by family name only where the template adds nothing to its family (Mistral) */
                 int fam = chat_detect(tmpl);
-                if (by_name && fam == CHAT_CHATML)
-                    continue;
+                if (by_name && fam == CHAT_CHATML) continue;
                 char *out = NULL, err[LM_ERRLEN] = "";
-                int rc = chat_render_tools(by_name ? fam : -1, by_name ? NULL : tmpl, c.m, c.n,
-                                           (const char *const *)c.tools, c.n_tools, c.gen, bos, eos, &out, err,
-                                           sizeof err);
+                int rc =
+                    chat_render_tools(by_name ? fam : -1, by_name ? NULL : tmpl, c.m, c.n, (const char *const *)c.tools,
+                                      c.n_tools, c.gen, bos, eos, &out, err, sizeof err);
                 if (c.expect) {
                     CHECKF(rc == 0, "%s %s gen %d: %s", c.tid, c.name, c.gen, err);
                     CHECKF(!strcmp(out, c.expect), "%s %s gen %d (by %s):\n--- got\n%s\n--- want\n%s", c.tid, c.name,
@@ -1002,10 +948,8 @@ static void test_tools_golden(void) {
             open_case = false;
             n_cases++;
         }
-        if (!line)
-            break;
-        if (line[0] == '#' || !line[0])
-            continue;
+        if (!line) break;
+        if (line[0] == '#' || !line[0]) continue;
         if (!strncmp(line, "case ", 5)) {
             CHECK(sscanf(line, "case %63s %d %63s %31s %31s", c.tid, &c.gen, c.name, c.bos, c.eos) == 5);
             open_case = true;
@@ -1061,8 +1005,9 @@ static void test_tools_fallback(void) {
     CHECKF(!strcmp(out, want_gemma), "gemma:\n%s", out);
     lm_free(out);
     /* llama3: tools in the first user turn (indent 4), calls as JSON, results as ipython */
-    CHECKF(chat_render_tools(CHAT_LLAMA3, NULL, m, 3, &tool, 1, true, "<|begin_of_text|>", "", &out, err,
-                             sizeof err) == 0, "%s", err);
+    CHECKF(chat_render_tools(CHAT_LLAMA3, NULL, m, 3, &tool, 1, true, "<|begin_of_text|>", "", &out, err, sizeof err) ==
+               0,
+           "%s", err);
     const char *want_llama3 =
         "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n\n<|eot_id|>"
         "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON for "
@@ -1087,11 +1032,13 @@ static void test_tools_fallback(void) {
     }
     /* syntaxes by family */
     CHECK(chat_tool_syntax(CHAT_CHATML) == CHAT_TOOLS_HERMES && chat_tool_syntax(CHAT_GEMMA) == CHAT_TOOLS_HERMES);
-    CHECK(chat_tool_syntax(CHAT_LLAMA3) == CHAT_TOOLS_LLAMA3 && chat_tool_syntax(CHAT_MISTRAL_V3) == CHAT_TOOLS_MISTRAL);
+    CHECK(chat_tool_syntax(CHAT_LLAMA3) == CHAT_TOOLS_LLAMA3 &&
+          chat_tool_syntax(CHAT_MISTRAL_V3) == CHAT_TOOLS_MISTRAL);
     CHECK(chat_tool_syntax(CHAT_MISTRAL_V3_TEKKEN) == CHAT_TOOLS_MISTRAL);
     /* errors: unknown role, calls on a user message, a bad tool */
     lm_chat_xmsg bad1[] = {{"robot", "x", NULL, 0, NULL}};
-    CHECK(chat_render_tools(CHAT_CHATML, NULL, bad1, 1, NULL, 0, true, NULL, NULL, &out, err, sizeof err) == -1 && !out);
+    CHECK(chat_render_tools(CHAT_CHATML, NULL, bad1, 1, NULL, 0, true, NULL, NULL, &out, err, sizeof err) == -1 &&
+          !out);
     lm_chat_xmsg bad2[] = {{"user", "x", &call, 1, NULL}};
     CHECK(chat_render_tools(CHAT_CHATML, NULL, bad2, 1, NULL, 0, true, NULL, NULL, &out, err, sizeof err) == -1);
     const char *badtool = "{\"type\":\"function\"}";
@@ -1119,8 +1066,8 @@ static void test_json_dump(void) {
         CHECKF(b.p && !strcmp(b.p, cases[i].want), "case %zu: %s", i, b.p);
         strbuf_free(&b);
     }
-    static const char *const bad[] = {"", "{", "{\"a\"}", "[1,]", "01", "1.", "\"\\x\"", "tru", "{} x", "\"\x01\"",
-                                      "[1 2]", "-", "1e"};
+    static const char *const bad[] = {"",    "{",    "{\"a\"}",  "[1,]",  "01", "1.", "\"\\x\"",
+                                      "tru", "{} x", "\"\x01\"", "[1 2]", "-",  "1e"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         strbuf b = {0};
         CHECKF(chat_json_dump(bad[i], strlen(bad[i]), -1, &b) == -1, "'%s' accepted", bad[i]);

@@ -35,8 +35,8 @@ static char path_buf[4][256];
 /* A per-process temp path; slot picks one of a few buffers. */
 static const char *tmp(int slot, const char *tag) {
     const char *dir = getenv("TMPDIR");
-    snprintf(path_buf[slot], sizeof path_buf[slot], "%s/lamina_test_convert_%ld_%s",
-             dir && *dir ? dir : "/tmp", (long)getpid(), tag);
+    snprintf(path_buf[slot], sizeof path_buf[slot], "%s/lamina_test_convert_%ld_%s", dir && *dir ? dir : "/tmp",
+             (long)getpid(), tag);
     return path_buf[slot];
 }
 
@@ -83,7 +83,7 @@ static bool kv_equal(const gguf_ctx *a, int64_t ia, const gguf_ctx *b, int64_t i
     if (t == GGUF_STRING) {
         gguf_str x, y;
         bool ok = gguf_kv_str(a, ia, &x) && gguf_kv_str(b, ib, &y) && x.len == y.len &&
-                  memcmp(x.ptr, y.ptr, (size_t)x.len) == 0;
+            memcmp(x.ptr, y.ptr, (size_t)x.len) == 0;
         if (!ok) snprintf(why, wl, "strings differ");
         return ok;
     }
@@ -156,10 +156,14 @@ static void test_reference_tensors(void) {
     for (int64_t i = 0; ok && i < n; i++) {
         const gguf_tensor *r = gguf_tensor_at(ref, i), *g = gguf_find_tensor(got, r->name);
         const gguf_tensor *same_place = gguf_tensor_at(got, i);
-        if (!g) { snprintf(why, sizeof why, "%s missing", r->name); ok = false; break; }
+        if (!g) {
+            snprintf(why, sizeof why, "%s missing", r->name);
+            ok = false;
+            break;
+        }
         ok = g == same_place && r->n_dims == g->n_dims && r->type == g->type && r->type == LM_TYPE_F32 &&
-             r->nbytes == g->nbytes && memcmp(r->ne, g->ne, sizeof r->ne) == 0 &&
-             memcmp(r->data, g->data, (size_t)r->nbytes) == 0;
+            r->nbytes == g->nbytes && memcmp(r->ne, g->ne, sizeof r->ne) == 0 &&
+            memcmp(r->data, g->data, (size_t)r->nbytes) == 0;
         if (!ok) snprintf(why, sizeof why, "%s differs (place, shape, type or bytes)", r->name);
     }
     /* the check can fail: a tensor that is not the same must be told apart */
@@ -191,7 +195,11 @@ static void test_reference_metadata(void) {
         char key[256];
         snprintf(key, sizeof key, "%.*s", (int)k.len, k.ptr);
         int64_t j = gguf_find_key(got, key);
-        if (j < 0) { snprintf(why, sizeof why, "key %s missing", key); ok = false; break; }
+        if (j < 0) {
+            snprintf(why, sizeof why, "key %s missing", key);
+            ok = false;
+            break;
+        }
         if (strcmp(key, "llama.context_length") == 0) continue; /* below */
         char w2[400] = "";
         if (!kv_equal(ref, i, got, j, w2, sizeof w2)) {
@@ -203,7 +211,7 @@ static void test_reference_metadata(void) {
     int64_t ctx_got = 0, ctx_ref = 0, n_tok = 0;
     gguf_arr toks;
     bool have = gguf_get_int(got, "llama.context_length", &ctx_got) &&
-                gguf_get_int(ref, "llama.context_length", &ctx_ref) && gguf_get_arr(got, "tokenizer.ggml.tokens", &toks);
+        gguf_get_int(ref, "llama.context_length", &ctx_ref) && gguf_get_arr(got, "tokenizer.ggml.tokens", &toks);
     if (have) n_tok = (int64_t)toks.n;
     gguf_close(got);
     gguf_close(ref);
@@ -284,7 +292,7 @@ static void test_truncated_tokenizer(void) {
     const size_t cuts[] = {n - 1, n - 3, n / 2, 9, 5};
     for (size_t i = 0; ok && i < sizeof cuts / sizeof cuts[0]; i++) {
         ok = write_all(p, b, cuts[i]) && fails_with(REF_BIN, p, "tokenizer", err, sizeof err) &&
-             (strstr(err, "truncated") || strstr(err, "claims"));
+            (strstr(err, "truncated") || strstr(err, "claims"));
         if (!ok) fprintf(stderr, "  cut %zu: %s\n", cuts[i], err);
     }
     ok = ok && write_all(p, b, 4) && fails_with(REF_BIN, p, "truncated at token 0", err, sizeof err);
@@ -324,14 +332,14 @@ static void test_absurd_header(void) {
         {1 << 30, 1 << 30, 1 << 30, 1 << 10, 1 << 10, 1 << 30, 1 << 30}, /* 2^90 floats: overflows */
         {1 << 20, 1 << 20, 1 << 10, 1 << 10, 1 << 10, 1 << 20, 1 << 20}, /* 2^52 floats: fits, far too big */
         {INT32_MAX - 1, INT32_MAX, INT32_MAX, 2, 2, INT32_MAX, INT32_MAX},
-        {4096, 11008, 32, 32, 32, 32000, 2048},                           /* a real 7B header, no weights */
-        {64, 172, 5, 8, 4, -(1 << 30), 512},                              /* separate classifier, huge */
+        {4096, 11008, 32, 32, 32, 32000, 2048}, /* a real 7B header, no weights */
+        {64, 172, 5, 8, 4, -(1 << 30), 512},    /* separate classifier, huge */
     };
     const char *needles[] = {"overflow", "truncated", "", "truncated", "truncated"};
     const int32_t bad[][7] = {
-        {0, 172, 5, 8, 4, 512, 512},    {64, -1, 5, 8, 4, 512, 512},         {64, 172, 5, 8, 4, 0, 512},
-        {64, 172, 5, 8, 4, INT32_MIN, 512}, {64, 172, 5, 7, 7, 512, 512},   /* 64 % 7 */
-        {64, 172, 5, 8, 3, 512, 512},   {64, 172, 5, 8, 16, 512, 512},       {64, 172, 5, 64, 64, 512, 512}, /* hs 1 */
+        {0, 172, 5, 8, 4, 512, 512},        {64, -1, 5, 8, 4, 512, 512},   {64, 172, 5, 8, 4, 0, 512},
+        {64, 172, 5, 8, 4, INT32_MIN, 512}, {64, 172, 5, 7, 7, 512, 512},                                  /* 64 % 7 */
+        {64, 172, 5, 8, 3, 512, 512},       {64, 172, 5, 8, 16, 512, 512}, {64, 172, 5, 64, 64, 512, 512}, /* hs 1 */
         {64, 172, 5, 8, 4, 512, 0},
     };
     const char *p = tmp(1, "absurd.bin");
@@ -339,15 +347,15 @@ static void test_absurd_header(void) {
     bool ok = true;
     for (size_t i = 0; ok && i < sizeof cases / sizeof cases[0]; i++) {
         lm_alloc_fail_after(0);
-        ok = write_all(p, cases[i], 28) && fails_with(p, REF_TOK, needles[i], err, sizeof err) &&
-             !strstr(err, "memory");
+        ok =
+            write_all(p, cases[i], 28) && fails_with(p, REF_TOK, needles[i], err, sizeof err) && !strstr(err, "memory");
         lm_alloc_fail_after(-1);
         if (!ok) fprintf(stderr, "  case %zu: %s\n", i, err);
     }
     for (size_t i = 0; ok && i < sizeof bad / sizeof bad[0]; i++) {
         lm_alloc_fail_after(0);
         ok = write_all(p, bad[i], 28) && fails_with(p, REF_TOK, "checkpoint", err, sizeof err) &&
-             !strstr(err, "memory") && !strstr(err, "truncated");
+            !strstr(err, "memory") && !strstr(err, "truncated");
         lm_alloc_fail_after(-1);
         if (!ok) fprintf(stderr, "  bad %zu: %s\n", i, err);
     }
@@ -370,7 +378,10 @@ static void test_output_is_input(void) {
     size_t n2 = 0, m2 = 0;
     uint8_t *b2 = read_all(pb, &n2), *t2 = read_all(pt, &m2);
     ok = ok && b2 && t2 && n2 == n && m2 == m && memcmp(b, b2, n) == 0 && memcmp(t, t2, m) == 0;
-    free(b); free(t); free(b2); free(t2);
+    free(b);
+    free(t);
+    free(b2);
+    free(t2);
     remove(pb);
     remove(pt);
     CHECKF(ok, "%s", err);
@@ -418,34 +429,39 @@ enum { SD = 8, SH = 12, SL = 2, SNH = 2, SNKV = 1, SV = 300, SSEQ = 16 };
 static size_t synth_floats(void) {
     const size_t hs = SD / SNH, kvd = SNKV * hs;
     return (size_t)SV * SD + SL * SD + SL * SD * SD + 2 * SL * SD * kvd + SL * SD * SD + SL * SD +
-           3 * (size_t)SL * SH * SD + SD + 2 * SSEQ * hs / 2 + (size_t)SV * SD;
+        3 * (size_t)SL * SH * SD + SD + 2 * SSEQ * hs / 2 + (size_t)SV * SD;
 }
 
 static const char *synth_piece(int i, char *buf) {
     if (i == 0) return "<unk>";
     if (i == 1) return "\n<s>\n";
     if (i == 2) return "\n</s>\n";
-    if (i < 259) { snprintf(buf, 16, "<0x%02X>", i - 3); return buf; }
+    if (i < 259) {
+        snprintf(buf, 16, "<0x%02X>", i - 3);
+        return buf;
+    }
     switch (i) {
-    case 259: return " the";
-    case 260: return "a b";
-    case 261: return "  ";
-    case 262: return "";
-    case 263: return "<0x4g>";
-    case 264: return "x ";
-    default: snprintf(buf, 16, "t%d", i); return buf;
+        case 259: return " the";
+        case 260: return "a b";
+        case 261: return "  ";
+        case 262: return "";
+        case 263: return "<0x4g>";
+        case 264: return "x ";
+        default: snprintf(buf, 16, "t%d", i); return buf;
     }
 }
 
 static const char *synth_expect(int i, char *buf) {
     switch (i) {
-    case 1: return "<s>";
-    case 2: return "</s>";
-    case 259: return "\xe2\x96\x81the";
-    case 260: return "a\xe2\x96\x81" "b";
-    case 261: return "\xe2\x96\x81\xe2\x96\x81";
-    case 264: return "x\xe2\x96\x81";
-    default: return synth_piece(i, buf);
+        case 1: return "<s>";
+        case 2: return "</s>";
+        case 259: return "\xe2\x96\x81the";
+        case 260:
+            return "a\xe2\x96\x81"
+                   "b";
+        case 261: return "\xe2\x96\x81\xe2\x96\x81";
+        case 264: return "x\xe2\x96\x81";
+        default: return synth_piece(i, buf);
     }
 }
 
@@ -508,29 +524,28 @@ static void test_synthetic(void) {
                  o_wv = o_wk + SL * SD * kvd, o_wo = o_wv + SL * SD * kvd, o_ffn = o_wo + SL * SD * SD,
                  o_w1 = o_ffn + SL * SD, o_w2 = o_w1 + SL * SH * SD, o_w3 = o_w2 + SL * SD * SH,
                  o_fin = o_w3 + SL * SH * SD, o_cls = o_fin + SD + SSEQ * hs;
-    bool ok = gguf_n_tensors(g) == 3 + 9 * SL &&
-              tensor_starts_at(g, "token_embd.weight", 0, SD, SV) &&
-              tensor_starts_at(g, "output.weight", o_cls, SD, SV) &&
-              tensor_starts_at(g, "output_norm.weight", o_fin, SD, 1) &&
-              tensor_starts_at(g, "blk.1.attn_q.weight", o_wq + SD * SD, SD, SD) &&
-              tensor_starts_at(g, "blk.1.attn_k.weight", o_wk + SD * kvd, SD, kvd) &&
-              tensor_starts_at(g, "blk.1.attn_v.weight", o_wv + SD * kvd, SD, kvd) &&
-              tensor_starts_at(g, "blk.1.attn_output.weight", o_wo + SD * SD, SD, SD) &&
-              tensor_starts_at(g, "blk.1.attn_norm.weight", o_att + SD, SD, 1) &&
-              tensor_starts_at(g, "blk.1.ffn_norm.weight", o_ffn + SD, SD, 1) &&
-              tensor_starts_at(g, "blk.1.ffn_gate.weight", o_w1 + SH * SD, SD, SH) &&
-              tensor_starts_at(g, "blk.1.ffn_down.weight", o_w2 + SD * SH, SH, SD) &&
-              tensor_starts_at(g, "blk.1.ffn_up.weight", o_w3 + SH * SD, SD, SH);
+    bool ok = gguf_n_tensors(g) == 3 + 9 * SL && tensor_starts_at(g, "token_embd.weight", 0, SD, SV) &&
+        tensor_starts_at(g, "output.weight", o_cls, SD, SV) &&
+        tensor_starts_at(g, "output_norm.weight", o_fin, SD, 1) &&
+        tensor_starts_at(g, "blk.1.attn_q.weight", o_wq + SD * SD, SD, SD) &&
+        tensor_starts_at(g, "blk.1.attn_k.weight", o_wk + SD * kvd, SD, kvd) &&
+        tensor_starts_at(g, "blk.1.attn_v.weight", o_wv + SD * kvd, SD, kvd) &&
+        tensor_starts_at(g, "blk.1.attn_output.weight", o_wo + SD * SD, SD, SD) &&
+        tensor_starts_at(g, "blk.1.attn_norm.weight", o_att + SD, SD, 1) &&
+        tensor_starts_at(g, "blk.1.ffn_norm.weight", o_ffn + SD, SD, 1) &&
+        tensor_starts_at(g, "blk.1.ffn_gate.weight", o_w1 + SH * SD, SD, SH) &&
+        tensor_starts_at(g, "blk.1.ffn_down.weight", o_w2 + SD * SH, SH, SD) &&
+        tensor_starts_at(g, "blk.1.ffn_up.weight", o_w3 + SH * SD, SD, SH);
     int64_t v[8] = {0};
     ok = ok && gguf_get_int(g, "llama.context_length", &v[0]) && gguf_get_int(g, "llama.embedding_length", &v[1]) &&
-         gguf_get_int(g, "llama.feed_forward_length", &v[2]) && gguf_get_int(g, "llama.block_count", &v[3]) &&
-         gguf_get_int(g, "llama.attention.head_count", &v[4]) &&
-         gguf_get_int(g, "llama.attention.head_count_kv", &v[5]) &&
-         gguf_get_int(g, "llama.rope.dimension_count", &v[6]);
-    ok = ok && v[0] == SSEQ && v[1] == SD && v[2] == SH && v[3] == SL && v[4] == SNH && v[5] == SNKV && v[6] == (int64_t)hs;
+        gguf_get_int(g, "llama.feed_forward_length", &v[2]) && gguf_get_int(g, "llama.block_count", &v[3]) &&
+        gguf_get_int(g, "llama.attention.head_count", &v[4]) &&
+        gguf_get_int(g, "llama.attention.head_count_kv", &v[5]) && gguf_get_int(g, "llama.rope.dimension_count", &v[6]);
+    ok = ok && v[0] == SSEQ && v[1] == SD && v[2] == SH && v[3] == SL && v[4] == SNH && v[5] == SNKV &&
+        v[6] == (int64_t)hs;
     gguf_arr toks, scores, types;
     ok = ok && gguf_get_arr(g, "tokenizer.ggml.tokens", &toks) && gguf_get_arr(g, "tokenizer.ggml.scores", &scores) &&
-         gguf_get_arr(g, "tokenizer.ggml.token_type", &types) && toks.n == SV && scores.n == SV && types.n == SV;
+        gguf_get_arr(g, "tokenizer.ggml.token_type", &types) && toks.n == SV && scores.n == SV && types.n == SV;
     for (int i = 0; ok && i < SV; i++) {
         char buf[16];
         const char *want = synth_expect(i, buf);
@@ -538,8 +553,8 @@ static void test_synthetic(void) {
         double sc = 0;
         int64_t ty = 0;
         ok = gguf_arr_str(&toks, (uint64_t)i, &s) && s.len == strlen(want) && memcmp(s.ptr, want, s.len) == 0 &&
-             gguf_arr_float(&scores, (uint64_t)i, &sc) && sc == -(double)i * 0.5 &&
-             gguf_arr_int(&types, (uint64_t)i, &ty) && ty == synth_type(i);
+            gguf_arr_float(&scores, (uint64_t)i, &sc) && sc == -(double)i * 0.5 &&
+            gguf_arr_int(&types, (uint64_t)i, &ty) && ty == synth_type(i);
         if (!ok) fprintf(stderr, "  token %d: '%.*s' wanted '%s'\n", i, (int)s.len, s.ptr, want);
     }
     gguf_close(g);

@@ -28,7 +28,7 @@ typedef struct {
     const char *name;
     lm_arch arch;
     int layers, embd, heads, kv_heads, head_dim, ff, vocab;
-    int window, pattern;    /* local layers: all but every pattern-th (pattern 0: all) */
+    int window, pattern; /* local layers: all but every pattern-th (pattern 0: all) */
     int experts, used, ff_exp, ff_shexp;
     bool qk_norm, post_norm, bias, tied;
 } spec;
@@ -187,12 +187,14 @@ static void check_spec(const spec *s) {
                 if (s->experts) CHECK(c.expert_bytes_all > 0 && near(c.op[LM_PROF_FFN_DOWN].weight_bytes, 0));
                 /* FLOPs: q/k/v products, and attention's 4 x head_dim per position per head */
                 double E = s->embd, qd = (double)s->heads * hd;
-                CHECK(near(c.op[LM_PROF_QKV].flops, s->layers * 2.0 * E * (qd + 2 * kvh * hd) +
-                                                        (s->bias ? s->layers * (qd + 2 * kvh * hd) : 0)));
+                CHECK(
+                    near(c.op[LM_PROF_QKV].flops,
+                         s->layers * 2.0 * E * (qd + 2 * kvh * hd) + (s->bias ? s->layers * (qd + 2 * kvh * hd) : 0)));
                 double att = 0;
                 for (int i = 0; i < s->layers; i++) att += 4.0 * hd * s->heads * attends(s, i, d);
                 CHECK(near(c.op[LM_PROF_ATTN].flops, att));
-                CHECK(near(c.op[LM_PROF_LM_HEAD].flops, 2.0 * E * s->vocab + (m->hp.final_softcap > 0 ? 3.0 * s->vocab : 0)));
+                CHECK(near(c.op[LM_PROF_LM_HEAD].flops,
+                           2.0 * E * s->vocab + (m->hp.final_softcap > 0 ? 3.0 * s->vocab : 0)));
 
                 /* a decode batch of 4 sequences: weights once per pass (with
                  * experts, the ones some token chose), KV per sequence */
@@ -326,7 +328,7 @@ static void check_mla(const mla_spec *s) {
         double expert = 2.0 * s->ff_exp * rE + E * (double)quant_row_size(wt, s->ff_exp);
         double moe = (double)s->experts * E * 4 + 2.0 * S * rE + E * (double)quant_row_size(wt, S);
         double wf = s->layers * attn + s->dense * dense + (s->layers - s->dense) * (moe + s->used * expert) +
-                    (double)s->vocab * rE + rE;
+            (double)s->vocab * rE + rE;
         for (int k = 0; k < 3; k++)
             for (int d = 0; d <= 4096; d += 2048) {
                 cost_pass c;
@@ -342,8 +344,8 @@ static void check_mla(const mla_spec *s) {
                 CHECK(c.kv_row_bytes == quant_row_size(kv_types[k], s->R + s->rope));
                 CHECKF(near(t.weight_bytes, wf), "%s: weights %.0f, formula %.0f", s->name, t.weight_bytes, wf);
                 /* (the bottleneck's RMSNorm: 3 per element) */
-                double qf = s->q_lora ? 2.0 * E * s->q_lora + 3.0 * s->q_lora + 2.0 * s->q_lora * H * qk
-                                      : 2.0 * E * H * qk;
+                double qf =
+                    s->q_lora ? 2.0 * E * s->q_lora + 3.0 * s->q_lora + 2.0 * s->q_lora * H * qk : 2.0 * E * H * qk;
                 qf += 2.0 * E * row + 2.0 * H * s->R * s->nope;
                 CHECK(near(c.op[LM_PROF_QKV].flops, s->layers * qf));
                 CHECK(near(c.op[LM_PROF_ATTN].flops, s->layers * H * (d + 1.0) * (2.0 * row + 2.0 * s->R)));
@@ -391,7 +393,7 @@ static void test_loaded_model(void) {
     CHECK(cost_forward(m, LM_TYPE_F32, 1, 1, 7, &c, err, sizeof err) == 0);
     cost_op t = cost_total(&c);
     double expect = (double)model_layer_bytes_per_token(m, NULL) + (double)m->output.rows * m->output.row_bytes +
-                    (double)m->tok_embd.row_bytes;
+        (double)m->tok_embd.row_bytes;
     CHECK(near(t.weight_bytes, expect));
     CHECK(near(t.kv_read_bytes, 2.0 * m->hp.n_layer * 8 * m->hp.n_head_kv * m->hp.head_dim * 4.0));
     CHECK(near(t.kv_read_bytes, 8.0 * (double)model_kv_bytes_per_token(m, 4)));

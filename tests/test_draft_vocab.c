@@ -72,7 +72,9 @@ static void logits_case(const lm_model *m, const char *what) {
     CHECK((h->w.packed != NULL) == (m->output.packed != NULL));
     float *full = lm_malloc(3 * (size_t)V * sizeof *full), *part = lm_malloc(3 * (size_t)V * sizeof *part);
     float *again = lm_malloc(3 * (size_t)V * sizeof *again);
-    fwd_head_sel sel = {.sub = h, .extra = extra, .n_extra = nx,
+    fwd_head_sel sel = {.sub = h,
+                        .extra = extra,
+                        .n_extra = nx,
                         .gather = lm_malloc((size_t)NX * m->output.row_bytes),
                         .out = lm_malloc(3 * (size_t)(NSUB + NX) * sizeof(float))};
     head_sub_gather(m, &sel);
@@ -207,7 +209,12 @@ static void test_runner_q(void) {
         sp.seed = 7 + (uint64_t)j;
         CHECK(draft_seq_init(d, &ds[j], &sp) == 0);
         hist[j] = sampler_new(&sp, V);
-        jobs[j] = (draft_job){.ds = &ds[j], .toks = toks[j], .n_toks = 20, .hist = hist[j], .k = 4, .out = out[j],
+        jobs[j] = (draft_job){.ds = &ds[j],
+                              .toks = toks[j],
+                              .n_toks = 20,
+                              .hist = hist[j],
+                              .k = 4,
+                              .out = out[j],
                               .q = q + (size_t)j * 4 * V};
     }
     int outside_guesses = 0;
@@ -226,8 +233,7 @@ static void test_runner_q(void) {
                     sum += qr[t];
                     if (!own) leak += qr[t];
                 }
-                CHECKF(fabs(sum - 1) < 1e-4 && leak == 0, "job %d guess %d: q sums to %g, %g outside", j, g, sum,
-                       leak);
+                CHECKF(fabs(sum - 1) < 1e-4 && leak == 0, "job %d guess %d: q sums to %g, %g outside", j, g, sum, leak);
                 CHECK(qr[jobs[j].out[g]] > 0);
                 outside_guesses += !in_sub[jobs[j].out[g]];
             }
@@ -328,8 +334,8 @@ static void test_greedy_identity(void) {
                 proposed += got[i].stats.spec_proposed;
                 accepted += got[i].stats.spec_accepted;
             }
-            fprintf(stderr, "  draft vocab %d%s: %ld proposed, %ld accepted\n", vocabs[v],
-                    together ? ", together" : "", proposed, accepted);
+            fprintf(stderr, "  draft vocab %d%s: %ld proposed, %ld accepted\n", vocabs[v], together ? ", together" : "",
+                    proposed, accepted);
             CHECK(proposed > 0 && accepted > 0);
             char err[LM_ERRLEN];
             CHECKF(engine_check(e, err, sizeof err) == 0, "%s", err);

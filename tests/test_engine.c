@@ -114,8 +114,7 @@ static int solo_greedy(const lm_model *m, const int32_t *prompt, int n_prompt, i
 }
 
 /* The same over a pool keeping every layer's positions (no local class). */
-static int solo_greedy_keep_all(const lm_model *m, const int32_t *prompt, int n_prompt, int max_tokens,
-                                int32_t *out) {
+static int solo_greedy_keep_all(const lm_model *m, const int32_t *prompt, int n_prompt, int max_tokens, int32_t *out) {
     char err[LM_ERRLEN];
     kv_config kc;
     kv_config_init(&kc, m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim);
@@ -208,8 +207,7 @@ static void test_batch_invariance(void) {
                 CHECKF(col[i].done[0] == 1, "%s, group %d, request %d: %d final events", model_names[mi], g, i,
                        col[i].done[0]);
                 CHECKF(col[i].n[0] == n_ref[i] && !memcmp(col[i].tokens[0], ref[i], (size_t)n_ref[i] * 4),
-                       "%s, request %d among %d: %d tokens vs %d alone", model_names[mi], i, g, col[i].n[0],
-                       n_ref[i]);
+                       "%s, request %d among %d: %d tokens vs %d alone", model_names[mi], i, g, col[i].n[0], n_ref[i]);
                 CHECK(col[i].stats[0].completion_tokens == n_ref[i]);
                 /* the logits themselves, not just their argmax, are the same bits */
                 CHECKF(!memcmp(col[i].logprobs[0], solo[i].logprobs[0], (size_t)n_ref[i] * sizeof(float)),
@@ -363,7 +361,7 @@ static void test_chunked_prefill_engine(void) {
 typedef struct {
     lm_engine *e;
     int id;
-    collect *col;      /* (per_thread) */
+    collect *col; /* (per_thread) */
     int32_t (*prompts)[48];
     int *lens, *maxt;
     bool *cancelled;
@@ -417,8 +415,8 @@ static void test_concurrent_submitters(void) {
     pthread_t th[N_THREADS];
     submitter sub[N_THREADS];
     for (int t = 0; t < N_THREADS; t++) {
-        sub[t] = (submitter){.e = e, .id = t, .col = col, .prompts = prompts, .lens = lens, .maxt = maxt,
-                             .cancelled = cancelled};
+        sub[t] = (submitter){
+            .e = e, .id = t, .col = col, .prompts = prompts, .lens = lens, .maxt = maxt, .cancelled = cancelled};
         pthread_create(&th[t], NULL, submit_thread, &sub[t]);
     }
     for (int t = 0; t < N_THREADS; t++) pthread_join(th[t], NULL);
@@ -626,8 +624,8 @@ static void test_queue_time(void) {
     CHECKF(b->t_submit + b->queue >= a->t_submit + a->e2e, "second admitted at %g, first done at %g",
            b->t_submit + b->queue, a->t_submit + a->e2e);
     CHECKF(b->queue > a->queue, "second queue %g first %g", b->queue, a->queue);
-    printf("NOTE queue time: first %.4f s (ttft %.4f), second %.4f s (first's e2e %.4f)\n", a->queue, a->ttft,
-           b->queue, a->e2e);
+    printf("NOTE queue time: first %.4f s (ttft %.4f), second %.4f s (first's e2e %.4f)\n", a->queue, a->ttft, b->queue,
+           a->e2e);
     engine_free(e);
     e = new_engine(m, 64, 4, 0);
     CHECK(e);
@@ -783,8 +781,8 @@ static void test_finish_reasons(void) {
     engine_wait_idle(e);
     for (int i = 0; i < 2; i++)
         CHECKF(c[4].done[i] == 1 && c[4].finish[i] == LM_FINISH_ERROR && c[4].status[i] == LM_ERR_INVALID &&
-               c[4].has_error[i] && c[4].n[i] == 0, "choice %d: finish %d status %d", i, c[4].finish[i],
-               c[4].status[i]);
+                   c[4].has_error[i] && c[4].n[i] == 0,
+               "choice %d: finish %d status %d", i, c[4].finish[i], c[4].status[i]);
     /* the context rule and the other refusals */
     p = greedy_params(prompt, 4, n_ctx + 1 - 4, &c[0]);
     CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);

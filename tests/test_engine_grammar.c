@@ -60,11 +60,10 @@ static void on_event(void *user, const lm_event *ev) {
 }
 
 /* A JSON-like record; the model has never seen one, so the mask decides. */
-static const char *RECORD =
-    "root ::= \"{\\\"name\\\": \\\"\" [a-z ]{1,12} \"\\\", \\\"age\\\": \" [1-9] [0-9]? "
-    "\", \\\"tags\\\": [\" tags? \"]}\"\n"
-    "tags ::= tag (\", \" tag){0,2}\n"
-    "tag ::= \"\\\"\" [a-z]+ \"\\\"\"\n";
+static const char *RECORD = "root ::= \"{\\\"name\\\": \\\"\" [a-z ]{1,12} \"\\\", \\\"age\\\": \" [1-9] [0-9]? "
+                            "\", \\\"tags\\\": [\" tags? \"]}\"\n"
+                            "tags ::= tag (\", \" tag){0,2}\n"
+                            "tag ::= \"\\\"\" [a-z]+ \"\\\"\"\n";
 
 /* Free text in words, ending at a period; "Once" first. */
 static const char *WORDS = "root ::= \"Once\" (\" \" [a-z]+){2,6} \".\"\n";
@@ -170,10 +169,11 @@ static lm_sample_params sampling(int kind) {
     lm_sample_params sp;
     sample_params_default(&sp);
     sp.seed = 11 + (uint64_t)kind;
-    if (kind == 0) sp.temp = 0; /* greedy */
+    if (kind == 0) sp.temp = 0;                                                   /* greedy */
     else if (kind == 1) sp.temp = 1.0f, sp.top_k = 0, sp.top_p = 1, sp.min_p = 0; /* plain sampling */
-    else if (kind == 2) sp.temp = 0.9f, sp.top_k = 20, sp.top_p = 0.9f, sp.min_p = 0.02f, sp.repeat_penalty = 1.3f,
-                        sp.freq_penalty = 0.5f, sp.presence_penalty = 0.3f; /* everything at once */
+    else if (kind == 2)
+        sp.temp = 0.9f, sp.top_k = 20, sp.top_p = 0.9f, sp.min_p = 0.02f, sp.repeat_penalty = 1.3f,
+        sp.freq_penalty = 0.5f, sp.presence_penalty = 0.3f;            /* everything at once */
     else sp.temp = 0, sp.repeat_penalty = 1.5f, sp.repeat_last_n = -1; /* greedy with penalties */
     return sp;
 }

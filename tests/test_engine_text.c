@@ -138,8 +138,8 @@ static void test_events_hold_the_whole_token(void) {
     for (int k = 0; k < 3; k++) {
         collect c;
         int rc = generate(e, n_stops[k] ? stops[k] : NULL, n_stops[k], &c);
-        bool ok = rc == 0 && c.len <= c.cap && c.len > LONG_BYTES && c.n_tokens == 3 &&
-                  c.finish == LM_FINISH_LENGTH && memcmp(c.text, long_text, LONG_BYTES) == 0;
+        bool ok = rc == 0 && c.len <= c.cap && c.len > LONG_BYTES && c.n_tokens == 3 && c.finish == LM_FINISH_LENGTH &&
+            memcmp(c.text, long_text, LONG_BYTES) == 0;
         if (k == 0) first_len = c.len;
         bool same = c.len == first_len;
         free(c.text);
@@ -167,7 +167,7 @@ static void test_run_prints_it(void) {
     const char *echo = "Once upon a time";
     size_t el = strlen(echo);
     bool ok = out && rc == 0 && n > el + LONG_BYTES && memcmp(out, echo, el) == 0 &&
-              memcmp(out + el, long_text, LONG_BYTES) == 0;
+        memcmp(out + el, long_text, LONG_BYTES) == 0;
     free(out);
     CHECKF(ok, "'%s': exit %d, %zu bytes", cmd, rc, n);
 }

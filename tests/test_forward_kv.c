@@ -223,8 +223,8 @@ static int swa_run(kv_pool *kv, int n_batch, const int32_t *toks, int n, int pre
             return -1;
         }
         int len = i + 1, bound = (SWA_WINDOW + 1 + 2 * B - 3) / B;
-        if (kv_pool_window(kv) && (kv_seq_held(s->seq, KV_GLOBAL) != (len + B - 1) / B ||
-                                   kv_seq_held(s->seq, KV_LOCAL) > bound)) {
+        if (kv_pool_window(kv) &&
+            (kv_seq_held(s->seq, KV_GLOBAL) != (len + B - 1) / B || kv_seq_held(s->seq, KV_LOCAL) > bound)) {
             fprintf(stderr, "  length %d: %d global, %d local blocks held (local bound %d)\n", len,
                     kv_seq_held(s->seq, KV_GLOBAL), kv_seq_held(s->seq, KV_LOCAL), bound);
             seqrun_free(s);

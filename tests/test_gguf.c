@@ -29,8 +29,8 @@ static char tmp_path[256];
 
 static const char *tmp_file(const char *tag) {
     const char *dir = getenv("TMPDIR");
-    snprintf(tmp_path, sizeof tmp_path, "%s/lamina_test_gguf_%ld_%s.gguf", dir && *dir ? dir : "/tmp",
-             (long)getpid(), tag);
+    snprintf(tmp_path, sizeof tmp_path, "%s/lamina_test_gguf_%ld_%s.gguf", dir && *dir ? dir : "/tmp", (long)getpid(),
+             tag);
     return tmp_path;
 }
 
@@ -53,7 +53,10 @@ static uint8_t *read_all(const char *path, size_t *size) {
 
 /* ---- a byte builder for hand-made files --------------------------------- */
 
-typedef struct { uint8_t *p; size_t n, cap; } buf;
+typedef struct {
+    uint8_t *p;
+    size_t n, cap;
+} buf;
 
 static void b_raw(buf *b, const void *p, size_t n) {
     if (b->n + n > b->cap) {
@@ -65,7 +68,10 @@ static void b_raw(buf *b, const void *p, size_t n) {
 }
 static void b_u32(buf *b, uint32_t v) { b_raw(b, &v, 4); }
 static void b_u64(buf *b, uint64_t v) { b_raw(b, &v, 8); }
-static void b_str(buf *b, const char *s) { b_u64(b, strlen(s)); b_raw(b, s, strlen(s)); }
+static void b_str(buf *b, const char *s) {
+    b_u64(b, strlen(s));
+    b_raw(b, s, strlen(s));
+}
 static void b_header(buf *b, uint32_t version, uint64_t nt, uint64_t nkv) {
     b_raw(b, "GGUF", 4);
     b_u32(b, version);
@@ -77,11 +83,18 @@ static void b_header(buf *b, uint32_t version, uint64_t nt, uint64_t nkv) {
 
 static size_t fixed_size(enum gguf_vtype t) {
     switch (t) {
-    case GGUF_UINT8: case GGUF_INT8: case GGUF_BOOL: return 1;
-    case GGUF_UINT16: case GGUF_INT16: return 2;
-    case GGUF_UINT32: case GGUF_INT32: case GGUF_FLOAT32: return 4;
-    case GGUF_UINT64: case GGUF_INT64: case GGUF_FLOAT64: return 8;
-    default: return 0;
+        case GGUF_UINT8:
+        case GGUF_INT8:
+        case GGUF_BOOL: return 1;
+        case GGUF_UINT16:
+        case GGUF_INT16: return 2;
+        case GGUF_UINT32:
+        case GGUF_INT32:
+        case GGUF_FLOAT32: return 4;
+        case GGUF_UINT64:
+        case GGUF_INT64:
+        case GGUF_FLOAT64: return 8;
+        default: return 0;
     }
 }
 
@@ -227,17 +240,28 @@ static buf nested_file(void) {
     b_u32(&b, GGUF_ARRAY);
     b_u32(&b, GGUF_ARRAY);
     b_u64(&b, 3);
-    b_u32(&b, GGUF_UINT8); b_u64(&b, 2); b_raw(&b, "\x01\x02", 2);
-    b_u32(&b, GGUF_FLOAT64); b_u64(&b, 0);
-    b_u32(&b, GGUF_ARRAY); b_u64(&b, 1);
-    b_u32(&b, GGUF_INT32); b_u64(&b, 1); b_u32(&b, (uint32_t)-5);
+    b_u32(&b, GGUF_UINT8);
+    b_u64(&b, 2);
+    b_raw(&b, "\x01\x02", 2);
+    b_u32(&b, GGUF_FLOAT64);
+    b_u64(&b, 0);
+    b_u32(&b, GGUF_ARRAY);
+    b_u64(&b, 1);
+    b_u32(&b, GGUF_INT32);
+    b_u64(&b, 1);
+    b_u32(&b, (uint32_t)-5);
     /* nest.strs = [["a", ""], ["xyz"]] */
     b_str(&b, "nest.strs");
     b_u32(&b, GGUF_ARRAY);
     b_u32(&b, GGUF_ARRAY);
     b_u64(&b, 2);
-    b_u32(&b, GGUF_STRING); b_u64(&b, 2); b_str(&b, "a"); b_str(&b, "");
-    b_u32(&b, GGUF_STRING); b_u64(&b, 1); b_str(&b, "xyz");
+    b_u32(&b, GGUF_STRING);
+    b_u64(&b, 2);
+    b_str(&b, "a");
+    b_str(&b, "");
+    b_u32(&b, GGUF_STRING);
+    b_u64(&b, 1);
+    b_str(&b, "xyz");
     /* nest.deep: 8 levels, innermost = ["deep"] */
     b_str(&b, "nest.deep");
     b_u32(&b, GGUF_ARRAY);
@@ -280,17 +304,18 @@ static void test_nested_read(void) {
     free(b.p);
 }
 
-typedef struct { const char *name; uint32_t type; uint32_t n_dims; uint64_t ne[4]; } tspec;
+typedef struct {
+    const char *name;
+    uint32_t type;
+    uint32_t n_dims;
+    uint64_t ne[4];
+} tspec;
 
 static const tspec tensors[] = {
-    {"t.f32", LM_TYPE_F32, 2, {3, 5, 1, 1}},
-    {"t.f16", LM_TYPE_F16, 1, {7, 1, 1, 1}},
-    {"t.q8_0", LM_TYPE_Q8_0, 2, {64, 3, 1, 1}},
-    {"t.q4_0", LM_TYPE_Q4_0, 3, {32, 2, 2, 1}},
-    {"t.q4_k", LM_TYPE_Q4_K, 1, {256, 1, 1, 1}},
-    {"t.q6_k", LM_TYPE_Q6_K, 2, {512, 1, 1, 1}},
-    {"t.bf16", LM_TYPE_BF16, 4, {2, 3, 1, 2}},
-    {"t.i8", LM_TYPE_I8, 1, {1, 1, 1, 1}},
+    {"t.f32", LM_TYPE_F32, 2, {3, 5, 1, 1}},     {"t.f16", LM_TYPE_F16, 1, {7, 1, 1, 1}},
+    {"t.q8_0", LM_TYPE_Q8_0, 2, {64, 3, 1, 1}},  {"t.q4_0", LM_TYPE_Q4_0, 3, {32, 2, 2, 1}},
+    {"t.q4_k", LM_TYPE_Q4_K, 1, {256, 1, 1, 1}}, {"t.q6_k", LM_TYPE_Q6_K, 2, {512, 1, 1, 1}},
+    {"t.bf16", LM_TYPE_BF16, 4, {2, 3, 1, 2}},   {"t.i8", LM_TYPE_I8, 1, {1, 1, 1, 1}},
 };
 #define N_TENSORS (sizeof tensors / sizeof tensors[0])
 
@@ -363,9 +388,9 @@ static void check_values(const gguf_ctx *c, const gguf_ctx *nested) {
     gguf_arr a;
     CHECK(gguf_get_uint(c, "k.u32", &u) && u == 4000000000u);
     CHECK(gguf_get_int(c, "k.i32", &v) && v == -7);
-    CHECK(!gguf_get_uint(c, "k.i32", &u));             /* negative */
+    CHECK(!gguf_get_uint(c, "k.i32", &u)); /* negative */
     CHECK(gguf_get_uint(c, "k.u64", &u) && u == UINT64_MAX);
-    CHECK(!gguf_get_int(c, "k.u64", &v));              /* above INT64_MAX */
+    CHECK(!gguf_get_int(c, "k.u64", &v)); /* above INT64_MAX */
     CHECK(gguf_get_float(c, "k.u64", &f) && f == 18446744073709551615.0);
     CHECK(gguf_get_float(c, "k.f32", &f) && f == 0.25);
     CHECK(!gguf_get_int(c, "k.f32", &v));
@@ -378,7 +403,7 @@ static void check_values(const gguf_ctx *c, const gguf_ctx *nested) {
     CHECK(gguf_find_key(c, "k.removed") < 0);
     int64_t ri = gguf_find_key(c, "k.replaced");
     CHECK(ri >= 0 && gguf_kv_type(c, ri) == GGUF_STRING && gguf_kv_str(c, ri, &s) && gguf_str_eq(s, "now a string"));
-    CHECK(ri == gguf_find_key(c, "a.str") + 1);        /* insertion order kept */
+    CHECK(ri == gguf_find_key(c, "a.str") + 1); /* insertion order kept */
     CHECK(gguf_find_key(c, "general.architecture") == 0);
 
     CHECK(gguf_get_arr(c, "a.u8", &a) && a.type == GGUF_UINT8 && a.n == 3 && gguf_arr_int(&a, 2, &v) && v == 255);
@@ -496,21 +521,21 @@ static void test_writer_errors(void) {
 
     w = gguf_writer_new();
     CHECK(gguf_w_add_tensor(w, "x", 1, ne4, LM_TYPE_F32, x, 16) == 0);
-    CHECK(gguf_w_add_tensor(w, "x", 1, ne4, LM_TYPE_F32, x, 16) == -1);  /* duplicate */
+    CHECK(gguf_w_add_tensor(w, "x", 1, ne4, LM_TYPE_F32, x, 16) == -1); /* duplicate */
     CHECK(gguf_writer_write(w, p, err, sizeof err) == -1 && strstr(err, "twice"));
     gguf_writer_free(w);
 
     w = gguf_writer_new();
-    CHECK(gguf_w_add_tensor(w, "z", 1, ne0, LM_TYPE_F32, x, 0) == -1);    /* zero dim */
+    CHECK(gguf_w_add_tensor(w, "z", 1, ne0, LM_TYPE_F32, x, 0) == -1); /* zero dim */
     gguf_writer_free(w);
     w = gguf_writer_new();
     CHECK(gguf_w_add_tensor(w, "q", 1, ne17, LM_TYPE_Q8_0, x, 34) == -1); /* not a block multiple */
     gguf_writer_free(w);
     w = gguf_writer_new();
-    CHECK(gguf_w_add_tensor(w, "u", 1, ne4, 99, x, 16) == -1);            /* unknown type */
+    CHECK(gguf_w_add_tensor(w, "u", 1, ne4, 99, x, 16) == -1); /* unknown type */
     gguf_writer_free(w);
     w = gguf_writer_new();
-    CHECK(gguf_w_add_tensor(w, "u", 5, ne4, LM_TYPE_F32, x, 16) == -1);   /* n_dims */
+    CHECK(gguf_w_add_tensor(w, "u", 5, ne4, LM_TYPE_F32, x, 16) == -1); /* n_dims */
     CHECK(gguf_w_set_u32(w, "", 1) == -1);
     gguf_writer_free(w);
     w = gguf_writer_new();

@@ -51,7 +51,7 @@ static int judge(const lm_gvocab *v, const char *gbnf, const char *s) {
     return r;
 }
 
-#define J(gbnf, s, want) \
+#define J(gbnf, s, want)                                                                                               \
     CHECKF(judge(v, gbnf, s) == (want), "%s on \"%s\": %d, want %d", gbnf, s, judge(v, gbnf, s), want)
 
 static void test_constructs(void) {
@@ -82,8 +82,8 @@ static void test_constructs(void) {
     J("root ::= [a-c]+", "abd", -1);
     J("root ::= [^a-c\"]+", "xyz", 1);
     J("root ::= [^a-c\"]+", "x\"", -1);
-    J("root ::= [^a]", "\xc3\xa9", 1);  /* é: a negated class holds multi-byte characters */
-    J("root ::= [^a]", "\xc3", 0);      /* half of it is a prefix */
+    J("root ::= [^a]", "\xc3\xa9", 1);      /* é: a negated class holds multi-byte characters */
+    J("root ::= [^a]", "\xc3", 0);          /* half of it is a prefix */
     J("root ::= [^a]", "\xed\xa0\x80", -1); /* a surrogate is not UTF-8 */
     J("root ::= [a\\-z]", "-", 1);
     J("root ::= [a\\-z]", "b", -1);
@@ -169,11 +169,11 @@ enum { N_LIT, N_CLASS, N_ANY, N_SEQ, N_ALT, N_REP, N_REF };
 
 typedef struct node {
     int kind;
-    uint32_t cps[4];    /* N_LIT: the characters; N_CLASS: ranges as pairs */
-    int n;              /* N_LIT: characters; N_CLASS: ranges; N_SEQ/N_ALT: children */
+    uint32_t cps[4]; /* N_LIT: the characters; N_CLASS: ranges as pairs */
+    int n;           /* N_LIT: characters; N_CLASS: ranges; N_SEQ/N_ALT: children */
     bool neg;
-    int min, max;       /* N_REP (max -1: unbounded) */
-    int ref;            /* N_REF */
+    int min, max; /* N_REP (max -1: unbounded) */
+    int ref;      /* N_REF */
     struct node *kid[4];
 } node;
 
@@ -299,48 +299,48 @@ static void put_cp(char **o, uint32_t c, bool in_class) {
 
 static void render(const node *x, char **o) {
     switch (x->kind) {
-    case N_LIT:
-        *(*o)++ = '"';
-        for (int i = 0; i < x->n; i++) put_cp(o, x->cps[i], false);
-        *(*o)++ = '"';
-        break;
-    case N_ANY: *(*o)++ = '.'; break;
-    case N_CLASS:
-        *(*o)++ = '[';
-        if (x->neg) *(*o)++ = '^';
-        for (int i = 0; i < x->n; i++) {
-            put_cp(o, x->cps[2 * i], true);
-            if (x->cps[2 * i + 1] != x->cps[2 * i]) {
-                *(*o)++ = '-';
-                put_cp(o, x->cps[2 * i + 1], true);
+        case N_LIT:
+            *(*o)++ = '"';
+            for (int i = 0; i < x->n; i++) put_cp(o, x->cps[i], false);
+            *(*o)++ = '"';
+            break;
+        case N_ANY: *(*o)++ = '.'; break;
+        case N_CLASS:
+            *(*o)++ = '[';
+            if (x->neg) *(*o)++ = '^';
+            for (int i = 0; i < x->n; i++) {
+                put_cp(o, x->cps[2 * i], true);
+                if (x->cps[2 * i + 1] != x->cps[2 * i]) {
+                    *(*o)++ = '-';
+                    put_cp(o, x->cps[2 * i + 1], true);
+                }
             }
-        }
-        *(*o)++ = ']';
-        break;
-    case N_SEQ:
-        for (int i = 0; i < x->n; i++) {
-            if (i) *(*o)++ = ' ';
-            render(x->kid[i], o);
-        }
-        break;
-    case N_ALT:
-        *(*o)++ = '(';
-        for (int i = 0; i < x->n; i++) {
-            if (i) *o += sprintf(*o, rnd(3) ? " | " : "\n   | ");
-            render(x->kid[i], o);
-        }
-        *(*o)++ = ')';
-        break;
-    case N_REP:
-        render(x->kid[0], o);
-        if (x->min == 0 && x->max == -1) *(*o)++ = '*';
-        else if (x->min == 1 && x->max == -1) *(*o)++ = '+';
-        else if (x->min == 0 && x->max == 1) *(*o)++ = '?';
-        else if (x->max == -1) *o += sprintf(*o, "{%d,}", x->min);
-        else if (x->max == x->min) *o += sprintf(*o, "{%d}", x->min);
-        else *o += sprintf(*o, "{%d,%d}", x->min, x->max);
-        break;
-    case N_REF: *o += sprintf(*o, "r%d", x->ref); break;
+            *(*o)++ = ']';
+            break;
+        case N_SEQ:
+            for (int i = 0; i < x->n; i++) {
+                if (i) *(*o)++ = ' ';
+                render(x->kid[i], o);
+            }
+            break;
+        case N_ALT:
+            *(*o)++ = '(';
+            for (int i = 0; i < x->n; i++) {
+                if (i) *o += sprintf(*o, rnd(3) ? " | " : "\n   | ");
+                render(x->kid[i], o);
+            }
+            *(*o)++ = ')';
+            break;
+        case N_REP:
+            render(x->kid[0], o);
+            if (x->min == 0 && x->max == -1) *(*o)++ = '*';
+            else if (x->min == 1 && x->max == -1) *(*o)++ = '+';
+            else if (x->min == 0 && x->max == 1) *(*o)++ = '?';
+            else if (x->max == -1) *o += sprintf(*o, "{%d,}", x->min);
+            else if (x->max == x->min) *o += sprintf(*o, "{%d}", x->min);
+            else *o += sprintf(*o, "{%d,%d}", x->min, x->max);
+            break;
+        case N_REF: *o += sprintf(*o, "r%d", x->ref); break;
     }
 }
 
@@ -474,55 +474,55 @@ static bits ref_seq_from(ref *R, const bits *from, const node *x) {
 static bits ref_ends(ref *R, const node *x, int i) {
     bits s = {{0}};
     switch (x->kind) {
-    case N_CLASS:
-    case N_ANY: return ref_char(R, x, i);
-    case N_LIT: {
-        bset(&s, i);
-        for (int k = 0; k < x->n; k++) {
-            node one = {.kind = N_LIT, .n = 1, .cps = {x->cps[k]}};
-            bits t = {{0}};
-            if (bget(&s, R->n + 1)) bset(&t, R->n + 1);
-            for (int j = 0; j <= R->n; j++)
-                if (bget(&s, j)) {
-                    bits e = ref_char(R, &one, j);
-                    for (int w = 0; w < W; w++) t.b[w] |= e.b[w];
-                }
-            s = t;
+        case N_CLASS:
+        case N_ANY: return ref_char(R, x, i);
+        case N_LIT: {
+            bset(&s, i);
+            for (int k = 0; k < x->n; k++) {
+                node one = {.kind = N_LIT, .n = 1, .cps = {x->cps[k]}};
+                bits t = {{0}};
+                if (bget(&s, R->n + 1)) bset(&t, R->n + 1);
+                for (int j = 0; j <= R->n; j++)
+                    if (bget(&s, j)) {
+                        bits e = ref_char(R, &one, j);
+                        for (int w = 0; w < W; w++) t.b[w] |= e.b[w];
+                    }
+                s = t;
+            }
+            return s;
         }
-        return s;
-    }
-    case N_SEQ:
-        bset(&s, i);
-        for (int k = 0; k < x->n; k++) s = ref_seq_from(R, &s, x->kid[k]);
-        return s;
-    case N_ALT:
-        for (int k = 0; k < x->n; k++) {
-            bits e = ref_ends(R, x->kid[k], i);
-            for (int w = 0; w < W; w++) s.b[w] |= e.b[w];
+        case N_SEQ:
+            bset(&s, i);
+            for (int k = 0; k < x->n; k++) s = ref_seq_from(R, &s, x->kid[k]);
+            return s;
+        case N_ALT:
+            for (int k = 0; k < x->n; k++) {
+                bits e = ref_ends(R, x->kid[k], i);
+                for (int w = 0; w < W; w++) s.b[w] |= e.b[w];
+            }
+            return s;
+        case N_REP: {
+            bits cur = {{0}};
+            bset(&cur, i);
+            if (x->min == 0) s = cur;
+            for (int k = 1; x->max < 0 || k <= x->max; k++) {
+                cur = ref_seq_from(R, &cur, x->kid[0]);
+                bool any = false;
+                for (int w = 0; w < W; w++) any |= cur.b[w] != 0;
+                if (!any) break;
+                if (k >= x->min)
+                    for (int w = 0; w < W; w++) s.b[w] |= cur.b[w];
+                if (k > R->n + 2 && k >= x->min) break; /* every atom consumes: nothing new past n + 1 rounds */
+            }
+            return s;
         }
-        return s;
-    case N_REP: {
-        bits cur = {{0}};
-        bset(&cur, i);
-        if (x->min == 0) s = cur;
-        for (int k = 1; x->max < 0 || k <= x->max; k++) {
-            cur = ref_seq_from(R, &cur, x->kid[0]);
-            bool any = false;
-            for (int w = 0; w < W; w++) any |= cur.b[w] != 0;
-            if (!any) break;
-            if (k >= x->min)
-                for (int w = 0; w < W; w++) s.b[w] |= cur.b[w];
-            if (k > R->n + 2 && k >= x->min) break; /* every atom consumes: nothing new past n + 1 rounds */
+        case N_REF: {
+            if (ref_stamp[x->ref][i] == ref_call) return ref_memo[x->ref][i];
+            bits e = ref_ends(R, R->t->rule[x->ref], i);
+            ref_memo[x->ref][i] = e;
+            ref_stamp[x->ref][i] = ref_call;
+            return e;
         }
-        return s;
-    }
-    case N_REF: {
-        if (ref_stamp[x->ref][i] == ref_call) return ref_memo[x->ref][i];
-        bits e = ref_ends(R, R->t->rule[x->ref], i);
-        ref_memo[x->ref][i] = e;
-        ref_stamp[x->ref][i] = ref_call;
-        return e;
-    }
     }
     return s;
 }
@@ -565,30 +565,30 @@ static int ref_judge(const tgrammar *t, const unsigned char *b, int len) {
 static void gen_string(const tgrammar *t, const node *x, unsigned char *o, int *n, int depth) {
     if (*n > 200) depth = 100;
     switch (x->kind) {
-    case N_LIT:
-        for (int i = 0; i < x->n; i++) *n += enc(x->cps[i], o + *n);
-        break;
-    case N_ANY: *n += enc(ALPHA[rnd(N_ALPHA)], o + *n); break;
-    case N_CLASS:
-        for (;;) {
-            uint32_t c = rnd(4) ? ALPHA[rnd(N_ALPHA)] : (uint32_t)(0x20 + rnd(0x3000));
-            if (c >= 0xD800 && c <= 0xDFFF) continue;
-            if (ref_in_class(x, c)) {
-                *n += enc(c, o + *n);
-                return;
+        case N_LIT:
+            for (int i = 0; i < x->n; i++) *n += enc(x->cps[i], o + *n);
+            break;
+        case N_ANY: *n += enc(ALPHA[rnd(N_ALPHA)], o + *n); break;
+        case N_CLASS:
+            for (;;) {
+                uint32_t c = rnd(4) ? ALPHA[rnd(N_ALPHA)] : (uint32_t)(0x20 + rnd(0x3000));
+                if (c >= 0xD800 && c <= 0xDFFF) continue;
+                if (ref_in_class(x, c)) {
+                    *n += enc(c, o + *n);
+                    return;
+                }
             }
+        case N_SEQ:
+            for (int i = 0; i < x->n; i++) gen_string(t, x->kid[i], o, n, depth + 1);
+            break;
+        case N_ALT: gen_string(t, x->kid[depth > 8 ? 0 : rnd(x->n)], o, n, depth + 1); break;
+        case N_REP: {
+            int k = x->min + (depth > 8 ? 0 : rnd(3));
+            if (x->max >= 0 && k > x->max) k = x->max;
+            for (int i = 0; i < k; i++) gen_string(t, x->kid[0], o, n, depth + 1);
+            break;
         }
-    case N_SEQ:
-        for (int i = 0; i < x->n; i++) gen_string(t, x->kid[i], o, n, depth + 1);
-        break;
-    case N_ALT: gen_string(t, x->kid[depth > 8 ? 0 : rnd(x->n)], o, n, depth + 1); break;
-    case N_REP: {
-        int k = x->min + (depth > 8 ? 0 : rnd(3));
-        if (x->max >= 0 && k > x->max) k = x->max;
-        for (int i = 0; i < k; i++) gen_string(t, x->kid[0], o, n, depth + 1);
-        break;
-    }
-    case N_REF: gen_string(t, t->rule[x->ref], o, n, depth + 1); break;
+        case N_REF: gen_string(t, t->rule[x->ref], o, n, depth + 1); break;
     }
 }
 
@@ -628,8 +628,8 @@ static int tvocab_random(tvocab *tv, int n) {
                 if (rnd(10) == 0) buf[len++] = (unsigned char)rnd(256);
                 else len += enc(ALPHA[rnd(N_ALPHA)], buf + len);
             }
-            if (rnd(3) == 0) len -= rnd(len) ; /* cut: may end inside a character */
-            if (rnd(4) == 0 && len > 1) { /* or start inside one */
+            if (rnd(3) == 0) len -= rnd(len); /* cut: may end inside a character */
+            if (rnd(4) == 0 && len > 1) {     /* or start inside one */
                 int cut = rnd(len);
                 memmove(buf, buf + cut, (size_t)(len - cut));
                 len -= cut;
@@ -795,7 +795,7 @@ static void test_copy_reset(void) {
     uint32_t a1[9], a2[9];
     int32_t n1 = gmatch_mask(m, a1), n2 = gmatch_mask(m, a2);
     CHECK(n1 == 27 && n2 == 27 && memcmp(a1, a2, sizeof a1) == 0); /* a-z and } */
-    CHECK(gmatch_accept(m, 256) == -1); /* EOG not yet */
+    CHECK(gmatch_accept(m, 256) == -1);                            /* EOG not yet */
     gmatch_reset(m);
     CHECK(gmatch_mask(m, a1) == 1 && a1['{' >> 5] == 1u << ('{' & 31));
     CHECK(gmatch_accept(k, 256) == 0);
@@ -851,7 +851,8 @@ static const char *ADVERSARIAL[] = {
 
 /* A long literal first: the probe explores 96 states, so it does not reach
  * the doubling part, which only generation finds. */
-#define HIDDEN_PREFIX "The following text is long enough that a probe of the first states stops before it ends, and then:"
+#define HIDDEN_PREFIX                                                                                                  \
+    "The following text is long enough that a probe of the first states stops before it ends, and then:"
 
 static lm_grammar *compile(const char *gb) {
     char err[LM_ERRLEN];

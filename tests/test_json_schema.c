@@ -84,18 +84,43 @@ static int corpus(char ***names) { return list_dir(CORPUS, names); }
 
 static void test_each_keyword(void) {
     static const char *const ok[] = {
-        "{\"type\":\"object\"}", "{\"type\":\"array\"}", "{\"type\":\"string\"}", "{\"type\":\"number\"}",
-        "{\"type\":\"integer\"}", "{\"type\":\"boolean\"}", "{\"type\":\"null\"}", "{\"type\":[\"string\",\"integer\"]}",
-        "{\"properties\":{\"a\":{}}}", "{\"required\":[\"a\"]}", "{\"additionalProperties\":false}",
-        "{\"additionalProperties\":{\"type\":\"integer\"}}", "{\"items\":{\"type\":\"string\"}}",
-        "{\"prefixItems\":[{\"type\":\"string\"}]}", "{\"minItems\":1}", "{\"maxItems\":2}",
-        "{\"enum\":[1,\"a\",null]}", "{\"const\":{\"a\":1}}", "{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}",
-        "{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}", "{\"allOf\":[{\"type\":\"integer\"},{\"minimum\":2}]}",
+        "{\"type\":\"object\"}",
+        "{\"type\":\"array\"}",
+        "{\"type\":\"string\"}",
+        "{\"type\":\"number\"}",
+        "{\"type\":\"integer\"}",
+        "{\"type\":\"boolean\"}",
+        "{\"type\":\"null\"}",
+        "{\"type\":[\"string\",\"integer\"]}",
+        "{\"properties\":{\"a\":{}}}",
+        "{\"required\":[\"a\"]}",
+        "{\"additionalProperties\":false}",
+        "{\"additionalProperties\":{\"type\":\"integer\"}}",
+        "{\"items\":{\"type\":\"string\"}}",
+        "{\"prefixItems\":[{\"type\":\"string\"}]}",
+        "{\"minItems\":1}",
+        "{\"maxItems\":2}",
+        "{\"enum\":[1,\"a\",null]}",
+        "{\"const\":{\"a\":1}}",
+        "{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}",
+        "{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}",
+        "{\"allOf\":[{\"type\":\"integer\"},{\"minimum\":2}]}",
         "{\"$defs\":{\"a\":{\"type\":\"string\"}},\"$ref\":\"#/$defs/a\"}",
         "{\"definitions\":{\"a\":{\"type\":\"string\"}},\"$ref\":\"#/definitions/a\"}",
-        "{\"minLength\":1}", "{\"maxLength\":3}", "{\"minimum\":-3}", "{\"maximum\":9}", "{\"exclusiveMinimum\":0}",
-        "{\"exclusiveMaximum\":0}", "{\"pattern\":\"^a+$\"}", "{\"format\":\"date\"}", "{\"format\":\"time\"}",
-        "{\"format\":\"date-time\"}", "{\"format\":\"uuid\"}", "{\"format\":\"email\"}", "true", "{}",
+        "{\"minLength\":1}",
+        "{\"maxLength\":3}",
+        "{\"minimum\":-3}",
+        "{\"maximum\":9}",
+        "{\"exclusiveMinimum\":0}",
+        "{\"exclusiveMaximum\":0}",
+        "{\"pattern\":\"^a+$\"}",
+        "{\"format\":\"date\"}",
+        "{\"format\":\"time\"}",
+        "{\"format\":\"date-time\"}",
+        "{\"format\":\"uuid\"}",
+        "{\"format\":\"email\"}",
+        "true",
+        "{}",
         "{\"title\":\"t\",\"description\":\"d\",\"$schema\":\"x\",\"$id\":\"y\",\"examples\":[1],\"default\":1}",
         "{\"uniqueItems\":false}"};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
@@ -119,10 +144,13 @@ static void test_each_keyword(void) {
 /* ---- refusals name the keyword and the place ---- */
 
 static void test_refusals(void) {
-    static const struct { const char *schema, *what, *where; } bad[] = {
+    static const struct {
+        const char *schema, *what, *where;
+    } bad[] = {
         {"{\"not\":{}}", "\"not\"", "#/not"},
         /* no finite text: a required property that is the object itself */
-        {"{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}},\"required\":[\"a\"]}", "no finite JSON text", ""},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}},\"required\":[\"a\"]}", "no finite JSON text",
+         ""},
         {"{\"properties\":{\"a\":{\"multipleOf\":2}}}", "\"multipleOf\"", "#/properties/a/multipleOf"},
         {"{\"items\":{\"patternProperties\":{}}}", "\"patternProperties\"", "#/items/patternProperties"},
         {"{\"if\":{},\"then\":{}}", "\"if\"", "#/if"},
@@ -168,7 +196,8 @@ static void test_refusals(void) {
         {"{\"allOf\":[{\"properties\":{\"b\":{}}}],\"additionalProperties\":false,\"properties\":{\"a\":{}}}",
          "additionalProperties", "#"},
         {"{\"$defs\":{\"b\":{\"properties\":{\"x\":{}},\"additionalProperties\":false}},\"$ref\":\"#/$defs/b\","
-         "\"properties\":{\"y\":{}}}", "additionalProperties", "#"},
+         "\"properties\":{\"y\":{}}}",
+         "additionalProperties", "#"},
         {"{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/b\"},\"b\":{\"$ref\":\"#/$defs/a\"}},\"$ref\":\"#/$defs/a\"}",
          "left recursion", "#/$defs/b"},
         {"{\"$defs\":{\"a\":{\"allOf\":[{\"$ref\":\"#/$defs/a\"},{\"$ref\":\"#/$defs/a\"}]}},\"$ref\":\"#/$defs/a\"}",
@@ -233,8 +262,10 @@ static void test_integer_ranges(void) {
         int mode = i % 4; /* both bounds, min only, max only, exclusive */
         char s[160];
         if (mode == 0 || mode == 3) {
-            snprintf(s, sizeof s, mode ? "{\"type\":\"integer\",\"exclusiveMinimum\":%ld,\"exclusiveMaximum\":%ld}"
-                                       : "{\"type\":\"integer\",\"minimum\":%ld,\"maximum\":%ld}", a, b);
+            snprintf(s, sizeof s,
+                     mode ? "{\"type\":\"integer\",\"exclusiveMinimum\":%ld,\"exclusiveMaximum\":%ld}"
+                          : "{\"type\":\"integer\",\"minimum\":%ld,\"maximum\":%ld}",
+                     a, b);
             if (mode == 3 && b - a < 2) continue;
             check_range(s, true, mode ? a + 1 : a, true, mode ? b - 1 : b);
         } else if (mode == 1) {
@@ -258,7 +289,11 @@ static void test_integer_ranges(void) {
  * decimals); the integers in range and the decimals whose unit interval
  * is inside are accepted. */
 static void test_number_ranges(void) {
-    static const struct { const char *schema; double lo, hi; bool xlo, xhi; } cases[] = {
+    static const struct {
+        const char *schema;
+        double lo, hi;
+        bool xlo, xhi;
+    } cases[] = {
         {"{\"type\":\"number\",\"minimum\":-3,\"maximum\":5}", -3, 5, false, false},
         {"{\"type\":\"number\",\"minimum\":-2.5,\"maximum\":7.25}", -2.5, 7.25, false, false},
         {"{\"type\":\"number\",\"exclusiveMinimum\":-4,\"exclusiveMaximum\":4}", -4, 4, true, true},
@@ -287,9 +322,11 @@ static void test_number_ranges(void) {
                 /* complete where promised: integers, and intervals inside */
                 double base = neg ? -(double)whole : whole;
                 bool whole_in = f == 0 ? in
-                              : neg ? (base - 1 > lo || (!cases[i].xlo && base - 1 >= lo)) && (cases[i].xhi ? base < hi : base <= hi)
-                                    : (cases[i].xlo ? base > lo : base >= lo) && base + 1 <= hi - (cases[i].xhi ? 1e-9 : 0);
-                if (whole_in && !got && !(neg && whole == 0)) fprintf(stderr, "  %s: %s rejected\n", cases[i].schema, t);
+                    : neg
+                    ? (base - 1 > lo || (!cases[i].xlo && base - 1 >= lo)) && (cases[i].xhi ? base < hi : base <= hi)
+                    : (cases[i].xlo ? base > lo : base >= lo) && base + 1 <= hi - (cases[i].xhi ? 1e-9 : 0);
+                if (whole_in && !got && !(neg && whole == 0))
+                    fprintf(stderr, "  %s: %s rejected\n", cases[i].schema, t);
                 CHECK(got || !whole_in || (neg && whole == 0) || (f == 0 && !in));
             }
         }
@@ -303,10 +340,12 @@ static void test_strings(void) {
     char err[LM_ERRLEN];
     gref g;
     CHECKF(load(&g, "{\"type\":\"string\"}", err) == 0, "%s", err);
-    static const char *const yes[] = {"\"\"", "\"a\\\"b\"", "\"\\\\\"", "\"\\/\\b\\f\\n\\r\\t\"", "\"\\u00e9\"",
-                                      "\"\\ud83d\\ude00\"", "\"\\uD83D\\uDE00\"", "\"é中😀\"", "\"\\u0000\""};
-    static const char *const no[] = {"\"\\ud800\"", "\"\\ude00\"", "\"\\ud83dx\"", "\"\\x41\"", "\"\\u12\"",
-                                     "\"a\nb\"", "\"\t\"", "\"a", "a\"", "\"\\\"", "\"a\"b\""};
+    static const char *const yes[] = {
+        "\"\"",        "\"a\\\"b\"",         "\"\\\\\"",           "\"\\/\\b\\f\\n\\r\\t\"",
+        "\"\\u00e9\"", "\"\\ud83d\\ude00\"", "\"\\uD83D\\uDE00\"", "\"é中😀\"",
+        "\"\\u0000\""};
+    static const char *const no[] = {"\"\\ud800\"", "\"\\ude00\"", "\"\\ud83dx\"", "\"\\x41\"", "\"\\u12\"", "\"a\nb\"",
+                                     "\"\t\"",      "\"a",         "a\"",          "\"\\\"",    "\"a\"b\""};
     for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) CHECKF(accepts(&g, yes[i]), "%s rejected", yes[i]);
     for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) CHECKF(!accepts(&g, no[i]), "%s accepted", no[i]);
     for (int k = 0; k < 300; k++) { /* every drawn string decodes */
@@ -334,7 +373,7 @@ static void test_whitespace(void) {
     CHECK(accepts(&g, "{\"a\":[1,2]}"));
     CHECK(accepts(&g, "{ \"a\" : [ 1 , 2 ] }"));
     CHECK(accepts(&g, "{\n  \"a\": [\n    1,\n    2\n  ]\n}"));
-    CHECK(!accepts(&g, "{  \"a\":[]}"));                      /* two blanks */
+    CHECK(!accepts(&g, "{  \"a\":[]}"));                       /* two blanks */
     CHECK(!accepts(&g, "{\n                      \"a\":[]}")); /* newline and 22 blanks */
     CHECK(!accepts(&g, " {\"a\":[]}") && !accepts(&g, "{\"a\":[]} "));
     gref_free(&g);
@@ -345,12 +384,15 @@ static void test_whitespace(void) {
 static void test_objects(void) {
     char err[LM_ERRLEN];
     gref g;
-    CHECKF(load(&g, "{\"properties\":{\"id\":{\"type\":\"integer\"},\"name\":{\"type\":\"string\"}},"
-                    "\"additionalProperties\":{\"type\":\"boolean\"}}", err) == 0, "%s", err);
+    CHECKF(load(&g,
+                "{\"properties\":{\"id\":{\"type\":\"integer\"},\"name\":{\"type\":\"string\"}},"
+                "\"additionalProperties\":{\"type\":\"boolean\"}}",
+                err) == 0,
+           "%s", err);
     CHECK(accepts(&g, "{}") && accepts(&g, "{\"id\":1}") && accepts(&g, "{\"name\":\"x\"}"));
     CHECK(accepts(&g, "{\"id\":1,\"x\":true,\"i\":false,\"idx\":true,\"nam\":false,\"names\":true}"));
     CHECK(accepts(&g, "{\"x\":true}"));
-    CHECK(!accepts(&g, "{\"id\":1,\"id\":true}"));   /* a declared name as an extra key */
+    CHECK(!accepts(&g, "{\"id\":1,\"id\":true}")); /* a declared name as an extra key */
     CHECK(!accepts(&g, "{\"x\":true,\"name\":true}"));
     CHECK(!accepts(&g, "{\"\\u0069d\":true}"));       /* escapes could spell one */
     CHECK(!accepts(&g, "{\"name\":\"x\",\"id\":1}")); /* the schema's order */
@@ -413,7 +455,8 @@ static void test_corpus(void) {
             cJSON_ArrayForEach(it, cJSON_GetObjectItem(doc, sets[s])) {
                 char *inst = cJSON_PrintUnformatted(it);
                 bool ok = accepts(&g, inst) == (s == 0);
-                if (!ok) fprintf(stderr, "  %s: %s instance %s %s\n", names[i], sets[s], inst, s ? "accepted" : "rejected");
+                if (!ok)
+                    fprintf(stderr, "  %s: %s instance %s %s\n", names[i], sets[s], inst, s ? "accepted" : "rejected");
                 cJSON_free(inst);
                 CHECK(ok);
             }
@@ -446,8 +489,8 @@ static void test_prefixes(void) {
     CHECKF(load(&g, schema, err) == 0, "%s", err);
     const char *full = "{\"n\":15,\"s\":\"cd\"}";
     for (size_t k = 0; k <= strlen(full); k++) CHECKF(gref_accepts_prefix(&g, full, k), "%.*s", (int)k, full);
-    static const char *const no[] = {"[", "{\"s\"", "{\"n\":3", "{\"n\":21", "{\"n\":15,\"s\":\"ac",
-                                     "{\"n\":15,\"s\":\"cd\"}x", "{\"n\":15}"};
+    static const char *const no[] = {
+        "[", "{\"s\"", "{\"n\":3", "{\"n\":21", "{\"n\":15,\"s\":\"ac", "{\"n\":15,\"s\":\"cd\"}x", "{\"n\":15}"};
     for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
         bool bad = !gref_accepts_prefix(&g, no[i], strlen(no[i]));
         CHECKF(bad, "%s taken as a prefix", no[i]);
@@ -455,8 +498,10 @@ static void test_prefixes(void) {
     CHECK(gref_accepts_prefix(&g, "{\"n\":15", 7) && !gref_accepts(&g, "{\"n\":15", 7));
     gref_free(&g);
     /* Every prefix of every drawn sample, for a recursive schema. */
-    CHECKF(load(&g, "{\"$defs\":{\"t\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"string\"},"
-                    "\"k\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/t\"}}}}},\"$ref\":\"#/$defs/t\"}", err) == 0,
+    CHECKF(load(&g,
+                "{\"$defs\":{\"t\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"string\"},"
+                "\"k\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/t\"}}}}},\"$ref\":\"#/$defs/t\"}",
+                err) == 0,
            "%s", err);
     for (int r = 0; r < 20; r++) {
         char *smp = gref_sample(&g, 5);
@@ -554,7 +599,8 @@ static void test_engine_agrees(void) {
             size_t lens[3] = {len, cut, len};
             for (int t = 0; t < 3; t++) {
                 int e = engine_verdict(m, texts[t], lens[t]), r = ref_verdict(&g, texts[t], lens[t]);
-                if (e != r) fprintf(stderr, "  %s: engine %d, reference %d on %.*s\n", names[i], e, r, (int)lens[t], texts[t]);
+                if (e != r)
+                    fprintf(stderr, "  %s: engine %d, reference %d on %.*s\n", names[i], e, r, (int)lens[t], texts[t]);
                 checks++;
                 if (e != r) {
                     free(smp);
@@ -576,7 +622,8 @@ static void test_engine_agrees(void) {
                      * reference needs the whole character */
                     if (b >= 0xC0) continue;
                     bool got = (allow[b / 32] >> (b % 32)) & 1;
-                    if (got != want) fprintf(stderr, "  %s: mask byte 0x%02x after %.*s: %d\n", names[i], b, (int)cut, smp, got);
+                    if (got != want)
+                        fprintf(stderr, "  %s: mask byte 0x%02x after %.*s: %d\n", names[i], b, (int)cut, smp, got);
                     CHECK(got == want);
                 }
                 bool eog = (allow[256 / 32] >> (256 % 32)) & 1;
@@ -697,7 +744,8 @@ static int check_text(const char *corpus_file, const char *text_file) {
 }
 
 int main(int argc, char **argv) {
-    if ((argc == 3 || argc == 4) && !strcmp(argv[1], "--samples")) return print_samples(atoi(argv[2]), argc == 4 ? argv[3] : CORPUS);
+    if ((argc == 3 || argc == 4) && !strcmp(argv[1], "--samples"))
+        return print_samples(atoi(argv[2]), argc == 4 ? argv[3] : CORPUS);
     if (argc == 4 && !strcmp(argv[1], "--check")) return check_text(argv[2], argv[3]);
     TEST_RUN(test_each_keyword);
     TEST_RUN(test_refusals);

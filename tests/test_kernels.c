@@ -102,8 +102,8 @@ static void check_vec_dot_type(uint32_t wt, bool random_bytes) {
             lm_free(w);
             lm_free(x);
             double tol = TOL * abs_sum + 1e-30;
-            CHECKF(fabs((double)got - ref) <= tol, "%s n=%lld: avx2 %.9g ref %.9g (tol %.3g)",
-                   quant_type_name(wt), (long long)n, got, ref, tol);
+            CHECKF(fabs((double)got - ref) <= tol, "%s n=%lld: avx2 %.9g ref %.9g (tol %.3g)", quant_type_name(wt),
+                   (long long)n, got, ref, tol);
             CHECKF(fabs((double)got - exact) <= tol, "%s n=%lld: avx2 %.9g float64 %.9g (tol %.3g)",
                    quant_type_name(wt), (long long)n, got, exact, tol);
         }
@@ -179,47 +179,47 @@ static void test_vec_dot_extremes(void) {
 static void stress_row(int kind, uint32_t type, float *x, int64_t n) {
     int64_t blck = quant_traits(type)->blck;
     switch (kind) {
-    case 0: fill_normal(x, n, pow(10.0, -6.0 + 10.0 * lm_rng_uniform(&rng))); break;
-    case 1:
-        for (int64_t i = 0; i < n; i++) {
-            int k = (int)(lm_rng_u64(&rng) % 254) - 127; /* -127..126 */
-            x[i] = (float)k + 0.5f;
-            if (type == LM_TYPE_Q8_K && x[i] < -127.5f) x[i] = -127.5f;
+        case 0: fill_normal(x, n, pow(10.0, -6.0 + 10.0 * lm_rng_uniform(&rng))); break;
+        case 1:
+            for (int64_t i = 0; i < n; i++) {
+                int k = (int)(lm_rng_u64(&rng) % 254) - 127; /* -127..126 */
+                x[i] = (float)k + 0.5f;
+                if (type == LM_TYPE_Q8_K && x[i] < -127.5f) x[i] = -127.5f;
+            }
+            for (int64_t b = 0; b < n / blck; b++) x[b * blck + (b % blck)] = type == LM_TYPE_Q8_0 ? 127.0f : -128.0f;
+            break;
+        case 2: memset(x, 0, (size_t)n * sizeof(float)); break;
+        case 3:
+            for (int64_t i = 0; i < n; i++) x[i] = 0.37f;
+            break;
+        case 4: fill_normal(x, n, 1e-6); break;
+        case 5:
+            for (int64_t i = 0; i < n; i++) x[i] = (float)(lm_rng_normal(&rng) * 1e-39);
+            break;
+        case 6:
+            fill_normal(x, n, 1.0);
+            for (int64_t b = 0; b < n / blck; b++) {
+                int64_t i = b * blck + (int64_t)(lm_rng_u64(&rng) % (uint64_t)(blck / 2));
+                int64_t j = i + 1 + (int64_t)(lm_rng_u64(&rng) % (uint64_t)(blck / 2 - 1));
+                float m = b & 1 ? 7.0f : -7.0f;
+                x[i] = m;
+                x[j] = -m;
+            }
+            break;
+        case 7:
+            for (int64_t i = 0; i < n; i++) x[i] = (float)(lm_rng_normal(&rng) * pow(10.0, (double)(i % 9) - 4.0));
+            break;
+        case 8: fill_normal(x, n, 1e30); break;
+        default: {
+            float top = (float)pow(10.0, -3.0 + 6.0 * lm_rng_uniform(&rng));
+            float step = type == LM_TYPE_Q8_0 ? top / 127.0f : top / 128.0f;
+            for (int64_t i = 0; i < n; i++) {
+                int k = (int)(lm_rng_u64(&rng) % 250) - 125;
+                x[i] = ((float)k + 0.5f) * step;
+            }
+            for (int64_t b = 0; b < n / blck; b++) x[b * blck + (b % blck)] = type == LM_TYPE_Q8_0 ? top : -top;
+            break;
         }
-        for (int64_t b = 0; b < n / blck; b++) x[b * blck + (b % blck)] = type == LM_TYPE_Q8_0 ? 127.0f : -128.0f;
-        break;
-    case 2: memset(x, 0, (size_t)n * sizeof(float)); break;
-    case 3:
-        for (int64_t i = 0; i < n; i++) x[i] = 0.37f;
-        break;
-    case 4: fill_normal(x, n, 1e-6); break;
-    case 5:
-        for (int64_t i = 0; i < n; i++) x[i] = (float)(lm_rng_normal(&rng) * 1e-39);
-        break;
-    case 6:
-        fill_normal(x, n, 1.0);
-        for (int64_t b = 0; b < n / blck; b++) {
-            int64_t i = b * blck + (int64_t)(lm_rng_u64(&rng) % (uint64_t)(blck / 2));
-            int64_t j = i + 1 + (int64_t)(lm_rng_u64(&rng) % (uint64_t)(blck / 2 - 1));
-            float m = b & 1 ? 7.0f : -7.0f;
-            x[i] = m;
-            x[j] = -m;
-        }
-        break;
-    case 7:
-        for (int64_t i = 0; i < n; i++) x[i] = (float)(lm_rng_normal(&rng) * pow(10.0, (double)(i % 9) - 4.0));
-        break;
-    case 8: fill_normal(x, n, 1e30); break;
-    default: {
-        float top = (float)pow(10.0, -3.0 + 6.0 * lm_rng_uniform(&rng));
-        float step = type == LM_TYPE_Q8_0 ? top / 127.0f : top / 128.0f;
-        for (int64_t i = 0; i < n; i++) {
-            int k = (int)(lm_rng_u64(&rng) % 250) - 125;
-            x[i] = ((float)k + 0.5f) * step;
-        }
-        for (int64_t b = 0; b < n / blck; b++) x[b * blck + (b % blck)] = type == LM_TYPE_Q8_0 ? top : -top;
-        break;
-    }
     }
 }
 
@@ -243,8 +243,8 @@ static void check_quantizer(uint32_t type) {
         lm_free(x);
         lm_free(a);
         lm_free(b);
-        CHECKF(same, "%s kind %d n=%lld: blocks differ from the reference at byte %zu",
-               quant_type_name(type), kind, (long long)n, first);
+        CHECKF(same, "%s kind %d n=%lld: blocks differ from the reference at byte %zu", quant_type_name(type), kind,
+               (long long)n, first);
     }
 }
 
@@ -256,9 +256,11 @@ static void test_quantize_q8_0(void) { check_quantizer(LM_TYPE_Q8_0); }
 static void test_quantize_f16(void) {
     const lm_avx2_kernels *k = avx2_kernels(LM_TYPE_F16);
     CHECK(k && k->from_float);
-    static const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, 65504.0f, 65519.99f, 65520.0f, -65520.0f,
-                                    1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, 5.9604645e-8f, 2.9802322e-8f,
-                                    2.98023259e-8f, 6.1035156e-5f, 6.1e-5f, -1e-9f};
+    static const float special[] = {
+        0.0f,          -0.0f,         INFINITY,       -INFINITY,          65504.0f,
+        65519.99f,     65520.0f,      -65520.0f,      1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048,
+        5.9604645e-8f, 2.9802322e-8f, 2.98023259e-8f, 6.1035156e-5f,      6.1e-5f,
+        -1e-9f};
     const size_t ns = sizeof special / sizeof special[0];
     for (int64_t n = 0; n <= 300; n++) {
         float *x = lm_malloc((size_t)(n + 1) * sizeof(float));
@@ -321,8 +323,8 @@ static void check_gemm_type(uint32_t wt) {
                                  (long long)n, nr, nc, r, c, y[i], want[r * 4 + c]);
                     } else if (!inside && y[i] != -1234.5f) {
                         bad = 1;
-                        snprintf(msg, sizeof msg, "n=%lld nr=%d nc=%d: wrote outside the tile at %zu",
-                                 (long long)n, nr, nc, i);
+                        snprintf(msg, sizeof msg, "n=%lld nr=%d nc=%d: wrote outside the tile at %zu", (long long)n, nr,
+                                 nc, i);
                     }
                 }
             }
@@ -402,7 +404,8 @@ static void check_packed_type(uint32_t wt) {
         for (size_t ci = 0; ci < n_cols; ci++) {
             int64_t rows = row_counts[ri], n = kq ? col_counts_k[ci] : col_counts[ci];
             bool random_bytes = (ri + ci) & 1;
-            size_t rb = quant_row_size(wt, n), xs = quant_packed_x_row_size(wt, n), qs = quant_row_size(act_type(wt), n);
+            size_t rb = quant_row_size(wt, n), xs = quant_packed_x_row_size(wt, n),
+                   qs = quant_row_size(act_type(wt), n);
             uint8_t *w = lm_malloc(rb * (size_t)rows), *wp = lm_malloc(quant_pack_size(wt, rows, n));
             uint8_t *x = lm_malloc(xs * (size_t)n_tok), *xq = lm_malloc(qs * (size_t)n_tok);
             float *f = lm_malloc((size_t)n * sizeof(float));
@@ -480,7 +483,8 @@ static void test_packed_f16(void) {
             size_t rb = quant_row_size(LM_TYPE_F16, n), groups = (size_t)(rows + 15) / 16;
             size_t gb = quant_pack_size(LM_TYPE_F16, 16, n);
             uint8_t *w = lm_malloc(rb * (size_t)rows + 2), *wp = lm_malloc(quant_pack_size(LM_TYPE_F16, rows, n) + 2);
-            float *x = lm_malloc((size_t)n_tok * (size_t)n * sizeof(float) + 4), *wf = lm_malloc((size_t)n * sizeof(float) + 4);
+            float *x = lm_malloc((size_t)n_tok * (size_t)n * sizeof(float) + 4),
+                  *wf = lm_malloc((size_t)n * sizeof(float) + 4);
             for (int64_t r = 0; r < rows; r++) make_weight(LM_TYPE_F16, n, false, w + (size_t)r * rb);
             fill_normal(x, (int64_t)n_tok * n, ri & 1 ? 1e-3 : 1.0);
             quant_pack(LM_TYPE_F16, w, rb, rows, n, wp);
@@ -495,8 +499,8 @@ static void test_packed_f16(void) {
                         int nr = rows - 16 * (int64_t)g < 16 ? (int)(rows - 16 * (int64_t)g) : 16;
                         for (int c = 0; c < n_tok;) {
                             int nc = c == 0 && first ? 1 : (n_tok - c < width ? n_tok - c : width);
-                            k->packed_gemm(n, wp + g * gb, nr, x + (size_t)c * (size_t)n, (size_t)n * sizeof(float),
-                                           nc, y1 + (size_t)c * ys + 16 * g, ys);
+                            k->packed_gemm(n, wp + g * gb, nr, x + (size_t)c * (size_t)n, (size_t)n * sizeof(float), nc,
+                                           y1 + (size_t)c * ys + 16 * g, ys);
                             c += nc;
                         }
                     }
@@ -522,9 +526,10 @@ static void test_packed_f16(void) {
                             double tol = (double)n * ldexp(1.0, -24) * abs_sum;
                             if (memcmp(&got, &ref, sizeof got) != 0 || fabs((double)got - exact) > tol) {
                                 bad = 1;
-                                snprintf(msg, sizeof msg,
-                                         "tile %d: row %zu token %d: panel %.9g fmaf chain %.9g float64 %.9g (tol %.3g)",
-                                         width, r, c, got, ref, exact, tol);
+                                snprintf(
+                                    msg, sizeof msg,
+                                    "tile %d: row %zu token %d: panel %.9g fmaf chain %.9g float64 %.9g (tol %.3g)",
+                                    width, r, c, got, ref, exact, tol);
                             }
                         }
                     }
@@ -594,8 +599,7 @@ static void check_matmul_batch_invariance(uint32_t wt) {
         lm_free(y);
         CHECKF(!bad, "%s rows=%lld n=%lld: batch of %d from token %d differs from tokens alone", quant_type_name(wt),
                (long long)rows, (long long)n, bad / 100, bad % 100 - 1);
-        CHECKF(worst < 1e-3, "%s: packed and row-major products differ by %.3g (relative)", quant_type_name(wt),
-               worst);
+        CHECKF(worst < 1e-3, "%s: packed and row-major products differ by %.3g (relative)", quant_type_name(wt), worst);
     }
     pool_free(pool);
 }
@@ -637,8 +641,8 @@ static void check_matmul_tokens(uint32_t wt) {
         float *y = lm_malloc((size_t)MAX_TOK * (size_t)rows * sizeof(float));
         char msg[200] = "";
         for (int packed = 0; packed < 2 && !msg[0]; packed++) {
-            lm_weight lw = {.data = w, .type = wt, .rows = rows, .cols = n, .row_bytes = rb,
-                            .packed = packed ? wp : NULL};
+            lm_weight lw = {
+                .data = w, .type = wt, .rows = rows, .cols = n, .row_bytes = rb, .packed = packed ? wp : NULL};
             for (int n_tok = 1; n_tok <= MAX_TOK && !msg[0]; n_tok++) {
                 ops_matmul(pool, y, &lw, x, n_tok, scratch);
                 for (size_t i = 0; i < (size_t)n_tok * (size_t)rows && !msg[0]; i++)
@@ -722,7 +726,7 @@ static void test_table(void) {
         const lm_avx2_kernels *k = avx2_kernels(weight_types[ti]);
         uint32_t wt = weight_types[ti];
         bool packed = wt == LM_TYPE_Q8_0 || wt == LM_TYPE_Q4_0 || wt == LM_TYPE_Q5_0 || wt == LM_TYPE_Q4_1 ||
-                      wt == LM_TYPE_Q5_1 || wt == LM_TYPE_Q4_K;
+            wt == LM_TYPE_Q5_1 || wt == LM_TYPE_Q4_K;
         CHECKF((k->packed_gemm != NULL) == (packed || wt == LM_TYPE_F16) && (k->packed_act != NULL) == packed &&
                    (k->pack_tile == LM_PACK_TILE) == packed,
                "%s", quant_type_name(wt));
@@ -738,14 +742,14 @@ static bool table_is_scalar(void) {
         const lm_type_kernels *e = &k->type[t];
         if (!tr) continue;
         ok &= e == kernels_type(t) && e->to_float == tr->to_float && e->from_float == tr->from_float &&
-              e->vec_dot == tr->vec_dot && !e->gemm && !e->packed_gemm && !e->packed_act;
+            e->vec_dot == tr->vec_dot && !e->gemm && !e->packed_gemm && !e->packed_act;
     }
     ok &= k->ew.rmsnorm == scalar_rmsnorm && k->ew.swiglu == scalar_swiglu && k->ew.geglu == scalar_geglu &&
-          k->ew.rope == scalar_rope;
+        k->ew.rope == scalar_rope;
     for (int hd = 8; hd <= 128; hd += 60) {
         const lm_attn_kernels *a = kernels_attn(hd);
         ok &= a->scores == scalar_attn_scores && a->pv == scalar_attn_pv && a->max == scalar_attn_max &&
-              a->scale == scalar_attn_scale && a->exp_sum == scalar_attn_exp_sum;
+            a->scale == scalar_attn_scale && a->exp_sum == scalar_attn_exp_sum;
     }
     return ok;
 }

@@ -116,8 +116,7 @@ static void check_panel(int64_t rows, int64_t n, double xscale, char *msg, size_
                 for (int c = 0; c < n_tok;) {
                     int nc = c == 0 && first ? 1 : (n_tok - c < width ? n_tok - c : width);
                     const float *xc = x + (size_t)c * (size_t)n;
-                    zmm_f16()(n, wp + g * gb, nr, xc, (size_t)n * sizeof(float), nc,
-                                          y + (size_t)c * ys + 16 * g, ys);
+                    zmm_f16()(n, wp + g * gb, nr, xc, (size_t)n * sizeof(float), nc, y + (size_t)c * ys + 16 * g, ys);
                     for (int t = c; t < c + nc; t++) /* AVX2, one token at a time */
                         a->packed_gemm(n, wp + g * gb, nr, x + (size_t)t * (size_t)n, (size_t)n * sizeof(float), 1,
                                        y2 + (size_t)t * ys + 16 * g, ys);
@@ -194,7 +193,8 @@ static void check_panel2(int64_t rows, int64_t n, int64_t kb, char *msg, size_t 
             for (size_t r = 0; r < ys && !msg[0]; r++) {
                 float got = y[(size_t)c * ys + r];
                 if (r >= (size_t)rows || c >= nc) {
-                    if (got != -1234.5f) snprintf(msg, ml, "%d tokens: wrote past the end (token %d, row %zu)", nc, c, r);
+                    if (got != -1234.5f)
+                        snprintf(msg, ml, "%d tokens: wrote past the end (token %d, row %zu)", nc, c, r);
                     continue;
                 }
                 float ref = quant_panel_dot_ref(n, wp + (r / 16) * gb, (int)(r % 16), x + (size_t)c * (size_t)n);

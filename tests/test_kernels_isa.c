@@ -273,22 +273,22 @@ static void test_packed(void) {
 
 static void stress_row(int kind, uint32_t type, float *x, int64_t n) {
     switch (kind) {
-    case 0: fill_normal(x, n, pow(10.0, -6.0 + 10.0 * lm_rng_uniform(&rng))); break;
-    case 1:
-        for (int64_t i = 0; i < n; i++) x[i] = (float)((int)(lm_rng_u64(&rng) % 254) - 127) + 0.5f;
-        for (int64_t i = 0; i < n; i += 32) x[i] = type == LM_TYPE_Q8_K ? -128.0f : 127.0f;
-        break;
-    case 2: memset(x, 0, (size_t)n * sizeof(float)); break;
-    case 3:
-        for (int64_t i = 0; i < n; i++) x[i] = 0.37f;
-        break;
-    case 4: fill_normal(x, n, 1e-6); break;
-    case 5: fill_normal(x, n, 1e-39); break;
-    case 6:
-        fill_normal(x, n, 1.0);
-        for (int64_t i = 0; i + 5 < n; i += 32) x[i + 1] = 7.0f, x[i + 5] = -7.0f;
-        break;
-    default: fill_normal(x, n, 1e30); break;
+        case 0: fill_normal(x, n, pow(10.0, -6.0 + 10.0 * lm_rng_uniform(&rng))); break;
+        case 1:
+            for (int64_t i = 0; i < n; i++) x[i] = (float)((int)(lm_rng_u64(&rng) % 254) - 127) + 0.5f;
+            for (int64_t i = 0; i < n; i += 32) x[i] = type == LM_TYPE_Q8_K ? -128.0f : 127.0f;
+            break;
+        case 2: memset(x, 0, (size_t)n * sizeof(float)); break;
+        case 3:
+            for (int64_t i = 0; i < n; i++) x[i] = 0.37f;
+            break;
+        case 4: fill_normal(x, n, 1e-6); break;
+        case 5: fill_normal(x, n, 1e-39); break;
+        case 6:
+            fill_normal(x, n, 1.0);
+            for (int64_t i = 0; i + 5 < n; i += 32) x[i + 1] = 7.0f, x[i + 5] = -7.0f;
+            break;
+        default: fill_normal(x, n, 1e30); break;
     }
 }
 
@@ -314,9 +314,11 @@ static void test_from_float(void) {
                    quant_type_name(t), rep % 8, (long long)n);
         }
     }
-    static const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 65504.0f, 65520.0f, -65520.0f,
-                                    1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, 5.9604645e-8f, 2.9802322e-8f,
-                                    2.98023259e-8f, 6.1035156e-5f, 6.1e-5f, -1e-9f};
+    static const float special[] = {
+        0.0f,          -0.0f,         INFINITY,       -INFINITY,          NAN,
+        65504.0f,      65520.0f,      -65520.0f,      1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048,
+        5.9604645e-8f, 2.9802322e-8f, 2.98023259e-8f, 6.1035156e-5f,      6.1e-5f,
+        -1e-9f};
     for (int64_t n = 0; n <= 70; n++) {
         float x[70];
         uint16_t a[70], b[70];
@@ -374,17 +376,22 @@ static void test_ew(void) {
         fill_normal(w, n, 1.0);
         scalar_rmsnorm(a, g, w, n, 1e-6f);
         ew->rmsnorm(b, g, w, n, 1e-6f);
-        for (int i = 0; i < n; i++) CHECKF(close_rel(b[i], a[i], 2e-6, 1e-30), "%s rmsnorm n=%d [%d]", kernels_isa_name(), n, i);
+        for (int i = 0; i < n; i++)
+            CHECKF(close_rel(b[i], a[i], 2e-6, 1e-30), "%s rmsnorm n=%d [%d]", kernels_isa_name(), n, i);
         memcpy(a, g, sizeof(float) * (size_t)n);
         memcpy(b, g, sizeof(float) * (size_t)n);
         scalar_swiglu(a, u, n);
         ew->swiglu(b, u, n);
-        for (int i = 0; i < n; i++) CHECKF(close_rel(b[i], a[i], 1e-5, 1e-30), "%s swiglu n=%d [%d]: %.9g vs %.9g", kernels_isa_name(), n, i, b[i], a[i]);
+        for (int i = 0; i < n; i++)
+            CHECKF(close_rel(b[i], a[i], 1e-5, 1e-30), "%s swiglu n=%d [%d]: %.9g vs %.9g", kernels_isa_name(), n, i,
+                   b[i], a[i]);
         memcpy(a, g, sizeof(float) * (size_t)n);
         memcpy(b, g, sizeof(float) * (size_t)n);
         scalar_geglu(a, u, n);
         ew->geglu(b, u, n);
-        for (int i = 0; i < n; i++) CHECKF(close_rel(b[i], a[i], 1e-5, 1e-30), "%s geglu n=%d [%d]: %.9g vs %.9g", kernels_isa_name(), n, i, b[i], a[i]);
+        for (int i = 0; i < n; i++)
+            CHECKF(close_rel(b[i], a[i], 1e-5, 1e-30), "%s geglu n=%d [%d]: %.9g vs %.9g", kernels_isa_name(), n, i,
+                   b[i], a[i]);
     }
     static const int shapes[][3] = {{3, 64, 64}, {2, 128, 32}, {5, 72, 72}, {1, 80, 40}, {4, 16, 6}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
@@ -400,7 +407,8 @@ static void test_ew(void) {
             scalar_rope(x, nh, hd, nr, cs, neox);
             ew->rope(y, nh, hd, nr, cs, neox);
             for (int i = 0; i < nh * hd; i++)
-                CHECKF(close_rel(y[i], x[i], 2e-6, 1e-6), "%s rope nh %d hd %d n_rot %d neox %d [%d]", kernels_isa_name(), nh, hd, nr, neox, i);
+                CHECKF(close_rel(y[i], x[i], 2e-6, 1e-6), "%s rope nh %d hd %d n_rot %d neox %d [%d]",
+                       kernels_isa_name(), nh, hd, nr, neox, i);
         }
 }
 
@@ -408,7 +416,8 @@ static void test_attn(void) {
     static const int hds[] = {4, 8, 12, 64, 72, 80, 128, 256};
     enum { R = 7, NK = 37, HM = 256 };
     float *Q = lm_malloc(sizeof(float) * R * HM), *K = lm_malloc(sizeof(float) * NK * HM);
-    float *P = lm_malloc(sizeof(float) * R * NK), *S0 = lm_malloc(sizeof(float) * R * NK), *S1 = lm_malloc(sizeof(float) * R * NK);
+    float *P = lm_malloc(sizeof(float) * R * NK), *S0 = lm_malloc(sizeof(float) * R * NK),
+          *S1 = lm_malloc(sizeof(float) * R * NK);
     float *O0 = lm_malloc(sizeof(float) * R * HM), *O1 = lm_malloc(sizeof(float) * R * HM);
     const float *kr[NK];
     fill_normal(Q, R * HM, 1.0);
@@ -464,9 +473,9 @@ static void test_attn(void) {
 static lm_isa capped(lm_isa isa) {
     while (!kernels_cpu_has(isa))
         isa = isa == LM_ISA_NEONDOT ? LM_ISA_NEON
-              : isa == LM_ISA_AVXVNNI || isa == LM_ISA_AVX512 || isa == LM_ISA_AVX512VNNI || isa == LM_ISA_AVX512BF16
-                  ? (lm_isa)(isa - 1)
-                  : LM_ISA_SCALAR;
+            : isa == LM_ISA_AVXVNNI || isa == LM_ISA_AVX512 || isa == LM_ISA_AVX512VNNI || isa == LM_ISA_AVX512BF16
+            ? (lm_isa)(isa - 1)
+            : LM_ISA_SCALAR;
     return isa;
 }
 
@@ -482,9 +491,10 @@ static void test_lamina_cpu(void) {
     /* the lines, spelled out */
     setenv("LAMINA_CPU", "neondot", 1);
     kernels_use(-1);
-    CHECK(kernels()->isa == (kernels_cpu_has(LM_ISA_NEONDOT) ? LM_ISA_NEONDOT
-                             : kernels_cpu_has(LM_ISA_NEON)  ? LM_ISA_NEON
-                                                             : LM_ISA_SCALAR));
+    CHECK(kernels()->isa ==
+          (kernels_cpu_has(LM_ISA_NEONDOT)    ? LM_ISA_NEONDOT
+               : kernels_cpu_has(LM_ISA_NEON) ? LM_ISA_NEON
+                                              : LM_ISA_SCALAR));
     setenv("LAMINA_CPU", "avx2", 1);
     kernels_use(-1);
     CHECK(kernels()->isa == (kernels_cpu_has(LM_ISA_AVX2) ? LM_ISA_AVX2 : LM_ISA_SCALAR));

@@ -139,7 +139,8 @@ static void check_tile(int64_t rows, int64_t n, int64_t kb, char *msg, size_t ml
             for (size_t r = 0; r < ys && !msg[0]; r++) {
                 float got = y[(size_t)c * ys + r];
                 if (r >= (size_t)rows || c >= nc) {
-                    if (got != -1234.5f) snprintf(msg, ml, "%d tokens: wrote past the end (token %d, row %zu)", nc, c, r);
+                    if (got != -1234.5f)
+                        snprintf(msg, ml, "%d tokens: wrote past the end (token %d, row %zu)", nc, c, r);
                     continue;
                 }
                 float ref = quant_panel_dot_ref(n, wp + (r / 16) * gb, (int)(r % 16), x + (size_t)c * (size_t)n);
@@ -177,7 +178,8 @@ static void check_matmul(int64_t rows, int64_t n, lm_pool *pool, char *msg, size
     uint8_t *w = lm_malloc(rb * (size_t)rows + 2), *wp = lm_malloc(quant_pack_size(LM_TYPE_F16, rows, n) + 2);
     make_f16_rows(w, rows, n);
     quant_pack(LM_TYPE_F16, w, rb, rows, n, wp);
-    float *x = lm_malloc((size_t)MAX_TOK * (size_t)n * sizeof(float) + 4), *wf = lm_malloc((size_t)n * sizeof(float) + 4);
+    float *x = lm_malloc((size_t)MAX_TOK * (size_t)n * sizeof(float) + 4),
+          *wf = lm_malloc((size_t)n * sizeof(float) + 4);
     fill_normal(x, (int64_t)MAX_TOK * n, 1.0);
     size_t ny = (size_t)MAX_TOK * (size_t)rows;
     float *ref = lm_malloc(ny * sizeof(float));

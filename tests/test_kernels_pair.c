@@ -43,7 +43,8 @@ static const struct {
                 {LM_ISA_AVX512BF16, "avx512bf16", avx512bf16_kernels, avx512vnni_pair_kernel}};
 #define N_VARIANTS (sizeof variants / sizeof variants[0])
 
-static const uint32_t pair_types[] = {LM_TYPE_Q4_0, LM_TYPE_Q5_0, LM_TYPE_Q4_1, LM_TYPE_Q5_1, LM_TYPE_Q8_0, LM_TYPE_Q4_K};
+static const uint32_t pair_types[] = {LM_TYPE_Q4_0, LM_TYPE_Q5_0, LM_TYPE_Q4_1,
+                                      LM_TYPE_Q5_1, LM_TYPE_Q8_0, LM_TYPE_Q4_K};
 #define N_PAIR_TYPES (sizeof pair_types / sizeof pair_types[0])
 /* ops_matmul's types: the pair tiles', and row-major Q6_K (no pair tile:
  * its products are untouched by them) */
@@ -57,7 +58,7 @@ static bool pair_entry(const lm_type_kernels *k, uint32_t t) {
     bool want = false;
     for (size_t i = 0; i < N_PAIR_TYPES; i++) want = want || t == pair_types[i];
     return !!k->packed_pair == want && k->pair_tile == (want ? LM_PAIR_TILE : 0) &&
-           (!want || (k->packed_pair == variants[cur].pair(t) && k->packed_gemm));
+        (!want || (k->packed_pair == variants[cur].pair(t) && k->packed_gemm));
 }
 
 static bool has_pair(const lm_type_kernels *k, uint32_t t) { return k->packed_pair != NULL; }
@@ -145,7 +146,8 @@ static void test_extremes(void) {
             for (int r = 0; r < 16; r++) {
                 make_weight_keep_scales(wt, n, false, w + (size_t)r * rb);
                 for (size_t b = 0; b < nb; b++) /* every byte past the f16 scale (Q5_0: qh too) */
-                    for (size_t i = 2; i < bs; i++) w[(size_t)r * rb + b * bs + i] = (uint8_t)(pat[pi] ^ (r == 5 ? 0x11 : 0));
+                    for (size_t i = 2; i < bs; i++)
+                        w[(size_t)r * rb + b * bs + i] = (uint8_t)(pat[pi] ^ (r == 5 ? 0x11 : 0));
             }
             quant_pack(wt, w, rb, 16, n, wp);
             for (int c = 0; c < LM_PAIR_TILE; c++) { /* +127, -127, alternating, +127 with one -127 per block */
@@ -206,10 +208,11 @@ int main(void) {
     lm_rng_seed(&rng, 20261202);
     unsetenv("LAMINA_NO_REPACK"); /* the pair tiles run on the interleaved copies */
     for (cur = 0; cur < N_VARIANTS; cur++) {
-        kc_variant(variants[cur].name, !cpu_has_avx2() ? "this CPU (or OS) lacks AVX2/FMA/F16C"
-                                       : !kernels_cpu_has(variants[cur].isa) || !variants[cur].pair(LM_TYPE_Q4_0)
-                                           ? "this CPU (or OS, or build) does not run it"
-                                           : NULL);
+        kc_variant(variants[cur].name,
+                   !cpu_has_avx2() ? "this CPU (or OS) lacks AVX2/FMA/F16C"
+                       : !kernels_cpu_has(variants[cur].isa) || !variants[cur].pair(LM_TYPE_Q4_0)
+                       ? "this CPU (or OS, or build) does not run it"
+                       : NULL);
         KC_CHECK(test_table);
         KC_CHECK(test_tiles);
         KC_CHECK(test_extremes);

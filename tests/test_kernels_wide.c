@@ -50,8 +50,10 @@ static size_t cur;
  * it and the widths it covers. */
 static bool wide_entry(const lm_type_kernels *k, uint32_t t) {
     const bool want = t == LM_TYPE_Q4_K;
-    return !!k->packed_wide == want && (!want || (k->packed_wide == avx512vnni_wide_kernel(t) && k->packed_gemm &&
-                                                  k->pack_tile <= LM_WIDE_TILE && k->pair_tile < k->pack_tile));
+    return !!k->packed_wide == want &&
+        (!want ||
+         (k->packed_wide == avx512vnni_wide_kernel(t) && k->packed_gemm && k->pack_tile <= LM_WIDE_TILE &&
+          k->pair_tile < k->pack_tile));
 }
 
 static bool has_wide(const lm_type_kernels *k, uint32_t t) { return k->packed_wide != NULL; }
@@ -85,7 +87,8 @@ static void test_tiles(void) {
         float *xf = lm_malloc((size_t)T * (size_t)n * sizeof(float));
         fill_normal(xf, (int64_t)T * n, 1.0);
         uint8_t *x = lm_malloc(xs * T);
-        for (int c = 0; c < T; c++) quant_from_float_ref(LM_TYPE_Q8_K, xf + (size_t)c * (size_t)n, x + (size_t)c * xs, n);
+        for (int c = 0; c < T; c++)
+            quant_from_float_ref(LM_TYPE_Q8_K, xf + (size_t)c * (size_t)n, x + (size_t)c * xs, n);
         double ref[T * 16], as[T * 16];
         for (int c = 0; c < T; c++)
             for (int r = 0; r < rows; r++)
@@ -136,7 +139,8 @@ static void test_q6_tiles(void) {
         for (int r = 0; r < T; r++) make_weight_keep_scales(LM_TYPE_Q6_K, n, r % 2 == 1, w + (size_t)r * rb);
         float *xf = lm_malloc((size_t)T * (size_t)n * sizeof(float));
         fill_normal(xf, (int64_t)T * n, 1.0);
-        for (int c = 0; c < T; c++) quant_from_float_ref(LM_TYPE_Q8_K, xf + (size_t)c * (size_t)n, x + (size_t)c * xs, n);
+        for (int c = 0; c < T; c++)
+            quant_from_float_ref(LM_TYPE_Q8_K, xf + (size_t)c * (size_t)n, x + (size_t)c * xs, n);
         char msg[200] = "";
         float y[T * T];
         for (int nr = 1; nr <= T && !msg[0]; nr++)
@@ -154,11 +158,11 @@ static void test_q6_tiles(void) {
                         const float da = a->vec_dot(n, w + (size_t)r * rb, x + (size_t)c * xs);
                         double as, ref = deq_dot(LM_TYPE_Q6_K, n, w + (size_t)r * rb, x + (size_t)c * xs, &as);
                         if (memcmp(&got, &dv, sizeof got))
-                            snprintf(msg, sizeof msg, "%dx%d row %d token %d: %.9g, the variant's vec_dot %.9g", nr,
-                                     nc, r, c, got, dv);
+                            snprintf(msg, sizeof msg, "%dx%d row %d token %d: %.9g, the variant's vec_dot %.9g", nr, nc,
+                                     r, c, got, dv);
                         else if (memcmp(&got, &da, sizeof got))
-                            snprintf(msg, sizeof msg, "%dx%d row %d token %d: %.9g, avx2's vec_dot %.9g", nr, nc, r,
-                                     c, got, da);
+                            snprintf(msg, sizeof msg, "%dx%d row %d token %d: %.9g, avx2's vec_dot %.9g", nr, nc, r, c,
+                                     got, da);
                         else if (!(fabs((double)got - ref) <= TOL * as + 1e-30))
                             snprintf(msg, sizeof msg, "row %d token %d: %.9g, reference %.9g", r, c, got, ref);
                     }
@@ -180,10 +184,11 @@ int main(void) {
     lm_rng_seed(&rng, 20261203);
     unsetenv("LAMINA_NO_REPACK"); /* the wide tile runs on the interleaved copies */
     for (cur = 0; cur < N_VARIANTS; cur++) {
-        kc_variant(variants[cur].name, !cpu_has_avx2() ? "this CPU (or OS) lacks AVX2/FMA/F16C"
-                                       : !kernels_cpu_has(variants[cur].isa) || !avx512vnni_wide_kernel(LM_TYPE_Q4_K)
-                                           ? "this CPU (or OS, or build) does not run it"
-                                           : NULL);
+        kc_variant(variants[cur].name,
+                   !cpu_has_avx2() ? "this CPU (or OS) lacks AVX2/FMA/F16C"
+                       : !kernels_cpu_has(variants[cur].isa) || !avx512vnni_wide_kernel(LM_TYPE_Q4_K)
+                       ? "this CPU (or OS, or build) does not run it"
+                       : NULL);
         KC_CHECK(test_table);
         KC_CHECK(test_tiles);
         KC_CHECK(test_matmul);

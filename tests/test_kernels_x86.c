@@ -98,7 +98,7 @@ static void make_weight(uint32_t type, int64_t n, bool random_bytes, uint8_t *ds
             uint8_t *blk = dst + b * bs;
             size_t lo = type == LM_TYPE_Q6_K ? 0 : 4, hi = type == LM_TYPE_Q6_K ? bs - 2 : bs;
             if (type == LM_TYPE_Q4_K || type == LM_TYPE_Q5_K) lo = 16; /* d, dmin, 12 scale bytes */
-            if (type == LM_TYPE_Q6_K) hi = bs - 2 - 16;              /* ql, qh; scales and d kept */
+            if (type == LM_TYPE_Q6_K) hi = bs - 2 - 16;                /* ql, qh; scales and d kept */
             for (size_t i = lo; i < hi; i++) blk[i] = (uint8_t)lm_rng_u64(&rng);
         }
     }
@@ -286,7 +286,8 @@ static void check_matmul_tokens(uint32_t wt, lm_pool *pool) {
                 quant_to_float_ref(wt, w + (size_t)r * rb, wf, n);
                 double as = 0;
                 for (int64_t i = 0; i < n; i++) as += fabs((double)wf[i] * xf[i]);
-                ref[(size_t)t * (size_t)rows + (size_t)r] = quant_vec_dot_ref(wt, n, w + (size_t)r * rb, xq + (size_t)t * qs);
+                ref[(size_t)t * (size_t)rows + (size_t)r] =
+                    quant_vec_dot_ref(wt, n, w + (size_t)r * rb, xq + (size_t)t * qs);
                 tol[(size_t)t * (size_t)rows + (size_t)r] = TOL * as + 1e-30;
             }
         }
@@ -296,8 +297,8 @@ static void check_matmul_tokens(uint32_t wt, lm_pool *pool) {
               *y2 = lm_malloc(ny * sizeof(float));
         char msg[200] = "";
         for (int packed = 0; packed < 1 + (wp != NULL) && !msg[0]; packed++) {
-            lm_weight lw = {.data = w, .type = wt, .rows = rows, .cols = n, .row_bytes = rb,
-                            .packed = packed ? wp : NULL};
+            lm_weight lw = {
+                .data = w, .type = wt, .rows = rows, .cols = n, .row_bytes = rb, .packed = packed ? wp : NULL};
             CHECK(kernels_use(variants[cur].isa) == 0);
             for (int t = 0; t < MAX_TOK; t++)
                 ops_matmul(pool, alone + (size_t)t * (size_t)rows, &lw, x + (size_t)t * (size_t)n, 1, scratch);
@@ -385,8 +386,9 @@ static void bf16_table(void) {
         if (t == LM_TYPE_BF16) continue;
         const lm_avx2_kernels *v = avx512vnni_kernels(t);
         CHECKF(avx512bf16_kernels(t) == v, "%s", quant_type_name(t));
-        if (v && v->vec_dot) CHECKF(kernels_type(t)->vec_dot == v->vec_dot && kernels_type(t)->gemm == v->gemm,
-                                    "%s", quant_type_name(t));
+        if (v && v->vec_dot)
+            CHECKF(kernels_type(t)->vec_dot == v->vec_dot && kernels_type(t)->gemm == v->gemm, "%s",
+                   quant_type_name(t));
     }
     CHECK(kernels_use(-1) == 0);
 }
@@ -408,7 +410,8 @@ static void bf16_dot_gemm(void) {
                 const uint16_t *wr = w + (size_t)r * (size_t)n;
                 const float *xc = x + (size_t)c * (size_t)n;
                 float got = k->vec_dot(n, wr, xc);
-                double as, as_r, exact = bf16_exact(n, wr, xc, false, &as), exact_r = bf16_exact(n, wr, xc, true, &as_r);
+                double as, as_r, exact = bf16_exact(n, wr, xc, false, &as),
+                                 exact_r = bf16_exact(n, wr, xc, true, &as_r);
                 double e = fabs((double)got - exact), e_r = fabs((double)got - exact_r);
                 if (as > 0 && e / (bf16_bound(n) * as) > worst) worst = e / (bf16_bound(n) * as);
                 if (!(e <= bf16_bound(n) * as + 1e-30) || !(e_r <= bf16_sum_bound(n) * as_r + 1e-30))
@@ -423,9 +426,8 @@ static void bf16_dot_gemm(void) {
                 k->gemm(n, w, (size_t)n * 2, nr, x, (size_t)n * sizeof(float), nc, y, ys);
                 for (int c = 0; c < 4; c++)
                     for (size_t r = 0; r < ys; r++) {
-                        float want = c < nc && (int)r < nr
-                                         ? k->vec_dot(n, w + r * (size_t)n, x + (size_t)c * (size_t)n)
-                                         : -7.0f;
+                        float want =
+                            c < nc && (int)r < nr ? k->vec_dot(n, w + r * (size_t)n, x + (size_t)c * (size_t)n) : -7.0f;
                         if (memcmp(&y[(size_t)c * ys + r], &want, sizeof want) && !msg[0])
                             snprintf(msg, sizeof msg, "n=%lld gemm %dx%d differs from vec_dot at (%zu, %d)",
                                      (long long)n, nr, nc, r, c);
@@ -515,7 +517,7 @@ static void test_lamina_cpu(void) {
     CHECK(kernels_use(-1) == 0 && !kernels_cap_note()[0]);
     lm_isa best = kernels()->isa;
     for (int i = LM_ISA_AVX512BF16; i > (int)best; i--) CHECK(!kernels_cpu_has((lm_isa)i)); /* the best it has */
-    CHECK(!kernels_cpu_has(LM_ISA_NEON) && !kernels_cpu_has(LM_ISA_NEONDOT));                /* an x86 CPU */
+    CHECK(!kernels_cpu_has(LM_ISA_NEON) && !kernels_cpu_has(LM_ISA_NEONDOT));               /* an x86 CPU */
     for (int i = 0; i < LM_ISA_COUNT; i++) {
         set_env("LAMINA_CPU", kernels_isa_str((lm_isa)i));
         CHECK(kernels_use(-1) == 0);
@@ -531,8 +533,7 @@ static void test_lamina_cpu(void) {
              * lacks; an Arm variant's line ends at scalar */
             if (i <= LM_ISA_AVX512BF16)
                 for (int j = (int)got + 1; j < i; j++) CHECK(!kernels_cpu_has((lm_isa)j));
-            else
-                CHECK(got == LM_ISA_SCALAR);
+            else CHECK(got == LM_ISA_SCALAR);
         }
         CHECK(kernels_cpu_isa() == got);
     }

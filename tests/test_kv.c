@@ -222,7 +222,7 @@ static void test_store_roundtrip(void) {
                 for (int h = 0; h < 2; h++)
                     for (int which = 0; which < 2; which++) {
                         const uint8_t *src = l->data + (size_t)kv_seq_blocks(s)[t / 5] * l->block_bytes +
-                                             kv_slab_offset(l, layer, which, h) + (size_t)(t % 5) * l->row_bytes;
+                            kv_slab_offset(l, layer, which, h) + (size_t)(t % 5) * l->row_bytes;
                         float got[32];
                         tt->to_float(src, got, 32);
                         const float *want = (which ? v[t] : k[t]) + h * 32;
@@ -493,30 +493,36 @@ static int random_ops(kv_pool *p, uint64_t seed, int n_seqs, int steps, bool dra
         int len = kv_seq_len(s[i]);
         int rc = KV_OK;
         switch (op) {
-        case 0: case 1: case 2:
-            if (len < 120) {
-                int most = 120 - len < 9 ? 120 - len : 9;
-                rc = kv_append(p, s[i], 1 + (int)(lm_rng_u64(&r) % (uint64_t)most), err, sizeof err);
-                *n_full += rc == KV_FULL;
+            case 0:
+            case 1:
+            case 2:
+                if (len < 120) {
+                    int most = 120 - len < 9 ? 120 - len : 9;
+                    rc = kv_append(p, s[i], 1 + (int)(lm_rng_u64(&r) % (uint64_t)most), err, sizeof err);
+                    *n_full += rc == KV_FULL;
+                }
+                break;
+            case 3: kv_prefix_commit(p, s[i], prompt[i], kv_seq_len(s[i]), 1); break;
+            case 4: {
+                int to;
+                if (draft_truncate)
+                    to = lm_rng_u64(&r) % 4 == 0 ? 0 : len - (int)(lm_rng_u64(&r) % (len < 3 ? len + 1 : 4));
+                else to = len ? (int)(lm_rng_u64(&r) % (uint64_t)len) : 0;
+                rc = kv_truncate(p, s[i], to, err, sizeof err);
+                break;
             }
-            break;
-        case 3: kv_prefix_commit(p, s[i], prompt[i], kv_seq_len(s[i]), 1); break;
-        case 4: {
-            int to;
-            if (draft_truncate) to = lm_rng_u64(&r) % 4 == 0 ? 0 : len - (int)(lm_rng_u64(&r) % (len < 3 ? len + 1 : 4));
-            else to = len ? (int)(lm_rng_u64(&r) % (uint64_t)len) : 0;
-            rc = kv_truncate(p, s[i], to, err, sizeof err);
-            break;
-        }
-        case 5: {
-            int j = (int)(lm_rng_u64(&r) % (uint64_t)n_seqs);
-            if (!s[j]) {
-                s[j] = kv_fork(p, s[i], err, sizeof err);
-                memcpy(prompt[j], prompt[i], sizeof prompt[i]);
+            case 5: {
+                int j = (int)(lm_rng_u64(&r) % (uint64_t)n_seqs);
+                if (!s[j]) {
+                    s[j] = kv_fork(p, s[i], err, sizeof err);
+                    memcpy(prompt[j], prompt[i], sizeof prompt[i]);
+                }
+                break;
             }
-            break;
-        }
-        default: kv_seq_free(p, s[i]); s[i] = NULL; break;
+            default:
+                kv_seq_free(p, s[i]);
+                s[i] = NULL;
+                break;
         }
         if (rc != KV_OK && rc != KV_FULL && !(draft_truncate && op == 4 && strstr(err, "window"))) ok = 0;
         if (!pool_ok(p)) {
@@ -687,12 +693,12 @@ static void test_swa_window_release(void) {
                 for (int pos = lo; pos < len; pos++) {
                     int32_t b = kv_seq_table(s, cls)[pos / B];
                     CHECK(b >= 0);
-                    const float *kr = (const float *)(const void *)(l->data + (size_t)b * l->block_bytes +
-                                                                    kv_slab_offset(l, slot, 0, 0) +
-                                                                    (size_t)(pos % B) * l->row_bytes);
-                    const float *vr = (const float *)(const void *)(l->data + (size_t)b * l->block_bytes +
-                                                                    kv_slab_offset(l, slot, 1, 0) +
-                                                                    (size_t)(pos % B) * l->row_bytes);
+                    const float *kr =
+                        (const float *)(const void *)(l->data + (size_t)b * l->block_bytes +
+                                                      kv_slab_offset(l, slot, 0, 0) + (size_t)(pos % B) * l->row_bytes);
+                    const float *vr =
+                        (const float *)(const void *)(l->data + (size_t)b * l->block_bytes +
+                                                      kv_slab_offset(l, slot, 1, 0) + (size_t)(pos % B) * l->row_bytes);
                     CHECKF(kr[3] == (float)(layer * 1000 + pos) && vr[0] == -kr[3], "B %d layer %d pos %d", B, layer,
                            pos);
                 }

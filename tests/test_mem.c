@@ -132,7 +132,8 @@ static void test_too_small(void) {
     lm_engine *e = engine_new_status(model, NULL, &c, &status, err, sizeof err);
     CHECK(!e && status == LM_ERR_INVALID);
     CHECKF(strstr(err, "too small") && strstr(err, "weights") && strstr(err, "workspace") &&
-           strstr(err, "one sequence of 128 positions"), "%s", err);
+               strstr(err, "one sequence of 128 positions"),
+           "%s", err);
     c.mem = 1000; /* below the weights alone */
     CHECK(!engine_new_status(model, NULL, &c, &status, err, sizeof err) && status == LM_ERR_INVALID);
     c.mem = least;
@@ -200,7 +201,7 @@ static void check_draft_split(const lm_model *m, uint64_t budget) {
     kv_plan dp;
     CHECK(kv_plan_make(&sp.dkc, &dp, err, sizeof err) == KV_OK);
     uint64_t slack = sp.plan.cls[KV_GLOBAL].block_bytes + sp.plan.cls[KV_LOCAL].block_bytes +
-                     dp.cls[KV_GLOBAL].block_bytes + dp.cls[KV_LOCAL].block_bytes;
+        dp.cls[KV_GLOBAL].block_bytes + dp.cls[KV_LOCAL].block_bytes;
     CHECKF(used <= budget && budget - used < slack, "budget %llu used %llu slack %llu", (unsigned long long)budget,
            (unsigned long long)used, (unsigned long long)slack);
     /* the same model as its own draft, both pools F16: the rest is halved,
@@ -208,7 +209,7 @@ static void check_draft_split(const lm_model *m, uint64_t budget) {
     int64_t full = (int64_t)c.max_seqs * 128;
     if (!sp.plan.window)
         CHECKF(sp.draft_kv_tokens <= full && sp.draft_kv_tokens <= sp.kv_tokens &&
-               sp.draft_kv_tokens >= (sp.kv_tokens - 16 < full ? sp.kv_tokens - 16 : full),
+                   sp.draft_kv_tokens >= (sp.kv_tokens - 16 < full ? sp.kv_tokens - 16 : full),
                "draft %lld tokens, model %lld", (long long)sp.draft_kv_tokens, (long long)sp.kv_tokens);
     /* without the draft the model's pool would have had it all */
     c.spec = LM_SPEC_NONE;
@@ -249,8 +250,8 @@ static void test_draft_counted(void) {
     one.n_seqs = done.n_seqs = 1;
     kv_plan p1, d1;
     CHECK(kv_plan_make(&one, &p1, err, sizeof err) == KV_OK && kv_plan_make(&done, &d1, err, sizeof err) == KV_OK);
-    uint64_t least = sp.weights + sp.packed + sp.workspace + sp.draft_weights + sp.draft_workspace + p1.data_bytes +
-                     d1.data_bytes;
+    uint64_t least =
+        sp.weights + sp.packed + sp.workspace + sp.draft_weights + sp.draft_workspace + p1.data_bytes + d1.data_bytes;
     check_draft_split(model, least + 4 * p1.data_bytes); /* three sequences in each pool */
     c.mem = least + 4 * p1.data_bytes;
     CHECK(engine_mem_plan(model, &c, &sp, err, sizeof err) == 0 && sp.kv_seqs == 3 && sp.draft_kv_tokens == 3 * 128);

@@ -56,7 +56,7 @@ typedef struct {
 
 typedef struct {
     double *attn_norm, *ffn_norm, *qa, *qan, *qb, *kva, *kvn, *kb, *vb, *wo;
-    double *wg, *wu, *wd;               /* dense FFN, or the shared expert */
+    double *wg, *wu, *wd;                 /* dense FFN, or the shared expert */
     double *router, *bias, *eg, *eu, *ed; /* experts */
 } ref_layer;
 
@@ -188,7 +188,8 @@ static int write_model(ref_model *r, const shape *sh, const char *path, int faul
         if (sh->q_lora) {
             l->qa = add_w(r, w, N("attn_q_a.weight"), 0, sh->q_lora, E, (uint32_t)t, ws);
             l->qan = add_vec(r, w, N("attn_q_a_norm.weight"), sh->q_lora, 1.0f, 0.2f);
-            l->qb = add_w(r, w, N("attn_q_b.weight"), 0, H * QK, sh->q_lora, (uint32_t)t, 1.0f / sqrtf((float)sh->q_lora));
+            l->qb =
+                add_w(r, w, N("attn_q_b.weight"), 0, H * QK, sh->q_lora, (uint32_t)t, 1.0f / sqrtf((float)sh->q_lora));
         } else {
             l->qb = add_w(r, w, N("attn_q.weight"), 0, H * QK, E, (uint32_t)t, ws);
         }
@@ -235,8 +236,8 @@ static int write_model(ref_model *r, const shape *sh, const char *path, int faul
 static void free_ref(ref_model *r) {
     for (int i = 0; r->L && i < r->sh.n_layer; i++) {
         ref_layer *l = &r->L[i];
-        double *all[] = {l->attn_norm, l->ffn_norm, l->qa, l->qan, l->qb, l->kva, l->kvn, l->kb, l->vb, l->wo,
-                         l->wg, l->wu, l->wd, l->router, l->bias, l->eg, l->eu, l->ed};
+        double *all[] = {l->attn_norm, l->ffn_norm, l->qa, l->qan, l->qb,     l->kva,  l->kvn, l->kb, l->vb,
+                         l->wo,        l->wg,       l->wu, l->wd,  l->router, l->bias, l->eg,  l->eu, l->ed};
         for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) free(all[k]);
     }
     free(r->L);
@@ -374,7 +375,8 @@ static double *ref_forward(const ref_model *r, const int32_t *tok, int T) {
     double *x = malloc((size_t)T * E * sizeof(double)), *lg = malloc((size_t)T * sh->V * sizeof(double));
     double *xb = malloc((size_t)E * sizeof(double)), *y = malloc((size_t)E * sizeof(double));
     double *c = malloc((size_t)T * R * sizeof(double)), *kpe = malloc((size_t)T * rp * sizeof(double));
-    double *q = malloc((size_t)T * H * QK * sizeof(double)), *qa = malloc((size_t)(sh->q_lora + R + rp) * sizeof(double));
+    double *q = malloc((size_t)T * H * QK * sizeof(double)),
+           *qa = malloc((size_t)(sh->q_lora + R + rp) * sizeof(double));
     double *att = malloc((size_t)H * vd * sizeof(double)), *s = malloc((size_t)T * sizeof(double));
     double *kn = malloc((size_t)np * sizeof(double)), *v = malloc((size_t)vd * sizeof(double));
     const ref_yarn yr = yarn_of(sh);
@@ -457,17 +459,21 @@ static lm_model *make(const shape *sh, ref_model *r, int fault, lm_status *st, c
 }
 
 /*                          layers dense E  H  qlora R  rope nope vd  ff  X  K  FE shared V  sigmoid norm scale type */
-static const shape V3_F32 = {3, 1, 64, 4, 32, 48, 16, 16, 24, 96, 4, 2, 32, 1, 83, true, true, 2.5f, LM_TYPE_F32, 0, 0, 0};
-static const shape V2_F32 = {2, 1, 64, 4, 0, 48, 16, 16, 24, 96, 4, 2, 32, 2, 83, false, false, 1.0f, LM_TYPE_F32, 0, 0, 0};
-static const shape V3_Q8 = {3, 1, 64, 4, 32, 64, 32, 32, 32, 96, 4, 2, 32, 1, 83, true, true, 2.5f, LM_TYPE_Q8_0, 0, 0, 0};
-static const shape V3_F16 = {3, 1, 64, 4, 32, 48, 16, 16, 24, 96, 4, 2, 32, 1, 83, true, true, 2.5f, LM_TYPE_F16, 0, 0, 0};
+static const shape V3_F32 = {3, 1,  64, 4,  32,   48,   16,   16,          24, 96, 4,
+                             2, 32, 1,  83, true, true, 2.5f, LM_TYPE_F32, 0,  0,  0};
+static const shape V2_F32 = {2, 1,  64, 4,  0,     48,    16,   16,          24, 96, 4,
+                             2, 32, 2,  83, false, false, 1.0f, LM_TYPE_F32, 0,  0,  0};
+static const shape V3_Q8 = {3, 1,  64, 4,  32,   64,   32,   32,           32, 96, 4,
+                            2, 32, 1,  83, true, true, 2.5f, LM_TYPE_Q8_0, 0,  0,  0};
+static const shape V3_F16 = {3, 1,  64, 4,  32,   48,   16,   16,          24, 96, 4,
+                             2, 32, 1,  83, true, true, 2.5f, LM_TYPE_F16, 0,  0,  0};
 /* YaRN x4 from 32 positions on 16 rotated dims: pair 0 rotates as trained, pair 1 half way, the rest
  * interpolated; V3's with a log multiplier of 0.1 (mscale_all_dim 1: the attention scale times
  * (1 + 0.1 ln 4)^2), V2's without one (cos and sin times 1 + 0.1 ln 4, and the scale times its square) */
-static const shape V3_YARN = {3, 1, 64, 4, 32, 48, 16, 16, 24, 96, 4, 2, 32, 1, 83, true, true, 2.5f, LM_TYPE_F32,
-                              4.0f, 0.1f, 32};
-static const shape V2_YARN = {2, 1, 64, 4, 0, 48, 16, 16, 24, 96, 4, 2, 32, 2, 83, false, false, 1.0f, LM_TYPE_F32,
-                              4.0f, 0.0f, 32};
+static const shape V3_YARN = {3, 1,  64, 4,  32,   48,   16,   16,          24,   96,   4,
+                              2, 32, 1,  83, true, true, 2.5f, LM_TYPE_F32, 4.0f, 0.1f, 32};
+static const shape V2_YARN = {2, 1,  64, 4,  0,     48,    16,   16,          24,   96,   4,
+                              2, 32, 2,  83, false, false, 1.0f, LM_TYPE_F32, 4.0f, 0.0f, 32};
 
 /* Whole prompt, token by token and an uneven split against the reference,
  * for a file of `layout` (FAULT_NONE or LAYOUT_KV_B). */
@@ -501,8 +507,8 @@ static void check_reference_layout(const shape *sh, int threads, int layout) {
     for (int t = 0; t < T; t++) {
         double e = test_rel_l2(lg + (size_t)t * V, ref + (size_t)t * V, (size_t)V);
         worst = e > worst ? e : worst;
-        CHECKF(e < bound, "%s q_lora %d: prompt row %d rel err %.3g >= %.3g", quant_type_name(sh->wtype), sh->q_lora,
-               t, e, bound);
+        CHECKF(e < bound, "%s q_lora %d: prompt row %d rel err %.3g >= %.3g", quant_type_name(sh->wtype), sh->q_lora, t,
+               e, bound);
     }
     seqrun_reset(s);
     for (int t = 0; t < T; t++) {
@@ -552,7 +558,7 @@ static void test_yarn_angles(void) {
     static const struct {
         int n_rot, orig;
         float base, factor;
-        double low, high; /* worked by hand from the definition */
+        double low, high;                             /* worked by hand from the definition */
     } cases[] = {{64, 4096, 10000.0f, 40.0f, 10, 23}, /* DeepSeek-V2/V3 */
                  {32, 256, 10000.0f, 16.0f, 0, 7},    /* mkmodel's deepseek2-small */
                  {128, 32768, 1e6f, 4.0f, 23, 40},    /* Qwen2.5's yarn */
@@ -634,7 +640,7 @@ static void test_cost_latent(void) {
     const uint32_t types[2] = {LM_TYPE_F32, LM_TYPE_F16};
     const int depths[3] = {0, 7, 1000};
     double wexp = (double)model_layer_bytes_per_token(m, NULL) + (double)m->output.rows * m->output.row_bytes +
-                  (double)m->tok_embd.row_bytes;
+        (double)m->tok_embd.row_bytes;
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < 3; i++) {
             cost_pass c;

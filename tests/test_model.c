@@ -56,9 +56,9 @@ typedef struct {
 /* Reference weights in double, (rows, cols). */
 typedef struct {
     double *attn_norm, *ffn_norm, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *wg, *wu, *wd;
-    double *qn, *kn, *pan, *pfn; /* gemma3: per-head q/k norms, post-attention/FFN norms */
+    double *qn, *kn, *pan, *pfn;   /* gemma3: per-head q/k norms, post-attention/FFN norms */
     double *router, *eg, *eu, *ed; /* experts: (X, E); X x (FE, E), (FE, E), (E, FE) */
-    double *shg;                 /* qwen2moe: the shared expert's gate (E); wg/wu/wd are the shared expert */
+    double *shg;                   /* qwen2moe: the shared expert's gate (E); wg/wu/wd are the shared expert */
 } ref_layer;
 
 typedef struct {
@@ -67,13 +67,13 @@ typedef struct {
     double *emb, *out_norm, *out;
     ref_layer *L;
     double rope_base, eps;
-    bool gemma;              /* gemma3 or gemma2: scaled embeddings, GELU, sliding windows */
+    bool gemma; /* gemma3 or gemma2: scaled embeddings, GELU, sliding windows */
     bool qwen3, gemma2, phi3;
-    double attn_cap, final_cap; /* gemma2 soft-caps */
-    double *factors, mscale; /* phi3: per-frequency RoPE divisors (hd / 2), cos/sin scale */
-    int window, pattern;     /* sliding window and global-layer period (pattern 0: every layer local) */
+    double attn_cap, final_cap;       /* gemma2 soft-caps */
+    double *factors, mscale;          /* phi3: per-frequency RoPE divisors (hd / 2), cos/sin scale */
+    int window, pattern;              /* sliding window and global-layer period (pattern 0: every layer local) */
     int n_exp, n_used, ff_exp, ff_sh; /* experts (0: dense), chosen per token, widths */
-    bool norm_w;             /* chosen probabilities renormalised */
+    bool norm_w;                      /* chosen probabilities renormalised */
     double rope_base_swa;
     /* buffers handed to the writer; freed after writing */
     void **blobs;
@@ -123,8 +123,8 @@ static double *add_vec(ref_model *r, gguf_writer *w, const char *name, int n, fl
 
 /* n_mat (rows, cols) matrices as one 3-D tensor; their values in double,
  * matrix after matrix. */
-static double *add_weight3(ref_model *r, gguf_writer *w, const char *name, int n_mat, int rows, int cols,
-                           uint32_t type, float scale) {
+static double *add_weight3(ref_model *r, gguf_writer *w, const char *name, int n_mat, int rows, int cols, uint32_t type,
+                           float scale) {
     char tmp[80];
     snprintf(tmp, sizeof tmp, "%s.2d", name);
     gguf_writer *scratch = gguf_writer_new(); /* add_weight's tensor goes here and is dropped */
@@ -281,7 +281,8 @@ static int write_model(ref_model *r, const shape *sh, const char *path) {
         l->ffn_norm = add_vec(r, w, N("ffn_norm.weight"), E, 1.0f, 0.1f);
         if (r->n_exp) {
             int X = r->n_exp, FE = r->ff_exp;
-            l->router = add_weight(r, w, N("ffn_gate_inp.weight"), X, E, LM_TYPE_F32, 6.0f * ws); /* decisive: quantized activations must not flip a near-tie */
+            l->router = add_weight(r, w, N("ffn_gate_inp.weight"), X, E, LM_TYPE_F32,
+                                   6.0f * ws); /* decisive: quantized activations must not flip a near-tie */
             l->eg = add_weight3(r, w, N("ffn_gate_exps.weight"), X, FE, E, sh->wtype, ws);
             l->eu = add_weight3(r, w, N("ffn_up_exps.weight"), X, FE, E, sh->wtype, ws);
             l->ed = add_weight3(r, w, N("ffn_down_exps.weight"), X, E, FE, sh->wtype, 1.0f / sqrtf((float)FE));
@@ -289,8 +290,8 @@ static int write_model(ref_model *r, const shape *sh, const char *path) {
                 l->shg = add_vec(r, w, N("ffn_gate_inp_shexp.weight"), E, 0.0f, ws);
                 l->wg = add_weight(r, w, N("ffn_gate_shexp.weight"), r->ff_sh, E, sh->wtype, ws);
                 l->wu = add_weight(r, w, N("ffn_up_shexp.weight"), r->ff_sh, E, sh->wtype, ws);
-                l->wd = add_weight(r, w, N("ffn_down_shexp.weight"), E, r->ff_sh, sh->wtype,
-                                   1.0f / sqrtf((float)r->ff_sh));
+                l->wd =
+                    add_weight(r, w, N("ffn_down_shexp.weight"), E, r->ff_sh, sh->wtype, 1.0f / sqrtf((float)r->ff_sh));
             }
         } else if (r->phi3) { /* gate rows then up rows */
             double *gu = add_weight(r, w, N("ffn_up.weight"), 2 * sh->n_ff, E, sh->wtype, ws);
@@ -301,7 +302,8 @@ static int write_model(ref_model *r, const shape *sh, const char *path) {
             l->wg = add_weight(r, w, N("ffn_gate.weight"), sh->n_ff, E, sh->wtype, ws);
             l->wu = add_weight(r, w, N("ffn_up.weight"), sh->n_ff, E, sh->wtype, ws);
         }
-        if (!r->n_exp) l->wd = add_weight(r, w, N("ffn_down.weight"), E, sh->n_ff, sh->wtype, 1.0f / sqrtf((float)sh->n_ff));
+        if (!r->n_exp)
+            l->wd = add_weight(r, w, N("ffn_down.weight"), E, sh->n_ff, sh->wtype, 1.0f / sqrtf((float)sh->n_ff));
         if ((r->gemma && !r->gemma2) || r->qwen3) {
             l->qn = add_vec(r, w, N("attn_q_norm.weight"), r->hd, 1.0f, 0.2f);
             l->kn = add_vec(r, w, N("attn_k_norm.weight"), r->hd, 1.0f, 0.2f);
@@ -328,8 +330,8 @@ static void free_ref(ref_model *r) {
     if (!r->sh.tied) free(r->out);
     for (int i = 0; i < r->sh.n_layer; i++) {
         ref_layer *l = &r->L[i];
-        double *p[] = {l->attn_norm, l->ffn_norm, l->wq, l->wk, l->wv, l->wo, l->bq, l->bk, l->bv, l->wg, l->wu, l->wd,
-                       l->qn, l->kn, l->pan, l->pfn, l->router, l->eg, l->eu, l->ed, l->shg};
+        double *p[] = {l->attn_norm, l->ffn_norm, l->wq, l->wk,  l->wv,  l->wo,     l->bq, l->bk, l->bv, l->wg, l->wu,
+                       l->wd,        l->qn,       l->kn, l->pan, l->pfn, l->router, l->eg, l->eu, l->ed, l->shg};
         for (size_t j = 0; j < sizeof p / sizeof p[0]; j++) free(p[j]);
     }
     free(r->L);
@@ -398,7 +400,8 @@ static void ref_moe(const ref_model *r, const ref_layer *l, const double *xb, do
     for (int i = 0; i < E; i++) y[i] = 0;
     for (int j = 0; j < r->n_used; j++) {
         int e = sel[j];
-        ref_swiglu_ffn(ye, l->eg + (size_t)e * FE * E, l->eu + (size_t)e * FE * E, l->ed + (size_t)e * E * FE, xb, E, FE);
+        ref_swiglu_ffn(ye, l->eg + (size_t)e * FE * E, l->eu + (size_t)e * FE * E, l->ed + (size_t)e * E * FE, xb, E,
+                       FE);
         double wt = r->norm_w ? p[e] / wsum : p[e];
         for (int i = 0; i < E; i++) y[i] += wt * ye[i];
     }
@@ -423,7 +426,8 @@ static double *ref_forward(const ref_model *r, const int32_t *tokens, int T) {
     double *u = malloc((size_t)F * sizeof(double)), *sc = malloc((size_t)T * sizeof(double));
     double *logits = malloc((size_t)T * sh->n_vocab * sizeof(double));
     for (int t = 0; t < T; t++)
-        for (int i = 0; i < E; i++) x[(size_t)t * E + i] = r->emb[(size_t)tokens[t] * E + i] * (r->gemma ? sqrt((double)E) : 1.0);
+        for (int i = 0; i < E; i++)
+            x[(size_t)t * E + i] = r->emb[(size_t)tokens[t] * E + i] * (r->gemma ? sqrt((double)E) : 1.0);
     for (int li = 0; li < sh->n_layer; li++) {
         const ref_layer *l = &r->L[li];
         bool local = r->window > 0 && (r->pattern == 0 || (li + 1) % r->pattern != 0);
@@ -434,9 +438,11 @@ static double *ref_forward(const ref_model *r, const int32_t *tokens, int T) {
             ref_mv(k + (size_t)t * KV, l->wk, xb, l->bk, KV, E);
             ref_mv(v + (size_t)t * KV, l->wv, xb, l->bv, KV, E);
             if (l->qn)
-                for (int h = 0; h < sh->n_head; h++) ref_rms(q + (size_t)t * Q + h * hd, q + (size_t)t * Q + h * hd, l->qn, hd, r->eps);
+                for (int h = 0; h < sh->n_head; h++)
+                    ref_rms(q + (size_t)t * Q + h * hd, q + (size_t)t * Q + h * hd, l->qn, hd, r->eps);
             if (l->kn)
-                for (int h = 0; h < sh->n_head_kv; h++) ref_rms(k + (size_t)t * KV + h * hd, k + (size_t)t * KV + h * hd, l->kn, hd, r->eps);
+                for (int h = 0; h < sh->n_head_kv; h++)
+                    ref_rms(k + (size_t)t * KV + h * hd, k + (size_t)t * KV + h * hd, l->kn, hd, r->eps);
             ref_rope(q + (size_t)t * Q, sh->n_head, hd, t, base, neox, r->factors, r->mscale);
             ref_rope(k + (size_t)t * KV, sh->n_head_kv, hd, t, base, neox, r->factors, r->mscale);
         }
@@ -489,7 +495,8 @@ static double *ref_forward(const ref_model *r, const int32_t *tokens, int T) {
         ref_mv(logits + (size_t)t * sh->n_vocab, r->out, xb, NULL, sh->n_vocab, E);
         if (r->final_cap > 0)
             for (int i = 0; i < sh->n_vocab; i++)
-                logits[(size_t)t * sh->n_vocab + i] = r->final_cap * tanh(logits[(size_t)t * sh->n_vocab + i] / r->final_cap);
+                logits[(size_t)t * sh->n_vocab + i] =
+                    r->final_cap * tanh(logits[(size_t)t * sh->n_vocab + i] / r->final_cap);
     }
     free(x), free(xb), free(q), free(k), free(v), free(att), free(tmp), free(g), free(u), free(sc);
     return logits;
@@ -531,8 +538,8 @@ static void check_shape(const shape *sh, int threads) {
         double e = test_rel_l2(lg + (size_t)t * V, ref + (size_t)t * V, (size_t)V);
         if (e > worst) worst = e;
         CHECKF(e < bound, "%s %s L%d H%d/%d %s: batch row %d rel err %.3g >= %.3g", sh->arch,
-               quant_type_name(sh->wtype), sh->n_layer, sh->n_head, sh->n_head_kv, sh->tied ? "tied" : "untied", t,
-               e, bound);
+               quant_type_name(sh->wtype), sh->n_layer, sh->n_head, sh->n_head_kv, sh->tied ? "tied" : "untied", t, e,
+               bound);
     }
     /* 2. one token at a time through the cache */
     seqrun_reset(st);
@@ -567,11 +574,11 @@ static void check_shape(const shape *sh, int threads) {
     free_ref(&r);
 }
 
-#define SHAPE_TEST(fn, ...)                  \
-    static void fn(void) {                   \
-        shape sh = {__VA_ARGS__, 0.0f};      \
-        check_shape(&sh, 1);                 \
-        if (!test_cur_failed_) check_shape(&sh, 2); \
+#define SHAPE_TEST(fn, ...)                                                                                            \
+    static void fn(void) {                                                                                             \
+        shape sh = {__VA_ARGS__, 0.0f};                                                                                \
+        check_shape(&sh, 1);                                                                                           \
+        if (!test_cur_failed_) check_shape(&sh, 2);                                                                    \
     }
 
 /* arch, layers, embd, heads, kv heads, ff, vocab, type, tied */
@@ -785,9 +792,11 @@ static void test_refuses_missing_tensor(void) {
  * name when missing, and llama's absent biases are optional. */
 static void test_layer_tensor_table(void) {
     static const char *const names[] = {
-        "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
-        "attn_q.bias", "attn_k.bias", "attn_v.bias", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
-        "ffn_down.weight", "attn_q_norm.weight", "attn_k_norm.weight", "post_attention_norm.weight",
+        "attn_norm.weight",     "attn_q.weight",      "attn_k.weight",
+        "attn_v.weight",        "attn_output.weight", "attn_q.bias",
+        "attn_k.bias",          "attn_v.bias",        "ffn_norm.weight",
+        "ffn_gate.weight",      "ffn_up.weight",      "ffn_down.weight",
+        "attn_q_norm.weight",   "attn_k_norm.weight", "post_attention_norm.weight",
         "post_ffw_norm.weight",
     };
     shape shapes[2] = {{"qwen2", 2, 32, 2, 2, 32, 40, LM_TYPE_F32, false, 0},

@@ -53,8 +53,7 @@ static void check_gated(void (*op)(float *, const float *, int), double (*ref)(d
     for (int i = 0; i < N; i++) {
         double want = ref(in_g[i]) * in_u[i];
         double tol = (4e-6 + 2.4e-7 * fabs(arg(in_g[i]))) * fabs(want) + 1e-30;
-        CHECKF(fabs(g[i] - want) <= tol, "%s(%g) * %g = %.9g, want %.9g", name, in_g[i],
-               in_u[i], g[i], want);
+        CHECKF(fabs(g[i] - want) <= tol, "%s(%g) * %g = %.9g, want %.9g", name, in_g[i], in_u[i], g[i], want);
     }
     /* the same elements alone and in tails of every length: same bits */
     for (int len = 1; len <= 17; len++)

@@ -50,11 +50,11 @@
 #include "test.h"
 
 enum {
-    N_THREADS = 64,      /* submitting threads */
-    MAX_PER_THREAD = 8,  /* requests each, one after another */
+    N_THREADS = 64,     /* submitting threads */
+    MAX_PER_THREAD = 8, /* requests each, one after another */
     N_REQ = N_THREADS * MAX_PER_THREAD,
-    MAX_N = 3,           /* choices per request at most */
-    MAX_TOK = 130,       /* tokens one choice can generate (the context is 128) */
+    MAX_N = 3,     /* choices per request at most */
+    MAX_TOK = 130, /* tokens one choice can generate (the context is 128) */
     POOL_BLOCKS = 10,
     BLOCK = 16,
 };
@@ -73,9 +73,9 @@ typedef struct {
     float temp;
     uint64_t seed;
     bool ignore_eos;
-    int n_stop;         /* stop strings: the first n_stop of `stops` */
-    bool streaming;     /* the consumer takes each token event as it comes */
-    int cancel_after;   /* -1: never; else after this many tokens (streaming) or microseconds / 100 (whole) */
+    int n_stop;       /* stop strings: the first n_stop of `stops` */
+    bool streaming;   /* the consumer takes each token event as it comes */
+    int cancel_after; /* -1: never; else after this many tokens (streaming) or microseconds / 100 (whole) */
     /* filled by the events */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -89,7 +89,7 @@ typedef struct {
     /* outcome */
     lm_status submit_rc;
     char submit_err[LM_ERRLEN];
-    bool cancelled;     /* engine_cancel was called */
+    bool cancelled; /* engine_cancel was called */
     bool hung;
 } req;
 
@@ -353,10 +353,10 @@ static void pressure(lm_model *m, const char *name, int64_t kv_blocks, bool pref
         for (int c = 0; c < r->n; c++) {
             CHECKF(r->done[c] == 1, "request %d choice %d: %d final events", i, c, r->done[c]);
             switch (r->finish[c]) {
-            case LM_FINISH_STOP: n_stop++; break;
-            case LM_FINISH_LENGTH: n_length++; break;
-            case LM_FINISH_CANCELLED: n_cancel++; break;
-            default: n_error++; break;
+                case LM_FINISH_STOP: n_stop++; break;
+                case LM_FINISH_LENGTH: n_length++; break;
+                case LM_FINISH_CANCELLED: n_cancel++; break;
+                default: n_error++; break;
             }
             CHECKF(r->finish[c] != LM_FINISH_ERROR, "request %d choice %d ended in error %d", i, c, r->status[c]);
             if (r->finish[c] == LM_FINISH_CANCELLED) {
@@ -372,8 +372,8 @@ static void pressure(lm_model *m, const char *name, int64_t kv_blocks, bool pref
     }
     CHECK(n_hung == 0);
     CHECKF(n_refused > 0 && n_accepted > n_used / 2, "%d refused, %d accepted", n_refused, n_accepted);
-    CHECKF(n_cancel > 0 && n_stream > 0 && n_multi > 0, "%d cancelled, %d streaming, %d with n > 1", n_cancel,
-           n_stream, n_multi);
+    CHECKF(n_cancel > 0 && n_stream > 0 && n_multi > 0, "%d cancelled, %d streaming, %d with n > 1", n_cancel, n_stream,
+           n_multi);
 
     engine_wait_idle(e);
     char err[LM_ERRLEN];
@@ -382,9 +382,8 @@ static void pressure(lm_model *m, const char *name, int64_t kv_blocks, bool pref
     CHECKF(st.preemptions_total > 0, "no preemption under %d threads in a %lld-block pool", N_THREADS,
            (long long)pool_blocks);
     CHECKF(st.running == 0 && st.waiting == 0, "%d running, %d waiting", st.running, st.waiting);
-    CHECKF(st.kv_blocks_used == 0 && st.kv_blocks_free == st.kv_blocks_total,
-           "%lld of %lld blocks used, %lld free", (long long)st.kv_blocks_used, (long long)st.kv_blocks_total,
-           (long long)st.kv_blocks_free);
+    CHECKF(st.kv_blocks_used == 0 && st.kv_blocks_free == st.kv_blocks_total, "%lld of %lld blocks used, %lld free",
+           (long long)st.kv_blocks_used, (long long)st.kv_blocks_total, (long long)st.kv_blocks_free);
     CHECKF(st.kv_local_blocks_used == 0 && st.kv_local_blocks_free == st.kv_local_blocks_total,
            "%lld of %lld local blocks used, %lld free", (long long)st.kv_local_blocks_used,
            (long long)st.kv_local_blocks_total, (long long)st.kv_local_blocks_free);
@@ -395,8 +394,9 @@ static void pressure(lm_model *m, const char *name, int64_t kv_blocks, bool pref
            "%llu accepted, %llu finished, %d expected", (unsigned long long)st.requests_total,
            (unsigned long long)st.requests_finished, n_accepted);
     char pool[64];
-    if (windowed) snprintf(pool, sizeof pool, "%lld global + %lld local", (long long)pool_blocks,
-                           (long long)st.kv_local_blocks_total);
+    if (windowed)
+        snprintf(pool, sizeof pool, "%lld global + %lld local", (long long)pool_blocks,
+                 (long long)st.kv_local_blocks_total);
     else snprintf(pool, sizeof pool, "%lld", (long long)pool_blocks);
     printf("NOTE %s, a pool of %s blocks, prefix cache %s: %d requests in %.1f s: %d refused (too long), %d accepted "
            "(%d streaming, %d with n > 1, %d cancels asked); choices: %d stop, %d length, %d cancelled, %d error, "

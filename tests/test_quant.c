@@ -144,37 +144,38 @@ static void test_bf16_exhaustive(void) {
 /* Hand-picked float -> half cases: the expected bits follow from the
  * definition of round-half-even (comments give the reasoning). */
 static void test_half_rounding_hand_picked(void) {
-    static const struct { float x; uint16_t f16, bf16; } cases[] = {
+    static const struct {
+        float x;
+        uint16_t f16, bf16;
+    } cases[] = {
         {1.0f, 0x3c00, 0x3f80},
         {-0.0f, 0x8000, 0x8000},
-        {1.0f + 0x1p-11f, 0x3c00, 0x3f80},          /* f16 tie 1 | 1+2^-10: even is 1 */
-        {1.0f + 3 * 0x1p-11f, 0x3c02, 0x3f80},      /* f16 tie 0x3c01 | 0x3c02: even */
+        {1.0f + 0x1p-11f, 0x3c00, 0x3f80},            /* f16 tie 1 | 1+2^-10: even is 1 */
+        {1.0f + 3 * 0x1p-11f, 0x3c02, 0x3f80},        /* f16 tie 0x3c01 | 0x3c02: even */
         {1.0f + 0x1p-11f + 0x1p-20f, 0x3c01, 0x3f80}, /* just above the tie */
-        {1.0f + 0x1p-8f, 0x3c04, 0x3f80},           /* bf16 tie 0x3f80 | 0x3f81: even */
-        {1.0f + 3 * 0x1p-8f, 0x3c0c, 0x3f82},       /* bf16 tie 0x3f81 | 0x3f82: even */
-        {65504.0f, 0x7bff, 0x4780},                 /* largest half */
-        {65519.0f, 0x7bff, 0x4780},                 /* below the overflow midpoint */
-        {65520.0f, 0x7c00, 0x4780},                 /* tie 65504 (odd) | 65536: inf */
-        {-1e10f, 0xfc00, 0xd015},                   /* overflow keeps the sign */
-        {0x1p-24f, 0x0001, 0x3380},                 /* smallest subnormal half */
-        {0x1p-25f, 0x0000, 0x3300},                 /* tie 0 | 2^-24: even is 0 */
-        {0x1p-25f + 0x1p-40f, 0x0001, 0x3300},      /* above the tie */
-        {3 * 0x1p-25f, 0x0002, 0x33c0},             /* tie 1 | 2: even is 2 */
-        {-0x1p-26f, 0x8000, 0xb280},                /* underflow keeps the sign */
-        {0x1p-14f - 0x1p-25f, 0x0400, 0x3880},      /* tie 0x3ff | 0x400 (normal) */
+        {1.0f + 0x1p-8f, 0x3c04, 0x3f80},             /* bf16 tie 0x3f80 | 0x3f81: even */
+        {1.0f + 3 * 0x1p-8f, 0x3c0c, 0x3f82},         /* bf16 tie 0x3f81 | 0x3f82: even */
+        {65504.0f, 0x7bff, 0x4780},                   /* largest half */
+        {65519.0f, 0x7bff, 0x4780},                   /* below the overflow midpoint */
+        {65520.0f, 0x7c00, 0x4780},                   /* tie 65504 (odd) | 65536: inf */
+        {-1e10f, 0xfc00, 0xd015},                     /* overflow keeps the sign */
+        {0x1p-24f, 0x0001, 0x3380},                   /* smallest subnormal half */
+        {0x1p-25f, 0x0000, 0x3300},                   /* tie 0 | 2^-24: even is 0 */
+        {0x1p-25f + 0x1p-40f, 0x0001, 0x3300},        /* above the tie */
+        {3 * 0x1p-25f, 0x0002, 0x33c0},               /* tie 1 | 2: even is 2 */
+        {-0x1p-26f, 0x8000, 0xb280},                  /* underflow keeps the sign */
+        {0x1p-14f - 0x1p-25f, 0x0400, 0x3880},        /* tie 0x3ff | 0x400 (normal) */
         {INFINITY, 0x7c00, 0x7f80},
         {-INFINITY, 0xfc00, 0xff80},
-        {0x1.fffffep127f, 0x7c00, 0x7f80},          /* FLT_MAX: bf16 rounds to inf */
-        {0x1p-133f, 0x0000, 0x0001},                /* smallest bf16 subnormal */
-        {0x1p-134f, 0x0000, 0x0000},                /* bf16 tie 0 | 2^-133: even */
-        {0x1.8p-133f, 0x0000, 0x0002},              /* bf16 tie 1 | 2: even */
+        {0x1.fffffep127f, 0x7c00, 0x7f80}, /* FLT_MAX: bf16 rounds to inf */
+        {0x1p-133f, 0x0000, 0x0001},       /* smallest bf16 subnormal */
+        {0x1p-134f, 0x0000, 0x0000},       /* bf16 tie 0 | 2^-133: even */
+        {0x1.8p-133f, 0x0000, 0x0002},     /* bf16 tie 1 | 2: even */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         uint16_t h = lm_f32_to_f16(cases[i].x), b = lm_f32_to_bf16(cases[i].x);
-        CHECKF(h == cases[i].f16, "case %zu: f16(%a) = 0x%04x, want 0x%04x", i, (double)cases[i].x,
-               h, cases[i].f16);
-        CHECKF(b == cases[i].bf16, "case %zu: bf16(%a) = 0x%04x, want 0x%04x", i,
-               (double)cases[i].x, b, cases[i].bf16);
+        CHECKF(h == cases[i].f16, "case %zu: f16(%a) = 0x%04x, want 0x%04x", i, (double)cases[i].x, h, cases[i].f16);
+        CHECKF(b == cases[i].bf16, "case %zu: bf16(%a) = 0x%04x, want 0x%04x", i, (double)cases[i].x, b, cases[i].bf16);
     }
     CHECK(isnan(lm_f16_to_f32(lm_f32_to_f16(NAN))));
     CHECK(isnan(lm_bf16_to_f32(lm_f32_to_bf16(-NAN))));
@@ -190,10 +191,8 @@ static void test_half_rounding_sweep(void) {
         double want16 = ref_round(x, 10, -14, 65504.0);
         double want_b = ref_round(x, 7, -126, 0x1.fep127);
         double got16 = ref_f16_value(lm_f32_to_f16(x)), got_b = ref_bf16_value(lm_f32_to_bf16(x));
-        CHECKF(got16 == want16 && !signbit(got16) == !signbit(x), "f16(%a) = %a, want %a",
-               (double)x, got16, want16);
-        CHECKF(got_b == want_b && !signbit(got_b) == !signbit(x), "bf16(%a) = %a, want %a",
-               (double)x, got_b, want_b);
+        CHECKF(got16 == want16 && !signbit(got16) == !signbit(x), "f16(%a) = %a, want %a", (double)x, got16, want16);
+        CHECKF(got_b == want_b && !signbit(got_b) == !signbit(x), "bf16(%a) = %a, want %a", (double)x, got_b, want_b);
     }
 }
 
@@ -207,10 +206,8 @@ static void test_half_golden(void) {
             CHECK(isnan(lm_f16_to_f32(h)) && isnan(lm_bf16_to_f32(b)));
             continue;
         }
-        CHECKF(h == golden_f16_bits[i], "f16(%a) = 0x%04x, numpy 0x%04x", (double)x, h,
-               golden_f16_bits[i]);
-        CHECKF(b == golden_bf16_bits[i], "bf16(%a) = 0x%04x, gguf 0x%04x", (double)x, b,
-               golden_bf16_bits[i]);
+        CHECKF(h == golden_f16_bits[i], "f16(%a) = 0x%04x, numpy 0x%04x", (double)x, h, golden_f16_bits[i]);
+        CHECKF(b == golden_bf16_bits[i], "bf16(%a) = 0x%04x, gguf 0x%04x", (double)x, b, golden_bf16_bits[i]);
     }
 }
 
@@ -223,9 +220,8 @@ static void test_golden_dequant(void) {
         CHECK(y);
         quant_to_float_ref(g->type, g->blocks, y, g->n);
         for (int64_t i = 0; i < g->n; i++)
-            CHECKF(f32_bits(y[i]) == g->floats[i], "%s element %lld: %a, gguf %a",
-                   quant_type_name(g->type), (long long)i, (double)y[i],
-                   (double)bits_f32(g->floats[i]));
+            CHECKF(f32_bits(y[i]) == g->floats[i], "%s element %lld: %a, gguf %a", quant_type_name(g->type),
+                   (long long)i, (double)y[i], (double)bits_f32(g->floats[i]));
         /* The dispatched variant must give the same bits too: the products
          * in dequantization are exact, so only the final subtraction rounds,
          * whatever the instruction sequence (see quant.c). */
@@ -234,8 +230,8 @@ static void test_golden_dequant(void) {
         memset(y, 0, (size_t)g->n * sizeof(float));
         t->to_float(g->blocks, y, g->n);
         for (int64_t i = 0; i < g->n; i++)
-            CHECKF(f32_bits(y[i]) == g->floats[i], "dispatched %s element %lld",
-                   quant_type_name(g->type), (long long)i);
+            CHECKF(f32_bits(y[i]) == g->floats[i], "dispatched %s element %lld", quant_type_name(g->type),
+                   (long long)i);
         free(y);
     }
 }
@@ -250,8 +246,8 @@ static void test_golden_quant(void) {
         for (int64_t i = 0; i < g->n; i++) x[i] = bits_f32(g->input[i]);
         quant_from_float_ref(g->type, x, q, g->n);
         for (size_t i = 0; i < bytes; i++)
-            CHECKF(q[i] == g->blocks[i], "%s byte %zu: 0x%02x, gguf 0x%02x",
-                   quant_type_name(g->type), i, q[i], g->blocks[i]);
+            CHECKF(q[i] == g->blocks[i], "%s byte %zu: 0x%02x, gguf 0x%02x", quant_type_name(g->type), i, q[i],
+                   g->blocks[i]);
         free(x), free(q);
     }
 }
@@ -268,7 +264,10 @@ static void test_golden_quant(void) {
  * and the same for s from 1e-2 to 1e4. The bounds sit ~5-15% above those
  * maxima. (Q8_K's block error follows its single largest value, hence the
  * spread.) */
-static const struct { uint32_t type; double row, block; } rt_bounds[] = {
+static const struct {
+    uint32_t type;
+    double row, block;
+} rt_bounds[] = {
     {LM_TYPE_F16, 0.00025, 0.0003}, {LM_TYPE_BF16, 0.0019, 0.0023}, {LM_TYPE_Q8_0, 0.006, 0.0082},
     {LM_TYPE_Q4_0, 0.097, 0.122},   {LM_TYPE_Q4_K, 0.078, 0.095},   {LM_TYPE_Q5_K, 0.039, 0.046},
     {LM_TYPE_Q6_K, 0.0195, 0.024},  {LM_TYPE_Q8_K, 0.0085, 0.0135},
@@ -308,8 +307,7 @@ static void test_roundtrip_gaussian(void) {
                 fill_normal(x, RT_N, scales[s], seed * 1000 + t);
                 double e = roundtrip(rt_bounds[t].type, x, y, RT_N);
                 CHECKF(e < rt_bounds[t].row, "%s scale %g seed %llu: rel RMS %.5f >= %.5f",
-                       quant_type_name(rt_bounds[t].type), scales[s], (unsigned long long)seed, e,
-                       rt_bounds[t].row);
+                       quant_type_name(rt_bounds[t].type), scales[s], (unsigned long long)seed, e, rt_bounds[t].row);
                 if (s == 0 && seed == 1)
                     printf("NOTE %-4s Gaussian rel RMS error %.4f%% (bound %.4f%%)\n",
                            quant_type_name(rt_bounds[t].type), 100 * e, 100 * rt_bounds[t].row);
@@ -332,8 +330,13 @@ static void test_roundtrip_elementwise(void) {
     for (int i = 0; i < RT_N; i++) CHECK(fabs((double)y[i] - x[i]) <= 0x1p-11 * fabs(x[i]));
     roundtrip(LM_TYPE_BF16, x, y, RT_N);
     for (int i = 0; i < RT_N; i++) CHECK(fabs((double)y[i] - x[i]) <= 0x1p-8 * fabs(x[i]));
-    static const struct { uint32_t type; int blck; double per_amax; } blk[] = {
-        {LM_TYPE_Q8_0, 32, 0.57 / 127}, {LM_TYPE_Q4_0, 32, (1 + 8 * 0x1p-11) / 8},
+    static const struct {
+        uint32_t type;
+        int blck;
+        double per_amax;
+    } blk[] = {
+        {LM_TYPE_Q8_0, 32, 0.57 / 127},
+        {LM_TYPE_Q4_0, 32, (1 + 8 * 0x1p-11) / 8},
         {LM_TYPE_Q8_K, 256, 1.0 / 128},
     };
     for (size_t t = 0; t < sizeof blk / sizeof blk[0]; t++) {
@@ -343,8 +346,8 @@ static void test_roundtrip_elementwise(void) {
             for (int i = b; i < b + blk[t].blck; i++) amax = fmax(amax, fabs(x[i]));
             for (int i = b; i < b + blk[t].blck; i++)
                 CHECKF(fabs((double)y[i] - x[i]) <= blk[t].per_amax * amax * (1 + 1e-6),
-                       "%s element %d: %g -> %g (block max %g)", quant_type_name(blk[t].type), i,
-                       (double)x[i], (double)y[i], amax);
+                       "%s element %d: %g -> %g (block max %g)", quant_type_name(blk[t].type), i, (double)x[i],
+                       (double)y[i], amax);
         }
     }
     free(x), free(y);
@@ -367,13 +370,13 @@ static void test_roundtrip_special_rows(void) {
         for (size_t c = 0; c < sizeof consts / sizeof consts[0]; c++) {
             for (int i = 0; i < RT_N; i++) x[i] = consts[c];
             roundtrip(type, x, y, RT_N);
-            double rel = type == LM_TYPE_BF16                              ? 0x1p-8
-                         : type == LM_TYPE_Q6_K && fabs(consts[c]) < 0.25f ? 2e-3
-                                                                           : 0x1p-10;
+            double rel = type == LM_TYPE_BF16                     ? 0x1p-8
+                : type == LM_TYPE_Q6_K && fabs(consts[c]) < 0.25f ? 2e-3
+                                                                  : 0x1p-10;
             double tol = rel * fabs(consts[c]);
             for (int i = 0; i < RT_N; i++)
-                CHECKF(fabs((double)y[i] - consts[c]) <= tol, "%s constant %g -> %g",
-                       quant_type_name(type), (double)consts[c], (double)y[i]);
+                CHECKF(fabs((double)y[i] - consts[c]) <= tol, "%s constant %g -> %g", quant_type_name(type),
+                       (double)consts[c], (double)y[i]);
         }
     }
     free(x), free(y);
@@ -396,8 +399,8 @@ static void test_roundtrip_magnitudes(void) {
         for (int b = 0; b < RT_N; b += QK_K) {
             for (int i = 0; i < QK_K; i++) ref[i] = x[b + i];
             double e = test_rel_l2(y + b, ref, QK_K);
-            CHECKF(e < rt_bounds[t].block, "%s block %d (scale %g): rel RMS %.5f",
-                   quant_type_name(type), b / QK_K, pow(10.0, (b / QK_K) % 5 - 2), e);
+            CHECKF(e < rt_bounds[t].block, "%s block %d (scale %g): rel RMS %.5f", quant_type_name(type), b / QK_K,
+                   pow(10.0, (b / QK_K) % 5 - 2), e);
         }
         fill_normal(x, RT_N, 1e-6, 5 + t);
         double e = roundtrip(type, x, y, RT_N);
@@ -413,7 +416,7 @@ static void test_q8_K_layout(void) {
     float x[2 * QK_K];
     block_q8_K b[2];
     fill_normal(x, 2 * QK_K, 2.0, 123);
-    x[17] = 9.0f;       /* block 0 maximum, positive */
+    x[17] = 9.0f;          /* block 0 maximum, positive */
     x[QK_K + 200] = -9.5f; /* block 1 maximum, negative */
     quant_from_float_ref(LM_TYPE_Q8_K, x, b, 2 * QK_K);
     for (int k = 0; k < 2; k++)
@@ -433,10 +436,10 @@ static void test_q8_K_layout(void) {
  * test_roundtrip_elementwise), Q8_K 1/128 (the clamped element), F32 0. */
 static double act_step(uint32_t act_type) {
     /* F16: round-to-nearest of a normal value, relative error <= 2^-11 */
-    return act_type == LM_TYPE_Q8_0   ? 0.57 / 127
-           : act_type == LM_TYPE_Q8_K ? 1.0 / 128
-           : act_type == LM_TYPE_F16  ? 1.0 / 2048
-                                      : 0.0;
+    return act_type == LM_TYPE_Q8_0 ? 0.57 / 127
+        : act_type == LM_TYPE_Q8_K  ? 1.0 / 128
+        : act_type == LM_TYPE_F16   ? 1.0 / 2048
+                                    : 0.0;
 }
 
 /* One weight type, one row length: checks both bounds described at the top
@@ -474,16 +477,14 @@ static void check_vec_dot(uint32_t type, int64_t n, uint64_t seed, double w_scal
     /* BF16 weights on avx512bf16: vdpbf16ps rounds the activations to BF16,
      * within the bound kernels/avx512bf16_dot.c states */
     double bf16_tol = type == LM_TYPE_BF16 && kernels()->isa == LM_ISA_AVX512BF16
-                          ? ldexp(1.0, -8) + (double)(n / 16 + 8) * ldexp(1.0, -24)
-                          : 0;
+        ? ldexp(1.0, -8) + (double)(n / 16 + 8) * ldexp(1.0, -24)
+        : 0;
     for (int k = 0; k < 2; k++) {
         double tol = 1e-5 + (k ? bf16_tol : 0);
-        CHECKF(fabs(got[k] - exact) <= tol * mag,
-               "%s%s n=%lld: %.9g vs dequantized %.9g (sum|wx| %g)", k ? "dispatched " : "",
-               quant_type_name(type), (long long)n, (double)got[k], exact, mag);
-        CHECKF(fabs(got[k] - orig) <= act_err + tol * mag,
-               "%s%s n=%lld: %.9g vs float activations %.9g, bound %g", k ? "dispatched " : "",
-               quant_type_name(type), (long long)n, (double)got[k], orig, act_err + tol * mag);
+        CHECKF(fabs(got[k] - exact) <= tol * mag, "%s%s n=%lld: %.9g vs dequantized %.9g (sum|wx| %g)",
+               k ? "dispatched " : "", quant_type_name(type), (long long)n, (double)got[k], exact, mag);
+        CHECKF(fabs(got[k] - orig) <= act_err + tol * mag, "%s%s n=%lld: %.9g vs float activations %.9g, bound %g",
+               k ? "dispatched " : "", quant_type_name(type), (long long)n, (double)got[k], orig, act_err + tol * mag);
     }
     free(w), free(x), free(wd), free(xd), free(wq), free(xq);
 }
@@ -513,12 +514,10 @@ static void test_vec_dot_zero(void) {
         CHECK(quant_row_size(type, N) <= sizeof wq && quant_act_row_size(type, N) <= sizeof xq);
         quant_from_float_ref(type, zeros, wq, N);
         quant_act_from_float(type, ones, xq, N);
-        CHECKF(quant_vec_dot_ref(type, N, wq, xq) == 0.0f, "%s zero weights",
-               quant_type_name(type));
+        CHECKF(quant_vec_dot_ref(type, N, wq, xq) == 0.0f, "%s zero weights", quant_type_name(type));
         quant_from_float_ref(type, ones, wq, N);
         quant_act_from_float(type, zeros, xq, N);
-        CHECKF(quant_vec_dot_ref(type, N, wq, xq) == 0.0f, "%s zero activations",
-               quant_type_name(type));
+        CHECKF(quant_vec_dot_ref(type, N, wq, xq) == 0.0f, "%s zero activations", quant_type_name(type));
     }
 }
 
@@ -542,8 +541,8 @@ static void test_table_sizes(void) {
         const lm_type_traits *t = quant_traits(g->id);
         CHECKF(t, "type %u (%s) missing", g->id, g->name);
         CHECKF(strcmp(t->name, g->name) == 0, "type %u: %s vs %s", g->id, t->name, g->name);
-        CHECKF(t->blck == g->blck && t->type_size == g->type_size, "%s: %lld/%zu vs %lld/%zu",
-               g->name, (long long)t->blck, t->type_size, (long long)g->blck, g->type_size);
+        CHECKF(t->blck == g->blck && t->type_size == g->type_size, "%s: %lld/%zu vs %lld/%zu", g->name,
+               (long long)t->blck, t->type_size, (long long)g->blck, g->type_size);
         CHECK(t->is_quantized == (g->blck > 1));
     }
     int present = 0;
@@ -578,8 +577,7 @@ static void test_table_names(void) {
         CHECK(quant_type_from_name(t->name) == (int)id);
         char lower[16];
         size_t k = 0;
-        for (; t->name[k] && k < sizeof lower - 1; k++)
-            lower[k] = (char)tolower((unsigned char)t->name[k]);
+        for (; t->name[k] && k < sizeof lower - 1; k++) lower[k] = (char)tolower((unsigned char)t->name[k]);
         lower[k] = 0;
         CHECK(quant_type_from_name(lower) == (int)id);
     }
@@ -596,7 +594,7 @@ static void test_table_kernels(void) {
     for (uint32_t id = 0; id < LM_TYPE_COUNT; id++) {
         bool want = false;
         for (size_t t = 0; t < N_WEIGHT_TYPES; t++) want |= weight_types[t] == id;
-        want |= id == LM_TYPE_Q5_0; /* checked in test_quant_q5.c */
+        want |= id == LM_TYPE_Q5_0;                       /* checked in test_quant_q5.c */
         want |= id == LM_TYPE_Q4_1 || id == LM_TYPE_Q5_1; /* checked in test_quant_q1.c */
         CHECKF(quant_supported(id) == want, "quant_supported(%s)", quant_type_name(id));
     }
@@ -607,9 +605,9 @@ static void test_table_kernels(void) {
         uint32_t id = weight_types[t];
         const lm_type_traits *tr = quant_traits(id);
         uint32_t want = id == LM_TYPE_F16 ? LM_TYPE_F16
-                        : tr->blck == 1 ? LM_TYPE_F32
-                        : tr->blck == 32 ? LM_TYPE_Q8_0
-                                         : LM_TYPE_Q8_K;
+            : tr->blck == 1               ? LM_TYPE_F32
+            : tr->blck == 32              ? LM_TYPE_Q8_0
+                                          : LM_TYPE_Q8_K;
         CHECKF(tr->vec_dot_type == want, "%s vec_dot_type %u", tr->name, tr->vec_dot_type);
         CHECK(tr->to_float && tr->from_float && tr->vec_dot);
     }
@@ -619,7 +617,7 @@ static void test_table_kernels(void) {
     CHECK(quant_act_row_size(LM_TYPE_Q8_0, 32) == 34);
     CHECK(quant_act_row_size(LM_TYPE_F16, 10) == 20); /* F16 activations */
     CHECK(quant_act_row_size(LM_TYPE_BF16, 32) == 128);
-    CHECK(quant_act_row_size(LM_TYPE_Q4_0, 48) == 0);  /* not a whole block */
+    CHECK(quant_act_row_size(LM_TYPE_Q4_0, 48) == 0); /* not a whole block */
     CHECK(quant_act_row_size(LM_TYPE_Q4_K, 288) == 0);
     CHECK(quant_act_row_size(LM_TYPE_Q8_K, 256) == 0); /* activation-only type */
     CHECK(quant_act_row_size(LM_TYPE_Q8_1, 32) == 0);  /* not computed */
@@ -635,7 +633,7 @@ static void check_pack_layout(uint32_t type) {
     const int64_t cols = 96, nb = cols / 32;
     /* bytes after the scale per row block (Q5_0: qh, then qs) */
     const size_t qb = type == LM_TYPE_Q4_0 ? 16 : type == LM_TYPE_Q5_0 ? 20 : 32;
-    const size_t bs = 16 + 8 * qb;                     /* bytes per block column */
+    const size_t bs = 16 + 8 * qb; /* bytes per block column */
     const size_t sb = quant_row_size(type, 32);
     for (int64_t rows = 1; rows <= 19; rows += 6) {
         size_t rb = quant_row_size(type, cols);
@@ -714,7 +712,8 @@ static void test_pack_layout(void) {
     CHECK(quant_pack_size(LM_TYPE_Q6_K, 8, 256) == 0);
     CHECK(quant_pack_size(LM_TYPE_BF16, 8, 64) == 0);
     CHECK(quant_pack_size(LM_TYPE_F16, 8, 63) == 16 * 63 * 2);
-    CHECK(quant_pack_rows(LM_TYPE_F16) == 16 && quant_pack_rows(LM_TYPE_Q4_0) == 8 && quant_pack_rows(LM_TYPE_Q6_K) == 0);
+    CHECK(quant_pack_rows(LM_TYPE_F16) == 16 && quant_pack_rows(LM_TYPE_Q4_0) == 8 &&
+          quant_pack_rows(LM_TYPE_Q6_K) == 0);
     CHECK(quant_pack_size(LM_TYPE_Q8_0, 8, 48) == 0);
     CHECK(quant_pack_size(LM_TYPE_Q8_0, 0, 64) == 0);
     CHECK(quant_packed_act_row_size(64) == 2 * sizeof(block_q8_0s));

@@ -16,9 +16,9 @@
 
 typedef struct {
     uint32_t type;
-    const uint32_t *input; /* 7 blocks of floats */
-    const uint8_t *quant;  /* what gguf.quants.quantize gives for them */
-    const uint8_t *blocks; /* those 7 blocks and 3 random ones */
+    const uint32_t *input;  /* 7 blocks of floats */
+    const uint8_t *quant;   /* what gguf.quants.quantize gives for them */
+    const uint8_t *blocks;  /* those 7 blocks and 3 random ones */
     const uint32_t *floats; /* gguf.quants.dequantize of the 10 */
 } golden;
 
@@ -164,7 +164,8 @@ static void test_pack_layout(void) {
                     uint8_t want[24] = {0};
                     if (row < rows) memcpy(want, src + (size_t)row * rb + (size_t)b * bs, bs);
                     bad |= memcmp(o + 2 * r, want, 2) != 0 || memcmp(o + 16 + 2 * r, want + 2, 2) != 0;
-                    for (size_t k = 0; k < (bs - 4) / 4; k++) bad |= memcmp(o + 32 + 32 * k + 4 * r, want + 4 + 4 * k, 4) != 0;
+                    for (size_t k = 0; k < (bs - 4) / 4; k++)
+                        bad |= memcmp(o + 32 + 32 * k + 4 * r, want + 4 + 4 * k, 4) != 0;
                 }
             }
         lm_free(p);

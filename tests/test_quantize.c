@@ -69,16 +69,16 @@ static int write_source(void) {
 
 static double bound_of(uint32_t t) {
     switch (t) {
-    case LM_TYPE_F16: return 0.00025;
-    case LM_TYPE_BF16: return 0.0019;
-    case LM_TYPE_Q8_0: return 0.006;
-    case LM_TYPE_Q6_K: return 0.0195;
-    case LM_TYPE_Q4_K: return 0.078;
-    case LM_TYPE_Q4_0: return 0.097;
-    case LM_TYPE_Q4_1: return 0.09;
-    case LM_TYPE_Q5_1: return 0.045;
-    case LM_TYPE_Q5_0: return 0.05;
-    default: return 0;
+        case LM_TYPE_F16: return 0.00025;
+        case LM_TYPE_BF16: return 0.0019;
+        case LM_TYPE_Q8_0: return 0.006;
+        case LM_TYPE_Q6_K: return 0.0195;
+        case LM_TYPE_Q4_K: return 0.078;
+        case LM_TYPE_Q4_0: return 0.097;
+        case LM_TYPE_Q4_1: return 0.09;
+        case LM_TYPE_Q5_1: return 0.045;
+        case LM_TYPE_Q5_0: return 0.05;
+        default: return 0;
     }
 }
 
@@ -97,8 +97,9 @@ static void check_scheme(const char *scheme, uint32_t want) {
         const gguf_tensor *ta = gguf_tensor_at(a, i), *tb = gguf_find_tensor(b, ta->name);
         CHECK(tb && tb->ne[0] == ta->ne[0] && tb->ne[1] == ta->ne[1]);
         uint32_t expect = ta->n_dims == 1 ? LM_TYPE_F32 : want;
-        if (!strcmp(scheme, "Q4_K_M") && (!strcmp(ta->name, "output.weight") || strstr(ta->name, "ffn_down") ||
-                                           strstr(ta->name, "attn_v")) && ta->n_dims == 2) {
+        if (!strcmp(scheme, "Q4_K_M") &&
+            (!strcmp(ta->name, "output.weight") || strstr(ta->name, "ffn_down") || strstr(ta->name, "attn_v")) &&
+            ta->n_dims == 2) {
             /* 2 layers: only the output and layer 1 (the last eighth) get Q6_K */
             bool more = !strcmp(ta->name, "output.weight") || !strncmp(ta->name, "blk.1.", 6);
             expect = more ? LM_TYPE_Q6_K : LM_TYPE_Q4_K;

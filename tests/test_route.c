@@ -117,10 +117,10 @@ static void test_queue_time(void) {
         CHECKF(e.events == 2 && e.done && e.queue_time == 0.125, "pieces of %zu: %d events, %g", cut, e.events,
                e.queue_time);
     }
-    static const char *bad[] = {": lamina queue_time=\n", ": lamina queue_time=-1\n", ": lamina queue_time=1e3\n",
-                                ": lamina queue_time=nan\n", ": lamina queue_time=1.2.3\n",
-                                ": lamina queue_time=.\n", ": lamina queue_time=99999999\n",
-                                ":lamina queue_time=1\n", "data: lamina queue_time=1\n"};
+    static const char *bad[] = {
+        ": lamina queue_time=\n",         ": lamina queue_time=-1\n",    ": lamina queue_time=1e3\n",
+        ": lamina queue_time=nan\n",      ": lamina queue_time=1.2.3\n", ": lamina queue_time=.\n",
+        ": lamina queue_time=99999999\n", ":lamina queue_time=1\n",      "data: lamina queue_time=1\n"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         rt_sse e;
         route_sse_init(&e);
@@ -140,8 +140,11 @@ static void test_queue_time(void) {
     const char *hl = "x-lamina-queue-time:3\r\n";
     CHECK(route_parse_queue_header(hl, strlen(hl)) == 3);
     CHECK(route_parse_queue_header(h, 20) == -1); /* the name alone */
-    static const char *hbad[] = {"Content-Type: application/json\r\n", "X-Lamina-Queue-Time: soon\r\n",
-                                 "X-Lamina-Queue-Times: 1\r\n", "HTTP/1.1 200 OK\r\n", "\r\n",
+    static const char *hbad[] = {"Content-Type: application/json\r\n",
+                                 "X-Lamina-Queue-Time: soon\r\n",
+                                 "X-Lamina-Queue-Times: 1\r\n",
+                                 "HTTP/1.1 200 OK\r\n",
+                                 "\r\n",
                                  "X-Lamina-Queue-Time: -0.5\r\n"};
     for (size_t i = 0; i < sizeof hbad / sizeof *hbad; i++)
         CHECKF(route_parse_queue_header(hbad[i], strlen(hbad[i])) == -1, "%s", hbad[i]);

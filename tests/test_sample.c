@@ -36,16 +36,16 @@ static int cmp_desc(const void *a, const void *b) {
 }
 
 typedef struct {
-    const float *bias;        /* NULL or (V) */
-    const int32_t *hist;      /* tokens in the penalty window */
+    const float *bias;   /* NULL or (V) */
+    const int32_t *hist; /* tokens in the penalty window */
     int n_hist;
 } ref_extra;
 
 /* probs (V): the distribution the documented pipeline defines, in double.
  * temp_first: the wrong order (temperature before truncation), for the
  * negative controls. */
-static void ref_dist(const float *logits, int32_t V, const lm_sample_params *p, const ref_extra *x,
-                     bool temp_first, double *probs) {
+static void ref_dist(const float *logits, int32_t V, const lm_sample_params *p, const ref_extra *x, bool temp_first,
+                     double *probs) {
     double *l = malloc(sizeof(double) * (size_t)V);
     int32_t *ord = malloc(sizeof(int32_t) * (size_t)V);
     for (int32_t i = 0; i < V; i++) {
@@ -135,8 +135,7 @@ static double chi2_bound(int df) { return df + 6.0 * sqrt(2.0 * df) + 10.0; }
 
 /* Small row with ids out of logit order, and a few near-equal values. */
 #define SV 12
-static const float small_logits[SV] = {0.3f, 2.0f, -1.0f, 1.2f, 0.0f, 1.5f,
-                                       -3.0f, 0.7f, -0.4f, 1.0f, -2.0f, 0.5f};
+static const float small_logits[SV] = {0.3f, 2.0f, -1.0f, 1.2f, 0.0f, 1.5f, -3.0f, 0.7f, -0.4f, 1.0f, -2.0f, 0.5f};
 
 /* Wrong samplers a case must be able to tell from the right one. */
 enum control {
@@ -150,8 +149,7 @@ enum control {
  * counts to the reference, and to a wrong reference as a control. Returns
  * 1 on success, 0 when the sampler is off, -1 when the control failed to
  * tell the wrong distribution apart. */
-static int run_empirical(const lm_sample_params *p, const ref_extra *x, enum control ctrl,
-                         const char *what) {
+static int run_empirical(const lm_sample_params *p, const ref_extra *x, enum control ctrl, const char *what) {
     lm_sampler *s = sampler_new(p, SV);
     if (!s) return 0;
     if (x && x->bias)
@@ -164,7 +162,10 @@ static int run_empirical(const lm_sample_params *p, const ref_extra *x, enum con
     for (long d = 0; d < NDRAW; d++) {
         memcpy(row, small_logits, sizeof row);
         int32_t t = sampler_sample(s, row);
-        if (t < 0 || t >= SV) { ok = 0; break; }
+        if (t < 0 || t >= SV) {
+            ok = 0;
+            break;
+        }
         cnt[t]++;
     }
     sampler_free(s);
@@ -173,10 +174,10 @@ static int run_empirical(const lm_sample_params *p, const ref_extra *x, enum con
     lm_sample_params q = *p;
     q.temp = 1.0f;
     switch (ctrl) {
-    case CTRL_TEMP_FIRST: ref_dist(small_logits, SV, p, x, true, wrong); break;
-    case CTRL_TEMP_ONE: ref_dist(small_logits, SV, &q, x, false, wrong); break;
-    case CTRL_NO_EXTRA: ref_dist(small_logits, SV, p, NULL, false, wrong); break;
-    case CTRL_NONE: memcpy(wrong, ref, sizeof ref); break;
+        case CTRL_TEMP_FIRST: ref_dist(small_logits, SV, p, x, true, wrong); break;
+        case CTRL_TEMP_ONE: ref_dist(small_logits, SV, &q, x, false, wrong); break;
+        case CTRL_NO_EXTRA: ref_dist(small_logits, SV, p, NULL, false, wrong); break;
+        case CTRL_NONE: memcpy(wrong, ref, sizeof ref); break;
     }
     int df, dfw;
     long outside, outw;
@@ -184,8 +185,8 @@ static int run_empirical(const lm_sample_params *p, const ref_extra *x, enum con
     double cw = chi2(cnt, wrong, SV, NDRAW, &dfw, &outw);
     double maxdev = 0;
     for (int i = 0; i < SV; i++) maxdev = fmax(maxdev, fabs((double)cnt[i] / NDRAW - ref[i]));
-    printf("NOTE %-28s chi2 %7.2f (df %d, bound %.1f), max |freq-p| %.4f; control: chi2 %.3g, %ld outside\n",
-           what, c, df, chi2_bound(df), maxdev, cw, outw);
+    printf("NOTE %-28s chi2 %7.2f (df %d, bound %.1f), max |freq-p| %.4f; control: chi2 %.3g, %ld outside\n", what, c,
+           df, chi2_bound(df), maxdev, cw, outw);
     if (!ok || outside != 0 || c > chi2_bound(df)) return 0;
     /* the control: a sampler with the wrong order must be caught */
     if (ctrl != CTRL_NONE && !(cw > chi2_bound(dfw) || outw > 0)) return -1;
@@ -361,8 +362,8 @@ static void test_empirical_combined(void) {
 
 /* dist with temp 1 and no truncation: log p_i - log p_ref = penalized logit
  * difference, compared with values worked out by hand. */
-static int penalized_logits(const lm_sample_params *p, const float *in, int V, const int32_t *hist,
-                            int nh, int ref_tok, double *out) {
+static int penalized_logits(const lm_sample_params *p, const float *in, int V, const int32_t *hist, int nh, int ref_tok,
+                            double *out) {
     lm_sampler *s = sampler_new(p, V);
     if (!s) return 0;
     for (int i = 0; i < nh; i++) sampler_accept(s, hist[i]);
@@ -508,7 +509,14 @@ static int same_dist(const lm_sample_params *a, const lm_sample_params *b, const
     }
     sampler_free(sa);
     sampler_free(sb);
-    free(ra); free(rb); free(pa); free(pb); free(ia); free(ib); free(da); free(db);
+    free(ra);
+    free(rb);
+    free(pa);
+    free(pb);
+    free(ia);
+    free(ib);
+    free(da);
+    free(db);
     return ok;
 }
 
@@ -603,11 +611,14 @@ static int big_case(const float *x, int32_t V, const lm_sample_params *p, const 
             maxerr = fmax(maxerr, fabs(got[i] - ref[i]));
         }
         ok = ok && n == nref && maxerr < 2e-6;
-        printf("NOTE V=%d %-22s kept %d (ref %d), max |p-ref| %.2g, %.2f ms\n", V, what, n, nref,
-               maxerr, dt * 1e3);
+        printf("NOTE V=%d %-22s kept %d (ref %d), max |p-ref| %.2g, %.2f ms\n", V, what, n, nref, maxerr, dt * 1e3);
     }
     sampler_free(s);
-    free(row); free(probs); free(ids); free(ref); free(got);
+    free(row);
+    free(probs);
+    free(ids);
+    free(ref);
+    free(got);
     return ok;
 }
 
@@ -733,7 +744,7 @@ static void test_block_walk(void) {
             lm_rng_seed(&g, 77 + (uint64_t)shape);
             for (int32_t i = 0; i < V; i++) {
                 x[i] = lm_rng_normal(&g) * 2.0f;
-                if (shape == 1 && i == V - 1) x[i] = 30.0f;         /* the mass in the last block */
+                if (shape == 1 && i == V - 1) x[i] = 30.0f;              /* the mass in the last block */
                 if (shape == 2 && (i / 2048) % 2 == 1) x[i] = -INFINITY; /* every other block banned */
             }
             for (int ti = 0; ti < 2; ti++) {
@@ -832,7 +843,8 @@ static void test_top_n(void) {
     float vals[64];
     int k = sample_top_n(x, V, 20, ids, vals);
     CHECK(k == 20);
-    for (int i = 0; i < k; i++) CHECKF(ids[i] == ord[i] && vals[i] == x[ord[i]], "rank %d: %d vs %d", i, ids[i], ord[i]);
+    for (int i = 0; i < k; i++)
+        CHECKF(ids[i] == ord[i] && vals[i] == x[ord[i]], "rank %d: %d vs %d", i, ids[i], ord[i]);
     /* n larger than the vocabulary: everything, sorted; NaN last as -inf */
     float y[5] = {-2.0f, NAN, -0.5f, -0.5f, -9.0f};
     k = sample_top_n(y, 5, 64, ids, vals);

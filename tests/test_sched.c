@@ -32,19 +32,19 @@
 enum { B = 4, MAXS = 64 };
 
 typedef struct {
-    sched_seq sq;       /* first: a sched_seq * is the fake sequence */
+    sched_seq sq; /* first: a sched_seq * is the fake sequence */
     int id;
-    int n_tokens;       /* prompt + generated */
-    int n_computed;     /* positions in the fake KV */
+    int n_tokens;   /* prompt + generated */
+    int n_computed; /* positions in the fake KV */
     int n_gen, max_gen;
     bool done;
-    int admitted_at;    /* iteration of its first admission, -1 before */
+    int admitted_at; /* iteration of its first admission, -1 before */
 } fseq;
 
 typedef struct {
     sched *s;
     int n_class;
-    int local_cap;      /* L: most local blocks one sequence holds */
+    int local_cap; /* L: most local blocks one sequence holds */
     int64_t total[KV_N_CLASS];
     int64_t used[KV_N_CLASS];
     int iter;
@@ -65,8 +65,12 @@ static bool fake_init(fake *f, int batch_tokens, int max_seqs, int64_t blocks, i
     f->local_cap = local_cap;
     f->total[KV_GLOBAL] = blocks;
     f->total[KV_LOCAL] = local;
-    sched_config c = {.batch_tokens = batch_tokens, .max_seqs = max_seqs, .block_size = B, .n_class = f->n_class,
-                      .wm_blocks = wm, .static_batching = stat};
+    sched_config c = {.batch_tokens = batch_tokens,
+                      .max_seqs = max_seqs,
+                      .block_size = B,
+                      .n_class = f->n_class,
+                      .wm_blocks = wm,
+                      .static_batching = stat};
     f->s = sched_new(&c);
     return f->s != NULL;
 }
@@ -151,8 +155,9 @@ static const sched_plan *iterate(fake *f) {
         feed(f, q, p->admit[i].n);
     }
     for (int k = 0; k < f->n_class; k++) {
-        if (f->used[k] > f->total[k]) fprintf(stderr, "  class %d over-committed: %lld > %lld\n", k,
-                                              (long long)f->used[k], (long long)f->total[k]);
+        if (f->used[k] > f->total[k])
+            fprintf(stderr, "  class %d over-committed: %lld > %lld\n", k, (long long)f->used[k],
+                    (long long)f->total[k]);
     }
     f->iter++;
     return p;
@@ -280,8 +285,13 @@ static void test_shared_last_block(void) {
     for (int i = 0; i < 3; i++) CHECK(sched_start(f.s, all[i]));
     /* len 6, block 4: the second block is partial; a and b share theirs */
     for (int i = 0; i < 3; i++) {
-        *all[i] = (sched_seq){.priority = all[i]->priority, .arrival = all[i]->arrival, .index = all[i]->index,
-                              .n_pending = 1, .len = 6, .shared = {-1, -1}, .where = SCHED_RUNNING};
+        *all[i] = (sched_seq){.priority = all[i]->priority,
+                              .arrival = all[i]->arrival,
+                              .index = all[i]->index,
+                              .n_pending = 1,
+                              .len = 6,
+                              .shared = {-1, -1},
+                              .where = SCHED_RUNNING};
     }
     a.sq.shared[0] = b.sq.shared[0] = 7;
     a.sq.shared_refs[0] = b.sq.shared_refs[0] = 2;

@@ -39,8 +39,8 @@ static void setup(void) {
         fprintf(stderr, "no tokenizer: %s\n", err);
         exit(1);
     }
-    ctx = (lm_server_parse_ctx){.tok = tok, .n_ctx = 128, .model_name = "m", .chat_family = CHAT_CHATML,
-                                .max_n = 4, .max_tokens_cap = 100};
+    ctx = (lm_server_parse_ctx){
+        .tok = tok, .n_ctx = 128, .model_name = "m", .chat_family = CHAT_CHATML, .max_n = 4, .max_tokens_cap = 100};
 }
 
 static int parse(bool chat, const char *body, lm_server_request *r, lm_server_error *e) {
@@ -90,8 +90,11 @@ static void test_server_defaults(void) {
     CHECK(r.p.sp.temp == 0.25f && r.p.sp.top_k == 7 && r.p.sp.top_p == 0.5f && r.p.sp.min_p == 0.2f);
     CHECK(r.p.max_tokens == 9);
     server_request_free(&r);
-    CHECKF(parse(true, "{\"messages\": [{\"role\": \"user\", \"content\": \"y\"}], \"temperature\": 0,"
-                       " \"top_k\": 0, \"top_p\": 1, \"min_p\": 0, \"max_tokens\": 3}", &r, &e) == 0, "%s", e.message);
+    CHECKF(parse(true,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"y\"}], \"temperature\": 0,"
+                 " \"top_k\": 0, \"top_p\": 1, \"min_p\": 0, \"max_tokens\": 3}",
+                 &r, &e) == 0,
+           "%s", e.message);
     CHECK(r.p.sp.temp == 0 && r.p.sp.top_k == 0 && r.p.sp.top_p == 1 && r.p.sp.min_p == 0 && r.p.max_tokens == 3);
     server_request_free(&r);
     /* chat: the built-in 1024 on a large context, the rest of a small one */
@@ -193,9 +196,12 @@ static void test_chat(void) {
     server_request_free(&r);
 
     /* max_completion_tokens, the default capped, developer role, null content */
-    CHECKF(parse(true, "{\"messages\": [{\"role\": \"developer\", \"content\": \"x\"}, {\"role\": \"user\","
-                       " \"content\": \"y\"}, {\"role\": \"assistant\", \"content\": null}, {\"role\": \"user\","
-                       " \"content\": \"z\"}], \"max_completion_tokens\": 7}", &r, &e) == 0, "%s", e.message);
+    CHECKF(parse(true,
+                 "{\"messages\": [{\"role\": \"developer\", \"content\": \"x\"}, {\"role\": \"user\","
+                 " \"content\": \"y\"}, {\"role\": \"assistant\", \"content\": null}, {\"role\": \"user\","
+                 " \"content\": \"z\"}], \"max_completion_tokens\": 7}",
+                 &r, &e) == 0,
+           "%s", e.message);
     CHECK(r.p.max_tokens == 7);
     server_request_free(&r);
     CHECKF(parse(true, "{\"messages\": [{\"role\": \"user\", \"content\": \"y\"}]}", &r, &e) == 0, "%s", e.message);
@@ -289,8 +295,10 @@ static const bad_case BAD[] = {
     {false, "{\"prompt\": \"a\", \"logit_bias\": [1]}", 400, "logit_bias", NULL},
     {false, "{\"prompt\": \"a\", \"stop\": 5}", 400, "stop", NULL},
     {false, "{\"prompt\": \"a\", \"stop\": [1]}", 400, "stop", NULL},
-    {false, "{\"prompt\": \"a\", \"stop\": [\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\",\"11\",\"12\","
-            "\"13\",\"14\",\"15\",\"16\",\"17\"]}", 400, "stop", NULL},
+    {false,
+     "{\"prompt\": \"a\", \"stop\": [\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\",\"11\",\"12\","
+     "\"13\",\"14\",\"15\",\"16\",\"17\"]}",
+     400, "stop", NULL},
     {false, "{\"prompt\": \"a\", \"model\": \"other\"}", 404, "model", "model_not_found"},
     {false, "{\"prompt\": \"a\", \"model\": 5}", 400, "model", NULL},
     {false, "{\"prompt\": \"a\", \"stream\": \"yes\"}", 400, "stream", NULL},
@@ -314,18 +322,23 @@ static const bad_case BAD[] = {
     {true, "{\"messages\": [{\"content\": \"x\"}]}", 400, "messages[0].role", NULL},
     {true, "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", 400, "messages[0].role", NULL},
     {true, "{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", 400, "messages[0].content", NULL},
-    {true, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"user\", \"content\": "
-           "[{\"type\": \"image_url\", \"image_url\": {\"url\": \"x\"}}]}]}", 400, "messages[1].content", NULL},
+    {true,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"user\", \"content\": "
+     "[{\"type\": \"image_url\", \"image_url\": {\"url\": \"x\"}}]}]}",
+     400, "messages[1].content", NULL},
     {true, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\"}]}]}", 400, "messages[0].content",
      NULL},
-    {true, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"top_logprobs\": 3}", 400, "top_logprobs", NULL},
+    {true, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"top_logprobs\": 3}", 400, "top_logprobs",
+     NULL},
     {true, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"logprobs\": true, \"top_logprobs\": 21}", 400,
      "top_logprobs", NULL},
     {true, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"logprobs\": 2}", 400, "logprobs", NULL},
     {true, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"tools\": [{\"type\": \"function\"}]}", 400,
      "tools", NULL},
-    {true, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"response_format\": {\"type\": "
-           "\"xml\"}}", 400, "response_format", NULL},
+    {true,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"response_format\": {\"type\": "
+     "\"xml\"}}",
+     400, "response_format", NULL},
     {true, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"max_completion_tokens\": 0}", 400,
      "max_completion_tokens", NULL},
     {true, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"model\": \"x\"}", 404, "model",
@@ -453,10 +466,10 @@ static void test_context_rule(void) {
 static void test_utf8(void) {
     CHECK(utf8_valid("", 0));
     CHECK(utf8_valid("abc \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", 15));
-    CHECK(!utf8_valid("\xc3", 1));           /* truncated */
-    CHECK(!utf8_valid("\xc0\x80", 2));       /* overlong NUL */
-    CHECK(!utf8_valid("\xe0\x80\xaf", 3));   /* overlong */
-    CHECK(!utf8_valid("\xed\xbf\xbf", 3));   /* surrogate */
+    CHECK(!utf8_valid("\xc3", 1));             /* truncated */
+    CHECK(!utf8_valid("\xc0\x80", 2));         /* overlong NUL */
+    CHECK(!utf8_valid("\xe0\x80\xaf", 3));     /* overlong */
+    CHECK(!utf8_valid("\xed\xbf\xbf", 3));     /* surrogate */
     CHECK(!utf8_valid("\xf4\x90\x80\x80", 4)); /* past U+10FFFF */
     CHECK(!utf8_valid("\x80", 1));
     CHECK(!utf8_valid("\xfe", 1));
@@ -510,8 +523,9 @@ static void test_alloc_failure(void) {
 /* ------------------------------------------------- structured outputs */
 
 #define CHAT_A "\"messages\": [{\"role\": \"user\", \"content\": \"a\"}]"
-#define TOOL_W "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"d\", " \
-               "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}"
+#define TOOL_W                                                                                                         \
+    "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"d\", "                      \
+    "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}"
 #define TOOL_T "{\"type\": \"function\", \"function\": {\"name\": \"get_time\"}}"
 #define TOOLS "\"tools\": [" TOOL_W ", " TOOL_T "]"
 
@@ -526,10 +540,12 @@ static void test_format_fields(void) {
     } ok[] = {
         {false, "{\"prompt\": \"a\", \"response_format\": {\"type\": \"json_object\"}}"},
         {true, "{" CHAT_A ", \"response_format\": {\"type\": \"json_object\"}}"},
-        {true, "{" CHAT_A ", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", "
-               "\"schema\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}}, \"strict\": true}}}"},
-        {false, "{\"prompt\": \"a\", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", "
-                "\"schema\": {\"type\": \"string\"}}}}"},
+        {true,
+         "{" CHAT_A ", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", "
+         "\"schema\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}}, \"strict\": true}}}"},
+        {false,
+         "{\"prompt\": \"a\", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", "
+         "\"schema\": {\"type\": \"string\"}}}}"},
         {false, "{\"prompt\": \"a\", \"grammar\": \"root ::= \\\"yes\\\" | \\\"no\\\"\"}"},
         {true, "{" CHAT_A ", \"json_schema\": {\"type\": \"array\", \"items\": {\"type\": \"boolean\"}}}"},
         {true, "{" CHAT_A ", \"response_format\": {\"type\": \"text\"}, \"grammar\": \"root ::= [a-z]+\"}"},
@@ -553,10 +569,13 @@ static void test_format_fields(void) {
         {false, "{\"prompt\": \"a\", \"grammar\": \"\"}", "grammar", "grammar"},
         {false, "{\"prompt\": \"a\", \"grammar\": 5}", "grammar", "grammar"},
         {true, "{" CHAT_A ", \"grammar\": \"root ::= undefined-rule\"}", "grammar", "undefined-rule"},
-        {true, "{" CHAT_A ", \"json_schema\": {\"type\": \"object\", \"notAKeyword\": 1}}", "json_schema", "notAKeyword"},
+        {true, "{" CHAT_A ", \"json_schema\": {\"type\": \"object\", \"notAKeyword\": 1}}", "json_schema",
+         "notAKeyword"},
         {true, "{" CHAT_A ", \"json_schema\": 3}", "json_schema", "object"},
-        {true, "{" CHAT_A ", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", "
-               "\"schema\": {\"type\": \"object\", \"notAKeyword\": 1}}}}", "response_format", "notAKeyword"},
+        {true,
+         "{" CHAT_A ", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", "
+         "\"schema\": {\"type\": \"object\", \"notAKeyword\": 1}}}}",
+         "response_format", "notAKeyword"},
         {true, "{" CHAT_A ", \"response_format\": {\"type\": \"json_schema\"}}", "response_format", "json_schema"},
         {true, "{" CHAT_A ", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"strict\": 1}}}",
          "response_format", "strict"},
@@ -568,15 +587,17 @@ static void test_format_fields(void) {
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         int rc = parse(bad[i].chat, bad[i].body, &r, &e);
-        CHECKF(rc == -1 && e.status == 400 && !strcmp(e.param, bad[i].param), "case %zu: rc %d, status %d, param %s (%s)",
-               i, rc, e.status, e.param, e.message);
+        CHECKF(rc == -1 && e.status == 400 && !strcmp(e.param, bad[i].param),
+               "case %zu: rc %d, status %d, param %s (%s)", i, rc, e.status, e.param, e.message);
         CHECKF(strstr(e.message, bad[i].needle), "case %zu: '%s' does not name '%s'", i, e.message, bad[i].needle);
         CHECK(!r.grammar && !r.prompts);
     }
     /* tool_choice none: the JSON format is allowed beside the tools */
     ctx.n_ctx = 4096;
-    int rc = parse(true, "{" CHAT_A ", " TOOLS ", \"tool_choice\": \"none\", \"response_format\": {\"type\": "
-                         "\"json_object\"}}", &r, &e);
+    int rc = parse(true,
+                   "{" CHAT_A ", " TOOLS ", \"tool_choice\": \"none\", \"response_format\": {\"type\": "
+                   "\"json_object\"}}",
+                   &r, &e);
     ctx.n_ctx = 128;
     CHECKF(rc == 0 && r.grammar && !r.tool_calls, "%s", e.message);
     server_request_free(&r);
@@ -610,18 +631,23 @@ static void test_tool_fields(void) {
     CHECKF(rc == 0, "%s", e.message);
     CHECK(r.tool_calls && r.tool_syntax == CHAT_TOOLS_HERMES && r.grammar && r.n_grammar_triggers == 1 &&
           !strcmp(r.grammar_triggers[0], "<tool_call>"));
-    CHECK(strstr(r.grammar, "\\\"get_weather\\\"") && strstr(r.grammar, "\\\"get_time\\\"") && strstr(r.grammar, "t0-root"));
+    CHECK(strstr(r.grammar, "\\\"get_weather\\\"") && strstr(r.grammar, "\\\"get_time\\\"") &&
+          strstr(r.grammar, "t0-root"));
     CHECK(strstr(r.grammar, "(tc-ws tc-call)*")); /* parallel by default */
     CHECK(same_prompt(&r, CHAT_CHATML, user_a, 1, tool_json, 2));
     server_request_free(&r);
     /* required, without parallel calls: from the first token, one call */
-    CHECK(parse(true, "{" CHAT_A ", " TOOLS ", \"tool_choice\": \"required\", \"parallel_tool_calls\": false}", &r, &e) == 0);
+    CHECK(parse(true, "{" CHAT_A ", " TOOLS ", \"tool_choice\": \"required\", \"parallel_tool_calls\": false}", &r,
+                &e) == 0);
     CHECK(r.tool_calls && r.grammar && !r.n_grammar_triggers && !strstr(r.grammar, "(tc-ws tc-call)*"));
     server_request_free(&r);
     /* a named function: only that one */
-    CHECK(parse(true, "{" CHAT_A ", " TOOLS ", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
-                      "\"get_time\"}}}", &r, &e) == 0);
-    CHECK(r.tool_calls && !r.n_grammar_triggers && strstr(r.grammar, "\\\"get_time\\\"") && !strstr(r.grammar, "get_weather"));
+    CHECK(parse(true,
+                "{" CHAT_A ", " TOOLS ", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
+                "\"get_time\"}}}",
+                &r, &e) == 0);
+    CHECK(r.tool_calls && !r.n_grammar_triggers && strstr(r.grammar, "\\\"get_time\\\"") &&
+          !strstr(r.grammar, "get_weather"));
     server_request_free(&r);
     /* none: tools in the prompt, no grammar, no reading of calls */
     CHECK(parse(true, "{" CHAT_A ", " TOOLS ", \"tool_choice\": \"none\"}", &r, &e) == 0);
@@ -631,14 +657,15 @@ static void test_tool_fields(void) {
     CHECK(parse(true, "{" CHAT_A ", \"tools\": []}", &r, &e) == 0 && !r.tool_calls && !r.grammar);
     server_request_free(&r);
     /* a round trip: the call and its result rendered by the template */
-    const char *trip = "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"assistant\", \"content\": "
-                       "null, \"tool_calls\": [{\"id\": \"call_1\", \"type\": \"function\", \"function\": {\"name\": "
-                       "\"get_time\", \"arguments\": \"{\\\"tz\\\": \\\"UTC\\\"}\"}}]}, {\"role\": \"tool\", "
-                       "\"tool_call_id\": \"call_1\", \"content\": \"12:00\"}], " TOOLS "}";
+    const char *trip =
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"assistant\", \"content\": "
+        "null, \"tool_calls\": [{\"id\": \"call_1\", \"type\": \"function\", \"function\": {\"name\": "
+        "\"get_time\", \"arguments\": \"{\\\"tz\\\": \\\"UTC\\\"}\"}}]}, {\"role\": \"tool\", "
+        "\"tool_call_id\": \"call_1\", \"content\": \"12:00\"}], " TOOLS "}";
     CHECKF(parse(true, trip, &r, &e) == 0, "%s", e.message);
     lm_chat_call call = {"call_1", "get_time", "{\"tz\": \"UTC\"}"};
-    lm_chat_xmsg conv[] = {{"user", "a", NULL, 0, NULL}, {"assistant", "", &call, 1, NULL},
-                           {"tool", "12:00", NULL, 0, "call_1"}};
+    lm_chat_xmsg conv[] = {
+        {"user", "a", NULL, 0, NULL}, {"assistant", "", &call, 1, NULL}, {"tool", "12:00", NULL, 0, "call_1"}};
     CHECK(same_prompt(&r, CHAT_CHATML, conv, 3, tool_json, 2));
     server_request_free(&r);
     /* the family picks the syntax and the trigger */
@@ -646,7 +673,8 @@ static void test_tool_fields(void) {
         int family;
         const char *trigger;
         int syntax;
-    } fams[] = {{CHAT_LLAMA3, "{\"name\"", CHAT_TOOLS_LLAMA3}, {CHAT_MISTRAL_V3, "[TOOL_CALLS]", CHAT_TOOLS_MISTRAL},
+    } fams[] = {{CHAT_LLAMA3, "{\"name\"", CHAT_TOOLS_LLAMA3},
+                {CHAT_MISTRAL_V3, "[TOOL_CALLS]", CHAT_TOOLS_MISTRAL},
                 {CHAT_GEMMA, "<tool_call>", CHAT_TOOLS_HERMES}};
     for (size_t i = 0; i < sizeof fams / sizeof *fams; i++) {
         ctx.chat_family = fams[i].family;
@@ -676,7 +704,8 @@ static void test_tool_fields(void) {
          "tools", "parameters"},
         {"{" CHAT_A ", \"tools\": [" TOOL_T ", " TOOL_T "]}", "tools", "twice"},
         {"{" CHAT_A ", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": "
-         "{\"type\": \"object\", \"notAKeyword\": 1}}}]}", "tools", "notAKeyword"},
+         "{\"type\": \"object\", \"notAKeyword\": 1}}}]}",
+         "tools", "notAKeyword"},
         {"{" CHAT_A ", \"functions\": [{\"name\": \"f\"}]}", "functions", "tools"},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"tool\", \"content\": \"x\"}]}",
          "messages[1].role", "tool_calls"},
@@ -684,12 +713,13 @@ static void test_tool_fields(void) {
         {"{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"function\": {\"name\": 1}}]}]}",
          "messages[0].tool_calls", "name"},
         {"{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"id\": \"x\", \"function\": {\"name\": \"f\", "
-         "\"arguments\": {}}}]}]}", "messages[0].tool_calls", "arguments"},
+         "\"arguments\": {}}}]}]}",
+         "messages[0].tool_calls", "arguments"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         rc = parse(true, bad[i].body, &r, &e);
-        CHECKF(rc == -1 && e.status == 400 && !strcmp(e.param, bad[i].param), "case %zu: rc %d, status %d, param %s (%s)",
-               i, rc, e.status, e.param, e.message);
+        CHECKF(rc == -1 && e.status == 400 && !strcmp(e.param, bad[i].param),
+               "case %zu: rc %d, status %d, param %s (%s)", i, rc, e.status, e.param, e.message);
         CHECKF(strstr(e.message, bad[i].needle), "case %zu: '%s' does not name '%s'", i, e.message, bad[i].needle);
         CHECK(!r.grammar && !r.prompts && !r.n_grammar_triggers);
     }
@@ -814,25 +844,64 @@ static void test_tool_call_reader(void) {
         int n;
         const char *name[2], *args[2];
     } cases[] = {
-        {CHAT_TOOLS_HERMES, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
-         "", 1, {"get_weather"}, {"{\"city\": \"Paris\"}"}},
-        {CHAT_TOOLS_HERMES, "Let me see.\n\n<tool_call>{\"name\":\"a\",\"arguments\":{\"x\":[1,{\"y\":\"}\\\"\"}]}}"
-                            "</tool_call>\n<tool_call> {\"arguments\": {}, \"name\": \"b\"} </tool_call>",
-         "Let me see.", 2, {"a", "b"}, {"{\"x\":[1,{\"y\":\"}\\\"\"}]}", "{}"}},
-        {CHAT_TOOLS_HERMES, "no call here, only <tool talk> and <tool_cal", "no call here, only <tool talk> and <tool_cal",
-         0, {0}, {0}},
-        {CHAT_TOOLS_HERMES, "  spaces kept when no call follows  \n", "  spaces kept when no call follows  \n", 0, {0}, {0}},
+        {CHAT_TOOLS_HERMES,
+         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+         "",
+         1,
+         {"get_weather"},
+         {"{\"city\": \"Paris\"}"}},
+        {CHAT_TOOLS_HERMES,
+         "Let me see.\n\n<tool_call>{\"name\":\"a\",\"arguments\":{\"x\":[1,{\"y\":\"}\\\"\"}]}}"
+         "</tool_call>\n<tool_call> {\"arguments\": {}, \"name\": \"b\"} </tool_call>",
+         "Let me see.",
+         2,
+         {"a", "b"},
+         {"{\"x\":[1,{\"y\":\"}\\\"\"}]}", "{}"}},
+        {CHAT_TOOLS_HERMES,
+         "no call here, only <tool talk> and <tool_cal",
+         "no call here, only <tool talk> and <tool_cal",
+         0,
+         {0},
+         {0}},
+        {CHAT_TOOLS_HERMES,
+         "  spaces kept when no call follows  \n",
+         "  spaces kept when no call follows  \n",
+         0,
+         {0},
+         {0}},
         {CHAT_TOOLS_HERMES, "<tool_call>{\"name\": \"f\"}</tool_call>", "", 1, {"f"}, {"{}"}},
-        {CHAT_TOOLS_HERMES, "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call>trailing ignored", "", 1,
-         {"f"}, {"{\"a\": 1}"}},
+        {CHAT_TOOLS_HERMES,
+         "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call>trailing ignored",
+         "",
+         1,
+         {"f"},
+         {"{\"a\": 1}"}},
         {CHAT_TOOLS_HERMES, "<tool_call>not json</tool_call>", "", 0, {0}, {0}},
-        {CHAT_TOOLS_HERMES, "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": [1, 2", "", 1, {"f"}, {"{\"a\": [1, 2"}},
-        {CHAT_TOOLS_LLAMA3, "{\"name\": \"get_time\", \"parameters\": {\"tz\": \"UTC\"}}", "", 1, {"get_time"},
+        {CHAT_TOOLS_HERMES,
+         "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": [1, 2",
+         "",
+         1,
+         {"f"},
+         {"{\"a\": [1, 2"}},
+        {CHAT_TOOLS_LLAMA3,
+         "{\"name\": \"get_time\", \"parameters\": {\"tz\": \"UTC\"}}",
+         "",
+         1,
+         {"get_time"},
          {"{\"tz\": \"UTC\"}"}},
-        {CHAT_TOOLS_LLAMA3, "Sure.\n{\"name\": \"a\", \"parameters\": {}}\n{\"name\": \"b\", \"parameters\": {\"k\": 2.5e1}}",
-         "Sure.", 2, {"a", "b"}, {"{}", "{\"k\": 2.5e1}"}},
-        {CHAT_TOOLS_MISTRAL, "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {\"q\": \"x\"}}, {\"name\": \"b\", "
-                             "\"arguments\": {}}]", "", 2, {"a", "b"}, {"{\"q\": \"x\"}", "{}"}},
+        {CHAT_TOOLS_LLAMA3,
+         "Sure.\n{\"name\": \"a\", \"parameters\": {}}\n{\"name\": \"b\", \"parameters\": {\"k\": 2.5e1}}",
+         "Sure.",
+         2,
+         {"a", "b"},
+         {"{}", "{\"k\": 2.5e1}"}},
+        {CHAT_TOOLS_MISTRAL,
+         "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {\"q\": \"x\"}}, {\"name\": \"b\", "
+         "\"arguments\": {}}]",
+         "",
+         2,
+         {"a", "b"},
+         {"{\"q\": \"x\"}", "{}"}},
         {CHAT_TOOLS_MISTRAL, "[TOOL_CALL] [x]", "[TOOL_CALL] [x]", 0, {0}, {0}},
         /* [TOOL_CALLS] as a control token leaves no text: the array opens the calls */
         {CHAT_TOOLS_MISTRAL, "Sure. [{\"name\": \"a\", \"arguments\": {\"q\": 1}}]", "Sure.", 1, {"a"}, {"{\"q\": 1}"}},
@@ -843,10 +912,11 @@ static void test_tool_call_reader(void) {
         for (size_t step = 0; step <= n; step += step < 4 ? 1 : 7) {
             calls_read cr;
             read_calls(cases[i].syntax, cases[i].text, step, &cr);
-            bool ok = !cr.bad && cr.n_calls == cases[i].n &&
-                      !strcmp(cr.content.p ? cr.content.p : "", cases[i].content);
+            bool ok =
+                !cr.bad && cr.n_calls == cases[i].n && !strcmp(cr.content.p ? cr.content.p : "", cases[i].content);
             for (int k = 0; ok && k < cr.n_calls; k++)
-                ok = !strcmp(cr.names[k], cases[i].name[k]) && !strcmp(cr.args[k].p ? cr.args[k].p : "", cases[i].args[k]);
+                ok = !strcmp(cr.names[k], cases[i].name[k]) &&
+                    !strcmp(cr.args[k].p ? cr.args[k].p : "", cases[i].args[k]);
             if (!ok) {
                 fprintf(stderr, "case %zu step %zu: content '%s', %d calls", i, step, cr.content.p ? cr.content.p : "",
                         cr.n_calls);
@@ -865,7 +935,8 @@ static void test_tool_call_reader(void) {
     srv_tc_call_id("chatcmpl-1", 0, 0, CHAT_TOOLS_MISTRAL, d, sizeof d);
     CHECK(!strncmp(a, "call_", 5) && strlen(a) == 29 && strcmp(a, b) && strcmp(a, c) && strcmp(b, c));
     CHECK(strlen(d) == 9);
-    for (const char *p = d; *p; p++) CHECK((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9'));
+    for (const char *p = d; *p; p++)
+        CHECK((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9'));
 }
 
 /* Tools, a round trip and the tool-call reader with every allocation made
@@ -939,8 +1010,8 @@ static void test_cache_salt(void) {
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         char body[128];
         snprintf(body, sizeof body, "{\"prompt\": \"a\", \"cache_salt\": %s}", bad[i]);
-        CHECKF(parse(false, body, &r, &e) == -1 && e.status == 400 && !strcmp(e.param, "cache_salt"),
-               "%s: status %d", bad[i], e.status);
+        CHECKF(parse(false, body, &r, &e) == -1 && e.status == 400 && !strcmp(e.param, "cache_salt"), "%s: status %d",
+               bad[i], e.status);
     }
     char body[600];
     snprintf(body, sizeof body, "{\"prompt\": \"a\", \"cache_salt\": \"%0256d\"}", 0);

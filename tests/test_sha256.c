@@ -48,7 +48,10 @@ static void test_million_a(void) {
 }
 
 static void test_padding_boundaries(void) {
-    static const struct { int n; const char *hex; } v[] = {
+    static const struct {
+        int n;
+        const char *hex;
+    } v[] = {
         {55, "9f4390f8d30c2dd92ec9f095b65e2b9ae9b0a925a5258e241c9f1e910f734318"},
         {56, "b35439a4ac6f0948b6d6f9e3c6af0f5f590ce20f1bde7090ef7970686ec6738a"},
         {63, "7d3e74a05d7db15bce4ad9ec0658ea98e3f06eeecf16b4c6fff2da457ddc2f34"},

@@ -149,7 +149,8 @@ static int guard_run(spec_guard *g, int width, int steps, double per_plain, doub
  * taken up again; widths are judged apart. */
 static void test_guard(void) {
     CHECK(spec_guard_bucket(1) == 0 && spec_guard_bucket(2) == 1 && spec_guard_bucket(3) == 2);
-    CHECK(spec_guard_bucket(8) == 3 && spec_guard_bucket(9) == 4 && spec_guard_bucket(1 << 20) == SPEC_GUARD_BUCKETS - 1);
+    CHECK(spec_guard_bucket(8) == 3 && spec_guard_bucket(9) == 4 &&
+          spec_guard_bucket(1 << 20) == SPEC_GUARD_BUCKETS - 1);
     spec_guard g;
     /* losing: 15 ms per token against 10 */
     spec_guard_init(&g);
@@ -214,7 +215,7 @@ static void test_width_curve(void) {
     spec_curve c;
     CHECKF(spec_curve_parse("8:2.4,1:2,32:9.2", &c, err, sizeof err) == 0, "%s", err);
     CHECK(c.n == 3 && c.w[0] == 1 && c.w[1] == 8 && c.w[2] == 32);
-    CHECK(fabsf(spec_curve_at(&c, 1) - 1.0f) < 1e-6f);  /* relative to the one-row time, 2 */
+    CHECK(fabsf(spec_curve_at(&c, 1) - 1.0f) < 1e-6f); /* relative to the one-row time, 2 */
     CHECK(fabsf(spec_curve_at(&c, 0) - 1.0f) < 1e-6f);
     CHECK(fabsf(spec_curve_at(&c, 8) - 1.2f) < 1e-5f);
     CHECK(fabsf(spec_curve_at(&c, 20) - (1.2f + 3.4f * 12.0f / 24.0f)) < 1e-5f);
@@ -257,8 +258,8 @@ static void test_width_sizing(void) {
                 if (spec_gain(accs[a], k, costs[c]) > best) best = spec_gain(accs[a], k, costs[c]), want = k;
             w[0] = (spec_want){.acc = accs[a], .k_max = 4};
             int got = spec_size_batch(w, 1, 1, 1, &flat, costs[c], NULL);
-            CHECKF(got == want, "acc %.2f cost %.2f: %d, the one-sequence model %d", (double)accs[a],
-                   (double)costs[c], got, want);
+            CHECKF(got == want, "acc %.2f cost %.2f: %d, the one-sequence model %d", (double)accs[a], (double)costs[c],
+                   got, want);
         }
     /* eight sequences at acceptance 0.9 on the wide curve: a draft's guesses
      * (its pass 0.3 of the model's) would cost more than they give: none */
@@ -424,7 +425,7 @@ static void test_kv_truncate_pattern(void) {
     lm_rng_seed(&r, 11);
     for (int step = 0; step < 400; step++) {
         int i = (int)(lm_rng_u64(&r) % 3);
-        int k = (int)(lm_rng_u64(&r) % 7);      /* proposals */
+        int k = (int)(lm_rng_u64(&r) % 7); /* proposals */
         int acc = (int)(lm_rng_u64(&r) % (unsigned)(k + 1));
         if (len[i] + 1 + k > 250) continue;
         CHECK(kv_append(p, s[i], 1 + k, err, sizeof err) == KV_OK);
@@ -572,7 +573,6 @@ static void test_spec_distribution_model(void) {
 
 /* ---- the engine -------------------------------------------------------------- */
 
-
 /* The width curve new engines get: flat (rows free, as prompt lookup was
  * priced before the curve), so what these tests check does not depend on
  * passes timed on a loaded machine. */
@@ -602,7 +602,7 @@ typedef struct {
     int n_prompt, max_tokens, n;
     char stop[16];
     const char *grammar;
-    bool eos_bias;              /* end-of-text made likelier, so some outputs end by it */
+    bool eos_bias; /* end-of-text made likelier, so some outputs end by it */
 } job;
 
 #define N_JOBS 24
@@ -709,7 +709,7 @@ static void greedy_identity(uint64_t pool_blocks) {
     fprintf(stderr, "  plain: %d requests ended by a stop string, %d by an end-of-text token\n", n_stop, n_eos);
     /* a pool of pool_blocks blocks of 4 positions: one request fits, eight preempt */
     uint64_t bytes_per_token = 2ull * (uint64_t)model->hp.n_layer * (uint64_t)model->hp.n_head_kv *
-                               (uint64_t)model->hp.head_dim * sizeof(float);
+        (uint64_t)model->hp.head_dim * sizeof(float);
 
     struct {
         const char *what;
@@ -733,8 +733,8 @@ static void greedy_identity(uint64_t pool_blocks) {
         CHECK(same(jobs, plain, got, runs[r].what));
         lm_engine_stats st;
         engine_stats(e, &st);
-        fprintf(stderr, "  %s: %llu proposed, %llu accepted in %llu verifying passes, %llu preemptions\n",
-                runs[r].what, (unsigned long long)st.spec_proposed_total, (unsigned long long)st.spec_accepted_total,
+        fprintf(stderr, "  %s: %llu proposed, %llu accepted in %llu verifying passes, %llu preemptions\n", runs[r].what,
+                (unsigned long long)st.spec_proposed_total, (unsigned long long)st.spec_accepted_total,
                 (unsigned long long)st.spec_steps_total, (unsigned long long)st.preemptions_total);
         CHECK(st.spec_accepted_total >= 10 && st.spec_accepted_total <= st.spec_proposed_total);
         rejected += st.spec_proposed_total - st.spec_accepted_total;

@@ -186,7 +186,7 @@ typedef struct {
     char stop[16];
     const char *grammar;
     bool eos_bias;
-    float eos_val;              /* the bias when not 0 (else 22) */
+    float eos_val; /* the bias when not 0 (else 22) */
 } job;
 
 static void make_jobs(job *jobs) {
@@ -300,8 +300,8 @@ static void test_greedy_identity(void) {
     }
     fprintf(stderr, "  plain: %d end by end-of-text, %d by a stop string\n", n_eos, n_stop);
     CHECK(n_eos >= 3 && n_stop >= 2);
-    uint64_t bpt = 2ull * (uint64_t)model->hp.n_layer * (uint64_t)model->hp.n_head_kv *
-                   (uint64_t)model->hp.head_dim * sizeof(float);
+    uint64_t bpt = 2ull * (uint64_t)model->hp.n_layer * (uint64_t)model->hp.n_head_kv * (uint64_t)model->hp.head_dim *
+        sizeof(float);
     struct {
         const char *what;
         int batch;
@@ -317,7 +317,8 @@ static void test_greedy_identity(void) {
         const char *what;
         int spec;
         const lm_model *dm;
-    } props[] = {{"draft = target", LM_SPEC_DRAFT, model}, {"draft Q4_0", LM_SPEC_DRAFT, draft_q4},
+    } props[] = {{"draft = target", LM_SPEC_DRAFT, model},
+                 {"draft Q4_0", LM_SPEC_DRAFT, draft_q4},
                  {"prompt lookup", LM_SPEC_NGRAM, NULL}};
     for (size_t q = 0; q < sizeof props / sizeof props[0]; q++) {
         int eos_acc = 0, stop_acc = 0;
@@ -338,10 +339,11 @@ static void test_greedy_identity(void) {
             eos_acc += ea, stop_acc += sa;
             lm_engine_stats st;
             engine_stats(e, &st);
-            fprintf(stderr, "  %s: %llu proposed, %llu accepted, %llu passes, %llu preemptions; %d end-of-text and %d "
-                    "stop strings on accepted proposals\n", what, (unsigned long long)st.spec_proposed_total,
-                    (unsigned long long)st.spec_accepted_total, (unsigned long long)st.spec_steps_total,
-                    (unsigned long long)st.preemptions_total, ea, sa);
+            fprintf(stderr,
+                    "  %s: %llu proposed, %llu accepted, %llu passes, %llu preemptions; %d end-of-text and %d "
+                    "stop strings on accepted proposals\n",
+                    what, (unsigned long long)st.spec_proposed_total, (unsigned long long)st.spec_accepted_total,
+                    (unsigned long long)st.spec_steps_total, (unsigned long long)st.preemptions_total, ea, sa);
             CHECK(st.spec_accepted_total <= st.spec_proposed_total);
             /* a draft stands aside while the budget cannot hold its proposals (budget 8) */
             if (runs[r].batch >= 64 || props[q].spec == LM_SPEC_NGRAM) CHECK(st.spec_accepted_total >= 10);
@@ -352,8 +354,8 @@ static void test_greedy_identity(void) {
         }
         if (props[q].spec == LM_SPEC_DRAFT) /* prompt lookup: test_ngram_eos */
             CHECKF(eos_acc > 0, "%s: no end-of-text was an accepted proposal", props[q].what);
-        if (props[q].dm == model) CHECKF(stop_acc > 0, "%s: no stop string ended on an accepted proposal",
-                                         props[q].what);
+        if (props[q].dm == model)
+            CHECKF(stop_acc > 0, "%s: no stop string ended on an accepted proposal", props[q].what);
         if (props[q].dm != model) CHECK(rejected > 0);
     }
 }
@@ -577,8 +579,8 @@ static void test_grammar_draft(void) {
         }
     for (int d = 0; d < 2; d++)
         for (int g = 0; g < 3; g++)
-            CHECKF(rate[d][1][g] >= rate[d][0][g] - 0.02, "%s, grammar %d: %.3f with the mask, %.3f without",
-                   names[d], g, rate[d][1][g], rate[d][0][g]);
+            CHECKF(rate[d][1][g] >= rate[d][0][g] - 0.02, "%s, grammar %d: %.3f with the mask, %.3f without", names[d],
+                   g, rate[d][1][g], rate[d][0][g]);
     for (int g = 0; g < 3; g++) CHECKF(rate[0][1][g] >= 0.9, "grammar %d: %.3f", g, rate[0][1][g]);
     CHECKF(rate[0][1][1] > rate[0][0][1] + 0.5, "numbers: %.3f with the mask, %.3f without", rate[0][1][1],
            rate[0][0][1]);

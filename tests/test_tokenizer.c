@@ -20,9 +20,7 @@
 /* Time limits are loose (a quadratic blow-up on 100 KB takes many seconds)
  * and looser still under the sanitizers (make asan sets LAMINA_ASAN) and
  * under instruction-set emulation (make test-arm sets LAMINA_EMULATED). */
-static double time_limit(double s) {
-    return getenv("LAMINA_EMULATED") ? 20 * s : getenv("LAMINA_ASAN") ? 5 * s : s;
-}
+static double time_limit(double s) { return getenv("LAMINA_EMULATED") ? 20 * s : getenv("LAMINA_ASAN") ? 5 * s : s; }
 
 /* ---- helpers --------------------------------------------------------------- */
 
@@ -230,8 +228,7 @@ static void test_parse_special(void) {
     int nb;
     int32_t *a = encode(spm, s1, strlen(s1), false, true, &n);
     int32_t *b = encode(spm, "Hi there", 8, false, false, &nb);
-    bool ok = nb >= 2 && n == nb + 2 && a[0] == 1 && a[n - 1] == 2 &&
-              memcmp(a + 1, b, (size_t)nb * sizeof *b) == 0;
+    bool ok = nb >= 2 && n == nb + 2 && a[0] == 1 && a[n - 1] == 2 && memcmp(a + 1, b, (size_t)nb * sizeof *b) == 0;
     free(a);
     free(b);
     CHECK(ok);
@@ -347,13 +344,14 @@ static void test_performance(void) {
 static void test_stories(void) {
     lm_tokenizer *t = load_path(TEST_MODEL);
     CHECK(t);
-    bool ok = tok_n_vocab(t) == 512 && tok_bos(t) == 1 && tok_eos(t) == 2 && tok_add_bos(t) &&
-              tok_is_eog(t, 2) && !tok_is_eog(t, 1) && tok_is_control(t, 1) && !tok_is_control(t, 100);
+    bool ok = tok_n_vocab(t) == 512 && tok_bos(t) == 1 && tok_eos(t) == 2 && tok_add_bos(t) && tok_is_eog(t, 2) &&
+        !tok_is_eog(t, 1) && tok_is_control(t, 1) && !tok_is_control(t, 100);
     const char *texts[] = {"Once upon a time, there was a little girl named Lily.",
                            "She liked to play outside.\nThe sun was bright!",
                            "  two leading spaces and trailing  ",
                            "Zo\xC3\xAB ate 3 pies \xF0\x9F\x99\x82 \xE6\x97\xA5\xE6\x9C\xAC",
-                           "x", ""};
+                           "x",
+                           ""};
     for (size_t i = 0; ok && i < sizeof texts / sizeof texts[0]; i++) {
         int n;
         size_t m;
@@ -402,26 +400,27 @@ static void test_utf8_streaming(void) {
     CHECK(detok_flush(&d, out, sizeof out) == 0);
     /* a 4-byte emoji, then an ordinary token: the emoji comes out whole first */
     detok_init(&d, t, false, false);
-    ok = push_byte(&d, t, 0xF0, out) == 0 && push_byte(&d, t, 0x9F, out) == 0 &&
-         push_byte(&d, t, 0x99, out) == 0 && push_byte(&d, t, 0x82, out) == 4 &&
-         memcmp(out, "\xF0\x9F\x99\x82", 4) == 0;
+    ok = push_byte(&d, t, 0xF0, out) == 0 && push_byte(&d, t, 0x9F, out) == 0 && push_byte(&d, t, 0x99, out) == 0 &&
+        push_byte(&d, t, 0x82, out) == 4 && memcmp(out, "\xF0\x9F\x99\x82", 4) == 0;
     CHECK(ok);
     /* a non-continuation byte ends a pending sequence: U+FFFD, then the byte */
     detok_init(&d, t, false, false);
     ok = push_byte(&d, t, 0xE2, out) == 0 && push_byte(&d, t, 0x41, out) == 4 &&
-         memcmp(out, "\xEF\xBF\xBD" "A", 4) == 0;
+        memcmp(out,
+               "\xEF\xBF\xBD"
+               "A",
+               4) == 0;
     CHECK(ok);
     /* an incomplete sequence at the end becomes U+FFFD at flush */
     detok_init(&d, t, false, false);
     ok = push_byte(&d, t, 0xF0, out) == 0 && push_byte(&d, t, 0x9F, out) == 0 &&
-         detok_flush(&d, out, sizeof out) == 3 && memcmp(out, "\xEF\xBF\xBD", 3) == 0 &&
-         detok_flush(&d, out, sizeof out) == 0;
+        detok_flush(&d, out, sizeof out) == 3 && memcmp(out, "\xEF\xBF\xBD", 3) == 0 &&
+        detok_flush(&d, out, sizeof out) == 0;
     CHECK(ok);
     /* impossible bytes: a lone continuation, C0, and E0 80 (overlong) */
     detok_init(&d, t, false, false);
-    ok = push_byte(&d, t, 0x80, out) == 3 && push_byte(&d, t, 0xC0, out) == 3 &&
-         push_byte(&d, t, 0xE0, out) == 0 && push_byte(&d, t, 0x80, out) == 6 &&
-         memcmp(out, "\xEF\xBF\xBD\xEF\xBF\xBD", 6) == 0;
+    ok = push_byte(&d, t, 0x80, out) == 3 && push_byte(&d, t, 0xC0, out) == 3 && push_byte(&d, t, 0xE0, out) == 0 &&
+        push_byte(&d, t, 0x80, out) == 6 && memcmp(out, "\xEF\xBF\xBD\xEF\xBF\xBD", 6) == 0;
     CHECK(ok);
     /* strip_space drops the SPM prefix of the first token only */
     int n;
@@ -509,13 +508,13 @@ static unsigned char *gb_finish(gb *kvs, size_t *size) {
 
 /* What to put in a synthetic vocab. */
 typedef struct {
-    const char *model;          /* NULL: leave the key out */
-    const char *pre;            /* NULL: leave the key out */
-    int n_tokens;               /* -1: no tokens array */
-    int n_scores;               /* -1: no scores */
-    int n_types;                /* -1: no token_type */
-    int bad_type;               /* put this value into token_type[5] when non-zero */
-    int64_t bos;                /* -2: no key */
+    const char *model; /* NULL: leave the key out */
+    const char *pre;   /* NULL: leave the key out */
+    int n_tokens;      /* -1: no tokens array */
+    int n_scores;      /* -1: no scores */
+    int n_types;       /* -1: no token_type */
+    int bad_type;      /* put this value into token_type[5] when non-zero */
+    int64_t bos;       /* -2: no key */
     bool merges;
 } spec;
 
@@ -545,8 +544,10 @@ static unsigned char *build_file(const spec *sp, size_t *size) {
     for (int i = 0; i < 300; i++) ty[i] = 1;
     ty[256] = 3;
     if (sp->bad_type) ty[5] = sp->bad_type;
-    if (sp->n_scores >= 0) kv_arr_num(&kv, "tokenizer.ggml.scores", GGUF_FLOAT32, sc, (uint64_t)(sp->n_scores ? sp->n_scores : nt));
-    if (sp->n_types >= 0) kv_arr_num(&kv, "tokenizer.ggml.token_type", GGUF_INT32, ty, (uint64_t)(sp->n_types ? sp->n_types : nt));
+    if (sp->n_scores >= 0)
+        kv_arr_num(&kv, "tokenizer.ggml.scores", GGUF_FLOAT32, sc, (uint64_t)(sp->n_scores ? sp->n_scores : nt));
+    if (sp->n_types >= 0)
+        kv_arr_num(&kv, "tokenizer.ggml.token_type", GGUF_INT32, ty, (uint64_t)(sp->n_types ? sp->n_types : nt));
     if (sp->merges) kv_arr_str(&kv, "tokenizer.ggml.merges", merges, 4);
     if (sp->bos != -2) kv_u32(&kv, "tokenizer.ggml.bos_token_id", (uint32_t)sp->bos);
     for (int i = 0; i < nt; i++) free(toks[i]);
@@ -582,11 +583,11 @@ static void pieces(const lm_tokenizer *t, const char *text, char *out, size_t ca
     out[m] = 0;
 }
 
-#define CHECK_SPLIT(t, text, want)                                                     \
-    do {                                                                              \
-        char got_[512];                                                               \
-        pieces(t, text, got_, sizeof got_);                                           \
-        CHECKF(strcmp(got_, want) == 0, "split of \"%s\": got \"%s\", want \"%s\"", text, got_, want); \
+#define CHECK_SPLIT(t, text, want)                                                                                     \
+    do {                                                                                                               \
+        char got_[512];                                                                                                \
+        pieces(t, text, got_, sizeof got_);                                                                            \
+        CHECKF(strcmp(got_, want) == 0, "split of \"%s\": got \"%s\", want \"%s\"", text, got_, want);                 \
     } while (0)
 
 static void test_pretok_llama3(void) {
@@ -600,7 +601,10 @@ static void test_pretok_llama3(void) {
     CHECK_SPLIT(t, "I'LL DO IT'S", "I|'LL| DO| IT|'S");
     CHECK_SPLIT(t, "a  b\n\nc", "a| | b|\n\n|c");
     CHECK_SPLIT(t, "x!!\n  y", "x|!!\n| | y");
-    CHECK_SPLIT(t, "\xC3\xA9t\xC3\xA9 \xE2\x82\xAC" "5", "\xC3\xA9t\xC3\xA9| \xE2\x82\xAC|5");
+    CHECK_SPLIT(t,
+                "\xC3\xA9t\xC3\xA9 \xE2\x82\xAC"
+                "5",
+                "\xC3\xA9t\xC3\xA9| \xE2\x82\xAC|5");
     CHECK(tok_add_bos(keep)); /* the llama3 family's default */
     tok_free(keep);
 }
@@ -647,10 +651,11 @@ static void test_pretok_gpt2_and_others(void) {
     CHECK_SPLIT(t, "x=1234 it's  ok!\n", "x|=|1|2|3|4| it|'s| | ok|!|\n");
     tok_free(keep);
     /* every supported name compiles; an unknown one is refused by name */
-    const char *names[] = {"default", "gpt-2", "llama3", "llama-bpe", "smaug-bpe", "qwen2", "deepseek-llm",
-                           "deepseek-coder", "deepseek-v3", "falcon", "starcoder", "refact", "mpt", "olmo",
-                           "command-r", "bloom", "viking", "tekken", "gpt-4o", "seed-coder", "bailingmoe",
-                           "chatglm-bpe", "dbrx", "stablelm2", "smollm"};
+    const char *names[] = {"default",      "gpt-2",          "llama3",      "llama-bpe",   "smaug-bpe", "qwen2",
+                           "deepseek-llm", "deepseek-coder", "deepseek-v3", "falcon",      "starcoder", "refact",
+                           "mpt",          "olmo",           "command-r",   "bloom",       "viking",    "tekken",
+                           "gpt-4o",       "seed-coder",     "bailingmoe",  "chatglm-bpe", "dbrx",      "stablelm2",
+                           "smollm"};
     /* long runs of one class stress backtracking (and the JIT stack) */
     const size_t runlen = 60000;
     char *run = malloc(4 * runlen);
@@ -694,8 +699,8 @@ static void test_bpe_merges(void) {
     int32_t ids[16];
     int n = tok_encode(t, "abc1234", 7, false, false, ids, 16);
     /* "abc" | "123" | "4": merges a+b, ab+c, 1+2, 12+3 */
-    bool ok = n == 3 && ids[0] == tok_find(t, "abc", 3) && ids[1] == tok_find(t, "123", 3) &&
-              ids[2] == tok_find(t, "4", 1);
+    bool ok =
+        n == 3 && ids[0] == tok_find(t, "abc", 3) && ids[1] == tok_find(t, "123", 3) && ids[2] == tok_find(t, "4", 1);
     n = tok_encode(t, "abc", 3, true, false, ids, 16);
     ok = ok && n == 2 && ids[0] == 256;
     char buf[8];

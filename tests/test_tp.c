@@ -69,7 +69,8 @@ static void test_shard_counts(void) {
     /* (two loads, two mappings: compare the bytes) */
     CHECK(!memcmp(ls->wq.data, (const char *)lw->wq.data + (size_t)s->tp.head0 * hd * lw->wq.row_bytes,
                   (size_t)ls->wq.rows * ls->wq.row_bytes));
-    CHECK(ls->wo.rows == w->hp.n_embd && ls->wo.cols == (int64_t)s->hp.n_head * hd && ls->wo.row_bytes == lw->wo.row_bytes);
+    CHECK(ls->wo.rows == w->hp.n_embd && ls->wo.cols == (int64_t)s->hp.n_head * hd &&
+          ls->wo.row_bytes == lw->wo.row_bytes);
     CHECK(ls->w_down.cols == s->hp.n_ff && ls->w_gate.rows == s->hp.n_ff);
     CHECK(s->output.rows == s->tp.n_vocab);
     CHECK(s->tok_embd.rows == w->hp.n_vocab); /* the embedding is replicated */
@@ -199,7 +200,8 @@ static void test_pp_split(void) {
         CHECKF(mx == best, "S=%d: largest stage %llu bytes, the best split has %llu", S, (unsigned long long)mx,
                (unsigned long long)best);
     }
-    CHECK(model_pp_split(w, n + 1, first, bytes, err, sizeof err) != 0 && strstr(err, "6 pipeline stages for 5 layers"));
+    CHECK(model_pp_split(w, n + 1, first, bytes, err, sizeof err) != 0 &&
+          strstr(err, "6 pipeline stages for 5 layers"));
     lm_status st;
     lm_model *m = model_load_grid(MODEL, NULL, 0, 1, 0, 6, &st, err, sizeof err);
     CHECK(!m && st == LM_ERR_UNSUPPORTED && strstr(err, "pipeline stages"));
@@ -265,7 +267,8 @@ static void test_pp_stages_in_process(void) {
     CHECK(kv_pool_plan(r0->kv)->bytes_per_token + kv_pool_plan(r1->kv)->bytes_per_token ==
           kv_pool_plan(rw->kv)->bytes_per_token);
     CHECK(seqrun_forward(rw, tok, N, want, true, err, sizeof err) == 0);
-    CHECK(kv_append(r0->kv, r0->seq, N, err, sizeof err) == KV_OK && kv_append(r1->kv, r1->seq, N, err, sizeof err) == KV_OK);
+    CHECK(kv_append(r0->kv, r0->seq, N, err, sizeof err) == KV_OK &&
+          kv_append(r1->kv, r1->seq, N, err, sizeof err) == KV_OK);
     size_t E = (size_t)w->hp.n_embd;
     for (int p0 = 0; p0 < N; p0 += MB) {
         int n = N - p0 < MB ? N - p0 : MB;

@@ -17,13 +17,13 @@ typedef struct {
     const lm_model *m;
     lm_pool *pool;
     uint32_t kv_type;
-    const int *depths;   /* (n_depth) decode depths; 0 is always run */
+    const int *depths; /* (n_depth) decode depths; 0 is always run */
     int n_depth;
-    int batch;           /* decode sequences per pass */
-    int n_gen;           /* timed decode passes (0: no decode) */
-    int n_prompt;        /* prefill tokens (0: no prefill) */
-    double read_bw;      /* bytes/s */
-    double peak_flops;   /* FLOP/s */
+    int batch;         /* decode sequences per pass */
+    int n_gen;         /* timed decode passes (0: no decode) */
+    int n_prompt;      /* prefill tokens (0: no prefill) */
+    double read_bw;    /* bytes/s */
+    double peak_flops; /* FLOP/s */
     bool json;
     const char *svg_dir; /* NULL: no pictures */
 } roofline_opts;

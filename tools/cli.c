@@ -16,8 +16,6 @@
 #include "text/chat.h"
 #include "base/util.h"
 
-
-
 void die_usage(args *a, const char *fmt, const char *what) {
     fprintf(stderr, "lamina %s: ", a->cmd);
     fprintf(stderr, fmt, what);
@@ -107,8 +105,7 @@ char *read_all(FILE *f, size_t *len) {
 }
 
 /* Tokenize text into a growing buffer; returns count or -1. */
-int encode_all(const lm_tokenizer *tok, const char *text, size_t len, bool bos, bool special,
-                      int32_t **out) {
+int encode_all(const lm_tokenizer *tok, const char *text, size_t len, bool bos, bool special, int32_t **out) {
     int cap = (int)(len < 1000000 ? len : 1000000) + 16;
     *out = malloc((size_t)cap * sizeof(int32_t));
     if (!*out) return -1;
@@ -172,8 +169,7 @@ lm_model *load_or_die(const char *cmd, const char *path) {
     progress_begin(&prog, cmd, "loading the model", NULL);
     lm_load_params lp = {.progress = on_load, .progress_user = &prog};
     lm_status st;
-    lm_model *m = model_load_grid(path, &lp, cli_tp_rank, cli_tp_size, cli_pp_stage, cli_pp_size, &st, err,
-                                   sizeof err);
+    lm_model *m = model_load_grid(path, &lp, cli_tp_rank, cli_tp_size, cli_pp_stage, cli_pp_size, &st, err, sizeof err);
     progress_end(&prog);
     if (!m) die_load(cmd, path, err);
     return m;
@@ -337,7 +333,8 @@ void progress_update(progress *p, long long done, long long total) {
         fprintf(stderr, ", %.1f/%.1f MiB", (double)p->bytes / 1048576.0, (double)p->bytes_total / 1048576.0);
     if (p->note[0]) fprintf(stderr, ", %s", p->note);
     double frac = p->bytes_total ? (double)p->bytes / (double)p->bytes_total
-                                 : total > 0 ? (double)done / (double)total : 0;
+        : total > 0              ? (double)done / (double)total
+                                 : 0;
     if (frac > 0 && frac < 1) {
         char eta[32];
         fmt_eta(eta, sizeof eta, (now - p->start) * (1 - frac) / frac);

@@ -21,8 +21,8 @@
 typedef struct {
     int argc;
     char **argv;
-    int i;              /* index of the flag being parsed */
-    const char *cmd;    /* subcommand name, for messages */
+    int i;           /* index of the flag being parsed */
+    const char *cmd; /* subcommand name, for messages */
     void (*usage)(FILE *);
 } args;
 
@@ -139,12 +139,12 @@ void mem_print(FILE *f, const char *cmd, const lm_engine_stats *st, uint32_t kv_
  * bytes when progress_bytes gave them, else by steps). progress_end clears
  * the line. Nothing at all otherwise, so logs and pipes stay clean. */
 typedef struct {
-    bool on;            /* stderr is a terminal, or --progress */
-    bool shown;         /* a line is on the screen */
+    bool on;    /* stderr is a terminal, or --progress */
+    bool shown; /* a line is on the screen */
     double start, last, after;
     const char *cmd, *what, *unit;
     unsigned long long bytes, bytes_total; /* progress_bytes: weight of the ETA */
-    char note[96];      /* progress_note: shown after the percentage */
+    char note[96];                         /* progress_note: shown after the percentage */
 } progress;
 
 /* --progress, accepted by every command (is_help sees it first): draw

@@ -82,7 +82,7 @@ static void usage_bench(FILE *f) {
 typedef struct {
     float *a, *b, *c;
     size_t n;
-    int op; /* 0 copy a=b, 1 triad a=b+s*c, 2 read: sum of b */
+    int op;                    /* 0 copy a=b, 1 triad a=b+s*c, 2 read: sum of b */
     atomic_uint_fast64_t sink; /* the read test's sums, so they are not optimized away */
 } stream_job;
 
@@ -214,15 +214,16 @@ static void pp_report(const lm_model *m, const char *name, double tokens, double
     dist_stats_get(&ds);
     pp_stats_get(&ps);
     const lm_pp *pp = &m->pp;
-    fprintf(stderr,
-            "bench: rank %d stage %d/%d (layers %d-%d, %.2f MiB) %s: %.3f ms/token, compute %.3f ms (%.1f%%), "
-            "send/receive %.3f ms (%.1f%%), logits broadcast %.3f ms, other %.3f ms; %.0f bytes/token sent (model: %d floats = %zu bytes per "
-            "row per stage boundary); %.2f micro-batches/pass, bubble %.1f%% ((S-1)/(m+S-1))\n",
-            cli_rank, pp->stage, pp->size, pp->layer0, pp->layer1 - 1, pp->bytes[pp->stage] / 1048576.0, name,
-            1e3 * total / tokens, 1e3 * ps.compute_s / tokens, 100 * ps.compute_s / total, 1e3 * ds.p2p_s / tokens,
-            100 * ds.p2p_s / total, 1e3 * ps.bcast_s / tokens, 1e3 * (total - ps.compute_s - ds.p2p_s - ps.bcast_s) / tokens, (double)ds.p2p_bytes / tokens,
-            m->hp.n_embd, (size_t)m->hp.n_embd * sizeof(float), ps.passes ? (double)ps.micro / (double)ps.passes : 0,
-            100 * ps.bubble);
+    fprintf(
+        stderr,
+        "bench: rank %d stage %d/%d (layers %d-%d, %.2f MiB) %s: %.3f ms/token, compute %.3f ms (%.1f%%), "
+        "send/receive %.3f ms (%.1f%%), logits broadcast %.3f ms, other %.3f ms; %.0f bytes/token sent (model: %d floats = %zu bytes per "
+        "row per stage boundary); %.2f micro-batches/pass, bubble %.1f%% ((S-1)/(m+S-1))\n",
+        cli_rank, pp->stage, pp->size, pp->layer0, pp->layer1 - 1, pp->bytes[pp->stage] / 1048576.0, name,
+        1e3 * total / tokens, 1e3 * ps.compute_s / tokens, 100 * ps.compute_s / total, 1e3 * ds.p2p_s / tokens,
+        100 * ds.p2p_s / total, 1e3 * ps.bcast_s / tokens,
+        1e3 * (total - ps.compute_s - ds.p2p_s - ps.bcast_s) / tokens, (double)ds.p2p_bytes / tokens, m->hp.n_embd,
+        (size_t)m->hp.n_embd * sizeof(float), ps.passes ? (double)ps.micro / (double)ps.passes : 0, 100 * ps.bubble);
 }
 
 /* Tensor parallel: the all-reduce alone, ranks in step (a barrier, then 200
@@ -340,8 +341,8 @@ static void kv_sweep_report(const lm_model *m, uint32_t kv_type, const int *dept
         printf(", \"depths\": [");
         for (int i = 0; i < n_depth; i++) {
             kv_step_bytes(m, kv_type, depths[i], &cc, &ff);
-            printf("%s{\"depth\": %d, \"kv_read_bytes\": %.0f, \"formula_bytes\": %.0f}", i ? ", " : "", depths[i],
-                   cc, ff);
+            printf("%s{\"depth\": %d, \"kv_read_bytes\": %.0f, \"formula_bytes\": %.0f}", i ? ", " : "", depths[i], cc,
+                   ff);
         }
         printf("]}");
         return;
@@ -401,7 +402,8 @@ int cmd_bench(int argc, char **argv) {
     if (strcmp(fmt, "md") && strcmp(fmt, "json")) die_usage(&a, "output format '%s' is not md or json", fmt);
     if ((svg_dir || batch > 1) && !roofline) die_usage(&a, "%s needs --roofline", svg_dir ? "--svg" : "-b");
     if (roofline && ng < 0) ng = 32;
-    if (roofline && cli_tp_size * cli_pp_size > 1) die_usage(&a, "%s", "--roofline runs on one process (no --tp or --pp)");
+    if (roofline && cli_tp_size * cli_pp_size > 1)
+        die_usage(&a, "%s", "--roofline runs on one process (no --tp or --pp)");
     lm_model *m = load_or_die("bench", model);
     /* defaults 512 and 128, shrunk to the trained context left after -d */
     long long room = m->hp.n_ctx_train > 0 ? m->hp.n_ctx_train - depth : 1LL << 40;
@@ -422,8 +424,12 @@ int cmd_bench(int argc, char **argv) {
         ec.mem = mem, ec.mem_cap = true;
         engine_mem sp;
         if (engine_mem_plan(m, &ec, &sp, err, sizeof err)) fail("bench", err);
-        lm_engine_stats st = {.mem_budget = mem, .mem_weights = sp.weights, .mem_packed = sp.packed,
-                              .mem_workspace = sp.workspace, .mem_kv = sp.kv, .kv_max_tokens = sp.kv_tokens,
+        lm_engine_stats st = {.mem_budget = mem,
+                              .mem_weights = sp.weights,
+                              .mem_packed = sp.packed,
+                              .mem_workspace = sp.workspace,
+                              .mem_kv = sp.kv,
+                              .kv_max_tokens = sp.kv_tokens,
                               .kv_max_seqs = sp.kv_seqs};
         mem_print(stderr, "bench", &st, kv_type, ctx);
     }
@@ -442,9 +448,18 @@ int cmd_bench(int argc, char **argv) {
     if (bw || roofline) measure_bandwidth(pool, &copy_gbs, &triad_gbs, &read_gbs);
     if (roofline) {
         seqrun_free(sr);
-        roofline_opts ro = {.m = m, .pool = pool, .kv_type = kv_type, .depths = depths, .n_depth = n_depth,
-                            .batch = (int)batch, .n_gen = (int)ng, .n_prompt = (int)np, .read_bw = read_gbs * 1e9,
-                            .peak_flops = bench_fma_peak(pool), .json = !strcmp(fmt, "json"), .svg_dir = svg_dir};
+        roofline_opts ro = {.m = m,
+                            .pool = pool,
+                            .kv_type = kv_type,
+                            .depths = depths,
+                            .n_depth = n_depth,
+                            .batch = (int)batch,
+                            .n_gen = (int)ng,
+                            .n_prompt = (int)np,
+                            .read_bw = read_gbs * 1e9,
+                            .peak_flops = bench_fma_peak(pool),
+                            .json = !strcmp(fmt, "json"),
+                            .svg_dir = svg_dir};
         if (ro.read_bw <= 0) fail("bench", "could not measure the read bandwidth (out of memory)");
         bench_roofline(&ro);
         free(toks);
@@ -466,14 +481,14 @@ int cmd_bench(int argc, char **argv) {
                copy_gbs, triad_gbs, read_gbs, (unsigned long long)wbytes, kernels_isa_name());
         if (m->hp.n_expert > 0)
             printf(" \"experts\": %d, \"experts_used\": %d, \"active_weight_bytes_per_token\": %llu,"
-                   " \"total_weight_bytes_per_token\": %llu,", m->hp.n_expert, m->hp.n_expert_used,
-                   (unsigned long long)wbytes, (unsigned long long)wtotal);
+                   " \"total_weight_bytes_per_token\": %llu,",
+                   m->hp.n_expert, m->hp.n_expert_used, (unsigned long long)wbytes, (unsigned long long)wtotal);
         printf(" \"tests\": [");
     } else {
         if (m->hp.n_expert > 0)
             printf("weights per token: %.2f MiB active (%d of %d experts) of %.2f MiB total; the tg floor uses "
-                   "the active bytes\n", wbytes / 1048576.0, m->hp.n_expert_used, m->hp.n_expert,
-                   wtotal / 1048576.0);
+                   "the active bytes\n",
+                   wbytes / 1048576.0, m->hp.n_expert_used, m->hp.n_expert, wtotal / 1048576.0);
         if (bw)
             printf("memory bandwidth: copy %.1f GB/s, triad %.1f GB/s, read %.1f GB/s (%d threads); "
                    "the tg floor: weights and the KV bytes at the test's depth, at read\n",
@@ -485,102 +500,105 @@ int cmd_bench(int argc, char **argv) {
     }
     int n_tests = 0;
     for (int di = 0; di < n_depth; di++)
-    for (int test = 0; test < 2; test++) {
-        depth = depths[di];
-        int n = (int)(test == 0 ? np : ng);
-        if (n == 0) continue;
-        /* warm-up: a short run of the same kind */
-        if (fill_depth(sr, (int)depth, toks, err, sizeof err)) fail("bench", err);
-        if (test == 0) {
-            if (seqrun_forward(sr, toks, n < 32 ? n : 32, logits, false, err, sizeof err)) fail("bench", err);
-        } else {
-            for (int i = 0; i < 4 && i < n; i++)
-                if (seqrun_forward(sr, toks + i, 1, logits, false, err, sizeof err)) fail("bench", err);
-        }
-        memset(fwd->prof, 0, sizeof fwd->prof);
-        memset(fwd->prof_gap, 0, sizeof fwd->prof_gap);
-        fwd->prof_gap_mark = 0;
-        pool_timing_reset(pool);
-        dist_stats_reset();
-        pp_stats_reset();
-        double total = 0;
-        /* progress on a terminal: per repetition for pp, per token for tg;
-         * the time taken to draw it is outside the timed span */
-        char phase[64];
-        snprintf(phase, sizeof phase, "%s%d", test == 0 ? "pp" : "tg", n);
-        progress prog = {0};
-        for (int r = 0; r < reps; r++) {
+        for (int test = 0; test < 2; test++) {
+            depth = depths[di];
+            int n = (int)(test == 0 ? np : ng);
+            if (n == 0) continue;
+            /* warm-up: a short run of the same kind */
             if (fill_depth(sr, (int)depth, toks, err, sizeof err)) fail("bench", err);
-            if (r == 0) progress_begin(&prog, "bench", phase, test == 0 ? "repetitions" : "tokens");
-            progress_update(&prog, test == 0 ? r : (long long)r * n, test == 0 ? reps : reps * n);
-            fwd->profile = profile;
-            if (profile) pool_timing_enable(pool, 1); /* the dispatch gaps per op */
-            double t0 = lm_now();
-            double t_prog = 0; /* time spent drawing progress inside the span */
             if (test == 0) {
-                if (seqrun_forward(sr, toks + depth, n, logits, false, err, sizeof err)) fail("bench", err);
+                if (seqrun_forward(sr, toks, n < 32 ? n : 32, logits, false, err, sizeof err)) fail("bench", err);
             } else {
-                for (int i = 0; i < n; i++) {
-                    if (seqrun_forward(sr, toks + depth + i, 1, logits, false, err, sizeof err)) fail("bench", err);
-                    if (prog.on) {
-                        double tp = lm_now();
-                        progress_update(&prog, (long long)r * n + i + 1, reps * n);
-                        t_prog += lm_now() - tp;
+                for (int i = 0; i < 4 && i < n; i++)
+                    if (seqrun_forward(sr, toks + i, 1, logits, false, err, sizeof err)) fail("bench", err);
+            }
+            memset(fwd->prof, 0, sizeof fwd->prof);
+            memset(fwd->prof_gap, 0, sizeof fwd->prof_gap);
+            fwd->prof_gap_mark = 0;
+            pool_timing_reset(pool);
+            dist_stats_reset();
+            pp_stats_reset();
+            double total = 0;
+            /* progress on a terminal: per repetition for pp, per token for tg;
+         * the time taken to draw it is outside the timed span */
+            char phase[64];
+            snprintf(phase, sizeof phase, "%s%d", test == 0 ? "pp" : "tg", n);
+            progress prog = {0};
+            for (int r = 0; r < reps; r++) {
+                if (fill_depth(sr, (int)depth, toks, err, sizeof err)) fail("bench", err);
+                if (r == 0) progress_begin(&prog, "bench", phase, test == 0 ? "repetitions" : "tokens");
+                progress_update(&prog, test == 0 ? r : (long long)r * n, test == 0 ? reps : reps * n);
+                fwd->profile = profile;
+                if (profile) pool_timing_enable(pool, 1); /* the dispatch gaps per op */
+                double t0 = lm_now();
+                double t_prog = 0; /* time spent drawing progress inside the span */
+                if (test == 0) {
+                    if (seqrun_forward(sr, toks + depth, n, logits, false, err, sizeof err)) fail("bench", err);
+                } else {
+                    for (int i = 0; i < n; i++) {
+                        if (seqrun_forward(sr, toks + depth + i, 1, logits, false, err, sizeof err)) fail("bench", err);
+                        if (prog.on) {
+                            double tp = lm_now();
+                            progress_update(&prog, (long long)r * n + i + 1, reps * n);
+                            t_prog += lm_now() - tp;
+                        }
                     }
                 }
+                double dt = lm_now() - t0 - t_prog;
+                fwd->profile = false;
+                pool_timing_enable(pool, 0);
+                total += dt;
+                v[r] = n / dt;
             }
-            double dt = lm_now() - t0 - t_prog;
-            fwd->profile = false;
-            pool_timing_enable(pool, 0);
-            total += dt;
-            v[r] = n / dt;
-        }
-        progress_end(&prog);
-        double mean, sd;
-        stats(v, (int)reps, &mean, &sd);
-        char name[64];
-        if (depth) snprintf(name, sizeof name, "%s%d @ d%lld", test == 0 ? "pp" : "tg", n, depth);
-        else snprintf(name, sizeof name, "%s%d", test == 0 ? "pp" : "tg", n);
-        /* the floor: weights and the KV bytes of these steps, at the read bandwidth */
-        double kvb = test == 1 ? kv_bytes_per_token(m, kv_type, (int)depth, n) : 0;
-        double floor_ts = test == 1 && read_gbs > 0 ? read_gbs * 1e9 / ((double)wbytes + kvb) : 0;
-        if (json) {
-            printf("%s{\"test\": \"%s\", \"tokens_per_s\": %.3f, \"std\": %.3f", n_tests ? ", " : "", name, mean, sd);
-            if (test == 1) printf(", \"depth\": %lld, \"kv_bytes_per_token\": %.0f", depth, kvb);
-            if (floor_ts > 0) printf(", \"floor_tokens_per_s\": %.3f, \"fraction_of_floor\": %.3f", floor_ts, mean / floor_ts);
-            printf("}");
-        } else {
-            printf("| %s | %s | %.2f MiB | %.2f M | %d | %s | %.2f ± %.2f |", m->name, wtype, m->weight_bytes / 1048576.0,
-                   m->n_params / 1e6, pool_size(pool), name, mean, sd);
-            if (floor_ts > 0) printf(" %.2f | %.0f%% |\n", floor_ts, 100 * mean / floor_ts);
-            else printf(" | |\n");
-        }
-        if (cli_tp_size > 1) tp_report(m, name, (double)n * reps, total);
-        if (cli_pp_size > 1) pp_report(m, name, (double)n * reps, total);
-        if (profile && !json) {
-            /* per op: its share of the time, per token, and the part of it
+            progress_end(&prog);
+            double mean, sd;
+            stats(v, (int)reps, &mean, &sd);
+            char name[64];
+            if (depth) snprintf(name, sizeof name, "%s%d @ d%lld", test == 0 ? "pp" : "tg", n, depth);
+            else snprintf(name, sizeof name, "%s%d", test == 0 ? "pp" : "tg", n);
+            /* the floor: weights and the KV bytes of these steps, at the read bandwidth */
+            double kvb = test == 1 ? kv_bytes_per_token(m, kv_type, (int)depth, n) : 0;
+            double floor_ts = test == 1 && read_gbs > 0 ? read_gbs * 1e9 / ((double)wbytes + kvb) : 0;
+            if (json) {
+                printf("%s{\"test\": \"%s\", \"tokens_per_s\": %.3f, \"std\": %.3f", n_tests ? ", " : "", name, mean,
+                       sd);
+                if (test == 1) printf(", \"depth\": %lld, \"kv_bytes_per_token\": %.0f", depth, kvb);
+                if (floor_ts > 0)
+                    printf(", \"floor_tokens_per_s\": %.3f, \"fraction_of_floor\": %.3f", floor_ts, mean / floor_ts);
+                printf("}");
+            } else {
+                printf("| %s | %s | %.2f MiB | %.2f M | %d | %s | %.2f ± %.2f |", m->name, wtype,
+                       m->weight_bytes / 1048576.0, m->n_params / 1e6, pool_size(pool), name, mean, sd);
+                if (floor_ts > 0) printf(" %.2f | %.0f%% |\n", floor_ts, 100 * mean / floor_ts);
+                else printf(" | |\n");
+            }
+            if (cli_tp_size > 1) tp_report(m, name, (double)n * reps, total);
+            if (cli_pp_size > 1) pp_report(m, name, (double)n * reps, total);
+            if (profile && !json) {
+                /* per op: its share of the time, per token, and the part of it
              * that was dispatch (publishing pool runs, waiting at their
              * barriers: other threads' wake-up and imbalance) */
-            double acc = 0, gaps = 0, per = 1e3 / ((double)n * reps);
-            pool_timing pt;
-            pool_timing_get(pool, &pt);
-            printf("\n  profile of %s (%% of %.3f s over %lld reps; gap: dispatch time inside the op):\n", name, total,
-                   reps);
-            for (int k = 0; k < LM_PROF_COUNT; k++) {
-                acc += fwd->prof[k];
-                gaps += fwd->prof_gap[k];
-                printf("    %-20s %6.1f%%  %8.3f ms/token  gap %7.3f ms\n", lm_prof_names[k], 100 * fwd->prof[k] / total,
-                       per * fwd->prof[k], per * fwd->prof_gap[k]);
+                double acc = 0, gaps = 0, per = 1e3 / ((double)n * reps);
+                pool_timing pt;
+                pool_timing_get(pool, &pt);
+                printf("\n  profile of %s (%% of %.3f s over %lld reps; gap: dispatch time inside the op):\n", name,
+                       total, reps);
+                for (int k = 0; k < LM_PROF_COUNT; k++) {
+                    acc += fwd->prof[k];
+                    gaps += fwd->prof_gap[k];
+                    printf("    %-20s %6.1f%%  %8.3f ms/token  gap %7.3f ms\n", lm_prof_names[k],
+                           100 * fwd->prof[k] / total, per * fwd->prof[k], per * fwd->prof_gap[k]);
+                }
+                printf("    %-20s %6.1f%%\n", "(other)", 100 * (total - acc) / total);
+                printf("    dispatch gaps %.1f%% of the time (%.3f ms/token), %.1f pool runs/token, workers' wake-up "
+                       "%.1f us/run\n\n",
+                       100 * gaps / total, per * gaps, (double)pt.runs / ((double)n * reps),
+                       pt.runs ? 1e6 * pt.wake_s / (double)pt.runs / (pool_size(pool) > 1 ? pool_size(pool) - 1 : 1)
+                               : 0);
             }
-            printf("    %-20s %6.1f%%\n", "(other)", 100 * (total - acc) / total);
-            printf("    dispatch gaps %.1f%% of the time (%.3f ms/token), %.1f pool runs/token, workers' wake-up "
-                   "%.1f us/run\n\n",
-                   100 * gaps / total, per * gaps, (double)pt.runs / ((double)n * reps),
-                   pt.runs ? 1e6 * pt.wake_s / (double)pt.runs / (pool_size(pool) > 1 ? pool_size(pool) - 1 : 1) : 0);
+            fflush(stdout);
+            n_tests++;
         }
-        fflush(stdout);
-        n_tests++;
-    }
     if (json) printf("]");
     if (ng > 0 && (n_depth > 1 || depths[0] > 0)) kv_sweep_report(m, kv_type, depths, n_depth, (double)wbytes, json);
     if (json) printf("}\n");

@@ -47,10 +47,10 @@ typedef struct {
     char name[48], file[48];
     bool decode;
     int depth, batch, tokens, passes;
-    double wall_s;                  /* the timed passes, end to end */
+    double wall_s; /* the timed passes, end to end */
     double prof[LM_PROF_COUNT], gap[LM_PROF_COUNT];
     pool_timing pt;
-    cost_pass cost;                 /* summed over the timed passes */
+    cost_pass cost; /* summed over the timed passes */
 } scenario;
 
 /* ---- the compute roof ---------------------------------------------------- */
@@ -300,9 +300,8 @@ static void print_json(const roofline_opts *o, const scenario *sc, int n) {
                    " \"flops\": %.1f, \"intensity\": %.6g, \"gbs\": %.4f, \"gflops\": %.4f, \"bound\": \"%s\","
                    " \"roof_gflops\": %.4f, \"pct_of_roof\": %.2f, \"plotted\": %s}",
                    k ? ", " : "", lm_prof_names[k], r.time / P, (r.time - r.gap) / P, r.gap / P, c->weight_bytes / P,
-                   c->kv_read_bytes / P, c->kv_write_bytes / P, c->act_bytes / P, r.bytes / P, r.flops / P,
-                   r.intensity, r.gbs, r.gflops, r.memory_bound ? "memory" : "compute", r.roof, r.pct,
-                   r.plotted ? "true" : "false");
+                   c->kv_read_bytes / P, c->kv_write_bytes / P, c->act_bytes / P, r.bytes / P, r.flops / P, r.intensity,
+                   r.gbs, r.gflops, r.memory_bound ? "memory" : "compute", r.roof, r.pct, r.plotted ? "true" : "false");
         }
         printf("]}");
     }
@@ -345,8 +344,9 @@ static int write_roofline_svg(const char *path, const roofline_opts *o, const sc
     if (!f) return -1;
     double bw = o->read_bw, peak = o->peak_flops / 1e9;
     double xlo = 0.01, xhi = 1000, yhi = pow(10, ceil(log10(peak * 2))), ylo = yhi / 1e6;
-    fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" "
-               "height=\"%d\" viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"11\">\n",
+    fprintf(f,
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" "
+            "height=\"%d\" viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"11\">\n",
             SVG_W, SVG_H, SVG_W, SVG_H);
     fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n<text x=\"%d\" y=\"24\" font-size=\"14\">",
             PLOT_L);
@@ -355,12 +355,14 @@ static int write_roofline_svg(const char *path, const roofline_opts *o, const sc
     fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#444\"/>\n", PLOT_L, PLOT_T,
             PLOT_R - PLOT_L, PLOT_B - PLOT_T);
     for (double v = xlo; v <= xhi * 1.001; v *= 10)
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#ddd\"/><text x=\"%.1f\" y=\"%d\" "
-                   "text-anchor=\"middle\">%g</text>\n",
+        fprintf(f,
+                "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#ddd\"/><text x=\"%.1f\" y=\"%d\" "
+                "text-anchor=\"middle\">%g</text>\n",
                 lx(v, xlo, xhi), PLOT_T, lx(v, xlo, xhi), PLOT_B, lx(v, xlo, xhi), PLOT_B + 16, v);
     for (double v = ylo; v <= yhi * 1.001; v *= 10)
-        fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#ddd\"/><text x=\"%d\" y=\"%.1f\" "
-                   "text-anchor=\"end\">%g</text>\n",
+        fprintf(f,
+                "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#ddd\"/><text x=\"%d\" y=\"%.1f\" "
+                "text-anchor=\"end\">%g</text>\n",
                 PLOT_L, ly(v, ylo, yhi), PLOT_R, ly(v, ylo, yhi), PLOT_L - 6, ly(v, ylo, yhi) + 4, v);
     fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">arithmetic intensity (flop/byte)</text>\n",
             (PLOT_L + PLOT_R) / 2, PLOT_B + 36);
@@ -369,8 +371,9 @@ static int write_roofline_svg(const char *path, const roofline_opts *o, const sc
     /* the roofs: bandwidth x I up to the ridge, then the FMA rate */
     double ridge = peak * 1e9 / bw, x0 = xlo;
     if (bw * x0 / 1e9 < ylo) x0 = ylo * 1e9 / bw;
-    fprintf(f, "<polyline class=\"roof\" fill=\"none\" stroke=\"#222\" stroke-width=\"2\" points=\"%.1f,%.1f "
-               "%.1f,%.1f %.1f,%.1f\"/>\n",
+    fprintf(f,
+            "<polyline class=\"roof\" fill=\"none\" stroke=\"#222\" stroke-width=\"2\" points=\"%.1f,%.1f "
+            "%.1f,%.1f %.1f,%.1f\"/>\n",
             lx(x0, xlo, xhi), ly(bw * x0 / 1e9, ylo, yhi), lx(ridge, xlo, xhi), ly(peak, ylo, yhi), lx(xhi, xlo, xhi),
             ly(peak, ylo, yhi));
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">read %.1f GB/s</text>\n", lx(x0, xlo, xhi) + 10,
@@ -382,12 +385,14 @@ static int write_roofline_svg(const char *path, const roofline_opts *o, const sc
         op_fig r = op_figures(s, k, bw, o->peak_flops);
         if (!r.plotted) continue;
         double x = fmin(fmax(r.intensity, xlo), xhi), y = fmin(fmax(r.gflops, ylo), yhi);
-        fprintf(f, "<circle class=\"op\" data-op=\"%s\" cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"%s\" stroke=\"#222\"/>\n",
+        fprintf(f,
+                "<circle class=\"op\" data-op=\"%s\" cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"%s\" stroke=\"#222\"/>\n",
                 lm_prof_names[k], lx(x, xlo, xhi), ly(y, ylo, yhi), op_colors[k]);
-        fprintf(f, "<circle cx=\"%d\" cy=\"%d\" r=\"5\" fill=\"%s\" stroke=\"#222\"/><text x=\"%d\" y=\"%d\">%s "
-                   "%.0f%% (%s)</text>\n",
-                PLOT_R + 14, PLOT_T + 8 + 18 * row, op_colors[k], PLOT_R + 24, PLOT_T + 12 + 18 * row,
-                lm_prof_names[k], r.pct, r.memory_bound ? "memory" : "compute");
+        fprintf(f,
+                "<circle cx=\"%d\" cy=\"%d\" r=\"5\" fill=\"%s\" stroke=\"#222\"/><text x=\"%d\" y=\"%d\">%s "
+                "%.0f%% (%s)</text>\n",
+                PLOT_R + 14, PLOT_T + 8 + 18 * row, op_colors[k], PLOT_R + 24, PLOT_T + 12 + 18 * row, lm_prof_names[k],
+                r.pct, r.memory_bound ? "memory" : "compute");
         row++;
     }
     fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"#555\">share of the roof that bounds the op</text>\n", PLOT_R + 14,
@@ -408,8 +413,9 @@ static int write_bars_svg(const char *path, const roofline_opts *o, const scenar
             nb++;
         }
     top *= 1.1;
-    fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" "
-               "height=\"%d\" viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"11\">\n",
+    fprintf(f,
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" "
+            "height=\"%d\" viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"11\">\n",
             SVG_W, SVG_H, SVG_W, SVG_H);
     fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n<text x=\"%d\" y=\"24\" font-size=\"14\">",
             PLOT_L);
@@ -418,8 +424,9 @@ static int write_bars_svg(const char *path, const roofline_opts *o, const scenar
     fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#444\"/>\n", PLOT_L, PLOT_B, PLOT_R, PLOT_B);
     for (int t = 0; t <= 4; t++) {
         double v = top * t / 4, y = PLOT_B - (PLOT_B - PLOT_T) * t / 4.0;
-        fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#ddd\"/><text x=\"%d\" y=\"%.1f\" "
-                   "text-anchor=\"end\">%.3g</text>\n",
+        fprintf(f,
+                "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#ddd\"/><text x=\"%d\" y=\"%.1f\" "
+                "text-anchor=\"end\">%.3g</text>\n",
                 PLOT_L, y, PLOT_R, y, PLOT_L - 6, y + 4, 1e3 * v);
     }
     double bw_w = nb ? (PLOT_R - PLOT_L) / (double)nb : 0;
@@ -437,8 +444,9 @@ static int write_bars_svg(const char *path, const roofline_opts *o, const scenar
             if (h <= 0) continue;
             const char *name = k < LM_PROF_COUNT ? lm_prof_names[k] : k == LM_PROF_COUNT ? "dispatch gaps" : "other";
             const char *col = k < LM_PROF_COUNT ? op_colors[k] : k == LM_PROF_COUNT ? "#333333" : "#dddddd";
-            fprintf(f, "<rect class=\"part\" data-part=\"%s\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.2f\" "
-                       "fill=\"%s\"><title>%s %.4f ms</title></rect>\n",
+            fprintf(f,
+                    "<rect class=\"part\" data-part=\"%s\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.2f\" "
+                    "fill=\"%s\"><title>%s %.4f ms</title></rect>\n",
                     name, x, y - h, w, h, col, name, 1e3 * parts[k]);
             y -= h;
         }
@@ -448,7 +456,8 @@ static int write_bars_svg(const char *path, const roofline_opts *o, const scenar
     for (int k = 0; k < LM_PROF_COUNT + 2; k++) {
         const char *name = k < LM_PROF_COUNT ? lm_prof_names[k] : k == LM_PROF_COUNT ? "dispatch gaps" : "other";
         const char *col = k < LM_PROF_COUNT ? op_colors[k] : k == LM_PROF_COUNT ? "#333333" : "#dddddd";
-        fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"10\" height=\"10\" fill=\"%s\"/><text x=\"%d\" y=\"%d\">%s</text>\n",
+        fprintf(f,
+                "<rect x=\"%d\" y=\"%d\" width=\"10\" height=\"10\" fill=\"%s\"/><text x=\"%d\" y=\"%d\">%s</text>\n",
                 PLOT_R + 20, PLOT_T + 18 * k, col, PLOT_R + 36, PLOT_T + 9 + 18 * k, name);
     }
     fprintf(f, "</svg>\n");

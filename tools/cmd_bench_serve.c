@@ -48,44 +48,45 @@
 #include "base/util.h"
 
 static void usage_bench_serve(FILE *f) {
-    fprintf(f,
-            "usage: lamina bench serve -m MODEL.gguf [--requests N] [--concurrency C | --rate R] [--seed S]\n"
-            "                          [-t THREADS] [options]\n"
-            "Replay a serving workload one request at a time, with static batching and with\n"
-            "continuous batching; print throughput and latency for each.\n\n"
-            "  --requests N        requests in the workload (default 64)\n"
-            "  --concurrency C     requests in flight at once, all arriving at the start (default N)\n"
-            "  --rate R            Poisson arrivals at R requests/s instead (concurrency unbounded)\n"
-            "  --seed S            workload seed (default 1)\n"
-            "  --prompt-len A:B    short prompts' token range (default 16:96); long ones are 3x-6x B\n"
-            "  --output-len A:B    short outputs' token range (default 16:64); long ones are 2x-4x B\n"
-            "  --fixed P:G         every request has P prompt and G generated tokens instead\n"
-            "  --modes LIST        comma-separated subset of one-at-a-time,static,continuous\n"
-            "  -t N                threads (default: physical cores)\n"
-            "  -c N                context per sequence (default: the model's)\n"
-            "  --ctx-extend        allow -c above the model's trained context (with a warning)\n"
-            "  --batch-tokens N    tokens per iteration (default %d)\n"
-            "  --max-seqs N        sequences per iteration (default 64)\n"
-            "  --kv-mem BYTES      KV pool size (default: context x max-seqs, at most 4 GiB)\n"
-            "  --kv-type T         F16 (default), F32, Q8_0\n"
-            "  --spec ngram        speculative decoding by prompt lookup\n"
-            "  --draft-model FILE  speculative decoding by a draft model (same tokenizer)\n"
-            "  --draft-max K       tokens proposed per step at most (default 4; 3 with --draft-model)\n"
-            "  --draft-min N, --draft-p-min P, --draft-cost P, --draft-vocab N  with --draft-model: see lamina run --help\n"
-            "  --spec-widths W:T,...  the model pass's time by its rows: see lamina run --help\n"
-            "  --prompt-file FILE  every request's prompt is this text (outputs still drawn)\n"
-            "  --shared-prefix N   prompts start with one of N shared system prompts; each mode runs\n"
-            "                      with the prefix cache off and on\n"
-            "  --prefix-len L      tokens per shared system prompt (default 256)\n"
-            "  --temp T            sampling temperature (default 0: greedy)\n"
-            "  --profile           print where the engine's iterations spend their time, per op\n"
-            "  --serial-sampling   draw the tokens one after another on the engine thread\n",
-            FWD_BATCH_DEFAULT);
+    fprintf(
+        f,
+        "usage: lamina bench serve -m MODEL.gguf [--requests N] [--concurrency C | --rate R] [--seed S]\n"
+        "                          [-t THREADS] [options]\n"
+        "Replay a serving workload one request at a time, with static batching and with\n"
+        "continuous batching; print throughput and latency for each.\n\n"
+        "  --requests N        requests in the workload (default 64)\n"
+        "  --concurrency C     requests in flight at once, all arriving at the start (default N)\n"
+        "  --rate R            Poisson arrivals at R requests/s instead (concurrency unbounded)\n"
+        "  --seed S            workload seed (default 1)\n"
+        "  --prompt-len A:B    short prompts' token range (default 16:96); long ones are 3x-6x B\n"
+        "  --output-len A:B    short outputs' token range (default 16:64); long ones are 2x-4x B\n"
+        "  --fixed P:G         every request has P prompt and G generated tokens instead\n"
+        "  --modes LIST        comma-separated subset of one-at-a-time,static,continuous\n"
+        "  -t N                threads (default: physical cores)\n"
+        "  -c N                context per sequence (default: the model's)\n"
+        "  --ctx-extend        allow -c above the model's trained context (with a warning)\n"
+        "  --batch-tokens N    tokens per iteration (default %d)\n"
+        "  --max-seqs N        sequences per iteration (default 64)\n"
+        "  --kv-mem BYTES      KV pool size (default: context x max-seqs, at most 4 GiB)\n"
+        "  --kv-type T         F16 (default), F32, Q8_0\n"
+        "  --spec ngram        speculative decoding by prompt lookup\n"
+        "  --draft-model FILE  speculative decoding by a draft model (same tokenizer)\n"
+        "  --draft-max K       tokens proposed per step at most (default 4; 3 with --draft-model)\n"
+        "  --draft-min N, --draft-p-min P, --draft-cost P, --draft-vocab N  with --draft-model: see lamina run --help\n"
+        "  --spec-widths W:T,...  the model pass's time by its rows: see lamina run --help\n"
+        "  --prompt-file FILE  every request's prompt is this text (outputs still drawn)\n"
+        "  --shared-prefix N   prompts start with one of N shared system prompts; each mode runs\n"
+        "                      with the prefix cache off and on\n"
+        "  --prefix-len L      tokens per shared system prompt (default 256)\n"
+        "  --temp T            sampling temperature (default 0: greedy)\n"
+        "  --profile           print where the engine's iterations spend their time, per op\n"
+        "  --serial-sampling   draw the tokens one after another on the engine thread\n",
+        FWD_BATCH_DEFAULT);
 }
 
 typedef struct {
     int n_prompt, n_out;
-    double t_arrive;          /* offset from the start (Poisson) */
+    double t_arrive; /* offset from the start (Poisson) */
 } work_item;
 
 typedef struct bench_run bench_run;
@@ -95,7 +96,7 @@ typedef struct {
     int id;
     double t_submit, t_first, t_last, t_done;
     int n_tok;
-    int cached;               /* prompt tokens the prefix cache gave */
+    int cached; /* prompt tokens the prefix cache gave */
     bool failed;
 } req_rec;
 
@@ -105,7 +106,7 @@ struct bench_run {
     int n;
     int32_t **prompts;
     req_rec *rec;
-    double *itl;              /* (sum of outputs) inter-token latencies */
+    double *itl; /* (sum of outputs) inter-token latencies */
     int n_itl, itl_cap;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -194,11 +195,11 @@ typedef struct {
     double wall, req_s, out_tok_s, total_tok_s, decode_tok_s, mean_batch;
     dist ttft, tpot, itl, e2e;
     int failed;
-    double hit_rate;          /* prompt tokens from the prefix cache / prompt tokens */
+    double hit_rate; /* prompt tokens from the prefix cache / prompt tokens */
     uint64_t prefix_queries, prefix_hits;
     uint64_t preemptions;
     uint64_t spec_proposed, spec_accepted, spec_steps;
-    uint64_t gen_tokens;      /* tokens generated: with the accepted ones, the decode passes per sequence */
+    uint64_t gen_tokens; /* tokens generated: with the accepted ones, the decode passes per sequence */
 } mode_result;
 
 /* The engine's iteration times: per op of the forward pass, sampling,
@@ -209,8 +210,8 @@ static void print_profile(lm_engine *e, const char *name, double wall) {
     if (!p.steps) return;
     double ops = 0;
     for (int i = 0; i < LM_PROF_COUNT; i++) ops += p.ops[i];
-    printf("profile (%s): %llu iterations, %.1f sequences each; ms per iteration and share of the wall time\n",
-           name, (unsigned long long)p.steps, (double)p.seqs / (double)p.steps);
+    printf("profile (%s): %llu iterations, %.1f sequences each; ms per iteration and share of the wall time\n", name,
+           (unsigned long long)p.steps, (double)p.seqs / (double)p.steps);
     double ms = 1e3 / (double)p.steps;
     for (int i = 0; i < LM_PROF_COUNT; i++)
         if (p.ops[i] > 0) printf("  %-22s %8.2f ms %5.1f%%\n", lm_prof_names[i], p.ops[i] * ms, 100 * p.ops[i] / wall);
@@ -220,7 +221,8 @@ static void print_profile(lm_engine *e, const char *name, double wall) {
     if (p.draft_steps)
         printf("  %-22s %8.2f ms %5.1f%%   (%.2f ms in each of %llu iterations)\n", "draft model", p.draft * ms,
                100 * p.draft / wall, 1e3 * p.draft / (double)p.draft_steps, (unsigned long long)p.draft_steps);
-    if (p.guard_off) printf("  speculation kept off by the measured guard in %llu iterations\n", (unsigned long long)p.guard_off);
+    if (p.guard_off)
+        printf("  speculation kept off by the measured guard in %llu iterations\n", (unsigned long long)p.guard_off);
     double rest = wall - p.forward - p.sample - p.emit - p.draft;
     printf("  %-22s %8.2f ms %5.1f%%\n", "scheduling + idle", rest * ms, 100 * rest / wall);
 }
@@ -235,8 +237,7 @@ static int run_mode(const lm_model *m, const lm_engine_config *ec, const work_it
     }
     engine_set_profile(e, bench_profile);
     engine_set_serial_sampling(e, bench_serial);
-    bench_run b = {.e = e, .w = w, .n = n, .prompts = prompts, .concurrency = concurrency,
-                   .closed_loop = !poisson};
+    bench_run b = {.e = e, .w = w, .n = n, .prompts = prompts, .concurrency = concurrency, .closed_loop = !poisson};
     b.rec = calloc((size_t)n, sizeof *b.rec);
     b.itl_cap = 0;
     for (int i = 0; i < n; i++) b.itl_cap += w[i].n_out;
@@ -280,9 +281,13 @@ static int run_mode(const lm_model *m, const lm_engine_config *ec, const work_it
     if (bench_profile) print_profile(e, name, t_end - t0);
     engine_free(e);
 
-    *res = (mode_result){.name = name, .wall = t_end - t0, .preemptions = st.preemptions_total,
-                         .spec_proposed = st.spec_proposed_total, .spec_accepted = st.spec_accepted_total,
-                         .spec_steps = st.spec_steps_total, .gen_tokens = st.generation_tokens_total,
+    *res = (mode_result){.name = name,
+                         .wall = t_end - t0,
+                         .preemptions = st.preemptions_total,
+                         .spec_proposed = st.spec_proposed_total,
+                         .spec_accepted = st.spec_accepted_total,
+                         .spec_steps = st.spec_steps_total,
+                         .gen_tokens = st.generation_tokens_total,
                          .prefix_queries = st.prefix_queries_total,
                          .prefix_hits = st.prefix_hits_total};
     double *ttft = malloc((size_t)n * sizeof *ttft), *tpot = malloc((size_t)n * sizeof *tpot),
@@ -349,8 +354,8 @@ static void print_mode(const mode_result *x, bool spec) {
            x->itl.p99 * 1e3);
     printf("  %-12s mean %8.1f  p50 %8.1f  p99 %8.1f ms\n", "E2E latency", x->e2e.mean * 1e3, x->e2e.p50 * 1e3,
            x->e2e.p99 * 1e3);
-    printf("  decode after the last first token: %.2f tok/s; %d failed, %llu preemptions\n", x->decode_tok_s,
-           x->failed, (unsigned long long)x->preemptions);
+    printf("  decode after the last first token: %.2f tok/s; %d failed, %llu preemptions\n", x->decode_tok_s, x->failed,
+           (unsigned long long)x->preemptions);
     if (spec) {
         /* a sequence's decode passes: its tokens less those accepted (a
          * verifying pass yields 1 + accepted) */
@@ -489,17 +494,17 @@ int cmd_bench_serve(int argc, char **argv) {
         prompts[i] = malloc((size_t)np * sizeof *prompts[i]);
         int32_t bos = tok_bos(m->tok);
         for (int k = 0; k < np; k++)
-            prompts[i][k] = ftoks ? ftoks[k]
-                            : k == 0 && bos >= 0 ? bos
-                            : sys && k <= prefix_len ? sys[(size_t)(i % n_shared) * (size_t)prefix_len + (size_t)k - 1]
-                                                     : (int32_t)(lm_rng_u64(&r) % (uint64_t)m->hp.n_vocab);
+            prompts[i][k] = ftoks        ? ftoks[k]
+                : k == 0 && bos >= 0     ? bos
+                : sys && k <= prefix_len ? sys[(size_t)(i % n_shared) * (size_t)prefix_len + (size_t)k - 1]
+                                         : (int32_t)(lm_rng_u64(&r) % (uint64_t)m->hp.n_vocab);
         sum_p += np;
         sum_o += no;
     }
     printf("workload: %d requests, prompts %.1f tokens and outputs %.1f tokens on average, %s; %lld threads, "
            "batch %d tokens, up to %d sequences\n",
-           n, (double)sum_p / n, (double)sum_o / n, rate > 0 ? "Poisson arrivals" : "all arriving at once",
-           threads, ec.batch_tokens, ec.max_seqs);
+           n, (double)sum_p / n, (double)sum_o / n, rate > 0 ? "Poisson arrivals" : "all arriving at once", threads,
+           ec.batch_tokens, ec.max_seqs);
     if (n_shared)
         printf("shared prefixes: %d system prompts of %d tokens (request i uses i mod %d)\n", n_shared, prefix_len,
                n_shared);

@@ -26,22 +26,23 @@
 #include "sched/engine.h"
 
 static void usage_bench_spec(FILE *f) {
-    fprintf(f,
-            "usage: lamina bench spec -m MODEL.gguf -f PROMPT.txt [-n 128] [-r 3] [-t THREADS] [--draft-max K]\n"
-            "                         [--draft-model DRAFT.gguf [--draft-min N] [--draft-p-min P] [--draft-cost P] [--draft-vocab N]]\n"
-            "Generate greedily from the prompt with speculative decoding off and on, alternately,\n"
-            "and print decode speed, acceptance and whether the outputs agree. The proposer is\n"
-            "prompt lookup, or the draft model given.\n\n"
-            "  -f FILE         the prompt (a copy-heavy one shows the gain)\n"
-            "  -n N            tokens to generate (default 128)\n"
-            "  -r N            repetitions of each (default 3)\n"
-            "  -t N            threads (default: physical cores)\n"
-            "  -c N            context (default: the model's, at most 4096)\n"
-            "  --ctx-extend    allow -c above the model's trained context (with a warning)\n"
-            "  --draft-max K   tokens proposed per step at most (default 4; 3 with --draft-model)\n"
-            "  --draft-model FILE  a draft model with the same tokenizer proposes\n"
-            "  --draft-min N, --draft-p-min P, --draft-cost P, --draft-vocab N  with --draft-model: see lamina run --help\n"
-            "  --spec-widths W:T,...  the model pass's time by its rows: see lamina run --help\n");
+    fprintf(
+        f,
+        "usage: lamina bench spec -m MODEL.gguf -f PROMPT.txt [-n 128] [-r 3] [-t THREADS] [--draft-max K]\n"
+        "                         [--draft-model DRAFT.gguf [--draft-min N] [--draft-p-min P] [--draft-cost P] [--draft-vocab N]]\n"
+        "Generate greedily from the prompt with speculative decoding off and on, alternately,\n"
+        "and print decode speed, acceptance and whether the outputs agree. The proposer is\n"
+        "prompt lookup, or the draft model given.\n\n"
+        "  -f FILE         the prompt (a copy-heavy one shows the gain)\n"
+        "  -n N            tokens to generate (default 128)\n"
+        "  -r N            repetitions of each (default 3)\n"
+        "  -t N            threads (default: physical cores)\n"
+        "  -c N            context (default: the model's, at most 4096)\n"
+        "  --ctx-extend    allow -c above the model's trained context (with a warning)\n"
+        "  --draft-max K   tokens proposed per step at most (default 4; 3 with --draft-model)\n"
+        "  --draft-model FILE  a draft model with the same tokenizer proposes\n"
+        "  --draft-min N, --draft-p-min P, --draft-cost P, --draft-vocab N  with --draft-model: see lamina run --help\n"
+        "  --spec-widths W:T,...  the model pass's time by its rows: see lamina run --help\n");
 }
 
 typedef struct {
@@ -50,7 +51,7 @@ typedef struct {
     bool done;
     lm_finish finish;
     lm_request_stats stats;
-    int32_t *ids;             /* (cap) generated tokens */
+    int32_t *ids; /* (cap) generated tokens */
     int n, cap;
 } spec_run;
 
@@ -156,10 +157,12 @@ int cmd_bench_spec(int argc, char **argv) {
     if (so.draft_path) {
         lm_engine_stats est;
         engine_stats(e, &est);
-        printf("draft pass: %.3f of a model pass (the cost model's price of a guess: measured at start, or --draft-cost)\n",
-               (double)est.spec_draft_cost);
+        printf(
+            "draft pass: %.3f of a model pass (the cost model's price of a guess: measured at start, or --draft-cost)\n",
+            (double)est.spec_draft_cost);
         int nv = draft_vocab_size(so.draft, so.vocab);
-        if (nv > 0) printf("draft LM head: %d of %d tokens and the sequence's own (--draft-vocab)\n", nv, so.draft->hp.n_vocab);
+        if (nv > 0)
+            printf("draft LM head: %d of %d tokens and the sequence's own (--draft-vocab)\n", nv, so.draft->hp.n_vocab);
         else printf("draft LM head: the whole vocabulary (%d tokens)\n", so.draft->hp.n_vocab);
     }
     {
@@ -177,8 +180,8 @@ int cmd_bench_spec(int argc, char **argv) {
         if (t_off[i] < 0 || t_on[i] < 0) fail("bench spec", "a generation failed");
         same = same && off.n == on.n && !memcmp(off.ids, on.ids, (size_t)off.n * sizeof *off.ids);
         const lm_request_stats *s = &on.stats;
-        printf("| %d | %.2f | %.2f | %d | %d | %.2f |\n", i + 1, t_off[i], t_on[i], s->spec_proposed,
-               s->spec_accepted, s->spec_steps ? 1.0 + (double)s->spec_accepted / s->spec_steps : 0.0);
+        printf("| %d | %.2f | %.2f | %d | %d | %.2f |\n", i + 1, t_off[i], t_on[i], s->spec_proposed, s->spec_accepted,
+               s->spec_steps ? 1.0 + (double)s->spec_accepted / s->spec_steps : 0.0);
         fflush(stdout);
     }
     qsort(t_off, (size_t)reps, sizeof *t_off, cmp_double);
@@ -186,8 +189,7 @@ int cmd_bench_spec(int argc, char **argv) {
     double mo = t_off[reps / 2], mn = t_on[reps / 2];
     const lm_request_stats *s = &on.stats;
     printf("median: off %.2f tok/s, on %.2f tok/s: %.2fx; acceptance %.1f%%; outputs %s\n", mo, mn, mn / mo,
-           s->spec_proposed ? 100.0 * s->spec_accepted / s->spec_proposed : 0.0,
-           same ? "identical" : "DIFFER");
+           s->spec_proposed ? 100.0 * s->spec_accepted / s->spec_proposed : 0.0, same ? "identical" : "DIFFER");
     engine_free(e);
     free(off.ids), free(on.ids), free(t_off), free(t_on), free(toks);
     pthread_mutex_destroy(&off.mu), pthread_cond_destroy(&off.cv);

@@ -76,8 +76,8 @@ static double mib(uint64_t b) { return (double)b / 1048576.0; }
 static int pp_table(const lm_model *m, const kv_config *whole, const kv_plan *wpl) {
     const lm_pp *pp = &m->pp;
     printf("pipeline:        %d stages of contiguous layers, balanced by weight bytes (embedding on stage 0, "
-           "LM head on stage %d); every stage's pool has the same %lld blocks%s\n", pp->size, pp->size - 1,
-           (long long)(wpl->cls[KV_GLOBAL].n_blocks + wpl->cls[KV_LOCAL].n_blocks),
+           "LM head on stage %d); every stage's pool has the same %lld blocks%s\n",
+           pp->size, pp->size - 1, (long long)(wpl->cls[KV_GLOBAL].n_blocks + wpl->cls[KV_LOCAL].n_blocks),
            m->tp.size > 1 ? "; figures per tensor rank" : "");
     printf("  stage  layers      weights (MiB)  KV/token (bytes)  KV pool (MiB)\n");
     uint64_t sum = 0;
@@ -136,9 +136,10 @@ static uint64_t budget_split(const lm_model *m, const lm_model *dm, uint64_t bud
            (unsigned long long)sp.kv, mib(sp.kv), (long long)sp.kv_tokens, (long long)sp.kv_seqs,
            sp.kv_seqs == 1 ? "" : "s", ctx);
     if (dm)
-        printf("  draft model:   %llu bytes (%.2f MiB): weights %llu + workspace %llu + KV pool %llu (%lld tokens, F16)\n",
-               (unsigned long long)draft, mib(draft), (unsigned long long)sp.draft_weights,
-               (unsigned long long)sp.draft_workspace, (unsigned long long)sp.draft_kv, (long long)sp.draft_kv_tokens);
+        printf(
+            "  draft model:   %llu bytes (%.2f MiB): weights %llu + workspace %llu + KV pool %llu (%lld tokens, F16)\n",
+            (unsigned long long)draft, mib(draft), (unsigned long long)sp.draft_weights,
+            (unsigned long long)sp.draft_workspace, (unsigned long long)sp.draft_kv, (long long)sp.draft_kv_tokens);
     printf("  unused:        %llu bytes (what whole blocks leave)\n", (unsigned long long)(budget - used));
     return sp.kc.mem_bytes;
 }
@@ -151,8 +152,8 @@ static void print_mla(const lm_hparams *hp, const char *elem, uint64_t num, uint
     int qk = hp->qk_nope + hp->n_rot, kvh = hp->n_head >= 4 ? hp->n_head / 4 : 1;
     uint64_t mha = (uint64_t)hp->n_layer * (uint64_t)hp->n_head * (uint64_t)(qk + hp->v_head_dim) * num / den;
     uint64_t gqa = 2ull * (uint64_t)hp->n_layer * (uint64_t)kvh * (uint64_t)qk * num / den;
-    printf("KV per token:    %d layers x (%d latent + %d RoPE key) x %s = %llu bytes (latent attention)\n",
-           hp->n_layer, hp->kv_lora_rank, hp->n_rot, elem, (unsigned long long)per_tok);
+    printf("KV per token:    %d layers x (%d latent + %d RoPE key) x %s = %llu bytes (latent attention)\n", hp->n_layer,
+           hp->kv_lora_rank, hp->n_rot, elem, (unsigned long long)per_tok);
     printf("instead of:      MHA %d layers x %d heads x (%d key + %d value) x %s = %llu bytes (%.1fx)\n", hp->n_layer,
            hp->n_head, qk, hp->v_head_dim, elem, (unsigned long long)mha, (double)mha / (double)per_tok);
     printf("                 GQA 2 x %d layers x %d KV heads x %d head dim x %s = %llu bytes (%.1fx)\n", hp->n_layer,
@@ -187,7 +188,8 @@ int cmd_kv(int argc, char **argv) {
     const lm_hparams *hp = &m->hp;
     if (ctx == 0) ctx = hp->n_ctx_train > 0 ? hp->n_ctx_train : 2048;
     ctx_check("kv", "-c", ctx, hp->n_ctx_train, ctx_extend);
-    if (budget && mem) die_usage(&a, "%s", "--mem is the whole budget (the KV pool gets the rest): give --mem or --kv-mem, not both");
+    if (budget && mem)
+        die_usage(&a, "%s", "--mem is the whole budget (the KV pool gets the rest): give --mem or --kv-mem, not both");
     if (draft_path && !budget) die_usage(&a, "%s", "--draft-model counts a draft model in the budget: give --mem");
     lm_model *dm = draft_path ? load_or_die("kv", draft_path) : NULL;
     if (budget) mem = budget_split(m, dm, budget, type, (int)ctx, (int)seqs, (int)block, (int)chunk, (int)threads);
@@ -221,8 +223,8 @@ int cmd_kv(int argc, char **argv) {
     int n_layers[KV_N_CLASS] = {hp->n_layer - n_local, n_local};
     uint64_t slabs = hp->kv_lora_rank ? 1 : 2; /* latent attention: one row, the value inside the key (kv.h) */
     uint64_t unit = slabs * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim * num / den; /* one layer */
-    uint64_t per_tok = unit * (uint64_t)hp->n_layer, cls_tok[KV_N_CLASS] = {unit * (uint64_t)n_layers[0],
-                                                                          unit * (uint64_t)n_layers[1]};
+    uint64_t per_tok = unit * (uint64_t)hp->n_layer,
+             cls_tok[KV_N_CLASS] = {unit * (uint64_t)n_layers[0], unit * (uint64_t)n_layers[1]};
     int64_t blocks_per_seq = (ctx + block - 1) / block;
     bool swa = n_local > 0;
 
@@ -236,13 +238,13 @@ int cmd_kv(int argc, char **argv) {
                    tp->size, tp->n_head_kv, tp->kv_copies);
         else
             printf("tensor parallel: %d ranks, each holding %d of the %d KV heads (%d query heads); the figures below "
-                   "are per rank\n", tp->size, hp->n_head_kv, tp->n_head_kv, hp->n_head);
+                   "are per rank\n",
+                   tp->size, hp->n_head_kv, tp->n_head_kv, hp->n_head);
     }
     printf("KV type:         %s (%s bytes per element)\n", quant_type_name((uint32_t)type), elem);
     int64_t fit;
     if (!swa) {
-        if (hp->kv_lora_rank)
-            print_mla(hp, elem, num, den, per_tok);
+        if (hp->kv_lora_rank) print_mla(hp, elem, num, den, per_tok);
         else
             printf("KV per token:    2 x %d layers x %d KV heads x %d head dim x %s = %llu bytes\n", hp->n_layer,
                    hp->n_head_kv, hp->head_dim, elem, (unsigned long long)per_tok);
@@ -258,8 +260,8 @@ int cmd_kv(int argc, char **argv) {
     } else {
         const kv_class_plan *g = &pl.cls[KV_GLOBAL], *l = &pl.cls[KV_LOCAL];
         int64_t lps = pl.local_blocks_per_seq;
-        printf("sliding window:  %d tokens on %d local layers; %d global layer%s keep%s every position\n",
-               pl.window, n_local, n_layers[0], n_layers[0] == 1 ? "" : "s", n_layers[0] == 1 ? "s" : "");
+        printf("sliding window:  %d tokens on %d local layers; %d global layer%s keep%s every position\n", pl.window,
+               n_local, n_layers[0], n_layers[0] == 1 ? "" : "s", n_layers[0] == 1 ? "s" : "");
         printf("KV per token:    global 2 x %d layers x %d KV heads x %d head dim x %s = %llu bytes\n", n_layers[0],
                hp->n_head_kv, hp->head_dim, elem, (unsigned long long)cls_tok[KV_GLOBAL]);
         printf("                 local  2 x %d layers x %d KV heads x %d head dim x %s = %llu bytes, for the "
@@ -311,8 +313,9 @@ int cmd_kv(int argc, char **argv) {
     }
     if (per_tok != pl.bytes_per_token || pl.data_bytes != want) rc = 1;
     if (rc)
-        fprintf(stderr, "lamina kv: pool plan (%llu + %llu bytes per token, %llu bytes) disagrees with the formula "
-                        "(%llu + %llu, %llu)\n",
+        fprintf(stderr,
+                "lamina kv: pool plan (%llu + %llu bytes per token, %llu bytes) disagrees with the formula "
+                "(%llu + %llu, %llu)\n",
                 (unsigned long long)pl.cls[KV_GLOBAL].bytes_per_token,
                 (unsigned long long)pl.cls[KV_LOCAL].bytes_per_token, (unsigned long long)pl.data_bytes,
                 (unsigned long long)cls_tok[KV_GLOBAL], (unsigned long long)cls_tok[KV_LOCAL],
@@ -327,7 +330,7 @@ int cmd_kv(int argc, char **argv) {
         kv_stats st;
         kv_stats_get(p, &st);
         bool ok = st.bytes_total == want && st.cls[KV_GLOBAL].n_blocks == pl.cls[KV_GLOBAL].n_blocks &&
-                  st.cls[KV_LOCAL].n_blocks == pl.cls[KV_LOCAL].n_blocks;
+            st.cls[KV_LOCAL].n_blocks == pl.cls[KV_LOCAL].n_blocks;
         if (swa)
             printf("allocated:       %lld global + %lld local blocks, %llu bytes of K/V: %s\n",
                    (long long)st.cls[KV_GLOBAL].n_blocks, (long long)st.cls[KV_LOCAL].n_blocks,

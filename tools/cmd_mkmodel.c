@@ -66,9 +66,9 @@ static void usage_mkmodel(FILE *f) {
 typedef struct {
     const char *name;
     int layers, embd, heads, kv_heads, ff, vocab, ctx;
-    const char *arch;  /* general.architecture; NULL: llama */
-    int head_dim;      /* 0: embd / heads */
-    int window;        /* sliding window (gemma2, phi3), 0: none */
+    const char *arch;                    /* general.architecture; NULL: llama */
+    int head_dim;                        /* 0: embd / heads */
+    int window;                          /* sliding window (gemma2, phi3), 0: none */
     int experts, used, ff_exp, ff_shexp; /* Mixture-of-Experts (experts 0: dense) */
 } preset;
 
@@ -145,8 +145,8 @@ typedef struct {
     gguf_writer *w;
     lm_pool *pool;
     uint64_t seed;
-    int n_tensors;  /* tensors drawn so far: tensor k's rows draw from seed + k * 7919 */
-    void **bufs;    /* (n_bufs) owned until the file is written */
+    int n_tensors; /* tensors drawn so far: tensor k's rows draw from seed + k * 7919 */
+    void **bufs;   /* (n_bufs) owned until the file is written */
     int n_bufs;
     uint64_t bytes;
 } maker;
@@ -163,7 +163,11 @@ static int add(maker *mk, const char *name, int64_t cols, int64_t rows, uint32_t
         lm_rng_seed(&rng, mk->seed * 0x9e3779b97f4a7c15ull + (uint64_t)mk->n_tensors * 7919u);
         for (int64_t i = 0; i < cols; i++) ((float *)buf)[i] = 1.0f + (scale > 0 ? scale * approx_normal(&rng) : 0);
     } else {
-        fill_job j = {.dst = buf, .rows = rows, .cols = cols, .type = type, .scale = scale,
+        fill_job j = {.dst = buf,
+                      .rows = rows,
+                      .cols = cols,
+                      .type = type,
+                      .scale = scale,
                       .seed = mk->seed + (uint64_t)mk->n_tensors * 7919u};
         atomic_init(&j.next, 0);
         pool_run(mk->pool, fill_worker, &j);
@@ -182,7 +186,11 @@ static int add3(maker *mk, const char *name, int64_t cols, int64_t rows, int64_t
     if (!buf) return -1;
     mk->bufs[mk->n_bufs++] = buf;
     mk->n_tensors++;
-    fill_job j = {.dst = buf, .rows = rows * n_mat, .cols = cols, .type = type, .scale = scale,
+    fill_job j = {.dst = buf,
+                  .rows = rows * n_mat,
+                  .cols = cols,
+                  .type = type,
+                  .scale = scale,
                   .seed = mk->seed + (uint64_t)mk->n_tensors * 7919u};
     atomic_init(&j.next, 0);
     pool_run(mk->pool, fill_worker, &j);
@@ -198,7 +206,11 @@ static float *draw_f32(maker *mk, int64_t rows, int64_t cols, float scale) {
     if (!buf) return NULL;
     mk->bufs[mk->n_bufs++] = buf;
     mk->n_tensors++;
-    fill_job j = {.dst = buf, .rows = rows, .cols = cols, .type = LM_TYPE_F32, .scale = scale,
+    fill_job j = {.dst = buf,
+                  .rows = rows,
+                  .cols = cols,
+                  .type = LM_TYPE_F32,
+                  .scale = scale,
                   .seed = mk->seed + (uint64_t)mk->n_tensors * 7919u};
     atomic_init(&j.next, 0);
     pool_run(mk->pool, fill_worker, &j);
@@ -319,7 +331,8 @@ int cmd_mkmodel(int argc, char **argv) {
             return 1;
         }
         gguf_arr toks;
-        if (!gguf_get_arr(vsrc, "tokenizer.ggml.tokens", &toks)) fail("mkmodel", "--vocab-from file has no tokenizer.ggml.tokens");
+        if (!gguf_get_arr(vsrc, "tokenizer.ggml.tokens", &toks))
+            fail("mkmodel", "--vocab-from file has no tokenizer.ggml.tokens");
         p.vocab = (int)toks.n;
     }
     maker mk = {.w = gguf_writer_new(), .pool = pool_new((int)threads), .seed = (uint64_t)seed};
@@ -445,7 +458,8 @@ int cmd_mkmodel(int argc, char **argv) {
     }
     for (int i = 0; i < p.layers && !rc; i++) {
         char n[96];
-#define A(suffix, cols, rows, ty, sc, ones) (snprintf(n, sizeof n, "blk.%d." suffix, i), add(&mk, n, cols, rows, ty, sc, ones))
+#define A(suffix, cols, rows, ty, sc, ones)                                                                            \
+    (snprintf(n, sizeof n, "blk.%d." suffix, i), add(&mk, n, cols, rows, ty, sc, ones))
         rc |= A("attn_norm.weight", E, 1, LM_TYPE_F32, nn, true);
         if (ml) {
             rc |= mla_layer(&mk, i, ml, &p, t, nn, kv_b_whole);

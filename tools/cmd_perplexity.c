@@ -68,15 +68,17 @@ static void check_base(const logits_reader *r, const lm_model *m, const uint8_t 
                  r->h.n_vocab, m->hp.n_vocab);
         fail("perplexity", msg);
     }
-    if (memcmp(r->h.vocab_sha, sha, 32) != 0) fail("perplexity", "the saved logits come from a model with another vocabulary");
+    if (memcmp(r->h.vocab_sha, sha, 32) != 0)
+        fail("perplexity", "the saved logits come from a model with another vocabulary");
     if ((int)r->h.n_ctx != C) {
-        snprintf(msg, sizeof msg, "the saved logits have chunks of %u tokens, this run %d (leave -c out to use the file's)",
-                 r->h.n_ctx, C);
+        snprintf(msg, sizeof msg,
+                 "the saved logits have chunks of %u tokens, this run %d (leave -c out to use the file's)", r->h.n_ctx,
+                 C);
         fail("perplexity", msg);
     }
     if ((int)r->h.n_chunk < n_chunk || n < n_chunk * C) {
-        snprintf(msg, sizeof msg, "the saved logits hold %u chunks, this text has %d of %d tokens", r->h.n_chunk,
-                 n / C, C);
+        snprintf(msg, sizeof msg, "the saved logits hold %u chunks, this text has %d of %d tokens", r->h.n_chunk, n / C,
+                 C);
         fail("perplexity", msg);
     }
     for (int c = 0; c < n_chunk; c++)
@@ -84,8 +86,10 @@ static void check_base(const logits_reader *r, const lm_model *m, const uint8_t 
             int32_t t = toks[(size_t)c * C + j];
             if (j == 0 && add_bos && tok_bos(m->tok) >= 0) t = tok_bos(m->tok);
             if (t != r->tokens[(size_t)c * C + j]) {
-                snprintf(msg, sizeof msg, "token %d of chunk %d is %d here and %d in the saved logits (another "
-                         "text or tokenizer)", j, c + 1, t, r->tokens[(size_t)c * C + j]);
+                snprintf(msg, sizeof msg,
+                         "token %d of chunk %d is %d here and %d in the saved logits (another "
+                         "text or tokenizer)",
+                         j, c + 1, t, r->tokens[(size_t)c * C + j]);
                 fail("perplexity", msg);
             }
         }
@@ -137,7 +141,9 @@ static safefile *save_begin(const char *path, const lm_model *m, const uint8_t s
     char err[LM_ERRLEN];
     safefile *sf = safefile_create(path, err, sizeof err);
     if (!sf) fail("perplexity", err);
-    logits_hdr h = {.n_vocab = (uint32_t)m->hp.n_vocab, .n_ctx = (uint32_t)C, .n_chunk = (uint32_t)n_chunk,
+    logits_hdr h = {.n_vocab = (uint32_t)m->hp.n_vocab,
+                    .n_ctx = (uint32_t)C,
+                    .n_chunk = (uint32_t)n_chunk,
                     .first = (uint32_t)first};
     memcpy(h.vocab_sha, sha, 32);
     uint8_t hb[LOGITS_HDR_BYTES];

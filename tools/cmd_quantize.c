@@ -56,8 +56,8 @@ static void on_tensor(void *user, const quantize_tensor_info *t) {
         else q->fb_other++;
     }
     progress_hide(&q->prog);
-    fprintf(stderr, "[%4lld/%4lld] %-32s %-5s -> %-5s %9.2f MiB -> %8.2f MiB\n", (long long)t->i + 1,
-            (long long)t->n, t->name, quant_type_name(t->from), quant_type_name(t->to), t->in_bytes / 1048576.0,
+    fprintf(stderr, "[%4lld/%4lld] %-32s %-5s -> %-5s %9.2f MiB -> %8.2f MiB\n", (long long)t->i + 1, (long long)t->n,
+            t->name, quant_type_name(t->from), quant_type_name(t->to), t->in_bytes / 1048576.0,
             t->out_bytes / 1048576.0);
     progress_bytes(&q->prog, t->in_done, t->in_total);
     progress_update(&q->prog, (long long)t->i + 1, (long long)t->n);

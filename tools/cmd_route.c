@@ -74,8 +74,8 @@ typedef struct {
     pid_t pids[RT_MAX_REPLICAS];
     int restarts[RT_MAX_REPLICAS];
     double died_at[RT_MAX_REPLICAS];
-    char **argv;               /* (argc + 1) the serve command, "--port" value patched per replica */
-    int port_arg;              /* index of the port value in argv */
+    char **argv;  /* (argc + 1) the serve command, "--port" value patched per replica */
+    int port_arg; /* index of the port value in argv */
     atomic_bool stopping;
     pthread_mutex_t mu;
 } spawner;
@@ -117,8 +117,8 @@ static void *supervise(void *arg) {
             int st;
             if (s->pids[i] > 0 && waitpid(s->pids[i], &st, WNOHANG) == s->pids[i]) {
                 fprintf(stderr, "lamina route: replica %d (pid %d) %s %d; restarting\n", i, (int)s->pids[i],
-                        WIFSIGNALED(st) ? "killed by signal" : "exited with", WIFSIGNALED(st) ? WTERMSIG(st)
-                                                                                          : WEXITSTATUS(st));
+                        WIFSIGNALED(st) ? "killed by signal" : "exited with",
+                        WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
                 s->pids[i] = 0;
                 s->died_at[i] = lm_now();
                 s->restarts[i]++;

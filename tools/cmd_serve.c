@@ -25,64 +25,65 @@
 #include "base/util.h"
 
 static void usage_serve(FILE *f) {
-    fprintf(f,
-            "usage: lamina serve -m MODEL.gguf [options]\n"
-            "Serve the model over HTTP: a chat page at / (open it in a browser), and OpenAI's API:\n"
-            "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,\n"
-            "GET /metrics (Prometheus).\n\n"
-            "  -m, --model FILE       GGUF model\n"
-            "      --host ADDR        address to bind (default 127.0.0.1)\n"
-            "      --port N           TCP port (default 8080; 0 picks a free one)\n"
-            "      --api-key KEY      require 'Authorization: Bearer KEY' on /v1/*; repeat it for several\n"
-            "                         keys, each a tenant with its own prefix cache (requests may add\n"
-            "                         a \"cache_salt\" string to split a key's cache further)\n"
-            "      --model-name NAME  the name requests use (default: the file's base name)\n"
-            "      --chat-template NAME|FILE  a template family (chatml, llama2, llama3, mistral, gemma,\n"
-            "                         phi3, zephyr, ...) or a Jinja template file, instead of the model's\n"
-            "  -c, --ctx-size N       positions per sequence (default: the model's)\n"
-            "      --ctx-extend       allow -c above the model's trained context (with a warning)\n"
-            "  -t, --threads N        threads (default: physical cores)\n"
-            "      --max-seqs N       sequences generating at once (default 64)\n"
-            "      --batch-tokens N   tokens per engine iteration (default %d)\n"
-            "      --mem BYTES        the whole memory budget, e.g. 8G: weights, workspace, and the KV\n"
-            "                         pool gets the rest (default: 80%% of the memory available, as a\n"
-            "                         bound on the --kv-mem default); too small for one full context:\n"
-            "                         an error (exit 1)\n"
-            "      --kv-mem BYTES     KV cache pool size, e.g. 512M (default: context x max-seqs, at most 4G)\n"
-            "      --kv-type T        KV cache element type: F16 (default), F32, Q8_0\n"
-            "      --spec ngram       speculative decoding by prompt lookup, on for every request unless\n"
-            "                         it sends \"speculative\": false or \"draft_max\": 0\n"
-            "      --draft-model FILE speculative decoding by a draft model with the same tokenizer, on\n"
-            "                         for every request in the same way\n"
-            "      --draft-max K      tokens proposed per step at most (default 4, 3 with --draft-model;\n"
-            "                         a request's \"draft_max\" may ask for fewer)\n"
-            "      --draft-min N, --draft-p-min P, --draft-cost P, --draft-vocab N  with --draft-model: see lamina run --help\n"
-            "      --spec-widths W:T,...  the model pass's time by its rows: see lamina run --help\n"
-            "      --max-waiting N    queued requests before answering 429 (default 256; 0: unbounded)\n"
-            "      --timeout SECONDS  cancel a request after this long, answering with what it has (default 600)\n"
-            "      --keepalive SECONDS  a streaming comment line after this much silence (default 3)\n"
-            "      --idle-timeout SECONDS  close a connection idle this long (default 60)\n"
-            "      --read-timeout SECONDS  close a connection whose request (headers and body) has not all\n"
-            "                         arrived this long after its first byte (default 30; 0: no limit)\n"
-            "      --max-connections N  connections at once (default 512); past it a new one is closed\n"
-            "                         at once\n"
-            "      --max-connections-per-ip N  connections from one address (default 256; 0: no limit);\n"
-            "                         past it a new one is closed at once\n"
-            "      --conn-memory BYTES  memory per connection for the request line, headers and buffers\n"
-            "                         (default 32K, at least 8K; a request line or headers past it: 414, 431)\n"
-            "      --max-headers N    header lines in a request (default 100; more: 431)\n"
-            "      --max-body BYTES   largest request body (default 1M; larger: 413)\n"
-            "      --stream-buffer BYTES  generated text and logprobs a stream may hold unsent (once the\n"
-            "                         socket's buffer is full) before its request is cancelled (default 4M)\n"
-            "      --max-tokens N     max_tokens of a request that sets none (default: 1024 on chat, 16 on\n"
-            "                         completions as OpenAI's API; chat never past the context)\n"
-            "      --max-tokens-cap N largest max_tokens a request may ask for (default: the context)\n"
-            "      --temp T, --top-k K, --top-p P, --min-p P  sampling for a request that sets none of\n"
-            "                         these fields (defaults 0.8, 40, 0.95, 0.05, as lamina run; a\n"
-            "                         request's temperature 0 is greedy)\n"
-            "      --max-n N          largest n (choices per prompt; default 16)\n"
-            "  -h, --help             this text\n",
-            FWD_BATCH_DEFAULT);
+    fprintf(
+        f,
+        "usage: lamina serve -m MODEL.gguf [options]\n"
+        "Serve the model over HTTP: a chat page at / (open it in a browser), and OpenAI's API:\n"
+        "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,\n"
+        "GET /metrics (Prometheus).\n\n"
+        "  -m, --model FILE       GGUF model\n"
+        "      --host ADDR        address to bind (default 127.0.0.1)\n"
+        "      --port N           TCP port (default 8080; 0 picks a free one)\n"
+        "      --api-key KEY      require 'Authorization: Bearer KEY' on /v1/*; repeat it for several\n"
+        "                         keys, each a tenant with its own prefix cache (requests may add\n"
+        "                         a \"cache_salt\" string to split a key's cache further)\n"
+        "      --model-name NAME  the name requests use (default: the file's base name)\n"
+        "      --chat-template NAME|FILE  a template family (chatml, llama2, llama3, mistral, gemma,\n"
+        "                         phi3, zephyr, ...) or a Jinja template file, instead of the model's\n"
+        "  -c, --ctx-size N       positions per sequence (default: the model's)\n"
+        "      --ctx-extend       allow -c above the model's trained context (with a warning)\n"
+        "  -t, --threads N        threads (default: physical cores)\n"
+        "      --max-seqs N       sequences generating at once (default 64)\n"
+        "      --batch-tokens N   tokens per engine iteration (default %d)\n"
+        "      --mem BYTES        the whole memory budget, e.g. 8G: weights, workspace, and the KV\n"
+        "                         pool gets the rest (default: 80%% of the memory available, as a\n"
+        "                         bound on the --kv-mem default); too small for one full context:\n"
+        "                         an error (exit 1)\n"
+        "      --kv-mem BYTES     KV cache pool size, e.g. 512M (default: context x max-seqs, at most 4G)\n"
+        "      --kv-type T        KV cache element type: F16 (default), F32, Q8_0\n"
+        "      --spec ngram       speculative decoding by prompt lookup, on for every request unless\n"
+        "                         it sends \"speculative\": false or \"draft_max\": 0\n"
+        "      --draft-model FILE speculative decoding by a draft model with the same tokenizer, on\n"
+        "                         for every request in the same way\n"
+        "      --draft-max K      tokens proposed per step at most (default 4, 3 with --draft-model;\n"
+        "                         a request's \"draft_max\" may ask for fewer)\n"
+        "      --draft-min N, --draft-p-min P, --draft-cost P, --draft-vocab N  with --draft-model: see lamina run --help\n"
+        "      --spec-widths W:T,...  the model pass's time by its rows: see lamina run --help\n"
+        "      --max-waiting N    queued requests before answering 429 (default 256; 0: unbounded)\n"
+        "      --timeout SECONDS  cancel a request after this long, answering with what it has (default 600)\n"
+        "      --keepalive SECONDS  a streaming comment line after this much silence (default 3)\n"
+        "      --idle-timeout SECONDS  close a connection idle this long (default 60)\n"
+        "      --read-timeout SECONDS  close a connection whose request (headers and body) has not all\n"
+        "                         arrived this long after its first byte (default 30; 0: no limit)\n"
+        "      --max-connections N  connections at once (default 512); past it a new one is closed\n"
+        "                         at once\n"
+        "      --max-connections-per-ip N  connections from one address (default 256; 0: no limit);\n"
+        "                         past it a new one is closed at once\n"
+        "      --conn-memory BYTES  memory per connection for the request line, headers and buffers\n"
+        "                         (default 32K, at least 8K; a request line or headers past it: 414, 431)\n"
+        "      --max-headers N    header lines in a request (default 100; more: 431)\n"
+        "      --max-body BYTES   largest request body (default 1M; larger: 413)\n"
+        "      --stream-buffer BYTES  generated text and logprobs a stream may hold unsent (once the\n"
+        "                         socket's buffer is full) before its request is cancelled (default 4M)\n"
+        "      --max-tokens N     max_tokens of a request that sets none (default: 1024 on chat, 16 on\n"
+        "                         completions as OpenAI's API; chat never past the context)\n"
+        "      --max-tokens-cap N largest max_tokens a request may ask for (default: the context)\n"
+        "      --temp T, --top-k K, --top-p P, --min-p P  sampling for a request that sets none of\n"
+        "                         these fields (defaults 0.8, 40, 0.95, 0.05, as lamina run; a\n"
+        "                         request's temperature 0 is greedy)\n"
+        "      --max-n N          largest n (choices per prompt; default 16)\n"
+        "  -h, --help             this text\n",
+        FWD_BATCH_DEFAULT);
 }
 
 /* Each connection holds a descriptor: raise the soft limit on open files
@@ -154,8 +155,7 @@ int cmd_serve(int argc, char **argv) {
         else if (is_flag(&a, "--api-key", NULL)) {
             if (n_keys == (int)(sizeof keys / sizeof *keys)) fail("serve", "at most 64 --api-key flags");
             keys[n_keys++] = need_val(&a);
-        }
-        else if (is_flag(&a, "--model-name", NULL)) sc.model_name = need_val(&a);
+        } else if (is_flag(&a, "--model-name", NULL)) sc.model_name = need_val(&a);
         else if (is_flag(&a, "--chat-template", NULL)) tmpl = need_val(&a);
         else if (is_flag(&a, "-c", "--ctx-size")) ec.n_ctx = (int)need_int(&a, 0, 1 << 24);
         else if (is_flag(&a, "--ctx-extend", NULL)) ctx_extend = true;
@@ -186,7 +186,8 @@ int cmd_serve(int argc, char **argv) {
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
     if (!model) die_usage(&a, "%s", "no model given (-m MODEL.gguf)");
-    if (mem && ec.kv_mem) die_usage(&a, "%s", "--mem is the whole budget (the KV pool gets the rest): give --mem or --kv-mem, not both");
+    if (mem && ec.kv_mem)
+        die_usage(&a, "%s", "--mem is the whole budget (the KV pool gets the rest): give --mem or --kv-mem, not both");
     mem_apply(&ec, mem);
     if (sc.conn_memory < 8 << 10) die_usage(&a, "%s", "--conn-memory must be at least 8K");
     fd_limit(sc.max_connections);

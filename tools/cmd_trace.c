@@ -34,10 +34,11 @@
 #include "base/util.h"
 
 static void usage_trace(FILE *f) {
-    fprintf(f, "usage: lamina trace FILE [--svg OUT.svg]\n"
-               "Summarize a concurrency trace from `lamina route --trace FILE`: where requests waited and\n"
-               "how much concurrency reached the engines; draw queue depth per hop over time\n"
-               "(default OUT: FILE.svg).\n");
+    fprintf(f,
+            "usage: lamina trace FILE [--svg OUT.svg]\n"
+            "Summarize a concurrency trace from `lamina route --trace FILE`: where requests waited and\n"
+            "how much concurrency reached the engines; draw queue depth per hop over time\n"
+            "(default OUT: FILE.svg).\n");
 }
 
 typedef struct {
@@ -72,8 +73,10 @@ static void poly(FILE *f, const sample *s, int ns, int which, int rep, double t_
                  double x0, double w, double y0, double h) {
     fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", color);
     for (int i = 0; i < ns; i++) {
-        double v = which == 0 ? s[i].queue : which == 1 ? s[i].inflight[rep] : which == 2 ? s[i].running[rep]
-                                                                                     : s[i].waiting[rep];
+        double v = which == 0 ? s[i].queue
+            : which == 1      ? s[i].inflight[rep]
+            : which == 2      ? s[i].running[rep]
+                              : s[i].waiting[rep];
         if (v < 0) v = 0;
         fprintf(f, "%.1f,%.1f ", x0 + w * s[i].t / t_max, y0 + h - h * v / y_max);
     }
@@ -94,9 +97,12 @@ static void write_svg(const char *path, const sample *s, int ns, int n_rep, doub
     }
     if (t_max <= 0) t_max = 1;
     const double W = 900, x0 = 60, y0 = 20, w = 640, h = 300;
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
-               "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", W, y0 + h + 50);
-    fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", x0, y0 + h, x0 + w, y0 + h);
+    fprintf(f,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
+            "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+            W, y0 + h + 50);
+    fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", x0, y0 + h, x0 + w,
+            y0 + h);
     fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", x0, y0, x0, y0 + h);
     fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">%.0f</text>\n<text x=\"%.0f\" y=\"%.0f\">0</text>\n", x0 - 40, y0 + 10,
             y_max, x0 - 20, y0 + h);
@@ -115,7 +121,10 @@ static void write_svg(const char *path, const sample *s, int ns, int n_rep, doub
             poly(f, s, ns, k, r, t_max, y_max, colors[r], x0, w, y0, h);
             fputs("</g>\n", f);
             fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" fill=\"%s\">replica %d %s%s</text>\n", x0 + w + 10,
-                    y0 + 15.0 * ++line, colors[r], r, what[k], k == 2 ? " (dashed)" : k == 3 ? " (dotted)" : "");
+                    y0 + 15.0 * ++line, colors[r], r, what[k],
+                    k == 2       ? " (dashed)"
+                        : k == 3 ? " (dotted)"
+                                 : "");
         }
     fputs("</svg>\n", f);
     fclose(f);
@@ -230,22 +239,24 @@ int cmd_trace(int argc, char **argv) {
         }
     }
     double d = n_in ? n_in : 1, tot_run = 0, tot_wait = 0;
-    printf("trace %s: %d requests (%d answered 200), %d samples, %d replicas, %.2f s busy\n", path, nq, ok, ns,
-           n_rep, span);
+    printf("trace %s: %d requests (%d answered 200), %d samples, %d replicas, %.2f s busy\n", path, nq, ok, ns, n_rep,
+           span);
     printf("throughput %.2f requests/s; TTFT mean %.3f s, p50 %.3f s, p90 %.3f s; queued at the router "
-           "p50 %.3f s, p90 %.3f s\n", nq / span, n_ttft ? ttft_sum / n_ttft : 0, pct(ttft, n_ttft, 0.5), pct(ttft, n_ttft, 0.9),
+           "p50 %.3f s, p90 %.3f s\n",
+           nq / span, n_ttft ? ttft_sum / n_ttft : 0, pct(ttft, n_ttft, 0.5), pct(ttft, n_ttft, 0.9),
            pct(queued, nq, 0.5), pct(queued, nq, 0.9));
     if (n_eq)
         printf("queued in the replicas' engines p50 %.3f s, p90 %.3f s (%d of %d requests reported); mean wait "
-               "%.3f s held at the router, %.3f s queued inside the engines\n", pct(eq, n_eq, 0.5),
-               pct(eq, n_eq, 0.9), n_eq, nq, queued_sum / nq, eq_sum / n_eq);
-    else
-        printf("queued in the replicas' engines: not reported (replicas other than lamina serve)\n");
-    printf("concurrency (mean over the busy span):\n  clients had %.1f requests open\n  router held %.1f in its queue\n",
-           clients, m_queue / d);
+               "%.3f s held at the router, %.3f s queued inside the engines\n",
+               pct(eq, n_eq, 0.5), pct(eq, n_eq, 0.9), n_eq, nq, queued_sum / nq, eq_sum / n_eq);
+    else printf("queued in the replicas' engines: not reported (replicas other than lamina serve)\n");
+    printf(
+        "concurrency (mean over the busy span):\n  clients had %.1f requests open\n  router held %.1f in its queue\n",
+        clients, m_queue / d);
     for (int r = 0; r < n_rep; r++) {
         printf("  replica %d: %.1f in flight from the router; engine ran %.1f, kept %.1f waiting; engine batch mean "
-               "%.2f\n", r, m_inf[r] / d, m_run[r] / d, m_wait[r] / d, b_n[r] ? b_sum[r] / b_n[r] : 0.0);
+               "%.2f\n",
+               r, m_inf[r] / d, m_run[r] / d, m_wait[r] / d, b_n[r] ? b_sum[r] / b_n[r] : 0.0);
         tot_run += m_run[r] / d;
         tot_wait += m_wait[r] / d;
     }
@@ -264,14 +275,15 @@ int cmd_trace(int argc, char **argv) {
     else if (tot_run < 0.5 * clients)
         where = "between the router and the engines (transfers, or requests finishing faster than sampled)";
     else where = "nowhere: concurrency reaches the engines";
-    printf("router held %.0f of %.0f; replicas ran %.1f in all; concurrency lost %s\n", m_queue / d, clients,
-           tot_run, where);
+    printf("router held %.0f of %.0f; replicas ran %.1f in all; concurrency lost %s\n", m_queue / d, clients, tot_run,
+           where);
     if (n_eq)
         printf("waiting: %.1f requests held at the router, %.1f queued inside the engines (from the per-request "
-               "times); %s\n", queued_sum / span, tot_wait,
-               queued_sum / span > 2 * tot_wait ? "the wait is at the router"
-               : tot_wait > 2 * queued_sum / span ? "the wait is inside the engines"
-                                                  : "the wait is shared between the router and the engines");
+               "times); %s\n",
+               queued_sum / span, tot_wait,
+               queued_sum / span > 2 * tot_wait       ? "the wait is at the router"
+                   : tot_wait > 2 * queued_sum / span ? "the wait is inside the engines"
+                                                      : "the wait is shared between the router and the engines");
     char def[1024];
     if (!svg) {
         snprintf(def, sizeof def, "%s.svg", path);

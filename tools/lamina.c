@@ -109,8 +109,8 @@ static void usage_run(FILE *f) {
 /* Render a one-turn conversation (optional system message, then `user`)
  * with the chosen or the model's chat template (chat_template_resolve), ready
  * to tokenize with special tokens parsed and add_bos = *add_bos. */
-static char *render_chat(const lm_model *m, const char *user, const char *system, const char *tmpl_arg,
-                         bool no_think, bool *add_bos) {
+static char *render_chat(const lm_model *m, const char *user, const char *system, const char *tmpl_arg, bool no_think,
+                         bool *add_bos) {
     char err[LM_ERRLEN];
     lm_chat_msg msgs[2];
     int n = 0;
@@ -155,10 +155,10 @@ static char *render_chat(const lm_model *m, const char *user, const char *system
 typedef struct {
     const lm_tokenizer *tok;
     bool ignore_eos;
-    bool quiet;               /* -n 0: the one token the engine must sample is not output */
-    int32_t *gen_ids;         /* (ids_cap) generated ids for --show-ids, or NULL */
+    bool quiet;       /* -n 0: the one token the engine must sample is not output */
+    int32_t *gen_ids; /* (ids_cap) generated ids for --show-ids, or NULL */
     int ids_cap;
-    int n_gen;                /* tokens output (an end-of-generation token is not) */
+    int n_gen; /* tokens output (an end-of-generation token is not) */
     lm_finish finish;
     lm_request_stats stats;
     char error[LM_ERRLEN];
@@ -167,10 +167,10 @@ typedef struct {
     bool done;
     /* the prompt is echoed when the first event comes (after the prefill), so
      * that a progress line on a terminal never overwrites it */
-    const char *echo;         /* (echo_len) bytes to print first, or NULL */
+    const char *echo; /* (echo_len) bytes to print first, or NULL */
     size_t echo_len;
-    bool prefilled;           /* the first event came (under mu) */
-    progress prog;            /* the prefill's progress line (under mu) */
+    bool prefilled; /* the first event came (under mu) */
+    progress prog;  /* the prefill's progress line (under mu) */
 } run_out;
 
 /* The first event: the prefill is over; clear its progress line, then echo
@@ -228,9 +228,9 @@ static void wait_run(lm_engine *eng, run_out *o, int n_tok) {
         }
         if (o->prefilled) poll = false;
         if (poll)
-            progress_update(&o->prog, (long long)(st.batch_tokens_total < (uint64_t)n_tok ? st.batch_tokens_total
-                                                                                            : (uint64_t)n_tok),
-                            n_tok);
+            progress_update(
+                &o->prog,
+                (long long)(st.batch_tokens_total < (uint64_t)n_tok ? st.batch_tokens_total : (uint64_t)n_tok), n_tok);
         if (!poll) {
             pthread_cond_wait(&o->cv, &o->mu);
         } else {
@@ -579,14 +579,16 @@ static int cmd_info(int argc, char **argv) {
     lm_model *m = load_or_die("info", model);
     const lm_hparams *hp = &m->hp;
     gguf_ctx *g = m->gguf;
-    printf("file:          %s (GGUF v%u, %llu bytes)\n", model, gguf_version(g),
-           (unsigned long long)gguf_file_size(g));
+    printf("file:          %s (GGUF v%u, %llu bytes)\n", model, gguf_version(g), (unsigned long long)gguf_file_size(g));
     printf("name:          %s\n", m->name);
     printf("architecture:  %s\n", model_arch_name(hp->arch));
     printf("layers:        %d\n", hp->n_layer);
     printf("embedding:     %d\n", hp->n_embd);
     printf("heads:         %d query, %d key/value (%s), head dim %d\n", hp->n_head, hp->n_head_kv,
-           hp->n_head_kv == hp->n_head ? "MHA" : hp->n_head_kv == 1 ? "MQA" : "GQA", hp->head_dim);
+           hp->n_head_kv == hp->n_head ? "MHA"
+               : hp->n_head_kv == 1    ? "MQA"
+                                       : "GQA",
+           hp->head_dim);
     printf("feed-forward:  %d\n", hp->n_ff);
     printf("vocabulary:    %d%s\n", hp->n_vocab, m->tok ? "" : " (no tokenizer in file)");
     if (m->tok) printf("tokenizer:     %s, bos %d, eos %d\n", tok_model_name(m->tok), tok_bos(m->tok), tok_eos(m->tok));
@@ -623,7 +625,8 @@ static int cmd_info(int argc, char **argv) {
             gguf_arr arr;
             printf("  %.*s = ", (int)k.len, k.ptr);
             if (gguf_kv_str(g, i, &s)) printf("\"%.*s\"\n", (int)(s.len > 80 ? 80 : s.len), s.ptr);
-            else if (gguf_kv_arr(g, i, &arr)) printf("[%s x %llu]\n", gguf_vtype_name(arr.type), (unsigned long long)arr.n);
+            else if (gguf_kv_arr(g, i, &arr))
+                printf("[%s x %llu]\n", gguf_vtype_name(arr.type), (unsigned long long)arr.n);
             else if (gguf_kv_type(g, i) == GGUF_FLOAT32 || gguf_kv_type(g, i) == GGUF_FLOAT64) {
                 gguf_kv_float(g, i, &fv);
                 printf("%g\n", fv);

@@ -40,16 +40,16 @@ static lm_status fail(lm_status s, char *err, size_t errlen, const char *msg) {
 
 const char *lm_status_name(lm_status s) {
     switch (s) {
-    case LM_OK: return "ok";
-    case LM_ERR_INVALID: return "invalid";
-    case LM_ERR_TOO_LONG: return "too_long";
-    case LM_ERR_BUSY: return "busy";
-    case LM_ERR_NOMEM: return "nomem";
-    case LM_ERR_IO: return "io";
-    case LM_ERR_FORMAT: return "format";
-    case LM_ERR_UNSUPPORTED: return "unsupported";
-    case LM_ERR_CANCELLED: return "cancelled";
-    case LM_ERR_INTERNAL: return "internal";
+        case LM_OK: return "ok";
+        case LM_ERR_INVALID: return "invalid";
+        case LM_ERR_TOO_LONG: return "too_long";
+        case LM_ERR_BUSY: return "busy";
+        case LM_ERR_NOMEM: return "nomem";
+        case LM_ERR_IO: return "io";
+        case LM_ERR_FORMAT: return "format";
+        case LM_ERR_UNSUPPORTED: return "unsupported";
+        case LM_ERR_CANCELLED: return "cancelled";
+        case LM_ERR_INTERNAL: return "internal";
     }
     return "unknown";
 }
@@ -115,8 +115,8 @@ int32_t lm_token_eos(const lm_tokenizer *t) { return t ? tok_eos(t) : -1; }
 bool lm_token_is_eog(const lm_tokenizer *t, int32_t id) { return t && tok_is_eog(t, id); }
 bool lm_tokenizer_adds_bos(const lm_tokenizer *t) { return t && tok_add_bos(t) && tok_bos(t) >= 0; }
 
-int lm_tokenize(const lm_tokenizer *t, const char *text, size_t len, bool add_bos, bool parse_special,
-                int32_t *out, int cap) {
+int lm_tokenize(const lm_tokenizer *t, const char *text, size_t len, bool add_bos, bool parse_special, int32_t *out,
+                int cap) {
     if (!t || (len && !text) || cap < 0 || (cap > 0 && !out)) return LM_ERR_INVALID;
     if (len >= API_MAX_TEXT) return LM_ERR_TOO_LONG;
     int n = tok_encode(t, text, len, add_bos && lm_tokenizer_adds_bos(t), parse_special, out, cap);

@@ -50,12 +50,15 @@ struct lm_pool {
     bool stop;
     /* dispatch timing (pool_timing_enable) */
     atomic_bool timing;
-    double t_pub;                 /* when the current run was published */
+    double t_pub; /* when the current run was published */
     atomic_llong wait_ns, wake_ns;
     atomic_long runs;
 };
 
-typedef struct { lm_pool *p; int ith; } worker_arg;
+typedef struct {
+    lm_pool *p;
+    int ith;
+} worker_arg;
 
 static void *worker_main(void *v) {
     worker_arg wa = *(worker_arg *)v;

@@ -26,13 +26,13 @@
 #include "base/util.h"
 
 struct safefile {
-    char *path;  /* as given, for messages */
-    char *dest;  /* the file that is replaced (symbolic links resolved) */
-    char *dir;   /* dest's folder */
-    char *tmp;   /* the temporary file, owned */
+    char *path; /* as given, for messages */
+    char *dest; /* the file that is replaced (symbolic links resolved) */
+    char *dir;  /* dest's folder */
+    char *tmp;  /* the temporary file, owned */
     FILE *fp;
-    int failed;  /* errno of the first failed write, 0 if none */
-    int slot;    /* index in live[], -1 if none */
+    int failed; /* errno of the first failed write, 0 if none */
+    int slot;   /* index in live[], -1 if none */
 };
 
 static atomic_long fail_after = -1;
@@ -131,7 +131,7 @@ static int make_temp(safefile *f, char *err, size_t errlen) {
     int e = 0;
     for (int tries = 0; tries < 64; tries++) {
         uint32_t x = (uint32_t)getpid() * 2654435761u ^ (uint32_t)ts.tv_nsec ^
-                     (atomic_fetch_add(&counter, 1) + (uint32_t)tries) * 40503u;
+            (atomic_fetch_add(&counter, 1) + (uint32_t)tries) * 40503u;
         snprintf(f->tmp, cap, "%s/.%.*s.tmp-%06x", f->dir, (int)blen, base, x & 0xffffff);
         int fd = open(f->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         if (fd >= 0) {
@@ -228,8 +228,7 @@ int safefile_commit(safefile *f, char *err, size_t errlen) {
         if (rename(f->tmp, f->dest) != 0) e = errno, what = "cannot rename the finished file into place";
     }
     if (e) {
-        lm_err(err, errlen, "%s: %s: %s (nothing written; the destination is untouched)", f->path, what,
-               strerror(e));
+        lm_err(err, errlen, "%s: %s: %s (nothing written; the destination is untouched)", f->path, what, strerror(e));
         safefile_abort(f);
         return -1;
     }

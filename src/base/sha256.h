@@ -15,9 +15,9 @@
 #define SHA256_LEN 32
 
 typedef struct {
-    uint32_t h[8];       /* chaining value */
-    uint64_t n_bytes;    /* message bytes consumed so far */
-    uint8_t buf[64];     /* partial block, buf_len bytes valid */
+    uint32_t h[8];    /* chaining value */
+    uint64_t n_bytes; /* message bytes consumed so far */
+    uint8_t buf[64];  /* partial block, buf_len bytes valid */
     size_t buf_len;
 } sha256_ctx;
 

@@ -20,8 +20,7 @@
 
 /* printf-style message into err (truncated to errlen); always returns -1 so
  * callers can write `return lm_err(err, errlen, "...")`. */
-int lm_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+int lm_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Allocation goes through these wrappers so tests can make them fail on
  * purpose: lm_alloc_fail_after(n) makes the (n+1)-th allocation from now
@@ -37,12 +36,8 @@ void lm_alloc_fail_after(long n);
 
 /* Overflow-safe arithmetic: return false (and leave *out unspecified) when the
  * exact result does not fit in 64 bits. */
-static inline bool lm_add_u64(uint64_t a, uint64_t b, uint64_t *out) {
-    return !__builtin_add_overflow(a, b, out);
-}
-static inline bool lm_mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
-    return !__builtin_mul_overflow(a, b, out);
-}
+static inline bool lm_add_u64(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_add_overflow(a, b, out); }
+static inline bool lm_mul_u64(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_overflow(a, b, out); }
 
 /* IEEE half and bfloat16 <-> float, exact for every finite value (round to
  * nearest even on the way down, NaN kept NaN). */
@@ -56,10 +51,12 @@ double lm_now(void);
 
 /* Deterministic 64-bit PRNG (xoshiro256**-style splitmix seeding) used by the
  * sampler, mkmodel and tests, so one seed gives the same stream everywhere. */
-typedef struct { uint64_t s[4]; } lm_rng;
+typedef struct {
+    uint64_t s[4];
+} lm_rng;
 void lm_rng_seed(lm_rng *r, uint64_t seed);
 uint64_t lm_rng_u64(lm_rng *r);
-double lm_rng_uniform(lm_rng *r);       /* [0, 1) */
-float lm_rng_normal(lm_rng *r);         /* standard normal */
+double lm_rng_uniform(lm_rng *r); /* [0, 1) */
+float lm_rng_normal(lm_rng *r);   /* standard normal */
 
 #endif

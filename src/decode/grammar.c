@@ -58,10 +58,10 @@
 typedef struct {
     gelem *el;
     int32_t n, cap;
-    char *name;      /* NULL: a helper rule */
+    char *name; /* NULL: a helper rule */
     bool defined;
-    int line, col;   /* where it is defined, first used, or (helpers) what it comes from */
-    bool repeat;     /* a repetition's helper rule */
+    int line, col; /* where it is defined, first used, or (helpers) what it comes from */
+    bool repeat;   /* a repetition's helper rule */
 } prule;
 
 typedef struct {
@@ -107,11 +107,11 @@ static void *grow(void *a, int32_t *cap, int32_t need, size_t elsize) {
     return b;
 }
 
-#define GROW(p, arr, n, cap, need)                                              \
-    ({                                                                          \
-        void *g_ = grow((arr), &(cap), (need), sizeof *(arr));                  \
-        if (g_) (arr) = g_;                                                     \
-        g_ != NULL;                                                             \
+#define GROW(p, arr, n, cap, need)                                                                                     \
+    ({                                                                                                                 \
+        void *g_ = grow((arr), &(cap), (need), sizeof *(arr));                                                         \
+        if (g_) (arr) = g_;                                                                                            \
+        g_ != NULL;                                                                                                    \
     })
 
 /* Skip blanks and comments; newlines only when nl (inside groups, after
@@ -279,18 +279,24 @@ static int read_char(parser *p, uint32_t *cp, bool in_class) {
     p->s += 2;
     int digits = 0;
     switch (e) {
-    case 'n': *cp = '\n'; return 0;
-    case 't': *cp = '\t'; return 0;
-    case 'r': *cp = '\r'; return 0;
-    case '\\': case '"': case '[': case ']': case '/': case '\'': *cp = (uint8_t)e; return 0;
-    case '-': case '^':
-        if (!in_class) break;
-        *cp = (uint8_t)e;
-        return 0;
-    case 'x': digits = 2; break;
-    case 'u': digits = 4; break;
-    case 'U': digits = 8; break;
-    default: break;
+        case 'n': *cp = '\n'; return 0;
+        case 't': *cp = '\t'; return 0;
+        case 'r': *cp = '\r'; return 0;
+        case '\\':
+        case '"':
+        case '[':
+        case ']':
+        case '/':
+        case '\'': *cp = (uint8_t)e; return 0;
+        case '-':
+        case '^':
+            if (!in_class) break;
+            *cp = (uint8_t)e;
+            return 0;
+        case 'x': digits = 2; break;
+        case 'u': digits = 4; break;
+        case 'U': digits = 8; break;
+        default: break;
     }
     if (!digits) {
         char s[2] = {e, 0};
@@ -557,8 +563,9 @@ static int parse_rules(parser *p) {
 
 static const char *rule_label(const parser *p, int32_t r, char *buf, size_t n) {
     if (p->rules[r].name) snprintf(buf, n, "rule '%.60s'", p->rules[r].name);
-    else snprintf(buf, n, "the %s at line %d, column %d", p->rules[r].repeat ? "repetition" : "group", p->rules[r].line,
-                  p->rules[r].col);
+    else
+        snprintf(buf, n, "the %s at line %d, column %d", p->rules[r].repeat ? "repetition" : "group", p->rules[r].line,
+                 p->rules[r].col);
     return buf;
 }
 
@@ -753,8 +760,8 @@ static lm_grammar *flatten(parser *p, int32_t root) {
 
 lm_grammar *grammar_parse(const char *text, size_t len, const char *root, char *err, size_t errlen) {
     if (!text) text = "", len = 0;
-    parser p = {.start = text, .s = text, .end = text + len, .line_start = text, .line = 1,
-                .err = err, .errlen = errlen};
+    parser p = {
+        .start = text, .s = text, .end = text + len, .line_start = text, .line = 1, .err = err, .errlen = errlen};
     if (!root) root = "root";
     lm_grammar *g = NULL;
     if (parse_rules(&p) < 0) goto done;
@@ -917,4 +924,3 @@ out:
     lm_free(eog);
     return v;
 }
-

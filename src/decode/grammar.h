@@ -73,7 +73,7 @@ lm_gvocab *grammar_vocab_from_bytes(int32_t n, const char *const *bytes, const i
 lm_gmatch *gmatch_new(const lm_grammar *g, const lm_gvocab *v, char *err, size_t errlen);
 lm_gmatch *gmatch_copy(const lm_gmatch *m); /* an independent copy (NULL: no memory) */
 void gmatch_free(lm_gmatch *m);
-void gmatch_reset(lm_gmatch *m);            /* back to the start */
+void gmatch_reset(lm_gmatch *m); /* back to the start */
 
 /* The allowed tokens now: bit t of allow (n_vocab bits, (n_vocab + 31) / 32
  * words) is set iff token t is allowed. Returns the number allowed (0: the

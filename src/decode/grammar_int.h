@@ -23,18 +23,18 @@ typedef struct {
 } grange;
 
 typedef struct {
-    int32_t off, n;     /* ranges[off .. off + n), sorted, disjoint, not adjacent */
-    uint64_t ascii[2];  /* bit c: code point c < 128 is in the class */
+    int32_t off, n;    /* ranges[off .. off + n), sorted, disjoint, not adjacent */
+    uint64_t ascii[2]; /* bit c: code point c < 128 is in the class */
 } gclass;
 
 struct lm_grammar {
-    gelem *el;          /* (n_el) every rule's alternatives, E_ALT between, E_END after */
+    gelem *el; /* (n_el) every rule's alternatives, E_ALT between, E_END after */
     int32_t n_el;
-    grange *ranges;     /* (n_ranges) the classes' ranges */
-    gclass *cls;        /* (n_cls) */
+    grange *ranges; /* (n_ranges) the classes' ranges */
+    gclass *cls;    /* (n_cls) */
     int32_t n_cls;
-    int32_t *alt_off;   /* (n_rules + 1) rule r's alternatives are alt_pos[alt_off[r] .. alt_off[r+1]) */
-    int32_t *alt_pos;   /* (n_alts) element index where each alternative starts */
+    int32_t *alt_off; /* (n_rules + 1) rule r's alternatives are alt_pos[alt_off[r] .. alt_off[r+1]) */
+    int32_t *alt_pos; /* (n_alts) element index where each alternative starts */
     int32_t n_rules;
     int32_t root;
 };
@@ -66,17 +66,16 @@ static inline bool class_meets(const lm_grammar *g, const gclass *c, uint32_t lo
 
 struct lm_gvocab {
     int32_t n_vocab;
-    char *bytes;        /* (total) every token's bytes, concatenated */
-    int64_t *off;       /* (n_vocab + 1) token t is bytes[off[t] .. off[t+1]) */
-    uint8_t *eog;       /* (n_vocab) 1: ends generation */
-    int32_t n_nodes;    /* trie nodes; node 0 is the root */
-    uint8_t *nb;        /* (n_nodes) the byte on the edge into the node */
-    uint16_t *depth;    /* (n_nodes) bytes from the root */
-    int32_t *end;       /* (n_nodes) one past the node's subtree (preorder) */
-    int32_t *tok_off;   /* (n_nodes + 1) tokens ending at node i: toks[tok_off[i] .. tok_off[i+1]) */
-    int32_t *toks;      /* (n in trie) token ids, sorted by bytes */
+    char *bytes;      /* (total) every token's bytes, concatenated */
+    int64_t *off;     /* (n_vocab + 1) token t is bytes[off[t] .. off[t+1]) */
+    uint8_t *eog;     /* (n_vocab) 1: ends generation */
+    int32_t n_nodes;  /* trie nodes; node 0 is the root */
+    uint8_t *nb;      /* (n_nodes) the byte on the edge into the node */
+    uint16_t *depth;  /* (n_nodes) bytes from the root */
+    int32_t *end;     /* (n_nodes) one past the node's subtree (preorder) */
+    int32_t *tok_off; /* (n_nodes + 1) tokens ending at node i: toks[tok_off[i] .. tok_off[i+1]) */
+    int32_t *toks;    /* (n in trie) token ids, sorted by bytes */
     int max_depth;
 };
-
 
 #endif

@@ -47,46 +47,46 @@
 #include "decode/grammar_int.h"
 
 enum { T_UNKNOWN = -2, T_DEAD = -1, T_NOMEM = -3, T_BOUND = -4 };
-#define GM_MASK_BYTES ((size_t)64 << 20) /* cached masks above this are dropped */
-#define GM_MAX_STACKS (1 << 16)           /* stacks in one state: beyond, the grammar is refused as too ambiguous */
-#define GM_WORK ((int64_t)1 << 24)        /* operations of one call (frames expanded, stacks stepped) */
+#define GM_MASK_BYTES ((size_t)64 << 20)   /* cached masks above this are dropped */
+#define GM_MAX_STACKS (1 << 16)            /* stacks in one state: beyond, the grammar is refused as too ambiguous */
+#define GM_WORK ((int64_t)1 << 24)         /* operations of one call (frames expanded, stacks stepped) */
 #define GM_CACHE_BYTES ((size_t)256 << 20) /* frames, states and transitions of one grammar's cache */
-#define GM_PROBE_STATES 96                /* states gmatch_probe explores */
-#define GM_SPARSE_DIV 8                   /* masks allowing at most n_vocab / 8 tokens also keep a list of ids */
+#define GM_PROBE_STATES 96                 /* states gmatch_probe explores */
+#define GM_SPARSE_DIV 8                    /* masks allowing at most n_vocab / 8 tokens also keep a list of ids */
 
 typedef struct {
     int32_t pos, parent;
 } gframe;
 
 typedef struct {
-    atomic_int refs;     /* matchers sharing it (copies may be made and freed on any thread) */
+    atomic_int refs; /* matchers sharing it (copies may be made and freed on any thread) */
     const lm_grammar *g;
     const lm_gvocab *v;
-    gframe *fr;          /* (n_fr) interned frames; fr[0] is the empty stack */
-    uint32_t *stamp;     /* (n_fr) last expansion step that visited the frame */
+    gframe *fr;      /* (n_fr) interned frames; fr[0] is the empty stack */
+    uint32_t *stamp; /* (n_fr) last expansion step that visited the frame */
     int32_t n_fr, cap_fr;
-    int32_t *fr_ht;      /* (fr_htcap) open addressing, frame id + 1, 0 empty */
+    int32_t *fr_ht; /* (fr_htcap) open addressing, frame id + 1, 0 empty */
     uint32_t fr_htcap;
     uint32_t cur_stamp;
-    int32_t *items;      /* (n_items) every state's frame ids, concatenated */
+    int32_t *items; /* (n_items) every state's frame ids, concatenated */
     int64_t n_items, cap_items;
-    int64_t *st_off;     /* (n_st) state s's items are items[st_off[s] .. + st_len[s]) */
-    int32_t *st_len;     /* (n_st) */
-    uint32_t *st_part;   /* (n_st) pending partial character */
-    uint64_t *st_hash;   /* (n_st) */
-    int32_t **trans;     /* (n_st) NULL or (256) next state per byte */
-    uint32_t **mask;     /* (n_st) NULL or the cached mask ((n_vocab + 31) / 32 words) */
-    int32_t *mask_n;     /* (n_st) allowed count of the cached mask */
-    int32_t **ids;       /* (n_st) NULL or the cached mask's allowed ids, ascending (mask_n[s]), when
+    int64_t *st_off;   /* (n_st) state s's items are items[st_off[s] .. + st_len[s]) */
+    int32_t *st_len;   /* (n_st) */
+    uint32_t *st_part; /* (n_st) pending partial character */
+    uint64_t *st_hash; /* (n_st) */
+    int32_t **trans;   /* (n_st) NULL or (256) next state per byte */
+    uint32_t **mask;   /* (n_st) NULL or the cached mask ((n_vocab + 31) / 32 words) */
+    int32_t *mask_n;   /* (n_st) allowed count of the cached mask */
+    int32_t **ids;     /* (n_st) NULL or the cached mask's allowed ids, ascending (mask_n[s]), when
                             at most GM_SPARSE_DIV-th of the vocabulary */
     int32_t n_st, cap_st;
-    int32_t *st_ht;      /* (st_htcap) state id + 1, 0 empty */
+    int32_t *st_ht; /* (st_htcap) state id + 1, 0 empty */
     uint32_t st_htcap;
     size_t mask_bytes;   /* bytes of masks cached now */
     int32_t *work, *out; /* (cap_work), (cap_out) expansion scratch */
     int32_t cap_work, cap_out, n_work, n_out;
-    int32_t *walk;       /* (max_depth + 1) state per trie depth during a mask */
-    int32_t *eog;        /* (n_eog) the vocabulary's EOG tokens */
+    int32_t *walk; /* (max_depth + 1) state per trie depth during a mask */
+    int32_t *eog;  /* (n_eog) the vocabulary's EOG tokens */
     int32_t n_eog;
     int32_t n_rows;      /* transition rows allocated */
     int64_t ops;         /* operations in the current call, against GM_WORK */
@@ -110,10 +110,11 @@ static uint64_t mix(uint64_t h, uint64_t x) {
 /* Memory the cache holds now (its arrays at capacity, the transition rows). */
 static size_t cache_bytes(const gcache *c) {
     return (size_t)c->cap_fr * (sizeof *c->fr + sizeof *c->stamp) + (size_t)c->fr_htcap * sizeof *c->fr_ht +
-           (size_t)c->cap_items * sizeof *c->items + (size_t)c->st_htcap * sizeof *c->st_ht +
-           (size_t)c->cap_st * (sizeof *c->st_off + sizeof *c->st_len + sizeof *c->st_part + sizeof *c->st_hash +
-                                sizeof *c->trans + sizeof *c->mask + sizeof *c->mask_n + sizeof *c->ids) +
-           (size_t)c->n_rows * 256 * sizeof(int32_t) + (size_t)(c->cap_work + c->cap_out) * sizeof(int32_t);
+        (size_t)c->cap_items * sizeof *c->items + (size_t)c->st_htcap * sizeof *c->st_ht +
+        (size_t)c->cap_st *
+        (sizeof *c->st_off + sizeof *c->st_len + sizeof *c->st_part + sizeof *c->st_hash + sizeof *c->trans +
+         sizeof *c->mask + sizeof *c->mask_n + sizeof *c->ids) +
+        (size_t)c->n_rows * 256 * sizeof(int32_t) + (size_t)(c->cap_work + c->cap_out) * sizeof(int32_t);
 }
 
 /* Record that a bound was passed: T_BOUND. */
@@ -201,11 +202,11 @@ static int st_rehash(gcache *c, uint32_t cap) {
     return 0;
 }
 
-#define REGROW(arr, cap)                                                        \
-    do {                                                                        \
-        void *p_ = lm_realloc((arr), (size_t)(cap) * sizeof *(arr));            \
-        if (!p_) return T_NOMEM;                                                \
-        (arr) = p_;                                                             \
+#define REGROW(arr, cap)                                                                                               \
+    do {                                                                                                               \
+        void *p_ = lm_realloc((arr), (size_t)(cap) * sizeof *(arr));                                                   \
+        if (!p_) return T_NOMEM;                                                                                       \
+        (arr) = p_;                                                                                                    \
     } while (0)
 
 /* The state of the frames in c->out (sorted and deduplicated here) with
@@ -213,8 +214,7 @@ static int st_rehash(gcache *c, uint32_t cap) {
 static int32_t st_intern(gcache *c, uint32_t part) {
     int32_t n = c->n_out;
     if (n == 0) return T_DEAD;
-    if (n > GM_MAX_STACKS)
-        return bound(c, "a parse state held more than 65,536 stacks (a grammar too ambiguous)");
+    if (n > GM_MAX_STACKS) return bound(c, "a parse state held more than 65,536 stacks (a grammar too ambiguous)");
     if (spend(c, n) < 0) return T_BOUND;
     qsort(c->out, (size_t)n, sizeof *c->out, cmp_i32);
     int32_t m = 0;

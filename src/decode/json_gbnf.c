@@ -90,8 +90,12 @@ void jgbnf_json_cp(strbuf *b, uint32_t cp) {
         u[1] = (char)cp;
         n = 2;
     } else if (cp < 0x20) {
-        const char *e = cp == '\n' ? "\\n" : cp == '\t' ? "\\t" : cp == '\r' ? "\\r"
-                      : cp == '\b' ? "\\b" : cp == '\f' ? "\\f" : NULL;
+        const char *e = cp == '\n' ? "\\n"
+            : cp == '\t'           ? "\\t"
+            : cp == '\r'           ? "\\r"
+            : cp == '\b'           ? "\\b"
+            : cp == '\f'           ? "\\f"
+                                   : NULL;
         if (e) {
             memcpy(u, e, 2);
             n = 2;
@@ -259,7 +263,7 @@ void jgbnf_num_range(strbuf *e, bool hl, int64_t lo, bool hh, int64_t hi) {
  * semantics: without ^ / $ any characters may come before / after. */
 
 typedef struct {
-    char *err;           /* the caller's message buffer (errlen bytes) */
+    char *err; /* the caller's message buffer (errlen bytes) */
     size_t errlen;
     bool *any_char;      /* set when the char rule is used */
     const char *start;   /* the pattern */
@@ -359,8 +363,10 @@ static int rx_hex(rx *r, int ndig, uint32_t *cp) {
     for (int i = 0; i < ndig; i++) {
         if (r->p >= r->end) return 0;
         char ch = *r->p++;
-        int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
-              : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+        int d = ch >= '0' && ch <= '9' ? ch - '0'
+            : ch >= 'a' && ch <= 'f'   ? ch - 'a' + 10
+            : ch >= 'A' && ch <= 'F'   ? ch - 'A' + 10
+                                       : -1;
         if (d < 0) return 0;
         v = v * 16 + (uint32_t)d;
     }
@@ -376,39 +382,42 @@ static int rx_escape(rx *r, uint32_t *cp, cprange *rg, int *nr, bool *neg) {
     char ch = *r->p++;
     *neg = false;
     switch (ch) {
-    case 'd': case 'D':
-        rg[0] = (cprange){'0', '9'};
-        *nr = 1;
-        *neg = ch == 'D';
-        return 2;
-    case 'w': case 'W':
-        rg[0] = (cprange){'0', '9'};
-        rg[1] = (cprange){'A', 'Z'};
-        rg[2] = (cprange){'_', '_'};
-        rg[3] = (cprange){'a', 'z'};
-        *nr = 4;
-        *neg = ch == 'W';
-        return 2;
-    case 's': case 'S':
-        rg[0] = (cprange){' ', ' '};
-        rg[1] = (cprange){'\t', '\n'};
-        rg[2] = (cprange){'\r', '\r'};
-        *nr = 3;
-        *neg = ch == 'S';
-        return 2;
-    case 'n': *cp = '\n'; return 1;
-    case 't': *cp = '\t'; return 1;
-    case 'r': *cp = '\r'; return 1;
-    case 'f': *cp = '\f'; return 1;
-    case 'v': *cp = '\v'; return 1;
-    case 'x':
-        if (!rx_hex(r, 2, cp)) return rx_fail(r, "\\x needs two hex digits");
-        return 1;
-    case 'u':
-        if (!rx_hex(r, 4, cp) || (*cp >= 0xD800 && *cp <= 0xDFFF)) return rx_fail(r, "\\u needs four hex digits of a non-surrogate");
-        return 1;
-    default:
-        break;
+        case 'd':
+        case 'D':
+            rg[0] = (cprange){'0', '9'};
+            *nr = 1;
+            *neg = ch == 'D';
+            return 2;
+        case 'w':
+        case 'W':
+            rg[0] = (cprange){'0', '9'};
+            rg[1] = (cprange){'A', 'Z'};
+            rg[2] = (cprange){'_', '_'};
+            rg[3] = (cprange){'a', 'z'};
+            *nr = 4;
+            *neg = ch == 'W';
+            return 2;
+        case 's':
+        case 'S':
+            rg[0] = (cprange){' ', ' '};
+            rg[1] = (cprange){'\t', '\n'};
+            rg[2] = (cprange){'\r', '\r'};
+            *nr = 3;
+            *neg = ch == 'S';
+            return 2;
+        case 'n': *cp = '\n'; return 1;
+        case 't': *cp = '\t'; return 1;
+        case 'r': *cp = '\r'; return 1;
+        case 'f': *cp = '\f'; return 1;
+        case 'v': *cp = '\v'; return 1;
+        case 'x':
+            if (!rx_hex(r, 2, cp)) return rx_fail(r, "\\x needs two hex digits");
+            return 1;
+        case 'u':
+            if (!rx_hex(r, 4, cp) || (*cp >= 0xD800 && *cp <= 0xDFFF))
+                return rx_fail(r, "\\u needs four hex digits of a non-surrogate");
+            return 1;
+        default: break;
     }
     if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9')) {
         char what[64];
@@ -434,7 +443,8 @@ static int rx_class(rx *r, strbuf *e) {
     while (r->p < r->end && (*r->p != ']' || first)) {
         first = false;
         uint32_t a;
-        if (*r->p == '[' && r->p + 1 < r->end && r->p[1] == ':') return rx_fail(r, "POSIX classes [:...:] are not supported");
+        if (*r->p == '[' && r->p + 1 < r->end && r->p[1] == ':')
+            return rx_fail(r, "POSIX classes [:...:] are not supported");
         if (*r->p == '\\') {
             r->p++;
             cprange sh[4];
@@ -666,7 +676,8 @@ int jgbnf_regex(strbuf *e, const char *pat, bool *any_char, char *err, size_t er
 void jgbnf_format_rules(strbuf *o, unsigned p) {
     if (p & JGBNF_DATE) {
         /* Years 1000-2999; days exact per month, 29 February in leap years. */
-        strbuf_puts(o,
+        strbuf_puts(
+            o,
             "date ::= year \"-\" ( mon31 \"-\" day31 | mon30 \"-\" day30 | \"02-\" day28 ) | leap \"-02-29\"\n"
             "year ::= [12] [0-9]{3}\n"
             "mon31 ::= \"0\" [13578] | \"1\" [02]\n"
@@ -677,7 +688,8 @@ void jgbnf_format_rules(strbuf *o, unsigned p) {
             "leap ::= [12] [0-9] ( \"0\" [48] | [2468] [048] | [13579] [26] ) | ( \"12\" | \"16\" | \"20\" | \"24\" | \"28\" ) \"00\"\n");
     }
     if (p & JGBNF_TIME) {
-        strbuf_puts(o,
+        strbuf_puts(
+            o,
             "time ::= hour \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]{1,6} )? ( \"Z\" | [+-] hour \":\" [0-5] [0-9] )\n"
             "hour ::= [01] [0-9] | \"2\" [0-3]\n");
     }
@@ -685,9 +697,8 @@ void jgbnf_format_rules(strbuf *o, unsigned p) {
     if (p & JGBNF_UUID) strbuf_puts(o, "uuid ::= hex{8} \"-\" hex{4} \"-\" hex{4} \"-\" hex{4} \"-\" hex{12}\n");
     if (p & JGBNF_EMAIL) {
         strbuf_puts(o,
-            "email ::= eword ( \".\" eword )* \"@\" dlabel ( \".\" dlabel )+\n"
-            "eword ::= [a-zA-Z0-9_+-]+\n"
-            "dlabel ::= [a-zA-Z0-9] [a-zA-Z0-9-]{0,62}\n");
+                    "email ::= eword ( \".\" eword )* \"@\" dlabel ( \".\" dlabel )+\n"
+                    "eword ::= [a-zA-Z0-9_+-]+\n"
+                    "dlabel ::= [a-zA-Z0-9] [a-zA-Z0-9-]{0,62}\n");
     }
 }
-

@@ -55,38 +55,49 @@ enum { T_OBJ = 1, T_ARR = 2, T_STR = 4, T_NUM = 8, T_INT = 16, T_BOOL = 32, T_NU
 
 /* The fixed rules, emitted once at the end when used. */
 enum {
-    P_WS = 1, P_CHAR = 2, P_STRING = 4, P_NUMBER = 8, P_INTEGER = 16, P_BOOLEAN = 32, P_NULL = 64,
-    P_VALUE = 128, P_PCHAR = 256, P_DATE = 512, P_TIME = 1024, P_DATETIME = 2048,
-    P_UUID = 4096, P_EMAIL = 8192
+    P_WS = 1,
+    P_CHAR = 2,
+    P_STRING = 4,
+    P_NUMBER = 8,
+    P_INTEGER = 16,
+    P_BOOLEAN = 32,
+    P_NULL = 64,
+    P_VALUE = 128,
+    P_PCHAR = 256,
+    P_DATE = 512,
+    P_TIME = 1024,
+    P_DATETIME = 2048,
+    P_UUID = 4096,
+    P_EMAIL = 8192
 };
 
 typedef struct {
-    char *ref;            /* the $ref text, owned */
-    char name[NAME_LEN];  /* its rule */
-    int inside;           /* c->inside when its compilation began */
-    bool done;            /* compiled */
+    char *ref;           /* the $ref text, owned */
+    char name[NAME_LEN]; /* its rule */
+    int inside;          /* c->inside when its compilation began */
+    bool done;           /* compiled */
 } refname;
 
 typedef struct {
-    const cJSON *root;    /* the whole document (refs resolve against it), not owned */
-    strbuf out;           /* the rules written so far */
+    const cJSON *root; /* the whole document (refs resolve against it), not owned */
+    strbuf out;        /* the rules written so far */
     char *err;
     size_t errlen;
     bool failed;
     int nrules;
-    unsigned prims;       /* P_* bits of the fixed rules used */
-    refname *refs;        /* (nrefs) refs compiled or being compiled */
+    unsigned prims; /* P_* bits of the fixed rules used */
+    refname *refs;  /* (nrefs) refs compiled or being compiled */
     int nrefs, caprefs;
-    cJSON **owned;        /* (nowned) schemas built by merging, freed at the end */
+    cJSON **owned; /* (nowned) schemas built by merging, freed at the end */
     int nowned, capowned;
-    char path[1024];      /* JSON pointer of the node being compiled */
+    char path[1024]; /* JSON pointer of the node being compiled */
     size_t plen;
     int depth;
-    int inside;           /* object values and array items entered (each reads "{" or "[" first) */
-    long work;            /* steps so far, bounded by MAX_WORK */
-    int merge_id;         /* allOf branches merged so far (ids) */
-    int ap_branch;        /* the branch with additionalProperties in this merge (-1 none, -2 several) */
-    int prop_branch;      /* the branch with properties (same) */
+    int inside;      /* object values and array items entered (each reads "{" or "[" first) */
+    long work;       /* steps so far, bounded by MAX_WORK */
+    int merge_id;    /* allOf branches merged so far (ids) */
+    int ap_branch;   /* the branch with additionalProperties in this merge (-1 none, -2 several) */
+    int prop_branch; /* the branch with properties (same) */
 } jsc;
 
 static int schema_rule(jsc *c, const cJSON *s, const char *hint, char *name);
@@ -172,20 +183,39 @@ static int put_json_value_lit(jsc *c, strbuf *b, const cJSON *v) {
 
 static bool is_annotation(const char *k) {
     static const char *const ann[] = {
-        "$schema", "$id", "id", "title", "description", "examples", "default", "$comment",
-        "deprecated", "readOnly", "writeOnly", "$defs", "definitions", "contentMediaType",
-        "contentEncoding", "$anchor", NULL};
+        "$schema",         "$id",        "id",       "title",     "description", "examples",    "default",
+        "$comment",        "deprecated", "readOnly", "writeOnly", "$defs",       "definitions", "contentMediaType",
+        "contentEncoding", "$anchor",    NULL};
     for (int i = 0; ann[i]; i++)
         if (!strcmp(k, ann[i])) return true;
     return false;
 }
 
 static bool is_supported(const char *k) {
-    static const char *const kw[] = {
-        "type", "properties", "required", "additionalProperties", "items", "prefixItems",
-        "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
-        "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-        "pattern", "format", "uniqueItems", NULL};
+    static const char *const kw[] = {"type",
+                                     "properties",
+                                     "required",
+                                     "additionalProperties",
+                                     "items",
+                                     "prefixItems",
+                                     "minItems",
+                                     "maxItems",
+                                     "enum",
+                                     "const",
+                                     "anyOf",
+                                     "oneOf",
+                                     "allOf",
+                                     "$ref",
+                                     "minLength",
+                                     "maxLength",
+                                     "minimum",
+                                     "maximum",
+                                     "exclusiveMinimum",
+                                     "exclusiveMaximum",
+                                     "pattern",
+                                     "format",
+                                     "uniqueItems",
+                                     NULL};
     for (int i = 0; kw[i]; i++)
         if (!strcmp(k, kw[i])) return true;
     return false;
@@ -301,21 +331,21 @@ static unsigned value_types(const cJSON *v) {
 
 /* Kinds that the keywords present imply when "type" is absent. */
 static unsigned implied_types(const cJSON *s) {
-    static const struct { const char *k; unsigned t; } imp[] = {
-        {"properties", T_OBJ}, {"required", T_OBJ}, {"additionalProperties", T_OBJ},
-        {"items", T_ARR}, {"prefixItems", T_ARR}, {"minItems", T_ARR}, {"maxItems", T_ARR},
-        {"minLength", T_STR}, {"maxLength", T_STR}, {"pattern", T_STR}, {"format", T_STR},
-        {"minimum", T_INT}, {"maximum", T_INT}, {"exclusiveMinimum", T_INT},
-        {"exclusiveMaximum", T_INT}};
+    static const struct {
+        const char *k;
+        unsigned t;
+    } imp[] = {{"properties", T_OBJ}, {"required", T_OBJ},         {"additionalProperties", T_OBJ},
+               {"items", T_ARR},      {"prefixItems", T_ARR},      {"minItems", T_ARR},
+               {"maxItems", T_ARR},   {"minLength", T_STR},        {"maxLength", T_STR},
+               {"pattern", T_STR},    {"format", T_STR},           {"minimum", T_INT},
+               {"maximum", T_INT},    {"exclusiveMinimum", T_INT}, {"exclusiveMaximum", T_INT}};
     unsigned m = 0;
     for (size_t i = 0; i < sizeof imp / sizeof imp[0]; i++)
         if (cJSON_GetObjectItemCaseSensitive(s, imp[i].k)) m |= imp[i].t;
     return m;
 }
 
-static bool has_kw(const cJSON *s, const char *k) {
-    return cJSON_GetObjectItemCaseSensitive(s, k) != NULL;
-}
+static bool has_kw(const cJSON *s, const char *k) { return cJSON_GetObjectItemCaseSensitive(s, k) != NULL; }
 
 static int get_count(jsc *c, const cJSON *s, const char *k, long def, long *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(s, k);
@@ -338,7 +368,7 @@ static int key_complement(jsc *c, const char **names, int n, size_t off, char *n
     if (++c->work > MAX_WORK) return fail(c, "schema too complex");
     c->prims |= P_PCHAR;
     new_name(c, "key", name);
-    uint32_t *kids = lm_malloc((size_t)n * sizeof *kids); /* (nk) distinct next characters */
+    uint32_t *kids = lm_malloc((size_t)n * sizeof *kids);  /* (nk) distinct next characters */
     const char **sub = lm_malloc((size_t)n * sizeof *sub); /* (ns) names going on with one */
     if (!kids || !sub) {
         lm_free(kids);
@@ -492,9 +522,9 @@ static int object_expr(jsc *c, const cJSON *s, strbuf *e) {
         p[k].req = true;
     }
     /* Values first (their rules), then the member sequence. */
-    char (*kv)[NAME_LEN] = lm_calloc((size_t)n + 1, sizeof *kv);
-    char (*g)[NAME_LEN] = lm_calloc((size_t)n + 2, sizeof *g);
-    char (*sfx)[NAME_LEN] = lm_calloc((size_t)n + 2, sizeof *sfx);
+    char(*kv)[NAME_LEN] = lm_calloc((size_t)n + 1, sizeof *kv);
+    char(*g)[NAME_LEN] = lm_calloc((size_t)n + 2, sizeof *g);
+    char(*sfx)[NAME_LEN] = lm_calloc((size_t)n + 2, sizeof *sfx);
     if (!kv || !g || !sfx) {
         fail(c, "out of memory");
         goto done;
@@ -604,7 +634,7 @@ static int array_expr(jsc *c, const cJSON *s, strbuf *e) {
         strbuf_puts(e, "\"[\" ws \"]\"");
         return 0;
     }
-    char (*pr)[NAME_LEN] = lm_calloc((size_t)k + 1, sizeof *pr);
+    char(*pr)[NAME_LEN] = lm_calloc((size_t)k + 1, sizeof *pr);
     if (!pr) return fail(c, "out of memory");
     for (int i = 0; i < k && !c->failed; i++) {
         size_t m0 = path_push(c, pre == items ? "items" : "prefixItems");
@@ -648,8 +678,7 @@ static int array_expr(jsc *c, const cJSON *s, strbuf *e) {
         }
         for (int i = k - 1; i >= 1; i--) {
             strbuf u = {0};
-            strbuf_printf(&u, "( ws \",\" ws %s%s%s )%s", pr[i], t.len ? " " : "", t.p ? t.p : "",
-                          i >= mn ? "?" : "");
+            strbuf_printf(&u, "( ws \",\" ws %s%s%s )%s", pr[i], t.len ? " " : "", t.p ? t.p : "", i >= mn ? "?" : "");
             u.failed |= t.failed;
             strbuf_free(&t);
             t = u;
@@ -693,9 +722,15 @@ static int string_expr(jsc *c, const cJSON *s, strbuf *e) {
     }
     if (fmt) {
         if (!cJSON_IsString(fmt)) return fail(c, "\"format\" must be a string");
-        static const struct { const char *f; unsigned p; const char *rule; } fm[] = {
-            {"date", P_DATE, "date"}, {"time", P_TIME, "time"}, {"date-time", P_DATETIME, "date-time"},
-            {"uuid", P_UUID, "uuid"}, {"email", P_EMAIL, "email"}};
+        static const struct {
+            const char *f;
+            unsigned p;
+            const char *rule;
+        } fm[] = {{"date", P_DATE, "date"},
+                  {"time", P_TIME, "time"},
+                  {"date-time", P_DATETIME, "date-time"},
+                  {"uuid", P_UUID, "uuid"},
+                  {"email", P_EMAIL, "email"}};
         for (size_t i = 0; i < sizeof fm / sizeof fm[0]; i++) {
             if (!strcmp(fmt->valuestring, fm[i].f)) {
                 c->prims |= fm[i].p;
@@ -704,8 +739,7 @@ static int string_expr(jsc *c, const cJSON *s, strbuf *e) {
             }
         }
         size_t m0 = path_push(c, "format");
-        fail(c, "format \"%.100s\" is not supported (date, time, date-time, uuid, email are)",
-             fmt->valuestring);
+        fail(c, "format \"%.100s\" is not supported (date, time, date-time, uuid, email are)", fmt->valuestring);
         path_pop(c, m0);
         return -1;
     }
@@ -876,8 +910,7 @@ static int merge_into(jsc *c, cJSON *dst, const cJSON *src) {
             static const char *const tn[] = {"object", "array", "string", "number", "integer", "boolean", "null"};
             for (int i = 0; i < 7 && arr; i++) {
                 unsigned bit = 1u << i;
-                if ((m & bit) && !(bit == T_INT && (m & T_NUM)))
-                    cJSON_AddItemToArray(arr, cJSON_CreateString(tn[i]));
+                if ((m & bit) && !(bit == T_INT && (m & T_NUM))) cJSON_AddItemToArray(arr, cJSON_CreateString(tn[i]));
             }
             if (!arr) return fail(c, "out of memory");
             cJSON_ReplaceItemInObjectCaseSensitive(dst, k, arr);
@@ -1045,8 +1078,7 @@ static bool disjoint(jsc *c, const cJSON *a, const cJSON *b) {
  * node's other keywords. */
 static int alternatives_expr(jsc *c, const cJSON *s, const char *kw, strbuf *e) {
     const cJSON *arr = cJSON_GetObjectItemCaseSensitive(s, kw);
-    if (!cJSON_IsArray(arr) || cJSON_GetArraySize(arr) == 0)
-        return fail(c, "\"%s\" must be a non-empty array", kw);
+    if (!cJSON_IsArray(arr) || cJSON_GetArraySize(arr) == 0) return fail(c, "\"%s\" must be a non-empty array", kw);
     cJSON *sib = siblings_of(c, s, kw);
     if (!sib || own(c, sib)) return -1;
     bool plain = cJSON_GetArraySize(sib) == 0;
@@ -1260,27 +1292,33 @@ static void emit_prims(strbuf *o, unsigned p) {
     if (p & P_DATETIME) p |= P_DATE | P_TIME;
     if (p & P_WS) strbuf_puts(o, "ws ::= ( \" \" | \"\\n\" [ \\t]{0,20} )?\n");
     if (p & P_VALUE) {
-        strbuf_puts(o, "value ::= object | array | string | number | boolean | null\n"
-                       "object ::= \"{\" ws ( string ws \":\" ws value ( ws \",\" ws string ws \":\" ws value )* ws )? \"}\"\n"
-                       "array ::= \"[\" ws ( value ( ws \",\" ws value )* ws )? \"]\"\n");
+        strbuf_puts(
+            o,
+            "value ::= object | array | string | number | boolean | null\n"
+            "object ::= \"{\" ws ( string ws \":\" ws value ( ws \",\" ws string ws \":\" ws value )* ws )? \"}\"\n"
+            "array ::= \"[\" ws ( value ( ws \",\" ws value )* ws )? \"]\"\n");
     }
     if (p & P_STRING) strbuf_puts(o, "string ::= \"\\\"\" char* \"\\\"\"\n");
     if (p & P_CHAR) {
         /* Any JSON string character; \u escapes of surrogates only as a
          * high-low pair, so every string decodes to valid Unicode. */
-        strbuf_puts(o, "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" uesc )\n"
-                       "uesc ::= [0-9a-cA-Ce-fE-F] hex{3} | [dD] [0-7] hex{2} | [dD] [89abAB] hex{2} \"\\\\u\" [dD] [c-fC-F] hex{2}\n"
-                       "hex ::= [0-9a-fA-F]\n");
+        strbuf_puts(
+            o,
+            "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" uesc )\n"
+            "uesc ::= [0-9a-cA-Ce-fE-F] hex{3} | [dD] [0-7] hex{2} | [dD] [89abAB] hex{2} \"\\\\u\" [dD] [c-fC-F] hex{2}\n"
+            "hex ::= [0-9a-fA-F]\n");
     }
     if (p & P_PCHAR) strbuf_puts(o, "pchar ::= [^\"\\\\\\x00-\\x1F]\n");
     if (p & P_NUMBER)
-        strbuf_puts(o, "number ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} ) ( \".\" [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,2} )?\n");
+        strbuf_puts(
+            o, "number ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} ) ( \".\" [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,2} )?\n");
     if (p & P_INTEGER) strbuf_puts(o, "integer ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} )\n");
     if (p & P_BOOLEAN) strbuf_puts(o, "boolean ::= \"true\" | \"false\"\n");
     if (p & P_NULL) strbuf_puts(o, "null ::= \"null\"\n");
-    jgbnf_format_rules(o, (p & P_DATE ? JGBNF_DATE : 0) | (p & P_TIME ? JGBNF_TIME : 0) |
-                              (p & P_DATETIME ? JGBNF_DATE_TIME : 0) | (p & P_UUID ? JGBNF_UUID : 0) |
-                              (p & P_EMAIL ? JGBNF_EMAIL : 0));
+    jgbnf_format_rules(o,
+                       (p & P_DATE ? JGBNF_DATE : 0) | (p & P_TIME ? JGBNF_TIME : 0) |
+                           (p & P_DATETIME ? JGBNF_DATE_TIME : 0) | (p & P_UUID ? JGBNF_UUID : 0) |
+                           (p & P_EMAIL ? JGBNF_EMAIL : 0));
 }
 
 /* Every key and string of the document is valid UTF-8 (grammar literals

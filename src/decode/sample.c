@@ -53,25 +53,25 @@
 #define CK_BLOCK 2048
 
 typedef struct {
-    float l;     /* logit, later the unnormalized weight */
+    float l; /* logit, later the unnormalized weight */
     int32_t id;
 } cand_t;
 
 struct lm_sampler {
-    lm_sample_params p;  /* sanitized copy */
+    lm_sample_params p; /* sanitized copy */
     int32_t n_vocab;
     lm_rng rng;
     bool greedy;
-    bool penalize;       /* some penalty active and a non-empty window */
-    int32_t n_biased;    /* tokens whose bias is non-zero */
-    float *bias;         /* (n_vocab) additive bias */
-    uint32_t *counts;    /* (n_vocab) occurrences in the window; NULL if !penalize */
-    int32_t *hist;       /* window > 0: ring (window); window < 0: distinct tokens (n_vocab) */
+    bool penalize;    /* some penalty active and a non-empty window */
+    int32_t n_biased; /* tokens whose bias is non-zero */
+    float *bias;      /* (n_vocab) additive bias */
+    uint32_t *counts; /* (n_vocab) occurrences in the window; NULL if !penalize */
+    int32_t *hist;    /* window > 0: ring (window); window < 0: distinct tokens (n_vocab) */
     int32_t hist_cap;
     int32_t hist_len;
-    int32_t hist_head;   /* ring: index of the oldest entry once full */
-    cand_t *cand;        /* (n_vocab) scratch candidates */
-    double *ck;          /* (n_vocab / CK_BLOCK + 1) all mode: running weight sum at each block's end */
+    int32_t hist_head; /* ring: index of the oldest entry once full */
+    cand_t *cand;      /* (n_vocab) scratch candidates */
+    double *ck;        /* (n_vocab / CK_BLOCK + 1) all mode: running weight sum at each block's end */
 };
 
 /* Result of truncation + temperature: weights either in the logits row
@@ -80,7 +80,7 @@ typedef struct {
     bool all;
     int32_t n;
     double sum;
-    int32_t last;        /* all mode: the last token with a positive weight, or -1 */
+    int32_t last; /* all mode: the last token with a positive weight, or -1 */
 } dist_t;
 
 void sample_params_default(lm_sample_params *p) {
@@ -106,10 +106,9 @@ lm_sampler *sampler_new(const lm_sample_params *p, int32_t n_vocab) {
     if (!isfinite(s->p.presence_penalty)) s->p.presence_penalty = 0.0f;
     if (s->p.repeat_last_n < -1) s->p.repeat_last_n = -1;
     if (s->p.top_p < 0.0f) s->p.top_p = 0.0f; /* keeps the maximum alone, as 0 does */
-    s->greedy = !(s->p.temp > 0.0f); /* NaN too */
+    s->greedy = !(s->p.temp > 0.0f);          /* NaN too */
     s->penalize = s->p.repeat_last_n != 0 &&
-                  (s->p.repeat_penalty != 1.0f || s->p.freq_penalty != 0.0f ||
-                   s->p.presence_penalty != 0.0f);
+        (s->p.repeat_penalty != 1.0f || s->p.freq_penalty != 0.0f || s->p.presence_penalty != 0.0f);
 
     s->bias = lm_calloc((size_t)n_vocab, sizeof *s->bias);
     s->cand = lm_malloc((size_t)n_vocab * sizeof *s->cand);
@@ -273,7 +272,10 @@ static int32_t preprocess(lm_sampler *s, float *logits, int32_t n, const int32_t
         else if (l == INFINITY) l = logits[i] = FLT_MAX;
         if (l == -INFINITY) continue;
         nf++;
-        if (l > m) { m = l; best = i; }
+        if (l > m) {
+            m = l;
+            best = i;
+        }
     }
     *n_finite = nf;
     return best;
@@ -282,9 +284,7 @@ static int32_t preprocess(lm_sampler *s, float *logits, int32_t n, const int32_t
 /* ---- heaps over candidates ------------------------------------------------ */
 
 /* The total order of the sampler: larger logit first, then lower id. */
-static inline bool better(cand_t a, cand_t b) {
-    return a.l > b.l || (a.l == b.l && a.id < b.id);
-}
+static inline bool better(cand_t a, cand_t b) { return a.l > b.l || (a.l == b.l && a.id < b.id); }
 
 /* Restore the heap property below i. max_heap: the root is the best
  * candidate; otherwise the root is the worst. */
@@ -374,7 +374,10 @@ static int32_t top_p_cut(cand_t *c, int32_t n, float m, double target) {
     double cum = 0.0;
     int cross = -1;
     for (int b = 0; b < TOP_P_BINS; b++) {
-        if (cum + mass[b] >= target) { cross = b; break; }
+        if (cum + mass[b] >= target) {
+            cross = b;
+            break;
+        }
         cum += mass[b];
     }
     if (cross < 0) return -1;
@@ -382,12 +385,20 @@ static int32_t top_p_cut(cand_t *c, int32_t n, float m, double target) {
     int32_t above = 0, at;
     for (int32_t i = 0; i < n; i++) {
         int b = (int)fmin(((double)m - (double)c[i].l) * scale, TOP_P_BINS - 1);
-        if (b < cross) { cand_t t = c[above]; c[above++] = c[i]; c[i] = t; }
+        if (b < cross) {
+            cand_t t = c[above];
+            c[above++] = c[i];
+            c[i] = t;
+        }
     }
     at = above;
     for (int32_t i = above; i < n; i++) {
         int b = (int)fmin(((double)m - (double)c[i].l) * scale, TOP_P_BINS - 1);
-        if (b == cross) { cand_t t = c[at]; c[at++] = c[i]; c[i] = t; }
+        if (b == cross) {
+            cand_t t = c[at];
+            c[at++] = c[i];
+            c[i] = t;
+        }
     }
     int32_t popped = top_p_pop(c + above, at - above, m, target - cum);
     return popped < 0 ? -1 : above + popped;
@@ -414,8 +425,8 @@ static int32_t collect(const float *logits, int32_t V, double thr, cand_t *c) {
 
 /* Top-p over every finite token of the row, heaping only those above a
  * threshold that holds more than the top-p mass (see the file comment). */
-static int32_t top_p_all(const float *logits, int32_t V, int32_t n_vocab, int32_t n_finite, float m,
-                         float top_p, cand_t *c) {
+static int32_t top_p_all(const float *logits, int32_t V, int32_t n_vocab, int32_t n_finite, float m, float top_p,
+                         cand_t *c) {
     double z = 0.0;
     for (int32_t i = 0; i < V; i++) z += (double)expf(logits[i] - m);
     double target = (double)top_p * z;
@@ -591,9 +602,7 @@ void sample_log_softmax(const float *logits, int32_t n, float *out) {
 
 /* Min-heap on (vals, ids) under the sampler's total order: the root is the
  * worst of the kept entries. */
-static inline bool better_iv(float va, int32_t ia, float vb, int32_t ib) {
-    return va > vb || (va == vb && ia < ib);
-}
+static inline bool better_iv(float va, int32_t ia, float vb, int32_t ib) { return va > vb || (va == vb && ia < ib); }
 
 static void sift_down_iv(int32_t *ids, float *vals, int n, int i) {
     int32_t xi = ids[i];

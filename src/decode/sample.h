@@ -36,7 +36,8 @@
 
 /* lm_sample_params is in lamina.h. */
 
-void sample_params_default(lm_sample_params *p); /* temp 0.8, top_k 40, top_p 0.95, min_p 0.05, penalties off, window 64, seed 0 */
+void sample_params_default(
+    lm_sample_params *p); /* temp 0.8, top_k 40, top_p 0.95, min_p 0.05, penalties off, window 64, seed 0 */
 
 typedef struct lm_sampler lm_sampler;
 
@@ -47,7 +48,7 @@ lm_sampler *sampler_new(const lm_sample_params *p, int32_t n_vocab);
 void sampler_free(lm_sampler *s);
 void sampler_reset(lm_sampler *s);
 /* Whether it picks the largest (biased, penalized) logit: temp <= 0 or NaN. */
-bool sampler_greedy(const lm_sampler *s);               /* clear history, reseed (biases are kept) */
+bool sampler_greedy(const lm_sampler *s); /* clear history, reseed (biases are kept) */
 /* Record a token in the penalty history (prompt tokens too, if wanted).
  * Out-of-range ids are ignored. */
 void sampler_accept(lm_sampler *s, int32_t tok);

@@ -116,7 +116,8 @@ float spec_curve_at(const spec_curve *c, int rows) {
 }
 
 int spec_curve_fix(spec_curve *c, char *err, size_t errlen) {
-    if (c->n <= 0 || c->n > SPEC_CURVE_MAX) return lm_err(err, errlen, "a width curve has 1 to %d points", SPEC_CURVE_MAX);
+    if (c->n <= 0 || c->n > SPEC_CURVE_MAX)
+        return lm_err(err, errlen, "a width curve has 1 to %d points", SPEC_CURVE_MAX);
     for (int i = 1; i < c->n; i++) /* insertion sort by width */
         for (int j = i; j > 0 && c->w[j] < c->w[j - 1]; j--) {
             int w = c->w[j];
@@ -234,9 +235,9 @@ int spec_guard_bucket(int width) {
 bool spec_guard_allow(spec_guard *g, int width) {
     spec_guard_width *b = &g->b[spec_guard_bucket(width)];
     g->step++;
-    if (g->step < b->off_until) return false;          /* it lost: an interval without */
-    if (b->n_plain < SPEC_GUARD_MIN) return false;     /* the baseline first */
-    return b->since_plain < SPEC_GUARD_REFRESH;        /* else one plain step refreshes it */
+    if (g->step < b->off_until) return false;      /* it lost: an interval without */
+    if (b->n_plain < SPEC_GUARD_MIN) return false; /* the baseline first */
+    return b->since_plain < SPEC_GUARD_REFRESH;    /* else one plain step refreshes it */
 }
 
 static void ema(double *avg, int *n, double x) {

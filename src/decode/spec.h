@@ -103,16 +103,16 @@
 int spec_ngram_propose(const int32_t *toks, int n, int k, int32_t *out);
 
 typedef struct {
-    float acc;  /* estimated chance a proposed token is accepted once the ones before it were */
-    int idle;   /* steps since the last proposal while the estimate is too low */
-    int every;  /* steps between probes (every_min, doubling up to every_max while probes fail) */
+    float acc; /* estimated chance a proposed token is accepted once the ones before it were */
+    int idle;  /* steps since the last proposal while the estimate is too low */
+    int every; /* steps between probes (every_min, doubling up to every_max while probes fail) */
     int every_min, every_max;
-    float cost; /* a guess's cost as a share of the model's pass; 0: free (prompt lookup, no cost model) */
+    float cost;  /* a guess's cost as a share of the model's pass; 0: free (prompt lookup, no cost model) */
     int probing; /* the last spec_ctl_want was a probe (the estimate said no) */
 } spec_ctl;
 
 #define SPEC_CURVE_MAX 16
-#define SPEC_CALIB_ROWS 64 /* the widest pass the engine times at start */
+#define SPEC_CALIB_ROWS 64    /* the widest pass the engine times at start */
 #define SPEC_CALIB_MIN_S 1e-3 /* a one-row pass shorter than this is priced flat, not timed */
 
 /* A pass's time as a function of its rows, as a share of a one-row pass:
@@ -181,7 +181,7 @@ typedef struct {
 } spec_guard_width;
 
 typedef struct {
-    uint64_t step;          /* spec_guard_allow calls */
+    uint64_t step; /* spec_guard_allow calls */
     spec_guard_width b[SPEC_GUARD_BUCKETS];
 } spec_guard;
 

@@ -25,7 +25,7 @@ static int g_rank = 0, g_size = 1;
 static int g_tp_rank = 0, g_tp_size = 1, g_stage = 0, g_stages = 1;
 static bool g_init = false;
 static dist_stats g_stats;
-static float *g_scratch;       /* (g_scratch_n) floats: gathered parts */
+static float *g_scratch; /* (g_scratch_n) floats: gathered parts */
 static size_t g_scratch_n;
 #ifdef LAMINA_MPI
 static MPI_Comm g_tp_comm = MPI_COMM_NULL; /* this stage's tensor group (the world until dist_grid) */
@@ -149,7 +149,8 @@ int dist_recv(void *buf, size_t bytes, int peer, char *err, size_t errlen) {
     int rc = MPI_Recv(buf, (int)bytes, MPI_BYTE, peer, 0, MPI_COMM_WORLD, &st), got = 0;
     if (rc != MPI_SUCCESS) return mpi_fail(rc, "receive", err, errlen);
     MPI_Get_count(&st, MPI_BYTE, &got);
-    if ((size_t)got != bytes) return lm_err(err, errlen, "received %d bytes from rank %d, %zu expected", got, peer, bytes);
+    if ((size_t)got != bytes)
+        return lm_err(err, errlen, "received %d bytes from rank %d, %zu expected", got, peer, bytes);
     double dt = lm_now() - t0;
     g_stats.comm_s += dt;
     g_stats.p2p_s += dt;
@@ -239,7 +240,8 @@ int dist_bcast_idle(void *buf, size_t bytes, int root, char *err, size_t errlen)
     int rc = MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD, &rq), done = 0;
     if (rc != MPI_SUCCESS) return mpi_fail(rc, "broadcast", err, errlen);
     for (int spins = 0; !done; spins++) {
-        if ((rc = MPI_Test(&rq, &done, MPI_STATUS_IGNORE)) != MPI_SUCCESS) return mpi_fail(rc, "broadcast", err, errlen);
+        if ((rc = MPI_Test(&rq, &done, MPI_STATUS_IGNORE)) != MPI_SUCCESS)
+            return mpi_fail(rc, "broadcast", err, errlen);
         if (!done && spins > 1000) nanosleep(&(struct timespec){.tv_nsec = 200000}, NULL);
     }
     g_stats.calls++;

@@ -52,7 +52,7 @@ int dist_size(void); /* 1 before dist_init or without MPI */
 int dist_grid(int tp, int pp, char *err, size_t errlen);
 int dist_tp_rank(void); /* rank inside this stage's tensor group */
 int dist_tp_size(void);
-int dist_stage(void);   /* pipeline stage */
+int dist_stage(void); /* pipeline stage */
 int dist_n_stages(void);
 /* Point to point (world ranks): bytes to peer, or from peer; counted in the
  * stats (a receive's wait for its sender is its communication time). */

@@ -111,8 +111,10 @@ static bool take(uint64_t *off, uint64_t *at, uint64_t a, uint64_t b, uint64_t c
 static int check_checkpoint(const char *path, const mapped *m, l2c_config *c, l2c_layout *lo, char *err,
                             size_t errlen) {
     if (m->size >= 4 && memcmp(m->data, "ak42", 4) == 0)
-        return lm_err(err, errlen, "checkpoint %s: a versioned llama2.c export (magic \"ak42\"); only the "
-                      "legacy version 0 format is supported", path);
+        return lm_err(err, errlen,
+                      "checkpoint %s: a versioned llama2.c export (magic \"ak42\"); only the "
+                      "legacy version 0 format is supported",
+                      path);
     if (m->size < HEADER_BYTES)
         return lm_err(err, errlen, "checkpoint %s: %zu bytes, too short for the 28-byte header", path, m->size);
     int32_t h[7];
@@ -120,15 +122,16 @@ static int check_checkpoint(const char *path, const mapped *m, l2c_config *c, l2
     *c = (l2c_config){h[0], h[1], h[2], h[3], h[4], h[5], h[6]};
     if (c->dim <= 0 || c->hidden_dim <= 0 || c->n_layers <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 ||
         c->seq_len <= 0 || c->vocab_size == 0 || c->vocab_size == INT32_MIN)
-        return lm_err(err, errlen, "checkpoint %s: bad header (dim %d, hidden_dim %d, n_layers %d, n_heads %d, "
-                      "n_kv_heads %d, vocab_size %d, seq_len %d): sizes must be positive", path, c->dim,
-                      c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->seq_len);
+        return lm_err(err, errlen,
+                      "checkpoint %s: bad header (dim %d, hidden_dim %d, n_layers %d, n_heads %d, "
+                      "n_kv_heads %d, vocab_size %d, seq_len %d): sizes must be positive",
+                      path, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->seq_len);
     if (c->dim % c->n_heads != 0 || (c->dim / c->n_heads) % 2 != 0)
-        return lm_err(err, errlen, "checkpoint %s: dim %d is not n_heads %d times an even head size", path,
-                      c->dim, c->n_heads);
+        return lm_err(err, errlen, "checkpoint %s: dim %d is not n_heads %d times an even head size", path, c->dim,
+                      c->n_heads);
     if (c->n_kv_heads > c->n_heads || c->n_heads % c->n_kv_heads != 0)
-        return lm_err(err, errlen, "checkpoint %s: n_heads %d is not a multiple of n_kv_heads %d", path,
-                      c->n_heads, c->n_kv_heads);
+        return lm_err(err, errlen, "checkpoint %s: n_heads %d is not a multiple of n_kv_heads %d", path, c->n_heads,
+                      c->n_kv_heads);
     lo->shared = c->vocab_size > 0;
     lo->vocab = (uint64_t)(c->vocab_size > 0 ? (int64_t)c->vocab_size : -(int64_t)c->vocab_size);
     c->vocab_size = (int32_t)lo->vocab;
@@ -137,36 +140,40 @@ static int check_checkpoint(const char *path, const mapped *m, l2c_config *c, l2
     const uint64_t d = (uint64_t)c->dim, hd = (uint64_t)c->hidden_dim, L = (uint64_t)c->n_layers;
     uint64_t off = 0, skip, bytes, want;
     bool ok = take(&off, &lo->emb, lo->vocab, d, 1) && take(&off, &lo->rms_att, L, d, 1) &&
-              take(&off, &lo->wq, L, d, d) && take(&off, &lo->wk, L, d, lo->kv_dim) &&
-              take(&off, &lo->wv, L, d, lo->kv_dim) && take(&off, &lo->wo, L, d, d) &&
-              take(&off, &lo->rms_ffn, L, d, 1) && take(&off, &lo->w1, L, hd, d) &&
-              take(&off, &lo->w2, L, d, hd) && take(&off, &lo->w3, L, hd, d) &&
-              take(&off, &lo->rms_final, d, 1, 1) &&
-              take(&off, &skip, 2, (uint64_t)c->seq_len, lo->head_size / 2) && /* freq_cis_real, _imag */
-              take(&off, &lo->wcls, lo->shared ? 0 : lo->vocab, d, 1) &&
-              lm_mul_u64(off, 4, &bytes) && lm_add_u64(bytes, HEADER_BYTES, &want);
+        take(&off, &lo->wq, L, d, d) && take(&off, &lo->wk, L, d, lo->kv_dim) &&
+        take(&off, &lo->wv, L, d, lo->kv_dim) && take(&off, &lo->wo, L, d, d) && take(&off, &lo->rms_ffn, L, d, 1) &&
+        take(&off, &lo->w1, L, hd, d) && take(&off, &lo->w2, L, d, hd) && take(&off, &lo->w3, L, hd, d) &&
+        take(&off, &lo->rms_final, d, 1, 1) &&
+        take(&off, &skip, 2, (uint64_t)c->seq_len, lo->head_size / 2) && /* freq_cis_real, _imag */
+        take(&off, &lo->wcls, lo->shared ? 0 : lo->vocab, d, 1) && lm_mul_u64(off, 4, &bytes) &&
+        lm_add_u64(bytes, HEADER_BYTES, &want);
     if (!ok)
-        return lm_err(err, errlen, "checkpoint %s: header sizes overflow 64 bits (dim %d, hidden_dim %d, "
-                      "n_layers %d, vocab_size %d)", path, c->dim, c->hidden_dim, c->n_layers, c->vocab_size);
+        return lm_err(err, errlen,
+                      "checkpoint %s: header sizes overflow 64 bits (dim %d, hidden_dim %d, "
+                      "n_layers %d, vocab_size %d)",
+                      path, c->dim, c->hidden_dim, c->n_layers, c->vocab_size);
     lo->total = off;
     if ((uint64_t)m->size < want)
-        return lm_err(err, errlen, "checkpoint %s: truncated: the header (dim %d, hidden_dim %d, n_layers %d, "
-                      "vocab_size %d, %s classifier) implies %" PRIu64 " bytes, the file has %zu", path, c->dim,
-                      c->hidden_dim, c->n_layers, c->vocab_size, lo->shared ? "tied" : "separate", want, m->size);
+        return lm_err(err, errlen,
+                      "checkpoint %s: truncated: the header (dim %d, hidden_dim %d, n_layers %d, "
+                      "vocab_size %d, %s classifier) implies %" PRIu64 " bytes, the file has %zu",
+                      path, c->dim, c->hidden_dim, c->n_layers, c->vocab_size, lo->shared ? "tied" : "separate", want,
+                      m->size);
     if ((uint64_t)m->size > want)
-        return lm_err(err, errlen, "checkpoint %s: %" PRIu64 " bytes past the %" PRIu64 " the header implies: "
-                      "not a legacy llama2.c checkpoint with these dimensions", path,
-                      (uint64_t)m->size - want, want);
+        return lm_err(err, errlen,
+                      "checkpoint %s: %" PRIu64 " bytes past the %" PRIu64 " the header implies: "
+                      "not a legacy llama2.c checkpoint with these dimensions",
+                      path, (uint64_t)m->size - want, want);
     return 0;
 }
 
 /* ---- tokenizer -------------------------------------------------------------- */
 
 typedef struct {
-    char **text;     /* (vocab) NUL-terminated, into slab */
+    char **text; /* (vocab) NUL-terminated, into slab */
     char *slab;
-    float *scores;   /* (vocab) */
-    int32_t *types;  /* (vocab) */
+    float *scores;  /* (vocab) */
+    int32_t *types; /* (vocab) */
 } l2c_vocab;
 
 static void vocab_free(l2c_vocab *v) {
@@ -179,14 +186,12 @@ static void vocab_free(l2c_vocab *v) {
 
 static bool is_byte_piece(const uint8_t *s, int32_t len) {
     static const char hex[] = "0123456789ABCDEFabcdef";
-    return len == 6 && memcmp(s, "<0x", 3) == 0 && s[5] == '>' && s[3] && s[4] &&
-           strchr(hex, s[3]) && strchr(hex, s[4]);
+    return len == 6 && memcmp(s, "<0x", 3) == 0 && s[5] == '>' && s[3] && s[4] && strchr(hex, s[3]) &&
+        strchr(hex, s[4]);
 }
 
 /* The GGUF text and type of token id whose llama2.c piece is s[0..len). */
-static const char *special_text(int32_t id) {
-    return id == 0 ? "<unk>" : id == 1 ? "<s>" : id == 2 ? "</s>" : NULL;
-}
+static const char *special_text(int32_t id) { return id == 0 ? "<unk>" : id == 1 ? "<s>" : id == 2 ? "</s>" : NULL; }
 
 static int32_t token_type(int32_t id, const uint8_t *s, int32_t len) {
     if (id == 0) return TT_UNKNOWN;
@@ -228,8 +233,7 @@ static int scan_tokenizer(const char *path, const mapped *m, int32_t vocab, uint
                           size_t errlen) {
     if (m->size < 4) return lm_err(err, errlen, "tokenizer %s: %zu bytes, too short for the header", path, m->size);
     int32_t max_len = rd_i32(m->data);
-    if (max_len <= 0)
-        return lm_err(err, errlen, "tokenizer %s: max_token_length %d is not positive", path, max_len);
+    if (max_len <= 0) return lm_err(err, errlen, "tokenizer %s: max_token_length %d is not positive", path, max_len);
     uint64_t pos = 4, total = 0;
     for (int32_t id = 0; id < vocab; id++) {
         if (m->size - pos < 8)
@@ -246,15 +250,15 @@ static int scan_tokenizer(const char *path, const mapped *m, int32_t vocab, uint
         pos += (uint64_t)len;
     }
     if (pos != m->size)
-        return lm_err(err, errlen, "tokenizer %s: %" PRIu64 " bytes after the %d tokens the checkpoint's "
-                      "vocab_size calls for (a tokenizer for another vocabulary?)", path,
-                      (uint64_t)m->size - pos, vocab);
+        return lm_err(err, errlen,
+                      "tokenizer %s: %" PRIu64 " bytes after the %d tokens the checkpoint's "
+                      "vocab_size calls for (a tokenizer for another vocabulary?)",
+                      path, (uint64_t)m->size - pos, vocab);
     *slab_bytes = total;
     return 0;
 }
 
-static int load_tokenizer(const char *path, const mapped *m, int32_t vocab, l2c_vocab *v, char *err,
-                          size_t errlen) {
+static int load_tokenizer(const char *path, const mapped *m, int32_t vocab, l2c_vocab *v, char *err, size_t errlen) {
     memset(v, 0, sizeof *v);
     if (vocab < 3)
         return lm_err(err, errlen, "vocab_size %d is too small: a llama2.c vocabulary starts with <unk>, <s>, </s>",
@@ -311,8 +315,7 @@ static void set_metadata(gguf_writer *w, const l2c_config *c, const l2c_layout *
 
 /* One F32 tensor of ne0 x ne1 floats (ne1 == 0: one dimension) at float
  * offset off of the checkpoint's weights. */
-static void add_f32(gguf_writer *w, const char *name, const float *base, uint64_t off, uint64_t ne0,
-                    uint64_t ne1) {
+static void add_f32(gguf_writer *w, const char *name, const float *base, uint64_t off, uint64_t ne0, uint64_t ne1) {
     uint64_t ne[2] = {ne0, ne1};
     uint64_t n = ne1 ? ne0 * ne1 : ne0; /* no overflow: within the checked file size */
     gguf_w_add_tensor(w, name, ne1 ? 2 : 1, ne, LM_TYPE_F32, base + off, n * 4);
@@ -348,8 +351,7 @@ static int check_output(const char *out, const mapped *a, const mapped *b, char 
     return 0;
 }
 
-int convert_llama2c(const char *model_bin, const char *tokenizer_bin, const char *out_gguf, char *err,
-                    size_t errlen) {
+int convert_llama2c(const char *model_bin, const char *tokenizer_bin, const char *out_gguf, char *err, size_t errlen) {
     mapped ck = {0}, tk = {0};
     l2c_config c = {0};
     l2c_layout lo = {0};

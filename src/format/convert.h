@@ -44,7 +44,6 @@
  * file beside it and renamed into place only when complete (base/safefile.h):
  * if writing fails, only the temporary file is removed and out_gguf is
  * untouched; a directory, device or FIFO as out_gguf is refused. */
-int convert_llama2c(const char *model_bin, const char *tokenizer_bin, const char *out_gguf, char *err,
-                    size_t errlen);
+int convert_llama2c(const char *model_bin, const char *tokenizer_bin, const char *out_gguf, char *err, size_t errlen);
 
 #endif

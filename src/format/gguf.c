@@ -61,33 +61,52 @@
 #endif
 
 #define GGUF_MAGIC "GGUF"
-#define GGUF_MAX_NESTING 8   /* array depth: a top-level array is depth 1 */
-#define GGUF_MAX_NAME 256    /* bytes in a tensor name */
-#define GGUF_MAX_KEY 65535   /* bytes in a key */
-#define MIN_KV_BYTES 14      /* key len (8) + 1 key byte + type (4) + 1 value byte */
-#define MIN_TENSOR_BYTES 33  /* name len (8) + 1 name byte + n_dims (4) + ne (8) + type (4) + offset (8) */
+#define GGUF_MAX_NESTING 8  /* array depth: a top-level array is depth 1 */
+#define GGUF_MAX_NAME 256   /* bytes in a tensor name */
+#define GGUF_MAX_KEY 65535  /* bytes in a key */
+#define MIN_KV_BYTES 14     /* key len (8) + 1 key byte + type (4) + 1 value byte */
+#define MIN_TENSOR_BYTES 33 /* name len (8) + 1 name byte + n_dims (4) + ne (8) + type (4) + offset (8) */
 
 /* ---- small helpers --------------------------------------------------------- */
 
-static uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
-static uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
-static uint64_t rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static uint16_t rd16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+static uint32_t rd32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static uint64_t rd64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
 
 /* Bytes of one element of a fixed-size type; 0 for string, array, unknown. */
 static size_t vtype_size(uint32_t t) {
     switch (t) {
-    case GGUF_UINT8: case GGUF_INT8: case GGUF_BOOL: return 1;
-    case GGUF_UINT16: case GGUF_INT16: return 2;
-    case GGUF_UINT32: case GGUF_INT32: case GGUF_FLOAT32: return 4;
-    case GGUF_UINT64: case GGUF_INT64: case GGUF_FLOAT64: return 8;
-    default: return 0;
+        case GGUF_UINT8:
+        case GGUF_INT8:
+        case GGUF_BOOL: return 1;
+        case GGUF_UINT16:
+        case GGUF_INT16: return 2;
+        case GGUF_UINT32:
+        case GGUF_INT32:
+        case GGUF_FLOAT32: return 4;
+        case GGUF_UINT64:
+        case GGUF_INT64:
+        case GGUF_FLOAT64: return 8;
+        default: return 0;
     }
 }
 
 const char *gguf_vtype_name(enum gguf_vtype t) {
     static const char *names[GGUF_VTYPE_COUNT] = {
-        "uint8", "int8", "uint16", "int16", "uint32", "int32", "float32",
-        "bool", "string", "array", "uint64", "int64", "float64",
+        "uint8", "int8",   "uint16", "int16",  "uint32", "int32",   "float32",
+        "bool",  "string", "array",  "uint64", "int64",  "float64",
     };
     return (unsigned)t < GGUF_VTYPE_COUNT ? names[t] : "unknown";
 }
@@ -153,15 +172,15 @@ static void arena_free(arena_block *b) {
 typedef struct {
     gguf_str key;
     enum gguf_vtype type;
-    const uint8_t *val;   /* value bytes in the mapping (after the type tag) */
+    const uint8_t *val; /* value bytes in the mapping (after the type tag) */
     uint64_t val_len;
-    gguf_arr arr;         /* filled when type == GGUF_ARRAY */
+    gguf_arr arr; /* filled when type == GGUF_ARRAY */
 } kv_entry;
 
 struct gguf_ctx {
-    const uint8_t *base;  /* (size) file bytes */
+    const uint8_t *base; /* (size) file bytes */
     uint64_t size;
-    void *map;            /* non-NULL when gguf_open mapped the file */
+    void *map; /* non-NULL when gguf_open mapped the file */
     size_t map_len;
     uint32_t version, alignment;
     uint64_t data_off;
@@ -171,7 +190,7 @@ struct gguf_ctx {
     uint32_t *kv_hash;    /* (kv_hmask + 1) slots: kv index + 1, 0 = empty */
     uint32_t *t_hash;     /* (t_hmask + 1) slots: tensor index + 1 */
     uint64_t kv_hmask, t_hmask;
-    arena_block *arena;   /* array indexes and tensor names */
+    arena_block *arena; /* array indexes and tensor names */
 };
 
 /* Parser state: a cursor over the file plus the context being filled. */
@@ -180,14 +199,20 @@ typedef struct {
     uint64_t off;
     char *err;
     size_t errlen;
-    char where[320];      /* "kv 3 'general.name'" or "tensor 7 'output.weight'" */
-    lm_status status;     /* the kind of the failure: LM_ERR_FORMAT unless set otherwise */
+    char where[320];  /* "kv 3 'general.name'" or "tensor 7 'output.weight'" */
+    lm_status status; /* the kind of the failure: LM_ERR_FORMAT unless set otherwise */
 } parser;
 
 /* Mark the failure being reported as out of memory / not supported; returns
  * -1 like lm_err, so `return nomem(p), lm_err(...)` reads as one failure. */
-static int nomem(parser *p) { p->status = LM_ERR_NOMEM; return -1; }
-static int unsupported(parser *p) { p->status = LM_ERR_UNSUPPORTED; return -1; }
+static int nomem(parser *p) {
+    p->status = LM_ERR_NOMEM;
+    return -1;
+}
+static int unsupported(parser *p) {
+    p->status = LM_ERR_UNSUPPORTED;
+    return -1;
+}
 
 /* Check that n bytes are left at the cursor. `what` names the field; idx >= 0
  * adds an array element index. */
@@ -197,8 +222,8 @@ static int need(parser *p, uint64_t n, const char *what, int64_t idx) {
     char elem[48] = "";
     if (idx >= 0) snprintf(elem, sizeof elem, "element %" PRId64 ": ", idx);
     return lm_err(p->err, p->errlen,
-                  "%s%s%s%s at offset %" PRIu64 " needs %" PRIu64
-                  " bytes, only %" PRIu64 " left (file is %" PRIu64 " bytes)",
+                  "%s%s%s%s at offset %" PRIu64 " needs %" PRIu64 " bytes, only %" PRIu64 " left (file is %" PRIu64
+                  " bytes)",
                   p->where, p->where[0] ? ": " : "", elem, what, p->off, n, left, p->ctx->size);
 }
 
@@ -224,10 +249,10 @@ static int take_str(parser *p, gguf_str *s, const char *what, int64_t idx) {
         char elem[48] = "";
         if (idx >= 0) snprintf(elem, sizeof elem, "element %" PRId64 ": ", idx);
         return lm_err(p->err, p->errlen,
-                      "%s%s%s%s length %" PRIu64 " at offset %" PRIu64
-                      " exceeds the %" PRIu64 " bytes left in the file (%" PRIu64 " bytes)",
-                      p->where, p->where[0] ? ": " : "", elem, what, len, p->off - 8,
-                      p->ctx->size - p->off, p->ctx->size);
+                      "%s%s%s%s length %" PRIu64 " at offset %" PRIu64 " exceeds the %" PRIu64
+                      " bytes left in the file (%" PRIu64 " bytes)",
+                      p->where, p->where[0] ? ": " : "", elem, what, len, p->off - 8, p->ctx->size - p->off,
+                      p->ctx->size);
     }
     s->ptr = (const char *)p->ctx->base + p->off;
     s->len = len;
@@ -243,16 +268,15 @@ static int parse_fixed_elems(parser *p, gguf_arr *arr) {
     uint64_t total;
     if (!lm_mul_u64(arr->n, esz, &total) || total > p->ctx->size - p->off)
         return lm_err(p->err, p->errlen,
-                      "%s: array of %" PRIu64 " %s at offset %" PRIu64
-                      " does not fit in the %" PRIu64 " bytes left in the file (%" PRIu64 " bytes)",
-                      p->where, arr->n, gguf_vtype_name(arr->type), p->off,
-                      p->ctx->size - p->off, p->ctx->size);
+                      "%s: array of %" PRIu64 " %s at offset %" PRIu64 " does not fit in the %" PRIu64
+                      " bytes left in the file (%" PRIu64 " bytes)",
+                      p->where, arr->n, gguf_vtype_name(arr->type), p->off, p->ctx->size - p->off, p->ctx->size);
     const uint8_t *b = p->ctx->base + p->off;
     if (arr->type == GGUF_BOOL)
         for (uint64_t i = 0; i < arr->n; i++)
             if (b[i] > 1)
-                return lm_err(p->err, p->errlen, "%s: array element %" PRIu64
-                              ": bool value %u is not 0 or 1", p->where, i, b[i]);
+                return lm_err(p->err, p->errlen, "%s: array element %" PRIu64 ": bool value %u is not 0 or 1", p->where,
+                              i, b[i]);
     p->off += total;
     return 0;
 }
@@ -264,14 +288,15 @@ static int parse_indexed_elems(parser *p, int depth, gguf_arr *arr) {
     uint64_t left = p->ctx->size - p->off;
     if (arr->n > left / min)
         return lm_err(p->err, p->errlen,
-                      "%s: array count %" PRIu64 " of %s at offset %" PRIu64
-                      " cannot fit in the %" PRIu64 " bytes left in the file (%" PRIu64 " bytes)",
+                      "%s: array count %" PRIu64 " of %s at offset %" PRIu64 " cannot fit in the %" PRIu64
+                      " bytes left in the file (%" PRIu64 " bytes)",
                       p->where, arr->n, gguf_vtype_name(arr->type), p->off, left, p->ctx->size);
     if (arr->n == 0) return 0;
     size_t esz = arr->type == GGUF_STRING ? sizeof(uint64_t) : sizeof(gguf_arr);
     void *index = arena_alloc(&p->ctx->arena, (size_t)arr->n * esz);
-    if (!index) return nomem(p), lm_err(p->err, p->errlen, "%s: out of memory indexing %" PRIu64
-                              " array elements", p->where, arr->n);
+    if (!index)
+        return nomem(p),
+               lm_err(p->err, p->errlen, "%s: out of memory indexing %" PRIu64 " array elements", p->where, arr->n);
     arr->index = index;
     uint64_t start = p->off;
     for (uint64_t i = 0; i < arr->n; i++) {
@@ -291,14 +316,14 @@ static int parse_indexed_elems(parser *p, int depth, gguf_arr *arr) {
 static int parse_array(parser *p, int depth, gguf_arr *arr) {
     memset(arr, 0, sizeof *arr);
     if (depth > GGUF_MAX_NESTING)
-        return lm_err(p->err, p->errlen, "%s: arrays nested deeper than %d levels at offset %" PRIu64,
-                      p->where, GGUF_MAX_NESTING, p->off);
+        return lm_err(p->err, p->errlen, "%s: arrays nested deeper than %d levels at offset %" PRIu64, p->where,
+                      GGUF_MAX_NESTING, p->off);
     uint32_t et;
     uint64_t n;
     if (take_u32(p, &et, "array element type", -1)) return -1;
     if (et >= GGUF_VTYPE_COUNT)
-        return lm_err(p->err, p->errlen, "%s: unknown array element type %u at offset %" PRIu64,
-                      p->where, et, p->off - 4);
+        return lm_err(p->err, p->errlen, "%s: unknown array element type %u at offset %" PRIu64, p->where, et,
+                      p->off - 4);
     if (take_u64(p, &n, "array count", -1)) return -1;
     arr->type = (enum gguf_vtype)et;
     arr->n = n;
@@ -342,8 +367,8 @@ static gguf_str tensor_name(const gguf_ctx *ctx, uint32_t i) {
     return s;
 }
 
-static uint64_t hash_slot(const gguf_ctx *ctx, const uint32_t *tab, uint64_t mask, name_fn fn,
-                          const char *name, uint64_t len) {
+static uint64_t hash_slot(const gguf_ctx *ctx, const uint32_t *tab, uint64_t mask, name_fn fn, const char *name,
+                          uint64_t len) {
     uint64_t h = hash_bytes(name, len) & mask;
     while (tab[h]) {
         gguf_str s = fn(ctx, tab[h] - 1);
@@ -358,17 +383,18 @@ static int parse_header(parser *p) {
     gguf_ctx *c = p->ctx;
     if (c->size < 4 || memcmp(c->base, GGUF_MAGIC, 4) != 0) {
         if (c->size < 4)
-            return lm_err(p->err, p->errlen, "not a GGUF file: %" PRIu64 " bytes, too short for the magic",
-                          c->size);
-        return lm_err(p->err, p->errlen, "not a GGUF file: magic is %02x %02x %02x %02x, expected \"GGUF\"",
-                      c->base[0], c->base[1], c->base[2], c->base[3]);
+            return lm_err(p->err, p->errlen, "not a GGUF file: %" PRIu64 " bytes, too short for the magic", c->size);
+        return lm_err(p->err, p->errlen, "not a GGUF file: magic is %02x %02x %02x %02x, expected \"GGUF\"", c->base[0],
+                      c->base[1], c->base[2], c->base[3]);
     }
     p->off = 4;
     uint32_t v;
     uint64_t nt, nkv;
     if (take_u32(p, &v, "header version", -1)) return -1;
     if (v == 1)
-        return unsupported(p), lm_err(p->err, p->errlen, "GGUF version 1 is not supported (it uses 32-bit counts); "
+        return unsupported(p),
+               lm_err(p->err, p->errlen,
+                      "GGUF version 1 is not supported (it uses 32-bit counts); "
                       "convert the file to version 3");
     if (v != 2 && v != 3) {
         unsupported(p);
@@ -382,11 +408,15 @@ static int parse_header(parser *p) {
     uint64_t left = c->size - p->off;
     uint64_t kv_min, t_min, sum;
     if (!lm_mul_u64(nkv, MIN_KV_BYTES, &kv_min) || kv_min > left)
-        return lm_err(p->err, p->errlen, "kv count %" PRIu64 " cannot fit in the %" PRIu64
-                      " bytes after the header (file is %" PRIu64 " bytes)", nkv, left, c->size);
+        return lm_err(p->err, p->errlen,
+                      "kv count %" PRIu64 " cannot fit in the %" PRIu64 " bytes after the header (file is %" PRIu64
+                      " bytes)",
+                      nkv, left, c->size);
     if (!lm_mul_u64(nt, MIN_TENSOR_BYTES, &t_min) || !lm_add_u64(kv_min, t_min, &sum) || sum > left)
-        return lm_err(p->err, p->errlen, "tensor count %" PRIu64 " cannot fit in the %" PRIu64
-                      " bytes after the header (file is %" PRIu64 " bytes)", nt, left, c->size);
+        return lm_err(p->err, p->errlen,
+                      "tensor count %" PRIu64 " cannot fit in the %" PRIu64 " bytes after the header (file is %" PRIu64
+                      " bytes)",
+                      nt, left, c->size);
     if (nkv > UINT32_MAX - 1 || nt > UINT32_MAX - 1)
         return lm_err(p->err, p->errlen, "too many entries (%" PRIu64 " kvs, %" PRIu64 " tensors)", nkv, nt);
     c->n_kv = (int64_t)nkv;
@@ -410,21 +440,19 @@ static int parse_kvs(parser *p) {
         if (take_str(p, &e->key, "key", -1)) return -1;
         if (e->key.len == 0) return lm_err(p->err, p->errlen, "kv %" PRId64 ": empty key", i);
         if (e->key.len > GGUF_MAX_KEY)
-            return lm_err(p->err, p->errlen, "kv %" PRId64 ": key of %" PRIu64 " bytes (at most %d)",
-                          i, e->key.len, GGUF_MAX_KEY);
+            return lm_err(p->err, p->errlen, "kv %" PRId64 ": key of %" PRIu64 " bytes (at most %d)", i, e->key.len,
+                          GGUF_MAX_KEY);
         if (memchr(e->key.ptr, 0, e->key.len))
             return lm_err(p->err, p->errlen, "kv %" PRId64 ": key contains a NUL byte", i);
         set_where_kv(p, i, e->key);
         uint64_t slot = hash_slot(c, c->kv_hash, c->kv_hmask, kv_name, e->key.ptr, e->key.len);
         if (c->kv_hash[slot])
-            return lm_err(p->err, p->errlen, "%s: duplicate key (first seen as kv %u)", p->where,
-                          c->kv_hash[slot] - 1);
+            return lm_err(p->err, p->errlen, "%s: duplicate key (first seen as kv %u)", p->where, c->kv_hash[slot] - 1);
         c->kv_hash[slot] = (uint32_t)i + 1;
         uint32_t t;
         if (take_u32(p, &t, "value type", -1)) return -1;
         if (t >= GGUF_VTYPE_COUNT)
-            return lm_err(p->err, p->errlen, "%s: unknown value type %u at offset %" PRIu64,
-                          p->where, t, p->off - 4);
+            return lm_err(p->err, p->errlen, "%s: unknown value type %u at offset %" PRIu64, p->where, t, p->off - 4);
         e->type = (enum gguf_vtype)t;
         if (parse_value(p, e)) return -1;
     }
@@ -441,8 +469,7 @@ static int parse_alignment(parser *p) {
         return lm_err(p->err, p->errlen, "general.alignment has type %s, expected uint32",
                       gguf_vtype_name(c->kv[i].type));
     uint32_t a = rd32(c->kv[i].val);
-    if (!is_pow2(a))
-        return lm_err(p->err, p->errlen, "general.alignment %u is not a non-zero power of two", a);
+    if (!is_pow2(a)) return lm_err(p->err, p->errlen, "general.alignment %u is not a non-zero power of two", a);
     c->alignment = a;
     return 0;
 }
@@ -457,11 +484,11 @@ static int parse_tensor_shape(parser *p, gguf_tensor *t) {
     for (uint32_t d = 0; d < t->n_dims; d++) {
         if (take_u64(p, &t->ne[d], "dimension", -1)) return -1;
         if (t->ne[d] == 0)
-            return lm_err(p->err, p->errlen, "%s: dimension %u is 0 (zero-size tensors are not supported)",
-                          p->where, d);
+            return lm_err(p->err, p->errlen, "%s: dimension %u is 0 (zero-size tensors are not supported)", p->where,
+                          d);
         if (!lm_mul_u64(nel, t->ne[d], &nel) || nel > (uint64_t)INT64_MAX)
-            return lm_err(p->err, p->errlen, "%s: element count overflows at dimension %u (ne %" PRIu64 ")",
-                          p->where, d, t->ne[d]);
+            return lm_err(p->err, p->errlen, "%s: element count overflows at dimension %u (ne %" PRIu64 ")", p->where,
+                          d, t->ne[d]);
     }
     if (take_u32(p, &t->type, "type", -1)) return -1;
     const lm_type_traits *tr = quant_traits(t->type);
@@ -489,8 +516,8 @@ static int parse_tensor_infos(parser *p) {
         if (take_str(p, &name, "name", -1)) return -1;
         if (name.len == 0) return lm_err(p->err, p->errlen, "tensor %" PRId64 ": empty name", i);
         if (name.len > GGUF_MAX_NAME)
-            return lm_err(p->err, p->errlen, "tensor %" PRId64 ": name of %" PRIu64 " bytes (at most %d)",
-                          i, name.len, GGUF_MAX_NAME);
+            return lm_err(p->err, p->errlen, "tensor %" PRId64 ": name of %" PRIu64 " bytes (at most %d)", i, name.len,
+                          GGUF_MAX_NAME);
         if (memchr(name.ptr, 0, name.len))
             return lm_err(p->err, p->errlen, "tensor %" PRId64 ": name contains a NUL byte", i);
         t->name = arena_alloc(&c->arena, name.len + 1);
@@ -500,8 +527,8 @@ static int parse_tensor_infos(parser *p) {
         snprintf(p->where, sizeof p->where, "tensor '%s'", t->name);
         uint64_t slot = hash_slot(c, c->t_hash, c->t_hmask, tensor_name, name.ptr, name.len);
         if (c->t_hash[slot])
-            return lm_err(p->err, p->errlen, "%s: duplicate tensor name (tensors %u and %" PRId64 ")",
-                          p->where, c->t_hash[slot] - 1, i);
+            return lm_err(p->err, p->errlen, "%s: duplicate tensor name (tensors %u and %" PRId64 ")", p->where,
+                          c->t_hash[slot] - 1, i);
         c->t_hash[slot] = (uint32_t)i + 1;
         if (parse_tensor_shape(p, t)) return -1;
         if (take_u64(p, &t->offset, "offset", -1)) return -1;
@@ -510,7 +537,10 @@ static int parse_tensor_infos(parser *p) {
     return 0;
 }
 
-typedef struct { uint64_t off, end; int64_t i; } extent;
+typedef struct {
+    uint64_t off, end;
+    int64_t i;
+} extent;
 
 static int cmp_extent(const void *a, const void *b) {
     const extent *x = a, *y = b;
@@ -524,8 +554,9 @@ static int check_tensor_data(parser *p) {
         return lm_err(p->err, p->errlen, "data section offset overflows");
     if (c->n_tensors == 0) return 0;
     if (c->data_off > c->size)
-        return lm_err(p->err, p->errlen, "data section starts at %" PRIu64 ", past the end of the file (%" PRIu64
-                      " bytes)", c->data_off, c->size);
+        return lm_err(p->err, p->errlen,
+                      "data section starts at %" PRIu64 ", past the end of the file (%" PRIu64 " bytes)", c->data_off,
+                      c->size);
     uint64_t room = c->size - c->data_off;
     extent *ex = lm_malloc((size_t)c->n_tensors * sizeof(extent));
     if (!ex) return nomem(p), lm_err(p->err, p->errlen, "out of memory checking %" PRId64 " tensors", c->n_tensors);
@@ -533,12 +564,14 @@ static int check_tensor_data(parser *p) {
         gguf_tensor *t = &c->tensors[i];
         if (t->offset % c->alignment) {
             lm_free(ex);
-            return lm_err(p->err, p->errlen, "tensor '%s': data offset %" PRIu64 " is not a multiple of the alignment %u",
-                          t->name, t->offset, c->alignment);
+            return lm_err(p->err, p->errlen,
+                          "tensor '%s': data offset %" PRIu64 " is not a multiple of the alignment %u", t->name,
+                          t->offset, c->alignment);
         }
         if (t->offset > room || t->nbytes > room - t->offset) {
             lm_free(ex);
-            return lm_err(p->err, p->errlen, "tensor '%s': data [offset %" PRIu64 ", +%" PRIu64
+            return lm_err(p->err, p->errlen,
+                          "tensor '%s': data [offset %" PRIu64 ", +%" PRIu64
                           " bytes] extends past end of file (%" PRIu64 " bytes, data section at %" PRIu64 ")",
                           t->name, t->offset, t->nbytes, c->size, c->data_off);
         }
@@ -570,8 +603,7 @@ static void ctx_free(gguf_ctx *c) {
 
 static gguf_ctx *parse_all(gguf_ctx *c, lm_status *status, char *err, size_t errlen) {
     parser p = {.ctx = c, .off = 0, .err = err, .errlen = errlen, .where = "", .status = LM_ERR_FORMAT};
-    if (parse_header(&p) || parse_kvs(&p) || parse_alignment(&p) || parse_tensor_infos(&p) ||
-        check_tensor_data(&p)) {
+    if (parse_header(&p) || parse_kvs(&p) || parse_alignment(&p) || parse_tensor_infos(&p) || check_tensor_data(&p)) {
         ctx_free(c);
         *status = p.status;
         return NULL;
@@ -679,22 +711,49 @@ enum gguf_vtype gguf_kv_type(const gguf_ctx *ctx, int64_t i) {
 
 /* Decode one scalar at p of type t. is_int: integer or bool (in *iv, with
  * *neg for a negative value, *uv for the unsigned magnitude); else float. */
-typedef struct { bool ok, is_int, neg; uint64_t u; int64_t i; double f; } scalar;
+typedef struct {
+    bool ok, is_int, neg;
+    uint64_t u;
+    int64_t i;
+    double f;
+} scalar;
 
 static scalar decode_scalar(enum gguf_vtype t, const uint8_t *p) {
     scalar s = {true, true, false, 0, 0, 0};
     switch (t) {
-    case GGUF_UINT8: case GGUF_BOOL: s.u = p[0]; break;
-    case GGUF_UINT16: s.u = rd16(p); break;
-    case GGUF_UINT32: s.u = rd32(p); break;
-    case GGUF_UINT64: s.u = rd64(p); break;
-    case GGUF_INT8: s.i = (int8_t)p[0]; s.neg = s.i < 0; break;
-    case GGUF_INT16: s.i = (int16_t)rd16(p); s.neg = s.i < 0; break;
-    case GGUF_INT32: s.i = (int32_t)rd32(p); s.neg = s.i < 0; break;
-    case GGUF_INT64: s.i = (int64_t)rd64(p); s.neg = s.i < 0; break;
-    case GGUF_FLOAT32: { float f; memcpy(&f, p, 4); s.f = f; s.is_int = false; return s; }
-    case GGUF_FLOAT64: memcpy(&s.f, p, 8); s.is_int = false; return s;
-    default: s.ok = false; return s;
+        case GGUF_UINT8:
+        case GGUF_BOOL: s.u = p[0]; break;
+        case GGUF_UINT16: s.u = rd16(p); break;
+        case GGUF_UINT32: s.u = rd32(p); break;
+        case GGUF_UINT64: s.u = rd64(p); break;
+        case GGUF_INT8:
+            s.i = (int8_t)p[0];
+            s.neg = s.i < 0;
+            break;
+        case GGUF_INT16:
+            s.i = (int16_t)rd16(p);
+            s.neg = s.i < 0;
+            break;
+        case GGUF_INT32:
+            s.i = (int32_t)rd32(p);
+            s.neg = s.i < 0;
+            break;
+        case GGUF_INT64:
+            s.i = (int64_t)rd64(p);
+            s.neg = s.i < 0;
+            break;
+        case GGUF_FLOAT32: {
+            float f;
+            memcpy(&f, p, 4);
+            s.f = f;
+            s.is_int = false;
+            return s;
+        }
+        case GGUF_FLOAT64:
+            memcpy(&s.f, p, 8);
+            s.is_int = false;
+            return s;
+        default: s.ok = false; return s;
     }
     bool is_signed = t == GGUF_INT8 || t == GGUF_INT16 || t == GGUF_INT32 || t == GGUF_INT64;
     if (is_signed) {
@@ -827,9 +886,9 @@ const gguf_tensor *gguf_find_tensor(const gguf_ctx *ctx, const char *name) {
 /* ---- writer ----------------------------------------------------------------- */
 
 typedef struct {
-    char *key;        /* NUL-terminated copy */
+    char *key; /* NUL-terminated copy */
     uint32_t type;
-    uint8_t *val;     /* (len) serialized value, type tag excluded */
+    uint8_t *val; /* (len) serialized value, type tag excluded */
     size_t len;
 } wkv;
 
@@ -839,15 +898,15 @@ typedef struct {
     uint64_t ne[GGUF_MAX_DIMS];
     const void *data; /* caller's, valid until gguf_writer_write returns */
     uint64_t nbytes;
-    uint64_t offset;  /* assigned by gguf_writer_write */
+    uint64_t offset; /* assigned by gguf_writer_write */
 } wtensor;
 
 struct gguf_writer {
-    wkv *kv;          /* (n_kv of cap_kv) in insertion order */
+    wkv *kv; /* (n_kv of cap_kv) in insertion order */
     size_t n_kv, cap_kv;
-    wtensor *t;       /* (n_t of cap_t) in insertion order */
+    wtensor *t; /* (n_t of cap_t) in insertion order */
     size_t n_t, cap_t;
-    bool failed;      /* a set/add call failed: write refuses, with msg */
+    bool failed; /* a set/add call failed: write refuses, with msg */
     char msg[LM_ERRLEN];
 };
 
@@ -947,8 +1006,8 @@ int gguf_w_set_str(gguf_writer *w, const char *key, const char *v) {
 int gguf_w_set_arr(gguf_writer *w, const char *key, enum gguf_vtype type, const void *data, uint64_t n) {
     const char *k = key ? key : "(null)";
     size_t esz = vtype_size(type);
-    if (!esz) return wfail(w, "'%s': gguf_w_set_arr takes a numeric or bool element type, not %s", k,
-                           gguf_vtype_name(type));
+    if (!esz)
+        return wfail(w, "'%s': gguf_w_set_arr takes a numeric or bool element type, not %s", k, gguf_vtype_name(type));
     uint64_t bytes, total;
     if (!lm_mul_u64(n, esz, &bytes) || !lm_add_u64(bytes, 12, &total) || total > SIZE_MAX / 2 || (n && !data))
         return wfail(w, "'%s': bad array of %" PRIu64 " elements", k, n);
@@ -1021,8 +1080,8 @@ static uint64_t tensor_bytes(uint32_t type, uint32_t n_dims, const uint64_t *ne)
     return row;
 }
 
-int gguf_w_add_tensor(gguf_writer *w, const char *name, uint32_t n_dims, const uint64_t *ne,
-                      uint32_t type, const void *data, uint64_t nbytes) {
+int gguf_w_add_tensor(gguf_writer *w, const char *name, uint32_t n_dims, const uint64_t *ne, uint32_t type,
+                      const void *data, uint64_t nbytes) {
     size_t len = name ? strlen(name) : 0;
     if (len == 0 || len > GGUF_MAX_NAME)
         return wfail(w, "tensor name '%s' is empty or longer than %d bytes", name ? name : "(null)", GGUF_MAX_NAME);
@@ -1060,7 +1119,10 @@ int gguf_w_add_tensor(gguf_writer *w, const char *name, uint32_t n_dims, const u
 static bool put(safefile *f, const void *p, size_t n) { return safefile_write(f, p, n) == 0; }
 static bool put_u32(safefile *f, uint32_t v) { return put(f, &v, 4); }
 static bool put_u64(safefile *f, uint64_t v) { return put(f, &v, 8); }
-static bool put_str(safefile *f, const char *s) { size_t n = strlen(s); return put_u64(f, n) && put(f, s, n); }
+static bool put_str(safefile *f, const char *s) {
+    size_t n = strlen(s);
+    return put_u64(f, n) && put(f, s, n);
+}
 
 static bool put_zeros(safefile *f, uint64_t n) {
     static const uint8_t zeros[256];
@@ -1125,8 +1187,8 @@ int gguf_writer_write_file(gguf_writer *w, safefile *f, char *err, size_t errlen
         wtensor *t = &w->t[i];
         uint64_t want = tensor_bytes(t->type, t->n_dims, t->ne);
         if (want != t->nbytes)
-            return lm_err(err, errlen, "%s: tensor '%s': %" PRIu64 " bytes given, shape needs %" PRIu64,
-                          path, t->name, t->nbytes, want);
+            return lm_err(err, errlen, "%s: tensor '%s': %" PRIu64 " bytes given, shape needs %" PRIu64, path, t->name,
+                          t->nbytes, want);
         t->offset = off;
         if (!lm_add_u64(off, t->nbytes, &off) || !align_up(off, align, &off))
             return lm_err(err, errlen, "%s: data section size overflows", path);

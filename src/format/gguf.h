@@ -33,9 +33,18 @@
 #include "lamina.h" /* lm_status */
 
 enum gguf_vtype {
-    GGUF_UINT8 = 0, GGUF_INT8 = 1, GGUF_UINT16 = 2, GGUF_INT16 = 3,
-    GGUF_UINT32 = 4, GGUF_INT32 = 5, GGUF_FLOAT32 = 6, GGUF_BOOL = 7,
-    GGUF_STRING = 8, GGUF_ARRAY = 9, GGUF_UINT64 = 10, GGUF_INT64 = 11,
+    GGUF_UINT8 = 0,
+    GGUF_INT8 = 1,
+    GGUF_UINT16 = 2,
+    GGUF_INT16 = 3,
+    GGUF_UINT32 = 4,
+    GGUF_INT32 = 5,
+    GGUF_FLOAT32 = 6,
+    GGUF_BOOL = 7,
+    GGUF_STRING = 8,
+    GGUF_ARRAY = 9,
+    GGUF_UINT64 = 10,
+    GGUF_INT64 = 11,
     GGUF_FLOAT64 = 12,
     GGUF_VTYPE_COUNT
 };
@@ -43,7 +52,10 @@ enum gguf_vtype {
 #define GGUF_DEFAULT_ALIGNMENT 32
 #define GGUF_MAX_DIMS 4
 
-typedef struct { const char *ptr; uint64_t len; } gguf_str; /* not NUL-terminated */
+typedef struct {
+    const char *ptr;
+    uint64_t len;
+} gguf_str; /* not NUL-terminated */
 
 /* An array value: elem_type, n elements. For fixed-size element types `data`
  * points at n packed little-endian elements. String and nested-array elements
@@ -56,13 +68,13 @@ typedef struct {
 } gguf_arr;
 
 typedef struct {
-    char *name;                    /* NUL-terminated, owned by the context */
+    char *name; /* NUL-terminated, owned by the context */
     uint32_t n_dims;
-    uint64_t ne[GGUF_MAX_DIMS];    /* unused dims are 1 */
-    uint32_t type;                 /* ggml type id (see quant.h) */
-    uint64_t offset;               /* relative to the data section */
+    uint64_t ne[GGUF_MAX_DIMS]; /* unused dims are 1 */
+    uint32_t type;              /* ggml type id (see quant.h) */
+    uint64_t offset;            /* relative to the data section */
     uint64_t nbytes;
-    const void *data;              /* into the mapping */
+    const void *data; /* into the mapping */
 } gguf_tensor;
 
 typedef struct gguf_ctx gguf_ctx;
@@ -149,8 +161,8 @@ int gguf_w_remove_kv(gguf_writer *w, const char *key);
 
 /* ne[] has n_dims entries, ne[0] fastest-varying; nbytes must equal the
  * size implied by type and ne (checked at write time). */
-int gguf_w_add_tensor(gguf_writer *w, const char *name, uint32_t n_dims, const uint64_t *ne,
-                      uint32_t type, const void *data, uint64_t nbytes);
+int gguf_w_add_tensor(gguf_writer *w, const char *name, uint32_t n_dims, const uint64_t *ne, uint32_t type,
+                      const void *data, uint64_t nbytes);
 
 /* Write the file at `path` through a safefile (base/safefile.h): a
  * temporary file beside it, renamed into place only when complete; on any

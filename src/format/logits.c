@@ -43,7 +43,8 @@ int logits_hdr_decode(const uint8_t *buf, size_t len, logits_hdr *h, char *err, 
     if (len < LOGITS_HDR_BYTES || memcmp(buf, LOGITS_MAGIC, 8) != 0)
         return lm_err(err, errlen, "not a lamina saved-logits file (no LMLOGITS header)");
     uint32_t ver = get32(buf + 8);
-    if (ver != LOGITS_VERSION) return lm_err(err, errlen, "saved-logits version %u, this build reads %d", ver, LOGITS_VERSION);
+    if (ver != LOGITS_VERSION)
+        return lm_err(err, errlen, "saved-logits version %u, this build reads %d", ver, LOGITS_VERSION);
     if (get32(buf + 28) != 0) return lm_err(err, errlen, "saved-logits header: reserved field is not 0");
     h->n_vocab = get32(buf + 12);
     h->n_ctx = get32(buf + 16);
@@ -76,9 +77,10 @@ int logits_parse(const uint8_t *buf, size_t len, uint64_t size, logits_hdr *h, i
     if (logits_hdr_decode(buf, len, h, err, errlen)) return -1;
     uint64_t want = logits_file_bytes(h);
     if (want == 0 || size != want)
-        return lm_err(err, errlen, "saved-logits file is %llu bytes, its header (%u chunks of %u tokens, %u "
-                      "vocabulary) needs %llu", (unsigned long long)size, h->n_chunk, h->n_ctx, h->n_vocab,
-                      (unsigned long long)want);
+        return lm_err(err, errlen,
+                      "saved-logits file is %llu bytes, its header (%u chunks of %u tokens, %u "
+                      "vocabulary) needs %llu",
+                      (unsigned long long)size, h->n_chunk, h->n_ctx, h->n_vocab, (unsigned long long)want);
     size_t nt = (size_t)h->n_chunk * h->n_ctx;
     if ((len - LOGITS_HDR_BYTES) / 4 < nt) return lm_err(err, errlen, "saved-logits file: tokens cut short");
     const uint8_t *p = buf + LOGITS_HDR_BYTES;

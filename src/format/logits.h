@@ -72,7 +72,7 @@ int logits_parse(const uint8_t *buf, size_t len, uint64_t size, logits_hdr *h, i
 typedef struct {
     FILE *f;
     logits_hdr h;
-    int32_t *tokens;  /* (n_chunk, n_ctx) */
+    int32_t *tokens; /* (n_chunk, n_ctx) */
 } logits_reader;
 
 /* Open and check a file (header, exact size, tokens): 0, or -1 with a
@@ -87,10 +87,10 @@ void logits_close(logits_reader *r);
 /* Per-token figures of one scored position. base and cur are raw logits
  * (n_vocab); target the token that followed. */
 typedef struct {
-    double kl;        /* KL(base || cur) in nats, >= 0 */
-    double nll_base;  /* -log p_base(target) */
-    double nll_cur;   /* -log p_cur(target) */
-    int top1_same;    /* argmax base == argmax cur (first index on ties) */
+    double kl;       /* KL(base || cur) in nats, >= 0 */
+    double nll_base; /* -log p_base(target) */
+    double nll_cur;  /* -log p_cur(target) */
+    int top1_same;   /* argmax base == argmax cur (first index on ties) */
 } logits_cmp;
 
 void logits_compare(const float *base, const float *cur, int n_vocab, int32_t target, logits_cmp *out);
@@ -98,11 +98,11 @@ void logits_compare(const float *base, const float *cur, int n_vocab, int32_t ta
 /* The summary over n scored positions. */
 typedef struct {
     long n;
-    double kl_mean, kl_err;          /* mean and its standard error */
+    double kl_mean, kl_err; /* mean and its standard error */
     double kl_median, kl_p90, kl_p99, kl_max;
-    double top1, top1_err;           /* share of positions whose argmax agrees, in [0, 1] */
-    double ppl_base, ppl_cur, dppl;  /* exp(mean nll); dppl = ppl_cur - ppl_base */
-    double ln_ratio, ln_ratio_err;   /* mean of nll_cur - nll_base = ln(ppl_cur / ppl_base) */
+    double top1, top1_err;          /* share of positions whose argmax agrees, in [0, 1] */
+    double ppl_base, ppl_cur, dppl; /* exp(mean nll); dppl = ppl_cur - ppl_base */
+    double ln_ratio, ln_ratio_err;  /* mean of nll_cur - nll_base = ln(ppl_cur / ppl_base) */
 } logits_summary;
 
 /* Summarize n per-token comparisons (n >= 1). kl is sorted in place for the

@@ -84,13 +84,9 @@ static float signed_absmax(const float *x, int n) {
 
 /* ---- F32, F16, BF16 ------------------------------------------------------ */
 
-static void f32_to_float(const void *src, float *dst, int64_t n) {
-    memmove(dst, src, (size_t)n * sizeof(float));
-}
+static void f32_to_float(const void *src, float *dst, int64_t n) { memmove(dst, src, (size_t)n * sizeof(float)); }
 
-static void f32_from_float(const float *src, void *dst, int64_t n) {
-    memmove(dst, src, (size_t)n * sizeof(float));
-}
+static void f32_from_float(const float *src, void *dst, int64_t n) { memmove(dst, src, (size_t)n * sizeof(float)); }
 
 static void f16_to_float(const void *src, float *dst, int64_t n) {
     const uint16_t *h = src;
@@ -230,9 +226,7 @@ static float vec_dot_q5_0(int64_t n, const void *w, const void *x) {
  * unsigned: x = d * q + m with q in 0..15 (0..31). The product d * q is
  * exact in float, so the one rounding is the addition of m. */
 
-static inline int q4_1_q(const block_q4_1 *b, int j) {
-    return j < 16 ? (b->qs[j] & 0x0F) : (b->qs[j - 16] >> 4);
-}
+static inline int q4_1_q(const block_q4_1 *b, int j) { return j < 16 ? (b->qs[j] & 0x0F) : (b->qs[j - 16] >> 4); }
 
 static inline int q5_1_q(const block_q5_1 *b, int j) {
     uint32_t qh;
@@ -527,8 +521,7 @@ static double affine_code_err(const float *x, int n, int nmax, float ea, float e
  * itself, so each pair is then searched over its neighbours (and m = 0) with
  * the elements re-rounded against what the decoder will compute; the pair
  * with the smallest error is kept. Fills d, dmin, scales and q[256]. */
-static void quantize_k_affine(const float *x, int nmax, uint16_t *d16, uint16_t *dmin16,
-                              uint8_t *scales, int *q) {
+static void quantize_k_affine(const float *x, int nmax, uint16_t *d16, uint16_t *dmin16, uint8_t *scales, int *q) {
     float a[8], b[8], amax = 0.0f, mmax = 0.0f;
     for (int j = 0; j < 8; j++) {
         fit_affine(x + 32 * j, 32, nmax, &a[j], &b[j]);
@@ -823,42 +816,97 @@ static float vec_dot_q6_K(int64_t n, const void *w, const void *x) {
 /* Every ggml type, with the reference kernels of those lamina computes with
  * (Q8_K is an activation format only: no weight kernel). */
 static const lm_type_traits traits[LM_TYPE_COUNT] = {
-    [LM_TYPE_F32] = {.name = "F32", .blck = 1, .type_size = 4, .is_quantized = false,
-                  .to_float = f32_to_float, .from_float = f32_from_float,
-                  .vec_dot_type = LM_TYPE_F32, .vec_dot = vec_dot_f32},
-    [LM_TYPE_F16] = {.name = "F16", .blck = 1, .type_size = 2, .is_quantized = false,
-                  .to_float = f16_to_float, .from_float = f16_from_float,
-                  .vec_dot_type = LM_TYPE_F16, .vec_dot = vec_dot_f16},
-    [LM_TYPE_Q4_0] = {.name = "Q4_0", .blck = 32, .type_size = 18, .is_quantized = true,
-                   .to_float = q4_0_to_float, .from_float = q4_0_from_float,
-                   .vec_dot_type = LM_TYPE_Q8_0, .vec_dot = vec_dot_q4_0},
-    [LM_TYPE_Q4_1] = {.name = "Q4_1", .blck = 32, .type_size = 20, .is_quantized = true,
-                   .to_float = q4_1_to_float, .from_float = q4_1_from_float,
-                   .vec_dot_type = LM_TYPE_Q8_0, .vec_dot = vec_dot_q4_1},
-    [LM_TYPE_Q5_0] = {.name = "Q5_0", .blck = 32, .type_size = 22, .is_quantized = true,
-                   .to_float = q5_0_to_float, .from_float = q5_0_from_float,
-                   .vec_dot_type = LM_TYPE_Q8_0, .vec_dot = vec_dot_q5_0},
-    [LM_TYPE_Q5_1] = {.name = "Q5_1", .blck = 32, .type_size = 24, .is_quantized = true,
-                   .to_float = q5_1_to_float, .from_float = q5_1_from_float,
-                   .vec_dot_type = LM_TYPE_Q8_0, .vec_dot = vec_dot_q5_1},
-    [LM_TYPE_Q8_0] = {.name = "Q8_0", .blck = 32, .type_size = 34, .is_quantized = true,
-                   .to_float = q8_0_to_float, .from_float = q8_0_from_float,
-                   .vec_dot_type = LM_TYPE_Q8_0, .vec_dot = vec_dot_q8_0},
+    [LM_TYPE_F32] = {.name = "F32",
+                     .blck = 1,
+                     .type_size = 4,
+                     .is_quantized = false,
+                     .to_float = f32_to_float,
+                     .from_float = f32_from_float,
+                     .vec_dot_type = LM_TYPE_F32,
+                     .vec_dot = vec_dot_f32},
+    [LM_TYPE_F16] = {.name = "F16",
+                     .blck = 1,
+                     .type_size = 2,
+                     .is_quantized = false,
+                     .to_float = f16_to_float,
+                     .from_float = f16_from_float,
+                     .vec_dot_type = LM_TYPE_F16,
+                     .vec_dot = vec_dot_f16},
+    [LM_TYPE_Q4_0] = {.name = "Q4_0",
+                      .blck = 32,
+                      .type_size = 18,
+                      .is_quantized = true,
+                      .to_float = q4_0_to_float,
+                      .from_float = q4_0_from_float,
+                      .vec_dot_type = LM_TYPE_Q8_0,
+                      .vec_dot = vec_dot_q4_0},
+    [LM_TYPE_Q4_1] = {.name = "Q4_1",
+                      .blck = 32,
+                      .type_size = 20,
+                      .is_quantized = true,
+                      .to_float = q4_1_to_float,
+                      .from_float = q4_1_from_float,
+                      .vec_dot_type = LM_TYPE_Q8_0,
+                      .vec_dot = vec_dot_q4_1},
+    [LM_TYPE_Q5_0] = {.name = "Q5_0",
+                      .blck = 32,
+                      .type_size = 22,
+                      .is_quantized = true,
+                      .to_float = q5_0_to_float,
+                      .from_float = q5_0_from_float,
+                      .vec_dot_type = LM_TYPE_Q8_0,
+                      .vec_dot = vec_dot_q5_0},
+    [LM_TYPE_Q5_1] = {.name = "Q5_1",
+                      .blck = 32,
+                      .type_size = 24,
+                      .is_quantized = true,
+                      .to_float = q5_1_to_float,
+                      .from_float = q5_1_from_float,
+                      .vec_dot_type = LM_TYPE_Q8_0,
+                      .vec_dot = vec_dot_q5_1},
+    [LM_TYPE_Q8_0] = {.name = "Q8_0",
+                      .blck = 32,
+                      .type_size = 34,
+                      .is_quantized = true,
+                      .to_float = q8_0_to_float,
+                      .from_float = q8_0_from_float,
+                      .vec_dot_type = LM_TYPE_Q8_0,
+                      .vec_dot = vec_dot_q8_0},
     [LM_TYPE_Q8_1] = {.name = "Q8_1", .blck = 32, .type_size = 36, .is_quantized = true},
     [LM_TYPE_Q2_K] = {.name = "Q2_K", .blck = 256, .type_size = 84, .is_quantized = true},
     [LM_TYPE_Q3_K] = {.name = "Q3_K", .blck = 256, .type_size = 110, .is_quantized = true},
-    [LM_TYPE_Q4_K] = {.name = "Q4_K", .blck = 256, .type_size = 144, .is_quantized = true,
-                   .to_float = q4_K_to_float, .from_float = q4_K_from_float,
-                   .vec_dot_type = LM_TYPE_Q8_K, .vec_dot = vec_dot_q4_K},
-    [LM_TYPE_Q5_K] = {.name = "Q5_K", .blck = 256, .type_size = 176, .is_quantized = true,
-                   .to_float = q5_K_to_float, .from_float = q5_K_from_float,
-                   .vec_dot_type = LM_TYPE_Q8_K, .vec_dot = vec_dot_q5_K},
-    [LM_TYPE_Q6_K] = {.name = "Q6_K", .blck = 256, .type_size = 210, .is_quantized = true,
-                   .to_float = q6_K_to_float, .from_float = q6_K_from_float,
-                   .vec_dot_type = LM_TYPE_Q8_K, .vec_dot = vec_dot_q6_K},
-    [LM_TYPE_Q8_K] = {.name = "Q8_K", .blck = 256, .type_size = 292, .is_quantized = true,
-                   .to_float = q8_K_to_float, .from_float = q8_K_from_float,
-                   .vec_dot_type = LM_TYPE_F32, .vec_dot = NULL},
+    [LM_TYPE_Q4_K] = {.name = "Q4_K",
+                      .blck = 256,
+                      .type_size = 144,
+                      .is_quantized = true,
+                      .to_float = q4_K_to_float,
+                      .from_float = q4_K_from_float,
+                      .vec_dot_type = LM_TYPE_Q8_K,
+                      .vec_dot = vec_dot_q4_K},
+    [LM_TYPE_Q5_K] = {.name = "Q5_K",
+                      .blck = 256,
+                      .type_size = 176,
+                      .is_quantized = true,
+                      .to_float = q5_K_to_float,
+                      .from_float = q5_K_from_float,
+                      .vec_dot_type = LM_TYPE_Q8_K,
+                      .vec_dot = vec_dot_q5_K},
+    [LM_TYPE_Q6_K] = {.name = "Q6_K",
+                      .blck = 256,
+                      .type_size = 210,
+                      .is_quantized = true,
+                      .to_float = q6_K_to_float,
+                      .from_float = q6_K_from_float,
+                      .vec_dot_type = LM_TYPE_Q8_K,
+                      .vec_dot = vec_dot_q6_K},
+    [LM_TYPE_Q8_K] = {.name = "Q8_K",
+                      .blck = 256,
+                      .type_size = 292,
+                      .is_quantized = true,
+                      .to_float = q8_K_to_float,
+                      .from_float = q8_K_from_float,
+                      .vec_dot_type = LM_TYPE_F32,
+                      .vec_dot = NULL},
     [LM_TYPE_IQ2_XXS] = {.name = "IQ2_XXS", .blck = 256, .type_size = 66, .is_quantized = true},
     [LM_TYPE_IQ2_XS] = {.name = "IQ2_XS", .blck = 256, .type_size = 74, .is_quantized = true},
     [LM_TYPE_IQ3_XXS] = {.name = "IQ3_XXS", .blck = 256, .type_size = 98, .is_quantized = true},
@@ -873,9 +921,14 @@ static const lm_type_traits traits[LM_TYPE_COUNT] = {
     [LM_TYPE_I64] = {.name = "I64", .blck = 1, .type_size = 8, .is_quantized = false},
     [LM_TYPE_F64] = {.name = "F64", .blck = 1, .type_size = 8, .is_quantized = false},
     [LM_TYPE_IQ1_M] = {.name = "IQ1_M", .blck = 256, .type_size = 56, .is_quantized = true},
-    [LM_TYPE_BF16] = {.name = "BF16", .blck = 1, .type_size = 2, .is_quantized = false,
-                   .to_float = bf16_to_float, .from_float = bf16_from_float,
-                   .vec_dot_type = LM_TYPE_F32, .vec_dot = vec_dot_bf16},
+    [LM_TYPE_BF16] = {.name = "BF16",
+                      .blck = 1,
+                      .type_size = 2,
+                      .is_quantized = false,
+                      .to_float = bf16_to_float,
+                      .from_float = bf16_from_float,
+                      .vec_dot_type = LM_TYPE_F32,
+                      .vec_dot = vec_dot_bf16},
     [LM_TYPE_TQ1_0] = {.name = "TQ1_0", .blck = 256, .type_size = 54, .is_quantized = true},
     [LM_TYPE_TQ2_0] = {.name = "TQ2_0", .blck = 256, .type_size = 66, .is_quantized = true},
     [LM_TYPE_MXFP4] = {.name = "MXFP4", .blck = 32, .type_size = 17, .is_quantized = true},
@@ -907,7 +960,6 @@ size_t quant_row_size(uint32_t type, int64_t n) {
     if (!t || n < 0 || n % t->blck) return 0;
     return (size_t)(n / t->blck) * t->type_size;
 }
-
 
 void quant_to_float_ref(uint32_t type, const void *src, float *dst, int64_t n) {
     assert(type < LM_TYPE_COUNT && traits[type].to_float && n % traits[type].blck == 0);
@@ -1047,8 +1099,8 @@ void quant_pack(uint32_t type, const void *src, size_t src_stride, int64_t rows,
     const size_t bb = pack_block_bytes(type);
     assert(bb && cols % 32 == 0 && rows >= 0);
     const int ns = pack_scales(type);
-    const size_t head = 2 * (size_t)ns * LM_PACK_ROWS;          /* the group's scales */
-    const size_t qbytes = (bb - head) / LM_PACK_ROWS; /* quant bytes of one row's block */
+    const size_t head = 2 * (size_t)ns * LM_PACK_ROWS; /* the group's scales */
+    const size_t qbytes = (bb - head) / LM_PACK_ROWS;  /* quant bytes of one row's block */
     const size_t src_bs = traits[type].type_size;
     const int64_t nb = cols / 32, groups = (rows + LM_PACK_ROWS - 1) / LM_PACK_ROWS;
     uint8_t *o = dst;
@@ -1056,7 +1108,8 @@ void quant_pack(uint32_t type, const void *src, size_t src_stride, int64_t rows,
     for (int64_t g = 0; g < groups; g++) {
         for (int64_t b = 0; b < nb; b++, o += bb) {
             for (int r = 0; r < LM_PACK_ROWS && g * LM_PACK_ROWS + r < rows; r++) {
-                const uint8_t *blk = (const uint8_t *)src + (size_t)(g * LM_PACK_ROWS + r) * src_stride + (size_t)b * src_bs;
+                const uint8_t *blk =
+                    (const uint8_t *)src + (size_t)(g * LM_PACK_ROWS + r) * src_stride + (size_t)b * src_bs;
                 for (int s = 0; s < ns; s++) memcpy(o + 2 * LM_PACK_ROWS * s + 2 * r, blk + 2 * s, 2); /* f16 scales */
                 for (size_t k = 0; k < qbytes / 4; k++)
                     memcpy(o + head + 32 * k + 4 * (size_t)r, blk + 2 * ns + 4 * k, 4);

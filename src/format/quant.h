@@ -75,15 +75,38 @@
 #include <stdint.h>
 
 enum lm_type {
-    LM_TYPE_F32 = 0, LM_TYPE_F16 = 1, LM_TYPE_Q4_0 = 2, LM_TYPE_Q4_1 = 3,
-    LM_TYPE_Q5_0 = 6, LM_TYPE_Q5_1 = 7, LM_TYPE_Q8_0 = 8, LM_TYPE_Q8_1 = 9,
-    LM_TYPE_Q2_K = 10, LM_TYPE_Q3_K = 11, LM_TYPE_Q4_K = 12, LM_TYPE_Q5_K = 13,
-    LM_TYPE_Q6_K = 14, LM_TYPE_Q8_K = 15,
-    LM_TYPE_IQ2_XXS = 16, LM_TYPE_IQ2_XS = 17, LM_TYPE_IQ3_XXS = 18,
-    LM_TYPE_IQ1_S = 19, LM_TYPE_IQ4_NL = 20, LM_TYPE_IQ3_S = 21,
-    LM_TYPE_IQ2_S = 22, LM_TYPE_IQ4_XS = 23, LM_TYPE_I8 = 24, LM_TYPE_I16 = 25,
-    LM_TYPE_I32 = 26, LM_TYPE_I64 = 27, LM_TYPE_F64 = 28, LM_TYPE_IQ1_M = 29,
-    LM_TYPE_BF16 = 30, LM_TYPE_TQ1_0 = 34, LM_TYPE_TQ2_0 = 35, LM_TYPE_MXFP4 = 39,
+    LM_TYPE_F32 = 0,
+    LM_TYPE_F16 = 1,
+    LM_TYPE_Q4_0 = 2,
+    LM_TYPE_Q4_1 = 3,
+    LM_TYPE_Q5_0 = 6,
+    LM_TYPE_Q5_1 = 7,
+    LM_TYPE_Q8_0 = 8,
+    LM_TYPE_Q8_1 = 9,
+    LM_TYPE_Q2_K = 10,
+    LM_TYPE_Q3_K = 11,
+    LM_TYPE_Q4_K = 12,
+    LM_TYPE_Q5_K = 13,
+    LM_TYPE_Q6_K = 14,
+    LM_TYPE_Q8_K = 15,
+    LM_TYPE_IQ2_XXS = 16,
+    LM_TYPE_IQ2_XS = 17,
+    LM_TYPE_IQ3_XXS = 18,
+    LM_TYPE_IQ1_S = 19,
+    LM_TYPE_IQ4_NL = 20,
+    LM_TYPE_IQ3_S = 21,
+    LM_TYPE_IQ2_S = 22,
+    LM_TYPE_IQ4_XS = 23,
+    LM_TYPE_I8 = 24,
+    LM_TYPE_I16 = 25,
+    LM_TYPE_I32 = 26,
+    LM_TYPE_I64 = 27,
+    LM_TYPE_F64 = 28,
+    LM_TYPE_IQ1_M = 29,
+    LM_TYPE_BF16 = 30,
+    LM_TYPE_TQ1_0 = 34,
+    LM_TYPE_TQ2_0 = 35,
+    LM_TYPE_MXFP4 = 39,
     LM_TYPE_COUNT = 40
 };
 
@@ -93,40 +116,57 @@ enum lm_type {
 #define QK_K 256
 #define K_SCALE_SIZE 12
 
-typedef struct { uint16_t d; int8_t qs[QK8_0]; } block_q8_0;      /* 34 bytes */
-typedef struct { uint16_t d; uint8_t qs[QK4_0 / 2]; } block_q4_0; /* 18 bytes */
+typedef struct {
+    uint16_t d;
+    int8_t qs[QK8_0];
+} block_q8_0; /* 34 bytes */
+typedef struct {
+    uint16_t d;
+    uint8_t qs[QK4_0 / 2];
+} block_q4_0; /* 18 bytes */
 #define QK5_0 32
-typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[QK5_0 / 2]; } block_q5_0; /* 22 bytes */
+typedef struct {
+    uint16_t d;
+    uint8_t qh[4];
+    uint8_t qs[QK5_0 / 2];
+} block_q5_0; /* 22 bytes */
 #define QK4_1 32
 #define QK5_1 32
-typedef struct { uint16_t d, m; uint8_t qs[QK4_1 / 2]; } block_q4_1;              /* 20 bytes */
-typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[QK5_1 / 2]; } block_q5_1; /* 24 bytes */
+typedef struct {
+    uint16_t d, m;
+    uint8_t qs[QK4_1 / 2];
+} block_q4_1; /* 20 bytes */
+typedef struct {
+    uint16_t d, m;
+    uint8_t qh[4];
+    uint8_t qs[QK5_1 / 2];
+} block_q5_1; /* 24 bytes */
 
-typedef struct {                 /* 144 bytes */
-    uint16_t d;                  /* f16 scale of the 6-bit sub-block scales */
-    uint16_t dmin;               /* f16 scale of the 6-bit sub-block mins */
+typedef struct {   /* 144 bytes */
+    uint16_t d;    /* f16 scale of the 6-bit sub-block scales */
+    uint16_t dmin; /* f16 scale of the 6-bit sub-block mins */
     uint8_t scales[K_SCALE_SIZE];
     uint8_t qs[QK_K / 2];
 } block_q4_K;
 
-typedef struct {                 /* 176 bytes */
+typedef struct { /* 176 bytes */
     uint16_t d, dmin;
     uint8_t scales[K_SCALE_SIZE];
-    uint8_t qh[QK_K / 8];        /* fifth bit of each element */
-    uint8_t qs[QK_K / 2];        /* low four bits */
+    uint8_t qh[QK_K / 8]; /* fifth bit of each element */
+    uint8_t qs[QK_K / 2]; /* low four bits */
 } block_q5_K;
 
-typedef struct {                 /* 210 bytes */
-    uint8_t ql[QK_K / 2];        /* low four bits */
-    uint8_t qh[QK_K / 4];        /* top two bits */
+typedef struct {          /* 210 bytes */
+    uint8_t ql[QK_K / 2]; /* low four bits */
+    uint8_t qh[QK_K / 4]; /* top two bits */
     int8_t scales[QK_K / 16];
     uint16_t d;
 } block_q6_K;
 
-typedef struct {                 /* 292 bytes */
+typedef struct { /* 292 bytes */
     float d;
     int8_t qs[QK_K];
-    int16_t bsums[QK_K / 16];    /* sum of qs over each group of 16 */
+    int16_t bsums[QK_K / 16]; /* sum of qs over each group of 16 */
 } block_q8_K;
 
 /* One weight row (n elements of the weight type) dotted with one activation
@@ -138,8 +178,8 @@ typedef float (*lm_vec_dot_fn)(int64_t n, const void *w, const void *x);
  * does not depend on the batch it shares). Strides: bytes for w and x,
  * floats for y. */
 #define LM_GEMM_TILE 4
-typedef void (*lm_gemm_fn)(int64_t n, const void *w, size_t w_stride, int nr, const void *x, size_t x_stride,
-                           int nc, float *y, size_t y_stride);
+typedef void (*lm_gemm_fn)(int64_t n, const void *w, size_t w_stride, int nr, const void *x, size_t x_stride, int nc,
+                           float *y, size_t y_stride);
 /* Interleaved weights (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K and F16).
  *
  * For matrix products a Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K or F16 weight matrix may be copied once,
@@ -195,7 +235,11 @@ typedef void (*lm_gemm_fn)(int64_t n, const void *w, size_t w_stride, int nr, co
 #define LM_PACK_ROWS 8
 #define LM_PANEL_ROWS 16
 #define LM_PANEL_SEGS 4
-typedef struct { float d; int32_t s8; int8_t qs[QK8_0]; } block_q8_0s; /* 40 bytes */
+typedef struct {
+    float d;
+    int32_t s8;
+    int8_t qs[QK8_0];
+} block_q8_0s; /* 40 bytes */
 
 /* An interleaved tile: rows [0, nr) (nr <= quant_pack_rows) of the group at
  * wp against nc activation rows (x_stride bytes apart; 1 <= nc <= the
@@ -205,8 +249,8 @@ typedef struct { float d; int32_t s8; int8_t qs[QK8_0]; } block_q8_0s; /* 40 byt
  * own accumulator and the same float steps in the same order for every nc
  * and position, so results do not depend on the batch. */
 #define LM_PACK_TILE 8
-typedef void (*lm_packed_gemm_fn)(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc,
-                                  float *y, size_t y_stride);
+typedef void (*lm_packed_gemm_fn)(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc, float *y,
+                                  size_t y_stride);
 typedef void (*lm_to_float_fn)(const void *src, float *dst, int64_t n);
 typedef void (*lm_from_float_fn)(const float *src, void *dst, int64_t n);
 
@@ -214,14 +258,14 @@ typedef void (*lm_from_float_fn)(const float *src, void *dst, int64_t n);
  * scalar reference conversions and dot product. Constant: nothing here
  * changes at run time. */
 typedef struct {
-    const char *name;         /* "F32", "Q4_K", ... as GGUF tools print them */
-    int64_t blck;             /* elements per block */
-    size_t type_size;         /* bytes per block */
+    const char *name; /* "F32", "Q4_K", ... as GGUF tools print them */
+    int64_t blck;     /* elements per block */
+    size_t type_size; /* bytes per block */
     bool is_quantized;
     /* scalar references, NULL where lamina does not implement the type: */
     lm_to_float_fn to_float;
     lm_from_float_fn from_float;
-    uint32_t vec_dot_type;    /* activation type of vec_dot (weight types only) */
+    uint32_t vec_dot_type; /* activation type of vec_dot (weight types only) */
     lm_vec_dot_fn vec_dot;
 } lm_type_traits;
 

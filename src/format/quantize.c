@@ -29,8 +29,12 @@
 
 /* general.file_type values as GGUF tools write them. */
 static uint32_t file_type_of(const char *name) {
-    static const struct { const char *n; uint32_t v; } ft[] = {
-        {"F32", 0}, {"F16", 1}, {"Q4_0", 2}, {"Q4_1", 3}, {"Q8_0", 7}, {"Q5_0", 8}, {"Q5_1", 9}, {"Q4_K", 15}, {"Q4_K_M", 15}, {"Q6_K", 18}, {"BF16", 32},
+    static const struct {
+        const char *n;
+        uint32_t v;
+    } ft[] = {
+        {"F32", 0},  {"F16", 1},   {"Q4_0", 2},    {"Q4_1", 3},  {"Q8_0", 7},  {"Q5_0", 8},
+        {"Q5_1", 9}, {"Q4_K", 15}, {"Q4_K_M", 15}, {"Q6_K", 18}, {"BF16", 32},
     };
     for (size_t i = 0; i < sizeof ft / sizeof ft[0]; i++)
         if (!strcasecmp(ft[i].n, name)) return ft[i].v;
@@ -83,7 +87,6 @@ static void q_worker(void *arg, int ith, int nth) {
     free(row);
 }
 
-
 uint32_t quantize_file_type(const char *scheme) { return file_type_of(scheme); }
 
 int quantize_scheme(const char *name, uint32_t *base, bool *k_m) {
@@ -101,7 +104,8 @@ int quantize_file(const char *in, const char *out, const char *scheme, lm_pool *
     uint32_t base;
     bool k_m;
     if (quantize_scheme(scheme, &base, &k_m))
-        return lm_err(err, errlen, "cannot quantize to '%s' (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q6_K Q4_K_M)", scheme);
+        return lm_err(err, errlen, "cannot quantize to '%s' (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q6_K Q4_K_M)",
+                      scheme);
     /* every check on the output comes before the work: the input is mapped
      * while the output is written, so they must be different files */
     if (safefile_check_distinct(in, out, err, errlen)) return -1;
@@ -163,10 +167,17 @@ int quantize_file(const char *in, const char *out, const char *scheme, lm_pool *
         gguf_w_add_tensor(w, t->name, t->n_dims, t->ne, to, data, nbytes);
         in_done += t->nbytes;
         if (progress) {
-            quantize_tensor_info info = {.i = i, .n = nt, .name = t->name, .from = t->type, .want = want, .to = to,
+            quantize_tensor_info info = {.i = i,
+                                         .n = nt,
+                                         .name = t->name,
+                                         .from = t->type,
+                                         .want = want,
+                                         .to = to,
                                          .row_len = (int64_t)t->ne[0],
                                          .n_elements = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3],
-                                         .in_bytes = t->nbytes, .out_bytes = nbytes, .in_done = in_done,
+                                         .in_bytes = t->nbytes,
+                                         .out_bytes = nbytes,
+                                         .in_done = in_done,
                                          .in_total = in_total};
             progress(user, &info);
         }

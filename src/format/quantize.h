@@ -18,10 +18,10 @@
  * rows are a multiple of 32, else F16). 1-D tensors keep their type
  * (want == to == from). */
 typedef struct {
-    int64_t i, n;             /* index of this tensor, tensors in the file */
-    const char *name;         /* borrowed from the input file, valid during the call */
-    uint32_t from, want, to;  /* the input's type, the scheme's choice, the type written */
-    int64_t row_len;          /* elements per row (ne[0]) */
+    int64_t i, n;            /* index of this tensor, tensors in the file */
+    const char *name;        /* borrowed from the input file, valid during the call */
+    uint32_t from, want, to; /* the input's type, the scheme's choice, the type written */
+    int64_t row_len;         /* elements per row (ne[0]) */
     uint64_t n_elements;
     uint64_t in_bytes, out_bytes;
     uint64_t in_done, in_total; /* input bytes of tensors 0..i, and of all n */

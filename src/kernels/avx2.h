@@ -80,10 +80,10 @@ bool cpu_has_avx2(void);
 
 /* The AVX2 kernels of one type; NULL members keep the reference. */
 typedef struct {
-    lm_to_float_fn to_float;     /* this type to floats */
-    lm_from_float_fn from_float; /* quantize floats into this type */
-    lm_vec_dot_fn vec_dot;       /* weights of this type · vec_dot_type */
-    lm_gemm_fn gemm;             /* tile kernel matching vec_dot bit for bit */
+    lm_to_float_fn to_float;       /* this type to floats */
+    lm_from_float_fn from_float;   /* quantize floats into this type */
+    lm_vec_dot_fn vec_dot;         /* weights of this type · vec_dot_type */
+    lm_gemm_fn gemm;               /* tile kernel matching vec_dot bit for bit */
     lm_packed_gemm_fn packed_gemm; /* interleaved weights (quant.h), or NULL */
     lm_from_float_fn packed_act;   /* floats -> block_q8_0s, with packed_gemm */
     int gemm_cols;                 /* activation rows per gemm call it is fastest
@@ -94,8 +94,8 @@ typedef struct {
      * NULL. The table takes them only with LAMINA_AVX2_KBLOCK set
      * (kernels/dispatch.c). */
     void (*panel_widen)(const void *wp, int64_t k0, int64_t k1, float *wf);
-    void (*panel2)(int64_t n, int64_t k0, int64_t k1, const float *wf, int nr0, int nr1, const void *x,
-                   size_t x_stride, int nc, float *st, float *y, size_t y_stride);
+    void (*panel2)(int64_t n, int64_t k0, int64_t k1, const float *wf, int nr0, int nr1, const void *x, size_t x_stride,
+                   int nc, float *st, float *y, size_t y_stride);
 } lm_avx2_kernels;
 
 /* The kernels for a type, or NULL when there are none (or not x86-64). */
@@ -114,43 +114,43 @@ float avx2_vec_dot_q4_K(int64_t n, const void *w, const void *x);
 float avx2_vec_dot_q5_K(int64_t n, const void *w, const void *x);
 float avx2_vec_dot_q6_K(int64_t n, const void *w, const void *x);
 
-void avx2_gemm_f32(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
-                   size_t x_stride, int nc, float *y, size_t y_stride);
-void avx2_gemm_f16(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
-                   size_t x_stride, int nc, float *y, size_t y_stride);
-void avx2_gemm_bf16(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
-                    size_t x_stride, int nc, float *y, size_t y_stride);
-void avx2_gemm_q8_0(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
-                    size_t x_stride, int nc, float *y, size_t y_stride);
-void avx2_gemm_q4_0(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
-                    size_t x_stride, int nc, float *y, size_t y_stride);
-void avx2_gemm_q5_0(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
-                    size_t x_stride, int nc, float *y, size_t y_stride);
-void avx2_gemm_q4_1(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
-                    size_t x_stride, int nc, float *y, size_t y_stride);
-void avx2_gemm_q5_1(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
-                    size_t x_stride, int nc, float *y, size_t y_stride);
-void avx2_gemm_q4_K(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
-                    size_t x_stride, int nc, float *y, size_t y_stride);
-void avx2_gemm_q5_K(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
-                    size_t x_stride, int nc, float *y, size_t y_stride);
-void avx2_gemm_q6_K(int64_t n, const void *w, size_t w_stride, int nr, const void *x,
-                    size_t x_stride, int nc, float *y, size_t y_stride);
+void avx2_gemm_f32(int64_t n, const void *w, size_t w_stride, int nr, const void *x, size_t x_stride, int nc, float *y,
+                   size_t y_stride);
+void avx2_gemm_f16(int64_t n, const void *w, size_t w_stride, int nr, const void *x, size_t x_stride, int nc, float *y,
+                   size_t y_stride);
+void avx2_gemm_bf16(int64_t n, const void *w, size_t w_stride, int nr, const void *x, size_t x_stride, int nc, float *y,
+                    size_t y_stride);
+void avx2_gemm_q8_0(int64_t n, const void *w, size_t w_stride, int nr, const void *x, size_t x_stride, int nc, float *y,
+                    size_t y_stride);
+void avx2_gemm_q4_0(int64_t n, const void *w, size_t w_stride, int nr, const void *x, size_t x_stride, int nc, float *y,
+                    size_t y_stride);
+void avx2_gemm_q5_0(int64_t n, const void *w, size_t w_stride, int nr, const void *x, size_t x_stride, int nc, float *y,
+                    size_t y_stride);
+void avx2_gemm_q4_1(int64_t n, const void *w, size_t w_stride, int nr, const void *x, size_t x_stride, int nc, float *y,
+                    size_t y_stride);
+void avx2_gemm_q5_1(int64_t n, const void *w, size_t w_stride, int nr, const void *x, size_t x_stride, int nc, float *y,
+                    size_t y_stride);
+void avx2_gemm_q4_K(int64_t n, const void *w, size_t w_stride, int nr, const void *x, size_t x_stride, int nc, float *y,
+                    size_t y_stride);
+void avx2_gemm_q5_K(int64_t n, const void *w, size_t w_stride, int nr, const void *x, size_t x_stride, int nc, float *y,
+                    size_t y_stride);
+void avx2_gemm_q6_K(int64_t n, const void *w, size_t w_stride, int nr, const void *x, size_t x_stride, int nc, float *y,
+                    size_t y_stride);
 
-void avx2_packed_gemm_q8_0(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc,
-                           float *y, size_t y_stride);
-void avx2_packed_gemm_q4_0(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc,
-                           float *y, size_t y_stride);
-void avx2_packed_gemm_q5_0(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc,
-                           float *y, size_t y_stride);
-void avx2_packed_gemm_q4_1(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc,
-                           float *y, size_t y_stride);
-void avx2_packed_gemm_q5_1(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc,
-                           float *y, size_t y_stride);
-void avx2_packed_gemm_q4_K(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc,
-                           float *y, size_t y_stride);
-void avx2_packed_gemm_f16(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc,
-                          float *y, size_t y_stride);
+void avx2_packed_gemm_q8_0(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc, float *y,
+                           size_t y_stride);
+void avx2_packed_gemm_q4_0(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc, float *y,
+                           size_t y_stride);
+void avx2_packed_gemm_q5_0(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc, float *y,
+                           size_t y_stride);
+void avx2_packed_gemm_q4_1(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc, float *y,
+                           size_t y_stride);
+void avx2_packed_gemm_q5_1(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc, float *y,
+                           size_t y_stride);
+void avx2_packed_gemm_q4_K(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc, float *y,
+                           size_t y_stride);
+void avx2_packed_gemm_f16(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc, float *y,
+                          size_t y_stride);
 void avx2_packed_act(const float *src, void *dst, int64_t n);
 /* Columns [k0, k1) of the F16 panel group at wp widened to floats: wf
  * holds (k1 - k0, 16) floats, element k's 16 rows at wf + 16 (k - k0). */
@@ -164,7 +164,7 @@ void avx2_panel_widen_cols(const void *wp, int64_t k0, int64_t k1, float *wf);
  * [0, n) with the same st, the last stores exactly avx2_packed_gemm_f16's
  * bits (quant_panel_dot_ref), however [0, n) is cut. */
 void avx2_gemm_panel_kblock(int64_t n, int64_t k0, int64_t k1, const float *wf, int nr0, int nr1, const void *x,
-                          size_t x_stride, int nc, float *st, float *y, size_t y_stride);
+                            size_t x_stride, int nc, float *st, float *y, size_t y_stride);
 
 void avx2_to_float_f16(const void *src, float *dst, int64_t n);
 void avx2_to_float_q8_0(const void *src, float *dst, int64_t n);

@@ -26,7 +26,7 @@
 
 /* Four 8-lane accumulators to their four totals. */
 static inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
-    __m256 ab = _mm256_hadd_ps(a, b);    /* a01 a23 b01 b23 | a45 a67 b45 b67 */
+    __m256 ab = _mm256_hadd_ps(a, b); /* a01 a23 b01 b23 | a45 a67 b45 b67 */
     __m256 cd = _mm256_hadd_ps(c, d);
     __m256 abcd = _mm256_hadd_ps(ab, cd); /* a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7 */
     return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
@@ -166,12 +166,12 @@ void attn_pv_avx2(float *O, int R, int hd, const float *P, int p_stride, const f
         float *o = O + (size_t)r * hd;
         const float *p = P + (size_t)r * p_stride;
         switch (R - r < 6 ? R - r : 6) {
-        case 1: pv_rows(o, hd, p, p_stride, vrow, nk, 1); break;
-        case 2: pv_rows(o, hd, p, p_stride, vrow, nk, 2); break;
-        case 3: pv_rows(o, hd, p, p_stride, vrow, nk, 3); break;
-        case 4: pv_rows(o, hd, p, p_stride, vrow, nk, 4); break;
-        case 5: pv_rows(o, hd, p, p_stride, vrow, nk, 5); break;
-        default: pv_rows(o, hd, p, p_stride, vrow, nk, 6); break;
+            case 1: pv_rows(o, hd, p, p_stride, vrow, nk, 1); break;
+            case 2: pv_rows(o, hd, p, p_stride, vrow, nk, 2); break;
+            case 3: pv_rows(o, hd, p, p_stride, vrow, nk, 3); break;
+            case 4: pv_rows(o, hd, p, p_stride, vrow, nk, 4); break;
+            case 5: pv_rows(o, hd, p, p_stride, vrow, nk, 5); break;
+            default: pv_rows(o, hd, p, p_stride, vrow, nk, 6); break;
         }
     }
 }

@@ -51,18 +51,17 @@ static inline __m256 gelu_mul(__m256 g, __m256 u) {
 }
 
 /* The loop both activations share; the tail goes through a padded vector. */
-#define GATED(NAME, FN)                                                     \
-    void NAME(float *g, const float *u, int n) {                           \
-        int i = 0;                                                          \
-        for (; i + 8 <= n; i += 8)                                          \
-            _mm256_storeu_ps(g + i, FN(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i))); \
-        if (i < n) {                                                        \
-            float bg[8] = {0}, bu[8] = {0};                                 \
-            memcpy(bg, g + i, (size_t)(n - i) * sizeof(float));            \
-            memcpy(bu, u + i, (size_t)(n - i) * sizeof(float));            \
-            _mm256_storeu_ps(bg, FN(_mm256_loadu_ps(bg), _mm256_loadu_ps(bu))); \
-            memcpy(g + i, bg, (size_t)(n - i) * sizeof(float));            \
-        }                                                                   \
+#define GATED(NAME, FN)                                                                                                \
+    void NAME(float *g, const float *u, int n) {                                                                       \
+        int i = 0;                                                                                                     \
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(g + i, FN(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));        \
+        if (i < n) {                                                                                                   \
+            float bg[8] = {0}, bu[8] = {0};                                                                            \
+            memcpy(bg, g + i, (size_t)(n - i) * sizeof(float));                                                        \
+            memcpy(bu, u + i, (size_t)(n - i) * sizeof(float));                                                        \
+            _mm256_storeu_ps(bg, FN(_mm256_loadu_ps(bg), _mm256_loadu_ps(bu)));                                        \
+            memcpy(g + i, bg, (size_t)(n - i) * sizeof(float));                                                        \
+        }                                                                                                              \
     }
 
 GATED(avx2_swiglu, silu_mul)

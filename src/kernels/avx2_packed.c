@@ -129,8 +129,7 @@ INLINE __m256i dot8(const __m256i u[8], const uint8_t *q) {
  * bytes 4k..4k+3 of each row: their low nibbles are elements 4k..4k+3,
  * their high nibbles elements 16+4k..16+4k+3, so unpacked vector j pairs
  * with activation quants 4j..4j+3 for every j < 8. */
-INLINE void p4_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size_t xs, int C, float *y,
-                    size_t ys) {
+INLINE void p4_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size_t xs, int C, float *y, size_t ys) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     __m256 acc[LM_PACK_TILE];
 #pragma GCC unroll 8 /* vector stores, not a rep stos (slow to start) */
@@ -153,10 +152,14 @@ INLINE void p4_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size
             (void)ones;
             __m256i isum = _mm256_sub_epi32(dot8(u, q), bcast4(xb + X_S8));
 #else
-            __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(u0, bcast4(q)), _mm256_maddubs_epi16(u1, bcast4(q + 4)));
-            __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(u2, bcast4(q + 8)), _mm256_maddubs_epi16(u3, bcast4(q + 12)));
-            __m256i s45 = _mm256_add_epi16(_mm256_maddubs_epi16(u4, bcast4(q + 16)), _mm256_maddubs_epi16(u5, bcast4(q + 20)));
-            __m256i s67 = _mm256_add_epi16(_mm256_maddubs_epi16(u6, bcast4(q + 24)), _mm256_maddubs_epi16(u7, bcast4(q + 28)));
+            __m256i s01 =
+                _mm256_add_epi16(_mm256_maddubs_epi16(u0, bcast4(q)), _mm256_maddubs_epi16(u1, bcast4(q + 4)));
+            __m256i s23 =
+                _mm256_add_epi16(_mm256_maddubs_epi16(u2, bcast4(q + 8)), _mm256_maddubs_epi16(u3, bcast4(q + 12)));
+            __m256i s45 =
+                _mm256_add_epi16(_mm256_maddubs_epi16(u4, bcast4(q + 16)), _mm256_maddubs_epi16(u5, bcast4(q + 20)));
+            __m256i s67 =
+                _mm256_add_epi16(_mm256_maddubs_epi16(u6, bcast4(q + 24)), _mm256_maddubs_epi16(u7, bcast4(q + 28)));
             __m256i s = _mm256_add_epi16(_mm256_add_epi16(s01, s23), _mm256_add_epi16(s45, s67));
             __m256i isum = _mm256_sub_epi32(_mm256_madd_epi16(s, ones), bcast4(xb + X_S8));
 #endif
@@ -166,12 +169,11 @@ INLINE void p4_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size
     for (int c = 0; c < C; c++) store_rows(y + (size_t)c * ys, nr, acc[c]);
 }
 
-void avx2_packed_gemm_q4_0(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y,
-                           size_t ys) {
+void avx2_packed_gemm_q4_0(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y, size_t ys) {
     assert(n % 32 == 0 && nr >= 0 && nr <= LM_PACK_ROWS && nc >= 0 && nc <= LM_PACK_TILE);
-#define T(C) \
+#define T(C)                                                                                                           \
     case C: p4_tile(n / 32, wp, nr, x, xs, C, y, ys); break;
-    switch (nc) { TILES(T) default: break; }
+    switch (nc) { TILES(T) default : break; }
 #undef T
 }
 
@@ -200,8 +202,7 @@ INLINE __m256i p5_bit4(__m256i qh, int k, int hi) {
  * (q in 0..31, value q - 16). A pmaddubsw pair is now up to 2*31*127 =
  * 7874, so the eight products are summed in two int16 halves of four
  * before pmaddwd; the offset comes off as 16 * sum(x) = 2 * s8. */
-INLINE void p5_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size_t xs, int C, float *y,
-                    size_t ys) {
+INLINE void p5_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size_t xs, int C, float *y, size_t ys) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     __m256 acc[LM_PACK_TILE];
 #pragma GCC unroll 8 /* vector stores, not a rep stos (slow to start) */
@@ -225,10 +226,10 @@ INLINE void p5_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size
             (void)ones;
             __m256i isum = _mm256_sub_epi32(dot8(u, q), _mm256_slli_epi32(bcast4(xb + X_S8), 1));
 #else
-            __m256i s0 = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u[0], bcast4(q)),
-                                                           _mm256_maddubs_epi16(u[1], bcast4(q + 4))),
-                                          _mm256_add_epi16(_mm256_maddubs_epi16(u[2], bcast4(q + 8)),
-                                                           _mm256_maddubs_epi16(u[3], bcast4(q + 12))));
+            __m256i s0 = _mm256_add_epi16(
+                _mm256_add_epi16(_mm256_maddubs_epi16(u[0], bcast4(q)), _mm256_maddubs_epi16(u[1], bcast4(q + 4))),
+                _mm256_add_epi16(_mm256_maddubs_epi16(u[2], bcast4(q + 8)),
+                                 _mm256_maddubs_epi16(u[3], bcast4(q + 12))));
             __m256i s1 = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u[4], bcast4(q + 16)),
                                                            _mm256_maddubs_epi16(u[5], bcast4(q + 20))),
                                           _mm256_add_epi16(_mm256_maddubs_epi16(u[6], bcast4(q + 24)),
@@ -242,12 +243,11 @@ INLINE void p5_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size
     for (int c = 0; c < C; c++) store_rows(y + (size_t)c * ys, nr, acc[c]);
 }
 
-void avx2_packed_gemm_q5_0(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y,
-                           size_t ys) {
+void avx2_packed_gemm_q5_0(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y, size_t ys) {
     assert(n % 32 == 0 && nr >= 0 && nr <= LM_PACK_ROWS && nc >= 0 && nc <= LM_PACK_TILE);
-#define T(C) \
+#define T(C)                                                                                                           \
     case C: p5_tile(n / 32, wp, nr, x, xs, C, y, ys); break;
-    switch (nc) { TILES(T) default: break; }
+    switch (nc) { TILES(T) default : break; }
 #undef T
 }
 
@@ -301,10 +301,10 @@ INLINE void p1_tile(int five, int64_t nb, const uint8_t *w, int nr, const uint8_
             (void)ones;
             __m256i isum = dot8(u, q);
 #else
-            __m256i s0 = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u[0], bcast4(q)),
-                                                           _mm256_maddubs_epi16(u[1], bcast4(q + 4))),
-                                          _mm256_add_epi16(_mm256_maddubs_epi16(u[2], bcast4(q + 8)),
-                                                           _mm256_maddubs_epi16(u[3], bcast4(q + 12))));
+            __m256i s0 = _mm256_add_epi16(
+                _mm256_add_epi16(_mm256_maddubs_epi16(u[0], bcast4(q)), _mm256_maddubs_epi16(u[1], bcast4(q + 4))),
+                _mm256_add_epi16(_mm256_maddubs_epi16(u[2], bcast4(q + 8)),
+                                 _mm256_maddubs_epi16(u[3], bcast4(q + 12))));
             __m256i s1 = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u[4], bcast4(q + 16)),
                                                            _mm256_maddubs_epi16(u[5], bcast4(q + 20))),
                                           _mm256_add_epi16(_mm256_maddubs_epi16(u[6], bcast4(q + 24)),
@@ -321,21 +321,19 @@ INLINE void p1_tile(int five, int64_t nb, const uint8_t *w, int nr, const uint8_
     for (int c = 0; c < C; c++) store_rows(y + (size_t)c * ys, nr, acc[c]);
 }
 
-void avx2_packed_gemm_q4_1(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y,
-                           size_t ys) {
+void avx2_packed_gemm_q4_1(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y, size_t ys) {
     assert(n % 32 == 0 && nr >= 0 && nr <= LM_PACK_ROWS && nc >= 0 && nc <= LM_PACK_TILE);
-#define T(C) \
+#define T(C)                                                                                                           \
     case C: p1_tile(0, n / 32, wp, nr, x, xs, C, y, ys); break;
-    switch (nc) { TILES(T) default: break; }
+    switch (nc) { TILES(T) default : break; }
 #undef T
 }
 
-void avx2_packed_gemm_q5_1(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y,
-                           size_t ys) {
+void avx2_packed_gemm_q5_1(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y, size_t ys) {
     assert(n % 32 == 0 && nr >= 0 && nr <= LM_PACK_ROWS && nc >= 0 && nc <= LM_PACK_TILE);
-#define T(C) \
+#define T(C)                                                                                                           \
     case C: p1_tile(1, n / 32, wp, nr, x, xs, C, y, ys); break;
-    switch (nc) { TILES(T) default: break; }
+    switch (nc) { TILES(T) default : break; }
 #undef T
 }
 
@@ -343,8 +341,7 @@ void avx2_packed_gemm_q5_1(int64_t n, const void *wp, int nr, const void *x, siz
 
 /* One group by C tokens; vector k < 8 of a block column holds quants
  * 4k..4k+3 of each row. */
-INLINE void p8_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size_t xs, int C, float *y,
-                    size_t ys) {
+INLINE void p8_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size_t xs, int C, float *y, size_t ys) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[LM_PACK_TILE];
 #pragma GCC unroll 8 /* vector stores, not a rep stos (slow to start) */
@@ -366,13 +363,13 @@ INLINE void p8_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size
 #undef P
             const __m256i z = _mm256_setzero_si256();
             (void)ones;
-            __m256i isum = _mm256_add_epi32(
-                X86_DPBUSD(X86_DPBUSD(X86_DPBUSD(X86_DPBUSD(z, u0, p0), u1, p1), u2, p2), u3, p3),
-                X86_DPBUSD(X86_DPBUSD(X86_DPBUSD(X86_DPBUSD(z, u4, p4), u5, p5), u6, p6), u7, p7));
+            __m256i isum =
+                _mm256_add_epi32(X86_DPBUSD(X86_DPBUSD(X86_DPBUSD(X86_DPBUSD(z, u0, p0), u1, p1), u2, p2), u3, p3),
+                                 X86_DPBUSD(X86_DPBUSD(X86_DPBUSD(X86_DPBUSD(z, u4, p4), u5, p5), u6, p6), u7, p7));
 #else
-#define P(k)                                                                                          \
-    const __m256i p##k = _mm256_madd_epi16(                                                           \
-        _mm256_maddubs_epi16(u##k, _mm256_sign_epi8(bcast4(q + 4 * k), ld256(wq + 32 * k))), ones);
+#define P(k)                                                                                                           \
+    const __m256i p##k =                                                                                               \
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u##k, _mm256_sign_epi8(bcast4(q + 4 * k), ld256(wq + 32 * k))), ones);
             REP8(P)
 #undef P
             __m256i isum = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)),
@@ -384,12 +381,11 @@ INLINE void p8_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size
     for (int c = 0; c < C; c++) store_rows(y + (size_t)c * ys, nr, acc[c]);
 }
 
-void avx2_packed_gemm_q8_0(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y,
-                           size_t ys) {
+void avx2_packed_gemm_q8_0(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y, size_t ys) {
     assert(n % 32 == 0 && nr >= 0 && nr <= LM_PACK_ROWS && nc >= 0 && nc <= LM_PACK_TILE);
-#define T(C) \
+#define T(C)                                                                                                           \
     case C: p8_tile(n / 32, wp, nr, x, xs, C, y, ys); break;
-    switch (nc) { TILES(T) default: break; }
+    switch (nc) { TILES(T) default : break; }
 #undef T
 }
 
@@ -427,14 +423,15 @@ INLINE void k4x8_scales(const uint8_t *blk, __m256i scv[8], __m256i mv[4]) {
     const __m256i m6 = _mm256_set1_epi8(0x3f), m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
     const __m256i sc_lo = _mm256_and_si256(s0, m6), m_lo = _mm256_and_si256(s1, m6);
     const __m256i sc_hi = _mm256_or_si256(_mm256_and_si256(s2, m4), _mm256_and_si256(_mm256_srli_epi32(s0, 2), m30));
-    const __m256i m_hi =
-        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(s2, 4), m4), _mm256_and_si256(_mm256_srli_epi32(s1, 2), m30));
-#define SC(t)                                                          \
-    scv[t] = _mm256_shuffle_epi8(sc_lo, IDX8(SIDX, t));                \
+    const __m256i m_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(s2, 4), m4),
+                                         _mm256_and_si256(_mm256_srli_epi32(s1, 2), m30));
+#define SC(t)                                                                                                          \
+    scv[t] = _mm256_shuffle_epi8(sc_lo, IDX8(SIDX, t));                                                                \
     scv[t + 4] = _mm256_shuffle_epi8(sc_hi, IDX8(SIDX, t));
-    SC(0) SC(1) SC(2) SC(3)
+    SC(0)
+    SC(1) SC(2) SC(3)
 #undef SC
-    mv[0] = _mm256_shuffle_epi8(m_lo, IDX8(MIDX, 0));
+        mv[0] = _mm256_shuffle_epi8(m_lo, IDX8(MIDX, 0));
     mv[1] = _mm256_shuffle_epi8(m_lo, IDX8(MIDX, 2));
     mv[2] = _mm256_shuffle_epi8(m_hi, IDX8(MIDX, 0));
     mv[3] = _mm256_shuffle_epi8(m_hi, IDX8(MIDX, 2));
@@ -468,8 +465,7 @@ INLINE __m256 k4x8_acc(const uint8_t *blk, const uint8_t *xb, __m256i isum, __m2
  * of the 8 vectors with vpdpbusd (the same bound) and apply the scale with
  * vpdpwssd, the same integer sums. xq: the first token's quants
  * for this column; xs: the stride between tokens. */
-INLINE void pk4_tokens(const uint8_t *qs, const __m256i scv[8], const uint8_t *xq, size_t xs, int CT,
-                       __m256i isum[4]) {
+INLINE void pk4_tokens(const uint8_t *qs, const __m256i scv[8], const uint8_t *xq, size_t xs, int CT, __m256i isum[4]) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
 #pragma GCC unroll 4
     for (int c = 0; c < CT; c++) isum[c] = _mm256_setzero_si256();
@@ -505,8 +501,7 @@ INLINE void pk4_tokens(const uint8_t *qs, const __m256i scv[8], const uint8_t *x
 }
 
 /* One group by C tokens, four at a time through pk4_tokens. */
-INLINE void pk4_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size_t xs, int C, float *y,
-                     size_t ys) {
+INLINE void pk4_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size_t xs, int C, float *y, size_t ys) {
     __m256 acc[LM_PACK_TILE];
 #pragma GCC unroll 8 /* vector stores, not a rep stos (slow to start) */
     for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
@@ -530,12 +525,11 @@ INLINE void pk4_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, siz
     for (int c = 0; c < C; c++) store_rows(y + (size_t)c * ys, nr, acc[c]);
 }
 
-void avx2_packed_gemm_q4_K(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y,
-                           size_t ys) {
+void avx2_packed_gemm_q4_K(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y, size_t ys) {
     assert(n % QK_K == 0 && nr >= 0 && nr <= LM_PACK_ROWS && nc >= 0 && nc <= LM_PACK_TILE);
-#define T(C) \
+#define T(C)                                                                                                           \
     case C: pk4_tile(n / QK_K, wp, nr, x, xs, C, y, ys); break;
-    switch (nc) { TILES(T) default: break; }
+    switch (nc) { TILES(T) default : break; }
 #undef T
 }
 

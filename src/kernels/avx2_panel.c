@@ -75,8 +75,7 @@ INLINE void store_rows(float *y, int nr, __m256 lo, __m256 hi) {
 /* Elements [k0, k1) of the group at p against C tokens (rows of x xs bytes
  * apart), each (row, token) lane its own fmaf chain from zero; C a
  * constant after inlining. */
-INLINE void panel_seg(int64_t k0, int64_t k1, const uint16_t *p, const uint8_t *x, size_t xs, int C,
-                      __m256 acc[6][2]) {
+INLINE void panel_seg(int64_t k0, int64_t k1, const uint16_t *p, const uint8_t *x, size_t xs, int C, __m256 acc[6][2]) {
 #pragma GCC unroll 6
     for (int c = 0; c < 6; c++) acc[c][0] = acc[c][1] = _mm256_setzero_ps();
     const float *xr[6];
@@ -100,8 +99,7 @@ INLINE void panel_seg(int64_t k0, int64_t k1, const uint16_t *p, const uint8_t *
 
 /* Several tokens: the four segments one after another, each with the 12
  * accumulators; s0 + s1 and s2 + s3 wait on the stack. */
-INLINE void panel_tile(int64_t n, const uint16_t *p, int nr, const uint8_t *x, size_t xs, int C, float *y,
-                       size_t ys) {
+INLINE void panel_tile(int64_t n, const uint16_t *p, int nr, const uint8_t *x, size_t xs, int C, float *y, size_t ys) {
     const int64_t q = n / LM_PANEL_SEGS;
     _Alignas(32) float part[2][6][16]; /* s0 + s1, s2 + s3 */
     __m256 acc[6][2];
@@ -134,18 +132,18 @@ INLINE void panel_one(int64_t n, const uint16_t *p, int nr, const float *x, floa
         for (int j = 0; j < LM_PANEL_SEGS; j++) {
             const int64_t kk = j * q + k;
             const __m256 b = _mm256_broadcast_ss(x + kk);
-            a[j][0] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 16 * kk))),
-                                      b, a[j][0]);
+            a[j][0] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 16 * kk))), b,
+                                      a[j][0]);
             a[j][1] = _mm256_fmadd_ps(
                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 16 * kk + 8))), b, a[j][1]);
         }
     }
     for (int64_t kk = LM_PANEL_SEGS * q; kk < n; kk++) { /* the last segment's extra elements */
         const __m256 b = _mm256_broadcast_ss(x + kk);
-        a[3][0] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 16 * kk))), b,
-                                  a[3][0]);
-        a[3][1] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 16 * kk + 8))),
-                                  b, a[3][1]);
+        a[3][0] =
+            _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 16 * kk))), b, a[3][0]);
+        a[3][1] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 16 * kk + 8))), b,
+                                  a[3][1]);
     }
     store_rows(y, nr, _mm256_add_ps(_mm256_add_ps(a[0][0], a[1][0]), _mm256_add_ps(a[2][0], a[3][0])),
                _mm256_add_ps(_mm256_add_ps(a[0][1], a[1][1]), _mm256_add_ps(a[2][1], a[3][1])));
@@ -204,8 +202,8 @@ INLINE void fold8(int j, float *t, __m256 lo, __m256 hi, float *y, int nr) {
 /* One group (rows [0, nr) of y) by C tokens over elements [k0, k1) of its
  * widened columns wf (element k at wf + 16 (k - k0)), chains carried in st
  * (48 floats per token, 96 apart). */
-INLINE void part_tile(int64_t n, int64_t k0, int64_t k1, const float *wf, int nr, const uint8_t *x, size_t xs,
-                      int C, float *st, float *y, size_t ys) {
+INLINE void part_tile(int64_t n, int64_t k0, int64_t k1, const float *wf, int nr, const uint8_t *x, size_t xs, int C,
+                      float *st, float *y, size_t ys) {
     const int64_t q = n / LM_PANEL_SEGS;
     const float *xr[6];
 #pragma GCC unroll 6
@@ -235,7 +233,7 @@ INLINE void part_tile(int64_t n, int64_t k0, int64_t k1, const float *wf, int nr
 }
 
 void avx2_gemm_panel_kblock(int64_t n, int64_t k0, int64_t k1, const float *wf, int nr0, int nr1, const void *x,
-                          size_t xs, int nc, float *st, float *y, size_t ys) {
+                            size_t xs, int nc, float *st, float *y, size_t ys) {
     const uint8_t *xb = x;
     const int64_t kn = k1 - k0;
     /* the two groups one after another (16 registers hold one group's 12
@@ -245,13 +243,13 @@ void avx2_gemm_panel_kblock(int64_t n, int64_t k0, int64_t k1, const float *wf, 
         float *sg = st + 48 * g, *yg = y + 16 * g;
         const int nr = g ? nr1 : nr0;
         switch (nc) {
-        case 1: part_tile(n, k0, k1, w, nr, xb, xs, 1, sg, yg, ys); break;
-        case 2: part_tile(n, k0, k1, w, nr, xb, xs, 2, sg, yg, ys); break;
-        case 3: part_tile(n, k0, k1, w, nr, xb, xs, 3, sg, yg, ys); break;
-        case 4: part_tile(n, k0, k1, w, nr, xb, xs, 4, sg, yg, ys); break;
-        case 5: part_tile(n, k0, k1, w, nr, xb, xs, 5, sg, yg, ys); break;
-        case 6: part_tile(n, k0, k1, w, nr, xb, xs, 6, sg, yg, ys); break;
-        default: break;
+            case 1: part_tile(n, k0, k1, w, nr, xb, xs, 1, sg, yg, ys); break;
+            case 2: part_tile(n, k0, k1, w, nr, xb, xs, 2, sg, yg, ys); break;
+            case 3: part_tile(n, k0, k1, w, nr, xb, xs, 3, sg, yg, ys); break;
+            case 4: part_tile(n, k0, k1, w, nr, xb, xs, 4, sg, yg, ys); break;
+            case 5: part_tile(n, k0, k1, w, nr, xb, xs, 5, sg, yg, ys); break;
+            case 6: part_tile(n, k0, k1, w, nr, xb, xs, 6, sg, yg, ys); break;
+            default: break;
         }
     }
 }
@@ -265,18 +263,17 @@ void avx2_panel_widen_cols(const void *wp, int64_t k0, int64_t k1, float *wf) {
     }
 }
 
-void avx2_packed_gemm_f16(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y,
-                          size_t ys) {
+void avx2_packed_gemm_f16(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y, size_t ys) {
     const uint16_t *p = wp;
     const uint8_t *xb = x;
     switch (nc) {
-    case 1: panel_one(n, p, nr, x, y); break;
-    case 2: panel_tile(n, p, nr, xb, xs, 2, y, ys); break;
-    case 3: panel_tile(n, p, nr, xb, xs, 3, y, ys); break;
-    case 4: panel_tile(n, p, nr, xb, xs, 4, y, ys); break;
-    case 5: panel_tile(n, p, nr, xb, xs, 5, y, ys); break;
-    case 6: panel_tile(n, p, nr, xb, xs, 6, y, ys); break;
-    default: break;
+        case 1: panel_one(n, p, nr, x, y); break;
+        case 2: panel_tile(n, p, nr, xb, xs, 2, y, ys); break;
+        case 3: panel_tile(n, p, nr, xb, xs, 3, y, ys); break;
+        case 4: panel_tile(n, p, nr, xb, xs, 4, y, ys); break;
+        case 5: panel_tile(n, p, nr, xb, xs, 5, y, ys); break;
+        case 6: panel_tile(n, p, nr, xb, xs, 6, y, ys); break;
+        default: break;
     }
 }
 

@@ -12,10 +12,9 @@
 
 float avx2_fma_probe(long rounds) {
     const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-    __m256 c0 = _mm256_set1_ps(0.0f), c1 = _mm256_set1_ps(0.1f), c2 = _mm256_set1_ps(0.2f),
-           c3 = _mm256_set1_ps(0.3f), c4 = _mm256_set1_ps(0.4f), c5 = _mm256_set1_ps(0.5f),
-           c6 = _mm256_set1_ps(0.6f), c7 = _mm256_set1_ps(0.7f), c8 = _mm256_set1_ps(0.8f),
-           c9 = _mm256_set1_ps(0.9f), c10 = _mm256_set1_ps(1.0f), c11 = _mm256_set1_ps(1.1f);
+    __m256 c0 = _mm256_set1_ps(0.0f), c1 = _mm256_set1_ps(0.1f), c2 = _mm256_set1_ps(0.2f), c3 = _mm256_set1_ps(0.3f),
+           c4 = _mm256_set1_ps(0.4f), c5 = _mm256_set1_ps(0.5f), c6 = _mm256_set1_ps(0.6f), c7 = _mm256_set1_ps(0.7f),
+           c8 = _mm256_set1_ps(0.8f), c9 = _mm256_set1_ps(0.9f), c10 = _mm256_set1_ps(1.0f), c11 = _mm256_set1_ps(1.1f);
     /* named accumulators, so they stay in registers */
     for (long r = 0; r < rounds; r++) {
         c0 = _mm256_fmadd_ps(c0, a, b);

@@ -122,16 +122,14 @@ INLINE void prefetch_ahead(const uint8_t *p, size_t bytes) {
 INLINE __m256i tree8(const __m256i s[8]) {
     __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
     __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20),
-                            _mm256_permute2x128_si256(a, b, 0x31));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
 /* The f16 scales at offset 0 of eight consecutive blocks (bs bytes apart),
  * as floats. */
 INLINE __m256 scales8(const uint8_t *p, size_t bs) {
-    __m128i h = _mm_setr_epi16((short)ld16(p), (short)ld16(p + bs), (short)ld16(p + 2 * bs),
-                               (short)ld16(p + 3 * bs), (short)ld16(p + 4 * bs),
-                               (short)ld16(p + 5 * bs), (short)ld16(p + 6 * bs),
+    __m128i h = _mm_setr_epi16((short)ld16(p), (short)ld16(p + bs), (short)ld16(p + 2 * bs), (short)ld16(p + 3 * bs),
+                               (short)ld16(p + 4 * bs), (short)ld16(p + 5 * bs), (short)ld16(p + 6 * bs),
                                (short)ld16(p + 7 * bs));
     return _mm256_cvtph_ps(h);
 }
@@ -141,9 +139,7 @@ INLINE __m256 scales8(const uint8_t *p, size_t bs) {
  * one after another instead: interleaving several rows' streams measured
  * slower when the weights come from memory (decode), and one column has
  * nothing to share between rows but its scales. */
-#define CASES(K)                                                                              \
-    K(1, 2) K(1, 3) K(1, 4) K(2, 2) K(2, 3) K(2, 4) K(3, 2) K(3, 3) K(3, 4) K(4, 2) K(4, 3)   \
-    K(4, 4)
+#define CASES(K) K(1, 2) K(1, 3) K(1, 4) K(2, 2) K(2, 3) K(2, 4) K(3, 2) K(3, 3) K(3, 4) K(4, 2) K(4, 3) K(4, 4)
 
 /* ---- F32, F16, BF16 ------------------------------------------------------- */
 
@@ -171,8 +167,7 @@ INLINE __m256 wload8(int kind, const uint8_t *p) {
 
 /* Groups [0, ng) of R weight rows (ws bytes apart) against one column,
  * into acc[r]. */
-INLINE void float_block(int kind, int64_t ng, const uint8_t *w, size_t ws, int R, const uint8_t *x,
-                        __m256 acc[4]) {
+INLINE void float_block(int kind, int64_t ng, const uint8_t *w, size_t ws, int R, const uint8_t *x, __m256 acc[4]) {
     const size_t es = fsize(kind), xes = fsize(xkind(kind));
     for (int64_t g = 0; g < ng; g++) {
         const uint8_t *wg = w + (size_t)g * 32 * es;
@@ -192,18 +187,18 @@ INLINE void float_block(int kind, int64_t ng, const uint8_t *w, size_t ws, int R
 /* float_block with R = 1..4 a constant after inlining (fully unrolled). */
 INLINE void float_rows(int kind, int64_t ng, const uint8_t *w, size_t ws, int R, const uint8_t *x, __m256 acc[4]) {
     switch (R) {
-    case 1: float_block(kind, ng, w, ws, 1, x, acc); break;
-    case 2: float_block(kind, ng, w, ws, 2, x, acc); break;
-    case 3: float_block(kind, ng, w, ws, 3, x, acc); break;
-    default: float_block(kind, ng, w, ws, 4, x, acc); break;
+        case 1: float_block(kind, ng, w, ws, 1, x, acc); break;
+        case 2: float_block(kind, ng, w, ws, 2, x, acc); break;
+        case 3: float_block(kind, ng, w, ws, 3, x, acc); break;
+        default: float_block(kind, ng, w, ws, 4, x, acc); break;
     }
 }
 
 /* One step of 8 elements for R <= 4 rows by C <= 3 columns: C activation
  * vectors loaded, each weight vector loaded (and converted) once for C
  * FMAs. */
-INLINE void float_step(int kind, const uint8_t *w, size_t ws, int R, const uint8_t *x, size_t xs,
-                       int C, __m256 acc[4][3]) {
+INLINE void float_step(int kind, const uint8_t *w, size_t ws, int R, const uint8_t *x, size_t xs, int C,
+                       __m256 acc[4][3]) {
     __m256 xv[3];
 #pragma GCC unroll 3
     for (int c = 0; c < C; c++) xv[c] = wload8(xkind(kind), x + (size_t)c * xs);
@@ -220,8 +215,8 @@ INLINE void float_step(int kind, const uint8_t *w, size_t ws, int R, const uint8
  * the 16 registers, and nothing goes back to memory until the end; the
  * caller runs one tile's rows against many tiles of tokens in a row, so the
  * rows stay in L1 while the activations stream. */
-INLINE void float_panel(int kind, int64_t n, const uint8_t *w, size_t ws, int R,
-                        const uint8_t *x, size_t xs, int C, float *y, size_t ys) {
+INLINE void float_panel(int kind, int64_t n, const uint8_t *w, size_t ws, int R, const uint8_t *x, size_t xs, int C,
+                        float *y, size_t ys) {
     const size_t es = fsize(kind), xes = fsize(xkind(kind));
     __m256 acc[4][3];
 #pragma GCC unroll 4
@@ -239,8 +234,8 @@ INLINE void float_panel(int kind, int64_t n, const uint8_t *w, size_t ws, int R,
         for (int r = 0; r < R; r++) memcpy(wpad[r], w + (size_t)r * ws + (size_t)nf * es, left * es);
         for (int c = 0; c < C; c++) memcpy(xpad[c], x + (size_t)c * xs + (size_t)nf * xes, left * xes);
         for (int i = 0; i < 32; i += 8)
-            float_step(kind, wpad[0] + (size_t)i * es, sizeof wpad[0], R, xpad[0] + (size_t)i * xes, sizeof xpad[0],
-                       C, acc);
+            float_step(kind, wpad[0] + (size_t)i * es, sizeof wpad[0], R, xpad[0] + (size_t)i * xes, sizeof xpad[0], C,
+                       acc);
     }
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) y[(size_t)c * ys + (size_t)r] = hsum8(acc[r][c]);
@@ -249,8 +244,7 @@ INLINE void float_panel(int kind, int64_t n, const uint8_t *w, size_t ws, int R,
 /* One column (decode, and vec_dot): all R <= 4 rows of the tile run
  * together, R independent chains to cover the FMA latency while weights
  * stream. */
-INLINE void float_tile(int kind, int64_t n, const uint8_t *w, size_t ws, int R,
-                       const uint8_t *x, float *y) {
+INLINE void float_tile(int kind, int64_t n, const uint8_t *w, size_t ws, int R, const uint8_t *x, float *y) {
     const size_t es = fsize(kind), xes = fsize(xkind(kind));
     __m256 acc[4];
     for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
@@ -269,8 +263,8 @@ INLINE void float_tile(int kind, int64_t n, const uint8_t *w, size_t ws, int R,
     for (int r = 0; r < R; r++) y[r] = hsum8(acc[r]);
 }
 
-INLINE void float_gemm(int kind, int64_t n, const void *w, size_t ws, int nr, const void *x,
-                       size_t xs, int nc, float *y, size_t ys) {
+INLINE void float_gemm(int kind, int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs, int nc,
+                       float *y, size_t ys) {
     assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n >= 0);
     const uint8_t *wb = (const uint8_t *)w, *xb = (const uint8_t *)x;
     if (nc == 4) { /* two tiles of two columns */
@@ -278,14 +272,14 @@ INLINE void float_gemm(int kind, int64_t n, const void *w, size_t ws, int nr, co
         float_gemm(kind, n, w, ws, nr, xb + 2 * xs, xs, 2, y + 2 * ys, ys);
         return;
     }
-#define FT(R, C)                                                                                \
-    case R * 8 + C: float_panel(kind, n, wb, ws, R, xb, xs, C, y, ys); break;
-#define F1(R)                                                                                   \
+#define FT(R, C)                                                                                                       \
+    case R * 8 + C:                                                                                                    \
+        float_panel(kind, n, wb, ws, R, xb, xs, C, y, ys);                                                             \
+        break;
+#define F1(R)                                                                                                          \
     case R * 8 + 1: float_tile(kind, n, wb, ws, R, xb, y); break;
     switch (nr * 8 + nc) {
-        F1(1) F1(2) F1(3) F1(4)
-        FT(1, 2) FT(1, 3) FT(2, 2) FT(2, 3) FT(3, 2) FT(3, 3) FT(4, 2) FT(4, 3)
-    default: break;
+        F1(1) F1(2) F1(3) F1(4) FT(1, 2) FT(1, 3) FT(2, 2) FT(2, 3) FT(3, 2) FT(3, 3) FT(4, 2) FT(4, 3) default : break;
     }
 #undef F1
 #undef FT
@@ -309,18 +303,16 @@ float avx2_vec_dot_bf16(int64_t n, const void *w, const void *x) {
     return y;
 }
 
-void avx2_gemm_f32(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs, int nc,
-                   float *y, size_t ys) {
+void avx2_gemm_f32(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs, int nc, float *y, size_t ys) {
     float_gemm(KF32, n, w, ws, nr, x, xs, nc, y, ys);
 }
 
-void avx2_gemm_f16(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs, int nc,
-                   float *y, size_t ys) {
+void avx2_gemm_f16(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs, int nc, float *y, size_t ys) {
     float_gemm(KF16, n, w, ws, nr, x, xs, nc, y, ys);
 }
 
-void avx2_gemm_bf16(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs,
-                    int nc, float *y, size_t ys) {
+void avx2_gemm_bf16(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs, int nc, float *y,
+                    size_t ys) {
     float_gemm(KBF16, n, w, ws, nr, x, xs, nc, y, ys);
 }
 
@@ -329,11 +321,11 @@ void avx2_gemm_bf16(int64_t n, const void *w, size_t ws, int nr, const void *x, 
 enum { KQ8_0, KQ4_0, KQ5_0, KQ4_1, KQ5_1 };
 
 INLINE size_t q32_block_size(int kind) {
-    return kind == KQ4_0   ? sizeof(block_q4_0)
-           : kind == KQ5_0 ? sizeof(block_q5_0)
-           : kind == KQ4_1 ? sizeof(block_q4_1)
-           : kind == KQ5_1 ? sizeof(block_q5_1)
-                           : sizeof(block_q8_0);
+    return kind == KQ4_0 ? sizeof(block_q4_0)
+        : kind == KQ5_0  ? sizeof(block_q5_0)
+        : kind == KQ4_1  ? sizeof(block_q4_1)
+        : kind == KQ5_1  ? sizeof(block_q5_1)
+                         : sizeof(block_q8_0);
 }
 
 /* Q4_1 and Q5_1: x = d * q + m, with an f16 m after d. */
@@ -391,8 +383,8 @@ INLINE __m256i q32_unsigned(int kind, const uint8_t *q) {
  * Q4_1/Q5_1 add their m term in acc[r][c][2], lane b for block b of the
  * group: fma(m_b, float(sum of x_b's quants) * dx_b, .) (that product is
  * exact: a sum below 2^12 times an f16 scale). */
-INLINE void q32_group(int kind, const uint8_t *w, size_t ws, int R, const uint8_t *x, size_t xs,
-                      int C, __m256 acc[4][4][3]) {
+INLINE void q32_group(int kind, const uint8_t *w, size_t ws, int R, const uint8_t *x, size_t xs, int C,
+                      __m256 acc[4][4][3]) {
     const size_t wbs = q32_block_size(kind);
     const size_t xbs = sizeof(block_q8_0);
     const __m256i eight = _mm256_set1_epi8(kind == KQ5_0 ? 16 : 8); /* the offset */
@@ -409,9 +401,8 @@ INLINE void q32_group(int kind, const uint8_t *w, size_t ws, int R, const uint8_
         dx[c] = scales8(xc, xbs);
         if (affine) {
             __m256i sx[GROUP];
-#define SX(b)                                                                                          \
-    sx[b] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), ld256(xc + b * xbs + 2)), \
-                              _mm256_set1_epi16(1));
+#define SX(b)                                                                                                          \
+    sx[b] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), ld256(xc + b * xbs + 2)), _mm256_set1_epi16(1));
             REP8(SX)
 #undef SX
             sxd[c] = _mm256_mul_ps(_mm256_cvtepi32_ps(tree8(sx)), dx[c]);
@@ -435,15 +426,13 @@ INLINE void q32_group(int kind, const uint8_t *w, size_t ws, int R, const uint8_
             _Alignas(32) float sc[GROUP]; /* dw * dx per block, broadcast from memory */
             _mm256_store_ps(sc, _mm256_mul_ps(dw, dx[c]));
             __m256 a0 = acc[r][c][0], a1 = acc[r][c][1];
-#define STEP(b)                                                                                \
-    {                                                                                          \
-        const uint8_t *xq = xc + b * xbs + 2;                                                  \
-        __m256i e = !offset ? _mm256_setzero_si256()                                           \
-                    : keep_e      ? e8[c][b]                                                   \
-                                  : _mm256_maddubs_epi16(eight, ld256(xq));                    \
-        __m256 sb = _mm256_cvtepi32_ps(q32_dot(kind, u##b, wr + b * wbs + 2, xq, e));          \
-        if (b & 1) a1 = _mm256_fmadd_ps(sb, _mm256_broadcast_ss(sc + b), a1);                  \
-        else a0 = _mm256_fmadd_ps(sb, _mm256_broadcast_ss(sc + b), a0);                        \
+#define STEP(b)                                                                                                        \
+    {                                                                                                                  \
+        const uint8_t *xq = xc + b * xbs + 2;                                                                          \
+        __m256i e = !offset ? _mm256_setzero_si256() : keep_e ? e8[c][b] : _mm256_maddubs_epi16(eight, ld256(xq));     \
+        __m256 sb = _mm256_cvtepi32_ps(q32_dot(kind, u##b, wr + b * wbs + 2, xq, e));                                  \
+        if (b & 1) a1 = _mm256_fmadd_ps(sb, _mm256_broadcast_ss(sc + b), a1);                                          \
+        else a0 = _mm256_fmadd_ps(sb, _mm256_broadcast_ss(sc + b), a0);                                                \
     }
             REP8(STEP)
 #undef STEP
@@ -454,8 +443,8 @@ INLINE void q32_group(int kind, const uint8_t *w, size_t ws, int R, const uint8_
     }
 }
 
-INLINE void q32_tile(int kind, int64_t n, const uint8_t *w, size_t ws, int R, const uint8_t *x,
-                     size_t xs, int C, float *y, size_t ys) {
+INLINE void q32_tile(int kind, int64_t n, const uint8_t *w, size_t ws, int R, const uint8_t *x, size_t xs, int C,
+                     float *y, size_t ys) {
     const size_t wbs = q32_block_size(kind);
     const size_t xbs = sizeof(block_q8_0);
     const int64_t nb = n / 32;
@@ -463,8 +452,7 @@ INLINE void q32_tile(int kind, int64_t n, const uint8_t *w, size_t ws, int R, co
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) acc[r][c][0] = acc[r][c][1] = acc[r][c][2] = _mm256_setzero_ps();
     int64_t g = 0;
-    for (; g + GROUP <= nb; g += GROUP)
-        q32_group(kind, w + (size_t)g * wbs, ws, R, x + (size_t)g * xbs, xs, C, acc);
+    for (; g + GROUP <= nb; g += GROUP) q32_group(kind, w + (size_t)g * wbs, ws, R, x + (size_t)g * xbs, xs, C, acc);
     if (g < nb) { /* zero-padded last group: zero scales, zero sums */
         _Alignas(32) uint8_t wp[4][GROUP * sizeof(block_q8_0)];
         _Alignas(32) uint8_t xp[4][GROUP * sizeof(block_q8_0)];
@@ -512,11 +500,11 @@ float avx2_vec_dot_q5_1(int64_t n, const void *w, const void *x) {
     return y;
 }
 
-#define Q32(R, C) \
+#define Q32(R, C)                                                                                                      \
     case R * 8 + C: q32_tile(KIND, n, w, ws, R, x, xs, C, y, ys); break;
 
-void avx2_gemm_q8_0(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs,
-                    int nc, float *y, size_t ys) {
+void avx2_gemm_q8_0(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs, int nc, float *y,
+                    size_t ys) {
     assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n % 32 == 0);
     if (nc == 1) {
         for (int r = 0; r < nr; r++) y[r] = avx2_vec_dot_q8_0(n, (const uint8_t *)w + (size_t)r * ws, x);
@@ -525,13 +513,13 @@ void avx2_gemm_q8_0(int64_t n, const void *w, size_t ws, int nr, const void *x, 
 #define KIND KQ8_0
     switch (nr * 8 + nc) {
         CASES(Q32)
-    default: break;
+        default: break;
     }
 #undef KIND
 }
 
-void avx2_gemm_q4_0(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs,
-                    int nc, float *y, size_t ys) {
+void avx2_gemm_q4_0(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs, int nc, float *y,
+                    size_t ys) {
     assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n % 32 == 0);
     if (nc == 1) {
         for (int r = 0; r < nr; r++) y[r] = avx2_vec_dot_q4_0(n, (const uint8_t *)w + (size_t)r * ws, x);
@@ -540,49 +528,37 @@ void avx2_gemm_q4_0(int64_t n, const void *w, size_t ws, int nr, const void *x, 
 #define KIND KQ4_0
     switch (nr * 8 + nc) {
         CASES(Q32)
-    default: break;
+        default: break;
     }
 #undef KIND
 }
 
-void avx2_gemm_q5_0(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs,
-                    int nc, float *y, size_t ys) {
+void avx2_gemm_q5_0(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs, int nc, float *y,
+                    size_t ys) {
     assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n % 32 == 0);
     /* rows of Q5_0 matrices are short (Gemma's 640 = 20 blocks): one token
      * runs the tile's rows together too, sharing the activation side and
      * the padded last group */
 #define KIND KQ5_0
-    switch (nr * 8 + nc) {
-        Q32(1, 1) Q32(2, 1) Q32(3, 1) Q32(4, 1)
-        CASES(Q32)
-    default: break;
-    }
+    switch (nr * 8 + nc) { Q32(1, 1) Q32(2, 1) Q32(3, 1) Q32(4, 1) CASES(Q32) default : break; }
 #undef KIND
 }
 
 /* Q4_1 and Q5_1 as Q5_0: SmolLM2's rows are 576 (18 blocks) long, so one
  * token runs the tile's rows together too. */
-void avx2_gemm_q4_1(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs,
-                    int nc, float *y, size_t ys) {
+void avx2_gemm_q4_1(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs, int nc, float *y,
+                    size_t ys) {
     assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n % 32 == 0);
 #define KIND KQ4_1
-    switch (nr * 8 + nc) {
-        Q32(1, 1) Q32(2, 1) Q32(3, 1) Q32(4, 1)
-        CASES(Q32)
-    default: break;
-    }
+    switch (nr * 8 + nc) { Q32(1, 1) Q32(2, 1) Q32(3, 1) Q32(4, 1) CASES(Q32) default : break; }
 #undef KIND
 }
 
-void avx2_gemm_q5_1(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs,
-                    int nc, float *y, size_t ys) {
+void avx2_gemm_q5_1(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs, int nc, float *y,
+                    size_t ys) {
     assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n % 32 == 0);
 #define KIND KQ5_1
-    switch (nr * 8 + nc) {
-        Q32(1, 1) Q32(2, 1) Q32(3, 1) Q32(4, 1)
-        CASES(Q32)
-    default: break;
-    }
+    switch (nr * 8 + nc) { Q32(1, 1) Q32(2, 1) Q32(3, 1) Q32(4, 1) CASES(Q32) default : break; }
 #undef KIND
 }
 #undef Q32
@@ -620,7 +596,8 @@ INLINE void k4_scales(const uint8_t *s, krow *k) {
     __m256i w16 = _mm256_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)m_lo, (int)m_hi));
     __m256i sc = _mm256_permute4x64_epi64(w16, 0x44); /* sc0..sc7 in both halves */
 #ifdef X86_DPBUSD /* VNNI: the scale in each lane's low int16, zero in the high one (X86_DPWSSD) */
-#define SCV(j) k->scv[j] = _mm256_shuffle_epi8(sc, _mm256_set1_epi32((int)(0x80800000u | ((2u * j + 1) << 8) | (2u * j))));
+#define SCV(j)                                                                                                         \
+    k->scv[j] = _mm256_shuffle_epi8(sc, _mm256_set1_epi32((int)(0x80800000u | ((2u * j + 1) << 8) | (2u * j))));
 #else
 #define SCV(j) k->scv[j] = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((short)(0x0100 * (2 * j + 1) + 2 * j)));
 #endif
@@ -635,21 +612,22 @@ INLINE void k_prep(int kind, const uint8_t *blk, krow *k) {
     /* Q4_K/Q5_K share d, dmin, scales; 64 elements per 32 bytes of qs: the low
      * nibbles, then the high ones */
     const uint8_t *qs = blk + (kind == KQ4_K ? offsetof(block_q4_K, qs) : offsetof(block_q5_K, qs));
-#define Q4U(c)                                                                                      \
-    {                                                                                               \
-        __m256i v = ld256(qs + 32 * c);                                                             \
-        k->u[2 * c] = _mm256_and_si256(v, low4);                                                    \
-        k->u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);                          \
+#define Q4U(c)                                                                                                         \
+    {                                                                                                                  \
+        __m256i v = ld256(qs + 32 * c);                                                                                \
+        k->u[2 * c] = _mm256_and_si256(v, low4);                                                                       \
+        k->u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);                                             \
     }
-    Q4U(0) Q4U(1) Q4U(2) Q4U(3)
+    Q4U(0)
+    Q4U(1) Q4U(2) Q4U(3)
 #undef Q4U
-    if (kind == KQ5_K) { /* bit j of qh[l] is the fifth bit of element 32j + l */
+        if (kind == KQ5_K) { /* bit j of qh[l] is the fifth bit of element 32j + l */
         __m256i hv = ld256(blk + offsetof(block_q5_K, qh));
         const __m256i bit4 = _mm256_set1_epi8(0x10);
         /* before step j, bit 0 of each byte of hv is bit j of qh (16-bit shifts
          * carry bits across bytes, but only into bits the mask drops) */
-#define Q5H(j)                                                                                      \
-    k->u[j] = _mm256_or_si256(k->u[j], _mm256_and_si256(_mm256_slli_epi16(hv, 4), bit4));          \
+#define Q5H(j)                                                                                                         \
+    k->u[j] = _mm256_or_si256(k->u[j], _mm256_and_si256(_mm256_slli_epi16(hv, 4), bit4));                              \
     hv = _mm256_srli_epi16(hv, 1);
         REP8(Q5H)
 #undef Q5H
@@ -665,18 +643,18 @@ INLINE __m256 k_dot(int kind, const krow *k, const uint8_t *xb, __m256 acc) {
     const uint8_t *xq = xb + Q8K_QS;
     __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
 #ifdef X86_DPBUSD /* VNNI: four products per lane (|.| <= 15872), times the scale (x86_variant.h) */
-#define KSTEP(j)                                                                                    \
-    {                                                                                               \
-        __m256i p = X86_DPBUSD(_mm256_setzero_si256(), k->u[j], ld256(xq + 32 * j));                \
-        if (j & 1) s1 = X86_DPWSSD(s1, p, k->scv[j]);                                               \
-        else s0 = X86_DPWSSD(s0, p, k->scv[j]);                                                     \
+#define KSTEP(j)                                                                                                       \
+    {                                                                                                                  \
+        __m256i p = X86_DPBUSD(_mm256_setzero_si256(), k->u[j], ld256(xq + 32 * j));                                   \
+        if (j & 1) s1 = X86_DPWSSD(s1, p, k->scv[j]);                                                                  \
+        else s0 = X86_DPWSSD(s0, p, k->scv[j]);                                                                        \
     }
 #else
-#define KSTEP(j)                                                                                    \
-    {                                                                                               \
-        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(k->u[j], ld256(xq + 32 * j)), k->scv[j]); \
-        if (j & 1) s1 = _mm256_add_epi32(s1, p);                                                    \
-        else s0 = _mm256_add_epi32(s0, p);                                                          \
+#define KSTEP(j)                                                                                                       \
+    {                                                                                                                  \
+        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(k->u[j], ld256(xq + 32 * j)), k->scv[j]);                   \
+        if (j & 1) s1 = _mm256_add_epi32(s1, p);                                                                       \
+        else s0 = _mm256_add_epi32(s0, p);                                                                             \
     }
 #endif
     REP8(KSTEP)
@@ -688,12 +666,10 @@ INLINE __m256 k_dot(int kind, const krow *k, const uint8_t *xb, __m256 acc) {
     return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mv), _mm256_set1_ps(dx * k->dmin), acc);
 }
 
-INLINE size_t kbs(int kind) {
-    return kind == KQ4_K ? sizeof(block_q4_K) : sizeof(block_q5_K);
-}
+INLINE size_t kbs(int kind) { return kind == KQ4_K ? sizeof(block_q4_K) : sizeof(block_q5_K); }
 
-INLINE void k_tile(int kind, int64_t n, const uint8_t *w, size_t ws, int R, const uint8_t *x,
-                   size_t xs, int C, float *y, size_t ys) {
+INLINE void k_tile(int kind, int64_t n, const uint8_t *w, size_t ws, int R, const uint8_t *x, size_t xs, int C,
+                   float *y, size_t ys) {
     const size_t wbs = kbs(kind), xbs = sizeof(block_q8_K);
     __m256 acc[4][4];
     for (int r = 0; r < R; r++)
@@ -705,8 +681,7 @@ INLINE void k_tile(int kind, int64_t n, const uint8_t *w, size_t ws, int R, cons
             prefetch_ahead(wb, wbs);
             k_prep(kind, wb, &k);
 #pragma GCC unroll 4
-            for (int c = 0; c < C; c++)
-                acc[r][c] = k_dot(kind, &k, x + (size_t)c * xs + (size_t)i * xbs, acc[r][c]);
+            for (int c = 0; c < C; c++) acc[r][c] = k_dot(kind, &k, x + (size_t)c * xs + (size_t)i * xbs, acc[r][c]);
         }
     }
     for (int r = 0; r < R; r++)
@@ -735,13 +710,13 @@ float avx2_vec_dot_q5_K(int64_t n, const void *w, const void *x) {
 INLINE void q6k_block(const uint8_t *blk, const uint8_t *xb, size_t xs, int C, __m256 acc[4]) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
     const uint8_t *ql = blk + offsetof(block_q6_K, ql), *qh = blk + offsetof(block_q6_K, qh);
-    const __m256i s16 = _mm256_cvtepi8_epi16(
-        _mm_loadu_si128((const __m128i *)(const void *)(blk + offsetof(block_q6_K, scales))));
+    const __m256i s16 =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + offsetof(block_q6_K, scales))));
     const __m256i lo = _mm256_permute4x64_epi64(s16, 0x44), hi = _mm256_permute4x64_epi64(s16, 0xEE);
     __m256i si[4];
 #pragma GCC unroll 4
     for (int c = 0; c < C; c++) si[c] = _mm256_setzero_si256();
-    /* chunk j = 4h + t: low nibble (t < 2) or high nibble of ql[64h + 32(t&1) + l],
+        /* chunk j = 4h + t: low nibble (t < 2) or high nibble of ql[64h + 32(t&1) + l],
      * top two bits from bits 2t..2t+1 of qh[32h + l], moved to bits 4..5
      * (16-bit shifts move bits across bytes but the masks drop them); its
      * pmaddwd multipliers: scales[2j] for the first 16 elements, scales[2j+1]
@@ -754,13 +729,14 @@ INLINE void q6k_block(const uint8_t *blk, const uint8_t *xb, size_t xs, int C, _
             const __m256i lq = t & 1 ? l1 : l0;
             const __m256i lown = t < 2 ? lq : _mm256_srli_epi16(lq, 4);
             const __m256i top = t == 0 ? _mm256_slli_epi16(hv, 4)
-                                : t == 1 ? _mm256_slli_epi16(hv, 2)
-                                : t == 2 ? hv
-                                         : _mm256_srli_epi16(hv, 2);
+                : t == 1               ? _mm256_slli_epi16(hv, 2)
+                : t == 2               ? hv
+                                       : _mm256_srli_epi16(hv, 2);
             const __m256i u = _mm256_or_si256(_mm256_and_si256(lown, low4), _mm256_and_si256(top, top2));
 #ifdef X86_DPBUSD /* VNNI: the scale in each lane's low int16, zero in the high one */
-            const __m256i idx = _mm256_set_m128i(_mm_set1_epi32((int)(0x80800000u | ((4u * t + 3) << 8) | (4u * t + 2))),
-                                                 _mm_set1_epi32((int)(0x80800000u | ((4u * t + 1) << 8) | (4u * t))));
+            const __m256i idx =
+                _mm256_set_m128i(_mm_set1_epi32((int)(0x80800000u | ((4u * t + 3) << 8) | (4u * t + 2))),
+                                 _mm_set1_epi32((int)(0x80800000u | ((4u * t + 1) << 8) | (4u * t))));
 #else
             const __m256i idx = _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 * (4 * t + 3) + 4 * t + 2)),
                                                  _mm_set1_epi16((short)(0x0100 * (4 * t + 1) + 4 * t)));
@@ -773,8 +749,7 @@ INLINE void q6k_block(const uint8_t *blk, const uint8_t *xb, size_t xs, int C, _
 #ifdef X86_DPBUSD /* VNNI: four products u * x per lane, |.| <= 4 * 63 * 128 = 32256, times the scale */
                 si[c] = X86_DPWSSD(si[c], X86_DPBUSD(_mm256_setzero_si256(), u, ld256(xq + 32 * j)), sc);
 #else
-                si[c] = _mm256_add_epi32(si[c],
-                                         _mm256_madd_epi16(_mm256_maddubs_epi16(u, ld256(xq + 32 * j)), sc));
+                si[c] = _mm256_add_epi32(si[c], _mm256_madd_epi16(_mm256_maddubs_epi16(u, ld256(xq + 32 * j)), sc));
 #endif
             }
         }
@@ -812,20 +787,21 @@ float avx2_vec_dot_q6_K(int64_t n, const void *w, const void *x) {
     return y;
 }
 
-#define KT(R, C) \
-    case R * 8 + C: KTILE(n, w, ws, R, x, xs, C, y, ys); break;
-#define K_GEMM(name, dot)                                                                      \
-    void name(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs, int nc,   \
-              float *y, size_t ys) {                                                           \
-        assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n % QK_K == 0); \
-        if (nc == 1) {                                                                         \
-            for (int r = 0; r < nr; r++) y[r] = dot(n, (const uint8_t *)w + (size_t)r * ws, x);  \
-            return;                                                                            \
-        }                                                                                      \
-        switch (nr * 8 + nc) {                                                                 \
-            CASES(KT)                                                                          \
-        default: break;                                                                        \
-        }                                                                                      \
+#define KT(R, C)                                                                                                       \
+    case R * 8 + C:                                                                                                    \
+        KTILE(n, w, ws, R, x, xs, C, y, ys);                                                                           \
+        break;
+#define K_GEMM(name, dot)                                                                                              \
+    void name(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs, int nc, float *y, size_t ys) {    \
+        assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n % QK_K == 0);                       \
+        if (nc == 1) {                                                                                                 \
+            for (int r = 0; r < nr; r++) y[r] = dot(n, (const uint8_t *)w + (size_t)r * ws, x);                        \
+            return;                                                                                                    \
+        }                                                                                                              \
+        switch (nr * 8 + nc) {                                                                                         \
+            CASES(KT)                                                                                                  \
+            default: break;                                                                                            \
+        }                                                                                                              \
     }
 #define KTILE(...) k_tile(KQ4_K, __VA_ARGS__)
 K_GEMM(avx2_gemm_q4_K, avx2_vec_dot_q4_K)
@@ -974,29 +950,47 @@ void avx2_from_float_q8_K(const float *src, void *dst, int64_t n) {
 
 static const lm_avx2_kernels table[LM_TYPE_COUNT] = {
     [LM_TYPE_F32] = {.vec_dot = avx2_vec_dot_f32, .gemm = avx2_gemm_f32, .gemm_cols = 3},
-    [LM_TYPE_F16] = {.to_float = avx2_to_float_f16, .from_float = avx2_from_float_f16,
-                     .vec_dot = avx2_vec_dot_f16, .gemm = avx2_gemm_f16, .packed_gemm = avx2_packed_gemm_f16,
-                     .gemm_cols = 3, .pack_tile = 6, .panel_widen = avx2_panel_widen_cols,
+    [LM_TYPE_F16] = {.to_float = avx2_to_float_f16,
+                     .from_float = avx2_from_float_f16,
+                     .vec_dot = avx2_vec_dot_f16,
+                     .gemm = avx2_gemm_f16,
+                     .packed_gemm = avx2_packed_gemm_f16,
+                     .gemm_cols = 3,
+                     .pack_tile = 6,
+                     .panel_widen = avx2_panel_widen_cols,
                      .panel2 = avx2_gemm_panel_kblock},
     [LM_TYPE_BF16] = {.vec_dot = avx2_vec_dot_bf16, .gemm = avx2_gemm_bf16, .gemm_cols = 3},
-    [LM_TYPE_Q8_0] = {.to_float = avx2_to_float_q8_0, .from_float = avx2_from_float_q8_0,
-                      .vec_dot = avx2_vec_dot_q8_0, .gemm = avx2_gemm_q8_0,
-                      .packed_gemm = avx2_packed_gemm_q8_0, .packed_act = avx2_packed_act,
+    [LM_TYPE_Q8_0] = {.to_float = avx2_to_float_q8_0,
+                      .from_float = avx2_from_float_q8_0,
+                      .vec_dot = avx2_vec_dot_q8_0,
+                      .gemm = avx2_gemm_q8_0,
+                      .packed_gemm = avx2_packed_gemm_q8_0,
+                      .packed_act = avx2_packed_act,
                       .pack_tile = LM_PACK_TILE},
-    [LM_TYPE_Q4_0] = {.vec_dot = avx2_vec_dot_q4_0, .gemm = avx2_gemm_q4_0,
-                      .packed_gemm = avx2_packed_gemm_q4_0, .packed_act = avx2_packed_act,
+    [LM_TYPE_Q4_0] = {.vec_dot = avx2_vec_dot_q4_0,
+                      .gemm = avx2_gemm_q4_0,
+                      .packed_gemm = avx2_packed_gemm_q4_0,
+                      .packed_act = avx2_packed_act,
                       .pack_tile = LM_PACK_TILE},
-    [LM_TYPE_Q5_0] = {.vec_dot = avx2_vec_dot_q5_0, .gemm = avx2_gemm_q5_0,
-                      .packed_gemm = avx2_packed_gemm_q5_0, .packed_act = avx2_packed_act,
+    [LM_TYPE_Q5_0] = {.vec_dot = avx2_vec_dot_q5_0,
+                      .gemm = avx2_gemm_q5_0,
+                      .packed_gemm = avx2_packed_gemm_q5_0,
+                      .packed_act = avx2_packed_act,
                       .pack_tile = LM_PACK_TILE},
-    [LM_TYPE_Q4_1] = {.vec_dot = avx2_vec_dot_q4_1, .gemm = avx2_gemm_q4_1,
-                      .packed_gemm = avx2_packed_gemm_q4_1, .packed_act = avx2_packed_act,
+    [LM_TYPE_Q4_1] = {.vec_dot = avx2_vec_dot_q4_1,
+                      .gemm = avx2_gemm_q4_1,
+                      .packed_gemm = avx2_packed_gemm_q4_1,
+                      .packed_act = avx2_packed_act,
                       .pack_tile = LM_PACK_TILE},
-    [LM_TYPE_Q5_1] = {.vec_dot = avx2_vec_dot_q5_1, .gemm = avx2_gemm_q5_1,
-                      .packed_gemm = avx2_packed_gemm_q5_1, .packed_act = avx2_packed_act,
+    [LM_TYPE_Q5_1] = {.vec_dot = avx2_vec_dot_q5_1,
+                      .gemm = avx2_gemm_q5_1,
+                      .packed_gemm = avx2_packed_gemm_q5_1,
+                      .packed_act = avx2_packed_act,
                       .pack_tile = LM_PACK_TILE},
-    [LM_TYPE_Q4_K] = {.vec_dot = avx2_vec_dot_q4_K, .gemm = avx2_gemm_q4_K,
-                      .packed_gemm = avx2_packed_gemm_q4_K, .packed_act = avx2_from_float_q8_K,
+    [LM_TYPE_Q4_K] = {.vec_dot = avx2_vec_dot_q4_K,
+                      .gemm = avx2_gemm_q4_K,
+                      .packed_gemm = avx2_packed_gemm_q4_K,
+                      .packed_act = avx2_from_float_q8_K,
                       .pack_tile = LM_PACK_TILE},
     [LM_TYPE_Q5_K] = {.vec_dot = avx2_vec_dot_q5_K, .gemm = avx2_gemm_q5_K},
     [LM_TYPE_Q6_K] = {.vec_dot = avx2_vec_dot_q6_K, .gemm = Q6K_GEMM},

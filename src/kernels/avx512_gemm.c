@@ -103,8 +103,7 @@ INLINE void segs(int S, int j0, int64_t q, int64_t n, const uint16_t *p, const f
 #pragma GCC unroll 4
         for (int j = 0; j < S; j++)
 #pragma GCC unroll 7
-            for (int c = 0; c < C; c++)
-                acc[j][c] = _mm512_fmadd_ps(w[j], _mm512_set1_ps(xb[c][j * q + k]), acc[j][c]);
+            for (int c = 0; c < C; c++) acc[j][c] = _mm512_fmadd_ps(w[j], _mm512_set1_ps(xb[c][j * q + k]), acc[j][c]);
     }
     if (j0 + S == LM_PANEL_SEGS)
         for (int64_t k = LM_PANEL_SEGS * q; k < n; k++) { /* the last segment's extra elements */
@@ -115,8 +114,7 @@ INLINE void segs(int S, int j0, int64_t q, int64_t n, const uint16_t *p, const f
 }
 
 /* One group by C tokens (rows of x xs bytes apart). */
-INLINE void panel_tile(int64_t n, const uint16_t *p, int nr, const uint8_t *x, size_t xs, int C, float *y,
-                       size_t ys) {
+INLINE void panel_tile(int64_t n, const uint16_t *p, int nr, const uint8_t *x, size_t xs, int C, float *y, size_t ys) {
     const int64_t q = n / LM_PANEL_SEGS;
     const float *xr[7];
 #pragma GCC unroll 7
@@ -163,8 +161,7 @@ INLINE void seg1(int64_t k0, int64_t k1, const uint16_t *p, const float *const *
 
 /* One group by C = 8..TILE tokens: one segment at a time with C chains
  * (one conversion per C FMAs), s0 + s1 and s2 waiting on the stack. */
-INLINE void panel_wide(int64_t n, const uint16_t *p, int nr, const uint8_t *x, size_t xs, int C, float *y,
-                       size_t ys) {
+INLINE void panel_wide(int64_t n, const uint16_t *p, int nr, const uint8_t *x, size_t xs, int C, float *y, size_t ys) {
     const int64_t q = n / LM_PANEL_SEGS;
     const float *xr[TILE];
 #pragma GCC unroll 12
@@ -187,23 +184,23 @@ INLINE void panel_wide(int64_t n, const uint16_t *p, int nr, const uint8_t *x, s
                 _mm512_add_ps(_mm512_load_ps(s01[c]), _mm512_add_ps(_mm512_load_ps(s2[c]), acc[c])));
 }
 
-void avx512_gemm_panel_f16(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y,
-                           size_t ys) {
+void avx512_gemm_panel_f16(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y, size_t ys) {
     const uint16_t *p = wp;
     const uint8_t *xb = x;
     switch (nc) {
-    case 1: panel_tile(n, p, nr, xb, xs, 1, y, ys); break;
-    case 2: panel_tile(n, p, nr, xb, xs, 2, y, ys); break;
-    case 3: panel_tile(n, p, nr, xb, xs, 3, y, ys); break;
-    case 4: panel_tile(n, p, nr, xb, xs, 4, y, ys); break;
-    case 5: panel_tile(n, p, nr, xb, xs, 5, y, ys); break;
-    case 6: panel_tile(n, p, nr, xb, xs, 6, y, ys); break;
-    case 7: panel_tile(n, p, nr, xb, xs, 7, y, ys); break;
-#define WIDE(C) \
+        case 1: panel_tile(n, p, nr, xb, xs, 1, y, ys); break;
+        case 2: panel_tile(n, p, nr, xb, xs, 2, y, ys); break;
+        case 3: panel_tile(n, p, nr, xb, xs, 3, y, ys); break;
+        case 4: panel_tile(n, p, nr, xb, xs, 4, y, ys); break;
+        case 5: panel_tile(n, p, nr, xb, xs, 5, y, ys); break;
+        case 6: panel_tile(n, p, nr, xb, xs, 6, y, ys); break;
+        case 7: panel_tile(n, p, nr, xb, xs, 7, y, ys); break;
+#define WIDE(C)                                                                                                        \
     case C: panel_wide(n, p, nr, xb, xs, C, y, ys); break;
-    WIDE(8) WIDE(9) WIDE(10) WIDE(11) WIDE(12)
+            WIDE(8)
+            WIDE(9) WIDE(10) WIDE(11) WIDE(12)
 #undef WIDE
-    default: break;
+                default : break;
     }
 }
 
@@ -239,7 +236,8 @@ INLINE void fold(int j, float *t, __m512 acc, float *y, int nr) {
     if (j == 0) _mm512_storeu_ps(t + 16, acc);
     else if (j == 1) _mm512_storeu_ps(t + 16, _mm512_add_ps(_mm512_loadu_ps(t + 16), acc));
     else if (j == 2) _mm512_storeu_ps(t + 32, acc);
-    else if (nr > 0) store16(y, nr, _mm512_add_ps(_mm512_loadu_ps(t + 16), _mm512_add_ps(_mm512_loadu_ps(t + 32), acc)));
+    else if (nr > 0)
+        store16(y, nr, _mm512_add_ps(_mm512_loadu_ps(t + 16), _mm512_add_ps(_mm512_loadu_ps(t + 32), acc)));
 }
 
 /* Two groups (rows [0, nr0) and [16, 16 + nr1) of y; nr1 = 0: one) by C
@@ -284,11 +282,12 @@ void avx512_gemm_panel2_f32(int64_t n, int64_t k0, int64_t k1, const float *wf, 
                             size_t xs, int nc, float *st, float *y, size_t ys) {
     const uint8_t *xb = x;
     switch (nc) {
-#define PART(C) \
+#define PART(C)                                                                                                        \
     case C: part2_tile(n, k0, k1, wf, nr0, nr1, xb, xs, C, st, y, ys); break;
-        PART(1) PART(2) PART(3) PART(4) PART(5) PART(6) PART(7) PART(8) PART(9) PART(10) PART(11) PART(12)
+        PART(1)
+        PART(2) PART(3) PART(4) PART(5) PART(6) PART(7) PART(8) PART(9) PART(10) PART(11) PART(12)
 #undef PART
-    default: break;
+            default : break;
     }
 }
 

@@ -38,7 +38,7 @@ void avx512_gemm_panel2_lookup(uint32_t type, lm_panel_widen_fn *widen, lm_panel
 
 #if defined(__x86_64__) || defined(__i386__)
 void avx512_gemm_panel_f16(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc, float *y,
-                            size_t y_stride);
+                           size_t y_stride);
 /* Columns [k0, k1) of the F16 panel group at wp widened to floats at wf
  * ((k1 - k0) x 16: element k of row r at wf[16 (k - k0) + r]). */
 void avx512_panel_widen_block(const void *wp, int64_t k0, int64_t k1, float *wf);

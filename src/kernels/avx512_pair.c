@@ -44,8 +44,7 @@
 
 #if (defined(__x86_64__) || defined(__i386__)) && X86_VARIANTS
 
-#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__) || !defined(__FMA__) || \
-    !defined(__F16C__)
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__) || !defined(__FMA__) || !defined(__F16C__)
 #error "avx512_pair.c must be compiled with the avx512 variant's flags"
 #endif
 #if defined(PAIR_VNNI) && !defined(__AVX512VNNI__)
@@ -132,17 +131,17 @@ INLINE void store16(float *y, int nr, __m512 v) {
  * ys) with the token count C a constant, so each width gets its own
  * unrolled copy of the tile. The variadic part is the tile's leading
  * arguments with a trailing comma ("Z_Q5_0,"), or empty. */
-#define PAIR_ENTRY(name, blk, bytes, TILE, ...)                                                                   \
-    static void name(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y, size_t ys) { \
-        assert(n % (blk) == 0 && nr > LM_PACK_ROWS && nr <= 2 * LM_PACK_ROWS && nc >= 1 && nc <= LM_PAIR_TILE);  \
-        const int64_t nb = n / (blk);                                                                              \
-        const size_t gb = (size_t)nb * (bytes);                                                                    \
-        switch (nc) {                                                                                              \
-        case 1: TILE(__VA_ARGS__ nb, wp, gb, nr, x, xs, 1, y, ys); break;                                          \
-        case 2: TILE(__VA_ARGS__ nb, wp, gb, nr, x, xs, 2, y, ys); break;                                          \
-        case 3: TILE(__VA_ARGS__ nb, wp, gb, nr, x, xs, 3, y, ys); break;                                          \
-        default: TILE(__VA_ARGS__ nb, wp, gb, nr, x, xs, 4, y, ys); break;                                         \
-        }                                                                                                          \
+#define PAIR_ENTRY(name, blk, bytes, TILE, ...)                                                                        \
+    static void name(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y, size_t ys) {       \
+        assert(n % (blk) == 0 && nr > LM_PACK_ROWS && nr <= 2 * LM_PACK_ROWS && nc >= 1 && nc <= LM_PAIR_TILE);        \
+        const int64_t nb = n / (blk);                                                                                  \
+        const size_t gb = (size_t)nb * (bytes);                                                                        \
+        switch (nc) {                                                                                                  \
+            case 1: TILE(__VA_ARGS__ nb, wp, gb, nr, x, xs, 1, y, ys); break;                                          \
+            case 2: TILE(__VA_ARGS__ nb, wp, gb, nr, x, xs, 2, y, ys); break;                                          \
+            case 3: TILE(__VA_ARGS__ nb, wp, gb, nr, x, xs, 3, y, ys); break;                                          \
+            default: TILE(__VA_ARGS__ nb, wp, gb, nr, x, xs, 4, y, ys); break;                                         \
+        }                                                                                                              \
     }
 
 /* ---- Q4_0 ------------------------------------------------------------------ */
@@ -210,7 +209,7 @@ PAIR_ENTRY(pair_q4_0, 32, P4_BYTES, z4_tile, )
 /* ---- Q5_0, Q4_1, Q5_1 ----------------------------------------------------------- */
 
 enum { Z_Q5_0, Z_Q4_1, Z_Q5_1 };
-#define P5_BYTES 176 /* Q5_0: d[8], qh[32], qs[128] */
+#define P5_BYTES 176  /* Q5_0: d[8], qh[32], qs[128] */
 #define P41_BYTES 160 /* Q4_1: d[8], m[8], qs[128] */
 #define P51_BYTES 192 /* Q5_1: d[8], m[8], qh[32], qs[128] */
 
@@ -220,8 +219,8 @@ enum { Z_Q5_0, Z_Q4_1, Z_Q5_1 };
  * is the same in every 128-bit lane. */
 INLINE __m512i z5_bit4(__m512i qh, int k, int hi) {
     const int byte = k / 2 + 2 * hi, sh = 4 * (k & 1);
-    const __m512i idx = _mm512_broadcast_i32x4(_mm_setr_epi32(0x01010101 * byte, 0x01010101 * (4 + byte),
-                                                              0x01010101 * (8 + byte), 0x01010101 * (12 + byte)));
+    const __m512i idx = _mm512_broadcast_i32x4(
+        _mm_setr_epi32(0x01010101 * byte, 0x01010101 * (4 + byte), 0x01010101 * (8 + byte), 0x01010101 * (12 + byte)));
     const __m512i bit = _mm512_set1_epi32((int)(0x08040201u << sh));
     return _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, idx), bit), _mm512_set1_epi8(0x10));
 }
@@ -273,14 +272,12 @@ INLINE void z5_tile(int kind, int64_t nb, const uint8_t *w, size_t gb, int nr, c
             __m512i isum = _mm512_add_epi32(s, t);
 #else
             const __m512i ones = _mm512_set1_epi16(1);
-            __m512i s0 = _mm512_add_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(u[0], bc4(q)),
-                                                           _mm512_maddubs_epi16(u[1], bc4(q + 4))),
-                                          _mm512_add_epi16(_mm512_maddubs_epi16(u[2], bc4(q + 8)),
-                                                           _mm512_maddubs_epi16(u[3], bc4(q + 12))));
-            __m512i s1 = _mm512_add_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(u[4], bc4(q + 16)),
-                                                           _mm512_maddubs_epi16(u[5], bc4(q + 20))),
-                                          _mm512_add_epi16(_mm512_maddubs_epi16(u[6], bc4(q + 24)),
-                                                           _mm512_maddubs_epi16(u[7], bc4(q + 28))));
+            __m512i s0 = _mm512_add_epi16(
+                _mm512_add_epi16(_mm512_maddubs_epi16(u[0], bc4(q)), _mm512_maddubs_epi16(u[1], bc4(q + 4))),
+                _mm512_add_epi16(_mm512_maddubs_epi16(u[2], bc4(q + 8)), _mm512_maddubs_epi16(u[3], bc4(q + 12))));
+            __m512i s1 = _mm512_add_epi16(
+                _mm512_add_epi16(_mm512_maddubs_epi16(u[4], bc4(q + 16)), _mm512_maddubs_epi16(u[5], bc4(q + 20))),
+                _mm512_add_epi16(_mm512_maddubs_epi16(u[6], bc4(q + 24)), _mm512_maddubs_epi16(u[7], bc4(q + 28))));
             __m512i isum = kind == Z_Q4_1 ? _mm512_madd_epi16(_mm512_add_epi16(s0, s1), ones)
                                           : _mm512_add_epi32(_mm512_madd_epi16(s0, ones), _mm512_madd_epi16(s1, ones));
 #endif
@@ -319,7 +316,7 @@ INLINE void z8_tile(int64_t nb, const uint8_t *w, size_t gb, int nr, const uint8
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) v[k] = ld2(w + P_QS + 32 * k, w2 + P_QS + 32 * k);
 #ifdef PAIR_VNNI
-        /* w + 128 as unsigned bytes */
+            /* w + 128 as unsigned bytes */
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) v[k] = _mm512_xor_si512(v[k], _mm512_set1_epi8((char)0x80));
 #else
@@ -350,8 +347,9 @@ INLINE void z8_tile(int64_t nb, const uint8_t *w, size_t gb, int nr, const uint8
                 const __m512i xk = bc4(q + 4 * k);
                 p[k] = _mm512_madd_epi16(_mm512_maddubs_epi16(u[k], _mm512_mask_sub_epi8(xk, neg[k], z, xk)), ones);
             }
-            __m512i isum = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(p[0], p[1]), _mm512_add_epi32(p[2], p[3])),
-                                            _mm512_add_epi32(_mm512_add_epi32(p[4], p[5]), _mm512_add_epi32(p[6], p[7])));
+            __m512i isum =
+                _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(p[0], p[1]), _mm512_add_epi32(p[2], p[3])),
+                                 _mm512_add_epi32(_mm512_add_epi32(p[4], p[5]), _mm512_add_epi32(p[6], p[7])));
 #endif
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, bcf(xb + X_D)), acc[c]);
         }
@@ -379,16 +377,16 @@ INLINE void k4x16_scales(const uint8_t *a, const uint8_t *b, __m512i scv[8], __m
     const __m512i s2 = ld2(a + PK_SC + 64, b + PK_SC + 64);
     const __m512i m6 = _mm512_set1_epi8(0x3f), m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     const __m512i sc_lo = _mm512_and_si512(s0, m6), m_lo = _mm512_and_si512(s1, m6);
-    const __m512i sc_hi =
-        _mm512_or_si512(_mm512_and_si512(s2, m4), _mm512_and_si512(_mm512_srli_epi32(s0, 2), m30));
-    const __m512i m_hi =
-        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(s2, 4), m4), _mm512_and_si512(_mm512_srli_epi32(s1, 2), m30));
-#define SC(t)                                                      \
-    scv[t] = _mm512_shuffle_epi8(sc_lo, IDX16(SIDX, t));           \
+    const __m512i sc_hi = _mm512_or_si512(_mm512_and_si512(s2, m4), _mm512_and_si512(_mm512_srli_epi32(s0, 2), m30));
+    const __m512i m_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(s2, 4), m4),
+                                         _mm512_and_si512(_mm512_srli_epi32(s1, 2), m30));
+#define SC(t)                                                                                                          \
+    scv[t] = _mm512_shuffle_epi8(sc_lo, IDX16(SIDX, t));                                                               \
     scv[t + 4] = _mm512_shuffle_epi8(sc_hi, IDX16(SIDX, t));
-    SC(0) SC(1) SC(2) SC(3)
+    SC(0)
+    SC(1) SC(2) SC(3)
 #undef SC
-    mv[0] = _mm512_shuffle_epi8(m_lo, IDX16(MIDX, 0));
+        mv[0] = _mm512_shuffle_epi8(m_lo, IDX16(MIDX, 0));
     mv[1] = _mm512_shuffle_epi8(m_lo, IDX16(MIDX, 2));
     mv[2] = _mm512_shuffle_epi8(m_hi, IDX16(MIDX, 0));
     mv[3] = _mm512_shuffle_epi8(m_hi, IDX16(MIDX, 2));
@@ -459,13 +457,13 @@ PAIR_ENTRY(pair_q4_K, QK_K, PK_BYTES, zk4_tile, )
 
 lm_packed_gemm_fn PAIR_NAME(PAIR_PREFIX, pair_kernel)(uint32_t type) {
     switch (type) {
-    case LM_TYPE_Q4_0: return pair_q4_0;
-    case LM_TYPE_Q8_0: return pair_q8_0;
-    case LM_TYPE_Q5_0: return pair_q5_0;
-    case LM_TYPE_Q4_1: return pair_q4_1;
-    case LM_TYPE_Q5_1: return pair_q5_1;
-    case LM_TYPE_Q4_K: return pair_q4_K;
-    default: return NULL;
+        case LM_TYPE_Q4_0: return pair_q4_0;
+        case LM_TYPE_Q8_0: return pair_q8_0;
+        case LM_TYPE_Q5_0: return pair_q5_0;
+        case LM_TYPE_Q4_1: return pair_q4_1;
+        case LM_TYPE_Q5_1: return pair_q5_1;
+        case LM_TYPE_Q4_K: return pair_q4_K;
+        default: return NULL;
     }
 }
 

@@ -54,8 +54,8 @@
 
 /* Sum of the 16 lanes in one fixed order: halves, quarters, pairs, the two. */
 INLINE float hsum16(__m512 v) {
-    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v),
-                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m256 h =
+        _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -124,13 +124,12 @@ static void avx512bf16_gemm_bf16(int64_t n, const void *w, size_t ws, int nr, co
                                  float *y, size_t ys) {
     assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n >= 0);
     _Static_assert(LM_GEMM_TILE == 4, "the cases below assume 4");
-#define BT(R, C) \
-    case R * 8 + C: bf16_tile(n, w, ws, R, x, xs, C, y, ys); break;
+#define BT(R, C)                                                                                                       \
+    case R * 8 + C:                                                                                                    \
+        bf16_tile(n, w, ws, R, x, xs, C, y, ys);                                                                       \
+        break;
 #define BROW(R) BT(R, 1) BT(R, 2) BT(R, 3) BT(R, 4)
-    switch (nr * 8 + nc) {
-        BROW(1) BROW(2) BROW(3) BROW(4)
-    default: break;
-    }
+    switch (nr * 8 + nc) { BROW(1) BROW(2) BROW(3) BROW(4) default : break; }
 #undef BROW
 #undef BT
 }

@@ -41,7 +41,7 @@
 
 #if (defined(__x86_64__) || defined(__i386__)) && X86_VARIANTS
 
-#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__) || !defined(__AVX512VNNI__) || \
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__) || !defined(__AVX512VNNI__) ||           \
     !defined(__FMA__) || !defined(__F16C__)
 #error "avx512vnni_wide.c must be compiled with the avx512vnni variant's flags"
 #endif
@@ -127,16 +127,16 @@ INLINE void k4x16_scales(const uint8_t *a, const uint8_t *b, __m512i scv[8], __m
     const __m512i s2 = ld2(a + PK_SC + 64, b + PK_SC + 64);
     const __m512i m6 = _mm512_set1_epi8(0x3f), m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     const __m512i sc_lo = _mm512_and_si512(s0, m6), m_lo = _mm512_and_si512(s1, m6);
-    const __m512i sc_hi =
-        _mm512_or_si512(_mm512_and_si512(s2, m4), _mm512_and_si512(_mm512_srli_epi32(s0, 2), m30));
-    const __m512i m_hi =
-        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(s2, 4), m4), _mm512_and_si512(_mm512_srli_epi32(s1, 2), m30));
-#define SC(t)                                                      \
-    scv[t] = _mm512_shuffle_epi8(sc_lo, IDX16(SIDX, t));           \
+    const __m512i sc_hi = _mm512_or_si512(_mm512_and_si512(s2, m4), _mm512_and_si512(_mm512_srli_epi32(s0, 2), m30));
+    const __m512i m_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(s2, 4), m4),
+                                         _mm512_and_si512(_mm512_srli_epi32(s1, 2), m30));
+#define SC(t)                                                                                                          \
+    scv[t] = _mm512_shuffle_epi8(sc_lo, IDX16(SIDX, t));                                                               \
     scv[t + 4] = _mm512_shuffle_epi8(sc_hi, IDX16(SIDX, t));
-    SC(0) SC(1) SC(2) SC(3)
+    SC(0)
+    SC(1) SC(2) SC(3)
 #undef SC
-    mv[0] = _mm512_shuffle_epi8(m_lo, IDX16(MIDX, 0));
+        mv[0] = _mm512_shuffle_epi8(m_lo, IDX16(MIDX, 0));
     mv[1] = _mm512_shuffle_epi8(m_lo, IDX16(MIDX, 2));
     mv[2] = _mm512_shuffle_epi8(m_hi, IDX16(MIDX, 0));
     mv[3] = _mm512_shuffle_epi8(m_hi, IDX16(MIDX, 2));
@@ -208,14 +208,14 @@ static void wide_q4_K(int64_t n, const void *wp, int nr, const void *x, size_t x
     const int64_t nb = n / QK_K;
     const size_t gb = (size_t)nb * PK_BYTES;
     switch (nc) {
-    case 1: wk4_tile(nb, wp, gb, nr, x, xs, 1, y, ys); break;
-    case 2: wk4_tile(nb, wp, gb, nr, x, xs, 2, y, ys); break;
-    case 3: wk4_tile(nb, wp, gb, nr, x, xs, 3, y, ys); break;
-    case 4: wk4_tile(nb, wp, gb, nr, x, xs, 4, y, ys); break;
-    case 5: wk4_tile(nb, wp, gb, nr, x, xs, 5, y, ys); break;
-    case 6: wk4_tile(nb, wp, gb, nr, x, xs, 6, y, ys); break;
-    case 7: wk4_tile(nb, wp, gb, nr, x, xs, 7, y, ys); break;
-    default: wk4_tile(nb, wp, gb, nr, x, xs, 8, y, ys); break;
+        case 1: wk4_tile(nb, wp, gb, nr, x, xs, 1, y, ys); break;
+        case 2: wk4_tile(nb, wp, gb, nr, x, xs, 2, y, ys); break;
+        case 3: wk4_tile(nb, wp, gb, nr, x, xs, 3, y, ys); break;
+        case 4: wk4_tile(nb, wp, gb, nr, x, xs, 4, y, ys); break;
+        case 5: wk4_tile(nb, wp, gb, nr, x, xs, 5, y, ys); break;
+        case 6: wk4_tile(nb, wp, gb, nr, x, xs, 6, y, ys); break;
+        case 7: wk4_tile(nb, wp, gb, nr, x, xs, 7, y, ys); break;
+        default: wk4_tile(nb, wp, gb, nr, x, xs, 8, y, ys); break;
     }
 }
 
@@ -281,9 +281,9 @@ INLINE void q6k2_block(const uint8_t *a, const uint8_t *b, const uint8_t *xb, si
             const __m512i lq = t & 1 ? l1 : l0;
             const __m512i lown = t < 2 ? lq : _mm512_srli_epi16(lq, 4);
             const __m512i top = t == 0 ? _mm512_slli_epi16(hv, 4)
-                                : t == 1 ? _mm512_slli_epi16(hv, 2)
-                                : t == 2 ? hv
-                                         : _mm512_srli_epi16(hv, 2);
+                : t == 1               ? _mm512_slli_epi16(hv, 2)
+                : t == 2               ? hv
+                                       : _mm512_srli_epi16(hv, 2);
             const __m512i u = _mm512_or_si512(_mm512_and_si512(lown, low4), _mm512_and_si512(top, top2));
             /* the scale in each lane's low int16, zero in the high one:
              * scales[2j] for the first 16 elements of a row, scales[2j + 1]
@@ -297,8 +297,8 @@ INLINE void q6k2_block(const uint8_t *a, const uint8_t *b, const uint8_t *xb, si
             for (int c = 0; c < C; c++) {
                 const uint8_t *xq = xb + (size_t)c * xs + X8K_QS;
                 /* four products u * x per lane, |.| <= 4 * 63 * 128 = 32256, times the scale */
-                si[c] = _mm512_dpwssd_epi32(si[c], _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, bc32(xq + 32 * j)),
-                                            sc);
+                si[c] =
+                    _mm512_dpwssd_epi32(si[c], _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, bc32(xq + 32 * j)), sc);
             }
         }
     }
@@ -311,7 +311,7 @@ INLINE void q6k2_block(const uint8_t *a, const uint8_t *b, const uint8_t *xb, si
         const __m512i v = _mm512_sub_epi32(si[c], _mm512_slli_epi32(corr, 5));
         const float dx = ldf(xc);
         const __m512 ds = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(dx * da)),
-                                                                  _mm256_castps_pd(_mm256_set1_ps(dx * db)), 1));
+                                                              _mm256_castps_pd(_mm256_set1_ps(dx * db)), 1));
         acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), ds, acc[c]);
     }
 }
@@ -334,24 +334,25 @@ INLINE void q6k2_tile(int64_t n, const uint8_t *w, size_t ws, int R, const uint8
     for (int p = 0; p < P; p++)
         for (int c = 0; c < C; c++) {
             y[(size_t)c * ys + (size_t)(2 * p)] = hsum8(_mm512_castps512_ps256(acc[p][c]));
-            if (2 * p + 1 < R) y[(size_t)c * ys + (size_t)(2 * p + 1)] = hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p][c]), 1)));
+            if (2 * p + 1 < R)
+                y[(size_t)c * ys + (size_t)(2 * p + 1)] =
+                    hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p][c]), 1)));
         }
 }
 
 /* The gemm entry: one token (or one row) goes to the variant's 256-bit
  * tile, which runs rows one after another (decode). */
 void avx512vnni_wide_gemm_q6_K(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs, int nc, float *y,
-                      size_t ys) {
+                               size_t ys) {
     assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n % QK_K == 0);
     if (nr < 2 || nc < 2) {
         avx512vnni_gemm_q6_K(n, w, ws, nr, x, xs, nc, y, ys);
         return;
     }
-#define Q6T(R, C) \
+#define Q6T(R, C)                                                                                                      \
     case R * 8 + C: q6k2_tile(n, w, ws, R, x, xs, C, y, ys); break;
     switch (nr * 8 + nc) {
-        Q6T(2, 2) Q6T(2, 3) Q6T(2, 4) Q6T(3, 2) Q6T(3, 3) Q6T(3, 4) Q6T(4, 2) Q6T(4, 3) Q6T(4, 4)
-    default: break;
+        Q6T(2, 2) Q6T(2, 3) Q6T(2, 4) Q6T(3, 2) Q6T(3, 3) Q6T(3, 4) Q6T(4, 2) Q6T(4, 3) Q6T(4, 4) default : break;
     }
 #undef Q6T
 }
@@ -365,8 +366,8 @@ lm_packed_gemm_fn avx512vnni_wide_kernel(uint32_t type) {
 
 /* Never reached: without the variant nothing holds it (kept so that code
  * naming it links). */
-void avx512vnni_wide_gemm_q6_K(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs, int nc,
-                               float *y, size_t ys) {
+void avx512vnni_wide_gemm_q6_K(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs, int nc, float *y,
+                               size_t ys) {
     (void)n, (void)w, (void)ws, (void)nr, (void)x, (void)xs, (void)nc, (void)y, (void)ys;
 }
 

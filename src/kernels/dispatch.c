@@ -59,8 +59,8 @@ static char cap_note[128]; /* kernels_cap_note: set when the table is filled fro
 static atomic_bool ready;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
-static const lm_attn_kernels scalar_attn = {scalar_attn_scores, scalar_attn_pv, scalar_attn_max, scalar_attn_scale,
-                                            scalar_attn_exp_sum, 1};
+static const lm_attn_kernels scalar_attn = {scalar_attn_scores, scalar_attn_pv,      scalar_attn_max,
+                                            scalar_attn_scale,  scalar_attn_exp_sum, 1};
 
 static bool env_set(const char *name) {
     const char *v = getenv(name);
@@ -71,11 +71,11 @@ static bool env_set(const char *name) {
 /* The matrix kernels of an x86 variant for one type (NULL: none). */
 static const lm_avx2_kernels *x86_lookup(lm_isa isa, uint32_t t) {
     switch (isa) {
-    case LM_ISA_AVXVNNI: return avxvnni_kernels(t);
-    case LM_ISA_AVX512: return avx512_kernels(t);
-    case LM_ISA_AVX512VNNI: return avx512vnni_kernels(t);
-    case LM_ISA_AVX512BF16: return avx512bf16_kernels(t);
-    default: return avx2_kernels(t);
+        case LM_ISA_AVXVNNI: return avxvnni_kernels(t);
+        case LM_ISA_AVX512: return avx512_kernels(t);
+        case LM_ISA_AVX512VNNI: return avx512vnni_kernels(t);
+        case LM_ISA_AVX512BF16: return avx512bf16_kernels(t);
+        default: return avx2_kernels(t);
     }
 }
 #endif
@@ -88,95 +88,94 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
     for (uint32_t t = 0; t < LM_TYPE_COUNT; t++) {
         const lm_type_traits *tr = quant_traits(t);
         if (!tr) continue;
-        k->type[t] = (lm_type_kernels){.to_float = tr->to_float, .from_float = tr->from_float,
-                                       .vec_dot = tr->vec_dot, .gemm_cols = LM_GEMM_TILE};
+        k->type[t] = (lm_type_kernels){
+            .to_float = tr->to_float, .from_float = tr->from_float, .vec_dot = tr->vec_dot, .gemm_cols = LM_GEMM_TILE};
     }
     k->ew = (lm_ew_kernels){scalar_rmsnorm, scalar_swiglu, scalar_geglu, scalar_rope};
     k->attn = scalar_attn;
     k->peak = (lm_peak_kernel){scalar_fma_probe, SCALAR_PEAK_FLOPS};
 
     switch (isa) {
-    case LM_ISA_AVX2:
-    case LM_ISA_AVXVNNI:
-    case LM_ISA_AVX512:
-    case LM_ISA_AVX512VNNI:
-    case LM_ISA_AVX512BF16:
+        case LM_ISA_AVX2:
+        case LM_ISA_AVXVNNI:
+        case LM_ISA_AVX512:
+        case LM_ISA_AVX512VNNI:
+        case LM_ISA_AVX512BF16:
 #if defined(__x86_64__) || defined(__i386__)
-        for (uint32_t t = 0; t < LM_TYPE_COUNT; t++) {
-            const lm_avx2_kernels *a = x86_lookup(isa, t);
-            if (!a) continue;
-            lm_type_kernels *e = &k->type[t];
-            if (a->to_float) e->to_float = a->to_float;
-            if (a->from_float) e->from_float = a->from_float;
-            if (a->vec_dot) {
-                e->vec_dot = a->vec_dot;
-                e->gemm = a->gemm;
-                if (a->gemm_cols) e->gemm_cols = a->gemm_cols;
-            }
-            if (a->packed_gemm) {
-                e->packed_gemm = a->packed_gemm;
-                e->packed_act = a->packed_act;
-                e->pack_tile = a->pack_tile;
-                /* the 256-bit k-blocked F16 tiles: only when asked for
+            for (uint32_t t = 0; t < LM_TYPE_COUNT; t++) {
+                const lm_avx2_kernels *a = x86_lookup(isa, t);
+                if (!a) continue;
+                lm_type_kernels *e = &k->type[t];
+                if (a->to_float) e->to_float = a->to_float;
+                if (a->from_float) e->from_float = a->from_float;
+                if (a->vec_dot) {
+                    e->vec_dot = a->vec_dot;
+                    e->gemm = a->gemm;
+                    if (a->gemm_cols) e->gemm_cols = a->gemm_cols;
+                }
+                if (a->packed_gemm) {
+                    e->packed_gemm = a->packed_gemm;
+                    e->packed_act = a->packed_act;
+                    e->pack_tile = a->pack_tile;
+                    /* the 256-bit k-blocked F16 tiles: only when asked for
                  * (LAMINA_AVX2_KBLOCK; not measured faster on the Xeon) */
-                const bool kb = a->panel_widen && a->panel2 && env_set("LAMINA_AVX2_KBLOCK");
-                e->panel_widen = kb ? a->panel_widen : NULL;
-                e->panel2 = kb ? a->panel2 : NULL;
+                    const bool kb = a->panel_widen && a->panel2 && env_set("LAMINA_AVX2_KBLOCK");
+                    e->panel_widen = kb ? a->panel_widen : NULL;
+                    e->panel2 = kb ? a->panel2 : NULL;
+                }
+                /* the avx512 variants' 512-bit prefill tiles (kernels/avx512_gemm.h) */
+                const lm_avx2_kernels *z = isa >= LM_ISA_AVX512 ? avx512_gemm_kernels(t, isa != LM_ISA_AVX512) : NULL;
+                if (z && z->packed_gemm) {
+                    e->packed_gemm = z->packed_gemm;
+                    if (z->packed_act) e->packed_act = z->packed_act;
+                    e->pack_tile = z->pack_tile;
+                }
+                if (isa >= LM_ISA_AVX512) avx512_gemm_panel2_lookup(t, &e->panel_widen, &e->panel2);
             }
-            /* the avx512 variants' 512-bit prefill tiles (kernels/avx512_gemm.h) */
-            const lm_avx2_kernels *z = isa >= LM_ISA_AVX512 ? avx512_gemm_kernels(t, isa != LM_ISA_AVX512) : NULL;
-            if (z && z->packed_gemm) {
-                e->packed_gemm = z->packed_gemm;
-                if (z->packed_act) e->packed_act = z->packed_act;
-                e->pack_tile = z->pack_tile;
+            /* the AVX-512 variants' 512-bit decode tiles (kernels/x86_pair.h) */
+            for (uint32_t t = 0; t < LM_TYPE_COUNT && isa >= LM_ISA_AVX512 && isa <= LM_ISA_AVX512BF16; t++) {
+                lm_packed_gemm_fn pf = isa == LM_ISA_AVX512 ? avx512_pair_kernel(t) : avx512vnni_pair_kernel(t);
+                if (!pf || !k->type[t].packed_gemm) continue;
+                k->type[t].packed_pair = pf;
+                k->type[t].pair_tile = LM_PAIR_TILE;
             }
-            if (isa >= LM_ISA_AVX512) avx512_gemm_panel2_lookup(t, &e->panel_widen, &e->panel2);
-        }
-        /* the AVX-512 variants' 512-bit decode tiles (kernels/x86_pair.h) */
-        for (uint32_t t = 0; t < LM_TYPE_COUNT && isa >= LM_ISA_AVX512 && isa <= LM_ISA_AVX512BF16; t++) {
-            lm_packed_gemm_fn pf = isa == LM_ISA_AVX512 ? avx512_pair_kernel(t) : avx512vnni_pair_kernel(t);
-            if (!pf || !k->type[t].packed_gemm) continue;
-            k->type[t].packed_pair = pf;
-            k->type[t].pair_tile = LM_PAIR_TILE;
-        }
-        /* the VNNI variants' 512-bit prefill tiles (kernels/x86_wide.h) */
-        for (uint32_t t = 0; t < LM_TYPE_COUNT && isa >= LM_ISA_AVX512VNNI && isa <= LM_ISA_AVX512BF16; t++) {
-            lm_packed_gemm_fn wf = avx512vnni_wide_kernel(t);
-            if (wf && k->type[t].packed_gemm && k->type[t].pack_tile <= LM_WIDE_TILE) k->type[t].packed_wide = wf;
-        }
-        k->ew = (lm_ew_kernels){avx2_rmsnorm, avx2_swiglu, avx2_geglu, avx2_rope_apply};
-        k->attn = (lm_attn_kernels){attn_scores_avx2, attn_pv_avx2, attn_max_avx2, attn_scale_avx2,
-                                    attn_exp_sum_avx2, 8};
-        k->peak = (lm_peak_kernel){avx2_fma_probe, AVX2_PEAK_FLOPS};
+            /* the VNNI variants' 512-bit prefill tiles (kernels/x86_wide.h) */
+            for (uint32_t t = 0; t < LM_TYPE_COUNT && isa >= LM_ISA_AVX512VNNI && isa <= LM_ISA_AVX512BF16; t++) {
+                lm_packed_gemm_fn wf = avx512vnni_wide_kernel(t);
+                if (wf && k->type[t].packed_gemm && k->type[t].pack_tile <= LM_WIDE_TILE) k->type[t].packed_wide = wf;
+            }
+            k->ew = (lm_ew_kernels){avx2_rmsnorm, avx2_swiglu, avx2_geglu, avx2_rope_apply};
+            k->attn =
+                (lm_attn_kernels){attn_scores_avx2, attn_pv_avx2, attn_max_avx2, attn_scale_avx2, attn_exp_sum_avx2, 8};
+            k->peak = (lm_peak_kernel){avx2_fma_probe, AVX2_PEAK_FLOPS};
 #endif
-        break;
-    case LM_ISA_NEON:
-    case LM_ISA_NEONDOT:
+            break;
+        case LM_ISA_NEON:
+        case LM_ISA_NEONDOT:
 #if defined(__aarch64__)
-        for (uint32_t t = 0; t < LM_TYPE_COUNT; t++) {
-            const lm_neon_kernels *a = neon_kernels(t, isa == LM_ISA_NEONDOT);
-            if (!a) continue;
-            lm_type_kernels *e = &k->type[t];
-            if (a->to_float) e->to_float = a->to_float;
-            if (a->from_float) e->from_float = a->from_float;
-            if (a->vec_dot) {
-                e->vec_dot = a->vec_dot;
-                e->gemm = a->gemm;
+            for (uint32_t t = 0; t < LM_TYPE_COUNT; t++) {
+                const lm_neon_kernels *a = neon_kernels(t, isa == LM_ISA_NEONDOT);
+                if (!a) continue;
+                lm_type_kernels *e = &k->type[t];
+                if (a->to_float) e->to_float = a->to_float;
+                if (a->from_float) e->from_float = a->from_float;
+                if (a->vec_dot) {
+                    e->vec_dot = a->vec_dot;
+                    e->gemm = a->gemm;
+                }
+                if (a->packed_gemm) {
+                    e->packed_gemm = a->packed_gemm;
+                    e->packed_act = a->packed_act;
+                    e->pack_tile = a->pack_tile;
+                }
             }
-            if (a->packed_gemm) {
-                e->packed_gemm = a->packed_gemm;
-                e->packed_act = a->packed_act;
-                e->pack_tile = a->pack_tile;
-            }
-        }
-        k->ew = (lm_ew_kernels){neon_rmsnorm, neon_swiglu, neon_geglu, neon_rope};
-        k->attn = (lm_attn_kernels){neon_attn_scores, neon_attn_pv, neon_attn_max, neon_attn_scale,
-                                    neon_attn_exp_sum, 4};
+            k->ew = (lm_ew_kernels){neon_rmsnorm, neon_swiglu, neon_geglu, neon_rope};
+            k->attn =
+                (lm_attn_kernels){neon_attn_scores, neon_attn_pv, neon_attn_max, neon_attn_scale, neon_attn_exp_sum, 4};
 #endif
-        break;
-    case LM_ISA_SCALAR:
-    case LM_ISA_COUNT:
-        break;
+            break;
+        case LM_ISA_SCALAR:
+        case LM_ISA_COUNT: break;
     }
 
     if (!repack)
@@ -225,15 +224,15 @@ const lm_attn_kernels *kernels_attn(int head_dim) {
 
 const char *kernels_isa_str(lm_isa isa) {
     switch (isa) {
-    case LM_ISA_SCALAR: return "scalar";
-    case LM_ISA_AVX2: return "avx2";
-    case LM_ISA_AVXVNNI: return "avxvnni";
-    case LM_ISA_AVX512: return "avx512";
-    case LM_ISA_AVX512VNNI: return "avx512vnni";
-    case LM_ISA_AVX512BF16: return "avx512bf16";
-    case LM_ISA_NEON: return "neon";
-    case LM_ISA_NEONDOT: return "neondot";
-    case LM_ISA_COUNT: break;
+        case LM_ISA_SCALAR: return "scalar";
+        case LM_ISA_AVX2: return "avx2";
+        case LM_ISA_AVXVNNI: return "avxvnni";
+        case LM_ISA_AVX512: return "avx512";
+        case LM_ISA_AVX512VNNI: return "avx512vnni";
+        case LM_ISA_AVX512BF16: return "avx512bf16";
+        case LM_ISA_NEON: return "neon";
+        case LM_ISA_NEONDOT: return "neondot";
+        case LM_ISA_COUNT: break;
     }
     return "unknown";
 }
@@ -256,10 +255,12 @@ const char *kernels_isa_name(void) { return kernels_isa_str(kernels()->isa); }
  * neondot -> neon -> scalar. */
 static lm_isa isa_below(lm_isa isa) {
     switch (isa) {
-    case LM_ISA_NEONDOT: return LM_ISA_NEON;
-    case LM_ISA_AVXVNNI: case LM_ISA_AVX512: case LM_ISA_AVX512VNNI: case LM_ISA_AVX512BF16:
-        return (lm_isa)(isa - 1);
-    default: return LM_ISA_SCALAR;
+        case LM_ISA_NEONDOT: return LM_ISA_NEON;
+        case LM_ISA_AVXVNNI:
+        case LM_ISA_AVX512:
+        case LM_ISA_AVX512VNNI:
+        case LM_ISA_AVX512BF16: return (lm_isa)(isa - 1);
+        default: return LM_ISA_SCALAR;
     }
 }
 
@@ -280,14 +281,12 @@ static lm_isa cpu_isa_noted(char *note, size_t len) {
     if (!v || !*v) return best;
     int want = kernels_isa_parse(v);
     if (want < 0) {
-        snprintf(note, len, "LAMINA_CPU=%.40s: no such variant, using %s", v,
-                 kernels_isa_str(best));
+        snprintf(note, len, "LAMINA_CPU=%.40s: no such variant, using %s", v, kernels_isa_str(best));
         return best;
     }
     lm_isa got = best_upto((lm_isa)want);
     if ((int)got != want)
-        snprintf(note, len, "LAMINA_CPU=%s: this CPU does not run it, using %s", v,
-                 kernels_isa_str(got));
+        snprintf(note, len, "LAMINA_CPU=%s: this CPU does not run it, using %s", v, kernels_isa_str(got));
     return got;
 }
 
@@ -298,15 +297,15 @@ lm_isa kernels_cpu_isa(void) {
 
 bool kernels_cpu_has(lm_isa isa) {
     switch (isa) {
-    case LM_ISA_SCALAR: return true;
-    case LM_ISA_AVX2: return cpu_has_avx2();
-    case LM_ISA_AVXVNNI: return cpu_has_avxvnni();
-    case LM_ISA_AVX512: return cpu_has_avx512();
-    case LM_ISA_AVX512VNNI: return cpu_has_avx512vnni();
-    case LM_ISA_AVX512BF16: return cpu_has_avx512bf16();
-    case LM_ISA_NEON: return cpu_has_neon();
-    case LM_ISA_NEONDOT: return cpu_has_neon_dot();
-    case LM_ISA_COUNT: break;
+        case LM_ISA_SCALAR: return true;
+        case LM_ISA_AVX2: return cpu_has_avx2();
+        case LM_ISA_AVXVNNI: return cpu_has_avxvnni();
+        case LM_ISA_AVX512: return cpu_has_avx512();
+        case LM_ISA_AVX512VNNI: return cpu_has_avx512vnni();
+        case LM_ISA_AVX512BF16: return cpu_has_avx512bf16();
+        case LM_ISA_NEON: return cpu_has_neon();
+        case LM_ISA_NEONDOT: return cpu_has_neon_dot();
+        case LM_ISA_COUNT: break;
     }
     return false;
 }

@@ -67,8 +67,8 @@
 
 /* Instruction sets, in the order dispatch prefers them (higher is faster). */
 typedef enum {
-    LM_ISA_SCALAR = 0, /* portable C: the reference of every op */
-    LM_ISA_AVX2 = 1,   /* x86-64 AVX2 + FMA + F16C */
+    LM_ISA_SCALAR = 0,     /* portable C: the reference of every op */
+    LM_ISA_AVX2 = 1,       /* x86-64 AVX2 + FMA + F16C */
     LM_ISA_AVXVNNI = 2,    /* AVX2 + AVX-VNNI (VEX vpdpbusd) */
     LM_ISA_AVX512 = 3,     /* AVX2 + AVX-512 F/BW/VL */
     LM_ISA_AVX512VNNI = 4, /* AVX-512 F/BW/VL + AVX512-VNNI */
@@ -88,21 +88,21 @@ typedef void (*lm_panel2_fn)(int64_t n, int64_t k0, int64_t k1, const float *wf,
 /* The kernels of one tensor type. An entry is NULL where the type has no
  * such kernel (types lamina does not compute with have all NULL). */
 typedef struct {
-    lm_to_float_fn to_float;         /* n elements of this type to floats */
-    lm_from_float_fn from_float;     /* n floats to this type */
-    lm_vec_dot_fn vec_dot;           /* weight row · activation row in vec_dot_type */
-    lm_gemm_fn gemm;                 /* tile matching vec_dot bit for bit, or NULL */
-    int gemm_cols;                   /* activation rows per gemm call it is fastest with */
-    lm_packed_gemm_fn packed_gemm;   /* interleaved weights (quant.h), or NULL */
-    lm_from_float_fn packed_act;     /* floats -> packed_gemm's activation rows;
+    lm_to_float_fn to_float;       /* n elements of this type to floats */
+    lm_from_float_fn from_float;   /* n floats to this type */
+    lm_vec_dot_fn vec_dot;         /* weight row · activation row in vec_dot_type */
+    lm_gemm_fn gemm;               /* tile matching vec_dot bit for bit, or NULL */
+    int gemm_cols;                 /* activation rows per gemm call it is fastest with */
+    lm_packed_gemm_fn packed_gemm; /* interleaved weights (quant.h), or NULL */
+    lm_from_float_fn packed_act;   /* floats -> packed_gemm's activation rows;
                                         NULL: it takes the floats (F16 panels) */
-    int pack_tile;                   /* most activation rows per packed_gemm call */
-    lm_packed_gemm_fn packed_pair;   /* two consecutive groups at once (kernels/x86_pair.h),
+    int pack_tile;                 /* most activation rows per packed_gemm call */
+    lm_packed_gemm_fn packed_pair; /* two consecutive groups at once (kernels/x86_pair.h),
                                         bit-identical to packed_gemm; or NULL */
-    int pair_tile;                   /* most activation rows per packed_pair call */
-    lm_panel_widen_fn panel_widen;   /* F16 panels, many tokens: k-blocked tiles bit-identical */
-    lm_panel2_fn panel2;             /* to packed_gemm (both or neither), or NULL */
-    lm_packed_gemm_fn packed_wide;   /* two consecutive groups by pair_tile < nc <= pack_tile
+    int pair_tile;                 /* most activation rows per packed_pair call */
+    lm_panel_widen_fn panel_widen; /* F16 panels, many tokens: k-blocked tiles bit-identical */
+    lm_panel2_fn panel2;           /* to packed_gemm (both or neither), or NULL */
+    lm_packed_gemm_fn packed_wide; /* two consecutive groups by pair_tile < nc <= pack_tile
                                         rows (prefill, kernels/x86_wide.h), bit-identical to
                                         packed_gemm; or NULL */
 } lm_type_kernels;
@@ -141,7 +141,7 @@ typedef struct {
 } lm_peak_kernel;
 
 typedef struct {
-    lm_isa isa;                         /* the ISA whose entries were chosen */
+    lm_isa isa; /* the ISA whose entries were chosen */
     lm_type_kernels type[LM_TYPE_COUNT];
     lm_ew_kernels ew;
     lm_attn_kernels attn;

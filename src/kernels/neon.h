@@ -65,10 +65,10 @@ bool cpu_has_neon_dot(void);
 
 /* The NEON kernels of one type; NULL members keep the reference. */
 typedef struct {
-    lm_to_float_fn to_float;     /* this type to floats */
-    lm_from_float_fn from_float; /* quantize floats into this type */
-    lm_vec_dot_fn vec_dot;       /* weights of this type · vec_dot_type */
-    lm_gemm_fn gemm;             /* tile matching vec_dot bit for bit */
+    lm_to_float_fn to_float;       /* this type to floats */
+    lm_from_float_fn from_float;   /* quantize floats into this type */
+    lm_vec_dot_fn vec_dot;         /* weights of this type · vec_dot_type */
+    lm_gemm_fn gemm;               /* tile matching vec_dot bit for bit */
     lm_packed_gemm_fn packed_gemm; /* interleaved weights (Q8_0, Q4_0), or NULL */
     lm_from_float_fn packed_act;   /* floats -> packed_gemm's block_q8_0s rows */
     int pack_tile;                 /* most tokens per packed_gemm call */
@@ -83,30 +83,30 @@ typedef struct {
 const lm_neon_kernels *neon_kernels(uint32_t type, bool dot);
 
 #if defined(__aarch64__)
-#define NEON_DECL(P)                                                                                \
-    float P##vec_dot_f32(int64_t n, const void *w, const void *x);                                  \
-    float P##vec_dot_f16(int64_t n, const void *w, const void *x);                                  \
-    float P##vec_dot_bf16(int64_t n, const void *w, const void *x);                                 \
-    float P##vec_dot_q8_0(int64_t n, const void *w, const void *x);                                 \
-    float P##vec_dot_q4_0(int64_t n, const void *w, const void *x);                                 \
-    float P##vec_dot_q5_0(int64_t n, const void *w, const void *x);                                 \
-    float P##vec_dot_q4_1(int64_t n, const void *w, const void *x);                                 \
-    float P##vec_dot_q5_1(int64_t n, const void *w, const void *x);                                 \
-    float P##vec_dot_q4_K(int64_t n, const void *w, const void *x);                                 \
-    float P##vec_dot_q5_K(int64_t n, const void *w, const void *x);                                 \
-    float P##vec_dot_q6_K(int64_t n, const void *w, const void *x);                                 \
-    void P##gemm_f32(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t); \
-    void P##gemm_f16(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t); \
-    void P##gemm_bf16(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t); \
-    void P##gemm_q8_0(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t); \
-    void P##gemm_q4_0(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t); \
-    void P##gemm_q5_0(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t); \
-    void P##gemm_q4_1(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t); \
-    void P##gemm_q5_1(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t); \
-    void P##gemm_q4_K(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t); \
-    void P##gemm_q5_K(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t); \
-    void P##gemm_q6_K(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t); \
-    void P##packed_gemm_q8_0(int64_t, const void *, int, const void *, size_t, int, float *, size_t);  \
+#define NEON_DECL(P)                                                                                                   \
+    float P##vec_dot_f32(int64_t n, const void *w, const void *x);                                                     \
+    float P##vec_dot_f16(int64_t n, const void *w, const void *x);                                                     \
+    float P##vec_dot_bf16(int64_t n, const void *w, const void *x);                                                    \
+    float P##vec_dot_q8_0(int64_t n, const void *w, const void *x);                                                    \
+    float P##vec_dot_q4_0(int64_t n, const void *w, const void *x);                                                    \
+    float P##vec_dot_q5_0(int64_t n, const void *w, const void *x);                                                    \
+    float P##vec_dot_q4_1(int64_t n, const void *w, const void *x);                                                    \
+    float P##vec_dot_q5_1(int64_t n, const void *w, const void *x);                                                    \
+    float P##vec_dot_q4_K(int64_t n, const void *w, const void *x);                                                    \
+    float P##vec_dot_q5_K(int64_t n, const void *w, const void *x);                                                    \
+    float P##vec_dot_q6_K(int64_t n, const void *w, const void *x);                                                    \
+    void P##gemm_f32(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t);                  \
+    void P##gemm_f16(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t);                  \
+    void P##gemm_bf16(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t);                 \
+    void P##gemm_q8_0(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t);                 \
+    void P##gemm_q4_0(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t);                 \
+    void P##gemm_q5_0(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t);                 \
+    void P##gemm_q4_1(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t);                 \
+    void P##gemm_q5_1(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t);                 \
+    void P##gemm_q4_K(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t);                 \
+    void P##gemm_q5_K(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t);                 \
+    void P##gemm_q6_K(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t);                 \
+    void P##packed_gemm_q8_0(int64_t, const void *, int, const void *, size_t, int, float *, size_t);                  \
     void P##packed_gemm_q4_0(int64_t, const void *, int, const void *, size_t, int, float *, size_t);
 NEON_DECL(neon_)
 NEON_DECL(neon_dot_)

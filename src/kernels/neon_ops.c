@@ -50,8 +50,7 @@ void neon_rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
     double ss = vaddvq_f64(vaddq_f64(a0, a1));
     for (; i < n; i++) ss += (double)x[i] * x[i];
     float scale = (float)(1.0 / sqrt(ss / n + eps));
-    for (i = 0; i + 4 <= n; i += 4)
-        vst1q_f32(y + i, vmulq_f32(vmulq_n_f32(vld1q_f32(x + i), scale), vld1q_f32(w + i)));
+    for (i = 0; i + 4 <= n; i += 4) vst1q_f32(y + i, vmulq_f32(vmulq_n_f32(vld1q_f32(x + i), scale), vld1q_f32(w + i)));
     for (; i < n; i++) y[i] = x[i] * scale * w[i];
 }
 
@@ -67,17 +66,17 @@ static inline float32x4_t gelu_mul(float32x4_t g, float32x4_t u) {
 }
 
 /* The loop both activations share; the tail goes through a padded vector. */
-#define GATED(NAME, FN)                                                          \
-    void NAME(float *g, const float *u, int n) {                                \
-        int i = 0;                                                               \
-        for (; i + 4 <= n; i += 4) vst1q_f32(g + i, FN(vld1q_f32(g + i), vld1q_f32(u + i))); \
-        if (i < n) {                                                             \
-            float bg[4] = {0}, bu[4] = {0};                                      \
-            memcpy(bg, g + i, sizeof(float) * (size_t)(n - i));                  \
-            memcpy(bu, u + i, sizeof(float) * (size_t)(n - i));                  \
-            vst1q_f32(bg, FN(vld1q_f32(bg), vld1q_f32(bu)));                     \
-            memcpy(g + i, bg, sizeof(float) * (size_t)(n - i));                  \
-        }                                                                        \
+#define GATED(NAME, FN)                                                                                                \
+    void NAME(float *g, const float *u, int n) {                                                                       \
+        int i = 0;                                                                                                     \
+        for (; i + 4 <= n; i += 4) vst1q_f32(g + i, FN(vld1q_f32(g + i), vld1q_f32(u + i)));                           \
+        if (i < n) {                                                                                                   \
+            float bg[4] = {0}, bu[4] = {0};                                                                            \
+            memcpy(bg, g + i, sizeof(float) * (size_t)(n - i));                                                        \
+            memcpy(bu, u + i, sizeof(float) * (size_t)(n - i));                                                        \
+            vst1q_f32(bg, FN(vld1q_f32(bg), vld1q_f32(bu)));                                                           \
+            memcpy(g + i, bg, sizeof(float) * (size_t)(n - i));                                                        \
+        }                                                                                                              \
     }
 GATED(neon_swiglu, silu_mul)
 GATED(neon_geglu, gelu_mul)

@@ -148,7 +148,8 @@ void neon_from_float_q8_K(const float *src, void *dst, int64_t n) {
         float iscale = -128.0f / max;
         for (int e = 0; e < QK_K; e += 16) {
             int32x4_t q[4];
-            for (int k = 0; k < 4; k++) q[k] = round_clamp4(vmulq_n_f32(vld1q_f32(x + e + 4 * k), iscale), -128.0f, 127.0f);
+            for (int k = 0; k < 4; k++)
+                q[k] = round_clamp4(vmulq_n_f32(vld1q_f32(x + e + 4 * k), iscale), -128.0f, 127.0f);
             store_q16(b->qs + e, q[0], q[1], q[2], q[3]);
             b->bsums[e / 16] = (int16_t)vaddlvq_s8(vld1q_s8(b->qs + e));
         }
@@ -172,23 +173,31 @@ void neon_packed_act(const float *src, void *dst, int64_t n) {
 
 /* ---- the list the kernel table reads ------------------------------------------ */
 
-#define NK(P, T) {.vec_dot = P##vec_dot_##T, .gemm = P##gemm_##T}
-#define NEON_TABLE(P)                                                                                      \
-    {                                                                                                     \
-        [LM_TYPE_F32] = NK(P, f32),                                                                       \
-        [LM_TYPE_F16] = {.to_float = neon_to_float_f16, .from_float = neon_from_float_f16,                \
-                         .vec_dot = P##vec_dot_f16, .gemm = P##gemm_f16},                                 \
-        [LM_TYPE_BF16] = NK(P, bf16),                                                                     \
-        [LM_TYPE_Q8_0] = {.to_float = neon_to_float_q8_0, .from_float = neon_from_float_q8_0,             \
-                          .vec_dot = P##vec_dot_q8_0, .gemm = P##gemm_q8_0,                               \
-                          .packed_gemm = P##packed_gemm_q8_0, .packed_act = neon_packed_act,              \
-                          .pack_tile = NEON_PACK_TILE},                                                   \
-        [LM_TYPE_Q4_0] = {.vec_dot = P##vec_dot_q4_0, .gemm = P##gemm_q4_0,                               \
-                          .packed_gemm = P##packed_gemm_q4_0, .packed_act = neon_packed_act,              \
-                          .pack_tile = NEON_PACK_TILE},                                                   \
-        [LM_TYPE_Q5_0] = NK(P, q5_0), [LM_TYPE_Q4_1] = NK(P, q4_1),                                       \
-        [LM_TYPE_Q5_1] = NK(P, q5_1), [LM_TYPE_Q4_K] = NK(P, q4_K), [LM_TYPE_Q5_K] = NK(P, q5_K),         \
-        [LM_TYPE_Q6_K] = NK(P, q6_K), [LM_TYPE_Q8_K] = {.from_float = neon_from_float_q8_K},              \
+#define NK(P, T)                                                                                                       \
+    { .vec_dot = P##vec_dot_##T, .gemm = P##gemm_##T }
+#define NEON_TABLE(P)                                                                                                  \
+    {                                                                                                                  \
+        [LM_TYPE_F32] = NK(P, f32),                                                                                    \
+        [LM_TYPE_F16] = {.to_float = neon_to_float_f16,                                                                \
+                         .from_float = neon_from_float_f16,                                                            \
+                         .vec_dot = P##vec_dot_f16,                                                                    \
+                         .gemm = P##gemm_f16},                                                                         \
+        [LM_TYPE_BF16] = NK(P, bf16),                                                                                  \
+        [LM_TYPE_Q8_0] = {.to_float = neon_to_float_q8_0,                                                              \
+                          .from_float = neon_from_float_q8_0,                                                          \
+                          .vec_dot = P##vec_dot_q8_0,                                                                  \
+                          .gemm = P##gemm_q8_0,                                                                        \
+                          .packed_gemm = P##packed_gemm_q8_0,                                                          \
+                          .packed_act = neon_packed_act,                                                               \
+                          .pack_tile = NEON_PACK_TILE},                                                                \
+        [LM_TYPE_Q4_0] = {.vec_dot = P##vec_dot_q4_0,                                                                  \
+                          .gemm = P##gemm_q4_0,                                                                        \
+                          .packed_gemm = P##packed_gemm_q4_0,                                                          \
+                          .packed_act = neon_packed_act,                                                               \
+                          .pack_tile = NEON_PACK_TILE},                                                                \
+        [LM_TYPE_Q5_0] = NK(P, q5_0), [LM_TYPE_Q4_1] = NK(P, q4_1), [LM_TYPE_Q5_1] = NK(P, q5_1),                      \
+        [LM_TYPE_Q4_K] = NK(P, q4_K), [LM_TYPE_Q5_K] = NK(P, q5_K), [LM_TYPE_Q6_K] = NK(P, q6_K),                      \
+        [LM_TYPE_Q8_K] = {.from_float = neon_from_float_q8_K},                                                         \
     }
 
 static const lm_neon_kernels plain[LM_TYPE_COUNT] = NEON_TABLE(neon_);

@@ -71,11 +71,11 @@ enum { K8_0, K4_0, K5_0, K4_1, K5_1 };
 
 INLINE size_t bsize(int kind) {
     switch (kind) {
-    case K8_0: return sizeof(block_q8_0);
-    case K4_0: return sizeof(block_q4_0);
-    case K5_0: return sizeof(block_q5_0);
-    case K4_1: return sizeof(block_q4_1);
-    default: return sizeof(block_q5_1);
+        case K8_0: return sizeof(block_q8_0);
+        case K4_0: return sizeof(block_q4_0);
+        case K5_0: return sizeof(block_q5_0);
+        case K4_1: return sizeof(block_q4_1);
+        default: return sizeof(block_q5_1);
     }
 }
 
@@ -245,7 +245,7 @@ float NT_FN(vec_dot_q6_K)(int64_t n, const void *w, const void *x) {
                 int32x4_t z = vdupq_n_s32(0);
                 int j = 8 * h + 2 * k;
                 isum += b->scales[j] * vaddvq_s32(dot16(z, q0, vld1q_s8(xq))) +
-                        b->scales[j + 1] * vaddvq_s32(dot16(z, q1, vld1q_s8(xq + 16)));
+                    b->scales[j + 1] * vaddvq_s32(dot16(z, q1, vld1q_s8(xq + 16)));
             }
         }
         acc = fmaf((float)isum, xb[i].d * h2f(&b->d), acc);
@@ -292,13 +292,13 @@ float NT_FN(vec_dot_bf16)(int64_t n, const void *w, const void *x) { return floa
 
 /* ---- gemm tiles: each output is vec_dot's, so bit for bit the same ------------ */
 
-#define NT_GEMM(T)                                                                                  \
-    void NT_FN(gemm_##T)(int64_t n, const void *w, size_t w_stride, int nr, const void *x,          \
-                         size_t x_stride, int nc, float *y, size_t y_stride) {                      \
-        for (int c = 0; c < nc; c++)                                                                \
-            for (int r = 0; r < nr; r++)                                                            \
-                y[(size_t)c * y_stride + r] = NT_FN(vec_dot_##T)(                                   \
-                    n, (const uint8_t *)w + (size_t)r * w_stride, (const uint8_t *)x + (size_t)c * x_stride); \
+#define NT_GEMM(T)                                                                                                     \
+    void NT_FN(gemm_##T)(int64_t n, const void *w, size_t w_stride, int nr, const void *x, size_t x_stride, int nc,    \
+                         float *y, size_t y_stride) {                                                                  \
+        for (int c = 0; c < nc; c++)                                                                                   \
+            for (int r = 0; r < nr; r++)                                                                               \
+                y[(size_t)c * y_stride + r] = NT_FN(vec_dot_##T)(n, (const uint8_t *)w + (size_t)r * w_stride,         \
+                                                                 (const uint8_t *)x + (size_t)c * x_stride);           \
     }
 NT_GEMM(f32)
 NT_GEMM(f16)
@@ -344,11 +344,11 @@ NT_GEMM(q6_K)
 #else
 /* a: lanes (row 0, row 0, row 1, row 1), b: (row 2, row 2, row 3, row 3),
  * each a partial sum of the row's products */
-#define NP_DOT(a, b, w, x, lane)                                                                         \
-    do {                                                                                                 \
-        int8x16_t xb_ = NP_BCAST(x, lane);                                                               \
-        (a) = vpadalq_s16((a), vmull_s8(vget_low_s8(w), vget_low_s8(xb_)));                            \
-        (b) = vpadalq_s16((b), vmull_high_s8((w), xb_));                                                \
+#define NP_DOT(a, b, w, x, lane)                                                                                       \
+    do {                                                                                                               \
+        int8x16_t xb_ = NP_BCAST(x, lane);                                                                             \
+        (a) = vpadalq_s16((a), vmull_s8(vget_low_s8(w), vget_low_s8(xb_)));                                            \
+        (b) = vpadalq_s16((b), vmull_high_s8((w), xb_));                                                               \
     } while (0)
 #endif
 
@@ -424,16 +424,16 @@ INLINE void np_tile(bool q4, int64_t nb, const uint8_t *w, int nr, const uint8_t
 }
 
 /* One specialisation per tile width, so the token loop unrolls. */
-#define NP_GEMM(T, Q4)                                                                                        \
-    void NT_FN(packed_gemm_##T)(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y, \
-                                size_t ys) {                                                                  \
-        switch (nc) {                                                                                         \
-        case 1: np_tile(Q4, n / 32, wp, nr, x, xs, 1, y, ys); break;                                          \
-        case 2: np_tile(Q4, n / 32, wp, nr, x, xs, 2, y, ys); break;                                          \
-        case 3: np_tile(Q4, n / 32, wp, nr, x, xs, 3, y, ys); break;                                          \
-        case 4: np_tile(Q4, n / 32, wp, nr, x, xs, 4, y, ys); break;                                          \
-        default: break;                                                                                       \
-        }                                                                                                     \
+#define NP_GEMM(T, Q4)                                                                                                 \
+    void NT_FN(packed_gemm_##T)(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y,         \
+                                size_t ys) {                                                                           \
+        switch (nc) {                                                                                                  \
+            case 1: np_tile(Q4, n / 32, wp, nr, x, xs, 1, y, ys); break;                                               \
+            case 2: np_tile(Q4, n / 32, wp, nr, x, xs, 2, y, ys); break;                                               \
+            case 3: np_tile(Q4, n / 32, wp, nr, x, xs, 3, y, ys); break;                                               \
+            case 4: np_tile(Q4, n / 32, wp, nr, x, xs, 4, y, ys); break;                                               \
+            default: break;                                                                                            \
+        }                                                                                                              \
     }
 _Static_assert(NEON_PACK_TILE == 4, "NP_GEMM's cases assume 4");
 NP_GEMM(q4_0, true)

@@ -46,5 +46,4 @@
 lm_packed_gemm_fn avx512_pair_kernel(uint32_t type);
 lm_packed_gemm_fn avx512vnni_pair_kernel(uint32_t type);
 
-
 #endif

@@ -47,8 +47,8 @@
 #define CHUNK ATTN_KV_CHUNK
 
 struct attn_scratch {
-    int group, hd, tq;          /* tq = query tokens per sub-tile = max(1, RMAX / group) */
-    int rows;                   /* tq * group */
+    int group, hd, tq; /* tq = query tokens per sub-tile = max(1, RMAX / group) */
+    int rows;          /* tq * group */
     size_t bytes;
     float *qs, *o;              /* (rows, hd) */
     float *s;                   /* (rows, CHUNK) scores, then probabilities */
@@ -177,19 +177,19 @@ static void prefetch_chunk(const kv_layout *lay, const int32_t *table, int layer
 /* One call's fixed arguments. Keys considered: positions up to each
  * query's own (and, with a window, not below it). */
 typedef struct {
-    const kv_layout *lay;   /* the layer's block class */
-    const int32_t *table;   /* the sequence's table for that class */
-    int layer, kv_head;     /* layer: its index inside the class's blocks */
+    const kv_layout *lay; /* the layer's block class */
+    const int32_t *table; /* the sequence's table for that class */
+    int layer, kv_head;   /* layer: its index inside the class's blocks */
     const float *q;
     size_t q_stride;
     float scale;
-    float softcap;          /* > 0: scores become softcap·tanh(s / softcap) before the softmax */
-    int window;             /* > 0: query at pos sees keys pos-window+1 .. pos */
+    float softcap; /* > 0: scores become softcap·tanh(s / softcap) before the softmax */
+    int window;    /* > 0: query at pos sees keys pos-window+1 .. pos */
     float *out;
     size_t out_stride;
-    const lm_attn_kernels *k; /* the table's inner loops for this head_dim */
+    const lm_attn_kernels *k;  /* the table's inner loops for this head_dim */
     const lm_attn_kernels *kv; /* the same for the value width (P·V, the output's scaling) */
-    lm_to_float_fn to_float;  /* the KV type's rows to floats (not F32) */
+    lm_to_float_fn to_float;   /* the KV type's rows to floats (not F32) */
 } tile_args;
 
 /* Gemma 2's soft-capping of R rows of nk scores (row stride CHUNK). */
@@ -212,7 +212,7 @@ static void subtile(const tile_args *a, int i0, int nq, int qpos0, attn_scratch 
         scr->l[r] = 0;
     }
     memset(scr->o, 0, (size_t)R * dv * sizeof(float)); /* O (R, dv) */
-    int c_end = qpos0 + nq; /* keys up to the last query's position */
+    int c_end = qpos0 + nq;                            /* keys up to the last query's position */
     /* with a window, skip whole chunks below the first query's window (chunk
      * starts stay on the multiple-of-CHUNK grid) */
     int c_begin = 0, wlo = a->window > 0 ? qpos0 + 1 - a->window : 0; /* no row sees a key below wlo */
@@ -280,8 +280,12 @@ static tile_args layer_args(const kv_pool *p, const kv_seq *s, int layer, int wi
     const kv_layout *lay = kv_class_layout(p, cls);
     assert(lay->head_dim == scr->hd && slot < lay->n_layer);
     assert(cls == KV_GLOBAL || (window > 0 && window <= kv_pool_window(p)));
-    return (tile_args){.lay = lay, .table = kv_seq_table(s, cls), .layer = slot, .window = window,
-                       .k = kernels_attn(scr->hd), .kv = kernels_attn(lay->v_dim),
+    return (tile_args){.lay = lay,
+                       .table = kv_seq_table(s, cls),
+                       .layer = slot,
+                       .window = window,
+                       .k = kernels_attn(scr->hd),
+                       .kv = kernels_attn(lay->v_dim),
                        .to_float = lay->type == LM_TYPE_F32 ? NULL : kernels_type(lay->type)->to_float};
 }
 

@@ -59,43 +59,43 @@ typedef struct {
     kv_layout lay;
     int64_t n_blocks;
     uint64_t bytes_per_token;
-    void *slab;                   /* unaligned allocation holding data */
-    uint8_t *data;                /* (n_blocks, block_bytes), 64-byte aligned */
-    kv_block *blk;                /* (n_blocks) */
-    int32_t *bucket;              /* (bucket_mask + 1) first block of each chain, -1 empty */
+    void *slab;      /* unaligned allocation holding data */
+    uint8_t *data;   /* (n_blocks, block_bytes), 64-byte aligned */
+    kv_block *blk;   /* (n_blocks) */
+    int32_t *bucket; /* (bucket_mask + 1) first block of each chain, -1 empty */
     uint64_t bucket_mask;
-    int32_t free_head;            /* free list, -1 empty */
-    int32_t lru_head, lru_tail;   /* cached list, -1 empty */
+    int32_t free_head;          /* free list, -1 empty */
+    int32_t lru_head, lru_tail; /* cached list, -1 empty */
     int64_t n_used, n_free, n_cached;
     int64_t fill_sum;
     uint64_t n_evicted, n_cow, n_dedup;
 } kv_class;
 
 struct kv_seq {
-    int32_t *table[KV_N_CLASS];   /* (cap) physical block per logical block, per class used */
-    uint8_t (*keys)[KV_KEY_LEN];  /* (cap) chain key of logical block i, i < n_keyed */
-    int n_blocks, cap;            /* n_blocks == ceil(len / B), in every table */
-    int len;                      /* positions held */
-    int n_keyed;                  /* leading blocks whose chain key is in keys */
-    int n_dropped;                /* leading local entries released out of the window (-1) */
-    uint64_t salt;                /* salt keys were computed with */
-    kv_seq *sprev, *snext;        /* pool's list of live sequences */
-    bool mirror;                  /* tables set by kv_seq_mirror: holds no references */
+    int32_t *table[KV_N_CLASS];  /* (cap) physical block per logical block, per class used */
+    uint8_t (*keys)[KV_KEY_LEN]; /* (cap) chain key of logical block i, i < n_keyed */
+    int n_blocks, cap;           /* n_blocks == ceil(len / B), in every table */
+    int len;                     /* positions held */
+    int n_keyed;                 /* leading blocks whose chain key is in keys */
+    int n_dropped;               /* leading local entries released out of the window (-1) */
+    uint64_t salt;               /* salt keys were computed with */
+    kv_seq *sprev, *snext;       /* pool's list of live sequences */
+    bool mirror;                 /* tables set by kv_seq_mirror: holds no references */
 };
 
 struct kv_pool {
-    kv_config cfg;                /* as given, layer_local cleared (see layer_class) */
+    kv_config cfg; /* as given, layer_local cleared (see layer_class) */
     kv_plan plan;
-    int n_class;                  /* 1, or 2 with local layers */
-    int window;                   /* local layers' window; 0 with one class */
+    int n_class; /* 1, or 2 with local layers */
+    int window;  /* local layers' window; 0 with one class */
     int block_size;
     kv_class cls[KV_N_CLASS];
-    int *layer_class, *layer_slot;/* (n_layer) each: a layer's class and index in it */
-    kv_seq *seqs;                 /* live sequences */
+    int *layer_class, *layer_slot; /* (n_layer) each: a layer's class and index in it */
+    kv_seq *seqs;                  /* live sequences */
     int64_t n_seqs;
     uint64_t prefix_queries, prefix_hit_blocks;
-    kv_copy *copies;              /* (KV_COPY_LOG) block copies since kv_copies_take, when logged */
-    int n_copies;                 /* entries; -1 after an overflow */
+    kv_copy *copies; /* (KV_COPY_LOG) block copies since kv_copies_take, when logged */
+    int n_copies;    /* entries; -1 after an overflow */
 };
 
 void kv_config_init(kv_config *c, int n_layer, int n_head_kv, int head_dim) {
@@ -155,8 +155,8 @@ static int held_range(const kv_config *c, kv_plan *plan, size_t row, int B, int6
 int kv_plan_make(const kv_config *c, kv_plan *plan, char *err, size_t errlen) {
     memset(plan, 0, sizeof *plan);
     if (c->n_layer <= 0 || c->n_head_kv <= 0 || c->head_dim <= 0)
-        return lm_err(err, errlen, "KV cache needs positive layers, KV heads and head dim (got %d, %d, %d)",
-                      c->n_layer, c->n_head_kv, c->head_dim);
+        return lm_err(err, errlen, "KV cache needs positive layers, KV heads and head dim (got %d, %d, %d)", c->n_layer,
+                      c->n_head_kv, c->head_dim);
     if (c->block_size <= 0 || c->block_size > (1 << 20))
         return lm_err(err, errlen, "KV block size must be in 1..%d tokens, got %d", 1 << 20, c->block_size);
     if (c->window < 0) return lm_err(err, errlen, "KV sliding window must be >= 0 tokens, got %d", c->window);
@@ -199,8 +199,10 @@ int kv_plan_make(const kv_config *c, kv_plan *plan, char *err, size_t errlen) {
     int64_t per_seq = 0;
     if (n_local) {
         if (c->chunk < 1)
-            return lm_err(err, errlen, "KV sliding-window layers need the most positions one append adds "
-                          "(chunk >= 1), got %d", c->chunk);
+            return lm_err(err, errlen,
+                          "KV sliding-window layers need the most positions one append adds "
+                          "(chunk >= 1), got %d",
+                          c->chunk);
         int64_t chunk = c->chunk;
         per_seq = ((int64_t)c->window + chunk + 2 * (int64_t)B - 3) / B;
         if (c->n_ctx > 0 && ((int64_t)c->n_ctx + B - 1) / B < per_seq) per_seq = ((int64_t)c->n_ctx + B - 1) / B;
@@ -403,9 +405,15 @@ static int class_init(kv_class *k, const kv_class_plan *cp, const kv_config *c, 
     k->free_head = nb > 0 ? 0 : -1;
     k->lru_head = k->lru_tail = -1;
     k->n_free = nb;
-    k->lay = (kv_layout){.data = k->data, .block_bytes = cp->block_bytes, .row_bytes = plan->row_bytes,
-                         .block_size = c->block_size, .n_layer = cp->n_held, .n_head_kv = c->n_head_kv,
-                         .head_dim = c->head_dim, .type = c->type, .n_slab = c->latent_v ? 1 : 2,
+    k->lay = (kv_layout){.data = k->data,
+                         .block_bytes = cp->block_bytes,
+                         .row_bytes = plan->row_bytes,
+                         .block_size = c->block_size,
+                         .n_layer = cp->n_held,
+                         .n_head_kv = c->n_head_kv,
+                         .head_dim = c->head_dim,
+                         .type = c->type,
+                         .n_slab = c->latent_v ? 1 : 2,
                          .v_dim = c->latent_v ? c->latent_v : c->head_dim};
     return 0;
 }
@@ -444,8 +452,11 @@ kv_pool *kv_pool_new(const kv_config *c, char *err, size_t errlen) {
         return NULL;
     }
     if (p->n_class == 1) /* an unused class: a layout of no layer */
-        p->cls[KV_LOCAL].lay = (kv_layout){.row_bytes = plan.row_bytes, .block_size = c->block_size,
-                                           .n_head_kv = c->n_head_kv, .head_dim = c->head_dim, .type = c->type,
+        p->cls[KV_LOCAL].lay = (kv_layout){.row_bytes = plan.row_bytes,
+                                           .block_size = c->block_size,
+                                           .n_head_kv = c->n_head_kv,
+                                           .head_dim = c->head_dim,
+                                           .type = c->type,
                                            .n_slab = c->latent_v ? 1 : 2,
                                            .v_dim = c->latent_v ? c->latent_v : c->head_dim};
     return p;
@@ -670,16 +681,18 @@ int kv_append(kv_pool *p, kv_seq *s, int n, char *err, size_t errlen) {
     int B = p->block_size;
     if (n < 0) return lm_err(err, errlen, "cannot append %d positions", n);
     if (n == 0) return KV_OK;
-    if (n > INT_MAX - B - s->len)
-        return lm_err(err, errlen, "sequence length %d + %d overflows", s->len, n);
+    if (n > INT_MAX - B - s->len) return lm_err(err, errlen, "sequence length %d + %d overflows", s->len, n);
     int new_len = s->len + n;
     int nb_new = (new_len + B - 1) / B;
     for (int c = 0; c < p->n_class; c++) {
         int64_t need = kv_blocks_needed(p, s, n, c);
         if (need > kv_available(p, c)) {
             lm_err(err, errlen, "KV cache full: %lld more %sblocks needed for %d tokens, %lld available of %lld",
-                   (long long)need, p->n_class == 1 ? "" : c == KV_LOCAL ? "local " : "global ", n,
-                   (long long)kv_available(p, c), (long long)p->cls[c].n_blocks);
+                   (long long)need,
+                   p->n_class == 1     ? ""
+                       : c == KV_LOCAL ? "local "
+                                       : "global ",
+                   n, (long long)kv_available(p, c), (long long)p->cls[c].n_blocks);
             return KV_FULL;
         }
     }
@@ -748,7 +761,8 @@ void kv_store_rows(kv_pool *p, const kv_seq *s, int layer, int pos0, int n, cons
     for (int t = 0; t < n; t++) {
         int pos = pos0 + t;
         int32_t b = s->table[c][pos / B];
-        assert(b >= 0 && (s->mirror || (kc->blk[b].ref == 1 && !kc->blk[b].has_key))); /* a mirror's blocks are the leader's */
+        assert(b >= 0 &&
+               (s->mirror || (kc->blk[b].ref == 1 && !kc->blk[b].has_key))); /* a mirror's blocks are the leader's */
         uint8_t *base = kc->data + (size_t)b * l->block_bytes + (size_t)(pos % B) * l->row_bytes;
         for (int which = 0; which < l->n_slab; which++) { /* latent: the key row alone */
             const float *src = which ? v + (size_t)t * v_stride : k + (size_t)t * k_stride;
@@ -879,8 +893,8 @@ static int check_class(const kv_pool *p, int c, int32_t *refs, char *err, size_t
             int32_t b = s->table[c][i];
             bool dropped = c == KV_LOCAL && i < s->n_dropped;
             if (dropped != (b == -1) || b < -1 || b >= nb)
-                return lm_err(err, errlen, "sequence of length %d: %stable entry %d is %d (%d released)", s->len,
-                              name, i, b, s->n_dropped);
+                return lm_err(err, errlen, "sequence of length %d: %stable entry %d is %d (%d released)", s->len, name,
+                              i, b, s->n_dropped);
             if (b >= 0) refs[b]++;
         }
     }
@@ -909,8 +923,8 @@ static int check_class(const kv_pool *p, int c, int32_t *refs, char *err, size_t
         for (int32_t b = k->bucket[h]; b >= 0; b = k->blk[b].hnext) keyed_in_hash++;
     if (n_free != k->n_free || n_lru != k->n_cached || used != k->n_used || used + n_free + n_lru != nb)
         return lm_err(err, errlen, "%scounters: used %lld/%lld free %lld/%lld cached %lld/%lld of %lld", name,
-                      (long long)used, (long long)k->n_used, (long long)n_free, (long long)k->n_free,
-                      (long long)n_lru, (long long)k->n_cached, (long long)nb);
+                      (long long)used, (long long)k->n_used, (long long)n_free, (long long)k->n_free, (long long)n_lru,
+                      (long long)k->n_cached, (long long)nb);
     if (fill != k->fill_sum || keyed != keyed_in_hash)
         return lm_err(err, errlen, "%sfill sum %lld vs %lld, keyed %lld vs %lld in hash", name, (long long)fill,
                       (long long)k->fill_sum, (long long)keyed, (long long)keyed_in_hash);
@@ -956,8 +970,8 @@ int kv_block_copy(kv_pool *p, const kv_copy *c) {
     return 0;
 }
 
-int kv_seq_mirror(kv_pool *p, kv_seq *s, const int32_t *const tables[KV_N_CLASS], int n_blocks, int len,
-                  int n_dropped, char *err, size_t errlen) {
+int kv_seq_mirror(kv_pool *p, kv_seq *s, const int32_t *const tables[KV_N_CLASS], int n_blocks, int len, int n_dropped,
+                  char *err, size_t errlen) {
     int B = p->block_size;
     if (n_blocks < 0 || len < 0 || n_blocks != (len + B - 1) / B || n_dropped < 0 || n_dropped > n_blocks)
         return lm_err(err, errlen, "a mirrored sequence of %d blocks for %d positions", n_blocks, len);

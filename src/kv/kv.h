@@ -119,8 +119,8 @@ typedef struct kv_seq kv_seq;
 
 typedef struct {
     int n_layer, n_head_kv, head_dim;
-    uint32_t type;          /* LM_TYPE_F32, LM_TYPE_F16 or LM_TYPE_Q8_0 (quant.h) */
-    int block_size;         /* tokens per block, >= 1 */
+    uint32_t type;  /* LM_TYPE_F32, LM_TYPE_F16 or LM_TYPE_Q8_0 (quant.h) */
+    int block_size; /* tokens per block, >= 1 */
     /* Sliding-window layers: with window > 0, layer i is local when
      * layer_local[i] != 0. The array (n_layer entries) is only read by
      * kv_plan_make and kv_pool_new. window 0 or layer_local NULL: none. */
@@ -130,7 +130,7 @@ typedef struct {
      * row per (layer, position), the key, whose first latent_v elements are
      * also the value; no V slab. Needs n_head_kv 1. 0: keys and values. */
     int latent_v;
-    int chunk;              /* most positions one kv_append adds to a sequence (its
+    int chunk; /* most positions one kv_append adds to a sequence (its
                                prefill chunk); sizes the local class, so >= 1 is required
                                when there is one (the forward pass's batch, forward.h) */
     /* Size: mem_bytes > 0 spends that budget (n_seqs, and n_ctx when > 0,
@@ -161,7 +161,7 @@ typedef struct {
     uint64_t bytes_per_token; /* 2 x n_layer x n_head_kv x row_bytes */
     uint64_t block_bytes;     /* block_size x bytes_per_token */
     int64_t n_blocks;
-    uint64_t data_bytes;      /* n_blocks x block_bytes */
+    uint64_t data_bytes; /* n_blocks x block_bytes */
 } kv_class_plan;
 
 typedef struct {
@@ -173,9 +173,9 @@ typedef struct {
     uint64_t data_bytes;      /* both classes' slabs: what kv_pool_new allocates for K/V
                                  (n_tokens x bytes_per_token without a window) */
     kv_class_plan cls[KV_N_CLASS];
-    int window;               /* the local class's window; 0: one class */
+    int window;                   /* the local class's window; 0: one class */
     int64_t local_blocks_per_seq; /* most local blocks one sequence holds (0: one class) */
-    int chunk;                /* the kv_config.chunk that bound was planned for (0: one class) */
+    int chunk;                    /* the kv_config.chunk that bound was planned for (0: one class) */
 } kv_plan;
 
 /* Validate a config and size the pool without allocating. KV_ERR with a
@@ -200,8 +200,8 @@ typedef struct {
     size_t row_bytes;
     int block_size, n_layer, n_head_kv, head_dim;
     uint32_t type;
-    int n_slab;   /* slabs per layer: 2 (K, V), or 1 in the latent layout (the key row holds the value) */
-    int v_dim;    /* a value row's elements: head_dim, or latent_v read from the key row's start */
+    int n_slab; /* slabs per layer: 2 (K, V), or 1 in the latent layout (the key row holds the value) */
+    int v_dim;  /* a value row's elements: head_dim, or latent_v read from the key row's start */
 } kv_layout;
 /* The global class's layout: every layer when the pool has one class. */
 const kv_layout *kv_pool_layout(const kv_pool *p);
@@ -212,7 +212,8 @@ const kv_layout *kv_class_layout(const kv_pool *p, int cls);
 int kv_layer_class(const kv_pool *p, int layer, int *slot);
 /* which: 0 keys, 1 values (0 only in the latent layout). */
 static inline size_t kv_slab_offset(const kv_layout *l, int layer, int which, int head) {
-    return ((size_t)(layer * l->n_slab + which) * (size_t)l->n_head_kv + (size_t)head) * (size_t)l->block_size * l->row_bytes;
+    return ((size_t)(layer * l->n_slab + which) * (size_t)l->n_head_kv + (size_t)head) * (size_t)l->block_size *
+        l->row_bytes;
 }
 
 /* ---- sequences ------------------------------------------------------- */
@@ -302,10 +303,10 @@ typedef struct {
 
 typedef struct {
     /* block counts: the global class (every block without a window) */
-    int64_t n_blocks;      /* total */
-    int64_t n_used;        /* refcount > 0 */
-    int64_t n_free;        /* refcount 0, no key */
-    int64_t n_cached;      /* refcount 0, keyed: reusable by a prefix match, evictable */
+    int64_t n_blocks; /* total */
+    int64_t n_used;   /* refcount > 0 */
+    int64_t n_free;   /* refcount 0, no key */
+    int64_t n_cached; /* refcount 0, keyed: reusable by a prefix match, evictable */
     int block_size;
     uint64_t block_bytes;
     uint64_t bytes_total;  /* both classes: every block's bytes */
@@ -351,8 +352,8 @@ int kv_block_copy(kv_pool *p, const kv_copy *c);
 /* Make s a mirror: its tables (one per class, n_blocks entries each, -1 only
  * on a local table's first n_dropped entries), length and dropped count
  * as given (every block checked against the pool). */
-int kv_seq_mirror(kv_pool *p, kv_seq *s, const int32_t *const tables[KV_N_CLASS], int n_blocks, int len,
-                  int n_dropped, char *err, size_t errlen);
+int kv_seq_mirror(kv_pool *p, kv_seq *s, const int32_t *const tables[KV_N_CLASS], int n_blocks, int len, int n_dropped,
+                  char *err, size_t errlen);
 int kv_seq_dropped(const kv_seq *s);
 
 #endif

@@ -65,15 +65,15 @@ typedef struct {
 } cost_op;
 
 typedef struct {
-    cost_op op[LM_PROF_COUNT];  /* by profile slot (forward.h) */
+    cost_op op[LM_PROF_COUNT]; /* by profile slot (forward.h) */
     /* KV traffic by layer class: [0] global (whole-context) layers, [1]
      * sliding-window layers */
     double kv_read_class[2], kv_write_class[2];
     int n_layer_class[2];
-    double expert_bytes_all;    /* with experts: every expert's matrices (0 without) */
-    size_t kv_row_bytes;        /* one head's K (or V) of one token */
-    int n_tokens;               /* n_seq x n_tok */
-    int n_logits;               /* rows through the LM head */
+    double expert_bytes_all; /* with experts: every expert's matrices (0 without) */
+    size_t kv_row_bytes;     /* one head's K (or V) of one token */
+    int n_tokens;            /* n_seq x n_tok */
+    int n_logits;            /* rows through the LM head */
 } cost_pass;
 
 /* The costs of one pass of n_seq sequences, each running n_tok tokens at

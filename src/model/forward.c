@@ -63,8 +63,8 @@
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 
 const char *const lm_prof_names[LM_PROF_COUNT] = {
-    "embedding", "norms", "q/k/v matmul", "rope", "attention", "output matmul", "ffn gate+up matmul",
-    "ffn activation", "ffn down matmul", "lm head",
+    "embedding",          "norms",          "q/k/v matmul",    "rope",    "attention", "output matmul",
+    "ffn gate+up matmul", "ffn activation", "ffn down matmul", "lm head",
 };
 
 /* Profiling: PROF(f, slot) closes the interval started at the previous
@@ -72,13 +72,13 @@ const char *const lm_prof_names[LM_PROF_COUNT] = {
  * (pool_timing: publishing runs and waiting at their barriers) to
  * prof_gap[slot], part of prof[slot]. */
 #define PROF_START(f) double prof_t_ = (f)->profile ? prof_clock(f, NULL) : 0
-#define PROF(f, slot)                                    \
-    do {                                                 \
-        if ((f)->profile) {                              \
-            double now_ = prof_clock(f, &(f)->prof_gap[slot]); \
-            (f)->prof[slot] += now_ - prof_t_;           \
-            prof_t_ = now_;                              \
-        }                                                \
+#define PROF(f, slot)                                                                                                  \
+    do {                                                                                                               \
+        if ((f)->profile) {                                                                                            \
+            double now_ = prof_clock(f, &(f)->prof_gap[slot]);                                                         \
+            (f)->prof[slot] += now_ - prof_t_;                                                                         \
+            prof_t_ = now_;                                                                                            \
+        }                                                                                                              \
     } while (0)
 
 /* The time now; charges the pool's dispatch time since the last call to
@@ -161,8 +161,10 @@ lm_fwd *fwd_new(const lm_model *m, lm_pool *pool, kv_pool *kv, const fwd_dims *d
         return NULL;
     }
     if (plan->local_blocks_per_seq && d->n_batch > plan->chunk) {
-        lm_err(err, errlen, "passes of %d tokens over a KV pool whose sliding-window blocks are planned for appends "
-               "of at most %d", d->n_batch, plan->chunk);
+        lm_err(err, errlen,
+               "passes of %d tokens over a KV pool whose sliding-window blocks are planned for appends "
+               "of at most %d",
+               d->n_batch, plan->chunk);
         return NULL;
     }
     lm_fwd *f = lm_calloc(1, sizeof *f);
@@ -252,7 +254,7 @@ typedef struct {
     lm_fwd *f;
     const lm_seg *segs;
     int layer, n_seg;
-    int window;           /* 0: whole context */
+    int window; /* 0: whole context */
     atomic_int next;
 } attn_job;
 
@@ -305,35 +307,36 @@ static void rows_range(lm_fwd *f, const lm_layer *l, int stage, int t0, int t1) 
     for (int t = t0; t < t1; t++) {
         float *x = f->x + (size_t)t * E, *xb = f->xb + (size_t)t * E, *hb = f->hb + (size_t)t * E;
         switch (stage) {
-        case ROWS_ATTN_IN: ops_rmsnorm(xb, x, l->attn_norm, E, hp->norm_eps); break;
-        case ROWS_QK: {
-            float *q = f->q + (size_t)t * qd, *k = f->k + (size_t)t * kvd;
-            if (l->q_norm)
-                for (int h = 0; h < hp->n_head; h++) ops_rmsnorm(q + h * hd, q + h * hd, l->q_norm, hd, hp->norm_eps);
-            if (l->k_norm)
-                for (int h = 0; h < hp->n_head_kv; h++)
-                    ops_rmsnorm(k + h * hd, k + h * hd, l->k_norm, hd, hp->norm_eps);
-            const float *cs = f->cs + (size_t)t * hp->n_rot;
-            ops_rope_apply(q, hp->n_head, hd, hp->n_rot, cs, hp->rope_style);
-            ops_rope_apply(k, hp->n_head_kv, hd, hp->n_rot, cs, hp->rope_style);
-            break;
-        }
-        case ROWS_ATTN_OUT: /* hb holds attn · Woᵀ */
-            if (l->post_attn_norm) ops_rmsnorm(hb, hb, l->post_attn_norm, E, hp->norm_eps);
-            for (int i = 0; i < E; i++) x[i] += hb[i];
-            break;
-        case ROWS_FFN_IN: ops_rmsnorm(xb, x, l->ffn_norm, E, hp->norm_eps); break;
-        case ROWS_ACT: {
-            float *g = f->hb + (size_t)t * ff, *u = f->hb2 + (size_t)t * ff;
-            if (hp->gelu) ops_geglu(g, u, (int)ff);
-            else ops_swiglu(g, u, (int)ff);
-            break;
-        }
-        case ROWS_FFN_OUT: /* xb holds the down projection */
-            if (l->post_ffn_norm) ops_rmsnorm(xb, xb, l->post_ffn_norm, E, hp->norm_eps);
-            for (int i = 0; i < E; i++) x[i] += xb[i];
-            break;
-        default: break;
+            case ROWS_ATTN_IN: ops_rmsnorm(xb, x, l->attn_norm, E, hp->norm_eps); break;
+            case ROWS_QK: {
+                float *q = f->q + (size_t)t * qd, *k = f->k + (size_t)t * kvd;
+                if (l->q_norm)
+                    for (int h = 0; h < hp->n_head; h++)
+                        ops_rmsnorm(q + h * hd, q + h * hd, l->q_norm, hd, hp->norm_eps);
+                if (l->k_norm)
+                    for (int h = 0; h < hp->n_head_kv; h++)
+                        ops_rmsnorm(k + h * hd, k + h * hd, l->k_norm, hd, hp->norm_eps);
+                const float *cs = f->cs + (size_t)t * hp->n_rot;
+                ops_rope_apply(q, hp->n_head, hd, hp->n_rot, cs, hp->rope_style);
+                ops_rope_apply(k, hp->n_head_kv, hd, hp->n_rot, cs, hp->rope_style);
+                break;
+            }
+            case ROWS_ATTN_OUT: /* hb holds attn · Woᵀ */
+                if (l->post_attn_norm) ops_rmsnorm(hb, hb, l->post_attn_norm, E, hp->norm_eps);
+                for (int i = 0; i < E; i++) x[i] += hb[i];
+                break;
+            case ROWS_FFN_IN: ops_rmsnorm(xb, x, l->ffn_norm, E, hp->norm_eps); break;
+            case ROWS_ACT: {
+                float *g = f->hb + (size_t)t * ff, *u = f->hb2 + (size_t)t * ff;
+                if (hp->gelu) ops_geglu(g, u, (int)ff);
+                else ops_swiglu(g, u, (int)ff);
+                break;
+            }
+            case ROWS_FFN_OUT: /* xb holds the down projection */
+                if (l->post_ffn_norm) ops_rmsnorm(xb, xb, l->post_ffn_norm, E, hp->norm_eps);
+                for (int i = 0; i < E; i++) x[i] += xb[i];
+                break;
+            default: break;
         }
     }
 }
@@ -427,8 +430,7 @@ static int forward_batch(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *
                 else if (rope_ext)
                     ops_rope_angles_ext(f->cs + (size_t)t * hp->n_rot, hp->n_rot, f->pos[t], l->rope_base,
                                         l->rope_scale, rope_ff, hp->rope_attn_factor);
-                else
-                    ops_rope_angles(f->cs + (size_t)t * hp->n_rot, hp->n_rot, f->pos[t], l->rope_base, l->rope_scale);
+                else ops_rope_angles(f->cs + (size_t)t * hp->n_rot, hp->n_rot, f->pos[t], l->rope_base, l->rope_scale);
             cs_base = l->rope_base;
             cs_scale = l->rope_scale;
         }
@@ -515,8 +517,7 @@ static int forward_batch(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *
     return 0;
 }
 
-int fwd_run(lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_seg, float *logits, char *err,
-            size_t errlen) {
+int fwd_run(lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_seg, float *logits, char *err, size_t errlen) {
     const lm_hparams *hp = &f->m->hp;
     int n = 0;
     if (n_seg <= 0) return lm_err(err, errlen, "no tokens to process");
@@ -527,8 +528,8 @@ int fwd_run(lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_seg, flo
         if (sg->pos0 + sg->n > f->dims.n_ctx)
             return lm_err(err, errlen, "segment %d passes the context (%d positions)", g, f->dims.n_ctx);
         if (kv_seq_len(sg->seq) < sg->pos0 + sg->n)
-            return lm_err(err, errlen, "segment %d: its sequence holds %d positions, %d needed", g,
-                          kv_seq_len(sg->seq), sg->pos0 + sg->n);
+            return lm_err(err, errlen, "segment %d: its sequence holds %d positions, %d needed", g, kv_seq_len(sg->seq),
+                          sg->pos0 + sg->n);
         n += sg->n;
         if (n > f->dims.n_batch) return lm_err(err, errlen, "batch of more than %d tokens", f->dims.n_batch);
     }
@@ -627,8 +628,8 @@ int seqrun_forward(lm_seqrun *r, const int32_t *tokens, int n, float *logits, bo
     const int n_batch = f->dims.n_batch;
     if (n <= 0) return lm_err(err, errlen, "no tokens to process");
     if (n > r->n_ctx - r->n_past)
-        return lm_err(err, errlen, "context is full: %d positions used of %d, %d more requested", r->n_past,
-                      r->n_ctx, n);
+        return lm_err(err, errlen, "context is full: %d positions used of %d, %d more requested", r->n_past, r->n_ctx,
+                      n);
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
             return lm_err(err, errlen, "token id %d is out of range [0, %d)", tokens[i], hp->n_vocab);

@@ -62,36 +62,45 @@ void fwd_kv_config(const lm_model *m, const fwd_dims *d, kv_config *c);
 /* Where a forward pass spends its time (seconds, accumulated while
  * lm_fwd.profile is set). */
 enum {
-    LM_PROF_EMBED, LM_PROF_NORM, LM_PROF_QKV, LM_PROF_ROPE, LM_PROF_ATTN, LM_PROF_WO, LM_PROF_FFN_UP,
-    LM_PROF_FFN_ACT, LM_PROF_FFN_DOWN, LM_PROF_LM_HEAD, LM_PROF_COUNT
+    LM_PROF_EMBED,
+    LM_PROF_NORM,
+    LM_PROF_QKV,
+    LM_PROF_ROPE,
+    LM_PROF_ATTN,
+    LM_PROF_WO,
+    LM_PROF_FFN_UP,
+    LM_PROF_FFN_ACT,
+    LM_PROF_FFN_DOWN,
+    LM_PROF_LM_HEAD,
+    LM_PROF_COUNT
 };
 extern const char *const lm_prof_names[LM_PROF_COUNT];
 
 typedef struct lm_fwd {
     const lm_model *m;
-    lm_pool *pool;        /* not owned */
-    kv_pool *kv;          /* not owned: where the sequences of fwd_run live */
-    fwd_dims dims;        /* n_batch: rows of every buffer below; n_ctx: a segment's last position + 1 */
-    attn_scratch **scr;   /* (n_scr) attention scratch, one per pool thread */
+    lm_pool *pool;      /* not owned */
+    kv_pool *kv;        /* not owned: where the sequences of fwd_run live */
+    fwd_dims dims;      /* n_batch: rows of every buffer below; n_ctx: a segment's last position + 1 */
+    attn_scratch **scr; /* (n_scr) attention scratch, one per pool thread */
     int n_scr;
-    float *x;             /* (n_batch, n_embd) residual stream */
-    float *xb;            /* (n_batch, max(n_embd, q_dim)) normed input / attention output */
-    float *q;             /* (n_batch, n_head * head_dim) */
-    float *k, *v;         /* (n_batch, n_head_kv * head_dim) */
-    float *hb, *hb2;      /* (n_batch, max(n_ff, n_embd)), (n_batch, n_ff) */
-    float *cs;            /* (n_batch, n_rot) rope cos/sin */
-    int *pos;             /* (n_batch) each row's position */
-    int *seg_row0;        /* (n_batch + 1) a segment's first row */
-    int *seg_item0;       /* (n_batch + 1) a segment's first attention work item */
-    struct moe_ws *moe;   /* the expert workspace (moe.h), NULL without experts */
-    struct mla_ws *mla;   /* the latent attention workspace (mla.h), NULL without it */
-    void *act;            /* quantized activations for ops_matmul */
+    float *x;           /* (n_batch, n_embd) residual stream */
+    float *xb;          /* (n_batch, max(n_embd, q_dim)) normed input / attention output */
+    float *q;           /* (n_batch, n_head * head_dim) */
+    float *k, *v;       /* (n_batch, n_head_kv * head_dim) */
+    float *hb, *hb2;    /* (n_batch, max(n_ff, n_embd)), (n_batch, n_ff) */
+    float *cs;          /* (n_batch, n_rot) rope cos/sin */
+    int *pos;           /* (n_batch) each row's position */
+    int *seg_row0;      /* (n_batch + 1) a segment's first row */
+    int *seg_item0;     /* (n_batch + 1) a segment's first attention work item */
+    struct moe_ws *moe; /* the expert workspace (moe.h), NULL without experts */
+    struct mla_ws *mla; /* the latent attention workspace (mla.h), NULL without it */
+    void *act;          /* quantized activations for ops_matmul */
     size_t act_bytes;
-    size_t ws_bytes;      /* every byte of the workspace allocated by fwd_new (fwd_workspace_bytes) */
-    bool profile;         /* accumulate per-op times into prof[] */
+    size_t ws_bytes; /* every byte of the workspace allocated by fwd_new (fwd_workspace_bytes) */
+    bool profile;    /* accumulate per-op times into prof[] */
     double prof[LM_PROF_COUNT];
-    double prof_gap[LM_PROF_COUNT]; /* of prof[]: the pool's dispatch time (pool_timing, when enabled) */
-    double prof_gap_mark;           /* pool_timing wait_s at the last profile mark */
+    double prof_gap[LM_PROF_COUNT];  /* of prof[]: the pool's dispatch time (pool_timing, when enabled) */
+    double prof_gap_mark;            /* pool_timing wait_s at the last profile mark */
     const struct fwd_head_sel *head; /* NULL: the whole LM head; else logits over a subset (below) */
 } lm_fwd;
 
@@ -121,10 +130,9 @@ void fwd_free(lm_fwd *f);
 typedef struct {
     kv_seq *seq;
     int pos0, n;
-    int n_logits;         /* 0 .. n */
+    int n_logits; /* 0 .. n */
 } lm_seg;
-int fwd_run(lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_seg, float *logits, char *err,
-            size_t errlen);
+int fwd_run(lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_seg, float *logits, char *err, size_t errlen);
 
 /* ---- an LM head over a vocabulary subset (head_sub.c) --------------------- */
 
@@ -141,20 +149,20 @@ int fwd_run(lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_seg, flo
  * pipeline parallelism (head_sub_new refuses). The target never sets it.
  */
 typedef struct {
-    lm_weight w;          /* (n, n_embd) the subset's rows of the LM head, in its type (packed when the
+    lm_weight w;  /* (n, n_embd) the subset's rows of the LM head, in its type (packed when the
                              kernels have a packed form) */
-    int32_t *ids;         /* (n) their token ids, ascending */
+    int32_t *ids; /* (n) their token ids, ascending */
     int n;
-    void *mem;            /* owns w's rows and packed copy */
-    size_t bytes;         /* of mem and ids: head_sub_bytes */
+    void *mem;    /* owns w's rows and packed copy */
+    size_t bytes; /* of mem and ids: head_sub_bytes */
 } lm_head_sub;
 
 typedef struct fwd_head_sel {
     const lm_head_sub *sub;
     const int32_t *extra; /* (n_extra) more token ids, none of them in sub */
     int n_extra;
-    uint8_t *gather;      /* (n_extra, output.row_bytes) scratch for their rows */
-    float *out;           /* (rows, sub->n + n_extra) scratch: the products before the scatter */
+    uint8_t *gather; /* (n_extra, output.row_bytes) scratch for their rows */
+    float *out;      /* (rows, sub->n + n_extra) scratch: the products before the scatter */
 } fwd_head_sel;
 
 /* The bytes head_sub_new allocates for n rows of m's LM head. */
@@ -173,12 +181,12 @@ void head_sub_logits(lm_fwd *f, float *logits, int rows);
 /* ---- one sequence -------------------------------------------------------- */
 
 typedef struct lm_seqrun {
-    lm_fwd *fwd;          /* owned: the workspace its passes run in */
-    kv_pool *kv;          /* its own (owns_kv) or a caller's */
-    bool owns_kv;         /* kv is freed with it */
-    kv_seq *seq;          /* the sequence, in kv */
-    int n_ctx;            /* positions it may hold (fwd->dims.n_ctx) */
-    int n_past;           /* positions filled */
+    lm_fwd *fwd;  /* owned: the workspace its passes run in */
+    kv_pool *kv;  /* its own (owns_kv) or a caller's */
+    bool owns_kv; /* kv is freed with it */
+    kv_seq *seq;  /* the sequence, in kv */
+    int n_ctx;    /* positions it may hold (fwd->dims.n_ctx) */
+    int n_past;   /* positions filled */
 } lm_seqrun;
 
 /* A sequence in a pool of its own: one sequence of n_ctx positions (<= 0:

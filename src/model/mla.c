@@ -20,17 +20,17 @@
 
 /* Per-thread buffers of the per-head products. */
 typedef struct {
-    float *in;   /* (n_batch, max(qk_nope, R)) one head's gathered input rows */
-    float *out;  /* (n_batch, max(R, v_head_dim)) its product */
-    void *act;   /* ops_matmul activation scratch for those products */
+    float *in;  /* (n_batch, max(qk_nope, R)) one head's gathered input rows */
+    float *out; /* (n_batch, max(R, v_head_dim)) its product */
+    void *act;  /* ops_matmul activation scratch for those products */
 } head_buf;
 
 struct mla_ws {
     int n_batch, n_thr;
-    float *q;      /* (n_batch, n_head * qk) the queries before absorption */
-    float *qa;     /* (n_batch, q_lora_rank) the query bottleneck, or NULL */
-    float *ol;     /* (n_batch, n_head * R) attention output in the latent space */
-    head_buf *hb;  /* (n_thr) */
+    float *q;     /* (n_batch, n_head * qk) the queries before absorption */
+    float *qa;    /* (n_batch, q_lora_rank) the query bottleneck, or NULL */
+    float *ol;    /* (n_batch, n_head * R) attention output in the latent space */
+    head_buf *hb; /* (n_thr) */
 };
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
@@ -84,7 +84,8 @@ mla_ws *mla_ws_new(const lm_model *m, int n_batch, int n_threads, char *err, siz
     }
     if (!ok) {
         mla_ws_free(w);
-        lm_err(err, errlen, "out of memory allocating the latent attention workspace for batches of %d tokens", n_batch);
+        lm_err(err, errlen, "out of memory allocating the latent attention workspace for batches of %d tokens",
+               n_batch);
         return NULL;
     }
     return w;
@@ -147,8 +148,16 @@ static void heads_worker(void *arg, int ith, int nth) {
 
 static void run_heads(lm_fwd *f, const lm_weight *ws, const float *src, size_t src_stride, size_t src_w, float *dst,
                       size_t dst_stride, size_t dst_w, int n) {
-    heads_job j = {.w = f->mla, .ws = ws, .src = src, .src_stride = src_stride, .src_w = src_w, .dst = dst,
-                   .dst_stride = dst_stride, .dst_w = dst_w, .n = n, .n_head = f->m->hp.n_head};
+    heads_job j = {.w = f->mla,
+                   .ws = ws,
+                   .src = src,
+                   .src_stride = src_stride,
+                   .src_w = src_w,
+                   .dst = dst,
+                   .dst_stride = dst_stride,
+                   .dst_w = dst_w,
+                   .n = n,
+                   .n_head = f->m->hp.n_head};
     atomic_init(&j.next, 0);
     pool_run(f->mla->n_thr > 1 ? f->pool : NULL, heads_worker, &j);
 }
@@ -212,15 +221,15 @@ void mla_attn(lm_fwd *f, const lm_layer *l, int li, const lm_seg *segs, int n_se
                 memcpy(qt + (size_t)h * kd + R, q + (size_t)h * qk + nope, (size_t)r * sizeof(float));
         }
         for (int g = 0; g < n_seg; g++)
-            kv_store_rows(f->kv, segs[g].seq, li, segs[g].pos0, segs[g].n, f->k + (size_t)f->seg_row0[g] * kd, kd,
-                          NULL, 0);
+            kv_store_rows(f->kv, segs[g].seq, li, segs[g].pos0, segs[g].n, f->k + (size_t)f->seg_row0[g] * kd, kd, NULL,
+                          0);
     } else if (phase == MLA_SCORES) {
         attn_job aj = {.f = f, .segs = segs, .layer = li, .n_seg = n_seg};
         atomic_init(&aj.next, 0);
         pool_run(f->pool, attn_worker, &aj);
     } else {
         /* values: out_h = W_UV_h o_h, into xb as attn_output's input rows */
-        run_heads(f, a->v_b, w->ol, (size_t)H * R, (size_t)R, f->xb, (size_t)H * hp->v_head_dim,
-                  (size_t)hp->v_head_dim, n);
+        run_heads(f, a->v_b, w->ol, (size_t)H * R, (size_t)R, f->xb, (size_t)H * hp->v_head_dim, (size_t)hp->v_head_dim,
+                  n);
     }
 }

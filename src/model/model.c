@@ -30,15 +30,15 @@
 
 const char *model_arch_name(lm_arch a) {
     switch (a) {
-    case LM_ARCH_LLAMA: return "llama";
-    case LM_ARCH_QWEN2: return "qwen2";
-    case LM_ARCH_GEMMA3: return "gemma3";
-    case LM_ARCH_QWEN3: return "qwen3";
-    case LM_ARCH_GEMMA2: return "gemma2";
-    case LM_ARCH_PHI3: return "phi3";
-    case LM_ARCH_QWEN2MOE: return "qwen2moe";
-    case LM_ARCH_QWEN3MOE: return "qwen3moe";
-    case LM_ARCH_DEEPSEEK2: return "deepseek2";
+        case LM_ARCH_LLAMA: return "llama";
+        case LM_ARCH_QWEN2: return "qwen2";
+        case LM_ARCH_GEMMA3: return "gemma3";
+        case LM_ARCH_QWEN3: return "qwen3";
+        case LM_ARCH_GEMMA2: return "gemma2";
+        case LM_ARCH_PHI3: return "phi3";
+        case LM_ARCH_QWEN2MOE: return "qwen2moe";
+        case LM_ARCH_QWEN3MOE: return "qwen3moe";
+        case LM_ARCH_DEEPSEEK2: return "deepseek2";
     }
     return "unknown";
 }
@@ -60,9 +60,10 @@ uint64_t model_layer_bytes_per_token(const lm_model *m, uint64_t *total) {
         if (l->mla) {
             const lm_mla *a = l->mla;
             dense += (uint64_t)a->q_a.rows * a->q_a.row_bytes + (uint64_t)a->q_b.rows * a->q_b.row_bytes +
-                     (uint64_t)a->kv_a.rows * a->kv_a.row_bytes;
+                (uint64_t)a->kv_a.rows * a->kv_a.row_bytes;
             for (int h = 0; h < m->hp.n_head; h++)
-                dense += (uint64_t)a->k_b[h].rows * a->k_b[h].row_bytes + (uint64_t)a->v_b[h].rows * a->v_b[h].row_bytes;
+                dense +=
+                    (uint64_t)a->k_b[h].rows * a->k_b[h].row_bytes + (uint64_t)a->v_b[h].rows * a->v_b[h].row_bytes;
         }
         active += dense;
         all += dense;
@@ -85,25 +86,29 @@ uint64_t model_layer_bytes_per_token(const lm_model *m, uint64_t *total) {
 typedef enum { DIM_EMBD, DIM_Q, DIM_KV, DIM_FF, DIM_HEAD } hp_dim;
 
 #define ARCH(a) (1u << (a))
-#define ALL_ARCHS (ARCH(LM_ARCH_LLAMA) | ARCH(LM_ARCH_QWEN2) | ARCH(LM_ARCH_GEMMA3) | ARCH(LM_ARCH_QWEN3) | \
-                   ARCH(LM_ARCH_GEMMA2) | ARCH(LM_ARCH_PHI3) | ARCH(LM_ARCH_QWEN2MOE) | ARCH(LM_ARCH_QWEN3MOE))
+#define ALL_ARCHS                                                                                                      \
+    (ARCH(LM_ARCH_LLAMA) | ARCH(LM_ARCH_QWEN2) | ARCH(LM_ARCH_GEMMA3) | ARCH(LM_ARCH_QWEN3) | ARCH(LM_ARCH_GEMMA2) |   \
+     ARCH(LM_ARCH_PHI3) | ARCH(LM_ARCH_QWEN2MOE) | ARCH(LM_ARCH_QWEN3MOE))
 #define QK_NORM_ARCHS (ARCH(LM_ARCH_GEMMA3) | ARCH(LM_ARCH_QWEN3) | ARCH(LM_ARCH_QWEN3MOE))
 #define POST_NORM_ARCHS (ARCH(LM_ARCH_GEMMA3) | ARCH(LM_ARCH_GEMMA2))
 #define FUSED_ARCHS ARCH(LM_ARCH_PHI3)
 
 typedef struct {
-    const char *name;      /* GGUF name after "blk.N." */
-    size_t offset;         /* its field in lm_layer: an lm_weight (matrix) or a const float * (vector) */
+    const char *name; /* GGUF name after "blk.N." */
+    size_t offset;    /* its field in lm_layer: an lm_weight (matrix) or a const float * (vector) */
     bool matrix;
-    hp_dim cols, rows;     /* a matrix's input and output features; a vector has cols elements */
-    unsigned required;     /* ARCH() bits of the architectures that must have it; optional for the others */
-    unsigned fused;        /* ARCH() bits of the architectures that store it inside a fused matrix */
-    bool ffn;              /* a dense FFN matrix: loaded by load_moe instead when the model has experts */
+    hp_dim cols, rows; /* a matrix's input and output features; a vector has cols elements */
+    unsigned required; /* ARCH() bits of the architectures that must have it; optional for the others */
+    unsigned fused;    /* ARCH() bits of the architectures that store it inside a fused matrix */
+    bool ffn;          /* a dense FFN matrix: loaded by load_moe instead when the model has experts */
 } layer_tensor;
 
-#define MAT(n, field, c, r, fu) {n, offsetof(lm_layer, field), true, c, r, ALL_ARCHS, fu, false}
-#define FFN(n, field, c, r, fu) {n, offsetof(lm_layer, field), true, c, r, ALL_ARCHS, fu, true}
-#define VEC(n, field, c, req) {n, offsetof(lm_layer, field), false, c, 0, req, 0, false}
+#define MAT(n, field, c, r, fu)                                                                                        \
+    { n, offsetof(lm_layer, field), true, c, r, ALL_ARCHS, fu, false }
+#define FFN(n, field, c, r, fu)                                                                                        \
+    { n, offsetof(lm_layer, field), true, c, r, ALL_ARCHS, fu, true }
+#define VEC(n, field, c, req)                                                                                          \
+    { n, offsetof(lm_layer, field), false, c, 0, req, 0, false }
 
 /* In load order (the first problem found is the one reported). */
 static const layer_tensor layer_tensors[] = {
@@ -128,11 +133,11 @@ static const layer_tensor layer_tensors[] = {
 
 static int64_t dim_len(const lm_hparams *hp, hp_dim d) {
     switch (d) {
-    case DIM_EMBD: return hp->n_embd;
-    case DIM_Q: return (int64_t)hp->n_head * hp->head_dim;
-    case DIM_KV: return (int64_t)hp->n_head_kv * hp->head_dim;
-    case DIM_FF: return hp->n_ff;
-    case DIM_HEAD: return hp->head_dim;
+        case DIM_EMBD: return hp->n_embd;
+        case DIM_Q: return (int64_t)hp->n_head * hp->head_dim;
+        case DIM_KV: return (int64_t)hp->n_head_kv * hp->head_dim;
+        case DIM_FF: return hp->n_ff;
+        case DIM_HEAD: return hp->head_dim;
     }
     return 0;
 }
@@ -159,13 +164,19 @@ typedef struct {
     lm_status status;        /* the kind of a failure: LM_ERR_FORMAT unless set otherwise */
     lm_progress_fn progress; /* may be NULL */
     void *progress_user;
-    bool kv_b_whole;         /* deepseek2 file with attn_kv_b unsplit (no *_length_mla keys) */
+    bool kv_b_whole; /* deepseek2 file with attn_kv_b unsplit (no *_length_mla keys) */
 } loader;
 
 /* Mark the failure being reported as not supported / out of memory; returns
  * -1, so `return unsupported(L), lm_err(...)` reads as one failure. */
-static int unsupported(loader *L) { L->status = LM_ERR_UNSUPPORTED; return -1; }
-static int nomem(loader *L) { L->status = LM_ERR_NOMEM; return -1; }
+static int unsupported(loader *L) {
+    L->status = LM_ERR_UNSUPPORTED;
+    return -1;
+}
+static int nomem(loader *L) {
+    L->status = LM_ERR_NOMEM;
+    return -1;
+}
 
 /* Tell the caller's progress callback how far loading is (0 .. 1); -1 when
  * it answers stop. Loading shares: 0.05 the header, up to 0.2 reading the
@@ -177,8 +188,7 @@ static int report(loader *L, double done) {
 }
 
 /* Read an integer hyperparameter `<arch>.<suffix>`; def < 0 means required. */
-static int get_hp_int(loader *L, const char *arch, const char *suffix, int64_t def, int64_t lo,
-                      int64_t hi, int *out) {
+static int get_hp_int(loader *L, const char *arch, const char *suffix, int64_t def, int64_t lo, int64_t hi, int *out) {
     char key[160];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     int64_t v;
@@ -189,8 +199,8 @@ static int get_hp_int(loader *L, const char *arch, const char *suffix, int64_t d
         v = def;
     }
     if (v < lo || v > hi)
-        return lm_err(L->err, L->errlen, "metadata '%s' = %lld is out of range [%lld, %lld]", key,
-                      (long long)v, (long long)lo, (long long)hi);
+        return lm_err(L->err, L->errlen, "metadata '%s' = %lld is out of range [%lld, %lld]", key, (long long)v,
+                      (long long)lo, (long long)hi);
     *out = (int)v;
     return 0;
 }
@@ -200,8 +210,7 @@ static int get_hp_float(loader *L, const char *arch, const char *suffix, double 
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     double v;
     if (!gguf_get_float(L->m->gguf, key, &v)) {
-        if (gguf_find_key(L->m->gguf, key) >= 0)
-            return lm_err(L->err, L->errlen, "metadata '%s' is not a number", key);
+        if (gguf_find_key(L->m->gguf, key) >= 0) return lm_err(L->err, L->errlen, "metadata '%s' is not a number", key);
         v = def;
     }
     if (!(v == v) || v < 0 || v > 1e30) return lm_err(L->err, L->errlen, "metadata '%s' = %g is out of range", key, v);
@@ -220,10 +229,9 @@ static const gguf_tensor *find_shaped(loader *L, const char *name, int64_t ne0, 
     uint64_t want1 = ne1 > 0 ? (uint64_t)ne1 : 1;
     bool ok = t->ne[0] == (uint64_t)ne0 && t->ne[1] == want1 && t->ne[2] == 1 && t->ne[3] == 1;
     if (!ok) {
-        lm_err(L->err, L->errlen, "tensor '%s' has shape [%llu, %llu, %llu, %llu], expected [%lld, %lld]",
-               name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
-               (unsigned long long)t->ne[2], (unsigned long long)t->ne[3], (long long)ne0,
-               (long long)want1);
+        lm_err(L->err, L->errlen, "tensor '%s' has shape [%llu, %llu, %llu, %llu], expected [%lld, %lld]", name,
+               (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (unsigned long long)t->ne[2],
+               (unsigned long long)t->ne[3], (long long)ne0, (long long)want1);
         return NULL;
     }
     return t;
@@ -233,7 +241,8 @@ static int load_weight(loader *L, const char *name, int64_t cols, int64_t rows, 
     const gguf_tensor *t = find_shaped(L, name, cols, rows, true);
     if (!t) return -1;
     if (!quant_supported(t->type))
-        return unsupported(L), lm_err(L->err, L->errlen, "tensor '%s' has type %s, which lamina cannot compute with", name,
+        return unsupported(L),
+               lm_err(L->err, L->errlen, "tensor '%s' has type %s, which lamina cannot compute with", name,
                       quant_type_name(t->type));
     w->data = t->data;
     w->type = t->type;
@@ -254,7 +263,8 @@ static int load_vec(loader *L, const char *name, int64_t n, bool required, const
     }
     const lm_type_kernels *tk = kernels_type(t->type);
     if (!tk || !tk->to_float)
-        return unsupported(L), lm_err(L->err, L->errlen, "tensor '%s' has type %s, which lamina cannot read", name,
+        return unsupported(L),
+               lm_err(L->err, L->errlen, "tensor '%s' has type %s, which lamina cannot read", name,
                       quant_type_name(t->type));
     if (L->f32_used + (size_t)n > L->f32_cap) return lm_err(L->err, L->errlen, "internal: vector slab too small");
     float *dst = L->m->f32 + L->f32_used;
@@ -277,8 +287,8 @@ static int read_moe_hparams(loader *L, const char *arch) {
     if (hp->arch != LM_ARCH_LLAMA && !qmoe)
         return unsupported(L), lm_err(L->err, L->errlen, "experts in a %s model are not supported", arch);
     if (get_hp_int(L, arch, "expert_used_count", -1, 1, hp->n_expert, &hp->n_expert_used) ||
-        get_hp_int(L, arch, "expert_feed_forward_length", qmoe ? hp->n_ff / hp->n_expert_used : hp->n_ff, 1,
-                   1 << 23, &hp->n_ff_exp))
+        get_hp_int(L, arch, "expert_feed_forward_length", qmoe ? hp->n_ff / hp->n_expert_used : hp->n_ff, 1, 1 << 23,
+                   &hp->n_ff_exp))
         return -1;
     if (hp->arch == LM_ARCH_QWEN2MOE &&
         get_hp_int(L, arch, "expert_shared_feed_forward_length", hp->n_ff, 1, 1 << 23, &hp->n_ff_shexp))
@@ -310,8 +320,7 @@ static int read_family_hparams(loader *L, const char *arch) {
     } else if (hp->arch == LM_ARCH_PHI3) {
         /* one window on every layer, where the file sets one */
         if (get_hp_int(L, arch, "attention.sliding_window", 0, 0, 1 << 30, &hp->swa_window) ||
-            get_hp_int(L, arch, "rope.scaling.original_context_length", hp->n_ctx_train, 1, 1 << 30,
-                       &hp->n_ctx_orig) ||
+            get_hp_int(L, arch, "rope.scaling.original_context_length", hp->n_ctx_train, 1, 1 << 30, &hp->n_ctx_orig) ||
             get_hp_float(L, arch, "rope.scaling.attn_factor", 1.0, &hp->rope_attn_factor))
             return -1;
         hp->swa_pattern = 0;
@@ -349,9 +358,12 @@ static int read_rope_scaling(loader *L, const char *arch, bool yarn_ok, float *k
     /* deepseek2 folds the scaling into its attention scale, as DeepSeek's files use it: yarn only */
     bool linear_ok = hp->arch != LM_ARCH_DEEPSEEK2;
     if (!(gguf_str_eq(s, "linear") && linear_ok) && !(yarn && yarn_ok))
-        return unsupported(L), lm_err(L->err, L->errlen, "rope scaling '%.*s' is not supported for %s (%s)",
-                                      (int)(s.len > 32 ? 32 : s.len), s.ptr, arch,
-                                      !linear_ok ? "only yarn is" : yarn_ok ? "linear and yarn are" : "only linear is");
+        return unsupported(L),
+               lm_err(L->err, L->errlen, "rope scaling '%.*s' is not supported for %s (%s)",
+                      (int)(s.len > 32 ? 32 : s.len), s.ptr, arch,
+                      !linear_ok    ? "only yarn is"
+                          : yarn_ok ? "linear and yarn are"
+                                    : "only linear is");
     if (get_hp_float(L, arch, "rope.scaling.factor", 1.0, &f)) return -1;
     if (f > 0) hp->rope_scale = 1.0f / f;
     if (!yarn) return 0;
@@ -364,8 +376,10 @@ static int read_rope_scaling(loader *L, const char *arch, bool yarn_ok, float *k
         (hp->arch == LM_ARCH_DEEPSEEK2 && get_hp_float(L, arch, "rope.scaling.yarn_log_multiplier", 0.0, &log_mul)))
         return -1;
     if (!(beta_fast > 0) || !(beta_slow > 0) || attn == 0.0f)
-        return lm_err(L->err, L->errlen, "yarn rope scaling of %s: beta_fast %g, beta_slow %g and attn_factor %g must "
-                      "be positive", arch, beta_fast, beta_slow, attn);
+        return lm_err(L->err, L->errlen,
+                      "yarn rope scaling of %s: beta_fast %g, beta_slow %g and attn_factor %g must "
+                      "be positive",
+                      arch, beta_fast, beta_slow, attn);
     float m_all = log_mul / 0.1f; /* the converter wrote 0.1 * mscale_all_dim */
     float a = m_all != 0.0f ? 1.0f : yarn_mscale(f, 1.0f);
     hp->rope_yarn = true;
@@ -398,7 +412,8 @@ static int read_mla_hparams(loader *L, const char *arch) {
     if (get_hp_int(L, arch, "attention.kv_lora_rank", -1, 1, 1 << 16, &hp->kv_lora_rank) ||
         get_hp_int(L, arch, "attention.q_lora_rank", 0, 0, 1 << 16, &hp->q_lora_rank) ||
         get_hp_int(L, arch, "rope.dimension_count", -1, 2, 4096, &hp->n_rot) ||
-        get_hp_int(L, arch, "attention.key_length", L->kv_b_whole ? -1 : hp->kv_lora_rank + hp->n_rot, 1, 1 << 17, &kl) ||
+        get_hp_int(L, arch, "attention.key_length", L->kv_b_whole ? -1 : hp->kv_lora_rank + hp->n_rot, 1, 1 << 17,
+                   &kl) ||
         get_hp_int(L, arch, "attention.value_length", L->kv_b_whole ? -1 : hp->kv_lora_rank, 1, 1 << 17, &vl) ||
         get_hp_float(L, arch, "rope.freq_base", 10000.0, &hp->rope_base) ||
         get_hp_float(L, arch, "attention.layer_norm_rms_epsilon", 1e-6, &hp->norm_eps) ||
@@ -417,8 +432,8 @@ static int read_mla_hparams(loader *L, const char *arch) {
         return lm_err(L->err, L->errlen, "key_length_mla %d leaves no dimension beside the %d rotated ones", kl_mla,
                       hp->n_rot);
     if (kl != hp->kv_lora_rank + hp->n_rot || vl != hp->kv_lora_rank)
-        return lm_err(L->err, L->errlen, "key/value length %d/%d do not match kv_lora_rank %d and %d rotated dims",
-                      kl, vl, hp->kv_lora_rank, hp->n_rot);
+        return lm_err(L->err, L->errlen, "key/value length %d/%d do not match kv_lora_rank %d and %d rotated dims", kl,
+                      vl, hp->kv_lora_rank, hp->n_rot);
     hp->qk_nope = kl_mla - hp->n_rot;
     hp->v_head_dim = vl_mla;
     hp->head_dim = hp->kv_lora_rank + hp->n_rot; /* the cache row: one KV head */
@@ -447,12 +462,15 @@ static int read_mla_hparams(loader *L, const char *arch) {
     if (hp->moe_scale == 0.0f) hp->moe_scale = 1.0f;
     hp->n_ff_shexp = shared * hp->n_ff_exp;
     if (gating != 0 && gating != 1 && gating != 2)
-        return unsupported(L), lm_err(L->err, L->errlen, "expert gating function %d is not supported (1 softmax, "
-                                      "2 sigmoid)", gating);
+        return unsupported(L),
+               lm_err(L->err, L->errlen,
+                      "expert gating function %d is not supported (1 softmax, "
+                      "2 sigmoid)",
+                      gating);
     hp->moe_sigmoid = gating == 2;
     if (groups > 1)
-        return unsupported(L), lm_err(L->err, L->errlen, "group-limited expert routing (%d groups) is not supported",
-                                      groups);
+        return unsupported(L),
+               lm_err(L->err, L->errlen, "group-limited expert routing (%d groups) is not supported", groups);
     snprintf(key, sizeof key, "%s.expert_weights_norm", arch);
     bool norm = false;
     if (gguf_find_key(L->m->gguf, key) >= 0 && !gguf_get_bool(L->m->gguf, key, &norm))
@@ -497,8 +515,11 @@ static int read_hparams(loader *L) {
         hp->arch = LM_ARCH_DEEPSEEK2;
         hp->rope_style = LM_ROPE_ADJACENT;
     } else {
-        return unsupported(L), lm_err(L->err, L->errlen, "unsupported architecture '%s' (lamina runs llama, qwen2, "
-                                      "qwen3, qwen2moe, qwen3moe, gemma2, gemma3, phi3 and deepseek2)", arch);
+        return unsupported(L),
+               lm_err(L->err, L->errlen,
+                      "unsupported architecture '%s' (lamina runs llama, qwen2, "
+                      "qwen3, qwen2moe, qwen3moe, gemma2, gemma3, phi3 and deepseek2)",
+                      arch);
     }
     const int64_t big = 1 << 20;
     if (get_hp_int(L, arch, "block_count", -1, 1, 4096, &hp->n_layer) ||
@@ -517,7 +538,9 @@ static int read_hparams(loader *L) {
     int vlen;
     if (get_hp_int(L, arch, "attention.value_length", hp->head_dim, 1, 4096, &vlen)) return -1;
     if (vlen != hp->head_dim)
-        return unsupported(L), lm_err(L->err, L->errlen, "key length %d differs from value length %d: not supported", hp->head_dim, vlen);
+        return unsupported(L),
+               lm_err(L->err, L->errlen, "key length %d differs from value length %d: not supported", hp->head_dim,
+                      vlen);
     if (get_hp_int(L, arch, "rope.dimension_count", hp->head_dim, 2, hp->head_dim, &hp->n_rot)) return -1;
     if (hp->n_rot % 2) return lm_err(L->err, L->errlen, "rope dimension count %d is odd", hp->n_rot);
     if (get_hp_float(L, arch, "rope.freq_base", 10000.0, &hp->rope_base) ||
@@ -599,15 +622,19 @@ static int load_slices(loader *L, const char *name, int64_t cols, int64_t rows, 
     if (!t) return lm_err(L->err, L->errlen, "missing tensor '%s'", name);
     if (t->ne[0] != (uint64_t)cols || t->ne[1] != (uint64_t)rows || t->ne[2] != (uint64_t)n || t->ne[3] != 1)
         return lm_err(L->err, L->errlen, "tensor '%s' has shape [%llu, %llu, %llu, %llu], expected [%lld, %lld, %d]",
-                      name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
-                      (unsigned long long)t->ne[2], (unsigned long long)t->ne[3], (long long)cols, (long long)rows, n);
+                      name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (unsigned long long)t->ne[2],
+                      (unsigned long long)t->ne[3], (long long)cols, (long long)rows, n);
     if (!quant_supported(t->type))
-        return unsupported(L), lm_err(L->err, L->errlen, "tensor '%s' has type %s, which lamina cannot compute with",
-                                      name, quant_type_name(t->type));
+        return unsupported(L),
+               lm_err(L->err, L->errlen, "tensor '%s' has type %s, which lamina cannot compute with", name,
+                      quant_type_name(t->type));
     size_t rb = quant_row_size(t->type, cols);
     for (int e = 0; e < n; e++)
-        out[e] = (lm_weight){.data = (const uint8_t *)t->data + (size_t)e * (size_t)rows * rb, .type = t->type,
-                             .rows = rows, .cols = cols, .row_bytes = rb};
+        out[e] = (lm_weight){.data = (const uint8_t *)t->data + (size_t)e * (size_t)rows * rb,
+                             .type = t->type,
+                             .rows = rows,
+                             .cols = cols,
+                             .row_bytes = rb};
     return 0;
 }
 
@@ -667,7 +694,8 @@ static int load_kv_b(loader *L, int li, const char *name, lm_mla *a) {
     if (!m->kb_mem) {
         m->kb_bytes = per_layer * (size_t)hp->n_layer;
         m->kb_mem = lm_malloc(m->kb_bytes);
-        if (!m->kb_mem) return nomem(L), lm_err(L->err, L->errlen, "out of memory splitting attn_kv_b (%zu bytes)", m->kb_bytes);
+        if (!m->kb_mem)
+            return nomem(L), lm_err(L->err, L->errlen, "out of memory splitting attn_kv_b (%zu bytes)", m->kb_bytes);
     }
     float *src = lm_malloc((size_t)(nope * R) * sizeof(float)), *col = lm_malloc((size_t)nope * sizeof(float));
     if (!src || !col) {
@@ -714,19 +742,18 @@ static int load_mla_layer(loader *L, int i, lm_layer *l) {
         return -1;
     if (L->kv_b_whole ? load_kv_b(L, i, NAME("attn_kv_b.weight"), a)
                       : load_slices(L, NAME("attn_k_b.weight"), hp->qk_nope, R, (int)H, a->k_b) ||
-                            load_slices(L, NAME("attn_v_b.weight"), R, hp->v_head_dim, (int)H, a->v_b))
+                load_slices(L, NAME("attn_v_b.weight"), R, hp->v_head_dim, (int)H, a->v_b))
         return -1;
     if (load_weight(L, NAME("attn_output.weight"), H * hp->v_head_dim, E, &l->wo) ||
         load_vec(L, NAME("ffn_norm.weight"), E, true, &l->ffn_norm))
         return -1;
     if (i < hp->n_layer_dense)
         return load_weight(L, NAME("ffn_gate.weight"), E, hp->n_ff, &l->w_gate) ||
-                       load_weight(L, NAME("ffn_up.weight"), E, hp->n_ff, &l->w_up) ||
-                       load_weight(L, NAME("ffn_down.weight"), hp->n_ff, E, &l->w_down)
-                   ? -1
-                   : 0;
-    if (load_moe(L, i, l) ||
-        load_vec(L, NAME("exp_probs_b.bias"), hp->n_expert, false, &m->moe[i].probs_bias))
+                load_weight(L, NAME("ffn_up.weight"), E, hp->n_ff, &l->w_up) ||
+                load_weight(L, NAME("ffn_down.weight"), hp->n_ff, E, &l->w_down)
+            ? -1
+            : 0;
+    if (load_moe(L, i, l) || load_vec(L, NAME("exp_probs_b.bias"), hp->n_expert, false, &m->moe[i].probs_bias))
         return -1;
 #undef NAME
     return 0;
@@ -780,12 +807,12 @@ static int load_tensors(loader *L) {
         lm_layer *l = &m->layers[i];
         for (size_t k = 0; k < N_LAYER_TENSORS && !m->mla; k++) { /* deepseek2: load_mla_layer */
             const layer_tensor *t = &layer_tensors[k];
-            if (t->fused & ARCH(hp->arch)) continue; /* load_fused below */
+            if (t->fused & ARCH(hp->arch)) continue;  /* load_fused below */
             if (t->ffn && hp->n_expert > 0) continue; /* load_moe below */
             snprintf(name, sizeof name, "blk.%d.%s", i, t->name);
-            int rc = t->matrix ? load_weight(L, name, dim_len(hp, t->cols), dim_len(hp, t->rows), layer_weight(l, t))
-                               : load_vec(L, name, dim_len(hp, t->cols), (t->required & ARCH(hp->arch)) != 0,
-                                          layer_vec(l, t));
+            int rc = t->matrix
+                ? load_weight(L, name, dim_len(hp, t->cols), dim_len(hp, t->rows), layer_weight(l, t))
+                : load_vec(L, name, dim_len(hp, t->cols), (t->required & ARCH(hp->arch)) != 0, layer_vec(l, t));
             if (rc) return -1;
         }
         if ((FUSED_ARCHS & ARCH(hp->arch)) && load_fused(L, i, l)) return -1;
@@ -837,8 +864,8 @@ static int pack_weights(loader *L) {
     lm_model *m = L->m;
     m->packed_bytes = m->kb_bytes;
     const int H = m->hp.n_head;
-    const int n_max = MODEL_LAYER_MATRICES * m->hp.n_layer + 1 + (m->moe ? m->hp.n_layer * (1 + 3 * m->hp.n_expert) : 0) +
-                      (m->mla ? m->hp.n_layer * (3 + 2 * H) : 0);
+    const int n_max = MODEL_LAYER_MATRICES * m->hp.n_layer + 1 +
+        (m->moe ? m->hp.n_layer * (1 + 3 * m->hp.n_expert) : 0) + (m->mla ? m->hp.n_layer * (3 + 2 * H) : 0);
     lm_weight **ws = lm_malloc((size_t)n_max * sizeof *ws);
     if (!ws) return nomem(L), lm_err(L->err, L->errlen, "out of memory");
     int k = 0;
@@ -864,7 +891,8 @@ static int pack_weights(loader *L) {
     const int n_w = k;
     size_t total = 0;
     for (int i = 0; i < n_w; i++) {
-        if (ws[i]->rows && kernels_type(ws[i]->type)->packed_gemm) total += quant_pack_size(ws[i]->type, ws[i]->rows, ws[i]->cols);
+        if (ws[i]->rows && kernels_type(ws[i]->type)->packed_gemm)
+            total += quant_pack_size(ws[i]->type, ws[i]->rows, ws[i]->cols);
     }
     /* Copies that would take most of the free memory are not made: the
      * row-major kernels compute the same products from the mapping, where
@@ -917,11 +945,14 @@ static lm_model *from_gguf(gguf_ctx *g, const lm_load_params *p, int rank, int s
         return NULL;
     }
     m->gguf = g;
-    loader L = {.m = m, .err = err, .errlen = errlen, .status = LM_ERR_FORMAT,
-                .progress = p ? p->progress : NULL, .progress_user = p ? p->progress_user : NULL};
-    if (report(&L, 0) || read_hparams(&L) || report(&L, 0.05) || load_tensors(&L) || shard(&L, rank, size, stage, n_stages) ||
-        pack_weights(&L) ||
-        report(&L, 0.95))
+    loader L = {.m = m,
+                .err = err,
+                .errlen = errlen,
+                .status = LM_ERR_FORMAT,
+                .progress = p ? p->progress : NULL,
+                .progress_user = p ? p->progress_user : NULL};
+    if (report(&L, 0) || read_hparams(&L) || report(&L, 0.05) || load_tensors(&L) ||
+        shard(&L, rank, size, stage, n_stages) || pack_weights(&L) || report(&L, 0.95))
         goto fail;
     gguf_str s;
     if (gguf_get_str(g, "general.name", &s))
@@ -962,13 +993,12 @@ lm_model *model_load(const char *path, char *err, size_t errlen) {
     return model_load_params(path, NULL, &st, err, errlen);
 }
 
-lm_model *model_load_params(const char *path, const lm_load_params *p, lm_status *status, char *err,
-                            size_t errlen) {
+lm_model *model_load_params(const char *path, const lm_load_params *p, lm_status *status, char *err, size_t errlen) {
     return model_load_tp(path, p, 0, 1, status, err, errlen);
 }
 
-lm_model *model_load_tp(const char *path, const lm_load_params *p, int rank, int size, lm_status *status,
-                        char *err, size_t errlen) {
+lm_model *model_load_tp(const char *path, const lm_load_params *p, int rank, int size, lm_status *status, char *err,
+                        size_t errlen) {
     return model_load_grid(path, p, rank, size, 0, 1, status, err, errlen);
 }
 

@@ -72,8 +72,15 @@
 #include "text/tokenizer.h"
 
 typedef enum {
-    LM_ARCH_LLAMA, LM_ARCH_QWEN2, LM_ARCH_GEMMA3, LM_ARCH_QWEN3, LM_ARCH_GEMMA2, LM_ARCH_PHI3,
-    LM_ARCH_QWEN2MOE, LM_ARCH_QWEN3MOE, LM_ARCH_DEEPSEEK2,
+    LM_ARCH_LLAMA,
+    LM_ARCH_QWEN2,
+    LM_ARCH_GEMMA3,
+    LM_ARCH_QWEN3,
+    LM_ARCH_GEMMA2,
+    LM_ARCH_PHI3,
+    LM_ARCH_QWEN2MOE,
+    LM_ARCH_QWEN3MOE,
+    LM_ARCH_DEEPSEEK2,
 } lm_arch;
 
 typedef enum { LM_ROPE_ADJACENT, LM_ROPE_NEOX } lm_rope_style;
@@ -84,16 +91,16 @@ typedef struct {
     int n_embd;
     int n_head;
     int n_head_kv;
-    int head_dim;        /* n_embd / n_head unless the file says otherwise */
+    int head_dim; /* n_embd / n_head unless the file says otherwise */
     int n_ff;
     int n_vocab;
-    int n_ctx_train;     /* context length the model was trained for */
-    int n_rot;           /* dimensions of each head that RoPE rotates */
+    int n_ctx_train; /* context length the model was trained for */
+    int n_rot;       /* dimensions of each head that RoPE rotates */
     float rope_base;
-    float rope_scale;    /* linear position scaling (1 = none) */
+    float rope_scale; /* linear position scaling (1 = none) */
     lm_rope_style rope_style;
     float norm_eps;
-    bool tied_output;    /* no output.weight: the embedding is the LM head */
+    bool tied_output; /* no output.weight: the embedding is the LM head */
     /* gemma-style options (off for llama/qwen2) */
     float emb_scale;     /* embeddings multiplied by this (1 = none) */
     bool gelu;           /* FFN activation GELU(tanh) instead of SiLU */
@@ -117,26 +124,26 @@ typedef struct {
     float yarn_factor, yarn_low, yarn_high;
     /* Mixture-of-Experts (n_expert 0: a dense FFN) */
     int n_expert, n_expert_used;
-    int n_ff_exp;        /* an expert's hidden width */
-    int n_ff_shexp;      /* the shared expert's hidden width (0: none) */
-    bool moe_norm_w;     /* the chosen experts' probabilities renormalised to sum 1 */
-    float moe_scale;     /* the chosen experts' weights then multiplied by this (1: none; deepseek2) */
-    bool moe_sigmoid;    /* router scores through a sigmoid instead of a softmax (DeepSeek-V3) */
-    int n_layer_dense;   /* leading layers with a dense FFN before the expert layers (deepseek2) */
+    int n_ff_exp;      /* an expert's hidden width */
+    int n_ff_shexp;    /* the shared expert's hidden width (0: none) */
+    bool moe_norm_w;   /* the chosen experts' probabilities renormalised to sum 1 */
+    float moe_scale;   /* the chosen experts' weights then multiplied by this (1: none; deepseek2) */
+    bool moe_sigmoid;  /* router scores through a sigmoid instead of a softmax (DeepSeek-V3) */
+    int n_layer_dense; /* leading layers with a dense FFN before the expert layers (deepseek2) */
     /* Multi-head latent attention (deepseek2; kv_lora_rank 0: none). The cache
      * then holds one KV head of head_dim = kv_lora_rank + n_rot per token and
      * layer (n_head_kv is 1): the latent c_kv and the shared RoPE key (mla.h). */
-    int q_lora_rank;     /* queries through a rank-q_lora_rank bottleneck; 0: straight from attn_q */
-    int kv_lora_rank;    /* the latent's width */
-    int qk_nope;         /* a head's query/key width without RoPE (the RoPE part is n_rot wide) */
-    int v_head_dim;      /* a head's value width */
+    int q_lora_rank;  /* queries through a rank-q_lora_rank bottleneck; 0: straight from attn_q */
+    int kv_lora_rank; /* the latent's width */
+    int qk_nope;      /* a head's query/key width without RoPE (the RoPE part is n_rot wide) */
+    int v_head_dim;   /* a head's value width */
 } lm_hparams;
 
 typedef struct {
-    const void *data;    /* (rows, cols) in `type`, row r at data + r * row_bytes */
+    const void *data; /* (rows, cols) in `type`, row r at data + r * row_bytes */
     uint32_t type;
-    int64_t rows;        /* output features (GGUF ne[1]) */
-    int64_t cols;        /* input features  (GGUF ne[0]) */
+    int64_t rows; /* output features (GGUF ne[1]) */
+    int64_t cols; /* input features  (GGUF ne[0]) */
     size_t row_bytes;
     /* The same matrix interleaved for the packed kernels (layout in quant.h),
      * in the model's packed slab; NULL when the type or CPU has no packed
@@ -149,40 +156,40 @@ typedef struct {
  * slices of the file's 3-D tensors, each an lm_weight of its own, so an
  * expert can be computed (or, later, placed) independently of the others. */
 typedef struct {
-    lm_weight gate_inp;              /* router (n_expert, n_embd) */
-    lm_weight *gate, *up, *down;     /* (n_expert) each: (n_ff_exp, n_embd) x2, (n_embd, n_ff_exp) */
-    const float *probs_bias;         /* (n_expert) added to the router's probabilities to choose the experts
+    lm_weight gate_inp;          /* router (n_expert, n_embd) */
+    lm_weight *gate, *up, *down; /* (n_expert) each: (n_ff_exp, n_embd) x2, (n_embd, n_ff_exp) */
+    const float *probs_bias;     /* (n_expert) added to the router's probabilities to choose the experts
                                         (not to weight them; DeepSeek-V3's exp_probs_b), or NULL */
-    const float *shexp_gate;         /* (n_embd) the shared expert's gate, or NULL; the shared expert
+    const float *shexp_gate;     /* (n_embd) the shared expert's gate, or NULL; the shared expert
                                         itself is the layer's w_gate, w_up, w_down (n_ff_shexp) */
 } lm_moe;
 
 /* One layer's latent attention (deepseek2, mla.h). qk = qk_nope + n_rot. */
 typedef struct {
-    lm_weight q_a;                   /* (q_lora_rank, n_embd); rows 0 without the q bottleneck */
-    const float *q_a_norm;           /* (q_lora_rank) or NULL */
-    lm_weight q_b;                   /* (n_head*qk, q_lora_rank), or attn_q (n_head*qk, n_embd) */
-    lm_weight kv_a;                  /* (kv_lora_rank + n_rot, n_embd): the latent, then the RoPE key */
-    const float *kv_a_norm;          /* (kv_lora_rank) */
-    lm_weight *k_b, *v_b;            /* (n_head) each: W_UKᵀ (kv_lora_rank, qk_nope), W_UV (v_head_dim,
+    lm_weight q_a;          /* (q_lora_rank, n_embd); rows 0 without the q bottleneck */
+    const float *q_a_norm;  /* (q_lora_rank) or NULL */
+    lm_weight q_b;          /* (n_head*qk, q_lora_rank), or attn_q (n_head*qk, n_embd) */
+    lm_weight kv_a;         /* (kv_lora_rank + n_rot, n_embd): the latent, then the RoPE key */
+    const float *kv_a_norm; /* (kv_lora_rank) */
+    lm_weight *k_b, *v_b;   /* (n_head) each: W_UKᵀ (kv_lora_rank, qk_nope), W_UV (v_head_dim,
                                         kv_lora_rank), slices of the file's 3-D attn_k_b / attn_v_b */
 } lm_mla;
 
 typedef struct {
-    const float *attn_norm;          /* (n_embd) */
-    lm_weight wq, wk, wv, wo;        /* (n_head*hd, n_embd), (n_kv*hd, n_embd) x2, (n_embd, n_head*hd) */
-    const float *bq, *bk, *bv;       /* (n_head*hd), (n_kv*hd), (n_kv*hd) or NULL */
-    const float *ffn_norm;           /* (n_embd) */
-    lm_weight w_gate, w_up, w_down;  /* (n_ff, n_embd) x2, (n_embd, n_ff) */
-    const float *q_norm, *k_norm;    /* (head_dim) per-head RMSNorm weights, or NULL */
-    const float *post_attn_norm;     /* (n_embd) or NULL */
-    const float *post_ffn_norm;      /* (n_embd) or NULL */
-    lm_mla *mla;                     /* latent attention (deepseek2): replaces wq, wk, wv (rows 0);
+    const float *attn_norm;         /* (n_embd) */
+    lm_weight wq, wk, wv, wo;       /* (n_head*hd, n_embd), (n_kv*hd, n_embd) x2, (n_embd, n_head*hd) */
+    const float *bq, *bk, *bv;      /* (n_head*hd), (n_kv*hd), (n_kv*hd) or NULL */
+    const float *ffn_norm;          /* (n_embd) */
+    lm_weight w_gate, w_up, w_down; /* (n_ff, n_embd) x2, (n_embd, n_ff) */
+    const float *q_norm, *k_norm;   /* (head_dim) per-head RMSNorm weights, or NULL */
+    const float *post_attn_norm;    /* (n_embd) or NULL */
+    const float *post_ffn_norm;     /* (n_embd) or NULL */
+    lm_mla *mla;                    /* latent attention (deepseek2): replaces wq, wk, wv (rows 0);
                                         wo is then (n_embd, n_head*v_head_dim) */
-    lm_moe *moe;                     /* NULL for a dense FFN; then w_gate/w_up/w_down are the FFN, else
+    lm_moe *moe;                    /* NULL for a dense FFN; then w_gate/w_up/w_down are the FFN, else
                                         the shared expert (rows 0 when there is none) */
-    int window;                      /* attention window in tokens, 0 = whole context */
-    float rope_base, rope_scale;     /* this layer's RoPE */
+    int window;                     /* attention window in tokens, 0 = whole context */
+    float rope_base, rope_scale;    /* this layer's RoPE */
 } lm_layer;
 
 /* Tensor parallelism (shard.c): which part of the model this process holds.
@@ -194,12 +201,12 @@ typedef struct {
  * whole model, every field below describing it. */
 typedef struct {
     int rank, size;
-    int n_head, n_head_kv, n_ff;  /* the whole model's */
-    int head0, kv_head0, ff0;     /* this rank's first query head, KV head, FFN row */
-    int kv_copies;                /* ranks holding each KV head (size / n_head_kv when size > n_head_kv) */
-    int vocab0, n_vocab;          /* this rank's LM head rows [vocab0, vocab0 + n_vocab) */
-    int vocab_split[64];          /* (size) LM head rows of each rank */
-    bool lead;                    /* rank 0 serving: fwd_run broadcasts each plan first (tp_plan.h) */
+    int n_head, n_head_kv, n_ff; /* the whole model's */
+    int head0, kv_head0, ff0;    /* this rank's first query head, KV head, FFN row */
+    int kv_copies;               /* ranks holding each KV head (size / n_head_kv when size > n_head_kv) */
+    int vocab0, n_vocab;         /* this rank's LM head rows [vocab0, vocab0 + n_vocab) */
+    int vocab_split[64];         /* (size) LM head rows of each rank */
+    bool lead;                   /* rank 0 serving: fwd_run broadcasts each plan first (tp_plan.h) */
 } lm_tp;
 #define LM_TP_MAX 64
 
@@ -210,39 +217,39 @@ typedef struct {
  * this stage's matrices are packed (touched); the others stay unread in
  * the mapping. size 1: every layer. */
 typedef struct {
-    int stage, size;              /* this stage of size */
-    int layer0, layer1;           /* layers [layer0, layer1) */
-    int first[LM_TP_MAX + 1];     /* (size + 1) every stage's first layer; first[size] = n_layer */
-    uint64_t bytes[LM_TP_MAX];    /* (size) weight bytes of every stage (this rank's TP shard) */
-    int tp;                       /* ranks per stage: the world rank of (stage s, tensor rank t) is s * tp + t */
+    int stage, size;           /* this stage of size */
+    int layer0, layer1;        /* layers [layer0, layer1) */
+    int first[LM_TP_MAX + 1];  /* (size + 1) every stage's first layer; first[size] = n_layer */
+    uint64_t bytes[LM_TP_MAX]; /* (size) weight bytes of every stage (this rank's TP shard) */
+    int tp;                    /* ranks per stage: the world rank of (stage s, tensor rank t) is s * tp + t */
 } lm_pp;
 
 typedef struct lm_model {
-    gguf_ctx *gguf;          /* owns the mapping every weight points into */
-    lm_hparams hp;           /* this rank's counts when tp.size > 1 */
+    gguf_ctx *gguf; /* owns the mapping every weight points into */
+    lm_hparams hp;  /* this rank's counts when tp.size > 1 */
     lm_tp tp;
     lm_pp pp;
-    lm_tokenizer *tok;       /* NULL when the file carries no tokenizer */
-    lm_weight tok_embd;      /* (n_vocab, n_embd) */
-    const float *out_norm;   /* (n_embd) */
-    lm_weight output;        /* (n_vocab, n_embd); the embedding when tied */
-    lm_layer *layers;        /* (n_layer) */
-    uint8_t *layer_local;    /* (n_layer) 1 for a sliding-window (window > 0) layer: the KV
+    lm_tokenizer *tok;     /* NULL when the file carries no tokenizer */
+    lm_weight tok_embd;    /* (n_vocab, n_embd) */
+    const float *out_norm; /* (n_embd) */
+    lm_weight output;      /* (n_vocab, n_embd); the embedding when tied */
+    lm_layer *layers;      /* (n_layer) */
+    uint8_t *layer_local;  /* (n_layer) 1 for a sliding-window (window > 0) layer: the KV
                                 pool's local class (kv_config.layer_local) */
-    float *f32;              /* slab owning every converted norm/bias vector */
-    void *packed_mem;        /* allocation owning every weight's packed copy, or NULL
+    float *f32;            /* slab owning every converted norm/bias vector */
+    void *packed_mem;      /* allocation owning every weight's packed copy, or NULL
                                 (also when the copies would not fit in memory) */
-    size_t packed_bytes;     /* bytes of packed copies and of kb_mem (memory beyond the mapping) */
-    lm_moe *moe;             /* (n_layer) when n_expert > 0, else NULL */
-    lm_weight *experts;      /* (n_layer, 3, n_expert) the slices lm_moe points into */
-    lm_mla *mla;             /* (n_layer) with latent attention, else NULL */
-    lm_weight *mla_heads;    /* (n_layer, 2, n_head) the k_b and v_b slices lm_mla points into */
-    void *kb_mem;            /* (n_layer, n_head, kv_lora_rank, qk_nope) F16 or F32: W_UKᵀ split out of
+    size_t packed_bytes;   /* bytes of packed copies and of kb_mem (memory beyond the mapping) */
+    lm_moe *moe;           /* (n_layer) when n_expert > 0, else NULL */
+    lm_weight *experts;    /* (n_layer, 3, n_expert) the slices lm_moe points into */
+    lm_mla *mla;           /* (n_layer) with latent attention, else NULL */
+    lm_weight *mla_heads;  /* (n_layer, 2, n_head) the k_b and v_b slices lm_mla points into */
+    void *kb_mem;          /* (n_layer, n_head, kv_lora_rank, qk_nope) F16 or F32: W_UKᵀ split out of
                                 a whole attn_kv_b (older deepseek2 files), or NULL */
-    size_t kb_bytes;         /* its bytes (counted in packed_bytes) */
-    char name[128];          /* general.name, or the file's base name */
+    size_t kb_bytes;       /* its bytes (counted in packed_bytes) */
+    char name[128];        /* general.name, or the file's base name */
     uint64_t n_params;
-    uint64_t weight_bytes;   /* bytes of all tensors */
+    uint64_t weight_bytes; /* bytes of all tensors */
 } lm_model;
 
 /* A layer's weight matrices (lm_weight fields of lm_layer), in the order of
@@ -261,8 +268,7 @@ lm_model *model_load(const char *path, char *err, size_t errlen);
  * failure in *status: LM_ERR_IO, LM_ERR_FORMAT, LM_ERR_UNSUPPORTED (an
  * architecture, tensor type, tokenizer or option lamina does not run),
  * LM_ERR_NOMEM, LM_ERR_CANCELLED; LM_OK on success. */
-lm_model *model_load_params(const char *path, const lm_load_params *p, lm_status *status, char *err,
-                            size_t errlen);
+lm_model *model_load_params(const char *path, const lm_load_params *p, lm_status *status, char *err, size_t errlen);
 /* The same over a GGUF already open (for the fuzz target: gguf_open_mem);
  * the model takes g over on success, the caller keeps it on failure. */
 lm_model *model_load_gguf(gguf_ctx *g, char *err, size_t errlen);
@@ -274,8 +280,8 @@ void model_free(lm_model *m);
  * that way: heads, KV heads and FFN rows must divide evenly (KV heads may
  * instead be replicated, size a multiple of them), and the o and down
  * column ranges must fall on whole quantization blocks. */
-lm_model *model_load_tp(const char *path, const lm_load_params *p, int rank, int size, lm_status *status,
-                        char *err, size_t errlen);
+lm_model *model_load_tp(const char *path, const lm_load_params *p, int rank, int size, lm_status *status, char *err,
+                        size_t errlen);
 /* Slice a loaded model's weights for rank of size (shard.c; before packing). */
 int model_shard(lm_model *m, int rank, int size, char *err, size_t errlen);
 /* model_load_tp for tensor rank tp_rank of tp_size in pipeline stage

@@ -17,16 +17,16 @@
 
 struct moe_ws {
     int n_batch, n_expert, k, E, F; /* F: max(n_ff_exp, n_ff_shexp) */
-    float *logits;    /* (n_batch, n_expert) router scores, then probabilities */
-    int *sel;         /* (n_batch, k) chosen experts of each token */
-    float *selw;      /* (n_batch, k) their weights */
-    int *count;       /* (n_expert + 1) tokens per expert, then each expert's first slot */
-    int *rows;        /* (n_batch * k) token rows grouped by expert */
-    float *roww;      /* (n_batch * k) the matching weights */
-    float *xe;        /* (n_batch, E) one expert's gathered input rows */
-    float *h, *h2;    /* (n_batch, F) gate and up outputs */
-    float *ye;        /* (n_batch, E) one expert's output rows */
-    float *acc;       /* (n_batch, E) the layer's output being summed */
+    float *logits;                  /* (n_batch, n_expert) router scores, then probabilities */
+    int *sel;                       /* (n_batch, k) chosen experts of each token */
+    float *selw;                    /* (n_batch, k) their weights */
+    int *count;                     /* (n_expert + 1) tokens per expert, then each expert's first slot */
+    int *rows;                      /* (n_batch * k) token rows grouped by expert */
+    float *roww;                    /* (n_batch * k) the matching weights */
+    float *xe;                      /* (n_batch, E) one expert's gathered input rows */
+    float *h, *h2;                  /* (n_batch, F) gate and up outputs */
+    float *ye;                      /* (n_batch, E) one expert's output rows */
+    float *acc;                     /* (n_batch, E) the layer's output being summed */
 };
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
@@ -36,7 +36,7 @@ size_t moe_ws_bytes(const lm_model *m, int n_batch) {
     size_t B = (size_t)n_batch, X = (size_t)hp->n_expert, K = (size_t)hp->n_expert_used, E = (size_t)hp->n_embd;
     size_t F = (size_t)(hp->n_ff_exp > hp->n_ff_shexp ? hp->n_ff_exp : hp->n_ff_shexp);
     return sizeof(moe_ws) + B * X * sizeof(float) + 2 * B * K * sizeof(int) + 2 * B * K * sizeof(float) +
-           (X + 1) * sizeof(int) + 3 * B * E * sizeof(float) + 2 * B * F * sizeof(float);
+        (X + 1) * sizeof(int) + 3 * B * E * sizeof(float) + 2 * B * F * sizeof(float);
 }
 
 moe_ws *moe_ws_new(const lm_model *m, int n_batch, char *err, size_t errlen) {
@@ -64,8 +64,8 @@ moe_ws *moe_ws_new(const lm_model *m, int n_batch, char *err, size_t errlen) {
     w->h2 = lm_malloc(B * F * sizeof(float));
     w->ye = lm_malloc(B * E * sizeof(float));
     w->acc = lm_malloc(B * E * sizeof(float));
-    if (!w->logits || !w->sel || !w->selw || !w->count || !w->rows || !w->roww || !w->xe || !w->h || !w->h2 ||
-        !w->ye || !w->acc) {
+    if (!w->logits || !w->sel || !w->selw || !w->count || !w->rows || !w->roww || !w->xe || !w->h || !w->h2 || !w->ye ||
+        !w->acc) {
         moe_ws_free(w);
         lm_err(err, errlen, "out of memory allocating the expert workspace for batches of %d tokens", n_batch);
         return NULL;
@@ -171,8 +171,7 @@ static void shared_expert(moe_ws *w, lm_pool *pool, const lm_layer *l, const flo
     }
 }
 
-void moe_ffn(moe_ws *w, lm_pool *pool, const lm_model *m, const lm_layer *l, float *xb, int n, void *act,
-             int *n_run) {
+void moe_ffn(moe_ws *w, lm_pool *pool, const lm_model *m, const lm_layer *l, float *xb, int n, void *act, int *n_run) {
     const lm_moe *moe = l->moe;
     const int X = w->n_expert, K = w->k, E = w->E;
     ops_matmul(pool, w->logits, &moe->gate_inp, xb, n, act);

@@ -47,8 +47,7 @@ size_t moe_act_bytes(const lm_model *m, int n_batch);
 /* xb (n, n_embd) in, replaced by layer l's MoE FFN output (n, n_embd).
  * act: moe_act_bytes() of scratch. Counts the experts run in *n_run when
  * not NULL. */
-void moe_ffn(moe_ws *w, lm_pool *pool, const lm_model *m, const lm_layer *l, float *xb, int n, void *act,
-             int *n_run);
+void moe_ffn(moe_ws *w, lm_pool *pool, const lm_model *m, const lm_layer *l, float *xb, int n, void *act, int *n_run);
 
 /* One expert e of layer l on c gathered rows: xe (c, n_embd) in; for row j,
  * weight[j] · expert(xe_j) added into out row rows[j] (out: (*, n_embd)). */

@@ -13,9 +13,7 @@
 #include "kernels/kernels.h"
 #include "format/quant.h"
 
-void ops_rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
-    kernels()->ew.rmsnorm(y, x, w, n, eps);
-}
+void ops_rmsnorm(float *y, const float *x, const float *w, int n, float eps) { kernels()->ew.rmsnorm(y, x, w, n, eps); }
 
 void ops_swiglu(float *g, const float *u, int n) { kernels()->ew.swiglu(g, u, n); }
 
@@ -38,7 +36,8 @@ void ops_rope_angles_ext(float *cs, int n_rot, int pos, float base, float scale,
     }
 }
 
-void ops_rope_angles_yarn(float *cs, int n_rot, int pos, float base, float factor, float low, float high, float mscale) {
+void ops_rope_angles_yarn(float *cs, int n_rot, int pos, float base, float factor, float low, float high,
+                          float mscale) {
     double span = high - low > 0.001f ? (double)high - (double)low : 0.001;
     for (int i = 0; i < n_rot / 2; i++) {
         double y = ((double)i - low) / span;
@@ -54,7 +53,8 @@ static float yarn_dim(int n_rot, int n_ctx_orig, float b, float base) {
     return (float)n_rot * logf((float)n_ctx_orig / (b * 2.0f * (float)M_PI)) / (2.0f * logf(base));
 }
 
-void ops_rope_yarn_dims(int n_rot, int n_ctx_orig, float base, float beta_fast, float beta_slow, float *low, float *high) {
+void ops_rope_yarn_dims(int n_rot, int n_ctx_orig, float base, float beta_fast, float beta_slow, float *low,
+                        float *high) {
     float lo = floorf(yarn_dim(n_rot, n_ctx_orig, beta_fast, base));
     float hi = ceilf(yarn_dim(n_rot, n_ctx_orig, beta_slow, base));
     *low = lo > 0 ? lo : 0;
@@ -97,19 +97,19 @@ typedef struct {
     int n_parts;
     float *y[MATMUL_MAX_PARTS];
     const lm_weight *w[MATMUL_MAX_PARTS];
-    int pack_tile;       /* tokens per packed call (the parts share it) */
+    int pack_tile; /* tokens per packed call (the parts share it) */
     lm_vec_dot_fn dot[MATMUL_MAX_PARTS];
-    lm_gemm_fn gemm[MATMUL_MAX_PARTS];   /* tile kernel, or NULL */
-    int gemm_cols[MATMUL_MAX_PARTS];     /* its activation rows per call */
+    lm_gemm_fn gemm[MATMUL_MAX_PARTS];          /* tile kernel, or NULL */
+    int gemm_cols[MATMUL_MAX_PARTS];            /* its activation rows per call */
     lm_packed_gemm_fn packed[MATMUL_MAX_PARTS]; /* with w->packed: every part has one, or none */
     lm_packed_gemm_fn pair[MATMUL_MAX_PARTS];   /* two groups at once for few tokens, or NULL */
     int pair_tile[MATMUL_MAX_PARTS];            /* most tokens per pair call */
     lm_panel_widen_fn widen[MATMUL_MAX_PARTS];  /* F16 panels in k-blocks (panel_chunk), or NULL */
     lm_panel2_fn panel2[MATMUL_MAX_PARTS];
-    lm_packed_gemm_fn wide[MATMUL_MAX_PARTS];   /* two groups at once for more tokens, or NULL */
-    long chunk_rows;     /* rows per chunk: a multiple of every quant_pack_rows */
-    long chunk0[MATMUL_MAX_PARTS + 1];   /* first global chunk of each part */
-    const void *x;       /* activations in the shared vec_dot_type, n_tok rows */
+    lm_packed_gemm_fn wide[MATMUL_MAX_PARTS]; /* two groups at once for more tokens, or NULL */
+    long chunk_rows;                          /* rows per chunk: a multiple of every quant_pack_rows */
+    long chunk0[MATMUL_MAX_PARTS + 1];        /* first global chunk of each part */
+    const void *x;                            /* activations in the shared vec_dot_type, n_tok rows */
     size_t x_row_bytes;
     int n_tok;
     int n_ranges;
@@ -254,8 +254,8 @@ static bool use_packed(const lm_weight *w) { return w->packed && kernels_type(w-
 
 typedef struct {
     lm_from_float_fn fn;
-    const float *x;      /* (n_tok, cols) */
-    char *dst;           /* (n_tok, row_bytes) */
+    const float *x; /* (n_tok, cols) */
+    char *dst;      /* (n_tok, row_bytes) */
     int64_t cols;
     size_t row_bytes;
     int n_tok;
@@ -268,7 +268,8 @@ static void quant_worker(void *arg, int ith, int nth) {
         int t0 = atomic_fetch_add(&q->next, QUANT_CHUNK);
         if (t0 >= q->n_tok) break;
         int t1 = t0 + QUANT_CHUNK < q->n_tok ? t0 + QUANT_CHUNK : q->n_tok;
-        for (int t = t0; t < t1; t++) q->fn(q->x + (size_t)t * (size_t)q->cols, q->dst + (size_t)t * q->row_bytes, q->cols);
+        for (int t = t0; t < t1; t++)
+            q->fn(q->x + (size_t)t * (size_t)q->cols, q->dst + (size_t)t * q->row_bytes, q->cols);
     }
 }
 
@@ -350,8 +351,8 @@ void ops_matmul_multi(lm_pool *pool, int n, float *const *y, const lm_weight *co
     bool same = n <= MATMUL_MAX_PARTS;
     for (int k = 1; k < n && same; k++)
         same = w[k]->cols == w[0]->cols &&
-               quant_traits(w[k]->type)->vec_dot_type == quant_traits(w[0]->type)->vec_dot_type &&
-               use_packed(w[k]) == use_packed(w[0]);
+            quant_traits(w[k]->type)->vec_dot_type == quant_traits(w[0]->type)->vec_dot_type &&
+            use_packed(w[k]) == use_packed(w[0]);
     if (!same) {
         for (int k = 0; k < n; k++) ops_matmul(pool, y[k], w[k], x, n_tok, scratch);
         return;

@@ -45,7 +45,8 @@ void ops_rope_angles_yarn(float *cs, int n_rot, int pos, float base, float facto
  * low = max(0, floor(d(beta_fast))), high = min(n_rot - 1, ceil(d(beta_slow)))
  * with d(b) = n_rot * ln(n_ctx_orig / (2 pi b)) / (2 ln base), the pair index
  * whose wavelength fits b times in the original context. */
-void ops_rope_yarn_dims(int n_rot, int n_ctx_orig, float base, float beta_fast, float beta_slow, float *low, float *high);
+void ops_rope_yarn_dims(int n_rot, int n_ctx_orig, float base, float beta_fast, float beta_slow, float *low,
+                        float *high);
 /* Rotate n_heads heads of head_dim values in place with angles from above. */
 void ops_rope_apply(float *x, int n_heads, int head_dim, int n_rot, const float *cs, lm_rope_style style);
 

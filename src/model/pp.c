@@ -23,7 +23,7 @@
 #include "dist/dist.h"
 #include "base/util.h"
 
-static lm_seg *g_segs;  /* (g_cap) segments of one micro-batch */
+static lm_seg *g_segs; /* (g_cap) segments of one micro-batch */
 static int g_cap;
 static pp_stats g_st;
 

@@ -36,7 +36,7 @@ int fwd_pass(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *segs, int n_
 typedef struct {
     uint64_t passes, micro;
     double compute_s;
-    double bcast_s;     /* in the broadcast of the last stage's logits (waiting for it, mostly) */
+    double bcast_s; /* in the broadcast of the last stage's logits (waiting for it, mostly) */
     double bubble;
 } pp_stats;
 void pp_stats_get(pp_stats *s);

@@ -46,8 +46,10 @@ static void rows_slice(lm_weight *w, int64_t r0, int64_t n) {
 static int cols_slice(lm_weight *w, int64_t c0, int64_t n, const char *what, char *err, size_t errlen) {
     size_t off = quant_row_size(w->type, c0), len = quant_row_size(w->type, n);
     if ((c0 && !off) || !len)
-        return lm_err(err, errlen, "%s of type %s cannot be split at column %lld (%lld columns per rank are not whole "
-                      "blocks of %lld)", what, quant_type_name(w->type), (long long)c0, (long long)n,
+        return lm_err(err, errlen,
+                      "%s of type %s cannot be split at column %lld (%lld columns per rank are not whole "
+                      "blocks of %lld)",
+                      what, quant_type_name(w->type), (long long)c0, (long long)n,
                       (long long)quant_traits(w->type)->blck);
     w->data = (const char *)w->data + off;
     w->cols = n;
@@ -219,8 +221,8 @@ static bool fits(const uint64_t *lb, int n, uint64_t head, uint64_t tail, int si
 int model_pp_split(const lm_model *m, int size, int *first, uint64_t *bytes, char *err, size_t errlen) {
     int n = m->hp.n_layer;
     if (size < 1 || size > n || size > LM_TP_MAX)
-        return lm_err(err, errlen, "%d pipeline stages for %d layers (at most one stage per layer, %d stages)", size,
-                      n, n < LM_TP_MAX ? n : LM_TP_MAX);
+        return lm_err(err, errlen, "%d pipeline stages for %d layers (at most one stage per layer, %d stages)", size, n,
+                      n < LM_TP_MAX ? n : LM_TP_MAX);
     uint64_t *lb = lm_malloc((size_t)n * sizeof *lb), lo = 0, hi = 0;
     if (!lb) return lm_err(err, errlen, "out of memory");
     uint64_t head = wbytes(&m->tok_embd), tail = wbytes(&m->output) + (uint64_t)m->hp.n_embd * sizeof(float);

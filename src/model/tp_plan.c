@@ -30,13 +30,13 @@ enum { TP_STOP = 0, TP_SETUP = 1, TP_RUN = 2 };
 #define TP_HDR 8
 
 typedef struct {
-    kv_config kc;  /* layer_local NULL on the wire */
+    kv_config kc; /* layer_local NULL on the wire */
     fwd_dims dims;
 } tp_setup;
 
 static bool g_sent_setup;
 static kv_copy g_copies[KV_COPY_LOG];
-static int32_t *g_buf;      /* (g_cap) payload words */
+static int32_t *g_buf; /* (g_cap) payload words */
 static size_t g_cap;
 
 static int grow(size_t n, char *err, size_t errlen) {
@@ -110,10 +110,10 @@ int tp_plan_stop(char *err, size_t errlen) { return send_header(TP_STOP, 0, 0, 0
 typedef struct {
     kv_pool *kv;
     lm_fwd *fwd;
-    kv_seq **seqs;        /* (n_seqs) mirror sequences, reused pass after pass */
+    kv_seq **seqs; /* (n_seqs) mirror sequences, reused pass after pass */
     int n_seqs;
-    lm_seg *segs;         /* (dims.n_batch) */
-    float *logits;        /* (dims.n_batch, n_vocab) */
+    lm_seg *segs;  /* (dims.n_batch) */
+    float *logits; /* (dims.n_batch, n_vocab) */
 } follower;
 
 static int follow_setup(follower *fl, const lm_model *m, lm_pool *pool, char *err, size_t errlen) {
@@ -173,8 +173,9 @@ int tp_plan_follow(const lm_model *m, lm_pool *pool, char *err, size_t errlen) {
             rc = 0;
             break;
         }
-        if (h[0] == TP_SETUP ? follow_setup(&fl, m, pool, err, errlen) : h[0] == TP_RUN ? follow_run(&fl, h, err, errlen)
-                                                                                       : lm_err(err, errlen, "an unknown message %d", h[0]))
+        if (h[0] == TP_SETUP     ? follow_setup(&fl, m, pool, err, errlen)
+                : h[0] == TP_RUN ? follow_run(&fl, h, err, errlen)
+                                 : lm_err(err, errlen, "an unknown message %d", h[0]))
             break;
     }
     fwd_free(fl.fwd);

@@ -41,9 +41,9 @@ typedef struct {
     bool chat;
     strbuf body;
     bool too_big;
-    rt_req *q;                 /* once queued (one reference) */
-    size_t out_pos;            /* streaming: bytes of q->buf handed over */
-    strbuf tail;               /* streaming: the router's own closing bytes (an error event) */
+    rt_req *q;      /* once queued (one reference) */
+    size_t out_pos; /* streaming: bytes of q->buf handed over */
+    strbuf tail;    /* streaming: the router's own closing bytes (an error event) */
     size_t tail_pos;
     bool tail_made;
 } rt_call;
@@ -134,7 +134,7 @@ void rt_req_unref(lm_router *r, rt_req *q) {
 
 static void trace_req(lm_router *r, rt_req *q) {
     double t0 = r->t0;
-#define REL(t) ((t) > 0 ? (t) - t0 : -1.0)
+#define REL(t) ((t) > 0 ? (t)-t0 : -1.0)
     /* admitted by the replica's engine: the send plus the queue time the
      * replica reported (its header, or its stream's closing comment) */
     double up = q->up_queue >= 0 ? q->up_queue : q->sse.queue_time;
@@ -145,8 +145,7 @@ static void trace_req(lm_router *r, rt_req *q) {
             "\"error\":%d,\"arrive\":%.6f,\"admit\":%.6f,\"send\":%.6f,\"engine_admit\":%s,\"first\":%.6f,"
             "\"done\":%.6f}\n",
             (unsigned long long)q->id, q->replica, q->attempts, q->stream ? "true" : "false", q->status,
-            q->error_status, REL(q->t_arrive), REL(q->t_admit), REL(q->t_send), eng, REL(q->t_first),
-            REL(q->t_done));
+            q->error_status, REL(q->t_arrive), REL(q->t_admit), REL(q->t_send), eng, REL(q->t_first), REL(q->t_done));
 #undef REL
 }
 
@@ -173,9 +172,11 @@ void rt_trace_sample(lm_router *r) {
     fprintf(r->trace, "{\"kind\":\"sample\",\"t\":%.6f,\"queue\":%d,\"replicas\":[", lm_now() - r->t0, r->q_len);
     for (int i = 0; i < r->n_rep; i++) {
         const rt_replica *p = &r->rep[i];
-        fprintf(r->trace, "%s{\"healthy\":%s,\"inflight\":%d,\"limit\":%d,\"running\":%g,\"waiting\":%g,"
-                "\"batch\":%.4g}", i ? "," : "", p->healthy ? "true" : "false", p->in_flight, p->limit,
-                p->st.running, p->st.waiting, p->batch_mean);
+        fprintf(r->trace,
+                "%s{\"healthy\":%s,\"inflight\":%d,\"limit\":%d,\"running\":%g,\"waiting\":%g,"
+                "\"batch\":%.4g}",
+                i ? "," : "", p->healthy ? "true" : "false", p->in_flight, p->limit, p->st.running, p->st.waiting,
+                p->batch_mean);
     }
     fputs("]}\n", r->trace);
     fflush(r->trace);
@@ -254,9 +255,14 @@ static void per_replica(strbuf *b, lm_router *r, const char *name, const char *t
     strbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
     for (int i = 0; i < r->n_rep; i++) {
         const rt_replica *p = &r->rep[i];
-        double v = what == 0 ? p->healthy : what == 1 ? p->in_flight : what == 2 ? p->limit
-                 : what == 3 ? (double)p->sent : what == 4 ? (double)p->failures : what == 5 ? (double)p->ejections
-                 : what == 6 ? p->st.running : p->st.waiting;
+        double v = what == 0 ? p->healthy
+            : what == 1      ? p->in_flight
+            : what == 2      ? p->limit
+            : what == 3      ? (double)p->sent
+            : what == 4      ? (double)p->failures
+            : what == 5      ? (double)p->ejections
+            : what == 6      ? p->st.running
+                             : p->st.waiting;
         strbuf_printf(b, "%s{replica=\"%s\"} %.17g\n", name, p->url, v);
     }
 }
@@ -285,8 +291,9 @@ static int route_metrics(lm_router *r, struct MHD_Connection *conn) {
     per_replica(&b, r, "lamina_router_replica_ejections_total", "counter", "Times the replica was ejected.", 5);
     per_replica(&b, r, "lamina_router_replica_running", "gauge", "The replica's running requests (last poll).", 6);
     per_replica(&b, r, "lamina_router_replica_waiting", "gauge", "The replica's waiting requests (last poll).", 7);
-    strbuf_puts(&b, "# HELP lamina_router_decisions_total Routing decisions by reason.\n"
-                    "# TYPE lamina_router_decisions_total counter\n");
+    strbuf_puts(&b,
+                "# HELP lamina_router_decisions_total Routing decisions by reason.\n"
+                "# TYPE lamina_router_decisions_total counter\n");
     static const char *why[3] = {"prefix_affinity", "round_robin", "least_outstanding"};
     for (int i = 0; i < 3; i++)
         strbuf_printf(&b, "lamina_router_decisions_total{reason=\"%s\"} %llu\n", why[i],
@@ -297,8 +304,9 @@ static int route_metrics(lm_router *r, struct MHD_Connection *conn) {
            "Of those, sent where some of their leading blocks had gone before.", (double)r->affinity_hits);
     metric(&b, "lamina_router_prefix_hit_rate", "gauge", "prefix_hits_total / prefix_routed_total.",
            r->routed_with_keys ? (double)r->affinity_hits / (double)r->routed_with_keys : 0);
-    strbuf_puts(&b, "# HELP lamina_router_queue_seconds Time from arrival to the first send.\n"
-                    "# TYPE lamina_router_queue_seconds histogram\n");
+    strbuf_puts(&b,
+                "# HELP lamina_router_queue_seconds Time from arrival to the first send.\n"
+                "# TYPE lamina_router_queue_seconds histogram\n");
     uint64_t cum = 0;
     for (int i = 0; i < RT_NHIST; i++) {
         cum += r->qhist[i];
@@ -306,19 +314,21 @@ static int route_metrics(lm_router *r, struct MHD_Connection *conn) {
                       (unsigned long long)cum);
     }
     cum += r->qhist[RT_NHIST];
-    strbuf_printf(&b, "lamina_router_queue_seconds_bucket{le=\"+Inf\"} %llu\nlamina_router_queue_seconds_sum %.17g\n"
-                  "lamina_router_queue_seconds_count %llu\n", (unsigned long long)cum, r->qhist_sum,
-                  (unsigned long long)r->qhist_count);
-    strbuf_puts(&b, "# HELP lamina_router_http_requests_total HTTP responses by status code.\n"
-                    "# TYPE lamina_router_http_requests_total counter\n");
+    strbuf_printf(&b,
+                  "lamina_router_queue_seconds_bucket{le=\"+Inf\"} %llu\nlamina_router_queue_seconds_sum %.17g\n"
+                  "lamina_router_queue_seconds_count %llu\n",
+                  (unsigned long long)cum, r->qhist_sum, (unsigned long long)r->qhist_count);
+    strbuf_puts(&b,
+                "# HELP lamina_router_http_requests_total HTTP responses by status code.\n"
+                "# TYPE lamina_router_http_requests_total counter\n");
     for (int code = 100; code < 600; code++)
         if (r->http_status[code])
             strbuf_printf(&b, "lamina_router_http_requests_total{code=\"%d\"} %llu\n", code,
                           (unsigned long long)r->http_status[code]);
     pthread_mutex_unlock(&r->mu);
-    int ret = b.failed ? MHD_NO
-                       : respond(r, conn, 200, "text/plain; version=0.0.4; charset=utf-8", b.p ? b.p : "", b.len,
-                                 NULL, NULL);
+    int ret = b.failed
+        ? MHD_NO
+        : respond(r, conn, 200, "text/plain; version=0.0.4; charset=utf-8", b.p ? b.p : "", b.len, NULL, NULL);
     strbuf_free(&b);
     return ret;
 }
@@ -340,13 +350,12 @@ static int route_models(lm_router *r, struct MHD_Connection *conn, const char *u
     for (int i = 0; i < r->n_rep && !base[0]; i++)
         if (r->rep[i].healthy) snprintf(base, sizeof base, "%s", r->rep[i].url);
     pthread_mutex_unlock(&r->mu);
-    if (!base[0])
-        return respond_err(r, conn, 503, "server_error", NULL, "Retry-After", "1", "no replica is healthy");
+    if (!base[0]) return respond_err(r, conn, 503, "server_error", NULL, "Retry-After", "1", "no replica is healthy");
     strbuf b = {0};
     long code = rt_get(r, base, url, &b, 10);
     int ret = code < 0 || b.failed
-                  ? respond_err(r, conn, 502, "server_error", NULL, NULL, NULL, "the replica did not answer")
-                  : respond(r, conn, (int)code, "application/json", b.p ? b.p : "", b.len, NULL, NULL);
+        ? respond_err(r, conn, 502, "server_error", NULL, NULL, NULL, "the replica did not answer")
+        : respond(r, conn, (int)code, "application/json", b.p ? b.p : "", b.len, NULL, NULL);
     strbuf_free(&b);
     return ret;
 }
@@ -584,8 +593,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
     return run_call(c);
 }
 
-static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
-                         enum MHD_RequestTerminationCode toe) {
+static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls, enum MHD_RequestTerminationCode toe) {
     lm_router *r = cls;
     rt_call *c = *req_cls;
     if (!c) return;
@@ -629,9 +637,8 @@ static int start_daemon(lm_router *r, char *err, size_t errlen) {
     unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     r->daemon = MHD_start_daemon(flags, (uint16_t)r->cfg.port, NULL, NULL, on_access, r, MHD_OPTION_SOCK_ADDR,
-                                 ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, r,
-                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)r->cfg.max_connections,
-                                 MHD_OPTION_CONNECTION_TIMEOUT, 600u, MHD_OPTION_END);
+                                 ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, r, MHD_OPTION_CONNECTION_LIMIT,
+                                 (unsigned)r->cfg.max_connections, MHD_OPTION_CONNECTION_TIMEOUT, 600u, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!r->daemon) return lm_err(err, errlen, "cannot listen on %s:%d", r->host, r->cfg.port);
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(r->daemon, MHD_DAEMON_INFO_BIND_PORT);

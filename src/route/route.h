@@ -62,27 +62,27 @@
 enum { RT_POLICY_PREFIX, RT_POLICY_RR, RT_POLICY_LEAST };
 
 #define RT_MAX_REPLICAS 64
-#define RT_TARGET_WAIT 2       /* requests a learnt limit lets wait in a replica's own queue */
+#define RT_TARGET_WAIT 2 /* requests a learnt limit lets wait in a replica's own queue */
 
 typedef struct {
-    const char *host;          /* address to bind (default 127.0.0.1) */
-    int port;                  /* 0: any free port (route_port) */
-    const char *api_key;       /* clients must send it; NULL or "": none */
-    const char *upstream_key;  /* sent to the replicas; NULL: none */
+    const char *host;            /* address to bind (default 127.0.0.1) */
+    int port;                    /* 0: any free port (route_port) */
+    const char *api_key;         /* clients must send it; NULL or "": none */
+    const char *upstream_key;    /* sent to the replicas; NULL: none */
     const char *const *replicas; /* (n_replicas) base URLs, "http://host:port" */
     int n_replicas;
-    int policy;                /* RT_POLICY_* (default prefix-affinity) */
-    int max_queue;             /* requests held at the router (default 1024) */
-    int max_inflight;          /* per replica; 0: learnt from /metrics */
-    int max_attempts;          /* replicas a request may try (default 3) */
-    double poll_interval;      /* seconds between health/metrics polls (default 0.2) */
-    double timeout;            /* seconds per upstream transfer; 0: none */
-    size_t max_body;           /* request body bytes (default 1 MiB) */
-    int max_connections;       /* default 512 */
+    int policy;                      /* RT_POLICY_* (default prefix-affinity) */
+    int max_queue;                   /* requests held at the router (default 1024) */
+    int max_inflight;                /* per replica; 0: learnt from /metrics */
+    int max_attempts;                /* replicas a request may try (default 3) */
+    double poll_interval;            /* seconds between health/metrics polls (default 0.2) */
+    double timeout;                  /* seconds per upstream transfer; 0: none */
+    size_t max_body;                 /* request body bytes (default 1 MiB) */
+    int max_connections;             /* default 512 */
     const lm_server_parse_ctx *pctx; /* the model's tokenizer and template, or NULL: text blocks */
-    int block_size;            /* tokens per KV block on the replicas (default 16) */
-    const char *trace_path;    /* JSON lines of the concurrency trace, or NULL */
-    lm_server_log_fn log;      /* notices (ejections, re-admissions); may be NULL */
+    int block_size;                  /* tokens per KV block on the replicas (default 16) */
+    const char *trace_path;          /* JSON lines of the concurrency trace, or NULL */
+    lm_server_log_fn log;            /* notices (ejections, re-admissions); may be NULL */
     void *log_user;
 } rt_config;
 
@@ -103,7 +103,7 @@ void route_free(lm_router *r);
 /* What the router needs of a generation request's body. */
 typedef struct {
     bool stream;
-    char *text;                /* the prompt as text for block hashing (lm_malloc'ed), or NULL */
+    char *text; /* the prompt as text for block hashing (lm_malloc'ed), or NULL */
 } rt_peek;
 
 /* Read "stream" and the prompt text (completions: the first prompt string;
@@ -122,12 +122,12 @@ int route_keys_text(const char *text, size_t len, uint64_t *keys, int max);
 
 /* Server-Sent Events as a replica sends them, fed in arbitrary pieces. */
 typedef struct {
-    char line[512];            /* the current line's first bytes */
-    size_t line_len;           /* bytes of the current line so far (may exceed sizeof line) */
-    int events;                /* complete "data:" events seen */
-    bool done;                 /* "data: [DONE]" seen */
-    bool error;                /* an event whose data starts {"error" */
-    double queue_time;         /* ": lamina queue_time=SECONDS" (the replica's engine queue), -1 none */
+    char line[512];    /* the current line's first bytes */
+    size_t line_len;   /* bytes of the current line so far (may exceed sizeof line) */
+    int events;        /* complete "data:" events seen */
+    bool done;         /* "data: [DONE]" seen */
+    bool error;        /* an event whose data starts {"error" */
+    double queue_time; /* ": lamina queue_time=SECONDS" (the replica's engine queue), -1 none */
 } rt_sse;
 
 /* Start a stream's state (everything 0, no queue time). */

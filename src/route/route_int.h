@@ -23,9 +23,9 @@
 #include "base/strbuf.h"
 #include "route/route.h"
 
-#define RT_MAX_KEYS 256             /* block keys a request is routed by */
-#define RT_SLOTS (1u << 16)         /* per-replica direct-mapped table of keys sent there */
-#define RT_STREAM_LIMIT (4u << 20)  /* bytes a stream may hold unread before it is cancelled */
+#define RT_MAX_KEYS 256            /* block keys a request is routed by */
+#define RT_SLOTS (1u << 16)        /* per-replica direct-mapped table of keys sent there */
+#define RT_STREAM_LIMIT (4u << 20) /* bytes a stream may hold unread before it is cancelled */
 #define RT_NHIST 12
 
 enum { RQ_NEW, RQ_QUEUED, RQ_SENT, RQ_FINAL };
@@ -33,54 +33,54 @@ enum { RQ_NEW, RQ_QUEUED, RQ_SENT, RQ_FINAL };
 typedef struct rt_req rt_req;
 
 typedef struct {
-    char *url;                 /* base URL, no trailing slash */
-    bool healthy;              /* admitted: new requests may go here */
-    int in_flight;             /* sent and not final */
-    int limit;                 /* in-flight limit (learnt or fixed) */
-    rt_upstats st;             /* the last /metrics */
-    double prev_running;       /* running at the poll before */
-    double batch_mean;         /* engine's mean batch over the last poll interval, or -1 */
+    char *url;           /* base URL, no trailing slash */
+    bool healthy;        /* admitted: new requests may go here */
+    int in_flight;       /* sent and not final */
+    int limit;           /* in-flight limit (learnt or fixed) */
+    rt_upstats st;       /* the last /metrics */
+    double prev_running; /* running at the poll before */
+    double batch_mean;   /* engine's mean batch over the last poll interval, or -1 */
     double last_iter, last_bsum, last_bcount;
     uint64_t sent, failures, ejections;
-    uint64_t *slots;           /* (RT_SLOTS) block keys sent here, 0 for empty */
+    uint64_t *slots; /* (RT_SLOTS) block keys sent here, 0 for empty */
 } rt_replica;
 
 struct rt_req {
-    lm_router *rt;             /* not owned */
+    lm_router *rt; /* not owned */
     int refs;
     int state;
     uint64_t id;
     bool chat, stream;
-    char *body;                /* (body_len) the client's body, forwarded as is */
+    char *body; /* (body_len) the client's body, forwarded as is */
     size_t body_len;
     uint64_t keys[RT_MAX_KEYS];
     int n_keys;
-    rt_req *next, *prev;       /* in the router's queue */
-    int replica;               /* the replica of the current or last attempt, -1 none */
+    rt_req *next, *prev; /* in the router's queue */
+    int replica;         /* the replica of the current or last attempt, -1 none */
     int attempts;
     bool tried[RT_MAX_REPLICAS];
-    void *easy;                /* the CURL handle while SENT */
-    void *hdrs;                /* its curl_slist */
+    void *easy; /* the CURL handle while SENT */
+    void *hdrs; /* its curl_slist */
     /* what the replica answered (this attempt) */
-    long status;               /* 0 until the headers are in */
-    strbuf buf;                /* body bytes not yet handed to the client */
-    bool streaming;            /* the client has been given status 200 and the stream began */
-    bool client_gone;          /* the client left: cancel, then drop */
-    bool overflow;             /* the client did not read: cancelled */
-    char error[200];           /* a final failure, for the client */
+    long status;      /* 0 until the headers are in */
+    strbuf buf;       /* body bytes not yet handed to the client */
+    bool streaming;   /* the client has been given status 200 and the stream began */
+    bool client_gone; /* the client left: cancel, then drop */
+    bool overflow;    /* the client did not read: cancelled */
+    char error[200];  /* a final failure, for the client */
     int error_status;
     rt_sse sse;
-    double up_queue;           /* X-Lamina-Queue-Time of the answer (the replica engine's queue), -1 none */
+    double up_queue; /* X-Lamina-Queue-Time of the answer (the replica engine's queue), -1 none */
     /* trace timestamps (lm_now), 0 when not reached */
     double t_arrive, t_admit, t_send, t_first, t_done;
-    double t_queued;           /* the last time it entered the queue (the queue timeout counts from here) */
+    double t_queued; /* the last time it entered the queue (the queue timeout counts from here) */
     pthread_cond_t cv;
 };
 
 struct lm_router {
-    rt_config cfg;             /* strings point into the owned copies below */
+    rt_config cfg; /* strings point into the owned copies below */
     char *host, *api_key, *auth_header;
-    char **urls;               /* (n_replicas) */
+    char **urls; /* (n_replicas) */
     struct MHD_Daemon *daemon;
     int port;
 
@@ -89,7 +89,7 @@ struct lm_router {
     atomic_bool stopping;
     rt_replica rep[RT_MAX_REPLICAS];
     int n_rep;
-    rt_req *q_head, *q_tail;   /* the global queue */
+    rt_req *q_head, *q_tail; /* the global queue */
     int q_len;
     int rr_next;
     uint64_t next_id;
@@ -98,16 +98,16 @@ struct lm_router {
     uint64_t admitted, rejected, retried, completed, failed, cancelled;
     uint64_t routed_with_keys, affinity_hits, decisions[3];
     uint64_t http_status[600];
-    int n_calls;               /* generation requests whose connection has not completed */
+    int n_calls; /* generation requests whose connection has not completed */
     double qhist_bounds[RT_NHIST];
     uint64_t qhist[RT_NHIST + 1];
     double qhist_sum;
     uint64_t qhist_count;
 
-    FILE *trace;               /* under mu */
+    FILE *trace; /* under mu */
     double t0;
 
-    void *multi;               /* CURLM, owned by the upstream thread */
+    void *multi; /* CURLM, owned by the upstream thread */
     pthread_t up_thread, poll_thread;
     bool up_started, poll_started;
 };

@@ -46,8 +46,7 @@ int route_peek(bool chat, const char *body, size_t len, rt_peek *out) {
     strbuf b = {0};
     if (chat) {
         const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(o, "messages"), *m;
-        if (cJSON_IsArray(msgs))
-            cJSON_ArrayForEach(m, msgs) {
+        if (cJSON_IsArray(msgs)) cJSON_ArrayForEach(m, msgs) {
                 if (!cJSON_IsObject(m)) continue;
                 strbuf_puts(&b, "\x1e");
                 put_str_field(&b, m, "role");
@@ -188,7 +187,7 @@ static double sample(const char *line, size_t n, const char *name) {
 
 int route_parse_metrics(const char *text, size_t len, rt_upstats *out) {
     static const char *names[] = {"lamina_requests_running", "lamina_requests_waiting", "lamina_kv_blocks_free",
-                                  "lamina_kv_blocks_total",  "lamina_iterations_total",  "lamina_batch_size_sum",
+                                  "lamina_kv_blocks_total",  "lamina_iterations_total", "lamina_batch_size_sum",
                                   "lamina_batch_size_count"};
     double *vals[] = {&out->running,    &out->waiting,   &out->kv_free,    &out->kv_total,
                       &out->iterations, &out->batch_sum, &out->batch_count};

@@ -184,8 +184,7 @@ static void dispatch(lm_router *r) {
         if (start(r, q, i)) {
             fail_req(r, q, 500, "%s", "out of memory starting the upstream transfer");
             rt_req_unref(r, q);
-        }
-        else rt_req_unref(r, q); /* the queue's reference; the transfer holds its own */
+        } else rt_req_unref(r, q); /* the queue's reference; the transfer holds its own */
     }
 }
 
@@ -375,8 +374,7 @@ static void poll_one(lm_router *r, int i, CURL *h) {
         p->limit = r->cfg.max_inflight > 0 ? r->cfg.max_inflight : LIMIT_START;
         p->last_iter = -1;
         logf_(r, "replica %s admitted", p->url);
-    } else if (hc != 200 && p->healthy)
-        eject(r, i, hc < 0 ? "no answer to /health" : "/health is not 200");
+    } else if (hc != 200 && p->healthy) eject(r, i, hc < 0 ? "no answer to /health" : "/health is not 200");
     if (found) {
         if (p->last_iter >= 0 && st.iterations > p->last_iter && st.batch_count > p->last_bcount)
             p->batch_mean = (st.batch_sum - p->last_bsum) / (st.batch_count - p->last_bcount);

@@ -35,29 +35,30 @@ struct draft_runner {
     kv_pool *kv;
     lm_fwd *fwd;
     int n_ctx, n_batch, max_seqs;
-    int32_t *btok;      /* (n_batch) */
-    lm_seg *segs;       /* (max_seqs) */
-    int *seg_job;       /* (max_seqs) */
-    bool *live;         /* (max_seqs) jobs still guessing */
-    float *logits;      /* (max_seqs, n_vocab) */
-    int32_t *ids;       /* (n_vocab) sampler_dist's survivors */
-    float *probs;       /* (n_vocab) */
-    lm_gmatch **gw;     /* (max_seqs) the jobs' parse states during a call (NULL: no grammar) */
+    int32_t *btok;  /* (n_batch) */
+    lm_seg *segs;   /* (max_seqs) */
+    int *seg_job;   /* (max_seqs) */
+    bool *live;     /* (max_seqs) jobs still guessing */
+    float *logits;  /* (max_seqs, n_vocab) */
+    int32_t *ids;   /* (n_vocab) sampler_dist's survivors */
+    float *probs;   /* (n_vocab) */
+    lm_gmatch **gw; /* (max_seqs) the jobs' parse states during a call (NULL: no grammar) */
     /* the vocabulary subset (NULL sub: the whole LM head); see draft.h */
     lm_head_sub *sub;
-    fwd_head_sel sel;   /* sub, the call's extras (ux), gather and out scratch */
-    uint8_t *in_sub;    /* (n_vocab) 1 for the subset's tokens */
+    fwd_head_sel sel;        /* sub, the call's extras (ux), gather and out scratch */
+    uint8_t *in_sub;         /* (n_vocab) 1 for the subset's tokens */
     uint32_t *jmark, *umark; /* (n_vocab) stamps: in this job's extras, in the call's */
     uint32_t tick;
-    int32_t *ux;        /* (DRAFT_EXTRA_MAX) the call's extras: the union of its jobs' */
-    int32_t *jx;        /* (DRAFT_EXTRA_MAX) each job's extras, job after job */
-    int *jx0;           /* (max_seqs + 1) job i's are jx[jx0[i] .. jx0[i + 1]) */
-    float *save;        /* (DRAFT_EXTRA_MAX) a row's values of its job's extras */
-    int32_t *xs;        /* (DRAFT_EXTRA_MAX) a job's extras, ascending */
-    int32_t *gids;      /* (sub->n + DRAFT_EXTRA_MAX) a greedy guess's candidates: the subset's and its job's extras, ascending */
-    float *gval;        /* (sub->n + DRAFT_EXTRA_MAX) their logits (sampler scratch) */
-    uint64_t ws_bytes;  /* the workspace and the buffers above, as draft_plan counts them */
-    bool no_mask;       /* tests: guess without the grammar's mask */
+    int32_t *ux; /* (DRAFT_EXTRA_MAX) the call's extras: the union of its jobs' */
+    int32_t *jx; /* (DRAFT_EXTRA_MAX) each job's extras, job after job */
+    int *jx0;    /* (max_seqs + 1) job i's are jx[jx0[i] .. jx0[i + 1]) */
+    float *save; /* (DRAFT_EXTRA_MAX) a row's values of its job's extras */
+    int32_t *xs; /* (DRAFT_EXTRA_MAX) a job's extras, ascending */
+    int32_t *
+        gids; /* (sub->n + DRAFT_EXTRA_MAX) a greedy guess's candidates: the subset's and its job's extras, ascending */
+    float *gval;       /* (sub->n + DRAFT_EXTRA_MAX) their logits (sampler scratch) */
+    uint64_t ws_bytes; /* the workspace and the buffers above, as draft_plan counts them */
+    bool no_mask;      /* tests: guess without the grammar's mask */
 };
 
 int draft_check_vocab(const lm_model *target, const lm_model *draft, char *err, size_t errlen) {
@@ -71,9 +72,11 @@ int draft_check_vocab(const lm_model *target, const lm_model *draft, char *err, 
                       tok_model_name(a));
     if (tok_bos(a) != tok_bos(b) || tok_eos(a) != tok_eos(b) || tok_eot(a) != tok_eot(b) ||
         tok_add_bos(a) != tok_add_bos(b))
-        return lm_err(err, errlen, "special tokens differ: draft BOS %d EOS %d EOT %d add-BOS %d; target BOS %d "
-                      "EOS %d EOT %d add-BOS %d", tok_bos(b), tok_eos(b), tok_eot(b), tok_add_bos(b), tok_bos(a),
-                      tok_eos(a), tok_eot(a), tok_add_bos(a));
+        return lm_err(err, errlen,
+                      "special tokens differ: draft BOS %d EOS %d EOT %d add-BOS %d; target BOS %d "
+                      "EOS %d EOT %d add-BOS %d",
+                      tok_bos(b), tok_eos(b), tok_eot(b), tok_add_bos(b), tok_bos(a), tok_eos(a), tok_eot(a),
+                      tok_add_bos(a));
     for (int32_t i = 0; i < tok_n_vocab(a); i++) {
         size_t la, lb;
         const char *pa = tok_piece(a, i, &la), *pb = tok_piece(b, i, &lb);
@@ -141,7 +144,7 @@ static uint64_t buffer_bytes(const lm_model *dm, const fwd_dims *dims, int max_s
         uint64_t X = DRAFT_EXTRA_MAX;
         b += head_sub_bytes(dm, n) + X * dm->output.row_bytes + (uint64_t)max_seqs * ((uint64_t)n + X) * sizeof(float);
         b += V * (1 + 2 * sizeof(uint32_t)) + X * (3 * sizeof(int32_t) + sizeof(float)) +
-             ((uint64_t)max_seqs + 1) * sizeof(int) + ((uint64_t)n + X) * (sizeof(int32_t) + sizeof(float));
+            ((uint64_t)max_seqs + 1) * sizeof(int) + ((uint64_t)n + X) * (sizeof(int32_t) + sizeof(float));
     }
     return b;
 }
@@ -208,8 +211,8 @@ int draft_plan(const lm_model *dm, int n_ctx, int n_batch, int max_seqs, int n_t
     kc->type = LM_TYPE_F16;
     kc->n_seqs = max_seqs;
     kc->mem_bytes = 0;
-    *workspace = fwd_workspace_bytes(dm, &dims, n_threads) +
-                 buffer_bytes(dm, &dims, max_seqs, draft_vocab_size(dm, vocab));
+    *workspace =
+        fwd_workspace_bytes(dm, &dims, n_threads) + buffer_bytes(dm, &dims, max_seqs, draft_vocab_size(dm, vocab));
     kv_plan pl;
     return kv_plan_make(kc, &pl, err, errlen) == KV_OK ? 0 : -1;
 }
@@ -223,8 +226,8 @@ int draft_pool_default(const kv_config *kc, uint64_t *bytes, char *err, size_t e
     return 0;
 }
 
-draft_runner *draft_new(const lm_model *dm, lm_pool *pool, const kv_config *kcin, int n_ctx, int n_batch,
-                        int max_seqs, int vocab, char *err, size_t errlen) {
+draft_runner *draft_new(const lm_model *dm, lm_pool *pool, const kv_config *kcin, int n_ctx, int n_batch, int max_seqs,
+                        int vocab, char *err, size_t errlen) {
     draft_runner *d = lm_calloc(1, sizeof *d);
     if (!d) return lm_err(err, errlen, "out of memory"), NULL;
     d->m = dm;

@@ -76,25 +76,25 @@
 #include "kv/kv.h"
 #include "model/model.h"
 
-#define DRAFT_GAP_MAX 64       /* tokens behind past which the draft restarts on a short window */
-#define DRAFT_RESTART_CTX 32   /* tokens it restarts on */
-#define DRAFT_VOCAB_AUTO 32768        /* the subset's size by default ... */
-#define DRAFT_VOCAB_AUTO_ABOVE 65536  /* ... for vocabularies larger than this */
-#define DRAFT_EXTRA_MAX 4096   /* a call's context tokens outside the subset, at most */
+#define DRAFT_GAP_MAX 64             /* tokens behind past which the draft restarts on a short window */
+#define DRAFT_RESTART_CTX 32         /* tokens it restarts on */
+#define DRAFT_VOCAB_AUTO 32768       /* the subset's size by default ... */
+#define DRAFT_VOCAB_AUTO_ABOVE 65536 /* ... for vocabularies larger than this */
+#define DRAFT_EXTRA_MAX 4096         /* a call's context tokens outside the subset, at most */
 
 typedef struct draft_runner draft_runner;
 
 typedef struct {
-    kv_seq *kv;         /* NULL until the first proposal (and after a drop) */
-    int off, n;         /* the KV holds tokens[off .. off + n) */
-    bool started;       /* proposed before (a dropped KV restarts on a short window) */
-    lm_sampler *smp;    /* the choice's parameters; history synced each proposal */
-    lm_rng rng;         /* draws the guesses */
+    kv_seq *kv;      /* NULL until the first proposal (and after a drop) */
+    int off, n;      /* the KV holds tokens[off .. off + n) */
+    bool started;    /* proposed before (a dropped KV restarts on a short window) */
+    lm_sampler *smp; /* the choice's parameters; history synced each proposal */
+    lm_rng rng;      /* draws the guesses */
 } draft_seq;
 
 typedef struct {
     draft_seq *ds;
-    const int32_t *toks;    /* (n_toks) the sequence so far */
+    const int32_t *toks; /* (n_toks) the sequence so far */
     int n_toks;
     const lm_sampler *hist; /* the choice's sampler (its penalty history) */
     lm_gmatch *gm;          /* the choice's parse state when a grammar is in force, else NULL (not
@@ -138,8 +138,8 @@ int draft_pool_default(const kv_config *kc, uint64_t *bytes, char *err, size_t e
  * the engine thread runs one after the other), its KV pool made from kc
  * (draft_plan's, with mem_bytes set; NULL: the default pool). NULL with a
  * message. */
-draft_runner *draft_new(const lm_model *dm, lm_pool *pool, const kv_config *kc, int n_ctx, int n_batch,
-                        int max_seqs, int vocab, char *err, size_t errlen);
+draft_runner *draft_new(const lm_model *dm, lm_pool *pool, const kv_config *kc, int n_ctx, int n_batch, int max_seqs,
+                        int vocab, char *err, size_t errlen);
 /* The subset's fixed tokens (0: the whole vocabulary), their ids
  * ascending in *ids when ids is not NULL. */
 int draft_vocab_n(const draft_runner *d, const int32_t **ids);

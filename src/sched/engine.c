@@ -71,19 +71,29 @@
 
 const char *engine_finish_name(lm_finish f) {
     switch (f) {
-    case LM_FINISH_STOP: return "stop";
-    case LM_FINISH_LENGTH: return "length";
-    case LM_FINISH_CANCELLED: return "cancelled";
-    case LM_FINISH_ERROR: return "error";
-    default: return "none";
+        case LM_FINISH_STOP: return "stop";
+        case LM_FINISH_LENGTH: return "length";
+        case LM_FINISH_CANCELLED: return "cancelled";
+        case LM_FINISH_ERROR: return "error";
+        default: return "none";
     }
 }
 
 void engine_config_default(lm_engine_config *c) {
-    *c = (lm_engine_config){.n_threads = 0, .batch_tokens = FWD_BATCH_DEFAULT, .max_seqs = 64, .n_ctx = 0,
-                            .kv_mem = 0, .kv_type = LM_TYPE_F16, .block_size = KV_DEFAULT_BLOCK, .watermark = 0.01,
-                            .max_waiting = 0, .prefix_cache = true, .static_batching = false,
-                            .spec = LM_SPEC_NONE, .spec_max = 4, .draft_vocab = -1};
+    *c = (lm_engine_config){.n_threads = 0,
+                            .batch_tokens = FWD_BATCH_DEFAULT,
+                            .max_seqs = 64,
+                            .n_ctx = 0,
+                            .kv_mem = 0,
+                            .kv_type = LM_TYPE_F16,
+                            .block_size = KV_DEFAULT_BLOCK,
+                            .watermark = 0.01,
+                            .max_waiting = 0,
+                            .prefix_cache = true,
+                            .static_batching = false,
+                            .spec = LM_SPEC_NONE,
+                            .spec_max = 4,
+                            .draft_vocab = -1};
 }
 
 void engine_request_params_default(lm_request_params *p) {
@@ -124,8 +134,15 @@ void engine_request_unref(lm_request *r) {
 
 static void emit_event(lm_engine *e, eseq *c, int32_t tok, const char *text, size_t len, float lp, int n_top,
                        const int32_t *top_ids, const float *top_lp) {
-    lm_event ev = {.index = c->index, .token = tok, .text = text, .text_len = len, .logprob = lp, .n_top = n_top,
-                   .top_ids = top_ids, .top_logprobs = top_lp, .stats = &c->stats};
+    lm_event ev = {.index = c->index,
+                   .token = tok,
+                   .text = text,
+                   .text_len = len,
+                   .logprob = lp,
+                   .n_top = n_top,
+                   .top_ids = top_ids,
+                   .top_logprobs = top_lp,
+                   .stats = &c->stats};
     c->req->p.on_event(c->req->p.user, &ev);
 }
 
@@ -166,8 +183,15 @@ void engine_finish_choice(lm_engine *e, eseq *c, lm_finish why, lm_status status
     c->held.n = 0;
     if (why != LM_FINISH_ERROR) status = LM_OK;
     else if (status == LM_OK) status = LM_ERR_INTERNAL;
-    lm_event ev = {.index = c->index, .token = -1, .text = e->emit, .text_len = len, .done = true, .finish = why,
-                   .status = status, .error = error, .stats = &c->stats};
+    lm_event ev = {.index = c->index,
+                   .token = -1,
+                   .text = e->emit,
+                   .text_len = len,
+                   .done = true,
+                   .finish = why,
+                   .status = status,
+                   .error = error,
+                   .stats = &c->stats};
     pthread_mutex_lock(&e->mu);
     metrics_finished(&e->stats, &c->stats, c->index, why);
     pthread_mutex_unlock(&e->mu);
@@ -209,7 +233,7 @@ static int32_t grammar_pick(lm_engine *e, eseq *c, float *row, int32_t draft, co
     int32_t n_ids, t;
     const int32_t *ids = gmatch_mask_ids(c->gm, &n_ids);
     while (n_ids > 0 && ids[n_ids - 1] >= V) n_ids--; /* tokens without a logit */
-    if (draft >= 0 && !sampler_greedy(c->smp)) { /* a proposal to verify: over the masked row */
+    if (draft >= 0 && !sampler_greedy(c->smp)) {      /* a proposal to verify: over the masked row */
         grammar_mask_apply(e->gmask, grammar_vocab_size(e->gvocab), row, V);
         bool acc;
         t = sampler_sample_spec(c->smp, row, draft, q, &acc);
@@ -220,7 +244,8 @@ static int32_t grammar_pick(lm_engine *e, eseq *c, float *row, int32_t draft, co
         t = sampler_sample(c->smp, row);
     }
     if (t < 0) {
-        engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_INVALID, "every token the grammar allows is banned (logit_bias)");
+        engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_INVALID,
+                             "every token the grammar allows is banned (logit_bias)");
         return -2;
     }
     return t;
@@ -234,7 +259,7 @@ static int grammar_advance(lm_engine *e, eseq *c, int32_t t) {
         if (tok_is_eog(e->tok, t) || gmatch_accept(c->gm, t) == 0) return 0;
         const char *why = gmatch_error(c->gm);
         engine_finish_choice(e, c, LM_FINISH_ERROR, why ? LM_ERR_INVALID : LM_ERR_INTERNAL,
-               why ? why : "internal: the grammar refused the token it allowed");
+                             why ? why : "internal: the grammar refused the token it allowed");
         return -1;
     }
     const stop_set *tr = &c->req->triggers;
@@ -256,7 +281,7 @@ static int grammar_advance(lm_engine *e, eseq *c, int32_t t) {
         if (gmatch_accept_bytes(c->gm, c->lz + first, (size_t)(c->n_lz - first)) < 0) {
             const char *why = gmatch_error(c->gm);
             engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_INVALID,
-                   why ? why : "the text from the grammar's trigger on does not match the grammar");
+                                 why ? why : "the text from the grammar's trigger on does not match the grammar");
             return -1;
         }
         return 0;
@@ -292,9 +317,9 @@ int32_t engine_take_token(lm_engine *e, eseq *c, float *row, int32_t draft, cons
     int32_t pre = c->pre != PRE_NONE && c->pre_iter == e->iter ? c->pre : PRE_NONE;
     c->pre = PRE_NONE;
     int32_t t = pre != PRE_NONE ? pre
-                : c->gm_on ? grammar_pick(e, c, row, draft, q)
-                : draft >= 0 ? sampler_sample_spec(c->smp, row, draft, q, &acc)
-                : sampler_sample(c->smp, row);
+        : c->gm_on              ? grammar_pick(e, c, row, draft, q)
+        : draft >= 0            ? sampler_sample_spec(c->smp, row, draft, q, &acc)
+                                : sampler_sample(c->smp, row);
     if (e->prof_on) e->prof.sample += lm_now() - t_s;
     if (t == -2) return -1; /* grammar_pick finished the choice */
     if (t < 0) {
@@ -320,7 +345,7 @@ int32_t engine_take_token(lm_engine *e, eseq *c, float *row, int32_t draft, cons
         int w = detok_push(&c->dt, t, e->piece, e->piece_cap);
         if (w < 0) { /* cannot happen: piece_cap is the detokenizer's maximum */
             engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_INTERNAL,
-                   "internal: a token's text does not fit the detokenizer's maximum");
+                                 "internal: a token's text does not fit the detokenizer's maximum");
             return -1;
         }
         if (r->stop.n) stopped = c->stop_hit = stop_scan(&r->stop, &c->held, e->piece, w, e->emit, &len);
@@ -334,7 +359,8 @@ int32_t engine_take_token(lm_engine *e, eseq *c, float *row, int32_t draft, cons
     if (eog || stopped || (c->gm_on && gmatch_must_end(c->gm))) engine_finish_choice(e, c, LM_FINISH_STOP, LM_OK, NULL);
     /* the context is full once every position holds a token: the token
      * sampled from the last position's logits ends the text without one */
-    else if (c->n_gen >= r->p.max_tokens || c->n_tokens > e->n_ctx) engine_finish_choice(e, c, LM_FINISH_LENGTH, LM_OK, NULL);
+    else if (c->n_gen >= r->p.max_tokens || c->n_tokens > e->n_ctx)
+        engine_finish_choice(e, c, LM_FINISH_LENGTH, LM_OK, NULL);
     return t;
 }
 
@@ -344,8 +370,7 @@ static int64_t blocks_for(const lm_engine *e, int64_t tokens) {
     return (tokens + e->cfg.block_size - 1) / e->cfg.block_size;
 }
 
-static lm_status submit_tokens(lm_engine *e, const lm_request_params *p, lm_request **out, char *err,
-                               size_t errlen);
+static lm_status submit_tokens(lm_engine *e, const lm_request_params *p, lm_request **out, char *err, size_t errlen);
 
 lm_status engine_submit(lm_engine *e, const lm_request_params *p, lm_request **out, char *err, size_t errlen) {
     if (out) *out = NULL;
@@ -354,7 +379,8 @@ lm_status engine_submit(lm_engine *e, const lm_request_params *p, lm_request **o
     /* a text prompt: tokenize it here (the context bounds its useful length) */
     if (p->text_len > (size_t)16 * (size_t)e->n_ctx + 4096)
         return lm_err(err, errlen, "the prompt text (%zu bytes) cannot fit the context of %d tokens", p->text_len,
-                      e->n_ctx), LM_ERR_TOO_LONG;
+                      e->n_ctx),
+               LM_ERR_TOO_LONG;
     int n = tok_encode(e->tok, p->text, p->text_len, tok_add_bos(e->tok), true, NULL, 0);
     if (n < 0) return lm_err(err, errlen, "the prompt text cannot be tokenized"), LM_ERR_INVALID;
     int32_t *ids = lm_malloc((size_t)(n > 0 ? n : 1) * sizeof *ids);
@@ -379,7 +405,8 @@ static lm_status check_fields(const lm_engine *e, const lm_request_params *p, ch
     if (p->n < 1) return lm_err(err, errlen, "n must be at least 1"), LM_ERR_INVALID;
     if (p->n > e->cfg.max_seqs)
         return lm_err(err, errlen, "n = %d is more than the %d sequences the engine runs at once", p->n,
-                      e->cfg.max_seqs), LM_ERR_INVALID;
+                      e->cfg.max_seqs),
+               LM_ERR_INVALID;
     if (p->top_logprobs < 0 || p->top_logprobs > LM_MAX_TOP_LOGPROBS)
         return lm_err(err, errlen, "top_logprobs must be in [0, %d]", LM_MAX_TOP_LOGPROBS), LM_ERR_INVALID;
     if (p->n_stop < 0 || (p->n_stop && !p->stop) || p->n_bias < 0 || (p->n_bias && (!p->bias_ids || !p->bias_vals)))
@@ -409,19 +436,20 @@ static lm_status check_fields(const lm_engine *e, const lm_request_params *p, ch
 
 /* Whether the request, alone in the empty pool, fits: its prompt once, each
  * choice's generated tokens plus a copied partial block. */
-static lm_status check_pool(const lm_engine *e, const lm_request_params *p, int64_t total, char *err,
-                            size_t errlen) {
+static lm_status check_pool(const lm_engine *e, const lm_request_params *p, int64_t total, char *err, size_t errlen) {
     int64_t gen = total - p->n_prompt;
     int64_t need = blocks_for(e, total) + (int64_t)(p->n - 1) * (blocks_for(e, gen) + 1);
     if (need > e->total_blocks[KV_GLOBAL])
         return lm_err(err, errlen, "the request needs up to %lld KV blocks; the pool has %lld", (long long)need,
-                      (long long)e->total_blocks[KV_GLOBAL]), LM_ERR_TOO_LONG;
+                      (long long)e->total_blocks[KV_GLOBAL]),
+               LM_ERR_TOO_LONG;
     /* sliding-window layers: each choice holds at most local_per_seq blocks */
     if (e->local_per_seq) {
         int64_t per = blocks_for(e, total) < e->local_per_seq ? blocks_for(e, total) : e->local_per_seq;
         if (per * p->n > e->total_blocks[KV_LOCAL])
             return lm_err(err, errlen, "the request needs up to %lld local KV blocks; the pool has %lld",
-                          (long long)(per * p->n), (long long)e->total_blocks[KV_LOCAL]), LM_ERR_TOO_LONG;
+                          (long long)(per * p->n), (long long)e->total_blocks[KV_LOCAL]),
+                   LM_ERR_TOO_LONG;
     }
     return LM_OK;
 }
@@ -454,8 +482,8 @@ static int grammar_tables(lm_engine *e) {
  * root if it keeps one, else compiled now (and kept while there is room).
  * *proto is its start state; *own the grammar when the request owns it
  * (with *proto). LM_ERR_INVALID for a bad grammar, LM_ERR_NOMEM. */
-static lm_status grammar_get(lm_engine *e, const lm_request_params *p, lm_gmatch **proto, lm_grammar **own,
-                             char *err, size_t errlen) {
+static lm_status grammar_get(lm_engine *e, const lm_request_params *p, lm_gmatch **proto, lm_grammar **own, char *err,
+                             size_t errlen) {
     size_t len = p->grammar_len ? p->grammar_len : strlen(p->grammar);
     const char *root = p->grammar_root ? p->grammar_root : "root";
     if (grammar_tables(e) != 0)
@@ -519,8 +547,8 @@ static int choice_grammar(lm_engine *e, lm_request *r, eseq *c) {
 /* A new request with its choices, or NULL when out of memory. proto: its
  * grammar's start state or NULL; own: its grammar when not the engine's
  * (taken over with proto, even on failure). */
-static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max_tokens, bool handle,
-                               lm_gmatch *proto, lm_grammar *own) {
+static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max_tokens, bool handle, lm_gmatch *proto,
+                               lm_grammar *own) {
     lm_request *r = lm_calloc(1, sizeof *r);
     if (!r) {
         if (own) gmatch_free(proto);
@@ -541,7 +569,7 @@ static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max
     r->n_live = p->n;
     r->ch = lm_calloc((size_t)p->n, sizeof *r->ch);
     bool ok = r->ch && stop_set_init(&r->stop, p->stop, p->n_stop) == 0 &&
-              (!g || stop_set_init(&r->triggers, p->grammar_triggers, p->n_grammar_triggers) == 0);
+        (!g || stop_set_init(&r->triggers, p->grammar_triggers, p->n_grammar_triggers) == 0);
     r->p.stop = (const char *const *)r->stop.s;
     r->p.n_stop = r->stop.n;
     double now = lm_now();
@@ -607,8 +635,7 @@ static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max
     return r;
 }
 
-static lm_status submit_tokens(lm_engine *e, const lm_request_params *p, lm_request **out, char *err,
-                               size_t errlen) {
+static lm_status submit_tokens(lm_engine *e, const lm_request_params *p, lm_request **out, char *err, size_t errlen) {
     lm_status rc = check_fields(e, p, err, errlen);
     if (rc != LM_OK) return rc;
     int max_tokens;
@@ -617,8 +644,11 @@ static lm_status submit_tokens(lm_engine *e, const lm_request_params *p, lm_requ
         if (p->n_prompt > e->n_ctx)
             return lm_err(err, errlen, "the prompt has %d tokens; the context holds %d", p->n_prompt, e->n_ctx),
                    LM_ERR_TOO_LONG;
-        return lm_err(err, errlen, "the prompt has %d tokens and max_tokens is %d; the context holds %d and one more "
-                      "sampled from the last", p->n_prompt, p->max_tokens, e->n_ctx), LM_ERR_TOO_LONG;
+        return lm_err(err, errlen,
+                      "the prompt has %d tokens and max_tokens is %d; the context holds %d and one more "
+                      "sampled from the last",
+                      p->n_prompt, p->max_tokens, e->n_ctx),
+               LM_ERR_TOO_LONG;
     }
     /* the KV holds every token but the last */
     int64_t positions = (int64_t)p->n_prompt + max_tokens < e->n_ctx ? (int64_t)p->n_prompt + max_tokens : e->n_ctx;
@@ -800,8 +830,8 @@ static void batch_add(lm_engine *e, eseq *c, int n, int *n_tok, int *n_seg) {
     } else {
         memcpy(e->btok + *n_tok, c->tokens + c->n_computed, (size_t)n * sizeof *e->btok);
     }
-    e->segs[*n_seg] = (lm_seg){.seq = c->kv, .pos0 = c->n_computed, .n = n,
-                               .n_logits = c->n_draft ? n : c->n_computed + n == c->n_tokens};
+    e->segs[*n_seg] = (lm_seg){
+        .seq = c->kv, .pos0 = c->n_computed, .n = n, .n_logits = c->n_draft ? n : c->n_computed + n == c->n_tokens};
     e->seg_ch[(*n_seg)++] = c;
     *n_tok += n;
 }
@@ -831,7 +861,8 @@ static int act(lm_engine *e, const sched_plan *p, int *n_tok) {
     sched_commit(e->sc, p);
     for (int i = 0; i < p->n_preempt; i++) preempt(e, CHOICE(p->preempt[i]));
     for (int i = 0; i < p->n_reject; i++)
-        engine_finish_choice(e, CHOICE(p->reject[i]), LM_FINISH_ERROR, LM_ERR_TOO_LONG, "the request does not fit the KV pool");
+        engine_finish_choice(e, CHOICE(p->reject[i]), LM_FINISH_ERROR, LM_ERR_TOO_LONG,
+                             "the request does not fit the KV pool");
     for (int i = 0; i < p->n_run; i++) {
         eseq *c = CHOICE(p->run[i].seq);
         int rc = kv_append(e->kv, c->kv, p->run[i].n, err, sizeof err);
@@ -1102,9 +1133,11 @@ static int check_now(lm_engine *e, char *err, size_t errlen) {
 static void cancel_all(lm_engine *e) {
     int n;
     while ((n = sched_n_running(e->sc)))
-        engine_finish_choice(e, CHOICE(sched_running_at(e->sc, n - 1)), LM_FINISH_CANCELLED, LM_OK, "the engine shut down");
+        engine_finish_choice(e, CHOICE(sched_running_at(e->sc, n - 1)), LM_FINISH_CANCELLED, LM_OK,
+                             "the engine shut down");
     while ((n = sched_n_waiting(e->sc)))
-        engine_finish_choice(e, CHOICE(sched_waiting_at(e->sc, n - 1)), LM_FINISH_CANCELLED, LM_OK, "the engine shut down");
+        engine_finish_choice(e, CHOICE(sched_waiting_at(e->sc, n - 1)), LM_FINISH_CANCELLED, LM_OK,
+                             "the engine shut down");
 }
 
 static void *engine_main(void *arg) {
@@ -1220,7 +1253,8 @@ static int resolve_config(const lm_model *m, lm_engine_config *c, fwd_dims *dims
 /* alloc_buffers' large buffers: the logits rows, one log-prob row, the batch's tokens */
 static uint64_t buffer_bytes(const lm_model *m, const lm_engine_config *c) {
     uint64_t V = (uint64_t)m->hp.n_vocab, S = (uint64_t)c->max_seqs;
-    return ((S + (uint64_t)spec_sched_cap(c) + 2) * V + V) * sizeof(float) + (uint64_t)c->batch_tokens * sizeof(int32_t);
+    return ((S + (uint64_t)spec_sched_cap(c) + 2) * V + V) * sizeof(float) +
+        (uint64_t)c->batch_tokens * sizeof(int32_t);
 }
 
 static const char *human(uint64_t b, char *buf, size_t n) {
@@ -1234,13 +1268,13 @@ static const char *human(uint64_t b, char *buf, size_t n) {
  * with the guesses' distributions the engine keeps, its pool's
  * configuration at the default size (o->dkc); *full and *one its pool's
  * plans for max_seqs sequences and for one, *dflt the default's bytes. */
-static int draft_parts(const lm_model *m, const lm_engine_config *c, const fwd_dims *dims, engine_mem *o,
-                       kv_plan *full, kv_plan *one, uint64_t *dflt, char *err, size_t errlen) {
+static int draft_parts(const lm_model *m, const lm_engine_config *c, const fwd_dims *dims, engine_mem *o, kv_plan *full,
+                       kv_plan *one, uint64_t *dflt, char *err, size_t errlen) {
     const lm_model *dm = c->draft_model;
     o->draft_weights = dm->weight_bytes + dm->packed_bytes;
     if (draft_plan(dm, dims->n_ctx, c->batch_tokens, c->max_seqs, c->n_threads, c->draft_vocab, &o->dkc,
-                   &o->draft_workspace, err,
-                   errlen) != 0 || draft_pool_default(&o->dkc, dflt, err, errlen) != 0)
+                   &o->draft_workspace, err, errlen) != 0 ||
+        draft_pool_default(&o->dkc, dflt, err, errlen) != 0)
         return -1;
     o->draft_workspace += (uint64_t)spec_sched_cap(c) * (uint64_t)m->hp.n_vocab * sizeof(float);
     kv_config c1 = o->dkc;
@@ -1285,21 +1319,24 @@ static int mem_plan(const lm_model *m, const lm_engine_config *c, const fwd_dims
         kv_plan p1;
         if (kv_plan_make(&one, &p1, err, errlen) != KV_OK) return -1;
         if ((c->mem < fixed || c->mem - fixed < p1.data_bytes + d1.data_bytes) && c->spec == LM_SPEC_DRAFT)
-            return lm_err(err, errlen, "memory budget %s is too small: weights %s + workspace %s + the draft model's "
+            return lm_err(err, errlen,
+                          "memory budget %s is too small: weights %s + workspace %s + the draft model's "
                           "weights %s and workspace %s leave %s for the KV caches, and one sequence of %d positions "
                           "needs %s in the model's and %s in the draft's (raise --mem, lower the context or pick a "
-                          "smaller KV type)", human(c->mem, b1, sizeof b1), human(o->weights + o->packed, b2,
-                          sizeof b2), human(o->workspace, b3, sizeof b3), human(o->draft_weights, b6, sizeof b6),
+                          "smaller KV type)",
+                          human(c->mem, b1, sizeof b1), human(o->weights + o->packed, b2, sizeof b2),
+                          human(o->workspace, b3, sizeof b3), human(o->draft_weights, b6, sizeof b6),
                           human(o->draft_workspace, b7, sizeof b7),
                           human(c->mem > fixed ? c->mem - fixed : 0, b4, sizeof b4), dims->n_ctx,
                           human(p1.data_bytes, b5, sizeof b5), human(d1.data_bytes, b8, sizeof b8));
         if (c->mem < fixed || c->mem - fixed < p1.data_bytes)
-            return lm_err(err, errlen, "memory budget %s is too small: weights %s + workspace %s leave %s for the KV "
+            return lm_err(err, errlen,
+                          "memory budget %s is too small: weights %s + workspace %s leave %s for the KV "
                           "cache, and one sequence of %d positions needs %s (raise --mem, lower the context or "
-                          "pick a smaller KV type)", human(c->mem, b1, sizeof b1), human(o->weights + o->packed, b2,
-                          sizeof b2), human(o->workspace, b3, sizeof b3),
-                          human(c->mem > fixed ? c->mem - fixed : 0, b4, sizeof b4), dims->n_ctx,
-                          human(p1.data_bytes, b5, sizeof b5));
+                          "pick a smaller KV type)",
+                          human(c->mem, b1, sizeof b1), human(o->weights + o->packed, b2, sizeof b2),
+                          human(o->workspace, b3, sizeof b3), human(c->mem > fixed ? c->mem - fixed : 0, b4, sizeof b4),
+                          dims->n_ctx, human(p1.data_bytes, b5, sizeof b5));
         uint64_t rest = c->mem - fixed;
         if (c->spec == LM_SPEC_DRAFT) {
             /* the pools share the rest in proportion to their full sizes,
@@ -1344,10 +1381,13 @@ int engine_mem_plan(const lm_model *m, const lm_engine_config *cin, engine_mem *
 static int alloc_buffers(lm_engine *e, char *err, size_t errlen) {
     const lm_engine_config *c = &e->cfg;
     size_t V = (size_t)e->m->hp.n_vocab, S = (size_t)c->max_seqs;
-    sched_config scfg = {.batch_tokens = c->batch_tokens, .max_seqs = c->max_seqs, .block_size = c->block_size,
+    sched_config scfg = {.batch_tokens = c->batch_tokens,
+                         .max_seqs = c->max_seqs,
+                         .block_size = c->block_size,
                          .n_class = e->n_class,
                          .wm_blocks = (int64_t)ceil(c->watermark * (double)e->total_blocks[KV_GLOBAL]),
-                         .static_batching = c->static_batching, .spec_cap = e->spec_cap};
+                         .static_batching = c->static_batching,
+                         .spec_cap = e->spec_cap};
     e->sc = sched_new(&scfg);
     e->segs = lm_calloc(S, sizeof *e->segs);
     e->seg_ch = lm_calloc(S, sizeof *e->seg_ch);
@@ -1362,8 +1402,8 @@ static int alloc_buffers(lm_engine *e, char *err, size_t errlen) {
     e->piece = lm_malloc((size_t)e->piece_cap);
     e->emit_cap = MAX_STOP_LEN + 2 * e->piece_cap + 64; /* held text + a piece, and a flush */
     e->emit = lm_malloc((size_t)e->emit_cap);
-    if (!e->sc || !e->segs || !e->seg_ch || !e->pre_ch || !e->pre_row || !e->probes || !e->btok || !e->logits || !e->lp || !e->piece ||
-        !e->emit)
+    if (!e->sc || !e->segs || !e->seg_ch || !e->pre_ch || !e->pre_row || !e->probes || !e->btok || !e->logits ||
+        !e->lp || !e->piece || !e->emit)
         return lm_err(err, errlen, "out of memory allocating the engine's buffers");
     return 0;
 }
@@ -1374,8 +1414,8 @@ lm_engine *engine_new(const lm_model *m, const lm_tokenizer *tok, const lm_engin
     return engine_new_status(m, tok, cin, &st, err, errlen);
 }
 
-lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const lm_engine_config *cin,
-                             lm_status *status, char *err, size_t errlen) {
+lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const lm_engine_config *cin, lm_status *status,
+                             char *err, size_t errlen) {
     /* a configuration the pool cannot be planned for is the caller's
      * (invalid); once it plans, what is left to fail is memory and threads */
     *status = LM_ERR_INVALID;

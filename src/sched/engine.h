@@ -97,14 +97,13 @@ void engine_request_params_default(lm_request_params *p);
 
 /* Load-time failures (bad config, no memory) return NULL with a message.
  * The model and tokenizer must outlive the engine. Starts the engine thread. */
-lm_engine *engine_new(const lm_model *m, const lm_tokenizer *tok, const lm_engine_config *c, char *err,
-                      size_t errlen);
+lm_engine *engine_new(const lm_model *m, const lm_tokenizer *tok, const lm_engine_config *c, char *err, size_t errlen);
 /* The same with the kind of a failure in *status: LM_ERR_INVALID for a
  * configuration the KV pool cannot be planned for (e.g. a kv_mem too small
  * for one block of every layer), LM_ERR_NOMEM when memory or threads run
  * out; LM_OK on success. */
-lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const lm_engine_config *c,
-                             lm_status *status, char *err, size_t errlen);
+lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const lm_engine_config *c, lm_status *status,
+                             char *err, size_t errlen);
 /* The memory split an engine of configuration c would have, computed
  * without allocating (engine_new uses the same plan): the budget
  * (c->mem, 0 without one), the weights (mapped tensors, packed copies),
@@ -125,13 +124,13 @@ typedef struct {
     uint64_t budget, weights, packed, workspace, kv;
     int64_t kv_tokens, kv_seqs;
     int n_ctx;
-    kv_config kc;   /* the pool's configuration (layer_local borrowed from the model) */
+    kv_config kc; /* the pool's configuration (layer_local borrowed from the model) */
     kv_plan plan;
     /* the draft model's parts (0 without one) */
-    uint64_t draft_weights;   /* mapped and packed */
+    uint64_t draft_weights; /* mapped and packed */
     uint64_t draft_workspace, draft_kv;
     int64_t draft_kv_tokens;
-    kv_config dkc;            /* its pool's configuration */
+    kv_config dkc; /* its pool's configuration */
 } engine_mem;
 int engine_mem_plan(const lm_model *m, const lm_engine_config *c, engine_mem *out, char *err, size_t errlen);
 
@@ -183,9 +182,9 @@ typedef struct {
     double forward, sample, emit;
     double ops[LM_PROF_COUNT];
     uint64_t steps, seqs;
-    double draft;             /* the draft model's passes and guesses (draft_propose) */
-    uint64_t draft_steps;     /* iterations that ran them */
-    uint64_t guard_off;       /* iterations the measured guard kept from speculating */
+    double draft;         /* the draft model's passes and guesses (draft_propose) */
+    uint64_t draft_steps; /* iterations that ran them */
+    uint64_t guard_off;   /* iterations the measured guard kept from speculating */
 } engine_profile_t;
 void engine_set_profile(lm_engine *e, bool on);
 /* Draw every row's token one after another on the engine thread instead of

@@ -26,69 +26,69 @@
 #include "sched/sched.h"
 #include "sched/stop.h"
 
-#define MAX_STOP_LEN 1024     /* bytes of one stop string */
-#define MAX_TRIGGERS 64       /* lazy-grammar triggers of one request */
-#define MAX_GRAMMARS 8        /* compiled grammars the engine keeps for reuse */
+#define MAX_STOP_LEN 1024 /* bytes of one stop string */
+#define MAX_TRIGGERS 64   /* lazy-grammar triggers of one request */
+#define MAX_GRAMMARS 8    /* compiled grammars the engine keeps for reuse */
 
 /* A compiled grammar kept for the requests that send the same text: they
  * share its matcher's cache (states, transitions, masks), so a schema
  * served many times computes each mask once. */
 typedef struct {
-    char *text;               /* (len) the GBNF text */
+    char *text; /* (len) the GBNF text */
     size_t len;
-    char *root;               /* the start rule's name */
+    char *root; /* the start rule's name */
     lm_grammar *g;
-    lm_gmatch *proto;         /* at the start; requests copy it */
+    lm_gmatch *proto; /* at the start; requests copy it */
 } gentry;
 
 typedef enum { CH_PENDING_FORK, CH_LIVE, CH_DONE } ch_state;
 
 typedef struct eseq {
-    sched_seq sq;             /* the scheduler's handle: first, so a sched_seq * is the choice */
+    sched_seq sq; /* the scheduler's handle: first, so a sched_seq * is the choice */
     struct lm_request *req;
     int index;
-    ch_state state;           /* CH_LIVE: queued in the scheduler (sq.where) */
-    int32_t *tokens;          /* (cap) prompt then generated */
+    ch_state state;  /* CH_LIVE: queued in the scheduler (sq.where) */
+    int32_t *tokens; /* (cap) prompt then generated */
     int n_tokens, cap, n_prompt;
-    int n_computed;           /* KV positions written */
+    int n_computed; /* KV positions written */
     int n_gen;
-    kv_seq *kv;               /* NULL unless running */
-    kv_seq *probe;            /* this iteration's admission probe, or NULL */
+    kv_seq *kv;    /* NULL unless running */
+    kv_seq *probe; /* this iteration's admission probe, or NULL */
     lm_sampler *smp;
     lm_detok dt;
-    stop_text held;           /* released text not yet emitted (stop-string look-behind) */
-    bool stop_hit;            /* a stop string ended the text */
-    lm_gmatch *gm;            /* the grammar's parse state (NULL: no grammar) */
-    bool gm_on;               /* the grammar constrains now (a lazy one: after a trigger) */
-    char *lz;                 /* (lz_cap) lazy grammar: the output's last bytes, searched for triggers */
+    stop_text held; /* released text not yet emitted (stop-string look-behind) */
+    bool stop_hit;  /* a stop string ended the text */
+    lm_gmatch *gm;  /* the grammar's parse state (NULL: no grammar) */
+    bool gm_on;     /* the grammar constrains now (a lazy one: after a trigger) */
+    char *lz;       /* (lz_cap) lazy grammar: the output's last bytes, searched for triggers */
     int n_lz, lz_cap;
-    int32_t *draft;           /* (spec_max) speculation: this iteration's proposal */
-    int n_draft;              /*   of it in this iteration's batch (0: a plain decode) */
-    int spec_k;               /*   the most it proposes per step (0: it does not speculate) */
-    spec_ctl ctl;             /*   the proposal's size, from its acceptance so far */
-    int n_prop;               /*   proposed this iteration (n_draft of them in the batch) */
-    draft_seq ds;             /*   the draft model's state (LM_SPEC_DRAFT) */
-    int d_base;               /*   the draft's guesses follow tokens[0 .. d_base) */
-    float *q;                 /*   (n_prop, n_vocab) the guesses' distributions (sampling), or NULL */
-    int32_t pre;              /* this iteration's token, drawn ahead on the pool (presample), or PRE_NONE */
-    uint64_t pre_iter;        /*   the iteration that drew it (a draw is never used in another) */
+    int32_t *draft;    /* (spec_max) speculation: this iteration's proposal */
+    int n_draft;       /*   of it in this iteration's batch (0: a plain decode) */
+    int spec_k;        /*   the most it proposes per step (0: it does not speculate) */
+    spec_ctl ctl;      /*   the proposal's size, from its acceptance so far */
+    int n_prop;        /*   proposed this iteration (n_draft of them in the batch) */
+    draft_seq ds;      /*   the draft model's state (LM_SPEC_DRAFT) */
+    int d_base;        /*   the draft's guesses follow tokens[0 .. d_base) */
+    float *q;          /*   (n_prop, n_vocab) the guesses' distributions (sampling), or NULL */
+    int32_t pre;       /* this iteration's token, drawn ahead on the pool (presample), or PRE_NONE */
+    uint64_t pre_iter; /*   the iteration that drew it (a draw is never used in another) */
     lm_request_stats stats;
 } eseq;
 
 #define PRE_NONE (-3)
 
 struct lm_request {
-    atomic_int refs;          /* engine + submitter (when it asked for a handle) */
+    atomic_int refs; /* engine + submitter (when it asked for a handle) */
     atomic_bool cancel;
-    lm_request_params p;      /* as submitted; prompt, text and bias cleared (the choices and
+    lm_request_params p;     /* as submitted; prompt, text and bias cleared (the choices and
                                  samplers hold them), stop pointing into `stop`, max_tokens resolved */
-    stop_set stop;            /* owned copies of the stop strings */
-    lm_grammar *grammar;      /* its own compiled grammar, or NULL (none, or the engine's shared one) */
-    lm_gmatch *gproto;        /* the grammar's start state, which choices copy (owned with grammar) */
-    stop_set triggers;        /* owned copies of the lazy grammar's triggers */
-    int n_live;               /* choices not yet done */
-    eseq *ch;                 /* (p.n) */
-    struct lm_request *next;  /* inbox link */
+    stop_set stop;           /* owned copies of the stop strings */
+    lm_grammar *grammar;     /* its own compiled grammar, or NULL (none, or the engine's shared one) */
+    lm_gmatch *gproto;       /* the grammar's start state, which choices copy (owned with grammar) */
+    stop_set triggers;       /* owned copies of the lazy grammar's triggers */
+    int n_live;              /* choices not yet done */
+    eseq *ch;                /* (p.n) */
+    struct lm_request *next; /* inbox link */
 };
 
 struct lm_engine {
@@ -98,16 +98,16 @@ struct lm_engine {
     int n_ctx;
     lm_pool *pool;
     kv_pool *kv;
-    lm_fwd *fwd;              /* the forward pass's workspace: batch_tokens rows */
+    lm_fwd *fwd; /* the forward pass's workspace: batch_tokens rows */
     sched *sc;
-    int n_class;              /* KV block classes */
+    int n_class; /* KV block classes */
     int64_t total_blocks[KV_N_CLASS];
-    int64_t local_per_seq;    /* most local blocks one sequence holds (0: no window) */
+    int64_t local_per_seq; /* most local blocks one sequence holds (0: no window) */
 
     pthread_t thread;
     pthread_mutex_t mu;
-    pthread_cond_t wake;      /* engine thread: work arrived */
-    pthread_cond_t idle_cv;   /* waiters of engine_wait_idle / engine_check */
+    pthread_cond_t wake;    /* engine thread: work arrived */
+    pthread_cond_t idle_cv; /* waiters of engine_wait_idle / engine_check */
     bool stop;
     lm_request *inbox, *inbox_tail;
     int n_inbox;
@@ -117,51 +117,51 @@ struct lm_engine {
     char check_msg[LM_ERRLEN];
 
     /* per-iteration buffers */
-    int32_t *btok;            /* (batch_tokens) */
-    lm_seg *segs;             /* (max_seqs) */
-    eseq **seg_ch;            /* (max_seqs) */
-    eseq **probes;            /* (2 max_seqs + 2) choices holding a probe this iteration */
-    eseq **job_ch;            /* (max_seqs) the choice of each draft job */
+    int32_t *btok; /* (batch_tokens) */
+    lm_seg *segs;  /* (max_seqs) */
+    eseq **seg_ch; /* (max_seqs) */
+    eseq **probes; /* (2 max_seqs + 2) choices holding a probe this iteration */
+    eseq **job_ch; /* (max_seqs) the choice of each draft job */
     int n_probes;
-    float *logits;            /* (max_seqs + spec_cap + 2, n_vocab): batch rows, a fork's source and work rows */
-    int spec_cap;             /* proposed tokens one iteration verifies at most (0: no proposer) */
-    draft_runner *dr;         /* the draft model's pool and workspace (LM_SPEC_DRAFT) */
-    float draft_cost;         /*   a draft pass as a share of the model's (0: no cost model) */
-    bool sizing;              /* proposals sized at the batch's width (spec_size_batch) */
-    spec_curve curve;         /*   the model pass's time by its rows (n = 0: the flat price) */
-    spec_curve dcurve;        /*   the draft pass's (n = 0: every draft pass costs draft_cost) */
-    spec_guard guard;         /*   measured time per token, speculating or not (spec.h) */
-    bool guard_on;            /*   the guard decides (the curve was timed at start) */
-    bool spec_off;            /*   this iteration: the guard said no */
-    bool step_spec;           /*   this iteration speculated (proposals or the draft's passes) */
-    bool step_once;           /*   its draft passes started a draft or caught one up after a gap */
-    spec_want *wants;         /*   (max_seqs) this iteration's proposals to size */
-    eseq **want_ch;           /*   (max_seqs) and their choices */
-    draft_job *jobs;          /* (max_seqs) this iteration's draft proposals */
-    float *dq;                /* (spec_cap, n_vocab) their distributions, made on the first sampled one */
-    float *lp;                /* (n_vocab) log-probabilities / sampling scratch */
-    char *piece;              /* (piece_cap) one token's text: detok_max_out bytes */
+    float *logits;     /* (max_seqs + spec_cap + 2, n_vocab): batch rows, a fork's source and work rows */
+    int spec_cap;      /* proposed tokens one iteration verifies at most (0: no proposer) */
+    draft_runner *dr;  /* the draft model's pool and workspace (LM_SPEC_DRAFT) */
+    float draft_cost;  /*   a draft pass as a share of the model's (0: no cost model) */
+    bool sizing;       /* proposals sized at the batch's width (spec_size_batch) */
+    spec_curve curve;  /*   the model pass's time by its rows (n = 0: the flat price) */
+    spec_curve dcurve; /*   the draft pass's (n = 0: every draft pass costs draft_cost) */
+    spec_guard guard;  /*   measured time per token, speculating or not (spec.h) */
+    bool guard_on;     /*   the guard decides (the curve was timed at start) */
+    bool spec_off;     /*   this iteration: the guard said no */
+    bool step_spec;    /*   this iteration speculated (proposals or the draft's passes) */
+    bool step_once;    /*   its draft passes started a draft or caught one up after a gap */
+    spec_want *wants;  /*   (max_seqs) this iteration's proposals to size */
+    eseq **want_ch;    /*   (max_seqs) and their choices */
+    draft_job *jobs;   /* (max_seqs) this iteration's draft proposals */
+    float *dq;         /* (spec_cap, n_vocab) their distributions, made on the first sampled one */
+    float *lp;         /* (n_vocab) log-probabilities / sampling scratch */
+    char *piece;       /* (piece_cap) one token's text: detok_max_out bytes */
     int piece_cap;
-    char *emit;               /* (emit_cap) text of one event: held text, a piece and a flush */
+    char *emit; /* (emit_cap) text of one event: held text, a piece and a flush */
     int emit_cap;
-    uint64_t plan_misses;     /* appends a plan allowed that failed (engine_check reports them) */
-    eseq **pre_ch;            /* (max_seqs) presample: the choices sampled on the pool */
-    float **pre_row;          /* (max_seqs) and their logits rows */
+    uint64_t plan_misses; /* appends a plan allowed that failed (engine_check reports them) */
+    eseq **pre_ch;        /* (max_seqs) presample: the choices sampled on the pool */
+    float **pre_row;      /* (max_seqs) and their logits rows */
     int n_pre;
-    uint64_t iter;            /* iterations with a forward pass, counted */
-    bool serial_sampling;     /* engine_set_serial_sampling: no presample (for comparisons) */
-    bool prof_on;             /* engine_set_profile: time the parts of each iteration */
-    engine_profile_t prof;    /* (engine thread) what they took */
+    uint64_t iter;         /* iterations with a forward pass, counted */
+    bool serial_sampling;  /* engine_set_serial_sampling: no presample (for comparisons) */
+    bool prof_on;          /* engine_set_profile: time the parts of each iteration */
+    engine_profile_t prof; /* (engine thread) what they took */
 
     /* constrained decoding: built on the first request with a grammar */
-    pthread_mutex_t gv_mu;    /* guards gvocab's creation (submitters build it) */
-    lm_gvocab *gvocab;        /* the vocabulary's byte trie, shared by every grammar */
-    gentry gtab[MAX_GRAMMARS];/* grammars kept for reuse (under gv_mu) */
+    pthread_mutex_t gv_mu;     /* guards gvocab's creation (submitters build it) */
+    lm_gvocab *gvocab;         /* the vocabulary's byte trie, shared by every grammar */
+    gentry gtab[MAX_GRAMMARS]; /* grammars kept for reuse (under gv_mu) */
     int n_gtab;
-    float *gwork;             /* (n_vocab) a logits copy for the greedy shortcut, or the allowed tokens' logits */
-    uint32_t *gmask;          /* ((max(n_vocab, gvocab size) + 31) / 32) allowed tokens */
+    float *gwork;    /* (n_vocab) a logits copy for the greedy shortcut, or the allowed tokens' logits */
+    uint32_t *gmask; /* ((max(n_vocab, gvocab size) + 31) / 32) allowed tokens */
 
-    lm_engine_stats stats;    /* published under mu */
+    lm_engine_stats stats; /* published under mu */
 };
 
 #define CHOICE(q) ((eseq *)(q))

@@ -22,14 +22,14 @@ enum { MARK_NONE = 0, MARK_BATCH, MARK_PREEMPT };
 
 struct sched {
     sched_config cfg;
-    sched_seq **running;        /* (max_seqs) */
+    sched_seq **running; /* (max_seqs) */
     int n_running;
-    sched_seq **waiting;        /* (wait_cap) sorted by sched_before */
+    sched_seq **waiting; /* (wait_cap) sorted by sched_before */
     int n_waiting, wait_cap;
-    sched_seq **order;          /* (max_seqs) running, sorted, per plan */
+    sched_seq **order; /* (max_seqs) running, sorted, per plan */
     uint64_t epoch;
-    bool static_open;           /* static batching: the current batch still admits */
-    int static_count;           /* sequences admitted into it */
+    bool static_open; /* static batching: the current batch still admits */
+    int static_count; /* sequences admitted into it */
     sched_plan plan;
 };
 
@@ -219,7 +219,7 @@ static bool plan_running(sched *s, sched_plan *p, int64_t avail[KV_N_CLASS], int
             s->order[j - 1] = t;
         }
     for (int i = 0; i < n_order; i++) s->order[i]->mark = MARK_NONE;
-    for (int pass = 0; pass < 2; pass++)     /* decodes, then prefill chunks */
+    for (int pass = 0; pass < 2; pass++) /* decodes, then prefill chunks */
         for (int i = 0; i < n_order && p->n_tokens < budget; i++) {
             sched_seq *q = s->order[i];
             if (q->mark != MARK_NONE || (pass == 0) != (q->n_pending == 1)) continue;

@@ -77,46 +77,46 @@ enum { SCHED_NONE = 0, SCHED_WAITING, SCHED_RUNNING };
 /* A sequence as the scheduler sees it; embedded in the engine's sequence. */
 typedef struct sched_seq {
     /* the order key: set before the first sched_enqueue, fixed after */
-    int priority;               /* lower runs first */
-    uint64_t arrival;           /* submission order */
-    int index;                  /* the choice within its request */
+    int priority;     /* lower runs first */
+    uint64_t arrival; /* submission order */
+    int index;        /* the choice within its request */
     /* reported by the engine before each plan */
-    int n_pending;              /* tokens not yet in its KV (1: a decode; waiting: the whole sequence) */
-    int len;                    /* running: KV positions held */
-    int extra[KV_N_CLASS];      /* running: blocks an append takes beyond its new ones and a copy of a
+    int n_pending;               /* tokens not yet in its KV (1: a decode; waiting: the whole sequence) */
+    int len;                     /* running: KV positions held */
+    int extra[KV_N_CLASS];       /* running: blocks an append takes beyond its new ones and a copy of a
                                    shared last block (may be negative: local blocks leaving the window) */
-    int32_t shared[KV_N_CLASS]; /* running: its partial last block when others hold it too, else -1 */
-    int shared_refs[KV_N_CLASS];/*   and how many hold it: the first appends among them copy it */
-    int n_spec;                 /* running, decoding: proposed tokens it would verify with its decode */
+    int32_t shared[KV_N_CLASS];  /* running: its partial last block when others hold it too, else -1 */
+    int shared_refs[KV_N_CLASS]; /*   and how many hold it: the first appends among them copy it */
+    int n_spec;                  /* running, decoding: proposed tokens it would verify with its decode */
     /* answers (sched_answer_*), valid in the iteration they were given */
     uint64_t epoch;
-    int64_t frees[KV_N_CLASS];  /* running: blocks its preemption gives back */
-    int cached;                 /* waiting: leading positions the prefix cache fills */
-    int64_t take[KV_N_CLASS];   /* waiting: cached blocks its admission takes from the available ones */
-    int64_t need[KV_N_CLASS];   /* waiting: new blocks for the rest of its prompt and one position more */
+    int64_t frees[KV_N_CLASS]; /* running: blocks its preemption gives back */
+    int cached;                /* waiting: leading positions the prefix cache fills */
+    int64_t take[KV_N_CLASS];  /* waiting: cached blocks its admission takes from the available ones */
+    int64_t need[KV_N_CLASS];  /* waiting: new blocks for the rest of its prompt and one position more */
     /* the scheduler's own */
-    int where;                  /* SCHED_NONE, SCHED_WAITING or SCHED_RUNNING */
-    int mark;                   /* scratch of one plan */
+    int where; /* SCHED_NONE, SCHED_WAITING or SCHED_RUNNING */
+    int mark;  /* scratch of one plan */
 } sched_seq;
 
 typedef struct {
-    int batch_tokens;           /* tokens per iteration, >= 1 */
-    int max_seqs;               /* running sequences at most, >= 1 */
-    int block_size;             /* positions per KV block, >= 1 */
-    int n_class;                /* KV block classes in the pool: 1, or 2 with sliding-window layers */
-    int64_t wm_blocks;          /* global blocks kept free when admitting beside running sequences */
+    int batch_tokens;  /* tokens per iteration, >= 1 */
+    int max_seqs;      /* running sequences at most, >= 1 */
+    int block_size;    /* positions per KV block, >= 1 */
+    int n_class;       /* KV block classes in the pool: 1, or 2 with sliding-window layers */
+    int64_t wm_blocks; /* global blocks kept free when admitting beside running sequences */
     bool static_batching;
-    int spec_cap;               /* proposed tokens one plan verifies at most (0: no speculation) */
+    int spec_cap; /* proposed tokens one plan verifies at most (0: no speculation) */
 } sched_config;
 
 /* The pool as the plan starts from it. */
 typedef struct {
-    int64_t avail[KV_N_CLASS];  /* blocks that can be handed out now (free + cached), per class */
+    int64_t avail[KV_N_CLASS]; /* blocks that can be handed out now (free + cached), per class */
 } sched_view;
 
 typedef struct {
     sched_seq *seq;
-    int n;                      /* tokens to feed this iteration, >= 1 */
+    int n; /* tokens to feed this iteration, >= 1 */
 } sched_item;
 
 typedef struct {
@@ -124,16 +124,16 @@ typedef struct {
      * (sched_answer_frees when it runs, sched_answer_admit when it waits)
      * and call sched_decide again; the rest is unset. */
     sched_seq *ask;
-    sched_item *run;            /* (max_seqs) running sequences' tokens: decodes, then prefill chunks */
+    sched_item *run; /* (max_seqs) running sequences' tokens: decodes, then prefill chunks */
     int n_run;
-    sched_item *admit;          /* (max_seqs) waiting sequences to start, with their first chunk */
-    int n_admit;                /*   (n counts from the prefix cache's end: n_pending - cached at most) */
-    sched_seq **preempt;        /* (max_seqs) running sequences to stop: free their KV, they wait again */
+    sched_item *admit;   /* (max_seqs) waiting sequences to start, with their first chunk */
+    int n_admit;         /*   (n counts from the prefix cache's end: n_pending - cached at most) */
+    sched_seq **preempt; /* (max_seqs) running sequences to stop: free their KV, they wait again */
     int n_preempt;
-    sched_seq **reject;         /* (max_seqs) waiting sequences the empty pool cannot hold: finish them */
+    sched_seq **reject; /* (max_seqs) waiting sequences the empty pool cannot hold: finish them */
     int n_reject;
-    int n_tokens;               /* tokens in run and admit together, <= batch_tokens */
-    bool static_open;           /* static batching: admission still open after this plan */
+    int n_tokens;     /* tokens in run and admit together, <= batch_tokens */
+    bool static_open; /* static batching: admission still open after this plan */
     int static_count;
 } sched_plan;
 

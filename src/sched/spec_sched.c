@@ -99,8 +99,8 @@ static int propose(lm_engine *e, eseq *c, int k, int *n_jobs, int *q_used) {
     }
     c->q = q;
     c->d_base = c->n_tokens;
-    e->jobs[*n_jobs] = (draft_job){.ds = &c->ds, .toks = c->tokens, .n_toks = c->n_tokens, .hist = c->smp,
-                                   .k = k, .out = c->draft, .q = q};
+    e->jobs[*n_jobs] = (draft_job){
+        .ds = &c->ds, .toks = c->tokens, .n_toks = c->n_tokens, .hist = c->smp, .k = k, .out = c->draft, .q = q};
     if (c->gm_on) { /* the guesses under the mask the target's rows get (the engine's mask buffer is free now) */
         e->jobs[*n_jobs].gm = c->gm;
         e->jobs[*n_jobs].mask = e->gmask;
@@ -237,7 +237,8 @@ static float curve_calibrate(lm_engine *e) {
     e->curve.n = e->dcurve.n = 0;
     for (int i = 0; i < n; i++) {
         if (mok && w[i] <= wmax && tm[i] > 0) e->curve.w[e->curve.n] = w[i], e->curve.t[e->curve.n++] = (float)tm[i];
-        if (dok && w[i] <= dmax && td[i] > 0) e->dcurve.w[e->dcurve.n] = w[i], e->dcurve.t[e->dcurve.n++] = (float)td[i];
+        if (dok && w[i] <= dmax && td[i] > 0)
+            e->dcurve.w[e->dcurve.n] = w[i], e->dcurve.t[e->dcurve.n++] = (float)td[i];
     }
     if (e->curve.n && spec_curve_fix(&e->curve, NULL, 0) != 0) e->curve.n = 0;
     if (e->dcurve.n && spec_curve_fix(&e->dcurve, NULL, 0) != 0) e->dcurve.n = 0;
@@ -255,7 +256,7 @@ static float curve_calibrate(lm_engine *e) {
 static float draft_calibrate(lm_engine *e) {
     const lm_model *dm = e->cfg.draft_model;
     double bytes = (double)(dm->weight_bytes + dm->packed_bytes) /
-                   (double)(e->m->weight_bytes + e->m->packed_bytes ? e->m->weight_bytes + e->m->packed_bytes : 1);
+        (double)(e->m->weight_bytes + e->m->packed_bytes ? e->m->weight_bytes + e->m->packed_bytes : 1);
     int32_t tok = tok_bos(e->tok) >= 0 ? tok_bos(e->tok) : 0;
     double tm = 1e30, td = 1e30;
     for (int i = 0; i < 6; i++) {
@@ -337,7 +338,8 @@ void spec_sched_wish(lm_engine *e, eseq *c, bool busy, int *n_want) {
 void spec_sched_propose(lm_engine *e, int n_want, int64_t rows, int n_dec) {
     int n_jobs = 0, q_used = 0;
     size_wishes(e, n_want, rows, n_dec);
-    for (int i = 0; i < n_want; i++) e->want_ch[i]->sq.n_spec = propose(e, e->want_ch[i], e->wants[i].k, &n_jobs, &q_used);
+    for (int i = 0; i < n_want; i++)
+        e->want_ch[i]->sq.n_spec = propose(e, e->want_ch[i], e->wants[i].k, &n_jobs, &q_used);
     for (int i = 0; i < n_want; i++) e->step_spec |= e->want_ch[i]->sq.n_spec > 0;
     e->step_once = false;
     for (int i = 0; i < n_jobs; i++) { /* a start or a long catch-up: paid once, not the steady price */
@@ -381,9 +383,9 @@ int spec_sched_setup(lm_engine *e, const kv_config *dkc, char *err, size_t errle
     /* a draft's flat price: set, none, from the width curves' rounds, or timed */
     if (e->dr)
         e->draft_cost = c->spec_cost > 0 ? c->spec_cost
-                        : c->spec_cost < 0 ? 0
-                        : ratio > 0 ? (ratio < 1e-3f ? 1e-3f : ratio)
-                        : draft_calibrate(e);
+            : c->spec_cost < 0           ? 0
+            : ratio > 0                  ? (ratio < 1e-3f ? 1e-3f : ratio)
+                                         : draft_calibrate(e);
     return 0;
 }
 

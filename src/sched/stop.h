@@ -17,9 +17,9 @@
 
 /* A request's stop strings (owned copies). */
 typedef struct {
-    char **s;                 /* (n) NUL-terminated, non-empty */
+    char **s; /* (n) NUL-terminated, non-empty */
     int n;
-    int max_len;              /* bytes of the longest */
+    int max_len; /* bytes of the longest */
 } stop_set;
 
 /* Copy n strings (each non-empty). 0, or -1 when out of memory (set empty). */
@@ -28,7 +28,7 @@ void stop_set_free(stop_set *ss);
 
 /* One choice's held text. */
 typedef struct {
-    char *held;               /* (cap) released by the detokenizer, not yet output */
+    char *held; /* (cap) released by the detokenizer, not yet output */
     int n, cap;
 } stop_text;
 

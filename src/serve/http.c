@@ -17,8 +17,8 @@
 #include "serve/http.h"
 #include "serve/server_int.h"
 
-int srv_respond(lm_server *s, struct MHD_Connection *conn, int status, const char *ctype, const char *body,
-                size_t len, const char *hdr, const char *hdr_val) {
+int srv_respond(lm_server *s, struct MHD_Connection *conn, int status, const char *ctype, const char *body, size_t len,
+                const char *hdr, const char *hdr_val) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", ctype);
@@ -76,4 +76,3 @@ bool srv_peer_gone(struct MHD_Connection *conn) {
     if (poll(&p, 1, 0) <= 0) return false;
     return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
-

@@ -106,7 +106,7 @@ static void histogram(strbuf *b, const char *name, const char *help, const lm_hi
     }
     cum += h->counts[nb];
     strbuf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.17g\n%s_count %llu\n", name, (unsigned long long)cum, name,
-                h->sum, name, (unsigned long long)h->count);
+                  h->sum, name, (unsigned long long)h->count);
 }
 
 static int route_metrics(lm_server *s, struct MHD_Connection *conn) {
@@ -175,15 +175,16 @@ static int route_metrics(lm_server *s, struct MHD_Connection *conn) {
     metric(&b, "lamina_http_read_timeouts_total", "counter",
            "Connections closed for not sending a whole request within --read-timeout.",
            (double)atomic_load(&s->read_timeouts));
-    strbuf_puts(&b, "# HELP lamina_http_requests_total HTTP responses by status code.\n"
-                  "# TYPE lamina_http_requests_total counter\n");
+    strbuf_puts(&b,
+                "# HELP lamina_http_requests_total HTTP responses by status code.\n"
+                "# TYPE lamina_http_requests_total counter\n");
     for (int code = 100; code < SRV_STATUS_MAX; code++) {
         uint64_t n = atomic_load(&s->http_status[code]);
         if (n) strbuf_printf(&b, "lamina_http_requests_total{code=\"%d\"} %llu\n", code, (unsigned long long)n);
     }
-    int ret = b.failed ? MHD_NO
-                       : srv_respond(s, conn, 200, "text/plain; version=0.0.4; charset=utf-8", b.p ? b.p : "", b.len,
-                                     NULL, NULL);
+    int ret = b.failed
+        ? MHD_NO
+        : srv_respond(s, conn, 200, "text/plain; version=0.0.4; charset=utf-8", b.p ? b.p : "", b.len, NULL, NULL);
     strbuf_free(&b);
     return ret;
 }
@@ -335,8 +336,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
     return call_run(c);
 }
 
-static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
-                         enum MHD_RequestTerminationCode toe) {
+static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls, enum MHD_RequestTerminationCode toe) {
     lm_server *s = cls;
     conn_request_done(s, conn);
     srv_call *c = *req_cls;
@@ -415,15 +415,13 @@ static int start_daemon(lm_server *s, char *err, size_t errlen) {
     unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     s->starting = true;
-    s->daemon = MHD_start_daemon(flags, (uint16_t)s->cfg.port, NULL, NULL, on_access, s, MHD_OPTION_SOCK_ADDR,
-                                 ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                                 MHD_OPTION_NOTIFY_CONNECTION, conn_notify, s,
-                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
-                                 MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->cfg.max_conn_per_ip,
-                                 MHD_OPTION_CONNECTION_MEMORY_LIMIT, s->cfg.conn_memory,
-                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg.idle_timeout,
-                                 MHD_OPTION_EXTERNAL_LOGGER, on_log, s,
-                                 MHD_OPTION_END);
+    s->daemon =
+        MHD_start_daemon(flags, (uint16_t)s->cfg.port, NULL, NULL, on_access, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, conn_notify, s,
+                         MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
+                         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->cfg.max_conn_per_ip,
+                         MHD_OPTION_CONNECTION_MEMORY_LIMIT, s->cfg.conn_memory, MHD_OPTION_CONNECTION_TIMEOUT,
+                         (unsigned)s->cfg.idle_timeout, MHD_OPTION_EXTERNAL_LOGGER, on_log, s, MHD_OPTION_END);
     freeaddrinfo(ai);
     s->starting = false;
     if (!s->daemon)
@@ -488,10 +486,11 @@ static void resolve_chat(lm_server *s, const lm_model *m) {
     p->chat_family = s->chat.family;
     p->chat_template = s->chat.text;
     if (rc == CHAT_NONE)
-        snprintf(s->chat_error, sizeof s->chat_error, "%.180s; start the server with --chat-template NAME|FILE to "
-                 "enable chat", err);
-    else if (rc)
-        snprintf(s->chat_error, sizeof s->chat_error, "%.180s", err);
+        snprintf(s->chat_error, sizeof s->chat_error,
+                 "%.180s; start the server with --chat-template NAME|FILE to "
+                 "enable chat",
+                 err);
+    else if (rc) snprintf(s->chat_error, sizeof s->chat_error, "%.180s", err);
 }
 
 int server_set_engine(lm_server *s, lm_engine *e, char *err, size_t errlen) {

@@ -80,38 +80,38 @@
 /* What the parser needs to know about the model and the limits. */
 typedef struct {
     const lm_tokenizer *tok;
-    int n_ctx;                 /* positions per sequence */
-    const char *model_name;    /* requests naming another model get 404 */
-    int chat_family;           /* a family (chat.h), or -1 to use chat_template */
-    const char *chat_template; /* Jinja text for chat_render_template, or NULL */
-    const char *chat_error;    /* when neither is usable: why chat requests fail */
-    int max_n;                 /* largest n (choices per prompt) */
-    int max_tokens_cap;        /* largest max_tokens; 0: only the context limits it */
-    int max_tokens_default;    /* a request without max_tokens: this many (within the context);
+    int n_ctx;                        /* positions per sequence */
+    const char *model_name;           /* requests naming another model get 404 */
+    int chat_family;                  /* a family (chat.h), or -1 to use chat_template */
+    const char *chat_template;        /* Jinja text for chat_render_template, or NULL */
+    const char *chat_error;           /* when neither is usable: why chat requests fail */
+    int max_n;                        /* largest n (choices per prompt) */
+    int max_tokens_cap;               /* largest max_tokens; 0: only the context limits it */
+    int max_tokens_default;           /* a request without max_tokens: this many (within the context);
                                   0: SERVER_MAX_TOKENS_CHAT for chat, 16 for completions */
     const lm_sample_params *sampling; /* temperature, top_k, top_p and min_p for a request that
                                   leaves them out; NULL: sample_params_default's */
-    int max_seqs;              /* the engine's sequences at once (n above it: 400); 0: no limit */
+    int max_seqs;                     /* the engine's sequences at once (n above it: 400); 0: no limit */
 } lm_server_parse_ctx;
 
 /* An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}. */
 typedef struct {
-    int status;        /* HTTP status; 200 when there is no error */
+    int status; /* HTTP status; 200 when there is no error */
     char message[320];
-    char type[40];     /* "invalid_request_error", "authentication_error", ... */
-    char param[48];    /* the offending parameter, "" for none */
-    char code[40];     /* "" for none */
+    char type[40];  /* "invalid_request_error", "authentication_error", ... */
+    char param[48]; /* the offending parameter, "" for none */
+    char code[40];  /* "" for none */
 } lm_server_error;
 
 /* One request, ready for engine_submit (one submission per prompt). */
 typedef struct {
     bool chat;
     bool stream, include_usage;
-    bool echo;                 /* completions: prepend the prompt text */
-    int n_prompts;             /* >= 1 */
-    int32_t **prompts;         /* (n_prompts) token arrays */
-    int *n_prompt;             /* (n_prompts) their lengths, >= 1 */
-    char **echo_text;          /* (n_prompts) with echo: the prompt as text, else NULL */
+    bool echo;         /* completions: prepend the prompt text */
+    int n_prompts;     /* >= 1 */
+    int32_t **prompts; /* (n_prompts) token arrays */
+    int *n_prompt;     /* (n_prompts) their lengths, >= 1 */
+    char **echo_text;  /* (n_prompts) with echo: the prompt as text, else NULL */
     /* What every prompt's submission shares: max_tokens (>= 1, every prompt
      * plus max_tokens within the context: engine_fit_context), n, sampling,
      * logit bias (bias_ids, bias_vals owned by this request; -INFINITY bans
@@ -120,7 +120,7 @@ typedef struct {
      * LM_MAX_TOP_LOGPROBS), priority. The prompt, each prompt's seed (unless
      * seed_given) and the callback are filled at submission. */
     lm_request_params p;
-    bool seed_given;           /* else the caller picks a seed */
+    bool seed_given;                  /* else the caller picks a seed */
     char *stops[SERVER_MAX_STOP + 1]; /* (p.n_stop) owned */
     /* Constrained output (owned): the GBNF text every choice's text must
      * match (response_format json_object / json_schema, grammar, json_schema,
@@ -147,8 +147,8 @@ typedef struct {
  * server_request_free), or -1 with *e set (a 4xx status) and *out empty.
  * Never reads past len; the body need not be NUL-terminated.
  */
-int server_parse_request(const lm_server_parse_ctx *c, bool chat, const char *body, size_t len,
-                         lm_server_request *out, lm_server_error *e);
+int server_parse_request(const lm_server_parse_ctx *c, bool chat, const char *body, size_t len, lm_server_request *out,
+                         lm_server_error *e);
 void server_request_free(lm_server_request *r);
 
 /* Prefix-cache salts. A tenant's salt: 0 without authentication, else the
@@ -160,29 +160,29 @@ uint64_t server_tenant_salt(const char *api_key);
 uint64_t server_request_salt(uint64_t tenant, const lm_server_request *r);
 
 /* Fill *e and return -1 (for `return server_error(...)`). */
-int server_error(lm_server_error *e, int status, const char *type, const char *param, const char *code,
-                 const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+int server_error(lm_server_error *e, int status, const char *type, const char *param, const char *code, const char *fmt,
+                 ...) __attribute__((format(printf, 6, 7)));
 
 /* ----------------------------------------------------------------- server */
 
 typedef void (*lm_server_log_fn)(void *user, const char *line);
 
 typedef struct {
-    const char *host;          /* numeric address or name to bind (default 127.0.0.1) */
-    int port;                  /* 0: any free port (see server_port) */
-    const char *api_key;       /* NULL or "": no authentication */
+    const char *host;    /* numeric address or name to bind (default 127.0.0.1) */
+    int port;            /* 0: any free port (see server_port) */
+    const char *api_key; /* NULL or "": no authentication */
     /* More accepted keys (each a tenant of its own, like api_key): with any
      * key set, the /v1 routes need one of them. Every key's requests get their own
      * prefix-cache salt (server_tenant_salt), so cached prefixes are shared
      * within a key and never across keys. */
     const char *const *api_keys;
     int n_api_keys;
-    const char *model_name;    /* the name /v1/models reports and requests may use */
-    const char *chat_template; /* a family name, or NULL for the model's own */
+    const char *model_name;         /* the name /v1/models reports and requests may use */
+    const char *chat_template;      /* a family name, or NULL for the model's own */
     const char *chat_template_text; /* a template's text (from a file), or NULL */
-    size_t max_body;           /* request body bytes (default 1 MiB) */
-    int max_n;                 /* default 16 */
-    int max_tokens_cap;        /* 0: the context is the only limit */
+    size_t max_body;                /* request body bytes (default 1 MiB) */
+    int max_n;                      /* default 16 */
+    int max_tokens_cap;             /* 0: the context is the only limit */
     /* The server's defaults for what a request leaves out: sampling (only
      * temperature, top_k, top_p and min_p are read; server_config_default
      * sets sample_params_default's, the values `lamina run` uses) and
@@ -190,11 +190,11 @@ typedef struct {
      * completions). */
     lm_sample_params sampling;
     int max_tokens_default;
-    double timeout;            /* seconds per request, then it is cancelled; 0: none */
-    double keepalive;          /* seconds of silence before a keep-alive comment (default 3) */
-    int idle_timeout;          /* seconds a connection may sit idle (no request, or a client that
+    double timeout;       /* seconds per request, then it is cancelled; 0: none */
+    double keepalive;     /* seconds of silence before a keep-alive comment (default 3) */
+    int idle_timeout;     /* seconds a connection may sit idle (no request, or a client that
                                   reads nothing) before it is closed (default 60) */
-    size_t stream_buffer;      /* bytes a streaming request may hold unsent before it is
+    size_t stream_buffer; /* bytes a streaming request may hold unsent before it is
                                   cancelled (default 4 MiB) */
     /* Connections. The HTTP library holds a connection's request line,
      * headers and buffers in one pool of conn_memory bytes: a request line or
@@ -203,12 +203,12 @@ typedef struct {
      * connection is closed. A new connection past max_connections, or from
      * an address that already holds max_conn_per_ip, is closed at once (the
      * library accepts and closes it). */
-    int max_connections;       /* default 512 */
-    int max_conn_per_ip;       /* default 256 (half the connections); 0: no limit */
-    size_t conn_memory;        /* bytes per connection (default 32 KiB, at least 8 KiB) */
-    double read_timeout;       /* seconds to receive one request (default 30); 0: no limit */
-    int max_headers;           /* request header lines; more: 431 (default 100) */
-    lm_server_log_fn log;      /* notices; may be NULL */
+    int max_connections;  /* default 512 */
+    int max_conn_per_ip;  /* default 256 (half the connections); 0: no limit */
+    size_t conn_memory;   /* bytes per connection (default 32 KiB, at least 8 KiB) */
+    double read_timeout;  /* seconds to receive one request (default 30); 0: no limit */
+    int max_headers;      /* request header lines; more: 431 (default 100) */
+    lm_server_log_fn log; /* notices; may be NULL */
     void *log_user;
 } lm_server_config;
 

@@ -48,11 +48,11 @@
 struct srv_conn {
     struct srv_conn *prev, *next;
     int fd;
-    bool receiving;            /* no whole request yet (see the top of the file) */
-    bool started;              /* receiving: the request's first byte is in */
-    bool killed;               /* shut down by the guard */
-    double t0;                 /* started: when the first byte was seen */
-    uint64_t base;             /* bytes received on the socket when receiving began */
+    bool receiving; /* no whole request yet (see the top of the file) */
+    bool started;   /* receiving: the request's first byte is in */
+    bool killed;    /* shut down by the guard */
+    double t0;      /* started: when the first byte was seen */
+    uint64_t base;  /* bytes received on the socket when receiving began */
 };
 
 /* Bytes the kernel has received on a TCP socket; false when it cannot say. */

@@ -76,9 +76,15 @@ static bool queue_push(srv_queue *q, int choice, const lm_event *ev) {
     if (ev->text_len && ev->text) strbuf_put(&q->text, ev->text, ev->text_len);
     if (q->text.failed) return false;
     srv_ev *r = &q->ev[q->n_ev++];
-    *r = (srv_ev){.choice = choice, .token = ev->token, .logprob = ev->logprob, .n_top = n_top,
-                  .top_off = q->n_top, .text_off = text_off, .text_len = q->text.len - text_off,
-                  .done = ev->done, .finish = ev->finish};
+    *r = (srv_ev){.choice = choice,
+                  .token = ev->token,
+                  .logprob = ev->logprob,
+                  .n_top = n_top,
+                  .top_off = q->n_top,
+                  .text_off = text_off,
+                  .text_len = q->text.len - text_off,
+                  .done = ev->done,
+                  .finish = ev->finish};
     if (ev->done && ev->stats) r->stats = *ev->stats;
     if (n_top) {
         memcpy(q->top_ids + q->n_top, ev->top_ids, (size_t)n_top * sizeof(int32_t));
@@ -205,14 +211,14 @@ void call_free(srv_call *c) {
  * other field 400, anything else 500. */
 static int submit_error(lm_server_error *e, lm_status rc, const char *prompt_param, const char *err) {
     switch (rc) {
-    case LM_ERR_BUSY:
-        return server_error(e, 429, "rate_limit_error", NULL, "server_busy", "The server is busy (%s); retry later.",
-                            err);
-    case LM_ERR_TOO_LONG:
-        return server_error(e, 400, "invalid_request_error", prompt_param, "context_length_exceeded", "%s", err);
-    case LM_ERR_NOMEM: return server_error(e, 503, "server_error", NULL, NULL, "%s", err);
-    case LM_ERR_INVALID: return server_error(e, 400, "invalid_request_error", NULL, NULL, "%s", err);
-    default: return server_error(e, 500, "server_error", NULL, NULL, "%s", err);
+        case LM_ERR_BUSY:
+            return server_error(e, 429, "rate_limit_error", NULL, "server_busy",
+                                "The server is busy (%s); retry later.", err);
+        case LM_ERR_TOO_LONG:
+            return server_error(e, 400, "invalid_request_error", prompt_param, "context_length_exceeded", "%s", err);
+        case LM_ERR_NOMEM: return server_error(e, 503, "server_error", NULL, NULL, "%s", err);
+        case LM_ERR_INVALID: return server_error(e, 400, "invalid_request_error", NULL, NULL, "%s", err);
+        default: return server_error(e, 500, "server_error", NULL, NULL, "%s", err);
     }
 }
 
@@ -330,9 +336,9 @@ static void settle_finals(srv_call *c) {
  */
 static const char *finish_reason(lm_finish f) {
     switch (f) {
-    case LM_FINISH_STOP: return "stop";
-    case LM_FINISH_LENGTH: return "length";
-    default: return "abort";
+        case LM_FINISH_STOP: return "stop";
+        case LM_FINISH_LENGTH: return "length";
+        default: return "abort";
     }
 }
 
@@ -341,13 +347,13 @@ static const char *finish_reason(lm_finish f) {
  * token), out of memory 503, anything else 500. */
 static void engine_error(const srv_call *c, lm_server_error *e) {
     switch (c->error_status) {
-    case LM_ERR_INVALID: server_error(e, 400, "invalid_request_error", NULL, NULL, "%s", c->error); break;
-    case LM_ERR_TOO_LONG:
-        server_error(e, 400, "invalid_request_error", c->chat ? "messages" : "prompt", "context_length_exceeded", "%s",
-                     c->error);
-        break;
-    case LM_ERR_NOMEM: server_error(e, 503, "server_error", NULL, NULL, "%s", c->error); break;
-    default: server_error(e, 500, "server_error", NULL, NULL, "%s", c->error);
+        case LM_ERR_INVALID: server_error(e, 400, "invalid_request_error", NULL, NULL, "%s", c->error); break;
+        case LM_ERR_TOO_LONG:
+            server_error(e, 400, "invalid_request_error", c->chat ? "messages" : "prompt", "context_length_exceeded",
+                         "%s", c->error);
+            break;
+        case LM_ERR_NOMEM: server_error(e, 503, "server_error", NULL, NULL, "%s", c->error); break;
+        default: server_error(e, 500, "server_error", NULL, NULL, "%s", c->error);
     }
 }
 
@@ -395,8 +401,7 @@ static cJSON *chat_lp_entry(const lm_tokenizer *tok, const srv_ev *ev, const srv
 }
 
 /* Completions logprobs: add one token to the four parallel arrays of lp. */
-static void completion_lp_add(cJSON *lp, const lm_tokenizer *tok, const srv_ev *ev, const srv_queue *q,
-                              size_t offset) {
+static void completion_lp_add(cJSON *lp, const lm_tokenizer *tok, const srv_ev *ev, const srv_queue *q, size_t offset) {
     char raw[512];
     int n_raw;
     cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "tokens"), token_string(tok, ev->token, raw, &n_raw));
@@ -485,7 +490,8 @@ static void absorb(srv_call *c, const srv_ev *ev, const srv_queue *q) {
     } else {
         if (!ch->lp) ch->lp = completion_lp_new();
         size_t echo = c->req.echo_text && c->req.echo_text[ev->choice / c->req.p.n]
-                          ? strlen(c->req.echo_text[ev->choice / c->req.p.n]) : 0;
+            ? strlen(c->req.echo_text[ev->choice / c->req.p.n])
+            : 0;
         completion_lp_add(ch->lp, tok, ev, q, echo + offset);
     }
 }
@@ -583,8 +589,8 @@ static char *whole_answer(srv_call *c) {
         } else {
             cJSON_AddNullToObject(j, "logprobs");
         }
-        cJSON_AddStringToObject(j, "finish_reason", called && ch->finish == LM_FINISH_STOP ? "tool_calls"
-                                                                                           : finish_reason(ch->finish));
+        cJSON_AddStringToObject(j, "finish_reason",
+                                called && ch->finish == LM_FINISH_STOP ? "tool_calls" : finish_reason(ch->finish));
         cJSON_AddItemToArray(choices, j);
     }
     cJSON_AddItemToObject(o, "usage", usage_json(c));
@@ -874,8 +880,8 @@ int call_run(srv_call *c) {
     if (submit_all(c, &e)) {
         if (e.status == 429) {
             char *j = srv_error_json(&e);
-            int rc = srv_respond(s, c->conn, 429, "application/json", j ? j : "{}", j ? strlen(j) : 2,
-                                 "Retry-After", "1");
+            int rc =
+                srv_respond(s, c->conn, 429, "application/json", j ? j : "{}", j ? strlen(j) : 2, "Retry-After", "1");
             lm_free(j);
             return rc;
         }

@@ -38,33 +38,33 @@
 typedef struct srv_conn srv_conn; /* one open connection (server_conn.c) */
 
 struct lm_server {
-    lm_server_config cfg;      /* strings below are the owned copies */
+    lm_server_config cfg; /* strings below are the owned copies */
     char *host, *model_name, *tmpl_name, *tmpl_text;
-    char **keys;               /* (n_keys) accepted API keys (api_key, then api_keys); none: no auth */
-    uint64_t *key_salt;        /* (n_keys) server_tenant_salt of each */
+    char **keys;        /* (n_keys) accepted API keys (api_key, then api_keys); none: no auth */
+    uint64_t *key_salt; /* (n_keys) server_tenant_salt of each */
     int n_keys;
-    lm_chat_template chat;     /* resolved at server_set_engine (pctx points into it) */
+    lm_chat_template chat; /* resolved at server_set_engine (pctx points into it) */
     struct MHD_Daemon *daemon;
     int port;
     _Atomic(lm_engine *) engine; /* NULL while the model loads */
-    lm_server_parse_ctx pctx;  /* valid once engine is set */
+    lm_server_parse_ctx pctx;    /* valid once engine is set */
     char chat_error[256];
     atomic_bool stopping;
     atomic_uint_least64_t next_id;
     uint64_t id_salt;
-    long long started;         /* time(NULL) at start, for /v1/models */
+    long long started; /* time(NULL) at start, for /v1/models */
     atomic_uint_least64_t http_status[SRV_STATUS_MAX];
-    char start_error[256];     /* the HTTP library's message while starting */
+    char start_error[256]; /* the HTTP library's message while starting */
     atomic_bool starting;
 
     /* connections (server_conn.c); the list and its entries under conn_mu */
     pthread_mutex_t conn_mu;
     pthread_cond_t conn_cv;
-    bool conn_sync;            /* conn_mu and conn_cv are initialised */
-    pthread_t guard;           /* the read-deadline thread */
+    bool conn_sync;  /* conn_mu and conn_cv are initialised */
+    pthread_t guard; /* the read-deadline thread */
     bool guard_started;
-    bool guard_stop;           /* under conn_mu */
-    srv_conn *conns;           /* open connections (a list) */
+    bool guard_stop; /* under conn_mu */
+    srv_conn *conns; /* open connections (a list) */
     atomic_uint_least64_t conns_open, conns_total, read_timeouts;
 };
 
@@ -88,29 +88,29 @@ typedef struct srv_call srv_call;
 /* One engine submission: one prompt of the call. */
 typedef struct {
     srv_call *call;
-    int prompt;                /* index into req.prompts */
-    lm_request *handle;        /* set under call->mu after engine_submit */
+    int prompt;         /* index into req.prompts */
+    lm_request *handle; /* set under call->mu after engine_submit */
 } srv_sub;
 
 /* One engine event as copied by the callback. */
 typedef struct {
-    int choice;                /* prompt * n + event index */
-    int32_t token;             /* -1 for a final event */
+    int choice;    /* prompt * n + event index */
+    int32_t token; /* -1 for a final event */
     float logprob;
     int n_top;
     size_t top_off;            /* into the queue's top arrays */
     size_t text_off, text_len; /* into the queue's text */
     bool done;
     lm_finish finish;
-    lm_request_stats stats;    /* with done */
+    lm_request_stats stats; /* with done */
 } srv_ev;
 
 typedef struct {
     srv_ev *ev;
     size_t n_ev, cap_ev;
     strbuf text;
-    int32_t *top_ids;          /* (cap_top) */
-    float *top_lps;            /* (cap_top) */
+    int32_t *top_ids; /* (cap_top) */
+    float *top_lps;   /* (cap_top) */
     size_t n_top, cap_top;
 } srv_queue;
 
@@ -145,17 +145,17 @@ typedef struct {
 
 /* What one feed releases: content text, and call events in order. */
 typedef struct {
-    int index;              /* the call, 0 .. */
-    char *name;             /* the call's first event: its name; else NULL */
-    char *args;             /* a piece of its arguments' JSON text (may be "") */
+    int index;  /* the call, 0 .. */
+    char *name; /* the call's first event: its name; else NULL */
+    char *args; /* a piece of its arguments' JSON text (may be "") */
     size_t args_len;
 } srv_tc_ev;
 
 typedef struct {
     strbuf content;
-    srv_tc_ev *ev;          /* (n) */
+    srv_tc_ev *ev; /* (n) */
     int n, cap;
-    bool failed;            /* out of memory: events were lost */
+    bool failed; /* out of memory: events were lost */
 } srv_tc_out;
 
 void srv_tc_init(srv_tc *t, int syntax);
@@ -170,11 +170,11 @@ void srv_tc_call_id(const char *seed, int choice, int index, int syntax, char *o
 
 /* What the connection's thread knows about one choice. */
 typedef struct {
-    strbuf text;               /* the answer so far (non-streaming), raw bytes */
-    strbuf pending;            /* streaming: bytes of an incomplete UTF-8 character */
-    void *lp;                  /* cJSON logprobs of the answer (non-streaming), or NULL */
-    size_t text_total;         /* bytes of text so far (completions' text_offset) */
-    srv_tc tc;                 /* streaming with tool calls: the reader of the text */
+    strbuf text;       /* the answer so far (non-streaming), raw bytes */
+    strbuf pending;    /* streaming: bytes of an incomplete UTF-8 character */
+    void *lp;          /* cJSON logprobs of the answer (non-streaming), or NULL */
+    size_t text_total; /* bytes of text so far (completions' text_offset) */
+    srv_tc tc;         /* streaming with tool calls: the reader of the text */
     bool done;
     lm_finish finish;
     lm_request_stats stats;
@@ -192,7 +192,7 @@ struct srv_call {
     lm_server *srv;
     struct MHD_Connection *conn;
     bool chat;
-    uint64_t tenant_salt;      /* the API key's prefix-cache salt (0 without keys) */
+    uint64_t tenant_salt; /* the API key's prefix-cache salt (0 without keys) */
     strbuf body;
     bool too_big;
     lm_server_request req;
@@ -200,29 +200,29 @@ struct srv_call {
     char id[48];
     long long created;
     double t_start;
-    int n_choices;             /* n_prompts * n */
-    srv_sub *subs;             /* (n_prompts) */
-    int n_subs;                /* submitted */
-    srv_choice *ch;            /* (n_choices) */
-    lm_engine *engine;         /* the engine the subs went to */
+    int n_choices;     /* n_prompts * n */
+    srv_sub *subs;     /* (n_prompts) */
+    int n_subs;        /* submitted */
+    srv_choice *ch;    /* (n_choices) */
+    lm_engine *engine; /* the engine the subs went to */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool sync_init;
     /* under mu (written by the engine thread) */
     srv_queue q;
-    srv_fin *fin;              /* (n_choices) */
-    bool overflow;             /* the queue outgrew its bound: cancelled */
-    int n_final;               /* final events received */
-    char error[256];           /* the first engine error */
-    lm_status error_status;    /* its kind (lm_event.status) */
+    srv_fin *fin;           /* (n_choices) */
+    bool overflow;          /* the queue outgrew its bound: cancelled */
+    int n_final;            /* final events received */
+    char error[256];        /* the first engine error */
+    lm_status error_status; /* its kind (lm_event.status) */
 
     /* connection thread only */
     bool cancelled, timed_out, disconnected;
-    strbuf out;                /* streaming: formatted, not yet handed to the HTTP library */
+    strbuf out; /* streaming: formatted, not yet handed to the HTTP library */
     size_t out_pos;
-    bool out_end;              /* the last bytes are in out */
-    bool out_started;          /* the opening chunks are written */
+    bool out_end;     /* the last bytes are in out */
+    bool out_started; /* the opening chunks are written */
     double t_last_send;
 };
 

@@ -47,8 +47,8 @@
 
 static const char *INVALID = "invalid_request_error";
 
-int server_error(lm_server_error *e, int status, const char *type, const char *param, const char *code,
-                 const char *fmt, ...) {
+int server_error(lm_server_error *e, int status, const char *type, const char *param, const char *code, const char *fmt,
+                 ...) {
     if (!e) return -1;
     e->status = status;
     snprintf(e->type, sizeof e->type, "%s", type ? type : INVALID);
@@ -99,8 +99,7 @@ static int get_num(const cJSON *obj, const char *name, double lo, double hi, dou
 }
 
 /* An integer (an integral number) in [lo, hi]; returns as get_num. */
-static int get_int(const cJSON *obj, const char *name, long long lo, long long hi, long long *out,
-                   lm_server_error *e) {
+static int get_int(const cJSON *obj, const char *name, long long lo, long long hi, long long *out, lm_server_error *e) {
     const cJSON *v = field(obj, name);
     if (!v) return 0;
     double x = v->valuedouble;
@@ -173,8 +172,7 @@ static int parse_sampling(const lm_server_parse_ctx *c, const cJSON *root, bool 
     } else {
         if (get_bool(root, "logprobs", &r->p.logprobs, e) < 0) return -1;
         if ((rc = get_int(root, "top_logprobs", 0, LM_MAX_TOP_LOGPROBS, &k, e)) < 0) return -1;
-        if (rc && !r->p.logprobs)
-            return BAD("top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
+        if (rc && !r->p.logprobs) return BAD("top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
         if (rc) r->p.top_logprobs = (int)k;
     }
     return 0;
@@ -310,11 +308,13 @@ static int parse_prompt(const lm_server_parse_ctx *c, const cJSON *root, lm_serv
         if (count == 0) return BAD("prompt", "'prompt' is empty");
         if (all_of(p, cJSON_Number)) count = 1;
         else if (!all_of(p, cJSON_String) && !all_of(p, cJSON_Array))
-            return BAD("prompt", "'prompt' must be a string, an array of strings, an array of token ids or an "
-                                 "array of arrays of token ids");
+            return BAD("prompt",
+                       "'prompt' must be a string, an array of strings, an array of token ids or an "
+                       "array of arrays of token ids");
     } else if (!cJSON_IsString(p)) {
-        return BAD("prompt", "'prompt' must be a string, an array of strings, an array of token ids or an array "
-                             "of arrays of token ids");
+        return BAD("prompt",
+                   "'prompt' must be a string, an array of strings, an array of token ids or an array "
+                   "of arrays of token ids");
     }
     if (count > SERVER_MAX_PROMPTS) return BAD("prompt", "at most %d prompts per request", SERVER_MAX_PROMPTS);
     r->prompts = lm_calloc((size_t)count, sizeof(int32_t *));
@@ -370,8 +370,10 @@ static char *message_content(const cJSON *m, int i, lm_server_error *e) {
         const cJSON *type = field(p, "type"), *text = field(p, "text");
         if (!cJSON_IsObject(p) || !cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 ||
             !cJSON_IsString(text)) {
-            BAD(param, "'%s' parts must be {\"type\": \"text\", \"text\": string} (other part types are not "
-                       "supported)", param);
+            BAD(param,
+                "'%s' parts must be {\"type\": \"text\", \"text\": string} (other part types are not "
+                "supported)",
+                param);
             return NULL;
         }
         total += strlen(text->valuestring) + 1;
@@ -452,10 +454,12 @@ static int message_calls(const cJSON *m, int i, lm_chat_xmsg *x, lm_server_error
         const cJSON *name = cJSON_IsObject(fn) ? field(fn, "name") : NULL;
         const cJSON *args = cJSON_IsObject(fn) ? field(fn, "arguments") : NULL;
         if (!cJSON_IsObject(c) || (id && !cJSON_IsString(id)) ||
-            (type && (!cJSON_IsString(type) || strcmp(type->valuestring, "function") != 0)) ||
-            !cJSON_IsString(name) || (args && !cJSON_IsString(args)))
-            return BAD(param, "'%s[%d]' must be {\"id\": string, \"type\": \"function\", \"function\": {\"name\": "
-                              "string, \"arguments\": string}}", param, j);
+            (type && (!cJSON_IsString(type) || strcmp(type->valuestring, "function") != 0)) || !cJSON_IsString(name) ||
+            (args && !cJSON_IsString(args)))
+            return BAD(param,
+                       "'%s[%d]' must be {\"id\": string, \"type\": \"function\", \"function\": {\"name\": "
+                       "string, \"arguments\": string}}",
+                       param, j);
         calls[j] = (lm_chat_call){id ? id->valuestring : NULL, name->valuestring, args ? args->valuestring : "{}"};
     }
     x->n_calls = k;
@@ -464,8 +468,8 @@ static int message_calls(const cJSON *m, int i, lm_chat_xmsg *x, lm_server_error
 
 /* messages: [{"role", "content"}, ...] -> one rendered, tokenized prompt;
  * tool results and the assistant's calls as the template writes them. */
-static int parse_messages(const lm_server_parse_ctx *c, const cJSON *root, const srv_tools *tools,
-                          lm_server_request *r, lm_server_error *e) {
+static int parse_messages(const lm_server_parse_ctx *c, const cJSON *root, const srv_tools *tools, lm_server_request *r,
+                          lm_server_error *e) {
     const cJSON *ms = field(root, "messages");
     if (!ms) return BAD("messages", "'messages' is required");
     if (!cJSON_IsArray(ms)) return BAD("messages", "'messages' must be an array");
@@ -663,11 +667,12 @@ static int check_context(const lm_server_parse_ctx *c, bool chat, long long max_
         if (longest >= c->n_ctx)
             return server_error(e, 400, INVALID, what, "context_length_exceeded",
                                 "This model's maximum context length is %d tokens, but the %s has %d tokens "
-                                "(leaving no room to generate).", c->n_ctx, what, longest);
+                                "(leaving no room to generate).",
+                                c->n_ctx, what, longest);
         return server_error(e, 400, INVALID, mt_name ? mt_name : what, "context_length_exceeded",
                             "This model's maximum context length is %d tokens. However, you requested %lld "
-                            "tokens (%d in the %s, %d in the completion).", c->n_ctx, (long long)longest + want,
-                            longest, what, want);
+                            "tokens (%d in the %s, %d in the completion).",
+                            c->n_ctx, (long long)longest + want, longest, what, want);
     }
     if (c->max_seqs > 0 && r->p.n > c->max_seqs)
         return BAD("n", "n = %d is more than the %d sequences the engine runs at once", r->p.n, c->max_seqs);
@@ -701,8 +706,8 @@ static int parse_root(const lm_server_parse_ctx *c, bool chat, const cJSON *root
     return rc ? -1 : check_context(c, chat, max_tokens, mt_name, r, e);
 }
 
-int server_parse_request(const lm_server_parse_ctx *c, bool chat, const char *body, size_t len,
-                         lm_server_request *out, lm_server_error *e) {
+int server_parse_request(const lm_server_parse_ctx *c, bool chat, const char *body, size_t len, lm_server_request *out,
+                         lm_server_error *e) {
     srv_json_init();
     memset(out, 0, sizeof *out);
     memset(e, 0, sizeof *e);
@@ -713,8 +718,10 @@ int server_parse_request(const lm_server_parse_ctx *c, bool chat, const char *bo
     for (size_t i = 0; i < len; i++) {
         unsigned char ch = (unsigned char)body[i];
         if (ch < 0x20 && ch != '\t' && ch != '\n' && ch != '\r')
-            return BAD(NULL, "the request body holds a raw control character (byte 0x%02x at offset %zu): not "
-                             "valid JSON", ch, i);
+            return BAD(NULL,
+                       "the request body holds a raw control character (byte 0x%02x at offset %zu): not "
+                       "valid JSON",
+                       ch, i);
     }
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
@@ -724,8 +731,11 @@ int server_parse_request(const lm_server_parse_ctx *c, bool chat, const char *bo
     }
     while (end && end < body + len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
     int rc;
-    if (end && end < body + len) rc = BAD(NULL, "We could not parse the JSON body of your request (data after "
-                                                "the JSON value at byte %zu).", (size_t)(end - body));
+    if (end && end < body + len)
+        rc = BAD(NULL,
+                 "We could not parse the JSON body of your request (data after "
+                 "the JSON value at byte %zu).",
+                 (size_t)(end - body));
     else rc = parse_root(c, chat, root, out, e);
     cJSON_Delete(root);
     if (rc) {

@@ -109,8 +109,9 @@ int srv_parse_format(const cJSON *root, lm_server_request *r, lm_server_error *e
         } else if (!strcmp(ty, "json_schema")) {
             const cJSON *o = field(rf, "json_schema");
             if (!cJSON_IsObject(o))
-                return BAD("response_format", "'response_format.json_schema' must be an object {\"name\", "
-                                              "\"schema\", \"strict\"}");
+                return BAD("response_format",
+                           "'response_format.json_schema' must be an object {\"name\", "
+                           "\"schema\", \"strict\"}");
             const cJSON *name = field(o, "name"), *schema = field(o, "schema"), *strict = field(o, "strict");
             if (name && !cJSON_IsString(name))
                 return BAD("response_format", "'response_format.json_schema.name' must be a string");
@@ -124,8 +125,10 @@ int srv_parse_format(const cJSON *root, lm_server_request *r, lm_server_error *e
             take(r, g);
             given++;
         } else if (strcmp(ty, "text") != 0) {
-            return BAD("response_format", "'response_format.type' must be 'text', 'json_object' or 'json_schema' "
-                                          "(got '%.40s')", ty);
+            return BAD("response_format",
+                       "'response_format.type' must be 'text', 'json_object' or 'json_schema' "
+                       "(got '%.40s')",
+                       ty);
         }
     }
     if (gr) {
@@ -144,8 +147,12 @@ int srv_parse_format(const cJSON *root, lm_server_request *r, lm_server_error *e
         if (!g) return -1;
         take(r, g);
     }
-    if (r->grammar && check_grammar(r->grammar, gr ? "grammar" : js ? "json_schema" : "response_format",
-                                    gr ? "'grammar'" : "the schema's grammar", e))
+    if (r->grammar &&
+        check_grammar(r->grammar,
+                      gr       ? "grammar"
+                          : js ? "json_schema"
+                               : "response_format",
+                      gr ? "'grammar'" : "the schema's grammar", e))
         return -1;
     return 0;
 }
@@ -167,8 +174,7 @@ static char *prefix_rules(const char *g, const char *prefix) {
         } else if (c == '{') {
             while (*s && *s != '}') s++;
             if (*s) s++;
-        } else if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-                   c == '-') {
+        } else if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-') {
             while ((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_' ||
                    *s == '-')
                 s++;
@@ -206,17 +212,17 @@ static char *tool_grammar(const tool_ref *tools, int n, int syntax, bool paralle
     if (syntax == CHAT_TOOLS_MISTRAL)
         strbuf_printf(&b, "root ::= (\"[TOOL_CALLS]\" tc-ws)? \"[\" tc-obj %s tc-ws \"]\"\n",
                       parallel ? "(tc-ws \",\" tc-ws tc-obj)*" : "");
-    else
-        strbuf_printf(&b, "root ::= tc-call %s\n", parallel ? "(tc-ws tc-call)*" : "");
-    if (syntax == CHAT_TOOLS_HERMES) strbuf_puts(&b, "tc-call ::= \"<tool_call>\" tc-ws tc-obj tc-ws \"</tool_call>\"\n");
+    else strbuf_printf(&b, "root ::= tc-call %s\n", parallel ? "(tc-ws tc-call)*" : "");
+    if (syntax == CHAT_TOOLS_HERMES)
+        strbuf_puts(&b, "tc-call ::= \"<tool_call>\" tc-ws tc-obj tc-ws \"</tool_call>\"\n");
     else if (syntax == CHAT_TOOLS_LLAMA3) strbuf_puts(&b, "tc-call ::= tc-obj\n");
     /* {"name" as one piece: the opener the reader (and the llama3 trigger) looks for */
     strbuf_puts(&b, "tc-obj ::= \"{\\\"name\\\"\" tc-ws \":\" tc-ws tc-fn tc-ws \"}\"\n");
     strbuf_puts(&b, "tc-ws ::= [ \\t\\n]{0,4}\n");
     strbuf_puts(&b, "tc-fn ::= ");
     for (int i = 0; i < n; i++)
-        strbuf_printf(&b, "%s\"\\\"%s\\\"\" tc-ws \",\" tc-ws \"\\\"%s\\\"\" tc-ws \":\" tc-ws t%d-root\n", i ? "  | " : "",
-                      tools[i].name, args_key, i);
+        strbuf_printf(&b, "%s\"\\\"%s\\\"\" tc-ws \",\" tc-ws \"\\\"%s\\\"\" tc-ws \":\" tc-ws t%d-root\n",
+                      i ? "  | " : "", tools[i].name, args_key, i);
     for (int i = 0; i < n; i++) {
         char param[48], prefix[16];
         snprintf(param, sizeof param, "'tools[%d].function.parameters'", i);
@@ -286,8 +292,7 @@ int srv_parse_tools(const cJSON *root, int family, lm_server_request *r, srv_too
         const cJSON *name = field(fn, "name"), *desc = field(fn, "description"), *params = field(fn, "parameters");
         if (!cJSON_IsString(name) || !valid_name(name->valuestring))
             return BAD("tools", "'tools[%d].function.name' must be 1 to 64 characters of a-z, A-Z, 0-9, _ and -", i);
-        if (desc && !cJSON_IsString(desc))
-            return BAD("tools", "'tools[%d].function.description' must be a string", i);
+        if (desc && !cJSON_IsString(desc)) return BAD("tools", "'tools[%d].function.description' must be a string", i);
         if (params && !cJSON_IsObject(params))
             return BAD("tools", "'tools[%d].function.parameters' must be a JSON Schema object", i);
         for (int k = 0; k < i; k++)
@@ -305,15 +310,18 @@ int srv_parse_tools(const cJSON *root, int family, lm_server_request *r, srv_too
             const char *s = choice->valuestring;
             mode = !strcmp(s, "none") ? NONE : !strcmp(s, "auto") ? AUTO : !strcmp(s, "required") ? REQUIRED : 3;
             if ((int)mode == 3)
-                return BAD("tool_choice", "'tool_choice' must be 'none', 'auto', 'required' or {\"type\": "
-                                          "\"function\", \"function\": {\"name\": ...}} (got '%.40s')", s);
+                return BAD("tool_choice",
+                           "'tool_choice' must be 'none', 'auto', 'required' or {\"type\": "
+                           "\"function\", \"function\": {\"name\": ...}} (got '%.40s')",
+                           s);
         } else {
             const cJSON *type = cJSON_IsObject(choice) ? field(choice, "type") : NULL;
             const cJSON *fn = cJSON_IsObject(choice) ? field(choice, "function") : NULL;
             const cJSON *name = cJSON_IsObject(fn) ? field(fn, "name") : NULL;
             if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") != 0 || !cJSON_IsString(name))
-                return BAD("tool_choice", "'tool_choice' must be 'none', 'auto', 'required' or {\"type\": "
-                                          "\"function\", \"function\": {\"name\": ...}}");
+                return BAD("tool_choice",
+                           "'tool_choice' must be 'none', 'auto', 'required' or {\"type\": "
+                           "\"function\", \"function\": {\"name\": ...}}");
             for (int k = 0; k < n; k++)
                 if (!strcmp(refs[k].name, name->valuestring)) named = k;
             if (named < 0 && n)
@@ -321,16 +329,16 @@ int srv_parse_tools(const cJSON *root, int family, lm_server_request *r, srv_too
                            name->valuestring);
             mode = REQUIRED;
         }
-        if (mode != NONE && n == 0)
-            return BAD("tool_choice", "'tool_choice' is only allowed when 'tools' are given");
+        if (mode != NONE && n == 0) return BAD("tool_choice", "'tool_choice' is only allowed when 'tools' are given");
     }
     if (mode == NONE) return 0;
     if (r->grammar)
-        return BAD("tools", "tool calls cannot be combined with 'response_format' (JSON), 'grammar' or "
-                            "'json_schema'; set 'tool_choice' to 'none' to use those");
+        return BAD("tools",
+                   "tool calls cannot be combined with 'response_format' (JSON), 'grammar' or "
+                   "'json_schema'; set 'tool_choice' to 'none' to use those");
     int syntax = chat_tool_syntax(family);
-    char *g = named >= 0 ? tool_grammar(&refs[named], 1, syntax, parallel, e)
-                         : tool_grammar(refs, n, syntax, parallel, e);
+    char *g =
+        named >= 0 ? tool_grammar(&refs[named], 1, syntax, parallel, e) : tool_grammar(refs, n, syntax, parallel, e);
     if (!g) return -1;
     r->grammar = g;
     if (check_grammar(g, "tools", "the tools' grammar", e)) return -1;
@@ -404,10 +412,10 @@ static int skip_value(const char *s, size_t n, size_t *p, bool final) {
 
 typedef struct {
     int status;
-    size_t end;                /* with J_DONE: past the object */
+    size_t end; /* with J_DONE: past the object */
     bool has_name, has_args;
-    size_t name_s, name_e;     /* the name's string, quotes included */
-    size_t args_s, args_e;     /* the arguments' text so far */
+    size_t name_s, name_e; /* the name's string, quotes included */
+    size_t args_s, args_e; /* the arguments' text so far */
 } call_scan;
 
 /* One call object {"name": ..., "arguments": ...} from s[p], as far as it goes. */
@@ -469,8 +477,7 @@ static void scan_call(const char *s, size_t n, size_t p, const char *args_key, b
     r->end = p + 1;
 }
 
-static void out_event(srv_tc_out *o, int index, const char *name, size_t name_len, const char *args,
-                      size_t args_len) {
+static void out_event(srv_tc_out *o, int index, const char *name, size_t name_len, const char *args, size_t args_len) {
     if (o->n == o->cap) {
         int cap = o->cap ? o->cap * 2 : 8;
         srv_tc_ev *ev = lm_realloc(o->ev, (size_t)cap * sizeof *ev);

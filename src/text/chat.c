@@ -42,24 +42,16 @@ static void sb_puts(sbuf *b, const char *s) { strbuf_puts(b, s); }
  * (E2 80 A8/A9/AF), U+205F (E2 81 9F), U+3000 (E3 80 80).
  */
 static size_t space_len(const unsigned char *s, size_t n) {
-    if (n == 0)
-        return 0;
+    if (n == 0) return 0;
     unsigned char c = s[0];
-    if ((c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20))
-        return 1;
-    if (c == 0xc2 && n >= 2 && (s[1] == 0x85 || s[1] == 0xa0))
-        return 2;
-    if (n < 3)
-        return 0;
-    if (c == 0xe1 && s[1] == 0x9a && s[2] == 0x80)
+    if ((c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20)) return 1;
+    if (c == 0xc2 && n >= 2 && (s[1] == 0x85 || s[1] == 0xa0)) return 2;
+    if (n < 3) return 0;
+    if (c == 0xe1 && s[1] == 0x9a && s[2] == 0x80) return 3;
+    if (c == 0xe2 && s[1] == 0x80 && ((s[2] >= 0x80 && s[2] <= 0x8a) || s[2] == 0xa8 || s[2] == 0xa9 || s[2] == 0xaf))
         return 3;
-    if (c == 0xe2 && s[1] == 0x80 &&
-        ((s[2] >= 0x80 && s[2] <= 0x8a) || s[2] == 0xa8 || s[2] == 0xa9 || s[2] == 0xaf))
-        return 3;
-    if (c == 0xe2 && s[1] == 0x81 && s[2] == 0x9f)
-        return 3;
-    if (c == 0xe3 && s[1] == 0x80 && s[2] == 0x80)
-        return 3;
+    if (c == 0xe2 && s[1] == 0x81 && s[2] == 0x9f) return 3;
+    if (c == 0xe3 && s[1] == 0x80 && s[2] == 0x80) return 3;
     return 0;
 }
 
@@ -68,12 +60,9 @@ static size_t space_len(const unsigned char *s, size_t n) {
  * continuations, so matching the tail alone finds whole characters in valid
  * UTF-8 (and never splits a valid character in invalid input). */
 static size_t space_len_before(const unsigned char *s, size_t n) {
-    if (n >= 1 && space_len(s + n - 1, 1) == 1)
-        return 1;
-    if (n >= 2 && space_len(s + n - 2, 2) == 2)
-        return 2;
-    if (n >= 3 && space_len(s + n - 3, 3) == 3)
-        return 3;
+    if (n >= 1 && space_len(s + n - 1, 1) == 1) return 1;
+    if (n >= 2 && space_len(s + n - 2, 2) == 2) return 2;
+    if (n >= 3 && space_len(s + n - 3, 3) == 3) return 3;
     return 0;
 }
 
@@ -81,10 +70,8 @@ static size_t space_len_before(const unsigned char *s, size_t n) {
 void chat_strip_span(const char *s, size_t n, size_t *start, size_t *len) {
     const unsigned char *u = (const unsigned char *)s;
     size_t a = 0, b = n, k;
-    while (a < b && (k = space_len(u + a, b - a)) > 0)
-        a += k;
-    while (b > a && (k = space_len_before(u + a, b - a)) > 0)
-        b -= k;
+    while (a < b && (k = space_len(u + a, b - a)) > 0) a += k;
+    while (b > a && (k = space_len_before(u + a, b - a)) > 0) b -= k;
     *start = a;
     *len = b - a;
 }
@@ -99,8 +86,7 @@ static void sb_put_stripped(sbuf *b, const char *s) {
 /* Strips what was appended since offset p0, in place: for Llama 2, which
  * strips the concatenation of the <<SYS>> block and the first user text. */
 static void sb_strip_from(sbuf *b, size_t p0) {
-    if (b->failed || b->len <= p0)
-        return;
+    if (b->failed || b->len <= p0) return;
     size_t a, n;
     chat_strip_span(b->p + p0, b->len - p0, &a, &n);
     memmove(b->p + p0, b->p + p0 + a, n);
@@ -113,28 +99,22 @@ static void sb_strip_from(sbuf *b, size_t p0) {
 enum { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT };
 
 static int role_id(const char *r) {
-    if (!strcmp(r, "system"))
-        return ROLE_SYSTEM;
-    if (!strcmp(r, "user"))
-        return ROLE_USER;
-    if (!strcmp(r, "assistant"))
-        return ROLE_ASSISTANT;
+    if (!strcmp(r, "system")) return ROLE_SYSTEM;
+    if (!strcmp(r, "user")) return ROLE_USER;
+    if (!strcmp(r, "assistant")) return ROLE_ASSISTANT;
     return -1;
 }
 
 static int check_msgs(const lm_chat_msg *m, int n, char *err, size_t errlen) {
-    if (!m || n <= 0)
-        return lm_err(err, errlen, "chat: no messages to render");
+    if (!m || n <= 0) return lm_err(err, errlen, "chat: no messages to render");
     for (int i = 0; i < n; i++) {
-        if (!m[i].role)
-            return lm_err(err, errlen, "chat: message %d has no role", i);
+        if (!m[i].role) return lm_err(err, errlen, "chat: message %d has no role", i);
         if (role_id(m[i].role) < 0)
             return lm_err(err, errlen,
                           "chat: message %d has unknown role '%.40s' (expected system, user or "
                           "assistant)",
                           i, m[i].role);
-        if (!m[i].content)
-            return lm_err(err, errlen, "chat: message %d (%s) has no content", i, m[i].role);
+        if (!m[i].content) return lm_err(err, errlen, "chat: message %d (%s) has no content", i, m[i].role);
     }
     return 0;
 }
@@ -153,9 +133,7 @@ static int role_at(const rctx *c, int i) { return role_id(c->m[i].role); }
 
 /* Llama 2, Mistral and Gemma templates: "(message['role'] == 'user') !=
  * (loop.index0 % 2 == 0)" over the messages after an optional system one. */
-static bool breaks_alternation(const rctx *c, int i, int k) {
-    return (role_at(c, i) == ROLE_USER) != (k % 2 == 0);
-}
+static bool breaks_alternation(const rctx *c, int i, int k) { return (role_at(c, i) == ROLE_USER) != (k % 2 == 0); }
 
 static int alternation_error(const char *fam, const rctx *c, int i, char *err, size_t errlen) {
     return lm_err(err, errlen,
@@ -177,8 +155,7 @@ static int late_system_error(const char *fam, int i, char *err, size_t errlen) {
 typedef int (*render_fn)(const rctx *c, sbuf *b, char *err, size_t errlen);
 
 static int render_chatml(const rctx *c, sbuf *b, char *err, size_t errlen) {
-    if (c->lead_bos)
-        sb_puts(b, c->bos);
+    if (c->lead_bos) sb_puts(b, c->bos);
     /* Qwen2.5: {% if messages[0]['role'] != 'system' %}{{ default }}{% endif %} */
     if (c->default_system && role_at(c, 0) != ROLE_SYSTEM) {
         sb_puts(b, "<|im_start|>system\n");
@@ -192,8 +169,7 @@ static int render_chatml(const rctx *c, sbuf *b, char *err, size_t errlen) {
         sb_puts(b, c->m[i].content);
         sb_puts(b, "<|im_end|>\n");
     }
-    if (c->gen)
-        sb_puts(b, "<|im_start|>assistant\n");
+    if (c->gen) sb_puts(b, "<|im_start|>assistant\n");
     return 0;
 }
 
@@ -201,8 +177,7 @@ static int render_llama2(const rctx *c, sbuf *b, char *err, size_t errlen) {
     int first = role_at(c, 0) == ROLE_SYSTEM; /* loop_messages = messages[1:] */
     for (int i = first; i < c->n; i++) {
         int k = i - first, r = role_at(c, i);
-        if (breaks_alternation(c, i, k))
-            return alternation_error("llama2", c, i, err, errlen);
+        if (breaks_alternation(c, i, k)) return alternation_error("llama2", c, i, err, errlen);
         if (r == ROLE_USER) {
             /* bos_token + '[INST] ' + content.strip() + ' [/INST]', where content
              * carries the <<SYS>> block on the first turn */
@@ -230,16 +205,14 @@ static int render_llama2(const rctx *c, sbuf *b, char *err, size_t errlen) {
 
 static int render_llama3(const rctx *c, sbuf *b, char *err, size_t errlen) {
     for (int i = 0; i < c->n; i++) {
-        if (i == 0)
-            sb_puts(b, c->bos);
+        if (i == 0) sb_puts(b, c->bos);
         sb_puts(b, "<|start_header_id|>");
         sb_puts(b, c->m[i].role);
         sb_puts(b, "<|end_header_id|>\n\n");
         sb_put_stripped(b, c->m[i].content);
         sb_puts(b, "<|eot_id|>");
     }
-    if (c->gen)
-        sb_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    if (c->gen) sb_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
     return 0;
 }
 
@@ -275,8 +248,7 @@ static int render_mistral_v1(const rctx *c, sbuf *b, char *err, size_t errlen) {
     sb_puts(b, c->bos);
     for (int i = first; i < c->n; i++) {
         int k = i - first, r = role_at(c, i);
-        if (breaks_alternation(c, i, k))
-            return alternation_error("mistral-v1", c, i, err, errlen);
+        if (breaks_alternation(c, i, k)) return alternation_error("mistral-v1", c, i, err, errlen);
         if (r == ROLE_USER) {
             /* ' [INST] ' + [system_message + '\n\n' on loop.first] + content + ' [/INST]' */
             sb_puts(b, " [INST] ");
@@ -298,14 +270,12 @@ static int render_mistral_v1(const rctx *c, sbuf *b, char *err, size_t errlen) {
 }
 
 /* mistral-v3 and, with tekken set, mistral-v3-tekken. */
-static int render_mistral_v3_any(const rctx *c, sbuf *b, bool tekken, char *err,
-                                 size_t errlen) {
+static int render_mistral_v3_any(const rctx *c, sbuf *b, bool tekken, char *err, size_t errlen) {
     const char *fam = tekken ? "mistral-v3-tekken" : "mistral-v3";
     int first = role_at(c, 0) == ROLE_SYSTEM;
     /* The template checks the alternation over all messages before writing. */
     for (int i = first; i < c->n; i++)
-        if (breaks_alternation(c, i, i - first))
-            return alternation_error(fam, c, i, err, errlen);
+        if (breaks_alternation(c, i, i - first)) return alternation_error(fam, c, i, err, errlen);
     sb_puts(b, c->bos);
     for (int i = first; i < c->n; i++) {
         int r = role_at(c, i);
@@ -346,8 +316,7 @@ static int render_gemma(const rctx *c, sbuf *b, char *err, size_t errlen) {
     sb_puts(b, c->bos);
     for (int i = first; i < c->n; i++) {
         int k = i - first, r = role_at(c, i);
-        if (breaks_alternation(c, i, k))
-            return alternation_error("gemma", c, i, err, errlen);
+        if (breaks_alternation(c, i, k)) return alternation_error("gemma", c, i, err, errlen);
         /* '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first) */
         sb_puts(b, "<start_of_turn>");
         sb_puts(b, r == ROLE_ASSISTANT ? "model" : c->m[i].role);
@@ -359,14 +328,12 @@ static int render_gemma(const rctx *c, sbuf *b, char *err, size_t errlen) {
         sb_put_stripped(b, c->m[i].content);
         sb_puts(b, "<end_of_turn>\n");
     }
-    if (c->gen)
-        sb_puts(b, "<start_of_turn>model\n");
+    if (c->gen) sb_puts(b, "<start_of_turn>model\n");
     return 0;
 }
 
 static int render_phi3(const rctx *c, sbuf *b, char *err, size_t errlen) {
-    if (c->lead_bos)
-        sb_puts(b, c->bos);
+    if (c->lead_bos) sb_puts(b, c->bos);
     for (int i = 0; i < c->n; i++) {
         sb_puts(b, "<|");
         sb_puts(b, c->m[i].role);
@@ -379,8 +346,7 @@ static int render_phi3(const rctx *c, sbuf *b, char *err, size_t errlen) {
 }
 
 static int render_zephyr(const rctx *c, sbuf *b, char *err, size_t errlen) {
-    if (c->lead_bos)
-        sb_puts(b, c->bos);
+    if (c->lead_bos) sb_puts(b, c->bos);
     for (int i = 0; i < c->n; i++) {
         sb_puts(b, "<|");
         sb_puts(b, c->m[i].role);
@@ -388,8 +354,7 @@ static int render_zephyr(const rctx *c, sbuf *b, char *err, size_t errlen) {
         sb_puts(b, c->m[i].content);
         sb_puts(b, c->eos);
         sb_puts(b, "\n"); /* the newline after }} survives trim_blocks */
-        if (i == c->n - 1 && c->gen)
-            sb_puts(b, "<|assistant|>\n");
+        if (i == c->n - 1 && c->gen) sb_puts(b, "<|assistant|>\n");
     }
     return 0;
 }
@@ -400,8 +365,7 @@ static int render_zephyr(const rctx *c, sbuf *b, char *err, size_t errlen) {
 static const char *last_in(const char *s, size_t n, const char *needle) {
     size_t k = strlen(needle);
     for (size_t i = n >= k ? n - k + 1 : 0; i-- > 0;)
-        if (!memcmp(s + i, needle, k))
-            return s + i;
+        if (!memcmp(s + i, needle, k)) return s + i;
     return NULL;
 }
 
@@ -415,10 +379,8 @@ static bool is_tool_response(const char *s) {
 /* s[*a..*b) without the newlines Python's strip('\n') takes off the sides
  * named (left, right). */
 static void nl_strip(const char *s, size_t *a, size_t *b, bool left, bool right) {
-    while (left && *a < *b && s[*a] == '\n')
-        ++*a;
-    while (right && *b > *a && s[*b - 1] == '\n')
-        --*b;
+    while (left && *a < *b && s[*a] == '\n') ++*a;
+    while (right && *b > *a && s[*b - 1] == '\n') --*b;
 }
 
 static void qwen3_assistant(const rctx *c, int i, bool after_query, sbuf *b) {
@@ -438,7 +400,7 @@ static void qwen3_assistant(const rctx *c, int i, bool after_query, sbuf *b) {
     }
     sb_puts(b, "<|im_start|>assistant\n");
     if (after_query && (i == c->n - 1 || r1 > r0)) {
-        nl_strip(s, &r0, &r1, true, true); /* reasoning_content.strip('\n') */
+        nl_strip(s, &r0, &r1, true, true);  /* reasoning_content.strip('\n') */
         nl_strip(s, &c0, &c1, true, false); /* content.lstrip('\n') */
         sb_puts(b, "<think>\n");
         sb_put(b, s + r0, r1 - r0);
@@ -468,16 +430,19 @@ static int render_qwen3(const rctx *c, sbuf *b, char *err, size_t errlen) {
         sb_puts(b, c->m[i].content);
         sb_puts(b, "<|im_end|>\n");
     }
-    if (c->gen)
-        sb_puts(b, "<|im_start|>assistant\n");
+    if (c->gen) sb_puts(b, "<|im_start|>assistant\n");
     return 0;
 }
 
 /* ------------------------------------------------------------- DeepSeek */
 
 #define DS_USER "<\xef\xbd\x9cUser\xef\xbd\x9c>"
-#define DS_ASSISTANT "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>"
-#define DS_EOS "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
+#define DS_ASSISTANT                                                                                                   \
+    "<\xef\xbd\x9c"                                                                                                    \
+    "Assistant\xef\xbd\x9c>"
+#define DS_EOS                                                                                                         \
+    "<\xef\xbd\x9c"                                                                                                    \
+    "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
 
 /* DeepSeek-V3 and the R1 form (r1): see chat.h. */
 static void render_deepseek_any(const rctx *c, sbuf *b, bool r1) {
@@ -485,18 +450,15 @@ static void render_deepseek_any(const rctx *c, sbuf *b, bool r1) {
     int last_sys = -1;
     bool first_sp = true;
     for (int i = 0; i < c->n; i++) {
-        if (role_at(c, i) != ROLE_SYSTEM)
-            continue;
+        if (role_at(c, i) != ROLE_SYSTEM) continue;
         last_sys = i;
         if (!r1) { /* ns.system_prompt + ('\n\n' unless first) + content */
-            if (!first_sp)
-                sb_puts(b, "\n\n");
+            if (!first_sp) sb_puts(b, "\n\n");
             sb_puts(b, c->m[i].content);
             first_sp = false;
         }
     }
-    if (r1 && last_sys >= 0)
-        sb_puts(b, c->m[last_sys].content);
+    if (r1 && last_sys >= 0) sb_puts(b, c->m[last_sys].content);
     for (int i = 0; i < c->n; i++) {
         const char *s = c->m[i].content;
         int r = role_at(c, i);
@@ -510,8 +472,7 @@ static void render_deepseek_any(const rctx *c, sbuf *b, bool r1) {
             sb_puts(b, DS_EOS);
         }
     }
-    if (c->gen)
-        sb_puts(b, r1 ? DS_ASSISTANT "<think>\n" : DS_ASSISTANT);
+    if (c->gen) sb_puts(b, r1 ? DS_ASSISTANT "<think>\n" : DS_ASSISTANT);
 }
 
 static int render_deepseek3(const rctx *c, sbuf *b, char *err, size_t errlen) {
@@ -552,20 +513,16 @@ static const struct {
 static bool ascii_ieq(const char *a, const char *b) {
     for (; *a && *b; a++, b++) {
         char x = *a >= 'A' && *a <= 'Z' ? (char)(*a - 'A' + 'a') : *a;
-        if (x != *b)
-            return false;
+        if (x != *b) return false;
     }
     return *a == *b;
 }
 
 int chat_family_from_name(const char *name) {
-    if (!name)
-        return -1;
-    if (ascii_ieq(name, "mistral"))
-        return CHAT_MISTRAL_V1;
+    if (!name) return -1;
+    if (ascii_ieq(name, "mistral")) return CHAT_MISTRAL_V1;
     for (int f = 0; f < CHAT_N_FAMILIES; f++)
-        if (ascii_ieq(name, FAMILIES[f].name))
-            return f;
+        if (ascii_ieq(name, FAMILIES[f].name)) return f;
     return -1;
 }
 
@@ -577,9 +534,7 @@ const char *chat_stop_marker(int family) {
     return family >= 0 && family < CHAT_N_FAMILIES ? FAMILIES[family].stop : NULL;
 }
 
-const char *chat_thinking_off(int family) {
-    return family == CHAT_QWEN3 ? "<think>\n\n</think>\n\n" : NULL;
-}
+const char *chat_thinking_off(int family) { return family == CHAT_QWEN3 ? "<think>\n\n</think>\n\n" : NULL; }
 
 /* -------------------------------------------------------------- detection */
 
@@ -589,8 +544,7 @@ static bool has(const char *t, const char *s) { return strstr(t, s) != NULL; }
 static bool has_quoted(const char *t, const char *s) {
     char a[64], b[64];
     size_t n = strlen(s);
-    if (n + 3 > sizeof a)
-        return false;
+    if (n + 3 > sizeof a) return false;
     a[0] = '\'';
     b[0] = '"';
     memcpy(a + 1, s, n);
@@ -602,51 +556,34 @@ static bool has_quoted(const char *t, const char *s) {
 }
 
 static int detect_inst(const char *t) {
-    if (has(t, "<<SYS>>"))
-        return CHAT_LLAMA2;
-    if (has(t, "[SYSTEM_PROMPT]"))
-        return -1; /* Mistral v7: not rendered */
-    if (has_quoted(t, "[INST]"))
-        return CHAT_MISTRAL_V3_TEKKEN;
-    if (has_quoted(t, " [INST] "))
-        return CHAT_MISTRAL_V1;
-    if (has_quoted(t, "[INST] ") && has_quoted(t, "[/INST]"))
-        return CHAT_MISTRAL_V3;
+    if (has(t, "<<SYS>>")) return CHAT_LLAMA2;
+    if (has(t, "[SYSTEM_PROMPT]")) return -1; /* Mistral v7: not rendered */
+    if (has_quoted(t, "[INST]")) return CHAT_MISTRAL_V3_TEKKEN;
+    if (has_quoted(t, " [INST] ")) return CHAT_MISTRAL_V1;
+    if (has_quoted(t, "[INST] ") && has_quoted(t, "[/INST]")) return CHAT_MISTRAL_V3;
     return CHAT_MISTRAL_LEGACY;
 }
 
 int chat_detect(const char *t) {
-    if (!t)
-        return -1;
-    if (has(t, "<|im_start|>") && has(t, "</think>"))
-        return CHAT_QWEN3;
-    if (has(t, "<|im_start|>"))
-        return has(t, "<|im_sep|>") ? -1 : CHAT_CHATML;
-    if (has(t, "<|start_header_id|>"))
-        return CHAT_LLAMA3;
-    if (has(t, "<start_of_turn>"))
-        return CHAT_GEMMA;
-    if (has(t, "[INST]"))
-        return detect_inst(t);
+    if (!t) return -1;
+    if (has(t, "<|im_start|>") && has(t, "</think>")) return CHAT_QWEN3;
+    if (has(t, "<|im_start|>")) return has(t, "<|im_sep|>") ? -1 : CHAT_CHATML;
+    if (has(t, "<|start_header_id|>")) return CHAT_LLAMA3;
+    if (has(t, "<start_of_turn>")) return CHAT_GEMMA;
+    if (has(t, "[INST]")) return detect_inst(t);
     /* Phi-3 templates of mid-2024 spell no role: '<|' + message['role'] + '|>' */
-    if ((has(t, "<|user|>") || has(t, "<|assistant|>")) && has(t, "<|end|>"))
-        return CHAT_PHI3;
-    if (has(t, "<|user|>") && !has(t, "[gMASK]") && (has(t, "eos_token") || has(t, "</s>")))
-        return CHAT_ZEPHYR;
-    if (has(t, DS_ASSISTANT))
-        return has(t, "</think>") ? CHAT_DEEPSEEK_R1 : CHAT_DEEPSEEK3;
+    if ((has(t, "<|user|>") || has(t, "<|assistant|>")) && has(t, "<|end|>")) return CHAT_PHI3;
+    if (has(t, "<|user|>") && !has(t, "[gMASK]") && (has(t, "eos_token") || has(t, "</s>"))) return CHAT_ZEPHYR;
+    if (has(t, DS_ASSISTANT)) return has(t, "</think>") ? CHAT_DEEPSEEK_R1 : CHAT_DEEPSEEK3;
     return -1;
 }
 
 /* ------------------------------------------ what a template text adds */
 
 static int hex_val(char c) {
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
     return -1;
 }
 
@@ -654,8 +591,7 @@ static int hex_val(char c) {
 static bool put_utf8(sbuf *b, uint32_t cp) {
     char u[4];
     int n = utf8_encode(cp, u);
-    if (n == 0)
-        return false;
+    if (n == 0) return false;
     sb_put(b, u, (size_t)n);
     return true;
 }
@@ -669,32 +605,32 @@ static bool put_utf8(sbuf *b, uint32_t cp) {
 static bool decode_literal(const char *s, const char *e, char q, sbuf *out) {
     while (s < e) {
         char c = *s++;
-        if (c == q)
-            return false;
+        if (c == q) return false;
         if (c != '\\') {
             sb_put(out, &c, 1);
             continue;
         }
-        if (s >= e)
-            return false;
+        if (s >= e) return false;
         char x = *s++;
         int digits = x == 'x' ? 2 : x == 'u' ? 4 : x == 'U' ? 8 : 0;
         if (digits) {
             uint32_t cp = 0;
             for (int k = 0; k < digits; k++, s++) {
                 int h = s < e ? hex_val(*s) : -1;
-                if (h < 0 || cp > 0x10ffff)
-                    return false;
+                if (h < 0 || cp > 0x10ffff) return false;
                 cp = cp * 16 + (uint32_t)h;
             }
-            if (!put_utf8(out, cp))
-                return false;
+            if (!put_utf8(out, cp)) return false;
             continue;
         }
-        const char *rep = x == 'n' ? "\n" : x == 't' ? "\t" : x == 'r' ? "\r"
-                        : x == '\\' ? "\\" : x == '\'' ? "'" : x == '"' ? "\"" : NULL;
-        if (!rep)
-            return false;
+        const char *rep = x == 'n' ? "\n"
+            : x == 't'             ? "\t"
+            : x == 'r'             ? "\r"
+            : x == '\\'            ? "\\"
+            : x == '\''            ? "'"
+            : x == '"'             ? "\""
+                                   : NULL;
+        if (!rep) return false;
         sb_puts(out, rep);
     }
     return true;
@@ -710,25 +646,18 @@ static bool decode_literal(const char *s, const char *e, char q, sbuf *out) {
 bool chat_default_system(const char *t, sbuf *out) {
     static const char key[] = "<|im_start|>system";
     for (const char *p = strstr(t, key); p; p = strstr(p + 1, key)) {
-        if (p == t || (p[-1] != '\'' && p[-1] != '"'))
-            continue;
+        if (p == t || (p[-1] != '\'' && p[-1] != '"')) continue;
         const char *s = p + sizeof key - 1;
-        if (s[0] == '\n')
-            s += 1;
-        else if (s[0] == '\\' && s[1] == 'n')
-            s += 2;
-        else
-            continue;
+        if (s[0] == '\n') s += 1;
+        else if (s[0] == '\\' && s[1] == 'n') s += 2;
+        else continue;
         const char *e = strstr(s, "<|im_end|>");
-        if (!e)
-            return false;
+        if (!e) return false;
         out->len = 0; /* drop what a rejected candidate left */
         bool ok = decode_literal(s, e, p[-1], out);
-        if (out->failed)
-            return false; /* out of memory: the caller reports it */
+        if (out->failed) return false; /* out of memory: the caller reports it */
         if (ok) {
-            if (out->p)
-                out->p[out->len] = '\0'; /* cap > len once p is allocated */
+            if (out->p) out->p[out->len] = '\0'; /* cap > len once p is allocated */
             return true;
         }
     }
@@ -737,35 +666,25 @@ bool chat_default_system(const char *t, sbuf *out) {
 
 /* The template's first output is bos_token: {{ bos_token }}, {{- bos_token -}}. */
 static bool opens_with_bos(const char *t) {
-    while (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r')
-        t++;
-    if (strncmp(t, "{{", 2))
-        return false;
+    while (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r') t++;
+    if (strncmp(t, "{{", 2)) return false;
     t += 2;
-    if (*t == '-')
-        t++;
-    while (*t == ' ')
-        t++;
-    if (strncmp(t, "bos_token", 9))
-        return false;
+    if (*t == '-') t++;
+    while (*t == ' ') t++;
+    if (strncmp(t, "bos_token", 9)) return false;
     t += 9;
-    while (*t == ' ')
-        t++;
-    if (*t == '-')
-        t++;
+    while (*t == ' ') t++;
+    if (*t == '-') t++;
     return !strncmp(t, "}}", 2);
 }
 
 /* ------------------------------------------------------------- rendering */
 
 static int render(int family, rctx *c, char **out, char *err, size_t errlen) {
-    if (!out)
-        return lm_err(err, errlen, "chat: no output pointer");
+    if (!out) return lm_err(err, errlen, "chat: no output pointer");
     *out = NULL;
-    if (family < 0 || family >= CHAT_N_FAMILIES)
-        return lm_err(err, errlen, "chat: invalid template family %d", family);
-    if (check_msgs(c->m, c->n, err, errlen))
-        return -1;
+    if (family < 0 || family >= CHAT_N_FAMILIES) return lm_err(err, errlen, "chat: invalid template family %d", family);
+    if (check_msgs(c->m, c->n, err, errlen)) return -1;
     c->bos = c->bos ? c->bos : "";
     c->eos = c->eos ? c->eos : "";
     sbuf b = {0};
@@ -775,10 +694,8 @@ static int render(int family, rctx *c, char **out, char *err, size_t errlen) {
     }
     if (!b.failed && !b.p) { /* nothing written (llama2 with only a system message) */
         b.p = lm_malloc(1);
-        if (b.p)
-            b.p[0] = '\0';
-        else
-            b.failed = true;
+        if (b.p) b.p[0] = '\0';
+        else b.failed = true;
     }
     if (b.failed) {
         lm_free(b.p);
@@ -788,18 +705,15 @@ static int render(int family, rctx *c, char **out, char *err, size_t errlen) {
     return 0;
 }
 
-int chat_render(int family, const lm_chat_msg *msgs, int n, bool add_generation_prompt,
-                const char *bos_text, const char *eos_text, char **out, char *err,
-                size_t errlen) {
+int chat_render(int family, const lm_chat_msg *msgs, int n, bool add_generation_prompt, const char *bos_text,
+                const char *eos_text, char **out, char *err, size_t errlen) {
     rctx c = {msgs, n, add_generation_prompt, bos_text, eos_text, NULL, false};
     return render(family, &c, out, err, errlen);
 }
 
-int chat_render_template(const char *template_text, const lm_chat_msg *msgs, int n,
-                         bool add_generation_prompt, const char *bos_text,
-                         const char *eos_text, char **out, char *err, size_t errlen) {
-    if (out)
-        *out = NULL;
+int chat_render_template(const char *template_text, const lm_chat_msg *msgs, int n, bool add_generation_prompt,
+                         const char *bos_text, const char *eos_text, char **out, char *err, size_t errlen) {
+    if (out) *out = NULL;
     int family = chat_detect(template_text);
     if (family < 0)
         return lm_err(err, errlen,
@@ -809,8 +723,7 @@ int chat_render_template(const char *template_text, const lm_chat_msg *msgs, int
     rctx c = {msgs, n, add_generation_prompt, bos_text, eos_text, NULL, false};
     c.lead_bos = FAMILIES[family].may_lead_bos && opens_with_bos(template_text);
     sbuf sys = {0};
-    if (family == CHAT_CHATML && chat_default_system(template_text, &sys))
-        c.default_system = sys.p ? sys.p : "";
+    if (family == CHAT_CHATML && chat_default_system(template_text, &sys)) c.default_system = sys.p ? sys.p : "";
     if (sys.failed) {
         lm_free(sys.p);
         return lm_err(err, errlen, "chat: out of memory reading the template");

@@ -202,9 +202,8 @@ const char *chat_thinking_off(int family);
  * allocated with lm_malloc (the caller lm_frees it). On failure returns -1,
  * sets *out to NULL and writes a message into err.
  */
-int chat_render(int family, const lm_chat_msg *msgs, int n, bool add_generation_prompt,
-                const char *bos_text, const char *eos_text, char **out, char *err,
-                size_t errlen);
+int chat_render(int family, const lm_chat_msg *msgs, int n, bool add_generation_prompt, const char *bos_text,
+                const char *eos_text, char **out, char *err, size_t errlen);
 
 /*
  * chat_detect + chat_render for a model's own template text, also applying
@@ -215,9 +214,8 @@ int chat_render(int family, const lm_chat_msg *msgs, int n, bool add_generation_
  * with {{ bos_token }} in the families that otherwise write no BOS (chatml,
  * phi3, zephyr). Fails (-1) on an unrecognized template.
  */
-int chat_render_template(const char *template_text, const lm_chat_msg *msgs, int n,
-                         bool add_generation_prompt, const char *bos_text,
-                         const char *eos_text, char **out, char *err, size_t errlen);
+int chat_render_template(const char *template_text, const lm_chat_msg *msgs, int n, bool add_generation_prompt,
+                         const char *bos_text, const char *eos_text, char **out, char *err, size_t errlen);
 
 /*
  * A model's chat template, resolved once (text/chat_model.c), for every
@@ -235,15 +233,15 @@ int chat_render_template(const char *template_text, const lm_chat_msg *msgs, int
  * family), a family through chat_render.
  */
 typedef enum {
-    CHAT_SRC_NAME,       /* a family named by the user */
-    CHAT_SRC_FILE,       /* a template text given by the user */
-    CHAT_SRC_MODEL,      /* tokenizer.chat_template */
-    CHAT_SRC_FALLBACK,   /* the architecture's family */
+    CHAT_SRC_NAME,     /* a family named by the user */
+    CHAT_SRC_FILE,     /* a template text given by the user */
+    CHAT_SRC_MODEL,    /* tokenizer.chat_template */
+    CHAT_SRC_FALLBACK, /* the architecture's family */
 } lm_chat_source;
 
 typedef struct {
-    int family;            /* >= 0: render this family by name; -1 with text */
-    char *text;            /* (owned, lm_malloc) template text, or NULL with family */
+    int family; /* >= 0: render this family by name; -1 with text */
+    char *text; /* (owned, lm_malloc) template text, or NULL with family */
     lm_chat_source source;
 } lm_chat_template;
 
@@ -262,8 +260,8 @@ enum { CHAT_OK = 0, CHAT_ERR = -1, CHAT_NONE = -2 };
  *              to choose one).
  * Never prints or exits.
  */
-int chat_template_resolve(lm_chat_template *t, const gguf_ctx *g, const char *name, const char *user_text,
-                          char *err, size_t errlen);
+int chat_template_resolve(lm_chat_template *t, const gguf_ctx *g, const char *name, const char *user_text, char *err,
+                          size_t errlen);
 void chat_template_free(lm_chat_template *t);
 
 /*
@@ -275,8 +273,8 @@ void chat_template_free(lm_chat_template *t);
  * parse_special and add_bos = *add_bos (which is tok_add_bos). On failure
  * returns -1, *out NULL, a message in err.
  */
-int chat_apply(int family, const char *text, const lm_tokenizer *tok, const lm_chat_msg *msgs, int n,
-               char **out, bool *add_bos, char *err, size_t errlen);
+int chat_apply(int family, const char *text, const lm_tokenizer *tok, const lm_chat_msg *msgs, int n, char **out,
+               bool *add_bos, char *err, size_t errlen);
 
 /* ------------------------------------------------------------------ tools */
 
@@ -339,7 +337,7 @@ typedef struct {
     const char *content;
     const lm_chat_call *calls; /* (n_calls) */
     int n_calls;
-    const char *call_id;       /* tool: the id of the call answered, or NULL */
+    const char *call_id; /* tool: the id of the call answered, or NULL */
 } lm_chat_xmsg;
 
 /*
@@ -349,16 +347,15 @@ typedef struct {
  * family, or by template text when family < 0 (chat_render_template's
  * rules). Output and errors as chat_render.
  */
-int chat_render_tools(int family, const char *template_text, const lm_chat_xmsg *msgs, int n,
-                      const char *const *tools, int n_tools, bool add_generation_prompt, const char *bos_text,
-                      const char *eos_text, char **out, char *err, size_t errlen);
+int chat_render_tools(int family, const char *template_text, const lm_chat_xmsg *msgs, int n, const char *const *tools,
+                      int n_tools, bool add_generation_prompt, const char *bos_text, const char *eos_text, char **out,
+                      char *err, size_t errlen);
 
 /* chat_apply for a conversation with tools (chat_render_tools, then the BOS
  * rule). Without tools, tool messages and calls it renders exactly as
  * chat_apply. */
 int chat_apply_tools(int family, const char *text, const lm_tokenizer *tok, const lm_chat_xmsg *msgs, int n,
-                     const char *const *tools, int n_tools, char **out, bool *add_bos, char *err,
-                     size_t errlen);
+                     const char *const *tools, int n_tools, char **out, bool *add_bos, char *err, size_t errlen);
 
 /* Python's json.dumps(x, ensure_ascii=False, indent=indent) of the JSON
  * text json[0..len) (indent < 0: none), appended to out. -1 when the text

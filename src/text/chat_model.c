@@ -19,51 +19,43 @@
 static const struct {
     const char *arch, *family;
 } FALLBACK[] = {
-    {"gemma3", "gemma"},
-    {"gemma2", "gemma"},
-    {"qwen3", "qwen3"},
-    {"qwen3moe", "qwen3"},
-    {"phi3", "phi3"},
+    {"gemma3", "gemma"}, {"gemma2", "gemma"}, {"qwen3", "qwen3"}, {"qwen3moe", "qwen3"}, {"phi3", "phi3"},
 };
 
 static int fallback_family(const gguf_ctx *g) {
     gguf_str a;
-    if (!g || !gguf_get_str(g, "general.architecture", &a))
-        return -1;
+    if (!g || !gguf_get_str(g, "general.architecture", &a)) return -1;
     for (size_t i = 0; i < sizeof FALLBACK / sizeof FALLBACK[0]; i++)
-        if (gguf_str_eq(a, FALLBACK[i].arch))
-            return chat_family_from_name(FALLBACK[i].family);
+        if (gguf_str_eq(a, FALLBACK[i].arch)) return chat_family_from_name(FALLBACK[i].family);
     return -1;
 }
 
 /* Take a template text (copied) whose family must be detected. */
-static int take_text(lm_chat_template *t, const char *text, size_t len, lm_chat_source src, char *err,
-                     size_t errlen) {
+static int take_text(lm_chat_template *t, const char *text, size_t len, lm_chat_source src, char *err, size_t errlen) {
     char *copy = lm_strndup(text, len);
-    if (!copy)
-        return lm_err(err, errlen, "out of memory reading the chat template");
+    if (!copy) return lm_err(err, errlen, "out of memory reading the chat template");
     if (chat_detect(copy) < 0) {
         lm_free(copy);
-        return lm_err(err, errlen, "the %s chat template is not one lamina recognizes; choose a family by name: "
+        return lm_err(err, errlen,
+                      "the %s chat template is not one lamina recognizes; choose a family by name: "
                       "chatml, llama2, llama3, mistral-legacy, mistral-v1, mistral-v3, mistral-v3-tekken, gemma, "
-                      "phi3, zephyr, qwen3, deepseek3, deepseek-r1", src == CHAT_SRC_FILE ? "given" : "model's");
+                      "phi3, zephyr, qwen3, deepseek3, deepseek-r1",
+                      src == CHAT_SRC_FILE ? "given" : "model's");
     }
     t->text = copy;
     t->source = src;
     return CHAT_OK;
 }
 
-int chat_template_resolve(lm_chat_template *t, const gguf_ctx *g, const char *name, const char *user_text,
-                          char *err, size_t errlen) {
+int chat_template_resolve(lm_chat_template *t, const gguf_ctx *g, const char *name, const char *user_text, char *err,
+                          size_t errlen) {
     *t = (lm_chat_template){.family = -1, .text = NULL, .source = CHAT_SRC_NAME};
     if (name) {
         t->family = chat_family_from_name(name);
-        if (t->family < 0)
-            return lm_err(err, errlen, "chat template '%.100s' is not a known family name", name);
+        if (t->family < 0) return lm_err(err, errlen, "chat template '%.100s' is not a known family name", name);
         return CHAT_OK;
     }
-    if (user_text)
-        return take_text(t, user_text, strlen(user_text), CHAT_SRC_FILE, err, errlen);
+    if (user_text) return take_text(t, user_text, strlen(user_text), CHAT_SRC_FILE, err, errlen);
     gguf_str s;
     if (g && gguf_get_str(g, "tokenizer.chat_template", &s))
         return take_text(t, s.ptr, s.len, CHAT_SRC_MODEL, err, errlen);
@@ -77,8 +69,7 @@ int chat_template_resolve(lm_chat_template *t, const gguf_ctx *g, const char *na
 }
 
 void chat_template_free(lm_chat_template *t) {
-    if (!t)
-        return;
+    if (!t) return;
     lm_free(t->text);
     t->text = NULL;
     t->family = -1;
@@ -91,45 +82,36 @@ static char *piece_text(const lm_tokenizer *tok, int32_t id) {
     return lm_strndup(p ? p : "", p ? len : 0);
 }
 
-int chat_apply(int family, const char *text, const lm_tokenizer *tok, const lm_chat_msg *msgs, int n,
-               char **out, bool *add_bos, char *err, size_t errlen) {
+int chat_apply(int family, const char *text, const lm_tokenizer *tok, const lm_chat_msg *msgs, int n, char **out,
+               bool *add_bos, char *err, size_t errlen) {
     *out = NULL;
     *add_bos = tok_add_bos(tok);
-    if (family < 0 && !text)
-        return lm_err(err, errlen, "no chat template");
+    if (family < 0 && !text) return lm_err(err, errlen, "no chat template");
     char *bos = piece_text(tok, tok_bos(tok)), *eos = piece_text(tok, tok_eos(tok));
     int rc = -1;
-    if (!bos || !eos)
-        lm_err(err, errlen, "out of memory");
-    else if (family >= 0)
-        rc = chat_render(family, msgs, n, true, bos, eos, out, err, errlen);
-    else
-        rc = chat_render_template(text, msgs, n, true, bos, eos, out, err, errlen);
+    if (!bos || !eos) lm_err(err, errlen, "out of memory");
+    else if (family >= 0) rc = chat_render(family, msgs, n, true, bos, eos, out, err, errlen);
+    else rc = chat_render_template(text, msgs, n, true, bos, eos, out, err, errlen);
     size_t bl = bos ? strlen(bos) : 0;
-    if (rc == 0 && *add_bos && bl && strncmp(*out, bos, bl) == 0)
-        memmove(*out, *out + bl, strlen(*out + bl) + 1);
+    if (rc == 0 && *add_bos && bl && strncmp(*out, bos, bl) == 0) memmove(*out, *out + bl, strlen(*out + bl) + 1);
     lm_free(bos);
     lm_free(eos);
     return rc;
 }
 
 int chat_apply_tools(int family, const char *text, const lm_tokenizer *tok, const lm_chat_xmsg *msgs, int n,
-                     const char *const *tools, int n_tools, char **out, bool *add_bos, char *err,
-                     size_t errlen) {
+                     const char *const *tools, int n_tools, char **out, bool *add_bos, char *err, size_t errlen) {
     *out = NULL;
     *add_bos = tok_add_bos(tok);
-    if (family < 0 && !text)
-        return lm_err(err, errlen, "no chat template");
+    if (family < 0 && !text) return lm_err(err, errlen, "no chat template");
     char *bos = piece_text(tok, tok_bos(tok)), *eos = piece_text(tok, tok_eos(tok));
     int rc = -1;
-    if (!bos || !eos)
-        lm_err(err, errlen, "out of memory");
+    if (!bos || !eos) lm_err(err, errlen, "out of memory");
     else
         rc = chat_render_tools(family, family >= 0 ? NULL : text, msgs, n, tools, n_tools, true, bos, eos, out, err,
                                errlen);
     size_t bl = bos ? strlen(bos) : 0;
-    if (rc == 0 && *add_bos && bl && strncmp(*out, bos, bl) == 0)
-        memmove(*out, *out + bl, strlen(*out + bl) + 1);
+    if (rc == 0 && *add_bos && bl && strncmp(*out, bos, bl) == 0) memmove(*out, *out + bl, strlen(*out + bl) + 1);
     lm_free(bos);
     lm_free(eos);
     return rc;

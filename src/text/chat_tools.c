@@ -43,35 +43,28 @@ typedef struct {
 } jcur;
 
 static void jput(jcur *j, const char *s, size_t n) {
-    if (j->out)
-        strbuf_put(j->out, s, n);
+    if (j->out) strbuf_put(j->out, s, n);
 }
 
 static void jputs(jcur *j, const char *s) { jput(j, s, strlen(s)); }
 
 static void jskip_ws(jcur *j) {
-    while (j->s < j->e && (*j->s == ' ' || *j->s == '\t' || *j->s == '\n' || *j->s == '\r'))
-        j->s++;
+    while (j->s < j->e && (*j->s == ' ' || *j->s == '\t' || *j->s == '\n' || *j->s == '\r')) j->s++;
 }
 
 static int hexv(char c) {
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
     return -1;
 }
 
 static int read_hex4(jcur *j, uint32_t *cp) {
-    if (j->e - j->s < 4)
-        return -1;
+    if (j->e - j->s < 4) return -1;
     uint32_t v = 0;
     for (int k = 0; k < 4; k++) {
         int h = hexv(j->s[k]);
-        if (h < 0)
-            return -1;
+        if (h < 0) return -1;
         v = v * 16 + (uint32_t)h;
     }
     j->s += 4;
@@ -83,14 +76,14 @@ static int read_hex4(jcur *j, uint32_t *cp) {
 static void put_escaped_cp(jcur *j, uint32_t cp) {
     char buf[8];
     switch (cp) {
-    case '"': jputs(j, "\\\""); return;
-    case '\\': jputs(j, "\\\\"); return;
-    case '\n': jputs(j, "\\n"); return;
-    case '\r': jputs(j, "\\r"); return;
-    case '\t': jputs(j, "\\t"); return;
-    case '\b': jputs(j, "\\b"); return;
-    case '\f': jputs(j, "\\f"); return;
-    default: break;
+        case '"': jputs(j, "\\\""); return;
+        case '\\': jputs(j, "\\\\"); return;
+        case '\n': jputs(j, "\\n"); return;
+        case '\r': jputs(j, "\\r"); return;
+        case '\t': jputs(j, "\\t"); return;
+        case '\b': jputs(j, "\\b"); return;
+        case '\f': jputs(j, "\\f"); return;
+        default: break;
     }
     if (cp < 0x20 || (cp >= 0xd800 && cp <= 0xdfff)) {
         snprintf(buf, sizeof buf, "\\u%04x", (unsigned)cp);
@@ -104,50 +97,44 @@ static void put_escaped_cp(jcur *j, uint32_t cp) {
 /* A JSON string at j->s: re-escaped with quotes (raw false) or decoded
  * (raw true: the string's characters as they are). */
 static int jstring(jcur *j, bool raw) {
-    if (j->s >= j->e || *j->s != '"')
-        return -1;
+    if (j->s >= j->e || *j->s != '"') return -1;
     j->s++;
-    if (!raw)
-        jputs(j, "\"");
+    if (!raw) jputs(j, "\"");
     while (j->s < j->e && *j->s != '"') {
         unsigned char c = (unsigned char)*j->s;
-        if (c < 0x20)
-            return -1;
+        if (c < 0x20) return -1;
         if (c != '\\') {
             const char *p = j->s;
-            while (j->s < j->e && *j->s != '"' && *j->s != '\\' && (unsigned char)*j->s >= 0x20)
-                j->s++;
+            while (j->s < j->e && *j->s != '"' && *j->s != '\\' && (unsigned char)*j->s >= 0x20) j->s++;
             jput(j, p, (size_t)(j->s - p));
             continue;
         }
-        if (j->e - j->s < 2)
-            return -1;
+        if (j->e - j->s < 2) return -1;
         char x = j->s[1];
         j->s += 2;
         uint32_t cp;
         switch (x) {
-        case '"': cp = '"'; break;
-        case '\\': cp = '\\'; break;
-        case '/': cp = '/'; break;
-        case 'b': cp = '\b'; break;
-        case 'f': cp = '\f'; break;
-        case 'n': cp = '\n'; break;
-        case 'r': cp = '\r'; break;
-        case 't': cp = '\t'; break;
-        case 'u':
-            if (read_hex4(j, &cp))
-                return -1;
-            if (cp >= 0xd800 && cp <= 0xdbff && j->e - j->s >= 6 && j->s[0] == '\\' && j->s[1] == 'u') {
-                jcur k = *j;
-                uint32_t lo;
-                k.s += 2;
-                if (!read_hex4(&k, &lo) && lo >= 0xdc00 && lo <= 0xdfff) {
-                    cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-                    j->s = k.s;
+            case '"': cp = '"'; break;
+            case '\\': cp = '\\'; break;
+            case '/': cp = '/'; break;
+            case 'b': cp = '\b'; break;
+            case 'f': cp = '\f'; break;
+            case 'n': cp = '\n'; break;
+            case 'r': cp = '\r'; break;
+            case 't': cp = '\t'; break;
+            case 'u':
+                if (read_hex4(j, &cp)) return -1;
+                if (cp >= 0xd800 && cp <= 0xdbff && j->e - j->s >= 6 && j->s[0] == '\\' && j->s[1] == 'u') {
+                    jcur k = *j;
+                    uint32_t lo;
+                    k.s += 2;
+                    if (!read_hex4(&k, &lo) && lo >= 0xdc00 && lo <= 0xdfff) {
+                        cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+                        j->s = k.s;
+                    }
                 }
-            }
-            break;
-        default: return -1;
+                break;
+            default: return -1;
         }
         if (raw) {
             char buf[4];
@@ -157,11 +144,9 @@ static int jstring(jcur *j, bool raw) {
             put_escaped_cp(j, cp);
         }
     }
-    if (j->s >= j->e)
-        return -1;
+    if (j->s >= j->e) return -1;
     j->s++;
-    if (!raw)
-        jputs(j, "\"");
+    if (!raw) jputs(j, "\"");
     return 0;
 }
 
@@ -170,30 +155,21 @@ static bool is_digit(char c) { return c >= '0' && c <= '9'; }
 /* A JSON number, checked against JSON's grammar and copied as written. */
 static int jnumber(jcur *j) {
     const char *p = j->s;
-    if (p < j->e && *p == '-')
-        p++;
-    if (p >= j->e || !is_digit(*p))
-        return -1;
-    if (*p == '0')
-        p++;
+    if (p < j->e && *p == '-') p++;
+    if (p >= j->e || !is_digit(*p)) return -1;
+    if (*p == '0') p++;
     else
-        while (p < j->e && is_digit(*p))
-            p++;
+        while (p < j->e && is_digit(*p)) p++;
     if (p < j->e && *p == '.') {
         p++;
-        if (p >= j->e || !is_digit(*p))
-            return -1;
-        while (p < j->e && is_digit(*p))
-            p++;
+        if (p >= j->e || !is_digit(*p)) return -1;
+        while (p < j->e && is_digit(*p)) p++;
     }
     if (p < j->e && (*p == 'e' || *p == 'E')) {
         p++;
-        if (p < j->e && (*p == '+' || *p == '-'))
-            p++;
-        if (p >= j->e || !is_digit(*p))
-            return -1;
-        while (p < j->e && is_digit(*p))
-            p++;
+        if (p < j->e && (*p == '+' || *p == '-')) p++;
+        if (p >= j->e || !is_digit(*p)) return -1;
+        while (p < j->e && is_digit(*p)) p++;
     }
     jput(j, j->s, (size_t)(p - j->s));
     j->s = p;
@@ -201,11 +177,9 @@ static int jnumber(jcur *j) {
 }
 
 static void newline(jcur *j, int level) {
-    if (j->indent < 0)
-        return;
+    if (j->indent < 0) return;
     jputs(j, "\n");
-    for (int i = 0; i < level * j->indent; i++)
-        jputs(j, " ");
+    for (int i = 0; i < level * j->indent; i++) jputs(j, " ");
 }
 
 static int jvalue(jcur *j, int level);
@@ -213,8 +187,7 @@ static int jvalue(jcur *j, int level);
 /* An object or an array (open is '{' or '['). */
 static int jcontainer(jcur *j, int level, char open) {
     char close = open == '{' ? '}' : ']';
-    if (level >= JSON_MAX_DEPTH)
-        return -1;
+    if (level >= JSON_MAX_DEPTH) return -1;
     j->s++;
     jput(j, &open, 1);
     jskip_ws(j);
@@ -224,21 +197,17 @@ static int jcontainer(jcur *j, int level, char open) {
         return 0;
     }
     for (bool first = true;; first = false) {
-        if (!first)
-            jputs(j, j->indent < 0 ? ", " : ",");
+        if (!first) jputs(j, j->indent < 0 ? ", " : ",");
         newline(j, level + 1);
         jskip_ws(j);
         if (open == '{') {
-            if (jstring(j, false))
-                return -1;
+            if (jstring(j, false)) return -1;
             jskip_ws(j);
-            if (j->s >= j->e || *j->s != ':')
-                return -1;
+            if (j->s >= j->e || *j->s != ':') return -1;
             j->s++;
             jputs(j, ": ");
         }
-        if (jvalue(j, level + 1))
-            return -1;
+        if (jvalue(j, level + 1)) return -1;
         jskip_ws(j);
         if (j->s < j->e && *j->s == ',') {
             j->s++;
@@ -256,13 +225,10 @@ static int jcontainer(jcur *j, int level, char open) {
 
 static int jvalue(jcur *j, int level) {
     jskip_ws(j);
-    if (j->s >= j->e)
-        return -1;
+    if (j->s >= j->e) return -1;
     char c = *j->s;
-    if (c == '{' || c == '[')
-        return jcontainer(j, level, c);
-    if (c == '"')
-        return jstring(j, false);
+    if (c == '{' || c == '[') return jcontainer(j, level, c);
+    if (c == '"') return jstring(j, false);
     static const char *const words[] = {"true", "false", "null"};
     for (int k = 0; k < 3; k++) {
         size_t n = strlen(words[k]);
@@ -277,8 +243,7 @@ static int jvalue(jcur *j, int level) {
 
 int chat_json_dump(const char *json, size_t len, int indent, strbuf *out) {
     jcur j = {json, json + len, out, indent};
-    if (!json || jvalue(&j, 0))
-        return -1;
+    if (!json || jvalue(&j, 0)) return -1;
     jskip_ws(&j);
     return j.s == j.e ? 0 : -1;
 }
@@ -295,8 +260,7 @@ static void put_pystr(strbuf *b, const char *s) {
             continue;
         }
         const char *p = s;
-        while (*s && (unsigned char)*s >= 0x20 && *s != '"' && *s != '\\')
-            s++;
+        while (*s && (unsigned char)*s >= 0x20 && *s != '"' && *s != '\\') s++;
         strbuf_put(b, p, (size_t)(s - p));
     }
     jputs(&j, "\"");
@@ -306,12 +270,10 @@ static void put_pystr(strbuf *b, const char *s) {
  * not valid JSON, the text as a JSON string (what a string argument gives). */
 static void put_args(strbuf *b, const char *args) {
     size_t mark = b->len;
-    if (chat_json_dump(args, strlen(args), -1, b) == 0)
-        return;
+    if (chat_json_dump(args, strlen(args), -1, b) == 0) return;
     if (!b->failed) {
         b->len = mark;
-        if (b->p)
-            b->p[mark] = '\0';
+        if (b->p) b->p[mark] = '\0';
     }
     put_pystr(b, args);
 }
@@ -323,12 +285,10 @@ typedef void (*member_fn)(void *user, const char *key, jcur *value);
 static int each_member(const char *json, size_t len, const char *path_key, member_fn fn, void *user) {
     jcur j = {json, json + len, NULL, -1};
     jskip_ws(&j);
-    if (j.s >= j.e || *j.s != '{')
-        return -1;
+    if (j.s >= j.e || *j.s != '{') return -1;
     j.s++;
     jskip_ws(&j);
-    if (j.s < j.e && *j.s == '}')
-        return 0;
+    if (j.s < j.e && *j.s == '}') return 0;
     for (;;) {
         jskip_ws(&j);
         strbuf key = {0};
@@ -347,11 +307,9 @@ static int each_member(const char *json, size_t len, const char *path_key, membe
         j.s++;
         jskip_ws(&j);
         jcur v = j;
-        if (!path_key || !strcmp(key.p ? key.p : "", path_key))
-            fn(user, key.p ? key.p : "", &v);
+        if (!path_key || !strcmp(key.p ? key.p : "", path_key)) fn(user, key.p ? key.p : "", &v);
         strbuf_free(&key);
-        if (jvalue(&j, 1))
-            return -1;
+        if (jvalue(&j, 1)) return -1;
         jskip_ws(&j);
         if (j.s < j.e && *j.s == ',') {
             j.s++;
@@ -368,28 +326,22 @@ enum { XR_SYSTEM, XR_USER, XR_ASSISTANT, XR_TOOL };
 static int xrole(const char *r) {
     static const char *const names[] = {"system", "user", "assistant", "tool"};
     for (int i = 0; i < 4; i++)
-        if (r && !strcmp(r, names[i]))
-            return i;
+        if (r && !strcmp(r, names[i])) return i;
     return -1;
 }
 
-static int check_xmsgs(const lm_chat_xmsg *m, int n, const char *const *tools, int n_tools, char *err,
-                       size_t errlen) {
-    if (!m || n <= 0)
-        return lm_err(err, errlen, "chat: no messages to render");
-    if (n_tools < 0 || (n_tools > 0 && !tools))
-        return lm_err(err, errlen, "chat: bad tool list");
+static int check_xmsgs(const lm_chat_xmsg *m, int n, const char *const *tools, int n_tools, char *err, size_t errlen) {
+    if (!m || n <= 0) return lm_err(err, errlen, "chat: no messages to render");
+    if (n_tools < 0 || (n_tools > 0 && !tools)) return lm_err(err, errlen, "chat: bad tool list");
     for (int i = 0; i < n_tools; i++)
-        if (!tools[i])
-            return lm_err(err, errlen, "chat: tool %d is missing", i);
+        if (!tools[i]) return lm_err(err, errlen, "chat: tool %d is missing", i);
     for (int i = 0; i < n; i++) {
         int r = xrole(m[i].role);
         if (r < 0)
             return lm_err(err, errlen,
                           "chat: message %d has unknown role '%.40s' (expected system, user, assistant or tool)", i,
                           m[i].role ? m[i].role : "(none)");
-        if (!m[i].content)
-            return lm_err(err, errlen, "chat: message %d (%s) has no content", i, m[i].role);
+        if (!m[i].content) return lm_err(err, errlen, "chat: message %d (%s) has no content", i, m[i].role);
         if (m[i].n_calls < 0 || (m[i].n_calls > 0 && (r != XR_ASSISTANT || !m[i].calls)))
             return lm_err(err, errlen, "chat: message %d (%s) cannot carry tool calls", i, m[i].role);
         for (int k = 0; k < m[i].n_calls; k++)
@@ -400,11 +352,9 @@ static int check_xmsgs(const lm_chat_xmsg *m, int n, const char *const *tools, i
 }
 
 static bool needs_tools(const lm_chat_xmsg *m, int n, int n_tools) {
-    if (n_tools > 0)
-        return true;
+    if (n_tools > 0) return true;
     for (int i = 0; i < n; i++)
-        if (xrole(m[i].role) == XR_TOOL || m[i].n_calls > 0)
-            return true;
+        if (xrole(m[i].role) == XR_TOOL || m[i].n_calls > 0) return true;
     return false;
 }
 
@@ -434,8 +384,7 @@ static void put_tool_list_hermes(strbuf *b, const char *const *tools, int n_tool
 /* <tool_call>\n{"name": "N", "arguments": ARGS}\n</tool_call>, one per call, joined by newlines. */
 static void put_calls_hermes(strbuf *b, const lm_chat_xmsg *m) {
     for (int k = 0; k < m->n_calls; k++) {
-        if (k)
-            strbuf_puts(b, "\n");
+        if (k) strbuf_puts(b, "\n");
         strbuf_puts(b, "<tool_call>\n{\"name\": \"");
         strbuf_puts(b, m->calls[k].name);
         strbuf_puts(b, "\", \"arguments\": ");
@@ -446,22 +395,19 @@ static void put_calls_hermes(strbuf *b, const lm_chat_xmsg *m) {
 
 /* Families whose templates refuse two user turns in a row. */
 static bool alternates(int family) {
-    return family == CHAT_LLAMA2 || family == CHAT_MISTRAL_LEGACY || family == CHAT_MISTRAL_V1 ||
-           family == CHAT_GEMMA;
+    return family == CHAT_LLAMA2 || family == CHAT_MISTRAL_LEGACY || family == CHAT_MISTRAL_V1 || family == CHAT_GEMMA;
 }
 
 /*
  * The plain messages (and their owned contents) that render as the hermes
  * syntax. *texts holds every string written here (freed by the caller).
  */
-static int hermes_rewrite(int family, const char *template_text, const lm_chat_xmsg *m, int n,
-                          const char *const *tools, int n_tools, lm_chat_msg **out, int *n_out, strbuf **texts,
-                          char *err, size_t errlen) {
+static int hermes_rewrite(int family, const char *template_text, const lm_chat_xmsg *m, int n, const char *const *tools,
+                          int n_tools, lm_chat_msg **out, int *n_out, strbuf **texts, char *err, size_t errlen) {
     lm_chat_msg *pm = lm_calloc((size_t)n + 1, sizeof *pm);
     strbuf *tx = lm_calloc((size_t)n + 1, sizeof *tx);
     *out = pm, *texts = tx, *n_out = 0;
-    if (!pm || !tx)
-        return lm_err(err, errlen, "chat: out of memory");
+    if (!pm || !tx) return lm_err(err, errlen, "chat: out of memory");
     int w = 0, i = 0;
     bool merge = alternates(family);
     if (n_tools > 0) {
@@ -495,8 +441,8 @@ static int hermes_rewrite(int family, const char *template_text, const lm_chat_x
         int r = xrole(m[i].role);
         strbuf *b = &tx[w];
         if (r == XR_TOOL || (r == XR_USER && merge && last_kind == XR_USER)) {
-            bool join = last_kind == XR_USER && (r == XR_TOOL ? (i > 0 && xrole(m[i - 1].role) == XR_TOOL) || merge
-                                                              : true);
+            bool join =
+                last_kind == XR_USER && (r == XR_TOOL ? (i > 0 && xrole(m[i - 1].role) == XR_TOOL) || merge : true);
             if (join) {
                 b = &tx[w - 1];
                 strbuf_puts(b, "\n");
@@ -522,8 +468,7 @@ static int hermes_rewrite(int family, const char *template_text, const lm_chat_x
         }
         strbuf_puts(b, m[i].content);
         if (r == XR_ASSISTANT && m[i].n_calls > 0) {
-            if (m[i].content[0])
-                strbuf_puts(b, "\n");
+            if (m[i].content[0]) strbuf_puts(b, "\n");
             put_calls_hermes(b, &m[i]);
         }
         pm[w] = (lm_chat_msg){m[i].role, ""};
@@ -531,8 +476,7 @@ static int hermes_rewrite(int family, const char *template_text, const lm_chat_x
         last_kind = r;
     }
     for (int k = 0; k < w; k++) {
-        if (tx[k].failed)
-            return lm_err(err, errlen, "chat: out of memory");
+        if (tx[k].failed) return lm_err(err, errlen, "chat: out of memory");
         pm[k].content = tx[k].p ? tx[k].p : "";
     }
     *n_out = w;
@@ -565,8 +509,7 @@ static int render_llama3_tools(const lm_chat_xmsg *m, int n, const char *const *
     if (n_tools > 0) {
         llama3_header(b, "system");
         strbuf_puts(b, "Environment: ipython\n\n");
-        if (xrole(m[0].role) == XR_SYSTEM)
-            put_stripped(b, m[i++].content);
+        if (xrole(m[0].role) == XR_SYSTEM) put_stripped(b, m[i++].content);
         strbuf_puts(b, "<|eot_id|>");
     }
     bool list_pending = n_tools > 0;
@@ -584,8 +527,7 @@ static int render_llama3_tools(const lm_chat_xmsg *m, int n, const char *const *
                 strbuf_puts(b, "\n");
             }
             for (int k = 0; k < m[i].n_calls; k++) {
-                if (k)
-                    strbuf_puts(b, "\n");
+                if (k) strbuf_puts(b, "\n");
                 strbuf_puts(b, "{\"name\": \"");
                 strbuf_puts(b, m[i].calls[k].name);
                 strbuf_puts(b, "\", \"parameters\": ");
@@ -610,8 +552,7 @@ static int render_llama3_tools(const lm_chat_xmsg *m, int n, const char *const *
         }
         strbuf_puts(b, "<|eot_id|>");
     }
-    if (gen)
-        llama3_header(b, "assistant");
+    if (gen) llama3_header(b, "assistant");
     return 0;
 }
 
@@ -627,10 +568,8 @@ typedef struct {
 
 static void put_fn_member(void *user, const char *key, jcur *v) {
     fn_members *f = user;
-    if (!strcmp(key, "return"))
-        return;
-    if (f->count++)
-        strbuf_puts(f->b, ", ");
+    if (!strcmp(key, "return")) return;
+    if (f->count++) strbuf_puts(f->b, ", ");
     strbuf_puts(f->b, "\"");
     strbuf_puts(f->b, key);
     strbuf_puts(f->b, "\": ");
@@ -656,13 +595,11 @@ static void find_function(void *user, const char *key, jcur *v) {
     (void)key;
     fn_members fm = {f->b, 0, 0};
     f->seen = true;
-    if (each_member(v->s, (size_t)(v->e - v->s), NULL, put_fn_member, &fm))
-        f->bad = 1;
+    if (each_member(v->s, (size_t)(v->e - v->s), NULL, put_fn_member, &fm)) f->bad = 1;
     f->bad |= fm.bad;
 }
 
-static int put_tools_mistral(strbuf *b, const char *const *tools, int n_tools, bool tekken, char *err,
-                             size_t errlen) {
+static int put_tools_mistral(strbuf *b, const char *const *tools, int n_tools, bool tekken, char *err, size_t errlen) {
     strbuf_puts(b, tekken ? "[AVAILABLE_TOOLS][" : "[AVAILABLE_TOOLS] [");
     for (int t = 0; t < n_tools; t++) {
         strbuf_puts(b, "{\"type\": \"function\", \"function\": {");
@@ -678,21 +615,19 @@ static int put_tools_mistral(strbuf *b, const char *const *tools, int n_tools, b
 
 static bool plain_turn(const lm_chat_xmsg *m) { return xrole(m->role) != XR_TOOL && m->n_calls == 0; }
 
-static int render_mistral_tools(const lm_chat_xmsg *m, int n, const char *const *tools, int n_tools,
-                                bool tekken, const char *bos, const char *eos, strbuf *b, char *err,
-                                size_t errlen) {
+static int render_mistral_tools(const lm_chat_xmsg *m, int n, const char *const *tools, int n_tools, bool tekken,
+                                const char *bos, const char *eos, strbuf *b, char *err, size_t errlen) {
     const char *fam = tekken ? "mistral-v3-tekken" : "mistral-v3";
     int first = xrole(m[0].role) == XR_SYSTEM;
     int k = 0, last_user = -1;
     for (int i = first; i < n; i++) {
-        if (xrole(m[i].role) == XR_USER)
-            last_user = i;
-        if (!plain_turn(&m[i]))
-            continue;
+        if (xrole(m[i].role) == XR_USER) last_user = i;
+        if (!plain_turn(&m[i])) continue;
         if ((xrole(m[i].role) == XR_USER) != (k % 2 == 0))
             return lm_err(err, errlen,
                           "chat (%s): after the optional system message, conversation roles must alternate "
-                          "user/assistant/user/assistant/... (message %d is %s)", fam, i, m[i].role);
+                          "user/assistant/user/assistant/... (message %d is %s)",
+                          fam, i, m[i].role);
         k++;
     }
     strbuf_puts(b, bos);
@@ -740,7 +675,8 @@ static int render_mistral_tools(const lm_chat_xmsg *m, int n, const char *const 
         } else {
             return lm_err(err, errlen,
                           "chat (%s): only user and assistant roles are supported, with the exception of an "
-                          "initial optional system message (message %d is system)", fam, i);
+                          "initial optional system message (message %d is system)",
+                          fam, i);
         }
     }
     return 0;
@@ -750,39 +686,35 @@ static int render_mistral_tools(const lm_chat_xmsg *m, int n, const char *const 
 
 int chat_tool_syntax(int family) {
     switch (family) {
-    case CHAT_LLAMA3: return CHAT_TOOLS_LLAMA3;
-    case CHAT_MISTRAL_V3:
-    case CHAT_MISTRAL_V3_TEKKEN: return CHAT_TOOLS_MISTRAL;
-    default: return CHAT_TOOLS_HERMES;
+        case CHAT_LLAMA3: return CHAT_TOOLS_LLAMA3;
+        case CHAT_MISTRAL_V3:
+        case CHAT_MISTRAL_V3_TEKKEN: return CHAT_TOOLS_MISTRAL;
+        default: return CHAT_TOOLS_HERMES;
     }
 }
 
 /* Without tools: the plain renderer over the same messages. */
-static int render_plain(int family, const char *template_text, const lm_chat_xmsg *m, int n, bool gen,
-                        const char *bos, const char *eos, char **out, char *err, size_t errlen) {
+static int render_plain(int family, const char *template_text, const lm_chat_xmsg *m, int n, bool gen, const char *bos,
+                        const char *eos, char **out, char *err, size_t errlen) {
     lm_chat_msg *pm = lm_calloc((size_t)n, sizeof *pm);
-    if (!pm)
-        return lm_err(err, errlen, "chat: out of memory");
-    for (int i = 0; i < n; i++)
-        pm[i] = (lm_chat_msg){m[i].role, m[i].content};
+    if (!pm) return lm_err(err, errlen, "chat: out of memory");
+    for (int i = 0; i < n; i++) pm[i] = (lm_chat_msg){m[i].role, m[i].content};
     int rc = family >= 0 ? chat_render(family, pm, n, gen, bos, eos, out, err, errlen)
                          : chat_render_template(template_text, pm, n, gen, bos, eos, out, err, errlen);
     lm_free(pm);
     return rc;
 }
 
-int chat_render_tools(int family, const char *template_text, const lm_chat_xmsg *msgs, int n,
-                      const char *const *tools, int n_tools, bool add_generation_prompt, const char *bos_text,
-                      const char *eos_text, char **out, char *err, size_t errlen) {
-    if (!out)
-        return lm_err(err, errlen, "chat: no output pointer");
+int chat_render_tools(int family, const char *template_text, const lm_chat_xmsg *msgs, int n, const char *const *tools,
+                      int n_tools, bool add_generation_prompt, const char *bos_text, const char *eos_text, char **out,
+                      char *err, size_t errlen) {
+    if (!out) return lm_err(err, errlen, "chat: no output pointer");
     *out = NULL;
     int fam = family >= 0 ? family : chat_detect(template_text);
     if (family >= CHAT_N_FAMILIES || fam < 0) /* the plain renderers' messages for a bad family or text */
         return family >= 0 ? chat_render(family, NULL, 0, false, NULL, NULL, out, err, errlen)
                            : chat_render_template(template_text, NULL, 0, false, NULL, NULL, out, err, errlen);
-    if (check_xmsgs(msgs, n, tools, n_tools, err, errlen))
-        return -1;
+    if (check_xmsgs(msgs, n, tools, n_tools, err, errlen)) return -1;
     const char *bos = bos_text ? bos_text : "", *eos = eos_text ? eos_text : "";
     if (!needs_tools(msgs, n, n_tools))
         return render_plain(family, template_text, msgs, n, add_generation_prompt, bos, eos, out, err, errlen);
@@ -793,26 +725,23 @@ int chat_render_tools(int family, const char *template_text, const lm_chat_xmsg 
         int np = 0;
         int rc = hermes_rewrite(fam, template_text, msgs, n, tools, n_tools, &pm, &np, &tx, err, errlen);
         if (rc == 0)
-            rc = family >= 0 ? chat_render(family, pm, np, add_generation_prompt, bos, eos, out, err, errlen)
-                             : chat_render_template(template_text, pm, np, add_generation_prompt, bos, eos, out,
-                                                    err, errlen);
-        for (int k = 0; tx && k <= n; k++)
-            strbuf_free(&tx[k]);
+            rc = family >= 0
+                ? chat_render(family, pm, np, add_generation_prompt, bos, eos, out, err, errlen)
+                : chat_render_template(template_text, pm, np, add_generation_prompt, bos, eos, out, err, errlen);
+        for (int k = 0; tx && k <= n; k++) strbuf_free(&tx[k]);
         lm_free(tx);
         lm_free(pm);
         return rc;
     }
     strbuf b = {0};
     int rc = syntax == CHAT_TOOLS_LLAMA3
-                 ? render_llama3_tools(msgs, n, tools, n_tools, add_generation_prompt, bos, &b)
-                 : render_mistral_tools(msgs, n, tools, n_tools, fam == CHAT_MISTRAL_V3_TEKKEN, bos, eos, &b, err,
-                                        errlen);
+        ? render_llama3_tools(msgs, n, tools, n_tools, add_generation_prompt, bos, &b)
+        : render_mistral_tools(msgs, n, tools, n_tools, fam == CHAT_MISTRAL_V3_TEKKEN, bos, eos, &b, err, errlen);
     if (rc == 0 && !b.failed && !b.p) { /* nothing written */
         b.p = lm_calloc(1, 1);
         b.failed = !b.p;
     }
-    if (rc == 0 && b.failed)
-        rc = lm_err(err, errlen, "chat: out of memory rendering %d messages", n);
+    if (rc == 0 && b.failed) rc = lm_err(err, errlen, "chat: out of memory rendering %d messages", n);
     if (rc) {
         strbuf_free(&b);
         return -1;

@@ -60,10 +60,10 @@
 #include "base/utf8.h"
 #include "base/util.h"
 
-#define TOK_MAX_VOCAB (1 << 24)          /* ranks and ids stay exact in a float */
-#define TOK_MAX_TEXT ((size_t)1 << 29)  /* encode refuses longer input */
-#define TOK_MAX_PIECE 65536             /* longest token text accepted */
-#define MAX_RE 6                        /* regexes per pre-tokenizer */
+#define TOK_MAX_VOCAB (1 << 24)        /* ranks and ids stay exact in a float */
+#define TOK_MAX_TEXT ((size_t)1 << 29) /* encode refuses longer input */
+#define TOK_MAX_PIECE 65536            /* longest token text accepted */
+#define MAX_RE 6                       /* regexes per pre-tokenizer */
 
 /* What the loading helpers return besides 0 and -1 (malformed metadata), so
  * tok_load_status can tell the caller what kind of failure it was. */
@@ -74,10 +74,10 @@ enum { TT_UNDEF = 0, TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER = 4,
 
 /* Per-token flags. */
 enum {
-    F_MERGE = 1,      /* may be produced from text by merging (normal, user-defined) */
-    F_EOG = 2,        /* ends generation */
-    F_SP_ALWAYS = 4,  /* matched verbatim in the input always (user-defined) */
-    F_SP_PARSE = 8,   /* matched verbatim only with parse_special (control, unknown) */
+    F_MERGE = 1,     /* may be produced from text by merging (normal, user-defined) */
+    F_EOG = 2,       /* ends generation */
+    F_SP_ALWAYS = 4, /* matched verbatim in the input always (user-defined) */
+    F_SP_PARSE = 8,  /* matched verbatim only with parse_special (control, unknown) */
 };
 
 enum { FAM_SPM, FAM_BPE };
@@ -91,26 +91,26 @@ typedef struct {
 struct lm_tokenizer {
     int family;
     int32_t n_vocab;
-    char *pool;           /* token texts, each NUL-terminated */
-    uint32_t *off;        /* (n_vocab + 1) start of token i in pool */
-    float *score;         /* (n_vocab) SPM merge scores; NULL for BPE */
-    uint8_t *type;        /* (n_vocab) TT_* */
-    uint8_t *flag;        /* (n_vocab) F_* */
-    int32_t *vslot;       /* (vmask + 1) vocab hash: token id or -1 */
+    char *pool;     /* token texts, each NUL-terminated */
+    uint32_t *off;  /* (n_vocab + 1) start of token i in pool */
+    float *score;   /* (n_vocab) SPM merge scores; NULL for BPE */
+    uint8_t *type;  /* (n_vocab) TT_* */
+    uint8_t *flag;  /* (n_vocab) F_* */
+    int32_t *vslot; /* (vmask + 1) vocab hash: token id or -1 */
     uint64_t vmask;
-    merge_ent *mslot;     /* (mmask + 1) merge hash, BPE only */
+    merge_ent *mslot; /* (mmask + 1) merge hash, BPE only */
     uint64_t mmask;
-    int32_t byte_tok[256];  /* SPM: <0xXX>; BPE: the token of the byte's stand-in; -1 none */
-    uint32_t b2u[256];      /* BPE byte -> unicode code point */
-    int16_t u2b[324];       /* BPE code point -> byte, -1 if not a stand-in */
+    int32_t byte_tok[256]; /* SPM: <0xXX>; BPE: the token of the byte's stand-in; -1 none */
+    uint32_t b2u[256];     /* BPE byte -> unicode code point */
+    int16_t u2b[324];      /* BPE code point -> byte, -1 if not a stand-in */
     int32_t bos, eos, eot, eom, unk;
     bool add_bos, add_space_prefix, ignore_merges;
-    uint8_t sp_first[256];  /* F_SP_* bits of tokens starting with this byte */
-    uint32_t *sp_len;       /* (n_sp_len) distinct special-token lengths, descending */
+    uint8_t sp_first[256]; /* F_SP_* bits of tokens starting with this byte */
+    uint32_t *sp_len;      /* (n_sp_len) distinct special-token lengths, descending */
     int n_sp_len;
     pcre2_code *re[MAX_RE];
     int n_re;
-    int detok_max;          /* detok_push never writes more than this */
+    int detok_max; /* detok_push never writes more than this */
 };
 
 /* ---- small helpers --------------------------------------------------------- */
@@ -126,8 +126,10 @@ static uint64_t hash_bytes(const char *s, size_t n) {
 
 static uint64_t hash_pair(int32_t a, int32_t b) {
     uint64_t x = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b; /* splitmix64 finalizer */
-    x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27; x *= 0x94d049bb133111ebULL;
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
     return x ^ (x >> 31);
 }
 
@@ -199,8 +201,8 @@ static int merges_build(lm_tokenizer *t, const gguf_arr *arr, char *err, size_t 
         return lm_err(err, errlen, "tokenizer.ggml.merges must be an array of strings, not %s",
                       gguf_vtype_name(arr->type));
     if (arr->n > TOK_MAX_VOCAB)
-        return lm_err(err, errlen, "tokenizer.ggml.merges has %llu entries (limit %d)",
-                      (unsigned long long)arr->n, TOK_MAX_VOCAB);
+        return lm_err(err, errlen, "tokenizer.ggml.merges has %llu entries (limit %d)", (unsigned long long)arr->n,
+                      TOK_MAX_VOCAB);
     t->mmask = pow2_at_least(arr->n * 2 + 1) - 1;
     t->mslot = lm_malloc((t->mmask + 1) * sizeof *t->mslot);
     char *cat = lm_malloc(2 * TOK_MAX_PIECE);
@@ -255,23 +257,23 @@ static void byte_unicode_build(lm_tokenizer *t) {
 #define RE_QWEN2 RE_LLAMA3_HEAD "\\p{N}" RE_LLAMA3_TAIL
 #define RE_CJK "[\\x{4E00}-\\x{9FA5}\\x{0800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+"
 /* DeepSeek LLM's explicit list of cased-letter ranges. */
-#define RE_DS_LETTERS                                                                          \
-    "\\s?[A-Za-z\\x{B5}\\x{C0}-\\x{D6}\\x{D8}-\\x{F6}\\x{F8}-\\x{1BA}\\x{1BC}-\\x{1BF}"          \
-    "\\x{1C4}-\\x{293}\\x{295}-\\x{2AF}\\x{370}-\\x{373}\\x{376}\\x{377}\\x{37B}-\\x{37D}"        \
-    "\\x{37F}\\x{386}\\x{388}-\\x{38A}\\x{38C}\\x{38E}-\\x{3A1}\\x{3A3}-\\x{3F5}\\x{3F7}-\\x{481}" \
-    "\\x{48A}-\\x{52F}\\x{531}-\\x{556}\\x{10A0}-\\x{10C5}\\x{13A0}-\\x{13F5}\\x{13F8}-\\x{13FD}" \
-    "\\x{1C90}-\\x{1CBA}\\x{1CBD}-\\x{1CBF}\\x{1D00}-\\x{1D2B}\\x{1D6B}-\\x{1D77}"               \
-    "\\x{1D79}-\\x{1D9A}\\x{1E00}-\\x{1F15}\\x{1F18}-\\x{1F1D}\\x{1F20}-\\x{1F45}"               \
-    "\\x{1F48}-\\x{1F4D}\\x{1F50}-\\x{1F57}\\x{1F59}\\x{1F5B}\\x{1F5D}\\x{1F5F}-\\x{1F7D}"       \
-    "\\x{1F80}-\\x{1FB4}\\x{1FB6}-\\x{1FBC}\\x{1FBE}\\x{1FC2}-\\x{1FC4}\\x{1FC6}-\\x{1FCC}"      \
-    "\\x{1FD0}-\\x{1FD3}\\x{1FD6}-\\x{1FDB}\\x{1FE0}-\\x{1FEC}\\x{1FF2}-\\x{1FF4}"               \
-    "\\x{1FF6}-\\x{1FFC}\\x{2102}\\x{2107}\\x{210A}-\\x{2113}\\x{2115}\\x{2119}-\\x{211D}"       \
-    "\\x{2124}\\x{2126}\\x{2128}\\x{212A}-\\x{212D}\\x{212F}-\\x{2134}\\x{2139}"                 \
-    "\\x{213C}-\\x{213F}\\x{2145}-\\x{2149}\\x{214E}\\x{2183}\\x{2184}\\x{2C00}-\\x{2C7B}"       \
-    "\\x{2C7E}-\\x{2CE4}\\x{2CEB}-\\x{2CEE}\\x{2CF2}\\x{2CF3}\\x{A640}-\\x{A66D}"                \
-    "\\x{A680}-\\x{A69B}\\x{A722}-\\x{A76F}\\x{A771}-\\x{A787}\\x{A78B}-\\x{A78E}"               \
-    "\\x{AB70}-\\x{ABBF}\\x{FB00}-\\x{FB06}\\x{FB13}-\\x{FB17}\\x{FF21}-\\x{FF3A}"               \
-    "\\x{FF41}-\\x{FF5A}\\x{10400}-\\x{1044F}\\x{104B0}-\\x{104D3}\\x{104D8}-\\x{104FB}"         \
+#define RE_DS_LETTERS                                                                                                  \
+    "\\s?[A-Za-z\\x{B5}\\x{C0}-\\x{D6}\\x{D8}-\\x{F6}\\x{F8}-\\x{1BA}\\x{1BC}-\\x{1BF}"                                \
+    "\\x{1C4}-\\x{293}\\x{295}-\\x{2AF}\\x{370}-\\x{373}\\x{376}\\x{377}\\x{37B}-\\x{37D}"                             \
+    "\\x{37F}\\x{386}\\x{388}-\\x{38A}\\x{38C}\\x{38E}-\\x{3A1}\\x{3A3}-\\x{3F5}\\x{3F7}-\\x{481}"                     \
+    "\\x{48A}-\\x{52F}\\x{531}-\\x{556}\\x{10A0}-\\x{10C5}\\x{13A0}-\\x{13F5}\\x{13F8}-\\x{13FD}"                      \
+    "\\x{1C90}-\\x{1CBA}\\x{1CBD}-\\x{1CBF}\\x{1D00}-\\x{1D2B}\\x{1D6B}-\\x{1D77}"                                     \
+    "\\x{1D79}-\\x{1D9A}\\x{1E00}-\\x{1F15}\\x{1F18}-\\x{1F1D}\\x{1F20}-\\x{1F45}"                                     \
+    "\\x{1F48}-\\x{1F4D}\\x{1F50}-\\x{1F57}\\x{1F59}\\x{1F5B}\\x{1F5D}\\x{1F5F}-\\x{1F7D}"                             \
+    "\\x{1F80}-\\x{1FB4}\\x{1FB6}-\\x{1FBC}\\x{1FBE}\\x{1FC2}-\\x{1FC4}\\x{1FC6}-\\x{1FCC}"                            \
+    "\\x{1FD0}-\\x{1FD3}\\x{1FD6}-\\x{1FDB}\\x{1FE0}-\\x{1FEC}\\x{1FF2}-\\x{1FF4}"                                     \
+    "\\x{1FF6}-\\x{1FFC}\\x{2102}\\x{2107}\\x{210A}-\\x{2113}\\x{2115}\\x{2119}-\\x{211D}"                             \
+    "\\x{2124}\\x{2126}\\x{2128}\\x{212A}-\\x{212D}\\x{212F}-\\x{2134}\\x{2139}"                                       \
+    "\\x{213C}-\\x{213F}\\x{2145}-\\x{2149}\\x{214E}\\x{2183}\\x{2184}\\x{2C00}-\\x{2C7B}"                             \
+    "\\x{2C7E}-\\x{2CE4}\\x{2CEB}-\\x{2CEE}\\x{2CF2}\\x{2CF3}\\x{A640}-\\x{A66D}"                                      \
+    "\\x{A680}-\\x{A69B}\\x{A722}-\\x{A76F}\\x{A771}-\\x{A787}\\x{A78B}-\\x{A78E}"                                     \
+    "\\x{AB70}-\\x{ABBF}\\x{FB00}-\\x{FB06}\\x{FB13}-\\x{FB17}\\x{FF21}-\\x{FF3A}"                                     \
+    "\\x{FF41}-\\x{FF5A}\\x{10400}-\\x{1044F}\\x{104B0}-\\x{104D3}\\x{104D8}-\\x{104FB}"                               \
     "\\x{10C80}-\\x{10CB2}\\x{10CC0}-\\x{10CF2}\\x{118A0}-\\x{118DF}\\x{1E900}-\\x{1E943}]+"
 #define RE_BLOOM " ?[^(\\s|.,!?\\x{2026}\\x{3002}\\x{FF0C}\\x{3001}\\x{0964}\\x{06D4}\\x{060C})]+"
 #define RE_CASED_UP "[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]"
@@ -286,54 +288,67 @@ typedef struct {
 } pre_spec;
 
 static const pre_spec PRE_SPECS[] = {
-    {{"default", "gpt-2", "gpt2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v1-en",
-      "jina-v2-es", "jina-v2-de", "jina-v2-code", "roberta-bpe", "a.x-4.0", "mellum", "mpt",
-      "olmo", "jais", "trillion", "granite-docling", "exaone4", NULL},
-     {RE_GPT2, NULL}, false, false},
+    {{"default",    "gpt-2",      "gpt2",       "phi-2",        "jina-es",         "jina-de", "gigachat",
+      "jina-v1-en", "jina-v2-es", "jina-v2-de", "jina-v2-code", "roberta-bpe",     "a.x-4.0", "mellum",
+      "mpt",        "olmo",       "jais",       "trillion",     "granite-docling", "exaone4", NULL},
+     {RE_GPT2, NULL},
+     false,
+     false},
     {{"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", NULL},
-     {RE_LLAMA3, NULL}, true, true},
+     {RE_LLAMA3, NULL},
+     true,
+     true},
     {{"dbrx", "smaug-bpe", "chatglm-bpe", "glm4", NULL}, {RE_LLAMA3, NULL}, false, false},
     {{"qwen2", "deepseek-r1-qwen", "kormo", "stablelm2", "megrez", "hunyuan", "grok-2", NULL},
-     {RE_QWEN2, NULL}, false, false},
+     {RE_QWEN2, NULL},
+     false,
+     false},
     {{"deepseek-llm", NULL},
      {"[\\r\\n]", RE_DS_LETTERS,
-      "\\s?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3000}-\\x{3002}]+",
-      "\\s+$", RE_CJK, "\\p{N}+"},
-     false, false},
-    {{"deepseek-coder", NULL},
-     {"[\\r\\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", RE_CJK, "\\p{N}", NULL}, false, false},
+      "\\s?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3000}-\\x{3002}]+", "\\s+$", RE_CJK,
+      "\\p{N}+"},
+     false,
+     false},
+    {{"deepseek-coder", NULL}, {"[\\r\\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", RE_CJK, "\\p{N}", NULL}, false, false},
     {{"deepseek-v3", "hunyuan-dense", NULL},
      {"\\p{N}{1,3}", "[\\x{4E00}-\\x{9FA5}\\x{3040}-\\x{309F}\\x{30A0}-\\x{30FF}]+",
       "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
       "| ?[\\p{P}\\p{S}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
       NULL},
-     false, false},
+     false,
+     false},
     {{"falcon", NULL}, {"[\\p{P}\\$\\+<=>\\^~\\|`]+", RE_GPT2, "[0-9][0-9][0-9]", NULL}, false, false},
     {{"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", NULL},
-     {"\\p{N}", RE_GPT2, NULL}, false, false},
+     {"\\p{N}", RE_GPT2, NULL},
+     false,
+     false},
     {{"bloom", "poro-chat", "gpt3-finnish", NULL}, {RE_BLOOM, NULL}, false, false},
     {{"viking", NULL}, {RE_BLOOM, "\\p{N}", NULL}, false, false},
     {{"tekken", NULL},
-     {"[^\\r\\n\\p{L}\\p{N}]?" RE_CASED_UP "*" RE_CASED_LO "+|[^\\r\\n\\p{L}\\p{N}]?" RE_CASED_UP
-      "+" RE_CASED_LO "*|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+     {"[^\\r\\n\\p{L}\\p{N}]?" RE_CASED_UP "*" RE_CASED_LO "+|[^\\r\\n\\p{L}\\p{N}]?" RE_CASED_UP "+" RE_CASED_LO
+      "*|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
       NULL},
-     true, true},
+     true,
+     true},
     {{"gpt-4o", "llama4", NULL},
-     {"[^\\r\\n\\p{L}\\p{N}]?" RE_CASED_UP "*" RE_CASED_LO "+" RE_CONTR "?|[^\\r\\n\\p{L}\\p{N}]?"
-      RE_CASED_UP "+" RE_CASED_LO "*" RE_CONTR "?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*"
+     {"[^\\r\\n\\p{L}\\p{N}]?" RE_CASED_UP "*" RE_CASED_LO "+" RE_CONTR "?|[^\\r\\n\\p{L}\\p{N}]?" RE_CASED_UP
+      "+" RE_CASED_LO "*" RE_CONTR "?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*"
       "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
       NULL},
-     false, false},
+     false,
+     false},
     {{"seed-coder", NULL},
      {RE_CONTR "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1}| ?[^\\s\\p{L}\\p{N}\\r\\n]+|\\s*[\\r\\n]+"
-      "|\\s+(?!\\S)|\\s+",
+               "|\\s+(?!\\S)|\\s+",
       NULL},
-     false, false},
+     false,
+     false},
     {{"bailingmoe", "bailingmoe2", "llada-moe", NULL},
      {"'(?i:[sdmt]|ll|ve|re)|[^\\r\\n\\p{L}\\p{N}]?+\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]++[\\r\\n]*"
       "|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+",
       NULL},
-     false, false},
+     false,
+     false},
 };
 
 static const pre_spec *pre_lookup(const char *name, size_t len) {
@@ -353,8 +368,8 @@ static int pre_compile(lm_tokenizer *t, const pre_spec *ps, const char *name, ch
         if (!re) {
             PCRE2_UCHAR msg[160];
             pcre2_get_error_message(code, msg, sizeof msg);
-            return lm_err(err, errlen, "pre-tokenizer '%s': regex %d does not compile at %zu: %s",
-                          name, i, (size_t)at, (const char *)msg);
+            return lm_err(err, errlen, "pre-tokenizer '%s': regex %d does not compile at %zu: %s", name, i, (size_t)at,
+                          (const char *)msg);
         }
         (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* the interpreter is the fallback */
         t->re[t->n_re++] = re;
@@ -367,13 +382,12 @@ static int pre_compile(lm_tokenizer *t, const pre_spec *ps, const char *name, ch
 /* Copy the token texts into one pool. Empty texts are kept (they never match). */
 static int load_tokens(lm_tokenizer *t, const gguf_ctx *g, char *err, size_t errlen) {
     gguf_arr arr;
-    if (gguf_find_key(g, "tokenizer.ggml.tokens") < 0)
-        return lm_err(err, errlen, "tokenizer.ggml.tokens is missing");
+    if (gguf_find_key(g, "tokenizer.ggml.tokens") < 0) return lm_err(err, errlen, "tokenizer.ggml.tokens is missing");
     if (!gguf_get_arr(g, "tokenizer.ggml.tokens", &arr) || arr.type != GGUF_STRING)
         return lm_err(err, errlen, "tokenizer.ggml.tokens must be an array of strings");
     if (arr.n == 0 || arr.n > TOK_MAX_VOCAB)
-        return lm_err(err, errlen, "tokenizer.ggml.tokens has %llu entries (need 1..%d)",
-                      (unsigned long long)arr.n, TOK_MAX_VOCAB);
+        return lm_err(err, errlen, "tokenizer.ggml.tokens has %llu entries (need 1..%d)", (unsigned long long)arr.n,
+                      TOK_MAX_VOCAB);
     t->n_vocab = (int32_t)arr.n;
     uint64_t total = 0;
     for (uint64_t i = 0; i < arr.n; i++) {
@@ -406,14 +420,14 @@ static int load_tokens(lm_tokenizer *t, const gguf_ctx *g, char *err, size_t err
 }
 
 /* Numeric per-token array `key` of exactly n_vocab elements; false if absent. */
-static int get_token_arr(const gguf_ctx *g, const char *key, int32_t n, gguf_arr *arr, bool *present,
-                         char *err, size_t errlen) {
+static int get_token_arr(const gguf_ctx *g, const char *key, int32_t n, gguf_arr *arr, bool *present, char *err,
+                         size_t errlen) {
     *present = gguf_find_key(g, key) >= 0;
     if (!*present) return 0;
     if (!gguf_get_arr(g, key, arr)) return lm_err(err, errlen, "%s must be an array", key);
     if (arr->n != (uint64_t)n)
-        return lm_err(err, errlen, "%s has %llu entries but the vocab has %d tokens", key,
-                      (unsigned long long)arr->n, n);
+        return lm_err(err, errlen, "%s has %llu entries but the vocab has %d tokens", key, (unsigned long long)arr->n,
+                      n);
     return 0;
 }
 
@@ -447,8 +461,8 @@ static int load_types_scores(lm_tokenizer *t, const gguf_ctx *g, char *err, size
 
 /* Special id `key` into *id: unchanged when absent, -1 for a stored -1 or
  * 0xFFFFFFFF, an error when outside the vocab or not an integer. */
-static int get_special_id(const lm_tokenizer *t, const gguf_ctx *g, const char *key, int32_t *id,
-                          char *err, size_t errlen) {
+static int get_special_id(const lm_tokenizer *t, const gguf_ctx *g, const char *key, int32_t *id, char *err,
+                          size_t errlen) {
     if (gguf_find_key(g, key) < 0) return 0;
     int64_t v;
     if (!gguf_get_int(g, key, &v)) return lm_err(err, errlen, "%s must be an integer", key);
@@ -471,9 +485,20 @@ static int get_bool(const gguf_ctx *g, const char *key, bool *v, char *err, size
 
 /* Control tokens with one of these texts end generation. */
 static const char *const EOG_TEXTS[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>",
-    "<\xEF\xBD\x9C" "end\xE2\x96\x81" "of\xE2\x96\x81" "sentence\xEF\xBD\x9C>", /* <｜end▁of▁sentence｜> */
-    "</s>", "<|eom_id|>", "<|end_of_text|>", NULL,
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<EOT>",
+    "<\xEF\xBD\x9C"
+    "end\xE2\x96\x81"
+    "of\xE2\x96\x81"
+    "sentence\xEF\xBD\x9C>", /* <｜end▁of▁sentence｜> */
+    "</s>",
+    "<|eom_id|>",
+    "<|end_of_text|>",
+    NULL,
 };
 #define N_EOT_TEXTS 7 /* the first entries double as end-of-turn candidates */
 
@@ -605,7 +630,8 @@ static int load_family(lm_tokenizer *t, const gguf_ctx *g, char *err, size_t err
         t->family = FAM_BPE;
     } else {
         return lm_err(err, errlen, "unsupported tokenizer model '%.*s' (lamina knows 'llama' and 'gpt2')",
-                      (int)(model.len > 64 ? 64 : model.len), model.ptr), TOK_EUNSUPPORTED;
+                      (int)(model.len > 64 ? 64 : model.len), model.ptr),
+               TOK_EUNSUPPORTED;
     }
     return 0;
 }
@@ -623,7 +649,8 @@ static int load_bpe(lm_tokenizer *t, const gguf_ctx *g, char *err, size_t errlen
         snprintf(namebuf, sizeof namebuf, "%.*s", n, pre.ptr);
         name = namebuf;
         ps = pre_lookup(pre.ptr, pre.len);
-        if (!ps) return lm_err(err, errlen, "unsupported pre-tokenizer '%s' (tokenizer.ggml.pre)", name), TOK_EUNSUPPORTED;
+        if (!ps)
+            return lm_err(err, errlen, "unsupported pre-tokenizer '%s' (tokenizer.ggml.pre)", name), TOK_EUNSUPPORTED;
     }
     t->add_bos = ps->add_bos;
     if (pre_compile(t, ps, name, err, errlen)) return -1;
@@ -696,17 +723,13 @@ int32_t tok_eot(const lm_tokenizer *t) { return t->eot; }
 bool tok_add_bos(const lm_tokenizer *t) { return t->add_bos; }
 const float *tok_scores(const lm_tokenizer *t) { return t->family == FAM_SPM ? t->score : NULL; }
 
-bool tok_is_eog(const lm_tokenizer *t, int32_t id) {
-    return id >= 0 && id < t->n_vocab && (t->flag[id] & F_EOG);
-}
+bool tok_is_eog(const lm_tokenizer *t, int32_t id) { return id >= 0 && id < t->n_vocab && (t->flag[id] & F_EOG); }
 
 bool tok_is_control(const lm_tokenizer *t, int32_t id) {
     return id >= 0 && id < t->n_vocab && t->type[id] == TT_CONTROL;
 }
 
-int32_t tok_find(const lm_tokenizer *t, const char *text, size_t len) {
-    return len ? vocab_find(t, text, len) : -1;
-}
+int32_t tok_find(const lm_tokenizer *t, const char *text, size_t len) { return len ? vocab_find(t, text, len) : -1; }
 
 const char *tok_piece(const lm_tokenizer *t, int32_t id, size_t *len) {
     if (id < 0 || id >= t->n_vocab) {
@@ -728,10 +751,10 @@ typedef struct {
 } symbol;
 
 typedef struct {
-    float prio;         /* lower pops first: -score (SPM) or rank (BPE) */
+    float prio; /* lower pops first: -score (SPM) or rank (BPE) */
     int32_t left, right;
-    uint32_t size;      /* left.n + right.n when pushed; a mismatch means stale */
-    int32_t id;         /* token the pair forms */
+    uint32_t size; /* left.n + right.n when pushed; a mismatch means stale */
+    int32_t id;    /* token the pair forms */
 } bigram;
 
 typedef struct {
@@ -744,11 +767,11 @@ typedef struct {
  * input byte). Every fragment has at most len + 1 symbols (SPM turns a space
  * into one U+2581 character and may add one in front). */
 typedef struct {
-    symbol *sym;        /* (len + 2) */
-    bigram *heap;       /* (heap_cap) grows on demand; pushes stay below 3 * symbols */
+    symbol *sym;  /* (len + 2) */
+    bigram *heap; /* (heap_cap) grows on demand; pushes stay below 3 * symbols */
     size_t nheap, heap_cap;
-    char *buf;          /* (3 * len + 4) SPM escaped text / BPE mapped piece */
-    uint32_t *pa, *pb;  /* (2 * (len + 1)) pre-tokenizer pieces as (start, length) pairs */
+    char *buf;         /* (3 * len + 4) SPM escaped text / BPE mapped piece */
+    uint32_t *pa, *pb; /* (2 * (len + 1)) pre-tokenizer pieces as (start, length) pairs */
     pcre2_match_data *md;
 } work;
 
@@ -980,8 +1003,7 @@ static int32_t match_special(const lm_tokenizer *t, const char *s, size_t n, uin
     return -1;
 }
 
-static int encode_raw(const lm_tokenizer *t, work *w, const char *text, size_t len, bool after_special,
-                      emitter *e) {
+static int encode_raw(const lm_tokenizer *t, work *w, const char *text, size_t len, bool after_special, emitter *e) {
     if (t->family == FAM_SPM) return encode_spm(t, w, text, len, t->add_space_prefix && after_special, e);
     return encode_bpe(t, w, text, len, e);
 }
@@ -1007,8 +1029,8 @@ static void work_free(work *w) {
     if (w->md) pcre2_match_data_free(w->md);
 }
 
-int tok_encode(const lm_tokenizer *t, const char *text, size_t len, bool add_bos, bool parse_special,
-               int32_t *out, int cap) {
+int tok_encode(const lm_tokenizer *t, const char *text, size_t len, bool add_bos, bool parse_special, int32_t *out,
+               int cap) {
     if (!t || (len && !text) || len >= TOK_MAX_TEXT || (cap > 0 && !out)) return -1;
     emitter e = {out, cap < 0 ? 0 : cap, 0};
     if (add_bos) {
@@ -1103,34 +1125,34 @@ int tok_token_bytes(const lm_tokenizer *t, int32_t id, bool special, char *buf, 
     size_t len;
     const char *p = piece_of(t, id, &len);
     switch (t->type[id]) {
-    case TT_CONTROL: case TT_UNKNOWN: case TT_UNUSED:
-        if (special) put(&k, p, len);
-        break;
-    case TT_USER:
-        put(&k, p, len);
-        break;
-    case TT_BYTE:
-        if (len == 6 && memcmp(p, "<0x", 3) == 0 && p[5] == '>' && hexval(p[3]) >= 0 && hexval(p[4]) >= 0) {
-            char b = (char)(hexval(p[3]) * 16 + hexval(p[4]));
-            put(&k, &b, 1);
-        } else {
-            put(&k, p, len);
-        }
-        break;
-    default:
-        if (t->family == FAM_BPE) {
-            bpe_unmap(t, p, len, &k);
+        case TT_CONTROL:
+        case TT_UNKNOWN:
+        case TT_UNUSED:
+            if (special) put(&k, p, len);
             break;
-        }
-        for (size_t i = 0; i < len; i++) { /* U+2581 -> ' ' */
-            if (i + 3 <= len && memcmp(p + i, "\xE2\x96\x81", 3) == 0) {
-                put(&k, " ", 1);
-                i += 2;
+        case TT_USER: put(&k, p, len); break;
+        case TT_BYTE:
+            if (len == 6 && memcmp(p, "<0x", 3) == 0 && p[5] == '>' && hexval(p[3]) >= 0 && hexval(p[4]) >= 0) {
+                char b = (char)(hexval(p[3]) * 16 + hexval(p[4]));
+                put(&k, &b, 1);
             } else {
-                put(&k, p + i, 1);
+                put(&k, p, len);
             }
-        }
-        break;
+            break;
+        default:
+            if (t->family == FAM_BPE) {
+                bpe_unmap(t, p, len, &k);
+                break;
+            }
+            for (size_t i = 0; i < len; i++) { /* U+2581 -> ' ' */
+                if (i + 3 <= len && memcmp(p + i, "\xE2\x96\x81", 3) == 0) {
+                    put(&k, " ", 1);
+                    i += 2;
+                } else {
+                    put(&k, p + i, 1);
+                }
+            }
+            break;
     }
     return k.n;
 }

@@ -61,8 +61,8 @@ const char *tok_piece(const lm_tokenizer *t, int32_t id, size_t *len);
  * more than cap: call again with a larger buffer), or -1 on error (bad UTF-8
  * is not an error: invalid bytes become byte tokens).
  */
-int tok_encode(const lm_tokenizer *t, const char *text, size_t len, bool add_bos,
-               bool parse_special, int32_t *out, int cap);
+int tok_encode(const lm_tokenizer *t, const char *text, size_t len, bool add_bos, bool parse_special, int32_t *out,
+               int cap);
 
 /*
  * The "gpt2" family's pre-tokenizer split alone (for tests and tools): the
