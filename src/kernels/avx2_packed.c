@@ -428,8 +428,10 @@ INLINE void k4x8_scales(const uint8_t *blk, __m256i scv[8], __m256i mv[4]) {
 #define SC(t)                                                                                                          \
     scv[t] = _mm256_shuffle_epi8(sc_lo, IDX8(SIDX, t));                                                                \
     scv[t + 4] = _mm256_shuffle_epi8(sc_hi, IDX8(SIDX, t));
+    /* clang-format off */
     SC(0)
     SC(1) SC(2) SC(3)
+    /* clang-format on */
 #undef SC
         mv[0] = _mm256_shuffle_epi8(m_lo, IDX8(MIDX, 0));
     mv[1] = _mm256_shuffle_epi8(m_lo, IDX8(MIDX, 2));

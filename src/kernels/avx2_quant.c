@@ -618,8 +618,10 @@ INLINE void k_prep(int kind, const uint8_t *blk, krow *k) {
         k->u[2 * c] = _mm256_and_si256(v, low4);                                                                       \
         k->u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);                                             \
     }
+    /* clang-format off */
     Q4U(0)
     Q4U(1) Q4U(2) Q4U(3)
+    /* clang-format on */
 #undef Q4U
         if (kind == KQ5_K) { /* bit j of qh[l] is the fifth bit of element 32j + l */
         __m256i hv = ld256(blk + offsetof(block_q5_K, qh));

@@ -197,10 +197,11 @@ void avx512_gemm_panel_f16(int64_t n, const void *wp, int nr, const void *x, siz
         case 7: panel_tile(n, p, nr, xb, xs, 7, y, ys); break;
 #define WIDE(C)                                                                                                        \
     case C: panel_wide(n, p, nr, xb, xs, C, y, ys); break;
-            WIDE(8)
-            WIDE(9) WIDE(10) WIDE(11) WIDE(12)
+            /* clang-format off */
+        WIDE(8) WIDE(9) WIDE(10) WIDE(11) WIDE(12)
 #undef WIDE
-                default : break;
+        default: break;
+            /* clang-format on */
     }
 }
 
@@ -284,10 +285,11 @@ void avx512_gemm_panel2_f32(int64_t n, int64_t k0, int64_t k1, const float *wf, 
     switch (nc) {
 #define PART(C)                                                                                                        \
     case C: part2_tile(n, k0, k1, wf, nr0, nr1, xb, xs, C, st, y, ys); break;
-        PART(1)
-        PART(2) PART(3) PART(4) PART(5) PART(6) PART(7) PART(8) PART(9) PART(10) PART(11) PART(12)
+        /* clang-format off */
+        PART(1) PART(2) PART(3) PART(4) PART(5) PART(6) PART(7) PART(8) PART(9) PART(10) PART(11) PART(12)
 #undef PART
-            default : break;
+        default: break;
+        /* clang-format on */
     }
 }
 

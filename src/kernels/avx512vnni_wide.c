@@ -133,8 +133,10 @@ INLINE void k4x16_scales(const uint8_t *a, const uint8_t *b, __m512i scv[8], __m
 #define SC(t)                                                                                                          \
     scv[t] = _mm512_shuffle_epi8(sc_lo, IDX16(SIDX, t));                                                               \
     scv[t + 4] = _mm512_shuffle_epi8(sc_hi, IDX16(SIDX, t));
+    /* clang-format off */
     SC(0)
     SC(1) SC(2) SC(3)
+    /* clang-format on */
 #undef SC
         mv[0] = _mm512_shuffle_epi8(m_lo, IDX16(MIDX, 0));
     mv[1] = _mm512_shuffle_epi8(m_lo, IDX16(MIDX, 2));
