@@ -13,7 +13,7 @@ if [ $arm -eq 1 ]; then
     pkgs=(gcc-aarch64-linux-gnu qemu-user libc6:arm64 libpcre2-dev:arm64 libmicrohttpd-dev:arm64 libcjson-dev:arm64
           libcurl4-openssl-dev:arm64)
 else
-    pkgs=(gcc make clang libclang-rt-14-dev libpcre2-dev libmicrohttpd-dev libcjson-dev libcurl4-openssl-dev pkg-config python3 python3-venv python3-pip chromium chromium-driver libopenmpi-dev openmpi-bin)
+    pkgs=(gcc make clang clang-format libclang-rt-14-dev libpcre2-dev libmicrohttpd-dev libcjson-dev libcurl4-openssl-dev pkg-config python3 python3-venv python3-pip chromium chromium-driver libopenmpi-dev openmpi-bin)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -41,6 +41,9 @@
 skip=0
 LM=$(dirname "$L")/mpi/lamina
 G=${LAMINA_CACHE:-$HOME/.cache/lamina}/gemma-3-270m-q4_k_m.gguf
+# the text the perplexity comparisons read (their first chunk; the tolerances
+# below were set on it)
+TXT=tests/data/mpi_text.txt
 skipped() { echo "SKIP $1"; skip=$((skip + 1)); }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 # Open MPI's own allocations are not lamina's to answer for under LeakSanitizer
@@ -153,22 +156,22 @@ compare() {
 compare_pp() {
     local name=$1 model=$2 ctx=$3 tol=$4 prompt=$5 forced=${6:-}
     NP=2 PAR="--pp 2"
-    compare "${name}_pp2" "$model" README.md "$ctx" 0 0 "$prompt" $forced
+    compare "${name}_pp2" "$model" "$TXT" "$ctx" 0 0 "$prompt" $forced
     NP=4 PAR="--tp 2 --pp 2"
-    compare "${name}_tp2pp2" "$model" README.md "$ctx" "$tol" 0.005 "$prompt" $forced
+    compare "${name}_tp2pp2" "$model" "$TXT" "$ctx" "$tol" 0.005 "$prompt" $forced
     NP=2 PAR="--tp 2"
 }
-compare stories "$M" README.md 128 0.02 0.005 "Once upon a time"
+compare stories "$M" "$TXT" 128 0.02 0.005 "Once upon a time"
 compare_pp stories "$M" 128 0.02 "Once upon a time"
 # four stages of one or two layers each: the pool of every stage holds the
 # blocks of the whole model's plan (the default memory budget included)
 NP=4 PAR="--pp 4"
-compare stories_pp4 "$M" README.md 128 0 0 "Once upon a time"
+compare stories_pp4 "$M" "$TXT" 128 0 0 "Once upon a time"
 NP=2 PAR="--tp 2"
 
 if "$L" mkmodel -o "$T/tl.gguf" --layers 4 --embd 2048 --heads 32 --kv-heads 4 --ff 5632 --ctx 2048 --type Q4_0 \
     --vocab-from tests/data/vocab/ggml-vocab-llama-spm.gguf -t 2 >/dev/null 2>"$T/err"; then
-    compare tinyllama_q4_0 "$T/tl.gguf" README.md 64 0.15 0.005 "The history of the world" 32000
+    compare tinyllama_q4_0 "$T/tl.gguf" "$TXT" 64 0.15 0.005 "The history of the world" 32000
     compare_pp tinyllama_q4_0 "$T/tl.gguf" 64 0.15 "The history of the world" 32000
 else
     bad mkmodel_tinyllama "$(tail -3 "$T/err")"
@@ -188,7 +191,7 @@ for arch in qwen3 gemma2 phi3 qwen3moe qwen2moe mixtral; do
     case $arch in *moe | mixtral) tol=0.15 ;; esac
     if "$L" mkmodel --preset $arch-small --type Q8_0 --vocab-from tests/data/vocab/ggml-vocab-llama-spm.gguf \
         -o "$T/$arch.gguf" -t 2 >/dev/null 2>"$T/err"; then
-        compare "${arch}_small" "$T/$arch.gguf" README.md 64 $tol 0.005 "Once upon a time" 32000
+        compare "${arch}_small" "$T/$arch.gguf" "$TXT" 64 $tol 0.005 "Once upon a time" 32000
     else
         bad "mkmodel_$arch" "$(tail -3 "$T/err")"
     fi
@@ -205,7 +208,7 @@ if "$L" mkmodel --preset deepseek2-small --type F16 --vocab-from tests/data/voca
     -o "$T/deepseek2.gguf" -t 2 >/dev/null 2>"$T/err"; then
     "$L" kv -m "$T/deepseek2.gguf" --pp 2 -c 128 >"$T/kv" 2>&1 && grep -q "0-1   ( 2)" "$T/kv" &&
         grep -q "2-3   ( 2)" "$T/kv" && grep -q ": agree" "$T/kv" && ok kv_pp_deepseek2 || bad kv_pp_deepseek2 "$(cat "$T/kv")"
-    compare deepseek2_small "$T/deepseek2.gguf" README.md 64 0.02 0.005 "Once upon a time" 32000
+    compare deepseek2_small "$T/deepseek2.gguf" "$TXT" 64 0.02 0.005 "Once upon a time" 32000
     compare_pp deepseek2_small "$T/deepseek2.gguf" 64 0.02 "Once upon a time" 32000
 else
     bad mkmodel_deepseek2 "$(tail -3 "$T/err")"
@@ -214,16 +217,16 @@ fi
 if [ -n "${LAMINA_ASAN:-}" ]; then
     skipped "gemma3 under --tp 2: not under AddressSanitizer (as e2e_gemma3.py, too slow there)"
 elif [ -f "$G" ]; then
-    compare gemma3 "$G" README.md 32 2.5 0.05 "The capital of France is"
+    compare gemma3 "$G" "$TXT" 32 2.5 0.05 "The capital of France is"
     # and under --pp 2 (sliding-window and global layers split over the two
     # stages' pools): the first chunk's logits, bit for bit ($T/l1 is the
     # single process's from the line above)
-    timeout 300 mpirun --oversubscribe -np 2 "$LM" perplexity -m "$G" -f README.md -c 32 --chunks 1 -t 1 \
+    timeout 300 mpirun --oversubscribe -np 2 "$LM" perplexity -m "$G" -f "$TXT" -c 32 --chunks 1 -t 1 \
         --logits-out "$T/l3" --pp 2 >/dev/null 2>"$T/e3"
     d=$(maxdiff "$T/l1" "$T/l3" 2>&1)
     [ "$d" == "0.0" ] && ok "gemma3_pp2_logits (max diff $d)" || bad gemma3_pp2_logits "max diff $d" "$(tail -3 "$T/e3")"
 else
-    skipped "gemma3: $G is not installed (python3 tests/e2e_gemma3.py installs it)"
+    skipped "gemma3: $G is not installed (python3 tests/testenv.py install installs it; tests/run.sh runs that first)"
 fi
 
 # 3b. memory per rank: each rank's peak RSS under --tp 2 against the single

@@ -48,7 +48,7 @@ NEAR_TIE = 0.25
 MIN_FULL = 4
 PPL_CHUNKS = 4
 PPL_TOLERANCE = 0.005
-N_CHECKS = 13
+N_CHECKS = 14
 
 def lamina(*args, stdin=None, timeout=1800):
     return subprocess.run([LAMINA, *args], input=stdin, capture_output=True, timeout=timeout)
@@ -150,7 +150,7 @@ def check_chat(model):
     import e2e_tools
     py, why = e2e_tools.client_python()
     if not py:
-        skip("smollm2 chat", "could not install the openai client (%s)" % why, 3)
+        skip("smollm2 chat", "could not install the openai client (%s)" % why, 4)
         return
     srv = e2e_tools.Server(model, "-c", "2048")
     try:
@@ -168,8 +168,24 @@ def check_chat(model):
         print("NOTE default system prompt: lamina %r, llama.cpp %r" % (res.get("default_system"), ref))
         result("chat: with the template's default system prompt the reply equals llama.cpp's",
                res.get("default_system") == ref, res)
+        check_readme_client(py, srv)
     finally:
         srv.stop("smollm2 serve")
+
+
+def check_readme_client(py, srv):
+    """README.md's OpenAI-client example, run as written (its port changed to
+    the test server's), prints what the README says it prints."""
+    text = open(os.path.join(os.path.dirname(HERE), "README.md"), encoding="utf-8").read()
+    m = re.search(r"## Use it from an OpenAI client.*?```python\n(.*?)```.*?It prints:\s*```\n(.*?)```", text, re.S)
+    if not m:
+        result("README's OpenAI-client example: found in README.md", False)
+        return
+    code = m.group(1).replace("http://127.0.0.1:8080/v1", srv.base())
+    r = subprocess.run([py, "-c", code], capture_output=True, text=True, timeout=600)
+    result("README's OpenAI-client example prints what the README shows (%r)" % r.stdout,
+           r.returncode == 0 and r.stdout == m.group(2) and "127.0.0.1:8080" in m.group(1),
+           r.stdout[-1000:] + r.stderr[-2000:])
 
 
 def check_make_chat():

@@ -3,10 +3,15 @@
 # (tests/e2e_*.sh, tests/e2e_*.py), from the repository root, and adds up
 # their "N passed, N failed" lines. Exits non-zero when anything failed.
 # LAMINA_TEST_C_ONLY=1 runs the test programs only, LAMINA_TESTS="test_a
-# test_b" only those; LAMINA_TEST_WRAP is a command the test programs run
-# under (`make test-arm`: qemu-aarch64). LAMINA_TEST_JOBS=N runs up to N
-# test programs at once (each one's report is printed in the usual order
-# once all have ended); the end-to-end scripts always run one at a time.
+# test_b" only those; LAMINA_E2E="e2e_a.sh e2e_b.py" only those end-to-end
+# scripts (and no model download; `make check`); LAMINA_TEST_WRAP is a
+# command the test programs run under (`make test-arm`: qemu-aarch64).
+# LAMINA_TEST_JOBS=N runs up to N test programs at once (each one's report
+# is printed in the usual order once all have ended); the end-to-end
+# scripts always run one at a time. Before the end-to-end scripts, the
+# models they read are installed (tests/testenv.py install), so that no
+# script skips a check for want of a model that a later one installs.
+# The last lines: each part's seconds, then "N passed, N failed".
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -18,6 +23,7 @@ export LAMINA_BIN="${LAMINA_TEST_WRAP:+$LAMINA_TEST_WRAP }$BUILD/lamina"
 exec 3>&2
 export LAMINA_INSTALL_FD=3
 passed=0 failed=0 skipped=0
+t_start=$SECONDS
 run_one() {
     local name=$1; shift
     local log
@@ -90,16 +96,31 @@ if [ -n "${LAMINA_TEST_C_ONLY:-}" ]; then
     [ "$failed" -eq 0 ]
     exit
 fi
+t_c=$SECONDS
 run_one check_layers python3 scripts/check_layers.py
+if [ -z "${LAMINA_ASAN:-}" ]; then
+    run_one check_docs env BUILD="$BUILD" python3 scripts/check_docs.py
+    run_one check_format make -s --no-print-directory check-format
+fi
+want_e2e() { [ -z "${LAMINA_E2E:-}" ] || case " $LAMINA_E2E " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+t_dl=$SECONDS
+if [ -z "${LAMINA_E2E:-}" ]; then
+    echo "== installing the models the end-to-end tests read (first run only)"
+    python3 tests/testenv.py install 2>&1 | grep -E '^(NOTE|SKIP)'
+fi
+t_e2e=$SECONDS
 for t in tests/e2e_*.sh; do
     [ -f "$t" ] || continue
+    want_e2e "$(basename "$t")" || continue
     run_one "$(basename "$t")" bash "$t"
 done
 for t in tests/e2e_*.py; do
     [ -f "$t" ] || continue
+    want_e2e "$(basename "$t")" || continue
     run_one "$(basename "$t")" python3 "$t"
 done
 echo
+echo "time: test programs $((t_c - t_start)) s, model install $((t_e2e - t_dl)) s, end-to-end $((SECONDS - t_e2e)) s"
 if [ "$skipped" -gt 0 ]; then
     echo "$passed passed, $failed failed, $skipped skipped"
 else

