@@ -1,7 +1,8 @@
 /*
  * engine.c - the continuous-batching engine (contract in engine.h): request
  * lifecycle, and acting on the scheduler's plans. Speculation's part of an
- * iteration is spec_sched.c; the objects both share are in engine_int.h.
+ * iteration is spec_sched.c, the configuration's defaults and the memory
+ * plan engine_mem.c; the objects they share are in engine_int.h.
  *
  * Objects. A request (lm_request) keeps a copy of its parameters and owns n
  * choices (eseq), each one sequence of tokens with its own KV sequence,
@@ -50,7 +51,6 @@
 #include "sched/engine_int.h"
 
 #include <math.h>
-#include <stdio.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -1214,170 +1214,6 @@ static void destroy(lm_engine *e) {
 }
 
 /* The per-iteration buffers and the scheduler, once the pool is made. */
-/* ---- configuration and the memory budget --------------------------------- */
-
-/* Defaults and bounds of a configuration, and the forward pass's dims: 0,
- * or -1 with a message (an invalid configuration). */
-static int resolve_config(const lm_model *m, lm_engine_config *c, fwd_dims *dims, char *err, size_t errlen) {
-    /* the context and the batch budget: the workspace's rows and the KV
-     * chunk come from the same dims */
-    *dims = fwd_dims_make(m, c->n_ctx, c->batch_tokens);
-    c->batch_tokens = dims->n_batch;
-    if (c->max_seqs < 1) c->max_seqs = 64;
-    if (c->max_seqs > c->batch_tokens) c->max_seqs = c->batch_tokens;
-    if (c->block_size < 1) c->block_size = KV_DEFAULT_BLOCK;
-    if (!(c->watermark >= 0 && c->watermark < 1)) return lm_err(err, errlen, "watermark must be in [0, 1)");
-    if (c->n_threads <= 0) c->n_threads = pool_default_threads();
-    if (c->spec != LM_SPEC_NONE && c->spec != LM_SPEC_NGRAM && c->spec != LM_SPEC_DRAFT)
-        return lm_err(err, errlen, "unknown speculative proposer %d", c->spec);
-    if (c->spec == LM_SPEC_DRAFT) {
-        if (!c->draft_model) return lm_err(err, errlen, "speculation by a draft model needs the draft model");
-        char verr[LM_ERRLEN];
-        if (draft_check_vocab(m, c->draft_model, verr, sizeof verr) != 0)
-            return lm_err(err, errlen, "the draft model's tokenizer does not match the target's: %s", verr);
-        if (!(c->spec_p_min >= 0 && c->spec_p_min <= 1))
-            return lm_err(err, errlen, "the draft's p_min must be in [0, 1]");
-        if (!isfinite(c->spec_cost)) return lm_err(err, errlen, "the draft's cost must be a finite number");
-    }
-    if (c->spec != LM_SPEC_NONE && c->spec_widths) {
-        spec_curve sc;
-        char cerr[LM_ERRLEN];
-        if (spec_curve_parse(c->spec_widths, &sc, cerr, sizeof cerr) != 0)
-            return lm_err(err, errlen, "the width curve '%.60s': %s", c->spec_widths, cerr);
-    }
-    if (c->spec_max <= 0) c->spec_max = 4;
-    if (c->spec_max > 64) c->spec_max = 64;
-    return 0;
-}
-
-/* alloc_buffers' large buffers: the logits rows, one log-prob row, the batch's tokens */
-static uint64_t buffer_bytes(const lm_model *m, const lm_engine_config *c) {
-    uint64_t V = (uint64_t)m->hp.n_vocab, S = (uint64_t)c->max_seqs;
-    return ((S + (uint64_t)spec_sched_cap(c) + 2) * V + V) * sizeof(float) +
-        (uint64_t)c->batch_tokens * sizeof(int32_t);
-}
-
-static const char *human(uint64_t b, char *buf, size_t n) {
-    if (b >= (1ull << 30)) snprintf(buf, n, "%.2f GiB", (double)b / (double)(1ull << 30));
-    else if (b >= (1ull << 20)) snprintf(buf, n, "%.1f MiB", (double)b / (double)(1ull << 20));
-    else snprintf(buf, n, "%.1f KiB", (double)b / 1024.0);
-    return buf;
-}
-
-/* The draft model's parts (LM_SPEC_DRAFT): its weights, its workspace
- * with the guesses' distributions the engine keeps, its pool's
- * configuration at the default size (o->dkc); *full and *one its pool's
- * plans for max_seqs sequences and for one, *dflt the default's bytes. */
-static int draft_parts(const lm_model *m, const lm_engine_config *c, const fwd_dims *dims, engine_mem *o, kv_plan *full,
-                       kv_plan *one, uint64_t *dflt, char *err, size_t errlen) {
-    const lm_model *dm = c->draft_model;
-    o->draft_weights = dm->weight_bytes + dm->packed_bytes;
-    if (draft_plan(dm, dims->n_ctx, c->batch_tokens, c->max_seqs, c->n_threads, c->draft_vocab, &o->dkc,
-                   &o->draft_workspace, err, errlen) != 0 ||
-        draft_pool_default(&o->dkc, dflt, err, errlen) != 0)
-        return -1;
-    o->draft_workspace += (uint64_t)spec_sched_cap(c) * (uint64_t)m->hp.n_vocab * sizeof(float);
-    kv_config c1 = o->dkc;
-    c1.n_seqs = 1;
-    if (kv_plan_make(&o->dkc, full, err, errlen) != KV_OK || kv_plan_make(&c1, one, err, errlen) != KV_OK) return -1;
-    o->dkc.mem_bytes = full->data_bytes > *dflt ? *dflt : 0; /* 0: the full pool */
-    return 0;
-}
-
-/* The pool's configuration and the split of the memory (resolved c). */
-static int mem_plan(const lm_model *m, const lm_engine_config *c, const fwd_dims *dims, engine_mem *o, char *err,
-                    size_t errlen) {
-    memset(o, 0, sizeof *o);
-    kv_config *kc = &o->kc;
-    fwd_kv_config(m, dims, kc);
-    kc->type = c->kv_type;
-    kc->block_size = c->block_size;
-    kc->n_seqs = c->max_seqs;
-    o->n_ctx = dims->n_ctx;
-    o->weights = m->weight_bytes;
-    o->packed = m->packed_bytes;
-    o->workspace = fwd_workspace_bytes(m, dims, c->n_threads) + buffer_bytes(m, c);
-    /* the pool without a budget: n_ctx x max_seqs positions (with
-     * sliding-window layers max_seqs windows of local blocks), at most 4 GiB.
-     * Byte sizes here are every layer's, as kv_plan_make reads mem_bytes:
-     * a pipeline stage's pool holds the same blocks for its layers only */
-    kv_config all = *kc;
-    all.layer0 = all.layer1 = 0;
-    kv_plan pl = {0};
-    if ((!c->kv_mem || c->mem) && kv_plan_make(&all, &pl, err, errlen) != KV_OK) return -1;
-    uint64_t dflt = pl.data_bytes > (4ull << 30) ? 4ull << 30 : pl.data_bytes;
-    kv_plan dfull = {0}, d1 = {0};
-    uint64_t ddflt = 0;
-    if (c->spec == LM_SPEC_DRAFT && draft_parts(m, c, dims, o, &dfull, &d1, &ddflt, err, errlen) != 0) return -1;
-    if (c->mem) {
-        char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32], b8[32];
-        o->budget = c->mem;
-        uint64_t fixed = o->weights + o->packed + o->workspace + o->draft_weights + o->draft_workspace;
-        /* one sequence of the full context, with the local windows of max_seqs */
-        kv_config one = all;
-        one.n_seqs = 1;
-        kv_plan p1;
-        if (kv_plan_make(&one, &p1, err, errlen) != KV_OK) return -1;
-        if ((c->mem < fixed || c->mem - fixed < p1.data_bytes + d1.data_bytes) && c->spec == LM_SPEC_DRAFT)
-            return lm_err(err, errlen,
-                          "memory budget %s is too small: weights %s + workspace %s + the draft model's "
-                          "weights %s and workspace %s leave %s for the KV caches, and one sequence of %d positions "
-                          "needs %s in the model's and %s in the draft's (raise --mem, lower the context or pick a "
-                          "smaller KV type)",
-                          human(c->mem, b1, sizeof b1), human(o->weights + o->packed, b2, sizeof b2),
-                          human(o->workspace, b3, sizeof b3), human(o->draft_weights, b6, sizeof b6),
-                          human(o->draft_workspace, b7, sizeof b7),
-                          human(c->mem > fixed ? c->mem - fixed : 0, b4, sizeof b4), dims->n_ctx,
-                          human(p1.data_bytes, b5, sizeof b5), human(d1.data_bytes, b8, sizeof b8));
-        if (c->mem < fixed || c->mem - fixed < p1.data_bytes)
-            return lm_err(err, errlen,
-                          "memory budget %s is too small: weights %s + workspace %s leave %s for the KV "
-                          "cache, and one sequence of %d positions needs %s (raise --mem, lower the context or "
-                          "pick a smaller KV type)",
-                          human(c->mem, b1, sizeof b1), human(o->weights + o->packed, b2, sizeof b2),
-                          human(o->workspace, b3, sizeof b3), human(c->mem > fixed ? c->mem - fixed : 0, b4, sizeof b4),
-                          dims->n_ctx, human(p1.data_bytes, b5, sizeof b5));
-        uint64_t rest = c->mem - fixed;
-        if (c->spec == LM_SPEC_DRAFT) {
-            /* the pools share the rest in proportion to their full sizes,
-             * each at least one sequence, the draft's at most its default */
-            uint64_t dshare = (uint64_t)((double)rest * (double)dfull.data_bytes /
-                                         ((double)dfull.data_bytes + (double)pl.data_bytes));
-            if (dshare > ddflt) dshare = ddflt;
-            if (dshare > rest - p1.data_bytes) dshare = rest - p1.data_bytes;
-            if (dshare < d1.data_bytes) dshare = d1.data_bytes;
-            o->dkc.mem_bytes = dshare >= dfull.data_bytes ? 0 : dshare;
-            kv_plan dp;
-            if (kv_plan_make(&o->dkc, &dp, err, errlen) != KV_OK) return -1;
-            rest -= dp.data_bytes; /* what whole blocks leave goes to the model's pool */
-        }
-        uint64_t cap = dflt > p1.data_bytes ? dflt : p1.data_bytes; /* never below the one sequence */
-        kc->mem_bytes = c->mem_cap && rest > cap ? cap : rest;
-    } else if (c->kv_mem) kc->mem_bytes = c->kv_mem;
-    else kc->mem_bytes = dflt < pl.data_bytes ? dflt : 0;
-    if (kv_plan_make(kc, &o->plan, err, errlen) != KV_OK) return -1;
-    o->kv = o->plan.data_bytes;
-    o->kv_tokens = o->plan.n_tokens;
-    int64_t per_seq = (dims->n_ctx + c->block_size - 1) / c->block_size;
-    o->kv_seqs = o->plan.cls[KV_GLOBAL].n_blocks / per_seq;
-    if (o->plan.local_blocks_per_seq > 0 && o->plan.cls[KV_LOCAL].n_blocks / o->plan.local_blocks_per_seq < o->kv_seqs)
-        o->kv_seqs = o->plan.cls[KV_LOCAL].n_blocks / o->plan.local_blocks_per_seq;
-    if (c->spec == LM_SPEC_DRAFT) {
-        kv_plan dp;
-        if (kv_plan_make(&o->dkc, &dp, err, errlen) != KV_OK) return -1;
-        o->draft_kv = dp.data_bytes;
-        o->draft_kv_tokens = dp.n_tokens;
-    }
-    return 0;
-}
-
-int engine_mem_plan(const lm_model *m, const lm_engine_config *cin, engine_mem *out, char *err, size_t errlen) {
-    lm_engine_config c = *cin;
-    fwd_dims dims;
-    if (resolve_config(m, &c, &dims, err, errlen)) return -1;
-    return mem_plan(m, &c, &dims, out, err, errlen);
-}
-
 static int alloc_buffers(lm_engine *e, char *err, size_t errlen) {
     const lm_engine_config *c = &e->cfg;
     size_t V = (size_t)e->m->hp.n_vocab, S = (size_t)c->max_seqs;
@@ -1425,9 +1261,9 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
     if (!tok) tok = m->tok;
     if (!tok) return lm_err(err, errlen, "the model has no tokenizer"), NULL;
     fwd_dims dims;
-    if (resolve_config(m, &c, &dims, err, errlen)) return NULL;
+    if (engine_resolve_config(m, &c, &dims, err, errlen)) return NULL;
     engine_mem mem;
-    if (mem_plan(m, &c, &dims, &mem, err, errlen)) return NULL;
+    if (engine_mem_split(m, &c, &dims, &mem, err, errlen)) return NULL;
     *status = LM_ERR_NOMEM;
     lm_engine *e = lm_calloc(1, sizeof *e);
     if (!e) return lm_err(err, errlen, "out of memory"), NULL;
@@ -1443,7 +1279,7 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
     pthread_cond_init(&e->wake, NULL);
     pthread_cond_init(&e->idle_cv, NULL);
 
-    /* the pool mem_plan sized (the budget's rest, kv_mem, or n_ctx x
+    /* the pool engine_mem_split sized (the budget's rest, kv_mem, or n_ctx x
      * max_seqs positions capped at 4 GiB) */
     kv_config kc = mem.kc;
     if (!(e->kv = kv_pool_new(&kc, err, errlen))) goto fail;
@@ -1462,7 +1298,7 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
     e->stats.mem_budget = mem.budget;
     e->stats.mem_weights = mem.weights;
     e->stats.mem_packed = mem.packed;
-    e->stats.mem_workspace = e->fwd->ws_bytes + buffer_bytes(m, &c); /* measured: what fwd_new allocated */
+    e->stats.mem_workspace = e->fwd->ws_bytes + engine_buffer_bytes(m, &c); /* measured: what fwd_new allocated */
     e->stats.mem_kv = plan->data_bytes;
     e->stats.kv_max_tokens = plan->n_tokens;
     e->stats.kv_max_seqs = mem.kv_seqs;

@@ -1,6 +1,7 @@
 /*
  * engine_int.h - the engine's own objects, shared by the files that make up
- * the engine (engine.c: requests, the iteration, lifetime; spec_sched.c:
+ * the engine (engine.c: requests, the iteration, lifetime; engine_mem.c:
+ * the configuration's defaults and the memory plan; spec_sched.c:
  * speculation's part of an iteration and its calibration). Nothing outside
  * src/sched/engine*.c and spec_sched.c includes it; everyone else sees
  * the opaque handles of engine.h.
@@ -175,6 +176,19 @@ void engine_finish_choice(lm_engine *e, eseq *c, lm_finish why, lm_status status
  * proposed token this row verifies, q its distribution (sampling) or NULL.
  * The token taken, or -1 when the choice ended without one. */
 int32_t engine_take_token(lm_engine *e, eseq *c, float *row, int32_t draft, const float *q);
+
+/* ---- engine_mem.c: the configuration and the memory plan ---------------- */
+
+/* Defaults and bounds of configuration c (resolved in place), and the
+ * forward pass's dims: 0, or -1 with a message (an invalid configuration). */
+int engine_resolve_config(const lm_model *m, lm_engine_config *c, fwd_dims *dims, char *err, size_t errlen);
+/* The split of the memory for resolved configuration c (engine_mem_plan
+ * after engine_resolve_config): 0, or -1 with a message. */
+int engine_mem_split(const lm_model *m, const lm_engine_config *c, const fwd_dims *dims, engine_mem *o, char *err,
+                     size_t errlen);
+/* The engine's own large buffers under resolved c: the logits rows, one
+ * log-probability row, the batch's tokens (a part of the workspace). */
+uint64_t engine_buffer_bytes(const lm_model *m, const lm_engine_config *c);
 
 /* ---- spec_sched.c: speculation's part of the engine --------------------- */
 
