@@ -297,7 +297,6 @@ int main(void) {
         return TEST_DONE();
     }
     lm_rng_seed(&rng, 20261202);
-    unsetenv("LAMINA_AVX2_KBLOCK"); /* the default avx2 table (test_table) */
     for (cur = 0; cur < N_VARIANTS; cur++) {
         if (!kernels_cpu_has(variants[cur].isa) || !avx512_gemm_kernels(LM_TYPE_F16, false)) {
             printf("NOT RUN %s: this CPU (or OS, or this build) does not run it\n", variants[cur].name);

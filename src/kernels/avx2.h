@@ -16,8 +16,7 @@
  * (kernels/avx2_packed.c), avx2_packed_gemm_<t> against block_q8_0s
  * activations from avx2_packed_act; for Q4_K weights likewise
  * avx2_packed_gemm_q4_K against Q8_K activations; for F16 weights in the panel layout
- * (kernels/avx2_panel.c), avx2_packed_gemm_f16 against F32 activations, and
- * for many tokens the k-blocked avx2_panel_widen_cols + avx2_gemm_panel_kblock.
+ * (kernels/avx2_panel.c), avx2_packed_gemm_f16 against F32 activations.
  *
  * Contracts:
  *  - vec_dot has the signature of lm_vec_dot_fn: one weight row of n elements
@@ -89,13 +88,6 @@ typedef struct {
     int gemm_cols;                 /* activation rows per gemm call it is fastest
                                       with; 0: LM_GEMM_TILE */
     int pack_tile;                 /* most activation rows per packed_gemm call */
-    /* F16 panels by many tokens in k-blocks (kernels.h: panel_widen,
-     * panel2; model/ops.c panel_chunk), bit-identical to packed_gemm; or
-     * NULL. The table takes them only with LAMINA_AVX2_KBLOCK set
-     * (kernels/dispatch.c). */
-    void (*panel_widen)(const void *wp, int64_t k0, int64_t k1, float *wf);
-    void (*panel2)(int64_t n, int64_t k0, int64_t k1, const float *wf, int nr0, int nr1, const void *x, size_t x_stride,
-                   int nc, float *st, float *y, size_t y_stride);
 } lm_avx2_kernels;
 
 /* The kernels for a type, or NULL when there are none (or not x86-64). */
@@ -152,19 +144,6 @@ void avx2_packed_gemm_q4_K(int64_t n, const void *wp, int nr, const void *x, siz
 void avx2_packed_gemm_f16(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc, float *y,
                           size_t y_stride);
 void avx2_packed_act(const float *src, void *dst, int64_t n);
-/* Columns [k0, k1) of the F16 panel group at wp widened to floats: wf
- * holds (k1 - k0, 16) floats, element k's 16 rows at wf + 16 (k - k0). */
-void avx2_panel_widen_cols(const void *wp, int64_t k0, int64_t k1, float *wf);
-/* Rows [0, nr0) and [16, 16 + nr1) of y (nr1 = 0: one group) by nc <= 6
- * tokens over elements [k0, k1) of an n-element product, on the two
- * groups' columns widened by avx2_panel_widen_cols (group g's at wf +
- * 16 g (k1 - k0)). Each segment's chains (quant.h: four per row) are
- * carried between calls in st (48 floats per token and group: token c,
- * group g at st + 96 c + 48 g); called for consecutive blocks covering
- * [0, n) with the same st, the last stores exactly avx2_packed_gemm_f16's
- * bits (quant_panel_dot_ref), however [0, n) is cut. */
-void avx2_gemm_panel_kblock(int64_t n, int64_t k0, int64_t k1, const float *wf, int nr0, int nr1, const void *x,
-                            size_t x_stride, int nc, float *st, float *y, size_t y_stride);
 
 void avx2_to_float_f16(const void *src, float *dst, int64_t n);
 void avx2_to_float_q8_0(const void *src, float *dst, int64_t n);

@@ -12,11 +12,8 @@
  * saved register state, cpu.c), or scalar when LAMINA_NO_SIMD is set to
  * anything but "" or "0". LAMINA_CPU names a variant to use instead, capped
  * at the best one the CPU runs down its line (isa_below). LAMINA_NO_REPACK
- * (same rule as LAMINA_NO_SIMD) drops the interleaved-weight kernels;
- * LAMINA_AVX2_KBLOCK (same rule) lays the 256-bit k-blocked F16 tiles
- * (kernels/avx2.h, panel_widen and panel2) into the avx2 and avxvnni
- * tables, which otherwise run F16 prefill on the panel tile alone. All
- * four are read when the table is filled.
+ * (same rule as LAMINA_NO_SIMD) drops the interleaved-weight kernels. All
+ * three are read when the table is filled.
  *
  * The x86 variants: avx2 (kernels/avx2_*.c), and avxvnni, avx512 and
  * avx512vnni (the same sources built again with their flags, kernels/x86.h),
@@ -117,11 +114,6 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
                     e->packed_gemm = a->packed_gemm;
                     e->packed_act = a->packed_act;
                     e->pack_tile = a->pack_tile;
-                    /* the 256-bit k-blocked F16 tiles: only when asked for
-                 * (LAMINA_AVX2_KBLOCK; not measured faster on the Xeon) */
-                    const bool kb = a->panel_widen && a->panel2 && env_set("LAMINA_AVX2_KBLOCK");
-                    e->panel_widen = kb ? a->panel_widen : NULL;
-                    e->panel2 = kb ? a->panel2 : NULL;
                 }
                 /* the avx512 variants' 512-bit prefill tiles (kernels/avx512_gemm.h) */
                 const lm_avx2_kernels *z = isa >= LM_ISA_AVX512 ? avx512_gemm_kernels(t, isa != LM_ISA_AVX512) : NULL;

@@ -33,8 +33,6 @@
  *                       unknown name is ignored (kernels_cap_note says so
  *                       too). LAMINA_NO_SIMD wins.
  *   LAMINA_NO_REPACK=1  no interleaved-weight kernels (row-major ones only)
- *   LAMINA_AVX2_KBLOCK=1  the k-blocked F16 tiles in the avx2 and avxvnni
- *                       tables (kernels/avx2_panel.c, dispatch.c)
  *
  * What varies between variants, and what does not:
  *   - to_float and from_float give the reference's bits in every variant,
