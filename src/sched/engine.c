@@ -1,8 +1,9 @@
 /*
  * engine.c - the continuous-batching engine (contract in engine.h): request
  * lifecycle, and acting on the scheduler's plans. Speculation's part of an
- * iteration is spec_sched.c, the configuration's defaults and the memory
- * plan engine_mem.c; the objects they share are in engine_int.h.
+ * iteration is spec_sched.c, grammars engine_grammar.c, the
+ * configuration's defaults and the memory plan engine_mem.c; the objects
+ * they share are in engine_int.h.
  *
  * Objects. A request (lm_request) keeps a copy of its parameters and owns n
  * choices (eseq), each one sequence of tokens with its own KV sequence,
@@ -34,12 +35,9 @@
  * admits becomes the choice's KV and the others are freed before anything
  * else happens, so the pool the plan counted on is the pool acted on.
  *
- * Grammars. A choice's lm_gmatch advances with every token it takes
- * (grammar_advance) and is not tied to the KV. Submitters compile grammars,
- * probe new ones against the matcher's bounds (gmatch_probe) and build the
- * per-vocabulary tables under gv_mu; masks and steps run on the engine
- * thread only. A grammar a step found past the bounds is refused at
- * submission from then on (gmatch_spoiled).
+ * Grammars. A choice's lm_gmatch advances with every token it takes and is
+ * not tied to the KV; the grammar cache, the masking of a choice's logits
+ * and the grammar's step are engine_grammar.c.
  *
  * Threads. Submitters only touch the inbox (under mu) and a request's cancel
  * flag (atomic). Everything else - scheduler, KV bookkeeping, samplers -
@@ -203,98 +201,6 @@ void engine_finish_choice(lm_engine *e, eseq *c, lm_finish why, lm_status status
     if (--r->n_live == 0) engine_request_unref(r);
 }
 
-/* ---- constrained decoding ---------------------------------------------- */
-
-/* Choice c's next token under its grammar: the tokens the grammar refuses
- * are set to -INFINITY before the sampler runs (as a banned logit bias, so
- * before penalties, top-k/p, min-p and temperature). Greedy shortcut: the
- * unconstrained argmax, when the grammar allows it, is the constrained one
- * (the sampler's order and tie-break are the same over fewer candidates).
- * When the mask allows few tokens the sampler runs over their list alone
- * (sampler_sample_sparse: the same token as over the masked row); greedy
- * goes there directly when the state's mask is cached. draft >= 0: verify
- * that proposed token against the masked row (sampler_sample_spec; greedy
- * takes its argmax as always and the caller compares). -1: every allowed
- * token is banned; -2: the choice was finished here. */
-static int32_t grammar_pick(lm_engine *e, eseq *c, float *row, int32_t draft, const float *q) {
-    int32_t V = e->m->hp.n_vocab;
-    if (sampler_greedy(c->smp) && !gmatch_mask_cached(c->gm)) { /* (a cached mask is cheaper) */
-        memcpy(e->gwork, row, (size_t)V * sizeof *row);
-        int32_t t = sampler_sample(c->smp, e->gwork);
-        if (t >= 0 && gmatch_allows(c->gm, t)) return t;
-    }
-    int32_t n = gmatch_mask(c->gm, e->gmask);
-    if (n <= 0) {
-        const char *why = gmatch_error(c->gm);
-        lm_status st = !why ? LM_ERR_INTERNAL : gmatch_spoiled(c->gm) ? LM_ERR_INVALID : LM_ERR_NOMEM;
-        engine_finish_choice(e, c, LM_FINISH_ERROR, st, why ? why : "internal: no token continues the grammar");
-        return -2;
-    }
-    int32_t n_ids, t;
-    const int32_t *ids = gmatch_mask_ids(c->gm, &n_ids);
-    while (n_ids > 0 && ids[n_ids - 1] >= V) n_ids--; /* tokens without a logit */
-    if (draft >= 0 && !sampler_greedy(c->smp)) {      /* a proposal to verify: over the masked row */
-        grammar_mask_apply(e->gmask, grammar_vocab_size(e->gvocab), row, V);
-        bool acc;
-        t = sampler_sample_spec(c->smp, row, draft, q, &acc);
-    } else if (ids) { /* few allowed: sample over them alone (the same token as over the masked row) */
-        t = sampler_sample_sparse(c->smp, row, ids, n_ids, e->gwork);
-    } else {
-        grammar_mask_apply(e->gmask, grammar_vocab_size(e->gvocab), row, V);
-        t = sampler_sample(c->smp, row);
-    }
-    if (t < 0) {
-        engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_INVALID,
-                             "every token the grammar allows is banned (logit_bias)");
-        return -2;
-    }
-    return t;
-}
-
-/* After token t: advance the grammar, or (a lazy one) look for a trigger
- * in the output's last bytes and start the grammar at its first byte. 0,
- * or -1 when the choice was finished here. */
-static int grammar_advance(lm_engine *e, eseq *c, int32_t t) {
-    if (c->gm_on) {
-        if (tok_is_eog(e->tok, t) || gmatch_accept(c->gm, t) == 0) return 0;
-        const char *why = gmatch_error(c->gm);
-        engine_finish_choice(e, c, LM_FINISH_ERROR, why ? LM_ERR_INVALID : LM_ERR_INTERNAL,
-                             why ? why : "internal: the grammar refused the token it allowed");
-        return -1;
-    }
-    const stop_set *tr = &c->req->triggers;
-    int w = tok_token_bytes(e->tok, t, false, c->lz + c->n_lz, c->lz_cap - c->n_lz);
-    if (w < 0) w = 0;
-    if (w > c->lz_cap - c->n_lz) w = c->lz_cap - c->n_lz;
-    c->n_lz += w;
-    int first = -1;
-    for (int i = 0; i < tr->n; i++) {
-        size_t n = strlen(tr->s[i]);
-        for (int k = 0; k + (int)n <= c->n_lz; k++)
-            if (memcmp(c->lz + k, tr->s[i], n) == 0) {
-                if (first < 0 || k < first) first = k;
-                break;
-            }
-    }
-    if (first >= 0) {
-        c->gm_on = true;
-        if (gmatch_accept_bytes(c->gm, c->lz + first, (size_t)(c->n_lz - first)) < 0) {
-            const char *why = gmatch_error(c->gm);
-            engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_INVALID,
-                                 why ? why : "the text from the grammar's trigger on does not match the grammar");
-            return -1;
-        }
-        return 0;
-    }
-    /* keep what could still begin a trigger */
-    int keep = tr->max_len - 1;
-    if (c->n_lz > keep) {
-        memmove(c->lz, c->lz + c->n_lz - keep, (size_t)keep);
-        c->n_lz = keep;
-    }
-    return 0;
-}
-
 /* Sample choice c's next token from its logits row (modified), emit it, and
  * finish the choice if it ended. draft >= 0: a proposed token this row
  * verifies (the token taken is then the draft when accepted, else the
@@ -313,22 +219,22 @@ int32_t engine_take_token(lm_engine *e, eseq *c, float *row, int32_t draft, cons
     }
     bool acc;
     double t_s = e->prof_on ? lm_now() : 0;
-    /* the token drawn ahead, taken before grammar_pick can finish (and free) c */
+    /* the token drawn ahead, taken before engine_grammar_pick can finish (and free) c */
     int32_t pre = c->pre != PRE_NONE && c->pre_iter == e->iter ? c->pre : PRE_NONE;
     c->pre = PRE_NONE;
     int32_t t = pre != PRE_NONE ? pre
-        : c->gm_on              ? grammar_pick(e, c, row, draft, q)
+        : c->gm_on              ? engine_grammar_pick(e, c, row, draft, q)
         : draft >= 0            ? sampler_sample_spec(c->smp, row, draft, q, &acc)
                                 : sampler_sample(c->smp, row);
     if (e->prof_on) e->prof.sample += lm_now() - t_s;
-    if (t == -2) return -1; /* grammar_pick finished the choice */
+    if (t == -2) return -1; /* engine_grammar_pick finished the choice */
     if (t < 0) {
         engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_INVALID, "every token is banned (logit_bias)");
         return -1;
     }
     if (draft >= 0) c->stats.spec_accepted += t == draft; /* before anything can end the choice */
     sampler_accept(c->smp, t);
-    if (c->gm && grammar_advance(e, c, t) < 0) return -1;
+    if (c->gm && engine_grammar_advance(e, c, t) < 0) return -1;
     double now = lm_now();
     if (c->n_gen == 0) c->stats.ttft = now - c->stats.t_submit;
     c->tokens[c->n_tokens++] = t;
@@ -454,96 +360,6 @@ static lm_status check_pool(const lm_engine *e, const lm_request_params *p, int6
     return LM_OK;
 }
 
-/* The per-vocabulary grammar tables and buffers, built by the first request
- * with a grammar. 0, or -1 when out of memory. */
-static int grammar_tables(lm_engine *e) {
-    int rc = 0;
-    pthread_mutex_lock(&e->gv_mu);
-    if (!e->gvocab) {
-        int32_t V = e->m->hp.n_vocab;
-        lm_gvocab *gv = grammar_vocab_new(e->tok, NULL, 0);
-        int32_t n = gv ? (grammar_vocab_size(gv) > V ? grammar_vocab_size(gv) : V) : 0;
-        e->gwork = lm_malloc((size_t)V * sizeof *e->gwork);
-        e->gmask = lm_malloc((size_t)(n + 31) / 32 * sizeof *e->gmask);
-        if (gv && e->gwork && e->gmask) e->gvocab = gv;
-        else {
-            grammar_vocab_free(gv);
-            lm_free(e->gwork);
-            lm_free(e->gmask);
-            e->gwork = NULL, e->gmask = NULL;
-            rc = -1;
-        }
-    }
-    pthread_mutex_unlock(&e->gv_mu);
-    return rc;
-}
-
-/* The request's grammar: the engine's compiled copy of the same text and
- * root if it keeps one, else compiled now (and kept while there is room).
- * *proto is its start state; *own the grammar when the request owns it
- * (with *proto). LM_ERR_INVALID for a bad grammar, LM_ERR_NOMEM. */
-static lm_status grammar_get(lm_engine *e, const lm_request_params *p, lm_gmatch **proto, lm_grammar **own, char *err,
-                             size_t errlen) {
-    size_t len = p->grammar_len ? p->grammar_len : strlen(p->grammar);
-    const char *root = p->grammar_root ? p->grammar_root : "root";
-    if (grammar_tables(e) != 0)
-        return lm_err(err, errlen, "out of memory building the grammar's vocabulary tables"), LM_ERR_NOMEM;
-    lm_status rc = LM_OK;
-    pthread_mutex_lock(&e->gv_mu);
-    for (int i = 0; i < e->n_gtab; i++) {
-        gentry *t = &e->gtab[i];
-        if (t->len == len && !memcmp(t->text, p->grammar, len) && !strcmp(t->root, root)) {
-            if (gmatch_spoiled(t->proto)) { /* an earlier request passed the matcher's bounds */
-                rc = LM_ERR_INVALID;
-                lm_err(err, errlen, "grammar: %s", gmatch_spoiled(t->proto));
-                goto done;
-            }
-            *proto = t->proto;
-            goto done;
-        }
-    }
-    char gerr[LM_ERRLEN];
-    lm_grammar *g = grammar_parse(p->grammar, len, root, gerr, sizeof gerr);
-    if (!g) {
-        rc = LM_ERR_INVALID;
-        lm_err(err, errlen, "grammar: %s", gerr);
-        goto done;
-    }
-    lm_gmatch *m = gmatch_new(g, e->gvocab, gerr, sizeof gerr);
-    if (!m || gmatch_probe(m, gerr, sizeof gerr) < 0) { /* a grammar past the matcher's bounds is refused here */
-        rc = m || !strstr(gerr, "out of memory") ? LM_ERR_INVALID : LM_ERR_NOMEM;
-        gmatch_free(m);
-        grammar_free(g);
-        lm_err(err, errlen, "grammar: %s", gerr);
-        goto done;
-    }
-    gentry t = {lm_strndup(p->grammar, len), len, lm_strndup(root, strlen(root)), g, m};
-    if (e->n_gtab < MAX_GRAMMARS && t.text && t.root) {
-        e->gtab[e->n_gtab++] = t;
-    } else {
-        lm_free(t.text);
-        lm_free(t.root);
-        *own = g;
-    }
-    *proto = m;
-done:
-    pthread_mutex_unlock(&e->gv_mu);
-    return rc;
-}
-
-/* Choice c's grammar state: a copy of the request's start state. 0, or -1
- * when out of memory. */
-static int choice_grammar(lm_engine *e, lm_request *r, eseq *c) {
-    c->gm = gmatch_copy(r->gproto);
-    if (!c->gm) return -1;
-    c->gm_on = r->triggers.n == 0;
-    if (!c->gm_on) {
-        c->lz_cap = r->triggers.max_len - 1 + e->piece_cap;
-        if (!(c->lz = lm_malloc((size_t)c->lz_cap))) return -1;
-    }
-    return 0;
-}
-
 /* A new request with its choices, or NULL when out of memory. proto: its
  * grammar's start state or NULL; own: its grammar when not the engine's
  * (taken over with proto, even on failure). */
@@ -596,7 +412,7 @@ static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max
         if (p->penalize_prompt)
             for (int k = 0; k < p->n_prompt; k++) sampler_accept(c->smp, p->prompt[k]);
         detok_init(&c->dt, e->tok, false, false);
-        if (g && choice_grammar(e, r, c) != 0) {
+        if (g && engine_grammar_choice(e, r, c) != 0) {
             ok = false;
             break;
         }
@@ -655,7 +471,7 @@ static lm_status submit_tokens(lm_engine *e, const lm_request_params *p, lm_requ
     if ((rc = check_pool(e, p, positions, err, errlen)) != LM_OK) return rc;
     lm_gmatch *proto = NULL;
     lm_grammar *own = NULL;
-    if (p->grammar && (rc = grammar_get(e, p, &proto, &own, err, errlen)) != LM_OK) return rc;
+    if (p->grammar && (rc = engine_grammar_get(e, p, &proto, &own, err, errlen)) != LM_OK) return rc;
     lm_request *r = request_new(e, p, max_tokens, out != NULL, proto, own);
     if (!r) return lm_err(err, errlen, "out of memory"), LM_ERR_NOMEM;
     pthread_mutex_lock(&e->mu);
@@ -1197,15 +1013,7 @@ static void destroy(lm_engine *e) {
     lm_free(e->lp);
     lm_free(e->piece);
     lm_free(e->emit);
-    for (int i = 0; i < e->n_gtab; i++) {
-        gmatch_free(e->gtab[i].proto);
-        grammar_free(e->gtab[i].g);
-        lm_free(e->gtab[i].text);
-        lm_free(e->gtab[i].root);
-    }
-    grammar_vocab_free(e->gvocab);
-    lm_free(e->gwork);
-    lm_free(e->gmask);
+    engine_grammar_free(e);
     pthread_mutex_destroy(&e->gv_mu);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->wake);

@@ -1,7 +1,8 @@
 /*
  * engine_int.h - the engine's own objects, shared by the files that make up
- * the engine (engine.c: requests, the iteration, lifetime; engine_mem.c:
- * the configuration's defaults and the memory plan; spec_sched.c:
+ * the engine (engine.c: requests, the iteration, lifetime; engine_grammar.c:
+ * the grammar cache and masking; engine_mem.c: the configuration's
+ * defaults and the memory plan; spec_sched.c:
  * speculation's part of an iteration and its calibration). Nothing outside
  * src/sched/engine*.c and spec_sched.c includes it; everyone else sees
  * the opaque handles of engine.h.
@@ -176,6 +177,29 @@ void engine_finish_choice(lm_engine *e, eseq *c, lm_finish why, lm_status status
  * proposed token this row verifies, q its distribution (sampling) or NULL.
  * The token taken, or -1 when the choice ended without one. */
 int32_t engine_take_token(lm_engine *e, eseq *c, float *row, int32_t draft, const float *q);
+
+/* ---- engine_grammar.c: constrained decoding ----------------------------- */
+
+/* Any thread: request p's grammar, the cache's compiled copy of the same
+ * text and root, else compiled now (and kept while there is room); builds
+ * the per-vocabulary tables on first use. *proto is its start state, *own
+ * the grammar when the request owns it (with *proto). LM_OK,
+ * LM_ERR_INVALID for a bad grammar or one past the matcher's bounds,
+ * LM_ERR_NOMEM. */
+lm_status engine_grammar_get(lm_engine *e, const lm_request_params *p, lm_gmatch **proto, lm_grammar **own, char *err,
+                             size_t errlen);
+/* Choice c's grammar state, a copy of r's start state, and a lazy grammar's
+ * look-behind buffer. 0, or -1 when out of memory. */
+int engine_grammar_choice(lm_engine *e, lm_request *r, eseq *c);
+/* Choice c's next token from its logits row (modified) under its grammar's
+ * mask; draft >= 0: a proposed token the row verifies, q its distribution
+ * or NULL. The token, or -2 when the choice was finished here. */
+int32_t engine_grammar_pick(lm_engine *e, eseq *c, float *row, int32_t draft, const float *q);
+/* After token t: the grammar's step, or a lazy grammar's search for its
+ * triggers. 0, or -1 when the choice was finished here. */
+int engine_grammar_advance(lm_engine *e, eseq *c, int32_t t);
+/* Free the cache and the tables (engine destruction). */
+void engine_grammar_free(lm_engine *e);
 
 /* ---- engine_mem.c: the configuration and the memory plan ---------------- */
 

@@ -1,0 +1,240 @@
+/*
+ * engine_grammar.c - the engine's constrained decoding (contract in
+ * engine.h: a request's GBNF grammar, lazy with trigger strings): the cache
+ * of compiled grammars with the per-vocabulary tables, under gv_mu, and the
+ * masking of a choice's logits and the grammar's step after each token.
+ *
+ * Threads. Submitters build the per-vocabulary tables (grammar_tables: the
+ * vocabulary's byte trie and the two buffers the masking uses), compile a
+ * grammar or find it in the cache, and probe a new one against the
+ * matcher's bounds (gmatch_probe), all under gv_mu (engine_grammar_get);
+ * request_new copies the start state into each choice
+ * (engine_grammar_choice). Masks and steps (engine_grammar_pick,
+ * engine_grammar_advance) run on the engine thread only, as does
+ * engine_grammar_free when the engine is destroyed.
+ *
+ * Invariants. The tables are built once and never change; cache entries
+ * are added, never replaced or removed before engine_grammar_free, so a
+ * request holding an entry's start state (r->grammar NULL) may use it for
+ * its whole life; a request owns its grammar and start state only when the
+ * cache was full. A grammar a step found past the matcher's bounds is
+ * refused at submission from then on (gmatch_spoiled). A choice's parse
+ * state depends only on the tokens it took, so forks, preemption and
+ * batching leave the output unchanged. The mask bans tokens before the
+ * sampler runs, as a logit bias would; the greedy and sparse shortcuts
+ * take the same token as the masked row.
+ *
+ * Bounds. At most MAX_GRAMMARS compiled grammars are kept (engine_int.h);
+ * gwork holds n_vocab floats, gmask (max(n_vocab, the trie's size) + 31) / 32
+ * words. A lazy grammar's look-behind (lz) holds the longest trigger less
+ * one byte plus one token's text (piece_cap).
+ */
+#include "sched/engine.h"
+#include "sched/engine_int.h"
+
+#include <pthread.h>
+#include <string.h>
+
+#include "base/util.h"
+#include "decode/grammar.h"
+#include "decode/sample.h"
+#include "sched/stop.h"
+#include "text/tokenizer.h"
+
+/* ---- the grammar cache (submitters, under gv_mu) ------------------------- */
+
+/* The per-vocabulary grammar tables and buffers, built by the first request
+ * with a grammar. 0, or -1 when out of memory. */
+static int grammar_tables(lm_engine *e) {
+    int rc = 0;
+    pthread_mutex_lock(&e->gv_mu);
+    if (!e->gvocab) {
+        int32_t V = e->m->hp.n_vocab;
+        lm_gvocab *gv = grammar_vocab_new(e->tok, NULL, 0);
+        int32_t n = gv ? (grammar_vocab_size(gv) > V ? grammar_vocab_size(gv) : V) : 0;
+        e->gwork = lm_malloc((size_t)V * sizeof *e->gwork);
+        e->gmask = lm_malloc((size_t)(n + 31) / 32 * sizeof *e->gmask);
+        if (gv && e->gwork && e->gmask) e->gvocab = gv;
+        else {
+            grammar_vocab_free(gv);
+            lm_free(e->gwork);
+            lm_free(e->gmask);
+            e->gwork = NULL, e->gmask = NULL;
+            rc = -1;
+        }
+    }
+    pthread_mutex_unlock(&e->gv_mu);
+    return rc;
+}
+
+/* The request's grammar: the engine's compiled copy of the same text and
+ * root if it keeps one, else compiled now (and kept while there is room).
+ * *proto is its start state; *own the grammar when the request owns it
+ * (with *proto). LM_ERR_INVALID for a bad grammar, LM_ERR_NOMEM. */
+lm_status engine_grammar_get(lm_engine *e, const lm_request_params *p, lm_gmatch **proto, lm_grammar **own, char *err,
+                             size_t errlen) {
+    size_t len = p->grammar_len ? p->grammar_len : strlen(p->grammar);
+    const char *root = p->grammar_root ? p->grammar_root : "root";
+    if (grammar_tables(e) != 0)
+        return lm_err(err, errlen, "out of memory building the grammar's vocabulary tables"), LM_ERR_NOMEM;
+    lm_status rc = LM_OK;
+    pthread_mutex_lock(&e->gv_mu);
+    for (int i = 0; i < e->n_gtab; i++) {
+        gentry *t = &e->gtab[i];
+        if (t->len == len && !memcmp(t->text, p->grammar, len) && !strcmp(t->root, root)) {
+            if (gmatch_spoiled(t->proto)) { /* an earlier request passed the matcher's bounds */
+                rc = LM_ERR_INVALID;
+                lm_err(err, errlen, "grammar: %s", gmatch_spoiled(t->proto));
+                goto done;
+            }
+            *proto = t->proto;
+            goto done;
+        }
+    }
+    char gerr[LM_ERRLEN];
+    lm_grammar *g = grammar_parse(p->grammar, len, root, gerr, sizeof gerr);
+    if (!g) {
+        rc = LM_ERR_INVALID;
+        lm_err(err, errlen, "grammar: %s", gerr);
+        goto done;
+    }
+    lm_gmatch *m = gmatch_new(g, e->gvocab, gerr, sizeof gerr);
+    if (!m || gmatch_probe(m, gerr, sizeof gerr) < 0) { /* a grammar past the matcher's bounds is refused here */
+        rc = m || !strstr(gerr, "out of memory") ? LM_ERR_INVALID : LM_ERR_NOMEM;
+        gmatch_free(m);
+        grammar_free(g);
+        lm_err(err, errlen, "grammar: %s", gerr);
+        goto done;
+    }
+    gentry t = {lm_strndup(p->grammar, len), len, lm_strndup(root, strlen(root)), g, m};
+    if (e->n_gtab < MAX_GRAMMARS && t.text && t.root) {
+        e->gtab[e->n_gtab++] = t;
+    } else {
+        lm_free(t.text);
+        lm_free(t.root);
+        *own = g;
+    }
+    *proto = m;
+done:
+    pthread_mutex_unlock(&e->gv_mu);
+    return rc;
+}
+
+/* Choice c's grammar state: a copy of the request's start state. 0, or -1
+ * when out of memory. */
+int engine_grammar_choice(lm_engine *e, lm_request *r, eseq *c) {
+    c->gm = gmatch_copy(r->gproto);
+    if (!c->gm) return -1;
+    c->gm_on = r->triggers.n == 0;
+    if (!c->gm_on) {
+        c->lz_cap = r->triggers.max_len - 1 + e->piece_cap;
+        if (!(c->lz = lm_malloc((size_t)c->lz_cap))) return -1;
+    }
+    return 0;
+}
+
+/* ---- masking and stepping (the engine thread) -------------------------- */
+
+/* Choice c's next token under its grammar: the tokens the grammar refuses
+ * are set to -INFINITY before the sampler runs (as a banned logit bias, so
+ * before penalties, top-k/p, min-p and temperature). Greedy shortcut: the
+ * unconstrained argmax, when the grammar allows it, is the constrained one
+ * (the sampler's order and tie-break are the same over fewer candidates).
+ * When the mask allows few tokens the sampler runs over their list alone
+ * (sampler_sample_sparse: the same token as over the masked row); greedy
+ * goes there directly when the state's mask is cached. draft >= 0: verify
+ * that proposed token against the masked row (sampler_sample_spec; greedy
+ * takes its argmax as always and the caller compares). The token, or -2
+ * when the choice was finished here (no token continues the grammar, or
+ * every token it allows is banned). */
+int32_t engine_grammar_pick(lm_engine *e, eseq *c, float *row, int32_t draft, const float *q) {
+    int32_t V = e->m->hp.n_vocab;
+    if (sampler_greedy(c->smp) && !gmatch_mask_cached(c->gm)) { /* (a cached mask is cheaper) */
+        memcpy(e->gwork, row, (size_t)V * sizeof *row);
+        int32_t t = sampler_sample(c->smp, e->gwork);
+        if (t >= 0 && gmatch_allows(c->gm, t)) return t;
+    }
+    int32_t n = gmatch_mask(c->gm, e->gmask);
+    if (n <= 0) {
+        const char *why = gmatch_error(c->gm);
+        lm_status st = !why ? LM_ERR_INTERNAL : gmatch_spoiled(c->gm) ? LM_ERR_INVALID : LM_ERR_NOMEM;
+        engine_finish_choice(e, c, LM_FINISH_ERROR, st, why ? why : "internal: no token continues the grammar");
+        return -2;
+    }
+    int32_t n_ids, t;
+    const int32_t *ids = gmatch_mask_ids(c->gm, &n_ids);
+    while (n_ids > 0 && ids[n_ids - 1] >= V) n_ids--; /* tokens without a logit */
+    if (draft >= 0 && !sampler_greedy(c->smp)) {      /* a proposal to verify: over the masked row */
+        grammar_mask_apply(e->gmask, grammar_vocab_size(e->gvocab), row, V);
+        bool acc;
+        t = sampler_sample_spec(c->smp, row, draft, q, &acc);
+    } else if (ids) { /* few allowed: sample over them alone (the same token as over the masked row) */
+        t = sampler_sample_sparse(c->smp, row, ids, n_ids, e->gwork);
+    } else {
+        grammar_mask_apply(e->gmask, grammar_vocab_size(e->gvocab), row, V);
+        t = sampler_sample(c->smp, row);
+    }
+    if (t < 0) {
+        engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_INVALID,
+                             "every token the grammar allows is banned (logit_bias)");
+        return -2;
+    }
+    return t;
+}
+
+/* After token t: advance the grammar, or (a lazy one) look for a trigger
+ * in the output's last bytes and start the grammar at its first byte. 0,
+ * or -1 when the choice was finished here. */
+int engine_grammar_advance(lm_engine *e, eseq *c, int32_t t) {
+    if (c->gm_on) {
+        if (tok_is_eog(e->tok, t) || gmatch_accept(c->gm, t) == 0) return 0;
+        const char *why = gmatch_error(c->gm);
+        engine_finish_choice(e, c, LM_FINISH_ERROR, why ? LM_ERR_INVALID : LM_ERR_INTERNAL,
+                             why ? why : "internal: the grammar refused the token it allowed");
+        return -1;
+    }
+    const stop_set *tr = &c->req->triggers;
+    int w = tok_token_bytes(e->tok, t, false, c->lz + c->n_lz, c->lz_cap - c->n_lz);
+    if (w < 0) w = 0;
+    if (w > c->lz_cap - c->n_lz) w = c->lz_cap - c->n_lz;
+    c->n_lz += w;
+    int first = -1;
+    for (int i = 0; i < tr->n; i++) {
+        size_t n = strlen(tr->s[i]);
+        for (int k = 0; k + (int)n <= c->n_lz; k++)
+            if (memcmp(c->lz + k, tr->s[i], n) == 0) {
+                if (first < 0 || k < first) first = k;
+                break;
+            }
+    }
+    if (first >= 0) {
+        c->gm_on = true;
+        if (gmatch_accept_bytes(c->gm, c->lz + first, (size_t)(c->n_lz - first)) < 0) {
+            const char *why = gmatch_error(c->gm);
+            engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_INVALID,
+                                 why ? why : "the text from the grammar's trigger on does not match the grammar");
+            return -1;
+        }
+        return 0;
+    }
+    /* keep what could still begin a trigger */
+    int keep = tr->max_len - 1;
+    if (c->n_lz > keep) {
+        memmove(c->lz, c->lz + c->n_lz - keep, (size_t)keep);
+        c->n_lz = keep;
+    }
+    return 0;
+}
+
+/* Free the grammar cache and the tables (the engine is being destroyed). */
+void engine_grammar_free(lm_engine *e) {
+    for (int i = 0; i < e->n_gtab; i++) {
+        gmatch_free(e->gtab[i].proto);
+        grammar_free(e->gtab[i].g);
+        lm_free(e->gtab[i].text);
+        lm_free(e->gtab[i].root);
+    }
+    grammar_vocab_free(e->gvocab);
+    lm_free(e->gwork);
+    lm_free(e->gmask);
+}
