@@ -20,7 +20,14 @@
  *     they hold about the same positions, a budget one byte short of one
  *     sequence in each pool is refused naming the draft's parts, exactly
  *     enough serves a request with the draft proposing; without a budget
- *     the draft's pool is its default (max_seqs sequences, at most 2 GiB).
+ *     the draft's pool is its default (max_seqs sequences, at most 2 GiB);
+ *   - the plan alone, with no engine and no thread (engine_mem_plan on its
+ *     own): each part equals what it is made of (the weights, the forward
+ *     pass's workspace and the engine's buffers, the KV pool's plan), they
+ *     add up within the budget, a budget one byte short of one sequence is
+ *     an error naming the weights, the workspace, the KV cache and what
+ *     one sequence needs (the draft's parts with a draft model), exactly
+ *     enough plans one sequence, and the same plan comes back every call.
  */
 #include <string.h>
 
@@ -289,6 +296,82 @@ static void test_draft_counted(void) {
     CHECK(sp.budget == 0 && sp.draft_kv == (uint64_t)c.max_seqs * d1.data_bytes);
 }
 
+/* the plan on its own: no engine is made, so no thread starts */
+static void test_plan_alone(void) {
+    lm_engine_config c;
+    base_config(&c);
+    c.mem = 8u << 20;
+    engine_mem sp, again;
+    char err[LM_ERRLEN];
+    CHECKF(engine_mem_plan(model, &c, &sp, err, sizeof err) == 0, "%s", err);
+    /* each part from what it is made of */
+    fwd_dims d = fwd_dims_make(model, c.n_ctx, c.batch_tokens);
+    uint64_t V = (uint64_t)model->hp.n_vocab;
+    uint64_t buffers = ((uint64_t)c.max_seqs + 2 + 1) * V * sizeof(float) + (uint64_t)d.n_batch * sizeof(int32_t);
+    uint64_t ws = fwd_workspace_bytes(model, &d, c.n_threads) + buffers;
+    CHECK(sp.budget == c.mem && sp.n_ctx == 128 && d.n_ctx == 128);
+    CHECK(sp.weights == model->weight_bytes && sp.packed == model->packed_bytes);
+    CHECKF(sp.workspace == ws, "planned %llu, made of %llu", (unsigned long long)sp.workspace, (unsigned long long)ws);
+    kv_plan kp;
+    CHECK(kv_plan_make(&sp.kc, &kp, err, sizeof err) == KV_OK);
+    CHECK(sp.kv == kp.data_bytes && sp.kv == sp.plan.data_bytes && sp.kv_tokens == kp.n_tokens);
+    CHECK(sp.draft_weights == 0 && sp.draft_workspace == 0 && sp.draft_kv == 0 && sp.draft_kv_tokens == 0);
+    /* they add up: the pool takes every whole block of the rest */
+    uint64_t rest = c.mem - sp.weights - sp.packed - sp.workspace;
+    CHECK(!sp.plan.window && sp.kv <= rest && rest - sp.kv < sp.plan.block_bytes);
+    CHECK(sp.plan.n_blocks == (int64_t)(rest / sp.plan.block_bytes) && sp.kv_tokens == sp.plan.n_blocks * 16);
+    CHECK(sp.kv_seqs == sp.plan.n_blocks / (128 / 16) && sp.kv_seqs > c.max_seqs);
+    /* a pure function: the same plan again */
+    CHECK(engine_mem_plan(model, &c, &again, err, sizeof err) == 0);
+    CHECK(again.workspace == sp.workspace && again.kv == sp.kv && again.kv_seqs == sp.kv_seqs &&
+          again.plan.n_blocks == sp.plan.n_blocks);
+
+    /* one byte short of one sequence: an error naming every part */
+    kv_config one = sp.kc;
+    one.mem_bytes = 0;
+    one.n_seqs = 1;
+    kv_plan p1;
+    CHECK(kv_plan_make(&one, &p1, err, sizeof err) == KV_OK && p1.data_bytes == 128 / 16 * sp.plan.block_bytes);
+    uint64_t least = sp.weights + sp.packed + sp.workspace + p1.data_bytes;
+    c.mem = least - 1;
+    err[0] = 0;
+    CHECK(engine_mem_plan(model, &c, &sp, err, sizeof err) == -1);
+    CHECKF(strstr(err, "too small") && strstr(err, "weights") && strstr(err, "workspace") &&
+               strstr(err, "for the KV cache") && strstr(err, "one sequence of 128 positions needs 80.0 KiB"),
+           "%s", err);
+    c.mem = least;
+    CHECKF(engine_mem_plan(model, &c, &sp, err, sizeof err) == 0, "%s", err);
+    CHECK(sp.kv_seqs == 1 && sp.kv_tokens == 128 && sp.kv == p1.data_bytes);
+    c.mem = 1000; /* below the weights alone */
+    CHECK(engine_mem_plan(model, &c, &sp, err, sizeof err) == -1 && strstr(err, "too small"));
+
+    /* with a draft model (the model itself): its parts too */
+    c.mem = 8u << 20;
+    c.spec = LM_SPEC_DRAFT;
+    c.draft_model = model;
+    CHECKF(engine_mem_plan(model, &c, &sp, err, sizeof err) == 0, "%s", err);
+    CHECK(sp.draft_weights == model->weight_bytes + model->packed_bytes && sp.draft_workspace > 0);
+    kv_plan dp;
+    CHECK(kv_plan_make(&sp.dkc, &dp, err, sizeof err) == KV_OK && sp.draft_kv == dp.data_bytes);
+    uint64_t used = sp.weights + sp.packed + sp.workspace + sp.kv + sp.draft_weights + sp.draft_workspace + sp.draft_kv;
+    CHECK(used <= c.mem && c.mem - used < sp.plan.block_bytes + dp.block_bytes);
+    kv_config done = sp.dkc;
+    done.mem_bytes = 0;
+    done.n_seqs = 1;
+    kv_plan d1;
+    CHECK(kv_plan_make(&done, &d1, err, sizeof err) == KV_OK);
+    least =
+        sp.weights + sp.packed + sp.workspace + sp.draft_weights + sp.draft_workspace + p1.data_bytes + d1.data_bytes;
+    c.mem = least - 1;
+    CHECK(engine_mem_plan(model, &c, &sp, err, sizeof err) == -1);
+    CHECKF(strstr(err, "too small") && strstr(err, "the draft model's weights") && strstr(err, "in the model's") &&
+               strstr(err, "in the draft's"),
+           "%s", err);
+    c.mem = least;
+    CHECKF(engine_mem_plan(model, &c, &sp, err, sizeof err) == 0, "%s", err);
+    CHECK(sp.kv_seqs == 1 && sp.draft_kv == d1.data_bytes);
+}
+
 int main(void) {
     char err[LM_ERRLEN];
     model = model_load(MODEL_PATH, err, sizeof err);
@@ -302,6 +385,7 @@ int main(void) {
     TEST_RUN(test_too_small);
     TEST_RUN(test_cap_and_old_rule);
     TEST_RUN(test_draft_counted);
+    TEST_RUN(test_plan_alone);
     model_free(swa);
     model_free(model);
     return TEST_DONE();
