@@ -497,7 +497,7 @@ static bool guess(draft_runner *d, int ji, draft_job *j, lm_gmatch *g, float *ro
     }
     j->out[j->n_out++] = t;
     sampler_accept(s, t);
-    /* as the engine's grammar_advance: an end-of-generation token leaves the state */
+    /* as the engine's engine_grammar_advance: an end-of-generation token leaves the state */
     if (g && !tok_is_eog(d->m->tok, t) && (gmatch_accept(g, t) != 0 || gmatch_must_end(g))) *last = true;
     return true;
 }
