@@ -2,8 +2,11 @@
  * server_int.h - the data server.c (HTTP, routes, metrics) and server_gen.c
  * (generation requests: engine events, streaming, JSON answers) share, and
  * server_gen.c's entry points. Functions go one way: server.c calls
- * server_gen.c (call_*), both call http.c (responses) and server_parse.c;
- * none of those calls back. Not a public header: the contract is server.h.
+ * server_gen.c (call_*), both call http.c (responses) and server_parse.c,
+ * server_parse.c calls server_tools.c (srv_parse_*) and server_gen.c its
+ * answer side (srv_tc_*); none of those calls back. Every one of them fills
+ * errors through server_error.c (server_error, declared in server.h), a leaf
+ * that calls none of them. Not a public header: the contract is server.h.
  *
  * Ownership. A srv_call is one HTTP request on a generation route. It is
  * created by the access handler, owned by its connection's thread, and

@@ -30,7 +30,6 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,20 +45,6 @@
 #include "base/util.h"
 
 static const char *INVALID = "invalid_request_error";
-
-int server_error(lm_server_error *e, int status, const char *type, const char *param, const char *code, const char *fmt,
-                 ...) {
-    if (!e) return -1;
-    e->status = status;
-    snprintf(e->type, sizeof e->type, "%s", type ? type : INVALID);
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    snprintf(e->code, sizeof e->code, "%s", code ? code : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 /* A 400 invalid_request_error about one parameter. */
 #define BAD(param, ...) server_error(e, 400, INVALID, (param), NULL, __VA_ARGS__)
