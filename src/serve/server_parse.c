@@ -391,23 +391,9 @@ static int render_messages(const lm_server_parse_ctx *c, const lm_chat_xmsg *msg
     const lm_tokenizer *tok = c->tok;
     char *text = NULL, err[LM_ERRLEN];
     bool add_bos;
-    if (chat_apply_tools(c->chat_family, c->chat_template, tok, msgs, n, (const char *const *)tools->json, tools->n,
-                         &text, &add_bos, err, sizeof err))
+    lm_chat_conv conv = {msgs, n, (const char *const *)tools->json, tools->n, thinking_off};
+    if (chat_prompt(c->chat_family, c->chat_template, tok, &conv, &text, &add_bos, err, sizeof err))
         return BAD("messages", "%s", err);
-    /* enable_thinking false: what the family's template writes after the prompt */
-    const char *sfx = thinking_off ? chat_thinking_off(chat_family_of(c)) : NULL;
-    if (sfx) {
-        size_t tl = strlen(text), sl = strlen(sfx);
-        char *t2 = lm_malloc(tl + sl + 1);
-        if (!t2) {
-            lm_free(text);
-            return oom(e);
-        }
-        memcpy(t2, text, tl);
-        memcpy(t2 + tl, sfx, sl + 1);
-        lm_free(text);
-        text = t2;
-    }
     int32_t *ids = NULL;
     int nt = encode(tok, text, strlen(text), add_bos, &ids, e);
     lm_free(text);

@@ -357,6 +357,26 @@ int chat_render_tools(int family, const char *template_text, const lm_chat_xmsg 
 int chat_apply_tools(int family, const char *text, const lm_tokenizer *tok, const lm_chat_xmsg *msgs, int n,
                      const char *const *tools, int n_tools, char **out, bool *add_bos, char *err, size_t errlen);
 
+/* A conversation as the server receives it: messages, tools, and the one
+ * template switch requests set (chat_template_kwargs.enable_thinking). */
+typedef struct {
+    const lm_chat_xmsg *msgs; /* (n) */
+    int n;
+    const char *const *tools; /* (n_tools) tool objects as JSON text; NULL with 0 */
+    int n_tools;
+    bool thinking_off; /* enable_thinking false: chat_thinking_off's text follows */
+} lm_chat_conv;
+
+/*
+ * The prompt of a conversation in one call, for a template choice (family
+ * >= 0, or a template text, as chat_apply) and tokenizer tok:
+ * chat_apply_tools, then, with thinking_off, chat_thinking_off's text of
+ * the family (chat_detect of the text when family < 0) appended. Output,
+ * the BOS rule and errors as chat_apply.
+ */
+int chat_prompt(int family, const char *text, const lm_tokenizer *tok, const lm_chat_conv *conv, char **out,
+                bool *add_bos, char *err, size_t errlen);
+
 /* Python's json.dumps(x, ensure_ascii=False, indent=indent) of the JSON
  * text json[0..len) (indent < 0: none), appended to out. -1 when the text
  * is not one valid JSON value (out then holds a partial print). */

@@ -2,7 +2,9 @@
  * chat_model.c - a model's chat template: which one to use (the user's
  * choice, the GGUF's tokenizer.chat_template, the architecture's family) and
  * rendering a conversation for the model's tokenizer (its BOS/EOS texts, the
- * BOS it adds itself). See chat.h for the order and the BOS rule.
+ * BOS it adds itself): chat_apply, chat_apply_tools, and chat_prompt, the one
+ * call that gives a conversation's whole prompt (tools and the thinking
+ * switch included). See chat.h for the order and the BOS rule.
  *
  * Invariants: a resolved lm_chat_template holds exactly one of a family
  * (>= 0) and an owned template text whose family chat_detect recognizes; on
@@ -115,4 +117,25 @@ int chat_apply_tools(int family, const char *text, const lm_tokenizer *tok, cons
     lm_free(bos);
     lm_free(eos);
     return rc;
+}
+
+int chat_prompt(int family, const char *text, const lm_tokenizer *tok, const lm_chat_conv *conv, char **out,
+                bool *add_bos, char *err, size_t errlen) {
+    int rc =
+        chat_apply_tools(family, text, tok, conv->msgs, conv->n, conv->tools, conv->n_tools, out, add_bos, err, errlen);
+    const char *sfx =
+        rc == 0 && conv->thinking_off ? chat_thinking_off(family >= 0 ? family : chat_detect(text)) : NULL;
+    if (!sfx) return rc;
+    size_t tl = strlen(*out), sl = strlen(sfx);
+    char *t = lm_malloc(tl + sl + 1);
+    if (!t) {
+        lm_free(*out);
+        *out = NULL;
+        return lm_err(err, errlen, "out of memory");
+    }
+    memcpy(t, *out, tl);
+    memcpy(t + tl, sfx, sl + 1);
+    lm_free(*out);
+    *out = t;
+    return 0;
 }
