@@ -99,7 +99,6 @@ ifeq ($(KERNEL_ARCH),x86)
 $(BUILD)/obj/kernels/avx2_%.o: src/kernels/avx2_%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LIBFLAGS) $(SIMD_FLAGS) -c $< -o $@
-# The other x86 variants of the same kernels (kernels/x86_variant.h).
 AVX512_FLAGS = $(SIMD_FLAGS) -mavx512f -mavx512bw -mavx512vl
 $(BUILD)/obj/kernels/avx512_%.o: src/kernels/avx512_%.c
 	@mkdir -p $(dir $@)
@@ -110,15 +109,40 @@ $(BUILD)/obj/kernels/avx512vnni_%.o: src/kernels/avx512vnni_%.c
 $(BUILD)/obj/kernels/avx512bf16_%.o: src/kernels/avx512bf16_%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LIBFLAGS) $(AVX512_FLAGS) -mavx512vnni -mavx512bf16 -c $< -o $@
-$(BUILD)/obj/kernels/avxvnni_%.o: src/kernels/avxvnni_%.c
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LIBFLAGS) $(SIMD_FLAGS) -mavxvnni -c $< -o $@
 endif
 ifeq ($(KERNEL_ARCH),aarch64)
 $(BUILD)/obj/kernels/neon_dot.o: src/kernels/neon_dot.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LIBFLAGS) $(DOTPROD_FLAGS) -c $< -o $@
 endif
+
+# Kernel variants built from one source (kernels/variant.h): each file of
+# VARIANT_SRC_<v> is compiled again for variant v into
+# $(BUILD)/obj/kernels/<v>/, with VARIANT_FLAGS_<v> and -DLM_VARIANT=<v>,
+# which names its symbols <v>_... (avx2_kernels becomes avx512_kernels).
+# The x86 ones (kernels/x86.h): avx2_quant.c, avx2_packed.c, avx2_panel.c
+# are avx2's as themselves and avxvnni's, avx512's and avx512vnni's as
+# variants; avx512_pair.c is only built as variants (avx512, avx512vnni).
+# Every target builds them (off x86 and under LAMINA_X86_BASE_ONLY they
+# hold lookups that return NULL), and only x86 gets the flags.
+KERNEL_VARIANTS = avxvnni avx512 avx512vnni
+VARIANT_SRC_avxvnni = avx2_quant avx2_packed avx2_panel
+VARIANT_SRC_avx512 = avx2_quant avx2_packed avx2_panel avx512_pair
+VARIANT_SRC_avx512vnni = avx2_quant avx2_packed avx2_panel avx512_pair
+VARIANT_ONLY = avx512_pair
+ifeq ($(KERNEL_ARCH),x86)
+VARIANT_FLAGS_avxvnni = $(SIMD_FLAGS) -mavxvnni
+VARIANT_FLAGS_avx512 = $(AVX512_FLAGS)
+VARIANT_FLAGS_avx512vnni = $(AVX512_FLAGS) -mavx512vnni
+endif
+define KERNEL_VARIANT_RULE
+$$(BUILD)/obj/kernels/$(1)/%.o: src/kernels/%.c
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(CFLAGS) $$(LIBFLAGS) $$(VARIANT_FLAGS_$(1)) -DLM_VARIANT=$(1) -c $$< -o $$@
+endef
+$(foreach v,$(KERNEL_VARIANTS),$(eval $(call KERNEL_VARIANT_RULE,$(v))))
+OBJ := $(filter-out $(VARIANT_ONLY:%=$(BUILD)/obj/kernels/%.o),$(OBJ)) \
+       $(foreach v,$(KERNEL_VARIANTS),$(VARIANT_SRC_$(v):%=$(BUILD)/obj/kernels/$(v)/%.o))
 
 $(LIB): $(OBJ)
 	@rm -f $@

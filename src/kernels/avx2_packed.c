@@ -36,9 +36,11 @@
  * everything in registers. One token (decode) is the same code with C = 1,
  * streaming the group's bytes with prefetches.
  */
+#include "kernels/variant.h" /* first: the variant's names (built once per variant, Makefile) */
+
 #include "kernels/avx2.h"
 
-#if defined(__x86_64__) || defined(__i386__)
+#if LM_VARIANT_ON
 
 #if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
 #error "avx2_packed.c must be compiled with -mavx2 -mfma -mf16c"
@@ -108,7 +110,7 @@ INLINE void store_rows(float *y, int nr, __m256 v) {
 }
 
 #ifdef X86_DPBUSD
-/* With VNNI (kernels/x86_variant.h): the exact int32 dot, per lane, of the
+/* With VNNI (kernels/variant.h): the exact int32 dot, per lane, of the
  * eight unsigned weight vectors u[k] with the token's quants 4k..4k+3
  * broadcast (q: the token's 32 quants), in two chains of four vpdpbusd.
  * The same integers as the pmaddubsw/pmaddwd sums below (no step of either
@@ -406,7 +408,7 @@ _Static_assert(sizeof(block_q8_K) == 292, "block_q8_K layout");
 /* pshufb index: in every 32-bit lane l of a 128-bit half, its byte t as an
  * int16 in both halves of the lane (scales), or bytes t and t + 1 as two
  * int16 (a pair of mins). */
-#ifdef X86_DPBUSD /* VNNI: the scale in the lane's low int16 only (X86_DPWSSD, kernels/x86_variant.h) */
+#ifdef X86_DPBUSD /* VNNI: the scale in the lane's low int16 only (X86_DPWSSD, kernels/variant.h) */
 #define SIDX(l, t) ((int)(0x80808000u | (4u * (l) + (t))))
 #else
 #define SIDX(l, t) ((int)(0x80008000u | ((4u * (l) + (t)) << 16) | (4u * (l) + (t))))

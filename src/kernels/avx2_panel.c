@@ -29,9 +29,11 @@
  * latency), several tokens one segment after another (twelve chains
  * already do).
  */
+#include "kernels/variant.h" /* first: the variant's names (built once per variant, Makefile) */
+
 #include "kernels/avx2.h"
 
-#if defined(__x86_64__) || defined(__i386__)
+#if LM_VARIANT_ON
 
 #if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
 #error "avx2_panel.c must be compiled with -mavx2 -mfma -mf16c"

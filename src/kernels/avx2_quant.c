@@ -43,16 +43,18 @@
  * eight chunks: < 2^26, minus the -32 correction, at most 2^24. Sums above
  * 2^24 round when converted to float, identically in every path.
  *
- * The VNNI variants (kernels/x86_variant.h) form the same integer sums
+ * The VNNI variants (kernels/variant.h) form the same integer sums
  * with vpdpbusd: Q8_0 blocks directly; the K-quants per 32-byte chunk
  * (four products per lane, at most 4 * 63 * 128 = 32256, so an int16
  * holds it) and then vpdpwssd against the scale in the lane's low int16,
  * which replaces pmaddubsw, pmaddwd and the add by two instructions. The
  * lane sums are the AVX2 path's, so every float result is too.
  */
+#include "kernels/variant.h" /* first: the variant's names (built once per variant, Makefile) */
+
 #include "kernels/avx2.h"
 
-#if defined(__x86_64__) || defined(__i386__)
+#if LM_VARIANT_ON
 
 #if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
 #error "avx2_quant.c must be compiled with -mavx2 -mfma -mf16c"
@@ -66,7 +68,7 @@
 
 /* The avx512vnni variant's Q6_K gemm: two rows per 512-bit vector,
  * the same bits as the tile below (kernels/x86_wide.h). */
-#if defined(X86_VNNI) && X86_VNNI == 1
+#if defined(LM_VARIANT) && defined(__AVX512VNNI__)
 #include "kernels/x86_wide.h"
 #define Q6K_GEMM avx512vnni_wide_gemm_q6_K
 #else
@@ -350,7 +352,7 @@ INLINE __m256i spread_bits(uint32_t bits) {
 INLINE __m256i q32_dot(int kind, __m256i u, const uint8_t *wq, const uint8_t *xq, __m256i e) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i xv = ld256(xq);
-#ifdef X86_DPBUSD /* VNNI variants (kernels/x86_variant.h): the same exact sums */
+#ifdef X86_DPBUSD /* VNNI variants (kernels/variant.h): the same exact sums */
     if (kind == KQ8_0) return X86_DPBUSD(_mm256_setzero_si256(), u, _mm256_sign_epi8(xv, ld256(wq)));
 #endif
     if (kind == KQ8_0) return _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(xv, ld256(wq))), ones);
@@ -644,7 +646,7 @@ INLINE __m256 k_dot(int kind, const krow *k, const uint8_t *xb, __m256 acc) {
     const float dx = ldf(xb);
     const uint8_t *xq = xb + Q8K_QS;
     __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-#ifdef X86_DPBUSD /* VNNI: four products per lane (|.| <= 15872), times the scale (x86_variant.h) */
+#ifdef X86_DPBUSD /* VNNI: four products per lane (|.| <= 15872), times the scale (kernels/variant.h) */
 #define KSTEP(j)                                                                                                       \
     {                                                                                                                  \
         __m256i p = X86_DPBUSD(_mm256_setzero_si256(), k->u[j], ld256(xq + 32 * j));                                   \
@@ -1003,7 +1005,7 @@ const lm_avx2_kernels *avx2_kernels(uint32_t type) {
     return k->to_float || k->from_float || k->vec_dot ? k : NULL;
 }
 
-#else /* not x86: no kernels here */
+#else /* not x86, or a variant left out (kernels/variant.h): no kernels here */
 
 const lm_avx2_kernels *avx2_kernels(uint32_t type) {
     (void)type;

@@ -3,11 +3,12 @@
  * Q5_0, Q4_1, Q5_1, Q8_0 and Q4_K: two interleaved groups (16 weight rows)
  * by 1..4 tokens.
  *
- * Compiled with -mavx512f -mavx512bw -mavx512vl (Makefile); avx512vnni_pair.c
- * includes this file again with PAIR_VNNI defined and -mavx512vnni, which
- * forms the exact integer sums with vpdpbusd / vpdpwssd instead of
- * pmaddubsw / pmaddwd. Nothing here runs unless dispatch.c found the
- * variant on this CPU.
+ * Built once per variant (Makefile, kernels/variant.h): avx512, with
+ * -mavx512f -mavx512bw -mavx512vl, as avx512_pair_kernel; avx512vnni, the
+ * same plus -mavx512vnni, as avx512vnni_pair_kernel, which forms the exact
+ * integer sums with vpdpbusd / vpdpwssd instead of pmaddubsw / pmaddwd
+ * (PAIR_VNNI). Nothing here runs unless dispatch.c found the variant on
+ * this CPU.
  *
  * Layouts and bounds are kernels/avx2_packed.c's (quant.h describes the
  * interleaved groups): a 512-bit vector holds the first group's 32 bytes of
@@ -32,23 +33,23 @@
  *    times the 6-bit scale through pmaddwd (or vpdpwssd); the mins against
  *    the token's bsums as in avx2_packed.c.
  */
+#include "kernels/variant.h" /* first: the variant's names */
+
 #include "kernels/x86_pair.h"
 
 #include "kernels/x86.h"
 
-#if !defined(PAIR_PREFIX)
-#define PAIR_PREFIX avx512_
+#if !defined(LM_VARIANT)
+#error "avx512_pair.c is built per variant: -DLM_VARIANT=avx512 or avx512vnni (Makefile)"
 #endif
-#define PAIR_NAME_(p, n) p##n
-#define PAIR_NAME(p, n) PAIR_NAME_(p, n)
 
-#if (defined(__x86_64__) || defined(__i386__)) && X86_VARIANTS
+#if LM_VARIANT_ON && X86_VARIANTS
 
 #if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__) || !defined(__FMA__) || !defined(__F16C__)
 #error "avx512_pair.c must be compiled with the avx512 variant's flags"
 #endif
-#if defined(PAIR_VNNI) && !defined(__AVX512VNNI__)
-#error "PAIR_VNNI needs -mavx512vnni"
+#if defined(__AVX512VNNI__)
+#define PAIR_VNNI 1
 #endif
 
 #include <assert.h>
@@ -457,7 +458,7 @@ INLINE void zk4_tile(int64_t nb, const uint8_t *w, size_t gb, int nr, const uint
 
 PAIR_ENTRY(pair_q4_K, QK_K, PK_BYTES, zk4_tile, )
 
-lm_packed_gemm_fn PAIR_NAME(PAIR_PREFIX, pair_kernel)(uint32_t type) {
+lm_packed_gemm_fn LM_VFN(pair_kernel)(uint32_t type) {
     switch (type) {
         case LM_TYPE_Q4_0: return pair_q4_0;
         case LM_TYPE_Q8_0: return pair_q8_0;
@@ -471,7 +472,7 @@ lm_packed_gemm_fn PAIR_NAME(PAIR_PREFIX, pair_kernel)(uint32_t type) {
 
 #else /* another architecture, or the sanitizer builds (kernels/x86.h) */
 
-lm_packed_gemm_fn PAIR_NAME(PAIR_PREFIX, pair_kernel)(uint32_t type) {
+lm_packed_gemm_fn LM_VFN(pair_kernel)(uint32_t type) {
     (void)type;
     return NULL;
 }

@@ -18,7 +18,7 @@
  *    meet each token's quants: two vpdpbusd chains of four (16 products
  *    per lane each, at most 16 * 15 * 128 = 30720, an int16), each times
  *    the scale through vpdpwssd against the scale in the lane's low int16
- *    (kernels/x86_variant.h): the exact integer sum scale_j * dot_j added
+ *    (kernels/variant.h): the exact integer sum scale_j * dot_j added
  *    into one int32 per (row, token), as every other Q4_K path forms it;
  *  - the min term from the token's per-sub-block sums (Q8_K bsums), not
  *    per element: sum_j min_j * bsum_j, exact in int32;

@@ -1,7 +1,7 @@
 /*
  * x86.h - the x86 kernel variants beyond AVX2: their CPU checks (cpu.c) and
  * their kernel lookups (the AVX2 sources built again per variant, see
- * kernels/x86_variant.h).
+ * kernels/variant.h).
  *
  *   variant      CPU check             built with
  *   avxvnni      cpu_has_avxvnni()     AVX2 flags + -mavxvnni
@@ -27,9 +27,10 @@
 #include "kernels/avx2.h"
 
 /* LAMINA_X86_BASE_ONLY (the sanitizer builds, make asan and make fuzz, set
- * it): the variants below are left out, their files compiled empty and the
- * CPU reported without them, so those builds compile the large AVX2
- * sources once rather than four times. The variants equal avx2 bit for bit,
+ * it): the variants below are left out, their objects holding only lookups
+ * that return NULL (kernels/variant.h) and the CPU reported without them,
+ * so those builds compile the large AVX2 kernels once rather than four
+ * times. The variants equal avx2 bit for bit,
  * and the plain build tests them. */
 #if defined(LAMINA_X86_BASE_ONLY)
 #define X86_VARIANTS 0

@@ -39,7 +39,7 @@ lm_packed_gemm_fn avx512vnni_wide_kernel(uint32_t type);
 void avx512vnni_wide_gemm_q6_K(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs, int nc, float *y,
                                size_t ys);
 /* The variant's 256-bit Q6_K tile (kernels/avx2_quant.c's avx2_gemm_q6_K
- * under the avx512vnni_ prefix, kernels/x86_variant.h). */
+ * under the avx512vnni_ prefix, kernels/variant.h). */
 void avx512vnni_gemm_q6_K(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs, int nc, float *y,
                           size_t ys);
 
