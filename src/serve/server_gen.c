@@ -185,7 +185,6 @@ void call_free(srv_call *c) {
     }
     for (int i = 0; i < c->n_choices && c->ch; i++) {
         strbuf_free(&c->ch[i].text);
-        strbuf_free(&c->ch[i].pending);
         srv_tc_free(&c->ch[i].tc);
         cJSON_Delete(c->ch[i].lp);
     }
@@ -734,13 +733,12 @@ static void stream_event(srv_call *c, const srv_ev *ev, const srv_queue *q) {
     if (ev->choice < 0 || ev->choice >= c->n_choices) return;
     srv_choice *ch = &c->ch[ev->choice];
     if (ch->done) return;
-    if (ev->text_len) strbuf_put(&ch->pending, q->text.p + ev->text_off, ev->text_len);
+    /* the engine's text is whole characters (its detokenizer holds a split
+     * one back, and stop strings cut only at characters): nothing is kept
+     * between events; NUL bytes, which a C string cannot carry, become
+     * U+FFFD as in whole answers */
     strbuf text = {0};
-    if (ch->pending.len) {
-        size_t used = strbuf_put_utf8(&text, ch->pending.p, ch->pending.len, ev->done);
-        memmove(ch->pending.p, ch->pending.p + used, ch->pending.len - used);
-        ch->pending.len -= used;
-    }
+    if (ev->text_len) strbuf_put_utf8(&text, q->text.p + ev->text_off, ev->text_len, true);
     cJSON *lp = c->req.p.logprobs && !ev->done && ev->token >= 0 ? event_logprobs(c, ev, q, ch->text_total) : NULL;
     ch->text_total += text.len;
     if (c->chat && c->req.tool_calls) {

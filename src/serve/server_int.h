@@ -174,7 +174,6 @@ void srv_tc_call_id(const char *seed, int choice, int index, int syntax, char *o
 /* What the connection's thread knows about one choice. */
 typedef struct {
     strbuf text;       /* the answer so far (non-streaming), raw bytes */
-    strbuf pending;    /* streaming: bytes of an incomplete UTF-8 character */
     void *lp;          /* cJSON logprobs of the answer (non-streaming), or NULL */
     size_t text_total; /* bytes of text so far (completions' text_offset) */
     srv_tc tc;         /* streaming with tool calls: the reader of the text */
