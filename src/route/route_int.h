@@ -1,7 +1,10 @@
 /*
- * route_int.h - what route.c (the client side: HTTP, queue, policies,
- * metrics, trace) and route_up.c (the replica side: the libcurl multi loop,
- * health and metrics polls) share. Not a public header: the contract is
+ * route_int.h - what route.c (the client side: HTTP, metrics, the wait
+ * for an answer), route_queue.c (the global queue, policies, a request's
+ * end, trace samples) and route_up.c (the replica side: the libcurl multi
+ * loop, health and metrics polls) share. Calls go one way: route.c calls
+ * route_queue.c and route_up.c, route_up.c calls route_queue.c, and
+ * route_queue.c calls neither. Not a public header: the contract is
  * route.h.
  *
  * Ownership. An rt_req is one generation request. The connection's thread
@@ -112,7 +115,7 @@ struct lm_router {
     bool up_started, poll_started;
 };
 
-/* route.c */
+/* route_queue.c */
 /* Drop one reference (under mu); the last frees. */
 void rt_req_unref(lm_router *r, rt_req *q);
 /* Remove q from the queue (under mu). */

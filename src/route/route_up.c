@@ -1,9 +1,9 @@
 /*
  * route_up.c - the router's replica side. One upstream thread runs every
  * transfer to the replicas with libcurl's multi interface: it admits queued
- * requests (route.c picks the replica), adds their transfers, and on each
- * transfer's end decides between done, retry elsewhere (nothing reached the
- * client yet) and failure. One poller thread asks each replica's /health and
+ * requests (route_queue.c's rt_pick picks the replica), adds their
+ * transfers, and on each transfer's end decides between done, retry
+ * elsewhere (nothing reached the client yet) and failure. One poller thread asks each replica's /health and
  * /metrics every poll_interval: ejection and re-admission, and the learnt
  * in-flight limit (route.h).
  *
