@@ -56,22 +56,17 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "kernels/x86_zmm.h"
+
 #define INLINE static inline __attribute__((always_inline))
 
 #define P4_BYTES 144
 #define P8_BYTES 272
-#define PK_BYTES 1152
 #define P_QS 16
 #define XBS ((size_t)sizeof(block_q8_0s))
 #define X_D 0
 #define X_S8 4
 #define X_QS 8
-#define PK_DMIN 16
-#define PK_SC 32
-#define PK_QS 128
-#define X8K_BYTES ((size_t)sizeof(block_q8_K))
-#define X8K_QS 4
-#define X8K_BSUMS (4 + QK_K)
 
 /* Prefetch distance of each of the two weight streams (bytes ahead), and
  * the hint (kept overridable for measuring). */
@@ -81,31 +76,6 @@
 #ifndef PAIR_HINT
 #define PAIR_HINT _MM_HINT_T0
 #endif
-
-/* The first group's 32 bytes at a, the second's at b. */
-INLINE __m512i ld2(const uint8_t *a, const uint8_t *b) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)a)),
-                              _mm256_loadu_si256((const __m256i *)(const void *)b), 1);
-}
-
-/* The 16 rows' f16 scales: 8 at a, 8 at b. */
-INLINE __m512 scales16(const uint8_t *a, const uint8_t *b) {
-    __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)a)),
-                                        _mm_loadu_si128((const __m128i *)(const void *)b), 1);
-    return _mm512_cvtph_ps(h);
-}
-
-INLINE __m512i bc4(const uint8_t *p) {
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return _mm512_set1_epi32(v);
-}
-
-INLINE __m512 bcf(const uint8_t *p) {
-    float v;
-    memcpy(&v, p, sizeof v);
-    return _mm512_set1_ps(v);
-}
 
 /* Prefetch [p, p + bytes) + PAIR_AHEAD of both streams (the addresses
  * formed as integers: they may lie past any object; prefetches never fault). */
@@ -119,12 +89,6 @@ INLINE void prefetch2(const uint8_t *a, const uint8_t *b, size_t bytes) {
         _mm_prefetch((const char *)(pa + o), PAIR_HINT);
         _mm_prefetch((const char *)(pb + o), PAIR_HINT);
     }
-}
-
-/* Lanes [0, nr) of v at y (nr <= 16). */
-INLINE void store16(float *y, int nr, __m512 v) {
-    if (nr >= 16) _mm512_storeu_ps(y, v);
-    else _mm512_mask_storeu_ps(y, (__mmask16)((1u << nr) - 1), v);
 }
 
 /* A pair kernel's entry (lm_packed_gemm_fn) for blocks of blk values and
@@ -363,50 +327,6 @@ PAIR_ENTRY(pair_q8_0, 32, P8_BYTES, z8_tile, )
 
 /* ---- Q4_K ------------------------------------------------------------------ */
 
-/* pshufb indices (the same in every 128-bit lane): in each 32-bit lane l,
- * byte t of the lane as an int16 in both halves (a scale), or bytes t and
- * t + 1 as two int16 (a pair of mins). As avx2_packed.c's SIDX / MIDX. */
-#define SIDX(l, t) ((int)(0x80008000u | ((4u * (l) + (t)) << 16) | (4u * (l) + (t))))
-#define MIDX(l, t) ((int)(0x80008000u | ((4u * (l) + (t) + 1) << 16) | (4u * (l) + (t))))
-#define IDX16(F, t) _mm512_broadcast_i32x4(_mm_setr_epi32(F(0, t), F(1, t), F(2, t), F(3, t)))
-
-/* The 16 rows' sub-block scales and mins (avx2_packed.c's k4x8_scales on
- * both groups at once): scv[j] the 6-bit scale of sub-block j in both
- * int16 halves, mv[p] the mins of sub-blocks 2p and 2p + 1. */
-INLINE void k4x16_scales(const uint8_t *a, const uint8_t *b, __m512i scv[8], __m512i mv[4]) {
-    const __m512i s0 = ld2(a + PK_SC, b + PK_SC), s1 = ld2(a + PK_SC + 32, b + PK_SC + 32);
-    const __m512i s2 = ld2(a + PK_SC + 64, b + PK_SC + 64);
-    const __m512i m6 = _mm512_set1_epi8(0x3f), m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
-    const __m512i sc_lo = _mm512_and_si512(s0, m6), m_lo = _mm512_and_si512(s1, m6);
-    const __m512i sc_hi = _mm512_or_si512(_mm512_and_si512(s2, m4), _mm512_and_si512(_mm512_srli_epi32(s0, 2), m30));
-    const __m512i m_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(s2, 4), m4),
-                                         _mm512_and_si512(_mm512_srli_epi32(s1, 2), m30));
-#define SC(t)                                                                                                          \
-    scv[t] = _mm512_shuffle_epi8(sc_lo, IDX16(SIDX, t));                                                               \
-    scv[t + 4] = _mm512_shuffle_epi8(sc_hi, IDX16(SIDX, t));
-    /* clang-format off */
-    SC(0)
-    SC(1) SC(2) SC(3)
-    /* clang-format on */
-#undef SC
-        mv[0] = _mm512_shuffle_epi8(m_lo, IDX16(MIDX, 0));
-    mv[1] = _mm512_shuffle_epi8(m_lo, IDX16(MIDX, 2));
-    mv[2] = _mm512_shuffle_epi8(m_hi, IDX16(MIDX, 0));
-    mv[3] = _mm512_shuffle_epi8(m_hi, IDX16(MIDX, 2));
-}
-
-/* sum_j min_j * bsum_j per row: the token's sub-block sums in pairs, each
- * pair broadcast against mv[p] (avx2_packed.c's k4x8_minsum). */
-INLINE __m512i k4x16_minsum(const __m512i mv[4], const uint8_t *xb) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i b32 = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(xb + X8K_BSUMS)), ones);
-    __m512i b16 = _mm512_castsi256_si512(_mm256_packs_epi32(b32, b32)); /* words 0, 1, 4, 5 used */
-    __m512i m = _mm512_madd_epi16(mv[0], _mm512_permutexvar_epi32(_mm512_set1_epi32(0), b16));
-    m = _mm512_add_epi32(m, _mm512_madd_epi16(mv[1], _mm512_permutexvar_epi32(_mm512_set1_epi32(1), b16)));
-    m = _mm512_add_epi32(m, _mm512_madd_epi16(mv[2], _mm512_permutexvar_epi32(_mm512_set1_epi32(4), b16)));
-    return _mm512_add_epi32(m, _mm512_madd_epi16(mv[3], _mm512_permutexvar_epi32(_mm512_set1_epi32(5), b16)));
-}
-
 INLINE void zk4_tile(int64_t nb, const uint8_t *w, size_t gb, int nr, const uint8_t *x, size_t xs, int C, float *y,
                      size_t ys) {
     const uint8_t *w2 = w + gb;
@@ -417,7 +337,7 @@ INLINE void zk4_tile(int64_t nb, const uint8_t *w, size_t gb, int nr, const uint
     for (int64_t b = 0; b < nb; b++, w += PK_BYTES, w2 += PK_BYTES) {
         prefetch2(w, w2, PK_BYTES);
         __m512i scv[8], mv[4];
-        k4x16_scales(w, w2, scv, mv);
+        k4x16_scales(w, w2, 0, scv, mv); /* the scale in both int16 halves */
         __m512i isum[LM_PAIR_TILE];
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) isum[c] = _mm512_setzero_si512();
