@@ -1081,6 +1081,35 @@ static void test_json_dump(void) {
     strbuf_free(&b);
 }
 
+/* chat_prompt, the server's one call: chat_apply_tools's text, then the
+ * thinking switch's text where the family has one (Qwen3's empty think
+ * block) and nothing where it has none; a template text with Qwen3's
+ * markers gets the switch by detection. */
+static void test_prompt_one_call(void) {
+    char err[LM_ERRLEN];
+    lm_tokenizer *tok = model_tok(true);
+    CHECK(tok != NULL);
+    const lm_chat_xmsg msgs[] = {{.role = "system", .content = "Be brief."}, {.role = "user", .content = "Hi"}};
+    const int fams[] = {CHAT_CHATML, CHAT_QWEN3, CHAT_LLAMA3};
+    for (size_t f = 0; f < sizeof fams / sizeof fams[0]; f++) {
+        for (int off = 0; off < 2; off++) {
+            char *want = NULL, *got = NULL;
+            bool wb = false, gb = true;
+            CHECKF(chat_apply_tools(fams[f], NULL, tok, msgs, 2, NULL, 0, &want, &wb, err, sizeof err) == 0, "%s", err);
+            lm_chat_conv cv = {.msgs = msgs, .n = 2, .thinking_off = off};
+            CHECKF(chat_prompt(fams[f], NULL, tok, &cv, &got, &gb, err, sizeof err) == 0, "%s", err);
+            const char *sw = off ? chat_thinking_off(fams[f]) : NULL;
+            size_t wl = strlen(want);
+            CHECKF(gb == wb && !strncmp(got, want, wl) && !strcmp(got + wl, sw ? sw : ""), "family %d off %d: '%s'",
+                   fams[f], off, got);
+            CHECK(fams[f] != CHAT_QWEN3 || !off || !strcmp(got + wl, "<think>\n\n</think>\n\n"));
+            lm_free(want);
+            lm_free(got);
+        }
+    }
+    tok_free(tok);
+}
+
 int main(void) {
     TEST_RUN(test_golden_renders);
     TEST_RUN(test_detect_real_templates);
@@ -1096,6 +1125,7 @@ int main(void) {
     TEST_RUN(test_tools_golden);
     TEST_RUN(test_tools_fallback);
     TEST_RUN(test_json_dump);
+    TEST_RUN(test_prompt_one_call);
     free_convs();
     return TEST_DONE();
 }
