@@ -26,8 +26,8 @@ LDLIBS  += -lpcre2-8 -lmicrohttpd -lcurl -lcjson -lpthread -lm
 SIMD_FLAGS = -mavx2 -mfma -mf16c
 # The target architecture ($(CC)'s, so a cross compiler picks its own) says
 # which kernel files get ISA flags: on x86-64 the avx2_*.c files SIMD_FLAGS,
-# on AArch64 neon_dot.c DOTPROD_FLAGS (the other neon_*.c need none: NEON
-# is part of the AArch64 base). Every kernel file compiles on every target;
+# on AArch64 the neon_dot build of neon_tiles.c DOTPROD_FLAGS (the other
+# neon_*.c need none: NEON is part of the AArch64 base). Every kernel file compiles on every target;
 # off its architecture it holds only a stub, so no x86 flag reaches an Arm
 # compiler and the reverse.
 DOTPROD_FLAGS = -march=armv8.2-a+dotprod
@@ -110,11 +110,6 @@ $(BUILD)/obj/kernels/avx512bf16_%.o: src/kernels/avx512bf16_%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LIBFLAGS) $(AVX512_FLAGS) -mavx512vnni -mavx512bf16 -c $< -o $@
 endif
-ifeq ($(KERNEL_ARCH),aarch64)
-$(BUILD)/obj/kernels/neon_dot.o: src/kernels/neon_dot.c
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LIBFLAGS) $(DOTPROD_FLAGS) -c $< -o $@
-endif
 
 # Kernel variants built from one source (kernels/variant.h): each file of
 # VARIANT_SRC_<v> is compiled again for variant v into
@@ -123,17 +118,24 @@ endif
 # The x86 ones (kernels/x86.h): avx2_quant.c, avx2_packed.c, avx2_panel.c
 # are avx2's as themselves and avxvnni's, avx512's and avx512vnni's as
 # variants; avx512_pair.c is only built as variants (avx512, avx512vnni).
-# Every target builds them (off x86 and under LAMINA_X86_BASE_ONLY they
-# hold lookups that return NULL), and only x86 gets the flags.
-KERNEL_VARIANTS = avxvnni avx512 avx512vnni
+# AArch64: neon_tiles.c is built as neon and neon_dot (the neondot
+# variant's names, with DOTPROD_FLAGS). Every target builds them all (off
+# their architecture, and the x86 ones under LAMINA_X86_BASE_ONLY, they
+# hold stubs), and only their architecture gets the flags.
+KERNEL_VARIANTS = avxvnni avx512 avx512vnni neon neon_dot
 VARIANT_SRC_avxvnni = avx2_quant avx2_packed avx2_panel
 VARIANT_SRC_avx512 = avx2_quant avx2_packed avx2_panel avx512_pair
 VARIANT_SRC_avx512vnni = avx2_quant avx2_packed avx2_panel avx512_pair
-VARIANT_ONLY = avx512_pair
+VARIANT_SRC_neon = neon_tiles
+VARIANT_SRC_neon_dot = neon_tiles
+VARIANT_ONLY = avx512_pair neon_tiles
 ifeq ($(KERNEL_ARCH),x86)
 VARIANT_FLAGS_avxvnni = $(SIMD_FLAGS) -mavxvnni
 VARIANT_FLAGS_avx512 = $(AVX512_FLAGS)
 VARIANT_FLAGS_avx512vnni = $(AVX512_FLAGS) -mavx512vnni
+endif
+ifeq ($(KERNEL_ARCH),aarch64)
+VARIANT_FLAGS_neon_dot = $(DOTPROD_FLAGS)
 endif
 define KERNEL_VARIANT_RULE
 $$(BUILD)/obj/kernels/$(1)/%.o: src/kernels/%.c

@@ -8,13 +8,14 @@
  *             int8 dot products of the quantized types as widening
  *             multiplies (smull) and pairwise adds (sadalp);
  *   neondot   the same with the dot-product extension (sdot, Armv8.2-A
- *             FEAT_DotProd; HWCAP_ASIMDDP), in kernels/neon_dot.c, the only
- *             file compiled with -march=armv8.2-a+dotprod, so the binary
- *             still runs on plain Armv8-A.
+ *             FEAT_DotProd; HWCAP_ASIMDDP), the only build compiled with
+ *             -march=armv8.2-a+dotprod, so the binary still runs on plain
+ *             Armv8-A.
  *
- * kernels/neon_tmpl.h holds the code both variants share; kernels/neon_quant.c
- * and kernels/neon_dot.c include it with the int8 dot product of their
- * variant. The activation types are those of the scalar reference
+ * kernels/neon_tiles.c holds the dot products and tiles, built once per
+ * variant (Makefile, kernels/variant.h: names neon_* and neon_dot_*) with
+ * the int8 dot product of the variant; kernels/neon_quant.c the
+ * quantizers and conversions both share. The activation types are those of the scalar reference
  * (format/quant.h: Q8_0 for the 32-element types, Q8_K for the K-quants, F16
  * for F16 weights, F32 for F32 and BF16).
  *
@@ -37,7 +38,7 @@
  *    (roundf) is FCVTAS; the f16 conversions are NEON's FCVTN/FCVTL, IEEE
  *    round to nearest even under Linux's default FPCR.
  *  - Interleaved (packed) tiles for Q8_0 and Q4_0 (quant.h's layout of 8
- *    rows, against block_q8_0s activations; neon_tmpl.h): per (row, token)
+ *    rows, against block_q8_0s activations; neon_tiles.c): per (row, token)
  *    acc = fma(float(isum_b), dw_b * dx_b, acc) over the block columns in
  *    order, the integer sums exact, so both variants give the same bits and
  *    a token's result does not depend on its tile (1 to NEON_PACK_TILE

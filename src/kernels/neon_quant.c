@@ -1,9 +1,9 @@
 /*
- * neon_quant.c - the plain NEON kernels (Armv8-A Advanced SIMD, which every
- * AArch64 CPU has): kernels/neon_tmpl.h with NT_DOT 0 (names neon_*), the
- * activation quantizers and KV conversions both NEON variants share, and
- * neon_kernels(), the per-type list the kernel table takes them from
- * (contracts in kernels/neon.h).
+ * neon_quant.c - the activation quantizers and KV conversions both NEON
+ * variants share (Armv8-A Advanced SIMD, which every AArch64 CPU has), and
+ * neon_kernels(), the per-type list the kernel table takes them and the
+ * variants' dot products and tiles (kernels/neon_tiles.c) from (contracts
+ * in kernels/neon.h).
  *
  * Conversions give the scalar reference's bits (format/quant.c):
  *  - F16 -> float: FCVTL, exact for every half; infinities and NaNs are
@@ -23,11 +23,18 @@
 
 #if defined(__aarch64__)
 
-#define NT_DOT 0
-#define NT_FN(name) neon_##name
-#include "kernels/neon_tmpl.h"
-
+#include <arm_neon.h>
 #include <math.h>
+#include <string.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* The f16 at p as a float (FCVT: exact). */
+INLINE float h2f(const void *p) {
+    __fp16 h;
+    memcpy(&h, p, 2);
+    return (float)h;
+}
 
 /* ---- F16 ---------------------------------------------------------------------- */
 

@@ -1,10 +1,12 @@
 /*
- * neon_tmpl.h - the dot products and gemm tiles of the NEON kernels, written
+ * neon_tiles.c - the dot products and gemm tiles of the NEON kernels, written
  * once for both variants (contracts in kernels/neon.h).
  *
- * Included by kernels/neon_quant.c (NT_DOT 0, names neon_*) and
- * kernels/neon_dot.c (NT_DOT 1, names neon_dot_*, compiled with
- * -march=armv8.2-a+dotprod); nothing else includes it. The two differ only
+ * Built once per variant (Makefile, kernels/variant.h): neon (no extra
+ * flags: NEON is part of the AArch64 base; NT_DOT 0, names neon_*) and
+ * neon_dot (-march=armv8.2-a+dotprod; NT_DOT 1, names neon_dot_*); nothing
+ * of the second runs unless cpu_has_neon_dot() said yes (HWCAP_ASIMDDP), so
+ * the binary still runs on plain Armv8-A. The two differ only
  * in dot16(), the exact int8 dot product of 16 lanes into four int32
  * partial sums, and NP_DOT (the same by 4-byte lane, for the packed tiles
  * at the end): sdot with the extension, smull + sadalp without. Every
@@ -26,9 +28,22 @@
  * 31 * 128 * 32 per sub-block, eight of them: < 2^26; Q6_K |sc| <= 128,
  * sixteen sub-blocks of 16 * 32 * 128: < 2^28. All fit int32.
  */
-#if !defined(NT_DOT) || !defined(NT_FN)
-#error "neon_tmpl.h is included by neon_quant.c and neon_dot.c only"
+#include "kernels/variant.h" /* first: the variant's names */
+
+#include "kernels/neon.h"
+
+#if !defined(LM_VARIANT)
+#error "neon_tiles.c is built per variant: -DLM_VARIANT=neon or neon_dot (Makefile)"
 #endif
+
+#if defined(__aarch64__)
+
+#if defined(__ARM_FEATURE_DOTPROD)
+#define NT_DOT 1
+#else
+#define NT_DOT 0
+#endif
+#define NT_FN(name) LM_VFN(name)
 
 #include <arm_neon.h>
 #include <math.h>
@@ -441,3 +456,5 @@ NP_GEMM(q8_0, false)
 #undef NP_GEMM
 #undef NP_DOT
 #undef NP_BCAST
+
+#endif
