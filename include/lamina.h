@@ -34,6 +34,24 @@
  * finish reasons, sampling and request parameters, events, statistics), so
  * a request travels from the API to the engine without being copied into
  * another shape.
+ *
+ * Structs that grow: a newer lamina may add fields, always at the end, and a
+ * program built against an older lamina.h keeps working with it.
+ *   - A struct the program fills and passes in (lm_load_params,
+ *     lm_engine_config, lm_request_params) begins with `size_t size`, the
+ *     struct's size as the program was compiled. Fill it with its defaults
+ *     macro (lm_engine_config_default(&c) calls lm_engine_config_init(&c,
+ *     sizeof c)), then set fields. lamina reads only the first `size` bytes:
+ *     a field past them keeps its default. A size below sizeof(size_t) or
+ *     above the library's own struct (a program built against a newer
+ *     lamina.h than the library it runs with) is LM_ERR_INVALID.
+ *   - A struct lamina fills for the program (lm_model_info, lm_engine_stats)
+ *     is written through a getter macro that passes sizeof: lamina writes only
+ *     that many bytes.
+ *   - lm_sample_params, lm_hist and lm_chat_msg never grow (they sit inside
+ *     other structs or in arrays); new sampling fields go to the end of
+ *     lm_request_params. lm_event and lm_request_stats are lamina's own
+ *     memory, read through a pointer: their new fields come at the end.
  */
 #ifndef LAMINA_H
 #define LAMINA_H
@@ -47,9 +65,9 @@ extern "C" {
 #endif
 
 #define LM_VERSION_MAJOR 0
-#define LM_VERSION_MINOR 5
+#define LM_VERSION_MINOR 6
 #define LM_VERSION_PATCH 0
-#define LM_VERSION_STRING "0.5.0"
+#define LM_VERSION_STRING "0.6.0"
 
 #if defined(__GNUC__) || defined(__clang__)
 #define LM_API __attribute__((visibility("default")))
@@ -96,9 +114,14 @@ typedef struct lm_request lm_request;
 typedef bool (*lm_progress_fn)(void *user, float done);
 
 typedef struct {
+    size_t size;             /* sizeof(lm_load_params), set by lm_load_params_default */
     lm_progress_fn progress; /* may be NULL */
     void *progress_user;
 } lm_load_params;
+
+/* No progress callback. */
+LM_API void lm_load_params_init(lm_load_params *p, size_t size);
+#define lm_load_params_default(p) lm_load_params_init((p), sizeof *(p))
 
 /* Open a GGUF model (p may be NULL). On success *out holds the model (free
  * with lm_model_free); on failure *out is NULL and the status says why:
@@ -118,8 +141,10 @@ typedef struct {
     uint64_t weight_bytes; /* bytes of all tensors in the file */
 } lm_model_info;
 
-/* Valid while the model lives. */
-LM_API void lm_model_get_info(const lm_model *m, lm_model_info *info);
+/* Fill the first size bytes of *info (lm_model_get_info passes sizeof); the
+ * strings are valid while the model lives. */
+LM_API void lm_model_info_get(const lm_model *m, lm_model_info *info, size_t size);
+#define lm_model_get_info(m, info) lm_model_info_get((m), (info), sizeof *(info))
 /* The model's tokenizer (owned by the model), or NULL when the file has none. */
 LM_API const lm_tokenizer *lm_model_tokenizer(const lm_model *m);
 
@@ -205,6 +230,7 @@ LM_API void lm_sample_params_default(lm_sample_params *p);
 enum { LM_KV_F32 = 0, LM_KV_F16 = 1, LM_KV_Q8_0 = 8 };
 
 typedef struct {
+    size_t size;                 /* sizeof(lm_engine_config), set by lm_engine_config_default */
     int n_threads;               /* <= 0: one per core */
     int batch_tokens;            /* tokens per iteration; <= 0: the default (512) */
     int max_seqs;                /* sequences running at once (default 64) */
@@ -254,7 +280,9 @@ typedef struct {
 
 enum { LM_SPEC_NONE = 0, LM_SPEC_NGRAM = 1, LM_SPEC_DRAFT = 2 };
 
-LM_API void lm_engine_config_default(lm_engine_config *c);
+/* The defaults each field states; size bytes of *c are written. */
+LM_API void lm_engine_config_init(lm_engine_config *c, size_t size);
+#define lm_engine_config_default(c) lm_engine_config_init((c), sizeof *(c))
 
 typedef enum {
     LM_FINISH_NONE = 0,  /* not finished (a token event) */
@@ -308,6 +336,9 @@ typedef struct {
 typedef void (*lm_event_fn)(void *user, const lm_event *ev);
 
 typedef struct {
+    size_t size;          /* sizeof(lm_request_params), set by lm_request_params_default */
+    lm_event_fn on_event; /* required */
+    void *user;
     const int32_t *prompt; /* token ids (copied at submission), at least one; or NULL and: */
     int n_prompt;
     const char *text;        /* the prompt as text, tokenized at submission (BOS as the model */
@@ -342,11 +373,12 @@ typedef struct {
                                  < 0 off, > 0 at most this many tokens per step (capped at spec_max).
                                  Greedy output is the same token for token; sampled output has the
                                  same distribution (a seed reproduces it at the same load) */
-    lm_event_fn on_event;                /* required */
-    void *user;
 } lm_request_params;
 
-LM_API void lm_request_params_default(lm_request_params *p);
+/* The defaults each field states (sampling: lm_sample_params_default's);
+ * on_event NULL. size bytes of *p are written. */
+LM_API void lm_request_params_init(lm_request_params *p, size_t size);
+#define lm_request_params_default(p) lm_request_params_init((p), sizeof *(p))
 
 /* Start an engine (and its thread) over a model that must outlive it (c may
  * be NULL: the defaults). LM_ERR_INVALID for a model without a tokenizer or
@@ -412,7 +444,9 @@ typedef struct {
     float spec_width_cost;
 } lm_engine_stats;
 
-LM_API void lm_engine_get_stats(lm_engine *e, lm_engine_stats *st);
+/* Fill the first size bytes of *st (lm_engine_get_stats passes sizeof). */
+LM_API void lm_engine_stats_get(lm_engine *e, lm_engine_stats *st, size_t size);
+#define lm_engine_get_stats(e, st) lm_engine_stats_get((e), (st), sizeof *(st))
 
 #ifdef __cplusplus
 }

@@ -191,7 +191,10 @@ static void test_progress(void) {
     progress_log *log = calloc(1, sizeof *log);
     CHECK(log);
     log->stop_at = -1;
-    lm_load_params lp = {.progress = on_progress, .progress_user = log};
+    lm_load_params lp;
+    lm_load_params_default(&lp);
+    lp.progress = on_progress;
+    lp.progress_user = log;
     lm_model *m;
     lm_status st = lm_model_load(TEST_MODEL, &lp, &m, err, sizeof err);
     int n = log->n;
@@ -663,6 +666,84 @@ static void test_engine_bad_requests(void) {
     CHECKF(s_kv == LM_ERR_INVALID && e == NULL && err[0], "%s: %s", lm_status_name(s_kv), err);
 }
 
+/* Structs that grow (lamina.h): a program built against an older lamina.h
+ * passes a shorter struct, and lamina reads only its `size` bytes (the
+ * fields past them keep their defaults); a struct lamina fills is written
+ * only as far as the program's size. A field past a shortened size holds
+ * an invalid value here, so reading it would fail the call. */
+static void test_struct_growth(void) {
+    char err[LM_ERRLEN];
+    /* defaults written only up to size: the bytes after stay as they were */
+    _Alignas(max_align_t) unsigned char raw[sizeof(lm_engine_config) + 16];
+    memset(raw, 0xa5, sizeof raw);
+    size_t cut = offsetof(lm_engine_config, watermark);
+    lm_engine_config_init((lm_engine_config *)(void *)raw, cut);
+    size_t size;
+    memcpy(&size, raw, sizeof size);
+    bool untouched = true;
+    for (size_t i = cut; i < sizeof raw; i++) untouched &= raw[i] == 0xa5;
+    CHECK(size == cut && untouched);
+    lm_engine_config cfg;
+    lm_engine_config_default(&cfg);
+    CHECK(cfg.size == sizeof cfg && cfg.watermark == 0.01 && cfg.prefix_cache);
+    /* an older program's engine config: watermark is past its size */
+    cfg.n_threads = 1;
+    cfg.watermark = 5.0;
+    lm_engine *e = NULL;
+    CHECK(lm_engine_new(model, &cfg, &e, err, sizeof err) == LM_ERR_INVALID && e == NULL);
+    cfg.size = cut;
+    lm_status s_old = lm_engine_new(model, &cfg, &e, err, sizeof err);
+    CHECKF(s_old == LM_OK && e, "%s: %s", lm_status_name(s_old), err);
+    /* sizes no lamina.h gives */
+    lm_engine *e2 = (lm_engine *)1;
+    cfg.size = 0;
+    CHECK(lm_engine_new(model, &cfg, &e2, err, sizeof err) == LM_ERR_INVALID && e2 == NULL);
+    CHECKF(strstr(err, "lm_engine_config.size is 0") != NULL, "%s", err);
+    cfg.size = sizeof cfg + 8;
+    CHECK(lm_engine_new(model, &cfg, &e2, err, sizeof err) == LM_ERR_INVALID);
+    /* an older program's request: top_logprobs past its size keeps its default (0) */
+    static collect c;
+    memset(&c, 0, sizeof c);
+    lm_request_params p = greedy(&c, "Once upon a time", 8);
+    p.top_logprobs = LM_MAX_TOP_LOGPROBS + 1;
+    CHECK(lm_engine_submit(e, &p, NULL, err, sizeof err) == LM_ERR_INVALID);
+    p.size = offsetof(lm_request_params, top_logprobs);
+    lm_status s_req = lm_engine_submit(e, &p, NULL, err, sizeof err);
+    CHECKF(s_req == LM_OK, "%s: %s", lm_status_name(s_req), err);
+    p.size = 4;
+    CHECK(lm_engine_submit(e, &p, NULL, err, sizeof err) == LM_ERR_INVALID);
+    lm_engine_wait_idle(e);
+    CHECK(c.n_done == 1 && c.n_tok > 0);
+    /* an older program's stats: only its bytes are written */
+    _Alignas(max_align_t) unsigned char st_raw[sizeof(lm_engine_stats)];
+    memset(st_raw, 0xa5, sizeof st_raw);
+    size_t st_cut = offsetof(lm_engine_stats, requests_finished) + sizeof(uint64_t);
+    lm_engine_stats_get(e, (lm_engine_stats *)(void *)st_raw, st_cut);
+    lm_engine_stats whole;
+    lm_engine_get_stats(e, &whole);
+    untouched = true;
+    for (size_t i = st_cut; i < sizeof st_raw; i++) untouched &= st_raw[i] == 0xa5;
+    uint64_t finished;
+    memcpy(&finished, st_raw + offsetof(lm_engine_stats, requests_finished), sizeof finished);
+    CHECK(untouched && finished == 1 && whole.requests_finished == 1);
+    lm_engine_free(e);
+    /* model info the same way */
+    _Alignas(max_align_t) unsigned char info_raw[sizeof(lm_model_info)];
+    memset(info_raw, 0xa5, sizeof info_raw);
+    size_t info_cut = offsetof(lm_model_info, n_ctx_train);
+    lm_model_info_get(model, (lm_model_info *)(void *)info_raw, info_cut);
+    int n_vocab;
+    memcpy(&n_vocab, info_raw + offsetof(lm_model_info, n_vocab), sizeof n_vocab);
+    untouched = true;
+    for (size_t i = info_cut; i < sizeof info_raw; i++) untouched &= info_raw[i] == 0xa5;
+    CHECK(n_vocab == 512 && untouched);
+    /* load parameters: a size of 0 (never filled) is refused, not guessed at */
+    lm_load_params lp = {.progress = NULL};
+    lm_model *m2 = (lm_model *)1;
+    CHECK(lm_model_load(TEST_MODEL, &lp, &m2, err, sizeof err) == LM_ERR_INVALID && m2 == NULL);
+    CHECKF(strstr(err, "lm_load_params.size is 0") != NULL, "%s", err);
+}
+
 int main(void) {
     if (!mkdtemp(tmpdir)) {
         perror("mkdtemp");
@@ -686,6 +767,7 @@ int main(void) {
     TEST_RUN(test_engine_generate);
     TEST_RUN(test_engine_cancel_busy);
     TEST_RUN(test_engine_bad_requests);
+    TEST_RUN(test_struct_growth);
     lm_model_free(model);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);

@@ -167,7 +167,7 @@ lm_model *load_or_die(const char *cmd, const char *path) {
      * when loading takes longer than LAMINA_PROGRESS_AFTER: large files */
     progress prog;
     progress_begin(&prog, cmd, "loading the model", NULL);
-    lm_load_params lp = {.progress = on_load, .progress_user = &prog};
+    lm_load_params lp = {.size = sizeof lp, .progress = on_load, .progress_user = &prog};
     lm_status st;
     lm_model *m = model_load_grid(path, &lp, cli_tp_rank, cli_tp_size, cli_pp_stage, cli_pp_size, &st, err, sizeof err);
     progress_end(&prog);

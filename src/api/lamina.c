@@ -15,6 +15,11 @@
  *
  * These are the only functions the shared library exports (everything else
  * is compiled with hidden visibility); each is marked LM_API in lamina.h.
+ *
+ * Structs that grow (lamina.h): a struct a program passes in is copied over
+ * this library's defaults, its own `size` bytes of it (widened), before any
+ * module sees it; inside the library every struct is whole. A struct lamina
+ * fills is made whole here and its first `size` bytes copied out.
  */
 #include "lamina.h"
 
@@ -34,6 +39,28 @@
 static lm_status fail(lm_status s, char *err, size_t errlen, const char *msg) {
     lm_err(err, errlen, "%s", msg);
     return s;
+}
+
+/* Widen a caller's struct of `size` bytes (its first field) into whole, which
+ * holds the defaults: LM_ERR_INVALID for a size no lamina.h gives. */
+static lm_status widen(void *whole, size_t whole_size, const void *in, const char *what, char *err, size_t errlen) {
+    size_t size;
+    memcpy(&size, in, sizeof size);
+    if (size < sizeof size || size > whole_size) {
+        lm_err(err, errlen,
+               "%s.size is %zu, this library's is %zu: fill the struct with its _default macro (a size above "
+               "the library's means a newer lamina.h than the library)",
+               what, size, whole_size);
+        return LM_ERR_INVALID;
+    }
+    memcpy(whole, in, size);
+    memcpy(whole, &whole_size, sizeof whole_size);
+    return LM_OK;
+}
+
+/* Write the first size bytes of whole to out. */
+static void narrow(void *out, size_t size, const void *whole, size_t whole_size) {
+    memcpy(out, whole, size < whole_size ? size : whole_size);
 }
 
 /* ---- status, version --------------------------------------------------- */
@@ -61,6 +88,12 @@ const char *lm_version(void) { return LM_VERSION_STRING; }
 lm_status lm_model_load(const char *path, const lm_load_params *p, lm_model **out, char *err, size_t errlen) {
     if (out) *out = NULL;
     if (!path || !out) return fail(LM_ERR_INVALID, err, errlen, "lm_model_load: path and out are required");
+    lm_load_params whole = {.size = sizeof whole};
+    if (p) {
+        lm_status st = widen(&whole, sizeof whole, p, "lm_load_params", err, errlen);
+        if (st != LM_OK) return st;
+        p = &whole;
+    }
     lm_status st;
     *out = model_load_params(path, p, &st, err, errlen);
     return *out ? LM_OK : st;
@@ -68,10 +101,16 @@ lm_status lm_model_load(const char *path, const lm_load_params *p, lm_model **ou
 
 void lm_model_free(lm_model *m) { model_free(m); }
 
-void lm_model_get_info(const lm_model *m, lm_model_info *info) {
+void lm_load_params_init(lm_load_params *p, size_t size) {
+    if (!p) return;
+    lm_load_params whole = {.size = size};
+    narrow(p, size, &whole, sizeof whole);
+}
+
+void lm_model_info_get(const lm_model *m, lm_model_info *info, size_t size) {
     if (!m || !info) return;
     const lm_hparams *hp = &m->hp;
-    *info = (lm_model_info){
+    lm_model_info whole = (lm_model_info){
         .name = m->name,
         .arch = model_arch_name(hp->arch),
         .n_vocab = hp->n_vocab,
@@ -83,6 +122,7 @@ void lm_model_get_info(const lm_model *m, lm_model_info *info) {
         .n_params = m->n_params,
         .weight_bytes = m->weight_bytes,
     };
+    narrow(info, size, &whole, sizeof whole);
 }
 
 const lm_tokenizer *lm_model_tokenizer(const lm_model *m) { return m ? m->tok : NULL; }
@@ -187,12 +227,20 @@ void lm_sample_params_default(lm_sample_params *p) {
     if (p) sample_params_default(p);
 }
 
-void lm_engine_config_default(lm_engine_config *c) {
-    if (c) engine_config_default(c);
+void lm_engine_config_init(lm_engine_config *c, size_t size) {
+    if (!c) return;
+    lm_engine_config whole;
+    engine_config_default(&whole);
+    whole.size = size;
+    narrow(c, size, &whole, sizeof whole);
 }
 
-void lm_request_params_default(lm_request_params *p) {
-    if (p) engine_request_params_default(p);
+void lm_request_params_init(lm_request_params *p, size_t size) {
+    if (!p) return;
+    lm_request_params whole;
+    engine_request_params_default(&whole);
+    whole.size = size;
+    narrow(p, size, &whole, sizeof whole);
 }
 
 const char *lm_finish_name(lm_finish f) { return engine_finish_name(f); }
@@ -201,7 +249,12 @@ lm_status lm_engine_new(const lm_model *m, const lm_engine_config *c, lm_engine 
     if (out) *out = NULL;
     if (!m || !out) return fail(LM_ERR_INVALID, err, errlen, "lm_engine_new: a model and out are required");
     if (!m->tok) return fail(LM_ERR_INVALID, err, errlen, "the model has no tokenizer");
+    lm_engine_config whole;
     if (c) {
+        engine_config_default(&whole);
+        lm_status st = widen(&whole, sizeof whole, c, "lm_engine_config", err, errlen);
+        if (st != LM_OK) return st;
+        c = &whole;
         if (!(c->watermark >= 0 && c->watermark < 1))
             return fail(LM_ERR_INVALID, err, errlen, "watermark must be in [0, 1)");
         if (c->kv_type != LM_KV_F32 && c->kv_type != LM_KV_F16 && c->kv_type != LM_KV_Q8_0)
@@ -218,7 +271,11 @@ void lm_engine_free(lm_engine *e) { engine_free(e); }
 lm_status lm_engine_submit(lm_engine *e, const lm_request_params *p, lm_request **out, char *err, size_t errlen) {
     if (out) *out = NULL;
     if (!e || !p) return fail(LM_ERR_INVALID, err, errlen, "lm_engine_submit: an engine and parameters are required");
-    return engine_submit(e, p, out, err, errlen);
+    lm_request_params whole;
+    engine_request_params_default(&whole);
+    lm_status st = widen(&whole, sizeof whole, p, "lm_request_params", err, errlen);
+    if (st != LM_OK) return st;
+    return engine_submit(e, &whole, out, err, errlen);
 }
 
 void lm_request_cancel(lm_engine *e, lm_request *r) {
@@ -233,6 +290,9 @@ void lm_engine_wait_idle(lm_engine *e) {
     if (e) engine_wait_idle(e);
 }
 
-void lm_engine_get_stats(lm_engine *e, lm_engine_stats *st) {
-    if (e && st) engine_stats(e, st);
+void lm_engine_stats_get(lm_engine *e, lm_engine_stats *st, size_t size) {
+    if (!e || !st) return;
+    lm_engine_stats whole;
+    engine_stats(e, &whole);
+    narrow(st, size, &whole, sizeof whole);
 }

@@ -78,7 +78,8 @@ const char *engine_finish_name(lm_finish f) {
 }
 
 void engine_config_default(lm_engine_config *c) {
-    *c = (lm_engine_config){.n_threads = 0,
+    *c = (lm_engine_config){.size = sizeof(lm_engine_config),
+                            .n_threads = 0,
                             .batch_tokens = FWD_BATCH_DEFAULT,
                             .max_seqs = 64,
                             .n_ctx = 0,
@@ -96,6 +97,7 @@ void engine_config_default(lm_engine_config *c) {
 
 void engine_request_params_default(lm_request_params *p) {
     memset(p, 0, sizeof *p);
+    p->size = sizeof *p;
     sample_params_default(&p->sp);
     p->max_tokens = 16;
     p->n = 1;
