@@ -14,14 +14,22 @@
  *   - safefile_check_distinct on the same file, a hard link, a symbolic
  *     link, another file and a missing one;
  *   - safefile_read of a file, a directory and a FIFO (which must not block);
- *   - safefile_remove_temps removes live temporary files and nothing else.
+ *   - safefile_remove_temps removes live temporary files and nothing else;
+ *   - an output that is a noted input (the file itself, a hard or symbolic
+ *     link) is refused at create, and at commit for an input read after
+ *     create, the input untouched;
+ *   - the temporary file of a writer killed with SIGKILL is removed by the
+ *     next create of the same output, a live writer's is not, and files of
+ *     other names are left alone.
  * These do not depend on permissions, so they hold when run as root.
  */
 #include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "base/safefile.h"
@@ -61,7 +69,10 @@ static int n_entries(void) {
     return n;
 }
 
+/* Empty the test folder, and forget the inputs noted so far (a new file may
+ * reuse a removed one's inode). */
 static void clean_dir(void) {
+    safefile_forget_inputs();
     DIR *d = opendir(dir);
     char p[512];
     for (struct dirent *e; d && (e = readdir(d));) {
@@ -283,6 +294,101 @@ static void test_remove_temps(void) {
     CHECK(n_entries() == 2);
 }
 
+static void test_inputs_refused(void) {
+    clean_dir();
+    safefile_forget_inputs();
+    char in[256], hard[256], sym[256], other[256], buf[64], err[LM_ERRLEN];
+    path_in(in, sizeof in, "in.txt");
+    path_in(hard, sizeof hard, "hard.txt");
+    path_in(sym, sizeof sym, "sym.txt");
+    path_in(other, sizeof other, "other.txt");
+    CHECK(write_text(in, "input") == 0 && link(in, hard) == 0 && symlink("in.txt", sym) == 0);
+    size_t len;
+    char *text = safefile_read(in, &len, err, sizeof err);
+    CHECK(text && len == 5);
+    lm_free(text);
+    const char *outs[] = {in, hard, sym};
+    for (int i = 0; i < 3; i++) {
+        err[0] = 0;
+        safefile *f = safefile_create(outs[i], err, sizeof err);
+        CHECKF(!f && strstr(err, "is the input") != NULL, "%s: %s", outs[i], err);
+        safefile_abort(f);
+    }
+    CHECK(read_text(in, buf, sizeof buf) == 5 && !strcmp(buf, "input") && n_entries() == 3);
+    /* an input read after its output was created: refused at commit */
+    CHECK(write_text(other, "before") == 0);
+    safefile *f = safefile_create(other, err, sizeof err);
+    CHECKF(f, "%s", err);
+    safefile_note_input(other);
+    CHECK(f && safefile_write(f, "after", 5) == 0);
+    err[0] = 0;
+    CHECKF(f && safefile_commit(f, err, sizeof err) == -1 && strstr(err, "is the input"), "%s", err);
+    CHECK(read_text(other, buf, sizeof buf) == 6 && !strcmp(buf, "before") && n_entries() == 4);
+    /* forgotten, the same file is an output like any other */
+    safefile_forget_inputs();
+    f = safefile_create(in, err, sizeof err);
+    CHECKF(f, "%s", err);
+    CHECK(f && safefile_write(f, "new", 3) == 0 && safefile_commit(f, err, sizeof err) == 0);
+    CHECK(read_text(in, buf, sizeof buf) == 3 && !strcmp(buf, "new"));
+}
+
+/* The temporary files beside `name` in the test folder. */
+static int n_temps_of(const char *name) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    char pre[128];
+    snprintf(pre, sizeof pre, ".%s.tmp-", name);
+    for (struct dirent *e; d && (e = readdir(d));)
+        n += strncmp(e->d_name, pre, strlen(pre)) == 0 && strlen(e->d_name) == strlen(pre) + 6;
+    if (d) closedir(d);
+    return n;
+}
+
+static void test_stale_temps(void) {
+    clean_dir();
+    safefile_forget_inputs();
+    char out[256], decoy1[256], decoy2[256], err[LM_ERRLEN];
+    path_in(out, sizeof out, "s.gguf");
+    path_in(decoy1, sizeof decoy1, ".t.gguf.tmp-123456"); /* another output's */
+    path_in(decoy2, sizeof decoy2, ".s.gguf.tmp-zz");     /* not a name lamina makes */
+    CHECK(write_text(decoy1, "x") == 0 && write_text(decoy2, "x") == 0);
+    int ready[2];
+    CHECK(pipe(ready) == 0);
+    pid_t pid = fork();
+    if (pid == 0) { /* a writer that stops half-way and waits to be killed */
+        safefile *f = safefile_create(out, err, sizeof err);
+        if (f) (void)safefile_write(f, "half", 4);
+        char c = f ? 1 : 0;
+        if (write(ready[1], &c, 1) != 1) _exit(1);
+        for (;;) pause();
+    }
+    char c = 0;
+    bool started = pid > 0 && read(ready[0], &c, 1) == 1 && c == 1;
+    close(ready[0]);
+    close(ready[1]);
+    int n_child = n_temps_of("s.gguf");
+    /* a live writer's temporary file stays */
+    safefile *f = started ? safefile_create(out, err, sizeof err) : NULL;
+    int n_both = n_temps_of("s.gguf");
+    safefile_abort(f);
+    int n_after = n_temps_of("s.gguf");
+    /* killed, its file is removed by the next create; the decoys stay */
+    if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    CHECK(started);
+    CHECKF(f != NULL, "%s", err);
+    CHECK(n_child == 1 && n_both == 2 && n_after == 1);
+    f = safefile_create(out, err, sizeof err);
+    CHECKF(f, "%s", err);
+    CHECK(n_temps_of("s.gguf") == 1); /* only the new writer's */
+    CHECK(f && safefile_write(f, "whole", 5) == 0 && safefile_commit(f, err, sizeof err) == 0);
+    struct stat st;
+    CHECK(n_temps_of("s.gguf") == 0 && stat(decoy1, &st) == 0 && stat(decoy2, &st) == 0);
+    CHECK(n_entries() == 3);
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/lamina-safefile-XXXXXX");
     if (!mkdtemp(dir)) {
@@ -297,6 +403,8 @@ int main(void) {
     TEST_RUN(test_check_distinct);
     TEST_RUN(test_read_inputs);
     TEST_RUN(test_remove_temps);
+    TEST_RUN(test_inputs_refused);
+    TEST_RUN(test_stale_temps);
     clean_dir();
     rmdir(dir);
     return TEST_DONE();

@@ -8,6 +8,12 @@
  * Live temporary files are also listed in a small static table (copies of
  * their paths) so that safefile_remove_temps can unlink them from a signal
  * handler, using only unlink and atomic loads.
+ *
+ * A temporary file is flock'ed by its writer from the moment it exists (a
+ * cleaner that removed it in the instant between the creating open and the
+ * flock is noticed: the name no longer leads to the writer's file, and the
+ * writer takes another name). The cleaner unlinks only a file whose lock it
+ * holds and that its name still leads to.
  */
 #include "base/safefile.h"
 
@@ -19,6 +25,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <pthread.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -70,6 +79,51 @@ void safefile_remove_temps(void) {
 
 void safefile_fail_after(long n) { atomic_store(&fail_after, n < 0 ? -1 : n); }
 
+/* The inputs noted so far: device, inode and the path for messages. */
+static struct {
+    pthread_mutex_t mu;
+    int n;
+    dev_t dev[SAFEFILE_MAX_INPUTS];
+    ino_t ino[SAFEFILE_MAX_INPUTS];
+    char *path[SAFEFILE_MAX_INPUTS];
+} inputs = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+void safefile_note_input(const char *path) {
+    struct stat st;
+    if (!path || stat(path, &st) != 0) return;
+    pthread_mutex_lock(&inputs.mu);
+    bool known = false;
+    for (int i = 0; i < inputs.n; i++) known |= inputs.dev[i] == st.st_dev && inputs.ino[i] == st.st_ino;
+    if (!known && inputs.n < SAFEFILE_MAX_INPUTS) {
+        char *copy = lm_strndup(path, strlen(path));
+        if (copy) {
+            inputs.dev[inputs.n] = st.st_dev;
+            inputs.ino[inputs.n] = st.st_ino;
+            inputs.path[inputs.n++] = copy;
+        }
+    }
+    pthread_mutex_unlock(&inputs.mu);
+}
+
+void safefile_forget_inputs(void) {
+    pthread_mutex_lock(&inputs.mu);
+    for (int i = 0; i < inputs.n; i++) lm_free(inputs.path[i]);
+    inputs.n = 0;
+    pthread_mutex_unlock(&inputs.mu);
+}
+
+/* -1 with a message when `out` (stat'ed as st) is a noted input. */
+static int check_not_input(const char *out, const struct stat *st, char *err, size_t errlen) {
+    int rc = 0;
+    pthread_mutex_lock(&inputs.mu);
+    for (int i = 0; i < inputs.n && !rc; i++)
+        if (inputs.dev[i] == st->st_dev && inputs.ino[i] == st->st_ino)
+            rc = lm_err(err, errlen, "output %s is the input %s (the same file); write to another path", out,
+                        inputs.path[i]);
+    pthread_mutex_unlock(&inputs.mu);
+    return rc;
+}
+
 static const char *kind_of(mode_t m) {
     if (S_ISDIR(m)) return "a directory";
     if (S_ISCHR(m) || S_ISBLK(m)) return "a device";
@@ -104,6 +158,7 @@ static int resolve(safefile *f, const char *path, struct stat *st, bool *exists,
         if (!S_ISREG(st->st_mode))
             return lm_err(err, errlen, "%s: is %s, not a regular file; lamina will not write over it", path,
                           kind_of(st->st_mode));
+        if (check_not_input(path, st, err, errlen)) return -1;
         *exists = true;
     } else if (errno != ENOENT) {
         return lm_err(err, errlen, "%s: cannot create the output there: %s", path, strerror(errno));
@@ -115,13 +170,50 @@ static int resolve(safefile *f, const char *path, struct stat *st, bool *exists,
     return 0;
 }
 
+/* Whether name is ".BASE.tmp-XXXXXX" (6 hex digits) for the first blen
+ * bytes of base. */
+static bool is_temp_of(const char *name, const char *base, size_t blen) {
+    if (name[0] != '.' || strncmp(name + 1, base, blen) != 0) return false;
+    const char *t = name + 1 + blen;
+    if (strncmp(t, ".tmp-", 5) != 0) return false;
+    t += 5;
+    for (int i = 0; i < 6; i++)
+        if (!((t[i] >= '0' && t[i] <= '9') || (t[i] >= 'a' && t[i] <= 'f'))) return false;
+    return t[6] == 0;
+}
+
+/* Remove the temporary files beside dest whose writers are dead: those
+ * whose flock can be taken (a live writer holds its own). */
+static void remove_stale(const char *dir, const char *base, size_t blen) {
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return;
+    DIR *d = fdopendir(dfd);
+    if (!d) {
+        close(dfd);
+        return;
+    }
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!is_temp_of(de->d_name, base, blen)) continue;
+        int fd = openat(dfd, de->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) continue;
+        struct stat a, b;
+        if (fstat(fd, &a) == 0 && S_ISREG(a.st_mode) && flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+            fstatat(dfd, de->d_name, &b, AT_SYMLINK_NOFOLLOW) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+            (void)unlinkat(dfd, de->d_name, 0);
+        close(fd);
+    }
+    closedir(d);
+}
+
 /* Create ".NAME.tmp-XXXXXX" beside dest with O_EXCL (mode 0666 less the
- * umask, as fopen would); a few names are tried if one is taken. */
+ * umask, as fopen would), flock'ed; a few names are tried if one is taken. */
 static int make_temp(safefile *f, char *err, size_t errlen) {
     const char *slash = strrchr(f->dest, '/');
     const char *base = slash ? slash + 1 : f->dest;
     size_t blen = strlen(base);
     if (blen > 200) blen = 200; /* keep the name under NAME_MAX */
+    remove_stale(f->dir, base, blen);
     size_t cap = strlen(f->dir) + blen + 32;
     f->tmp = lm_malloc(cap);
     if (!f->tmp) return lm_err(err, errlen, "%s: out of memory", f->path);
@@ -135,6 +227,16 @@ static int make_temp(safefile *f, char *err, size_t errlen) {
         snprintf(f->tmp, cap, "%s/.%.*s.tmp-%06x", f->dir, (int)blen, base, x & 0xffffff);
         int fd = open(f->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         if (fd >= 0) {
+            /* no flock on this filesystem: written all the same, and never
+             * taken for a dead writer's (a cleaner cannot lock it either) */
+            bool held = flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+            struct stat a, b;
+            if (held || fstat(fd, &a) != 0 || stat(f->tmp, &b) != 0 || a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
+                /* a cleaner took the file before the lock (and removes it): another name */
+                e = EEXIST;
+                close(fd);
+                continue;
+            }
             f->slot = live_add(f->tmp);
             f->fp = fdopen(fd, "wb");
             if (!f->fp) {
@@ -206,6 +308,8 @@ int safefile_write(safefile *f, const void *p, size_t n) {
 
 const char *safefile_path(const safefile *f) { return f->path; }
 
+FILE *safefile_stream(safefile *f) { return f->fp; }
+
 void safefile_abort(safefile *f) {
     if (!f) return;
     if (f->fp) fclose(f->fp);
@@ -218,6 +322,13 @@ int safefile_commit(safefile *f, char *err, size_t errlen) {
     int e = f->failed;
     const char *what = "write failed";
     if (!e && fflush(f->fp) != 0) e = errno;
+    if (!e && ferror(f->fp)) e = EIO;
+    /* an input read after the output was created */
+    struct stat st;
+    if (!e && stat(f->dest, &st) == 0 && check_not_input(f->path, &st, err, errlen)) {
+        safefile_abort(f);
+        return -1;
+    }
     if (!e && fsync(fileno(f->fp)) != 0) e = errno, what = "fsync failed";
     int closed = fclose(f->fp);
     f->fp = NULL;
@@ -317,6 +428,7 @@ char *safefile_read(const char *path, size_t *len, char *err, size_t errlen) {
         return NULL;
     }
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    safefile_note_input(path);
     char *buf = read_fd(fd, (size_t)st.st_size, len, path, err, errlen);
     close(fd);
     return buf;

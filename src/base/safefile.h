@@ -17,6 +17,21 @@
  * safefile_create() before any long work is the check that the destination
  * folder can be written: it fails at once when it cannot.
  *
+ * Never onto an input. Every file the process reads is noted
+ * (safefile_note_input: safefile_read, gguf_open and the other readers call
+ * it), and an output that is a noted input - the same device and inode,
+ * through any hard or symbolic link - is refused, both by safefile_create
+ * and, for an input read after it, by safefile_commit (the input then stays
+ * as it was). At most SAFEFILE_MAX_INPUTS files are noted per process, far
+ * more than any command reads.
+ *
+ * Temporary files of dead writers. The writer holds an exclusive flock on
+ * its temporary file until commit or abort; the kernel drops it when the
+ * process dies, however it dies (SIGKILL included). safefile_create first
+ * removes every ".NAME.tmp-XXXXXX" beside the destination whose lock it can
+ * take: those of dead writers, never a live one's. A catchable signal is
+ * handled by the program (safefile_remove_temps from its handler).
+ *
  * Reading. safefile_read() reads a whole input (a named file, or standard
  * input for NULL) and refuses what is not data: a directory, and, for a
  * named file, a FIFO, socket or device (a FIFO would block; pipe it to
@@ -33,6 +48,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 
 typedef struct safefile safefile;
 
@@ -50,6 +66,16 @@ int safefile_commit(safefile *f, char *err, size_t errlen);
 void safefile_abort(safefile *f);
 /* The path given to safefile_create. */
 const char *safefile_path(const safefile *f);
+/* The temporary file as a stdio stream, for text written with fprintf; an
+ * error on it fails the commit. Do not close it. */
+FILE *safefile_stream(safefile *f);
+
+#define SAFEFILE_MAX_INPUTS 64
+/* Note `path` as an input of this process (nothing happens when it cannot
+ * be stat'ed, or SAFEFILE_MAX_INPUTS are noted). Thread-safe. */
+void safefile_note_input(const char *path);
+/* Forget every noted input (tests). */
+void safefile_forget_inputs(void);
 
 /* -1 with a message "OUT is the input IN" when `out` exists and is the same
  * file as `in` (same device and inode: hard links and symbolic links

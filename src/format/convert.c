@@ -72,6 +72,7 @@ static int map_file(const char *path, const char *what, mapped *m, char *err, si
         close(fd);
         return lm_err(err, errlen, "%s %s: not a regular file", what, path);
     }
+    safefile_note_input(path);
     m->dev = st.st_dev;
     m->ino = st.st_ino;
     m->size = (size_t)st.st_size;

@@ -54,6 +54,7 @@
 #include <unistd.h>
 
 #include "format/quant.h"
+#include "base/safefile.h"
 #include "base/util.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -652,6 +653,7 @@ gguf_ctx *gguf_open_status(const char *path, lm_status *status, char *err, size_
         close(fd);
         return NULL;
     }
+    safefile_note_input(path); /* never an output of this process (base/safefile.h) */
     if (st.st_size == 0) {
         *status = LM_ERR_FORMAT;
         lm_err(err, errlen, "%s: file is empty", path);

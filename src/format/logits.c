@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/safefile.h"
 #include "base/sha256.h"
 #include "base/util.h"
 
@@ -106,6 +107,7 @@ int logits_open(logits_reader *r, const char *path, char *err, size_t errlen) {
         lm_err(err, errlen, "%s: not a regular file", path);
         goto fail;
     }
+    safefile_note_input(path);
     if (fread(hb, 1, sizeof hb, r->f) != sizeof hb) {
         lm_err(err, errlen, "%s: not a lamina saved-logits file (shorter than its header)", path);
         goto fail;
