@@ -10,7 +10,14 @@
 #     64 KiB tmpfs where mount is allowed) leaves an existing output
 #     byte-identical with the same inode, and no temporary file behind;
 #   - a successful write replaces the output and leaves no temporary file;
-#   - an interrupted write (SIGINT) leaves no temporary file;
+#   - an interrupted write (SIGINT) leaves no temporary file; nor does one
+#     ended by SIGPIPE, SIGUSR1 or SIGXFSZ (ulimit -f); a writer killed with
+#     SIGKILL leaves its temporary file, and the next write of that output
+#     removes it;
+#   - every other writer refuses its inputs as output: perplexity's
+#     --save-logits and --logits-out onto the model, a symbolic link to it,
+#     or the text; route --trace onto the served model; trace --svg onto
+#     the trace it reads;
 #   - inputs that are directories or FIFOs (model, -f files, a chat template
 #     file, tokenize's standard input) are a clear error and exit 1, never a hang (every
 #     command runs under a timeout).
@@ -170,8 +177,9 @@ ids=$(printf 'Once upon a time' | timeout 20 "$L" tokenize -m "$M" --ids)
 # 8. an interrupted write (SIGINT while mkmodel generates weights, its temporary file
 #    already created) leaves neither the temporary file nor an output
 mkdir "$T/int"
-"$L" mkmodel --layers 6 --embd 512 --heads 8 --ff 1408 --vocab 32000 --type Q8_0 -t 1 -o "$T/int/big.gguf" \
-    >/dev/null 2>&1 &
+# (a background job starts with SIGINT ignored, which lamina keeps, as programs do: undo that here)
+env --default-signal=INT "$L" mkmodel --layers 6 --embd 512 --heads 8 --ff 1408 --vocab 32000 --type Q8_0 -t 1 \
+    -o "$T/int/big.gguf" >/dev/null 2>&1 &
 pid=$!
 for _ in $(seq 500); do
     [ "$(tmps "$T/int")" -gt 0 ] && break
@@ -189,6 +197,83 @@ elif [ "$seen" -eq 1 ] && [ $rc -eq 130 ] && [ -z "$(ls -A "$T/int")" ]; then
 else
     bad interrupted_write "rc $rc, temporary files seen $seen" "$(ls -A "$T/int")"
 fi
+
+# 9. other writers, other inputs: refused, the input untouched, nothing left behind
+mkdir "$T/in"
+cp "$M" "$T/in/m.gguf"
+ln -s m.gguf "$T/in/sym.gguf"
+head -c 3000 tests/data/mpi_text.txt >"$T/in/t.txt"
+cp "$T/in/m.gguf" "$T/m0"
+cp "$T/in/t.txt" "$T/t0"
+for flag in --save-logits --logits-out; do
+    for out in m.gguf sym.gguf t.txt; do
+        to "$L" perplexity -m "$T/in/m.gguf" -f "$T/in/t.txt" -c 64 $flag "$T/in/$out" >/dev/null 2>"$T/err"
+        rc=$?
+        if [ $rc -eq 1 ] && grep -q "is the input" "$T/err" && cmp -s "$T/m0" "$T/in/m.gguf" &&
+            cmp -s "$T/t0" "$T/in/t.txt" && [ "$(tmps "$T/in")" -eq 0 ]; then
+            ok "perplexity${flag#-}_refuses_$out"
+        else
+            bad "perplexity${flag#-}_refuses_$out" "rc $rc" "$(cat "$T/err")"
+        fi
+    done
+done
+to "$L" route --spawn 1 -m "$T/in/m.gguf" --trace "$T/in/m.gguf" --port 0 >/dev/null 2>"$T/err"
+rc=$?
+[ $rc -ne 0 ] && grep -q "is the input" "$T/err" && cmp -s "$T/m0" "$T/in/m.gguf" && [ "$(tmps "$T/in")" -eq 0 ] &&
+    ok route_trace_refuses_model || bad route_trace_refuses_model "rc $rc" "$(cat "$T/err")"
+printf '%s\n' '{"kind":"start","policy":0,"max_inflight":4,"max_queue":8,"replicas":["http://a"]}' \
+    '{"kind":"sample","t":0.1,"queue":0,"replicas":[{"inflight":1,"running":1,"waiting":0}]}' \
+    '{"kind":"req","id":1,"replica":0,"attempts":1,"stream":false,"status":200,"error":0,"arrive":0.0,"admit":0.01,"send":0.02,"engine_admit":0.03,"first":0.1,"done":0.2}' \
+    '{"kind":"sample","t":0.3,"queue":0,"replicas":[{"inflight":0,"running":0,"waiting":0}]}' >"$T/in/tr.jsonl"
+cp "$T/in/tr.jsonl" "$T/tr0"
+to "$L" trace "$T/in/tr.jsonl" --svg "$T/in/tr.jsonl" >/dev/null 2>"$T/err"
+rc=$?
+[ $rc -eq 1 ] && grep -q "is the input" "$T/err" && cmp -s "$T/tr0" "$T/in/tr.jsonl" && [ "$(tmps "$T/in")" -eq 0 ] &&
+    ok trace_svg_refuses_trace || bad trace_svg_refuses_trace "rc $rc" "$(cat "$T/err")"
+to "$L" trace "$T/in/tr.jsonl" --svg "$T/in/tr.svg" >/dev/null 2>"$T/err" && grep -q "<svg" "$T/in/tr.svg" &&
+    ok trace_svg_written || bad trace_svg_written "$(cat "$T/err")"
+
+# 10. writes ended by other signals leave no temporary file; SIGKILL's is removed by the next write
+BIG=(mkmodel --layers 6 --embd 512 --heads 8 --ff 1408 --vocab 32000 --type Q8_0 -t 1 -o)
+wait_temp() {
+    for _ in $(seq 500); do
+        [ "$(tmps "$1")" -gt 0 ] && return 0
+        sleep 0.01
+    done
+    return 1
+}
+for sig in PIPE USR1 KILL; do
+    rm -rf "$T/sig" && mkdir "$T/sig"
+    "$L" "${BIG[@]}" "$T/sig/big.gguf" >/dev/null 2>&1 &
+    pid=$!
+    wait_temp "$T/sig"
+    seen=$(tmps "$T/sig")
+    kill -$sig $pid 2>/dev/null
+    wait $pid
+    rc=$?
+    want=$((128 + $(kill -l $sig)))
+    left=$(tmps "$T/sig")
+    if [ $rc -eq 0 ]; then
+        echo "SKIP signal_$sig (mkmodel finished before the signal)"
+        skip=$((skip + 1))
+    elif [ $sig != KILL ] && [ "$seen" -eq 1 ] && [ $rc -eq $want ] && [ -z "$(ls -A "$T/sig")" ]; then
+        ok "signal_${sig}_leaves_nothing"
+    elif [ $sig == KILL ] && [ "$seen" -eq 1 ] && [ $rc -eq $want ] && [ "$left" -eq 1 ]; then
+        to "$L" mkmodel --layers 1 --embd 64 --heads 2 --ff 128 --vocab 64 -o "$T/sig/big.gguf" >/dev/null 2>&1
+        [ $? -eq 0 ] && [ "$(tmps "$T/sig")" -eq 0 ] && [ "$(ls -A "$T/sig")" == big.gguf ] &&
+            ok signal_KILL_temp_removed_by_next_write || bad signal_KILL_temp_removed_by_next_write "$(ls -A "$T/sig")"
+    else
+        bad "signal_$sig" "rc $rc (want $want), temporary files seen $seen, left $left" "$(ls -A "$T/sig")"
+    fi
+done
+rm -rf "$T/sig" && mkdir "$T/sig"
+(
+    ulimit -f 200
+    exec "$L" "${BIG[@]}" "$T/sig/big.gguf" >/dev/null 2>&1
+) 2>/dev/null
+rc=$?
+[ $rc -eq $((128 + $(kill -l XFSZ))) ] && [ -z "$(ls -A "$T/sig")" ] && ok file_size_limit_leaves_nothing ||
+    bad file_size_limit_leaves_nothing "rc $rc" "$(ls -A "$T/sig")"
 
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

@@ -36,6 +36,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/safefile.h"
 #include "bench_roofline.h"
 #include "kernels/kernels.h"
 #include "model/cost.h"
@@ -339,9 +340,21 @@ static double ly(double v, double lo, double hi) {
     return PLOT_B - (log10(v) - log10(lo)) / (log10(hi) - log10(lo)) * (PLOT_B - PLOT_T);
 }
 
-static int write_roofline_svg(const char *path, const roofline_opts *o, const scenario *s) {
-    FILE *f = fopen(path, "w");
-    if (!f) return -1;
+/* An SVG is written through the output guard (base/safefile.h). */
+static FILE *svg_open(const char *path, safefile **sf) {
+    char err[LM_ERRLEN];
+    if (!(*sf = safefile_create(path, err, sizeof err))) fail("bench", err);
+    return safefile_stream(*sf);
+}
+
+static void svg_close(safefile *sf) {
+    char err[LM_ERRLEN];
+    if (safefile_commit(sf, err, sizeof err)) fail("bench", err);
+}
+
+static void write_roofline_svg(const char *path, const roofline_opts *o, const scenario *s) {
+    safefile *sf;
+    FILE *f = svg_open(path, &sf);
     double bw = o->read_bw, peak = o->peak_flops / 1e9;
     double xlo = 0.01, xhi = 1000, yhi = pow(10, ceil(log10(peak * 2))), ylo = yhi / 1e6;
     fprintf(f,
@@ -398,12 +411,12 @@ static int write_roofline_svg(const char *path, const roofline_opts *o, const sc
     fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"#555\">share of the roof that bounds the op</text>\n", PLOT_R + 14,
             PLOT_T + 12 + 18 * row + 6);
     fprintf(f, "</svg>\n");
-    return fclose(f);
+    svg_close(sf);
 }
 
-static int write_bars_svg(const char *path, const roofline_opts *o, const scenario *sc, int n) {
-    FILE *f = fopen(path, "w");
-    if (!f) return -1;
+static void write_bars_svg(const char *path, const roofline_opts *o, const scenario *sc, int n) {
+    safefile *sf;
+    FILE *f = svg_open(path, &sf);
     double top = 0;
     int nb = 0;
     for (int i = 0; i < n; i++)
@@ -461,7 +474,7 @@ static int write_bars_svg(const char *path, const roofline_opts *o, const scenar
                 PLOT_R + 20, PLOT_T + 18 * k, col, PLOT_R + 36, PLOT_T + 9 + 18 * k, name);
     }
     fprintf(f, "</svg>\n");
-    return fclose(f);
+    svg_close(sf);
 }
 
 /* Run a converter without a shell (the paths are the user's); its exit
@@ -497,11 +510,11 @@ static void write_pictures(const roofline_opts *o, const scenario *sc, int n) {
     char path[4096];
     for (int i = 0; i < n; i++) {
         snprintf(path, sizeof path, "%s/roofline-%s.svg", o->svg_dir, sc[i].file);
-        if (write_roofline_svg(path, o, &sc[i])) fail("bench", "cannot write an SVG into --svg DIR");
+        write_roofline_svg(path, o, &sc[i]);
         svg_to_png(path);
     }
     snprintf(path, sizeof path, "%s/decode-time.svg", o->svg_dir);
-    if (write_bars_svg(path, o, sc, n)) fail("bench", "cannot write an SVG into --svg DIR");
+    write_bars_svg(path, o, sc, n);
     svg_to_png(path);
 }
 

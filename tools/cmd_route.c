@@ -316,11 +316,16 @@ int cmd_route(int argc, char **argv) {
         atomic_store(&sp.stopping, true);
         pthread_join(sup, NULL);
     }
-    route_free(r);
+    char ferr[LM_ERRLEN];
+    int saved = route_free(r, ferr, sizeof ferr);
     if (sup_started) stop_all(&sp);
     free(sp.argv);
     pthread_mutex_destroy(&sp.mu);
     if (rm.tok) tok_free(rm.tok);
     chat_template_free(&rm.chat);
+    if (saved != 0) {
+        fprintf(stderr, "lamina route: the trace was not saved: %s\n", ferr);
+        return 1;
+    }
     return 0;
 }

@@ -29,6 +29,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "base/safefile.h"
 #include "cli.h"
 #include "route/route.h"
 #include "base/util.h"
@@ -83,9 +84,12 @@ static void poly(FILE *f, const sample *s, int ns, int which, int rep, double t_
     fputs("\"/>\n", f);
 }
 
+/* Through the output guard (base/safefile.h): never onto the trace it read. */
 static void write_svg(const char *path, const sample *s, int ns, int n_rep, double t_max) {
-    FILE *f = fopen(path, "w");
-    if (!f) fail("trace", "cannot write the SVG");
+    char err[LM_ERRLEN];
+    safefile *sf = safefile_create(path, err, sizeof err);
+    if (!sf) fail("trace", err);
+    FILE *f = safefile_stream(sf);
     double y_max = 1;
     for (int i = 0; i < ns; i++) {
         if (s[i].queue > y_max) y_max = s[i].queue;
@@ -127,7 +131,7 @@ static void write_svg(const char *path, const sample *s, int ns, int n_rep, doub
                                  : "");
         }
     fputs("</svg>\n", f);
-    fclose(f);
+    if (safefile_commit(sf, err, sizeof err)) fail("trace", err);
 }
 
 /* The trace's samples and request lines (malloc'ed arrays); lines of
@@ -135,6 +139,7 @@ static void write_svg(const char *path, const sample *s, int ns, int n_rep, doub
 static void read_trace(const char *path, sample **s_out, int *ns_out, req **q_out, int *nq_out, int *n_rep_out) {
     FILE *f = fopen(path, "r");
     if (!f) fail("trace", "cannot read the trace file");
+    safefile_note_input(path);
     sample *s = NULL;
     req *q = NULL;
     int ns = 0, nq = 0, cap_s = 0, cap_q = 0, n_rep = 0;

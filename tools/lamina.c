@@ -666,8 +666,13 @@ static void usage_main(FILE *f) {
             "--tp N too on N x M ranks; kv --pp M prints each stage's layers, bytes and KV cache.\n");
 }
 
-/* Commands that write a file remove their temporary file when interrupted,
- * then die of the signal as they would have. */
+/* A command that writes a file removes its temporary file when a signal
+ * ends it, then dies of the signal as it would have: every signal whose
+ * default ends the process and that can be caught (SIGPIPE from `| head`,
+ * SIGXFSZ past `ulimit -f`, SIGUSR1, ...). A signal the parent left ignored
+ * (nohup's SIGHUP) stays ignored. SIGKILL cannot be caught: the next write
+ * of the same output removes that temporary file (base/safefile.h). serve
+ * and route take SIGINT and SIGTERM for a clean stop themselves. */
 static void on_fatal_signal(int sig) {
     safefile_remove_temps();
     signal(sig, SIG_DFL);
@@ -675,8 +680,13 @@ static void on_fatal_signal(int sig) {
 }
 
 static void remove_temps_on_signal(void) {
-    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
-    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) signal(sigs[i], on_fatal_signal);
+    static const int sigs[] = {SIGINT,  SIGTERM, SIGHUP,  SIGQUIT, SIGPIPE,   SIGXFSZ,
+                               SIGXCPU, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        struct sigaction old;
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+        signal(sigs[i], on_fatal_signal);
+    }
 }
 
 /* --tp N and --pp N anywhere after the subcommand: taken out of argv here,
@@ -793,7 +803,7 @@ static int run_cmd(int argc, char **argv) {
         usage_main(stdout);
         return 0;
     }
-    if (!strcmp(c, "convert") || !strcmp(c, "mkmodel") || !strcmp(c, "quantize")) remove_temps_on_signal();
+    remove_temps_on_signal();
     if (!strcmp(c, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(c, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(c, "perplexity")) return cmd_perplexity(argc - 1, argv + 1);

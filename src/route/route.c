@@ -537,13 +537,17 @@ lm_router *route_new(const rt_config *c, char *err, size_t errlen) {
         }
     }
     if (oom) {
-        route_free(r);
+        route_free(r, NULL, 0);
         return lm_err(err, errlen, "out of memory"), NULL;
     }
-    if (c->trace_path && !(r->trace = fopen(c->trace_path, "w"))) {
-        lm_err(err, errlen, "cannot write the trace '%s'", c->trace_path);
-        route_free(r);
-        return NULL;
+    if (c->trace_path) {
+        char why[LM_ERRLEN];
+        if (!(r->trace_file = safefile_create(c->trace_path, why, sizeof why))) {
+            lm_err(err, errlen, "cannot write the trace: %s", why);
+            route_free(r, NULL, 0);
+            return NULL;
+        }
+        r->trace = safefile_stream(r->trace_file);
     }
     if (r->trace) {
         fprintf(r->trace, "{\"kind\":\"start\",\"policy\":%d,\"max_inflight\":%d,\"max_queue\":%d,\"replicas\":[",
@@ -552,7 +556,12 @@ lm_router *route_new(const rt_config *c, char *err, size_t errlen) {
         fputs("]}\n", r->trace);
     }
     if (start_daemon(r, err, errlen) || rt_up_start(r, err, errlen)) {
-        route_free(r);
+        if (r->trace_file) { /* no trace of a router that never ran */
+            safefile_abort(r->trace_file);
+            r->trace_file = NULL;
+            r->trace = NULL;
+        }
+        route_free(r, NULL, 0);
         return NULL;
     }
     return r;
@@ -560,8 +569,8 @@ lm_router *route_new(const rt_config *c, char *err, size_t errlen) {
 
 int route_port(const lm_router *r) { return r->port; }
 
-void route_free(lm_router *r) {
-    if (!r) return;
+int route_free(lm_router *r, char *err, size_t errlen) {
+    if (!r) return 0;
     atomic_store(&r->stopping, true);
     if (r->daemon) { /* no new connections; the listening socket is ours to close */
         MHD_socket ls = MHD_quiesce_daemon(r->daemon);
@@ -582,11 +591,12 @@ void route_free(lm_router *r) {
         lm_free(r->rep[i].url);
         lm_free(r->rep[i].slots);
     }
-    if (r->trace) fclose(r->trace);
+    int rc = r->trace_file ? safefile_commit(r->trace_file, err, errlen) : 0;
     lm_free(r->host);
     lm_free(r->api_key);
     lm_free(r->auth_header);
     pthread_cond_destroy(&r->poll_cv);
     pthread_mutex_destroy(&r->mu);
     lm_free(r);
+    return rc;
 }

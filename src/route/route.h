@@ -95,8 +95,11 @@ typedef struct lm_router lm_router;
 lm_router *route_new(const rt_config *c, char *err, size_t errlen);
 int route_port(const lm_router *r);
 /* Stop accepting, fail what is queued, cancel what is in flight, join the
- * threads, close the trace, free. */
-void route_free(lm_router *r);
+ * threads, free. The trace, written to a temporary file beside trace_path
+ * while the router runs (base/safefile.h: never onto an input, such as the
+ * served model), is renamed into place here: 0, or -1 with a message when
+ * it could not be saved (a write failed; trace_path is then untouched). */
+int route_free(lm_router *r, char *err, size_t errlen);
 
 /* ------------------------------------------------------ parsing (pure) */
 

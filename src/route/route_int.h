@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "base/safefile.h"
 #include "base/strbuf.h"
 #include "route/route.h"
 
@@ -107,7 +108,8 @@ struct lm_router {
     double qhist_sum;
     uint64_t qhist_count;
 
-    FILE *trace; /* under mu */
+    safefile *trace_file; /* the trace's temporary file, NULL without --trace */
+    FILE *trace;          /* its stream, under mu */
     double t0;
 
     void *multi; /* CURLM, owned by the upstream thread */
