@@ -52,6 +52,19 @@ static int encode(const char *text, int32_t *ids, int cap) {
     return tok_encode(tok, text, strlen(text), tok_add_bos(tok), true, ids, cap);
 }
 
+/* \u0000 is refused (bad cases above); an escaped backslash before "u0000"
+ * is the text \u0000 and is accepted, tokenized as that text. */
+static void test_escaped_backslash_not_nul(void) {
+    lm_server_request r;
+    lm_server_error e;
+    CHECKF(parse(false, "{\"prompt\": \"a\\\\u0000b\"}", &r, &e) == 0, "%s", e.message);
+    int32_t ids[64];
+    int n = encode("a\\u0000b", ids, 64);
+    bool same = r.n_prompts == 1 && r.n_prompt[0] == n && !memcmp(r.prompts[0], ids, (size_t)n * sizeof(int32_t));
+    server_request_free(&r);
+    CHECK(same);
+}
+
 static void test_completion_defaults(void) {
     lm_server_request r;
     lm_server_error e;
@@ -251,6 +264,9 @@ static const bad_case BAD[] = {
     {false, "{\"prompt\": \"\xed\xa0\x80\"}", 400, "", NULL},
     {false, "{\"prompt\": \"a\x01\"}", 400, "", NULL},
     {false, "{\"prompt\": \"\\ud800\"}", 400, "", NULL},
+    {false, "{\"prompt\": \"a\\u0000b\"}", 400, "", NULL},
+    {false, "{\"prompt\": \"a\", \"stop\": \"\\u0000\"}", 400, "", NULL},
+    {true, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\\u0000\"}]}", 400, "", NULL},
     {false, "{}", 400, "prompt", NULL},
     {false, "{\"prompt\": null}", 400, "prompt", NULL},
     {false, "{\"prompt\": 5}", 400, "prompt", NULL},
@@ -1024,6 +1040,7 @@ static void test_cache_salt(void) {
 int main(void) {
     setup();
     TEST_RUN(test_completion_defaults);
+    TEST_RUN(test_escaped_backslash_not_nul);
     TEST_RUN(test_server_defaults);
     TEST_RUN(test_completion_all_fields);
     TEST_RUN(test_prompt_forms);

@@ -693,6 +693,16 @@ int server_parse_request(const lm_server_parse_ctx *c, bool chat, const char *bo
                        "the request body holds a raw control character (byte 0x%02x at offset %zu): not "
                        "valid JSON",
                        ch, i);
+        /* \u0000 would end the C string that carries it and cut the text
+         * short without a word: refused (an escaped backslash is skipped) */
+        if (ch == '\\' && i + 1 < len) {
+            if (i + 5 < len && body[i + 1] == 'u' && !memcmp(body + i + 2, "0000", 4))
+                return BAD(NULL,
+                           "the request body holds the escape \\u0000 at offset %zu: strings with a NUL "
+                           "character are not accepted",
+                           i);
+            i++;
+        }
     }
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
