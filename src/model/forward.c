@@ -33,11 +33,13 @@
  * Each row's arithmetic is the same whatever else is in the batch and
  * whichever thread runs it, so a sequence's logits do not depend on how its
  * tokens were batched.
+ * In forward_batch each layer is an attention block (multi-head or latent)
+ * and an FFN block (dense or experts).
  * Tensor parallel (m->tp.size > 1, shard.c): hp holds this rank's heads and
  * FFN rows, so the loops above run on the shard as they are; the o and down
- * products are partial sums, added across ranks (tp_sum, in rank order, the
+ * products are partial sums, added across ranks (reduce, in rank order, the
  * same on every rank) before the residual add, and the LM head's vocabulary
- * slices are gathered into whole logits rows on every rank (tp_lm_head).
+ * slices are gathered into whole logits rows on every rank (lm_head).
  * A serving leader (tp.lead) first sends each fwd_run's plan to the
  * followers (tp_plan.c), which run the same pass.
  * Pipeline parallel (m->pp.size > 1): the layer loop runs this stage's
@@ -66,20 +68,6 @@ const char *const lm_prof_names[LM_PROF_COUNT] = {
     "embedding",          "norms",          "q/k/v matmul",    "rope",    "attention", "output matmul",
     "ffn gate+up matmul", "ffn activation", "ffn down matmul", "lm head",
 };
-
-/* Profiling: PROF(f, slot) closes the interval started at the previous
- * PROF call and charges it to slot, and the pool's dispatch time in it
- * (pool_timing: publishing runs and waiting at their barriers) to
- * prof_gap[slot], part of prof[slot]. */
-#define PROF_START(f) double prof_t_ = (f)->profile ? prof_clock(f, NULL) : 0
-#define PROF(f, slot)                                                                                                  \
-    do {                                                                                                               \
-        if ((f)->profile) {                                                                                            \
-            double now_ = prof_clock(f, &(f)->prof_gap[slot]);                                                         \
-            (f)->prof[slot] += now_ - prof_t_;                                                                         \
-            prof_t_ = now_;                                                                                            \
-        }                                                                                                              \
-    } while (0)
 
 /* The time now; charges the pool's dispatch time since the last call to
  * *gap (NULL: only note it). */
@@ -360,19 +348,174 @@ static void run_rows(lm_fwd *f, const lm_layer *l, int stage, int n) {
     pool_run(f->pool, rows_worker, &j);
 }
 
+/* ---- the local pass ------------------------------------------------------ */
+
+/* One pass in progress: its batch and the last profile mark. */
+typedef struct {
+    lm_fwd *f;
+    const lm_seg *segs;
+    int n_seg, n;
+    double attn_work; /* the batch's attention products, to decide whether a pool wake-up pays */
+    double prof_t;    /* the time of the last profile mark */
+} pass;
+
+/* Closes the interval started at the previous mark and charges it to slot,
+ * and the pool's dispatch time in it (pool_timing: publishing runs and
+ * waiting at their barriers) to prof_gap[slot], part of prof[slot]. */
+static void prof(pass *p, int slot) {
+    lm_fwd *f = p->f;
+    if (!f->profile) return;
+    double now = prof_clock(f, &f->prof_gap[slot]);
+    f->prof[slot] += now - p->prof_t;
+    p->prof_t = now;
+}
+
 /* Tensor parallel: y (n, n_embd) := the sum over ranks of each rank's partial
  * product. Nothing when the model is whole. */
-static int tp_sum(lm_fwd *f, float *y, int n, char *err, size_t errlen) {
-    if (f->m->tp.size <= 1) return 0;
-    return dist_allreduce_sum(y, (size_t)n * (size_t)f->m->hp.n_embd, err, errlen);
+static int reduce(pass *p, float *y, char *err, size_t errlen) {
+    if (p->f->m->tp.size <= 1) return 0;
+    return dist_allreduce_sum(y, (size_t)p->n * (size_t)p->f->m->hp.n_embd, err, errlen);
+}
+
+/* Row -> position, segment -> first row and first attention work item. */
+static void batch_layout(pass *p) {
+    lm_fwd *f = p->f;
+    const lm_hparams *hp = &f->m->hp;
+    f->seg_row0[0] = 0;
+    f->seg_item0[0] = 0;
+    p->attn_work = 0;
+    for (int g = 0; g < p->n_seg; g++) {
+        const lm_seg *sg = &p->segs[g];
+        for (int i = 0; i < sg->n; i++) f->pos[f->seg_row0[g] + i] = sg->pos0 + i;
+        f->seg_row0[g + 1] = f->seg_row0[g] + sg->n;
+        f->seg_item0[g + 1] = f->seg_item0[g] + (sg->n + ATTN_TILE_Q - 1) / ATTN_TILE_Q * hp->n_head_kv;
+        p->attn_work += (double)sg->n * hp->n_head * (sg->pos0 + sg->n) * hp->head_dim;
+    }
+}
+
+static void embed(lm_fwd *f, const int32_t *tokens, int n) {
+    const lm_hparams *hp = &f->m->hp;
+    int E = hp->n_embd;
+    for (int t = 0; t < n; t++) {
+        float *x = f->x + (size_t)t * E;
+        ops_get_row(&f->m->tok_embd, tokens[t], x);
+        if (hp->emb_scale != 1.0f)
+            for (int i = 0; i < E; i++) x[i] *= hp->emb_scale;
+    }
+}
+
+/* The RoPE angles of every row for layer l's base and scale into f->cs. */
+static void rope_angles(lm_fwd *f, const lm_layer *l, int n) {
+    const lm_hparams *hp = &f->m->hp;
+    /* phi3 long-rope: the long factors when the context in use passes the original one */
+    const float *rope_ff = f->dims.n_ctx > hp->n_ctx_orig ? hp->rope_factors_long : hp->rope_factors_short;
+    bool rope_ext = rope_ff || (hp->rope_attn_factor != 1.0f && hp->rope_attn_factor != 0.0f);
+    for (int t = 0; t < n; t++)
+        if (hp->rope_yarn)
+            ops_rope_angles_yarn(f->cs + (size_t)t * hp->n_rot, hp->n_rot, f->pos[t], l->rope_base, hp->yarn_factor,
+                                 hp->yarn_low, hp->yarn_high, hp->rope_attn_factor);
+        else if (rope_ext)
+            ops_rope_angles_ext(f->cs + (size_t)t * hp->n_rot, hp->n_rot, f->pos[t], l->rope_base, l->rope_scale,
+                                rope_ff, hp->rope_attn_factor);
+        else ops_rope_angles(f->cs + (size_t)t * hp->n_rot, hp->n_rot, f->pos[t], l->rope_base, l->rope_scale);
+}
+
+/* Multi-head attention of layer li: xb (normed) in; Q/K/V, their RoPE, the
+ * cache rows, attention per segment; the heads' outputs in xb. */
+static void attn_mha(pass *p, const lm_layer *l, int li) {
+    lm_fwd *f = p->f;
+    const lm_hparams *hp = &f->m->hp;
+    const int n = p->n;
+    const size_t kvd = (size_t)hp->n_head_kv * hp->head_dim, qd = (size_t)hp->n_head * hp->head_dim;
+    float *const qkv_y[3] = {f->q, f->k, f->v};
+    const lm_weight *const qkv_w[3] = {&l->wq, &l->wk, &l->wv};
+    ops_matmul_multi(f->pool, 3, qkv_y, qkv_w, f->xb, n, f->act);
+    add_bias(f->q, l->bq, n, (int)qd);
+    add_bias(f->k, l->bk, n, (int)kvd);
+    add_bias(f->v, l->bv, n, (int)kvd);
+    prof(p, LM_PROF_QKV);
+    run_rows(f, l, ROWS_QK, n);
+    for (int g = 0; g < p->n_seg; g++) {
+        const lm_seg *sg = &p->segs[g];
+        size_t r0 = (size_t)f->seg_row0[g];
+        kv_store_rows(f->kv, sg->seq, li, sg->pos0, sg->n, f->k + r0 * kvd, kvd, f->v + r0 * kvd, kvd);
+    }
+    prof(p, LM_PROF_ROPE);
+    attn_job aj = {.f = f, .segs = p->segs, .layer = li, .n_seg = p->n_seg, .window = l->window};
+    atomic_init(&aj.next, 0);
+    /* tiny attention (short contexts, small heads) is not worth a wake-up */
+    pool_run(p->attn_work < 64.0 * 1024 ? NULL : f->pool, attn_worker, &aj);
+    prof(p, LM_PROF_ATTN);
+}
+
+/* Latent attention of layer li (mla.h): xb in, the heads' outputs in xb. */
+static void attn_mla(pass *p, const lm_layer *l, int li) {
+    mla_attn(p->f, l, li, p->segs, p->n_seg, p->n, MLA_PROJ);
+    prof(p, LM_PROF_QKV);
+    mla_attn(p->f, l, li, p->segs, p->n_seg, p->n, MLA_ROPE);
+    prof(p, LM_PROF_ROPE);
+    mla_attn(p->f, l, li, p->segs, p->n_seg, p->n, MLA_SCORES);
+    prof(p, LM_PROF_ATTN);
+    mla_attn(p->f, l, li, p->segs, p->n_seg, p->n, MLA_VALUES); /* charged to the output slot with wo */
+}
+
+/* x += attention(norm(x)) · Woᵀ, multi-head or latent. */
+static int attn_block(pass *p, const lm_layer *l, int li, char *err, size_t errlen) {
+    lm_fwd *f = p->f;
+    run_rows(f, l, ROWS_ATTN_IN, p->n);
+    prof(p, LM_PROF_NORM);
+    if (l->mla) attn_mla(p, l, li);
+    else attn_mha(p, l, li);
+    /* hb as a temporary of n_embd per token */
+    ops_matmul(f->pool, f->hb, &l->wo, f->xb, p->n, f->act);
+    if (reduce(p, f->hb, err, errlen)) return -1;
+    run_rows(f, l, ROWS_ATTN_OUT, p->n);
+    prof(p, LM_PROF_WO);
+    return 0;
+}
+
+/* The dense FFN: xb (normed) in, the down projection in xb. */
+static int ffn_dense(pass *p, const lm_layer *l, char *err, size_t errlen) {
+    lm_fwd *f = p->f;
+    float *const gu_y[2] = {f->hb, f->hb2};
+    const lm_weight *const gu_w[2] = {&l->w_gate, &l->w_up};
+    ops_matmul_multi(f->pool, 2, gu_y, gu_w, f->xb, p->n, f->act);
+    prof(p, LM_PROF_FFN_UP);
+    run_rows(f, l, ROWS_ACT, p->n);
+    prof(p, LM_PROF_FFN_ACT);
+    ops_matmul(f->pool, f->xb, &l->w_down, f->hb, p->n, f->act);
+    return reduce(p, f->xb, err, errlen);
+}
+
+/* The experts (moe.h): xb in, xb out; every expert split by rows: partial
+ * sums. Charged to the FFN's first slot, the residual add to the last. */
+static int ffn_moe(pass *p, const lm_layer *l, char *err, size_t errlen) {
+    lm_fwd *f = p->f;
+    moe_ffn(f->moe, f->pool, f->m, l, f->xb, p->n, f->act, NULL);
+    if (reduce(p, f->xb, err, errlen)) return -1;
+    prof(p, LM_PROF_FFN_UP);
+    return 0;
+}
+
+/* x += ffn(norm(x)), dense or experts. */
+static int ffn_block(pass *p, const lm_layer *l, char *err, size_t errlen) {
+    lm_fwd *f = p->f;
+    run_rows(f, l, ROWS_FFN_IN, p->n);
+    prof(p, LM_PROF_NORM);
+    if (l->moe ? ffn_moe(p, l, err, errlen) : ffn_dense(p, l, err, errlen)) return -1;
+    run_rows(f, l, ROWS_FFN_OUT, p->n);
+    prof(p, LM_PROF_FFN_DOWN);
+    return 0;
 }
 
 /* The LM head over rows normed inputs in f->xb: logits (rows, n_vocab). Split
  * by vocabulary, each rank's slice (rows, tp.n_vocab) is computed into the
- * front of a chunk of logits and the slices gathered over it, a few rows at a
- * time (the gather scratch holds TP_HEAD_ROWS whole rows). */
+ * front of a chunk of logits and the slices gathered over it, a few rows
+ * at a time (the gather scratch holds TP_HEAD_ROWS
+ * whole rows). */
 #define TP_HEAD_ROWS 16
-static int tp_lm_head(lm_fwd *f, float *logits, int rows, char *err, size_t errlen) {
+static int lm_head(pass *p, float *logits, int rows, char *err, size_t errlen) {
+    lm_fwd *f = p->f;
     const lm_model *m = f->m;
     if (m->tp.size <= 1) {
         ops_matmul(f->pool, logits, &m->output, f->xb, rows, f->act);
@@ -388,133 +531,57 @@ static int tp_lm_head(lm_fwd *f, float *logits, int rows, char *err, size_t errl
     return 0;
 }
 
+/* The final norm of the rows that want logits, then the LM head: the whole
+ * (or this rank's slice, gathered) with gemma2's final soft-cap, or a
+ * draft's vocabulary subset (head_sub.c, softcap included). */
+static int head_block(pass *p, float *logits, char *err, size_t errlen) {
+    lm_fwd *f = p->f;
+    const lm_hparams *hp = &f->m->hp;
+    const int E = hp->n_embd;
+    int rows = 0;
+    for (int g = 0; g < p->n_seg; g++)
+        for (int i = p->segs[g].n - p->segs[g].n_logits; i < p->segs[g].n; i++, rows++) {
+            int t = f->seg_row0[g] + i;
+            ops_rmsnorm(f->xb + (size_t)rows * E, f->x + (size_t)t * E, f->m->out_norm, E, hp->norm_eps);
+        }
+    prof(p, LM_PROF_NORM);
+    if (f->head) {
+        if (rows) head_sub_logits(f, logits, rows);
+    } else {
+        if (rows && lm_head(p, logits, rows, err, errlen)) return -1;
+        if (hp->final_softcap > 0) { /* gemma2 */
+            float cap = hp->final_softcap;
+            for (size_t i = 0; i < (size_t)rows * hp->n_vocab; i++) logits[i] = cap * tanhf(logits[i] / cap);
+        }
+    }
+    prof(p, LM_PROF_LM_HEAD);
+    return 0;
+}
+
 /* One pass over n <= dims.n_batch tokens split into segments (one sequence
- * each, already grown to hold their positions). Fails only when a
- * tensor-parallel collective does. */
+ * each, already grown to hold their positions): this stage's layers, each an
+ * attention block and an FFN block, then the LM head on the last stage.
+ * Fails only when a tensor-parallel collective does. */
 static int forward_batch(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *segs, int n_seg, float *logits,
                          char *err, size_t errlen) {
     const lm_model *m = f->m;
-    const lm_hparams *hp = &m->hp;
-    int E = hp->n_embd, hd = hp->head_dim;
-    size_t kvd = (size_t)hp->n_head_kv * hd, qd = (size_t)hp->n_head * hd;
-    PROF_START(f);
-
-    /* row -> position, segment -> first row and first attention work item */
-    double attn_work = 0;
-    f->seg_row0[0] = 0;
-    f->seg_item0[0] = 0;
-    for (int g = 0; g < n_seg; g++) {
-        for (int i = 0; i < segs[g].n; i++) f->pos[f->seg_row0[g] + i] = segs[g].pos0 + i;
-        f->seg_row0[g + 1] = f->seg_row0[g] + segs[g].n;
-        f->seg_item0[g + 1] = f->seg_item0[g] + (segs[g].n + ATTN_TILE_Q - 1) / ATTN_TILE_Q * hp->n_head_kv;
-        attn_work += (double)segs[g].n * hp->n_head * (segs[g].pos0 + segs[g].n) * hd;
-    }
-    for (int t = 0; t < n && m->pp.stage == 0; t++) { /* later pipeline stages received x (pp.c) */
-        float *x = f->x + (size_t)t * E;
-        ops_get_row(&m->tok_embd, tokens[t], x);
-        if (hp->emb_scale != 1.0f)
-            for (int i = 0; i < E; i++) x[i] *= hp->emb_scale;
-    }
-    PROF(f, LM_PROF_EMBED);
+    pass p = {.f = f, .segs = segs, .n_seg = n_seg, .n = n};
+    if (f->profile) p.prof_t = prof_clock(f, NULL);
+    batch_layout(&p);
+    if (m->pp.stage == 0) embed(f, tokens, n); /* later pipeline stages received x (pp.c) */
+    prof(&p, LM_PROF_EMBED);
     float cs_base = -1, cs_scale = -1; /* the RoPE the angles in f->cs are for */
-    /* phi3 long-rope: the long factors when the context in use passes the original one */
-    const float *rope_ff = f->dims.n_ctx > hp->n_ctx_orig ? hp->rope_factors_long : hp->rope_factors_short;
-    bool rope_ext = rope_ff || (hp->rope_attn_factor != 1.0f && hp->rope_attn_factor != 0.0f);
     for (int li = m->pp.layer0; li < m->pp.layer1; li++) {
         const lm_layer *l = &m->layers[li];
         if (l->rope_base != cs_base || l->rope_scale != cs_scale) {
-            for (int t = 0; t < n; t++)
-                if (hp->rope_yarn)
-                    ops_rope_angles_yarn(f->cs + (size_t)t * hp->n_rot, hp->n_rot, f->pos[t], l->rope_base,
-                                         hp->yarn_factor, hp->yarn_low, hp->yarn_high, hp->rope_attn_factor);
-                else if (rope_ext)
-                    ops_rope_angles_ext(f->cs + (size_t)t * hp->n_rot, hp->n_rot, f->pos[t], l->rope_base,
-                                        l->rope_scale, rope_ff, hp->rope_attn_factor);
-                else ops_rope_angles(f->cs + (size_t)t * hp->n_rot, hp->n_rot, f->pos[t], l->rope_base, l->rope_scale);
+            rope_angles(f, l, n);
             cs_base = l->rope_base;
             cs_scale = l->rope_scale;
         }
-        run_rows(f, l, ROWS_ATTN_IN, n);
-        PROF(f, LM_PROF_NORM);
-        if (l->mla) { /* latent attention (mla.h): xb in, the heads' outputs in xb for wo */
-            mla_attn(f, l, li, segs, n_seg, n, MLA_PROJ);
-            PROF(f, LM_PROF_QKV);
-            mla_attn(f, l, li, segs, n_seg, n, MLA_ROPE);
-            PROF(f, LM_PROF_ROPE);
-            mla_attn(f, l, li, segs, n_seg, n, MLA_SCORES);
-            PROF(f, LM_PROF_ATTN);
-            mla_attn(f, l, li, segs, n_seg, n, MLA_VALUES); /* charged to the output slot with wo */
-            goto attn_out;
-        }
-        float *const qkv_y[3] = {f->q, f->k, f->v};
-        const lm_weight *const qkv_w[3] = {&l->wq, &l->wk, &l->wv};
-        ops_matmul_multi(f->pool, 3, qkv_y, qkv_w, f->xb, n, f->act);
-        add_bias(f->q, l->bq, n, (int)qd);
-        add_bias(f->k, l->bk, n, (int)kvd);
-        add_bias(f->v, l->bv, n, (int)kvd);
-        PROF(f, LM_PROF_QKV);
-        run_rows(f, l, ROWS_QK, n);
-        for (int g = 0; g < n_seg; g++) {
-            size_t r0 = (size_t)f->seg_row0[g];
-            kv_store_rows(f->kv, segs[g].seq, li, segs[g].pos0, segs[g].n, f->k + r0 * kvd, kvd, f->v + r0 * kvd, kvd);
-        }
-        PROF(f, LM_PROF_ROPE);
-
-        attn_job aj = {.f = f, .segs = segs, .layer = li, .n_seg = n_seg, .window = l->window};
-        atomic_init(&aj.next, 0);
-        /* tiny attention (short contexts, small heads) is not worth a wake-up */
-        pool_run(attn_work < 64.0 * 1024 ? NULL : f->pool, attn_worker, &aj);
-        PROF(f, LM_PROF_ATTN);
-
-        /* x += attn · Woᵀ (hb as a temporary of n_embd per token) */
-    attn_out:
-        ops_matmul(f->pool, f->hb, &l->wo, f->xb, n, f->act);
-        if (tp_sum(f, f->hb, n, err, errlen)) return -1;
-        run_rows(f, l, ROWS_ATTN_OUT, n);
-        PROF(f, LM_PROF_WO);
-
-        run_rows(f, l, ROWS_FFN_IN, n);
-        PROF(f, LM_PROF_NORM);
-        if (l->moe) { /* experts: xb in, xb out */
-            moe_ffn(f->moe, f->pool, m, l, f->xb, n, f->act, NULL);
-            if (tp_sum(f, f->xb, n, err, errlen)) return -1; /* experts split by rows: partial sums */
-            PROF(f, LM_PROF_FFN_UP);
-            run_rows(f, l, ROWS_FFN_OUT, n);
-            PROF(f, LM_PROF_FFN_DOWN);
-            continue;
-        }
-        float *const gu_y[2] = {f->hb, f->hb2};
-        const lm_weight *const gu_w[2] = {&l->w_gate, &l->w_up};
-        ops_matmul_multi(f->pool, 2, gu_y, gu_w, f->xb, n, f->act);
-        PROF(f, LM_PROF_FFN_UP);
-        run_rows(f, l, ROWS_ACT, n);
-        PROF(f, LM_PROF_FFN_ACT);
-        ops_matmul(f->pool, f->xb, &l->w_down, f->hb, n, f->act);
-        if (tp_sum(f, f->xb, n, err, errlen)) return -1;
-        run_rows(f, l, ROWS_FFN_OUT, n);
-        PROF(f, LM_PROF_FFN_DOWN);
+        if (attn_block(&p, l, li, err, errlen) || ffn_block(&p, l, err, errlen)) return -1;
     }
     if (!logits || m->pp.stage < m->pp.size - 1) return 0; /* a pipeline stage before the last: pp.c sends x on */
-    /* only the rows that need logits go through the final norm and LM head */
-    int rows = 0;
-    for (int g = 0; g < n_seg; g++)
-        for (int i = segs[g].n - segs[g].n_logits; i < segs[g].n; i++, rows++) {
-            int t = f->seg_row0[g] + i;
-            ops_rmsnorm(f->xb + (size_t)rows * E, f->x + (size_t)t * E, m->out_norm, E, hp->norm_eps);
-        }
-    PROF(f, LM_PROF_NORM);
-    if (f->head) { /* a draft's vocabulary subset (head_sub.c, softcap included) */
-        if (rows) head_sub_logits(f, logits, rows);
-        PROF(f, LM_PROF_LM_HEAD);
-        return 0;
-    }
-    if (rows && tp_lm_head(f, logits, rows, err, errlen)) return -1;
-    if (hp->final_softcap > 0) { /* gemma2 */
-        float cap = hp->final_softcap;
-        for (size_t i = 0; i < (size_t)rows * hp->n_vocab; i++) logits[i] = cap * tanhf(logits[i] / cap);
-    }
-    PROF(f, LM_PROF_LM_HEAD);
-    return 0;
+    return head_block(&p, logits, err, errlen);
 }
 
 int fwd_run(lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_seg, float *logits, char *err, size_t errlen) {
