@@ -270,14 +270,21 @@ static void test_pp_stages_in_process(void) {
     CHECK(kv_append(r0->kv, r0->seq, N, err, sizeof err) == KV_OK &&
           kv_append(r1->kv, r1->seq, N, err, sizeof err) == KV_OK);
     size_t E = (size_t)w->hp.n_embd;
+    fwd_span sp0 = fwd_span_stage(s0, NULL), sp1 = fwd_span_stage(s1, NULL);
+    CHECK(sp0.embed && !sp0.head && !sp1.embed && sp1.head && sp0.layer1 == sp1.layer0);
     for (int p0 = 0; p0 < N; p0 += MB) {
         int n = N - p0 < MB ? N - p0 : MB;
         lm_seg g0 = {.seq = r0->seq, .pos0 = p0, .n = n, .n_logits = n}, g1 = g0;
         g1.seq = r1->seq;
-        CHECK(fwd_pass(r0->fwd, tok + p0, n, &g0, 1, got, err, sizeof err) == 0); /* no logits on stage 0 */
+        CHECK(fwd_pass(r0->fwd, &sp0, tok + p0, n, &g0, 1, got, err, sizeof err) == 0); /* no logits on stage 0 */
         memcpy(r1->fwd->x, r0->fwd->x, (size_t)n * E * sizeof(float));
-        CHECK(fwd_pass(r1->fwd, tok + p0, n, &g1, 1, got + (size_t)p0 * V, err, sizeof err) == 0);
+        CHECK(fwd_pass(r1->fwd, &sp1, tok + p0, n, &g1, 1, got + (size_t)p0 * V, err, sizeof err) == 0);
     }
+    /* a span outside the stage's layers is refused */
+    fwd_span wide = sp1;
+    wide.layer0 = 0;
+    lm_seg g = {.seq = r1->seq, .pos0 = 0, .n = 1, .n_logits = 1};
+    CHECKF(fwd_pass(r1->fwd, &wide, tok, 1, &g, 1, got, err, sizeof err) != 0 && strstr(err, "layers 0.."), "%s", err);
     CHECKF(!memcmp(got, want, (size_t)N * V * sizeof(float)), "pipelined logits differ from the whole model's");
     seqrun_free(rw);
     seqrun_free(r0);
@@ -287,6 +294,28 @@ static void test_pp_stages_in_process(void) {
     model_free(w);
     model_free(s0);
     model_free(s1);
+}
+
+/* The local pass of a tensor-parallel shard refuses to run without the
+ * hooks that sum its partial products; with hooks that sum one rank (the
+ * identity) it runs. */
+static void test_shard_needs_hooks(void) {
+    char err[LM_ERRLEN];
+    lm_model *m = load(0, 2);
+    CHECK(m && m->tp.size == 2);
+    lm_seqrun *r = seqrun_new(m, NULL, 16, 8, LM_TYPE_F16, err, sizeof err);
+    CHECK(r && kv_append(r->kv, r->seq, 2, err, sizeof err) == KV_OK);
+    int32_t tok[2] = {1, 2};
+    float *lg = malloc((size_t)m->hp.n_vocab * sizeof(float));
+    lm_seg g = {.seq = r->seq, .pos0 = 0, .n = 2, .n_logits = 1};
+    fwd_span sp = fwd_span_stage(m, NULL);
+    CHECKF(fwd_pass(r->fwd, &sp, tok, 2, &g, 1, lg, err, sizeof err) != 0 && strstr(err, "hooks"), "%s", err);
+    fwd_hooks one = {.reduce = dist_allreduce_sum, .gather_cols = dist_allgather_cols};
+    sp = fwd_span_stage(m, &one);
+    CHECKF(fwd_pass(r->fwd, &sp, tok, 2, &g, 1, lg, err, sizeof err) == 0, "%s", err);
+    free(lg);
+    seqrun_free(r);
+    model_free(m);
 }
 
 /* One rank (no MPI, or before dist_init): every collective is the identity. */
@@ -311,5 +340,6 @@ int main(void) {
     TEST_RUN(test_pp_split);
     TEST_RUN(test_kv_layer_range);
     TEST_RUN(test_pp_stages_in_process);
+    TEST_RUN(test_shard_needs_hooks);
     return TEST_DONE();
 }

@@ -2,7 +2,7 @@
  * cost.c - the cost model of one forward pass, per op (cost.h says what is
  * counted and how). Pure arithmetic over the model's shapes: it reads the
  * hyperparameters and the weights' rows and row_bytes, never their data.
- * Invariant: the sum over ops is what one pass of forward_batch (forward.c)
+ * Invariant: the sum over ops is what one pass of fwd_pass (forward.c)
  * reads, writes and computes under cost.h's conventions; the KV figures
  * use the cache's own row size (kv_plan_make), so they follow every KV type
  * the cache stores.

@@ -1,7 +1,7 @@
 /*
  * forward.c - the decoder forward pass over a flat batch of tokens from one
- * or many sequences (segments), the workspace it runs in, and the
- * single-sequence helper (forward.h).
+ * or many sequences (segments) on this process, and the workspace it runs
+ * in (forward.h).
  *
  * For each layer, with x the residual stream (n, n_embd):
  *   xb = rmsnorm(x) * attn_norm
@@ -33,19 +33,20 @@
  * Each row's arithmetic is the same whatever else is in the batch and
  * whichever thread runs it, so a sequence's logits do not depend on how its
  * tokens were batched.
- * In forward_batch each layer is an attention block (multi-head or latent)
- * and an FFN block (dense or experts).
- * Tensor parallel (m->tp.size > 1, shard.c): hp holds this rank's heads and
- * FFN rows, so the loops above run on the shard as they are; the o and down
- * products are partial sums, added across ranks (reduce, in rank order, the
- * same on every rank) before the residual add, and the LM head's vocabulary
- * slices are gathered into whole logits rows on every rank (lm_head).
- * A serving leader (tp.lead) first sends each fwd_run's plan to the
- * followers (tp_plan.c), which run the same pass.
- * Pipeline parallel (m->pp.size > 1): the layer loop runs this stage's
- * layers only; stage 0 embeds, later stages find x received (pp.c, which
- * splits a pass into micro-batches and moves x and the logits), and only
- * the last stage runs the LM head.
+ * This file is the local pass (fwd_pass): one process's layers [layer0,
+ * layer1) over one batch, each layer an attention block (multi-head or
+ * latent) and an FFN block (dense or experts). It knows nothing of other
+ * ranks. Tensor parallel (m->tp.size > 1, shard.c): hp holds this rank's
+ * heads and FFN rows, so the loops above run on the shard as they are; the
+ * o and down products are partial sums, added across ranks by the span's
+ * reduce hook (in rank order, the same on every rank) before the residual
+ * add, and the LM head's vocabulary slices are gathered into whole logits
+ * rows on every rank by its gather hook. Pipeline parallel (m->pp.size >
+ * 1): the span holds this stage's layers; stage 0 embeds, later stages
+ * find x received, and only the last stage runs the LM head. The runner
+ * above (run.c: fwd_run, the single-sequence helper; pp.c: micro-batches,
+ * stages and the hooks over dist.h; tp_plan.c: a serving leader's plan)
+ * calls the pass; the pass calls none of them.
  */
 #include "model/forward.h"
 
@@ -56,9 +57,6 @@
 #include "model/mla.h"
 #include "model/moe.h"
 #include "model/ops.h"
-#include "model/pp.h"
-#include "model/tp_plan.h"
-#include "dist/dist.h"
 #include "format/quant.h"
 #include "base/util.h"
 
@@ -350,9 +348,10 @@ static void run_rows(lm_fwd *f, const lm_layer *l, int stage, int n) {
 
 /* ---- the local pass ------------------------------------------------------ */
 
-/* One pass in progress: its batch and the last profile mark. */
+/* One pass in progress: its batch, its span and the last profile mark. */
 typedef struct {
     lm_fwd *f;
+    const fwd_span *span;
     const lm_seg *segs;
     int n_seg, n;
     double attn_work; /* the batch's attention products, to decide whether a pool wake-up pays */
@@ -371,10 +370,10 @@ static void prof(pass *p, int slot) {
 }
 
 /* Tensor parallel: y (n, n_embd) := the sum over ranks of each rank's partial
- * product. Nothing when the model is whole. */
+ * product (the span's reduce hook). Nothing when the model is whole. */
 static int reduce(pass *p, float *y, char *err, size_t errlen) {
     if (p->f->m->tp.size <= 1) return 0;
-    return dist_allreduce_sum(y, (size_t)p->n * (size_t)p->f->m->hp.n_embd, err, errlen);
+    return p->span->hooks->reduce(y, (size_t)p->n * (size_t)p->f->m->hp.n_embd, err, errlen);
 }
 
 /* Row -> position, segment -> first row and first attention work item. */
@@ -510,8 +509,8 @@ static int ffn_block(pass *p, const lm_layer *l, char *err, size_t errlen) {
 
 /* The LM head over rows normed inputs in f->xb: logits (rows, n_vocab). Split
  * by vocabulary, each rank's slice (rows, tp.n_vocab) is computed into the
- * front of a chunk of logits and the slices gathered over it, a few rows
- * at a time (the gather scratch holds TP_HEAD_ROWS
+ * front of a chunk of logits and the slices gathered over it (the span's
+ * gather hook), a few rows at a time (the gather scratch holds TP_HEAD_ROWS
  * whole rows). */
 #define TP_HEAD_ROWS 16
 static int lm_head(pass *p, float *logits, int rows, char *err, size_t errlen) {
@@ -526,7 +525,7 @@ static int lm_head(pass *p, float *logits, int rows, char *err, size_t errlen) {
         int nr = rows - r0 < TP_HEAD_ROWS ? rows - r0 : TP_HEAD_ROWS;
         float *out = logits + (size_t)r0 * V; /* (nr, V); first (nr, tp.n_vocab) the local slice */
         ops_matmul(f->pool, out, &m->output, f->xb + (size_t)r0 * E, nr, f->act);
-        if (dist_allgather_cols(out, nr, m->tp.vocab_split, out, err, errlen)) return -1;
+        if (p->span->hooks->gather_cols(out, nr, m->tp.vocab_split, out, err, errlen)) return -1;
     }
     return 0;
 }
@@ -558,33 +557,16 @@ static int head_block(pass *p, float *logits, char *err, size_t errlen) {
     return 0;
 }
 
-/* One pass over n <= dims.n_batch tokens split into segments (one sequence
- * each, already grown to hold their positions): this stage's layers, each an
- * attention block and an FFN block, then the LM head on the last stage.
- * Fails only when a tensor-parallel collective does. */
-static int forward_batch(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *segs, int n_seg, float *logits,
-                         char *err, size_t errlen) {
-    const lm_model *m = f->m;
-    pass p = {.f = f, .segs = segs, .n_seg = n_seg, .n = n};
-    if (f->profile) p.prof_t = prof_clock(f, NULL);
-    batch_layout(&p);
-    if (m->pp.stage == 0) embed(f, tokens, n); /* later pipeline stages received x (pp.c) */
-    prof(&p, LM_PROF_EMBED);
-    float cs_base = -1, cs_scale = -1; /* the RoPE the angles in f->cs are for */
-    for (int li = m->pp.layer0; li < m->pp.layer1; li++) {
-        const lm_layer *l = &m->layers[li];
-        if (l->rope_base != cs_base || l->rope_scale != cs_scale) {
-            rope_angles(f, l, n);
-            cs_base = l->rope_base;
-            cs_scale = l->rope_scale;
-        }
-        if (attn_block(&p, l, li, err, errlen) || ffn_block(&p, l, err, errlen)) return -1;
-    }
-    if (!logits || m->pp.stage < m->pp.size - 1) return 0; /* a pipeline stage before the last: pp.c sends x on */
-    return head_block(&p, logits, err, errlen);
+fwd_span fwd_span_stage(const lm_model *m, const fwd_hooks *hooks) {
+    return (fwd_span){.layer0 = m->pp.layer0,
+                      .layer1 = m->pp.layer1,
+                      .embed = m->pp.stage == 0,
+                      .head = m->pp.stage >= m->pp.size - 1,
+                      .hooks = hooks};
 }
 
-int fwd_run(lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_seg, float *logits, char *err, size_t errlen) {
+int fwd_check(const lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_seg, int *n_out, char *err,
+              size_t errlen) {
     const lm_hparams *hp = &f->m->hp;
     int n = 0;
     if (n_seg <= 0) return lm_err(err, errlen, "no tokens to process");
@@ -603,117 +585,33 @@ int fwd_run(lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_seg, flo
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
             return lm_err(err, errlen, "token id %d is out of range [0, %d)", tokens[i], hp->n_vocab);
-    if (f->m->tp.lead && tp_plan_send(f, tokens, segs, n_seg, logits != NULL, err, errlen)) return -1;
-    if (f->m->pp.size > 1) return pp_forward(f, tokens, n, segs, n_seg, logits, err, errlen);
-    return forward_batch(f, tokens, n, segs, n_seg, logits, err, errlen);
-}
-
-int fwd_pass(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *segs, int n_seg, float *logits, char *err,
-             size_t errlen) {
-    return forward_batch(f, tokens, n, segs, n_seg, logits, err, errlen);
-}
-
-/* ---- one sequence -------------------------------------------------------- */
-
-/* The common part of every constructor: a workspace over kv and a sequence
- * in it (kv taken over when owns_kv, freed on failure too). */
-static lm_seqrun *seqrun_build(const lm_model *m, lm_pool *pool, kv_pool *kv, bool owns_kv, const fwd_dims *d,
-                               bool with_seq, char *err, size_t errlen) {
-    lm_seqrun *r = lm_calloc(1, sizeof *r);
-    if (!r) {
-        if (owns_kv) kv_pool_free(kv);
-        lm_err(err, errlen, "out of memory");
-        return NULL;
-    }
-    r->kv = kv;
-    r->owns_kv = owns_kv;
-    r->n_ctx = d->n_ctx;
-    if ((with_seq && !(r->seq = kv_seq_new(kv, err, errlen))) || !(r->fwd = fwd_new(m, pool, kv, d, err, errlen))) {
-        seqrun_free(r);
-        return NULL;
-    }
-    return r;
-}
-
-lm_seqrun *seqrun_new(const lm_model *m, lm_pool *pool, int n_ctx, int n_batch, uint32_t kv_type, char *err,
-                      size_t errlen) {
-    fwd_dims d = fwd_dims_make(m, n_ctx, n_batch);
-    kv_config kc;
-    fwd_kv_config(m, &d, &kc);
-    kc.type = kv_type;
-    kc.n_seqs = 1;
-    kv_pool *kv = kv_pool_new(&kc, err, errlen);
-    if (!kv) return NULL;
-    return seqrun_build(m, pool, kv, true, &d, true, err, errlen);
-}
-
-lm_seqrun *seqrun_new_shared(const lm_model *m, lm_pool *pool, kv_pool *kv, int n_ctx, int n_batch, char *err,
-                             size_t errlen) {
-    fwd_dims d = fwd_dims_make(m, n_ctx, n_batch);
-    return seqrun_build(m, pool, kv, false, &d, true, err, errlen);
-}
-
-lm_seqrun *seqrun_fork(const lm_seqrun *src, char *err, size_t errlen) {
-    lm_seqrun *r = seqrun_build(src->fwd->m, src->fwd->pool, src->kv, false, &src->fwd->dims, false, err, errlen);
-    if (!r) return NULL;
-    if (!(r->seq = kv_fork(r->kv, src->seq, err, errlen))) {
-        seqrun_free(r);
-        return NULL;
-    }
-    r->n_past = src->n_past;
-    return r;
-}
-
-void seqrun_free(lm_seqrun *r) {
-    if (!r) return;
-    fwd_free(r->fwd);
-    if (r->owns_kv) kv_pool_free(r->kv); /* frees r->seq too */
-    else if (r->seq) kv_seq_free(r->kv, r->seq);
-    lm_free(r);
-}
-
-void seqrun_reset(lm_seqrun *r) {
-    kv_truncate(r->kv, r->seq, 0, NULL, 0);
-    r->n_past = 0;
-}
-
-int seqrun_prefix_match(lm_seqrun *r, const int32_t *tokens, int n, uint64_t salt) {
-    if (r->n_past != 0) return 0;
-    if (n > r->n_ctx) n = r->n_ctx;
-    r->n_past = kv_prefix_match(r->kv, r->seq, tokens, n, salt);
-    return r->n_past;
-}
-
-void seqrun_prefix_commit(lm_seqrun *r, const int32_t *tokens, uint64_t salt) {
-    kv_prefix_commit(r->kv, r->seq, tokens, r->n_past, salt);
-}
-
-int seqrun_forward(lm_seqrun *r, const int32_t *tokens, int n, float *logits, bool all_logits, char *err,
-                   size_t errlen) {
-    lm_fwd *f = r->fwd;
-    const lm_hparams *hp = &f->m->hp;
-    const int n_batch = f->dims.n_batch;
-    if (n <= 0) return lm_err(err, errlen, "no tokens to process");
-    if (n > r->n_ctx - r->n_past)
-        return lm_err(err, errlen, "context is full: %d positions used of %d, %d more requested", r->n_past, r->n_ctx,
-                      n);
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
-            return lm_err(err, errlen, "token id %d is out of range [0, %d)", tokens[i], hp->n_vocab);
-    for (int done = 0; done < n;) {
-        int b = n - done < n_batch ? n - done : n_batch;
-        bool last = done + b == n;
-        float *out = NULL;
-        if (logits && all_logits) out = logits + (size_t)done * hp->n_vocab;
-        else if (logits && last) out = logits;
-        /* positions n_past .. n_past+b-1 get cache slots before the pass writes them */
-        if (kv_append(r->kv, r->seq, b, err, errlen) != KV_OK) return -1;
-        lm_seg seg = {.seq = r->seq, .pos0 = r->n_past, .n = b, .n_logits = !out ? 0 : all_logits ? b : 1};
-        if (f->m->pp.size > 1 ? pp_forward(f, tokens + done, b, &seg, 1, out, err, errlen)
-                              : forward_batch(f, tokens + done, b, &seg, 1, out, err, errlen))
-            return -1;
-        r->n_past += b;
-        done += b;
-    }
+    *n_out = n;
     return 0;
+}
+
+int fwd_pass(lm_fwd *f, const fwd_span *span, const int32_t *tokens, int n, const lm_seg *segs, int n_seg,
+             float *logits, char *err, size_t errlen) {
+    const lm_model *m = f->m;
+    if (span->layer0 < m->pp.layer0 || span->layer1 > m->pp.layer1 || span->layer0 > span->layer1)
+        return lm_err(err, errlen, "layers %d..%d of a model holding %d..%d", span->layer0, span->layer1, m->pp.layer0,
+                      m->pp.layer1);
+    if (m->tp.size > 1 && (!span->hooks || !span->hooks->reduce || !span->hooks->gather_cols))
+        return lm_err(err, errlen, "a tensor-parallel shard's pass without its reduce and gather hooks");
+    pass p = {.f = f, .span = span, .segs = segs, .n_seg = n_seg, .n = n};
+    if (f->profile) p.prof_t = prof_clock(f, NULL);
+    batch_layout(&p);
+    if (span->embed) embed(f, tokens, n);
+    prof(&p, LM_PROF_EMBED);
+    float cs_base = -1, cs_scale = -1; /* the RoPE the angles in f->cs are for */
+    for (int li = span->layer0; li < span->layer1; li++) {
+        const lm_layer *l = &m->layers[li];
+        if (l->rope_base != cs_base || l->rope_scale != cs_scale) {
+            rope_angles(f, l, n);
+            cs_base = l->rope_base;
+            cs_scale = l->rope_scale;
+        }
+        if (attn_block(&p, l, li, err, errlen) || ffn_block(&p, l, err, errlen)) return -1;
+    }
+    if (!logits || !span->head) return 0; /* a pipeline stage before the last: x goes on (pp.c) */
+    return head_block(&p, logits, err, errlen);
 }

@@ -134,6 +134,61 @@ typedef struct {
 } lm_seg;
 int fwd_run(lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_seg, float *logits, char *err, size_t errlen);
 
+/* ---- the local pass ------------------------------------------------------ */
+
+/*
+ * fwd_run is a runner (run.c) over the local pass below: it checks the
+ * batch, sends a serving leader's plan (tp_plan.c) and runs this rank's part
+ * (pp.c: the pipeline's micro-batches and stages, the tensor-parallel hooks).
+ * The local pass computes layers [layer0, layer1) of this process's model
+ * for one batch and knows nothing of the other ranks: where a shard's
+ * products are partial sums (m->tp.size > 1) it calls the span's hooks.
+ *
+ * Each layer is an attention block (multi-head, or latent for deepseek2:
+ * mla.h), its output product and residual add, then an FFN block (dense, or
+ * experts: moe.h), its residual add; after the span's last layer, when it
+ * holds the model's end, the final norm and the LM head (whole, this rank's
+ * vocabulary slice gathered by the hooks, or a draft's subset: head_sub.c)
+ * for the rows that want logits.
+ */
+
+/* What a tensor-parallel shard's pass needs from the ranks of its tensor
+ * group; each returns 0, or -1 with a message. */
+typedef struct {
+    /* x (count floats): replaced on every rank by the sum of every rank's x,
+     * added in rank order (the same bits on every rank) */
+    int (*reduce)(float *x, size_t count, char *err, size_t errlen);
+    /* out (rows, sum of cols): row r holds every rank's part row r, rank
+     * after rank; part is this rank's (rows, cols[rank]) and may alias the
+     * front of out */
+    int (*gather_cols)(const float *part, int rows, const int *cols, float *out, char *err, size_t errlen);
+} fwd_hooks;
+
+/* The part of the model one local pass runs. */
+typedef struct {
+    int layer0, layer1;     /* layers [layer0, layer1), inside m->pp's */
+    bool embed;             /* x from the tokens' embeddings; else x holds the rows' input (a stage's) */
+    bool head;              /* after the layers, the final norm and LM head for the rows that want logits */
+    const fwd_hooks *hooks; /* needed when m->tp.size > 1; NULL for a whole model */
+} fwd_span;
+
+/* The span of m's pipeline stage (the whole model without pipeline
+ * parallelism): its layers, embedding on stage 0, the head on the last. */
+fwd_span fwd_span_stage(const lm_model *m, const fwd_hooks *hooks);
+
+/* fwd_run's checks of a batch (its contract above): 0 with *n the batch's
+ * tokens, or -1 with a message. */
+int fwd_check(const lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_seg, int *n, char *err, size_t errlen);
+
+/* One local pass over the n tokens of segs (checked, as fwd_check does):
+ * span's layers over f->x (embedded first when span->embed), then with
+ * span->head and logits not NULL the logits rows as fwd_run writes them;
+ * without span->head, f->x (n, n_embd) holds the rows' output. Fails only
+ * when a hook does, or (without running) when the span is not inside the
+ * model's layers or a shard has no hooks. */
+int fwd_pass(lm_fwd *f, const fwd_span *span, const int32_t *tokens, int n, const lm_seg *segs, int n_seg,
+             float *logits, char *err, size_t errlen);
+
 /* ---- an LM head over a vocabulary subset (head_sub.c) --------------------- */
 
 /*

@@ -1,12 +1,17 @@
 /*
- * pp.c - a pipeline stage's forward pass (pp.h).
+ * pp.c - this rank's part of a forward pass (pp.h): the runner between
+ * fwd_run (run.c) and the local pass (fwd_pass, forward.c), which knows
+ * nothing of the other ranks.
  *
- * Every rank runs the same calls (the command line's ranks in lockstep, or
+ * Tensor parallel: the local pass's hooks are dist.h's rank-ordered
+ * all-reduce and column gather over this stage's tensor group.
+ *
+ * Pipeline parallel: every rank runs the same calls (the command line's ranks in lockstep, or
  * a serving leader's followers from its plan, tp_plan.c), so each knows the
  * whole batch: tokens, segments, which rows want logits. A pass is cut into
  * micro-batches of consecutive rows; the i-th micro-batch of a stage is
  * received from the same tensor rank of the previous stage (world rank
- * (stage - 1) * tp + tp rank), run through this stage's layers by fwd_pass,
+ * (stage - 1) * tp + tp rank), run through this stage's span by fwd_pass,
  * and sent to the next. Sends block until the receiver takes them, so
  * stage s computes micro-batch i + 1 while stage s + 1 computes i (the
  * GPipe forward schedule; no stage holds more than one micro-batch). After
@@ -33,8 +38,11 @@ void pp_stats_get(pp_stats *s) {
 }
 void pp_stats_reset(void) { g_st = (pp_stats){0}; }
 
-int pp_forward(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *segs, int n_seg, float *logits, char *err,
-               size_t errlen) {
+static const fwd_hooks tp_hooks = {.reduce = dist_allreduce_sum, .gather_cols = dist_allgather_cols};
+
+/* A pipeline stage's pass: micro-batches received, run and sent on. */
+static int stage_forward(lm_fwd *f, const fwd_span *span, const int32_t *tokens, int n, const lm_seg *segs, int n_seg,
+                         float *logits, char *err, size_t errlen) {
     const lm_model *m = f->m;
     const lm_pp *pp = &m->pp;
     const size_t E = (size_t)m->hp.n_embd, V = (size_t)m->hp.n_vocab;
@@ -69,7 +77,7 @@ int pp_forward(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *segs, int 
         if (pp->stage > 0 && dist_recv(f->x, (size_t)rows * E * sizeof(float), peer_prev, err, errlen)) return -1;
         double t0 = lm_now();
         float *out = logits && pp->stage == last ? logits + (size_t)rows_out * V : NULL;
-        if (fwd_pass(f, tokens + mb_row0, rows, g_segs, ns, out, err, errlen)) return -1;
+        if (fwd_pass(f, span, tokens + mb_row0, rows, g_segs, ns, out, err, errlen)) return -1;
         g_st.compute_s += lm_now() - t0;
         if (pp->stage < last && dist_send(f->x, (size_t)rows * E * sizeof(float), peer_next, err, errlen)) return -1;
         rows_out += mb_logits;
@@ -84,4 +92,11 @@ int pp_forward(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *segs, int 
     int rc = dist_bcast(logits, (size_t)rows_out * V * sizeof(float), last * pp->tp, err, errlen);
     g_st.bcast_s += lm_now() - t0;
     return rc;
+}
+
+int pp_forward(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *segs, int n_seg, float *logits, char *err,
+               size_t errlen) {
+    fwd_span span = fwd_span_stage(f->m, f->m->tp.size > 1 ? &tp_hooks : NULL);
+    if (f->m->pp.size > 1) return stage_forward(f, &span, tokens, n, segs, n_seg, logits, err, errlen);
+    return fwd_pass(f, &span, tokens, n, segs, n_seg, logits, err, errlen);
 }

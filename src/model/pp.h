@@ -1,6 +1,8 @@
 /*
- * pp.h - pipeline parallelism: one forward pass of a stage split into
- * micro-batches, the activations passed stage to stage (pp.c).
+ * pp.h - this rank's part of a forward pass across the job's ranks: the
+ * local pass given the tensor-parallel hooks, and under pipeline
+ * parallelism a stage's pass split into micro-batches, the activations
+ * passed stage to stage (pp.c).
  */
 #ifndef LAMINA_PP_H
 #define LAMINA_PP_H
@@ -13,19 +15,20 @@
 /* Micro-batches per pass: 2 per stage (fewer when the pass has fewer rows). */
 #define PP_MICRO_PER_STAGE 2
 
-/* One pass of fwd_run's contract on a pipeline stage (f->m->pp.size > 1),
- * every rank of the job calling it with the same batch: the tokens are cut
- * into up to PP_MICRO_PER_STAGE x stages micro-batches of about equal
- * rows (a segment may be cut too: its later rows attend to the earlier
- * ones' K/V, stored by then on every stage); stage s receives each micro-batch's residual stream from
- * stage s - 1 (stage 0 embeds it), runs its layers and sends it to s + 1,
- * so stage s works on micro-batch i while s + 1 works on i - 1; the last
- * stage's logits rows are then broadcast to every rank. */
+/* This rank's part of one pass of fwd_run's contract (the batch checked:
+ * fwd_check), every rank of the job calling it with the same batch. The
+ * local pass (fwd_pass) runs this rank's span (fwd_span_stage), with the
+ * tensor-parallel hooks over dist.h when m->tp.size > 1. Without pipeline
+ * parallelism that is one local pass. On a pipeline stage (f->m->pp.size >
+ * 1) the tokens are cut into up to PP_MICRO_PER_STAGE x stages
+ * micro-batches of about equal rows (a segment may be cut too: its later
+ * rows attend to the earlier ones' K/V, stored by then on every stage);
+ * stage s receives each micro-batch's residual stream from stage s - 1
+ * (stage 0 embeds it), runs its layers and sends it to s + 1, so stage s
+ * works on micro-batch i while s + 1 works on i - 1; the last stage's
+ * logits rows are then broadcast to every rank. */
 int pp_forward(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *segs, int n_seg, float *logits, char *err,
                size_t errlen);
-/* The pass itself over one micro-batch (forward.c). */
-int fwd_pass(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *segs, int n_seg, float *logits, char *err,
-             size_t errlen);
 
 /* Counters since the last reset: passes, micro-batches, seconds on this
  * rank in its stage's layers (compute, tensor-parallel collectives

@@ -15,13 +15,16 @@
  * parallelism, the stage's layer range come from the follower's own model
  * (the plan's block counts are the whole model's on every stage, kv.h).
  * The follower mirrors each segment's tables into sequences of its own
- * pool (kv_seq_mirror: no references, no bookkeeping) and runs fwd_run,
- * whose collectives then pair with the leader's. The header is received by
+ * pool (kv_seq_mirror: no references, no bookkeeping) and runs what
+ * fwd_run runs after the plan is sent (fwd_check, then this rank's part:
+ * pp_forward), whose collectives then pair with the leader's. The header is received by
  * polling (dist_bcast_idle), so an idle follower sleeps.
  */
 #include "model/tp_plan.h"
 
 #include <string.h>
+
+#include "model/pp.h"
 
 #include "dist/dist.h"
 #include "base/util.h"
@@ -160,7 +163,10 @@ static int follow_run(follower *fl, const int32_t *h, char *err, size_t errlen) 
         kv_copy c = {tab[3 * i], tab[3 * i + 1], tab[3 * i + 2]};
         if (kv_block_copy(fl->kv, &c)) return lm_err(err, errlen, "a block copy out of range");
     }
-    return fwd_run(fl->fwd, tok, fl->segs, n_seg, h[4] ? fl->logits : NULL, err, errlen);
+    /* fwd_run's checks and this rank's part, without the leader's plan */
+    int n;
+    if (fwd_check(fl->fwd, tok, fl->segs, n_seg, &n, err, errlen)) return -1;
+    return pp_forward(fl->fwd, tok, n, fl->segs, n_seg, h[4] ? fl->logits : NULL, err, errlen);
 }
 
 int tp_plan_follow(const lm_model *m, lm_pool *pool, char *err, size_t errlen) {
