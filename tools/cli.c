@@ -165,7 +165,7 @@ lm_model *load_or_die(const char *cmd, const char *path) {
     char err[LM_ERRLEN];
     /* the library's loading callback, drawn on a terminal (or --progress)
      * when loading takes longer than LAMINA_PROGRESS_AFTER: large files */
-    progress prog;
+    progress_line prog;
     progress_begin(&prog, cmd, "loading the model", NULL);
     lm_load_params lp = {.size = sizeof lp, .progress = on_load, .progress_user = &prog};
     lm_status st;
@@ -285,8 +285,8 @@ void ctx_check(const char *cmd, const char *flag, long long n_ctx, int n_train, 
             cmd, flag, n_ctx, n_train, n_train);
 }
 
-void progress_begin(progress *p, const char *cmd, const char *what, const char *unit) {
-    *p = (progress){.on = progress_force || isatty(2) == 1, .cmd = cmd, .what = what, .unit = unit, .after = 2.0};
+void progress_begin(progress_line *p, const char *cmd, const char *what, const char *unit) {
+    *p = (progress_line){.on = progress_force || isatty(2) == 1, .cmd = cmd, .what = what, .unit = unit, .after = 2.0};
     const char *env = getenv("LAMINA_PROGRESS_AFTER");
     if (env && *env) {
         char *end;
@@ -297,12 +297,12 @@ void progress_begin(progress *p, const char *cmd, const char *what, const char *
     p->last = -1e30;
 }
 
-void progress_bytes(progress *p, unsigned long long done, unsigned long long total) {
+void progress_bytes(progress_line *p, unsigned long long done, unsigned long long total) {
     p->bytes = done;
     p->bytes_total = total;
 }
 
-void progress_note(progress *p, const char *fmt, ...) {
+void progress_note(progress_line *p, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(p->note, sizeof p->note, fmt, ap);
@@ -317,7 +317,7 @@ static void fmt_eta(char *b, size_t n, double s) {
     else snprintf(b, n, "%lld s", t);
 }
 
-void progress_update(progress *p, long long done, long long total) {
+void progress_update(progress_line *p, long long done, long long total) {
     if (!p->on) return;
     double now = lm_now();
     if (now - p->start < p->after || (now - p->last < 0.25 && done != total)) return; /* the end is always drawn */
@@ -343,13 +343,13 @@ void progress_update(progress *p, long long done, long long total) {
     fflush(stderr);
 }
 
-void progress_hide(progress *p) {
+void progress_hide(progress_line *p) {
     if (p->shown) fprintf(stderr, "\r\033[K");
     p->shown = false;
     p->last = -1e30; /* drawn again at the next update */
 }
 
-void progress_end(progress *p) {
+void progress_end(progress_line *p) {
     if (p->shown) fprintf(stderr, "\r\033[K");
     fflush(stderr);
     p->shown = false;

@@ -145,21 +145,21 @@ typedef struct {
     const char *cmd, *what, *unit;
     unsigned long long bytes, bytes_total; /* progress_bytes: weight of the ETA */
     char note[96];                         /* progress_note: shown after the percentage */
-} progress;
+} progress_line;
 
 /* --progress, accepted by every command (is_help sees it first): draw
  * progress lines even when stderr is not a terminal. */
 extern bool progress_force;
 
-void progress_begin(progress *p, const char *cmd, const char *what, const char *unit);
-void progress_update(progress *p, long long done, long long total);
+void progress_begin(progress_line *p, const char *cmd, const char *what, const char *unit);
+void progress_update(progress_line *p, long long done, long long total);
 /* Bytes done of a total, shown as MiB and used for the ETA (before update). */
-void progress_bytes(progress *p, unsigned long long done, unsigned long long total);
+void progress_bytes(progress_line *p, unsigned long long done, unsigned long long total);
 /* A short figure shown after the percentage ("ppl 12.34"); "" for none. */
-void progress_note(progress *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void progress_note(progress_line *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Clear the line before printing a line of output under it (the next
  * progress_update draws it again). */
-void progress_hide(progress *p);
-void progress_end(progress *p);
+void progress_hide(progress_line *p);
+void progress_end(progress_line *p);
 
 #endif

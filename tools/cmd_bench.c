@@ -124,7 +124,7 @@ static void measure_bandwidth(lm_pool *pool, double *copy_gbs, double *triad_gbs
     j.c = malloc(j.n * sizeof(float));
     *copy_gbs = *triad_gbs = *read_gbs = 0;
     if (!j.a || !j.b || !j.c) goto out;
-    progress prog;
+    progress_line prog;
     progress_begin(&prog, "bench", "memory bandwidth", "passes");
     pool_run(pool, init_worker, &j);
     for (int op = 0; op < 3; op++) {
@@ -172,7 +172,7 @@ static uint64_t weight_bytes_per_token(const lm_model *m, uint64_t *total) {
  * passes seqrun_forward would make), with progress on a terminal. */
 static int fill_depth(lm_seqrun *sr, int depth, int32_t *toks, char *err, size_t errlen) {
     seqrun_reset(sr);
-    progress prog;
+    progress_line prog;
     progress_begin(&prog, "bench", "filling the cache to depth", "tokens");
     for (int off = 0; off < depth; off += FWD_BATCH_DEFAULT) {
         progress_update(&prog, off, depth);
@@ -523,7 +523,7 @@ int cmd_bench(int argc, char **argv) {
          * the time taken to draw it is outside the timed span */
             char phase[64];
             snprintf(phase, sizeof phase, "%s%d", test == 0 ? "pp" : "tg", n);
-            progress prog = {0};
+            progress_line prog = {0};
             for (int r = 0; r < reps; r++) {
                 if (fill_depth(sr, (int)depth, toks, err, sizeof err)) fail("bench", err);
                 if (r == 0) progress_begin(&prog, "bench", phase, test == 0 ? "repetitions" : "tokens");

@@ -245,7 +245,7 @@ static int run_mode(const lm_model *m, const lm_engine_config *ec, const work_it
     pthread_mutex_init(&b.mu, NULL);
     pthread_cond_init(&b.cv, NULL);
     /* requests done, on a terminal (drawn under b.mu, at most 4 times a second) */
-    progress prog;
+    progress_line prog;
     progress_begin(&prog, "bench serve", name, "requests done");
     double t0 = lm_now();
     pthread_mutex_lock(&b.mu);

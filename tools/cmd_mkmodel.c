@@ -429,7 +429,7 @@ int cmd_mkmodel(int argc, char **argv) {
     float nn = p.arch ? 0.1f : 0.0f; /* noise on the norm weights of the other architectures */
     uint32_t t = (uint32_t)type;
     double t0 = lm_now();
-    progress prog; /* layers generated, the bytes so far: on a terminal or with --progress */
+    progress_line prog; /* layers generated, the bytes so far: on a terminal or with --progress */
     progress_begin(&prog, "mkmodel", "generating", "layers");
     /* tied heads: a smaller embedding, so the layers' sum and not the input
      * token's own row decides the next token (gemma2 scales it by sqrt(E)) */

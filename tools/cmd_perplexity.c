@@ -211,7 +211,7 @@ int cmd_perplexity(int argc, char **argv) {
     /* chunk i of n with the running perplexity, on a terminal or with
      * --progress; when stdout is the terminal too (and no --progress), the
      * running estimates printed there are the progress */
-    progress prog;
+    progress_line prog;
     progress_begin(&prog, "perplexity", "chunk", "chunks");
     prog.on = progress_force || (prog.on && !isatty(1));
     for (int c = 0; c < n_chunk; c++) {

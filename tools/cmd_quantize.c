@@ -34,7 +34,7 @@ typedef struct {
     uint64_t count[LM_TYPE_COUNT], bytes[LM_TYPE_COUNT], elems[LM_TYPE_COUNT];
     q_fallback fb[MAX_FALLBACK];
     int n_fb, fb_other; /* groups; tensors in groups past MAX_FALLBACK */
-    progress prog;      /* tensor i of n, bytes, ETA, under the tensor lines */
+    progress_line prog; /* tensor i of n, bytes, ETA, under the tensor lines */
 } q_totals;
 
 static void on_tensor(void *user, const quantize_tensor_info *t) {

@@ -169,8 +169,8 @@ typedef struct {
      * that a progress line on a terminal never overwrites it */
     const char *echo; /* (echo_len) bytes to print first, or NULL */
     size_t echo_len;
-    bool prefilled; /* the first event came (under mu) */
-    progress prog;  /* the prefill's progress line (under mu) */
+    bool prefilled;     /* the first event came (under mu) */
+    progress_line prog; /* the prefill's progress line (under mu) */
 } run_out;
 
 /* The first event: the prefill is over; clear its progress line, then echo

@@ -849,7 +849,7 @@ static int load_tensors(loader *L) {
 
 /* MemAvailable of /proc/meminfo in bytes (memory the kernel can hand out
  * without swapping, page cache included); 0 when unknown. */
-static uint64_t mem_available(void) {
+static uint64_t meminfo_available(void) {
     FILE *f = fopen("/proc/meminfo", "r");
     if (!f) return 0;
     char line[128];
@@ -897,7 +897,7 @@ static int pack_weights(loader *L) {
     /* Copies that would take most of the free memory are not made: the
      * row-major kernels compute the same products from the mapping, where
      * the kernel can page weights in and out. */
-    uint64_t avail = mem_available();
+    uint64_t avail = meminfo_available();
     if (total == 0 || (avail && total > avail / 4 * 3)) {
         lm_free(ws);
         return 0;
@@ -953,7 +953,7 @@ static lm_model *from_gguf(gguf_ctx *g, const lm_load_params *p, int rank, int s
                 .progress_user = p ? p->progress_user : NULL};
     if (report(&L, 0) || read_hparams(&L) || report(&L, 0.05) || load_tensors(&L) ||
         shard(&L, rank, size, stage, n_stages) || pack_weights(&L) || report(&L, 0.95))
-        goto fail;
+        goto failed;
     gguf_str s;
     if (gguf_get_str(g, "general.name", &s))
         snprintf(m->name, sizeof m->name, "%.*s", (int)(s.len < 127 ? s.len : 127), s.ptr);
@@ -962,19 +962,19 @@ static lm_model *from_gguf(gguf_ctx *g, const lm_load_params *p, int rank, int s
         m->tok = tok_load_status(g, &L.status, terr, sizeof terr);
         if (!m->tok) {
             lm_err(err, errlen, "tokenizer: %s", terr);
-            goto fail;
+            goto failed;
         }
         if (tok_n_vocab(m->tok) > m->hp.n_vocab) {
             L.status = LM_ERR_FORMAT;
             lm_err(err, errlen, "tokenizer has %d tokens but the embedding only %d rows", tok_n_vocab(m->tok),
                    m->hp.n_vocab);
-            goto fail;
+            goto failed;
         }
     }
-    if (report(&L, 1)) goto fail;
+    if (report(&L, 1)) goto failed;
     *status = LM_OK;
     return m;
-fail:
+failed:
     *status = L.status;
     m->gguf = NULL; /* the caller keeps g on failure */
     model_free(m);
