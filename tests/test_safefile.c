@@ -395,6 +395,7 @@ int main(void) {
         perror("mkdtemp");
         return 1;
     }
+    safefile_guard_inputs();
     TEST_RUN(test_new_and_replace);
     TEST_RUN(test_failed_write_keeps_old);
     TEST_RUN(test_gguf_fail_every_write);

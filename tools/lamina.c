@@ -804,6 +804,7 @@ static int run_cmd(int argc, char **argv) {
         return 0;
     }
     remove_temps_on_signal();
+    safefile_guard_inputs(); /* no output onto an input (base/safefile.h) */
     if (!strcmp(c, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(c, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(c, "perplexity")) return cmd_perplexity(argc - 1, argv + 1);

@@ -88,9 +88,13 @@ static struct {
     char *path[SAFEFILE_MAX_INPUTS];
 } inputs = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
+static atomic_bool guarding;
+
+void safefile_guard_inputs(void) { atomic_store(&guarding, true); }
+
 void safefile_note_input(const char *path) {
     struct stat st;
-    if (!path || stat(path, &st) != 0) return;
+    if (!atomic_load(&guarding) || !path || stat(path, &st) != 0) return;
     pthread_mutex_lock(&inputs.mu);
     bool known = false;
     for (int i = 0; i < inputs.n; i++) known |= inputs.dev[i] == st.st_dev && inputs.ino[i] == st.st_ino;

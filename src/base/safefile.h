@@ -23,7 +23,9 @@
  * through any hard or symbolic link - is refused, both by safefile_create
  * and, for an input read after it, by safefile_commit (the input then stays
  * as it was). At most SAFEFILE_MAX_INPUTS files are noted per process, far
- * more than any command reads.
+ * more than any command reads. Noting starts with safefile_guard_inputs(),
+ * which the command line calls first: a program that embeds lamina keeps
+ * no such list unless it asks for one.
  *
  * Temporary files of dead writers. The writer holds an exclusive flock on
  * its temporary file until commit or abort; the kernel drops it when the
@@ -71,8 +73,11 @@ const char *safefile_path(const safefile *f);
 FILE *safefile_stream(safefile *f);
 
 #define SAFEFILE_MAX_INPUTS 64
-/* Note `path` as an input of this process (nothing happens when it cannot
- * be stat'ed, or SAFEFILE_MAX_INPUTS are noted). Thread-safe. */
+/* From now on, note the inputs of this process. */
+void safefile_guard_inputs(void);
+/* Note `path` as an input of this process (nothing happens before
+ * safefile_guard_inputs, when it cannot be stat'ed, or when
+ * SAFEFILE_MAX_INPUTS are noted). Thread-safe. */
 void safefile_note_input(const char *path);
 /* Forget every noted input (tests). */
 void safefile_forget_inputs(void);
