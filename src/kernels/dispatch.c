@@ -29,6 +29,9 @@
  * kernels, the quantized dot products with sdot in the second), with the
  * element-wise and attention loops of kernels/neon_ops.h in both.
  *
+ * Once the entries are in place, kernels_matmul_fill (kernels/matmul.c)
+ * derives each type's matrix-product path list from them.
+ *
  * This file is compiled without ISA flags: it only stores pointers.
  */
 #include "kernels/kernels.h"
@@ -44,6 +47,7 @@
 #include "kernels/avx2_ops.h"
 #include "kernels/avx2_peak.h"
 #include "kernels/avx512_gemm.h"
+#include "kernels/matmul.h"
 #include "kernels/neon.h"
 #include "kernels/neon_ops.h"
 #include "kernels/scalar.h"
@@ -181,6 +185,7 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
             k->type[t].panel2 = NULL;
             k->type[t].packed_wide = NULL;
         }
+    kernels_matmul_fill(k);
 }
 
 static lm_isa cpu_isa_noted(char *note, size_t len);
@@ -207,6 +212,25 @@ const lm_kernels *kernels(void) {
 const lm_type_kernels *kernels_type(uint32_t type) {
     if (type >= LM_TYPE_COUNT || !quant_traits(type)) return NULL;
     return &kernels()->type[type];
+}
+
+const lm_mm_path *kernels_matmul_pick(uint32_t type, int n_tok, int64_t cols, bool has_copy) {
+    const lm_type_kernels *e = kernels_type(type);
+    return e ? matmul_list_pick(e, n_tok, cols, has_copy) : NULL;
+}
+
+bool kernels_matmul_packs(uint32_t type) {
+    const lm_type_kernels *e = kernels_type(type);
+    return e && matmul_list_packs(e);
+}
+
+size_t kernels_matmul_scratch_row(uint32_t type, int64_t cols) {
+    const lm_type_kernels *e = kernels_type(type);
+    return e ? matmul_list_scratch_row(e, type, cols) : 0;
+}
+
+void kernels_matmul_plan(lm_mm_plan *pl, uint32_t type, const lm_mm_path *p, int n_tok, int tile) {
+    matmul_list_plan(pl, kernels_type(type), p, n_tok, tile);
 }
 
 const lm_attn_kernels *kernels_attn(int head_dim) {

@@ -12,7 +12,9 @@
  *   ew        the element-wise ops of the forward pass (RMSNorm, SwiGLU,
  *             GeGLU, RoPE);
  *   attn      the inner loops of tiled attention (scores, P·V, row max, row
- *             scaling, exp-and-sum), reached through kernels_attn().
+ *             scaling, exp-and-sum), reached through kernels_attn();
+ *   type[t].mm  the matrix-product paths of the type in the order tried
+ *             (kernels/matmul.c), reached through kernels_matmul_pick().
  *
  * Each op has a scalar reference that defines what it computes (the tensor
  * types' in format/quant.c, the others in kernels/scalar.c); an ISA's files
@@ -83,6 +85,48 @@ typedef void (*lm_panel_widen_fn)(const void *wp, int64_t k0, int64_t k1, float 
 typedef void (*lm_panel2_fn)(int64_t n, int64_t k0, int64_t k1, const float *wf, int nr0, int nr1, const void *x,
                              size_t x_stride, int nc, float *st, float *y, size_t y_stride);
 
+/* One way to compute a matrix product y = x · wᵀ for a weight type: which
+ * kernels run, on which weight layout, with the activations in which
+ * format, for how many tokens. Each type's list (lm_type_kernels.mm) holds
+ * the paths its kernels allow, in the order of kernels/matmul.c's rules,
+ * where each threshold stands beside its path with where its figure came
+ * from. */
+typedef enum {
+    LM_MM_PANEL,  /* F16 panels in k-blocks: panel_widen + panel2, many tokens */
+    LM_MM_PAIR,   /* interleaved copy, two groups per call (packed_pair), few tokens */
+    LM_MM_WIDE,   /* interleaved copy, two groups per call (packed_wide), a tile's worth */
+    LM_MM_PACKED, /* interleaved copy, one group per call (packed_gemm) */
+    LM_MM_GEMM,   /* row-major weights, LM_GEMM_TILE rows x gemm_cols tokens (gemm) */
+    LM_MM_DOT     /* row-major weights, one vec_dot per (row, token) */
+} lm_mm_kind;
+
+/* The activation rows a path reads. */
+typedef enum {
+    LM_MM_ACT_F32,     /* the floats as given */
+    LM_MM_ACT_VEC_DOT, /* rows of the type's vec_dot_type (that type's from_float) */
+    LM_MM_ACT_PACKED   /* rows of packed_act (quant_packed_x_row_size) */
+} lm_mm_act;
+
+#define LM_MM_MAX 6
+
+typedef struct {
+    lm_mm_kind kind;
+    const char *name;        /* "panel", "pair", "wide", "packed", "gemm", "dot" */
+    bool packed;             /* reads the weight's interleaved copy (quant.h), not its rows */
+    bool tiled;              /* one kernel call per tile of `tile` tokens; the range is a tile's */
+    int min_tok, max_tok;    /* tokens it takes: of the product, or of one tile where tiled */
+    int64_t min_cols;        /* fewest weight columns it takes */
+    int tile;                /* tokens per kernel call (gemm_cols, pack_tile) */
+    lm_mm_act act;           /* the same for every entry of one layout of a type */
+    lm_from_float_fn conv;   /* floats -> act's rows (NULL for LM_MM_ACT_F32) */
+    lm_vec_dot_fn dot;       /* LM_MM_DOT */
+    lm_gemm_fn gemm;         /* LM_MM_GEMM */
+    lm_packed_gemm_fn one;   /* interleaved paths: one group (and a lone last group of PAIR, WIDE) */
+    lm_packed_gemm_fn two;   /* PAIR, WIDE: two consecutive groups */
+    lm_panel_widen_fn widen; /* PANEL */
+    lm_panel2_fn panel2;
+} lm_mm_path;
+
 /* The kernels of one tensor type. An entry is NULL where the type has no
  * such kernel (types lamina does not compute with have all NULL). */
 typedef struct {
@@ -103,6 +147,9 @@ typedef struct {
     lm_packed_gemm_fn packed_wide; /* two consecutive groups by pair_tile < nc <= pack_tile
                                         rows (prefill, kernels/x86_wide.h), bit-identical to
                                         packed_gemm; or NULL */
+    lm_mm_path mm[LM_MM_MAX];      /* the matrix-product paths, in the order tried
+                                        (kernels_matmul_pick) */
+    int n_mm;
 } lm_type_kernels;
 
 /* Element-wise ops (contracts: model/ops.h). */
@@ -156,6 +203,57 @@ const lm_kernels *kernels(void);
 
 /* The kernels of one tensor type (a type lamina does not know: NULL). */
 const lm_type_kernels *kernels_type(uint32_t type);
+
+/* Matrix products (kernels/matmul.c). A weight as the paths read it: its
+ * rows, and its interleaved copy or NULL. */
+typedef struct {
+    const void *data; /* (rows, cols) in type, row r at data + r * row_bytes */
+    const void *packed;
+    size_t row_bytes;
+    int64_t rows, cols;
+    uint32_t type;
+} lm_mm_weight;
+
+/* A product's kernels, resolved once per call: its path, and for a tiled
+ * path the entries that take a full tile (`tile` tokens) and the last,
+ * shorter one (n_tok % tile tokens, or n_tok < tile: the only one). */
+typedef struct {
+    const lm_mm_path *path;
+    const lm_mm_path *full, *last;
+    int tile, n_tok;
+} lm_mm_plan;
+
+/* The first path in type's list that takes n_tok tokens against cols
+ * columns, on the interleaved copy only when has_copy (the weight has
+ * one); NULL for a type lamina does not compute with. */
+const lm_mm_path *kernels_matmul_pick(uint32_t type, int n_tok, int64_t cols, bool has_copy);
+
+/* Whether a weight of this type should get an interleaved copy at load:
+ * some path of its list reads one. */
+bool kernels_matmul_packs(uint32_t type);
+
+/* Bytes of one activation row of cols inputs in path p's format (cols
+ * floats for LM_MM_ACT_F32, which reads them in place), and the most
+ * scratch any path of the type needs for one row: its converted formats
+ * only (0 when every path reads floats, or for an unknown type). */
+size_t kernels_matmul_act_row(uint32_t type, const lm_mm_path *p, int64_t cols);
+size_t kernels_matmul_scratch_row(uint32_t type, int64_t cols);
+
+/* Resolve path p (picked for type with n_tok tokens) into pl. tile: the
+ * tokens per call of an interleaved path (0: p->tile); products sharing
+ * one activation pass take the first one's. */
+void kernels_matmul_plan(lm_mm_plan *pl, uint32_t type, const lm_mm_path *p, int n_tok, int tile);
+
+/* Output rows per unit of work handed to a thread (a multiple of every
+ * type's quant_pack_rows). */
+long kernels_matmul_chunk_rows(const lm_mm_plan *pl);
+
+/* Rows [r0, r1) of y (n_tok, w->rows) = x · wᵀ by the plan, x being
+ * n_tok rows of x_row bytes in the plan's activation format (r0 a
+ * multiple of the chunk rows). A (row, token)'s bits do not depend on r0,
+ * r1 or n_tok. */
+void kernels_matmul_rows(const lm_mm_plan *pl, const lm_mm_weight *w, long r0, long r1, const void *x, size_t x_row,
+                         float *y);
 
 /* The attention kernels for a head dimension: the table's, or the scalar
  * ones where head_dim is not a multiple of their head_multiple. */
