@@ -33,7 +33,7 @@
 #define HEAD_ALIGN 64
 
 static size_t packed_size(const lm_weight *o, int n) {
-    if (!o->packed || !kernels_type(o->type)->packed_gemm) return 0;
+    if (!o->packed || !kernels_matmul_packs(o->type)) return 0;
     return quant_pack_size(o->type, n, o->cols);
 }
 

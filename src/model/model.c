@@ -891,7 +891,7 @@ static int pack_weights(loader *L) {
     const int n_w = k;
     size_t total = 0;
     for (int i = 0; i < n_w; i++) {
-        if (ws[i]->rows && kernels_type(ws[i]->type)->packed_gemm)
+        if (ws[i]->rows && kernels_matmul_packs(ws[i]->type))
             total += quant_pack_size(ws[i]->type, ws[i]->rows, ws[i]->cols);
     }
     /* Copies that would take most of the free memory are not made: the
@@ -913,7 +913,7 @@ static int pack_weights(loader *L) {
     for (int i = 0; i < n_w; i++) {
         lm_weight *w = ws[i];
         size_t sz = quant_pack_size(w->type, w->rows, w->cols);
-        if (!w->rows || !kernels_type(w->type)->packed_gemm || !sz) continue;
+        if (!w->rows || !kernels_matmul_packs(w->type) || !sz) continue;
         quant_pack(w->type, w->data, w->row_bytes, w->rows, w->cols, p);
         w->packed = p;
         p += sz;

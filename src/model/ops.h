@@ -6,12 +6,13 @@
  * activations are converted once per call to the weight type's vec_dot_type
  * (e.g. Q8_0 blocks) and every output element is one vec_dot, so a row's
  * result does not depend on how many other rows share the call. A weight
- * with an interleaved copy (lm_weight.packed: every type the kernel table
- * has packed kernels for) is always multiplied through that copy's kernels
- * instead, with the same guarantee (quant.h); a few tokens (decode) take
- * two groups of its rows per call where the kernel table has a pair tile
- * (packed_pair, the AVX-512 variants), more tokens likewise where it has a
- * wide tile (packed_wide), with the same bits.
+ * with an interleaved copy (lm_weight.packed: every type whose path list
+ * reads one, kernels_matmul_packs) is always multiplied through that
+ * copy's kernels instead, with the same guarantee (quant.h). Which kernels
+ * run (pair, wide or panel tiles, packed, gemm, vec_dot) is the first path
+ * of the type's list that takes the product (kernels_matmul_pick,
+ * kernels/matmul.c, where the thresholds are); this file only converts the
+ * activations and splits the rows over the pool.
  *
  * Every kernel comes from the kernel table (kernels/kernels.h), so
  * LAMINA_NO_SIMD=1 runs the scalar reference of each op.
