@@ -27,7 +27,7 @@
  * them with memcmp): results do not depend on the batch, and decode and
  * prefill agree.
  *
- * Many tokens (model/ops.c, panel_chunk): the conversion (two uops on the
+ * Many tokens (kernels/matmul.c, the panel path): the conversion (two uops on the
  * FMA ports per column, one per C FMAs) and the single group per
  * broadcast bound the tile above. avx512_panel_widen_block widens a block
  * of columns of a group once into floats that stay in L1, and
