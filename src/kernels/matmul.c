@@ -4,13 +4,14 @@
  *
  * One ordered list of rules (rules[] below) names every path a product can
  * take, each with the tokens and columns it takes and the weight layout it
- * reads; kernels_matmul_fill() keeps, per tensor type and variant, the rules whose
- * kernels the table has, in that order, and kernels_matmul_pick() walks
- * the list and returns the first that applies (through dispatch.c, which
- * owns the table: the matmul_list_* functions here take a type's entry). Each threshold stands in
- * its rule's line, with where its figure came from. A variant that lacks a
- * kernel (the scalar reference, avx2 without 512-bit tiles, LAMINA_NO_REPACK)
- * simply has fewer entries.
+ * reads; kernels_matmul_fill() keeps, per tensor type and variant, the
+ * rules whose kernels the table has, in that order, and
+ * kernels_matmul_pick() walks the list and returns the first that applies
+ * (through dispatch.c, which owns the table: the matmul_list_* functions
+ * here are handed a type's entry). Each threshold stands in its rule's
+ * line, or above it, with where its figure came from. A variant that lacks
+ * a kernel (the scalar reference, avx2 without 512-bit tiles,
+ * LAMINA_NO_REPACK) simply has fewer entries.
  *
  * Tiled paths (pair, wide, packed) cut the tokens into tiles of `tile`
  * (the type's pack_tile) and each tile of nc tokens runs the first tiled
