@@ -4,9 +4,12 @@
  * Order of start-up: the HTTP server listens first (so /health can answer
  * 503 while the model loads), then the model is loaded and the engine
  * started and attached. SIGINT and SIGTERM are blocked in every thread (the
- * mask is set before any thread starts) and taken here with sigwait; the
- * server is stopped first (in-flight requests are cancelled and their
- * connections closed), then the engine, then the model.
+ * mask is set before any thread starts) and taken here with sigwait. The
+ * first one stops gracefully: no new connection or request (503), the
+ * requests in progress finish, for at most --drain-timeout seconds; a second
+ * signal, or that deadline, cancels what is left (each still gets its
+ * answer: 503, or a stream's error event and [DONE]). Then the engine stops,
+ * then the model is freed.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -63,6 +66,8 @@ static void usage_serve(FILE *f) {
         "      --timeout SECONDS  cancel a request after this long, answering with what it has (default 600)\n"
         "      --keepalive SECONDS  a streaming comment line after this much silence (default 3)\n"
         "      --idle-timeout SECONDS  close a connection idle this long (default 60)\n"
+        "      --drain-timeout SECONDS  on Ctrl-C or SIGTERM, let the requests in progress finish for at\n"
+        "                       most this long before cancelling them (default 15; a second Ctrl-C: at once)\n"
         "      --read-timeout SECONDS  close a connection whose request (headers and body) has not all\n"
         "                         arrived this long after its first byte (default 30; 0: no limit)\n"
         "      --max-connections N  connections at once (default 512); past it a new one is closed\n"
@@ -137,6 +142,7 @@ int cmd_serve(int argc, char **argv) {
     const char *model = NULL, *tmpl = NULL;
     lm_server_config sc;
     server_config_default(&sc);
+    double drain = 15; /* --drain-timeout */
     lm_engine_config ec;
     engine_config_default(&ec);
     ec.max_waiting = 256;
@@ -167,6 +173,7 @@ int cmd_serve(int argc, char **argv) {
         else if (spec_opts_flag(&a, &so)) continue;
         else if (is_flag(&a, "--max-waiting", NULL)) ec.max_waiting = (int)need_int(&a, 0, 1 << 24);
         else if (is_flag(&a, "--timeout", NULL)) sc.timeout = need_float(&a, 0, 1e7);
+        else if (is_flag(&a, "--drain-timeout", NULL)) drain = need_float(&a, 0, 1e7);
         else if (is_flag(&a, "--keepalive", NULL)) sc.keepalive = need_float(&a, 0.01, 3600);
         else if (is_flag(&a, "--idle-timeout", NULL)) sc.idle_timeout = (int)need_int(&a, 1, 86400);
         else if (is_flag(&a, "--read-timeout", NULL)) sc.read_timeout = need_float(&a, 0, 86400);
@@ -238,6 +245,21 @@ int cmd_serve(int argc, char **argv) {
 
     int sig = 0;
     while (sigwait(&stop, &sig) != 0) continue;
+    server_quiesce(srv);
+    int busy = server_active_calls(srv);
+    if (busy > 0 && drain > 0) {
+        fprintf(stderr,
+                "lamina serve: %s, finishing %d request%s in progress (at most %.0f s; Ctrl-C again stops at "
+                "once)\n",
+                sig == SIGINT ? "interrupted" : "terminated", busy, busy == 1 ? "" : "s", drain);
+        double until = lm_now() + drain;
+        while (server_active_calls(srv) > 0 && lm_now() < until) {
+            struct timespec ts = {0, 50000000};
+            if (sigtimedwait(&stop, NULL, &ts) > 0) break; /* a second signal */
+        }
+        busy = server_active_calls(srv);
+        if (busy > 0) fprintf(stderr, "lamina serve: cancelling %d request%s\n", busy, busy == 1 ? "" : "s");
+    }
     fprintf(stderr, "lamina serve: %s, stopping\n", sig == SIGINT ? "interrupted" : "terminated");
     server_free(srv);
     engine_free(eng);

@@ -54,6 +54,10 @@
 /* ------------------------------------------------------------- small routes */
 
 static int route_health(lm_server *s, struct MHD_Connection *conn) {
+    if (atomic_load(&s->quiesced)) {
+        const char *body = "{\"status\":\"stopping\"}";
+        return srv_respond(s, conn, 503, "application/json", body, strlen(body), "Connection", "close");
+    }
     bool ready = atomic_load(&s->engine) != NULL;
     const char *body = ready ? "{\"status\":\"ok\"}" : "{\"status\":\"loading\"}";
     return srv_respond(s, conn, ready ? 200 : 503, "application/json", body, strlen(body), NULL, NULL);
@@ -250,6 +254,9 @@ static enum MHD_Result first_call(lm_server *s, struct MHD_Connection *conn, con
                                 s->cfg.max_headers);
     int route = route_of(url);
     bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
+    if (atomic_load(&s->quiesced) && route != R_HEALTH)
+        return srv_respond_errf(s, conn, 503, "server_error", "shutting_down", "Connection", "close",
+                                "The server is shutting down.");
     uint64_t salt = 0;
     if (!strncmp(url, "/v1/", 4) && !authorized(s, conn, &salt))
         return srv_respond_errf(s, conn, 401, "invalid_request_error", "invalid_api_key", "WWW-Authenticate", "Bearer",
@@ -412,7 +419,7 @@ static int start_daemon(lm_server *s, char *err, size_t errlen) {
     snprintf(port, sizeof port, "%d", s->cfg.port);
     int gai = getaddrinfo(s->host, port, &hints, &ai);
     if (gai || !ai) return lm_err(err, errlen, "cannot resolve '%s': %s", s->host, gai_strerror(gai));
-    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG;
+    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG | MHD_USE_ITC;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     s->starting = true;
     s->daemon =
@@ -519,9 +526,22 @@ int server_set_engine(lm_server *s, lm_engine *e, char *err, size_t errlen) {
 
 int server_port(const lm_server *s) { return s->port; }
 
+void server_quiesce(lm_server *s) {
+    if (atomic_exchange(&s->quiesced, true) || !s->daemon) return;
+    MHD_socket ls = MHD_quiesce_daemon(s->daemon); /* the listening socket is ours to close */
+    if (ls != MHD_INVALID_SOCKET) close(ls);
+}
+
+int server_active_calls(lm_server *s) { return atomic_load(&s->calls); }
+
 void server_free(lm_server *s) {
     if (!s) return;
-    atomic_store(&s->stopping, true);
+    server_quiesce(s);
+    atomic_store(&s->stopping, true); /* the calls left are cancelled and answered */
+    for (int i = 0; i < 500 && atomic_load(&s->calls) > 0; i++) {
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
     if (s->daemon) MHD_stop_daemon(s->daemon);
     conn_guard_stop(s); /* after the library: its closed notices take conn_mu */
     free_strings(s);

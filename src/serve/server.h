@@ -229,7 +229,17 @@ lm_server *server_new(lm_engine *e, const lm_server_config *c, char *err, size_t
 int server_set_engine(lm_server *s, lm_engine *e, char *err, size_t errlen);
 /* The port listened on (the chosen one when the configuration said 0). */
 int server_port(const lm_server *s);
-/* Stop accepting, cancel what is in flight, wait for every connection's
+/* The first half of a graceful stop: close the listening socket (no new
+ * connection), and answer every new request on an open one, /health
+ * included, with 503 "the server is shutting down" and Connection: close.
+ * The requests already taken go on. */
+void server_quiesce(lm_server *s);
+/* Generation requests taken and not yet answered to the end (their answer
+ * fully sent, or their connection gone). */
+int server_active_calls(lm_server *s);
+/* Stop accepting, cancel what is still in flight (a whole request gets 503
+ * "the server is shutting down", a stream that error event and [DONE]),
+ * give those answers up to 5 s to go out, wait for every connection's
  * thread, free. The engine is not freed (the caller owns it and frees it
  * after this returns). */
 void server_free(lm_server *s);

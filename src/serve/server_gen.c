@@ -148,6 +148,7 @@ srv_call *call_new(lm_server *s, struct MHD_Connection *conn, bool chat) {
         return NULL;
     }
     c->sync_init = true;
+    atomic_fetch_add(&s->calls, 1);
     return c;
 }
 
@@ -199,7 +200,9 @@ void call_free(srv_call *c) {
         pthread_cond_destroy(&c->cv);
         pthread_mutex_destroy(&c->mu);
     }
+    lm_server *srv = c->srv;
     lm_free(c);
+    atomic_fetch_sub(&srv->calls, 1);
 }
 
 /* ------------------------------------------------------------- submission */

@@ -53,6 +53,8 @@ struct lm_server {
     lm_server_parse_ctx pctx;    /* valid once engine is set */
     char chat_error[256];
     atomic_bool stopping;
+    atomic_bool quiesced; /* server_quiesce: new requests get 503 */
+    atomic_int calls;     /* generation calls alive (call_new to call_free) */
     atomic_uint_least64_t next_id;
     uint64_t id_salt;
     long long started; /* time(NULL) at start, for /v1/models */
