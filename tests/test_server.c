@@ -477,6 +477,16 @@ static void test_context_rule(void) {
     parse(false, "{\"prompt\": \"a\", \"n\": 3}", &r, &e);
     ctx.max_seqs = 0;
     CHECK(e.status == 400 && !strcmp(e.param, "n"));
+    /* prompts x n counts: 3 prompts of n 1 fill 3 sequences, 2 prompts of n 2 four */
+    ctx.max_seqs = 3;
+    int rc3 = parse(false, "{\"prompt\": [\"a\", \"b\", \"c\"]}", &r, &e);
+    server_request_free(&r);
+    int rc4 = parse(false, "{\"prompt\": [\"a\", \"b\"], \"n\": 2}", &r, &e);
+    bool n_named = rc4 == -1 && e.status == 400 && !strcmp(e.param, "n") && strstr(e.message, "4 sequences");
+    int rc5 = parse(false, "{\"prompt\": [\"a\", \"b\", \"c\", \"d\"]}", &r, &e);
+    bool prompt_named = rc5 == -1 && !strcmp(e.param, "prompt");
+    ctx.max_seqs = 0;
+    CHECK(rc3 == 0 && n_named && prompt_named);
 }
 
 static void test_utf8(void) {

@@ -645,8 +645,15 @@ static int check_context(const lm_server_parse_ctx *c, bool chat, long long max_
                             "tokens (%d in the %s, %d in the completion).",
                             c->n_ctx, (long long)longest + want, longest, what, want);
     }
-    if (c->max_seqs > 0 && r->p.n > c->max_seqs)
-        return BAD("n", "n = %d is more than the %d sequences the engine runs at once", r->p.n, c->max_seqs);
+    /* every choice of every prompt is a sequence: one request never asks for
+     * more than the engine runs at once */
+    if (c->max_seqs > 0 && (long long)r->p.n * r->n_prompts > c->max_seqs) {
+        if (r->n_prompts == 1)
+            return BAD("n", "n = %d is more than the %d sequences the engine runs at once", r->p.n, c->max_seqs);
+        return BAD(r->p.n > 1 ? "n" : "prompt",
+                   "%d prompts x n = %d asks for %lld sequences, more than the %d the engine runs at once",
+                   r->n_prompts, r->p.n, (long long)r->p.n * r->n_prompts, c->max_seqs);
+    }
     r->p.max_tokens = fit;
     r->p.stop = (const char *const *)r->stops;
     return 0;
