@@ -470,6 +470,18 @@ def check_keys():
         st = es.post(rt.replica(0), "/v1/completions", body, headers={"Authorization": "Bearer front"})[0]
         result("upstream key: the replica refuses the client's key", st == 401, st)
         result("api key: /health open", es.get(rt, "/health")[0] == 200)
+        # a model id is one path segment: dot segments, escaped or not, never reach the
+        # replica's other routes (with the upstream key)
+        auth = {"Authorization": "Bearer front"}
+        st, _, b = es.get(rt, "/v1/models", headers=auth)
+        mid = json.loads(b)["data"][0]["id"] if st == 200 else ""
+        st = es.get(rt, "/v1/models/" + mid, headers=auth)[0]
+        result("model id: the served model's page through the router", st == 200, "%s %s" % (st, mid))
+        for path in ("/v1/models/../../metrics", "/v1/models/%2e%2e/%2e%2e/metrics", "/v1/models/..%2f..%2fmetrics",
+                     "/v1/models/x/../../../health"):
+            st, _, b = es.get(rt, path, headers=auth)
+            result("model id: %s is 404, not another route" % path,
+                   st == 404 and b"lamina_" not in b and b"status" not in b, "%s %r" % (st, b[:200]))
     finally:
         rt.stop("router (keys)")
 

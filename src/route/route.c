@@ -196,7 +196,23 @@ static int route_health(lm_router *r, struct MHD_Connection *conn) {
 }
 
 /* GET /v1/models...: forwarded to the first healthy replica. */
+/* Whether a model id taken from the path can go to a replica as it is: no
+ * segment of its own (a '/' or a dot segment would reach the replica's
+ * other routes with the upstream key), nothing the URL would read as
+ * syntax, no byte below 0x21. */
+static bool plain_model_id(const char *id) {
+    if (!*id || !strcmp(id, ".") || !strcmp(id, "..")) return false;
+    for (const unsigned char *p = (const unsigned char *)id; *p; p++)
+        if (*p <= 0x20 || *p == 0x7f || strchr("/\\?#%", *p)) return false;
+    return true;
+}
+
 static int route_models(lm_router *r, struct MHD_Connection *conn, const char *url) {
+    if (url[10] == '/' && !plain_model_id(url + 11)) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "The model '%.200s' does not exist", url + 11);
+        return respond_err(r, conn, 404, "invalid_request_error", "model_not_found", NULL, NULL, msg);
+    }
     char base[1024] = "";
     pthread_mutex_lock(&r->mu);
     for (int i = 0; i < r->n_rep && !base[0]; i++)
