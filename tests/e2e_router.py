@@ -711,6 +711,44 @@ def check_shutdown():
            and time.time() - t0 < 30 and set(ends) <= {200, 503} and 503 in ends, ends)
 
 
+def check_conn_limits():
+    """--max-connections-per-ip and --idle-timeout: one address's idle sockets past its limit
+    are closed at once, the rest after the idle timeout (4 s), and a client at another address is
+    served meanwhile."""
+    rt = Router(1, "--max-connections-per-ip", "4", "--idle-timeout", "4")
+    socks = []
+    try:
+        for _ in range(8):
+            s = socket.socket()
+            s.bind(("127.0.0.5", 0))
+            s.settimeout(5)
+            s.connect(("127.0.0.1", rt.port))
+            socks.append(s)
+        time.sleep(0.3)
+
+        def closed(s, wait):
+            s.settimeout(wait)
+            try:
+                return s.recv(1) == b""
+            except socket.timeout:
+                return False
+            except OSError:
+                return True
+
+        early = sum(closed(s, 0.1) for s in socks)
+        st = es.post(rt, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 4})[0]
+        result("per-address limit: 4 of 8 idle sockets from one address closed at once", early == 4, early)
+        result("per-address limit: another address is served meanwhile", st == 200, st)
+        t0 = time.time()
+        late = sum(closed(s, 10) for s in socks)
+        result("idle timeout: the other 4 closed after about 4 s", late == 8 and time.time() - t0 < 10,
+               "%d closed in %.1f s" % (late, time.time() - t0))
+    finally:
+        for s in socks:
+            s.close()
+        rt.stop("router (connection limits)")
+
+
 TRACE = os.path.join(os.environ.get("TMPDIR", "/tmp"), "lamina_e2e_router_%d.trace" % os.getpid())
 
 
@@ -726,7 +764,7 @@ def main():
         for part in (lambda: check_basics(rt), lambda: check_client(rt), lambda: check_affinity(rt),
                      lambda: check_disconnect(rt), lambda: check_kill(rt), check_queue_bound, check_engine_admit,
                      check_round_robin,
-                     check_keys, check_learnt, check_bad_replicas, check_shutdown):
+                     check_keys, check_conn_limits, check_learnt, check_bad_replicas, check_shutdown):
             t1 = time.time()
             part()
             print("NOTE part done in %.1f s" % (time.time() - t1))

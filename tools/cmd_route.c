@@ -60,6 +60,9 @@ static void usage_route(FILE *f) {
             "      --poll-interval S  seconds between health and metrics polls (default 0.2)\n"
             "      --timeout S        seconds per upstream transfer and in the queue (default 600)\n"
             "      --max-body BYTES   largest request body (default 1M)\n"
+            "      --max-connections N  open client connections (default 512)\n"
+            "      --max-connections-per-ip N  from one client address (default 256)\n"
+            "      --idle-timeout S   close a client connection silent this long (default 60)\n"
             "      --trace FILE       write the concurrency trace (JSON lines; see `lamina trace`)\n"
             "  -h, --help             this text\n");
 }
@@ -229,6 +232,10 @@ int cmd_route(int argc, char **argv) {
         else if (is_flag(&a, "--max-attempts", NULL)) rc.max_attempts = (int)need_int(&a, 1, 100);
         else if (is_flag(&a, "--poll-interval", NULL)) rc.poll_interval = need_float(&a, 0.01, 60);
         else if (is_flag(&a, "--timeout", NULL)) rc.timeout = need_float(&a, 0, 1e7);
+        else if (is_flag(&a, "--max-connections", NULL)) rc.max_connections = (int)need_int(&a, 1, 1000000);
+        else if (is_flag(&a, "--max-connections-per-ip", NULL))
+            rc.max_connections_per_ip = (int)need_int(&a, 1, 1000000);
+        else if (is_flag(&a, "--idle-timeout", NULL)) rc.idle_timeout = (int)need_int(&a, 1, 86400);
         else if (is_flag(&a, "--max-body", NULL)) rc.max_body = (size_t)need_bytes(&a);
         else if (is_flag(&a, "--trace", NULL)) rc.trace_path = need_val(&a);
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);

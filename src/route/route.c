@@ -492,6 +492,8 @@ void route_config_default(rt_config *c) {
     c->timeout = 600;
     c->max_body = 1 << 20;
     c->max_connections = 512;
+    c->max_connections_per_ip = 256;
+    c->idle_timeout = 60;
     c->block_size = 16;
 }
 
@@ -506,7 +508,9 @@ static int start_daemon(lm_router *r, char *err, size_t errlen) {
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     r->daemon = MHD_start_daemon(flags, (uint16_t)r->cfg.port, NULL, NULL, on_access, r, MHD_OPTION_SOCK_ADDR,
                                  ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, r, MHD_OPTION_CONNECTION_LIMIT,
-                                 (unsigned)r->cfg.max_connections, MHD_OPTION_CONNECTION_TIMEOUT, 600u, MHD_OPTION_END);
+                                 (unsigned)r->cfg.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                                 (unsigned)r->cfg.max_connections_per_ip, MHD_OPTION_CONNECTION_TIMEOUT,
+                                 (unsigned)r->cfg.idle_timeout, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!r->daemon) return lm_err(err, errlen, "cannot listen on %s:%d", r->host, r->cfg.port);
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(r->daemon, MHD_DAEMON_INFO_BIND_PORT);

@@ -79,6 +79,8 @@ typedef struct {
     double timeout;                  /* seconds per upstream transfer; 0: none */
     size_t max_body;                 /* request body bytes (default 1 MiB) */
     int max_connections;             /* default 512 */
+    int max_connections_per_ip;      /* from one client address (default 256, as serve) */
+    int idle_timeout;                /* seconds of silence before a connection closes (default 60) */
     const lm_server_parse_ctx *pctx; /* the model's tokenizer and template, or NULL: text blocks */
     int block_size;                  /* tokens per KV block on the replicas (default 16) */
     const char *trace_path;          /* JSON lines of the concurrency trace, or NULL */
