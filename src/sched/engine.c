@@ -1,9 +1,11 @@
 /*
  * engine.c - the continuous-batching engine (contract in engine.h): request
- * lifecycle, and acting on the scheduler's plans. Speculation's part of an
- * iteration is spec_sched.c, grammars engine_grammar.c, the
+ * lifecycle, and acting on the scheduler's plans and on the speculation
+ * policy's decisions (spec_sched.h; the proposals are made through the
+ * proposer seam, proposer.h). Grammars are engine_grammar.c, the
  * configuration's defaults and the memory plan engine_mem.c; the objects
- * they share are in engine_int.h.
+ * they share are in engine_int.h. None of them calls back into this file:
+ * only it takes tokens and finishes choices.
  *
  * Objects. A request (lm_request) keeps a copy of its parameters and owns n
  * choices (eseq), each one sequence of tokens with its own KV sequence,
@@ -37,7 +39,15 @@
  *
  * Grammars. A choice's lm_gmatch advances with every token it takes and is
  * not tied to the KV; the grammar cache, the masking of a choice's logits
- * and the grammar's step are engine_grammar.c.
+ * and the grammar's step are engine_grammar.c, which says why a grammar
+ * cannot go on (egram_end) and leaves the finishing to take_token.
+ *
+ * Speculation. Each iteration the policy sees the running choices
+ * (spec_begin: whether a draft stands aside), each choice's wish (prompt
+ * lookup proposes there), sizes the wishes at the batch's width; the
+ * proposals are made (spec_propose) and join the decodes in the batch;
+ * spec_verify takes each proposed row's token through engine_take_token
+ * and reports the verdict to the policy and the proposer.
  *
  * Threads. Submitters only touch the inbox (under mu) and a request's cancel
  * flag (atomic). Everything else - scheduler, KV bookkeeping, samplers -
@@ -111,7 +121,7 @@ lm_status engine_fit_context(int n_max, int n_prompt, int max_tokens, int *max_o
     return LM_OK;
 }
 
-void engine_request_unref(lm_request *r) {
+static void engine_request_unref(lm_request *r) {
     if (atomic_fetch_sub(&r->refs, 1) != 1) return;
     for (int i = 0; i < r->p.n && r->ch; i++) {
         lm_free(r->ch[i].tokens);
@@ -119,8 +129,7 @@ void engine_request_unref(lm_request *r) {
         sampler_free(r->ch[i].smp);
         gmatch_free(r->ch[i].gm);
         lm_free(r->ch[i].lz);
-        lm_free(r->ch[i].draft);
-        draft_seq_free(NULL, &r->ch[i].ds);
+        spec_pseq_free(&r->ch[i].ps);
     }
     stop_set_free(&r->stop);
     stop_set_free(&r->triggers);
@@ -150,7 +159,7 @@ static void emit_event(lm_engine *e, eseq *c, int32_t tok, const char *text, siz
  * it completed normally), flush its text, send the final event; the request
  * loses the engine's reference when its last choice ends. status says what
  * kind of error with LM_FINISH_ERROR (LM_OK otherwise). */
-void engine_finish_choice(lm_engine *e, eseq *c, lm_finish why, lm_status status, const char *error) {
+static void engine_finish_choice(lm_engine *e, eseq *c, lm_finish why, lm_status status, const char *error) {
     lm_request *r = c->req;
     sched_remove(e->sc, &c->sq);
     if (c->probe) {
@@ -163,7 +172,7 @@ void engine_finish_choice(lm_engine *e, eseq *c, lm_finish why, lm_status status
         kv_seq_free(e->kv, c->kv);
         c->kv = NULL;
     }
-    if (e->dr) draft_seq_release(e->dr, &c->ds);
+    if (e->prop) spec_prop_release(e->prop, &c->ps);
     c->state = CH_DONE;
     double now = lm_now();
     c->stats.completion_tokens = c->n_gen;
@@ -208,7 +217,7 @@ void engine_finish_choice(lm_engine *e, eseq *c, lm_finish why, lm_status status
  * verifies (the token taken is then the draft when accepted, else the
  * target's own choice). Returns the token taken, or -1 when the choice
  * ended without one. */
-int32_t engine_take_token(lm_engine *e, eseq *c, float *row, int32_t draft, const float *q) {
+static int32_t engine_take_token(lm_engine *e, eseq *c, float *row, int32_t draft, const float *q) {
     lm_request *r = c->req;
     int32_t V = e->m->hp.n_vocab;
     int n_top = 0;
@@ -220,23 +229,30 @@ int32_t engine_take_token(lm_engine *e, eseq *c, float *row, int32_t draft, cons
         n_top = sample_top_n(e->lp, V, r->p.top_logprobs, top_ids, top_lp);
     }
     bool acc;
+    egram_end ge = {LM_OK, NULL};
     double t_s = e->prof_on ? lm_now() : 0;
-    /* the token drawn ahead, taken before engine_grammar_pick can finish (and free) c */
+    /* the token drawn ahead (this iteration's, or none) */
     int32_t pre = c->pre != PRE_NONE && c->pre_iter == e->iter ? c->pre : PRE_NONE;
     c->pre = PRE_NONE;
     int32_t t = pre != PRE_NONE ? pre
-        : c->gm_on              ? engine_grammar_pick(e, c, row, draft, q)
+        : c->gm_on              ? engine_grammar_pick(&e->gr, c, row, draft, q, &ge)
         : draft >= 0            ? sampler_sample_spec(c->smp, row, draft, q, &acc)
                                 : sampler_sample(c->smp, row);
     if (e->prof_on) e->prof.sample += lm_now() - t_s;
-    if (t == -2) return -1; /* engine_grammar_pick finished the choice */
+    if (t == -2) { /* the grammar cannot go on */
+        engine_finish_choice(e, c, LM_FINISH_ERROR, ge.status, ge.error);
+        return -1;
+    }
     if (t < 0) {
         engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_INVALID, "every token is banned (logit_bias)");
         return -1;
     }
     if (draft >= 0) c->stats.spec_accepted += t == draft; /* before anything can end the choice */
     sampler_accept(c->smp, t);
-    if (c->gm && engine_grammar_advance(e, c, t) < 0) return -1;
+    if (c->gm && engine_grammar_advance(&e->gr, c, &r->triggers, t, &ge) < 0) {
+        engine_finish_choice(e, c, LM_FINISH_ERROR, ge.status, ge.error);
+        return -1;
+    }
     double now = lm_now();
     if (c->n_gen == 0) c->stats.ttft = now - c->stats.t_submit;
     c->tokens[c->n_tokens++] = t;
@@ -414,32 +430,16 @@ static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max
         if (p->penalize_prompt)
             for (int k = 0; k < p->n_prompt; k++) sampler_accept(c->smp, p->prompt[k]);
         detok_init(&c->dt, e->tok, false, false);
-        if (g && engine_grammar_choice(e, r, c) != 0) {
+        if (g && engine_grammar_choice(&e->gr, r->gproto, &r->triggers, c) != 0) {
             ok = false;
             break;
         }
         if (e->spec_cap > 0 && p->spec_k >= 0) {
             c->spec_k = p->spec_k == 0 || p->spec_k > e->cfg.spec_max ? e->cfg.spec_max : p->spec_k;
-            spec_ctl_init(&c->ctl);
-            if (e->dr) {
-                c->ctl.every_max = SPEC_PROBE_MAX_DRAFT; /* a draft's probe costs passes: back off */
-                c->ctl.cost = e->draft_cost;
-                if (e->draft_cost > 0) {
-                    c->ctl.acc = SPEC_ACC_START_DRAFT;
-                    c->ctl.every = c->ctl.every_min = SPEC_PROBE_FIRST_DRAFT;
-                }
-            }
-            if (!(c->draft = lm_malloc((size_t)c->spec_k * sizeof *c->draft))) {
+            spec_policy_ctl_init(&e->pol, &c->ctl);
+            if (spec_pseq_init(e->prop, &c->ps, c->spec_k, &sp, p->bias_ids, p->bias_vals, p->n_bias) != 0) {
                 ok = false;
                 break;
-            }
-            if (e->dr) {
-                lm_sample_params dsp = sp;
-                if (draft_seq_init(e->dr, &c->ds, &dsp) != 0) {
-                    ok = false;
-                    break;
-                }
-                for (int b = 0; b < p->n_bias; b++) draft_seq_set_bias(&c->ds, p->bias_ids[b], p->bias_vals[b]);
             }
         }
         c->stats.prompt_tokens = p->n_prompt;
@@ -473,7 +473,7 @@ static lm_status submit_tokens(lm_engine *e, const lm_request_params *p, lm_requ
     if ((rc = check_pool(e, p, positions, err, errlen)) != LM_OK) return rc;
     lm_gmatch *proto = NULL;
     lm_grammar *own = NULL;
-    if (p->grammar && (rc = engine_grammar_get(e, p, &proto, &own, err, errlen)) != LM_OK) return rc;
+    if (p->grammar && (rc = engine_grammar_get(&e->gr, p, &proto, &own, err, errlen)) != LM_OK) return rc;
     lm_request *r = request_new(e, p, max_tokens, out != NULL, proto, own);
     if (!r) return lm_err(err, errlen, "out of memory"), LM_ERR_NOMEM;
     pthread_mutex_lock(&e->mu);
@@ -522,9 +522,155 @@ static void enqueue(lm_engine *e, eseq *c) {
         engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_NOMEM, "out of memory queueing a request");
 }
 
+/* ---- speculation: acting on the policy's decisions --------------------- */
+
+/* Choice c as the speculation policy sees it. */
+static spec_view spec_view_of(const eseq *c) {
+    return (spec_view){.n_tokens = c->n_tokens,
+                       .n_computed = c->n_computed,
+                       .n_gen = c->n_gen,
+                       .max_tokens = c->req->p.max_tokens,
+                       .spec_k = c->spec_k,
+                       .ctl = &c->ctl,
+                       .d_kv = c->ps.ds.kv != NULL,
+                       .d_started = c->ps.ds.started,
+                       .d_fed = c->ps.ds.off + c->ps.ds.n};
+}
+
+/* The iteration's start for the policy: whether a draft stands aside. */
+static bool spec_begin(lm_engine *e) {
+    if (!e->prop) return false;
+    int n = sched_n_running(e->sc);
+    for (int i = 0; i < n; i++) e->views[i] = spec_view_of(CHOICE(sched_running_at(e->sc, i)));
+    bool busy = spec_policy_begin(&e->pol, e->views, n, sched_n_waiting(e->sc));
+    if (e->prof_on) e->prof.guard_off += e->pol.spec_off;
+    return busy;
+}
+
+/* Running choice c's wish, queued with the policy when it speculates; a
+ * free proposer (prompt lookup) proposes now, and what it found is the
+ * wish. */
+static void spec_wish(lm_engine *e, eseq *c, bool busy) {
+    c->n_draft = 0;
+    c->n_prop = 0;
+    c->q = NULL;
+    if (!e->prop) return;
+    bool sync;
+    spec_view v = spec_view_of(c);
+    int wish = spec_policy_wish(&e->pol, &v, &c->ctl, busy, &sync);
+    if (sync) spec_prop_sync(e->prop, &c->ps, c->tokens, c->n_tokens);
+    if (wish > 0 && spec_prop_early(e->prop)) {
+        spec_job j = {.s = &c->ps, .toks = c->tokens, .n_toks = c->n_tokens, .hist = c->smp, .k = wish};
+        spec_prop_propose(e->prop, &j, 1);
+        wish = c->n_prop = j.n_out;
+    }
+    v = spec_view_of(c); /* the draft's state after the sync */
+    int i = spec_policy_want(&e->pol, &v, wish);
+    if (i >= 0) e->want_ch[i] = c;
+    else c->n_prop = 0;
+}
+
+/* Choice c proposes k tokens (k <= its wish): an early proposal keeps its
+ * first k; otherwise a job for this iteration's proposer call, with the
+ * guesses' distributions when c samples. The count the scheduler sees
+ * (sq.n_spec), or 0 for a job (filled in once the proposer ran). */
+static int spec_job_add(lm_engine *e, eseq *c, int k, int *n_jobs, int *q_used) {
+    if (spec_prop_early(e->prop)) return c->n_prop = k;
+    c->n_prop = 0;
+    if (k <= 0) return 0;
+    float *q = NULL;
+    if (!sampler_greedy(c->smp)) { /* the guesses' distributions, for the rejection scheme */
+        size_t V = (size_t)e->m->hp.n_vocab;
+        if (k > e->spec_cap - *q_used) k = e->spec_cap - *q_used;
+        if (k <= 0 || (!e->dq && !(e->dq = lm_malloc((size_t)e->spec_cap * V * sizeof *e->dq)))) return 0;
+        q = e->dq + (size_t)*q_used * V;
+        *q_used += k;
+    }
+    c->q = q;
+    e->jobs[*n_jobs] =
+        (spec_job){.s = &c->ps, .toks = c->tokens, .n_toks = c->n_tokens, .hist = c->smp, .k = k, .q = q};
+    if (c->gm_on) { /* the guesses under the mask the target's rows get (the engine's mask buffer is free now) */
+        e->jobs[*n_jobs].gm = c->gm;
+        e->jobs[*n_jobs].mask = e->gr.gmask;
+        e->jobs[*n_jobs].n_mask = grammar_vocab_size(e->gr.gvocab);
+    }
+    e->job_ch[(*n_jobs)++] = c;
+    return 0;
+}
+
+/* The policy sizes the queued wishes at the batch's width (rows, n_dec of
+ * them decodes); the proposals are made and the scheduler told their
+ * sizes (sq.n_spec). */
+static void spec_propose(lm_engine *e, int64_t rows, int n_dec) {
+    if (!e->prop) return;
+    spec_policy *p = &e->pol;
+    int n_jobs = 0, q_used = 0;
+    bool spec = false, once = false;
+    spec_policy_size(p, rows, n_dec);
+    for (int i = 0; i < p->n_want; i++) {
+        eseq *c = e->want_ch[i];
+        c->sq.n_spec = spec_job_add(e, c, p->wants[i].k, &n_jobs, &q_used);
+        spec |= c->sq.n_spec > 0;
+    }
+    for (int i = 0; i < n_jobs; i++) { /* a start or a long catch-up: paid once, not the steady price */
+        const draft_seq *ds = &e->jobs[i].s->ds;
+        once |= !ds->kv || e->jobs[i].n_toks - (ds->off + ds->n) > e->jobs[i].k + 1;
+    }
+    spec_policy_made(p, spec || n_jobs > 0, once);
+    if (!n_jobs) return;
+    double t0 = e->prof_on ? lm_now() : 0;
+    spec_prop_propose(e->prop, e->jobs, n_jobs);
+    if (e->prof_on) e->prof.draft += lm_now() - t0, e->prof.draft_steps++;
+    for (int i = 0; i < n_jobs; i++) e->job_ch[i]->sq.n_spec = e->job_ch[i]->n_prop = e->jobs[i].n_out;
+}
+
+/* Verify the proposal of speculating choice c, whose pass ran its pending
+ * token and c->n_draft proposed ones (rows: n_draft + 1 logits rows). Row i
+ * predicts the token after proposal i - 1: each row's token is taken as a
+ * plain decode would take it (sampler, grammar, stop strings, events), the
+ * proposal at that row verified against it; the first disagreement, or the
+ * row after the last proposal, gives the target's own token and ends the
+ * step. The verdict (proposed, accepted) goes to the policy and the
+ * proposer. Positions of rejected proposals leave the KV (kv_truncate: they
+ * lie in blocks this append took or copied, never in shared ones). A choice
+ * that ends on the way has its KV released with only verified positions
+ * counted (finish commits n_computed of them to the prefix cache); the
+ * request is held meanwhile, so its choices outlive their last final
+ * event. */
+static void spec_verify(lm_engine *e, eseq *c, float *rows) {
+    const int32_t V = e->m->hp.n_vocab;
+    lm_request *r = c->req;
+    int nd = c->n_draft, acc = 0;
+    c->n_draft = 0;
+    c->n_computed++; /* the pending token */
+    c->stats.spec_proposed += nd;
+    c->stats.spec_steps++;
+    atomic_fetch_add(&r->refs, 1);
+    for (int i = 0; i <= nd; i++) {
+        int32_t d = i < nd ? c->ps.guess[i] : -1;
+        int32_t t = engine_take_token(e, c, rows + (size_t)i * V, d, d >= 0 && c->q ? c->q + (size_t)i * V : NULL);
+        if (t >= 0 && t == d) acc++;
+        if (c->state == CH_DONE || t < 0 || t != d) break;
+        c->n_computed++; /* position of proposal i holds the token taken */
+    }
+    pthread_mutex_lock(&e->mu);
+    e->stats.spec_proposed_total += (uint64_t)nd;
+    e->stats.spec_accepted_total += (uint64_t)acc;
+    e->stats.spec_steps_total++;
+    pthread_mutex_unlock(&e->mu);
+    if (c->state != CH_DONE) {
+        spec_policy_observe(&e->pol, &c->ctl, nd, acc);
+        spec_prop_observe(e->prop, &c->ps, c->tokens, c->n_tokens, nd, acc);
+        char err[LM_ERRLEN];
+        if (kv_truncate(e->kv, c->kv, c->n_computed, err, sizeof err) != KV_OK)
+            engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_INTERNAL, err);
+    }
+    engine_request_unref(r);
+}
+
 /* Free running choice c's KV; the scheduler already moved it to waiting. */
 static void preempt(lm_engine *e, eseq *c) {
-    if (e->dr) draft_seq_release(e->dr, &c->ds);
+    if (e->prop) spec_prop_release(e->prop, &c->ps);
     kv_seq_free(e->kv, c->kv);
     c->kv = NULL;
     c->n_computed = 0;
@@ -543,8 +689,8 @@ static void preempt(lm_engine *e, eseq *c) {
  * release: then the difference is exact. */
 static void report_running(lm_engine *e) {
     int B = e->cfg.block_size;
-    bool busy = spec_sched_busy(e);
-    int n_want = 0, n_dec = 0;
+    bool busy = spec_begin(e);
+    int n_dec = 0;
     int64_t rows = 0;
     for (int i = 0; i < sched_n_running(e->sc); i++) {
         eseq *c = CHOICE(sched_running_at(e->sc, i));
@@ -553,7 +699,7 @@ static void report_running(lm_engine *e) {
         c->sq.n_spec = 0;
         rows += c->sq.n_pending;
         n_dec += c->sq.n_pending == 1;
-        spec_sched_wish(e, c, busy, &n_want);
+        spec_wish(e, c, busy);
         for (int k = 0; k < KV_N_CLASS; k++) c->sq.shared[k] = -1, c->sq.extra[k] = 0;
         for (int k = 0; k < e->n_class; k++) {
             int n = k == KV_GLOBAL ? 1 : (kv_seq_held(c->kv, k) + 2) * B;
@@ -569,7 +715,7 @@ static void report_running(lm_engine *e) {
             }
         }
     }
-    spec_sched_propose(e, n_want, rows, n_dec);
+    spec_propose(e, rows, n_dec);
 }
 
 /* Whether seq s holds block b of class k. */
@@ -644,7 +790,7 @@ static void batch_add(lm_engine *e, eseq *c, int n, int *n_tok, int *n_seg) {
     if (n > 1 && c->n_tokens - c->n_computed == 1) {
         c->n_draft = n - 1;
         e->btok[*n_tok] = c->tokens[c->n_computed];
-        memcpy(e->btok + *n_tok + 1, c->draft, (size_t)(n - 1) * sizeof *e->btok);
+        memcpy(e->btok + *n_tok + 1, c->ps.guess, (size_t)(n - 1) * sizeof *e->btok);
     } else {
         memcpy(e->btok + *n_tok, c->tokens + c->n_computed, (size_t)n * sizeof *e->btok);
     }
@@ -829,7 +975,7 @@ static bool step(lm_engine *e) {
         return false;
     }
     /* plan, answering the scheduler's questions, then act */
-    double t_step = e->guard_on ? lm_now() : 0;
+    double t_step = e->pol.guard_on ? lm_now() : 0;
     uint64_t gen0 = e->stats.generation_tokens_total; /* (the engine thread is its only writer) */
     report_running(e);
     sched_view view = {{0}};
@@ -867,7 +1013,7 @@ static bool step(lm_engine *e) {
             continue;
         }
         if (c->n_draft) {
-            spec_sched_verify(e, c, e->logits + (size_t)row * V);
+            spec_verify(e, c, e->logits + (size_t)row * V);
             row += e->segs[g].n_logits;
             continue;
         }
@@ -893,8 +1039,8 @@ static bool step(lm_engine *e) {
         e->prof.steps++;
         e->prof.seqs += (uint64_t)n_seg;
     }
-    if (e->guard_on && decode_only && rc == 0)
-        spec_sched_record(e, n_seg, lm_now() - t_step, (int)(e->stats.generation_tokens_total - gen0));
+    if (e->pol.guard_on && decode_only && rc == 0)
+        spec_policy_record(&e->pol, n_seg, lm_now() - t_step, (int)(e->stats.generation_tokens_total - gen0));
     pthread_mutex_lock(&e->mu);
     metrics_iteration(&e->stats, n_seg, n_tok);
     pthread_mutex_unlock(&e->mu);
@@ -1004,10 +1150,11 @@ static void destroy(lm_engine *e) {
     lm_free(e->pre_ch);
     lm_free(e->pre_row);
     lm_free(e->probes);
-    draft_free(e->dr);
+    spec_prop_free(e->prop);
+    spec_policy_free(&e->pol);
+    lm_free(e->views);
     lm_free(e->jobs);
     lm_free(e->job_ch);
-    lm_free(e->wants);
     lm_free(e->want_ch);
     lm_free(e->dq);
     lm_free(e->btok);
@@ -1015,12 +1162,76 @@ static void destroy(lm_engine *e) {
     lm_free(e->lp);
     lm_free(e->piece);
     lm_free(e->emit);
-    engine_grammar_free(e);
-    pthread_mutex_destroy(&e->gv_mu);
+    engine_grammar_free(&e->gr);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->wake);
     pthread_cond_destroy(&e->idle_cv);
     lm_free(e);
+}
+
+/* ---- speculation's setup: the proposer, the policy and its prices ------- */
+
+/* Seconds of one pass of the model over n rows (a scratch sequence of n
+ * tokens, each with its logits row; n <= the budget and the logits rows);
+ * -1 when it fails. */
+static double time_rows(lm_engine *e, int32_t tok, int n) {
+    char err[LM_ERRLEN];
+    kv_seq *s = kv_seq_new(e->kv, err, sizeof err);
+    if (!s) return -1;
+    double t = -1;
+    for (int i = 0; i < n; i++) e->btok[i] = tok;
+    if (kv_append(e->kv, s, n, err, sizeof err) == KV_OK) {
+        lm_seg seg = {.seq = s, .pos0 = 0, .n = n, .n_logits = n};
+        double t0 = lm_now();
+        if (fwd_run(e->fwd, e->btok, &seg, 1, e->logits, err, sizeof err) == 0) t = lm_now() - t0;
+    }
+    kv_seq_free(e->kv, s);
+    return t;
+}
+
+/* The token the calibration's passes feed. */
+static int32_t calib_tok(const lm_engine *e) { return tok_bos(e->tok) >= 0 ? tok_bos(e->tok) : 0; }
+static double model_rows(void *ctx, int n) { return time_rows(ctx, calib_tok(ctx), n); }
+static double model_pass(void *ctx) { return time_rows(ctx, calib_tok(ctx), 1); }
+static double draft_rows(void *ctx, int n) { return draft_time_rows(((lm_engine *)ctx)->dr, calib_tok(ctx), n); }
+static double draft_pass(void *ctx) { return draft_time_pass(((lm_engine *)ctx)->dr, calib_tok(ctx)); }
+
+/* At engine_new, once the pool, workspace and buffers are made: the
+ * proposer (a draft model's runner: dkc its pool's configuration), the
+ * policy and its prices. 0, or -1 with a message. */
+static int spec_setup(lm_engine *e, const kv_config *dkc, char *err, size_t errlen) {
+    const lm_engine_config *c = &e->cfg;
+    if (c->spec == LM_SPEC_NONE) return 0;
+    size_t S = (size_t)c->max_seqs;
+    if (c->spec == LM_SPEC_DRAFT) {
+        e->prop = spec_prop_draft(c->draft_model, e->pool, dkc, e->n_ctx, c->batch_tokens, c->max_seqs, c->draft_vocab,
+                                  c->spec_min, c->spec_p_min, err, errlen);
+        if (!e->prop) return -1;
+    } else if (!(e->prop = spec_prop_ngram())) {
+        return lm_err(err, errlen, "out of memory");
+    }
+    e->dr = spec_prop_runner(e->prop);
+    e->views = lm_calloc(S, sizeof *e->views);
+    e->want_ch = lm_calloc(S, sizeof *e->want_ch);
+    e->jobs = lm_calloc(S, sizeof *e->jobs);
+    e->job_ch = lm_calloc(S, sizeof *e->job_ch);
+    if (!e->views || !e->want_ch || !e->jobs || !e->job_ch) return lm_err(err, errlen, "out of memory");
+    const lm_model *dm = c->draft_model;
+    spec_policy_config pc = {
+        .max_seqs = c->max_seqs,
+        .batch_tokens = c->batch_tokens,
+        .n_ctx = e->n_ctx,
+        .spec_cap = e->spec_cap,
+        .draft = e->dr != NULL,
+        .spec_cost = c->spec_cost,
+        .widths = c->spec_widths,
+        .draft_bytes = !e->dr ? 0
+                              : (double)(dm->weight_bytes + dm->packed_bytes) /
+                (double)(e->m->weight_bytes + e->m->packed_bytes ? e->m->weight_bytes + e->m->packed_bytes : 1)};
+    if (spec_policy_init(&e->pol, &pc) != 0) return lm_err(err, errlen, "out of memory");
+    spec_policy_setup(&e->pol, (spec_timer){model_rows, model_pass, e},
+                      e->dr ? (spec_timer){draft_rows, draft_pass, e} : (spec_timer){0});
+    return 0;
 }
 
 /* The per-iteration buffers and the scheduler, once the pool is made. */
@@ -1045,6 +1256,7 @@ static int alloc_buffers(lm_engine *e, char *err, size_t errlen) {
     e->logits = lm_malloc((S + (size_t)e->spec_cap + 2) * V * sizeof *e->logits);
     e->lp = lm_malloc(V * sizeof *e->lp);
     e->piece_cap = detok_max_out(e->tok);
+    e->gr.piece_cap = e->piece_cap;
     e->piece = lm_malloc((size_t)e->piece_cap);
     e->emit_cap = MAX_STOP_LEN + 2 * e->piece_cap + 64; /* held text + a piece, and a flush */
     e->emit = lm_malloc((size_t)e->emit_cap);
@@ -1085,7 +1297,9 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
      * so the logits buffer stays small next to the pool */
     e->spec_cap = spec_sched_cap(&c);
     pthread_mutex_init(&e->mu, NULL);
-    pthread_mutex_init(&e->gv_mu, NULL);
+    pthread_mutex_init(&e->gr.mu, NULL);
+    e->gr.tok = tok;
+    e->gr.n_vocab = m->hp.n_vocab;
     pthread_cond_init(&e->wake, NULL);
     pthread_cond_init(&e->idle_cv, NULL);
 
@@ -1103,7 +1317,7 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
     }
     if (!(e->fwd = fwd_new(m, e->pool, e->kv, &dims, err, errlen))) goto fail;
     if (alloc_buffers(e, err, errlen) != 0) goto fail;
-    if (spec_sched_setup(e, &mem.dkc, err, errlen) != 0) goto fail;
+    if (spec_setup(e, &mem.dkc, err, errlen) != 0) goto fail;
     metrics_init(&e->stats);
     e->stats.mem_budget = mem.budget;
     e->stats.mem_weights = mem.weights;
@@ -1112,10 +1326,10 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
     e->stats.mem_kv = plan->data_bytes;
     e->stats.kv_max_tokens = plan->n_tokens;
     e->stats.kv_max_seqs = mem.kv_seqs;
-    e->stats.spec_draft_cost = e->draft_cost;
-    if (e->sizing && e->curve.n > 0) {
-        e->stats.spec_width_rows = e->curve.w[e->curve.n - 1];
-        e->stats.spec_width_cost = e->curve.t[e->curve.n - 1];
+    e->stats.spec_draft_cost = e->pol.draft_cost;
+    if (e->pol.sizing && e->pol.curve.n > 0) {
+        e->stats.spec_width_rows = e->pol.curve.w[e->pol.curve.n - 1];
+        e->stats.spec_width_cost = e->pol.curve.t[e->pol.curve.n - 1];
     }
     if (e->dr) { /* measured: what draft_new allocated, and the distributions' rows */
         e->stats.mem_draft_weights = mem.draft_weights;

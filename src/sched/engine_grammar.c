@@ -1,13 +1,16 @@
 /*
  * engine_grammar.c - the engine's constrained decoding (contract in
  * engine.h: a request's GBNF grammar, lazy with trigger strings): the cache
- * of compiled grammars with the per-vocabulary tables, under gv_mu, and the
+ * of compiled grammars with the per-vocabulary tables, under mu, and the
  * masking of a choice's logits and the grammar's step after each token.
+ * It sees only its own state (egram) and a choice's; it never ends a
+ * choice: a grammar that cannot go on returns why (egram_end) and the
+ * engine finishes the choice.
  *
  * Threads. Submitters build the per-vocabulary tables (grammar_tables: the
  * vocabulary's byte trie and the two buffers the masking uses), compile a
  * grammar or find it in the cache, and probe a new one against the
- * matcher's bounds (gmatch_probe), all under gv_mu (engine_grammar_get);
+ * matcher's bounds (gmatch_probe), all under mu (engine_grammar_get);
  * request_new copies the start state into each choice
  * (engine_grammar_choice). Masks and steps (engine_grammar_pick,
  * engine_grammar_advance) run on the engine thread only, as does
@@ -29,7 +32,6 @@
  * words. A lazy grammar's look-behind (lz) holds the longest trigger less
  * one byte plus one token's text (piece_cap).
  */
-#include "sched/engine.h"
 #include "sched/engine_int.h"
 
 #include <pthread.h>
@@ -41,15 +43,15 @@
 #include "sched/stop.h"
 #include "text/tokenizer.h"
 
-/* ---- the grammar cache (submitters, under gv_mu) ------------------------- */
+/* ---- the grammar cache (submitters, under mu) ------------------------- */
 
 /* The per-vocabulary grammar tables and buffers, built by the first request
  * with a grammar. 0, or -1 when out of memory. */
-static int grammar_tables(lm_engine *e) {
+static int grammar_tables(egram *e) {
     int rc = 0;
-    pthread_mutex_lock(&e->gv_mu);
+    pthread_mutex_lock(&e->mu);
     if (!e->gvocab) {
-        int32_t V = e->m->hp.n_vocab;
+        int32_t V = e->n_vocab;
         lm_gvocab *gv = grammar_vocab_new(e->tok, NULL, 0);
         int32_t n = gv ? (grammar_vocab_size(gv) > V ? grammar_vocab_size(gv) : V) : 0;
         e->gwork = lm_malloc((size_t)V * sizeof *e->gwork);
@@ -63,7 +65,7 @@ static int grammar_tables(lm_engine *e) {
             rc = -1;
         }
     }
-    pthread_mutex_unlock(&e->gv_mu);
+    pthread_mutex_unlock(&e->mu);
     return rc;
 }
 
@@ -71,14 +73,14 @@ static int grammar_tables(lm_engine *e) {
  * root if it keeps one, else compiled now (and kept while there is room).
  * *proto is its start state; *own the grammar when the request owns it
  * (with *proto). LM_ERR_INVALID for a bad grammar, LM_ERR_NOMEM. */
-lm_status engine_grammar_get(lm_engine *e, const lm_request_params *p, lm_gmatch **proto, lm_grammar **own, char *err,
+lm_status engine_grammar_get(egram *e, const lm_request_params *p, lm_gmatch **proto, lm_grammar **own, char *err,
                              size_t errlen) {
     size_t len = p->grammar_len ? p->grammar_len : strlen(p->grammar);
     const char *root = p->grammar_root ? p->grammar_root : "root";
     if (grammar_tables(e) != 0)
         return lm_err(err, errlen, "out of memory building the grammar's vocabulary tables"), LM_ERR_NOMEM;
     lm_status rc = LM_OK;
-    pthread_mutex_lock(&e->gv_mu);
+    pthread_mutex_lock(&e->mu);
     for (int i = 0; i < e->n_gtab; i++) {
         gentry *t = &e->gtab[i];
         if (t->len == len && !memcmp(t->text, p->grammar, len) && !strcmp(t->root, root)) {
@@ -116,18 +118,18 @@ lm_status engine_grammar_get(lm_engine *e, const lm_request_params *p, lm_gmatch
     }
     *proto = m;
 done:
-    pthread_mutex_unlock(&e->gv_mu);
+    pthread_mutex_unlock(&e->mu);
     return rc;
 }
 
 /* Choice c's grammar state: a copy of the request's start state. 0, or -1
  * when out of memory. */
-int engine_grammar_choice(lm_engine *e, lm_request *r, eseq *c) {
-    c->gm = gmatch_copy(r->gproto);
+int engine_grammar_choice(egram *e, const lm_gmatch *proto, const stop_set *triggers, eseq *c) {
+    c->gm = gmatch_copy(proto);
     if (!c->gm) return -1;
-    c->gm_on = r->triggers.n == 0;
+    c->gm_on = triggers->n == 0;
     if (!c->gm_on) {
-        c->lz_cap = r->triggers.max_len - 1 + e->piece_cap;
+        c->lz_cap = triggers->max_len - 1 + e->piece_cap;
         if (!(c->lz = lm_malloc((size_t)c->lz_cap))) return -1;
     }
     return 0;
@@ -145,10 +147,10 @@ int engine_grammar_choice(lm_engine *e, lm_request *r, eseq *c) {
  * goes there directly when the state's mask is cached. draft >= 0: verify
  * that proposed token against the masked row (sampler_sample_spec; greedy
  * takes its argmax as always and the caller compares). The token, or -2
- * when the choice was finished here (no token continues the grammar, or
- * every token it allows is banned). */
-int32_t engine_grammar_pick(lm_engine *e, eseq *c, float *row, int32_t draft, const float *q) {
-    int32_t V = e->m->hp.n_vocab;
+ * with *end when the choice must end (no token continues the grammar, or
+ * every token it allows is banned): the engine finishes it. */
+int32_t engine_grammar_pick(egram *e, eseq *c, float *row, int32_t draft, const float *q, egram_end *end) {
+    int32_t V = e->n_vocab;
     if (sampler_greedy(c->smp) && !gmatch_mask_cached(c->gm)) { /* (a cached mask is cheaper) */
         memcpy(e->gwork, row, (size_t)V * sizeof *row);
         int32_t t = sampler_sample(c->smp, e->gwork);
@@ -158,7 +160,7 @@ int32_t engine_grammar_pick(lm_engine *e, eseq *c, float *row, int32_t draft, co
     if (n <= 0) {
         const char *why = gmatch_error(c->gm);
         lm_status st = !why ? LM_ERR_INTERNAL : gmatch_spoiled(c->gm) ? LM_ERR_INVALID : LM_ERR_NOMEM;
-        engine_finish_choice(e, c, LM_FINISH_ERROR, st, why ? why : "internal: no token continues the grammar");
+        *end = (egram_end){st, why ? why : "internal: no token continues the grammar"};
         return -2;
     }
     int32_t n_ids, t;
@@ -175,8 +177,7 @@ int32_t engine_grammar_pick(lm_engine *e, eseq *c, float *row, int32_t draft, co
         t = sampler_sample(c->smp, row);
     }
     if (t < 0) {
-        engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_INVALID,
-                             "every token the grammar allows is banned (logit_bias)");
+        *end = (egram_end){LM_ERR_INVALID, "every token the grammar allows is banned (logit_bias)"};
         return -2;
     }
     return t;
@@ -184,16 +185,15 @@ int32_t engine_grammar_pick(lm_engine *e, eseq *c, float *row, int32_t draft, co
 
 /* After token t: advance the grammar, or (a lazy one) look for a trigger
  * in the output's last bytes and start the grammar at its first byte. 0,
- * or -1 when the choice was finished here. */
-int engine_grammar_advance(lm_engine *e, eseq *c, int32_t t) {
+ * or -1 with *end when the choice must end (the engine finishes it). */
+int engine_grammar_advance(egram *e, eseq *c, const stop_set *tr, int32_t t, egram_end *end) {
     if (c->gm_on) {
         if (tok_is_eog(e->tok, t) || gmatch_accept(c->gm, t) == 0) return 0;
         const char *why = gmatch_error(c->gm);
-        engine_finish_choice(e, c, LM_FINISH_ERROR, why ? LM_ERR_INVALID : LM_ERR_INTERNAL,
-                             why ? why : "internal: the grammar refused the token it allowed");
+        *end = (egram_end){why ? LM_ERR_INVALID : LM_ERR_INTERNAL,
+                           why ? why : "internal: the grammar refused the token it allowed"};
         return -1;
     }
-    const stop_set *tr = &c->req->triggers;
     int w = tok_token_bytes(e->tok, t, false, c->lz + c->n_lz, c->lz_cap - c->n_lz);
     if (w < 0) w = 0;
     if (w > c->lz_cap - c->n_lz) w = c->lz_cap - c->n_lz;
@@ -211,8 +211,8 @@ int engine_grammar_advance(lm_engine *e, eseq *c, int32_t t) {
         c->gm_on = true;
         if (gmatch_accept_bytes(c->gm, c->lz + first, (size_t)(c->n_lz - first)) < 0) {
             const char *why = gmatch_error(c->gm);
-            engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_INVALID,
-                                 why ? why : "the text from the grammar's trigger on does not match the grammar");
+            *end = (egram_end){LM_ERR_INVALID,
+                               why ? why : "the text from the grammar's trigger on does not match the grammar"};
             return -1;
         }
         return 0;
@@ -227,7 +227,7 @@ int engine_grammar_advance(lm_engine *e, eseq *c, int32_t t) {
 }
 
 /* Free the grammar cache and the tables (the engine is being destroyed). */
-void engine_grammar_free(lm_engine *e) {
+void engine_grammar_free(egram *e) {
     for (int i = 0; i < e->n_gtab; i++) {
         gmatch_free(e->gtab[i].proto);
         grammar_free(e->gtab[i].g);
@@ -237,4 +237,5 @@ void engine_grammar_free(lm_engine *e) {
     grammar_vocab_free(e->gvocab);
     lm_free(e->gwork);
     lm_free(e->gmask);
+    pthread_mutex_destroy(&e->mu);
 }

@@ -2,10 +2,10 @@
  * engine_int.h - the engine's own objects, shared by the files that make up
  * the engine (engine.c: requests, the iteration, lifetime; engine_grammar.c:
  * the grammar cache and masking; engine_mem.c: the configuration's
- * defaults and the memory plan; spec_sched.c:
- * speculation's part of an iteration and its calibration). Nothing outside
- * src/sched/engine*.c and spec_sched.c includes it; everyone else sees
- * the opaque handles of engine.h.
+ * defaults and the memory plan). Nothing outside src/sched/engine*.c
+ * includes it; everyone else sees the opaque handles of engine.h. The
+ * speculation policy (spec_sched.h) and the proposers (proposer.h) are
+ * objects the engine holds; they do not see these.
  *
  * Every field belongs to the engine thread except those engine.c marks as
  * guarded by mu or gv_mu. The functions here run on the engine thread.
@@ -25,7 +25,9 @@
 #include "model/forward.h"
 #include "sched/draft.h"
 #include "sched/engine.h"
+#include "sched/proposer.h"
 #include "sched/sched.h"
+#include "sched/spec_sched.h"
 #include "sched/stop.h"
 
 #define MAX_STOP_LEN 1024 /* bytes of one stop string */
@@ -42,6 +44,27 @@ typedef struct {
     lm_grammar *g;
     lm_gmatch *proto; /* at the start; requests copy it */
 } gentry;
+
+/* The engine's constrained decoding (engine_grammar.c): built on the first
+ * request with a grammar. */
+typedef struct {
+    const lm_tokenizer *tok;
+    int32_t n_vocab;
+    int piece_cap;             /* one token's text at most (a lazy grammar's look-behind) */
+    pthread_mutex_t mu;        /* guards gvocab's creation and gtab (submitters build them) */
+    lm_gvocab *gvocab;         /* the vocabulary's byte trie, shared by every grammar */
+    gentry gtab[MAX_GRAMMARS]; /* grammars kept for reuse (under mu) */
+    int n_gtab;
+    float *gwork;    /* (n_vocab) a logits copy for the greedy shortcut, or the allowed tokens' logits */
+    uint32_t *gmask; /* ((max(n_vocab, gvocab size) + 31) / 32) allowed tokens */
+} egram;
+
+/* Why the grammar ended a choice: the engine finishes it with an error of
+ * this kind and text. */
+typedef struct {
+    lm_status status;
+    const char *error;
+} egram_end;
 
 typedef enum { CH_PENDING_FORK, CH_LIVE, CH_DONE } ch_state;
 
@@ -64,13 +87,11 @@ typedef struct eseq {
     bool gm_on;     /* the grammar constrains now (a lazy one: after a trigger) */
     char *lz;       /* (lz_cap) lazy grammar: the output's last bytes, searched for triggers */
     int n_lz, lz_cap;
-    int32_t *draft;    /* (spec_max) speculation: this iteration's proposal */
+    spec_pseq ps;      /* speculation: the proposer's state, this iteration's proposal in ps.guess */
     int n_draft;       /*   of it in this iteration's batch (0: a plain decode) */
     int spec_k;        /*   the most it proposes per step (0: it does not speculate) */
-    spec_ctl ctl;      /*   the proposal's size, from its acceptance so far */
+    spec_ctl ctl;      /*   the proposal's size, from its acceptance so far (the policy's) */
     int n_prop;        /*   proposed this iteration (n_draft of them in the batch) */
-    draft_seq ds;      /*   the draft model's state (LM_SPEC_DRAFT) */
-    int d_base;        /*   the draft's guesses follow tokens[0 .. d_base) */
     float *q;          /*   (n_prop, n_vocab) the guesses' distributions (sampling), or NULL */
     int32_t pre;       /* this iteration's token, drawn ahead on the pool (presample), or PRE_NONE */
     uint64_t pre_iter; /*   the iteration that drew it (a draw is never used in another) */
@@ -123,26 +144,19 @@ struct lm_engine {
     lm_seg *segs;  /* (max_seqs) */
     eseq **seg_ch; /* (max_seqs) */
     eseq **probes; /* (2 max_seqs + 2) choices holding a probe this iteration */
-    eseq **job_ch; /* (max_seqs) the choice of each draft job */
+    eseq **job_ch; /* (max_seqs) the choice of each proposal job */
     int n_probes;
-    float *logits;     /* (max_seqs + spec_cap + 2, n_vocab): batch rows, a fork's source and work rows */
-    int spec_cap;      /* proposed tokens one iteration verifies at most (0: no proposer) */
-    draft_runner *dr;  /* the draft model's pool and workspace (LM_SPEC_DRAFT) */
-    float draft_cost;  /*   a draft pass as a share of the model's (0: no cost model) */
-    bool sizing;       /* proposals sized at the batch's width (spec_size_batch) */
-    spec_curve curve;  /*   the model pass's time by its rows (n = 0: the flat price) */
-    spec_curve dcurve; /*   the draft pass's (n = 0: every draft pass costs draft_cost) */
-    spec_guard guard;  /*   measured time per token, speculating or not (spec.h) */
-    bool guard_on;     /*   the guard decides (the curve was timed at start) */
-    bool spec_off;     /*   this iteration: the guard said no */
-    bool step_spec;    /*   this iteration speculated (proposals or the draft's passes) */
-    bool step_once;    /*   its draft passes started a draft or caught one up after a gap */
-    spec_want *wants;  /*   (max_seqs) this iteration's proposals to size */
-    eseq **want_ch;    /*   (max_seqs) and their choices */
-    draft_job *jobs;   /* (max_seqs) this iteration's draft proposals */
-    float *dq;         /* (spec_cap, n_vocab) their distributions, made on the first sampled one */
-    float *lp;         /* (n_vocab) log-probabilities / sampling scratch */
-    char *piece;       /* (piece_cap) one token's text: detok_max_out bytes */
+    float *logits;       /* (max_seqs + spec_cap + 2, n_vocab): batch rows, a fork's source and work rows */
+    int spec_cap;        /* proposed tokens one iteration verifies at most (0: no proposer) */
+    spec_proposer *prop; /* the proposer (proposer.h), or NULL */
+    draft_runner *dr;    /*   its draft model's runner (LM_SPEC_DRAFT), or NULL */
+    spec_policy pol;     /* the speculation policy (spec_sched.h): its decisions */
+    spec_view *views;    /*   (max_seqs) the running choices as it sees them */
+    eseq **want_ch;      /*   (max_seqs) the choices of its wishes, in order */
+    spec_job *jobs;      /* (max_seqs) this iteration's proposals made after the sizing */
+    float *dq;           /* (spec_cap, n_vocab) their distributions, made on the first sampled one */
+    float *lp;           /* (n_vocab) log-probabilities / sampling scratch */
+    char *piece;         /* (piece_cap) one token's text: detok_max_out bytes */
     int piece_cap;
     char *emit; /* (emit_cap) text of one event: held text, a piece and a flush */
     int emit_cap;
@@ -155,28 +169,12 @@ struct lm_engine {
     bool prof_on;          /* engine_set_profile: time the parts of each iteration */
     engine_profile_t prof; /* (engine thread) what they took */
 
-    /* constrained decoding: built on the first request with a grammar */
-    pthread_mutex_t gv_mu;     /* guards gvocab's creation (submitters build it) */
-    lm_gvocab *gvocab;         /* the vocabulary's byte trie, shared by every grammar */
-    gentry gtab[MAX_GRAMMARS]; /* grammars kept for reuse (under gv_mu) */
-    int n_gtab;
-    float *gwork;    /* (n_vocab) a logits copy for the greedy shortcut, or the allowed tokens' logits */
-    uint32_t *gmask; /* ((max(n_vocab, gvocab size) + 31) / 32) allowed tokens */
+    egram gr; /* constrained decoding */
 
     lm_engine_stats stats; /* published under mu */
 };
 
 #define CHOICE(q) ((eseq *)(q))
-/* ---- engine.c, for spec_sched.c ---------------------------------------- */
-
-/* Drop one reference to r; the last frees it. */
-void engine_request_unref(lm_request *r);
-/* Finish choice c with its final event (why, status, error text or NULL). */
-void engine_finish_choice(lm_engine *e, eseq *c, lm_finish why, lm_status status, const char *error);
-/* Take choice c's next token from its logits row (modified); draft >= 0: a
- * proposed token this row verifies, q its distribution (sampling) or NULL.
- * The token taken, or -1 when the choice ended without one. */
-int32_t engine_take_token(lm_engine *e, eseq *c, float *row, int32_t draft, const float *q);
 
 /* ---- engine_grammar.c: constrained decoding ----------------------------- */
 
@@ -186,20 +184,22 @@ int32_t engine_take_token(lm_engine *e, eseq *c, float *row, int32_t draft, cons
  * the grammar when the request owns it (with *proto). LM_OK,
  * LM_ERR_INVALID for a bad grammar or one past the matcher's bounds,
  * LM_ERR_NOMEM. */
-lm_status engine_grammar_get(lm_engine *e, const lm_request_params *p, lm_gmatch **proto, lm_grammar **own, char *err,
+lm_status engine_grammar_get(egram *g, const lm_request_params *p, lm_gmatch **proto, lm_grammar **own, char *err,
                              size_t errlen);
-/* Choice c's grammar state, a copy of r's start state, and a lazy grammar's
- * look-behind buffer. 0, or -1 when out of memory. */
-int engine_grammar_choice(lm_engine *e, lm_request *r, eseq *c);
+/* Choice c's grammar state, a copy of the start state proto, and a lazy
+ * grammar's look-behind buffer (triggers: the request's). 0, or -1 when
+ * out of memory. */
+int engine_grammar_choice(egram *g, const lm_gmatch *proto, const stop_set *triggers, eseq *c);
 /* Choice c's next token from its logits row (modified) under its grammar's
  * mask; draft >= 0: a proposed token the row verifies, q its distribution
- * or NULL. The token, or -2 when the choice was finished here. */
-int32_t engine_grammar_pick(lm_engine *e, eseq *c, float *row, int32_t draft, const float *q);
+ * or NULL. The token, or -2 with *end: the choice must end with that
+ * error. */
+int32_t engine_grammar_pick(egram *g, eseq *c, float *row, int32_t draft, const float *q, egram_end *end);
 /* After token t: the grammar's step, or a lazy grammar's search for its
- * triggers. 0, or -1 when the choice was finished here. */
-int engine_grammar_advance(lm_engine *e, eseq *c, int32_t t);
+ * triggers. 0, or -1 with *end: the choice must end with that error. */
+int engine_grammar_advance(egram *g, eseq *c, const stop_set *triggers, int32_t t, egram_end *end);
 /* Free the cache and the tables (engine destruction). */
-void engine_grammar_free(lm_engine *e);
+void engine_grammar_free(egram *g);
 
 /* ---- engine_mem.c: the configuration and the memory plan ---------------- */
 
@@ -213,31 +213,5 @@ int engine_mem_split(const lm_model *m, const lm_engine_config *c, const fwd_dim
 /* The engine's own large buffers under resolved c: the logits rows, one
  * log-probability row, the batch's tokens (a part of the workspace). */
 uint64_t engine_buffer_bytes(const lm_model *m, const lm_engine_config *c);
-
-/* ---- spec_sched.c: speculation's part of the engine --------------------- */
-
-/* Proposed tokens one iteration verifies at most under configuration c (0:
- * no proposer). */
-int spec_sched_cap(const lm_engine_config *c);
-/* At engine_new, once the pool, workspace and buffers are made: the draft
- * model's runner and jobs (dkc: its pool's configuration), the wishes'
- * buffers, the cost model's calibration. 0, or -1 with a message. */
-int spec_sched_setup(lm_engine *e, const kv_config *dkc, char *err, size_t errlen);
-/* Whether the draft model stands aside this iteration (work waits, or the
- * budget does not hold every running choice's pending tokens and full
- * proposals); false without a draft model. */
-bool spec_sched_busy(lm_engine *e);
-/* Running choice c's wish for this iteration, appended to e->wants
- * (*n_want of them) when it speculates. */
-void spec_sched_wish(lm_engine *e, eseq *c, bool busy, int *n_want);
-/* Size the n_want wishes at the batch's width (rows, n_dec of them
- * decodes), then make the proposals (the draft's passes) and tell the
- * scheduler their sizes (sq.n_spec). */
-void spec_sched_propose(lm_engine *e, int n_want, int64_t rows, int n_dec);
-/* A decode-only iteration of `width` sequences took `seconds` and emitted
- * `tokens`: the guard's measurement. */
-void spec_sched_record(lm_engine *e, int width, double seconds, int tokens);
-/* Verify choice c's proposal against its logits rows (n_draft + 1 of them). */
-void spec_sched_verify(lm_engine *e, eseq *c, float *rows);
 
 #endif
