@@ -38,7 +38,8 @@
  * Structs that grow: a newer lamina may add fields, always at the end, and a
  * program built against an older lamina.h keeps working with it.
  *   - A struct the program fills and passes in (lm_load_params,
- *     lm_engine_config, lm_request_params) begins with `size_t size`, the
+ *     lm_engine_config, lm_spec_config, lm_request_params) begins with
+ *     `size_t size`, the
  *     struct's size as the program was compiled. Fill it with its defaults
  *     macro (lm_engine_config_default(&c) calls lm_engine_config_init(&c,
  *     sizeof c)), then set fields. lamina reads only the first `size` bytes:
@@ -229,56 +230,64 @@ LM_API void lm_sample_params_default(lm_sample_params *p);
 /* KV cache element types (the GGUF tensor type ids). */
 enum { LM_KV_F32 = 0, LM_KV_F16 = 1, LM_KV_Q8_0 = 8 };
 
+enum { LM_SPEC_NONE = 0, LM_SPEC_NGRAM = 1, LM_SPEC_DRAFT = 2 };
+
+/* Speculative decoding's settings (lm_engine_config.spec), a struct that
+ * grows (above): fill it with lm_spec_config_default, then set what
+ * differs. */
 typedef struct {
-    size_t size;                 /* sizeof(lm_engine_config), set by lm_engine_config_default */
-    int n_threads;               /* <= 0: one per core */
-    int batch_tokens;            /* tokens per iteration; <= 0: the default (512) */
-    int max_seqs;                /* sequences running at once (default 64) */
-    int n_ctx;                   /* positions per sequence; <= 0: the model's */
-    uint64_t kv_mem;             /* KV pool bytes; 0: n_ctx x max_seqs positions (capped at 4 GiB) */
-    uint32_t kv_type;            /* LM_KV_F32, LM_KV_F16 (default) or LM_KV_Q8_0 */
-    int block_size;              /* KV block tokens (default 16) */
-    double watermark;            /* share of blocks kept free when admitting (default 0.01) */
-    int max_waiting;             /* queued requests before submission fails LM_ERR_BUSY; 0: unbounded */
-    bool prefix_cache;           /* share cached prompt blocks between requests (default true) */
-    bool static_batching;        /* baseline for benchmarks: admit a batch only when nothing runs,
-                             and none joins until all of it finished */
-    int spec;                    /* speculative decoding's proposer: LM_SPEC_NONE (default),
-                             LM_SPEC_NGRAM (prompt lookup) or LM_SPEC_DRAFT (a draft model);
-                             requests speculate by default */
-    int spec_max;                /* tokens proposed per step at most (<= 0: 4); the engine sizes each
+    size_t size;                 /* sizeof the struct this program was built with (set by the default) */
+    int proposer;                /* LM_SPEC_NGRAM (default: prompt lookup) or LM_SPEC_DRAFT (a draft model) */
+    int max;                     /* tokens proposed per step at most (<= 0: 4); the engine sizes each
                              proposal by its acceptance so far, and shrinks it under load */
-    uint64_t mem;                /* the whole memory budget in bytes: the weights (mapped, and their packed
-                             copies), the workspace (activations, attention scratch per thread, the
-                             logits rows) and the KV pool, which gets the rest (kv_mem is then
-                             ignored); a rest too small for one sequence of n_ctx positions is
-                             LM_ERR_INVALID. 0 (default): no budget, kv_mem's rule */
-    bool mem_cap;                /* with mem: the pool takes at most what kv_mem 0 would give (n_ctx x
-                             max_seqs positions, at most 4 GiB), the budget only a bound (the
-                             command line's default budget); false: all the rest */
     const lm_model *draft_model; /* LM_SPEC_DRAFT: the draft (its tokenizer must agree with the
                              target's; it must outlive the engine) */
-    int spec_min;                /* LM_SPEC_DRAFT: fewer guesses than this propose nothing (default 0) */
-    float spec_p_min;            /* LM_SPEC_DRAFT: a guess whose distribution's top probability is below
+    int min;                     /* LM_SPEC_DRAFT: fewer guesses than this propose nothing (default 0) */
+    float p_min;                 /* LM_SPEC_DRAFT: a guess whose distribution's top probability is below
                              this ends the proposal (default 0: never) */
-    float spec_cost;             /* LM_SPEC_DRAFT: a draft pass's time as a share of the model's, which
-                             sizes proposals (a guess must pay for itself); 0 (default): measured
-                             once when the engine starts (one-token passes of each); < 0: no cost
-                             model (propose while acceptance is likely, as prompt lookup does) */
+    float cost;                  /* a draft pass's time as a share of the model's, which sizes
+                             proposals (a guess must pay for itself); 0 (default): measured once
+                             when the engine starts, with the model pass's time by its rows;
+                             > 0: priced flat; < 0: no cost model (propose while acceptance is
+                             likely) */
     int draft_vocab;             /* LM_SPEC_DRAFT: the draft's LM head computes the logits of this many
                              tokens (its end-of-generation tokens and the best ranked by the
                              tokenizer's scores) and of the sequence's own tokens only, every
                              other token's -inf (its pass gets cheaper; output stays exact).
-                             < 0 (lm_engine_config_default): 32768 for vocabularies over 65536
-                             tokens, else the whole vocabulary; 0: the whole vocabulary */
-    const char *spec_widths;     /* the model pass's time by its rows, "W:T,W:T,..." (T relative to
-                             W = 1's; must include 1), which sizes the batch's proposals (guesses
-                             widen the shared pass); NULL (default): timed once when the engine
-                             starts, unless spec_cost is set (> 0: priced flat, as for one
-                             sequence) or < 0 (no cost model at all) */
-} lm_engine_config;
+                             < 0 (default): 32768 for vocabularies over 65536 tokens, else the
+                             whole vocabulary; 0: the whole vocabulary */
+} lm_spec_config;
 
-enum { LM_SPEC_NONE = 0, LM_SPEC_NGRAM = 1, LM_SPEC_DRAFT = 2 };
+/* The defaults each field states; size bytes of *c are written. */
+LM_API void lm_spec_config_init(lm_spec_config *c, size_t size);
+#define lm_spec_config_default(c) lm_spec_config_init((c), sizeof *(c))
+
+typedef struct {
+    size_t size;                /* sizeof(lm_engine_config), set by lm_engine_config_default */
+    int n_threads;              /* <= 0: one per core */
+    int batch_tokens;           /* tokens per iteration; <= 0: the default (512) */
+    int max_seqs;               /* sequences running at once (default 64) */
+    int n_ctx;                  /* positions per sequence; <= 0: the model's */
+    uint64_t kv_mem;            /* KV pool bytes; 0: n_ctx x max_seqs positions (capped at 4 GiB) */
+    uint32_t kv_type;           /* LM_KV_F32, LM_KV_F16 (default) or LM_KV_Q8_0 */
+    int block_size;             /* KV block tokens (default 16) */
+    double watermark;           /* share of blocks kept free when admitting (default 0.01) */
+    int max_waiting;            /* queued requests before submission fails LM_ERR_BUSY; 0: unbounded */
+    bool prefix_cache;          /* share cached prompt blocks between requests (default true) */
+    bool static_batching;       /* baseline for benchmarks: admit a batch only when nothing runs,
+                             and none joins until all of it finished */
+    uint64_t mem;               /* the whole memory budget in bytes: the weights (mapped, and their packed
+                             copies), the workspace (activations, attention scratch per thread, the
+                             logits rows) and the KV pool, which gets the rest (kv_mem is then
+                             ignored); a rest too small for one sequence of n_ctx positions is
+                             LM_ERR_INVALID. 0 (default): no budget, kv_mem's rule */
+    bool mem_cap;               /* with mem: the pool takes at most what kv_mem 0 would give (n_ctx x
+                             max_seqs positions, at most 4 GiB), the budget only a bound (the
+                             command line's default budget); false: all the rest */
+    const lm_spec_config *spec; /* speculative decoding (engine.md); NULL (default): none. Read by
+                             lm_engine_new, which keeps a copy (its draft_model must outlive
+                             the engine); requests speculate by default */
+} lm_engine_config;
 
 /* The defaults each field states; size bytes of *c are written. */
 LM_API void lm_engine_config_init(lm_engine_config *c, size_t size);
@@ -370,7 +379,7 @@ typedef struct {
     const char *const *grammar_triggers; /* lazy grammar: the output is free until it contains one of */
     int n_grammar_triggers;              /*   these strings; the grammar then holds from the trigger's first byte */
     int spec_k;                          /* speculative decoding (an engine with a proposer): 0 its default,
-                                 < 0 off, > 0 at most this many tokens per step (capped at spec_max).
+                                 < 0 off, > 0 at most this many tokens per step (capped at spec->max).
                                  Greedy output is the same token for token; sampled output has the
                                  same distribution (a seed reproduces it at the same load) */
 } lm_request_params;
@@ -437,11 +446,6 @@ typedef struct {
     uint64_t mem_draft_weights;   /* its tensors, mapped and packed */
     uint64_t mem_draft_workspace; /* its forward pass, buffers, and the guesses' distributions */
     uint64_t mem_draft_kv;        /* its own KV pool */
-    float spec_draft_cost;        /* the cost model's price of a draft pass, as a share of the
-                                     model's (lm_engine_config.spec_cost); 0: no cost model */
-    int32_t spec_width_rows;      /* the widest pass the width curve knows (0: no curve, rows priced
-                                     flat) and its time as a share of a one-row pass */
-    float spec_width_cost;
 } lm_engine_stats;
 
 /* Fill the first size bytes of *st (lm_engine_get_stats passes sizeof). */

@@ -563,6 +563,70 @@ static void test_engine_generate(void) {
     CHECK(st.iterations > 0 && st.kv_blocks_used == 0);
 }
 
+/* Speculation through the public struct: lm_spec_config_default sets the
+ * size and the defaults; a program built with fewer fields (a smaller
+ * size) gets the rest at their defaults, beyond it nothing is read; prompt
+ * lookup through lm_engine_new gives the plain greedy output and counts
+ * its proposals; a struct without its size is refused. */
+static void test_engine_spec(void) {
+    lm_spec_config sc;
+    memset(&sc, 0xab, sizeof sc);
+    lm_spec_config_default(&sc);
+    CHECK(sc.size == sizeof sc && sc.proposer == LM_SPEC_NGRAM && sc.max == 4 && !sc.draft_model && sc.min == 0 &&
+          sc.p_min == 0 && sc.cost == 0 && sc.draft_vocab == -1);
+    /* an older program's struct: only up to max */
+    struct {
+        lm_spec_config c;
+        char tail[16];
+    } small;
+    memset(&small, 0x5a, sizeof small);
+    size_t n = offsetof(lm_spec_config, max) + sizeof small.c.max;
+    lm_spec_config_init(&small.c, n);
+    CHECK(small.c.size == n && small.c.proposer == LM_SPEC_NGRAM && small.c.max == 4);
+    CHECK(((unsigned char *)&small.c)[n] == 0x5a); /* nothing past its size written */
+    CHECK(small.tail[0] == 0x5a);
+    char err[LM_ERRLEN];
+    static collect plain, spec;
+    for (int k = 0; k < 2; k++) {
+        lm_engine_config cfg;
+        lm_engine_config_default(&cfg);
+        CHECK(cfg.spec == NULL); /* no speculation by default */
+        cfg.n_threads = 1;
+        if (k) {
+            small.c.max = 6; /* the rest (draft fields, cost) past the size: not read */
+            cfg.spec = &small.c;
+        }
+        lm_engine *e;
+        CHECKF(lm_engine_new(model, &cfg, &e, err, sizeof err) == LM_OK, "%s", err);
+        collect *c = k ? &spec : &plain;
+        memset(c, 0, sizeof *c);
+        const char *prompt = "Once upon a time there was a little girl named Lily. Once upon a time";
+        lm_request_params p = greedy(c, prompt, 40);
+        CHECK(lm_engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
+        lm_engine_wait_idle(e);
+        lm_engine_stats st;
+        lm_engine_get_stats(e, &st);
+        lm_engine_free(e);
+        if (k)
+            CHECKF(st.spec_proposed_total > 0 && st.spec_accepted_total > 0, "%llu proposed",
+                   (unsigned long long)st.spec_proposed_total);
+        else CHECK(st.spec_proposed_total == 0);
+    }
+    CHECK(plain.n_tok == spec.n_tok && memcmp(plain.ids, spec.ids, (size_t)plain.n_tok * sizeof plain.ids[0]) == 0);
+    /* a struct not filled by the default (size 0) */
+    lm_spec_config bad = {.proposer = LM_SPEC_NGRAM};
+    lm_engine_config cfg;
+    lm_engine_config_default(&cfg);
+    cfg.spec = &bad;
+    lm_engine *e = NULL;
+    CHECK(lm_engine_new(model, &cfg, &e, err, sizeof err) == LM_ERR_INVALID && !e);
+    CHECKF(strstr(err, "lm_spec_config.size") != NULL, "%s", err);
+    /* nor one from a newer lamina.h (larger than this library's) */
+    lm_spec_config_default(&bad);
+    bad.size = sizeof bad + 8;
+    CHECK(lm_engine_new(model, &cfg, &e, err, sizeof err) == LM_ERR_INVALID && !e);
+}
+
 static void test_engine_cancel_busy(void) {
     char err[LM_ERRLEN];
     lm_engine_config cfg;
@@ -765,6 +829,7 @@ int main(void) {
     TEST_RUN(test_vocab_files);
     TEST_RUN(test_chat_render);
     TEST_RUN(test_engine_generate);
+    TEST_RUN(test_engine_spec);
     TEST_RUN(test_engine_cancel_busy);
     TEST_RUN(test_engine_bad_requests);
     TEST_RUN(test_struct_growth);

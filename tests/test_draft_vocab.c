@@ -1,6 +1,6 @@
 /*
  * test_draft_vocab.c - the draft model's LM head over a vocabulary subset
- * (model/forward.h's head_sub, sched/draft.h, lm_engine_config.draft_vocab):
+ * (model/forward.h's head_sub, sched/draft.h, lm_spec_config.draft_vocab):
  *   - the subset's logits equal the whole LM head's on those rows (the
  *     bundled F32 model and its Q4_0 requantization, whose head is packed
  *     where the kernels have a packed form): |a - b| <= 1e-6 (1 + |b|) for
@@ -278,11 +278,14 @@ static lm_engine *new_engine(int spec, int vocab, int max_seqs) {
     ec.max_seqs = max_seqs;
     ec.kv_type = LM_TYPE_F32;
     ec.block_size = 4;
-    ec.spec = spec;
-    ec.spec_max = 4;
-    ec.draft_model = draft_q4;
-    ec.spec_cost = -1; /* proposals sized by acceptance alone */
-    ec.draft_vocab = vocab;
+    lm_spec_config sc;
+    lm_spec_config_default(&sc);
+    sc.proposer = spec;
+    sc.max = 4;
+    sc.draft_model = draft_q4;
+    sc.cost = -1; /* proposals sized by acceptance alone */
+    sc.draft_vocab = vocab;
+    ec.spec = spec == LM_SPEC_NONE ? NULL : &sc;
     char err[LM_ERRLEN];
     lm_engine *e = engine_new(model, model->tok, &ec, err, sizeof err);
     if (!e) fprintf(stderr, "engine_new: %s\n", err);
@@ -349,12 +352,15 @@ static void test_mem_counted(void) {
     lm_engine_config c;
     engine_config_default(&c);
     c.n_threads = 2, c.max_seqs = 4, c.n_ctx = 128, c.batch_tokens = 64, c.kv_type = LM_TYPE_F32;
-    c.spec = LM_SPEC_DRAFT, c.draft_model = draft_q4, c.spec_cost = -1;
+    lm_spec_config sc;
+    lm_spec_config_default(&sc);
+    sc.proposer = LM_SPEC_DRAFT, sc.draft_model = draft_q4, sc.cost = -1;
+    c.spec = &sc;
     engine_mem whole, part;
     char err[LM_ERRLEN];
-    c.draft_vocab = 0;
+    sc.draft_vocab = 0;
     CHECKF(engine_mem_plan(model, &c, &whole, err, sizeof err) == 0, "%s", err);
-    c.draft_vocab = 32;
+    sc.draft_vocab = 32;
     CHECKF(engine_mem_plan(model, &c, &part, err, sizeof err) == 0, "%s", err);
     CHECK(part.draft_workspace >= whole.draft_workspace + head_sub_bytes(draft_q4, 32));
     lm_engine *e = engine_new(model, model->tok, &c, err, sizeof err);

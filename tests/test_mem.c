@@ -198,8 +198,11 @@ static void check_draft_split(const lm_model *m, uint64_t budget) {
     lm_engine_config c;
     base_config(&c);
     c.mem = budget;
-    c.spec = LM_SPEC_DRAFT;
-    c.draft_model = m;
+    lm_spec_config sc;
+    lm_spec_config_default(&sc);
+    sc.proposer = LM_SPEC_DRAFT;
+    sc.draft_model = m;
+    c.spec = &sc;
     engine_mem sp, alone;
     char err[LM_ERRLEN];
     CHECKF(engine_mem_plan(m, &c, &sp, err, sizeof err) == 0, "%s", err);
@@ -219,10 +222,10 @@ static void check_draft_split(const lm_model *m, uint64_t budget) {
                    sp.draft_kv_tokens >= (sp.kv_tokens - 16 < full ? sp.kv_tokens - 16 : full),
                "draft %lld tokens, model %lld", (long long)sp.draft_kv_tokens, (long long)sp.kv_tokens);
     /* without the draft the model's pool would have had it all */
-    c.spec = LM_SPEC_NONE;
+    c.spec = NULL;
     CHECK(engine_mem_plan(m, &c, &alone, err, sizeof err) == 0);
     CHECK(alone.draft_weights == 0 && alone.draft_kv == 0 && alone.kv > sp.kv);
-    c.spec = LM_SPEC_DRAFT;
+    c.spec = &sc;
     lm_engine *e = engine_new(m, NULL, &c, err, sizeof err);
     CHECKF(e, "%s", err);
     lm_engine_stats st;
@@ -246,9 +249,12 @@ static void test_draft_counted(void) {
     lm_engine_config c;
     base_config(&c);
     c.mem = 1ull << 40;
-    c.spec = LM_SPEC_DRAFT;
-    c.draft_model = model;
-    c.spec_cost = -1; /* the model as its own draft proposes only without the cost model */
+    lm_spec_config sc;
+    lm_spec_config_default(&sc);
+    sc.proposer = LM_SPEC_DRAFT;
+    sc.draft_model = model;
+    sc.cost = -1; /* the model as its own draft proposes only without the cost model */
+    c.spec = &sc;
     engine_mem sp;
     char err[LM_ERRLEN];
     CHECK(engine_mem_plan(model, &c, &sp, err, sizeof err) == 0);
@@ -347,8 +353,11 @@ static void test_plan_alone(void) {
 
     /* with a draft model (the model itself): its parts too */
     c.mem = 8u << 20;
-    c.spec = LM_SPEC_DRAFT;
-    c.draft_model = model;
+    lm_spec_config sc;
+    lm_spec_config_default(&sc);
+    sc.proposer = LM_SPEC_DRAFT;
+    sc.draft_model = model;
+    c.spec = &sc;
     CHECKF(engine_mem_plan(model, &c, &sp, err, sizeof err) == 0, "%s", err);
     CHECK(sp.draft_weights == model->weight_bytes + model->packed_bytes && sp.draft_workspace > 0);
     kv_plan dp;

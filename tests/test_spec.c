@@ -587,11 +587,15 @@ static lm_engine *new_engine(int spec, int batch_tokens, int max_seqs, uint64_t 
     ec.kv_mem = kv_mem;
     ec.kv_type = LM_TYPE_F32;
     ec.block_size = 4; /* many block boundaries inside proposals */
-    ec.spec = spec;
-    ec.spec_max = 6;
-    ec.spec_widths = engine_widths;
+    lm_spec_config sc;
+    lm_spec_config_default(&sc);
+    sc.proposer = spec;
+    sc.max = 6;
+    ec.spec = spec == LM_SPEC_NONE ? NULL : &sc;
     char err[LM_ERRLEN];
-    lm_engine *e = engine_new(model, model->tok, &ec, err, sizeof err);
+    lm_status st;
+    lm_engine *e =
+        engine_new_tuned(model, model->tok, &ec, &(engine_tuning){.spec_widths = engine_widths}, &st, err, sizeof err);
     if (!e) fprintf(stderr, "engine_new: %s\n", err);
     return e;
 }
@@ -796,10 +800,13 @@ static void test_width_identity(void) {
     char err[LM_ERRLEN];
     lm_engine_config ec;
     engine_config_default(&ec);
-    ec.spec = LM_SPEC_NGRAM;
-    ec.spec_widths = "2:1";
-    lm_engine *bad = engine_new(model, model->tok, &ec, err, sizeof err);
-    CHECKF(!bad && strstr(err, "width"), "%s", bad ? "accepted" : err);
+    lm_spec_config sc;
+    lm_spec_config_default(&sc);
+    ec.spec = &sc;
+    lm_status st;
+    lm_engine *bad =
+        engine_new_tuned(model, model->tok, &ec, &(engine_tuning){.spec_widths = "2:1"}, &st, err, sizeof err);
+    CHECKF(!bad && strstr(err, "width") && st == LM_ERR_INVALID, "%s", bad ? "accepted" : err);
     if (bad) engine_free(bad);
 }
 

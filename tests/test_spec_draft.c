@@ -112,12 +112,15 @@ static void test_vocab_check(void) {
     lm_engine_config ec;
     engine_config_default(&ec);
     ec.n_threads = 1;
-    ec.spec = LM_SPEC_DRAFT;
-    ec.draft_model = bad;
+    lm_spec_config sc;
+    lm_spec_config_default(&sc);
+    sc.proposer = LM_SPEC_DRAFT;
+    sc.draft_model = bad;
+    ec.spec = &sc;
     CHECK(engine_new(model, model->tok, &ec, err, sizeof err) == NULL);
     CHECKF(strstr(err, "tokenizer") && strstr(err, "token 300"), "%s", err);
     fprintf(stderr, "  refused: %s\n", err);
-    ec.draft_model = NULL;
+    sc.draft_model = NULL;
     CHECK(engine_new(model, model->tok, &ec, err, sizeof err) == NULL);
     model_free(bad);
     unlink(path);
@@ -165,10 +168,13 @@ static lm_engine *new_engine_cost(int spec, const lm_model *dm, int batch_tokens
     ec.kv_mem = kv_mem;
     ec.kv_type = LM_TYPE_F32;
     ec.block_size = 4;
-    ec.spec = spec;
-    ec.spec_max = 6;
-    ec.draft_model = dm;
-    ec.spec_cost = cost;
+    lm_spec_config sc;
+    lm_spec_config_default(&sc);
+    sc.proposer = spec;
+    sc.max = 6;
+    sc.draft_model = dm;
+    sc.cost = cost;
+    ec.spec = spec == LM_SPEC_NONE ? NULL : &sc;
     char err[LM_ERRLEN];
     lm_engine *e = engine_new(model, model->tok, &ec, err, sizeof err);
     if (!e) fprintf(stderr, "engine_new: %s\n", err);
@@ -672,13 +678,15 @@ static void test_cost_model(void) {
         CHECK(same(jobs, plain, got, runs[d].name));
         lm_engine_stats st;
         engine_stats(e, &st);
+        engine_spec_prices_t pr;
+        engine_spec_prices(e, &pr);
         fprintf(stderr, "  cost model, %s: price %.3f, %llu proposed, %llu accepted\n", runs[d].name,
-                st.spec_draft_cost, (unsigned long long)st.spec_proposed_total,
+                (double)pr.draft_cost, (unsigned long long)st.spec_proposed_total,
                 (unsigned long long)st.spec_accepted_total);
         if (d == 0) CHECK(st.spec_proposed_total == 0);
         else if (d == 1) CHECK(st.spec_proposed_total > 0 && st.spec_accepted_total > 0);
-        else CHECK(st.spec_draft_cost > 0 && st.spec_draft_cost < 100);
-        if (d < 2) CHECK(st.spec_draft_cost == runs[d].cost);
+        else CHECK(pr.draft_cost > 0 && pr.draft_cost < 100);
+        if (d < 2) CHECK(pr.draft_cost == runs[d].cost);
         engine_free(e);
     }
 }

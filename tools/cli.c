@@ -234,18 +234,18 @@ void spec_opts_apply(args *a, spec_opts *o, lm_engine_config *ec) {
     if (o->min > o->max) die_usage(a, "%s", "--draft-min is above --draft-max");
     if (o->draft_path && cli_tp_size * cli_pp_size > 1)
         die_usage(a, "%s", "--draft-model does not run under tensor or pipeline parallelism");
-    ec->spec = o->spec;
-    ec->spec_max = o->max;
-    ec->spec_min = o->min;
-    ec->spec_p_min = o->p_min;
-    ec->spec_cost = o->cost;
-    ec->draft_vocab = o->vocab;
-    ec->spec_widths = o->widths;
-    if (o->draft_path) {
-        o->draft = load_or_die(a->cmd, o->draft_path);
-        ec->spec = LM_SPEC_DRAFT;
-        ec->draft_model = o->draft;
-    }
+    int kind = o->draft_path ? LM_SPEC_DRAFT : o->spec;
+    if (o->draft_path) o->draft = load_or_die(a->cmd, o->draft_path);
+    /* every field set: the struct is whole (sizeof), as lm_spec_config_default would make it */
+    o->cfg = (lm_spec_config){.size = sizeof o->cfg,
+                              .proposer = kind == LM_SPEC_DRAFT ? LM_SPEC_DRAFT : LM_SPEC_NGRAM,
+                              .max = o->max,
+                              .draft_model = o->draft,
+                              .min = o->min,
+                              .p_min = o->p_min,
+                              .cost = o->cost,
+                              .draft_vocab = o->vocab};
+    ec->spec = kind == LM_SPEC_NONE ? NULL : &o->cfg;
 }
 
 void spec_opts_free(spec_opts *o) {

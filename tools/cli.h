@@ -97,12 +97,15 @@ typedef struct {
                                32768 above 65536 tokens) */
     const char *widths;     /* --spec-widths W:T,...: the model pass's time by its rows (NULL: timed) */
     lm_model *draft;        /* loaded by spec_opts_apply */
+    lm_spec_config cfg;     /* what spec_opts_apply points the engine config's spec to */
 } spec_opts;
 void spec_opts_default(spec_opts *o);
 /* Whether the current argument is one of those flags (consuming its value). */
 bool spec_opts_flag(args *a, spec_opts *o);
-/* Check the combination, load the draft model and fill the engine config's
- * speculation fields; exits on an error. spec_opts_free frees the draft. */
+/* Check the combination, load the draft model and point the engine
+ * config's spec to o->cfg (NULL without a proposer); exits on an error.
+ * spec_opts_free frees the draft. o->widths goes to the engine as
+ * engine_tuning's (engine_new_tuned). */
 void spec_opts_apply(args *a, spec_opts *o, lm_engine_config *ec);
 void spec_opts_free(spec_opts *o);
 

@@ -119,6 +119,7 @@ static void submit_next_locked(bench_run *b);
 /* --temp and --profile (set once before any run) */
 static float bench_temp = 0;
 static bool bench_profile = false, bench_serial = false;
+static const char *bench_widths; /* --spec-widths */
 
 static void on_event(void *user, const lm_event *ev) {
     req_rec *r = user;
@@ -230,7 +231,9 @@ static void print_profile(lm_engine *e, const char *name, double wall) {
 static int run_mode(const lm_model *m, const lm_engine_config *ec, const work_item *w, int n, int32_t **prompts,
                     int concurrency, bool poisson, const char *name, mode_result *res) {
     char err[LM_ERRLEN];
-    lm_engine *e = engine_new(m, m->tok, ec, err, sizeof err);
+    lm_status status;
+    lm_engine *e =
+        engine_new_tuned(m, m->tok, ec, &(engine_tuning){.spec_widths = bench_widths}, &status, err, sizeof err);
     if (!e) {
         fprintf(stderr, "lamina bench serve: %s\n", err);
         return -1;
@@ -385,7 +388,7 @@ static int run_shared(const lm_model *m, const lm_engine_config *ec, int k, cons
             if (concurrency < mc.max_seqs) mc.max_seqs = concurrency;
         }
         if (run_mode(m, &mc, w, n, prompts, concurrency, poisson, names[on], &res[on]) != 0) return -1;
-        print_mode(&res[on], ec->spec != LM_SPEC_NONE);
+        print_mode(&res[on], ec->spec != NULL);
         printf("  prefix cache: hit rate %.1f%% (prompt tokens taken from the cache); %llu blocks found in %llu "
                "lookups\n",
                100.0 * res[on].hit_rate, (unsigned long long)res[on].prefix_hits,
@@ -444,6 +447,7 @@ int cmd_bench_serve(int argc, char **argv) {
     }
     lm_model *m = load_or_die("bench serve", model);
     spec_opts_apply(&a, &so, &ec);
+    bench_widths = so.widths;
     ctx_check("bench serve", "-c", ctx, m->hp.n_ctx_train, ctx_extend);
     ec.n_threads = (int)threads;
     ec.n_ctx = (int)ctx;
@@ -533,7 +537,7 @@ int cmd_bench_serve(int argc, char **argv) {
         }
         if (run_mode(m, &mc, w, n, prompts, rate > 0 ? n : c, rate > 0, names[k], &res[k]) != 0) return 1;
         have[k] = true;
-        print_mode(&res[k], ec.spec != LM_SPEC_NONE);
+        print_mode(&res[k], ec.spec != NULL);
     }
     if (have[2] && have[1])
         printf("continuous / static: %.2fx output throughput, p99 TTFT %.2fx\n", res[2].out_tok_s / res[1].out_tok_s,

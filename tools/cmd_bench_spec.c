@@ -141,7 +141,8 @@ int cmd_bench_spec(int argc, char **argv) {
     if (so.draft_path) so.spec = LM_SPEC_NONE;
     spec_opts_apply(&a, &so, &ec);
     char err[LM_ERRLEN];
-    lm_engine *e = engine_new(m, m->tok, &ec, err, sizeof err);
+    lm_status st;
+    lm_engine *e = engine_new_tuned(m, m->tok, &ec, &(engine_tuning){.spec_widths = so.widths}, &st, err, sizeof err);
     if (!e) fail("bench spec", err);
     spec_run off = {.cap = (int)n_gen}, on = {.cap = (int)n_gen};
     off.ids = malloc((size_t)n_gen * sizeof *off.ids);
@@ -154,24 +155,20 @@ int cmd_bench_spec(int argc, char **argv) {
     printf("prompt %d tokens, %lld generated, %lld threads, proposer %s, draft-max %d\n", n_tok, n_gen, threads,
            so.draft_path ? so.draft_path : "ngram", so.max);
     printf("kernels: %s\n", kernels_isa_name());
+    engine_spec_prices_t est;
+    engine_spec_prices(e, &est);
     if (so.draft_path) {
-        lm_engine_stats est;
-        engine_stats(e, &est);
         printf(
             "draft pass: %.3f of a model pass (the cost model's price of a guess: measured at start, or --draft-cost)\n",
-            (double)est.spec_draft_cost);
+            (double)est.draft_cost);
         int nv = draft_vocab_size(so.draft, so.vocab);
         if (nv > 0)
             printf("draft LM head: %d of %d tokens and the sequence's own (--draft-vocab)\n", nv, so.draft->hp.n_vocab);
         else printf("draft LM head: the whole vocabulary (%d tokens)\n", so.draft->hp.n_vocab);
     }
-    {
-        lm_engine_stats est;
-        engine_stats(e, &est);
-        if (est.spec_width_rows > 0)
-            printf("model pass over %d rows: %.2f of one row's (the width curve: timed at start, or --spec-widths)\n",
-                   (int)est.spec_width_rows, (double)est.spec_width_cost);
-    }
+    if (est.width_rows > 0)
+        printf("model pass over %d rows: %.2f of one row's (the width curve: timed at start, or --spec-widths)\n",
+               (int)est.width_rows, (double)est.width_cost);
     printf("| rep | off tok/s | on tok/s | proposed | accepted | tokens per verifying pass |\n");
     printf("| ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (int i = 0; i < reps; i++) {

@@ -109,10 +109,13 @@ static uint64_t budget_split(const lm_model *m, const lm_model *dm, uint64_t bud
                              int block, int chunk, int threads) {
     lm_engine_config ec;
     engine_config_default(&ec);
+    lm_spec_config sc;
+    lm_spec_config_default(&sc);
     if (dm) {
-        ec.spec = LM_SPEC_DRAFT;
-        ec.draft_model = dm;
-        ec.spec_max = 3;
+        sc.proposer = LM_SPEC_DRAFT;
+        sc.draft_model = dm;
+        sc.max = 3;
+        ec.spec = &sc;
     }
     ec.mem = budget;
     ec.kv_type = type;

@@ -231,7 +231,8 @@ int cmd_serve(int argc, char **argv) {
     ctx_check("serve", "-c", ec.n_ctx, m->hp.n_ctx_train, ctx_extend);
     m->tp.lead = dist; /* rank 0: each pass's plan goes to the other ranks first */
     spec_opts_apply(&a, &so, &ec);
-    lm_engine *eng = engine_new(m, m->tok, &ec, err, sizeof err);
+    lm_status st;
+    lm_engine *eng = engine_new_tuned(m, m->tok, &ec, &(engine_tuning){.spec_widths = so.widths}, &st, err, sizeof err);
     if (!eng) fail("serve", err);
     if (server_set_engine(srv, eng, err, sizeof err)) fail("serve", err);
     fprintf(stderr, "lamina serve: model '%s' ready in %.2f s (context %d)\n", sc.model_name, lm_now() - t0,

@@ -246,8 +246,8 @@ static void wait_run(lm_engine *eng, run_out *o, int n_tok) {
 
 /* The engine for one sequence of n_ctx positions: its KV pool holds exactly
  * that sequence, whatever its size (the engine's default caps a pool at 4 GiB). */
-static lm_engine *run_engine(const lm_model *m, int n_ctx, int threads, uint32_t kv_type, const lm_engine_config *sc,
-                             unsigned long long mem) {
+static lm_engine *run_engine(const lm_model *m, int n_ctx, int threads, uint32_t kv_type, const spec_opts *so,
+                             const lm_engine_config *sc, unsigned long long mem) {
     char err[LM_ERRLEN];
     lm_engine_config ec = *sc; /* its speculation fields */
     ec.n_threads = threads;
@@ -269,7 +269,9 @@ static lm_engine *run_engine(const lm_model *m, int n_ctx, int threads, uint32_t
     if (mem) ec.kv_mem = 0;
     mem_apply(&ec, mem);
     ec.mem_cap = true;
-    lm_engine *e = engine_new(m, m->tok, &ec, err, sizeof err);
+    lm_status status;
+    lm_engine *e =
+        engine_new_tuned(m, m->tok, &ec, &(engine_tuning){.spec_widths = so->widths}, &status, err, sizeof err);
     if (!e) fail("run", err);
     if (mem) {
         lm_engine_stats st;
@@ -366,7 +368,7 @@ static int cmd_run(int argc, char **argv) {
     lm_engine_config sec;
     engine_config_default(&sec);
     spec_opts_apply(&a, &so, &sec);
-    lm_engine *eng = run_engine(m, (int)n_ctx, (int)threads, kv_type, &sec, mem);
+    lm_engine *eng = run_engine(m, (int)n_ctx, (int)threads, kv_type, &so, &sec, mem);
     double t_load = lm_now() - t0;
 
     char *rendered = NULL;
@@ -452,7 +454,7 @@ static int cmd_run(int argc, char **argv) {
     fprintf(stderr, "load %.3f s | prompt %d tok, %.1f tok/s | generated %d tok, %.1f tok/s | threads %d\n", t_load,
             n_tok, t_prompt > 0 ? n_tok / t_prompt : 0.0, n_gen, t_gen > 0 && n_gen > 1 ? (n_gen - 1) / t_gen : 0.0,
             (int)threads);
-    if (sec.spec != LM_SPEC_NONE)
+    if (sec.spec)
         fprintf(stderr, "speculation: %d proposed, %d accepted (%.1f%%), %.2f tokens per verifying pass\n",
                 out.stats.spec_proposed, out.stats.spec_accepted,
                 out.stats.spec_proposed ? 100.0 * out.stats.spec_accepted / out.stats.spec_proposed : 0.0,

@@ -235,6 +235,14 @@ void lm_engine_config_init(lm_engine_config *c, size_t size) {
     narrow(c, size, &whole, sizeof whole);
 }
 
+void lm_spec_config_init(lm_spec_config *c, size_t size) {
+    if (!c) return;
+    lm_spec_config whole;
+    engine_spec_default(&whole);
+    whole.size = size;
+    narrow(c, size, &whole, sizeof whole);
+}
+
 void lm_request_params_init(lm_request_params *p, size_t size) {
     if (!p) return;
     lm_request_params whole;
@@ -250,10 +258,16 @@ lm_status lm_engine_new(const lm_model *m, const lm_engine_config *c, lm_engine 
     if (!m || !out) return fail(LM_ERR_INVALID, err, errlen, "lm_engine_new: a model and out are required");
     if (!m->tok) return fail(LM_ERR_INVALID, err, errlen, "the model has no tokenizer");
     lm_engine_config whole;
+    lm_spec_config spec;
     if (c) {
         engine_config_default(&whole);
         lm_status st = widen(&whole, sizeof whole, c, "lm_engine_config", err, errlen);
         if (st != LM_OK) return st;
+        if (whole.spec) { /* its own size, widened the same way */
+            engine_spec_default(&spec);
+            if ((st = widen(&spec, sizeof spec, whole.spec, "lm_spec_config", err, errlen)) != LM_OK) return st;
+            whole.spec = &spec;
+        }
         c = &whole;
         if (!(c->watermark >= 0 && c->watermark < 1))
             return fail(LM_ERR_INVALID, err, errlen, "watermark must be in [0, 1)");

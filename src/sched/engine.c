@@ -100,9 +100,7 @@ void engine_config_default(lm_engine_config *c) {
                             .max_waiting = 0,
                             .prefix_cache = true,
                             .static_batching = false,
-                            .spec = LM_SPEC_NONE,
-                            .spec_max = 4,
-                            .draft_vocab = -1};
+                            .spec = NULL};
 }
 
 void engine_request_params_default(lm_request_params *p) {
@@ -435,7 +433,7 @@ static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max
             break;
         }
         if (e->spec_cap > 0 && p->spec_k >= 0) {
-            c->spec_k = p->spec_k == 0 || p->spec_k > e->cfg.spec_max ? e->cfg.spec_max : p->spec_k;
+            c->spec_k = p->spec_k == 0 || p->spec_k > e->cfg.spec->max ? e->cfg.spec->max : p->spec_k;
             spec_policy_ctl_init(&e->pol, &c->ctl);
             if (spec_pseq_init(e->prop, &c->ps, c->spec_k, &sp, p->bias_ids, p->bias_vals, p->n_bias) != 0) {
                 ok = false;
@@ -1201,11 +1199,12 @@ static double draft_pass(void *ctx) { return draft_time_pass(((lm_engine *)ctx)-
  * policy and its prices. 0, or -1 with a message. */
 static int spec_setup(lm_engine *e, const kv_config *dkc, char *err, size_t errlen) {
     const lm_engine_config *c = &e->cfg;
-    if (c->spec == LM_SPEC_NONE) return 0;
+    const lm_spec_config *sc = c->spec;
+    if (!sc) return 0;
     size_t S = (size_t)c->max_seqs;
-    if (c->spec == LM_SPEC_DRAFT) {
-        e->prop = spec_prop_draft(c->draft_model, e->pool, dkc, e->n_ctx, c->batch_tokens, c->max_seqs, c->draft_vocab,
-                                  c->spec_min, c->spec_p_min, err, errlen);
+    if (sc->proposer == LM_SPEC_DRAFT) {
+        e->prop = spec_prop_draft(sc->draft_model, e->pool, dkc, e->n_ctx, c->batch_tokens, c->max_seqs,
+                                  sc->draft_vocab, sc->min, sc->p_min, err, errlen);
         if (!e->prop) return -1;
     } else if (!(e->prop = spec_prop_ngram())) {
         return lm_err(err, errlen, "out of memory");
@@ -1216,15 +1215,15 @@ static int spec_setup(lm_engine *e, const kv_config *dkc, char *err, size_t errl
     e->jobs = lm_calloc(S, sizeof *e->jobs);
     e->job_ch = lm_calloc(S, sizeof *e->job_ch);
     if (!e->views || !e->want_ch || !e->jobs || !e->job_ch) return lm_err(err, errlen, "out of memory");
-    const lm_model *dm = c->draft_model;
+    const lm_model *dm = sc->draft_model;
     spec_policy_config pc = {
         .max_seqs = c->max_seqs,
         .batch_tokens = c->batch_tokens,
         .n_ctx = e->n_ctx,
         .spec_cap = e->spec_cap,
         .draft = e->dr != NULL,
-        .spec_cost = c->spec_cost,
-        .widths = c->spec_widths,
+        .spec_cost = sc->cost,
+        .widths = e->spec_widths,
         .draft_bytes = !e->dr ? 0
                               : (double)(dm->weight_bytes + dm->packed_bytes) /
                 (double)(e->m->weight_bytes + e->m->packed_bytes ? e->m->weight_bytes + e->m->packed_bytes : 1)};
@@ -1274,6 +1273,11 @@ lm_engine *engine_new(const lm_model *m, const lm_tokenizer *tok, const lm_engin
 
 lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const lm_engine_config *cin, lm_status *status,
                              char *err, size_t errlen) {
+    return engine_new_tuned(m, tok, cin, NULL, status, err, errlen);
+}
+
+lm_engine *engine_new_tuned(const lm_model *m, const lm_tokenizer *tok, const lm_engine_config *cin,
+                            const engine_tuning *tune, lm_status *status, char *err, size_t errlen) {
     /* a configuration the pool cannot be planned for is the caller's
      * (invalid); once it plans, what is left to fail is memory and threads */
     *status = LM_ERR_INVALID;
@@ -1283,7 +1287,15 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
     if (!tok) tok = m->tok;
     if (!tok) return lm_err(err, errlen, "the model has no tokenizer"), NULL;
     fwd_dims dims;
-    if (engine_resolve_config(m, &c, &dims, err, errlen)) return NULL;
+    lm_spec_config spec;
+    if (engine_resolve_config(m, &c, &spec, &dims, err, errlen)) return NULL;
+    const char *widths = c.spec && tune ? tune->spec_widths : NULL;
+    if (widths) {
+        spec_curve sc;
+        char cerr[LM_ERRLEN];
+        if (spec_curve_parse(widths, &sc, cerr, sizeof cerr) != 0)
+            return lm_err(err, errlen, "the width curve '%.60s': %s", widths, cerr), NULL;
+    }
     engine_mem mem;
     if (engine_mem_split(m, &c, &dims, &mem, err, errlen)) return NULL;
     *status = LM_ERR_NOMEM;
@@ -1293,6 +1305,9 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
     e->tok = tok;
     e->n_ctx = dims.n_ctx;
     e->cfg = c;
+    e->spec = spec;
+    if (c.spec) e->cfg.spec = &e->spec;
+    e->spec_widths = widths;
     /* proposals are verified in what the budget leaves, their rows bounded
      * so the logits buffer stays small next to the pool */
     e->spec_cap = spec_sched_cap(&c);
@@ -1326,11 +1341,6 @@ lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const l
     e->stats.mem_kv = plan->data_bytes;
     e->stats.kv_max_tokens = plan->n_tokens;
     e->stats.kv_max_seqs = mem.kv_seqs;
-    e->stats.spec_draft_cost = e->pol.draft_cost;
-    if (e->pol.sizing && e->pol.curve.n > 0) {
-        e->stats.spec_width_rows = e->pol.curve.w[e->pol.curve.n - 1];
-        e->stats.spec_width_cost = e->pol.curve.t[e->pol.curve.n - 1];
-    }
     if (e->dr) { /* measured: what draft_new allocated, and the distributions' rows */
         e->stats.mem_draft_weights = mem.draft_weights;
         e->stats.mem_draft_workspace =
@@ -1382,6 +1392,14 @@ int engine_check(lm_engine *e, char *err, size_t errlen) {
     if (rc) lm_err(err, errlen, "%s", e->check_msg);
     pthread_mutex_unlock(&e->mu);
     return rc;
+}
+
+void engine_spec_prices(const lm_engine *e, engine_spec_prices_t *p) {
+    *p = (engine_spec_prices_t){.draft_cost = e->pol.draft_cost};
+    if (e->pol.sizing && e->pol.curve.n > 0) {
+        p->width_rows = e->pol.curve.w[e->pol.curve.n - 1];
+        p->width_cost = e->pol.curve.t[e->pol.curve.n - 1];
+    }
 }
 
 const lm_model *engine_model(const lm_engine *e) { return e->m; }

@@ -38,7 +38,7 @@
  * to 8 compiled grammars are kept, so requests sending the same text share
  * one mask cache.
  *
- * Speculative decoding (lm_engine_config.spec: prompt lookup, decode/spec.h,
+ * Speculative decoding (lm_engine_config.spec, an lm_spec_config: prompt lookup, decode/spec.h,
  * or a draft model, sched/draft.h). A decoding choice proposes a few tokens;
  * the scheduler lets the proposals join the choice's decode in the same
  * flat batch with whatever budget and blocks the decodes and prefill chunks
@@ -55,7 +55,7 @@
  * same, and sampled output has the same distribution; a seed reproduces it
  * when the load (and so each proposal's size) is the same. A request may
  * turn it off or lower K (spec_k). A draft's proposals are sized by spec.h's
- * cost model (lm_engine_config.spec_cost), and the draft runs only while
+ * cost model (lm_spec_config.cost), and the draft runs only while
  * nothing waits and the batch budget holds every running choice's pending
  * tokens and full proposals. Whatever the cost model predicts, a measured
  * guard (spec_guard, decode/spec.h) stops speculation at a width of the
@@ -90,6 +90,8 @@ typedef struct lm_request lm_request;
  * lm_hist and lm_engine_stats are in lamina.h. */
 
 void engine_config_default(lm_engine_config *c);
+/* lm_spec_config's defaults (its size sizeof *s). */
+void engine_spec_default(lm_spec_config *s);
 
 const char *engine_finish_name(lm_finish f); /* "stop", "length", "cancelled", "error" */
 
@@ -104,6 +106,18 @@ lm_engine *engine_new(const lm_model *m, const lm_tokenizer *tok, const lm_engin
  * out; LM_OK on success. */
 lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const lm_engine_config *c, lm_status *status,
                              char *err, size_t errlen);
+/* Knobs that measure speculation, outside the public ABI (the command
+ * line, benches and tests set them). */
+typedef struct {
+    const char *spec_widths; /* the model pass's time by its rows, "W:T,W:T,..." (T relative to W = 1's;
+                                must include 1), which sizes the batch's proposals (guesses widen the
+                                shared pass); NULL: timed once when the engine starts, unless the
+                                spec's cost is set (> 0: priced flat, as for one sequence; < 0: no
+                                cost model at all). A curve that does not parse is LM_ERR_INVALID. */
+} engine_tuning;
+/* engine_new_status with tuning t (NULL: none). */
+lm_engine *engine_new_tuned(const lm_model *m, const lm_tokenizer *tok, const lm_engine_config *c,
+                            const engine_tuning *t, lm_status *status, char *err, size_t errlen);
 /* The memory split an engine of configuration c would have, computed
  * without allocating (engine_new uses the same plan): the budget
  * (c->mem, 0 without one), the weights (mapped tensors, packed copies),
@@ -200,6 +214,17 @@ void engine_profile(const lm_engine *e, engine_profile_t *p);
  * plans' block accounting is exact): 0, or -1 with a message (tests; call
  * when idle). */
 int engine_check(lm_engine *e, char *err, size_t errlen);
+
+/* Speculation's prices, fixed at start (measurement; not in the public
+ * ABI): a draft pass's as a share of the model's (0: no cost model or no
+ * draft), and the widest pass the width curve knows with its time as a
+ * share of a one-row pass (0: no curve, rows priced flat). */
+typedef struct {
+    float draft_cost;
+    int32_t width_rows;
+    float width_cost;
+} engine_spec_prices_t;
+void engine_spec_prices(const lm_engine *e, engine_spec_prices_t *p);
 
 /* The model and tokenizer the engine serves. */
 const lm_model *engine_model(const lm_engine *e);

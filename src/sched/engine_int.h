@@ -117,7 +117,9 @@ struct lm_request {
 struct lm_engine {
     const lm_model *m;
     const lm_tokenizer *tok;
-    lm_engine_config cfg;
+    lm_engine_config cfg;    /* resolved; cfg.spec points to spec, or NULL */
+    lm_spec_config spec;     /* speculation's settings, resolved */
+    const char *spec_widths; /* engine_tuning's width curve (read by spec_setup only) */
     int n_ctx;
     lm_pool *pool;
     kv_pool *kv;
@@ -203,9 +205,14 @@ void engine_grammar_free(egram *g);
 
 /* ---- engine_mem.c: the configuration and the memory plan ---------------- */
 
-/* Defaults and bounds of configuration c (resolved in place), and the
- * forward pass's dims: 0, or -1 with a message (an invalid configuration). */
-int engine_resolve_config(const lm_model *m, lm_engine_config *c, fwd_dims *dims, char *err, size_t errlen);
+/* Defaults and bounds of configuration c (resolved in place; its
+ * speculation settings read into *spec and resolved there, c->spec then
+ * pointing to it), and the forward pass's dims: 0, or -1 with a message
+ * (an invalid configuration). */
+int engine_resolve_config(const lm_model *m, lm_engine_config *c, lm_spec_config *spec, fwd_dims *dims, char *err,
+                          size_t errlen);
+/* A resolved configuration's proposer: LM_SPEC_NONE without speculation. */
+static inline int engine_spec_kind(const lm_engine_config *c) { return c->spec ? c->spec->proposer : LM_SPEC_NONE; }
 /* The split of the memory for resolved configuration c (engine_mem_plan
  * after engine_resolve_config): 0, or -1 with a message. */
 int engine_mem_split(const lm_model *m, const lm_engine_config *c, const fwd_dims *dims, engine_mem *o, char *err,

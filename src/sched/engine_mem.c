@@ -19,7 +19,7 @@
  * target's pool holds n_ctx x max_seqs positions (kv_mem: that many bytes),
  * at most 4 GiB, and a draft's its default (draft_pool_default, 2 GiB).
  *
- * Bounds. max_seqs in [1, batch_tokens], spec_max in [1, 64] (defaults for
+ * Bounds. max_seqs in [1, batch_tokens], spec->max in [1, 64] (defaults for
  * values out of range), watermark in [0, 1) (else an error).
  */
 #include "sched/engine.h"
@@ -38,7 +38,8 @@
 
 /* Defaults and bounds of a configuration, and the forward pass's dims: 0,
  * or -1 with a message (an invalid configuration). */
-int engine_resolve_config(const lm_model *m, lm_engine_config *c, fwd_dims *dims, char *err, size_t errlen) {
+int engine_resolve_config(const lm_model *m, lm_engine_config *c, lm_spec_config *spec, fwd_dims *dims, char *err,
+                          size_t errlen) {
     /* the context and the batch budget: the workspace's rows and the KV
      * chunk come from the same dims */
     *dims = fwd_dims_make(m, c->n_ctx, c->batch_tokens);
@@ -48,26 +49,26 @@ int engine_resolve_config(const lm_model *m, lm_engine_config *c, fwd_dims *dims
     if (c->block_size < 1) c->block_size = KV_DEFAULT_BLOCK;
     if (!(c->watermark >= 0 && c->watermark < 1)) return lm_err(err, errlen, "watermark must be in [0, 1)");
     if (c->n_threads <= 0) c->n_threads = pool_default_threads();
-    if (c->spec != LM_SPEC_NONE && c->spec != LM_SPEC_NGRAM && c->spec != LM_SPEC_DRAFT)
-        return lm_err(err, errlen, "unknown speculative proposer %d", c->spec);
-    if (c->spec == LM_SPEC_DRAFT) {
-        if (!c->draft_model) return lm_err(err, errlen, "speculation by a draft model needs the draft model");
+    if (!c->spec) return 0;
+    *spec = *c->spec; /* a whole struct (lm_engine_new widened a program's) */
+    c->spec = spec;
+    if (spec->proposer != LM_SPEC_NGRAM && spec->proposer != LM_SPEC_DRAFT)
+        return lm_err(err, errlen, "unknown speculative proposer %d", spec->proposer);
+    if (spec->proposer == LM_SPEC_DRAFT) {
+        if (!spec->draft_model) return lm_err(err, errlen, "speculation by a draft model needs the draft model");
         char verr[LM_ERRLEN];
-        if (draft_check_vocab(m, c->draft_model, verr, sizeof verr) != 0)
+        if (draft_check_vocab(m, spec->draft_model, verr, sizeof verr) != 0)
             return lm_err(err, errlen, "the draft model's tokenizer does not match the target's: %s", verr);
-        if (!(c->spec_p_min >= 0 && c->spec_p_min <= 1))
-            return lm_err(err, errlen, "the draft's p_min must be in [0, 1]");
-        if (!isfinite(c->spec_cost)) return lm_err(err, errlen, "the draft's cost must be a finite number");
+        if (!(spec->p_min >= 0 && spec->p_min <= 1)) return lm_err(err, errlen, "the draft's p_min must be in [0, 1]");
+        if (!isfinite(spec->cost)) return lm_err(err, errlen, "the draft's cost must be a finite number");
     }
-    if (c->spec != LM_SPEC_NONE && c->spec_widths) {
-        spec_curve sc;
-        char cerr[LM_ERRLEN];
-        if (spec_curve_parse(c->spec_widths, &sc, cerr, sizeof cerr) != 0)
-            return lm_err(err, errlen, "the width curve '%.60s': %s", c->spec_widths, cerr);
-    }
-    if (c->spec_max <= 0) c->spec_max = 4;
-    if (c->spec_max > 64) c->spec_max = 64;
+    if (spec->max <= 0) spec->max = 4;
+    if (spec->max > 64) spec->max = 64;
     return 0;
+}
+
+void engine_spec_default(lm_spec_config *s) {
+    *s = (lm_spec_config){.size = sizeof *s, .proposer = LM_SPEC_NGRAM, .max = 4, .draft_vocab = -1};
 }
 
 /* The large buffers engine.c's alloc_buffers makes: the logits rows, one log-prob row, the batch's tokens */
@@ -90,9 +91,9 @@ static const char *human(uint64_t b, char *buf, size_t n) {
  * plans for max_seqs sequences and for one, *dflt the default's bytes. */
 static int draft_parts(const lm_model *m, const lm_engine_config *c, const fwd_dims *dims, engine_mem *o, kv_plan *full,
                        kv_plan *one, uint64_t *dflt, char *err, size_t errlen) {
-    const lm_model *dm = c->draft_model;
+    const lm_model *dm = c->spec->draft_model;
     o->draft_weights = dm->weight_bytes + dm->packed_bytes;
-    if (draft_plan(dm, dims->n_ctx, c->batch_tokens, c->max_seqs, c->n_threads, c->draft_vocab, &o->dkc,
+    if (draft_plan(dm, dims->n_ctx, c->batch_tokens, c->max_seqs, c->n_threads, c->spec->draft_vocab, &o->dkc,
                    &o->draft_workspace, err, errlen) != 0 ||
         draft_pool_default(&o->dkc, dflt, err, errlen) != 0)
         return -1;
@@ -128,7 +129,8 @@ int engine_mem_split(const lm_model *m, const lm_engine_config *c, const fwd_dim
     uint64_t dflt = pl.data_bytes > (4ull << 30) ? 4ull << 30 : pl.data_bytes;
     kv_plan dfull = {0}, d1 = {0};
     uint64_t ddflt = 0;
-    if (c->spec == LM_SPEC_DRAFT && draft_parts(m, c, dims, o, &dfull, &d1, &ddflt, err, errlen) != 0) return -1;
+    if (engine_spec_kind(c) == LM_SPEC_DRAFT && draft_parts(m, c, dims, o, &dfull, &d1, &ddflt, err, errlen) != 0)
+        return -1;
     if (c->mem) {
         char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32], b8[32];
         o->budget = c->mem;
@@ -138,7 +140,7 @@ int engine_mem_split(const lm_model *m, const lm_engine_config *c, const fwd_dim
         one.n_seqs = 1;
         kv_plan p1;
         if (kv_plan_make(&one, &p1, err, errlen) != KV_OK) return -1;
-        if ((c->mem < fixed || c->mem - fixed < p1.data_bytes + d1.data_bytes) && c->spec == LM_SPEC_DRAFT)
+        if ((c->mem < fixed || c->mem - fixed < p1.data_bytes + d1.data_bytes) && engine_spec_kind(c) == LM_SPEC_DRAFT)
             return lm_err(err, errlen,
                           "memory budget %s is too small: weights %s + workspace %s + the draft model's "
                           "weights %s and workspace %s leave %s for the KV caches, and one sequence of %d positions "
@@ -158,7 +160,7 @@ int engine_mem_split(const lm_model *m, const lm_engine_config *c, const fwd_dim
                           human(o->workspace, b3, sizeof b3), human(c->mem > fixed ? c->mem - fixed : 0, b4, sizeof b4),
                           dims->n_ctx, human(p1.data_bytes, b5, sizeof b5));
         uint64_t rest = c->mem - fixed;
-        if (c->spec == LM_SPEC_DRAFT) {
+        if (engine_spec_kind(c) == LM_SPEC_DRAFT) {
             /* the pools share the rest in proportion to their full sizes,
              * each at least one sequence, the draft's at most its default */
             uint64_t dshare = (uint64_t)((double)rest * (double)dfull.data_bytes /
@@ -182,7 +184,7 @@ int engine_mem_split(const lm_model *m, const lm_engine_config *c, const fwd_dim
     o->kv_seqs = o->plan.cls[KV_GLOBAL].n_blocks / per_seq;
     if (o->plan.local_blocks_per_seq > 0 && o->plan.cls[KV_LOCAL].n_blocks / o->plan.local_blocks_per_seq < o->kv_seqs)
         o->kv_seqs = o->plan.cls[KV_LOCAL].n_blocks / o->plan.local_blocks_per_seq;
-    if (c->spec == LM_SPEC_DRAFT) {
+    if (engine_spec_kind(c) == LM_SPEC_DRAFT) {
         kv_plan dp;
         if (kv_plan_make(&o->dkc, &dp, err, errlen) != KV_OK) return -1;
         o->draft_kv = dp.data_bytes;
@@ -193,7 +195,8 @@ int engine_mem_split(const lm_model *m, const lm_engine_config *c, const fwd_dim
 
 int engine_mem_plan(const lm_model *m, const lm_engine_config *cin, engine_mem *out, char *err, size_t errlen) {
     lm_engine_config c = *cin;
+    lm_spec_config spec;
     fwd_dims dims;
-    if (engine_resolve_config(m, &c, &dims, err, errlen)) return -1;
+    if (engine_resolve_config(m, &c, &spec, &dims, err, errlen)) return -1;
     return engine_mem_split(m, &c, &dims, out, err, errlen);
 }

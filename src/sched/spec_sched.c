@@ -114,8 +114,8 @@ static float draft_calibrate(const spec_policy *p, spec_timer model, spec_timer 
 /* proposals are verified in what the budget leaves, their rows bounded so
  * the logits buffer stays small next to the pool */
 int spec_sched_cap(const lm_engine_config *c) {
-    if (c->spec == LM_SPEC_NONE) return 0;
-    int64_t cap = (int64_t)c->spec_max * c->max_seqs;
+    if (!c->spec) return 0;
+    int64_t cap = (int64_t)c->spec->max * c->max_seqs;
     if (cap > c->batch_tokens - 1) cap = c->batch_tokens - 1;
     if (cap > 64) cap = 64;
     return (int)cap;

@@ -65,7 +65,7 @@ typedef struct {
     int max_seqs, batch_tokens, n_ctx;
     int spec_cap;       /* proposed tokens one iteration verifies at most */
     bool draft;         /* the guesses cost passes (a draft model) */
-    float spec_cost;    /* lm_engine_config.spec_cost: < 0 no sizing, 0 measured, > 0 a draft's flat price */
+    float spec_cost;    /* lm_spec_config.cost: < 0 no sizing, 0 measured, > 0 a draft's flat price */
     const char *widths; /* a set width curve "W:T,..." (checked), or NULL */
     double draft_bytes; /* the draft's weights over the model's (its price when it cannot be timed) */
 } spec_policy_config;
