@@ -8,7 +8,7 @@
  * objects the engine holds; they do not see these.
  *
  * Every field belongs to the engine thread except those engine.c marks as
- * guarded by mu or gv_mu. The functions here run on the engine thread.
+ * guarded by mu or gr.mu. The functions here run on the engine thread.
  */
 #ifndef LAMINA_ENGINE_INT_H
 #define LAMINA_ENGINE_INT_H
