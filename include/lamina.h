@@ -374,7 +374,7 @@ typedef struct {
                                  a bad grammar is LM_ERR_INVALID naming its line and column. Tokens
                                  that cannot continue it are removed before any sampling step; when
                                  it can only end, the choice finishes with LM_FINISH_STOP */
-    size_t grammar_len;                  /* its bytes (0: strlen(grammar)) */
+    size_t grammar_len;                  /* its bytes (0: strlen(grammar)); at most 256 KiB */
     const char *grammar_root;            /* its start rule (NULL: "root") */
     const char *const *grammar_triggers; /* lazy grammar: the output is free until it contains one of */
     int n_grammar_triggers;              /*   these strings; the grammar then holds from the trigger's first byte */

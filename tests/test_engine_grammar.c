@@ -372,7 +372,24 @@ static void test_refused(void) {
     CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_ERR_INVALID && strstr(err, "need a grammar"));
     engine_wait_idle(e);
     CHECK(c.done[0] == 1 && c.finish[0] == LM_FINISH_STOP && c.n[0] >= 1);
+    /* the text's size bound: 256 KiB of grammar is taken, one byte more refused before compiling */
+    size_t big = 256 << 10;
+    char *text = malloc(big + 2);
+    CHECK(text);
+    memset(text, '\n', big + 1);
+    memcpy(text, "root ::= \"a\"", 12);
+    text[big + 1] = 0;
+    lm_request_params q = params(text, &sp, 4, &c);
+    q.grammar_len = big + 1;
+    lm_status s_over = engine_submit(e, &q, NULL, err, sizeof err);
+    bool named = strstr(err, "262144") != NULL;
+    q.grammar_len = big;
+    lm_status s_at = engine_submit(e, &q, NULL, err, sizeof err);
+    engine_wait_idle(e);
+    free(text);
     engine_free(e);
+    CHECK(s_over == LM_ERR_INVALID && named);
+    CHECKF(s_at == LM_OK, "%s", err);
 }
 
 /* More distinct grammars than the engine keeps: each request still gets

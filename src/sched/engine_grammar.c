@@ -8,9 +8,10 @@
  * engine finishes the choice.
  *
  * Threads. Submitters build the per-vocabulary tables (grammar_tables: the
- * vocabulary's byte trie and the two buffers the masking uses), compile a
- * grammar or find it in the cache, and probe a new one against the
- * matcher's bounds (gmatch_probe), all under mu (engine_grammar_get);
+ * vocabulary's byte trie and the two buffers the masking uses) and look a
+ * grammar up in the cache under mu; a new one is compiled and probed
+ * against the matcher's bounds (gmatch_probe) outside it, then kept under
+ * mu again (engine_grammar_get);
  * request_new copies the start state into each choice
  * (engine_grammar_choice). Masks and steps (engine_grammar_pick,
  * engine_grammar_advance) run on the engine thread only, as does
@@ -27,7 +28,9 @@
  * sampler runs, as a logit bias would; the greedy and sparse shortcuts
  * take the same token as the masked row.
  *
- * Bounds. At most MAX_GRAMMARS compiled grammars are kept (engine_int.h);
+ * Bounds. A grammar is at most ENGINE_MAX_GRAMMAR_BYTES of text (its
+ * compilation grows faster than its size); at most MAX_GRAMMARS compiled
+ * grammars are kept (engine_int.h);
  * gwork holds n_vocab floats, gmask (max(n_vocab, the trie's size) + 31) / 32
  * words. A lazy grammar's look-behind (lz) holds the longest trigger less
  * one byte plus one token's text (piece_cap).
@@ -69,44 +72,65 @@ static int grammar_tables(egram *e) {
     return rc;
 }
 
+/* The kept entry for this text and root, or NULL (under mu). */
+static gentry *cache_find(egram *e, const char *text, size_t len, const char *root) {
+    for (int i = 0; i < e->n_gtab; i++) {
+        gentry *t = &e->gtab[i];
+        if (t->len == len && !memcmp(t->text, text, len) && !strcmp(t->root, root)) return t;
+    }
+    return NULL;
+}
+
+/* A kept entry's start state for the request, or LM_ERR_INVALID when an
+ * earlier request found the grammar past the matcher's bounds. */
+static lm_status cache_use(const gentry *t, lm_gmatch **proto, char *err, size_t errlen) {
+    if (gmatch_spoiled(t->proto)) return lm_err(err, errlen, "grammar: %s", gmatch_spoiled(t->proto)), LM_ERR_INVALID;
+    *proto = t->proto;
+    return LM_OK;
+}
+
 /* The request's grammar: the engine's compiled copy of the same text and
  * root if it keeps one, else compiled now (and kept while there is room).
- * *proto is its start state; *own the grammar when the request owns it
- * (with *proto). LM_ERR_INVALID for a bad grammar, LM_ERR_NOMEM. */
+ * The compilation runs outside mu, so a large grammar never holds up the
+ * requests that find theirs kept; two requests compiling the same text at
+ * once keep the first copy that is done. *proto is its start state; *own
+ * the grammar when the request owns it (with *proto). LM_ERR_INVALID for a
+ * bad grammar or one over ENGINE_MAX_GRAMMAR_BYTES, LM_ERR_NOMEM. */
 lm_status engine_grammar_get(egram *e, const lm_request_params *p, lm_gmatch **proto, lm_grammar **own, char *err,
                              size_t errlen) {
     size_t len = p->grammar_len ? p->grammar_len : strlen(p->grammar);
     const char *root = p->grammar_root ? p->grammar_root : "root";
+    if (len > ENGINE_MAX_GRAMMAR_BYTES)
+        return lm_err(err, errlen, "grammar: %zu bytes, more than the %d a request may send", len,
+                      ENGINE_MAX_GRAMMAR_BYTES),
+               LM_ERR_INVALID;
     if (grammar_tables(e) != 0)
         return lm_err(err, errlen, "out of memory building the grammar's vocabulary tables"), LM_ERR_NOMEM;
-    lm_status rc = LM_OK;
     pthread_mutex_lock(&e->mu);
-    for (int i = 0; i < e->n_gtab; i++) {
-        gentry *t = &e->gtab[i];
-        if (t->len == len && !memcmp(t->text, p->grammar, len) && !strcmp(t->root, root)) {
-            if (gmatch_spoiled(t->proto)) { /* an earlier request passed the matcher's bounds */
-                rc = LM_ERR_INVALID;
-                lm_err(err, errlen, "grammar: %s", gmatch_spoiled(t->proto));
-                goto done;
-            }
-            *proto = t->proto;
-            goto done;
-        }
-    }
+    gentry *kept = cache_find(e, p->grammar, len, root);
+    lm_status rc = kept ? cache_use(kept, proto, err, errlen) : LM_OK;
+    pthread_mutex_unlock(&e->mu);
+    if (kept) return rc;
+
+    /* compile and probe, unlocked (gvocab never changes once built) */
     char gerr[LM_ERRLEN];
     lm_grammar *g = grammar_parse(p->grammar, len, root, gerr, sizeof gerr);
-    if (!g) {
-        rc = LM_ERR_INVALID;
-        lm_err(err, errlen, "grammar: %s", gerr);
-        goto done;
-    }
+    if (!g) return lm_err(err, errlen, "grammar: %s", gerr), LM_ERR_INVALID;
     lm_gmatch *m = gmatch_new(g, e->gvocab, gerr, sizeof gerr);
     if (!m || gmatch_probe(m, gerr, sizeof gerr) < 0) { /* a grammar past the matcher's bounds is refused here */
         rc = m || !strstr(gerr, "out of memory") ? LM_ERR_INVALID : LM_ERR_NOMEM;
         gmatch_free(m);
         grammar_free(g);
-        lm_err(err, errlen, "grammar: %s", gerr);
-        goto done;
+        return lm_err(err, errlen, "grammar: %s", gerr), rc;
+    }
+
+    pthread_mutex_lock(&e->mu);
+    if ((kept = cache_find(e, p->grammar, len, root))) { /* another request kept it meanwhile */
+        rc = cache_use(kept, proto, err, errlen);
+        pthread_mutex_unlock(&e->mu);
+        gmatch_free(m);
+        grammar_free(g);
+        return rc;
     }
     gentry t = {lm_strndup(p->grammar, len), len, lm_strndup(root, strlen(root)), g, m};
     if (e->n_gtab < MAX_GRAMMARS && t.text && t.root) {
@@ -117,9 +141,8 @@ lm_status engine_grammar_get(egram *e, const lm_request_params *p, lm_gmatch **p
         *own = g;
     }
     *proto = m;
-done:
     pthread_mutex_unlock(&e->mu);
-    return rc;
+    return LM_OK;
 }
 
 /* Choice c's grammar state: a copy of the request's start state. 0, or -1

@@ -30,9 +30,10 @@
 #include "sched/spec_sched.h"
 #include "sched/stop.h"
 
-#define MAX_STOP_LEN 1024 /* bytes of one stop string */
-#define MAX_TRIGGERS 64   /* lazy-grammar triggers of one request */
-#define MAX_GRAMMARS 8    /* compiled grammars the engine keeps for reuse */
+#define MAX_STOP_LEN 1024                    /* bytes of one stop string */
+#define MAX_TRIGGERS 64                      /* lazy-grammar triggers of one request */
+#define MAX_GRAMMARS 8                       /* compiled grammars the engine keeps for reuse */
+#define ENGINE_MAX_GRAMMAR_BYTES (256 << 10) /* GBNF text of one request */
 
 /* A compiled grammar kept for the requests that send the same text: they
  * share its matcher's cache (states, transitions, masks), so a schema
