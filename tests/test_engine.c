@@ -527,6 +527,38 @@ static void test_priority(void) {
     engine_free(e);
 }
 
+/* Fairness between clients: one client's queue does not hold back another
+ * client's first request. One sequence runs at a time; client A submits
+ * six requests, then client B one (and a request without a client). B's
+ * waits behind A's first alone (depth 0, later arrival), so it finishes
+ * second; without clients it would finish after all of A's. Then the same
+ * with no client anywhere: arrival order. */
+static void test_fair_clients(void) {
+    const lm_model *m = models[0];
+    int32_t prompt[8] = {1, 40, 41, 42, 43, 44, 45, 46};
+    char err[LM_ERRLEN];
+    for (int pass = 0; pass < 2; pass++) {
+        lm_engine *e = new_engine(m, 64, 1, 0);
+        CHECK(e);
+        static collect col[8];
+        memset(col, 0, sizeof col);
+        for (int i = 0; i < 8; i++) {
+            lm_request_params p = greedy_params(prompt, 8, i == 0 ? 60 : 6, &col[i]);
+            p.ignore_eos = true;
+            p.client = pass == 0 ? (i < 6 ? 0xa : i == 6 ? 0xb : 0) : 0;
+            CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
+        }
+        engine_wait_idle(e);
+        engine_free(e);
+        int before_b = 0; /* A's requests that finished before B's */
+        for (int i = 1; i < 6; i++) before_b += col[i].order < col[6].order;
+        if (pass == 0) CHECKF(before_b == 0, "%d of A's later requests finished before B's", before_b);
+        else CHECKF(before_b == 5, "without clients, %d of A's requests finished before the 7th", before_b);
+        /* A's own requests keep their order */
+        for (int i = 2; i < 6; i++) CHECK(col[i - 1].order < col[i].order);
+    }
+}
+
 /* Stop strings end the text before them; n = 2 forks the prompt; bad
  * requests are refused; shutdown ends requests in flight. */
 static void test_stop_fork_reject(void) {
@@ -983,6 +1015,7 @@ int main(void) {
     TEST_RUN(test_concurrent_submitters);
     TEST_RUN(test_preemption);
     TEST_RUN(test_priority);
+    TEST_RUN(test_fair_clients);
     TEST_RUN(test_stop_fork_reject);
     TEST_RUN(test_queue_time);
     TEST_RUN(test_max_waiting);

@@ -153,6 +153,43 @@ static void emit_event(lm_engine *e, eseq *c, int32_t tok, const char *text, siz
     c->req->p.on_event(c->req->p.user, &ev);
 }
 
+/* ---- fairness between clients (mu held) ---------------------------------- */
+
+/* Count n more unfinished choices of client id: how many it had before,
+ * the depth of the first (0 without a client). *counted says whether the
+ * client is counted (not when ENGINE_MAX_CLIENTS others are). */
+static int client_take(lm_engine *e, uint64_t id, int n, bool *counted) {
+    *counted = false;
+    if (!id) return 0;
+    for (int i = 0; i < e->n_clients; i++)
+        if (e->clients[i].id == id) {
+            int before = e->clients[i].n;
+            e->clients[i].n += n;
+            *counted = true;
+            return before;
+        }
+    if (e->n_clients == e->clients_cap) {
+        int cap = e->clients_cap ? e->clients_cap * 2 : 16;
+        if (cap > ENGINE_MAX_CLIENTS) return 0;
+        struct eclient *nc = lm_realloc(e->clients, (size_t)cap * sizeof *nc);
+        if (!nc) return 0;
+        e->clients = nc;
+        e->clients_cap = cap;
+    }
+    e->clients[e->n_clients++] = (struct eclient){id, n};
+    *counted = true;
+    return 0;
+}
+
+/* One choice of client id finished. */
+static void client_done(lm_engine *e, uint64_t id) {
+    for (int i = 0; i < e->n_clients; i++)
+        if (e->clients[i].id == id) {
+            if (--e->clients[i].n <= 0) e->clients[i] = e->clients[--e->n_clients];
+            return;
+        }
+}
+
 /* End a choice: release its KV (registering its blocks for prefix reuse when
  * it completed normally), flush its text, send the final event; the request
  * loses the engine's reference when its last choice ends. status says what
@@ -201,6 +238,7 @@ static void engine_finish_choice(lm_engine *e, eseq *c, lm_finish why, lm_status
                    .stats = &c->stats};
     pthread_mutex_lock(&e->mu);
     metrics_finished(&e->stats, &c->stats, c->index, why);
+    if (r->counted) client_done(e, r->p.client);
     pthread_mutex_unlock(&e->mu);
     r->p.on_event(r->p.user, &ev);
     /* choices still waiting for a fork from choice 0 cannot get one now */
@@ -485,7 +523,8 @@ static lm_status submit_tokens(lm_engine *e, const lm_request_params *p, lm_requ
         return lm_err(err, errlen, "%d requests are already waiting", e->cfg.max_waiting), LM_ERR_BUSY;
     }
     uint64_t arrival = e->next_arrival++;
-    for (int i = 0; i < p->n; i++) r->ch[i].sq.arrival = arrival;
+    int depth = client_take(e, p->client, p->n, &r->counted);
+    for (int i = 0; i < p->n; i++) r->ch[i].sq.arrival = arrival, r->ch[i].sq.depth = depth + i;
     if (e->inbox_tail) e->inbox_tail->next = r;
     else e->inbox = r;
     e->inbox_tail = r;
@@ -1143,6 +1182,7 @@ static void destroy(lm_engine *e) {
     pool_free(e->pool);
     kv_pool_free(e->kv);
     sched_free(e->sc);
+    lm_free(e->clients);
     lm_free(e->segs);
     lm_free(e->seg_ch);
     lm_free(e->pre_ch);

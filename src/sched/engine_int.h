@@ -33,6 +33,7 @@
 #define MAX_STOP_LEN 1024                    /* bytes of one stop string */
 #define MAX_TRIGGERS 64                      /* lazy-grammar triggers of one request */
 #define MAX_GRAMMARS 8                       /* compiled grammars the engine keeps for reuse */
+#define ENGINE_MAX_CLIENTS 4096              /* clients counted for fairness at once (more: unordered) */
 #define ENGINE_MAX_GRAMMAR_BYTES (256 << 10) /* GBNF text of one request */
 
 /* A compiled grammar kept for the requests that send the same text: they
@@ -111,6 +112,7 @@ struct lm_request {
     lm_gmatch *gproto;       /* the grammar's start state, which choices copy (owned with grammar) */
     stop_set triggers;       /* owned copies of the lazy grammar's triggers */
     int n_live;              /* choices not yet done */
+    bool counted;            /* its choices count in the engine's clients (p.client) */
     eseq *ch;                /* (p.n) */
     struct lm_request *next; /* inbox link */
 };
@@ -138,6 +140,12 @@ struct lm_engine {
     lm_request *inbox, *inbox_tail;
     int n_inbox;
     uint64_t next_arrival;
+    /* the clients with choices not yet finished, and how many (under mu) */
+    struct eclient {
+        uint64_t id;
+        int n;
+    } * clients;
+    int n_clients, clients_cap;
     bool check_req, check_done;
     int check_rc;
     char check_msg[LM_ERRLEN];

@@ -78,7 +78,8 @@ enum { SCHED_NONE = 0, SCHED_WAITING, SCHED_RUNNING };
 typedef struct sched_seq {
     /* the order key: set before the first sched_enqueue, fixed after */
     int priority;     /* lower runs first */
-    uint64_t arrival; /* submission order */
+    int depth;        /* then: its client's choices unfinished before it (0: none, or no client) */
+    uint64_t arrival; /* then: submission order */
     int index;        /* the choice within its request */
     /* reported by the engine before each plan */
     int n_pending;               /* tokens not yet in its KV (1: a decode; waiting: the whole sequence) */

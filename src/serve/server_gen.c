@@ -32,6 +32,7 @@
  * waits for them before freeing anything the engine could touch.
  */
 #include <math.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/types.h>
@@ -127,6 +128,29 @@ static void on_event(void *user, const lm_event *ev) {
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     for (int i = 0; i < n_cancel; i++) engine_cancel(eng, to_cancel[i]);
+}
+
+/* ------------------------------------------------------------ fairness */
+
+/* Who sent the call, for the engine's fairness between clients: its API key
+ * (the key's salt) when the server has keys, else its address (not the
+ * port: one client's connections are one client). Never 0. */
+static uint64_t call_client(const srv_call *c) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a over what names the client */
+    const unsigned char *b = NULL;
+    size_t n = 0;
+    if (c->tenant_salt) {
+        b = (const unsigned char *)&c->tenant_salt, n = sizeof c->tenant_salt;
+    } else {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c->conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        const struct sockaddr *sa = ci ? ci->client_addr : NULL;
+        if (sa && sa->sa_family == AF_INET)
+            b = (const unsigned char *)&((const struct sockaddr_in *)sa)->sin_addr, n = 4;
+        else if (sa && sa->sa_family == AF_INET6)
+            b = (const unsigned char *)&((const struct sockaddr_in6 *)sa)->sin6_addr, n = 16;
+    }
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h ? h : 1;
 }
 
 /* ------------------------------------------------------------ call objects */
@@ -240,6 +264,7 @@ static int submit_all(srv_call *c, lm_server_error *e) {
         p.prompt = r->prompts[i];
         p.n_prompt = r->n_prompt[i];
         p.cache_salt = server_request_salt(c->tenant_salt, r);
+        p.client = call_client(c);
         p.sp.seed = seed + (uint64_t)i * (uint64_t)r->p.n;
         p.stop = (const char *const *)r->stops;
         p.grammar = r->grammar;

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Clients take turns in `lamina serve` (docs/engine.md, "The scheduler").
+
+One server that runs two sequences at a time (--max-seqs 2). Client A (address 127.0.0.2)
+queues 24 long completions at once; client B (127.0.0.3) then sends one short completion.
+B's request waits behind A's running ones only: it is answered before all but at most
+two more of A's have finished, where arrival order alone would put it after all 24.
+The same two clients as one API key's (a server with --api-key): one client, so B's request
+waits for its turn in arrival order like the rest.
+On the bundled model (models/stories260K.gguf).
+"""
+import http.client
+import json
+import os
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import testenv  # noqa: E402
+from testenv import result  # noqa: E402
+
+LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
+MODEL = "models/stories260K.gguf"
+N_A = 24
+
+
+def complete(port, src, body, out, key=None):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600, source_address=(src, 0))
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = "Bearer " + key
+    try:
+        c.request("POST", "/v1/completions", body=json.dumps(body), headers=headers)
+        r = c.getresponse()
+        r.read()
+        out.append((src, r.status, time.time()))
+    except OSError as e:
+        out.append((src, str(e), time.time()))
+    finally:
+        c.close()
+
+
+def run(key):
+    args = [LAMINA, "serve", "-m", MODEL, "--max-seqs", "2", "-t", "1", "--max-waiting", "0"]
+    if key:
+        args += ["--api-key", key]
+    srv = testenv.Server(args)
+    done = []
+    try:
+        long_body = {"prompt": "Once upon a time", "max_tokens": 100, "ignore_eos": True, "temperature": 0}
+        ts = [threading.Thread(target=complete, args=(srv.port, "127.0.0.2", long_body, done, key)) for _ in range(N_A)]
+        for t in ts:
+            t.start()
+        deadline = time.time() + 60  # every one of A's requests is in the engine
+        while time.time() < deadline:
+            m = srv.metrics()
+            if m.get("lamina_requests_total", 0) >= N_A:
+                break
+            time.sleep(0.01)
+        b = threading.Thread(target=complete, args=(srv.port, "127.0.0.3", dict(long_body, max_tokens=4), done, key))
+        b.start()
+        b.join(600)
+        for t in ts:
+            t.join(600)
+    finally:
+        testenv.terminate(srv, "fair")
+    order = [src for src, status, _ in sorted(done, key=lambda d: d[2])]
+    ok = all(status == 200 for _, status, _ in done) and len(done) == N_A + 1
+    a_before = order.index("127.0.0.3") if "127.0.0.3" in order else -1
+    return ok, a_before, done
+
+
+def main():
+    ok, a_before, done = run(None)
+    result("clients by address: every request answered", ok, done[:4])
+    result("clients by address: B answered after at most 4 of A's 24", 0 <= a_before <= 4,
+           "%d of A's before B" % a_before)
+    ok, a_before, done = run("k1")
+    result("one API key: every request answered", ok, done[:4])
+    result("one API key is one client: B waits its turn (after at least 20 of A's 24)", a_before >= 20,
+           "%d of A's before B" % a_before)
+    return testenv.summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
