@@ -676,6 +676,26 @@ def check_bad_replicas():
                (codes, hang.posts, time.time() - t0))
         result("hanging replica: ejected and retried", ej.get(hang.url, 0) >= 1 and
                m.get("lamina_router_requests_retried_total", 0) >= 1, (ej, m.get("lamina_router_requests_retried_total")))
+        rt.stop("router (hanging replica, timeout)")
+        fronts.remove(rt)
+        # the same without a transfer timeout: the stall detector (no engine iteration for 2 s
+        # with requests in flight) ejects it, retries its requests, and keeps it out a while
+        posts0 = hang.posts
+        rt = Router(1, "--replica", hang.url, "--stall-timeout", "2", "--policy", "round-robin")
+        fronts.append(rt)
+        t0 = time.time()
+        codes = []
+        for i in range(6):
+            codes.append(es.post(rt, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 4},
+                                 timeout=60)[0])
+        took = time.time() - t0
+        m = rmetrics(rt)
+        ej = per_replica(m, "lamina_router_replica_ejections_total")
+        result("stalled replica: every request answered within seconds, not the 600 s timeout",
+               codes == [200] * 6 and took < 30, (codes, "%.1f s" % took))
+        result("stalled replica: ejected once, its request retried, kept out (at most 2 posts)",
+               ej.get(hang.url, 0) >= 1 and m.get("lamina_router_requests_retried_total", 0) >= 1 and
+               1 <= hang.posts - posts0 <= 2, (ej, m.get("lamina_router_requests_retried_total"), hang.posts - posts0))
     finally:
         for i, f in enumerate(fronts):
             f.stop("router (bad replicas %d)" % i)

@@ -59,6 +59,9 @@ static void usage_route(FILE *f) {
             "      --max-attempts N   replicas a request may try before it fails (default 3)\n"
             "      --poll-interval S  seconds between health and metrics polls (default 0.2)\n"
             "      --timeout S        seconds per upstream transfer and in the queue (default 600)\n"
+            "      --stall-timeout S  a replica whose engine makes no iteration this long while requests\n"
+            "                         are in flight there is ejected and its requests retried (default 30;\n"
+            "                         0: never)\n"
             "      --max-body BYTES   largest request body (default 1M)\n"
             "      --max-connections N  open client connections (default 512)\n"
             "      --max-connections-per-ip N  from one client address (default 256)\n"
@@ -232,6 +235,7 @@ int cmd_route(int argc, char **argv) {
         else if (is_flag(&a, "--max-attempts", NULL)) rc.max_attempts = (int)need_int(&a, 1, 100);
         else if (is_flag(&a, "--poll-interval", NULL)) rc.poll_interval = need_float(&a, 0.01, 60);
         else if (is_flag(&a, "--timeout", NULL)) rc.timeout = need_float(&a, 0, 1e7);
+        else if (is_flag(&a, "--stall-timeout", NULL)) rc.stall_timeout = need_float(&a, 0, 1e7);
         else if (is_flag(&a, "--max-connections", NULL)) rc.max_connections = (int)need_int(&a, 1, 1000000);
         else if (is_flag(&a, "--max-connections-per-ip", NULL))
             rc.max_connections_per_ip = (int)need_int(&a, 1, 1000000);

@@ -490,6 +490,7 @@ void route_config_default(rt_config *c) {
     c->max_attempts = 3;
     c->poll_interval = 0.2;
     c->timeout = 600;
+    c->stall_timeout = 30;
     c->max_body = 1 << 20;
     c->max_connections = 512;
     c->max_connections_per_ip = 256;

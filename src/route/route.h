@@ -77,6 +77,10 @@ typedef struct {
     int max_attempts;                /* replicas a request may try (default 3) */
     double poll_interval;            /* seconds between health/metrics polls (default 0.2) */
     double timeout;                  /* seconds per upstream transfer; 0: none */
+    double stall_timeout;            /* a replica with requests in flight whose engine makes no
+                                        iteration for this long is stalled: ejected, its requests
+                                        that sent nothing to the client yet retried elsewhere
+                                        (default 30; 0: never) */
     size_t max_body;                 /* request body bytes (default 1 MiB) */
     int max_connections;             /* default 512 */
     int max_connections_per_ip;      /* from one client address (default 256, as serve) */

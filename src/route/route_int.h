@@ -45,6 +45,12 @@ typedef struct {
     double prev_running; /* running at the poll before */
     double batch_mean;   /* engine's mean batch over the last poll interval, or -1 */
     double last_iter, last_bsum, last_bcount;
+    /* stalls: requests in flight and the engine's iterations not moving */
+    double seen_iter;        /* iterations at the last poll (-1: none read) */
+    double t_progress;       /* when it last moved, or had nothing in flight */
+    int stall_epoch;         /* bumped at each stall: transfers sent before are aborted */
+    int stalls;              /* stalls in a row (the quarantine doubles with each) */
+    double quarantine_until; /* a stalled replica is not re-admitted before this */
     uint64_t sent, failures, ejections;
     uint64_t *slots; /* (RT_SLOTS) block keys sent here, 0 for empty */
 } rt_replica;
@@ -61,6 +67,8 @@ struct rt_req {
     int n_keys;
     rt_req *next, *prev; /* in the router's queue */
     int replica;         /* the replica of the current or last attempt, -1 none */
+    int stall_epoch;     /* the replica's stall_epoch when this attempt was sent */
+    bool stalled;        /* this attempt was aborted: the replica stalled */
     int attempts;
     bool tried[RT_MAX_REPLICAS];
     void *easy; /* the CURL handle while SENT */

@@ -4,8 +4,13 @@
  * requests (route_queue.c's rt_pick picks the replica), adds their
  * transfers, and on each transfer's end decides between done, retry
  * elsewhere (nothing reached the client yet) and failure. One poller thread asks each replica's /health and
- * /metrics every poll_interval: ejection and re-admission, and the learnt
- * in-flight limit (route.h).
+ * /metrics every poll_interval: ejection and re-admission, the learnt
+ * in-flight limit (route.h), and stalls: a replica that answers /health but
+ * whose engine makes no iteration for stall_timeout while requests are in
+ * flight there is ejected, the transfers sent to it before are aborted (and
+ * retried elsewhere when nothing reached their client yet), and it is kept
+ * out for a quarantine (stall_timeout, doubling with each stall in a row, at
+ * most 10 minutes) before /health may re-admit it, with a limit of 1.
  *
  * Callbacks run on the upstream thread inside curl_multi_perform and take
  * rt->mu; the loop itself never holds rt->mu while curl runs. A client that
@@ -91,6 +96,7 @@ static int on_progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, cu
     lm_router *r = q->rt;
     pthread_mutex_lock(&r->mu);
     bool stop = q->client_gone || atomic_load(&r->stopping);
+    if (!stop && q->replica >= 0 && r->rep[q->replica].stall_epoch != q->stall_epoch) stop = q->stalled = true;
     pthread_mutex_unlock(&r->mu);
     return stop ? 1 : 0;
 }
@@ -130,6 +136,8 @@ static int start(lm_router *r, rt_req *q, int i) {
     q->hdrs = hd;
     q->state = RQ_SENT;
     q->replica = i;
+    q->stall_epoch = p->stall_epoch;
+    q->stalled = false;
     q->attempts++;
     q->tried[i] = true;
     q->status = 0;
@@ -217,7 +225,9 @@ static void transfer_done(lm_router *r, rt_req *q, CURLcode rc) {
         return;
     }
     bool conn_failed = rc != CURLE_OK;
-    if (conn_failed) {
+    if (q->stalled) { /* aborted by the stall detector (the replica is ejected already) */
+        p->failures++;
+    } else if (conn_failed) {
         p->failures++;
         if (rc == CURLE_COULDNT_CONNECT || rc == CURLE_OPERATION_TIMEDOUT || rc == CURLE_RECV_ERROR ||
             rc == CURLE_SEND_ERROR || rc == CURLE_GOT_NOTHING || rc == CURLE_PARTIAL_FILE)
@@ -236,6 +246,10 @@ static void transfer_done(lm_router *r, rt_req *q, CURLcode rc) {
     }
     if (atomic_load(&r->stopping)) {
         fail_req(r, q, 503, "%s", "the router is shutting down");
+        return;
+    }
+    if (q->stalled) {
+        fail_req(r, q, 502, "%s", "the replica stalled (no engine progress) after the answer began");
         return;
     }
     if (conn_failed) {
@@ -369,9 +383,29 @@ static void poll_one(lm_router *r, int i, CURL *h) {
     strbuf_free(&m);
     pthread_mutex_lock(&r->mu);
     rt_replica *p = &r->rep[i];
-    if (hc == 200 && !p->healthy) {
+    double now = lm_now();
+    /* stalls: progress is an iteration since the last poll, or nothing in flight */
+    double iter = found ? st.iterations : -1;
+    if (p->in_flight == 0 || (iter >= 0 && iter != p->seen_iter)) {
+        p->t_progress = now;
+        if (p->in_flight > 0) p->stalls = 0;
+    }
+    p->seen_iter = iter;
+    if (r->cfg.stall_timeout > 0 && p->in_flight > 0 && now - p->t_progress > r->cfg.stall_timeout) {
+        double q = r->cfg.stall_timeout * (double)(1 << (p->stalls < 6 ? p->stalls : 6));
+        p->quarantine_until = now + (q < 600 ? q : 600);
+        p->stalls++;
+        p->stall_epoch++;
+        p->t_progress = now;
+        char why[96];
+        snprintf(why, sizeof why, "no engine iteration for %.0f s with %d requests in flight", r->cfg.stall_timeout,
+                 p->in_flight);
+        eject(r, i, why);
+        rt_up_wake(r); /* its transfers are aborted at their next progress call */
+    }
+    if (hc == 200 && !p->healthy && now >= p->quarantine_until) {
         p->healthy = true;
-        p->limit = r->cfg.max_inflight > 0 ? r->cfg.max_inflight : LIMIT_START;
+        p->limit = r->cfg.max_inflight > 0 ? r->cfg.max_inflight : p->stalls ? 1 : LIMIT_START;
         p->last_iter = -1;
         logf_(r, "replica %s admitted", p->url);
     } else if (hc != 200 && p->healthy) eject(r, i, hc < 0 ? "no answer to /health" : "/health is not 200");
@@ -426,6 +460,8 @@ int rt_up_start(lm_router *r, char *err, size_t errlen) {
     for (int i = 0; i < r->n_rep; i++) {
         r->rep[i].limit = r->cfg.max_inflight > 0 ? r->cfg.max_inflight : LIMIT_START;
         r->rep[i].last_iter = -1;
+        r->rep[i].seen_iter = -1;
+        r->rep[i].t_progress = lm_now();
         r->rep[i].batch_mean = -1;
         r->rep[i].st = (rt_upstats){-1, -1, -1, -1, -1, -1, -1};
     }
