@@ -574,6 +574,17 @@ class Fake:
                 if fake.mode == "hang":
                     time.sleep(30)
                     return
+                if fake.mode in ("garbage", "huge"):
+                    body = b"<html>not JSON</html>" if fake.mode == "garbage" else b'{"x":"' + b"a" * (5 << 20) + b'"}'
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    try:
+                        self.wfile.write(body)
+                    except OSError:
+                        pass
+                    return
                 self.send_response(200)
                 if fake.mode == "cut-stream":
                     self.send_header("Content-Type", "text/event-stream")
@@ -594,6 +605,7 @@ class Fake:
 
         self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
         self.srv.daemon_threads = True
+        self.srv.handle_error = lambda *a: None  # a connection the router cut is expected
         self.url = "http://127.0.0.1:%d" % self.srv.server_address[1]
         threading.Thread(target=self.srv.serve_forever, daemon=True).start()
 
@@ -638,6 +650,7 @@ class Front:
 
 def check_bad_replicas():
     cut, body_cut, hang = Fake("cut-stream"), Fake("cut-body"), Fake("hang")
+    garbage, huge = Fake("garbage"), Fake("huge")
     fronts = []
     try:
         f = Front([cut.url], "--max-attempts", "2", "--trace", TRACE + ".fake")
@@ -693,13 +706,30 @@ def check_bad_replicas():
         ej = per_replica(m, "lamina_router_replica_ejections_total")
         result("stalled replica: every request answered within seconds, not the 600 s timeout",
                codes == [200] * 6 and took < 30, (codes, "%.1f s" % took))
+        # answers that are not JSON, or too large to hold: retried on the real replica, and the
+        # faulty one ejected after 3 in a row (then kept out)
+        for fake, what in ((garbage, "not JSON"), (huge, "over 4 MiB")):
+            rt2 = Router(1, "--replica", fake.url, "--policy", "round-robin")
+            fronts.append(rt2)
+            codes = [es.post(rt2, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 4}, timeout=60)[0]
+                     for _ in range(8)]
+            m2 = rmetrics(rt2)
+            ej2 = per_replica(m2, "lamina_router_replica_ejections_total")
+            result("answers %s: every request answered by the real replica" % what, codes == [200] * 8, codes)
+            result("answers %s: the replica ejected after 3 in a row, then kept out" % what,
+                   ej2.get(fake.url, 0) >= 1 and 3 <= fake.posts <= 4, (ej2, fake.posts))
+        f3 = Front([huge.url], "--max-attempts", "2")
+        fronts.append(f3)
+        st, _, body = es.post(f3, "/v1/completions", {"prompt": "x", "max_tokens": 4}, timeout=60)
+        result("answer over 4 MiB alone: 502 naming the replica's answer, not the client", st == 502 and
+               b"4 MiB" in body and b"did not read" not in body, (st, body[:200]))
         result("stalled replica: ejected once, its request retried, kept out (at most 2 posts)",
                ej.get(hang.url, 0) >= 1 and m.get("lamina_router_requests_retried_total", 0) >= 1 and
                1 <= hang.posts - posts0 <= 2, (ej, m.get("lamina_router_requests_retried_total"), hang.posts - posts0))
     finally:
         for i, f in enumerate(fronts):
             f.stop("router (bad replicas %d)" % i)
-        for x in (cut, body_cut, hang):
+        for x in (cut, body_cut, hang, garbage, huge):
             x.close()
 
 

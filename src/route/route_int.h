@@ -27,9 +27,12 @@
 #include "base/strbuf.h"
 #include "route/route.h"
 
-#define RT_MAX_KEYS 256            /* block keys a request is routed by */
-#define RT_SLOTS (1u << 16)        /* per-replica direct-mapped table of keys sent there */
-#define RT_STREAM_LIMIT (4u << 20) /* bytes a stream may hold unread before it is cancelled */
+#define RT_MAX_KEYS 256     /* block keys a request is routed by */
+#define RT_SLOTS (1u << 16) /* per-replica direct-mapped table of keys sent there */
+#define RT_STREAM_LIMIT                                                                                                \
+    (4u << 20)          /* bytes a stream may hold unread before it is cancelled, and of
+                                      a whole answer */
+#define RT_BAD_IN_ROW 3 /* failed answers in a row that eject a replica for a quarantine */
 #define RT_NHIST 12
 
 enum { RQ_NEW, RQ_QUEUED, RQ_SENT, RQ_FINAL };
@@ -50,7 +53,8 @@ typedef struct {
     double t_progress;       /* when it last moved, or had nothing in flight */
     int stall_epoch;         /* bumped at each stall: transfers sent before are aborted */
     int stalls;              /* stalls in a row (the quarantine doubles with each) */
-    double quarantine_until; /* a stalled replica is not re-admitted before this */
+    double quarantine_until; /* a stalled or failing replica is not re-admitted before this */
+    int bad_in_row;          /* answers in a row that failed (errors, 5xx, not JSON, too large) */
     uint64_t sent, failures, ejections;
     uint64_t *slots; /* (RT_SLOTS) block keys sent here, 0 for empty */
 } rt_replica;
@@ -79,6 +83,7 @@ struct rt_req {
     bool streaming;   /* the client has been given status 200 and the stream began */
     bool client_gone; /* the client left: cancel, then drop */
     bool overflow;    /* the client did not read: cancelled */
+    bool too_big;     /* a whole answer larger than RT_STREAM_LIMIT: cut */
     char error[200];  /* a final failure, for the client */
     int error_status;
     rt_sse sse;

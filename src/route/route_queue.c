@@ -117,10 +117,12 @@ int rt_pick(lm_router *r, rt_req *q) {
         cand[i] = p->healthy && p->in_flight < p->limit;
         n_healthy += p->healthy;
         total += p->in_flight;
-        if (cand[i] && !q->tried[i]) untried++;
+        if (p->healthy && !q->tried[i]) untried++;
     }
+    /* a retry goes to a healthy replica it has not tried, waiting for one to have room, and
+     * back to one it tried only when there is no other */
     for (int i = 0; i < r->n_rep; i++) {
-        if (cand[i] && untried && q->tried[i]) cand[i] = false; /* a retry goes elsewhere when it can */
+        if (cand[i] && untried && q->tried[i]) cand[i] = false;
         n_cand += cand[i];
     }
     if (!n_cand) return -1;

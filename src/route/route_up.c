@@ -23,6 +23,7 @@
 #include <string.h>
 #include <time.h>
 
+#include <cjson/cJSON.h>
 #include <curl/curl.h>
 
 #include "base/util.h"
@@ -40,6 +41,16 @@ static void logf_(lm_router *r, const char *fmt, ...) {
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     r->cfg.log(r->cfg.log_user, line);
+}
+
+/* Keep replica i out for a quarantine (under mu): stall_timeout (30 s when
+ * that is 0), doubled with each quarantine in a row, at most 10 minutes. */
+static void quarantine(lm_router *r, int i) {
+    rt_replica *p = &r->rep[i];
+    double base = r->cfg.stall_timeout > 0 ? r->cfg.stall_timeout : 30;
+    double q = base * (double)(1 << (p->stalls < 6 ? p->stalls : 6));
+    p->quarantine_until = lm_now() + (q < 600 ? q : 600);
+    p->stalls++;
 }
 
 /* Eject a replica (under mu): nothing new goes there until /health is 200. */
@@ -67,7 +78,8 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
         q->t_first = lm_now();
     }
     if (q->buf.len + n > RT_STREAM_LIMIT) {
-        q->overflow = true;
+        if (q->stream) q->overflow = true; /* the client does not read */
+        else q->too_big = true;            /* the replica's answer is too large to hold */
         pthread_mutex_unlock(&r->mu);
         return 0;
     }
@@ -224,7 +236,23 @@ static void transfer_done(lm_router *r, rt_req *q, CURLcode rc) {
         fail_req(r, q, 500, "%s", "the client did not read the stream fast enough; request cancelled");
         return;
     }
-    bool conn_failed = rc != CURLE_OK;
+    bool conn_failed = rc != CURLE_OK && !q->too_big;
+    /* a whole 200 answer must be a JSON object: anything else is the replica's fault */
+    bool garbage = false;
+    if (!conn_failed && !q->too_big && !q->stream && code == 200) {
+        cJSON *o = cJSON_ParseWithLength(q->buf.p ? q->buf.p : "", q->buf.len);
+        garbage = !cJSON_IsObject(o);
+        cJSON_Delete(o);
+    }
+    bool bad = conn_failed || q->too_big || garbage || q->stalled || code >= 500;
+    if (!bad && code == 200) p->bad_in_row = 0, p->stalls = 0;
+    else if (bad && ++p->bad_in_row >= RT_BAD_IN_ROW && p->healthy) {
+        char why[96];
+        snprintf(why, sizeof why, "%d failed answers in a row", p->bad_in_row);
+        quarantine(r, q->replica);
+        eject(r, q->replica, why);
+        p->bad_in_row = 0;
+    }
     if (q->stalled) { /* aborted by the stall detector (the replica is ejected already) */
         p->failures++;
     } else if (conn_failed) {
@@ -235,11 +263,12 @@ static void transfer_done(lm_router *r, rt_req *q, CURLcode rc) {
     } else if (code == 429 && r->cfg.max_inflight <= 0 && p->limit > 1) {
         p->limit = p->in_flight > 1 ? p->in_flight : 1; /* the replica's queue is full: ask less */
     }
-    bool retryable = conn_failed || code == 429 || code >= 500;
+    bool retryable = conn_failed || q->too_big || garbage || code == 429 || code >= 500;
     if (retryable && !atomic_load(&r->stopping) && can_retry(r, q)) {
         r->retried++;
         strbuf_free(&q->buf);
         q->status = 0;
+        q->too_big = false;
         q->state = RQ_QUEUED;
         rt_queue_push(r, q, true); /* the transfer's reference becomes the queue's */
         return;
@@ -250,6 +279,14 @@ static void transfer_done(lm_router *r, rt_req *q, CURLcode rc) {
     }
     if (q->stalled) {
         fail_req(r, q, 502, "%s", "the replica stalled (no engine progress) after the answer began");
+        return;
+    }
+    if (q->too_big) {
+        fail_req(r, q, 502, "%s", "the replica's answer is larger than the router's 4 MiB buffer");
+        return;
+    }
+    if (garbage) {
+        fail_req(r, q, 502, "%s", "the replica's answer is not a JSON object");
         return;
     }
     if (conn_failed) {
@@ -392,9 +429,7 @@ static void poll_one(lm_router *r, int i, CURL *h) {
     }
     p->seen_iter = iter;
     if (r->cfg.stall_timeout > 0 && p->in_flight > 0 && now - p->t_progress > r->cfg.stall_timeout) {
-        double q = r->cfg.stall_timeout * (double)(1 << (p->stalls < 6 ? p->stalls : 6));
-        p->quarantine_until = now + (q < 600 ? q : 600);
-        p->stalls++;
+        quarantine(r, i);
         p->stall_epoch++;
         p->t_progress = now;
         char why[96];
