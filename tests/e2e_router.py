@@ -765,7 +765,7 @@ def check_conn_limits():
     """--max-connections-per-ip and --idle-timeout: one address's idle sockets past its limit
     are closed at once, the rest after the idle timeout (4 s), and a client at another address is
     served meanwhile."""
-    rt = Router(1, "--max-connections-per-ip", "4", "--idle-timeout", "4")
+    rt = Router(1, "--max-connections-per-ip", "4", "--idle-timeout", "4", "--read-timeout", "2")
     socks = []
     try:
         for _ in range(8):
@@ -793,6 +793,27 @@ def check_conn_limits():
         late = sum(closed(s, 10) for s in socks)
         result("idle timeout: the other 4 closed after about 4 s", late == 8 and time.time() - t0 < 10,
                "%d closed in %.1f s" % (late, time.time() - t0))
+        # a request trickled a byte every 0.3 s is never idle, but its read deadline (2 s) closes it
+        s = socket.socket()
+        s.bind(("127.0.0.6", 0))
+        s.connect(("127.0.0.1", rt.port))
+        socks.append(s)
+        t0 = time.time()
+        closed_at = None
+        for ch in b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n" + b" " * 100:
+            try:
+                s.send(bytes([ch]))
+            except OSError:
+                closed_at = time.time() - t0
+                break
+            if closed(s, 0.3):
+                closed_at = time.time() - t0
+                break
+        result("read deadline: a trickled request closed after about 2 s", closed_at is not None and
+               1.5 <= closed_at <= 8, closed_at)
+        m = rmetrics(rt)
+        result("read deadline: counted in /metrics", m.get("lamina_router_http_read_timeouts_total", 0) >= 1,
+               m.get("lamina_router_http_read_timeouts_total"))
     finally:
         for s in socks:
             s.close()

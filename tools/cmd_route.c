@@ -66,6 +66,8 @@ static void usage_route(FILE *f) {
             "      --max-connections N  open client connections (default 512)\n"
             "      --max-connections-per-ip N  from one client address (default 256)\n"
             "      --idle-timeout S   close a client connection silent this long (default 60)\n"
+            "      --read-timeout S   close a client connection that has not sent all of a request S\n"
+            "                         seconds after its first byte (default 30; 0: no limit)\n"
             "      --trace FILE       write the concurrency trace (JSON lines; see `lamina trace`)\n"
             "  -h, --help             this text\n");
 }
@@ -240,6 +242,7 @@ int cmd_route(int argc, char **argv) {
         else if (is_flag(&a, "--max-connections-per-ip", NULL))
             rc.max_connections_per_ip = (int)need_int(&a, 1, 1000000);
         else if (is_flag(&a, "--idle-timeout", NULL)) rc.idle_timeout = (int)need_int(&a, 1, 86400);
+        else if (is_flag(&a, "--read-timeout", NULL)) rc.read_timeout = need_float(&a, 0, 86400);
         else if (is_flag(&a, "--max-body", NULL)) rc.max_body = (size_t)need_bytes(&a);
         else if (is_flag(&a, "--trace", NULL)) rc.trace_path = need_val(&a);
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);

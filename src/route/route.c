@@ -123,6 +123,11 @@ static int route_metrics(lm_router *r, struct MHD_Connection *conn) {
     strbuf b = {0};
     pthread_mutex_lock(&r->mu);
     metric(&b, "lamina_router_queue_depth", "gauge", "Requests held in the router's queue.", r->q_len);
+    metric(&b, "lamina_router_http_connections", "gauge", "Client connections open.",
+           (double)atomic_load(&r->conns.open));
+    metric(&b, "lamina_router_http_read_timeouts_total", "counter",
+           "Client connections closed for not sending a whole request within --read-timeout.",
+           (double)atomic_load(&r->conns.read_timeouts));
     metric(&b, "lamina_router_requests_admitted_total", "counter", "Requests taken into the queue.",
            (double)r->admitted);
     metric(&b, "lamina_router_requests_rejected_total", "counter", "Requests refused (queue full: 429).",
@@ -443,7 +448,11 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
                                  void **req_cls) {
     lm_router *r = cls;
     rt_call *c = *req_cls;
-    if (!c) return first_call(r, conn, url, method, req_cls);
+    if (!c) {
+        enum MHD_Result ret = first_call(r, conn, url, method, req_cls);
+        if (!*req_cls) conn_guard_received(&r->conns, conn); /* answered from its headers */
+        return ret;
+    }
     if (c->q) return MHD_YES; /* answered already */
     if (*upload_data_size) {
         if (!c->too_big && c->body.len + *upload_data_size > r->cfg.max_body) {
@@ -454,6 +463,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         *upload_data_size = 0;
         return MHD_YES;
     }
+    conn_guard_received(&r->conns, conn); /* the whole request is in */
     if (c->too_big)
         return respond_err(r, conn, 413, "invalid_request_error", "request_too_large", "Connection", "close",
                            "The request body is larger than the router's limit.");
@@ -463,6 +473,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls, enum MHD_RequestTerminationCode toe) {
     lm_router *r = cls;
+    conn_guard_done(&r->conns, conn);
     rt_call *c = *req_cls;
     if (!c) return;
     pthread_mutex_lock(&r->mu);
@@ -495,6 +506,7 @@ void route_config_default(rt_config *c) {
     c->max_connections = 512;
     c->max_connections_per_ip = 256;
     c->idle_timeout = 60;
+    c->read_timeout = 30;
     c->block_size = 16;
 }
 
@@ -507,11 +519,12 @@ static int start_daemon(lm_router *r, char *err, size_t errlen) {
     if (gai || !ai) return lm_err(err, errlen, "cannot resolve '%s': %s", r->host, gai_strerror(gai));
     unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-    r->daemon = MHD_start_daemon(flags, (uint16_t)r->cfg.port, NULL, NULL, on_access, r, MHD_OPTION_SOCK_ADDR,
-                                 ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, r, MHD_OPTION_CONNECTION_LIMIT,
-                                 (unsigned)r->cfg.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-                                 (unsigned)r->cfg.max_connections_per_ip, MHD_OPTION_CONNECTION_TIMEOUT,
-                                 (unsigned)r->cfg.idle_timeout, MHD_OPTION_END);
+    r->daemon =
+        MHD_start_daemon(flags, (uint16_t)r->cfg.port, NULL, NULL, on_access, r, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                         MHD_OPTION_NOTIFY_COMPLETED, on_completed, r, MHD_OPTION_NOTIFY_CONNECTION, conn_guard_notify,
+                         &r->conns, MHD_OPTION_CONNECTION_LIMIT, (unsigned)r->cfg.max_connections,
+                         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)r->cfg.max_connections_per_ip,
+                         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)r->cfg.idle_timeout, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!r->daemon) return lm_err(err, errlen, "cannot listen on %s:%d", r->host, r->cfg.port);
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(r->daemon, MHD_DAEMON_INFO_BIND_PORT);
@@ -576,7 +589,8 @@ lm_router *route_new(const rt_config *c, char *err, size_t errlen) {
         for (int i = 0; i < r->n_rep; i++) fprintf(r->trace, "%s\"%s\"", i ? "," : "", r->rep[i].url);
         fputs("]}\n", r->trace);
     }
-    if (start_daemon(r, err, errlen) || rt_up_start(r, err, errlen)) {
+    if (conn_guard_start(&r->conns, r->cfg.read_timeout, err, errlen) || start_daemon(r, err, errlen) ||
+        rt_up_start(r, err, errlen)) {
         if (r->trace_file) { /* no trace of a router that never ran */
             safefile_abort(r->trace_file);
             r->trace_file = NULL;
@@ -608,6 +622,7 @@ int route_free(lm_router *r, char *err, size_t errlen) {
         nanosleep(&ts, NULL);
     }
     if (r->daemon) MHD_stop_daemon(r->daemon);
+    conn_guard_stop(&r->conns); /* after the library: its closed notices take the guard's mutex */
     for (int i = 0; i < r->n_rep; i++) {
         lm_free(r->rep[i].url);
         lm_free(r->rep[i].slots);

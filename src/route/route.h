@@ -85,6 +85,8 @@ typedef struct {
     int max_connections;             /* default 512 */
     int max_connections_per_ip;      /* from one client address (default 256, as serve) */
     int idle_timeout;                /* seconds of silence before a connection closes (default 60) */
+    double read_timeout;             /* seconds from a request's first byte to all of it (default 30,
+                                        as serve; 0: none) */
     const lm_server_parse_ctx *pctx; /* the model's tokenizer and template, or NULL: text blocks */
     int block_size;                  /* tokens per KV block on the replicas (default 16) */
     const char *trace_path;          /* JSON lines of the concurrency trace, or NULL */

@@ -24,6 +24,7 @@
 #include <stdio.h>
 
 #include "base/safefile.h"
+#include "serve/conn_guard.h"
 #include "base/strbuf.h"
 #include "route/route.h"
 
@@ -100,6 +101,7 @@ struct lm_router {
     char **urls; /* (n_replicas) */
     struct MHD_Daemon *daemon;
     int port;
+    conn_guard conns; /* client connections and the read deadline */
 
     pthread_mutex_t mu;
     pthread_cond_t poll_cv;

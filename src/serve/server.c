@@ -29,7 +29,7 @@
  * Limits on connections (server.h): the library enforces the global and
  * per-address connection counts, the per-connection memory (a request line
  * or headers past it: 414 or 431, and the connection closes) and the idle
- * timeout; server_conn.c adds the deadline for receiving a whole request.
+ * timeout; conn_guard.c adds the deadline for receiving a whole request.
  */
 #include <netdb.h>
 #include <poll.h>
@@ -173,12 +173,12 @@ static int route_metrics(lm_server *s, struct MHD_Connection *conn) {
     histogram(&b, "lamina_time_to_first_token_seconds", "Submission to first token.", &st.ttft);
     histogram(&b, "lamina_time_per_output_token_seconds", "Time per output token after the first.", &st.tpot);
     histogram(&b, "lamina_request_duration_seconds", "Submission to finish.", &st.e2e);
-    metric(&b, "lamina_http_connections", "gauge", "HTTP connections open.", (double)atomic_load(&s->conns_open));
+    metric(&b, "lamina_http_connections", "gauge", "HTTP connections open.", (double)atomic_load(&s->conns.open));
     metric(&b, "lamina_http_connections_total", "counter", "HTTP connections accepted.",
-           (double)atomic_load(&s->conns_total));
+           (double)atomic_load(&s->conns.total));
     metric(&b, "lamina_http_read_timeouts_total", "counter",
            "Connections closed for not sending a whole request within --read-timeout.",
-           (double)atomic_load(&s->read_timeouts));
+           (double)atomic_load(&s->conns.read_timeouts));
     strbuf_puts(&b,
                 "# HELP lamina_http_requests_total HTTP responses by status code.\n"
                 "# TYPE lamina_http_requests_total counter\n");
@@ -315,13 +315,13 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
     }
     if (*req_cls == &deferred) {
         *req_cls = NULL;
-        conn_request_received(s, conn);
+        conn_guard_received(&s->conns, conn);
         enum MHD_Result ret = first_call(s, conn, url, method, req_cls);
         if (!*req_cls) return ret;
         /* a generation route without a body: run it (the parser answers 400) */
     } else if (!*req_cls) {
         enum MHD_Result ret = first_call(s, conn, url, method, req_cls);
-        if (!*req_cls) conn_request_received(s, conn);
+        if (!*req_cls) conn_guard_received(&s->conns, conn);
         return ret;
     }
     srv_call *c = *req_cls;
@@ -334,7 +334,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         *upload_data_size = 0;
         return MHD_YES;
     }
-    conn_request_received(s, conn);
+    conn_guard_received(&s->conns, conn);
     if (c->too_big)
         return srv_respond_errf(s, conn, 413, "invalid_request_error", "request_too_large", "Connection", "close",
                                 "The request body is larger than the server's limit of %zu bytes.", s->cfg.max_body);
@@ -345,7 +345,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls, enum MHD_RequestTerminationCode toe) {
     lm_server *s = cls;
-    conn_request_done(s, conn);
+    conn_guard_done(&s->conns, conn);
     srv_call *c = *req_cls;
     if (*req_cls == &deferred) *req_cls = NULL, c = NULL;
     if (!c) return;
@@ -424,8 +424,8 @@ static int start_daemon(lm_server *s, char *err, size_t errlen) {
     s->starting = true;
     s->daemon =
         MHD_start_daemon(flags, (uint16_t)s->cfg.port, NULL, NULL, on_access, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, conn_notify, s,
-                         MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
+                         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, conn_guard_notify,
+                         &s->conns, MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
                          MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->cfg.max_conn_per_ip,
                          MHD_OPTION_CONNECTION_MEMORY_LIMIT, s->cfg.conn_memory, MHD_OPTION_CONNECTION_TIMEOUT,
                          (unsigned)s->cfg.idle_timeout, MHD_OPTION_EXTERNAL_LOGGER, on_log, s, MHD_OPTION_END);
@@ -470,8 +470,8 @@ lm_server *server_new(lm_engine *e, const lm_server_config *c, char *err, size_t
     }
     s->started = (long long)time(NULL);
     s->id_salt = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid() << 32 ^ (uint64_t)(lm_now() * 1e9);
-    if (conn_guard_start(s, err, errlen) || start_daemon(s, err, errlen)) {
-        conn_guard_stop(s);
+    if (conn_guard_start(&s->conns, s->cfg.read_timeout, err, errlen) || start_daemon(s, err, errlen)) {
+        conn_guard_stop(&s->conns);
         free_strings(s);
         lm_free(s);
         return NULL;
@@ -543,7 +543,7 @@ void server_free(lm_server *s) {
         nanosleep(&ts, NULL);
     }
     if (s->daemon) MHD_stop_daemon(s->daemon);
-    conn_guard_stop(s); /* after the library: its closed notices take conn_mu */
+    conn_guard_stop(&s->conns); /* after the library: its closed notices take the guard's mutex */
     free_strings(s);
     lm_free(s);
 }

@@ -31,14 +31,13 @@
 
 #include "base/strbuf.h"
 #include "sched/engine.h"
+#include "serve/conn_guard.h"
 #include "serve/server.h"
 #include "text/chat.h"
 
 /* ------------------------------------------------------------------ server */
 
 #define SRV_STATUS_MAX 600
-
-typedef struct srv_conn srv_conn; /* one open connection (server_conn.c) */
 
 struct lm_server {
     lm_server_config cfg; /* strings below are the owned copies */
@@ -62,29 +61,8 @@ struct lm_server {
     char start_error[256]; /* the HTTP library's message while starting */
     atomic_bool starting;
 
-    /* connections (server_conn.c); the list and its entries under conn_mu */
-    pthread_mutex_t conn_mu;
-    pthread_cond_t conn_cv;
-    bool conn_sync;  /* conn_mu and conn_cv are initialised */
-    pthread_t guard; /* the read-deadline thread */
-    bool guard_started;
-    bool guard_stop; /* under conn_mu */
-    srv_conn *conns; /* open connections (a list) */
-    atomic_uint_least64_t conns_open, conns_total, read_timeouts;
+    conn_guard conns; /* open connections and the read deadline (conn_guard.h) */
 };
-
-/* server_conn.c. Start the registry and the read-deadline guard (before
- * the HTTP library starts), and stop them (after it stopped). */
-int conn_guard_start(lm_server *s, char *err, size_t errlen);
-void conn_guard_stop(lm_server *s);
-/* The library's connection-started and -closed notice (cls: the server). */
-void conn_notify(void *cls, struct MHD_Connection *conn, void **socket_context,
-                 enum MHD_ConnectionNotificationCode toe);
-/* The access handler has the whole request: no read deadline while it is
- * answered. */
-void conn_request_received(lm_server *s, struct MHD_Connection *conn);
-/* The request is over: the next one's deadline starts at its first byte. */
-void conn_request_done(lm_server *s, struct MHD_Connection *conn);
 
 /* ------------------------------------------------------------------- calls */
 

@@ -1,6 +1,6 @@
 /*
- * server_conn.c - the server's open connections and the deadline for
- * receiving a request.
+ * conn_guard.c - open connections and the deadline for receiving a request
+ * (contract in conn_guard.h).
  *
  * The HTTP library bounds a connection's silence (--idle-timeout: no byte
  * in or out for that long closes it) but not its slowness: a client that
@@ -25,10 +25,10 @@
  * library closes the connection as a client abort: a clean close, and the
  * request-completed callback frees what the request held.
  *
- * Invariants. conn_mu guards the list and every srv_conn's fields. An
+ * Invariants. mu guards the list and every gconn's fields. An
  * entry lives from the started notice to the closed notice, and the
  * library closes the socket only after the closed notice (daemon.c in
- * libmicrohttpd 0.9.75), so a socket the guard shuts down under conn_mu is
+ * libmicrohttpd 0.9.75), so a socket the guard shuts down under mu is
  * never one reused by another connection. Without TCP_INFO's byte count
  * (kernels before 4.1) the clock starts at the connection's start or the
  * previous answer instead.
@@ -40,13 +40,12 @@
 #include <sys/socket.h>
 #include <time.h>
 
-#include <microhttpd.h>
+#include "serve/conn_guard.h"
 
 #include "base/util.h"
-#include "serve/server_int.h"
 
-struct srv_conn {
-    struct srv_conn *prev, *next;
+struct gconn {
+    struct gconn *prev, *next;
     int fd;
     bool receiving; /* no whole request yet (see the top of the file) */
     bool started;   /* receiving: the request's first byte is in */
@@ -70,69 +69,69 @@ static bool bytes_in(int fd, uint64_t *n) {
  * first one received past sc->base. On a new connection that is any byte
  * (some may have come before the connection was accepted); after an answer,
  * a byte past what the socket had received by then. Under conn_mu. */
-static void begin_receiving(srv_conn *sc, bool fresh) {
+static void begin_receiving(gconn *sc, bool fresh) {
     sc->receiving = true;
     sc->started = !bytes_in(sc->fd, &sc->base);
     if (fresh) sc->base = 0;
     sc->t0 = lm_now();
 }
 
-static srv_conn *conn_of(struct MHD_Connection *conn) {
+static gconn *conn_of(struct MHD_Connection *conn) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     return ci ? ci->socket_context : NULL;
 }
 
-void conn_notify(void *cls, struct MHD_Connection *conn, void **socket_context,
-                 enum MHD_ConnectionNotificationCode toe) {
-    lm_server *s = cls;
+void conn_guard_notify(void *cls, struct MHD_Connection *conn, void **socket_context,
+                       enum MHD_ConnectionNotificationCode toe) {
+    conn_guard *s = cls;
     if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
-        atomic_fetch_add(&s->conns_total, 1);
-        atomic_fetch_add(&s->conns_open, 1);
+        atomic_fetch_add(&s->total, 1);
+        atomic_fetch_add(&s->open, 1);
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-        srv_conn *sc = ci ? lm_calloc(1, sizeof *sc) : NULL;
+        gconn *sc = ci ? lm_calloc(1, sizeof *sc) : NULL;
         *socket_context = sc;
         if (!sc) return; /* out of memory: the connection has the idle timeout only */
         sc->fd = ci->connect_fd;
-        pthread_mutex_lock(&s->conn_mu);
+        pthread_mutex_lock(&s->mu);
         begin_receiving(sc, true);
-        sc->next = s->conns;
-        if (s->conns) s->conns->prev = sc;
-        s->conns = sc;
-        pthread_mutex_unlock(&s->conn_mu);
+        sc->next = s->list;
+        if (s->list) s->list->prev = sc;
+        s->list = sc;
+        pthread_mutex_unlock(&s->mu);
     } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
-        atomic_fetch_sub(&s->conns_open, 1);
-        srv_conn *sc = *socket_context;
+        atomic_fetch_sub(&s->open, 1);
+        gconn *sc = *socket_context;
         *socket_context = NULL;
         if (!sc) return;
-        pthread_mutex_lock(&s->conn_mu);
+        pthread_mutex_lock(&s->mu);
         if (sc->prev) sc->prev->next = sc->next;
-        else s->conns = sc->next;
+        else s->list = sc->next;
         if (sc->next) sc->next->prev = sc->prev;
-        pthread_mutex_unlock(&s->conn_mu);
+        pthread_mutex_unlock(&s->mu);
         lm_free(sc);
     }
 }
 
-void conn_request_received(lm_server *s, struct MHD_Connection *conn) {
-    srv_conn *sc = conn_of(conn);
+void conn_guard_received(conn_guard *s, struct MHD_Connection *conn) {
+    gconn *sc = conn_of(conn);
     if (!sc) return;
-    pthread_mutex_lock(&s->conn_mu);
+    pthread_mutex_lock(&s->mu);
     sc->receiving = false;
-    pthread_mutex_unlock(&s->conn_mu);
+    pthread_mutex_unlock(&s->mu);
 }
 
-void conn_request_done(lm_server *s, struct MHD_Connection *conn) {
-    srv_conn *sc = conn_of(conn);
+void conn_guard_done(conn_guard *s, struct MHD_Connection *conn) {
+    gconn *sc = conn_of(conn);
     if (!sc) return;
-    pthread_mutex_lock(&s->conn_mu);
+    pthread_mutex_lock(&s->mu);
     begin_receiving(sc, false);
-    pthread_mutex_unlock(&s->conn_mu);
+    pthread_mutex_unlock(&s->mu);
 }
 
 /* One pass over the connections: start clocks, shut down the overdue. Under conn_mu. */
-static void guard_pass(lm_server *s, double now) {
-    double limit = s->cfg.read_timeout;
-    for (srv_conn *sc = s->conns; sc; sc = sc->next) {
+static void guard_pass(conn_guard *s, double now) {
+    double limit = s->read_timeout;
+    for (gconn *sc = s->list; sc; sc = sc->next) {
         if (!sc->receiving || sc->killed) continue;
         if (!sc->started) {
             uint64_t n;
@@ -149,32 +148,33 @@ static void guard_pass(lm_server *s, double now) {
 }
 
 static void *guard_main(void *arg) {
-    lm_server *s = arg;
-    double period = s->cfg.read_timeout / 8;
+    conn_guard *s = arg;
+    double period = s->read_timeout / 8;
     if (period > 0.25) period = 0.25;
     if (period < 0.01) period = 0.01;
-    pthread_mutex_lock(&s->conn_mu);
+    pthread_mutex_lock(&s->mu);
     while (!s->guard_stop) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         long ns = ts.tv_nsec + (long)(period * 1e9);
         ts.tv_sec += ns / 1000000000L;
         ts.tv_nsec = ns % 1000000000L;
-        pthread_cond_timedwait(&s->conn_cv, &s->conn_mu, &ts);
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
         if (!s->guard_stop) guard_pass(s, lm_now());
     }
-    pthread_mutex_unlock(&s->conn_mu);
+    pthread_mutex_unlock(&s->mu);
     return NULL;
 }
 
-int conn_guard_start(lm_server *s, char *err, size_t errlen) {
-    if (pthread_mutex_init(&s->conn_mu, NULL)) return lm_err(err, errlen, "cannot create a mutex");
-    if (pthread_cond_init(&s->conn_cv, NULL)) {
-        pthread_mutex_destroy(&s->conn_mu);
+int conn_guard_start(conn_guard *s, double read_timeout, char *err, size_t errlen) {
+    s->read_timeout = read_timeout;
+    if (pthread_mutex_init(&s->mu, NULL)) return lm_err(err, errlen, "cannot create a mutex");
+    if (pthread_cond_init(&s->cv, NULL)) {
+        pthread_mutex_destroy(&s->mu);
         return lm_err(err, errlen, "cannot create a condition variable");
     }
-    s->conn_sync = true;
-    if (s->cfg.read_timeout > 0) {
+    s->sync = true;
+    if (read_timeout > 0) {
         int rc = pthread_create(&s->guard, NULL, guard_main, s);
         if (rc) return lm_err(err, errlen, "cannot start the connection guard: %s", strerror(rc));
         s->guard_started = true;
@@ -182,17 +182,17 @@ int conn_guard_start(lm_server *s, char *err, size_t errlen) {
     return 0;
 }
 
-void conn_guard_stop(lm_server *s) {
-    if (!s->conn_sync) return;
+void conn_guard_stop(conn_guard *s) {
+    if (!s->sync) return;
     if (s->guard_started) {
-        pthread_mutex_lock(&s->conn_mu);
+        pthread_mutex_lock(&s->mu);
         s->guard_stop = true;
-        pthread_cond_broadcast(&s->conn_cv);
-        pthread_mutex_unlock(&s->conn_mu);
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
         pthread_join(s->guard, NULL);
         s->guard_started = false;
     }
-    pthread_cond_destroy(&s->conn_cv);
-    pthread_mutex_destroy(&s->conn_mu);
-    s->conn_sync = false;
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    s->sync = false;
 }
