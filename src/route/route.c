@@ -125,6 +125,9 @@ static int route_metrics(lm_router *r, struct MHD_Connection *conn) {
     metric(&b, "lamina_router_queue_depth", "gauge", "Requests held in the router's queue.", r->q_len);
     metric(&b, "lamina_router_http_connections", "gauge", "Client connections open.",
            (double)atomic_load(&r->conns.open));
+    metric(&b, "lamina_router_http_evictions_total", "counter",
+           "Client connections without a whole request closed to make room for a new one.",
+           (double)atomic_load(&r->conns.evictions));
     metric(&b, "lamina_router_http_read_timeouts_total", "counter",
            "Client connections closed for not sending a whole request within --read-timeout.",
            (double)atomic_load(&r->conns.read_timeouts));
@@ -522,7 +525,7 @@ static int start_daemon(lm_router *r, char *err, size_t errlen) {
     r->daemon =
         MHD_start_daemon(flags, (uint16_t)r->cfg.port, NULL, NULL, on_access, r, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                          MHD_OPTION_NOTIFY_COMPLETED, on_completed, r, MHD_OPTION_NOTIFY_CONNECTION, conn_guard_notify,
-                         &r->conns, MHD_OPTION_CONNECTION_LIMIT, (unsigned)r->cfg.max_connections,
+                         &r->conns, MHD_OPTION_CONNECTION_LIMIT, CONN_GUARD_DAEMON_LIMIT(r->cfg.max_connections),
                          MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)r->cfg.max_connections_per_ip,
                          MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)r->cfg.idle_timeout, MHD_OPTION_END);
     freeaddrinfo(ai);
@@ -589,8 +592,8 @@ lm_router *route_new(const rt_config *c, char *err, size_t errlen) {
         for (int i = 0; i < r->n_rep; i++) fprintf(r->trace, "%s\"%s\"", i ? "," : "", r->rep[i].url);
         fputs("]}\n", r->trace);
     }
-    if (conn_guard_start(&r->conns, r->cfg.read_timeout, err, errlen) || start_daemon(r, err, errlen) ||
-        rt_up_start(r, err, errlen)) {
+    if (conn_guard_start(&r->conns, r->cfg.read_timeout, r->cfg.max_connections, err, errlen) ||
+        start_daemon(r, err, errlen) || rt_up_start(r, err, errlen)) {
         if (r->trace_file) { /* no trace of a router that never ran */
             safefile_abort(r->trace_file);
             r->trace_file = NULL;

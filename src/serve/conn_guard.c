@@ -81,6 +81,37 @@ static gconn *conn_of(struct MHD_Connection *conn) {
     return ci ? ci->socket_context : NULL;
 }
 
+/* Shut down sc's socket (under mu): its thread reads end-of-file and the
+ * library closes the connection. */
+static void kill_conn(conn_guard *s, gconn *sc) {
+    sc->killed = true;
+    shutdown(sc->fd, SHUT_RDWR);
+    if (s->max_open > 0) s->n_live--;
+}
+
+/* One connection past max_open (newest, just registered): close the oldest
+ * that has no whole request - first one waiting for its next request or
+ * silent since it connected, then one trickling a request - or, when every
+ * other connection has a request being answered, the newest itself. Under
+ * mu. */
+static void make_room(conn_guard *s, gconn *newest) {
+    gconn *idle = NULL, *slow = NULL, *last = s->list;
+    while (last && last->next) last = last->next;
+    for (gconn *c = last; c && (!idle || !slow); c = c->prev) { /* oldest first */
+        if (c == newest || c->killed || !c->receiving) continue;
+        if (!c->started && !idle) idle = c;
+        else if (c->started && !slow) slow = c;
+    }
+    gconn *victim = idle ? idle : slow;
+    if (victim) {
+        kill_conn(s, victim);
+        atomic_fetch_add(&s->evictions, 1);
+    } else {
+        kill_conn(s, newest);
+        atomic_fetch_add(&s->refused, 1);
+    }
+}
+
 void conn_guard_notify(void *cls, struct MHD_Connection *conn, void **socket_context,
                        enum MHD_ConnectionNotificationCode toe) {
     conn_guard *s = cls;
@@ -97,6 +128,7 @@ void conn_guard_notify(void *cls, struct MHD_Connection *conn, void **socket_con
         sc->next = s->list;
         if (s->list) s->list->prev = sc;
         s->list = sc;
+        if (s->max_open > 0 && ++s->n_live > s->max_open) make_room(s, sc);
         pthread_mutex_unlock(&s->mu);
     } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
         atomic_fetch_sub(&s->open, 1);
@@ -107,6 +139,7 @@ void conn_guard_notify(void *cls, struct MHD_Connection *conn, void **socket_con
         if (sc->prev) sc->prev->next = sc->next;
         else s->list = sc->next;
         if (sc->next) sc->next->prev = sc->prev;
+        if (s->max_open > 0 && !sc->killed) s->n_live--;
         pthread_mutex_unlock(&s->mu);
         lm_free(sc);
     }
@@ -141,8 +174,7 @@ static void guard_pass(conn_guard *s, double now) {
             continue;
         }
         if (now - sc->t0 <= limit) continue;
-        sc->killed = true;
-        shutdown(sc->fd, SHUT_RDWR);
+        kill_conn(s, sc);
         atomic_fetch_add(&s->read_timeouts, 1);
     }
 }
@@ -166,8 +198,9 @@ static void *guard_main(void *arg) {
     return NULL;
 }
 
-int conn_guard_start(conn_guard *s, double read_timeout, char *err, size_t errlen) {
+int conn_guard_start(conn_guard *s, double read_timeout, int max_open, char *err, size_t errlen) {
     s->read_timeout = read_timeout;
+    s->max_open = max_open;
     if (pthread_mutex_init(&s->mu, NULL)) return lm_err(err, errlen, "cannot create a mutex");
     if (pthread_cond_init(&s->cv, NULL)) {
         pthread_mutex_destroy(&s->mu);

@@ -12,6 +12,16 @@
  * connections open, ever opened and shut down for the deadline are kept for
  * /metrics.
  *
+ * Room under abuse. With max_open > 0, a connection that would make more
+ * than max_open closes the oldest connection that has no whole request:
+ * first one idle between requests or silent since it connected, then one
+ * trickling a request; a connection with a request being answered is never
+ * closed for room. Only when every other one has a request being answered
+ * is the new connection itself closed. So idle, silent and slow clients,
+ * from however many addresses, cannot lock out a client that sends its
+ * request: the daemon's own connection limit is set somewhat above
+ * max_open so that new connections reach this choice.
+ *
  * Use: conn_guard_start before the daemon starts; pass conn_guard_notify
  * with the guard as MHD_OPTION_NOTIFY_CONNECTION; call conn_guard_received
  * when the access handler has a whole request and conn_guard_done when it
@@ -39,12 +49,18 @@ typedef struct {
     pthread_t guard; /* the read-deadline thread */
     bool guard_started;
     bool guard_stop; /* under mu */
-    gconn *list;     /* open connections */
+    gconn *list;     /* open connections, newest first */
+    int max_open;    /* connections kept open at most (0: the daemon's limit only) */
+    int n_live;      /* under mu: registered and not shut down */
     atomic_uint_least64_t open, total, read_timeouts;
+    atomic_uint_least64_t evictions, refused; /* closed for room: an old one, or the new one */
 } conn_guard;
 
-/* 0, or -1 with a message (no thread, no mutex). */
-int conn_guard_start(conn_guard *g, double read_timeout, char *err, size_t errlen);
+/* 0, or -1 with a message (no thread, no mutex). max_open <= 0: no
+ * closing for room. */
+int conn_guard_start(conn_guard *g, double read_timeout, int max_open, char *err, size_t errlen);
+/* What the daemon's MHD_OPTION_CONNECTION_LIMIT should be for max_open. */
+#define CONN_GUARD_DAEMON_LIMIT(max_open) ((unsigned)(max_open) + 64u)
 void conn_guard_stop(conn_guard *g);
 /* The library's connection-started and -closed notice (cls: the guard). */
 void conn_guard_notify(void *cls, struct MHD_Connection *conn, void **socket_context,

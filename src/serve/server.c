@@ -176,6 +176,12 @@ static int route_metrics(lm_server *s, struct MHD_Connection *conn) {
     metric(&b, "lamina_http_connections", "gauge", "HTTP connections open.", (double)atomic_load(&s->conns.open));
     metric(&b, "lamina_http_connections_total", "counter", "HTTP connections accepted.",
            (double)atomic_load(&s->conns.total));
+    metric(&b, "lamina_http_evictions_total", "counter",
+           "Connections without a whole request closed to make room for a new one (--max-connections).",
+           (double)atomic_load(&s->conns.evictions));
+    metric(&b, "lamina_http_refused_total", "counter",
+           "New connections closed at --max-connections when every other one had a request in progress.",
+           (double)atomic_load(&s->conns.refused));
     metric(&b, "lamina_http_read_timeouts_total", "counter",
            "Connections closed for not sending a whole request within --read-timeout.",
            (double)atomic_load(&s->conns.read_timeouts));
@@ -425,7 +431,7 @@ static int start_daemon(lm_server *s, char *err, size_t errlen) {
     s->daemon =
         MHD_start_daemon(flags, (uint16_t)s->cfg.port, NULL, NULL, on_access, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                          MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, conn_guard_notify,
-                         &s->conns, MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
+                         &s->conns, MHD_OPTION_CONNECTION_LIMIT, CONN_GUARD_DAEMON_LIMIT(s->cfg.max_connections),
                          MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->cfg.max_conn_per_ip,
                          MHD_OPTION_CONNECTION_MEMORY_LIMIT, s->cfg.conn_memory, MHD_OPTION_CONNECTION_TIMEOUT,
                          (unsigned)s->cfg.idle_timeout, MHD_OPTION_EXTERNAL_LOGGER, on_log, s, MHD_OPTION_END);
@@ -470,7 +476,8 @@ lm_server *server_new(lm_engine *e, const lm_server_config *c, char *err, size_t
     }
     s->started = (long long)time(NULL);
     s->id_salt = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid() << 32 ^ (uint64_t)(lm_now() * 1e9);
-    if (conn_guard_start(&s->conns, s->cfg.read_timeout, err, errlen) || start_daemon(s, err, errlen)) {
+    if (conn_guard_start(&s->conns, s->cfg.read_timeout, s->cfg.max_connections, err, errlen) ||
+        start_daemon(s, err, errlen)) {
         conn_guard_stop(&s->conns);
         free_strings(s);
         lm_free(s);
