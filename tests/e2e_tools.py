@@ -226,8 +226,9 @@ def tools_required():
         r = client.chat.completions.create(**kw)
         m, fr = r.choices[0].message, r.choices[0].finish_reason
         ok, why = valid_calls(m.tool_calls, names, fr if par else "tool_calls")
-        what = "tool_choice %s%s" % (json.dumps(choice), "" if par else ", one call")
-        check(what + ": calls validate", ok and (par or len(m.tool_calls) == 1) and not m.content,
+        one = not par or names is not None  # a named function is called once, parallel or not
+        what = "tool_choice %s%s" % (json.dumps(choice), ", one call" if one else "")
+        check(what + ": calls validate", ok and (not one or len(m.tool_calls) == 1) and not m.content,
               "%s; %s, finish %s" % (why, m, fr))
         if not ok:
             continue

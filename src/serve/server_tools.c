@@ -20,8 +20,10 @@
  * with at most four blanks between tokens (none inside the opening {"name",
  * which the reader and the llama3 trigger look for), the name one of the tools (or the
  * one tool_choice names) and ARGS that tool's schema; several calls when
- * parallel_tool_calls (the default). tool_choice "required" or a named
- * function constrains the answer from its first token; "auto" makes the
+ * parallel_tool_calls (the default), except with a named function, which
+ * is called once (what naming it asks for; a small model otherwise tends to
+ * repeat the call). tool_choice "required" or a named function constrains
+ * the answer from its first token; "auto" makes the
  * grammar lazy, starting at the syntax's opener ("<tool_call>", {"name",
  * "[TOOL_CALLS]" or [{"name"), so free text stays free; "none" leaves the tools in the
  * prompt and out of the constraint.
@@ -337,8 +339,7 @@ int srv_parse_tools(const cJSON *root, int family, lm_server_request *r, srv_too
                    "tool calls cannot be combined with 'response_format' (JSON), 'grammar' or "
                    "'json_schema'; set 'tool_choice' to 'none' to use those");
     int syntax = chat_tool_syntax(family);
-    char *g =
-        named >= 0 ? tool_grammar(&refs[named], 1, syntax, parallel, e) : tool_grammar(refs, n, syntax, parallel, e);
+    char *g = named >= 0 ? tool_grammar(&refs[named], 1, syntax, false, e) : tool_grammar(refs, n, syntax, parallel, e);
     if (!g) return -1;
     r->grammar = g;
     if (check_grammar(g, "tools", "the tools' grammar", e)) return -1;
