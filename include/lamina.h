@@ -382,11 +382,11 @@ typedef struct {
                                  < 0 off, > 0 at most this many tokens per step (capped at spec->max).
                                  Greedy output is the same token for token; sampled output has the
                                  same distribution (a seed reproduces it at the same load) */
-    uint64_t client;                     /* who sent it, for fairness (0: no one in particular). Among
-                                 requests of one priority, a choice waits behind as many of
-                                 its client's earlier choices still unfinished at its
-                                 submission, then by arrival: a client with many queued
-                                 never holds back another's first ones */
+    uint64_t client; /* who sent it, for fairness (0: none; such requests go by arrival alone, ahead of
+                        the clients' turns). Among requests of one priority, clients take turns
+                        (fair queuing): a client's choices queue behind its own earlier ones, and
+                        a client with many queued never holds back another's first ones by more
+                        than a turn */
 } lm_request_params;
 
 /* The defaults each field states (sampling: lm_sample_params_default's);

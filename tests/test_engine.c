@@ -530,8 +530,8 @@ static void test_priority(void) {
 /* Fairness between clients: one client's queue does not hold back another
  * client's first request. One sequence runs at a time; client A submits
  * six requests, then client B one (and a request without a client). B's
- * waits behind A's first alone (depth 0, later arrival), so it finishes
- * second; without clients it would finish after all of A's. Then the same
+ * tag is the one after what runs, as A's second is: B finishes second or
+ * third; without clients it would finish after all of A's. Then the same
  * with no client anywhere: arrival order. */
 static void test_fair_clients(void) {
     const lm_model *m = models[0];
@@ -552,7 +552,7 @@ static void test_fair_clients(void) {
         engine_free(e);
         int before_b = 0; /* A's requests that finished before B's */
         for (int i = 1; i < 6; i++) before_b += col[i].order < col[6].order;
-        if (pass == 0) CHECKF(before_b == 0, "%d of A's later requests finished before B's", before_b);
+        if (pass == 0) CHECKF(before_b <= 1, "%d of A's later requests finished before B's", before_b);
         else CHECKF(before_b == 5, "without clients, %d of A's requests finished before the 7th", before_b);
         /* A's own requests keep their order */
         for (int i = 2; i < 6; i++) CHECK(col[i - 1].order < col[i].order);

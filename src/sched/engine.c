@@ -155,30 +155,42 @@ static void emit_event(lm_engine *e, eseq *c, int32_t tok, const char *text, siz
 
 /* ---- fairness between clients (mu held) ---------------------------------- */
 
-/* Count n more unfinished choices of client id: how many it had before,
- * the depth of the first (0 without a client). *counted says whether the
- * client is counted (not when ENGINE_MAX_CLIENTS others are). */
-static int client_take(lm_engine *e, uint64_t id, int n, bool *counted) {
+/* Fair queuing. Every choice gets a tag: the next after the larger of the
+ * engine's virtual time (the largest tag admitted so far) and its client's
+ * last tag. Among equal priorities the scheduler runs the smallest tag
+ * first, so a client with many choices queued has tags far ahead of
+ * vtime and a newcomer's first choice slots in right after what runs now,
+ * while each client's own choices keep their arrival order. A request
+ * without a client (0) stays outside the turns: its choices' tags are 0,
+ * so such requests go by arrival alone (then choice index), as every
+ * request did before clients, ahead of the clients' queued choices.
+ * Returns the first of n
+ * tags; *counted says whether the client is remembered (not when
+ * ENGINE_MAX_CLIENTS others are: its tags then start from vtime). */
+static int64_t client_take(lm_engine *e, uint64_t id, int n, bool *counted) {
     *counted = false;
     if (!id) return 0;
+    int64_t base = e->vtime + 1;
     for (int i = 0; i < e->n_clients; i++)
         if (e->clients[i].id == id) {
-            int before = e->clients[i].n;
-            e->clients[i].n += n;
+            struct eclient *c = &e->clients[i];
+            if (c->last + 1 > base) base = c->last + 1;
+            c->n += n;
+            c->last = base + n - 1;
             *counted = true;
-            return before;
+            return base;
         }
     if (e->n_clients == e->clients_cap) {
         int cap = e->clients_cap ? e->clients_cap * 2 : 16;
-        if (cap > ENGINE_MAX_CLIENTS) return 0;
+        if (cap > ENGINE_MAX_CLIENTS) return base;
         struct eclient *nc = lm_realloc(e->clients, (size_t)cap * sizeof *nc);
-        if (!nc) return 0;
+        if (!nc) return base;
         e->clients = nc;
         e->clients_cap = cap;
     }
-    e->clients[e->n_clients++] = (struct eclient){id, n};
+    e->clients[e->n_clients++] = (struct eclient){id, n, base + n - 1};
     *counted = true;
-    return 0;
+    return base;
 }
 
 /* One choice of client id finished. */
@@ -188,6 +200,26 @@ static void client_done(lm_engine *e, uint64_t id) {
             if (--e->clients[i].n <= 0) e->clients[i] = e->clients[--e->n_clients];
             return;
         }
+}
+
+/* Choice c was admitted: the virtual time reaches its tag, and its request
+ * no longer counts as waiting. */
+static void request_started(lm_engine *e, eseq *c) {
+    pthread_mutex_lock(&e->mu);
+    if (c->sq.fair > e->vtime) e->vtime = c->sq.fair;
+    if (!c->req->started) {
+        c->req->started = true;
+        e->n_req_waiting--;
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Request r ended without a choice admitted: it no longer waits. */
+static void request_ended_waiting(lm_engine *e, lm_request *r) {
+    pthread_mutex_lock(&e->mu);
+    r->started = true;
+    e->n_req_waiting--;
+    pthread_mutex_unlock(&e->mu);
 }
 
 /* End a choice: release its KV (registering its blocks for prefix reuse when
@@ -245,7 +277,10 @@ static void engine_finish_choice(lm_engine *e, eseq *c, lm_finish why, lm_status
     if (c->index == 0 && c->n_gen == 0)
         for (int i = 1; i < r->p.n; i++)
             if (r->ch[i].state == CH_PENDING_FORK) engine_finish_choice(e, &r->ch[i], why, status, error);
-    if (--r->n_live == 0) engine_request_unref(r);
+    if (--r->n_live == 0) {
+        if (!r->started) request_ended_waiting(e, r);
+        engine_request_unref(r);
+    }
 }
 
 /* Sample choice c's next token from its logits row (modified), emit it, and
@@ -513,7 +548,7 @@ static lm_status submit_tokens(lm_engine *e, const lm_request_params *p, lm_requ
     lm_request *r = request_new(e, p, max_tokens, out != NULL, proto, own);
     if (!r) return lm_err(err, errlen, "out of memory"), LM_ERR_NOMEM;
     pthread_mutex_lock(&e->mu);
-    if (e->stop || (e->cfg.max_waiting > 0 && e->n_inbox + e->stats.waiting >= e->cfg.max_waiting)) {
+    if (e->stop || (e->cfg.max_waiting > 0 && e->n_req_waiting >= e->cfg.max_waiting)) {
         bool stopping = e->stop;
         e->stats.requests_rejected++;
         pthread_mutex_unlock(&e->mu);
@@ -523,12 +558,13 @@ static lm_status submit_tokens(lm_engine *e, const lm_request_params *p, lm_requ
         return lm_err(err, errlen, "%d requests are already waiting", e->cfg.max_waiting), LM_ERR_BUSY;
     }
     uint64_t arrival = e->next_arrival++;
-    int depth = client_take(e, p->client, p->n, &r->counted);
-    for (int i = 0; i < p->n; i++) r->ch[i].sq.arrival = arrival, r->ch[i].sq.depth = depth + i;
+    int64_t tag = client_take(e, p->client, p->n, &r->counted);
+    for (int i = 0; i < p->n; i++) r->ch[i].sq.arrival = arrival, r->ch[i].sq.fair = p->client ? tag + i : 0;
     if (e->inbox_tail) e->inbox_tail->next = r;
     else e->inbox = r;
     e->inbox_tail = r;
     e->n_inbox++;
+    e->n_req_waiting++;
     e->stats.requests_total++;
     e->stats.prompt_tokens_total += (uint64_t)p->n_prompt;
     pthread_cond_signal(&e->wake);
@@ -886,6 +922,7 @@ static int act(lm_engine *e, const sched_plan *p, int *n_tok) {
         int n = p->admit[i].n < c->n_tokens - c->n_computed ? p->admit[i].n : c->n_tokens - c->n_computed;
         if (kv_append(e->kv, c->kv, n, err, sizeof err) == KV_OK) {
             if (c->stats.queue == 0) c->stats.queue = admit_time(c);
+            if (!c->req->started || c->sq.fair > e->vtime) request_started(e, c);
             batch_add(e, c, n, n_tok, &n_seg);
         } else { /* the plan counted wrong (or no memory): wait again rather than fail */
             e->plan_misses++;

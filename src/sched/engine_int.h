@@ -113,6 +113,7 @@ struct lm_request {
     stop_set triggers;       /* owned copies of the lazy grammar's triggers */
     int n_live;              /* choices not yet done */
     bool counted;            /* its choices count in the engine's clients (p.client) */
+    bool started;            /* a choice of it has been admitted (it no longer waits) */
     eseq *ch;                /* (p.n) */
     struct lm_request *next; /* inbox link */
 };
@@ -139,13 +140,17 @@ struct lm_engine {
     bool stop;
     lm_request *inbox, *inbox_tail;
     int n_inbox;
+    int n_req_waiting; /* requests submitted and not yet started or finished (max_waiting counts these) */
     uint64_t next_arrival;
-    /* the clients with choices not yet finished, and how many (under mu) */
+    /* fair queuing (under mu): the clients with choices not yet finished, how many and
+     * their last tag; vtime, the largest tag admitted so far */
     struct eclient {
         uint64_t id;
         int n;
+        int64_t last;
     } * clients;
     int n_clients, clients_cap;
+    int64_t vtime;
     bool check_req, check_done;
     int check_rc;
     char check_msg[LM_ERRLEN];

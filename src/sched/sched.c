@@ -35,7 +35,7 @@ struct sched {
 
 bool sched_before(const sched_seq *a, const sched_seq *b) {
     if (a->priority != b->priority) return a->priority < b->priority;
-    if (a->depth != b->depth) return a->depth < b->depth;
+    if (a->fair != b->fair) return a->fair < b->fair;
     if (a->arrival != b->arrival) return a->arrival < b->arrival;
     return a->index < b->index;
 }

@@ -78,7 +78,8 @@ enum { SCHED_NONE = 0, SCHED_WAITING, SCHED_RUNNING };
 typedef struct sched_seq {
     /* the order key: set before the first sched_enqueue, fixed after */
     int priority;     /* lower runs first */
-    int depth;        /* then: its client's choices unfinished before it (0: none, or no client) */
+    int64_t fair;     /* then: its fair-queuing tag (engine.c: each client's tags count up from
+                         the tag last admitted, so clients take turns) */
     uint64_t arrival; /* then: submission order */
     int index;        /* the choice within its request */
     /* reported by the engine before each plan */
