@@ -10,6 +10,8 @@
      whole request gets 503 with an OpenAI error object; the server exits 0.
   3. A second SIGINT while draining (--drain-timeout 600) cancels at once: both requests
      get the same answers as in 2, and the server exits within seconds, not 600.
+  4. `lamina route --spawn 1` drains the same way: SIGINT with a stream and a whole request
+     in flight through it; new connections refused, both finish whole, exit 0.
 On the bundled model (models/stories260K.gguf), with a context stretched to 4096.
 """
 import http.client
@@ -184,8 +186,74 @@ def cancelled(name, drain, second):
     note("%s: stopped in %.1f s" % (name, took))
 
 
+class RouterProc:
+    """`lamina route --spawn 1` on the bundled model, with the test's serve options."""
+
+    def __init__(self, drain):
+        import re
+        import subprocess
+        self.proc = subprocess.Popen([LAMINA, "route", "--spawn", "1", "-m", MODEL, "--port", "0", "--drain-timeout",
+                                      str(drain), "--", *ARGS], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.lines, self.port = [], None
+        got = threading.Event()
+
+        def reader():
+            for raw in self.proc.stderr:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                self.lines.append(line)
+                m = re.search(r"lamina route: listening on http://127\.0\.0\.1:(\d+)", line)
+                if m and self.port is None:
+                    self.port = int(m.group(1))
+                    got.set()
+            got.set()
+
+        self.reader = threading.Thread(target=reader, daemon=True)
+        self.reader.start()
+        got.wait(120)
+        deadline = time.time() + 120
+        while self.port and time.time() < deadline:
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+                c.request("GET", "/health")
+                if c.getresponse().status == 200:
+                    c.close()
+                    return
+                c.close()
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("router did not start: %s" % "\n".join(self.lines))
+
+
+def route_graceful():
+    """The router drains too: SIGINT with a stream and a whole request in flight through it."""
+    rt = RouterProc(600)
+    n_tok = 300 if ASAN else 1500
+    body = {"prompt": "Once upon a time", "max_tokens": n_tok, "ignore_eos": True, "temperature": 0}
+    c, r, first = open_stream(rt.port, body)
+    w = Whole(rt.port, body)
+    w.start()
+    time.sleep(0.2)
+    rt.proc.send_signal(signal.SIGINT)
+    result("route graceful: new connections refused", refused(rt.port))
+    events = read_stream(r, first)
+    c.close()
+    w.join(600)
+    rc, text = wait_exit(rt, 120)
+    texts = [e for e in events if e != "[DONE]"]
+    finish = [e["choices"][0].get("finish_reason") for e in texts if e.get("choices")]
+    result("route graceful: the stream finished whole", events and events[-1] == "[DONE]" and "length" in finish and
+           not any("error" in e for e in texts), events[-3:])
+    usage = json.loads(w.reply).get("usage", {}) if w.status == 200 else {}
+    result("route graceful: the whole request finished with every token", w.status == 200 and
+           usage.get("completion_tokens") == n_tok, "%s %s" % (w.status, (w.reply or b"")[:300]))
+    result("route graceful: exit 0, and it said what it was finishing", rc == 0 and "finishing" in text,
+           "exit %s\n%s" % (rc, text[-2000:]))
+
+
 def main():
-    for f in (graceful, lambda: cancelled("deadline", 0.5, False), lambda: cancelled("second signal", 600, True)):
+    for f in (graceful, lambda: cancelled("deadline", 0.5, False), lambda: cancelled("second signal", 600, True),
+              route_graceful):
         try:
             f()
         except Exception as e:  # a failed phase is one failed check, the others still run

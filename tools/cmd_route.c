@@ -9,8 +9,11 @@
  * supervisor thread reaps them every 100 ms and starts again one that
  * exited (after a short pause, longer when it keeps dying); the router
  * itself ejects it meanwhile and re-admits it once its /health is 200. On
- * SIGINT/SIGTERM: the router stops (what is queued fails, what is in flight
- * is cancelled), then each replica gets SIGTERM, and SIGKILL after 10 s.
+ * SIGINT/SIGTERM: the router stops taking connections and requests (503),
+ * lets what is queued or in flight finish for at most --drain-timeout
+ * seconds, then (or at a second signal) fails what is left (503, or a
+ * stream's error event); then each replica gets SIGTERM, and SIGKILL after
+ * 10 s.
  *
  * With -m the router reads the model's tokenizer and chat template, so
  * that prefix-affinity keys are the very block keys of the replicas'
@@ -59,6 +62,8 @@ static void usage_route(FILE *f) {
             "      --max-attempts N   replicas a request may try before it fails (default 3)\n"
             "      --poll-interval S  seconds between health and metrics polls (default 0.2)\n"
             "      --timeout S        seconds per upstream transfer and in the queue (default 600)\n"
+            "      --drain-timeout S  on Ctrl-C or SIGTERM, let the requests in progress finish for at most\n"
+            "                         this long before cancelling them (default 30; a second Ctrl-C: at once)\n"
             "      --stall-timeout S  a replica whose engine makes no iteration this long while requests\n"
             "                         are in flight there is ejected and its requests retried (default 30;\n"
             "                         0: never)\n"
@@ -213,6 +218,7 @@ int cmd_route(int argc, char **argv) {
     args a = {argc, argv, 0, "route", usage_route};
     rt_config rc;
     route_config_default(&rc);
+    double drain = 30; /* --drain-timeout */
     const char *model = NULL;
     const char *urls[RT_MAX_REPLICAS];
     int n_urls = 0, n_spawn = 0, serve_from = argc;
@@ -238,6 +244,7 @@ int cmd_route(int argc, char **argv) {
         else if (is_flag(&a, "--poll-interval", NULL)) rc.poll_interval = need_float(&a, 0.01, 60);
         else if (is_flag(&a, "--timeout", NULL)) rc.timeout = need_float(&a, 0, 1e7);
         else if (is_flag(&a, "--stall-timeout", NULL)) rc.stall_timeout = need_float(&a, 0, 1e7);
+        else if (is_flag(&a, "--drain-timeout", NULL)) drain = need_float(&a, 0, 1e7);
         else if (is_flag(&a, "--max-connections", NULL)) rc.max_connections = (int)need_int(&a, 1, 1000000);
         else if (is_flag(&a, "--max-connections-per-ip", NULL))
             rc.max_connections_per_ip = (int)need_int(&a, 1, 1000000);
@@ -325,6 +332,21 @@ int cmd_route(int argc, char **argv) {
 
     int sig = 0;
     while (sigwait(&stop, &sig) != 0) continue;
+    route_quiesce(r);
+    int busy = route_active_calls(r);
+    if (busy > 0 && drain > 0) {
+        fprintf(stderr,
+                "lamina route: %s, finishing %d request%s in progress (at most %.0f s; Ctrl-C again stops at "
+                "once)\n",
+                sig == SIGINT ? "interrupted" : "terminated", busy, busy == 1 ? "" : "s", drain);
+        double until = lm_now() + drain;
+        while (route_active_calls(r) > 0 && lm_now() < until) {
+            struct timespec ts = {0, 50000000};
+            if (sigtimedwait(&stop, NULL, &ts) > 0) break; /* a second signal */
+        }
+        busy = route_active_calls(r);
+        if (busy > 0) fprintf(stderr, "lamina route: cancelling %d request%s\n", busy, busy == 1 ? "" : "s");
+    }
     fprintf(stderr, "lamina route: %s, stopping\n", sig == SIGINT ? "interrupted" : "terminated");
     if (sup_started) {
         atomic_store(&sp.stopping, true);

@@ -67,7 +67,7 @@ static void usage_serve(FILE *f) {
         "      --keepalive SECONDS  a streaming comment line after this much silence (default 3)\n"
         "      --idle-timeout SECONDS  close a connection idle this long (default 60)\n"
         "      --drain-timeout SECONDS  on Ctrl-C or SIGTERM, let the requests in progress finish for at\n"
-        "                       most this long before cancelling them (default 15; a second Ctrl-C: at once)\n"
+        "                       most this long before cancelling them (default 30; a second Ctrl-C: at once)\n"
         "      --read-timeout SECONDS  close a connection whose request (headers and body) has not all\n"
         "                         arrived this long after its first byte (default 30; 0: no limit)\n"
         "      --max-connections N  connections at once (default 512); past it a new one is closed\n"
@@ -142,7 +142,7 @@ int cmd_serve(int argc, char **argv) {
     const char *model = NULL, *tmpl = NULL;
     lm_server_config sc;
     server_config_default(&sc);
-    double drain = 15; /* --drain-timeout */
+    double drain = 30; /* --drain-timeout */
     lm_engine_config ec;
     engine_config_default(&ec);
     ec.max_waiting = 256;

@@ -412,6 +412,9 @@ static bool authorized(lm_router *r, struct MHD_Connection *conn) {
 static enum MHD_Result first_call(lm_router *r, struct MHD_Connection *conn, const char *url, const char *method,
                                   void **req_cls) {
     bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
+    if (atomic_load(&r->quiesced))
+        return respond_err(r, conn, 503, "server_error", "shutting_down", "Connection", "close",
+                           "The router is shutting down.");
     bool models = !strcmp(url, "/v1/models") || (!strncmp(url, "/v1/models/", 11) && url[11]);
     bool comp = !strcmp(url, "/v1/completions"), chat = !strcmp(url, "/v1/chat/completions");
     bool known = models || comp || chat || !strcmp(url, "/health") || !strcmp(url, "/metrics");
@@ -607,14 +610,24 @@ lm_router *route_new(const rt_config *c, char *err, size_t errlen) {
 
 int route_port(const lm_router *r) { return r->port; }
 
+void route_quiesce(lm_router *r) {
+    if (atomic_exchange(&r->quiesced, true) || !r->daemon) return;
+    MHD_socket ls = MHD_quiesce_daemon(r->daemon); /* the listening socket is ours to close */
+    if (ls != MHD_INVALID_SOCKET) close(ls);
+}
+
+int route_active_calls(lm_router *r) {
+    pthread_mutex_lock(&r->mu);
+    int n = r->n_calls;
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
 int route_free(lm_router *r, char *err, size_t errlen) {
     if (!r) return 0;
     atomic_store(&r->stopping, true);
-    if (r->daemon) { /* no new connections; the listening socket is ours to close */
-        MHD_socket ls = MHD_quiesce_daemon(r->daemon);
-        if (ls != MHD_INVALID_SOCKET) close(ls);
-    }
-    rt_up_stop(r); /* fails what is queued, aborts what is in flight */
+    route_quiesce(r); /* no new connections */
+    rt_up_stop(r);    /* fails what is queued, aborts what is in flight */
     /* let the clients' threads send those answers (at most 5 s) before closing their connections */
     for (int i = 0; i < 500; i++) {
         pthread_mutex_lock(&r->mu);

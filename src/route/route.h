@@ -102,6 +102,12 @@ typedef struct lm_router lm_router;
  * strings are copied; pctx is borrowed and must outlive the router. */
 lm_router *route_new(const rt_config *c, char *err, size_t errlen);
 int route_port(const lm_router *r);
+/* The first half of a graceful stop: close the listening socket and answer
+ * every new request on an open connection with 503 "The router is shutting
+ * down." (Connection: close); what is queued or in flight goes on. */
+void route_quiesce(lm_router *r);
+/* Generation requests whose client connection has not completed. */
+int route_active_calls(lm_router *r);
 /* Stop accepting, fail what is queued, cancel what is in flight, join the
  * threads, free. The trace, written to a temporary file beside trace_path
  * while the router runs (base/safefile.h: never onto an input, such as the

@@ -117,7 +117,8 @@ struct lm_router {
     uint64_t admitted, rejected, retried, completed, failed, cancelled;
     uint64_t routed_with_keys, affinity_hits, decisions[3];
     uint64_t http_status[600];
-    int n_calls; /* generation requests whose connection has not completed */
+    int n_calls;          /* generation requests whose connection has not completed */
+    atomic_bool quiesced; /* route_quiesce: new requests get 503 */
     double qhist_bounds[RT_NHIST];
     uint64_t qhist[RT_NHIST + 1];
     double qhist_sum;
