@@ -659,6 +659,48 @@ static int check_context(const lm_server_parse_ctx *c, bool chat, long long max_
     return 0;
 }
 
+/* The first string of `root` holding U+10FFFF, as a path ("messages[0].content"),
+ * into path (cap bytes; "" when none). */
+static bool find_mark(const cJSON *v, char *path, size_t cap, size_t at) {
+    if (cJSON_IsString(v) && v->valuestring && strstr(v->valuestring, "\xf4\x8f\xbf\xbf")) return true;
+    int i = 0;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, v) {
+        size_t n = at;
+        if (cJSON_IsObject(v) && c->string)
+            n += (size_t)snprintf(path + at, at < cap ? cap - at : 0, "%s%s", at ? "." : "", c->string);
+        else n += (size_t)snprintf(path + at, at < cap ? cap - at : 0, "[%d]", i);
+        if (n >= cap) n = cap - 1;
+        if (find_mark(c, path, cap, n)) return true;
+        path[at] = 0;
+        i++;
+    }
+    return false;
+}
+
+/* Which field of the body holds a \u0000 escape: the body again with every
+ * such escape made U+10FFFF (a noncharacter no text carries), parsed, and
+ * the first string holding it named into path ("" when it cannot say). */
+static void nul_field(const char *body, size_t len, char *path, size_t cap) {
+    path[0] = 0;
+    strbuf b = {0};
+    for (size_t i = 0; i < len; i++) {
+        if (body[i] == '\\' && i + 1 < len) {
+            if (i + 5 < len && body[i + 1] == 'u' && !memcmp(body + i + 2, "0000", 4)) {
+                strbuf_puts(&b, "\\udbff\\udfff");
+                i += 5;
+            } else {
+                strbuf_put(&b, body + i, 2);
+                i++;
+            }
+        } else strbuf_put(&b, body + i, 1);
+    }
+    cJSON *root = b.failed ? NULL : cJSON_ParseWithLength(b.p, b.len);
+    if (root && !find_mark(root, path, cap, 0)) path[0] = 0;
+    cJSON_Delete(root);
+    strbuf_free(&b);
+}
+
 /* The top level: JSON object -> parameters, in the order the file comment gives. */
 static int parse_root(const lm_server_parse_ctx *c, bool chat, const cJSON *root, lm_server_request *r,
                       lm_server_error *e) {
@@ -703,11 +745,14 @@ int server_parse_request(const lm_server_parse_ctx *c, bool chat, const char *bo
         /* \u0000 would end the C string that carries it and cut the text
          * short without a word: refused (an escaped backslash is skipped) */
         if (ch == '\\' && i + 1 < len) {
-            if (i + 5 < len && body[i + 1] == 'u' && !memcmp(body + i + 2, "0000", 4))
-                return BAD(NULL,
-                           "the request body holds the escape \\u0000 at offset %zu: strings with a NUL "
-                           "character are not accepted",
-                           i);
+            if (i + 5 < len && body[i + 1] == 'u' && !memcmp(body + i + 2, "0000", 4)) {
+                char path[48];
+                nul_field(body, len, path, sizeof path);
+                return BAD(path[0] ? path : NULL,
+                           "'%s' holds the escape \\u0000 (a NUL character, at byte %zu of the body): strings "
+                           "with a NUL character are not accepted",
+                           path[0] ? path : "the request body", i);
+            }
             i++;
         }
     }
