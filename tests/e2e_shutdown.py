@@ -228,12 +228,23 @@ class RouterProc:
 def route_graceful():
     """The router drains too: SIGINT with a stream and a whole request in flight through it."""
     rt = RouterProc(600)
-    n_tok = 300 if ASAN else 1500
+    n_tok = 1500
     body = {"prompt": "Once upon a time", "max_tokens": n_tok, "ignore_eos": True, "temperature": 0}
     c, r, first = open_stream(rt.port, body)
     w = Whole(rt.port, body)
     w.start()
-    time.sleep(0.2)
+    deadline = time.time() + 60  # both taken by the router
+    while time.time() < deadline:
+        try:
+            hc = http.client.HTTPConnection("127.0.0.1", rt.port, timeout=5)
+            hc.request("GET", "/metrics")
+            m = testenv.parse_metrics(hc.getresponse().read())
+            hc.close()
+            if m.get("lamina_router_requests_admitted_total", 0) >= 2:
+                break
+        except OSError:
+            pass
+        time.sleep(0.02)
     rt.proc.send_signal(signal.SIGINT)
     result("route graceful: new connections refused", refused(rt.port))
     events = read_stream(r, first)
