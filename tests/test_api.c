@@ -607,10 +607,12 @@ static void test_engine_spec(void) {
         lm_engine_stats st;
         lm_engine_get_stats(e, &st);
         lm_engine_free(e);
-        if (k)
+        /* the cost is past the size: measured at start, and under an emulator (make test-arm)
+         * guesses may never pay for themselves there */
+        if (!k) CHECK(st.spec_proposed_total == 0);
+        else if (!getenv("LAMINA_EMULATED"))
             CHECKF(st.spec_proposed_total > 0 && st.spec_accepted_total > 0, "%llu proposed",
                    (unsigned long long)st.spec_proposed_total);
-        else CHECK(st.spec_proposed_total == 0);
     }
     CHECK(plain.n_tok == spec.n_tok && memcmp(plain.ids, spec.ids, (size_t)plain.n_tok * sizeof plain.ids[0]) == 0);
     /* a struct not filled by the default (size 0) */
