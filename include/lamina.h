@@ -451,6 +451,11 @@ typedef struct {
     uint64_t mem_draft_weights;   /* its tensors, mapped and packed */
     uint64_t mem_draft_workspace; /* its forward pass, buffers, and the guesses' distributions */
     uint64_t mem_draft_kv;        /* its own KV pool */
+    /* compiled grammars kept for reuse (bounded in bytes, least recently used dropped first) */
+    uint64_t grammar_cache_bytes;     /* their memory, matchers' caches included, as last measured */
+    int64_t grammar_cache_entries;    /* how many */
+    uint64_t grammar_compiles_total;  /* grammars compiled (requests that found none kept) */
+    uint64_t grammar_evictions_total; /* kept grammars dropped for room */
 } lm_engine_stats;
 
 /* Fill the first size bytes of *st (lm_engine_get_stats passes sizeof). */

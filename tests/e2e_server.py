@@ -36,6 +36,7 @@ import http.client
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -783,6 +784,20 @@ def check_basics(srv):
     st, _, data = post(srv, "/v1/completions", {"prompt": [1, 403, 407], "max_tokens": 3, "ignore_eos": True})
     j = json.loads(data)
     result("token-id prompt", st == 200 and j["usage"]["prompt_tokens"] == 3, data[:300])
+    # the grammar cache in /metrics: a miss compiles, a repeat is a hit, both kept within the cache's bytes
+    m0 = metrics(srv)
+    texts = []
+    for g in ['root ::= "yes" | "no"', 'root ::= "yes" | "no"', 'root ::= [a-z]{3,5}']:
+        st, _, data = post(srv, "/v1/completions", {"prompt": "Once", "max_tokens": 6, "grammar": g})
+        texts.append(json.loads(data)["choices"][0]["text"] if st == 200 else data)
+    m1 = metrics(srv)
+    result("grammar requests follow their grammars", texts[0] in ("yes", "no") and texts[1] in ("yes", "no") and
+           re.fullmatch(r"[a-z]{3,5}", texts[2]) is not None, texts)
+    compiled = m1.get("lamina_grammar_compiles_total", -1) - m0.get("lamina_grammar_compiles_total", 0)
+    result("/metrics: two distinct grammars compiled once each, kept, bytes > 0",
+           compiled == 2 and m1.get("lamina_grammar_cache_entries", 0) >= 2 and
+           m1.get("lamina_grammar_cache_bytes", 0) > 0 and "lamina_grammar_cache_evictions_total" in m1,
+           {k: v for k, v in m1.items() if "grammar" in k})
 
 
 def check_queue_time(srv):

@@ -18,7 +18,11 @@
  *   - a bad grammar or bad triggers are refused at submission;
  *   - a highly ambiguous grammar is refused at submission, or ends its
  *     request with an error while generating and is refused from then on;
- *   - more distinct grammars than the engine keeps compiled.
+ *   - more distinct grammars than the engine keeps compiled;
+ *   - the cache of compiled grammars stays within its bytes, drops the
+ *     least recently used first, and a grammar dropped while its requests
+ *     run (or never kept, being larger than the cache) still constrains
+ *     them to the end.
  */
 #include <stdatomic.h>
 #include <string.h>
@@ -418,6 +422,118 @@ static void test_many_grammars(void) {
     engine_free(e);
 }
 
+static lm_engine *new_engine_cache(size_t cache_bytes) {
+    lm_engine_config ec;
+    engine_config_default(&ec);
+    ec.n_threads = 2;
+    ec.batch_tokens = 64;
+    ec.max_seqs = 8;
+    ec.kv_type = LM_TYPE_F32;
+    engine_tuning t = {.grammar_cache_bytes = cache_bytes};
+    char err[LM_ERRLEN];
+    lm_status st;
+    lm_engine *e = engine_new_tuned(model, model->tok, &ec, &t, &st, err, sizeof err);
+    if (!e) fprintf(stderr, "engine_new_tuned: %s\n", err);
+    return e;
+}
+
+/* One request with grammar gbnf, run to the end; its text must follow the
+ * grammar. */
+static void run_one(lm_engine *e, const char *gbnf, uint64_t seed) {
+    lm_sample_params sp = sampling(1);
+    sp.seed = seed;
+    static collect c;
+    memset(&c, 0, sizeof c);
+    char err[LM_ERRLEN];
+    lm_request_params p = params(gbnf, &sp, 40, &c);
+    CHECKF(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK, "%s", err);
+    engine_wait_idle(e);
+    CHECK(c.done[0] == 1);
+    int j = text_judge(gbnf, c.tokens[0], c.n[0]);
+    CHECKF(c.finish[0] == LM_FINISH_STOP ? j == 1 : j == 0, "judge %d", j);
+}
+
+static lm_engine_stats stats_of(lm_engine *e) {
+    lm_engine_stats st;
+    engine_stats(e, &st);
+    return st;
+}
+
+/* The grammar cache: bounded in bytes (matchers' caches included), least
+ * recently used dropped first, hits compile nothing. */
+static void test_cache_bounded(void) {
+    static char g[8][128];
+    for (int k = 0; k < 8; k++) snprintf(g[k], sizeof g[k], "root ::= \"Once\" (\" \" [a-z]+){1,%d} \".\"\n", 3 + k);
+
+    /* one grammar's size after use, with the default budget */
+    lm_engine *e = new_engine_cache(0);
+    CHECK(e);
+    size_t one = 0;
+    for (int k = 0; k < 3; k++) {
+        run_one(e, g[k], 5);
+        lm_engine_stats st = stats_of(e);
+        CHECKF(st.grammar_cache_entries == k + 1 && st.grammar_compiles_total == (uint64_t)k + 1,
+               "entries %lld compiles %llu", (long long)st.grammar_cache_entries,
+               (unsigned long long)st.grammar_compiles_total);
+        CHECK(st.grammar_cache_bytes > one);
+        one = st.grammar_cache_bytes / (size_t)(k + 1) > one ? st.grammar_cache_bytes / (size_t)(k + 1) : one;
+    }
+    run_one(e, g[1], 6); /* kept: no compilation */
+    CHECK(stats_of(e).grammar_compiles_total == 3 && stats_of(e).grammar_evictions_total == 0);
+    engine_free(e);
+
+    /* room for two: A, B, A again, then C drops B (least recently used), not A */
+    size_t cap = one * 5 / 2;
+    CHECK((e = new_engine_cache(cap)));
+    run_one(e, g[0], 7);
+    run_one(e, g[1], 7);
+    run_one(e, g[0], 8);
+    CHECK(stats_of(e).grammar_compiles_total == 2);
+    run_one(e, g[2], 7);
+    lm_engine_stats st = stats_of(e);
+    CHECKF(st.grammar_compiles_total == 3 && st.grammar_evictions_total == 1 && st.grammar_cache_entries == 2,
+           "compiles %llu evictions %llu entries %lld", (unsigned long long)st.grammar_compiles_total,
+           (unsigned long long)st.grammar_evictions_total, (long long)st.grammar_cache_entries);
+    run_one(e, g[0], 9); /* still kept */
+    CHECK(stats_of(e).grammar_compiles_total == 3);
+    run_one(e, g[1], 9); /* dropped: compiled again */
+    CHECK(stats_of(e).grammar_compiles_total == 4);
+    for (int k = 3; k < 8; k++) {
+        run_one(e, g[k], 10);
+        st = stats_of(e);
+        CHECKF(st.grammar_cache_bytes <= cap, "%llu bytes kept, budget %zu", (unsigned long long)st.grammar_cache_bytes,
+               cap);
+    }
+    CHECK(st.grammar_evictions_total >= 6);
+    engine_free(e);
+
+    /* a budget that holds one: grammars dropped while their requests run,
+     * and (a budget of 1 byte) grammars never kept, still constrain them */
+    for (int pass = 0; pass < 2; pass++) {
+        CHECK((e = new_engine_cache(pass == 0 ? one * 3 / 2 : 1)));
+        enum { K = 6 };
+        static collect c[K];
+        memset(c, 0, sizeof c);
+        char err[LM_ERRLEN];
+        lm_sample_params sp = sampling(1);
+        for (int k = 0; k < K; k++) {
+            lm_request_params p = params(g[k % 4], &sp, 60, &c[k]);
+            CHECKF(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK, "%s", err);
+        }
+        engine_wait_idle(e);
+        for (int k = 0; k < K; k++) {
+            CHECK(c[k].done[0] == 1);
+            int j = text_judge(g[k % 4], c[k].tokens[0], c[k].n[0]);
+            CHECKF(c[k].finish[0] == LM_FINISH_STOP ? j == 1 : j == 0, "pass %d request %d: judge %d", pass, k, j);
+        }
+        st = stats_of(e);
+        CHECKF(pass == 0 ? st.grammar_cache_entries <= 1 : st.grammar_cache_entries == 0, "pass %d: %lld kept", pass,
+               (long long)st.grammar_cache_entries);
+        CHECKF(engine_check(e, err, sizeof err) == 0, "%s", err);
+        engine_free(e);
+    }
+}
+
 /* A highly ambiguous grammar: refused at submission when the probe finds
  * it; else the request ends with an error finish (LM_ERR_INVALID, saying
  * "too ambiguous") once generation reaches the ambiguous part, and the same
@@ -495,6 +611,7 @@ int main(void) {
     TEST_RUN(test_lazy);
     TEST_RUN(test_refused);
     TEST_RUN(test_many_grammars);
+    TEST_RUN(test_cache_bounded);
     TEST_RUN(test_ambiguous);
     grammar_vocab_free(gvocab);
     pool_free(ref_pool);

@@ -710,6 +710,15 @@ static void parser_free(parser *p) {
     lm_free(p->cls);
 }
 
+size_t grammar_bytes(const lm_grammar *g) {
+    int32_t n_ranges = 0;
+    for (int32_t i = 0; i < g->n_cls; i++)
+        if (g->cls[i].off + g->cls[i].n > n_ranges) n_ranges = g->cls[i].off + g->cls[i].n;
+    return sizeof *g + (size_t)g->n_el * sizeof *g->el + (size_t)n_ranges * sizeof *g->ranges +
+        (size_t)g->n_cls * sizeof *g->cls + (size_t)(g->n_rules + 1) * sizeof *g->alt_off +
+        (size_t)g->alt_off[g->n_rules] * sizeof *g->alt_pos;
+}
+
 void grammar_free(lm_grammar *g) {
     if (!g) return;
     lm_free(g->el);

@@ -57,6 +57,8 @@ typedef struct lm_gmatch lm_gmatch;
  * "line L, column C: what" (1-based) or naming an undefined rule. */
 lm_grammar *grammar_parse(const char *text, size_t len, const char *root, char *err, size_t errlen);
 void grammar_free(lm_grammar *g);
+/* The memory the compiled grammar holds. */
+size_t grammar_bytes(const lm_grammar *g);
 
 /* Per-vocabulary tables (NULL on allocation failure). The tokenizer must
  * outlive it. */
@@ -73,6 +75,13 @@ lm_gvocab *grammar_vocab_from_bytes(int32_t n, const char *const *bytes, const i
 lm_gmatch *gmatch_new(const lm_grammar *g, const lm_gvocab *v, char *err, size_t errlen);
 lm_gmatch *gmatch_copy(const lm_gmatch *m); /* an independent copy (NULL: no memory) */
 void gmatch_free(lm_gmatch *m);
+/* Give the grammar m was made from to m's shared cache: it is freed with the
+ * last copy, so the copies may outlive whoever compiled it. */
+void gmatch_own_grammar(lm_gmatch *m, lm_grammar *g);
+/* The memory m's shared cache holds now (states, transitions, masks) and
+ * its grammar's when the cache owns it. Reads what steps change: call it
+ * only where no copy is being stepped. */
+size_t gmatch_bytes(const lm_gmatch *m);
 void gmatch_reset(lm_gmatch *m); /* back to the start */
 
 /* The allowed tokens now: bit t of allow (n_vocab bits, (n_vocab + 31) / 32

@@ -37,6 +37,7 @@
  * explores the first states, most stacks first, to find such grammars
  * before a request uses them.
  */
+#include <assert.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -61,6 +62,7 @@ typedef struct {
 typedef struct {
     atomic_int refs; /* matchers sharing it (copies may be made and freed on any thread) */
     const lm_grammar *g;
+    lm_grammar *own_g; /* g, when the cache frees it (gmatch_own_grammar), else NULL */
     const lm_gvocab *v;
     gframe *fr;      /* (n_fr) interned frames; fr[0] is the empty stack */
     uint32_t *stamp; /* (n_fr) last expansion step that visited the frame */
@@ -468,6 +470,7 @@ static void cache_free(gcache *c) {
     lm_free(c->out);
     lm_free(c->walk);
     lm_free(c->eog);
+    grammar_free(c->own_g);
     lm_free(c);
 }
 
@@ -548,6 +551,16 @@ void gmatch_free(lm_gmatch *m) {
     if (!m) return;
     if (atomic_fetch_sub(&m->c->refs, 1) == 1) cache_free(m->c);
     lm_free(m);
+}
+
+void gmatch_own_grammar(lm_gmatch *m, lm_grammar *g) {
+    assert(g == m->c->g);
+    m->c->own_g = g;
+}
+
+size_t gmatch_bytes(const lm_gmatch *m) {
+    const gcache *c = m->c; /* (mask_bytes counts the masks and their lists of ids) */
+    return sizeof *c + cache_bytes(c) + c->mask_bytes + (c->own_g ? grammar_bytes(c->own_g) : 0);
 }
 
 void gmatch_reset(lm_gmatch *m) { m->cur = m->start; }

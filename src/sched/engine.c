@@ -131,8 +131,7 @@ static void engine_request_unref(lm_request *r) {
     }
     stop_set_free(&r->stop);
     stop_set_free(&r->triggers);
-    if (r->grammar) gmatch_free(r->gproto);
-    grammar_free(r->grammar);
+    gmatch_free(r->gproto);
     lm_free(r->ch);
     lm_free(r);
 }
@@ -452,15 +451,13 @@ static lm_status check_pool(const lm_engine *e, const lm_request_params *p, int6
 /* A new request with its choices, or NULL when out of memory. proto: its
  * grammar's start state or NULL; own: its grammar when not the engine's
  * (taken over with proto, even on failure). */
-static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max_tokens, bool handle, lm_gmatch *proto,
-                               lm_grammar *own) {
+static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max_tokens, bool handle,
+                               lm_gmatch *proto) {
     lm_request *r = lm_calloc(1, sizeof *r);
     if (!r) {
-        if (own) gmatch_free(proto);
-        grammar_free(own);
+        gmatch_free(proto);
         return NULL;
     }
-    r->grammar = own;
     r->gproto = proto;
     const bool g = proto != NULL;
     atomic_init(&r->refs, 1);
@@ -543,9 +540,8 @@ static lm_status submit_tokens(lm_engine *e, const lm_request_params *p, lm_requ
     int64_t positions = (int64_t)p->n_prompt + max_tokens < e->n_ctx ? (int64_t)p->n_prompt + max_tokens : e->n_ctx;
     if ((rc = check_pool(e, p, positions, err, errlen)) != LM_OK) return rc;
     lm_gmatch *proto = NULL;
-    lm_grammar *own = NULL;
-    if (p->grammar && (rc = engine_grammar_get(&e->gr, p, &proto, &own, err, errlen)) != LM_OK) return rc;
-    lm_request *r = request_new(e, p, max_tokens, out != NULL, proto, own);
+    if (p->grammar && (rc = engine_grammar_get(&e->gr, p, &proto, err, errlen)) != LM_OK) return rc;
+    lm_request *r = request_new(e, p, max_tokens, out != NULL, proto);
     if (!r) return lm_err(err, errlen, "out of memory"), LM_ERR_NOMEM;
     pthread_mutex_lock(&e->mu);
     if (e->stop || (e->cfg.max_waiting > 0 && e->n_req_waiting >= e->cfg.max_waiting)) {
@@ -1192,6 +1188,7 @@ static void *engine_main(void *arg) {
         if (e->stop) break;
         pthread_mutex_unlock(&e->mu);
         bool busy = step(e);
+        engine_grammar_trim(&e->gr);
         pthread_mutex_lock(&e->mu);
         if (!busy && !e->inbox && !e->stop && !e->check_req) {
             if (!sched_n_running(e->sc) && !sched_n_waiting(e->sc)) pthread_cond_broadcast(&e->idle_cv);
@@ -1392,6 +1389,7 @@ lm_engine *engine_new_tuned(const lm_model *m, const lm_tokenizer *tok, const lm
     pthread_mutex_init(&e->gr.mu, NULL);
     e->gr.tok = tok;
     e->gr.n_vocab = m->hp.n_vocab;
+    e->gr.cap_bytes = tune && tune->grammar_cache_bytes ? tune->grammar_cache_bytes : ENGINE_GRAMMAR_CACHE_BYTES;
     pthread_cond_init(&e->wake, NULL);
     pthread_cond_init(&e->idle_cv, NULL);
 
@@ -1451,6 +1449,7 @@ void engine_stats(lm_engine *e, lm_engine_stats *st) {
     *st = e->stats;
     st->waiting += e->n_inbox;
     pthread_mutex_unlock(&e->mu);
+    engine_grammar_stats(&e->gr, st);
 }
 
 void engine_wait_idle(lm_engine *e) {

@@ -106,14 +106,15 @@ lm_engine *engine_new(const lm_model *m, const lm_tokenizer *tok, const lm_engin
  * out; LM_OK on success. */
 lm_engine *engine_new_status(const lm_model *m, const lm_tokenizer *tok, const lm_engine_config *c, lm_status *status,
                              char *err, size_t errlen);
-/* Knobs that measure speculation, outside the public ABI (the command
- * line, benches and tests set them). */
+/* Knobs outside the public ABI (the command line, benches and tests set
+ * them): speculation's measured prices, the grammar cache's size. */
 typedef struct {
-    const char *spec_widths; /* the model pass's time by its rows, "W:T,W:T,..." (T relative to W = 1's;
+    const char *spec_widths;    /* the model pass's time by its rows, "W:T,W:T,..." (T relative to W = 1's;
                                 must include 1), which sizes the batch's proposals (guesses widen the
                                 shared pass); NULL: timed once when the engine starts, unless the
                                 spec's cost is set (> 0: priced flat, as for one sequence; < 0: no
                                 cost model at all). A curve that does not parse is LM_ERR_INVALID. */
+    size_t grammar_cache_bytes; /* the compiled grammars kept for reuse, in bytes at most (0: 64 MiB) */
 } engine_tuning;
 /* engine_new_status with tuning t (NULL: none). */
 lm_engine *engine_new_tuned(const lm_model *m, const lm_tokenizer *tok, const lm_engine_config *c,

@@ -17,20 +17,28 @@
  * engine_grammar_advance) run on the engine thread only, as does
  * engine_grammar_free when the engine is destroyed.
  *
- * Invariants. The tables are built once and never change; cache entries
- * are added, never replaced or removed before engine_grammar_free, so a
- * request holding an entry's start state (r->grammar NULL) may use it for
- * its whole life; a request owns its grammar and start state only when the
- * cache was full. A grammar a step found past the matcher's bounds is
- * refused at submission from then on (gmatch_spoiled). A choice's parse
+ * Invariants. The tables are built once and never change. Every request
+ * holds its own copy of its grammar's start state; the copies of one
+ * grammar share its matcher's cache, which owns the compiled grammar and is
+ * freed with the last copy, so dropping an entry from the engine's cache
+ * never disturbs a request using it. Only the engine thread steps
+ * matchers, so only it measures the kept ones (engine_grammar_trim). A
+ * grammar a step found past the matcher's bounds is refused at submission
+ * from then on (gmatch_spoiled; once trimmed, its entry keeps only the
+ * reason, and is dropped like any other when least recently used). A
+ * choice's parse
  * state depends only on the tokens it took, so forks, preemption and
  * batching leave the output unchanged. The mask bans tokens before the
  * sampler runs, as a logit bias would; the greedy and sparse shortcuts
  * take the same token as the masked row.
  *
  * Bounds. A grammar is at most ENGINE_MAX_GRAMMAR_BYTES of text (its
- * compilation grows faster than its size); at most MAX_GRAMMARS compiled
- * grammars are kept (engine_int.h);
+ * compilation grows faster than its size). The cache keeps at most
+ * MAX_GRAMMARS grammars and cap_bytes (ENGINE_GRAMMAR_CACHE_BYTES) of them,
+ * their matchers' caches included as last measured: a new one, and the
+ * trim after an iteration, drop the least recently used until the rest
+ * fit; one larger than the whole budget is never kept. Requests in flight
+ * hold their grammars beyond the budget until they end;
  * gwork holds n_vocab floats, gmask (max(n_vocab, the trie's size) + 31) / 32
  * words. A lazy grammar's look-behind (lz) holds the longest trigger less
  * one byte plus one token's text (piece_cap).
@@ -75,29 +83,53 @@ static int grammar_tables(egram *e) {
 /* The kept entry for this text and root, or NULL (under mu). */
 static gentry *cache_find(egram *e, const char *text, size_t len, const char *root) {
     for (int i = 0; i < e->n_gtab; i++) {
-        gentry *t = &e->gtab[i];
+        gentry *t = e->gtab[i];
         if (t->len == len && !memcmp(t->text, text, len) && !strcmp(t->root, root)) return t;
     }
     return NULL;
 }
 
-/* A kept entry's start state for the request, or LM_ERR_INVALID when an
- * earlier request found the grammar past the matcher's bounds. */
-static lm_status cache_use(const gentry *t, lm_gmatch **proto, char *err, size_t errlen) {
-    if (gmatch_spoiled(t->proto)) return lm_err(err, errlen, "grammar: %s", gmatch_spoiled(t->proto)), LM_ERR_INVALID;
-    *proto = t->proto;
+/* The request's copy of a kept entry's start state, or LM_ERR_INVALID when
+ * an earlier request found the grammar past the matcher's bounds (under
+ * mu). */
+static lm_status cache_use(egram *e, gentry *t, lm_gmatch **proto, char *err, size_t errlen) {
+    t->used = ++e->tick;
+    const char *why = t->spoiled ? t->spoiled : gmatch_spoiled(t->proto);
+    if (why) return lm_err(err, errlen, "grammar: %s", why), LM_ERR_INVALID;
+    if (!(*proto = gmatch_copy(t->proto))) return lm_err(err, errlen, "out of memory"), LM_ERR_NOMEM;
     return LM_OK;
 }
 
-/* The request's grammar: the engine's compiled copy of the same text and
- * root if it keeps one, else compiled now (and kept while there is room).
- * The compilation runs outside mu, so a large grammar never holds up the
- * requests that find theirs kept; two requests compiling the same text at
- * once keep the first copy that is done. *proto is its start state; *own
- * the grammar when the request owns it (with *proto). LM_ERR_INVALID for a
- * bad grammar or one over ENGINE_MAX_GRAMMAR_BYTES, LM_ERR_NOMEM. */
-lm_status engine_grammar_get(egram *e, const lm_request_params *p, lm_gmatch **proto, lm_grammar **own, char *err,
-                             size_t errlen) {
+static void entry_free(gentry *t) {
+    if (!t) return;
+    gmatch_free(t->proto); /* the grammar and its cache go with the last request's copy */
+    lm_free(t->spoiled);
+    lm_free(t->text);
+    lm_free(t->root);
+    lm_free(t);
+}
+
+/* Drop the least recently used kept grammar (under mu). Requests using it
+ * keep their copies; only the cache lets go. */
+static void cache_evict_lru(egram *e) {
+    int old = 0;
+    for (int i = 1; i < e->n_gtab; i++)
+        if (e->gtab[i]->used < e->gtab[old]->used) old = i;
+    gentry *t = e->gtab[old];
+    e->kept_bytes -= t->bytes;
+    e->gtab[old] = e->gtab[--e->n_gtab];
+    e->evictions++;
+    entry_free(t);
+}
+
+/* The request's grammar: a copy of the engine's compiled grammar for the
+ * same text and root if it keeps one, else compiled now and kept when it
+ * fits (dropping the least recently used for room). The compilation runs
+ * outside mu, so a large grammar never holds up the requests that find
+ * theirs kept; two requests compiling the same text at once keep the first
+ * copy that is done. *proto is the request's own start state. LM_ERR_INVALID
+ * for a bad grammar or one over ENGINE_MAX_GRAMMAR_BYTES, LM_ERR_NOMEM. */
+lm_status engine_grammar_get(egram *e, const lm_request_params *p, lm_gmatch **proto, char *err, size_t errlen) {
     size_t len = p->grammar_len ? p->grammar_len : strlen(p->grammar);
     const char *root = p->grammar_root ? p->grammar_root : "root";
     if (len > ENGINE_MAX_GRAMMAR_BYTES)
@@ -108,7 +140,8 @@ lm_status engine_grammar_get(egram *e, const lm_request_params *p, lm_gmatch **p
         return lm_err(err, errlen, "out of memory building the grammar's vocabulary tables"), LM_ERR_NOMEM;
     pthread_mutex_lock(&e->mu);
     gentry *kept = cache_find(e, p->grammar, len, root);
-    lm_status rc = kept ? cache_use(kept, proto, err, errlen) : LM_OK;
+    lm_status rc = kept ? cache_use(e, kept, proto, err, errlen) : LM_OK;
+    if (!kept) e->compiles++;
     pthread_mutex_unlock(&e->mu);
     if (kept) return rc;
 
@@ -123,24 +156,27 @@ lm_status engine_grammar_get(egram *e, const lm_request_params *p, lm_gmatch **p
         grammar_free(g);
         return lm_err(err, errlen, "grammar: %s", gerr), rc;
     }
+    gmatch_own_grammar(m, g);
+    size_t bytes = gmatch_bytes(m) + len + strlen(root) + 1 + sizeof(gentry);
 
     pthread_mutex_lock(&e->mu);
     if ((kept = cache_find(e, p->grammar, len, root))) { /* another request kept it meanwhile */
-        rc = cache_use(kept, proto, err, errlen);
+        rc = cache_use(e, kept, proto, err, errlen);
         pthread_mutex_unlock(&e->mu);
         gmatch_free(m);
-        grammar_free(g);
         return rc;
     }
-    gentry t = {lm_strndup(p->grammar, len), len, lm_strndup(root, strlen(root)), g, m};
-    if (e->n_gtab < MAX_GRAMMARS && t.text && t.root) {
+    gentry *t = bytes <= e->cap_bytes ? lm_calloc(1, sizeof *t) : NULL;
+    if (t && (t->text = lm_strndup(p->grammar, len)) && (t->root = lm_strndup(root, strlen(root))) &&
+        (*proto = gmatch_copy(m))) {
+        while (e->n_gtab > 0 && (e->n_gtab == MAX_GRAMMARS || e->kept_bytes + bytes > e->cap_bytes)) cache_evict_lru(e);
+        t->len = len, t->proto = m, t->bytes = bytes, t->used = ++e->tick;
         e->gtab[e->n_gtab++] = t;
-    } else {
-        lm_free(t.text);
-        lm_free(t.root);
-        *own = g;
+        e->kept_bytes += bytes;
+    } else { /* too large to keep, or no memory to keep it: the request's alone */
+        if (t) lm_free(t->text), lm_free(t->root), lm_free(t);
+        *proto = m;
     }
-    *proto = m;
     pthread_mutex_unlock(&e->mu);
     return LM_OK;
 }
@@ -210,6 +246,7 @@ int32_t engine_grammar_pick(egram *e, eseq *c, float *row, int32_t draft, const 
  * in the output's last bytes and start the grammar at its first byte. 0,
  * or -1 with *end when the choice must end (the engine finishes it). */
 int engine_grammar_advance(egram *e, eseq *c, const stop_set *tr, int32_t t, egram_end *end) {
+    e->stepped = true;
     if (c->gm_on) {
         if (tok_is_eog(e->tok, t) || gmatch_accept(c->gm, t) == 0) return 0;
         const char *why = gmatch_error(c->gm);
@@ -249,14 +286,45 @@ int engine_grammar_advance(egram *e, eseq *c, const stop_set *tr, int32_t t, egr
     return 0;
 }
 
-/* Free the grammar cache and the tables (the engine is being destroyed). */
-void engine_grammar_free(egram *e) {
+/* Measure the kept grammars again (steps on the engine thread grow their
+ * caches; no other thread changes them, so reading them here is safe) and
+ * drop the least recently used until the rest fit. */
+void engine_grammar_trim(egram *e) {
+    if (!e->stepped) return;
+    e->stepped = false;
+    pthread_mutex_lock(&e->mu);
+    size_t sum = 0;
     for (int i = 0; i < e->n_gtab; i++) {
-        gmatch_free(e->gtab[i].proto);
-        grammar_free(e->gtab[i].g);
-        lm_free(e->gtab[i].text);
-        lm_free(e->gtab[i].root);
+        gentry *t = e->gtab[i];
+        const char *why = t->proto ? gmatch_spoiled(t->proto) : NULL;
+        char *keep = why ? lm_strndup(why, strlen(why)) : NULL;
+        if (keep) { /* spoiled: keep only the reason, to refuse the text at submission */
+            t->spoiled = keep;
+            gmatch_free(t->proto);
+            t->proto = NULL;
+        }
+        t->bytes =
+            (t->proto ? gmatch_bytes(t->proto) : strlen(t->spoiled) + 1) + t->len + strlen(t->root) + 1 + sizeof *t;
+        sum += t->bytes;
     }
+    e->kept_bytes = sum;
+    while (e->n_gtab > 0 && e->kept_bytes > e->cap_bytes) cache_evict_lru(e);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void engine_grammar_stats(egram *e, lm_engine_stats *st) {
+    pthread_mutex_lock(&e->mu);
+    st->grammar_cache_bytes = e->kept_bytes;
+    st->grammar_cache_entries = e->n_gtab;
+    st->grammar_compiles_total = e->compiles;
+    st->grammar_evictions_total = e->evictions;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Free the grammar cache and the tables (the engine is being destroyed;
+ * requests still holding copies keep their grammars). */
+void engine_grammar_free(egram *e) {
+    for (int i = 0; i < e->n_gtab; i++) entry_free(e->gtab[i]);
     grammar_vocab_free(e->gvocab);
     lm_free(e->gwork);
     lm_free(e->gmask);

@@ -30,11 +30,12 @@
 #include "sched/spec_sched.h"
 #include "sched/stop.h"
 
-#define MAX_STOP_LEN 1024                    /* bytes of one stop string */
-#define MAX_TRIGGERS 64                      /* lazy-grammar triggers of one request */
-#define MAX_GRAMMARS 8                       /* compiled grammars the engine keeps for reuse */
-#define ENGINE_MAX_CLIENTS 4096              /* clients counted for fairness at once (more: unordered) */
-#define ENGINE_MAX_GRAMMAR_BYTES (256 << 10) /* GBNF text of one request */
+#define MAX_STOP_LEN 1024                             /* bytes of one stop string */
+#define MAX_TRIGGERS 64                               /* lazy-grammar triggers of one request */
+#define MAX_GRAMMARS 64                               /* compiled grammars the engine keeps for reuse */
+#define ENGINE_GRAMMAR_CACHE_BYTES ((size_t)64 << 20) /* their memory, least recently used dropped first */
+#define ENGINE_MAX_CLIENTS 4096                       /* clients counted for fairness at once (more: unordered) */
+#define ENGINE_MAX_GRAMMAR_BYTES (256 << 10)          /* GBNF text of one request */
 
 /* A compiled grammar kept for the requests that send the same text: they
  * share its matcher's cache (states, transitions, masks), so a schema
@@ -42,9 +43,11 @@
 typedef struct {
     char *text; /* (len) the GBNF text */
     size_t len;
-    char *root; /* the start rule's name */
-    lm_grammar *g;
-    lm_gmatch *proto; /* at the start; requests copy it */
+    char *root;       /* the start rule's name */
+    lm_gmatch *proto; /* at the start; requests copy it; its cache owns the grammar (NULL once spoiled) */
+    char *spoiled;    /* NULL, or why a step refused the grammar: it is refused at submission from then on */
+    size_t bytes;     /* the grammar and its cache, as last measured (engine_grammar_trim) */
+    uint64_t used;    /* when a request last took it (egram.tick), for least-recently-used eviction */
 } gentry;
 
 /* The engine's constrained decoding (engine_grammar.c): built on the first
@@ -52,13 +55,19 @@ typedef struct {
 typedef struct {
     const lm_tokenizer *tok;
     int32_t n_vocab;
-    int piece_cap;             /* one token's text at most (a lazy grammar's look-behind) */
-    pthread_mutex_t mu;        /* guards gvocab's creation and gtab (submitters build them) */
-    lm_gvocab *gvocab;         /* the vocabulary's byte trie, shared by every grammar */
-    gentry gtab[MAX_GRAMMARS]; /* grammars kept for reuse (under mu) */
+    int piece_cap;              /* one token's text at most (a lazy grammar's look-behind) */
+    pthread_mutex_t mu;         /* guards gvocab's creation, gtab and the counts below (submitters) */
+    lm_gvocab *gvocab;          /* the vocabulary's byte trie, shared by every grammar */
+    gentry *gtab[MAX_GRAMMARS]; /* (n_gtab) grammars kept for reuse (under mu) */
     int n_gtab;
-    float *gwork;    /* (n_vocab) a logits copy for the greedy shortcut, or the allowed tokens' logits */
-    uint32_t *gmask; /* ((max(n_vocab, gvocab size) + 31) / 32) allowed tokens */
+    size_t cap_bytes;   /* the kept grammars' bytes at most (ENGINE_GRAMMAR_CACHE_BYTES or tuning) */
+    size_t kept_bytes;  /* sum of gtab[i]->bytes */
+    uint64_t tick;      /* uses so far (LRU clock) */
+    uint64_t compiles;  /* grammars compiled (cache misses) */
+    uint64_t evictions; /* kept grammars dropped for room */
+    bool stepped;       /* (engine thread) a choice stepped a grammar since the last trim */
+    float *gwork;       /* (n_vocab) a logits copy for the greedy shortcut, or the allowed tokens' logits */
+    uint32_t *gmask;    /* ((max(n_vocab, gvocab size) + 31) / 32) allowed tokens */
 } egram;
 
 /* Why the grammar ended a choice: the engine finishes it with an error of
@@ -108,8 +117,7 @@ struct lm_request {
     lm_request_params p;     /* as submitted; prompt, text and bias cleared (the choices and
                                  samplers hold them), stop pointing into `stop`, max_tokens resolved */
     stop_set stop;           /* owned copies of the stop strings */
-    lm_grammar *grammar;     /* its own compiled grammar, or NULL (none, or the engine's shared one) */
-    lm_gmatch *gproto;       /* the grammar's start state, which choices copy (owned with grammar) */
+    lm_gmatch *gproto;       /* the grammar's start state, which choices copy (the request's own copy) */
     stop_set triggers;       /* owned copies of the lazy grammar's triggers */
     int n_live;              /* choices not yet done */
     bool counted;            /* its choices count in the engine's clients (p.client) */
@@ -195,13 +203,12 @@ struct lm_engine {
 /* ---- engine_grammar.c: constrained decoding ----------------------------- */
 
 /* Any thread: request p's grammar, the cache's compiled copy of the same
- * text and root, else compiled now (and kept while there is room); builds
- * the per-vocabulary tables on first use. *proto is its start state, *own
- * the grammar when the request owns it (with *proto). LM_OK,
- * LM_ERR_INVALID for a bad grammar or one past the matcher's bounds,
- * LM_ERR_NOMEM. */
-lm_status engine_grammar_get(egram *g, const lm_request_params *p, lm_gmatch **proto, lm_grammar **own, char *err,
-                             size_t errlen);
+ * text and root, else compiled now (and kept when it fits the cache);
+ * builds the per-vocabulary tables on first use. *proto is its start
+ * state, the request's own (gmatch_free it; the grammar goes with the last
+ * copy). LM_OK, LM_ERR_INVALID for a bad grammar or one past the matcher's
+ * bounds, LM_ERR_NOMEM. */
+lm_status engine_grammar_get(egram *g, const lm_request_params *p, lm_gmatch **proto, char *err, size_t errlen);
 /* Choice c's grammar state, a copy of the start state proto, and a lazy
  * grammar's look-behind buffer (triggers: the request's). 0, or -1 when
  * out of memory. */
@@ -214,6 +221,12 @@ int32_t engine_grammar_pick(egram *g, eseq *c, float *row, int32_t draft, const 
 /* After token t: the grammar's step, or a lazy grammar's search for its
  * triggers. 0, or -1 with *end: the choice must end with that error. */
 int engine_grammar_advance(egram *g, eseq *c, const stop_set *triggers, int32_t t, egram_end *end);
+/* Engine thread, after an iteration: measure the kept grammars' caches
+ * (their steps grow them) and drop the least recently used past the
+ * cache's bytes. Cheap when no choice stepped a grammar. */
+void engine_grammar_trim(egram *g);
+/* The cache's figures for the engine's stats (any thread). */
+void engine_grammar_stats(egram *g, lm_engine_stats *st);
 /* Free the cache and the tables (engine destruction). */
 void engine_grammar_free(egram *g);
 

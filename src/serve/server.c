@@ -169,6 +169,14 @@ static int route_metrics(lm_server *s, struct MHD_Connection *conn) {
            (double)st.spec_accepted_total);
     metric(&b, "lamina_spec_verify_steps_total", "counter", "Speculative decoding: passes that verified a proposal.",
            (double)st.spec_steps_total);
+    metric(&b, "lamina_grammar_cache_bytes", "gauge", "Compiled grammars kept for reuse, with their matchers' caches.",
+           (double)st.grammar_cache_bytes);
+    metric(&b, "lamina_grammar_cache_entries", "gauge", "Compiled grammars kept for reuse.",
+           (double)st.grammar_cache_entries);
+    metric(&b, "lamina_grammar_compiles_total", "counter", "Grammars compiled (none kept for the same text).",
+           (double)st.grammar_compiles_total);
+    metric(&b, "lamina_grammar_cache_evictions_total", "counter", "Kept grammars dropped for room.",
+           (double)st.grammar_evictions_total);
     histogram(&b, "lamina_batch_size", "Sequences per engine iteration.", &st.batch_size);
     histogram(&b, "lamina_time_to_first_token_seconds", "Submission to first token.", &st.ttft);
     histogram(&b, "lamina_time_per_output_token_seconds", "Time per output token after the first.", &st.tpot);
