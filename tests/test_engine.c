@@ -559,6 +559,66 @@ static void test_fair_clients(void) {
     }
 }
 
+/* Fair share of the slots: client A's requests hold every slot
+ * (max_seqs 3) and more of them wait; client B's short request then
+ * preempts one of A's and finishes long before A's running ones, and A's
+ * outputs are the same as alone (preemption recomputes). Without a client
+ * of its own (B as A, or client 0) B waits for a slot. */
+static void test_fair_share(void) {
+    const lm_model *m = models[0];
+    int32_t prompt[6] = {1, 50, 51, 52, 53, 54};
+    char err[LM_ERRLEN];
+    static collect solo;
+    memset(&solo, 0, sizeof solo);
+    lm_engine *e = new_engine(m, 64, 3, 0);
+    CHECK(e);
+    lm_request_params p = greedy_params(prompt, 6, 80, &solo);
+    p.ignore_eos = true;
+    CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
+    engine_wait_idle(e);
+    engine_free(e);
+    for (int pass = 0; pass < 3; pass++) {
+        CHECK((e = new_engine(m, 64, 3, 0)));
+        enum { NA = 5 };
+        static collect a[NA], b;
+        memset(a, 0, sizeof a);
+        memset(&b, 0, sizeof b);
+        lm_engine_stats s0, s1;
+        engine_stats(e, &s0);
+        for (int i = 0; i < NA; i++) {
+            p = greedy_params(prompt, 6, 80, &a[i]);
+            p.ignore_eos = true;
+            p.client = 0xa;
+            CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
+        }
+        double t0 = lm_now(); /* until A's first three run */
+        while ((a[0].n[0] < 2 || a[1].n[0] < 2 || a[2].n[0] < 2) && lm_now() - t0 < 30) usleep(1000);
+        CHECK(a[2].n[0] >= 2 && a[2].n[0] < 80);
+        p = greedy_params(prompt, 6, 4, &b);
+        p.ignore_eos = true;
+        p.client = pass == 0 ? 0xb : pass == 1 ? 0xa : 0;
+        CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
+        engine_wait_idle(e);
+        engine_stats(e, &s1);
+        int before_b = 0; /* A's requests that finished before B's */
+        for (int i = 0; i < NA; i++) before_b += a[i].order < b.order;
+        if (pass == 0)
+            CHECKF(before_b == 0 && s1.preemptions_total - s0.preemptions_total == 1,
+                   "another client: %d of A's requests finished before B's, %llu preemptions", before_b,
+                   (unsigned long long)(s1.preemptions_total - s0.preemptions_total));
+        else
+            CHECKF(before_b >= 1 && s1.preemptions_total == s0.preemptions_total,
+                   "%s: %d of A's finished before B's, %llu preemptions", pass == 1 ? "the same client" : "client 0",
+                   before_b, (unsigned long long)(s1.preemptions_total - s0.preemptions_total));
+        for (int i = 0; i < NA; i++)
+            CHECKF(a[i].n[0] == 80 && !memcmp(a[i].tokens[0], solo.tokens[0], 80 * sizeof(int32_t)),
+                   "pass %d: A's request %d differs from its run alone", pass, i);
+        CHECK(b.done[0] == 1 && b.n[0] == 4);
+        CHECKF(engine_check(e, err, sizeof err) == 0, "%s", err);
+        engine_free(e);
+    }
+}
+
 /* Stop strings end the text before them; n = 2 forks the prompt; bad
  * requests are refused; shutdown ends requests in flight. */
 static void test_stop_fork_reject(void) {
@@ -1016,6 +1076,7 @@ int main(void) {
     TEST_RUN(test_preemption);
     TEST_RUN(test_priority);
     TEST_RUN(test_fair_clients);
+    TEST_RUN(test_fair_share);
     TEST_RUN(test_stop_fork_reject);
     TEST_RUN(test_queue_time);
     TEST_RUN(test_max_waiting);

@@ -1036,6 +1036,72 @@ void engine_profile(const lm_engine *e, engine_profile_t *p) {
     memcpy(p->ops, e->fwd->prof, sizeof p->ops);
 }
 
+/* Fair share of the sequence slots: when max_seqs run and a waiting
+ * choice near the head belongs to a client with nothing running, the
+ * latest admitted choice of the client holding the most slots (two at
+ * least) is preempted and its tag moved behind that client's queued work,
+ * and the newcomer moves to the head of the waiting queue, so it takes the
+ * slot in this iteration's plan. Each client
+ * that waits thus gets one sequence running within an iteration, however
+ * many one other client holds; the rest of the slots go by the tags as
+ * before. Never for choices without a client (0) or across priorities
+ * (the newcomer's must be at least as good). At most one per iteration:
+ * afterwards a slot is free until an admission fills it. The look costs
+ * one pass over the waiting queue, each client checked against the
+ * running set (max_seqs) once per run of its choices, only when every
+ * slot is taken. */
+static void fair_preempt(lm_engine *e) {
+    int n_run = sched_n_running(e->sc), n_wait = sched_n_waiting(e->sc);
+    if (n_run < e->cfg.max_seqs || n_wait == 0) return;
+    eseq *newcomer = NULL;
+    uint64_t seen = 0; /* the client last found running (the queue holds runs of one client's choices) */
+    for (int w = 0; w < n_wait && !newcomer; w++) {
+        eseq *q = CHOICE(sched_waiting_at(e->sc, w));
+        uint64_t id = q->req->p.client;
+        if (!id || id == seen) continue;
+        bool runs = false;
+        for (int i = 0; i < n_run && !runs; i++) runs = CHOICE(sched_running_at(e->sc, i))->req->p.client == id;
+        if (runs) seen = id;
+        else newcomer = q;
+    }
+    if (!newcomer) return;
+    /* the client holding the most slots, and its latest admitted choice */
+    uint64_t top = 0;
+    int top_n = 0;
+    for (int i = 0; i < n_run; i++) {
+        uint64_t id = CHOICE(sched_running_at(e->sc, i))->req->p.client;
+        if (!id || id == top) continue;
+        int n = 0;
+        for (int j = 0; j < n_run; j++) n += CHOICE(sched_running_at(e->sc, j))->req->p.client == id;
+        if (n > top_n) top = id, top_n = n;
+    }
+    if (top_n < 2) return;
+    eseq *victim = NULL;
+    for (int i = 0; i < n_run; i++) {
+        eseq *c = CHOICE(sched_running_at(e->sc, i));
+        if (c->req->p.client != top || c->sq.priority < newcomer->sq.priority) continue;
+        if (!victim || sched_before(&victim->sq, &c->sq)) victim = c;
+    }
+    if (!victim) return;
+    pthread_mutex_lock(&e->mu);
+    int64_t tag = e->vtime + 1;
+    for (int i = 0; i < e->n_clients; i++)
+        if (e->clients[i].id == top) {
+            if (e->clients[i].last + 1 > tag) tag = e->clients[i].last + 1;
+            e->clients[i].last = tag;
+        }
+    pthread_mutex_unlock(&e->mu);
+    sched_retag(e->sc, &victim->sq, tag); /* (running: ordered from the requeue on) */
+    sched_requeue(e->sc, &victim->sq);
+    preempt(e, victim);
+    /* the newcomer to the head of its priority, ahead of the tags the
+     * dominant client's choices hold (admission is not strictly in tag
+     * order: forks start beside their parent) */
+    sched_seq *head = sched_waiting_at(e->sc, 0);
+    if (head != &newcomer->sq && head->priority == newcomer->sq.priority && head->fair <= newcomer->sq.fair)
+        sched_retag(e->sc, &newcomer->sq, head->fair - 1);
+}
+
 /* One iteration. Returns false when there was nothing to run. */
 static bool step(lm_engine *e) {
     const int32_t V = e->m->hp.n_vocab;
@@ -1047,6 +1113,7 @@ static bool step(lm_engine *e) {
     /* plan, answering the scheduler's questions, then act */
     double t_step = e->pol.guard_on ? lm_now() : 0;
     uint64_t gen0 = e->stats.generation_tokens_total; /* (the engine thread is its only writer) */
+    fair_preempt(e);
     report_running(e);
     sched_view view = {{0}};
     for (int k = 0; k < e->n_class; k++) view.avail[k] = kv_available(e->kv, k);

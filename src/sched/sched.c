@@ -142,6 +142,16 @@ void sched_requeue(sched *s, sched_seq *q) {
     wait_insert(s, q); /* wait_room kept a slot for every running sequence */
 }
 
+void sched_retag(sched *s, sched_seq *q, int64_t fair) {
+    if (q->where != SCHED_WAITING) {
+        q->fair = fair;
+        return;
+    }
+    wait_remove(s, q);
+    q->fair = fair;
+    wait_insert(s, q); /* into the slot it left */
+}
+
 int sched_n_running(const sched *s) { return s->n_running; }
 int sched_n_waiting(const sched *s) { return s->n_waiting; }
 sched_seq *sched_running_at(const sched *s, int i) { return s->running[i]; }

@@ -76,7 +76,7 @@ enum { SCHED_NONE = 0, SCHED_WAITING, SCHED_RUNNING };
 
 /* A sequence as the scheduler sees it; embedded in the engine's sequence. */
 typedef struct sched_seq {
-    /* the order key: set before the first sched_enqueue, fixed after */
+    /* the order key: set before the first sched_enqueue, changed after only by sched_retag */
     int priority;     /* lower runs first */
     int64_t fair;     /* then: its fair-queuing tag (engine.c: each client's tags count up from
                          the tag last admitted, so clients take turns) */
@@ -152,6 +152,9 @@ bool sched_start(sched *s, sched_seq *q);
 void sched_remove(sched *s, sched_seq *q);
 /* A running sequence back into the waiting queue (the engine freed its KV). */
 void sched_requeue(sched *s, sched_seq *q);
+/* A new fair-queuing tag for q, moving it to its place in the waiting
+ * queue when it waits (never allocates). */
+void sched_retag(sched *s, sched_seq *q, int64_t fair);
 
 int sched_n_running(const sched *s);
 int sched_n_waiting(const sched *s);
