@@ -67,6 +67,10 @@ static void usage_route(FILE *f) {
             "      --stall-timeout S  a replica whose engine makes no iteration this long while requests\n"
             "                         are in flight there is ejected and its requests retried (default 30;\n"
             "                         0: never)\n"
+            "      --first-byte-timeout S  a streamed request whose replica has sent no byte of the\n"
+            "                         answer S seconds after it was sent is taken from that replica\n"
+            "                         (whose in-flight limit halves) and retried on one it has not tried;\n"
+            "                         with none, 504 (default 30; 0: never; whole answers: no such limit)\n"
             "      --max-body BYTES   largest request body (default 1M)\n"
             "      --max-connections N  open client connections (default 512)\n"
             "      --max-connections-per-ip N  from one client address (default 256)\n"
@@ -244,6 +248,7 @@ int cmd_route(int argc, char **argv) {
         else if (is_flag(&a, "--poll-interval", NULL)) rc.poll_interval = need_float(&a, 0.01, 60);
         else if (is_flag(&a, "--timeout", NULL)) rc.timeout = need_float(&a, 0, 1e7);
         else if (is_flag(&a, "--stall-timeout", NULL)) rc.stall_timeout = need_float(&a, 0, 1e7);
+        else if (is_flag(&a, "--first-byte-timeout", NULL)) rc.first_byte_timeout = need_float(&a, 0, 1e7);
         else if (is_flag(&a, "--drain-timeout", NULL)) drain = need_float(&a, 0, 1e7);
         else if (is_flag(&a, "--max-connections", NULL)) rc.max_connections = (int)need_int(&a, 1, 1000000);
         else if (is_flag(&a, "--max-connections-per-ip", NULL))

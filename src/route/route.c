@@ -114,7 +114,8 @@ static void per_replica(strbuf *b, lm_router *r, const char *name, const char *t
             : what == 4      ? (double)p->failures
             : what == 5      ? (double)p->ejections
             : what == 6      ? p->st.running
-                             : p->st.waiting;
+            : what == 7      ? p->st.waiting
+                             : (double)p->first_byte_timeouts;
         strbuf_printf(b, "%s{replica=\"%s\"} %.17g\n", name, p->url, v);
     }
 }
@@ -151,6 +152,8 @@ static int route_metrics(lm_router *r, struct MHD_Connection *conn) {
     per_replica(&b, r, "lamina_router_replica_ejections_total", "counter", "Times the replica was ejected.", 5);
     per_replica(&b, r, "lamina_router_replica_running", "gauge", "The replica's running requests (last poll).", 6);
     per_replica(&b, r, "lamina_router_replica_waiting", "gauge", "The replica's waiting requests (last poll).", 7);
+    per_replica(&b, r, "lamina_router_replica_first_byte_timeouts_total", "counter",
+                "Streamed attempts abandoned for no first byte within the first-byte timeout.", 8);
     strbuf_puts(&b,
                 "# HELP lamina_router_decisions_total Routing decisions by reason.\n"
                 "# TYPE lamina_router_decisions_total counter\n");
@@ -508,6 +511,7 @@ void route_config_default(rt_config *c) {
     c->poll_interval = 0.2;
     c->timeout = 600;
     c->stall_timeout = 30;
+    c->first_byte_timeout = 30;
     c->max_body = 1 << 20;
     c->max_connections = 512;
     c->max_connections_per_ip = 256;

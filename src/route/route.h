@@ -37,7 +37,15 @@
  * answers 200 again. A request whose answer has not reached the client yet
  * (a connection failure, a 429 or 5xx from the replica) is put back at the
  * head of the queue and retried on another replica, up to max_attempts; a
- * stream that had begun ends with an error event and [DONE]. A client that
+ * stream that had begun ends with an error event and [DONE]. A streamed
+ * request's attempt that has received no byte of the response body
+ * first_byte_timeout after it was sent is abandoned: the replica's learnt
+ * limit halves (once per burst of such timeouts), and the request goes to
+ * a healthy replica it has not tried, never back to that one, or, when
+ * there is none (or no attempt left), fails with 504 naming the
+ * replica. A whole answer's first byte is its end (a replica
+ * sends nothing before), so the deadline is for streams only; whole
+ * answers are bounded by timeout and stall_timeout. A client that
  * goes away cancels its upstream transfer, which closes the connection to
  * the replica, which cancels the request there and frees its KV blocks.
  *
@@ -81,6 +89,9 @@ typedef struct {
                                         iteration for this long is stalled: ejected, its requests
                                         that sent nothing to the client yet retried elsewhere
                                         (default 30; 0: never) */
+    double first_byte_timeout;       /* a streamed request's attempt with no response body byte
+                                        this long after its send is abandoned and retried on a
+                                        replica not tried yet, else 504 (default 30; 0: never) */
     size_t max_body;                 /* request body bytes (default 1 MiB) */
     int max_connections;             /* default 512 */
     int max_connections_per_ip;      /* from one client address (default 256, as serve) */

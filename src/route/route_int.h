@@ -56,7 +56,8 @@ typedef struct {
     int stalls;              /* stalls in a row (the quarantine doubles with each) */
     double quarantine_until; /* a stalled or failing replica is not re-admitted before this */
     int bad_in_row;          /* answers in a row that failed (errors, 5xx, not JSON, too large) */
-    uint64_t sent, failures, ejections;
+    double t_shrunk;         /* when a first-byte timeout last halved the limit */
+    uint64_t sent, failures, ejections, first_byte_timeouts;
     uint64_t *slots; /* (RT_SLOTS) block keys sent here, 0 for empty */
 } rt_replica;
 
@@ -74,10 +75,12 @@ struct rt_req {
     int replica;         /* the replica of the current or last attempt, -1 none */
     int stall_epoch;     /* the replica's stall_epoch when this attempt was sent */
     bool stalled;        /* this attempt was aborted: the replica stalled */
+    bool late;           /* this attempt was aborted: no first byte within first_byte_timeout */
     int attempts;
     bool tried[RT_MAX_REPLICAS];
-    void *easy; /* the CURL handle while SENT */
-    void *hdrs; /* its curl_slist */
+    bool barred[RT_MAX_REPLICAS]; /* replicas it is never sent to again (their first byte was late) */
+    void *easy;                   /* the CURL handle while SENT */
+    void *hdrs;                   /* its curl_slist */
     /* what the replica answered (this attempt) */
     long status;      /* 0 until the headers are in */
     strbuf buf;       /* body bytes not yet handed to the client */

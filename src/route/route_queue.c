@@ -3,9 +3,10 @@
  * global queue (push, remove), a request's references and its end (FINAL:
  * counted, traced, its client woken), the concurrency trace's samples, and
  * the routing policies (rt_pick: round robin, least outstanding, prefix
- * affinity with bounded loads; route.h). Both sides call it: route.c (the
- * client side) and route_up.c (the replica side); it calls neither, and
- * touches no socket and no transfer.
+ * affinity with bounded loads; a request never goes to a replica it is
+ * barred from; route.h). Both sides call it: route.c (the client side) and
+ * route_up.c (the replica side); it calls neither, and touches no socket
+ * and no transfer.
  */
 #include <math.h>
 #include <stdio.h>
@@ -114,13 +115,13 @@ int rt_pick(lm_router *r, rt_req *q) {
     int n_cand = 0, n_healthy = 0, untried = 0, total = 0;
     for (int i = 0; i < r->n_rep; i++) {
         const rt_replica *p = &r->rep[i];
-        cand[i] = p->healthy && p->in_flight < p->limit;
+        cand[i] = p->healthy && p->in_flight < p->limit && !q->barred[i];
         n_healthy += p->healthy;
         total += p->in_flight;
         if (p->healthy && !q->tried[i]) untried++;
     }
     /* a retry goes to a healthy replica it has not tried, waiting for one to have room, and
-     * back to one it tried only when there is no other */
+     * back to one it tried only when there is no other, never to one it is barred from */
     for (int i = 0; i < r->n_rep; i++) {
         if (cand[i] && untried && q->tried[i]) cand[i] = false;
         n_cand += cand[i];

@@ -3,14 +3,32 @@
  * transfer to the replicas with libcurl's multi interface: it admits queued
  * requests (route_queue.c's rt_pick picks the replica), adds their
  * transfers, and on each transfer's end decides between done, retry
- * elsewhere (nothing reached the client yet) and failure. One poller thread asks each replica's /health and
- * /metrics every poll_interval: ejection and re-admission, the learnt
- * in-flight limit (route.h), and stalls: a replica that answers /health but
- * whose engine makes no iteration for stall_timeout while requests are in
- * flight there is ejected, the transfers sent to it before are aborted (and
- * retried elsewhere when nothing reached their client yet), and it is kept
- * out for a quarantine (stall_timeout, doubling with each stall in a row, at
- * most 10 minutes) before /health may re-admit it, with a limit of 1.
+ * elsewhere (nothing reached the client yet) and failure. One poller
+ * thread asks each replica's /health and /metrics every poll_interval:
+ * ejection and re-admission, the learnt in-flight limit (route.h), and
+ * stalls: a replica that answers /health but whose engine makes no
+ * iteration for stall_timeout while requests are in flight there is
+ * ejected, the transfers sent to it before are aborted (and retried
+ * elsewhere when nothing reached their client yet), and it is kept out for
+ * a quarantine (stall_timeout, doubling with each stall in a row, at most
+ * 10 minutes) before /health may re-admit it, with a limit of 1.
+ *
+ * First-byte deadline. The first byte is the first byte of the response
+ * body as curl hands it to the write callback (a status line and headers
+ * alone do not count): for a stream it is what lets the router commit the
+ * client to this replica, and `lamina serve` sends it within seconds of
+ * taking the request (a chat stream's opening chunk, else the first token
+ * or a keep-alive comment), so silence past first_byte_timeout means the
+ * replica is not serving it. A whole answer's first byte comes with its
+ * end, so only streamed requests have the deadline. The progress callback
+ * checks it (at least about once a second, so it fires within about a
+ * second after the deadline). The aborted attempt counts as the replica's
+ * failure (failures, first_byte_timeouts, a failed answer in a row),
+ * halves its learnt limit once per burst (the timeout of an attempt sent
+ * before the last halving does not halve it again), bars the replica for
+ * that request, and the request is retried on a healthy replica it has not
+ * tried yet; with none, or no attempt left, it fails with 504 naming the
+ * replica.
  *
  * Callbacks run on the upstream thread inside curl_multi_perform and take
  * rt->mu; the loop itself never holds rt->mu while curl runs. A client that
@@ -109,6 +127,8 @@ static int on_progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, cu
     pthread_mutex_lock(&r->mu);
     bool stop = q->client_gone || atomic_load(&r->stopping);
     if (!stop && q->replica >= 0 && r->rep[q->replica].stall_epoch != q->stall_epoch) stop = q->stalled = true;
+    double fb = r->cfg.first_byte_timeout;
+    if (!stop && fb > 0 && q->stream && !q->status && lm_now() - q->t_send > fb) stop = q->late = true;
     pthread_mutex_unlock(&r->mu);
     return stop ? 1 : 0;
 }
@@ -150,6 +170,7 @@ static int start(lm_router *r, rt_req *q, int i) {
     q->replica = i;
     q->stall_epoch = p->stall_epoch;
     q->stalled = false;
+    q->late = false;
     q->attempts++;
     q->tried[i] = true;
     q->status = 0;
@@ -208,12 +229,69 @@ static void dispatch(lm_router *r) {
     }
 }
 
-/* Whether another attempt may go to some healthy replica. */
-static bool can_retry(lm_router *r, rt_req *q) {
+/* Whether another attempt may go to some replica not barred for q: a
+ * healthy one, or one that may come back; with untried, only a healthy one
+ * that q has not tried. */
+static bool can_retry(lm_router *r, rt_req *q, bool untried) {
     if (q->streaming || q->client_gone || q->overflow || q->attempts >= r->cfg.max_attempts) return false;
-    for (int i = 0; i < r->n_rep; i++)
+    bool left = false;
+    for (int i = 0; i < r->n_rep; i++) {
+        if (q->barred[i] || (untried && q->tried[i])) continue;
         if (r->rep[i].healthy) return true;
-    return q->attempts < r->cfg.max_attempts; /* one may come back */
+        left = true;
+    }
+    return left && !untried; /* one may come back */
+}
+
+/* Put q back at the head of the queue for another attempt (under mu); the
+ * transfer's reference becomes the queue's. */
+static void retry(lm_router *r, rt_req *q) {
+    r->retried++;
+    strbuf_free(&q->buf);
+    q->status = 0;
+    q->too_big = false;
+    rt_queue_push(r, q, true);
+}
+
+/* One more failed answer in a row from replica i (under mu): RT_BAD_IN_ROW
+ * of them eject it for a quarantine. */
+static void bad_answer(lm_router *r, int i) {
+    rt_replica *p = &r->rep[i];
+    if (++p->bad_in_row < RT_BAD_IN_ROW || !p->healthy) return;
+    char why[96];
+    snprintf(why, sizeof why, "%d failed answers in a row", p->bad_in_row);
+    quarantine(r, i);
+    eject(r, i, why);
+    p->bad_in_row = 0;
+}
+
+/* q's attempt got no first byte in time (under mu): count it, halve the
+ * replica's learnt limit unless it was halved after q was sent, bar the
+ * replica for q, and retry q on a healthy replica it has not tried, else
+ * fail it with 504. */
+static void first_byte_late(lm_router *r, rt_req *q) {
+    int i = q->replica;
+    rt_replica *p = &r->rep[i];
+    p->failures++;
+    p->first_byte_timeouts++;
+    if (r->cfg.max_inflight <= 0 && q->t_send >= p->t_shrunk) {
+        p->limit = p->limit > 1 ? p->limit / 2 : 1;
+        p->t_shrunk = lm_now();
+    }
+    bad_answer(r, i);
+    q->barred[i] = true;
+    if (atomic_load(&r->stopping)) {
+        fail_req(r, q, 503, "%s", "the router is shutting down");
+        return;
+    }
+    if (can_retry(r, q, true)) {
+        retry(r, q);
+        return;
+    }
+    q->error_status = 504;
+    snprintf(q->error, sizeof q->error, "the replica %.120s sent no first byte within %g s", p->url,
+             r->cfg.first_byte_timeout);
+    rt_finish(r, q);
 }
 
 /* A transfer ended (under mu). */
@@ -236,6 +314,10 @@ static void transfer_done(lm_router *r, rt_req *q, CURLcode rc) {
         fail_req(r, q, 500, "%s", "the client did not read the stream fast enough; request cancelled");
         return;
     }
+    if (q->late) {
+        first_byte_late(r, q);
+        return;
+    }
     bool conn_failed = rc != CURLE_OK && !q->too_big;
     /* a whole 200 answer must be a JSON object: anything else is the replica's fault */
     bool garbage = false;
@@ -246,13 +328,7 @@ static void transfer_done(lm_router *r, rt_req *q, CURLcode rc) {
     }
     bool bad = conn_failed || q->too_big || garbage || q->stalled || code >= 500;
     if (!bad && code == 200) p->bad_in_row = 0, p->stalls = 0;
-    else if (bad && ++p->bad_in_row >= RT_BAD_IN_ROW && p->healthy) {
-        char why[96];
-        snprintf(why, sizeof why, "%d failed answers in a row", p->bad_in_row);
-        quarantine(r, q->replica);
-        eject(r, q->replica, why);
-        p->bad_in_row = 0;
-    }
+    else if (bad) bad_answer(r, q->replica);
     if (q->stalled) { /* aborted by the stall detector (the replica is ejected already) */
         p->failures++;
     } else if (conn_failed) {
@@ -264,13 +340,8 @@ static void transfer_done(lm_router *r, rt_req *q, CURLcode rc) {
         p->limit = p->in_flight > 1 ? p->in_flight : 1; /* the replica's queue is full: ask less */
     }
     bool retryable = conn_failed || q->too_big || garbage || code == 429 || code >= 500;
-    if (retryable && !atomic_load(&r->stopping) && can_retry(r, q)) {
-        r->retried++;
-        strbuf_free(&q->buf);
-        q->status = 0;
-        q->too_big = false;
-        q->state = RQ_QUEUED;
-        rt_queue_push(r, q, true); /* the transfer's reference becomes the queue's */
+    if (retryable && !atomic_load(&r->stopping) && can_retry(r, q, false)) {
+        retry(r, q);
         return;
     }
     if (atomic_load(&r->stopping)) {
