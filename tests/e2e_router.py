@@ -41,6 +41,12 @@ take its replicas with it and print nothing from the sanitizers.
      cut short is a 502 after the retries; a replica that never answers is
      given up on after --timeout and ejected; a request that has not started
      on it is retried on a good replica.
+  9. First-byte deadline (--first-byte-timeout 1): beside a real replica, a
+     stand-in that takes streamed requests and sends nothing: every stream
+     is answered whole by the real one within seconds, the stand-in's
+     timeouts are counted in /metrics and halve its limit; alone, it gets
+     the client a 504 naming it; a whole answer slower than the deadline is
+     not cut (whole answers have no first-byte deadline).
 """
 import http.client
 import json
@@ -574,6 +580,15 @@ class Fake:
                 if fake.mode == "hang":
                     time.sleep(30)
                     return
+                if fake.mode == "slow-whole":  # a whole answer, later than a 1 s first-byte deadline
+                    time.sleep(2)
+                    body = b'{"object":"text_completion","choices":[{"index":0,"text":"ok","finish_reason":"stop"}]}'
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
                 if fake.mode in ("garbage", "huge"):
                     body = b"<html>not JSON</html>" if fake.mode == "garbage" else b'{"x":"' + b"a" * (5 << 20) + b'"}'
                     self.send_response(200)
@@ -733,6 +748,72 @@ def check_bad_replicas():
             x.close()
 
 
+FIRST_BYTE = "1"  # the deadline the checks below give the router
+
+
+def check_first_byte():
+    hang, slow = Fake("hang"), Fake("slow-whole")
+    fronts = []
+    timeouts = "lamina_router_replica_first_byte_timeouts_total"
+    try:
+        # beside a real replica: each stream that goes to the silent one first is retried on the real one
+        rt = Router(1, "--replica", hang.url, "--first-byte-timeout", FIRST_BYTE, "--policy", "round-robin")
+        fronts.append(rt)
+        took, bad, limit_after_one = [], [], None
+        for i in range(6):
+            t0 = time.time()
+            st, _, events = stream(rt, {"prompt": "Once upon a time", "max_tokens": 8, "stream": True, "seed": i},
+                                   timeout=60)
+            took.append(round(time.time() - t0, 1))
+            if st != 200 or events[-1:] != ["[DONE]"] or any(e.startswith('{"error"') for e in events):
+                bad.append((i, st, events[-2:]))
+            if limit_after_one is None and hang.posts == 1:
+                limit_after_one = per_replica(rmetrics(rt), "lamina_router_replica_limit").get(hang.url)
+        m = rmetrics(rt)
+        n = per_replica(m, timeouts)
+        print("NOTE first byte: streams took %s s; %d sent to the silent replica" % (took, hang.posts))
+        result("first byte: every stream answered by the real replica within seconds",
+               not bad and hang.posts >= 1 and max(took) < 6, (bad, took, hang.posts))
+        result("first byte: each attempt at the silent replica counted in /metrics, and retried",
+               n.get(hang.url) == hang.posts and sum(n.values()) == hang.posts and
+               m.get("lamina_router_requests_retried_total", 0) >= hang.posts, (n, hang.posts, m))
+        result("first byte: the first timeout halves the silent replica's limit (4 to 2)", limit_after_one == 2,
+               limit_after_one)
+        rt.stop("router (first byte, two replicas)")
+        fronts.remove(rt)
+        # the silent replica alone: nowhere else to go, 504 naming it
+        posts0 = hang.posts
+        f = Front([hang.url], "--first-byte-timeout", FIRST_BYTE)
+        fronts.append(f)
+        t0 = time.time()
+        try:
+            st, _, body = es.post(f, "/v1/completions", {"prompt": "x", "max_tokens": 4, "stream": True}, timeout=20)
+        except (OSError, http.client.HTTPException) as e:
+            st, body = type(e).__name__, b""
+        took = time.time() - t0
+        try:
+            err = json.loads(body)["error"]
+        except (ValueError, KeyError, TypeError):
+            err = {}
+        result("first byte: alone, the client gets 504 naming the replica, within seconds",
+               st == 504 and hang.url in err.get("message", "") and err.get("type") == "server_error" and
+               took < 6 and hang.posts - posts0 == 1, (st, body[:300], "%.1f s" % took))
+        result("first byte: alone, the timeout counted", per_replica(rmetrics(f), timeouts).get(hang.url) == 1,
+               per_replica(rmetrics(f), timeouts))
+        # a whole answer sends its first byte with its end: no first-byte deadline
+        f2 = Front([slow.url], "--first-byte-timeout", FIRST_BYTE)
+        fronts.append(f2)
+        st, _, body = es.post(f2, "/v1/completions", {"prompt": "x", "max_tokens": 4}, timeout=60)
+        result("first byte: a whole answer slower than the deadline is not cut",
+               st == 200 and slow.posts == 1 and not any(per_replica(rmetrics(f2), timeouts).values()),
+               (st, body[:200], slow.posts))
+    finally:
+        for i, f in enumerate(fronts):
+            f.stop("router (first byte %d)" % i)
+        for x in (hang, slow):
+            x.close()
+
+
 def check_shutdown():
     """SIGTERM with requests queued and in flight, past a short --drain-timeout: each client gets
     an end (200 for what finished in time, 503 for the rest), the router exits 0. (The drain
@@ -837,7 +918,8 @@ def main():
         for part in (lambda: check_basics(rt), lambda: check_client(rt), lambda: check_affinity(rt),
                      lambda: check_disconnect(rt), lambda: check_kill(rt), check_queue_bound, check_engine_admit,
                      check_round_robin,
-                     check_keys, check_conn_limits, check_learnt, check_bad_replicas, check_shutdown):
+                     check_keys, check_conn_limits, check_learnt, check_bad_replicas, check_first_byte,
+                     check_shutdown):
             t1 = time.time()
             part()
             print("NOTE part done in %.1f s" % (time.time() - t1))
