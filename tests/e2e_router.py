@@ -834,7 +834,10 @@ def check_shutdown():
     for t in ts:
         t.start()
     deadline = time.time() + 30
-    while time.time() < deadline and rmetrics(rt).get("lamina_router_queue_depth", 0) < 3:
+    while time.time() < deadline:  # every client in (a later one would find the port closed), 3 queued
+        m = rmetrics(rt)
+        if m.get("lamina_router_requests_admitted_total", 0) >= 6 and m.get("lamina_router_queue_depth", 0) >= 3:
+            break
         time.sleep(0.02)
     t0 = time.time()
     rt.stop("router (shutdown under load)")
