@@ -799,8 +799,6 @@ static void calls_read_free(calls_read *cr) {
     for (int i = 0; i < 8; i++) strbuf_free(&cr->args[i]);
 }
 
-/* Answers read for calls: content before them, names, the arguments'
- * exact text; the same whatever pieces the text comes in. */
 /* chat_template_kwargs.enable_thinking: false appends Qwen3's empty reasoning
  * block to the prompt; true, absent, other keys and other families change
  * nothing; a wrong type is a 400. */
@@ -863,6 +861,8 @@ static void test_thinking_switch(void) {
     ctx.n_ctx = 128;
 }
 
+/* Answers read for calls: content before them, names, the arguments'
+ * exact text; the same whatever pieces the text comes in. */
 static void test_tool_call_reader(void) {
     static const struct {
         int syntax;
@@ -965,6 +965,131 @@ static void test_tool_call_reader(void) {
         CHECK((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9'));
 }
 
+/* A call that repeats an earlier one of the same answer (its name, and its
+ * arguments but for blanks between JSON tokens) is dropped, whole and
+ * streamed in any pieces, before any of it is sent; the indices of the calls
+ * kept stay consecutive. Calls that differ in their arguments, even only
+ * inside a string, by a longer number or by the order of keys, all come out;
+ * a repeat cut short by the end of the text is dropped too, a cut call that
+ * already differs is not. */
+static void test_tool_call_repeats(void) {
+#define TC(n, a) "<tool_call>\n{\"name\": \"" n "\", \"arguments\": " a "}\n</tool_call>"
+    static const struct {
+        int syntax;
+        const char *text;
+        int n;
+        const char *name[3], *args[3];
+    } cases[] = {
+        /* the same call twice, three times: once */
+        {CHAT_TOOLS_HERMES, TC("f", "{\"a\": 1}") "\n" TC("f", "{\"a\": 1}"), 1, {"f"}, {"{\"a\": 1}"}},
+        {CHAT_TOOLS_HERMES,
+         TC("get_time", "{ \"tz\" : \"CET\" }") TC("get_time", "{ \"tz\" :\"CET\"\n     }")
+             TC("get_time", "{\"tz\":\"CET\"}"),
+         1,
+         {"get_time"},
+         {"{ \"tz\" : \"CET\" }"}},
+        /* a repeat between two calls, or before a new one: the indices stay consecutive */
+        {CHAT_TOOLS_HERMES,
+         TC("f", "{\"a\": 1}") TC("g", "{\"a\": 1}") TC("f", "{\"a\": 1}"),
+         2,
+         {"f", "g"},
+         {"{\"a\": 1}", "{\"a\": 1}"}},
+        {CHAT_TOOLS_HERMES,
+         TC("f", "{\"a\": 1}") TC("f", "{\"a\": 1}") TC("f", "{\"a\": 2}"),
+         2,
+         {"f", "f"},
+         {"{\"a\": 1}", "{\"a\": 2}"}},
+        /* different arguments: every call, whichever is the other's start */
+        {CHAT_TOOLS_HERMES,
+         TC("f", "{\"a\": 1}") TC("f", "{\"a\": 12}") TC("f", "{\"a\": 1, \"b\": 2}"),
+         3,
+         {"f", "f", "f"},
+         {"{\"a\": 1}", "{\"a\": 12}", "{\"a\": 1, \"b\": 2}"}},
+        {CHAT_TOOLS_HERMES, TC("f", "{\"a\": 12}") TC("f", "{\"a\": 1}"), 2, {"f", "f"}, {"{\"a\": 12}", "{\"a\": 1}"}},
+        {CHAT_TOOLS_HERMES,
+         TC("f", "{\"q\": \"a b\"}") TC("f", "{\"q\": \"ab\"}") TC("f", "{\"q\": \"a \\\" b\"}"),
+         3,
+         {"f", "f", "f"},
+         {"{\"q\": \"a b\"}", "{\"q\": \"ab\"}", "{\"q\": \"a \\\" b\"}"}},
+        {CHAT_TOOLS_HERMES,
+         TC("f", "{\"a\": 1, \"b\": 2}") TC("f", "{\"b\": 2, \"a\": 1}"),
+         2,
+         {"f", "f"},
+         {"{\"a\": 1, \"b\": 2}", "{\"b\": 2, \"a\": 1}"}},
+        /* no arguments is {} */
+        {CHAT_TOOLS_HERMES,
+         "<tool_call>{\"name\": \"f\"}</tool_call><tool_call>{\"name\": \"f\", \"arguments\": { }}</tool_call>",
+         1,
+         {"f"},
+         {"{}"}},
+        /* cut short by the end of the text: dropped while it is a repeat's start, kept once it differs */
+        {CHAT_TOOLS_HERMES,
+         TC("f", "{\"a\": 1}") "\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\"",
+         1,
+         {"f"},
+         {"{\"a\": 1}"}},
+        {CHAT_TOOLS_HERMES, TC("f", "{\"a\": 1}") "\n<tool_call>\n{\"name\": \"f\"", 1, {"f"}, {"{\"a\": 1}"}},
+        {CHAT_TOOLS_HERMES,
+         TC("f", "{\"a\": 1}") "\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"b\"",
+         2,
+         {"f", "f"},
+         {"{\"a\": 1}", "{\"b\""}},
+        /* the other syntaxes */
+        {CHAT_TOOLS_LLAMA3,
+         "{\"name\": \"a\", \"parameters\": {\"k\": 1}}\n{\"name\": \"a\", \"parameters\": {\"k\":1}}\n"
+         "{\"name\": \"b\", \"parameters\": {\"k\": 1}}",
+         2,
+         {"a", "b"},
+         {"{\"k\": 1}", "{\"k\": 1}"}},
+        {CHAT_TOOLS_MISTRAL,
+         "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {}}, {\"name\": \"a\", \"arguments\": {}}, {\"name\": "
+         "\"a\", \"arguments\": {\"q\": 1}}]",
+         2,
+         {"a", "a"},
+         {"{}", "{\"q\": 1}"}},
+    };
+#undef TC
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        size_t n = strlen(cases[i].text);
+        for (size_t step = 0; step <= n; step += step < 4 ? 1 : 5) {
+            calls_read cr;
+            read_calls(cases[i].syntax, cases[i].text, step, &cr);
+            bool ok = !cr.bad && cr.n_calls == cases[i].n && !cr.content.len;
+            for (int k = 0; ok && k < cr.n_calls; k++)
+                ok = !strcmp(cr.names[k], cases[i].name[k]) &&
+                    !strcmp(cr.args[k].p ? cr.args[k].p : "", cases[i].args[k]);
+            if (!ok) {
+                fprintf(stderr, "case %zu step %zu: %d calls%s", i, step, cr.n_calls, cr.bad ? " (out of order)" : "");
+                for (int k = 0; k < cr.n_calls; k++) fprintf(stderr, " %s(%s)", cr.names[k], cr.args[k].p);
+                fprintf(stderr, "\n");
+            }
+            calls_read_free(&cr);
+            CHECK(ok);
+        }
+    }
+    /* streamed: nothing of a repeat goes out while it may still be one; a
+     * call that turns out different goes out whole (name, then arguments) */
+    srv_tc t;
+    srv_tc_out o = {0};
+    srv_tc_init(&t, CHAT_TOOLS_HERMES);
+    const char *first = "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1";
+    srv_tc_feed(&t, first, strlen(first), false, &o);
+    CHECK(o.n == 2 && o.ev[0].name && !strcmp(o.ev[0].name, "f") && t.cur_named); /* a first call streams */
+    srv_tc_out_free(&o);
+    const char *more = "}}</tool_call><tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1";
+    srv_tc_feed(&t, more, strlen(more), false, &o);
+    CHECK(o.n == 1 && o.ev[0].index == 0 && !o.ev[0].name && t.n_calls == 1 && !t.cur_named);
+    srv_tc_out_free(&o);
+    const char *differs = "2";
+    srv_tc_feed(&t, differs, 1, false, &o);
+    CHECK(o.n == 2 && o.ev[0].index == 1 && o.ev[0].name && !strcmp(o.ev[1].args, "{\"a\": 12") && t.cur_named);
+    srv_tc_out_free(&o);
+    srv_tc_feed(&t, "}}</tool_call>", 14, true, &o);
+    CHECK(o.n == 1 && o.ev[0].index == 1 && !strcmp(o.ev[0].args, "}") && t.n_calls == 2);
+    srv_tc_out_free(&o);
+    srv_tc_free(&t);
+}
+
 /* Tools, a round trip and the tool-call reader with every allocation made
  * to fail in turn: a clean error (or lost events, flagged) each time, then
  * success; ASan sees no leak. */
@@ -1065,6 +1190,7 @@ int main(void) {
     TEST_RUN(test_tool_fields);
     TEST_RUN(test_thinking_switch);
     TEST_RUN(test_tool_call_reader);
+    TEST_RUN(test_tool_call_repeats);
     TEST_RUN(test_tool_alloc_failure);
     TEST_RUN(test_cache_salt);
     tok_free(tok);

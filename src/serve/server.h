@@ -30,7 +30,8 @@
  * its family's syntax (chat.h), "tool_choice" none / auto / required / a
  * named function and "parallel_tool_calls" pick the constraint (a grammar
  * from the first token, or a lazy one from the syntax's opener for auto),
- * and the answer's text is read back into "tool_calls" (whole, or streamed
+ * and the answer's text is read back into "tool_calls" (each call once: a
+ * repeat of an earlier call of the answer is dropped; whole, or streamed
  * as OpenAI's incremental tool_calls deltas), with finish_reason
  * "tool_calls". Messages with role "tool" and assistant messages with
  * "tool_calls" are rendered by the template. An error the engine meets

@@ -114,6 +114,12 @@ int srv_parse_format(const struct cJSON *root, lm_server_request *r, lm_server_e
 int srv_parse_tools(const struct cJSON *root, int family, lm_server_request *r, srv_tools *t, lm_server_error *e);
 void srv_tools_free(srv_tools *t);
 
+/* A call kept by srv_tc: its name and its arguments without the blanks
+ * between JSON tokens, at `at` in srv_tc.kept. */
+typedef struct {
+    size_t at, name_len, args_len;
+} srv_tc_kept;
+
 /* Answer side: one choice's text read for tool calls as it comes. */
 typedef struct {
     int syntax;             /* CHAT_TOOLS_* */
@@ -122,8 +128,12 @@ typedef struct {
     size_t pos;             /* calls: where the current call (or what precedes it) starts in buf */
     bool in_call, in_array; /* inside a call object; mistral: past "[TOOL_CALLS] [" */
     bool cur_named;         /* the current call's name is out */
+    bool cur_held;          /* the current call may repeat a kept one: nothing of it out yet */
     size_t args_sent;       /* bytes of the current call's arguments out */
-    int n_calls;            /* calls finished */
+    int n_calls;            /* calls finished and kept (their indices 0 .. n_calls-1) */
+    strbuf kept;            /* the kept calls' names and arguments, for repeats */
+    srv_tc_kept *kept_at;   /* (n_kept) */
+    int n_kept, kept_cap;
 } srv_tc;
 
 /* What one feed releases: content text, and call events in order. */

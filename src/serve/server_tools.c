@@ -37,6 +37,21 @@
  * incrementally by re-reading the current call from its start on every feed
  * (calls are short); the grammar makes well-formed calls certain, and text
  * that is not one ends the reading without an error.
+ *
+ * Repeats. The grammar cannot forbid a call the answer already made (no
+ * context-free grammar compares a call with an earlier one), and a small
+ * model, free to go on after a call, tends to write it again. A call with
+ * the same name and the same arguments as one kept before it in the answer
+ * (compared with the blanks between JSON tokens left out) is that
+ * repetition, never a second intended call, and is dropped: a call whose
+ * name a kept call has is held back, nothing of it out, while its arguments
+ * so far could still be that call's; it goes out (name, then its arguments
+ * so far) once they differ, and is dropped when it ends equal or the text
+ * ends while it could still be the repeat. The calls kept have consecutive
+ * indices, whole or streamed. Only blanks are normalized, so calls that
+ * differ in anything else (even key order, which the schema's grammar
+ * fixes) are all kept. Memory: the kept calls' names and arguments, the
+ * size of the answer's calls.
  */
 #include <stdio.h>
 #include <string.h>
@@ -510,11 +525,87 @@ void srv_tc_out_free(srv_tc_out *o) {
     memset(o, 0, sizeof *o);
 }
 
-/* What the current call's scan lets out: its name once, then new argument bytes. */
+/* Whether c, next in a JSON text, is a blank between tokens; *str and *esc
+ * follow strings (inside one; after its backslash). */
+static bool json_blank(char c, bool *str, bool *esc) {
+    if (*str) {
+        if (*esc) *esc = false;
+        else if (c == '\\') *esc = true;
+        else if (c == '"') *str = false;
+        return false;
+    }
+    if (c == '"') *str = true;
+    return is_ws(c);
+}
+
+/* Whether JSON text a[0..an), its blanks between tokens left out, is m[0..mn)
+ * (whole) or a start of it (else). */
+static bool same_json(const char *a, size_t an, const char *m, size_t mn, bool whole) {
+    bool str = false, esc = false;
+    size_t j = 0;
+    for (size_t i = 0; i < an; i++) {
+        if (json_blank(a[i], &str, &esc)) continue;
+        if (j == mn || m[j] != a[i]) return false;
+        j++;
+    }
+    return !whole || j == mn;
+}
+
+/* Whether a kept call has the name name[0..nl) and, unless args is NULL,
+ * arguments that same_json finds args[0..an) to be (whole) or start with. */
+static bool kept_match(const srv_tc *t, const char *name, size_t nl, const char *args, size_t an, bool whole) {
+    for (int k = 0; k < t->n_kept; k++) {
+        const srv_tc_kept *c = &t->kept_at[k];
+        const char *p = t->kept.p ? t->kept.p + c->at : ""; /* NULL while all kept were empty */
+        if (c->name_len == nl && !memcmp(p, name, nl) && (!args || same_json(args, an, p + nl, c->args_len, whole)))
+            return true;
+    }
+    return false;
+}
+
+/* The current call's name and arguments (blanks left out) among the kept. */
+static void keep_call(srv_tc *t, const call_scan *r, srv_tc_out *o) {
+    if (t->n_kept == t->kept_cap) {
+        int cap = t->kept_cap ? t->kept_cap * 2 : 8;
+        srv_tc_kept *k = lm_realloc(t->kept_at, (size_t)cap * sizeof *k);
+        if (!k) {
+            o->failed = true;
+            return;
+        }
+        t->kept_at = k, t->kept_cap = cap;
+    }
+    const char *s = t->buf.p, *a = r->has_args ? s + r->args_s : "{}";
+    size_t at = t->kept.len, nl = r->name_e - r->name_s - 2, an = r->has_args ? r->args_e - r->args_s : 2;
+    strbuf_put(&t->kept, s + r->name_s + 1, nl);
+    bool str = false, esc = false;
+    size_t from = 0;
+    for (size_t i = 0; i <= an; i++) /* the runs between blanks */
+        if (i == an || json_blank(a[i], &str, &esc)) {
+            strbuf_put(&t->kept, a + from, i - from);
+            from = i + 1;
+        }
+    if (t->kept.failed) {
+        o->failed = true;
+        return;
+    }
+    t->kept_at[t->n_kept++] = (srv_tc_kept){at, nl, t->kept.len - at - nl};
+}
+
+/* What the current call's scan lets out: its name once, then new argument
+ * bytes; nothing while the call may still repeat a kept one (the same name,
+ * and arguments the kept one's, or their start, while the call is open). */
 static void emit_scan(srv_tc *t, const call_scan *r, srv_tc_out *o) {
     const char *s = t->buf.p;
     if (!t->cur_named && r->has_name) {
-        out_event(o, t->n_calls, s + r->name_s + 1, r->name_e - r->name_s - 2, NULL, 0);
+        const char *name = s + r->name_s + 1;
+        size_t nl = r->name_e - r->name_s - 2;
+        if (!t->cur_held) t->cur_held = kept_match(t, name, nl, NULL, 0, false);
+        bool whole = r->status == J_DONE;
+        if (t->cur_held && r->has_args)
+            t->cur_held = kept_match(t, name, nl, s + r->args_s, r->args_e - r->args_s, whole);
+        else if (t->cur_held && whole) t->cur_held = kept_match(t, name, nl, "{}", 2, true);
+        if (t->cur_held) return;
+        out_event(o, t->n_calls, name, nl, NULL, 0);
         t->cur_named = true;
     }
     if (t->cur_named && r->has_args && r->args_e > r->args_s + t->args_sent) {
@@ -524,12 +615,15 @@ static void emit_scan(srv_tc *t, const call_scan *r, srv_tc_out *o) {
     }
 }
 
+/* The current call ends: kept when out; a held one is a repeat (or, cut
+ * short, the start of one) and is dropped. */
 static void end_call(srv_tc *t, const call_scan *r, srv_tc_out *o) {
     if (t->cur_named) {
         if (!r->has_args) out_event(o, t->n_calls, NULL, 0, "{}", 2);
+        keep_call(t, r, o);
         t->n_calls++;
     }
-    t->cur_named = false;
+    t->cur_named = t->cur_held = false;
     t->args_sent = 0;
     t->in_call = false;
 }
@@ -618,7 +712,11 @@ void srv_tc_init(srv_tc *t, int syntax) {
     t->syntax = syntax;
 }
 
-void srv_tc_free(srv_tc *t) { strbuf_free(&t->buf); }
+void srv_tc_free(srv_tc *t) {
+    strbuf_free(&t->buf);
+    strbuf_free(&t->kept);
+    lm_free(t->kept_at);
+}
 
 void srv_tc_feed(srv_tc *t, const char *s, size_t n, bool final, srv_tc_out *o) {
     if (t->phase == TC_END) return;
