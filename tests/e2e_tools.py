@@ -25,9 +25,11 @@ strings and integers) streamed and not, each output parsed and validated
 with jsonschema, streamed text equal to the whole answer for the same seed;
 json_object; client.beta.chat.completions.parse with a pydantic model; tool
 calls with tool_choice required, a named function and parallel_tool_calls
-false, arguments validated against the tool's schema, the streamed deltas
-(index, id, type and name first, then arguments in pieces) adding up to
-the whole answer's calls; a round trip (call -> tool message -> answer);
+false, arguments validated against the tool's schema, no call repeating an
+earlier one (the bundled model, left free to go on, repeats its call until
+max_tokens), the streamed deltas (index, id, type and name first, then
+arguments in pieces; indices without gaps) adding up to the whole answer's
+calls; a round trip (call -> tool message -> answer);
 auto leaves free text free (same as none when no call is made). Then 400s
 for a bad grammar, a bad schema and an unknown tool_choice name, and for
 highly ambiguous grammars (found at submission, or while generating: then
@@ -198,6 +200,29 @@ def valid_calls(calls, names=None, finish="tool_calls"):
         ids.add(c.id)
     return True, ""
 
+def squeeze(text):
+    """JSON text without the blanks between its tokens (the server's test for a repeated call)."""
+    out, in_str, esc = [], False, False
+    for ch in text:
+        if in_str:
+            esc, in_str = (False, in_str) if esc else (ch == "\\", ch != '"')
+        elif ch in " \t\n\r":
+            continue
+        else:
+            in_str = ch == '"'
+        out.append(ch)
+    return "".join(out)
+
+def repeats(calls):
+    """The calls [(name, arguments)] that repeat an earlier one."""
+    seen, rep = set(), []
+    for name, args in calls:
+        key = (name, squeeze(args))
+        if key in seen:
+            rep.append((name, args))
+        seen.add(key)
+    return rep
+
 def stream_calls(**kw):
     """The streamed answer: content, calls [(id, name, arguments)], finish reason, first deltas well formed."""
     content, calls, finish, shape = "", {}, None, True
@@ -213,6 +238,7 @@ def stream_calls(**kw):
                 else:
                     shape &= tc.id is None and tc.function.name is None
                     calls[tc.index][2] += tc.function.arguments or ""
+    shape &= sorted(calls) == list(range(len(calls)))  # indices 0, 1, 2, ... without gaps
     return content, [tuple(calls[k]) for k in sorted(calls)], finish, shape
 
 def tools_required():
@@ -232,8 +258,9 @@ def tools_required():
               "%s; %s, finish %s" % (why, m, fr))
         if not ok:
             continue
-        content, calls, finish, shape = stream_calls(**kw)
         whole = [(c.function.name, c.function.arguments) for c in m.tool_calls]
+        check(what + ": each call once (no repeat of an earlier call)", not repeats(whole), whole)
+        content, calls, finish, shape = stream_calls(**kw)
         check(what + ": streamed deltas add up to the whole answer", [(c[1], c[2]) for c in calls] == whole and
               finish == fr and shape and content == "", "%r / %r, %s, shape %s" % (calls, whole, finish, shape))
 
