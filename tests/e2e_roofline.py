@@ -223,6 +223,47 @@ def check_sweep(preset, path):
     result("sweep_" + preset, not bad, "; ".join(bad))
 
 
+FAKE_CONVERTER = """#!/bin/sh
+# rsvg-convert -f png -o OUT IN, as the test's stand-in: writes a marker and the SVG's size
+out=""; svg=""
+while [ $# -gt 0 ]; do
+  case "$1" in -o) out="$2"; shift 2;; -f) shift 2;; *) svg="$1"; shift;; esac
+done
+if [ "$FAKE_FAIL" = 1 ]; then printf 'PARTIAL' > "$out"; exit 1; fi
+printf 'FAKEPNG %s' "$(wc -c < "$svg")" > "$out"
+exit 0
+"""
+
+
+def check_png(path, tmp):
+    """PNGs come through the output guard: written whole by the converter into a temporary file that
+    replaces the PNG only when the converter succeeds; a failed conversion leaves the old PNG and no
+    temporary behind."""
+    bindir = os.path.join(tmp, "fakebin")
+    os.makedirs(bindir, exist_ok=True)
+    conv = os.path.join(bindir, "rsvg-convert")
+    with open(conv, "w") as f:
+        f.write(FAKE_CONVERTER)
+    os.chmod(conv, 0o755)
+    svg_dir = os.path.join(tmp, "png")
+    env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
+    args = [LAMINA, "bench", "-m", path, "--roofline", "-d", "16", "-n", "2", "-p", "8", "-t", "2", "--svg", svg_dir]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
+    pngs = sorted(f for f in os.listdir(svg_dir) if f.endswith(".png")) if os.path.isdir(svg_dir) else []
+    svgs = sorted(f for f in os.listdir(svg_dir) if f.endswith(".svg")) if os.path.isdir(svg_dir) else []
+    first = open(os.path.join(svg_dir, pngs[0]), "rb").read() if pngs else b""
+    result("roofline PNGs: one per SVG, written by the converter", r.returncode == 0 and pngs and
+           [p[:-4] for p in pngs] == [s_[:-4] for s_ in svgs] and first.startswith(b"FAKEPNG "),
+           "rc %d pngs %s svgs %s %r %s" % (r.returncode, pngs, svgs, first[:40], r.stderr[-300:]))
+    env["FAKE_FAIL"] = "1"
+    r = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
+    after = open(os.path.join(svg_dir, pngs[0]), "rb").read() if pngs else b""
+    left = [f for f in os.listdir(svg_dir) if ".tmp-" in f]
+    result("a failed conversion keeps the old PNG and leaves no temporary file",
+           r.returncode == 0 and after == first and not left and "converter failed" in r.stderr,
+           "rc %d left %s same %s %s" % (r.returncode, left, after == first, r.stderr[-300:]))
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="lamina-roofline-")
     files = {}
@@ -240,6 +281,7 @@ def main():
         check_roofline("small", files["small"], "F16", tmp, batch=3)
     for p in ("small", "gemma2-small", "deepseek2-small"):
         check_sweep(p, files[p])
+    check_png(files["small"], tmp)
     for args, what in ((["--svg", tmp], "--svg without --roofline"), (["-d", "1,x"], "a bad depth list"),
                        (["--roofline", "-b", "0"], "batch 0")):
         r = run(["bench", "-m", files["small"], "-n", "1", "-p", "0"] + args)

@@ -493,16 +493,32 @@ static int run_converter(const char *const *argv) {
 }
 
 /* A PNG beside the SVG when rsvg-convert or ImageMagick's convert is
- * installed; nothing otherwise. */
+ * installed; nothing otherwise. The converter writes the output guard's
+ * temporary file, which replaces the PNG only when it succeeded. */
 static void svg_to_png(const char *svg) {
-    char png[4096];
+    char png[4096], err[LM_ERRLEN];
     size_t len = strlen(svg);
     if (len < 4 || len + 1 > sizeof png) return;
     memcpy(png, svg, len - 4);
     memcpy(png + len - 4, ".png", 5);
-    const char *rsvg[] = {"rsvg-convert", "-o", png, svg, NULL};
-    const char *magick[] = {"convert", svg, png, NULL};
-    if (run_converter(rsvg) == 127) run_converter(magick);
+    safefile *f = safefile_create(png, err, sizeof err);
+    if (!f) {
+        fprintf(stderr, "lamina bench: warning: no PNG: %s\n", err);
+        return;
+    }
+    char magick_out[4200]; /* (the temporary's name has no .png to tell ImageMagick the format) */
+    snprintf(magick_out, sizeof magick_out, "png:%s", safefile_temp(f));
+    const char *rsvg[] = {"rsvg-convert", "-f", "png", "-o", safefile_temp(f), svg, NULL};
+    const char *magick[] = {"convert", svg, magick_out, NULL};
+    int rc = run_converter(rsvg);
+    if (rc == 127) rc = run_converter(magick);
+    struct stat st;
+    if (rc != 0 || stat(safefile_temp(f), &st) != 0 || st.st_size == 0) {
+        if (rc != 127) fprintf(stderr, "lamina bench: warning: %s: the converter failed; no PNG written\n", png);
+        safefile_abort(f);
+        return;
+    }
+    if (safefile_commit(f, err, sizeof err) != 0) fprintf(stderr, "lamina bench: warning: %s\n", err);
 }
 
 static void write_pictures(const roofline_opts *o, const scenario *sc, int n) {

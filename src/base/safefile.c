@@ -310,6 +310,8 @@ int safefile_write(safefile *f, const void *p, size_t n) {
     return 0;
 }
 
+const char *safefile_temp(const safefile *f) { return f->tmp; }
+
 const char *safefile_path(const safefile *f) { return f->path; }
 
 FILE *safefile_stream(safefile *f) { return f->fp; }
@@ -334,6 +336,11 @@ int safefile_commit(safefile *f, char *err, size_t errlen) {
         return -1;
     }
     if (!e && fsync(fileno(f->fp)) != 0) e = errno, what = "fsync failed";
+    if (!e) { /* the file the path names now, should a program have replaced ours (safefile_temp) */
+        int fd = open(f->tmp, O_RDONLY | O_CLOEXEC);
+        if (fd < 0 || fsync(fd) != 0) e = errno, what = "fsync failed";
+        if (fd >= 0) close(fd);
+    }
     int closed = fclose(f->fp);
     f->fp = NULL;
     if (!e && closed != 0) e = errno;

@@ -68,6 +68,10 @@ int safefile_commit(safefile *f, char *err, size_t errlen);
 void safefile_abort(safefile *f);
 /* The path given to safefile_create. */
 const char *safefile_path(const safefile *f);
+/* The temporary file's path, for a program lamina runs to write the file
+ * (a picture converter): it must write that path and nothing else; commit
+ * then syncs and renames whatever the path holds. */
+const char *safefile_temp(const safefile *f);
 /* The temporary file as a stdio stream, for text written with fprintf; an
  * error on it fails the commit. Do not close it. */
 FILE *safefile_stream(safefile *f);
