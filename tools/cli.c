@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -431,4 +432,19 @@ void mem_print(FILE *f, const char *cmd, const lm_engine_stats *st, uint32_t kv_
         fprintf(f, "lamina %s: draft model %s = weights %s + workspace %s + KV %s (F16)\n", cmd, hb(draft, g, sizeof g),
                 hb(st->mem_draft_weights, b, sizeof b), hb(st->mem_draft_workspace, c, sizeof c),
                 hb(st->mem_draft_kv, d, sizeof d));
+}
+
+void drain_wait(const char *cmd, sigset_t *stop, int sig, double drain, int (*active)(void *), void *obj) {
+    int busy = active(obj);
+    if (busy <= 0 || drain <= 0) return;
+    const char *why = sig == SIGINT ? "interrupted" : "terminated";
+    fprintf(stderr, "lamina %s: %s, finishing %d request%s in progress (at most %.0f s; Ctrl-C again stops at once)\n",
+            cmd, why, busy, busy == 1 ? "" : "s", drain);
+    double until = lm_now() + drain;
+    while (active(obj) > 0 && lm_now() < until) {
+        struct timespec ts = {0, 50000000};
+        if (sigtimedwait(stop, NULL, &ts) > 0) break; /* a second signal */
+    }
+    busy = active(obj);
+    if (busy > 0) fprintf(stderr, "lamina %s: cancelling %d request%s\n", cmd, busy, busy == 1 ? "" : "s");
 }

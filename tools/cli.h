@@ -9,6 +9,7 @@
 #ifndef LAMINA_CLI_H
 #define LAMINA_CLI_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -131,6 +132,12 @@ void ctx_check(const char *cmd, const char *flag, long long n_ctx, int n_train, 
 uint64_t mem_available(void);
 void mem_apply(lm_engine_config *c, unsigned long long mem);
 void mem_print(FILE *f, const char *cmd, const lm_engine_stats *st, uint32_t kv_type, int n_ctx);
+
+/* A server's stop (serve, route): after the first of the signals in stop
+ * (sig) and the server's quiesce, wait while active(obj) calls are in
+ * progress, for at most drain seconds or until a second signal, saying so
+ * on stderr. */
+void drain_wait(const char *cmd, sigset_t *stop, int sig, double drain, int (*active)(void *), void *obj);
 
 /* Progress of one long phase on stderr, when stderr is a terminal or the
  * command was given --progress (progress_force):

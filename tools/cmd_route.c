@@ -218,6 +218,8 @@ static int parse_policy(args *a) {
     die_usage(a, "unknown policy '%s' (prefix-affinity, round-robin, least-outstanding)", v);
 }
 
+static int active_calls(void *server) { return route_active_calls(server); }
+
 int cmd_route(int argc, char **argv) {
     args a = {argc, argv, 0, "route", usage_route};
     rt_config rc;
@@ -338,20 +340,7 @@ int cmd_route(int argc, char **argv) {
     int sig = 0;
     while (sigwait(&stop, &sig) != 0) continue;
     route_quiesce(r);
-    int busy = route_active_calls(r);
-    if (busy > 0 && drain > 0) {
-        fprintf(stderr,
-                "lamina route: %s, finishing %d request%s in progress (at most %.0f s; Ctrl-C again stops at "
-                "once)\n",
-                sig == SIGINT ? "interrupted" : "terminated", busy, busy == 1 ? "" : "s", drain);
-        double until = lm_now() + drain;
-        while (route_active_calls(r) > 0 && lm_now() < until) {
-            struct timespec ts = {0, 50000000};
-            if (sigtimedwait(&stop, NULL, &ts) > 0) break; /* a second signal */
-        }
-        busy = route_active_calls(r);
-        if (busy > 0) fprintf(stderr, "lamina route: cancelling %d request%s\n", busy, busy == 1 ? "" : "s");
-    }
+    drain_wait("route", &stop, sig, drain, active_calls, r);
     fprintf(stderr, "lamina route: %s, stopping\n", sig == SIGINT ? "interrupted" : "terminated");
     if (sup_started) {
         atomic_store(&sp.stopping, true);

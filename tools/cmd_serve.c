@@ -137,6 +137,8 @@ static int follow(const char *model, int threads) {
     return 0;
 }
 
+static int active_calls(void *server) { return server_active_calls(server); }
+
 int cmd_serve(int argc, char **argv) {
     args a = {argc, argv, 0, "serve", usage_serve};
     const char *model = NULL, *tmpl = NULL;
@@ -247,20 +249,7 @@ int cmd_serve(int argc, char **argv) {
     int sig = 0;
     while (sigwait(&stop, &sig) != 0) continue;
     server_quiesce(srv);
-    int busy = server_active_calls(srv);
-    if (busy > 0 && drain > 0) {
-        fprintf(stderr,
-                "lamina serve: %s, finishing %d request%s in progress (at most %.0f s; Ctrl-C again stops at "
-                "once)\n",
-                sig == SIGINT ? "interrupted" : "terminated", busy, busy == 1 ? "" : "s", drain);
-        double until = lm_now() + drain;
-        while (server_active_calls(srv) > 0 && lm_now() < until) {
-            struct timespec ts = {0, 50000000};
-            if (sigtimedwait(&stop, NULL, &ts) > 0) break; /* a second signal */
-        }
-        busy = server_active_calls(srv);
-        if (busy > 0) fprintf(stderr, "lamina serve: cancelling %d request%s\n", busy, busy == 1 ? "" : "s");
-    }
+    drain_wait("serve", &stop, sig, drain, active_calls, srv);
     fprintf(stderr, "lamina serve: %s, stopping\n", sig == SIGINT ? "interrupted" : "terminated");
     server_free(srv);
     engine_free(eng);
