@@ -250,7 +250,7 @@ ARM_AR   ?= aarch64-linux-gnu-ar
 ARM_NEON_TESTS = test_kernels_isa test_ops test_attn test_model test_forward_kv test_quant test_quant_q1 \
                  test_quant_q5 test_quantize
 ARM_TESTS = $(ARM_NEON_TESTS) test_kernels test_matmul_pick test_mla test_tp test_engine test_api test_mem test_cost test_gguf \
-            test_tokenizer test_sample test_logits test_convert test_kv test_draft_vocab
+            test_tokenizer test_sample test_logits test_convert test_kv test_draft_vocab test_deltanet
 # The guest runs on Debian's arm64 loader and libraries (/lib/ld-linux-aarch64.so.1
 # and /lib/aarch64-linux-gnu, the multiarch packages), one consistent set:
 # `-L /usr/aarch64-linux-gnu` would pair the cross package's loader with the

@@ -23,11 +23,14 @@
  * of those; the element-wise and attention entries are avx2's in all of
  * them. The avx512 ones add their 512-bit decode tiles (packed_pair,
  * kernels/x86_pair.h) for Q4_0, Q5_0, Q4_1, Q5_1, Q8_0 and Q4_K
- * (avx512bf16 takes avx512vnni's, as it does its other Q kernels).
+ * (avx512bf16 takes avx512vnni's, as it does its other Q kernels). The
+ * linear-attention entries (kernels/deltanet.h) are the scalar reference
+ * in every variant.
  *
  * On AArch64 the variants are neon and neondot (kernels/neon.h: the same
  * kernels, the quantized dot products with sdot in the second), with the
- * element-wise and attention loops of kernels/neon_ops.h in both.
+ * element-wise and attention loops of kernels/neon_ops.h in both; the
+ * linear-attention entries stay the scalar reference.
  *
  * Once the entries are in place, kernels_matmul_fill (kernels/matmul.c)
  * derives each type's matrix-product path list from them.
@@ -47,6 +50,7 @@
 #include "kernels/avx2_ops.h"
 #include "kernels/avx2_peak.h"
 #include "kernels/avx512_gemm.h"
+#include "kernels/deltanet.h"
 #include "kernels/matmul.h"
 #include "kernels/neon.h"
 #include "kernels/neon_ops.h"
@@ -94,6 +98,8 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
     }
     k->ew = (lm_ew_kernels){scalar_rmsnorm, scalar_swiglu, scalar_geglu, scalar_rope};
     k->attn = scalar_attn;
+    k->dn = (lm_dn_kernels){scalar_dn_conv,  scalar_dn_l2norm, scalar_dn_norm_gated,
+                            scalar_dn_gates, scalar_dn_recur,  scalar_dn_chunk};
     k->peak = (lm_peak_kernel){scalar_fma_probe, SCALAR_PEAK_FLOPS};
 
     switch (isa) {

@@ -13,11 +13,16 @@
  *             GeGLU, RoPE);
  *   attn      the inner loops of tiled attention (scores, P·V, row max, row
  *             scaling, exp-and-sum), reached through kernels_attn();
+ *   dn        the ops of a gated-DeltaNet linear-attention layer (causal
+ *             conv with its rolling state, L2 norm, gated RMSNorm, decay
+ *             gates, the delta rule token by token and chunkwise;
+ *             contracts in kernels/deltanet.h);
  *   type[t].mm  the matrix-product paths of the type in the order tried
  *             (kernels/matmul.c), reached through kernels_matmul_pick().
  *
  * Each op has a scalar reference that defines what it computes (the tensor
- * types' in format/quant.c, the others in kernels/scalar.c); an ISA's files
+ * types' in format/quant.c, the linear-attention ops' in kernels/deltanet.c,
+ * the others in kernels/scalar.c); an ISA's files
  * (kernels/<isa>_*.c) provide its faster entries, and kernels/dispatch.c
  * chooses, per ISA in one function, which entries replace the reference.
  * Adding an ISA is: its files, an lm_isa value, its CPUID check, its lines
@@ -50,7 +55,8 @@
  *     so does packed_wide (the VNNI variants' 512-bit prefill tile over two
  *     groups, Q4_K; kernels/x86_wide.h);
  *   - element-wise and attention variants agree with the reference to a few
- *     ulps (tests state the bounds); an element's result never depends on
+ *     ulps, the linear-attention ones within the bounds
+ *     tests/test_deltanet.c states; an element's result never depends on
  *     how many tokens share the call.
  *
  * Threads: reading the table is safe from any thread once kernels_init()
@@ -64,6 +70,7 @@
 #include <stdint.h>
 
 #include "format/quant.h"
+#include "kernels/deltanet.h"
 
 /* Instruction sets, in the order dispatch prefers them (higher is faster). */
 typedef enum {
@@ -190,6 +197,7 @@ typedef struct {
     lm_type_kernels type[LM_TYPE_COUNT];
     lm_ew_kernels ew;
     lm_attn_kernels attn;
+    lm_dn_kernels dn;
     lm_peak_kernel peak;
 } lm_kernels;
 
