@@ -1,8 +1,8 @@
 /*
- * test_deltanet.c - the linear-attention kernels (kernels/deltanet.h), the
- * scalar reference every variant's table holds, against float64
- * references written here, and the two forms of the delta rule against
- * each other.
+ * test_deltanet.c - the linear-attention kernels (kernels/deltanet.h) of
+ * every variant this CPU runs (scalar, avx2, avx512; the other x86
+ * variants carry one of those sets, which test_dispatch checks) against
+ * float64 references written here, and against each other.
  *
  *  - conv: y and the rolled state against a float64 conv (SiLU on and
  *    off), k = 1..8 taps, 1..520 channels (past the SIMD channel tile),
@@ -37,7 +37,12 @@
  *    recur, with 2 key heads for 4 value heads mapped both ways (Qwen3.5's
  *    h % H_k, Qwen3-Next's h / (H_v / H_k)), against the same composition
  *    in float64: outputs and states within rel L2 2e-6 (measured: 2.3e-7).
- *  - dispatch: every variant's table holds the scalar_dn_* entries.
+ *  - dispatch: the scalar table holds the scalar_dn_* entries, avx2 and
+ *    avxvnni AVX2's, the avx512 variants AVX-512's, neon and neondot the
+ *    scalar ones.
+ *
+ * A variant the CPU lacks prints NOT RUN for each of its checks (counted
+ * as skipped, never as passed).
  */
 #include "kernels/deltanet.h"
 #include "kernels/kernels.h"
@@ -617,7 +622,22 @@ static bool dn_equal(const lm_dn_kernels *a, const lm_dn_kernels *b) {
 static void test_dispatch(void) {
     const lm_dn_kernels sc = {scalar_dn_conv,  scalar_dn_l2norm, scalar_dn_norm_gated,
                               scalar_dn_gates, scalar_dn_recur,  scalar_dn_chunk};
-    for (int isa = 0; isa < LM_ISA_COUNT; isa++)
+    lm_dn_kernels x2 = sc, x5 = sc;
+    bool has2 = avx2_dn_fill(&x2);
+    if (has2) {
+        x5 = x2;
+        avx512_dn_fill(&x5);
+    }
+    CHECK(kernels_use(LM_ISA_SCALAR) == 0 && dn_equal(&kernels()->dn, &sc));
+    for (int isa = LM_ISA_AVX2; isa <= LM_ISA_AVX512BF16; isa++) {
+        if (!kernels_cpu_has((lm_isa)isa)) continue;
+        CHECK(has2 && kernels_use(isa) == 0);
+        CHECKF(dn_equal(&kernels()->dn, isa >= LM_ISA_AVX512 ? &x5 : &x2), "%s", kernels_isa_name());
+        CHECKF(kernels()->dn.gates == scalar_dn_gates, "%s", kernels_isa_name());
+    }
+    if (kernels_cpu_has(LM_ISA_AVX512)) CHECK(x5.recur != x2.recur && x5.chunk != x2.chunk && x5.conv != x2.conv);
+    /* AArch64: the scalar reference in both NEON tables */
+    for (int isa = LM_ISA_NEON; isa <= LM_ISA_NEONDOT; isa++)
         if (kernels_cpu_has((lm_isa)isa))
             CHECKF(kernels_use(isa) == 0 && dn_equal(&kernels()->dn, &sc), "%s", kernels_isa_name());
     /* the work size: two (C, C) matrices, U, W and a C vector */
@@ -628,18 +648,23 @@ int main(void) {
     lm_rng_seed(&rng, 20261207);
     kernels_init();
     const lm_isa start = kernels()->isa;
-    kernels_use(LM_ISA_SCALAR);
-    TEST_RUN(test_conv);
-    TEST_RUN(test_conv_split);
-    TEST_RUN(test_norms);
-    TEST_RUN(test_gates);
-    TEST_RUN(test_delta_ref);
-    TEST_RUN(test_delta_cross);
-    TEST_RUN(test_delta_split);
-    TEST_RUN(test_layer);
+    static const lm_isa isas[] = {LM_ISA_SCALAR, LM_ISA_AVX2, LM_ISA_AVX512};
+    for (size_t v = 0; v < sizeof isas / sizeof isas[0]; v++) {
+        bool can = kernels_cpu_has(isas[v]);
+        kc_variant(kernels_isa_str(isas[v]), can ? NULL : "this CPU (or build) lacks it");
+        if (can) kernels_use(isas[v]);
+        KC_CHECK(test_conv);
+        KC_CHECK(test_conv_split);
+        KC_CHECK(test_norms);
+        KC_CHECK(test_gates);
+        KC_CHECK(test_delta_ref);
+        KC_CHECK(test_delta_cross);
+        KC_CHECK(test_delta_split);
+        KC_CHECK(test_layer);
+    }
     printf("NOTE delta rule, largest error against float64: rel L2 %.3g, max %.3g of max(max |ref|, 1)\n", worst_rel,
            worst_max);
     TEST_RUN(test_dispatch);
     kernels_use(start);
-    return TEST_DONE();
+    return kc_done();
 }

@@ -126,4 +126,11 @@ void scalar_dn_gates(float *g, float *beta, const float *a, const float *b, cons
 void scalar_dn_recur(float *S, const lm_dn_seq *s);
 void scalar_dn_chunk(float *S, const lm_dn_seq *s, float *work);
 
+/* The x86 entries laid over k (kernels/avx2_deltanet.c, AVX2 + FMA;
+ * kernels/avx512_deltanet.c, AVX-512 F): true when the file holds them,
+ * false (k untouched) off x86 and, for AVX-512, in the sanitizer builds.
+ * Only after the CPU check of that ISA (kernels/dispatch.c). */
+bool avx2_dn_fill(lm_dn_kernels *k);
+bool avx512_dn_fill(lm_dn_kernels *k);
+
 #endif

@@ -24,8 +24,8 @@
  * them. The avx512 ones add their 512-bit decode tiles (packed_pair,
  * kernels/x86_pair.h) for Q4_0, Q5_0, Q4_1, Q5_1, Q8_0 and Q4_K
  * (avx512bf16 takes avx512vnni's, as it does its other Q kernels). The
- * linear-attention entries (kernels/deltanet.h) are the scalar reference
- * in every variant.
+ * linear-attention entries (kernels/deltanet.h) are avx2_dn_fill's in
+ * avx2 and avxvnni, avx512_dn_fill's 512-bit ones in the avx512 variants.
  *
  * On AArch64 the variants are neon and neondot (kernels/neon.h: the same
  * kernels, the quantized dot products with sdot in the second), with the
@@ -150,6 +150,9 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
             k->attn =
                 (lm_attn_kernels){attn_scores_avx2, attn_pv_avx2, attn_max_avx2, attn_scale_avx2, attn_exp_sum_avx2, 8};
             k->peak = (lm_peak_kernel){avx2_fma_probe, AVX2_PEAK_FLOPS};
+            /* the linear-attention ops: AVX2's, the avx512 variants' 512-bit ones over them */
+            avx2_dn_fill(&k->dn);
+            if (isa >= LM_ISA_AVX512) avx512_dn_fill(&k->dn);
 #endif
             break;
         case LM_ISA_NEON:
