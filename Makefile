@@ -323,7 +323,8 @@ fuzz:
 	        >build/fuzz/{}.log 2>&1 || { echo "fuzz: {} failed"; tail -n 60 build/fuzz/{}.log; exit 255; }; \
 	    grep -E "^(Done|#[0-9]+ +DONE)" build/fuzz/{}.log | tail -n 1 | sed "s/^/{}: /"'
 
-# Micro-benchmarks (not part of the test suite): build/bench_attn, build/bench_kernels.
+# Micro-benchmarks (not part of the test suite): build/bench_attn, build/bench_kernels,
+# build/bench_deltanet.
 BENCHSRC := $(wildcard bench/bench_*.c)
 BENCHBIN := $(BENCHSRC:bench/%.c=$(BUILD)/%)
 $(BUILD)/bench_%: bench/bench_%.c $(LIB)
