@@ -69,6 +69,8 @@ typedef struct {
     int64_t n_used, n_free, n_cached;
     int64_t fill_sum;
     uint64_t n_evicted, n_cow, n_dedup;
+    kv_evict_fn on_evict; /* the pool's eviction hook (kv_set_evict_hook), or NULL */
+    void *evict_ctx;
 } kv_class;
 
 struct kv_seq {
@@ -306,6 +308,12 @@ static void hash_remove(kv_class *k, int32_t b) {
     x->has_key = 0;
 }
 
+/* b's key leaves the cache: out of the hash table, and told to the hook. */
+static void drop_key(kv_class *k, int32_t b) {
+    hash_remove(k, b);
+    if (k->on_evict) k->on_evict(k->evict_ctx, k->blk[b].key); /* the bytes stay until the next insert */
+}
+
 /* ---- block lifetime (one class) -------------------------------------------- */
 
 static void set_fill(kv_class *k, int32_t b, int fill) {
@@ -326,7 +334,7 @@ static int32_t take_block(kv_class *k) {
     } else if (k->lru_head >= 0) {
         b = k->lru_head;
         lru_unlink(k, b);
-        hash_remove(k, b);
+        drop_key(k, b);
         k->n_cached--;
         k->n_evicted++;
     } else {
@@ -704,7 +712,7 @@ int kv_append(kv_pool *p, kv_seq *s, int n, char *err, size_t errlen) {
             int32_t last = s->table[c][s->n_blocks - 1];
             assert(last >= 0); /* a partial block holds position len: never out of the window */
             if (k->blk[last].ref > 1) cow_last(p, s, c);
-            else if (k->blk[last].has_key) hash_remove(k, last); /* its data is about to change */
+            else if (k->blk[last].has_key) drop_key(k, last); /* its data is about to change */
         }
         for (int i = s->n_blocks; i < nb_new; i++) {
             int32_t b = take_block(k);
@@ -797,6 +805,15 @@ void kv_prefix_key(const uint8_t parent[KV_KEY_LEN], uint64_t salt, const int32_
         sha256_update(&c, buf, 4);
     }
     sha256_final(&c, out);
+}
+
+const uint8_t *kv_seq_key(const kv_seq *s, int i) { return i >= 0 && i < s->n_keyed ? s->keys[i] : NULL; }
+
+void kv_set_evict_hook(kv_pool *p, kv_evict_fn fn, void *ctx) {
+    for (int c = 0; c < KV_N_CLASS; c++) {
+        p->cls[c].on_evict = fn;
+        p->cls[c].evict_ctx = ctx;
+    }
 }
 
 /* Whether the local blocks a query at position k*B sees (keys[i] for i from

@@ -290,6 +290,18 @@ void kv_prefix_commit(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_tokens
  * block), as the cache computes it. */
 void kv_prefix_key(const uint8_t parent[KV_KEY_LEN], uint64_t salt, const int32_t *tokens, int block_size,
                    uint8_t out[KV_KEY_LEN]);
+/* The key of s's logical block i (the prefix of positions 0 .. (i+1)*B - 1
+ * under s's salt) once kv_prefix_match or kv_prefix_commit computed it;
+ * NULL for a block not keyed yet. Valid until the next bookkeeping call on s.
+ * The recurrent state store keys its snapshots by it (rstate.h). */
+const uint8_t *kv_seq_key(const kv_seq *s, int i);
+/* Called with the key of every block that leaves the prefix cache: a cached
+ * block evicted for reuse, or a keyed block a sequence truncated into and
+ * writes again. In any class (a key can then still be cached in the other).
+ * It runs inside kv_append, and must not call back into the pool. */
+typedef void (*kv_evict_fn)(void *ctx, const uint8_t key[KV_KEY_LEN]);
+/* Set (fn NULL: clear) the pool's eviction hook. */
+void kv_set_evict_hook(kv_pool *p, kv_evict_fn fn, void *ctx);
 
 /* ---- accounting -------------------------------------------------------- */
 
