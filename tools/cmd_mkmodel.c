@@ -11,7 +11,11 @@
  * head width, gemma2's post norms, soft-capping keys and alternate sliding
  * windows, phi3's fused attn_qkv and gate/up, long-rope factors and window),
  * real shapes scaled down. Their norm weights are 1 plus noise, so a reader
- * that skipped one would show.
+ * that skipped one would show. The qwen35 presets (Qwen3.5, dense and
+ * Mixture-of-Experts) are hybrids: of every gd_shape.interval layers the last
+ * is full attention (a gated query, partial interleaved multi-section RoPE)
+ * and the others gated-DeltaNet linear attention (gdn_layer), with the keys
+ * and tensors llama.cpp's qwen35 and qwen35moe loaders read.
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -48,15 +52,19 @@ static void usage_mkmodel(FILE *f) {
             "                     2 shared, 1 dense layer, YaRN x16 from 256 positions), deepseek2-lite\n"
             "                     (DeepSeek-V2-Lite: 27 layers, n_embd 2048, 16 heads, latent 512 + 64,\n"
             "                     64 experts of 1408, top 6, 2 shared, YaRN x40 from 4096 positions;\n"
-            "                     --layers N for fewer)\n"
+            "                     --layers N for fewer), qwen35-small (Qwen3.5-9B, 8 layers: 3 gated-\n"
+            "                     DeltaNet (2 key heads, 4 value heads of 64, conv 4) then 1 attention\n"
+            "                     (4 gated heads of 128, 2 KV heads, RoPE on 32 dims), twice; n_ff 768),\n"
+            "                     qwen35moe-small (Qwen3.5-35B-A3B: that pattern with value heads of 128,\n"
+            "                     8 experts of 128, top 2, a shared expert of 128)\n"
             "  --kv-b-whole       deepseek2: store each layer's attn_kv_b whole, without the\n"
             "                     *_length_mla keys, as older conversions did (the same weights as\n"
             "                     the attn_k_b / attn_v_b of the default layout)\n"
             "  --experts N --experts-used N --ff-exp N --ff-shexp N   Mixture-of-Experts shape\n"
-            "                     (--ff-shexp: the shared expert's width, qwen2moe only)\n"
+            "                     (--ff-shexp: the shared expert's width, qwen2moe and qwen35moe)\n"
             "  --layers N --embd N --heads N --kv-heads N --ff N --vocab N --ctx N   custom shape\n"
             "  --type T           weight type: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_1 Q4_K Q6_K (default F16);\n"
-            "                     norms stay F32\n"
+            "                     norms, routers, conv kernels and per-head vectors stay F32\n"
             "  --vocab-from FILE  copy the tokenizer metadata of another GGUF (the vocabulary size\n"
             "                     then follows that file)\n"
             "  --seed S           default 1\n"
@@ -84,6 +92,9 @@ static const preset presets[] = {
     /* deepseek2: n_ff is the leading dense layers' width, the shape of the attention in mla_shapes */
     {"deepseek2-small", 4, 256, 4, 1, 512, 32000, 4096, "deepseek2", 0, 0, 8, 2, 128, 0},
     {"deepseek2-lite", 27, 2048, 16, 1, 10944, 102400, 163840, "deepseek2", 0, 0, 64, 6, 1408, 0},
+    /* the linear-attention layers' shape in gd_shapes */
+    {"qwen35-small", 8, 256, 4, 2, 768, 32000, 4096, "qwen35", 128, 0, 0, 0, 0, 0},
+    {"qwen35moe-small", 8, 256, 4, 2, 128, 32000, 4096, "qwen35moe", 128, 0, 8, 2, 128, 128},
 };
 
 /* Multi-head latent attention and DeepSeek's expert routing, per deepseek2 preset. */
@@ -106,6 +117,26 @@ static const mla_shape mla_shapes[] = {
     /* DeepSeek-V2-Lite: attn_q, a latent of 512, softmax router, 2 shared experts; YaRN 40 from 4096
      * with mscale_all_dim 0.707 */
     {"deepseek2-lite", 0, 512, 128, 64, 128, 1, 2, false, false, 1.0f, 40.0f, 0.0707f, 4096, true},
+};
+
+/* Qwen3.5's hybrid layout, per qwen35 preset: gated-DeltaNet layers with H_k
+ * key heads and H_v value heads (a multiple of H_k) of one width (dk = dv,
+ * as llama.cpp requires), and every interval-th layer full attention. */
+typedef struct {
+    const char *name;
+    int k_heads, v_heads, head_dim; /* H_k, H_v, dk = dv */
+    int conv;                       /* causal conv taps (ssm.conv_kernel) */
+    int interval;                   /* layer i is full attention iff (i + 1) % interval == 0 */
+    int rope;                       /* rotated dims of an attention head (partial RoPE) */
+    int32_t sections[4];            /* rope.dimension_sections: rotated pairs per section, sum rope / 2 */
+} gd_shape;
+
+static const gd_shape gd_shapes[] = {
+    /* Qwen3.5-9B: 16 key and 32 value heads of 128 (inner size = n_embd), attention heads of 256
+     * rotating a quarter of their dims in sections [11, 11, 10] */
+    {"qwen35-small", 2, 4, 64, 4, 4, 32, {6, 5, 5, 0}},
+    /* Qwen3.5-35B-A3B: the same heads, an inner size of twice n_embd */
+    {"qwen35moe-small", 2, 4, 128, 4, 4, 32, {6, 5, 5, 0}},
 };
 
 typedef struct {
@@ -280,6 +311,60 @@ static int mla_layer(maker *mk, int i, const mla_shape *ml, const preset *p, uin
     return rc;
 }
 
+/* A recurrent layer's per-head F32 vector, n values from the tensor's own
+ * generator (seeded as the norms are): decay, ssm_a = -A with A uniform in
+ * [1, 16] (the -exp(A_log) converters store, A_log = log A as the model's
+ * initialisation draws it); otherwise ssm_dt.bias, the inverse softplus
+ * dt + log(-expm1(-dt)) of a step dt log-uniform in [0.001, 0.1], so that
+ * softplus(alpha + dt_bias) starts from that range. */
+static int add_gd_vec(maker *mk, const char *name, int64_t n, bool decay) {
+    float *buf = malloc((size_t)n * sizeof(float));
+    if (!buf) return -1;
+    mk->bufs[mk->n_bufs++] = buf;
+    mk->n_tensors++;
+    lm_rng rng;
+    lm_rng_seed(&rng, mk->seed * 0x9e3779b97f4a7c15ull + (uint64_t)mk->n_tensors * 7919u);
+    for (int64_t i = 0; i < n; i++) {
+        double u = lm_rng_uniform(&rng);
+        if (decay) {
+            buf[i] = (float)-(1.0 + 15.0 * u);
+        } else {
+            double dt = exp(log(0.001) + u * (log(0.1) - log(0.001)));
+            buf[i] = (float)(dt + log(-expm1(-dt)));
+        }
+    }
+    uint64_t ne[1] = {(uint64_t)n};
+    mk->bytes += (uint64_t)n * sizeof(float);
+    return gguf_w_add_tensor(mk->w, name, 1, ne, LM_TYPE_F32, buf, (size_t)n * sizeof(float));
+}
+
+/* Layer i's gated-DeltaNet block after its attn_norm, as llama.cpp's qwen35
+ * loader reads it: attn_qkv projects to the conv channels (H_k * dk queries,
+ * as many keys, then H_v * dv values), attn_gate to the output gate z,
+ * ssm_conv1d holds conv taps per channel (F32, as llama.cpp's quantizer
+ * keeps it), ssm_alpha and ssm_beta give each value head's decay step and
+ * write strength, ssm_norm the gated RMSNorm of a value head, ssm_out the
+ * projection back. */
+static int gdn_layer(maker *mk, int i, const gd_shape *gd, int64_t E, uint32_t t, float nn) {
+    int64_t KD = (int64_t)gd->k_heads * gd->head_dim, VD = (int64_t)gd->v_heads * gd->head_dim;
+    int64_t C = 2 * KD + VD, H = gd->v_heads;
+    float ws = 1.0f / sqrtf((float)E);
+    char n[96];
+    int rc = 0;
+#define N(suffix) (snprintf(n, sizeof n, "blk.%d." suffix, i), n)
+    rc |= add(mk, N("attn_qkv.weight"), E, C, t, ws, false);
+    rc |= add(mk, N("attn_gate.weight"), E, VD, t, ws, false);
+    rc |= add(mk, N("ssm_conv1d.weight"), gd->conv, C, LM_TYPE_F32, 1.0f / sqrtf((float)gd->conv), false);
+    rc |= add_gd_vec(mk, N("ssm_dt.bias"), H, false);
+    rc |= add_gd_vec(mk, N("ssm_a"), H, true);
+    rc |= add(mk, N("ssm_beta.weight"), E, H, t, ws, false);
+    rc |= add(mk, N("ssm_alpha.weight"), E, H, t, ws, false);
+    rc |= add(mk, N("ssm_norm.weight"), gd->head_dim, 1, LM_TYPE_F32, nn, true);
+    rc |= add(mk, N("ssm_out.weight"), VD, E, t, 1.0f / sqrtf((float)VD), false);
+#undef N
+    return rc;
+}
+
 int cmd_mkmodel(int argc, char **argv) {
     args a = {argc, argv, 0, "mkmodel", usage_mkmodel};
     const char *out = NULL, *vocab_from = NULL, *type_name = "F16";
@@ -352,6 +437,9 @@ int cmd_mkmodel(int argc, char **argv) {
     for (size_t i = 0; i < sizeof mla_shapes / sizeof mla_shapes[0]; i++)
         if (!strcmp(mla_shapes[i].name, p.name)) ml = &mla_shapes[i];
     if (kv_b_whole && !ml) die_usage(&a, "%s", "--kv-b-whole needs a deepseek2 preset");
+    const gd_shape *gd = NULL;
+    for (size_t i = 0; i < sizeof gd_shapes / sizeof gd_shapes[0]; i++)
+        if (!strcmp(gd_shapes[i].name, p.name)) gd = &gd_shapes[i];
     gguf_w_set_str(w, "general.architecture", arch);
     char name[160], key[160];
     snprintf(name, sizeof name, "lamina-random-%s-%s", p.name, quant_type_name((uint32_t)type));
@@ -369,9 +457,18 @@ int cmd_mkmodel(int argc, char **argv) {
         gguf_w_set_u32(w, KEY("attention.key_length"), (uint32_t)hd);
         gguf_w_set_u32(w, KEY("attention.value_length"), (uint32_t)hd);
     }
-    gguf_w_set_u32(w, KEY("rope.dimension_count"), (uint32_t)(ml ? ml->rope : hd));
-    gguf_w_set_f32(w, KEY("rope.freq_base"), qwen3 ? 1000000.0f : 10000.0f);
-    gguf_w_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), qwen3 || gemma2 || ml ? 1e-6f : 1e-5f);
+    gguf_w_set_u32(w, KEY("rope.dimension_count"), (uint32_t)(ml ? ml->rope : gd ? gd->rope : hd));
+    gguf_w_set_f32(w, KEY("rope.freq_base"), qwen3 ? 1000000.0f : gd ? 10000000.0f : 10000.0f);
+    gguf_w_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), qwen3 || gemma2 || ml || gd ? 1e-6f : 1e-5f);
+    if (gd) { /* the keys llama.cpp's converter writes for Qwen3.5 */
+        gguf_w_set_arr(w, KEY("rope.dimension_sections"), GGUF_INT32, gd->sections, 4);
+        gguf_w_set_u32(w, KEY("ssm.conv_kernel"), (uint32_t)gd->conv);
+        gguf_w_set_u32(w, KEY("ssm.inner_size"), (uint32_t)(gd->v_heads * gd->head_dim));
+        gguf_w_set_u32(w, KEY("ssm.state_size"), (uint32_t)gd->head_dim);
+        gguf_w_set_u32(w, KEY("ssm.time_step_rank"), (uint32_t)gd->v_heads);
+        gguf_w_set_u32(w, KEY("ssm.group_count"), (uint32_t)gd->k_heads);
+        gguf_w_set_u32(w, KEY("full_attention_interval"), (uint32_t)gd->interval);
+    }
     if (ml) { /* the keys llama.cpp's converter writes for DeepSeek-V2/V3 */
         gguf_w_set_u32(w, KEY("attention.q_lora_rank"), (uint32_t)ml->q_lora);
         gguf_w_set_u32(w, KEY("attention.kv_lora_rank"), (uint32_t)ml->kv_lora);
@@ -458,10 +555,17 @@ int cmd_mkmodel(int argc, char **argv) {
     }
     for (int i = 0; i < p.layers && !rc; i++) {
         char n[96];
+        bool recur = gd && (i + 1) % gd->interval != 0; /* a gated-DeltaNet layer */
 #define A(suffix, cols, rows, ty, sc, ones)                                                                            \
     (snprintf(n, sizeof n, "blk.%d." suffix, i), add(&mk, n, cols, rows, ty, sc, ones))
         rc |= A("attn_norm.weight", E, 1, LM_TYPE_F32, nn, true);
-        if (ml) {
+        if (recur) {
+            rc |= gdn_layer(&mk, i, gd, E, t, nn);
+        } else if (gd) { /* per head the query's hd rows, then its output gate's */
+            rc |= A("attn_q.weight", E, 2 * Q, t, ws, false);
+            rc |= A("attn_k.weight", E, KV, t, ws, false);
+            rc |= A("attn_v.weight", E, KV, t, ws, false);
+        } else if (ml) {
             rc |= mla_layer(&mk, i, ml, &p, t, nn, kv_b_whole);
         } else if (phi3) {
             rc |= A("attn_qkv.weight", E, Q + 2 * KV, t, ws, false);
@@ -475,13 +579,14 @@ int cmd_mkmodel(int argc, char **argv) {
             rc |= A("attn_k.bias", KV, 1, LM_TYPE_F32, 0.1f, false);
             rc |= A("attn_v.bias", KV, 1, LM_TYPE_F32, 0.1f, false);
         }
-        if (qwen3) {
+        if (qwen3 || (gd && !recur)) {
             rc |= A("attn_q_norm.weight", hd, 1, LM_TYPE_F32, nn, true);
             rc |= A("attn_k_norm.weight", hd, 1, LM_TYPE_F32, nn, true);
         }
-        if (!ml) rc |= A("attn_output.weight", Q, E, t, p.arch ? wq : ws, false);
-        if (gemma2) rc |= A("post_attention_norm.weight", E, 1, LM_TYPE_F32, nn, true);
-        rc |= A("ffn_norm.weight", E, 1, LM_TYPE_F32, nn, true);
+        if (!ml && !recur) rc |= A("attn_output.weight", Q, E, t, p.arch ? wq : ws, false);
+        /* qwen35: post_attention_norm is the FFN's input norm, there is no ffn_norm */
+        if (gemma2 || gd) rc |= A("post_attention_norm.weight", E, 1, LM_TYPE_F32, nn, true);
+        if (!gd) rc |= A("ffn_norm.weight", E, 1, LM_TYPE_F32, nn, true);
         if (p.experts && !(ml && i < ml->dense)) {
             int64_t X = p.experts, FE = p.ff_exp;
             /* a decisive router (scores of a few units): a near-tie between experts would let
