@@ -54,6 +54,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#include "model/gdn.h"
 #include "model/mla.h"
 #include "model/moe.h"
 #include "model/ops.h"
@@ -89,7 +90,7 @@ fwd_dims fwd_dims_make(const lm_model *m, int n_ctx, int n_batch) {
 
 void fwd_kv_config(const lm_model *m, const fwd_dims *d, kv_config *c) {
     const lm_hparams *hp = &m->hp;
-    kv_config_init(c, hp->n_layer, hp->n_head_kv, hp->head_dim);
+    kv_config_init(c, m->n_kv_layer, hp->n_head_kv, hp->head_dim); /* recurrent layers keep no KV */
     if (hp->swa_window > 0) {
         c->window = hp->swa_window;
         c->layer_local = m->layer_local;
@@ -122,6 +123,7 @@ static size_t act_scratch_bytes(const lm_model *m, int n_batch) {
     }
     a = max_sz(a, ops_matmul_scratch(m->output.type, m->output.cols, n_batch));
     a = max_sz(a, mla_act_bytes(m, n_batch));
+    a = max_sz(a, gdn_act_bytes(m, n_batch));
     return max_sz(a, moe_act_bytes(m, n_batch));
 }
 
@@ -135,6 +137,8 @@ size_t fwd_workspace_bytes(const lm_model *m, const fwd_dims *d, int n_threads) 
     ws += act_scratch_bytes(m, d->n_batch);
     if (m->moe) ws += moe_ws_bytes(m, d->n_batch);
     ws += mla_ws_bytes(m, d->n_batch, n_threads);
+    ws += gdn_ws_bytes(m, d->n_batch, n_threads);
+    if (hp->attn_gate) ws += 3 * B * qd * sizeof(float);
     return ws;
 }
 
@@ -195,6 +199,15 @@ lm_fwd *fwd_new(const lm_model *m, lm_pool *pool, kv_pool *kv, const fwd_dims *d
         return NULL;
     }
     ws += mla_ws_bytes(m, d->n_batch, f->n_scr);
+    if (hp->n_rlayer && !(f->gdn = gdn_ws_new(m, d->n_batch, f->n_scr, err, errlen))) {
+        fwd_free(f);
+        return NULL;
+    }
+    ws += gdn_ws_bytes(m, d->n_batch, f->n_scr);
+    if (hp->attn_gate) {
+        f->qg = ws_alloc(&ws, 2 * B * qd * sizeof(float));
+        f->gate = ws_alloc(&ws, B * qd * sizeof(float));
+    }
     if (m->moe && !(f->moe = moe_ws_new(m, d->n_batch, err, errlen))) {
         fwd_free(f);
         return NULL;
@@ -204,7 +217,7 @@ lm_fwd *fwd_new(const lm_model *m, lm_pool *pool, kv_pool *kv, const fwd_dims *d
     if (m->moe) ws += moe_ws_bytes(m, d->n_batch);
     f->ws_bytes = ws;
     if (!f->scr || !f->x || !f->xb || !f->q || !f->k || !f->v || !f->hb || !f->hb2 || !f->cs || !f->pos ||
-        !f->seg_row0 || !f->seg_item0 || (a && !f->act)) {
+        !f->seg_row0 || !f->seg_item0 || (a && !f->act) || (hp->attn_gate && (!f->qg || !f->gate))) {
         lm_err(err, errlen, "out of memory allocating the workspace for batches of %d tokens", d->n_batch);
         fwd_free(f);
         return NULL;
@@ -230,6 +243,9 @@ void fwd_free(lm_fwd *f) {
     lm_free(f->act);
     moe_ws_free(f->moe);
     mla_ws_free(f->mla);
+    gdn_ws_free(f->gdn);
+    lm_free(f->qg);
+    lm_free(f->gate);
     lm_free(f);
 }
 
@@ -276,7 +292,7 @@ static void add_bias(float *y, const float *b, int n_tok, int dim) {
  * residual adds, the MLP activation), one stage at a time, split across
  * the pool in blocks of ROWS_BLOCK tokens when the batch is large. A
  * token's arithmetic is the same whichever thread runs it. */
-enum { ROWS_ATTN_IN, ROWS_QK, ROWS_ATTN_OUT, ROWS_FFN_IN, ROWS_ACT, ROWS_FFN_OUT };
+enum { ROWS_ATTN_IN, ROWS_QK, ROWS_GATE, ROWS_ATTN_OUT, ROWS_FFN_IN, ROWS_ACT, ROWS_FFN_OUT };
 #define ROWS_BLOCK 8
 
 typedef struct {
@@ -296,6 +312,12 @@ static void rows_range(lm_fwd *f, const lm_layer *l, int stage, int t0, int t1) 
             case ROWS_ATTN_IN: ops_rmsnorm(xb, x, l->attn_norm, E, hp->norm_eps); break;
             case ROWS_QK: {
                 float *q = f->q + (size_t)t * qd, *k = f->k + (size_t)t * kvd;
+                if (hp->attn_gate) /* per head [query | gate] from the doubled product */
+                    for (int h = 0; h < hp->n_head; h++) {
+                        const float *src = f->qg + (size_t)t * 2 * qd + (size_t)h * 2 * hd;
+                        memcpy(q + (size_t)h * hd, src, (size_t)hd * sizeof *q);
+                        memcpy(f->gate + (size_t)t * qd + (size_t)h * hd, src + hd, (size_t)hd * sizeof *q);
+                    }
                 if (l->q_norm)
                     for (int h = 0; h < hp->n_head; h++)
                         ops_rmsnorm(q + h * hd, q + h * hd, l->q_norm, hd, hp->norm_eps);
@@ -305,6 +327,12 @@ static void rows_range(lm_fwd *f, const lm_layer *l, int stage, int t0, int t1) 
                 const float *cs = f->cs + (size_t)t * hp->n_rot;
                 ops_rope_apply(q, hp->n_head, hd, hp->n_rot, cs, hp->rope_style);
                 ops_rope_apply(k, hp->n_head_kv, hd, hp->n_rot, cs, hp->rope_style);
+                break;
+            }
+            case ROWS_GATE: { /* xb holds the heads' output */
+                float *o = f->xb + (size_t)t * qd;
+                const float *gt = f->gate + (size_t)t * qd;
+                for (size_t i = 0; i < qd; i++) o[i] *= 1.0f / (1.0f + expf(-gt[i]));
                 break;
             }
             case ROWS_ATTN_OUT: /* hb holds attn · Woᵀ */
@@ -417,6 +445,18 @@ static void rope_angles(lm_fwd *f, const lm_layer *l, int n) {
             ops_rope_angles_ext(f->cs + (size_t)t * hp->n_rot, hp->n_rot, f->pos[t], l->rope_base, l->rope_scale,
                                 rope_ff, hp->rope_attn_factor);
         else ops_rope_angles(f->cs + (size_t)t * hp->n_rot, hp->n_rot, f->pos[t], l->rope_base, l->rope_scale);
+    const int *sec = hp->rope_sections;
+    if (sec[0] + sec[1] + sec[2] + sec[3] == 0) return;
+    /* qwen35's interleaved sections: pair i turns with the first three axes' position
+     * (a text token's), the rest with the fourth's, 0 */
+    int n_sect = sec[0] + sec[1] + sec[2] + sec[3];
+    for (int i = 0; i < hp->n_rot / 2; i++) {
+        int s = i % n_sect;
+        bool text = (s % 3 == 0 && s < 3 * sec[0]) || (s % 3 == 1 && s < 3 * sec[1]) || (s % 3 == 2 && s < 3 * sec[2]);
+        if (text) continue;
+        for (int t = 0; t < n; t++)
+            f->cs[(size_t)t * hp->n_rot + 2 * i] = 1, f->cs[(size_t)t * hp->n_rot + 2 * i + 1] = 0;
+    }
 }
 
 /* Multi-head attention of layer li: xb (normed) in; Q/K/V, their RoPE, the
@@ -426,7 +466,7 @@ static void attn_mha(pass *p, const lm_layer *l, int li) {
     const lm_hparams *hp = &f->m->hp;
     const int n = p->n;
     const size_t kvd = (size_t)hp->n_head_kv * hp->head_dim, qd = (size_t)hp->n_head * hp->head_dim;
-    float *const qkv_y[3] = {f->q, f->k, f->v};
+    float *const qkv_y[3] = {hp->attn_gate ? f->qg : f->q, f->k, f->v};
     const lm_weight *const qkv_w[3] = {&l->wq, &l->wk, &l->wv};
     ops_matmul_multi(f->pool, 3, qkv_y, qkv_w, f->xb, n, f->act);
     add_bias(f->q, l->bq, n, (int)qd);
@@ -437,13 +477,14 @@ static void attn_mha(pass *p, const lm_layer *l, int li) {
     for (int g = 0; g < p->n_seg; g++) {
         const lm_seg *sg = &p->segs[g];
         size_t r0 = (size_t)f->seg_row0[g];
-        kv_store_rows(f->kv, sg->seq, li, sg->pos0, sg->n, f->k + r0 * kvd, kvd, f->v + r0 * kvd, kvd);
+        kv_store_rows(f->kv, sg->seq, l->kv_layer, sg->pos0, sg->n, f->k + r0 * kvd, kvd, f->v + r0 * kvd, kvd);
     }
     prof(p, LM_PROF_ROPE);
-    attn_job aj = {.f = f, .segs = p->segs, .layer = li, .n_seg = p->n_seg, .window = l->window};
+    attn_job aj = {.f = f, .segs = p->segs, .layer = l->kv_layer, .n_seg = p->n_seg, .window = l->window};
     atomic_init(&aj.next, 0);
     /* tiny attention (short contexts, small heads) is not worth a wake-up */
     pool_run(p->attn_work < 64.0 * 1024 ? NULL : f->pool, attn_worker, &aj);
+    if (hp->attn_gate) run_rows(f, l, ROWS_GATE, n);
     prof(p, LM_PROF_ATTN);
 }
 
@@ -458,11 +499,20 @@ static void attn_mla(pass *p, const lm_layer *l, int li) {
     mla_attn(p->f, l, li, p->segs, p->n_seg, p->n, MLA_VALUES); /* charged to the output slot with wo */
 }
 
-/* x += attention(norm(x)) · Woᵀ, multi-head or latent. */
+/* x += attention(norm(x)) · Woᵀ, multi-head or latent; or, in a recurrent
+ * layer, x += the gated DeltaNet's output (gdn.h). */
 static int attn_block(pass *p, const lm_layer *l, int li, char *err, size_t errlen) {
     lm_fwd *f = p->f;
     run_rows(f, l, ROWS_ATTN_IN, p->n);
     prof(p, LM_PROF_NORM);
+    if (l->gdn) { /* charged to the attention slot, its output product to the output's */
+        gdn_layer(f, l, p->segs, p->n_seg, p->n);
+        prof(p, LM_PROF_ATTN);
+        if (reduce(p, f->hb, err, errlen)) return -1;
+        run_rows(f, l, ROWS_ATTN_OUT, p->n);
+        prof(p, LM_PROF_WO);
+        return 0;
+    }
     if (l->mla) attn_mla(p, l, li);
     else attn_mha(p, l, li);
     /* hb as a temporary of n_embd per token */
@@ -576,6 +626,8 @@ int fwd_check(const lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_
             return lm_err(err, errlen, "segment %d is malformed", g);
         if (sg->pos0 + sg->n > f->dims.n_ctx)
             return lm_err(err, errlen, "segment %d passes the context (%d positions)", g, f->dims.n_ctx);
+        if (hp->n_rlayer && (!sg->rconv || !sg->rmat))
+            return lm_err(err, errlen, "segment %d has no recurrent state for the model's linear-attention layers", g);
         if (kv_seq_len(sg->seq) < sg->pos0 + sg->n)
             return lm_err(err, errlen, "segment %d: its sequence holds %d positions, %d needed", g, kv_seq_len(sg->seq),
                           sg->pos0 + sg->n);

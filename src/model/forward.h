@@ -94,6 +94,9 @@ typedef struct lm_fwd {
     int *seg_item0;     /* (n_batch + 1) a segment's first attention work item */
     struct moe_ws *moe; /* the expert workspace (moe.h), NULL without experts */
     struct mla_ws *mla; /* the latent attention workspace (mla.h), NULL without it */
+    struct gdn_ws *gdn; /* the linear attention workspace (gdn.h), NULL without recurrent layers */
+    float *qg, *gate;   /* (n_batch, 2 q_dim), (n_batch, q_dim) gated attention's query and gate
+                             (hp.attn_gate), else NULL */
     void *act;          /* quantized activations for ops_matmul */
     size_t act_bytes;
     size_t ws_bytes; /* every byte of the workspace allocated by fwd_new (fwd_workspace_bytes) */
@@ -131,6 +134,11 @@ typedef struct {
     kv_seq *seq;
     int pos0, n;
     int n_logits; /* 0 .. n */
+    /* with recurrent layers (m->hp.n_rlayer > 0; gdn.h): the sequence's
+     * state per recurrent layer r, the conv window rconv[r] (K - 1, conv)
+     * and the matrices rmat[r] (hv, dk, dv), holding position pos0 - 1's
+     * state (zeros at 0) and left at pos0 + n - 1's; NULL otherwise */
+    float *const *rconv, *const *rmat;
 } lm_seg;
 int fwd_run(lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_seg, float *logits, char *err, size_t errlen);
 
@@ -242,6 +250,10 @@ typedef struct lm_seqrun {
     kv_seq *seq;  /* the sequence, in kv */
     int n_ctx;    /* positions it may hold (fwd->dims.n_ctx) */
     int n_past;   /* positions filled */
+    /* with recurrent layers: the sequence's state (gdn.h), every layer's
+     * conv window then every layer's matrices, and pointers into it */
+    float *rstate;
+    float **rconv, **rmat; /* (n_rlayer) each */
 } lm_seqrun;
 
 /* A sequence in a pool of its own: one sequence of n_ctx positions (<= 0:
@@ -264,7 +276,8 @@ void seqrun_free(lm_seqrun *r);
 void seqrun_reset(lm_seqrun *r);
 /* Prefix caching: on an empty sequence, take every leading full block of
  * tokens[0..n) already cached under salt and return how many positions are
- * now filled (n_past); prefill only the rest. seqrun_prefix_commit
+ * now filled (n_past); prefill only the rest. (None with recurrent layers:
+ * the cache holds no state to resume from; 0.) seqrun_prefix_commit
  * registers the sequence's full blocks (tokens[0..n_past) are its tokens). */
 int seqrun_prefix_match(lm_seqrun *r, const int32_t *tokens, int n, uint64_t salt);
 void seqrun_prefix_commit(lm_seqrun *r, const int32_t *tokens, uint64_t salt);

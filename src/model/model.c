@@ -23,6 +23,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "kernels/deltanet.h"
 #include "kernels/kernels.h"
 #include "model/ops.h"
 #include "format/quant.h"
@@ -34,6 +35,7 @@ const char *model_arch_name(lm_arch a) {
         case LM_ARCH_QWEN2: return "qwen2";
         case LM_ARCH_GEMMA3: return "gemma3";
         case LM_ARCH_QWEN3: return "qwen3";
+        case LM_ARCH_QWEN35: return "qwen35";
         case LM_ARCH_GEMMA2: return "gemma2";
         case LM_ARCH_PHI3: return "phi3";
         case LM_ARCH_QWEN2MOE: return "qwen2moe";
@@ -46,7 +48,7 @@ const char *model_arch_name(lm_arch a) {
 uint64_t model_kv_bytes_per_token(const lm_model *m, size_t elem_bytes) {
     const lm_hparams *hp = &m->hp;
     uint64_t slabs = hp->kv_lora_rank ? 1 : 2; /* latent attention: the key row holds the value (kv.h) */
-    return slabs * (uint64_t)hp->n_layer * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim * elem_bytes;
+    return slabs * (uint64_t)m->n_kv_layer * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim * elem_bytes;
 }
 
 uint64_t model_layer_bytes_per_token(const lm_model *m, uint64_t *total) {
@@ -479,6 +481,47 @@ static int read_mla_hparams(loader *L, const char *arch) {
     return 0;
 }
 
+/* qwen35's linear-attention shape and layer pattern, its gated attention
+ * and its multi-axis RoPE sections (read_hparams has read the rest). */
+static int read_hybrid_hparams(loader *L, const char *arch) {
+    lm_hparams *hp = &L->m->hp;
+    int inner;
+    char key[160];
+    if (get_hp_int(L, arch, "ssm.conv_kernel", -1, 1, 8, &hp->ssm_conv) ||
+        get_hp_int(L, arch, "ssm.inner_size", -1, 1, 1 << 20, &inner) ||
+        get_hp_int(L, arch, "ssm.state_size", -1, 1, 256, &hp->ssm_dk) ||
+        get_hp_int(L, arch, "ssm.time_step_rank", -1, 1, 4096, &hp->ssm_hv) ||
+        get_hp_int(L, arch, "ssm.group_count", -1, 1, 4096, &hp->ssm_hk) ||
+        get_hp_int(L, arch, "full_attention_interval", 4, 1, 4096, &hp->full_attn_interval))
+        return -1;
+    if (inner % hp->ssm_hv || hp->ssm_hv % hp->ssm_hk)
+        return lm_err(L->err, L->errlen, "ssm.inner_size %d and %d value heads, %d key heads do not divide", inner,
+                      hp->ssm_hv, hp->ssm_hk);
+    hp->ssm_dv = inner / hp->ssm_hv;
+    if (hp->ssm_dv > 256)
+        return unsupported(L),
+               lm_err(L->err, L->errlen, "value heads of %d (more than 256) are not supported", hp->ssm_dv);
+    snprintf(key, sizeof key, "%s.attention.recurrent_layers", arch);
+    if (gguf_find_key(L->m->gguf, key) >= 0)
+        return unsupported(L), lm_err(L->err, L->errlen, "'%s' (a layer pattern of its own) is not supported", key);
+    hp->n_rlayer = 0;
+    for (int i = 0; i < hp->n_layer; i++) hp->n_rlayer += (i + 1) % hp->full_attn_interval != 0;
+    hp->attn_gate = true;
+    /* text positions on every axis but the fourth (0): the pairs the first three sections interleave turn */
+    snprintf(key, sizeof key, "%s.rope.dimension_sections", arch);
+    int64_t sec[4] = {0};
+    gguf_arr arr;
+    bool ok = gguf_get_arr(L->m->gguf, key, &arr) && arr.n == 4;
+    for (uint64_t i = 0; ok && i < 4; i++) ok = gguf_arr_int(&arr, i, &sec[i]) && sec[i] >= 0 && sec[i] <= 4096;
+    if (!ok) return lm_err(L->err, L->errlen, "missing or malformed metadata '%s' (4 integers)", key);
+    for (int i = 0; i < 4; i++) hp->rope_sections[i] = (int)sec[i];
+    int64_t sum = sec[0] + sec[1] + sec[2] + sec[3];
+    if (sum == 0 || sum * 2 > hp->n_rot)
+        return lm_err(L->err, L->errlen, "rope sections sum to %lld pairs for %d rotated dims", (long long)sum,
+                      hp->n_rot);
+    return 0;
+}
+
 static int read_hparams(loader *L) {
     lm_model *m = L->m;
     lm_hparams *hp = &m->hp;
@@ -514,11 +557,14 @@ static int read_hparams(loader *L) {
     } else if (strcmp(arch, "deepseek2") == 0) {
         hp->arch = LM_ARCH_DEEPSEEK2;
         hp->rope_style = LM_ROPE_ADJACENT;
+    } else if (strcmp(arch, "qwen35") == 0) {
+        hp->arch = LM_ARCH_QWEN35;
+        hp->rope_style = LM_ROPE_NEOX;
     } else {
         return unsupported(L),
                lm_err(L->err, L->errlen,
                       "unsupported architecture '%s' (lamina runs llama, qwen2, "
-                      "qwen3, qwen2moe, qwen3moe, gemma2, gemma3, phi3 and deepseek2)",
+                      "qwen3, qwen35, qwen2moe, qwen3moe, gemma2, gemma3, phi3 and deepseek2)",
                       arch);
     }
     const int64_t big = 1 << 20;
@@ -557,6 +603,7 @@ static int read_hparams(loader *L) {
             return -1;
     }
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    if (hp->arch == LM_ARCH_QWEN35 && read_hybrid_hparams(L, arch)) return -1;
     if (read_family_hparams(L, arch)) return -1;
     /* YaRN where the attention is plain RoPE on one base (not gemma's local
      * layers, not phi3's long-rope); linear for every family */
@@ -759,6 +806,76 @@ static int load_mla_layer(loader *L, int i, lm_layer *l) {
     return 0;
 }
 
+/* The conv taps of a recurrent layer: the file's ssm_conv1d (conv rows of
+ * K taps) as floats, transposed to (K, conv) into the vector slab. */
+static int load_conv(loader *L, const char *name, int64_t K, int64_t conv, const float **out) {
+    const gguf_tensor *t = find_shaped(L, name, K, conv, true);
+    if (!t) return -1;
+    const lm_type_kernels *tk = kernels_type(t->type);
+    if (!tk || !tk->to_float)
+        return unsupported(L),
+               lm_err(L->err, L->errlen, "tensor '%s' has type %s, which lamina cannot read", name,
+                      quant_type_name(t->type));
+    if (L->f32_used + (size_t)(K * conv) > L->f32_cap)
+        return lm_err(L->err, L->errlen, "internal: vector slab too small");
+    float *dst = L->m->f32 + L->f32_used, row[LM_DN_CONV_MAX];
+    size_t rb = quant_row_size(t->type, K);
+    for (int64_t c = 0; c < conv; c++) {
+        tk->to_float((const uint8_t *)t->data + (size_t)c * rb, row, K);
+        for (int64_t i = 0; i < K; i++) dst[i * conv + c] = row[i];
+    }
+    L->f32_used += (size_t)(K * conv);
+    *out = dst;
+    return 0;
+}
+
+/* A qwen35 layer: its norms and dense FFN, then gated full attention
+ * (every full_attn_interval-th) or a gated DeltaNet. *rec and *kvl count
+ * the recurrent and the attention layers so far. */
+static int load_hybrid_layer(loader *L, int i, lm_layer *l, int *rec, int *kvl) {
+    lm_model *m = L->m;
+    const lm_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd, F = hp->n_ff;
+    char name[96];
+#define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, i), name)
+    if (load_vec(L, NAME("attn_norm.weight"), E, true, &l->attn_norm) ||
+        load_vec(L, NAME("post_attention_norm.weight"), E, true, &l->ffn_norm) ||
+        load_weight(L, NAME("ffn_gate.weight"), E, F, &l->w_gate) ||
+        load_weight(L, NAME("ffn_up.weight"), E, F, &l->w_up) ||
+        load_weight(L, NAME("ffn_down.weight"), F, E, &l->w_down))
+        return -1;
+    if ((i + 1) % hp->full_attn_interval == 0) {
+        const int64_t Q = dim_len(hp, DIM_Q), KV = dim_len(hp, DIM_KV), hd = hp->head_dim;
+        if (load_weight(L, NAME("attn_q.weight"), E, 2 * Q, &l->wq) ||
+            load_weight(L, NAME("attn_k.weight"), E, KV, &l->wk) ||
+            load_weight(L, NAME("attn_v.weight"), E, KV, &l->wv) ||
+            load_weight(L, NAME("attn_output.weight"), Q, E, &l->wo) ||
+            load_vec(L, NAME("attn_q_norm.weight"), hd, true, &l->q_norm) ||
+            load_vec(L, NAME("attn_k_norm.weight"), hd, true, &l->k_norm))
+            return -1;
+        l->rec = -1;
+        l->kv_layer = (*kvl)++;
+        return 0;
+    }
+    lm_gdn *g = &m->gdn[i];
+    const int64_t K = hp->ssm_conv, hv = hp->ssm_hv, dv = hp->ssm_dv, V = hv * dv;
+    const int64_t conv = 2 * (int64_t)hp->ssm_hk * hp->ssm_dk + V;
+    if (load_weight(L, NAME("attn_qkv.weight"), E, conv, &g->qkv) ||
+        load_weight(L, NAME("attn_gate.weight"), E, V, &g->z) ||
+        load_weight(L, NAME("ssm_beta.weight"), E, hv, &g->beta) ||
+        load_weight(L, NAME("ssm_alpha.weight"), E, hv, &g->alpha) ||
+        load_weight(L, NAME("ssm_out.weight"), V, E, &g->out) ||
+        load_conv(L, NAME("ssm_conv1d.weight"), K, conv, &g->conv_w) ||
+        load_vec(L, NAME("ssm_dt.bias"), hv, true, &g->dt_bias) || load_vec(L, NAME("ssm_a"), hv, true, &g->a) ||
+        load_vec(L, NAME("ssm_norm.weight"), dv, true, &g->norm))
+        return -1;
+#undef NAME
+    l->gdn = g;
+    l->rec = (*rec)++;
+    l->kv_layer = -1;
+    return 0;
+}
+
 static int load_tensors(loader *L) {
     lm_model *m = L->m;
     const lm_hparams *hp = &m->hp;
@@ -770,6 +887,10 @@ static int load_tensors(loader *L) {
     L->f32_cap = (size_t)hp->n_layer * (per_layer + (size_t)E) + (size_t)E + (size_t)hp->n_rot;
     if (hp->kv_lora_rank) /* deepseek2's own vectors (the table's Q/K/V widths cover the rest) */
         L->f32_cap += (size_t)hp->n_layer * ((size_t)hp->q_lora_rank + (size_t)hp->kv_lora_rank + (size_t)hp->n_expert);
+    if (hp->n_rlayer) /* the recurrent layers' conv taps, dt biases, decays and norms */
+        L->f32_cap += (size_t)hp->n_rlayer *
+            ((size_t)hp->ssm_conv * (2 * (size_t)hp->ssm_hk * hp->ssm_dk + (size_t)hp->ssm_hv * hp->ssm_dv) +
+             2 * (size_t)hp->ssm_hv + (size_t)hp->ssm_dv);
     m->f32 = lm_malloc(L->f32_cap * sizeof(float));
     m->layers = lm_calloc((size_t)hp->n_layer, sizeof(lm_layer));
     m->layer_local = lm_calloc((size_t)hp->n_layer, 1);
@@ -779,6 +900,8 @@ static int load_tensors(loader *L) {
         m->experts = lm_calloc((size_t)hp->n_layer * 3 * (size_t)hp->n_expert, sizeof(lm_weight));
         if (!m->moe || !m->experts) return nomem(L), lm_err(L->err, L->errlen, "out of memory");
     }
+    if (hp->n_rlayer && !(m->gdn = lm_calloc((size_t)hp->n_layer, sizeof(lm_gdn))))
+        return nomem(L), lm_err(L->err, L->errlen, "out of memory");
     if (hp->kv_lora_rank) {
         m->mla = lm_calloc((size_t)hp->n_layer, sizeof(lm_mla));
         m->mla_heads = lm_calloc((size_t)hp->n_layer * 2 * (size_t)hp->n_head, sizeof(lm_weight));
@@ -803,8 +926,18 @@ static int load_tensors(loader *L) {
          load_vec(L, "rope_factors_long.weight", hp->n_rot / 2, false, &m->hp.rope_factors_long)))
         return -1;
     char name[96];
+    int n_rec = 0, n_kvl = 0;
     for (int i = 0; i < hp->n_layer; i++) {
         lm_layer *l = &m->layers[i];
+        l->rec = -1;
+        l->kv_layer = i;
+        if (hp->arch == LM_ARCH_QWEN35) {
+            if (load_hybrid_layer(L, i, l, &n_rec, &n_kvl)) return -1;
+            l->rope_base = hp->rope_base;
+            l->rope_scale = hp->rope_scale;
+            if (report(L, 0.05 + 0.15 * (i + 1) / hp->n_layer)) return -1;
+            continue;
+        }
         for (size_t k = 0; k < N_LAYER_TENSORS && !m->mla; k++) { /* deepseek2: load_mla_layer */
             const layer_tensor *t = &layer_tensors[k];
             if (t->fused & ARCH(hp->arch)) continue;  /* load_fused below */
@@ -829,6 +962,7 @@ static int load_tensors(loader *L) {
         l->rope_scale = local && hp->arch == LM_ARCH_GEMMA3 ? 1.0f : hp->rope_scale;
         if (report(L, 0.05 + 0.15 * (i + 1) / hp->n_layer)) return -1;
     }
+    m->n_kv_layer = hp->arch == LM_ARCH_QWEN35 ? n_kvl : hp->n_layer;
     for (int64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {
         const gguf_tensor *t = gguf_tensor_at(m->gguf, i);
         m->weight_bytes += t->nbytes;
@@ -864,7 +998,7 @@ static int pack_weights(loader *L) {
     lm_model *m = L->m;
     m->packed_bytes = m->kb_bytes;
     const int H = m->hp.n_head;
-    const int n_max = MODEL_LAYER_MATRICES * m->hp.n_layer + 1 +
+    const int n_max = MODEL_LAYER_MATRICES * m->hp.n_layer + 1 + 5 * m->hp.n_rlayer +
         (m->moe ? m->hp.n_layer * (1 + 3 * m->hp.n_expert) : 0) + (m->mla ? m->hp.n_layer * (3 + 2 * H) : 0);
     lm_weight **ws = lm_malloc((size_t)n_max * sizeof *ws);
     if (!ws) return nomem(L), lm_err(L->err, L->errlen, "out of memory");
@@ -875,6 +1009,11 @@ static int pack_weights(loader *L) {
         for (size_t j = 0; j < N_LAYER_TENSORS; j++)
             if (layer_tensors[j].matrix) ws[k++] = layer_weight(&m->layers[i], &layer_tensors[j]);
     if (m->pp.stage == m->pp.size - 1) ws[k++] = &m->output;
+    for (int i = l0; m->gdn && i < l1; i++) {
+        lm_gdn *g = m->layers[i].gdn;
+        if (!g) continue;
+        ws[k++] = &g->qkv, ws[k++] = &g->z, ws[k++] = &g->beta, ws[k++] = &g->alpha, ws[k++] = &g->out;
+    }
     for (int i = l0; m->moe && i < l1; i++) {
         if (!m->layers[i].moe) continue; /* deepseek2's leading dense layers */
         ws[k++] = &m->moe[i].gate_inp;
@@ -1023,6 +1162,7 @@ void model_free(lm_model *m) {
     if (m->tok) tok_free(m->tok);
     lm_free(m->layers);
     lm_free(m->layer_local);
+    lm_free(m->gdn);
     lm_free(m->moe);
     lm_free(m->experts);
     lm_free(m->mla);

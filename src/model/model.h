@@ -43,6 +43,13 @@
  *          plus ungated shared experts (ffn_*_shexp). Older files that
  *          store attn_kv_b whole (no key_length_mla) are split at load: W_UV
  *          as row slices, W_UKᵀ transposed into an owned copy (kb_mem).
+ *   qwen35 Qwen3.5 (dense): hybrid. Every full_attention_interval-th layer
+ *          is qwen3's attention with its output gated (attn_q holds per
+ *          head the query and a gate; sigmoid(gate) multiplies the heads'
+ *          output) and RoPE on the first rope.dimension_count dims of a
+ *          head; the others are gated-DeltaNet linear attention (gdn.h)
+ *          with a recurrent state per sequence instead of a KV cache. The
+ *          FFN's norm is post_attention_norm.
  * RoPE scaling (rope.scaling.type): linear for every family but deepseek2;
  * YaRN for llama, qwen2, qwen3, their MoE variants and deepseek2 (the
  * released DeepSeek files): the factor stretches the low frequencies, the
@@ -81,6 +88,7 @@ typedef enum {
     LM_ARCH_QWEN2MOE,
     LM_ARCH_QWEN3MOE,
     LM_ARCH_DEEPSEEK2,
+    LM_ARCH_QWEN35,
 } lm_arch;
 
 typedef enum { LM_ROPE_ADJACENT, LM_ROPE_NEOX } lm_rope_style;
@@ -137,6 +145,18 @@ typedef struct {
     int kv_lora_rank; /* the latent's width */
     int qk_nope;      /* a head's query/key width without RoPE (the RoPE part is n_rot wide) */
     int v_head_dim;   /* a head's value width */
+    /* Hybrid models (qwen35): gated-DeltaNet linear-attention layers (gdn.h)
+     * beside full attention (n_rlayer 0: none). Every full_attn_interval-th
+     * layer (counting from 1) is full attention, the rest recurrent. */
+    int n_rlayer; /* recurrent layers */
+    int full_attn_interval;
+    int ssm_conv;         /* the causal conv's taps (K) */
+    int ssm_hk, ssm_hv;   /* key heads (ssm.group_count) and value heads (ssm.time_step_rank) */
+    int ssm_dk, ssm_dv;   /* their widths (ssm.state_size; ssm.inner_size / ssm_hv) */
+    int rope_sections[4]; /* qwen35's multi-axis RoPE: text positions turn the pairs the first three
+                                  sections interleave, the rest (the fourth axis, position 0) not */
+    bool attn_gate;       /* full attention's output gated: attn_q holds per head [query | gate], the
+                                  heads' output multiplied by sigmoid(gate) before attn_output */
 } lm_hparams;
 
 typedef struct {
@@ -164,6 +184,21 @@ typedef struct {
                                         itself is the layer's w_gate, w_up, w_down (n_ff_shexp) */
 } lm_moe;
 
+/* One recurrent layer's gated DeltaNet (qwen35, gdn.h). conv = 2 hk dk + hv dv
+ * channels: q (hk dk), k (hk dk), v (hv dv); value head h reads key head
+ * h % hk. */
+typedef struct {
+    lm_weight qkv;        /* (conv, n_embd) attn_qkv */
+    lm_weight z;          /* (hv dv, n_embd) attn_gate: the output norm's gate */
+    lm_weight beta;       /* (hv, n_embd) ssm_beta */
+    lm_weight alpha;      /* (hv, n_embd) ssm_alpha */
+    lm_weight out;        /* (n_embd, hv dv) ssm_out */
+    const float *conv_w;  /* (K, conv) the conv's taps, tap-major (the file's ssm_conv1d transposed) */
+    const float *dt_bias; /* (hv) ssm_dt.bias */
+    const float *a;       /* (hv) ssm_a = -exp(A_log) */
+    const float *norm;    /* (dv) ssm_norm, shared by the heads */
+} lm_gdn;
+
 /* One layer's latent attention (deepseek2, mla.h). qk = qk_nope + n_rot. */
 typedef struct {
     lm_weight q_a;          /* (q_lora_rank, n_embd); rows 0 without the q bottleneck */
@@ -188,6 +223,10 @@ typedef struct {
                                         wo is then (n_embd, n_head*v_head_dim) */
     lm_moe *moe;                    /* NULL for a dense FFN; then w_gate/w_up/w_down are the FFN, else
                                         the shared expert (rows 0 when there is none) */
+    lm_gdn *gdn;                    /* a recurrent layer's gated DeltaNet (qwen35), else NULL; the attention
+                                        matrices are then rows 0 */
+    int rec;                        /* the recurrent layer's index among them (state slots), else -1 */
+    int kv_layer;                   /* the full-attention layer's index in the KV pool, else -1 */
     int window;                     /* attention window in tokens, 0 = whole context */
     float rope_base, rope_scale;    /* this layer's RoPE */
 } lm_layer;
@@ -247,6 +286,8 @@ typedef struct lm_model {
     void *kb_mem;          /* (n_layer, n_head, kv_lora_rank, qk_nope) F16 or F32: W_UKᵀ split out of
                                 a whole attn_kv_b (older deepseek2 files), or NULL */
     size_t kb_bytes;       /* its bytes (counted in packed_bytes) */
+    lm_gdn *gdn;           /* (n_layer) with recurrent layers (their gdn points here), else NULL */
+    int n_kv_layer;        /* layers with a KV cache: n_layer less the recurrent ones */
     char name[128];        /* general.name, or the file's base name */
     uint64_t n_params;
     uint64_t weight_bytes; /* bytes of all tensors */

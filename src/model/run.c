@@ -12,6 +12,10 @@
  */
 #include "model/forward.h"
 
+#include <string.h>
+
+#include "model/gdn.h"
+
 #include "model/pp.h"
 #include "model/tp_plan.h"
 #include "base/util.h"
@@ -38,6 +42,19 @@ static lm_seqrun *seqrun_build(const lm_model *m, lm_pool *pool, kv_pool *kv, bo
     r->kv = kv;
     r->owns_kv = owns_kv;
     r->n_ctx = d->n_ctx;
+    const lm_hparams *hp = &m->hp;
+    if (hp->n_rlayer) {
+        size_t cf = gdn_conv_floats(hp), mf = gdn_mat_floats(hp), R = (size_t)hp->n_rlayer;
+        r->rstate = lm_calloc(R * (cf + mf), sizeof(float));
+        r->rconv = lm_malloc(R * sizeof *r->rconv);
+        r->rmat = lm_malloc(R * sizeof *r->rmat);
+        if (!r->rstate || !r->rconv || !r->rmat) {
+            lm_err(err, errlen, "out of memory for the recurrent state");
+            seqrun_free(r);
+            return NULL;
+        }
+        for (size_t i = 0; i < R; i++) r->rconv[i] = r->rstate + i * cf, r->rmat[i] = r->rstate + R * cf + i * mf;
+    }
     if ((with_seq && !(r->seq = kv_seq_new(kv, err, errlen))) || !(r->fwd = fwd_new(m, pool, kv, d, err, errlen))) {
         seqrun_free(r);
         return NULL;
@@ -71,6 +88,10 @@ lm_seqrun *seqrun_fork(const lm_seqrun *src, char *err, size_t errlen) {
         return NULL;
     }
     r->n_past = src->n_past;
+    const lm_hparams *hp = &src->fwd->m->hp;
+    if (hp->n_rlayer)
+        memcpy(r->rstate, src->rstate,
+               (size_t)hp->n_rlayer * (gdn_conv_floats(hp) + gdn_mat_floats(hp)) * sizeof(float));
     return r;
 }
 
@@ -79,16 +100,22 @@ void seqrun_free(lm_seqrun *r) {
     fwd_free(r->fwd);
     if (r->owns_kv) kv_pool_free(r->kv); /* frees r->seq too */
     else if (r->seq) kv_seq_free(r->kv, r->seq);
+    lm_free(r->rstate);
+    lm_free(r->rconv);
+    lm_free(r->rmat);
     lm_free(r);
 }
 
 void seqrun_reset(lm_seqrun *r) {
     kv_truncate(r->kv, r->seq, 0, NULL, 0);
     r->n_past = 0;
+    const lm_hparams *hp = &r->fwd->m->hp;
+    if (hp->n_rlayer)
+        memset(r->rstate, 0, (size_t)hp->n_rlayer * (gdn_conv_floats(hp) + gdn_mat_floats(hp)) * sizeof(float));
 }
 
 int seqrun_prefix_match(lm_seqrun *r, const int32_t *tokens, int n, uint64_t salt) {
-    if (r->n_past != 0) return 0;
+    if (r->n_past != 0 || r->fwd->m->hp.n_rlayer) return 0;
     if (n > r->n_ctx) n = r->n_ctx;
     r->n_past = kv_prefix_match(r->kv, r->seq, tokens, n, salt);
     return r->n_past;
@@ -118,7 +145,14 @@ int seqrun_forward(lm_seqrun *r, const int32_t *tokens, int n, float *logits, bo
         else if (logits && last) out = logits;
         /* positions n_past .. n_past+b-1 get cache slots before the pass writes them */
         if (kv_append(r->kv, r->seq, b, err, errlen) != KV_OK) return -1;
-        lm_seg seg = {.seq = r->seq, .pos0 = r->n_past, .n = b, .n_logits = !out ? 0 : all_logits ? b : 1};
+        lm_seg seg = {.seq = r->seq,
+                      .pos0 = r->n_past,
+                      .n = b,
+                      .n_logits = !out ? 0
+                          : all_logits ? b
+                                       : 1,
+                      .rconv = r->rconv,
+                      .rmat = r->rmat};
         if (pp_forward(f, tokens + done, b, &seg, 1, out, err, errlen)) return -1;
         r->n_past += b;
         done += b;

@@ -98,6 +98,8 @@ int model_shard(lm_model *m, int rank, int size, char *err, size_t errlen) {
     memset(tp, 0, sizeof *tp);
     tp->rank = rank;
     tp->size = size;
+    if (size > 1 && hp->n_rlayer)
+        return lm_err(err, errlen, "tensor parallelism of a hybrid model's linear-attention layers is not supported");
     tp->n_head = hp->n_head;
     tp->n_head_kv = hp->n_head_kv;
     tp->n_ff = hp->n_ff;
@@ -252,6 +254,8 @@ int model_stage(lm_model *m, int stage, int size, char *err, size_t errlen) {
     pp->layer1 = m->hp.n_layer;
     pp->first[1] = m->hp.n_layer;
     if (size == 1) return 0;
+    if (m->hp.n_rlayer)
+        return lm_err(err, errlen, "pipeline parallelism of a hybrid model's linear-attention layers is not supported");
     if (stage < 0 || stage >= size) return lm_err(err, errlen, "pipeline stage %d of %d", stage, size);
     if (model_pp_split(m, size, pp->first, pp->bytes, err, errlen)) return -1;
     pp->stage = stage;

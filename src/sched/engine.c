@@ -1422,6 +1422,14 @@ lm_engine *engine_new_tuned(const lm_model *m, const lm_tokenizer *tok, const lm
     /* a configuration the pool cannot be planned for is the caller's
      * (invalid); once it plans, what is left to fail is memory and threads */
     *status = LM_ERR_INVALID;
+    if (m->hp.n_rlayer) { /* the state store and its scheduling come with the engine's support */
+        *status = LM_ERR_UNSUPPORTED;
+        lm_err(err, errlen,
+               "%s is a hybrid model (%d linear-attention layers with recurrent state): the engine does not run "
+               "it yet; `lamina perplexity` and `lamina logits` do",
+               model_arch_name(m->hp.arch), m->hp.n_rlayer);
+        return NULL;
+    }
     lm_engine_config c;
     if (cin) c = *cin;
     else engine_config_default(&c);
