@@ -472,7 +472,8 @@ int cmd_bench(int argc, char **argv) {
     uint64_t wtotal = 0, wbytes = weight_bytes_per_token(m, &wtotal); /* the floor uses the active bytes */
     bool json = !strcmp(fmt, "json");
     const lm_layer *l0 = &m->layers[0];
-    const char *wtype = quant_type_name(l0->wq.rows ? l0->wq.type : l0->wo.type); /* deepseek2 has no wq */
+    /* deepseek2 has no wq, a recurrent layer (qwen35) none of the attention matrices */
+    const char *wtype = quant_type_name(l0->wq.rows ? l0->wq.type : l0->gdn ? l0->gdn->qkv.type : l0->wo.type);
     if (json) {
         printf("{\"model\": \"%s\", \"type\": \"%s\", \"size_bytes\": %llu, \"params\": %llu, \"threads\": %d,"
                " \"bandwidth_copy_gbs\": %.2f, \"bandwidth_triad_gbs\": %.2f, \"bandwidth_read_gbs\": %.2f,"

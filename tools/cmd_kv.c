@@ -223,10 +223,11 @@ int cmd_kv(int argc, char **argv) {
     int n_local = 0;
     for (int i = 0; i < hp->n_layer; i++) n_local += hp->swa_window > 0 && m->layer_local[i];
     if (n_local == hp->n_layer) n_local = 0;
-    int n_layers[KV_N_CLASS] = {hp->n_layer - n_local, n_local};
+    int n_kv = hp->n_layer - hp->n_rlayer; /* recurrent layers (qwen35) keep state, not KV */
+    int n_layers[KV_N_CLASS] = {n_kv - n_local, n_local};
     uint64_t slabs = hp->kv_lora_rank ? 1 : 2; /* latent attention: one row, the value inside the key (kv.h) */
     uint64_t unit = slabs * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim * num / den; /* one layer */
-    uint64_t per_tok = unit * (uint64_t)hp->n_layer,
+    uint64_t per_tok = unit * (uint64_t)n_kv,
              cls_tok[KV_N_CLASS] = {unit * (uint64_t)n_layers[0], unit * (uint64_t)n_layers[1]};
     int64_t blocks_per_seq = (ctx + block - 1) / block;
     bool swa = n_local > 0;
@@ -249,8 +250,9 @@ int cmd_kv(int argc, char **argv) {
     if (!swa) {
         if (hp->kv_lora_rank) print_mla(hp, elem, num, den, per_tok);
         else
-            printf("KV per token:    2 x %d layers x %d KV heads x %d head dim x %s = %llu bytes\n", hp->n_layer,
-                   hp->n_head_kv, hp->head_dim, elem, (unsigned long long)per_tok);
+            printf("KV per token:    2 x %d layers x %d KV heads x %d head dim x %s = %llu bytes%s\n", n_kv,
+                   hp->n_head_kv, hp->head_dim, elem, (unsigned long long)per_tok,
+                   hp->n_rlayer ? " (the recurrent layers keep a fixed state per sequence instead)" : "");
         printf("block:           %d tokens = %llu bytes\n", c.block_size, (unsigned long long)pl.block_bytes);
         printf("sequence:        %lld tokens = %lld blocks = %llu bytes\n", ctx, (long long)blocks_per_seq,
                (unsigned long long)((uint64_t)blocks_per_seq * pl.block_bytes));

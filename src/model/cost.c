@@ -121,7 +121,7 @@ int cost_forward(const lm_model *m, uint32_t kv_type, int n_seq, int n_tok, int 
     if (n_seq < 1 || n_tok < 1 || depth < 0)
         return lm_err(err, errlen, "a pass of %d sequences of %d tokens at depth %d", n_seq, n_tok, depth);
     kv_config kc;
-    kv_config_init(&kc, m->n_kv_layer, hp->n_head_kv, hp->head_dim);
+    kv_config_init(&kc, m->hp.n_layer - m->hp.n_rlayer, hp->n_head_kv, hp->head_dim);
     kc.type = kv_type;
     kc.latent_v = hp->kv_lora_rank;
     kc.n_ctx = depth + n_tok;

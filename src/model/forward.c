@@ -90,7 +90,7 @@ fwd_dims fwd_dims_make(const lm_model *m, int n_ctx, int n_batch) {
 
 void fwd_kv_config(const lm_model *m, const fwd_dims *d, kv_config *c) {
     const lm_hparams *hp = &m->hp;
-    kv_config_init(c, m->n_kv_layer, hp->n_head_kv, hp->head_dim); /* recurrent layers keep no KV */
+    kv_config_init(c, m->hp.n_layer - m->hp.n_rlayer, hp->n_head_kv, hp->head_dim); /* recurrent layers keep no KV */
     if (hp->swa_window > 0) {
         c->window = hp->swa_window;
         c->layer_local = m->layer_local;

@@ -36,6 +36,7 @@ const char *model_arch_name(lm_arch a) {
         case LM_ARCH_GEMMA3: return "gemma3";
         case LM_ARCH_QWEN3: return "qwen3";
         case LM_ARCH_QWEN35: return "qwen35";
+        case LM_ARCH_QWEN35MOE: return "qwen35moe";
         case LM_ARCH_GEMMA2: return "gemma2";
         case LM_ARCH_PHI3: return "phi3";
         case LM_ARCH_QWEN2MOE: return "qwen2moe";
@@ -48,7 +49,8 @@ const char *model_arch_name(lm_arch a) {
 uint64_t model_kv_bytes_per_token(const lm_model *m, size_t elem_bytes) {
     const lm_hparams *hp = &m->hp;
     uint64_t slabs = hp->kv_lora_rank ? 1 : 2; /* latent attention: the key row holds the value (kv.h) */
-    return slabs * (uint64_t)m->n_kv_layer * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim * elem_bytes;
+    return slabs * (uint64_t)(m->hp.n_layer - m->hp.n_rlayer) * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim *
+        elem_bytes;
 }
 
 uint64_t model_layer_bytes_per_token(const lm_model *m, uint64_t *total) {
@@ -66,6 +68,10 @@ uint64_t model_layer_bytes_per_token(const lm_model *m, uint64_t *total) {
             for (int h = 0; h < m->hp.n_head; h++)
                 dense +=
                     (uint64_t)a->k_b[h].rows * a->k_b[h].row_bytes + (uint64_t)a->v_b[h].rows * a->v_b[h].row_bytes;
+        }
+        if (l->gdn) {
+            const lm_weight *g[5] = {&l->gdn->qkv, &l->gdn->z, &l->gdn->beta, &l->gdn->alpha, &l->gdn->out};
+            for (int k = 0; k < 5; k++) dense += (uint64_t)g[k]->rows * g[k]->row_bytes;
         }
         active += dense;
         all += dense;
@@ -280,7 +286,7 @@ static int load_vec(loader *L, const char *name, int64_t n, bool required, const
  * feed_forward_length), qwen2moe and qwen3moe must. */
 static int read_moe_hparams(loader *L, const char *arch) {
     lm_hparams *hp = &L->m->hp;
-    bool qmoe = hp->arch == LM_ARCH_QWEN2MOE || hp->arch == LM_ARCH_QWEN3MOE;
+    bool qmoe = hp->arch == LM_ARCH_QWEN2MOE || hp->arch == LM_ARCH_QWEN3MOE || hp->arch == LM_ARCH_QWEN35MOE;
     if (get_hp_int(L, arch, "expert_count", 0, 0, 4096, &hp->n_expert)) return -1;
     if (hp->n_expert == 0) {
         if (qmoe) return lm_err(L->err, L->errlen, "%s needs metadata '%s.expert_count'", arch, arch);
@@ -292,7 +298,7 @@ static int read_moe_hparams(loader *L, const char *arch) {
         get_hp_int(L, arch, "expert_feed_forward_length", qmoe ? hp->n_ff / hp->n_expert_used : hp->n_ff, 1, 1 << 23,
                    &hp->n_ff_exp))
         return -1;
-    if (hp->arch == LM_ARCH_QWEN2MOE &&
+    if ((hp->arch == LM_ARCH_QWEN2MOE || hp->arch == LM_ARCH_QWEN35MOE) &&
         get_hp_int(L, arch, "expert_shared_feed_forward_length", hp->n_ff, 1, 1 << 23, &hp->n_ff_shexp))
         return -1;
     float scale;
@@ -560,11 +566,14 @@ static int read_hparams(loader *L) {
     } else if (strcmp(arch, "qwen35") == 0) {
         hp->arch = LM_ARCH_QWEN35;
         hp->rope_style = LM_ROPE_NEOX;
+    } else if (strcmp(arch, "qwen35moe") == 0) {
+        hp->arch = LM_ARCH_QWEN35MOE;
+        hp->rope_style = LM_ROPE_NEOX;
     } else {
         return unsupported(L),
                lm_err(L->err, L->errlen,
                       "unsupported architecture '%s' (lamina runs llama, qwen2, "
-                      "qwen3, qwen35, qwen2moe, qwen3moe, gemma2, gemma3, phi3 and deepseek2)",
+                      "qwen3, qwen35, qwen2moe, qwen3moe, qwen35moe, gemma2, gemma3, phi3 and deepseek2)",
                       arch);
     }
     const int64_t big = 1 << 20;
@@ -603,7 +612,7 @@ static int read_hparams(loader *L) {
             return -1;
     }
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
-    if (hp->arch == LM_ARCH_QWEN35 && read_hybrid_hparams(L, arch)) return -1;
+    if ((hp->arch == LM_ARCH_QWEN35 || hp->arch == LM_ARCH_QWEN35MOE) && read_hybrid_hparams(L, arch)) return -1;
     if (read_family_hparams(L, arch)) return -1;
     /* YaRN where the attention is plain RoPE on one base (not gemma's local
      * layers, not phi3's long-rope); linear for every family */
@@ -711,7 +720,8 @@ static int load_moe(loader *L, int i, lm_layer *l) {
     if (hp->n_ff_shexp > 0) {
         int64_t S = hp->n_ff_shexp;
         snprintf(name, sizeof name, "blk.%d.ffn_gate_inp_shexp.weight", i);
-        if (hp->arch == LM_ARCH_QWEN2MOE && load_vec(L, name, E, true, &moe->shexp_gate)) return -1;
+        bool gated = hp->arch == LM_ARCH_QWEN2MOE || hp->arch == LM_ARCH_QWEN35MOE;
+        if (gated && load_vec(L, name, E, true, &moe->shexp_gate)) return -1;
         snprintf(name, sizeof name, "blk.%d.ffn_gate_shexp.weight", i);
         if (load_weight(L, name, E, S, &l->w_gate)) return -1;
         snprintf(name, sizeof name, "blk.%d.ffn_up_shexp.weight", i);
@@ -839,10 +849,12 @@ static int load_hybrid_layer(loader *L, int i, lm_layer *l, int *rec, int *kvl) 
     char name[96];
 #define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, i), name)
     if (load_vec(L, NAME("attn_norm.weight"), E, true, &l->attn_norm) ||
-        load_vec(L, NAME("post_attention_norm.weight"), E, true, &l->ffn_norm) ||
-        load_weight(L, NAME("ffn_gate.weight"), E, F, &l->w_gate) ||
-        load_weight(L, NAME("ffn_up.weight"), E, F, &l->w_up) ||
-        load_weight(L, NAME("ffn_down.weight"), F, E, &l->w_down))
+        load_vec(L, NAME("post_attention_norm.weight"), E, true, &l->ffn_norm))
+        return -1;
+    if (hp->n_expert > 0 ? load_moe(L, i, l)
+                         : load_weight(L, NAME("ffn_gate.weight"), E, F, &l->w_gate) ||
+                load_weight(L, NAME("ffn_up.weight"), E, F, &l->w_up) ||
+                load_weight(L, NAME("ffn_down.weight"), F, E, &l->w_down))
         return -1;
     if ((i + 1) % hp->full_attn_interval == 0) {
         const int64_t Q = dim_len(hp, DIM_Q), KV = dim_len(hp, DIM_KV), hd = hp->head_dim;
@@ -931,7 +943,7 @@ static int load_tensors(loader *L) {
         lm_layer *l = &m->layers[i];
         l->rec = -1;
         l->kv_layer = i;
-        if (hp->arch == LM_ARCH_QWEN35) {
+        if (hp->n_rlayer) {
             if (load_hybrid_layer(L, i, l, &n_rec, &n_kvl)) return -1;
             l->rope_base = hp->rope_base;
             l->rope_scale = hp->rope_scale;
@@ -962,7 +974,7 @@ static int load_tensors(loader *L) {
         l->rope_scale = local && hp->arch == LM_ARCH_GEMMA3 ? 1.0f : hp->rope_scale;
         if (report(L, 0.05 + 0.15 * (i + 1) / hp->n_layer)) return -1;
     }
-    m->n_kv_layer = hp->arch == LM_ARCH_QWEN35 ? n_kvl : hp->n_layer;
+    (void)n_kvl; /* the layers with KV: n_layer - n_rlayer */
     for (int64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {
         const gguf_tensor *t = gguf_tensor_at(m->gguf, i);
         m->weight_bytes += t->nbytes;

@@ -49,7 +49,9 @@
  *          output) and RoPE on the first rope.dimension_count dims of a
  *          head; the others are gated-DeltaNet linear attention (gdn.h)
  *          with a recurrent state per sequence instead of a KV cache. The
- *          FFN's norm is post_attention_norm.
+ *          FFN's norm is post_attention_norm. qwen35moe: the same with
+ *          qwen2moe's experts (softmax router, top-k renormalised, a
+ *          shared expert behind a sigmoid gate) in every layer.
  * RoPE scaling (rope.scaling.type): linear for every family but deepseek2;
  * YaRN for llama, qwen2, qwen3, their MoE variants and deepseek2 (the
  * released DeepSeek files): the factor stretches the low frequencies, the
@@ -89,6 +91,7 @@ typedef enum {
     LM_ARCH_QWEN3MOE,
     LM_ARCH_DEEPSEEK2,
     LM_ARCH_QWEN35,
+    LM_ARCH_QWEN35MOE,
 } lm_arch;
 
 typedef enum { LM_ROPE_ADJACENT, LM_ROPE_NEOX } lm_rope_style;
@@ -287,7 +290,6 @@ typedef struct lm_model {
                                 a whole attn_kv_b (older deepseek2 files), or NULL */
     size_t kb_bytes;       /* its bytes (counted in packed_bytes) */
     lm_gdn *gdn;           /* (n_layer) with recurrent layers (their gdn points here), else NULL */
-    int n_kv_layer;        /* layers with a KV cache: n_layer less the recurrent ones */
     char name[128];        /* general.name, or the file's base name */
     uint64_t n_params;
     uint64_t weight_bytes; /* bytes of all tensors */

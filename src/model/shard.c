@@ -188,6 +188,9 @@ uint64_t model_layer_bytes(const lm_model *m, int li) {
         for (int h = 0; h < m->hp.n_head; h++) b += wbytes(&a->k_b[h]) + wbytes(&a->v_b[h]);
         b += (uint64_t)(m->hp.q_lora_rank + m->hp.kv_lora_rank) * sizeof(float);
     }
+    if (l->gdn) /* the linear attention's matrices (wq .. wo have no rows); its vectors are small */
+        b += wbytes(&l->gdn->qkv) + wbytes(&l->gdn->z) + wbytes(&l->gdn->beta) + wbytes(&l->gdn->alpha) +
+            wbytes(&l->gdn->out);
     if (l->moe) {
         b += wbytes(&l->moe->gate_inp);
         for (int e = 0; e < m->hp.n_expert; e++)
