@@ -434,6 +434,20 @@ static int render_qwen3(const rctx *c, sbuf *b, char *err, size_t errlen) {
     return 0;
 }
 
+/* The qwen3.5 renderer is chat_tools.c's (it writes tools and calls too):
+ * the plain messages as messages without calls. */
+static int render_qwen35(const rctx *c, sbuf *b, char *err, size_t errlen) {
+    lm_chat_xmsg *x = lm_calloc((size_t)c->n, sizeof *x);
+    if (!x) {
+        b->failed = true;
+        return 0;
+    }
+    for (int i = 0; i < c->n; i++) x[i] = (lm_chat_xmsg){c->m[i].role, c->m[i].content, NULL, 0, NULL};
+    int rc = chat_render_qwen35(x, c->n, NULL, 0, c->gen, b, err, errlen);
+    lm_free(x);
+    return rc;
+}
+
 /* ------------------------------------------------------------- DeepSeek */
 
 #define DS_USER "<\xef\xbd\x9cUser\xef\xbd\x9c>"
@@ -506,6 +520,7 @@ static const struct {
     [CHAT_QWEN3] = {"qwen3", "<|im_end|>", render_qwen3, false},
     [CHAT_DEEPSEEK3] = {"deepseek3", DS_EOS, render_deepseek3, false},
     [CHAT_DEEPSEEK_R1] = {"deepseek-r1", DS_EOS, render_deepseek_r1, false},
+    [CHAT_QWEN35] = {"qwen3.5", "<|im_end|>", render_qwen35, false},
 };
 
 /* ------------------------------------------------------------------ names */
@@ -521,6 +536,7 @@ static bool ascii_ieq(const char *a, const char *b) {
 int chat_family_from_name(const char *name) {
     if (!name) return -1;
     if (ascii_ieq(name, "mistral")) return CHAT_MISTRAL_V1;
+    if (ascii_ieq(name, "qwen35")) return CHAT_QWEN35;
     for (int f = 0; f < CHAT_N_FAMILIES; f++)
         if (ascii_ieq(name, FAMILIES[f].name)) return f;
     return -1;
@@ -534,7 +550,9 @@ const char *chat_stop_marker(int family) {
     return family >= 0 && family < CHAT_N_FAMILIES ? FAMILIES[family].stop : NULL;
 }
 
-const char *chat_thinking_off(int family) { return family == CHAT_QWEN3 ? "<think>\n\n</think>\n\n" : NULL; }
+const char *chat_thinking_off(int family) {
+    return family == CHAT_QWEN3 ? "<think>\n\n</think>\n\n" : family == CHAT_QWEN35 ? "\n</think>\n\n" : NULL;
+}
 
 /* -------------------------------------------------------------- detection */
 
@@ -566,7 +584,7 @@ static int detect_inst(const char *t) {
 
 int chat_detect(const char *t) {
     if (!t) return -1;
-    if (has(t, "<|im_start|>") && has(t, "</think>")) return CHAT_QWEN3;
+    if (has(t, "<|im_start|>") && has(t, "</think>")) return has(t, "<function=") ? CHAT_QWEN35 : CHAT_QWEN3;
     if (has(t, "<|im_start|>")) return has(t, "<|im_sep|>") ? -1 : CHAT_CHATML;
     if (has(t, "<|start_header_id|>")) return CHAT_LLAMA3;
     if (has(t, "<start_of_turn>")) return CHAT_GEMMA;
@@ -719,7 +737,7 @@ int chat_render_template(const char *template_text, const lm_chat_msg *msgs, int
         return lm_err(err, errlen,
                       "chat: unrecognized chat template (no family lamina knows); choose one "
                       "by name: chatml, llama2, llama3, mistral-legacy, mistral-v1, mistral-v3, "
-                      "mistral-v3-tekken, gemma, phi3, zephyr, qwen3, deepseek3, deepseek-r1");
+                      "mistral-v3-tekken, gemma, phi3, zephyr, qwen3, qwen3.5, deepseek3, deepseek-r1");
     rctx c = {msgs, n, add_generation_prompt, bos_text, eos_text, NULL, false};
     c.lead_bos = FAMILIES[family].may_lead_bos && opens_with_bos(template_text);
     sbuf sys = {0};

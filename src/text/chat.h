@@ -73,6 +73,22 @@
  *                      false.
  *                      QwQ-32B's template is detected as qwen3: an
  *                      approximation there.
+ *   qwen3.5            Qwen/Qwen3.5-4B (the Qwen3.5 models' template, also
+ *                      the name "qwen35"): ChatML with every content
+ *                      strip()ped, a system message only first (a later
+ *                      one is an error, and so is a conversation with no
+ *                      user message that is not a <tool_response> block),
+ *                      and an assistant turn's reasoning: text up to
+ *                      </think> is dropped before the last real user
+ *                      message; after it every assistant turn is written
+ *                      <think>\nR\n</think>\n\nC (R strip()ped, empty when
+ *                      there was none). The generation prompt opens the
+ *                      reasoning: <|im_start|>assistant\n<think>\n;
+ *                      chat_thinking_off gives what closes it when
+ *                      enable_thinking is false. Tool calls in its XML form
+ *                      (CHAT_TOOLS_XML). StepFun-3.5-Flash's and Nemotron 3
+ *                      Nano's templates (ChatML, </think>, <function=) are
+ *                      detected as qwen3.5: an approximation there.
  *   deepseek3          deepseek-ai/DeepSeek-V3 (and V2.5's markers): BOS, the
  *                      system messages joined by "\n\n" wherever they stand,
  *                      then <｜User｜>U per user message and
@@ -144,12 +160,14 @@ enum {
     CHAT_QWEN3,
     CHAT_DEEPSEEK3,
     CHAT_DEEPSEEK_R1,
+    CHAT_QWEN35,
     CHAT_N_FAMILIES
 };
 
 /*
  * The family of a Jinja template text, or -1 when no rule matches (NULL and
  * "" included). Rules, first match wins:
+ *   <|im_start|>, </think>, <function=  qwen3.5
  *   <|im_start|> and </think>           qwen3
  *   <|im_start|>                        chatml (but -1 with <|im_sep|>: Phi-4)
  *   <|start_header_id|>                 llama3
@@ -169,8 +187,8 @@ int chat_detect(const char *template_text);
 
 /* Family by name ("chatml", "llama2", "llama3", "mistral-legacy",
  * "mistral-v1" or "mistral", "mistral-v3", "mistral-v3-tekken", "gemma",
- * "phi3", "zephyr", "qwen3", "deepseek3", "deepseek-r1"; ASCII case
- * ignored), or -1. */
+ * "phi3", "zephyr", "qwen3", "qwen3.5" or "qwen35", "deepseek3",
+ * "deepseek-r1"; ASCII case ignored), or -1. */
 int chat_family_from_name(const char *name);
 /* Canonical name of a family; NULL for an invalid id. */
 const char *chat_family_name(int family);
@@ -189,9 +207,10 @@ const char *chat_stop_marker(int family);
  * request turns thinking off (transformers' enable_thinking=False, which
  * OpenAI-style servers take as chat_template_kwargs.enable_thinking):
  * "<think>\n\n</think>\n\n" for qwen3 (an empty reasoning block, so the
- * model answers at once); NULL for the families without that switch
- * (deepseek-r1 always opens <think>). Append it to a render made with the
- * generation prompt.
+ * model answers at once), "\n</think>\n\n" for qwen3.5 (whose generation
+ * prompt already opens <think>\n: the same empty block); NULL for the
+ * families without that switch (deepseek-r1 always opens <think>). Append
+ * it to a render made with the generation prompt.
  */
 const char *chat_thinking_off(int family);
 
@@ -281,7 +300,7 @@ int chat_apply(int family, const char *text, const lm_tokenizer *tok, const lm_c
 /*
  * Conversations with tools (text/chat_tools.c): OpenAI's function tools, the
  * assistant's tool calls and the tool results, rendered the way each family
- * shows them. Three tool-call syntaxes; the family picks one:
+ * shows them. Four tool-call syntaxes; the family picks one:
  *
  *   CHAT_TOOLS_HERMES   <tool_call>\n{"name": N, "arguments": {...}}\n</tool_call>,
  *                       one block per call; results in a user turn as
@@ -312,13 +331,23 @@ int chat_apply(int family, const char *text, const lm_tokenizer *tok, const lm_c
  *                       without the spaces after the markers), except that
  *                       ids are written as given (the templates refuse ids
  *                       that are not 9 characters).
+ *   CHAT_TOOLS_XML      <tool_call>\n<function=N>\n<parameter=K>\nV\n</parameter>\n
+ *                       ...</function>\n</tool_call>, one block per call,
+ *                       a parameter per member of the arguments object (V:
+ *                       a string as it is, an object or array as JSON,
+ *                       any other value as Python's str() writes it: True,
+ *                       None, 1.5); results as in hermes, contents
+ *                       strip()ped; the tools listed in the system turn
+ *                       inside <tools></tools> with the instructions of
+ *                       the format. Reproduces Qwen3.5's template
+ *                       (qwen3.5); arguments must be a JSON object there.
  *
  * JSON written into prompts (tools, arguments) is re-printed as Python's
  * json.dumps(ensure_ascii=False) prints it (", " and ": " separators, strings
  * re-escaped, numbers as written), which is what transformers' tojson gives;
  * arguments that are not valid JSON are written as they are.
  */
-enum { CHAT_TOOLS_HERMES, CHAT_TOOLS_LLAMA3, CHAT_TOOLS_MISTRAL };
+enum { CHAT_TOOLS_HERMES, CHAT_TOOLS_LLAMA3, CHAT_TOOLS_MISTRAL, CHAT_TOOLS_XML };
 
 /* The tool-call syntax of a family (hermes for the families without one). */
 int chat_tool_syntax(int family);

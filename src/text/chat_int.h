@@ -1,7 +1,9 @@
 /*
  * chat_int.h - what chat.c lends chat_tools.c (the renders of conversations
  * with tools): Python's str.strip() span, and the fixed system message a
- * ChatML template writes. Not used outside src/text/.
+ * ChatML template writes; and what chat_tools.c lends chat.c: the qwen3.5
+ * renderer, which writes plain conversations and those with tools alike.
+ * Not used outside src/text/.
  */
 #ifndef LAMINA_CHAT_INT_H
 #define LAMINA_CHAT_INT_H
@@ -10,6 +12,7 @@
 #include <stddef.h>
 
 #include "base/strbuf.h"
+#include "text/chat.h"
 
 /* The span of s[0..n) left after Python's str.strip(): *start .. *start + *len. */
 void chat_strip_span(const char *s, size_t n, size_t *start, size_t *len);
@@ -18,5 +21,13 @@ void chat_strip_span(const char *s, size_t n, size_t *start, size_t *len);
  * decoded into *out (NUL-terminated when non-empty); false when the text has
  * none (or out->failed when memory ran out). */
 bool chat_default_system(const char *template_text, strbuf *out);
+
+/* The qwen3.5 family (chat.h) over checked messages (roles system, user,
+ * assistant, tool; contents not NULL; calls with names and arguments) and
+ * n_tools tool objects as JSON text, appended to *b: 0, or -1 with a
+ * message in err where the template raises (a system message after the
+ * first, no user query, arguments that are not a JSON object). */
+int chat_render_qwen35(const lm_chat_xmsg *m, int n, const char *const *tools, int n_tools, bool gen, strbuf *b,
+                       char *err, size_t errlen);
 
 #endif

@@ -21,7 +21,8 @@
 static const struct {
     const char *arch, *family;
 } FALLBACK[] = {
-    {"gemma3", "gemma"}, {"gemma2", "gemma"}, {"qwen3", "qwen3"}, {"qwen3moe", "qwen3"}, {"phi3", "phi3"},
+    {"gemma3", "gemma"},   {"gemma2", "gemma"},      {"qwen3", "qwen3"}, {"qwen3moe", "qwen3"},
+    {"qwen35", "qwen3.5"}, {"qwen35moe", "qwen3.5"}, {"phi3", "phi3"},
 };
 
 static int fallback_family(const gguf_ctx *g) {
@@ -41,7 +42,7 @@ static int take_text(lm_chat_template *t, const char *text, size_t len, lm_chat_
         return lm_err(err, errlen,
                       "the %s chat template is not one lamina recognizes; choose a family by name: "
                       "chatml, llama2, llama3, mistral-legacy, mistral-v1, mistral-v3, mistral-v3-tekken, gemma, "
-                      "phi3, zephyr, qwen3, deepseek3, deepseek-r1",
+                      "phi3, zephyr, qwen3, qwen3.5, deepseek3, deepseek-r1",
                       src == CHAT_SRC_FILE ? "given" : "model's");
     }
     t->text = copy;

@@ -10,7 +10,9 @@
  * writes exactly that, so the rewrite reproduces it byte for byte. Llama 3
  * and Mistral v3 write roles and markers no plain message has ("ipython",
  * [TOOL_CALLS], [AVAILABLE_TOOLS]), so they have their own renderers here,
- * following their templates step by step.
+ * following their templates step by step. So has Qwen3.5 (its XML calls
+ * take each argument apart), whose renderer chat.c also uses for
+ * conversations without tools.
  *
  * JSON in prompts (tool definitions, call arguments) is re-printed the way
  * Python's json.dumps(ensure_ascii=False) prints it, transformers' tojson:
@@ -25,8 +27,10 @@
 #include "text/chat.h"
 #include "text/chat_int.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/utf8.h"
@@ -682,6 +686,248 @@ static int render_mistral_tools(const lm_chat_xmsg *m, int n, const char *const 
     return 0;
 }
 
+/* --------------------------------------------------------------- Qwen3.5 */
+
+static const char XML_HEAD[] = "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>";
+static const char XML_TAIL[] =
+    "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n"
+    "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
+    "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple "
+    "lines\n</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow the "
+    "specified format: an inner <function=...></function> block must be nested within <tool_call></tool_call> "
+    "XML tags\n- Required parameters MUST be specified\n- You may provide optional reasoning for your function "
+    "call in natural language BEFORE the function call, but NOT after\n- If there is no function call "
+    "available, answer the question like normal with your current knowledge and do not tell the user about "
+    "function calls\n</IMPORTANT>";
+
+/* Python's repr of the float nearest to the JSON number s[0..n): the
+ * shortest digits that read back as the same double, written fixed when
+ * the decimal point falls within -4 < point <= 16, else as d.ddde+XX. */
+static void put_pyfloat(strbuf *b, const char *s, size_t n) {
+    char num[64], e[40], digits[24];
+    if (n >= sizeof num) n = sizeof num - 1; /* JSON numbers this long are their first 63 characters */
+    memcpy(num, s, n);
+    num[n] = '\0';
+    double v = strtod(num, NULL);
+    if (v != v || v - v != 0) { /* out of range: json.loads gives inf */
+        strbuf_puts(b, v < 0 ? "-inf" : "inf");
+        return;
+    }
+    if (v == 0) {
+        strbuf_puts(b, signbit(v) ? "-0.0" : "0.0");
+        return;
+    }
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(e, sizeof e, "%.*e", prec - 1, v);
+        if (strtod(e, NULL) == v || prec == 17) break;
+    }
+    /* e: [-]D[.DDD]e[+-]XX */
+    const char *q = e;
+    if (*q == '-') strbuf_puts(b, "-"), q++;
+    int nd = 0;
+    for (; *q && *q != 'e'; q++)
+        if (*q != '.') digits[nd++] = *q;
+    while (nd > 1 && digits[nd - 1] == '0') nd--;
+    int point = atoi(q + 1) + 1; /* digits[0..point) before the decimal point */
+    if (point > -4 && point <= 16) {
+        if (point <= 0) {
+            strbuf_puts(b, "0.");
+            for (int k = 0; k < -point; k++) strbuf_puts(b, "0");
+            strbuf_put(b, digits, (size_t)nd);
+        } else if (point >= nd) {
+            strbuf_put(b, digits, (size_t)nd);
+            for (int k = nd; k < point; k++) strbuf_puts(b, "0");
+            strbuf_puts(b, ".0");
+        } else {
+            strbuf_put(b, digits, (size_t)point);
+            strbuf_puts(b, ".");
+            strbuf_put(b, digits + point, (size_t)(nd - point));
+        }
+        return;
+    }
+    strbuf_put(b, digits, 1);
+    if (nd > 1) {
+        strbuf_puts(b, ".");
+        strbuf_put(b, digits + 1, (size_t)(nd - 1));
+    }
+    strbuf_printf(b, "e%c%02d", point - 1 < 0 ? '-' : '+', abs(point - 1));
+}
+
+/* A JSON value that is no string, object or array, as Python's str() of
+ * what json.loads makes of it: True, False, None, an int as written ("-0"
+ * is 0), a float as repr() writes it. */
+static void put_pyscalar(strbuf *b, const char *s, size_t n) {
+    if (n == 4 && !memcmp(s, "true", 4)) strbuf_puts(b, "True");
+    else if (n == 5 && !memcmp(s, "false", 5)) strbuf_puts(b, "False");
+    else if (n == 4 && !memcmp(s, "null", 4)) strbuf_puts(b, "None");
+    else if (memchr(s, '.', n) || memchr(s, 'e', n) || memchr(s, 'E', n)) put_pyfloat(b, s, n);
+    else if (n == 2 && !memcmp(s, "-0", 2)) strbuf_puts(b, "0");
+    else strbuf_put(b, s, n);
+}
+
+/* One argument: <parameter=K>\nV\n</parameter>\n (see CHAT_TOOLS_XML). */
+static void put_xml_param(void *user, const char *key, jcur *v) {
+    fn_members *f = user;
+    strbuf_puts(f->b, "<parameter=");
+    strbuf_puts(f->b, key);
+    strbuf_puts(f->b, ">\n");
+    jcur j = *v;
+    j.out = f->b;
+    if (j.s < j.e && *j.s == '"') {
+        f->bad |= jstring(&j, true);
+    } else if (j.s < j.e && (*j.s == '{' || *j.s == '[')) {
+        f->bad |= jvalue(&j, 0);
+    } else {
+        j.out = NULL;
+        const char *p = j.s;
+        f->bad |= jvalue(&j, 0);
+        put_pyscalar(f->b, p, (size_t)(j.s - p));
+    }
+    strbuf_puts(f->b, "\n</parameter>\n");
+    f->count++;
+}
+
+/* A content strip()ped, and the span of the text left after it: the
+ * template's `content|trim`. */
+static void strip_span(const char *s, size_t *a, size_t *b) {
+    size_t len;
+    chat_strip_span(s, strlen(s), a, &len);
+    *b = *a + len;
+}
+
+/* The last occurrence of needle in s[a..b), or NULL. */
+static const char *last_between(const char *s, size_t a, size_t b, const char *needle) {
+    size_t k = strlen(needle);
+    for (size_t i = b >= a + k ? b - k + 1 : a; i-- > a;)
+        if (!memcmp(s + i, needle, k)) return s + i;
+    return NULL;
+}
+
+static const char *first_between(const char *s, size_t a, size_t b, const char *needle) {
+    size_t k = strlen(needle);
+    for (size_t i = a; i + k <= b; i++)
+        if (!memcmp(s + i, needle, k)) return s + i;
+    return NULL;
+}
+
+/* content.startswith('<tool_response>') and content.endswith('</tool_response>') of s[a..b). */
+static bool tool_response_block(const char *s, size_t a, size_t b) {
+    static const char OPEN[] = "<tool_response>", CLOSE[] = "</tool_response>";
+    size_t o = sizeof OPEN - 1, c = sizeof CLOSE - 1;
+    return b - a >= o && !memcmp(s + a, OPEN, o) && b - a >= c && !memcmp(s + b - c, CLOSE, c);
+}
+
+static int qwen35_assistant(const lm_chat_xmsg *m, bool after_query, strbuf *b, char *err, size_t errlen) {
+    const char *s = m->content;
+    size_t c0, c1, r0 = 0, r1 = 0;
+    strip_span(s, &c0, &c1);
+    const char *close = first_between(s, c0, c1, "</think>");
+    if (close) {
+        /* reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') */
+        r1 = (size_t)(close - s);
+        while (r1 > c0 && s[r1 - 1] == '\n') r1--;
+        const char *open = last_between(s, c0, r1, "<think>");
+        r0 = open ? (size_t)(open - s) + 7 : c0;
+        while (r0 < r1 && s[r0] == '\n') r0++;
+        /* content = content.split('</think>')[-1].lstrip('\n') */
+        c0 = (size_t)(last_between(s, c0, c1, "</think>") - s) + 8;
+        while (c0 < c1 && s[c0] == '\n') c0++;
+    }
+    strbuf_puts(b, "<|im_start|>assistant\n");
+    if (after_query) {
+        size_t a, len; /* reasoning_content|trim */
+        chat_strip_span(s + r0, r1 - r0, &a, &len);
+        strbuf_puts(b, "<think>\n");
+        strbuf_put(b, s + r0 + a, len);
+        strbuf_puts(b, "\n</think>\n\n");
+    }
+    strbuf_put(b, s + c0, c1 - c0);
+    size_t t0, tl; /* content|trim */
+    chat_strip_span(s + c0, c1 - c0, &t0, &tl);
+    for (int k = 0; k < m->n_calls; k++) {
+        const lm_chat_call *call = &m->calls[k];
+        strbuf_puts(b,
+                    k        ? "\n<tool_call>\n<function="
+                        : tl ? "\n\n<tool_call>\n<function="
+                             : "<tool_call>\n<function=");
+        strbuf_puts(b, call->name);
+        strbuf_puts(b, ">\n");
+        size_t an = strlen(call->arguments), at = 0;
+        while (at < an &&
+               (call->arguments[at] == ' ' || call->arguments[at] == '\t' || call->arguments[at] == '\n' ||
+                call->arguments[at] == '\r'))
+            at++;
+        fn_members f = {b, 0, 0};
+        if (at == an || call->arguments[at] != '{' || chat_json_dump(call->arguments, an, -1, NULL) ||
+            each_member(call->arguments, an, NULL, put_xml_param, &f) || f.bad)
+            return lm_err(err, errlen, "chat (qwen3.5): the arguments of tool call '%.64s' are not a JSON object",
+                          call->name);
+        strbuf_puts(b, "</function>\n</tool_call>");
+    }
+    strbuf_puts(b, "<|im_end|>\n");
+    return 0;
+}
+
+int chat_render_qwen35(const lm_chat_xmsg *m, int n, const char *const *tools, int n_tools, bool gen, strbuf *b,
+                       char *err, size_t errlen) {
+    size_t a, e;
+    if (n_tools > 0) {
+        strbuf_puts(b, XML_HEAD);
+        for (int i = 0; i < n_tools; i++) {
+            strbuf_puts(b, "\n");
+            size_t mark = b->len;
+            if (chat_json_dump(tools[i], strlen(tools[i]), -1, b) && !b->failed) {
+                b->len = mark; /* the serve layer gives valid JSON; anything else is written raw */
+                strbuf_puts(b, tools[i]);
+            }
+        }
+        strbuf_puts(b, XML_TAIL);
+        if (xrole(m[0].role) == XR_SYSTEM) {
+            strip_span(m[0].content, &a, &e);
+            if (e > a) {
+                strbuf_puts(b, "\n\n");
+                strbuf_put(b, m[0].content + a, e - a);
+            }
+        }
+        strbuf_puts(b, "<|im_end|>\n");
+    } else if (xrole(m[0].role) == XR_SYSTEM) {
+        strip_span(m[0].content, &a, &e);
+        strbuf_puts(b, "<|im_start|>system\n");
+        strbuf_put(b, m[0].content + a, e - a);
+        strbuf_puts(b, "<|im_end|>\n");
+    }
+    /* ns.last_query_index: the last user message that is no <tool_response> block */
+    int last_query = -1;
+    for (int i = n - 1; i >= 0 && last_query < 0; i--) {
+        strip_span(m[i].content, &a, &e);
+        if (xrole(m[i].role) == XR_USER && !tool_response_block(m[i].content, a, e)) last_query = i;
+    }
+    if (last_query < 0) return lm_err(err, errlen, "chat (qwen3.5): no user query found in messages");
+    for (int i = 0; i < n; i++) {
+        int r = xrole(m[i].role);
+        strip_span(m[i].content, &a, &e);
+        if (r == XR_SYSTEM && i > 0)
+            return lm_err(err, errlen,
+                          "chat (qwen3.5): a system message must be at the beginning (message %d is system)", i);
+        if (r == XR_USER) {
+            strbuf_puts(b, "<|im_start|>user\n");
+            strbuf_put(b, m[i].content + a, e - a);
+            strbuf_puts(b, "<|im_end|>\n");
+        } else if (r == XR_ASSISTANT) {
+            if (qwen35_assistant(&m[i], i > last_query, b, err, errlen)) return -1;
+        } else if (r == XR_TOOL) {
+            /* loop.previtem is undefined for the first message: no header then */
+            if (i > 0 && xrole(m[i - 1].role) != XR_TOOL) strbuf_puts(b, "<|im_start|>user");
+            strbuf_puts(b, "\n<tool_response>\n");
+            strbuf_put(b, m[i].content + a, e - a);
+            strbuf_puts(b, "\n</tool_response>");
+            if (i == n - 1 || xrole(m[i + 1].role) != XR_TOOL) strbuf_puts(b, "<|im_end|>\n");
+        }
+    }
+    if (gen) strbuf_puts(b, "<|im_start|>assistant\n<think>\n");
+    return 0;
+}
+
 /* ------------------------------------------------------------- rendering */
 
 int chat_tool_syntax(int family) {
@@ -689,6 +935,7 @@ int chat_tool_syntax(int family) {
         case CHAT_LLAMA3: return CHAT_TOOLS_LLAMA3;
         case CHAT_MISTRAL_V3:
         case CHAT_MISTRAL_V3_TEKKEN: return CHAT_TOOLS_MISTRAL;
+        case CHAT_QWEN35: return CHAT_TOOLS_XML;
         default: return CHAT_TOOLS_HERMES;
     }
 }
@@ -734,8 +981,9 @@ int chat_render_tools(int family, const char *template_text, const lm_chat_xmsg 
         return rc;
     }
     strbuf b = {0};
-    int rc = syntax == CHAT_TOOLS_LLAMA3
-        ? render_llama3_tools(msgs, n, tools, n_tools, add_generation_prompt, bos, &b)
+    int rc = syntax == CHAT_TOOLS_LLAMA3 ? render_llama3_tools(msgs, n, tools, n_tools, add_generation_prompt, bos, &b)
+        : syntax == CHAT_TOOLS_XML
+        ? chat_render_qwen35(msgs, n, tools, n_tools, add_generation_prompt, &b, err, errlen)
         : render_mistral_tools(msgs, n, tools, n_tools, fam == CHAT_MISTRAL_V3_TEKKEN, bos, eos, &b, err, errlen);
     if (rc == 0 && !b.failed && !b.p) { /* nothing written */
         b.p = lm_calloc(1, 1);
