@@ -8,7 +8,9 @@
  * generation prompt, or the error the template raises (golden/<id>.txt). All
  * of it is written by tests/data/chat/make_golden.py; this test needs no
  * Python. Renders are compared byte for byte; a template error must be a
- * failed render with a message.
+ * failed render with a message. A template whose text is not kept here
+ * (manifest golden 2: Qwen3.5's) is rendered by its family, and its markers
+ * are among the detection rules.
  *
  * Also: detection rules one by one, names and stop markers, argument errors,
  * NULL bos/eos, bytes that are not UTF-8, the default system message and
@@ -198,10 +200,13 @@ static int golden_cases, golden_errors, golden_templates, golden_folds, golden_f
 static int check_golden(const tmpl_entry *e) {
     char path[256];
     snprintf(path, sizeof path, DATA "golden/%.95s.txt", e->id);
-    char *gold = read_all(path, NULL), *tmpl = load_template(e);
-    int rc = -1, family = tmpl ? chat_detect(tmpl) : -1, family_differs = 0;
+    /* golden 2: the template text is not kept here; the family renders it */
+    bool by_family = e->golden == 2;
+    char *gold = read_all(path, NULL), *tmpl = by_family ? NULL : load_template(e);
+    int rc = -1, family = by_family ? chat_family_from_name(e->family) : tmpl ? chat_detect(tmpl) : -1;
+    int family_differs = 0;
     const char *bos = dash_null(e->bos), *eos = dash_null(e->eos);
-    if (!gold || !tmpl || family != chat_family_from_name(e->family)) {
+    if (!gold || (!tmpl && !by_family) || family < 0 || family != chat_family_from_name(e->family)) {
         fprintf(stderr, "  %s: missing data or detected %s\n", e->id, chat_family_name(family));
         goto done;
     }
@@ -224,21 +229,22 @@ static int check_golden(const tmpl_entry *e) {
             goto done;
         }
         /* gen 2: enable_thinking=False, i.e. the render with the generation
-         * prompt followed by chat_thinking_off's text */
+         * prompt followed by chat_thinking_off's text (or the same error) */
         int thinking_off = gen == 2;
         if (thinking_off) {
             const char *sfx = chat_thinking_off(family);
             size_t sl = sfx ? strlen(sfx) : 0;
-            if (!ok || !sfx || len < sl || memcmp(want + len - sl, sfx, sl)) {
+            if (!sfx || (ok && (len < sl || memcmp(want + len - sl, sfx, sl)))) {
                 fprintf(stderr, "  %s / %s: enable_thinking=False does not end with the family's text\n", e->id, name);
                 free(want);
                 goto done;
             }
-            len -= sl;
+            if (ok) len -= sl;
             gen = 1;
         }
         char *out = (char *)"unset", err[LM_ERRLEN] = "";
-        int r = chat_render_template(tmpl, c->msgs, c->n, gen, bos, eos, &out, err, sizeof err);
+        int r = by_family ? chat_render(family, c->msgs, c->n, gen, bos, eos, &out, err, sizeof err)
+                          : chat_render_template(tmpl, c->msgs, c->n, gen, bos, eos, &out, err, sizeof err);
         int good = ok ? r == 0 && out && strlen(out) == len && !memcmp(out, want, len)
                       : r == -1 && out == NULL && err[0] != '\0';
         if (fold) { /* the template refuses a system message; lamina folds it in as its family does */
@@ -261,7 +267,7 @@ static int check_golden(const tmpl_entry *e) {
         }
         if (r == 0) lm_free(out);
         /* The family alone gives the same, unless the text adds something. */
-        if (good && ok) {
+        if (good && ok && !by_family) {
             char *out2 = NULL;
             int r2 = chat_render(family, c->msgs, c->n, gen, bos, eos, &out2, err, sizeof err);
             int same = r2 == 0 && strlen(out2) == len && !memcmp(out2, want, len);
@@ -313,8 +319,8 @@ static void test_golden_renders(void) {
     /* Gemma 2 refuses every conversation that opens with a system message */
     CHECKF(golden_folds >= 10 && golden_fold_renders >= 10, "only %d system folds checked (%d rendered)", golden_folds,
            golden_fold_renders);
-    /* Qwen3 with enable_thinking=False, every conversation once */
-    CHECKF(golden_thinking_off == load_convs(), "%d enable_thinking=False renders", golden_thinking_off);
+    /* Qwen3 and Qwen3.5 with enable_thinking=False, every conversation once */
+    CHECKF(golden_thinking_off == 2 * load_convs(), "%d enable_thinking=False renders", golden_thinking_off);
     printf("NOTE %d templates, %d renders compared, %d template errors matched, %d system folds, "
            "%d with thinking off\n",
            golden_templates, golden_cases - golden_errors - golden_folds, golden_errors, golden_folds,
@@ -328,6 +334,12 @@ static void test_detect_real_templates(void) {
     int seen[CHAT_N_FAMILIES] = {0}, unknown = 0;
     for (int i = 0; i < n_entries; i++) {
         const tmpl_entry *e = &entries[i];
+        if (e->golden == 2) { /* no text here: test_detect_rules holds its markers */
+            int f = chat_family_from_name(e->family);
+            CHECKF(f >= 0, "bad family %s", e->family);
+            if (f >= 0) seen[f]++;
+            continue;
+        }
         char *t = load_template(e);
         CHECKF(t != NULL, "templates/%s.jinja missing", e->id);
         int want = strcmp(e->family, "unknown") ? chat_family_from_name(e->family) : -1;
@@ -374,6 +386,11 @@ static void test_detect_rules(void) {
         {"'<|im_start|>' + role + '\\n<think>\\n' + r + '\\n</think>\\n\\n'", CHAT_QWEN3},
         {"'<|im_start|>assistant\\n<think>'", CHAT_CHATML},
         {"</think> <|im_start|>system<|im_sep|>", CHAT_QWEN3},
+        /* ChatML with reasoning and XML tool calls is Qwen3.5 (the markers
+         * of Qwen3.5-4B.jinja); XML calls without reasoning are not */
+        {"'<|im_start|>system\\n' '</think>' '<tool_call>\\n<function=' + tool_call.name", CHAT_QWEN35},
+        {"'<|im_start|>assistant\\n' '<tool_call>\\n<function=' + name", CHAT_CHATML},
+        {"'<function=' '</think>'", -1},
         {"{{'<｜User｜>' + c}}{{'<｜Assistant｜>'}}", CHAT_DEEPSEEK3},
         {"'<｜Assistant｜><think>\\n'", CHAT_DEEPSEEK3},
         {"split('</think>') '<｜Assistant｜>'", CHAT_DEEPSEEK_R1},
@@ -412,7 +429,12 @@ static void test_names_and_stops(void) {
     CHECK(chat_family_from_name("DeepSeek-R1") == CHAT_DEEPSEEK_R1);
     CHECK(chat_family_from_name("deepseek") == -1);
     CHECK(!strcmp(chat_stop_marker(CHAT_QWEN3), "<|im_end|>"));
-    for (int f = 0; f < CHAT_N_FAMILIES; f++) CHECK((chat_thinking_off(f) != NULL) == (f == CHAT_QWEN3));
+    for (int f = 0; f < CHAT_N_FAMILIES; f++)
+        CHECK((chat_thinking_off(f) != NULL) == (f == CHAT_QWEN3 || f == CHAT_QWEN35));
+    CHECK(!strcmp(chat_thinking_off(CHAT_QWEN35), "\n</think>\n\n"));
+    CHECK(chat_family_from_name("qwen3.5") == CHAT_QWEN35 && chat_family_from_name("Qwen35") == CHAT_QWEN35);
+    CHECK(!strcmp(chat_family_name(CHAT_QWEN35), "qwen3.5") && !strcmp(chat_stop_marker(CHAT_QWEN35), "<|im_end|>"));
+    CHECK(chat_family_from_name("qwen3.6") == -1 && chat_family_from_name("qwen3 5") == -1);
     CHECK(chat_thinking_off(-1) == NULL && chat_thinking_off(CHAT_N_FAMILIES) == NULL);
     CHECK(!strcmp(chat_stop_marker(CHAT_DEEPSEEK_R1),
                   "<\xef\xbd\x9c"
@@ -756,8 +778,9 @@ static void test_resolve_branches(void) {
     static const struct {
         const char *arch;
         int family;
-    } fallbacks[] = {{"gemma2", CHAT_GEMMA}, {"qwen3", CHAT_QWEN3}, {"qwen3moe", CHAT_QWEN3},
-                     {"phi3", CHAT_PHI3},    {"deepseek2", -1},     {"qwen2", -1}};
+    } fallbacks[] = {{"gemma2", CHAT_GEMMA},  {"qwen3", CHAT_QWEN3},      {"qwen3moe", CHAT_QWEN3},
+                     {"qwen35", CHAT_QWEN35}, {"qwen35moe", CHAT_QWEN35}, {"qwen3next", -1},
+                     {"phi3", CHAT_PHI3},     {"deepseek2", -1},          {"qwen2", -1}};
     for (size_t i = 0; i < sizeof fallbacks / sizeof fallbacks[0]; i++) {
         gguf_ctx *g = meta_file(fallbacks[i].arch, NULL);
         CHECK(g != NULL);
@@ -876,8 +899,10 @@ static void free_convs(void) {
 /* ------------------------------------------------------------------ tools */
 
 /* tools_golden.txt (make_tools_golden.py): conversations with tools rendered
- * by jinja2 with the real Qwen2.5 and Mistral v0.3 / Nemo templates; the
- * same through chat_render_tools, by template text and by family name. */
+ * by jinja2 with the real Qwen2.5, Qwen3 and Mistral v0.3 / Nemo templates;
+ * the same through chat_render_tools, by template text and by family name.
+ * tools_golden_<id>.txt: the same for a template not kept here (Qwen3.5),
+ * by family name. */
 typedef struct {
     char tid[64], name[64], bos[32], eos[32];
     int gen;
@@ -905,11 +930,15 @@ static void tool_case_free(tool_case *c) {
     memset(c, 0, sizeof *c);
 }
 
-static void test_tools_golden(void) {
-    char *text = read_all(DATA "tools_golden.txt", NULL);
-    CHECK(text);
+/* The cases of one tools golden file: by template text and, where the
+ * template adds nothing to its family, by family name; by family only for
+ * a template whose text is not kept (by_family: the manifest's family).
+ * Adds to *n_cases and *n_ok. */
+static void tools_golden_file(const char *path, int by_family, int *n_cases, int *n_ok) {
+    char *text = read_all(path, NULL);
+    CHECKF(text, "%s missing", path);
+    if (!text) return;
     char *p = text, *line;
-    int n_cases = 0, n_ok = 0;
     tool_case c;
     memset(&c, 0, sizeof c);
     bool open_case = false;
@@ -919,15 +948,14 @@ static void test_tools_golden(void) {
         size_t len;
         bool end = !line || !strncmp(line, "case ", 5);
         if (end && open_case) {
-            CHECKF(c.expect || true, "%s", c.name);
             char tpath[256];
             snprintf(tpath, sizeof tpath, DATA "templates/%s.jinja", c.tid);
-            char *tmpl = read_all(tpath, NULL);
-            CHECKF(tmpl, "no template %s", tpath);
+            char *tmpl = by_family >= 0 ? NULL : read_all(tpath, NULL);
+            CHECKF(tmpl || by_family >= 0, "no template %s", tpath);
             const char *bos = strcmp(c.bos, "-") ? c.bos : NULL, *eos = strcmp(c.eos, "-") ? c.eos : NULL;
-            for (int by_name = 0; by_name < 2; by_name++) {
+            for (int by_name = by_family >= 0; by_name < 2; by_name++) {
                 /* by family name only where the template adds nothing to its family (Mistral) */
-                int fam = chat_detect(tmpl);
+                int fam = by_family >= 0 ? by_family : chat_detect(tmpl);
                 if (by_name && fam == CHAT_CHATML) continue;
                 char *out = NULL, err[LM_ERRLEN] = "";
                 int rc =
@@ -937,7 +965,7 @@ static void test_tools_golden(void) {
                     CHECKF(rc == 0, "%s %s gen %d: %s", c.tid, c.name, c.gen, err);
                     CHECKF(!strcmp(out, c.expect), "%s %s gen %d (by %s):\n--- got\n%s\n--- want\n%s", c.tid, c.name,
                            c.gen, by_name ? "name" : "text", out, c.expect);
-                    n_ok++;
+                    ++*n_ok;
                 } else {
                     CHECKF(rc == -1 && !out && err[0], "%s %s: the template raises, lamina rendered", c.tid, c.name);
                 }
@@ -946,7 +974,7 @@ static void test_tools_golden(void) {
             free(tmpl);
             tool_case_free(&c);
             open_case = false;
-            n_cases++;
+            ++*n_cases;
         }
         if (!line) break;
         if (line[0] == '#' || !line[0]) continue;
@@ -977,7 +1005,26 @@ static void test_tools_golden(void) {
         }
     }
     free(text);
+}
+
+static void test_tools_golden(void) {
+    int n_cases = 0, n_ok = 0;
+    tools_golden_file(DATA "tools_golden.txt", -1, &n_cases, &n_ok);
     CHECKF(n_cases == 40 && n_ok >= 60, "%d cases, %d renders compared", n_cases, n_ok);
+    /* the templates not kept here (manifest golden 2): tools_golden_<id>.txt */
+    CHECK(load_manifest() >= 20);
+    int n_ext = 0;
+    n_cases = n_ok = 0;
+    for (int i = 0; i < n_entries; i++) {
+        if (entries[i].golden != 2) continue;
+        char path[256];
+        snprintf(path, sizeof path, DATA "tools_golden_%.95s.txt", entries[i].id);
+        tools_golden_file(path, chat_family_from_name(entries[i].family), &n_cases, &n_ok);
+        n_ext++;
+    }
+    /* Qwen3.5: the 5 shared conversations and 6 of its own, with and without the prompt */
+    CHECKF(n_ext == 1 && n_cases == 22 && n_ok == 18, "%d external templates: %d cases, %d renders compared", n_ext,
+           n_cases, n_ok);
 }
 
 /* The families without a tool format of their own: the hermes text in the
@@ -1035,6 +1082,27 @@ static void test_tools_fallback(void) {
     CHECK(chat_tool_syntax(CHAT_LLAMA3) == CHAT_TOOLS_LLAMA3 &&
           chat_tool_syntax(CHAT_MISTRAL_V3) == CHAT_TOOLS_MISTRAL);
     CHECK(chat_tool_syntax(CHAT_MISTRAL_V3_TEKKEN) == CHAT_TOOLS_MISTRAL);
+    CHECK(chat_tool_syntax(CHAT_QWEN35) == CHAT_TOOLS_XML && chat_tool_syntax(CHAT_QWEN3) == CHAT_TOOLS_HERMES);
+    /* qwen3.5: arguments that are not a JSON object have no parameters to write */
+    static const char *const not_objects[] = {"[1, 2]", "\"x\"", "{\"a\": }", "", "{} {}", "3"};
+    for (size_t k = 0; k < sizeof not_objects / sizeof *not_objects; k++) {
+        lm_chat_call bad = {"id1", "f", not_objects[k]};
+        lm_chat_xmsg q[] = {{"user", "Hi", NULL, 0, NULL}, {"assistant", "", &bad, 1, NULL}};
+        out = (char *)"unset";
+        CHECKF(chat_render_tools(CHAT_QWEN35, NULL, q, 2, &tool, 1, true, NULL, NULL, &out, err, sizeof err) == -1 &&
+                   !out && strstr(err, "not a JSON object"),
+               "'%s'", not_objects[k]);
+    }
+    /* ... and blanks around an object are fine */
+    lm_chat_call spaced = {"id1", "f", " \n{ \"a\" : [1,2] }\t"};
+    lm_chat_xmsg q[] = {{"user", "Hi", NULL, 0, NULL}, {"assistant", "", &spaced, 1, NULL}};
+    CHECKF(chat_render_tools(CHAT_QWEN35, NULL, q, 2, NULL, 0, false, NULL, NULL, &out, err, sizeof err) == 0, "%s",
+           err);
+    CHECKF(!strcmp(out,
+                   "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n"
+                   "<function=f>\n<parameter=a>\n[1, 2]\n</parameter>\n</function>\n</tool_call><|im_end|>\n"),
+           "%s", out);
+    lm_free(out);
     /* errors: unknown role, calls on a user message, a bad tool */
     lm_chat_xmsg bad1[] = {{"robot", "x", NULL, 0, NULL}};
     CHECK(chat_render_tools(CHAT_CHATML, NULL, bad1, 1, NULL, 0, true, NULL, NULL, &out, err, sizeof err) == -1 &&
@@ -1090,7 +1158,7 @@ static void test_prompt_one_call(void) {
     lm_tokenizer *tok = model_tok(true);
     CHECK(tok != NULL);
     const lm_chat_xmsg msgs[] = {{.role = "system", .content = "Be brief."}, {.role = "user", .content = "Hi"}};
-    const int fams[] = {CHAT_CHATML, CHAT_QWEN3, CHAT_LLAMA3};
+    const int fams[] = {CHAT_CHATML, CHAT_QWEN3, CHAT_LLAMA3, CHAT_QWEN35};
     for (size_t f = 0; f < sizeof fams / sizeof fams[0]; f++) {
         for (int off = 0; off < 2; off++) {
             char *want = NULL, *got = NULL;
@@ -1103,6 +1171,11 @@ static void test_prompt_one_call(void) {
             CHECKF(gb == wb && !strncmp(got, want, wl) && !strcmp(got + wl, sw ? sw : ""), "family %d off %d: '%s'",
                    fams[f], off, got);
             CHECK(fams[f] != CHAT_QWEN3 || !off || !strcmp(got + wl, "<think>\n\n</think>\n\n"));
+            /* Qwen3.5's prompt opens <think>: thinking off closes it at once */
+            const char *end =
+                off ? "<|im_start|>assistant\n<think>\n\n</think>\n\n" : "<|im_start|>assistant\n<think>\n";
+            size_t gl = strlen(got), el = strlen(end);
+            CHECK(fams[f] != CHAT_QWEN35 || (gl >= el && !strcmp(got + gl - el, end)));
             lm_free(want);
             lm_free(got);
         }

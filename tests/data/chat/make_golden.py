@@ -13,12 +13,19 @@ without the generation prompt. tests/test_chat.c renders the same
 conversations with lamina's C renderer and compares byte for byte; it needs
 none of this at run time.
 
+Templates in EXTERNAL are not kept here: their text is read from a
+directory of template files (llama.cpp's models/templates/, named by
+--templates DIR or $LAMINA_CHAT_TEMPLATES), and only their renders are
+written. Without that directory their golden files are left as they are.
+
 Output (all UTF-8, written with "\\n" line ends):
-  templates/<id>.jinja   the template text, exactly
+  templates/<id>.jinja   the template text, exactly (not for EXTERNAL)
   manifest.txt           one line per template:  <id> <family> <bos> <eos> <golden>
                          family is what chat_detect must return ("unknown"
                          for -1); bos/eos are the token texts passed in ("-"
-                         for none); golden is 1 when golden/<id>.txt exists
+                         for none); golden is 1 when golden/<id>.txt exists,
+                         2 when it exists and the template text is not kept
+                         (EXTERNAL: the test renders by family)
   conversations.txt      "conv <name>", then "msg <role> <nbytes>" followed by
                          exactly nbytes of content and a newline, then "end"
   golden/<id>.txt        per conversation and generation flag either
@@ -32,9 +39,10 @@ Output (all UTF-8, written with "\\n" line ends):
 
 Run from the repository root with jinja2 installed (any 3.x):
   python3 -m venv /tmp/venv && /tmp/venv/bin/pip install jinja2
-  /tmp/venv/bin/python tests/data/chat/make_golden.py
+  /tmp/venv/bin/python tests/data/chat/make_golden.py --templates ../llama.cpp/models/templates
 """
 
+import argparse
 import os
 import sys
 
@@ -925,6 +933,13 @@ CONVERSATIONS = [
     ("long", [(S, "sys " * 50), (U, "word " * 300 + "end"), (A, "ok " * 100), (U, "again")]),
 ]
 
+# Templates read from a template directory (--templates), never copied here:
+# (id, file name there, family, bos, eos). Each is rendered like a golden
+# template, with the enable_thinking=False renders too.
+EXTERNAL = [
+    ("qwen3.5-4b", "Qwen3.5-4B.jinja", "qwen3.5", None, "<|im_end|>"),
+]
+
 GENS = (True, False)
 
 # Templates whose error on a system message lamina answers by folding the
@@ -934,7 +949,7 @@ FOLDS_SYSTEM = {"gemma-2-2b-it": "System role not supported"}
 # Templates with an enable_thinking switch: their golden files also hold
 # "case <conv> 2 ..." renders, the generation prompt with enable_thinking=False
 # (lamina: the render with the prompt, then chat_thinking_off's text).
-THINKING_SWITCH = {"qwen3-0.6b"}
+THINKING_SWITCH = {"qwen3-0.6b", "qwen3.5-4b"}
 
 
 def environment():
@@ -964,7 +979,41 @@ def write(path, data):
         f.write(data.encode("utf-8"))
 
 
+def template_dir():
+    ap = argparse.ArgumentParser(description="write tests/data/chat/")
+    ap.add_argument("--templates", default=os.environ.get("LAMINA_CHAT_TEMPLATES"),
+                    help="directory holding the EXTERNAL templates (llama.cpp's models/templates/)")
+    return ap.parse_args().templates
+
+
+def golden_text(env, tid, text, bos, eos):
+    """The golden file of one template, and its (renders, errors) counts."""
+    out = []
+    n_ok = n_err = 0
+    for name, messages in CONVERSATIONS:
+        for gen in GENS:
+            ok, res = render(env, text, messages, gen, bos, eos)
+            if not ok and tid in FOLDS_SYSTEM and res == FOLDS_SYSTEM[tid]:
+                # lamina folds the system message in (chat.h): the test
+                # checks that it renders, as the family does
+                out.append(f"case {name} {int(gen)} fold\n{res}\n")
+            elif ok:
+                out.append(f"case {name} {int(gen)} ok {len(res.encode('utf-8'))}\n{res}\n")
+                n_ok += 1
+            else:
+                out.append(f"case {name} {int(gen)} error\n{res}\n")
+                n_err += 1
+    if tid in THINKING_SWITCH:
+        # gen 2: the generation prompt with enable_thinking=False
+        for name, messages in CONVERSATIONS:
+            ok, res = render(env, text, messages, True, bos, eos, enable_thinking=False)
+            out.append(f"case {name} 2 ok {len(res.encode('utf-8'))}\n{res}\n" if ok
+                       else f"case {name} 2 error\n{res}\n")
+    return "".join(out), n_ok, n_err
+
+
 def main():
+    tdir = template_dir()
     env = environment()
     os.makedirs(os.path.join(OUT, "templates"), exist_ok=True)
     os.makedirs(os.path.join(OUT, "golden"), exist_ok=True)
@@ -984,29 +1033,22 @@ def main():
         manifest.append(f"{tid} {family} {bos or '-'} {eos or '-'} {int(golden)}\n")
         if not golden:
             continue
-        out = []
-        for name, messages in CONVERSATIONS:
-            for gen in GENS:
-                ok, res = render(env, text, messages, gen, bos, eos)
-                if not ok and tid in FOLDS_SYSTEM and res == FOLDS_SYSTEM[tid]:
-                    # lamina folds the system message in (chat.h): the test
-                    # checks that it renders, as the family does
-                    out.append(f"case {name} {int(gen)} fold\n{res}\n")
-                elif ok:
-                    out.append(f"case {name} {int(gen)} ok {len(res.encode('utf-8'))}\n{res}\n")
-                    n_ok += 1
-                else:
-                    out.append(f"case {name} {int(gen)} error\n{res}\n")
-                    n_err += 1
-        if tid in THINKING_SWITCH:
-            # gen 2: the generation prompt with enable_thinking=False
-            for name, messages in CONVERSATIONS:
-                ok, res = render(env, text, messages, True, bos, eos, enable_thinking=False)
-                out.append(f"case {name} 2 ok {len(res.encode('utf-8'))}\n{res}\n" if ok
-                           else f"case {name} 2 error\n{res}\n")
-        write(os.path.join(OUT, "golden", tid + ".txt"), "".join(out))
+        g, k, e = golden_text(env, tid, text, bos, eos)
+        write(os.path.join(OUT, "golden", tid + ".txt"), g)
+        n_ok, n_err = n_ok + k, n_err + e
+    for tid, fname, family, bos, eos in EXTERNAL:
+        manifest.append(f"{tid} {family} {bos or '-'} {eos or '-'} 2\n")
+        path = os.path.join(tdir, fname) if tdir else None
+        if not path or not os.path.exists(path):
+            print(f"{tid}: {fname} not found (--templates DIR): golden/{tid}.txt left as it is", file=sys.stderr)
+            continue
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        g, k, e = golden_text(env, tid, text, bos, eos)
+        write(os.path.join(OUT, "golden", tid + ".txt"), g)
+        n_ok, n_err = n_ok + k, n_err + e
     write(os.path.join(OUT, "manifest.txt"), "".join(manifest))
-    print(f"{len(TEMPLATES)} templates, {n_ok} renders, {n_err} template errors "
+    print(f"{len(TEMPLATES) + len(EXTERNAL)} templates, {n_ok} renders, {n_err} template errors "
           f"(jinja2 {jinja2.__version__})", file=sys.stderr)
 
 

@@ -21,11 +21,19 @@ Format, one case after another:
   error                     then the template's message
 each text followed by one newline.
 
+Templates in EXTERNAL are not kept in templates/: their text is read from a
+directory of template files (llama.cpp's models/templates/, named by
+--templates DIR or $LAMINA_CHAT_TEMPLATES), and their cases, CONVS and
+their own (EXTRA), go to tools_golden_<id>.txt, in the same format, left as
+it is when the directory is not given.
+
 Run from the repository root with jinja2 installed (any 3.x):
-  python3 tests/data/chat/make_tools_golden.py
+  python3 tests/data/chat/make_tools_golden.py --templates ../llama.cpp/models/templates
 """
+import argparse
 import json
 import os
+import sys
 
 import jinja2
 from jinja2.ext import loopcontrols
@@ -36,6 +44,9 @@ TEMPLATES = [("qwen2.5-7b-instruct", "-", "<|im_end|>"),
              ("qwen3-0.6b", "-", "<|im_end|>"),
              ("mistral-7b-instruct-v0.3", "<s>", "</s>"),
              ("mistral-nemo-instruct-2407", "<s>", "</s>")]
+
+# (id, file name in the template directory, bos, eos)
+EXTERNAL = [("qwen3.5-4b", "Qwen3.5-4B.jinja", "-", "<|im_end|>")]
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
@@ -84,6 +95,48 @@ CONVS = [
         (U, "Hi", None, None)]),
 ]
 
+# Conversations for one template only: Qwen3.5's XML calls write every
+# argument as a parameter (strings raw, objects and arrays as JSON, other
+# values as Python's str()), contents trimmed, reasoning after the last query.
+XML_ARGS = ('{"location": "Paris", "days": 3, "ratio": 1.50, "big": 1e3, "tiny": 0.00001, "small": 0.0001, '
+            '"neg": -0, "negf": -0.0, "exp": -1.5e-7, "e16": 1e16, "e15": 1E15, "long": 123456789012345678.0, '
+            '"int": 12345678901234567890, "huge": 1e400, "flag": true, "off": false, "none": null, '
+            '"list": [1, "a", {"b": false}], "obj": {"k": "v\\n2", "n": []}, "text": "line one\\nline two\\n", '
+            '"empty": "", "caf\\u00e9": "\\u65e5"}')
+EXTRA = {"qwen3.5-4b": [
+    ("xml_values", [WEATHER, TIME], [
+        (S, "  You are a helpful assistant.\n", None, None),
+        (U, "Check these.", None, None),
+        (A, "<think>\nI should call it.\n</think>\n\nCalling now.", [call("c1", "get_weather", XML_ARGS)], None),
+        (T, '  {"temperature": 18}  \n', None, "c1"),
+        (A, "It is 18.", None, None),
+        (U, " Thanks ", None, None)]),
+    ("xml_after_query", [WEATHER], [
+        (U, "Weather in Rome and Oslo?", None, None),
+        (A, "<think>\nplan\n</think>\n\n", [call("c1", "get_weather", '{"location": "Rome"}'),
+                                            call("c2", "get_weather", '{"location": "Oslo", "unit": "celsius"}')],
+         None),
+        (T, "sunny", None, "c1"),
+        (T, "rain", None, "c2"),
+        (U, "<tool_response>\nlate\n</tool_response>", None, None),
+        (A, "no think, only text </think> kept?", [call("c3", "get_time", '{}')], None),
+        (T, "12:00", None, "c3")]),
+    ("xml_system_blank", [TIME], [
+        (S, " \n ", None, None),
+        (U, "Time?", None, None),
+        (A, "   ", [call("c1", "get_time", '{"tz": "UTC"}')], None)]),
+    ("xml_tool_first", [], [
+        (T, "orphan", None, "c0"),
+        (U, "q", None, None)]),
+    ("xml_no_query", [TIME], [
+        (S, "sys", None, None),
+        (U, "<tool_response>\nx\n</tool_response>", None, None),
+        (A, "a", None, None)]),
+    ("xml_late_system", [], [
+        (U, "q", None, None),
+        (S, "late", None, None)]),
+]}
+
 
 def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
@@ -117,32 +170,56 @@ def blob(head, text):
     return "%s %d\n%s\n" % (head, len(text.encode("utf-8")), text)
 
 
+def cases(env, text, tid, bos, eos, convs):
+    out = []
+    tmpl = env.from_string(text)
+    for name, tools, msgs in convs:
+        for gen in (1, 0):
+            out.append("case %s %d %s %s %s\n" % (tid, gen, name, bos, eos))
+            for t in tools:
+                out.append(blob("tool", json.dumps(t, ensure_ascii=True, separators=(",", ":"))))
+            for role, content, calls, cid in msgs:
+                out.append(blob("msg " + role, content))
+                for c in calls or []:
+                    out.append(blob("call %s %s" % (c["id"], c["name"]), c["arguments"]))
+                if cid is not None:
+                    out.append("callid %s\n" % cid)
+            try:
+                text = tmpl.render(messages=hf_messages(msgs), tools=tools or None, documents=None,
+                                   add_generation_prompt=bool(gen), bos_token="" if bos == "-" else bos,
+                                   eos_token=eos)
+                out.append(blob("ok", text))
+            except jinja2.exceptions.TemplateError as e:
+                out.append("error\n%s\n" % " ".join(str(e).split()))
+    return out
+
+
+def write(path, parts):
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        f.write("".join(parts))
+
+
 def main():
+    ap = argparse.ArgumentParser(description="write tests/data/chat/tools_golden*.txt")
+    ap.add_argument("--templates", default=os.environ.get("LAMINA_CHAT_TEMPLATES"),
+                    help="directory holding the EXTERNAL templates (llama.cpp's models/templates/)")
+    tdir = ap.parse_args().templates
     env = environment()
     out = ["# Written by make_tools_golden.py (jinja2 %s).\n" % jinja2.__version__]
     for tid, bos, eos in TEMPLATES:
         with open(os.path.join(OUT, "templates", tid + ".jinja"), encoding="utf-8") as f:
-            tmpl = env.from_string(f.read())
-        for name, tools, msgs in CONVS:
-            for gen in (1, 0):
-                out.append("case %s %d %s %s %s\n" % (tid, gen, name, bos, eos))
-                for t in tools:
-                    out.append(blob("tool", json.dumps(t, ensure_ascii=True, separators=(",", ":"))))
-                for role, content, calls, cid in msgs:
-                    out.append(blob("msg " + role, content))
-                    for c in calls or []:
-                        out.append(blob("call %s %s" % (c["id"], c["name"]), c["arguments"]))
-                    if cid is not None:
-                        out.append("callid %s\n" % cid)
-                try:
-                    text = tmpl.render(messages=hf_messages(msgs), tools=tools or None, documents=None,
-                                       add_generation_prompt=bool(gen), bos_token="" if bos == "-" else bos,
-                                       eos_token=eos)
-                    out.append(blob("ok", text))
-                except jinja2.exceptions.TemplateError as e:
-                    out.append("error\n%s\n" % " ".join(str(e).split()))
-    with open(os.path.join(OUT, "tools_golden.txt"), "w", encoding="utf-8", newline="\n") as f:
-        f.write("".join(out))
+            out += cases(env, f.read(), tid, bos, eos, CONVS + EXTRA.get(tid, []))
+    write(os.path.join(OUT, "tools_golden.txt"), out)
+    for tid, fname, bos, eos in EXTERNAL:
+        path = os.path.join(tdir, fname) if tdir else None
+        if not path or not os.path.exists(path):
+            print(f"{tid}: {fname} not found (--templates DIR): tools_golden_{tid}.txt left as it is", file=sys.stderr)
+            continue
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        ext = ["# Written by make_tools_golden.py from %s (jinja2 %s).\n" % (fname, jinja2.__version__)]
+        write(os.path.join(OUT, "tools_golden_%s.txt" % tid), ext + cases(env, text, tid, bos, eos,
+                                                                          CONVS + EXTRA.get(tid, [])))
 
 
 if __name__ == "__main__":
