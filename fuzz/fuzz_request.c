@@ -44,7 +44,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     lm_server_parse_ctx c = {
         .tok = tok, .n_ctx = 128, .model_name = "stories260K.gguf", .max_n = 8, .max_tokens_cap = (opt & 4) ? 64 : 0};
     if (opt & 2)
-        c.chat_family = (opt & 8) ? CHAT_LLAMA3 : (opt & 16) ? CHAT_MISTRAL_V3 : (opt & 32) ? CHAT_QWEN3 : CHAT_CHATML;
+        c.chat_family = (opt & 8) ? CHAT_LLAMA3
+            : (opt & 16)          ? CHAT_MISTRAL_V3
+            : (opt & 32)          ? CHAT_QWEN3
+            : (opt & 64)          ? CHAT_QWEN35
+                                  : CHAT_CHATML;
     else c.chat_family = -1, c.chat_template = ZEPHYR_TEMPLATE;
     lm_server_request r;
     lm_server_error e;
@@ -64,6 +68,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (r.p.top_logprobs < 0 || r.p.top_logprobs > 20) abort();
         if ((r.n_grammar_triggers && !r.tool_calls) || (r.tool_calls && !r.grammar) || (r.tool_calls && !r.chat))
             abort();
+        if (r.tool_calls && (r.tool_syntax == CHAT_TOOLS_XML) != (r.tool_strings != NULL)) abort();
         if (r.grammar) {
             lm_grammar *g = grammar_parse(r.grammar, strlen(r.grammar), NULL, NULL, 0);
             if (!g) abort();
@@ -72,7 +77,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         server_request_free(&r);
     } else {
         if (e.status < 400 || e.status > 599 || !e.message[0]) abort();
-        if (r.prompts || r.p.n_stop || r.p.bias_ids || r.grammar || r.n_grammar_triggers) abort();
+        if (r.prompts || r.p.n_stop || r.p.bias_ids || r.grammar || r.n_grammar_triggers || r.tool_strings) abort();
     }
     return 0;
 }

@@ -11,6 +11,7 @@
  */
 #include "serve/server.h"
 #include "serve/server_int.h"
+#include "decode/grammar.h"
 #include "sched/engine.h"
 
 #include <math.h>
@@ -777,11 +778,12 @@ static void read_events(calls_read *cr, srv_tc_out *o) {
     srv_tc_out_free(o);
 }
 
-/* The text fed in pieces of `step` bytes (0: whole). */
-static void read_calls(int syntax, const char *text, size_t step, calls_read *cr) {
+/* The text fed in pieces of `step` bytes (0: whole); raw: the xml syntax's
+ * text parameters (lm_server_request.tool_strings) or NULL. */
+static void read_calls_raw(int syntax, const char *raw, const char *text, size_t step, calls_read *cr) {
     memset(cr, 0, sizeof *cr);
     srv_tc t;
-    srv_tc_init(&t, syntax);
+    srv_tc_init(&t, syntax, raw);
     size_t n = strlen(text);
     if (step == 0) step = n ? n : 1;
     for (size_t at = 0;; at += step) {
@@ -792,6 +794,10 @@ static void read_calls(int syntax, const char *text, size_t step, calls_read *cr
         if (at + k >= n) break;
     }
     srv_tc_free(&t);
+}
+
+static void read_calls(int syntax, const char *text, size_t step, calls_read *cr) {
+    read_calls_raw(syntax, NULL, text, step, cr);
 }
 
 static void calls_read_free(calls_read *cr) {
@@ -1071,7 +1077,7 @@ static void test_tool_call_repeats(void) {
      * call that turns out different goes out whole (name, then arguments) */
     srv_tc t;
     srv_tc_out o = {0};
-    srv_tc_init(&t, CHAT_TOOLS_HERMES);
+    srv_tc_init(&t, CHAT_TOOLS_HERMES, NULL);
     const char *first = "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1";
     srv_tc_feed(&t, first, strlen(first), false, &o);
     CHECK(o.n == 2 && o.ev[0].name && !strcmp(o.ev[0].name, "f") && t.cur_named); /* a first call streams */
@@ -1090,6 +1096,191 @@ static void test_tool_call_repeats(void) {
     srv_tc_free(&t);
 }
 
+/* Whether lamina's matcher takes text, whole, as a string of grammar g (a
+ * vocabulary of the 256 bytes and an end token). */
+static bool grammar_takes(const char *g, const char *text) {
+    static char bytes[256];
+    static const char *bp[257];
+    static int lens[257];
+    static bool eog[257];
+    for (int b = 0; b < 256; b++) bytes[b] = (char)b, bp[b] = &bytes[b], lens[b] = 1;
+    bp[256] = "", lens[256] = 0, eog[256] = true;
+    char err[LM_ERRLEN];
+    lm_grammar *gr = grammar_parse(g, strlen(g), NULL, err, sizeof err);
+    lm_gvocab *v = grammar_vocab_from_bytes(257, bp, lens, eog, err, sizeof err);
+    lm_gmatch *m = gr && v ? gmatch_new(gr, v, err, sizeof err) : NULL;
+    bool ok = m != NULL;
+    for (const char *c = text; ok && *c; c++) ok = gmatch_accept(m, (unsigned char)*c) == 0;
+    ok = ok && gmatch_allows(m, 256);
+    gmatch_free(m);
+    grammar_vocab_free(v);
+    grammar_free(gr);
+    return ok;
+}
+
+/* The xml syntax (qwen3.5): the grammar holds calls to the tools' typed
+ * parameters in the schema's order (text, one-line text with bounds, a
+ * choice of strings, JSON of the schema), the text parameters travel with
+ * the request, and the reader turns the calls back into JSON arguments,
+ * strings for text parameters, whatever pieces the answer comes in. */
+static void test_tool_xml(void) {
+    lm_server_request r;
+    lm_server_error e;
+    ctx.n_ctx = 4096;
+    ctx.max_tokens_cap = 0;
+    ctx.chat_family = CHAT_QWEN35;
+    const char *tools =
+        "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": "
+        "\"object\", \"properties\": {\"s\": {\"type\": \"string\"}, \"n\": {\"type\": \"integer\"}, \"u\": "
+        "{\"enum\": [\"celsius\", \"fahrenheit\"]}, \"b\": {\"type\": \"boolean\"}, \"o\": {\"$ref\": "
+        "\"#/$defs/obj\"}, \"l\": {\"type\": \"string\", \"maxLength\": 3}, \"p\": {\"type\": \"string\", "
+        "\"pattern\": \"^[a-z]+$\"}}, \"required\": [\"s\", \"n\"], \"$defs\": {\"obj\": {\"type\": "
+        "\"object\", \"properties\": {\"k\": {\"type\": \"integer\"}}, \"required\": [\"k\"], "
+        "\"additionalProperties\": false}}}}}, " TOOL_T "]";
+    char body[2048];
+    snprintf(body, sizeof body, "{" CHAT_A ", %s}", tools);
+    int rc = parse(true, body, &r, &e);
+    CHECKF(rc == 0, "%s", e.message);
+    if (rc) return;
+    CHECK(r.tool_calls && r.tool_syntax == CHAT_TOOLS_XML && r.n_grammar_triggers == 1 &&
+          !strcmp(r.grammar_triggers[0], "<tool_call>"));
+    /* f's text parameters s, u, l (p has a pattern: JSON), then get_time's none */
+    static const char want_raw[] = "f\0s\0u\0l\0\0get_time\0\0";
+    CHECK(r.tool_strings && !memcmp(r.tool_strings, want_raw, sizeof want_raw));
+#define CALL(params) "<tool_call>\n<function=f>\n" params "</function>\n</tool_call>"
+#define P(k, v) "<parameter=" k ">\n" v "\n</parameter>\n"
+    static const struct {
+        const char *text;
+        bool ok;
+    } g[] = {
+        {CALL(P("s", "Paris") P("n", "3")), true},
+        {CALL(P("s", "a\nb <x> </param\n</parameter") P("n", "-12") P("u", "celsius") P("b", "true")
+                  P("o", "{\"k\": 1}") P("l", "abc") P("p", "\"xyz\"")),
+         true},
+        {CALL(P("s", "") P("n", "0")) "\n" CALL(P("s", "x") P("n", "1")), true},
+        {"<tool_call>\n<function=get_time>\n<parameter=tz>\nUTC\n</parameter>\n</function>\n</tool_call>", true},
+        {"<tool_call><function=get_time></function></tool_call>", true},
+        {CALL(P("s", "Paris")), false},                          /* n is required */
+        {CALL(P("n", "3") P("s", "Paris")), false},              /* the schema's order */
+        {CALL(P("s", "a") P("n", "3") P("x", "1")), false},      /* no such parameter */
+        {CALL(P("s", "a\n</parameter>\nb") P("n", "3")), false}, /* text ends at its close */
+        {CALL(P("s", "a") P("n", "three")), false},
+        {CALL(P("s", "a") P("n", "3") P("u", "\"celsius\"")), false}, /* choices are written bare */
+        {CALL(P("s", "a") P("n", "3") P("l", "abcd")), false},
+        {CALL(P("s", "a") P("n", "3") P("l", "a\nb")), false},
+        {CALL(P("s", "a") P("n", "3") P("o", "{}")), false},
+        {CALL(P("s", "a") P("n", "3") P("p", "xyz")), false}, /* a pattern: a JSON string */
+        {"<tool_call>\n<function=g>\n</function>\n</tool_call>", false},
+    };
+    for (size_t i = 0; i < sizeof g / sizeof *g; i++)
+        CHECKF(grammar_takes(r.grammar, g[i].text) == g[i].ok, "grammar case %zu", i);
+    /* read back, in pieces of every size */
+    static const struct {
+        const char *text, *content;
+        int n;
+        const char *name[2], *args[2];
+    } rd[] = {
+        {"Let me check.\n\n" CALL(P("s", "a \"q\"\n\tb\n") P("n", "3") P("u", "celsius") P("b", "true")
+                                      P("o", "{\"k\": 1}") P("p", " \"xyz\" ")),
+         "Let me check.",
+         1,
+         {"f"},
+         {"{\"s\": \"a \\\"q\\\"\\n\\tb\\n\", \"n\": 3, \"u\": \"celsius\", \"b\": true, \"o\": {\"k\": 1}, \"p\": "
+          "\"xyz\"}"}},
+        /* untyped parameters: JSON when it parses, Python's True/False/None, else a string */
+        {"<tool_call>\n<function=get_time>\n" P("a", "42") P("b", "True") P("c", "None") P("d", "[1, {\"x\": 2}]")
+             P("e", "hello world") P("f", "") "</function>\n</tool_call>\n<tool_call>\n<function=f>\n" P("s", "1")
+                 P("n", "2") "</function>\n</tool_call>",
+         "",
+         2,
+         {"get_time", "f"},
+         {"{\"a\": 42, \"b\": true, \"c\": null, \"d\": [1, {\"x\": 2}], \"e\": \"hello world\", \"f\": \"\"}",
+          "{\"s\": \"1\", \"n\": 2}"}},
+        /* a value with no line of its own is empty; no parameters: {} */
+        {"<tool_call><function=f><parameter=s></parameter></function></tool_call><tool_call><function=get_time>"
+         "</function></tool_call>",
+         "",
+         2,
+         {"f", "get_time"},
+         {"{\"s\": \"\"}", "{}"}},
+        /* a repeat is dropped; a call cut short keeps its parameters so far */
+        {CALL(P("s", "a") P("n", "1")) "\n" CALL(P("s", "a") P("n", "1")) "\n<tool_call>\n<function=f>\n" P(
+             "s", "b") "<parameter=n>\n2",
+         "",
+         2,
+         {"f", "f"},
+         {"{\"s\": \"a\", \"n\": 1}", "{\"s\": \"b\""}},
+        {"no call: <tool_call>\n<fun", "no call:", 0, {0}, {0}},
+        {"<tool_call>\n<function=f\n>", "", 0, {0}, {0}},
+    };
+    for (size_t i = 0; i < sizeof rd / sizeof *rd; i++) {
+        size_t n = strlen(rd[i].text);
+        for (size_t step = 0; step <= n; step += step < 4 ? 1 : 7) {
+            calls_read cr;
+            read_calls_raw(CHAT_TOOLS_XML, r.tool_strings, rd[i].text, step, &cr);
+            bool ok = !cr.bad && cr.n_calls == rd[i].n && !strcmp(cr.content.p ? cr.content.p : "", rd[i].content);
+            for (int k = 0; ok && k < cr.n_calls; k++)
+                ok = !strcmp(cr.names[k], rd[i].name[k]) && !strcmp(cr.args[k].p ? cr.args[k].p : "", rd[i].args[k]);
+            if (!ok) {
+                fprintf(stderr, "read case %zu step %zu: content '%s', %d calls", i, step,
+                        cr.content.p ? cr.content.p : "", cr.n_calls);
+                for (int k = 0; k < cr.n_calls; k++) fprintf(stderr, " %s(%s)", cr.names[k], cr.args[k].p);
+                fprintf(stderr, "\n");
+            }
+            calls_read_free(&cr);
+            CHECK(ok);
+        }
+    }
+#undef CALL
+#undef P
+    /* streamed: the arguments grow by whole parameters */
+    srv_tc t;
+    srv_tc_out o = {0};
+    srv_tc_init(&t, CHAT_TOOLS_XML, r.tool_strings);
+    const char *a = "<tool_call>\n<function=f>\n<parameter=s>\nx\n</parameter>\n<parameter=n>\n4";
+    srv_tc_feed(&t, a, strlen(a), false, &o);
+    CHECK(o.n == 2 && o.ev[0].name && !strcmp(o.ev[0].name, "f") && !strcmp(o.ev[1].args, "{\"s\": \"x\""));
+    srv_tc_out_free(&o);
+    const char *b = "2\n</parameter>\n</func";
+    srv_tc_feed(&t, b, strlen(b), false, &o);
+    CHECK(o.n == 1 && !strcmp(o.ev[0].args, ", \"n\": 42"));
+    srv_tc_out_free(&o);
+    srv_tc_feed(&t, "tion>\n</tool_call>", 18, true, &o);
+    CHECK(o.n == 1 && !strcmp(o.ev[0].args, "}") && t.n_calls == 1);
+    srv_tc_out_free(&o);
+    srv_tc_free(&t);
+    server_request_free(&r);
+    /* a round trip: the call and its result as Qwen3.5's template writes them */
+    const char *trip =
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"assistant\", \"content\": "
+        "null, \"tool_calls\": [{\"id\": \"call_1\", \"type\": \"function\", \"function\": {\"name\": "
+        "\"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}}]}, {\"role\": \"tool\", "
+        "\"tool_call_id\": \"call_1\", \"content\": \"sunny\"}], " TOOLS "}";
+    CHECKF(parse(true, trip, &r, &e) == 0, "%s", e.message);
+    const char *tool_json[2] = {
+        "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"d\",\"parameters\":"
+        "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}",
+        "{\"type\":\"function\",\"function\":{\"name\":\"get_time\"}}"};
+    lm_chat_call call = {"call_1", "get_weather", "{\"city\": \"Paris\"}"};
+    lm_chat_xmsg conv[] = {
+        {"user", "a", NULL, 0, NULL}, {"assistant", "", &call, 1, NULL}, {"tool", "sunny", NULL, 0, "call_1"}};
+    CHECK(same_prompt(&r, CHAT_QWEN35, conv, 3, tool_json, 2));
+    server_request_free(&r);
+    /* arguments that are not an object cannot be written: a 400 */
+    const char *not_obj =
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"assistant\", \"tool_calls\": "
+        "[{\"id\": \"c\", \"function\": {\"name\": \"get_time\", \"arguments\": \"[1]\"}}]}]}";
+    CHECK(parse(true, not_obj, &r, &e) == -1 && e.status == 400 && strstr(e.message, "not a JSON object"));
+    /* a property name the call syntax cannot hold: a 400 naming tools */
+    snprintf(body, sizeof body,
+             "{" CHAT_A ", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": "
+             "{\"type\": \"object\", \"properties\": {\"a>b\": {\"type\": \"string\"}}}}}]}");
+    CHECK(parse(true, body, &r, &e) == -1 && e.status == 400 && !strcmp(e.param, "tools") && strstr(e.message, "a>b"));
+    ctx.chat_family = CHAT_CHATML;
+    ctx.n_ctx = 128;
+    ctx.max_tokens_cap = 100;
+}
+
 /* Tools, a round trip and the tool-call reader with every allocation made
  * to fail in turn: a clean error (or lost events, flagged) each time, then
  * success; ASan sees no leak. */
@@ -1101,37 +1292,60 @@ static void test_tool_alloc_failure(void) {
         ", \"tool_choice\": \"auto\"}";
     ctx.n_ctx = 4096;
     bool ok = false;
-    for (long k = 0; k < 3000 && !ok; k++) {
-        lm_server_request r;
-        lm_server_error e;
-        lm_alloc_fail_after(k);
-        int rc = parse(true, body, &r, &e);
-        lm_alloc_fail_after(-1);
-        if (rc == 0) {
-            ok = true;
-            CHECK(r.tool_calls && r.grammar && r.n_grammar_triggers == 1);
-            server_request_free(&r);
-        } else {
-            CHECKF(e.status == 500 || e.status == 400, "fail after %ld: status %d (%s)", k, e.status, e.message);
-            CHECK(r.n_prompts == 0 && r.prompts == NULL && !r.grammar && !r.n_grammar_triggers);
+    char *raw = NULL; /* the xml syntax's text parameters, for the reader below */
+    for (int fam = 0; fam < 2; fam++) {
+        ctx.chat_family = fam ? CHAT_QWEN35 : CHAT_CHATML;
+        lm_server_request ref;
+        lm_server_error re;
+        CHECK(parse(true, body, &ref, &re) == 0); /* what a success must give */
+        ok = false;
+        for (long k = 0; k < 3000 && !ok; k++) {
+            lm_server_request r;
+            lm_server_error e;
+            lm_alloc_fail_after(k);
+            int rc = parse(true, body, &r, &e);
+            lm_alloc_fail_after(-1);
+            if (rc == 0) {
+                ok = true;
+                CHECK(r.tool_calls && r.grammar && r.n_grammar_triggers == 1 && !r.tool_strings == !fam);
+                CHECKF(!strcmp(r.grammar, ref.grammar), "fail after %ld: another grammar", k);
+                CHECK(!fam || !memcmp(r.tool_strings, ref.tool_strings, 29));
+                if (fam) raw = r.tool_strings, r.tool_strings = NULL;
+                server_request_free(&r);
+            } else {
+                CHECKF(e.status == 500 || e.status == 400, "fail after %ld: status %d (%s)", k, e.status, e.message);
+                CHECK(r.n_prompts == 0 && r.prompts == NULL && !r.grammar && !r.n_grammar_triggers && !r.tool_strings);
+            }
         }
+        server_request_free(&ref);
+        CHECKF(ok, "family %d", ctx.chat_family);
     }
+    ctx.chat_family = CHAT_CHATML;
     ctx.n_ctx = 128;
-    CHECK(ok);
-    const char *text = "Hi <tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call>";
-    ok = false;
-    for (long k = 0; k < 200 && !ok; k++) {
-        srv_tc t;
-        srv_tc_out o = {0};
-        srv_tc_init(&t, CHAT_TOOLS_HERMES);
-        lm_alloc_fail_after(k);
-        srv_tc_feed(&t, text, strlen(text), true, &o);
-        lm_alloc_fail_after(-1);
-        ok = !o.failed && !o.content.failed && o.n == 2;
-        srv_tc_out_free(&o);
-        srv_tc_free(&t);
+    static const struct {
+        int syntax;
+        const char *text;
+    } texts[] = {
+        {CHAT_TOOLS_HERMES, "Hi <tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call>"},
+        {CHAT_TOOLS_XML,
+         "Hi <tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"},
+    };
+    for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
+        ok = false;
+        for (long k = 0; k < 200 && !ok; k++) {
+            srv_tc t;
+            srv_tc_out o = {0};
+            srv_tc_init(&t, texts[i].syntax, texts[i].syntax == CHAT_TOOLS_XML ? raw : NULL);
+            lm_alloc_fail_after(k);
+            srv_tc_feed(&t, texts[i].text, strlen(texts[i].text), true, &o);
+            lm_alloc_fail_after(-1);
+            ok = !o.failed && !o.content.failed && o.n == 2;
+            srv_tc_out_free(&o);
+            srv_tc_free(&t);
+        }
+        CHECKF(ok, "syntax %d", texts[i].syntax);
     }
-    CHECK(ok);
+    lm_free(raw);
 }
 
 /* cache_salt: parsed into a hash, refused when not a 1..256-byte string;
@@ -1191,6 +1405,7 @@ int main(void) {
     TEST_RUN(test_thinking_switch);
     TEST_RUN(test_tool_call_reader);
     TEST_RUN(test_tool_call_repeats);
+    TEST_RUN(test_tool_xml);
     TEST_RUN(test_tool_alloc_failure);
     TEST_RUN(test_cache_salt);
     tok_free(tok);

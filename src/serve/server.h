@@ -135,6 +135,11 @@ typedef struct {
      * (chat_tool_syntax of the template's family) and answered as tool_calls. */
     bool tool_calls;
     int tool_syntax;
+    /* The xml syntax: which parameters of which tool are read back as text
+     * (strings; the others as JSON), a list of NUL-terminated names: per
+     * tool its name and its text parameters, an empty name ending each
+     * tool. Owned; NULL otherwise. */
+    char *tool_strings;
     /* cache_salt: given (a string of 1..SERVER_MAX_CACHE_SALT bytes), and
      * the first 8 bytes of its SHA-256 (server_request_salt mixes it in). */
     bool cache_salt_given;

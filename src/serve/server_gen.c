@@ -544,7 +544,7 @@ static cJSON *call_json(const srv_call *c, int choice, int index, const char *na
 static bool whole_tool_message(srv_call *c, int i, cJSON *j, const strbuf *text) {
     srv_tc tc;
     srv_tc_out o = {0};
-    srv_tc_init(&tc, c->req.tool_syntax);
+    srv_tc_init(&tc, c->req.tool_syntax, c->req.tool_strings);
     srv_tc_feed(&tc, text->p ? text->p : "", text->len, true, &o);
     srv_tc_free(&tc);
     cJSON *m = cJSON_AddObjectToObject(j, "message");
@@ -898,7 +898,7 @@ int call_run(srv_call *c) {
         return srv_respond_error(s, c->conn, &e);
     }
     for (int i = 0; i < c->req.n_prompts; i++) c->subs[i] = (srv_sub){c, i, NULL};
-    for (int i = 0; i < c->n_choices; i++) srv_tc_init(&c->ch[i].tc, c->req.tool_syntax);
+    for (int i = 0; i < c->n_choices; i++) srv_tc_init(&c->ch[i].tc, c->req.tool_syntax, c->req.tool_strings);
     snprintf(c->id, sizeof c->id, "%s-%016llx%08llx", c->chat ? "chatcmpl" : "cmpl",
              (unsigned long long)(s->id_salt ^ (uint64_t)(c->t_start * 1e9)),
              (unsigned long long)(atomic_fetch_add(&s->next_id, 1) & 0xffffffffu));

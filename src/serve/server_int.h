@@ -114,6 +114,47 @@ int srv_parse_format(const struct cJSON *root, lm_server_request *r, lm_server_e
 int srv_parse_tools(const struct cJSON *root, int family, lm_server_request *r, srv_tools *t, lm_server_error *e);
 void srv_tools_free(srv_tools *t);
 
+/* How far a scan of a call's text got: complete, cut by the end of the
+ * text so far, not a call. */
+enum { J_DONE, J_MORE, J_BAD };
+
+/* server_tools.c's helpers that server_tools_xml.c shares: a schema object
+ * to GBNF (NULL with a 400 about param, what naming it), and GBNF text with
+ * every rule name prefixed (NULL when out of memory). */
+char *srv_schema_gbnf(const struct cJSON *schema, const char *param, const char *what, lm_server_error *e);
+char *srv_prefix_rules(const char *g, const char *prefix);
+
+/* server_tools_xml.c: the XML syntax (CHAT_TOOLS_XML). A tool of the request. */
+typedef struct {
+    const char *name;
+    const struct cJSON *params; /* NULL: any parameters */
+} srv_tool_ref;
+
+/* The rules after "root" of the calls to tools[0..n) in the XML syntax
+ * (tc-call, tc-fn, each tool's parameters), appended to *g; the names of
+ * the parameters read back as text (strings) appended to *raw as a list:
+ * per tool its name, then its text parameters, each NUL-terminated, an
+ * empty name ending the tool. 0, or -1 with a 400 (a schema lamina cannot
+ * follow) or an out-of-memory error. */
+int srv_xml_rules(const srv_tool_ref *tools, int n, strbuf *g, strbuf *raw, lm_server_error *e);
+
+/* One call of the XML syntax read from s[p..n) (s[p] is past <tool_call>):
+ * its name once its tag is closed, and the JSON text of its arguments so
+ * far (each parameter once closed: text parameters of raw as JSON strings,
+ * others as the JSON the model wrote). status J_DONE with end past
+ * </tool_call>, J_MORE while the call is open at the end of the text,
+ * J_BAD when it is no call. *r must start zeroed; each scan replaces it. */
+typedef struct {
+    int status;
+    size_t end;
+    bool has_name, has_args;
+    size_t name_s, name_e; /* the name in s */
+    strbuf args;           /* the arguments' JSON text so far (srv_xml_scan_free) */
+} srv_xml_call;
+
+void srv_xml_scan(const char *s, size_t n, size_t p, const char *raw, srv_xml_call *r);
+void srv_xml_scan_free(srv_xml_call *r);
+
 /* A call kept by srv_tc: its name and its arguments without the blanks
  * between JSON tokens, at `at` in srv_tc.kept. */
 typedef struct {
@@ -123,6 +164,7 @@ typedef struct {
 /* Answer side: one choice's text read for tool calls as it comes. */
 typedef struct {
     int syntax;             /* CHAT_TOOLS_* */
+    const char *raw;        /* xml: srv_xml_rules' list of text parameters (the request's), or NULL */
     int phase;              /* text, calls, end */
     strbuf buf;             /* text: held back (a possible opener's start); calls: from the opener on */
     size_t pos;             /* calls: where the current call (or what precedes it) starts in buf */
@@ -151,7 +193,8 @@ typedef struct {
     bool failed; /* out of memory: events were lost */
 } srv_tc_out;
 
-void srv_tc_init(srv_tc *t, int syntax);
+/* raw: the request's tool_strings (the xml syntax), or NULL. */
+void srv_tc_init(srv_tc *t, int syntax, const char *raw);
 void srv_tc_free(srv_tc *t);
 /* Feed text (complete UTF-8 characters); final: the text is complete. */
 void srv_tc_feed(srv_tc *t, const char *s, size_t n, bool final, srv_tc_out *o);

@@ -792,5 +792,6 @@ void server_request_free(lm_server_request *r) {
     for (int i = 0; i < r->p.n_stop; i++) lm_free(r->stops[i]);
     lm_free(r->grammar);
     for (int i = 0; i < r->n_grammar_triggers; i++) lm_free(r->grammar_triggers[i]);
+    lm_free(r->tool_strings);
     memset(r, 0, sizeof *r);
 }

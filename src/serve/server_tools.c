@@ -17,6 +17,10 @@
  *   mistral  [TOOL_CALLS] [{"name": "N", "arguments": ARGS}, ...]  ([TOOL_CALLS]
  *            may be left out: a control token of Mistral's vocabulary, it
  *            leaves no text, and the array then opens the calls)
+ *   xml      <tool_call> <function=N> <parameter=K>\nV\n</parameter> ...
+ *            </function> </tool_call>, a parameter per property of the
+ *            tool's schema (server_tools_xml.c, which also reads such a
+ *            call back into JSON arguments)
  * with at most four blanks between tokens (none inside the opening {"name",
  * which the reader and the llama3 trigger look for), the name one of the tools (or the
  * one tool_choice names) and ARGS that tool's schema; several calls when
@@ -24,14 +28,16 @@
  * is called once (what naming it asks for; a small model otherwise tends to
  * repeat the call). tool_choice "required" or a named function constrains
  * the answer from its first token; "auto" makes the
- * grammar lazy, starting at the syntax's opener ("<tool_call>", {"name",
+ * grammar lazy, starting at the syntax's opener ("<tool_call>" for hermes
+ * and xml, {"name",
  * "[TOOL_CALLS]" or [{"name"), so free text stays free; "none" leaves the tools in the
  * prompt and out of the constraint.
  *
  * Answers (called by server_gen.c): srv_tc reads a choice's text as it comes
  * and splits it into content (the text before the first opener, trailing
  * blanks dropped) and calls: for each call its name once complete, then its
- * arguments (the exact JSON text the model wrote) in pieces. The text around
+ * arguments (the exact JSON text the model wrote; in the xml syntax the JSON
+ * its parameters make, a parameter at a time) in pieces. The text around
  * the calls is held back only while it could still be the start of an
  * opener, so streaming and whole answers give the same bytes. It parses
  * incrementally by re-reading the current call from its start on every feed
@@ -94,7 +100,7 @@ static char *schema_gbnf(const char *json, const char *param, const char *what, 
     return g;
 }
 
-static char *schema_obj_gbnf(const cJSON *schema, const char *param, const char *what, lm_server_error *e) {
+char *srv_schema_gbnf(const cJSON *schema, const char *param, const char *what, lm_server_error *e) {
     char *json = cJSON_PrintUnformatted(schema);
     if (!json) {
         oom(e);
@@ -136,7 +142,7 @@ int srv_parse_format(const cJSON *root, lm_server_request *r, lm_server_error *e
                 return BAD("response_format", "'response_format.json_schema.strict' must be a boolean");
             if (schema && !cJSON_IsObject(schema) && !cJSON_IsBool(schema))
                 return BAD("response_format", "'response_format.json_schema.schema' must be an object");
-            char *g = schema ? schema_obj_gbnf(schema, "response_format", "'response_format.json_schema.schema'", e)
+            char *g = schema ? srv_schema_gbnf(schema, "response_format", "'response_format.json_schema.schema'", e)
                              : json_schema_any_object_gbnf();
             if (!g) return schema ? -1 : oom(e);
             take(r, g);
@@ -160,7 +166,7 @@ int srv_parse_format(const cJSON *root, lm_server_request *r, lm_server_error *e
         if (!cJSON_IsObject(js) && !cJSON_IsBool(js)) return BAD("json_schema", "'json_schema' must be an object");
         if (given++)
             return BAD("json_schema", "give only one of 'response_format' (JSON), 'grammar' and 'json_schema'");
-        char *g = schema_obj_gbnf(js, "json_schema", "'json_schema'", e);
+        char *g = srv_schema_gbnf(js, "json_schema", "'json_schema'", e);
         if (!g) return -1;
         take(r, g);
     }
@@ -176,7 +182,7 @@ int srv_parse_format(const cJSON *root, lm_server_request *r, lm_server_error *e
 
 /* GBNF text with every rule name prefixed (literals, classes, repetition
  * counts and comments untouched); NULL when out of memory. */
-static char *prefix_rules(const char *g, const char *prefix) {
+char *srv_prefix_rules(const char *g, const char *prefix) {
     strbuf b = {0};
     for (const char *s = g; *s;) {
         char c = *s;
@@ -217,14 +223,25 @@ static const char *const *openers(int syntax) {
     return syntax == CHAT_TOOLS_LLAMA3 ? llama3 : syntax == CHAT_TOOLS_MISTRAL ? mistral : hermes;
 }
 
-typedef struct {
-    const char *name;
-    const cJSON *params; /* NULL: any object */
-} tool_ref;
-
-/* The GBNF of calls to the given tools in a syntax. */
-static char *tool_grammar(const tool_ref *tools, int n, int syntax, bool parallel, lm_server_error *e) {
+/* The GBNF of calls to the given tools in a syntax; the xml syntax's text
+ * parameters into *raw. */
+static char *tool_grammar(const srv_tool_ref *tools, int n, int syntax, bool parallel, strbuf *raw,
+                          lm_server_error *e) {
     strbuf b = {0};
+    if (syntax == CHAT_TOOLS_XML) {
+        strbuf_printf(&b, "root ::= tc-call %s\n", parallel ? "(tc-ws tc-call)*" : "");
+        strbuf_puts(&b, "tc-ws ::= [ \\t\\n]{0,4}\n");
+        if (srv_xml_rules(tools, n, &b, raw, e)) {
+            strbuf_free(&b);
+            return NULL;
+        }
+        if (b.failed || raw->failed) {
+            strbuf_free(&b);
+            oom(e);
+            return NULL;
+        }
+        return b.p;
+    }
     const char *args_key = syntax == CHAT_TOOLS_LLAMA3 ? "parameters" : "arguments";
     if (syntax == CHAT_TOOLS_MISTRAL)
         strbuf_printf(&b, "root ::= (\"[TOOL_CALLS]\" tc-ws)? \"[\" tc-obj %s tc-ws \"]\"\n",
@@ -244,13 +261,13 @@ static char *tool_grammar(const tool_ref *tools, int n, int syntax, bool paralle
         char param[48], prefix[16];
         snprintf(param, sizeof param, "'tools[%d].function.parameters'", i);
         snprintf(prefix, sizeof prefix, "t%d-", i);
-        char *g = tools[i].params ? schema_obj_gbnf(tools[i].params, "tools", param, e) : json_schema_any_object_gbnf();
+        char *g = tools[i].params ? srv_schema_gbnf(tools[i].params, "tools", param, e) : json_schema_any_object_gbnf();
         if (!g) {
             if (!tools[i].params) oom(e);
             strbuf_free(&b);
             return NULL;
         }
-        char *pg = prefix_rules(g, prefix);
+        char *pg = srv_prefix_rules(g, prefix);
         lm_free(g);
         if (!pg) {
             strbuf_free(&b);
@@ -299,7 +316,7 @@ int srv_parse_tools(const cJSON *root, int family, lm_server_request *r, srv_too
     if (tools && !cJSON_IsArray(tools)) return BAD("tools", "'tools' must be an array of tools");
     int n = tools ? cJSON_GetArraySize(tools) : 0;
     if (n > SERVER_MAX_TOOLS) return BAD("tools", "'tools' may hold at most %d tools", SERVER_MAX_TOOLS);
-    tool_ref refs[SERVER_MAX_TOOLS];
+    srv_tool_ref refs[SERVER_MAX_TOOLS];
     int i = 0;
     for (const cJSON *tl = tools ? tools->child : NULL; tl; tl = tl->next, i++) {
         const cJSON *type = cJSON_IsObject(tl) ? field(tl, "type") : NULL;
@@ -315,7 +332,7 @@ int srv_parse_tools(const cJSON *root, int family, lm_server_request *r, srv_too
         for (int k = 0; k < i; k++)
             if (!strcmp(refs[k].name, name->valuestring))
                 return BAD("tools", "'tools' names the function '%s' twice", name->valuestring);
-        refs[i] = (tool_ref){name->valuestring, params};
+        refs[i] = (srv_tool_ref){name->valuestring, params};
         if (!(t->json[i] = cJSON_PrintUnformatted(tl))) return oom(e);
         t->n = i + 1;
     }
@@ -354,9 +371,15 @@ int srv_parse_tools(const cJSON *root, int family, lm_server_request *r, srv_too
                    "tool calls cannot be combined with 'response_format' (JSON), 'grammar' or "
                    "'json_schema'; set 'tool_choice' to 'none' to use those");
     int syntax = chat_tool_syntax(family);
-    char *g = named >= 0 ? tool_grammar(&refs[named], 1, syntax, false, e) : tool_grammar(refs, n, syntax, parallel, e);
-    if (!g) return -1;
+    strbuf raw = {0};
+    char *g = named >= 0 ? tool_grammar(&refs[named], 1, syntax, false, &raw, e)
+                         : tool_grammar(refs, n, syntax, parallel, &raw, e);
+    if (!g) {
+        strbuf_free(&raw);
+        return -1;
+    }
     r->grammar = g;
+    r->tool_strings = raw.p; /* the xml syntax's; NULL for the others */
     if (check_grammar(g, "tools", "the tools' grammar", e)) return -1;
     for (int k = 0; mode == AUTO && k < 2 && openers(syntax)[k]; k++) {
         const char *op = openers(syntax)[k];
@@ -371,7 +394,6 @@ int srv_parse_tools(const cJSON *root, int family, lm_server_request *r, srv_too
 /* -------------------------------------------------------------- answers */
 
 enum { TC_TEXT, TC_CALLS, TC_END };
-enum { J_DONE, J_MORE, J_BAD };
 
 static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
@@ -563,8 +585,31 @@ static bool kept_match(const srv_tc *t, const char *name, size_t nl, const char 
     return false;
 }
 
+/* What a scan found of the current call, whatever its syntax: its name and
+ * its arguments' text so far (pointers valid until the next feed). */
+typedef struct {
+    int status;
+    bool has_name, has_args;
+    const char *name, *args;
+    size_t name_len, args_len;
+} call_view;
+
+static call_view view_json(const char *s, const call_scan *r) {
+    call_view v = {r->status, r->has_name, r->has_args, NULL, NULL, 0, 0};
+    if (r->has_name) v.name = s + r->name_s + 1, v.name_len = r->name_e - r->name_s - 2;
+    if (r->has_args) v.args = s + r->args_s, v.args_len = r->args_e - r->args_s;
+    return v;
+}
+
+static call_view view_xml(const char *s, const srv_xml_call *r) {
+    call_view v = {r->status, r->has_name, r->has_args, NULL, NULL, 0, 0};
+    if (r->has_name) v.name = s + r->name_s, v.name_len = r->name_e - r->name_s;
+    if (r->has_args) v.args = r->args.p ? r->args.p : "", v.args_len = r->args.len;
+    return v;
+}
+
 /* The current call's name and arguments (blanks left out) among the kept. */
-static void keep_call(srv_tc *t, const call_scan *r, srv_tc_out *o) {
+static void keep_call(srv_tc *t, const call_view *r, srv_tc_out *o) {
     if (t->n_kept == t->kept_cap) {
         int cap = t->kept_cap ? t->kept_cap * 2 : 8;
         srv_tc_kept *k = lm_realloc(t->kept_at, (size_t)cap * sizeof *k);
@@ -574,9 +619,9 @@ static void keep_call(srv_tc *t, const call_scan *r, srv_tc_out *o) {
         }
         t->kept_at = k, t->kept_cap = cap;
     }
-    const char *s = t->buf.p, *a = r->has_args ? s + r->args_s : "{}";
-    size_t at = t->kept.len, nl = r->name_e - r->name_s - 2, an = r->has_args ? r->args_e - r->args_s : 2;
-    strbuf_put(&t->kept, s + r->name_s + 1, nl);
+    const char *a = r->has_args ? r->args : "{}";
+    size_t at = t->kept.len, nl = r->name_len, an = r->has_args ? r->args_len : 2;
+    strbuf_put(&t->kept, r->name, nl);
     bool str = false, esc = false;
     size_t from = 0;
     for (size_t i = 0; i <= an; i++) /* the runs between blanks */
@@ -594,30 +639,25 @@ static void keep_call(srv_tc *t, const call_scan *r, srv_tc_out *o) {
 /* What the current call's scan lets out: its name once, then new argument
  * bytes; nothing while the call may still repeat a kept one (the same name,
  * and arguments the kept one's, or their start, while the call is open). */
-static void emit_scan(srv_tc *t, const call_scan *r, srv_tc_out *o) {
-    const char *s = t->buf.p;
+static void emit_scan(srv_tc *t, const call_view *r, srv_tc_out *o) {
     if (!t->cur_named && r->has_name) {
-        const char *name = s + r->name_s + 1;
-        size_t nl = r->name_e - r->name_s - 2;
-        if (!t->cur_held) t->cur_held = kept_match(t, name, nl, NULL, 0, false);
+        if (!t->cur_held) t->cur_held = kept_match(t, r->name, r->name_len, NULL, 0, false);
         bool whole = r->status == J_DONE;
-        if (t->cur_held && r->has_args)
-            t->cur_held = kept_match(t, name, nl, s + r->args_s, r->args_e - r->args_s, whole);
-        else if (t->cur_held && whole) t->cur_held = kept_match(t, name, nl, "{}", 2, true);
+        if (t->cur_held && r->has_args) t->cur_held = kept_match(t, r->name, r->name_len, r->args, r->args_len, whole);
+        else if (t->cur_held && whole) t->cur_held = kept_match(t, r->name, r->name_len, "{}", 2, true);
         if (t->cur_held) return;
-        out_event(o, t->n_calls, name, nl, NULL, 0);
+        out_event(o, t->n_calls, r->name, r->name_len, NULL, 0);
         t->cur_named = true;
     }
-    if (t->cur_named && r->has_args && r->args_e > r->args_s + t->args_sent) {
-        size_t from = r->args_s + t->args_sent;
-        out_event(o, t->n_calls, NULL, 0, s + from, r->args_e - from);
-        t->args_sent = r->args_e - r->args_s;
+    if (t->cur_named && r->has_args && r->args_len > t->args_sent) {
+        out_event(o, t->n_calls, NULL, 0, r->args + t->args_sent, r->args_len - t->args_sent);
+        t->args_sent = r->args_len;
     }
 }
 
 /* The current call ends: kept when out; a held one is a repeat (or, cut
  * short, the start of one) and is dropped. */
-static void end_call(srv_tc *t, const call_scan *r, srv_tc_out *o) {
+static void end_call(srv_tc *t, const call_view *r, srv_tc_out *o) {
     if (t->cur_named) {
         if (!r->has_args) out_event(o, t->n_calls, NULL, 0, "{}", 2);
         keep_call(t, r, o);
@@ -647,7 +687,7 @@ static void calls_step(srv_tc *t, bool final, srv_tc_out *o) {
         if (!t->in_call) {
             if (p >= n) return;
             int st = J_DONE;
-            if (t->syntax == CHAT_TOOLS_HERMES) {
+            if (t->syntax == CHAT_TOOLS_HERMES || t->syntax == CHAT_TOOLS_XML) {
                 st = expect(s, n, &p, "<tool_call>");
             } else if (t->syntax == CHAT_TOOLS_MISTRAL) {
                 if (!t->in_array) {
@@ -674,27 +714,36 @@ static void calls_step(srv_tc *t, bool final, srv_tc_out *o) {
             t->in_call = true;
         }
         call_scan r;
-        scan_call(s, n, t->pos, args_key, final, &r);
-        emit_scan(t, &r, o);
-        if (r.status != J_DONE) {
-            if (r.status == J_BAD || final) {
-                if (r.status == J_BAD) end_call(t, &r, o);
-                t->phase = TC_END;
-            }
+        srv_xml_call x = {0};
+        call_view v;
+        if (t->syntax == CHAT_TOOLS_XML) { /* the call's close is part of its scan */
+            srv_xml_scan(s, n, t->pos, t->raw, &x);
+            v = view_xml(s, &x);
+            p = x.end;
+        } else {
+            scan_call(s, n, t->pos, args_key, final, &r);
+            v = view_json(s, &r);
+            p = r.end;
+        }
+        emit_scan(t, &v, o);
+        int st = v.status;
+        if (st == J_DONE && t->syntax == CHAT_TOOLS_HERMES) {
+            p = skip_ws(s, n, p);
+            st = expect(s, n, &p, "</tool_call>");
+            if (st == J_BAD) st = -1; /* the call is whole, what follows is not its close */
+        }
+        if (st == J_MORE && !final) {
+            srv_xml_scan_free(&x);
             return;
         }
-        p = r.end;
-        if (t->syntax == CHAT_TOOLS_HERMES) {
-            p = skip_ws(s, n, p);
-            int st = expect(s, n, &p, "</tool_call>");
-            if (st == J_MORE && !final) return;
-            if (st != J_DONE) {
-                end_call(t, &r, o);
-                t->phase = TC_END;
-                return;
-            }
+        if (st != J_DONE) {
+            if (st != J_MORE || v.status == J_DONE) end_call(t, &v, o);
+            srv_xml_scan_free(&x);
+            t->phase = TC_END;
+            return;
         }
-        end_call(t, &r, o);
+        end_call(t, &v, o);
+        srv_xml_scan_free(&x);
         t->pos = p;
     }
 }
@@ -707,9 +756,10 @@ static size_t partial_opener(const char *s, size_t n, const char *op) {
     return 0;
 }
 
-void srv_tc_init(srv_tc *t, int syntax) {
+void srv_tc_init(srv_tc *t, int syntax, const char *raw) {
     memset(t, 0, sizeof *t);
     t->syntax = syntax;
+    t->raw = raw;
 }
 
 void srv_tc_free(srv_tc *t) {
