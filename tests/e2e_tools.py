@@ -9,8 +9,10 @@ exit status 0, nothing from the sanitizers):
   - the bundled model (models/stories260K.gguf), ChatML template (the
     Hermes tool syntax), context stretched to 2048 for the tools' prompt;
   - a random-weight model written by `lamina mkmodel` (the bundled
-    vocabulary), once with the llama3 template (Llama 3.1's JSON calls) and
-    once with mistral-v3 ([TOOL_CALLS]);
+    vocabulary), once with the llama3 template (Llama 3.1's JSON calls),
+    once with mistral-v3 ([TOOL_CALLS]) and once with qwen3.5 (Qwen3.5's
+    XML calls, <function=...><parameter=...>, read back into JSON
+    arguments);
   - the bundled model again with a tiny KV pool (--kv-mem), for preemption.
 tests/e2e_tools_gemma3.py runs a lighter set of the same checks on Gemma 3
 270M (a real model, whose template has no tool format: the Hermes fallback).
@@ -481,13 +483,13 @@ def main():
         servers.append((srv, "bundled"))
         run_client(py, srv, "bundled/chatml", "stories260K.gguf")
 
-        # 2. random weights, Llama 3.1 and Mistral v3 tool syntaxes
+        # 2. random weights, Llama 3.1, Mistral v3 and Qwen3.5 tool syntaxes
         rnd = os.path.join(tmp, "random.gguf")
         r = subprocess.run([LAMINA, "mkmodel", "-o", rnd, "--layers", "2", "--embd", "64", "--heads", "4",
                             "--kv-heads", "2", "--ff", "128", "--ctx", "2048", "--vocab-from", MODEL, "--seed", "5"],
                            capture_output=True, text=True, timeout=300)
         result("mkmodel writes a random-weight model", r.returncode == 0, r.stderr)
-        for fam in ("llama3", "mistral-v3"):
+        for fam in ("llama3", "mistral-v3", "qwen3.5"):
             srv = Server(rnd, "--chat-template", fam)
             servers.append((srv, "random/" + fam))
             run_client(py, srv, "random/" + fam, "random.gguf", quick=True, skip_parts=("batch",))
