@@ -1,7 +1,7 @@
 /*
  * chat_tools.c - conversations with tools: OpenAI's function tools, the
  * assistant's tool calls and the tool results, as each chat family shows
- * them (chat.h names the three syntaxes and the templates they reproduce).
+ * them (chat.h names the four syntaxes and the templates they reproduce).
  *
  * Two ways to render. The hermes families are a rewrite of the messages into
  * plain system/user/assistant ones that chat_render (or chat_render_template)
