@@ -704,11 +704,14 @@ static const char XML_TAIL[] =
  * shortest digits that read back as the same double, written fixed when
  * the decimal point falls within -4 < point <= 16, else as d.ddde+XX. */
 static void put_pyfloat(strbuf *b, const char *s, size_t n) {
-    char num[64], e[40], digits[24];
-    if (n >= sizeof num) n = sizeof num - 1; /* JSON numbers this long are their first 63 characters */
-    memcpy(num, s, n);
-    num[n] = '\0';
+    char e[40], digits[24];
+    char *num = lm_strndup(s, n); /* strtod wants the number NUL-terminated */
+    if (!num) {
+        b->failed = true;
+        return;
+    }
     double v = strtod(num, NULL);
+    lm_free(num);
     if (v != v || v - v != 0) { /* out of range: json.loads gives inf */
         strbuf_puts(b, v < 0 ? "-inf" : "inf");
         return;

@@ -101,6 +101,8 @@ CONVS = [
 XML_ARGS = ('{"location": "Paris", "days": 3, "ratio": 1.50, "big": 1e3, "tiny": 0.00001, "small": 0.0001, '
             '"neg": -0, "negf": -0.0, "exp": -1.5e-7, "e16": 1e16, "e15": 1E15, "long": 123456789012345678.0, '
             '"int": 12345678901234567890, "huge": 1e400, "flag": true, "off": false, "none": null, '
+            '"longnum": 0.00000000000000000000000000000000000000000000000000000000000000000000000012345, '
+            '"one": 1.0, "sci": 2.5E+3, '
             '"list": [1, "a", {"b": false}], "obj": {"k": "v\\n2", "n": []}, "text": "line one\\nline two\\n", '
             '"empty": "", "caf\\u00e9": "\\u65e5"}')
 EXTRA = {"qwen3.5-4b": [
