@@ -456,6 +456,9 @@ typedef struct {
     int64_t grammar_cache_entries;    /* how many */
     uint64_t grammar_compiles_total;  /* grammars compiled (requests that found none kept) */
     uint64_t grammar_evictions_total; /* kept grammars dropped for room */
+    /* hybrid models (linear-attention layers): the recurrent state store's
+     * slots, one per running sequence (0 for a model without such layers) */
+    uint64_t mem_state;
 } lm_engine_stats;
 
 /* Fill the first size bytes of *st (lm_engine_get_stats passes sizeof). */

@@ -5,8 +5,7 @@ through main() below). The reference facts, and how they were made, are in
 tests/data/<arch>/ and tests/data/arch_README.md.
 
 For each architecture and weight type (F16, and Q8_0 as the quantized type;
-the hybrid ones, qwen35 and qwen35moe, without the greedy checks, which need
-the engine: `lamina run` must refuse them by name instead):
+the hybrid ones, qwen35 and qwen35moe, included):
   - the file: `lamina mkmodel --preset <arch>-small --type T --vocab-from V`
     written into a temporary folder must have the recorded sha256 (the facts
     belong to those bytes; a change to mkmodel that moves them needs new
@@ -52,10 +51,6 @@ PPL_TOL = {"F16": 0.002, "Q8_0": 0.01}
 # tokens at F16); the logits checks above see no such flip.
 PPL_TOL_MOE = {"F16": 0.01, "Q8_0": 0.01}
 MOE = {"qwen3moe", "qwen2moe", "mixtral", "deepseek2", "qwen35moe"}
-# Hybrid models (linear-attention layers with recurrent state): the engine
-# does not run them yet, so `lamina run` must refuse them by name and the
-# greedy checks are skipped; logits and perplexity run one sequence.
-HYBRID = {"qwen35", "qwen35moe"}
 
 def lamina(*args, timeout=300):
     return subprocess.run([LAMINA, *args], capture_output=True, timeout=timeout)
@@ -202,15 +197,6 @@ def check_bench_bytes(arch, model):
            "want %d / %d, got %s" % (active, total, {k: v for k, v in j.items() if "bytes" in k}))
 
 
-def check_engine_refuses(arch, t, model):
-    r = lamina("run", "-m", model, "-p", "Hello", "-n", "4", "--temp", "0")
-    err = r.stderr.decode()
-    result("%s %s: lamina run refuses it, naming the hybrid layers" % (arch, t),
-           r.returncode != 0 and "hybrid model" in err and "linear-attention" in err and "Traceback" not in err,
-           "rc %d: %s" % (r.returncode, err[-400:]))
-    skip("%s %s greedy" % (arch, t), "the engine does not run hybrid models yet")
-
-
 def check_arch(arch, tmp):
     facts, ppl = read_facts(arch)
     vocab = os.path.join(DATA, "vocab", VOCAB.get(arch, DEFAULT_VOCAB))
@@ -225,10 +211,8 @@ def check_arch(arch, tmp):
             continue
         for c in facts[t]["prompts"]:
             check_logits(arch, t, model, c)
-            if not asan and arch not in HYBRID:
+            if not asan:
                 check_greedy(arch, t, model, c)
-        if arch in HYBRID:
-            check_engine_refuses(arch, t, model)
         if not asan:
             check_perplexity(arch, t, model, ppl[t])
         if arch in MOE_SHAPE and t == "Q8_0":

@@ -414,17 +414,18 @@ static const char *hb(uint64_t b, char *buf, size_t n) {
 void mem_print(FILE *f, const char *cmd, const lm_engine_stats *st, uint32_t kv_type, int n_ctx) {
     char a[32], b[32], c[32], d[32], e[32], g[32];
     uint64_t draft = st->mem_draft_weights + st->mem_draft_workspace + st->mem_draft_kv;
-    uint64_t used = st->mem_weights + st->mem_packed + st->mem_workspace + st->mem_kv + draft;
-    char dpart[48] = "";
+    uint64_t used = st->mem_weights + st->mem_packed + st->mem_workspace + st->mem_state + st->mem_kv + draft;
+    char dpart[48] = "", spart[48] = "";
     if (draft) snprintf(dpart, sizeof dpart, " + draft model %s", hb(draft, g, sizeof g));
+    if (st->mem_state) snprintf(spart, sizeof spart, " + state %s", hb(st->mem_state, g, sizeof g));
     if (st->mem_budget)
-        fprintf(f, "lamina %s: memory budget %s = weights %s + workspace %s + KV %s%s + unused %s\n", cmd,
+        fprintf(f, "lamina %s: memory budget %s = weights %s + workspace %s%s + KV %s%s + unused %s\n", cmd,
                 hb(st->mem_budget, a, sizeof a), hb(st->mem_weights + st->mem_packed, b, sizeof b),
-                hb(st->mem_workspace, c, sizeof c), hb(st->mem_kv, d, sizeof d), dpart,
+                hb(st->mem_workspace, c, sizeof c), spart, hb(st->mem_kv, d, sizeof d), dpart,
                 hb(st->mem_budget > used ? st->mem_budget - used : 0, e, sizeof e));
     else
-        fprintf(f, "lamina %s: memory (no budget) weights %s + workspace %s + KV %s%s = %s\n", cmd,
-                hb(st->mem_weights + st->mem_packed, b, sizeof b), hb(st->mem_workspace, c, sizeof c),
+        fprintf(f, "lamina %s: memory (no budget) weights %s + workspace %s%s + KV %s%s = %s\n", cmd,
+                hb(st->mem_weights + st->mem_packed, b, sizeof b), hb(st->mem_workspace, c, sizeof c), spart,
                 hb(st->mem_kv, d, sizeof d), dpart, hb(used, a, sizeof a));
     fprintf(f, "lamina %s: KV pool %s: %lld tokens, %lld sequence%s of %d at once\n", cmd, quant_type_name(kv_type),
             (long long)st->kv_max_tokens, (long long)st->kv_max_seqs, st->kv_max_seqs == 1 ? "" : "s", n_ctx);

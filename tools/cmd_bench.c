@@ -429,6 +429,7 @@ int cmd_bench(int argc, char **argv) {
                               .mem_packed = sp.packed,
                               .mem_workspace = sp.workspace,
                               .mem_kv = sp.kv,
+                              .mem_state = sp.state,
                               .kv_max_tokens = sp.kv_tokens,
                               .kv_max_seqs = sp.kv_seqs};
         mem_print(stderr, "bench", &st, kv_type, ctx);

@@ -38,6 +38,7 @@
 #include "model/forward.h"
 #include "sched/engine.h"
 #include "kv/kv.h"
+#include "kv/rstate.h"
 #include "format/quant.h"
 #include "base/util.h"
 
@@ -128,13 +129,16 @@ static uint64_t budget_split(const lm_model *m, const lm_model *dm, uint64_t bud
     char err[LM_ERRLEN];
     if (engine_mem_plan(m, &ec, &sp, err, sizeof err)) fail("kv", err);
     uint64_t draft = sp.draft_weights + sp.draft_workspace + sp.draft_kv;
-    uint64_t used = sp.weights + sp.packed + sp.workspace + sp.kv + draft;
+    uint64_t used = sp.weights + sp.packed + sp.workspace + sp.state + sp.kv + draft;
     printf("memory budget:   %llu bytes (%.2f MiB)\n", (unsigned long long)budget, mib(budget));
     printf("  weights:       %llu bytes (%.2f MiB): %llu mapped + %llu packed copies\n",
            (unsigned long long)(sp.weights + sp.packed), mib(sp.weights + sp.packed), (unsigned long long)sp.weights,
            (unsigned long long)sp.packed);
     printf("  workspace:     %llu bytes (%.2f MiB): batches of %d tokens, %d threads, logits of %d sequences\n",
            (unsigned long long)sp.workspace, mib(sp.workspace), chunk < ctx ? chunk : ctx, threads, seqs);
+    if (sp.state)
+        printf("  state:         %llu bytes (%.2f MiB): the recurrent layers' state, %d sequence%s (F32)\n",
+               (unsigned long long)sp.state, mib(sp.state), seqs, seqs == 1 ? "" : "s");
     printf("  KV pool:       %llu bytes (%.2f MiB): the rest, %lld tokens, %lld sequence%s of %d at once\n",
            (unsigned long long)sp.kv, mib(sp.kv), (long long)sp.kv_tokens, (long long)sp.kv_seqs,
            sp.kv_seqs == 1 ? "" : "s", ctx);
@@ -308,6 +312,23 @@ int cmd_kv(int argc, char **argv) {
                    (unsigned long long)pl.data_bytes, mib(pl.data_bytes), (unsigned long long)plain, mib(plain),
                    (double)plain / (double)pl.data_bytes);
         }
+    }
+
+    if (hp->n_rlayer) { /* the engine's state store beside the pool: one slot per sequence (rstate.h) */
+        rstate_config rc0;
+        rstate_config_init(&rc0, hp->n_rlayer, hp->ssm_conv, 2 * hp->ssm_hk * hp->ssm_dk + hp->ssm_hv * hp->ssm_dv,
+                           hp->ssm_hv, hp->ssm_dk, hp->ssm_dv);
+        rc0.n_seqs = (int)seqs;
+        rstate_plan rp;
+        if (rstate_plan_make(&rc0, &rp, err, sizeof err) != RSTATE_OK) {
+            model_free(m);
+            fail("kv", err);
+        }
+        printf("state:           %d recurrent layers x %llu bytes (conv window %d x %d, matrices %d x %d x %d, F32) = "
+               "%llu bytes per sequence; %llu bytes (%.2f MiB) for %lld, beside the pool\n",
+               hp->n_rlayer, (unsigned long long)rp.layer_bytes, hp->ssm_conv - 1, rc0.conv_channels, hp->ssm_hv,
+               hp->ssm_dk, hp->ssm_dv, (unsigned long long)rp.slot_bytes, (unsigned long long)rp.live_bytes,
+               mib(rp.live_bytes), seqs);
     }
 
     int rc = 0;

@@ -18,6 +18,8 @@
 #include "kernels/kernels.h"
 #include "model/ops.h"
 
+_Static_assert(GDN_CHUNK == LM_DN_CHUNK, "the pieces are the chunk form's chunks");
+
 struct gdn_ws {
     float *qkv;      /* (n_batch, conv) the products' q, k, v channels */
     float *c;        /* (n_batch, conv) after the conv and SiLU; q and k heads L2-normed in place */
@@ -143,8 +145,18 @@ static void rule_worker(void *arg, int ith, int nth) {
                        .dv = dv,
                        .scale = 1.0f / sqrtf((float)dk)};
         float *S = g->rmat[j->l->rec] + (size_t)h * dk * dv;
-        if (g->n > 1) dn->chunk(S, &s, w->work[ith]);
-        else dn->recur(S, &s);
+        /* pieces ending on multiples of GDN_CHUNK positions (gdn.h) */
+        for (int t0 = 0; t0 < g->n;) {
+            int len = GDN_CHUNK - (g->pos0 + t0) % GDN_CHUNK;
+            if (len > g->n - t0) len = g->n - t0;
+            lm_dn_seq p = s;
+            p.q += (size_t)t0 * s.qk_stride, p.k += (size_t)t0 * s.qk_stride, p.v += (size_t)t0 * s.v_stride;
+            p.g += (size_t)t0 * s.gb_stride, p.beta += (size_t)t0 * s.gb_stride, p.o += (size_t)t0 * s.o_stride;
+            p.n_tok = len;
+            if (len > 1) dn->chunk(S, &p, w->work[ith]);
+            else dn->recur(S, &p);
+            t0 += len;
+        }
     }
 }
 

@@ -12,9 +12,15 @@
  *   per value head h (key head h % hk): the delta rule on the sequence's
  *   state S_h, o_h = S_h^T q / sqrt(dk)
  *   y_t = per head rmsnorm(o_h) * norm * silu(z_h);  out_t = W_out y_t
- * leaving out_t in f->hb (n, n_embd) for the residual add. A segment of
- * more than one token runs the chunkwise form of the delta rule, one token
- * the recurrence; the state is left at the segment's last token.
+ * leaving out_t in f->hb (n, n_embd) for the residual add. The delta rule
+ * runs a segment in pieces that end on multiples of GDN_CHUNK positions
+ * (its first piece from pos0 to the next multiple, then whole chunks, then
+ * the rest): a piece of more than one token in the chunkwise form, a piece
+ * of one token in the recurrence. So a sequence's results depend only on
+ * where its segments begin, not on how the rest of a run is grouped: fed
+ * in segments that split at multiples of GDN_CHUNK (or at positions where
+ * every feed splits, as a prompt's end), it gets the same bits. The state
+ * is left at the segment's last token.
  *
  * The state of segment g (lm_seg.rconv, .rmat, indexed by the layer's
  * lm_layer.rec): conv window (K - 1, conv) oldest row first, and per value
@@ -31,6 +37,8 @@
 
 #include "model/forward.h"
 #include "model/model.h"
+
+#define GDN_CHUNK 64 /* positions the delta rule's pieces end on: kernels/deltanet.h's LM_DN_CHUNK */
 
 typedef struct gdn_ws gdn_ws;
 

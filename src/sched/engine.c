@@ -70,6 +70,7 @@
 #include "format/quant.h"
 #include "kv/kv.h"
 #include "model/forward.h"
+#include "model/gdn.h"
 #include "sched/draft.h"
 #include "sched/metrics.h"
 #include "sched/sched.h"
@@ -128,6 +129,7 @@ static void engine_request_unref(lm_request *r) {
         gmatch_free(r->ch[i].gm);
         lm_free(r->ch[i].lz);
         spec_pseq_free(&r->ch[i].ps);
+        lm_free(r->ch[i].rptr);
     }
     stop_set_free(&r->stop);
     stop_set_free(&r->triggers);
@@ -225,9 +227,43 @@ static void request_ended_waiting(lm_engine *e, lm_request *r) {
  * it completed normally), flush its text, send the final event; the request
  * loses the engine's reference when its last choice ends. status says what
  * kind of error with LM_FINISH_ERROR (LM_OK otherwise). */
+/* ---- recurrent state (hybrid models) ----------------------------------- */
+
+/* Point c's per-layer arrays at its live slot. */
+static void state_bind(lm_engine *e, eseq *c) {
+    int R = e->m->hp.n_rlayer;
+    for (int r = 0; r < R; r++) {
+        c->rptr[r] = rstate_conv(e->rs, c->rslot, r);
+        c->rptr[R + r] = rstate_mat(e->rs, c->rslot, r);
+    }
+}
+
+/* A zeroed live slot (the state of position 0) for c, which starts from
+ * position 0 (no prefix-cache hit for hybrid models): 0, or -1 with a
+ * message (no slot free: the plan admitted past max_seqs). No-op without
+ * recurrent layers. from: a running choice whose state c copies (a fork),
+ * or NULL. */
+static int state_take(lm_engine *e, eseq *c, const eseq *from, char *err, size_t errlen) {
+    if (!e->rs) return 0;
+    int s = from ? rstate_fork(e->rs, from->rslot, err, errlen) : rstate_acquire(e->rs, err, errlen);
+    if (s < 0) return -1;
+    c->rslot = s;
+    state_bind(e, c);
+    return 0;
+}
+
+/* Give c's slot back (finished, cancelled or preempted: a preempted choice
+ * recomputes from position 0 with a fresh slot). */
+static void state_drop(lm_engine *e, eseq *c) {
+    if (!e->rs || c->rslot < 0) return;
+    rstate_release(e->rs, c->rslot);
+    c->rslot = -1;
+}
+
 static void engine_finish_choice(lm_engine *e, eseq *c, lm_finish why, lm_status status, const char *error) {
     lm_request *r = c->req;
     sched_remove(e->sc, &c->sq);
+    state_drop(e, c);
     if (c->probe) {
         kv_seq_free(e->kv, c->probe);
         c->probe = NULL;
@@ -489,6 +525,11 @@ static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max
         sp.seed += (uint64_t)i;
         c->smp = sampler_new(&sp, e->m->hp.n_vocab);
         c->pre = PRE_NONE;
+        c->rslot = -1;
+        if (e->rs && !(c->rptr = lm_calloc(2 * (size_t)e->m->hp.n_rlayer, sizeof *c->rptr))) {
+            ok = false;
+            break;
+        }
         if (!c->tokens || !c->smp || stop_text_init(&c->held, &r->stop, e->piece_cap) != 0) {
             ok = false;
             break;
@@ -742,6 +783,7 @@ static void preempt(lm_engine *e, eseq *c) {
     if (e->prop) spec_prop_release(e->prop, &c->ps);
     kv_seq_free(e->kv, c->kv);
     c->kv = NULL;
+    state_drop(e, c);
     c->n_computed = 0;
     c->sq.n_pending = c->n_tokens;
     c->stats.preemptions++;
@@ -863,8 +905,12 @@ static void batch_add(lm_engine *e, eseq *c, int n, int *n_tok, int *n_seg) {
     } else {
         memcpy(e->btok + *n_tok, c->tokens + c->n_computed, (size_t)n * sizeof *e->btok);
     }
-    e->segs[*n_seg] = (lm_seg){
-        .seq = c->kv, .pos0 = c->n_computed, .n = n, .n_logits = c->n_draft ? n : c->n_computed + n == c->n_tokens};
+    e->segs[*n_seg] = (lm_seg){.seq = c->kv,
+                               .pos0 = c->n_computed,
+                               .n = n,
+                               .n_logits = c->n_draft ? n : c->n_computed + n == c->n_tokens,
+                               .rconv = e->rs ? c->rptr : NULL,
+                               .rmat = e->rs ? c->rptr + e->m->hp.n_rlayer : NULL};
     e->seg_ch[(*n_seg)++] = c;
     *n_tok += n;
 }
@@ -874,6 +920,23 @@ static void batch_add(lm_engine *e, eseq *c, int n, int *n_tok, int *n_seg) {
 static double admit_time(const eseq *c) {
     double q = lm_now() - c->stats.t_submit;
     return q > 1e-9 ? q : 1e-9;
+}
+
+/* The tokens of a planned n a hybrid model's choice c feeds now, so that
+ * its segments split where the same choice run alone would split them
+ * (gdn.h: the delta rule's chunks lie on multiples of GDN_CHUNK
+ * positions, and a lone token takes the recurrence): a prompt chunk ends at
+ * the prompt's end or on a multiple of GDN_CHUNK (when that leaves at
+ * least one token: otherwise n as planned), and a position past the prompt
+ * (recomputing after a preemption) is fed one at a time, as decoding fed
+ * it. Without recurrent layers n. */
+static int state_trim(const lm_engine *e, const eseq *c, int n) {
+    if (!e->rs || n <= 1) return n;
+    int p0 = c->n_computed, end = p0 + n;
+    if (p0 >= c->n_prompt) return 1;
+    if (end >= c->n_prompt) return c->n_prompt - p0;
+    int cut = end / GDN_CHUNK * GDN_CHUNK;
+    return cut > p0 ? cut - p0 : n;
 }
 
 /* Act on a complete plan: free probes it does not admit, preempt, reject,
@@ -898,9 +961,10 @@ static int act(lm_engine *e, const sched_plan *p, int *n_tok) {
                              "the request does not fit the KV pool");
     for (int i = 0; i < p->n_run; i++) {
         eseq *c = CHOICE(p->run[i].seq);
-        int rc = kv_append(e->kv, c->kv, p->run[i].n, err, sizeof err);
+        int n = c->n_draft || c->n_tokens - c->n_computed == 1 ? p->run[i].n : state_trim(e, c, p->run[i].n);
+        int rc = kv_append(e->kv, c->kv, n, err, sizeof err);
         if (rc == KV_OK) {
-            batch_add(e, c, p->run[i].n, n_tok, &n_seg);
+            batch_add(e, c, n, n_tok, &n_seg);
         } else if (rc == KV_FULL) { /* the plan counted wrong: wait again rather than fail */
             e->plan_misses++;
             sched_requeue(e->sc, &c->sq);
@@ -916,7 +980,8 @@ static int act(lm_engine *e, const sched_plan *p, int *n_tok) {
         c->n_computed = kv_seq_len(c->kv);
         if (c->stats.preemptions == 0) c->stats.cached_tokens = c->n_computed;
         int n = p->admit[i].n < c->n_tokens - c->n_computed ? p->admit[i].n : c->n_tokens - c->n_computed;
-        if (kv_append(e->kv, c->kv, n, err, sizeof err) == KV_OK) {
+        n = state_trim(e, c, n);
+        if (kv_append(e->kv, c->kv, n, err, sizeof err) == KV_OK && state_take(e, c, NULL, err, sizeof err) == 0) {
             if (c->stats.queue == 0) c->stats.queue = admit_time(c);
             if (!c->req->started || c->sq.fair > e->vtime) request_started(e, c);
             batch_add(e, c, n, n_tok, &n_seg);
@@ -948,7 +1013,7 @@ static void fork_choices(lm_engine *e, eseq *c0, const float *src) {
             continue;
         }
         char err[LM_ERRLEN];
-        if (!(c->kv = kv_fork(e->kv, c0->kv, err, sizeof err))) {
+        if (!(c->kv = kv_fork(e->kv, c0->kv, err, sizeof err)) || state_take(e, c, c0, err, sizeof err) != 0) {
             engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_NOMEM, err);
             continue;
         }
@@ -1214,6 +1279,22 @@ static int check_now(lm_engine *e, char *err, size_t errlen) {
     for (int i = 0; i < n_running; i++) live += CHOICE(sched_running_at(e->sc, i))->kv != NULL;
     if (ks.n_seqs != live)
         return lm_err(err, errlen, "%lld KV sequences exist, %lld are live", (long long)ks.n_seqs, (long long)live);
+    if (e->rs) {
+        if (rstate_pool_check(e->rs, err, errlen) != RSTATE_OK) return -1;
+        rstate_stats rst;
+        rstate_stats_get(e->rs, &rst);
+        int64_t held = 0;
+        for (int i = 0; i < n_running; i++) {
+            const eseq *c = CHOICE(sched_running_at(e->sc, i));
+            if ((c->kv != NULL) != (c->rslot >= 0))
+                return lm_err(err, errlen, "a running choice holds %s without %s", c->kv ? "KV" : "a state slot",
+                              c->kv ? "a state slot" : "KV");
+            held += c->rslot >= 0;
+        }
+        if (rst.n_live_used != held)
+            return lm_err(err, errlen, "%lld recurrent state slots are in use, %lld running choices hold one",
+                          (long long)rst.n_live_used, (long long)held);
+    }
     if (e->dr) {
         if (draft_check(e->dr, err, errlen) != 0) return -1;
         if (draft_live(e->dr) > live)
@@ -1282,6 +1363,7 @@ static void destroy(lm_engine *e) {
     fwd_free(e->fwd);
     pool_free(e->pool);
     kv_pool_free(e->kv);
+    rstate_pool_free(e->rs);
     sched_free(e->sc);
     lm_free(e->clients);
     lm_free(e->segs);
@@ -1422,14 +1504,6 @@ lm_engine *engine_new_tuned(const lm_model *m, const lm_tokenizer *tok, const lm
     /* a configuration the pool cannot be planned for is the caller's
      * (invalid); once it plans, what is left to fail is memory and threads */
     *status = LM_ERR_INVALID;
-    if (m->hp.n_rlayer) { /* the state store and its scheduling come with the engine's support */
-        *status = LM_ERR_UNSUPPORTED;
-        lm_err(err, errlen,
-               "%s is a hybrid model (%d linear-attention layers with recurrent state): the engine does not run "
-               "it yet; `lamina perplexity` and `lamina logits` do",
-               model_arch_name(m->hp.arch), m->hp.n_rlayer);
-        return NULL;
-    }
     lm_engine_config c;
     if (cin) c = *cin;
     else engine_config_default(&c);
@@ -1472,6 +1546,7 @@ lm_engine *engine_new_tuned(const lm_model *m, const lm_tokenizer *tok, const lm
      * max_seqs positions capped at 4 GiB) */
     kv_config kc = mem.kc;
     if (!(e->kv = kv_pool_new(&kc, err, errlen))) goto fail;
+    if (mem.rcfg.n_layer && !(e->rs = rstate_pool_new(&mem.rcfg, err, errlen))) goto fail;
     const kv_plan *plan = kv_pool_plan(e->kv);
     for (int k = 0; k < KV_N_CLASS; k++) e->total_blocks[k] = plan->cls[k].n_blocks;
     e->n_class = kv_pool_window(e->kv) > 0 ? 2 : 1;
@@ -1489,6 +1564,7 @@ lm_engine *engine_new_tuned(const lm_model *m, const lm_tokenizer *tok, const lm
     e->stats.mem_packed = mem.packed;
     e->stats.mem_workspace = e->fwd->ws_bytes + engine_buffer_bytes(m, &c); /* measured: what fwd_new allocated */
     e->stats.mem_kv = plan->data_bytes;
+    e->stats.mem_state = e->rs ? rstate_pool_plan(e->rs)->data_bytes : 0;
     e->stats.kv_max_tokens = plan->n_tokens;
     e->stats.kv_max_seqs = mem.kv_seqs;
     if (e->dr) { /* measured: what draft_new allocated, and the distributions' rows */

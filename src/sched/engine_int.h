@@ -22,6 +22,7 @@
 #include "decode/grammar.h"
 #include "decode/spec.h"
 #include "kv/kv.h"
+#include "kv/rstate.h"
 #include "model/forward.h"
 #include "sched/draft.h"
 #include "sched/engine.h"
@@ -90,6 +91,8 @@ typedef struct eseq {
     int n_gen;
     kv_seq *kv;    /* NULL unless running */
     kv_seq *probe; /* this iteration's admission probe, or NULL */
+    int rslot;     /* hybrid models: its live slot in the state store while it runs, else -1 */
+    float **rptr;  /* (2 n_rlayer) hybrid models: the slot's conv windows, then its matrices (lm_seg) */
     lm_sampler *smp;
     lm_detok dt;
     stop_text held; /* released text not yet emitted (stop-string look-behind) */
@@ -135,7 +138,8 @@ struct lm_engine {
     int n_ctx;
     lm_pool *pool;
     kv_pool *kv;
-    lm_fwd *fwd; /* the forward pass's workspace: batch_tokens rows */
+    rstate_pool *rs; /* hybrid models: the recurrent state store, a live slot per running choice; else NULL */
+    lm_fwd *fwd;     /* the forward pass's workspace: batch_tokens rows */
     sched *sc;
     int n_class; /* KV block classes */
     int64_t total_blocks[KV_N_CLASS];

@@ -12,7 +12,7 @@
  * workspace as measured, which test_mem checks equals the plan's).
  *
  * Invariants. With a budget (c->mem): weights + packed + workspace (and a
- * draft's weights, workspace and pool) + KV <= the budget, and what is left
+ * draft's weights, workspace and pool) + recurrent state + KV <= the budget, and what is left
  * is less than one block of each class of each pool; each pool holds at
  * least one sequence of n_ctx positions, or the plan is an error whose
  * message names every part and what one sequence needs. Without one, the
@@ -49,6 +49,7 @@ int engine_resolve_config(const lm_model *m, lm_engine_config *c, lm_spec_config
     if (c->block_size < 1) c->block_size = KV_DEFAULT_BLOCK;
     if (!(c->watermark >= 0 && c->watermark < 1)) return lm_err(err, errlen, "watermark must be in [0, 1)");
     if (c->n_threads <= 0) c->n_threads = pool_default_threads();
+    if (m->hp.n_rlayer) c->prefix_cache = false; /* a hit would skip prefill without the state at its end */
     if (!c->spec) return 0;
     *spec = *c->spec; /* a whole struct (lm_engine_new widened a program's) */
     c->spec = spec;
@@ -61,6 +62,12 @@ int engine_resolve_config(const lm_model *m, lm_engine_config *c, lm_spec_config
             return lm_err(err, errlen, "the draft model's tokenizer does not match the target's: %s", verr);
         if (!(spec->p_min >= 0 && spec->p_min <= 1)) return lm_err(err, errlen, "the draft's p_min must be in [0, 1]");
         if (!isfinite(spec->cost)) return lm_err(err, errlen, "the draft's cost must be a finite number");
+    }
+    if (spec->proposer == LM_SPEC_DRAFT && spec->draft_model->hp.n_rlayer)
+        return lm_err(err, errlen, "a hybrid model (recurrent layers) cannot be a draft model");
+    if (m->hp.n_rlayer) { /* speculation is off for hybrid models: no checkpoints to roll their state back */
+        c->spec = NULL;
+        return 0;
     }
     if (spec->max <= 0) spec->max = 4;
     if (spec->max > 64) spec->max = 64;
@@ -105,6 +112,21 @@ static int draft_parts(const lm_model *m, const lm_engine_config *c, const fwd_d
     return 0;
 }
 
+/* The recurrent state store of a hybrid model for max_seqs running
+ * sequences (live slots only): 0 (rc->n_layer 0, *plan zeroed) without
+ * recurrent layers, or -1 with a message. */
+static int rstate_part(const lm_model *m, int max_seqs, rstate_config *rc, rstate_plan *plan, char *err,
+                       size_t errlen) {
+    const lm_hparams *hp = &m->hp;
+    memset(rc, 0, sizeof *rc);
+    memset(plan, 0, sizeof *plan);
+    if (!hp->n_rlayer) return 0;
+    rstate_config_init(rc, hp->n_rlayer, hp->ssm_conv, 2 * hp->ssm_hk * hp->ssm_dk + hp->ssm_hv * hp->ssm_dv,
+                       hp->ssm_hv, hp->ssm_dk, hp->ssm_dv);
+    rc->n_seqs = max_seqs;
+    return rstate_plan_make(rc, plan, err, errlen) == RSTATE_OK ? 0 : -1;
+}
+
 /* The pool's configuration and the split of the memory (resolved c). */
 int engine_mem_split(const lm_model *m, const lm_engine_config *c, const fwd_dims *dims, engine_mem *o, char *err,
                      size_t errlen) {
@@ -118,6 +140,9 @@ int engine_mem_split(const lm_model *m, const lm_engine_config *c, const fwd_dim
     o->weights = m->weight_bytes;
     o->packed = m->packed_bytes;
     o->workspace = fwd_workspace_bytes(m, dims, c->n_threads) + engine_buffer_bytes(m, c);
+    rstate_plan rp;
+    if (rstate_part(m, c->max_seqs, &o->rcfg, &rp, err, errlen) != 0) return -1;
+    o->state = rp.data_bytes;
     /* the pool without a budget: n_ctx x max_seqs positions (with
      * sliding-window layers max_seqs windows of local blocks), at most 4 GiB.
      * Byte sizes here are every layer's, as kv_plan_make reads mem_bytes:
@@ -134,7 +159,7 @@ int engine_mem_split(const lm_model *m, const lm_engine_config *c, const fwd_dim
     if (c->mem) {
         char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32], b8[32];
         o->budget = c->mem;
-        uint64_t fixed = o->weights + o->packed + o->workspace + o->draft_weights + o->draft_workspace;
+        uint64_t fixed = o->weights + o->packed + o->workspace + o->state + o->draft_weights + o->draft_workspace;
         /* one sequence of the full context, with the local windows of max_seqs */
         kv_config one = all;
         one.n_seqs = 1;
@@ -153,12 +178,14 @@ int engine_mem_split(const lm_model *m, const lm_engine_config *c, const fwd_dim
                           human(p1.data_bytes, b5, sizeof b5), human(d1.data_bytes, b8, sizeof b8));
         if (c->mem < fixed || c->mem - fixed < p1.data_bytes)
             return lm_err(err, errlen,
-                          "memory budget %s is too small: weights %s + workspace %s leave %s for the KV "
+                          "memory budget %s is too small: weights %s + workspace %s%s%s leave %s for the KV "
                           "cache, and one sequence of %d positions needs %s (raise --mem, lower the context or "
                           "pick a smaller KV type)",
                           human(c->mem, b1, sizeof b1), human(o->weights + o->packed, b2, sizeof b2),
-                          human(o->workspace, b3, sizeof b3), human(c->mem > fixed ? c->mem - fixed : 0, b4, sizeof b4),
-                          dims->n_ctx, human(p1.data_bytes, b5, sizeof b5));
+                          human(o->workspace, b3, sizeof b3), o->state ? " + recurrent state " : "",
+                          o->state ? human(o->state, b6, sizeof b6) : "",
+                          human(c->mem > fixed ? c->mem - fixed : 0, b4, sizeof b4), dims->n_ctx,
+                          human(p1.data_bytes, b5, sizeof b5));
         uint64_t rest = c->mem - fixed;
         if (engine_spec_kind(c) == LM_SPEC_DRAFT) {
             /* the pools share the rest in proportion to their full sizes,

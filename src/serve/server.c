@@ -140,6 +140,8 @@ static int route_metrics(lm_server *s, struct MHD_Connection *conn) {
     metric(&b, "lamina_memory_workspace_bytes", "gauge", "Activation workspace, attention scratch and logits rows.",
            (double)st.mem_workspace);
     metric(&b, "lamina_memory_kv_bytes", "gauge", "The KV cache pool's K/V data.", (double)st.mem_kv);
+    metric(&b, "lamina_memory_state_bytes", "gauge",
+           "Hybrid models: the recurrent layers' state, a slot per running sequence; 0: none.", (double)st.mem_state);
     metric(&b, "lamina_memory_draft_weights_bytes", "gauge", "The draft model's weights (--draft-model); 0: none.",
            (double)st.mem_draft_weights);
     metric(&b, "lamina_memory_draft_workspace_bytes", "gauge",
