@@ -922,21 +922,28 @@ static double admit_time(const eseq *c) {
     return q > 1e-9 ? q : 1e-9;
 }
 
+#define STATE_MAX_DEFER 16 /* iterations in a row a hybrid prompt waits for a chunk on the grid */
+
 /* The tokens of a planned n a hybrid model's choice c feeds now, so that
  * its segments split where the same choice run alone would split them
- * (gdn.h: the delta rule's chunks lie on multiples of GDN_CHUNK
- * positions, and a lone token takes the recurrence): a prompt chunk ends at
- * the prompt's end or on a multiple of GDN_CHUNK (when that leaves at
- * least one token: otherwise n as planned), and a position past the prompt
- * (recomputing after a preemption) is fed one at a time, as decoding fed
- * it. Without recurrent layers n. */
-static int state_trim(const lm_engine *e, const eseq *c, int n) {
+ * (gdn.h: the delta rule's pieces end on multiples of GDN_CHUNK positions,
+ * and a lone token takes the recurrence): a prompt chunk ends at the
+ * prompt's end or on a multiple of GDN_CHUNK, and a position past the
+ * prompt (recomputing after a preemption) is fed one at a time, as decoding
+ * fed it. When n does not reach the next multiple, c waits (0) if the batch
+ * already holds a segment (busy: the engine does not go idle) and it has
+ * not waited STATE_MAX_DEFER iterations in a row; else it takes n as
+ * planned (progress before the last bits). Without recurrent layers n. */
+static int state_trim(const lm_engine *e, eseq *c, int n, bool busy) {
     if (!e->rs || n <= 1) return n;
     int p0 = c->n_computed, end = p0 + n;
     if (p0 >= c->n_prompt) return 1;
-    if (end >= c->n_prompt) return c->n_prompt - p0;
+    if (end >= c->n_prompt) return c->n_defer = 0, c->n_prompt - p0;
     int cut = end / GDN_CHUNK * GDN_CHUNK;
-    return cut > p0 ? cut - p0 : n;
+    if (cut > p0) return c->n_defer = 0, cut - p0;
+    if (busy && c->n_defer < STATE_MAX_DEFER) return c->n_defer++, 0;
+    c->n_defer = 0;
+    return n;
 }
 
 /* Act on a complete plan: free probes it does not admit, preempt, reject,
@@ -961,10 +968,10 @@ static int act(lm_engine *e, const sched_plan *p, int *n_tok) {
                              "the request does not fit the KV pool");
     for (int i = 0; i < p->n_run; i++) {
         eseq *c = CHOICE(p->run[i].seq);
-        int n = c->n_draft || c->n_tokens - c->n_computed == 1 ? p->run[i].n : state_trim(e, c, p->run[i].n);
+        int n = c->n_draft || c->n_tokens - c->n_computed == 1 ? p->run[i].n : state_trim(e, c, p->run[i].n, n_seg > 0);
         int rc = kv_append(e->kv, c->kv, n, err, sizeof err);
         if (rc == KV_OK) {
-            batch_add(e, c, n, n_tok, &n_seg);
+            if (n > 0) batch_add(e, c, n, n_tok, &n_seg);
         } else if (rc == KV_FULL) { /* the plan counted wrong: wait again rather than fail */
             e->plan_misses++;
             sched_requeue(e->sc, &c->sq);
@@ -980,11 +987,11 @@ static int act(lm_engine *e, const sched_plan *p, int *n_tok) {
         c->n_computed = kv_seq_len(c->kv);
         if (c->stats.preemptions == 0) c->stats.cached_tokens = c->n_computed;
         int n = p->admit[i].n < c->n_tokens - c->n_computed ? p->admit[i].n : c->n_tokens - c->n_computed;
-        n = state_trim(e, c, n);
+        n = state_trim(e, c, n, n_seg > 0);
         if (kv_append(e->kv, c->kv, n, err, sizeof err) == KV_OK && state_take(e, c, NULL, err, sizeof err) == 0) {
             if (c->stats.queue == 0) c->stats.queue = admit_time(c);
             if (!c->req->started || c->sq.fair > e->vtime) request_started(e, c);
-            batch_add(e, c, n, n_tok, &n_seg);
+            if (n > 0) batch_add(e, c, n, n_tok, &n_seg);
         } else { /* the plan counted wrong (or no memory): wait again rather than fail */
             e->plan_misses++;
             sched_requeue(e->sc, &c->sq);

@@ -93,6 +93,7 @@ typedef struct eseq {
     kv_seq *probe; /* this iteration's admission probe, or NULL */
     int rslot;     /* hybrid models: its live slot in the state store while it runs, else -1 */
     float **rptr;  /* (2 n_rlayer) hybrid models: the slot's conv windows, then its matrices (lm_seg) */
+    int n_defer;   /* hybrid models: iterations in a row its prompt chunk waited for the grid (state_trim) */
     lm_sampler *smp;
     lm_detok dt;
     stop_text held; /* released text not yet emitted (stop-string look-behind) */
