@@ -42,7 +42,11 @@ PRESETS = {
     "gemma2-small": (4, 2, 128, 128, 2),
     "qwen3moe-small": (4, 2, 128, 0, 0),
     "deepseek2-small": (4, 1, 160, 0, 0),  # the latent row: kv_lora_rank 128 + n_rot 32
+    "qwen35-small": (2, 2, 128, 0, 0),  # the 2 attention layers of 8; the 6 others keep a state
 }
+# recurrent layers: the state read and written per decode step, whatever the depth: per layer
+# the conv window ((4 - 1) x 512 channels) and 4 value heads' 64 x 64 matrices, F32
+STATE = {"qwen35-small": 2 * 6 * 4 * (3 * 512 + 4 * 64 * 64)}
 # latent attention: one cache row per token and layer (the value is the row's
 # latent), so the formula counts 1 row where K and V count 2
 LATENT = {"deepseek2-small"}
@@ -220,6 +224,8 @@ def check_sweep(preset, path):
         d = lo
     if cross != d:
         bad.append("crossover %s, formula %s" % (cross, d))
+    if sw.get("state_bytes_per_step", 0) != STATE.get(preset, 0):
+        bad.append("state bytes %s, expected %s" % (sw.get("state_bytes_per_step"), STATE.get(preset, 0)))
     result("sweep_" + preset, not bad, "; ".join(bad))
 
 
@@ -279,7 +285,7 @@ def main():
     if not ASAN:
         check_roofline("gemma2-small", files["gemma2-small"], "Q8_0", tmp)
         check_roofline("small", files["small"], "F16", tmp, batch=3)
-    for p in ("small", "gemma2-small", "deepseek2-small"):
+    for p in ("small", "gemma2-small", "deepseek2-small", "qwen35-small"):
         check_sweep(p, files[p])
     check_png(files["small"], tmp)
     for args, what in ((["--svg", tmp], "--svg without --roofline"), (["-d", "1,x"], "a bad depth list"),

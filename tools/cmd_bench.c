@@ -285,6 +285,7 @@ static void kv_step_bytes(const lm_model *m, uint32_t kv_type, int d, double *co
     double bytes = (double)c.kv_row_bytes / m->hp.head_dim, f = 0;
     double rows = m->hp.kv_lora_rank > 0 ? 1.0 : 2.0 * m->hp.n_head_kv; /* rows per token and layer */
     for (int i = 0; i < m->hp.n_layer; i++) {
+        if (m->layers[i].gdn) continue; /* a recurrent layer keeps no KV */
         int w = m->layers[i].window;
         double tokens = w > 0 && d + 1 > w ? w : d + 1;
         f += rows * tokens * m->hp.head_dim * bytes;
@@ -332,7 +333,15 @@ static void kv_sweep_report(const lm_model *m, uint32_t kv_type, const int *dept
     double eb = 0, cc, ff;
     kv_step_bytes(m, kv_type, 0, &cc, &ff);
     bool latent = m->hp.kv_lora_rank > 0;
-    eb = cc / ((latent ? 1.0 : 2.0 * m->hp.n_head_kv) * m->hp.n_layer * m->hp.head_dim);
+    const int n_kv = m->hp.n_layer - m->hp.n_rlayer; /* layers with a KV cache */
+    eb = cc / ((latent ? 1.0 : 2.0 * m->hp.n_head_kv) * n_kv * m->hp.head_dim);
+    double state = 0; /* recurrent layers: their state read and written per decode step, whatever the depth */
+    if (m->hp.n_rlayer) {
+        cost_pass c;
+        char err[LM_ERRLEN];
+        if (cost_forward(m, kv_type, 1, 1, 0, &c, err, sizeof err)) fail("bench", err);
+        state = c.state_bytes;
+    }
     if (json) {
         printf(", \"kv_sweep\": {\"kv_type\": \"%s\", \"weight_bytes_per_token\": %.0f, \"kv_crossover_depth\": ",
                quant_type_name(kv_type), wbytes);
@@ -344,18 +353,22 @@ static void kv_sweep_report(const lm_model *m, uint32_t kv_type, const int *dept
             printf("%s{\"depth\": %d, \"kv_read_bytes\": %.0f, \"formula_bytes\": %.0f}", i ? ", " : "", depths[i], cc,
                    ff);
         }
-        printf("]}");
+        printf("], \"state_bytes_per_step\": %.0f}", state);
         return;
     }
     if (latent)
         printf("\nKV reads per decode step (%s cache, latent attention): formula %d layers x tokens x (%d kv_lora_rank "
                "+ %d n_rot) x %.4g bytes; weights %.2f MiB\n",
-               quant_type_name(kv_type), m->hp.n_layer, m->hp.kv_lora_rank, m->hp.n_rot, eb, wbytes / 1048576);
+               quant_type_name(kv_type), n_kv, m->hp.kv_lora_rank, m->hp.n_rot, eb, wbytes / 1048576);
     else
         printf("\nKV reads per decode step (%s cache): formula 2 x %d layers x tokens x %d kv_heads x %d head_dim x "
                "%.4g bytes%s; weights %.2f MiB\n",
-               quant_type_name(kv_type), m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, eb,
+               quant_type_name(kv_type), n_kv, m->hp.n_head_kv, m->hp.head_dim, eb,
                n_local ? " (tokens capped at the window on the sliding-window layers)" : "", wbytes / 1048576);
+    if (state > 0)
+        printf("recurrent state of its %d linear-attention layers, read and written per decode step at any depth: "
+               "%.3f MiB\n",
+               m->hp.n_rlayer, state / 1048576);
     printf("| depth | KV read MiB (counted) | formula MiB | KV / weights |\n| ---: | ---: | ---: | ---: |\n");
     for (int i = 0; i < n_depth; i++) {
         kv_step_bytes(m, kv_type, depths[i], &cc, &ff);

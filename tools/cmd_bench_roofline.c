@@ -40,6 +40,7 @@
 #include "bench_roofline.h"
 #include "kernels/kernels.h"
 #include "model/cost.h"
+#include "model/gdn.h"
 #include "base/util.h"
 
 #define MAX_SCEN 8
@@ -144,13 +145,30 @@ static void run_decode(const roofline_opts *o, scenario *s, const int32_t *toks)
     seqs[0] = sr->seq;
     for (int b = 1; b < B; b++)
         if (!(seqs[b] = kv_fork(kv, sr->seq, err, sizeof err))) fail("bench", err);
+    /* recurrent layers (qwen35): each fork a copy of the prefilled state, laid out as lm_seqrun's */
+    const lm_hparams *hp = &m->hp;
+    const size_t R = (size_t)hp->n_rlayer, cf = R ? gdn_conv_floats(hp) : 0, mf = R ? gdn_mat_floats(hp) : 0;
+    float *state = R ? malloc((size_t)B * R * (cf + mf) * sizeof(float)) : NULL;
+    float **sp = R ? malloc(2 * (size_t)B * R * sizeof *sp) : NULL;
+    if (R && (!state || !sp)) fail("bench", "out of memory");
+    for (int b = 0; R && b < B; b++) {
+        float *st = state + (size_t)b * R * (cf + mf);
+        memcpy(st, sr->rstate, R * (cf + mf) * sizeof(float));
+        for (size_t r = 0; r < R; r++)
+            sp[(2 * b) * R + r] = st + r * cf, sp[(2 * b + 1) * R + r] = st + R * cf + r * mf;
+    }
     memset(&s->cost, 0, sizeof s->cost);
     lm_fwd *f = sr->fwd;
     for (int i = 0; i < warm + n; i++) {
         int pos = s->depth + i;
         for (int b = 0; b < B; b++) {
             if (kv_append(kv, seqs[b], 1, err, sizeof err) != KV_OK) fail("bench", err);
-            segs[b] = (lm_seg){.seq = seqs[b], .pos0 = pos, .n = 1, .n_logits = 1};
+            segs[b] = (lm_seg){.seq = seqs[b],
+                               .pos0 = pos,
+                               .n = 1,
+                               .n_logits = 1,
+                               .rconv = R ? sp + (2 * b) * R : NULL,
+                               .rmat = R ? sp + (2 * b + 1) * R : NULL};
             tk[b] = toks[(pos + b) % (s->depth + warm + n)];
         }
         if (i == warm) prof_begin(f, o->pool);
@@ -171,6 +189,8 @@ static void run_decode(const roofline_opts *o, scenario *s, const int32_t *toks)
     free(segs);
     free(tk);
     free(logits);
+    free(state);
+    free(sp);
     seqrun_free(sr);
     kv_pool_free(kv);
 }

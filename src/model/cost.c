@@ -114,6 +114,23 @@ static void add_mla(cost_op *o, cost_pass *out, const lm_model *m, const lm_laye
     for (int h = 0; h < hp->n_head; h++) add_matmul(&o[LM_PROF_WO], &a->v_b[h], n);
 }
 
+/* A recurrent (gated DeltaNet) layer, gdn.h: its four input products, the
+ * conv, gates, norms and delta rule, and each sequence's state read once
+ * and written once per pass. */
+static void add_gdn(cost_op *o, cost_pass *out, const lm_hparams *hp, const lm_gdn *g, double S, double n) {
+    cost_op *a = &o[LM_PROF_ATTN];
+    add_matmul(a, &g->qkv, n);
+    add_matmul(a, &g->z, n);
+    add_matmul(a, &g->beta, n);
+    add_matmul(a, &g->alpha, n);
+    double C = 2.0 * hp->ssm_hk * hp->ssm_dk + (double)hp->ssm_hv * hp->ssm_dv, V = (double)hp->ssm_hv * hp->ssm_dv;
+    double state = S * 4.0 * ((hp->ssm_conv - 1) * C + V * hp->ssm_dk); /* conv window + (hv, dk, dv) matrices */
+    a->act_bytes += 2.0 * state + 4.0 * n * (3.0 * C + 3.0 * V);
+    out->state_bytes += 2.0 * state;
+    /* conv taps; per value head the decay, S^T k, the delta, the rank-1 write and S^T q */
+    a->flops += n * (2.0 * hp->ssm_conv * C + 8.0 * V * hp->ssm_dk);
+}
+
 int cost_forward(const lm_model *m, uint32_t kv_type, int n_seq, int n_tok, int depth, cost_pass *out, char *err,
                  size_t errlen) {
     const lm_hparams *hp = &m->hp;
@@ -141,8 +158,12 @@ int cost_forward(const lm_model *m, uint32_t kv_type, int n_seq, int n_tok, int 
     for (int li = 0; li < hp->n_layer; li++) {
         const lm_layer *l = &m->layers[li];
         int cls = l->window > 0;
-        out->n_layer_class[cls]++;
         add_norm(&o[LM_PROF_NORM], n, E);
+        if (l->gdn) { /* no KV: the state, whatever the depth (its output product in the wo slot) */
+            add_gdn(o, out, hp, l->gdn, S, n);
+            goto attn_out;
+        }
+        out->n_layer_class[cls]++;
         if (l->mla) {
             add_mla(o, out, m, l, n_seq, n_tok, depth, rb);
             goto attn_out;
@@ -177,7 +198,7 @@ int cost_forward(const lm_model *m, uint32_t kv_type, int n_seq, int n_tok, int 
 
     attn_out:;
         cost_op *wo = &o[LM_PROF_WO];
-        add_matmul(wo, &l->wo, n);
+        add_matmul(wo, l->gdn ? &l->gdn->out : &l->wo, n);
         if (l->post_attn_norm) add_norm(wo, n, E);
         add_residual(wo, n, E);
 
