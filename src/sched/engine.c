@@ -3,8 +3,9 @@
  * lifecycle, and acting on the scheduler's plans and on the speculation
  * policy's decisions (spec_sched.h; the proposals are made through the
  * proposer seam, proposer.h). Grammars are engine_grammar.c, the
- * configuration's defaults and the memory plan engine_mem.c; the objects
- * they share are in engine_int.h. None of them calls back into this file:
+ * configuration's defaults and the memory plan engine_mem.c, the clients'
+ * tags and fair share of the slots engine_fair.c, hybrid models' recurrent
+ * state engine_state.c; the objects they share are in engine_int.h. None of them calls back into this file:
  * only it takes tokens and finishes choices.
  *
  * Objects. A request (lm_request) keeps a copy of its parameters and owns n
@@ -154,116 +155,14 @@ static void emit_event(lm_engine *e, eseq *c, int32_t tok, const char *text, siz
     c->req->p.on_event(c->req->p.user, &ev);
 }
 
-/* ---- fairness between clients (mu held) ---------------------------------- */
-
-/* Fair queuing. Every choice gets a tag: the next after the larger of the
- * engine's virtual time (the largest tag admitted so far) and its client's
- * last tag. Among equal priorities the scheduler runs the smallest tag
- * first, so a client with many choices queued has tags far ahead of
- * vtime and a newcomer's first choice slots in right after what runs now,
- * while each client's own choices keep their arrival order. A request
- * without a client (0) stays outside the turns: its choices' tags are 0,
- * so such requests go by arrival alone (then choice index), as every
- * request did before clients, ahead of the clients' queued choices.
- * Returns the first of n
- * tags; *counted says whether the client is remembered (not when
- * ENGINE_MAX_CLIENTS others are: its tags then start from vtime). */
-static int64_t client_take(lm_engine *e, uint64_t id, int n, bool *counted) {
-    *counted = false;
-    if (!id) return 0;
-    int64_t base = e->vtime + 1;
-    for (int i = 0; i < e->n_clients; i++)
-        if (e->clients[i].id == id) {
-            struct eclient *c = &e->clients[i];
-            if (c->last + 1 > base) base = c->last + 1;
-            c->n += n;
-            c->last = base + n - 1;
-            *counted = true;
-            return base;
-        }
-    if (e->n_clients == e->clients_cap) {
-        int cap = e->clients_cap ? e->clients_cap * 2 : 16;
-        if (cap > ENGINE_MAX_CLIENTS) return base;
-        struct eclient *nc = lm_realloc(e->clients, (size_t)cap * sizeof *nc);
-        if (!nc) return base;
-        e->clients = nc;
-        e->clients_cap = cap;
-    }
-    e->clients[e->n_clients++] = (struct eclient){id, n, base + n - 1};
-    *counted = true;
-    return base;
-}
-
-/* One choice of client id finished. */
-static void client_done(lm_engine *e, uint64_t id) {
-    for (int i = 0; i < e->n_clients; i++)
-        if (e->clients[i].id == id) {
-            if (--e->clients[i].n <= 0) e->clients[i] = e->clients[--e->n_clients];
-            return;
-        }
-}
-
-/* Choice c was admitted: the virtual time reaches its tag, and its request
- * no longer counts as waiting. */
-static void request_started(lm_engine *e, eseq *c) {
-    pthread_mutex_lock(&e->mu);
-    if (c->sq.fair > e->vtime) e->vtime = c->sq.fair;
-    if (!c->req->started) {
-        c->req->started = true;
-        e->n_req_waiting--;
-    }
-    pthread_mutex_unlock(&e->mu);
-}
-
-/* Request r ended without a choice admitted: it no longer waits. */
-static void request_ended_waiting(lm_engine *e, lm_request *r) {
-    pthread_mutex_lock(&e->mu);
-    r->started = true;
-    e->n_req_waiting--;
-    pthread_mutex_unlock(&e->mu);
-}
-
 /* End a choice: release its KV (registering its blocks for prefix reuse when
  * it completed normally), flush its text, send the final event; the request
  * loses the engine's reference when its last choice ends. status says what
  * kind of error with LM_FINISH_ERROR (LM_OK otherwise). */
-/* ---- recurrent state (hybrid models) ----------------------------------- */
-
-/* Point c's per-layer arrays at its live slot. */
-static void state_bind(lm_engine *e, eseq *c) {
-    int R = e->m->hp.n_rlayer;
-    for (int r = 0; r < R; r++) {
-        c->rptr[r] = rstate_conv(e->rs, c->rslot, r);
-        c->rptr[R + r] = rstate_mat(e->rs, c->rslot, r);
-    }
-}
-
-/* A zeroed live slot (the state of position 0) for c, which starts from
- * position 0 (no prefix-cache hit for hybrid models): 0, or -1 with a
- * message (no slot free: the plan admitted past max_seqs). No-op without
- * recurrent layers. from: a running choice whose state c copies (a fork),
- * or NULL. */
-static int state_take(lm_engine *e, eseq *c, const eseq *from, char *err, size_t errlen) {
-    if (!e->rs) return 0;
-    int s = from ? rstate_fork(e->rs, from->rslot, err, errlen) : rstate_acquire(e->rs, err, errlen);
-    if (s < 0) return -1;
-    c->rslot = s;
-    state_bind(e, c);
-    return 0;
-}
-
-/* Give c's slot back (finished, cancelled or preempted: a preempted choice
- * recomputes from position 0 with a fresh slot). */
-static void state_drop(lm_engine *e, eseq *c) {
-    if (!e->rs || c->rslot < 0) return;
-    rstate_release(e->rs, c->rslot);
-    c->rslot = -1;
-}
-
 static void engine_finish_choice(lm_engine *e, eseq *c, lm_finish why, lm_status status, const char *error) {
     lm_request *r = c->req;
     sched_remove(e->sc, &c->sq);
-    state_drop(e, c);
+    engine_state_drop(e, c);
     if (c->probe) {
         kv_seq_free(e->kv, c->probe);
         c->probe = NULL;
@@ -305,7 +204,7 @@ static void engine_finish_choice(lm_engine *e, eseq *c, lm_finish why, lm_status
                    .stats = &c->stats};
     pthread_mutex_lock(&e->mu);
     metrics_finished(&e->stats, &c->stats, c->index, why);
-    if (r->counted) client_done(e, r->p.client);
+    if (r->counted) engine_client_done(e, r->p.client);
     pthread_mutex_unlock(&e->mu);
     r->p.on_event(r->p.user, &ev);
     /* choices still waiting for a fork from choice 0 cannot get one now */
@@ -313,7 +212,7 @@ static void engine_finish_choice(lm_engine *e, eseq *c, lm_finish why, lm_status
         for (int i = 1; i < r->p.n; i++)
             if (r->ch[i].state == CH_PENDING_FORK) engine_finish_choice(e, &r->ch[i], why, status, error);
     if (--r->n_live == 0) {
-        if (!r->started) request_ended_waiting(e, r);
+        if (!r->started) engine_request_ended_waiting(e, r);
         engine_request_unref(r);
     }
 }
@@ -595,7 +494,7 @@ static lm_status submit_tokens(lm_engine *e, const lm_request_params *p, lm_requ
         return lm_err(err, errlen, "%d requests are already waiting", e->cfg.max_waiting), LM_ERR_BUSY;
     }
     uint64_t arrival = e->next_arrival++;
-    int64_t tag = client_take(e, p->client, p->n, &r->counted);
+    int64_t tag = engine_client_take(e, p->client, p->n, &r->counted);
     for (int i = 0; i < p->n; i++) r->ch[i].sq.arrival = arrival, r->ch[i].sq.fair = p->client ? tag + i : 0;
     if (e->inbox_tail) e->inbox_tail->next = r;
     else e->inbox = r;
@@ -779,11 +678,11 @@ static void spec_verify(lm_engine *e, eseq *c, float *rows) {
 }
 
 /* Free running choice c's KV; the scheduler already moved it to waiting. */
-static void preempt(lm_engine *e, eseq *c) {
+void engine_preempt(lm_engine *e, eseq *c) {
     if (e->prop) spec_prop_release(e->prop, &c->ps);
     kv_seq_free(e->kv, c->kv);
     c->kv = NULL;
-    state_drop(e, c);
+    engine_state_drop(e, c);
     c->n_computed = 0;
     c->sq.n_pending = c->n_tokens;
     c->stats.preemptions++;
@@ -962,7 +861,7 @@ static int act(lm_engine *e, const sched_plan *p, int *n_tok) {
     }
     e->n_probes = 0;
     sched_commit(e->sc, p);
-    for (int i = 0; i < p->n_preempt; i++) preempt(e, CHOICE(p->preempt[i]));
+    for (int i = 0; i < p->n_preempt; i++) engine_preempt(e, CHOICE(p->preempt[i]));
     for (int i = 0; i < p->n_reject; i++)
         engine_finish_choice(e, CHOICE(p->reject[i]), LM_FINISH_ERROR, LM_ERR_TOO_LONG,
                              "the request does not fit the KV pool");
@@ -975,7 +874,7 @@ static int act(lm_engine *e, const sched_plan *p, int *n_tok) {
         } else if (rc == KV_FULL) { /* the plan counted wrong: wait again rather than fail */
             e->plan_misses++;
             sched_requeue(e->sc, &c->sq);
-            preempt(e, c);
+            engine_preempt(e, c);
         } else {
             engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_NOMEM, err);
         }
@@ -988,9 +887,10 @@ static int act(lm_engine *e, const sched_plan *p, int *n_tok) {
         if (c->stats.preemptions == 0) c->stats.cached_tokens = c->n_computed;
         int n = p->admit[i].n < c->n_tokens - c->n_computed ? p->admit[i].n : c->n_tokens - c->n_computed;
         n = state_trim(e, c, n, n_seg > 0);
-        if (kv_append(e->kv, c->kv, n, err, sizeof err) == KV_OK && state_take(e, c, NULL, err, sizeof err) == 0) {
+        if (kv_append(e->kv, c->kv, n, err, sizeof err) == KV_OK &&
+            engine_state_take(e, c, NULL, err, sizeof err) == 0) {
             if (c->stats.queue == 0) c->stats.queue = admit_time(c);
-            if (!c->req->started || c->sq.fair > e->vtime) request_started(e, c);
+            if (!c->req->started || c->sq.fair > e->vtime) engine_request_started(e, c);
             if (n > 0) batch_add(e, c, n, n_tok, &n_seg);
         } else { /* the plan counted wrong (or no memory): wait again rather than fail */
             e->plan_misses++;
@@ -1020,7 +920,7 @@ static void fork_choices(lm_engine *e, eseq *c0, const float *src) {
             continue;
         }
         char err[LM_ERRLEN];
-        if (!(c->kv = kv_fork(e->kv, c0->kv, err, sizeof err)) || state_take(e, c, c0, err, sizeof err) != 0) {
+        if (!(c->kv = kv_fork(e->kv, c0->kv, err, sizeof err)) || engine_state_take(e, c, c0, err, sizeof err) != 0) {
             engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_NOMEM, err);
             continue;
         }
@@ -1108,72 +1008,6 @@ void engine_profile(const lm_engine *e, engine_profile_t *p) {
     memcpy(p->ops, e->fwd->prof, sizeof p->ops);
 }
 
-/* Fair share of the sequence slots: when max_seqs run and a waiting
- * choice near the head belongs to a client with nothing running, the
- * latest admitted choice of the client holding the most slots (two at
- * least) is preempted and its tag moved behind that client's queued work,
- * and the newcomer moves to the head of the waiting queue, so it takes the
- * slot in this iteration's plan. Each client
- * that waits thus gets one sequence running within an iteration, however
- * many one other client holds; the rest of the slots go by the tags as
- * before. Never for choices without a client (0) or across priorities
- * (the newcomer's must be at least as good). At most one per iteration:
- * afterwards a slot is free until an admission fills it. The look costs
- * one pass over the waiting queue, each client checked against the
- * running set (max_seqs) once per run of its choices, only when every
- * slot is taken. */
-static void fair_preempt(lm_engine *e) {
-    int n_run = sched_n_running(e->sc), n_wait = sched_n_waiting(e->sc);
-    if (n_run < e->cfg.max_seqs || n_wait == 0) return;
-    eseq *newcomer = NULL;
-    uint64_t seen = 0; /* the client last found running (the queue holds runs of one client's choices) */
-    for (int w = 0; w < n_wait && !newcomer; w++) {
-        eseq *q = CHOICE(sched_waiting_at(e->sc, w));
-        uint64_t id = q->req->p.client;
-        if (!id || id == seen) continue;
-        bool runs = false;
-        for (int i = 0; i < n_run && !runs; i++) runs = CHOICE(sched_running_at(e->sc, i))->req->p.client == id;
-        if (runs) seen = id;
-        else newcomer = q;
-    }
-    if (!newcomer) return;
-    /* the client holding the most slots, and its latest admitted choice */
-    uint64_t top = 0;
-    int top_n = 0;
-    for (int i = 0; i < n_run; i++) {
-        uint64_t id = CHOICE(sched_running_at(e->sc, i))->req->p.client;
-        if (!id || id == top) continue;
-        int n = 0;
-        for (int j = 0; j < n_run; j++) n += CHOICE(sched_running_at(e->sc, j))->req->p.client == id;
-        if (n > top_n) top = id, top_n = n;
-    }
-    if (top_n < 2) return;
-    eseq *victim = NULL;
-    for (int i = 0; i < n_run; i++) {
-        eseq *c = CHOICE(sched_running_at(e->sc, i));
-        if (c->req->p.client != top || c->sq.priority < newcomer->sq.priority) continue;
-        if (!victim || sched_before(&victim->sq, &c->sq)) victim = c;
-    }
-    if (!victim) return;
-    pthread_mutex_lock(&e->mu);
-    int64_t tag = e->vtime + 1;
-    for (int i = 0; i < e->n_clients; i++)
-        if (e->clients[i].id == top) {
-            if (e->clients[i].last + 1 > tag) tag = e->clients[i].last + 1;
-            e->clients[i].last = tag;
-        }
-    pthread_mutex_unlock(&e->mu);
-    sched_retag(e->sc, &victim->sq, tag); /* (running: ordered from the requeue on) */
-    sched_requeue(e->sc, &victim->sq);
-    preempt(e, victim);
-    /* the newcomer to the head of its priority, ahead of the tags the
-     * dominant client's choices hold (admission is not strictly in tag
-     * order: forks start beside their parent) */
-    sched_seq *head = sched_waiting_at(e->sc, 0);
-    if (head != &newcomer->sq && head->priority == newcomer->sq.priority && head->fair <= newcomer->sq.fair)
-        sched_retag(e->sc, &newcomer->sq, head->fair - 1);
-}
-
 /* One iteration. Returns false when there was nothing to run. */
 static bool step(lm_engine *e) {
     const int32_t V = e->m->hp.n_vocab;
@@ -1185,7 +1019,7 @@ static bool step(lm_engine *e) {
     /* plan, answering the scheduler's questions, then act */
     double t_step = e->pol.guard_on ? lm_now() : 0;
     uint64_t gen0 = e->stats.generation_tokens_total; /* (the engine thread is its only writer) */
-    fair_preempt(e);
+    engine_fair_preempt(e);
     report_running(e);
     sched_view view = {{0}};
     for (int k = 0; k < e->n_class; k++) view.avail[k] = kv_available(e->kv, k);

@@ -2,7 +2,8 @@
  * engine_int.h - the engine's own objects, shared by the files that make up
  * the engine (engine.c: requests, the iteration, lifetime; engine_grammar.c:
  * the grammar cache and masking; engine_mem.c: the configuration's
- * defaults and the memory plan). Nothing outside src/sched/engine*.c
+ * defaults and the memory plan; engine_fair.c: clients' tags and the fair
+ * share of the slots; engine_state.c: hybrid models' recurrent state). Nothing outside src/sched/engine*.c
  * includes it; everyone else sees the opaque handles of engine.h. The
  * speculation policy (spec_sched.h) and the proposers (proposer.h) are
  * objects the engine holds; they do not see these.
@@ -234,6 +235,37 @@ void engine_grammar_trim(egram *g);
 void engine_grammar_stats(egram *g, lm_engine_stats *st);
 /* Free the cache and the tables (engine destruction). */
 void engine_grammar_free(egram *g);
+
+/* ---- engine.c, for the files below ---------------------------------------- */
+
+/* Free running choice c's KV and state; the scheduler already moved it to
+ * waiting (it recomputes from position 0 with the same output). */
+void engine_preempt(lm_engine *e, eseq *c);
+
+/* ---- engine_fair.c: fairness between clients ----------------------------- */
+
+/* Under mu: the first of n fair-queuing tags for a request of client id
+ * (0: none, tags 0); *counted says whether the client is remembered. */
+int64_t engine_client_take(lm_engine *e, uint64_t id, int n, bool *counted);
+/* Under mu: one choice of client id finished. */
+void engine_client_done(lm_engine *e, uint64_t id);
+/* Choice c was admitted: the virtual time reaches its tag and its request
+ * no longer waits (takes mu). */
+void engine_request_started(lm_engine *e, eseq *c);
+/* Request r ended with no choice admitted: it no longer waits (takes mu). */
+void engine_request_ended_waiting(lm_engine *e, lm_request *r);
+/* Engine thread, before planning: when every slot runs and a client with
+ * nothing running waits, preempt one choice of the largest holder for it. */
+void engine_fair_preempt(lm_engine *e);
+
+/* ---- engine_state.c: hybrid models' recurrent state --------------------- */
+
+/* A live slot for c: zeroed, or a copy of from's (a fork; NULL: none);
+ * its pointers bound. 0, or -1 with a message. No-op without recurrent
+ * layers. */
+int engine_state_take(lm_engine *e, eseq *c, const eseq *from, char *err, size_t errlen);
+/* Give c's slot back (none held: no-op). */
+void engine_state_drop(lm_engine *e, eseq *c);
 
 /* ---- engine_mem.c: the configuration and the memory plan ---------------- */
 
