@@ -59,11 +59,11 @@ TOP_FIELDS = ["model", "threads", "isa", "kv_type", "read_bw_gbs", "peak_gflops"
 SCEN_FIELDS = ["name", "kind", "depth", "batch", "passes", "tokens", "step_s", "ops_s", "other_s", "gap_s",
                "pool_runs", "wake_s", "per_token", "ops"]
 PER_TOKEN = ["weight_bytes", "kv_read_bytes", "kv_write_bytes", "kv_read_global_bytes", "kv_read_local_bytes",
-             "act_bytes", "flops"]
+             "act_bytes", "state_bytes", "flops"]
 OP_FIELDS = ["op", "time_s", "kernel_s", "gap_s", "weight_bytes", "kv_read_bytes", "kv_write_bytes", "act_bytes",
              "bytes", "flops", "intensity", "gbs", "gflops", "bound", "roof_gflops", "pct_of_roof", "plotted"]
-OPS = ["embedding", "norms", "q/k/v matmul", "rope", "attention", "output matmul", "ffn gate+up matmul",
-       "ffn activation", "ffn down matmul", "lm head"]
+OPS = ["embedding", "norms", "q/k/v matmul", "rope", "attention", "linear attention", "output matmul",
+       "ffn gate+up matmul", "ffn activation", "ffn down matmul", "lm head"]
 
 def near(a, b, rel=1e-6):
     return abs(a - b) <= rel * max(1.0, abs(b))
@@ -131,6 +131,24 @@ def check_roofline(preset, path, kv, tmp, batch=1):
             if o["bound"] not in ("memory", "compute"):
                 bad.append("%s %s: bound %s" % (s["name"], o["op"], o["bound"]))
     result("roofline_sums_" + tag, not bad, "; ".join(bad[:6]))
+
+    # the recurrent state: per decode token, one sequence's state read and
+    # written (STATE), counted in the linear-attention op, which has time;
+    # nothing in that op without recurrent layers
+    bad = []
+    for s in js["scenarios"]:
+        lin = [o for o in s["ops"] if o["op"] == "linear attention"][0]
+        st = s["per_token"]["state_bytes"]
+        want = STATE.get(preset, 0) if s["kind"] == "decode" else STATE.get(preset, 0) / s["tokens"]
+        if not near(st, want, 1e-6):
+            bad.append("%s: state %.1f per token, expected %.1f" % (s["name"], st, want))
+        if STATE.get(preset):
+            if not (lin["time_s"] > 0 and lin["act_bytes"] >= st * s["tokens"] / s["passes"] and lin["flops"] > 0
+                    and lin["weight_bytes"] > 0):
+                bad.append("%s: linear attention op %s" % (s["name"], lin))
+        elif lin["bytes"] != 0 or lin["flops"] != 0:
+            bad.append("%s: linear attention op without recurrent layers: %s" % (s["name"], lin))
+    result("roofline_state_" + tag, not bad, "; ".join(bad[:4]))
 
     # KV bytes against the formula, per decode scenario
     b = KV_BYTES[kv]

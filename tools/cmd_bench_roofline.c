@@ -98,6 +98,7 @@ static void add_cost(cost_pass *acc, const cost_pass *c) {
     }
     acc->kv_row_bytes = c->kv_row_bytes;
     acc->n_tokens += c->n_tokens;
+    acc->state_bytes += c->state_bytes;
     acc->n_logits += c->n_logits;
 }
 
@@ -276,6 +277,10 @@ static void print_md(const roofline_opts *o, const scenario *sc, int n) {
                t.weight_bytes / T / 1048576, t.kv_read_bytes / T / 1048576, s->cost.kv_read_class[0] / T / 1048576,
                s->cost.kv_read_class[1] / T / 1048576, t.kv_write_bytes / T / 1024, t.act_bytes / T / 1048576,
                t.flops / T / 1e9);
+        if (s->cost.state_bytes > 0) /* of the activations: the linear-attention op's */
+            printf("recurrent state: %.2f MiB read and written per token (of the activations), against %.2f MiB of KV "
+                   "read\n",
+                   s->cost.state_bytes / T / 1048576, t.kv_read_bytes / T / 1048576);
         printf("dispatch gaps: %.3f ms per pass (%.1f%% of the step) in %.1f pool runs; workers' wake-up %.1f us per "
                "run per worker\n",
                1e3 * gaps / P, 100 * gaps / s->wall_s, s->pt.runs / P,
@@ -302,17 +307,19 @@ static void print_json(const roofline_opts *o, const scenario *sc, int n) {
         const scenario *s = &sc[i];
         cost_op t = cost_total(&s->cost);
         double P = s->passes, ops = sum_prof(s->prof), gaps = sum_prof(s->gap);
-        printf("%s{\"name\": \"%s\", \"kind\": \"%s\", \"depth\": %d, \"batch\": %d, \"passes\": %d, \"tokens\": %d,"
-               " \"step_s\": %.9f, \"ops_s\": %.9f, \"other_s\": %.9f, \"gap_s\": %.9f, \"pool_runs\": %.2f,"
-               " \"wake_s\": %.9f,"
-               " \"per_token\": {\"weight_bytes\": %.1f, \"kv_read_bytes\": %.1f, \"kv_write_bytes\": %.1f,"
-               " \"kv_read_global_bytes\": %.1f, \"kv_read_local_bytes\": %.1f, \"act_bytes\": %.1f, \"flops\": %.1f},"
-               " \"ops\": [",
-               i ? ", " : "", s->name, s->decode ? "decode" : "prefill", s->depth, s->batch, s->passes, s->tokens,
-               s->wall_s / P, ops / P, (s->wall_s - ops) / P, gaps / P, s->pt.runs / P, s->pt.wake_s / P,
-               t.weight_bytes / s->tokens, t.kv_read_bytes / s->tokens, t.kv_write_bytes / s->tokens,
-               s->cost.kv_read_class[0] / s->tokens, s->cost.kv_read_class[1] / s->tokens, t.act_bytes / s->tokens,
-               t.flops / s->tokens);
+        printf(
+            "%s{\"name\": \"%s\", \"kind\": \"%s\", \"depth\": %d, \"batch\": %d, \"passes\": %d, \"tokens\": %d,"
+            " \"step_s\": %.9f, \"ops_s\": %.9f, \"other_s\": %.9f, \"gap_s\": %.9f, \"pool_runs\": %.2f,"
+            " \"wake_s\": %.9f,"
+            " \"per_token\": {\"weight_bytes\": %.1f, \"kv_read_bytes\": %.1f, \"kv_write_bytes\": %.1f,"
+            " \"kv_read_global_bytes\": %.1f, \"kv_read_local_bytes\": %.1f, \"act_bytes\": %.1f, \"state_bytes\": %.1f,"
+            " \"flops\": %.1f},"
+            " \"ops\": [",
+            i ? ", " : "", s->name, s->decode ? "decode" : "prefill", s->depth, s->batch, s->passes, s->tokens,
+            s->wall_s / P, ops / P, (s->wall_s - ops) / P, gaps / P, s->pt.runs / P, s->pt.wake_s / P,
+            t.weight_bytes / s->tokens, t.kv_read_bytes / s->tokens, t.kv_write_bytes / s->tokens,
+            s->cost.kv_read_class[0] / s->tokens, s->cost.kv_read_class[1] / s->tokens, t.act_bytes / s->tokens,
+            s->cost.state_bytes / s->tokens, t.flops / s->tokens);
         for (int k = 0; k < LM_PROF_COUNT; k++) {
             op_fig r = op_figures(s, k, o->read_bw, o->peak_flops);
             const cost_op *c = &s->cost.op[k];
@@ -331,7 +338,7 @@ static void print_json(const roofline_opts *o, const scenario *sc, int n) {
 
 /* ---- pictures -------------------------------------------------------------- */
 
-static const char *const op_colors[LM_PROF_COUNT] = {"#999999", "#b07aa1", "#4e79a7", "#9c755f", "#e15759",
+static const char *const op_colors[LM_PROF_COUNT] = {"#999999", "#b07aa1", "#4e79a7", "#9c755f", "#e15759", "#8cd17d",
                                                      "#76b7b2", "#59a14f", "#edc948", "#f28e2b", "#ff9da7"};
 
 /* XML text: the names written here are lamina's own, but the model name is

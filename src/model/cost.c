@@ -118,7 +118,7 @@ static void add_mla(cost_op *o, cost_pass *out, const lm_model *m, const lm_laye
  * conv, gates, norms and delta rule, and each sequence's state read once
  * and written once per pass. */
 static void add_gdn(cost_op *o, cost_pass *out, const lm_hparams *hp, const lm_gdn *g, double S, double n) {
-    cost_op *a = &o[LM_PROF_ATTN];
+    cost_op *a = &o[LM_PROF_RECUR];
     add_matmul(a, &g->qkv, n);
     add_matmul(a, &g->z, n);
     add_matmul(a, &g->beta, n);

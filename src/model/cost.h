@@ -72,7 +72,7 @@ typedef struct {
     int n_layer_class[2];
     double expert_bytes_all; /* with experts: every expert's matrices (0 without) */
     double state_bytes;      /* with recurrent layers (qwen35): the sequences' state read and written,
-                                    counted in the attention slot's act_bytes too (0 without) */
+                                    counted in the linear-attention slot's act_bytes too (0 without) */
     size_t kv_row_bytes;     /* one head's K (or V) of one token */
     int n_tokens;            /* n_seq x n_tok */
     int n_logits;            /* rows through the LM head */

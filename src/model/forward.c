@@ -64,8 +64,9 @@
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 
 const char *const lm_prof_names[LM_PROF_COUNT] = {
-    "embedding",          "norms",          "q/k/v matmul",    "rope",    "attention", "output matmul",
-    "ffn gate+up matmul", "ffn activation", "ffn down matmul", "lm head",
+    "embedding",        "norms",         "q/k/v matmul",       "rope",           "attention",
+    "linear attention", "output matmul", "ffn gate+up matmul", "ffn activation", "ffn down matmul",
+    "lm head",
 };
 
 /* The time now; charges the pool's dispatch time since the last call to
@@ -505,9 +506,9 @@ static int attn_block(pass *p, const lm_layer *l, int li, char *err, size_t errl
     lm_fwd *f = p->f;
     run_rows(f, l, ROWS_ATTN_IN, p->n);
     prof(p, LM_PROF_NORM);
-    if (l->gdn) { /* charged to the attention slot, its output product to the output's */
+    if (l->gdn) { /* its own slot, its output product charged to the output's */
         gdn_layer(f, l, p->segs, p->n_seg, p->n);
-        prof(p, LM_PROF_ATTN);
+        prof(p, LM_PROF_RECUR);
         if (reduce(p, f->hb, err, errlen)) return -1;
         run_rows(f, l, ROWS_ATTN_OUT, p->n);
         prof(p, LM_PROF_WO);

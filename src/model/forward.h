@@ -67,6 +67,7 @@ enum {
     LM_PROF_QKV,
     LM_PROF_ROPE,
     LM_PROF_ATTN,
+    LM_PROF_RECUR, /* recurrent layers (gdn.h): projections, conv, gates, delta rule, gated norm */
     LM_PROF_WO,
     LM_PROF_FFN_UP,
     LM_PROF_FFN_ACT,
