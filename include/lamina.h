@@ -287,6 +287,11 @@ typedef struct {
     const lm_spec_config *spec; /* speculative decoding (engine.md); NULL (default): none. Read by
                              lm_engine_new, which keeps a copy (its draft_model must outlive
                              the engine); requests speculate by default */
+    int state_snapshots;        /* hybrid models with the prefix cache: slots for snapshots of the
+                             recurrent state at cached prefixes' ends (engine.md). 0 (default): one
+                             per max_seqs, with a budget at most a quarter of what the weights,
+                             workspace and live state leave; < 0: none (a prefix hit then needs
+                             the whole prefill); > 0: that many */
 } lm_engine_config;
 
 /* The defaults each field states; size bytes of *c are written. */
@@ -457,8 +462,15 @@ typedef struct {
     uint64_t grammar_compiles_total;  /* grammars compiled (requests that found none kept) */
     uint64_t grammar_evictions_total; /* kept grammars dropped for room */
     /* hybrid models (linear-attention layers): the recurrent state store's
-     * slots, one per running sequence (0 for a model without such layers) */
+     * slots, one per running sequence and the snapshots (0 for a model without such layers) */
     uint64_t mem_state;
+    /* of mem_state, the snapshots of the state the prefix cache restores (hybrid models) */
+    uint64_t mem_state_snap;
+    int64_t state_snap_slots, state_snap_used; /* snapshot slots, and those holding one */
+    uint64_t state_snap_saved_total;           /* snapshots stored at a prompt's block boundary */
+    uint64_t state_snap_restored_total;        /* prefix hits that restored one (the state at the hit's end) */
+    uint64_t state_snap_evicted_total;         /* dropped for room, least recently used first */
+    uint64_t state_snap_dropped_total;         /* dropped with their KV block (evicted from the prefix cache) */
 } lm_engine_stats;
 
 /* Fill the first size bytes of *st (lm_engine_get_stats passes sizeof). */

@@ -203,6 +203,11 @@ uint32_t need_kv_type(args *a) {
     return t;
 }
 
+int snapshots_flag(args *a) {
+    int n = (int)need_int(a, 0, 1 << 20);
+    return n ? n : -1;
+}
+
 int need_spec(args *a) {
     const char *v = need_val(a);
     if (!strcmp(v, "ngram")) return LM_SPEC_NGRAM;
@@ -415,9 +420,13 @@ void mem_print(FILE *f, const char *cmd, const lm_engine_stats *st, uint32_t kv_
     char a[32], b[32], c[32], d[32], e[32], g[32];
     uint64_t draft = st->mem_draft_weights + st->mem_draft_workspace + st->mem_draft_kv;
     uint64_t used = st->mem_weights + st->mem_packed + st->mem_workspace + st->mem_state + st->mem_kv + draft;
-    char dpart[48] = "", spart[48] = "";
+    char dpart[48] = "", spart[80] = "";
     if (draft) snprintf(dpart, sizeof dpart, " + draft model %s", hb(draft, g, sizeof g));
-    if (st->mem_state) snprintf(spart, sizeof spart, " + state %s", hb(st->mem_state, g, sizeof g));
+    char h[32];
+    if (st->mem_state_snap)
+        snprintf(spart, sizeof spart, " + state %s (of it snapshots %s)", hb(st->mem_state, g, sizeof g),
+                 hb(st->mem_state_snap, h, sizeof h));
+    else if (st->mem_state) snprintf(spart, sizeof spart, " + state %s", hb(st->mem_state, g, sizeof g));
     if (st->mem_budget)
         fprintf(f, "lamina %s: memory budget %s = weights %s + workspace %s%s + KV %s%s + unused %s\n", cmd,
                 hb(st->mem_budget, a, sizeof a), hb(st->mem_weights + st->mem_packed, b, sizeof b),

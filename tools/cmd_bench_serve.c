@@ -69,6 +69,8 @@ static void usage_bench_serve(FILE *f) {
         "  --max-seqs N        sequences per iteration (default 64)\n"
         "  --kv-mem BYTES      KV pool size (default: context x max-seqs, at most 4 GiB)\n"
         "  --kv-type T         F16 (default), F32, Q8_0\n"
+        "  --state-snapshots N hybrid models: recurrent-state snapshot slots for the prefix cache\n"
+        "                      (default: --max-seqs; 0: none)\n"
         "  --spec ngram        speculative decoding by prompt lookup\n"
         "  --draft-model FILE  speculative decoding by a draft model (same tokenizer)\n"
         "  --draft-max K       tokens proposed per step at most (default 4; 3 with --draft-model)\n"
@@ -436,6 +438,7 @@ int cmd_bench_serve(int argc, char **argv) {
         else if (is_flag(&a, "--max-seqs", NULL)) ec.max_seqs = (int)need_int(&a, 1, 1 << 16);
         else if (is_flag(&a, "--kv-mem", NULL)) ec.kv_mem = need_bytes(&a);
         else if (is_flag(&a, "--kv-type", NULL)) ec.kv_type = need_kv_type(&a);
+        else if (is_flag(&a, "--state-snapshots", NULL)) ec.state_snapshots = snapshots_flag(&a);
         else if (spec_opts_flag(&a, &so)) continue;
         else if (is_flag(&a, "--prompt-file", NULL)) pfile = need_val(&a);
         else if (is_flag(&a, "--shared-prefix", NULL)) n_shared = (int)need_int(&a, 1, 1 << 16);

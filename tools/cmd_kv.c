@@ -53,6 +53,8 @@ static void usage_kv(FILE *f) {
             "  --kv-mem BYTES   size the pool from a budget (e.g. 512M, 8G); reports sequences of CTX that fit\n"
             "  --draft-model F  with --mem: count a speculative-decoding draft model (weights, workspace and\n"
             "                   its own KV pool, sharing the rest with the model's; --draft-max 3)\n"
+            "  --state-snapshots N  with --mem, hybrid models: the prefix cache's state snapshot slots\n"
+            "                   (default: --seqs, at most a quarter of the budget's rest; 0: none)\n"
             "  -t N             threads, for --mem's workspace (default: physical cores)\n"
             "  -c CTX           tokens per sequence (default: the model's training context)\n"
             "  --ctx-extend     allow -c above the model's trained context (with a warning)\n"
@@ -107,7 +109,7 @@ static int pp_table(const lm_model *m, const kv_config *whole, const kv_plan *wp
 /* The split of a whole budget as engine_new makes it; the KV pool's bytes
  * (exit 1 when the budget cannot hold one sequence of ctx tokens). */
 static uint64_t budget_split(const lm_model *m, const lm_model *dm, uint64_t budget, uint32_t type, int ctx, int seqs,
-                             int block, int chunk, int threads) {
+                             int block, int chunk, int threads, int snaps) {
     lm_engine_config ec;
     engine_config_default(&ec);
     lm_spec_config sc;
@@ -125,6 +127,7 @@ static uint64_t budget_split(const lm_model *m, const lm_model *dm, uint64_t bud
     ec.block_size = block;
     ec.batch_tokens = chunk;
     ec.n_threads = threads;
+    ec.state_snapshots = snaps;
     engine_mem sp;
     char err[LM_ERRLEN];
     if (engine_mem_plan(m, &ec, &sp, err, sizeof err)) fail("kv", err);
@@ -137,8 +140,11 @@ static uint64_t budget_split(const lm_model *m, const lm_model *dm, uint64_t bud
     printf("  workspace:     %llu bytes (%.2f MiB): batches of %d tokens, %d threads, logits of %d sequences\n",
            (unsigned long long)sp.workspace, mib(sp.workspace), chunk < ctx ? chunk : ctx, threads, seqs);
     if (sp.state)
-        printf("  state:         %llu bytes (%.2f MiB): the recurrent layers' state, %d sequence%s (F32)\n",
-               (unsigned long long)sp.state, mib(sp.state), seqs, seqs == 1 ? "" : "s");
+        printf("  state:         %llu bytes (%.2f MiB): the recurrent layers' state (F32), %d sequence%s %llu + "
+               "%d prefix-cache snapshot%s %llu\n",
+               (unsigned long long)sp.state, mib(sp.state), seqs, seqs == 1 ? "" : "s",
+               (unsigned long long)(sp.state - sp.state_snap), sp.rcfg.n_snap, sp.rcfg.n_snap == 1 ? "" : "s",
+               (unsigned long long)sp.state_snap);
     printf("  KV pool:       %llu bytes (%.2f MiB): the rest, %lld tokens, %lld sequence%s of %d at once\n",
            (unsigned long long)sp.kv, mib(sp.kv), (long long)sp.kv_tokens, (long long)sp.kv_seqs,
            sp.kv_seqs == 1 ? "" : "s", ctx);
@@ -174,6 +180,7 @@ int cmd_kv(int argc, char **argv) {
     unsigned long long mem = 0, budget = 0;
     long long threads = pool_default_threads();
     long long ctx = 0, seqs = 1, block = KV_DEFAULT_BLOCK, chunk = FWD_BATCH_DEFAULT;
+    int snaps = 0; /* --state-snapshots: the default */
     bool alloc = false, ctx_extend = false;
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
@@ -189,6 +196,7 @@ int cmd_kv(int argc, char **argv) {
         else if (is_flag(&a, "--chunk", NULL)) chunk = need_int(&a, 1, 1 << 24);
         else if (is_flag(&a, "--alloc", NULL)) alloc = true;
         else if (is_flag(&a, "--draft-model", NULL)) draft_path = need_val(&a);
+        else if (is_flag(&a, "--state-snapshots", NULL)) snaps = snapshots_flag(&a);
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
     lm_model *m = load_or_die("kv", model);
@@ -199,7 +207,8 @@ int cmd_kv(int argc, char **argv) {
         die_usage(&a, "%s", "--mem is the whole budget (the KV pool gets the rest): give --mem or --kv-mem, not both");
     if (draft_path && !budget) die_usage(&a, "%s", "--draft-model counts a draft model in the budget: give --mem");
     lm_model *dm = draft_path ? load_or_die("kv", draft_path) : NULL;
-    if (budget) mem = budget_split(m, dm, budget, type, (int)ctx, (int)seqs, (int)block, (int)chunk, (int)threads);
+    if (budget)
+        mem = budget_split(m, dm, budget, type, (int)ctx, (int)seqs, (int)block, (int)chunk, (int)threads, snaps);
     model_free(dm);
 
     /* the pool a forward pass of chunk-token batches would use (a chunk
@@ -325,7 +334,8 @@ int cmd_kv(int argc, char **argv) {
             fail("kv", err);
         }
         printf("state:           %d recurrent layers x %llu bytes (conv window %d x %d, matrices %d x %d x %d, F32) = "
-               "%llu bytes per sequence; %llu bytes (%.2f MiB) for %lld, beside the pool\n",
+               "%llu bytes per sequence (and per prefix-cache snapshot); %llu bytes (%.2f MiB) for %lld, beside "
+               "the pool\n",
                hp->n_rlayer, (unsigned long long)rp.layer_bytes, hp->ssm_conv - 1, rc0.conv_channels, hp->ssm_hv,
                hp->ssm_dk, hp->ssm_dv, (unsigned long long)rp.slot_bytes, (unsigned long long)rp.live_bytes,
                mib(rp.live_bytes), seqs);

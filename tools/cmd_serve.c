@@ -54,6 +54,8 @@ static void usage_serve(FILE *f) {
         "                         an error (exit 1)\n"
         "      --kv-mem BYTES     KV cache pool size, e.g. 512M (default: context x max-seqs, at most 4G)\n"
         "      --kv-type T        KV cache element type: F16 (default), F32, Q8_0\n"
+        "      --state-snapshots N  hybrid models: slots for the recurrent state at cached prefixes'\n"
+        "                         ends (default: --max-seqs, within --mem's quarter; 0: none)\n"
         "      --spec ngram       speculative decoding by prompt lookup, on for every request unless\n"
         "                         it sends \"speculative\": false or \"draft_max\": 0\n"
         "      --draft-model FILE speculative decoding by a draft model with the same tokenizer, on\n"
@@ -172,6 +174,7 @@ int cmd_serve(int argc, char **argv) {
         else if (is_flag(&a, "--batch-tokens", NULL)) ec.batch_tokens = (int)need_int(&a, 1, 1 << 20);
         else if (is_flag(&a, "--kv-mem", NULL)) ec.kv_mem = need_bytes(&a);
         else if (is_flag(&a, "--kv-type", NULL)) ec.kv_type = need_kv_type(&a);
+        else if (is_flag(&a, "--state-snapshots", NULL)) ec.state_snapshots = snapshots_flag(&a);
         else if (spec_opts_flag(&a, &so)) continue;
         else if (is_flag(&a, "--max-waiting", NULL)) ec.max_waiting = (int)need_int(&a, 0, 1 << 24);
         else if (is_flag(&a, "--timeout", NULL)) sc.timeout = need_float(&a, 0, 1e7);

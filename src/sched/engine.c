@@ -776,6 +776,7 @@ static void answer_admit(lm_engine *e, eseq *c, const sched_plan *p) {
     char err[LM_ERRLEN];
     if (!c->probe && (c->probe = kv_seq_new(e->kv, err, sizeof err))) {
         if (e->cfg.prefix_cache) kv_prefix_match(e->kv, c->probe, c->tokens, c->n_tokens, c->req->p.cache_salt);
+        if (e->cfg.prefix_cache) engine_state_match(e, c); /* hybrids: only as far as a state snapshot */
         e->probes[e->n_probes++] = c;
     }
     if (c->probe) {
@@ -821,30 +822,6 @@ static double admit_time(const eseq *c) {
     return q > 1e-9 ? q : 1e-9;
 }
 
-#define STATE_MAX_DEFER 16 /* iterations in a row a hybrid prompt waits for a chunk on the grid */
-
-/* The tokens of a planned n a hybrid model's choice c feeds now, so that
- * its segments split where the same choice run alone would split them
- * (gdn.h: the delta rule's pieces end on multiples of GDN_CHUNK positions,
- * and a lone token takes the recurrence): a prompt chunk ends at the
- * prompt's end or on a multiple of GDN_CHUNK, and a position past the
- * prompt (recomputing after a preemption) is fed one at a time, as decoding
- * fed it. When n does not reach the next multiple, c waits (0) if the batch
- * already holds a segment (busy: the engine does not go idle) and it has
- * not waited STATE_MAX_DEFER iterations in a row; else it takes n as
- * planned (progress before the last bits). Without recurrent layers n. */
-static int state_trim(const lm_engine *e, eseq *c, int n, bool busy) {
-    if (!e->rs || n <= 1) return n;
-    int p0 = c->n_computed, end = p0 + n;
-    if (p0 >= c->n_prompt) return 1;
-    if (end >= c->n_prompt) return c->n_defer = 0, c->n_prompt - p0;
-    int cut = end / GDN_CHUNK * GDN_CHUNK;
-    if (cut > p0) return c->n_defer = 0, cut - p0;
-    if (busy && c->n_defer < STATE_MAX_DEFER) return c->n_defer++, 0;
-    c->n_defer = 0;
-    return n;
-}
-
 /* Act on a complete plan: free probes it does not admit, preempt, reject,
  * grow and admit. Fills the batch; returns its segment count. */
 static int act(lm_engine *e, const sched_plan *p, int *n_tok) {
@@ -867,7 +844,8 @@ static int act(lm_engine *e, const sched_plan *p, int *n_tok) {
                              "the request does not fit the KV pool");
     for (int i = 0; i < p->n_run; i++) {
         eseq *c = CHOICE(p->run[i].seq);
-        int n = c->n_draft || c->n_tokens - c->n_computed == 1 ? p->run[i].n : state_trim(e, c, p->run[i].n, n_seg > 0);
+        int n = c->n_draft || c->n_tokens - c->n_computed == 1 ? p->run[i].n
+                                                               : engine_state_trim(e, c, p->run[i].n, n_seg > 0);
         int rc = kv_append(e->kv, c->kv, n, err, sizeof err);
         if (rc == KV_OK) {
             if (n > 0) batch_add(e, c, n, n_tok, &n_seg);
@@ -886,7 +864,7 @@ static int act(lm_engine *e, const sched_plan *p, int *n_tok) {
         c->n_computed = kv_seq_len(c->kv);
         if (c->stats.preemptions == 0) c->stats.cached_tokens = c->n_computed;
         int n = p->admit[i].n < c->n_tokens - c->n_computed ? p->admit[i].n : c->n_tokens - c->n_computed;
-        n = state_trim(e, c, n, n_seg > 0);
+        n = engine_state_trim(e, c, n, n_seg > 0);
         if (kv_append(e->kv, c->kv, n, err, sizeof err) == KV_OK &&
             engine_state_take(e, c, NULL, err, sizeof err) == 0) {
             if (c->stats.queue == 0) c->stats.queue = admit_time(c);
@@ -937,6 +915,7 @@ static void publish(lm_engine *e) {
     kv_stats_get(e->kv, &ks);
     pthread_mutex_lock(&e->mu);
     metrics_queues(&e->stats, sched_n_running(e->sc), sched_n_waiting(e->sc), &ks);
+    engine_state_stats(e, &e->stats);
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -1061,8 +1040,10 @@ static bool step(lm_engine *e) {
             continue;
         }
         c->n_computed += e->segs[g].n;
-        if (e->cfg.prefix_cache && c->n_gen == 0)
+        if (e->cfg.prefix_cache && c->n_gen == 0) {
             kv_prefix_commit(e->kv, c->kv, c->tokens, c->n_computed, c->req->p.cache_salt);
+            engine_state_save(e, c);
+        }
         if (!e->segs[g].n_logits) continue;
         float *lrow = e->logits + (size_t)row++ * V;
         if (c->n_gen == 0 && c->index == 0 && c->req->p.n > 1) {
@@ -1388,6 +1369,7 @@ lm_engine *engine_new_tuned(const lm_model *m, const lm_tokenizer *tok, const lm
     kv_config kc = mem.kc;
     if (!(e->kv = kv_pool_new(&kc, err, errlen))) goto fail;
     if (mem.rcfg.n_layer && !(e->rs = rstate_pool_new(&mem.rcfg, err, errlen))) goto fail;
+    engine_state_init(e);
     const kv_plan *plan = kv_pool_plan(e->kv);
     for (int k = 0; k < KV_N_CLASS; k++) e->total_blocks[k] = plan->cls[k].n_blocks;
     e->n_class = kv_pool_window(e->kv) > 0 ? 2 : 1;

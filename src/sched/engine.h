@@ -136,13 +136,15 @@ lm_engine *engine_new_tuned(const lm_model *m, const lm_tokenizer *tok, const lm
  * the target's at most its default with mem_cap). A rest below one sequence
  * of n_ctx positions in each pool is an error naming every part. A hybrid
  * model (recurrent layers) adds its recurrent state store (rstate.h): one
- * live slot per running sequence (max_seqs), no checkpoint or snapshot
- * slot; its bytes (state) come out of the budget before the KV pool. 0, or
- * -1 with a message. */
+ * live slot per running sequence (max_seqs) and, with the prefix cache,
+ * the snapshot slots of c->state_snapshots (engine_mem.c: the default's
+ * bound), no checkpoint slot; its bytes (state) come out of the budget
+ * before the KV pool. 0, or -1 with a message. */
 typedef struct {
     uint64_t budget, weights, packed, workspace, kv;
-    uint64_t state;     /* the recurrent state store's slots (0 without recurrent layers) */
-    rstate_config rcfg; /*   its configuration (n_layer 0 without recurrent layers) */
+    uint64_t state;      /* the recurrent state store's slots (0 without recurrent layers) */
+    uint64_t state_snap; /*   of them the snapshots' (rcfg.n_snap slots) */
+    rstate_config rcfg;  /*   its configuration (n_layer 0 without recurrent layers) */
     int64_t kv_tokens, kv_seqs;
     int n_ctx;
     kv_config kc; /* the pool's configuration (layer_local borrowed from the model) */

@@ -94,7 +94,10 @@ typedef struct eseq {
     kv_seq *probe; /* this iteration's admission probe, or NULL */
     int rslot;     /* hybrid models: its live slot in the state store while it runs, else -1 */
     float **rptr;  /* (2 n_rlayer) hybrid models: the slot's conv windows, then its matrices (lm_seg) */
-    int n_defer;   /* hybrid models: iterations in a row its prompt chunk waited for the grid (state_trim) */
+    int n_defer;   /* hybrid models: iterations in a row its prompt chunk waited for the grid (engine_state_trim) */
+    int snap_k;    /* hybrid models: its probe's KV match ends at the snapshot of block snap_k - 1, restored */
+    uint8_t snap_key[KV_KEY_LEN]; /*   at admission (0: none), under this key */
+    int snap_at;                  /*   the snapshot point below its last probe's uncut match (0: none) */
     lm_sampler *smp;
     lm_detok dt;
     stop_text held; /* released text not yet emitted (stop-string look-behind) */
@@ -140,8 +143,10 @@ struct lm_engine {
     int n_ctx;
     lm_pool *pool;
     kv_pool *kv;
-    rstate_pool *rs; /* hybrid models: the recurrent state store, a live slot per running choice; else NULL */
-    lm_fwd *fwd;     /* the forward pass's workspace: batch_tokens rows */
+    rstate_pool *rs;          /* hybrid models: the recurrent state store, a live slot per running choice; else NULL */
+    int snap_grid;            /*   the snapshot points' grid: lcm(block size, GDN_CHUNK) positions */
+    uint64_t snap_cut_blocks; /*   KV prefix-hit blocks cut back to a snapshot (not counted as hits) */
+    lm_fwd *fwd;              /* the forward pass's workspace: batch_tokens rows */
     sched *sc;
     int n_class; /* KV block classes */
     int64_t total_blocks[KV_N_CLASS];
@@ -260,12 +265,31 @@ void engine_fair_preempt(lm_engine *e);
 
 /* ---- engine_state.c: hybrid models' recurrent state --------------------- */
 
-/* A live slot for c: zeroed, or a copy of from's (a fork; NULL: none);
+#define STATE_MAX_DEFER 16 /* iterations in a row a hybrid prompt waits for a chunk on the grid */
+
+/* Once the state store and the KV pool exist: the snapshot grid, and the
+ * KV pool's eviction hook dropping a snapshot with its block. */
+void engine_state_init(lm_engine *e);
+/* A live slot for c: a copy of from's (a fork; NULL: none), else the
+ * snapshot c's admitted probe matched (engine_state_match), else zeroed;
  * its pointers bound. 0, or -1 with a message. No-op without recurrent
  * layers. */
 int engine_state_take(lm_engine *e, eseq *c, const eseq *from, char *err, size_t errlen);
 /* Give c's slot back (none held: no-op). */
 void engine_state_drop(lm_engine *e, eseq *c);
+/* After kv_prefix_match on c's probe: cut the match back to the longest
+ * prefix with a state snapshot, kept for the admission. No-op without
+ * recurrent layers. */
+void engine_state_match(lm_engine *e, eseq *c);
+/* After a pass fed c (its prompt's blocks committed): save a snapshot when
+ * its state stands on a snapshot point of its prompt. */
+void engine_state_save(lm_engine *e, eseq *c);
+/* Of the n tokens the plan gives c, those it feeds now (0: it waits), so
+ * that a hybrid prompt splits only on the grid, its end and its snapshot
+ * points; n without recurrent layers or for a decode. */
+int engine_state_trim(const lm_engine *e, eseq *c, int n, bool busy);
+/* The snapshots' figures into st, prefix hits less the cut ones (mu held). */
+void engine_state_stats(const lm_engine *e, lm_engine_stats *st);
 
 /* ---- engine_mem.c: the configuration and the memory plan ---------------- */
 

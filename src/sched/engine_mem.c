@@ -21,6 +21,13 @@
  *
  * Bounds. max_seqs in [1, batch_tokens], spec->max in [1, 64] (defaults for
  * values out of range), watermark in [0, 1) (else an error).
+ *
+ * Hybrid models. The recurrent state store (rstate.h) has max_seqs live
+ * slots and, with the prefix cache, snapshot slots (state_snapshots: by
+ * default max_seqs, with a budget at most a quarter of what the weights,
+ * the workspace and the live slots leave and never so many that the KV
+ * pool loses its one sequence); all of it is `state`, the snapshots'
+ * share also `state_snap`. No checkpoint slot: speculation is off for them.
  */
 #include "sched/engine.h"
 #include "sched/engine_int.h"
@@ -49,7 +56,6 @@ int engine_resolve_config(const lm_model *m, lm_engine_config *c, lm_spec_config
     if (c->block_size < 1) c->block_size = KV_DEFAULT_BLOCK;
     if (!(c->watermark >= 0 && c->watermark < 1)) return lm_err(err, errlen, "watermark must be in [0, 1)");
     if (c->n_threads <= 0) c->n_threads = pool_default_threads();
-    if (m->hp.n_rlayer) c->prefix_cache = false; /* a hit would skip prefill without the state at its end */
     if (!c->spec) return 0;
     *spec = *c->spec; /* a whole struct (lm_engine_new widened a program's) */
     c->spec = spec;
@@ -112,10 +118,12 @@ static int draft_parts(const lm_model *m, const lm_engine_config *c, const fwd_d
     return 0;
 }
 
-/* The recurrent state store of a hybrid model for max_seqs running
- * sequences (live slots only): 0 (rc->n_layer 0, *plan zeroed) without
- * recurrent layers, or -1 with a message. */
-static int rstate_part(const lm_model *m, int max_seqs, rstate_config *rc, rstate_plan *plan, char *err,
+/* The recurrent state store of a hybrid model: a live slot for each of
+ * max_seqs running sequences, and (with the prefix cache) the snapshot
+ * slots c->state_snapshots asks for, the default (0) taken as max_seqs
+ * here (engine_mem_split bounds it by a budget). 0 (rc->n_layer 0, *plan
+ * zeroed) without recurrent layers, or -1 with a message. */
+static int rstate_part(const lm_model *m, const lm_engine_config *c, rstate_config *rc, rstate_plan *plan, char *err,
                        size_t errlen) {
     const lm_hparams *hp = &m->hp;
     memset(rc, 0, sizeof *rc);
@@ -123,7 +131,22 @@ static int rstate_part(const lm_model *m, int max_seqs, rstate_config *rc, rstat
     if (!hp->n_rlayer) return 0;
     rstate_config_init(rc, hp->n_rlayer, hp->ssm_conv, 2 * hp->ssm_hk * hp->ssm_dk + hp->ssm_hv * hp->ssm_dv,
                        hp->ssm_hv, hp->ssm_dk, hp->ssm_dv);
-    rc->n_seqs = max_seqs;
+    rc->n_seqs = c->max_seqs;
+    rc->n_snap = !c->prefix_cache || c->state_snapshots < 0 ? 0
+        : c->state_snapshots > 0                            ? c->state_snapshots
+                                                            : c->max_seqs;
+    return rstate_plan_make(rc, plan, err, errlen) == RSTATE_OK ? 0 : -1;
+}
+
+/* The default snapshot count under a budget: at most a quarter of rest
+ * (what the weights, the workspace and the live slots leave), and never so
+ * many that the KV pool cannot hold one sequence (p1 bytes). Re-plans the
+ * store. */
+static int snap_fit(rstate_config *rc, rstate_plan *plan, uint64_t rest, uint64_t p1, char *err, size_t errlen) {
+    uint64_t slot = plan->slot_bytes, n = rest / 4 / slot;
+    if (rest < p1) n = 0;
+    else if (n > (rest - p1) / slot) n = (rest - p1) / slot;
+    if (n < (uint64_t)rc->n_snap) rc->n_snap = (int)n;
     return rstate_plan_make(rc, plan, err, errlen) == RSTATE_OK ? 0 : -1;
 }
 
@@ -141,8 +164,9 @@ int engine_mem_split(const lm_model *m, const lm_engine_config *c, const fwd_dim
     o->packed = m->packed_bytes;
     o->workspace = fwd_workspace_bytes(m, dims, c->n_threads) + engine_buffer_bytes(m, c);
     rstate_plan rp;
-    if (rstate_part(m, c->max_seqs, &o->rcfg, &rp, err, errlen) != 0) return -1;
+    if (rstate_part(m, c, &o->rcfg, &rp, err, errlen) != 0) return -1;
     o->state = rp.data_bytes;
+    o->state_snap = rp.snap_bytes;
     /* the pool without a budget: n_ctx x max_seqs positions (with
      * sliding-window layers max_seqs windows of local blocks), at most 4 GiB.
      * Byte sizes here are every layer's, as kv_plan_make reads mem_bytes:
@@ -165,6 +189,14 @@ int engine_mem_split(const lm_model *m, const lm_engine_config *c, const fwd_dim
         one.n_seqs = 1;
         kv_plan p1;
         if (kv_plan_make(&one, &p1, err, errlen) != KV_OK) return -1;
+        if (o->rcfg.n_snap && c->state_snapshots == 0) { /* the default count, within the budget */
+            uint64_t f0 = fixed - o->state_snap;
+            if (snap_fit(&o->rcfg, &rp, c->mem > f0 ? c->mem - f0 : 0, p1.data_bytes + d1.data_bytes, err, errlen))
+                return -1;
+            fixed = f0 + rp.snap_bytes;
+            o->state = rp.data_bytes; /* live + snapshots */
+            o->state_snap = rp.snap_bytes;
+        }
         if ((c->mem < fixed || c->mem - fixed < p1.data_bytes + d1.data_bytes) && engine_spec_kind(c) == LM_SPEC_DRAFT)
             return lm_err(err, errlen,
                           "memory budget %s is too small: weights %s + workspace %s + the draft model's "

@@ -141,7 +141,22 @@ static int route_metrics(lm_server *s, struct MHD_Connection *conn) {
            (double)st.mem_workspace);
     metric(&b, "lamina_memory_kv_bytes", "gauge", "The KV cache pool's K/V data.", (double)st.mem_kv);
     metric(&b, "lamina_memory_state_bytes", "gauge",
-           "Hybrid models: the recurrent layers' state, a slot per running sequence; 0: none.", (double)st.mem_state);
+           "Hybrid models: the recurrent layers' state, a slot per running sequence and the prefix cache's "
+           "snapshots; 0: none.",
+           (double)st.mem_state);
+    if (st.mem_state) { /* hybrid models: the prefix cache's state snapshots */
+        metric(&b, "lamina_memory_state_snapshot_bytes", "gauge", "Of the state, the snapshot slots.",
+               (double)st.mem_state_snap);
+        metric(&b, "lamina_state_snapshots", "gauge", "State snapshot slots holding one.", (double)st.state_snap_used);
+        metric(&b, "lamina_state_snapshots_saved_total", "counter", "State snapshots saved at prompts' block ends.",
+               (double)st.state_snap_saved_total);
+        metric(&b, "lamina_state_snapshots_restored_total", "counter",
+               "Prefix-cache hits that restored a state snapshot.", (double)st.state_snap_restored_total);
+        metric(&b, "lamina_state_snapshots_evicted_total", "counter", "State snapshots evicted for room.",
+               (double)st.state_snap_evicted_total);
+        metric(&b, "lamina_state_snapshots_dropped_total", "counter", "State snapshots dropped with their KV block.",
+               (double)st.state_snap_dropped_total);
+    }
     metric(&b, "lamina_memory_draft_weights_bytes", "gauge", "The draft model's weights (--draft-model); 0: none.",
            (double)st.mem_draft_weights);
     metric(&b, "lamina_memory_draft_workspace_bytes", "gauge",
