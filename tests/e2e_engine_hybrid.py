@@ -18,7 +18,17 @@ one the request gets alone:
   - beside a streamed request cancelled mid-way (its state slot given
     back: the server goes idle and serves the same text again);
 and /metrics reports the state's bytes (lamina_memory_state_bytes: one slot
-per --max-seqs). Under AddressSanitizer (LAMINA_ASAN) the same checks run.
+per --max-seqs and as many snapshot slots, lamina_memory_state_snapshot_bytes).
+
+The prefix cache (on in these servers: the checks above also run from its
+snapshots): requests that share a long system prompt, greedy and sampled
+with a seed, one after another, get the texts a server with
+--state-snapshots 0 gives them (its KV hits are all cut to nothing, so it
+prefills every prompt from position 0, as with the cache off), while their
+usage says most of the prompt was cached from the third request on (the
+second saves the state where the shared prompt ends), and the snapshot
+and prefix-hit counters of /metrics move; the same prompt again skips all
+but its last positions. Under AddressSanitizer (LAMINA_ASAN) the same checks run.
 """
 import http.client
 import json
@@ -42,6 +52,10 @@ PROMPTS = [BASE * 2, "The capital of France is Paris. " * 9 + BASE, "def fibonac
 N_GEN = 24
 # one state slot of qwen35-small: 6 layers x (3 x 512 conv + 4 x 64 x 64 matrix) floats
 SLOT_BYTES = 6 * (3 * 512 + 4 * 64 * 64) * 4
+SYSTEM = ("You are a helpful assistant for a small town library. You answer questions about opening hours, "
+          "books, events and the rules of the reading room. Be brief and friendly. ") * 4
+QUESTIONS = ["Q: When does the library open on Sundays?\nA:", "Q: Can I bring my dog inside?\nA:",
+             "Q: How many books may I borrow at once?\nA:", "Q: Is there a reading group for children?\nA:"]
 
 
 class Server(testenv.Server):
@@ -50,15 +64,31 @@ class Server(testenv.Server):
                           "--batch-tokens", "96", *args])
 
 
-def ask(srv, prompt, n=1, n_gen=N_GEN):
-    """The texts of a greedy request's choices, each with its tokens' log-probabilities (the
-    same bits, or the forward pass saw the sequence grouped otherwise)."""
-    st, _, data = es.post(srv, C, {"prompt": prompt, "max_tokens": n_gen, "temperature": 0, "n": n,
-                                   "ignore_eos": True, "logprobs": 1}, timeout=300)
+def ask(srv, prompt, n=1, n_gen=N_GEN, usage=None, seed=None):
+    """The texts of a greedy request's choices (sampled with a seed), each with its tokens'
+    log-probabilities (the same bits, or the forward pass saw the sequence grouped otherwise);
+    the answer's usage into the dict usage."""
+    body = {"prompt": prompt, "max_tokens": n_gen, "temperature": 0, "n": n, "ignore_eos": True, "logprobs": 1}
+    if seed is not None:
+        body.update({"temperature": 0.9, "top_p": 1, "seed": seed})
+    st, _, data = es.post(srv, C, body, timeout=300)
     if st != 200:
         return ["status %d: %r" % (st, data[:300])]
-    return [(c["text"], c["logprobs"]["token_logprobs"])
-            for c in sorted(json.loads(data)["choices"], key=lambda c: c["index"])]
+    d = json.loads(data)
+    if usage is not None:
+        usage.update(d.get("usage", {}))
+    return [(c["text"], c["logprobs"]["token_logprobs"]) for c in sorted(d["choices"], key=lambda c: c["index"])]
+
+
+def shared_prompt(srv, seed=None):
+    """The questions after the system prompt, one after another: their texts and the tokens
+    each one's usage says were cached."""
+    out, cached = [], []
+    for q in QUESTIONS:
+        u = {}
+        out.append(ask(srv, SYSTEM + q, usage=u, seed=seed)[0])
+        cached.append((u.get("prompt_tokens_details") or {}).get("cached_tokens", -1))
+    return out, cached, u.get("prompt_tokens", 0)
 
 
 def at_once(srv, prompts, n_gen=N_GEN):
@@ -118,8 +148,10 @@ def main():
                 result("prompt %d: the server's text alone is lamina run's" % i, ref == alone[i][0],
                        "%r vs %r" % (ref, alone[i][0]))
             m = es.metrics(srv)
-            result("/metrics: lamina_memory_state_bytes is 4 slots",
-                   m.get("lamina_memory_state_bytes") == 4 * SLOT_BYTES, m.get("lamina_memory_state_bytes"))
+            result("/metrics: lamina_memory_state_bytes is 4 live and 4 snapshot slots",
+                   m.get("lamina_memory_state_bytes") == 8 * SLOT_BYTES and
+                   m.get("lamina_memory_state_snapshot_bytes") == 4 * SLOT_BYTES,
+                   (m.get("lamina_memory_state_bytes"), m.get("lamina_memory_state_snapshot_bytes")))
             got = at_once(srv, PROMPTS)
             result("three requests at once: the texts alone", got == alone, got)
             got = at_once(srv, PROMPTS + PROMPTS[:1])
@@ -139,6 +171,51 @@ def main():
         finally:
             srv.stop("max-seqs 4 server")
 
+        # the prefix cache's reference: no snapshot slot, so every KV hit is cut to nothing
+        srv = Server(model, "--max-seqs", "4", "--state-snapshots", "0")
+        try:
+            ref = [shared_prompt(srv, seed) for seed in (None, 7)]
+            result("--state-snapshots 0: nothing cached", all(c == [0] * len(QUESTIONS) for _, c, _ in ref),
+                   [c for _, c, _ in ref])
+            m = es.metrics(srv)
+            result("--state-snapshots 0: no snapshot memory, no prefix hit",
+                   m.get("lamina_memory_state_snapshot_bytes") == 0 and m.get("lamina_prefix_cache_hits_total") == 0,
+                   m)
+        finally:
+            srv.stop("no-snapshot server")
+
+        srv = Server(model, "--max-seqs", "4", "--state-snapshots", "8")
+        try:
+            for i, seed in enumerate((None, 7)):
+                m0 = es.metrics(srv)
+                got, cached, n_prompt = shared_prompt(srv, seed)
+                m1 = es.metrics(srv)
+                name = "seed %d" % seed if seed is not None else "greedy"
+                result("shared system prompt, %s: the texts without snapshots" % name, got == ref[i][0],
+                       (got, ref[i][0]))
+                # the first request of the greedy run prefills all; the sampled run (the same
+                # prompts) finds every prompt's own snapshot
+                result("shared system prompt, %s: mostly cached from the %s request on" % (name, "third" if i == 0
+                                                                                         else "first"),
+                       all(c > n_prompt // 2 for c in cached[2 if i == 0 else 0:]) and
+                       (i or cached[0] == 0), (cached, n_prompt))
+                hits = m1.get("lamina_prefix_cache_hits_total", 0) - m0.get("lamina_prefix_cache_hits_total", 0)
+                result("shared system prompt, %s: prefix hits are the cached tokens' blocks" % name,
+                       hits * 16 == sum(cached), (hits, cached))
+                for k in ("saved", "restored"):
+                    key = "lamina_state_snapshots_%s_total" % k
+                    result("shared system prompt, %s: %s grows" % (name, key),
+                           m1.get(key, 0) > m0.get(key, 0) or (k == "saved" and i == 1), (m0.get(key), m1.get(key)))
+            u = {}
+            again = ask(srv, SYSTEM + QUESTIONS[0], usage=u)[0]
+            cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens", -1)
+            result("the same prompt again: all but its last positions cached, the same text",
+                   again == ref[0][0][0] and u.get("prompt_tokens", 0) - 80 < cached < u.get("prompt_tokens", 0),
+                   (cached, u.get("prompt_tokens")))
+            idle(srv, "prefix cache")
+        finally:
+            srv.stop("prefix cache server")
+
         srv = Server(model, "--max-seqs", "1")
         try:
             got = at_once(srv, PROMPTS)
@@ -148,10 +225,11 @@ def main():
             srv.stop("max-seqs 1 server")
 
         # 2048 bytes of KV per position: 14 blocks of 16 hold two of the prompts of 81 and 104
-        # positions, but not their growth by 48 tokens each
+        # positions, but not their growth by 48 tokens each (three different prompts: the
+        # prefix cache, which restores each one's own snapshot, shares no block between them)
         srv = Server(model, "--max-seqs", "4", "--kv-mem", str(14 * 16 * 2048))
         try:
-            few = PROMPTS[:2] + PROMPTS[:1]
+            few = PROMPTS
             ref = [ask(srv, p, n_gen=48)[0] for p in few]
             p0 = es.metrics(srv).get("lamina_preemptions_total", 0)
             got = at_once(srv, few, n_gen=48)
