@@ -764,7 +764,8 @@ static void answer_frees(lm_engine *e, eseq *c, const sched_plan *p) {
     sched_answer_frees(e->sc, &c->sq, frees);
 }
 
-/* Probe waiting choice c's admission: what the prefix cache fills, the
+/* Probe waiting choice c's admission: what the prefix cache fills (for a
+ * hybrid model only as far as a state snapshot, engine_state_match), the
  * blocks that takes out of the available ones (cached blocks, and those
  * only the plan's victims hold, which the plan counted as given back), and
  * the new blocks the rest of its prompt (and one position) needs; local ones
