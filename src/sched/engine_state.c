@@ -38,11 +38,12 @@
  * the prompt's last snapshot. kv_set_evict_hook drops a snapshot with its
  * KV block (the KV match could never reach it again), and the store evicts
  * the least recently used snapshot when it needs a slot. Salts (tenants)
- * are part of the block keys, so of the snapshots' keys too.
+ * are part of the block keys, so of the snapshots' keys too. A prompt that
+ * took a forced chunk off the grid (STATE_MAX_DEFER) still saves at grid
+ * points: the same state up to rounding, as the rest of its output.
  */
 #include "sched/engine_int.h"
 
-#include "base/util.h"
 #include "kv/rstate.h"
 #include "model/gdn.h"
 
