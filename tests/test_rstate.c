@@ -2,7 +2,8 @@
  * test_rstate.c - the recurrent state store: sizing against the formula and
  * against what is allocated, zeroed live slots, release and exhaustion as a
  * status, forks that copy, disjoint layers, checkpoints for speculative
- * rollback (save, restore, the shared bound), prefix snapshots keyed by the
+ * rollback (save, restore, the shared bound, a checkpoint written in place
+ * through rstate_ckpt_layer), prefix snapshots keyed by the
  * KV cache's block keys (a different prefix or salt never matches),
  * least-recently-used eviction, snapshots dropped with their KV blocks,
  * allocation failures, and a random workload checked against a model of
@@ -283,6 +284,44 @@ static void test_layers_disjoint(void) {
 /* A verification pass of 3 tokens from position 10: the forward pass
  * advances each layer token by token and saves it after each; the target
  * accepts some, and the state goes back to the last accepted position. */
+/* rstate_ckpt_layer: the forward pass writes each token's state straight
+ * into the checkpoints (the live layer never holds the whole state of an
+ * earlier position); the pointers are the layer's window and matrix, a
+ * restore copies what was written, and positions outside the reservation
+ * or a layer out of range get none. */
+static void test_ckpt_layer(void) {
+    char err[LM_ERRLEN];
+    rstate_pool *p = mk(2, 3, 0);
+    CHECK(p);
+    int a = rstate_acquire(p, err, sizeof err), b = rstate_acquire(p, err, sizeof err);
+    fill(p, a, 1);
+    fill(p, b, 9);
+    CHECK(!rstate_ckpt_reserved(p, a, 21));
+    CHECK(rstate_ckpt_reserve(p, a, 20, 3, err, sizeof err) == RSTATE_OK);
+    CHECK(!rstate_ckpt_reserved(p, a, 20) && rstate_ckpt_reserved(p, a, 21) && rstate_ckpt_reserved(p, a, 23) &&
+          !rstate_ckpt_reserved(p, a, 24) && !rstate_ckpt_reserved(p, b, 21));
+    const rstate_plan *pl = rstate_pool_plan(p);
+    float *cv, *m;
+    for (int t = 0; t < 3; t++)
+        for (int l = 0; l < 3; l++) {
+            CHECK(rstate_ckpt_layer(p, a, l, 21 + t, &cv, &m) == RSTATE_OK);
+            CHECK((uintptr_t)cv % 64 == 0 && (uintptr_t)m % 64 == 0 && m - cv >= pl->conv_floats);
+            for (int64_t i = 0; i < pl->conv_floats; i++) cv[i] = val(2 + t, l, 0, i);
+            for (int64_t i = 0; i < pl->mat_floats; i++) m[i] = val(2 + t, l, 1, i);
+        }
+    CHECK(rstate_ckpt_layer(p, a, 0, 20, &cv, &m) == RSTATE_ERR &&
+          rstate_ckpt_layer(p, a, 0, 24, &cv, &m) == RSTATE_ERR);
+    CHECK(rstate_ckpt_layer(p, a, 3, 21, &cv, &m) == RSTATE_ERR &&
+          rstate_ckpt_layer(p, b, 0, 21, &cv, &m) == RSTATE_ERR);
+    CHECK(holds(p, a, 1) && holds(p, b, 9)); /* the live states untouched */
+    CHECK(rstate_ckpt_restore(p, a, 22, err, sizeof err) == RSTATE_OK && holds(p, a, 3));
+    CHECK(rstate_ckpt_restore(p, a, 21, err, sizeof err) == RSTATE_OK && holds(p, a, 2));
+    CHECK(rstate_ckpt_restore(p, a, 23, err, sizeof err) == RSTATE_OK && holds(p, a, 4) && holds(p, b, 9));
+    rstate_ckpt_release(p, a);
+    CHECK(!rstate_ckpt_reserved(p, a, 21) && rstate_ckpt_available(p) == 3 && pool_ok(p));
+    rstate_pool_free(p);
+}
+
 static void test_checkpoints(void) {
     char err[LM_ERRLEN];
     rstate_pool *p = mk(3, 4, 0);
@@ -787,6 +826,7 @@ int main(void) {
     TEST_RUN(test_fork_copies);
     TEST_RUN(test_layers_disjoint);
     TEST_RUN(test_checkpoints);
+    TEST_RUN(test_ckpt_layer);
     TEST_RUN(test_snapshot_keyed);
     TEST_RUN(test_snapshot_copy_and_none);
     TEST_RUN(test_snapshot_full_key);

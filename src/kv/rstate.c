@@ -339,6 +339,18 @@ int rstate_ckpt_save_layer(rstate_pool *p, int slot, int layer, int pos) {
     return RSTATE_OK;
 }
 
+bool rstate_ckpt_reserved(const rstate_pool *p, int slot, int pos) { return ckpt_find(p, slot, pos) >= 0; }
+
+int rstate_ckpt_layer(rstate_pool *p, int slot, int layer, int pos, float **conv, float **mat) {
+    int32_t e = ckpt_find(p, slot, pos);
+    if (e < 0 || layer < 0 || layer >= p->cfg.n_layer) return RSTATE_ERR;
+    float *l = ckpt_slot(p, e) + (size_t)layer * p->layer_floats;
+    *conv = l;
+    *mat = l + p->conv_pad;
+    p->ck_saved[(size_t)e * (size_t)p->cfg.n_layer + (size_t)layer] = 1;
+    return RSTATE_OK;
+}
+
 int rstate_ckpt_save(rstate_pool *p, int slot, int pos) {
     if (ckpt_find(p, slot, pos) < 0) return RSTATE_ERR;
     for (int l = 0; l < p->cfg.n_layer; l++) rstate_ckpt_save_layer(p, slot, l, pos);

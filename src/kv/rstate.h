@@ -37,7 +37,8 @@
  * rstate_ckpt_reserve gives a live slot checkpoints for the positions
  * pos0+1 .. pos0+n (the states after each token); the forward pass, having
  * advanced one layer's state past the token at position q-1, copies that
- * layer into the checkpoint of q (rstate_ckpt_save_layer); after
+ * layer into the checkpoint of q (rstate_ckpt_save_layer, or writes it
+ * there directly through rstate_ckpt_layer); after
  * verification rstate_ckpt_restore(q) copies it back (nothing to do when
  * every token was accepted) and rstate_ckpt_release frees them. Bound: n_ckpt
  * checkpoints in all, shared by every live slot; a slot holds at most one
@@ -74,8 +75,8 @@
  *
  * Threads. Bookkeeping (acquire, release, fork, reset, reserve, release of
  * checkpoints, snapshots, stats, check) is for one thread at a time. The
- * pointer accessors and rstate_ckpt_save_layer may run on many threads at
- * once for distinct (slot, layer) pairs.
+ * pointer accessors, rstate_ckpt_save_layer and rstate_ckpt_layer may run on
+ * many threads at once for distinct (slot, layer) pairs.
  */
 #ifndef LAMINA_RSTATE_H
 #define LAMINA_RSTATE_H
@@ -168,10 +169,22 @@ int rstate_ckpt_reserve(rstate_pool *p, int slot, int pos0, int n, char *err, si
 int rstate_ckpt_save_layer(rstate_pool *p, int slot, int layer, int pos);
 /* The same for every layer. */
 int rstate_ckpt_save(rstate_pool *p, int slot, int pos);
+/* Where layer `layer` of slot's checkpoint of position pos lives, for a
+ * caller that writes the state there itself as it computes it (the forward
+ * pass of a verification segment, which never holds the whole live layer at
+ * pos): *conv (d_conv - 1, conv_channels) and *mat (n_v_heads, head_k_dim,
+ * head_v_dim) floats, laid out as rstate_conv's and rstate_mat's. The layer
+ * counts as saved at pos from this call on: the caller must fill both
+ * before any rstate_ckpt_restore. RSTATE_ERR (nothing changed) when pos is
+ * not reserved for slot or layer is out of range. Threads: as
+ * rstate_ckpt_save_layer. */
+int rstate_ckpt_layer(rstate_pool *p, int slot, int layer, int pos, float **conv, float **mat);
 /* Copy the checkpoint of position pos back into slot's live state: every
  * layer must have been saved there since the reservation (RSTATE_ERR
  * otherwise, the live state untouched). The reservation stays. */
 int rstate_ckpt_restore(rstate_pool *p, int slot, int pos, char *err, size_t errlen);
+/* Whether slot's reservation holds a checkpoint of position pos. */
+bool rstate_ckpt_reserved(const rstate_pool *p, int slot, int pos);
 /* Free slot's checkpoints (none, or a slot not acquired: a no-op). */
 void rstate_ckpt_release(rstate_pool *p, int slot);
 /* Checkpoint slots free now. */
