@@ -629,6 +629,11 @@ int fwd_check(const lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_
             return lm_err(err, errlen, "segment %d passes the context (%d positions)", g, f->dims.n_ctx);
         if (hp->n_rlayer && (!sg->rconv || !sg->rmat))
             return lm_err(err, errlen, "segment %d has no recurrent state for the model's linear-attention layers", g);
+        if (sg->ck &&
+            (!hp->n_rlayer || !rstate_ckpt_reserved(sg->ck, sg->ck_slot, sg->pos0 + 1) ||
+             !rstate_ckpt_reserved(sg->ck, sg->ck_slot, sg->pos0 + sg->n)))
+            return lm_err(err, errlen, "segment %d: no recurrent state checkpoints reserved for positions %d .. %d", g,
+                          sg->pos0 + 1, sg->pos0 + sg->n);
         if (kv_seq_len(sg->seq) < sg->pos0 + sg->n)
             return lm_err(err, errlen, "segment %d: its sequence holds %d positions, %d needed", g, kv_seq_len(sg->seq),
                           sg->pos0 + sg->n);

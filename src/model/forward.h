@@ -33,6 +33,7 @@
 
 #include "kv/attn.h"
 #include "kv/kv.h"
+#include "kv/rstate.h"
 #include "model/model.h"
 #include "base/pool.h"
 
@@ -140,6 +141,15 @@ typedef struct {
      * and the matrices rmat[r] (hv, dk, dv), holding position pos0 - 1's
      * state (zeros at 0) and left at pos0 + n - 1's; NULL otherwise */
     float *const *rconv, *const *rmat;
+    /* a verification segment's checkpoints (speculative decoding, with
+     * rconv and rmat): the state store holding them and the live slot whose
+     * reservation covers positions pos0+1 .. pos0+n (rstate.h). Its
+     * recurrent layers then run token by token (the recurrence, as decoding
+     * one token at a time runs them: the same bits) and leave each layer's
+     * state after the token at pos0+i in the checkpoint of position
+     * pos0+i+1; the live state still ends at pos0+n-1's. NULL: none */
+    rstate_pool *ck;
+    int ck_slot;
 } lm_seg;
 int fwd_run(lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_seg, float *logits, char *err, size_t errlen);
 

@@ -6,16 +6,20 @@
  *
  * Bounds: the workspace holds n_batch rows of every intermediate (the
  * products' outputs, the conv output, the gates, the heads' outputs) and
- * one chunk scratch (dn_chunk_work) per pool thread.
+ * one chunk scratch (dn_chunk_work) per pool thread, and a verification
+ * segment's checkpoint pointer per row.
  */
 #include "model/gdn.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdatomic.h>
+#include <string.h>
 
 #include "base/util.h"
 #include "kernels/deltanet.h"
 #include "kernels/kernels.h"
+#include "kv/rstate.h"
 #include "model/ops.h"
 
 _Static_assert(GDN_CHUNK == LM_DN_CHUNK, "the pieces are the chunk form's chunks");
@@ -28,6 +32,8 @@ struct gdn_ws {
     float *g, *beta; /* (n_batch, hv) the gates */
     float *o;        /* (n_batch, hv dv) the heads' outputs, then the gated norm's */
     float **work;    /* (n_threads) each (dn_chunk_work) the chunk form's scratch */
+    float **ck_mat;  /* (n_batch) a verification segment's row t: the matrices of the checkpoint its
+                        token's state goes to (this layer's); other rows unused */
     int n_threads;
 };
 
@@ -47,7 +53,8 @@ static size_t row_floats(const lm_hparams *hp) {
 size_t gdn_ws_bytes(const lm_model *m, int n_batch, int n_threads) {
     const lm_hparams *hp = &m->hp;
     if (!hp->n_rlayer) return 0;
-    return sizeof(gdn_ws) + (size_t)n_threads * sizeof(float *) + (size_t)n_batch * row_floats(hp) * sizeof(float) +
+    return sizeof(gdn_ws) + (size_t)n_threads * sizeof(float *) + (size_t)n_batch * sizeof(float *) +
+        (size_t)n_batch * row_floats(hp) * sizeof(float) +
         (size_t)n_threads * dn_chunk_work(hp->ssm_dk, hp->ssm_dv) * sizeof(float);
 }
 
@@ -80,7 +87,8 @@ gdn_ws *gdn_ws_new(const lm_model *m, int n_batch, int n_threads, char *err, siz
     w->g = lm_malloc(B * H * sizeof(float));
     w->beta = lm_malloc(B * H * sizeof(float));
     w->work = lm_calloc((size_t)n_threads, sizeof *w->work);
-    if (!w->qkv || !w->c || !w->z || !w->o || !w->a || !w->b || !w->g || !w->beta || !w->work) goto nomem;
+    w->ck_mat = lm_calloc(B, sizeof *w->ck_mat);
+    if (!w->qkv || !w->c || !w->z || !w->o || !w->a || !w->b || !w->g || !w->beta || !w->work || !w->ck_mat) goto nomem;
     for (int i = 0; i < n_threads; i++)
         if (!(w->work[i] = lm_malloc(dn_chunk_work(hp->ssm_dk, hp->ssm_dv) * sizeof(float)))) goto nomem;
     return w;
@@ -94,6 +102,7 @@ void gdn_ws_free(gdn_ws *w) {
     if (!w) return;
     for (int i = 0; w->work && i < w->n_threads; i++) lm_free(w->work[i]);
     lm_free(w->work);
+    lm_free(w->ck_mat);
     lm_free(w->qkv);
     lm_free(w->c);
     lm_free(w->z);
@@ -145,6 +154,17 @@ static void rule_worker(void *arg, int ith, int nth) {
                        .dv = dv,
                        .scale = 1.0f / sqrtf((float)dk)};
         float *S = g->rmat[j->l->rec] + (size_t)h * dk * dv;
+        if (g->ck) { /* a verification segment: token by token, each state into its checkpoint */
+            for (int t = 0; t < g->n; t++) {
+                lm_dn_seq p = s;
+                p.q += (size_t)t * s.qk_stride, p.k += (size_t)t * s.qk_stride, p.v += (size_t)t * s.v_stride;
+                p.g += (size_t)t * s.gb_stride, p.beta += (size_t)t * s.gb_stride, p.o += (size_t)t * s.o_stride;
+                p.n_tok = 1;
+                dn->recur(S, &p);
+                memcpy(w->ck_mat[r0 + (size_t)t] + (size_t)h * dk * dv, S, (size_t)dk * dv * sizeof *S);
+            }
+            continue;
+        }
         /* pieces ending on multiples of GDN_CHUNK positions (gdn.h) */
         for (int t0 = 0; t0 < g->n;) {
             int len = GDN_CHUNK - (g->pos0 + t0) % GDN_CHUNK;
@@ -175,8 +195,23 @@ void gdn_layer(lm_fwd *f, const lm_layer *l, const lm_seg *segs, int n_seg, int 
         dn->gates(w->g + (size_t)t * hv, w->beta + (size_t)t * hv, w->a + (size_t)t * hv, w->b + (size_t)t * hv, gd->a,
                   gd->dt_bias, hv);
     for (int sg = 0; sg < n_seg; sg++) {
+        const lm_seg *g = &segs[sg];
         size_t r0 = (size_t)f->seg_row0[sg];
-        dn->conv(w->c + r0 * C, w->qkv + r0 * C, segs[sg].rconv[l->rec], gd->conv_w, segs[sg].n, (int)C, K, C, true);
+        if (!g->ck) {
+            dn->conv(w->c + r0 * C, w->qkv + r0 * C, g->rconv[l->rec], gd->conv_w, g->n, (int)C, K, C, true);
+            continue;
+        }
+        /* a verification segment: the window after each token into its
+         * checkpoint (conv over n tokens is n one-token calls, bit for bit),
+         * the checkpoint's matrices kept for the delta rule's workers */
+        for (int t = 0; t < g->n; t++) {
+            float *ck_conv;
+            int rc = rstate_ckpt_layer(g->ck, g->ck_slot, l->rec, g->pos0 + t + 1, &ck_conv, &w->ck_mat[r0 + t]);
+            assert(rc == RSTATE_OK); /* fwd_check: the reservation covers the segment */
+            (void)rc;
+            dn->conv(w->c + (r0 + t) * C, w->qkv + (r0 + t) * C, g->rconv[l->rec], gd->conv_w, 1, (int)C, K, C, true);
+            memcpy(ck_conv, g->rconv[l->rec], gdn_conv_floats(hp) * sizeof *ck_conv);
+        }
     }
     for (int t = 0; t < n; t++) {
         float *row = w->c + (size_t)t * C;

@@ -22,6 +22,13 @@
  * every feed splits, as a prompt's end), it gets the same bits. The state
  * is left at the segment's last token.
  *
+ * A verification segment (lm_seg.ck: speculative decoding) runs the conv
+ * and the recurrence one token at a time instead, as decoding runs them
+ * (the same bits as feeding its tokens one per pass), and after token i
+ * writes the layer's window and matrices into the checkpoint of position
+ * pos0 + i + 1 (rstate_ckpt_layer), so the engine can roll the state back
+ * to any verified position.
+ *
  * The state of segment g (lm_seg.rconv, .rmat, indexed by the layer's
  * lm_layer.rec): conv window (K - 1, conv) oldest row first, and per value
  * head the (dk, dv) matrix, contiguous by head. Both are updated in place.
