@@ -462,7 +462,9 @@ typedef struct {
     uint64_t grammar_compiles_total;  /* grammars compiled (requests that found none kept) */
     uint64_t grammar_evictions_total; /* kept grammars dropped for room */
     /* hybrid models (linear-attention layers): the recurrent state store's
-     * slots, one per running sequence and the snapshots (0 for a model without such layers) */
+     * slots, one per running sequence, the snapshots and, with speculation,
+     * the checkpoints verification rolls the state back to (0 for a model
+     * without such layers) */
     uint64_t mem_state;
     /* of mem_state, the snapshots of the state the prefix cache restores (hybrid models) */
     uint64_t mem_state_snap;
@@ -471,6 +473,10 @@ typedef struct {
     uint64_t state_snap_restored_total;        /* prefix hits that restored one (the state at the hit's end) */
     uint64_t state_snap_evicted_total;         /* dropped for room, least recently used first */
     uint64_t state_snap_dropped_total;         /* dropped with their KV block (evicted from the prefix cache) */
+    /* speculation on hybrid models: verification steps whose state was
+     * rolled back to a checkpoint (a proposal rejected), and proposals cut
+     * short (or left out) for want of free checkpoints */
+    uint64_t spec_rollbacks_total, spec_ckpt_short_total;
 } lm_engine_stats;
 
 /* Fill the first size bytes of *st (lm_engine_get_stats passes sizeof). */

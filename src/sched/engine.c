@@ -568,6 +568,7 @@ static void spec_wish(lm_engine *e, eseq *c, bool busy) {
     spec_view v = spec_view_of(c);
     int wish = spec_policy_wish(&e->pol, &v, &c->ctl, busy, &sync);
     if (sync) spec_prop_sync(e->prop, &c->ps, c->tokens, c->n_tokens);
+    wish = engine_state_wish(e, wish); /* a hybrid model: within the free checkpoints */
     if (wish > 0 && spec_prop_early(e->prop)) {
         spec_job j = {.s = &c->ps, .toks = c->tokens, .n_toks = c->n_tokens, .hist = c->smp, .k = wish};
         spec_prop_propose(e->prop, &j, 1);
@@ -575,7 +576,7 @@ static void spec_wish(lm_engine *e, eseq *c, bool busy) {
     }
     v = spec_view_of(c); /* the draft's state after the sync */
     int i = spec_policy_want(&e->pol, &v, wish);
-    if (i >= 0) e->want_ch[i] = c;
+    if (i >= 0) e->want_ch[i] = c, engine_state_promise(e, wish);
     else c->n_prop = 0;
 }
 
@@ -671,7 +672,8 @@ static void spec_verify(lm_engine *e, eseq *c, float *rows) {
         spec_policy_observe(&e->pol, &c->ctl, nd, acc);
         spec_prop_observe(e->prop, &c->ps, c->tokens, c->n_tokens, nd, acc);
         char err[LM_ERRLEN];
-        if (kv_truncate(e->kv, c->kv, c->n_computed, err, sizeof err) != KV_OK)
+        if (kv_truncate(e->kv, c->kv, c->n_computed, err, sizeof err) != KV_OK ||
+            engine_state_rollback(e, c, err, sizeof err) != 0)
             engine_finish_choice(e, c, LM_FINISH_ERROR, LM_ERR_INTERNAL, err);
     }
     engine_request_unref(r);
@@ -699,6 +701,7 @@ void engine_preempt(lm_engine *e, eseq *c) {
  * release: then the difference is exact. */
 static void report_running(lm_engine *e) {
     int B = e->cfg.block_size;
+    engine_state_iter(e);
     bool busy = spec_begin(e);
     int n_dec = 0;
     int64_t rows = 0;
@@ -811,7 +814,9 @@ static void batch_add(lm_engine *e, eseq *c, int n, int *n_tok, int *n_seg) {
                                .n = n,
                                .n_logits = c->n_draft ? n : c->n_computed + n == c->n_tokens,
                                .rconv = e->rs ? c->rptr : NULL,
-                               .rmat = e->rs ? c->rptr + e->m->hp.n_rlayer : NULL};
+                               .rmat = e->rs ? c->rptr + e->m->hp.n_rlayer : NULL,
+                               .ck = e->rs && c->n_draft ? e->rs : NULL, /* checkpoints reserved in act */
+                               .ck_slot = c->rslot};
     e->seg_ch[(*n_seg)++] = c;
     *n_tok += n;
 }
@@ -845,8 +850,8 @@ static int act(lm_engine *e, const sched_plan *p, int *n_tok) {
                              "the request does not fit the KV pool");
     for (int i = 0; i < p->n_run; i++) {
         eseq *c = CHOICE(p->run[i].seq);
-        int n = c->n_draft || c->n_tokens - c->n_computed == 1 ? p->run[i].n
-                                                               : engine_state_trim(e, c, p->run[i].n, n_seg > 0);
+        int n = c->n_tokens - c->n_computed == 1 ? engine_state_reserve(e, c, p->run[i].n)
+                                                 : engine_state_trim(e, c, p->run[i].n, n_seg > 0);
         int rc = kv_append(e->kv, c->kv, n, err, sizeof err);
         if (rc == KV_OK) {
             if (n > 0) batch_add(e, c, n, n_tok, &n_seg);
@@ -1117,6 +1122,9 @@ static int check_now(lm_engine *e, char *err, size_t errlen) {
         if (rst.n_live_used != held)
             return lm_err(err, errlen, "%lld recurrent state slots are in use, %lld running choices hold one",
                           (long long)rst.n_live_used, (long long)held);
+        if (rst.n_ckpt_used) /* each verification releases its checkpoints */
+            return lm_err(err, errlen, "%lld recurrent state checkpoints held between iterations",
+                          (long long)rst.n_ckpt_used);
     }
     if (e->dr) {
         if (draft_check(e->dr, err, errlen) != 0) return -1;
@@ -1223,12 +1231,20 @@ static double time_rows(lm_engine *e, int32_t tok, int n) {
     kv_seq *s = kv_seq_new(e->kv, err, sizeof err);
     if (!s) return -1;
     double t = -1;
+    eseq st = {.rslot = -1}; /* a hybrid model's scratch state (a live slot, all free at start) */
+    if (e->rs &&
+        (!(st.rptr = lm_calloc(2 * (size_t)e->m->hp.n_rlayer, sizeof *st.rptr)) ||
+         engine_state_take(e, &st, NULL, err, sizeof err) != 0))
+        n = 0;
     for (int i = 0; i < n; i++) e->btok[i] = tok;
-    if (kv_append(e->kv, s, n, err, sizeof err) == KV_OK) {
-        lm_seg seg = {.seq = s, .pos0 = 0, .n = n, .n_logits = n};
+    if (n > 0 && kv_append(e->kv, s, n, err, sizeof err) == KV_OK) {
+        lm_seg seg = {.seq = s, .pos0 = 0, .n = n, .n_logits = n, .rconv = st.rptr};
+        if (e->rs) seg.rmat = st.rptr + e->m->hp.n_rlayer;
         double t0 = lm_now();
         if (fwd_run(e->fwd, e->btok, &seg, 1, e->logits, err, sizeof err) == 0) t = lm_now() - t0;
     }
+    engine_state_drop(e, &st);
+    lm_free(st.rptr);
     kv_seq_free(e->kv, s);
     return t;
 }

@@ -143,7 +143,9 @@ struct lm_engine {
     int n_ctx;
     lm_pool *pool;
     kv_pool *kv;
-    rstate_pool *rs;          /* hybrid models: the recurrent state store, a live slot per running choice; else NULL */
+    rstate_pool *rs;          /* hybrid models: the recurrent state store, a live slot per running choice,
+                                 snapshots and checkpoints (engine_ckpt_slots); else NULL */
+    int ck_left;              /*   checkpoints this iteration's wishes have not yet promised */
     int snap_grid;            /*   the snapshot points' grid: lcm(block size, GDN_CHUNK) positions */
     uint64_t snap_cut_blocks; /*   KV prefix-hit blocks cut back to a snapshot (not counted as hits) */
     lm_fwd *fwd;              /* the forward pass's workspace: batch_tokens rows */
@@ -290,6 +292,26 @@ void engine_state_save(lm_engine *e, eseq *c);
 int engine_state_trim(const lm_engine *e, eseq *c, int n, bool busy);
 /* The snapshots' figures into st, prefix hits less the cut ones (mu held). */
 void engine_state_stats(const lm_engine *e, lm_engine_stats *st);
+/* Speculation on a hybrid model: a verification segment of n tokens (the
+ * pending one and n - 1 proposals, any proposer) needs n checkpoints, and
+ * every wish of an iteration is bounded by what is free.
+ * engine_state_iter: the iteration's count starts from the free ones.
+ * engine_state_wish: wish bounded by the checkpoints left (one for the
+ * pending token, one per proposal: fewer, or 0 when short; a cut is
+ * counted), unchanged without recurrent layers. engine_state_promise: a
+ * queued wish of k takes k + 1 of them. */
+void engine_state_iter(lm_engine *e);
+int engine_state_wish(lm_engine *e, int wish);
+void engine_state_promise(lm_engine *e, int k);
+/* Before c's verification segment of n tokens from c->n_computed enters
+ * the batch: reserve its checkpoints. n, or 1 (no proposal: a plain
+ * decode) when they cannot be had. n without recurrent layers. */
+int engine_state_reserve(lm_engine *e, eseq *c, int n);
+/* After c's verification (c->n_computed: the position after its last
+ * accepted token): restore the state of that position unless every
+ * proposal was accepted (a rollback, counted), and release the
+ * checkpoints. 0, or -1 with a message. */
+int engine_state_rollback(lm_engine *e, eseq *c, char *err, size_t errlen);
 
 /* ---- engine_mem.c: the configuration and the memory plan ---------------- */
 
@@ -305,6 +327,8 @@ static inline int engine_spec_kind(const lm_engine_config *c) { return c->spec ?
  * after engine_resolve_config): 0, or -1 with a message. */
 int engine_mem_split(const lm_model *m, const lm_engine_config *c, const fwd_dims *dims, engine_mem *o, char *err,
                      size_t errlen);
+/* Checkpoint slots of a hybrid model's state store under resolved c. */
+int engine_ckpt_slots(const lm_engine_config *c);
 /* The engine's own large buffers under resolved c: the logits rows, one
  * log-probability row, the batch's tokens (a part of the workspace). */
 uint64_t engine_buffer_bytes(const lm_model *m, const lm_engine_config *c);

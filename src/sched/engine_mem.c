@@ -27,7 +27,8 @@
  * default max_seqs, with a budget at most a quarter of what the weights,
  * the workspace and the live slots leave and never so many that the KV
  * pool loses its one sequence); all of it is `state`, the snapshots'
- * share also `state_snap`. No checkpoint slot: speculation is off for them.
+ * share also `state_snap`. With speculation, checkpoint slots too
+ * (engine_ckpt_slots), counted in `state`.
  */
 #include "sched/engine.h"
 #include "sched/engine_int.h"
@@ -71,10 +72,6 @@ int engine_resolve_config(const lm_model *m, lm_engine_config *c, lm_spec_config
     }
     if (spec->proposer == LM_SPEC_DRAFT && spec->draft_model->hp.n_rlayer)
         return lm_err(err, errlen, "a hybrid model (recurrent layers) cannot be a draft model");
-    if (m->hp.n_rlayer) { /* speculation is off for hybrid models: no checkpoints to roll their state back */
-        c->spec = NULL;
-        return 0;
-    }
     if (spec->max <= 0) spec->max = 4;
     if (spec->max > 64) spec->max = 64;
     return 0;
@@ -118,8 +115,23 @@ static int draft_parts(const lm_model *m, const lm_engine_config *c, const fwd_d
     return 0;
 }
 
+/* Checkpoint slots of a hybrid model's state store under resolved c (0
+ * without speculation): one per position of a verification segment (the
+ * pending token and K proposals), for every running sequence at full K -
+ * max_seqs x (K + 1) - but no more than the larger of two full segments
+ * and one slot per running sequence (as many bytes as the live slots), so
+ * that a wide max_seqs does not double the state's memory; the policy
+ * proposes within what is free (engine_state.c). */
+int engine_ckpt_slots(const lm_engine_config *c) {
+    if (!c->spec) return 0;
+    int64_t k1 = (int64_t)c->spec->max + 1, full = (int64_t)c->max_seqs * k1;
+    int64_t cap = 2 * k1 > c->max_seqs ? 2 * k1 : c->max_seqs;
+    return (int)(full < cap ? full : cap);
+}
+
 /* The recurrent state store of a hybrid model: a live slot for each of
- * max_seqs running sequences, and (with the prefix cache) the snapshot
+ * max_seqs running sequences, with speculation its checkpoints
+ * (engine_ckpt_slots), and (with the prefix cache) the snapshot
  * slots c->state_snapshots asks for, the default (0) taken as max_seqs
  * here (engine_mem_split bounds it by a budget). 0 (rc->n_layer 0, *plan
  * zeroed) without recurrent layers, or -1 with a message. */
@@ -132,6 +144,7 @@ static int rstate_part(const lm_model *m, const lm_engine_config *c, rstate_conf
     rstate_config_init(rc, hp->n_rlayer, hp->ssm_conv, 2 * hp->ssm_hk * hp->ssm_dk + hp->ssm_hv * hp->ssm_dv,
                        hp->ssm_hv, hp->ssm_dk, hp->ssm_dv);
     rc->n_seqs = c->max_seqs;
+    rc->n_ckpt = engine_ckpt_slots(c);
     rc->n_snap = !c->prefix_cache || c->state_snapshots < 0 ? 0
         : c->state_snapshots > 0                            ? c->state_snapshots
                                                             : c->max_seqs;

@@ -41,6 +41,17 @@
  * are part of the block keys, so of the snapshots' keys too. A prompt that
  * took a forced chunk off the grid (STATE_MAX_DEFER) still saves at grid
  * points: the same state up to rounding, as the rest of its output.
+ *
+ * Speculation. A verification segment (the pending token and K proposals
+ * of any proposer) rewrites the state past tokens the target may reject,
+ * so it runs with K + 1 checkpoints of the store reserved for its
+ * positions (the forward pass writes the state after each token into
+ * them, gdn.h); after verification the state of the position after the
+ * last accepted token is copied back (nothing when all were accepted) and
+ * the checkpoints released. The checkpoints are few (engine_ckpt_slots):
+ * each iteration the wishes are bounded by what is free, in the order the
+ * policy hears them, so a short store means fewer proposals, never a
+ * failure; a reservation that still fails leaves a plain decode.
  */
 #include "sched/engine_int.h"
 
@@ -183,4 +194,45 @@ void engine_state_stats(const lm_engine *e, lm_engine_stats *st) {
     st->state_snap_evicted_total = rs.snap_evicted;
     st->state_snap_dropped_total = rs.snap_dropped;
     st->prefix_hits_total -= e->snap_cut_blocks < st->prefix_hits_total ? e->snap_cut_blocks : st->prefix_hits_total;
+}
+
+/* ---- speculation: checkpoints to roll the state back ---------------------- */
+
+void engine_state_iter(lm_engine *e) { e->ck_left = e->rs ? rstate_ckpt_available(e->rs) : 0; }
+
+int engine_state_wish(lm_engine *e, int wish) {
+    if (!e->rs || wish <= 0) return wish;
+    int k = wish < e->ck_left - 1 ? wish : e->ck_left - 1;
+    if (k < wish) {
+        pthread_mutex_lock(&e->mu);
+        e->stats.spec_ckpt_short_total++;
+        pthread_mutex_unlock(&e->mu);
+    }
+    return k > 0 ? k : 0;
+}
+
+void engine_state_promise(lm_engine *e, int k) {
+    if (e->rs && k > 0) e->ck_left -= k + 1;
+}
+
+int engine_state_reserve(lm_engine *e, eseq *c, int n) {
+    if (!e->rs || n <= 1) return n;
+    if (rstate_ckpt_reserve(e->rs, c->rslot, c->n_computed, n, NULL, 0) == RSTATE_OK) return n;
+    pthread_mutex_lock(&e->mu);
+    e->stats.spec_ckpt_short_total++;
+    pthread_mutex_unlock(&e->mu);
+    return 1;
+}
+
+int engine_state_rollback(lm_engine *e, eseq *c, char *err, size_t errlen) {
+    if (!e->rs || c->rslot < 0) return 0;
+    int rc = 0;
+    if (rstate_ckpt_reserved(e->rs, c->rslot, c->n_computed + 1)) { /* a proposal was rejected */
+        rc = rstate_ckpt_restore(e->rs, c->rslot, c->n_computed, err, errlen) == RSTATE_OK ? 0 : -1;
+        pthread_mutex_lock(&e->mu);
+        e->stats.spec_rollbacks_total++;
+        pthread_mutex_unlock(&e->mu);
+    }
+    rstate_ckpt_release(e->rs, c->rslot);
+    return rc;
 }

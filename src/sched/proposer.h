@@ -20,6 +20,13 @@
  * verified step keep the draft's KV to the tokens that still agree with its
  * guesses (idempotent: a second call with the same tokens does nothing).
  *
+ * Hybrid targets (recurrent layers). Rolling the target's recurrent state
+ * back after a rejected guess is the engine's (engine_state.c: checkpoints
+ * per verified position, the wishes bounded by the free ones), the same for
+ * every proposer: a new one needs nothing of its own for it. A proposer that
+ * runs a model with recurrent layers of its own (a hybrid draft) would have
+ * to roll that state back itself; the draft model refuses one.
+ *
  * Bounds. A job's k is at most the sequence's guess capacity (its spec_k);
  * at most max_seqs jobs a call.
  */

@@ -141,8 +141,8 @@ static int route_metrics(lm_server *s, struct MHD_Connection *conn) {
            (double)st.mem_workspace);
     metric(&b, "lamina_memory_kv_bytes", "gauge", "The KV cache pool's K/V data.", (double)st.mem_kv);
     metric(&b, "lamina_memory_state_bytes", "gauge",
-           "Hybrid models: the recurrent layers' state, a slot per running sequence and the prefix cache's "
-           "snapshots; 0: none.",
+           "Hybrid models: the recurrent layers' state, a slot per running sequence, the prefix cache's "
+           "snapshots and speculation's checkpoints; 0: none.",
            (double)st.mem_state);
     if (st.mem_state) { /* hybrid models: the prefix cache's state snapshots */
         metric(&b, "lamina_memory_state_snapshot_bytes", "gauge", "Of the state, the snapshot slots.",
@@ -186,6 +186,12 @@ static int route_metrics(lm_server *s, struct MHD_Connection *conn) {
            (double)st.spec_accepted_total);
     metric(&b, "lamina_spec_verify_steps_total", "counter", "Speculative decoding: passes that verified a proposal.",
            (double)st.spec_steps_total);
+    metric(&b, "lamina_spec_state_rollbacks_total", "counter",
+           "Speculative decoding on hybrid models: verifications that rolled the recurrent state back.",
+           (double)st.spec_rollbacks_total);
+    metric(&b, "lamina_spec_ckpt_short_total", "counter",
+           "Speculative decoding on hybrid models: proposals cut short for want of free state checkpoints.",
+           (double)st.spec_ckpt_short_total);
     metric(&b, "lamina_grammar_cache_bytes", "gauge", "Compiled grammars kept for reuse, with their matchers' caches.",
            (double)st.grammar_cache_bytes);
     metric(&b, "lamina_grammar_cache_entries", "gauge", "Compiled grammars kept for reuse.",
