@@ -1224,8 +1224,9 @@ static void destroy(lm_engine *e) {
 /* ---- speculation's setup: the proposer, the policy and its prices ------- */
 
 /* Seconds of one pass of the model over n rows (a scratch sequence of n
- * tokens, each with its logits row; n <= the budget and the logits rows);
- * -1 when it fails. */
+ * tokens, each with its logits row; n <= the budget and the logits rows;
+ * a hybrid model's in a scratch state slot, with checkpoints when they
+ * fit); -1 when it fails. */
 static double time_rows(lm_engine *e, int32_t tok, int n) {
     char err[LM_ERRLEN];
     kv_seq *s = kv_seq_new(e->kv, err, sizeof err);
@@ -1238,8 +1239,10 @@ static double time_rows(lm_engine *e, int32_t tok, int n) {
         n = 0;
     for (int i = 0; i < n; i++) e->btok[i] = tok;
     if (n > 0 && kv_append(e->kv, s, n, err, sizeof err) == KV_OK) {
-        lm_seg seg = {.seq = s, .pos0 = 0, .n = n, .n_logits = n, .rconv = st.rptr};
+        lm_seg seg = {.seq = s, .pos0 = 0, .n = n, .n_logits = n, .rconv = st.rptr, .ck_slot = st.rslot};
         if (e->rs) seg.rmat = st.rptr + e->m->hp.n_rlayer;
+        if (e->rs && n > 1 && rstate_ckpt_reserve(e->rs, st.rslot, 0, n, NULL, 0) == RSTATE_OK)
+            seg.ck = e->rs; /* rows priced as a verification segment runs them */
         double t0 = lm_now();
         if (fwd_run(e->fwd, e->btok, &seg, 1, e->logits, err, sizeof err) == 0) t = lm_now() - t0;
     }
