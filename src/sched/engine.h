@@ -53,7 +53,10 @@
  * rejected proposals are truncated (they lie in blocks the append took or
  * copied, never in shared ones). So greedy output is token for token the
  * same, and sampled output has the same distribution; a seed reproduces it
- * when the load (and so each proposal's size) is the same. A request may
+ * when the load (and so each proposal's size) is the same. On a hybrid
+ * model the recurrent state a verification pass rewrote goes back to the
+ * last accepted token by checkpoints (engine_state.c), and proposals stay
+ * within the free checkpoints. A request may
  * turn it off or lower K (spec_k). A draft's proposals are sized by spec.h's
  * cost model (lm_spec_config.cost), and the draft runs only while
  * nothing waits and the batch budget holds every running choice's pending
@@ -136,10 +139,11 @@ lm_engine *engine_new_tuned(const lm_model *m, const lm_tokenizer *tok, const lm
  * the target's at most its default with mem_cap). A rest below one sequence
  * of n_ctx positions in each pool is an error naming every part. A hybrid
  * model (recurrent layers) adds its recurrent state store (rstate.h): one
- * live slot per running sequence (max_seqs) and, with the prefix cache,
- * the snapshot slots of c->state_snapshots (engine_mem.c: the default's
- * bound), no checkpoint slot; its bytes (state) come out of the budget
- * before the KV pool. 0, or -1 with a message. */
+ * live slot per running sequence (max_seqs), with the prefix cache the
+ * snapshot slots of c->state_snapshots (engine_mem.c: the default's
+ * bound), and with speculation the checkpoints that roll a rejected
+ * proposal back (engine_ckpt_slots); its bytes (state) come out of the
+ * budget before the KV pool. 0, or -1 with a message. */
 typedef struct {
     uint64_t budget, weights, packed, workspace, kv;
     uint64_t state;      /* the recurrent state store's slots (0 without recurrent layers) */
