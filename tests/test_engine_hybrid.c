@@ -24,7 +24,10 @@
  *     (KV and state store invariants, slots held only by running choices)
  *     holds after each;
  *   - the memory plan counts the snapshot slots (mem_state, mem_state_snap)
- *     and state_snapshots chooses them.
+ *     and state_snapshots chooses them;
+ *   - speculation (prompt lookup) beside the prefix cache gives the tokens
+ *     of the same engine without it, its state rolled back by checkpoints
+ *     (test_speculation).
  * Needs build/lamina (LAMINA_BIN) for mkmodel.
  */
 #include <stdatomic.h>
@@ -425,6 +428,64 @@ static void test_mem_plan(void) {
     engine_free(e);
 }
 
+/* Speculation (prompt lookup) beside the prefix cache: the state a
+ * verification pass rewrote goes back to the last accepted token by
+ * checkpoints (engine_state.c). Greedy requests under a grammar that allows
+ * only a repeating text (so the random model's output repeats and prompt
+ * lookup's guesses are accepted, and rejected where it picks other tokens
+ * that spell it) give the tokens and log-probabilities of the same engine
+ * without speculation, alone and four at once (4 x 5 checkpoints wanted,
+ * 10 held: wishes are cut); tokens were accepted, states rolled back, and
+ * engine_check (no checkpoint held between iterations) holds. */
+static void test_speculation(void) {
+    static collect plain[4], spec[4];
+    lm_spec_config sc;
+    engine_spec_default(&sc);
+    sc.max = 4;
+    lm_engine *e0 = new_engine(true, 512, 4, 0, 0), *e1 = NULL;
+    lm_engine_config ec;
+    engine_config_default(&ec);
+    ec.n_threads = 2, ec.n_ctx = 1024, ec.batch_tokens = 512, ec.max_seqs = 4, ec.kv_type = LM_TYPE_F32;
+    ec.block_size = BLOCK, ec.spec = &sc;
+    lm_status st;
+    char err[LM_ERRLEN];
+    e1 = engine_new_tuned(model, model->tok, &ec, &(engine_tuning){.spec_widths = "1:1,64:1"}, &st, err, sizeof err);
+    CHECKF(e0 && e1, "engine_new: %s", err);
+    if (!e0 || !e1) goto out;
+    lm_engine_stats s1;
+    engine_stats(e1, &s1);
+    lm_engine_stats s0;
+    engine_stats(e0, &s0);
+    CHECKF(s1.mem_state - s1.mem_state_snap == (s0.mem_state - s0.mem_state_snap) * 14 / 4,
+           "state %llu, %llu without speculation: 4 live slots and 10 checkpoints",
+           (unsigned long long)(s1.mem_state - s1.mem_state_snap),
+           (unsigned long long)(s0.mem_state - s0.mem_state_snap));
+    for (int round = 0; round < 2; round++) { /* alone, then four at once */
+        for (int pass = 0; pass < 2; pass++) {
+            lm_engine *e = pass ? e1 : e0;
+            collect *out = pass ? spec : plain;
+            for (int k = 0; k < 4; k++) {
+                memset(&out[k], 0, sizeof out[k]);
+                lm_request_params q = params(prompts[k], NP, false, 1, 0, &out[k]);
+                q.grammar = "root ::= (\"ab\")+";
+                CHECK(engine_submit(e, &q, NULL, err, sizeof err) == LM_OK);
+                if (round == 0) engine_wait_idle(e);
+            }
+            engine_wait_idle(e);
+        }
+        for (int k = 0; k < 4; k++)
+            CHECKF(same(&plain[k], &spec[k], 1) && spec[k].n[0] == N_GEN, "round %d, prompt %d", round, k);
+    }
+    engine_stats(e1, &s1);
+    CHECKF(s1.spec_accepted_total > 0 && s1.spec_rollbacks_total > 0 && s1.spec_ckpt_short_total > 0,
+           "accepted %llu, rollbacks %llu, cut %llu", (unsigned long long)s1.spec_accepted_total,
+           (unsigned long long)s1.spec_rollbacks_total, (unsigned long long)s1.spec_ckpt_short_total);
+    CHECKF(engine_check(e1, err, sizeof err) == 0, "%s", err);
+out:
+    engine_free(e0);
+    engine_free(e1);
+}
+
 static int make_model(void) {
     const char *bin = getenv("LAMINA_BIN") ? getenv("LAMINA_BIN") : "build/lamina";
     int fd = mkstemp(path);
@@ -460,6 +521,7 @@ int main(void) {
     TEST_RUN(test_pressure);
     TEST_RUN(test_cancel);
     TEST_RUN(test_mem_plan);
+    TEST_RUN(test_speculation);
     model_free(model);
     unlink(path);
     return TEST_DONE();
