@@ -1,6 +1,7 @@
 /*
  * bench_deltanet.c - the linear-attention kernels (kernels/deltanet.h) of
- * each variant this CPU runs, against the scalar reference.
+ * each variant this CPU runs (scalar, avx2, avx512, neon), against the
+ * scalar reference.
  *
  * Build: `make bench` (build/bench_deltanet).
  *
@@ -134,18 +135,19 @@ int main(int argc, char **argv) {
                {B_CHUNK, 1, "chunk T", "us/token/head"}, {B_CONV, 0, "conv 1", "us/token"},
                {B_CONV, 1, "conv T", "us/token"},        {B_L2, 0, "l2norm", "ns/head"},
                {B_NORM, 0, "norm_gated", "ns/head"}};
-    static const lm_isa isas[] = {LM_ISA_SCALAR, LM_ISA_AVX2, LM_ISA_AVX512};
+    static const lm_isa isas[] = {LM_ISA_SCALAR, LM_ISA_AVX2, LM_ISA_AVX512, LM_ISA_NEON};
+    const size_t nv = sizeof isas / sizeof isas[0];
     const lm_isa start = kernels()->isa;
     printf("d %d, T %d, C %d, one thread, best of %d rounds\n", b.d, b.T, b.C, rounds);
     printf("%-11s %-14s", "op", "unit");
-    for (size_t v = 0; v < 3; v++)
+    for (size_t v = 0; v < nv; v++)
         if (kernels_cpu_has(isas[v])) printf(" %10s", kernels_isa_str(isas[v]));
     printf("   (x scalar)\n");
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
         printf("%-11s %-14s", ops[i].name, ops[i].unit);
         double base = 0;
         char ratios[64] = "";
-        for (size_t v = 0; v < 3; v++) {
+        for (size_t v = 0; v < nv; v++) {
             if (!kernels_cpu_has(isas[v])) continue;
             kernels_use(isas[v]);
             b.what = ops[i].what, b.n = ops[i].prompt ? b.T : 1;

@@ -1,8 +1,9 @@
 /*
  * test_deltanet.c - the linear-attention kernels (kernels/deltanet.h) of
- * every variant this CPU runs (scalar, avx2, avx512; the other x86
- * variants carry one of those sets, which test_dispatch checks) against
- * float64 references written here, and against each other.
+ * every variant this CPU runs (scalar, avx2, avx512, neon; the other x86
+ * variants and neondot carry one of those sets, which test_dispatch
+ * checks) against float64 references written here, and against each
+ * other.
  *
  *  - conv: y and the rolled state against a float64 conv (SiLU on and
  *    off), k = 1..8 taps, 1..520 channels (past the SIMD channel tile),
@@ -38,8 +39,8 @@
  *    h % H_k, Qwen3-Next's h / (H_v / H_k)), against the same composition
  *    in float64: outputs and states within rel L2 2e-6 (measured: 2.3e-7).
  *  - dispatch: the scalar table holds the scalar_dn_* entries, avx2 and
- *    avxvnni AVX2's, the avx512 variants AVX-512's, neon and neondot the
- *    scalar ones.
+ *    avxvnni AVX2's, the avx512 variants AVX-512's, neon and neondot
+ *    NEON's; gates is the scalar one in every table.
  *
  * A variant the CPU lacks prints NOT RUN for each of its checks (counted
  * as skipped, never as passed).
@@ -622,8 +623,8 @@ static bool dn_equal(const lm_dn_kernels *a, const lm_dn_kernels *b) {
 static void test_dispatch(void) {
     const lm_dn_kernels sc = {scalar_dn_conv,  scalar_dn_l2norm, scalar_dn_norm_gated,
                               scalar_dn_gates, scalar_dn_recur,  scalar_dn_chunk};
-    lm_dn_kernels x2 = sc, x5 = sc;
-    bool has2 = avx2_dn_fill(&x2);
+    lm_dn_kernels x2 = sc, x5 = sc, nn = sc;
+    bool has2 = avx2_dn_fill(&x2), hasn = neon_dn_fill(&nn);
     if (has2) {
         x5 = x2;
         avx512_dn_fill(&x5);
@@ -636,10 +637,14 @@ static void test_dispatch(void) {
         CHECKF(kernels()->dn.gates == scalar_dn_gates, "%s", kernels_isa_name());
     }
     if (kernels_cpu_has(LM_ISA_AVX512)) CHECK(x5.recur != x2.recur && x5.chunk != x2.chunk && x5.conv != x2.conv);
-    /* AArch64: the scalar reference in both NEON tables */
+    /* AArch64: NEON's entries in both NEON tables, each of them its own */
+    CHECK(hasn == kernels_cpu_has(LM_ISA_NEON));
+    if (hasn)
+        CHECK(nn.conv != sc.conv && nn.l2norm != sc.l2norm && nn.norm_gated != sc.norm_gated && nn.gates == sc.gates &&
+              nn.recur != sc.recur && nn.chunk != sc.chunk);
     for (int isa = LM_ISA_NEON; isa <= LM_ISA_NEONDOT; isa++)
         if (kernels_cpu_has((lm_isa)isa))
-            CHECKF(kernels_use(isa) == 0 && dn_equal(&kernels()->dn, &sc), "%s", kernels_isa_name());
+            CHECKF(kernels_use(isa) == 0 && dn_equal(&kernels()->dn, &nn), "%s", kernels_isa_name());
     /* the work size: two (C, C) matrices, U, W and a C vector */
     CHECK(dn_chunk_work(128, 96) == (size_t)LM_DN_CHUNK * (1 + 2 * LM_DN_CHUNK + 128 + 96));
 }
@@ -648,7 +653,7 @@ int main(void) {
     lm_rng_seed(&rng, 20261207);
     kernels_init();
     const lm_isa start = kernels()->isa;
-    static const lm_isa isas[] = {LM_ISA_SCALAR, LM_ISA_AVX2, LM_ISA_AVX512};
+    static const lm_isa isas[] = {LM_ISA_SCALAR, LM_ISA_AVX2, LM_ISA_AVX512, LM_ISA_NEON};
     for (size_t v = 0; v < sizeof isas / sizeof isas[0]; v++) {
         bool can = kernels_cpu_has(isas[v]);
         kc_variant(kernels_isa_str(isas[v]), can ? NULL : "this CPU (or build) lacks it");

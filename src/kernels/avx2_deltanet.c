@@ -1,6 +1,6 @@
 /*
  * avx2_deltanet.c - the linear-attention kernels (kernels/deltanet.h) in
- * AVX2 + FMA: the body of kernels/x86_deltanet.h over 8-lane vectors,
+ * AVX2 + FMA: the body of kernels/simd_deltanet.h over 8-lane vectors,
  * exp8 (kernels/avx2_math.h) for the exponentials, maskload/maskstore for
  * the last partial vector of a row. Compiled with -mavx2 -mfma -mf16c
  * (Makefile: avx2_*.c); dispatch.c lays avx2_dn_fill's entries into the
@@ -57,7 +57,7 @@ static inline double dsumsq(const float *x, int n) {
     return ss;
 }
 
-#include "kernels/x86_deltanet.h"
+#include "kernels/simd_deltanet.h"
 
 bool avx2_dn_fill(lm_dn_kernels *k) {
     k->conv = dn_conv;

@@ -1,6 +1,6 @@
 /*
  * avx512_deltanet.c - the linear-attention kernels (kernels/deltanet.h) in
- * AVX-512 F: the body of kernels/x86_deltanet.h over 16-lane vectors, the
+ * AVX-512 F: the body of kernels/simd_deltanet.h over 16-lane vectors, the
  * last partial vector of a row through mask registers, exp16 (exp8's
  * reduction and polynomial, kernels/avx2_math.h, in 16 lanes). Compiled
  * with the avx512 flags (Makefile: avx512_*.c); dispatch.c lays these
@@ -72,7 +72,7 @@ static inline double dsumsq(const float *x, int n) {
     return ss;
 }
 
-#include "kernels/x86_deltanet.h"
+#include "kernels/simd_deltanet.h"
 
 bool avx512_dn_fill(lm_dn_kernels *k) {
     k->conv = dn_conv;

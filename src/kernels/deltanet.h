@@ -126,11 +126,13 @@ void scalar_dn_gates(float *g, float *beta, const float *a, const float *b, cons
 void scalar_dn_recur(float *S, const lm_dn_seq *s);
 void scalar_dn_chunk(float *S, const lm_dn_seq *s, float *work);
 
-/* The x86 entries laid over k (kernels/avx2_deltanet.c, AVX2 + FMA;
- * kernels/avx512_deltanet.c, AVX-512 F): true when the file holds them,
- * false (k untouched) off x86 and, for AVX-512, in the sanitizer builds.
- * Only after the CPU check of that ISA (kernels/dispatch.c). */
+/* The SIMD entries laid over k (kernels/avx2_deltanet.c, AVX2 + FMA;
+ * kernels/avx512_deltanet.c, AVX-512 F; kernels/neon_deltanet.c, AArch64
+ * NEON): true when the file holds them, false (k untouched) off its
+ * architecture and, for AVX-512, in the sanitizer builds. Only after the
+ * CPU check of that ISA (kernels/dispatch.c). */
 bool avx2_dn_fill(lm_dn_kernels *k);
 bool avx512_dn_fill(lm_dn_kernels *k);
+bool neon_dn_fill(lm_dn_kernels *k);
 
 #endif

@@ -29,8 +29,9 @@
  *
  * On AArch64 the variants are neon and neondot (kernels/neon.h: the same
  * kernels, the quantized dot products with sdot in the second), with the
- * element-wise and attention loops of kernels/neon_ops.h in both; the
- * linear-attention entries stay the scalar reference.
+ * element-wise and attention loops of kernels/neon_ops.h and the
+ * linear-attention entries of neon_dn_fill (kernels/neon_deltanet.c) in
+ * both.
  *
  * Once the entries are in place, kernels_matmul_fill (kernels/matmul.c)
  * derives each type's matrix-product path list from them.
@@ -177,6 +178,7 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
             k->ew = (lm_ew_kernels){neon_rmsnorm, neon_swiglu, neon_geglu, neon_rope};
             k->attn =
                 (lm_attn_kernels){neon_attn_scores, neon_attn_pv, neon_attn_max, neon_attn_scale, neon_attn_exp_sum, 4};
+            neon_dn_fill(&k->dn);
 #endif
             break;
         case LM_ISA_SCALAR:

@@ -3,13 +3,9 @@
  * (contracts in kernels/neon_ops.h). Plain Armv8-A Advanced SIMD, no extra
  * compiler flags.
  *
- * exp4: e^x in four lanes, the same method as the AVX2 files' exp8:
- * Cody-Waite range reduction x = n ln2 + r, |r| <= ln2/2, a degree-7
- * polynomial for e^r (the classic Cephes single-precision coefficients,
- * ~1 ulp), 2^n built in the exponent field; inputs clamped to [-87.3, 88.3]
- * so the result is never subnormal or infinite. GELU's tanh form is
- * written x / (1 + e^(-2y)) as in the reference (no cancellation for
- * negative x).
+ * The exponentials go through exp4 (kernels/neon_math.h, ~1 ulp, the
+ * method of the AVX2 files' exp8). GELU's tanh form is written
+ * x / (1 + e^(-2y)) as in the reference (no cancellation for negative x).
  */
 #include "kernels/neon_ops.h"
 
@@ -19,22 +15,7 @@
 #include <math.h>
 #include <string.h>
 
-static inline float32x4_t exp4(float32x4_t x) {
-    const float32x4_t c1 = vdupq_n_f32(0.693359375f), c2 = vdupq_n_f32(-2.12194440e-4f);
-    x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(-87.3f)), vdupq_n_f32(88.3f));
-    float32x4_t n = vrndnq_f32(vmulq_n_f32(x, 1.44269504088896341f));
-    x = vfmsq_f32(x, n, c1);
-    x = vfmsq_f32(x, n, c2);
-    float32x4_t y = vdupq_n_f32(1.9875691500e-4f);
-    y = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), y, x);
-    y = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), y, x);
-    y = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), y, x);
-    y = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), y, x);
-    y = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), y, x);
-    y = vfmaq_f32(vaddq_f32(x, vdupq_n_f32(1.0f)), y, vmulq_f32(x, x));
-    int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
-    return vmulq_f32(y, vreinterpretq_f32_s32(e));
-}
+#include "kernels/neon_math.h"
 
 /* ---- element-wise ---------------------------------------------------------------- */
 

@@ -1,8 +1,9 @@
 /*
- * x86_deltanet.h - the body of the x86 linear-attention kernels
+ * simd_deltanet.h - the body of the SIMD linear-attention kernels
  * (contracts in kernels/deltanet.h), written once over a vector of DN_VL
- * floats. kernels/avx2_deltanet.c (8 lanes, AVX2 + FMA) and
- * kernels/avx512_deltanet.c (16 lanes, AVX-512 F) include it after
+ * floats. kernels/avx2_deltanet.c (8 lanes, AVX2 + FMA),
+ * kernels/avx512_deltanet.c (16 lanes, AVX-512 F) and
+ * kernels/neon_deltanet.c (4 lanes, AArch64 NEON) include it after
  * defining:
  *
  *   vf, DN_VL            the vector type and its lanes
@@ -42,8 +43,8 @@
  *            substitution in column blocks of 4 vectors; the decays
  *            exp(G_t - G_s) by v_exp a vector at a time.
  */
-#ifndef LAMINA_X86_DELTANET_H
-#define LAMINA_X86_DELTANET_H
+#ifndef LAMINA_SIMD_DELTANET_H
+#define LAMINA_SIMD_DELTANET_H
 
 #include <math.h>
 #include <stddef.h>
