@@ -233,7 +233,10 @@ check-format:
 # ("max") has the dot-product extension, so the table holds neondot; then
 # the programs that check kernel-table results against the scalar
 # reference or across batch shapes run again with LAMINA_CPU=neon (the plain
-# NEON path on that CPU); then test_kernels_isa alone on an emulated
+# NEON path on that CPU); then the hybrid models (qwen35, qwen35moe: the
+# linear-attention kernels in a whole model) against llama.cpp's recorded
+# logits and first greedy run (tests/e2e_arch_hybrid.py in its emulated
+# form, F16 only); then test_kernels_isa alone on an emulated
 # Cortex-A53 (Armv8.0, no dot product: the table picks neon, neondot is
 # reported as not run, LAMINA_CPU=neondot gives neon). test_kernels_isa
 # compares every variant the CPU runs with the scalar reference by itself.
@@ -270,6 +273,7 @@ test-arm:
 	BUILD=$(ARM_BUILD) LAMINA_TEST_WRAP="$(ARM_QEMU)" LAMINA_TEST_C_ONLY=1 LAMINA_EMULATED=1 LAMINA_CPU=neon \
 	    LAMINA_TEST_JOBS=$(ARM_JOBS) \
 	    LAMINA_TESTS="$(ARM_NEON_TESTS)" bash tests/run.sh
+	LAMINA_EMULATED=1 LAMINA_BIN="$(ARM_QEMU) $(ARM_BUILD)/lamina" python3 tests/e2e_arch_hybrid.py
 	@echo "test_kernels_isa on qemu's cortex-a53:"; $(ARM_QEMU) -cpu cortex-a53 $(ARM_BUILD)/tests/test_kernels_isa >$(ARM_BUILD)/a53.log 2>&1; \
 	    rc=$$?; grep -Ev '^PASS ' $(ARM_BUILD)/a53.log; exit $$rc
 
