@@ -37,7 +37,11 @@
  *            e S + k delta^T (the block's delta held in registers).
  *   chunk    the products of the chunk form as register tiles of 4 rows
  *            by 2 vectors (8 accumulators, 2 loads and 4 broadcasts from
- *            memory per 8 fmas; a lone row by 4 vectors): k^T S0 and
+ *            memory per 8 fmas; a lone row by 4 vectors), or, where the
+ *            including file defines DN_TILE4X4 (32 registers: avx512), 4
+ *            rows by 4 vectors first (16 accumulators, 4 loads and 4
+ *            broadcasts per 16 fmas; each element summed term for term as
+ *            in the 4x2 tile, so the bits do not change): k^T S0 and
  *            q^T S0, the intra-chunk outputs, the state update; the
  *            (C, C) dot products 4 keys at a time; the forward
  *            substitution in column blocks of 4 vectors; the decays
@@ -276,6 +280,49 @@ static void dn_tile4x2(const dn_prod *p, int r0, int j, int kk) {
     v_store(y2, a20), v_store(y2 + DN_VL, a21), v_store(y3, a30), v_store(y3 + DN_VL, a31);
 }
 
+#ifdef DN_TILE4X4
+/* Rows r0 .. r0 + 3, the 4 vectors of columns at j: 16 accumulators, for
+ * 32 registers. Each element's sum is the 4x2 tile's, term for term. */
+static void dn_tile4x4(const dn_prod *p, int r0, int j, int kk) {
+    float *y0 = p->Y + (size_t)r0 * p->ys + j, *y1 = y0 + p->ys, *y2 = y1 + p->ys, *y3 = y2 + p->ys;
+    vf a00 = v_zero(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+    vf a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;
+    if (p->f) {
+        const float *f = p->f + (size_t)r0 * p->fs;
+        vf fv = v_set1(f[0]);
+        a00 = v_mul(fv, v_load(y0)), a01 = v_mul(fv, v_load(y0 + DN_VL));
+        a02 = v_mul(fv, v_load(y0 + 2 * DN_VL)), a03 = v_mul(fv, v_load(y0 + 3 * DN_VL));
+        fv = v_set1(f[p->fs]);
+        a10 = v_mul(fv, v_load(y1)), a11 = v_mul(fv, v_load(y1 + DN_VL));
+        a12 = v_mul(fv, v_load(y1 + 2 * DN_VL)), a13 = v_mul(fv, v_load(y1 + 3 * DN_VL));
+        fv = v_set1(f[2 * p->fs]);
+        a20 = v_mul(fv, v_load(y2)), a21 = v_mul(fv, v_load(y2 + DN_VL));
+        a22 = v_mul(fv, v_load(y2 + 2 * DN_VL)), a23 = v_mul(fv, v_load(y2 + 3 * DN_VL));
+        fv = v_set1(f[3 * p->fs]);
+        a30 = v_mul(fv, v_load(y3)), a31 = v_mul(fv, v_load(y3 + DN_VL));
+        a32 = v_mul(fv, v_load(y3 + 2 * DN_VL)), a33 = v_mul(fv, v_load(y3 + 3 * DN_VL));
+    }
+    const float *x = p->X + (size_t)r0 * p->xr;
+    const size_t xr = p->xr;
+    for (int c = 0; c < kk; c++, x += p->xc) {
+        const float *b = p->B + (size_t)c * p->bs + j;
+        const vf b0 = v_load(b), b1 = v_load(b + DN_VL), b2 = v_load(b + 2 * DN_VL), b3 = v_load(b + 3 * DN_VL);
+        vf xv = v_set1(x[0]);
+        a00 = v_fmadd(xv, b0, a00), a01 = v_fmadd(xv, b1, a01), a02 = v_fmadd(xv, b2, a02), a03 = v_fmadd(xv, b3, a03);
+        xv = v_set1(x[xr]);
+        a10 = v_fmadd(xv, b0, a10), a11 = v_fmadd(xv, b1, a11), a12 = v_fmadd(xv, b2, a12), a13 = v_fmadd(xv, b3, a13);
+        xv = v_set1(x[2 * xr]);
+        a20 = v_fmadd(xv, b0, a20), a21 = v_fmadd(xv, b1, a21), a22 = v_fmadd(xv, b2, a22), a23 = v_fmadd(xv, b3, a23);
+        xv = v_set1(x[3 * xr]);
+        a30 = v_fmadd(xv, b0, a30), a31 = v_fmadd(xv, b1, a31), a32 = v_fmadd(xv, b2, a32), a33 = v_fmadd(xv, b3, a33);
+    }
+    v_store(y0, a00), v_store(y0 + DN_VL, a01), v_store(y0 + 2 * DN_VL, a02), v_store(y0 + 3 * DN_VL, a03);
+    v_store(y1, a10), v_store(y1 + DN_VL, a11), v_store(y1 + 2 * DN_VL, a12), v_store(y1 + 3 * DN_VL, a13);
+    v_store(y2, a20), v_store(y2 + DN_VL, a21), v_store(y2 + 2 * DN_VL, a22), v_store(y2 + 3 * DN_VL, a23);
+    v_store(y3, a30), v_store(y3 + DN_VL, a31), v_store(y3 + 2 * DN_VL, a32), v_store(y3 + 3 * DN_VL, a33);
+}
+#endif
+
 /* Row r, the 4 vectors of columns at j (4 chains: a lone row's rate). */
 static void dn_tile1x4(const dn_prod *p, int r, int j, int kk) {
     float *y = p->Y + (size_t)r * p->ys + j;
@@ -309,6 +356,9 @@ static void dn_product(const dn_prod *p) {
     for (; r + 4 <= p->m; r += 4) {
         const int kk = p->tri && r + 4 < p->kk ? r + 4 : p->kk;
         int j = 0;
+#ifdef DN_TILE4X4
+        for (; j + 4 * DN_VL <= p->n; j += 4 * DN_VL) dn_tile4x4(p, r, j, kk);
+#endif
         for (; j + 2 * DN_VL <= p->n; j += 2 * DN_VL) dn_tile4x2(p, r, j, kk);
         for (; j < p->n; j += DN_VL)
             for (int i = 0; i < 4; i++) dn_tile1(p, r + i, j, p->n - j, kk);
