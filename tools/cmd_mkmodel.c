@@ -15,7 +15,13 @@
  * Mixture-of-Experts) are hybrids: of every gd_shape.interval layers the last
  * is full attention (a gated query, partial interleaved multi-section RoPE)
  * and the others gated-DeltaNet linear attention (gdn_layer), with the keys
- * and tensors llama.cpp's qwen35 and qwen35moe loaders read.
+ * and tensors llama.cpp's qwen35 and qwen35moe loaders read. With --mtp 1
+ * they also write a next-token-prediction layer after the trunk (block
+ * n_layer, counted in block_count, <arch>.nextn_predict_layers 1): a
+ * full-attention layer with its FFN and the nextn eh_proj, enorm, hnorm and
+ * shared_head_norm tensors, sharing the embedding and the LM head. Every
+ * tensor draws from its own index, so the trunk's weights are the same bytes
+ * with or without it.
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -57,6 +63,8 @@ static void usage_mkmodel(FILE *f) {
             "                     (4 gated heads of 128, 2 KV heads, RoPE on 32 dims), twice; n_ff 768),\n"
             "                     qwen35moe-small (Qwen3.5-35B-A3B: that pattern with value heads of 128,\n"
             "                     8 experts of 128, top 2, a shared expert of 128)\n"
+            "  --mtp N            qwen35 presets: N (0 or 1) next-token-prediction layers after the\n"
+            "                     trunk, for --spec mtp (default 0)\n"
             "  --kv-b-whole       deepseek2: store each layer's attn_kv_b whole, without the\n"
             "                     *_length_mla keys, as older conversions did (the same weights as\n"
             "                     the attn_k_b / attn_v_b of the default layout)\n"
@@ -371,6 +379,7 @@ int cmd_mkmodel(int argc, char **argv) {
     preset p = {"custom", 2, 256, 4, -1, 512, 512, 512, NULL, 0, 0, 0, 0, 0, 0}; /* kv heads -1: as many as heads */
     long long seed = 1, threads = pool_default_threads();
     bool kv_b_whole = false;
+    int mtp = 0;
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
         if (is_flag(&a, "-o", "--output")) out = need_val(&a);
@@ -394,6 +403,7 @@ int cmd_mkmodel(int argc, char **argv) {
         else if (is_flag(&a, "--type", NULL)) type_name = need_val(&a);
         else if (is_flag(&a, "--vocab-from", NULL)) vocab_from = need_val(&a);
         else if (is_flag(&a, "--kv-b-whole", NULL)) kv_b_whole = true;
+        else if (is_flag(&a, "--mtp", NULL)) mtp = (int)need_int(&a, 0, 1);
         else if (is_flag(&a, "--seed", NULL)) seed = need_int(&a, 0, 0x7fffffffffffffffLL);
         else if (is_flag(&a, "-t", "--threads")) threads = need_int(&a, 1, 1024);
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
@@ -421,7 +431,7 @@ int cmd_mkmodel(int argc, char **argv) {
         p.vocab = (int)toks.n;
     }
     maker mk = {.w = gguf_writer_new(), .pool = pool_new((int)threads), .seed = (uint64_t)seed};
-    mk.bufs = calloc((size_t)(6 + 24 * p.layers), sizeof(void *));
+    mk.bufs = calloc((size_t)(6 + 24 * (p.layers + 1)), sizeof(void *));
     if (!mk.w || !mk.pool || !mk.bufs) fail("mkmodel", "out of memory");
     /* the output is checked, and its temporary file created, before the work;
      * from here every failure removes that temporary file and nothing else */
@@ -440,13 +450,18 @@ int cmd_mkmodel(int argc, char **argv) {
     const gd_shape *gd = NULL;
     for (size_t i = 0; i < sizeof gd_shapes / sizeof gd_shapes[0]; i++)
         if (!strcmp(gd_shapes[i].name, p.name)) gd = &gd_shapes[i];
+    if (mtp && !gd) {
+        safefile_abort(sf);
+        die_usage(&a, "%s", "--mtp needs a qwen35 preset");
+    }
     gguf_w_set_str(w, "general.architecture", arch);
     char name[160], key[160];
     snprintf(name, sizeof name, "lamina-random-%s-%s", p.name, quant_type_name((uint32_t)type));
     gguf_w_set_str(w, "general.name", name);
     gguf_w_set_u32(w, "general.file_type", quantize_file_type(quant_type_name((uint32_t)type)));
 #define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", arch, suffix), key)
-    gguf_w_set_u32(w, KEY("block_count"), (uint32_t)p.layers);
+    gguf_w_set_u32(w, KEY("block_count"), (uint32_t)(p.layers + mtp));
+    if (mtp) gguf_w_set_u32(w, KEY("nextn_predict_layers"), (uint32_t)mtp);
     gguf_w_set_u32(w, KEY("context_length"), (uint32_t)p.ctx);
     gguf_w_set_u32(w, KEY("embedding_length"), (uint32_t)p.embd);
     gguf_w_set_u32(w, KEY("feed_forward_length"), (uint32_t)p.ff);
@@ -553,9 +568,9 @@ int cmd_mkmodel(int argc, char **argv) {
             rc |= gguf_w_add_tensor(w, "rope_factors_long.weight", 1, ne, LM_TYPE_F32, lf, (size_t)nf * 4);
         }
     }
-    for (int i = 0; i < p.layers && !rc; i++) {
+    for (int i = 0; i < p.layers + mtp && !rc; i++) {
         char n[96];
-        bool recur = gd && (i + 1) % gd->interval != 0; /* a gated-DeltaNet layer */
+        bool recur = gd && i < p.layers && (i + 1) % gd->interval != 0; /* a gated-DeltaNet layer */
 #define A(suffix, cols, rows, ty, sc, ones)                                                                            \
     (snprintf(n, sizeof n, "blk.%d." suffix, i), add(&mk, n, cols, rows, ty, sc, ones))
         rc |= A("attn_norm.weight", E, 1, LM_TYPE_F32, nn, true);
@@ -619,9 +634,15 @@ int cmd_mkmodel(int argc, char **argv) {
         }
         if (!p.experts || (ml && i < ml->dense)) rc |= A("ffn_down.weight", p.ff, E, t, wf, false);
         if (gemma2) rc |= A("post_ffw_norm.weight", E, 1, LM_TYPE_F32, nn, true);
+        if (i >= p.layers) { /* the MTP layer's own: [enorm(embedding) ; hnorm(h)] -> n_embd */
+            rc |= A("nextn.eh_proj.weight", 2 * E, E, t, 1.0f / sqrtf((float)(2 * E)), false);
+            rc |= A("nextn.enorm.weight", E, 1, LM_TYPE_F32, nn, true);
+            rc |= A("nextn.hnorm.weight", E, 1, LM_TYPE_F32, nn, true);
+            rc |= A("nextn.shared_head_norm.weight", E, 1, LM_TYPE_F32, nn, true);
+        }
 #undef A
         progress_note(&prog, "%.1f MiB", mk.bytes / 1048576.0);
-        progress_update(&prog, i + 1, p.layers);
+        progress_update(&prog, i + 1, p.layers + mtp);
     }
     progress_end(&prog);
     if (rc) {

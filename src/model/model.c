@@ -584,6 +584,11 @@ static int read_hparams(loader *L) {
         get_hp_int(L, arch, "feed_forward_length", -1, 1, 8 * big, &hp->n_ff) ||
         get_hp_int(L, arch, "context_length", 2048, 1, 64 * big, &hp->n_ctx_train))
         return -1;
+    /* qwen35's next-token-prediction layers follow the trunk's in block_count */
+    if ((hp->arch == LM_ARCH_QWEN35 || hp->arch == LM_ARCH_QWEN35MOE) &&
+        get_hp_int(L, arch, "nextn_predict_layers", 0, 0, hp->n_layer - 1, &hp->n_layer_mtp))
+        return -1;
+    hp->n_layer -= hp->n_layer_mtp;
     if (hp->n_head % hp->n_head_kv)
         return lm_err(L->err, L->errlen, "head count %d is not a multiple of the KV head count %d", hp->n_head,
                       hp->n_head_kv);
@@ -840,9 +845,10 @@ static int load_conv(loader *L, const char *name, int64_t K, int64_t conv, const
 }
 
 /* A qwen35 layer: its norms and dense FFN, then gated full attention
- * (every full_attn_interval-th) or a gated DeltaNet. *rec and *kvl count
- * the recurrent and the attention layers so far. */
-static int load_hybrid_layer(loader *L, int i, lm_layer *l, int *rec, int *kvl) {
+ * (every full_attn_interval-th, or every layer when attn: an MTP layer) or
+ * a gated DeltaNet. *rec and *kvl count the recurrent and the attention
+ * layers so far. */
+static int load_hybrid_layer(loader *L, int i, lm_layer *l, bool attn, int *rec, int *kvl) {
     lm_model *m = L->m;
     const lm_hparams *hp = &m->hp;
     const int64_t E = hp->n_embd, F = hp->n_ff;
@@ -856,7 +862,7 @@ static int load_hybrid_layer(loader *L, int i, lm_layer *l, int *rec, int *kvl) 
                 load_weight(L, NAME("ffn_up.weight"), E, F, &l->w_up) ||
                 load_weight(L, NAME("ffn_down.weight"), F, E, &l->w_down))
         return -1;
-    if ((i + 1) % hp->full_attn_interval == 0) {
+    if (attn || (i + 1) % hp->full_attn_interval == 0) {
         const int64_t Q = dim_len(hp, DIM_Q), KV = dim_len(hp, DIM_KV), hd = hp->head_dim;
         if (load_weight(L, NAME("attn_q.weight"), E, 2 * Q, &l->wq) ||
             load_weight(L, NAME("attn_k.weight"), E, KV, &l->wk) ||
@@ -888,6 +894,42 @@ static int load_hybrid_layer(loader *L, int i, lm_layer *l, int *rec, int *kvl) 
     return 0;
 }
 
+/* The first next-token-prediction layer, block n_layer (model.h, lm_mtp):
+ * a full-attention qwen35 layer and the nextn tensors. Further MTP layers
+ * (n_layer_mtp > 1) are left unread. */
+static int load_mtp(loader *L) {
+    lm_model *m = L->m;
+    const lm_hparams *hp = &m->hp;
+    const int i = hp->n_layer;
+    const int64_t E = hp->n_embd;
+    lm_mtp *t = m->mtp = lm_calloc(1, sizeof *m->mtp);
+    if (!t) return nomem(L), lm_err(L->err, L->errlen, "out of memory");
+    int rec = 0, kvl = 0;
+    if (load_hybrid_layer(L, i, &t->layer, true, &rec, &kvl)) return -1;
+    t->layer.rope_base = hp->rope_base;
+    t->layer.rope_scale = hp->rope_scale;
+    char name[96];
+#define NAME(s) (snprintf(name, sizeof name, "blk.%d.nextn." s, i), name)
+    if (load_weight(L, NAME("eh_proj.weight"), 2 * E, E, &t->eh_proj) ||
+        load_vec(L, NAME("enorm.weight"), E, true, &t->enorm) ||
+        load_vec(L, NAME("hnorm.weight"), E, true, &t->hnorm) ||
+        load_vec(L, NAME("shared_head_norm.weight"), E, false, &t->head_norm))
+        return -1;
+    if (!t->head_norm) t->head_norm = m->out_norm;
+    t->embed = &m->tok_embd;
+    t->head = &m->output;
+    if (gguf_find_tensor(m->gguf, NAME("embed_tokens.weight"))) {
+        if (load_weight(L, name, E, hp->n_vocab, &t->embed_own)) return -1;
+        t->embed = &t->embed_own;
+    }
+    if (gguf_find_tensor(m->gguf, NAME("shared_head_head.weight"))) {
+        if (load_weight(L, name, E, hp->n_vocab, &t->head_own)) return -1;
+        t->head = &t->head_own;
+    }
+#undef NAME
+    return 0;
+}
+
 static int load_tensors(loader *L) {
     lm_model *m = L->m;
     const lm_hparams *hp = &m->hp;
@@ -903,13 +945,17 @@ static int load_tensors(loader *L) {
         L->f32_cap += (size_t)hp->n_rlayer *
             ((size_t)hp->ssm_conv * (2 * (size_t)hp->ssm_hk * hp->ssm_dk + (size_t)hp->ssm_hv * hp->ssm_dv) +
              2 * (size_t)hp->ssm_hv + (size_t)hp->ssm_dv);
+    /* the first MTP layer's norms (attention, FFN, shared-expert gate, enorm, hnorm, head_norm) */
+    if (hp->n_layer_mtp) L->f32_cap += 2 * (size_t)hp->head_dim + 6 * (size_t)E;
     m->f32 = lm_malloc(L->f32_cap * sizeof(float));
     m->layers = lm_calloc((size_t)hp->n_layer, sizeof(lm_layer));
     m->layer_local = lm_calloc((size_t)hp->n_layer, 1);
     if (!m->f32 || !m->layers || !m->layer_local) return nomem(L), lm_err(L->err, L->errlen, "out of memory");
     if (hp->n_expert > 0) {
-        m->moe = lm_calloc((size_t)hp->n_layer, sizeof(lm_moe));
-        m->experts = lm_calloc((size_t)hp->n_layer * 3 * (size_t)hp->n_expert, sizeof(lm_weight));
+        /* the MTP layer's experts follow the trunk's (layer n_layer) */
+        const size_t nl = (size_t)hp->n_layer + (hp->n_layer_mtp ? 1 : 0);
+        m->moe = lm_calloc(nl, sizeof(lm_moe));
+        m->experts = lm_calloc(nl * 3 * (size_t)hp->n_expert, sizeof(lm_weight));
         if (!m->moe || !m->experts) return nomem(L), lm_err(L->err, L->errlen, "out of memory");
     }
     if (hp->n_rlayer && !(m->gdn = lm_calloc((size_t)hp->n_layer, sizeof(lm_gdn))))
@@ -944,7 +990,7 @@ static int load_tensors(loader *L) {
         l->rec = -1;
         l->kv_layer = i;
         if (hp->n_rlayer) {
-            if (load_hybrid_layer(L, i, l, &n_rec, &n_kvl)) return -1;
+            if (load_hybrid_layer(L, i, l, false, &n_rec, &n_kvl)) return -1;
             l->rope_base = hp->rope_base;
             l->rope_scale = hp->rope_scale;
             if (report(L, 0.05 + 0.15 * (i + 1) / hp->n_layer)) return -1;
@@ -975,6 +1021,7 @@ static int load_tensors(loader *L) {
         if (report(L, 0.05 + 0.15 * (i + 1) / hp->n_layer)) return -1;
     }
     (void)n_kvl; /* the layers with KV: n_layer - n_rlayer */
+    if (hp->n_layer_mtp && load_mtp(L)) return -1;
     for (int64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {
         const gguf_tensor *t = gguf_tensor_at(m->gguf, i);
         m->weight_bytes += t->nbytes;
@@ -1175,6 +1222,7 @@ void model_free(lm_model *m) {
     lm_free(m->layers);
     lm_free(m->layer_local);
     lm_free(m->gdn);
+    lm_free(m->mtp);
     lm_free(m->moe);
     lm_free(m->experts);
     lm_free(m->mla);

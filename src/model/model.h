@@ -160,6 +160,8 @@ typedef struct {
                                   sections interleave, the rest (the fourth axis, position 0) not */
     bool attn_gate;       /* full attention's output gated: attn_q holds per head [query | gate], the
                                   heads' output multiplied by sigmoid(gate) before attn_output */
+    int n_layer_mtp;      /* next-token-prediction layers after the trunk (<arch>.nextn_predict_layers;
+                                  block_count counts them, n_layer does not): lm_model.mtp */
 } lm_hparams;
 
 typedef struct {
@@ -234,6 +236,28 @@ typedef struct {
     float rope_base, rope_scale;    /* this layer's RoPE */
 } lm_layer;
 
+/* A next-token-prediction (MTP) layer, stored as block n_layer (qwen35,
+ * qwen35moe; llama.cpp's nextn tensors). From the trunk's hidden state h_t
+ * after the final norm and token t+1's embedding e it predicts token t+2:
+ *   x = eh_proj · [enorm(e) ; hnorm(h_t)]            (concatenation, 2 n_embd)
+ *   x = x + attn(attn_norm(x))  (a full-attention qwen35 layer, its own KV,
+ *       the position that of token t+1)
+ *   x = x + ffn(post_attention_norm(x))                (dense or experts)
+ *   h' = head_norm(x), logits = head · h'
+ * h' stands in for the trunk's hidden state when the head is run again on
+ * its own draft (a chain of drafts). The layer's attention and FFN weights
+ * are an lm_layer like the trunk's; embed, head and head_norm fall back to
+ * the model's token_embd, output and output_norm when the file has no
+ * nextn.embed_tokens, nextn.shared_head_head, nextn.shared_head_norm. */
+typedef struct lm_mtp {
+    lm_layer layer;                /* rec -1, kv_layer 0 (of the MTP's own cache) */
+    lm_weight eh_proj;             /* (n_embd, 2 n_embd) */
+    const float *enorm, *hnorm;    /* (n_embd) each */
+    const float *head_norm;        /* (n_embd) */
+    const lm_weight *embed, *head; /* (n_vocab, n_embd): borrowed from the model or embed_own/head_own */
+    lm_weight embed_own, head_own; /* the file's own, when it has them */
+} lm_mtp;
+
 /* Tensor parallelism (shard.c): which part of the model this process holds.
  * A sharded model's hp counts (n_head, n_head_kv, n_ff) are this rank's;
  * the whole model's are kept here. Q/K/V and gate/up keep whole rows of
@@ -290,6 +314,7 @@ typedef struct lm_model {
                                 a whole attn_kv_b (older deepseek2 files), or NULL */
     size_t kb_bytes;       /* its bytes (counted in packed_bytes) */
     lm_gdn *gdn;           /* (n_layer) with recurrent layers (their gdn points here), else NULL */
+    struct lm_mtp *mtp;    /* the first next-token-prediction layer (hp.n_layer_mtp > 0), else NULL */
     char name[128];        /* general.name, or the file's base name */
     uint64_t n_params;
     uint64_t weight_bytes; /* bytes of all tensors */
