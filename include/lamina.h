@@ -230,14 +230,17 @@ LM_API void lm_sample_params_default(lm_sample_params *p);
 /* KV cache element types (the GGUF tensor type ids). */
 enum { LM_KV_F32 = 0, LM_KV_F16 = 1, LM_KV_Q8_0 = 8 };
 
-enum { LM_SPEC_NONE = 0, LM_SPEC_NGRAM = 1, LM_SPEC_DRAFT = 2 };
+/* LM_SPEC_MTP: the model's own next-token-prediction layer (qwen35 files with
+ * nextn_predict_layers) guesses; a model without one is refused. */
+enum { LM_SPEC_NONE = 0, LM_SPEC_NGRAM = 1, LM_SPEC_DRAFT = 2, LM_SPEC_MTP = 3 };
 
 /* Speculative decoding's settings (lm_engine_config.spec), a struct that
  * grows (above): fill it with lm_spec_config_default, then set what
  * differs. */
 typedef struct {
     size_t size;                 /* sizeof the struct this program was built with (set by the default) */
-    int proposer;                /* LM_SPEC_NGRAM (default: prompt lookup) or LM_SPEC_DRAFT (a draft model) */
+    int proposer;                /* LM_SPEC_NGRAM (default: prompt lookup), LM_SPEC_DRAFT (a draft model)
+                             or LM_SPEC_MTP (the model's next-token-prediction layer) */
     int max;                     /* tokens proposed per step at most (<= 0: 4); the engine sizes each
                              proposal by its acceptance so far, and shrinks it under load */
     const lm_model *draft_model; /* LM_SPEC_DRAFT: the draft (its tokenizer must agree with the

@@ -18,7 +18,9 @@
  * it); rewriting positions after a rejected draft gives a fresh head's
  * bits; the trunk of a file with the layer equals the file without it (bit
  * for bit, n_layer excludes the MTP block); refusals: a file without the
- * layer, positions past the cache, tokens out of range.
+ * layer, positions past the cache, tokens out of range; the engine's
+ * configuration with LM_SPEC_MTP (refused without the layer, and, while the
+ * engine does not speculate on hybrid models, with it).
  */
 #include <math.h>
 #include <stdio.h>
@@ -30,6 +32,8 @@
 #include "model/model.h"
 #include "model/mtp.h"
 #include "model/ops.h"
+#include "sched/engine.h"
+#include "sched/engine_int.h"
 #include "base/pool.h"
 #include "base/util.h"
 #include "test.h"
@@ -356,6 +360,33 @@ static void test_trunk_and_refusal(void) {
     model_free(a), model_free(b);
 }
 
+/* The engine's configuration: --spec mtp on a file without the layer is
+ * refused by name; with it, refused while hybrids do not speculate. */
+static void test_engine_refusals(void) {
+    char err[LM_ERRLEN];
+    lm_model *a = model_load(path_dense, err, sizeof err), *b = model_load(path_plain, err, sizeof err);
+    CHECKF(a && b, "%s", err);
+    lm_engine_config c;
+    lm_spec_config sc;
+    engine_config_default(&c);
+    engine_spec_default(&sc);
+    sc.proposer = LM_SPEC_MTP;
+    c.spec = &sc;
+    c.n_ctx = 256;
+    c.n_threads = 1;
+    lm_spec_config out;
+    fwd_dims d;
+    lm_engine_config c2 = c;
+    CHECK(engine_resolve_config(b, &c2, &out, &d, err, sizeof err) == -1);
+    CHECKF(strstr(err, "needs a model with an MTP layer") && strstr(err, "qwen35 model has none"), "%s", err);
+    c2 = c;
+    CHECK(engine_resolve_config(a, &c2, &out, &d, err, sizeof err) == -1);
+    CHECKF(strstr(err, "not available yet"), "%s", err);
+    c2 = c, sc.proposer = LM_SPEC_NGRAM; /* prompt lookup on the same file: accepted (off on a hybrid) */
+    CHECKF(engine_resolve_config(a, &c2, &out, &d, err, sizeof err) == 0, "%s", err);
+    model_free(a), model_free(b);
+}
+
 int main(void) {
     snprintf(path_dense, sizeof path_dense, "/tmp/lamina_test_mtp_d_%d.gguf", (int)getpid());
     snprintf(path_moe, sizeof path_moe, "/tmp/lamina_test_mtp_m_%d.gguf", (int)getpid());
@@ -369,6 +400,7 @@ int main(void) {
     TEST_RUN(test_head_moe);
     TEST_RUN(test_rewrite);
     TEST_RUN(test_trunk_and_refusal);
+    TEST_RUN(test_engine_refusals);
     unlink(path_dense), unlink(path_moe), unlink(path_plain);
     return TEST_DONE();
 }

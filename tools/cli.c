@@ -211,8 +211,9 @@ int snapshots_flag(args *a) {
 int need_spec(args *a) {
     const char *v = need_val(a);
     if (!strcmp(v, "ngram")) return LM_SPEC_NGRAM;
+    if (!strcmp(v, "mtp")) return LM_SPEC_MTP;
     if (!strcmp(v, "none") || !strcmp(v, "off")) return LM_SPEC_NONE;
-    die_usage(a, "unknown speculative proposer '%s' (ngram or none)", v);
+    die_usage(a, "unknown speculative proposer '%s' (ngram, mtp or none)", v);
     return LM_SPEC_NONE;
 }
 
@@ -234,8 +235,8 @@ bool spec_opts_flag(args *a, spec_opts *o) {
 }
 
 void spec_opts_apply(args *a, spec_opts *o, lm_engine_config *ec) {
-    if (o->draft_path && o->spec == LM_SPEC_NGRAM)
-        die_usage(a, "%s", "--spec ngram and --draft-model exclude each other");
+    if (o->draft_path && (o->spec == LM_SPEC_NGRAM || o->spec == LM_SPEC_MTP))
+        die_usage(a, "%s", "--spec and --draft-model exclude each other");
     if (o->max == 0) o->max = o->draft_path ? 3 : 4;
     if (o->min > o->max) die_usage(a, "%s", "--draft-min is above --draft-max");
     if (o->draft_path && cli_tp_size * cli_pp_size > 1)
@@ -244,7 +245,7 @@ void spec_opts_apply(args *a, spec_opts *o, lm_engine_config *ec) {
     if (o->draft_path) o->draft = load_or_die(a->cmd, o->draft_path);
     /* every field set: the struct is whole (sizeof), as lm_spec_config_default would make it */
     o->cfg = (lm_spec_config){.size = sizeof o->cfg,
-                              .proposer = kind == LM_SPEC_DRAFT ? LM_SPEC_DRAFT : LM_SPEC_NGRAM,
+                              .proposer = kind == LM_SPEC_DRAFT || kind == LM_SPEC_MTP ? kind : LM_SPEC_NGRAM,
                               .max = o->max,
                               .draft_model = o->draft,
                               .min = o->min,
