@@ -589,6 +589,8 @@ static int head_block(pass *p, float *logits, char *err, size_t errlen) {
     const lm_hparams *hp = &f->m->hp;
     const int E = hp->n_embd;
     int rows = 0;
+    for (int t = 0; f->hid && t < p->n; t++) /* every row's normed state, for the MTP head */
+        ops_rmsnorm(f->hid + (size_t)t * E, f->x + (size_t)t * E, f->m->out_norm, E, hp->norm_eps);
     for (int g = 0; g < p->n_seg; g++)
         for (int i = p->segs[g].n - p->segs[g].n_logits; i < p->segs[g].n; i++, rows++) {
             int t = f->seg_row0[g] + i;

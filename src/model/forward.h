@@ -107,6 +107,9 @@ typedef struct lm_fwd {
     double prof_gap[LM_PROF_COUNT];  /* of prof[]: the pool's dispatch time (pool_timing, when enabled) */
     double prof_gap_mark;            /* pool_timing wait_s at the last profile mark */
     const struct fwd_head_sel *head; /* NULL: the whole LM head; else logits over a subset (below) */
+    float *hid; /* (n_batch, n_embd) not owned, NULL (default): none. When set, a pass that runs the
+                   model's end writes every row's state after the final norm here, in batch order
+                   (the next-token-prediction head's input, mtp.h) */
 } lm_fwd;
 
 /* A workspace for passes of up to d->n_batch tokens over sequences of kv
