@@ -20,7 +20,12 @@
  * one-token pass, a (k+1)-token pass at the same depth and one MTP row, with
  * the decode speed they imply (tokens per step / (verify pass + its draft
  * rows)) beside the plain one-token speed. Times are medians.
+ *
+ * -D instead prints, for every L from the prompt's end, the chain of k
+ * drafts the head makes after tokens[0 .. L] (each with its logit and top-2
+ * margin), to compare with another engine's MTP drafts on the same file.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,12 +73,14 @@ int main(int argc, char **argv) {
     const char *path = NULL, *prompt = "The quick brown fox jumps over the lazy dog. The quick brown fox";
     char *file_text = NULL;
     int n_gen = 96, k = 3, threads = 2;
+    bool dump = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-m") && i + 1 < argc) path = argv[++i];
         else if (!strcmp(argv[i], "-p") && i + 1 < argc) prompt = argv[++i];
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) n_gen = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-k") && i + 1 < argc) k = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-t") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-D")) dump = true;
         else if (!strcmp(argv[i], "-f") && i + 1 < argc) {
             FILE *f = fopen(argv[++i], "rb");
             if (!f) die("cannot open the prompt file");
@@ -93,14 +100,14 @@ int main(int argc, char **argv) {
     if (!m->tok) die("the model has no tokenizer");
     lm_pool *pool = pool_new(threads);
     const int E = m->hp.n_embd, V = m->hp.n_vocab, n_batch = 512;
-    int np = tok_encode(m->tok, prompt, strlen(prompt), true, false, NULL, 0);
+    int np = tok_encode(m->tok, prompt, strlen(prompt), tok_add_bos(m->tok), false, NULL, 0);
     if (np < 2 || np > n_batch) die("the prompt must encode to 2 .. 512 tokens");
     const int n_ctx = np + n_gen + k + 2;
     int32_t *toks = malloc((size_t)n_ctx * sizeof *toks);
     float *H = calloc((size_t)n_ctx * E, sizeof *H), *hid = malloc((size_t)n_batch * E * sizeof *hid);
     float *lg = malloc((size_t)V * sizeof *lg), *h1 = malloc((size_t)E * sizeof *h1), *zero = calloc((size_t)E, 4);
     double *ts = malloc((size_t)(n_gen + 64) * sizeof *ts);
-    tok_encode(m->tok, prompt, strlen(prompt), true, false, toks, np);
+    tok_encode(m->tok, prompt, strlen(prompt), tok_add_bos(m->tok), false, toks, np);
     lm_seqrun *r = seqrun_new(m, pool, n_ctx, n_batch, LM_KV_F16, err, sizeof err);
     mtp_head *c = mtp_new(m, pool, n_ctx, NULL, err, sizeof err);
     if (!r || !c) die(err);
@@ -131,6 +138,31 @@ int main(int argc, char **argv) {
         ts[i] = lm_now() - t0;
     }
     double t_verify = median(ts, reps);
+    if (dump) { /* every L: catch up to L, then the chain */
+        printf("tokens:");
+        for (int i = 0; i <= n; i++) printf(" %d", toks[i]);
+        printf("\n");
+        for (int L = np, filled = 0; L < n; L++, filled = L) {
+            for (; filled < L; filled++)
+                if (mtp_run(c, filled ? H + (size_t)(filled - 1) * E : zero, toks + filled, 1, filled, NULL, NULL, err,
+                            sizeof err))
+                    die(err);
+            const float *h = H + (size_t)(L - 1) * E;
+            int32_t t = toks[L];
+            printf("L %d drafts:", L);
+            for (int j = 0; j < k; j++) {
+                if (mtp_run(c, h, &t, 1, L + j, lg, h1, err, sizeof err)) die(err);
+                t = argmax(lg, V);
+                float second = -INFINITY;
+                for (int i = 0; i < V; i++)
+                    if (i != t && lg[i] > second) second = lg[i];
+                printf(" %d(%.4f,m%.4f)", t, lg[t], lg[t] - second);
+                h = h1;
+            }
+            printf("\n");
+        }
+        return 0;
+    }
     /* replay: MTP */
     tally tm = {0}, tn = {0};
     int filled = 0, nd = 0;

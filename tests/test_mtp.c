@@ -13,6 +13,9 @@
  * the greedy draft equal to the reference's argmax wherever the
  * reference's top-2 margin exceeds 1e-3.
  *
+ * llama.cpp's own MTP drafts on an F16 file are recorded in
+ * tests/data/qwen35/mtp_drafts.txt (test_llama_drafts states its bounds).
+ *
  * Covered: a catch-up run of rows with given hidden states, then a chain
  * of drafts each fed the head's own h' and argmax (as the proposer runs
  * it); rewriting positions after a rejected draft gives a fresh head's
@@ -360,6 +363,94 @@ static void test_trunk_and_refusal(void) {
     model_free(a), model_free(b);
 }
 
+/* llama.cpp's MTP drafts on the same file (tests/data/qwen35/mtp_drafts.txt):
+ * the trunk over the recorded tokens gives every position's state, then for
+ * each L the head catches up and chains 3 drafts. A draft must be
+ * llama.cpp's where llama.cpp's top-2 margin exceeds 0.02 (below, F16
+ * rounding may pick the other token, and the rest of that chain is not
+ * compared), and its logit within 0.02 of llama.cpp's. */
+static void test_llama_drafts(void) {
+    const char *bin = getenv("LAMINA_BIN") ? getenv("LAMINA_BIN") : "build/lamina";
+    char cmd[512], path[128], err[LM_ERRLEN], line[4096];
+    snprintf(path, sizeof path, "/tmp/lamina_test_mtp_f_%d.gguf", (int)getpid());
+    snprintf(cmd, sizeof cmd,
+             "%s mkmodel --preset qwen35-small --type F16 --mtp 1 --vocab-from "
+             "tests/data/vocab/ggml-vocab-gpt-2.gguf -t 2 -o %s 2>/dev/null",
+             bin, path);
+    CHECK(system(cmd) == 0);
+    FILE *f = fopen("tests/data/qwen35/mtp_drafts.txt", "r");
+    CHECK(f);
+    int32_t toks[128];
+    int n_tok = 0, L0 = -1, nL = 0, dt[64][3];
+    float dl[64][3], dm[64][3];
+    while (fgets(line, sizeof line, f)) {
+        char *p;
+        if (!strncmp(line, "tokens:", 7))
+            for (p = line + 7; n_tok < 128;) {
+                char *end;
+                long v = strtol(p, &end, 10);
+                if (end == p) break;
+                toks[n_tok++] = (int32_t)v, p = end;
+            }
+        int L, off;
+        if (sscanf(line, "L %d drafts:%n", &L, &off) == 1 && nL < 64) {
+            if (L0 < 0) L0 = L;
+            CHECK(L == L0 + nL);
+            p = line + off;
+            for (int j = 0; j < 3; j++) {
+                int used;
+                CHECK(sscanf(p, " %d(%f,m%f)%n", &dt[nL][j], &dl[nL][j], &dm[nL][j], &used) == 3);
+                p += used;
+            }
+            nL++;
+        }
+    }
+    fclose(f);
+    CHECK(n_tok > L0 + nL && L0 > 0 && nL >= 16);
+    lm_model *m = model_load(path, err, sizeof err);
+    unlink(path);
+    CHECKF(m, "%s", err);
+    lm_pool *pool = pool_new(2);
+    const int E = m->hp.n_embd, V = m->hp.n_vocab;
+    lm_seqrun *r = seqrun_new(m, pool, 128, 128, LM_KV_F16, err, sizeof err);
+    mtp_head *c = mtp_new(m, pool, 128, NULL, err, sizeof err);
+    CHECKF(r && c, "%s", err);
+    float *H = malloc((size_t)128 * E * sizeof *H), *lg = malloc((size_t)V * sizeof *lg);
+    float *h1 = malloc((size_t)E * sizeof *h1), *zero = calloc((size_t)E, sizeof *zero);
+    r->fwd->hid = H;
+    CHECK(!seqrun_forward(r, toks, n_tok - 1, NULL, false, err, sizeof err));
+    int compared = 0, filled = 0;
+    double worst = 0;
+    for (int i = 0; i < nL; i++) {
+        int L = L0 + i;
+        for (; filled < L; filled++)
+            CHECK(!mtp_run(c, filled ? H + (size_t)(filled - 1) * E : zero, toks + filled, 1, filled, NULL, NULL, err,
+                           sizeof err));
+        const float *h = H + (size_t)(L - 1) * E;
+        int32_t t = toks[L];
+        for (int j = 0; j < 3; j++) {
+            CHECK(!mtp_run(c, h, &t, 1, L + j, lg, h1, err, sizeof err));
+            t = mtp_argmax(lg, V);
+            if (t != dt[i][j]) {
+                CHECKF(dm[i][j] <= 0.02f, "L %d draft %d: %d, llama.cpp %d (margin %g)", L, j, t, dt[i][j], dm[i][j]);
+                break;
+            }
+            worst = fmax(worst, fabs(lg[t] - dl[i][j]));
+            compared++;
+            h = h1;
+        }
+        filled = L + 1;
+    }
+    fprintf(stderr, "  %d of %d drafts equal llama.cpp's, worst logit difference %.4f\n", compared, 3 * nL, worst);
+    CHECK(worst < 0.02);
+    CHECK(compared >= 3 * nL * 9 / 10);
+    free(H), free(lg), free(h1), free(zero);
+    mtp_free(c);
+    seqrun_free(r);
+    pool_free(pool);
+    model_free(m);
+}
+
 /* The engine's configuration: --spec mtp on a file without the layer is
  * refused by name; with it, refused while hybrids do not speculate. */
 static void test_engine_refusals(void) {
@@ -401,6 +492,7 @@ int main(void) {
     TEST_RUN(test_rewrite);
     TEST_RUN(test_trunk_and_refusal);
     TEST_RUN(test_engine_refusals);
+    TEST_RUN(test_llama_drafts);
     unlink(path_dense), unlink(path_moe), unlink(path_plain);
     return TEST_DONE();
 }

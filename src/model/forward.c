@@ -672,6 +672,7 @@ int fwd_pass(lm_fwd *f, const fwd_span *span, const int32_t *tokens, int n, cons
         }
         if (attn_block(&p, l, li, err, errlen) || ffn_block(&p, l, err, errlen)) return -1;
     }
-    if (!logits || !span->head) return 0; /* a pipeline stage before the last: x goes on (pp.c) */
+    /* a pipeline stage before the last: x goes on (pp.c); no logits and no states wanted: done */
+    if (!span->head || (!logits && !f->hid)) return 0;
     return head_block(&p, logits, err, errlen);
 }
