@@ -22,8 +22,7 @@
  * bits; the trunk of a file with the layer equals the file without it (bit
  * for bit, n_layer excludes the MTP block); refusals: a file without the
  * layer, positions past the cache, tokens out of range; the engine's
- * configuration with LM_SPEC_MTP (refused without the layer, and, while the
- * engine does not speculate on hybrid models, with it).
+ * configuration with LM_SPEC_MTP (refused without the layer).
  */
 #include <math.h>
 #include <stdio.h>
@@ -452,7 +451,7 @@ static void test_llama_drafts(void) {
 }
 
 /* The engine's configuration: --spec mtp on a file without the layer is
- * refused by name; with it, refused while hybrids do not speculate. */
+ * refused by name; with it, taken. */
 static void test_engine_refusals(void) {
     char err[LM_ERRLEN];
     lm_model *a = model_load(path_dense, err, sizeof err), *b = model_load(path_plain, err, sizeof err);
@@ -471,8 +470,8 @@ static void test_engine_refusals(void) {
     CHECK(engine_resolve_config(b, &c2, &out, &d, err, sizeof err) == -1);
     CHECKF(strstr(err, "needs a model with an MTP layer") && strstr(err, "qwen35 model has none"), "%s", err);
     c2 = c;
-    CHECK(engine_resolve_config(a, &c2, &out, &d, err, sizeof err) == -1);
-    CHECKF(strstr(err, "not available yet"), "%s", err);
+    CHECKF(engine_resolve_config(a, &c2, &out, &d, err, sizeof err) == 0 && c2.spec && c2.spec->proposer == LM_SPEC_MTP,
+           "%s", err);
     c2 = c, sc.proposer = LM_SPEC_NGRAM; /* prompt lookup on the same file: accepted (off on a hybrid) */
     CHECKF(engine_resolve_config(a, &c2, &out, &d, err, sizeof err) == 0, "%s", err);
     model_free(a), model_free(b);

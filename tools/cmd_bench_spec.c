@@ -32,7 +32,8 @@ static void usage_bench_spec(FILE *f) {
         "                         [--draft-model DRAFT.gguf [--draft-min N] [--draft-p-min P] [--draft-cost P] [--draft-vocab N]]\n"
         "Generate greedily from the prompt with speculative decoding off and on, alternately,\n"
         "and print decode speed, acceptance and whether the outputs agree. The proposer is\n"
-        "prompt lookup, or the draft model given.\n\n"
+        "prompt lookup, --spec mtp (the model's next-token-prediction layer), or the draft\n"
+        "model given.\n\n"
         "  -f FILE         the prompt (a copy-heavy one shows the gain)\n"
         "  -n N            tokens to generate (default 128)\n"
         "  -r N            repetitions of each (default 3)\n"
@@ -113,8 +114,10 @@ int cmd_bench_spec(int argc, char **argv) {
         else if (is_flag(&a, "-r", "--repetitions")) reps = need_int(&a, 1, 100);
         else if (is_flag(&a, "-t", "--threads")) threads = need_int(&a, 1, 1024);
         else if (is_flag(&a, "-c", "--ctx-size")) n_ctx = need_int(&a, 1, 1 << 24);
-        else if (is_flag(&a, "--spec", NULL)) die_usage(&a, "%s", "the proposer is ngram, or --draft-model");
-        else if (spec_opts_flag(&a, &so)) continue;
+        else if (is_flag(&a, "--spec", NULL)) {
+            if ((so.spec = need_spec(&a)) == LM_SPEC_NONE)
+                die_usage(&a, "%s", "the proposer is ngram (default), mtp, or --draft-model");
+        } else if (spec_opts_flag(&a, &so)) continue;
         else if (is_flag(&a, "--ctx-extend", NULL)) ctx_extend = true;
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
@@ -153,7 +156,10 @@ int cmd_bench_spec(int argc, char **argv) {
     pthread_mutex_init(&on.mu, NULL), pthread_cond_init(&on.cv, NULL);
     bool same = true;
     printf("prompt %d tokens, %lld generated, %lld threads, proposer %s, draft-max %d\n", n_tok, n_gen, threads,
-           so.draft_path ? so.draft_path : "ngram", so.max);
+           so.draft_path                ? so.draft_path
+               : so.spec == LM_SPEC_MTP ? "mtp"
+                                        : "ngram",
+           so.max);
     printf("kernels: %s\n", kernels_isa_name());
     engine_spec_prices_t est;
     engine_spec_prices(e, &est);

@@ -59,7 +59,7 @@ static void usage_serve(FILE *f) {
         "      --spec ngram       speculative decoding by prompt lookup, on for every request unless\n"
         "                         it sends \"speculative\": false or \"draft_max\": 0\n"
         "      --spec mtp         the model's next-token-prediction layer guesses (qwen35 files with\n"
-        "                         one; refused by name without; not yet run on hybrid models)\n"
+        "                         one; refused by name without)\n"
         "      --draft-model FILE speculative decoding by a draft model with the same tokenizer, on\n"
         "                         for every request in the same way\n"
         "      --draft-max K      tokens proposed per step at most (default 4, 3 with --draft-model;\n"

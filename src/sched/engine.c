@@ -671,6 +671,7 @@ static void spec_verify(lm_engine *e, eseq *c, float *rows) {
     if (c->state != CH_DONE) {
         spec_policy_observe(&e->pol, &c->ctl, nd, acc);
         spec_prop_observe(e->prop, &c->ps, c->tokens, c->n_tokens, nd, acc);
+        engine_mtp_feed(e, c);
         char err[LM_ERRLEN];
         if (kv_truncate(e->kv, c->kv, c->n_computed, err, sizeof err) != KV_OK ||
             engine_state_rollback(e, c, err, sizeof err) != 0)
@@ -1046,6 +1047,7 @@ static bool step(lm_engine *e) {
             continue;
         }
         c->n_computed += e->segs[g].n;
+        engine_mtp_feed(e, c);
         if (e->cfg.prefix_cache && c->n_gen == 0) {
             kv_prefix_commit(e->kv, c->kv, c->tokens, c->n_computed, c->req->p.cache_salt);
             engine_state_save(e, c);
@@ -1271,6 +1273,9 @@ static int spec_setup(lm_engine *e, const kv_config *dkc, char *err, size_t errl
         e->prop = spec_prop_draft(sc->draft_model, e->pool, dkc, e->n_ctx, c->batch_tokens, c->max_seqs,
                                   sc->draft_vocab, sc->min, sc->p_min, err, errlen);
         if (!e->prop) return -1;
+    } else if (sc->proposer == LM_SPEC_MTP) {
+        if (!(e->prop = spec_prop_mtp(e->m, e->pool, e->n_ctx, c->batch_tokens, c->max_seqs, err, errlen))) return -1;
+        e->fwd->hid = spec_prop_hid(e->prop);
     } else if (!(e->prop = spec_prop_ngram())) {
         return lm_err(err, errlen, "out of memory");
     }

@@ -313,6 +313,14 @@ int engine_state_reserve(lm_engine *e, eseq *c, int n);
  * checkpoints. 0, or -1 with a message. */
 int engine_state_rollback(lm_engine *e, eseq *c, char *err, size_t errlen);
 
+/* ---- engine_mtp.c: the target's states for the MTP proposer ------------- */
+
+/* After this iteration's pass: hand the proposer c's settled positions of
+ * its segment (segment start .. c->n_computed) with their rows of the
+ * pass's states (lm_fwd.hid). No-op when the proposer wants none or c has
+ * no segment in the batch. */
+void engine_mtp_feed(lm_engine *e, eseq *c);
+
 /* ---- engine_mem.c: the configuration and the memory plan ---------------- */
 
 /* Defaults and bounds of configuration c (resolved in place; its

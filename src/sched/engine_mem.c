@@ -67,12 +67,10 @@ int engine_resolve_config(const lm_model *m, lm_engine_config *c, lm_spec_config
                       "speculation by next-token prediction needs a model with an MTP layer (qwen35 or qwen35moe "
                       "with nextn_predict_layers); this %s model has none",
                       model_arch_name(m->hp.arch));
-    /* every model with an MTP layer is a hybrid, and the engine cannot yet
-     * roll a hybrid's recurrent state back after a rejected guess */
-    if (spec->proposer == LM_SPEC_MTP)
+    if (spec->proposer == LM_SPEC_MTP && (m->tp.size > 1 || m->pp.size > 1))
         return lm_err(err, errlen,
-                      "speculation by next-token prediction is not available yet: the engine does not speculate on "
-                      "hybrid models (recurrent-state rollback)");
+                      "speculation by next-token prediction does not run under tensor or pipeline "
+                      "parallelism");
     if (spec->proposer == LM_SPEC_DRAFT) {
         if (!spec->draft_model) return lm_err(err, errlen, "speculation by a draft model needs the draft model");
         char verr[LM_ERRLEN];

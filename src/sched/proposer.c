@@ -152,6 +152,10 @@ void spec_prop_observe(spec_proposer *p, spec_pseq *s, const int32_t *toks, int 
     if (p->ops->observe) p->ops->observe(p, s, toks, n_toks, proposed, accepted);
 }
 
+void spec_prop_hidden(spec_proposer *p, spec_pseq *s, const int32_t *toks, int pos0, const float *h, int n) {
+    if (p->ops->hidden) p->ops->hidden(p, s, toks, pos0, h, n);
+}
+
 void spec_prop_free(spec_proposer *p) {
     if (p) p->ops->free(p);
 }

@@ -27,6 +27,14 @@
  * runs a model with recurrent layers of its own (a hybrid draft) would have
  * to roll that state back itself; the draft model refuses one.
  *
+ * The next-token-prediction head (proposer_mtp.c, LM_SPEC_MTP) guesses from
+ * the target's own states: the engine hands every segment's rows of states
+ * after the final norm (lm_fwd.hid, which spec_prop_hid gives it) to
+ * spec_prop_hidden once the segment's positions are settled (after a
+ * verification, only the verified ones). The head catches up on them at
+ * once, so at a wish it chains its drafts from the last state. A free
+ * proposer (early): its rows are not priced by the policy.
+ *
  * Bounds. A job's k is at most the sequence's guess capacity (its spec_k);
  * at most max_seqs jobs a call.
  */
@@ -47,8 +55,9 @@ typedef struct spec_proposer spec_proposer;
 typedef struct {
     int32_t *guess; /* (cap) the last proposal */
     int cap;
-    int base;     /* the guesses follow tokens[0 .. base) */
-    draft_seq ds; /* a draft model's state */
+    int base;             /* the guesses follow tokens[0 .. base) */
+    draft_seq ds;         /* a draft model's state */
+    struct mtp_slot *mtp; /* the MTP head's state while running (proposer_mtp.c), else NULL */
 } spec_pseq;
 
 /* One sequence's proposal this step. */
@@ -75,6 +84,8 @@ typedef struct {
     void (*propose)(spec_proposer *p, spec_job *jobs, int n_jobs);
     void (*observe)(spec_proposer *p, spec_pseq *s, const int32_t *toks, int n_toks, int proposed, int accepted);
     void (*free)(spec_proposer *p);
+    /* the target's states for positions pos0 .. pos0 + n - 1 of toks (NULL: not wanted) */
+    void (*hidden)(spec_proposer *p, spec_pseq *s, const int32_t *toks, int pos0, const float *h, int n);
 } spec_proposer_ops;
 
 struct spec_proposer {
@@ -84,6 +95,7 @@ struct spec_proposer {
     float p_min;
     draft_job *jobs; /* (max_seqs) */
     int max_seqs;
+    struct mtp_prop *mtp; /* the MTP head's slots (NULL: another proposer) */
 };
 
 /* Prompt lookup. NULL when out of memory. */
@@ -92,6 +104,17 @@ spec_proposer *spec_prop_ngram(void);
  * NULL with a message. */
 spec_proposer *spec_prop_draft(const lm_model *dm, lm_pool *pool, const kv_config *kc, int n_ctx, int n_batch,
                                int max_seqs, int vocab, int min, float p_min, char *err, size_t errlen);
+
+/* The MTP head (m->mtp): max_seqs slots of n_ctx positions, products over
+ * pool; rows of n_batch states for lm_fwd.hid. NULL with a message. */
+spec_proposer *spec_prop_mtp(const lm_model *m, lm_pool *pool, int n_ctx, int n_batch, int max_seqs, char *err,
+                             size_t errlen);
+/* The buffer the target's pass writes its states into (lm_fwd.hid), or NULL
+ * when the proposer wants none. */
+float *spec_prop_hid(const spec_proposer *p);
+/* States of s's positions pos0 .. pos0 + n - 1 (h: (n, n_embd)), toks the
+ * sequence's tokens; no-op for proposers that want none. */
+void spec_prop_hidden(spec_proposer *p, spec_pseq *s, const int32_t *toks, int pos0, const float *h, int n);
 
 bool spec_prop_early(const spec_proposer *p);
 /* The draft model's runner (its pool's checks and sizes), or NULL. */
