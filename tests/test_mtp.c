@@ -36,6 +36,7 @@
 #include "model/ops.h"
 #include "sched/engine.h"
 #include "sched/engine_int.h"
+#include "sched/proposer.h"
 #include "base/pool.h"
 #include "base/util.h"
 #include "test.h"
@@ -368,6 +369,117 @@ static void test_trunk_and_refusal(void) {
  * llama.cpp's where llama.cpp's top-2 margin exceeds 0.02 (below, F16
  * rounding may pick the other token, and the rest of that chain is not
  * compared), and its logit within 0.02 of llama.cpp's. */
+/* llama.cpp's recorded drafts: tokens (n_tok), and per L from L0 (nL of
+ * them) 3 drafts with logits and margins. 0, or -1. */
+typedef struct {
+    int32_t toks[128];
+    int n_tok, L0, nL, dt[64][3];
+    float dl[64][3], dm[64][3];
+} drafts_facts;
+
+static int read_facts(drafts_facts *F) {
+    char line[4096];
+    FILE *f = fopen("tests/data/qwen35/mtp_drafts.txt", "r");
+    if (!f) return -1;
+    F->n_tok = 0, F->L0 = -1, F->nL = 0;
+    while (fgets(line, sizeof line, f)) {
+        char *p;
+        if (!strncmp(line, "tokens:", 7))
+            for (p = line + 7; F->n_tok < 128;) {
+                char *end;
+                long v = strtol(p, &end, 10);
+                if (end == p) break;
+                F->toks[F->n_tok++] = (int32_t)v, p = end;
+            }
+        int L, off;
+        if (sscanf(line, "L %d drafts:%n", &L, &off) == 1 && F->nL < 64) {
+            if (F->L0 < 0) F->L0 = L;
+            if (L != F->L0 + F->nL) break;
+            p = line + off;
+            for (int j = 0; j < 3; j++) {
+                int used;
+                if (sscanf(p, " %d(%f,m%f)%n", &F->dt[F->nL][j], &F->dl[F->nL][j], &F->dm[F->nL][j], &used) != 3) {
+                    fclose(f);
+                    return -1;
+                }
+                p += used;
+            }
+            F->nL++;
+        }
+    }
+    fclose(f);
+    return F->n_tok > F->L0 + F->nL && F->L0 > 0 && F->nL >= 16 ? 0 : -1;
+}
+
+static int mk_f16(char *path, size_t n) {
+    const char *bin = getenv("LAMINA_BIN") ? getenv("LAMINA_BIN") : "build/lamina";
+    char cmd[512];
+    snprintf(path, n, "/tmp/lamina_test_mtp_f_%d.gguf", (int)getpid());
+    snprintf(cmd, sizeof cmd,
+             "%s mkmodel --preset qwen35-small --type F16 --mtp 1 --vocab-from "
+             "tests/data/vocab/ggml-vocab-gpt-2.gguf -t 2 -o %s 2>/dev/null",
+             bin, path);
+    return system(cmd);
+}
+
+/* The proposer (sched/proposer.h, LM_SPEC_MTP) run as the engine runs it:
+ * the model's states handed over segment by segment (the prompt, then one
+ * or two tokens at a time), a wish of 3 at each position it has caught up
+ * to; its guesses are llama.cpp's drafts under test_llama_drafts's rule. A
+ * segment that skips positions leaves it behind: it proposes nothing. */
+static void test_proposer_drafts(void) {
+    char path[128], err[LM_ERRLEN];
+    static drafts_facts F;
+    CHECK(read_facts(&F) == 0);
+    CHECK(mk_f16(path, sizeof path) == 0);
+    lm_model *m = model_load(path, err, sizeof err);
+    unlink(path);
+    CHECKF(m, "%s", err);
+    lm_pool *pool = pool_new(2);
+    spec_proposer *p = spec_prop_mtp(m, pool, 128, 128, 2, err, sizeof err);
+    lm_seqrun *r = seqrun_new(m, pool, 128, 128, LM_KV_F16, err, sizeof err);
+    CHECKF(p && r && spec_prop_hid(p), "%s", err);
+    r->fwd->hid = spec_prop_hid(p);
+    spec_pseq s;
+    CHECK(spec_pseq_init(p, &s, 3, NULL, NULL, NULL, 0) == 0);
+    float *lg = malloc((size_t)m->hp.n_vocab * sizeof *lg);
+    CHECK(!seqrun_forward(r, F.toks, F.L0, lg, false, err, sizeof err));
+    spec_prop_hidden(p, &s, F.toks, 0, spec_prop_hid(p), F.L0);
+    int compared = 0, proposals = 0;
+    for (int L = F.L0; L < F.L0 + F.nL;) {
+        spec_job j = {.s = &s, .toks = F.toks, .n_toks = L + 1, .k = 3};
+        spec_prop_propose(p, &j, 1);
+        CHECK(j.n_out == 3);
+        proposals++;
+        const int i = L - F.L0;
+        for (int d = 0; d < 3; d++) {
+            if (s.guess[d] != F.dt[i][d]) {
+                CHECKF(F.dm[i][d] <= 0.02f, "L %d draft %d: %d, llama.cpp %d", L, d, s.guess[d], F.dt[i][d]);
+                break;
+            }
+            compared++;
+        }
+        int step = (L % 3 == 2 && L + 2 <= F.L0 + F.nL) ? 2 : 1; /* a verified pending token and one guess */
+        CHECK(!seqrun_forward(r, F.toks + L, step, lg, false, err, sizeof err));
+        spec_prop_hidden(p, &s, F.toks, L, spec_prop_hid(p), step);
+        L += step;
+    }
+    fprintf(stderr, "  proposer: %d proposals, %d drafts equal llama.cpp's\n", proposals, compared);
+    CHECK(compared >= proposals * 3 * 9 / 10);
+    /* a segment that skips positions: nothing proposed until position 0 comes again */
+    spec_prop_hidden(p, &s, F.toks, F.L0 + F.nL + 1, spec_prop_hid(p), 1);
+    spec_job j = {.s = &s, .toks = F.toks, .n_toks = F.L0 + F.nL + 3, .k = 3};
+    spec_prop_propose(p, &j, 1);
+    CHECK(j.n_out == 0);
+    spec_prop_release(p, &s);
+    spec_pseq_free(&s);
+    free(lg);
+    seqrun_free(r);
+    spec_prop_free(p);
+    pool_free(pool);
+    model_free(m);
+}
+
 static void test_llama_drafts(void) {
     const char *bin = getenv("LAMINA_BIN") ? getenv("LAMINA_BIN") : "build/lamina";
     char cmd[512], path[128], err[LM_ERRLEN], line[4096];
@@ -492,6 +604,7 @@ int main(void) {
     TEST_RUN(test_trunk_and_refusal);
     TEST_RUN(test_engine_refusals);
     TEST_RUN(test_llama_drafts);
+    TEST_RUN(test_proposer_drafts);
     unlink(path_dense), unlink(path_moe), unlink(path_plain);
     return TEST_DONE();
 }
