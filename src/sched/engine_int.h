@@ -3,7 +3,8 @@
  * the engine (engine.c: requests, the iteration, lifetime; engine_grammar.c:
  * the grammar cache and masking; engine_mem.c: the configuration's
  * defaults and the memory plan; engine_fair.c: clients' tags and the fair
- * share of the slots; engine_state.c: hybrid models' recurrent state). Nothing outside src/sched/engine*.c
+ * share of the slots; engine_state.c: hybrid models' recurrent state;
+ * engine_mtp.c: the model's states for the MTP proposer). Nothing outside src/sched/engine*.c
  * includes it; everyone else sees the opaque handles of engine.h. The
  * speculation policy (spec_sched.h) and the proposers (proposer.h) are
  * objects the engine holds; they do not see these.
