@@ -19,11 +19,13 @@
  * A segment that does not start where the head stopped (a fork that took
  * its prompt from another choice, a prefix-cache hit) leaves the head
  * behind: it proposes nothing until the sequence starts again from
- * position 0 (after a preemption). The slots (max_seqs of them) are made
- * once, at the start; a sequence takes one at its first segment from
- * position 0 and gives it back when it leaves the running set. Their
- * memory (2 x n_ctx x kv_dim floats each) is not in the engine's --mem
- * plan.
+ * position 0 (after a preemption). There are max_seqs slots; a sequence
+ * takes a free one at its first segment from position 0 and gives it back
+ * when it leaves the running set. A slot's head (its cache: 2 x n_ctx x
+ * kv_dim floats) is made the first time the slot is taken and kept, so at
+ * most max_seqs are ever made, as many as sequences ran at once; a head
+ * that cannot be made leaves the sequence without guesses. That memory is
+ * not in the engine's --mem plan.
  */
 #include <string.h>
 
@@ -41,6 +43,7 @@ struct mtp_slot {
 
 struct mtp_prop {
     const lm_model *m;
+    lm_pool *pool;          /* not owned */
     struct mtp_slot *slots; /* (max_seqs) */
     int n_slots, n_ctx;
     float *hid;    /* (n_batch, n_embd) the target pass's states (lm_fwd.hid) */
@@ -57,8 +60,12 @@ static void mtp_hidden(spec_proposer *p, spec_pseq *s, const int32_t *toks, int 
     struct mtp_prop *mp = p->mtp;
     const int E = mp->m->hp.n_embd;
     if (!s->mtp && pos0 == 0)
-        for (int i = 0; i < mp->n_slots && !s->mtp; i++)
-            if (!mp->slots[i].used) s->mtp = &mp->slots[i], s->mtp->used = true;
+        for (int i = 0; i < mp->n_slots && !s->mtp; i++) {
+            struct mtp_slot *f = &mp->slots[i];
+            if (f->used) continue;
+            if (!f->head && !(f->head = mtp_new(mp->m, mp->pool, mp->n_ctx, NULL, NULL, 0))) return;
+            s->mtp = f, f->used = true;
+        }
     struct mtp_slot *t = s->mtp;
     if (!t || n <= 0) return;
     if (pos0 == 0) {
@@ -138,6 +145,7 @@ spec_proposer *spec_prop_mtp(const lm_model *m, lm_pool *pool, int n_ctx, int n_
     p->ops = &mtp_ops;
     p->mtp = mp;
     mp->m = m;
+    mp->pool = pool;
     mp->n_slots = max_seqs;
     mp->n_ctx = n_ctx;
     const size_t E = (size_t)m->hp.n_embd;
@@ -149,14 +157,18 @@ spec_proposer *spec_prop_mtp(const lm_model *m, lm_pool *pool, int n_ctx, int n_
         lm_err(err, errlen, "out of memory");
         return NULL;
     }
+    /* the first slot's head now: a model the head cannot run is refused at the start */
+    if (!(mp->slots[0].head = mtp_new(m, pool, n_ctx, NULL, err, errlen))) {
+        mtp_destroy(p);
+        return NULL;
+    }
     for (int i = 0; i < max_seqs; i++) {
         struct mtp_slot *t = &mp->slots[i];
-        t->head = mtp_new(m, pool, n_ctx, NULL, err, errlen);
         t->last = lm_calloc(E, sizeof *t->last);
         t->hout = lm_malloc(E * sizeof *t->hout);
-        if (!t->head || !t->last || !t->hout) {
-            if (t->head) lm_err(err, errlen, "out of memory");
+        if (!t->last || !t->hout) {
             mtp_destroy(p);
+            lm_err(err, errlen, "out of memory");
             return NULL;
         }
     }
