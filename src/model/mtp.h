@@ -38,9 +38,10 @@
 typedef struct mtp_head mtp_head;
 
 /* A head over m's MTP layer with a cache of n_ctx positions, products over
- * pool (not owned; may be NULL for one thread). NULL with a message when m
- * has no MTP layer (LM_ERR_UNSUPPORTED in *status when not NULL), the model
- * is sharded, its RoPE scaling is not linear, or memory runs out. */
+ * pool (not owned, required). NULL with a message when m has no MTP layer
+ * (LM_ERR_UNSUPPORTED in *status when not NULL), the model is sharded or
+ * its RoPE scaling is not linear (also LM_ERR_UNSUPPORTED), n_ctx < 1 or no
+ * pool (LM_ERR_INVALID), or memory runs out (LM_ERR_NOMEM). */
 mtp_head *mtp_new(const lm_model *m, lm_pool *pool, int n_ctx, lm_status *status, char *err, size_t errlen);
 void mtp_free(mtp_head *c);
 /* Positions the cache holds. */
