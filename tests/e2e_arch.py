@@ -5,8 +5,9 @@ through main() below). The reference facts, and how they were made, are in
 tests/data/<arch>/ and tests/data/arch_README.md.
 
 For each architecture and weight type (F16, and Q8_0 as the quantized type;
-the hybrid ones, qwen35 and qwen35moe, included; those two also at Q4_K, a
-K-quant, with wider tolerances: TOL's comment says why):
+the hybrid ones, qwen35, qwen35moe and qwen3next, included; qwen35 and
+qwen35moe also at Q4_K, a K-quant, with wider tolerances: TOL's comment says
+why):
   - the file: `lamina mkmodel --preset <arch>-small --type T --vocab-from V`
     written into a temporary folder must have the recorded sha256 (the facts
     belong to those bytes; a change to mkmodel that moves them needs new
@@ -22,11 +23,19 @@ K-quant, with wider tolerances: TOL's comment says why):
     logit by up to about 1%;
   - perplexity: llama-perplexity's method on tests/data/gemma3/ppl_text.txt,
     the first PPL_CHUNKS chunks of 512, within PPL_TOL[type] of llama.cpp's
-    (PPL_TOL_MOE with experts).
+    (PPL_TOL_MOE with experts);
+  - an older layout of the same weights (OLDER: qwen3next's ssm_in, q, k, v
+    and z interleaved per key head): lamina's ten largest logits on every
+    prompt are those of the file above, to the printed digit, and so within
+    TOL of llama.cpp's;
+  - hybrids (HYBRID), F16: the file with its layer pattern spelled out
+    (mkmodel --recurrent-layers, attention.recurrent_layers) gives the same
+    ten largest logits on the first prompt, and with layer 0's flag flipped
+    in the file's bytes it is refused with a message naming the key.
 Under AddressSanitizer (LAMINA_ASAN set) only the file and F16 logits checks run;
 under emulation (LAMINA_EMULATED set: `make test-arm` runs the hybrid ones
 with LAMINA_BIN="qemu-aarch64 build/arm64/lamina") the file and F16 logits
-checks and the first prompt's greedy check. LAMINA_BIN may hold a wrapper
+checks and the first prompt's greedy check (no older layout or pattern). LAMINA_BIN may hold a wrapper
 command before the binary, as tests/run.sh sets it.
 """
 import hashlib
@@ -45,7 +54,8 @@ DATA = os.path.join(HERE, "data")
 LAMINA = shlex.split(os.environ.get("LAMINA_BIN", "build/lamina"))
 PPL_TEXT = os.path.join(DATA, "gemma3", "ppl_text.txt")
 VOCAB = {"qwen3": "ggml-vocab-gpt-2.gguf", "qwen3moe": "ggml-vocab-gpt-2.gguf", "phi3": "ggml-vocab-phi-3.gguf",
-         "qwen35": "ggml-vocab-gpt-2.gguf", "qwen35moe": "ggml-vocab-gpt-2.gguf"}
+         "qwen35": "ggml-vocab-gpt-2.gguf", "qwen35moe": "ggml-vocab-gpt-2.gguf",
+         "qwen3next": "ggml-vocab-gpt-2.gguf"}
 DEFAULT_VOCAB = "ggml-vocab-llama-spm.gguf"
 # Q4_K: the hybrid files only (a section of their facts; mkmodel writes Q8_0
 # where a row is not a multiple of 256 weights, as the experts' down rows of
@@ -66,7 +76,9 @@ PPL_TOL = {"F16": 0.002, "Q8_0": 0.01, "Q4_K": 0.01}
 # in one implementation than in the other (0.4% on qwen3moe's 510 scored
 # tokens at F16); the logits checks above see no such flip.
 PPL_TOL_MOE = {"F16": 0.01, "Q8_0": 0.01, "Q4_K": 0.01}
-MOE = {"qwen3moe", "qwen2moe", "mixtral", "deepseek2", "qwen35moe"}
+MOE = {"qwen3moe", "qwen2moe", "mixtral", "deepseek2", "qwen35moe", "qwen3next"}
+OLDER = {"qwen3next": "--ssm-in"}
+HYBRID = {"qwen35", "qwen35moe", "qwen3next"}  # mkmodel's flag for the same weights in an older conversion's layout
 
 def lamina(*args, timeout=300):
     return subprocess.run([*LAMINA, *args], capture_output=True, timeout=timeout)
@@ -213,6 +225,48 @@ def check_bench_bytes(arch, model):
            "want %d / %d, got %s" % (active, total, {k: v for k, v in j.items() if "bytes" in k}))
 
 
+def top10(model, prompt):
+    r = lamina("logits", "-m", model, "-p", prompt, "--top", "10", "-c", "512", "--kv-type", "F16")
+    m = re.search(r"top: (.*)", r.stdout.decode())
+    return m.group(1) if r.returncode == 0 and m else r.stderr.decode()
+
+
+def check_older(arch, t, vocab, model, facts, tmp):
+    older = os.path.join(tmp, "%s-%s-older.gguf" % (arch, t))
+    r = lamina("mkmodel", "--preset", arch + "-small", "--type", t, "--vocab-from", vocab, OLDER[arch], "-o", older)
+    if not result("%s %s %s file written" % (arch, t, OLDER[arch]), r.returncode == 0, r.stderr.decode()):
+        return
+    for c in facts[t]["prompts"]:
+        check_logits(arch + " " + OLDER[arch], t, older, c)
+        a, b = top10(model, c["prompt"]), top10(older, c["prompt"])
+        result("%s %s %s logits %s: the other layout's" % (arch, t, OLDER[arch], short(c["prompt"])), a == b,
+               "%s vs %s" % (a, b))
+    os.unlink(older)
+
+
+def check_pattern(arch, vocab, model, c, tmp):
+    spelled = os.path.join(tmp, "%s-pattern.gguf" % arch)
+    r = lamina("mkmodel", "--preset", arch + "-small", "--type", "F16", "--vocab-from", vocab, "--recurrent-layers",
+               "-o", spelled)
+    if not result("%s --recurrent-layers file written" % arch, r.returncode == 0, r.stderr.decode()):
+        return
+    a, b = top10(model, c["prompt"]), top10(spelled, c["prompt"])
+    result("%s attention.recurrent_layers as the interval says: the same logits" % arch, a == b, "%s vs %s" % (a, b))
+    key = ("%s.attention.recurrent_layers" % arch).encode()
+    with open(spelled, "rb") as f:
+        buf = bytearray(f.read())
+    at = buf.find(key) + len(key) + 4 + 4 + 8  # type 9, element type 7 (bool), count: then layer 0's flag
+    ok_before = buf.find(key) > 0 and buf[at] == 1
+    buf[at] = 0
+    with open(spelled, "wb") as f:
+        f.write(buf)
+    r = lamina("logits", "-m", spelled, "-p", c["prompt"], "--top", "1", "-c", "512")
+    err = r.stderr.decode()
+    result("%s attention.recurrent_layers of another pattern: refused by name" % arch,
+           ok_before and r.returncode != 0 and "recurrent_layers" in err and "layer 0" in err, err)
+    os.unlink(spelled)
+
+
 def check_arch(arch, tmp):
     facts, ppl = read_facts(arch)
     vocab = os.path.join(DATA, "vocab", VOCAB.get(arch, DEFAULT_VOCAB))
@@ -233,6 +287,10 @@ def check_arch(arch, tmp):
             check_perplexity(arch, t, model, ppl[t])
         if arch in MOE_SHAPE and t == "Q8_0":
             check_bench_bytes(arch, model)
+        if arch in OLDER and not emulated:
+            check_older(arch, t, vocab, model, facts, tmp)
+        if arch in HYBRID and t == "F16" and not emulated:
+            check_pattern(arch, vocab, model, facts[t]["prompts"][0], tmp)
         os.unlink(model)
 
 

@@ -28,7 +28,11 @@ prefills every prompt from position 0, as with the cache off), while their
 usage says most of the prompt was cached from the third request on (the
 second saves the state where the shared prompt ends), and the snapshot
 and prefix-hit counters of /metrics move; the same prompt again skips all
-but its last positions. Under AddressSanitizer (LAMINA_ASAN) the same checks run.
+but its last positions. Then `--preset qwen3next-small` (Qwen3-Next: value
+heads grouped by key head, a fused ssm_ba, experts) with --max-seqs 4: each
+text alone equals lamina run's, three at once and n = 2 equal the texts
+alone, and its state's bytes. Under AddressSanitizer (LAMINA_ASAN) the same
+checks run.
 """
 import http.client
 import json
@@ -56,6 +60,8 @@ SYSTEM = ("You are a helpful assistant for a small town library. You answer ques
           "books, events and the rules of the reading room. Be brief and friendly. ") * 4
 QUESTIONS = ["Q: When does the library open on Sundays?\nA:", "Q: Can I bring my dog inside?\nA:",
              "Q: How many books may I borrow at once?\nA:", "Q: Is there a reading group for children?\nA:"]
+# and of qwen3next-small: 6 layers x (3 x 1024 conv + 4 x 128 x 128 matrix) floats
+SLOT_BYTES_NEXT = 6 * (3 * 1024 + 4 * 128 * 128) * 4
 
 
 class Server(testenv.Server):
@@ -128,6 +134,35 @@ def cancel_one(srv, prompt):
     for _ in range(4):
         r.readline()
     c.close()
+
+
+def check_next(tmp):
+    """qwen3next-small through the server: alone, with lamina run, at once, n = 2."""
+    model = os.path.join(tmp, "qwen3next.gguf")
+    r = subprocess.run([LAMINA, "mkmodel", "--preset", "qwen3next-small", "--type", "F16", "--vocab-from", VOCAB,
+                        "-o", model], capture_output=True)
+    if not result("mkmodel qwen3next-small", r.returncode == 0, r.stderr.decode()[-400:]):
+        return
+    srv = Server(model, "--max-seqs", "4")
+    try:
+        alone = [ask(srv, p)[0] for p in PROMPTS]
+        result("qwen3next alone: each prompt gets a text", all(len(t[0]) > 0 for t in alone), alone)
+        for i, p in enumerate(PROMPTS):
+            ref = run_alone(model, p)
+            result("qwen3next prompt %d: the server's text alone is lamina run's" % i, ref == alone[i][0],
+                   "%r vs %r" % (ref, alone[i][0]))
+        m = es.metrics(srv)
+        result("qwen3next /metrics: lamina_memory_state_bytes is 4 live and 4 snapshot slots",
+               m.get("lamina_memory_state_bytes") == 8 * SLOT_BYTES_NEXT and
+               m.get("lamina_memory_state_snapshot_bytes") == 4 * SLOT_BYTES_NEXT,
+               (m.get("lamina_memory_state_bytes"), m.get("lamina_memory_state_snapshot_bytes")))
+        got = at_once(srv, PROMPTS)
+        result("qwen3next three requests at once: the texts alone", got == alone, got)
+        two = ask(srv, PROMPTS[0], n=2)
+        result("qwen3next n = 2: both choices the text alone", two == [alone[0], alone[0]], two)
+        idle(srv, "qwen3next")
+    finally:
+        srv.stop("qwen3next server")
 
 
 def main():
@@ -239,6 +274,8 @@ def main():
             idle(srv, "small KV pool")
         finally:
             srv.stop("small KV pool server")
+        os.unlink(model)
+        check_next(tmp)
     return summary()
 
 

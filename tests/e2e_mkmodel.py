@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""The files lamina mkmodel writes for the hybrid presets qwen35-small and
-qwen35moe-small (Qwen3.5's gated-DeltaNet and gated-attention layers), read
-back with a GGUF reader of its own (standard library only):
+"""The files lamina mkmodel writes for the hybrid presets qwen35-small,
+qwen35moe-small (Qwen3.5's gated-DeltaNet and gated-attention layers) and
+qwen3next-small (Qwen3-Next's: no RoPE sections, beta and alpha in one
+ssm_ba of 2 H_v rows), read back with a GGUF reader of its own (standard
+library only):
   - the bytes: the same file from -t 1 and -t 3, another from another seed,
     and the sha256 recorded in SHA256 for F16 and Q8_0 with the gpt-2
-    vocabulary (the files llama.cpp's qwen35 and qwen35moe loaders were run
-    on: tests/data/arch_README.md);
+    vocabulary (the files llama.cpp's qwen35, qwen35moe and qwen3next
+    loaders were run on: tests/data/arch_README.md);
   - the keys llama.cpp's loaders read, each with its type and value;
   - every tensor's name, shape (ne, fastest first) and type, and no other
     tensor (llama.cpp refuses a file with tensors it does not read): layer i
@@ -14,7 +16,12 @@ back with a GGUF reader of its own (standard library only):
     kernels, routers and per-head vectors F32;
   - the values of the F32 vectors: ssm_a = -A with A in [1, 16],
     softplus(ssm_dt.bias) in [0.001, 0.1], norms 1 plus noise of 0.1, conv
-    taps of standard deviation 1/2.
+    taps of standard deviation 1/2;
+  - qwen3next --ssm-in (an older conversion's layout): each recurrent
+    layer's ssm_in (E, 2 KD + 2 VD) in place of attn_qkv and attn_gate, its
+    rows those two tensors' rows of the default file, byte for byte, in the
+    order per key head [q | k | its values | their z]; every other tensor
+    the same bytes.
 """
 import hashlib
 import math
@@ -41,15 +48,20 @@ SHA256 = {
     ("qwen35-small", "Q8_0"): "5c3531575cf76f7e73ce100bcce25e21f95f7bc51248e8ee2141c97a51ba1ee3",
     ("qwen35moe-small", "F16"): "bfdba4bfb5acee6a600f366655d2dcc3ed1577f9782b433053a003ecd312f004",
     ("qwen35moe-small", "Q8_0"): "60f058c70cc13691c937341b12296b82b296e9712fa72cfd4a9df833e2d6ed99",
+    ("qwen3next-small", "F16"): "05a58df9c3b081d1da0c52afb895997950f9344e48635591716e9d0fb6968d4a",
+    ("qwen3next-small", "Q8_0"): "5236207fdeb5f2432a9746daf75a96d04a011773aabd12a026b7f2e3fba1bf68",
 }
 
 # The presets' shapes: layers, n_embd, n_ff, heads, KV heads, head width, rotated dims,
-# key heads H_k, value heads H_v, their width, conv taps, experts, used, expert width, shared width
+# key heads H_k, value heads H_v, their width, conv taps, experts, used, expert width, shared width;
+# qwen3next: no rope.dimension_sections, a fused ssm_ba
 SHAPE = {
     "qwen35-small": dict(L=8, E=256, FF=768, H=4, KV=2, HD=128, ROT=32,
                          HK=2, HV=4, D=64, K=4, X=0, XU=0, FE=0, FS=0, arch="qwen35"),
     "qwen35moe-small": dict(L=8, E=256, FF=128, H=4, KV=2, HD=128, ROT=32,
                             HK=2, HV=4, D=128, K=4, X=8, XU=2, FE=128, FS=128, arch="qwen35moe"),
+    "qwen3next-small": dict(L=8, E=256, FF=128, H=4, KV=2, HD=128, ROT=32,
+                            HK=2, HV=4, D=128, K=4, X=8, XU=2, FE=128, FS=128, arch="qwen3next"),
 }
 
 
@@ -132,7 +144,6 @@ def expected_keys(s):
         a + ".attention.layer_norm_rms_epsilon": (f32, struct.unpack("<f", struct.pack("<f", 1e-6))[0]),
         a + ".rope.dimension_count": (u32, s["ROT"]),
         a + ".rope.freq_base": (f32, 1e7),
-        a + ".rope.dimension_sections": (9, (5, [6, 5, 5, 0])),
         a + ".ssm.conv_kernel": (u32, s["K"]),
         a + ".ssm.inner_size": (u32, s["HV"] * s["D"]),
         a + ".ssm.state_size": (u32, s["D"]),
@@ -141,6 +152,8 @@ def expected_keys(s):
         a + ".full_attention_interval": (u32, 4),
         a + ".vocab_size": (u32, N_VOCAB),
     }
+    if a != "qwen3next":  # Qwen3-Next's RoPE is plain NeoX
+        k[a + ".rope.dimension_sections"] = (9, (5, [6, 5, 5, 0]))
     if s["X"]:
         k[a + ".expert_count"] = (u32, s["X"])
         k[a + ".expert_used_count"] = (u32, s["XU"])
@@ -169,8 +182,11 @@ def expected_tensors(s, t):
             x[b + "ssm_conv1d.weight"] = ((s["K"], C), "F32")
             x[b + "ssm_dt.bias"] = ((s["HV"],), "F32")
             x[b + "ssm_a"] = ((s["HV"],), "F32")
-            x[b + "ssm_beta.weight"] = ((E, s["HV"]), m(E))
-            x[b + "ssm_alpha.weight"] = ((E, s["HV"]), m(E))
+            if s["arch"] == "qwen3next":
+                x[b + "ssm_ba.weight"] = ((E, 2 * s["HV"]), m(E))
+            else:
+                x[b + "ssm_beta.weight"] = ((E, s["HV"]), m(E))
+                x[b + "ssm_alpha.weight"] = ((E, s["HV"]), m(E))
             x[b + "ssm_norm.weight"] = ((s["D"],), "F32")
             x[b + "ssm_out.weight"] = ((VD, E), m(VD))
         else:
@@ -248,6 +264,44 @@ def check_file(preset, t, path):
            % (min(a), max(a), min(sp), max(sp), mean, sd, csd))
 
 
+def tensor_rows(g, name):
+    ne, t, off = g.tensors[name]
+    _, per, size = TYPES[TYPE_NAME[t]]
+    rb = ne[0] // per * size
+    return [g.buf[off + r * rb:off + (r + 1) * rb] for r in range(math.prod(ne[1:]))]
+
+
+def check_ssm_in(preset, t, path, tmp):
+    older = os.path.join(tmp, "older.gguf")
+    r = mkmodel(preset, t, older, "--ssm-in")
+    if not result("%s %s --ssm-in written" % (preset, t), r.returncode == 0, r.stderr.decode()):
+        return
+    s, a, b = SHAPE[preset], Gguf(path), Gguf(older)
+    dk, hk, rv = s["D"], s["HK"], s["HV"] // s["HK"] * s["D"]
+    bad = []
+    for i in range(s["L"]):
+        p = "blk.%d." % i
+        if (i + 1) % 4 == 0:
+            continue
+        qkv, z = tensor_rows(a, p + "attn_qkv.weight"), tensor_rows(a, p + "attn_gate.weight")
+        want = []
+        for k in range(hk):
+            want += qkv[k * dk:(k + 1) * dk] + qkv[(hk + k) * dk:(hk + k + 1) * dk]
+            want += qkv[2 * hk * dk + k * rv:2 * hk * dk + (k + 1) * rv] + z[k * rv:(k + 1) * rv]
+        ne = b.tensors.get(p + "ssm_in.weight", (None,))[0]
+        if ne != (s["E"], len(want)) or tensor_rows(b, p + "ssm_in.weight") != want:
+            bad.append("blk.%d ssm_in" % i)
+    names_a = {n for n in a.tensors if not n.endswith(("attn_qkv.weight", "attn_gate.weight"))}
+    names_b = {n for n in b.tensors if not n.endswith("ssm_in.weight")}
+    if names_a != names_b:
+        bad.append("tensor names differ: %s" % sorted(names_a ^ names_b)[:10])
+    else:
+        bad += [n for n in sorted(names_a) if tensor_rows(a, n) != tensor_rows(b, n)][:10]
+    result("%s %s --ssm-in: ssm_in holds attn_qkv's and attn_gate's rows per key head, the rest the same"
+           % (preset, t), not bad, "; ".join(bad))
+    os.unlink(older)
+
+
 def main():
     with tempfile.TemporaryDirectory(prefix="lamina_mkmodel_") as tmp:
         for preset in SHAPE:
@@ -261,6 +315,8 @@ def main():
                     result("%s %s file is the recorded one" % (preset, t), h == SHA256[(preset, t)],
                            "sha256 %s, recorded %s" % (h, SHA256[(preset, t)]))
                 check_file(preset, t, path)
+                if SHAPE[preset]["arch"] == "qwen3next":
+                    check_ssm_in(preset, t, path, tmp)
                 if t == "Q8_0":
                     other = os.path.join(tmp, "other.gguf")
                     r = mkmodel(preset, t, other, "-t", "3")

@@ -779,7 +779,7 @@ static void test_resolve_branches(void) {
         const char *arch;
         int family;
     } fallbacks[] = {{"gemma2", CHAT_GEMMA},  {"qwen3", CHAT_QWEN3},      {"qwen3moe", CHAT_QWEN3},
-                     {"qwen35", CHAT_QWEN35}, {"qwen35moe", CHAT_QWEN35}, {"qwen3next", -1},
+                     {"qwen35", CHAT_QWEN35}, {"qwen35moe", CHAT_QWEN35}, {"qwen3next", CHAT_QWEN3},
                      {"phi3", CHAT_PHI3},     {"deepseek2", -1},          {"qwen2", -1}};
     for (size_t i = 0; i < sizeof fallbacks / sizeof fallbacks[0]; i++) {
         gguf_ctx *g = meta_file(fallbacks[i].arch, NULL);

@@ -15,13 +15,14 @@
  * Mixture-of-Experts) are hybrids: of every gd_shape.interval layers the last
  * is full attention (a gated query, partial interleaved multi-section RoPE)
  * and the others gated-DeltaNet linear attention (gdn_layer), with the keys
- * and tensors llama.cpp's qwen35 and qwen35moe loaders read. With --mtp 1
- * they also write a next-token-prediction layer after the trunk (block
- * n_layer, counted in block_count, <arch>.nextn_predict_layers 1): a
- * full-attention layer with its FFN and the nextn eh_proj, enorm, hnorm and
- * shared_head_norm tensors, sharing the embedding and the LM head. Every
- * tensor draws from its own index, so the trunk's weights are the same bytes
- * with or without it.
+ * and tensors llama.cpp's qwen35 and qwen35moe loaders read; qwen3next-small
+ * is Qwen3-Next's variant of the MoE one (plain RoPE, a fused ssm_ba). With
+ * --mtp 1 the qwen35 presets also write a next-token-prediction layer after
+ * the trunk (block n_layer, counted in block_count,
+ * <arch>.nextn_predict_layers 1): a full-attention layer with its FFN and the
+ * nextn eh_proj, enorm, hnorm and shared_head_norm tensors, sharing the
+ * embedding and the LM head. Every tensor draws from its own index, so the
+ * trunk's weights are the same bytes with or without it.
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -62,12 +63,20 @@ static void usage_mkmodel(FILE *f) {
             "                     DeltaNet (2 key heads, 4 value heads of 64, conv 4) then 1 attention\n"
             "                     (4 gated heads of 128, 2 KV heads, RoPE on 32 dims), twice; n_ff 768),\n"
             "                     qwen35moe-small (Qwen3.5-35B-A3B: that pattern with value heads of 128,\n"
-            "                     8 experts of 128, top 2, a shared expert of 128)\n"
+            "                     8 experts of 128, top 2, a shared expert of 128), qwen3next-small\n"
+            "                     (Qwen3-Next-80B-A3B: qwen35moe-small's shape with plain NeoX RoPE on\n"
+            "                     32 dims, value heads grouped by key head and a fused ssm_ba)\n"
             "  --mtp N            qwen35 presets: N (0 or 1) next-token-prediction layers after the\n"
             "                     trunk, for --spec mtp (default 0)\n"
             "  --kv-b-whole       deepseek2: store each layer's attn_kv_b whole, without the\n"
             "                     *_length_mla keys, as older conversions did (the same weights as\n"
             "                     the attn_k_b / attn_v_b of the default layout)\n"
+            "  --recurrent-layers qwen35, qwen3next: also write attention.recurrent_layers (the\n"
+            "                     layer pattern as booleans, as converters do when the checkpoint\n"
+            "                     lists its layer types)\n"
+            "  --ssm-in           qwen3next: store each recurrent layer's q, k, v and z projections\n"
+            "                     in one ssm_in, interleaved per key head, as older conversions did\n"
+            "                     (the same weights as the attn_qkv / attn_gate of the default layout)\n"
             "  --experts N --experts-used N --ff-exp N --ff-shexp N   Mixture-of-Experts shape\n"
             "                     (--ff-shexp: the shared expert's width, qwen2moe and qwen35moe)\n"
             "  --layers N --embd N --heads N --kv-heads N --ff N --vocab N --ctx N   custom shape\n"
@@ -103,6 +112,7 @@ static const preset presets[] = {
     /* the linear-attention layers' shape in gd_shapes */
     {"qwen35-small", 8, 256, 4, 2, 768, 32000, 4096, "qwen35", 128, 0, 0, 0, 0, 0},
     {"qwen35moe-small", 8, 256, 4, 2, 128, 32000, 4096, "qwen35moe", 128, 0, 8, 2, 128, 128},
+    {"qwen3next-small", 8, 256, 4, 2, 128, 32000, 4096, "qwen3next", 128, 0, 8, 2, 128, 128},
 };
 
 /* Multi-head latent attention and DeepSeek's expert routing, per deepseek2 preset. */
@@ -136,15 +146,21 @@ typedef struct {
     int conv;                       /* causal conv taps (ssm.conv_kernel) */
     int interval;                   /* layer i is full attention iff (i + 1) % interval == 0 */
     int rope;                       /* rotated dims of an attention head (partial RoPE) */
-    int32_t sections[4];            /* rope.dimension_sections: rotated pairs per section, sum rope / 2 */
+    int32_t sections[4];            /* rope.dimension_sections: rotated pairs per section, sum rope / 2;
+                                       all 0: none written (qwen3next's plain RoPE) */
+    bool fused_ba;                  /* qwen3next: beta and alpha in one ssm_ba, per key head [betas | alphas] */
 } gd_shape;
 
 static const gd_shape gd_shapes[] = {
     /* Qwen3.5-9B: 16 key and 32 value heads of 128 (inner size = n_embd), attention heads of 256
      * rotating a quarter of their dims in sections [11, 11, 10] */
-    {"qwen35-small", 2, 4, 64, 4, 4, 32, {6, 5, 5, 0}},
+    {"qwen35-small", 2, 4, 64, 4, 4, 32, {6, 5, 5, 0}, false},
     /* Qwen3.5-35B-A3B: the same heads, an inner size of twice n_embd */
-    {"qwen35moe-small", 2, 4, 128, 4, 4, 32, {6, 5, 5, 0}},
+    {"qwen35moe-small", 2, 4, 128, 4, 4, 32, {6, 5, 5, 0}, false},
+    /* Qwen3-Next-80B-A3B: 16 key and 32 value heads of 128 (inner size twice n_embd), attention
+     * heads of 256 rotating a quarter of their dims, plain NeoX RoPE; 512 experts of 512, top 10,
+     * a shared expert of 512 */
+    {"qwen3next-small", 2, 4, 128, 4, 4, 32, {0, 0, 0, 0}, true},
 };
 
 typedef struct {
@@ -352,21 +368,59 @@ static int add_gd_vec(maker *mk, const char *name, int64_t n, bool decay) {
  * ssm_conv1d holds conv taps per channel (F32, as llama.cpp's quantizer
  * keeps it), ssm_alpha and ssm_beta give each value head's decay step and
  * write strength, ssm_norm the gated RMSNorm of a value head, ssm_out the
- * projection back. */
-static int gdn_layer(maker *mk, int i, const gd_shape *gd, int64_t E, uint32_t t, float nn) {
+ * projection back. qwen3next (fused_ba) has one ssm_ba of 2 H_v rows instead
+ * of ssm_beta and ssm_alpha: per key head its H_v / H_k beta rows, then as
+ * many alpha rows (the layout of llama.cpp's converter, which keeps the
+ * checkpoint's in_proj_ba as it is). */
+/* An older qwen3next conversion's ssm_in, (C + VD rows, E): per key head its
+ * q rows (dk), k rows (dk), its value heads' rows (r dv) and their z rows
+ * (r dv), r = H_v / H_k, from the values attn_qkv and attn_gate get in the
+ * split layout (the same seeds; rows quantized one by one, so the same
+ * bytes per row). */
+static int add_ssm_in(maker *mk, const char *name, const gd_shape *gd, int64_t E, uint32_t t, float ws) {
+    const int64_t dk = gd->head_dim, hk = gd->k_heads, r = gd->v_heads / gd->k_heads, rv = r * dk;
+    const int64_t KD = hk * dk, VD = (int64_t)gd->v_heads * dk, C = 2 * KD + VD, G = 2 * dk + 2 * rv;
+    float *qkv = draw_f32(mk, C, E, ws), *z = draw_f32(mk, VD, E, ws);
+    if (!qkv || !z) return -1;
+    if (quant_row_size(t, E) == 0) t = E % 32 == 0 ? LM_TYPE_Q8_0 : LM_TYPE_F16;
+    size_t rb = quant_row_size(t, E), rows = (size_t)(C + VD);
+    char *buf = malloc(rb * rows);
+    if (!buf) return -1;
+    mk->bufs[mk->n_bufs++] = buf;
+    for (int64_t k = 0; k < hk; k++) {
+        const float *src[4] = {qkv + k * dk * E, qkv + (KD + k * dk) * E, qkv + (2 * KD + k * rv) * E, z + k * rv * E};
+        const int64_t len[4] = {dk, dk, rv, rv};
+        for (int part = 0, row = (int)(k * G); part < 4; part++)
+            for (int64_t j = 0; j < len[part]; j++, row++)
+                quant_from_float_ref(t, src[part] + j * E, buf + (size_t)row * rb, E);
+    }
+    uint64_t ne[2] = {(uint64_t)E, (uint64_t)rows};
+    mk->bytes += rb * rows;
+    return gguf_w_add_tensor(mk->w, name, 2, ne, t, buf, rb * rows);
+}
+
+static int gdn_layer(maker *mk, int i, const gd_shape *gd, int64_t E, uint32_t t, float nn, bool ssm_in) {
     int64_t KD = (int64_t)gd->k_heads * gd->head_dim, VD = (int64_t)gd->v_heads * gd->head_dim;
     int64_t C = 2 * KD + VD, H = gd->v_heads;
     float ws = 1.0f / sqrtf((float)E);
     char n[96];
     int rc = 0;
 #define N(suffix) (snprintf(n, sizeof n, "blk.%d." suffix, i), n)
-    rc |= add(mk, N("attn_qkv.weight"), E, C, t, ws, false);
-    rc |= add(mk, N("attn_gate.weight"), E, VD, t, ws, false);
+    if (ssm_in) {
+        rc |= add_ssm_in(mk, N("ssm_in.weight"), gd, E, t, ws);
+    } else {
+        rc |= add(mk, N("attn_qkv.weight"), E, C, t, ws, false);
+        rc |= add(mk, N("attn_gate.weight"), E, VD, t, ws, false);
+    }
     rc |= add(mk, N("ssm_conv1d.weight"), gd->conv, C, LM_TYPE_F32, 1.0f / sqrtf((float)gd->conv), false);
     rc |= add_gd_vec(mk, N("ssm_dt.bias"), H, false);
     rc |= add_gd_vec(mk, N("ssm_a"), H, true);
-    rc |= add(mk, N("ssm_beta.weight"), E, H, t, ws, false);
-    rc |= add(mk, N("ssm_alpha.weight"), E, H, t, ws, false);
+    if (gd->fused_ba) {
+        rc |= add(mk, N("ssm_ba.weight"), E, 2 * H, t, ws, false);
+    } else {
+        rc |= add(mk, N("ssm_beta.weight"), E, H, t, ws, false);
+        rc |= add(mk, N("ssm_alpha.weight"), E, H, t, ws, false);
+    }
     rc |= add(mk, N("ssm_norm.weight"), gd->head_dim, 1, LM_TYPE_F32, nn, true);
     rc |= add(mk, N("ssm_out.weight"), VD, E, t, 1.0f / sqrtf((float)VD), false);
 #undef N
@@ -378,7 +432,7 @@ int cmd_mkmodel(int argc, char **argv) {
     const char *out = NULL, *vocab_from = NULL, *type_name = "F16";
     preset p = {"custom", 2, 256, 4, -1, 512, 512, 512, NULL, 0, 0, 0, 0, 0, 0}; /* kv heads -1: as many as heads */
     long long seed = 1, threads = pool_default_threads();
-    bool kv_b_whole = false;
+    bool kv_b_whole = false, ssm_in = false, rec_layers = false;
     int mtp = 0;
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
@@ -404,6 +458,8 @@ int cmd_mkmodel(int argc, char **argv) {
         else if (is_flag(&a, "--vocab-from", NULL)) vocab_from = need_val(&a);
         else if (is_flag(&a, "--kv-b-whole", NULL)) kv_b_whole = true;
         else if (is_flag(&a, "--mtp", NULL)) mtp = (int)need_int(&a, 0, 1);
+        else if (is_flag(&a, "--ssm-in", NULL)) ssm_in = true;
+        else if (is_flag(&a, "--recurrent-layers", NULL)) rec_layers = true;
         else if (is_flag(&a, "--seed", NULL)) seed = need_int(&a, 0, 0x7fffffffffffffffLL);
         else if (is_flag(&a, "-t", "--threads")) threads = need_int(&a, 1, 1024);
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
@@ -450,9 +506,17 @@ int cmd_mkmodel(int argc, char **argv) {
     const gd_shape *gd = NULL;
     for (size_t i = 0; i < sizeof gd_shapes / sizeof gd_shapes[0]; i++)
         if (!strcmp(gd_shapes[i].name, p.name)) gd = &gd_shapes[i];
-    if (mtp && !gd) {
+    if (mtp && !(gd && !gd->fused_ba)) {
         safefile_abort(sf);
         die_usage(&a, "%s", "--mtp needs a qwen35 preset");
+    }
+    if (ssm_in && !(gd && gd->fused_ba)) {
+        safefile_abort(sf);
+        die_usage(&a, "%s", "--ssm-in needs the qwen3next preset");
+    }
+    if (rec_layers && !gd) {
+        safefile_abort(sf);
+        die_usage(&a, "%s", "--recurrent-layers needs a qwen35 or qwen3next preset");
     }
     gguf_w_set_str(w, "general.architecture", arch);
     char name[160], key[160];
@@ -475,14 +539,22 @@ int cmd_mkmodel(int argc, char **argv) {
     gguf_w_set_u32(w, KEY("rope.dimension_count"), (uint32_t)(ml ? ml->rope : gd ? gd->rope : hd));
     gguf_w_set_f32(w, KEY("rope.freq_base"), qwen3 ? 1000000.0f : gd ? 10000000.0f : 10000.0f);
     gguf_w_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), qwen3 || gemma2 || ml || gd ? 1e-6f : 1e-5f);
-    if (gd) { /* the keys llama.cpp's converter writes for Qwen3.5 */
-        gguf_w_set_arr(w, KEY("rope.dimension_sections"), GGUF_INT32, gd->sections, 4);
+    if (gd) { /* the keys llama.cpp's converter writes for Qwen3.5 and Qwen3-Next */
+        if (gd->sections[0] + gd->sections[1] + gd->sections[2] + gd->sections[3])
+            gguf_w_set_arr(w, KEY("rope.dimension_sections"), GGUF_INT32, gd->sections, 4);
         gguf_w_set_u32(w, KEY("ssm.conv_kernel"), (uint32_t)gd->conv);
         gguf_w_set_u32(w, KEY("ssm.inner_size"), (uint32_t)(gd->v_heads * gd->head_dim));
         gguf_w_set_u32(w, KEY("ssm.state_size"), (uint32_t)gd->head_dim);
         gguf_w_set_u32(w, KEY("ssm.time_step_rank"), (uint32_t)gd->v_heads);
         gguf_w_set_u32(w, KEY("ssm.group_count"), (uint32_t)gd->k_heads);
         gguf_w_set_u32(w, KEY("full_attention_interval"), (uint32_t)gd->interval);
+        if (rec_layers) { /* the pattern spelled out, as converters do from a config's layer_types */
+            uint8_t *rl = malloc((size_t)p.layers);
+            if (!rl) fail("mkmodel", "out of memory");
+            for (int i = 0; i < p.layers; i++) rl[i] = (i + 1) % gd->interval != 0;
+            gguf_w_set_arr(w, KEY("attention.recurrent_layers"), GGUF_BOOL, rl, (uint64_t)p.layers);
+            free(rl);
+        }
     }
     if (ml) { /* the keys llama.cpp's converter writes for DeepSeek-V2/V3 */
         gguf_w_set_u32(w, KEY("attention.q_lora_rank"), (uint32_t)ml->q_lora);
@@ -575,7 +647,7 @@ int cmd_mkmodel(int argc, char **argv) {
     (snprintf(n, sizeof n, "blk.%d." suffix, i), add(&mk, n, cols, rows, ty, sc, ones))
         rc |= A("attn_norm.weight", E, 1, LM_TYPE_F32, nn, true);
         if (recur) {
-            rc |= gdn_layer(&mk, i, gd, E, t, nn);
+            rc |= gdn_layer(&mk, i, gd, E, t, nn, ssm_in);
         } else if (gd) { /* per head the query's hd rows, then its output gate's */
             rc |= A("attn_q.weight", E, 2 * Q, t, ws, false);
             rc |= A("attn_k.weight", E, KV, t, ws, false);

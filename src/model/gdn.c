@@ -29,6 +29,9 @@ struct gdn_ws {
     float *c;        /* (n_batch, conv) after the conv and SiLU; q and k heads L2-normed in place */
     float *z;        /* (n_batch, hv dv) the output norm's gate */
     float *a, *b;    /* (n_batch, hv) the decay and write-strength products */
+    float *ba;       /* (n_batch, 2 hv) a fused ssm_ba's product (qwen3next) before the split into a, b */
+    float *in;       /* (n_batch, conv + hv dv) an ssm_in's product before the split into qkv, z (older
+                            qwen3next files), or NULL when no layer has one */
     float *g, *beta; /* (n_batch, hv) the gates */
     float *o;        /* (n_batch, hv dv) the heads' outputs, then the gated norm's */
     float **work;    /* (n_threads) each (dn_chunk_work) the chunk form's scratch */
@@ -47,14 +50,22 @@ size_t gdn_mat_floats(const lm_hparams *hp) { return (size_t)hp->ssm_hv * (size_
 /* The floats of every buffer but the per-thread scratch. */
 static size_t row_floats(const lm_hparams *hp) {
     size_t V = (size_t)hp->ssm_hv * (size_t)hp->ssm_dv;
-    return 2 * conv_ch(hp) + 2 * V + 4 * (size_t)hp->ssm_hv;
+    return 2 * conv_ch(hp) + 2 * V + 6 * (size_t)hp->ssm_hv;
+}
+
+/* The floats of a row of an ssm_in's product when a layer has one (its z then has no rows), else 0. */
+static size_t in_floats(const lm_model *m) {
+    for (int i = 0; m->gdn && i < m->hp.n_layer; i++)
+        if (m->layers[i].gdn && !m->layers[i].gdn->z.rows)
+            return conv_ch(&m->hp) + (size_t)m->hp.ssm_hv * (size_t)m->hp.ssm_dv;
+    return 0;
 }
 
 size_t gdn_ws_bytes(const lm_model *m, int n_batch, int n_threads) {
     const lm_hparams *hp = &m->hp;
     if (!hp->n_rlayer) return 0;
     return sizeof(gdn_ws) + (size_t)n_threads * sizeof(float *) + (size_t)n_batch * sizeof(float *) +
-        (size_t)n_batch * row_floats(hp) * sizeof(float) +
+        (size_t)n_batch * (row_floats(hp) + in_floats(m)) * sizeof(float) +
         (size_t)n_threads * dn_chunk_work(hp->ssm_dk, hp->ssm_dv) * sizeof(float);
 }
 
@@ -84,11 +95,14 @@ gdn_ws *gdn_ws_new(const lm_model *m, int n_batch, int n_threads, char *err, siz
     w->o = lm_malloc(B * V * sizeof(float));
     w->a = lm_malloc(B * H * sizeof(float));
     w->b = lm_malloc(B * H * sizeof(float));
+    w->ba = lm_malloc(2 * B * H * sizeof(float));
+    if (in_floats(m) && !(w->in = lm_malloc(B * in_floats(m) * sizeof(float)))) goto nomem;
     w->g = lm_malloc(B * H * sizeof(float));
     w->beta = lm_malloc(B * H * sizeof(float));
     w->work = lm_calloc((size_t)n_threads, sizeof *w->work);
     w->ck_mat = lm_calloc(B, sizeof *w->ck_mat);
-    if (!w->qkv || !w->c || !w->z || !w->o || !w->a || !w->b || !w->g || !w->beta || !w->work || !w->ck_mat) goto nomem;
+    if (!w->qkv || !w->c || !w->z || !w->o || !w->a || !w->b || !w->ba || !w->g || !w->beta || !w->work || !w->ck_mat)
+        goto nomem;
     for (int i = 0; i < n_threads; i++)
         if (!(w->work[i] = lm_malloc(dn_chunk_work(hp->ssm_dk, hp->ssm_dv) * sizeof(float)))) goto nomem;
     return w;
@@ -109,6 +123,8 @@ void gdn_ws_free(gdn_ws *w) {
     lm_free(w->o);
     lm_free(w->a);
     lm_free(w->b);
+    lm_free(w->ba);
+    lm_free(w->in);
     lm_free(w->g);
     lm_free(w->beta);
     lm_free(w);
@@ -135,7 +151,7 @@ static void rule_worker(void *arg, int ith, int nth) {
     for (;;) {
         int item = atomic_fetch_add(&j->next, 1);
         if (item >= j->n_seg * hv) break;
-        int sg = item / hv, h = item % hv, kh = h % hk;
+        int sg = item / hv, h = item % hv, kh = hp->ssm_grouped ? h / (hv / hk) : h % hk;
         const lm_seg *g = &j->segs[sg];
         size_t r0 = (size_t)f->seg_row0[sg];
         const float *row = w->c + r0 * C;
@@ -187,10 +203,34 @@ void gdn_layer(lm_fwd *f, const lm_layer *l, const lm_seg *segs, int n_seg, int 
     const lm_dn_kernels *dn = &kernels()->dn;
     const int hv = hp->ssm_hv, hk = hp->ssm_hk, dk = hp->ssm_dk, dv = hp->ssm_dv, K = hp->ssm_conv;
     const size_t C = conv_ch(hp), V = (size_t)hv * dv;
-    float *const y3[3] = {w->qkv, w->z, w->a};
-    const lm_weight *const w3[3] = {&gd->qkv, &gd->z, &gd->alpha};
-    ops_matmul_multi(f->pool, 3, y3, w3, f->xb, n, f->act);
-    ops_matmul(f->pool, w->b, &gd->beta, f->xb, n, f->act);
+    const int r = hv / hk; /* value heads per key head */
+    if (gd->alpha.rows) {  /* separate ssm_alpha and ssm_beta */
+        float *const y3[3] = {w->qkv, w->z, w->a};
+        const lm_weight *const w3[3] = {&gd->qkv, &gd->z, &gd->alpha};
+        ops_matmul_multi(f->pool, 3, y3, w3, f->xb, n, f->act);
+        ops_matmul(f->pool, w->b, &gd->beta, f->xb, n, f->act);
+    } else { /* a fused ssm_ba: per key head its r betas, then its r alphas */
+        /* with an ssm_in (z no rows) its product goes to w->in, split below, and z's is empty */
+        float *const y3[3] = {gd->z.rows ? w->qkv : w->in, w->ba, w->z};
+        const lm_weight *const w3[3] = {&gd->qkv, &gd->beta, &gd->z};
+        ops_matmul_multi(f->pool, gd->z.rows ? 3 : 2, y3, w3, f->xb, n, f->act);
+        for (int t = 0; t < n; t++)
+            for (int h = 0; h < hv; h++) {
+                const float *src = w->ba + (size_t)t * 2 * hv + (size_t)(h / r) * 2 * r + h % r;
+                w->b[(size_t)t * hv + h] = src[0], w->a[(size_t)t * hv + h] = src[r];
+            }
+    }
+    if (!gd->z.rows) /* an ssm_in: per key head [q (dk) | k (dk) | v (r dv) | z (r dv)] into qkv and z */
+        for (int t = 0; t < n; t++)
+            for (int kh = 0; kh < hk; kh++) {
+                const size_t G = 2 * (size_t)dk + 2 * (size_t)r * dv, rv = (size_t)r * dv;
+                const float *src = w->in + (size_t)t * (C + V) + (size_t)kh * G;
+                float *row = w->qkv + (size_t)t * C;
+                memcpy(row + (size_t)kh * dk, src, (size_t)dk * sizeof(float));
+                memcpy(row + (size_t)(hk + kh) * dk, src + dk, (size_t)dk * sizeof(float));
+                memcpy(row + 2 * (size_t)hk * dk + kh * rv, src + 2 * (size_t)dk, rv * sizeof(float));
+                memcpy(w->z + (size_t)t * V + kh * rv, src + 2 * (size_t)dk + rv, rv * sizeof(float));
+            }
     for (int t = 0; t < n; t++)
         dn->gates(w->g + (size_t)t * hv, w->beta + (size_t)t * hv, w->a + (size_t)t * hv, w->b + (size_t)t * hv, gd->a,
                   gd->dt_bias, hv);

@@ -1,16 +1,22 @@
 /*
  * gdn.h - a gated-DeltaNet linear-attention layer (the recurrent layers of
- * Qwen3.5, GGUF arch qwen35) over the forward pass's flat batch, each
- * segment's sequence carrying its own state instead of KV rows.
+ * Qwen3.5 and Qwen3-Next, GGUF archs qwen35* and qwen3next) over the
+ * forward pass's flat batch, each segment's sequence carrying its own
+ * state instead of KV rows.
  *
  * Per token t of a segment, with xb_t the attention-normed residual and the
  * layer's lm_gdn (model.h; kernels/deltanet.h gives the math):
  *   qkv_t = W_qkv xb_t, z_t = W_z xb_t, a_t = W_alpha xb_t, b_t = W_beta xb_t
+ *     (qwen3next: one product with the fused ssm_ba, whose rows hold per
+ *     key head its hv/hk betas then its hv/hk alphas, split into a_t, b_t;
+ *     in older files qkv_t and z_t too come from one product, ssm_in's,
+ *     per key head [q | k | its values | their z], split the same way)
  *   g_t, beta_t = gates(a_t, b_t)               (per value head)
  *   c_t = silu(conv(qkv)) over [the sequence's conv window; its rows]
  *   q, k: c_t's first two parts, each head L2-normed; v: the rest
- *   per value head h (key head h % hk): the delta rule on the sequence's
- *   state S_h, o_h = S_h^T q / sqrt(dk)
+ *   per value head h (key head h % hk; h / (hv/hk) with hp.ssm_grouped,
+ *   qwen3next): the delta rule on the sequence's state S_h,
+ *   o_h = S_h^T q / sqrt(dk)
  *   y_t = per head rmsnorm(o_h) * norm * silu(z_h);  out_t = W_out y_t
  * leaving out_t in f->hb (n, n_embd) for the residual add. The delta rule
  * runs a segment in pieces that end on multiples of GDN_CHUNK positions

@@ -37,6 +37,7 @@ const char *model_arch_name(lm_arch a) {
         case LM_ARCH_QWEN3: return "qwen3";
         case LM_ARCH_QWEN35: return "qwen35";
         case LM_ARCH_QWEN35MOE: return "qwen35moe";
+        case LM_ARCH_QWEN3NEXT: return "qwen3next";
         case LM_ARCH_GEMMA2: return "gemma2";
         case LM_ARCH_PHI3: return "phi3";
         case LM_ARCH_QWEN2MOE: return "qwen2moe";
@@ -286,7 +287,9 @@ static int load_vec(loader *L, const char *name, int64_t n, bool required, const
  * feed_forward_length), qwen2moe and qwen3moe must. */
 static int read_moe_hparams(loader *L, const char *arch) {
     lm_hparams *hp = &L->m->hp;
-    bool qmoe = hp->arch == LM_ARCH_QWEN2MOE || hp->arch == LM_ARCH_QWEN3MOE || hp->arch == LM_ARCH_QWEN35MOE;
+    bool qmoe = hp->arch == LM_ARCH_QWEN2MOE || hp->arch == LM_ARCH_QWEN3MOE || hp->arch == LM_ARCH_QWEN35MOE ||
+        hp->arch == LM_ARCH_QWEN3NEXT;
+    bool shexp = hp->arch == LM_ARCH_QWEN2MOE || hp->arch == LM_ARCH_QWEN35MOE || hp->arch == LM_ARCH_QWEN3NEXT;
     if (get_hp_int(L, arch, "expert_count", 0, 0, 4096, &hp->n_expert)) return -1;
     if (hp->n_expert == 0) {
         if (qmoe) return lm_err(L->err, L->errlen, "%s needs metadata '%s.expert_count'", arch, arch);
@@ -298,8 +301,7 @@ static int read_moe_hparams(loader *L, const char *arch) {
         get_hp_int(L, arch, "expert_feed_forward_length", qmoe ? hp->n_ff / hp->n_expert_used : hp->n_ff, 1, 1 << 23,
                    &hp->n_ff_exp))
         return -1;
-    if ((hp->arch == LM_ARCH_QWEN2MOE || hp->arch == LM_ARCH_QWEN35MOE) &&
-        get_hp_int(L, arch, "expert_shared_feed_forward_length", hp->n_ff, 1, 1 << 23, &hp->n_ff_shexp))
+    if (shexp && get_hp_int(L, arch, "expert_shared_feed_forward_length", hp->n_ff, 1, 1 << 23, &hp->n_ff_shexp))
         return -1;
     float scale;
     if (get_hp_float(L, arch, "expert_weights_scale", 0.0, &scale)) return -1;
@@ -488,7 +490,8 @@ static int read_mla_hparams(loader *L, const char *arch) {
 }
 
 /* qwen35's linear-attention shape and layer pattern, its gated attention
- * and its multi-axis RoPE sections (read_hparams has read the rest). */
+ * and its multi-axis RoPE sections (read_hparams has read the rest); for
+ * qwen3next the same without sections, its value heads grouped by key head. */
 static int read_hybrid_hparams(loader *L, const char *arch) {
     lm_hparams *hp = &L->m->hp;
     int inner;
@@ -507,12 +510,34 @@ static int read_hybrid_hparams(loader *L, const char *arch) {
     if (hp->ssm_dv > 256)
         return unsupported(L),
                lm_err(L->err, L->errlen, "value heads of %d (more than 256) are not supported", hp->ssm_dv);
+    /* converters write the pattern out when the checkpoint lists its layer types: read, it must be
+     * the interval's (the only one lamina lays out) over the trunk's layers; the array's last
+     * nextn_predict_layers entries are the next-token-prediction blocks (not recurrent) */
     snprintf(key, sizeof key, "%s.attention.recurrent_layers", arch);
-    if (gguf_find_key(L->m->gguf, key) >= 0)
-        return unsupported(L), lm_err(L->err, L->errlen, "'%s' (a layer pattern of its own) is not supported", key);
+    if (gguf_find_key(L->m->gguf, key) >= 0) {
+        gguf_arr rl;
+        const int nb = hp->n_layer + hp->n_layer_mtp; /* block_count: the trunk's and the MTP blocks */
+        if (!gguf_get_arr(L->m->gguf, key, &rl) || rl.n != (uint64_t)nb)
+            return lm_err(L->err, L->errlen, "metadata '%s' is not an array of %d booleans", key, nb);
+        for (int i = 0; i < hp->n_layer; i++) {
+            int64_t v;
+            if (!gguf_arr_int(&rl, (uint64_t)i, &v) || v < 0 || v > 1)
+                return lm_err(L->err, L->errlen, "metadata '%s' is not an array of %d booleans", key, nb);
+            if ((v != 0) != ((i + 1) % hp->full_attn_interval != 0))
+                return unsupported(L),
+                       lm_err(L->err, L->errlen,
+                              "'%s' makes layer %d %s, not every full_attention_interval-th (%d) layer full "
+                              "attention: a layer pattern of its own is not supported",
+                              key, i, v ? "recurrent" : "full attention", hp->full_attn_interval);
+        }
+    }
     hp->n_rlayer = 0;
     for (int i = 0; i < hp->n_layer; i++) hp->n_rlayer += (i + 1) % hp->full_attn_interval != 0;
     hp->attn_gate = true;
+    if (hp->arch == LM_ARCH_QWEN3NEXT) { /* plain NeoX RoPE on n_rot dims; heads grouped (model.h) */
+        hp->ssm_grouped = true;
+        return 0;
+    }
     /* text positions on every axis but the fourth (0): the pairs the first three sections interleave turn */
     snprintf(key, sizeof key, "%s.rope.dimension_sections", arch);
     int64_t sec[4] = {0};
@@ -569,11 +594,14 @@ static int read_hparams(loader *L) {
     } else if (strcmp(arch, "qwen35moe") == 0) {
         hp->arch = LM_ARCH_QWEN35MOE;
         hp->rope_style = LM_ROPE_NEOX;
+    } else if (strcmp(arch, "qwen3next") == 0) {
+        hp->arch = LM_ARCH_QWEN3NEXT;
+        hp->rope_style = LM_ROPE_NEOX;
     } else {
         return unsupported(L),
                lm_err(L->err, L->errlen,
                       "unsupported architecture '%s' (lamina runs llama, qwen2, "
-                      "qwen3, qwen35, qwen2moe, qwen3moe, qwen35moe, gemma2, gemma3, phi3 and deepseek2)",
+                      "qwen3, qwen35, qwen2moe, qwen3moe, qwen35moe, qwen3next, gemma2, gemma3, phi3 and deepseek2)",
                       arch);
     }
     const int64_t big = 1 << 20;
@@ -584,8 +612,9 @@ static int read_hparams(loader *L) {
         get_hp_int(L, arch, "feed_forward_length", -1, 1, 8 * big, &hp->n_ff) ||
         get_hp_int(L, arch, "context_length", 2048, 1, 64 * big, &hp->n_ctx_train))
         return -1;
-    /* qwen35's next-token-prediction layers follow the trunk's in block_count */
-    if ((hp->arch == LM_ARCH_QWEN35 || hp->arch == LM_ARCH_QWEN35MOE) &&
+    /* the hybrids' next-token-prediction layers follow the trunk's in block_count (qwen3next's
+     * are left unread: only the trunk runs) */
+    if ((hp->arch == LM_ARCH_QWEN35 || hp->arch == LM_ARCH_QWEN35MOE || hp->arch == LM_ARCH_QWEN3NEXT) &&
         get_hp_int(L, arch, "nextn_predict_layers", 0, 0, hp->n_layer - 1, &hp->n_layer_mtp))
         return -1;
     hp->n_layer -= hp->n_layer_mtp;
@@ -617,7 +646,8 @@ static int read_hparams(loader *L) {
             return -1;
     }
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
-    if ((hp->arch == LM_ARCH_QWEN35 || hp->arch == LM_ARCH_QWEN35MOE) && read_hybrid_hparams(L, arch)) return -1;
+    bool hybrid = hp->arch == LM_ARCH_QWEN35 || hp->arch == LM_ARCH_QWEN35MOE || hp->arch == LM_ARCH_QWEN3NEXT;
+    if (hybrid && read_hybrid_hparams(L, arch)) return -1;
     if (read_family_hparams(L, arch)) return -1;
     /* YaRN where the attention is plain RoPE on one base (not gemma's local
      * layers, not phi3's long-rope); linear for every family */
@@ -725,7 +755,7 @@ static int load_moe(loader *L, int i, lm_layer *l) {
     if (hp->n_ff_shexp > 0) {
         int64_t S = hp->n_ff_shexp;
         snprintf(name, sizeof name, "blk.%d.ffn_gate_inp_shexp.weight", i);
-        bool gated = hp->arch == LM_ARCH_QWEN2MOE || hp->arch == LM_ARCH_QWEN35MOE;
+        bool gated = hp->arch == LM_ARCH_QWEN2MOE || hp->arch == LM_ARCH_QWEN35MOE || hp->arch == LM_ARCH_QWEN3NEXT;
         if (gated && load_vec(L, name, E, true, &moe->shexp_gate)) return -1;
         snprintf(name, sizeof name, "blk.%d.ffn_gate_shexp.weight", i);
         if (load_weight(L, name, E, S, &l->w_gate)) return -1;
@@ -844,10 +874,10 @@ static int load_conv(loader *L, const char *name, int64_t K, int64_t conv, const
     return 0;
 }
 
-/* A qwen35 layer: its norms and dense FFN, then gated full attention
- * (every full_attn_interval-th, or every layer when attn: an MTP layer) or
- * a gated DeltaNet. *rec and *kvl count the recurrent and the attention
- * layers so far. */
+/* A qwen35 or qwen3next layer: its norms and dense FFN or experts, then
+ * gated full attention (every full_attn_interval-th, or every layer when
+ * attn: an MTP layer) or a gated DeltaNet. *rec and *kvl count the recurrent
+ * and the attention layers so far. */
 static int load_hybrid_layer(loader *L, int i, lm_layer *l, bool attn, int *rec, int *kvl) {
     lm_model *m = L->m;
     const lm_hparams *hp = &m->hp;
@@ -878,10 +908,16 @@ static int load_hybrid_layer(loader *L, int i, lm_layer *l, bool attn, int *rec,
     lm_gdn *g = &m->gdn[i];
     const int64_t K = hp->ssm_conv, hv = hp->ssm_hv, dv = hp->ssm_dv, V = hv * dv;
     const int64_t conv = 2 * (int64_t)hp->ssm_hk * hp->ssm_dk + V;
-    if (load_weight(L, NAME("attn_qkv.weight"), E, conv, &g->qkv) ||
-        load_weight(L, NAME("attn_gate.weight"), E, V, &g->z) ||
-        load_weight(L, NAME("ssm_beta.weight"), E, hv, &g->beta) ||
-        load_weight(L, NAME("ssm_alpha.weight"), E, hv, &g->alpha) ||
+    /* qwen3next: beta and alpha in one fused ssm_ba (lm_gdn.beta), and in older files q, k, v and z
+     * in one ssm_in (lm_gdn.qkv); both split after the product in gdn.c */
+    bool fused_ba = hp->arch == LM_ARCH_QWEN3NEXT;
+    bool fused_in = fused_ba && gguf_find_tensor(m->gguf, NAME("ssm_in.weight")) != NULL;
+    if ((fused_in ? load_weight(L, NAME("ssm_in.weight"), E, conv + V, &g->qkv)
+                  : load_weight(L, NAME("attn_qkv.weight"), E, conv, &g->qkv) ||
+                 load_weight(L, NAME("attn_gate.weight"), E, V, &g->z)) ||
+        (fused_ba ? load_weight(L, NAME("ssm_ba.weight"), E, 2 * hv, &g->beta)
+                  : load_weight(L, NAME("ssm_beta.weight"), E, hv, &g->beta) ||
+                 load_weight(L, NAME("ssm_alpha.weight"), E, hv, &g->alpha)) ||
         load_weight(L, NAME("ssm_out.weight"), V, E, &g->out) ||
         load_conv(L, NAME("ssm_conv1d.weight"), K, conv, &g->conv_w) ||
         load_vec(L, NAME("ssm_dt.bias"), hv, true, &g->dt_bias) || load_vec(L, NAME("ssm_a"), hv, true, &g->a) ||
@@ -1021,7 +1057,7 @@ static int load_tensors(loader *L) {
         if (report(L, 0.05 + 0.15 * (i + 1) / hp->n_layer)) return -1;
     }
     (void)n_kvl; /* the layers with KV: n_layer - n_rlayer */
-    if (hp->n_layer_mtp && load_mtp(L)) return -1;
+    if (hp->n_layer_mtp && hp->arch != LM_ARCH_QWEN3NEXT && load_mtp(L)) return -1;
     for (int64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {
         const gguf_tensor *t = gguf_tensor_at(m->gguf, i);
         m->weight_bytes += t->nbytes;

@@ -51,7 +51,17 @@
  *          with a recurrent state per sequence instead of a KV cache. The
  *          FFN's norm is post_attention_norm. qwen35moe: the same with
  *          qwen2moe's experts (softmax router, top-k renormalised, a
- *          shared expert behind a sigmoid gate) in every layer.
+ *          shared expert behind a sigmoid gate) in every layer. A file's
+ *          attention.recurrent_layers must give that same pattern.
+ *   qwen3next Qwen3-Next: qwen35moe's layers with three differences. RoPE
+ *          is plain NeoX on the first rope.dimension_count dims (no
+ *          sections); value head h of a gated DeltaNet reads key head
+ *          h / (hv / hk) (the heads grouped by key head, not tiled); and
+ *          beta and alpha come from one fused ssm_ba (per key head its
+ *          hv / hk beta rows, then as many alpha rows), split after the
+ *          product (gdn.c). Files of the older layout, one blk.N.ssm_in
+ *          with q, k, v and z interleaved per key head, are read too: its
+ *          product is split the same way.
  * RoPE scaling (rope.scaling.type): linear for every family but deepseek2;
  * YaRN for llama, qwen2, qwen3, their MoE variants and deepseek2 (the
  * released DeepSeek files): the factor stretches the low frequencies, the
@@ -92,6 +102,7 @@ typedef enum {
     LM_ARCH_DEEPSEEK2,
     LM_ARCH_QWEN35,
     LM_ARCH_QWEN35MOE,
+    LM_ARCH_QWEN3NEXT,
 } lm_arch;
 
 typedef enum { LM_ROPE_ADJACENT, LM_ROPE_NEOX } lm_rope_style;
@@ -148,7 +159,7 @@ typedef struct {
     int kv_lora_rank; /* the latent's width */
     int qk_nope;      /* a head's query/key width without RoPE (the RoPE part is n_rot wide) */
     int v_head_dim;   /* a head's value width */
-    /* Hybrid models (qwen35): gated-DeltaNet linear-attention layers (gdn.h)
+    /* Hybrid models (qwen35*, qwen3next): gated-DeltaNet linear-attention layers (gdn.h)
      * beside full attention (n_rlayer 0: none). Every full_attn_interval-th
      * layer (counting from 1) is full attention, the rest recurrent. */
     int n_rlayer; /* recurrent layers */
@@ -157,7 +168,9 @@ typedef struct {
     int ssm_hk, ssm_hv;   /* key heads (ssm.group_count) and value heads (ssm.time_step_rank) */
     int ssm_dk, ssm_dv;   /* their widths (ssm.state_size; ssm.inner_size / ssm_hv) */
     int rope_sections[4]; /* qwen35's multi-axis RoPE: text positions turn the pairs the first three
-                                  sections interleave, the rest (the fourth axis, position 0) not */
+                                  sections interleave, the rest (the fourth axis, position 0) not;
+                                  all 0 (qwen3next): plain RoPE */
+    bool ssm_grouped;     /* value head h reads key head h / (hv / hk) (qwen3next), not h % hk (qwen35) */
     bool attn_gate;       /* full attention's output gated: attn_q holds per head [query | gate], the
                                   heads' output multiplied by sigmoid(gate) before attn_output */
     int n_layer_mtp;      /* next-token-prediction layers after the trunk (<arch>.nextn_predict_layers;
@@ -189,14 +202,17 @@ typedef struct {
                                         itself is the layer's w_gate, w_up, w_down (n_ff_shexp) */
 } lm_moe;
 
-/* One recurrent layer's gated DeltaNet (qwen35, gdn.h). conv = 2 hk dk + hv dv
- * channels: q (hk dk), k (hk dk), v (hv dv); value head h reads key head
- * h % hk. */
+/* One recurrent layer's gated DeltaNet (qwen35, qwen3next; gdn.h). conv =
+ * 2 hk dk + hv dv channels: q (hk dk), k (hk dk), v (hv dv); value head h
+ * reads key head h % hk, or h / (hv / hk) with hp.ssm_grouped. */
 typedef struct {
-    lm_weight qkv;        /* (conv, n_embd) attn_qkv */
-    lm_weight z;          /* (hv dv, n_embd) attn_gate: the output norm's gate */
-    lm_weight beta;       /* (hv, n_embd) ssm_beta */
-    lm_weight alpha;      /* (hv, n_embd) ssm_alpha */
+    lm_weight qkv;        /* (conv, n_embd) attn_qkv; or an older qwen3next file's (conv + hv dv, n_embd)
+                                  ssm_in: per key head [q (dk) | k (dk) | its r = hv / hk value heads
+                                  (r dv) | their z (r dv)] (z then rows 0) */
+    lm_weight z;          /* (hv dv, n_embd) attn_gate: the output norm's gate; rows 0 with ssm_in */
+    lm_weight beta;       /* (hv, n_embd) ssm_beta; or qwen3next's fused (2 hv, n_embd) ssm_ba: per key
+                                  head its hv / hk beta rows, then as many alpha rows (alpha then rows 0) */
+    lm_weight alpha;      /* (hv, n_embd) ssm_alpha; rows 0 with a fused ssm_ba */
     lm_weight out;        /* (n_embd, hv dv) ssm_out */
     const float *conv_w;  /* (K, conv) the conv's taps, tap-major (the file's ssm_conv1d transposed) */
     const float *dt_bias; /* (hv) ssm_dt.bias */
@@ -228,7 +244,7 @@ typedef struct {
                                         wo is then (n_embd, n_head*v_head_dim) */
     lm_moe *moe;                    /* NULL for a dense FFN; then w_gate/w_up/w_down are the FFN, else
                                         the shared expert (rows 0 when there is none) */
-    lm_gdn *gdn;                    /* a recurrent layer's gated DeltaNet (qwen35), else NULL; the attention
+    lm_gdn *gdn;                    /* a recurrent layer's gated DeltaNet (qwen35*, qwen3next), else NULL; the attention
                                         matrices are then rows 0 */
     int rec;                        /* the recurrent layer's index among them (state slots), else -1 */
     int kv_layer;                   /* the full-attention layer's index in the KV pool, else -1 */

@@ -21,8 +21,15 @@
 static const struct {
     const char *arch, *family;
 } FALLBACK[] = {
-    {"gemma3", "gemma"},   {"gemma2", "gemma"},      {"qwen3", "qwen3"}, {"qwen3moe", "qwen3"},
-    {"qwen35", "qwen3.5"}, {"qwen35moe", "qwen3.5"}, {"phi3", "phi3"},
+    {"gemma3", "gemma"},
+    {"gemma2", "gemma"},
+    {"qwen3", "qwen3"},
+    {"qwen3moe", "qwen3"},
+    {"qwen35", "qwen3.5"},
+    {"qwen35moe", "qwen3.5"},
+    {"phi3", "phi3"},
+    /* Qwen3-Next's templates are Qwen3's (<tool_call> JSON, not Qwen3.5's <function=) */
+    {"qwen3next", "qwen3"},
 };
 
 static int fallback_family(const gguf_ctx *g) {
