@@ -87,8 +87,9 @@ static int pp_table(const lm_model *m, const kv_config *whole, const kv_plan *wp
     int rc = 0;
     for (int s = 0; s < pp->size; s++) {
         kv_config c = *whole;
-        c.layer0 = pp->first[s];
-        c.layer1 = pp->first[s + 1];
+        c.layer0 = c.layer1 = 0; /* the stage's layers as KV pool layers: a hybrid's recurrent ones keep no KV */
+        for (int li = 0; li < pp->first[s + 1]; li++)
+            if (m->layers[li].rec < 0) c.layer0 += li < pp->first[s], c.layer1++;
         kv_plan pl;
         char err[LM_ERRLEN];
         if (kv_plan_make(&c, &pl, err, sizeof err)) {
@@ -97,8 +98,9 @@ static int pp_table(const lm_model *m, const kv_config *whole, const kv_plan *wp
         }
         if (pl.n_blocks != wpl->n_blocks || pl.cls[KV_LOCAL].n_blocks != wpl->cls[KV_LOCAL].n_blocks) rc = 1;
         sum += pl.data_bytes;
-        printf("  %5d  %3d-%-3d (%2d)  %13.2f  %16llu  %13.2f\n", s, c.layer0, c.layer1 - 1, c.layer1 - c.layer0,
-               mib(pp->bytes[s]), (unsigned long long)pl.bytes_per_token, mib(pl.data_bytes));
+        int l0 = pp->first[s], l1 = pp->first[s + 1];
+        printf("  %5d  %3d-%-3d (%2d)  %13.2f  %16llu  %13.2f\n", s, l0, l1 - 1, l1 - l0, mib(pp->bytes[s]),
+               (unsigned long long)pl.bytes_per_token, mib(pl.data_bytes));
     }
     if (sum != wpl->data_bytes) rc = 1;
     printf("  (stages' pools: %llu bytes in all, the whole pool %llu: %s)\n", (unsigned long long)sum,

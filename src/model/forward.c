@@ -99,9 +99,9 @@ void fwd_kv_config(const lm_model *m, const fwd_dims *d, kv_config *c) {
     c->latent_v = hp->kv_lora_rank; /* latent attention: the key row holds the value (kv.h) */
     c->n_ctx = d->n_ctx;
     c->chunk = d->n_batch;
-    if (m->pp.size > 1) { /* a pipeline stage stores its own layers' K/V */
-        c->layer0 = m->pp.layer0;
-        c->layer1 = m->pp.layer1;
+    if (m->pp.size > 1) { /* a pipeline stage stores its own layers' K/V (as KV pool layers: lm_pp.kv0) */
+        c->layer0 = m->pp.kv0;
+        c->layer1 = m->pp.kv1;
     }
 }
 
@@ -629,7 +629,7 @@ int fwd_check(const lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_
             return lm_err(err, errlen, "segment %d is malformed", g);
         if (sg->pos0 + sg->n > f->dims.n_ctx)
             return lm_err(err, errlen, "segment %d passes the context (%d positions)", g, f->dims.n_ctx);
-        if (hp->n_rlayer && (!sg->rconv || !sg->rmat))
+        if (f->m->pp.rec1 > f->m->pp.rec0 && (!sg->rconv || !sg->rmat))
             return lm_err(err, errlen, "segment %d has no recurrent state for the model's linear-attention layers", g);
         if (sg->ck &&
             (!hp->n_rlayer || !rstate_ckpt_reserved(sg->ck, sg->ck_slot, sg->pos0 + 1) ||

@@ -142,7 +142,11 @@ typedef struct {
     /* with recurrent layers (m->hp.n_rlayer > 0; gdn.h): the sequence's
      * state per recurrent layer r, the conv window rconv[r] (K - 1, conv)
      * and the matrices rmat[r] (hv, dk, dv), holding position pos0 - 1's
-     * state (zeros at 0) and left at pos0 + n - 1's; NULL otherwise */
+     * state (zeros at 0) and left at pos0 + n - 1's; NULL otherwise. The
+     * arrays have n_rlayer entries; only those of this pipeline stage's
+     * recurrent layers (lm_pp.rec0 .. rec1) are read, and a stage without
+     * any may pass NULL. Under tensor parallelism hv and conv are this
+     * rank's (its heads' state only: shard.c). */
     float *const *rconv, *const *rmat;
     /* a verification segment's checkpoints (speculative decoding, with
      * rconv and rmat): the state store holding them and the live slot whose
@@ -264,9 +268,12 @@ typedef struct lm_seqrun {
     kv_seq *seq;  /* the sequence, in kv */
     int n_ctx;    /* positions it may hold (fwd->dims.n_ctx) */
     int n_past;   /* positions filled */
-    /* with recurrent layers: the sequence's state (gdn.h), every layer's
-     * conv window then every layer's matrices, and pointers into it */
+    /* with recurrent layers: the sequence's state (gdn.h) of the layers
+     * this pipeline stage runs (lm_pp.rec0 .. rec1; all without a
+     * pipeline), every layer's conv window then every layer's matrices,
+     * and pointers into it (NULL for the other stages' layers) */
     float *rstate;
+    size_t rstate_floats;
     float **rconv, **rmat; /* (n_rlayer) each */
 } lm_seqrun;
 

@@ -1091,7 +1091,7 @@ static uint64_t meminfo_available(void) {
 
 static int pack_weights(loader *L) {
     lm_model *m = L->m;
-    m->packed_bytes = m->kb_bytes;
+    m->packed_bytes = m->kb_bytes + m->shard_bytes;
     const int H = m->hp.n_head;
     const int n_max = MODEL_LAYER_MATRICES * m->hp.n_layer + 1 + 5 * m->hp.n_rlayer +
         (m->moe ? m->hp.n_layer * (1 + 3 * m->hp.n_expert) : 0) + (m->mla ? m->hp.n_layer * (3 + 2 * H) : 0);
@@ -1264,6 +1264,7 @@ void model_free(lm_model *m) {
     lm_free(m->mla);
     lm_free(m->mla_heads);
     lm_free(m->kb_mem);
+    lm_free(m->shard_mem);
     lm_free(m->f32);
     lm_free(m->packed_mem);
     if (m->gguf) gguf_close(m->gguf);

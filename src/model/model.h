@@ -286,6 +286,8 @@ typedef struct {
     int n_head, n_head_kv, n_ff; /* the whole model's */
     int head0, kv_head0, ff0;    /* this rank's first query head, KV head, FFN row */
     int kv_copies;               /* ranks holding each KV head (size / n_head_kv when size > n_head_kv) */
+    int ssm_hk, ssm_hv;          /* the whole model's key and value heads of its recurrent layers */
+    int ssm_k0;                  /* this rank's first key head there (its value heads: shard.c) */
     int vocab0, n_vocab;         /* this rank's LM head rows [vocab0, vocab0 + n_vocab) */
     int vocab_split[64];         /* (size) LM head rows of each rank */
     bool lead;                   /* rank 0 serving: fwd_run broadcasts each plan first (tp_plan.h) */
@@ -304,6 +306,10 @@ typedef struct {
     int first[LM_TP_MAX + 1];  /* (size + 1) every stage's first layer; first[size] = n_layer */
     uint64_t bytes[LM_TP_MAX]; /* (size) weight bytes of every stage (this rank's TP shard) */
     int tp;                    /* ranks per stage: the world rank of (stage s, tensor rank t) is s * tp + t */
+    int kv0, kv1;              /* hybrid models: this stage's full-attention layers as KV pool layers
+                                      (lm_layer.kv_layer) [kv0, kv1), and its recurrent layers as state
+                                      layers (lm_layer.rec) [rec0, rec1); otherwise kv = layer range */
+    int rec0, rec1;
 } lm_pp;
 
 typedef struct lm_model {
@@ -321,7 +327,7 @@ typedef struct lm_model {
     float *f32;            /* slab owning every converted norm/bias vector */
     void *packed_mem;      /* allocation owning every weight's packed copy, or NULL
                                 (also when the copies would not fit in memory) */
-    size_t packed_bytes;   /* bytes of packed copies and of kb_mem (memory beyond the mapping) */
+    size_t packed_bytes;   /* bytes of packed copies, of kb_mem and shard_mem (memory beyond the mapping) */
     lm_moe *moe;           /* (n_layer) when n_expert > 0, else NULL */
     lm_weight *experts;    /* (n_layer, 3, n_expert) the slices lm_moe points into */
     lm_mla *mla;           /* (n_layer) with latent attention, else NULL */
@@ -331,6 +337,9 @@ typedef struct lm_model {
     size_t kb_bytes;       /* its bytes (counted in packed_bytes) */
     lm_gdn *gdn;           /* (n_layer) with recurrent layers (their gdn points here), else NULL */
     struct lm_mtp *mtp;    /* the first next-token-prediction layer (hp.n_layer_mtp > 0), else NULL */
+    void *shard_mem;       /* a tensor-parallel rank's gathered slices of the recurrent layers (their
+                                heads are not one contiguous range: shard.c), or NULL */
+    size_t shard_bytes;    /* its bytes (counted in packed_bytes) */
     char name[128];        /* general.name, or the file's base name */
     uint64_t n_params;
     uint64_t weight_bytes; /* bytes of all tensors */

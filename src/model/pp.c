@@ -19,11 +19,18 @@
  * logits rows to every rank, which all sample the same tokens.
  *
  * A row's arithmetic is the same whichever micro-batch holds it (forward.c),
- * so a pipelined pass gives the single process's logits bit for bit.
+ * so a pipelined pass gives the single process's logits bit for bit. A
+ * hybrid model's recurrent layers keep that only when a sequence is cut
+ * where the delta rule's pieces end (gdn.h): there micro-batches cut
+ * segments on multiples of GDN_CHUNK positions (grid_cut), and a stage's
+ * recurrent state (its own layers' only, lm_pp.rec0 .. rec1) advances
+ * micro-batch by micro-batch in order.
  *
  * The scratch for cut segments grows to the largest pass and is kept.
  */
 #include "model/pp.h"
+
+#include "model/gdn.h"
 
 #include "dist/dist.h"
 #include "base/util.h"
@@ -40,6 +47,18 @@ void pp_stats_reset(void) { g_st = (pp_stats){0}; }
 
 static const fwd_hooks tp_hooks = {.reduce = dist_allreduce_sum, .gather_cols = dist_allgather_cols};
 
+/* Rows of a segment cut at position p0 when take of its left rows fit
+ * (take < left): a hybrid model's cut ends on a multiple of GDN_CHUNK
+ * positions, where the delta rule's pieces end anyway (gdn.h), rounded
+ * down when that leaves rows, else up (the micro-batch grows past its
+ * share), so a cut segment gets the bits of the whole one. */
+static int grid_cut(int p0, int take, int left) {
+    int end = (p0 + take) / GDN_CHUNK * GDN_CHUNK;
+    if (end > p0) return end - p0;
+    end = (p0 / GDN_CHUNK + 1) * GDN_CHUNK;
+    return end - p0 < left ? end - p0 : left;
+}
+
 /* A pipeline stage's pass: micro-batches received, run and sent on. */
 static int stage_forward(lm_fwd *f, const fwd_span *span, const int32_t *tokens, int n, const lm_seg *segs, int n_seg,
                          float *logits, char *err, size_t errlen) {
@@ -47,6 +66,7 @@ static int stage_forward(lm_fwd *f, const fwd_span *span, const int32_t *tokens,
     const lm_pp *pp = &m->pp;
     const size_t E = (size_t)m->hp.n_embd, V = (size_t)m->hp.n_vocab;
     const int tp_rank = dist_tp_rank(), last = pp->size - 1;
+    const bool hybrid = m->hp.n_rlayer > 0;
     int micro = PP_MICRO_PER_STAGE * pp->size;
     if (micro > n) micro = n;
     if (n_seg + micro > g_cap) {
@@ -59,12 +79,20 @@ static int stage_forward(lm_fwd *f, const fwd_span *span, const int32_t *tokens,
     /* walk the segments, cutting them into micro-batches of up to per rows */
     while (row < n) {
         int rows = 0, ns = 0, mb_row0 = row, mb_logits = 0;
-        while (rows < per && g < n_seg) {
+        bool cut = false;
+        while (rows < per && g < n_seg && !cut) {
             const lm_seg *sg = &segs[g];
             int take = sg->n - done_g < per - rows ? sg->n - done_g : per - rows;
+            if (hybrid && take < sg->n - done_g) take = grid_cut(sg->pos0 + done_g, take, sg->n - done_g);
+            cut = take < sg->n - done_g;
             int lo = done_g > sg->n - sg->n_logits ? done_g : sg->n - sg->n_logits, hi = done_g + take;
             int nl = hi > lo ? hi - lo : 0;
-            g_segs[ns++] = (lm_seg){.seq = sg->seq, .pos0 = sg->pos0 + done_g, .n = take, .n_logits = nl};
+            g_segs[ns++] = (lm_seg){.seq = sg->seq,
+                                    .pos0 = sg->pos0 + done_g,
+                                    .n = take,
+                                    .n_logits = nl,
+                                    .rconv = sg->rconv,
+                                    .rmat = sg->rmat};
             mb_logits += nl;
             rows += take;
             done_g += take;

@@ -43,17 +43,20 @@ static lm_seqrun *seqrun_build(const lm_model *m, lm_pool *pool, kv_pool *kv, bo
     r->owns_kv = owns_kv;
     r->n_ctx = d->n_ctx;
     const lm_hparams *hp = &m->hp;
-    if (hp->n_rlayer) {
-        size_t cf = gdn_conv_floats(hp), mf = gdn_mat_floats(hp), R = (size_t)hp->n_rlayer;
-        r->rstate = lm_calloc(R * (cf + mf), sizeof(float));
-        r->rconv = lm_malloc(R * sizeof *r->rconv);
-        r->rmat = lm_malloc(R * sizeof *r->rmat);
+    if (hp->n_rlayer) { /* the state of this stage's recurrent layers only (lm_pp.rec0 .. rec1) */
+        const lm_pp *pp = &m->pp;
+        size_t cf = gdn_conv_floats(hp), mf = gdn_mat_floats(hp), R = (size_t)(pp->rec1 - pp->rec0);
+        r->rstate_floats = R * (cf + mf);
+        r->rstate = lm_calloc(r->rstate_floats ? r->rstate_floats : 1, sizeof(float));
+        r->rconv = lm_calloc((size_t)hp->n_rlayer, sizeof *r->rconv);
+        r->rmat = lm_calloc((size_t)hp->n_rlayer, sizeof *r->rmat);
         if (!r->rstate || !r->rconv || !r->rmat) {
             lm_err(err, errlen, "out of memory for the recurrent state");
             seqrun_free(r);
             return NULL;
         }
-        for (size_t i = 0; i < R; i++) r->rconv[i] = r->rstate + i * cf, r->rmat[i] = r->rstate + R * cf + i * mf;
+        for (size_t i = 0; i < R; i++)
+            r->rconv[pp->rec0 + i] = r->rstate + i * cf, r->rmat[pp->rec0 + i] = r->rstate + R * cf + i * mf;
     }
     if ((with_seq && !(r->seq = kv_seq_new(kv, err, errlen))) || !(r->fwd = fwd_new(m, pool, kv, d, err, errlen))) {
         seqrun_free(r);
@@ -88,10 +91,7 @@ lm_seqrun *seqrun_fork(const lm_seqrun *src, char *err, size_t errlen) {
         return NULL;
     }
     r->n_past = src->n_past;
-    const lm_hparams *hp = &src->fwd->m->hp;
-    if (hp->n_rlayer)
-        memcpy(r->rstate, src->rstate,
-               (size_t)hp->n_rlayer * (gdn_conv_floats(hp) + gdn_mat_floats(hp)) * sizeof(float));
+    if (src->rstate_floats) memcpy(r->rstate, src->rstate, src->rstate_floats * sizeof(float));
     return r;
 }
 
@@ -109,9 +109,7 @@ void seqrun_free(lm_seqrun *r) {
 void seqrun_reset(lm_seqrun *r) {
     kv_truncate(r->kv, r->seq, 0, NULL, 0);
     r->n_past = 0;
-    const lm_hparams *hp = &r->fwd->m->hp;
-    if (hp->n_rlayer)
-        memset(r->rstate, 0, (size_t)hp->n_rlayer * (gdn_conv_floats(hp) + gdn_mat_floats(hp)) * sizeof(float));
+    if (r->rstate_floats) memset(r->rstate, 0, r->rstate_floats * sizeof(float));
 }
 
 int seqrun_prefix_match(lm_seqrun *r, const int32_t *tokens, int n, uint64_t salt) {

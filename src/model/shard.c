@@ -22,6 +22,18 @@
  * again here. A Mixture-of-Experts layer splits each expert (and the
  * shared expert) by its rows the same way, the router replicated
  * (shard_moe); afterwards hp.n_ff_exp and hp.n_ff_shexp are this rank's.
+ * A hybrid model (qwen35): its gated full-attention layers split as above,
+ * attn_q's rows taken per head as [query | gate] pairs; each gated-DeltaNet
+ * layer splits by key heads (shard_recurrent): the rank's key heads
+ * [ssm_k0, ssm_k0 + ssm_hk/N) and the value heads reading them (head h
+ * reads key head h % ssm_hk, so hv/hk runs of them), i.e. the q, k and v
+ * rows of attn_qkv and the conv taps of those channels, the rows of the z
+ * gate, ssm_beta and ssm_alpha, dt bias and ssm_a of those heads, ssm_out's
+ * columns of their values (a partial sum again); the per-head norm weight
+ * is shared. These rows are not one range, so they are gathered into
+ * m->shard_mem; afterwards hp.ssm_hk and hp.ssm_hv are this rank's and
+ * every sequence's state (conv window and matrices, rstate.h) holds this
+ * rank's heads only. Refused: key heads that do not divide by N.
  * Row slices are whole stored rows (a pointer into the mapping); column
  * slices keep the stored row stride and start on a whole quantization block,
  * so any type splits as long as the column range is a multiple of its block
@@ -92,18 +104,183 @@ static int shard_mla(const lm_model *m, lm_layer *l, int head0, int nh, char *er
     return cols_slice(&l->wo, (int64_t)head0 * vd, (int64_t)nh * vd, "the attention output", err, errlen);
 }
 
+/* ---- the recurrent layers ------------------------------------------------- */
+
+/* A gated-DeltaNet layer (qwen35) splits by key heads: rank r takes key
+ * heads [k0, k0 + nk), nk = hk/N, and the value heads that read them. Value
+ * head h reads key head h % hk (model.h), so those are h = j hk + k0 + i for
+ * j < hv/hk, i < nk: hv/hk runs of nk heads, not one range. Their rows and
+ * columns are gathered into shard_mem in the order j-major, i-minor: local
+ * value head j nk + i then reads local key head (j nk + i) % nk = i, the
+ * same rule over the rank's counts, so gdn.c runs the shard unchanged with
+ * hp.ssm_hk = nk and hp.ssm_hv = hv/N. A range list names what to gather:
+ * (first, count) pairs in units of what each part counts (heads, channels). */
+typedef struct {
+    int64_t hk, hv, dk, dv, k0, nk; /* whole counts; this rank's key heads */
+} gsplit;
+
+/* The conv channels (and qkv rows) of the rank's heads: q, k, then each run
+ * of value heads. out holds 2 + hv/hk pairs; returns their number. */
+static int ranges_qkv(const gsplit *s, int64_t (*out)[2]) {
+    int n = 0;
+    out[n][0] = s->k0 * s->dk, out[n++][1] = s->nk * s->dk;
+    out[n][0] = (s->hk + s->k0) * s->dk, out[n++][1] = s->nk * s->dk;
+    for (int64_t j = 0; j < s->hv / s->hk; j++)
+        out[n][0] = 2 * s->hk * s->dk + (j * s->hk + s->k0) * s->dv, out[n++][1] = s->nk * s->dv;
+    return n;
+}
+
+/* The rank's value heads, times width (1: the heads; dv: their channels). */
+static int ranges_v(const gsplit *s, int64_t width, int64_t (*out)[2]) {
+    int n = 0;
+    for (int64_t j = 0; j < s->hv / s->hk; j++) out[n][0] = (j * s->hk + s->k0) * width, out[n++][1] = s->nk * width;
+    return n;
+}
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Gather w's rows of the ranges into *dst (advanced; NULL: only counted in
+ * *bytes) and point w there. */
+static void gather_rows(lm_weight *w, const int64_t (*rg)[2], int n_rg, char **dst, size_t *bytes) {
+    int64_t rows = 0;
+    for (int i = 0; i < n_rg; i++) rows += rg[i][1];
+    size_t len = (size_t)rows * w->row_bytes;
+    *bytes += align64(len);
+    if (!*dst) return;
+    char *p = *dst;
+    for (int i = 0; i < n_rg; i++) {
+        memcpy(p, (const char *)w->data + (size_t)rg[i][0] * w->row_bytes, (size_t)rg[i][1] * w->row_bytes);
+        p += (size_t)rg[i][1] * w->row_bytes;
+    }
+    w->data = *dst;
+    w->rows = rows;
+    *dst += align64(len);
+}
+
+/* Gather w's columns of the ranges, each on whole quantization blocks. */
+static int gather_cols(lm_weight *w, const int64_t (*rg)[2], int n_rg, char **dst, size_t *bytes, char *err,
+                       size_t errlen) {
+    int64_t cols = 0;
+    for (int i = 0; i < n_rg; i++) {
+        int64_t c0 = rg[i][0], n = rg[i][1];
+        if ((c0 && !quant_row_size(w->type, c0)) || !quant_row_size(w->type, n))
+            return lm_err(err, errlen,
+                          "the linear attention's output of type %s cannot be split at column %lld (%lld columns "
+                          "per run of heads are not whole blocks of %lld)",
+                          quant_type_name(w->type), (long long)c0, (long long)n,
+                          (long long)quant_traits(w->type)->blck);
+        cols += n;
+    }
+    size_t rb = quant_row_size(w->type, cols), len = (size_t)w->rows * rb;
+    *bytes += align64(len);
+    if (!*dst) return 0;
+    for (int64_t r = 0; r < w->rows; r++) {
+        char *p = *dst + (size_t)r * rb;
+        const char *src = (const char *)w->data + (size_t)r * w->row_bytes;
+        for (int i = 0; i < n_rg; i++) {
+            size_t n = quant_row_size(w->type, rg[i][1]);
+            memcpy(p, src + quant_row_size(w->type, rg[i][0]), n);
+            p += n;
+        }
+    }
+    w->data = *dst;
+    w->cols = cols;
+    w->row_bytes = rb;
+    *dst += align64(len);
+    return 0;
+}
+
+/* Gather the ranges of `per` floats from each of taps rows of x (stride
+ * `stride` floats) into *dst; the gathered copy, or NULL when counting. */
+static const float *gather_floats(const float *x, int64_t taps, int64_t stride, const int64_t (*rg)[2], int n_rg,
+                                  char **dst, size_t *bytes) {
+    int64_t per = 0;
+    for (int i = 0; i < n_rg; i++) per += rg[i][1];
+    size_t len = (size_t)(taps * per) * sizeof(float);
+    *bytes += align64(len);
+    if (!*dst) return NULL;
+    float *out = (float *)*dst, *p = out;
+    for (int64_t t = 0; t < taps; t++)
+        for (int i = 0; i < n_rg; i++) {
+            memcpy(p, x + t * stride + rg[i][0], (size_t)rg[i][1] * sizeof(float));
+            p += rg[i][1];
+        }
+    *dst += align64(len);
+    return out;
+}
+
+/* Layer g's slices for split s: counted into *bytes when *dst is NULL,
+ * else gathered there (and g pointed at them). */
+static int shard_gdn(lm_gdn *g, const gsplit *s, int64_t K, int64_t (*rg)[2], char **dst, size_t *bytes, char *err,
+                     size_t errlen) {
+    int64_t C = 2 * s->hk * s->dk + s->hv * s->dv;
+    int n = ranges_qkv(s, rg);
+    gather_rows(&g->qkv, rg, n, dst, bytes);
+    const float *conv = gather_floats(g->conv_w, K, C, rg, n, dst, bytes);
+    n = ranges_v(s, s->dv, rg);
+    gather_rows(&g->z, rg, n, dst, bytes);
+    if (gather_cols(&g->out, rg, n, dst, bytes, err, errlen)) return -1;
+    n = ranges_v(s, 1, rg);
+    gather_rows(&g->beta, rg, n, dst, bytes);
+    gather_rows(&g->alpha, rg, n, dst, bytes);
+    const float *dt = gather_floats(g->dt_bias, 1, 0, rg, n, dst, bytes);
+    const float *a = gather_floats(g->a, 1, 0, rg, n, dst, bytes);
+    if (*dst) g->conv_w = conv, g->dt_bias = dt, g->a = a;
+    return 0;
+}
+
+/* Every recurrent layer's slices gathered into m->shard_mem (one
+ * allocation: sized by a counting pass, then filled). */
+static int shard_recurrent(lm_model *m, int rank, int size, char *err, size_t errlen) {
+    lm_hparams *hp = &m->hp;
+    if (hp->ssm_hk % size)
+        return lm_err(err, errlen,
+                      "%d key heads of the linear-attention layers do not split over %d ranks (each rank takes "
+                      "whole key heads and the value heads that read them)",
+                      hp->ssm_hk, size);
+    if (hp->ssm_hv % hp->ssm_hk)
+        return lm_err(err, errlen, "%d value heads are not a multiple of %d key heads", hp->ssm_hv, hp->ssm_hk);
+    gsplit s = {hp->ssm_hk, hp->ssm_hv, hp->ssm_dk, hp->ssm_dv, 0, hp->ssm_hk / size};
+    s.k0 = (int64_t)rank * s.nk;
+    int64_t(*rg)[2] = lm_malloc((size_t)(2 + s.hv / s.hk) * sizeof *rg);
+    if (!rg) return lm_err(err, errlen, "out of memory");
+    size_t bytes = 0;
+    char *none = NULL, *dst;
+    int rc = 0;
+    /* counting: the layers' shapes are alike; the output's block check runs here */
+    for (int li = 0; li < hp->n_layer && !rc; li++)
+        if (m->layers[li].gdn) {
+            lm_gdn g = *m->layers[li].gdn;
+            rc = shard_gdn(&g, &s, hp->ssm_conv, rg, &none, &bytes, err, errlen);
+        }
+    if (!rc && !(m->shard_mem = dst = lm_malloc(bytes)))
+        rc = lm_err(err, errlen, "out of memory for the linear-attention slices (%zu bytes)", bytes);
+    for (int li = 0; li < hp->n_layer && !rc; li++)
+        if (m->layers[li].gdn) {
+            size_t b = 0;
+            rc = shard_gdn(m->layers[li].gdn, &s, hp->ssm_conv, rg, &dst, &b, err, errlen);
+        }
+    lm_free(rg);
+    if (rc) return -1;
+    m->shard_bytes = bytes;
+    m->tp.ssm_k0 = (int)s.k0;
+    hp->ssm_hk = (int)s.nk;
+    hp->ssm_hv = (int)(s.hv / size);
+    return 0;
+}
+
 int model_shard(lm_model *m, int rank, int size, char *err, size_t errlen) {
     lm_hparams *hp = &m->hp;
     lm_tp *tp = &m->tp;
     memset(tp, 0, sizeof *tp);
     tp->rank = rank;
     tp->size = size;
-    if (size > 1 && hp->n_rlayer)
-        return lm_err(err, errlen, "tensor parallelism of a hybrid model's linear-attention layers is not supported");
     tp->n_head = hp->n_head;
     tp->n_head_kv = hp->n_head_kv;
     tp->n_ff = hp->n_ff;
     tp->kv_copies = 1;
+    tp->ssm_hk = hp->ssm_hk;
+    tp->ssm_hv = hp->ssm_hv;
     tp->n_vocab = hp->n_vocab;
     tp->vocab_split[0] = hp->n_vocab;
     if (size == 1) return 0;
@@ -129,7 +306,8 @@ int model_shard(lm_model *m, int rank, int size, char *err, size_t errlen) {
     if (m->moe && (hp->n_ff_exp % size || hp->n_ff_shexp % size))
         return lm_err(err, errlen, "experts of %d rows (shared expert %d) do not split over %d ranks", hp->n_ff_exp,
                       hp->n_ff_shexp, size);
-    int nff = hp->n_ff / size, hd = hp->head_dim;
+    if (hp->n_rlayer && shard_recurrent(m, rank, size, err, errlen)) return -1;
+    int nff = hp->n_ff / size, hd = hp->head_dim, qw = hp->attn_gate ? 2 : 1; /* gated: [query | gate] per head */
     tp->head0 = rank * nh;
     tp->ff0 = rank * nff;
     for (int r = 0; r < size; r++) {
@@ -145,7 +323,8 @@ int model_shard(lm_model *m, int rank, int size, char *err, size_t errlen) {
             if (shard_mla(m, l, tp->head0, nh, err, errlen)) return -1;
             goto ffn;
         }
-        rows_slice(&l->wq, q0, (int64_t)nh * hd);
+        if (l->gdn) goto ffn; /* shard_recurrent */
+        rows_slice(&l->wq, qw * q0, (int64_t)qw * nh * hd);
         rows_slice(&l->wk, k0, (int64_t)nkv * hd);
         rows_slice(&l->wv, k0, (int64_t)nkv * hd);
         if (l->bq) l->bq += q0;
@@ -172,7 +351,15 @@ int model_shard(lm_model *m, int rank, int size, char *err, size_t errlen) {
     return 0;
 }
 
-/* ---- pipeline stages ------------------------------------------------------ */
+/* ---- pipeline stages ------------------------------------------------------
+ *
+ * A stage holds layers [layer0, layer1): their weights, the KV of its
+ * full-attention layers and, on a hybrid model, the recurrent state of its
+ * linear-attention layers only (lm_pp.kv0 .. kv1 and rec0 .. rec1, the
+ * same layers counted as the KV pool and the state store count them).
+ * Every stage of a hybrid model must hold a full-attention layer (its KV
+ * pool numbers the leader's blocks): a split that leaves one without is
+ * refused. */
 
 static uint64_t wbytes(const lm_weight *w) { return (uint64_t)w->rows * w->row_bytes; }
 
@@ -248,6 +435,19 @@ int model_pp_split(const lm_model *m, int size, int *first, uint64_t *bytes, cha
     return ok ? 0 : lm_err(err, errlen, "cannot split %d layers into %d stages", n, size);
 }
 
+/* The stage's KV pool layers and state layers (lm_pp.kv0 .. rec1). */
+static void stage_classes(lm_model *m) {
+    lm_pp *pp = &m->pp;
+    pp->kv0 = pp->rec0 = 0;
+    pp->kv1 = pp->rec1 = 0;
+    for (int li = 0; li < pp->layer1; li++) {
+        const lm_layer *l = &m->layers[li];
+        bool rec = l->rec >= 0;
+        if (li < pp->layer0) *(rec ? &pp->rec0 : &pp->kv0) += 1;
+        *(rec ? &pp->rec1 : &pp->kv1) += 1;
+    }
+}
+
 int model_stage(lm_model *m, int stage, int size, char *err, size_t errlen) {
     lm_pp *pp = &m->pp;
     int tp = m->tp.size;
@@ -256,14 +456,24 @@ int model_stage(lm_model *m, int stage, int size, char *err, size_t errlen) {
     pp->tp = tp;
     pp->layer1 = m->hp.n_layer;
     pp->first[1] = m->hp.n_layer;
+    stage_classes(m);
     if (size == 1) return 0;
-    if (m->hp.n_rlayer)
-        return lm_err(err, errlen, "pipeline parallelism of a hybrid model's linear-attention layers is not supported");
     if (stage < 0 || stage >= size) return lm_err(err, errlen, "pipeline stage %d of %d", stage, size);
     if (model_pp_split(m, size, pp->first, pp->bytes, err, errlen)) return -1;
+    /* every stage's KV pool numbers the same blocks and needs a layer to store (kv.h) */
+    for (int s = 0; m->hp.n_rlayer && s < size; s++) {
+        bool attn = false;
+        for (int li = pp->first[s]; li < pp->first[s + 1]; li++) attn = attn || m->layers[li].rec < 0;
+        if (!attn)
+            return lm_err(err, errlen,
+                          "pipeline stage %d of %d would hold layers %d..%d, all linear attention: every stage of "
+                          "a hybrid model needs a full-attention layer (fewer stages)",
+                          s, size, pp->first[s], pp->first[s + 1] - 1);
+    }
     pp->stage = stage;
     pp->size = size;
     pp->layer0 = pp->first[stage];
     pp->layer1 = pp->first[stage + 1];
+    stage_classes(m);
     return 0;
 }

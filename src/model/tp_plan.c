@@ -125,8 +125,8 @@ static int follow_setup(follower *fl, const lm_model *m, lm_pool *pool, char *er
     if (fl->kv) return lm_err(err, errlen, "a second setup message");
     kv_config kc = su.kc;
     kc.layer_local = m->layer_local;
-    kc.layer0 = m->pp.size > 1 ? m->pp.layer0 : 0; /* a pipeline stage: its own layers, the leader's blocks */
-    kc.layer1 = m->pp.size > 1 ? m->pp.layer1 : 0;
+    kc.layer0 = m->pp.size > 1 ? m->pp.kv0 : 0; /* a pipeline stage: its own layers, the leader's blocks */
+    kc.layer1 = m->pp.size > 1 ? m->pp.kv1 : 0;
     if (!(fl->kv = kv_pool_new(&kc, err, errlen))) return -1;
     if (!(fl->fwd = fwd_new(m, pool, fl->kv, &su.dims, err, errlen))) return -1;
     size_t B = (size_t)su.dims.n_batch;

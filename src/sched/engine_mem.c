@@ -142,15 +142,18 @@ int engine_ckpt_slots(const lm_engine_config *c) {
  * max_seqs running sequences, with speculation its checkpoints
  * (engine_ckpt_slots), and (with the prefix cache) the snapshot
  * slots c->state_snapshots asks for, the default (0) taken as max_seqs
- * here (engine_mem_split bounds it by a budget). 0 (rc->n_layer 0, *plan
- * zeroed) without recurrent layers, or -1 with a message. */
+ * here (engine_mem_split bounds it by a budget). Its slots hold the
+ * recurrent layers this pipeline stage runs (lm_pp.rec0 .. rec1: all of
+ * them without a pipeline) and, under tensor parallelism, this rank's
+ * heads (hp's counts are the shard's). 0 (rc->n_layer 0, *plan zeroed)
+ * without recurrent layers here, or -1 with a message. */
 static int rstate_part(const lm_model *m, const lm_engine_config *c, rstate_config *rc, rstate_plan *plan, char *err,
                        size_t errlen) {
     const lm_hparams *hp = &m->hp;
     memset(rc, 0, sizeof *rc);
     memset(plan, 0, sizeof *plan);
-    if (!hp->n_rlayer) return 0;
-    rstate_config_init(rc, hp->n_rlayer, hp->ssm_conv, 2 * hp->ssm_hk * hp->ssm_dk + hp->ssm_hv * hp->ssm_dv,
+    if (m->pp.rec1 <= m->pp.rec0) return 0;
+    rstate_config_init(rc, m->pp.rec1 - m->pp.rec0, hp->ssm_conv, 2 * hp->ssm_hk * hp->ssm_dk + hp->ssm_hv * hp->ssm_dv,
                        hp->ssm_hv, hp->ssm_dk, hp->ssm_dv);
     rc->n_seqs = c->max_seqs;
     rc->n_ckpt = engine_ckpt_slots(c);

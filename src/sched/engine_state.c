@@ -80,12 +80,14 @@ void engine_state_init(lm_engine *e) {
     if (snap_on(e)) kv_set_evict_hook(e->kv, rstate_snap_evict, e->rs);
 }
 
-/* Point c's per-layer arrays at its live slot. */
+/* Point c's per-layer arrays at its live slot. A pipeline stage's store
+ * holds its own recurrent layers rec0 .. rec1 - 1 as its layers 0 ..; the
+ * other stages' entries stay NULL (never read here). */
 static void state_bind(lm_engine *e, eseq *c) {
-    int R = e->m->hp.n_rlayer;
-    for (int r = 0; r < R; r++) {
-        c->rptr[r] = rstate_conv(e->rs, c->rslot, r);
-        c->rptr[R + r] = rstate_mat(e->rs, c->rslot, r);
+    int R = e->m->hp.n_rlayer, r0 = e->m->pp.rec0;
+    for (int r = r0; r < e->m->pp.rec1; r++) {
+        c->rptr[r] = rstate_conv(e->rs, c->rslot, r - r0);
+        c->rptr[R + r] = rstate_mat(e->rs, c->rslot, r - r0);
     }
 }
 
