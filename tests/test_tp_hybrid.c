@@ -23,8 +23,8 @@
  * positions as pp.c cuts a hybrid's: bit for bit the whole model's logits;
  * each stage's state holds its own recurrent layers only.
  *
- * Refusals: 4 ranks (2 key heads), 4 stages (a stage of linear-attention
- * layers only).
+ * The split of 2 stages under 2 ranks keeps a full-attention layer in each.
+ * Refusals: 4 ranks (2 key heads), 4 stages (2 full-attention layers).
  */
 #include <math.h>
 #include <pthread.h>
@@ -215,13 +215,27 @@ static void test_pp_stages(void) {
     model_free(s1);
 }
 
+/* Under --tp 2 the embedding (replicated) outweighs the LM head (split):
+ * the byte-balanced split would give stage 0 layer 0 alone, all linear
+ * attention; each stage keeps a full-attention layer instead. */
+static void test_pp_split_anchors(void) {
+    char err[LM_ERRLEN];
+    lm_model *m = load(0, 2, 0, 2, err, sizeof err);
+    CHECKF(m, "%s", err);
+    if (!m) return;
+    const lm_pp *pp = &m->pp;
+    CHECKF(pp->first[1] == 4 && pp->kv1 - pp->kv0 == 1 && pp->rec1 - pp->rec0 == 3, "stage 0: layers %d..%d",
+           pp->first[0], pp->first[1] - 1);
+    model_free(m);
+}
+
 static void test_refusals(void) {
     char err[LM_ERRLEN] = "";
     lm_model *m = load(0, 4, 0, 1, err, sizeof err);
     CHECKF(!m && strstr(err, "2 key heads of the linear-attention layers do not split over 4 ranks"), "%s", err);
     model_free(m);
     m = load(0, 1, 0, 4, err, sizeof err);
-    CHECKF(!m && strstr(err, "every stage of a hybrid model needs a full-attention layer"), "%s", err);
+    CHECKF(!m && strstr(err, "into 4 stages each holding a full-attention layer"), "%s", err);
     model_free(m);
 }
 
@@ -242,6 +256,7 @@ int main(void) {
     }
     TEST_RUN(test_tp_shards);
     TEST_RUN(test_pp_stages);
+    TEST_RUN(test_pp_split_anchors);
     TEST_RUN(test_refusals);
     model_free(whole);
     unlink(path);

@@ -385,8 +385,9 @@ lm_model *model_load_grid(const char *path, const lm_load_params *p, int tp_rank
 /* Split the layers into size contiguous stages balancing weight bytes:
  * first (size + 1) receives each stage's first layer, bytes (size) its
  * bytes (stage 0 counts the embedding table, the last the output norm and
- * LM head). Minimises the largest stage; every stage gets a layer. Fails
- * when size is not 1 .. min(n_layer, LM_TP_MAX). */
+ * LM head). Minimises the largest stage; every stage gets a layer, and on
+ * a hybrid model a full-attention layer. Fails when size is not 1 ..
+ * min(n_layer, LM_TP_MAX), or past the hybrid's full-attention layers. */
 int model_pp_split(const lm_model *m, int size, int *first, uint64_t *bytes, char *err, size_t errlen);
 /* Set m->pp for stage of size (after model_shard, before packing). */
 int model_stage(lm_model *m, int stage, int size, char *err, size_t errlen);

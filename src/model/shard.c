@@ -357,9 +357,9 @@ int model_shard(lm_model *m, int rank, int size, char *err, size_t errlen) {
  * full-attention layers and, on a hybrid model, the recurrent state of its
  * linear-attention layers only (lm_pp.kv0 .. kv1 and rec0 .. rec1, the
  * same layers counted as the KV pool and the state store count them).
- * Every stage of a hybrid model must hold a full-attention layer (its KV
- * pool numbers the leader's blocks): a split that leaves one without is
- * refused. */
+ * Every stage of a hybrid model holds a full-attention layer (its KV
+ * pool must store some layer): the split balances bytes under that rule,
+ * and more stages than the model has full-attention layers are refused. */
 
 static uint64_t wbytes(const lm_weight *w) { return (uint64_t)w->rows * w->row_bytes; }
 
@@ -388,51 +388,81 @@ uint64_t model_layer_bytes(const lm_model *m, int li) {
 
 /* Greedy fill under cap: the stages that layers 0.. need when no stage may
  * pass cap (the ends weigh head and tail more); first[] filled when it fits
- * in size stages with a layer each. */
-static bool fits(const uint64_t *lb, int n, uint64_t head, uint64_t tail, int size, uint64_t cap, int *first) {
+ * in size stages. Every stage must hold a layer whose anchor[] is set
+ * (every layer; a hybrid model's full-attention layers), so a stage ends
+ * only once it holds one, and must end while the layers left still hold
+ * one for each stage after it; left[i] counts the anchors in [i, n).
+ * Without the rule (every layer an anchor) cutting as late as the cap
+ * allows is optimal and fits is monotone in cap; with it the binary search
+ * below still ends on a cap that fits (the whole model's bytes fit whenever
+ * there are anchors enough), balanced if perhaps not optimally. */
+static bool fits(const uint64_t *lb, const bool *anchor, const int *left, int n, uint64_t head, uint64_t tail, int size,
+                 uint64_t cap, int *first) {
     int s = 0;
+    bool held = false; /* stage s holds an anchor */
     uint64_t cur = head;
     first[0] = 0;
     for (int i = 0; i < n; i++) {
-        /* layers left must leave one per stage after this one */
         uint64_t add = lb[i] + (i == n - 1 ? tail : 0);
-        bool must_cut = n - i <= size - 1 - s && i > first[s];
-        if (must_cut || (cur + add > cap && i > first[s])) {
+        bool must_cut = held && left[i + 1] < size - 1 - s;
+        if (held && (must_cut || cur + add > cap) && left[i] >= size - 1 - s) {
             if (++s >= size) return false;
             first[s] = i;
             cur = 0;
+            held = false;
         }
         cur += add;
+        held = held || anchor[i];
         if (cur > cap) return false;
     }
-    if (s != size - 1) return false;
+    if (s != size - 1 || !held) return false;
     first[size] = n;
     return true;
 }
 
 int model_pp_split(const lm_model *m, int size, int *first, uint64_t *bytes, char *err, size_t errlen) {
-    int n = m->hp.n_layer;
+    int n = m->hp.n_layer, n_anchor = 0;
     if (size < 1 || size > n || size > LM_TP_MAX)
         return lm_err(err, errlen, "%d pipeline stages for %d layers (at most one stage per layer, %d stages)", size, n,
                       n < LM_TP_MAX ? n : LM_TP_MAX);
     uint64_t *lb = lm_malloc((size_t)n * sizeof *lb), lo = 0, hi = 0;
-    if (!lb) return lm_err(err, errlen, "out of memory");
+    bool *anchor = lm_malloc((size_t)n * sizeof *anchor);
+    int *left = lm_malloc((size_t)(n + 1) * sizeof *left);
+    if (!lb || !anchor || !left) {
+        lm_free(lb), lm_free(anchor), lm_free(left);
+        return lm_err(err, errlen, "out of memory");
+    }
+    /* a hybrid's stage needs a full-attention layer: its KV pool stores some layer (kv.h) */
+    left[n] = 0;
+    for (int i = n - 1; i >= 0; i--) {
+        anchor[i] = !m->hp.n_rlayer || m->layers[i].rec < 0;
+        left[i] = left[i + 1] + anchor[i];
+    }
+    n_anchor = left[0];
     uint64_t head = wbytes(&m->tok_embd), tail = wbytes(&m->output) + (uint64_t)m->hp.n_embd * sizeof(float);
     hi = head + tail;
     for (int i = 0; i < n; i++) hi += lb[i] = model_layer_bytes(m, i);
-    /* the smallest cap that fits: binary search (fits is monotone in cap) */
+    /* the smallest cap that fits: binary search (see fits) */
     while (lo < hi) {
         uint64_t mid = lo + (hi - lo) / 2;
-        if (fits(lb, n, head, tail, size, mid, first)) hi = mid;
+        if (fits(lb, anchor, left, n, head, tail, size, mid, first)) hi = mid;
         else lo = mid + 1;
     }
-    bool ok = fits(lb, n, head, tail, size, lo, first);
+    bool ok = fits(lb, anchor, left, n, head, tail, size, lo, first);
     for (int s = 0; ok && s < size; s++) {
         bytes[s] = (s == 0 ? head : 0) + (s == size - 1 ? tail : 0);
         for (int i = first[s]; i < first[s + 1]; i++) bytes[s] += lb[i];
     }
     lm_free(lb);
-    return ok ? 0 : lm_err(err, errlen, "cannot split %d layers into %d stages", n, size);
+    lm_free(anchor);
+    lm_free(left);
+    if (ok) return 0;
+    if (n_anchor < size)
+        return lm_err(err, errlen,
+                      "cannot split %d layers into %d stages each holding a full-attention layer (a hybrid model's "
+                      "stage needs one; this model has %d)",
+                      n, size, n_anchor);
+    return lm_err(err, errlen, "cannot split %d layers into %d stages", n, size);
 }
 
 /* The stage's KV pool layers and state layers (lm_pp.kv0 .. rec1). */
@@ -460,16 +490,6 @@ int model_stage(lm_model *m, int stage, int size, char *err, size_t errlen) {
     if (size == 1) return 0;
     if (stage < 0 || stage >= size) return lm_err(err, errlen, "pipeline stage %d of %d", stage, size);
     if (model_pp_split(m, size, pp->first, pp->bytes, err, errlen)) return -1;
-    /* every stage's KV pool numbers the same blocks and needs a layer to store (kv.h) */
-    for (int s = 0; m->hp.n_rlayer && s < size; s++) {
-        bool attn = false;
-        for (int li = pp->first[s]; li < pp->first[s + 1]; li++) attn = attn || m->layers[li].rec < 0;
-        if (!attn)
-            return lm_err(err, errlen,
-                          "pipeline stage %d of %d would hold layers %d..%d, all linear attention: every stage of "
-                          "a hybrid model needs a full-attention layer (fewer stages)",
-                          s, size, pp->first[s], pp->first[s + 1] - 1);
-    }
     pp->stage = stage;
     pp->size = size;
     pp->layer0 = pp->first[stage];
