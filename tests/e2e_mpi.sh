@@ -29,6 +29,9 @@
 #   - a rank killed mid-run ends the whole job with an error, never a hang
 #     (under --tp 2 and under --pp 2);
 #   Under AddressSanitizer (LAMINA_ASAN) the Gemma 3 comparison is skipped.
+#   - Qwen3.5's hybrids (qwen35-small, qwen35moe-small; F16) under --tp 2, --pp 2 (bit for
+#     bit) and both: greedy tokens and logits; the Q8_0 file under --tp 2, teacher-forced
+#     (details and tolerances at the test);
 #   - refusals: --tp without the MPI build, --tp against the number of ranks,
 #     a model whose heads do not split; lamina kv --tp says when KV heads are
 #     replicated; --pp without the MPI build, more stages than layers,
@@ -212,6 +215,51 @@ if "$L" mkmodel --preset deepseek2-small --type F16 --vocab-from tests/data/voca
     compare_pp deepseek2_small "$T/deepseek2.gguf" 64 0.02 "Once upon a time" 32000
 else
     bad mkmodel_deepseek2 "$(tail -3 "$T/err")"
+fi
+
+# Qwen3.5's hybrids (mkmodel's qwen35-small and qwen35moe-small: 2 key heads, 4 value heads,
+# value head h reading key head h % 2): under --tp 2 each rank holds one key head and the value
+# heads 0+r and 2+r (not one range: gathered), their QKV rows, z, beta/alpha, conv taps, dt bias,
+# decay and ssm_out columns, and only their state; the gated attention layers split by heads with
+# each head's [query | gate] rows. F16 files: greedy 64 tokens through the engine identical, logits
+# within the bundled model's 0.02 (measured 4e-5 on both); --pp 2: each stage keeps its own
+# layers' KV and recurrent state; 128 positions, so the micro-batches cut the prompt (at position
+# 64, where the delta rule's chunks end): bit for bit; --tp 2 --pp 2 within TP's tolerance. The
+# Q8_0 file under --tp 2 within the Q4_0 file's 0.15, teacher-forced (measured 0.071: 8-bit
+# activations turn the split sums' last-bit differences into quantization steps, which the
+# recurrent state carries on to later positions). Under --tp 2 --pp 2 the byte-balanced split
+# would leave stage 0 the embedding and layer 0 alone: every stage keeps a full-attention layer
+# instead. Refusals: key heads that do not divide (--tp 4), more stages than full-attention
+# layers (--pp 4), serving over several ranks.
+for arch in qwen35 qwen35moe; do
+    if "$L" mkmodel --preset $arch-small --type F16 --vocab-from tests/data/vocab/ggml-vocab-llama-spm.gguf \
+        -o "$T/$arch.gguf" -t 2 >/dev/null 2>"$T/err"; then
+        compare "${arch}_small" "$T/$arch.gguf" "$TXT" 128 0.02 0.005 "Once upon a time"
+        compare_pp "${arch}_small" "$T/$arch.gguf" 128 0.02 "Once upon a time"
+    else
+        bad "mkmodel_$arch" "$(tail -3 "$T/err")"
+    fi
+done
+if "$L" mkmodel --preset qwen35-small --type Q8_0 --vocab-from tests/data/vocab/ggml-vocab-llama-spm.gguf \
+    -o "$T/qwen35_q8.gguf" -t 2 >/dev/null 2>"$T/err"; then
+    compare qwen35_small_q8_0 "$T/qwen35_q8.gguf" "$TXT" 128 0.15 0.005 "Once upon a time" 32000
+else
+    bad mkmodel_qwen35_q8_0 "$(tail -3 "$T/err")"
+fi
+if [ -f "$T/qwen35.gguf" ]; then
+    "$L" kv -m "$T/qwen35.gguf" --tp 4 >/dev/null 2>"$T/err"; rc=$?
+    [ $rc -eq 1 ] && grep -q "2 key heads of the linear-attention layers do not split over 4 ranks" "$T/err" &&
+        ok tp_hybrid_bad_split || bad tp_hybrid_bad_split "rc $rc" "$(cat "$T/err")"
+    "$L" kv -m "$T/qwen35.gguf" --pp 4 >/dev/null 2>"$T/err"; rc=$?
+    [ $rc -eq 1 ] && grep -q "cannot split 8 layers into 4 stages each holding a full-attention layer" "$T/err" &&
+        ok pp_hybrid_too_many_stages || bad pp_hybrid_too_many_stages "rc $rc" "$(cat "$T/err")"
+    "$L" kv -m "$T/qwen35.gguf" --pp 2 -c 128 >"$T/kv" 2>&1 && grep -q "0-3   ( 4)" "$T/kv" &&
+        grep -q "4-7   ( 4)" "$T/kv" && grep -q ": agree" "$T/kv" && ok kv_pp_hybrid ||
+        bad kv_pp_hybrid "$(cat "$T/kv")"
+    timeout 120 mpirun --oversubscribe -np 2 "$LM" serve -m "$T/qwen35.gguf" --port 0 -t 1 --tp 2 >/dev/null 2>"$T/err"
+    rc=$?
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "serving a hybrid model .* over several ranks is not supported" "$T/err" &&
+        ok serve_hybrid_refused || bad serve_hybrid_refused "rc $rc" "$(tail -5 "$T/err")"
 fi
 
 if [ -n "${LAMINA_ASAN:-}" ]; then
