@@ -23,7 +23,8 @@
  * positions as pp.c cuts a hybrid's: bit for bit the whole model's logits;
  * each stage's state holds its own recurrent layers only.
  *
- * The split of 2 stages under 2 ranks keeps a full-attention layer in each.
+ * The split of 2 stages under 2 ranks keeps a full-attention layer in each,
+ * and each rank keeps the slices of its stage's recurrent layers only.
  * Refusals: 4 ranks (2 key heads), 4 stages (2 full-attention layers).
  */
 #include <math.h>
@@ -226,6 +227,17 @@ static void test_pp_split_anchors(void) {
     const lm_pp *pp = &m->pp;
     CHECKF(pp->first[1] == 4 && pp->kv1 - pp->kv0 == 1 && pp->rec1 - pp->rec0 == 3, "stage 0: layers %d..%d",
            pp->first[0], pp->first[1] - 1);
+    /* the rank keeps the gathered slices of its stage's recurrent layers only: half of the rank's whole */
+    lm_model *t = load(0, 2, 0, 1, err, sizeof err), *m1 = load(0, 2, 1, 2, err, sizeof err);
+    CHECKF(t && m1, "%s", err);
+    if (t && m1) {
+        CHECKF(m->shard_bytes + m1->shard_bytes == t->shard_bytes && m->shard_bytes == t->shard_bytes / 2,
+               "stage slices %zu + %zu bytes, the rank's whole %zu", m->shard_bytes, m1->shard_bytes, t->shard_bytes);
+        CHECK(m->layers[0].gdn->qkv.data && !m->layers[4].gdn->qkv.data);
+        CHECK(!m1->layers[0].gdn->out.data && m1->layers[4].gdn->out.data && m1->layers[4].gdn->a);
+    }
+    model_free(t);
+    model_free(m1);
     model_free(m);
 }
 

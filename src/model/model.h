@@ -338,7 +338,8 @@ typedef struct lm_model {
     lm_gdn *gdn;           /* (n_layer) with recurrent layers (their gdn points here), else NULL */
     struct lm_mtp *mtp;    /* the first next-token-prediction layer (hp.n_layer_mtp > 0), else NULL */
     void *shard_mem;       /* a tensor-parallel rank's gathered slices of the recurrent layers (their
-                                heads are not one contiguous range: shard.c), or NULL */
+                                heads are not one contiguous range: shard.c), of its pipeline
+                                stage's layers only, or NULL */
     size_t shard_bytes;    /* its bytes (counted in packed_bytes) */
     char name[128];        /* general.name, or the file's base name */
     uint64_t n_params;

@@ -31,7 +31,8 @@
  * gate, ssm_beta and ssm_alpha, dt bias and ssm_a of those heads, ssm_out's
  * columns of their values (a partial sum again); the per-head norm weight
  * is shared. These rows are not one range, so they are gathered into
- * m->shard_mem; afterwards hp.ssm_hk and hp.ssm_hv are this rank's and
+ * m->shard_mem (under pipeline parallelism too, the stage's layers only:
+ * shard_trim); afterwards hp.ssm_hk and hp.ssm_hv are this rank's and
  * every sequence's state (conv window and matrices, rstate.h) holds this
  * rank's heads only. Refused: key heads that do not divide by N.
  * Row slices are whole stored rows (a pointer into the mapping); column
@@ -478,6 +479,57 @@ static void stage_classes(lm_model *m) {
     }
 }
 
+/* Under tensor and pipeline parallelism at once: keep in shard_mem the
+ * gathered slices of this stage's recurrent layers only (model_shard,
+ * knowing no stage, gathered every layer's). Each layer's slices are one
+ * run of the slab, in layer order from its qkv (shard_recurrent), so they
+ * move as a whole; the other stages' layers are left without data (NULL;
+ * their shapes stay, for the byte counts). */
+static int shard_trim(lm_model *m, char *err, size_t errlen) {
+    if (!m->shard_mem || m->pp.size == 1) return 0;
+    const int n = m->hp.n_layer;
+    const char *old = m->shard_mem;
+    size_t *at = lm_malloc((size_t)(n + 1) * sizeof *at), keep = 0; /* (n + 1) each run's start, then its end */
+    if (!at) return lm_err(err, errlen, "out of memory");
+    size_t end = m->shard_bytes;
+    for (int li = n - 1; li >= 0; li--) { /* at[li]: layer li's run, ending where the next one starts */
+        at[li + 1] = end;
+        if (m->layers[li].gdn) end = (size_t)((const char *)m->layers[li].gdn->qkv.data - old);
+        at[li] = end;
+    }
+    for (int li = m->pp.layer0; li < m->pp.layer1; li++)
+        if (m->layers[li].gdn) keep += at[li + 1] - at[li];
+    char *mem = lm_malloc(keep ? keep : 1);
+    if (!mem) {
+        lm_free(at);
+        return lm_err(err, errlen, "out of memory for the linear-attention slices (%zu bytes)", keep);
+    }
+    size_t off = 0;
+    for (int li = 0; li < n; li++) {
+        lm_gdn *g = m->layers[li].gdn;
+        if (!g) continue;
+        bool here = li >= m->pp.layer0 && li < m->pp.layer1;
+        const char *from = old + at[li];
+        char *to = mem + off;
+        if (here) memcpy(to, from, at[li + 1] - at[li]), off += at[li + 1] - at[li];
+#define MOVE(p, T) ((p) = here ? (T)(to + ((const char *)(p)-from)) : NULL)
+        MOVE(g->qkv.data, const void *);
+        MOVE(g->z.data, const void *);
+        MOVE(g->beta.data, const void *);
+        MOVE(g->alpha.data, const void *);
+        MOVE(g->out.data, const void *);
+        MOVE(g->conv_w, const float *);
+        MOVE(g->dt_bias, const float *);
+        MOVE(g->a, const float *);
+#undef MOVE
+    }
+    lm_free(at);
+    lm_free(m->shard_mem);
+    m->shard_mem = mem;
+    m->shard_bytes = keep;
+    return 0;
+}
+
 int model_stage(lm_model *m, int stage, int size, char *err, size_t errlen) {
     lm_pp *pp = &m->pp;
     int tp = m->tp.size;
@@ -495,5 +547,5 @@ int model_stage(lm_model *m, int stage, int size, char *err, size_t errlen) {
     pp->layer0 = pp->first[stage];
     pp->layer1 = pp->first[stage + 1];
     stage_classes(m);
-    return 0;
+    return shard_trim(m, err, errlen);
 }
