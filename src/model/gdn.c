@@ -246,7 +246,9 @@ void gdn_layer(lm_fwd *f, const lm_layer *l, const lm_seg *segs, int n_seg, int 
          * the checkpoint's matrices kept for the delta rule's workers */
         for (int t = 0; t < g->n; t++) {
             float *ck_conv;
-            int rc = rstate_ckpt_layer(g->ck, g->ck_slot, l->rec, g->pos0 + t + 1, &ck_conv, &w->ck_mat[r0 + t]);
+            /* the store's layers are this pipeline stage's own (lm_pp.rec0 ..) */
+            int rc = rstate_ckpt_layer(g->ck, g->ck_slot, l->rec - f->m->pp.rec0, g->pos0 + t + 1, &ck_conv,
+                                       &w->ck_mat[r0 + t]);
             assert(rc == RSTATE_OK); /* fwd_check: the reservation covers the segment */
             (void)rc;
             dn->conv(w->c + (r0 + t) * C, w->qkv + (r0 + t) * C, g->rconv[l->rec], gd->conv_w, 1, (int)C, K, C, true);

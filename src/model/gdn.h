@@ -32,8 +32,9 @@
  * and the recurrence one token at a time instead, as decoding runs them
  * (the same bits as feeding its tokens one per pass), and after token i
  * writes the layer's window and matrices into the checkpoint of position
- * pos0 + i + 1 (rstate_ckpt_layer), so the engine can roll the state back
- * to any verified position.
+ * pos0 + i + 1 (rstate_ckpt_layer: the store's layer l.rec - pp.rec0, a
+ * pipeline stage's store holding its own layers), so the engine can roll
+ * the state back to any verified position.
  *
  * The state of segment g (lm_seg.rconv, .rmat, indexed by the layer's
  * lm_layer.rec): conv window (K - 1, conv) oldest row first, and per value

@@ -92,7 +92,9 @@ static int stage_forward(lm_fwd *f, const fwd_span *span, const int32_t *tokens,
                                     .n = take,
                                     .n_logits = nl,
                                     .rconv = sg->rconv,
-                                    .rmat = sg->rmat};
+                                    .rmat = sg->rmat,
+                                    .ck = sg->ck,
+                                    .ck_slot = sg->ck_slot};
             mb_logits += nl;
             rows += take;
             done_g += take;
