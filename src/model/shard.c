@@ -34,7 +34,8 @@
  * m->shard_mem (under pipeline parallelism too, the stage's layers only:
  * shard_trim); afterwards hp.ssm_hk and hp.ssm_hv are this rank's and
  * every sequence's state (conv window and matrices, rstate.h) holds this
- * rank's heads only. Refused: key heads that do not divide by N.
+ * rank's heads only. Refused: key heads that do not divide by N, and qwen3next (value
+ * heads grouped by key head, a fused ssm_ba) altogether: it runs under --pp.
  * Row slices are whole stored rows (a pointer into the mapping); column
  * slices keep the stored row stride and start on a whole quantization block,
  * so any type splits as long as the column range is a multiple of its block
@@ -287,6 +288,10 @@ int model_shard(lm_model *m, int rank, int size, char *err, size_t errlen) {
     if (size == 1) return 0;
     if (size < 1 || size > LM_TP_MAX || rank < 0 || rank >= size)
         return lm_err(err, errlen, "tensor parallel rank %d of %d (at most %d ranks)", rank, size, LM_TP_MAX);
+    if (hp->ssm_grouped) /* its value heads grouped by key head and its fused ssm_ba: not sliced here */
+        return lm_err(err, errlen,
+                      "tensor parallelism of qwen3next's linear-attention layers is not supported "
+                      "(pipeline parallelism is)");
     if (hp->n_head % size)
         return lm_err(err, errlen, "%d attention heads do not split over %d ranks", hp->n_head, size);
     int nh = hp->n_head / size, nkv;
