@@ -10,11 +10,11 @@
 "$L" bench -m "$M" -p 32 -n 8 -r 2 -t 2 --no-bw --profile >"$T/out" 2>"$T/err"; rc=$?
 [ $rc -eq 0 ] && [ "$(grep -c '^  profile of ' "$T/out")" -eq 2 ] && ok profile_runs || bad profile_runs "rc=$rc" "$(head -5 "$T/err")"
 
-# per test: 10 op lines "name  P%  X ms/token  gap G ms", G <= X
+# per test: 11 op lines (forward.h's slots, linear attention among them) "name  P%  X ms/token  gap G ms", G <= X
 ops=$(grep -E '^    [a-z/+ ]+ +[0-9.]+%  +[0-9.]+ ms/token  gap +[0-9.]+ ms$' "$T/out")
 n_ops=$(echo "$ops" | grep -c .)
 gap_ok=$(echo "$ops" | awk '{ t = $(NF-4); g = $(NF-1); if (g > t + 0.0005) bad = 1 } END { print bad ? "no" : "yes" }')
-[ "$n_ops" -eq 20 ] && [ "$gap_ok" == yes ] && ok profile_op_lines || bad profile_op_lines "ops=$n_ops gap<=time: $gap_ok" "$(head -20 "$T/out")"
+[ "$n_ops" -eq 22 ] && [ "$gap_ok" == yes ] && ok profile_op_lines || bad profile_op_lines "ops=$n_ops gap<=time: $gap_ok" "$(head -20 "$T/out")"
 for op in "q/k/v matmul" "ffn gate+up matmul" "ffn down matmul" "lm head"; do
     [ "$(grep -c "^    $op " "$T/out")" -eq 2 ] || { bad "profile_op_$op" "$(cat "$T/out")"; continue; }
 done
