@@ -7,7 +7,11 @@
  * KV cache's block keys (a different prefix or salt never matches),
  * least-recently-used eviction, snapshots dropped with their KV blocks,
  * allocation failures, and a random workload checked against a model of
- * the store and the store's own invariant checker.
+ * the store and the store's own invariant checker. The operation log: a
+ * random workload on a leader's store, its log replayed pass by pass onto a
+ * follower's store of other dimensions and the same slot counts, leaves
+ * the same bookkeeping and the same states (by their patterns); failed
+ * calls and no-ops log nothing; a replay handed another index fails.
  */
 #include <stdint.h>
 #if defined(__GLIBC__)
@@ -818,6 +822,101 @@ static void test_random_workload(void) {
     rstate_pool_free(p);
 }
 
+/* Layer 0's and 1's first window and matrix floats of slot: which
+ * pattern (fill's seed) it holds, whatever the store's dimensions. */
+static int same_pattern(rstate_pool *a, rstate_pool *b, int slot) {
+    for (int l = 0; l < 2; l++)
+        if (rstate_conv(a, slot, l)[0] != rstate_conv(b, slot, l)[0] ||
+            rstate_mat(a, slot, l)[0] != rstate_mat(b, slot, l)[0])
+            return 0;
+    return 1;
+}
+
+static void test_log_replay(void) {
+    enum { NS = 5, NC = 6, NN = 3, NK = 6 };
+    char err[LM_ERRLEN];
+    rstate_pool *p = mk(NS, NC, NN); /* the leader's: 3 layers */
+    rstate_config c;
+    rstate_config_init(&c, 2, 3, 11, 3, 2, 4); /* a follower's part: other layers and heads */
+    c.n_seqs = NS, c.n_ckpt = NC, c.n_snap = NN;
+    rstate_pool *q = rstate_pool_new(&c, err, sizeof err);
+    CHECK(p && q);
+    if (!p || !q) return;
+    const rstate_op *ops;
+    rstate_log_start(p);
+    CHECK(rstate_log_take(p, &ops) == 0);
+    /* failed calls and no-ops log nothing */
+    CHECK(rstate_release(p, 2) == RSTATE_ERR && rstate_fork(p, 1, NULL, 0) == RSTATE_ERR);
+    rstate_ckpt_release(p, 0);
+    CHECK(rstate_log_take(p, &ops) == 0);
+    uint8_t keys[NK][KV_KEY_LEN];
+    for (int i = 0; i < NK; i++) key_of(i, keys[i]);
+    lm_rng rng;
+    lm_rng_seed(&rng, 777);
+    int seed = 1, n_ops = 0, kinds[RSTATE_OP_SNAP_EVICT + 1] = {0};
+    for (int it = 0; it < 3000; it++) {
+        int op = (int)(lm_rng_u64(&rng) % 11), slot = (int)(lm_rng_u64(&rng) % NS);
+        int ki = (int)(lm_rng_u64(&rng) % NK), pos = (int)(lm_rng_u64(&rng) % 40);
+        switch (op) {
+            case 0:
+            case 1: rstate_acquire(p, NULL, 0); break;
+            case 2: rstate_fork(p, slot, NULL, 0); break;
+            case 3: rstate_release(p, slot); break;
+            case 4: rstate_reset(p, slot); break;
+            case 5: rstate_ckpt_reserve(p, slot, pos, 1 + (int)(lm_rng_u64(&rng) % 3), NULL, 0); break;
+            case 6: rstate_ckpt_restore(p, slot, pos, NULL, 0); break;
+            case 7: rstate_ckpt_release(p, slot); break;
+            case 8: rstate_snap_save(p, slot, keys[ki], NULL, 0); break;
+            case 9: rstate_snap_restore(p, keys[ki], slot, NULL, 0); break;
+            default: rstate_snap_evict(p, keys[ki]); break;
+        }
+        if (it % 7) continue;
+        /* a pass: the follower replays the log, then both stores' passes
+         * write the same patterns into every live slot and its checkpoints */
+        int n = rstate_log_take(p, &ops);
+        CHECK(n >= 0);
+        for (int i = 0; i < n; i++) {
+            CHECKF(rstate_replay(q, &ops[i], err, sizeof err) == RSTATE_OK, "op %d: %s", ops[i].op, err);
+            if (ops[i].op >= 1 && ops[i].op <= RSTATE_OP_SNAP_EVICT) kinds[ops[i].op]++;
+        }
+        n_ops += n;
+        for (int s2 = 0; s2 < NS; s2++) {
+            CHECK(rstate_acquired(p, s2) == rstate_acquired(q, s2));
+            if (!rstate_acquired(p, s2)) continue;
+            CHECKF(same_pattern(p, q, s2), "slot %d after %d operations", s2, n_ops);
+            for (int x = 0; x < 44; x++) CHECK(rstate_ckpt_reserved(p, s2, x) == rstate_ckpt_reserved(q, s2, x));
+            for (int x = 0; x < 44; x++)
+                if (rstate_ckpt_reserved(p, s2, x) && lm_rng_u64(&rng) % 3) {
+                    fill(p, s2, seed), fill(q, s2, seed++);
+                    CHECK(rstate_ckpt_save(p, s2, x) == RSTATE_OK && rstate_ckpt_save(q, s2, x) == RSTATE_OK);
+                }
+            if (lm_rng_u64(&rng) % 2) fill(p, s2, seed), fill(q, s2, seed++);
+        }
+        for (int i = 0; i < NK; i++) CHECK(rstate_snap_has(p, keys[i]) == rstate_snap_has(q, keys[i]));
+        CHECK(rstate_ckpt_available(p) == rstate_ckpt_available(q) && rstate_available(p) == rstate_available(q));
+        CHECK(pool_ok(p) && pool_ok(q));
+    }
+    int n = rstate_log_take(p, &ops); /* the operations after the last pass */
+    for (int i = 0; i < n; i++) CHECK(rstate_replay(q, &ops[i], err, sizeof err) == RSTATE_OK);
+    for (int k = RSTATE_OP_ACQUIRE; k <= RSTATE_OP_SNAP_EVICT; k++) CHECKF(kinds[k] > 0, "no operation %d logged", k);
+    rstate_stats a, b;
+    rstate_stats_get(p, &a);
+    rstate_stats_get(q, &b);
+    CHECKF(a.snap_saved == b.snap_saved && a.snap_restored == b.snap_restored && a.snap_evicted == b.snap_evicted &&
+               a.snap_dropped == b.snap_dropped && a.snap_evicted > 0,
+           "saved %llu %llu restored %llu %llu evicted %llu %llu dropped %llu %llu", (unsigned long long)a.snap_saved,
+           (unsigned long long)b.snap_saved, (unsigned long long)a.snap_restored, (unsigned long long)b.snap_restored,
+           (unsigned long long)a.snap_evicted, (unsigned long long)b.snap_evicted, (unsigned long long)a.snap_dropped,
+           (unsigned long long)b.snap_dropped);
+    /* a replay that would hand out another slot than the leader's (or none) */
+    rstate_op bad = {.op = RSTATE_OP_ACQUIRE, .a = 99};
+    CHECK(rstate_replay(q, &bad, err, sizeof err) == RSTATE_ERR);
+    rstate_op unknown = {.op = 77};
+    CHECK(rstate_replay(q, &unknown, err, sizeof err) == RSTATE_ERR && strstr(err, "unknown"));
+    rstate_pool_free(p);
+    rstate_pool_free(q);
+}
+
 int main(void) {
     TEST_RUN(test_plan_formula);
     TEST_RUN(test_plan_is_allocated);
@@ -834,5 +933,6 @@ int main(void) {
     TEST_RUN(test_snapshot_follows_kv);
     TEST_RUN(test_alloc_failures);
     TEST_RUN(test_random_workload);
+    TEST_RUN(test_log_replay);
     return TEST_DONE();
 }

@@ -68,6 +68,10 @@ struct rstate_pool {
     int32_t lru_head, lru_tail;
     int64_t n_snap_used;
     uint64_t snap_saved, snap_restored, snap_evicted, snap_dropped;
+    /* the operation log (rstate_log_start): NULL and off until started */
+    bool logging, log_lost;
+    rstate_op *log; /* (log_cap) operations since the last rstate_log_take */
+    int log_n, log_cap;
 };
 
 void rstate_config_init(rstate_config *c, int n_layer, int d_conv, int conv_channels, int n_v_heads, int head_k_dim,
@@ -199,6 +203,7 @@ rstate_pool *rstate_pool_new(const rstate_config *c, char *err, size_t errlen) {
 
 void rstate_pool_free(rstate_pool *p) {
     if (!p) return;
+    lm_free(p->log);
     lm_free(p->slab);
     lm_free(p->meta);
     lm_free(p);
@@ -212,6 +217,40 @@ static float *slab_slot(const rstate_pool *p, int64_t i) { return p->data + (siz
 static float *ckpt_slot(const rstate_pool *p, int32_t e) { return slab_slot(p, p->cfg.n_seqs + (int64_t)e); }
 static float *snap_slot(const rstate_pool *p, int32_t s) {
     return slab_slot(p, (int64_t)p->cfg.n_seqs + p->cfg.n_ckpt + s);
+}
+
+static void ck_free_chain(rstate_pool *p, int slot);
+
+/* ---- the operation log ----------------------------------------------------- */
+
+/* Append one operation that changed the store (logging only). An append
+ * that cannot grow the log marks it lost: rstate_log_take then fails. */
+static void log_op(rstate_pool *p, int op, int a, int b, int c, const uint8_t *key) {
+    if (!p->logging || p->log_lost) return;
+    if (p->log_n == p->log_cap) {
+        int cap = p->log_cap ? 2 * p->log_cap : 64;
+        rstate_op *n = cap > p->log_cap ? lm_realloc(p->log, (size_t)cap * sizeof *n) : NULL;
+        if (!n) {
+            p->log_lost = true;
+            return;
+        }
+        p->log = n;
+        p->log_cap = cap;
+    }
+    rstate_op *o = &p->log[p->log_n++];
+    memset(o, 0, sizeof *o);
+    o->op = op, o->a = a, o->b = b, o->c = c;
+    if (key) memcpy(o->key, key, KV_KEY_LEN);
+}
+
+void rstate_log_start(rstate_pool *p) { p->logging = true; }
+
+int rstate_log_take(rstate_pool *p, const rstate_op **ops) {
+    int n = p->log_n;
+    *ops = p->log;
+    p->log_n = 0;
+    if (p->log_lost) return p->log_lost = false, -1;
+    return n;
 }
 
 /* ---- live slots ------------------------------------------------------------ */
@@ -240,13 +279,15 @@ int rstate_acquire(rstate_pool *p, char *err, size_t errlen) {
     int s = take_live(p);
     if (s < 0) return full_live(p, err, errlen);
     memset(slab_slot(p, s), 0, p->plan.slot_bytes);
+    log_op(p, RSTATE_OP_ACQUIRE, s, 0, 0, NULL);
     return s;
 }
 
 int rstate_release(rstate_pool *p, int slot) {
     if (slot < 0) return RSTATE_OK;
     if (!rstate_acquired(p, slot)) return RSTATE_ERR;
-    rstate_ckpt_release(p, slot);
+    ck_free_chain(p, slot);
+    log_op(p, RSTATE_OP_RELEASE, slot, 0, 0, NULL);
     p->live_used[slot] = 0;
     p->live_next[slot] = p->live_free;
     p->live_free = slot;
@@ -259,13 +300,15 @@ int rstate_fork(rstate_pool *p, int src, char *err, size_t errlen) {
     int s = take_live(p);
     if (s < 0) return full_live(p, err, errlen);
     memcpy(slab_slot(p, s), slab_slot(p, src), p->plan.slot_bytes);
+    log_op(p, RSTATE_OP_FORK, s, src, 0, NULL);
     return s;
 }
 
 int rstate_reset(rstate_pool *p, int slot) {
     if (!rstate_acquired(p, slot)) return RSTATE_ERR;
-    rstate_ckpt_release(p, slot);
+    ck_free_chain(p, slot);
     memset(slab_slot(p, slot), 0, p->plan.slot_bytes);
+    log_op(p, RSTATE_OP_RESET, slot, 0, 0, NULL);
     return RSTATE_OK;
 }
 
@@ -280,8 +323,9 @@ float *rstate_mat(rstate_pool *p, int slot, int layer) { return rstate_conv(p, s
 
 int rstate_ckpt_available(const rstate_pool *p) { return p->cfg.n_ckpt - (int)p->n_ckpt_used; }
 
-void rstate_ckpt_release(rstate_pool *p, int slot) {
-    if (!rstate_acquired(p, slot)) return;
+/* Free slot's checkpoint chain (acquired slot), not logged: the callers
+ * log what they do as one operation. */
+static void ck_free_chain(rstate_pool *p, int slot) {
     for (int32_t e = p->ck_head[slot], next; e >= 0; e = next) {
         next = p->ck_next[e];
         p->ck_owner[e] = -1;
@@ -291,6 +335,12 @@ void rstate_ckpt_release(rstate_pool *p, int slot) {
     }
     p->ck_head[slot] = -1;
     p->ck_n[slot] = 0;
+}
+
+void rstate_ckpt_release(rstate_pool *p, int slot) {
+    if (!rstate_acquired(p, slot) || p->ck_head[slot] < 0) return;
+    ck_free_chain(p, slot);
+    log_op(p, RSTATE_OP_CK_RELEASE, slot, 0, 0, NULL);
 }
 
 int rstate_ckpt_reserve(rstate_pool *p, int slot, int pos0, int n, char *err, size_t errlen) {
@@ -303,7 +353,7 @@ int rstate_ckpt_reserve(rstate_pool *p, int slot, int pos0, int n, char *err, si
                rstate_ckpt_available(p) + p->ck_n[slot], p->cfg.n_ckpt);
         return RSTATE_FULL;
     }
-    rstate_ckpt_release(p, slot);
+    ck_free_chain(p, slot);
     int32_t *link = &p->ck_head[slot];
     for (int i = 0; i < n; i++) {
         int32_t e = p->ck_free;
@@ -317,6 +367,7 @@ int rstate_ckpt_reserve(rstate_pool *p, int slot, int pos0, int n, char *err, si
     p->n_ckpt_used += n;
     p->ck_pos0[slot] = pos0;
     p->ck_n[slot] = n;
+    log_op(p, RSTATE_OP_CK_RESERVE, slot, pos0, n, NULL);
     return RSTATE_OK;
 }
 
@@ -364,6 +415,7 @@ int rstate_ckpt_restore(rstate_pool *p, int slot, int pos, char *err, size_t err
         if (!p->ck_saved[(size_t)e * (size_t)p->cfg.n_layer + (size_t)l])
             return lm_err(err, errlen, "recurrent state slot %d: layer %d was not saved at position %d", slot, l, pos);
     memcpy(slab_slot(p, slot), ckpt_slot(p, e), p->plan.slot_bytes);
+    log_op(p, RSTATE_OP_CK_RESTORE, slot, pos, 0, NULL);
     return RSTATE_OK;
 }
 
@@ -423,6 +475,7 @@ int rstate_snap_save(rstate_pool *p, int slot, const uint8_t key[KV_KEY_LEN], ch
         return RSTATE_FULL;
     }
     int32_t s = snap_find(p, key);
+    log_op(p, RSTATE_OP_SNAP_SAVE, slot, 0, 0, key);
     if (s >= 0) { /* the same prefix's state: only used again */
         lru_unlink(p, s);
         lru_push_tail(p, s);
@@ -468,8 +521,9 @@ int rstate_snap_restore(rstate_pool *p, const uint8_t key[KV_KEY_LEN], int slot,
         return lm_err(err, errlen, "cannot restore into recurrent state slot %d: not acquired", slot);
     int32_t s = snap_find(p, key);
     if (s < 0) return lm_err(err, errlen, "no recurrent state snapshot under that prefix key");
-    rstate_ckpt_release(p, slot);
+    ck_free_chain(p, slot);
     memcpy(slab_slot(p, slot), snap_slot(p, s), p->plan.slot_bytes);
+    log_op(p, RSTATE_OP_SNAP_RESTORE, slot, 0, 0, key);
     lru_unlink(p, s);
     lru_push_tail(p, s);
     p->snap_restored++;
@@ -482,6 +536,36 @@ void rstate_snap_evict(void *pool, const uint8_t key[KV_KEY_LEN]) {
     if (s < 0) return;
     snap_remove(p, s);
     p->snap_dropped++;
+    log_op(p, RSTATE_OP_SNAP_EVICT, 0, 0, 0, key);
+}
+
+int rstate_replay(rstate_pool *p, const rstate_op *o, char *err, size_t errlen) {
+    int rc;
+    switch (o->op) {
+        case RSTATE_OP_ACQUIRE:
+            rc = rstate_acquire(p, err, errlen);
+            if (rc >= 0 && rc != o->a) return lm_err(err, errlen, "replayed acquire gave slot %d, not %d", rc, o->a);
+            return rc < 0 ? RSTATE_ERR : RSTATE_OK;
+        case RSTATE_OP_FORK:
+            rc = rstate_fork(p, o->b, err, errlen);
+            if (rc >= 0 && rc != o->a) return lm_err(err, errlen, "replayed fork gave slot %d, not %d", rc, o->a);
+            return rc < 0 ? RSTATE_ERR : RSTATE_OK;
+        case RSTATE_OP_RELEASE:
+            return rstate_release(p, o->a) ? lm_err(err, errlen, "replayed release of slot %d not acquired", o->a) : 0;
+        case RSTATE_OP_RESET:
+            return rstate_reset(p, o->a) ? lm_err(err, errlen, "replayed reset of slot %d not acquired", o->a) : 0;
+        case RSTATE_OP_CK_RESERVE:
+            return rstate_ckpt_reserve(p, o->a, o->b, o->c, err, errlen) ? RSTATE_ERR : RSTATE_OK;
+        case RSTATE_OP_CK_RESTORE: return rstate_ckpt_restore(p, o->a, o->b, err, errlen);
+        case RSTATE_OP_CK_RELEASE:
+            if (!rstate_acquired(p, o->a)) return lm_err(err, errlen, "replayed checkpoint release of slot %d", o->a);
+            rstate_ckpt_release(p, o->a);
+            return RSTATE_OK;
+        case RSTATE_OP_SNAP_SAVE: return rstate_snap_save(p, o->a, o->key, err, errlen) ? RSTATE_ERR : RSTATE_OK;
+        case RSTATE_OP_SNAP_RESTORE: return rstate_snap_restore(p, o->key, o->a, err, errlen);
+        case RSTATE_OP_SNAP_EVICT: rstate_snap_evict(p, o->key); return RSTATE_OK;
+        default: return lm_err(err, errlen, "an unknown recurrent state operation %d", o->op);
+    }
 }
 
 /* ---- accounting ------------------------------------------------------------ */

@@ -73,6 +73,21 @@
  * pointer accessors (rstate_conv, rstate_mat) assert their arguments, as
  * they are on the forward pass's path.
  *
+ * The operation log (serving over several ranks). Under tensor or
+ * pipeline parallelism every rank keeps its own store, holding its heads'
+ * or its stage's layers' part of every slot; the leader's engine decides,
+ * and each follower replays the leader's operations on its store in the
+ * same order. After rstate_log_start every call that changes the
+ * bookkeeping or copies states (acquire, fork, release, reset, checkpoint
+ * reserve, restore and release, snapshot save, restore and evict; not the
+ * forward pass's rstate_ckpt_save_layer / rstate_ckpt_layer, which every
+ * rank's own pass does) appends one rstate_op, failed calls and no-ops
+ * none; rstate_log_take hands the operations over. rstate_replay applies
+ * one to another store of the same counts (n_seqs, n_ckpt, n_snap; its
+ * layers and heads may differ): every operation is deterministic, so a
+ * replica that saw the same operations hands out the same slot indices,
+ * and a replayed acquire or fork that gives another index is an error.
+ *
  * Threads. Bookkeeping (acquire, release, fork, reset, reserve, release of
  * checkpoints, snapshots, stats, check) is for one thread at a time. The
  * pointer accessors, rstate_ckpt_save_layer and rstate_ckpt_layer may run on
@@ -214,6 +229,38 @@ int rstate_snap_restore(rstate_pool *p, const uint8_t key[KV_KEY_LEN], int slot,
 /* Drop the snapshot under key, if any (pool: the rstate_pool; the signature
  * of kv_evict_fn, for kv_set_evict_hook). */
 void rstate_snap_evict(void *pool, const uint8_t key[KV_KEY_LEN]);
+
+/* ---- the operation log ------------------------------------------------------ */
+
+enum {
+    RSTATE_OP_ACQUIRE = 1,  /* a: the slot acquired */
+    RSTATE_OP_FORK,         /* a: the new slot, b: its source */
+    RSTATE_OP_RELEASE,      /* a: slot */
+    RSTATE_OP_RESET,        /* a: slot */
+    RSTATE_OP_CK_RESERVE,   /* a: slot, b: pos0, c: n */
+    RSTATE_OP_CK_RESTORE,   /* a: slot, b: pos */
+    RSTATE_OP_CK_RELEASE,   /* a: slot */
+    RSTATE_OP_SNAP_SAVE,    /* a: slot, key */
+    RSTATE_OP_SNAP_RESTORE, /* a: slot, key */
+    RSTATE_OP_SNAP_EVICT,   /* key */
+};
+
+/* One operation: 12 int32 words, as it travels in a batch plan. */
+typedef struct {
+    int32_t op, a, b, c;
+    uint8_t key[KV_KEY_LEN];
+} rstate_op;
+
+/* Record every operation from now on (the log grows as needed). */
+void rstate_log_start(rstate_pool *p);
+/* The operations since the last take, oldest first: their number, *ops
+ * pointing at them until the next call that changes the store; the log is
+ * emptied. -1 when an operation could not be recorded (out of memory): the
+ * log is lost and a replica can no longer follow. */
+int rstate_log_take(rstate_pool *p, const rstate_op **ops);
+/* Apply o to p as the logged call did. RSTATE_OK, or RSTATE_ERR with a
+ * message when it fails or gives another slot index than the original. */
+int rstate_replay(rstate_pool *p, const rstate_op *o, char *err, size_t errlen);
 
 /* ---- accounting ------------------------------------------------------------ */
 
