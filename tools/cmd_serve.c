@@ -124,23 +124,11 @@ static void chat_option(const char *v, lm_server_config *sc, char **file_text) {
     sc->chat_template_text = *file_text;
 }
 
-/* Serving over several ranks mirrors the leader's KV blocks on the
- * followers (tp_plan.c) but not a hybrid model's recurrent state: refused
- * on every rank alike, so the job ends with this message. */
-static void refuse_hybrid(const lm_model *m) {
-    if (m->hp.n_rlayer && cli_tp_size * cli_pp_size > 1)
-        fail("serve",
-             "serving a hybrid model (linear-attention layers) over several ranks is not supported: the "
-             "followers keep no recurrent state of their own; serve it on one rank (lamina run and perplexity "
-             "take --tp and --pp)");
-}
-
 /* Tensor or pipeline parallel, ranks other than 0: no server; run the passes rank 0's
  * engine plans, on this rank's shard, until it stops. An error here ends the
  * whole job (rank 0 would wait for this rank forever). */
 static int follow(const char *model, int threads) {
     lm_model *m = load_or_die("serve", model);
-    refuse_hybrid(m);
     lm_pool *pool = pool_new(threads > 0 ? threads : pool_default_threads());
     if (!pool) fail("serve", "cannot start threads");
     char err[LM_ERRLEN];
@@ -246,7 +234,6 @@ int cmd_serve(int argc, char **argv) {
 
     double t0 = lm_now();
     lm_model *m = load_or_die("serve", model);
-    refuse_hybrid(m);
     if (!m->tok) fail("serve", "the model file has no tokenizer");
     ctx_check("serve", "-c", ec.n_ctx, m->hp.n_ctx_train, ctx_extend);
     m->tp.lead = dist; /* rank 0: each pass's plan goes to the other ranks first */

@@ -18,6 +18,11 @@
  * workspace's dims, from which the followers build their own. */
 int tp_plan_send(lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_seg, bool logits, char *err,
                  size_t errlen);
+/* Leader, before the first pass: a hybrid model's state store (the
+ * engine's, not owned; NULL: none), whose operations (rstate_log_start,
+ * started here) each plan carries to the followers, which replay them on
+ * stores of their own with the same slot counts (tp_plan.c). */
+void tp_plan_state(rstate_pool *rs);
 /* Leader: end the followers' loops (after the last pass). */
 int tp_plan_stop(char *err, size_t errlen);
 /* Follower: run passes on this rank's shard of m, from the leader's plans,

@@ -1196,6 +1196,7 @@ static void destroy(lm_engine *e) {
     fwd_free(e->fwd);
     pool_free(e->pool);
     kv_pool_free(e->kv);
+    if (e->m->tp.lead && e->rs) tp_plan_state(NULL);
     rstate_pool_free(e->rs);
     sched_free(e->sc);
     lm_free(e->clients);

@@ -26,6 +26,7 @@
 #include "kv/kv.h"
 #include "kv/rstate.h"
 #include "model/forward.h"
+#include "model/tp_plan.h"
 #include "sched/draft.h"
 #include "sched/engine.h"
 #include "sched/proposer.h"

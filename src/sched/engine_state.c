@@ -52,6 +52,12 @@
  * each iteration the wishes are bounded by what is free, in the order the
  * policy hears them, so a short store means fewer proposals, never a
  * failure; a reservation that still fails leaves a plain decode.
+ *
+ * Several ranks (serving under tensor or pipeline parallelism). Every
+ * rank keeps its part of each slot in a store of its own; the leader's
+ * store logs its operations (acquire, fork, release, checkpoints,
+ * snapshots) and each batch plan carries them to the followers, which
+ * replay them before the pass (tp_plan.c), so nothing here differs.
  */
 #include "sched/engine_int.h"
 
@@ -78,6 +84,7 @@ void engine_state_init(lm_engine *e) {
     if (!e->rs) return;
     e->snap_grid = snap_grid(e);
     if (snap_on(e)) kv_set_evict_hook(e->kv, rstate_snap_evict, e->rs);
+    if (e->m->tp.lead) tp_plan_state(e->rs); /* serving over ranks: the followers replay the store's operations */
 }
 
 /* Point c's per-layer arrays at its live slot. A pipeline stage's store
