@@ -44,6 +44,7 @@ enum { TP_STOP = 0, TP_SETUP = 1, TP_RUN = 2 };
 #define TP_HDR 8
 #define TP_META 8                                          /* words per segment */
 #define TP_OP ((int)(sizeof(rstate_op) / sizeof(int32_t))) /* words per state operation */
+_Static_assert(sizeof(rstate_op) % sizeof(int32_t) == 0, "a state operation is whole int32 words");
 
 typedef struct {
     kv_config kc; /* layer_local NULL on the wire */
@@ -229,8 +230,10 @@ static int follow_run(follower *fl, const int32_t *h, char *err, size_t errlen) 
         if (kv_seq_mirror(fl->kv, fl->seqs[g], tables, mt[4], mt[3], mt[5], err, errlen)) return -1;
         fl->segs[g] = (lm_seg){.seq = fl->seqs[g], .pos0 = mt[0], .n = mt[1], .n_logits = mt[2]};
     }
+    size_t left = (size_t)(end - tab); /* the copies and the state operations */
+    if (left < 3 * (size_t)n_copies || left - 3 * (size_t)n_copies != (size_t)TP_OP * (size_t)n_rops)
+        return lm_err(err, errlen, "a batch plan of the wrong length");
     const int32_t *ops = tab + 3 * (size_t)n_copies;
-    if (ops + (size_t)TP_OP * (size_t)n_rops != end) return lm_err(err, errlen, "a batch plan of the wrong length");
     for (int i = 0; i < n_copies; i++) {
         kv_copy c = {tab[3 * i], tab[3 * i + 1], tab[3 * i + 2]};
         if (kv_block_copy(fl->kv, &c)) return lm_err(err, errlen, "a block copy out of range");
