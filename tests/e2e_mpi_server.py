@@ -40,8 +40,12 @@ through plain HTTP:
     grows;
   - speculation by prompt lookup (--spec ngram: verification segments with
     checkpoints, rolled back on every rank) on a repetitive prompt: the
-    single process's greedy text, and lamina_spec_rollbacks_total or the
-    accepted proposals move.
+    single process's greedy texts, and proposals were accepted and states
+    rolled back (lamina_spec_accepted_tokens_total,
+    lamina_spec_state_rollbacks_total) as often as on the single process;
+  - a KV pool too small for three requests' growth (--kv-mem): requests
+    are preempted (their slots released, taken again on readmission) and
+    get the texts they get alone.
 Under --tp the all-reduce adds the ranks' parts in another order than one
 process sums a row, so the texts are compared, not the log-probabilities.
 Skipped, saying why, when the MPI binary or mpirun is absent.
@@ -70,7 +74,7 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
            ASAN_OPTIONS=(os.environ.get("ASAN_OPTIONS", "") + ":detect_leaks=0").lstrip(":"))
 os.environ.update(ENV)  # testenv.Server starts mpirun with this process's environment
 N_CHECKS = 12
-N_HYBRID = 2 + 2 * 11
+N_HYBRID = 3 + 2 * 13
 VOCAB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "vocab", "ggml-vocab-gpt-2.gguf")
 BASE = ("Once upon a time there was a little girl named Lily. She liked to play in the park with her dog. "
         "One day she saw a big red ball under a tree and ran to get it. ")
@@ -258,6 +262,37 @@ def hybrid_session(srv):
     return out
 
 
+def preempted(what, flags, flag, same):
+    """A KV pool too small for three prompts' growth (as e2e_engine_hybrid.py's: 14 blocks of
+    16 positions, 2048 bytes each): preempted requests release their state slots and start
+    again from a fresh one on every rank, and get the texts they get alone."""
+    try:
+        srv = testenv.Server(["mpirun", "--oversubscribe", "-np", "2", LAMINA_MPI, "serve", *flags, flag, "2"],
+                             start_timeout=180)
+    except RuntimeError as e:
+        result("%s, small KV pool: server starts" % what, False, str(e)[-2000:])
+        return
+    try:
+        alone = [ask(srv, p, n_gen=48)[0] for p in PROMPTS]
+        p0 = es.metrics(srv).get("lamina_preemptions_total", 0)
+        got = [None] * len(PROMPTS)
+
+        def one(i):
+            got[i] = ask(srv, PROMPTS[i], n_gen=48)[0]
+
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+        p1 = es.metrics(srv).get("lamina_preemptions_total", 0)
+        result("%s, small KV pool: three at once, preempted, the texts alone" % what,
+               same(got, alone) and all(t[0] for t in alone) and p1 > p0, (p0, p1, got, alone))
+    finally:
+        ended = testenv.terminate(srv, what + ", small KV pool")
+        if ended:
+            result("%s, small KV pool: no rank reports an error" % what,
+                   not re.search(r"rank \d+:|Sanitizer|runtime error:", ended[1]), ended[1][-3000:])
+
+
 def check_hybrid(tmp):
     """qwen35-small served over 2 ranks (--tp 2, --pp 2) against one process."""
     if not os.access(LAMINA_MPI, os.X_OK) or not shutil.which("mpirun"):
@@ -316,6 +351,7 @@ def check_hybrid(tmp):
                    got["spec_moved"][0] > 0 and got["spec_moved"][1] > 0 and got["spec_moved"] == ref["spec_moved"],
                    (got["spec_moved"], ref["spec_moved"]))
             result("%s: idle after" % what, got["idle"], got["idle"])
+            preempted(what, flags + ["--kv-mem", str(14 * 16 * 2048)], flag, same)
     finally:
         try:
             os.unlink(model)
