@@ -44,19 +44,7 @@ static inline vf v_fmadd(vf a, vf b, vf c) { return vfmaq_f32(c, a, b); }
 static inline vf v_fnmadd(vf a, vf b, vf c) { return vfmsq_f32(c, a, b); }
 static inline vf v_exp(vf x) { return exp4(x); }
 static inline float v_hsum(vf x) { return vaddvq_f32(x); }
-static inline double dsumsq(const float *x, int n) {
-    float64x2_t a0 = vdupq_n_f64(0.0), a1 = a0;
-    int i = 0;
-    for (; i + 4 <= n; i += 4) {
-        float32x4_t v = vld1q_f32(x + i);
-        float64x2_t lo = vcvt_f64_f32(vget_low_f32(v)), hi = vcvt_high_f64_f32(v);
-        a0 = vfmaq_f64(a0, lo, lo);
-        a1 = vfmaq_f64(a1, hi, hi);
-    }
-    double ss = vaddvq_f64(vaddq_f64(a0, a1));
-    for (; i < n; i++) ss += (double)x[i] * x[i];
-    return ss;
-}
+static inline double dsumsq(const float *x, int n) { return sumsq_f64(x, n); }
 
 #include "kernels/simd_deltanet.h"
 

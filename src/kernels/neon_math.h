@@ -9,6 +9,8 @@
  * single-precision coefficients, ~1 ulp), 2^n built in the exponent field;
  * inputs clamped to [-87.3, 88.3], so the result is never subnormal or
  * infinite.
+ *
+ * sumsq_f64: a sum of squares in float64 lanes (the norms' denominators).
  */
 #ifndef LAMINA_NEON_MATH_H
 #define LAMINA_NEON_MATH_H
@@ -30,6 +32,22 @@ static inline float32x4_t exp4(float32x4_t x) {
     y = vfmaq_f32(vaddq_f32(x, vdupq_n_f32(1.0f)), y, vmulq_f32(x, x));
     int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
     return vmulq_f32(y, vreinterpretq_f32_s32(e));
+}
+
+/* The sum of x's squares over n floats, accumulated in float64 lanes (the
+ * norms' denominator, as the scalar reference sums it). */
+static inline double sumsq_f64(const float *x, int n) {
+    float64x2_t a0 = vdupq_n_f64(0.0), a1 = a0;
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t v = vld1q_f32(x + i);
+        float64x2_t lo = vcvt_f64_f32(vget_low_f32(v)), hi = vcvt_high_f64_f32(v);
+        a0 = vfmaq_f64(a0, lo, lo);
+        a1 = vfmaq_f64(a1, hi, hi);
+    }
+    double ss = vaddvq_f64(vaddq_f64(a0, a1));
+    for (; i < n; i++) ss += (double)x[i] * x[i];
+    return ss;
 }
 
 #endif

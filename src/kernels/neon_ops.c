@@ -20,17 +20,9 @@
 /* ---- element-wise ---------------------------------------------------------------- */
 
 void neon_rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
-    float64x2_t a0 = vdupq_n_f64(0.0), a1 = a0;
-    int i = 0;
-    for (; i + 4 <= n; i += 4) {
-        float32x4_t v = vld1q_f32(x + i);
-        float64x2_t lo = vcvt_f64_f32(vget_low_f32(v)), hi = vcvt_high_f64_f32(v);
-        a0 = vfmaq_f64(a0, lo, lo);
-        a1 = vfmaq_f64(a1, hi, hi);
-    }
-    double ss = vaddvq_f64(vaddq_f64(a0, a1));
-    for (; i < n; i++) ss += (double)x[i] * x[i];
+    double ss = sumsq_f64(x, n);
     float scale = (float)(1.0 / sqrt(ss / n + eps));
+    int i;
     for (i = 0; i + 4 <= n; i += 4) vst1q_f32(y + i, vmulq_f32(vmulq_n_f32(vld1q_f32(x + i), scale), vld1q_f32(w + i)));
     for (; i < n; i++) y[i] = x[i] * scale * w[i];
 }
