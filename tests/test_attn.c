@@ -78,9 +78,10 @@ static const float *qrow(const data *d, int layer, int t) {
 
 /* out (n_q, n_head*hd) in double for queries pos0.. of `layer`, keys/values
  * from kk/vv (stored or original); window > 0 limits each query to its last
- * `window` positions. */
-static void ref_attn_w(const data *d, const float *kk, const float *vv, int layer, int pos0, int n_q, int window,
-                       double *out) {
+ * `window` positions; cap > 0 soft-caps each score (cap tanh(s / cap));
+ * sinks, unless NULL, add e^sinks[h] to head h's softmax denominator. */
+static void ref_attn_full(const data *d, const float *kk, const float *vv, int layer, int pos0, int n_q, int window,
+                          double cap, const float *sinks, double *out) {
     int hd = d->hd, G = d->n_head / d->n_head_kv;
     size_t kvd = (size_t)d->n_head_kv * hd;
     double scale = 1.0 / sqrt((double)hd);
@@ -90,15 +91,17 @@ static void ref_attn_w(const data *d, const float *kk, const float *vv, int laye
         for (int h = 0; h < d->n_head; h++) {
             const float *q = qrow(d, layer, pos) + (size_t)h * hd;
             int kh = h / G;
-            double mx = -INFINITY, sum = 0;
+            double mx = sinks ? (double)sinks[h] : -INFINITY, sum = 0;
             for (int j = j0; j <= pos; j++) {
                 const float *k = kk + ((size_t)layer * d->T + j) * kvd + (size_t)kh * hd;
                 double s = 0;
                 for (int e = 0; e < hd; e++) s += (double)q[e] * k[e];
                 w[j] = s * scale;
+                if (cap > 0) w[j] = cap * tanh(w[j] / cap);
                 if (w[j] > mx) mx = w[j];
             }
             for (int j = j0; j <= pos; j++) sum += w[j] = exp(w[j] - mx);
+            if (sinks) sum += exp((double)sinks[h] - mx); /* the sink: a term with no value */
             double *o = out + (size_t)i * d->n_head * hd + (size_t)h * hd;
             for (int e = 0; e < hd; e++) o[e] = 0;
             for (int j = j0; j <= pos; j++) {
@@ -108,6 +111,11 @@ static void ref_attn_w(const data *d, const float *kk, const float *vv, int laye
         }
     }
     free(w);
+}
+
+static void ref_attn_w(const data *d, const float *kk, const float *vv, int layer, int pos0, int n_q, int window,
+                       double *out) {
+    ref_attn_full(d, kk, vv, layer, pos0, n_q, window, 0, NULL, out);
 }
 
 static void ref_attn(const data *d, const float *kk, const float *vv, int layer, int pos0, int n_q, double *out) {
@@ -152,6 +160,20 @@ static void run_attn_w(const kv_pool *p, const kv_seq *s, const data *d, int lay
         for (int kh = 0; kh < d->n_head_kv; kh++)
             attn_tile(p, s, layer, kh, qrow(d, layer, pos0 + i0), qd, n, pos0 + i0, scale, window,
                       out + (size_t)i0 * qd, qd, scr);
+    }
+}
+
+/* The same through attn_tile_sinks: softcap cap (0: none), sinks (NULL:
+ * none); tile: query tokens per call. */
+static void run_attn_sinks(const kv_pool *p, const kv_seq *s, const data *d, int layer, int pos0, int n_q, int window,
+                           float cap, const float *sinks, int tile, float *out, attn_scratch *scr) {
+    size_t qd = (size_t)d->n_head * d->hd;
+    float scale = 1.0f / sqrtf((float)d->hd);
+    for (int i0 = 0; i0 < n_q; i0 += tile) {
+        int n = n_q - i0 < tile ? n_q - i0 : tile;
+        for (int kh = 0; kh < d->n_head_kv; kh++)
+            attn_tile_sinks(p, s, layer, kh, qrow(d, layer, pos0 + i0), qd, n, pos0 + i0, scale, cap, window, sinks,
+                            out + (size_t)i0 * qd, qd, scr);
     }
 }
 
@@ -547,6 +569,257 @@ static void test_scratch_is_bounded(void) {
     data_free(&d);
 }
 
+/* ---- attention sinks ------------------------------------------------------------ */
+
+/* The ISAs this CPU runs, the scalar reference first: attention's sinks live
+ * in kv/attn.c's recurrence, whose inner loops are each variant's. */
+static int cpu_isas(int *isas) {
+    int n = 0;
+    for (int isa = 0; isa < LM_ISA_COUNT; isa++)
+        if (isa == LM_ISA_SCALAR || kernels_cpu_has((lm_isa)isa)) isas[n++] = isa;
+    return n;
+}
+
+/* A pool holding all T positions of d in every layer, with a sequence. */
+typedef struct {
+    kv_pool *p;
+    kv_seq *s;
+    attn_scratch *scr;
+} filled;
+
+static int filled_make(filled *f, const data *d, uint32_t type, int B) {
+    char err[LM_ERRLEN];
+    f->p = pool_for(d, type, B, (d->T + B - 1) / B);
+    f->s = f->p ? kv_seq_new(f->p, err, sizeof err) : NULL;
+    f->scr = f->p ? attn_scratch_new(f->p, d->n_head, err, sizeof err) : NULL;
+    return f->s && f->scr && !fill(f->p, f->s, d, 0, d->T) ? 0 : -1;
+}
+
+static void filled_free(filled *f) {
+    attn_scratch_free(f->scr);
+    if (f->s) kv_seq_free(f->p, f->s);
+    kv_pool_free(f->p);
+}
+
+/* Sinks of every size against the float64 reference on the stored values
+ * (bound 1e-5, as without sinks): MHA, GQA, MQA, a group of 64 (one query
+ * per sub-tile), head dims that take the SIMD loops and one that does not,
+ * windows, softcap, lengths on both sides of the 32-query tile and the
+ * 64-key chunk; prefill in one call, a chunk at depth and the last decode
+ * step, on every variant the CPU runs. Head h's sink: a normal draw times 3,
+ * except head 0's at +12 (comparable to the largest scores) and head 1's at
+ * -30 (all but absent). */
+typedef struct {
+    int n_head, n_head_kv, hd;
+    uint32_t type;
+    int B, window;
+    float cap;
+} sink_cfg;
+
+static int check_sinks(const sink_cfg *c, int T, const int *isas, int n_isa, double *worst) {
+    data d;
+    data_make(&d, 1, c->n_head, c->n_head_kv, c->hd, T, c->type, (uint64_t)(T * 31 + c->hd + c->n_head));
+    filled f;
+    int rc = filled_make(&f, &d, c->type, c->B);
+    size_t qd = (size_t)c->n_head * c->hd;
+    float *sinks = malloc((size_t)c->n_head * sizeof(float)), *out = malloc((size_t)T * qd * sizeof(float));
+    double *ref = malloc((size_t)T * qd * sizeof(double));
+    lm_rng r;
+    lm_rng_seed(&r, (uint64_t)T);
+    for (int h = 0; h < c->n_head; h++) sinks[h] = h == 0 ? 12.0f : h == 1 ? -30.0f : 3.0f * lm_rng_normal(&r);
+    /* (pos0, n_q): the whole prefill, a chunk at depth, the last decode step */
+    int runs[3][2] = {{0, T}, {T / 2, T - T / 2}, {T - 1, 1}};
+    for (int k = 0; k < 3 && !rc; k++) {
+        int pos0 = runs[k][0], n_q = runs[k][1];
+        if (n_q <= 0) continue;
+        ref_attn_full(&d, d.ks, d.vs, 0, pos0, n_q, c->window, c->cap, sinks, ref);
+        for (int i = 0; i < n_isa && !rc; i++) {
+            if (kernels_use(isas[i])) {
+                rc = -1;
+                break;
+            }
+            run_attn_sinks(f.p, f.s, &d, 0, pos0, n_q, c->window, c->cap, sinks, ATTN_TILE_Q, out, f.scr);
+            double e = rel_err(out, ref, (size_t)n_q * qd);
+            if (e > *worst) *worst = e;
+            if (!(e < 1e-5)) {
+                fprintf(stderr, "  sinks %s heads %d/%d hd %d B %d window %d cap %g T %d pos0 %d n_q %d %s: err %.3g\n",
+                        quant_type_name(c->type), c->n_head, c->n_head_kv, c->hd, c->B, c->window, (double)c->cap, T,
+                        pos0, n_q, kernels_isa_str((lm_isa)isas[i]), e);
+                rc = -1;
+            }
+        }
+    }
+    kernels_use(-1);
+    filled_free(&f);
+    free(sinks), free(out), free(ref);
+    data_free(&d);
+    return rc;
+}
+
+static void test_sinks_reference(void) {
+    static const sink_cfg cfgs[] = {
+        {4, 4, 32, LM_TYPE_F32, 16, 0, 0},    /* MHA */
+        {8, 2, 64, LM_TYPE_F32, 7, 0, 0},     /* GQA */
+        {6, 1, 64, LM_TYPE_F16, 16, 0, 0},    /* MQA */
+        {4, 2, 12, LM_TYPE_F32, 5, 0, 0},     /* a head dim no SIMD loop takes */
+        {64, 1, 32, LM_TYPE_Q8_0, 16, 0, 0},  /* a group of 64: one query per sub-tile */
+        {16, 2, 128, LM_TYPE_F32, 32, 0, 0},  /* 8 queries per sub-tile, head dim 128 */
+        {8, 2, 64, LM_TYPE_F32, 16, 40, 0},   /* a window shorter than a chunk */
+        {8, 2, 64, LM_TYPE_Q8_0, 1, 5, 0},    /* a window shorter than a block of 7 */
+        {8, 2, 64, LM_TYPE_F32, 16, 0, 4.0f}, /* softcap below the largest scores */
+        {8, 4, 64, LM_TYPE_F16, 7, 70, 8.0f}, /* softcap and a window */
+    };
+    static const int Ts[] = {1, 2, 31, 33, 63, 64, 65, 129, 200};
+    int isas[LM_ISA_COUNT], n_isa = cpu_isas(isas);
+    double worst = 0;
+    for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++)
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++)
+            CHECKF(!check_sinks(&cfgs[ci], Ts[ti], isas, n_isa, &worst), "config %zu, T %d", ci, Ts[ti]);
+    printf("NOTE sinks: worst relative error %.2e over %d variants\n", worst, n_isa);
+}
+
+/* No sinks is today's computation bit for bit: attn_tile and
+ * attn_tile_softcap (the entries that existed before sinks) equal
+ * attn_tile_sinks with NULL, and so do sinks of -inf and of -1e4 on every
+ * head (e^(sink - m) rounds to 0 at the first rescaling, which then clears
+ * l = 1 as it clears l = 0 without a sink). Each variant, windows, softcap,
+ * GQA; and the outputs with a real sink differ (the comparison can fail). */
+static void test_sinks_none_is_identical(void) {
+    static const sink_cfg cfgs[] = {
+        {8, 2, 64, LM_TYPE_F32, 7, 0, 0},
+        {8, 2, 64, LM_TYPE_F16, 16, 0, 30.0f},
+        {4, 1, 32, LM_TYPE_Q8_0, 16, 40, 0},
+        {4, 2, 12, LM_TYPE_F32, 5, 9, 5.0f},
+    };
+    int isas[LM_ISA_COUNT], n_isa = cpu_isas(isas), T = 150;
+    for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
+        const sink_cfg *c = &cfgs[ci];
+        data d;
+        data_make(&d, 1, c->n_head, c->n_head_kv, c->hd, T, c->type, 40 + ci);
+        filled f;
+        CHECK(!filled_make(&f, &d, c->type, c->B));
+        size_t n = (size_t)T * c->n_head * c->hd, qd = (size_t)c->n_head * c->hd;
+        float *old = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+        float *sinks = malloc((size_t)c->n_head * sizeof(float));
+        float scale = 1.0f / sqrtf((float)c->hd);
+        int bad = 0;
+        for (int i = 0; i < n_isa && !bad; i++) {
+            CHECK(!kernels_use(isas[i]));
+            for (int i0 = 0; i0 < T; i0 += ATTN_TILE_Q) {
+                int nq = T - i0 < ATTN_TILE_Q ? T - i0 : ATTN_TILE_Q;
+                for (int kh = 0; kh < c->n_head_kv; kh++) {
+                    if (c->cap > 0)
+                        attn_tile_softcap(f.p, f.s, 0, kh, qrow(&d, 0, i0), qd, nq, i0, scale, c->cap, c->window,
+                                          old + (size_t)i0 * qd, qd, f.scr);
+                    else
+                        attn_tile(f.p, f.s, 0, kh, qrow(&d, 0, i0), qd, nq, i0, scale, c->window, old + (size_t)i0 * qd,
+                                  qd, f.scr);
+                }
+            }
+            static const float fills[] = {-INFINITY, -1e4f};
+            for (int k = -1; k < 2 && !bad; k++) { /* k = -1: NULL */
+                for (int h = 0; h < c->n_head; h++) sinks[h] = k < 0 ? 0 : fills[k];
+                run_attn_sinks(f.p, f.s, &d, 0, 0, T, c->window, c->cap, k < 0 ? NULL : sinks, ATTN_TILE_Q, got, f.scr);
+                if (memcmp(old, got, n * sizeof(float))) bad = 1 + i * 4 + (k + 1);
+            }
+            for (int h = 0; h < c->n_head; h++) sinks[h] = 0.5f;
+            run_attn_sinks(f.p, f.s, &d, 0, 0, T, c->window, c->cap, sinks, ATTN_TILE_Q, got, f.scr);
+            if (!memcmp(old, got, n * sizeof(float))) bad = 100;
+        }
+        CHECK(!kernels_use(-1));
+        CHECKF(!bad, "config %zu: %s", ci,
+               bad == 100 ? "a sink of 0.5 changed nothing" : "no sink differs from the entries without sinks");
+        filled_free(&f);
+        free(old), free(got), free(sinks);
+        data_free(&d);
+    }
+}
+
+/* A sink far above every score takes all the weight: e^(s - sink) is below
+ * float's range, the output is 0 within 1e-30 (the values are O(1)), and the
+ * float64 reference says the same. A sink 45 above the largest scores
+ * leaves e^-45-sized outputs that still match the reference's relative
+ * bound. Every variant, prefill and decode, GQA and a window. */
+static void test_sinks_dominate(void) {
+    int isas[LM_ISA_COUNT], n_isa = cpu_isas(isas), T = 100;
+    data d;
+    data_make(&d, 1, 8, 2, 64, T, LM_TYPE_F16, 7);
+    filled f;
+    CHECK(!filled_make(&f, &d, LM_TYPE_F16, 16));
+    size_t n = (size_t)T * 8 * 64;
+    float *out = malloc(n * sizeof(float)), sinks[8];
+    double *ref = malloc(n * sizeof(double));
+    for (int i = 0; i < n_isa; i++) {
+        CHECK(!kernels_use(isas[i]));
+        for (int window = 0; window <= 20; window += 20) {
+            for (int h = 0; h < 8; h++) sinks[h] = 1e4f;
+            run_attn_sinks(f.p, f.s, &d, 0, 0, T, window, 0, sinks, ATTN_TILE_Q, out, f.scr);
+            float amax = 0;
+            for (size_t e = 0; e < n; e++) amax = fabsf(out[e]) <= amax ? amax : fabsf(out[e]); /* NaN sticks */
+            CHECKF(amax < 1e-30f, "%s window %d: |out| up to %g", kernels_isa_str((lm_isa)isas[i]), window,
+                   (double)amax);
+            ref_attn_full(&d, d.ks, d.vs, 0, 0, T, window, 0, sinks, ref);
+            double rmax = 0;
+            for (size_t e = 0; e < n; e++) rmax = fabs(ref[e]) <= rmax ? rmax : fabs(ref[e]);
+            CHECK(rmax < 1e-30);
+            /* scores of this data lie within ±20: every e^(s - sink) stays a
+             * normal float */
+            for (int h = 0; h < 8; h++) sinks[h] = 65.0f;
+            run_attn_sinks(f.p, f.s, &d, 0, 0, T, window, 0, sinks, ATTN_TILE_Q, out, f.scr);
+            ref_attn_full(&d, d.ks, d.vs, 0, 0, T, window, 0, sinks, ref);
+            double e = rel_err(out, ref, n);
+            amax = 0;
+            for (size_t k = 0; k < n; k++) amax = fabsf(out[k]) <= amax ? amax : fabsf(out[k]);
+            CHECKF(e < 1e-5 && amax < 1e-20f && amax > 0, "%s window %d: err %.3g, |out| up to %g",
+                   kernels_isa_str((lm_isa)isas[i]), window, e, (double)amax);
+        }
+    }
+    CHECK(!kernels_use(-1));
+    filled_free(&f);
+    free(out), free(ref);
+    data_free(&d);
+}
+
+/* With sinks a query's output is the same bits whatever shares its call:
+ * the whole prefill in tiles of 32 queries, in tiles of 7, and one query
+ * at a time (decode) agree exactly on each variant. */
+static void test_sinks_batch_invariant(void) {
+    int isas[LM_ISA_COUNT], n_isa = cpu_isas(isas), T = 140;
+    data d;
+    data_make(&d, 1, 8, 2, 64, T, LM_TYPE_F32, 8);
+    filled f;
+    CHECK(!filled_make(&f, &d, LM_TYPE_F32, 16));
+    size_t n = (size_t)T * 8 * 64;
+    float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float)), sinks[8];
+    for (int h = 0; h < 8; h++) sinks[h] = (float)h - 3.0f;
+    for (int i = 0; i < n_isa; i++) {
+        CHECK(!kernels_use(isas[i]));
+        run_attn_sinks(f.p, f.s, &d, 0, 0, T, 0, 0, sinks, ATTN_TILE_Q, a, f.scr);
+        run_attn_sinks(f.p, f.s, &d, 0, 0, T, 0, 0, sinks, 7, b, f.scr);
+        CHECKF(!memcmp(a, b, n * sizeof(float)), "%s: tiles of 7", kernels_isa_str((lm_isa)isas[i]));
+        run_attn_sinks(f.p, f.s, &d, 0, 0, T, 0, 0, sinks, 1, b, f.scr);
+        CHECKF(!memcmp(a, b, n * sizeof(float)), "%s: one query per call", kernels_isa_str((lm_isa)isas[i]));
+    }
+    CHECK(!kernels_use(-1));
+    filled_free(&f);
+    free(a), free(b);
+    data_free(&d);
+}
+
+/* The loader's check: finite and -inf sinks pass, NaN and +inf do not, and
+ * the message names the head. */
+static void test_sinks_check(void) {
+    char err[LM_ERRLEN] = "";
+    float ok[4] = {0, -INFINITY, 1e30f, -5};
+    CHECK(attn_sinks_check(ok, 4, err, sizeof err) == 0);
+    float nan_[3] = {0, 1, NAN}, inf_[2] = {INFINITY, 0};
+    CHECK(attn_sinks_check(nan_, 3, err, sizeof err) == -1);
+    CHECKF(strstr(err, "head 2") && strstr(err, "NaN"), "%s", err);
+    CHECK(attn_sinks_check(inf_, 2, err, sizeof err) == -1);
+    CHECKF(strstr(err, "head 0") && strstr(err, "+inf"), "%s", err);
+    CHECK(attn_sinks_check(inf_, 2, NULL, 0) == -1);
+}
+
 #if defined(__x86_64__) || defined(__i386__)
 /* The SIMD inner loops against their contracts, bit for bit: P·V is one
  * fmaf chain per output element over the keys in order, whatever the row
@@ -614,5 +887,10 @@ int main(void) {
     TEST_RUN(test_threads_split_items);
     TEST_RUN(test_no_simd_env);
     TEST_RUN(test_scratch_is_bounded);
+    TEST_RUN(test_sinks_check);
+    TEST_RUN(test_sinks_none_is_identical);
+    TEST_RUN(test_sinks_reference);
+    TEST_RUN(test_sinks_dominate);
+    TEST_RUN(test_sinks_batch_invariant);
     return TEST_DONE();
 }

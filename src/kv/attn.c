@@ -5,6 +5,7 @@
  * Work of one attn_tile call, for each sub-tile of nq query tokens
  * (R = nq x group rows, row r = query i = r / group, head g = r % group):
  *   1. Qs (R, hd) = the rows' query vectors times scale; m = -inf, l = 0, O = 0
+ *      (with sinks, m = the row's head's sink, l = 1: the sink's own term)
  *   2. for each chunk of up to ATTN_KV_CHUNK positions c0 .. c0+nk-1 up to
  *      the sub-tile's last position (chunks on a fixed grid from the first
  *      key, so a row's chunking does not depend on how queries are tiled):
@@ -17,8 +18,10 @@
  *        O *= e^(m-m')
  *        gather the value rows likewise; O += P · V
  *   3. out = O / l
- * Every visible key adds exp(s - m') <= 1 with the row's own running max
- * among them, so l >= 1 at the end and nothing overflows.
+ * Every visible key (and the sink) adds exp(s - m') <= 1 with the row's own
+ * running max among them, so l >= 1 at the end and nothing overflows. A
+ * sink is only a starting state: the rescaling of step 2 is the one that
+ * shrinks it once a larger score comes, so it costs no pass of its own.
  *
  * Scratch (floats): Qs, O (RMAX, hd); S (RMAX, CHUNK); Kf, Vf (CHUNK, hd);
  * m, l (RMAX); a zero row (hd, read in place of keys and values of blocks
@@ -183,8 +186,9 @@ typedef struct {
     const float *q;
     size_t q_stride;
     float scale;
-    float softcap; /* > 0: scores become softcap·tanh(s / softcap) before the softmax */
-    int window;    /* > 0: query at pos sees keys pos-window+1 .. pos */
+    float softcap;      /* > 0: scores become softcap·tanh(s / softcap) before the softmax */
+    int window;         /* > 0: query at pos sees keys pos-window+1 .. pos */
+    const float *sinks; /* (n_head) one logit per query head in the softmax's denominator, or NULL */
     float *out;
     size_t out_stride;
     const lm_attn_kernels *k;  /* the table's inner loops for this head_dim */
@@ -208,8 +212,16 @@ static void subtile(const tile_args *a, int i0, int nq, int qpos0, attn_scratch 
     for (int r = 0; r < R; r++) {
         const float *src = a->q + (size_t)(i0 + r / G) * a->q_stride + (size_t)(kh * G + r % G) * hd;
         k->scale(scr->qs + (size_t)r * hd, src, hd, a->scale);
-        scr->m[r] = -INFINITY;
-        scr->l[r] = 0;
+        /* a sink is one more term of the softmax with no value: it starts the
+         * recurrence as a key of score `sink` would (m = sink, l = e^0 = 1,
+         * O = 0), and the rescaling below shrinks it like any other */
+        if (a->sinks) {
+            scr->m[r] = a->sinks[kh * G + r % G];
+            scr->l[r] = 1;
+        } else {
+            scr->m[r] = -INFINITY;
+            scr->l[r] = 0;
+        }
     }
     memset(scr->o, 0, (size_t)R * dv * sizeof(float)); /* O (R, dv) */
     int c_end = qpos0 + nq;                            /* keys up to the last query's position */
@@ -244,7 +256,7 @@ static void subtile(const tile_args *a, int i0, int nq, int qpos0, attn_scratch 
             if (lo) memset(s, 0, (size_t)lo * sizeof(float));
             if (vis < nk) memset(s + vis, 0, (size_t)(nk - vis) * sizeof(float));
             if (m_new > scr->m[r]) {
-                float corr = expf(scr->m[r] - m_new); /* 0 on the first visible chunk */
+                float corr = expf(scr->m[r] - m_new); /* 0 on the first visible chunk without a sink */
                 scr->l[r] *= corr;
                 float *o = scr->o + (size_t)r * dv;
                 kv->scale(o, o, dv, corr);
@@ -297,8 +309,15 @@ void attn_tile(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const 
 void attn_tile_softcap(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride,
                        int n_q, int pos0, float scale, float softcap, int window, float *out, size_t out_stride,
                        attn_scratch *scr) {
+    attn_tile_sinks(p, s, layer, kv_head, q, q_stride, n_q, pos0, scale, softcap, window, NULL, out, out_stride, scr);
+}
+
+void attn_tile_sinks(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride,
+                     int n_q, int pos0, float scale, float softcap, int window, const float *sinks, float *out,
+                     size_t out_stride, attn_scratch *scr) {
     tile_args a = layer_args(p, s, layer, window, scr);
     a.softcap = softcap;
+    a.sinks = sinks;
     assert(kv_head >= 0 && kv_head < a.lay->n_head_kv && pos0 >= 0 && n_q >= 0 && pos0 + n_q <= kv_seq_len(s));
     a.kv_head = kv_head;
     a.q = q;
@@ -307,4 +326,14 @@ void attn_tile_softcap(const kv_pool *p, const kv_seq *s, int layer, int kv_head
     a.out = out;
     a.out_stride = out_stride;
     run_tiles(&a, n_q, pos0, scr);
+}
+
+int attn_sinks_check(const float *sinks, int n_head, char *err, size_t errlen) {
+    for (int h = 0; h < n_head; h++)
+        if (isnan(sinks[h]) || sinks[h] == INFINITY) {
+            lm_err(err, errlen, "attention sink of head %d is %s (a sink must be finite or -inf)", h,
+                   isnan(sinks[h]) ? "NaN" : "+inf");
+            return -1;
+        }
+    return 0;
 }

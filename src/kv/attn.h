@@ -22,6 +22,18 @@
  *   s_j = scale q·k_j;  m' = max(m, max_j s_j);  p_j = exp(s_j - m')
  *   l' = l e^(m-m') + Σ p_j;   O' = O e^(m-m') + Σ p_j v_j;   out = O / l
  *
+ * Attention sinks (gpt-oss): with a sink logit σ_h per query head, the
+ * softmax's denominator gets one more term, e^σ_h, that has no value vector:
+ *
+ *   out[i, h] = Σ_j e^(s_j - m) v_j / (e^(σ_h - m) + Σ_j e^(s_j - m)),
+ *               m = max(σ_h, max_j s_j),
+ *
+ * s_j being the scores after scale and softcap (σ_h is neither scaled nor
+ * capped). The recurrence takes the sink as its starting state, m = σ_h,
+ * l = 1, O = 0, and rescales it like any other term: no pass runs after the
+ * loop, and without sinks (NULL) the work and the bits are today's. A very
+ * large σ_h drives the output towards 0; σ_h = -inf is the same as no sink.
+ *
  * Chunks past the last row's position (or wholly before the first row's
  * window) are never read; inside a chunk, keys outside a row's range are
  * masked. A layer's K/V come from its block class (kv_layer_class); a
@@ -96,5 +108,19 @@ void attn_tile(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const 
 void attn_tile_softcap(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride,
                        int n_q, int pos0, float scale, float softcap, int window, float *out, size_t out_stride,
                        attn_scratch *scr);
+/* The same with attention sinks (gpt-oss), the most general call:
+ * sinks:  NULL for none (attn_tile_softcap's bits exactly), or one logit
+ *         per query head, indexed like q's heads (sinks[h] for the head at
+ *         offset h*head_dim of a q row; a caller holding a slice of the heads
+ *         passes the slice's sinks): each finite or -inf (attn_sinks_check);
+ *         read-only, shared by every thread.
+ * The other arguments are attn_tile_softcap's. */
+void attn_tile_sinks(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride,
+                     int n_q, int pos0, float scale, float softcap, int window, const float *sinks, float *out,
+                     size_t out_stride, attn_scratch *scr);
+/* 0 when each of sinks[0 .. n_head) is finite or -inf (what attn_tile_sinks
+ * takes); else -1 with a message naming the head (a model loader's check:
+ * a NaN sink would make its heads' outputs NaN, +inf has no meaning). */
+int attn_sinks_check(const float *sinks, int n_head, char *err, size_t errlen);
 
 #endif
