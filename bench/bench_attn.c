@@ -4,7 +4,7 @@
  * Build: `make bench` (build/bench_attn).
  *
  * Run: build/bench_attn [-H 32] [-K 8] [-D 128] [-c 1024,4096,8192] [-q 64] [-b 16] [--mem-ctx 4096] [--scalar]
- *                      [--no-plain]   (--mem-ctx 0 skips the memory part, -c 0 the speed part)
+ *                      [--no-plain] [--sinks S]   (--mem-ctx 0 skips the memory part, -c 0 the speed part)
  *
  * One layer, one thread, block size 16 (-b). For each context length T and each
  * KV type (F32, F16):
@@ -15,6 +15,9 @@
  *   prefill  the last q query tokens (a prefill chunk at depth T - q), all
  *            heads: attn_tile over ATTN_TILE_Q tiles against the same plain
  *            loop per (token, head)
+ * --sinks S: every head gets an attention sink of logit S (attn_tile_sinks;
+ * the plain loop adds e^(S - m) to its denominator); without it the tiled
+ * path passes no sinks.
  * Both compute on the same K/V values; the largest relative difference of
  * their outputs is printed. Times are the best of repeated runs.
  * Memory: a full prefill of --mem-ctx tokens runs in three child processes
@@ -48,6 +51,8 @@ typedef struct {
 static float f16_table[65536];
 static bool no_plain; /* --no-plain: time the tiled kernel only */
 static int block_size = KV_DEFAULT_BLOCK;
+static bool use_sinks; /* --sinks: every head's sink is sink_logit */
+static float sink_logit, sinks[1024];
 
 static void die(const char *msg) {
     fprintf(stderr, "bench_attn: %s\n", msg);
@@ -112,9 +117,9 @@ static void plain_attn(const bench *b, bool f16, int pos0, int n, float *out, fl
                 }
                 sc[p] = d * scale;
             }
-            float mx = -INFINITY;
+            float mx = use_sinks ? sink_logit : -INFINITY;
             for (int p = 0; p < len; p++) mx = sc[p] > mx ? sc[p] : mx;
-            double sum = 0;
+            double sum = use_sinks ? expf(sink_logit - mx) : 0;
             for (int p = 0; p < len; p++) sum += sc[p] = expf(sc[p] - mx);
             float inv = (float)(1.0 / sum);
             float *o = out + (size_t)t * qd + (size_t)h * hd;
@@ -139,8 +144,12 @@ static void tiled_attn(const bench *b, int pos0, int n, float *out, attn_scratch
     for (int i0 = 0; i0 < n; i0 += ATTN_TILE_Q) {
         int m = n - i0 < ATTN_TILE_Q ? n - i0 : ATTN_TILE_Q;
         for (int kh = 0; kh < b->nkv; kh++)
-            attn_tile(b->pool, b->seq, 0, kh, b->q + (size_t)(pos0 + i0) * qd, qd, m, pos0 + i0, scale, 0,
-                      out + (size_t)i0 * qd, qd, scr);
+            if (use_sinks)
+                attn_tile_sinks(b->pool, b->seq, 0, kh, b->q + (size_t)(pos0 + i0) * qd, qd, m, pos0 + i0, scale, 0, 0,
+                                sinks, out + (size_t)i0 * qd, qd, scr);
+            else
+                attn_tile(b->pool, b->seq, 0, kh, b->q + (size_t)(pos0 + i0) * qd, qd, m, pos0 + i0, scale, 0,
+                          out + (size_t)i0 * qd, qd, scr);
     }
 }
 
@@ -309,6 +318,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "-q")) nq = atoi(v), i++;
         else if (!strcmp(a, "-b")) block_size = atoi(v), i++;
         else if (!strcmp(a, "--mem-ctx")) mem_ctx = atoi(v), i++;
+        else if (!strcmp(a, "--sinks")) use_sinks = true, sink_logit = strtof(v, NULL), i++;
         else if (!strcmp(a, "-c")) {
             n_ctx = 0;
             for (char *s = argv[++i]; *s && n_ctx < 16;) {
@@ -317,7 +327,9 @@ int main(int argc, char **argv) {
             }
         } else die("unknown flag (see the comment at the top of bench/bench_attn.c)");
     }
-    if (nh <= 0 || nkv <= 0 || nh % nkv || hd <= 0 || nq <= 0) die("bad shape");
+    if (nh <= 0 || nkv <= 0 || nh % nkv || hd <= 0 || nq <= 0 || nh > 1024) die("bad shape");
+    if (use_sinks && (isnan(sink_logit) || sink_logit == INFINITY)) die("--sinks needs a finite logit");
+    for (int h = 0; h < nh; h++) sinks[h] = sink_logit;
     kernels_init();
     if (scalar) kernels_use(LM_ISA_SCALAR); /* the whole table: attention loops and KV conversion */
     for (int i = 0; i < 65536; i++) f16_table[i] = lm_f16_to_f32((uint16_t)i);
@@ -325,8 +337,10 @@ int main(int argc, char **argv) {
     /* memory first, while this process is still small (children inherit it) */
     if (mem_ctx > 0) memory(4, 1, 64, mem_ctx);
 
-    printf("\n%d heads / %d KV heads, head dim %d, block %d, one thread, %s kernels; prefill = last %d queries\n", nh,
+    printf("\n%d heads / %d KV heads, head dim %d, block %d, one thread, %s kernels; prefill = last %d queries", nh,
            nkv, hd, block_size, kernels_isa_name(), nq);
+    if (use_sinks) printf("; sinks %g", (double)sink_logit);
+    printf("\n");
     printf("| ctx | KV | decode tiled µs | decode plain µs | speedup | prefill tiled ms | prefill plain ms | speedup "
            "| decode GB/s | max rel diff |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|\n");

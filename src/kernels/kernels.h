@@ -12,7 +12,9 @@
  *   ew        the element-wise ops of the forward pass (RMSNorm, SwiGLU,
  *             GeGLU, RoPE);
  *   attn      the inner loops of tiled attention (scores, P·V, row max, row
- *             scaling, exp-and-sum), reached through kernels_attn();
+ *             scaling, exp-and-sum), reached through kernels_attn(); the
+ *             online softmax around them (mask, windows, softcap, sinks)
+ *             is kv/attn.c's, one for every variant;
  *   dn        the ops of a gated-DeltaNet linear-attention layer (causal
  *             conv with its rolling state, L2 norm, gated RMSNorm, decay
  *             gates, the delta rule token by token and chunkwise;
