@@ -652,7 +652,7 @@ static void test_tool_fields(void) {
         "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"d\",\"parameters\":"
         "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}",
         "{\"type\":\"function\",\"function\":{\"name\":\"get_time\"}}"};
-    lm_chat_xmsg user_a[] = {{"user", "a", NULL, 0, NULL}};
+    lm_chat_xmsg user_a[] = {{"user", "a", NULL, 0, NULL, NULL}};
     /* auto (the default): a lazy grammar from the opener on, the tools in the prompt */
     int rc = parse(true, "{" CHAT_A ", " TOOLS "}", &r, &e);
     CHECKF(rc == 0, "%s", e.message);
@@ -691,8 +691,9 @@ static void test_tool_fields(void) {
         "\"tool_call_id\": \"call_1\", \"content\": \"12:00\"}], " TOOLS "}";
     CHECKF(parse(true, trip, &r, &e) == 0, "%s", e.message);
     lm_chat_call call = {"call_1", "get_time", "{\"tz\": \"UTC\"}"};
-    lm_chat_xmsg conv[] = {
-        {"user", "a", NULL, 0, NULL}, {"assistant", "", &call, 1, NULL}, {"tool", "12:00", NULL, 0, "call_1"}};
+    lm_chat_xmsg conv[] = {{"user", "a", NULL, 0, NULL, NULL},
+                           {"assistant", "", &call, 1, NULL, NULL},
+                           {"tool", "12:00", NULL, 0, "call_1", NULL}};
     CHECK(same_prompt(&r, CHAT_CHATML, conv, 3, tool_json, 2));
     server_request_free(&r);
     /* the family picks the syntax and the trigger */
@@ -812,7 +813,7 @@ static void test_thinking_switch(void) {
     lm_server_request r;
     lm_server_error e;
     ctx.n_ctx = 4096;
-    lm_chat_xmsg user_a[] = {{"user", "a", NULL, 0, NULL}};
+    lm_chat_xmsg user_a[] = {{"user", "a", NULL, 0, NULL, NULL}};
     static const char *same_bodies[] = {
         "{" CHAT_A "}",
         "{" CHAT_A ", \"chat_template_kwargs\": {\"enable_thinking\": true}}",
@@ -1262,8 +1263,9 @@ static void test_tool_xml(void) {
         "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}",
         "{\"type\":\"function\",\"function\":{\"name\":\"get_time\"}}"};
     lm_chat_call call = {"call_1", "get_weather", "{\"city\": \"Paris\"}"};
-    lm_chat_xmsg conv[] = {
-        {"user", "a", NULL, 0, NULL}, {"assistant", "", &call, 1, NULL}, {"tool", "sunny", NULL, 0, "call_1"}};
+    lm_chat_xmsg conv[] = {{"user", "a", NULL, 0, NULL, NULL},
+                           {"assistant", "", &call, 1, NULL, NULL},
+                           {"tool", "sunny", NULL, 0, "call_1", NULL}};
     CHECK(same_prompt(&r, CHAT_QWEN35, conv, 3, tool_json, 2));
     server_request_free(&r);
     /* arguments that are not an object cannot be written: a 400 */

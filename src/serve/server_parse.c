@@ -391,7 +391,7 @@ static int render_messages(const lm_server_parse_ctx *c, const lm_chat_xmsg *msg
     const lm_tokenizer *tok = c->tok;
     char *text = NULL, err[LM_ERRLEN];
     bool add_bos;
-    lm_chat_conv conv = {msgs, n, (const char *const *)tools->json, tools->n, thinking_off};
+    lm_chat_conv conv = {msgs, n, (const char *const *)tools->json, tools->n, thinking_off, NULL, NULL};
     if (chat_prompt(c->chat_family, c->chat_template, tok, &conv, &text, &add_bos, err, sizeof err))
         return BAD("messages", "%s", err);
     int32_t *ids = NULL;
@@ -488,7 +488,7 @@ static int parse_messages(const lm_server_parse_ctx *c, const cJSON *root, const
             goto done;
         }
         if (!(contents[i] = message_content(m, i, e))) goto done;
-        msgs[i] = (lm_chat_xmsg){rs, contents[i], NULL, 0, NULL};
+        msgs[i] = (lm_chat_xmsg){rs, contents[i], NULL, 0, NULL, NULL};
         if (!strcmp(rs, "assistant") && message_calls(m, i, &msgs[i], e)) goto done;
         calls_seen |= msgs[i].n_calls > 0;
         if (!strcmp(rs, "tool")) {

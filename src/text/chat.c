@@ -442,8 +442,21 @@ static int render_qwen35(const rctx *c, sbuf *b, char *err, size_t errlen) {
         b->failed = true;
         return 0;
     }
-    for (int i = 0; i < c->n; i++) x[i] = (lm_chat_xmsg){c->m[i].role, c->m[i].content, NULL, 0, NULL};
+    for (int i = 0; i < c->n; i++) x[i] = (lm_chat_xmsg){c->m[i].role, c->m[i].content, NULL, 0, NULL, NULL};
     int rc = chat_render_qwen35(x, c->n, NULL, 0, c->gen, b, err, errlen);
+    lm_free(x);
+    return rc;
+}
+
+/* gpt-oss: chat_harmony.c's renderer, the template's defaults. */
+static int render_gpt_oss(const rctx *c, sbuf *b, char *err, size_t errlen) {
+    lm_chat_xmsg *x = lm_calloc((size_t)c->n, sizeof *x);
+    if (!x) {
+        b->failed = true;
+        return 0;
+    }
+    for (int i = 0; i < c->n; i++) x[i] = (lm_chat_xmsg){c->m[i].role, c->m[i].content, NULL, 0, NULL, NULL};
+    int rc = chat_render_harmony(x, c->n, NULL, 0, NULL, NULL, c->gen, b, err, errlen);
     lm_free(x);
     return rc;
 }
@@ -521,6 +534,7 @@ static const struct {
     [CHAT_DEEPSEEK3] = {"deepseek3", DS_EOS, render_deepseek3, false},
     [CHAT_DEEPSEEK_R1] = {"deepseek-r1", DS_EOS, render_deepseek_r1, false},
     [CHAT_QWEN35] = {"qwen3.5", "<|im_end|>", render_qwen35, false},
+    [CHAT_GPT_OSS] = {"gpt-oss", "<|return|>", render_gpt_oss, false},
 };
 
 /* ------------------------------------------------------------------ names */
@@ -593,6 +607,7 @@ int chat_detect(const char *t) {
     if ((has(t, "<|user|>") || has(t, "<|assistant|>")) && has(t, "<|end|>")) return CHAT_PHI3;
     if (has(t, "<|user|>") && !has(t, "[gMASK]") && (has(t, "eos_token") || has(t, "</s>"))) return CHAT_ZEPHYR;
     if (has(t, DS_ASSISTANT)) return has(t, "</think>") ? CHAT_DEEPSEEK_R1 : CHAT_DEEPSEEK3;
+    if (has(t, "<|channel|>") && has(t, "<|start|>")) return CHAT_GPT_OSS;
     return -1;
 }
 
@@ -737,7 +752,8 @@ int chat_render_template(const char *template_text, const lm_chat_msg *msgs, int
         return lm_err(err, errlen,
                       "chat: unrecognized chat template (no family lamina knows); choose one "
                       "by name: chatml, llama2, llama3, mistral-legacy, mistral-v1, mistral-v3, "
-                      "mistral-v3-tekken, gemma, phi3, zephyr, qwen3, qwen3.5, deepseek3, deepseek-r1");
+                      "mistral-v3-tekken, gemma, phi3, zephyr, qwen3, qwen3.5, deepseek3, deepseek-r1, "
+                      "gpt-oss");
     rctx c = {msgs, n, add_generation_prompt, bos_text, eos_text, NULL, false};
     c.lead_bos = FAMILIES[family].may_lead_bos && opens_with_bos(template_text);
     sbuf sys = {0};

@@ -100,6 +100,17 @@
  *                      message, an answer keeps only the text after its last
  *                      </think>, and the generation prompt is
  *                      <｜Assistant｜><think>\n.
+ *   gpt-oss            openai/gpt-oss-20b and -120b (OpenAI's harmony format,
+ *                      llama.cpp's models/templates/openai-gpt-oss-120b.jinja):
+ *                      <|start|>ROLE<|message|>TEXT<|end|> per message, a
+ *                      system message of the template's own first (model
+ *                      identity, knowledge cutoff, the current date, the
+ *                      reasoning effort, the valid channels), a request's
+ *                      leading system message as the developer message's
+ *                      "# Instructions", answers in the final channel
+ *                      (<|start|>assistant<|channel|>final<|message|>A<|end|>).
+ *                      The generation prompt is <|start|>assistant. See
+ *                      chat_harmony.c for what it writes in full.
  *
  * Where the real template raises an exception, chat_render fails with a
  * message: roles not alternating user/assistant (after an optional leading
@@ -161,6 +172,7 @@ enum {
     CHAT_DEEPSEEK3,
     CHAT_DEEPSEEK_R1,
     CHAT_QWEN35,
+    CHAT_GPT_OSS,
     CHAT_N_FAMILIES
 };
 
@@ -182,13 +194,14 @@ enum {
  *   <|user|>, eos_token or </s>         zephyr (but -1 with [gMASK]: GLM)
  *   <｜Assistant｜> and </think>          deepseek-r1
  *   <｜Assistant｜>                       deepseek3
+ *   <|channel|> and <|start|>           gpt-oss
  */
 int chat_detect(const char *template_text);
 
 /* Family by name ("chatml", "llama2", "llama3", "mistral-legacy",
  * "mistral-v1" or "mistral", "mistral-v3", "mistral-v3-tekken", "gemma",
  * "phi3", "zephyr", "qwen3", "qwen3.5" or "qwen35", "deepseek3",
- * "deepseek-r1"; ASCII case ignored), or -1. */
+ * "deepseek-r1", "gpt-oss"; ASCII case ignored), or -1. */
 int chat_family_from_name(const char *name);
 /* Canonical name of a family; NULL for an invalid id. */
 const char *chat_family_name(int family);
@@ -196,7 +209,9 @@ const char *chat_family_name(int family);
 /*
  * The text that ends an assistant turn: "<|im_end|>", "<|eot_id|>",
  * "<end_of_turn>", "<|end|>", and "</s>" for the families whose turns end
- * with the model's EOS token (llama2, mistral-*, zephyr). A generation loop
+ * with the model's EOS token (llama2, mistral-*, zephyr); "<|return|>" for
+ * gpt-oss, whose answer ends there (a tool call ends with <|call|>, also an
+ * end-of-generation token of its vocabulary). A generation loop
  * stops on it (as a token, through tok_is_eog, or as text). NULL for an
  * invalid id.
  */
@@ -300,7 +315,7 @@ int chat_apply(int family, const char *text, const lm_tokenizer *tok, const lm_c
 /*
  * Conversations with tools (text/chat_tools.c): OpenAI's function tools, the
  * assistant's tool calls and the tool results, rendered the way each family
- * shows them. Four tool-call syntaxes; the family picks one:
+ * shows them. Five tool-call syntaxes; the family picks one:
  *
  *   CHAT_TOOLS_HERMES   <tool_call>\n{"name": N, "arguments": {...}}\n</tool_call>,
  *                       one block per call; results in a user turn as
@@ -341,13 +356,21 @@ int chat_apply(int family, const char *text, const lm_tokenizer *tok, const lm_c
  *                       inside <tools></tools> with the instructions of
  *                       the format. Reproduces Qwen3.5's template
  *                       (qwen3.5); arguments must be a JSON object there.
+ *   CHAT_TOOLS_HARMONY  gpt-oss's: <|start|>assistant to=functions.N<|channel|>commentary
+ *                       json<|message|>ARGS<|call|>, the first call of a
+ *                       message only (the template assumes one); results
+ *                       as <|start|>functions.N to=assistant<|channel|>
+ *                       commentary<|message|>"RESULT"<|end|> (the result as
+ *                       a JSON string, N the last call's name); the tools in
+ *                       the developer message as a TypeScript-like
+ *                       namespace functions { ... } (chat_harmony.c).
  *
  * JSON written into prompts (tools, arguments) is re-printed as Python's
  * json.dumps(ensure_ascii=False) prints it (", " and ": " separators, strings
  * re-escaped, numbers as written), which is what transformers' tojson gives;
  * arguments that are not valid JSON are written as they are.
  */
-enum { CHAT_TOOLS_HERMES, CHAT_TOOLS_LLAMA3, CHAT_TOOLS_MISTRAL, CHAT_TOOLS_XML };
+enum { CHAT_TOOLS_HERMES, CHAT_TOOLS_LLAMA3, CHAT_TOOLS_MISTRAL, CHAT_TOOLS_XML, CHAT_TOOLS_HARMONY };
 
 /* The tool-call syntax of a family (hermes for the families without one). */
 int chat_tool_syntax(int family);
@@ -366,7 +389,9 @@ typedef struct {
     const char *content;
     const lm_chat_call *calls; /* (n_calls) */
     int n_calls;
-    const char *call_id; /* tool: the id of the call answered, or NULL */
+    const char *call_id;   /* tool: the id of the call answered, or NULL */
+    const char *reasoning; /* assistant: its reasoning apart from the content (the
+                              gpt-oss template's "thinking"), or NULL for none */
 } lm_chat_xmsg;
 
 /*
@@ -394,7 +419,17 @@ typedef struct {
     const char *const *tools; /* (n_tools) tool objects as JSON text; NULL with 0 */
     int n_tools;
     bool thinking_off; /* enable_thinking false: chat_thinking_off's text follows */
+    /* gpt-oss's template inputs (other families have none and ignore them): */
+    const char *reasoning_effort; /* "low", "medium" or "high"; NULL: the template's default, medium */
+    const char *date;             /* "YYYY-MM-DD" for strftime_now; NULL: today, local time */
 } lm_chat_conv;
+
+/*
+ * chat_render_tools with the template inputs of conv (reasoning_effort,
+ * date; thinking_off is not applied here). Output and errors as chat_render.
+ */
+int chat_render_conv(int family, const char *template_text, const lm_chat_conv *conv, bool add_generation_prompt,
+                     const char *bos_text, const char *eos_text, char **out, char *err, size_t errlen);
 
 /*
  * The prompt of a conversation in one call, for a template choice (family

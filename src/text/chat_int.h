@@ -1,8 +1,9 @@
 /*
  * chat_int.h - what chat.c lends chat_tools.c (the renders of conversations
  * with tools): Python's str.strip() span, and the fixed system message a
- * ChatML template writes; and what chat_tools.c lends chat.c: the qwen3.5
- * renderer, which writes plain conversations and those with tools alike.
+ * ChatML template writes; and what chat_tools.c and chat_harmony.c lend
+ * chat.c: the qwen3.5 and gpt-oss renderers, which write plain
+ * conversations and those with tools alike.
  * Not used outside src/text/.
  */
 #ifndef LAMINA_CHAT_INT_H
@@ -29,5 +30,12 @@ bool chat_default_system(const char *template_text, strbuf *out);
  * first, no user query, arguments that are not a JSON object). */
 int chat_render_qwen35(const lm_chat_xmsg *m, int n, const char *const *tools, int n_tools, bool gen, strbuf *b,
                        char *err, size_t errlen);
+
+/* The gpt-oss family (chat.h, chat_harmony.c) over checked messages, as
+ * chat_render_qwen35; effort and date NULL for the template's defaults
+ * (medium, today's date). -1 with a message in err where the template
+ * raises. */
+int chat_render_harmony(const lm_chat_xmsg *m, int n, const char *const *tools, int n_tools, const char *effort,
+                        const char *date, bool gen, strbuf *b, char *err, size_t errlen);
 
 #endif

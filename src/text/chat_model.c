@@ -28,6 +28,7 @@ static const struct {
     {"qwen35", "qwen3.5"},
     {"qwen35moe", "qwen3.5"},
     {"phi3", "phi3"},
+    {"gpt-oss", "gpt-oss"},
     /* Qwen3-Next's templates are Qwen3's (<tool_call> JSON, not Qwen3.5's <function=) */
     {"qwen3next", "qwen3"},
 };
@@ -49,7 +50,7 @@ static int take_text(lm_chat_template *t, const char *text, size_t len, lm_chat_
         return lm_err(err, errlen,
                       "the %s chat template is not one lamina recognizes; choose a family by name: "
                       "chatml, llama2, llama3, mistral-legacy, mistral-v1, mistral-v3, mistral-v3-tekken, gemma, "
-                      "phi3, zephyr, qwen3, qwen3.5, deepseek3, deepseek-r1",
+                      "phi3, zephyr, qwen3, qwen3.5, deepseek3, deepseek-r1, gpt-oss",
                       src == CHAT_SRC_FILE ? "given" : "model's");
     }
     t->text = copy;
@@ -109,17 +110,16 @@ int chat_apply(int family, const char *text, const lm_tokenizer *tok, const lm_c
     return rc;
 }
 
-int chat_apply_tools(int family, const char *text, const lm_tokenizer *tok, const lm_chat_xmsg *msgs, int n,
-                     const char *const *tools, int n_tools, char **out, bool *add_bos, char *err, size_t errlen) {
+/* chat_render_conv with the generation prompt, then the BOS rule. */
+static int apply_conv(int family, const char *text, const lm_tokenizer *tok, const lm_chat_conv *conv, char **out,
+                      bool *add_bos, char *err, size_t errlen) {
     *out = NULL;
     *add_bos = tok_add_bos(tok);
     if (family < 0 && !text) return lm_err(err, errlen, "no chat template");
     char *bos = piece_text(tok, tok_bos(tok)), *eos = piece_text(tok, tok_eos(tok));
     int rc = -1;
     if (!bos || !eos) lm_err(err, errlen, "out of memory");
-    else
-        rc = chat_render_tools(family, family >= 0 ? NULL : text, msgs, n, tools, n_tools, true, bos, eos, out, err,
-                               errlen);
+    else rc = chat_render_conv(family, family >= 0 ? NULL : text, conv, true, bos, eos, out, err, errlen);
     size_t bl = bos ? strlen(bos) : 0;
     if (rc == 0 && *add_bos && bl && strncmp(*out, bos, bl) == 0) memmove(*out, *out + bl, strlen(*out + bl) + 1);
     lm_free(bos);
@@ -127,10 +127,15 @@ int chat_apply_tools(int family, const char *text, const lm_tokenizer *tok, cons
     return rc;
 }
 
+int chat_apply_tools(int family, const char *text, const lm_tokenizer *tok, const lm_chat_xmsg *msgs, int n,
+                     const char *const *tools, int n_tools, char **out, bool *add_bos, char *err, size_t errlen) {
+    lm_chat_conv conv = {msgs, n, tools, n_tools, false, NULL, NULL};
+    return apply_conv(family, text, tok, &conv, out, add_bos, err, errlen);
+}
+
 int chat_prompt(int family, const char *text, const lm_tokenizer *tok, const lm_chat_conv *conv, char **out,
                 bool *add_bos, char *err, size_t errlen) {
-    int rc =
-        chat_apply_tools(family, text, tok, conv->msgs, conv->n, conv->tools, conv->n_tools, out, add_bos, err, errlen);
+    int rc = apply_conv(family, text, tok, conv, out, add_bos, err, errlen);
     const char *sfx =
         rc == 0 && conv->thinking_off ? chat_thinking_off(family >= 0 ? family : chat_detect(text)) : NULL;
     if (!sfx) return rc;

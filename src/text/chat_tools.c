@@ -939,6 +939,7 @@ int chat_tool_syntax(int family) {
         case CHAT_MISTRAL_V3:
         case CHAT_MISTRAL_V3_TEKKEN: return CHAT_TOOLS_MISTRAL;
         case CHAT_QWEN35: return CHAT_TOOLS_XML;
+        case CHAT_GPT_OSS: return CHAT_TOOLS_HARMONY;
         default: return CHAT_TOOLS_HERMES;
     }
 }
@@ -958,7 +959,17 @@ static int render_plain(int family, const char *template_text, const lm_chat_xms
 int chat_render_tools(int family, const char *template_text, const lm_chat_xmsg *msgs, int n, const char *const *tools,
                       int n_tools, bool add_generation_prompt, const char *bos_text, const char *eos_text, char **out,
                       char *err, size_t errlen) {
+    lm_chat_conv conv = {msgs, n, tools, n_tools, false, NULL, NULL};
+    return chat_render_conv(family, template_text, &conv, add_generation_prompt, bos_text, eos_text, out, err, errlen);
+}
+
+int chat_render_conv(int family, const char *template_text, const lm_chat_conv *conv, bool add_generation_prompt,
+                     const char *bos_text, const char *eos_text, char **out, char *err, size_t errlen) {
     if (!out) return lm_err(err, errlen, "chat: no output pointer");
+    if (!conv) return lm_err(err, errlen, "chat: no conversation");
+    const lm_chat_xmsg *msgs = conv->msgs;
+    const char *const *tools = conv->tools;
+    int n = conv->n, n_tools = conv->n_tools;
     *out = NULL;
     int fam = family >= 0 ? family : chat_detect(template_text);
     if (family >= CHAT_N_FAMILIES || fam < 0) /* the plain renderers' messages for a bad family or text */
@@ -966,7 +977,7 @@ int chat_render_tools(int family, const char *template_text, const lm_chat_xmsg 
                            : chat_render_template(template_text, NULL, 0, false, NULL, NULL, out, err, errlen);
     if (check_xmsgs(msgs, n, tools, n_tools, err, errlen)) return -1;
     const char *bos = bos_text ? bos_text : "", *eos = eos_text ? eos_text : "";
-    if (!needs_tools(msgs, n, n_tools))
+    if (!needs_tools(msgs, n, n_tools) && fam != CHAT_GPT_OSS)
         return render_plain(family, template_text, msgs, n, add_generation_prompt, bos, eos, out, err, errlen);
     int syntax = chat_tool_syntax(fam);
     if (syntax == CHAT_TOOLS_HERMES) {
@@ -984,7 +995,9 @@ int chat_render_tools(int family, const char *template_text, const lm_chat_xmsg 
         return rc;
     }
     strbuf b = {0};
-    int rc = syntax == CHAT_TOOLS_LLAMA3 ? render_llama3_tools(msgs, n, tools, n_tools, add_generation_prompt, bos, &b)
+    int rc = syntax == CHAT_TOOLS_HARMONY ? chat_render_harmony(msgs, n, tools, n_tools, conv->reasoning_effort,
+                                                                conv->date, add_generation_prompt, &b, err, errlen)
+        : syntax == CHAT_TOOLS_LLAMA3     ? render_llama3_tools(msgs, n, tools, n_tools, add_generation_prompt, bos, &b)
         : syntax == CHAT_TOOLS_XML
         ? chat_render_qwen35(msgs, n, tools, n_tools, add_generation_prompt, &b, err, errlen)
         : render_mistral_tools(msgs, n, tools, n_tools, fam == CHAT_MISTRAL_V3_TEKKEN, bos, eos, &b, err, errlen);

@@ -7,8 +7,8 @@ tokenizer_config.json files (the text a GGUF file stores under
 tokenizer.chat_template), copied verbatim. Each is rendered with jinja2 the
 way Hugging Face transformers' apply_chat_template renders it
 (ImmutableSandboxedEnvironment with trim_blocks and lstrip_blocks, the
-loopcontrols extension, raise_exception defined, bos_token/eos_token and
-tools=None passed in), over the conversations in CONVERSATIONS, with and
+loopcontrols extension, raise_exception defined, strftime_now giving
+FIXED_DATE, bos_token/eos_token and tools=None passed in), over the conversations in CONVERSATIONS, with and
 without the generation prompt. tests/test_chat.c renders the same
 conversations with lamina's C renderer and compares byte for byte; it needs
 none of this at run time.
@@ -43,6 +43,7 @@ Run from the repository root with jinja2 installed (any 3.x):
 """
 
 import argparse
+import datetime
 import os
 import sys
 
@@ -938,7 +939,13 @@ CONVERSATIONS = [
 # template, with the enable_thinking=False renders too.
 EXTERNAL = [
     ("qwen3.5-4b", "Qwen3.5-4B.jinja", "qwen3.5", None, "<|im_end|>"),
+    ("gpt-oss-120b", "openai-gpt-oss-120b.jinja", "gpt-oss", None, "<|return|>"),
 ]
+
+# strftime_now(fmt), which templates call for today's date, formats this
+# fixed day instead; tests/test_chat.c passes the same date to lamina
+# (lm_chat_conv.date) where a family writes it (gpt-oss).
+FIXED_DATE = datetime.datetime(2025, 8, 5, 12, 0, 0)
 
 GENS = (True, False)
 
@@ -960,6 +967,7 @@ def environment():
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[loopcontrols])
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = FIXED_DATE.strftime
     return env
 
 
