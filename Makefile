@@ -252,7 +252,7 @@ ARM_AR   ?= aarch64-linux-gnu-ar
 # quantization); the engine's own tests run once, on neondot, since the
 # whole suite twice would not fit CI's time.
 ARM_NEON_TESTS = test_kernels_isa test_ops test_attn test_model test_forward_kv test_quant test_quant_q1 \
-                 test_quant_q5 test_quantize
+                 test_quant_q5 test_quant_mxfp4 test_quantize
 ARM_TESTS = $(ARM_NEON_TESTS) test_kernels test_matmul_pick test_mla test_tp test_engine test_api test_mem test_cost test_gguf \
             test_tokenizer test_sample test_logits test_convert test_kv test_draft_vocab test_deltanet
 # The guest runs on Debian's arm64 loader and libraries (/lib/ld-linux-aarch64.so.1

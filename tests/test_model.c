@@ -10,7 +10,7 @@
  *   BF16 weights on avx512bf16 (BF16 activations):   < 1e-2 (measures 4.8e-3)
  *   F16 weights in panels (AVX2; F32 activations):    < 1e-5
  *   F16 weights row-major (F16 activations, 2^-11):   < 2e-3
- *   Q8_0, Q4_0 weights (Q8_0-quantized activations): < 5e-2
+ *   Q8_0, Q4_0, MXFP4 weights (Q8_0 activations):    < 5e-2
  * (8-bit activations carry about 0.5% relative error into every product;
  * through two layers of these random models the logits' error measures
  * 1.4e-2 to 2.2e-2.)
@@ -24,7 +24,8 @@
  * alternate windows); phi3 (fused QKV and gate/up, long-rope factors and
  * attention factor, a window on every layer); Mixture-of-Experts: qwen3moe
  * (4 experts, top 2, renormalised), qwen2moe (top 2 of 4 as softmax
- * probabilities, a shared expert behind a sigmoid gate, QKV biases) and
+ * probabilities, a shared expert behind a sigmoid gate, QKV biases; and
+ * with every matrix, experts included, in MXFP4) and
  * Mixtral-style llama, every batch split against the reference, and a
  * sequence's logits bit-identical alone and batched with another; YaRN
  * RoPE scaling on llama and qwen2 (the reference's angles from YaRN's
@@ -505,7 +506,7 @@ static double *ref_forward(const ref_model *r, const int32_t *tokens, int T) {
 static double bound_for(uint32_t type) {
     if (type == LM_TYPE_F16) return kernels_type(type)->packed_gemm ? 1e-5 : 2e-3;
     if (type == LM_TYPE_BF16 && kernels()->isa == LM_ISA_AVX512BF16) return 1e-2; /* activations in BF16 */
-    return type == LM_TYPE_Q8_0 || type == LM_TYPE_Q4_0 ? 5e-2 : 1e-5;
+    return type == LM_TYPE_Q8_0 || type == LM_TYPE_Q4_0 || type == LM_TYPE_MXFP4 ? 5e-2 : 1e-5;
 }
 
 static char tmp_path[256];
@@ -604,6 +605,7 @@ SHAPE_TEST(test_qwen3moe_f32, "qwen3moe", 2, 64, 4, 2, 96, 83, LM_TYPE_F32, fals
 SHAPE_TEST(test_qwen3moe_q8_0, "qwen3moe", 2, 64, 4, 2, 96, 83, LM_TYPE_Q8_0, true)
 SHAPE_TEST(test_qwen2moe_f32, "qwen2moe", 2, 64, 4, 2, 96, 83, LM_TYPE_F32, false)
 SHAPE_TEST(test_qwen2moe_q4_0, "qwen2moe", 2, 64, 4, 2, 96, 83, LM_TYPE_Q4_0, false)
+SHAPE_TEST(test_qwen3moe_mxfp4, "qwen3moe", 2, 64, 4, 2, 96, 83, LM_TYPE_MXFP4, false)
 SHAPE_TEST(test_mixtral_f16, "mixtral", 2, 64, 4, 2, 96, 83, LM_TYPE_F16, false)
 /* YaRN x4 on llama (adjacent pairs) and qwen2 (halves): 16 rotated dims, pair 0 as trained, pair 1 half way */
 static void check_yarn(shape sh) {
@@ -864,6 +866,7 @@ int main(void) {
     TEST_RUN(test_qwen3moe_q8_0);
     TEST_RUN(test_qwen2moe_f32);
     TEST_RUN(test_qwen2moe_q4_0);
+    TEST_RUN(test_qwen3moe_mxfp4);
     TEST_RUN(test_mixtral_f16);
     TEST_RUN(test_qwen3moe_narrow_ff);
     TEST_RUN(test_moe_batch_invariance);

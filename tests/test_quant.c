@@ -596,6 +596,7 @@ static void test_table_kernels(void) {
         for (size_t t = 0; t < N_WEIGHT_TYPES; t++) want |= weight_types[t] == id;
         want |= id == LM_TYPE_Q5_0;                       /* checked in test_quant_q5.c */
         want |= id == LM_TYPE_Q4_1 || id == LM_TYPE_Q5_1; /* checked in test_quant_q1.c */
+        want |= id == LM_TYPE_MXFP4;                      /* checked in test_quant_mxfp4.c */
         CHECKF(quant_supported(id) == want, "quant_supported(%s)", quant_type_name(id));
     }
     CHECK(!quant_supported(LM_TYPE_Q8_K) && !quant_supported(999));

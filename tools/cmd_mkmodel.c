@@ -80,7 +80,7 @@ static void usage_mkmodel(FILE *f) {
             "  --experts N --experts-used N --ff-exp N --ff-shexp N   Mixture-of-Experts shape\n"
             "                     (--ff-shexp: the shared expert's width, qwen2moe and qwen35moe)\n"
             "  --layers N --embd N --heads N --kv-heads N --ff N --vocab N --ctx N   custom shape\n"
-            "  --type T           weight type: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_1 Q4_K Q6_K (default F16);\n"
+            "  --type T           weight type: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_1 Q4_K Q6_K MXFP4 (default F16);\n"
             "                     norms, routers, conv kernels and per-head vectors stay F32\n"
             "  --vocab-from FILE  copy the tokenizer metadata of another GGUF (the vocabulary size\n"
             "                     then follows that file)\n"
@@ -467,7 +467,8 @@ int cmd_mkmodel(int argc, char **argv) {
     if (!out) die_usage(&a, "%s", "no output file (-o OUT.gguf)");
     int type = quant_type_from_name(type_name);
     if (type < 0 || !quant_traits((uint32_t)type)->from_float)
-        die_usage(&a, "weight type '%s' cannot be written (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_1 Q4_K Q6_K)", type_name);
+        die_usage(&a, "weight type '%s' cannot be written (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_1 Q4_K Q6_K MXFP4)",
+                  type_name);
     if (p.kv_heads < 0) p.kv_heads = p.heads;
     if (p.experts && (p.used < 1 || p.used > p.experts || p.ff_exp < 32))
         die_usage(&a, "%s", "experts need --experts-used between 1 and --experts, and --ff-exp");

@@ -13,8 +13,9 @@
  *    significant bits, a 6-bit or int8 sub-block scale at most 7 more, a
  *    quant at most 6 more: <= 24), so each value is rounded once, by the
  *    final subtraction of the min, whatever the evaluation order and with or
- *    without fused multiply-adds. Q8_K's f32 d times q is one rounding too.
- *  - from_float for Q8_0, Q4_0, Q5_0, Q4_1 and Q5_1 is the GGUF
+ *    without fused multiply-adds. Q8_K's f32 d times q is one rounding too;
+ *    MXFP4's power-of-two scale times a table value is none.
+ *  - from_float for Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 and MXFP4 is the GGUF
  *    round-to-nearest bit for bit;
  *    for the K-quants a small least-squares search per sub-block (see
  *    fit_affine / fit_symmetric), then 6- or 8-bit sub-block scales against
@@ -46,6 +47,7 @@ _Static_assert(sizeof(block_q4_K) == 144, "Q4_K block is 144 bytes");
 _Static_assert(sizeof(block_q5_K) == 176, "Q5_K block is 176 bytes");
 _Static_assert(sizeof(block_q6_K) == 210, "Q6_K block is 210 bytes");
 _Static_assert(sizeof(block_q8_K) == 292, "Q8_K block is 292 bytes");
+_Static_assert(sizeof(block_mxfp4) == 17, "MXFP4 block is 17 bytes");
 
 static inline float f16(uint16_t h) { return lm_f16_to_f32(h); }
 
@@ -321,6 +323,89 @@ static float vec_dot_q5_1(int64_t n, const void *w, const void *x) {
         }
         double dx = f16(b[i].d);
         acc += (double)f16(a[i].d) * dx * sumi + (double)f16(a[i].m) * dx * sumx;
+    }
+    return (float)acc;
+}
+
+/* ---- MXFP4 ------------------------------------------------------------------ */
+/* 32 values: one E8M0 byte e (a power of two, 2^(e - 127)), then 16 bytes
+ * of nibbles laid out as Q4_0's. A nibble is an E2M1 code: bit 3 the sign,
+ * bits 0..2 the magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6. As GGUF tools do,
+ * the table holds twice those (integers, quant_mxfp4_kvalues) and the scale is
+ * halved (quant_e8m0_half: 2^(e - 128)), so x = kvalues[q] * 2^(e - 128). The
+ * product is exact in float (a power of two times an integer of at most 4
+ * significant bits; down to e = 0 it is a subnormal multiple of 2^-149),
+ * so to_float has no rounding at all; e = 255 (2^127) overflows to
+ * infinity for codes of magnitude 2 and up, as in GGUF tools. */
+
+const int8_t quant_mxfp4_kvalues[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* 2^(e - 128) as a float: subnormal 2^-128 and 2^-127 for e = 0 and 1,
+ * else the exponent field e - 1. */
+float quant_e8m0_half(uint8_t e) {
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline int mxfp4_q(const block_mxfp4 *b, int j) { return j < 16 ? (b->qs[j] & 0x0F) : (b->qs[j - 16] >> 4); }
+
+static void mxfp4_to_float(const void *src, float *dst, int64_t n) {
+    const block_mxfp4 *b = src;
+    for (int64_t i = 0; i < n / QK_MXFP4; i++) {
+        float d = quant_e8m0_half(b[i].e);
+        for (int j = 0; j < QK_MXFP4; j++) dst[i * QK_MXFP4 + j] = (float)quant_mxfp4_kvalues[mxfp4_q(&b[i], j)] * d;
+    }
+}
+
+/* The block's exponent from its largest magnitude a: e = floor(log2 a) - 2
+ * + 127, so the largest code, 6 = 12 / 2, times 2^(e - 127) reaches a's
+ * octave (a / 2^(e-127) lies in [4, 8)); 0 for an all-zero block. Then
+ * each element takes the code of least |kvalues[q] * d - x| in float, the
+ * first on a tie (so 0 before -0), as GGUF tools do. The exponent is
+ * clamped to 0..254: blocks whose largest magnitude is under 2^-125 (where
+ * GGUF tools wrap the byte around) get e = 0, which still represents them
+ * to within half a step. */
+static void mxfp4_from_float(const float *src, void *dst, int64_t n) {
+    block_mxfp4 *b = dst;
+    for (int64_t i = 0; i < n / QK_MXFP4; i++) {
+        const float *x = src + i * QK_MXFP4;
+        float amax = fabsf(signed_absmax(x, QK_MXFP4));
+        int e = 0;
+        if (amax > 0.0f) {
+            float l = floorf(log2f(amax)) - 2.0f + 127.0f;
+            e = !(l >= 0.0f) ? 0 : l > 254.0f ? 254 : (int)l;
+        }
+        float d = quant_e8m0_half((uint8_t)e);
+        b[i].e = (uint8_t)e;
+        for (int j = 0; j < QK_MXFP4 / 2; j++) {
+            uint8_t q[2];
+            for (int h = 0; h < 2; h++) {
+                float v = x[j + h * QK_MXFP4 / 2];
+                int best = 0;
+                float best_err = fabsf((float)quant_mxfp4_kvalues[0] * d - v);
+                for (int k = 1; k < 16; k++) {
+                    float err = fabsf((float)quant_mxfp4_kvalues[k] * d - v);
+                    if (err < best_err) best = k, best_err = err;
+                }
+                q[h] = (uint8_t)best;
+            }
+            b[i].qs[j] = (uint8_t)(q[0] | (q[1] << 4));
+        }
+    }
+}
+
+/* Against Q8_0 activations: per block 2^(e-128) * dx * sum(kvalues[q] * qx),
+ * the integer sum exact (|sum| <= 32 * 12 * 127). */
+static float vec_dot_mxfp4(int64_t n, const void *w, const void *x) {
+    const block_mxfp4 *a = w;
+    const block_q8_0 *b = x;
+    double acc = 0;
+    for (int64_t i = 0; i < n / QK_MXFP4; i++) {
+        int sumi = 0;
+        for (int j = 0; j < QK_MXFP4; j++) sumi += quant_mxfp4_kvalues[mxfp4_q(&a[i], j)] * b[i].qs[j];
+        acc += (double)quant_e8m0_half(a[i].e) * f16(b[i].d) * sumi;
     }
     return (float)acc;
 }
@@ -931,7 +1016,14 @@ static const lm_type_traits traits[LM_TYPE_COUNT] = {
                       .vec_dot = vec_dot_bf16},
     [LM_TYPE_TQ1_0] = {.name = "TQ1_0", .blck = 256, .type_size = 54, .is_quantized = true},
     [LM_TYPE_TQ2_0] = {.name = "TQ2_0", .blck = 256, .type_size = 66, .is_quantized = true},
-    [LM_TYPE_MXFP4] = {.name = "MXFP4", .blck = 32, .type_size = 17, .is_quantized = true},
+    [LM_TYPE_MXFP4] = {.name = "MXFP4",
+                       .blck = 32,
+                       .type_size = 17,
+                       .is_quantized = true,
+                       .to_float = mxfp4_to_float,
+                       .from_float = mxfp4_from_float,
+                       .vec_dot_type = LM_TYPE_Q8_0,
+                       .vec_dot = vec_dot_mxfp4},
 };
 
 const lm_type_traits *quant_traits(uint32_t type) {

@@ -17,6 +17,15 @@
  *   Q4_1  (32 / 20 B)  f16 d, f16 m, nibbles as Q4_0;   x = d * q + m
  *   Q5_1  (32 / 24 B)  f16 d, f16 m, qh and nibbles as Q5_0; x = d * q + m
  *
+ *   MXFP4 (32 / 17 B)  one E8M0 byte e (the power of two 2^(e - 127)),
+ *                      then 16 bytes of nibbles laid out as Q4_0's, each
+ *                      an E2M1 code (bit 3 the sign, bits 0..2 the
+ *                      magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6). As GGUF
+ *                      tools do, the table holds the doubled values
+ *                      (quant_mxfp4_kvalues: 0 1 2 3 4 6 8 12, then the
+ *                      same negated) and the scale is halved:
+ *                                                      x = kv[q] * 2^(e - 128)
+ *
  *   K-quants: super-blocks of QK_K = 256 elements (layouts below)
  *   Q4_K (144 B)  f16 d, f16 dmin, 12 bytes of 6-bit scales and mins for the
  *                 8 sub-blocks of 32, 128 bytes of nibbles;
@@ -44,14 +53,19 @@
  *              scales[j - 4] (scale) and scales[j] (min).
  *
  * Quantized weights are multiplied against activations that are themselves
- * quantized to `vec_dot_type` (Q8_0 for Q8_0, Q4_0, Q5_0, Q4_1 and Q5_1
- * (whose m term takes the sum of the activation quants), Q8_K for the
+ * quantized to `vec_dot_type` (Q8_0 for Q8_0, Q4_0, Q5_0, Q4_1, Q5_1
+ * (whose m term takes the sum of the activation quants) and MXFP4, Q8_K for the
  * K-quants), with integer dot products per block, as GGUF engines do. F16
  * weights take activations rounded to F16 (relative error <= 2^-11 each,
  * values past 65504 become infinite; products and sums stay in F32), which
  * halves the bytes a prefill streams; F32 and BF16 weights take F32.
  *
- * Scales are stored as f16, so the quantized types keep their accuracy for
+ * MXFP4's scale is a bare power of two, 2^(e - 128) from 2^-128 to 2^127
+ * (e = 255 overflows for codes of magnitude 2 and up), so it covers block
+ * maxima of about 1e-38 to 3e38, each value to one bit past the leading
+ * one (E2M1: relative steps of 1/4 to 1/2 at the top of the block).
+ *
+ * The other scales are stored as f16, so the quantized types keep their accuracy for
  * block maxima from about 2e-3 up to 5e5 (Q4_0's limit, 8 * 65504; the
  * others reach further); below, the scale goes subnormal and loses
  * precision until values flush to zero (~1e-6), above it overflows. Block
@@ -141,6 +155,18 @@ typedef struct {
     uint8_t qh[4];
     uint8_t qs[QK5_1 / 2];
 } block_q5_1; /* 24 bytes */
+
+#define QK_MXFP4 32
+typedef struct {
+    uint8_t e;                /* E8M0 exponent: scale 2^(e - 127) */
+    uint8_t qs[QK_MXFP4 / 2]; /* E2M1 codes, nibbles as Q4_0 */
+} block_mxfp4;                /* 17 bytes, no padding */
+
+/* MXFP4's E2M1 values doubled (index: the 4-bit code), and the halved
+ * scale 2^(e - 128) of an exponent byte (subnormal for e < 2), as floats:
+ * x = quant_mxfp4_kvalues[q] * quant_e8m0_half(e), exact. */
+extern const int8_t quant_mxfp4_kvalues[16];
+float quant_e8m0_half(uint8_t e);
 
 typedef struct {   /* 144 bytes */
     uint16_t d;    /* f16 scale of the 6-bit sub-block scales */
@@ -283,8 +309,9 @@ size_t quant_row_size(uint32_t type, int64_t n);
 
 /* Scalar reference implementations, for tests and as the portable path.
  * `type` must be one with the function (asserted); n a multiple of its block
- * size. quant_from_float_ref for Q8_0, Q4_0, Q5_0, Q4_1 and Q5_1 reproduces GGUF
- * tools bit for bit; for the K-quants it is lamina's own search (valid blocks, not
+ * size. quant_from_float_ref for Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 and MXFP4 reproduces GGUF
+ * tools bit for bit (MXFP4: for block maxima from 2^-125 up; below, GGUF
+ * tools wrap the exponent byte around and lamina writes e = 0); for the K-quants it is lamina's own search (valid blocks, not
  * byte-identical to other quantizers). vec_dot's `x` is in vec_dot_type. */
 void quant_to_float_ref(uint32_t type, const void *src, float *dst, int64_t n);
 void quant_from_float_ref(uint32_t type, const float *src, void *dst, int64_t n);

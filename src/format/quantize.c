@@ -34,7 +34,7 @@ static uint32_t file_type_of(const char *name) {
         uint32_t v;
     } ft[] = {
         {"F32", 0},  {"F16", 1},   {"Q4_0", 2},    {"Q4_1", 3},  {"Q8_0", 7},  {"Q5_0", 8},
-        {"Q5_1", 9}, {"Q4_K", 15}, {"Q4_K_M", 15}, {"Q6_K", 18}, {"BF16", 32},
+        {"Q5_1", 9}, {"Q4_K", 15}, {"Q4_K_M", 15}, {"Q6_K", 18}, {"BF16", 32}, {"MXFP4", 38},
     };
     for (size_t i = 0; i < sizeof ft / sizeof ft[0]; i++)
         if (!strcasecmp(ft[i].n, name)) return ft[i].v;
