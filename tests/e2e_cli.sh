@@ -198,12 +198,14 @@ mk --seed 1 --vocab-from $V/ggml-vocab-llama-spm.gguf -o "$T/m4.gguf"
 # 9. quantize through the command line: the Q4_0 copy loads, runs and is smaller
 "$L" quantize "$T/m1.gguf" "$T/m1q4.gguf" Q4_0 2>"$T/err" && "$L" bench -m "$T/m1q4.gguf" -p 8 -n 2 -r 1 --no-bw >/dev/null 2>&1 &&
     [ "$(stat -c %s "$T/m1q4.gguf")" -lt "$(stat -c %s "$T/m1.gguf")" ] && ok quantize_cli || bad quantize_cli "$(tail -3 "$T/err")"
-# Q4_1 and Q5_1 (x = d*q + m) likewise, and the Q4_1 copy is between Q4_0 and Q5_1 in size
-for q in Q4_1 Q5_1; do
+# Q4_1 and Q5_1 (x = d*q + m) and MXFP4 likewise; the Q4_1 copy is between Q4_0 and Q5_1 in
+# size, the MXFP4 copy (17 bytes per 32 weights) under the Q4_0 one (18)
+for q in Q4_1 Q5_1 MXFP4; do
     "$L" quantize "$T/m1.gguf" "$T/m1-$q.gguf" $q 2>"$T/err" && "$L" bench -m "$T/m1-$q.gguf" -p 8 -n 2 -r 1 --no-bw >/dev/null 2>>"$T/err" &&
         [ "$(stat -c %s "$T/m1-$q.gguf")" -lt "$(stat -c %s "$T/m1.gguf")" ] && ok "quantize_cli_$q" || bad "quantize_cli_$q" "$(tail -3 "$T/err")"
 done
 [ "$(stat -c %s "$T/m1q4.gguf")" -lt "$(stat -c %s "$T/m1-Q4_1.gguf")" ] && [ "$(stat -c %s "$T/m1-Q4_1.gguf")" -lt "$(stat -c %s "$T/m1-Q5_1.gguf")" ] &&
+    [ "$(stat -c %s "$T/m1-MXFP4.gguf")" -lt "$(stat -c %s "$T/m1q4.gguf")" ] &&
     ok quantize_cli_sizes || bad quantize_cli_sizes "$(ls -l "$T"/m1*.gguf)"
 "$L" quantize "$T/m1.gguf" "$T/x.gguf" Q3_K >/dev/null 2>&1; [ $? -eq 2 ] && ok quantize_bad_type || bad quantize_bad_type
 # one KV type parser: every --kv-type rejects an unknown type with the same message, exit 2

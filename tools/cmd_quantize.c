@@ -15,7 +15,8 @@
 static void usage_quantize(FILE *f) {
     fprintf(f,
             "usage: lamina quantize IN.gguf OUT.gguf TYPE [-t THREADS] [--progress]\n"
-            "Convert a model's weight matrices to TYPE: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q6_K Q4_K_M.\n"
+            "Convert a model's weight matrices to TYPE: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q6_K Q4_K_M\n"
+            "MXFP4.\n"
             "Norms and biases stay in their type; metadata is copied.\n"
             "A progress line (tensor i of n, bytes, ETA) is drawn when stderr is a terminal, or with --progress.\n");
 }
@@ -105,7 +106,7 @@ int cmd_quantize(int argc, char **argv) {
     uint32_t base;
     bool k_m;
     if (quantize_scheme(pos[2], &base, &k_m))
-        die_usage(&a, "cannot quantize to '%s' (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q6_K Q4_K_M)", pos[2]);
+        die_usage(&a, "cannot quantize to '%s' (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q6_K Q4_K_M MXFP4)", pos[2]);
     lm_pool *pool = pool_new((int)threads);
     if (!pool) fail("quantize", "cannot start threads");
     char err[LM_ERRLEN];

@@ -6,6 +6,8 @@
  * Q4_K_M is the usual mix: Q6_K for output.weight and for the attention V
  * and FFN down matrices of the layers that matter most (the first and last
  * eighth of the stack and every third layer between), Q4_K elsewhere.
+ * Every other scheme, MXFP4 included, writes every matrix (the embeddings
+ * and output too) in its one type.
  * A matrix whose rows do not divide into the type's blocks falls back to
  * Q8_0 (rows a multiple of 32) or F16; the progress callback is told both
  * the type asked and the type written, so the caller can say so.
@@ -93,7 +95,8 @@ int quantize_scheme(const char *name, uint32_t *base, bool *k_m) {
     *k_m = !strcasecmp(name, "Q4_K_M");
     int t = *k_m ? LM_TYPE_Q4_K : quant_type_from_name(name);
     if (t != LM_TYPE_F32 && t != LM_TYPE_F16 && t != LM_TYPE_BF16 && t != LM_TYPE_Q8_0 && t != LM_TYPE_Q4_0 &&
-        t != LM_TYPE_Q5_0 && t != LM_TYPE_Q4_1 && t != LM_TYPE_Q5_1 && t != LM_TYPE_Q4_K && t != LM_TYPE_Q6_K)
+        t != LM_TYPE_Q5_0 && t != LM_TYPE_Q4_1 && t != LM_TYPE_Q5_1 && t != LM_TYPE_Q4_K && t != LM_TYPE_Q6_K &&
+        t != LM_TYPE_MXFP4)
         return -1;
     *base = (uint32_t)t;
     return 0;
@@ -104,8 +107,8 @@ int quantize_file(const char *in, const char *out, const char *scheme, lm_pool *
     uint32_t base;
     bool k_m;
     if (quantize_scheme(scheme, &base, &k_m))
-        return lm_err(err, errlen, "cannot quantize to '%s' (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q6_K Q4_K_M)",
-                      scheme);
+        return lm_err(err, errlen,
+                      "cannot quantize to '%s' (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q6_K Q4_K_M MXFP4)", scheme);
     /* every check on the output comes before the work: the input is mapped
      * while the output is written, so they must be different files */
     if (safefile_check_distinct(in, out, err, errlen)) return -1;

@@ -32,7 +32,8 @@ typedef struct {
  * bytes and an ETA. */
 typedef void (*quantize_progress_fn)(void *user, const quantize_tensor_info *t);
 
-/* Parse a scheme name (F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K Q4_K_M): the base
+/* Parse a scheme name (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q6_K
+ * Q4_K_M MXFP4): the base
  * type and whether it is the Q4_K_M mix; -1 when unknown. */
 int quantize_scheme(const char *name, uint32_t *base, bool *k_m);
 
