@@ -23,6 +23,7 @@
 #include "text/chat.h"
 
 #include <stdint.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "format/gguf.h"
@@ -922,10 +923,11 @@ static void free_convs(void) {
 /* tools_golden.txt (make_tools_golden.py): conversations with tools rendered
  * by jinja2 with the real Qwen2.5, Qwen3 and Mistral v0.3 / Nemo templates;
  * the same through chat_render_tools, by template text and by family name.
- * tools_golden_<id>.txt: the same for a template not kept here (Qwen3.5),
- * by family name. */
+ * tools_golden_<id>.txt: the same for a template not kept here (Qwen3.5,
+ * gpt-oss), by family name, with gpt-oss's reasoning ("think"), its
+ * reasoning_effort ("effort") and the goldens' date. */
 typedef struct {
-    char tid[64], name[64], bos[32], eos[32];
+    char tid[64], name[64], bos[32], eos[32], effort[16];
     int gen;
     char *tools[8];
     int n_tools;
@@ -941,6 +943,7 @@ static void tool_case_free(tool_case *c) {
         free((char *)c->m[i].role);
         free((char *)c->m[i].content);
         free((char *)c->m[i].call_id);
+        free((char *)c->m[i].reasoning);
         for (int k = 0; k < c->m[i].n_calls; k++) {
             free((char *)c->calls[i][k].id);
             free((char *)c->calls[i][k].name);
@@ -979,9 +982,14 @@ static void tools_golden_file(const char *path, int by_family, int *n_cases, int
                 int fam = by_family >= 0 ? by_family : chat_detect(tmpl);
                 if (by_name && fam == CHAT_CHATML) continue;
                 char *out = NULL, err[LM_ERRLEN] = "";
-                int rc =
-                    chat_render_tools(by_name ? fam : -1, by_name ? NULL : tmpl, c.m, c.n, (const char *const *)c.tools,
-                                      c.n_tools, c.gen, bos, eos, &out, err, sizeof err);
+                lm_chat_conv cv = {.msgs = c.m,
+                                   .n = c.n,
+                                   .tools = (const char *const *)c.tools,
+                                   .n_tools = c.n_tools,
+                                   .reasoning_effort = c.effort[0] ? c.effort : NULL,
+                                   .date = GOLDEN_DATE};
+                int rc = chat_render_conv(by_name ? fam : -1, by_name ? NULL : tmpl, &cv, c.gen, bos, eos, &out, err,
+                                          sizeof err);
                 if (c.expect) {
                     CHECKF(rc == 0, "%s %s gen %d: %s", c.tid, c.name, c.gen, err);
                     CHECKF(!strcmp(out, c.expect), "%s %s gen %d (by %s):\n--- got\n%s\n--- want\n%s", c.tid, c.name,
@@ -1017,6 +1025,9 @@ static void tools_golden_file(const char *path, int by_family, int *n_cases, int
             k->id = strdup(a);
             k->name = strdup(b);
             CHECK((k->arguments = take_counted(&p, len)));
+        } else if (sscanf(line, "effort %15s", c.effort) == 1) {
+        } else if (sscanf(line, "think %zu", &len) == 1) {
+            CHECK(c.n > 0 && (c.m[c.n - 1].reasoning = take_counted(&p, len)));
         } else if (sscanf(line, "callid %63s", a) == 1) {
             c.m[c.n - 1].call_id = strdup(a);
         } else if (sscanf(line, "ok %zu", &len) == 1) {
@@ -1037,15 +1048,16 @@ static void test_tools_golden(void) {
     int n_ext = 0;
     n_cases = n_ok = 0;
     for (int i = 0; i < n_entries; i++) {
-        if (entries[i].golden != 2 || chat_family_from_name(entries[i].family) == CHAT_GPT_OSS) continue;
+        if (entries[i].golden != 2) continue;
         char path[256];
         snprintf(path, sizeof path, DATA "tools_golden_%.95s.txt", entries[i].id);
         tools_golden_file(path, chat_family_from_name(entries[i].family), &n_cases, &n_ok);
         n_ext++;
     }
-    /* Qwen3.5: the 5 shared conversations and 6 of its own, with and without the prompt */
-    CHECKF(n_ext == 1 && n_cases == 22 && n_ok == 18, "%d external templates: %d cases, %d renders compared", n_ext,
-           n_cases, n_ok);
+    /* Qwen3.5: the 5 shared conversations and 6 of its own, gpt-oss: the 5
+     * and 11 of its own, each with and without the prompt */
+    CHECKF(n_ext == 2 && n_cases == 22 + 32 && n_ok == 18 + 22, "%d external templates: %d cases, %d renders compared",
+           n_ext, n_cases, n_ok);
 }
 
 /* The families without a tool format of their own: the hermes text in the
@@ -1204,6 +1216,68 @@ static void test_prompt_one_call(void) {
     tok_free(tok);
 }
 
+/* gpt-oss beyond the goldens: today's date when none is given, the
+ * effort through chat_prompt, tools that are not function objects, and
+ * schemas nested past the depth bound. */
+static void test_harmony(void) {
+    char err[LM_ERRLEN], *out = NULL, day0[16], day1[16];
+    const lm_chat_msg hi[] = {{"user", "Hi"}};
+    time_t now = time(NULL);
+    struct tm tm;
+    strftime(day0, sizeof day0, "%Y-%m-%d", localtime_r(&now, &tm));
+    CHECKF(chat_render(CHAT_GPT_OSS, hi, 1, true, NULL, NULL, &out, err, sizeof err) == 0, "%s", err);
+    now = time(NULL);
+    strftime(day1, sizeof day1, "%Y-%m-%d", localtime_r(&now, &tm));
+    char want0[64], want1[64];
+    snprintf(want0, sizeof want0, "\nCurrent date: %s\n\nReasoning: medium\n\n", day0);
+    snprintf(want1, sizeof want1, "\nCurrent date: %s\n\nReasoning: medium\n\n", day1);
+    CHECKF(out && (strstr(out, want0) || strstr(out, want1)), "%s", out);
+    lm_free(out);
+    /* chat_prompt carries the effort and the date; other families ignore them */
+    lm_tokenizer *tok = model_tok(true);
+    CHECK(tok != NULL);
+    const lm_chat_xmsg msgs[] = {{.role = "system", .content = "Be brief."}, {.role = "user", .content = "Hi"}};
+    lm_chat_conv cv = {.msgs = msgs, .n = 2, .reasoning_effort = "high", .date = "2031-02-03"};
+    bool ab = true;
+    CHECKF(chat_prompt(CHAT_GPT_OSS, NULL, tok, &cv, &out, &ab, err, sizeof err) == 0, "%s", err);
+    CHECKF(strstr(out, "\nCurrent date: 2031-02-03\n\nReasoning: high\n\n") &&
+               strstr(out, "<|start|>developer<|message|># Instructions\n\nBe brief.\n\n<|end|>"),
+           "%s", out);
+    lm_free(out);
+    char *plain = NULL;
+    CHECK(chat_prompt(CHAT_QWEN3, NULL, tok, &cv, &out, &ab, err, sizeof err) == 0);
+    cv.reasoning_effort = cv.date = NULL;
+    CHECK(chat_prompt(CHAT_QWEN3, NULL, tok, &cv, &plain, &ab, err, sizeof err) == 0);
+    CHECK(out && plain && !strcmp(out, plain));
+    lm_free(out);
+    lm_free(plain);
+    tok_free(tok);
+    /* a tool that is no function object: an error, no output */
+    const char *bad[] = {"{\"type\":\"function\"}", "[1]", "not json"};
+    for (int i = 0; i < 3; i++) {
+        out = (char *)"unset";
+        CHECKF(chat_render_tools(CHAT_GPT_OSS, NULL, msgs, 2, &bad[i], 1, true, NULL, NULL, &out, err, sizeof err) ==
+                       -1 &&
+                   !out && strstr(err, "tool 0"),
+               "%s", bad[i]);
+    }
+    /* 200 nested arrays: past the bound the type is any, and no crash */
+    strbuf deep = {0};
+    strbuf_puts(&deep,
+                "{\"type\":\"function\",\"function\":{\"name\":\"d\",\"description\":\"D\",\"parameters\":"
+                "{\"type\":\"object\",\"properties\":{\"p\":");
+    for (int i = 0; i < 200; i++) strbuf_puts(&deep, "{\"type\":\"array\",\"items\":");
+    strbuf_puts(&deep, "{\"type\":\"object\"}");
+    for (int i = 0; i < 200; i++) strbuf_puts(&deep, "}");
+    strbuf_puts(&deep, "}}}}");
+    const char *dt = deep.p;
+    CHECKF(chat_render_tools(CHAT_GPT_OSS, NULL, msgs, 2, &dt, 1, true, NULL, NULL, &out, err, sizeof err) == 0, "%s",
+           err);
+    CHECKF(out && strstr(out, "p?: any[][]") && !strstr(out, "object"), "%s", out ? out : err);
+    lm_free(out);
+    strbuf_free(&deep);
+}
+
 int main(void) {
     TEST_RUN(test_golden_renders);
     TEST_RUN(test_detect_real_templates);
@@ -1220,6 +1294,7 @@ int main(void) {
     TEST_RUN(test_tools_fallback);
     TEST_RUN(test_json_dump);
     TEST_RUN(test_prompt_one_call);
+    TEST_RUN(test_harmony);
     free_convs();
     return TEST_DONE();
 }

@@ -23,6 +23,14 @@ void chat_strip_span(const char *s, size_t n, size_t *start, size_t *len);
  * none (or out->failed when memory ran out). */
 bool chat_default_system(const char *template_text, strbuf *out);
 
+/* tojson of a string: s as Python's json.dumps(ensure_ascii=False) writes
+ * it, quotes included (chat_tools.c). */
+void chat_put_pystr(strbuf *b, const char *s);
+
+/* tojson of tool-call arguments: their JSON text re-printed as json.dumps
+ * prints it, or, when it is not valid JSON, the text as a JSON string. */
+void chat_put_args(strbuf *b, const char *args);
+
 /* The qwen3.5 family (chat.h) over checked messages (roles system, user,
  * assistant, tool; contents not NULL; calls with names and arguments) and
  * n_tools tool objects as JSON text, appended to *b: 0, or -1 with a

@@ -253,7 +253,7 @@ int chat_json_dump(const char *json, size_t len, int indent, strbuf *out) {
 }
 
 /* A Python str as json.dumps writes it. */
-static void put_pystr(strbuf *b, const char *s) {
+void chat_put_pystr(strbuf *b, const char *s) {
     jcur j = {NULL, NULL, b, -1};
     jputs(&j, "\"");
     while (*s) {
@@ -272,14 +272,14 @@ static void put_pystr(strbuf *b, const char *s) {
 
 /* Arguments as tojson writes them: the JSON re-printed, or, when they are
  * not valid JSON, the text as a JSON string (what a string argument gives). */
-static void put_args(strbuf *b, const char *args) {
+void chat_put_args(strbuf *b, const char *args) {
     size_t mark = b->len;
     if (chat_json_dump(args, strlen(args), -1, b) == 0) return;
     if (!b->failed) {
         b->len = mark;
         if (b->p) b->p[mark] = '\0';
     }
-    put_pystr(b, args);
+    chat_put_pystr(b, args);
 }
 
 /* The members of the object at j->s: calls fn on each (key decoded, value at
@@ -392,7 +392,7 @@ static void put_calls_hermes(strbuf *b, const lm_chat_xmsg *m) {
         strbuf_puts(b, "<tool_call>\n{\"name\": \"");
         strbuf_puts(b, m->calls[k].name);
         strbuf_puts(b, "\", \"arguments\": ");
-        put_args(b, m->calls[k].arguments);
+        chat_put_args(b, m->calls[k].arguments);
         strbuf_puts(b, "}\n</tool_call>");
     }
 }
@@ -535,7 +535,7 @@ static int render_llama3_tools(const lm_chat_xmsg *m, int n, const char *const *
                 strbuf_puts(b, "{\"name\": \"");
                 strbuf_puts(b, m[i].calls[k].name);
                 strbuf_puts(b, "\", \"parameters\": ");
-                put_args(b, m[i].calls[k].arguments);
+                chat_put_args(b, m[i].calls[k].arguments);
                 strbuf_puts(b, "}");
             }
         } else {
@@ -653,9 +653,9 @@ static int render_mistral_tools(const lm_chat_xmsg *m, int n, const char *const 
             strbuf_puts(b, tekken ? "[TOOL_CALLS][" : "[TOOL_CALLS] [");
             for (int c = 0; c < m[i].n_calls; c++) {
                 strbuf_puts(b, "{\"name\": ");
-                put_pystr(b, m[i].calls[c].name);
+                chat_put_pystr(b, m[i].calls[c].name);
                 strbuf_puts(b, ", \"arguments\": ");
-                put_args(b, m[i].calls[c].arguments);
+                chat_put_args(b, m[i].calls[c].arguments);
                 strbuf_puts(b, ", \"id\": \"");
                 strbuf_puts(b, m[i].calls[c].id ? m[i].calls[c].id : "");
                 strbuf_puts(b, "\"}");

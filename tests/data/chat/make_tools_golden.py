@@ -31,6 +31,7 @@ Run from the repository root with jinja2 installed (any 3.x):
   python3 tests/data/chat/make_tools_golden.py --templates ../llama.cpp/models/templates
 """
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -46,7 +47,11 @@ TEMPLATES = [("qwen2.5-7b-instruct", "-", "<|im_end|>"),
              ("mistral-nemo-instruct-2407", "<s>", "</s>")]
 
 # (id, file name in the template directory, bos, eos)
-EXTERNAL = [("qwen3.5-4b", "Qwen3.5-4B.jinja", "-", "<|im_end|>")]
+EXTERNAL = [("qwen3.5-4b", "Qwen3.5-4B.jinja", "-", "<|im_end|>"),
+            ("gpt-oss-120b", "openai-gpt-oss-120b.jinja", "-", "<|return|>")]
+
+# strftime_now(fmt) formats this day (tests/test_chat.c passes the same date).
+FIXED_DATE = datetime.datetime(2025, 8, 5, 12, 0, 0)
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
@@ -140,6 +145,107 @@ EXTRA = {"qwen3.5-4b": [
 ]}
 
 
+# gpt-oss (harmony): tools rendered as a TypeScript-like namespace from
+# their JSON Schemas, reasoning ("thinking") kept or dropped by position,
+# one call per assistant message, results named by the last call.
+SCHEMAS = {"type": "function", "function": {
+    "name": "configure", "description": "Set options \u2014 caf\u00e9",
+    "parameters": {"type": "object", "properties": {
+        "name": {"type": "string", "description": "A name"},
+        "mode": {"type": "string", "enum": ["fast", "slow"], "default": "fast", "description": "Speed"},
+        "count": {"type": "integer", "default": 3},
+        "ratio": {"type": "number", "default": 0.5},
+        "flag": {"type": "boolean", "default": False},
+        "label": {"type": "string", "default": "say \"hi\" \u00e9"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "scores": {"type": "array", "items": {"type": "number"}, "nullable": True},
+        "grid": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
+        "points": {"type": "array", "items": {"type": "object", "properties": {"x": {"type": "number"}}}},
+        "records": {"type": "array", "items": {"type": "object", "properties": {
+            "key": {"type": "string"}, "value": {"type": "string"}, "extra": {"type": "boolean"}}}},
+        "anything": {"type": "array"},
+        "maybe": {"type": "string", "nullable": True},
+        "either": {"type": ["string", "null"]},
+        "single": {"type": ["integer"]},
+        "choice": {"oneOf": [{"type": "string", "description": "by name", "default": "x"},
+                             {"type": "integer"}], "default": "x"},
+        "nested": {"type": "object", "required": ["inner"], "properties": {
+            "inner": {"type": "object", "properties": {"deep": {"type": "boolean"}}},
+            "level": {"type": "integer", "enum": [1, 2]}}},
+        "blob": {"type": "object"},
+        "free": {"description": "no type at all"},
+        "objs": {"type": "array", "items": {"oneOf": [{"type": "object"}, {"type": "object"}]}}},
+        "required": ["name", "grid"]}}}
+NO_PARAMS = {"type": "function", "function": {"name": "ping", "description": "Ping"}}
+EMPTY_PARAMS = {"type": "function", "function": {"name": "noop", "description": "Nothing",
+                                                 "parameters": {"type": "object", "properties": {}}}}
+# No description: jinja2 raises on "// " + undefined; llama.cpp's template
+# engine joins an undefined value as "", and so does lamina. The case is
+# rendered with description "" (the same text), SILENT_DESC below.
+NO_DESC = {"type": "function", "function": {"name": "bare", "parameters": {
+    "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}
+
+
+def think(m, text):
+    """An assistant message tuple with reasoning (the template's thinking)."""
+    return m + (text,)
+
+
+HARMONY = [
+    ("harmony_schemas", [SCHEMAS, NO_PARAMS, EMPTY_PARAMS, NO_DESC], [
+        (S, "Use the tools.", None, None),
+        (U, "Configure it.", None, None)]),
+    ("harmony_reasoning", [], [
+        (U, "What is 2+2?", None, None),
+        think((A, "4", None, None), "Add them."),
+        (U, "And 3+3?", None, None),
+        think((A, "6", None, None), "Six, clearly.\n")]),
+    ("harmony_reasoning_empty", [], [
+        (U, "q", None, None),
+        think((A, "a", None, None), "")]),
+    ("harmony_calls", [WEATHER, TIME], [
+        (U, "Weather in Rome, then the time?", None, None),
+        think((A, "", [call("c1", "get_weather", '{"location": "Rome"}')], None), "Need the weather first."),
+        (T, "sunny \"22\"\n", None, "c1"),
+        (A, "Checking the time too.", [call("c2", "get_time", '{"tz": "Europe/Rome"}'),
+                                       call("c3", "get_weather", '{"location": "Oslo"}')], None),
+        (T, "14:05", None, "c2")]),
+    ("harmony_calls_answered", [WEATHER], [
+        (S, "Be brief.", None, None),
+        (U, "Weather in Rome?", None, None),
+        think((A, "", [call("c1", "get_weather", '{"location": "Rome", "unit": "celsius"}')], None), "Call it."),
+        (T, "sunny", None, "c1"),
+        think((A, "Sunny.", None, None), "It said sunny."),
+        (U, "Thanks", None, None)]),
+    ("harmony_both", [WEATHER], [
+        (U, "q", None, None),
+        think((A, "content", [call("c1", "get_weather", '{"location": "Rome"}')], None), "reasoning")]),
+    ("harmony_tags", [], [
+        (U, "q", None, None),
+        (A, "<|channel|>final<|message|>x", None, None)]),
+    ("harmony_tags_thinking", [], [
+        (U, "q", None, None),
+        think((A, "x", None, None), "a<|channel|>analysis<|message|>b")]),
+    ("harmony_orphan_tool", [WEATHER], [
+        (U, "q", None, None),
+        (T, "result", None, "c0")]),
+    ("harmony_tool_after_answer", [WEATHER], [
+        (U, "q", None, None),
+        (A, "", [call("c1", "get_weather", '{"location": "Rome"}')], None),
+        (T, "sunny", None, "c1"),
+        (A, "Sunny.", None, None),
+        (T, "late", None, "c1")]),
+    ("harmony_late_system", [], [
+        (U, "q", None, None),
+        (S, "late system", None, None),
+        (A, "a", None, None),
+        (U, "q2", None, None)]),
+]
+# kwargs of some cases: (name, reasoning_effort)
+HARMONY_EFFORT = [("harmony_reasoning", "low"), ("harmony_calls", "high"), ("harmony_late_system", "medium")]
+EXTRA["gpt-oss-120b"] = HARMONY
+
+
 def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -150,14 +256,17 @@ def environment():
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = FIXED_DATE.strftime
     env.filters["tojson"] = tojson
     return env
 
 
 def hf_messages(msgs):
     out = []
-    for role, content, calls, cid in msgs:
+    for role, content, calls, cid, *reasoning in msgs:
         m = {"role": role, "content": content}
+        if reasoning:
+            m["thinking"] = reasoning[0]
         if calls:
             m["tool_calls"] = [{"id": c["id"], "type": "function",
                                 "function": {"name": c["name"], "arguments": json.loads(c["arguments"])}}
@@ -172,24 +281,44 @@ def blob(head, text):
     return "%s %d\n%s\n" % (head, len(text.encode("utf-8")), text)
 
 
-def cases(env, text, tid, bos, eos, convs):
+def silent_desc(tools):
+    """The tools with an absent description given as "" (see NO_DESC)."""
+    out = []
+    for t in tools:
+        t = json.loads(json.dumps(t))
+        t["function"].setdefault("description", "")
+        out.append(t)
+    return out
+
+
+def cases(env, text, tid, bos, eos, convs, efforts=()):
     out = []
     tmpl = env.from_string(text)
     for name, tools, msgs in convs:
         for gen in (1, 0):
+            kw = {}
+            effort = dict(efforts).get(name)
+            if effort:
+                kw["reasoning_effort"] = effort
             out.append("case %s %d %s %s %s\n" % (tid, gen, name, bos, eos))
+            if effort:
+                out.append("effort %s\n" % effort)
             for t in tools:
                 out.append(blob("tool", json.dumps(t, ensure_ascii=True, separators=(",", ":"))))
-            for role, content, calls, cid in msgs:
+            for role, content, calls, cid, *reasoning in msgs:
                 out.append(blob("msg " + role, content))
                 for c in calls or []:
                     out.append(blob("call %s %s" % (c["id"], c["name"]), c["arguments"]))
                 if cid is not None:
                     out.append("callid %s\n" % cid)
+                if reasoning:
+                    out.append(blob("think", reasoning[0]))
+            if tid == "gpt-oss-120b":
+                tools = silent_desc(tools)
             try:
                 text = tmpl.render(messages=hf_messages(msgs), tools=tools or None, documents=None,
                                    add_generation_prompt=bool(gen), bos_token="" if bos == "-" else bos,
-                                   eos_token=eos)
+                                   eos_token=eos, **kw)
                 out.append(blob("ok", text))
             except jinja2.exceptions.TemplateError as e:
                 out.append("error\n%s\n" % " ".join(str(e).split()))
@@ -220,8 +349,9 @@ def main():
         with open(path, encoding="utf-8") as f:
             text = f.read()
         ext = ["# Written by make_tools_golden.py from %s (jinja2 %s).\n" % (fname, jinja2.__version__)]
+        effort = HARMONY_EFFORT if tid == "gpt-oss-120b" else ()
         write(os.path.join(OUT, "tools_golden_%s.txt" % tid), ext + cases(env, text, tid, bos, eos,
-                                                                          CONVS + EXTRA.get(tid, [])))
+                                                                          CONVS + EXTRA.get(tid, []), effort))
 
 
 if __name__ == "__main__":
