@@ -387,11 +387,16 @@ static int chat_family_of(const lm_server_parse_ctx *c) {
 
 /* Render the conversation and tokenize it (chat.h's BOS rule). */
 static int render_messages(const lm_server_parse_ctx *c, const lm_chat_xmsg *msgs, int n, const srv_tools *tools,
-                           bool thinking_off, lm_server_request *r, lm_server_error *e) {
+                           bool thinking_off, const char *effort, lm_server_request *r, lm_server_error *e) {
     const lm_tokenizer *tok = c->tok;
     char *text = NULL, err[LM_ERRLEN];
     bool add_bos;
-    lm_chat_conv conv = {msgs, n, (const char *const *)tools->json, tools->n, thinking_off, NULL, NULL};
+    lm_chat_conv conv = {.msgs = msgs,
+                         .n = n,
+                         .tools = (const char *const *)tools->json,
+                         .n_tools = tools->n,
+                         .thinking_off = thinking_off,
+                         .reasoning_effort = effort};
     if (chat_prompt(c->chat_family, c->chat_template, tok, &conv, &text, &add_bos, err, sizeof err))
         return BAD("messages", "%s", err);
     int32_t *ids = NULL;
@@ -437,6 +442,53 @@ static int message_calls(const cJSON *m, int i, lm_chat_xmsg *x, lm_server_error
     return 0;
 }
 
+/* An assistant message's reasoning, apart from its content: the first of
+ * "reasoning_content" (what lamina and llama.cpp's server answer with),
+ * "reasoning" and "thinking" (the gpt-oss template's own key) that is a
+ * string; a JSON null is no reasoning. Points into m. Only templates with a
+ * place for it (gpt-oss) write it. As llama.cpp's server does, the content
+ * of a message with both reasoning and tool calls is left out: the
+ * template takes one or the other, and the reasoning is the analysis. */
+static int message_reasoning(const cJSON *m, int i, lm_chat_xmsg *x, lm_server_error *e) {
+    static const char *const keys[] = {"reasoning_content", "reasoning", "thinking"};
+    for (int k = 0; k < 3; k++) {
+        const cJSON *v = field(m, keys[k]);
+        if (!v || cJSON_IsNull(v)) continue;
+        if (!cJSON_IsString(v)) {
+            char param[48];
+            snprintf(param, sizeof param, "messages[%d].%s", i, keys[k]);
+            return BAD(param, "'%s' must be a string", param);
+        }
+        x->reasoning = v->valuestring;
+        if (x->n_calls > 0) x->content = "";
+        return 0;
+    }
+    return 0;
+}
+
+/* reasoning_effort: OpenAI's top-level field, or chat_template_kwargs'
+ * (which wins when both are given, as template variables are the
+ * template's own); "low", "medium" or "high", null for the template's
+ * default. Families without the input ignore it, as vLLM's and llama.cpp's
+ * templates ignore variables they never read. */
+static int parse_effort(const cJSON *root, const cJSON *kw, const char **effort, lm_server_error *e) {
+    static const char *const levels[] = {"low", "medium", "high"};
+    const cJSON *v[2] = {field(root, "reasoning_effort"), kw ? field(kw, "reasoning_effort") : NULL};
+    const char *param[2] = {"reasoning_effort", "chat_template_kwargs"};
+    *effort = NULL;
+    for (int k = 0; k < 2; k++) {
+        if (!v[k] || cJSON_IsNull(v[k])) continue;
+        const char *s = cJSON_IsString(v[k]) ? v[k]->valuestring : NULL;
+        int lv = 0;
+        while (s && lv < 3 && strcmp(s, levels[lv])) lv++;
+        if (!s || lv == 3)
+            return BAD(param[k], "'%s' must be \"low\", \"medium\" or \"high\"",
+                       k ? "chat_template_kwargs.reasoning_effort" : "reasoning_effort");
+        *effort = levels[lv];
+    }
+    return 0;
+}
+
 /* messages: [{"role", "content"}, ...] -> one rendered, tokenized prompt;
  * tool results and the assistant's calls as the template writes them. */
 static int parse_messages(const lm_server_parse_ctx *c, const cJSON *root, const srv_tools *tools, lm_server_request *r,
@@ -450,14 +502,17 @@ static int parse_messages(const lm_server_parse_ctx *c, const cJSON *root, const
         return server_error(e, 400, INVALID, "messages", "chat_template_unavailable", "%s",
                             c->chat_error ? c->chat_error : "this model has no usable chat template");
     /* chat_template_kwargs: {"enable_thinking": false} turns reasoning off
-     * where the template has that switch (chat_thinking_off); other keys and
-     * other families: ignored, as templates ignore variables they never read */
+     * where the template has that switch (chat_thinking_off); reasoning_effort
+     * (parse_effort); other keys and other families: ignored, as templates
+     * ignore variables they never read */
     const cJSON *kw = field(root, "chat_template_kwargs"), *think = kw ? field(kw, "enable_thinking") : NULL;
     if (kw && !cJSON_IsNull(kw) && !cJSON_IsObject(kw))
         return BAD("chat_template_kwargs", "'chat_template_kwargs' must be an object");
     if (think && !cJSON_IsBool(think) && !cJSON_IsNull(think))
         return BAD("chat_template_kwargs", "'chat_template_kwargs.enable_thinking' must be a boolean");
     bool thinking_off = think && cJSON_IsFalse(think);
+    const char *effort;
+    if (parse_effort(root, kw, &effort, e)) return -1;
     r->prompts = lm_calloc(1, sizeof(int32_t *));
     r->n_prompt = lm_calloc(1, sizeof(int));
     r->echo_text = lm_calloc(1, sizeof(char *));
@@ -489,7 +544,8 @@ static int parse_messages(const lm_server_parse_ctx *c, const cJSON *root, const
         }
         if (!(contents[i] = message_content(m, i, e))) goto done;
         msgs[i] = (lm_chat_xmsg){rs, contents[i], NULL, 0, NULL, NULL};
-        if (!strcmp(rs, "assistant") && message_calls(m, i, &msgs[i], e)) goto done;
+        if (!strcmp(rs, "assistant") && (message_calls(m, i, &msgs[i], e) || message_reasoning(m, i, &msgs[i], e)))
+            goto done;
         calls_seen |= msgs[i].n_calls > 0;
         if (!strcmp(rs, "tool")) {
             const cJSON *id = field(m, "tool_call_id");
@@ -504,7 +560,7 @@ static int parse_messages(const lm_server_parse_ctx *c, const cJSON *root, const
             msgs[i].call_id = id ? id->valuestring : NULL;
         }
     }
-    rc = render_messages(c, msgs, n, tools, thinking_off, r, e);
+    rc = render_messages(c, msgs, n, tools, thinking_off, effort, r, e);
 done:
     for (int k = 0; k < n && contents; k++) lm_free(contents[k]);
     for (int k = 0; k < n && msgs; k++) lm_free((void *)msgs[k].calls);

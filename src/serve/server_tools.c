@@ -21,6 +21,9 @@
  *            </function> </tool_call>, a parameter per property of the
  *            tool's schema (server_tools_xml.c, which also reads such a
  *            call back into JSON arguments)
+ *   harmony  (gpt-oss) no grammar: the tools are in the prompt, and the
+ *            calls come in the model's commentary channel, which the
+ *            channel reader splits from the answer
  * with at most four blanks between tokens (none inside the opening {"name",
  * which the reader and the llama3 trigger look for), the name one of the tools (or the
  * one tool_choice names) and ARGS that tool's schema; several calls when
@@ -371,6 +374,9 @@ int srv_parse_tools(const cJSON *root, int family, lm_server_request *r, srv_too
                    "tool calls cannot be combined with 'response_format' (JSON), 'grammar' or "
                    "'json_schema'; set 'tool_choice' to 'none' to use those");
     int syntax = chat_tool_syntax(family);
+    /* gpt-oss's calls come in its commentary channel, which the harmony
+     * reader splits from the answer; no grammar constrains them here */
+    if (syntax == CHAT_TOOLS_HARMONY) return 0;
     strbuf raw = {0};
     char *g = named >= 0 ? tool_grammar(&refs[named], 1, syntax, false, &raw, e)
                          : tool_grammar(refs, n, syntax, parallel, &raw, e);
