@@ -203,6 +203,78 @@ static void check_roundtrip(const char *name) {
 }
 
 static void test_vectors_llama_spm(void) { check_vectors("ggml-vocab-llama-spm.gguf"); }
+static void test_vectors_harmony(void) { check_vectors("ggml-vocab-harmony.gguf"); }
+static void test_roundtrip_harmony(void) { check_roundtrip("ggml-vocab-harmony.gguf"); }
+
+/* Reads "KEY N a b c ..." (N ids) or "KEY a b c" (to the end of the line)
+ * from facts into ids; returns the count, -1 when the key is missing. */
+static int fact_ids(const char *facts, const char *key, bool counted, int32_t *ids, int cap) {
+    size_t kl = strlen(key);
+    for (const char *l = facts; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL) {
+        if (strncmp(l, key, kl) || l[kl] != ' ') continue;
+        char *q = (char *)l + kl, *e;
+        long want = counted ? strtol(q, &q, 10) : -1;
+        int n = 0;
+        for (long x; n < cap && (x = strtol(q, &e, 10), e != q) && *q != '\n'; q = e) ids[n++] = (int32_t)x;
+        return counted && n != want ? -1 : n;
+    }
+    return -1;
+}
+
+/* The o200k_harmony stand-in (make_harmony_vocab.py) against what llama.cpp
+ * makes of it (vocab_facts.cpp -> .facts): the special ids, end of
+ * generation on <|return|>, <|call|> and <|endoftext|> but not <|end|>, the
+ * framing tokens user-defined (matched without parse_special, shown when
+ * decoding), and a rendered gpt-oss conversation's ids both ways. */
+static void test_harmony_facts(void) {
+    lm_tokenizer *t = load_path(VOCAB_DIR "ggml-vocab-harmony.gguf");
+    size_t plen = 0, flen = 0;
+    char *facts = read_all(VOCAB_DIR "ggml-vocab-harmony.gguf.facts", &flen);
+    char *prompt = read_all(VOCAB_DIR "ggml-vocab-harmony.gguf.prompt", &plen);
+    CHECK(t && facts && prompt);
+    int32_t v[8], eog[16], user[16], want[4096];
+    CHECK(fact_ids(facts, "n_vocab", false, v, 1) == 1 && tok_n_vocab(t) == v[0]);
+    CHECK(fact_ids(facts, "bos", false, v, 1) == 1 && tok_bos(t) == v[0]);
+    CHECK(fact_ids(facts, "eos", false, v, 1) == 1 && tok_eos(t) == v[0]);
+    CHECK(fact_ids(facts, "eot", false, v, 1) == 1 && tok_eot(t) == v[0]);
+    CHECK(!tok_add_bos(t) && !strcmp(tok_model_name(t), "gpt2"));
+    int ne = fact_ids(facts, "eog", false, eog, 16), nu = fact_ids(facts, "user", false, user, 16);
+    CHECKF(ne == 3 && nu == 5, "%d eog, %d user", ne, nu);
+    for (int32_t id = 0, k = 0; id < tok_n_vocab(t); id++) {
+        bool is = k < ne && eog[k] == id;
+        k += is;
+        CHECKF(tok_is_eog(t, id) == is, "token %d: end of generation %d, llama.cpp %d", id, tok_is_eog(t, id), is);
+    }
+    CHECK(tok_is_eog(t, tok_find(t, "<|return|>", 10)) && tok_is_eog(t, tok_find(t, "<|call|>", 8)) &&
+          !tok_is_eog(t, tok_find(t, "<|end|>", 7)));
+    for (int k = 0; k < nu; k++) { /* user-defined: not control, shown without special */
+        char b[32];
+        size_t pl;
+        const char *piece = tok_piece(t, user[k], &pl);
+        int n = tok_token_bytes(t, user[k], false, b, sizeof b);
+        CHECKF(!tok_is_control(t, user[k]) && n == (int)pl && !memcmp(b, piece, pl), "token %d", user[k]);
+    }
+    for (int special = 1; special >= 0; special--) {
+        int nw = fact_ids(facts, special ? "ids" : "ids_noparse", true, want, 4096), n;
+        int32_t *ids = encode(t, prompt, plen, false, special, &n);
+        bool same = nw > 0 && n == nw && !memcmp(ids, want, (size_t)n * sizeof *ids);
+        CHECKF(same, "parse_special %d: %d ids, llama.cpp %d", special, n, nw);
+        if (special) { /* decoded without special tokens: what llama.cpp shows */
+            const char *d = strstr(facts, "\ndetok ");
+            long dl = d ? strtol(d + 7, NULL, 10) : -1;
+            const char *dt = d ? strchr(d + 1, '\n') + 1 : NULL;
+            size_t m;
+            char *out = decode(t, ids, n, false, false, &m);
+            CHECKF(dt && out && (long)m == dl && !memcmp(out, dt, m), "decoded: %s", out ? out : "(null)");
+            CHECK(out && !strstr(out, "<|call|>") && strstr(out, "<|start|>assistant<|channel|>final<|message|>"));
+            free(out);
+        }
+        free(ids);
+    }
+    free(facts);
+    free(prompt);
+    tok_free(t);
+}
 static void test_vectors_phi3(void) { check_vectors("ggml-vocab-phi-3.gguf"); }
 static void test_vectors_gpt2(void) { check_vectors("ggml-vocab-gpt-2.gguf"); }
 static void test_roundtrip_llama_spm(void) { check_roundtrip("ggml-vocab-llama-spm.gguf"); }
@@ -796,6 +868,9 @@ int main(void) {
     TEST_RUN(test_roundtrip_llama_spm);
     TEST_RUN(test_roundtrip_phi3);
     TEST_RUN(test_roundtrip_gpt2);
+    TEST_RUN(test_vectors_harmony);
+    TEST_RUN(test_roundtrip_harmony);
+    TEST_RUN(test_harmony_facts);
     TEST_RUN(test_parse_special);
     TEST_RUN(test_encode_cap);
     TEST_RUN(test_performance);

@@ -41,6 +41,10 @@
  *     by name, since a wrong split silently degrades every prompt.
  *   - A special-id key holding -1 (or 0xFFFFFFFF) means "none"; any other
  *     value outside the vocab is an error.
+ *   - End of generation: control tokens with one of EOG_TEXTS, and the
+ *     EOS/EOT/EOM ids; for gpt-oss's vocabulary (<|return|> and <|call|>
+ *     present), not <|end|>, and its framing tokens are user-defined
+ *     (harmony_specials), as llama.cpp has it.
  *   - SPM merges only produce normal and user-defined tokens (as
  *     SentencePiece does): control, unknown, unused and byte tokens are never
  *     formed from text.
@@ -498,6 +502,8 @@ static const char *const EOG_TEXTS[] = {
     "</s>",
     "<|eom_id|>",
     "<|end_of_text|>",
+    "<|return|>", /* o200k_harmony (gpt-oss): the end of an answer */
+    "<|call|>",   /* ... and of a tool call */
     NULL,
 };
 #define N_EOT_TEXTS 7 /* the first entries double as end-of-turn candidates */
@@ -505,6 +511,28 @@ static const char *const EOG_TEXTS[] = {
 static int32_t find_control(const lm_tokenizer *t, const char *text) {
     int32_t id = vocab_find(t, text, strlen(text));
     return id >= 0 && t->type[id] == TT_CONTROL ? id : -1;
+}
+
+/*
+ * o200k_harmony (gpt-oss), as llama.cpp treats it. Its framing tokens
+ * <|start|>, <|channel|>, <|message|> and <|constrain|> are made
+ * user-defined: matched in any text and kept in decoded text, so that the
+ * channels of an answer can be told apart in its text. When the vocabulary
+ * ends generation on both <|return|> and <|call|>, <|end|> (which closes
+ * every message, the analysis before an answer included) does not end
+ * generation, and is user-defined too.
+ */
+static void harmony_specials(lm_tokenizer *t) {
+    static const char *const framing[] = {"<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"};
+    for (int i = 0; i < 4; i++) {
+        int32_t id = vocab_find(t, framing[i], strlen(framing[i]));
+        if (id >= 0) t->type[id] = TT_USER;
+    }
+    int32_t ret = find_control(t, "<|return|>"), call = find_control(t, "<|call|>"), end = find_control(t, "<|end|>");
+    if (ret >= 0 && call >= 0 && end >= 0 && (t->flag[ret] & t->flag[call] & t->flag[end] & F_EOG)) {
+        t->flag[end] &= (uint8_t)~F_EOG;
+        t->type[end] = TT_USER;
+    }
 }
 
 static int load_specials(lm_tokenizer *t, const gguf_ctx *g, char *err, size_t errlen) {
@@ -539,6 +567,7 @@ static int load_specials(lm_tokenizer *t, const gguf_ctx *g, char *err, size_t e
     int32_t eog[3] = {t->eos, t->eot, t->eom};
     for (int i = 0; i < 3; i++)
         if (eog[i] >= 0) t->flag[eog[i]] |= F_EOG;
+    harmony_specials(t);
     if (t->bos < 0) t->add_bos = false; /* a family default cannot ask for a missing token */
     if (get_bool(g, "tokenizer.ggml.add_bos_token", &t->add_bos, err, errlen) ||
         get_bool(g, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix, err, errlen))
