@@ -38,9 +38,9 @@
  * Structs that grow: a newer lamina may add fields, always at the end, and a
  * program built against an older lamina.h keeps working with it.
  *   - A struct the program fills and passes in (lm_load_params,
- *     lm_engine_config, lm_spec_config, lm_request_params) begins with
- *     `size_t size`, the
- *     struct's size as the program was compiled. Fill it with its defaults
+ *     lm_engine_config, lm_spec_config, lm_request_params, lm_chat_options)
+ *     begins with `size_t size`, the struct's size as the program was
+ *     compiled. Fill it with its defaults
  *     macro (lm_engine_config_default(&c) calls lm_engine_config_init(&c,
  *     sizeof c)), then set fields. lamina reads only the first `size` bytes:
  *     a field past them keeps its default. A size below sizeof(size_t) or
@@ -194,7 +194,7 @@ typedef struct {
  * the header of the assistant's turn (ready for the reply). tmpl is a
  * template family name ("chatml", "llama2", "llama3", "mistral-v1",
  * "mistral-v3", "mistral-v3-tekken", "mistral-legacy", "gemma", "phi3",
- * "zephyr"), or NULL for the model's own template (with its architecture's
+ * "zephyr", "qwen3", "qwen3.5", "deepseek3", "deepseek-r1", "gpt-oss"), or NULL for the model's own template (with its architecture's
  * family where the file has none: Gemma 3 speaks "gemma"); `lamina run
  * --chat` and the server resolve templates the same way. When the tokenizer
  * adds BOS itself, a BOS the template writes first is left out, so the
@@ -206,6 +206,24 @@ typedef struct {
  * family lamina renders. */
 LM_API lm_status lm_chat_render(const lm_model *m, const char *tmpl, const lm_chat_msg *msgs, int n, char **out,
                                 char *err, size_t errlen);
+
+/* What a template takes beside the messages, for lm_chat_render_opts. */
+typedef struct {
+    size_t size;                  /* sizeof(lm_chat_options), set by lm_chat_options_default */
+    const char *reasoning_effort; /* "low", "medium" or "high": gpt-oss's reasoning effort; NULL: the
+                                     template's default (medium). Templates without it ignore it */
+    bool thinking_off;            /* Qwen3's and Qwen3.5's enable_thinking=False; others ignore it */
+    const char *date;             /* "YYYY-MM-DD": the day a template writes as today's (gpt-oss);
+                                     NULL: today, local time */
+} lm_chat_options;
+LM_API void lm_chat_options_init(lm_chat_options *o, size_t size);
+#define lm_chat_options_default(o) lm_chat_options_init((o), sizeof *(o))
+
+/* lm_chat_render with options (o NULL: lm_chat_render). LM_ERR_INVALID also
+ * for an effort that is not low, medium or high, or a date that is not
+ * YYYY-MM-DD. */
+LM_API lm_status lm_chat_render_opts(const lm_model *m, const char *tmpl, const lm_chat_msg *msgs, int n,
+                                     const lm_chat_options *o, char **out, char *err, size_t errlen);
 LM_API void lm_string_free(char *s);
 
 /* ---- sampling -------------------------------------------------------------- */

@@ -409,6 +409,61 @@ static void test_vocab_files(void) {
     }
 }
 
+/* lm_chat_render_opts: gpt-oss's effort and date, Qwen3's thinking switch,
+ * bad options refused. */
+static void test_chat_render_opts(void) {
+    char err[LM_ERRLEN], *out = NULL;
+    lm_chat_msg msgs[] = {{"system", "Be brief."}, {"user", "Hi"}};
+    lm_chat_options o;
+    lm_chat_options_default(&o);
+    CHECK(o.size == sizeof o && !o.reasoning_effort && !o.thinking_off && !o.date);
+    o.reasoning_effort = "high";
+    o.date = "2025-08-05";
+    CHECKF(lm_chat_render_opts(model, "gpt-oss", msgs, 2, &o, &out, err, sizeof err) == LM_OK, "%s", err);
+    int same = strcmp(out,
+                      "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+                      "Knowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: high\n\n# Valid "
+                      "channels: analysis, commentary, final. Channel must be included for every message.<|end|>"
+                      "<|start|>developer<|message|># Instructions\n\nBe brief.\n\n<|end|><|start|>user<|message|>"
+                      "Hi<|end|><|start|>assistant");
+    if (same) fprintf(stderr, "  gpt-oss gave: %s\n", out);
+    lm_string_free(out);
+    CHECK(same == 0);
+    /* the options a family has no place for change nothing; thinking_off does for Qwen3 */
+    char *plain = NULL;
+    CHECK(lm_chat_render(model, "qwen3", msgs, 2, &plain, err, sizeof err) == LM_OK);
+    CHECK(lm_chat_render_opts(model, "qwen3", msgs, 2, &o, &out, err, sizeof err) == LM_OK);
+    CHECK(!strcmp(out, plain));
+    lm_string_free(out);
+    o.thinking_off = true;
+    CHECK(lm_chat_render_opts(model, "qwen3", msgs, 2, &o, &out, err, sizeof err) == LM_OK);
+    size_t pl = strlen(plain);
+    CHECK(!strncmp(out, plain, pl) && !strcmp(out + pl, "<think>\n\n</think>\n\n"));
+    lm_string_free(out);
+    lm_string_free(plain);
+    /* NULL options: lm_chat_render */
+    CHECK(lm_chat_render_opts(model, "chatml", msgs, 2, NULL, &out, err, sizeof err) == LM_OK &&
+          !strncmp(out, "<|im_start|>system\nBe brief.", 28));
+    lm_string_free(out);
+    /* refused: an effort, a date, a size, a role */
+    static const char *efforts[] = {"extreme", "", "HIGH"}, *dates[] = {"2025-8-05", "tomorrow", "2025-08-051"};
+    lm_chat_options_default(&o);
+    for (int i = 0; i < 3; i++) {
+        o.reasoning_effort = efforts[i];
+        out = (char *)1;
+        CHECK(lm_chat_render_opts(model, "gpt-oss", msgs, 2, &o, &out, err, sizeof err) == LM_ERR_INVALID && !out);
+        o.reasoning_effort = NULL;
+        o.date = dates[i];
+        CHECK(lm_chat_render_opts(model, "gpt-oss", msgs, 2, &o, &out, err, sizeof err) == LM_ERR_INVALID && !out);
+        o.date = NULL;
+    }
+    o.size = sizeof o + 8;
+    CHECK(lm_chat_render_opts(model, "gpt-oss", msgs, 2, &o, &out, err, sizeof err) == LM_ERR_INVALID);
+    lm_chat_options_default(&o);
+    lm_chat_msg tool[] = {{"tool", "x"}};
+    CHECK(lm_chat_render_opts(model, "gpt-oss", tool, 1, &o, &out, err, sizeof err) == LM_ERR_INVALID && !out);
+}
+
 static void test_chat_render(void) {
     char err[LM_ERRLEN];
     lm_chat_msg msgs[] = {{"system", "Be brief."}, {"user", "Hi"}};
@@ -830,6 +885,7 @@ int main(void) {
     TEST_RUN(test_vocab_only_tokenizer);
     TEST_RUN(test_vocab_files);
     TEST_RUN(test_chat_render);
+    TEST_RUN(test_chat_render_opts);
     TEST_RUN(test_engine_generate);
     TEST_RUN(test_engine_spec);
     TEST_RUN(test_engine_cancel_busy);

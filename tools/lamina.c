@@ -106,6 +106,9 @@ static void usage_run(FILE *f) {
             "      --no-think       with --chat: reasoning off where the template has that switch\n"
             "                       (Qwen3's enable_thinking=False: an empty <think></think> block\n"
             "                       after the prompt); other templates: ignored, with a note\n"
+            "      --reasoning-effort low|medium|high  with --chat: gpt-oss's reasoning effort\n"
+            "                       (the template's default: medium); other templates: ignored,\n"
+            "                       with a note\n"
             "  -h, --help           this text\n");
 }
 
@@ -113,12 +116,12 @@ static void usage_run(FILE *f) {
  * with the chosen or the model's chat template (chat_template_resolve), ready
  * to tokenize with special tokens parsed and add_bos = *add_bos. */
 static char *render_chat(const lm_model *m, const char *user, const char *system, const char *tmpl_arg, bool no_think,
-                         bool *add_bos) {
+                         const char *effort, bool *add_bos) {
     char err[LM_ERRLEN];
-    lm_chat_msg msgs[2];
+    lm_chat_xmsg msgs[2];
     int n = 0;
-    if (system) msgs[n++] = (lm_chat_msg){"system", system};
-    msgs[n++] = (lm_chat_msg){"user", user};
+    if (system) msgs[n++] = (lm_chat_xmsg){.role = "system", .content = system};
+    msgs[n++] = (lm_chat_xmsg){.role = "user", .content = user};
     const char *name;
     char *file_text;
     if (!chat_template_choice("run", tmpl_arg, &name, &file_text)) {
@@ -135,21 +138,15 @@ static char *render_chat(const lm_model *m, const char *user, const char *system
     }
     if (rc) fail("run", err);
     char *out;
-    rc = chat_apply(t.family, t.text, m->tok, msgs, n, &out, add_bos, err, sizeof err);
-    const char *off = chat_thinking_off(t.family >= 0 ? t.family : chat_detect(t.text));
+    int family = t.family >= 0 ? t.family : chat_detect(t.text);
+    lm_chat_conv conv = {.msgs = msgs, .n = n, .thinking_off = no_think, .reasoning_effort = effort};
+    rc = chat_prompt(t.family, t.text, m->tok, &conv, &out, add_bos, err, sizeof err);
     chat_template_free(&t);
     if (rc) fail("run", err);
-    if (no_think && !off)
+    if (no_think && !chat_thinking_off(family))
         fprintf(stderr, "lamina run: note: this chat template has no thinking switch; --no-think ignored\n");
-    if (no_think && off) {
-        size_t ol = strlen(out), sl = strlen(off);
-        char *o2 = lm_malloc(ol + sl + 1);
-        if (!o2) fail("run", "out of memory");
-        memcpy(o2, out, ol);
-        memcpy(o2 + ol, off, sl + 1);
-        lm_free(out);
-        out = o2;
-    }
+    if (effort && family != CHAT_GPT_OSS)
+        fprintf(stderr, "lamina run: note: this chat template takes no reasoning effort; --reasoning-effort ignored\n");
     return out;
 }
 
@@ -290,7 +287,7 @@ static int cmd_run(int argc, char **argv) {
     long long n_predict = 128, n_ctx = 0, threads = pool_default_threads();
     bool ignore_eos = false, show_ids = false, chat = false, ctx_extend = false, no_think = false;
     uint32_t kv_type = LM_TYPE_F16;
-    const char *system = NULL, *chat_tmpl = NULL, *gfile = NULL, *sfile = NULL;
+    const char *system = NULL, *chat_tmpl = NULL, *gfile = NULL, *sfile = NULL, *effort = NULL;
     bool json_any = false;
     unsigned long long mem = 0;
     spec_opts so;
@@ -327,7 +324,11 @@ static int cmd_run(int argc, char **argv) {
         else if (is_flag(&a, "--system", NULL)) system = need_val(&a);
         else if (is_flag(&a, "--chat-template", NULL)) chat_tmpl = need_val(&a);
         else if (is_flag(&a, "--no-think", NULL)) no_think = true;
-        else die_usage(&a, "unknown argument '%s'", argv[a.i]);
+        else if (is_flag(&a, "--reasoning-effort", NULL)) {
+            effort = need_val(&a);
+            if (!chat_effort_valid(effort))
+                die_usage(&a, "--reasoning-effort must be low, medium or high, not '%s'", effort);
+        } else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
     char *pbuf = NULL;
     size_t plen = 0;
@@ -377,7 +378,7 @@ static int cmd_run(int argc, char **argv) {
     char *rendered = NULL;
     bool add_bos = tok_add_bos(m->tok);
     if (chat) {
-        rendered = render_chat(m, prompt, system, chat_tmpl, no_think, &add_bos);
+        rendered = render_chat(m, prompt, system, chat_tmpl, no_think, effort, &add_bos);
         prompt = rendered;
         plen = strlen(rendered);
     }

@@ -200,9 +200,52 @@ long lm_detokenize(const lm_tokenizer *t, const int32_t *ids, int n, bool specia
 
 lm_status lm_chat_render(const lm_model *m, const char *tmpl, const lm_chat_msg *msgs, int n, char **out, char *err,
                          size_t errlen) {
+    return lm_chat_render_opts(m, tmpl, msgs, n, NULL, out, err, errlen);
+}
+
+void lm_chat_options_init(lm_chat_options *o, size_t size) {
+    if (!o) return;
+    lm_chat_options whole = {.size = size};
+    narrow(o, size, &whole, sizeof whole);
+}
+
+/* YYYY-MM-DD: four digits, two, two, with dashes. */
+static bool is_date(const char *d) {
+    for (int i = 0; i < 10; i++)
+        if (!d[i] || (i == 4 || i == 7 ? d[i] != '-' : d[i] < '0' || d[i] > '9')) return false;
+    return d[10] == '\0';
+}
+
+/* The messages of lm_chat_render (system, user, assistant) as the
+ * renderer's, checked; NULL with err set on a bad one (or out of memory). */
+static lm_chat_xmsg *chat_xmsgs(const lm_chat_msg *msgs, int n, lm_status *st, char *err, size_t errlen) {
+    for (int i = 0; i < n; i++)
+        if (!msgs[i].role || !msgs[i].content ||
+            (strcmp(msgs[i].role, "system") && strcmp(msgs[i].role, "user") && strcmp(msgs[i].role, "assistant"))) {
+            lm_err(err, errlen, "chat: message %d needs a role (system, user or assistant) and content", i);
+            *st = LM_ERR_INVALID;
+            return NULL;
+        }
+    lm_chat_xmsg *x = lm_calloc((size_t)n, sizeof *x);
+    if (!x) *st = fail(LM_ERR_NOMEM, err, errlen, "out of memory");
+    for (int i = 0; x && i < n; i++) x[i] = (lm_chat_xmsg){.role = msgs[i].role, .content = msgs[i].content};
+    return x;
+}
+
+lm_status lm_chat_render_opts(const lm_model *m, const char *tmpl, const lm_chat_msg *msgs, int n,
+                              const lm_chat_options *o, char **out, char *err, size_t errlen) {
     if (out) *out = NULL;
     if (!m || !out || n < 1 || !msgs)
         return fail(LM_ERR_INVALID, err, errlen, "lm_chat_render: a model, messages and out are required");
+    lm_chat_options opt = {.size = sizeof opt};
+    if (o) {
+        lm_status st = widen(&opt, sizeof opt, o, "lm_chat_options", err, errlen);
+        if (st != LM_OK) return st;
+        if (opt.reasoning_effort && !chat_effort_valid(opt.reasoning_effort))
+            return fail(LM_ERR_INVALID, err, errlen, "lm_chat_options.reasoning_effort must be low, medium or high");
+        if (opt.date && !is_date(opt.date))
+            return fail(LM_ERR_INVALID, err, errlen, "lm_chat_options.date must be YYYY-MM-DD");
+    }
     if (!m->tok) return fail(LM_ERR_INVALID, err, errlen, "the model has no tokenizer");
     if (tmpl && chat_family_from_name(tmpl) < 0) {
         lm_err(err, errlen, "unknown chat template '%s'", tmpl);
@@ -214,7 +257,24 @@ lm_status lm_chat_render(const lm_model *m, const char *tmpl, const lm_chat_msg 
     if (chat_template_resolve(&t, m->gguf, tmpl, NULL, err, errlen) != CHAT_OK)
         return LM_ERR_UNSUPPORTED; /* no template, or one of no family lamina renders */
     bool add_bos;
-    int rc = chat_apply(t.family, t.text, m->tok, msgs, n, out, &add_bos, err, errlen);
+    int rc;
+    if (!o) {
+        rc = chat_apply(t.family, t.text, m->tok, msgs, n, out, &add_bos, err, errlen);
+    } else {
+        lm_status st = LM_OK;
+        lm_chat_xmsg *x = chat_xmsgs(msgs, n, &st, err, errlen);
+        if (!x) {
+            chat_template_free(&t);
+            return st;
+        }
+        lm_chat_conv conv = {.msgs = x,
+                             .n = n,
+                             .thinking_off = opt.thinking_off,
+                             .reasoning_effort = opt.reasoning_effort,
+                             .date = opt.date};
+        rc = chat_prompt(t.family, t.text, m->tok, &conv, out, &add_bos, err, errlen);
+        lm_free(x);
+    }
     chat_template_free(&t);
     return rc ? LM_ERR_INVALID : LM_OK; /* the template refuses this conversation */
 }

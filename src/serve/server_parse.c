@@ -472,19 +472,16 @@ static int message_reasoning(const cJSON *m, int i, lm_chat_xmsg *x, lm_server_e
  * default. Families without the input ignore it, as vLLM's and llama.cpp's
  * templates ignore variables they never read. */
 static int parse_effort(const cJSON *root, const cJSON *kw, const char **effort, lm_server_error *e) {
-    static const char *const levels[] = {"low", "medium", "high"};
     const cJSON *v[2] = {field(root, "reasoning_effort"), kw ? field(kw, "reasoning_effort") : NULL};
     const char *param[2] = {"reasoning_effort", "chat_template_kwargs"};
     *effort = NULL;
     for (int k = 0; k < 2; k++) {
         if (!v[k] || cJSON_IsNull(v[k])) continue;
         const char *s = cJSON_IsString(v[k]) ? v[k]->valuestring : NULL;
-        int lv = 0;
-        while (s && lv < 3 && strcmp(s, levels[lv])) lv++;
-        if (!s || lv == 3)
+        if (!chat_effort_valid(s))
             return BAD(param[k], "'%s' must be \"low\", \"medium\" or \"high\"",
                        k ? "chat_template_kwargs.reasoning_effort" : "reasoning_effort");
-        *effort = levels[lv];
+        *effort = s; /* points into root, which outlives the render */
     }
     return 0;
 }

@@ -424,6 +424,9 @@ typedef struct {
     const char *date;             /* "YYYY-MM-DD" for strftime_now; NULL: today, local time */
 } lm_chat_conv;
 
+/* A reasoning effort gpt-oss's template takes: "low", "medium" or "high". */
+bool chat_effort_valid(const char *effort);
+
 /*
  * chat_render_tools with the template inputs of conv (reasoning_effort,
  * date; thinking_off is not applied here). Output and errors as chat_render.

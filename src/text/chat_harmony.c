@@ -299,6 +299,8 @@ static int put_tools(strbuf *b, const char *const *tools, int n_tools, char *err
     return 0;
 }
 
+bool chat_effort_valid(const char *e) { return e && (!strcmp(e, "low") || !strcmp(e, "medium") || !strcmp(e, "high")); }
+
 /* ------------------------------------------------------------ messages */
 
 /* "<|channel|>analysis<|message|>" in s or "<|channel|>final<|message|>" in s */
