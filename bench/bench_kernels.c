@@ -90,6 +90,10 @@ static void fill_weights(uint32_t type, uint8_t *p, int64_t rows, int64_t cols) 
     for (size_t b = 0; b < nblk; b++) {
         uint8_t *blk = p + b * t->type_size;
         uint16_t d = lm_f32_to_f16((float)(lm_rng_uniform(&rng) * 0.01 + 1e-4));
+        if (type == LM_TYPE_MXFP4) { /* an exponent byte, not an f16: scales 2^-8 .. 2^-1 */
+            blk[0] = (uint8_t)(120 + lm_rng_u64(&rng) % 8);
+            continue;
+        }
         memcpy(blk + d_off, &d, 2);
         if (type == LM_TYPE_Q4_K || type == LM_TYPE_Q5_K) memcpy(blk + 2, &d, 2);
     }
@@ -408,8 +412,8 @@ static void bench_type(uint32_t type) {
 }
 
 int main(int argc, char **argv) {
-    static const uint32_t all[] = {LM_TYPE_F32,  LM_TYPE_F16,  LM_TYPE_BF16, LM_TYPE_Q8_0,
-                                   LM_TYPE_Q4_0, LM_TYPE_Q4_K, LM_TYPE_Q5_K, LM_TYPE_Q6_K};
+    static const uint32_t all[] = {LM_TYPE_F32,  LM_TYPE_F16,  LM_TYPE_BF16, LM_TYPE_Q8_0, LM_TYPE_Q4_0,
+                                   LM_TYPE_Q4_K, LM_TYPE_Q5_K, LM_TYPE_Q6_K, LM_TYPE_MXFP4};
     uint32_t types[16];
     int nt = 0;
     for (int i = 1; i < argc; i++) {

@@ -44,7 +44,8 @@ static inline uint32_t act_type(uint32_t wt) { return quant_traits(wt)->vec_dot_
 /* Random bytes for n elements of a quantized type, every f16 scale set to
  * a finite value of moderate size, either sign (random bits there could
  * be inf/NaN, which no quantizer writes); the second f16 of Q4_1, Q5_1,
- * Q4_K and Q5_K (m, dmin) in [-0.1, 0.1). */
+ * Q4_K and Q5_K (m, dmin) in [-0.1, 0.1); MXFP4's exponent byte in
+ * 112..143 (scales 2^-16 to 2^15). */
 static inline void fill_random_blocks(uint32_t type, uint8_t *p, int64_t n) {
     size_t bytes = quant_row_size(type, n);
     for (size_t i = 0; i < bytes; i++) p[i] = (uint8_t)lm_rng_u64(&rng);
@@ -55,6 +56,7 @@ static inline void fill_random_blocks(uint32_t type, uint8_t *p, int64_t n) {
         uint16_t d2 = lm_f32_to_f16((float)(lm_rng_uniform(&rng) * 0.2 - 0.1));
         switch (type) {
             case LM_TYPE_Q6_K: memcpy(blk + offsetof(block_q6_K, d), &d, 2); break;
+            case LM_TYPE_MXFP4: blk[0] = (uint8_t)(112 + lm_rng_u64(&rng) % 32); break;
             case LM_TYPE_Q4_1:
             case LM_TYPE_Q5_1:
             case LM_TYPE_Q4_K:
@@ -80,7 +82,8 @@ static inline void make_weight(uint32_t type, int64_t n, bool random_bytes, void
 /* A weight row from the reference quantizer, with random_bytes every
  * byte but the scales then random (Q4_0, Q5_0, Q8_0: all but the f16
  * scale; Q4_1, Q5_1: all but d and m; Q4_K: all but d and dmin, so the
- * 6-bit scales and mins are random too; Q6_K: all but d, its last two). */
+ * 6-bit scales and mins are random too; Q6_K: all but d, its last two;
+ * MXFP4: all but the exponent). */
 static inline void make_weight_keep_scales(uint32_t type, int64_t n, bool random_bytes, uint8_t *dst) {
     float *f = lm_malloc((size_t)n * sizeof(float));
     fill_normal(f, n, 0.5);
@@ -88,7 +91,8 @@ static inline void make_weight_keep_scales(uint32_t type, int64_t n, bool random
     if (random_bytes) {
         const size_t bs = quant_traits(type)->type_size, nb = (size_t)(n / quant_traits(type)->blck);
         const bool two = type == LM_TYPE_Q4_K || type == LM_TYPE_Q4_1 || type == LM_TYPE_Q5_1;
-        const size_t lo = type == LM_TYPE_Q6_K ? 0 : two ? 4 : 2, hi = type == LM_TYPE_Q6_K ? bs - 2 : bs;
+        const size_t lo = type == LM_TYPE_Q6_K ? 0 : two ? 4 : type == LM_TYPE_MXFP4 ? 1 : 2;
+        const size_t hi = type == LM_TYPE_Q6_K ? bs - 2 : bs;
         for (size_t b = 0; b < nb; b++)
             for (size_t i = lo; i < hi; i++) dst[b * bs + i] = (uint8_t)lm_rng_u64(&rng);
     }
@@ -119,7 +123,8 @@ static inline bool bits_equal(const float *a, const float *b, size_t n) { return
  * n of them) all -3 (odd patterns: alternating in sign), quantized to
  * the weight's vec_dot_type at their largest magnitude; weights w random
  * blocks (scales kept) with every quant byte saturated, all ones (pattern
- * & 2) or all zeros (Q8_0 and Q6_K's scales: -128 or 127). */
+ * & 2) or all zeros (Q8_0 and Q6_K's scales: -128 or 127; MXFP4: every
+ * code -12 or +12). */
 static inline void make_extremes(uint32_t wt, int64_t n, int pattern, float *f, void *x, uint8_t *w) {
     for (int64_t i = 0; i < n; i++) f[i] = pattern & 1 ? (i & 1 ? 3.0f : -3.0f) : -3.0f;
     quant_from_float_ref(act_type(wt), f, x, n);
@@ -134,6 +139,7 @@ static inline void make_extremes(uint32_t wt, int64_t n, int pattern, float *f, 
             case LM_TYPE_Q5_0: memset(blk + 2, fb, 20); break;
             case LM_TYPE_Q4_1: memset(blk + 4, fb, 16); break;
             case LM_TYPE_Q5_1: memset(blk + 4, fb, 20); break;
+            case LM_TYPE_MXFP4: memset(blk + 1, pattern & 2 ? 0xFF : 0x77, 16); break;
             case LM_TYPE_Q4_K: memset(blk + 4, 0xFF, 12), memset(blk + 16, fb, 128); break;
             case LM_TYPE_Q5_K: memset(blk + 4, 0xFF, 12), memset(blk + 16, fb, 160); break;
             case LM_TYPE_Q6_K: memset(blk, fb, 192), memset(blk + 192, sb, 16); break;

@@ -7,7 +7,7 @@
  * passed.
  *
  * Per variant (kernels_use), for F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_1,
- * Q5_1, Q4_K, Q5_K and Q6_K weights:
+ * Q5_1, Q4_K, Q5_K, Q6_K and MXFP4 weights:
  *  - vec_dot against quant_vec_dot_ref and the float64 dot of the
  *    dequantized rows: |err| <= 1e-5 * sum |w_i x_i| (BF16 weights on
  *    avx512bf16, which rounds the activations to BF16: that variant's
@@ -20,7 +20,7 @@
  *    tile written;
  *  - packed (interleaved) tiles of the variant, for the 32-element types
  *    that have them (block_q8_0s activations: neon and neondot Q8_0 and
- *    Q4_0; x86 Q8_0, Q4_0, Q5_0, Q4_1, Q5_1): packed_act's bytes equal
+ *    Q4_0; x86 Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, MXFP4): packed_act's bytes equal
  *    quant_packed_act_ref's; every output of 1, 5, 8, 13 and 21 rows (the
  *    last group partial) by 9 tokens within TOL of quant_vec_dot_ref and
  *    the float64 dot, bit-identical for every tile width up to pack_tile
@@ -55,7 +55,7 @@
 
 static const uint32_t weight_types[] = {LM_TYPE_F32,  LM_TYPE_F16,  LM_TYPE_BF16, LM_TYPE_Q8_0,
                                         LM_TYPE_Q4_0, LM_TYPE_Q5_0, LM_TYPE_Q4_1, LM_TYPE_Q5_1,
-                                        LM_TYPE_Q4_K, LM_TYPE_Q5_K, LM_TYPE_Q6_K};
+                                        LM_TYPE_Q4_K, LM_TYPE_Q5_K, LM_TYPE_Q6_K, LM_TYPE_MXFP4};
 #define N_WEIGHT_TYPES (sizeof weight_types / sizeof weight_types[0])
 
 /* The bound relative to sum |w x| for a type on the table now: TOL, except
@@ -253,7 +253,8 @@ static void check_packed(uint32_t wt) {
 }
 
 static void test_packed(void) {
-    static const uint32_t types[] = {LM_TYPE_Q8_0, LM_TYPE_Q4_0, LM_TYPE_Q5_0, LM_TYPE_Q4_1, LM_TYPE_Q5_1};
+    static const uint32_t types[] = {LM_TYPE_Q8_0, LM_TYPE_Q4_0, LM_TYPE_Q5_0,
+                                     LM_TYPE_Q4_1, LM_TYPE_Q5_1, LM_TYPE_MXFP4};
     int tested = 0;
     for (size_t i = 0; i < sizeof types / sizeof types[0] && !test_cur_failed_; i++)
         if (kernels_type(types[i])->packed_gemm) {

@@ -9,7 +9,7 @@
  *    random block bytes, lengths with tails and partial groups of 8 blocks)
  *    and gemm tiles of every nr, nc in 1..4: bit-identical (memcmp) to the
  *    AVX2 kernels', and within 1e-5 * sum |w x| of quant_vec_dot_ref;
- *  - packed tiles (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K, F16 panels), every
+ *  - packed tiles (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, MXFP4, Q4_K, F16 panels), every
  *    width 1..8 and every row count 1..8: bit-identical to AVX2's;
  *  - activation quantizers (Q8_0, Q8_K, F16, block_q8_0s) and KV
  *    conversions: byte-identical to AVX2's (which equal the reference's);
@@ -57,7 +57,7 @@
 
 static const uint32_t weight_types[] = {LM_TYPE_F32,  LM_TYPE_F16,  LM_TYPE_BF16, LM_TYPE_Q8_0,
                                         LM_TYPE_Q4_0, LM_TYPE_Q5_0, LM_TYPE_Q4_1, LM_TYPE_Q5_1,
-                                        LM_TYPE_Q4_K, LM_TYPE_Q5_K, LM_TYPE_Q6_K};
+                                        LM_TYPE_Q4_K, LM_TYPE_Q5_K, LM_TYPE_Q6_K, LM_TYPE_MXFP4};
 #define N_WEIGHT_TYPES (sizeof weight_types / sizeof weight_types[0])
 #define TOL 1e-5 /* relative to sum |w_i x_i| */
 
@@ -179,8 +179,8 @@ static void test_vec_dot_gemm(void) {
 
 /* Packed tiles: every width and row count, bit-identical to AVX2's. */
 static void test_packed(void) {
-    static const uint32_t types[] = {LM_TYPE_Q8_0, LM_TYPE_Q4_0, LM_TYPE_Q5_0, LM_TYPE_Q4_1,
-                                     LM_TYPE_Q5_1, LM_TYPE_Q4_K, LM_TYPE_F16};
+    static const uint32_t types[] = {LM_TYPE_Q8_0, LM_TYPE_Q4_0,  LM_TYPE_Q5_0, LM_TYPE_Q4_1,
+                                     LM_TYPE_Q5_1, LM_TYPE_MXFP4, LM_TYPE_Q4_K, LM_TYPE_F16};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         uint32_t wt = types[ti];
         const lm_avx2_kernels *a = avx2_kernels(wt), *v = variants[cur].lookup(wt);
@@ -342,8 +342,8 @@ static void check_matmul_tokens(uint32_t wt, lm_pool *pool) {
 }
 
 static void test_matmul_tokens(void) {
-    static const uint32_t types[] = {LM_TYPE_Q8_0, LM_TYPE_Q4_0, LM_TYPE_Q5_0, LM_TYPE_Q4_1,
-                                     LM_TYPE_Q5_1, LM_TYPE_Q4_K, LM_TYPE_Q5_K, LM_TYPE_Q6_K};
+    static const uint32_t types[] = {LM_TYPE_Q8_0, LM_TYPE_Q4_0, LM_TYPE_Q5_0, LM_TYPE_Q4_1, LM_TYPE_Q5_1,
+                                     LM_TYPE_Q4_K, LM_TYPE_Q5_K, LM_TYPE_Q6_K, LM_TYPE_MXFP4};
     lm_pool *pool = pool_new(2);
     CHECK(pool);
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {

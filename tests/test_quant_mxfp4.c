@@ -3,8 +3,10 @@
  * E8M0 scale; gpt-oss's expert weights): bit-exact against golden blocks
  * from the gguf Python package (tests/data/gen_quant_mxfp4_golden.py), the
  * scale function against its definition, round-trip error on Gaussian
- * data, and the reference dot product with Q8_0 activations against
- * float64, for the reference and the dispatched kernels.
+ * data, the reference dot product with Q8_0 activations against float64
+ * (reference and dispatched kernels), and the interleaved layout byte for
+ * byte. The SIMD variants are held to the reference in test_kernels_isa.c
+ * and test_kernels_x86.c.
  */
 #include <math.h>
 #include <string.h>
@@ -151,6 +153,35 @@ static void test_vec_dot(void) {
     }
 }
 
+/* The interleaved layout (MXFP4x8): row r's exponent at byte r, then its
+ * 4-byte chunks of codes at 8 + 32k + 4r; padding rows zero. */
+static void test_pack_layout(void) {
+    CHECK(quant_pack_rows(LM_TYPE_MXFP4) == LM_PACK_ROWS);
+    CHECK(quant_pack_size(LM_TYPE_MXFP4, 9, 64) == 2 * 2 * 136 && quant_pack_size(LM_TYPE_MXFP4, 8, 48) == 0);
+    CHECK(quant_packed_x_row_size(LM_TYPE_MXFP4, 64) == quant_packed_act_row_size(64));
+    const int64_t rows = 11, cols = 64;
+    const size_t bs = 17, rb = 2 * bs + 5; /* padded stride */
+    uint8_t src[11 * (2 * 17 + 5)];
+    for (size_t i = 0; i < sizeof src; i++) src[i] = (uint8_t)(i * 7 + 3);
+    size_t size = quant_pack_size(LM_TYPE_MXFP4, rows, cols), bb = size / 4;
+    uint8_t *p = lm_malloc(size);
+    quant_pack(LM_TYPE_MXFP4, src, rb, rows, cols, p);
+    int bad = 0;
+    for (int g = 0; g < 2; g++)
+        for (int b = 0; b < 2; b++) {
+            const uint8_t *o = p + (size_t)(2 * g + b) * bb;
+            for (int r = 0; r < 8; r++) {
+                int row = 8 * g + r;
+                uint8_t want[17] = {0};
+                if (row < rows) memcpy(want, src + (size_t)row * rb + (size_t)b * bs, bs);
+                bad |= o[r] != want[0];
+                for (int k = 0; k < 4; k++) bad |= memcmp(o + 8 + 32 * k + 4 * r, want + 1 + 4 * k, 4) != 0;
+            }
+        }
+    lm_free(p);
+    CHECK(!bad);
+}
+
 int main(void) {
     kernels_init();
     TEST_RUN(test_table);
@@ -160,5 +191,6 @@ int main(void) {
     TEST_RUN(test_extremes);
     TEST_RUN(test_roundtrip_error);
     TEST_RUN(test_vec_dot);
+    TEST_RUN(test_pack_layout);
     return TEST_DONE();
 }

@@ -1094,15 +1094,18 @@ static size_t pack_block_bytes(uint32_t type) {
     if (type == LM_TYPE_Q5_0) return 2 * LM_PACK_ROWS + LM_PACK_ROWS * (4 + QK5_0 / 2);
     if (type == LM_TYPE_Q4_1) return 4 * LM_PACK_ROWS + LM_PACK_ROWS * QK4_1 / 2;
     if (type == LM_TYPE_Q5_1) return 4 * LM_PACK_ROWS + LM_PACK_ROWS * (4 + QK5_1 / 2);
+    if (type == LM_TYPE_MXFP4) return LM_PACK_ROWS + LM_PACK_ROWS * QK_MXFP4 / 2;
     return 0;
 }
 
-/* f16 scales at the head of a block: d (and m for Q4_1, Q5_1). */
+/* Scales at the head of a block: d (and m for Q4_1, Q5_1), and their
+ * bytes each (2, f16; MXFP4's E8M0 exponent: 1). */
 static int pack_scales(uint32_t type) { return type == LM_TYPE_Q4_1 || type == LM_TYPE_Q5_1 ? 2 : 1; }
+static size_t pack_scale_bytes(uint32_t type) { return type == LM_TYPE_MXFP4 ? 1 : 2; }
 
 int quant_pack_rows(uint32_t type) {
     if (type == LM_TYPE_Q4_0 || type == LM_TYPE_Q5_0 || type == LM_TYPE_Q8_0 || type == LM_TYPE_Q4_K ||
-        type == LM_TYPE_Q4_1 || type == LM_TYPE_Q5_1)
+        type == LM_TYPE_Q4_1 || type == LM_TYPE_Q5_1 || type == LM_TYPE_MXFP4)
         return LM_PACK_ROWS;
     if (type == LM_TYPE_F16) return LM_PANEL_ROWS;
     return 0;
@@ -1127,7 +1130,7 @@ size_t quant_packed_x_row_size(uint32_t type, int64_t n) {
     if (type == LM_TYPE_F16) return (size_t)n * sizeof(float);
     if (type == LM_TYPE_Q4_K) return quant_row_size(LM_TYPE_Q8_K, n);
     if (type == LM_TYPE_Q4_0 || type == LM_TYPE_Q5_0 || type == LM_TYPE_Q8_0 || type == LM_TYPE_Q4_1 ||
-        type == LM_TYPE_Q5_1)
+        type == LM_TYPE_Q5_1 || type == LM_TYPE_MXFP4)
         return quant_packed_act_row_size(n);
     return 0;
 }
@@ -1172,11 +1175,11 @@ static void pack_f16(const uint8_t *src, size_t src_stride, int64_t rows, int64_
     }
 }
 
-/* Q8_0, Q4_0, Q5_0, Q4_1 and Q5_1: a pure byte shuffle: scales (Q4_1,
- * Q5_1: the 8 rows' d, then their m) and the bytes after them (Q5_0, Q5_1:
- * qh, then qs) are copied unchanged, in 4-byte chunks; padding rows are
- * zero (zero scales, so they add nothing to anything and are never
- * stored). */
+/* Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 and MXFP4: a pure byte shuffle: scales
+ * (Q4_1, Q5_1: the 8 rows' d, then their m; MXFP4: the 8 exponent bytes)
+ * and the bytes after them (Q5_0, Q5_1: qh, then qs) are copied unchanged,
+ * in 4-byte chunks; padding rows are zero (zero scales, or for MXFP4 zero
+ * codes, so they add nothing to anything and are never stored). */
 void quant_pack(uint32_t type, const void *src, size_t src_stride, int64_t rows, int64_t cols, void *dst) {
     if (type == LM_TYPE_F16) {
         assert(rows >= 0 && cols >= 0);
@@ -1191,8 +1194,9 @@ void quant_pack(uint32_t type, const void *src, size_t src_stride, int64_t rows,
     const size_t bb = pack_block_bytes(type);
     assert(bb && cols % 32 == 0 && rows >= 0);
     const int ns = pack_scales(type);
-    const size_t head = 2 * (size_t)ns * LM_PACK_ROWS; /* the group's scales */
-    const size_t qbytes = (bb - head) / LM_PACK_ROWS;  /* quant bytes of one row's block */
+    const size_t sw = pack_scale_bytes(type);
+    const size_t head = sw * (size_t)ns * LM_PACK_ROWS; /* the group's scales */
+    const size_t qbytes = (bb - head) / LM_PACK_ROWS;   /* quant bytes of one row's block */
     const size_t src_bs = traits[type].type_size;
     const int64_t nb = cols / 32, groups = (rows + LM_PACK_ROWS - 1) / LM_PACK_ROWS;
     uint8_t *o = dst;
@@ -1202,9 +1206,10 @@ void quant_pack(uint32_t type, const void *src, size_t src_stride, int64_t rows,
             for (int r = 0; r < LM_PACK_ROWS && g * LM_PACK_ROWS + r < rows; r++) {
                 const uint8_t *blk =
                     (const uint8_t *)src + (size_t)(g * LM_PACK_ROWS + r) * src_stride + (size_t)b * src_bs;
-                for (int s = 0; s < ns; s++) memcpy(o + 2 * LM_PACK_ROWS * s + 2 * r, blk + 2 * s, 2); /* f16 scales */
+                for (int s = 0; s < ns; s++) /* the scales */
+                    memcpy(o + sw * LM_PACK_ROWS * (size_t)s + sw * (size_t)r, blk + sw * (size_t)s, sw);
                 for (size_t k = 0; k < qbytes / 4; k++)
-                    memcpy(o + head + 32 * k + 4 * (size_t)r, blk + 2 * ns + 4 * k, 4);
+                    memcpy(o + head + 32 * k + 4 * (size_t)r, blk + sw * (size_t)ns + 4 * k, 4);
             }
         }
     }

@@ -206,14 +206,14 @@ typedef float (*lm_vec_dot_fn)(int64_t n, const void *w, const void *x);
 #define LM_GEMM_TILE 4
 typedef void (*lm_gemm_fn)(int64_t n, const void *w, size_t w_stride, int nr, const void *x, size_t x_stride, int nc,
                            float *y, size_t y_stride);
-/* Interleaved weights (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K and F16).
+/* Interleaved weights (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, MXFP4, Q4_K and F16).
  *
- * For matrix products a Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K or F16 weight matrix may be copied once,
+ * For matrix products a Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, MXFP4, Q4_K or F16 weight matrix may be copied once,
  * at model load, into an interleaved layout: its rows in groups of
  * quant_pack_rows(type) (the last group padded with zero rows), each group
  * stored column by column, groups one after another.
  *
- * Q8_0, Q4_0, Q5_0, Q4_1 and Q5_1: groups of LM_PACK_ROWS = 8 rows, block column by block
+ * Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 and MXFP4: groups of LM_PACK_ROWS = 8 rows, block column by block
  * column (the cols / 32 blocks of the 8 rows at the same position):
  *
  *   Q4_0x8  144 B per block column: d[8] (f16, row r's scale at d[r]), then
@@ -227,11 +227,14 @@ typedef void (*lm_gemm_fn)(int64_t n, const void *w, size_t w_stride, int nr, co
  *           qs[128] as in Q4_0x8
  *   Q5_1x8  192 B per block column: d[8], m[8], then qh[32] and qs[128] as
  *           in Q5_0x8
+ *   MXFP4x8 136 B per block column: e[8] (row r's exponent byte at e[r]),
+ *           then qs[128] as in Q4_0x8
  *
  * So one 32-byte load holds four consecutive quants (Q4_0: eight, low and
  * high nibbles) of each of the 8 rows, one row per 32-bit lane, and a
  * kernel keeps one float accumulator lane per weight row: no horizontal
- * sums, and the 8 rows' scales convert with one instruction. These kernels
+ * sums, and the 8 rows' scales convert with one instruction (MXFP4: a
+ * few integer ones). These kernels
  * take activations as block_q8_0s rows: the Q8_0 quants and scale of the
  * same values (bit for bit what Q8_0's from_float gives), the scale already
  * widened to f32, plus 8 * the sum of the quants (the correction for
@@ -270,7 +273,7 @@ typedef struct {
 /* An interleaved tile: rows [0, nr) (nr <= quant_pack_rows) of the group at
  * wp against nc activation rows (x_stride bytes apart; 1 <= nc <= the
  * type's pack_tile): y[c * y_stride + r] = row r · token c. Activations are
- * block_q8_0s rows for Q8_0, Q4_0, Q5_0, Q4_1 and Q5_1, Q8_K rows for Q4_K, floats for
+ * block_q8_0s rows for Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 and MXFP4, Q8_K rows for Q4_K, floats for
  * F16. Each output has its
  * own accumulator and the same float steps in the same order for every nc
  * and position, so results do not depend on the batch. */
@@ -325,10 +328,10 @@ size_t quant_act_row_size(uint32_t weight_type, int64_t n);
 void quant_act_from_float(uint32_t weight_type, const float *x, void *dst, int64_t n);
 
 /* Rows per interleaved group of a type: LM_PACK_ROWS for Q8_0, Q4_0, Q5_0,
- * Q4_1, Q5_1 and Q4_K, LM_PANEL_ROWS for F16, 0 for types without the layout. */
+ * Q4_1, Q5_1, MXFP4 and Q4_K, LM_PANEL_ROWS for F16, 0 for types without the layout. */
 int quant_pack_rows(uint32_t type);
 /* Bytes of the interleaved copy of a (rows, cols) matrix of Q8_0, Q4_0,
- * Q5_0, Q4_1, Q5_1, Q4_K or F16 (rows rounded up to a whole group); 0 for other types or a cols that
+ * Q5_0, Q4_1, Q5_1, MXFP4, Q4_K or F16 (rows rounded up to a whole group); 0 for other types or a cols that
  * is not a multiple of the block size. The layout exists whatever the CPU;
  * whether anything computes with it is the kernel table's packed_gemm. */
 size_t quant_pack_size(uint32_t type, int64_t rows, int64_t cols);
@@ -339,7 +342,7 @@ void quant_pack(uint32_t type, const void *src, size_t src_stride, int64_t rows,
  * group at wp and the floats x: the four segments' fmaf chains, summed. */
 float quant_panel_dot_ref(int64_t n, const void *wp, int r, const float *x);
 /* Bytes of one activation row of n elements that the packed kernels of a
- * weight type take: block_q8_0s rows (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1), Q8_K rows (Q4_K),
+ * weight type take: block_q8_0s rows (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, MXFP4), Q8_K rows (Q4_K),
  * floats (F16); 0 for other types. */
 size_t quant_packed_x_row_size(uint32_t type, int64_t n);
 /* Bytes of one block_q8_0s activation row of n elements (n % 32 == 0). */

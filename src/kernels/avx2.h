@@ -10,9 +10,10 @@
  *   F16              F16 (panels: F32)        avx2_vec_dot_f16, _gemm_ avx2_from_float_f16
  *   Q8_0, Q4_0, Q5_0 Q8_0                     avx2_vec_dot_<t>, _gemm_ avx2_from_float_q8_0
  *   Q4_1, Q5_1       Q8_0                     avx2_vec_dot_<t>, _gemm_ -
+ *   MXFP4            Q8_0                     avx2_vec_dot_<t>, _gemm_ -
  *   Q4_K, Q5_K, Q6_K Q8_K                     avx2_vec_dot_<t>, _gemm_ avx2_from_float_q8_K
  *
- * and, for Q8_0, Q4_0, Q5_0, Q4_1 and Q5_1 weights in the interleaved layout of quant.h
+ * and, for Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 and MXFP4 weights in the interleaved layout of quant.h
  * (kernels/avx2_packed.c), avx2_packed_gemm_<t> against block_q8_0s
  * activations from avx2_packed_act; for Q4_K weights likewise
  * avx2_packed_gemm_q4_K against Q8_K activations; for F16 weights in the panel layout
@@ -102,6 +103,7 @@ float avx2_vec_dot_q4_0(int64_t n, const void *w, const void *x);
 float avx2_vec_dot_q5_0(int64_t n, const void *w, const void *x);
 float avx2_vec_dot_q4_1(int64_t n, const void *w, const void *x);
 float avx2_vec_dot_q5_1(int64_t n, const void *w, const void *x);
+float avx2_vec_dot_mxfp4(int64_t n, const void *w, const void *x);
 float avx2_vec_dot_q4_K(int64_t n, const void *w, const void *x);
 float avx2_vec_dot_q5_K(int64_t n, const void *w, const void *x);
 float avx2_vec_dot_q6_K(int64_t n, const void *w, const void *x);
@@ -122,6 +124,8 @@ void avx2_gemm_q4_1(int64_t n, const void *w, size_t w_stride, int nr, const voi
                     size_t y_stride);
 void avx2_gemm_q5_1(int64_t n, const void *w, size_t w_stride, int nr, const void *x, size_t x_stride, int nc, float *y,
                     size_t y_stride);
+void avx2_gemm_mxfp4(int64_t n, const void *w, size_t w_stride, int nr, const void *x, size_t x_stride, int nc,
+                     float *y, size_t y_stride);
 void avx2_gemm_q4_K(int64_t n, const void *w, size_t w_stride, int nr, const void *x, size_t x_stride, int nc, float *y,
                     size_t y_stride);
 void avx2_gemm_q5_K(int64_t n, const void *w, size_t w_stride, int nr, const void *x, size_t x_stride, int nc, float *y,
@@ -139,6 +143,8 @@ void avx2_packed_gemm_q4_1(int64_t n, const void *wp, int nr, const void *x, siz
                            size_t y_stride);
 void avx2_packed_gemm_q5_1(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc, float *y,
                            size_t y_stride);
+void avx2_packed_gemm_mxfp4(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc, float *y,
+                            size_t y_stride);
 void avx2_packed_gemm_q4_K(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc, float *y,
                            size_t y_stride);
 void avx2_packed_gemm_f16(int64_t n, const void *wp, int nr, const void *x, size_t x_stride, int nc, float *y,

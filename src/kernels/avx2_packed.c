@@ -1,6 +1,6 @@
 /*
- * avx2_packed.c - AVX2 + FMA + F16C matrix tiles for Q8_0, Q4_0, Q5_0, Q4_1
- * and Q5_1 weights in the interleaved layout of quant.h (groups of 8 rows,
+ * avx2_packed.c - AVX2 + FMA + F16C matrix tiles for Q8_0, Q4_0, Q5_0, Q4_1,
+ * Q5_1 and MXFP4 weights in the interleaved layout of quant.h (groups of 8 rows,
  * 4-byte chunks of the 8 rows side by side), against block_q8_0s
  * activations, and for Q4_K weights in the same manner against Q8_K
  * activations (its own notes below). Compiled with -mavx2 -mfma -mf16c;
@@ -387,6 +387,82 @@ void avx2_packed_gemm_q8_0(int64_t n, const void *wp, int nr, const void *x, siz
     assert(n % 32 == 0 && nr >= 0 && nr <= LM_PACK_ROWS && nc >= 0 && nc <= LM_PACK_TILE);
 #define T(C)                                                                                                           \
     case C: p8_tile(n / 32, wp, nr, x, xs, C, y, ys); break;
+    switch (nc) { TILES(T) default : break; }
+#undef T
+}
+
+/* ---- MXFP4 ----------------------------------------------------------------- */
+
+/* One block column: e[8] (row r's exponent byte at r), then qs[128] as
+ * Q4_0x8. The nibbles go through pshufb into their doubled E2M1 values
+ * (-12..12, signed); as for Q8_0, |w| is the unsigned operand and w's sign
+ * moves onto the token's quants: pairs <= 2 * 12 * 127 = 3048, so the
+ * eight vectors' pairs add in int16 (<= 24384) before one pmaddwd. The
+ * scale is 2^(e - 128) (quant_e8m0_half), and dw * dx is exact but for
+ * underflow; padding rows have zero codes, so they add zeros. */
+#define PM_BYTES 136
+#define PM_QS 8
+
+/* The 8 rows' scales of one block column: the exponent field e - 1, or for
+ * e < 2 the subnormals 2^-128 and 2^-127. */
+INLINE __m256 e8m0x8(const uint8_t *blk) {
+    const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)blk));
+    const __m256i norm = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(norm, sub, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
+}
+
+INLINE void pm_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size_t xs, int C, float *y, size_t ys) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256i kv = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4, 6, 8,
+                                        12, 0, -1, -2, -3, -4, -6, -8, -12);
+    __m256 acc[LM_PACK_TILE];
+#pragma GCC unroll 8 /* vector stores, not a rep stos (slow to start) */
+    for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += PM_BYTES) {
+        prefetch_ahead(w, PM_BYTES);
+        const __m256 dw = e8m0x8(w);
+        __m256i s[8], u[8]; /* signed values, and their magnitudes */
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const __m256i v = ld256(w + PM_QS + 32 * k);
+            s[k] = _mm256_shuffle_epi8(kv, _mm256_and_si256(v, low4));
+            s[k + 4] = _mm256_shuffle_epi8(kv, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
+        }
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) u[k] = _mm256_abs_epi8(s[k]);
+#pragma GCC unroll 8 /* = LM_PACK_TILE */
+        for (int c = 0; c < C; c++) {
+            const uint8_t *xb = x + (size_t)c * xs + (size_t)b * XBS;
+            const uint8_t *q = xb + X_QS;
+#define SX(k) _mm256_sign_epi8(bcast4(q + 4 * k), s[k])
+#ifdef X86_DPBUSD
+            const __m256i z = _mm256_setzero_si256();
+            (void)ones;
+            __m256i lo =
+                X86_DPBUSD(X86_DPBUSD(X86_DPBUSD(X86_DPBUSD(z, u[0], SX(0)), u[1], SX(1)), u[2], SX(2)), u[3], SX(3));
+            __m256i hi =
+                X86_DPBUSD(X86_DPBUSD(X86_DPBUSD(X86_DPBUSD(z, u[4], SX(4)), u[5], SX(5)), u[6], SX(6)), u[7], SX(7));
+            __m256i isum = _mm256_add_epi32(lo, hi);
+#else
+            __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(u[0], SX(0)), _mm256_maddubs_epi16(u[1], SX(1)));
+            __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(u[2], SX(2)), _mm256_maddubs_epi16(u[3], SX(3)));
+            __m256i s45 = _mm256_add_epi16(_mm256_maddubs_epi16(u[4], SX(4)), _mm256_maddubs_epi16(u[5], SX(5)));
+            __m256i s67 = _mm256_add_epi16(_mm256_maddubs_epi16(u[6], SX(6)), _mm256_maddubs_epi16(u[7], SX(7)));
+            __m256i isum =
+                _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(s01, s23), _mm256_add_epi16(s45, s67)), ones);
+#endif
+#undef SX
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, bcastf(xb + X_D)), acc[c]);
+        }
+    }
+    for (int c = 0; c < C; c++) store_rows(y + (size_t)c * ys, nr, acc[c]);
+}
+
+void avx2_packed_gemm_mxfp4(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y, size_t ys) {
+    assert(n % 32 == 0 && nr >= 0 && nr <= LM_PACK_ROWS && nc >= 0 && nc <= LM_PACK_TILE);
+#define T(C)                                                                                                           \
+    case C: pm_tile(n / 32, wp, nr, x, xs, C, y, ys); break;
     switch (nc) { TILES(T) default : break; }
 #undef T
 }

@@ -19,7 +19,7 @@
  *    unchanged). One accumulator keeps a tile's outputs in registers; the
  *    FMA latency is covered by running several outputs of a tile together
  *    (all rows of the tile when there is one column, as in decode).
- *  - Q8_0, Q4_0, Q5_0, Q4_1, Q5_1: per block b of 32, the exact integer dot
+ *  - Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, MXFP4: per block b of 32, the exact integer dot
  *    as eight int32 partial sums s_b (pmaddubsw + pmaddwd); then
  *    acc[b % 2] = fma(float(s_b), dw_b * dx_b, acc[b % 2]), the scale
  *    product formed in float for eight blocks at a time. Q4_1/Q5_1 add
@@ -38,6 +38,8 @@
  * Integer bounds (so no pmaddubsw saturation and no int32 overflow):
  * Q8_0 |w| <= 128 (abs of -128 read unsigned), |x| <= 127: pairs <= 32512.
  * Q4_0 q <= 15: q*x pairs <= 3810, minus 8*x pairs: |.| <= 2032.
+ * MXFP4 |w| <= 12 (a table lookup by pshufb; the sign moved onto x):
+ * pairs <= 3048. Its scale 2^(e-128) times dx is exact (but for underflow).
  * Q4_K/Q5_K q <= 31, |x| <= 128: pairs <= 7936, times a scale <= 63, eight
  * sub-blocks: < 2^23. Q6_K q <= 63: pairs <= 16128, scales |s| <= 128,
  * eight chunks: < 2^26, minus the -32 correction, at most 2^24. Sums above
@@ -320,14 +322,40 @@ void avx2_gemm_bf16(int64_t n, const void *w, size_t ws, int nr, const void *x, 
 
 /* ---- Q8_0 and Q4_0 weights against Q8_0 activations ----------------------- */
 
-enum { KQ8_0, KQ4_0, KQ5_0, KQ4_1, KQ5_1 };
+enum { KQ8_0, KQ4_0, KQ5_0, KQ4_1, KQ5_1, KMXFP4 };
 
 INLINE size_t q32_block_size(int kind) {
     return kind == KQ4_0 ? sizeof(block_q4_0)
         : kind == KQ5_0  ? sizeof(block_q5_0)
         : kind == KQ4_1  ? sizeof(block_q4_1)
         : kind == KQ5_1  ? sizeof(block_q5_1)
+        : kind == KMXFP4 ? sizeof(block_mxfp4)
                          : sizeof(block_q8_0);
+}
+
+/* Bytes before the quant data of a block: an f16 d, or MXFP4's exponent. */
+INLINE size_t q32_head(int kind) { return kind == KMXFP4 ? 1 : 2; }
+
+/* MXFP4: the scales 2^(e - 128) of eight consecutive blocks (bs bytes
+ * apart), exactly quant_e8m0_half's: the exponent field e - 1, or for
+ * e < 2 the subnormals 2^-128 and 2^-127. */
+INLINE __m256 e8m0_scales8(const uint8_t *p, size_t bs) {
+    __m256i e = _mm256_setr_epi32(p[0], p[bs], p[2 * bs], p[3 * bs], p[4 * bs], p[5 * bs], p[6 * bs], p[7 * bs]);
+    __m256i norm = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(norm, sub, small));
+}
+
+/* The weight scales of eight consecutive blocks of a kind. */
+INLINE __m256 q32_scales(int kind, const uint8_t *p, size_t bs) {
+    return kind == KMXFP4 ? e8m0_scales8(p, bs) : scales8(p, bs);
+}
+
+/* MXFP4's codes to their doubled E2M1 values, int8, for pshufb. */
+INLINE __m256i mxfp4_table(void) {
+    return _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2,
+                            -3, -4, -6, -8, -12);
 }
 
 /* Q4_1 and Q5_1: x = d * q + m, with an f16 m after d. */
@@ -346,7 +374,9 @@ INLINE __m256i spread_bits(uint32_t bits) {
 
 /* The exact integer dot of one block as eight int32 partial sums. u is the
  * unsigned pmaddubsw operand from the weight block (Q4_0: q in 0..15; Q5_0:
- * q in 0..31; Q8_0: |w|), xq the activation's 32 int8, wq the Q8_0 weight
+ * q in 0..31; Q8_0: |w|), except for MXFP4, where it holds the signed
+ * values (-12..12; |u| is the operand and their signs move onto x, pairs
+ * <= 2 * 12 * 127); xq the activation's 32 int8, wq the Q8_0 weight
  * bytes (their signs move onto x), e for Q4_0/Q5_0 the int16 pair sums of
  * 8*x / 16*x, subtracted for the -8 / -16 offset. */
 INLINE __m256i q32_dot(int kind, __m256i u, const uint8_t *wq, const uint8_t *xq, __m256i e) {
@@ -354,12 +384,16 @@ INLINE __m256i q32_dot(int kind, __m256i u, const uint8_t *wq, const uint8_t *xq
     __m256i xv = ld256(xq);
 #ifdef X86_DPBUSD /* VNNI variants (kernels/variant.h): the same exact sums */
     if (kind == KQ8_0) return X86_DPBUSD(_mm256_setzero_si256(), u, _mm256_sign_epi8(xv, ld256(wq)));
+    if (kind == KMXFP4) return X86_DPBUSD(_mm256_setzero_si256(), _mm256_abs_epi8(u), _mm256_sign_epi8(xv, u));
 #endif
+    if (kind == KMXFP4)
+        return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(u), _mm256_sign_epi8(xv, u)), ones);
     if (kind == KQ8_0) return _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(xv, ld256(wq))), ones);
     return _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(u, xv), e), ones);
 }
 
-/* q points just past the block's f16 scale d (Q4_1, Q5_1: at m). */
+/* q points just past the block's f16 scale d (Q4_1, Q5_1: at m; MXFP4:
+ * past its exponent byte, and the result is the signed values). */
 INLINE __m256i q32_unsigned(int kind, const uint8_t *q) {
     if (kind == KQ8_0) return _mm256_abs_epi8(ld256(q));
     /* the 16 nibble bytes in both halves, the upper half shifted down a
@@ -369,6 +403,7 @@ INLINE __m256i q32_unsigned(int kind, const uint8_t *q) {
     __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)nib));
     v = _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
     v = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+    if (kind == KMXFP4) return _mm256_shuffle_epi8(mxfp4_table(), v);
     if (kind == KQ5_0 || kind == KQ5_1) { /* bit j of qh is bit 4 of element j */
         uint32_t qh;
         memcpy(&qh, qhp, 4);
@@ -418,9 +453,9 @@ INLINE void q32_group(int kind, const uint8_t *w, size_t ws, int R, const uint8_
     for (int r = 0; r < R; r++) {
         const uint8_t *wr = w + (size_t)r * ws;
         prefetch_ahead(wr, GROUP * wbs);
-        __m256 dw = scales8(wr, wbs);
+        __m256 dw = q32_scales(kind, wr, wbs);
         __m256 mw = affine ? scales8(wr + 2, wbs) : _mm256_setzero_ps();
-#define U(b) __m256i u##b = q32_unsigned(kind, wr + b * wbs + 2);
+#define U(b) __m256i u##b = q32_unsigned(kind, wr + b * wbs + q32_head(kind));
         REP8(U)
 #undef U
         for (int c = 0; c < C; c++) {
@@ -432,7 +467,7 @@ INLINE void q32_group(int kind, const uint8_t *w, size_t ws, int R, const uint8_
     {                                                                                                                  \
         const uint8_t *xq = xc + b * xbs + 2;                                                                          \
         __m256i e = !offset ? _mm256_setzero_si256() : keep_e ? e8[c][b] : _mm256_maddubs_epi16(eight, ld256(xq));     \
-        __m256 sb = _mm256_cvtepi32_ps(q32_dot(kind, u##b, wr + b * wbs + 2, xq, e));                                  \
+        __m256 sb = _mm256_cvtepi32_ps(q32_dot(kind, u##b, wr + b * wbs + q32_head(kind), xq, e));                     \
         if (b & 1) a1 = _mm256_fmadd_ps(sb, _mm256_broadcast_ss(sc + b), a1);                                          \
         else a0 = _mm256_fmadd_ps(sb, _mm256_broadcast_ss(sc + b), a0);                                                \
     }
@@ -502,6 +537,12 @@ float avx2_vec_dot_q5_1(int64_t n, const void *w, const void *x) {
     return y;
 }
 
+float avx2_vec_dot_mxfp4(int64_t n, const void *w, const void *x) {
+    float y;
+    q32_tile(KMXFP4, n, w, 0, 1, x, 0, 1, &y, 1);
+    return y;
+}
+
 #define Q32(R, C)                                                                                                      \
     case R * 8 + C: q32_tile(KIND, n, w, ws, R, x, xs, C, y, ys); break;
 
@@ -561,6 +602,23 @@ void avx2_gemm_q5_1(int64_t n, const void *w, size_t ws, int nr, const void *x, 
     assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n % 32 == 0);
 #define KIND KQ5_1
     switch (nr * 8 + nc) { Q32(1, 1) Q32(2, 1) Q32(3, 1) Q32(4, 1) CASES(Q32) default : break; }
+#undef KIND
+}
+
+/* MXFP4 as Q4_0: gpt-oss's rows are 2880 long (90 blocks), so one token
+ * runs the rows one after another. */
+void avx2_gemm_mxfp4(int64_t n, const void *w, size_t ws, int nr, const void *x, size_t xs, int nc, float *y,
+                     size_t ys) {
+    assert(nr >= 0 && nr <= LM_GEMM_TILE && nc >= 0 && nc <= LM_GEMM_TILE && n % 32 == 0);
+    if (nc == 1) {
+        for (int r = 0; r < nr; r++) y[r] = avx2_vec_dot_mxfp4(n, (const uint8_t *)w + (size_t)r * ws, x);
+        return;
+    }
+#define KIND KMXFP4
+    switch (nr * 8 + nc) {
+        CASES(Q32)
+        default: break;
+    }
 #undef KIND
 }
 #undef Q32
@@ -989,6 +1047,11 @@ static const lm_avx2_kernels table[LM_TYPE_COUNT] = {
                       .packed_gemm = avx2_packed_gemm_q5_1,
                       .packed_act = avx2_packed_act,
                       .pack_tile = LM_PACK_TILE},
+    [LM_TYPE_MXFP4] = {.vec_dot = avx2_vec_dot_mxfp4,
+                       .gemm = avx2_gemm_mxfp4,
+                       .packed_gemm = avx2_packed_gemm_mxfp4,
+                       .packed_act = avx2_packed_act,
+                       .pack_tile = LM_PACK_TILE},
     [LM_TYPE_Q4_K] = {.vec_dot = avx2_vec_dot_q4_K,
                       .gemm = avx2_gemm_q4_K,
                       .packed_gemm = avx2_packed_gemm_q4_K,

@@ -2,7 +2,7 @@
  * neon.h - the AArch64 NEON matrix-product and conversion kernels.
  *
  * Two variants of the same code, for the weight types lamina multiplies
- * (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K, Q5_K, Q6_K):
+ * (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, MXFP4, Q4_K, Q5_K, Q6_K):
  *
  *   neon      plain Armv8-A Advanced SIMD (every AArch64 CPU has it): the
  *             int8 dot products of the quantized types as widening
@@ -93,6 +93,7 @@ const lm_neon_kernels *neon_kernels(uint32_t type, bool dot);
     float P##vec_dot_q5_0(int64_t n, const void *w, const void *x);                                                    \
     float P##vec_dot_q4_1(int64_t n, const void *w, const void *x);                                                    \
     float P##vec_dot_q5_1(int64_t n, const void *w, const void *x);                                                    \
+    float P##vec_dot_mxfp4(int64_t n, const void *w, const void *x);                                                   \
     float P##vec_dot_q4_K(int64_t n, const void *w, const void *x);                                                    \
     float P##vec_dot_q5_K(int64_t n, const void *w, const void *x);                                                    \
     float P##vec_dot_q6_K(int64_t n, const void *w, const void *x);                                                    \
@@ -104,6 +105,7 @@ const lm_neon_kernels *neon_kernels(uint32_t type, bool dot);
     void P##gemm_q5_0(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t);                 \
     void P##gemm_q4_1(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t);                 \
     void P##gemm_q5_1(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t);                 \
+    void P##gemm_mxfp4(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t);                \
     void P##gemm_q4_K(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t);                 \
     void P##gemm_q5_K(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t);                 \
     void P##gemm_q6_K(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t);                 \

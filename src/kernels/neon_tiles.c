@@ -23,6 +23,9 @@
  * accumulators (a tail shorter than 16 zero-padded), summed (a0 + a1) +
  * (a2 + a3) then across lanes.
  *
+ * MXFP4 blocks are decoded by a table lookup (tbl) into int8 values
+ * -12..12 and take the 32-element path, with the scale 2^(e - 128).
+ *
  * Integer bounds: a product is at most 128 * 128 = 2^14 (fits the int16 of
  * smull); a 32-element block sum at most 2^19; Q4_K/Q5_K sc * dot <= 63 *
  * 31 * 128 * 32 per sub-block, eight of them: < 2^26; Q6_K |sc| <= 128,
@@ -82,10 +85,11 @@ INLINE uint8x16_t fifth_bits(const uint8_t *qh) {
 
 /* ---- 32-element types against Q8_0 ------------------------------------------ */
 
-enum { K8_0, K4_0, K5_0, K4_1, K5_1 };
+enum { K8_0, K4_0, K5_0, K4_1, K5_1, KMX };
 
 INLINE size_t bsize(int kind) {
     switch (kind) {
+        case KMX: return sizeof(block_mxfp4);
         case K8_0: return sizeof(block_q8_0);
         case K4_0: return sizeof(block_q4_0);
         case K5_0: return sizeof(block_q5_0);
@@ -97,8 +101,17 @@ INLINE size_t bsize(int kind) {
 /* The weight block at p as two int8x16 (elements 0..15, 16..31) and its
  * scale d (and m for the affine kinds). */
 INLINE void decode32(int kind, const uint8_t *p, int8x16_t *w0, int8x16_t *w1, float *d, float *m) {
-    *d = h2f(p);
     *m = 0.0f;
+    if (kind == KMX) { /* MXFP4: codes through a table lookup, scale 2^(e - 128) */
+        static const int8_t kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+        const uint32_t e = p[0], bits = e < 2 ? 0x00200000u << e : (e - 1) << 23;
+        memcpy(d, &bits, 4);
+        const uint8x16_t q = vld1q_u8(p + 1), t = vreinterpretq_u8_s8(vld1q_s8(kv));
+        *w0 = vreinterpretq_s8_u8(vqtbl1q_u8(t, vandq_u8(q, vdupq_n_u8(0x0F))));
+        *w1 = vreinterpretq_s8_u8(vqtbl1q_u8(t, vshrq_n_u8(q, 4)));
+        return;
+    }
+    *d = h2f(p);
     if (kind == K8_0) {
         *w0 = vld1q_s8((const int8_t *)(p + 2));
         *w1 = vld1q_s8((const int8_t *)(p + 18));
@@ -158,6 +171,7 @@ float NT_FN(vec_dot_q4_0)(int64_t n, const void *w, const void *x) { return dot3
 float NT_FN(vec_dot_q5_0)(int64_t n, const void *w, const void *x) { return dot32_row(K5_0, n, w, x); }
 float NT_FN(vec_dot_q4_1)(int64_t n, const void *w, const void *x) { return dot32_row(K4_1, n, w, x); }
 float NT_FN(vec_dot_q5_1)(int64_t n, const void *w, const void *x) { return dot32_row(K5_1, n, w, x); }
+float NT_FN(vec_dot_mxfp4)(int64_t n, const void *w, const void *x) { return dot32_row(KMX, n, w, x); }
 
 /* ---- K-quants against Q8_K ---------------------------------------------------- */
 
@@ -323,6 +337,7 @@ NT_GEMM(q4_0)
 NT_GEMM(q5_0)
 NT_GEMM(q4_1)
 NT_GEMM(q5_1)
+NT_GEMM(mxfp4)
 NT_GEMM(q4_K)
 NT_GEMM(q5_K)
 NT_GEMM(q6_K)
