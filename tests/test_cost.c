@@ -5,7 +5,8 @@
  * decode step = 2 x layers x tokens x kv_heads x head_dim x bytes (tokens =
  * depth + 1, a sliding-window layer's capped at its window), split by layer
  * class; KV written = the same for one token; weight bytes = the stored
- * matrices (routed experts: only the top-k of n), once per pass; FLOPs of
+ * matrices (routed experts: only the top-k of n; F16, Q4_0 and MXFP4
+ * weights), once per pass; FLOPs of
  * the products and of attention; deepseek2's latent attention (check_mla:
  * one cache row of kv_lora_rank + n_rot per token and layer, the latent
  * matrices); the bundled model loaded from its file.
@@ -153,8 +154,9 @@ static double attends(const spec *s, int layer, int d) {
 
 static void check_spec(const spec *s) {
     static const int depths[] = {0, 100, 4096};
-    for (int ti = 0; ti < 2; ti++) {
-        uint32_t wt = ti ? LM_TYPE_Q4_0 : LM_TYPE_F16;
+    static const uint32_t wts[] = {LM_TYPE_F16, LM_TYPE_Q4_0, LM_TYPE_MXFP4}; /* 2, 18/32, 17/32 bytes a weight */
+    for (int ti = 0; ti < 3; ti++) {
+        uint32_t wt = wts[ti];
         lm_model *m = fake_model(s, wt);
         for (int k = 0; k < 3; k++)
             for (int di = 0; di < 3; di++) {

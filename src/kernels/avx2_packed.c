@@ -395,11 +395,13 @@ void avx2_packed_gemm_q8_0(int64_t n, const void *wp, int nr, const void *x, siz
 
 /* One block column: e[8] (row r's exponent byte at r), then qs[128] as
  * Q4_0x8. The nibbles go through pshufb into their doubled E2M1 values
- * (-12..12, signed); as for Q8_0, |w| is the unsigned operand and w's sign
- * moves onto the token's quants: pairs <= 2 * 12 * 127 = 3048, so the
- * eight vectors' pairs add in int16 (<= 24384) before one pmaddwd. The
- * scale is 2^(e - 128) (quant_e8m0_half), and dw * dx is exact but for
- * underflow; padding rows have zero codes, so they add zeros. */
+ * plus 12 (0..24, unsigned: the pmaddubsw / vpdpbusd operand, as Q4_0's
+ * nibbles), and 12 * sum(x) = s8 + s8 / 2 (block_q8_0s.s8 = 8 * sum(x),
+ * so exact) is subtracted at the end, as Q4_0 subtracts s8. Pairs are at
+ * most 2 * 24 * 127 = 6096, so four vectors' pairs add in int16 (<= 24384)
+ * before each of two pmaddwd. The scale is 2^(e - 128) (quant_e8m0_half),
+ * and dw * dx is exact but for underflow; padding rows have zero codes
+ * (value 0) and zero exponents, so they add zeros. */
 #define PM_BYTES 136
 #define PM_QS 8
 
@@ -414,45 +416,42 @@ INLINE __m256 e8m0x8(const uint8_t *blk) {
 
 INLINE void pm_tile(int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size_t xs, int C, float *y, size_t ys) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    const __m256i kv = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4, 6, 8,
-                                        12, 0, -1, -2, -3, -4, -6, -8, -12);
+    /* the doubled E2M1 values plus 12: 0..24, unsigned */
+    const __m256i kv = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14, 15, 16,
+                                        18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
     __m256 acc[LM_PACK_TILE];
 #pragma GCC unroll 8 /* vector stores, not a rep stos (slow to start) */
     for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += PM_BYTES) {
         prefetch_ahead(w, PM_BYTES);
         const __m256 dw = e8m0x8(w);
-        __m256i s[8], u[8]; /* signed values, and their magnitudes */
+        __m256i u[8];
 #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) {
             const __m256i v = ld256(w + PM_QS + 32 * k);
-            s[k] = _mm256_shuffle_epi8(kv, _mm256_and_si256(v, low4));
-            s[k + 4] = _mm256_shuffle_epi8(kv, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
+            u[k] = _mm256_shuffle_epi8(kv, _mm256_and_si256(v, low4));
+            u[k + 4] = _mm256_shuffle_epi8(kv, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
         }
-#pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) u[k] = _mm256_abs_epi8(s[k]);
 #pragma GCC unroll 8 /* = LM_PACK_TILE */
         for (int c = 0; c < C; c++) {
             const uint8_t *xb = x + (size_t)c * xs + (size_t)b * XBS;
             const uint8_t *q = xb + X_QS;
-#define SX(k) _mm256_sign_epi8(bcast4(q + 4 * k), s[k])
+            const __m256i s8 = bcast4(xb + X_S8), off = _mm256_add_epi32(s8, _mm256_srai_epi32(s8, 1)); /* 12 sum */
 #ifdef X86_DPBUSD
-            const __m256i z = _mm256_setzero_si256();
             (void)ones;
-            __m256i lo =
-                X86_DPBUSD(X86_DPBUSD(X86_DPBUSD(X86_DPBUSD(z, u[0], SX(0)), u[1], SX(1)), u[2], SX(2)), u[3], SX(3));
-            __m256i hi =
-                X86_DPBUSD(X86_DPBUSD(X86_DPBUSD(X86_DPBUSD(z, u[4], SX(4)), u[5], SX(5)), u[6], SX(6)), u[7], SX(7));
-            __m256i isum = _mm256_add_epi32(lo, hi);
+            __m256i isum = _mm256_sub_epi32(dot8(u, q), off);
 #else
-            __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(u[0], SX(0)), _mm256_maddubs_epi16(u[1], SX(1)));
-            __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(u[2], SX(2)), _mm256_maddubs_epi16(u[3], SX(3)));
-            __m256i s45 = _mm256_add_epi16(_mm256_maddubs_epi16(u[4], SX(4)), _mm256_maddubs_epi16(u[5], SX(5)));
-            __m256i s67 = _mm256_add_epi16(_mm256_maddubs_epi16(u[6], SX(6)), _mm256_maddubs_epi16(u[7], SX(7)));
+            __m256i lo = _mm256_add_epi16(
+                _mm256_add_epi16(_mm256_maddubs_epi16(u[0], bcast4(q)), _mm256_maddubs_epi16(u[1], bcast4(q + 4))),
+                _mm256_add_epi16(_mm256_maddubs_epi16(u[2], bcast4(q + 8)),
+                                 _mm256_maddubs_epi16(u[3], bcast4(q + 12))));
+            __m256i hi = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u[4], bcast4(q + 16)),
+                                                           _mm256_maddubs_epi16(u[5], bcast4(q + 20))),
+                                          _mm256_add_epi16(_mm256_maddubs_epi16(u[6], bcast4(q + 24)),
+                                                           _mm256_maddubs_epi16(u[7], bcast4(q + 28))));
             __m256i isum =
-                _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(s01, s23), _mm256_add_epi16(s45, s67)), ones);
+                _mm256_sub_epi32(_mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones)), off);
 #endif
-#undef SX
             acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, bcastf(xb + X_D)), acc[c]);
         }
     }
