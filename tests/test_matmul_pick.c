@@ -29,7 +29,7 @@
 
 static const uint32_t weight_types[] = {LM_TYPE_F32,  LM_TYPE_F16,  LM_TYPE_BF16, LM_TYPE_Q8_0,
                                         LM_TYPE_Q4_0, LM_TYPE_Q5_0, LM_TYPE_Q4_1, LM_TYPE_Q5_1,
-                                        LM_TYPE_Q4_K, LM_TYPE_Q5_K, LM_TYPE_Q6_K};
+                                        LM_TYPE_Q4_K, LM_TYPE_Q5_K, LM_TYPE_Q6_K, LM_TYPE_MXFP4};
 #define N_WEIGHT_TYPES (sizeof weight_types / sizeof weight_types[0])
 
 /* ---- the rule as ops_matmul had it --------------------------------------------- */
@@ -114,19 +114,23 @@ static void test_pick_spelled(void) {
     kernels_use(LM_ISA_SCALAR);
     WANT(LM_TYPE_Q4_0, 1, 576, "dot (none) (none)");
     WANT(LM_TYPE_F16, 300, 576, "dot (none) (none)");
-    CHECK(!kernels_matmul_packs(LM_TYPE_Q4_0));
+    WANT(LM_TYPE_MXFP4, 5, 2880, "dot (none) (none)");
+    CHECK(!kernels_matmul_packs(LM_TYPE_Q4_0) && !kernels_matmul_packs(LM_TYPE_MXFP4));
     if (kernels_use(LM_ISA_AVX2) == 0) {
         WANT(LM_TYPE_Q4_0, 1, 576, "packed (none) packed");
         WANT(LM_TYPE_Q4_K, 10, 2048, "packed packed packed");
         WANT(LM_TYPE_F16, 301, 576, "packed packed packed"); /* tiles of 6 */
         WANT(LM_TYPE_Q6_K, 8, 2048, "gemm (none) (none)");
+        WANT(LM_TYPE_MXFP4, 1, 2880, "packed (none) packed");
         CHECK(kernels_matmul_packs(LM_TYPE_Q4_K) && kernels_matmul_packs(LM_TYPE_F16));
+        CHECK(kernels_matmul_packs(LM_TYPE_MXFP4));
         CHECK(!kernels_matmul_packs(LM_TYPE_Q6_K) && !kernels_matmul_packs(LM_TYPE_F32));
     }
     if (kernels_use(LM_ISA_AVX512) == 0) {
         WANT(LM_TYPE_Q4_0, 1, 576, "pair (none) pair");
         WANT(LM_TYPE_Q4_0, 8, 576, "packed packed (none)");
         WANT(LM_TYPE_Q4_0, 10, 576, "packed packed pair");
+        WANT(LM_TYPE_MXFP4, 10, 2880, "packed packed packed"); /* no pair tile */
         WANT(LM_TYPE_Q4_K, 6, 2048, "packed (none) packed");
         WANT(LM_TYPE_F16, 23, 576, "packed packed packed"); /* tiles of 12 */
         WANT(LM_TYPE_F16, 24, 576, "panel (none) (none)");
