@@ -109,15 +109,25 @@
  *                      leading system message as the developer message's
  *                      "# Instructions", answers in the final channel
  *                      (<|start|>assistant<|channel|>final<|message|>A<|end|>).
- *                      The generation prompt is <|start|>assistant. See
- *                      chat_harmony.c for what it writes in full.
+ *                      The generation prompt is <|start|>assistant. The
+ *                      date and the reasoning effort are lm_chat_conv's
+ *                      (chat_render_conv, chat_prompt); chat_render writes
+ *                      today's date and the default effort, medium. Tools,
+ *                      calls, results and an answer's reasoning
+ *                      (lm_chat_xmsg.reasoning) as chat_harmony.c says;
+ *                      one difference: a tool without a description is
+ *                      written with an empty one (jinja2 raises there,
+ *                      llama.cpp's engine writes ""). Detected by
+ *                      <|channel|> with <|start|>.
  *
  * Where the real template raises an exception, chat_render fails with a
  * message: roles not alternating user/assistant (after an optional leading
  * system message) in llama2, mistral-* and gemma, a system message later in
- * the conversation in mistral-*. Where the real template silently drops a
- * message (llama2 ignores a system message at an odd position), so does
- * lamina. Roles other than system/user/assistant, a NULL role or content,
+ * the conversation in mistral-*; in gpt-oss, channel tags in an answer, a
+ * tool result with no call before it, tool calls with both content and
+ * reasoning. Where the real template silently drops a message (llama2
+ * ignores a system message at an odd position, gpt-oss every system message
+ * after the first), so does lamina. Roles other than system/user/assistant, a NULL role or content,
  * and an empty conversation are errors in every family.
  *
  * Contents are copied byte for byte; "trim"/"strip" removes leading and
@@ -411,8 +421,9 @@ int chat_render_tools(int family, const char *template_text, const lm_chat_xmsg 
 int chat_apply_tools(int family, const char *text, const lm_tokenizer *tok, const lm_chat_xmsg *msgs, int n,
                      const char *const *tools, int n_tools, char **out, bool *add_bos, char *err, size_t errlen);
 
-/* A conversation as the server receives it: messages, tools, and the one
- * template switch requests set (chat_template_kwargs.enable_thinking). */
+/* A conversation as the server receives it: messages, tools, and what
+ * requests set beside them for a template (chat_template_kwargs'
+ * enable_thinking, reasoning_effort) or a test fixes (the date). */
 typedef struct {
     const lm_chat_xmsg *msgs; /* (n) */
     int n;
