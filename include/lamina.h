@@ -215,6 +215,7 @@ typedef struct {
     bool thinking_off;            /* Qwen3's and Qwen3.5's enable_thinking=False; others ignore it */
     const char *date;             /* "YYYY-MM-DD": the day a template writes as today's (gpt-oss);
                                      NULL: today, local time */
+    const char *model_identity;   /* gpt-oss's first system line; NULL: the template's own */
 } lm_chat_options;
 LM_API void lm_chat_options_init(lm_chat_options *o, size_t size);
 #define lm_chat_options_default(o) lm_chat_options_init((o), sizeof *(o))

@@ -416,7 +416,7 @@ static void test_chat_render_opts(void) {
     lm_chat_msg msgs[] = {{"system", "Be brief."}, {"user", "Hi"}};
     lm_chat_options o;
     lm_chat_options_default(&o);
-    CHECK(o.size == sizeof o && !o.reasoning_effort && !o.thinking_off && !o.date);
+    CHECK(o.size == sizeof o && !o.reasoning_effort && !o.thinking_off && !o.date && !o.model_identity);
     o.reasoning_effort = "high";
     o.date = "2025-08-05";
     CHECKF(lm_chat_render_opts(model, "gpt-oss", msgs, 2, &o, &out, err, sizeof err) == LM_OK, "%s", err);
@@ -429,6 +429,10 @@ static void test_chat_render_opts(void) {
     if (same) fprintf(stderr, "  gpt-oss gave: %s\n", out);
     lm_string_free(out);
     CHECK(same == 0);
+    o.model_identity = "You are X.";
+    CHECK(lm_chat_render_opts(model, "gpt-oss", msgs, 2, &o, &out, err, sizeof err) == LM_OK);
+    CHECK(!strncmp(out, "<|start|>system<|message|>You are X.\nKnowledge cutoff: 2024-06\n", 60));
+    lm_string_free(out);
     /* the options a family has no place for change nothing; thinking_off does for Qwen3 */
     char *plain = NULL;
     CHECK(lm_chat_render(model, "qwen3", msgs, 2, &plain, err, sizeof err) == LM_OK);

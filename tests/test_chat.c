@@ -207,7 +207,7 @@ static int render_golden(int family, bool by_family, const char *tmpl, const con
                          : chat_render_template(tmpl, c->msgs, c->n, gen, bos, eos, out, err, errlen);
     lm_chat_xmsg x[MAX_MSGS];
     for (int i = 0; i < c->n; i++) x[i] = (lm_chat_xmsg){c->msgs[i].role, c->msgs[i].content, NULL, 0, NULL, NULL};
-    lm_chat_conv cv = {x, c->n, NULL, 0, false, NULL, GOLDEN_DATE};
+    lm_chat_conv cv = {.msgs = x, .n = c->n, .date = GOLDEN_DATE};
     return chat_render_conv(by_family ? family : -1, by_family ? NULL : tmpl, &cv, gen, bos, eos, out, err, errlen);
 }
 
@@ -928,6 +928,7 @@ static void free_convs(void) {
  * reasoning_effort ("effort") and the goldens' date. */
 typedef struct {
     char tid[64], name[64], bos[32], eos[32], effort[16];
+    char *identity; /* model_identity, or NULL */
     int gen;
     char *tools[8];
     int n_tools;
@@ -951,6 +952,7 @@ static void tool_case_free(tool_case *c) {
         }
     }
     free(c->expect);
+    free(c->identity);
     memset(c, 0, sizeof *c);
 }
 
@@ -987,7 +989,8 @@ static void tools_golden_file(const char *path, int by_family, int *n_cases, int
                                    .tools = (const char *const *)c.tools,
                                    .n_tools = c.n_tools,
                                    .reasoning_effort = c.effort[0] ? c.effort : NULL,
-                                   .date = GOLDEN_DATE};
+                                   .date = GOLDEN_DATE,
+                                   .model_identity = c.identity};
                 int rc = chat_render_conv(by_name ? fam : -1, by_name ? NULL : tmpl, &cv, c.gen, bos, eos, &out, err,
                                           sizeof err);
                 if (c.expect) {
@@ -1026,6 +1029,8 @@ static void tools_golden_file(const char *path, int by_family, int *n_cases, int
             k->name = strdup(b);
             CHECK((k->arguments = take_counted(&p, len)));
         } else if (sscanf(line, "effort %15s", c.effort) == 1) {
+        } else if (sscanf(line, "identity %zu", &len) == 1) {
+            CHECK((c.identity = take_counted(&p, len)));
         } else if (sscanf(line, "think %zu", &len) == 1) {
             CHECK(c.n > 0 && (c.m[c.n - 1].reasoning = take_counted(&p, len)));
         } else if (sscanf(line, "callid %63s", a) == 1) {

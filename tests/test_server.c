@@ -1445,6 +1445,15 @@ static void test_reasoning_fields(void) {
         int rc = parse(true, bad[i].body, &r, &e);
         CHECKF(rc == -1 && e.status == 400 && !strcmp(e.param, bad[i].param), "bad %zu: %s", i, e.param);
     }
+    /* chat_template_kwargs.model_identity: gpt-oss's first system line */
+    CHECK(parse(true, "{" CHAT_A ", \"chat_template_kwargs\": {\"model_identity\": \"You are X.\"}}", &r, &e) == 0);
+    lm_chat_conv idc = {.msgs = user_a, .n = 1, .model_identity = "You are X."};
+    CHECK(same_conv(&r, CHAT_GPT_OSS, &idc));
+    idc.model_identity = NULL;
+    CHECK(!same_conv(&r, CHAT_GPT_OSS, &idc));
+    server_request_free(&r);
+    CHECK(parse(true, "{" CHAT_A ", \"chat_template_kwargs\": {\"model_identity\": 1}}", &r, &e) == -1 &&
+          e.status == 400 && !strcmp(e.param, "chat_template_kwargs"));
     /* families without the input accept and ignore it */
     ctx.chat_family = CHAT_CHATML;
     CHECK(parse(true, "{" CHAT_A ", \"reasoning_effort\": \"low\"}", &r, &e) == 0);

@@ -271,7 +271,8 @@ lm_status lm_chat_render_opts(const lm_model *m, const char *tmpl, const lm_chat
                              .n = n,
                              .thinking_off = opt.thinking_off,
                              .reasoning_effort = opt.reasoning_effort,
-                             .date = opt.date};
+                             .date = opt.date,
+                             .model_identity = opt.model_identity};
         rc = chat_prompt(t.family, t.text, m->tok, &conv, out, &add_bos, err, errlen);
         lm_free(x);
     }

@@ -387,7 +387,8 @@ static int chat_family_of(const lm_server_parse_ctx *c) {
 
 /* Render the conversation and tokenize it (chat.h's BOS rule). */
 static int render_messages(const lm_server_parse_ctx *c, const lm_chat_xmsg *msgs, int n, const srv_tools *tools,
-                           bool thinking_off, const char *effort, lm_server_request *r, lm_server_error *e) {
+                           bool thinking_off, const char *effort, const char *identity, lm_server_request *r,
+                           lm_server_error *e) {
     const lm_tokenizer *tok = c->tok;
     char *text = NULL, err[LM_ERRLEN];
     bool add_bos;
@@ -396,7 +397,8 @@ static int render_messages(const lm_server_parse_ctx *c, const lm_chat_xmsg *msg
                          .tools = (const char *const *)tools->json,
                          .n_tools = tools->n,
                          .thinking_off = thinking_off,
-                         .reasoning_effort = effort};
+                         .reasoning_effort = effort,
+                         .model_identity = identity};
     if (chat_prompt(c->chat_family, c->chat_template, tok, &conv, &text, &add_bos, err, sizeof err))
         return BAD("messages", "%s", err);
     int32_t *ids = NULL;
@@ -500,8 +502,8 @@ static int parse_messages(const lm_server_parse_ctx *c, const cJSON *root, const
                             c->chat_error ? c->chat_error : "this model has no usable chat template");
     /* chat_template_kwargs: {"enable_thinking": false} turns reasoning off
      * where the template has that switch (chat_thinking_off); reasoning_effort
-     * (parse_effort); other keys and other families: ignored, as templates
-     * ignore variables they never read */
+     * (parse_effort) and model_identity (gpt-oss); other keys and other
+     * families: ignored, as templates ignore variables they never read */
     const cJSON *kw = field(root, "chat_template_kwargs"), *think = kw ? field(kw, "enable_thinking") : NULL;
     if (kw && !cJSON_IsNull(kw) && !cJSON_IsObject(kw))
         return BAD("chat_template_kwargs", "'chat_template_kwargs' must be an object");
@@ -510,6 +512,9 @@ static int parse_messages(const lm_server_parse_ctx *c, const cJSON *root, const
     bool thinking_off = think && cJSON_IsFalse(think);
     const char *effort;
     if (parse_effort(root, kw, &effort, e)) return -1;
+    const cJSON *ident = kw ? field(kw, "model_identity") : NULL; /* gpt-oss's first system line */
+    if (ident && !cJSON_IsString(ident))
+        return BAD("chat_template_kwargs", "'chat_template_kwargs.model_identity' must be a string");
     r->prompts = lm_calloc(1, sizeof(int32_t *));
     r->n_prompt = lm_calloc(1, sizeof(int));
     r->echo_text = lm_calloc(1, sizeof(char *));
@@ -557,7 +562,7 @@ static int parse_messages(const lm_server_parse_ctx *c, const cJSON *root, const
             msgs[i].call_id = id ? id->valuestring : NULL;
         }
     }
-    rc = render_messages(c, msgs, n, tools, thinking_off, effort, r, e);
+    rc = render_messages(c, msgs, n, tools, thinking_off, effort, ident ? ident->valuestring : NULL, r, e);
 done:
     for (int k = 0; k < n && contents; k++) lm_free(contents[k]);
     for (int k = 0; k < n && msgs; k++) lm_free((void *)msgs[k].calls);

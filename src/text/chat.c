@@ -456,7 +456,7 @@ static int render_gpt_oss(const rctx *c, sbuf *b, char *err, size_t errlen) {
         return 0;
     }
     for (int i = 0; i < c->n; i++) x[i] = (lm_chat_xmsg){c->m[i].role, c->m[i].content, NULL, 0, NULL, NULL};
-    int rc = chat_render_harmony(x, c->n, NULL, 0, NULL, NULL, c->gen, b, err, errlen);
+    int rc = chat_render_harmony(x, c->n, NULL, 0, NULL, c->gen, b, err, errlen);
     lm_free(x);
     return rc;
 }

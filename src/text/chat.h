@@ -433,6 +433,8 @@ typedef struct {
     /* gpt-oss's template inputs (other families have none and ignore them): */
     const char *reasoning_effort; /* "low", "medium" or "high"; NULL: the template's default, medium */
     const char *date;             /* "YYYY-MM-DD" for strftime_now; NULL: today, local time */
+    const char *model_identity;   /* the system message's first line; NULL: the template's ("You are
+                                     ChatGPT, a large language model trained by OpenAI.") */
 } lm_chat_conv;
 
 /* A reasoning effort gpt-oss's template takes: "low", "medium" or "high". */

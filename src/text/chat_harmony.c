@@ -7,7 +7,7 @@
  *
  * What the template writes, in order:
  *   1. its own system message: <|start|>system<|message|> the model
- *      identity, "Knowledge cutoff: 2024-06", "Current date: YYYY-MM-DD"
+ *      identity (the caller's, or the template's), "Knowledge cutoff: 2024-06", "Current date: YYYY-MM-DD"
  *      (strftime_now: the caller's date, or today's in local time),
  *      "Reasoning: EFFORT" (default medium), the valid channels, and with
  *      tools the line that sends calls to the commentary channel; <|end|>;
@@ -316,14 +316,15 @@ static void today(char buf[16]) {
 }
 
 /* build_system_message() inside <|start|>system<|message|> ... <|end|>. */
-static void put_system(strbuf *b, const char *effort, const char *date, bool tools) {
+static void put_system(strbuf *b, const lm_chat_conv *o, bool tools) {
     char day[16];
+    const char *date = o ? o->date : NULL, *effort = o ? o->reasoning_effort : NULL;
     if (!date) {
         today(day);
         date = day;
     }
     strbuf_puts(b, "<|start|>system<|message|>");
-    strbuf_puts(b, IDENTITY);
+    strbuf_puts(b, o && o->model_identity ? o->model_identity : IDENTITY);
     strbuf_puts(b, "\nKnowledge cutoff: 2024-06\nCurrent date: ");
     strbuf_puts(b, date);
     strbuf_puts(b, "\n\nReasoning: ");
@@ -363,8 +364,8 @@ static int put_call_turn(const lm_chat_xmsg *m, int i, int n, strbuf *b, char *e
     return 0;
 }
 
-int chat_render_harmony(const lm_chat_xmsg *m, int n, const char *const *tools, int n_tools, const char *effort,
-                        const char *date, bool gen, strbuf *b, char *err, size_t errlen) {
+int chat_render_harmony(const lm_chat_xmsg *m, int n, const char *const *tools, int n_tools, const lm_chat_conv *opts,
+                        bool gen, strbuf *b, char *err, size_t errlen) {
     /* the template checks each assistant message as its turn comes; no
      * output is kept on an error, so checking first is the same */
     for (int i = 0; i < n; i++)
@@ -372,7 +373,7 @@ int chat_render_harmony(const lm_chat_xmsg *m, int n, const char *const *tools, 
             if (has_channel_tags(m[i].content)) return lm_err(err, errlen, CHANNEL_MARKERS_ERR, i, "content");
             if (has_channel_tags(m[i].reasoning)) return lm_err(err, errlen, CHANNEL_MARKERS_ERR, i, "reasoning");
         }
-    put_system(b, effort, date, n_tools > 0);
+    put_system(b, opts, n_tools > 0);
     /* developer_message = messages[0].content when it is a system message */
     int first = is_role(&m[0], "system");
     const char *dev = first ? m[0].content : "";

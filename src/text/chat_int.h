@@ -40,10 +40,11 @@ int chat_render_qwen35(const lm_chat_xmsg *m, int n, const char *const *tools, i
                        char *err, size_t errlen);
 
 /* The gpt-oss family (chat.h, chat_harmony.c) over checked messages, as
- * chat_render_qwen35; effort and date NULL for the template's defaults
- * (medium, today's date). -1 with a message in err where the template
- * raises. */
-int chat_render_harmony(const lm_chat_xmsg *m, int n, const char *const *tools, int n_tools, const char *effort,
-                        const char *date, bool gen, strbuf *b, char *err, size_t errlen);
+ * chat_render_qwen35, with the template inputs of opts (reasoning_effort,
+ * date, model_identity; opts NULL or a field NULL: the template's defaults,
+ * medium, today's date, its identity). -1 with a message in err where the
+ * template raises. */
+int chat_render_harmony(const lm_chat_xmsg *m, int n, const char *const *tools, int n_tools, const lm_chat_conv *opts,
+                        bool gen, strbuf *b, char *err, size_t errlen);
 
 #endif

@@ -129,7 +129,7 @@ static int apply_conv(int family, const char *text, const lm_tokenizer *tok, con
 
 int chat_apply_tools(int family, const char *text, const lm_tokenizer *tok, const lm_chat_xmsg *msgs, int n,
                      const char *const *tools, int n_tools, char **out, bool *add_bos, char *err, size_t errlen) {
-    lm_chat_conv conv = {msgs, n, tools, n_tools, false, NULL, NULL};
+    lm_chat_conv conv = {.msgs = msgs, .n = n, .tools = tools, .n_tools = n_tools};
     return apply_conv(family, text, tok, &conv, out, add_bos, err, errlen);
 }
 

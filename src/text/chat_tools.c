@@ -959,7 +959,7 @@ static int render_plain(int family, const char *template_text, const lm_chat_xms
 int chat_render_tools(int family, const char *template_text, const lm_chat_xmsg *msgs, int n, const char *const *tools,
                       int n_tools, bool add_generation_prompt, const char *bos_text, const char *eos_text, char **out,
                       char *err, size_t errlen) {
-    lm_chat_conv conv = {msgs, n, tools, n_tools, false, NULL, NULL};
+    lm_chat_conv conv = {.msgs = msgs, .n = n, .tools = tools, .n_tools = n_tools};
     return chat_render_conv(family, template_text, &conv, add_generation_prompt, bos_text, eos_text, out, err, errlen);
 }
 
@@ -995,9 +995,9 @@ int chat_render_conv(int family, const char *template_text, const lm_chat_conv *
         return rc;
     }
     strbuf b = {0};
-    int rc = syntax == CHAT_TOOLS_HARMONY ? chat_render_harmony(msgs, n, tools, n_tools, conv->reasoning_effort,
-                                                                conv->date, add_generation_prompt, &b, err, errlen)
-        : syntax == CHAT_TOOLS_LLAMA3     ? render_llama3_tools(msgs, n, tools, n_tools, add_generation_prompt, bos, &b)
+    int rc = syntax == CHAT_TOOLS_HARMONY
+        ? chat_render_harmony(msgs, n, tools, n_tools, conv, add_generation_prompt, &b, err, errlen)
+        : syntax == CHAT_TOOLS_LLAMA3 ? render_llama3_tools(msgs, n, tools, n_tools, add_generation_prompt, bos, &b)
         : syntax == CHAT_TOOLS_XML
         ? chat_render_qwen35(msgs, n, tools, n_tools, add_generation_prompt, &b, err, errlen)
         : render_mistral_tools(msgs, n, tools, n_tools, fam == CHAT_MISTRAL_V3_TEKKEN, bos, eos, &b, err, errlen);

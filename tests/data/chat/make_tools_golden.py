@@ -243,6 +243,9 @@ HARMONY = [
 ]
 # kwargs of some cases: (name, reasoning_effort)
 HARMONY_EFFORT = [("harmony_reasoning", "low"), ("harmony_calls", "high"), ("harmony_late_system", "medium")]
+# ... and the template's model_identity: (name, text)
+HARMONY_IDENTITY = [("harmony_reasoning_empty", "You are Lamina, a test model.\nSecond line \u00e9."),
+                    ("harmony_late_system", "")]
 EXTRA["gpt-oss-120b"] = HARMONY
 
 
@@ -291,7 +294,7 @@ def silent_desc(tools):
     return out
 
 
-def cases(env, text, tid, bos, eos, convs, efforts=()):
+def cases(env, text, tid, bos, eos, convs, efforts=(), identities=()):
     out = []
     tmpl = env.from_string(text)
     for name, tools, msgs in convs:
@@ -300,9 +303,14 @@ def cases(env, text, tid, bos, eos, convs, efforts=()):
             effort = dict(efforts).get(name)
             if effort:
                 kw["reasoning_effort"] = effort
+            identity = dict(identities).get(name)
+            if identity is not None:
+                kw["model_identity"] = identity
             out.append("case %s %d %s %s %s\n" % (tid, gen, name, bos, eos))
             if effort:
                 out.append("effort %s\n" % effort)
+            if identity is not None:
+                out.append(blob("identity", identity))
             for t in tools:
                 out.append(blob("tool", json.dumps(t, ensure_ascii=True, separators=(",", ":"))))
             for role, content, calls, cid, *reasoning in msgs:
@@ -350,8 +358,10 @@ def main():
             text = f.read()
         ext = ["# Written by make_tools_golden.py from %s (jinja2 %s).\n" % (fname, jinja2.__version__)]
         effort = HARMONY_EFFORT if tid == "gpt-oss-120b" else ()
+        identity = HARMONY_IDENTITY if tid == "gpt-oss-120b" else ()
         write(os.path.join(OUT, "tools_golden_%s.txt" % tid), ext + cases(env, text, tid, bos, eos,
-                                                                          CONVS + EXTRA.get(tid, []), effort))
+                                                                          CONVS + EXTRA.get(tid, []), effort,
+                                                                          identity))
 
 
 if __name__ == "__main__":
