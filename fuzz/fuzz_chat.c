@@ -2,7 +2,10 @@
  * fuzz_chat.c - libFuzzer target for the chat template renderer
  * (text/chat.c): a template text and a conversation, both from the fuzzer's
  * bytes, go through chat_detect, chat_family_from_name, chat_render_template
- * and chat_render for one family.
+ * and chat_render for one family; and, as gpt-oss (chat_render_conv), the
+ * conversation with the template text as a tool's JSON, every assistant
+ * message carrying a call whose arguments are that text, its content the
+ * reasoning (the tool schema printer and the harmony renderer).
  *
  * Input layout: byte 0 is the options (bit 0: add_generation_prompt; bits
  * 1..4: the family rendered with chat_render, modulo CHAT_N_FAMILIES); the
@@ -89,6 +92,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     err[0] = '\0';
     out = (char *)1;
     check(chat_render(family, msgs, n, gen, "<s>", "</s>", &out, err, sizeof err), out, err);
+
+    lm_chat_xmsg x[MAX_MSGS];
+    lm_chat_call call = {"c1", "f", tmpl};
+    for (int i = 0; i < n; i++) {
+        bool asst = !strcmp(msgs[i].role, "assistant");
+        x[i] = (lm_chat_xmsg){.role = msgs[i].role,
+                              .content = msgs[i].content,
+                              .calls = asst && (opt & 32) ? &call : NULL,
+                              .n_calls = asst && (opt & 32),
+                              .reasoning = asst && (opt & 64) ? msgs[i].content : NULL};
+    }
+    lm_chat_conv conv = {
+        .msgs = x, .n = n, .tools = &tmpl, .n_tools = 1, .reasoning_effort = "low", .date = "2025-01-01"};
+    err[0] = '\0';
+    out = (char *)1;
+    check(chat_render_conv(CHAT_GPT_OSS, NULL, &conv, gen, NULL, NULL, &out, err, sizeof err), out, err);
 
     lm_chat_template t;
     err[0] = '\0';

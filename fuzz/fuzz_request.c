@@ -7,9 +7,10 @@
  *
  * The first input byte picks the route (bit 0: chat) and the chat template
  * (bit 1: a family by name, else a template text through chat_detect; with
- * bit 1, bit 3 picks llama3, bit 4 mistral-v3 and bit 5 qwen3 instead of
- * chatml, so that every tool-call syntax and the thinking switch are
- * reached); the rest is the body. Structured
+ * bit 1, bit 7 picks gpt-oss, bit 3 llama3, bit 4 mistral-v3, bit 5 qwen3
+ * and bit 6 qwen3.5 instead of chatml, so that every tool-call syntax, the
+ * thinking switch and the reasoning effort are reached); the rest is the
+ * body. Structured
  * outputs and tools: a grammar the parser accepts must compile, a trigger
  * comes only with tool calls, and tool calls only with a grammar.
  */
@@ -44,11 +45,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     lm_server_parse_ctx c = {
         .tok = tok, .n_ctx = 128, .model_name = "stories260K.gguf", .max_n = 8, .max_tokens_cap = (opt & 4) ? 64 : 0};
     if (opt & 2)
-        c.chat_family = (opt & 8) ? CHAT_LLAMA3
-            : (opt & 16)          ? CHAT_MISTRAL_V3
-            : (opt & 32)          ? CHAT_QWEN3
-            : (opt & 64)          ? CHAT_QWEN35
-                                  : CHAT_CHATML;
+        c.chat_family = (opt & 128) ? CHAT_GPT_OSS
+            : (opt & 8)             ? CHAT_LLAMA3
+            : (opt & 16)            ? CHAT_MISTRAL_V3
+            : (opt & 32)            ? CHAT_QWEN3
+            : (opt & 64)            ? CHAT_QWEN35
+                                    : CHAT_CHATML;
     else c.chat_family = -1, c.chat_template = ZEPHYR_TEMPLATE;
     lm_server_request r;
     lm_server_error e;

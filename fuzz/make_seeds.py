@@ -78,6 +78,16 @@ def chat_seeds():
     write("fuzz_chat", "think_qwen3", chat_input(21, b"<|im_start|></think>", think))
     write("fuzz_chat", "think_deepseek_r1", chat_input(25, "<｜Assistant｜></think>".encode(), think))
     write("fuzz_chat", "name_deepseek3", chat_input(1, b"deepseek3", CONV + [(b"system", b"late")]))
+    # gpt-oss: the template field is also a tool's JSON (its schema printed as
+    # TypeScript); bits 5 and 6 give the answers calls and reasoning
+    schema = (b'{"type":"function","function":{"name":"f","description":"d","parameters":{"type":"object",'
+              b'"properties":{"a":{"type":"array","items":{"type":"object","properties":{"x":{"type":"number"}}}},'
+              b'"b":{"oneOf":[{"type":"string","default":"q"},{"type":"integer"}]},"c":{"type":["string","null"]},'
+              b'"d":{"type":"string","enum":["p",1,true],"default":"p"},"e":{"type":"object","required":["f"],'
+              b'"properties":{"f":{"type":"boolean"}}}},"required":["a"]}}}')
+    write("fuzz_chat", "harmony_tools", chat_input(1 | 32 | 64, schema,
+                                                   CONV + [(b"assistant", b"<|channel|>final<|message|>x"),
+                                                           (b"tool", b"r"), (b"user", b"q")]))
 
 
 def checkpoint(dim=8, hidden=16, layers=1, heads=2, kv=2, vocab=8, seq=4, shared=True):
@@ -180,6 +190,13 @@ REQUESTS = {
                         b'"<think>r</think>a"},{"role":"user","content":"q2"}],'
                         b'"chat_template_kwargs":{"enable_thinking":false,"x":[1]}}'),
     "thinking_bad": (35, b'{"messages":[{"role":"user","content":"q"}],"chat_template_kwargs":{"enable_thinking":0}}'),
+    "harmony": (131, b'{"messages":[{"role":"system","content":"s"},{"role":"user","content":"q"},{"role":"assistant",'
+                     b'"content":"c","reasoning_content":"r","tool_calls":[{"id":"1","type":"function","function":'
+                     b'{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"1","content":"ok"},'
+                     b'{"role":"assistant","content":"a","thinking":"t"}],"tools":[{"type":"function","function":'
+                     b'{"name":"f","description":"d"}}],"reasoning_effort":"high","chat_template_kwargs":'
+                     b'{"reasoning_effort":"low","model_identity":"You are X."}}'),
+    "harmony_bad": (131, b'{"messages":[{"role":"assistant","content":"a","reasoning":5}],"reasoning_effort":"max"}'),
 }
 
 
