@@ -24,7 +24,9 @@
  * YaRN scaling (llama, qwen2/3 and their MoE, deepseek2) takes its angles
  * from ops_rope_angles_yarn, the cos and sin scaled by its magnitude factor.
  * A layer with experts replaces the FFN by moe_ffn (moe.h) between the same
- * norm and residual add.
+ * norm and residual add. gpt-oss adds a bias to the output product too (after
+ * the tensor-parallel sum), alternates windowed and whole-context layers and
+ * runs YaRN RoPE on one base.
  * A layer with latent attention (deepseek2) replaces the Q/K/V products,
  * RoPE, the cache write and attention by mla_attn (mla.h), whose heads'
  * outputs go through Wo as above; its cache rows are the pool's latent
@@ -519,6 +521,7 @@ static int attn_block(pass *p, const lm_layer *l, int li, char *err, size_t errl
     /* hb as a temporary of n_embd per token */
     ops_matmul(f->pool, f->hb, &l->wo, f->xb, p->n, f->act);
     if (reduce(p, f->hb, err, errlen)) return -1;
+    add_bias(f->hb, l->bo, p->n, f->m->hp.n_embd); /* gpt-oss: once, on the whole sum */
     run_rows(f, l, ROWS_ATTN_OUT, p->n);
     prof(p, LM_PROF_WO);
     return 0;

@@ -43,6 +43,7 @@ const char *model_arch_name(lm_arch a) {
         case LM_ARCH_QWEN2MOE: return "qwen2moe";
         case LM_ARCH_QWEN3MOE: return "qwen3moe";
         case LM_ARCH_DEEPSEEK2: return "deepseek2";
+        case LM_ARCH_GPT_OSS: return "gpt-oss";
     }
     return "unknown";
 }
@@ -261,11 +262,13 @@ static int load_weight(loader *L, const char *name, int64_t cols, int64_t rows, 
     return 0;
 }
 
-/* A 1-D float vector (norm weight or bias) of n elements, converted to F32
- * into the model's slab. *out stays NULL when optional and absent. */
-static int load_vec(loader *L, const char *name, int64_t n, bool required, const float **out) {
+/* A float tensor of ne0 x max(ne1, 1) elements (a norm weight or bias; ne1
+ * 0: 1-D), converted to F32 into the model's slab, row after row. *out
+ * stays NULL when optional and absent. */
+static int load_floats(loader *L, const char *name, int64_t ne0, int64_t ne1, bool required, const float **out) {
     *out = NULL;
-    const gguf_tensor *t = find_shaped(L, name, n, 0, required);
+    const int64_t n = ne0 * (ne1 > 0 ? ne1 : 1);
+    const gguf_tensor *t = find_shaped(L, name, ne0, ne1, required);
     if (!t) {
         if (!required && !gguf_find_tensor(L->m->gguf, name)) return 0;
         return -1;
@@ -283,12 +286,17 @@ static int load_vec(loader *L, const char *name, int64_t n, bool required, const
     return 0;
 }
 
+/* A 1-D float vector (norm weight or bias) of n elements (load_floats). */
+static int load_vec(loader *L, const char *name, int64_t n, bool required, const float **out) {
+    return load_floats(L, name, n, 0, required, out);
+}
+
 /* Experts: llama files may have them (Mixtral: experts as wide as
  * feed_forward_length), qwen2moe and qwen3moe must. */
 static int read_moe_hparams(loader *L, const char *arch) {
     lm_hparams *hp = &L->m->hp;
     bool qmoe = hp->arch == LM_ARCH_QWEN2MOE || hp->arch == LM_ARCH_QWEN3MOE || hp->arch == LM_ARCH_QWEN35MOE ||
-        hp->arch == LM_ARCH_QWEN3NEXT;
+        hp->arch == LM_ARCH_QWEN3NEXT || hp->arch == LM_ARCH_GPT_OSS;
     bool shexp = hp->arch == LM_ARCH_QWEN2MOE || hp->arch == LM_ARCH_QWEN35MOE || hp->arch == LM_ARCH_QWEN3NEXT;
     if (get_hp_int(L, arch, "expert_count", 0, 0, 4096, &hp->n_expert)) return -1;
     if (hp->n_expert == 0) {
@@ -308,6 +316,11 @@ static int read_moe_hparams(loader *L, const char *arch) {
     if (scale != 0.0f && scale != 1.0f)
         return unsupported(L), lm_err(L->err, L->errlen, "expert weights scale %g is not supported", scale);
     hp->moe_norm_w = hp->arch != LM_ARCH_QWEN2MOE; /* qwen2moe keeps the softmax probabilities as they are */
+    if (hp->arch == LM_ARCH_GPT_OSS) {             /* softmax over the chosen (sum 1 already), the clamped SwiGLU */
+        hp->moe_norm_w = false;
+        hp->moe_topk_softmax = true;
+        hp->swiglu_oai = true;
+    }
     return 0;
 }
 
@@ -597,11 +610,15 @@ static int read_hparams(loader *L) {
     } else if (strcmp(arch, "qwen3next") == 0) {
         hp->arch = LM_ARCH_QWEN3NEXT;
         hp->rope_style = LM_ROPE_NEOX;
+    } else if (strcmp(arch, "gpt-oss") == 0) {
+        hp->arch = LM_ARCH_GPT_OSS;
+        hp->rope_style = LM_ROPE_NEOX;
     } else {
         return unsupported(L),
                lm_err(L->err, L->errlen,
                       "unsupported architecture '%s' (lamina runs llama, qwen2, "
-                      "qwen3, qwen35, qwen2moe, qwen3moe, qwen35moe, qwen3next, gemma2, gemma3, phi3 and deepseek2)",
+                      "qwen3, qwen35, qwen2moe, qwen3moe, qwen35moe, qwen3next, gemma2, gemma3, phi3, deepseek2 and "
+                      "gpt-oss)",
                       arch);
     }
     const int64_t big = 1 << 20;
@@ -645,6 +662,13 @@ static int read_hparams(loader *L) {
             get_hp_float(L, arch, "rope.freq_base_swa", 10000.0, &hp->rope_base_swa))
             return -1;
     }
+    /* gpt-oss: a window on every layer but each pattern-th (2: alternate, layer 0 local), as llama.cpp
+     * lays it out; both kinds on one RoPE unless the file gives the local layers their own base */
+    if (hp->arch == LM_ARCH_GPT_OSS &&
+        (get_hp_int(L, arch, "attention.sliding_window", -1, 1, 1 << 30, &hp->swa_window) ||
+         get_hp_int(L, arch, "attention.sliding_window_pattern", 2, 1, 4096, &hp->swa_pattern) ||
+         get_hp_float(L, arch, "rope.freq_base_swa", hp->rope_base, &hp->rope_base_swa)))
+        return -1;
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     bool hybrid = hp->arch == LM_ARCH_QWEN35 || hp->arch == LM_ARCH_QWEN35MOE || hp->arch == LM_ARCH_QWEN3NEXT;
     if (hybrid && read_hybrid_hparams(L, arch)) return -1;
@@ -851,6 +875,46 @@ static int load_mla_layer(loader *L, int i, lm_layer *l) {
     return 0;
 }
 
+/* A gpt-oss layer (model.h): attention with biases on Q, K, V and the
+ * output and a sink per query head, post_attention_norm before the experts,
+ * whose router and three products carry biases (the experts' as 2-D
+ * tensors, a row per expert). */
+static int load_gptoss_layer(loader *L, int i, lm_layer *l) {
+    lm_model *m = L->m;
+    const lm_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd, Q = dim_len(hp, DIM_Q), KV = dim_len(hp, DIM_KV);
+    const int64_t X = hp->n_expert, F = hp->n_ff_exp;
+    char name[96];
+#define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, i), name)
+    if (load_vec(L, NAME("attn_norm.weight"), E, true, &l->attn_norm) ||
+        load_weight(L, NAME("attn_q.weight"), E, Q, &l->wq) || load_vec(L, NAME("attn_q.bias"), Q, true, &l->bq) ||
+        load_weight(L, NAME("attn_k.weight"), E, KV, &l->wk) || load_vec(L, NAME("attn_k.bias"), KV, true, &l->bk) ||
+        load_weight(L, NAME("attn_v.weight"), E, KV, &l->wv) || load_vec(L, NAME("attn_v.bias"), KV, true, &l->bv) ||
+        load_weight(L, NAME("attn_output.weight"), Q, E, &l->wo) ||
+        load_vec(L, NAME("attn_output.bias"), E, true, &l->bo) ||
+        load_vec(L, NAME("attn_sinks.weight"), hp->n_head, true, &l->sinks) ||
+        load_vec(L, NAME("post_attention_norm.weight"), E, true, &l->ffn_norm) || load_moe(L, i, l))
+        return -1;
+    lm_moe *moe = l->moe;
+    if (load_vec(L, NAME("ffn_gate_inp.bias"), X, true, &moe->gate_inp_b) ||
+        load_floats(L, NAME("ffn_gate_exps.bias"), F, X, true, &moe->gate_b) ||
+        load_floats(L, NAME("ffn_up_exps.bias"), F, X, true, &moe->up_b) ||
+        load_floats(L, NAME("ffn_down_exps.bias"), E, X, true, &moe->down_b))
+        return -1;
+    moe->b_stride = (int)F;
+    /* the attention kernel does not take sinks yet: only sinks of -inf (no term in the softmax's
+     * denominator) are run, so that no file computes another function than its own */
+    for (int h = 0; h < hp->n_head; h++)
+        if (l->sinks[h] != -INFINITY)
+            return unsupported(L),
+                   lm_err(L->err, L->errlen,
+                          "tensor '%s': attention sinks are not supported yet (only sinks of -inf, which "
+                          "change nothing)",
+                          NAME("attn_sinks.weight"));
+#undef NAME
+    return 0;
+}
+
 /* The conv taps of a recurrent layer: the file's ssm_conv1d (conv rows of
  * K taps) as floats, transposed to (K, conv) into the vector slab. */
 static int load_conv(loader *L, const char *name, int64_t K, int64_t conv, const float **out) {
@@ -983,6 +1047,10 @@ static int load_tensors(loader *L) {
              2 * (size_t)hp->ssm_hv + (size_t)hp->ssm_dv);
     /* the first MTP layer's norms (attention, FFN, shared-expert gate, enorm, hnorm, head_norm) */
     if (hp->n_layer_mtp) L->f32_cap += 2 * (size_t)hp->head_dim + 6 * (size_t)E;
+    /* gpt-oss: the output bias, the sinks, the router's and the experts' biases */
+    if (hp->arch == LM_ARCH_GPT_OSS)
+        L->f32_cap += (size_t)hp->n_layer *
+            ((size_t)E + (size_t)hp->n_head + (size_t)hp->n_expert * (1 + 2 * (size_t)hp->n_ff_exp + (size_t)E));
     m->f32 = lm_malloc(L->f32_cap * sizeof(float));
     m->layers = lm_calloc((size_t)hp->n_layer, sizeof(lm_layer));
     m->layer_local = lm_calloc((size_t)hp->n_layer, 1);
@@ -1032,7 +1100,9 @@ static int load_tensors(loader *L) {
             if (report(L, 0.05 + 0.15 * (i + 1) / hp->n_layer)) return -1;
             continue;
         }
-        for (size_t k = 0; k < N_LAYER_TENSORS && !m->mla; k++) { /* deepseek2: load_mla_layer */
+        if (hp->arch == LM_ARCH_GPT_OSS && load_gptoss_layer(L, i, l)) return -1;
+        for (size_t k = 0; k < N_LAYER_TENSORS && !m->mla && hp->arch != LM_ARCH_GPT_OSS; k++) {
+            /* deepseek2: load_mla_layer; gpt-oss: load_gptoss_layer */
             const layer_tensor *t = &layer_tensors[k];
             if (t->fused & ARCH(hp->arch)) continue;  /* load_fused below */
             if (t->ffn && hp->n_expert > 0) continue; /* load_moe below */
@@ -1045,10 +1115,10 @@ static int load_tensors(loader *L) {
         if ((FUSED_ARCHS & ARCH(hp->arch)) && load_fused(L, i, l)) return -1;
         if (m->mla) {
             if (load_mla_layer(L, i, l)) return -1;
-        } else if (hp->n_expert > 0 && load_moe(L, i, l)) {
+        } else if (hp->n_expert > 0 && hp->arch != LM_ARCH_GPT_OSS && load_moe(L, i, l)) {
             return -1;
         }
-        /* gemma: every swa_pattern-th layer (counting from 1) is global; pattern 0: none is */
+        /* gemma, gpt-oss: every swa_pattern-th layer (counting from 1) is global; pattern 0: none is */
         bool local = hp->swa_window > 0 && (hp->swa_pattern == 0 || (i + 1) % hp->swa_pattern != 0);
         l->window = local ? hp->swa_window : 0;
         m->layer_local[i] = local;

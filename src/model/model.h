@@ -62,8 +62,19 @@
  *          product (gdn.c). Files of the older layout, one blk.N.ssm_in
  *          with q, k, v and z interleaved per key head, are read too: its
  *          product is split the same way.
+ *   gpt-oss OpenAI's gpt-oss (llama.cpp's openai-moe): NeoX RoPE over heads
+ *          of attention.key_length (64; Q wider than n_embd), biases on Q, K,
+ *          V and the output, a learnt sink logit per query head in each
+ *          softmax's denominator (blk.N.attn_sinks), a sliding window on
+ *          every layer but each sliding_window_pattern-th (2: alternate,
+ *          layer 0 local), post_attention_norm as the FFN's norm, and
+ *          experts in every layer: the router with a bias picks the top
+ *          n_expert_used raw scores and weights them by a softmax over the
+ *          chosen only; every expert product has a bias; the activation is
+ *          the clamped SwiGLU min(g, 7)·sigmoid(1.702·min(g, 7))·(clamp(u,
+ *          ±7) + 1) (ops_swiglu_oai). Separate LM head.
  * RoPE scaling (rope.scaling.type): linear for every family but deepseek2;
- * YaRN for llama, qwen2, qwen3, their MoE variants and deepseek2 (the
+ * YaRN for llama, qwen2, qwen3, their MoE variants, gpt-oss and deepseek2 (the
  * released DeepSeek files): the factor stretches the low frequencies, the
  * high ones rotate as trained, a ramp between (ops.h), cos and sin scaled by
  * the magnitude factor, and deepseek2's attention scale by mscale²
@@ -103,6 +114,7 @@ typedef enum {
     LM_ARCH_QWEN35,
     LM_ARCH_QWEN35MOE,
     LM_ARCH_QWEN3NEXT,
+    LM_ARCH_GPT_OSS,
 } lm_arch;
 
 typedef enum { LM_ROPE_ADJACENT, LM_ROPE_NEOX } lm_rope_style;
@@ -146,12 +158,15 @@ typedef struct {
     float yarn_factor, yarn_low, yarn_high;
     /* Mixture-of-Experts (n_expert 0: a dense FFN) */
     int n_expert, n_expert_used;
-    int n_ff_exp;      /* an expert's hidden width */
-    int n_ff_shexp;    /* the shared expert's hidden width (0: none) */
-    bool moe_norm_w;   /* the chosen experts' probabilities renormalised to sum 1 */
-    float moe_scale;   /* the chosen experts' weights then multiplied by this (1: none; deepseek2) */
-    bool moe_sigmoid;  /* router scores through a sigmoid instead of a softmax (DeepSeek-V3) */
-    int n_layer_dense; /* leading layers with a dense FFN before the expert layers (deepseek2) */
+    int n_ff_exp;          /* an expert's hidden width */
+    int n_ff_shexp;        /* the shared expert's hidden width (0: none) */
+    bool moe_norm_w;       /* the chosen experts' probabilities renormalised to sum 1 */
+    float moe_scale;       /* the chosen experts' weights then multiplied by this (1: none; deepseek2) */
+    bool moe_sigmoid;      /* router scores through a sigmoid instead of a softmax (DeepSeek-V3) */
+    int n_layer_dense;     /* leading layers with a dense FFN before the expert layers (deepseek2) */
+    bool moe_topk_softmax; /* gpt-oss: the top n_expert_used raw router scores chosen, their weights a
+                              softmax over the chosen only (llama.cpp's SOFTMAX_WEIGHT gating) */
+    bool swiglu_oai;       /* gpt-oss: the experts' activation is the clamped SwiGLU (ops_swiglu_oai) */
     /* Multi-head latent attention (deepseek2; kv_lora_rank 0: none). The cache
      * then holds one KV head of head_dim = kv_lora_rank + n_rot per token and
      * layer (n_head_kv is 1): the latent c_kv and the shared RoPE key (mla.h). */
@@ -200,6 +215,13 @@ typedef struct {
                                         (not to weight them; DeepSeek-V3's exp_probs_b), or NULL */
     const float *shexp_gate;     /* (n_embd) the shared expert's gate, or NULL; the shared expert
                                         itself is the layer's w_gate, w_up, w_down (n_ff_shexp) */
+    /* gpt-oss's biases, or NULL: the router's, added to its scores before the choice; and per
+     * expert e the rows gate_b + e * b_stride, up_b + e * b_stride (gate[e].rows each, this rank's
+     * slice under tensor parallelism) and down_b + e * n_embd, added to its products */
+    const float *gate_inp_b;    /* (n_expert) */
+    const float *gate_b, *up_b; /* (n_expert, b_stride): b_stride is the whole model's n_ff_exp */
+    const float *down_b;        /* (n_expert, n_embd) */
+    int b_stride;
 } lm_moe;
 
 /* One recurrent layer's gated DeltaNet (qwen35, qwen3next; gdn.h). conv =
@@ -235,6 +257,8 @@ typedef struct {
     const float *attn_norm;         /* (n_embd) */
     lm_weight wq, wk, wv, wo;       /* (n_head*hd, n_embd), (n_kv*hd, n_embd) x2, (n_embd, n_head*hd) */
     const float *bq, *bk, *bv;      /* (n_head*hd), (n_kv*hd), (n_kv*hd) or NULL */
+    const float *bo;                /* (n_embd) attn_output.bias (gpt-oss), or NULL */
+    const float *sinks;             /* (n_head) attn_sinks: a sink logit per query head (gpt-oss), or NULL */
     const float *ffn_norm;          /* (n_embd) */
     lm_weight w_gate, w_up, w_down; /* (n_ff, n_embd) x2, (n_embd, n_ff) */
     const float *q_norm, *k_norm;   /* (head_dim) per-head RMSNorm weights, or NULL */

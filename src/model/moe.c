@@ -106,9 +106,13 @@ size_t moe_act_bytes(const lm_model *m, int n_batch) {
 
 /* Softmax (or, hp.moe_sigmoid, sigmoid) of one token's router scores, in
  * place, and its top k, chosen by probability plus bias where the layer has
- * a selection bias, weighted by the probability alone. */
+ * a selection bias, weighted by the probability alone. With
+ * hp.moe_topk_softmax (gpt-oss) the top k of the raw scores are chosen and
+ * weighted by a softmax over those k alone. */
 static void route(float *p, int X, int k, const lm_hparams *hp, const float *bias, int *sel, float *selw) {
-    if (hp->moe_sigmoid) {
+    if (hp->moe_topk_softmax) {
+        /* the scores as they are: the selection below reads them, the softmax follows it */
+    } else if (hp->moe_sigmoid) {
         for (int e = 0; e < X; e++) p[e] = 1.0f / (1.0f + expf(-p[e]));
     } else {
         float mx = p[0];
@@ -127,6 +131,12 @@ static void route(float *p, int X, int k, const lm_hparams *hp, const float *bia
         sel[j] = best;
         selw[j] = p[best];
     }
+    if (hp->moe_topk_softmax) {
+        const float mx = selw[0]; /* the largest score */
+        float sum = 0;
+        for (int j = 0; j < k; j++) sum += (selw[j] = expf(selw[j] - mx));
+        for (int j = 0; j < k; j++) selw[j] /= sum;
+    }
     if (hp->moe_norm_w) {
         float s = 0;
         for (int j = 0; j < k; j++) s += selw[j];
@@ -143,12 +153,26 @@ void moe_expert_run(moe_ws *w, lm_pool *pool, const lm_model *m, const lm_moe *m
     float *const gu_y[2] = {w->h, w->h2};
     const lm_weight *const gu_w[2] = {&moe->gate[e], &moe->up[e]};
     ops_matmul_multi(pool, 2, gu_y, gu_w, xe, c, act);
-    for (int j = 0; j < c; j++) ops_swiglu(w->h + (size_t)j * F, w->h2 + (size_t)j * F, F);
+    /* gpt-oss's biases: gate and up on this rank's rows; down's once, on rank 0 (its product is a
+     * partial sum over the ranks) */
+    const float *gb = moe->gate_b ? moe->gate_b + (size_t)e * moe->b_stride : NULL;
+    const float *ub = moe->up_b ? moe->up_b + (size_t)e * moe->b_stride : NULL;
+    const float *db = moe->down_b && m->tp.rank == 0 ? moe->down_b + (size_t)e * E : NULL;
+    for (int j = 0; j < c; j++) {
+        float *g = w->h + (size_t)j * F, *u = w->h2 + (size_t)j * F;
+        for (int i = 0; gb && i < F; i++) g[i] += gb[i];
+        for (int i = 0; ub && i < F; i++) u[i] += ub[i];
+        if (m->hp.swiglu_oai) ops_swiglu_oai(g, u, F);
+        else ops_swiglu(g, u, F);
+    }
     ops_matmul(pool, w->ye, &moe->down[e], w->h, c, act);
     for (int j = 0; j < c; j++) {
         float *o = out + (size_t)rows[j] * E;
         const float *y = w->ye + (size_t)j * E;
-        for (int i = 0; i < E; i++) o[i] += weight[j] * y[i];
+        if (db)
+            for (int i = 0; i < E; i++) o[i] += weight[j] * (y[i] + db[i]);
+        else
+            for (int i = 0; i < E; i++) o[i] += weight[j] * y[i];
     }
 }
 
@@ -175,6 +199,8 @@ void moe_ffn(moe_ws *w, lm_pool *pool, const lm_model *m, const lm_layer *l, flo
     const lm_moe *moe = l->moe;
     const int X = w->n_expert, K = w->k, E = w->E;
     ops_matmul(pool, w->logits, &moe->gate_inp, xb, n, act);
+    for (int t = 0; moe->gate_inp_b && t < n; t++) /* gpt-oss: the router's bias, before any choice */
+        for (int e = 0; e < X; e++) w->logits[(size_t)t * X + e] += moe->gate_inp_b[e];
     memset(w->count, 0, (size_t)(X + 1) * sizeof(int));
     for (int t = 0; t < n; t++) {
         route(w->logits + (size_t)t * X, X, K, &m->hp, moe->probs_bias, w->sel + (size_t)t * K,

@@ -8,7 +8,11 @@
  *       has one; ties: the lower expert id),
  *   w_e = p_e, divided by their sum when hp.moe_norm_w, times hp.moe_scale
  *       when that is neither 0 nor 1
+ *   (gpt-oss, hp.moe_topk_softmax: the scores plus the router's bias, the top
+ *       n_expert_used of them chosen, w_e a softmax over the chosen scores)
  *   out_t = Σ_{e in chosen, ascending e} w_e · down_e(silu(gate_e·xb_t) ⊙ up_e·xb_t)
+ *           (gpt-oss: a bias after each of the three products, and the
+ *            clamped SwiGLU ops_swiglu_oai in place of silu(g) ⊙ u)
  *           (+ sigmoid(shexp_gate·xb_t) · shared(xb_t) when the layer has a shared expert;
  *            deepseek2's shared experts have no gate: + shared(xb_t))
  *

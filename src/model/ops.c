@@ -1,6 +1,7 @@
 /*
  * ops.c - see ops.h. Every kernel comes from the kernel table
- * (kernels/kernels.h): the element-wise ops are one table call per row, the
+ * (kernels/kernels.h), but for gpt-oss's clamped SwiGLU, scalar here (it
+ * runs on the chosen experts' rows only): the element-wise ops are one table call per row, the
  * matrix products ask kernels/ once per call which path runs
  * (kernels_matmul_pick, kernels_matmul_plan) and split its rows over the
  * pool (kernels_matmul_rows).
@@ -19,6 +20,15 @@ void ops_rmsnorm(float *y, const float *x, const float *w, int n, float eps) { k
 void ops_swiglu(float *g, const float *u, int n) { kernels()->ew.swiglu(g, u, n); }
 
 void ops_geglu(float *g, const float *u, int n) { kernels()->ew.geglu(g, u, n); }
+
+void ops_swiglu_oai(float *g, const float *u, int n) {
+    const float a = OPS_SWIGLU_OAI_ALPHA, lim = OPS_SWIGLU_OAI_LIMIT;
+    for (int i = 0; i < n; i++) {
+        float x = g[i] < lim ? g[i] : lim;
+        float y = u[i] < -lim ? -lim : u[i] > lim ? lim : u[i];
+        g[i] = x / (1.0f + expf(-a * x)) * (y + 1.0f);
+    }
+}
 
 void ops_rope_angles(float *cs, int n_rot, int pos, float base, float scale) {
     for (int i = 0; i < n_rot / 2; i++) {

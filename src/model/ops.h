@@ -55,6 +55,12 @@ void ops_rope_apply(float *x, int n_heads, int head_dim, int n_rot, const float 
 void ops_swiglu(float *g, const float *u, int n);
 /* g[i] = gelu(g[i]) * u[i], GELU in its tanh form. */
 void ops_geglu(float *g, const float *u, int n);
+/* gpt-oss's clamped SwiGLU (ggml's swiglu_oai, alpha 1.702, limit 7):
+ * x = min(g[i], 7), y = clamp(u[i], -7, 7), g[i] = x·sigmoid(1.702 x)·(y + 1).
+ * Scalar: it runs on the few experts' rows a token chose. */
+#define OPS_SWIGLU_OAI_ALPHA 1.702f
+#define OPS_SWIGLU_OAI_LIMIT 7.0f
+void ops_swiglu_oai(float *g, const float *u, int n);
 
 /* Bytes of activation scratch ops_matmul needs for n_tok rows of `cols`
  * inputs against weights of type `type`. */

@@ -22,6 +22,10 @@
  * again here. A Mixture-of-Experts layer splits each expert (and the
  * shared expert) by its rows the same way, the router replicated
  * (shard_moe); afterwards hp.n_ff_exp and hp.n_ff_shexp are this rank's.
+ * gpt-oss: the attention sinks of this rank's query heads, each expert's gate
+ * and up biases of its rows (lm_moe.b_stride stays the whole width); the
+ * router's bias, the output bias (added after the sum, forward.c) and the
+ * experts' down biases (added on rank 0 only, moe.c) are replicated.
  * A hybrid model (qwen35): its gated full-attention layers split as above,
  * attn_q's rows taken per head as [query | gate] pairs; each gated-DeltaNet
  * layer splits by key heads (shard_recurrent): the rank's key heads
@@ -81,6 +85,10 @@ static int shard_moe(const lm_model *m, lm_layer *l, int rank, int size, char *e
         rows_slice(&l->moe->gate[e], f0, f);
         rows_slice(&l->moe->up[e], f0, f);
         if (cols_slice(&l->moe->down[e], f0, f, "an expert's down projection", err, errlen)) return -1;
+    }
+    if (l->moe->gate_b) { /* gpt-oss: each expert's gate and up bias rows of this rank's rows */
+        l->moe->gate_b += f0;
+        l->moe->up_b += f0;
     }
     if (hp->n_ff_shexp > 0) {
         int64_t s = hp->n_ff_shexp / size, s0 = (int64_t)rank * s;
@@ -336,6 +344,7 @@ int model_shard(lm_model *m, int rank, int size, char *err, size_t errlen) {
         if (l->bq) l->bq += q0;
         if (l->bk) l->bk += k0;
         if (l->bv) l->bv += k0;
+        if (l->sinks) l->sinks += tp->head0;
         if (cols_slice(&l->wo, q0, (int64_t)nh * hd, "the attention output", err, errlen)) return -1;
     ffn:
         if (l->moe) {
