@@ -22,7 +22,13 @@
  * <arch>.nextn_predict_layers 1): a full-attention layer with its FFN and the
  * nextn eh_proj, enorm, hnorm and shared_head_norm tensors, sharing the
  * embedding and the LM head. Every tensor draws from its own index, so the
- * trunk's weights are the same bytes with or without it.
+ * trunk's weights are the same bytes with or without it. gpt-oss-small is
+ * gpt-oss-20b scaled down, with the tensors llama.cpp's openai-moe loader
+ * reads: biases on Q, K, V, the output, the router and each expert product,
+ * a sink logit per query head (drawn N(0, 1); -inf with --no-sinks, which
+ * leaves each softmax as it would be without them), post_attention_norm as
+ * the FFN's norm, YaRN x32 from 4096 positions, a window of 128 on
+ * alternate layers.
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -65,7 +71,11 @@ static void usage_mkmodel(FILE *f) {
             "                     qwen35moe-small (Qwen3.5-35B-A3B: that pattern with value heads of 128,\n"
             "                     8 experts of 128, top 2, a shared expert of 128), qwen3next-small\n"
             "                     (Qwen3-Next-80B-A3B: qwen35moe-small's shape with plain NeoX RoPE on\n"
-            "                     32 dims, value heads grouped by key head and a fused ssm_ba)\n"
+            "                     32 dims, value heads grouped by key head and a fused ssm_ba), gpt-oss-small\n"
+            "                     (gpt-oss-20b: 8 heads of 64, 2 KV heads, window 128 on alternate layers,\n"
+            "                     attention sinks, 32 experts of 256, top 4, biases everywhere, YaRN x32\n"
+            "                     from 4096 positions)\n"
+            "  --no-sinks         gpt-oss: write every attention sink as -inf (no term in the softmax)\n"
             "  --mtp N            qwen35 presets: N (0 or 1) next-token-prediction layers after the\n"
             "                     trunk, for --spec mtp (default 0)\n"
             "  --kv-b-whole       deepseek2: store each layer's attn_kv_b whole, without the\n"
@@ -113,6 +123,8 @@ static const preset presets[] = {
     {"qwen35-small", 8, 256, 4, 2, 768, 32000, 4096, "qwen35", 128, 0, 0, 0, 0, 0},
     {"qwen35moe-small", 8, 256, 4, 2, 128, 32000, 4096, "qwen35moe", 128, 0, 8, 2, 128, 128},
     {"qwen3next-small", 8, 256, 4, 2, 128, 32000, 4096, "qwen3next", 128, 0, 8, 2, 128, 128},
+    /* gpt-oss-20b (24 layers, n_embd 2880, 64 heads of 64, 8 KV heads, 32 experts of 2880, top 4) */
+    {"gpt-oss-small", 4, 256, 8, 2, 256, 32000, 131072, "gpt-oss", 64, 128, 32, 4, 256, 0},
 };
 
 /* Multi-head latent attention and DeepSeek's expert routing, per deepseek2 preset. */
@@ -432,7 +444,7 @@ int cmd_mkmodel(int argc, char **argv) {
     const char *out = NULL, *vocab_from = NULL, *type_name = "F16";
     preset p = {"custom", 2, 256, 4, -1, 512, 512, 512, NULL, 0, 0, 0, 0, 0, 0}; /* kv heads -1: as many as heads */
     long long seed = 1, threads = pool_default_threads();
-    bool kv_b_whole = false, ssm_in = false, rec_layers = false;
+    bool kv_b_whole = false, ssm_in = false, rec_layers = false, no_sinks = false;
     int mtp = 0;
     for (a.i = 1; a.i < argc; a.i++) {
         if (is_help(&a)) continue;
@@ -459,6 +471,7 @@ int cmd_mkmodel(int argc, char **argv) {
         else if (is_flag(&a, "--kv-b-whole", NULL)) kv_b_whole = true;
         else if (is_flag(&a, "--mtp", NULL)) mtp = (int)need_int(&a, 0, 1);
         else if (is_flag(&a, "--ssm-in", NULL)) ssm_in = true;
+        else if (is_flag(&a, "--no-sinks", NULL)) no_sinks = true;
         else if (is_flag(&a, "--recurrent-layers", NULL)) rec_layers = true;
         else if (is_flag(&a, "--seed", NULL)) seed = need_int(&a, 0, 0x7fffffffffffffffLL);
         else if (is_flag(&a, "-t", "--threads")) threads = need_int(&a, 1, 1024);
@@ -499,7 +512,11 @@ int cmd_mkmodel(int argc, char **argv) {
     int hd = p.head_dim ? p.head_dim : p.embd / p.heads;
     const char *arch = p.arch ? p.arch : "llama";
     bool qwen3 = !strcmp(arch, "qwen3") || !strcmp(arch, "qwen3moe"), gemma2 = !strcmp(arch, "gemma2");
-    bool phi3 = !strcmp(arch, "phi3"), qwen2moe = !strcmp(arch, "qwen2moe");
+    bool phi3 = !strcmp(arch, "phi3"), qwen2moe = !strcmp(arch, "qwen2moe"), gptoss = !strcmp(arch, "gpt-oss");
+    if (no_sinks && !gptoss) {
+        safefile_abort(sf);
+        die_usage(&a, "%s", "--no-sinks needs the gpt-oss preset");
+    }
     const mla_shape *ml = NULL;
     for (size_t i = 0; i < sizeof mla_shapes / sizeof mla_shapes[0]; i++)
         if (!strcmp(mla_shapes[i].name, p.name)) ml = &mla_shapes[i];
@@ -538,7 +555,7 @@ int cmd_mkmodel(int argc, char **argv) {
         gguf_w_set_u32(w, KEY("attention.value_length"), (uint32_t)hd);
     }
     gguf_w_set_u32(w, KEY("rope.dimension_count"), (uint32_t)(ml ? ml->rope : gd ? gd->rope : hd));
-    gguf_w_set_f32(w, KEY("rope.freq_base"), qwen3 ? 1000000.0f : gd ? 10000000.0f : 10000.0f);
+    gguf_w_set_f32(w, KEY("rope.freq_base"), qwen3 ? 1000000.0f : gd ? 10000000.0f : gptoss ? 150000.0f : 10000.0f);
     gguf_w_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), qwen3 || gemma2 || ml || gd ? 1e-6f : 1e-5f);
     if (gd) { /* the keys llama.cpp's converter writes for Qwen3.5 and Qwen3-Next */
         if (gd->sections[0] + gd->sections[1] + gd->sections[2] + gd->sections[3])
@@ -596,6 +613,13 @@ int cmd_mkmodel(int argc, char **argv) {
     if (gemma2) {
         gguf_w_set_f32(w, KEY("attn_logit_softcapping"), 50.0f);
         gguf_w_set_f32(w, KEY("final_logit_softcapping"), 30.0f);
+    }
+    if (gptoss) { /* the keys llama.cpp's converter writes from gpt-oss's config: YaRN, factor 32 */
+        gguf_w_set_str(w, KEY("rope.scaling.type"), "yarn");
+        gguf_w_set_f32(w, KEY("rope.scaling.factor"), 32.0f);
+        gguf_w_set_u32(w, KEY("rope.scaling.original_context_length"), 4096);
+        gguf_w_set_f32(w, KEY("rope.scaling.yarn_beta_fast"), 32.0f);
+        gguf_w_set_f32(w, KEY("rope.scaling.yarn_beta_slow"), 1.0f);
     }
     if (phi3) {
         gguf_w_set_u32(w, KEY("rope.scaling.original_context_length"), 4096);
@@ -662,7 +686,7 @@ int cmd_mkmodel(int argc, char **argv) {
             rc |= A("attn_k.weight", E, KV, t, ws, false);
             rc |= A("attn_v.weight", E, KV, t, ws, false);
         }
-        if (qwen2moe) {
+        if (qwen2moe || gptoss) {
             rc |= A("attn_q.bias", Q, 1, LM_TYPE_F32, 0.1f, false);
             rc |= A("attn_k.bias", KV, 1, LM_TYPE_F32, 0.1f, false);
             rc |= A("attn_v.bias", KV, 1, LM_TYPE_F32, 0.1f, false);
@@ -672,9 +696,24 @@ int cmd_mkmodel(int argc, char **argv) {
             rc |= A("attn_k_norm.weight", hd, 1, LM_TYPE_F32, nn, true);
         }
         if (!ml && !recur) rc |= A("attn_output.weight", Q, E, t, p.arch ? wq : ws, false);
-        /* qwen35: post_attention_norm is the FFN's input norm, there is no ffn_norm */
-        if (gemma2 || gd) rc |= A("post_attention_norm.weight", E, 1, LM_TYPE_F32, nn, true);
-        if (!gd) rc |= A("ffn_norm.weight", E, 1, LM_TYPE_F32, nn, true);
+        if (gptoss) {
+            rc |= A("attn_output.bias", E, 1, LM_TYPE_F32, 0.1f, false);
+            if (no_sinks) { /* -inf: exp(-inf) adds nothing to a softmax's denominator */
+                float *sk = malloc((size_t)p.heads * sizeof(float));
+                if (!sk) fail("mkmodel", "out of memory");
+                for (int h = 0; h < p.heads; h++) sk[h] = -INFINITY;
+                mk.bufs[mk.n_bufs++] = sk;
+                mk.n_tensors++;
+                uint64_t ne[1] = {(uint64_t)p.heads};
+                snprintf(n, sizeof n, "blk.%d.attn_sinks.weight", i);
+                rc |= gguf_w_add_tensor(w, n, 1, ne, LM_TYPE_F32, sk, (size_t)p.heads * sizeof(float));
+            } else {
+                rc |= A("attn_sinks.weight", p.heads, 1, LM_TYPE_F32, 1.0f, false);
+            }
+        }
+        /* qwen35, gpt-oss: post_attention_norm is the FFN's input norm, there is no ffn_norm */
+        if (gemma2 || gd || gptoss) rc |= A("post_attention_norm.weight", E, 1, LM_TYPE_F32, nn, true);
+        if (!gd && !gptoss) rc |= A("ffn_norm.weight", E, 1, LM_TYPE_F32, nn, true);
         if (p.experts && !(ml && i < ml->dense)) {
             int64_t X = p.experts, FE = p.ff_exp;
             /* a decisive router (scores of a few units): a near-tie between experts would let
@@ -685,6 +724,12 @@ int cmd_mkmodel(int argc, char **argv) {
             rc |= A3("ffn_up_exps.weight", E, FE, ws);
             rc |= A3("ffn_down_exps.weight", FE, E, 1.0f / sqrtf((float)FE));
 #undef A3
+            if (gptoss) { /* the router's bias, then a bias row per expert for each product */
+                rc |= A("ffn_gate_inp.bias", X, 1, LM_TYPE_F32, 0.5f, false);
+                rc |= A("ffn_gate_exps.bias", FE, X, LM_TYPE_F32, 0.1f, false);
+                rc |= A("ffn_up_exps.bias", FE, X, LM_TYPE_F32, 0.1f, false);
+                rc |= A("ffn_down_exps.bias", E, X, LM_TYPE_F32, 0.1f, false);
+            }
             if (ml && ml->sigmoid) /* DeepSeek-V3's selection bias, of the size of the probabilities' spread */
                 rc |= A("exp_probs_b.bias", X, 1, LM_TYPE_F32, 0.05f, false);
             if (ml && ml->shared) {
