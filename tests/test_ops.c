@@ -8,6 +8,8 @@
  *            a float argument is only known to 2^-24 |a|, which e^a turns
  *            into that much relative error; this holds deep in the negative
  *            tail too, where a tanh written 1 - 2/(1+e^2y) loses everything
+ *   swiglu_oai  gpt-oss's clamped SwiGLU (scalar, ops.c), as swiglu with
+ *            the rounding of u + 1 allowed for
  *   rope     |y - ref| <= 1e-6 max|x| for both pair layouts, head_dim 8 to
  *            256, partial rotation (n_rot < head_dim) leaving the rest alone
  * and the batch property: an element's result is the same bits whether it
@@ -66,6 +68,31 @@ static void check_gated(void (*op)(float *, const float *, int), double (*ref)(d
 }
 
 static void test_swiglu(void) { check_gated(ops_swiglu, silu_ref, silu_arg, "silu"); }
+
+/* gpt-oss's clamped SwiGLU (scalar only): g clamped above at 7, u to [-7, 7],
+ * inputs past both limits (u of standard deviation 10); the tolerance as
+ * above, plus the rounding of u + 1 (2^-24 (|u| + 1) times the gate's part). */
+static void test_swiglu_oai(void) {
+    static float g[N], u[N];
+    memcpy(g, in_g, sizeof g);
+    int clamped_g = 0, clamped_u = 0;
+    for (int i = 0; i < N; i++) {
+        u[i] = 10 * in_u[i];
+        clamped_g += g[i] > 7;
+        clamped_u += fabsf(u[i]) > 7;
+    }
+    CHECK(clamped_g > 50 && clamped_u > 50);
+    float u_in[N];
+    memcpy(u_in, u, sizeof u);
+    ops_swiglu_oai(g, u, N);
+    CHECK(!memcmp(u, u_in, sizeof u)); /* u is read, not written */
+    for (int i = 0; i < N; i++) {
+        double x = fmin(in_g[i], 7.0), y = fmax(-7.0, fmin(u_in[i], 7.0));
+        double gate = x / (1.0 + exp(-1.702 * x)), want = gate * (y + 1.0);
+        double tol = (4e-6 + 2.4e-7 * fabs(1.702 * x)) * fabs(want) + 6e-8 * fabs(gate) * (fabs(y) + 1) + 1e-30;
+        CHECKF(fabs(g[i] - want) <= tol, "swiglu_oai(%g, %g) = %.9g, want %.9g", in_g[i], u_in[i], g[i], want);
+    }
+}
 static void test_geglu(void) { check_gated(ops_geglu, gelu_ref, gelu_arg, "gelu"); }
 
 static void test_rmsnorm(void) {
@@ -130,5 +157,6 @@ int main(void) {
         TEST_RUN(test_rope);
     }
     kernels_use(-1);
+    TEST_RUN(test_swiglu_oai);
     return TEST_DONE();
 }
