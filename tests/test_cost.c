@@ -9,7 +9,8 @@
  * weights), once per pass; FLOPs of
  * the products and of attention; deepseek2's latent attention (check_mla:
  * one cache row of kv_lora_rank + n_rot per token and layer, the latent
- * matrices); the bundled model loaded from its file.
+ * matrices); the output and expert FLOPs (gpt-oss's biases and clamps
+ * included); the bundled model loaded from its file.
  */
 #include <math.h>
 #include <stdio.h>
@@ -46,6 +47,7 @@ static const spec specs[] = {
     {"qwen3moe-small", LM_ARCH_QWEN3MOE, 4, 256, 4, 2, 128, 768, 32000, 0, 0, 8, 2, 256, 0, true, false, false, false},
     {"qwen2moe-small", LM_ARCH_QWEN2MOE, 4, 256, 4, 4, 64, 512, 32000, 0, 0, 8, 4, 128, 512, false, false, true, false},
     {"mixtral-small", LM_ARCH_LLAMA, 4, 256, 8, 2, 32, 512, 32000, 0, 0, 8, 2, 512, 0, false, false, false, false},
+    {"gpt-oss-small", LM_ARCH_GPT_OSS, 4, 256, 8, 2, 64, 256, 32000, 128, 2, 32, 4, 256, 0, false, false, true, false},
 };
 #define N_SPECS (int)(sizeof specs / sizeof specs[0])
 
@@ -94,6 +96,7 @@ static lm_model *fake_model(const spec *s, uint32_t wt) {
         l->w_up = mk_w(wt, ff, E);
         l->w_down = mk_w(wt, E, ff);
         if (s->bias) l->bq = l->bk = l->bv = ones;
+        if (s->arch == LM_ARCH_GPT_OSS) l->bo = ones; /* and the experts' biases below */
         if (s->qk_norm) l->q_norm = l->k_norm = ones;
         if (s->post_norm) l->post_attn_norm = l->post_ffn_norm = ones;
         bool local = s->window > 0 && (s->pattern == 0 || (i + 1) % s->pattern != 0);
@@ -110,6 +113,7 @@ static lm_model *fake_model(const spec *s, uint32_t wt) {
                 moe->down[e] = mk_w(wt, E, s->ff_exp);
             }
             l->moe = moe;
+            if (s->arch == LM_ARCH_GPT_OSS) moe->gate_inp_b = moe->gate_b = moe->up_b = moe->down_b = ones;
         }
     }
     return m;
@@ -195,6 +199,18 @@ static void check_spec(const spec *s) {
                 double att = 0;
                 for (int i = 0; i < s->layers; i++) att += 4.0 * hd * s->heads * attends(s, i, d);
                 CHECK(near(c.op[LM_PROF_ATTN].flops, att));
+                /* the output product, its bias (gpt-oss), the post norm and the residual add */
+                double wo = 2.0 * E * qd + (s->arch == LM_ARCH_GPT_OSS ? E : 0) + (s->post_norm ? 3.0 * E : 0) + E;
+                CHECKF(near(c.op[LM_PROF_WO].flops, s->layers * wo), "%s: output flops %.0f, formula %.0f", s->name,
+                       c.op[LM_PROF_WO].flops, s->layers * wo);
+                if (s->experts) { /* one token through the router, its bias, k experts, their biases and clamps */
+                    double X = s->experts, K = s->used, F = s->ff_exp, sh = s->ff_shexp;
+                    double moe = 2.0 * E * X + 5.0 * X + 2.0 * K * 3.0 * E * F + 4.0 * K * F + 2.0 * K * E;
+                    if (sh) moe += 2.0 * 3.0 * E * sh + 4.0 * sh;
+                    if (s->arch == LM_ARCH_GPT_OSS) moe += X + K * (2 * F + E) + 2.0 * K * F;
+                    CHECKF(near(c.op[LM_PROF_FFN_UP].flops, s->layers * moe), "%s: expert flops %.0f, formula %.0f",
+                           s->name, c.op[LM_PROF_FFN_UP].flops, s->layers * moe);
+                }
                 CHECK(near(c.op[LM_PROF_LM_HEAD].flops,
                            2.0 * E * s->vocab + (m->hp.final_softcap > 0 ? 3.0 * s->vocab : 0)));
 

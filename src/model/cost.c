@@ -71,6 +71,11 @@ static void add_moe(cost_op *o, const lm_model *m, const lm_layer *l, double n, 
     double k = hp->n_expert_used, E = hp->n_embd, F = (double)moe->gate[0].rows;
     o->act_bytes += 4.0 * n * k * (E + 2 * F) + 4.0 * n * k * (3 * F) + 4.0 * n * k * (F + E);
     o->flops += 2.0 * n * k * (3.0 * E * F) + 4.0 * n * k * F + 2.0 * n * k * E; /* products, activation, sum */
+    if (moe->gate_inp_b) { /* gpt-oss: the router's bias, each product's bias, the clamps */
+        double X = hp->n_expert;
+        o->act_bytes += 4.0 * 2.0 * n * X + 4.0 * 2.0 * n * k * (2 * F + E);
+        o->flops += n * X + n * k * (2 * F + E) + 2.0 * n * k * F;
+    }
 }
 
 /* A latent attention layer (deepseek2, mla.h) up to wo's input, by the
@@ -199,6 +204,7 @@ int cost_forward(const lm_model *m, uint32_t kv_type, int n_seq, int n_tok, int 
     attn_out:;
         cost_op *wo = &o[LM_PROF_WO];
         add_matmul(wo, l->gdn ? &l->gdn->out : &l->wo, n);
+        if (l->bo) wo->flops += n * E, wo->act_bytes += 4.0 * 2.0 * n * E; /* gpt-oss's output bias */
         if (l->post_attn_norm) add_norm(wo, n, E);
         add_residual(wo, n, E);
 

@@ -11,9 +11,11 @@
  *   q/k/v      the Q, K and V products (and their biases)
  *   rope       Q/K norms, RoPE, and the K and V rows written to the cache
  *   attention  softmax(q·Kᵀ)·V over the cache
- *   output     the o product, the post-attention norm and the residual add
+ *   output     the o product (and its bias, gpt-oss), the post-attention norm
+ *              and the residual add
  *   gate+up    the gate and up products; with experts, the whole
- *              Mixture-of-Experts FFN (router, shared expert, experts)
+ *              Mixture-of-Experts FFN (router, shared expert, experts; gpt-oss's
+ *              router and expert biases and its SwiGLU's clamps)
  *   activation SiLU/GELU(tanh) times up
  *   down       the down product, the post-FFN norm and the residual add
  *   lm head    the LM head over the rows that want logits (and gemma2's cap)
