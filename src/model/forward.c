@@ -25,8 +25,9 @@
  * from ops_rope_angles_yarn, the cos and sin scaled by its magnitude factor.
  * A layer with experts replaces the FFN by moe_ffn (moe.h) between the same
  * norm and residual add. gpt-oss adds a bias to the output product too (after
- * the tensor-parallel sum), alternates windowed and whole-context layers and
- * runs YaRN RoPE on one base.
+ * the tensor-parallel sum), a sink logit per query head to each softmax's
+ * denominator (attn_tile_sinks), alternates windowed and whole-context layers
+ * and runs YaRN RoPE on one base.
  * A layer with latent attention (deepseek2) replaces the Q/K/V products,
  * RoPE, the cache write and attention by mla_attn (mla.h), whose heads'
  * outputs go through Wo as above; its cache rows are the pool's latent
@@ -259,7 +260,8 @@ typedef struct {
     lm_fwd *f;
     const lm_seg *segs;
     int layer, n_seg;
-    int window; /* 0: whole context */
+    int window;         /* 0: whole context */
+    const float *sinks; /* (n_head) this layer's sink logits (gpt-oss), or NULL */
     atomic_int next;
 } attn_job;
 
@@ -280,8 +282,8 @@ static void attn_worker(void *arg, int ith, int nth) {
         int i0 = local / hp->n_head_kv * ATTN_TILE_Q, kh = local % hp->n_head_kv;
         int nq = g->n - i0 < ATTN_TILE_Q ? g->n - i0 : ATTN_TILE_Q;
         size_t row = (size_t)f->seg_row0[sg] + (size_t)i0;
-        attn_tile_softcap(f->kv, g->seq, j->layer, kh, f->q + row * qd, qd, nq, g->pos0 + i0, scale, hp->attn_softcap,
-                          j->window, f->xb + row * qd, qd, f->scr[ith]);
+        attn_tile_sinks(f->kv, g->seq, j->layer, kh, f->q + row * qd, qd, nq, g->pos0 + i0, scale, hp->attn_softcap,
+                        j->window, j->sinks, f->xb + row * qd, qd, f->scr[ith]);
     }
 }
 
@@ -483,7 +485,8 @@ static void attn_mha(pass *p, const lm_layer *l, int li) {
         kv_store_rows(f->kv, sg->seq, l->kv_layer, sg->pos0, sg->n, f->k + r0 * kvd, kvd, f->v + r0 * kvd, kvd);
     }
     prof(p, LM_PROF_ROPE);
-    attn_job aj = {.f = f, .segs = p->segs, .layer = l->kv_layer, .n_seg = p->n_seg, .window = l->window};
+    attn_job aj = {
+        .f = f, .segs = p->segs, .layer = l->kv_layer, .n_seg = p->n_seg, .window = l->window, .sinks = l->sinks};
     atomic_init(&aj.next, 0);
     /* tiny attention (short contexts, small heads) is not worth a wake-up */
     pool_run(p->attn_work < 64.0 * 1024 ? NULL : f->pool, attn_worker, &aj);

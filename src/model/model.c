@@ -25,6 +25,7 @@
 
 #include "kernels/deltanet.h"
 #include "kernels/kernels.h"
+#include "kv/attn.h"
 #include "model/ops.h"
 #include "format/quant.h"
 #include "base/util.h"
@@ -902,15 +903,9 @@ static int load_gptoss_layer(loader *L, int i, lm_layer *l) {
         load_floats(L, NAME("ffn_down_exps.bias"), E, X, true, &moe->down_b))
         return -1;
     moe->b_stride = (int)F;
-    /* the attention kernel does not take sinks yet: only sinks of -inf (no term in the softmax's
-     * denominator) are run, so that no file computes another function than its own */
-    for (int h = 0; h < hp->n_head; h++)
-        if (l->sinks[h] != -INFINITY)
-            return unsupported(L),
-                   lm_err(L->err, L->errlen,
-                          "tensor '%s': attention sinks are not supported yet (only sinks of -inf, which "
-                          "change nothing)",
-                          NAME("attn_sinks.weight"));
+    char why[LM_ERRLEN];
+    if (attn_sinks_check(l->sinks, hp->n_head, why, sizeof why)) /* NaN or +inf: no softmax */
+        return lm_err(L->err, L->errlen, "tensor '%s': %s", NAME("attn_sinks.weight"), why);
 #undef NAME
     return 0;
 }
