@@ -28,9 +28,6 @@ why):
     and z interleaved per key head): lamina's ten largest logits on every
     prompt are those of the file above, to the printed digit, and so within
     TOL of llama.cpp's;
-  - gpt-oss: the facts are of the file written with --no-sinks (every
-    attention sink -inf); the preset's file with sinks is refused by name
-    while the attention kernel does not take them;
   - hybrids (HYBRID), F16: the file with its layer pattern spelled out
     (mkmodel --recurrent-layers, attention.recurrent_layers) gives the same
     ten largest logits on the first prompt, and with layer 0's flag flipped
@@ -80,15 +77,12 @@ PPL_TOL = {"F16": 0.002, "Q8_0": 0.01, "Q4_K": 0.01}
 # tokens at F16); the logits checks above see no such flip.
 PPL_TOL_MOE = {"F16": 0.01, "Q8_0": 0.01, "Q4_K": 0.01}
 MOE = {"qwen3moe", "qwen2moe", "mixtral", "deepseek2", "qwen35moe", "qwen3next", "gpt-oss"}
-# mkmodel flags of the files the facts were made on: gpt-oss's with every attention sink -inf (the
-# attention kernel does not take sinks yet; a file with sinks is refused, check_sinks_refused)
-FLAGS = {"gpt-oss": ["--no-sinks"]}
+# mkmodel flags of the files the facts were made on, beyond the preset and type
+FLAGS = {}
 # Greedy steps where a router's choice nearly ties, measured in llama.cpp (its ffn_moe_probs through
 # an eval callback): the step from which the two engines may continue apart although no logit margin
-# is small. gpt-oss F16, 'The capital of France is': at step 5 (the 10th token) layer 0's 4th and
-# 5th expert scores are 0.0017 apart, and the engines pick another 4th expert (logits then 0.04
-# apart; step 5's margin is 0.035).
-ROUTER_TIE = {("gpt-oss", "F16", "The capital of France is"): 5}
+# is small ({(arch, type, prompt): step}; none recorded now).
+ROUTER_TIE = {}
 OLDER = {"qwen3next": "--ssm-in"}
 HYBRID = {"qwen35", "qwen35moe", "qwen3next"}  # mkmodel's flag for the same weights in an older conversion's layout
 
@@ -281,18 +275,6 @@ def check_pattern(arch, vocab, model, c, tmp):
     os.unlink(spelled)
 
 
-def check_sinks_refused(vocab, c, tmp):
-    sinks = os.path.join(tmp, "gpt-oss-sinks.gguf")
-    r = lamina("mkmodel", "--preset", "gpt-oss-small", "--type", "F16", "--vocab-from", vocab, "-o", sinks)
-    if not result("gpt-oss file with attention sinks written", r.returncode == 0, r.stderr.decode()):
-        return
-    r = lamina("logits", "-m", sinks, "-p", c["prompt"], "--top", "1", "-c", "512")
-    err = r.stderr.decode()
-    result("gpt-oss attention sinks: refused by name, not run without them",
-           r.returncode != 0 and "attn_sinks" in err and "not supported" in err, err)
-    os.unlink(sinks)
-
-
 def check_arch(arch, tmp):
     facts, ppl = read_facts(arch)
     vocab = os.path.join(DATA, "vocab", VOCAB.get(arch, DEFAULT_VOCAB))
@@ -318,8 +300,6 @@ def check_arch(arch, tmp):
             check_older(arch, t, vocab, model, facts, tmp)
         if arch in HYBRID and t == "F16" and not emulated:
             check_pattern(arch, vocab, model, facts[t]["prompts"][0], tmp)
-        if arch == "gpt-oss" and t == "F16":
-            check_sinks_refused(vocab, facts[t]["prompts"][0], tmp)
         os.unlink(model)
 
 

@@ -2,9 +2,9 @@
  * test_tp_gptoss.c - tensor and pipeline parallelism of gpt-oss
  * (model/shard.c, model/moe.c, model/forward.c) in one process, without MPI.
  *
- * The file is mkmodel's gpt-oss-small (F16, --no-sinks; written by
- * $LAMINA_BIN mkmodel into a temporary folder): 4 layers, 8 query heads of
- * 64 and 2 KV heads with biases, a window of 128 on layers 0 and 2, 32
+ * The file is mkmodel's gpt-oss-small (F16; written by $LAMINA_BIN mkmodel
+ * into a temporary folder): 4 layers, 8 query heads of 64 with their sinks
+ * and 2 KV heads, with biases, a window of 128 on layers 0 and 2, 32
  * experts of 256 (top 4) with the router's and the three products' biases,
  * the output bias.
  *
@@ -19,7 +19,8 @@
  * its rows; the router's bias whole, the output bias added once after the
  * sum, the experts' down bias on rank 0 only. A shard that added the down
  * or output bias on every rank, or took another rank's bias rows, is off
- * by far more (the biases are of 0.1).
+ * by far more (the biases are of 0.1), and so is one that took the first
+ * rank's sinks on every rank (they are of 1).
  *
  * Pipeline: two stages side by side, stage 0's residual stream copied into
  * stage 1's, the prompt cut into micro-batches: bit for bit the whole
@@ -243,7 +244,7 @@ int main(void) {
     snprintf(path, sizeof path, "%s/test_tp_gptoss_%d.gguf", dir, (int)getpid());
     char cmd[1024], err[LM_ERRLEN];
     snprintf(cmd, sizeof cmd,
-             "%s mkmodel --preset gpt-oss-small --type F16 --no-sinks --vocab-from "
+             "%s mkmodel --preset gpt-oss-small --type F16 --vocab-from "
              "tests/data/vocab/ggml-vocab-gpt-2.gguf -o %s -t 2 >/dev/null",
              bin, path);
     if (system(cmd) != 0 || !(whole = model_load(path, err, sizeof err))) {
