@@ -28,6 +28,8 @@ why):
     and z interleaved per key head): lamina's ten largest logits on every
     prompt are those of the file above, to the printed digit, and so within
     TOL of llama.cpp's;
+  - gpt-oss, F16: the file with every attention sink -inf runs, and with
+    one sink made NaN it is refused, naming the tensor;
   - hybrids (HYBRID), F16: the file with its layer pattern spelled out
     (mkmodel --recurrent-layers, attention.recurrent_layers) gives the same
     ten largest logits on the first prompt, and with layer 0's flag flipped
@@ -275,6 +277,30 @@ def check_pattern(arch, vocab, model, c, tmp):
     os.unlink(spelled)
 
 
+def check_bad_sink(vocab, c, tmp):
+    """gpt-oss: the file with every sink -inf (mkmodel --no-sinks) runs; with
+    one of layer 0's sinks made NaN in its bytes it is refused, naming the
+    tensor."""
+    path = os.path.join(tmp, "gpt-oss-nosinks.gguf")
+    r = lamina("mkmodel", "--preset", "gpt-oss-small", "--type", "F16", "--vocab-from", vocab, "--no-sinks", "-o", path)
+    if not result("gpt-oss --no-sinks file written", r.returncode == 0, r.stderr.decode()):
+        return
+    r = lamina("logits", "-m", path, "-p", c["prompt"], "--top", "1", "-c", "512")
+    result("gpt-oss sinks of -inf run", r.returncode == 0, r.stderr.decode())
+    with open(path, "rb") as f:
+        buf = bytearray(f.read())
+    at = buf.find(b"\x00\x00\x80\xff" * 8)  # layer 0's 8 sinks, -inf as F32, the first such run
+    if at >= 0:
+        buf[at + 12:at + 16] = b"\x00\x00\xc0\x7f"  # head 3: NaN
+        with open(path, "wb") as f:
+            f.write(buf)
+    r = lamina("logits", "-m", path, "-p", c["prompt"], "--top", "1", "-c", "512")
+    err = r.stderr.decode()
+    result("gpt-oss a NaN attention sink: refused by name", at >= 0 and r.returncode != 0 and
+           "blk.0.attn_sinks.weight" in err, err)
+    os.unlink(path)
+
+
 def check_arch(arch, tmp):
     facts, ppl = read_facts(arch)
     vocab = os.path.join(DATA, "vocab", VOCAB.get(arch, DEFAULT_VOCAB))
@@ -300,6 +326,8 @@ def check_arch(arch, tmp):
             check_older(arch, t, vocab, model, facts, tmp)
         if arch in HYBRID and t == "F16" and not emulated:
             check_pattern(arch, vocab, model, facts[t]["prompts"][0], tmp)
+        if arch == "gpt-oss" and t == "F16" and not emulated:
+            check_bad_sink(vocab, facts[t]["prompts"][0], tmp)
         os.unlink(model)
 
 
