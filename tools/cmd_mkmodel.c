@@ -28,7 +28,8 @@
  * a sink logit per query head (drawn N(0, 1); -inf with --no-sinks, which
  * leaves each softmax as it would be without them), post_attention_norm as
  * the FFN's norm, YaRN x32 from 4096 positions, a window of 128 on
- * alternate layers.
+ * alternate layers, its experts in MXFP4 (as the released files; --type
+ * sets the other matrices, --expert-type the experts).
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -76,6 +77,8 @@ static void usage_mkmodel(FILE *f) {
             "                     attention sinks, 32 experts of 256, top 4, biases everywhere, YaRN x32\n"
             "                     from 4096 positions)\n"
             "  --no-sinks         gpt-oss: write every attention sink as -inf (no term in the softmax)\n"
+            "  --expert-type T    the experts' weight type (default: MXFP4 for gpt-oss, as its released\n"
+            "                     files, --type for the others)\n"
             "  --mtp N            qwen35 presets: N (0 or 1) next-token-prediction layers after the\n"
             "                     trunk, for --spec mtp (default 0)\n"
             "  --kv-b-whole       deepseek2: store each layer's attn_kv_b whole, without the\n"
@@ -441,7 +444,7 @@ static int gdn_layer(maker *mk, int i, const gd_shape *gd, int64_t E, uint32_t t
 
 int cmd_mkmodel(int argc, char **argv) {
     args a = {argc, argv, 0, "mkmodel", usage_mkmodel};
-    const char *out = NULL, *vocab_from = NULL, *type_name = "F16";
+    const char *out = NULL, *vocab_from = NULL, *type_name = "F16", *xtype_name = NULL;
     preset p = {"custom", 2, 256, 4, -1, 512, 512, 512, NULL, 0, 0, 0, 0, 0, 0}; /* kv heads -1: as many as heads */
     long long seed = 1, threads = pool_default_threads();
     bool kv_b_whole = false, ssm_in = false, rec_layers = false, no_sinks = false;
@@ -467,6 +470,7 @@ int cmd_mkmodel(int argc, char **argv) {
         else if (is_flag(&a, "--ff-exp", NULL)) p.ff_exp = (int)need_int(&a, 32, 1 << 20);
         else if (is_flag(&a, "--ff-shexp", NULL)) p.ff_shexp = (int)need_int(&a, 0, 1 << 20);
         else if (is_flag(&a, "--type", NULL)) type_name = need_val(&a);
+        else if (is_flag(&a, "--expert-type", NULL)) xtype_name = need_val(&a);
         else if (is_flag(&a, "--vocab-from", NULL)) vocab_from = need_val(&a);
         else if (is_flag(&a, "--kv-b-whole", NULL)) kv_b_whole = true;
         else if (is_flag(&a, "--mtp", NULL)) mtp = (int)need_int(&a, 0, 1);
@@ -482,6 +486,12 @@ int cmd_mkmodel(int argc, char **argv) {
     if (type < 0 || !quant_traits((uint32_t)type)->from_float)
         die_usage(&a, "weight type '%s' cannot be written (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_1 Q4_K Q6_K MXFP4)",
                   type_name);
+    /* the experts' type: --expert-type, else gpt-oss's MXFP4 (as its released files), else --type */
+    if (!xtype_name) xtype_name = p.arch && !strcmp(p.arch, "gpt-oss") ? "MXFP4" : type_name;
+    int xtype = quant_type_from_name(xtype_name);
+    if (xtype < 0 || !quant_traits((uint32_t)xtype)->from_float)
+        die_usage(&a, "expert type '%s' cannot be written (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_1 Q4_K Q6_K MXFP4)",
+                  xtype_name);
     if (p.kv_heads < 0) p.kv_heads = p.heads;
     if (p.experts && (p.used < 1 || p.used > p.experts || p.ff_exp < 32))
         die_usage(&a, "%s", "experts need --experts-used between 1 and --experts, and --ff-exp");
@@ -719,7 +729,8 @@ int cmd_mkmodel(int argc, char **argv) {
             /* a decisive router (scores of a few units): a near-tie between experts would let
              * 8-bit activations flip a choice, in lamina or in llama.cpp */
             rc |= A("ffn_gate_inp.weight", E, X, LM_TYPE_F32, 6.0f * ws, false);
-#define A3(suffix, cols, rows, sc) (snprintf(n, sizeof n, "blk.%d." suffix, i), add3(&mk, n, cols, rows, X, t, sc))
+#define A3(suffix, cols, rows, sc)                                                                                     \
+    (snprintf(n, sizeof n, "blk.%d." suffix, i), add3(&mk, n, cols, rows, X, (uint32_t)xtype, sc))
             rc |= A3("ffn_gate_exps.weight", E, FE, ws);
             rc |= A3("ffn_up_exps.weight", E, FE, ws);
             rc |= A3("ffn_down_exps.weight", FE, E, 1.0f / sqrtf((float)FE));
