@@ -2,8 +2,8 @@
  * test_tp_gptoss.c - tensor and pipeline parallelism of gpt-oss
  * (model/shard.c, model/moe.c, model/forward.c) in one process, without MPI.
  *
- * The file is mkmodel's gpt-oss-small (F16; written by $LAMINA_BIN mkmodel
- * into a temporary folder): 4 layers, 8 query heads of 64 with their sinks
+ * The files are mkmodel's gpt-oss-small (F16, the experts F16 and then
+ * MXFP4; written by $LAMINA_BIN mkmodel into a temporary folder): 4 layers, 8 query heads of 64 with their sinks
  * and 2 KV heads, with biases, a window of 128 on layers 0 and 2, 32
  * experts of 256 (top 4) with the router's and the three products' biases,
  * the output bias.
@@ -12,9 +12,10 @@
  * shards run the same passes on as many threads, whose hooks sum the
  * partial products in rank order and gather the vocabulary slices as dist.h
  * does across processes. A 200-token prompt (past the window) and three
- * single-token steps give the whole model's logits within 1e-3 (max
- * |difference|, logits of about 4; the split sums round differently), every
- * rank the same bits. What each rank must slice and what it must not:
+ * single-token steps give the whole model's logits within 1e-3 with F16
+ * experts (max |difference|, logits of about 5; the split sums round
+ * differently), 0.15 with MXFP4 experts (main() says why), every rank the
+ * same bits. What each rank must slice and what it must not:
  * Q/K/V biases and sinks by head, each expert's gate and up bias rows by
  * its rows; the router's bias whole, the output bias added once after the
  * sum, the experts' down bias on rank 0 only. A shard that added the down
@@ -37,8 +38,9 @@
 #include "kernels/kernels.h"
 #include "base/util.h"
 
-static char path[256];
-static lm_model *whole;
+static char path[256];  /* the file under test */
+static lm_model *whole; /* it, whole */
+static double tp_tol;   /* max |logit difference| of its shards */
 
 enum { N_PROMPT = 200, N_STEP = 3, N_TOK = N_PROMPT + N_STEP, CTX = 512, MAX_RANKS = 4 };
 
@@ -173,7 +175,7 @@ static void check_tp(int size) {
         top = fmax(top, fabs((double)want[i]));
     }
     fprintf(stderr, "  tp %d: max |logit difference| %.3g (logits up to %.3g)\n", size, d, top);
-    CHECKF(top > 0.5 && d <= 1e-3, "max difference %g, largest logit %g", d, top);
+    CHECKF(top > 0.5 && d <= tp_tol, "max difference %g, largest logit %g (tolerance %g)", d, top, tp_tol);
     for (int r = 1; r < size; r++) CHECKF(!memcmp(got[0], got[r], L * sizeof(float)), "rank %d's logits differ", r);
 done:
     free(want);
@@ -237,25 +239,48 @@ static void test_refusals(void) {
     model_free(m);
 }
 
-int main(void) {
-    kernels_init();
+/* Write mkmodel's gpt-oss-small with the experts in xtype into path and
+ * load it whole; -1 when that fails. */
+static int open_file(const char *xtype) {
     const char *bin = getenv("LAMINA_BIN") ? getenv("LAMINA_BIN") : "build/lamina";
     const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    snprintf(path, sizeof path, "%s/test_tp_gptoss_%d.gguf", dir, (int)getpid());
+    snprintf(path, sizeof path, "%s/test_tp_gptoss_%d_%s.gguf", dir, (int)getpid(), xtype);
     char cmd[1024], err[LM_ERRLEN];
     snprintf(cmd, sizeof cmd,
-             "%s mkmodel --preset gpt-oss-small --type F16 --vocab-from "
+             "%s mkmodel --preset gpt-oss-small --type F16 --expert-type %s --vocab-from "
              "tests/data/vocab/ggml-vocab-gpt-2.gguf -o %s -t 2 >/dev/null",
-             bin, path);
+             bin, xtype, path);
     if (system(cmd) != 0 || !(whole = model_load(path, err, sizeof err))) {
         fprintf(stderr, "cannot write or load the gpt-oss-small file (%s): %s\n", cmd, whole ? "" : err);
         unlink(path);
-        return 1;
+        return -1;
     }
+    fprintf(stderr, "experts in %s\n", xtype);
+    return 0;
+}
+
+int main(void) {
+    kernels_init();
+    /* F16 experts: the split sums' rounding alone (measured 2e-5) */
+    if (open_file("F16")) return 1;
+    tp_tol = 1e-3;
     TEST_RUN(test_tp_2);
     TEST_RUN(test_tp_4);
     TEST_RUN(test_pp_stages);
     TEST_RUN(test_refusals);
+    model_free(whole);
+    unlink(path);
+    /* MXFP4 experts, as the released files: their products take 8-bit activations, whose
+     * quantization steps turn the split sums' last-bit differences into steps, and a router's
+     * near-tie can then choose another expert: measured 0.016 under 4 ranks, 0.098 under 2 (rows 0
+     * to 18 within 0.01, the later ones 0.01 to 0.1 apart: an expert choice of token 18 flipped,
+     * which the later rows see through attention); the bound is e2e_mpi.sh's for the quantized
+     * MoE files, 0.15. A wrongly sliced bias or expert moves logits by 1 or more from row 0. */
+    if (open_file("MXFP4")) return 1;
+    tp_tol = 0.15;
+    TEST_RUN(test_tp_2);
+    TEST_RUN(test_tp_4);
+    TEST_RUN(test_pp_stages);
     model_free(whole);
     unlink(path);
     return TEST_DONE();
