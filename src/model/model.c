@@ -12,7 +12,11 @@
  * model_layer_matrices all read it. phi3 files store Q, K, V as one
  * blk.N.attn_qkv matrix and gate and up as one blk.N.ffn_up of 2·n_ff rows;
  * the table's entries marked fused for phi3 are then row slices of those
- * (load_fused), so every later reader still sees seven matrices.
+ * (load_fused), so every later reader still sees seven matrices. Layers of
+ * their own shape are read by their own functions into the same fields:
+ * deepseek2's (load_mla_layer), the hybrids' (load_hybrid_layer) and
+ * gpt-oss's (load_gptoss_layer: biases, sinks, post_attention_norm as the
+ * FFN's norm, the router's and experts' biases).
  */
 #include "model/model.h"
 
