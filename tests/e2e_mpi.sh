@@ -32,8 +32,8 @@
 #   - Qwen3.5's hybrids (qwen35-small, qwen35moe-small; F16) under --tp 2, --pp 2 (bit for
 #     bit) and both: greedy tokens and logits; the Q8_0 file under --tp 2, teacher-forced
 #     (details and tolerances at the test);
-#   - gpt-oss (gpt-oss-small, F16) under --tp 2, --pp 2 (bit for bit) and both,
-#     teacher-forced over 256 positions (past its window);
+#   - gpt-oss (gpt-oss-small, F16 with MXFP4 and with F16 experts) under --tp 2, --pp 2 (bit
+#     for bit) and both, teacher-forced over 256 positions (past its window);
 #   - refusals: --tp without the MPI build, --tp against the number of ranks,
 #     a model whose heads do not split; lamina kv --tp says when KV heads are
 #     replicated; --pp without the MPI build, more stages than layers,
@@ -255,19 +255,24 @@ if "$L" mkmodel --preset qwen3next-small --type F16 --vocab-from tests/data/voca
 else
     bad mkmodel_qwen3next "$(tail -3 "$T/err")"
 fi
-# gpt-oss (mkmodel's gpt-oss-small, F16): under --tp 2 each rank holds 4 of the 8 query
-# heads and one KV head with their biases (and sinks), half of every expert's rows with their gate
-# and up bias rows; the router and its bias, the output bias (added after the sum) and the experts'
-# down biases (added on rank 0 only) are replicated. 256 positions, past the window of 128 on
-# alternate layers: logits within the bundled model's 0.02 (measured 0.0007), teacher-forced (random
-# weights); --pp 2 bit for bit, --tp 2 --pp 2 within TP's tolerance.
-if "$L" mkmodel --preset gpt-oss-small --type F16 --vocab-from tests/data/vocab/ggml-vocab-llama-spm.gguf \
-    -o "$T/gptoss.gguf" -t 2 >/dev/null 2>"$T/err"; then
-    compare gptoss_small "$T/gptoss.gguf" "$TXT" 256 0.02 0.005 "Once upon a time" 32000
-    compare_pp gptoss_small "$T/gptoss.gguf" 256 0.02 "Once upon a time" 32000
-else
-    bad mkmodel_gptoss "$(tail -3 "$T/err")"
-fi
+# gpt-oss (mkmodel's gpt-oss-small, F16, its experts MXFP4): under --tp 2 each rank holds 4 of the 8
+# query heads and one KV head with their biases and sinks, half of every expert's rows with their
+# gate and up bias rows; the router and its bias, the output bias (added after the sum) and the
+# experts' down biases (added on rank 0 only) are replicated. 256 positions, past the window of 128
+# on alternate layers, teacher-forced (random weights): logits within the quantized MoE files' 0.15
+# (MXFP4 products take 8-bit activations; measured 0.052), and within 0.02 with F16 experts
+# (--expert-type F16; measured 0.0007); --pp 2 bit for bit, --tp 2 --pp 2 within TP's tolerance.
+for xt in MXFP4 F16; do
+    tol=0.15
+    [ $xt == F16 ] && tol=0.02
+    if "$L" mkmodel --preset gpt-oss-small --type F16 --expert-type $xt \
+        --vocab-from tests/data/vocab/ggml-vocab-llama-spm.gguf -o "$T/gptoss.gguf" -t 2 >/dev/null 2>"$T/err"; then
+        compare gptoss_small_$xt "$T/gptoss.gguf" "$TXT" 256 $tol 0.005 "Once upon a time" 32000
+        compare_pp gptoss_small_$xt "$T/gptoss.gguf" 256 $tol "Once upon a time" 32000
+    else
+        bad mkmodel_gptoss_$xt "$(tail -3 "$T/err")"
+    fi
+done
 if "$L" mkmodel --preset qwen35-small --type Q8_0 --vocab-from tests/data/vocab/ggml-vocab-llama-spm.gguf \
     -o "$T/qwen35_q8.gguf" -t 2 >/dev/null 2>"$T/err"; then
     compare qwen35_small_q8_0 "$T/qwen35_q8.gguf" "$TXT" 128 0.15 0.005 "Once upon a time" 32000
