@@ -216,6 +216,38 @@ int dist_allgather_cols(const float *part, int rows, const int *cols, float *out
 #endif
 }
 
+int dist_alltoallv(const void *send, const int *send_n, void *recv, const int *recv_n, size_t elem, char *err,
+                   size_t errlen) {
+    if (g_tp_size == 1) {
+        if (send_n[0] != recv_n[0])
+            return lm_err(err, errlen, "all-to-all of %d elements to oneself, %d expected", send_n[0], recv_n[0]);
+        if (send_n[0] > 0 && recv != send) memcpy(recv, send, (size_t)send_n[0] * elem);
+        return 0;
+    }
+#ifdef LAMINA_MPI
+    double t0 = lm_now();
+    const int N = g_tp_size;
+    int sc[N], sd[N], rc_[N], rd[N];
+    size_t s_tot = 0, r_tot = 0;
+    for (int r = 0; r < N; r++) { /* counts in bytes, each and in all under INT_MAX */
+        if (send_n[r] < 0 || recv_n[r] < 0) return lm_err(err, errlen, "all-to-all with a negative count");
+        size_t sb = (size_t)send_n[r] * elem, rb = (size_t)recv_n[r] * elem;
+        if (s_tot + sb > (size_t)0x7fffffff || r_tot + rb > (size_t)0x7fffffff)
+            return lm_err(err, errlen, "all-to-all of more than 2 GiB");
+        sc[r] = (int)sb, sd[r] = (int)s_tot, rc_[r] = (int)rb, rd[r] = (int)r_tot;
+        s_tot += sb, r_tot += rb;
+    }
+    int rc = MPI_Alltoallv(send, sc, sd, MPI_BYTE, recv, rc_, rd, MPI_BYTE, g_tp_comm);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "all-to-all", err, errlen);
+    g_stats.comm_s += lm_now() - t0;
+    g_stats.bytes += s_tot - (size_t)sc[g_tp_rank]; /* what left this rank */
+    g_stats.calls++;
+    return 0;
+#else
+    return lm_err(err, errlen, "built without MPI");
+#endif
+}
+
 int dist_bcast(void *buf, size_t bytes, int root, char *err, size_t errlen) {
     if (g_size == 1 || bytes == 0) return 0;
 #ifdef LAMINA_MPI

@@ -21,8 +21,9 @@
  *  - dist keeps counters of time spent in collectives and bytes moved, for
  *    `lamina bench` (dist_stats_get).
  *  - The grid (dist_grid): tp x pp ranks, world rank = stage * tp + tp rank.
- *    The all-reduce and the column gather run inside one stage's tensor
- *    group (tp ranks; the whole job until dist_grid is called); broadcasts
+ *    The all-reduce, the column gather and the all-to-all run inside one
+ *    stage's group (tp ranks; the whole job until dist_grid is called; under
+ *    expert parallelism the stage's expert ranks, arranged the same way); broadcasts
  *    and barriers span the job; dist_send/dist_recv pass a stage's
  *    activations to the same tensor rank of the next stage.
  */
@@ -65,6 +66,13 @@ int dist_allreduce_sum(float *x, size_t n, char *err, size_t errlen);
  * receives on every rank, row by row, rank 0's columns, then rank 1's, ...
  * (the columns of a matrix split by column blocks). */
 int dist_allgather_cols(const float *part, int rows, const int *cols, float *out, char *err, size_t errlen);
+/* Personalised exchange inside the stage's group (MPI_Alltoallv): send holds
+ * send_n[0] elements of elem bytes for rank 0, then send_n[1] for rank 1, ...;
+ * recv receives recv_n[r] elements from rank r, rank after rank (the caller
+ * knows them: exchange the counts first, one int to each rank). One rank
+ * (or a group of one): send copied to recv. Counted in the stats. */
+int dist_alltoallv(const void *send, const int *send_n, void *recv, const int *recv_n, size_t elem, char *err,
+                   size_t errlen);
 /* buf (bytes) from root to every rank. */
 int dist_bcast(void *buf, size_t bytes, int root, char *err, size_t errlen);
 /* dist_bcast for a rank that may wait long (a follower between requests):
