@@ -176,9 +176,7 @@ void moe_expert_run(moe_ws *w, lm_pool *pool, const lm_model *m, const lm_moe *m
     }
 }
 
-/* The shared expert over all n rows, gated per token (qwen2moe) or not
- * (deepseek2), added to acc. */
-static void shared_expert(moe_ws *w, lm_pool *pool, const lm_layer *l, const float *xb, int n, void *act) {
+void moe_shared_run(moe_ws *w, lm_pool *pool, const lm_layer *l, const float *xb, int n, float *out, void *act) {
     const int E = w->E, S = (int)l->w_gate.rows;
     float *const gu_y[2] = {w->h, w->h2};
     const lm_weight *const gu_w[2] = {&l->w_gate, &l->w_up};
@@ -190,23 +188,32 @@ static void shared_expert(moe_ws *w, lm_pool *pool, const lm_layer *l, const flo
         float d = 0, g = 1.0f; /* deepseek2's shared experts have no gate */
         for (int i = 0; l->moe->shexp_gate && i < E; i++) d += l->moe->shexp_gate[i] * x[i];
         if (l->moe->shexp_gate) g = 1.0f / (1.0f + expf(-d));
-        float *o = w->acc + (size_t)t * E;
+        float *o = out + (size_t)t * E;
         for (int i = 0; i < E; i++) o[i] += g * y[i];
     }
+}
+
+void moe_route(moe_ws *w, lm_pool *pool, const lm_model *m, const lm_moe *moe, const float *xb, int n, void *act,
+               const int **sel, const float **selw) {
+    const int X = w->n_expert, K = w->k;
+    ops_matmul(pool, w->logits, &moe->gate_inp, xb, n, act);
+    for (int t = 0; moe->gate_inp_b && t < n; t++) /* gpt-oss: the router's bias, before any choice */
+        for (int e = 0; e < X; e++) w->logits[(size_t)t * X + e] += moe->gate_inp_b[e];
+    for (int t = 0; t < n; t++)
+        route(w->logits + (size_t)t * X, X, K, &m->hp, moe->probs_bias, w->sel + (size_t)t * K,
+              w->selw + (size_t)t * K);
+    *sel = w->sel;
+    *selw = w->selw;
 }
 
 void moe_ffn(moe_ws *w, lm_pool *pool, const lm_model *m, const lm_layer *l, float *xb, int n, void *act, int *n_run) {
     const lm_moe *moe = l->moe;
     const int X = w->n_expert, K = w->k, E = w->E;
-    ops_matmul(pool, w->logits, &moe->gate_inp, xb, n, act);
-    for (int t = 0; moe->gate_inp_b && t < n; t++) /* gpt-oss: the router's bias, before any choice */
-        for (int e = 0; e < X; e++) w->logits[(size_t)t * X + e] += moe->gate_inp_b[e];
+    const int *sel;
+    const float *selw;
+    moe_route(w, pool, m, moe, xb, n, act, &sel, &selw);
     memset(w->count, 0, (size_t)(X + 1) * sizeof(int));
-    for (int t = 0; t < n; t++) {
-        route(w->logits + (size_t)t * X, X, K, &m->hp, moe->probs_bias, w->sel + (size_t)t * K,
-              w->selw + (size_t)t * K);
-        for (int j = 0; j < K; j++) w->count[w->sel[(size_t)t * K + j] + 1]++;
-    }
+    for (size_t i = 0; i < (size_t)n * (size_t)K; i++) w->count[sel[i] + 1]++;
     for (int e = 0; e < X; e++) w->count[e + 1] += w->count[e]; /* count[e]: expert e's first slot */
     /* rows grouped by expert, each group in token order (count[e] advances
      * while filling, then is restored) */
@@ -228,7 +235,7 @@ void moe_ffn(moe_ws *w, lm_pool *pool, const lm_model *m, const lm_layer *l, flo
         moe_expert_run(w, pool, m, moe, e, w->xe, w->rows + s0, w->roww + s0, c, w->acc, act);
         run++;
     }
-    if (l->w_gate.rows) shared_expert(w, pool, l, xb, n, act);
+    if (l->w_gate.rows) moe_shared_run(w, pool, l, xb, n, w->acc, act);
     memcpy(xb, w->acc, (size_t)n * E * sizeof(float));
     if (n_run) *n_run = run;
 }

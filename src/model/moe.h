@@ -21,9 +21,9 @@
  * one contiguous block), so its weights are read once per pass however many
  * tokens chose it. One expert's work is moe_expert_run, which reads only
  * that expert's weights, the gathered rows and their routing weights, and
- * adds into the output rows of its tokens: the unit a later expert-parallel
- * layout places on another rank (each rank runs its experts, then the
- * output rows are summed across ranks). A token's sum is taken in
+ * adds into the output rows of its tokens: the unit expert parallelism
+ * places on ranks (ep.h: each rank runs its experts on the rows sent to it,
+ * the outputs go back to be summed where the token lives, in this order). A token's sum is taken in
  * ascending expert order whatever else is in the batch, and each product's
  * row does not depend on the other rows (ops_matmul), so a token's result
  * is the same alone or batched.
@@ -52,6 +52,17 @@ size_t moe_act_bytes(const lm_model *m, int n_batch);
  * act: moe_act_bytes() of scratch. Counts the experts run in *n_run when
  * not NULL. */
 void moe_ffn(moe_ws *w, lm_pool *pool, const lm_model *m, const lm_layer *l, float *xb, int n, void *act, int *n_run);
+
+/* Layer moe's router over xb (n, n_embd): *sel and *selw point at the
+ * workspace's (n, n_expert_used) chosen experts and their weights, each
+ * token's in the order chosen (valid until the next call). */
+void moe_route(moe_ws *w, lm_pool *pool, const lm_model *m, const lm_moe *moe, const float *xb, int n, void *act,
+               const int **sel, const float **selw);
+
+/* Layer l's shared expert over xb (n, n_embd) (gated per token for qwen2moe,
+ * not for deepseek2), added into out (n, n_embd). Only for a layer with one
+ * (l->w_gate.rows > 0). Uses the workspace's product buffers. */
+void moe_shared_run(moe_ws *w, lm_pool *pool, const lm_layer *l, const float *xb, int n, float *out, void *act);
 
 /* One expert e of layer l on c gathered rows: xe (c, n_embd) in; for row j,
  * weight[j] · expert(xe_j) added into out row rows[j] (out: (*, n_embd)). */
