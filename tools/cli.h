@@ -54,6 +54,10 @@ extern int cli_tp_rank, cli_tp_size;
  * stage cli_pp_stage of cli_pp_size; cli_rank is its rank in the job
  * (stage x cli_tp_size + cli_tp_rank), 0 the one that writes. */
 extern int cli_rank, cli_pp_stage, cli_pp_size;
+/* Expert parallelism (--ep N, taken out the same way; not with --tp): the
+ * stage's ranks hold the MoE layers' experts, rank cli_ep_rank of
+ * cli_ep_size (model/ep.h); load_or_die loads only its experts. */
+extern int cli_ep_rank, cli_ep_size;
 /* The tokenizer of a GGUF file alone (a full model or a vocabulary-only file
  * of any architecture); exits 1 when the file or its tokenizer cannot be read. */
 lm_tokenizer *load_tok_or_die(const char *cmd, const char *path);

@@ -222,7 +222,7 @@ int cmd_serve(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
 
     char err[LM_ERRLEN];
-    const bool dist = cli_tp_size * cli_pp_size > 1; /* tensor and/or pipeline parallel */
+    const bool dist = cli_tp_size * cli_pp_size * cli_ep_size > 1; /* tensor, pipeline and/or expert parallel */
     if (dist && cli_rank != 0) return follow(model, ec.n_threads);
     sc.api_keys = keys;
     sc.n_api_keys = n_keys;

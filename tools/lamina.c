@@ -695,11 +695,12 @@ static void remove_temps_on_signal(void) {
     }
 }
 
-/* --tp N and --pp N anywhere after the subcommand: taken out of argv here,
- * so every subcommand gets them through load_or_die. `lamina kv --tp N
- * --pp M` only computes (no runtime); any other command starts the runtime
- * and wants exactly N x M ranks (mpirun -np N*M), world rank = stage x N +
- * tensor rank. */
+/* --tp N, --pp N and --ep N anywhere after the subcommand: taken out of
+ * argv here, so every subcommand gets them through load_or_die. `lamina kv
+ * --tp N --pp M` only computes (no runtime); any other command starts the
+ * runtime and wants exactly N x M ranks (mpirun -np N*M), world rank = stage
+ * x N + tensor rank; --ep E stands for --tp N there (E expert ranks per
+ * stage, not combined with --tp). */
 static int take_par(int *argc, char **argv, const char *flag) {
     int v0 = 0, o = 1;
     for (int i = 1; i < *argc; i++) {
@@ -721,16 +722,21 @@ static int take_par(int *argc, char **argv, const char *flag) {
     return v0;
 }
 
-static int start_tp(int tp, int pp, int *argc, char ***argv) {
+static int start_tp(int tp, int pp, int ep, int *argc, char ***argv) {
+    if (tp > 1 && ep > 1) {
+        fprintf(stderr, "lamina: --ep with --tp is not supported (attention is whole on each expert rank)\n");
+        exit(2);
+    }
     if (!strcmp((*argv)[1], "kv")) {
         cli_tp_size = tp;
         cli_pp_size = pp;
+        cli_ep_size = ep;
         return 0;
     }
-    const char *what = pp > 1 ? (tp > 1 ? "--tp/--pp" : "--pp") : "--tp";
-    if (tp * pp > 1 && !dist_available()) {
+    const char *what = ep > 1 ? (pp > 1 ? "--ep/--pp" : "--ep") : pp > 1 ? (tp > 1 ? "--tp/--pp" : "--pp") : "--tp";
+    if (tp * pp * ep > 1 && !dist_available()) {
         fprintf(stderr, "lamina: %s needs the MPI build (make MPI=1, then mpirun -np %d build/mpi/lamina ...)\n", what,
-                tp * pp);
+                tp * pp * ep);
         exit(2);
     }
     char err[LM_ERRLEN];
@@ -738,8 +744,11 @@ static int start_tp(int tp, int pp, int *argc, char ***argv) {
         fprintf(stderr, "lamina: %s\n", err);
         exit(1);
     }
-    if (dist_size() != tp * pp) {
-        if (pp > 1)
+    if (dist_size() != tp * pp * ep) {
+        if (ep > 1)
+            fprintf(stderr, "lamina: --ep %d%s wants %d ranks, this job has %d (mpirun -np %d)\n", ep,
+                    pp > 1 ? " with --pp (ep x pp)" : "", ep * pp, dist_size(), ep * pp);
+        else if (pp > 1)
             fprintf(stderr, "lamina: --tp %d --pp %d wants %d ranks (tp x pp), this job has %d (mpirun -np %d)\n", tp,
                     pp, tp * pp, dist_size(), tp * pp);
         else
@@ -748,13 +757,15 @@ static int start_tp(int tp, int pp, int *argc, char ***argv) {
         dist_finalize();
         exit(2);
     }
-    if (dist_grid(tp, pp, err, sizeof err)) {
+    if (dist_grid(tp * ep, pp, err, sizeof err)) { /* a stage's group: its tensor or its expert ranks */
         fprintf(stderr, "lamina: %s\n", err);
         dist_abort(1);
     }
     cli_rank = dist_rank();
-    cli_tp_rank = dist_tp_rank();
+    cli_tp_rank = ep > 1 ? 0 : dist_tp_rank();
     cli_tp_size = tp;
+    cli_ep_rank = ep > 1 ? dist_tp_rank() : 0;
+    cli_ep_size = ep;
     cli_pp_stage = dist_stage();
     cli_pp_size = pp;
     if (cli_rank != 0 && !freopen("/dev/null", "w", stdout)) {
@@ -789,7 +800,8 @@ static int cmd_version(void) {
 int main(int argc, char **argv) {
     kernels_init();
     int tp = argc >= 2 ? take_par(&argc, argv, "--tp") : 0, pp = argc >= 2 ? take_par(&argc, argv, "--pp") : 0;
-    if ((tp || pp) && start_tp(tp ? tp : 1, pp ? pp : 1, &argc, &argv)) {
+    int ep = argc >= 2 ? take_par(&argc, argv, "--ep") : 0;
+    if ((tp || pp || ep) && start_tp(tp ? tp : 1, pp ? pp : 1, ep ? ep : 1, &argc, &argv)) {
         int rc = run_cmd(argc, argv);
         fflush(stdout);
         if (rc) dist_abort(rc); /* the other ranks may wait in a collective */

@@ -178,8 +178,9 @@ int fwd_run(lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_seg, flo
  * for the rows that want logits.
  */
 
-/* What a tensor-parallel shard's pass needs from the ranks of its tensor
- * group; each returns 0, or -1 with a message. */
+/* What a tensor-parallel shard's pass, or an expert-parallel one's MoE
+ * layers, need from the ranks of its group; each returns 0, or -1 with a
+ * message. */
 typedef struct {
     /* x (count floats): replaced on every rank by the sum of every rank's x,
      * added in rank order (the same bits on every rank) */
@@ -188,6 +189,10 @@ typedef struct {
      * after rank; part is this rank's (rows, cols[rank]) and may alias the
      * front of out */
     int (*gather_cols)(const float *part, int rows, const int *cols, float *out, char *err, size_t errlen);
+    /* expert parallelism (ep.h): send_n[r] elements of elem bytes to rank r,
+     * recv_n[r] from it, each side rank after rank (dist_alltoallv) */
+    int (*alltoallv)(const void *send, const int *send_n, void *recv, const int *recv_n, size_t elem, char *err,
+                     size_t errlen);
 } fwd_hooks;
 
 /* The part of the model one local pass runs. */
@@ -195,7 +200,7 @@ typedef struct {
     int layer0, layer1;     /* layers [layer0, layer1), inside m->pp's */
     bool embed;             /* x from the tokens' embeddings; else x holds the rows' input (a stage's) */
     bool head;              /* after the layers, the final norm and LM head for the rows that want logits */
-    const fwd_hooks *hooks; /* needed when m->tp.size > 1; NULL for a whole model */
+    const fwd_hooks *hooks; /* needed when m->tp.size > 1 or m->ep.size > 1; NULL for a whole model */
 } fwd_span;
 
 /* The span of m's pipeline stage (the whole model without pipeline

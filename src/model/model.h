@@ -336,11 +336,24 @@ typedef struct {
     int rec0, rec1;
 } lm_pp;
 
+/* Expert parallelism (ep.c): the routed experts this process holds whole.
+ * Placement is contiguous: rank r of size holds experts [first[r],
+ * first[r + 1]) with first[r] = r * n_expert / size, in every MoE layer of
+ * the trunk; the others' matrices are rows 0 here (never packed nor read).
+ * The router, the shared expert, attention and the dense layers are whole on
+ * every rank. size 1: every expert. */
+typedef struct {
+    int rank, size;
+    int e0, e1;               /* this rank's experts [e0, e1) */
+    int first[LM_TP_MAX + 1]; /* (size + 1) every rank's first expert; first[size] = n_expert */
+} lm_ep;
+
 typedef struct lm_model {
     gguf_ctx *gguf; /* owns the mapping every weight points into */
     lm_hparams hp;  /* this rank's counts when tp.size > 1 */
     lm_tp tp;
     lm_pp pp;
+    lm_ep ep;
     lm_tokenizer *tok;     /* NULL when the file carries no tokenizer */
     lm_weight tok_embd;    /* (n_vocab, n_embd) */
     const float *out_norm; /* (n_embd) */
@@ -407,6 +420,16 @@ int model_shard(lm_model *m, int rank, int size, char *err, size_t errlen);
  * (LM_ERR_UNSUPPORTED) with more stages than layers. */
 lm_model *model_load_grid(const char *path, const lm_load_params *p, int tp_rank, int tp_size, int pp_stage,
                           int pp_size, lm_status *status, char *err, size_t errlen);
+/* model_load_grid with the stage's ranks as an expert-parallel group of
+ * ep_size (tp_size must then be 1): this process holds ep_rank's experts
+ * only (model_ep). Fails (LM_ERR_UNSUPPORTED) on a model without experts,
+ * more ranks than experts, or ep_size > 1 with tp_size > 1. */
+lm_model *model_load_ep(const char *path, const lm_load_params *p, int tp_rank, int tp_size, int pp_stage, int pp_size,
+                        int ep_rank, int ep_size, lm_status *status, char *err, size_t errlen);
+/* Keep rank's experts of size (ep.c; after model_stage, before packing): the
+ * others' matrices become rows 0, m->ep is set, and a stage's ranks are the
+ * expert group (m->pp.tp = size). */
+int model_ep(lm_model *m, int rank, int size, char *err, size_t errlen);
 /* Split the layers into size contiguous stages balancing weight bytes:
  * first (size + 1) receives each stage's first layer, bytes (size) its
  * bytes (stage 0 counts the embedding table, the last the output norm and

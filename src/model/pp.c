@@ -4,7 +4,9 @@
  * nothing of the other ranks.
  *
  * Tensor parallel: the local pass's hooks are dist.h's rank-ordered
- * all-reduce and column gather over this stage's tensor group.
+ * all-reduce and column gather over this stage's tensor group. Expert
+ * parallel (ep.h): the same group is the stage's expert ranks, and the MoE
+ * layers exchange rows through dist.h's all-to-all and the column gather.
  *
  * Pipeline parallel: every rank runs the same calls (the command line's ranks in lockstep, or
  * a serving leader's followers from its plan, tp_plan.c), so each knows the
@@ -45,7 +47,8 @@ void pp_stats_get(pp_stats *s) {
 }
 void pp_stats_reset(void) { g_st = (pp_stats){0}; }
 
-static const fwd_hooks tp_hooks = {.reduce = dist_allreduce_sum, .gather_cols = dist_allgather_cols};
+static const fwd_hooks tp_hooks = {
+    .reduce = dist_allreduce_sum, .gather_cols = dist_allgather_cols, .alltoallv = dist_alltoallv};
 
 /* Rows of a segment cut at position p0 when take of its left rows fit
  * (take < left): a hybrid model's cut ends on a multiple of GDN_CHUNK
@@ -126,7 +129,7 @@ static int stage_forward(lm_fwd *f, const fwd_span *span, const int32_t *tokens,
 
 int pp_forward(lm_fwd *f, const int32_t *tokens, int n, const lm_seg *segs, int n_seg, float *logits, char *err,
                size_t errlen) {
-    fwd_span span = fwd_span_stage(f->m, f->m->tp.size > 1 ? &tp_hooks : NULL);
+    fwd_span span = fwd_span_stage(f->m, f->m->tp.size > 1 || f->m->ep.size > 1 ? &tp_hooks : NULL);
     if (f->m->pp.size > 1) return stage_forward(f, &span, tokens, n, segs, n_seg, logits, err, errlen);
     return fwd_pass(f, &span, tokens, n, segs, n_seg, logits, err, errlen);
 }
