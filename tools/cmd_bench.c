@@ -28,6 +28,7 @@
 #include "sched/engine.h"
 #include "dist/dist.h"
 #include "model/cost.h"
+#include "model/ep.h"
 #include "model/forward.h"
 #include "model/pp.h"
 #include "base/pool.h"
@@ -201,6 +202,61 @@ static void tp_report(const lm_model *m, const char *name, double tokens, double
             cli_tp_rank, cli_tp_size, name, 1e3 * all, 1e3 * comm, 100 * comm / all, 1e3 * (all - comm),
             (double)ds.bytes / tokens, (double)ds.calls / tokens, m->hp.n_layer, m->hp.n_embd, model_bytes,
             m->tp.n_vocab);
+}
+
+/* Expert parallel (model/ep.h): this rank's time per token in the
+ * exchanges (all-to-alls and the gather of the homes' rows) against the MoE
+ * layers' compute and the rest, the bytes it sent, against what --tp moves
+ * for the same layers (one all-reduce of n_embd floats per MoE layer per
+ * token); then per MoE layer the rows each of its experts ran on. After
+ * that, rank 0 prints per layer every rank's rows and the imbalance: the
+ * busiest rank's rows over the mean (1: even). Every rank calls it (a
+ * collective sums the ranks' rows). */
+static void ep_report(const lm_model *m, const char *name, double tokens, double total) {
+    ep_stats es;
+    ep_stats_get(&es);
+    const int N = m->ep.size, L = m->hp.n_layer, X = m->hp.n_expert;
+    int n_moe = 0;
+    for (int li = m->pp.layer0; li < m->pp.layer1; li++) n_moe += m->layers[li].moe != NULL;
+    double a2a = es.a2a_s / tokens, comp = es.compute_s / tokens, all = total / tokens;
+    fprintf(stderr,
+            "bench: rank %d/%d %s: %.3f ms/token, expert all-to-all %.3f ms (%.1f%%), experts' compute %.3f ms, "
+            "the rest %.3f ms; %.0f bytes/token sent (--tp would all-reduce %d MoE layers x %d floats = %.0f "
+            "bytes/token)\n",
+            m->ep.rank, N, name, 1e3 * all, 1e3 * a2a, 100 * a2a / all, 1e3 * comp, 1e3 * (all - a2a - comp),
+            (double)es.bytes / tokens, n_moe, m->hp.n_embd, (double)n_moe * m->hp.n_embd * sizeof(float));
+    float *per = calloc((size_t)L * (size_t)N, sizeof *per); /* (L, N) rows each rank ran */
+    if (!per) return;
+    for (int li = 0; es.rows && li < L; li++) {
+        if (!m->layers[li].moe) continue;
+        char line[1024];
+        int o = 0;
+        for (int e = m->ep.e0; e < m->ep.e1; e++) {
+            uint64_t r = es.rows[(size_t)li * X + e];
+            per[(size_t)li * N + m->ep.rank] += (float)r;
+            if (o < (int)sizeof line - 32)
+                o += snprintf(line + o, sizeof line - (size_t)o, " e%d:%llu", e, (unsigned long long)r);
+        }
+        fprintf(stderr, "bench: rank %d layer %d rows per expert:%s\n", m->ep.rank, li, o ? line : " -");
+    }
+    char err[LM_ERRLEN];
+    if (dist_allreduce_sum(per, (size_t)L * (size_t)N, err, sizeof err) == 0 && m->ep.rank == 0) {
+        for (int li = m->pp.layer0; li < m->pp.layer1; li++) {
+            if (!m->layers[li].moe) continue;
+            double sum = 0, mx = 0;
+            char line[1024];
+            int o = 0;
+            for (int r = 0; r < N; r++) {
+                double v = per[(size_t)li * N + r];
+                sum += v;
+                mx = v > mx ? v : mx;
+                if (o < (int)sizeof line - 32) o += snprintf(line + o, sizeof line - (size_t)o, " %.0f", v);
+            }
+            fprintf(stderr, "bench: ep layer %d rows per rank:%s, imbalance %.3f (busiest over mean)\n", li, line,
+                    sum > 0 ? mx / (sum / N) : 0.0);
+        }
+    }
+    free(per);
 }
 
 /* Pipeline parallel: this rank's stage, its time per token in its layers
@@ -534,6 +590,7 @@ int cmd_bench(int argc, char **argv) {
             pool_timing_reset(pool);
             dist_stats_reset();
             pp_stats_reset();
+            ep_stats_reset();
             double total = 0;
             /* progress on a terminal: per repetition for pp, per token for tg;
          * the time taken to draw it is outside the timed span */
@@ -590,6 +647,7 @@ int cmd_bench(int argc, char **argv) {
             }
             if (cli_tp_size > 1) tp_report(m, name, (double)n * reps, total);
             if (cli_pp_size > 1) pp_report(m, name, (double)n * reps, total);
+            if (cli_ep_size > 1) ep_report(m, name, (double)n * reps, total);
             if (profile && !json) {
                 /* per op: its share of the time, per token, and the part of it
              * that was dispatch (publishing pool runs, waiting at their

@@ -108,6 +108,35 @@ static int pp_table(const lm_model *m, const kv_config *whole, const kv_plan *wp
     return rc;
 }
 
+/* --ep: each rank's experts and weight bytes (the rest replicated) and its
+ * KV pool, the whole pool on every rank (attention is whole on each). */
+static void ep_table(const lm_model *m, const kv_plan *pl) {
+    const lm_ep *ep = &m->ep;
+    uint64_t all = 0, mine = 0, own[LM_TP_MAX] = {0};
+    for (int li = m->pp.layer0; li < m->pp.layer1; li++) {
+        all += model_layer_bytes(m, li);
+        if (!m->layers[li].moe) continue;
+        const lm_moe *moe = &m->moe[li];
+        for (int e = 0, r = 0; e < m->hp.n_expert; e++) { /* rows as loaded, whatever this rank keeps */
+            while (e >= ep->first[r + 1]) r++;
+            uint64_t b = (uint64_t)m->hp.n_ff_exp * (moe->gate[e].row_bytes + moe->up[e].row_bytes) +
+                (uint64_t)m->hp.n_embd * moe->down[e].row_bytes;
+            own[r] += b;
+            if (r == ep->rank) mine += b;
+        }
+    }
+    const uint64_t rest = all - mine + (uint64_t)m->tok_embd.rows * m->tok_embd.row_bytes +
+        (m->output.data != m->tok_embd.data ? (uint64_t)m->output.rows * m->output.row_bytes : 0);
+    printf("expert parallel: %d ranks, each holding whole routed experts (contiguous: rank r holds experts "
+           "r*%d/%d ..); the router, %sattention and the dense layers on every rank%s\n",
+           ep->size, m->hp.n_expert, ep->size, m->hp.n_ff_shexp ? "the shared expert, " : "",
+           m->pp.size > 1 ? " (figures for this stage's layers)" : "");
+    printf("  rank  experts   expert weights (MiB)  replicated (MiB)  total (MiB)  KV pool (MiB)\n");
+    for (int r = 0; r < ep->size; r++)
+        printf("  %4d  %3d-%-3d  %20.2f  %16.2f  %11.2f  %13.2f\n", r, ep->first[r], ep->first[r + 1] - 1, mib(own[r]),
+               mib(rest), mib(own[r] + rest), mib(pl->data_bytes));
+}
+
 /* The split of a whole budget as engine_new makes it; the KV pool's bytes
  * (exit 1 when the budget cannot hold one sequence of ctx tokens). */
 static uint64_t budget_split(const lm_model *m, const lm_model *dm, uint64_t budget, uint32_t type, int ctx, int seqs,
@@ -359,6 +388,7 @@ int cmd_kv(int argc, char **argv) {
                 (unsigned long long)cls_tok[KV_GLOBAL], (unsigned long long)cls_tok[KV_LOCAL],
                 (unsigned long long)want);
     if (m->pp.size > 1 && pp_table(m, &c, &pl)) rc = 1;
+    if (m->ep.size > 1) ep_table(m, &pl);
     if (alloc && !rc) {
         kv_pool *p = kv_pool_new(&c, err, sizeof err);
         if (!p) {
