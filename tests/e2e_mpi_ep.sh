@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Expert parallelism over MPI (--ep N, src/model/ep.c): mkmodel's MoE presets
+# (qwen3moe-small, qwen2moe-small with its shared expert, mixtral-small,
+# deepseek2-small with its dense first layer and shared experts; F16, 8
+# experts each) under mpirun --oversubscribe with 2 ranks (--ep 2) and 4
+# (--ep 4 on qwen3moe and deepseek2, --ep 2 --pp 2 on qwen2moe) against the
+# single process of the default build:
+#   - the first perplexity chunk's logits (64 positions) equal bit for bit
+#     (tolerance 0: each home rank sums its rows' expert results in the
+#     single process's ascending-expert order, ep.h) and so the perplexity;
+#   - 16 greedy tokens identical;
+#   - lamina bench --ep reports the expert all-to-all, rows per expert and
+#     the imbalance;
+#   - refusals: --ep on a dense model (by name), --ep against the job's ranks,
+#     more ranks than experts, --ep with --tp; lamina kv --ep prints each
+#     rank's experts (rank r of 4 holds 2 of 8) and weight bytes.
+# Skips the MPI parts, saying so, when the MPI binary or mpirun is absent.
+. "$(dirname "$0")/testenv.sh"
+skip=0
+LM=$(dirname "$L")/mpi/lamina
+TXT=tests/data/mpi_text.txt
+VOC=tests/data/vocab/ggml-vocab-llama-spm.gguf
+skipped() { echo "SKIP $1"; skip=$((skip + 1)); }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
+
+# 1. refusals and the placement, without the runtime
+"$L" kv -m "$M" --ep 2 >/dev/null 2>"$T/err"; rc=$?
+[ $rc -eq 1 ] && grep -q "\-\-ep places experts on ranks, and 'llama' (llama) is a dense model" "$T/err" &&
+    ok ep_dense_refused || bad ep_dense_refused "rc $rc" "$(cat "$T/err")"
+for p in qwen3moe qwen2moe mixtral deepseek2; do
+    "$L" mkmodel --preset $p-small --type F16 --vocab-from "$VOC" -o "$T/$p.gguf" -t 2 >/dev/null 2>"$T/err" ||
+        bad "mkmodel_$p" "$(tail -3 "$T/err")"
+done
+"$L" kv -m "$T/qwen3moe.gguf" --ep 9 >/dev/null 2>"$T/err"; rc=$?
+[ $rc -eq 1 ] && grep -q "8 experts do not place on 9 ranks" "$T/err" && ok ep_too_many_ranks ||
+    bad ep_too_many_ranks "rc $rc" "$(cat "$T/err")"
+"$L" kv -m "$T/qwen3moe.gguf" --ep 2 --tp 2 >/dev/null 2>"$T/err"; rc=$?
+[ $rc -eq 2 ] && grep -q "\-\-ep with \-\-tp is not supported" "$T/err" && ok ep_with_tp_refused ||
+    bad ep_with_tp_refused "rc $rc" "$(cat "$T/err")"
+"$L" kv -m "$T/qwen2moe.gguf" --ep 4 -c 128 >"$T/kv" 2>&1
+awk '/^  rank  experts/ {t = 1; next} t && NF == 6 {n++; if ($2 != 2 * ($1) "-" 2 * ($1) + 1) b++; e[$3]++}
+     END {exit !(n == 4 && !b && length(e) == 1)}' "$T/kv" && grep -q "the shared expert" "$T/kv" && ok kv_ep_placement ||
+    bad kv_ep_placement "$(tail -7 "$T/kv")"
+"$L" run -m "$T/qwen3moe.gguf" -p hi --ep 2 >/dev/null 2>"$T/err"; rc=$?
+[ $rc -eq 2 ] && grep -q "\-\-ep needs the MPI build" "$T/err" && ok ep_without_mpi || bad ep_without_mpi "rc $rc" "$(cat "$T/err")"
+
+if [ ! -x "$LM" ] || ! command -v mpirun >/dev/null; then
+    skipped "mpi: no $LM or no mpirun (make mpi; scripts/deps.sh installs Open MPI)"
+    echo "$pass passed, $fail failed, $skip skipped"
+    [ $fail -eq 0 ]
+    exit
+fi
+mpi() { local np=$1; shift; timeout 120 mpirun --oversubscribe -np "$np" "$LM" "$@"; }
+
+# 2. the job's ranks must be --ep's (x --pp's)
+mpi 2 run -m "$T/qwen3moe.gguf" -p hi -n 2 --ep 4 >/dev/null 2>"$T/err"; rc=$?
+[ $rc -ne 0 ] && grep -q "\-\-ep 4 wants 4 ranks, this job has 2" "$T/err" && ok ep_rank_count ||
+    bad ep_rank_count "rc $rc" "$(cat "$T/err")"
+
+# 3. logits bit for bit, perplexity and greedy tokens against one process
+ppl() { grep -o 'PPL = [0-9.]*' "$1" | awk '{print $3}'; }
+ids() { grep "generated ids" "$1"; }
+# compare NAME MODEL NP FLAGS...
+compare() {
+    local name=$1 model=$2 np=$3
+    shift 3
+    [ -f "$T/$name.l1" ] || "$L" perplexity -m "$model" -f "$TXT" -c 64 --chunks 1 -t 1 --logits-out "$T/$name.l1" \
+        >"$T/$name.p1" 2>/dev/null
+    mpi "$np" perplexity -m "$model" -f "$TXT" -c 64 --chunks 1 -t 1 --logits-out "$T/$name.l2" "$@" >"$T/p2" 2>"$T/e2"
+    if [ -s "$T/$name.l1" ] && cmp -s "$T/$name.l1" "$T/$name.l2" && [ "$(ppl "$T/$name.p1")" == "$(ppl "$T/p2")" ]; then
+        ok "${name}_logits_$np"
+    else bad "${name}_logits_$np" "$(ppl "$T/$name.p1") $(ppl "$T/p2")" "$(tail -3 "$T/e2")"; fi
+    [ -f "$T/$name.s1" ] || "$L" run -m "$model" -p "Once upon a time" -n 16 --temp 0 --ignore-eos -t 1 --show-ids \
+        >/dev/null 2>"$T/$name.s1"
+    mpi "$np" run -m "$model" -p "Once upon a time" -n 16 --temp 0 --ignore-eos -t 1 --show-ids "$@" >/dev/null 2>"$T/s2"
+    if [ -n "$(ids "$T/$name.s1")" ] && [ "$(ids "$T/$name.s1")" == "$(ids "$T/s2" | head -1)" ] &&
+        [ "$(ids "$T/s2" | sort -u | wc -l)" -eq 1 ]; then ok "${name}_greedy_$np"
+    else bad "${name}_greedy_$np" "$(ids "$T/$name.s1")" "$(ids "$T/s2")" "$(tail -3 "$T/s2")"; fi
+}
+for p in qwen3moe qwen2moe mixtral deepseek2; do compare $p "$T/$p.gguf" 2 --ep 2; done
+compare qwen3moe "$T/qwen3moe.gguf" 4 --ep 4
+compare deepseek2 "$T/deepseek2.gguf" 4 --ep 4
+compare qwen2moe "$T/qwen2moe.gguf" 4 --ep 2 --pp 2
+
+# 4. bench --ep: the exchange against compute, rows per expert, imbalance
+mpi 2 bench -m "$T/qwen3moe.gguf" -p 32 -n 4 -r 1 -t 1 --ep 2 >/dev/null 2>"$T/b"
+grep -q "expert all-to-all" "$T/b" && grep -q "rank 1 layer 3 rows per expert: e4:" "$T/b" &&
+    grep -q "ep layer 3 rows per rank: [0-9]* [0-9]*, imbalance [0-9.]*" "$T/b" && ok bench_ep || bad bench_ep "$(tail -12 "$T/b")"
+
+echo "$pass passed, $fail failed, $skip skipped"
+[ $fail -eq 0 ]
