@@ -17,6 +17,10 @@
  * in one process, stage models side by side (stage 0's residual stream
  * copied into stage 1's, as pp.c sends it), cut into micro-batches, gives
  * the whole model's logits bit for bit.
+ *
+ * Expert parallelism (model/ep.c): --ep on the dense bundled model is
+ * refused by name; the one-rank all-to-all is a copy. (Its passes over
+ * ranks are checked under mpirun: e2e_mpi_ep.sh.)
  */
 #include <math.h>
 #include <stdlib.h>
@@ -328,11 +332,31 @@ static void test_dist_one_rank(void) {
     CHECK(dist_allgather_cols(x, 2, cols, out, err, sizeof err) == 0 && !memcmp(out, x, sizeof x));
     CHECK(dist_bcast(x, sizeof x, 0, err, sizeof err) == 0 && x[2] == 3);
     CHECK(dist_barrier(err, sizeof err) == 0);
+    /* the all-to-all to oneself: a copy of send, when the counts agree */
+    int n3[1] = {3}, n2[1] = {2};
+    memset(out, 0, sizeof out);
+    CHECK(dist_alltoallv(x, n3, out, n3, sizeof(float), err, sizeof err) == 0 && !memcmp(out, x, 3 * sizeof(float)) &&
+          out[3] == 0);
+    CHECKF(dist_alltoallv(x, n3, out, n2, sizeof(float), err, sizeof err) != 0 && strstr(err, "2 expected"), "%s", err);
+}
+
+/* --ep on a dense model is refused, naming it, with LM_ERR_UNSUPPORTED; one
+ * rank of one keeps every expert (ep.size 1). */
+static void test_ep_refusals(void) {
+    char err[LM_ERRLEN];
+    lm_status st;
+    lm_model *m = model_load_ep(MODEL, NULL, 0, 1, 0, 1, 0, 2, &st, err, sizeof err);
+    CHECKF(!m && st == LM_ERR_UNSUPPORTED && strstr(err, "is a dense model without experts"), "%s", err);
+    model_free(m);
+    m = model_load_ep(MODEL, NULL, 0, 1, 0, 1, 0, 1, &st, err, sizeof err);
+    CHECKF(m && m->ep.size == 1 && m->ep.e0 == 0 && m->ep.e1 == m->hp.n_expert, "%s", err);
+    model_free(m);
 }
 
 int main(void) {
     kernels_init();
     TEST_RUN(test_shard_counts);
+    TEST_RUN(test_ep_refusals);
     TEST_RUN(test_shard_refusals);
     TEST_RUN(test_split_2);
     TEST_RUN(test_split_4);
