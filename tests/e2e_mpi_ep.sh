@@ -9,6 +9,8 @@
 #     (tolerance 0: each home rank sums its rows' expert results in the
 #     single process's ascending-expert order, ep.h) and so the perplexity;
 #   - 16 greedy tokens identical (on 2 ranks);
+#   - qwen35moe-small (the hybrid: recurrent layers, experts, a shared
+#     expert) under --ep 2: its logits bit for bit too;
 #   - lamina bench --ep reports the expert all-to-all, rows per expert and
 #     the imbalance;
 #   - refusals: --ep on a dense model (by name), --ep against the job's ranks,
@@ -29,7 +31,7 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
 "$L" kv -m "$M" --ep 2 >/dev/null 2>"$T/err"; rc=$?
 [ $rc -eq 1 ] && grep -q "\-\-ep places experts on ranks, and 'llama' (llama) is a dense model" "$T/err" &&
     ok ep_dense_refused || bad ep_dense_refused "rc $rc" "$(cat "$T/err")"
-for p in qwen3moe qwen2moe mixtral deepseek2; do
+for p in qwen3moe qwen2moe mixtral deepseek2 qwen35moe; do
     "$L" mkmodel --preset $p-small --type F16 --vocab-from "$VOC" -o "$T/$p.gguf" -t 2 >/dev/null 2>"$T/err" ||
         bad "mkmodel_$p" "$(tail -3 "$T/err")"
 done
@@ -85,6 +87,8 @@ for p in qwen3moe qwen2moe mixtral deepseek2; do compare $p "$T/$p.gguf" 2 --ep 
 GREEDY=0 compare qwen3moe "$T/qwen3moe.gguf" 4 --ep 4
 GREEDY=0 compare deepseek2 "$T/deepseek2.gguf" 4 --ep 4
 GREEDY=0 compare qwen2moe "$T/qwen2moe.gguf" 4 --ep 2 --pp 2
+# a hybrid (gated-DeltaNet layers with their state, experts and a shared expert): the logits
+GREEDY=0 compare qwen35moe "$T/qwen35moe.gguf" 2 --ep 2
 
 # 4. bench --ep: the exchange against compute, rows per expert, imbalance
 mpi 2 bench -m "$T/qwen3moe.gguf" -p 32 -n 4 -r 1 -t 1 --ep 2 >/dev/null 2>"$T/b"

@@ -472,8 +472,8 @@ int cmd_bench(int argc, char **argv) {
     if (strcmp(fmt, "md") && strcmp(fmt, "json")) die_usage(&a, "output format '%s' is not md or json", fmt);
     if ((svg_dir || batch > 1) && !roofline) die_usage(&a, "%s needs --roofline", svg_dir ? "--svg" : "-b");
     if (roofline && ng < 0) ng = 32;
-    if (roofline && cli_tp_size * cli_pp_size > 1)
-        die_usage(&a, "%s", "--roofline runs on one process (no --tp or --pp)");
+    if (roofline && cli_tp_size * cli_pp_size * cli_ep_size > 1)
+        die_usage(&a, "%s", "--roofline runs on one process (no --tp, --pp or --ep)");
     lm_model *m = load_or_die("bench", model);
     /* defaults 512 and 128, shrunk to the trained context left after -d */
     long long room = m->hp.n_ctx_train > 0 ? m->hp.n_ctx_train - depth : 1LL << 40;
