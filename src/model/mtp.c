@@ -51,7 +51,7 @@ mtp_head *mtp_new(const lm_model *m, lm_pool *pool, int n_ctx, lm_status *status
                model_arch_name(hp->arch));
         return NULL;
     }
-    if (m->tp.size > 1 || m->pp.size > 1) {
+    if (m->tp.size > 1 || m->pp.size > 1 || m->ep.size > 1) {
         lm_err(err, errlen, "the next-token-prediction head does not run on a sharded model");
         return NULL;
     }

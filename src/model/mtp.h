@@ -23,8 +23,8 @@
  * mtp_new; a run allocates nothing.
  *
  * Bounds: RoPE scaling other than linear (YaRN, per-frequency factors) is
- * refused by mtp_new, as are models without an MTP layer and tensor- or
- * pipeline-parallel shards (the head runs whole, on one process).
+ * refused by mtp_new, as are models without an MTP layer and tensor-,
+ * pipeline- or expert-parallel shards (the head runs whole, on one process).
  */
 #ifndef LAMINA_MTP_H
 #define LAMINA_MTP_H

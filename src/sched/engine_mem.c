@@ -67,9 +67,9 @@ int engine_resolve_config(const lm_model *m, lm_engine_config *c, lm_spec_config
                       "speculation by next-token prediction needs a model with an MTP layer (qwen35 or qwen35moe "
                       "with nextn_predict_layers); this %s model has none",
                       model_arch_name(m->hp.arch));
-    if (spec->proposer == LM_SPEC_MTP && (m->tp.size > 1 || m->pp.size > 1))
+    if (spec->proposer == LM_SPEC_MTP && (m->tp.size > 1 || m->pp.size > 1 || m->ep.size > 1))
         return lm_err(err, errlen,
-                      "speculation by next-token prediction does not run under tensor or pipeline "
+                      "speculation by next-token prediction does not run under tensor, pipeline or expert "
                       "parallelism");
     if (spec->proposer == LM_SPEC_DRAFT) {
         if (!spec->draft_model) return lm_err(err, errlen, "speculation by a draft model needs the draft model");
