@@ -125,16 +125,21 @@ static void ep_table(const lm_model *m, const kv_plan *pl) {
             if (r == ep->rank) mine += b;
         }
     }
+    const bool staged = m->pp.size > 1, head = m->pp.stage == m->pp.size - 1;
     const uint64_t rest = all - mine + (uint64_t)m->tok_embd.rows * m->tok_embd.row_bytes +
-        (m->output.data != m->tok_embd.data ? (uint64_t)m->output.rows * m->output.row_bytes : 0);
+        (head && m->output.data != m->tok_embd.data ? (uint64_t)m->output.rows * m->output.row_bytes : 0);
     printf("expert parallel: %d ranks, each holding whole routed experts (contiguous: rank r holds experts "
            "r*%d/%d ..); the router, %sattention and the dense layers on every rank%s\n",
            ep->size, m->hp.n_expert, ep->size, m->hp.n_ff_shexp ? "the shared expert, " : "",
-           m->pp.size > 1 ? " (figures for this stage's layers)" : "");
-    printf("  rank  experts   expert weights (MiB)  replicated (MiB)  total (MiB)  KV pool (MiB)\n");
-    for (int r = 0; r < ep->size; r++)
-        printf("  %4d  %3d-%-3d  %20.2f  %16.2f  %11.2f  %13.2f\n", r, ep->first[r], ep->first[r + 1] - 1, mib(own[r]),
-               mib(rest), mib(own[r] + rest), mib(pl->data_bytes));
+           staged ? " (figures for stage 0: its layers and the embedding; each stage's KV pool above)" : "");
+    printf("  rank  experts   expert weights (MiB)  replicated (MiB)  total (MiB)%s\n",
+           staged ? "" : "  KV pool (MiB)");
+    for (int r = 0; r < ep->size; r++) {
+        printf("  %4d  %3d-%-3d  %20.2f  %16.2f  %11.2f", r, ep->first[r], ep->first[r + 1] - 1, mib(own[r]), mib(rest),
+               mib(own[r] + rest));
+        if (staged) printf("\n");
+        else printf("  %13.2f\n", mib(pl->data_bytes));
+    }
 }
 
 /* The split of a whole budget as engine_new makes it; the KV pool's bytes
