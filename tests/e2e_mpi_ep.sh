@@ -10,7 +10,8 @@
 #     single process's ascending-expert order, ep.h) and so the perplexity;
 #   - 16 greedy tokens identical (on 2 ranks);
 #   - qwen35moe-small (the hybrid: recurrent layers, experts, a shared
-#     expert) under --ep 2: its logits bit for bit too;
+#     expert) and gpt-oss-small (router and expert biases, MXFP4 experts)
+#     under --ep 2: their logits bit for bit too;
 #   - lamina bench --ep reports the expert all-to-all, rows per expert and
 #     the imbalance;
 #   - refusals: --ep on a dense model (by name), --ep against the job's ranks,
@@ -31,7 +32,7 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
 "$L" kv -m "$M" --ep 2 >/dev/null 2>"$T/err"; rc=$?
 [ $rc -eq 1 ] && grep -q "\-\-ep places experts on ranks, and 'llama' (llama) is a dense model" "$T/err" &&
     ok ep_dense_refused || bad ep_dense_refused "rc $rc" "$(cat "$T/err")"
-for p in qwen3moe qwen2moe mixtral deepseek2 qwen35moe; do
+for p in qwen3moe qwen2moe mixtral deepseek2 qwen35moe gpt-oss; do
     "$L" mkmodel --preset $p-small --type F16 --vocab-from "$VOC" -o "$T/$p.gguf" -t 2 >/dev/null 2>"$T/err" ||
         bad "mkmodel_$p" "$(tail -3 "$T/err")"
 done
@@ -89,6 +90,8 @@ GREEDY=0 compare deepseek2 "$T/deepseek2.gguf" 4 --ep 4
 GREEDY=0 compare qwen2moe "$T/qwen2moe.gguf" 4 --ep 2 --pp 2
 # a hybrid (gated-DeltaNet layers with their state, experts and a shared expert): the logits
 GREEDY=0 compare qwen35moe "$T/qwen35moe.gguf" 2 --ep 2
+# gpt-oss: the router's and the experts' biases, MXFP4 experts, the clamped SwiGLU
+GREEDY=0 compare gpt-oss "$T/gpt-oss.gguf" 2 --ep 2
 
 # 4. bench --ep: the exchange against compute, rows per expert, imbalance
 mpi 2 bench -m "$T/qwen3moe.gguf" -p 32 -n 4 -r 1 -t 1 --ep 2 >/dev/null 2>"$T/b"
