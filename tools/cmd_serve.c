@@ -43,6 +43,9 @@ static void usage_serve(FILE *f) {
         "      --model-name NAME  the name requests use (default: the file's base name)\n"
         "      --chat-template NAME|FILE  a template family (chatml, llama2, llama3, mistral, gemma,\n"
         "                         phi3, zephyr, ...) or a Jinja template file, instead of the model's\n"
+        "      --reasoning-format separate|inline  thinking models (qwen3, qwen3.5, deepseek-r1):\n"
+        "                         the reasoning apart as reasoning_content (default), or left inline\n"
+        "                         in content; a request's \"reasoning_format\" overrides it\n"
         "  -c, --ctx-size N       positions per sequence (default: the model's)\n"
         "      --ctx-extend       allow -c above the model's trained context (with a warning)\n"
         "  -t, --threads N        threads (default: physical cores)\n"
@@ -169,7 +172,12 @@ int cmd_serve(int argc, char **argv) {
             keys[n_keys++] = need_val(&a);
         } else if (is_flag(&a, "--model-name", NULL)) sc.model_name = need_val(&a);
         else if (is_flag(&a, "--chat-template", NULL)) tmpl = need_val(&a);
-        else if (is_flag(&a, "-c", "--ctx-size")) ec.n_ctx = (int)need_int(&a, 0, 1 << 24);
+        else if (is_flag(&a, "--reasoning-format", NULL)) {
+            const char *v = need_val(&a);
+            if (strcmp(v, "separate") && strcmp(v, "inline"))
+                die_usage(&a, "--reasoning-format must be 'separate' or 'inline' (got '%s')", v);
+            sc.reasoning_inline = !strcmp(v, "inline");
+        } else if (is_flag(&a, "-c", "--ctx-size")) ec.n_ctx = (int)need_int(&a, 0, 1 << 24);
         else if (is_flag(&a, "--ctx-extend", NULL)) ctx_extend = true;
         else if (is_flag(&a, "-t", "--threads")) ec.n_threads = (int)need_int(&a, 1, 1024);
         else if (is_flag(&a, "--max-seqs", NULL)) ec.max_seqs = (int)need_int(&a, 1, 1 << 16);

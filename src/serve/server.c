@@ -550,6 +550,7 @@ int server_set_engine(lm_server *s, lm_engine *e, char *err, size_t errlen) {
     p->max_tokens_default = s->cfg.max_tokens_default;
     p->sampling = &s->cfg.sampling;
     p->max_seqs = engine_max_seqs(e);
+    p->reasoning_inline = s->cfg.reasoning_inline;
     s->chat_error[0] = 0;
     resolve_chat(s, engine_model(e));
     p->chat_error = s->chat_error[0] ? s->chat_error : NULL;

@@ -93,6 +93,8 @@ typedef struct {
     const lm_sample_params *sampling; /* temperature, top_k, top_p and min_p for a request that
                                   leaves them out; NULL: sample_params_default's */
     int max_seqs;                     /* the engine's sequences at once (n above it: 400); 0: no limit */
+    bool reasoning_inline;            /* the server's reasoning format is inline (a request's
+                                  reasoning_format overrides it) */
 } lm_server_parse_ctx;
 
 /* An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}. */
@@ -140,6 +142,15 @@ typedef struct {
      * tool its name and its text parameters, an empty name ending each
      * tool. Owned; NULL otherwise. */
     char *tool_strings;
+    /* Reasoning (chat, a thinking family: text/reasoning.h): reason_syntax
+     * is the family's REASON_* (REASON_NONE: none), reason_open whether the prompt
+     * ended inside the reasoning; reason_split: answer it apart as
+     * reasoning_content (reasoning_format separate), else inline in content.
+     * grammar_raw: the grammar came from the "grammar" field, which covers
+     * the whole output; response_format, json_schema and tools grammars
+     * start where the reasoning ends. */
+    int reason_syntax;
+    bool reason_open, reason_split, grammar_raw;
     /* cache_salt: given (a string of 1..SERVER_MAX_CACHE_SALT bytes), and
      * the first 8 bytes of its SHA-256 (server_request_salt mixes it in). */
     bool cache_salt_given;
@@ -186,6 +197,8 @@ typedef struct {
     const char *model_name;         /* the name /v1/models reports and requests may use */
     const char *chat_template;      /* a family name, or NULL for the model's own */
     const char *chat_template_text; /* a template's text (from a file), or NULL */
+    bool reasoning_inline;          /* thinking families' reasoning left inline in content
+                                  (--reasoning-format inline); default: apart, as reasoning_content */
     size_t max_body;                /* request body bytes (default 1 MiB) */
     int max_n;                      /* default 16 */
     int max_tokens_cap;             /* 0: the context is the only limit */

@@ -211,6 +211,7 @@ void call_free(srv_call *c) {
     for (int i = 0; i < c->n_choices && c->ch; i++) {
         strbuf_free(&c->ch[i].text);
         srv_tc_free(&c->ch[i].tc);
+        reason_free(&c->ch[i].rs);
         cJSON_Delete(c->ch[i].lp);
     }
     lm_free(c->ch);
@@ -569,6 +570,61 @@ static bool whole_tool_message(srv_call *c, int i, cJSON *j, const strbuf *text)
     return n_calls > 0;
 }
 
+/* A chat choice's message with its reasoning apart (reasoning.h): the text
+ * split, reasoning_content (null when there was none), the content read for
+ * calls when tools may be called, and harmony's calls. Returns whether any
+ * call was made. */
+static bool whole_reasoning(srv_call *c, int i, cJSON *j, const strbuf *text) {
+    lm_reason rs;
+    lm_reason_out o = {0};
+    reason_init(&rs, c->req.reason_syntax, c->req.reason_open);
+    reason_feed(&rs, text->p ? text->p : "", text->len, true, &o);
+    reason_free(&rs);
+    strbuf reasoning = {0}, content = {0};
+    cJSON *hcalls = cJSON_CreateArray();
+    int n_h = 0;
+    for (int k = 0; k < o.n; k++) {
+        const lm_reason_seg *g = &o.seg[k];
+        const char *p = o.text.p + g->off;
+        if (g->kind == RSEG_REASONING) strbuf_put(&reasoning, p, g->len);
+        else if (g->kind == RSEG_CONTENT) strbuf_put(&content, p, g->len);
+        else if (g->kind == RSEG_CALL) {
+            strbuf name = {0}, args = {0};
+            strbuf_put(&name, p, g->len);
+            for (; k + 1 < o.n && o.seg[k + 1].kind == RSEG_ARGS; k++)
+                strbuf_put(&args, o.text.p + o.seg[k + 1].off, o.seg[k + 1].len);
+            cJSON_AddItemToArray(hcalls, call_json(c, i, n_h++, name.p ? name.p : "", args.p ? args.p : "", false));
+            strbuf_free(&name);
+            strbuf_free(&args);
+        }
+    }
+    reason_out_free(&o);
+    bool called = false;
+    cJSON *m;
+    if (c->req.tool_calls) {
+        called = whole_tool_message(c, i, j, &content);
+        m = cJSON_GetObjectItem(j, "message");
+    } else {
+        m = cJSON_AddObjectToObject(j, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        if (n_h && !content.len) cJSON_AddNullToObject(m, "content");
+        else cJSON_AddStringToObject(m, "content", content.p ? content.p : "");
+    }
+    if (reasoning.len) cJSON_AddStringToObject(m, "reasoning_content", reasoning.p);
+    else cJSON_AddNullToObject(m, "reasoning_content");
+    if (n_h) {
+        cJSON *arr = cJSON_GetObjectItem(m, "tool_calls");
+        if (!arr) arr = cJSON_AddArrayToObject(m, "tool_calls");
+        cJSON *t;
+        while ((t = cJSON_DetachItemFromArray(hcalls, 0))) cJSON_AddItemToArray(arr, t);
+        called = true;
+    }
+    cJSON_Delete(hcalls);
+    strbuf_free(&reasoning);
+    strbuf_free(&content);
+    return called;
+}
+
 /* The longest time a choice waited in the engine's queue, from submission
  * to its first admission into a batch (lm_request_stats.queue): the
  * X-Lamina-Queue-Time header of an answer, the ": lamina queue_time="
@@ -593,7 +649,9 @@ static char *whole_answer(srv_call *c) {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddNumberToObject(j, "index", i);
         bool called = false;
-        if (c->chat && c->req.tool_calls) {
+        if (c->chat && c->req.reason_split) {
+            called = whole_reasoning(c, i, j, &text);
+        } else if (c->chat && c->req.tool_calls) {
             called = whole_tool_message(c, i, j, &text);
         } else if (c->chat) {
             cJSON *m = cJSON_AddObjectToObject(j, "message");
@@ -704,6 +762,22 @@ static void chunk(srv_call *c, int i, const char *text, bool role, cJSON *logpro
     sse(c, o);
 }
 
+/* One reasoning delta for choice i: {"reasoning_content": text}. */
+static void reason_chunk(srv_call *c, int i, const char *text, cJSON *logprobs) {
+    cJSON *o = envelope(c, "chat.completion.chunk");
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "index", i);
+    cJSON *d = cJSON_AddObjectToObject(j, "delta");
+    cJSON_AddStringToObject(d, "reasoning_content", text);
+    if (logprobs) cJSON_AddItemToObject(j, "logprobs", logprobs);
+    else cJSON_AddNullToObject(j, "logprobs");
+    cJSON_AddNullToObject(j, "finish_reason");
+    cJSON_AddItemToArray(choices, j);
+    if (c->req.include_usage) cJSON_AddNullToObject(o, "usage");
+    sse(c, o);
+}
+
 /* One tool-call delta for choice i: a call's first (id, type, name) or a
  * piece of its arguments. */
 static void tool_chunk(srv_call *c, int i, const srv_tc_ev *ev) {
@@ -756,6 +830,65 @@ static void stream_open(srv_call *c) {
     c->out_started = true;
 }
 
+/* Content text of choice i as chunks: read for calls when tools may be
+ * called (final: the text is complete), else one content delta; *lp goes
+ * with the first chunk. */
+static void stream_content(srv_call *c, int i, const char *s, size_t n, bool final, cJSON **lp) {
+    srv_choice *ch = &c->ch[i];
+    if (!c->req.tool_calls) {
+        if (!n) return;
+        strbuf t = {0};
+        strbuf_put(&t, s, n);
+        chunk(c, i, t.p ? t.p : "", false, *lp, NULL);
+        *lp = NULL;
+        strbuf_free(&t);
+        return;
+    }
+    srv_tc_out o = {0};
+    srv_tc_feed(&ch->tc, s, n, final, &o);
+    if (o.content.len) {
+        chunk(c, i, o.content.p, false, *lp, NULL);
+        *lp = NULL;
+    }
+    for (int k = 0; k < o.n; k++) tool_chunk(c, i, &o.ev[k]);
+    if (o.failed) c->out.failed = true;
+    srv_tc_out_free(&o);
+}
+
+/* One event's text with the reasoning apart: the splitter's pieces in
+ * order as reasoning deltas, content (read for calls with tools) and
+ * harmony's calls; the logprobs with the first chunk, or alone. */
+static void stream_reasoning(srv_call *c, const srv_ev *ev, const strbuf *text, cJSON *lp) {
+    int i = ev->choice;
+    srv_choice *ch = &c->ch[i];
+    lm_reason_out o = {0};
+    reason_feed(&ch->rs, text->p ? text->p : "", text->len, ev->done, &o);
+    if (o.failed) c->out.failed = true;
+    for (int k = 0; k < o.n; k++) {
+        const lm_reason_seg *g = &o.seg[k];
+        const char *p = o.text.p + g->off;
+        strbuf t = {0};
+        strbuf_put(&t, p, g->len);
+        const char *ts = t.p ? t.p : "";
+        if (g->kind == RSEG_REASONING) {
+            reason_chunk(c, i, ts, lp);
+            lp = NULL;
+        } else if (g->kind == RSEG_CONTENT) {
+            stream_content(c, i, p, g->len, false, &lp);
+        } else {
+            srv_tc_ev te = {.index = g->kind == RSEG_CALL ? ch->n_hcalls++ : ch->n_hcalls - 1,
+                            .name = g->kind == RSEG_CALL ? (char *)ts : NULL,
+                            .args = (char *)ts,
+                            .args_len = t.len};
+            tool_chunk(c, i, &te);
+        }
+        strbuf_free(&t);
+    }
+    reason_out_free(&o);
+    if (ev->done && c->req.tool_calls) stream_content(c, i, "", 0, true, &lp);
+    if (lp) chunk(c, i, "", false, lp, NULL);
+}
+
 /* One event as chunks: its text (complete characters only), then the end. */
 static void stream_event(srv_call *c, const srv_ev *ev, const srv_queue *q) {
     if (ev->choice < 0 || ev->choice >= c->n_choices) return;
@@ -769,7 +902,9 @@ static void stream_event(srv_call *c, const srv_ev *ev, const srv_queue *q) {
     if (ev->text_len) strbuf_put_utf8(&text, q->text.p + ev->text_off, ev->text_len, true);
     cJSON *lp = c->req.p.logprobs && !ev->done && ev->token >= 0 ? event_logprobs(c, ev, q, ch->text_total) : NULL;
     ch->text_total += text.len;
-    if (c->chat && c->req.tool_calls) {
+    if (c->chat && c->req.reason_split) {
+        stream_reasoning(c, ev, &text, lp);
+    } else if (c->chat && c->req.tool_calls) {
         /* the text read for calls: content before them, then their deltas */
         srv_tc_out o = {0};
         srv_tc_feed(&ch->tc, text.p ? text.p : "", text.len, ev->done, &o);
@@ -800,7 +935,7 @@ static void stream_close(srv_call *c, bool overflow) {
     else
         for (int i = 0; i < c->n_choices; i++) {
             const srv_choice *ch = &c->ch[i];
-            bool called = c->req.tool_calls && (ch->tc.n_calls > 0 || ch->tc.cur_named);
+            bool called = (c->req.tool_calls && (ch->tc.n_calls > 0 || ch->tc.cur_named)) || ch->n_hcalls > 0;
             chunk(c, i, c->chat ? NULL : "", false, NULL,
                   called && ch->finish == LM_FINISH_STOP ? "tool_calls" : finish_reason(ch->finish));
         }
@@ -898,7 +1033,10 @@ int call_run(srv_call *c) {
         return srv_respond_error(s, c->conn, &e);
     }
     for (int i = 0; i < c->req.n_prompts; i++) c->subs[i] = (srv_sub){c, i, NULL};
-    for (int i = 0; i < c->n_choices; i++) srv_tc_init(&c->ch[i].tc, c->req.tool_syntax, c->req.tool_strings);
+    for (int i = 0; i < c->n_choices; i++) {
+        srv_tc_init(&c->ch[i].tc, c->req.tool_syntax, c->req.tool_strings);
+        reason_init(&c->ch[i].rs, c->req.reason_syntax, c->req.reason_open);
+    }
     snprintf(c->id, sizeof c->id, "%s-%016llx%08llx", c->chat ? "chatcmpl" : "cmpl",
              (unsigned long long)(s->id_salt ^ (uint64_t)(c->t_start * 1e9)),
              (unsigned long long)(atomic_fetch_add(&s->next_id, 1) & 0xffffffffu));

@@ -34,6 +34,7 @@
 #include "serve/conn_guard.h"
 #include "serve/server.h"
 #include "text/chat.h"
+#include "text/reasoning.h"
 
 /* ------------------------------------------------------------------ server */
 
@@ -113,6 +114,10 @@ int srv_parse_format(const struct cJSON *root, lm_server_request *r, lm_server_e
  * prompt's tools), r->grammar and its trigger, r->tool_calls; 0 or -1. */
 int srv_parse_tools(const struct cJSON *root, int family, lm_server_request *r, srv_tools *t, lm_server_error *e);
 void srv_tools_free(srv_tools *t);
+/* A thinking family's response_format or tools grammar made to start where
+ * the reasoning ends (lazy, on </think>); nothing when closed (the prompt
+ * closed the reasoning). 0 or -1 with *e. */
+int srv_reason_grammar(lm_server_request *r, bool closed, lm_server_error *e);
 
 /* How far a scan of a call's text got: complete, cut by the end of the
  * text so far, not a call. */
@@ -210,6 +215,8 @@ typedef struct {
     void *lp;          /* cJSON logprobs of the answer (non-streaming), or NULL */
     size_t text_total; /* bytes of text so far (completions' text_offset) */
     srv_tc tc;         /* streaming with tool calls: the reader of the text */
+    lm_reason rs;      /* streaming, reasoning apart: the splitter of the text */
+    int n_hcalls;      /* harmony calls begun (streaming) */
     bool done;
     lm_finish finish;
     lm_request_stats stats;

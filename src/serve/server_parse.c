@@ -38,6 +38,7 @@
 
 #include "sched/engine.h"
 #include "text/chat.h"
+#include "text/reasoning.h"
 #include "serve/server.h"
 #include "serve/server_int.h"
 #include "base/sha256.h"
@@ -401,6 +402,17 @@ static int render_messages(const lm_server_parse_ctx *c, const lm_chat_xmsg *msg
                          .model_identity = identity};
     if (chat_prompt(c->chat_family, c->chat_template, tok, &conv, &text, &add_bos, err, sizeof err))
         return BAD("messages", "%s", err);
+    /* a thinking family: where the prompt leaves the reasoning, and the
+     * answer's grammar moved past it */
+    r->reason_syntax = reason_syntax(chat_family_of(c));
+    if (r->reason_syntax != REASON_NONE) {
+        size_t len = strlen(text);
+        r->reason_open = reason_prompt_open(text, len);
+        if (!r->grammar_raw && srv_reason_grammar(r, reason_prompt_closed(text, len), e)) {
+            lm_free(text);
+            return -1;
+        }
+    }
     int32_t *ids = NULL;
     int nt = encode(tok, text, strlen(text), add_bos, &ids, e);
     lm_free(text);
@@ -410,6 +422,38 @@ static int render_messages(const lm_server_parse_ctx *c, const lm_chat_xmsg *msg
         return -1;
     }
     return add_prompt(r, ids, nt, NULL, e);
+}
+
+/* An assistant message's reasoning_content (or "reasoning", vLLM's newer
+ * name), given back by a client, for a think family: written into the
+ * content as <think>\nR\n</think>\n\nC, which the family's renderer splits
+ * again as the template reads reasoning_content (kept after the last user
+ * message, dropped before it; deepseek-r1 drops it always). A content that
+ * already holds </think> is left as it is; other families ignore it here
+ * (gpt-oss's template takes it as the message's "thinking", which
+ * message_reasoning passes on). 0, or -1 with *e. */
+static int with_reasoning(const lm_server_parse_ctx *c, const cJSON *m, char **content, lm_server_error *e) {
+    const cJSON *rc = field(m, "reasoning_content");
+    if (!rc || cJSON_IsNull(rc)) rc = field(m, "reasoning");
+    if (!cJSON_IsString(rc)) return 0; /* none; a wrong type is message_reasoning's 400 */
+    if (reason_syntax(chat_family_of(c)) != REASON_THINK || strstr(*content, "</think>")) return 0;
+    const char *rs = rc->valuestring;
+    size_t a = 0, b = strlen(rs), cl = 0;
+    while (a < b && rs[a] == '\n') a++;
+    while (b > a && rs[b - 1] == '\n') b--;
+    while ((*content)[cl] == '\n') cl++;
+    strbuf t = {0};
+    strbuf_puts(&t, "<think>\n");
+    strbuf_put(&t, rs + a, b - a);
+    strbuf_puts(&t, "\n</think>\n\n");
+    strbuf_puts(&t, *content + cl);
+    if (t.failed || !t.p) {
+        strbuf_free(&t);
+        return oom(e);
+    }
+    lm_free(*content);
+    *content = t.p;
+    return 0;
 }
 
 /* An assistant message's tool_calls: [{"id", "type": "function", "function":
@@ -515,6 +559,16 @@ static int parse_messages(const lm_server_parse_ctx *c, const cJSON *root, const
     const cJSON *ident = kw ? field(kw, "model_identity") : NULL; /* gpt-oss's first system line */
     if (ident && !cJSON_IsString(ident))
         return BAD("chat_template_kwargs", "'chat_template_kwargs.model_identity' must be a string");
+    /* reasoning_format: separate (reasoning_content) or inline, and
+     * llama-server's names for them (auto, deepseek; none) */
+    const cJSON *rf = field(root, "reasoning_format");
+    bool inline_ = c->reasoning_inline;
+    if (rf) {
+        const char *v = cJSON_IsString(rf) ? rf->valuestring : "";
+        if (!strcmp(v, "separate") || !strcmp(v, "auto") || !strcmp(v, "deepseek")) inline_ = false;
+        else if (!strcmp(v, "inline") || !strcmp(v, "none")) inline_ = true;
+        else return BAD("reasoning_format", "'reasoning_format' must be 'separate' or 'inline'");
+    }
     r->prompts = lm_calloc(1, sizeof(int32_t *));
     r->n_prompt = lm_calloc(1, sizeof(int));
     r->echo_text = lm_calloc(1, sizeof(char *));
@@ -545,6 +599,7 @@ static int parse_messages(const lm_server_parse_ctx *c, const cJSON *root, const
             goto done;
         }
         if (!(contents[i] = message_content(m, i, e))) goto done;
+        if (!strcmp(rs, "assistant") && with_reasoning(c, m, &contents[i], e)) goto done;
         msgs[i] = (lm_chat_xmsg){rs, contents[i], NULL, 0, NULL, NULL};
         if (!strcmp(rs, "assistant") && (message_calls(m, i, &msgs[i], e) || message_reasoning(m, i, &msgs[i], e)))
             goto done;
@@ -563,6 +618,7 @@ static int parse_messages(const lm_server_parse_ctx *c, const cJSON *root, const
         }
     }
     rc = render_messages(c, msgs, n, tools, thinking_off, effort, ident ? ident->valuestring : NULL, r, e);
+    r->reason_split = rc == 0 && r->reason_syntax != REASON_NONE && !inline_;
 done:
     for (int k = 0; k < n && contents; k++) lm_free(contents[k]);
     for (int k = 0; k < n && msgs; k++) lm_free((void *)msgs[k].calls);

@@ -164,6 +164,7 @@ int srv_parse_format(const cJSON *root, lm_server_request *r, lm_server_error *e
         char *g = lm_strndup(gr->valuestring, strlen(gr->valuestring));
         if (!g) return oom(e);
         take(r, g);
+        r->grammar_raw = true;
     }
     if (js) {
         if (!cJSON_IsObject(js) && !cJSON_IsBool(js)) return BAD("json_schema", "'json_schema' must be an object");
@@ -180,6 +181,34 @@ int srv_parse_format(const cJSON *root, lm_server_request *r, lm_server_error *e
                                : "response_format",
                       gr ? "'grammar'" : "the schema's grammar", e))
         return -1;
+    return 0;
+}
+
+/* A thinking family's answer grammar: the output is free until the
+ * reasoning ends (the lazy trigger </think>), then the grammar holds from
+ * it: root ::= "</think>" blanks ans-root, the request's rules prefixed
+ * "ans-". Left as it is when the prompt closed the reasoning (thinking
+ * off: the answer starts at once), when the grammar is already lazy (tools
+ * with tool_choice auto: their opener is the trigger), and for harmony (its
+ * channels are special tokens; not yet). 0, or -1 with *e. */
+int srv_reason_grammar(lm_server_request *r, bool closed, lm_server_error *e) {
+    if (!r->grammar || closed || r->n_grammar_triggers || r->reason_syntax != REASON_THINK) return 0;
+    char *pre = srv_prefix_rules(r->grammar, "ans-");
+    if (!pre) return oom(e);
+    strbuf b = {0};
+    strbuf_puts(&b, "root ::= \"</think>\" [ \\t\\r\\n]* ans-root\n");
+    strbuf_puts(&b, pre);
+    lm_free(pre);
+    char *t = lm_strndup("</think>", 8);
+    if (b.failed || !b.p || !t) {
+        strbuf_free(&b);
+        lm_free(t);
+        return oom(e);
+    }
+    lm_free(r->grammar);
+    r->grammar = b.p;
+    r->grammar_triggers[0] = t;
+    r->n_grammar_triggers = 1;
     return 0;
 }
 

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "base/util.h"
+#include "text/chat.h"
 
 enum { T_START, T_START_OPEN, T_REASON_LEAD, T_REASON, T_CONTENT_LEAD, T_CONTENT };
 enum { H_HEADER, H_BODY };
@@ -255,7 +256,20 @@ void reason_feed(lm_reason *r, const char *s, size_t n, bool final, lm_reason_ou
         while (think_step(r, final, o)) {}
 }
 
-bool reason_prompt_open(const char *prompt, size_t n) {
-    while (n > 0 && blank(prompt[n - 1])) n--;
-    return n >= sizeof OPEN - 1 && memcmp(prompt + n - (sizeof OPEN - 1), OPEN, sizeof OPEN - 1) == 0;
+int reason_syntax(int family) {
+    switch (family) {
+        case CHAT_QWEN3:
+        case CHAT_QWEN35:
+        case CHAT_DEEPSEEK_R1: return REASON_THINK;
+        default: return REASON_NONE;
+    }
 }
+
+static bool ends_with(const char *s, size_t n, const char *m) {
+    size_t k = strlen(m);
+    while (n > 0 && blank(s[n - 1])) n--;
+    return n >= k && memcmp(s + n - k, m, k) == 0;
+}
+
+bool reason_prompt_open(const char *prompt, size_t n) { return ends_with(prompt, n, OPEN); }
+bool reason_prompt_closed(const char *prompt, size_t n) { return ends_with(prompt, n, CLOSE); }

@@ -53,7 +53,7 @@
 
 #include "base/strbuf.h"
 
-enum { REASON_THINK, REASON_HARMONY };
+enum { REASON_NONE, REASON_THINK, REASON_HARMONY };
 
 #define REASON_MAX_HEADER 512
 
@@ -96,8 +96,15 @@ bool reason_ended(const lm_reason *r);
 void reason_out_clear(lm_reason_out *o);
 void reason_out_free(lm_reason_out *o);
 
-/* Whether a rendered prompt ends inside a think block: its last <think>
- * comes after its last </think>, with only blanks after it. */
+/* The syntax of a chat family's reasoning (chat.h): REASON_THINK for
+ * qwen3, qwen3.5 and deepseek-r1; REASON_NONE for the others. */
+int reason_syntax(int family);
+
+/* Whether a rendered prompt ends inside a think block (it ends with
+ * <think> and blanks: Qwen3.5's and DeepSeek-R1's generation prompts), and
+ * whether it ends with a closed one (</think> and blanks: thinking turned
+ * off by the template's switch). */
 bool reason_prompt_open(const char *prompt, size_t n);
+bool reason_prompt_closed(const char *prompt, size_t n);
 
 #endif
