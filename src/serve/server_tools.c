@@ -398,7 +398,10 @@ int srv_parse_tools(const cJSON *root, int family, lm_server_request *r, srv_too
         if (mode != NONE && n == 0) return BAD("tool_choice", "'tool_choice' is only allowed when 'tools' are given");
     }
     if (mode == NONE) return 0;
-    if (r->grammar)
+    /* a raw "grammar" with tool_choice auto holds the whole output (what a
+     * client forces, reasoning included), and calls are read from it */
+    bool raw_auto = r->grammar_raw && mode == AUTO;
+    if (r->grammar && !raw_auto)
         return BAD("tools",
                    "tool calls cannot be combined with 'response_format' (JSON), 'grammar' or "
                    "'json_schema'; set 'tool_choice' to 'none' to use those");
@@ -413,8 +416,14 @@ int srv_parse_tools(const cJSON *root, int family, lm_server_request *r, srv_too
         strbuf_free(&raw);
         return -1;
     }
-    r->grammar = g;
     r->tool_strings = raw.p; /* the xml syntax's; NULL for the others */
+    r->tool_calls = true;
+    r->tool_syntax = syntax;
+    if (raw_auto) {
+        lm_free(g);
+        return 0;
+    }
+    r->grammar = g;
     if (check_grammar(g, "tools", "the tools' grammar", e)) return -1;
     for (int k = 0; mode == AUTO && k < 2 && openers(syntax)[k]; k++) {
         const char *op = openers(syntax)[k];
