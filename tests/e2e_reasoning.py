@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""End-to-end checks of reasoning kept apart from the answer in `lamina
+serve`, through the official `openai` Python client.
+
+A random-weight model written by `lamina mkmodel` (the bundled vocabulary)
+says random things; its output is made predictable by a raw "grammar"
+request field, which holds the whole output, reasoning included:
+<think>\\nThinking WORD\\n</think>\\n\\nAnswer N. (qwen3, whose model opens the
+block) or the same without the opening tag (qwen3.5 and deepseek-r1, whose
+generation prompts open it). Servers, each started here with --port 0 and
+stopped with SIGTERM: the model under the qwen3, qwen3.5 and deepseek-r1
+templates (--chat-template), and once more under qwen3.5 with
+--reasoning-format inline.
+
+Checks, per template: the whole answer's message.reasoning_content and
+content (no marker in either), the streamed delta.reasoning_content and
+delta.content adding up to the same for the same seed (no marker in any
+delta), reasoning before content in the stream; "reasoning_format":
+"inline" (and the inline server) giving the old form (the raw text in
+content, no reasoning_content); reasoning cut by max_tokens (all of it
+reasoning, finish_reason length); thinking off (enable_thinking false: the
+answer at once, reasoning_content null; not deepseek-r1, whose template has
+no switch); a Hermes (qwen3) or XML (qwen3.5)
+tool call after the reasoning read into tool_calls, whole and streamed;
+response_format json_schema with thinking off: valid JSON in content; the
+history round trip (an assistant message with reasoning_content accepted).
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
+MODEL = "models/stories260K.gguf"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import testenv  # noqa: E402
+from testenv import result, skip, summary  # noqa: E402
+from e2e_tools import client_python  # noqa: E402
+
+
+class Server(testenv.Server):
+    def __init__(self, model, *args):
+        super().__init__([LAMINA, "serve", "-m", model, "-t", "1", *args])
+
+    def base(self):
+        return "http://127.0.0.1:%d/v1" % self.port
+
+
+CLIENT = r'''
+import json, re, sys
+import openai
+cfg = json.loads(sys.argv[1])
+client = openai.OpenAI(base_url=cfg["base"], api_key="unused", max_retries=0, timeout=600)
+M, TAG, OPEN, INLINE = cfg["model"], cfg["tag"], cfg["open"], cfg["inline"]
+XML, SWITCH = cfg["xml"], cfg["switch"]
+
+def check(name, ok, detail=""):
+    print(("PASS " if ok else "FAIL ") + TAG + ": " + name)
+    if not ok:
+        print("  " + str(detail)[:1500])
+
+def ext(m, key):
+    v = getattr(m, key, None)
+    if v is None and getattr(m, "model_extra", None):
+        v = m.model_extra.get(key)
+    return v
+
+MSG = [{"role": "user", "content": "What is 2 + 2?"}]
+HEAD = '"<think>\\n" ' if not OPEN else ''
+G = 'root ::= ' + HEAD + '"Thinking " [a-z]{1,8} "\\n</think>\\n\\n" "Answer " [0-9]{1,3} "."'
+RAW = re.compile(r'^(<think>\n)?Thinking [a-z]{1,8}\n</think>\n\nAnswer [0-9]{1,3}\.$')
+
+def whole(extra, **kw):
+    r = client.chat.completions.create(model=M, messages=kw.pop("messages", MSG), max_tokens=kw.pop("max_tokens", 60),
+                                       seed=kw.pop("seed", 7), extra_body=extra, **kw)
+    return r.choices[0]
+
+def streamed(extra, **kw):
+    s = client.chat.completions.create(model=M, messages=kw.pop("messages", MSG), max_tokens=kw.pop("max_tokens", 60),
+                                       seed=kw.pop("seed", 7), extra_body=extra, stream=True, **kw)
+    rs, cs, order, calls, finish = [], [], [], {}, None
+    for ch in s:
+        if not ch.choices:
+            continue
+        c = ch.choices[0]
+        d = c.delta
+        r = ext(d, "reasoning_content")
+        if r:
+            rs.append(r); order.append("r")
+        if d.content:
+            cs.append(d.content); order.append("c")
+        for t in d.tool_calls or []:
+            e = calls.setdefault(t.index, {"name": "", "args": ""})
+            if t.function and t.function.name:
+                e["name"] += t.function.name
+            if t.function and t.function.arguments:
+                e["args"] += t.function.arguments
+        if c.finish_reason:
+            finish = c.finish_reason
+    return rs, cs, order, calls, finish
+
+if not INLINE:
+    c = whole({"grammar": G})
+    rc, ct = ext(c.message, "reasoning_content"), c.message.content
+    check("whole: reasoning_content apart", isinstance(rc, str) and re.fullmatch(r"Thinking [a-z]{1,8}", rc), rc)
+    check("whole: content is only the answer", ct is not None and re.fullmatch(r"Answer [0-9]{1,3}\.", ct), ct)
+    rs, cs, order, _, fin = streamed({"grammar": G})
+    check("stream: reasoning deltas add up to the whole", "".join(rs) == rc, (rs, rc))
+    check("stream: content deltas add up to the whole", "".join(cs) == ct, (cs, ct))
+    check("stream: no marker in any delta", all("think>" not in p for p in rs + cs), rs + cs)
+    check("stream: reasoning before content", order == sorted(order, key=lambda k: k != "r") and "c" in order, order)
+    check("stream: finish_reason stop", fin == "stop", fin)
+    # the old form on request
+    c = whole({"grammar": G, "reasoning_format": "inline"})
+    check("reasoning_format inline: raw text in content", RAW.match(c.message.content or ""), c.message.content)
+    check("reasoning_format inline: no reasoning_content", not ext(c.message, "reasoning_content"), c.message)
+    rs, cs, _, _, _ = streamed({"grammar": G, "reasoning_format": "inline"})
+    check("reasoning_format inline, streamed: raw text", not rs and "".join(cs) == c.message.content, (rs, cs))
+    # reasoning cut by max_tokens: all of it reasoning
+    cut = 3 if OPEN else 12  # qwen3: past its own <think>
+    c = whole({"grammar": G}, max_tokens=cut)
+    rc3 = ext(c.message, "reasoning_content") or ""
+    check("cut inside the reasoning: reasoning only, length",
+          c.finish_reason == "length" and rc3 and (c.message.content or "") == "" and "think" not in rc3,
+          (c.finish_reason, rc3, c.message.content))
+    rs, cs, _, _, fin = streamed({"grammar": G}, max_tokens=cut)
+    check("cut inside the reasoning, streamed", "".join(rs) == rc3 and not cs and fin == "length", (rs, cs, fin))
+    # thinking off: the answer at once (deepseek-r1's template has no switch)
+    ga = 'root ::= "Answer " [0-9]{1,3} "."'
+    c = None if not SWITCH else whole({"grammar": ga, "chat_template_kwargs": {"enable_thinking": False}})
+    SWITCH and check("thinking off: content only", re.fullmatch(r"Answer [0-9]{1,3}\.", c.message.content or "")
+          and not ext(c.message, "reasoning_content"), c.message)
+    # structured output with thinking off: JSON from the first token
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    c = None if not SWITCH else whole({"chat_template_kwargs": {"enable_thinking": False}}, max_tokens=40,
+              response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
+    try:
+        ok = isinstance(json.loads(c.message.content)["n"], int)
+    except Exception:
+        ok = False
+    SWITCH and check("json_schema, thinking off: valid JSON content", ok and c.finish_reason == "stop", c.message.content)
+    # a tool call after the reasoning
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    if XML:
+        call = ('"<tool_call>\\n<function=get_weather>\\n<parameter=city>\\n" [A-Z] [a-z]{1,6} '
+                '"\\n</parameter>\\n</function>\\n</tool_call>"')
+    else:
+        call = '"<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": {\\"city\\": \\"" [A-Z] [a-z]{1,6} "\\"}}\\n</tool_call>"'
+    gt = 'root ::= ' + HEAD + '"Thinking " [a-z]{1,8} "\\n</think>\\n\\n" ' + call
+    c = whole({"grammar": gt}, tools=tools, max_tokens=400)
+    tc = c.message.tool_calls or []
+    rc = ext(c.message, "reasoning_content")
+    args = json.loads(tc[0].function.arguments) if tc else {}
+    check("tool call after reasoning: whole", len(tc) == 1 and tc[0].function.name == "get_weather"
+          and re.fullmatch(r"[A-Z][a-z]{1,6}", args.get("city", "")) and c.finish_reason == "tool_calls"
+          and re.fullmatch(r"Thinking [a-z]{1,8}", rc or "") and not c.message.content, c.message)
+    rs, cs, _, calls, fin = streamed({"grammar": gt}, tools=tools, max_tokens=400)
+    check("tool call after reasoning: streamed", "".join(rs) == rc and not "".join(cs).strip()
+          and list(calls) == [0] and calls[0]["name"] == "get_weather"
+          and json.loads(calls[0]["args"]) == args and fin == "tool_calls", (rs, cs, calls, fin))
+    # history: the reasoning given back
+    hist = MSG + [{"role": "assistant", "content": "Answer 4.", "reasoning_content": "Thinking hard"},
+                  {"role": "user", "content": "And 3 + 3?"}]
+    c = whole({"grammar": G}, messages=hist)
+    check("history with reasoning_content accepted", re.fullmatch(r"Answer [0-9]{1,3}\.", c.message.content or ""),
+          c.message)
+else:
+    c = whole({"grammar": G})
+    check("inline server: raw text in content", RAW.match(c.message.content or ""), c.message.content)
+    check("inline server: no reasoning_content", not ext(c.message, "reasoning_content"), c.message)
+    c = whole({"grammar": G, "reasoning_format": "separate"})
+    check("inline server, separate on request", re.fullmatch(r"Answer [0-9]{1,3}\.", c.message.content or "")
+          and re.fullmatch(r"Thinking [a-z]{1,8}", ext(c.message, "reasoning_content") or ""), c.message)
+'''
+
+
+def run_client(py, srv, tag, open_, inline=False, xml=False, switch=True):
+    cfg = {"base": srv.base(), "model": "random.gguf", "tag": tag, "open": open_, "inline": inline, "xml": xml,
+           "switch": switch}
+    r = subprocess.run([py, "-c", CLIENT, json.dumps(cfg)], capture_output=True, text=True, timeout=900)
+    n = 0
+    for line in r.stdout.splitlines():
+        if line.startswith("PASS ") or line.startswith("FAIL "):
+            n += 1
+            result(line[5:], line.startswith("PASS"))
+        elif line.startswith("  "):
+            print(line)
+    if r.returncode != 0 or n == 0:
+        result("%s: client ran" % tag, False, r.stderr[-3000:])
+
+
+def main():
+    py, why = client_python()
+    if not py:
+        skip("openai client checks", "could not install openai (%s)" % why, 20)
+        return summary()
+    servers = []
+    tmp = tempfile.mkdtemp(prefix="lamina-reasoning-")
+    try:
+        rnd = os.path.join(tmp, "random.gguf")
+        r = subprocess.run([LAMINA, "mkmodel", "-o", rnd, "--layers", "2", "--embd", "64", "--heads", "4",
+                            "--kv-heads", "2", "--ff", "128", "--ctx", "2048", "--vocab-from", MODEL, "--seed", "5"],
+                           capture_output=True, text=True, timeout=300)
+        result("mkmodel writes a random-weight model", r.returncode == 0, r.stderr)
+        for fam, open_, xml in (("qwen3", False, False), ("qwen3.5", True, True), ("deepseek-r1", True, False)):
+            srv = Server(rnd, "--chat-template", fam)
+            servers.append((srv, fam))
+            run_client(py, srv, fam, open_, xml=xml, switch=fam != "deepseek-r1")
+        srv = Server(rnd, "--chat-template", "qwen3.5", "--reasoning-format", "inline")
+        servers.append((srv, "inline"))
+        run_client(py, srv, "qwen3.5 inline", True, inline=True)
+    except Exception:
+        import traceback
+        result("e2e_reasoning ran to the end", False, traceback.format_exc())
+    finally:
+        for srv, name in servers:
+            srv.stop(name)
+    return summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
