@@ -24,9 +24,12 @@ no switch); a Hermes (qwen3) or XML (qwen3.5)
 tool call after the reasoning read into tool_calls, whole and streamed;
 response_format json_schema with thinking off: valid JSON in content; the
 history round trip (an assistant message with reasoning_content accepted).
+And `lamina run --chat` under qwen3.5: only the answer on stdout, the
+reasoning on stderr with --show-reasoning.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -192,6 +195,23 @@ def run_client(py, srv, tag, open_, inline=False, xml=False, switch=True):
         result("%s: client ran" % tag, False, r.stderr[-3000:])
 
 
+def check_cli(rnd, tmp):
+    """lamina run --chat: only the answer on stdout; the reasoning on stderr
+    with --show-reasoning (not a terminal here: no ANSI codes)."""
+    g = os.path.join(tmp, "think.gbnf")
+    with open(g, "w") as f:
+        f.write('root ::= "Thinking " [a-z]{1,8} "\\n</think>\\n\\n" "Answer " [0-9]{1,3} "."\n')
+    base = [LAMINA, "run", "-m", rnd, "--chat", "--chat-template", "qwen3.5", "-p", "hi", "-n", "60", "--seed", "1",
+            "--grammar", g]
+    r = subprocess.run(base, capture_output=True, text=True, timeout=300)
+    ok = r.returncode == 0 and re.fullmatch(r"Answer [0-9]{1,3}\.\n", r.stdout) and "Thinking" not in r.stderr
+    result("run --chat: only the answer printed", ok, (r.stdout, r.stderr))
+    r = subprocess.run(base + ["--show-reasoning"], capture_output=True, text=True, timeout=300)
+    ok = (r.returncode == 0 and re.fullmatch(r"Answer [0-9]{1,3}\.\n", r.stdout)
+          and re.match(r"Thinking [a-z]{1,8}\n", r.stderr) and "\x1b" not in r.stderr)
+    result("run --chat --show-reasoning: the reasoning on stderr", ok, (r.stdout, r.stderr))
+
+
 def main():
     py, why = client_python()
     if not py:
@@ -209,6 +229,7 @@ def main():
             srv = Server(rnd, "--chat-template", fam)
             servers.append((srv, fam))
             run_client(py, srv, fam, open_, xml=xml, switch=fam != "deepseek-r1")
+        check_cli(rnd, tmp)
         srv = Server(rnd, "--chat-template", "qwen3.5", "--reasoning-format", "inline")
         servers.append((srv, "inline"))
         run_client(py, srv, "qwen3.5 inline", True, inline=True)

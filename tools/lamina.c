@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "text/chat.h"
+#include "text/reasoning.h"
 #include "cli.h"
 #include "format/convert.h"
 #include "model/forward.h"
@@ -103,6 +104,9 @@ static void usage_run(FILE *f) {
             "      --chat-template NAME|FILE  with --chat: a template family by name (chatml,\n"
             "                       llama2, llama3, mistral, gemma, phi3, zephyr, ...) or a\n"
             "                       Jinja template file, instead of the model's own\n"
+            "      --show-reasoning with --chat, a thinking model (qwen3, qwen3.5, deepseek-r1): its\n"
+            "                       reasoning to stderr (dimmed on a terminal); without it only the\n"
+            "                       answer is printed\n"
             "      --no-think       with --chat: reasoning off where the template has that switch\n"
             "                       (Qwen3's enable_thinking=False: an empty <think></think> block\n"
             "                       after the prompt); other templates: ignored, with a note\n"
@@ -116,7 +120,7 @@ static void usage_run(FILE *f) {
  * with the chosen or the model's chat template (chat_template_resolve), ready
  * to tokenize with special tokens parsed and add_bos = *add_bos. */
 static char *render_chat(const lm_model *m, const char *user, const char *system, const char *tmpl_arg, bool no_think,
-                         const char *effort, bool *add_bos) {
+                         const char *effort, bool *add_bos, int *family_out) {
     char err[LM_ERRLEN];
     lm_chat_xmsg msgs[2];
     int n = 0;
@@ -139,6 +143,7 @@ static char *render_chat(const lm_model *m, const char *user, const char *system
     if (rc) fail("run", err);
     char *out;
     int family = t.family >= 0 ? t.family : chat_detect(t.text);
+    *family_out = family;
     lm_chat_conv conv = {.msgs = msgs, .n = n, .thinking_off = no_think, .reasoning_effort = effort};
     rc = chat_prompt(t.family, t.text, m->tok, &conv, &out, add_bos, err, sizeof err);
     chat_template_free(&t);
@@ -171,7 +176,42 @@ typedef struct {
     size_t echo_len;
     bool prefilled;     /* the first event came (under mu) */
     progress_line prog; /* the prefill's progress line (under mu) */
+    /* --chat with a thinking family: the reasoning apart (text/reasoning.h),
+     * to stderr with --show-reasoning (dimmed on a terminal), else dropped */
+    bool split, show_reasoning, dim, reasoned;
+    lm_reason rs;
 } run_out;
+
+/* The text of one event: as it is, or split into reasoning and answer. */
+static void run_text(run_out *o, const char *s, size_t n, bool final) {
+    if (!o->split) {
+        fwrite(s, 1, n, stdout);
+        return;
+    }
+    lm_reason_out ro = {0};
+    reason_feed(&o->rs, s, n, final, &ro);
+    for (int k = 0; k < ro.n; k++) {
+        const lm_reason_seg *g = &ro.seg[k];
+        const char *p = ro.text.p + g->off;
+        if (g->kind == RSEG_REASONING) {
+            if (!o->show_reasoning) continue;
+            if (o->dim) fputs("\x1b[2m", stderr);
+            fwrite(p, 1, g->len, stderr);
+            if (o->dim) fputs("\x1b[0m", stderr);
+            fflush(stderr);
+            o->reasoned = true;
+            continue;
+        }
+        if (o->reasoned) { /* the reasoning's line ends before the answer */
+            fputc('\n', stderr);
+            o->reasoned = false;
+        }
+        if (g->kind == RSEG_CALL) printf("[call %.*s] ", (int)g->len, p);
+        else fwrite(p, 1, g->len, stdout);
+    }
+    if (final && o->reasoned) fputc('\n', stderr);
+    reason_out_free(&ro);
+}
 
 /* The first event: the prefill is over; clear its progress line, then echo
  * the prompt. */
@@ -198,11 +238,11 @@ static void run_event(void *user, const lm_event *ev) {
         if (o->quiet || (!o->ignore_eos && tok_is_eog(o->tok, ev->token))) return;
         if (o->gen_ids && o->n_gen < o->ids_cap) o->gen_ids[o->n_gen] = ev->token;
         o->n_gen++;
-        fwrite(ev->text, 1, ev->text_len, stdout);
+        run_text(o, ev->text, ev->text_len, false);
         fflush(stdout);
         return;
     }
-    if (!o->quiet && ev->finish != LM_FINISH_ERROR) fwrite(ev->text, 1, ev->text_len, stdout);
+    if (!o->quiet && ev->finish != LM_FINISH_ERROR) run_text(o, ev->text, ev->text_len, true);
     pthread_mutex_lock(&o->mu);
     o->finish = ev->finish;
     o->stats = *ev->stats;
@@ -286,6 +326,8 @@ static int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *pfile = NULL;
     long long n_predict = 128, n_ctx = 0, threads = pool_default_threads();
     bool ignore_eos = false, show_ids = false, chat = false, ctx_extend = false, no_think = false;
+    bool show_reasoning = false;
+    int family = -1;
     uint32_t kv_type = LM_TYPE_F16;
     const char *system = NULL, *chat_tmpl = NULL, *gfile = NULL, *sfile = NULL, *effort = NULL;
     bool json_any = false;
@@ -324,6 +366,7 @@ static int cmd_run(int argc, char **argv) {
         else if (is_flag(&a, "--system", NULL)) system = need_val(&a);
         else if (is_flag(&a, "--chat-template", NULL)) chat_tmpl = need_val(&a);
         else if (is_flag(&a, "--no-think", NULL)) no_think = true;
+        else if (is_flag(&a, "--show-reasoning", NULL)) show_reasoning = true;
         else if (is_flag(&a, "--reasoning-effort", NULL)) {
             effort = need_val(&a);
             if (!chat_effort_valid(effort))
@@ -378,7 +421,7 @@ static int cmd_run(int argc, char **argv) {
     char *rendered = NULL;
     bool add_bos = tok_add_bos(m->tok);
     if (chat) {
-        rendered = render_chat(m, prompt, system, chat_tmpl, no_think, effort, &add_bos);
+        rendered = render_chat(m, prompt, system, chat_tmpl, no_think, effort, &add_bos, &family);
         prompt = rendered;
         plen = strlen(rendered);
     }
@@ -395,6 +438,14 @@ static int cmd_run(int argc, char **argv) {
     /* one request; -n -1 runs until the end of text or of the context, and
      * -n 0 still samples one token, which is not output */
     run_out out = {.tok = m->tok, .ignore_eos = ignore_eos, .quiet = n_predict == 0};
+    if (chat && reason_syntax(family) != REASON_NONE) {
+        out.split = true;
+        out.show_reasoning = show_reasoning;
+        out.dim = isatty(2);
+        reason_init(&out.rs, reason_syntax(family), reason_prompt_open(rendered, strlen(rendered)));
+    } else if (chat && show_reasoning) {
+        fprintf(stderr, "lamina run: note: this chat template has no reasoning; --show-reasoning ignored\n");
+    }
     pthread_mutex_init(&out.mu, NULL);
     pthread_cond_init(&out.cv, NULL);
     if (show_ids) {
@@ -465,6 +516,7 @@ static int cmd_run(int argc, char **argv) {
                 out.stats.spec_steps ? 1.0 + (double)out.stats.spec_accepted / out.stats.spec_steps : 0.0);
     engine_free(eng);
     pthread_mutex_destroy(&out.mu);
+    if (out.split) reason_free(&out.rs);
     pthread_cond_destroy(&out.cv);
     free(toks);
     lm_free(pbuf);
