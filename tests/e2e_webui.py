@@ -27,7 +27,12 @@ skipped, never as passed.
      400 and what to do.
   4. An API key (--api-key): the page asks for the key, says when a key is
      refused, keeps the right one across a reload.
-  5. SmolLM2-135M-Instruct (testenv.smollm2_gguf(), its own ChatML template):
+  5. Reasoning: the bundled model under --chat-template qwen3.5, whose
+     generation prompt opens the reasoning (so the whole short answer is
+     reasoning): the answer's reasoning is folded in a closed <details>
+     above the (empty) answer, holds the streamed text without a think
+     marker, opens on a click; a second answer has its own.
+  6. SmolLM2-135M-Instruct (testenv.smollm2_gguf(), its own ChatML template):
      "What is the capital of France?" with the system prompt "You are a
      helpful assistant." set in the page gets an answer naming Paris. Skipped
      with the reason while the file does not load, and under AddressSanitizer
@@ -57,7 +62,7 @@ MODEL = "models/stories260K.gguf"
 ASAN = bool(os.environ.get("LAMINA_ASAN"))
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-N_BROWSER_CHECKS = 39  # what parts 2 to 5 count (each server's clean exit included) when they cannot run
+N_BROWSER_CHECKS = 43  # what parts 2 to 6 count (each server's clean exit included) when they cannot run
 
 # ----------------------------------------------------------------- set-up
 
@@ -505,6 +510,35 @@ def check_smollm2(d):
         srv.stop("smollm2 server")
 
 
+def check_reasoning(d, srv):
+    from selenium.webdriver.common.by import By
+    d.get(srv.url)
+    js(d, "localStorage.clear()")
+    d.get(srv.url)
+    wait_for(lambda: d.find_element(By.ID, "model").text == "stories260K.gguf", 60)
+    set_setting(d, "max_tokens", 24)
+    send(d, "Tell me a story.")
+    a = finished(d)
+    r = js(d, "const e = Array.from(document.querySelectorAll('#log .msg.assistant')).pop();"
+              "const det = e.querySelector('details.reasoning');"
+              "return det ? {open: det.open, first: e.children[1] === det, summary: det.querySelector('summary')"
+              ".textContent, thought: det.querySelector('.thought').textContent} : null")
+    result("reasoning: folded in a closed <details> above the answer",
+           bool(r) and r["open"] is False and r["first"] and r["summary"].startswith("Reasoning"), r)
+    result("reasoning: the streamed text, no think marker, answer empty",
+           bool(r) and len(r["thought"]) > 0 and "think>" not in r["thought"] and a["text"] == "" and
+           "think>" not in a["text"], (r, a))
+    js(d, "Array.from(document.querySelectorAll('#log .msg.assistant')).pop()"
+          ".querySelector('details.reasoning summary').click()")
+    opened = js(d, "return Array.from(document.querySelectorAll('#log .msg.assistant')).pop()"
+                   ".querySelector('details.reasoning').open")
+    result("reasoning: opens on a click", opened is True, opened)
+    send(d, "Another one.")
+    finished(d)
+    still = js(d, "return document.querySelectorAll('#log details.reasoning').length")
+    result("reasoning: each answer has its own", still == 2, still)
+
+
 def with_server(fn, name, model, *args):
     srv = Server(model, *args)
     try:
@@ -544,6 +578,8 @@ def run_browser_parts():
             check_key(d, s)
         part("api key", lambda: with_server(key, "api-key server", MODEL, "--chat-template", "chatml",
                                             "--api-key", "sekret-key"))
+        part("reasoning", lambda: with_server(lambda s: check_reasoning(d, s), "qwen3.5 template server", MODEL,
+                                              "--chat-template", "qwen3.5", "-c", "1024", "--ctx-extend"))
         part("smollm2", lambda: check_smollm2(d))
     finally:
         d.quit()

@@ -13,7 +13,7 @@
  * emphasis, inline code) only chooses which elements to make.
  *
  * Kept in localStorage: the conversations ("lamina.chats": a list of
- * {id, title, messages: [{role, content, stats?, note?, error?}]}), the one
+ * {id, title, messages: [{role, content, reasoning?, stats?, note?, error?}]}), the one
  * shown ("lamina.current"), the settings ("lamina.settings") and the API key
  * ("lamina.key") once the user gave one after a 401.
  */
@@ -190,11 +190,21 @@
     });
   }
 
-  /* One message's element; an assistant's body is markdown, a user's is text. */
+  /* One message's element; an assistant's body is markdown, a user's is text.
+   * A thinking model's reasoning (the server's reasoning_content) is folded
+   * in a <details> above the answer; a repaint keeps it open if it was. */
   function renderMessage(m, box) {
     box = box || el("article");
+    var was = box.querySelector("details.reasoning"), open = !!(was && was.open);
     box.className = "msg " + (m.role === "user" ? "user" : "assistant");
     box.replaceChildren(el("span", "who", m.role === "user" ? "You" : "Assistant"));
+    if (m.reasoning) {
+      var det = el("details", "reasoning"), sum = el("summary", null, m.content ? "Reasoning" : "Reasoning…");
+      det.open = open;
+      det.appendChild(sum);
+      det.appendChild(el("div", "thought", m.reasoning));
+      box.appendChild(det);
+    }
     var body = el("div", "body");
     if (m.role === "user") body.textContent = m.content;
     else markdown(m.content, body);
@@ -284,7 +294,11 @@
     if (!chat()) newChat();
     var c = chat();
     var history = c.messages.filter(function (m) { return !m.error && m.content; })
-      .map(function (m) { return { role: m.role, content: m.content }; });
+      .map(function (m) {
+        var h = { role: m.role, content: m.content };
+        if (m.reasoning) h.reasoning_content = m.reasoning;
+        return h;
+      });
     var user = { role: "user", content: text }, answer = { role: "assistant", content: "" };
     c.messages.push(user, answer);
     if (c.title === "New chat" || !c.title) c.title = text.replace(/\s+/g, " ").trim().slice(0, 48) || "New chat";
@@ -354,6 +368,13 @@
             if (ev.error) { answer.error = String(ev.error.message || "error"); continue; }
             if (ev.usage) usage = ev.usage;
             var ch = ev.choices && ev.choices[0];
+            if (ch && ch.delta && typeof ch.delta.reasoning_content === "string" && ch.delta.reasoning_content) {
+              if (tFirst === null) tFirst = performance.now();
+              tLast = performance.now();
+              chunks++;
+              answer.reasoning = (answer.reasoning || "") + ch.delta.reasoning_content;
+              if (!pending) { pending = true; requestAnimationFrame(paint); }
+            }
             if (ch && ch.delta && typeof ch.delta.content === "string" && ch.delta.content) {
               if (tFirst === null) tFirst = performance.now();
               tLast = performance.now();
