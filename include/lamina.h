@@ -409,11 +409,14 @@ typedef struct {
                                  < 0 off, > 0 at most this many tokens per step (capped at spec->max).
                                  Greedy output is the same token for token; sampled output has the
                                  same distribution (a seed reproduces it at the same load) */
-    uint64_t client; /* who sent it, for fairness (0: none; such requests go by arrival alone, ahead of
+    uint64_t client;   /* who sent it, for fairness (0: none; such requests go by arrival alone, ahead of
                         the clients' turns). Among requests of one priority, clients take turns
                         (fair queuing): a client's choices queue behind its own earlier ones, and
                         a client with many queued never holds back another's first ones by more
                         than a turn */
+    bool special_text; /* the text of control tokens is part of the output (gpt-oss's harmony
+                          markers, <|channel|> and the like, which a reader of its channels needs);
+                          end-of-generation tokens still leave no text */
 } lm_request_params;
 
 /* The defaults each field states (sampling: lm_sample_params_default's);

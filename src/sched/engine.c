@@ -437,7 +437,7 @@ static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max
         for (int b = 0; b < p->n_bias; b++) sampler_set_bias(c->smp, p->bias_ids[b], p->bias_vals[b]);
         if (p->penalize_prompt)
             for (int k = 0; k < p->n_prompt; k++) sampler_accept(c->smp, p->prompt[k]);
-        detok_init(&c->dt, e->tok, false, false);
+        detok_init(&c->dt, e->tok, false, p->special_text);
         if (g && engine_grammar_choice(&e->gr, r->gproto, &r->triggers, c) != 0) {
             ok = false;
             break;
