@@ -7,8 +7,12 @@ says random things; its output is made predictable by a raw "grammar"
 request field, which holds the whole output, reasoning included:
 <think>\\nThinking WORD\\n</think>\\n\\nAnswer N. (qwen3, whose model opens the
 block) or the same without the opening tag (qwen3.5 and deepseek-r1, whose
-generation prompts open it). Servers, each started here with --port 0 and
-stopped with SIGTERM: the model under the qwen3, qwen3.5 and deepseek-r1
+generation prompts open it); gpt-oss's harmony channels the same way,
+<|channel|>analysis<|message|>Thinking WORD<|end|><|start|>assistant
+<|channel|>final<|message|>Answer N. (in this vocabulary the markers are
+plain text; in gpt-oss's own they are control tokens, whose text the server
+asks the engine for). Servers, each started here with --port 0 and stopped
+with SIGTERM: the model under the qwen3, qwen3.5, deepseek-r1 and gpt-oss
 templates (--chat-template), and once more under qwen3.5 with
 --reasoning-format inline.
 
@@ -24,7 +28,10 @@ no switch); a Hermes (qwen3) or XML (qwen3.5)
 tool call after the reasoning read into tool_calls, whole and streamed;
 response_format json_schema with thinking off: valid JSON in content; the
 history round trip (an assistant message with reasoning_content accepted).
-And `lamina run --chat` under qwen3.5: only the answer on stdout, the
+gpt-oss: the analysis channel as reasoning_content and the final channel as
+content, whole and streamed, inline on request, cut inside the analysis,
+and a commentary-channel call to functions.get_weather read into
+tool_calls, whole and streamed. And `lamina run --chat` under qwen3.5: only the answer on stdout, the
 reasoning on stderr with --show-reasoning.
 """
 import json
@@ -103,7 +110,49 @@ def streamed(extra, **kw):
             finish = c.finish_reason
     return rs, cs, order, calls, finish
 
-if not INLINE:
+if cfg.get("harmony"):
+    A = '"<|channel|>analysis<|message|>Thinking " [a-z]{1,8} "<|end|>"'
+    G = 'root ::= ' + A + ' "<|start|>assistant<|channel|>final<|message|>Answer " [0-9]{1,3} "."'
+    MT = 200  # the markers are plain text here, a few characters a token
+    c = whole({"grammar": G}, max_tokens=MT)
+    rc, ct = ext(c.message, "reasoning_content"), c.message.content
+    check("whole: analysis channel as reasoning_content", re.fullmatch(r"Thinking [a-z]{1,8}", rc or ""), c.message)
+    check("whole: final channel as content", re.fullmatch(r"Answer [0-9]{1,3}\.", ct or ""), ct)
+    rs, cs, order, _, fin = streamed({"grammar": G}, max_tokens=MT)
+    check("stream: deltas add up to the whole", "".join(rs) == rc and "".join(cs) == ct, (rs, cs))
+    check("stream: no marker in any delta", all("<|" not in p and "|>" not in p for p in rs + cs), rs + cs)
+    check("stream: reasoning before content", order == sorted(order, key=lambda k: k != "r") and "c" in order, order)
+    c = whole({"grammar": G, "reasoning_format": "inline"}, max_tokens=MT)
+    check("reasoning_format inline: the channels as they are",
+          (c.message.content or "").startswith("<|channel|>analysis<|message|>Thinking ")
+          and "<|channel|>final<|message|>Answer " in c.message.content and not ext(c.message, "reasoning_content"),
+          c.message)
+    c = whole({"grammar": G}, max_tokens=40)
+    rc3 = ext(c.message, "reasoning_content") or ""
+    check("cut inside the analysis channel: reasoning only, length",
+          c.finish_reason == "length" and rc3.startswith("Thin") and not c.message.content and "<|" not in rc3,
+          (c.finish_reason, rc3, c.message.content))
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    gt = ('root ::= ' + A + ' "<|start|>assistant<|channel|>commentary to=functions.get_weather '
+          '<|constrain|>json<|message|>{\\"city\\": \\"" [A-Z] [a-z]{1,6} "\\"}"')
+    c = whole({"grammar": gt}, tools=tools, max_tokens=200)
+    tc = c.message.tool_calls or []
+    args = json.loads(tc[0].function.arguments) if tc else {}
+    rc = ext(c.message, "reasoning_content")
+    check("commentary call after reasoning: whole", len(tc) == 1 and tc[0].function.name == "get_weather"
+          and re.fullmatch(r"[A-Z][a-z]{1,6}", args.get("city", "")) and c.finish_reason == "tool_calls"
+          and re.fullmatch(r"Thinking [a-z]{1,8}", rc or "") and not c.message.content, c.message)
+    rs, cs, _, calls, fin = streamed({"grammar": gt}, tools=tools, max_tokens=200)
+    check("commentary call after reasoning: streamed", "".join(rs) == rc and not cs and list(calls) == [0]
+          and calls[0]["name"] == "get_weather" and json.loads(calls[0]["args"]) == args and fin == "tool_calls",
+          (rs, cs, calls, fin))
+    c = whole({"grammar": G}, messages=MSG + [{"role": "assistant", "content": "Answer 4.",
+                                               "reasoning_content": "Thinking hard"},
+                                              {"role": "user", "content": "And 3 + 3?"}], max_tokens=MT)
+    check("history with reasoning_content accepted", re.fullmatch(r"Answer [0-9]{1,3}\.", c.message.content or ""),
+          c.message)
+elif not INLINE:
     c = whole({"grammar": G})
     rc, ct = ext(c.message, "reasoning_content"), c.message.content
     check("whole: reasoning_content apart", isinstance(rc, str) and re.fullmatch(r"Thinking [a-z]{1,8}", rc), rc)
@@ -180,9 +229,9 @@ else:
 '''
 
 
-def run_client(py, srv, tag, open_, inline=False, xml=False, switch=True):
+def run_client(py, srv, tag, open_, inline=False, xml=False, switch=True, harmony=False):
     cfg = {"base": srv.base(), "model": "random.gguf", "tag": tag, "open": open_, "inline": inline, "xml": xml,
-           "switch": switch}
+           "switch": switch, "harmony": harmony}
     r = subprocess.run([py, "-c", CLIENT, json.dumps(cfg)], capture_output=True, text=True, timeout=900)
     n = 0
     for line in r.stdout.splitlines():
@@ -229,6 +278,9 @@ def main():
             srv = Server(rnd, "--chat-template", fam)
             servers.append((srv, fam))
             run_client(py, srv, fam, open_, xml=xml, switch=fam != "deepseek-r1")
+        srv = Server(rnd, "--chat-template", "gpt-oss")
+        servers.append((srv, "gpt-oss"))
+        run_client(py, srv, "gpt-oss", False, harmony=True)
         check_cli(rnd, tmp)
         srv = Server(rnd, "--chat-template", "qwen3.5", "--reasoning-format", "inline")
         servers.append((srv, "inline"))

@@ -240,7 +240,7 @@ static void test_prompt_open(void) {
     CHECK(reason_prompt_closed(off, strlen(off)));
     CHECK(!reason_prompt_closed(q35, strlen(q35)) && !reason_prompt_closed(q3, strlen(q3)));
     CHECK(reason_syntax(CHAT_QWEN3) == REASON_THINK && reason_syntax(CHAT_QWEN35) == REASON_THINK);
-    CHECK(reason_syntax(CHAT_DEEPSEEK_R1) == REASON_THINK);
+    CHECK(reason_syntax(CHAT_DEEPSEEK_R1) == REASON_THINK && reason_syntax(CHAT_GPT_OSS) == REASON_HARMONY);
     CHECK(reason_syntax(CHAT_CHATML) == REASON_NONE && reason_syntax(CHAT_DEEPSEEK3) == REASON_NONE &&
           reason_syntax(-1) == REASON_NONE);
 }

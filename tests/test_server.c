@@ -1192,6 +1192,14 @@ static void test_reasoning_split(void) {
                 "\"B\", \"reasoning_content\": 5}]}",
                 &r, &e) == -1 &&
           e.status == 400);
+    /* gpt-oss: harmony channels; the answer's grammar waits for the final
+     * channel's header */
+    ctx.chat_family = CHAT_GPT_OSS;
+    CHECK(parse(true, "{" CHAT_A ", \"response_format\": {\"type\": \"json_object\"}}", &r, &e) == 0);
+    CHECK(r.reason_syntax == REASON_HARMONY && r.reason_split && r.n_grammar_triggers == 1);
+    CHECK(!strcmp(r.grammar_triggers[0], "<|channel|>final<|message|>"));
+    CHECK(grammar_takes(r.grammar, "<|channel|>final<|message|>{\"a\": 1}") && !grammar_takes(r.grammar, "{\"a\": 1}"));
+    server_request_free(&r);
     ctx.chat_family = CHAT_CHATML;
     ctx.n_ctx = 128;
 }

@@ -271,6 +271,7 @@ static int submit_all(srv_call *c, lm_server_error *e) {
         p.grammar = r->grammar;
         p.grammar_triggers = r->n_grammar_triggers ? (const char *const *)r->grammar_triggers : NULL;
         p.n_grammar_triggers = r->n_grammar_triggers;
+        p.special_text = r->reason_syntax == REASON_HARMONY; /* its channels' markers */
         p.on_event = on_event;
         p.user = &c->subs[i];
         lm_request *h = NULL;
@@ -601,7 +602,7 @@ static bool whole_reasoning(srv_call *c, int i, cJSON *j, const strbuf *text) {
     reason_out_free(&o);
     bool called = false;
     cJSON *m;
-    if (c->req.tool_calls) {
+    if (c->req.tool_calls && c->req.reason_syntax != REASON_HARMONY) {
         called = whole_tool_message(c, i, j, &content);
         m = cJSON_GetObjectItem(j, "message");
     } else {
@@ -831,11 +832,11 @@ static void stream_open(srv_call *c) {
 }
 
 /* Content text of choice i as chunks: read for calls when tools may be
- * called (final: the text is complete), else one content delta; *lp goes
- * with the first chunk. */
+ * called (final: the text is complete; not harmony, whose calls come from
+ * the splitter), else one content delta; *lp goes with the first chunk. */
 static void stream_content(srv_call *c, int i, const char *s, size_t n, bool final, cJSON **lp) {
     srv_choice *ch = &c->ch[i];
-    if (!c->req.tool_calls) {
+    if (!c->req.tool_calls || c->req.reason_syntax == REASON_HARMONY) { /* harmony's calls: not in content */
         if (!n) return;
         strbuf t = {0};
         strbuf_put(&t, s, n);

@@ -185,21 +185,28 @@ int srv_parse_format(const cJSON *root, lm_server_request *r, lm_server_error *e
 }
 
 /* A thinking family's answer grammar: the output is free until the
- * reasoning ends (the lazy trigger </think>), then the grammar holds from
- * it: root ::= "</think>" blanks ans-root, the request's rules prefixed
- * "ans-". Left as it is when the prompt closed the reasoning (thinking
- * off: the answer starts at once), when the grammar is already lazy (tools
- * with tool_choice auto: their opener is the trigger), and for harmony (its
- * channels are special tokens; not yet). 0, or -1 with *e. */
+ * reasoning ends (the lazy trigger </think>, or harmony's final channel
+ * header <|channel|>final<|message|>), then the grammar holds from it:
+ * root ::= "</think>" blanks ans-root (harmony: the header, then ans-root),
+ * the request's rules prefixed "ans-". Left as it is when the prompt closed
+ * the reasoning (thinking off: the answer starts at once), when the grammar
+ * is already lazy (tools with tool_choice auto: their opener is the
+ * trigger), and for harmony's tool calls (the commentary channel's grammar
+ * is not written yet). 0, or -1 with *e. */
 int srv_reason_grammar(lm_server_request *r, bool closed, lm_server_error *e) {
-    if (!r->grammar || closed || r->n_grammar_triggers || r->reason_syntax != REASON_THINK) return 0;
+    if (!r->grammar || closed || r->n_grammar_triggers || r->reason_syntax == REASON_NONE) return 0;
+    if (r->reason_syntax == REASON_HARMONY && r->tool_calls) return 0; /* harmony's calls: not yet */
+    static const char FINAL[] = "<|channel|>final<|message|>";
+    bool think = r->reason_syntax == REASON_THINK;
     char *pre = srv_prefix_rules(r->grammar, "ans-");
     if (!pre) return oom(e);
     strbuf b = {0};
-    strbuf_puts(&b, "root ::= \"</think>\" [ \\t\\r\\n]* ans-root\n");
+    strbuf_puts(&b,
+                think ? "root ::= \"</think>\" [ \\t\\r\\n]* ans-root\n"
+                      : "root ::= \"<|channel|>final<|message|>\" ans-root\n");
     strbuf_puts(&b, pre);
     lm_free(pre);
-    char *t = lm_strndup("</think>", 8);
+    char *t = think ? lm_strndup("</think>", 8) : lm_strndup(FINAL, sizeof FINAL - 1);
     if (b.failed || !b.p || !t) {
         strbuf_free(&b);
         lm_free(t);

@@ -261,6 +261,7 @@ int reason_syntax(int family) {
         case CHAT_QWEN3:
         case CHAT_QWEN35:
         case CHAT_DEEPSEEK_R1: return REASON_THINK;
+        case CHAT_GPT_OSS: return REASON_HARMONY;
         default: return REASON_NONE;
     }
 }

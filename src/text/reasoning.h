@@ -97,7 +97,8 @@ void reason_out_clear(lm_reason_out *o);
 void reason_out_free(lm_reason_out *o);
 
 /* The syntax of a chat family's reasoning (chat.h): REASON_THINK for
- * qwen3, qwen3.5 and deepseek-r1; REASON_NONE for the others. */
+ * qwen3, qwen3.5 and deepseek-r1, REASON_HARMONY for gpt-oss; REASON_NONE
+ * for the others. */
 int reason_syntax(int family);
 
 /* Whether a rendered prompt ends inside a think block (it ends with
