@@ -9,7 +9,8 @@
  * engine sizes its buffers from detok_max_out, so the event text must hold
  * the whole piece: without stop strings, with one (the held-back path), and
  * with a 1,024-byte stop string (the largest hold-back). lamina run (a
- * client of the engine) must print it too.
+ * client of the engine) must print it too. And special_text: a control
+ * token's text (BOS, <s>) in the output only when the request asks.
  */
 #include <stdatomic.h>
 #include <string.h>
@@ -155,6 +156,42 @@ static void test_events_hold_the_whole_token(void) {
     engine_free(e);
 }
 
+/* special_text: a control token's text is in the output only when asked
+ * (the BOS token <s>, made certain by a logit bias, three times). */
+static void test_special_text(void) {
+    char err[LM_ERRLEN];
+    lm_engine_config ec;
+    engine_config_default(&ec);
+    ec.n_threads = 2;
+    ec.n_ctx = 128;
+    ec.max_seqs = 2;
+    lm_engine *e = engine_new(model, NULL, &ec, err, sizeof err);
+    CHECKF(e != NULL, "%s", err);
+    CHECK(tok_is_control(model->tok, 1));
+    static const int32_t prompt[] = {1, 403, 407, 261, 378};
+    static const int32_t bias_id[] = {1};
+    static const float bias_val[] = {100};
+    size_t lens[2];
+    char texts[2][64];
+    for (int k = 0; k < 2; k++) {
+        lm_request_params p;
+        engine_request_params_default(&p);
+        p.prompt = prompt, p.n_prompt = 5, p.max_tokens = 3, p.sp.temp = 0;
+        p.bias_ids = bias_id, p.bias_vals = bias_val, p.n_bias = 1;
+        p.special_text = k == 1;
+        collect c = {.cap = 64, .text = texts[k]};
+        atomic_init(&c.done, false);
+        p.on_event = on_event, p.user = &c;
+        CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
+        engine_wait_idle(e);
+        CHECK(atomic_load(&c.done) && c.n_tokens == 3);
+        lens[k] = c.len;
+    }
+    engine_free(e);
+    CHECKF(lens[0] == 0, "%zu bytes without special_text", lens[0]);
+    CHECKF(lens[1] == 9 && !memcmp(texts[1], "<s><s><s>", 9), "%.*s", (int)lens[1], texts[1]);
+}
+
 static void test_run_prints_it(void) {
     const char *bin = getenv("LAMINA_BIN") ? getenv("LAMINA_BIN") : "build/lamina";
     char cmd[512];
@@ -186,6 +223,7 @@ int main(void) {
     TEST_RUN(test_detok_max_covers_it);
     TEST_RUN(test_events_hold_the_whole_token);
     TEST_RUN(test_run_prints_it);
+    TEST_RUN(test_special_text);
     model_free(model);
     unlink(path);
     free(long_text);
