@@ -31,8 +31,8 @@ history round trip (an assistant message with reasoning_content accepted).
 gpt-oss: the analysis channel as reasoning_content and the final channel as
 content, whole and streamed, inline on request, cut inside the analysis,
 and a commentary-channel call to functions.get_weather read into
-tool_calls, whole and streamed. And `lamina run --chat` under qwen3.5: only the answer on stdout, the
-reasoning on stderr with --show-reasoning.
+tool_calls, whole and streamed. And `lamina run --chat` under qwen3.5 and gpt-oss: only the answer on
+stdout, the reasoning on stderr with --show-reasoning.
 """
 import json
 import os
@@ -259,6 +259,15 @@ def check_cli(rnd, tmp):
     ok = (r.returncode == 0 and re.fullmatch(r"Answer [0-9]{1,3}\.\n", r.stdout)
           and re.match(r"Thinking [a-z]{1,8}\n", r.stderr) and "\x1b" not in r.stderr)
     result("run --chat --show-reasoning: the reasoning on stderr", ok, (r.stdout, r.stderr))
+    h = os.path.join(tmp, "harmony.gbnf")
+    with open(h, "w") as f:
+        f.write('root ::= "<|channel|>analysis<|message|>Thinking " [a-z]{1,8} "<|end|><|start|>assistant'
+                '<|channel|>final<|message|>Answer " [0-9]{1,3} "."\n')
+    r = subprocess.run([LAMINA, "run", "-m", rnd, "--chat", "--chat-template", "gpt-oss", "-p", "hi", "-n", "200",
+                        "--seed", "1", "--grammar", h, "--show-reasoning"], capture_output=True, text=True, timeout=300)
+    ok = (r.returncode == 0 and re.fullmatch(r"Answer [0-9]{1,3}\.\n", r.stdout)
+          and re.match(r"Thinking [a-z]{1,8}\n", r.stderr))
+    result("run --chat, gpt-oss: the final channel printed, the analysis on stderr", ok, (r.stdout, r.stderr))
 
 
 def main():

@@ -463,6 +463,7 @@ static int cmd_run(int argc, char **argv) {
     rp.penalize_prompt = true;
     rp.grammar = gbuf;
     rp.grammar_len = glen;
+    rp.special_text = out.split && out.rs.syntax == REASON_HARMONY; /* its channels' markers */
     rp.on_event = run_event;
     rp.user = &out;
 
