@@ -39,6 +39,16 @@
  * the status its lm_status maps to (400 for the request's own fault, 503 out
  * of memory, 500 otherwise), as the last event of a stream.
  *
+ * Reasoning (text/reasoning.h): with a thinking family's template (qwen3,
+ * qwen3.5, deepseek-r1, gpt-oss) a chat answer's reasoning is split off
+ * into message.reasoning_content / delta.reasoning_content and content
+ * holds only the answer (gpt-oss's commentary calls become tool_calls),
+ * unless the request's "reasoning_format" or the server's
+ * reasoning_inline keeps it inline; response_format and tool grammars
+ * then wait for the reasoning's end (a lazy trigger), the raw "grammar"
+ * holds the whole output, and gpt-oss's requests ask the engine for the
+ * control tokens' text (special_text).
+ *
  * Threads: the HTTP library runs one thread per connection. A slow client
  * (a trickled request, a stream it does not read) blocks only its own
  * thread, which waits in poll() and costs its stack's touched pages and

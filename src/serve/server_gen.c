@@ -25,6 +25,13 @@
  * closes at the idle timeout (no byte sent for that long), or once the
  * client has read what is left.
  *
+ * Reasoning. A chat request whose template reasons (req.reason_split)
+ * runs each choice's text through a reasoning splitter (text/reasoning.h):
+ * streamed, one splitter per choice (srv_choice.rs) turns its pieces into
+ * reasoning_content deltas, content (read for calls with tools) and
+ * harmony's call deltas, in order; whole, a fresh splitter reads the whole
+ * text with the same rules, so both agree.
+ *
  * Waiting (call_wait) happens on the connection's thread in slices of at
  * most 250 ms; between slices it checks for a server shutdown, the request
  * timeout and a peer that closed its socket, and cancels when one of them
