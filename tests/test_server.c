@@ -1153,6 +1153,19 @@ static void test_reasoning_split(void) {
     CHECK(grammar_takes(r.grammar, "</think>\n\n{\"a\": 1}"));
     CHECK(!grammar_takes(r.grammar, "{\"a\": 1}"));
     server_request_free(&r);
+    /* tools with tool_choice required: their grammar, after </think>, compiles */
+    CHECK(parse(true, "{" CHAT_A ", " TOOLS ", \"tool_choice\": \"required\"}", &r, &e) == 0);
+    CHECK(r.tool_calls && r.n_grammar_triggers == 1 && !strcmp(r.grammar_triggers[0], "</think>"));
+    char gerr[LM_ERRLEN];
+    lm_grammar *tg = grammar_parse(r.grammar, strlen(r.grammar), NULL, gerr, sizeof gerr);
+    CHECKF(tg != NULL, "%s", gerr);
+    grammar_free(tg);
+    CHECK(!grammar_takes(r.grammar, "<tool_call>"));
+    server_request_free(&r);
+    /* tool_choice auto keeps its own trigger, the call's opener */
+    CHECK(parse(true, "{" CHAT_A ", " TOOLS "}", &r, &e) == 0);
+    CHECK(r.n_grammar_triggers == 1 && !strcmp(r.grammar_triggers[0], "<tool_call>"));
+    server_request_free(&r);
     /* thinking off: the prompt closed it, the grammar holds from the start */
     CHECK(parse(true,
                 "{" CHAT_A ", \"response_format\": {\"type\": \"json_object\"}, \"chat_template_kwargs\": "
