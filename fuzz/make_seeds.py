@@ -28,6 +28,10 @@ fuzz_logits: a saved-logits file (lamina perplexity --save-logits) of 2
   byte more, a token outside the vocabulary, another version.
 fuzz_gguf: the malformed files of tests/data/gguf_bad under 1 KiB (copied as
   bad_<name>), beside the valid ones already in fuzz/seeds/fuzz_gguf.
+fuzz_reasoning: byte 0 options (bit 0 harmony, bit 1 the reasoning open),
+  two cut points, then an output text. Seeds: think blocks closed, open,
+  cut inside a marker, near-markers; harmony analysis, final and commentary
+  calls, an unterminated header.
 fuzz_json_schema: the schema of every file in tests/data/schemas (compact
   JSON), plus schemas the compiler refuses (unsupported keywords, patterns
   and formats, bad $refs, unsatisfiable bounds).
@@ -307,6 +311,29 @@ def route_seeds():
         write("fuzz_route", name, bytes([opt]) + body)
 
 
+def reasoning_seeds():
+    think = [
+        (0, b"<think>\nLet me think.\n</think>\n\nThe answer."),
+        (2, b"Thinking.\n</think>\n\nAnswer."),
+        (2, b"<think>again</think>A</think>B"),
+        (0, b"  <thin"),
+        (2, b"cut at </thi"),
+        (0, b"no block at all <think> later"),
+        (2, b"r</think>\n\n<tool_call>\n{\"name\": \"f\"}\n</tool_call>"),
+    ]
+    harmony = [
+        (1, b"<|channel|>analysis<|message|>Why.<|end|><|start|>assistant<|channel|>final<|message|>4"),
+        (1, b"<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>commentary to=functions.f "
+            b"<|constrain|>json<|message|>{\"a\":1}<|call|>"),
+        (1, b"<|start|>assistant to=functions.g<|channel|>commentary json<|message|>{}"),
+        (1, b"<|channel|>analysis"),
+        (1, b"<|channel|>final<|message|>done<|return|>"),
+    ]
+    for i, (opt, text) in enumerate(think + harmony):
+        n = len(text)
+        write("fuzz_reasoning", "case%02d" % i, bytes([opt, (n // 3) & 0xff, (2 * n // 3) & 0xff]) + text)
+
+
 def logits_seeds():
     import struct
     def hdr(v=5, ctx=4, chunks=2, first=2, ver=1):
@@ -332,3 +359,4 @@ if __name__ == "__main__":
     convert_seeds()
     schema_seeds()
     grammar_seeds()
+    reasoning_seeds()
