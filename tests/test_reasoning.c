@@ -139,7 +139,11 @@ static const tcase CASES[] = {
     {REASON_HARMONY, false, "<|channel|>analysis<|message|>thinking <|en", "thinking <|en", "", "", false},
     /* no header at all: content as it is */
     {REASON_HARMONY, false, "plain text", "", "plain text", "", true},
-    {REASON_HARMONY, false, "<|channel|>analysis", "", "<|channel|>analysis", "", true},
+    /* a header cut short: dropped; the reasoning before it kept */
+    {REASON_HARMONY, false, "<|channel|>analysis", "", "", "", false},
+    {REASON_HARMONY, false, "<|channel|>analysis<|message|>r<|end|><|start|>assistant<|channel|>final<|me", "r", "", "",
+     false},
+    {REASON_HARMONY, false, "hello <|channel|>", "", "hello <|channel|>", "", true},
     {REASON_HARMONY, false, "", "", "", "", false},
 };
 #define N_CASES (int)(sizeof CASES / sizeof *CASES)
@@ -245,6 +249,28 @@ static void test_prompt_open(void) {
           reason_syntax(-1) == REASON_NONE);
 }
 
+/* A harmony header must close within REASON_MAX_HEADER bytes: a longer
+ * text without <|message|> there is content, from there on, whatever
+ * follows and however it is split. */
+static void test_long_header(void) {
+    size_t n = REASON_MAX_HEADER + 40;
+    char *text = lm_malloc(n + 64);
+    CHECK(text != NULL);
+    memset(text, 'x', n);
+    strcpy(text + n, "<|message|>after");
+    size_t len = strlen(text);
+    for (size_t cut = 0; cut <= len; cut += 7) {
+        sides s = {0};
+        size_t cuts[1] = {cut};
+        bool fed = run(REASON_HARMONY, false, text, cuts, 1, &s);
+        bool ok = fed && s.content.len == len && !strcmp(s.content.p, text) && !s.reasoning.len;
+        sides_free(&s);
+        if (!ok) lm_free(text);
+        CHECKF(ok, "cut at %zu", cut);
+    }
+    lm_free(text);
+}
+
 /* Every allocation failing in turn: no crash, the failure reported. */
 static void test_alloc_failure(void) {
     const char *text = CASES[1].text;
@@ -268,6 +294,7 @@ int main(void) {
     TEST_RUN(test_every_split);
     TEST_RUN(test_released_early);
     TEST_RUN(test_prompt_open);
+    TEST_RUN(test_long_header);
     TEST_RUN(test_alloc_failure);
     return TEST_DONE();
 }

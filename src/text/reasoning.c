@@ -18,6 +18,8 @@
  * Harmony states:
  *   H_HEADER       a message's header, held whole up to <|message|>
  *   H_BODY         the body, released up to a possible end marker
+ *   H_PLAIN        no <|message|> in a header's first REASON_MAX_HEADER
+ *                  bytes: the rest is content as it is
  */
 #include "text/reasoning.h"
 
@@ -27,7 +29,7 @@
 #include "text/chat.h"
 
 enum { T_START, T_START_OPEN, T_REASON_LEAD, T_REASON, T_CONTENT_LEAD, T_CONTENT };
-enum { H_HEADER, H_BODY };
+enum { H_HEADER, H_BODY, H_PLAIN };
 
 static const char OPEN[] = "<think>", CLOSE[] = "</think>";
 static const char *const H_ENDS[] = {"<|end|>", "<|return|>", "<|call|>", "<|start|>"};
@@ -205,12 +207,28 @@ static bool harmony_step(lm_reason *r, bool final, lm_reason_out *o) {
     size_t n = r->hold.len;
     if (!n) return false;
     static const char MSG[] = "<|message|>";
+    if (r->state == H_PLAIN) {
+        emit(o, RSEG_CONTENT, s, n);
+        consume(r, n);
+        return false;
+    }
     if (r->state == H_HEADER) {
-        const char *m = find(s, n, MSG);
-        if (!m && !final && n <= REASON_MAX_HEADER) return false;
-        if (!m) { /* no header: the text as it is */
+        /* a header ends within its first REASON_MAX_HEADER bytes: the
+         * decision depends on those bytes only, however they came */
+        const char *m = find(s, n < REASON_MAX_HEADER ? n : REASON_MAX_HEADER, MSG);
+        if (!m && n >= REASON_MAX_HEADER) { /* no header: plain text from here on */
+            r->state = H_PLAIN;
             r->ended = true;
-            emit(o, RSEG_CONTENT, s, n);
+            return true;
+        }
+        if (!m && !final) return false;
+        if (!m) {
+            /* a header cut short at the end (max_tokens) is markup, dropped;
+             * text that is no header is content */
+            if (strncmp(s, "<|start|>", 9) && strncmp(s, "<|channel|>", 11)) {
+                r->ended = true;
+                emit(o, RSEG_CONTENT, s, n);
+            }
             consume(r, n);
             return false;
         }

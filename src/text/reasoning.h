@@ -27,7 +27,10 @@
  *                   and any other channel are content. The recipient may
  *                   also stand before <|channel|> ("assistant to=functions.f").
  *                   Bodies are kept byte for byte. A header never closed by
- *                   <|message|> is released as content at the end.
+ *                   <|message|> (max_tokens reached inside it) is dropped
+ *                   when it opens with <|start|> or <|channel|>, else
+ *                   released as content at the end: text that is no
+ *                   harmony message is content as it is.
  *
  * Streaming. reason_feed takes the text piece by piece (any split, even
  * inside a marker or a UTF-8 character) and releases each byte at most once,
@@ -42,8 +45,9 @@
  *
  * Bounds: the held bytes are at most a marker's length plus the blanks
  * around it (think), or one harmony header (capped at REASON_MAX_HEADER
- * bytes: past it the header is released as content); out grows with what a
- * feed releases. Out of memory sets out->failed (events may be lost).
+ * bytes: text without <|message|> in its first REASON_MAX_HEADER bytes is
+ * no header, and from there on all content); out grows with what a feed
+ * releases. Out of memory sets out->failed (events may be lost).
  */
 #ifndef LAMINA_REASONING_H
 #define LAMINA_REASONING_H
