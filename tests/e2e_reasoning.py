@@ -11,7 +11,9 @@ generation prompts open it); gpt-oss's harmony channels the same way,
 <|channel|>analysis<|message|>Thinking WORD<|end|><|start|>assistant
 <|channel|>final<|message|>Answer N. (in this vocabulary the markers are
 plain text; in gpt-oss's own they are control tokens, whose text the server
-asks the engine for). Servers, each started here with --port 0 and stopped
+asks the engine for; a second gpt-oss model takes the harmony test
+vocabulary, tests/data/vocab/ggml-vocab-harmony.gguf, whose markers are
+tokens of their own). Servers, each started here with --port 0 and stopped
 with SIGTERM: the model under the qwen3, qwen3.5, deepseek-r1 and gpt-oss
 templates (--chat-template), and once more under qwen3.5 with
 --reasoning-format inline.
@@ -229,8 +231,8 @@ else:
 '''
 
 
-def run_client(py, srv, tag, open_, inline=False, xml=False, switch=True, harmony=False):
-    cfg = {"base": srv.base(), "model": "random.gguf", "tag": tag, "open": open_, "inline": inline, "xml": xml,
+def run_client(py, srv, tag, open_, inline=False, xml=False, switch=True, harmony=False, model="random.gguf"):
+    cfg = {"base": srv.base(), "model": model, "tag": tag, "open": open_, "inline": inline, "xml": xml,
            "switch": switch, "harmony": harmony}
     r = subprocess.run([py, "-c", CLIENT, json.dumps(cfg)], capture_output=True, text=True, timeout=900)
     n = 0
@@ -290,6 +292,16 @@ def main():
         srv = Server(rnd, "--chat-template", "gpt-oss")
         servers.append((srv, "gpt-oss"))
         run_client(py, srv, "gpt-oss", False, harmony=True)
+        # the harmony test vocabulary: its markers are tokens of their own
+        hrm = os.path.join(tmp, "harmony.gguf")
+        r = subprocess.run([LAMINA, "mkmodel", "-o", hrm, "--layers", "2", "--embd", "64", "--heads", "4",
+                            "--kv-heads", "2", "--ff", "128", "--ctx", "2048", "--vocab-from",
+                            "tests/data/vocab/ggml-vocab-harmony.gguf", "--seed", "5"],
+                           capture_output=True, text=True, timeout=300)
+        result("mkmodel writes a random-weight model of the harmony vocabulary", r.returncode == 0, r.stderr)
+        srv = Server(hrm, "--chat-template", "gpt-oss")
+        servers.append((srv, "gpt-oss, harmony vocabulary"))
+        run_client(py, srv, "gpt-oss/harmony vocabulary", False, harmony=True, model="harmony.gguf")
         check_cli(rnd, tmp)
         srv = Server(rnd, "--chat-template", "qwen3.5", "--reasoning-format", "inline")
         servers.append((srv, "inline"))
