@@ -18,7 +18,6 @@
 #include <stdint.h>
 
 #include "text/chat.h"
-#include "text/reasoning.h"
 #include "format/gguf.h"
 #include "test.h"
 #include "text/tokenizer.h"
@@ -1120,103 +1119,6 @@ static bool grammar_takes(const char *g, const char *text) {
     return ok;
 }
 
-/* Reasoning (text/reasoning.h): the thinking families split by default,
- * reasoning_format and the server's default, where the prompt leaves the
- * reasoning, the answer's grammar made lazy on </think> (not the raw
- * grammar, not with thinking off), and reasoning_content given back in
- * history rendered as the template writes it. */
-static void test_reasoning_split(void) {
-    lm_server_request r;
-    lm_server_error e;
-    ctx.n_ctx = 4096;
-    ctx.chat_family = CHAT_QWEN35;
-    CHECK(parse(true, "{" CHAT_A "}", &r, &e) == 0);
-    CHECK(r.reason_syntax == REASON_THINK && r.reason_open && r.reason_split && !r.grammar);
-    server_request_free(&r);
-    CHECK(parse(true, "{" CHAT_A ", \"reasoning_format\": \"inline\"}", &r, &e) == 0);
-    CHECK(r.reason_syntax == REASON_THINK && !r.reason_split);
-    server_request_free(&r);
-    CHECK(parse(true, "{" CHAT_A ", \"reasoning_format\": \"none\"}", &r, &e) == 0 && !r.reason_split);
-    server_request_free(&r);
-    ctx.reasoning_inline = true;
-    CHECK(parse(true, "{" CHAT_A "}", &r, &e) == 0 && !r.reason_split);
-    server_request_free(&r);
-    CHECK(parse(true, "{" CHAT_A ", \"reasoning_format\": \"separate\"}", &r, &e) == 0 && r.reason_split);
-    server_request_free(&r);
-    ctx.reasoning_inline = false;
-    CHECK(parse(true, "{" CHAT_A ", \"reasoning_format\": \"folded\"}", &r, &e) == -1);
-    CHECK(e.status == 400 && !strcmp(e.param, "reasoning_format"));
-    CHECK(parse(true, "{" CHAT_A ", \"reasoning_format\": 1}", &r, &e) == -1 && e.status == 400);
-    /* the answer's grammar waits for </think> */
-    CHECK(parse(true, "{" CHAT_A ", \"response_format\": {\"type\": \"json_object\"}}", &r, &e) == 0);
-    CHECK(r.grammar && r.n_grammar_triggers == 1 && !strcmp(r.grammar_triggers[0], "</think>"));
-    CHECK(grammar_takes(r.grammar, "</think>\n\n{\"a\": 1}"));
-    CHECK(!grammar_takes(r.grammar, "{\"a\": 1}"));
-    server_request_free(&r);
-    /* tools with tool_choice required: their grammar, after </think>, compiles */
-    CHECK(parse(true, "{" CHAT_A ", " TOOLS ", \"tool_choice\": \"required\"}", &r, &e) == 0);
-    CHECK(r.tool_calls && r.n_grammar_triggers == 1 && !strcmp(r.grammar_triggers[0], "</think>"));
-    char gerr[LM_ERRLEN];
-    lm_grammar *tg = grammar_parse(r.grammar, strlen(r.grammar), NULL, gerr, sizeof gerr);
-    CHECKF(tg != NULL, "%s", gerr);
-    grammar_free(tg);
-    CHECK(!grammar_takes(r.grammar, "<tool_call>"));
-    server_request_free(&r);
-    /* tool_choice auto keeps its own trigger, the call's opener */
-    CHECK(parse(true, "{" CHAT_A ", " TOOLS "}", &r, &e) == 0);
-    CHECK(r.n_grammar_triggers == 1 && !strcmp(r.grammar_triggers[0], "<tool_call>"));
-    server_request_free(&r);
-    /* thinking off: the prompt closed it, the grammar holds from the start */
-    CHECK(parse(true,
-                "{" CHAT_A ", \"response_format\": {\"type\": \"json_object\"}, \"chat_template_kwargs\": "
-                "{\"enable_thinking\": false}}",
-                &r, &e) == 0);
-    CHECK(r.grammar && r.n_grammar_triggers == 0 && !r.reason_open && grammar_takes(r.grammar, "{\"a\": 1}"));
-    server_request_free(&r);
-    /* the raw grammar covers the whole output */
-    CHECK(parse(true, "{" CHAT_A ", \"grammar\": \"root ::= \\\"x</think>y\\\"\"}", &r, &e) == 0);
-    CHECK(r.grammar_raw && r.n_grammar_triggers == 0);
-    server_request_free(&r);
-    /* qwen3: the model opens the block itself */
-    ctx.chat_family = CHAT_QWEN3;
-    CHECK(parse(true, "{" CHAT_A "}", &r, &e) == 0 && r.reason_syntax == REASON_THINK && !r.reason_open);
-    server_request_free(&r);
-    /* families without reasoning, and completions */
-    ctx.chat_family = CHAT_CHATML;
-    CHECK(parse(true, "{" CHAT_A ", \"response_format\": {\"type\": \"json_object\"}}", &r, &e) == 0);
-    CHECK(r.reason_syntax == REASON_NONE && !r.reason_split && r.n_grammar_triggers == 0);
-    server_request_free(&r);
-    CHECK(parse(false, "{\"prompt\": \"a\"}", &r, &e) == 0 && r.reason_syntax == REASON_NONE && !r.reason_split);
-    server_request_free(&r);
-    /* history: reasoning_content rendered as the template writes it */
-    ctx.chat_family = CHAT_QWEN3;
-    const char *hist = "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"assistant\", "
-                       "\"content\": \"B\", \"reasoning_content\": \"\\nR\\n\"}, {\"role\": \"user\", \"content\": "
-                       "\"c\"}, {\"role\": \"assistant\", \"content\": \"D\", \"reasoning_content\": \"S\"}]}";
-    CHECKF(parse(true, hist, &r, &e) == 0, "%s", e.message);
-    lm_chat_xmsg want[] = {{"user", "a", NULL, 0, NULL, NULL},
-                           {"assistant", "B", NULL, 0, NULL, NULL},
-                           {"user", "c", NULL, 0, NULL, NULL},
-                           {"assistant", "<think>\nS\n</think>\n\nD", NULL, 0, NULL, NULL}};
-    CHECK(same_prompt(&r, CHAT_QWEN3, want, 4, NULL, 0));
-    server_request_free(&r);
-    CHECK(parse(true,
-                "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"assistant\", \"content\": "
-                "\"B\", \"reasoning_content\": 5}]}",
-                &r, &e) == -1 &&
-          e.status == 400);
-    /* gpt-oss: harmony channels; the answer's grammar waits for the final
-     * channel's header */
-    ctx.chat_family = CHAT_GPT_OSS;
-    CHECK(parse(true, "{" CHAT_A ", \"response_format\": {\"type\": \"json_object\"}}", &r, &e) == 0);
-    CHECK(r.reason_syntax == REASON_HARMONY && r.reason_split && r.n_grammar_triggers == 1);
-    CHECK(!strcmp(r.grammar_triggers[0], "<|channel|>final<|message|>"));
-    CHECK(grammar_takes(r.grammar, "<|channel|>final<|message|>{\"a\": 1}") && !grammar_takes(r.grammar, "{\"a\": 1}"));
-    server_request_free(&r);
-    ctx.chat_family = CHAT_CHATML;
-    ctx.n_ctx = 128;
-}
-
 /* The xml syntax (qwen3.5): the grammar holds calls to the tools' typed
  * parameters in the schema's order (text, one-line text with bounds, a
  * choice of strings, JSON of the schema), the text parameters travel with
@@ -1508,7 +1410,6 @@ int main(void) {
     TEST_RUN(test_tool_xml);
     TEST_RUN(test_tool_alloc_failure);
     TEST_RUN(test_cache_salt);
-    TEST_RUN(test_reasoning_split);
     tok_free(tok);
     return TEST_DONE();
 }

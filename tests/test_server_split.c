@@ -1,0 +1,193 @@
+/*
+ * test_server_split.c - a thinking model's reasoning in the server's request
+ * parser (server_parse_request), without sockets: which templates split
+ * the reasoning apart (reasoning_format, the server's reasoning_inline),
+ * where the prompt leaves it (open or closed), the answer's grammar made
+ * lazy on the reasoning's end (</think>, gpt-oss's final channel header;
+ * not the raw grammar, not with thinking off, tools' own trigger with
+ * tool_choice auto), and reasoning_content given back in history rendered
+ * as Qwen3's template writes it. Each grammar is checked on texts it must
+ * take and must refuse.
+ *
+ * The tokenizer is the bundled model's; its ids only need to tell prompts
+ * apart.
+ */
+#include "serve/server.h"
+#include "decode/grammar.h"
+
+#include <stdint.h>
+
+#include "text/chat.h"
+#include "text/reasoning.h"
+#include "format/gguf.h"
+#include "test.h"
+#include "text/tokenizer.h"
+#include "base/util.h"
+
+#define CHAT_A "\"messages\": [{\"role\": \"user\", \"content\": \"a\"}]"
+#define TOOL_W                                                                                                         \
+    "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"d\", "                      \
+    "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}"
+#define TOOL_T "{\"type\": \"function\", \"function\": {\"name\": \"get_time\"}}"
+#define TOOLS "\"tools\": [" TOOL_W ", " TOOL_T "]"
+
+static lm_tokenizer *tok;
+static lm_server_parse_ctx ctx;
+
+static void setup(void) {
+    char err[LM_ERRLEN];
+    gguf_ctx *g = gguf_open(TEST_MODEL, err, sizeof err);
+    if (!g) {
+        fprintf(stderr, "cannot open %s: %s\n", TEST_MODEL, err);
+        exit(1);
+    }
+    tok = tok_load(g, err, sizeof err);
+    gguf_close(g);
+    if (!tok) {
+        fprintf(stderr, "no tokenizer: %s\n", err);
+        exit(1);
+    }
+    ctx = (lm_server_parse_ctx){
+        .tok = tok, .n_ctx = 128, .model_name = "m", .chat_family = CHAT_CHATML, .max_n = 4, .max_tokens_cap = 100};
+}
+
+static int parse(bool chat, const char *body, lm_server_request *r, lm_server_error *e) {
+    return server_parse_request(&ctx, chat, body, strlen(body), r, e);
+}
+
+/* The prompt the parser made equals chat_apply_tools' for these messages. */
+static bool same_prompt(const lm_server_request *r, int family, const lm_chat_xmsg *m, int n, const char *const *tools,
+                        int n_tools) {
+    char *text = NULL, err[LM_ERRLEN];
+    bool add_bos;
+    if (chat_apply_tools(family, NULL, tok, m, n, tools, n_tools, &text, &add_bos, err, sizeof err)) return false;
+    int32_t ids[4096];
+    int k = tok_encode(tok, text, strlen(text), add_bos, true, ids, 4096);
+    lm_free(text);
+    return r->n_prompts == 1 && k == r->n_prompt[0] && !memcmp(ids, r->prompts[0], (size_t)k * sizeof(int32_t));
+}
+
+/* Whether grammar g takes text and may end there (a byte-level vocabulary). */
+static bool grammar_takes(const char *g, const char *text) {
+    static char bytes[256];
+    static const char *bp[257];
+    static int lens[257];
+    static bool eog[257];
+    for (int b = 0; b < 256; b++) bytes[b] = (char)b, bp[b] = &bytes[b], lens[b] = 1;
+    bp[256] = "", lens[256] = 0, eog[256] = true;
+    char err[LM_ERRLEN];
+    lm_grammar *gr = grammar_parse(g, strlen(g), NULL, err, sizeof err);
+    lm_gvocab *v = grammar_vocab_from_bytes(257, bp, lens, eog, err, sizeof err);
+    lm_gmatch *m = gr && v ? gmatch_new(gr, v, err, sizeof err) : NULL;
+    bool ok = m != NULL;
+    for (const char *c = text; ok && *c; c++) ok = gmatch_accept(m, (unsigned char)*c) == 0;
+    ok = ok && gmatch_allows(m, 256);
+    gmatch_free(m);
+    grammar_vocab_free(v);
+    grammar_free(gr);
+    return ok;
+}
+
+/* Reasoning (text/reasoning.h): the thinking families split by default,
+ * reasoning_format and the server's default, where the prompt leaves the
+ * reasoning, the answer's grammar made lazy on </think> (not the raw
+ * grammar, not with thinking off), and reasoning_content given back in
+ * history rendered as the template writes it. */
+static void test_reasoning_split(void) {
+    lm_server_request r;
+    lm_server_error e;
+    ctx.n_ctx = 4096;
+    ctx.chat_family = CHAT_QWEN35;
+    CHECK(parse(true, "{" CHAT_A "}", &r, &e) == 0);
+    CHECK(r.reason_syntax == REASON_THINK && r.reason_open && r.reason_split && !r.grammar);
+    server_request_free(&r);
+    CHECK(parse(true, "{" CHAT_A ", \"reasoning_format\": \"inline\"}", &r, &e) == 0);
+    CHECK(r.reason_syntax == REASON_THINK && !r.reason_split);
+    server_request_free(&r);
+    CHECK(parse(true, "{" CHAT_A ", \"reasoning_format\": \"none\"}", &r, &e) == 0 && !r.reason_split);
+    server_request_free(&r);
+    ctx.reasoning_inline = true;
+    CHECK(parse(true, "{" CHAT_A "}", &r, &e) == 0 && !r.reason_split);
+    server_request_free(&r);
+    CHECK(parse(true, "{" CHAT_A ", \"reasoning_format\": \"separate\"}", &r, &e) == 0 && r.reason_split);
+    server_request_free(&r);
+    ctx.reasoning_inline = false;
+    CHECK(parse(true, "{" CHAT_A ", \"reasoning_format\": \"folded\"}", &r, &e) == -1);
+    CHECK(e.status == 400 && !strcmp(e.param, "reasoning_format"));
+    CHECK(parse(true, "{" CHAT_A ", \"reasoning_format\": 1}", &r, &e) == -1 && e.status == 400);
+    /* the answer's grammar waits for </think> */
+    CHECK(parse(true, "{" CHAT_A ", \"response_format\": {\"type\": \"json_object\"}}", &r, &e) == 0);
+    CHECK(r.grammar && r.n_grammar_triggers == 1 && !strcmp(r.grammar_triggers[0], "</think>"));
+    CHECK(grammar_takes(r.grammar, "</think>\n\n{\"a\": 1}"));
+    CHECK(!grammar_takes(r.grammar, "{\"a\": 1}"));
+    server_request_free(&r);
+    /* tools with tool_choice required: their grammar, after </think>, compiles */
+    CHECK(parse(true, "{" CHAT_A ", " TOOLS ", \"tool_choice\": \"required\"}", &r, &e) == 0);
+    CHECK(r.tool_calls && r.n_grammar_triggers == 1 && !strcmp(r.grammar_triggers[0], "</think>"));
+    char gerr[LM_ERRLEN];
+    lm_grammar *tg = grammar_parse(r.grammar, strlen(r.grammar), NULL, gerr, sizeof gerr);
+    CHECKF(tg != NULL, "%s", gerr);
+    grammar_free(tg);
+    CHECK(!grammar_takes(r.grammar, "<tool_call>"));
+    server_request_free(&r);
+    /* tool_choice auto keeps its own trigger, the call's opener */
+    CHECK(parse(true, "{" CHAT_A ", " TOOLS "}", &r, &e) == 0);
+    CHECK(r.n_grammar_triggers == 1 && !strcmp(r.grammar_triggers[0], "<tool_call>"));
+    server_request_free(&r);
+    /* thinking off: the prompt closed it, the grammar holds from the start */
+    CHECK(parse(true,
+                "{" CHAT_A ", \"response_format\": {\"type\": \"json_object\"}, \"chat_template_kwargs\": "
+                "{\"enable_thinking\": false}}",
+                &r, &e) == 0);
+    CHECK(r.grammar && r.n_grammar_triggers == 0 && !r.reason_open && grammar_takes(r.grammar, "{\"a\": 1}"));
+    server_request_free(&r);
+    /* the raw grammar covers the whole output */
+    CHECK(parse(true, "{" CHAT_A ", \"grammar\": \"root ::= \\\"x</think>y\\\"\"}", &r, &e) == 0);
+    CHECK(r.grammar_raw && r.n_grammar_triggers == 0);
+    server_request_free(&r);
+    /* qwen3: the model opens the block itself */
+    ctx.chat_family = CHAT_QWEN3;
+    CHECK(parse(true, "{" CHAT_A "}", &r, &e) == 0 && r.reason_syntax == REASON_THINK && !r.reason_open);
+    server_request_free(&r);
+    /* families without reasoning, and completions */
+    ctx.chat_family = CHAT_CHATML;
+    CHECK(parse(true, "{" CHAT_A ", \"response_format\": {\"type\": \"json_object\"}}", &r, &e) == 0);
+    CHECK(r.reason_syntax == REASON_NONE && !r.reason_split && r.n_grammar_triggers == 0);
+    server_request_free(&r);
+    CHECK(parse(false, "{\"prompt\": \"a\"}", &r, &e) == 0 && r.reason_syntax == REASON_NONE && !r.reason_split);
+    server_request_free(&r);
+    /* history: reasoning_content rendered as the template writes it */
+    ctx.chat_family = CHAT_QWEN3;
+    const char *hist = "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"assistant\", "
+                       "\"content\": \"B\", \"reasoning_content\": \"\\nR\\n\"}, {\"role\": \"user\", \"content\": "
+                       "\"c\"}, {\"role\": \"assistant\", \"content\": \"D\", \"reasoning_content\": \"S\"}]}";
+    CHECKF(parse(true, hist, &r, &e) == 0, "%s", e.message);
+    lm_chat_xmsg want[] = {{"user", "a", NULL, 0, NULL, NULL},
+                           {"assistant", "B", NULL, 0, NULL, NULL},
+                           {"user", "c", NULL, 0, NULL, NULL},
+                           {"assistant", "<think>\nS\n</think>\n\nD", NULL, 0, NULL, NULL}};
+    CHECK(same_prompt(&r, CHAT_QWEN3, want, 4, NULL, 0));
+    server_request_free(&r);
+    CHECK(parse(true,
+                "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"assistant\", \"content\": "
+                "\"B\", \"reasoning_content\": 5}]}",
+                &r, &e) == -1 &&
+          e.status == 400);
+    /* gpt-oss: harmony channels; the answer's grammar waits for the final
+     * channel's header */
+    ctx.chat_family = CHAT_GPT_OSS;
+    CHECK(parse(true, "{" CHAT_A ", \"response_format\": {\"type\": \"json_object\"}}", &r, &e) == 0);
+    CHECK(r.reason_syntax == REASON_HARMONY && r.reason_split && r.n_grammar_triggers == 1);
+    CHECK(!strcmp(r.grammar_triggers[0], "<|channel|>final<|message|>"));
+    CHECK(grammar_takes(r.grammar, "<|channel|>final<|message|>{\"a\": 1}") && !grammar_takes(r.grammar, "{\"a\": 1}"));
+    server_request_free(&r);
+    ctx.chat_family = CHAT_CHATML;
+    ctx.n_ctx = 128;
+}
+
+int main(void) {
+    setup();
+    TEST_RUN(test_reasoning_split);
+    tok_free(tok);
+    return TEST_DONE();
+}
