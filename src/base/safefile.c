@@ -4,7 +4,9 @@
  * Invariants: a safefile owns exactly one path on disk, its temporary file,
  * from safefile_create until commit or abort; no other path is ever
  * unlinked, opened for writing or truncated here. The temporary file is
- * created with O_EXCL, so it cannot be anything that existed before.
+ * created with O_EXCL, so it cannot be anything that existed before; the
+ * one exception is safefile_resume's ".NAME.partial", a name only lamina
+ * gives, opened without following links and only when it is a regular file.
  * Live temporary files are also listed in a small static table (copies of
  * their paths) so that safefile_remove_temps can unlink them from a signal
  * handler, using only unlink and atomic loads.
@@ -284,6 +286,82 @@ safefile *safefile_create(const char *path, char *err, size_t errlen) {
     /* replacing a file keeps its permission bits */
     if (exists) (void)fchmod(fileno(f->fp), st.st_mode & 07777);
     return f;
+}
+
+safefile *safefile_resume(const char *path, long long *have, char *err, size_t errlen) {
+    *have = 0;
+    if (!path || !*path) {
+        lm_err(err, errlen, "no output path");
+        return NULL;
+    }
+    const char *env = getenv("LAMINA_WRITE_FAIL_AFTER");
+    if (env && *env) safefile_fail_after(strtol(env, NULL, 10));
+    safefile *f = lm_calloc(1, sizeof *f);
+    if (f) f->slot = -1;
+    if (!f || !(f->path = lm_strndup(path, strlen(path)))) {
+        lm_free(f);
+        lm_err(err, errlen, "%s: out of memory", path);
+        return NULL;
+    }
+    struct stat st;
+    bool exists;
+    if (resolve(f, path, &st, &exists, err, errlen)) {
+        sf_free(f);
+        return NULL;
+    }
+    const char *slash = strrchr(f->dest, '/');
+    const char *base = slash ? slash + 1 : f->dest;
+    size_t cap = strlen(f->dir) + strlen(base) + 16;
+    if (strlen(base) > 200 || !(f->tmp = lm_malloc(cap))) {
+        lm_err(err, errlen, "%s: %s", path, f->tmp ? "out of memory" : "name too long for a partial file");
+        sf_free(f);
+        return NULL;
+    }
+    snprintf(f->tmp, cap, "%s/.%s.partial", f->dir, base);
+    /* O_NOFOLLOW: a link under the partial name is refused, never followed */
+    int fd = open(f->tmp, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0666);
+    struct stat ps;
+    if (fd < 0 || fstat(fd, &ps) != 0 || !S_ISREG(ps.st_mode)) {
+        int e = fd < 0 ? errno : EINVAL;
+        lm_err(err, errlen, "%s: cannot open the partial file %s: %s", path, f->tmp,
+               fd >= 0 ? "not a regular file" : strerror(e));
+        if (fd >= 0) close(fd);
+        lm_free(f->tmp);
+        f->tmp = NULL; /* not ours to remove */
+        sf_free(f);
+        return NULL;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+        lm_err(err, errlen, "%s: another process is writing %s", path, f->tmp);
+        close(fd);
+        lm_free(f->tmp);
+        f->tmp = NULL;
+        sf_free(f);
+        return NULL;
+    }
+    f->fp = fdopen(fd, "ab");
+    if (!f->fp) {
+        lm_err(err, errlen, "%s: %s", path, strerror(errno));
+        close(fd);
+        lm_free(f->tmp);
+        f->tmp = NULL;
+        sf_free(f);
+        return NULL;
+    }
+    if (exists) (void)fchmod(fd, st.st_mode & 07777);
+    *have = (long long)ps.st_size;
+    return f;
+}
+
+int safefile_restart(safefile *f) {
+    if (fflush(f->fp) != 0 || ftruncate(fileno(f->fp), 0) != 0) return -1;
+    return 0;
+}
+
+void safefile_keep(safefile *f) {
+    if (!f) return;
+    if (f->fp) fclose(f->fp);
+    sf_free(f);
 }
 
 int safefile_write(safefile *f, const void *p, size_t n) {

@@ -39,6 +39,18 @@
  * named file, a FIFO, socket or device (a FIFO would block; pipe it to
  * standard input instead).
  *
+ * Resumable writing. safefile_resume() is safefile_create for a long
+ * download: its temporary file has a fixed name, ".NAME.partial" beside
+ * the destination, that outlives the process, so a later run finds it and
+ * goes on from its end (*have bytes). It is never the final name, is
+ * flock'ed by its writer like any temporary file (a second live writer is
+ * refused), is not removed by safefile_remove_temps (an interrupted
+ * download keeps what it has), and is only opened when it is a regular
+ * file (not a link). safefile_restart() empties it (the server sent the
+ * whole file after all); safefile_keep() closes it, leaving it for the
+ * next run; commit and abort work as for safefile_create (abort removes
+ * it: a download that failed its check starts over).
+ *
  * Fault injection for tests: safefile_fail_after(n) makes the (n+1)-th
  * safefile_write() from now fail with ENOSPC, as a full disk would; a
  * negative n switches it off. The environment variable
@@ -95,6 +107,15 @@ int safefile_check_distinct(const char *in, const char *out, char *err, size_t e
  * lm_malloc'd buffer, its length in *len. NULL with a message on a
  * directory, a non-regular named file, a read error or no memory. */
 char *safefile_read(const char *path, size_t *len, char *err, size_t errlen);
+
+/* Resumable writing (above): NULL with a message as safefile_create, or
+ * when another live process writes the same partial file. */
+safefile *safefile_resume(const char *path, long long *have, char *err, size_t errlen);
+/* Empty the partial file (writes then start at byte 0). 0, or -1 with errno. */
+int safefile_restart(safefile *f);
+/* Flush and close, leaving the partial file for the next safefile_resume;
+ * frees f (NULL is a no-op). */
+void safefile_keep(safefile *f);
 
 void safefile_fail_after(long n);
 
