@@ -79,6 +79,13 @@ int cmd_route(int argc, char **argv);
 int cmd_trace(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
+int cmd_pull(int argc, char **argv); /* lamina pull, list, rm: tools/cmd_pull.c */
+int cmd_list(int argc, char **argv);
+int cmd_rm(int argc, char **argv);
+/* Replace the value of every -m, --model and --draft-model that names a
+ * hub model (hf://..., OWNER/REPO:TAG; not an existing file) with the
+ * cached file's path, pulling it first when absent; exits 1 on failure. */
+void cli_resolve_models(int argc, char **argv);
 
 /* The value after the current flag as a KV cache element type (kv_type_from_name:
  * F32, F16, Q8_0); exits 2 otherwise. */

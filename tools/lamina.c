@@ -716,7 +716,12 @@ static void usage_main(FILE *f) {
             "  serve       OpenAI-compatible HTTP server (continuous batching)\n"
             "  route       router in front of serve replicas (admission, prefix affinity, faults)\n"
             "  trace       where concurrency was lost, from a `lamina route --trace` file (and an SVG)\n"
+            "  pull        download a model from the hub into the cache (hf://OWNER/REPO/FILE.gguf, OWNER/REPO:TAG)\n"
+            "  list        the cached models\n"
+            "  rm          remove a cached model\n"
             "  version     the version, commit, compiler and kernel variant (also --version)\n\n"
+            "-m (and --draft-model) of every command also takes hf://... and OWNER/REPO:TAG: the cached file,\n"
+            "pulled first when absent (lamina pull --help).\n"
             "Long work (loading a large model, quantize, perplexity, mkmodel, bench) draws a progress line\n"
             "when stderr is a terminal; --progress, accepted by every command, draws it on a pipe too.\n"
             "run, bench, perplexity and serve take --tp N: tensor parallelism over N ranks of the MPI\n"
@@ -876,6 +881,10 @@ static int run_cmd(int argc, char **argv) {
     }
     remove_temps_on_signal();
     safefile_guard_inputs(); /* no output onto an input (base/safefile.h) */
+    if (!strcmp(c, "pull")) return cmd_pull(argc - 1, argv + 1);
+    if (!strcmp(c, "list")) return cmd_list(argc - 1, argv + 1);
+    if (!strcmp(c, "rm")) return cmd_rm(argc - 1, argv + 1);
+    cli_resolve_models(argc, argv); /* -m hf://... names the cached file (tools/cmd_pull.c) */
     if (!strcmp(c, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(c, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(c, "perplexity")) return cmd_perplexity(argc - 1, argv + 1);

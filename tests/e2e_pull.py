@@ -1,0 +1,270 @@
+#!/usr/bin/env python3
+"""lamina pull, list, rm and -m with a hub name, without the internet: two
+local HTTP servers play the hub (its listing and resolve endpoints, which
+answer 302 to the second, a "CDN" on another port) and the CDN (Range
+requests). Checked, each by its outcome:
+  - a connection dropped halfway: exit 1, nothing under the final name, the
+    partial file kept; the next pull sends "Range: bytes=N-" from the
+    partial's size and the finished file is byte-identical, SHA-256 checked,
+    no partial left; the path printed is CACHE/models/OWNER/REPO/FILE;
+  - OWNER/REPO:TAG picks the file of that type from the listing (not the
+    mmproj), and OWNER/REPO the default Q4_K_M;
+  - a wrong published hash: exit 1 with the mismatch named, no final file,
+    no partial;
+  - a gated file: 401 without HF_TOKEN (exit 1, the message names HF_TOKEN),
+    success with it; the hub sees the Bearer token, the CDN never does;
+  - a server that stops sending: exit 1 with "timed out" within the
+    timeout plus a margin (LAMINA_PULL_TIMEOUT=2), not a hang;
+  - a 404, bad names ("..", no repository): exit 1 with a message;
+  - --progress draws the "downloading" line;
+  - list prints each cached file's name, exact size and type; rm removes
+    one (and the folders it empties), refuses a name outside the cache and
+    an unknown one;
+  - -m OWNER/REPO:TAG on `lamina info` uses the cached file without asking
+    the hub; -m hf://... of a file not cached pulls it first.
+"""
+import hashlib
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from testenv import result, summary  # noqa: E402
+
+LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
+MODEL = "models/stories260K.gguf"
+
+with open(MODEL, "rb") as f:
+    REAL = f.read()
+RAND = os.urandom(700_000)
+# repository -> file -> bytes
+REPOS = {
+    "acme/tiny-GGUF": {"tiny-Q8_0.gguf": REAL, "tiny-Q4_K_M.gguf": RAND, "mmproj-tiny-Q8_0.gguf": b"mm" * 1000,
+                       "README.md": b"# tiny\n"},
+    "acme/gated": {"g-Q8_0.gguf": RAND[:300_000]},
+    "acme/badhash": {"b-Q8_0.gguf": RAND[:200_000]},
+    "acme/slow": {"s-Q8_0.gguf": RAND[:400_000]},
+}
+STATE = {"drop_once": set(), "slow": set(), "hub_auth": [], "cdn_auth": [], "ranges": [], "hub_hits": 0}
+LOCK = threading.Lock()
+CDN_PORT = [0]
+
+
+class Quiet(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def send(self, code, body=b"", headers=()):
+        self.send_response(code)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class Hub(Quiet):
+    def do_GET(self):
+        with LOCK:
+            STATE["hub_hits"] += 1
+            STATE["hub_auth"].append(self.headers.get("Authorization"))
+        p = self.path
+        if p.startswith("/api/models/"):
+            repo = p[len("/api/models/"):].split("/tree/")[0]
+            if repo not in REPOS:
+                return self.send(404, b'{"error":"Repository not found"}')
+            items = [{"type": "file", "path": k, "size": len(v)} for k, v in REPOS[repo].items()]
+            items.insert(0, {"type": "directory", "path": "sub"})
+            return self.send(200, json.dumps(items).encode(), [("Content-Type", "application/json")])
+        if "/resolve/main/" not in p:
+            return self.send(404)
+        repo, fname = p[1:].split("/resolve/main/")
+        if repo not in REPOS or fname not in REPOS[repo]:
+            return self.send(404, b"Entry not found")
+        if repo == "acme/gated" and self.headers.get("Authorization") != "Bearer secret":
+            return self.send(401, b"Access to model acme/gated is restricted.")
+        data = REPOS[repo][fname]
+        sha = hashlib.sha256(data).hexdigest()
+        if repo == "acme/badhash":
+            sha = hashlib.sha256(data + b"x").hexdigest()
+        loc = "http://127.0.0.1:%d/blob/%s/%s" % (CDN_PORT[0], repo.replace("/", "--"), fname)
+        self.send(302, b"", [("Location", loc), ("X-Linked-Etag", '"%s"' % sha), ("ETag", '"%s"' % sha),
+                             ("X-Linked-Size", str(len(data)))])
+
+
+class Cdn(Quiet):
+    def do_GET(self):
+        _, _, key, fname = self.path.split("/", 3)
+        repo = key.replace("--", "/")
+        data = REPOS[repo][fname]
+        with LOCK:
+            STATE["cdn_auth"].append(self.headers.get("Authorization"))
+            STATE["ranges"].append(self.headers.get("Range"))
+        start = 0
+        rng = self.headers.get("Range")
+        if rng and rng.startswith("bytes=") and rng.endswith("-"):
+            start = int(rng[6:-1])
+        if start >= len(data) and len(data):
+            return self.send(416)
+        body = data[start:]
+        self.send_response(206 if start else 200)
+        if start:
+            self.send_header("Content-Range", "bytes %d-%d/%d" % (start, len(data) - 1, len(data)))
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("ETag", '"not-a-sha256"')
+        self.end_headers()
+        if fname in STATE["drop_once"]:
+            STATE["drop_once"].discard(fname)
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        if fname in STATE["slow"]:
+            self.wfile.write(body[:10])
+            self.wfile.flush()
+            time.sleep(8)
+            self.close_connection = True
+            return
+        self.wfile.write(body)
+
+
+def serve(cls):
+    s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), cls)
+    s.daemon_threads = True
+    threading.Thread(target=s.serve_forever, daemon=True).start()
+    return s
+
+
+hub, cdn = serve(Hub), serve(Cdn)
+CDN_PORT[0] = cdn.server_address[1]
+tmp = tempfile.mkdtemp(prefix="lamina-e2e-pull-")
+CACHE = os.path.join(tmp, "cache")
+ENV = dict(os.environ, LAMINA_CACHE=CACHE, HF_ENDPOINT="http://127.0.0.1:%d/" % hub.server_address[1],
+           LAMINA_PULL_TIMEOUT="20")
+ENV.pop("HF_TOKEN", None)
+MODELS = os.path.join(CACHE, "models")
+
+
+def lamina(*args, env=None, timeout=60):
+    t = time.time()
+    p = subprocess.run([LAMINA] + list(args), env=env or ENV, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr, time.time() - t
+
+
+def exists(*parts):
+    return os.path.exists(os.path.join(MODELS, *parts))
+
+
+try:
+    # 1. a connection dropped halfway, then a resume
+    STATE["drop_once"].add("tiny-Q8_0.gguf")
+    rc, out, err, _ = lamina("pull", "hf://acme/tiny-GGUF/tiny-Q8_0.gguf")
+    part = os.path.join(MODELS, "acme", "tiny-GGUF", ".tiny-Q8_0.gguf.partial")
+    psize = os.path.getsize(part) if os.path.exists(part) else -1
+    result("dropped: exit 1, message says it resumes", rc == 1 and "resumes" in err, err)
+    result("dropped: no final file, partial kept (half)", not exists("acme", "tiny-GGUF", "tiny-Q8_0.gguf")
+           and 0 < psize < len(REAL), "partial %d of %d" % (psize, len(REAL)))
+    STATE["ranges"].clear()
+    rc, out, err, _ = lamina("pull", "hf://acme/tiny-GGUF/tiny-Q8_0.gguf")
+    final = os.path.join(MODELS, "acme", "tiny-GGUF", "tiny-Q8_0.gguf")
+    result("resume: exit 0, path printed", rc == 0 and out.strip() == final, out + err)
+    result("resume: Range from the partial's size", STATE["ranges"] == ["bytes=%d-" % psize], str(STATE["ranges"]))
+    result("resume: bytes identical, SHA-256 verified, no partial",
+           os.path.exists(final) and open(final, "rb").read() == REAL and "SHA-256 verified" in err
+           and not os.path.exists(part), err)
+
+    # 2. a tag, the default
+    rc, out, err, _ = lamina("pull", "acme/tiny-GGUF:q4_k_m", "--progress",
+                             env=dict(ENV, LAMINA_PROGRESS_AFTER="0"))
+    q4 = os.path.join(MODELS, "acme", "tiny-GGUF", "tiny-Q4_K_M.gguf")
+    result("tag: Q4_K_M picked from the listing", rc == 0 and out.strip() == q4 and open(q4, "rb").read() == RAND,
+           out + err)
+    result("progress: the downloading line", "downloading" in err, err)
+    rc, out, err, _ = lamina("pull", "acme/tiny-GGUF")
+    result("default tag: Q4_K_M, already cached", rc == 0 and out.strip() == q4, out + err)
+    rc, out, err, _ = lamina("pull", "acme/tiny-GGUF:Q6_K")
+    result("tag absent: exit 1, named", rc == 1 and "Q6_K" in err, err)
+
+    # 3. a wrong hash
+    rc, out, err, _ = lamina("pull", "acme/badhash:Q8_0")
+    d = os.path.join(MODELS, "acme", "badhash")
+    left = os.listdir(d) if os.path.isdir(d) else []
+    result("wrong hash: exit 1, mismatch named", rc == 1 and "SHA-256 mismatch" in err, err)
+    result("wrong hash: nothing left (no final file, no partial)", left == [], str(left))
+
+    # 4. gated
+    STATE["cdn_auth"].clear()
+    rc, out, err, _ = lamina("pull", "hf://acme/gated/g-Q8_0.gguf")
+    result("gated without HF_TOKEN: 401, HF_TOKEN named", rc == 1 and "401" in err and "HF_TOKEN" in err, err)
+    STATE["hub_auth"].clear()
+    rc, out, err, _ = lamina("pull", "hf://acme/gated/g-Q8_0.gguf", env=dict(ENV, HF_TOKEN="secret"))
+    result("gated with HF_TOKEN: exit 0, bytes identical",
+           rc == 0 and open(out.strip(), "rb").read() == REPOS["acme/gated"]["g-Q8_0.gguf"], out + err)
+    result("token sent to the hub, never to the CDN", "Bearer secret" in STATE["hub_auth"]
+           and STATE["cdn_auth"] and all(a is None for a in STATE["cdn_auth"]),
+           "hub %s cdn %s" % (STATE["hub_auth"], STATE["cdn_auth"]))
+
+    # 5. a slow server
+    STATE["slow"].add("s-Q8_0.gguf")
+    rc, out, err, dt = lamina("pull", "acme/slow:Q8_0", env=dict(ENV, LAMINA_PULL_TIMEOUT="2"))
+    result("slow: exit 1 with 'timed out' within 2 s + margin", rc == 1 and "timed out" in err and dt < 7,
+           "%.1f s: %s" % (dt, err))
+    STATE["slow"].clear()
+    rc, out, err, _ = lamina("pull", "acme/slow:Q8_0")
+    result("slow: the next pull resumes and completes", rc == 0 and "resuming at byte 10" in err
+           and open(out.strip(), "rb").read() == REPOS["acme/slow"]["s-Q8_0.gguf"], out + err)
+
+    # 6. 404, bad names
+    rc, out, err, _ = lamina("pull", "hf://acme/tiny-GGUF/missing.gguf")
+    result("404: exit 1, named", rc == 1 and "404" in err, err)
+    rc, out, err, _ = lamina("pull", "acme/nope:Q8_0")
+    result("unknown repository: exit 1, 404", rc == 1 and "404" in err, err)
+    for bad in ["acme/../etc/x.gguf", "hf://acme", "acme/r/x.bin", "acme/r:Q4 K", ""]:
+        rc, out, err, _ = lamina("pull", bad)
+        result("bad name %r: refused with a message" % bad, rc in (1, 2) and "lamina pull" in err and not out, err)
+
+    # 7. list and -m
+    rc, out, err, _ = lamina("list")
+    rows = {ln.split("\t")[0]: ln.split("\t")[1:] for ln in out.splitlines()}
+    result("list: every cached file, exact sizes", rc == 0 and rows.get("acme/tiny-GGUF/tiny-Q8_0.gguf", [""])[0]
+           == str(len(REAL)) and rows.get("acme/tiny-GGUF/tiny-Q4_K_M.gguf", [""])[0] == str(len(RAND))
+           and "acme/gated/g-Q8_0.gguf" in rows and len(rows) == 4, out + err)
+    info = subprocess.run([LAMINA, "info", MODEL], capture_output=True, text=True).stdout
+    t = rows.get("acme/tiny-GGUF/tiny-Q8_0.gguf", ["", ""])[1]
+    result("list: the type of the real model, '?' for the unreadable",
+           t not in ("", "?") and t in info and rows.get("acme/tiny-GGUF/tiny-Q4_K_M.gguf", ["", ""])[1] == "?",
+           "%s / %s" % (out, info))
+    hits = STATE["hub_hits"]
+    rc, out, err, _ = lamina("info", "-m", "acme/tiny-GGUF:Q8_0")
+    result("-m OWNER/REPO:TAG: the cached file, the hub not asked",
+           rc == 0 and "architecture" in out and STATE["hub_hits"] == hits, out + err)
+
+    # 8. rm
+    rc, out, err, _ = lamina("rm", "acme/tiny-GGUF/tiny-Q8_0.gguf")
+    result("rm: removed", rc == 0 and not os.path.exists(final) and os.path.exists(q4), err)
+    rc, out, err, _ = lamina("info", "-m", "hf://acme/tiny-GGUF/tiny-Q8_0.gguf")
+    result("-m hf://... not cached: pulled, then used", rc == 0 and "architecture" in out and os.path.exists(final),
+           out + err)
+    rc, out, err, _ = lamina("rm", "acme/gated:Q8_0")
+    result("rm by tag: removed, empty folder too", rc == 0 and not os.path.exists(os.path.join(MODELS, "acme", "gated")),
+           err)
+    outside = os.path.join(tmp, "keep.gguf")
+    open(outside, "wb").write(b"x")
+    for bad in ["../keep.gguf", "acme/../../keep.gguf", outside]:
+        rc, out, err, _ = lamina("rm", bad)
+        result("rm %r refused" % bad, rc == 1 and os.path.exists(outside), err)
+    rc, out, err, _ = lamina("rm", "acme/none:Q8_0")
+    result("rm unknown: exit 1, named", rc == 1 and "no such model" in err, err)
+finally:
+    hub.shutdown()
+    cdn.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
+summary()
