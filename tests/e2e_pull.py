@@ -15,6 +15,8 @@ requests). Checked, each by its outcome:
     success with it; the hub sees the Bearer token, the CDN never does;
   - a server that stops sending: exit 1 with "timed out" within the
     timeout plus a margin (LAMINA_PULL_TIMEOUT=2), not a hang;
+  - a server that ignores Range (200) and one that answers 416 to a
+    partial as long as the file: the download starts over, the bytes right;
   - a 404, bad names ("..", no repository): exit 1 with a message;
   - --progress draws the "downloading" line;
   - list prints each cached file's name, exact size and type; rm removes
@@ -51,7 +53,7 @@ REPOS = {
     "acme/badhash": {"b-Q8_0.gguf": RAND[:200_000]},
     "acme/slow": {"s-Q8_0.gguf": RAND[:400_000]},
 }
-STATE = {"drop_once": set(), "slow": set(), "hub_auth": [], "cdn_auth": [], "ranges": [], "hub_hits": 0}
+STATE = {"drop_once": set(), "slow": set(), "norange": set(), "hub_auth": [], "cdn_auth": [], "ranges": [], "hub_hits": 0}
 LOCK = threading.Lock()
 CDN_PORT = [0]
 
@@ -110,7 +112,7 @@ class Cdn(Quiet):
             STATE["ranges"].append(self.headers.get("Range"))
         start = 0
         rng = self.headers.get("Range")
-        if rng and rng.startswith("bytes=") and rng.endswith("-"):
+        if rng and rng.startswith("bytes=") and rng.endswith("-") and fname not in STATE["norange"]:
             start = int(rng[6:-1])
         if start >= len(data) and len(data):
             return self.send(416)
@@ -221,6 +223,26 @@ try:
     rc, out, err, _ = lamina("pull", "acme/slow:Q8_0")
     result("slow: the next pull resumes and completes", rc == 0 and "resuming at byte 10" in err
            and open(out.strip(), "rb").read() == REPOS["acme/slow"]["s-Q8_0.gguf"], out + err)
+
+    # a server that ignores the range: the whole file again, the partial emptied first
+    d = os.path.join(MODELS, "acme", "gated")
+    gpart = os.path.join(d, ".g-Q8_0.gguf.partial")
+    gdata = REPOS["acme/gated"]["g-Q8_0.gguf"]
+    os.remove(os.path.join(d, "g-Q8_0.gguf"))
+    open(gpart, "wb").write(b"garbage!" * 100)
+    STATE["norange"].add("g-Q8_0.gguf")
+    rc, out, err, _ = lamina("pull", "hf://acme/gated/g-Q8_0.gguf", env=dict(ENV, HF_TOKEN="secret"))
+    STATE["norange"].clear()
+    result("range ignored (200): started over, bytes identical", rc == 0 and open(out.strip(), "rb").read() == gdata
+           and not os.path.exists(gpart), out + err)
+    # a partial as long as the file: 416, then a fresh download
+    os.remove(os.path.join(d, "g-Q8_0.gguf"))
+    open(gpart, "wb").write(b"\0" * len(gdata))
+    STATE["ranges"].clear()
+    rc, out, err, _ = lamina("pull", "hf://acme/gated/g-Q8_0.gguf", env=dict(ENV, HF_TOKEN="secret"))
+    result("416 on a full-length partial: started over, bytes identical",
+           rc == 0 and open(out.strip(), "rb").read() == gdata and STATE["ranges"] == ["bytes=%d-" % len(gdata), None],
+           "%s %s" % (STATE["ranges"], out + err))
 
     # 6. 404, bad names
     rc, out, err, _ = lamina("pull", "hf://acme/tiny-GGUF/missing.gguf")
