@@ -138,8 +138,13 @@ class Cdn(Quiet):
         self.wfile.write(body)
 
 
+class Server(http.server.ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        pass  # a client that gave up (the timeout check) resets its connection
+
+
 def serve(cls):
-    s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), cls)
+    s = Server(("127.0.0.1", 0), cls)
     s.daemon_threads = True
     threading.Thread(target=s.serve_forever, daemon=True).start()
     return s

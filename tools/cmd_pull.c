@@ -118,6 +118,7 @@ typedef struct {
     bool bad_status; /* a body with an unexpected status */
     char *buf;       /* listing: the body */
     size_t len;
+    CURL *h;                              /* download: the transfer, for the status of the answer */
     int n_resp;                           /* status lines seen (one per redirect) */
     char linked_etag[80], first_etag[80]; /* as sent, quotes removed */
     char content_range[80];
@@ -264,8 +265,8 @@ static size_t on_body(char *p, size_t size, size_t n, void *ud) {
     if (!x->started) {
         x->started = true;
         long status = 0;
-        curl_easy_getinfo(x->buf, CURLINFO_RESPONSE_CODE, &status); /* x->buf holds the handle here */
-        if (status == 200 && x->have > 0) {                         /* the range was ignored: the whole file again */
+        curl_easy_getinfo(x->h, CURLINFO_RESPONSE_CODE, &status);
+        if (status == 200 && x->have > 0) { /* the range was ignored: the whole file again */
             if (safefile_restart(x->out) != 0) return 0;
             sha256_init(&x->sha);
             x->have = 0;
@@ -350,7 +351,7 @@ static int download(const char *cmd, const hub_name *n, const char *dest, char *
         char range[48];
         sfmt(range, sizeof range, "%lld-", x.have);
         if (x.have > 0) curl_easy_setopt(h, CURLOPT_RANGE, range);
-        x.buf = (char *)h;
+        x.h = h;
         curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
         curl_easy_setopt(h, CURLOPT_WRITEDATA, &x);
         curl_easy_setopt(h, CURLOPT_ERRORBUFFER, cerr);
