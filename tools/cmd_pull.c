@@ -298,11 +298,8 @@ static int on_xfer(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ut
     return 0;
 }
 
-/* Hash the partial file's first `have` bytes into x->sha. */
-static int hash_partial(const char *dest, long long have, sha256_ctx *c, char *err, size_t errlen) {
-    char part[PULL_PATH_MAX];
-    const char *slash = strrchr(dest, '/');
-    sfmt(part, sizeof part, "%.*s/.%s.partial", (int)(slash - dest), dest, slash + 1);
+/* Hash the partial file's first `have` bytes into c. */
+static int hash_partial(const char *part, long long have, sha256_ctx *c, char *err, size_t errlen) {
     FILE *f = fopen(part, "rb");
     if (!f) return lm_err(err, errlen, "cannot read %s: %s", part, strerror(errno));
     static unsigned char buf[1 << 16];
@@ -338,7 +335,7 @@ static int download(const char *cmd, const hub_name *n, const char *dest, char *
         x.out = safefile_resume(dest, &x.have, err, errlen);
         if (!x.out) return -1;
         sha256_init(&x.sha);
-        if (x.have > 0 && hash_partial(dest, x.have, &x.sha, err, errlen)) {
+        if (x.have > 0 && hash_partial(safefile_temp(x.out), x.have, &x.sha, err, errlen)) {
             safefile_keep(x.out);
             return -1;
         }
