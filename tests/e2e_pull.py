@@ -22,6 +22,8 @@ requests). Checked, each by its outcome:
   - list prints each cached file's name, exact size and type; rm removes
     one (and the folders it empties), refuses a name outside the cache and
     an unknown one;
+  - no run reports anything from the sanitizers (an ASan build's exit 1
+    could pass for an expected failure otherwise);
   - -m OWNER/REPO:TAG on `lamina info` uses the cached file without asking
     the hub; -m hf://... of a file not cached pulls it first.
 """
@@ -163,6 +165,8 @@ MODELS = os.path.join(CACHE, "models")
 def lamina(*args, env=None, timeout=60):
     t = time.time()
     p = subprocess.run([LAMINA] + list(args), env=env or ENV, capture_output=True, text=True, timeout=timeout)
+    if "Sanitizer" in p.stderr or "runtime error:" in p.stderr:
+        result("no sanitizer report: lamina %s" % " ".join(args), False, p.stderr)
     return p.returncode, p.stdout, p.stderr, time.time() - t
 
 
