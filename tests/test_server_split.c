@@ -181,6 +181,48 @@ static void test_reasoning_split(void) {
     CHECK(!strcmp(r.grammar_triggers[0], "<|channel|>final<|message|>"));
     CHECK(grammar_takes(r.grammar, "<|channel|>final<|message|>{\"a\": 1}") && !grammar_takes(r.grammar, "{\"a\": 1}"));
     server_request_free(&r);
+    /* gpt-oss's tool call: tool_choice required, one call in the commentary
+     * channel after the analysis, each tool's name with its own schema */
+    ctx.n_ctx = 1024; /* the tools in the developer message */
+#define HCALL "<|channel|>commentary to=functions."
+#define HHDR " <|constrain|>json<|message|>"
+    CHECK(parse(true, "{" CHAT_A ", " TOOLS ", \"tool_choice\": \"required\"}", &r, &e) == 0);
+    CHECK(r.grammar && r.n_grammar_triggers == 2 && !strcmp(r.grammar_triggers[0], "<|end|>") &&
+          !strcmp(r.grammar_triggers[1], "<|channel|>commentary"));
+    lm_grammar *hg = r.grammar ? grammar_parse(r.grammar, strlen(r.grammar), NULL, gerr, sizeof gerr) : NULL;
+    CHECKF(hg != NULL, "%s", gerr);
+    grammar_free(hg);
+    CHECK(grammar_takes(r.grammar, "<|end|><|start|>assistant" HCALL "get_weather" HHDR "{\"city\": \"Oslo\"}"));
+    CHECK(grammar_takes(r.grammar, HCALL "get_weather" HHDR "{}"));
+    CHECK(grammar_takes(r.grammar, "<|end|><|start|>assistant" HCALL "get_time" HHDR "{\"any\": [1, 2]}"));
+    CHECK(!grammar_takes(r.grammar, HCALL "get_weather" HHDR "{\"city\": 5}"));                 /* not its schema */
+    CHECK(!grammar_takes(r.grammar, HCALL "get_date" HHDR "{}"));                               /* no such tool */
+    CHECK(!grammar_takes(r.grammar, HCALL "get_weather" HHDR "[1]"));                           /* not an object */
+    CHECK(!grammar_takes(r.grammar, "<|end|><|start|>assistant<|channel|>final<|message|>{}")); /* no answer */
+    CHECK(!grammar_takes(r.grammar, HCALL "get_time" HHDR "{} " HCALL "get_time" HHDR "{}"));   /* one call */
+    server_request_free(&r);
+    /* a named function: that one only */
+    CHECK(parse(true,
+                "{" CHAT_A ", " TOOLS ", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
+                "\"get_weather\"}}}",
+                &r, &e) == 0);
+    CHECK(r.n_grammar_triggers == 2 && grammar_takes(r.grammar, HCALL "get_weather" HHDR "{\"city\": \"Rome\"}"));
+    CHECK(!grammar_takes(r.grammar, HCALL "get_time" HHDR "{}"));
+    server_request_free(&r);
+    /* tool_choice auto: free, the calls read from the commentary channel */
+    CHECK(parse(true, "{" CHAT_A ", " TOOLS "}", &r, &e) == 0);
+    CHECK(!r.grammar && r.n_grammar_triggers == 0);
+    server_request_free(&r);
+    /* a tool whose schema lamina cannot follow: 400 naming it */
+    CHECK(parse(true,
+                "{" CHAT_A ", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", "
+                "\"parameters\": {\"type\": \"object\", \"properties\": {\"x\": {\"$ref\": \"#/nowhere\"}}}}}], "
+                "\"tool_choice\": \"required\"}",
+                &r, &e) == -1 &&
+          e.status == 400 && strstr(e.message, "tools[0]"));
+    server_request_free(&r);
+#undef HCALL
+#undef HHDR
     ctx.chat_family = CHAT_CHATML;
     ctx.n_ctx = 128;
 }

@@ -21,9 +21,11 @@
  *            </function> </tool_call>, a parameter per property of the
  *            tool's schema (server_tools_xml.c, which also reads such a
  *            call back into JSON arguments)
- *   harmony  (gpt-oss) no grammar: the tools are in the prompt, and the
- *            calls come in the model's commentary channel, which the
- *            channel reader splits from the answer
+ *   harmony  (gpt-oss) <|channel|>commentary to=functions.N
+ *            <|constrain|>json<|message|>ARGS, one call, lazy after the
+ *            analysis (harmony_grammar); the calls are read back by the
+ *            channel reader (text/reasoning.h), not here, and "auto" leaves
+ *            them free
  * with at most four blanks between tokens (none inside the opening {"name",
  * which the reader and the llama3 trigger look for), the name one of the tools (or the
  * one tool_choice names) and ARGS that tool's schema; several calls when
@@ -191,11 +193,10 @@ int srv_parse_format(const cJSON *root, lm_server_request *r, lm_server_error *e
  * the request's rules prefixed "ans-". Left as it is when the prompt closed
  * the reasoning (thinking off: the answer starts at once), when the grammar
  * is already lazy (tools with tool_choice auto: their opener is the
- * trigger), and for harmony's tool calls (the commentary channel's grammar
- * is not written yet). 0, or -1 with *e. */
+ * trigger), and for harmony's tool calls (lazy already: harmony_grammar).
+ * 0, or -1 with *e. */
 int srv_reason_grammar(lm_server_request *r, bool closed, lm_server_error *e) {
     if (!r->grammar || closed || r->n_grammar_triggers || r->reason_syntax == REASON_NONE) return 0;
-    if (r->reason_syntax == REASON_HARMONY && r->tool_calls) return 0; /* harmony's calls: not yet */
     static const char FINAL[] = "<|channel|>final<|message|>";
     bool think = r->reason_syntax == REASON_THINK;
     char *pre = srv_prefix_rules(r->grammar, "ans-");
@@ -262,6 +263,8 @@ static const char *const *openers(int syntax) {
     return syntax == CHAT_TOOLS_LLAMA3 ? llama3 : syntax == CHAT_TOOLS_MISTRAL ? mistral : hermes;
 }
 
+static int args_rules(const srv_tool_ref *tools, int n, strbuf *b, lm_server_error *e);
+
 /* The GBNF of calls to the given tools in a syntax; the xml syntax's text
  * parameters into *raw. */
 static char *tool_grammar(const srv_tool_ref *tools, int n, int syntax, bool parallel, strbuf *raw,
@@ -296,26 +299,9 @@ static char *tool_grammar(const srv_tool_ref *tools, int n, int syntax, bool par
     for (int i = 0; i < n; i++)
         strbuf_printf(&b, "%s\"\\\"%s\\\"\" tc-ws \",\" tc-ws \"\\\"%s\\\"\" tc-ws \":\" tc-ws t%d-root\n",
                       i ? "  | " : "", tools[i].name, args_key, i);
-    for (int i = 0; i < n; i++) {
-        char param[48], prefix[16];
-        snprintf(param, sizeof param, "'tools[%d].function.parameters'", i);
-        snprintf(prefix, sizeof prefix, "t%d-", i);
-        char *g = tools[i].params ? srv_schema_gbnf(tools[i].params, "tools", param, e) : json_schema_any_object_gbnf();
-        if (!g) {
-            if (!tools[i].params) oom(e);
-            strbuf_free(&b);
-            return NULL;
-        }
-        char *pg = srv_prefix_rules(g, prefix);
-        lm_free(g);
-        if (!pg) {
-            strbuf_free(&b);
-            oom(e);
-            return NULL;
-        }
-        strbuf_puts(&b, pg);
-        strbuf_puts(&b, "\n");
-        lm_free(pg);
+    if (args_rules(tools, n, &b, e)) {
+        strbuf_free(&b);
+        return NULL;
     }
     if (b.failed) {
         strbuf_free(&b);
@@ -323,6 +309,58 @@ static char *tool_grammar(const srv_tool_ref *tools, int n, int syntax, bool par
         return NULL;
     }
     return b.p;
+}
+
+/* The tools' arguments: each tool's schema as rules prefixed t<i>- (its
+ * root t<i>-root) appended to b. 0, or -1 with *e. */
+static int args_rules(const srv_tool_ref *tools, int n, strbuf *b, lm_server_error *e) {
+    for (int i = 0; i < n; i++) {
+        char param[48], prefix[16];
+        snprintf(param, sizeof param, "'tools[%d].function.parameters'", i);
+        snprintf(prefix, sizeof prefix, "t%d-", i);
+        char *g = tools[i].params ? srv_schema_gbnf(tools[i].params, "tools", param, e) : json_schema_any_object_gbnf();
+        if (!g) return tools[i].params ? -1 : oom(e);
+        char *pg = srv_prefix_rules(g, prefix);
+        lm_free(g);
+        if (!pg) return oom(e);
+        strbuf_puts(b, pg);
+        strbuf_puts(b, "\n");
+        lm_free(pg);
+    }
+    return 0;
+}
+
+/* gpt-oss's call (harmony), lazy: free until the analysis message ends
+ * (<|end|>, then the next message's <|start|>assistant) or a commentary
+ * header begins (<|channel|>commentary, when the model writes no
+ * analysis), then one message
+ *   <|channel|>commentary to=functions.N <|constrain|>json<|message|>ARGS
+ * whose end, <|call|>, ends the generation (a control token that leaves no
+ * text: the grammar ends with ARGS). One call, as harmony makes one a
+ * message. 0, or -1 with *e. */
+static int harmony_grammar(const srv_tool_ref *tools, int n, lm_server_request *r, lm_server_error *e) {
+    static const char *const trig[2] = {"<|end|>", "<|channel|>commentary"};
+    strbuf b = {0};
+    strbuf_puts(&b, "root ::= \"<|end|><|start|>assistant\" tc-call | tc-call\n");
+    strbuf_puts(&b, "tc-call ::= \"<|channel|>commentary to=functions.\" tc-fn\n");
+    strbuf_puts(&b, "tc-hdr ::= \" <|constrain|>json<|message|>\"\n");
+    strbuf_puts(&b, "tc-fn ::= ");
+    for (int i = 0; i < n; i++) strbuf_printf(&b, "%s\"%s\" tc-hdr t%d-root\n", i ? "  | " : "", tools[i].name, i);
+    if (args_rules(tools, n, &b, e)) {
+        strbuf_free(&b);
+        return -1;
+    }
+    if (b.failed) {
+        strbuf_free(&b);
+        return oom(e);
+    }
+    r->grammar = b.p;
+    if (check_grammar(b.p, "tools", "the tools' grammar", e)) return -1;
+    for (int k = 0; k < 2; k++) {
+        if (!(r->grammar_triggers[k] = lm_strndup(trig[k], strlen(trig[k])))) return oom(e);
+        r->n_grammar_triggers = k + 1;
+    }
+    return 0;
 }
 
 /* ---------------------------------------------------------------- tools */
@@ -414,8 +452,11 @@ int srv_parse_tools(const cJSON *root, int family, lm_server_request *r, srv_too
                    "'json_schema'; set 'tool_choice' to 'none' to use those");
     int syntax = chat_tool_syntax(family);
     /* gpt-oss's calls come in its commentary channel, which the harmony
-     * reader splits from the answer; no grammar constrains them here */
-    if (syntax == CHAT_TOOLS_HARMONY) return 0;
+     * reader splits from the answer: "auto" leaves them free, "required"
+     * or a named function constrains the one call after the analysis */
+    if (syntax == CHAT_TOOLS_HARMONY)
+        return mode == AUTO || raw_auto ? 0
+                                        : harmony_grammar(named >= 0 ? &refs[named] : refs, named >= 0 ? 1 : n, r, e);
     strbuf raw = {0};
     char *g = named >= 0 ? tool_grammar(&refs[named], 1, syntax, false, &raw, e)
                          : tool_grammar(refs, n, syntax, parallel, &raw, e);
