@@ -33,7 +33,11 @@ history round trip (an assistant message with reasoning_content accepted).
 gpt-oss: the analysis channel as reasoning_content and the final channel as
 content, whole and streamed, inline on request, cut inside the analysis,
 and a commentary-channel call to functions.get_weather read into
-tool_calls, whole and streamed. And `lamina run --chat` under qwen3.5 and gpt-oss: only the answer on
+tool_calls, whole and streamed; on the harmony test vocabulary,
+tool_choice "required" and a named function under the call grammar (a
+logit bias on <|end|>, the trigger, which a random model never writes by
+itself): one call whose arguments the test checks against its tool's
+schema, whole for three seeds and streamed, and no call with "auto". And `lamina run --chat` under qwen3.5 and gpt-oss: only the answer on
 stdout, the reasoning on stderr with --show-reasoning.
 """
 import json
@@ -154,6 +158,42 @@ if cfg.get("harmony"):
                                               {"role": "user", "content": "And 3 + 3?"}], max_tokens=MT)
     check("history with reasoning_content accepted", re.fullmatch(r"Answer [0-9]{1,3}\.", c.message.content or ""),
           c.message)
+    if cfg.get("end_id") is not None:
+        # tool_choice required / a named function: the call's grammar starts at
+        # the analysis' end, <|end|>, which a random model never writes by itself:
+        # a logit bias makes it the first token (the grammar then masks it out)
+        htools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+                      "type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Rome"]}},
+                      "required": ["city"], "additionalProperties": False}}},
+                  {"type": "function", "function": {"name": "add", "parameters": {
+                      "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                      "required": ["a", "b"], "additionalProperties": False}}}]
+
+        def valid(name, a):  # the tool's schema, checked by hand
+            if name == "get_weather":
+                return isinstance(a, dict) and set(a) == {"city"} and a["city"] in ("Oslo", "Rome")
+            return (name == "add" and isinstance(a, dict) and set(a) == {"a", "b"}
+                    and all(type(a[k]) is int for k in "ab"))
+        bias = {str(cfg["end_id"]): 100}
+        for label, choice, names in (("required", "required", ("get_weather", "add")),
+                                     ("named add", {"type": "function", "function": {"name": "add"}}, ("add",))):
+            for seed in (1, 2, 3):
+                c = whole({}, tools=htools, tool_choice=choice, logit_bias=bias, max_tokens=300, seed=seed)
+                tc = c.message.tool_calls or []
+                try:
+                    args = json.loads(tc[0].function.arguments) if tc else None
+                except ValueError:
+                    args = None
+                check("tool_choice %s (seed %d): one call, its arguments valid for its schema" % (label, seed),
+                      len(tc) == 1 and tc[0].function.name in names and valid(tc[0].function.name, args)
+                      and c.finish_reason == "tool_calls" and not (c.message.content or "").strip(), c)
+            rs, cs, _, calls, fin = streamed({}, tools=htools, tool_choice=choice, logit_bias=bias, max_tokens=300, seed=3)
+            check("tool_choice %s, streamed: the same call" % label,
+                  len(calls) == 1 and calls[0]["name"] == tc[0].function.name
+                  and json.loads(calls[0]["args"]) == args and fin == "tool_calls", (rs, cs, calls, fin))
+        # without the grammar the same bias gives no call: the grammar made it
+        c = whole({}, tools=htools, tool_choice="auto", logit_bias=bias, max_tokens=60, seed=1)
+        check("tool_choice auto, same bias: no call forced", not c.message.tool_calls, c)
 elif not INLINE:
     c = whole({"grammar": G})
     rc, ct = ext(c.message, "reasoning_content"), c.message.content
@@ -231,9 +271,10 @@ else:
 '''
 
 
-def run_client(py, srv, tag, open_, inline=False, xml=False, switch=True, harmony=False, model="random.gguf"):
+def run_client(py, srv, tag, open_, inline=False, xml=False, switch=True, harmony=False, model="random.gguf",
+               end_id=None):
     cfg = {"base": srv.base(), "model": model, "tag": tag, "open": open_, "inline": inline, "xml": xml,
-           "switch": switch, "harmony": harmony}
+           "switch": switch, "harmony": harmony, "end_id": end_id}
     r = subprocess.run([py, "-c", CLIENT, json.dumps(cfg)], capture_output=True, text=True, timeout=900)
     n = 0
     for line in r.stdout.splitlines():
@@ -301,7 +342,11 @@ def main():
         result("mkmodel writes a random-weight model of the harmony vocabulary", r.returncode == 0, r.stderr)
         srv = Server(hrm, "--chat-template", "gpt-oss")
         servers.append((srv, "gpt-oss, harmony vocabulary"))
-        run_client(py, srv, "gpt-oss/harmony vocabulary", False, harmony=True, model="harmony.gguf")
+        r = subprocess.run([LAMINA, "tokenize", "-m", hrm, "--ids"], input="<|end|>", capture_output=True,
+                           text=True, timeout=60)
+        end_id = int(r.stdout.split()[0]) if r.returncode == 0 and len(r.stdout.split()) == 1 else None
+        result("<|end|> is one token of the harmony vocabulary", end_id is not None, (r.stdout, r.stderr))
+        run_client(py, srv, "gpt-oss/harmony vocabulary", False, harmony=True, model="harmony.gguf", end_id=end_id)
         check_cli(rnd, tmp)
         srv = Server(rnd, "--chat-template", "qwen3.5", "--reasoning-format", "inline")
         servers.append((srv, "inline"))
