@@ -19,8 +19,8 @@
  *    bit-identical (memcmp) to the variant's vec_dot, nothing outside the
  *    tile written;
  *  - packed (interleaved) tiles of the variant, for the 32-element types
- *    that have them (block_q8_0s activations: neon and neondot Q8_0 and
- *    Q4_0; x86 Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, MXFP4): packed_act's bytes equal
+ *    that have them (block_q8_0s activations: neon and neondot Q8_0,
+ *    Q4_0 and MXFP4; x86 Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, MXFP4): packed_act's bytes equal
  *    quant_packed_act_ref's; every output of 1, 5, 8, 13 and 21 rows (the
  *    last group partial) by 9 tokens within TOL of quant_vec_dot_ref and
  *    the float64 dot, bit-identical for every tile width up to pack_tile
@@ -264,7 +264,8 @@ static void test_packed(void) {
     printf("NOTE variant %s: packed tiles of %d of the 32-element types\n", kernels_isa_name(), tested);
     if (getenv("LAMINA_NO_REPACK")) return; /* the table holds none then */
 #if defined(__aarch64__)
-    CHECK(tested == 2 && kernels_type(LM_TYPE_Q8_0)->packed_gemm && kernels_type(LM_TYPE_Q4_0)->packed_gemm);
+    CHECK(tested == 3 && kernels_type(LM_TYPE_Q8_0)->packed_gemm && kernels_type(LM_TYPE_Q4_0)->packed_gemm &&
+          kernels_type(LM_TYPE_MXFP4)->packed_gemm);
 #else
     CHECK(tested > 0);
 #endif

@@ -12,7 +12,8 @@
  *    rows per chunk from four packed tiles of tokens. A grid of types,
  *    token counts (1 to 300), columns and copy / no copy; and, spelled
  *    out, what this CPU's variants run for a few (Q4_K decode on the pair
- *    tile, F16 prefill on panels, ...), and which types get a copy.
+ *    tile, F16 prefill on panels, MXFP4 on NEON's tiles of 4, ...), and which
+ *    types get a copy.
  *  - Every entry of every list run by itself over a 40-row matrix (the
  *    last group partial or alone): within TOL of the scalar reference
  *    where its activations are the reference's (row-major), and bit for
@@ -144,6 +145,15 @@ static void test_pick_spelled(void) {
         WANT(LM_TYPE_Q4_K, 300, 2048, "packed wide pair"); /* 37 tiles of 8, then 4 */
         WANT(LM_TYPE_Q4_K, 301, 2048, "packed wide wide");
         WANT(LM_TYPE_Q8_0, 6, 576, "packed (none) packed");
+    }
+    for (int isa = LM_ISA_NEON; isa <= LM_ISA_NEONDOT; isa++) {
+        if (kernels_use(isa) != 0) continue;
+        WANT(LM_TYPE_Q4_0, 1, 576, "packed (none) packed"); /* tiles of 4 */
+        WANT(LM_TYPE_MXFP4, 1, 2880, "packed (none) packed");
+        WANT(LM_TYPE_MXFP4, 4, 2880, "packed packed (none)");
+        WANT(LM_TYPE_MXFP4, 10, 2880, "packed packed packed");
+        CHECK(kernels_matmul_packs(LM_TYPE_Q8_0) && kernels_matmul_packs(LM_TYPE_MXFP4));
+        CHECK(!kernels_matmul_packs(LM_TYPE_Q5_0) && !kernels_matmul_packs(LM_TYPE_Q4_K));
     }
     kernels_use(-1);
 }

@@ -37,8 +37,8 @@
  *    non-NaN half converts exactly, FCVTL). Round-to-nearest, ties away
  *    (roundf) is FCVTAS; the f16 conversions are NEON's FCVTN/FCVTL, IEEE
  *    round to nearest even under Linux's default FPCR.
- *  - Interleaved (packed) tiles for Q8_0 and Q4_0 (quant.h's layout of 8
- *    rows, against block_q8_0s activations; neon_tiles.c): per (row, token)
+ *  - Interleaved (packed) tiles for Q8_0, Q4_0 and MXFP4 (quant.h's layout
+ *    of 8 rows, against block_q8_0s activations; neon_tiles.c): per (row, token)
  *    acc = fma(float(isum_b), dw_b * dx_b, acc) over the block columns in
  *    order, the integer sums exact, so both variants give the same bits and
  *    a token's result does not depend on its tile (1 to NEON_PACK_TILE
@@ -70,7 +70,7 @@ typedef struct {
     lm_from_float_fn from_float;   /* quantize floats into this type */
     lm_vec_dot_fn vec_dot;         /* weights of this type · vec_dot_type */
     lm_gemm_fn gemm;               /* tile matching vec_dot bit for bit */
-    lm_packed_gemm_fn packed_gemm; /* interleaved weights (Q8_0, Q4_0), or NULL */
+    lm_packed_gemm_fn packed_gemm; /* interleaved weights (Q8_0, Q4_0, MXFP4), or NULL */
     lm_from_float_fn packed_act;   /* floats -> packed_gemm's block_q8_0s rows */
     int pack_tile;                 /* most tokens per packed_gemm call */
 } lm_neon_kernels;
@@ -110,7 +110,8 @@ const lm_neon_kernels *neon_kernels(uint32_t type, bool dot);
     void P##gemm_q5_K(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t);                 \
     void P##gemm_q6_K(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t);                 \
     void P##packed_gemm_q8_0(int64_t, const void *, int, const void *, size_t, int, float *, size_t);                  \
-    void P##packed_gemm_q4_0(int64_t, const void *, int, const void *, size_t, int, float *, size_t);
+    void P##packed_gemm_q4_0(int64_t, const void *, int, const void *, size_t, int, float *, size_t);                  \
+    void P##packed_gemm_mxfp4(int64_t, const void *, int, const void *, size_t, int, float *, size_t);
 NEON_DECL(neon_)
 NEON_DECL(neon_dot_)
 

@@ -203,8 +203,13 @@ void neon_packed_act(const float *src, void *dst, int64_t n) {
                           .packed_act = neon_packed_act,                                                               \
                           .pack_tile = NEON_PACK_TILE},                                                                \
         [LM_TYPE_Q5_0] = NK(P, q5_0), [LM_TYPE_Q4_1] = NK(P, q4_1), [LM_TYPE_Q5_1] = NK(P, q5_1),                      \
-        [LM_TYPE_MXFP4] = NK(P, mxfp4), [LM_TYPE_Q4_K] = NK(P, q4_K), [LM_TYPE_Q5_K] = NK(P, q5_K),                    \
-        [LM_TYPE_Q6_K] = NK(P, q6_K), [LM_TYPE_Q8_K] = {.from_float = neon_from_float_q8_K},                           \
+        [LM_TYPE_MXFP4] = {.vec_dot = P##vec_dot_mxfp4,                                                                \
+                           .gemm = P##gemm_mxfp4,                                                                      \
+                           .packed_gemm = P##packed_gemm_mxfp4,                                                        \
+                           .packed_act = neon_packed_act,                                                              \
+                           .pack_tile = NEON_PACK_TILE},                                                               \
+        [LM_TYPE_Q4_K] = NK(P, q4_K), [LM_TYPE_Q5_K] = NK(P, q5_K), [LM_TYPE_Q6_K] = NK(P, q6_K),                      \
+        [LM_TYPE_Q8_K] = {.from_float = neon_from_float_q8_K},                                                         \
     }
 
 static const lm_neon_kernels plain[LM_TYPE_COUNT] = NEON_TABLE(neon_);

@@ -24,7 +24,8 @@
  * (a2 + a3) then across lanes.
  *
  * MXFP4 blocks are decoded by a table lookup (tbl) into int8 values
- * -12..12 and take the 32-element path, with the scale 2^(e - 128).
+ * -12..12 and take the 32-element path, with the scale 2^(e - 128); the
+ * interleaved MXFP4 tiles (at the end) decode them the same way.
  *
  * Integer bounds: a product is at most 128 * 128 = 2^14 (fits the int16 of
  * smull); a 32-element block sum at most 2^19; Q4_K/Q5_K sc * dot <= 63 *
@@ -343,7 +344,7 @@ NT_GEMM(q5_K)
 NT_GEMM(q6_K)
 #undef NT_GEMM
 
-/* ---- interleaved (packed) Q8_0 and Q4_0 tiles -------------------------------- */
+/* ---- interleaved (packed) Q8_0, Q4_0 and MXFP4 tiles ------------------------- */
 
 /* The layout is quant.h's (groups of LM_PACK_ROWS = 8 rows, block column
  * after block column): 32 bytes of a block column hold four consecutive
@@ -357,14 +358,19 @@ NT_GEMM(q6_K)
  * quants with the token's (sdot by lane with the extension; smull of each
  * lane's four bytes against the group broadcast, pairwise adds into int32
  * without it: every step exact, so both variants give the same integers),
- * Q4_0's nibbles taken unsigned (0..15) and 8 * sum(x) = s8 subtracted;
- * then acc = fma(float(isum), dw * dx, acc), dw the row's scale and dx the
- * token's. Each output has its own accumulator lane, starts from zero and
- * takes the blocks in order, so tiles of any width and any position of a
- * token in its tile give the same bits. Integer bounds: |isum| < 2^20. */
-#define NP_P4_BYTES 144 /* d[8], qs[128] */
-#define NP_P8_BYTES 272 /* d[8], qs[256] */
+ * Q4_0's nibbles taken unsigned (0..15) and 8 * sum(x) = s8 subtracted,
+ * MXFP4's codes through the E2M1 table (tbl: int8 values -12..12, as
+ * decode32); then acc = fma(float(isum), dw * dx, acc), dw the row's scale
+ * (f16 widened; MXFP4: 2^(e - 128) as a float, built from the exponent
+ * byte's bits as the scalar reference does) and dx the token's. Each
+ * output has its own accumulator lane, starts from zero and takes the
+ * blocks in order, so tiles of any width and any position of a token in
+ * its tile give the same bits. Integer bounds: |isum| < 2^20. */
+#define NP_P4_BYTES 144  /* d[8], qs[128] */
+#define NP_P8_BYTES 272  /* d[8], qs[256] */
+#define NP_PMX_BYTES 136 /* e[8], qs[128] */
 #define NP_QS 16
+#define NP_QS_MX 8
 
 /* The 4-byte group `lane` of x in every lane. */
 #define NP_BCAST(x, lane) vreinterpretq_s8_s32(vdupq_laneq_s32(vreinterpretq_s32_s8(x), lane))
@@ -415,23 +421,54 @@ INLINE void np_store(float *y, int nr, float32x4_t lo, float32x4_t hi) {
     for (int r = 0; r < nr; r++) y[r] = t[r];
 }
 
-/* One group of 8 rows (q4: Q4_0, else Q8_0) by C tokens. */
-INLINE void np_tile(bool q4, int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size_t xs, int C, float *y,
+/* The eight rows' scales of an MXFP4x8 block column, 2^(e_r - 128) as
+ * floats (rows 0-3 in lo, 4-7 in hi): exponent bits (e - 1) << 23 for e >= 2,
+ * the subnormals 2^21 << e (bits) for e = 0 and 1, as the scalar reference. */
+INLINE void np_e8m0(const uint8_t *e8, float32x4_t *lo, float32x4_t *hi) {
+    const uint16x8_t e16 = vmovl_u8(vld1_u8(e8));
+    const uint32x4_t e[2] = {vmovl_u16(vget_low_u16(e16)), vmovl_high_u16(e16)};
+    uint32x4_t bits[2];
+    for (int h = 0; h < 2; h++) {
+        const uint32x4_t norm = vshlq_n_u32(vsubq_u32(e[h], vdupq_n_u32(1)), 23);
+        const uint32x4_t sub = vshlq_u32(vdupq_n_u32(0x00200000u), vreinterpretq_s32_u32(e[h]));
+        bits[h] = vbslq_u32(vcltq_u32(e[h], vdupq_n_u32(2)), sub, norm);
+    }
+    *lo = vreinterpretq_f32_u32(bits[0]);
+    *hi = vreinterpretq_f32_u32(bits[1]);
+}
+
+/* One group of 8 rows of a kind (NP_Q8: Q8_0, NP_Q4: Q4_0, NP_MX: MXFP4)
+ * by C tokens. */
+enum { NP_Q8, NP_Q4, NP_MX };
+INLINE void np_tile(int kind, int64_t nb, const uint8_t *w, int nr, const uint8_t *x, size_t xs, int C, float *y,
                     size_t ys) {
-    const size_t bytes = q4 ? NP_P4_BYTES : NP_P8_BYTES;
+    const size_t bytes = kind == NP_MX ? NP_PMX_BYTES : kind == NP_Q4 ? NP_P4_BYTES : NP_P8_BYTES;
+    static const int8_t kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12}; /* E2M1, doubled */
+    const int8x16_t tbl = vld1q_s8(kv);
     float32x4_t acc[NEON_PACK_TILE][2];
     for (int c = 0; c < C; c++) acc[c][0] = acc[c][1] = vdupq_n_f32(0.0f);
     for (int64_t b = 0; b < nb; b++, w += bytes) {
-        const float32x4_t dw0 = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(const void *)w)));
-        const float32x4_t dw1 = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(const void *)w + 4)));
+        float32x4_t dw0, dw1;
+        if (kind == NP_MX) {
+            np_e8m0(w, &dw0, &dw1);
+        } else {
+            dw0 = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(const void *)w)));
+            dw1 = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(const void *)w + 4)));
+        }
         int8x16_t q[2][8]; /* [quad][k]: quants 4k..4k+3 of the quad's rows */
-        const uint8_t *qs = w + NP_QS;
+        const uint8_t *qs = w + (kind == NP_MX ? NP_QS_MX : NP_QS);
         for (int h = 0; h < 2; h++) {
-            if (q4) {
+            if (kind == NP_Q4) {
                 for (int k = 0; k < 4; k++) {
                     uint8x16_t v = vld1q_u8(qs + 32 * k + 16 * h);
                     q[h][k] = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0F)));
                     q[h][k + 4] = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+                }
+            } else if (kind == NP_MX) {
+                for (int k = 0; k < 4; k++) {
+                    uint8x16_t v = vld1q_u8(qs + 32 * k + 16 * h);
+                    q[h][k] = vqtbl1q_s8(tbl, vandq_u8(v, vdupq_n_u8(0x0F)));
+                    q[h][k + 4] = vqtbl1q_s8(tbl, vshrq_n_u8(v, 4));
                 }
             } else {
                 for (int k = 0; k < 8; k++) q[h][k] = vld1q_s8((const int8_t *)(qs + 32 * k + 16 * h));
@@ -442,7 +479,7 @@ INLINE void np_tile(bool q4, int64_t nb, const uint8_t *w, int nr, const uint8_t
             const block_q8_0s *xq = (const block_q8_0s *)(const void *)xb;
             const int8x16_t x0 = vld1q_s8(xq->qs), x1 = vld1q_s8(xq->qs + 16);
             int32x4_t s0 = np_quad_dot(q[0], x0, x1), s1 = np_quad_dot(q[1], x0, x1);
-            if (q4) {
+            if (kind == NP_Q4) {
                 s0 = vsubq_s32(s0, vdupq_n_s32(xq->s8));
                 s1 = vsubq_s32(s1, vdupq_n_s32(xq->s8));
             }
@@ -454,20 +491,21 @@ INLINE void np_tile(bool q4, int64_t nb, const uint8_t *w, int nr, const uint8_t
 }
 
 /* One specialisation per tile width, so the token loop unrolls. */
-#define NP_GEMM(T, Q4)                                                                                                 \
+#define NP_GEMM(T, KIND)                                                                                               \
     void NT_FN(packed_gemm_##T)(int64_t n, const void *wp, int nr, const void *x, size_t xs, int nc, float *y,         \
                                 size_t ys) {                                                                           \
         switch (nc) {                                                                                                  \
-            case 1: np_tile(Q4, n / 32, wp, nr, x, xs, 1, y, ys); break;                                               \
-            case 2: np_tile(Q4, n / 32, wp, nr, x, xs, 2, y, ys); break;                                               \
-            case 3: np_tile(Q4, n / 32, wp, nr, x, xs, 3, y, ys); break;                                               \
-            case 4: np_tile(Q4, n / 32, wp, nr, x, xs, 4, y, ys); break;                                               \
+            case 1: np_tile(KIND, n / 32, wp, nr, x, xs, 1, y, ys); break;                                             \
+            case 2: np_tile(KIND, n / 32, wp, nr, x, xs, 2, y, ys); break;                                             \
+            case 3: np_tile(KIND, n / 32, wp, nr, x, xs, 3, y, ys); break;                                             \
+            case 4: np_tile(KIND, n / 32, wp, nr, x, xs, 4, y, ys); break;                                             \
             default: break;                                                                                            \
         }                                                                                                              \
     }
 _Static_assert(NEON_PACK_TILE == 4, "NP_GEMM's cases assume 4");
-NP_GEMM(q4_0, true)
-NP_GEMM(q8_0, false)
+NP_GEMM(q4_0, NP_Q4)
+NP_GEMM(q8_0, NP_Q8)
+NP_GEMM(mxfp4, NP_MX)
 #undef NP_GEMM
 #undef NP_DOT
 #undef NP_BCAST
