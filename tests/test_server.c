@@ -20,33 +20,10 @@
 #include "text/chat.h"
 #include "format/gguf.h"
 #include "test.h"
+#include "server_parse_test.h"
 #include "text/tokenizer.h"
 #include "base/utf8.h"
 #include "base/util.h"
-
-static lm_tokenizer *tok;
-static lm_server_parse_ctx ctx;
-
-static void setup(void) {
-    char err[LM_ERRLEN];
-    gguf_ctx *g = gguf_open(TEST_MODEL, err, sizeof err);
-    if (!g) {
-        fprintf(stderr, "cannot open %s: %s\n", TEST_MODEL, err);
-        exit(1);
-    }
-    tok = tok_load(g, err, sizeof err);
-    gguf_close(g);
-    if (!tok) {
-        fprintf(stderr, "no tokenizer: %s\n", err);
-        exit(1);
-    }
-    ctx = (lm_server_parse_ctx){
-        .tok = tok, .n_ctx = 128, .model_name = "m", .chat_family = CHAT_CHATML, .max_n = 4, .max_tokens_cap = 100};
-}
-
-static int parse(bool chat, const char *body, lm_server_request *r, lm_server_error *e) {
-    return server_parse_request(&ctx, chat, body, strlen(body), r, e);
-}
 
 /* The ids tok_encode gives (with BOS, special tokens parsed). */
 static int encode(const char *text, int32_t *ids, int cap) {
@@ -548,13 +525,6 @@ static void test_alloc_failure(void) {
 }
 
 /* ------------------------------------------------- structured outputs */
-
-#define CHAT_A "\"messages\": [{\"role\": \"user\", \"content\": \"a\"}]"
-#define TOOL_W                                                                                                         \
-    "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"d\", "                      \
-    "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}"
-#define TOOL_T "{\"type\": \"function\", \"function\": {\"name\": \"get_time\"}}"
-#define TOOLS "\"tools\": [" TOOL_W ", " TOOL_T "]"
 
 /* response_format, grammar, json_schema on both routes: a grammar on the
  * request, checked; errors name the field. */
@@ -1097,28 +1067,6 @@ static void test_tool_call_repeats(void) {
     srv_tc_free(&t);
 }
 
-/* Whether lamina's matcher takes text, whole, as a string of grammar g (a
- * vocabulary of the 256 bytes and an end token). */
-static bool grammar_takes(const char *g, const char *text) {
-    static char bytes[256];
-    static const char *bp[257];
-    static int lens[257];
-    static bool eog[257];
-    for (int b = 0; b < 256; b++) bytes[b] = (char)b, bp[b] = &bytes[b], lens[b] = 1;
-    bp[256] = "", lens[256] = 0, eog[256] = true;
-    char err[LM_ERRLEN];
-    lm_grammar *gr = grammar_parse(g, strlen(g), NULL, err, sizeof err);
-    lm_gvocab *v = grammar_vocab_from_bytes(257, bp, lens, eog, err, sizeof err);
-    lm_gmatch *m = gr && v ? gmatch_new(gr, v, err, sizeof err) : NULL;
-    bool ok = m != NULL;
-    for (const char *c = text; ok && *c; c++) ok = gmatch_accept(m, (unsigned char)*c) == 0;
-    ok = ok && gmatch_allows(m, 256);
-    gmatch_free(m);
-    grammar_vocab_free(v);
-    grammar_free(gr);
-    return ok;
-}
-
 /* The xml syntax (qwen3.5): the grammar holds calls to the tools' typed
  * parameters in the schema's order (text, one-line text with bounds, a
  * choice of strings, JSON of the schema), the text parameters travel with
@@ -1389,7 +1337,7 @@ static void test_cache_salt(void) {
 }
 
 int main(void) {
-    setup();
+    server_test_setup(CHAT_CHATML, 128);
     TEST_RUN(test_completion_defaults);
     TEST_RUN(test_escaped_backslash_not_nul);
     TEST_RUN(test_server_defaults);

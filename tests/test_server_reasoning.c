@@ -18,39 +18,9 @@
 #include "text/chat.h"
 #include "format/gguf.h"
 #include "test.h"
+#include "server_parse_test.h"
 #include "text/tokenizer.h"
 #include "base/util.h"
-
-#define CHAT_A "\"messages\": [{\"role\": \"user\", \"content\": \"a\"}]"
-#define TOOL_W                                                                                                         \
-    "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"d\", "                      \
-    "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}"
-#define TOOL_T "{\"type\": \"function\", \"function\": {\"name\": \"get_time\"}}"
-#define TOOLS "\"tools\": [" TOOL_W ", " TOOL_T "]"
-
-static lm_tokenizer *tok;
-static lm_server_parse_ctx ctx;
-
-static void setup(void) {
-    char err[LM_ERRLEN];
-    gguf_ctx *g = gguf_open(TEST_MODEL, err, sizeof err);
-    if (!g) {
-        fprintf(stderr, "cannot open %s: %s\n", TEST_MODEL, err);
-        exit(1);
-    }
-    tok = tok_load(g, err, sizeof err);
-    gguf_close(g);
-    if (!tok) {
-        fprintf(stderr, "no tokenizer: %s\n", err);
-        exit(1);
-    }
-    ctx = (lm_server_parse_ctx){
-        .tok = tok, .n_ctx = 4096, .model_name = "m", .chat_family = CHAT_GPT_OSS, .max_n = 4, .max_tokens_cap = 100};
-}
-
-static int parse(bool chat, const char *body, lm_server_request *r, lm_server_error *e) {
-    return server_parse_request(&ctx, chat, body, strlen(body), r, e);
-}
 
 /* The prompt the parser made equals chat_prompt's for conv (gpt-oss: its
  * date is today's on both sides). */
@@ -156,7 +126,7 @@ static void test_reasoning_fields(void) {
 }
 
 int main(void) {
-    setup();
+    server_test_setup(CHAT_GPT_OSS, 4096);
     TEST_RUN(test_reasoning_fields);
     tok_free(tok);
     return TEST_DONE();

@@ -21,39 +21,9 @@
 #include "text/reasoning.h"
 #include "format/gguf.h"
 #include "test.h"
+#include "server_parse_test.h"
 #include "text/tokenizer.h"
 #include "base/util.h"
-
-#define CHAT_A "\"messages\": [{\"role\": \"user\", \"content\": \"a\"}]"
-#define TOOL_W                                                                                                         \
-    "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"d\", "                      \
-    "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}"
-#define TOOL_T "{\"type\": \"function\", \"function\": {\"name\": \"get_time\"}}"
-#define TOOLS "\"tools\": [" TOOL_W ", " TOOL_T "]"
-
-static lm_tokenizer *tok;
-static lm_server_parse_ctx ctx;
-
-static void setup(void) {
-    char err[LM_ERRLEN];
-    gguf_ctx *g = gguf_open(TEST_MODEL, err, sizeof err);
-    if (!g) {
-        fprintf(stderr, "cannot open %s: %s\n", TEST_MODEL, err);
-        exit(1);
-    }
-    tok = tok_load(g, err, sizeof err);
-    gguf_close(g);
-    if (!tok) {
-        fprintf(stderr, "no tokenizer: %s\n", err);
-        exit(1);
-    }
-    ctx = (lm_server_parse_ctx){
-        .tok = tok, .n_ctx = 128, .model_name = "m", .chat_family = CHAT_CHATML, .max_n = 4, .max_tokens_cap = 100};
-}
-
-static int parse(bool chat, const char *body, lm_server_request *r, lm_server_error *e) {
-    return server_parse_request(&ctx, chat, body, strlen(body), r, e);
-}
 
 /* The prompt the parser made equals chat_apply_tools' for these messages. */
 static bool same_prompt(const lm_server_request *r, int family, const lm_chat_xmsg *m, int n, const char *const *tools,
@@ -65,27 +35,6 @@ static bool same_prompt(const lm_server_request *r, int family, const lm_chat_xm
     int k = tok_encode(tok, text, strlen(text), add_bos, true, ids, 4096);
     lm_free(text);
     return r->n_prompts == 1 && k == r->n_prompt[0] && !memcmp(ids, r->prompts[0], (size_t)k * sizeof(int32_t));
-}
-
-/* Whether grammar g takes text and may end there (a byte-level vocabulary). */
-static bool grammar_takes(const char *g, const char *text) {
-    static char bytes[256];
-    static const char *bp[257];
-    static int lens[257];
-    static bool eog[257];
-    for (int b = 0; b < 256; b++) bytes[b] = (char)b, bp[b] = &bytes[b], lens[b] = 1;
-    bp[256] = "", lens[256] = 0, eog[256] = true;
-    char err[LM_ERRLEN];
-    lm_grammar *gr = grammar_parse(g, strlen(g), NULL, err, sizeof err);
-    lm_gvocab *v = grammar_vocab_from_bytes(257, bp, lens, eog, err, sizeof err);
-    lm_gmatch *m = gr && v ? gmatch_new(gr, v, err, sizeof err) : NULL;
-    bool ok = m != NULL;
-    for (const char *c = text; ok && *c; c++) ok = gmatch_accept(m, (unsigned char)*c) == 0;
-    ok = ok && gmatch_allows(m, 256);
-    gmatch_free(m);
-    grammar_vocab_free(v);
-    grammar_free(gr);
-    return ok;
 }
 
 /* Reasoning (text/reasoning.h): the thinking families split by default,
@@ -228,7 +177,7 @@ static void test_reasoning_split(void) {
 }
 
 int main(void) {
-    setup();
+    server_test_setup(CHAT_CHATML, 128);
     TEST_RUN(test_reasoning_split);
     tok_free(tok);
     return TEST_DONE();
