@@ -263,7 +263,9 @@ static int make_temp(safefile *f, char *err, size_t errlen) {
     return lm_err(err, errlen, "%s: cannot create a file in the folder %s: %s", f->path, f->dir, strerror(e));
 }
 
-safefile *safefile_create(const char *path, char *err, size_t errlen) {
+/* A guard for path with nothing opened yet (the LAMINA_WRITE_FAIL_AFTER
+ * test hook read), or NULL with err set. */
+static safefile *sf_new(const char *path, char *err, size_t errlen) {
     if (!path || !*path) {
         lm_err(err, errlen, "no output path");
         return NULL;
@@ -277,6 +279,12 @@ safefile *safefile_create(const char *path, char *err, size_t errlen) {
         lm_err(err, errlen, "%s: out of memory", path);
         return NULL;
     }
+    return f;
+}
+
+safefile *safefile_create(const char *path, char *err, size_t errlen) {
+    safefile *f = sf_new(path, err, errlen);
+    if (!f) return NULL;
     struct stat st;
     bool exists;
     if (resolve(f, path, &st, &exists, err, errlen) || make_temp(f, err, errlen)) {
@@ -290,19 +298,8 @@ safefile *safefile_create(const char *path, char *err, size_t errlen) {
 
 safefile *safefile_resume(const char *path, long long *have, char *err, size_t errlen) {
     *have = 0;
-    if (!path || !*path) {
-        lm_err(err, errlen, "no output path");
-        return NULL;
-    }
-    const char *env = getenv("LAMINA_WRITE_FAIL_AFTER");
-    if (env && *env) safefile_fail_after(strtol(env, NULL, 10));
-    safefile *f = lm_calloc(1, sizeof *f);
-    if (f) f->slot = -1;
-    if (!f || !(f->path = lm_strndup(path, strlen(path)))) {
-        lm_free(f);
-        lm_err(err, errlen, "%s: out of memory", path);
-        return NULL;
-    }
+    safefile *f = sf_new(path, err, errlen);
+    if (!f) return NULL;
     struct stat st;
     bool exists;
     if (resolve(f, path, &st, &exists, err, errlen)) {
