@@ -12,7 +12,8 @@
  * thinking switch and the reasoning effort are reached); the rest is the
  * body. Structured
  * outputs and tools: a grammar the parser accepts must compile, a trigger
- * comes only with tool calls, and tool calls only with a grammar.
+ * comes only with a grammar and on the chat route (tool calls, or a
+ * thinking family's answer grammar), and tool calls only with a grammar.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -68,7 +69,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (int i = 0; i < r.p.n_stop; i++)
             if (!r.stops[i][0] || strlen(r.stops[i]) > 1024) abort();
         if (r.p.top_logprobs < 0 || r.p.top_logprobs > 20) abort();
-        if ((r.n_grammar_triggers && !r.tool_calls) || (r.tool_calls && !r.grammar) || (r.tool_calls && !r.chat))
+        if ((r.n_grammar_triggers && !r.grammar) || (r.n_grammar_triggers && !r.tool_calls && !r.chat) ||
+            (r.tool_calls && !r.grammar) || (r.tool_calls && !r.chat))
             abort();
         if (r.tool_calls && (r.tool_syntax == CHAT_TOOLS_XML) != (r.tool_strings != NULL)) abort();
         if (r.grammar) {

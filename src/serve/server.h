@@ -139,7 +139,9 @@ typedef struct {
      * match (response_format json_object / json_schema, grammar, json_schema,
      * or the tool-call grammar), or NULL. With triggers the grammar is lazy:
      * the text is free until one of them appears, and the grammar matches
-     * from the trigger's first byte on (tool_choice auto). */
+     * from the trigger's first byte on (tool_choice auto; a thinking
+     * family's answer grammar, triggered by the reasoning's end:
+     * srv_reason_grammar). Triggers never come without a grammar. */
     char *grammar;
     char *grammar_triggers[2]; /* (n_grammar_triggers) owned */
     int n_grammar_triggers;
