@@ -19,7 +19,8 @@
  * the whole model's logits bit for bit.
  *
  * Expert parallelism (model/ep.c): --ep on the dense bundled model is
- * refused by name; the one-rank all-to-all is a copy. (Its passes over
+ * refused by name; the one-rank all-to-all is a copy; the balanced
+ * placement worked by hand and its bounds on random loads. (Its passes over
  * ranks are checked under mpirun: e2e_mpi_ep.sh.)
  */
 #include <math.h>
@@ -27,6 +28,7 @@
 
 #include "test.h"
 #include "dist/dist.h"
+#include "model/ep.h"
 #include "model/forward.h"
 #include "model/model.h"
 #include "model/ops.h"
@@ -345,16 +347,57 @@ static void test_dist_one_rank(void) {
 static void test_ep_refusals(void) {
     char err[LM_ERRLEN];
     lm_status st;
-    lm_model *m = model_load_ep(MODEL, NULL, 0, 1, 0, 1, 0, 2, &st, err, sizeof err);
+    lm_model *m = model_load_ep(MODEL, NULL, 0, 1, 0, 1, 0, 2, NULL, &st, err, sizeof err);
     CHECKF(!m && st == LM_ERR_UNSUPPORTED && strstr(err, "is a dense model without experts"), "%s", err);
     model_free(m);
-    m = model_load_ep(MODEL, NULL, 0, 1, 0, 1, 0, 1, &st, err, sizeof err);
+    m = model_load_ep(MODEL, NULL, 0, 1, 0, 1, 0, 1, NULL, &st, err, sizeof err);
     CHECKF(m && m->ep.size == 1 && m->ep.e0 == 0 && m->ep.e1 == m->hp.n_expert, "%s", err);
     model_free(m);
 }
 
+/* The balanced placement (ep_place_balanced): a skewed layer's experts,
+ * heaviest first to the least-loaded rank with room, worked by hand: loads
+ * 9 7 5 3 1 1 1 1 on 2 ranks go 9 -> 0, 7 -> 1, 5 -> 1, 3 -> 0, 1 -> 0 (a
+ * tie: the lower rank), 1 -> 1, 1 -> 0 (rank 0 then holds 4, its share), 1
+ * -> 1: 14 rows each, imbalance 1, against the contiguous placement's 24 and
+ * 4 (24 / 14). On random loads over 1 to 8 ranks: every rank holds at most
+ * ceil(X / N) experts, every expert one rank, and the busiest rank never
+ * holds more than the contiguous placement's busiest plus the heaviest expert
+ * (greedy's bound). Bad rank counts fail. */
+static void test_ep_balanced(void) {
+    const uint64_t rows[8] = {9, 7, 5, 3, 1, 1, 1, 1};
+    const int16_t want[8] = {0, 1, 1, 0, 0, 1, 0, 1};
+    int16_t own[64];
+    CHECK(ep_place_balanced(rows, 8, 2, own) == 0 && !memcmp(own, want, sizeof want));
+    CHECKF(fabs(ep_imbalance(rows, 8, 2, NULL) - 24.0 / 14.0) < 1e-12, "%f", ep_imbalance(rows, 8, 2, NULL));
+    CHECKF(ep_imbalance(rows, 8, 2, own) == 1.0, "%f", ep_imbalance(rows, 8, 2, own));
+    CHECK(ep_place_balanced(rows, 8, 9, own) != 0 && ep_place_balanced(rows, 8, 0, own) != 0);
+    lm_rng rng;
+    lm_rng_seed(&rng, 7);
+    for (int trial = 0; trial < 200; trial++) {
+        int X = 1 + (int)(lm_rng_u64(&rng) % 64), N = 1 + (int)(lm_rng_u64(&rng) % 8);
+        if (N > X) N = X;
+        uint64_t r[64], heaviest = 0, sum = 0;
+        for (int e = 0; e < X; e++) {
+            r[e] = lm_rng_u64(&rng) % 1000 * (lm_rng_u64(&rng) % 4 == 0 ? 10 : 1); /* a few hot experts */
+            heaviest = r[e] > heaviest ? r[e] : heaviest;
+            sum += r[e];
+        }
+        CHECK(ep_place_balanced(r, X, N, own) == 0);
+        int held[8] = {0};
+        bool ok = true;
+        for (int e = 0; e < X; e++) ok = ok && own[e] >= 0 && own[e] < N && ++held[own[e]] <= (X + N - 1) / N;
+        CHECKF(ok, "trial %d: X %d N %d", trial, X, N);
+        double bal = ep_imbalance(r, X, N, own), con = ep_imbalance(r, X, N, NULL);
+        if (sum)
+            CHECKF(bal * (double)sum / N <= con * (double)sum / N + (double)heaviest + 1e-9,
+                   "trial %d: balanced %f, contiguous %f", trial, bal, con);
+    }
+}
+
 int main(void) {
     kernels_init();
+    TEST_RUN(test_ep_balanced);
     TEST_RUN(test_shard_counts);
     TEST_RUN(test_ep_refusals);
     TEST_RUN(test_shard_refusals);

@@ -156,6 +156,7 @@ static void die_load(const char *cmd, const char *path, const char *err) {
 
 int cli_tp_rank = 0, cli_tp_size = 1, cli_rank = 0, cli_pp_stage = 0, cli_pp_size = 1;
 int cli_ep_rank = 0, cli_ep_size = 1;
+const lm_ep_counts *cli_ep_counts;
 
 static bool on_load(void *user, float done) {
     progress_update(user, (long long)(done * 100.0f + 0.5f), 100);
@@ -172,7 +173,7 @@ lm_model *load_or_die(const char *cmd, const char *path) {
     lm_load_params lp = {.size = sizeof lp, .progress = on_load, .progress_user = &prog};
     lm_status st;
     lm_model *m = model_load_ep(path, &lp, cli_tp_rank, cli_tp_size, cli_pp_stage, cli_pp_size, cli_ep_rank,
-                                cli_ep_size, &st, err, sizeof err);
+                                cli_ep_size, cli_ep_counts, &st, err, sizeof err);
     progress_end(&prog);
     if (!m) die_load(cmd, path, err);
     return m;
@@ -242,7 +243,7 @@ void spec_opts_apply(args *a, spec_opts *o, lm_engine_config *ec) {
     if (o->max == 0) o->max = o->draft_path ? 3 : 4;
     if (o->min > o->max) die_usage(a, "%s", "--draft-min is above --draft-max");
     if (o->draft_path && cli_tp_size * cli_pp_size * cli_ep_size > 1)
-        die_usage(a, "%s", "--draft-model does not run under tensor or pipeline parallelism");
+        die_usage(a, "%s", "--draft-model does not run under tensor, pipeline or expert parallelism");
     int kind = o->draft_path ? LM_SPEC_DRAFT : o->spec;
     if (o->draft_path) o->draft = load_or_die(a->cmd, o->draft_path);
     /* every field set: the struct is whole (sizeof), as lm_spec_config_default would make it */

@@ -54,10 +54,20 @@ extern int cli_tp_rank, cli_tp_size;
  * stage cli_pp_stage of cli_pp_size; cli_rank is its rank in the job
  * (stage x cli_tp_size + cli_tp_rank), 0 the one that writes. */
 extern int cli_rank, cli_pp_stage, cli_pp_size;
-/* Expert parallelism (--ep N, taken out the same way; not with --tp): the
- * stage's ranks hold the MoE layers' experts, rank cli_ep_rank of
- * cli_ep_size (model/ep.h); load_or_die loads only its experts. */
+/* Expert parallelism (--ep N, taken out the same way; with --tp, each of
+ * the N expert ranks of a stage is a tensor group): this process holds the
+ * MoE layers' experts of rank cli_ep_rank of cli_ep_size (model/ep.h), its
+ * tensor slice of each; load_or_die loads only those. cli_rank is then
+ * (stage x cli_ep_size + cli_ep_rank) x cli_tp_size + cli_tp_rank. */
 extern int cli_ep_rank, cli_ep_size;
+/* --ep-place balanced --ep-counts FILE: the routing count the placement is
+ * made from (NULL: contiguous); read by main before the subcommand. */
+extern const lm_ep_counts *cli_ep_counts;
+/* The routing-count file (tools/ep_counts.c): read (NULL and a message when
+ * it is not one), freed, written (-1 and a message). */
+lm_ep_counts *ep_counts_read(const char *path, char *err, size_t errlen);
+void ep_counts_free(lm_ep_counts *c);
+int ep_counts_write(const char *path, const uint64_t *rows, int L, int X, char *err, size_t errlen);
 /* The tokenizer of a GGUF file alone (a full model or a vocabulary-only file
  * of any architecture); exits 1 when the file or its tokenizer cannot be read. */
 lm_tokenizer *load_tok_or_die(const char *cmd, const char *path);

@@ -57,6 +57,8 @@ static void usage_bench(FILE *f) {
         "  --kv-type T  KV cache element type: F16 (default), F32, Q8_0\n"
         "  --mem BYTES  memory budget (e.g. 2G): weights, workspace and the test's KV must fit,\n"
         "               or it is an error; the split goes to stderr\n"
+        "  --ep-counts-out FILE  under --ep N: the prompt test's rows per expert per layer, for\n"
+        "             --ep-place balanced --ep-counts FILE (docs/parallel.md)\n"
         "  --no-bw    skip the memory-bandwidth measurement\n"
         "  --profile  print where the time of each test goes, per operation\n"
         "  --roofline per op: time, bytes, FLOPs, achieved GB/s and GFLOP/s against the read\n"
@@ -209,54 +211,86 @@ static void tp_report(const lm_model *m, const char *name, double tokens, double
  * layers' compute and the rest, the bytes it sent, against what --tp moves
  * for the same layers (one all-reduce of n_embd floats per MoE layer per
  * token); then per MoE layer the rows each of its experts ran on. After
- * that, rank 0 prints per layer every rank's rows and the imbalance: the
- * busiest rank's rows over the mean (1: even). Every rank calls it (a
- * collective sums the ranks' rows). */
-static void ep_report(const lm_model *m, const char *name, double tokens, double total) {
+ * that, rank 0 prints per layer every rank's rows and the imbalance (the
+ * busiest rank's rows over the mean; 1: even) under this job's placement,
+ * beside what the balanced placement from these counts would give, and
+ * their means over the layers; with counts_out it writes the counts there
+ * (ep_counts.c: --ep-place balanced --ep-counts reads them). Every rank
+ * calls it (a collective sums the ranks' rows). */
+static void ep_report(const lm_model *m, const char *name, double tokens, double total, const char *counts_out) {
     ep_stats es;
     ep_stats_get(&es);
     const int N = m->ep.size, L = m->hp.n_layer, X = m->hp.n_expert;
     int n_moe = 0;
     for (int li = m->pp.layer0; li < m->pp.layer1; li++) n_moe += m->layers[li].moe != NULL;
     double a2a = es.a2a_s / tokens, comp = es.compute_s / tokens, all = total / tokens;
+    char tprank[32] = ""; /* with --tp, each tensor rank's expert group runs the same rows */
+    if (m->tp.size > 1) snprintf(tprank, sizeof tprank, " (tp rank %d)", m->tp.rank);
     fprintf(stderr,
-            "bench: rank %d/%d %s: %.3f ms/token, expert all-to-all %.3f ms (%.1f%%), experts' compute %.3f ms, "
+            "bench: rank %d/%d%s %s: %.3f ms/token, expert all-to-all %.3f ms (%.1f%%), experts' compute %.3f ms, "
             "the rest %.3f ms; %.0f bytes/token sent (--tp would all-reduce %d MoE layers x %d floats = %.0f "
             "bytes/token)\n",
-            m->ep.rank, N, name, 1e3 * all, 1e3 * a2a, 100 * a2a / all, 1e3 * comp, 1e3 * (all - a2a - comp),
+            m->ep.rank, N, tprank, name, 1e3 * all, 1e3 * a2a, 100 * a2a / all, 1e3 * comp, 1e3 * (all - a2a - comp),
             (double)es.bytes / tokens, n_moe, m->hp.n_embd, (double)n_moe * m->hp.n_embd * sizeof(float));
-    float *per = calloc((size_t)L * (size_t)N, sizeof *per); /* (L, N) rows each rank ran */
-    if (!per) return;
+    float *cnt = calloc((size_t)L * (size_t)X, sizeof *cnt); /* (L, X) rows each expert ran (exact below 2^24) */
+    uint64_t *rows = calloc((size_t)L * (size_t)X, sizeof *rows);
+    int16_t *bal = calloc((size_t)X, sizeof *bal);
+    if (!cnt || !rows || !bal) fail("bench", "out of memory");
     for (int li = 0; es.rows && li < L; li++) {
         if (!m->layers[li].moe) continue;
         char line[1024];
         int o = 0;
-        for (int e = m->ep.e0; e < m->ep.e1; e++) {
+        for (int e = 0; e < X; e++) {
+            if (ep_owner(m, li, e) != m->ep.rank) continue;
             uint64_t r = es.rows[(size_t)li * X + e];
-            per[(size_t)li * N + m->ep.rank] += (float)r;
+            cnt[(size_t)li * X + e] = (float)r;
             if (o < (int)sizeof line - 32)
                 o += snprintf(line + o, sizeof line - (size_t)o, " e%d:%llu", e, (unsigned long long)r);
         }
-        fprintf(stderr, "bench: rank %d layer %d rows per expert:%s\n", m->ep.rank, li, o ? line : " -");
+        if (m->tp.rank == 0)
+            fprintf(stderr, "bench: rank %d layer %d rows per expert:%s\n", m->ep.rank, li, o ? line : " -");
     }
     char err[LM_ERRLEN];
-    if (dist_allreduce_sum(per, (size_t)L * (size_t)N, err, sizeof err) == 0 && m->ep.rank == 0) {
+    if (dist_ep_allreduce_sum(cnt, (size_t)L * (size_t)X, err, sizeof err)) fail("bench", err);
+    if (m->ep.rank == 0 && m->tp.rank == 0) {
+        double now_sum = 0, bal_sum = 0;
+        int layers = 0;
+        for (size_t i = 0; i < (size_t)L * (size_t)X; i++) rows[i] = (uint64_t)cnt[i];
         for (int li = m->pp.layer0; li < m->pp.layer1; li++) {
             if (!m->layers[li].moe) continue;
-            double sum = 0, mx = 0;
+            const uint64_t *lr = rows + (size_t)li * X;
+            uint64_t per[LM_TP_MAX] = {0};
+            for (int e = 0; e < X; e++) per[ep_owner(m, li, e)] += lr[e];
             char line[1024];
             int o = 0;
-            for (int r = 0; r < N; r++) {
-                double v = per[(size_t)li * N + r];
-                sum += v;
-                mx = v > mx ? v : mx;
-                if (o < (int)sizeof line - 32) o += snprintf(line + o, sizeof line - (size_t)o, " %.0f", v);
-            }
-            fprintf(stderr, "bench: ep layer %d rows per rank:%s, imbalance %.3f (busiest over mean)\n", li, line,
-                    sum > 0 ? mx / (sum / N) : 0.0);
+            for (int r = 0; r < N; r++)
+                if (o < (int)sizeof line - 32)
+                    o += snprintf(line + o, sizeof line - (size_t)o, " %llu", (unsigned long long)per[r]);
+            int16_t *own = m->ep.owner ? m->ep.owner + (size_t)li * X : NULL;
+            double now = ep_imbalance(lr, X, N, own), then = 0;
+            if (ep_place_balanced(lr, X, N, bal) == 0) then = ep_imbalance(lr, X, N, bal);
+            fprintf(stderr,
+                    "bench: ep layer %d rows per rank:%s, imbalance %.3f (busiest over mean; %s placement), "
+                    "balanced from these counts %.3f\n",
+                    li, line, now, own ? "balanced" : "contiguous", then);
+            now_sum += now;
+            bal_sum += then;
+            layers++;
+        }
+        if (layers)
+            fprintf(stderr,
+                    "bench: ep imbalance over %d MoE layers: %.3f (%s placement), balanced from these counts "
+                    "%.3f\n",
+                    layers, now_sum / layers, m->ep.owner ? "balanced" : "contiguous", bal_sum / layers);
+        if (counts_out) {
+            if (ep_counts_write(counts_out, rows, L, X, err, sizeof err)) fail("bench", err);
+            fprintf(stderr, "bench: routing counts of %s in %s (--ep-place balanced --ep-counts %s)\n", name,
+                    counts_out, counts_out);
         }
     }
-    free(per);
+    free(cnt);
+    free(rows);
+    free(bal);
 }
 
 /* Pipeline parallel: this rank's stage, its time per token in its layers
@@ -445,7 +479,7 @@ int cmd_bench(int argc, char **argv) {
     const char *model = NULL, *fmt = "md";
     long long np = -1, ng = -1, depth = 0, threads = pool_default_threads(), reps = 5;
     bool bw = true, profile = false, ctx_extend = false, roofline = false;
-    const char *svg_dir = NULL;
+    const char *svg_dir = NULL, *ep_counts_out = NULL;
     long long batch = 1;
     int depths[16] = {0}, n_depth = 1;
     uint32_t kv_type = LM_TYPE_F16;
@@ -467,11 +501,14 @@ int cmd_bench(int argc, char **argv) {
         else if (is_flag(&a, "--ctx-extend", NULL)) ctx_extend = true;
         else if (is_flag(&a, "--kv-type", NULL)) kv_type = need_kv_type(&a);
         else if (is_flag(&a, "--mem", NULL)) mem = need_bytes(&a);
+        else if (is_flag(&a, "--ep-counts-out", NULL)) ep_counts_out = need_val(&a);
         else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
     if (strcmp(fmt, "md") && strcmp(fmt, "json")) die_usage(&a, "output format '%s' is not md or json", fmt);
     if ((svg_dir || batch > 1) && !roofline) die_usage(&a, "%s needs --roofline", svg_dir ? "--svg" : "-b");
     if (roofline && ng < 0) ng = 32;
+    if (ep_counts_out && cli_ep_size < 2) die_usage(&a, "%s", "--ep-counts-out counts the experts' rows under --ep N");
+    if (ep_counts_out && np == 0) die_usage(&a, "%s", "--ep-counts-out counts the prompt test's rows (-p above 0)");
     if (roofline && cli_tp_size * cli_pp_size * cli_ep_size > 1)
         die_usage(&a, "%s", "--roofline runs on one process (no --tp, --pp or --ep)");
     lm_model *m = load_or_die("bench", model);
@@ -647,7 +684,7 @@ int cmd_bench(int argc, char **argv) {
             }
             if (cli_tp_size > 1) tp_report(m, name, (double)n * reps, total);
             if (cli_pp_size > 1) pp_report(m, name, (double)n * reps, total);
-            if (cli_ep_size > 1) ep_report(m, name, (double)n * reps, total);
+            if (cli_ep_size > 1) ep_report(m, name, (double)n * reps, total, test == 0 ? ep_counts_out : NULL);
             if (profile && !json) {
                 /* per op: its share of the time, per token, and the part of it
              * that was dispatch (publishing pool runs, waiting at their

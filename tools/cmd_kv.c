@@ -35,6 +35,7 @@
 
 #include "cli.h"
 #include "base/pool.h"
+#include "model/ep.h"
 #include "model/forward.h"
 #include "sched/engine.h"
 #include "kv/kv.h"
@@ -117,10 +118,10 @@ static void ep_table(const lm_model *m, const kv_plan *pl) {
         all += model_layer_bytes(m, li);
         if (!m->layers[li].moe) continue;
         const lm_moe *moe = &m->moe[li];
-        for (int e = 0, r = 0; e < m->hp.n_expert; e++) { /* rows as loaded, whatever this rank keeps */
-            while (e >= ep->first[r + 1]) r++;
+        for (int e = 0; e < m->hp.n_expert; e++) { /* rows as loaded, whatever this rank keeps */
+            int r = ep_owner(m, li, e);
             uint64_t b = (uint64_t)m->hp.n_ff_exp * (moe->gate[e].row_bytes + moe->up[e].row_bytes) +
-                (uint64_t)m->hp.n_embd * moe->down[e].row_bytes;
+                (uint64_t)m->hp.n_embd * quant_row_size(moe->down[e].type, m->hp.n_ff_exp); /* --tp: its columns */
             own[r] += b;
             if (r == ep->rank) mine += b;
         }
@@ -128,15 +129,26 @@ static void ep_table(const lm_model *m, const kv_plan *pl) {
     const bool staged = m->pp.size > 1, head = m->pp.stage == m->pp.size - 1;
     const uint64_t rest = all - mine + (uint64_t)m->tok_embd.rows * m->tok_embd.row_bytes +
         (head && m->output.data != m->tok_embd.data ? (uint64_t)m->output.rows * m->output.row_bytes : 0);
-    printf("expert parallel: %d ranks, each holding whole routed experts (contiguous: rank r holds experts "
-           "r*%d/%d ..); the router, %sattention and the dense layers on every rank%s\n",
-           ep->size, m->hp.n_expert, ep->size, m->hp.n_ff_shexp ? "the shared expert, " : "",
+    char how[64];
+    if (ep->owner) snprintf(how, sizeof how, "balanced by routing counts");
+    else snprintf(how, sizeof how, "contiguous: rank r holds experts r*%d/%d ..", m->hp.n_expert, ep->size);
+    printf("expert parallel: %d ranks, each holding whole routed experts (%s); the router, %sattention and the "
+           "dense layers %s%s\n",
+           ep->size, how, m->hp.n_ff_shexp ? "the shared expert, " : "",
+           m->tp.size > 1 ? "split by --tp inside each expert rank's tensor group (figures for tensor rank 0)"
+                          : "on every rank",
            staged ? " (figures for stage 0: its layers and the embedding; each stage's KV pool above)" : "");
     printf("  rank  experts   expert weights (MiB)  replicated (MiB)  total (MiB)%s\n",
            staged ? "" : "  KV pool (MiB)");
     for (int r = 0; r < ep->size; r++) {
-        printf("  %4d  %3d-%-3d  %20.2f  %16.2f  %11.2f", r, ep->first[r], ep->first[r + 1] - 1, mib(own[r]), mib(rest),
-               mib(own[r] + rest));
+        char held[16];
+        if (ep->owner) { /* how many in the stage's first MoE layer (balanced: up to ceil(X / N) in each) */
+            int c = 0, li = m->pp.layer0;
+            while (li < m->pp.layer1 && !m->layers[li].moe) li++;
+            for (int e = 0; li < m->pp.layer1 && e < m->hp.n_expert; e++) c += ep_owner(m, li, e) == r;
+            snprintf(held, sizeof held, "%d", c);
+        } else snprintf(held, sizeof held, "%d-%d", ep->first[r], ep->first[r + 1] - 1);
+        printf("  %4d  %-7s  %20.2f  %16.2f  %11.2f", r, held, mib(own[r]), mib(rest), mib(own[r] + rest));
         if (staged) printf("\n");
         else printf("  %13.2f\n", mib(pl->data_bytes));
     }

@@ -757,8 +757,8 @@ static void remove_temps_on_signal(void) {
  * argv here, so every subcommand gets them through load_or_die. `lamina kv
  * --tp N --pp M` only computes (no runtime); any other command starts the
  * runtime and wants exactly N x M ranks (mpirun -np N*M), world rank = stage
- * x N + tensor rank; --ep E stands for --tp N there (E expert ranks per
- * stage, not combined with --tp). */
+ * x N + tensor rank; with --ep E, E x N x M ranks, world rank = (stage x E +
+ * expert rank) x N + tensor rank (dist_grid_ep). */
 static int take_par(int *argc, char **argv, const char *flag) {
     int v0 = 0, o = 1;
     for (int i = 1; i < *argc; i++) {
@@ -780,18 +780,66 @@ static int take_par(int *argc, char **argv, const char *flag) {
     return v0;
 }
 
-static int start_tp(int tp, int pp, int ep, int *argc, char ***argv) {
-    if (tp > 1 && ep > 1) {
-        fprintf(stderr, "lamina: --ep with --tp is not supported (attention is whole on each expert rank)\n");
+/* --ep-place and --ep-counts: their value taken out of argv as take_par's (NULL: absent). */
+static const char *take_str(int *argc, char **argv, const char *flag) {
+    const char *v0 = NULL;
+    int o = 1;
+    for (int i = 1; i < *argc; i++) {
+        if (i >= 2 && !strcmp(argv[i], flag)) {
+            if (i + 1 >= *argc) {
+                fprintf(stderr, "lamina: %s wants a value\n", flag);
+                exit(2);
+            }
+            v0 = argv[++i];
+            continue;
+        }
+        argv[o++] = argv[i];
+    }
+    *argc = o;
+    argv[o] = NULL;
+    return v0;
+}
+
+/* --ep-place contiguous|balanced [--ep-counts FILE]: the placement load_or_die
+ * asks for (cli_ep_counts), checked before the runtime starts. */
+static void take_place(int *argc, char **argv, int ep) {
+    const char *place = take_str(argc, argv, "--ep-place"), *path = take_str(argc, argv, "--ep-counts");
+    if (!place && !path) return;
+    if (place && strcmp(place, "contiguous") && strcmp(place, "balanced")) {
+        fprintf(stderr, "lamina: --ep-place is contiguous or balanced, not '%s'\n", place);
         exit(2);
     }
+    bool balanced = place && !strcmp(place, "balanced");
+    if (ep < 2 || (balanced != (path != NULL))) {
+        fprintf(stderr, "lamina: %s\n",
+                ep < 2     ? "--ep-place and --ep-counts place experts under --ep N (N of 2 or more)"
+                    : path ? "--ep-counts gives the counts of --ep-place balanced"
+                           : "--ep-place balanced places experts by routing counts: --ep-counts FILE (lamina "
+                             "bench --ep N --ep-counts-out FILE writes one)");
+        exit(2);
+    }
+    if (!balanced) return;
+    char err[LM_ERRLEN];
+    static lm_ep_counts *counts; /* the process's, until it exits */
+    if (!(counts = ep_counts_read(path, err, sizeof err))) {
+        fprintf(stderr, "lamina: --ep-counts %s\n", err);
+        exit(2);
+    }
+    cli_ep_counts = counts;
+}
+
+static int start_tp(int tp, int pp, int ep, int *argc, char ***argv) {
     if (!strcmp((*argv)[1], "kv")) {
         cli_tp_size = tp;
         cli_pp_size = pp;
         cli_ep_size = ep;
         return 0;
     }
-    const char *what = ep > 1 ? (pp > 1 ? "--ep/--pp" : "--ep") : pp > 1 ? (tp > 1 ? "--tp/--pp" : "--pp") : "--tp";
+    const char *what = ep > 1 ? (pp > 1       ? "--ep/--pp"
+                                     : tp > 1 ? "--ep/--tp"
+                                              : "--ep")
+        : pp > 1              ? (tp > 1 ? "--tp/--pp" : "--pp")
+                              : "--tp";
     if (tp * pp * ep > 1 && !dist_available()) {
         fprintf(stderr, "lamina: %s needs the MPI build (make MPI=1, then mpirun -np %d build/mpi/lamina ...)\n", what,
                 tp * pp * ep);
@@ -805,7 +853,11 @@ static int start_tp(int tp, int pp, int ep, int *argc, char ***argv) {
     if (dist_size() != tp * pp * ep) {
         if (ep > 1)
             fprintf(stderr, "lamina: --ep %d%s wants %d ranks, this job has %d (mpirun -np %d)\n", ep,
-                    pp > 1 ? " with --pp (ep x pp)" : "", ep * pp, dist_size(), ep * pp);
+                    tp > 1 && pp > 1 ? " with --tp and --pp (ep x tp x pp)"
+                        : tp > 1     ? " with --tp (ep x tp)"
+                        : pp > 1     ? " with --pp (ep x pp)"
+                                     : "",
+                    ep * tp * pp, dist_size(), ep * tp * pp);
         else if (pp > 1)
             fprintf(stderr, "lamina: --tp %d --pp %d wants %d ranks (tp x pp), this job has %d (mpirun -np %d)\n", tp,
                     pp, tp * pp, dist_size(), tp * pp);
@@ -815,14 +867,14 @@ static int start_tp(int tp, int pp, int ep, int *argc, char ***argv) {
         dist_finalize();
         exit(2);
     }
-    if (dist_grid(tp * ep, pp, err, sizeof err)) { /* a stage's group: its tensor or its expert ranks */
+    if (dist_grid_ep(tp, ep, pp, err, sizeof err)) {
         fprintf(stderr, "lamina: %s\n", err);
         dist_abort(1);
     }
     cli_rank = dist_rank();
-    cli_tp_rank = ep > 1 ? 0 : dist_tp_rank();
+    cli_tp_rank = dist_tp_rank();
     cli_tp_size = tp;
-    cli_ep_rank = ep > 1 ? dist_tp_rank() : 0;
+    cli_ep_rank = dist_ep_rank();
     cli_ep_size = ep;
     cli_pp_stage = dist_stage();
     cli_pp_size = pp;
@@ -859,6 +911,7 @@ int main(int argc, char **argv) {
     kernels_init();
     int tp = argc >= 2 ? take_par(&argc, argv, "--tp") : 0, pp = argc >= 2 ? take_par(&argc, argv, "--pp") : 0;
     int ep = argc >= 2 ? take_par(&argc, argv, "--ep") : 0;
+    if (argc >= 2) take_place(&argc, argv, ep);
     if ((tp || pp || ep) && start_tp(tp ? tp : 1, pp ? pp : 1, ep ? ep : 1, &argc, &argv)) {
         int rc = run_cmd(argc, argv);
         fflush(stdout);

@@ -20,12 +20,14 @@
  *    handler): a rank that dies makes mpirun end every rank, never a hang.
  *  - dist keeps counters of time spent in collectives and bytes moved, for
  *    `lamina bench` (dist_stats_get).
- *  - The grid (dist_grid): tp x pp ranks, world rank = stage * tp + tp rank.
- *    The all-reduce, the column gather and the all-to-all run inside one
- *    stage's group (tp ranks; the whole job until dist_grid is called; under
- *    expert parallelism the stage's expert ranks, arranged the same way); broadcasts
- *    and barriers span the job; dist_send/dist_recv pass a stage's
- *    activations to the same tensor rank of the next stage.
+ *  - The grid (dist_grid_ep): pp stages of ep x tp ranks, world rank =
+ *    (stage * ep + expert rank) * tp + tensor rank. A stage's tensor group
+ *    (the ranks of one expert rank, consecutive) runs the all-reduce and the
+ *    column gather; its expert group (the ranks of one tensor rank, every
+ *    tp-th) runs the all-to-all and the dist_ep_ collectives. Both are the
+ *    whole job until a grid is set; dist_grid is dist_grid_ep with ep 1.
+ *    Broadcasts and barriers span the job; dist_send/dist_recv pass a
+ *    stage's activations to the same rank of the next stage.
  */
 #ifndef LAMINA_DIST_H
 #define LAMINA_DIST_H
@@ -51,8 +53,13 @@ int dist_size(void); /* 1 before dist_init or without MPI */
 
 /* Arrange the job as pp stages of tp ranks (tp * pp must be dist_size()). */
 int dist_grid(int tp, int pp, char *err, size_t errlen);
+/* Arrange it as pp stages of ep expert ranks of tp tensor ranks each (tp *
+ * ep * pp must be dist_size()). */
+int dist_grid_ep(int tp, int ep, int pp, char *err, size_t errlen);
 int dist_tp_rank(void); /* rank inside this stage's tensor group */
 int dist_tp_size(void);
+int dist_ep_rank(void); /* rank inside this stage's expert group */
+int dist_ep_size(void);
 int dist_stage(void); /* pipeline stage */
 int dist_n_stages(void);
 /* Point to point (world ranks): bytes to peer, or from peer; counted in the
@@ -66,7 +73,10 @@ int dist_allreduce_sum(float *x, size_t n, char *err, size_t errlen);
  * receives on every rank, row by row, rank 0's columns, then rank 1's, ...
  * (the columns of a matrix split by column blocks). */
 int dist_allgather_cols(const float *part, int rows, const int *cols, float *out, char *err, size_t errlen);
-/* Personalised exchange inside the stage's group (MPI_Alltoallv): send holds
+/* dist_allreduce_sum and dist_allgather_cols inside the expert group. */
+int dist_ep_allreduce_sum(float *x, size_t n, char *err, size_t errlen);
+int dist_ep_allgather_cols(const float *part, int rows, const int *cols, float *out, char *err, size_t errlen);
+/* Personalised exchange inside the stage's expert group (MPI_Alltoallv): send holds
  * send_n[0] elements of elem bytes for rank 0, then send_n[1] for rank 1, ...;
  * recv receives recv_n[r] elements from rank r, rank after rank (the caller
  * knows them: exchange the counts first, one int to each rank). One rank

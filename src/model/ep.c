@@ -1,18 +1,73 @@
 /*
  * ep.c - expert parallelism (ep.h): each rank's experts kept at load
  * (model_ep), and the MoE layer's exchange of rows and results between the
- * ranks of a stage's group (ep_moe_ffn). Knows no rank but through the
- * span's hooks (dist.h's all-to-all and gather, set by pp.c).
+ * ranks of a stage's expert group (ep_moe_ffn). Knows no rank but through
+ * the span's hooks (dist.h's all-to-all and gather, set by pp.c).
  */
 #include "model/ep.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/util.h"
 
-int model_ep(lm_model *m, int rank, int size, char *err, size_t errlen) {
+int ep_owner(const lm_model *m, int li, int e) {
+    const lm_ep *ep = &m->ep;
+    if (ep->owner) return ep->owner[(size_t)li * (size_t)m->hp.n_expert + (size_t)e];
+    int r = 0;
+    while (e >= ep->first[r + 1]) r++;
+    return r;
+}
+
+/* An expert's load, heaviest first; ties: the lower id. */
+typedef struct {
+    uint64_t load;
+    int e;
+} heavy;
+static int by_load(const void *a, const void *b) {
+    const heavy *x = a, *y = b;
+    if (x->load != y->load) return x->load > y->load ? -1 : 1;
+    return x->e - y->e;
+}
+
+int ep_place_balanced(const uint64_t *rows, int X, int N, int16_t *owner) {
+    if (N < 1 || N > LM_TP_MAX || X < N) return -1;
+    heavy *h = lm_malloc((size_t)X * sizeof *h);
+    if (!h) return -1;
+    for (int e = 0; e < X; e++) h[e] = (heavy){rows[e], e};
+    qsort(h, (size_t)X, sizeof *h, by_load);
+    uint64_t load[LM_TP_MAX] = {0};
+    int held[LM_TP_MAX] = {0}, cap = (X + N - 1) / N; /* as many experts per rank as contiguous, at most */
+    for (int i = 0; i < X; i++) {
+        int best = -1;
+        for (int r = 0; r < N; r++)
+            if (held[r] < cap && (best < 0 || load[r] < load[best])) best = r;
+        owner[h[i].e] = (int16_t)best;
+        load[best] += h[i].load;
+        held[best]++;
+    }
+    lm_free(h);
+    return 0;
+}
+
+double ep_imbalance(const uint64_t *rows, int X, int N, const int16_t *owner) {
+    uint64_t load[LM_TP_MAX] = {0}, sum = 0, mx = 0;
+    for (int e = 0; e < X; e++) {
+        int r = 0;
+        if (owner) r = owner[e];
+        else /* contiguous: the last rank whose first expert r * X / N is at most e */
+            while ((int64_t)(r + 1) * X / N <= e) r++;
+        load[r] += rows[e];
+        sum += rows[e];
+    }
+    for (int r = 0; r < N; r++) mx = load[r] > mx ? load[r] : mx;
+    return sum ? (double)mx * N / (double)sum : 0.0;
+}
+
+int model_ep(lm_model *m, int rank, int size, const lm_ep_counts *counts, char *err, size_t errlen) {
     lm_ep *ep = &m->ep;
-    const int X = m->hp.n_expert;
+    const int X = m->hp.n_expert, L = m->hp.n_layer;
+    lm_free(ep->owner);
     memset(ep, 0, sizeof *ep);
     ep->size = 1;
     ep->e1 = X;
@@ -27,24 +82,36 @@ int model_ep(lm_model *m, int rank, int size, char *err, size_t errlen) {
                       named ? "'" : "", named ? (int)(nm.len < 100 ? nm.len : 100) : 5, named ? nm.ptr : "model",
                       named ? "'" : "", model_arch_name(m->hp.arch));
     }
-    if (m->tp.size > 1) return lm_err(err, errlen, "--ep with --tp is not supported: attention is whole on each rank");
     if (size > X)
         return lm_err(err, errlen, "%d experts do not place on %d ranks (at most one rank per expert)", X, size);
+    if (counts && (counts->n_layer != L || counts->n_expert != X || !counts->rows))
+        return lm_err(err, errlen, "routing counts of %d layers x %d experts for a model of %d x %d", counts->n_layer,
+                      counts->n_expert, L, X);
     ep->rank = rank;
     ep->size = size;
     for (int r = 0; r <= size; r++) ep->first[r] = (int)((int64_t)r * X / size);
     ep->e0 = ep->first[rank];
     ep->e1 = ep->first[rank + 1];
+    if (counts) {
+        ep->owner = lm_malloc((size_t)L * (size_t)X * sizeof *ep->owner);
+        if (!ep->owner) return lm_err(err, errlen, "out of memory for the expert placement");
+        for (int li = 0; li < L; li++)
+            if (ep_place_balanced(counts->rows + (size_t)li * X, X, size, ep->owner + (size_t)li * X))
+                return lm_err(err, errlen, "out of memory placing the experts");
+        ep->e0 = ep->e1 = 0; /* no contiguous range: ep_owner says */
+    }
     /* the other ranks' experts: rows 0, never packed nor read */
-    for (int li = 0; li < m->hp.n_layer; li++) {
+    for (int li = 0; li < L; li++) {
         if (!m->layers[li].moe) continue;
         lm_moe *moe = &m->moe[li];
         for (int e = 0; e < X; e++) {
-            if (e >= ep->e0 && e < ep->e1) continue;
+            if (ep_owner(m, li, e) == rank) continue;
             moe->gate[e].rows = moe->up[e].rows = moe->down[e].rows = 0;
         }
     }
-    m->pp.tp = size; /* a stage's ranks are its expert group: world rank = stage * size + ep rank */
+    /* a stage's ranks: size expert ranks of tp.size tensor ranks, world rank =
+     * (stage * size + ep rank) * tp.size + tp rank */
+    m->pp.tp = size * m->tp.size;
     return 0;
 }
 
@@ -96,12 +163,6 @@ void ep_stats_reset(void) {
     S.a2a_s = S.compute_s = 0;
 }
 
-static int owner(const lm_ep *ep, int e) {
-    int r = 0;
-    while (e >= ep->first[r + 1]) r++;
-    return r;
-}
-
 /* The chosen experts of one token, ascending (k is small: insertion sort). */
 static void sorted(const int *sel, const float *selw, int K, int *e, float *w) {
     for (int j = 0; j < K; j++) {
@@ -121,7 +182,7 @@ int ep_moe_ffn(moe_ws *w, lm_pool *pool, const lm_model *m, const lm_layer *l, i
     const lm_ep *ep = &m->ep;
     const int N = ep->size, me = ep->rank, X = m->hp.n_expert, K = m->hp.n_expert_used, E = m->hp.n_embd;
     const size_t rowb = (size_t)E * sizeof(float);
-    if (!hk || !hk->alltoallv || !hk->gather_cols)
+    if (!hk || !hk->alltoallv || !hk->gather_ep)
         return lm_err(err, errlen, "an expert-parallel pass without its exchange hooks");
     if (K > 64) return lm_err(err, errlen, "%d experts per token: at most 64 under --ep", K);
     if (!S.rows || S.n_layer != m->hp.n_layer || S.n_expert != X) {
@@ -158,7 +219,7 @@ int ep_moe_ffn(moe_ws *w, lm_pool *pool, const lm_model *m, const lm_layer *l, i
             sorted(sel + (size_t)t * K, selw + (size_t)t * K, K, se, sw);
             int c = 0, *ids = S.sid + out * (size_t)K;
             for (int j = 0; j < K; j++)
-                if (owner(ep, se[j]) == d) {
+                if (ep_owner(m, li, se[j]) == d) {
                     S.slot[(size_t)t * K + j] = (int)res_out++; /* d returns results in this order */
                     ids[c++] = se[j];
                 }
@@ -189,7 +250,7 @@ int ep_moe_ffn(moe_ws *w, lm_pool *pool, const lm_model *m, const lm_layer *l, i
         for (int j = 0; j < K; j++) {
             int e = S.rid[i * (size_t)K + j];
             if (e < 0) break;
-            if (e < ep->e0 || e >= ep->e1)
+            if (e >= X || ep_owner(m, li, e) != me)
                 return lm_err(err, errlen, "expert %d sent to rank %d, which does not hold it", e, me);
             c++;
         }
@@ -198,7 +259,8 @@ int ep_moe_ffn(moe_ws *w, lm_pool *pool, const lm_model *m, const lm_layer *l, i
     const size_t nres = (size_t)S.roff[R];
     if (grow(&S.res, 10, nres * rowb, err, errlen)) return -1;
     memset(S.res, 0, nres * rowb);
-    for (int e = ep->e0; e < ep->e1; e++) {
+    for (int e = 0; e < X; e++) {
+        if (ep_owner(m, li, e) != me) continue;
         int c = 0;
         for (size_t i = 0; i < R; i++)
             for (int j = 0; j < K && S.rid[i * (size_t)K + j] >= 0; j++)
@@ -235,7 +297,7 @@ int ep_moe_ffn(moe_ws *w, lm_pool *pool, const lm_model *m, const lm_layer *l, i
     int cols[LM_TP_MAX];
     for (int r = 0; r < N; r++) cols[r] = (int)(((int64_t)(r + 1) * n / N - (int64_t)r * n / N) * E);
     tc = lm_now();
-    if (hk->gather_cols(S.acc, 1, cols, xb, err, errlen)) return -1;
+    if (hk->gather_ep(S.acc, 1, cols, xb, err, errlen)) return -1;
     comm += lm_now() - tc;
     /* bytes that left this rank */
     for (int d = 0; d < N; d++) {

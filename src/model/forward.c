@@ -46,7 +46,8 @@
  * add, and the LM head's vocabulary slices are gathered into whole logits
  * rows on every rank by its gather hook. Expert parallel (m->ep.size > 1,
  * ep.h): a MoE layer runs ep_moe_ffn, whose rows go to the ranks holding
- * their experts through the span's all-to-all hook. Pipeline parallel (m->pp.size >
+ * their experts through the span's all-to-all hook (with --tp too, its
+ * output is a partial sum, reduced as the dense FFN's). Pipeline parallel (m->pp.size >
  * 1): the span holds this stage's layers; stage 0 embeds, later stages
  * find x received, and only the last stage runs the LM head. The runner
  * above (run.c: fwd_run, the single-sequence helper; pp.c: micro-batches,
@@ -552,7 +553,8 @@ static int ffn_moe(pass *p, const lm_layer *l, char *err, size_t errlen) {
     lm_fwd *f = p->f;
     if (f->m->ep.size > 1) { /* experts placed on ranks: ep.h's exchange */
         if (ep_moe_ffn(f->moe, f->pool, f->m, l, (int)(l - f->m->layers), f->xb, p->n, f->act, p->span->hooks, err,
-                       errlen))
+                       errlen) ||
+            reduce(p, f->xb, err, errlen)) /* with --tp, each tensor rank's rows are partial sums */
             return -1;
         prof(p, LM_PROF_FFN_UP);
         return 0;
@@ -673,7 +675,7 @@ int fwd_pass(lm_fwd *f, const fwd_span *span, const int32_t *tokens, int n, cons
                       m->pp.layer1);
     if (m->tp.size > 1 && (!span->hooks || !span->hooks->reduce || !span->hooks->gather_cols))
         return lm_err(err, errlen, "a tensor-parallel shard's pass without its reduce and gather hooks");
-    if (m->ep.size > 1 && (!span->hooks || !span->hooks->alltoallv || !span->hooks->gather_cols))
+    if (m->ep.size > 1 && (!span->hooks || !span->hooks->alltoallv || !span->hooks->gather_ep))
         return lm_err(err, errlen, "an expert-parallel pass without its all-to-all and gather hooks");
     pass p = {.f = f, .span = span, .segs = segs, .n_seg = n_seg, .n = n};
     if (f->profile) p.prof_t = prof_clock(f, NULL);

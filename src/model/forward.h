@@ -189,10 +189,13 @@ typedef struct {
      * after rank; part is this rank's (rows, cols[rank]) and may alias the
      * front of out */
     int (*gather_cols)(const float *part, int rows, const int *cols, float *out, char *err, size_t errlen);
-    /* expert parallelism (ep.h): send_n[r] elements of elem bytes to rank r,
-     * recv_n[r] from it, each side rank after rank (dist_alltoallv) */
+    /* expert parallelism (ep.h), inside the expert group (its ranks are
+     * m->ep's; with --tp too, the ranks of this tensor rank): send_n[r]
+     * elements of elem bytes to rank r, recv_n[r] from it, each side rank
+     * after rank (dist_alltoallv); and gather_cols over that group */
     int (*alltoallv)(const void *send, const int *send_n, void *recv, const int *recv_n, size_t elem, char *err,
                      size_t errlen);
+    int (*gather_ep)(const float *part, int rows, const int *cols, float *out, char *err, size_t errlen);
 } fwd_hooks;
 
 /* The part of the model one local pass runs. */

@@ -1231,16 +1231,18 @@ static int pack_weights(loader *L) {
     return 0;
 }
 
-static int shard(loader *L, int rank, int size, int stage, int n_stages, int ep_rank, int ep_size) {
+static int shard(loader *L, int rank, int size, int stage, int n_stages, int ep_rank, int ep_size,
+                 const lm_ep_counts *counts) {
     if (!model_shard(L->m, rank, size, L->err, L->errlen) && !model_stage(L->m, stage, n_stages, L->err, L->errlen) &&
-        !model_ep(L->m, ep_rank, ep_size, L->err, L->errlen))
+        !model_ep(L->m, ep_rank, ep_size, counts, L->err, L->errlen))
         return 0;
     L->status = LM_ERR_UNSUPPORTED;
     return -1;
 }
 
 static lm_model *from_gguf(gguf_ctx *g, const lm_load_params *p, int rank, int size, int stage, int n_stages,
-                           int ep_rank, int ep_size, lm_status *status, char *err, size_t errlen) {
+                           int ep_rank, int ep_size, const lm_ep_counts *counts, lm_status *status, char *err,
+                           size_t errlen) {
     kernels_init();
     *status = LM_ERR_NOMEM;
     lm_model *m = lm_calloc(1, sizeof *m);
@@ -1256,7 +1258,7 @@ static lm_model *from_gguf(gguf_ctx *g, const lm_load_params *p, int rank, int s
                 .progress = p ? p->progress : NULL,
                 .progress_user = p ? p->progress_user : NULL};
     if (report(&L, 0) || read_hparams(&L) || report(&L, 0.05) || load_tensors(&L) ||
-        shard(&L, rank, size, stage, n_stages, ep_rank, ep_size) || pack_weights(&L) || report(&L, 0.95))
+        shard(&L, rank, size, stage, n_stages, ep_rank, ep_size, counts) || pack_weights(&L) || report(&L, 0.95))
         goto failed;
     gguf_str s;
     if (gguf_get_str(g, "general.name", &s))
@@ -1287,7 +1289,7 @@ failed:
 
 lm_model *model_load_gguf(gguf_ctx *g, char *err, size_t errlen) {
     lm_status st;
-    lm_model *m = from_gguf(g, NULL, 0, 1, 0, 1, 0, 1, &st, err, errlen);
+    lm_model *m = from_gguf(g, NULL, 0, 1, 0, 1, 0, 1, NULL, &st, err, errlen);
     if (m && !m->name[0]) snprintf(m->name, sizeof m->name, "model");
     return m;
 }
@@ -1308,14 +1310,15 @@ lm_model *model_load_tp(const char *path, const lm_load_params *p, int rank, int
 
 lm_model *model_load_grid(const char *path, const lm_load_params *p, int tp_rank, int tp_size, int pp_stage,
                           int pp_size, lm_status *status, char *err, size_t errlen) {
-    return model_load_ep(path, p, tp_rank, tp_size, pp_stage, pp_size, 0, 1, status, err, errlen);
+    return model_load_ep(path, p, tp_rank, tp_size, pp_stage, pp_size, 0, 1, NULL, status, err, errlen);
 }
 
 lm_model *model_load_ep(const char *path, const lm_load_params *p, int tp_rank, int tp_size, int pp_stage, int pp_size,
-                        int ep_rank, int ep_size, lm_status *status, char *err, size_t errlen) {
+                        int ep_rank, int ep_size, const lm_ep_counts *counts, lm_status *status, char *err,
+                        size_t errlen) {
     gguf_ctx *g = gguf_open_status(path, status, err, errlen);
     if (!g) return NULL;
-    lm_model *m = from_gguf(g, p, tp_rank, tp_size, pp_stage, pp_size, ep_rank, ep_size, status, err, errlen);
+    lm_model *m = from_gguf(g, p, tp_rank, tp_size, pp_stage, pp_size, ep_rank, ep_size, counts, status, err, errlen);
     if (!m) {
         gguf_close(g);
         return NULL;
@@ -1340,6 +1343,7 @@ void model_free(lm_model *m) {
     lm_free(m->mla_heads);
     lm_free(m->kb_mem);
     lm_free(m->shard_mem);
+    lm_free(m->ep.owner);
     lm_free(m->f32);
     lm_free(m->packed_mem);
     if (m->gguf) gguf_close(m->gguf);

@@ -337,16 +337,28 @@ typedef struct {
 } lm_pp;
 
 /* Expert parallelism (ep.c): the routed experts this process holds whole.
- * Placement is contiguous: rank r of size holds experts [first[r],
+ * Placement is contiguous (rank r of size holds experts [first[r],
  * first[r + 1]) with first[r] = r * n_expert / size, in every MoE layer of
- * the trunk; the others' matrices are rows 0 here (never packed nor read).
+ * the trunk) or balanced per layer by routing counts (owner; ep.h); the
+ * others' matrices are rows 0 here (never packed nor read).
  * The router, the shared expert, attention and the dense layers are whole on
- * every rank. size 1: every expert. */
+ * every rank, or with tp.size > 1 split as lm_tp says (the kept experts
+ * too: this rank's tensor slice of each, ep.h). size 1: every expert. */
 typedef struct {
     int rank, size;
-    int e0, e1;               /* this rank's experts [e0, e1) */
-    int first[LM_TP_MAX + 1]; /* (size + 1) every rank's first expert; first[size] = n_expert */
+    int e0, e1;               /* contiguous: this rank's experts [e0, e1) */
+    int first[LM_TP_MAX + 1]; /* (size + 1) contiguous: every rank's first expert; first[size] = n_expert */
+    int16_t *owner;           /* (n_layer, n_expert) balanced: each layer's experts' ranks (ep_owner), owned;
+                                 NULL: contiguous (first) */
 } lm_ep;
+
+/* A routing count (what `lamina bench --ep --ep-counts-out` writes): the
+ * rows routed to each expert of each layer over some text, the input of a
+ * balanced placement (model_ep). Borrowed by the loader. */
+typedef struct {
+    int n_layer, n_expert;
+    const uint64_t *rows; /* (n_layer, n_expert) */
+} lm_ep_counts;
 
 typedef struct lm_model {
     gguf_ctx *gguf; /* owns the mapping every weight points into */
@@ -420,16 +432,20 @@ int model_shard(lm_model *m, int rank, int size, char *err, size_t errlen);
  * (LM_ERR_UNSUPPORTED) with more stages than layers. */
 lm_model *model_load_grid(const char *path, const lm_load_params *p, int tp_rank, int tp_size, int pp_stage,
                           int pp_size, lm_status *status, char *err, size_t errlen);
-/* model_load_grid with the stage's ranks as an expert-parallel group of
- * ep_size (tp_size must then be 1): this process holds ep_rank's experts
- * only (model_ep). Fails (LM_ERR_UNSUPPORTED) on a model without experts,
- * more ranks than experts, or ep_size > 1 with tp_size > 1. */
+/* model_load_grid with each stage's ranks as ep_size expert ranks of
+ * tp_size tensor ranks: this process holds ep_rank's experts only
+ * (model_ep), each as tensor slice tp_rank. Fails (LM_ERR_UNSUPPORTED) on a
+ * model without experts, more expert ranks than experts, or counts that are
+ * not the model's shape. counts NULL: the contiguous placement; else the
+ * balanced one from these counts (model_ep). */
 lm_model *model_load_ep(const char *path, const lm_load_params *p, int tp_rank, int tp_size, int pp_stage, int pp_size,
-                        int ep_rank, int ep_size, lm_status *status, char *err, size_t errlen);
+                        int ep_rank, int ep_size, const lm_ep_counts *counts, lm_status *status, char *err,
+                        size_t errlen);
 /* Keep rank's experts of size (ep.c; after model_stage, before packing): the
- * others' matrices become rows 0, m->ep is set, and a stage's ranks are the
- * expert group (m->pp.tp = size). */
-int model_ep(lm_model *m, int rank, int size, char *err, size_t errlen);
+ * others' matrices become rows 0, m->ep is set, and a stage holds size x
+ * tp.size ranks (m->pp.tp). counts NULL: contiguous; else each MoE layer's
+ * experts placed by ep_place_balanced over its counts. */
+int model_ep(lm_model *m, int rank, int size, const lm_ep_counts *counts, char *err, size_t errlen);
 /* Split the layers into size contiguous stages balancing weight bytes:
  * first (size + 1) receives each stage's first layer, bytes (size) its
  * bytes (stage 0 counts the embedding table, the last the output norm and

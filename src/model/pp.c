@@ -5,15 +5,17 @@
  *
  * Tensor parallel: the local pass's hooks are dist.h's rank-ordered
  * all-reduce and column gather over this stage's tensor group. Expert
- * parallel (ep.h): the same group is the stage's expert ranks, and the MoE
- * layers exchange rows through dist.h's all-to-all and the column gather.
+ * parallel (ep.h): the MoE layers exchange rows through dist.h's all-to-all
+ * and gather over the stage's expert group (with --tp too, the ranks of the
+ * same tensor rank; a stage's ranks are ep x tp, world rank (stage * ep +
+ * expert rank) * tp + tensor rank).
  *
  * Pipeline parallel: every rank runs the same calls (the command line's ranks in lockstep, or
  * a serving leader's followers from its plan, tp_plan.c), so each knows the
  * whole batch: tokens, segments, which rows want logits. A pass is cut into
  * micro-batches of consecutive rows; the i-th micro-batch of a stage is
- * received from the same tensor rank of the previous stage (world rank
- * (stage - 1) * tp + tp rank), run through this stage's span by fwd_pass,
+ * received from the same rank of the previous stage (world rank
+ * (stage - 1) * pp.tp + this rank's place in its stage), run through this stage's span by fwd_pass,
  * and sent to the next. Sends block until the receiver takes them, so
  * stage s computes micro-batch i + 1 while stage s + 1 computes i (the
  * GPipe forward schedule; no stage holds more than one micro-batch). After
@@ -47,8 +49,10 @@ void pp_stats_get(pp_stats *s) {
 }
 void pp_stats_reset(void) { g_st = (pp_stats){0}; }
 
-static const fwd_hooks tp_hooks = {
-    .reduce = dist_allreduce_sum, .gather_cols = dist_allgather_cols, .alltoallv = dist_alltoallv};
+static const fwd_hooks tp_hooks = {.reduce = dist_allreduce_sum,
+                                   .gather_cols = dist_allgather_cols,
+                                   .alltoallv = dist_alltoallv,
+                                   .gather_ep = dist_ep_allgather_cols};
 
 /* Rows of a segment cut at position p0 when take of its left rows fit
  * (take < left): a hybrid model's cut ends on a multiple of GDN_CHUNK
@@ -68,7 +72,7 @@ static int stage_forward(lm_fwd *f, const fwd_span *span, const int32_t *tokens,
     const lm_model *m = f->m;
     const lm_pp *pp = &m->pp;
     const size_t E = (size_t)m->hp.n_embd, V = (size_t)m->hp.n_vocab;
-    const int tp_rank = dist_tp_rank(), last = pp->size - 1;
+    const int in_stage = m->ep.rank * m->tp.size + m->tp.rank, last = pp->size - 1; /* this rank in its stage */
     const bool hybrid = m->hp.n_rlayer > 0;
     int micro = PP_MICRO_PER_STAGE * pp->size;
     if (micro > n) micro = n;
@@ -106,7 +110,7 @@ static int stage_forward(lm_fwd *f, const fwd_span *span, const int32_t *tokens,
                 done_g = 0;
             }
         }
-        int peer_prev = (pp->stage - 1) * pp->tp + tp_rank, peer_next = (pp->stage + 1) * pp->tp + tp_rank;
+        int peer_prev = (pp->stage - 1) * pp->tp + in_stage, peer_next = (pp->stage + 1) * pp->tp + in_stage;
         if (pp->stage > 0 && dist_recv(f->x, (size_t)rows * E * sizeof(float), peer_prev, err, errlen)) return -1;
         double t0 = lm_now();
         float *out = logits && pp->stage == last ? logits + (size_t)rows_out * V : NULL;
