@@ -14,8 +14,9 @@
 #     under --ep 2: their logits bit for bit too;
 #   - lamina bench --ep reports the expert all-to-all, rows per expert and
 #     the imbalance;
-#   - --ep 2 --tp 2 on 4 ranks (qwen3moe, qwen2moe): logits equal --tp 2's
-#     bit for bit and one process's within --tp's 0.15, greedy tokens;
+#   - --ep 2 --tp 2 on 4 ranks (qwen3moe): logits equal --tp 2's bit for
+#     bit and one process's within --tp's 0.15, greedy tokens; --ep 2 --tp 2
+#     --pp 2 on 8 (qwen2moe): logits equal --tp 2 --pp 2's, the same way;
 #   - the balanced placement (mixtral): bench --ep writes the routing counts
 #     and predicts the balanced imbalance, which bench then measures under
 #     --ep-place balanced (no more than the contiguous one's), logits bit for
@@ -114,7 +115,8 @@ GREEDY=0 compare gpt-oss "$T/gpt-oss.gguf" 2 --ep 2
 # --ep 2 --tp 2 (4 ranks: two tensor groups of 2, experts split by rank and sliced by tensor rank):
 # logits equal --tp 2's to the bit (the same partial sums, reduced in the same order, ep.h) and
 # one process's within e2e_mpi.sh's --tp tolerance for the MoE presets (0.15); 16 greedy tokens
-# equal one process's
+# equal one process's. qwen2moe (its shared expert split by --tp) on 8 ranks, --ep 2 --tp 2
+# --pp 2, against --tp 2 --pp 2 (each stage's 4 ranks, world rank (stage x 2 + ep) x 2 + tp)
 maxdiff() { python3 - "$1" "$2" <<'PY'
 import array, sys
 a = array.array('f'); a.frombytes(open(sys.argv[1], 'rb').read())
@@ -123,14 +125,17 @@ print(max(abs(x - y) for x, y in zip(a, b)) if len(a) == len(b) and len(a) > 0 e
 PY
 }
 for p in qwen3moe qwen2moe; do
-    mpi 2 perplexity -m "$T/$p.gguf" -f "$TXT" -c 64 --chunks 1 -t 1 --logits-out "$T/$p.ltp" --tp 2 >/dev/null 2>&1
-    mpi 4 perplexity -m "$T/$p.gguf" -f "$TXT" -c 64 --chunks 1 -t 1 --logits-out "$T/$p.lept" --ep 2 --tp 2 \
+    np=4 pp=""
+    [ $p == qwen2moe ] && np=8 pp="--pp 2"
+    mpi $((np / 2)) perplexity -m "$T/$p.gguf" -f "$TXT" -c 64 --chunks 1 -t 1 --logits-out "$T/$p.ltp" --tp 2 $pp \
+        >/dev/null 2>&1
+    mpi $np perplexity -m "$T/$p.gguf" -f "$TXT" -c 64 --chunks 1 -t 1 --logits-out "$T/$p.lept" --ep 2 --tp 2 $pp \
         >/dev/null 2>"$T/e2"
     d=$(maxdiff "$T/$p.l1" "$T/$p.lept" 2>&1)
     if [ -s "$T/$p.ltp" ] && cmp -s "$T/$p.ltp" "$T/$p.lept" &&
         awk -v d="$d" 'BEGIN { exit !(d + 0 == d && d <= 0.15) }'; then
-        ok "${p}_ep2_tp2_logits (as --tp 2's; one process's within $d)"
-    else bad "${p}_ep2_tp2_logits" "max diff to one process $d" "$(tail -3 "$T/e2")"; fi
+        ok "${p}_ep2_tp2${pp:+_pp2}_logits (as --tp 2${pp:+ --pp 2}'s; one process's within $d)"
+    else bad "${p}_ep2_tp2${pp:+_pp2}_logits" "max diff to one process $d" "$(tail -3 "$T/e2")"; fi
 done
 mpi 4 run -m "$T/qwen3moe.gguf" -p "Once upon a time" -n 16 --temp 0 --ignore-eos -t 1 --show-ids --ep 2 --tp 2 \
     >/dev/null 2>"$T/s2"
