@@ -8,7 +8,8 @@
  *     LAYER ROWS_0 ROWS_1 ... ROWS_{N_EXPERT-1}     (one line per layer, in order)
  * rows: the token rows routed to each expert of the layer over some text
  * (a dense layer's are 0). Lines starting with '#' are comments. Bounds:
- * 1 .. 65536 layers, 1 .. 4096 experts (model.c's limit), counts below 2^63.
+ * 1 .. 65536 layers, 1 .. 4096 experts (model.c's limit), 2^24 counts in all,
+ * each below 2^63.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -58,7 +59,7 @@ lm_ep_counts *ep_counts_read(const char *path, char *err, size_t errlen) {
     char w[32];
     uint64_t ver, L, X;
     if (!c || next_word(f, w, sizeof w) || strcmp(w, "lamina-ep-counts") || next_u64(f, 1, 1, &ver) ||
-        next_u64(f, 1, 65536, &L) || next_u64(f, 1, 4096, &X)) {
+        next_u64(f, 1, 65536, &L) || next_u64(f, 1, 4096, &X) || L * X > (1u << 24)) {
         snprintf(err, errlen, "%s: not a routing-count file (its first line: lamina-ep-counts 1 LAYERS EXPERTS)", path);
         goto fail;
     }
@@ -75,7 +76,8 @@ lm_ep_counts *ep_counts_read(const char *path, char *err, size_t errlen) {
         }
         for (uint64_t e = 0; e < X; e++)
             if (next_u64(f, 0, INT64_MAX, &rows[li * X + e])) {
-                snprintf(err, errlen, "%s: layer %" PRIu64 " has no count %" PRIu64 " of %" PRIu64, path, li, e, X);
+                snprintf(err, errlen, "%s: layer %" PRIu64 ": count %" PRIu64 " of %" PRIu64 " missing or not a number",
+                         path, li, e, X);
                 goto fail;
             }
     }
