@@ -638,7 +638,12 @@ static int cmd_info(int argc, char **argv) {
     lm_model *m = load_or_die("info", model);
     const lm_hparams *hp = &m->hp;
     gguf_ctx *g = m->gguf;
-    printf("file:          %s (GGUF v%u, %llu bytes)\n", model, gguf_version(g), (unsigned long long)gguf_file_size(g));
+    if (gguf_n_files(g) > 1)
+        printf("file:          %s (GGUF v%u, split: %d files, %llu bytes)\n", model, gguf_version(g), gguf_n_files(g),
+               (unsigned long long)gguf_size_all(g));
+    else
+        printf("file:          %s (GGUF v%u, %llu bytes)\n", model, gguf_version(g),
+               (unsigned long long)gguf_file_size(g));
     printf("name:          %s\n", m->name);
     printf("architecture:  %s\n", model_arch_name(hp->arch));
     printf("layers:        %d\n", hp->n_layer);

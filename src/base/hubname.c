@@ -97,23 +97,32 @@ bool hub_name_like(const char *s) {
 
 static bool contains(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
 
-/* "-00002-of-00003.gguf": *index 2, *count 3; 1 of 1 for a plain file. */
-static void split_info(const char *path, int *index, int *count) {
+bool hub_split_info(const char *path, int *index, int *count) {
     *index = *count = 1;
     size_t len = strlen(path);
     const char *tail = "-00000-of-00000.gguf";
     size_t tl = strlen(tail);
-    if (len < tl) return;
+    if (len < tl) return false;
     const char *t = path + len - tl;
     for (size_t i = 0; i < tl; i++) {
         bool digit = tail[i] == '0';
-        if (digit ? !isdigit((unsigned char)t[i]) : t[i] != tail[i]) return;
+        if (digit ? !isdigit((unsigned char)t[i]) : t[i] != tail[i]) return false;
     }
     int a = 0, b = 0;
     for (int i = 1; i <= 5; i++) a = a * 10 + (t[i] - '0');
     for (int i = 10; i <= 14; i++) b = b * 10 + (t[i] - '0');
+    if (a < 1 || b < 1 || a > b) return false;
     *index = a;
     *count = b;
+    return true;
+}
+
+int hub_split_name(char *out, size_t cap, const char *path, int index) {
+    int idx, cnt;
+    if (!hub_split_info(path, &idx, &cnt) || index < 1 || index > cnt) return -1;
+    size_t plen = strlen(path) - strlen("-00000-of-00000.gguf");
+    int w = snprintf(out, cap, "%.*s-%05d-of-%05d.gguf", (int)plen, path, index, cnt);
+    return w < 0 || (size_t)w >= cap ? -1 : 0;
 }
 
 bool hub_is_model(const char *path) {
@@ -125,8 +134,8 @@ bool hub_is_model(const char *path) {
         contains(base, "dflash-") || contains(base, "dspark-"))
         return false;
     int idx, cnt;
-    split_info(path, &idx, &cnt);
-    return cnt <= 1 || idx == 1;
+    hub_split_info(path, &idx, &cnt);
+    return idx == 1;
 }
 
 bool hub_tag_matches(const char *path, const char *tag) {

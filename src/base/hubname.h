@@ -23,6 +23,13 @@
  * contains TAG followed by '.' or '-', case-insensitively; with no tag,
  * Q4_K_M, then Q8_0, then the first model file.
  *
+ * Split models (llama.cpp's gguf-split): a model cut into N files named
+ * PREFIX-00001-of-0000N.gguf ... PREFIX-0000N-of-0000N.gguf (five digits
+ * each, parts counted from 1); the first part holds the metadata, every
+ * part some of the tensors. hub_split_info reads a name's place in its set,
+ * hub_split_name makes the name of another part; the loader
+ * (format/gguf.h) and `lamina pull` find the parts by these names.
+ *
  * Pure string work: no I/O, no allocation.
  */
 #ifndef LAMINA_HUBNAME_H
@@ -47,6 +54,13 @@ int hub_name_parse(const char *s, hub_name *n, char *err, size_t errlen);
 /* Whether a -m value means the hub: "hf://..." or the OWNER/REPO:TAG shape
  * (exactly one '/', then ':'), which no model file path has. */
 bool hub_name_like(const char *s);
+/* Whether path is a part of a split model: *index (1-based) and *count
+ * from its "-00002-of-00003.gguf" tail (1 <= index <= count); 1 of 1 and
+ * false for any other name. */
+bool hub_split_info(const char *path, int *index, int *count);
+/* The name of part `index` (1..count) of path's split set into out: 0, or
+ * -1 when path is not a split part, index is out of range or out is short. */
+int hub_split_name(char *out, size_t cap, const char *path, int index);
 /* A model file of a repository (see above), by its path in the repository. */
 bool hub_is_model(const char *path);
 /* Whether path carries tag (TAG then '.' or '-', any case). */

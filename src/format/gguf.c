@@ -53,6 +53,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "format/gguf_int.h"
 #include "format/quant.h"
 #include "base/safefile.h"
 #include "base/util.h"
@@ -192,6 +193,9 @@ struct gguf_ctx {
     uint32_t *t_hash;     /* (t_hmask + 1) slots: tensor index + 1 */
     uint64_t kv_hmask, t_hmask;
     arena_block *arena; /* array indexes and tensor names */
+    gguf_ctx **parts;   /* (n_parts) the other files of a split model, owned; tensors point into them */
+    int n_parts;
+    uint64_t size_all; /* bytes of this file and its parts */
 };
 
 /* Parser state: a cursor over the file plus the context being filled. */
@@ -593,6 +597,8 @@ static int check_tensor_data(parser *p) {
 
 static void ctx_free(gguf_ctx *c) {
     if (!c) return;
+    for (int i = 0; i < c->n_parts; i++) ctx_free(c->parts[i]);
+    lm_free(c->parts);
     lm_free(c->kv);
     lm_free(c->tensors);
     lm_free(c->kv_hash);
@@ -625,7 +631,7 @@ gguf_ctx *gguf_open_mem(const void *data, size_t size, char *err, size_t errlen)
     }
     static const uint8_t empty[1];
     c->base = data ? data : empty;
-    c->size = size;
+    c->size = c->size_all = size;
     lm_status st;
     return parse_all(c, &st, err, errlen);
 }
@@ -636,6 +642,13 @@ gguf_ctx *gguf_open(const char *path, char *err, size_t errlen) {
 }
 
 gguf_ctx *gguf_open_status(const char *path, lm_status *status, char *err, size_t errlen) {
+    gguf_ctx *c = gguf_open_one(path, status, err, errlen);
+    int64_t n_split;
+    if (!c || !gguf_get_int(c, GGUF_KEY_SPLIT_COUNT, &n_split) || n_split <= 1) return c;
+    return gguf_split_load(c, path, status, err, errlen);
+}
+
+gguf_ctx *gguf_open_one(const char *path, lm_status *status, char *err, size_t errlen) {
     *status = LM_ERR_IO;
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* a FIFO must not block the open */
     if (fd < 0) {
@@ -676,7 +689,7 @@ gguf_ctx *gguf_open_status(const char *path, lm_status *status, char *err, size_
         return NULL;
     }
     c->base = map;
-    c->size = len;
+    c->size = c->size_all = len;
     c->map = map;
     c->map_len = len;
     char msg[LM_ERRLEN];
@@ -687,10 +700,56 @@ gguf_ctx *gguf_open_status(const char *path, lm_status *status, char *err, size_
 
 void gguf_close(gguf_ctx *ctx) { ctx_free(ctx); }
 
+int gguf_join(gguf_ctx *c, gguf_ctx **parts, int n, char *err, size_t errlen) {
+    int64_t total = c->n_tensors;
+    uint64_t size_all = c->size;
+    for (int i = 0; i < n; i++) {
+        total += parts[i]->n_tensors; /* each under the file-size bound: no overflow */
+        size_all += parts[i]->size;
+    }
+    if (total > (int64_t)UINT32_MAX - 1) return lm_err(err, errlen, "%" PRId64 " tensors in all: too many", total);
+    gguf_ctx tmp = *c; /* the joined table, hashed before c changes */
+    tmp.n_tensors = total;
+    tmp.tensors = lm_calloc((size_t)total ? (size_t)total : 1, sizeof(gguf_tensor));
+    tmp.t_hash = hash_new(total, &tmp.t_hmask);
+    if (!tmp.tensors || !tmp.t_hash) {
+        lm_free(tmp.tensors);
+        lm_free(tmp.t_hash);
+        return lm_err(err, errlen, "out of memory for %" PRId64 " tensors", total);
+    }
+    int64_t k = 0;
+    for (int f = -1; f < n; f++) {
+        const gguf_ctx *src = f < 0 ? c : parts[f];
+        for (int64_t i = 0; i < src->n_tensors; i++, k++) {
+            tmp.tensors[k] = src->tensors[i];
+            const char *name = tmp.tensors[k].name;
+            uint64_t slot = hash_slot(&tmp, tmp.t_hash, tmp.t_hmask, tensor_name, name, strlen(name));
+            if (tmp.t_hash[slot]) {
+                lm_free(tmp.tensors);
+                lm_free(tmp.t_hash);
+                return lm_err(err, errlen, "tensor '%s' is in part %d and in an earlier part", name, f + 2);
+            }
+            tmp.t_hash[slot] = (uint32_t)k + 1;
+        }
+    }
+    lm_free(c->tensors);
+    lm_free(c->t_hash);
+    c->tensors = tmp.tensors;
+    c->t_hash = tmp.t_hash;
+    c->t_hmask = tmp.t_hmask;
+    c->n_tensors = total;
+    c->parts = parts;
+    c->n_parts = n;
+    c->size_all = size_all;
+    return 0;
+}
+
 uint32_t gguf_version(const gguf_ctx *ctx) { return ctx->version; }
 uint32_t gguf_alignment(const gguf_ctx *ctx) { return ctx->alignment; }
 uint64_t gguf_file_size(const gguf_ctx *ctx) { return ctx->size; }
 uint64_t gguf_data_offset(const gguf_ctx *ctx) { return ctx->data_off; }
+int gguf_n_files(const gguf_ctx *ctx) { return 1 + ctx->n_parts; }
+uint64_t gguf_size_all(const gguf_ctx *ctx) { return ctx->size_all; }
 
 /* ---- metadata getters ------------------------------------------------------- */
 
@@ -985,6 +1044,7 @@ static int wset_bytes(gguf_writer *w, const char *key, uint32_t type, const void
     return wset(w, key, type, val, len);
 }
 
+int gguf_w_set_u16(gguf_writer *w, const char *key, uint16_t v) { return wset_bytes(w, key, GGUF_UINT16, &v, 2); }
 int gguf_w_set_u32(gguf_writer *w, const char *key, uint32_t v) { return wset_bytes(w, key, GGUF_UINT32, &v, 4); }
 int gguf_w_set_i32(gguf_writer *w, const char *key, int32_t v) { return wset_bytes(w, key, GGUF_INT32, &v, 4); }
 int gguf_w_set_u64(gguf_writer *w, const char *key, uint64_t v) { return wset_bytes(w, key, GGUF_UINT64, &v, 8); }

@@ -18,6 +18,12 @@
  * arithmetic; nothing is allocated in proportion to an unchecked count. A bad
  * file gives NULL and a message naming what is wrong.
  *
+ * A split model (llama.cpp's gguf-split: PREFIX-00001-of-0000N.gguf and the
+ * files after it, with the split.count / split.no keys) opens from its first
+ * part as one context: gguf_open maps every part and finds each tensor in
+ * the file that holds it; the metadata is the first part's (gguf_split.c
+ * has the rules). gguf_open_mem reads one buffer, never parts.
+ *
  * Ownership: strings, arrays and tensor data returned by the reader point into
  * the mapping and live until gguf_close(). Tensor names are NUL-terminated
  * copies owned by the context.
@@ -72,7 +78,7 @@ typedef struct {
     uint32_t n_dims;
     uint64_t ne[GGUF_MAX_DIMS]; /* unused dims are 1 */
     uint32_t type;              /* ggml type id (see quant.h) */
-    uint64_t offset;            /* relative to the data section */
+    uint64_t offset;            /* relative to the data section of the file holding it */
     uint64_t nbytes;
     const void *data; /* into the mapping */
 } gguf_tensor;
@@ -93,6 +99,10 @@ uint32_t gguf_version(const gguf_ctx *ctx);
 uint32_t gguf_alignment(const gguf_ctx *ctx);
 uint64_t gguf_file_size(const gguf_ctx *ctx);
 uint64_t gguf_data_offset(const gguf_ctx *ctx); /* absolute offset of the data section */
+/* The files a context maps: 1, or a split model's parts; and their bytes
+ * together (gguf_file_size is the first file's). */
+int gguf_n_files(const gguf_ctx *ctx);
+uint64_t gguf_size_all(const gguf_ctx *ctx);
 
 /* Metadata. Keys are looked up by exact name; -1 when absent. */
 int64_t gguf_n_kv(const gguf_ctx *ctx);
@@ -145,6 +155,7 @@ typedef struct gguf_writer gguf_writer;
 gguf_writer *gguf_writer_new(void);
 void gguf_writer_free(gguf_writer *w);
 
+int gguf_w_set_u16(gguf_writer *w, const char *key, uint16_t v);
 int gguf_w_set_u32(gguf_writer *w, const char *key, uint32_t v);
 int gguf_w_set_i32(gguf_writer *w, const char *key, int32_t v);
 int gguf_w_set_u64(gguf_writer *w, const char *key, uint64_t v);

@@ -2,6 +2,8 @@
  * quantize.c - convert the weight matrices of a GGUF model to another type
  * (the engine behind `lamina quantize`). Metadata is copied with
  * general.file_type updated; 1-D tensors (norms, biases) keep their type.
+ * A split input (gguf.h) is read whole and written as one file, without
+ * its split.* keys.
  *
  * Q4_K_M is the usual mix: Q6_K for output.weight and for the attention V
  * and FFN down matrices of the layers that matter most (the first and last
@@ -137,6 +139,7 @@ int quantize_file(const char *in, const char *out, const char *scheme, lm_pool *
     for (int64_t i = 0; i < gguf_n_kv(g); i++) {
         gguf_str k = gguf_kv_key(g, i);
         if (gguf_str_eq(k, "general.file_type") || gguf_str_eq(k, "general.quantization_version")) continue;
+        if (k.len > 6 && !memcmp(k.ptr, "split.", 6)) continue; /* a split input becomes one file */
         gguf_w_copy_kv(w, g, i);
     }
     gguf_w_set_u32(w, "general.file_type", file_type_of(scheme));
