@@ -25,7 +25,14 @@ requests). Checked, each by its outcome:
   - no run reports anything from the sanitizers (an ASan build's exit 1
     could pass for an expected failure otherwise);
   - -m OWNER/REPO:TAG on `lamina info` uses the cached file without asking
-    the hub; -m hf://... of a file not cached pulls it first.
+    the hub; -m hf://... of a file not cached pulls it first;
+  - a split model (the bundled model in three parts, tests/gguf_split.py):
+    OWNER/REPO:TAG fetches every part (a part dropped halfway: exit 1, the
+    first part not in place; the next pull completes the set, each part's
+    bytes right); `lamina logits -m OWNER/REPO:TAG` prints what the unsplit
+    file gives, the hub not asked; list shows the set once with the bytes
+    of all parts; a later part's name gives the first part's path; rm
+    removes every part.
 """
 import hashlib
 import http.server
@@ -40,6 +47,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from testenv import result, summary  # noqa: E402
+import gguf_split  # noqa: E402
 
 LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
 MODEL = "models/stories260K.gguf"
@@ -55,6 +63,11 @@ REPOS = {
     "acme/badhash": {"b-Q8_0.gguf": RAND[:200_000]},
     "acme/slow": {"s-Q8_0.gguf": RAND[:400_000]},
 }
+_split_dir = tempfile.mkdtemp(prefix="lamina-e2e-split-")
+SPLIT = {os.path.basename(p): open(p, "rb").read()
+         for p in gguf_split.split(MODEL, os.path.join(_split_dir, "tiny-Q8_0"), 3)}
+shutil.rmtree(_split_dir)
+REPOS["acme/split-GGUF"] = dict(SPLIT, **{"README.md": b"# split\n"})
 STATE = {"drop_once": set(), "slow": set(), "norange": set(), "hub_auth": [], "cdn_auth": [], "ranges": [], "hub_hits": 0}
 LOCK = threading.Lock()
 CDN_PORT = [0]
@@ -294,6 +307,35 @@ try:
         result("rm %r refused" % bad, rc == 1 and os.path.exists(outside), err)
     rc, out, err, _ = lamina("rm", "acme/none:Q8_0")
     result("rm unknown: exit 1, named", rc == 1 and "no such model" in err, err)
+
+    # 9. a split model
+    parts = sorted(SPLIT)
+    STATE["drop_once"].add(parts[1])
+    rc, out, err, _ = lamina("pull", "acme/split-GGUF:Q8_0")
+    sdir = os.path.join(MODELS, "acme", "split-GGUF")
+    result("split: a part dropped: exit 1, the first part not in place",
+           rc == 1 and "resumes" in err and not os.path.exists(os.path.join(sdir, parts[0])), err)
+    rc, out, err, _ = lamina("pull", "acme/split-GGUF:Q8_0")
+    result("split: the next pull completes the set, the first part's path printed",
+           rc == 0 and out.strip() == os.path.join(sdir, parts[0])
+           and all(open(os.path.join(sdir, f), "rb").read() == SPLIT[f] for f in parts)
+           and err.count("SHA-256 verified") >= 2, out + err)
+    hits = STATE["hub_hits"]
+    prompt = ["-p", "Once upon a time", "--top", "8"]
+    rc, out, err, _ = lamina("logits", "-m", "acme/split-GGUF:Q8_0", *prompt)
+    want = subprocess.run([LAMINA, "logits", "-m", MODEL] + prompt, capture_output=True, text=True).stdout
+    result("split: logits of -m OWNER/REPO:TAG equal the unsplit file's, the hub not asked",
+           rc == 0 and "top:" in out and out == want and STATE["hub_hits"] == hits, "%s\n%s\n%s" % (out, want, err))
+    rc, out, err, _ = lamina("list")
+    srows = [ln.split("\t") for ln in out.splitlines() if ln.startswith("acme/split-GGUF/")]
+    result("split: list shows the set once, the bytes of all parts",
+           rc == 0 and len(srows) == 1 and srows[0][0] == "acme/split-GGUF/" + parts[0]
+           and srows[0][1] == str(sum(len(v) for v in SPLIT.values())) and srows[0][2] not in ("", "?"), out + err)
+    rc, out, err, _ = lamina("pull", "hf://acme/split-GGUF/" + parts[2])
+    result("split: a later part's name gives the first part's path", rc == 0
+           and out.strip() == os.path.join(sdir, parts[0]) and STATE["hub_hits"] == hits, out + err)
+    rc, out, err, _ = lamina("rm", "acme/split-GGUF:Q8_0")
+    result("split: rm removes every part", rc == 0 and not os.path.exists(sdir), err)
 finally:
     hub.shutdown()
     cdn.shutdown()

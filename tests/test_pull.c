@@ -8,6 +8,10 @@
  *   - hub_name_like on -m values;
  *   - hub_pick's choice by tag, the default order (Q4_K_M, Q8_0, first),
  *     mmproj and later split parts skipped;
+ *   - split part names: hub_split_info reads "-0000k-of-0000N.gguf" (and
+ *     refuses part 0, a part past the count, a short or non-digit tail),
+ *     hub_split_name makes every part's name of a set and refuses one
+ *     outside it or a buffer too short;
  *   - safefile_resume: a fixed ".NAME.partial" that outlives a keep, is
  *     found again with its size, is emptied by restart, renamed by commit
  *     (no partial left) and removed by abort; a symbolic link under the
@@ -169,6 +173,32 @@ static void test_pick(void) {
     CHECK(!hub_is_model("x.gguf.txt") && hub_is_model("d/x.gguf") && !hub_is_model("imatrix.gguf"));
 }
 
+static void test_split_names(void) {
+    int idx = 0, cnt = 0;
+    CHECK(hub_split_info("d/m-Q8_0-00002-of-00003.gguf", &idx, &cnt) && idx == 2 && cnt == 3);
+    CHECK(hub_split_info("-00001-of-00001.gguf", &idx, &cnt) && idx == 1 && cnt == 1);
+    static const char *plain[] = {"m.gguf",
+                                  "m-00000-of-00003.gguf",
+                                  "m-00004-of-00003.gguf",
+                                  "m-0001-of-00003.gguf",
+                                  "m-0000a-of-00003.gguf",
+                                  "m-00001-of-00003.gguf.part",
+                                  "m-00001_of-00003.gguf"};
+    for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++) {
+        CHECK(!hub_split_info(plain[i], &idx, &cnt));
+        CHECK(idx == 1 && cnt == 1);
+    }
+    char out[64];
+    CHECK(hub_split_name(out, sizeof out, "a/m-00002-of-00012.gguf", 1) == 0);
+    CHECK(!strcmp(out, "a/m-00001-of-00012.gguf"));
+    CHECK(hub_split_name(out, sizeof out, "a/m-00002-of-00012.gguf", 12) == 0);
+    CHECK(!strcmp(out, "a/m-00012-of-00012.gguf"));
+    CHECK(hub_split_name(out, sizeof out, "a/m-00002-of-00012.gguf", 13) == -1);
+    CHECK(hub_split_name(out, sizeof out, "a/m-00002-of-00012.gguf", 0) == -1);
+    CHECK(hub_split_name(out, sizeof out, "a/m.gguf", 1) == -1);
+    CHECK(hub_split_name(out, 10, "a/m-00002-of-00012.gguf", 1) == -1);
+}
+
 static void test_resume(void) {
     char dir[] = "/tmp/lamina-test-pull-XXXXXX";
     CHECK(mkdtemp(dir));
@@ -222,6 +252,7 @@ int main(void) {
     TEST_RUN(test_fuzz);
     TEST_RUN(test_like);
     TEST_RUN(test_pick);
+    TEST_RUN(test_split_names);
     TEST_RUN(test_resume);
     return TEST_DONE();
 }

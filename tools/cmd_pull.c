@@ -31,6 +31,12 @@
  * (default 60) ends the download with a message (the partial file kept).
  * Progress: a line on stderr on a terminal (or --progress), else nothing.
  *
+ * A split model (PREFIX-0000k-of-0000N.gguf, base/hubname.h) is one model:
+ * a tag picks its first part, and pulling any part fetches every part of
+ * the set, each one a download of its own as above, the first part last;
+ * the path given back is the first part's, from which the loader maps the
+ * rest (format/gguf.h). list shows the set once; rm removes every part.
+ *
  * -m NAME (cli_resolve_models): hf://... or OWNER/REPO:TAG is replaced by
  * the cached file's path before a command parses its flags; a file not in
  * the cache is pulled first, as llama.cpp's -hf does. A tag is looked up in
@@ -488,13 +494,35 @@ static bool is_file(const char *path) {
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+/* n's place in the cache. */
+static int cache_path(const hub_name *n, char *dest, size_t cap, char *err, size_t errlen) {
+    char root[PULL_PATH_MAX];
+    if (cache_root(root, sizeof root, err, errlen)) return -1;
+    int w = sfmt(dest, cap, "%s/%s/%s/%s", root, n->owner, n->repo, n->path);
+    if (w < 0 || (size_t)w >= cap) return lm_err(err, errlen, "the cache path is too long");
+    return 0;
+}
+
+/* Fetch what name means into the cache unless it is there; dest: the file
+ * to load. A part of a split model (base/hubname.h) brings every part of
+ * its set, each downloaded and checked as a file of its own; dest is then
+ * the first part's path, from which the loader finds the others. */
 static int pull_one(const char *cmd, const char *name, bool offline_first, char *dest, size_t cap, char *err,
                     size_t errlen) {
     hub_name n;
     if (hub_name_parse(name, &n, err, errlen)) return -1;
     if (resolve_name(cmd, &n, offline_first, dest, cap, err, errlen)) return -1;
-    if (is_file(dest)) return 0;
-    return download(cmd, &n, dest, err, errlen);
+    int idx, cnt;
+    if (!hub_split_info(n.path, &idx, &cnt)) return is_file(dest) ? 0 : download(cmd, &n, dest, err, errlen);
+    for (int k = cnt; k >= 1; k--) { /* the first part last: a set whose first part is cached is whole */
+        hub_name part = n;
+        char d[PULL_PATH_MAX];
+        if (hub_split_name(part.path, sizeof part.path, n.path, k) || cache_path(&part, d, sizeof d, err, errlen))
+            return lm_err(err, errlen, "%s: the name of part %d is too long", name, k);
+        if (!is_file(d) && download(cmd, &part, d, err, errlen)) return -1;
+        if (k == 1) sfmt(dest, cap, "%s", d);
+    }
+    return 0;
 }
 
 static void usage_pull(FILE *f) {
@@ -568,7 +596,16 @@ int cmd_list(int argc, char **argv) {
         struct stat st;
         hub_name hn;
         if (stat(full, &st) != 0 || hub_name_parse(files[i], &hn, err, sizeof err)) continue;
-        printf("%s\t%lld\t%s\n", files[i], (long long)st.st_size, main_type(full));
+        long long bytes = (long long)st.st_size;
+        int idx, cnt;
+        if (hub_split_info(files[i], &idx, &cnt)) { /* a split model: one line, its first part's */
+            if (idx != 1) continue;
+            for (int k = 2; k <= cnt; k++) {
+                char part[PULL_PATH_MAX];
+                if (hub_split_name(part, sizeof part, full, k) == 0 && stat(part, &st) == 0) bytes += st.st_size;
+            }
+        }
+        printf("%s\t%lld\t%s\n", files[i], bytes, main_type(full));
     }
     free_paths(files, n);
     return 0;
@@ -581,6 +618,8 @@ static void usage_rm(FILE *f) {
             "  name pull takes) and its partial download.\n");
 }
 
+static int rm_file(const char *name, const char *root, const hub_name *n);
+
 int cmd_rm(int argc, char **argv) {
     args a = {argc, argv, 0, "rm", usage_rm};
     const char *name = NULL;
@@ -592,7 +631,7 @@ int cmd_rm(int argc, char **argv) {
     }
     if (!name) die_usage(&a, "%s", "no NAME given");
     hub_name n;
-    char err[1024], root[PULL_PATH_MAX], dest[PULL_PATH_MAX];
+    char err[1024], root[PULL_PATH_MAX];
     if (hub_name_parse(name, &n, err, sizeof err)) fail("rm", err);
     if (cache_root(root, sizeof root, err, sizeof err)) fail("rm", err);
     if (!*n.path) { /* a tag: only what the cache holds */
@@ -610,7 +649,26 @@ int cmd_rm(int argc, char **argv) {
             fail("rm", err);
         }
     }
-    sfmt(dest, sizeof dest, "%s/%s/%s/%s", root, n.owner, n.repo, n.path);
+    int idx, cnt;
+    if (!hub_split_info(n.path, &idx, &cnt)) return rm_file(name, root, &n);
+    int rc = 1; /* a split model: every part */
+    for (int k = 1; k <= cnt; k++) {
+        hub_name part = n;
+        if (hub_split_name(part.path, sizeof part.path, n.path, k) == 0 && rm_file(NULL, root, &part) == 0) rc = 0;
+    }
+    if (rc) {
+        sfmt(err, sizeof err, "%s: no such model in the cache %s", name, root);
+        fail("rm", err);
+    }
+    return 0;
+}
+
+/* Remove n's file and its partial download from the cache (root), and the
+ * folders that leaves empty. 0 when there was either; else 1, or with a
+ * name, the command fails saying so. */
+static int rm_file(const char *name, const char *root, const hub_name *n) {
+    char err[1024], dest[PULL_PATH_MAX];
+    sfmt(dest, sizeof dest, "%s/%s/%s/%s", root, n->owner, n->repo, n->path);
     const char *slash = strrchr(dest, '/');
     char part[PULL_PATH_MAX];
     sfmt(part, sizeof part, "%.*s/.%s.partial", (int)(slash - dest), dest, slash + 1);
@@ -619,6 +677,7 @@ int cmd_rm(int argc, char **argv) {
     if (had_part) unlink(part);
     if (lstat(dest, &st) != 0 || !S_ISREG(st.st_mode)) {
         if (had_part) return 0;
+        if (!name) return 1;
         sfmt(err, sizeof err, "%s: no such model in the cache %s", name, root);
         fail("rm", err);
     }
