@@ -26,6 +26,9 @@ requests). Checked, each by its outcome:
     could pass for an expected failure otherwise);
   - -m OWNER/REPO:TAG on `lamina info` uses the cached file without asking
     the hub; -m hf://... of a file not cached pulls it first;
+  - a listing in pages (Link: <...>; rel="next", absolute then relative):
+    every page followed, the model on the last found; a next page on
+    another host refused;
   - a split model (the bundled model in three parts, tests/gguf_split.py):
     OWNER/REPO:TAG fetches every part (a part dropped halfway: exit 1, the
     first part not in place; the next pull completes the set, each part's
@@ -68,7 +71,11 @@ SPLIT = {os.path.basename(p): open(p, "rb").read()
          for p in gguf_split.split(MODEL, os.path.join(_split_dir, "tiny-Q8_0"), 3)}
 shutil.rmtree(_split_dir)
 REPOS["acme/split-GGUF"] = dict(SPLIT, **{"README.md": b"# split\n"})
-STATE = {"drop_once": set(), "slow": set(), "norange": set(), "hub_auth": [], "cdn_auth": [], "ranges": [], "hub_hits": 0}
+REPOS["acme/paged"] = {"README.md": b"r", "a.txt": b"a", "b.txt": b"b", "c.txt": b"c", "e.txt": b"e",
+                       "p-Q8_0.gguf": REAL}
+REPOS["acme/elsewhere"] = dict(REPOS["acme/paged"])
+PAGED = {"acme/paged": "hub", "acme/elsewhere": "elsewhere"}
+STATE = {"cursors": [], "drop_once": set(), "slow": set(), "norange": set(), "hub_auth": [], "cdn_auth": [], "ranges": [], "hub_hits": 0}
 LOCK = threading.Lock()
 CDN_PORT = [0]
 
@@ -100,7 +107,21 @@ class Hub(Quiet):
                 return self.send(404, b'{"error":"Repository not found"}')
             items = [{"type": "file", "path": k, "size": len(v)} for k, v in REPOS[repo].items()]
             items.insert(0, {"type": "directory", "path": "sub"})
-            return self.send(200, json.dumps(items).encode(), [("Content-Type", "application/json")])
+            headers = [("Content-Type", "application/json")]
+            if repo in PAGED:  # pages of 3, as the hub pages its listings (Link: rel="next")
+                cursor = int(p.split("cursor=")[1]) if "cursor=" in p else 0
+                with LOCK:
+                    STATE["cursors"].append(cursor)
+                rest = items[cursor + 3:]
+                items = items[cursor:cursor + 3]
+                if rest:
+                    nxt = "/api/models/%s/tree/main?recursive=true&cursor=%d" % (repo, cursor + 3)
+                    if PAGED[repo] == "elsewhere":
+                        nxt = "http://127.0.0.1:%d%s" % (CDN_PORT[0], nxt)
+                    elif cursor == 0:  # the first link absolute, the next one relative
+                        nxt = "http://%s%s" % (self.headers.get("Host"), nxt)
+                    headers.append(("Link", '<%s>; rel="next", <https://example.invalid/x>; rel="last"' % nxt))
+            return self.send(200, json.dumps(items).encode(), headers)
         if "/resolve/main/" not in p:
             return self.send(404)
         repo, fname = p[1:].split("/resolve/main/")
@@ -308,7 +329,18 @@ try:
     rc, out, err, _ = lamina("rm", "acme/none:Q8_0")
     result("rm unknown: exit 1, named", rc == 1 and "no such model" in err, err)
 
-    # 9. a split model
+    # 9. a paged listing: three pages, the model on the last
+    STATE["cursors"].clear()
+    rc, out, err, _ = lamina("pull", "acme/paged:Q8_0")
+    result("paged listing: every page followed, the model on the last one found",
+           rc == 0 and out.strip() == os.path.join(MODELS, "acme", "paged", "p-Q8_0.gguf")
+           and STATE["cursors"] == [0, 3, 6], "%s %s" % (STATE["cursors"], out + err))
+    STATE["cursors"].clear()
+    rc, out, err, _ = lamina("pull", "acme/elsewhere:Q8_0")
+    result("paged listing: a next page on another host refused", rc == 1 and "not on the hub" in err
+           and STATE["cursors"] == [0], "%s %s" % (STATE["cursors"], err))
+
+    # 10. a split model
     parts = sorted(SPLIT)
     STATE["drop_once"].add(parts[1])
     rc, out, err, _ = lamina("pull", "acme/split-GGUF:Q8_0")

@@ -11,7 +11,9 @@
  *
  * The hub. HF_ENDPOINT (default https://huggingface.co) is its address.
  * A tag (OWNER/REPO:Q4_K_M) is picked (hub_pick) from the listing
- * GET /api/models/OWNER/REPO/tree/main?recursive=true; a file is downloaded
+ * GET /api/models/OWNER/REPO/tree/main?recursive=true, page after page
+ * while an answer names the next one (Link: <URL>; rel="next"; at most
+ * LISTING_PAGES, each on the hub's own address); a file is downloaded
  * from /OWNER/REPO/resolve/main/PATH, following redirects (the hub sends
  * large files to a CDN host). With HF_TOKEN set, "Authorization: Bearer
  * TOKEN" goes to the hub; libcurl drops it on a redirect to another host
@@ -74,7 +76,8 @@ static int sfmt(char *out, size_t cap, const char *fmt, ...) {
     va_end(ap);
     return n;
 }
-#define LISTING_MAX (16u << 20) /* bytes of a repository listing */
+#define LISTING_MAX (16u << 20) /* bytes of one page of a repository listing */
+#define LISTING_PAGES 64        /* pages of one listing followed (Link: rel="next") */
 
 /* CACHE/models into out; -1 with a message when neither variable is set. */
 static int cache_root(char *out, size_t cap, char *err, size_t errlen) {
@@ -128,7 +131,37 @@ typedef struct {
     int n_resp;                           /* status lines seen (one per redirect) */
     char linked_etag[80], first_etag[80]; /* as sent, quotes removed */
     char content_range[80];
+    char next[2048]; /* listing: the next page's address (Link: <...>; rel="next"), "" on the last */
 } xfer;
+
+/* The address of rel="next" in a Link header's value v[0..len) into out
+ * ("" when none, or when it does not fit). */
+static void link_next(const char *v, size_t len, char *out, size_t cap) {
+    out[0] = 0;
+    const char *end = v + len;
+    for (const char *p = v; p < end;) {
+        const char *lt = memchr(p, '<', (size_t)(end - p));
+        if (!lt) return;
+        const char *gt = memchr(lt, '>', (size_t)(end - lt));
+        if (!gt) return;
+        const char *comma = memchr(gt, ',', (size_t)(end - gt));
+        const char *stop = comma ? comma : end;
+        /* the parameters between '>' and the next link: rel="next" or rel=next */
+        for (const char *q = gt; q + 8 <= stop; q++) {
+            if (strncasecmp(q, "rel=", 4)) continue;
+            const char *r = q + 4 + (q[4] == '"');
+            if (r + 4 <= stop && !strncasecmp(r, "next", 4) && (r + 4 == stop || strchr("\"; \t,", r[4]))) {
+                size_t ul = (size_t)(gt - lt - 1);
+                if (ul < cap) {
+                    memcpy(out, lt + 1, ul);
+                    out[ul] = 0;
+                }
+                return;
+            }
+        }
+        p = stop + (comma != NULL);
+    }
+}
 
 static size_t on_header(char *p, size_t size, size_t n, void *ud) {
     xfer *x = ud;
@@ -136,6 +169,7 @@ static size_t on_header(char *p, size_t size, size_t n, void *ud) {
     if (len >= 5 && !strncmp(p, "HTTP/", 5)) {
         x->n_resp++;
         x->content_range[0] = 0;
+        x->next[0] = 0;
         return len;
     }
     const char *colon = memchr(p, ':', len);
@@ -151,6 +185,8 @@ static size_t on_header(char *p, size_t size, size_t n, void *ud) {
     if (klen == 13 && !strncasecmp(p, "X-Linked-Etag", 13)) sfmt(x->linked_etag, sizeof x->linked_etag, "%.*s", vl, v);
     else if (klen == 4 && !strncasecmp(p, "ETag", 4) && x->n_resp == 1)
         sfmt(x->first_etag, sizeof x->first_etag, "%.*s", vl, v);
+    else if (klen == 4 && !strncasecmp(p, "Link", 4))
+        link_next(colon + 1, (size_t)(p + len - colon - 1), x->next, sizeof x->next);
     else if (klen == 13 && !strncasecmp(p, "Content-Range", 13))
         sfmt(x->content_range, sizeof x->content_range, "%.*s", vl, v);
     return len;
@@ -213,56 +249,94 @@ static void transfer_error(const char *what, CURLcode rc, long status, const cha
     else lm_err(err, errlen, "%s: %s", what, *cerr ? cerr : curl_easy_strerror(rc));
 }
 
-/* The paths of the repository's files, from its listing. */
-static int fetch_listing(const hub_name *n, char ***paths, int *count, char *err, size_t errlen) {
-    char ep[1024], url[2048], cerr[CURL_ERROR_SIZE] = "";
-    endpoint(ep, sizeof ep);
-    sfmt(url, sizeof url, "%s/api/models/%s/%s/tree/main?recursive=true", ep, n->owner, n->repo);
-    xfer x = {0};
-    struct curl_slist *hd;
-    CURL *h = easy_for(url, &hd, &x);
-    if (!h) return lm_err(err, errlen, "cannot start a transfer");
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_listing);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &x);
-    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, cerr);
-    CURLcode rc = curl_easy_perform(h);
-    long status = 0;
-    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
-    curl_easy_cleanup(h);
-    curl_slist_free_all(hd);
-    char what[300];
-    sfmt(what, sizeof what, "listing %s/%s", n->owner, n->repo);
-    if (rc != CURLE_OK) {
-        lm_free(x.buf);
-        transfer_error(what, rc, status, cerr, err, errlen);
-        return -1;
-    }
-    cJSON *j = x.buf ? cJSON_Parse(x.buf) : NULL;
-    lm_free(x.buf);
+static void free_paths(char **p, int n) {
+    for (int i = 0; i < n; i++) lm_free(p[i]);
+    lm_free(p);
+}
+
+/* Append the file paths of one listing page (a JSON list) to *paths. */
+static int take_page(const char *body, char ***paths, int *count, const char *what, char *err, size_t errlen) {
+    cJSON *j = body ? cJSON_Parse(body) : NULL;
     if (!cJSON_IsArray(j)) {
         cJSON_Delete(j);
         return lm_err(err, errlen, "%s: the hub's answer is not a JSON list of files", what);
     }
-    int cap = cJSON_GetArraySize(j), k = 0;
-    char **out = lm_calloc((size_t)cap + 1, sizeof *out);
+    int more = cJSON_GetArraySize(j);
+    char **out = lm_realloc(*paths, ((size_t)*count + (size_t)more + 1) * sizeof *out);
+    if (!out) {
+        cJSON_Delete(j);
+        return lm_err(err, errlen, "out of memory");
+    }
+    *paths = out;
     const cJSON *it;
     cJSON_ArrayForEach(it, j) {
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(it, "type");
         const cJSON *path = cJSON_GetObjectItemCaseSensitive(it, "path");
-        if (!out || !cJSON_IsString(type) || strcmp(type->valuestring, "file") || !cJSON_IsString(path)) continue;
-        out[k] = lm_strndup(path->valuestring, strlen(path->valuestring));
-        if (out[k]) k++;
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "file") || !cJSON_IsString(path)) continue;
+        out[*count] = lm_strndup(path->valuestring, strlen(path->valuestring));
+        if (out[*count]) (*count)++;
     }
     cJSON_Delete(j);
-    if (!out) return lm_err(err, errlen, "out of memory");
-    *paths = out;
-    *count = k;
     return 0;
 }
 
-static void free_paths(char **p, int n) {
-    for (int i = 0; i < n; i++) lm_free(p[i]);
-    lm_free(p);
+/* The paths of the repository's files, from its listing: page after page
+ * while the hub's answer names a next one (Link: <URL>; rel="next"), at
+ * most LISTING_PAGES. A next page must be on the hub (HF_ENDPOINT, or a
+ * path on it): the token goes with each request. */
+static int fetch_listing(const hub_name *n, char ***paths, int *count, char *err, size_t errlen) {
+    char ep[1024], url[2048], cerr[CURL_ERROR_SIZE] = "", what[300];
+    endpoint(ep, sizeof ep);
+    sfmt(url, sizeof url, "%s/api/models/%s/%s/tree/main?recursive=true", ep, n->owner, n->repo);
+    sfmt(what, sizeof what, "listing %s/%s", n->owner, n->repo);
+    *paths = NULL;
+    *count = 0;
+    size_t eplen = strlen(ep);
+    for (int page = 0;; page++) {
+        if (page == LISTING_PAGES) {
+            lm_err(err, errlen, "%s: more than %d pages", what, LISTING_PAGES);
+            goto fail;
+        }
+        xfer x = {0};
+        struct curl_slist *hd;
+        CURL *h = easy_for(url, &hd, &x);
+        if (!h) {
+            lm_err(err, errlen, "cannot start a transfer");
+            goto fail;
+        }
+        curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_listing);
+        curl_easy_setopt(h, CURLOPT_WRITEDATA, &x);
+        curl_easy_setopt(h, CURLOPT_ERRORBUFFER, cerr);
+        CURLcode rc = curl_easy_perform(h);
+        long status = 0;
+        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+        curl_easy_cleanup(h);
+        curl_slist_free_all(hd);
+        if (rc != CURLE_OK) {
+            lm_free(x.buf);
+            transfer_error(what, rc, status, cerr, err, errlen);
+            goto fail;
+        }
+        int bad = take_page(x.buf, paths, count, what, err, errlen);
+        lm_free(x.buf);
+        if (bad) goto fail;
+        if (!x.next[0]) break;
+        if (x.next[0] == '/' && x.next[1] != '/') {
+            sfmt(url, sizeof url, "%s%s", ep, x.next);
+        } else if (!strncmp(x.next, ep, eplen) && x.next[eplen] == '/') {
+            sfmt(url, sizeof url, "%s", x.next);
+        } else {
+            lm_err(err, errlen, "%s: the next page is not on the hub (%.200s)", what, x.next);
+            goto fail;
+        }
+    }
+    if (!*paths && !(*paths = lm_calloc(1, sizeof **paths))) return lm_err(err, errlen, "out of memory");
+    return 0;
+fail:
+    free_paths(*paths, *count);
+    *paths = NULL;
+    *count = 0;
+    return -1;
 }
 
 static size_t on_body(char *p, size_t size, size_t n, void *ud) {
