@@ -26,6 +26,9 @@ requests). Checked, each by its outcome:
     could pass for an expected failure otherwise);
   - -m OWNER/REPO:TAG on `lamina info` uses the cached file without asking
     the hub; -m hf://... of a file not cached pulls it first;
+  - the model as the first word: `logits OWNER/REPO:TAG`, `run hf://...`
+    and `serve OWNER/REPO:TAG` as with -m (the same logits, text; the
+    server names the cached file); the first word and -m both: exit 2;
   - a listing in pages (Link: <...>; rel="next", absolute then relative):
     every page followed, the model on the last found; a next page on
     another host refused;
@@ -49,7 +52,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from testenv import result, summary  # noqa: E402
+from testenv import Server as LaminaServer, result, summary  # noqa: E402
 import gguf_split  # noqa: E402
 
 LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
@@ -328,6 +331,31 @@ try:
         result("rm %r refused" % bad, rc == 1 and os.path.exists(outside), err)
     rc, out, err, _ = lamina("rm", "acme/none:Q8_0")
     result("rm unknown: exit 1, named", rc == 1 and "no such model" in err, err)
+
+    # the model as the first word after the command
+    prompt = ["-p", "Once upon a time", "--top", "8"]
+    rc, out, err, _ = lamina("logits", "acme/tiny-GGUF:Q8_0", *prompt)
+    want = subprocess.run([LAMINA, "logits", "-m", MODEL] + prompt, capture_output=True, text=True).stdout
+    result("first word: logits OWNER/REPO:TAG as -m", rc == 0 and "top:" in out and out == want, out + want + err)
+    gen = ["-p", "Once upon a time", "-n", "12", "--temp", "0"]
+    rc, out, err, _ = lamina("run", "hf://acme/tiny-GGUF/tiny-Q8_0.gguf", *gen)
+    want = subprocess.run([LAMINA, "run", "-m", MODEL] + gen, capture_output=True, text=True).stdout
+    result("first word: run hf://... as -m", rc == 0 and len(out) > 20 and out == want, out + want + err)
+    rc, out, err, _ = lamina("run", MODEL, "-m", MODEL, "-p", "x")
+    result("first word and -m: usage error, named", rc == 2 and "named twice" in err, err)
+    saved = dict(os.environ)
+    os.environ.update(ENV)
+    try:
+        srv = LaminaServer([LAMINA, "serve", "acme/tiny-GGUF:Q8_0"])
+        code, body = srv.get("/v1/models")
+        result("first word: serve OWNER/REPO:TAG serves the cached file",
+               code == 200 and b"tiny-Q8_0.gguf" in body, body)
+        srv.stop("serve OWNER/REPO:TAG")
+    except RuntimeError as e:
+        result("first word: serve OWNER/REPO:TAG starts", False, str(e))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
     # 9. a paged listing: three pages, the model on the last
     STATE["cursors"].clear()

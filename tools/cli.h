@@ -92,6 +92,12 @@ int cmd_perplexity(int argc, char **argv);
 int cmd_pull(int argc, char **argv); /* lamina pull, list, rm: tools/cmd_pull.c */
 int cmd_list(int argc, char **argv);
 int cmd_rm(int argc, char **argv);
+/* `lamina CMD MODEL ...` as `lamina CMD -m MODEL ...` for the commands
+ * that load one model (run, serve, logits, perplexity, kv, tokenize, info;
+ * not bench, whose first word may be its mode): argv, or a new one with
+ * "-m" before the first word after CMD when that word is not a flag
+ * (*argc grows by one); MODEL and -m both: exits 2. */
+char **cli_model_word(int *argc, char **argv);
 /* Replace the value of every -m, --model and --draft-model that names a
  * hub model (hf://..., OWNER/REPO:TAG; not an existing file) with the
  * cached file's path, pulling it first when absent; exits 1 on failure. */

@@ -45,7 +45,7 @@
 
 static void usage_kv(FILE *f) {
     fprintf(f,
-            "usage: lamina kv -m MODEL.gguf [--kv-type T] [--mem BYTES | --kv-mem BYTES] [-c CTX] [--seqs N]\n"
+            "usage: lamina kv [-m] MODEL.gguf [--kv-type T] [--mem BYTES | --kv-mem BYTES] [-c CTX] [--seqs N]\n"
             "                 [--block-size B] [--chunk N] [-t THREADS] [--alloc]\n"
             "KV-cache memory: bytes per token, and how many tokens and sequences fit.\n\n"
             "  --kv-type T      element type: F32, F16 (default) or Q8_0 (head dim a multiple of 32)\n"

@@ -17,7 +17,7 @@
 
 static void usage_logits(FILE *f) {
     fprintf(f,
-            "usage: lamina logits -m MODEL.gguf -p PROMPT [--top K] [-c N] [--kv-type T] [-t N]\n"
+            "usage: lamina logits [-m] MODEL.gguf -p PROMPT [--top K] [-c N] [--kv-type T] [-t N]\n"
             "Print the prompt's token ids and the K largest logits after it (id:logit).\n\n"
             "  --top K        how many (default 5)\n"
             "  -c, --ctx-size context the sequence is planned for (default 512)\n"

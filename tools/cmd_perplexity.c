@@ -30,7 +30,7 @@
 
 static void usage_perplexity(FILE *f) {
     fprintf(f,
-            "usage: lamina perplexity -m MODEL.gguf -f TEXT [-c CTX] [-t THREADS] [--chunks N] [--kv-type T]\n"
+            "usage: lamina perplexity [-m] MODEL.gguf -f TEXT [-c CTX] [-t THREADS] [--chunks N] [--kv-type T]\n"
             "                         [--save-logits FILE] [--kl-divergence FILE]\n"
             "Perplexity the way llama.cpp's llama-perplexity measures it: the text is cut into\n"
             "chunks of CTX tokens, each starting with BOS, and only the second half of each chunk\n"

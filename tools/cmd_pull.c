@@ -39,6 +39,14 @@
  * the path given back is the first part's, from which the loader maps the
  * rest (format/gguf.h). list shows the set once; rm removes every part.
  *
+ * The model as the first word (cli_model_word): `lamina run NAME ...` is
+ * `lamina run -m NAME ...` for the commands that load one model (run,
+ * serve, logits, perplexity, kv, tokenize, info; not bench, whose first
+ * word may be its mode). Only the word right after the command, which no
+ * flag's value can be, and only without -m: none of these commands takes
+ * another word of its own, so nothing else is read as a model (both: a
+ * usage error).
+ *
  * -m NAME (cli_resolve_models): hf://... or OWNER/REPO:TAG is replaced by
  * the cached file's path before a command parses its flags; a file not in
  * the cache is pulled first, as llama.cpp's -hf does. A tag is looked up in
@@ -768,6 +776,28 @@ static int rm_file(const char *name, const char *root, const hub_name *n) {
     }
     fprintf(stderr, "lamina rm: removed %s\n", dest);
     return 0;
+}
+
+char **cli_model_word(int *argc, char **argv) {
+    static const char *const takes[] = {"run", "serve", "logits", "perplexity", "kv", "tokenize", "info"};
+    if (*argc < 3 || argv[2][0] == '-' || !argv[2][0]) return argv;
+    bool known = false;
+    for (size_t i = 0; i < sizeof takes / sizeof takes[0]; i++) known |= !strcmp(argv[1], takes[i]);
+    if (!known) return argv;
+    for (int i = 3; i < *argc; i++)
+        if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) {
+            fprintf(stderr, "lamina %s: the model is named twice: '%s' and %s %s\nTry 'lamina %s --help'.\n", argv[1],
+                    argv[2], argv[i], i + 1 < *argc ? argv[i + 1] : "", argv[1]);
+            exit(2);
+        }
+    char **out = lm_malloc(((size_t)*argc + 2) * sizeof *out); /* lives as long as the process */
+    if (!out) fail(argv[1], "out of memory");
+    out[0] = argv[0];
+    out[1] = argv[1];
+    out[2] = "-m";
+    for (int i = 2; i <= *argc; i++) out[i + 1] = argv[i]; /* argv[argc] is NULL */
+    (*argc)++;
+    return out;
 }
 
 void cli_resolve_models(int argc, char **argv) {

@@ -30,7 +30,7 @@
 static void usage_serve(FILE *f) {
     fprintf(
         f,
-        "usage: lamina serve -m MODEL.gguf [options]\n"
+        "usage: lamina serve [-m] MODEL.gguf [options]\n"
         "Serve the model over HTTP: a chat page at / (open it in a browser), and OpenAI's API:\n"
         "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,\n"
         "GET /metrics (Prometheus).\n\n"

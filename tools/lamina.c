@@ -44,7 +44,7 @@
 
 static void usage_run(FILE *f) {
     fprintf(f,
-            "usage: lamina run -m MODEL.gguf -p PROMPT [options]\n"
+            "usage: lamina run [-m] MODEL.gguf -p PROMPT [options]\n"
             "Generate text after PROMPT, printing it as it is produced; a stats line goes to stderr.\n\n"
             "  -m, --model FILE     GGUF model\n"
             "  -p, --prompt TEXT    prompt text\n"
@@ -532,7 +532,7 @@ static int cmd_run(int argc, char **argv) {
 
 static void usage_tokenize(FILE *f) {
     fprintf(f,
-            "usage: lamina tokenize -m MODEL.gguf [--ids] [--bos] [--no-parse-special] [--lines] < TEXT\n"
+            "usage: lamina tokenize [-m] MODEL.gguf [--ids] [--bos] [--no-parse-special] [--lines] < TEXT\n"
             "Tokenize standard input (no BOS unless --bos); print ids space-separated with --ids,\n"
             "else the vocabulary pieces space-separated. MODEL.gguf may be a whole model or a\n"
             "vocabulary-only file (tokenizer metadata, no tensors). With --lines every input line\n"
@@ -942,7 +942,8 @@ static int run_cmd(int argc, char **argv) {
     if (!strcmp(c, "pull")) return cmd_pull(argc - 1, argv + 1);
     if (!strcmp(c, "list")) return cmd_list(argc - 1, argv + 1);
     if (!strcmp(c, "rm")) return cmd_rm(argc - 1, argv + 1);
-    cli_resolve_models(argc, argv); /* -m hf://... names the cached file (tools/cmd_pull.c) */
+    argv = cli_model_word(&argc, argv); /* lamina run MODEL: -m MODEL (tools/cmd_pull.c) */
+    cli_resolve_models(argc, argv);     /* -m hf://... names the cached file */
     if (!strcmp(c, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(c, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(c, "perplexity")) return cmd_perplexity(argc - 1, argv + 1);
