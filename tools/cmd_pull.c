@@ -616,16 +616,22 @@ static void usage_pull(FILE *f) {
             "  HF_TOKEN: token for gated repositories; HF_ENDPOINT: the hub (https://huggingface.co).\n");
 }
 
+/* The one NAME that pull and rm take (and --help); a usage error otherwise. */
+static const char *one_name(args *a) {
+    const char *name = NULL;
+    for (a->i = 1; a->i < a->argc; a->i++) {
+        if (is_help(a)) continue;
+        if (a->argv[a->i][0] == '-') die_usage(a, "unknown argument '%s'", a->argv[a->i]);
+        if (name) die_usage(a, "%s", "one NAME at a time");
+        name = a->argv[a->i];
+    }
+    if (!name) die_usage(a, "%s", "no NAME given");
+    return name;
+}
+
 int cmd_pull(int argc, char **argv) {
     args a = {argc, argv, 0, "pull", usage_pull};
-    const char *name = NULL;
-    for (a.i = 1; a.i < argc; a.i++) {
-        if (is_help(&a)) continue;
-        if (argv[a.i][0] == '-') die_usage(&a, "unknown argument '%s'", argv[a.i]);
-        if (name) die_usage(&a, "%s", "one NAME at a time");
-        name = argv[a.i];
-    }
-    if (!name) die_usage(&a, "%s", "no NAME given");
+    const char *name = one_name(&a);
     char dest[PULL_PATH_MAX], err[1024];
     curl_global_init(CURL_GLOBAL_DEFAULT);
     int rc = pull_one("pull", name, false, dest, sizeof dest, err, sizeof err);
@@ -704,14 +710,7 @@ static int rm_file(const char *name, const char *root, const hub_name *n);
 
 int cmd_rm(int argc, char **argv) {
     args a = {argc, argv, 0, "rm", usage_rm};
-    const char *name = NULL;
-    for (a.i = 1; a.i < argc; a.i++) {
-        if (is_help(&a)) continue;
-        if (argv[a.i][0] == '-') die_usage(&a, "unknown argument '%s'", argv[a.i]);
-        if (name) die_usage(&a, "%s", "one NAME at a time");
-        name = argv[a.i];
-    }
-    if (!name) die_usage(&a, "%s", "no NAME given");
+    const char *name = one_name(&a);
     hub_name n;
     char err[1024], root[PULL_PATH_MAX];
     if (hub_name_parse(name, &n, err, sizeof err)) fail("rm", err);
