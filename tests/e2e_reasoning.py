@@ -50,31 +50,13 @@ import tempfile
 LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
 MODEL = "models/stories260K.gguf"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import testenv  # noqa: E402
 from testenv import result, skip, summary  # noqa: E402
-from e2e_tools import client_python  # noqa: E402
-
-
-class Server(testenv.Server):
-    def __init__(self, model, *args):
-        super().__init__([LAMINA, "serve", "-m", model, "-t", "1", *args])
-
-    def base(self):
-        return "http://127.0.0.1:%d/v1" % self.port
-
+from openai_env import Server, client_python, run_script  # noqa: E402
 
 CLIENT = r'''
-import json, re, sys
-import openai
-cfg = json.loads(sys.argv[1])
-client = openai.OpenAI(base_url=cfg["base"], api_key="unused", max_retries=0, timeout=600)
-M, TAG, OPEN, INLINE = cfg["model"], cfg["tag"], cfg["open"], cfg["inline"]
+import re
+M, OPEN, INLINE = cfg["model"], cfg["open"], cfg["inline"]
 XML, SWITCH = cfg["xml"], cfg["switch"]
-
-def check(name, ok, detail=""):
-    print(("PASS " if ok else "FAIL ") + TAG + ": " + name)
-    if not ok:
-        print("  " + str(detail)[:1500])
 
 def ext(m, key):
     v = getattr(m, key, None)
@@ -275,16 +257,7 @@ def run_client(py, srv, tag, open_, inline=False, xml=False, switch=True, harmon
                end_id=None):
     cfg = {"base": srv.base(), "model": model, "tag": tag, "open": open_, "inline": inline, "xml": xml,
            "switch": switch, "harmony": harmony, "end_id": end_id}
-    r = subprocess.run([py, "-c", CLIENT, json.dumps(cfg)], capture_output=True, text=True, timeout=900)
-    n = 0
-    for line in r.stdout.splitlines():
-        if line.startswith("PASS ") or line.startswith("FAIL "):
-            n += 1
-            result(line[5:], line.startswith("PASS"))
-        elif line.startswith("  "):
-            print(line)
-    if r.returncode != 0 or n == 0:
-        result("%s: client ran" % tag, False, r.stderr[-3000:])
+    run_script(py, CLIENT, cfg, 900)
 
 
 def check_cli(rnd, tmp):

@@ -21,7 +21,9 @@ tests/e2e_tools_gemma3.py runs a lighter set of the same checks on Gemma 3
 
 The client runs in the virtual environment e2e_server.py installs
 ($LAMINA_CACHE/venv-openai: openai, with pydantic), into which this test adds
-jsonschema; when that cannot be had the checks count as skipped.
+jsonschema (tests/openai_env.py, which also holds the client script's head
+and the server e2e_reasoning.py shares); when that cannot be had the checks
+count as skipped.
 
 Checks, per model: response_format json_schema over a set of schemas
 (objects, enums, arrays, nested objects, $defs references, anyOf, bounded
@@ -54,29 +56,18 @@ LAMINA = os.environ.get("LAMINA_BIN", "build/lamina")
 MODEL = "models/stories260K.gguf"
 ASAN = bool(os.environ.get("LAMINA_ASAN"))
 import testenv  # noqa: E402 (tests/ is the script's folder)
-from testenv import CACHE, install_out, result, skip, summary  # noqa: E402
+from testenv import CACHE, result, skip, summary  # noqa: E402
+# (e2e_smollm2.py and e2e_tools_gemma3.py take Server and client_python from here)
+from openai_env import CLIENT_HEAD, Server, client_python, run_script  # noqa: E402
 GEMMA = os.path.join(CACHE, "gemma-3-270m-q4_k_m.gguf")
-
-class Server(testenv.Server):
-    def __init__(self, model, *args):
-        super().__init__([LAMINA, "serve", "-m", model, "-t", "1", *args])
-
-    def base(self):
-        return "http://127.0.0.1:%d/v1" % self.port
-
-    def metric(self, name):
-        return self.metrics().get(name)
-
 
 # ------------------------------------------------------------ the client
 
 CLIENT = r'''
-import json, sys, threading, time
+import threading, time
 from typing import List, Literal
-import jsonschema, openai, pydantic
-cfg = json.loads(sys.argv[1])
-client = openai.OpenAI(base_url=cfg["base"], api_key="unused", max_retries=0, timeout=600)
-M, TAG, QUICK, LIGHT = cfg["model"], cfg["tag"], cfg["quick"], cfg.get("light", False)
+import jsonschema, pydantic
+M, QUICK, LIGHT = cfg["model"], cfg["quick"], cfg.get("light", False)
 MT = cfg["max_tokens"]
 if cfg.get("no_think"):
     # a thinking template (qwen3.5 opens the reasoning in its prompt): constraints wait for the
@@ -89,12 +80,6 @@ if cfg.get("no_think"):
         return call
     client.chat.completions.create = no_think(client.chat.completions.create)
     client.beta.chat.completions.parse = no_think(client.beta.chat.completions.parse)
-
-def check(name, ok, detail=""):
-    print(("PASS " if ok else "FAIL ") + TAG + ": " + name)
-    if not ok:
-        print("  " + str(detail)[:3000])
-    sys.stdout.flush()
 
 def run(name, fn):
     try:
@@ -402,10 +387,8 @@ for name, fn in [("schemas", schema_outputs), ("pydantic", parse_pydantic), ("to
 '''
 
 PREEMPT = r'''
-import json, sys, threading, urllib.request
-import jsonschema, openai
-cfg = json.loads(sys.argv[1])
-client = openai.OpenAI(base_url=cfg["base"], api_key="unused", max_retries=0, timeout=600)
+import threading, urllib.request
+import jsonschema
 M = cfg["model"]
 schema = {"type": "object", "properties": {"w": {"type": "string", "maxLength": 20},
                                            "n": {"type": "integer", "minimum": 0, "maximum": 999}},
@@ -443,26 +426,6 @@ print(json.dumps({"same": out == solo, "valid": valid, "out": out, "solo": solo}
 '''
 
 
-def client_python():
-    """The venv's python with openai, pydantic and jsonschema, or None with why."""
-    venv = os.path.join(CACHE, "venv-openai")
-    py = os.path.join(venv, "bin", "python3")
-    probe = [py, "-c", "import openai, pydantic, jsonschema"]
-    try:
-        if not os.path.exists(py):
-            os.makedirs(CACHE, exist_ok=True)
-            subprocess.run([sys.executable, "-m", "venv", venv], check=True, capture_output=True, timeout=300)
-        if subprocess.run(probe, capture_output=True, timeout=120).returncode != 0:
-            out = install_out()
-            os.write(out, ("installing openai and jsonschema from PyPI into %s\n" % venv).encode())
-            subprocess.run([py, "-m", "pip", "install", "--progress-bar", "on", "openai", "jsonschema"], check=True,
-                           stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=900)
-            subprocess.run(probe, check=True, capture_output=True, timeout=120)
-        return py, None
-    except (subprocess.SubprocessError, OSError) as e:
-        return None, str(e)
-
-
 N_CHECKS = 30  # roughly what one model's client run reports (for skips)
 
 
@@ -470,16 +433,7 @@ def run_client(py, srv, tag, model_name, quick=False, max_tokens=300, skip_parts
     t0 = time.time()
     cfg = {"base": srv.base(), "model": model_name, "tag": tag, "quick": quick, "max_tokens": max_tokens,
            "skip": list(skip_parts), "light": light, "no_think": no_think}
-    r = subprocess.run([py, "-c", CLIENT, json.dumps(cfg)], capture_output=True, text=True, timeout=1800)
-    n = 0
-    for line in r.stdout.splitlines():
-        if line.startswith("PASS ") or line.startswith("FAIL "):
-            n += 1
-            result(line[5:], line.startswith("PASS"))
-        elif line.startswith("  ") or line.startswith("NOTE "):
-            print(line)
-    if r.returncode != 0 or n == 0:
-        result("%s: client ran" % tag, False, r.stderr[-3000:])
+    n = run_script(py, CLIENT, cfg, 1800)
     print("NOTE %s: %d checks in %.0f s" % (tag, n, time.time() - t0))
 
 
@@ -512,8 +466,9 @@ def main():
         srv = Server(MODEL, "--chat-template", "chatml", "--kv-mem", "100K", "--max-seqs", "8")
         servers.append((srv, "preempt"))
         before = srv.metric("lamina_preemptions_total") or 0
-        cfg = {"base": srv.base(), "model": "stories260K.gguf"}
-        r = subprocess.run([py, "-c", PREEMPT, json.dumps(cfg)], capture_output=True, text=True, timeout=1800)
+        cfg = {"base": srv.base(), "model": "stories260K.gguf", "tag": "preempt"}
+        r = subprocess.run([py, "-c", CLIENT_HEAD + PREEMPT, json.dumps(cfg)], capture_output=True, text=True,
+                           timeout=1800)
         try:
             res = json.loads(r.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
