@@ -28,11 +28,11 @@
  * model's logits.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include "test.h"
+#include "tp_threads.h"
 #include "model/forward.h"
 #include "model/model.h"
 #include "kernels/kernels.h"
@@ -47,57 +47,6 @@ enum { N_PROMPT = 200, N_STEP = 3, N_TOK = N_PROMPT + N_STEP, CTX = 512, MAX_RAN
 static void tokens(int32_t *tok, int n) {
     for (int i = 0; i < n; i++) tok[i] = 1 + (i * 7919) % 50000;
 }
-
-/* ---- ranks on threads ------------------------------------------------------ */
-
-static int g_size;
-static pthread_barrier_t g_bar;
-static const float *g_part[MAX_RANKS];
-static float *g_tmp; /* (N_TOK, n_vocab) the rank-ordered sum or the gathered rows */
-static _Thread_local int t_rank;
-
-static int hook_reduce(float *y, size_t n, char *err, size_t errlen) {
-    (void)err, (void)errlen;
-    g_part[t_rank] = y;
-    pthread_barrier_wait(&g_bar);
-    if (t_rank == 0)
-        for (size_t i = 0; i < n; i++) {
-            float s = g_part[0][i];
-            for (int r = 1; r < g_size; r++) s += g_part[r][i];
-            g_tmp[i] = s;
-        }
-    pthread_barrier_wait(&g_bar);
-    memcpy(y, g_tmp, n * sizeof *y);
-    pthread_barrier_wait(&g_bar);
-    return 0;
-}
-
-static int hook_gather(const float *part, int rows, const int *cols, float *out, char *err, size_t errlen) {
-    (void)err, (void)errlen;
-    g_part[t_rank] = part;
-    pthread_barrier_wait(&g_bar);
-    size_t total = 0;
-    for (int r = 0; r < g_size; r++) total += (size_t)cols[r];
-    if (t_rank == 0)
-        for (int i = 0; i < rows; i++)
-            for (int r = 0, c0 = 0; r < g_size; c0 += cols[r], r++)
-                memcpy(g_tmp + (size_t)i * total + (size_t)c0, g_part[r] + (size_t)i * (size_t)cols[r],
-                       (size_t)cols[r] * sizeof(float));
-    pthread_barrier_wait(&g_bar);
-    memcpy(out, g_tmp, (size_t)rows * total * sizeof *out);
-    pthread_barrier_wait(&g_bar);
-    return 0;
-}
-
-static const fwd_hooks hooks = {.reduce = hook_reduce, .gather_cols = hook_gather};
-
-typedef struct {
-    lm_model *m;
-    int rank;
-    float *logits; /* (N_TOK, n_vocab) */
-    int rc;
-    char err[LM_ERRLEN];
-} rank_job;
 
 /* The prompt as one pass, then each step as one (the same calls on every
  * rank, as under mpirun). */
@@ -119,13 +68,6 @@ static int run_passes(lm_model *m, const fwd_hooks *hk, float *logits, char *err
     return rc ? -1 : 0;
 }
 
-static void *rank_main(void *arg) {
-    rank_job *j = arg;
-    t_rank = j->rank;
-    j->rc = run_passes(j->m, &hooks, j->logits, j->err, sizeof j->err);
-    return NULL;
-}
-
 static lm_model *load(int rank, int size, int stage, int stages, char *err, size_t errlen) {
     lm_status st;
     return model_load_grid(path, NULL, rank, size, stage, stages, &st, err, errlen);
@@ -141,9 +83,8 @@ static void check_tp(int size) {
     const size_t V = (size_t)hw->n_vocab, L = (size_t)N_TOK * V;
     float *want = malloc(L * sizeof(float)), *got[MAX_RANKS] = {0};
     for (int r = 0; r < size; r++) ok = (got[r] = malloc(L * sizeof(float))) != NULL && ok;
-    g_tmp = malloc(L * sizeof(float));
-    CHECK(ok && want && g_tmp);
-    if (!ok || !want || !g_tmp) goto done;
+    CHECK(ok && want);
+    if (!ok || !want) goto done;
     for (int r = 0; r < size; r++) { /* what each rank holds (values: each model has its own vectors) */
         const lm_hparams *h = &s[r]->hp;
         const lm_layer *l = &s[r]->layers[0], *lw = &whole->layers[0];
@@ -158,17 +99,7 @@ static void check_tp(int size) {
         CHECK(l->moe->down_b[7] == lw->moe->down_b[7]);
     }
     CHECKF(run_passes(whole, NULL, want, err, sizeof err) == 0, "%s", err);
-    g_size = size;
-    pthread_barrier_init(&g_bar, NULL, (unsigned)size);
-    rank_job jobs[MAX_RANKS];
-    pthread_t th[MAX_RANKS];
-    for (int r = 0; r < size; r++) {
-        jobs[r] = (rank_job){.m = s[r], .rank = r, .logits = got[r]};
-        CHECK(pthread_create(&th[r], NULL, rank_main, &jobs[r]) == 0);
-    }
-    for (int r = 0; r < size; r++) pthread_join(th[r], NULL);
-    pthread_barrier_destroy(&g_bar);
-    for (int r = 0; r < size; r++) CHECKF(jobs[r].rc == 0, "rank %d: %s", r, jobs[r].err);
+    CHECKF(tp_threads_run(run_passes, s, got, size, L, err, sizeof err) == 0, "%s", err);
     double d = 0, top = 0;
     for (size_t i = 0; i < L; i++) {
         d = fmax(d, fabs((double)got[0][i] - want[i]));
@@ -180,7 +111,6 @@ static void check_tp(int size) {
 done:
     free(want);
     for (int r = 0; r < size; r++) free(got[r]), model_free(s[r]);
-    free(g_tmp);
 }
 
 static void test_tp_2(void) { check_tp(2); }

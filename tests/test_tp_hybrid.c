@@ -28,11 +28,11 @@
  * Refusals: 4 ranks (2 key heads), 4 stages (2 full-attention layers).
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include "test.h"
+#include "tp_threads.h"
 #include "model/forward.h"
 #include "model/gdn.h"
 #include "model/model.h"
@@ -47,51 +47,6 @@ enum { N_PROMPT = 70, N_STEP = 3, N_TOK = N_PROMPT + N_STEP, CTX = 256 };
 static void tokens(int32_t *tok, int n) {
     for (int i = 0; i < n; i++) tok[i] = 1 + (i * 7919) % 31000;
 }
-
-/* ---- two ranks on two threads --------------------------------------------- */
-
-static pthread_barrier_t g_bar;
-static const float *g_part[2];
-static float *g_tmp; /* (N_TOK, n_vocab) the rank-ordered sum or the gathered row */
-static _Thread_local int t_rank;
-
-static int hook_reduce(float *y, size_t n, char *err, size_t errlen) {
-    (void)err, (void)errlen;
-    g_part[t_rank] = y;
-    pthread_barrier_wait(&g_bar);
-    if (t_rank == 0)
-        for (size_t i = 0; i < n; i++) g_tmp[i] = g_part[0][i] + g_part[1][i];
-    pthread_barrier_wait(&g_bar);
-    memcpy(y, g_tmp, n * sizeof *y);
-    pthread_barrier_wait(&g_bar);
-    return 0;
-}
-
-static int hook_gather(const float *part, int rows, const int *cols, float *out, char *err, size_t errlen) {
-    (void)err, (void)errlen;
-    g_part[t_rank] = part;
-    pthread_barrier_wait(&g_bar);
-    size_t total = (size_t)cols[0] + (size_t)cols[1];
-    if (t_rank == 0)
-        for (int i = 0; i < rows; i++)
-            for (int r = 0, c0 = 0; r < 2; c0 += cols[r], r++)
-                memcpy(g_tmp + (size_t)i * total + (size_t)c0, g_part[r] + (size_t)i * (size_t)cols[r],
-                       (size_t)cols[r] * sizeof(float));
-    pthread_barrier_wait(&g_bar);
-    memcpy(out, g_tmp, (size_t)rows * total * sizeof *out);
-    pthread_barrier_wait(&g_bar);
-    return 0;
-}
-
-static const fwd_hooks hooks = {.reduce = hook_reduce, .gather_cols = hook_gather};
-
-typedef struct {
-    lm_model *m;
-    int rank;
-    float *logits; /* (N_TOK, n_vocab) */
-    int rc;
-    char err[LM_ERRLEN];
-} rank_job;
 
 /* The prompt as one pass, then each step as one: a rank's passes over its
  * shard (the same calls on both ranks, as under mpirun). */
@@ -113,13 +68,6 @@ static int run_passes(lm_model *m, const fwd_hooks *hk, float *logits, char *err
     return rc ? -1 : 0;
 }
 
-static void *rank_main(void *arg) {
-    rank_job *j = arg;
-    t_rank = j->rank;
-    j->rc = run_passes(j->m, &hooks, j->logits, j->err, sizeof j->err);
-    return NULL;
-}
-
 static lm_model *load(int rank, int size, int stage, int stages, char *err, size_t errlen) {
     lm_status st;
     return model_load_grid(path, NULL, rank, size, stage, stages, &st, err, errlen);
@@ -139,19 +87,9 @@ static void test_tp_shards(void) {
     }
     const size_t V = (size_t)hw->n_vocab, L = (size_t)N_TOK * V;
     float *want = malloc(L * sizeof(float)), *got[2] = {malloc(L * sizeof(float)), malloc(L * sizeof(float))};
-    g_tmp = malloc(L * sizeof(float));
-    CHECK(want && got[0] && got[1] && g_tmp);
+    CHECK(want && got[0] && got[1]);
     CHECKF(run_passes(whole, NULL, want, err, sizeof err) == 0, "%s", err);
-    pthread_barrier_init(&g_bar, NULL, 2);
-    rank_job jobs[2];
-    pthread_t th[2];
-    for (int r = 0; r < 2; r++) {
-        jobs[r] = (rank_job){.m = s[r], .rank = r, .logits = got[r]};
-        CHECK(pthread_create(&th[r], NULL, rank_main, &jobs[r]) == 0);
-    }
-    for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
-    pthread_barrier_destroy(&g_bar);
-    CHECKF(jobs[0].rc == 0 && jobs[1].rc == 0, "%s / %s", jobs[0].err, jobs[1].err);
+    CHECKF(tp_threads_run(run_passes, s, got, 2, L, err, sizeof err) == 0, "%s", err);
     double d = 0, top = 0;
     for (size_t i = 0; i < L; i++) {
         d = fmax(d, fabs((double)got[0][i] - want[i]));
@@ -163,7 +101,6 @@ static void test_tp_shards(void) {
     free(want);
     free(got[0]);
     free(got[1]);
-    free(g_tmp);
     model_free(s[0]);
     model_free(s[1]);
 }
