@@ -789,7 +789,8 @@ char **cli_model_word(int *argc, char **argv) {
                     argv[2], argv[i], i + 1 < *argc ? argv[i + 1] : "", argv[1]);
             exit(2);
         }
-    char **out = lm_malloc(((size_t)*argc + 2) * sizeof *out); /* lives as long as the process */
+    static char **out; /* the new argv, for the rest of the process */
+    out = lm_malloc(((size_t)*argc + 2) * sizeof *out);
     if (!out) fail(argv[1], "out of memory");
     out[0] = argv[0];
     out[1] = argv[1];
