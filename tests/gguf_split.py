@@ -10,7 +10,8 @@ part's place from 0), split.count (u16, N), split.tensors.count (i32, the
 tensors of the whole model). The tensors keep their order, about as many in
 each part; each part's data section is aligned to 32 bytes (the first
 part's to the source's general.alignment), each tensor's bytes copied as
-they are.
+they are. (llama.cpp loads the parts it writes: llama-simple on the
+bundled model cut in three gave the unsplit file's text.)
 
   python3 tests/gguf_split.py IN.gguf PREFIX N   (prints the parts' paths)
 """

@@ -8,6 +8,8 @@
  *     the unsplit file's; the files and their bytes are counted;
  *   - the logits of a prompt (every position) from the split model equal
  *     the unsplit model's bit for bit;
+ *   - quantize_file of the split model writes one file, byte for byte the
+ *     one written from the unsplit model (no split.* key carried over);
  *   - refused with a message: a later part given instead of the first (the
  *     first named), a missing part (LM_ERR_IO), a set whose names lack the
  *     -0000k-of-0000N tail, a part whose split.no is wrong, a tensor in two
@@ -24,6 +26,8 @@
 #include "base/util.h"
 #include "format/gguf.h"
 #include "format/quant.h"
+#include "format/quantize.h"
+#include "base/safefile.h"
 #include "kv/kv.h"
 #include "model/forward.h"
 #include "model/model.h"
@@ -171,6 +175,22 @@ static void test_logits(void) {
     free(b);
 }
 
+static void test_quantize(void) {
+    char p1[256], a[300], b[300], err[LM_ERRLEN];
+    part_path(p1, sizeof p1, "m", 1, N_PARTS);
+    snprintf(a, sizeof a, "%s/q-whole.gguf", dir);
+    snprintf(b, sizeof b, "%s/q-split.gguf", dir);
+    CHECKF(quantize_file(SRC, a, "Q8_0", NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    CHECKF(quantize_file(p1, b, "Q8_0", NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    size_t la = 0, lb = 0;
+    char *ba = safefile_read(a, &la, err, sizeof err), *bb = safefile_read(b, &lb, err, sizeof err);
+    unlink(a);
+    unlink(b);
+    CHECK(ba && bb && la > 0 && la == lb && !memcmp(ba, bb, la));
+    free(ba);
+    free(bb);
+}
+
 static gguf_ctx *open_status(const char *path, lm_status *st, char *err, size_t errlen) {
     return gguf_open_status(path, st, err, errlen);
 }
@@ -230,6 +250,7 @@ int main(void) {
     if (!mkdtemp(dir)) return 1;
     TEST_RUN(test_tensors);
     TEST_RUN(test_logits);
+    TEST_RUN(test_quantize);
     TEST_RUN(test_refused);
     remove_set("m", N_PARTS);
     rmdir(dir);
