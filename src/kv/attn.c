@@ -1,6 +1,6 @@
 /*
- * attn.c - tiled causal attention over the paged KV cache (see attn.h for
- * the recurrence and the contract).
+ * attn.c - tiled causal (or, for encoders, non-causal) attention over the
+ * paged KV cache (see attn.h for the recurrence and the contract).
  *
  * Work of one attn_tile call, for each sub-tile of nq query tokens
  * (R = nq x group rows, row r = query i = r / group, head g = r % group):
@@ -13,7 +13,8 @@
  *        converted once into Kf for F16/Q8_0 by the type's to_float)
  *        S (R, nk) = Qs · Kᵀ
  *        per row: keys t in [lo, vis) are visible, vis = clamp(pos - c0 + 1,
- *        0, nk) and lo > 0 only under a sliding window; m' = max(m, max S),
+ *        0, nk) (non-causal: vis = nk, the chunks running to kv_end instead
+ *        of the last query's position) and lo > 0 only under a sliding window; m' = max(m, max S),
  *        p = exp(S - m') (masked keys get 0), l = l e^(m-m') + Σ p,
  *        O *= e^(m-m')
  *        gather the value rows likewise; O += P · V
@@ -188,6 +189,7 @@ typedef struct {
     float scale;
     float softcap;      /* > 0: scores become softcap·tanh(s / softcap) before the softmax */
     int window;         /* > 0: query at pos sees keys pos-window+1 .. pos */
+    int kv_end;         /* > 0: non-causal, every query sees keys 0 .. kv_end-1 (window 0) */
     const float *sinks; /* (n_head) one logit per query head in the softmax's denominator, or NULL */
     float *out;
     size_t out_stride;
@@ -223,8 +225,8 @@ static void subtile(const tile_args *a, int i0, int nq, int qpos0, attn_scratch 
             scr->l[r] = 0;
         }
     }
-    memset(scr->o, 0, (size_t)R * dv * sizeof(float)); /* O (R, dv) */
-    int c_end = qpos0 + nq;                            /* keys up to the last query's position */
+    memset(scr->o, 0, (size_t)R * dv * sizeof(float));  /* O (R, dv) */
+    int c_end = a->kv_end > 0 ? a->kv_end : qpos0 + nq; /* keys up to the last query's position, or all */
     /* with a window, skip whole chunks below the first query's window (chunk
      * starts stay on the multiple-of-CHUNK grid) */
     int c_begin = 0, wlo = a->window > 0 ? qpos0 + 1 - a->window : 0; /* no row sees a key below wlo */
@@ -243,7 +245,8 @@ static void subtile(const tile_args *a, int i0, int nq, int qpos0, attn_scratch 
         for (int r = 0; r < R; r++) {
             float *s = scr->s + (size_t)r * CHUNK;
             /* visible keys of this row in the chunk: t in [lo, vis) */
-            int pos = qpos0 + r / G, vis = pos - c0 + 1, lo = a->window > 0 ? pos + 1 - a->window - c0 : 0;
+            int pos = qpos0 + r / G, vis = a->kv_end > 0 ? nk : pos - c0 + 1;
+            int lo = a->window > 0 ? pos + 1 - a->window - c0 : 0;
             vis = vis < 0 ? 0 : vis > nk ? nk : vis;
             lo = lo < 0 ? 0 : lo > vis ? vis : lo;
             if (lo == vis) {
@@ -320,6 +323,24 @@ void attn_tile_sinks(const kv_pool *p, const kv_seq *s, int layer, int kv_head, 
     a.sinks = sinks;
     assert(kv_head >= 0 && kv_head < a.lay->n_head_kv && pos0 >= 0 && n_q >= 0 && pos0 + n_q <= kv_seq_len(s));
     a.kv_head = kv_head;
+    a.q = q;
+    a.q_stride = q_stride;
+    a.scale = scale;
+    a.out = out;
+    a.out_stride = out_stride;
+    run_tiles(&a, n_q, pos0, scr);
+}
+
+void attn_tile_full(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride, int n_q,
+                    int pos0, int kv_end, float scale, float softcap, const float *sinks, float *out, size_t out_stride,
+                    attn_scratch *scr) {
+    tile_args a = layer_args(p, s, layer, 0, scr);
+    assert(kv_head >= 0 && kv_head < a.lay->n_head_kv && pos0 >= 0 && n_q >= 0 && pos0 + n_q <= kv_end &&
+           kv_end <= kv_seq_len(s));
+    a.softcap = softcap;
+    a.sinks = sinks;
+    a.kv_head = kv_head;
+    a.kv_end = kv_end;
     a.q = q;
     a.q_stride = q_stride;
     a.scale = scale;

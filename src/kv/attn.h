@@ -1,6 +1,6 @@
 /*
- * attn.h - exact causal attention over the paged KV cache, tiled with an
- * online softmax (the FlashAttention recurrence), never materializing the
+ * attn.h - exact causal (and an encoder's non-causal) attention over the
+ * paged KV cache, tiled with an online softmax (the FlashAttention recurrence), never materializing the
  * T x T score matrix.
  *
  * One call, attn_tile, computes for query tokens i < n_q at positions
@@ -9,6 +9,16 @@
  *
  *   out[i, h] = softmax_j( scale * q[i, h] · K[j, kv_head] ) · V[j, kv_head],
  *               j = 0 .. pos0 + i    (window > 0: j = pos0+i-window+1 .. pos0+i)
+ *
+ * Non-causal attention (attn_tile_full; bert, nomic-bert): every query of
+ * the call sees every key of its sequence's positions [0, kv_end), later
+ * ones included, whatever its own position:
+ *
+ *   out[i, h] = softmax_j( scale * q[i, h] · K[j, kv_head] ) · V[j, kv_head],
+ *               j = 0 .. kv_end - 1
+ *
+ * with no window; the same recurrence, chunks and kernels, only the mask
+ * differs, so the scalar and SIMD paths are both the one above.
  *
  * reading K and V straight from the sequence's blocks in the pool's type
  * (F32, F16, Q8_0). Queries are processed in sub-tiles of up to
@@ -118,6 +128,15 @@ void attn_tile_softcap(const kv_pool *p, const kv_seq *s, int layer, int kv_head
 void attn_tile_sinks(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride,
                      int n_q, int pos0, float scale, float softcap, int window, const float *sinks, float *out,
                      size_t out_stride, attn_scratch *scr);
+/* Non-causal: queries pos0 .. pos0+n_q-1 (rows of q as above) each see keys
+ * [0, kv_end) (an encoder's segment: kv_end = the segment's pos0 + n, so
+ * every query tile of it sees the whole sequence). softcap and sinks as
+ * attn_tile_sinks; the layer must be of the global class (no window).
+ * Requires pos0 + n_q <= kv_end <= kv_seq_len(s); the K/V of every position
+ * < kv_end must be written before the call. */
+void attn_tile_full(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride, int n_q,
+                    int pos0, int kv_end, float scale, float softcap, const float *sinks, float *out, size_t out_stride,
+                    attn_scratch *scr);
 /* 0 when each of sinks[0 .. n_head) is finite or -inf (what attn_tile_sinks
  * takes); else -1 with a message naming the head (a model loader's check:
  * a NaN sink would make its heads' outputs NaN, +inf has no meaning). */
