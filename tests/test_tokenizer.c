@@ -3,7 +3,8 @@
  *
  * Reference vectors: tests/data/vocab/X.gguf with X.gguf.inp (cases separated
  * by "\n__ggml_vocab_test__\n") and X.gguf.out (line i: the ids of case i, no
- * BOS, special tokens not parsed). They live in the repository: a missing
+ * BOS, special tokens not parsed; ggml-vocab-wpm.gguf's were recorded from
+ * llama.cpp by make_wpm_vocab.py). They live in the repository: a missing
  * file fails its test (run from the repository root, as tests/run.sh does). The rest builds small GGUF files in
  * memory (hand-assembled bytes) or uses the bundled models/stories260K.gguf.
  */
@@ -203,6 +204,49 @@ static void check_roundtrip(const char *name) {
 }
 
 static void test_vectors_llama_spm(void) { check_vectors("ggml-vocab-llama-spm.gguf"); }
+static void test_vectors_wpm(void) { check_vectors("ggml-vocab-wpm.gguf"); }
+
+/* WordPiece beyond the vectors: the BOS is [CLS] and brings [SEP] after the
+ * text (an empty text too); the ids come from the vocabulary's own texts
+ * (a word's first piece "\u2581x", a continuation bare); a word with a
+ * character no token starts with is one [UNK]; decoding puts a space before
+ * each word and none inside one, and strip_space drops the first. */
+static void test_wpm_specials(void) {
+    lm_tokenizer *t = load_path(VOCAB_DIR "ggml-vocab-wpm.gguf");
+    CHECK(t != NULL);
+    CHECK(!strcmp(tok_model_name(t), "bert"));
+    int32_t cls = tok_find(t, "[CLS]", 5), sep = tok_find(t, "[SEP]", 5), unk = tok_find(t, "[UNK]", 5);
+    CHECK(cls >= 0 && sep >= 0 && unk >= 0 && tok_bos(t) == cls && tok_sep(t) == sep && tok_add_bos(t));
+    int32_t jump = tok_find(t,
+                            "\xE2\x96\x81"
+                            "jump",
+                            7),
+            ing = tok_find(t, "ing", 3);
+    int32_t fox = tok_find(t,
+                           "\xE2\x96\x81"
+                           "fox",
+                           6),
+            bang = tok_find(t,
+                            "\xE2\x96\x81"
+                            "!",
+                            4);
+    CHECK(jump >= 0 && ing >= 0 && fox >= 0 && bang >= 0);
+    int32_t want[6] = {cls, jump, ing, fox, bang, sep};
+    int32_t got[8];
+    CHECK(tok_encode(t, "Jumping FOX!", 12, true, false, got, 8) == 6 && !memcmp(got, want, sizeof want));
+    CHECK(tok_encode(t, "Jumping FOX!", 12, false, false, got, 8) == 4 && !memcmp(got, want + 1, 4 * sizeof *got));
+    CHECK(tok_encode(t, "", 0, true, false, got, 8) == 2 && got[0] == cls && got[1] == sep);
+    CHECK(tok_encode(t,
+                     "fox \xF0\x9F\x98\x80"
+                     "x",
+                     9, false, false, got, 8) == 2 &&
+          got[0] == fox && got[1] == unk);
+    size_t len;
+    char *s = decode(t, want + 1, 4, true, false, &len);
+    CHECKF(s && !strcmp(s, "jumping fox !"), "decoded '%s'", s ? s : "(null)");
+    free(s);
+    tok_free(t);
+}
 static void test_vectors_harmony(void) { check_vectors("ggml-vocab-harmony.gguf"); }
 static void test_roundtrip_harmony(void) { check_roundtrip("ggml-vocab-harmony.gguf"); }
 
@@ -863,6 +907,8 @@ static void test_alloc_failures(void) {
 
 int main(void) {
     TEST_RUN(test_vectors_llama_spm);
+    TEST_RUN(test_vectors_wpm);
+    TEST_RUN(test_wpm_specials);
     TEST_RUN(test_vectors_phi3);
     TEST_RUN(test_vectors_gpt2);
     TEST_RUN(test_roundtrip_llama_spm);

@@ -61,6 +61,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "text/wpm.h"
 #include "base/utf8.h"
 #include "base/util.h"
 
@@ -84,7 +85,7 @@ enum {
     F_SP_PARSE = 8,  /* matched verbatim only with parse_special (control, unknown) */
 };
 
-enum { FAM_SPM, FAM_BPE };
+enum { FAM_SPM, FAM_BPE, FAM_WPM };
 
 typedef struct {
     int32_t left, right; /* token ids joined; left == -1 marks an empty slot */
@@ -108,6 +109,10 @@ struct lm_tokenizer {
     uint32_t b2u[256];     /* BPE byte -> unicode code point */
     int16_t u2b[324];      /* BPE code point -> byte, -1 if not a stand-in */
     int32_t bos, eos, eot, eom, unk;
+    int32_t sep;    /* WPM: [SEP], added after the text with the BOS ([CLS]); else -1 */
+    int max_piece;  /* WPM: the longest token text, in bytes */
+    bool wpm_lower; /* WPM: tokenizer.ggml.normalizer.lowercase (default true) */
+    bool wpm_strip; /* WPM: ...normalizer.strip_accents (default: as lowercase) */
     bool add_bos, add_space_prefix, ignore_merges;
     uint8_t sp_first[256]; /* F_SP_* bits of tokens starting with this byte */
     uint32_t *sp_len;      /* (n_sp_len) distinct special-token lengths, descending */
@@ -549,6 +554,22 @@ static int load_specials(lm_tokenizer *t, const gguf_ctx *g, char *err, size_t e
         t->eos = vocab_find(t, "</s>", 4);
         t->unk = vocab_find(t, "<unk>", 5);
     }
+    t->sep = -1;
+    if (t->family == FAM_WPM) { /* BERT's conventional texts; the ids as files store them */
+        t->bos = vocab_find(t, "[CLS]", 5);
+        t->sep = vocab_find(t, "[SEP]", 5);
+        t->unk = vocab_find(t, "[UNK]", 5);
+        if (get_special_id(t, g, "tokenizer.ggml.cls_token_id", &t->bos, err, errlen) ||
+            get_special_id(t, g, "tokenizer.ggml.seperator_token_id", &t->sep, err, errlen))
+            return -1;
+        t->wpm_lower = true;
+        if (get_bool(g, "tokenizer.ggml.normalizer.lowercase", &t->wpm_lower, err, errlen)) return -1;
+        t->wpm_strip = t->wpm_lower;
+        if (get_bool(g, "tokenizer.ggml.normalizer.strip_accents", &t->wpm_strip, err, errlen)) return -1;
+        for (int32_t i = 0; i < t->n_vocab; i++)
+            if ((int)(t->off[i + 1] - t->off[i] - 1) > t->max_piece)
+                t->max_piece = (int)(t->off[i + 1] - t->off[i] - 1);
+    }
     if (get_special_id(t, g, "tokenizer.ggml.bos_token_id", &t->bos, err, errlen) ||
         get_special_id(t, g, "tokenizer.ggml.eos_token_id", &t->eos, err, errlen) ||
         get_special_id(t, g, "tokenizer.ggml.eot_token_id", &t->eot, err, errlen) ||
@@ -574,6 +595,8 @@ static int load_specials(lm_tokenizer *t, const gguf_ctx *g, char *err, size_t e
         return -1;
     if (t->add_bos && t->bos < 0)
         return lm_err(err, errlen, "tokenizer.ggml.add_bos_token is true but there is no BOS token");
+    if (t->family == FAM_WPM && t->unk < 0)
+        return lm_err(err, errlen, "a bert (WordPiece) vocabulary without an unknown token ([UNK])");
     return 0;
 }
 
@@ -657,8 +680,11 @@ static int load_family(lm_tokenizer *t, const gguf_ctx *g, char *err, size_t err
         t->add_space_prefix = true;
     } else if (gguf_str_eq(model, "gpt2")) {
         t->family = FAM_BPE;
+    } else if (gguf_str_eq(model, "bert")) {
+        t->family = FAM_WPM;
+        t->add_bos = true; /* [CLS] ... [SEP] */
     } else {
-        return lm_err(err, errlen, "unsupported tokenizer model '%.*s' (lamina knows 'llama' and 'gpt2')",
+        return lm_err(err, errlen, "unsupported tokenizer model '%.*s' (lamina knows 'llama', 'gpt2' and 'bert')",
                       (int)(model.len > 64 ? 64 : model.len), model.ptr),
                TOK_EUNSUPPORTED;
     }
@@ -745,7 +771,10 @@ void tok_free(lm_tokenizer *t) {
 /* ---- accessors ------------------------------------------------------------- */
 
 int32_t tok_n_vocab(const lm_tokenizer *t) { return t->n_vocab; }
-const char *tok_model_name(const lm_tokenizer *t) { return t->family == FAM_SPM ? "llama" : "gpt2"; }
+const char *tok_model_name(const lm_tokenizer *t) {
+    return t->family == FAM_SPM ? "llama" : t->family == FAM_WPM ? "bert" : "gpt2";
+}
+int32_t tok_sep(const lm_tokenizer *t) { return t->sep; }
 int32_t tok_bos(const lm_tokenizer *t) { return t->bos; }
 int32_t tok_eos(const lm_tokenizer *t) { return t->eos; }
 int32_t tok_eot(const lm_tokenizer *t) { return t->eot; }
@@ -1032,7 +1061,36 @@ static int32_t match_special(const lm_tokenizer *t, const char *s, size_t n, uin
     return -1;
 }
 
+/* WordPiece: each word of wpm_words (U+2581 in front) cut greedily into the
+ * longest vocabulary tokens from its start; a word with a position no token
+ * starts at is one unknown token. */
+static int encode_wpm(const lm_tokenizer *t, const char *text, size_t len, emitter *e) {
+    char *buf = lm_malloc(wpm_out_cap(len));
+    if (!buf) return -1;
+    size_t n = wpm_words(text, len, t->wpm_lower, t->wpm_strip, buf);
+    for (size_t w0 = 0; w0 < n;) {
+        size_t wl = strlen(buf + w0);
+        int64_t first = e->n;
+        for (size_t i = 0; i < wl;) {
+            size_t j = wl - i < (size_t)t->max_piece ? wl : i + (size_t)t->max_piece;
+            int32_t id = -1;
+            for (; j > i && (id = vocab_find(t, buf + w0 + i, j - i)) < 0; j--) {}
+            if (id < 0) { /* discard the word's pieces: one unknown token stands for it */
+                e->n = first;
+                break;
+            }
+            emit(e, id);
+            i = j;
+        }
+        if (e->n == first) emit(e, t->unk);
+        w0 += wl + 1;
+    }
+    lm_free(buf);
+    return 0;
+}
+
 static int encode_raw(const lm_tokenizer *t, work *w, const char *text, size_t len, bool after_special, emitter *e) {
+    if (t->family == FAM_WPM) return encode_wpm(t, text, len, e);
     if (t->family == FAM_SPM) return encode_spm(t, w, text, len, t->add_space_prefix && after_special, e);
     return encode_bpe(t, w, text, len, e);
 }
@@ -1066,7 +1124,10 @@ int tok_encode(const lm_tokenizer *t, const char *text, size_t len, bool add_bos
         if (t->bos < 0) return -1;
         emit(&e, t->bos);
     }
-    if (len == 0) return (int)e.n;
+    if (len == 0) {
+        if (add_bos && t->sep >= 0) emit(&e, t->sep);
+        return (int)e.n;
+    }
     work w;
     int rc = -1;
     if (work_init(&w, len)) goto done;
@@ -1087,6 +1148,7 @@ int tok_encode(const lm_tokenizer *t, const char *text, size_t len, bool add_bos
         raw = i;
     }
     if (raw < len && encode_raw(t, &w, text + raw, len - raw, after_special, &e)) goto done;
+    if (add_bos && t->sep >= 0) emit(&e, t->sep); /* WPM: [CLS] text [SEP] */
     rc = e.n > INT_MAX ? -1 : (int)e.n;
 done:
     work_free(&w);
@@ -1240,7 +1302,9 @@ int detok_push(lm_detok *d, int32_t id, char *out, int cap) {
     sink k = {out, cap < 0 ? 0 : cap, 0};
     int i = 0;
     if (n > 0 && d->at_start) {
-        if (d->strip_space && t->family == FAM_SPM && t->add_space_prefix && bytes[0] == ' ') i = 1;
+        if (d->strip_space && ((t->family == FAM_SPM && t->add_space_prefix) || t->family == FAM_WPM) &&
+            bytes[0] == ' ')
+            i = 1;
         d->at_start = false;
     }
     for (; i < n; i++) feed(d, (unsigned char)bytes[i], &k);

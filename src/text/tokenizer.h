@@ -1,7 +1,7 @@
 /*
  * tokenizer.h - text <-> token ids from a GGUF file's tokenizer metadata.
  *
- * Two families, chosen by `tokenizer.ggml.model`:
+ * Three families, chosen by `tokenizer.ggml.model`:
  *   "llama"  SentencePiece-style BPE: merges driven by the vocab scores,
  *            "▁" for spaces, a space prefix (tokenizer.ggml.add_space_prefix,
  *            default true), byte fallback through <0xXX> tokens.
@@ -9,6 +9,14 @@
  *            `tokenizer.ggml.pre` splits the text (PCRE2 with Unicode
  *            properties), each piece is mapped byte->unicode as GPT-2 does,
  *            then merged by rank from `tokenizer.ggml.merges`.
+ *   "bert"   WordPiece (BERT; llama.cpp's WPM): the text normalized and
+ *            split into words (wpm.h: lowercasing and accent stripping per
+ *            tokenizer.ggml.normalizer.*, default on; punctuation split
+ *            off), each word cut greedily into the longest vocabulary tokens
+ *            from its start (a word's first piece is stored "▁piece", a
+ *            "##" continuation bare), a word that cannot be cut being one
+ *            [UNK]. The BOS is [CLS] (cls_token_id), and adding it adds
+ *            [SEP] (seperator_token_id, llama.cpp's spelling) after the text.
  * Special tokens are matched verbatim in the input (leftmost-longest) before
  * the rest is tokenized: control (token_type 3) and unknown (2) tokens only
  * when parse_special is set, user-defined (4) tokens always, as Hugging Face
@@ -39,7 +47,8 @@ lm_tokenizer *tok_load_status(const gguf_ctx *g, lm_status *status, char *err, s
 void tok_free(lm_tokenizer *t);
 
 int32_t tok_n_vocab(const lm_tokenizer *t);
-const char *tok_model_name(const lm_tokenizer *t); /* "llama" / "gpt2" */
+const char *tok_model_name(const lm_tokenizer *t); /* "llama" / "gpt2" / "bert" */
+int32_t tok_sep(const lm_tokenizer *t);            /* "bert": [SEP], added with the BOS; else -1 */
 int32_t tok_bos(const lm_tokenizer *t);            /* -1 if none */
 int32_t tok_eos(const lm_tokenizer *t);            /* -1 if none */
 int32_t tok_eot(const lm_tokenizer *t);            /* -1 if none */
@@ -63,6 +72,7 @@ const char *tok_piece(const lm_tokenizer *t, int32_t id, size_t *len);
  */
 int tok_encode(const lm_tokenizer *t, const char *text, size_t len, bool add_bos, bool parse_special, int32_t *out,
                int cap);
+/* ("bert": add_bos puts [CLS] before the text and [SEP] after it.) */
 
 /*
  * The "gpt2" family's pre-tokenizer split alone (for tests and tools): the
