@@ -52,7 +52,8 @@
  * find x received, and only the last stage runs the LM head. The runner
  * above (run.c: fwd_run, the single-sequence helper; pp.c: micro-batches,
  * stages and the hooks over dist.h; tp_plan.c: a serving leader's plan)
- * calls the pass; the pass calls none of them.
+ * calls the pass; the pass calls none of them. An encoder's pass (bert,
+ * nomic-bert: post-norm LayerNorm blocks, no LM head) is encoder.c's.
  */
 #include "model/forward.h"
 
@@ -60,6 +61,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#include "model/encoder.h"
 #include "model/ep.h"
 #include "model/gdn.h"
 #include "model/mla.h"
@@ -663,6 +665,7 @@ int fwd_check(const lm_fwd *f, const int32_t *tokens, const lm_seg *segs, int n_
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
             return lm_err(err, errlen, "token id %d is out of range [0, %d)", tokens[i], hp->n_vocab);
+    if (enc_check(f, segs, n_seg, err, errlen)) return -1; /* non-causal and encoder rules (encoder.h) */
     *n_out = n;
     return 0;
 }
@@ -677,6 +680,7 @@ int fwd_pass(lm_fwd *f, const fwd_span *span, const int32_t *tokens, int n, cons
         return lm_err(err, errlen, "a tensor-parallel shard's pass without its reduce and gather hooks");
     if (m->ep.size > 1 && (!span->hooks || !span->hooks->alltoallv || !span->hooks->gather_ep))
         return lm_err(err, errlen, "an expert-parallel pass without its all-to-all and gather hooks");
+    if (m->hp.encoder) return enc_pass(f, tokens, n, segs, n_seg, err, errlen); /* encoder.h */
     pass p = {.f = f, .span = span, .segs = segs, .n_seg = n_seg, .n = n};
     if (f->profile) p.prof_t = prof_clock(f, NULL);
     batch_layout(&p);

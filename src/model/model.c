@@ -49,6 +49,8 @@ const char *model_arch_name(lm_arch a) {
         case LM_ARCH_QWEN3MOE: return "qwen3moe";
         case LM_ARCH_DEEPSEEK2: return "deepseek2";
         case LM_ARCH_GPT_OSS: return "gpt-oss";
+        case LM_ARCH_BERT: return "bert";
+        case LM_ARCH_NOMIC_BERT: return "nomic-bert";
     }
     return "unknown";
 }
@@ -618,12 +620,16 @@ static int read_hparams(loader *L) {
     } else if (strcmp(arch, "gpt-oss") == 0) {
         hp->arch = LM_ARCH_GPT_OSS;
         hp->rope_style = LM_ROPE_NEOX;
+    } else if (strcmp(arch, "bert") == 0 || strcmp(arch, "nomic-bert") == 0) {
+        hp->arch = arch[0] == 'b' ? LM_ARCH_BERT : LM_ARCH_NOMIC_BERT;
+        hp->rope_style = LM_ROPE_NEOX;
+        hp->encoder = true;
     } else {
         return unsupported(L),
                lm_err(L->err, L->errlen,
                       "unsupported architecture '%s' (lamina runs llama, qwen2, "
-                      "qwen3, qwen35, qwen2moe, qwen3moe, qwen35moe, qwen3next, gemma2, gemma3, phi3, deepseek2 and "
-                      "gpt-oss)",
+                      "qwen3, qwen35, qwen2moe, qwen3moe, qwen35moe, qwen3next, gemma2, gemma3, phi3, deepseek2, "
+                      "gpt-oss, bert and nomic-bert)",
                       arch);
     }
     const int64_t big = 1 << 20;
@@ -643,6 +649,18 @@ static int read_hparams(loader *L) {
     if (hp->n_head % hp->n_head_kv)
         return lm_err(L->err, L->errlen, "head count %d is not a multiple of the KV head count %d", hp->n_head,
                       hp->n_head_kv);
+    /* attention.causal: absent means causal, but for the encoders, whose files say false */
+    hp->causal = !hp->encoder;
+    char key[96];
+    snprintf(key, sizeof key, "%s.attention.causal", arch);
+    if (gguf_find_key(m->gguf, key) >= 0 && !gguf_get_bool(m->gguf, key, &hp->causal))
+        return lm_err(L->err, L->errlen, "metadata '%s' is not a boolean", key);
+    if (!hp->causal && !hp->encoder) /* the decoders' pass masks causally */
+        return unsupported(L),
+               lm_err(L->err, L->errlen,
+                      "%s is false: lamina runs non-causal attention in the "
+                      "encoders (bert, nomic-bert) only",
+                      key);
     if (hp->arch == LM_ARCH_DEEPSEEK2) return read_mla_hparams(L, arch) || read_vocab(L);
     int def_hd = hp->n_embd % hp->n_head ? -1 : hp->n_embd / hp->n_head;
     if (get_hp_int(L, arch, "attention.key_length", def_hd, 1, 4096, &hp->head_dim)) return -1;
@@ -675,6 +693,15 @@ static int read_hparams(loader *L) {
          get_hp_float(L, arch, "rope.freq_base_swa", hp->rope_base, &hp->rope_base_swa)))
         return -1;
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    if (hp->encoder) { /* LayerNorms; bert's positions are embedded, not rotated */
+        if (get_hp_float(L, arch, "attention.layer_norm_epsilon", 1e-12, &hp->norm_eps)) return -1;
+        if (hp->arch == LM_ARCH_BERT) hp->n_rot = 0;
+        hp->rope_scale = 1.0f;
+        hp->rope_attn_factor = 1.0f;
+        hp->n_ctx_orig = hp->n_ctx_train;
+        hp->gelu = hp->arch == LM_ARCH_BERT;
+        return read_vocab(L);
+    }
     bool hybrid = hp->arch == LM_ARCH_QWEN35 || hp->arch == LM_ARCH_QWEN35MOE || hp->arch == LM_ARCH_QWEN3NEXT;
     if (hybrid && read_hybrid_hparams(L, arch)) return -1;
     if (read_family_hparams(L, arch)) return -1;
@@ -1029,6 +1056,93 @@ static int load_mtp(loader *L) {
     return 0;
 }
 
+/* The model's tensor bytes and parameters. */
+static int count_params(lm_model *m) {
+    for (int64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {
+        const gguf_tensor *t = gguf_tensor_at(m->gguf, i);
+        m->weight_bytes += t->nbytes;
+        m->n_params += t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    }
+    return 0;
+}
+
+/* blk.i.<what> into *out as a vector of n floats. */
+static int layer_vec_opt(loader *L, int i, const char *what, int64_t n, bool required, const float **out) {
+    char name[160];
+    snprintf(name, sizeof name, "blk.%d.%s", i, what);
+    return load_vec(L, name, n, required, out);
+}
+
+/* An encoder's tensors (model.h: bert, nomic-bert), as llama.cpp names them.
+ * The LM head is absent: output stays rows 0. */
+static int load_encoder(loader *L) {
+    lm_model *m = L->m;
+    const lm_hparams *hp = &m->hp;
+    int64_t E = hp->n_embd, Q = dim_len(hp, DIM_Q), KV = dim_len(hp, DIM_KV), F = hp->n_ff;
+    bool nomic = hp->arch == LM_ARCH_NOMIC_BERT;
+    const gguf_tensor *types = gguf_find_tensor(m->gguf, "token_types.weight");
+    const float *type_rows = NULL;
+    if (types && (types->ne[1] < 1 || types->ne[1] > 16))
+        return lm_err(L->err, L->errlen, "tensor 'token_types.weight' holds %llu token types (1 .. 16 expected)",
+                      (unsigned long long)types->ne[1]);
+    if (load_weight(L, "token_embd.weight", E, hp->n_vocab, &m->tok_embd) ||
+        (types && load_floats(L, "token_types.weight", E, (int64_t)types->ne[1], true, &type_rows)) ||
+        (!nomic && load_weight(L, "position_embd.weight", E, hp->n_ctx_train, &m->pos_embd)) ||
+        load_vec(L, "token_embd_norm.weight", E, true, &m->embd_norm) ||
+        load_vec(L, "token_embd_norm.bias", E, true, &m->embd_norm_b))
+        return -1;
+    m->type_embd = type_rows; /* row 0: every token is of type 0 ("sentence A") */
+    char name[96];
+    for (int i = 0; i < hp->n_layer; i++) {
+        lm_layer *l = &m->layers[i];
+        l->rec = -1;
+        l->kv_layer = i;
+        l->rope_base = hp->rope_base;
+        l->rope_scale = 1.0f;
+        const float *qkv_b = NULL;
+        if (nomic) { /* fused Q, K, V: row slices, as phi3's */
+            lm_weight w;
+            snprintf(name, sizeof name, "blk.%d.attn_qkv.weight", i);
+            if (load_weight(L, name, E, Q + 2 * KV, &w) ||
+                layer_vec_opt(L, i, "attn_qkv.bias", Q + 2 * KV, false, &qkv_b))
+                return -1;
+            l->wq = weight_rows(&w, 0, Q);
+            l->wk = weight_rows(&w, Q, KV);
+            l->wv = weight_rows(&w, Q + KV, KV);
+            if (qkv_b) l->bq = qkv_b, l->bk = qkv_b + Q, l->bv = qkv_b + Q + KV;
+        } else {
+            static const char *const qkv[3] = {"attn_q", "attn_k", "attn_v"};
+            lm_weight *w[3] = {&l->wq, &l->wk, &l->wv};
+            const float **b[3] = {&l->bq, &l->bk, &l->bv};
+            for (int k = 0; k < 3; k++) {
+                snprintf(name, sizeof name, "blk.%d.%s.weight", i, qkv[k]);
+                if (load_weight(L, name, E, k ? KV : Q, w[k])) return -1;
+                char bias[32];
+                snprintf(bias, sizeof bias, "%s.bias", qkv[k]);
+                if (layer_vec_opt(L, i, bias, k ? KV : Q, false, b[k])) return -1;
+            }
+        }
+        snprintf(name, sizeof name, "blk.%d.attn_output.weight", i);
+        if (load_weight(L, name, Q, E, &l->wo)) return -1;
+        snprintf(name, sizeof name, "blk.%d.ffn_up.weight", i);
+        if (load_weight(L, name, E, F, &l->w_up)) return -1;
+        snprintf(name, sizeof name, "blk.%d.ffn_down.weight", i);
+        if (load_weight(L, name, F, E, &l->w_down)) return -1;
+        snprintf(name, sizeof name, "blk.%d.ffn_gate.weight", i);
+        if (nomic && load_weight(L, name, E, F, &l->w_gate)) return -1;
+        if (layer_vec_opt(L, i, "attn_output.bias", E, false, &l->bo) ||
+            layer_vec_opt(L, i, "attn_output_norm.weight", E, true, &l->attn_norm) ||
+            layer_vec_opt(L, i, "attn_output_norm.bias", E, true, &l->attn_norm_b) ||
+            layer_vec_opt(L, i, "ffn_up.bias", F, false, &l->b_up) ||
+            layer_vec_opt(L, i, "ffn_down.bias", E, false, &l->b_down) ||
+            layer_vec_opt(L, i, "layer_output_norm.weight", E, true, &l->ffn_norm) ||
+            layer_vec_opt(L, i, "layer_output_norm.bias", E, true, &l->ffn_norm_b) ||
+            report(L, 0.05 + 0.15 * (i + 1) / hp->n_layer))
+            return -1;
+    }
+    return count_params(m);
+}
+
 static int load_tensors(loader *L) {
     lm_model *m = L->m;
     const lm_hparams *hp = &m->hp;
@@ -1047,6 +1161,11 @@ static int load_tensors(loader *L) {
     /* the first MTP layer's norms (attention, FFN, shared-expert gate, enorm, hnorm, head_norm) */
     if (hp->n_layer_mtp) L->f32_cap += 2 * (size_t)hp->head_dim + 6 * (size_t)E;
     /* gpt-oss: the output bias, the sinks, the router's and the experts' biases */
+    if (hp->encoder) { /* the LayerNorms' and FFN's biases, the output bias, the token types' rows */
+        const gguf_tensor *types = gguf_find_tensor(m->gguf, "token_types.weight");
+        L->f32_cap += (size_t)hp->n_layer * (5 * (size_t)E + (size_t)hp->n_ff) + 2 * (size_t)E;
+        if (types) L->f32_cap += (size_t)E * (size_t)(types->ne[1] < 16 ? types->ne[1] : 16);
+    }
     if (hp->arch == LM_ARCH_GPT_OSS)
         L->f32_cap += (size_t)hp->n_layer *
             ((size_t)E + (size_t)hp->n_head + (size_t)hp->n_expert * (1 + 2 * (size_t)hp->n_ff_exp + (size_t)E));
@@ -1069,6 +1188,7 @@ static int load_tensors(loader *L) {
         if (!m->mla || !m->mla_heads) return nomem(L), lm_err(L->err, L->errlen, "out of memory");
     }
 
+    if (hp->encoder) return load_encoder(L);
     if (load_weight(L, "token_embd.weight", E, hp->n_vocab, &m->tok_embd)) return -1;
     if (load_vec(L, "output_norm.weight", E, true, &m->out_norm)) return -1;
     if (gguf_find_tensor(m->gguf, "output.weight")) {
@@ -1127,12 +1247,7 @@ static int load_tensors(loader *L) {
     }
     (void)n_kvl; /* the layers with KV: n_layer - n_rlayer */
     if (hp->n_layer_mtp && hp->arch != LM_ARCH_QWEN3NEXT && load_mtp(L)) return -1;
-    for (int64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {
-        const gguf_tensor *t = gguf_tensor_at(m->gguf, i);
-        m->weight_bytes += t->nbytes;
-        m->n_params += t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
-    }
-    return 0;
+    return count_params(m);
 }
 
 /* Interleaved copies (quant.h) of every matrix used in products whose type
@@ -1233,6 +1348,12 @@ static int pack_weights(loader *L) {
 
 static int shard(loader *L, int rank, int size, int stage, int n_stages, int ep_rank, int ep_size,
                  const lm_ep_counts *counts) {
+    if (L->m->hp.encoder && (size > 1 || n_stages > 1 || ep_size > 1))
+        return unsupported(L),
+               lm_err(L->err, L->errlen,
+                      "an encoder (%s) runs in one process: no tensor, pipeline "
+                      "or expert split",
+                      model_arch_name(L->m->hp.arch));
     if (!model_shard(L->m, rank, size, L->err, L->errlen) && !model_stage(L->m, stage, n_stages, L->err, L->errlen) &&
         !model_ep(L->m, ep_rank, ep_size, counts, L->err, L->errlen))
         return 0;

@@ -73,6 +73,19 @@
  *          chosen only; every expert product has a bias; the activation is
  *          the clamped SwiGLU min(g, 7)·sigmoid(1.702·min(g, 7))·(clamp(u,
  *          ±7) + 1) (ops_swiglu_oai). Separate LM head.
+ *   bert   an encoder (no LM head; its output is each token's hidden state,
+ *          pooled by the caller): the embedding is the token's row plus
+ *          token type 0's row (token_types) plus the absolute position's
+ *          row (position_embd), through a LayerNorm (token_embd_norm);
+ *          then post-norm blocks: x = LN(x + attn(x)) (attn_output_norm),
+ *          x = LN(x + ffn(x)) (layer_output_norm), LayerNorms with biases,
+ *          Q, K, V and the output with biases, the FFN GELU(tanh) of
+ *          ffn_up (+bias) then ffn_down (+bias); attention non-causal
+ *          (attention.causal false), no RoPE, no final norm.
+ *   nomic-bert  bert's blocks with NeoX RoPE instead of the position
+ *          embedding, Q, K and V fused in attn_qkv (optional bias), and a
+ *          SwiGLU FFN (ffn_gate, ffn_up, ffn_down; optional biases).
+ *          An encoder's sequence runs in one pass (encoder.h).
  * RoPE scaling (rope.scaling.type): linear for every family but deepseek2;
  * YaRN for llama, qwen2, qwen3, their MoE variants, gpt-oss and deepseek2 (the
  * released DeepSeek files): the factor stretches the low frequencies, the
@@ -115,6 +128,8 @@ typedef enum {
     LM_ARCH_QWEN35MOE,
     LM_ARCH_QWEN3NEXT,
     LM_ARCH_GPT_OSS,
+    LM_ARCH_BERT,
+    LM_ARCH_NOMIC_BERT,
 } lm_arch;
 
 typedef enum { LM_ROPE_ADJACENT, LM_ROPE_NEOX } lm_rope_style;
@@ -190,6 +205,10 @@ typedef struct {
                                   heads' output multiplied by sigmoid(gate) before attn_output */
     int n_layer_mtp;      /* next-token-prediction layers after the trunk (<arch>.nextn_predict_layers;
                                   block_count counts them, n_layer does not): lm_model.mtp */
+    bool causal;          /* <arch>.attention.causal (default true); false: every row of a segment attends
+                                  to every position of its sequence (attn_tile_full), which must then
+                                  run in one pass (encoders: bert, nomic-bert) */
+    bool encoder;         /* bert, nomic-bert: post-norm LayerNorm blocks, no LM head (encoder.h) */
 } lm_hparams;
 
 typedef struct {
@@ -273,7 +292,12 @@ typedef struct {
     int rec;                        /* the recurrent layer's index among them (state slots), else -1 */
     int kv_layer;                   /* the full-attention layer's index in the KV pool, else -1 */
     int window;                     /* attention window in tokens, 0 = whole context */
-    float rope_base, rope_scale;    /* this layer's RoPE */
+    /* an encoder's (bert, nomic-bert): attn_norm is then the LayerNorm after the attention's residual
+     * add (attn_output_norm) and ffn_norm the one after the FFN's (layer_output_norm); their biases,
+     * and the FFN's (NULL: none) */
+    const float *attn_norm_b, *ffn_norm_b; /* (n_embd) */
+    const float *b_up, *b_down;            /* (n_ff), (n_embd) */
+    float rope_base, rope_scale;           /* this layer's RoPE */
 } lm_layer;
 
 /* A next-token-prediction (MTP) layer, stored as block n_layer (qwen35,
@@ -366,31 +390,34 @@ typedef struct lm_model {
     lm_tp tp;
     lm_pp pp;
     lm_ep ep;
-    lm_tokenizer *tok;     /* NULL when the file carries no tokenizer */
-    lm_weight tok_embd;    /* (n_vocab, n_embd) */
-    const float *out_norm; /* (n_embd) */
-    lm_weight output;      /* (n_vocab, n_embd); the embedding when tied */
-    lm_layer *layers;      /* (n_layer) */
-    uint8_t *layer_local;  /* (n_layer) 1 for a sliding-window (window > 0) layer: the KV
+    lm_tokenizer *tok;      /* NULL when the file carries no tokenizer */
+    lm_weight tok_embd;     /* (n_vocab, n_embd) */
+    const float *out_norm;  /* (n_embd) */
+    lm_weight output;       /* (n_vocab, n_embd); the embedding when tied (an encoder: rows 0, never read) */
+    const float *type_embd; /* (n_embd) an encoder's token type 0 row (token_types), or NULL */
+    lm_weight pos_embd;     /* (n_ctx_train, n_embd) bert's absolute positions; rows 0 otherwise */
+    const float *embd_norm, *embd_norm_b; /* (n_embd) an encoder's embedding LayerNorm */
+    lm_layer *layers;                     /* (n_layer) */
+    uint8_t *layer_local;                 /* (n_layer) 1 for a sliding-window (window > 0) layer: the KV
                                 pool's local class (kv_config.layer_local) */
-    float *f32;            /* slab owning every converted norm/bias vector */
-    void *packed_mem;      /* allocation owning every weight's packed copy, or NULL
+    float *f32;                           /* slab owning every converted norm/bias vector */
+    void *packed_mem;                     /* allocation owning every weight's packed copy, or NULL
                                 (also when the copies would not fit in memory) */
-    size_t packed_bytes;   /* bytes of packed copies, of kb_mem and shard_mem (memory beyond the mapping) */
-    lm_moe *moe;           /* (n_layer) when n_expert > 0, else NULL */
-    lm_weight *experts;    /* (n_layer, 3, n_expert) the slices lm_moe points into */
-    lm_mla *mla;           /* (n_layer) with latent attention, else NULL */
-    lm_weight *mla_heads;  /* (n_layer, 2, n_head) the k_b and v_b slices lm_mla points into */
-    void *kb_mem;          /* (n_layer, n_head, kv_lora_rank, qk_nope) F16 or F32: W_UKᵀ split out of
+    size_t packed_bytes;  /* bytes of packed copies, of kb_mem and shard_mem (memory beyond the mapping) */
+    lm_moe *moe;          /* (n_layer) when n_expert > 0, else NULL */
+    lm_weight *experts;   /* (n_layer, 3, n_expert) the slices lm_moe points into */
+    lm_mla *mla;          /* (n_layer) with latent attention, else NULL */
+    lm_weight *mla_heads; /* (n_layer, 2, n_head) the k_b and v_b slices lm_mla points into */
+    void *kb_mem;         /* (n_layer, n_head, kv_lora_rank, qk_nope) F16 or F32: W_UKᵀ split out of
                                 a whole attn_kv_b (older deepseek2 files), or NULL */
-    size_t kb_bytes;       /* its bytes (counted in packed_bytes) */
-    lm_gdn *gdn;           /* (n_layer) with recurrent layers (their gdn points here), else NULL */
-    struct lm_mtp *mtp;    /* the first next-token-prediction layer (hp.n_layer_mtp > 0), else NULL */
-    void *shard_mem;       /* a tensor-parallel rank's gathered slices of the recurrent layers (their
+    size_t kb_bytes;      /* its bytes (counted in packed_bytes) */
+    lm_gdn *gdn;          /* (n_layer) with recurrent layers (their gdn points here), else NULL */
+    struct lm_mtp *mtp;   /* the first next-token-prediction layer (hp.n_layer_mtp > 0), else NULL */
+    void *shard_mem;      /* a tensor-parallel rank's gathered slices of the recurrent layers (their
                                 heads are not one contiguous range: shard.c), of its pipeline
                                 stage's layers only, or NULL */
-    size_t shard_bytes;    /* its bytes (counted in packed_bytes) */
-    char name[128];        /* general.name, or the file's base name */
+    size_t shard_bytes;   /* its bytes (counted in packed_bytes) */
+    char name[128];       /* general.name, or the file's base name */
     uint64_t n_params;
     uint64_t weight_bytes; /* bytes of all tensors */
 } lm_model;
