@@ -128,6 +128,11 @@ static const preset presets[] = {
     {"qwen3next-small", 8, 256, 4, 2, 128, 32000, 4096, "qwen3next", 128, 0, 8, 2, 128, 128},
     /* gpt-oss-20b (24 layers, n_embd 2880, 64 heads of 64, 8 KV heads, 32 experts of 2880, top 4) */
     {"gpt-oss-small", 4, 256, 8, 2, 256, 32000, 131072, "gpt-oss", 64, 128, 32, 4, 256, 0},
+    /* encoders (enc_tensors), the vocabulary a WordPiece one (--vocab-from, default ENC_VOCAB):
+     * bge-small-en-v1.5 (12 layers, n_embd 384, 12 heads, n_ff 1536, CLS pooling) and
+     * nomic-embed-text-v1.5 (12 layers, n_embd 768, 12 heads, n_ff 3072, mean pooling) scaled down */
+    {"bert-small", 2, 128, 4, 4, 512, 0, 512, "bert", 0, 0, 0, 0, 0, 0},
+    {"nomic-bert-small", 2, 128, 4, 4, 512, 0, 2048, "nomic-bert", 0, 0, 0, 0, 0, 0},
 };
 
 /* Multi-head latent attention and DeepSeek's expert routing, per deepseek2 preset. */
@@ -442,6 +447,53 @@ static int gdn_layer(maker *mk, int i, const gd_shape *gd, int64_t E, uint32_t t
     return rc;
 }
 
+/* The vocabulary the encoder presets take when --vocab-from does not say. */
+#define ENC_VOCAB "tests/data/vocab/ggml-vocab-wpm.gguf"
+
+/* An encoder's tensors (bert, nomic-bert), as llama.cpp's converter names
+ * them: the embeddings and their LayerNorm, then per layer the attention
+ * (bert: Q, K, V with biases; nomic-bert: one attn_qkv, no biases), the
+ * output (bert: with a bias), its LayerNorm, the FFN (bert: up and down with
+ * biases; nomic-bert: gate, up, down) and the layer's output LayerNorm.
+ * LayerNorm weights are 1 plus noise, their biases small draws. */
+static int enc_tensors(maker *mk, const preset *p, uint32_t t, bool nomic) {
+    int64_t E = p->embd, F = p->ff;
+    float ws = 1.0f / sqrtf((float)E), wf = 1.0f / sqrtf((float)F), nn = 0.1f;
+    int rc = add(mk, "token_embd.weight", E, p->vocab, t, 1.0f, false);
+    rc |= add(mk, "token_types.weight", E, 2, LM_TYPE_F32, 0.5f, false);
+    if (!nomic) rc |= add(mk, "position_embd.weight", E, p->ctx, t, 0.5f, false);
+    rc |= add(mk, "token_embd_norm.weight", E, 1, LM_TYPE_F32, nn, true);
+    rc |= add(mk, "token_embd_norm.bias", E, 1, LM_TYPE_F32, 0.1f, false);
+    for (int i = 0; i < p->layers && !rc; i++) {
+        char n[96];
+#define A(suffix, cols, rows, ty, sc, ones)                                                                            \
+    (snprintf(n, sizeof n, "blk.%d." suffix, i), add(mk, n, cols, rows, ty, sc, ones))
+        if (nomic) {
+            rc |= A("attn_qkv.weight", E, 3 * E, t, ws, false);
+        } else {
+            rc |= A("attn_q.weight", E, E, t, ws, false);
+            rc |= A("attn_q.bias", E, 1, LM_TYPE_F32, 0.1f, false);
+            rc |= A("attn_k.weight", E, E, t, ws, false);
+            rc |= A("attn_k.bias", E, 1, LM_TYPE_F32, 0.1f, false);
+            rc |= A("attn_v.weight", E, E, t, ws, false);
+            rc |= A("attn_v.bias", E, 1, LM_TYPE_F32, 0.1f, false);
+        }
+        rc |= A("attn_output.weight", E, E, t, ws, false);
+        if (!nomic) rc |= A("attn_output.bias", E, 1, LM_TYPE_F32, 0.1f, false);
+        rc |= A("attn_output_norm.weight", E, 1, LM_TYPE_F32, nn, true);
+        rc |= A("attn_output_norm.bias", E, 1, LM_TYPE_F32, 0.1f, false);
+        if (nomic) rc |= A("ffn_gate.weight", E, F, t, ws, false);
+        rc |= A("ffn_up.weight", E, F, t, ws, false);
+        if (!nomic) rc |= A("ffn_up.bias", F, 1, LM_TYPE_F32, 0.1f, false);
+        rc |= A("ffn_down.weight", F, E, t, wf, false);
+        if (!nomic) rc |= A("ffn_down.bias", E, 1, LM_TYPE_F32, 0.1f, false);
+        rc |= A("layer_output_norm.weight", E, 1, LM_TYPE_F32, nn, true);
+        rc |= A("layer_output_norm.bias", E, 1, LM_TYPE_F32, 0.1f, false);
+#undef A
+    }
+    return rc;
+}
+
 int cmd_mkmodel(int argc, char **argv) {
     args a = {argc, argv, 0, "mkmodel", usage_mkmodel};
     const char *out = NULL, *vocab_from = NULL, *type_name = "F16", *xtype_name = NULL;
@@ -499,6 +551,8 @@ int cmd_mkmodel(int argc, char **argv) {
         die_usage(&a, "%s", "embd must be a multiple of heads, and heads a multiple of kv-heads");
     char err[LM_ERRLEN];
     gguf_ctx *vsrc = NULL;
+    bool bert = p.arch && !strcmp(p.arch, "bert"), nomic = p.arch && !strcmp(p.arch, "nomic-bert");
+    if ((bert || nomic) && !vocab_from) vocab_from = ENC_VOCAB;
     if (vocab_from) {
         vsrc = gguf_open(vocab_from, err, sizeof err);
         if (!vsrc) {
@@ -509,7 +563,11 @@ int cmd_mkmodel(int argc, char **argv) {
         if (!gguf_get_arr(vsrc, "tokenizer.ggml.tokens", &toks))
             fail("mkmodel", "--vocab-from file has no tokenizer.ggml.tokens");
         p.vocab = (int)toks.n;
+        gguf_str tm;
+        if ((bert || nomic) && !(gguf_get_str(vsrc, "tokenizer.ggml.model", &tm) && gguf_str_eq(tm, "bert")))
+            fail("mkmodel", "an encoder preset needs a WordPiece vocabulary (tokenizer.ggml.model \"bert\")");
     }
+    if (p.vocab < 2) die_usage(&a, "%s", "the encoder presets need --vocab-from (a WordPiece vocabulary)");
     maker mk = {.w = gguf_writer_new(), .pool = pool_new((int)threads), .seed = (uint64_t)seed};
     mk.bufs = calloc((size_t)(6 + 24 * (p.layers + 1)), sizeof(void *));
     if (!mk.w || !mk.pool || !mk.bufs) fail("mkmodel", "out of memory");
@@ -565,7 +623,12 @@ int cmd_mkmodel(int argc, char **argv) {
         gguf_w_set_u32(w, KEY("attention.value_length"), (uint32_t)hd);
     }
     gguf_w_set_u32(w, KEY("rope.dimension_count"), (uint32_t)(ml ? ml->rope : gd ? gd->rope : hd));
-    gguf_w_set_f32(w, KEY("rope.freq_base"), qwen3 ? 1000000.0f : gd ? 10000000.0f : gptoss ? 150000.0f : 10000.0f);
+    gguf_w_set_f32(w, KEY("rope.freq_base"),
+                   qwen3        ? 1000000.0f
+                       : gd     ? 10000000.0f
+                       : gptoss ? 150000.0f
+                       : nomic  ? 1000.0f
+                                : 10000.0f);
     gguf_w_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), qwen3 || gemma2 || ml || gd ? 1e-6f : 1e-5f);
     if (gd) { /* the keys llama.cpp's converter writes for Qwen3.5 and Qwen3-Next */
         if (gd->sections[0] + gd->sections[1] + gd->sections[2] + gd->sections[3])
@@ -613,6 +676,11 @@ int cmd_mkmodel(int argc, char **argv) {
         }
     }
     gguf_w_set_u32(w, KEY("vocab_size"), (uint32_t)p.vocab);
+    if (bert || nomic) { /* llama.cpp's keys for them: LayerNorms, not causal, the family's pooling */
+        gguf_w_set_f32(w, KEY("attention.layer_norm_epsilon"), 1e-12f);
+        gguf_w_set_bool(w, KEY("attention.causal"), false);
+        gguf_w_set_u32(w, KEY("pooling_type"), bert ? 2 : 1); /* CLS (as bge) / mean (as nomic-embed) */
+    }
     if (p.window) gguf_w_set_u32(w, KEY("attention.sliding_window"), (uint32_t)p.window);
     if (p.experts) {
         gguf_w_set_u32(w, KEY("expert_count"), (uint32_t)p.experts);
@@ -653,6 +721,15 @@ int cmd_mkmodel(int argc, char **argv) {
     /* tied heads: a smaller embedding, so the layers' sum and not the input
      * token's own row decides the next token (gemma2 scales it by sqrt(E)) */
     float es = qwen3 ? 0.3f : gemma2 ? 0.05f : 1.0f;
+    if (bert || nomic) {
+        int rc = enc_tensors(&mk, &p, t, nomic);
+        progress_end(&prog);
+        if (rc) {
+            safefile_abort(sf);
+            fail("mkmodel", "out of memory generating weights");
+        }
+        goto write;
+    }
     int rc = add(&mk, "token_embd.weight", E, p.vocab, t, es, false);
     rc |= add(&mk, "output_norm.weight", E, 1, LM_TYPE_F32, nn, true);
     /* deepseek2: a head 4 times larger, so that greedy steps are decided by margins well above the
@@ -778,6 +855,7 @@ int cmd_mkmodel(int argc, char **argv) {
         safefile_abort(sf);
         fail("mkmodel", "out of memory generating weights");
     }
+write:
     if (gguf_writer_write_file(w, sf, err, sizeof err)) {
         safefile_abort(sf);
         fail("mkmodel", err);
