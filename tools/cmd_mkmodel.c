@@ -131,8 +131,8 @@ static const preset presets[] = {
     /* encoders (enc_tensors), the vocabulary a WordPiece one (--vocab-from, default ENC_VOCAB):
      * bge-small-en-v1.5 (12 layers, n_embd 384, 12 heads, n_ff 1536, CLS pooling) and
      * nomic-embed-text-v1.5 (12 layers, n_embd 768, 12 heads, n_ff 3072, mean pooling) scaled down */
-    {"bert-small", 2, 128, 4, 4, 512, 0, 512, "bert", 0, 0, 0, 0, 0, 0},
-    {"nomic-bert-small", 2, 128, 4, 4, 512, 0, 2048, "nomic-bert", 0, 0, 0, 0, 0, 0},
+    {"bert-small", 2, 128, 4, -1, 512, 0, 512, "bert", 0, 0, 0, 0, 0, 0},
+    {"nomic-bert-small", 2, 128, 4, -1, 512, 0, 2048, "nomic-bert", 0, 0, 0, 0, 0, 0},
 };
 
 /* Multi-head latent attention and DeepSeek's expert routing, per deepseek2 preset. */
@@ -457,7 +457,7 @@ static int gdn_layer(maker *mk, int i, const gd_shape *gd, int64_t E, uint32_t t
  * biases; nomic-bert: gate, up, down) and the layer's output LayerNorm.
  * LayerNorm weights are 1 plus noise, their biases small draws. */
 static int enc_tensors(maker *mk, const preset *p, uint32_t t, bool nomic) {
-    int64_t E = p->embd, F = p->ff;
+    int64_t E = p->embd, F = p->ff, KV = (int64_t)p->kv_heads * (p->embd / p->heads);
     float ws = 1.0f / sqrtf((float)E), wf = 1.0f / sqrtf((float)F), nn = 0.1f;
     int rc = add(mk, "token_embd.weight", E, p->vocab, t, 1.0f, false);
     rc |= add(mk, "token_types.weight", E, 2, LM_TYPE_F32, 0.5f, false);
@@ -469,14 +469,14 @@ static int enc_tensors(maker *mk, const preset *p, uint32_t t, bool nomic) {
 #define A(suffix, cols, rows, ty, sc, ones)                                                                            \
     (snprintf(n, sizeof n, "blk.%d." suffix, i), add(mk, n, cols, rows, ty, sc, ones))
         if (nomic) {
-            rc |= A("attn_qkv.weight", E, 3 * E, t, ws, false);
+            rc |= A("attn_qkv.weight", E, E + 2 * KV, t, ws, false);
         } else {
             rc |= A("attn_q.weight", E, E, t, ws, false);
             rc |= A("attn_q.bias", E, 1, LM_TYPE_F32, 0.1f, false);
-            rc |= A("attn_k.weight", E, E, t, ws, false);
-            rc |= A("attn_k.bias", E, 1, LM_TYPE_F32, 0.1f, false);
-            rc |= A("attn_v.weight", E, E, t, ws, false);
-            rc |= A("attn_v.bias", E, 1, LM_TYPE_F32, 0.1f, false);
+            rc |= A("attn_k.weight", E, KV, t, ws, false);
+            rc |= A("attn_k.bias", KV, 1, LM_TYPE_F32, 0.1f, false);
+            rc |= A("attn_v.weight", E, KV, t, ws, false);
+            rc |= A("attn_v.bias", KV, 1, LM_TYPE_F32, 0.1f, false);
         }
         rc |= A("attn_output.weight", E, E, t, ws, false);
         if (!nomic) rc |= A("attn_output.bias", E, 1, LM_TYPE_F32, 0.1f, false);
