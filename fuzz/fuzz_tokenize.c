@@ -1,8 +1,9 @@
 /*
  * fuzz_tokenize.c - libFuzzer target for the tokenizers: arbitrary bytes
  * (any UTF-8 or not) are encoded with every option combination and streamed
- * back through the detokenizer. Vocabularies: the bundled SentencePiece model
- * and GPT-2's byte-level BPE (tests/data/vocab); run from the repository root.
+ * back through the detokenizer. Vocabularies: the bundled SentencePiece model,
+ * GPT-2's byte-level BPE and the WordPiece test vocabulary (tests/data/vocab);
+ * run from the repository root.
  *
  * The first input byte picks the tokenizer and flags; the rest is the text.
  */
@@ -13,7 +14,7 @@
 #include "format/gguf.h"
 #include "text/tokenizer.h"
 
-static lm_tokenizer *toks[2];
+static lm_tokenizer *toks[3];
 static int n_toks;
 
 static void load(const char *path) {
@@ -30,7 +31,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!n_toks) {
         load("models/stories260K.gguf");
         load("tests/data/vocab/ggml-vocab-gpt-2.gguf");
-        if (n_toks != 2) abort();
+        load("tests/data/vocab/ggml-vocab-wpm.gguf");
+        if (n_toks != 3) abort();
     }
     if (size < 1) return 0;
     uint8_t opt = data[0];
