@@ -659,8 +659,11 @@ static int cmd_info(int argc, char **argv) {
     printf("context:       %d (trained)\n", hp->n_ctx_train);
     printf("rope:          %d dims, base %g, %s pairs\n", hp->n_rot, hp->rope_base,
            hp->rope_style == LM_ROPE_NEOX ? "neox (halves)" : "adjacent");
-    printf("rms epsilon:   %g\n", hp->norm_eps);
-    printf("output:        %s\n", hp->tied_output ? "tied to the embedding" : "separate output.weight");
+    printf("%s   %g\n", hp->encoder ? "ln epsilon: " : "rms epsilon:", hp->norm_eps);
+    printf("output:        %s\n",
+           hp->encoder           ? "none: an encoder's hidden states (non-causal attention)"
+               : hp->tied_output ? "tied to the embedding"
+                                 : "separate output.weight");
     printf("parameters:    %llu (%.2f M)\n", (unsigned long long)m->n_params, m->n_params / 1e6);
     printf("weight bytes:  %llu (%.2f MiB)\n", (unsigned long long)m->weight_bytes, m->weight_bytes / 1048576.0);
     printf("KV per token:  %llu bytes F32, %llu bytes F16\n", (unsigned long long)model_kv_bytes_per_token(m, 4),
