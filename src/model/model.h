@@ -1,6 +1,7 @@
 /*
  * model.h - model architecture: hyperparameters and weights of a decoder-only
- * Transformer, read from GGUF metadata and tensors.
+ * Transformer (or of an encoder: bert, nomic-bert), read from GGUF metadata
+ * and tensors.
  *
  * Supported architectures (general.architecture):
  *   llama  Llama 2/3, Mistral, TinyLlama, SmolLM: RMSNorm, RoPE on adjacent
