@@ -24,6 +24,8 @@
  * tokens per iteration with exactly the local blocks that chunk plans.
  * Every allocation of the single-sequence constructors and of a fork
  * failing in turn gives NULL and a message, and leaves the pool as it was.
+ * Split-K decode attention (1, 3, 8 and 16 threads) gives every decode
+ * step's logits bit for bit.
  */
 #include <string.h>
 
@@ -545,6 +547,43 @@ static void test_alloc_failure(void) {
     printf("NOTE allocation failure: %d injected failures, each an error with a message\n", n_fail);
 }
 
+/* Split-K in the pass: decode steps past 1024 positions on pools of 1, 3,
+ * 8 and 16 threads. The model's 4 KV heads make 4 attention items per
+ * decode step, so 8 and 16 threads cut each item's key splits into 2 and 4
+ * units (forward.c's attn_plan) while 1 and 3 threads run the items whole:
+ * every step's logits must be bit-identical (memcmp) across the four, in F32
+ * and F16 caches (attn.h: the splits sit on a fixed grid and are merged in
+ * one order however they are spread). A prompt of 1100 tokens in chunks of
+ * 64, then 12 decode steps. */
+static void test_split_k_threads(void) {
+    enum { PROMPT = 1100, STEPS = 12, CTX = 1200 };
+    int V = model->hp.n_vocab;
+    int32_t toks[PROMPT + STEPS];
+    prompt(toks, PROMPT + STEPS, 23);
+    static const int nths[] = {1, 3, 8, 16};
+    static const uint32_t types[] = {LM_TYPE_F32, LM_TYPE_F16};
+    float *ref = malloc((size_t)STEPS * V * 4), *got = malloc((size_t)STEPS * V * 4);
+    char err[LM_ERRLEN];
+    for (size_t ti = 0; ti < 2; ti++)
+        for (size_t ni = 0; ni < sizeof nths / sizeof nths[0]; ni++) {
+            lm_pool *pool = pool_new(nths[ni]);
+            lm_seqrun *s = seqrun_new(model, pool, CTX, 64, types[ti], err, sizeof err);
+            CHECKF(s != NULL, "%s", err);
+            int rc = s ? seqrun_forward(s, toks, PROMPT, got, false, err, sizeof err) : -1;
+            for (int i = 0; i < STEPS && !rc; i++)
+                rc = seqrun_forward(s, toks + PROMPT + i, 1, (ni ? got : ref) + (size_t)i * V, false, err, sizeof err);
+            CHECKF(!rc, "%s", err);
+            seqrun_free(s);
+            pool_free(pool);
+            if (ni)
+                for (int i = 0; i < STEPS; i++)
+                    CHECKF(!memcmp(got + (size_t)i * V, ref + (size_t)i * V, (size_t)V * 4),
+                           "%s, %d threads: the logits of decode step %d differ from one thread's",
+                           quant_type_name(types[ti]), nths[ni], i);
+        }
+    free(ref), free(got);
+}
+
 int main(void) {
     kernels_init();
     char err[LM_ERRLEN];
@@ -567,6 +606,7 @@ int main(void) {
     TEST_RUN(test_swa_prefix_cache);
     TEST_RUN(test_batch_budget);
     TEST_RUN(test_alloc_failure);
+    TEST_RUN(test_split_k_threads);
     pool_free(tpool);
     model_free(swa);
     model_free(model);

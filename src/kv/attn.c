@@ -5,7 +5,6 @@
  * Work of one attn_tile call, for each sub-tile of nq query tokens
  * (R = nq x group rows, row r = query i = r / group, head g = r % group):
  *   1. Qs (R, hd) = the rows' query vectors times scale; m = -inf, l = 0, O = 0
- *      (with sinks, m = the row's head's sink, l = 1: the sink's own term)
  *   2. for each chunk of up to ATTN_KV_CHUNK positions c0 .. c0+nk-1 up to
  *      the sub-tile's last position (chunks on a fixed grid from the first
  *      key, so a row's chunking does not depend on how queries are tiled):
@@ -19,15 +18,22 @@
  *        O *= e^(m-m')
  *        gather the value rows likewise; O += P · V
  *   3. out = O / l
+ * Step 2 runs once per split of ATTN_SPLIT positions (the chunks of a split
+ * are the same chunks on the same grid), each from m = -inf, l = 0, O = 0;
+ * each split's (m, l, O) is merged into the row's accumulator in ascending
+ * order by merge_row, which starts from the sink's term, and step 3 divides
+ * the accumulator. attn_tile_part stores the splits' states instead, and
+ * attn_tile_merge runs the same merge_row over them in the same order.
  * Every visible key (and the sink) adds exp(s - m') <= 1 with the row's own
  * running max among them, so l >= 1 at the end and nothing overflows. A
- * sink is only a starting state: the rescaling of step 2 is the one that
- * shrinks it once a larger score comes, so it costs no pass of its own.
+ * sink is only the accumulator's starting state (m = σ, l = 1, O = 0): the
+ * merge's rescaling shrinks it once a larger score comes, so it costs no
+ * pass of its own.
  *
- * Scratch (floats): Qs, O (RMAX, hd); S (RMAX, CHUNK); Kf, Vf (CHUNK, hd);
- * m, l (RMAX); a zero row (hd, read in place of keys and values of blocks
+ * Scratch (floats): Qs, O, the accumulator's O (RMAX, hd); S (RMAX, CHUNK);
+ * Kf, Vf (CHUNK, hd); m, l and the accumulator's m, l (RMAX); a zero row (hd, read in place of keys and values of blocks
  * released out of a sliding window); plus CHUNK row pointers each for K and
- * V. RMAX = 64 rows, so with hd = 128 a scratch is about 150 KiB whatever
+ * V. RMAX = 64 rows, so with hd = 128 a scratch is about 180 KiB whatever
  * the context.
  *
  * Kernels: every inner loop (scores, P·V, row max, row scaling, exp-sum)
@@ -58,6 +64,7 @@ struct attn_scratch {
     float *s;                   /* (rows, CHUNK) scores, then probabilities */
     float *kf, *vf;             /* (CHUNK, hd) converted keys / values */
     float *m, *l;               /* (rows) */
+    float *acc, *am, *al;       /* (rows, hd), (rows), (rows): the merged splits' O, m, l */
     float *zero;                /* (hd) zeros: stand-in for keys/values of released blocks */
     const float **krow, **vrow; /* (CHUNK) */
     void *mem;
@@ -69,7 +76,7 @@ struct attn_scratch {
 static size_t buffer_bytes(int n_head, int n_head_kv, int head_dim) {
     int group = n_head / n_head_kv, tq = group >= RMAX ? 1 : RMAX / group;
     size_t R = (size_t)tq * (size_t)group, hd = (size_t)head_dim;
-    size_t nf = 2 * R * hd + R * CHUNK + 2 * (size_t)CHUNK * hd + 2 * R + hd;
+    size_t nf = 3 * R * hd + R * CHUNK + 2 * (size_t)CHUNK * hd + 4 * R + hd;
     return nf * sizeof(float) + 2 * CHUNK * sizeof(float *);
 }
 
@@ -105,6 +112,9 @@ attn_scratch *attn_scratch_new(const kv_pool *p, int n_head, char *err, size_t e
     scr->vf = f, f += (size_t)CHUNK * hd;
     scr->m = f, f += R;
     scr->l = f, f += R;
+    scr->acc = f, f += R * hd;
+    scr->am = f, f += R;
+    scr->al = f, f += R;
     scr->zero = f, f += hd;
     memset(scr->zero, 0, hd * sizeof(float));
     scr->krow = (const float **)(void *)f;
@@ -204,37 +214,32 @@ static void softcap_rows(float *S, int R, int nk, float cap) {
         for (int j = 0; j < nk; j++) S[(size_t)r * CHUNK + j] = cap * tanhf(S[(size_t)r * CHUNK + j] / cap);
 }
 
-/* One sub-tile: queries i0 .. i0+nq-1 of the call (positions qpos0 ..), all
- * heads of the group. */
-static void subtile(const tile_args *a, int i0, int nq, int qpos0, attn_scratch *scr) {
+/* The keys a sub-tile of nq queries at qpos0 .. qpos0+nq-1 may see, as
+ * [*c_begin, *c_end): up to the last query's position (non-causal, kv_end
+ * > 0: up to kv_end), and with a window from the chunk holding the first
+ * query's window start (chunk starts stay on the multiple-of-CHUNK grid);
+ * *wlo: no row sees a key below it. */
+static void key_span(int nq, int qpos0, int window, int kv_end, int *c_begin, int *c_end, int *wlo) {
+    *c_end = kv_end > 0 ? kv_end : qpos0 + nq;
+    *wlo = window > 0 ? qpos0 + 1 - window : 0;
+    *c_begin = *wlo > 0 ? *wlo / CHUNK * CHUNK : 0;
+}
+
+/* One split's partial state of R = nq x G rows over keys c_lo .. c_hi-1
+ * (c_lo on the chunk grid): scr->m, l, o from m = -inf, l = 0, O = 0 by the
+ * online recurrence; Qs already in scr->qs. A row that sees none of these
+ * keys keeps l = 0. */
+static void split_partial(const tile_args *a, int nq, int qpos0, int c_lo, int c_hi, int wlo, attn_scratch *scr) {
     const kv_layout *lay = a->lay;
     int G = scr->group, hd = scr->hd, dv = lay->v_dim, R = nq * G, kh = a->kv_head;
     const lm_attn_kernels *k = a->k, *kv = a->kv;
     bool latent = lay->n_slab == 1; /* values: the first dv elements of the key rows */
-    for (int r = 0; r < R; r++) {
-        const float *src = a->q + (size_t)(i0 + r / G) * a->q_stride + (size_t)(kh * G + r % G) * hd;
-        k->scale(scr->qs + (size_t)r * hd, src, hd, a->scale);
-        /* a sink is one more term of the softmax with no value: it starts the
-         * recurrence as a key of score `sink` would (m = sink, l = e^0 = 1,
-         * O = 0), and the rescaling below shrinks it like any other */
-        if (a->sinks) {
-            scr->m[r] = a->sinks[kh * G + r % G];
-            scr->l[r] = 1;
-        } else {
-            scr->m[r] = -INFINITY;
-            scr->l[r] = 0;
-        }
-    }
-    memset(scr->o, 0, (size_t)R * dv * sizeof(float));  /* O (R, dv) */
-    int c_end = a->kv_end > 0 ? a->kv_end : qpos0 + nq; /* keys up to the last query's position, or all */
-    /* with a window, skip whole chunks below the first query's window (chunk
-     * starts stay on the multiple-of-CHUNK grid) */
-    int c_begin = 0, wlo = a->window > 0 ? qpos0 + 1 - a->window : 0; /* no row sees a key below wlo */
-    if (wlo > c_begin) c_begin = wlo / CHUNK * CHUNK;
-    for (int c0 = c_begin; c0 < c_end; c0 += CHUNK) {
-        int nk = c_end - c0 < CHUNK ? c_end - c0 : CHUNK;
-        if (c0 + CHUNK < c_end) {
-            int nk2 = c_end - c0 - CHUNK < CHUNK ? c_end - c0 - CHUNK : CHUNK;
+    for (int r = 0; r < R; r++) scr->m[r] = -INFINITY, scr->l[r] = 0;
+    memset(scr->o, 0, (size_t)R * dv * sizeof(float)); /* O (R, dv) */
+    for (int c0 = c_lo; c0 < c_hi; c0 += CHUNK) {
+        int nk = c_hi - c0 < CHUNK ? c_hi - c0 : CHUNK;
+        if (c0 + CHUNK < c_hi) {
+            int nk2 = c_hi - c0 - CHUNK < CHUNK ? c_hi - c0 - CHUNK : CHUNK;
             prefetch_chunk(lay, a->table, a->layer, 0, kh, c0 + CHUNK, nk2);
             if (!latent) prefetch_chunk(lay, a->table, a->layer, 1, kh, c0 + CHUNK, nk2);
         }
@@ -259,7 +264,7 @@ static void subtile(const tile_args *a, int i0, int nq, int qpos0, attn_scratch 
             if (lo) memset(s, 0, (size_t)lo * sizeof(float));
             if (vis < nk) memset(s + vis, 0, (size_t)(nk - vis) * sizeof(float));
             if (m_new > scr->m[r]) {
-                float corr = expf(scr->m[r] - m_new); /* 0 on the first visible chunk without a sink */
+                float corr = expf(scr->m[r] - m_new); /* 0 on the row's first visible chunk */
                 scr->l[r] *= corr;
                 float *o = scr->o + (size_t)r * dv;
                 kv->scale(o, o, dv, corr);
@@ -272,17 +277,82 @@ static void subtile(const tile_args *a, int i0, int nq, int qpos0, attn_scratch 
         if (!latent) gather(lay, a->table, a->layer, 1, kh, c0, nv, wlo, a->to_float, scr->vf, scr->zero, scr->vrow);
         kv->pv(scr->o, R, dv, scr->s, CHUNK, latent ? scr->krow : scr->vrow, nv);
     }
+}
+
+/* acc := acc ⊕ (m, l, o), the exact combination of two softmax partials
+ * over disjoint keys: M = max(acc.m, m), L = acc.l e^(acc.m-M) + l e^(m-M),
+ * O likewise. A partial with l = 0 saw no key and changes nothing. The one
+ * function both the in-call merge and attn_tile_merge run, so they give the
+ * same bits. */
+static void merge_row(float *am, float *al, float *ao, float m, float l, const float *o, int dv) {
+    if (l == 0) return;
+    float mn = m > *am ? m : *am;
+    float ca = expf(*am - mn), cb = expf(m - mn); /* ca = 0 while acc is empty (m = -inf) */
+    *al = *al * ca + l * cb;
+    for (int i = 0; i < dv; i++) ao[i] = ao[i] * ca + o[i] * cb;
+    *am = mn;
+}
+
+/* The starting state of head h's accumulator: the sink's own term (m = σ,
+ * l = 1, O = 0), or nothing. */
+static void acc_start(const tile_args *a, int h, float *am, float *al, float *ao, int dv) {
+    *am = a->sinks ? a->sinks[h] : -INFINITY;
+    *al = a->sinks ? 1.0f : 0.0f;
+    memset(ao, 0, (size_t)dv * sizeof(float));
+}
+
+/* One sub-tile: queries i0 .. i0+nq-1 of the call (positions qpos0 ..), all
+ * heads of the group. part == NULL: every split of the keys in turn, merged
+ * in order into scr's accumulator, then out = O / l. Else only splits
+ * split0 .. split0+n_split-1 of the grid, each split's partial rows stored
+ * at part + (split - split0) * split_floats + (i0 * G + r) * (dv + 2) as
+ * (m, l, O[dv]) for attn_tile_merge (rows that see no key of a split get
+ * l = 0). */
+static void subtile(const tile_args *a, int i0, int nq, int qpos0, int split0, int n_split, float *part,
+                    size_t split_floats, attn_scratch *scr) {
+    int G = scr->group, hd = scr->hd, dv = a->lay->v_dim, R = nq * G, kh = a->kv_head;
     for (int r = 0; r < R; r++) {
-        const float *o = scr->o + (size_t)r * dv;
+        const float *src = a->q + (size_t)(i0 + r / G) * a->q_stride + (size_t)(kh * G + r % G) * hd;
+        a->k->scale(scr->qs + (size_t)r * hd, src, hd, a->scale);
+    }
+    int c_begin, c_end, wlo;
+    key_span(nq, qpos0, a->window, a->kv_end, &c_begin, &c_end, &wlo);
+    if (!part) {
+        split0 = c_begin / ATTN_SPLIT;
+        n_split = (c_end - 1) / ATTN_SPLIT + 1 - split0;
+        for (int r = 0; r < R; r++)
+            acc_start(a, kh * G + r % G, &scr->am[r], &scr->al[r], scr->acc + (size_t)r * dv, dv);
+    }
+    for (int sp = split0; sp < split0 + n_split; sp++) {
+        int c_lo = sp * ATTN_SPLIT > c_begin ? sp * ATTN_SPLIT : c_begin;
+        int c_hi = (sp + 1) * ATTN_SPLIT < c_end ? (sp + 1) * ATTN_SPLIT : c_end;
+        if (c_lo < c_hi) split_partial(a, nq, qpos0, c_lo, c_hi, wlo, scr);
+        else
+            for (int r = 0; r < R; r++) scr->l[r] = 0; /* this sub-tile sees nothing of the split */
+        for (int r = 0; r < R; r++) {
+            const float *o = scr->o + (size_t)r * dv;
+            if (!part) {
+                merge_row(&scr->am[r], &scr->al[r], scr->acc + (size_t)r * dv, scr->m[r], scr->l[r], o, dv);
+                continue;
+            }
+            float *dst = part + (size_t)(sp - split0) * split_floats + ((size_t)i0 * G + (size_t)r) * (size_t)(dv + 2);
+            dst[0] = scr->m[r], dst[1] = scr->l[r];
+            if (scr->l[r] != 0) memcpy(dst + 2, o, (size_t)dv * sizeof(float));
+        }
+    }
+    if (part) return;
+    for (int r = 0; r < R; r++) {
+        const float *o = scr->acc + (size_t)r * dv;
         float *dst = a->out + (size_t)(i0 + r / G) * a->out_stride + (size_t)(kh * G + r % G) * dv;
-        kv->scale(dst, o, dv, 1.0f / scr->l[r]);
+        a->kv->scale(dst, o, dv, 1.0f / scr->al[r]);
     }
 }
 
-static void run_tiles(const tile_args *a, int n_q, int pos0, attn_scratch *scr) {
+static void run_tiles(const tile_args *a, int n_q, int pos0, int split0, int n_split, float *part, attn_scratch *scr) {
+    size_t split_floats = (size_t)n_q * (size_t)scr->group * (size_t)(a->lay->v_dim + 2);
     for (int i0 = 0; i0 < n_q; i0 += scr->tq) {
         int nq = n_q - i0 < scr->tq ? n_q - i0 : scr->tq;
-        subtile(a, i0, nq, pos0 + i0, scr);
+        subtile(a, i0, nq, pos0 + i0, split0, n_split, part, split_floats, scr);
     }
 }
 
@@ -328,7 +398,50 @@ void attn_tile_sinks(const kv_pool *p, const kv_seq *s, int layer, int kv_head, 
     a.scale = scale;
     a.out = out;
     a.out_stride = out_stride;
-    run_tiles(&a, n_q, pos0, scr);
+    run_tiles(&a, n_q, pos0, 0, 0, NULL, scr);
+}
+
+int attn_split_range(int n_q, int pos0, int window, int *first) {
+    int c_begin, c_end, wlo;
+    key_span(n_q, pos0, window, 0, &c_begin, &c_end, &wlo);
+    *first = c_begin / ATTN_SPLIT;
+    return (c_end - 1) / ATTN_SPLIT + 1 - *first;
+}
+
+size_t attn_part_floats(const kv_pool *p, int layer, int n_q, const attn_scratch *scr) {
+    int slot, cls = kv_layer_class(p, layer, &slot);
+    return (size_t)n_q * (size_t)scr->group * (size_t)(kv_class_layout(p, cls)->v_dim + 2);
+}
+
+void attn_tile_part(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride, int n_q,
+                    int pos0, float scale, float softcap, int window, int split0, int n_split, float *part,
+                    attn_scratch *scr) {
+    tile_args a = layer_args(p, s, layer, window, scr);
+    a.softcap = softcap;
+    assert(kv_head >= 0 && kv_head < a.lay->n_head_kv && pos0 >= 0 && n_q > 0 && pos0 + n_q <= kv_seq_len(s));
+    assert(split0 >= 0 && n_split > 0 && part);
+    a.kv_head = kv_head;
+    a.q = q;
+    a.q_stride = q_stride;
+    a.scale = scale;
+    run_tiles(&a, n_q, pos0, split0, n_split, part, scr);
+}
+
+void attn_tile_merge(const kv_pool *p, int layer, int kv_head, int n_q, const float *part, int n_split,
+                     const float *sinks, float *out, size_t out_stride, attn_scratch *scr) {
+    int slot, cls = kv_layer_class(p, layer, &slot);
+    int G = scr->group, dv = kv_class_layout(p, cls)->v_dim, R = n_q * G;
+    size_t split_floats = (size_t)R * (size_t)(dv + 2);
+    tile_args a = {.sinks = sinks, .kv = kernels_attn(dv)};
+    for (int r = 0; r < R; r++) {
+        int h = kv_head * G + r % G;
+        acc_start(&a, h, scr->am, scr->al, scr->acc, dv);
+        for (int sp = 0; sp < n_split; sp++) {
+            const float *src = part + (size_t)sp * split_floats + (size_t)r * (size_t)(dv + 2);
+            merge_row(scr->am, scr->al, scr->acc, src[0], src[1], src + 2, dv);
+        }
+        a.kv->scale(out + (size_t)(r / G) * out_stride + (size_t)h * dv, scr->acc, dv, 1.0f / scr->al[0]);
+    }
 }
 
 void attn_tile_full(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride, int n_q,
@@ -346,7 +459,7 @@ void attn_tile_full(const kv_pool *p, const kv_seq *s, int layer, int kv_head, c
     a.scale = scale;
     a.out = out;
     a.out_stride = out_stride;
-    run_tiles(&a, n_q, pos0, scr);
+    run_tiles(&a, n_q, pos0, 0, 0, NULL, scr);
 }
 
 int attn_sinks_check(const float *sinks, int n_head, char *err, size_t errlen) {

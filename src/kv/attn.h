@@ -32,6 +32,26 @@
  *   s_j = scale q·k_j;  m' = max(m, max_j s_j);  p_j = exp(s_j - m')
  *   l' = l e^(m-m') + Σ p_j;   O' = O e^(m-m') + Σ p_j v_j;   out = O / l
  *
+ * Splits (split-K, "flash-decoding"): the keys are cut on a fixed grid of
+ * ATTN_SPLIT positions (split n holds positions n*ATTN_SPLIT ..
+ * (n+1)*ATTN_SPLIT-1, whatever the call). Each split runs the recurrence
+ * above from m = -inf, l = 0, O = 0 on its own, giving a partial
+ * (m_n, l_n, O_n) per row, and a row's partials are merged exactly in
+ * ascending split order:
+ *
+ *   M = max(m_acc, m_n);  l_acc = l_acc e^(m_acc-M) + l_n e^(m_n-M);
+ *   O_acc = O_acc e^(m_acc-M) + O_n e^(m_n-M);   out = O_acc / l_acc
+ *
+ * (a split with no visible key, l_n = 0, is skipped). attn_tile does the
+ * splits one after the other in one thread; attn_tile_part computes chosen
+ * splits' partials into a caller's buffer, so different threads may run
+ * different splits of one (query tile, KV head) item, and attn_tile_merge
+ * merges them in the same order with the same arithmetic: both give the
+ * same bits, so how a caller spreads the splits over threads never changes
+ * a result, and a row's bits depend only on its own keys and query. With
+ * one split (contexts up to ATTN_SPLIT) and no sinks the result is the
+ * plain recurrence's bit for bit.
+ *
  * Attention sinks (gpt-oss): with a sink logit σ_h per query head, the
  * softmax's denominator gets one more term, e^σ_h, that has no value vector:
  *
@@ -39,10 +59,10 @@
  *               m = max(σ_h, max_j s_j),
  *
  * s_j being the scores after scale and softcap (σ_h is neither scaled nor
- * capped). The recurrence takes the sink as its starting state, m = σ_h,
- * l = 1, O = 0, and rescales it like any other term: no pass runs after the
- * loop, and without sinks (NULL) the work and the bits are today's. A very
- * large σ_h drives the output towards 0; σ_h = -inf is the same as no sink.
+ * capped). The merge of the splits takes the sink as its starting state,
+ * m = σ_h, l = 1, O = 0, and rescales it like any other term: no pass runs
+ * after the loop, and a sink of -inf (or one far below every score) gives
+ * the bits of no sink (NULL). A very large σ_h drives the output towards 0.
  *
  * Chunks past the last row's position (or wholly before the first row's
  * window) are never read; inside a chunk, keys outside a row's range are
@@ -55,7 +75,8 @@
  *
  * Threads: attn_tile reads the pool and writes only out and scr, so callers
  * split work over (sequence, query tile, kv head) items, one scratch per
- * thread. The K/V of every position < pos0 + n_q must be written (kv_store)
+ * thread, and an item's splits over threads with attn_tile_part (which
+ * writes only its part rows and scr) and attn_tile_merge. The K/V of every position < pos0 + n_q must be written (kv_store)
  * before the call.
  *
  * Numerics: float32 accumulation; the inner loops and the KV conversion are
@@ -64,8 +85,9 @@
  * summation order than the scalar path); with LAMINA_NO_SIMD=1, or
  * kernels_use(LM_ISA_SCALAR), the scalar reference. For a given path the
  * result depends only on the logical data, not on which physical blocks hold
- * it. Against a float64 reference on the stored values the relative error is
- * ~1e-6 (tests bound it by 1e-5).
+ * it, nor on how its splits were spread over threads. Against a float64
+ * reference on the stored values the relative error is ~1e-6 (tests bound
+ * it by 1e-5).
  */
 #ifndef LAMINA_ATTN_H
 #define LAMINA_ATTN_H
@@ -79,6 +101,9 @@
 #define ATTN_KV_CHUNK 64
 /* Suggested query tokens per work item for prefill. */
 #define ATTN_TILE_Q 32
+/* Key positions per split (a multiple of ATTN_KV_CHUNK): the grid whose
+ * partial softmax states are merged, and the unit split-K spreads. */
+#define ATTN_SPLIT 256
 
 typedef struct attn_scratch attn_scratch;
 
@@ -137,6 +162,26 @@ void attn_tile_sinks(const kv_pool *p, const kv_seq *s, int layer, int kv_head, 
 void attn_tile_full(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride, int n_q,
                     int pos0, int kv_end, float scale, float softcap, const float *sinks, float *out, size_t out_stride,
                     attn_scratch *scr);
+/* Split-K (causal calls). The splits holding keys of a call of n_q queries at pos0 (window
+ * as attn_tile's) are first .. first+count-1 of the grid; returns count
+ * (>= 1 for n_q >= 1) and sets *first. */
+int attn_split_range(int n_q, int pos0, int window, int *first);
+/* Floats of one split's partials for n_q queries of one KV head's group on
+ * `layer`: n_q x group rows of (m, l, O[v_dim]). */
+size_t attn_part_floats(const kv_pool *p, int layer, int n_q, const attn_scratch *scr);
+/* attn_tile_sinks's work for splits split0 .. split0+n_split-1 (a sub-range
+ * of attn_split_range's) without the merge: split split0+j's partials at
+ * part + j*attn_part_floats(...), row i*group+g (query i, the group's head g)
+ * at (i*group+g)*(v_dim+2) as m, l, O[v_dim] (l = 0: the row sees no key of
+ * that split). No sinks here: they enter in attn_tile_merge. */
+void attn_tile_part(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride, int n_q,
+                    int pos0, float scale, float softcap, int window, int split0, int n_split, float *part,
+                    attn_scratch *scr);
+/* out of the call whose n_split splits' partials (all of attn_split_range's,
+ * in order) fill part: attn_tile_sinks's bits exactly (sinks and out as
+ * there; scr only for its shape and an accumulator row). */
+void attn_tile_merge(const kv_pool *p, int layer, int kv_head, int n_q, const float *part, int n_split,
+                     const float *sinks, float *out, size_t out_stride, attn_scratch *scr);
 /* 0 when each of sinks[0 .. n_head) is finite or -inf (what attn_tile_sinks
  * takes); else -1 with a message naming the head (a model loader's check:
  * a NaN sink would make its heads' outputs NaN, +inf has no meaning). */

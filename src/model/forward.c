@@ -137,12 +137,24 @@ static size_t act_scratch_bytes(const lm_model *m, int n_batch) {
     return max_sz(a, moe_act_bytes(m, n_batch));
 }
 
+/* Floats of split-K partials: a one-row item's every split at the whole
+ * context, n_threads times over (what splitting a few decode rows over the
+ * pool's threads needs; an item that does not fit runs whole in one thread,
+ * which gives the same bits). None with one thread. */
+static size_t part_cap(const lm_model *m, const fwd_dims *d, int n_threads) {
+    const lm_hparams *hp = &m->hp;
+    if (n_threads < 2 || m->mla) return 0;
+    size_t splits = (size_t)d->n_ctx / ATTN_SPLIT + 1, group = (size_t)(hp->n_head / hp->n_head_kv);
+    return (size_t)n_threads * splits * group * ((size_t)hp->head_dim + 2);
+}
+
 size_t fwd_workspace_bytes(const lm_model *m, const fwd_dims *d, int n_threads) {
     const lm_hparams *hp = &m->hp;
     size_t kvd = (size_t)hp->n_head_kv * hp->head_dim, qd = (size_t)hp->n_head * hp->head_dim;
     size_t B = (size_t)d->n_batch, E = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
     size_t fl = B * E + B * max_sz(E, qd) + B * qd + 2 * B * kvd + B * max_sz(F, E) + B * F + B * (size_t)hp->n_rot;
-    size_t ws = fl * sizeof(float) + B * sizeof(int) + 2 * (B + 1) * sizeof(int);
+    size_t ws = fl * sizeof(float) + B * sizeof(int) + 3 * (B + 1) * sizeof(int) + B * sizeof(int) + B * sizeof(size_t);
+    ws += part_cap(m, d, n_threads) * sizeof(float);
     ws += (size_t)n_threads * attn_scratch_size(hp->n_head, hp->n_head_kv, hp->head_dim);
     ws += act_scratch_bytes(m, d->n_batch);
     if (m->moe) ws += moe_ws_bytes(m, d->n_batch);
@@ -203,6 +215,11 @@ lm_fwd *fwd_new(const lm_model *m, lm_pool *pool, kv_pool *kv, const fwd_dims *d
     f->pos = ws_alloc(&ws, B * sizeof(int));
     f->seg_row0 = ws_alloc(&ws, (B + 1) * sizeof(int));
     f->seg_item0 = ws_alloc(&ws, (B + 1) * sizeof(int));
+    f->seg_unit0 = ws_alloc(&ws, (B + 1) * sizeof(int));
+    f->seg_units = ws_alloc(&ws, B * sizeof(int));
+    f->seg_part0 = ws_alloc(&ws, B * sizeof(size_t));
+    f->part_cap = part_cap(m, d, f->n_scr);
+    f->part = f->part_cap ? ws_alloc(&ws, f->part_cap * sizeof(float)) : NULL;
     size_t a = act_scratch_bytes(m, d->n_batch);
     if (m->mla && !(f->mla = mla_ws_new(m, d->n_batch, f->n_scr, err, errlen))) {
         fwd_free(f);
@@ -227,7 +244,8 @@ lm_fwd *fwd_new(const lm_model *m, lm_pool *pool, kv_pool *kv, const fwd_dims *d
     if (m->moe) ws += moe_ws_bytes(m, d->n_batch);
     f->ws_bytes = ws;
     if (!f->scr || !f->x || !f->xb || !f->q || !f->k || !f->v || !f->hb || !f->hb2 || !f->cs || !f->pos ||
-        !f->seg_row0 || !f->seg_item0 || (a && !f->act) || (hp->attn_gate && (!f->qg || !f->gate))) {
+        !f->seg_row0 || !f->seg_item0 || !f->seg_unit0 || !f->seg_units || !f->seg_part0 || (f->part_cap && !f->part) ||
+        (a && !f->act) || (hp->attn_gate && (!f->qg || !f->gate))) {
         lm_err(err, errlen, "out of memory allocating the workspace for batches of %d tokens", d->n_batch);
         fwd_free(f);
         return NULL;
@@ -250,6 +268,10 @@ void fwd_free(lm_fwd *f) {
     lm_free(f->pos);
     lm_free(f->seg_row0);
     lm_free(f->seg_item0);
+    lm_free(f->seg_unit0);
+    lm_free(f->seg_units);
+    lm_free(f->seg_part0);
+    lm_free(f->part);
     lm_free(f->act);
     moe_ws_free(f->moe);
     mla_ws_free(f->mla);
@@ -261,7 +283,14 @@ void fwd_free(lm_fwd *f) {
 
 /* Attention for one layer over a batch of segments; work items are
  * (segment, query tile, kv head) triples, each computing every query head of
- * that KV head's group for up to ATTN_TILE_Q rows of one sequence. */
+ * that KV head's group for up to ATTN_TILE_Q rows of one sequence. When the
+ * items are fewer than the pool's threads (decode of one or a few
+ * sequences, few KV heads), a one-tile segment's items are each cut into
+ * seg_units[g] units, unit u running a contiguous share of the item's key
+ * splits (attn_tile_part) into part; attn_merge then merges each item's
+ * splits in order (attn_tile_merge). attn.h's splits are on a fixed grid and
+ * merged in one order either way, so the bits are those of the item run
+ * whole: independent of the thread count and of the rest of the batch. */
 typedef struct {
     lm_fwd *f;
     const lm_seg *segs;
@@ -277,19 +306,68 @@ static void attn_worker(void *arg, int ith, int nth) {
     const lm_hparams *hp = &f->m->hp;
     size_t qd = (size_t)hp->n_head * hp->head_dim;
     float scale = hp->attn_scale;
-    const int *first = f->seg_item0; /* (n_seg + 1) first work item of each segment */
+    const int *first = f->seg_unit0; /* (n_seg + 1) first unit of each segment */
     int total = first[j->n_seg], sg = 0;
     for (;;) {
-        int item = atomic_fetch_add(&j->next, 1);
-        if (item >= total) break;
-        while (first[sg + 1] <= item) sg++; /* items are taken in increasing order */
+        int unit = atomic_fetch_add(&j->next, 1);
+        if (unit >= total) break;
+        while (first[sg + 1] <= unit) sg++; /* units are taken in increasing order */
         const lm_seg *g = &j->segs[sg];
-        int local = item - first[sg];
+        int U = f->seg_units[sg], local = (unit - first[sg]) / U, u = (unit - first[sg]) % U;
         int i0 = local / hp->n_head_kv * ATTN_TILE_Q, kh = local % hp->n_head_kv;
         int nq = g->n - i0 < ATTN_TILE_Q ? g->n - i0 : ATTN_TILE_Q;
         size_t row = (size_t)f->seg_row0[sg] + (size_t)i0;
-        attn_tile_sinks(f->kv, g->seq, j->layer, kh, f->q + row * qd, qd, nq, g->pos0 + i0, scale, hp->attn_softcap,
-                        j->window, j->sinks, f->xb + row * qd, qd, f->scr[ith]);
+        if (U == 1) {
+            attn_tile_sinks(f->kv, g->seq, j->layer, kh, f->q + row * qd, qd, nq, g->pos0 + i0, scale, hp->attn_softcap,
+                            j->window, j->sinks, f->xb + row * qd, qd, f->scr[ith]);
+            continue;
+        }
+        /* unit u of U: splits s0 .. s1-1 of the item's n_split (the one tile: i0 = 0) */
+        int first_split, n_split = attn_split_range(nq, g->pos0, j->window, &first_split);
+        int s0 = n_split * u / U, s1 = n_split * (u + 1) / U;
+        size_t pf = attn_part_floats(f->kv, j->layer, nq, f->scr[ith]);
+        float *part = f->part + f->seg_part0[sg] + ((size_t)local * (size_t)n_split + (size_t)s0) * pf;
+        attn_tile_part(f->kv, g->seq, j->layer, kh, f->q + row * qd, qd, nq, g->pos0, scale, hp->attn_softcap,
+                       j->window, first_split + s0, s1 - s0, part, f->scr[ith]);
+    }
+}
+
+/* The attention plan of one layer: seg_units and seg_unit0, seg_part0 for
+ * split segments. nth: the threads that will run it. Items are split only
+ * while fewer than the threads, each into at most nth / items units (no more
+ * than its splits), and only where their partials fit in part. */
+static void attn_plan(lm_fwd *f, const lm_seg *segs, int n_seg, int layer, int window, int nth) {
+    int items = f->seg_item0[n_seg], per = items < nth && f->part ? nth / items : 1;
+    size_t used = 0;
+    f->seg_unit0[0] = 0;
+    for (int g = 0; g < n_seg; g++) {
+        int U = 1, n_items = f->seg_item0[g + 1] - f->seg_item0[g];
+        if (per > 1 && segs[g].n <= ATTN_TILE_Q) {
+            int first, n_split = attn_split_range(segs[g].n, segs[g].pos0, window, &first);
+            size_t need = (size_t)n_items * (size_t)n_split * attn_part_floats(f->kv, layer, segs[g].n, f->scr[0]);
+            if (n_split > 1 && used + need <= f->part_cap) {
+                U = per < n_split ? per : n_split;
+                f->seg_part0[g] = used;
+                used += need;
+            }
+        }
+        f->seg_units[g] = U;
+        f->seg_unit0[g + 1] = f->seg_unit0[g] + n_items * U;
+    }
+}
+
+/* Each split item's output from its splits' partials, in split order. */
+static void attn_merge(lm_fwd *f, const attn_job *j) {
+    const lm_hparams *hp = &f->m->hp;
+    size_t qd = (size_t)hp->n_head * hp->head_dim;
+    for (int sg = 0; sg < j->n_seg; sg++) {
+        if (f->seg_units[sg] == 1) continue;
+        const lm_seg *g = &j->segs[sg];
+        int first, n_split = attn_split_range(g->n, g->pos0, j->window, &first);
+        size_t pf = attn_part_floats(f->kv, j->layer, g->n, f->scr[0]), row = (size_t)f->seg_row0[sg];
+        for (int kh = 0; kh < hp->n_head_kv; kh++)
+            attn_tile_merge(f->kv, j->layer, kh, g->n, f->part + f->seg_part0[sg] + (size_t)kh * n_split * pf, n_split,
+                            j->sinks, f->xb + row * qd, qd, f->scr[0]);
     }
 }
 
@@ -495,7 +573,10 @@ static void attn_mha(pass *p, const lm_layer *l, int li) {
         .f = f, .segs = p->segs, .layer = l->kv_layer, .n_seg = p->n_seg, .window = l->window, .sinks = l->sinks};
     atomic_init(&aj.next, 0);
     /* tiny attention (short contexts, small heads) is not worth a wake-up */
-    pool_run(p->attn_work < 64.0 * 1024 ? NULL : f->pool, attn_worker, &aj);
+    lm_pool *pool = p->attn_work < 64.0 * 1024 ? NULL : f->pool;
+    attn_plan(f, p->segs, p->n_seg, l->kv_layer, l->window, pool ? pool_size(pool) : 1);
+    pool_run(pool, attn_worker, &aj);
+    attn_merge(f, &aj);
     if (hp->attn_gate) run_rows(f, l, ROWS_GATE, n);
     prof(p, LM_PROF_ATTN);
 }
