@@ -4,10 +4,11 @@
  * Build: `make bench` (build/bench_attn).
  *
  * Run: build/bench_attn [-H 32] [-K 8] [-D 128] [-c 1024,4096,8192] [-q 64] [-b 16] [--mem-ctx 4096] [--scalar]
- *                      [--no-plain] [--sinks S]   (--mem-ctx 0 skips the memory part, -c 0 the speed part)
+ *                      [--no-plain] [--sinks S] [--kv F32,F16,Q8_0] [-t THREADS]
+ *                      (--mem-ctx 0 skips the memory part, -c 0 the speed part)
  *
  * One layer, one thread, block size 16 (-b). For each context length T and each
- * KV type (F32, F16):
+ * KV type (--kv, default F32,F16; the plain loop only for F32 and F16):
  *   decode   one query at position T-1, all heads: attn_tile per KV head
  *            against the plain loop of the contiguous cache (per head: scores,
  *            softmax, weighted sum, as forward.c does it; F16 read through a
@@ -18,6 +19,12 @@
  * --sinks S: every head gets an attention sink of logit S (attn_tile_sinks;
  * the plain loop adds e^(S - m) to its denominator); without it the tiled
  * path passes no sinks.
+ * -t N (N > 1): the tiled decode and prefill run on a pool of N threads as
+ * the forward pass runs them: (query tile, KV head) items, and when the
+ * items are fewer than the threads each item's key splits cut into up to
+ * N / items units (attn_tile_part, then attn_tile_merge); the plain loop
+ * stays on one thread. "decode GB/s" is the KV bytes a decode step reads
+ * (K and V of every position, in the cache's type) over its time.
  * Both compute on the same K/V values; the largest relative difference of
  * their outputs is printed. Times are the best of repeated runs.
  * Memory: a full prefill of --mem-ctx tokens runs in three child processes
@@ -33,6 +40,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <stdatomic.h>
+
+#include "base/pool.h"
 #include "kv/attn.h"
 #include "kv/kv.h"
 #include "format/quant.h"
@@ -53,6 +63,10 @@ static bool no_plain; /* --no-plain: time the tiled kernel only */
 static int block_size = KV_DEFAULT_BLOCK;
 static bool use_sinks; /* --sinks: every head's sink is sink_logit */
 static float sink_logit, sinks[1024];
+static lm_pool *tpool;      /* -t N > 1: the threads of the tiled runs */
+static attn_scratch **tscr; /* (threads) one scratch each */
+static float *tpart;        /* split-K partials */
+static size_t tpart_cap;
 
 static void die(const char *msg) {
     fprintf(stderr, "bench_attn: %s\n", msg);
@@ -73,6 +87,15 @@ static void bench_make(bench *b, int nh, int nkv, int hd, int T, uint32_t type) 
     for (size_t i = 0; i < kvn; i++) {
         b->k16[i] = lm_f32_to_f16(b->k[i]), b->v16[i] = lm_f32_to_f16(b->v[i]);
         if (type == LM_TYPE_F16) b->k[i] = lm_f16_to_f32(b->k16[i]), b->v[i] = lm_f16_to_f32(b->v16[i]);
+    }
+    if (type == LM_TYPE_Q8_0) { /* the values as stored, for the reference */
+        const lm_type_traits *tt = quant_traits(type);
+        void *tmp = malloc((size_t)hd * 4);
+        for (size_t i = 0; i < kvn; i += (size_t)hd) {
+            tt->from_float(b->k + i, tmp, hd), tt->to_float(tmp, b->k + i, hd);
+            tt->from_float(b->v + i, tmp, hd), tt->to_float(tmp, b->v + i, hd);
+        }
+        free(tmp);
     }
     kv_config c;
     kv_config_init(&c, 1, nkv, hd);
@@ -138,7 +161,65 @@ static void plain_attn(const bench *b, bool f16, int pos0, int n, float *out, fl
     }
 }
 
+/* -t N: forward.c's plan. Items (query tile, KV head); with fewer items than
+ * threads, a one-tile call's items each cut into units of consecutive key
+ * splits, merged afterwards in split order. */
+typedef struct {
+    const bench *b;
+    int pos0, n, n_items, units, first, n_split;
+    size_t pf;
+    float *out;
+    atomic_int next;
+} par_job;
+
+static void par_worker(void *arg, int ith, int nth) {
+    par_job *j = arg;
+    const bench *b = j->b;
+    size_t qd = (size_t)b->nh * b->hd;
+    float scale = 1.0f / sqrtf((float)b->hd);
+    const float *sk = use_sinks ? sinks : NULL;
+    for (;;) {
+        int unit = atomic_fetch_add(&j->next, 1);
+        if (unit >= j->n_items * j->units) break;
+        int item = unit / j->units, u = unit % j->units;
+        int i0 = item / b->nkv * ATTN_TILE_Q, kh = item % b->nkv;
+        int m = j->n - i0 < ATTN_TILE_Q ? j->n - i0 : ATTN_TILE_Q;
+        const float *q = b->q + (size_t)(j->pos0 + i0) * qd;
+        if (j->units == 1) {
+            attn_tile_sinks(b->pool, b->seq, 0, kh, q, qd, m, j->pos0 + i0, scale, 0, 0, sk, j->out + (size_t)i0 * qd,
+                            qd, tscr[ith]);
+            continue;
+        }
+        int s0 = j->n_split * u / j->units, s1 = j->n_split * (u + 1) / j->units;
+        attn_tile_part(b->pool, b->seq, 0, kh, q, qd, m, j->pos0, scale, 0, 0, j->first + s0, s1 - s0,
+                       tpart + ((size_t)kh * j->n_split + (size_t)s0) * j->pf, tscr[ith]);
+    }
+}
+
+static void par_attn(const bench *b, int pos0, int n, float *out) {
+    int nth = pool_size(tpool), tiles = (n + ATTN_TILE_Q - 1) / ATTN_TILE_Q;
+    par_job j = {.b = b, .pos0 = pos0, .n = n, .n_items = tiles * b->nkv, .units = 1, .out = out};
+    atomic_init(&j.next, 0);
+    if (tiles == 1 && j.n_items < nth) {
+        j.n_split = attn_split_range(n, pos0, 0, &j.first);
+        j.pf = attn_part_floats(b->pool, 0, n, tscr[0]);
+        int per = nth / j.n_items;
+        if (j.n_split > 1 && (size_t)b->nkv * (size_t)j.n_split * j.pf <= tpart_cap)
+            j.units = per < j.n_split ? per : j.n_split;
+    }
+    pool_run(tpool, par_worker, &j);
+    if (j.units == 1) return;
+    size_t qd = (size_t)b->nh * b->hd;
+    for (int kh = 0; kh < b->nkv; kh++)
+        attn_tile_merge(b->pool, 0, kh, n, tpart + (size_t)kh * j.n_split * j.pf, j.n_split, use_sinks ? sinks : NULL,
+                        out, qd, tscr[0]);
+}
+
 static void tiled_attn(const bench *b, int pos0, int n, float *out, attn_scratch *scr) {
+    if (tpool) {
+        par_attn(b, pos0, n, out);
+        return;
+    }
     size_t qd = (size_t)b->nh * b->hd;
     float scale = 1.0f / sqrtf((float)b->hd);
     for (int i0 = 0; i0 < n; i0 += ATTN_TILE_Q) {
@@ -224,28 +305,50 @@ static double max_rel_diff(const float *a, const float *b, size_t n) {
     return num / den;
 }
 
-static void speed(int nh, int nkv, int hd, int T, uint32_t type, int nq, bool scalar) {
+static void speed(int nh, int nkv, int hd, int T, uint32_t type, int nq, bool scalar, int nth) {
     bench b;
     bench_make(&b, nh, nkv, hd, T, type);
     char err[LM_ERRLEN];
     attn_scratch *scr = attn_scratch_new(b.pool, nh, err, sizeof err);
     if (!scr) die(err);
+    if (nth > 1) {
+        tpool = pool_new(nth);
+        tscr = calloc((size_t)nth, sizeof *tscr);
+        /* every KV head's splits of a one-row call at this context */
+        tpart_cap = (size_t)nkv * ((size_t)T / ATTN_SPLIT + 1) * attn_part_floats(b.pool, 0, ATTN_TILE_Q, scr);
+        tpart = malloc(tpart_cap * sizeof(float));
+        if (!tpool || !tscr || !tpart) die("out of memory");
+        for (int i = 0; i < nth; i++)
+            if (!(tscr[i] = attn_scratch_new(b.pool, nh, err, sizeof err))) die(err);
+    }
     size_t qd = (size_t)nh * hd;
     float *o1 = malloc((size_t)nq * qd * 4), *o2 = malloc((size_t)nq * qd * 4), *sc = malloc((size_t)T * 4);
-    bool f16 = type == LM_TYPE_F16;
+    bool f16 = type == LM_TYPE_F16, plain_ok = type != LM_TYPE_Q8_0 && !no_plain;
     job dt = {&b, false, f16, T - 1, 1, o1, sc, scr}, dp = {&b, true, f16, T - 1, 1, o2, sc, scr};
-    double td = time_best(&dt, 0.3), tp = no_plain ? 1 : time_best(&dp, 0.3);
+    double td = time_best(&dt, 0.3), tp = plain_ok ? time_best(&dp, 0.3) : 1;
+    if (!plain_ok) plain_attn(&b, f16, T - 1, 1, o2, sc); /* the reference, untimed */
     double ed = max_rel_diff(o1, o2, qd);
     job pt = {&b, false, f16, T - nq, nq, o1, sc, scr}, pp = {&b, true, f16, T - nq, nq, o2, sc, scr};
-    double tpt = time_best(&pt, 0.3), tpp = no_plain ? 1 : time_best(&pp, 0.3);
+    double tpt = time_best(&pt, 0.3), tpp = plain_ok ? time_best(&pp, 0.3) : 1;
+    if (!plain_ok) plain_attn(&b, f16, T - nq, nq, o2, sc);
     double ep = max_rel_diff(o1, o2, (size_t)nq * qd);
-    double kv_mb = (double)T * nkv * hd * 2 * (f16 ? 2 : 4) / 1e6;
-    printf("| %5d | %-4s | %9.1f | %9.1f | %5.2fx | %9.2f | %9.2f | %5.2fx | %7.1f | %.1e |\n", T,
-           quant_type_name(type), td * 1e6, tp * 1e6, tp / td, tpt * 1e3, tpp * 1e3, tpp / tpt, kv_mb / 1e3 / td,
-           fmax(ed, ep));
+    double kv_mb = (double)T * nkv * 2 * (double)quant_row_size(type, hd) / 1e6;
+    if (plain_ok)
+        printf("| %5d | %-4s | %9.1f | %9.1f | %5.2fx | %9.2f | %9.2f | %5.2fx | %7.1f | %.1e |\n", T,
+               quant_type_name(type), td * 1e6, tp * 1e6, tp / td, tpt * 1e3, tpp * 1e3, tpp / tpt, kv_mb / 1e3 / td,
+               fmax(ed, ep));
+    else
+        printf("| %5d | %-4s | %9.1f | - | - | %9.2f | - | - | %7.1f | %.1e |\n", T, quant_type_name(type), td * 1e6,
+               tpt * 1e3, kv_mb / 1e3 / td, fmax(ed, ep));
     fflush(stdout);
     free(o1), free(o2), free(sc);
     attn_scratch_free(scr);
+    if (tpool) {
+        for (int i = 0; i < nth; i++) attn_scratch_free(tscr[i]);
+        free(tscr), free(tpart);
+        pool_free(tpool);
+        tpool = NULL, tscr = NULL, tpart = NULL;
+    }
     bench_free(&b);
 }
 
@@ -304,7 +407,9 @@ static void memory(int nh, int nkv, int hd, int T) {
 }
 
 int main(int argc, char **argv) {
-    int nh = 32, nkv = 8, hd = 128, nq = 64, mem_ctx = 4096;
+    int nh = 32, nkv = 8, hd = 128, nq = 64, mem_ctx = 4096, nth = 1;
+    uint32_t types[4] = {LM_TYPE_F32, LM_TYPE_F16};
+    int n_types = 2;
     int ctxs[16] = {1024, 4096, 8192}, n_ctx = 3;
     bool scalar = false;
     for (int i = 1; i < argc; i++) {
@@ -316,7 +421,16 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "-K")) nkv = atoi(v), i++;
         else if (!strcmp(a, "-D")) hd = atoi(v), i++;
         else if (!strcmp(a, "-q")) nq = atoi(v), i++;
-        else if (!strcmp(a, "-b")) block_size = atoi(v), i++;
+        else if (!strcmp(a, "-t")) nth = atoi(v), i++;
+        else if (!strcmp(a, "--kv")) {
+            n_types = 0;
+            for (char *s = argv[++i], *tok; (tok = strtok(s, ",")) && n_types < 4; s = NULL) {
+                if (!strcmp(tok, "F32")) types[n_types++] = LM_TYPE_F32;
+                else if (!strcmp(tok, "F16")) types[n_types++] = LM_TYPE_F16;
+                else if (!strcmp(tok, "Q8_0")) types[n_types++] = LM_TYPE_Q8_0;
+                else die("--kv takes F32, F16, Q8_0");
+            }
+        } else if (!strcmp(a, "-b")) block_size = atoi(v), i++;
         else if (!strcmp(a, "--mem-ctx")) mem_ctx = atoi(v), i++;
         else if (!strcmp(a, "--sinks")) use_sinks = true, sink_logit = strtof(v, NULL), i++;
         else if (!strcmp(a, "-c")) {
@@ -328,6 +442,7 @@ int main(int argc, char **argv) {
         } else die("unknown flag (see the comment at the top of bench/bench_attn.c)");
     }
     if (nh <= 0 || nkv <= 0 || nh % nkv || hd <= 0 || nq <= 0 || nh > 1024) die("bad shape");
+    if (nth < 1 || nth > 256) die("-t takes 1 to 256 threads");
     if (use_sinks && (isnan(sink_logit) || sink_logit == INFINITY)) die("--sinks needs a finite logit");
     for (int h = 0; h < nh; h++) sinks[h] = sink_logit;
     kernels_init();
@@ -337,8 +452,9 @@ int main(int argc, char **argv) {
     /* memory first, while this process is still small (children inherit it) */
     if (mem_ctx > 0) memory(4, 1, 64, mem_ctx);
 
-    printf("\n%d heads / %d KV heads, head dim %d, block %d, one thread, %s kernels; prefill = last %d queries", nh,
-           nkv, hd, block_size, kernels_isa_name(), nq);
+    printf("\n%d heads / %d KV heads, head dim %d, block %d, %d thread%s (plain: one), %s kernels; prefill = last %d "
+           "queries",
+           nh, nkv, hd, block_size, nth, nth > 1 ? "s" : "", kernels_isa_name(), nq);
     if (use_sinks) printf("; sinks %g", (double)sink_logit);
     printf("\n");
     printf("| ctx | KV | decode tiled µs | decode plain µs | speedup | prefill tiled ms | prefill plain ms | speedup "
@@ -347,8 +463,7 @@ int main(int argc, char **argv) {
     for (int c = 0; c < n_ctx; c++) {
         if (ctxs[c] == 0) continue; /* -c 0: memory part only */
         if (ctxs[c] < nq) die("context shorter than the prefill chunk");
-        speed(nh, nkv, hd, ctxs[c], LM_TYPE_F32, nq, scalar);
-        speed(nh, nkv, hd, ctxs[c], LM_TYPE_F16, nq, scalar);
+        for (int ti = 0; ti < n_types; ti++) speed(nh, nkv, hd, ctxs[c], types[ti], nq, scalar, nth);
     }
     return 0;
 }
