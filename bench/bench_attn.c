@@ -205,7 +205,7 @@ static void par_attn(const bench *b, int pos0, int n, float *out) {
         j.pf = attn_part_floats(b->pool, 0, n, tscr[0]);
         int per = nth / j.n_items;
         if (j.n_split > 1 && (size_t)b->nkv * (size_t)j.n_split * j.pf <= tpart_cap)
-            j.units = per < j.n_split ? per : j.n_split;
+            j.units = 4 * per < j.n_split ? 4 * per : j.n_split; /* forward.c's ATTN_UNITS_PER_THREAD */
     }
     pool_run(tpool, par_worker, &j);
     if (j.units == 1) return;

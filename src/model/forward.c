@@ -332,12 +332,19 @@ static void attn_worker(void *arg, int ith, int nth) {
     }
 }
 
+/* Split-K units per thread's share of an item: more units than threads, so
+ * that threads that wake late (a loaded machine's wake-ups take hundreds of
+ * microseconds) find less left to do and the early ones take more. The
+ * partials are per split whatever the units, so this costs no memory. */
+#define ATTN_UNITS_PER_THREAD 4
+
 /* The attention plan of one layer: seg_units and seg_unit0, seg_part0 for
  * split segments. nth: the threads that will run it. Items are split only
- * while fewer than the threads, each into at most nth / items units (no more
- * than its splits), and only where their partials fit in part. */
+ * while fewer than the threads, each into up to ATTN_UNITS_PER_THREAD x
+ * (nth / items) units (no more than its splits), taken from one counter in
+ * order, and only where their partials fit in part. */
 static void attn_plan(lm_fwd *f, const lm_seg *segs, int n_seg, int layer, int window, int nth) {
-    int items = f->seg_item0[n_seg], per = items < nth && f->part ? nth / items : 1;
+    int items = f->seg_item0[n_seg], per = items > 0 && items < nth && f->part ? nth / items : 1;
     size_t used = 0;
     f->seg_unit0[0] = 0;
     for (int g = 0; g < n_seg; g++) {
@@ -346,7 +353,7 @@ static void attn_plan(lm_fwd *f, const lm_seg *segs, int n_seg, int layer, int w
             int first, n_split = attn_split_range(segs[g].n, segs[g].pos0, window, &first);
             size_t need = (size_t)n_items * (size_t)n_split * attn_part_floats(f->kv, layer, segs[g].n, f->scr[0]);
             if (n_split > 1 && used + need <= f->part_cap) {
-                U = per < n_split ? per : n_split;
+                U = ATTN_UNITS_PER_THREAD * per < n_split ? ATTN_UNITS_PER_THREAD * per : n_split;
                 f->seg_part0[g] = used;
                 used += need;
             }
