@@ -17,7 +17,9 @@
  * block size or on which physical blocks hold the data: those comparisons
  * are bit for bit. The two paths are the kernel table as CPUID fills it and
  * the table switched to the scalar kernels (kernels_use); LAMINA_NO_SIMD=1
- * must give the scalar path's bits (test_no_simd_env).
+ * must give the scalar path's bits (test_no_simd_env). Split-K: a call's
+ * key splits spread over 1..8 units and merged give the whole call's bits
+ * (test_split_k).
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -607,10 +609,9 @@ static void filled_free(filled *f) {
  * splits n*j/U .. n*(j+1)/U-1 with attn_tile_part, alternating between two
  * scratches as threads would), then attn_tile_merge: the output must be
  * attn_tile_sinks's bits (memcmp) for every U, and within 1e-5 (relative
- * L2) of the float64 reference on the stored values, on every kernel
- * variant the CPU runs. T = 2000 gives a decode row 8 splits of 256; runs:
- * the decode step, a 5-row verification pass, a 20-row tile (more than one
- * sub-tile when the group is 4 or 8). Shapes: Gemma 3 270M's (4 heads, 1 KV
+ * L2) of the float64 reference on the stored values. T = 2000 gives a decode row 8 splits of 256; runs:
+ * the decode step on every variant, a 9-row verification pass (two
+ * sub-tiles when the group is 8) on the fastest. Shapes: Gemma 3 270M's (4 heads, 1 KV
  * head, head dim 256) with an F16 cache and, windowed, Q8_0; TinyLlama's
  * (32/4, 64) on Q8_0; sinks with softcap; sinks with a window; a head dim
  * no SIMD loop takes. */
@@ -639,11 +640,12 @@ static int check_split(const split_cfg *c, int T, const int *isas, int n_isa, do
     for (int h = 0; h < c->n_head; h++) sinks[h] = h == 0 ? 6.0f : -1.0f + 0.5f * (float)h;
     const float *sk = c->sinks ? sinks : NULL;
     float scale = 1.0f / sqrtf((float)c->hd);
-    static const int nqs[] = {1, 5, 20};
+    static const int nqs[] = {1, 9};
     for (size_t k = 0; k < sizeof nqs / sizeof nqs[0] && !rc; k++) {
         int n_q = nqs[k], pos0 = T - n_q, first, n_split = attn_split_range(n_q, pos0, c->window, &first);
         ref_attn_full(&d, d.ks, d.vs, 0, pos0, n_q, c->window, c->cap, sk, ref);
-        for (int i = 0; i < n_isa && !rc; i++) {
+        /* 9 rows on the fastest variant only (the test's time) */
+        for (int i = n_q > 1 ? n_isa - 1 : 0; i < n_isa && !rc; i++) {
             if (kernels_use(isas[i])) {
                 rc = -1;
                 break;
