@@ -547,16 +547,16 @@ static void test_alloc_failure(void) {
     printf("NOTE allocation failure: %d injected failures, each an error with a message\n", n_fail);
 }
 
-/* Split-K in the pass: decode steps past 1024 positions on pools of 1, 3,
+/* Split-K in the pass: decode steps past 2048 positions on pools of 1, 3,
  * 8 and 16 threads. The model's 4 KV heads make 4 attention items per
  * decode step, so 8 and 16 threads cut each item's key splits into 2 and 4
  * units (forward.c's attn_plan) while 1 and 3 threads run the items whole:
  * every step's logits must be bit-identical (memcmp) across the four, in F32
  * and F16 caches (attn.h: the splits sit on a fixed grid and are merged in
- * one order however they are spread). A prompt of 1100 tokens in chunks of
- * 64, then 12 decode steps. */
+ * one order however they are spread). A prompt of 2100 tokens in chunks of
+ * 64, then 12 decode steps (9 splits: above forward.c's ATTN_SPLIT_MIN). */
 static void test_split_k_threads(void) {
-    enum { PROMPT = 1100, STEPS = 12, CTX = 1200 };
+    enum { PROMPT = 2100, STEPS = 12, CTX = 2200 };
     int V = model->hp.n_vocab;
     int32_t toks[PROMPT + STEPS];
     prompt(toks, PROMPT + STEPS, 23);

@@ -337,12 +337,19 @@ static void attn_worker(void *arg, int ith, int nth) {
  * microseconds) find less left to do and the early ones take more. The
  * partials are per split whatever the units, so this costs no memory. */
 #define ATTN_UNITS_PER_THREAD 4
+/* Fewest splits (of ATTN_SPLIT keys) an item needs before it is cut: a
+ * worker handed a unit is waited for, and on a loaded 2-core host a
+ * wake-up (300-450 us) and a preemption cost more than a short item's whole
+ * attention (bench/results/attention.md, 2026-12-06); from 2048 keys up the
+ * units are long enough to pay. */
+#define ATTN_SPLIT_MIN 8
 
 /* The attention plan of one layer: seg_units and seg_unit0, seg_part0 for
  * split segments. nth: the threads that will run it. Items are split only
- * while fewer than the threads, each into up to ATTN_UNITS_PER_THREAD x
- * (nth / items) units (no more than its splits), taken from one counter in
- * order, and only where their partials fit in part. */
+ * while fewer than the threads and at least ATTN_SPLIT_MIN splits long,
+ * each into up to ATTN_UNITS_PER_THREAD x (nth / items) units (no more than
+ * its splits), taken from one counter in order, and only where their
+ * partials fit in part. */
 static void attn_plan(lm_fwd *f, const lm_seg *segs, int n_seg, int layer, int window, int nth) {
     int items = f->seg_item0[n_seg], per = items > 0 && items < nth && f->part ? nth / items : 1;
     size_t used = 0;
@@ -352,7 +359,7 @@ static void attn_plan(lm_fwd *f, const lm_seg *segs, int n_seg, int layer, int w
         if (per > 1 && segs[g].n <= ATTN_TILE_Q) {
             int first, n_split = attn_split_range(segs[g].n, segs[g].pos0, window, &first);
             size_t need = (size_t)n_items * (size_t)n_split * attn_part_floats(f->kv, layer, segs[g].n, f->scr[0]);
-            if (n_split > 1 && used + need <= f->part_cap) {
+            if (n_split >= ATTN_SPLIT_MIN && used + need <= f->part_cap) {
                 U = ATTN_UNITS_PER_THREAD * per < n_split ? ATTN_UNITS_PER_THREAD * per : n_split;
                 f->seg_part0[g] = used;
                 used += need;
