@@ -228,8 +228,11 @@ static void key_span(int nq, int qpos0, int window, int kv_end, int *c_begin, in
 /* One split's partial state of R = nq x G rows over keys c_lo .. c_hi-1
  * (c_lo on the chunk grid): scr->m, l, o from m = -inf, l = 0, O = 0 by the
  * online recurrence; Qs already in scr->qs. A row that sees none of these
- * keys keeps l = 0. */
-static void split_partial(const tile_args *a, int nq, int qpos0, int c_lo, int c_hi, int wlo, attn_scratch *scr) {
+ * keys keeps l = 0. The chunk after each one is prefetched up to c_pf (the
+ * sub-tile's last key + 1), across the split's end, so the next split
+ * starts on fetched lines. */
+static void split_partial(const tile_args *a, int nq, int qpos0, int c_lo, int c_hi, int c_pf, int wlo,
+                          attn_scratch *scr) {
     const kv_layout *lay = a->lay;
     int G = scr->group, hd = scr->hd, dv = lay->v_dim, R = nq * G, kh = a->kv_head;
     const lm_attn_kernels *k = a->k, *kv = a->kv;
@@ -238,8 +241,8 @@ static void split_partial(const tile_args *a, int nq, int qpos0, int c_lo, int c
     memset(scr->o, 0, (size_t)R * dv * sizeof(float)); /* O (R, dv) */
     for (int c0 = c_lo; c0 < c_hi; c0 += CHUNK) {
         int nk = c_hi - c0 < CHUNK ? c_hi - c0 : CHUNK;
-        if (c0 + CHUNK < c_hi) {
-            int nk2 = c_hi - c0 - CHUNK < CHUNK ? c_hi - c0 - CHUNK : CHUNK;
+        if (c0 + CHUNK < c_pf) {
+            int nk2 = c_pf - c0 - CHUNK < CHUNK ? c_pf - c0 - CHUNK : CHUNK;
             prefetch_chunk(lay, a->table, a->layer, 0, kh, c0 + CHUNK, nk2);
             if (!latent) prefetch_chunk(lay, a->table, a->layer, 1, kh, c0 + CHUNK, nk2);
         }
@@ -326,7 +329,7 @@ static void subtile(const tile_args *a, int i0, int nq, int qpos0, int split0, i
     for (int sp = split0; sp < split0 + n_split; sp++) {
         int c_lo = sp * ATTN_SPLIT > c_begin ? sp * ATTN_SPLIT : c_begin;
         int c_hi = (sp + 1) * ATTN_SPLIT < c_end ? (sp + 1) * ATTN_SPLIT : c_end;
-        if (c_lo < c_hi) split_partial(a, nq, qpos0, c_lo, c_hi, wlo, scr);
+        if (c_lo < c_hi) split_partial(a, nq, qpos0, c_lo, c_hi, c_end, wlo, scr);
         else
             for (int r = 0; r < R; r++) scr->l[r] = 0; /* this sub-tile sees nothing of the split */
         for (int r = 0; r < R; r++) {
