@@ -34,8 +34,10 @@
  * layout (fwd_kv_config sets kv_config.latent_v).
  * then logits = rmsnorm(x) * out_norm · Woutᵀ for the rows asked for.
  * Each row's arithmetic is the same whatever else is in the batch and
- * whichever thread runs it, so a sequence's logits do not depend on how its
- * tokens were batched.
+ * whichever thread runs it (attention's key splits, spread over threads
+ * when the items are few, are merged in one order: attn_plan), so a
+ * sequence's logits do not depend on how its tokens were batched, nor on
+ * the thread count.
  * This file is the local pass (fwd_pass): one process's layers [layer0,
  * layer1) over one batch, each layer an attention block (multi-head or
  * latent) and an FFN block (dense or experts). It knows nothing of other
