@@ -140,6 +140,7 @@ typedef struct {
     int n_vocab, n_ctx_train, n_embd, n_layer, n_head, n_head_kv;
     uint64_t n_params;
     uint64_t weight_bytes; /* bytes of all tensors in the file */
+    int pooling;           /* lm_pooling: how the model pools an embedding (LM_POOL_NONE: a generative model) */
 } lm_model_info;
 
 /* Fill the first size bytes of *info (lm_model_get_info passes sizeof); the
@@ -226,6 +227,24 @@ LM_API void lm_chat_options_init(lm_chat_options *o, size_t size);
 LM_API lm_status lm_chat_render_opts(const lm_model *m, const char *tmpl, const lm_chat_msg *msgs, int n,
                                      const lm_chat_options *o, char **out, char *err, size_t errlen);
 LM_API void lm_string_free(char *s);
+
+/* ---- embeddings ------------------------------------------------------------ */
+
+/* How the hidden states of a prompt's tokens (after the final norm) become
+ * one vector: GGUF's ARCH.pooling_type. LM_POOL_NONE is a generative model
+ * (no pooling of its own); LM_POOL_DEFAULT asks for the model's. */
+typedef enum {
+    LM_POOL_DEFAULT = -1, /* the model's pooling_type */
+    LM_POOL_NONE = 0,     /* none: a generative model (no embedding without an explicit pooling) */
+    LM_POOL_MEAN = 1,     /* the average of every token's row */
+    LM_POOL_CLS = 2,      /* the first token's row */
+    LM_POOL_LAST = 3,     /* the last token's row */
+} lm_pooling;
+
+/* The width of an embedding vector (the model's n_embd); 0 for NULL. */
+LM_API int lm_model_embd_dim(const lm_model *m);
+/* Divide v (n floats) by its L2 norm, in place; a zero vector stays zero. */
+LM_API void lm_embd_normalize(float *v, int n);
 
 /* ---- sampling -------------------------------------------------------------- */
 
@@ -365,6 +384,10 @@ typedef struct {
     lm_status status;  /* with LM_FINISH_ERROR: what kind of error */
     const char *error; /* with LM_FINISH_ERROR: what went wrong */
     const lm_request_stats *stats;
+    const float *embedding; /* embed requests, in the done event with LM_FINISH_STOP: n_embedding floats,
+                               pooled (after the model's post-pooling projections, if any), NOT
+                               normalized; NULL otherwise */
+    int n_embedding;
 } lm_event;
 
 /* Called on the engine's thread; everything ev points to is valid only
@@ -417,6 +440,12 @@ typedef struct {
     bool special_text; /* the text of control tokens is part of the output (gpt-oss's harmony
                           markers, <|channel|> and the like, which a reader of its channels needs);
                           end-of-generation tokens still leave no text */
+    bool embed;        /* an embedding request: the prompt is prefilled only (nothing sampled; max_tokens,
+                          sampling, grammar, stop, logprobs ignored; n must be 1) and the done event
+                          carries its pooled vector (lm_event.embedding). Bypasses the prefix cache */
+    int pooling;       /* with embed: LM_POOL_DEFAULT (default: the model's pooling_type), LM_POOL_MEAN,
+                          LM_POOL_CLS or LM_POOL_LAST. A model whose pooling_type is LM_POOL_NONE (a
+                          generative model) with LM_POOL_DEFAULT is LM_ERR_INVALID */
 } lm_request_params;
 
 /* The defaults each field states (sampling: lm_sample_params_default's);
@@ -445,6 +474,18 @@ LM_API void lm_request_cancel(lm_engine *e, lm_request *r);
 LM_API void lm_request_release(lm_engine *e, lm_request *r);
 /* Block until nothing is queued or running. */
 LM_API void lm_engine_wait_idle(lm_engine *e);
+
+/* Embed n inputs, each a token list (tokens[i], n_tokens[i] >= 1), and
+ * block until all are done; safe from any thread (not from an event
+ * callback). pooling as lm_request_params.pooling. out receives n rows of
+ * lm_model_embd_dim floats, or of dimensions floats when dimensions > 0
+ * (Matryoshka: the leading dimensions, kept before normalizing), each
+ * L2-normalized when normalize. LM_ERR_INVALID: a bad argument, dimensions
+ * above the model's width, a generative model with LM_POOL_DEFAULT;
+ * LM_ERR_TOO_LONG: an input that cannot fit the context; an input that fails
+ * in the engine gives its status. On failure out is undefined. */
+LM_API lm_status lm_embed(lm_engine *e, const int32_t *const *tokens, const int *n_tokens, int n, int pooling,
+                          int dimensions, bool normalize, float *out, char *err, size_t errlen);
 
 /* A histogram with fixed upper bounds (Prometheus style, cumulative on read). */
 #define LM_HIST_MAX 16

@@ -23,6 +23,7 @@
  */
 #include "lamina.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "base/util.h"
@@ -121,6 +122,7 @@ void lm_model_info_get(const lm_model *m, lm_model_info *info, size_t size) {
         .n_head_kv = hp->n_head_kv,
         .n_params = m->n_params,
         .weight_bytes = m->weight_bytes,
+        .pooling = hp->pooling,
     };
     narrow(info, size, &whole, sizeof whole);
 }
@@ -363,6 +365,25 @@ void lm_request_release(lm_engine *e, lm_request *r) {
 
 void lm_engine_wait_idle(lm_engine *e) {
     if (e) engine_wait_idle(e);
+}
+
+/* ---- embeddings ------------------------------------------------------------ */
+
+int lm_model_embd_dim(const lm_model *m) { return m ? m->hp.n_embd : 0; }
+
+void lm_embd_normalize(float *v, int n) {
+    if (!v || n <= 0) return;
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)v[i] * v[i];
+    if (ss == 0) return;
+    double inv = 1.0 / sqrt(ss);
+    for (int i = 0; i < n; i++) v[i] = (float)(v[i] * inv);
+}
+
+lm_status lm_embed(lm_engine *e, const int32_t *const *tokens, const int *n_tokens, int n, int pooling, int dimensions,
+                   bool normalize, float *out, char *err, size_t errlen) {
+    (void)e, (void)tokens, (void)n_tokens, (void)n, (void)pooling, (void)dimensions, (void)normalize, (void)out;
+    return fail(LM_ERR_UNSUPPORTED, err, errlen, "lm_embed: not implemented yet");
 }
 
 void lm_engine_stats_get(lm_engine *e, lm_engine_stats *st, size_t size) {

@@ -646,6 +646,10 @@ static int read_hparams(loader *L) {
         get_hp_int(L, arch, "nextn_predict_layers", 0, 0, hp->n_layer - 1, &hp->n_layer_mtp))
         return -1;
     hp->n_layer -= hp->n_layer_mtp;
+    /* an embedding model's pooling (llama.cpp's numbering; 4, rank, is a reranker's head) */
+    if (get_hp_int(L, arch, "pooling_type", LM_POOL_NONE, LM_POOL_NONE, 4, &hp->pooling)) return -1;
+    if (hp->pooling > LM_POOL_LAST)
+        return unsupported(L), lm_err(L->err, L->errlen, "pooling type %d (rank) is not supported", hp->pooling);
     if (hp->n_head % hp->n_head_kv)
         return lm_err(L->err, L->errlen, "head count %d is not a multiple of the KV head count %d", hp->n_head,
                       hp->n_head_kv);

@@ -210,6 +210,8 @@ typedef struct {
                                   to every position of its sequence (attn_tile_full), which must then
                                   run in one pass (encoders: bert, nomic-bert) */
     bool encoder;         /* bert, nomic-bert: post-norm LayerNorm blocks, no LM head (encoder.h) */
+    int pooling;          /* lm_pooling from <arch>.pooling_type: how an embedding pools the rows
+                                  (LM_POOL_NONE, absent: a generative model; embed.h) */
 } lm_hparams;
 
 typedef struct {

@@ -111,6 +111,7 @@ void engine_request_params_default(lm_request_params *p) {
     sample_params_default(&p->sp);
     p->max_tokens = 16;
     p->n = 1;
+    p->pooling = LM_POOL_DEFAULT;
 }
 
 lm_status engine_fit_context(int n_max, int n_prompt, int max_tokens, int *max_out) {
