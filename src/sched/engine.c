@@ -5,8 +5,8 @@
  * proposer seam, proposer.h). Grammars are engine_grammar.c, the
  * configuration's defaults and the memory plan engine_mem.c, the clients'
  * tags and fair share of the slots engine_fair.c, hybrid models' recurrent
- * state engine_state.c; the objects they share are in engine_int.h. None of them calls back into this file:
- * only it takes tokens and finishes choices.
+ * state engine_state.c, embeddings engine_embed.c; their shared objects are
+ * in engine_int.h. None calls back into this file: only it takes tokens and finishes choices.
  *
  * Objects. A request (lm_request) keeps a copy of its parameters and owns n
  * choices (eseq), each one sequence of tokens with its own KV sequence,
@@ -71,6 +71,7 @@
 #include "format/quant.h"
 #include "kv/kv.h"
 #include "model/forward.h"
+#include "model/embed.h"
 #include "model/gdn.h"
 #include "sched/draft.h"
 #include "sched/metrics.h"
@@ -132,6 +133,7 @@ static void engine_request_unref(lm_request *r) {
         lm_free(r->ch[i].lz);
         spec_pseq_free(&r->ch[i].ps);
         lm_free(r->ch[i].rptr);
+        embed_pool_free(r->ch[i].emb);
     }
     stop_set_free(&r->stop);
     stop_set_free(&r->triggers);
@@ -169,7 +171,7 @@ static void engine_finish_choice(lm_engine *e, eseq *c, lm_finish why, lm_status
         c->probe = NULL;
     }
     if (c->kv) {
-        if (e->cfg.prefix_cache && (why == LM_FINISH_STOP || why == LM_FINISH_LENGTH))
+        if (e->cfg.prefix_cache && !c->emb && (why == LM_FINISH_STOP || why == LM_FINISH_LENGTH))
             kv_prefix_commit(e->kv, c->kv, c->tokens, c->n_computed, r->p.cache_salt);
         kv_seq_free(e->kv, c->kv);
         c->kv = NULL;
@@ -202,7 +204,9 @@ static void engine_finish_choice(lm_engine *e, eseq *c, lm_finish why, lm_status
                    .finish = why,
                    .status = status,
                    .error = error,
-                   .stats = &c->stats};
+                   .stats = &c->stats,
+                   .embedding = c->emb && why == LM_FINISH_STOP ? embed_pool_finish(c->emb) : NULL};
+    ev.n_embedding = ev.embedding ? e->m->hp.n_embd : 0;
     pthread_mutex_lock(&e->mu);
     metrics_finished(&e->stats, &c->stats, c->index, why);
     if (r->counted) engine_client_done(e, r->p.client);
@@ -463,8 +467,10 @@ static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max
 }
 
 static lm_status submit_tokens(lm_engine *e, const lm_request_params *p, lm_request **out, char *err, size_t errlen) {
-    lm_status rc = check_fields(e, p, err, errlen);
-    if (rc != LM_OK) return rc;
+    lm_request_params q; /* an embedding: one token wanted, nothing sampled (engine_embed.c) */
+    lm_status rc = p->embed ? engine_embed_params(e, p, &q, err, errlen) : LM_OK;
+    if (p->embed) p = &q;
+    if (rc != LM_OK || (rc = check_fields(e, p, err, errlen)) != LM_OK) return rc;
     int max_tokens;
     /* every position holds a token and one more is sampled from the last */
     if (engine_fit_context(e->n_ctx + 1, p->n_prompt, p->max_tokens, &max_tokens) != LM_OK) {
@@ -483,6 +489,8 @@ static lm_status submit_tokens(lm_engine *e, const lm_request_params *p, lm_requ
     lm_gmatch *proto = NULL;
     if (p->grammar && (rc = engine_grammar_get(&e->gr, p, &proto, err, errlen)) != LM_OK) return rc;
     lm_request *r = request_new(e, p, max_tokens, out != NULL, proto);
+    if (r && p->embed && !(r->ch[0].emb = engine_embed_pool(e, p->pooling)))
+        atomic_store(&r->refs, 1), engine_request_unref(r), r = NULL;
     if (!r) return lm_err(err, errlen, "out of memory"), LM_ERR_NOMEM;
     pthread_mutex_lock(&e->mu);
     if (e->stop || (e->cfg.max_waiting > 0 && e->n_req_waiting >= e->cfg.max_waiting)) {
@@ -781,8 +789,9 @@ static void answer_admit(lm_engine *e, eseq *c, const sched_plan *p) {
     int cached = 0;
     char err[LM_ERRLEN];
     if (!c->probe && (c->probe = kv_seq_new(e->kv, err, sizeof err))) {
-        if (e->cfg.prefix_cache) kv_prefix_match(e->kv, c->probe, c->tokens, c->n_tokens, c->req->p.cache_salt);
-        if (e->cfg.prefix_cache) engine_state_match(e, c); /* hybrids: only as far as a state snapshot */
+        bool pc = e->cfg.prefix_cache && !c->emb; /* an embedding pools every row: no cached prefix */
+        if (pc) kv_prefix_match(e->kv, c->probe, c->tokens, c->n_tokens, c->req->p.cache_salt);
+        if (pc) engine_state_match(e, c); /* hybrids: only as far as a state snapshot */
         e->probes[e->n_probes++] = c;
     }
     if (c->probe) {
@@ -814,7 +823,7 @@ static void batch_add(lm_engine *e, eseq *c, int n, int *n_tok, int *n_seg) {
     e->segs[*n_seg] = (lm_seg){.seq = c->kv,
                                .pos0 = c->n_computed,
                                .n = n,
-                               .n_logits = c->n_draft ? n : c->n_computed + n == c->n_tokens,
+                               .n_logits = c->n_draft ? n : !c->emb && c->n_computed + n == c->n_tokens,
                                .rconv = e->rs ? c->rptr : NULL,
                                .rmat = e->rs ? c->rptr + e->m->hp.n_rlayer : NULL,
                                .ck = e->rs && c->n_draft ? e->rs : NULL, /* checkpoints reserved in act */
@@ -1030,6 +1039,7 @@ static bool step(lm_engine *e) {
     char err[LM_ERRLEN];
     double t0 = e->prof_on ? lm_now() : 0;
     e->iter++;
+    engine_embed_begin(e, n_seg);
     int rc = fwd_run(e->fwd, e->btok, e->segs, n_seg, e->logits, err, sizeof err);
     double t1 = e->prof_on ? lm_now() : 0;
     if (rc == 0) presample(e, n_seg);
@@ -1048,6 +1058,8 @@ static bool step(lm_engine *e) {
             continue;
         }
         c->n_computed += e->segs[g].n;
+        if (c->emb && engine_embed_feed(e, g)) engine_finish_choice(e, c, LM_FINISH_STOP, LM_OK, NULL);
+        if (c->emb) continue;
         engine_mtp_feed(e, c);
         if (e->cfg.prefix_cache && c->n_gen == 0) {
             kv_prefix_commit(e->kv, c->kv, c->tokens, c->n_computed, c->req->p.cache_salt);
@@ -1214,6 +1226,7 @@ static void destroy(lm_engine *e) {
     lm_free(e->want_ch);
     lm_free(e->dq);
     lm_free(e->btok);
+    lm_free(e->emb_hid);
     lm_free(e->logits);
     lm_free(e->lp);
     lm_free(e->piece);

@@ -4,7 +4,8 @@
  * the grammar cache and masking; engine_mem.c: the configuration's
  * defaults and the memory plan; engine_fair.c: clients' tags and the fair
  * share of the slots; engine_state.c: hybrid models' recurrent state;
- * engine_mtp.c: the model's states for the MTP proposer). Nothing outside src/sched/engine*.c
+ * engine_mtp.c: the model's states for the MTP proposer; engine_embed.c:
+ * embedding requests). Nothing outside src/sched/engine*.c
  * includes it; everyone else sees the opaque handles of engine.h. The
  * speculation policy (spec_sched.h) and the proposers (proposer.h) are
  * objects the engine holds; they do not see these.
@@ -108,14 +109,15 @@ typedef struct eseq {
     bool gm_on;     /* the grammar constrains now (a lazy one: after a trigger) */
     char *lz;       /* (lz_cap) lazy grammar: the output's last bytes, searched for triggers */
     int n_lz, lz_cap;
-    spec_pseq ps;      /* speculation: the proposer's state, this iteration's proposal in ps.guess */
-    int n_draft;       /*   of it in this iteration's batch (0: a plain decode) */
-    int spec_k;        /*   the most it proposes per step (0: it does not speculate) */
-    spec_ctl ctl;      /*   the proposal's size, from its acceptance so far (the policy's) */
-    int n_prop;        /*   proposed this iteration (n_draft of them in the batch) */
-    float *q;          /*   (n_prop, n_vocab) the guesses' distributions (sampling), or NULL */
-    int32_t pre;       /* this iteration's token, drawn ahead on the pool (presample), or PRE_NONE */
-    uint64_t pre_iter; /*   the iteration that drew it (a draw is never used in another) */
+    spec_pseq ps;           /* speculation: the proposer's state, this iteration's proposal in ps.guess */
+    int n_draft;            /*   of it in this iteration's batch (0: a plain decode) */
+    int spec_k;             /*   the most it proposes per step (0: it does not speculate) */
+    spec_ctl ctl;           /*   the proposal's size, from its acceptance so far (the policy's) */
+    int n_prop;             /*   proposed this iteration (n_draft of them in the batch) */
+    float *q;               /*   (n_prop, n_vocab) the guesses' distributions (sampling), or NULL */
+    int32_t pre;            /* this iteration's token, drawn ahead on the pool (presample), or PRE_NONE */
+    uint64_t pre_iter;      /*   the iteration that drew it (a draw is never used in another) */
+    struct embed_pool *emb; /* an embedding request: the pooling of its rows (embed.h), else NULL */
     lm_request_stats stats;
 } eseq;
 
@@ -209,6 +211,9 @@ struct lm_engine {
     engine_profile_t prof; /* (engine thread) what they took */
 
     egram gr; /* constrained decoding */
+
+    float *emb_hid; /* (batch_tokens, n_embd) the rows' states of passes with embedding requests' rows
+                       (lm_fwd.hid), made at the first one's submission under mu; NULL before */
 
     lm_engine_stats stats; /* published under mu */
 };
@@ -322,6 +327,24 @@ int engine_state_rollback(lm_engine *e, eseq *c, char *err, size_t errlen);
  * pass's states (lm_fwd.hid). No-op when the proposer wants none or c has
  * no segment in the batch. */
 void engine_mtp_feed(lm_engine *e, eseq *c);
+
+/* ---- engine_embed.c: embedding requests --------------------------------- */
+
+/* Submission: the request p (embed set) as the engine runs it, into *q:
+ * its pooling resolved, one token wanted and no sampling extras. LM_OK,
+ * LM_ERR_INVALID (n not 1, a bad pooling, a generative model without one),
+ * LM_ERR_UNSUPPORTED (pipeline parallelism). */
+lm_status engine_embed_params(const lm_engine *e, const lm_request_params *p, lm_request_params *q, char *err,
+                              size_t errlen);
+/* Submission, any thread: a new request's pooling (its choice's emb), the
+ * engine's emb_hid made first when it has none. NULL when out of memory. */
+struct embed_pool *engine_embed_pool(lm_engine *e, int pooling);
+/* Before the pass over n_seg segments: lm_fwd.hid set when one of them is
+ * an embedding's (the MTP proposer's buffer is kept). */
+void engine_embed_begin(lm_engine *e, int n_seg);
+/* After the pass, for segment g of an embedding (n_computed advanced): pool
+ * its rows; whether its prompt is complete (engine.c then finishes it). */
+bool engine_embed_feed(lm_engine *e, int g);
 
 /* ---- engine_mem.c: the configuration and the memory plan ---------------- */
 

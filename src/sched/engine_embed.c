@@ -1,0 +1,75 @@
+/*
+ * engine_embed.c - embedding requests (lm_request_params.embed).
+ *
+ * An embedding request is a choice like any other up to its last prompt
+ * token: the scheduler admits it, its prompt is prefilled in chunks batched
+ * with the other choices' tokens, and preemption recomputes it from
+ * position 0. What differs: its segments want no logits (no LM head rows);
+ * the pass writes every row's state after the final norm into lm_fwd.hid
+ * (the MTP proposer's buffer when it has one, else emb_hid, set only for
+ * passes that hold an embedding's rows), and after the pass its rows are
+ * pooled on the engine thread (embed.h: the mean accumulates across
+ * chunks; a chunk at position 0 starts over). Once its whole prompt is in,
+ * engine.c finishes it (LM_FINISH_STOP) with the pooled vector in the done
+ * event; its KV is freed then, never committed to the prefix cache, and its
+ * admission never probes the cache (a cached prefix would skip the rows
+ * the pooling needs).
+ *
+ * Nothing is sampled: submission turns the request into one that wants a
+ * single token and carries no sampling extras (engine_embed_params), so
+ * the context and pool checks of ordinary requests apply (a prompt of at
+ * most n_ctx tokens) and no stop strings, grammar or speculation state is
+ * made. Under pipeline parallelism the states live on the last stage, not
+ * here: refused.
+ */
+#include "sched/engine_int.h"
+
+#include <string.h>
+
+#include "base/util.h"
+#include "model/embed.h"
+
+lm_status engine_embed_params(const lm_engine *e, const lm_request_params *p, lm_request_params *q, char *err,
+                              size_t errlen) {
+    if (p->n != 1) return lm_err(err, errlen, "an embedding request has n = 1 (got %d)", p->n), LM_ERR_INVALID;
+    if (e->m->pp.size > 1)
+        return lm_err(err, errlen, "embeddings are not supported under pipeline parallelism"), LM_ERR_UNSUPPORTED;
+    int pooling = embed_pooling_resolve(p->pooling, e->m->hp.pooling, err, errlen);
+    if (pooling < 0) return LM_ERR_INVALID;
+    *q = *p;
+    q->pooling = pooling;
+    q->max_tokens = 1; /* the checks of a request that wants one token: the prompt fits n_ctx */
+    q->n_stop = 0, q->stop = NULL;
+    q->n_bias = 0, q->bias_ids = NULL, q->bias_vals = NULL;
+    q->grammar = NULL, q->grammar_len = 0, q->grammar_root = NULL;
+    q->grammar_triggers = NULL, q->n_grammar_triggers = 0;
+    q->logprobs = false, q->top_logprobs = 0;
+    q->penalize_prompt = false;
+    q->spec_k = -1;
+    return LM_OK;
+}
+
+embed_pool *engine_embed_pool(lm_engine *e, int pooling) {
+    const int E = e->m->hp.n_embd;
+    pthread_mutex_lock(&e->mu); /* the engine thread reads emb_hid after taking the request from the inbox */
+    if (!e->emb_hid) e->emb_hid = lm_malloc((size_t)e->cfg.batch_tokens * (size_t)E * sizeof *e->emb_hid);
+    bool ok = e->emb_hid != NULL;
+    pthread_mutex_unlock(&e->mu);
+    return ok ? embed_pool_new(pooling, E) : NULL;
+}
+
+void engine_embed_begin(lm_engine *e, int n_seg) {
+    if (e->fwd->hid && e->fwd->hid != e->emb_hid) return; /* the MTP proposer's: every pass writes it */
+    bool any = false;
+    for (int g = 0; g < n_seg && !any; g++) any = e->seg_ch[g]->emb != NULL;
+    e->fwd->hid = any ? e->emb_hid : NULL;
+}
+
+bool engine_embed_feed(lm_engine *e, int g) {
+    const size_t E = (size_t)e->m->hp.n_embd;
+    eseq *c = e->seg_ch[g];
+    size_t row0 = 0;
+    for (int i = 0; i < g; i++) row0 += (size_t)e->segs[i].n;
+    embed_pool_add(c->emb, e->fwd->hid + row0 * E, E, e->segs[g].n, e->segs[g].pos0);
+    return c->n_computed == c->n_tokens;
+}
