@@ -11,7 +11,7 @@
  * ids), chat rendering (by name, the model's own template, BOS left out
  * once), and the engine: text and token prompts, greedy output independent
  * of batching, cancellation, a full queue, bad parameters and a prompt too
- * long.
+ * long; embeddings (lm_embed, lm_embd_normalize, lm_model_embd_dim).
  *
  * Internal headers serve the fixtures only: format/gguf.h writes two files
  * (the bundled model's tokenizer metadata with no tensors under an
@@ -869,6 +869,78 @@ static void test_struct_growth(void) {
     CHECKF(strstr(err, "lm_load_params.size is 0") != NULL, "%s", err);
 }
 
+/* Embeddings through the public API: the width, the L2 normalization
+ * against a double reference, lm_embed against the embedding requests'
+ * own events (the same floats), normalized and truncated (Matryoshka)
+ * rows, and its errors. */
+static void embed_event(void *user, const lm_event *ev) {
+    if (ev->done && ev->embedding) memcpy(user, ev->embedding, (size_t)ev->n_embedding * sizeof(float));
+}
+
+static void test_embed_api(void) {
+    char err[LM_ERRLEN];
+    lm_model_info info;
+    lm_model_get_info(model, &info);
+    CHECK(info.pooling == LM_POOL_NONE && lm_model_embd_dim(model) == 64 && lm_model_embd_dim(NULL) == 0);
+    lm_request_params dp;
+    lm_request_params_default(&dp);
+    CHECK(!dp.embed && dp.pooling == LM_POOL_DEFAULT);
+    float v[5] = {3, 0, -4, 0, 0}, z[3] = {0, 0, 0};
+    lm_embd_normalize(v, 5);
+    CHECK(fabs(v[0] - 0.6) < 1e-7 && fabs(v[2] + 0.8) < 1e-7 && v[1] == 0);
+    lm_embd_normalize(z, 3);
+    CHECK(z[0] == 0 && z[1] == 0 && z[2] == 0);
+    lm_engine_config cfg;
+    lm_engine_config_default(&cfg);
+    cfg.n_threads = 1;
+    lm_engine *e;
+    CHECKF(lm_engine_new(model, &cfg, &e, err, sizeof err) == LM_OK, "%s", err);
+    const char *texts[3] = {"Once upon a time", "The little dog ran to the park to play with the ball", "Lily"};
+    int32_t ids[3][32];
+    const int32_t *tok[3] = {ids[0], ids[1], ids[2]};
+    int nt[3];
+    for (int i = 0; i < 3; i++) nt[i] = lm_tokenize(mtok, texts[i], strlen(texts[i]), true, false, ids[i], 32);
+    static float raw[3][64], one[3][64], nrm[3][64], cut[3][16];
+    for (int i = 0; i < 3; i++) { /* each alone through lm_engine_submit */
+        lm_request_params p;
+        lm_request_params_default(&p);
+        p.embed = true;
+        p.pooling = LM_POOL_MEAN;
+        p.prompt = ids[i];
+        p.n_prompt = nt[i];
+        p.on_event = embed_event;
+        p.user = one[i];
+        CHECKF(lm_engine_submit(e, &p, NULL, err, sizeof err) == LM_OK, "%s", err);
+    }
+    lm_engine_wait_idle(e);
+    CHECKF(lm_embed(e, tok, nt, 3, LM_POOL_MEAN, 0, false, &raw[0][0], err, sizeof err) == LM_OK, "%s", err);
+    CHECK(!memcmp(raw, one, sizeof raw));
+    CHECK(lm_embed(e, tok, nt, 3, LM_POOL_MEAN, 0, true, &nrm[0][0], err, sizeof err) == LM_OK);
+    CHECK(lm_embed(e, tok, nt, 3, LM_POOL_MEAN, 16, true, &cut[0][0], err, sizeof err) == LM_OK);
+    for (int i = 0; i < 3; i++) {
+        double ss = 0, ss16 = 0;
+        for (int j = 0; j < 64; j++) ss += (double)raw[i][j] * raw[i][j];
+        for (int j = 0; j < 16; j++) ss16 += (double)raw[i][j] * raw[i][j];
+        CHECK(ss > 0);
+        for (int j = 0; j < 64; j++) CHECKF(fabs(nrm[i][j] - raw[i][j] / sqrt(ss)) < 1e-6, "row %d dim %d", i, j);
+        for (int j = 0; j < 16; j++) CHECKF(fabs(cut[i][j] - raw[i][j] / sqrt(ss16)) < 1e-6, "row %d dim %d", i, j);
+    }
+    /* the inputs differ, and so do their vectors */
+    CHECK(memcmp(raw[0], raw[1], sizeof raw[0]) != 0);
+    /* errors */
+    CHECK(lm_embed(e, tok, nt, 3, LM_POOL_MEAN, 65, true, &raw[0][0], err, sizeof err) == LM_ERR_INVALID);
+    CHECK(lm_embed(e, tok, nt, 3, LM_POOL_DEFAULT, 0, true, &raw[0][0], err, sizeof err) == LM_ERR_INVALID);
+    CHECKF(strstr(err, "generative") != NULL, "%s", err);
+    int bad[3] = {nt[0], 0, nt[2]};
+    CHECK(lm_embed(e, tok, bad, 3, LM_POOL_MEAN, 0, true, &raw[0][0], err, sizeof err) == LM_ERR_INVALID);
+    CHECK(lm_embed(e, tok, nt, 0, LM_POOL_MEAN, 0, true, NULL, err, sizeof err) == LM_OK);
+    CHECK(lm_embed(NULL, tok, nt, 3, LM_POOL_MEAN, 0, true, &raw[0][0], err, sizeof err) == LM_ERR_INVALID);
+    lm_engine_stats st;
+    lm_engine_get_stats(e, &st);
+    CHECK(st.kv_blocks_used == 0 && st.kv_blocks_cached == 0 && st.generation_tokens_total == 0);
+    lm_engine_free(e);
+}
+
 int main(void) {
     if (!mkdtemp(tmpdir)) {
         perror("mkdtemp");
@@ -895,6 +967,7 @@ int main(void) {
     TEST_RUN(test_engine_cancel_busy);
     TEST_RUN(test_engine_bad_requests);
     TEST_RUN(test_struct_growth);
+    TEST_RUN(test_embed_api);
     lm_model_free(model);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);

@@ -24,6 +24,7 @@
 #include "lamina.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "base/util.h"
@@ -380,10 +381,94 @@ void lm_embd_normalize(float *v, int n) {
     for (int i = 0; i < n; i++) v[i] = (float)(v[i] * inv);
 }
 
+/* lm_embed's requests: each done event copies its vector's first `dim`
+ * floats into its row of out; the first failure is kept. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int left; /* requests without their done event */
+    int dim;
+    float *out; /* (n, dim) */
+    lm_status st;
+    char msg[LM_ERRLEN];
+} embed_wait;
+
+typedef struct {
+    embed_wait *w;
+    int i;
+} embed_slot;
+
+static void on_embed(void *user, const lm_event *ev) {
+    if (!ev->done) return;
+    const embed_slot *s = user;
+    embed_wait *w = s->w;
+    pthread_mutex_lock(&w->mu);
+    if (ev->finish == LM_FINISH_STOP && ev->embedding && ev->n_embedding >= w->dim) {
+        memcpy(w->out + (size_t)s->i * (size_t)w->dim, ev->embedding, (size_t)w->dim * sizeof *w->out);
+    } else if (w->st == LM_OK) {
+        w->st = ev->finish == LM_FINISH_ERROR   ? ev->status
+            : ev->finish == LM_FINISH_CANCELLED ? LM_ERR_CANCELLED
+                                                : LM_ERR_INTERNAL;
+        lm_err(w->msg, sizeof w->msg, "input %d: %s", s->i, ev->error ? ev->error : lm_finish_name(ev->finish));
+    }
+    if (--w->left == 0) pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
 lm_status lm_embed(lm_engine *e, const int32_t *const *tokens, const int *n_tokens, int n, int pooling, int dimensions,
                    bool normalize, float *out, char *err, size_t errlen) {
-    (void)e, (void)tokens, (void)n_tokens, (void)n, (void)pooling, (void)dimensions, (void)normalize, (void)out;
-    return fail(LM_ERR_UNSUPPORTED, err, errlen, "lm_embed: not implemented yet");
+    if (!e || n < 0 || (n > 0 && (!tokens || !n_tokens || !out)))
+        return fail(LM_ERR_INVALID, err, errlen, "lm_embed: an engine, the inputs and out are required");
+    const int E = engine_model(e)->hp.n_embd;
+    if (dimensions < 0 || dimensions > E) {
+        lm_err(err, errlen, "dimensions %d is outside [1, %d] (0: the model's width)", dimensions, E);
+        return LM_ERR_INVALID;
+    }
+    for (int i = 0; i < n; i++)
+        if (!tokens[i] || n_tokens[i] < 1) {
+            lm_err(err, errlen, "input %d is empty", i);
+            return LM_ERR_INVALID;
+        }
+    if (n == 0) return LM_OK;
+    embed_wait w = {.left = n, .dim = dimensions ? dimensions : E, .out = out, .st = LM_OK};
+    embed_slot *slots = lm_malloc((size_t)n * sizeof *slots);
+    lm_request **reqs = lm_calloc((size_t)n, sizeof *reqs);
+    if (!slots || !reqs) {
+        lm_free(slots);
+        lm_free(reqs);
+        return fail(LM_ERR_NOMEM, err, errlen, "out of memory");
+    }
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_cond_init(&w.cv, NULL);
+    lm_request_params p;
+    engine_request_params_default(&p);
+    p.embed = true;
+    p.pooling = pooling;
+    p.on_event = on_embed;
+    lm_status st = LM_OK;
+    int sent = 0;
+    for (; sent < n; sent++) {
+        slots[sent] = (embed_slot){&w, sent};
+        p.user = &slots[sent];
+        p.prompt = tokens[sent];
+        p.n_prompt = n_tokens[sent];
+        if ((st = engine_submit(e, &p, &reqs[sent], err, errlen)) != LM_OK) break;
+    }
+    if (st != LM_OK) /* a submission failed: the others end cancelled */
+        for (int i = 0; i < sent; i++) engine_cancel(e, reqs[i]);
+    pthread_mutex_lock(&w.mu);
+    w.left -= n - sent; /* those never submitted get no event */
+    while (w.left > 0) pthread_cond_wait(&w.cv, &w.mu);
+    pthread_mutex_unlock(&w.mu);
+    for (int i = 0; i < sent; i++) engine_request_release(e, reqs[i]);
+    pthread_mutex_destroy(&w.mu);
+    pthread_cond_destroy(&w.cv);
+    lm_free(slots);
+    lm_free(reqs);
+    if (st == LM_OK && w.st != LM_OK) st = w.st, lm_err(err, errlen, "%s", w.msg);
+    if (st == LM_OK && normalize)
+        for (int i = 0; i < n; i++) lm_embd_normalize(out + (size_t)i * (size_t)w.dim, w.dim);
+    return st;
 }
 
 void lm_engine_stats_get(lm_engine *e, lm_engine_stats *st, size_t size) {
