@@ -113,7 +113,7 @@ struct lm_tokenizer {
     int max_piece;  /* WPM: the longest token text, in bytes */
     bool wpm_lower; /* WPM: tokenizer.ggml.normalizer.lowercase (default true) */
     bool wpm_strip; /* WPM: ...normalizer.strip_accents (default: as lowercase) */
-    bool add_bos, add_space_prefix, ignore_merges;
+    bool add_bos, add_eos, add_space_prefix, ignore_merges;
     uint8_t sp_first[256]; /* F_SP_* bits of tokens starting with this byte */
     uint32_t *sp_len;      /* (n_sp_len) distinct special-token lengths, descending */
     int n_sp_len;
@@ -591,12 +591,15 @@ static int load_specials(lm_tokenizer *t, const gguf_ctx *g, char *err, size_t e
     harmony_specials(t);
     if (t->bos < 0) t->add_bos = false; /* a family default cannot ask for a missing token */
     if (get_bool(g, "tokenizer.ggml.add_bos_token", &t->add_bos, err, errlen) ||
+        get_bool(g, "tokenizer.ggml.add_eos_token", &t->add_eos, err, errlen) ||
         get_bool(g, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix, err, errlen))
         return -1;
     if (t->add_bos && t->bos < 0)
         return lm_err(err, errlen, "tokenizer.ggml.add_bos_token is true but there is no BOS token");
     if (t->family == FAM_WPM && t->unk < 0)
         return lm_err(err, errlen, "a bert (WordPiece) vocabulary without an unknown token ([UNK])");
+    if (t->add_eos && t->eos < 0 && t->family != FAM_WPM)
+        return lm_err(err, errlen, "tokenizer.ggml.add_eos_token is true but there is no EOS token");
     return 0;
 }
 
@@ -779,6 +782,8 @@ int32_t tok_bos(const lm_tokenizer *t) { return t->bos; }
 int32_t tok_eos(const lm_tokenizer *t) { return t->eos; }
 int32_t tok_eot(const lm_tokenizer *t) { return t->eot; }
 bool tok_add_bos(const lm_tokenizer *t) { return t->add_bos; }
+/* (WordPiece ends an input with [SEP] in tok_encode, as llama.cpp does, never with EOS) */
+bool tok_add_eos(const lm_tokenizer *t) { return t->add_eos && t->family != FAM_WPM; }
 const float *tok_scores(const lm_tokenizer *t) { return t->family == FAM_SPM ? t->score : NULL; }
 
 bool tok_is_eog(const lm_tokenizer *t, int32_t id) { return id >= 0 && id < t->n_vocab && (t->flag[id] & F_EOG); }

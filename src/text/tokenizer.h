@@ -53,6 +53,10 @@ int32_t tok_bos(const lm_tokenizer *t);            /* -1 if none */
 int32_t tok_eos(const lm_tokenizer *t);            /* -1 if none */
 int32_t tok_eot(const lm_tokenizer *t);            /* -1 if none */
 bool tok_add_bos(const lm_tokenizer *t);           /* tokenizer.ggml.add_bos_token */
+/* tokenizer.ggml.add_eos_token (default false): an input ends with EOS, as
+ * an embedding model's (Qwen3-Embedding's) inputs do; tok_encode never adds
+ * it, its callers append it */
+bool tok_add_eos(const lm_tokenizer *t);
 /* End of generation: EOS, EOT or another end-of-generation token. */
 bool tok_is_eog(const lm_tokenizer *t, int32_t id);
 bool tok_is_control(const lm_tokenizer *t, int32_t id);
