@@ -88,6 +88,7 @@ int cmd_serve(int argc, char **argv);
 int cmd_route(int argc, char **argv);
 int cmd_trace(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
+int cmd_embed(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_pull(int argc, char **argv); /* lamina pull, list, rm: tools/cmd_pull.c */
 int cmd_list(int argc, char **argv);

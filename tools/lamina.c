@@ -715,6 +715,7 @@ static void usage_main(FILE *f) {
             "  tokenize    print the tokens of standard input\n"
             "  perplexity  measure perplexity on a text file (llama.cpp's method)\n"
             "  logits      the largest logits after a prompt (for comparing implementations)\n"
+            "  embed       embeddings of texts: hidden states pooled into one vector each\n"
             "  info        describe a GGUF model\n"
             "  convert     import a llama2.c checkpoint into GGUF\n"
             "  bench       measure prompt and generation speed\n"
@@ -960,6 +961,7 @@ static int run_cmd(int argc, char **argv) {
     if (!strcmp(c, "route")) return cmd_route(argc - 1, argv + 1);
     if (!strcmp(c, "trace")) return cmd_trace(argc - 1, argv + 1);
     if (!strcmp(c, "logits")) return cmd_logits(argc - 1, argv + 1);
+    if (!strcmp(c, "embed")) return cmd_embed(argc - 1, argv + 1);
     if (!strcmp(c, "version") || !strcmp(c, "--version") || !strcmp(c, "-V")) return cmd_version();
     fprintf(stderr, "lamina: unknown command '%s'\nTry 'lamina --help'.\n", c);
     return 2;
