@@ -11,7 +11,9 @@
  * head width, gemma2's post norms, soft-capping keys and alternate sliding
  * windows, phi3's fused attn_qkv and gate/up, long-rope factors and window),
  * real shapes scaled down. Their norm weights are 1 plus noise, so a reader
- * that skipped one would show. The qwen35 presets (Qwen3.5, dense and
+ * that skipped one would show. qwen3-embedding-small is qwen3-small as an
+ * embedding model (Qwen3-Embedding's keys: qwen3.pooling_type last, and
+ * tokenizer.ggml.add_eos_token over the --vocab-from vocabulary). The qwen35 presets (Qwen3.5, dense and
  * Mixture-of-Experts) are hybrids: of every gd_shape.interval layers the last
  * is full attention (a gated query, partial interleaved multi-section RoPE)
  * and the others gated-DeltaNet linear attention (gdn_layer), with the keys
@@ -54,6 +56,8 @@ static void usage_mkmodel(FILE *f) {
             "                     8 heads, 4 KV heads, n_ff 1408, vocab 32000, context 2048);\n"
             "                     other architectures, real shapes scaled down to 4 layers, n_embd 256:\n"
             "                     qwen3-small (Qwen3-0.6B: 4 heads of 128, 2 KV heads, n_ff 768, tied),\n"
+            "                     qwen3-embedding-small (Qwen3-Embedding-0.6B: qwen3-small with pooling_type\n"
+            "                     last and tokenizer.ggml.add_eos_token; needs --vocab-from with an EOS),\n"
             "                     gemma2-small (Gemma 2 2B: 4 heads of 128, 2 KV heads, n_ff 1024,\n"
             "                     window 128 on alternate layers, soft-caps 50 and 30),\n"
             "                     phi3-small (Phi-3-mini-128k: 4 heads of 64, n_ff 640, fused QKV and\n"
@@ -114,6 +118,8 @@ static const preset presets[] = {
     {"tinyllama-1.1b", 22, 2048, 32, 4, 5632, 32000, 2048, NULL, 0, 0, 0, 0, 0, 0},
     {"small", 8, 512, 8, 4, 1408, 32000, 2048, NULL, 0, 0, 0, 0, 0, 0},
     {"qwen3-small", 4, 256, 4, 2, 768, 32000, 40960, "qwen3", 128, 0, 0, 0, 0, 0},
+    /* Qwen3-Embedding: qwen3-small's shape, pooling_type last, EOS appended to each input */
+    {"qwen3-embedding-small", 4, 256, 4, 2, 768, 32000, 40960, "qwen3", 128, 0, 0, 0, 0, 0},
     {"gemma2-small", 4, 256, 4, 2, 1024, 32000, 8192, "gemma2", 128, 128, 0, 0, 0, 0},
     {"phi3-small", 4, 256, 4, 4, 640, 32064, 131072, "phi3", 0, 2047, 0, 0, 0, 0},
     {"qwen3moe-small", 4, 256, 4, 2, 768, 32000, 40960, "qwen3moe", 128, 0, 8, 2, 256, 0},
@@ -580,6 +586,9 @@ int cmd_mkmodel(int argc, char **argv) {
     int hd = p.head_dim ? p.head_dim : p.embd / p.heads;
     const char *arch = p.arch ? p.arch : "llama";
     bool qwen3 = !strcmp(arch, "qwen3") || !strcmp(arch, "qwen3moe"), gemma2 = !strcmp(arch, "gemma2");
+    bool embedder = !strcmp(p.name, "qwen3-embedding-small");
+    if (embedder && !vsrc)
+        die_usage(&a, "%s", "the qwen3-embedding-small preset needs --vocab-from (a vocabulary with EOS)");
     bool phi3 = !strcmp(arch, "phi3"), qwen2moe = !strcmp(arch, "qwen2moe"), gptoss = !strcmp(arch, "gpt-oss");
     if (no_sinks && !gptoss) {
         safefile_abort(sf);
@@ -699,6 +708,7 @@ int cmd_mkmodel(int argc, char **argv) {
         gguf_w_set_f32(w, KEY("rope.scaling.yarn_beta_fast"), 32.0f);
         gguf_w_set_f32(w, KEY("rope.scaling.yarn_beta_slow"), 1.0f);
     }
+    if (embedder) gguf_w_set_u32(w, KEY("pooling_type"), LM_POOL_LAST); /* as Qwen3-Embedding's converted files */
     if (phi3) {
         gguf_w_set_u32(w, KEY("rope.scaling.original_context_length"), 4096);
         /* sqrt(1 + ln(32) / ln(4096)), as Phi-3's long-rope models carry */
@@ -710,6 +720,8 @@ int cmd_mkmodel(int argc, char **argv) {
             gguf_str k = gguf_kv_key(vsrc, i);
             if (k.len > 10 && !memcmp(k.ptr, "tokenizer.", 10)) gguf_w_copy_kv(w, vsrc, i);
         }
+        /* its tokenizer.json's post-processor appends <|endoftext|>, which the converter reads as this */
+        if (embedder) gguf_w_set_bool(w, "tokenizer.ggml.add_eos_token", true);
     }
     int64_t E = p.embd, Q = (int64_t)p.heads * hd, KV = (int64_t)p.kv_heads * hd;
     float ws = 1.0f / sqrtf((float)E), wf = 1.0f / sqrtf((float)p.ff), wq = 1.0f / sqrtf((float)Q);
