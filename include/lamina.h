@@ -167,6 +167,10 @@ LM_API int32_t lm_token_eos(const lm_tokenizer *t); /* -1 if none */
 LM_API bool lm_token_is_eog(const lm_tokenizer *t, int32_t id);
 /* Whether the model wants BOS before a prompt (what lm_tokenize adds with add_bos). */
 LM_API bool lm_tokenizer_adds_bos(const lm_tokenizer *t);
+/* Whether an input ends with EOS (tokenizer.ggml.add_eos_token, as an
+ * embedding model's, Qwen3-Embedding's, asks): lm_tokenize never adds it;
+ * append lm_token_eos before lm_embed, as `lamina embed` does. */
+LM_API bool lm_tokenizer_adds_eos(const lm_tokenizer *t);
 
 /* Encode len bytes of UTF-8 text. Writes up to cap ids into out and returns
  * how many the text encodes to (call again with a larger buffer when that is

@@ -7,7 +7,7 @@ the three lines of inputs.txt:
   - qwen3-embedding-small, F16: `lamina mkmodel --preset
     qwen3-embedding-small` (Qwen3-Embedding's keys: pooling_type last, EOS
     appended), written into a temporary folder, must have the recorded
-    sha256; lamina with the model's own pooling and normalization must give
+    sha256 (and `lamina info` names its pooling); lamina with the model's own pooling and normalization must give
     each input a vector whose cosine with llama.cpp's is >= COS_MIN, of the
     same width, of norm 1 within 1e-5, over the same token count (the EOS
     appended: llama.cpp's count);
@@ -91,6 +91,9 @@ def main():
         sha = hashlib.sha256(open(model, "rb").read()).hexdigest() if p.returncode == 0 else p.stderr.decode()
         want_sha = open(os.path.join(DATA, "qwen3-embedding-small-F16.sha256"), encoding="utf-8").read().strip()
         result("qwen3_embedding_file_sha256", sha == want_sha, "%s, recorded %s" % (sha, want_sha))
+        p = lamina("info", model)
+        result("info_shows_pooling", p.returncode == 0 and
+               b"pooling:       last (EOS appended to each input)" in p.stdout, p.stdout + p.stderr)
         vecs = compare("qwen3_embedding_last", model, "qwen3-embedding-small-F16.json",
                        ntok["qwen3-embedding-small-F16"])
         compare("stories260K_mean", "models/stories260K.gguf", "stories260K-mean.json", ntok["stories260K-mean"],

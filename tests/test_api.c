@@ -237,7 +237,7 @@ static void test_model_info(void) {
     CHECK(lm_vocab_size(mtok) == 512);
     CHECK(lm_token_bos(mtok) == 1 && lm_token_eos(mtok) == 2);
     CHECK(lm_token_is_eog(mtok, 2) && !lm_token_is_eog(mtok, 1) && !lm_token_is_eog(mtok, 300));
-    CHECK(lm_tokenizer_adds_bos(mtok));
+    CHECK(lm_tokenizer_adds_bos(mtok) && !lm_tokenizer_adds_eos(mtok) && !lm_tokenizer_adds_eos(NULL));
 }
 
 static void test_tokenize_roundtrip(void) {

@@ -23,6 +23,7 @@
 #include "text/reasoning.h"
 #include "cli.h"
 #include "format/convert.h"
+#include "model/embed.h"
 #include "model/forward.h"
 #include "format/gguf.h"
 #include "model/model.h"
@@ -664,6 +665,9 @@ static int cmd_info(int argc, char **argv) {
            hp->encoder           ? "none: an encoder's hidden states (non-causal attention)"
                : hp->tied_output ? "tied to the embedding"
                                  : "separate output.weight");
+    if (hp->pooling != LM_POOL_NONE) /* an embedding model (docs/embeddings.md) */
+        printf("pooling:       %s%s\n", embed_pooling_name(hp->pooling),
+               m->tok && tok_add_eos(m->tok) ? " (EOS appended to each input)" : "");
     printf("parameters:    %llu (%.2f M)\n", (unsigned long long)m->n_params, m->n_params / 1e6);
     printf("weight bytes:  %llu (%.2f MiB)\n", (unsigned long long)m->weight_bytes, m->weight_bytes / 1048576.0);
     printf("KV per token:  %llu bytes F32, %llu bytes F16\n", (unsigned long long)model_kv_bytes_per_token(m, 4),

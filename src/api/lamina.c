@@ -157,6 +157,7 @@ int32_t lm_token_bos(const lm_tokenizer *t) { return t ? tok_bos(t) : -1; }
 int32_t lm_token_eos(const lm_tokenizer *t) { return t ? tok_eos(t) : -1; }
 bool lm_token_is_eog(const lm_tokenizer *t, int32_t id) { return t && tok_is_eog(t, id); }
 bool lm_tokenizer_adds_bos(const lm_tokenizer *t) { return t && tok_add_bos(t) && tok_bos(t) >= 0; }
+bool lm_tokenizer_adds_eos(const lm_tokenizer *t) { return t && tok_add_eos(t) && tok_eos(t) >= 0; }
 
 int lm_tokenize(const lm_tokenizer *t, const char *text, size_t len, bool add_bos, bool parse_special, int32_t *out,
                 int cap) {
