@@ -469,8 +469,7 @@ static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max
 static lm_status submit_tokens(lm_engine *e, const lm_request_params *p, lm_request **out, char *err, size_t errlen) {
     lm_request_params q; /* an embedding: one token wanted, nothing sampled (engine_embed.c) */
     lm_status rc = p->embed ? engine_embed_params(e, p, &q, err, errlen) : LM_OK;
-    if (p->embed) p = &q;
-    if (rc != LM_OK || (rc = check_fields(e, p, err, errlen)) != LM_OK) return rc;
+    if (rc != LM_OK || (rc = check_fields(e, p = p->embed ? &q : p, err, errlen)) != LM_OK) return rc;
     int max_tokens;
     /* every position holds a token and one more is sampled from the last */
     if (engine_fit_context(e->n_ctx + 1, p->n_prompt, p->max_tokens, &max_tokens) != LM_OK) {
@@ -1058,8 +1057,10 @@ static bool step(lm_engine *e) {
             continue;
         }
         c->n_computed += e->segs[g].n;
-        if (c->emb && engine_embed_feed(e, g)) engine_finish_choice(e, c, LM_FINISH_STOP, LM_OK, NULL);
-        if (c->emb) continue;
+        if (c->emb) { /* an embedding: its rows pooled; it ends (and is freed) once its prompt is in */
+            if (engine_embed_feed(e, g)) engine_finish_choice(e, c, LM_FINISH_STOP, LM_OK, NULL);
+            continue;
+        }
         engine_mtp_feed(e, c);
         if (e->cfg.prefix_cache && c->n_gen == 0) {
             kv_prefix_commit(e->kv, c->kv, c->tokens, c->n_computed, c->req->p.cache_salt);
