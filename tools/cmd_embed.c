@@ -41,7 +41,8 @@ static void usage_embed(FILE *f) {
             "  --dimensions N     keep the first N values of each vector (before normalizing)\n"
             "  -o json|text       OpenAI-style JSON (default), or one line of floats per input\n"
             "  --out FILE         write there instead of standard output\n"
-            "  -c, --ctx-size N   positions per input at most (default: the model's context)\n"
+            "  -c, --ctx-size N   positions per input at most (default: the longest input's, at least\n"
+            "                     512 or the model's context when shorter)\n"
             "  -b, --batch N      tokens per forward pass (default 512)\n"
             "  --kv-type T        KV cache element type (default F16)\n");
 }
@@ -136,7 +137,7 @@ int cmd_embed(int argc, char **argv) {
     int32_t **toks = calloc((size_t)n, sizeof *toks);
     int *nt = calloc((size_t)n, sizeof *nt);
     if (!toks || !nt) fail("embed", "out of memory");
-    long long total = 0;
+    long long total = 0, longest = 0;
     bool eos = tok_add_eos(m->tok);
     for (int i = 0; i < n; i++) {
         int k = encode_all(m->tok, inputs[i], strlen(inputs[i]), tok_add_bos(m->tok), true, &toks[i]);
@@ -152,11 +153,16 @@ int cmd_embed(int argc, char **argv) {
         }
         nt[i] = k;
         total += k;
+        if (k > longest) longest = k;
     }
     lm_engine_config ec;
     engine_config_default(&ec);
     ec.n_threads = (int)threads;
-    ec.n_ctx = (int)n_ctx;
+    /* the context the inputs need (at least a pass's 512 tokens, within the model's), and a pool
+     * for that many positions per input at once, not the model's whole context */
+    long long fit = m->hp.n_ctx_train < 512 ? m->hp.n_ctx_train : 512;
+    ec.n_ctx = (int)(n_ctx ? n_ctx : longest > fit ? longest : fit);
+    if (n < ec.max_seqs) ec.max_seqs = n;
     if (batch) ec.batch_tokens = (int)batch;
     ec.kv_type = kv_type;
     ec.prefix_cache = false;
