@@ -18,7 +18,15 @@ the three lines of inputs.txt:
     (within 1e-6), not themselves of norm 1; --dimensions 32 -o text gives
     32 floats per line, the first 32 of the raw vector normalized;
   - --out FILE writes the JSON standard output shows; --out onto the input
-    file is refused and the input left as it was.
+    file is refused and the input left as it was;
+  - encoders (non-causal attention), on the files and llama.cpp's pooled
+    vectors of tests/e2e_encoder.py (tests/data/encoder/facts.json):
+    bert-small (cls) and nomic-bert-small (mean), F16 and Q8_0, all six
+    inputs at once with the model's pooling: cosine >= COS_MIN per input and
+    llama.cpp's token count; with a batch of 24 tokens (each input must run
+    whole, so inputs wait for a pass with room) the same vectors to the
+    printed digit; an input longer than the batch is refused (exit 1, the
+    message says why).
 COS_MIN is 0.9999: llama.cpp prints 7 decimals (an error of 5e-8 on values
 of about 0.06), and the two engines' float sums differ in order; the
 measured cosines are above 0.999999.
@@ -82,6 +90,32 @@ def compare(name, model, facts, n_tokens, *flags):
     return vecs
 
 
+def encoders(tmp):
+    facts = json.load(open(os.path.join(HERE, "data", "encoder", "facts.json"), encoding="utf-8"))
+    inputs = os.path.join(tmp, "enc_inputs.txt")
+    with open(inputs, "w", encoding="utf-8") as f:
+        f.write("\n".join(facts["inputs"]) + "\n")
+    for x in facts["files"]:
+        name = "%s_%s" % (x["preset"], x["type"])
+        path = os.path.join(tmp, name + ".gguf")
+        lamina("mkmodel", "--preset", x["preset"], "--type", x["type"], "--vocab-from",
+               os.path.join(HERE, "data", "vocab", "ggml-vocab-wpm.gguf"), "-o", path)
+        p = lamina("embed", "-m", path, "-f", inputs)
+        if not result(name + "_runs", p.returncode == 0, p.stderr):
+            continue
+        got = json.loads(p.stdout)
+        cs = [cos(d["embedding"], c["pooled"]) for d, c in zip(got["data"], x["cases"])]
+        result(name + "_cosine", len(cs) == len(x["cases"]) and min(cs) >= COS_MIN, "cosines %s" % cs)
+        n = sum(len(c["ids"]) for c in x["cases"])
+        result(name + "_tokens", got["usage"]["prompt_tokens"] == n, "%s, llama.cpp %d" % (got["usage"], n))
+        if x["type"] != "F16":
+            continue
+        q = lamina("embed", "-m", path, "-f", inputs, "-b", "24")
+        result(name + "_small_batch_same", q.returncode == 0 and q.stdout == p.stdout, q.stderr)
+        q = lamina("embed", "-m", path, "-p", " ".join(["word"] * 40), "-b", "24")
+        result(name + "_longer_than_batch_refused", q.returncode == 1 and b"one pass" in q.stderr, q.stderr)
+
+
 def main():
     ntok = tokens_recorded()
     with tempfile.TemporaryDirectory() as tmp:
@@ -123,6 +157,7 @@ def main():
         p = lamina("embed", "-m", model, "-f", copy, "--out", copy)
         result("out_onto_input_refused", p.returncode == 1 and open(copy, "rb").read() == open(INPUTS, "rb").read(),
                p.stderr)
+        encoders(tmp)
     return summary()
 
 

@@ -21,6 +21,12 @@
  * most n_ctx tokens) and no stop strings, grammar or speculation state is
  * made. Under pipeline parallelism the states live on the last stage, not
  * here: refused.
+ *
+ * Encoders (bert, nomic-bert: hp.encoder, no LM head) take embedding
+ * requests only. A model whose attention is not causal (hp.causal false)
+ * runs each input in one pass (encoder.h): an input longer than the batch
+ * is refused at submission, and engine_state_trim holds a prompt back
+ * until a pass has room for the whole of it.
  */
 #include "sched/engine_int.h"
 
@@ -31,7 +37,15 @@
 
 lm_status engine_embed_params(const lm_engine *e, const lm_request_params *p, lm_request_params *q, char *err,
                               size_t errlen) {
+    if (!p->embed) /* an encoder (bert, nomic-bert) has no LM head */
+        return lm_err(err, errlen, "the model is an encoder: it only embeds (an embedding request)"), LM_ERR_INVALID;
     if (p->n != 1) return lm_err(err, errlen, "an embedding request has n = 1 (got %d)", p->n), LM_ERR_INVALID;
+    if (!e->m->hp.causal && p->n_prompt > e->cfg.batch_tokens) /* it must run in one pass (encoder.h) */
+        return lm_err(err, errlen,
+                      "the model's attention is not causal: an input runs in one pass, at most %d tokens "
+                      "(the batch), not %d",
+                      e->cfg.batch_tokens, p->n_prompt),
+               LM_ERR_TOO_LONG;
     if (e->m->pp.size > 1)
         return lm_err(err, errlen, "embeddings are not supported under pipeline parallelism"), LM_ERR_UNSUPPORTED;
     int pooling = embed_pooling_resolve(p->pooling, e->m->hp.pooling, err, errlen);

@@ -295,7 +295,8 @@ void engine_state_match(lm_engine *e, eseq *c);
 void engine_state_save(lm_engine *e, eseq *c);
 /* Of the n tokens the plan gives c, those it feeds now (0: it waits), so
  * that a hybrid prompt splits only on the grid, its end and its snapshot
- * points; n without recurrent layers or for a decode. */
+ * points, and a non-causal model's prompt not at all; n otherwise (no
+ * recurrent layers, or a decode). */
 int engine_state_trim(const lm_engine *e, eseq *c, int n, bool busy);
 /* The snapshots' figures into st, prefix hits less the cut ones (mu held). */
 void engine_state_stats(const lm_engine *e, lm_engine_stats *st);

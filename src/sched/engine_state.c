@@ -172,6 +172,8 @@ void engine_state_save(lm_engine *e, eseq *c) {
  * STATE_MAX_DEFER iterations in a row; else it takes n as planned (progress
  * before the last bits). Without recurrent layers n. */
 int engine_state_trim(const lm_engine *e, eseq *c, int n, bool busy) {
+    /* a non-causal model's prompt runs in one pass (engine_embed.c): whole, or it waits */
+    if (!e->m->hp.causal && c->n_computed + n < c->n_prompt) return 0;
     if (!e->rs || n <= 1) return n;
     int p0 = c->n_computed, end = p0 + n;
     if (p0 >= c->n_prompt) return 1;
