@@ -10,7 +10,12 @@
  * bit 1, bit 7 picks gpt-oss, bit 3 llama3, bit 4 mistral-v3, bit 5 qwen3
  * and bit 6 qwen3.5 instead of chatml, so that every tool-call syntax, the
  * thinking switch and the reasoning effort are reached); the rest is the
- * body. Structured
+ * body. On the completions route (bit 0 clear), where the template does not
+ * matter, bit 7 picks the embeddings route instead (server_parse_embed,
+ * with an embedding width of 8; bit 3: a server that refuses embeddings);
+ * its inputs must be non-empty and within the
+ * context, the vocabulary and the bounds, and the answer over zero vectors
+ * must be written. Structured
  * outputs and tools: a grammar the parser accepts must compile, a trigger
  * comes only with a grammar and on the chat route (tool calls, or a
  * thinking family's answer grammar), and tool calls only with a grammar.
@@ -24,12 +29,43 @@
 #include "format/gguf.h"
 #include "serve/server.h"
 #include "text/tokenizer.h"
+#include "base/util.h"
 
 static lm_tokenizer *tok;
 
 static const char *ZEPHYR_TEMPLATE =
     "{% for message in messages %}{% if message['role'] == 'user' %}{{ '<|user|>\\n' + message['content'] + "
     "eos_token }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}";
+
+/* The embeddings route (see above). */
+static int fuzz_embed(uint8_t opt, const uint8_t *body, size_t len) {
+    lm_server_parse_ctx c = {.tok = tok, .n_ctx = 128, .model_name = "stories260K.gguf", .n_embd = 8};
+    if (opt & 8) c.embed_error = "no pooling";
+    lm_server_embed_request r;
+    lm_server_error e;
+    int rc = server_parse_embed(&c, (const char *)body, len, &r, &e);
+    if (rc == 0) {
+        if (c.embed_error || r.n_inputs < 1 || r.n_inputs > SERVER_MAX_EMBED_INPUTS) abort();
+        if (r.dimensions < 1 || r.dimensions > c.n_embd || r.n_tokens > SERVER_MAX_EMBED_TOKENS) abort();
+        long long total = 0;
+        for (int i = 0; i < r.n_inputs; i++) {
+            if (r.n_input[i] < 1 || r.n_input[i] > c.n_ctx) abort();
+            for (int k = 0; k < r.n_input[i]; k++)
+                if (r.inputs[i][k] < 0 || r.inputs[i][k] >= tok_n_vocab(tok)) abort();
+            total += r.n_input[i];
+        }
+        if (total != r.n_tokens) abort();
+        float *vecs = calloc((size_t)r.n_inputs * (size_t)r.dimensions, sizeof(float));
+        char *a = vecs ? server_embed_answer(&r, c.model_name, vecs) : NULL;
+        if (!a) abort();
+        lm_free(a);
+        free(vecs);
+        server_embed_request_free(&r);
+    } else {
+        if (e.status < 400 || e.status > 599 || !e.message[0] || r.inputs || r.n_inputs) abort();
+    }
+    return 0;
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -43,6 +79,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     if (size < 1) return 0;
     uint8_t opt = data[0];
+    if (!(opt & 1) && (opt & 128)) return fuzz_embed(opt, data + 1, size - 1);
     lm_server_parse_ctx c = {
         .tok = tok, .n_ctx = 128, .model_name = "stories260K.gguf", .max_n = 8, .max_tokens_cap = (opt & 4) ? 64 : 0};
     if (opt & 2)

@@ -12,8 +12,9 @@ fuzz_convert: 4-byte little-endian checkpoint length, checkpoint, tokenizer.
   Seeds: a tiny valid llama2.c checkpoint (dim 8, 1 layer) with tied and with
   separate classifiers, with grouped-query attention, and truncated or
   corrupted variants of each part.
-fuzz_request: byte 0 picks the route (bit 0: chat), then the body; these
-  add limits and odd values to the hand-written seeds already there.
+fuzz_request: byte 0 picks the route (bit 0: chat; without it, bit 7: the
+  embeddings route), then the body; these add limits and odd values to the
+  hand-written seeds already there, and embeddings bodies.
 fuzz_tokenize: byte 0 picks the tokenizer (bit 0: GPT-2 BPE, else
   SentencePiece) and flags, then the text; these add whitespace runs,
   byte-fallback text, special-token look-alikes and contractions.
@@ -201,6 +202,13 @@ REQUESTS = {
                      b'{"name":"f","description":"d"}}],"reasoning_effort":"high","chat_template_kwargs":'
                      b'{"reasoning_effort":"low","model_identity":"You are X."}}'),
     "harmony_bad": (131, b'{"messages":[{"role":"assistant","content":"a","reasoning":5}],"reasoning_effort":"max"}'),
+    # the embeddings route (byte 0: bit 7 set, bit 0 clear; bit 3 a server that refuses them)
+    "embed_string": (128, b'{"input":"Once upon a time","model":"stories260K.gguf"}'),
+    "embed_strings": (128, b'{"input":["a cat","the dog",""],"encoding_format":"base64","dimensions":3}'),
+    "embed_ids": (128, b'{"input":[1,2,3,511],"encoding_format":"float","user":"u","normalize":false}'),
+    "embed_lists": (128, b'{"input":[[1,2],[3],[512]],"dimensions":9}'),
+    "embed_mixed": (128, b'{"input":[[1,2],"a",3],"encoding_format":"hex"}'),
+    "embed_refused": (136, b'{"input":"a"}'),
 }
 
 

@@ -6,6 +6,10 @@
  *                               strings, an array of token ids or an array of
  *                               such arrays (each its own prompt)
  *   POST /v1/chat/completions   chat: messages rendered with the chat template
+ *   POST /v1/embeddings         embeddings (server_embed.c): input a string,
+ *                               an array of strings, of token ids or of such
+ *                               arrays; each input one engine embedding
+ *                               request, all submitted, then collected
  *   GET  /v1/models             the one model served
  *   GET  /health                503 while the model loads, 200 when ready
  *   GET  /metrics               Prometheus text: engine gauges, counters and
@@ -105,6 +109,10 @@ typedef struct {
     int max_seqs;                     /* the engine's sequences at once (n above it: 400); 0: no limit */
     bool reasoning_inline;            /* the server's reasoning format is inline (a request's
                                   reasoning_format overrides it) */
+    int n_embd;                       /* /v1/embeddings: the width of the model's embedding vector
+                                  (dimensions above it: 400) */
+    const char *embed_error;          /* when embeddings cannot be served: why (a 400 to every
+                                  embeddings request); NULL: they can */
 } lm_server_parse_ctx;
 
 /* An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}. */
@@ -179,6 +187,51 @@ typedef struct {
 int server_parse_request(const lm_server_parse_ctx *c, bool chat, const char *body, size_t len, lm_server_request *out,
                          lm_server_error *e);
 void server_request_free(lm_server_request *r);
+
+/* ------------------------------------------------------------- embeddings */
+
+#define SERVER_MAX_EMBED_INPUTS 2048   /* inputs in one embeddings request (OpenAI's bound) */
+#define SERVER_MAX_EMBED_TOKENS 262144 /* tokens of all the inputs of one request */
+
+/* One POST /v1/embeddings request (server_embed.c): each input a token array
+ * for one engine embedding request. */
+typedef struct {
+    int n_inputs;       /* 1 .. SERVER_MAX_EMBED_INPUTS */
+    int32_t **inputs;   /* (n_inputs) token arrays, owned */
+    int *n_input;       /* (n_inputs) their lengths, 1 .. n_ctx */
+    long long n_tokens; /* their sum (usage.prompt_tokens), <= SERVER_MAX_EMBED_TOKENS */
+    bool base64;        /* encoding_format "base64": little-endian float32 bytes */
+    int dimensions;     /* the answer's width: the given dimensions, else the model's */
+    bool normalize;     /* L2-normalize after truncating (default; "normalize": false, lamina's
+                            extension, answers the pooled vector as it is) */
+} lm_server_embed_request;
+
+/*
+ * Parse a /v1/embeddings body: input (a string, an array of strings, an
+ * array of token ids, or an array of such arrays; strings tokenized as
+ * completions' prompts are), encoding_format ("float" or "base64"),
+ * dimensions (1 .. c->n_embd), model, user, normalize. Checks in the order
+ * bytes -> JSON -> object -> model -> embed_error -> encoding_format ->
+ * dimensions -> user -> normalize -> input (shape, count, each input, the
+ * total). Returns 0 with *out filled (server_embed_request_free), or -1
+ * with *e set and *out empty. Never reads past len.
+ */
+int server_parse_embed(const lm_server_parse_ctx *c, const char *body, size_t len, lm_server_embed_request *out,
+                       lm_server_error *e);
+void server_embed_request_free(lm_server_embed_request *r);
+
+/* One answer vector from a pooled one: its first r->dimensions floats of
+ * pooled (width floats, width >= r->dimensions), L2-normalized when
+ * r->normalize (a zero vector stays zero) into out (r->dimensions floats).
+ * -1 when a value is not finite (nothing JSON can carry). */
+int server_embed_vector(const lm_server_embed_request *r, const float *pooled, int width, float *out);
+
+/* The answer: {"object": "list", "data": [{"object": "embedding", "index":
+ * i, "embedding": [floats] or "base64"}, ...], "model", "usage":
+ * {"prompt_tokens", "total_tokens"}} over vecs (n_inputs, dimensions) as
+ * server_embed_vector made them; floats printed to round-trip (%.9g).
+ * lm_malloc'ed text (lm_free), or NULL when out of memory. */
+char *server_embed_answer(const lm_server_embed_request *r, const char *model, const float *vecs);
 
 /* Prefix-cache salts. A tenant's salt: 0 without authentication, else the
  * first 8 bytes of SHA-256 of a domain tag and the API key. A request's

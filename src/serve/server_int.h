@@ -270,6 +270,10 @@ struct srv_call {
 
 /* server_parse.c: cJSON allocates through lm_malloc/lm_free from here on. */
 void srv_json_init(void);
+/* A body's bytes checked (not empty, UTF-8, no raw control character, no
+ * \u0000 escape) and parsed as one JSON value with nothing after it: 0 with
+ * *root (cJSON_Delete it), or -1 with a 400 in *e. Both parsers start here. */
+int srv_parse_json(const char *body, size_t len, struct cJSON **root, lm_server_error *e);
 
 /* server_gen.c */
 srv_call *call_new(lm_server *s, struct MHD_Connection *conn, bool chat);

@@ -840,13 +840,9 @@ static int parse_root(const lm_server_parse_ctx *c, bool chat, const cJSON *root
     return rc ? -1 : check_context(c, chat, max_tokens, mt_name, r, e);
 }
 
-int server_parse_request(const lm_server_parse_ctx *c, bool chat, const char *body, size_t len, lm_server_request *out,
-                         lm_server_error *e) {
+int srv_parse_json(const char *body, size_t len, cJSON **root_out, lm_server_error *e) {
     srv_json_init();
-    memset(out, 0, sizeof *out);
-    memset(e, 0, sizeof *e);
-    e->status = 200;
-    out->chat = chat;
+    *root_out = NULL;
     if (len == 0 || !body) return BAD(NULL, "the request body is empty (a JSON object is expected)");
     if (!utf8_valid(body, len)) return BAD(NULL, "the request body is not valid UTF-8");
     for (size_t i = 0; i < len; i++) {
@@ -877,13 +873,26 @@ int server_parse_request(const lm_server_parse_ctx *c, bool chat, const char *bo
         return BAD(NULL, "We could not parse the JSON body of your request (error near byte %zu).", at);
     }
     while (end && end < body + len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
-    int rc;
-    if (end && end < body + len)
-        rc = BAD(NULL,
-                 "We could not parse the JSON body of your request (data after "
-                 "the JSON value at byte %zu).",
-                 (size_t)(end - body));
-    else rc = parse_root(c, chat, root, out, e);
+    if (end && end < body + len) {
+        cJSON_Delete(root);
+        return BAD(NULL,
+                   "We could not parse the JSON body of your request (data after "
+                   "the JSON value at byte %zu).",
+                   (size_t)(end - body));
+    }
+    *root_out = root;
+    return 0;
+}
+
+int server_parse_request(const lm_server_parse_ctx *c, bool chat, const char *body, size_t len, lm_server_request *out,
+                         lm_server_error *e) {
+    memset(out, 0, sizeof *out);
+    memset(e, 0, sizeof *e);
+    e->status = 200;
+    out->chat = chat;
+    cJSON *root;
+    if (srv_parse_json(body, len, &root, e)) return -1;
+    int rc = parse_root(c, chat, root, out, e);
     cJSON_Delete(root);
     if (rc) {
         server_request_free(out);
