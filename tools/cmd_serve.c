@@ -46,6 +46,9 @@ static void usage_serve(FILE *f) {
         "      --reasoning-format separate|inline  thinking models (qwen3, qwen3.5, deepseek-r1):\n"
         "                         the reasoning apart as reasoning_content (default), or left inline\n"
         "                         in content; a request's \"reasoning_format\" overrides it\n"
+        "      --pooling mean|cls|last  /v1/embeddings pools the hidden states this way instead of\n"
+        "                         the model's pooling_type; the opt-in that lets a generative model\n"
+        "                         (no pooling_type) answer embeddings requests\n"
         "  -c, --ctx-size N       positions per sequence (default: the model's)\n"
         "      --ctx-extend       allow -c above the model's trained context (with a warning)\n"
         "  -t, --threads N        threads (default: physical cores)\n"
@@ -177,6 +180,13 @@ int cmd_serve(int argc, char **argv) {
             if (strcmp(v, "separate") && strcmp(v, "inline"))
                 die_usage(&a, "--reasoning-format must be 'separate' or 'inline' (got '%s')", v);
             sc.reasoning_inline = !strcmp(v, "inline");
+        } else if (is_flag(&a, "--pooling", NULL)) {
+            const char *v = need_val(&a);
+            sc.pooling = !strcmp(v, "mean") ? LM_POOL_MEAN
+                : !strcmp(v, "cls")         ? LM_POOL_CLS
+                : !strcmp(v, "last")        ? LM_POOL_LAST
+                                            : LM_POOL_NONE;
+            if (sc.pooling == LM_POOL_NONE) die_usage(&a, "--pooling must be 'mean', 'cls' or 'last' (got '%s')", v);
         } else if (is_flag(&a, "-c", "--ctx-size")) ec.n_ctx = (int)need_int(&a, 0, 1 << 24);
         else if (is_flag(&a, "--ctx-extend", NULL)) ctx_extend = true;
         else if (is_flag(&a, "-t", "--threads")) ec.n_threads = (int)need_int(&a, 1, 1024);

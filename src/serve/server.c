@@ -63,6 +63,10 @@ static int route_health(lm_server *s, struct MHD_Connection *conn) {
     return srv_respond(s, conn, ready ? 200 : 503, "application/json", body, strlen(body), NULL, NULL);
 }
 
+static const char *pooling_name(int p) {
+    return p == LM_POOL_MEAN ? "mean" : p == LM_POOL_CLS ? "cls" : p == LM_POOL_LAST ? "last" : "none";
+}
+
 static cJSON *model_object(lm_server *s) {
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", s->model_name);
@@ -71,6 +75,16 @@ static cJSON *model_object(lm_server *s) {
     cJSON_AddStringToObject(m, "owned_by", "lamina");
     lm_engine *e = atomic_load(&s->engine);
     if (e) cJSON_AddNumberToObject(m, "max_model_len", engine_n_ctx(e));
+    if (e) { /* what the model can be asked for here */
+        cJSON *caps = cJSON_AddArrayToObject(m, "capabilities");
+        cJSON_AddItemToArray(caps, cJSON_CreateString("completions"));
+        if (!s->pctx.chat_error) cJSON_AddItemToArray(caps, cJSON_CreateString("chat"));
+        if (!s->pctx.embed_error) {
+            cJSON_AddItemToArray(caps, cJSON_CreateString("embeddings"));
+            cJSON_AddNumberToObject(m, "embedding_dim", s->pctx.n_embd);
+            cJSON_AddStringToObject(m, "pooling", pooling_name(s->embed_pooling));
+        }
+    }
     return m;
 }
 
@@ -259,7 +273,7 @@ static bool authorized(lm_server *s, struct MHD_Connection *conn, uint64_t *salt
     return ok;
 }
 
-enum { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_PAGE };
+enum { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_EMBED, R_PAGE };
 
 static int route_of(const char *url) {
     if (!strcmp(url, "/health")) return R_HEALTH;
@@ -268,6 +282,7 @@ static int route_of(const char *url) {
     if (!strncmp(url, "/v1/models/", 11) && url[11]) return R_MODEL;
     if (!strcmp(url, "/v1/completions")) return R_COMPLETIONS;
     if (!strcmp(url, "/v1/chat/completions")) return R_CHAT;
+    if (!strcmp(url, "/v1/embeddings")) return R_EMBED;
     if (webui_find(url)) return R_PAGE;
     return R_NONE;
 }
@@ -301,7 +316,7 @@ static enum MHD_Result first_call(lm_server *s, struct MHD_Connection *conn, con
     if (route == R_NONE)
         return srv_respond_errf(s, conn, 404, "invalid_request_error", "not_found", NULL, NULL,
                                 "Unknown route %.8s %.200s", method, url);
-    bool gen = route == R_COMPLETIONS || route == R_CHAT;
+    bool gen = route == R_COMPLETIONS || route == R_CHAT || route == R_EMBED;
     if (gen ? !post : !get)
         return srv_respond_errf(s, conn, 405, "invalid_request_error", "method_not_allowed", "Allow",
                                 gen ? "POST" : "GET, HEAD", "Method %.8s is not allowed on %.200s (use %s)", method,
@@ -323,6 +338,7 @@ static enum MHD_Result first_call(lm_server *s, struct MHD_Connection *conn, con
     srv_call *c = call_new(s, conn, route == R_CHAT);
     if (!c) return MHD_NO;
     c->tenant_salt = salt;
+    c->embed = route == R_EMBED;
     *req_cls = c;
     return MHD_YES;
 }
@@ -416,6 +432,7 @@ void server_config_default(lm_server_config *c) {
     c->conn_memory = 32 << 10;
     c->read_timeout = 30;
     c->max_headers = 100;
+    c->pooling = LM_POOL_DEFAULT;
     sample_params_default(&c->sampling);
 }
 
@@ -538,6 +555,23 @@ static void resolve_chat(lm_server *s, const lm_model *m) {
     else if (rc) snprintf(s->chat_error, sizeof s->chat_error, "%.180s", err);
 }
 
+/* Embeddings: the pooling requests ask for (the server's --pooling, else
+ * the model's) and, when there is none, why embeddings requests fail. */
+static void resolve_embed(lm_server *s, const lm_model *m) {
+    lm_server_parse_ctx *p = &s->pctx;
+    p->n_embd = lm_model_embd_dim(m);
+    bool forced = s->cfg.pooling == LM_POOL_MEAN || s->cfg.pooling == LM_POOL_CLS || s->cfg.pooling == LM_POOL_LAST;
+    s->embed_pooling = forced ? s->cfg.pooling : m->hp.pooling;
+    s->embed_error[0] = 0;
+    if (s->embed_pooling == LM_POOL_NONE)
+        snprintf(s->embed_error, sizeof s->embed_error,
+                 "The model '%.100s' is a generative model: its file names no pooling (pooling_type), so it "
+                 "has no embeddings of its own. Start the server with --pooling mean|cls|last to embed with "
+                 "its pooled hidden states.",
+                 s->model_name);
+    p->embed_error = s->embed_error[0] ? s->embed_error : NULL;
+}
+
 int server_set_engine(lm_server *s, lm_engine *e, char *err, size_t errlen) {
     if (!e) return lm_err(err, errlen, "no engine");
     if (atomic_load(&s->engine)) return lm_err(err, errlen, "the server already has an engine");
@@ -554,6 +588,7 @@ int server_set_engine(lm_server *s, lm_engine *e, char *err, size_t errlen) {
     s->chat_error[0] = 0;
     resolve_chat(s, engine_model(e));
     p->chat_error = s->chat_error[0] ? s->chat_error : NULL;
+    resolve_embed(s, engine_model(e));
     if (p->chat_error && s->cfg.log) {
         char line[400];
         snprintf(line, sizeof line, "chat requests will fail: %s", s->chat_error);

@@ -209,7 +209,7 @@ typedef struct {
 /*
  * Parse a /v1/embeddings body: input (a string, an array of strings, an
  * array of token ids, or an array of such arrays; strings tokenized as
- * completions' prompts are), encoding_format ("float" or "base64"),
+ * `lamina embed` does: BOS, special tokens, EOS when tok_add_eos), encoding_format ("float" or "base64"),
  * dimensions (1 .. c->n_embd), model, user, normalize. Checks in the order
  * bytes -> JSON -> object -> model -> embed_error -> encoding_format ->
  * dimensions -> user -> normalize -> input (shape, count, each input, the
@@ -223,7 +223,9 @@ void server_embed_request_free(lm_server_embed_request *r);
 /* One answer vector from a pooled one: its first r->dimensions floats of
  * pooled (width floats, width >= r->dimensions), L2-normalized when
  * r->normalize (a zero vector stays zero) into out (r->dimensions floats).
- * -1 when a value is not finite (nothing JSON can carry). */
+ * -1 when a value is not finite (nothing JSON can carry). out may be pooled
+ * itself or lie before it in the same buffer (each value is read before any
+ * write reaches it). */
 int server_embed_vector(const lm_server_embed_request *r, const float *pooled, int width, float *out);
 
 /* The answer: {"object": "list", "data": [{"object": "embedding", "index":
@@ -264,6 +266,11 @@ typedef struct {
     const char *chat_template_text; /* a template's text (from a file), or NULL */
     bool reasoning_inline;          /* thinking families' reasoning left inline in content
                                   (--reasoning-format inline); default: apart, as reasoning_content */
+    int pooling;                    /* /v1/embeddings (lm_pooling): LM_POOL_MEAN, _CLS or _LAST pool
+                                  that way whatever the model says (--pooling; the opt-in that lets
+                                  a generative model embed); LM_POOL_DEFAULT (default) or
+                                  LM_POOL_NONE: the model's pooling_type, and a generative model's
+                                  embeddings requests get a 400 saying why */
     size_t max_body;                /* request body bytes (default 1 MiB) */
     int max_n;                      /* default 16 */
     int max_tokens_cap;             /* 0: the context is the only limit */

@@ -6,8 +6,10 @@
  *
  * The request (OpenAI's shape): "input" is a string, an array of strings,
  * an array of token ids, or an array of arrays of token ids. A string is
- * tokenized as a completions prompt is (BOS as the tokenizer adds it,
- * special tokens parsed); ids must lie in [0, n_vocab). Nothing may be
+ * tokenized as llama-embedding and `lamina embed` do (BOS as the tokenizer
+ * adds it, special tokens parsed, EOS appended when the tokenizer says so:
+ * tok_add_eos, Qwen3-Embedding's files); token ids are taken as they are,
+ * in [0, n_vocab). Nothing may be
  * empty (an empty string, array or inner array is a 400), an array mixes no
  * kinds, and each input must fit the context (n_ctx tokens; longer is a 400
  * context_length_exceeded). Bounds: at most SERVER_MAX_EMBED_INPUTS inputs
@@ -76,15 +78,17 @@ static int one_input(const lm_server_parse_ctx *c, const cJSON *v, const char *p
         int32_t small[256];
         n = tok_encode(c->tok, v->valuestring, len, bos, true, small, 256);
         if (n < 0) return BAD(param, "'%s' could not be tokenized", param);
-        if (n == 0) return BAD(param, "'%s' encodes to no tokens", param);
-        if (n > c->n_ctx) /* counted without a copy; the copy below would be large */
+        int eos = tok_add_eos(c->tok) ? 1 : 0; /* an embedding model's inputs end with EOS */
+        if (n + eos == 0) return BAD(param, "'%s' encodes to no tokens", param);
+        if (n + eos > c->n_ctx) /* counted without a copy; the copy below would be large */
             return server_error(e, 400, INVALID, param, "context_length_exceeded",
-                                "'%s' is %d tokens long; this model's context holds %d", param, n, c->n_ctx);
-        if (!(*out = lm_malloc((size_t)n * sizeof(int32_t)))) return oom(e);
+                                "'%s' is %d tokens long; this model's context holds %d", param, n + eos, c->n_ctx);
+        if (!(*out = lm_malloc((size_t)(n + eos) * sizeof(int32_t)))) return oom(e);
         if (n <= 256) memcpy(*out, small, (size_t)n * sizeof(int32_t));
         else if (tok_encode(c->tok, v->valuestring, len, bos, true, *out, n) != n)
             return server_error(e, 500, "server_error", NULL, NULL, "tokenization is not deterministic");
-        return n;
+        if (eos) (*out)[n] = tok_eos(c->tok);
+        return n + eos;
     }
     n = cJSON_GetArraySize(v);
     if (n == 0) return BAD(param, "'%s' is an empty array of token ids", param);

@@ -142,7 +142,7 @@ static void on_event(void *user, const lm_event *ev) {
 /* Who sent the call, for the engine's fairness between clients: its API key
  * (the key's salt) when the server has keys, else its address (not the
  * port: one client's connections are one client). Never 0. */
-static uint64_t call_client(const srv_call *c) {
+uint64_t srv_call_client(const srv_call *c) {
     uint64_t h = 1469598103934665603ull; /* FNV-1a over what names the client */
     const unsigned char *b = NULL;
     size_t n = 0;
@@ -204,6 +204,7 @@ static void queue_free(srv_queue *q) {
 
 void call_free(srv_call *c) {
     if (!c) return;
+    if (c->emb) embed_call_free(c); /* its engine requests ended and released */
     if (c->n_subs) {
         int expected = c->n_subs * c->req.p.n;
         pthread_mutex_lock(&c->mu);
@@ -243,7 +244,7 @@ void call_free(srv_call *c) {
  * out of memory 503, too long 400 context_length_exceeded (about the prompt:
  * the parser already held max_tokens and n to the engine's limits), any
  * other field 400, anything else 500. */
-static int submit_error(lm_server_error *e, lm_status rc, const char *prompt_param, const char *err) {
+int srv_status_error(lm_server_error *e, lm_status rc, const char *prompt_param, const char *err) {
     switch (rc) {
         case LM_ERR_BUSY:
             return server_error(e, 429, "rate_limit_error", NULL, "server_busy",
@@ -272,7 +273,7 @@ static int submit_all(srv_call *c, lm_server_error *e) {
         p.prompt = r->prompts[i];
         p.n_prompt = r->n_prompt[i];
         p.cache_salt = server_request_salt(c->tenant_salt, r);
-        p.client = call_client(c);
+        p.client = srv_call_client(c);
         p.sp.seed = seed + (uint64_t)i * (uint64_t)r->p.n;
         p.stop = (const char *const *)r->stops;
         p.grammar = r->grammar;
@@ -284,7 +285,7 @@ static int submit_all(srv_call *c, lm_server_error *e) {
         lm_request *h = NULL;
         char err[LM_ERRLEN];
         lm_status rc = engine_submit(c->engine, &p, &h, err, sizeof err);
-        if (rc != LM_OK) return submit_error(e, rc, c->chat ? "messages" : "prompt", err);
+        if (rc != LM_OK) return srv_status_error(e, rc, c->chat ? "messages" : "prompt", err);
         pthread_mutex_lock(&c->mu);
         c->subs[i].handle = h;
         c->n_subs = i + 1;
@@ -1029,6 +1030,7 @@ int call_run(srv_call *c) {
         server_error(&e, 503, "server_error", NULL, "model_loading", "the model is still loading; retry shortly");
         return srv_respond_error(s, c->conn, &e);
     }
+    if (c->embed) return embed_run(c);
     if (server_parse_request(&s->pctx, c->chat, c->body.p, c->body.len, &c->req, &e))
         return srv_respond_error(s, c->conn, &e);
     c->parsed = true;

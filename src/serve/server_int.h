@@ -52,6 +52,8 @@ struct lm_server {
     _Atomic(lm_engine *) engine; /* NULL while the model loads */
     lm_server_parse_ctx pctx;    /* valid once engine is set */
     char chat_error[256];
+    int embed_pooling;     /* what embeddings requests pool with (lm_pooling; NONE: refused) */
+    char embed_error[320]; /* why embeddings requests fail ("": they do not) */
     atomic_bool stopping;
     atomic_bool quiesced; /* server_quiesce: new requests get 503 */
     atomic_int calls;     /* generation calls alive (call_new to call_free) */
@@ -230,11 +232,15 @@ typedef struct {
     lm_request_stats stats;
 } srv_fin;
 
+struct srv_embed;
+
 struct srv_call {
     lm_server *srv;
     struct MHD_Connection *conn;
     bool chat;
-    uint64_t tenant_salt; /* the API key's prefix-cache salt (0 without keys) */
+    bool embed;            /* POST /v1/embeddings: run by server_embed_run.c (embed_run) */
+    struct srv_embed *emb; /* its state once it runs, else NULL (owned; embed_call_free) */
+    uint64_t tenant_salt;  /* the API key's prefix-cache salt (0 without keys) */
     strbuf body;
     bool too_big;
     lm_server_request req;
@@ -282,5 +288,17 @@ void call_free(srv_call *c);
 /* Run a parsed call: submit, then answer (stream or whole). Returns the
  * MHD_Result to give back to the library. */
 int call_run(srv_call *c);
+/* An engine status as an HTTP error: busy 429, too long 400
+ * context_length_exceeded about prompt_param, out of memory 503, invalid
+ * 400, anything else 500; returns -1. */
+int srv_status_error(lm_server_error *e, lm_status rc, const char *prompt_param, const char *err);
+/* Who sent the call, for the engine's fairness (lm_request_params.client). */
+uint64_t srv_call_client(const srv_call *c);
+
+/* server_embed_run.c: an embeddings call, from call_run once the engine is
+ * there: parse, submit every input, collect, answer. */
+int embed_run(srv_call *c);
+/* Cancel what still runs, wait for every final event, release, free c->emb. */
+void embed_call_free(srv_call *c);
 
 #endif
