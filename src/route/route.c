@@ -39,7 +39,7 @@
 typedef struct {
     lm_router *rt;
     struct MHD_Connection *conn;
-    bool chat;
+    bool chat, embed; /* the route: chat, embeddings, else completions */
     strbuf body;
     bool too_big;
     rt_req *q;      /* once queued (one reference) */
@@ -245,6 +245,7 @@ static int route_models(lm_router *r, struct MHD_Connection *conn, const char *u
  * tokenizer and the request parses, else the prompt's text. */
 static void request_keys(lm_router *r, rt_req *q, const char *text) {
     const lm_server_parse_ctx *pc = r->cfg.pctx;
+    if (q->embed) return; /* embeddings bypass the replicas' prefix caches: no affinity */
     if (pc) {
         lm_server_request pr;
         lm_server_error e;
@@ -336,7 +337,9 @@ static int answer_final(rt_call *c) {
 static int run_call(rt_call *c) {
     lm_router *r = c->rt;
     rt_peek pk;
-    if (route_peek(c->chat, c->body.p ? c->body.p : "", c->body.len, &pk)) pk.stream = false, pk.text = NULL;
+    /* an embeddings body is never streamed and has no prompt to keep near its cache */
+    if (c->embed || route_peek(c->chat, c->body.p ? c->body.p : "", c->body.len, &pk))
+        pk.stream = false, pk.text = NULL;
     rt_req *q = lm_calloc(1, sizeof *q);
     if (!q) {
         rt_peek_free(&pk);
@@ -344,6 +347,7 @@ static int run_call(rt_call *c) {
     }
     q->rt = r;
     q->chat = c->chat;
+    q->embed = c->embed;
     q->stream = pk.stream;
     q->body = c->body.p;
     q->body_len = c->body.len;
@@ -420,7 +424,8 @@ static enum MHD_Result first_call(lm_router *r, struct MHD_Connection *conn, con
                            "The router is shutting down.");
     bool models = !strcmp(url, "/v1/models") || (!strncmp(url, "/v1/models/", 11) && url[11]);
     bool comp = !strcmp(url, "/v1/completions"), chat = !strcmp(url, "/v1/chat/completions");
-    bool known = models || comp || chat || !strcmp(url, "/health") || !strcmp(url, "/metrics");
+    bool embed = !strcmp(url, "/v1/embeddings");
+    bool known = models || comp || chat || embed || !strcmp(url, "/health") || !strcmp(url, "/metrics");
     if (!strncmp(url, "/v1/", 4) && !authorized(r, conn))
         return respond_err(r, conn, 401, "invalid_request_error", "invalid_api_key", "WWW-Authenticate", "Bearer",
                            "Incorrect or missing API key: send 'Authorization: Bearer KEY'.");
@@ -429,7 +434,7 @@ static enum MHD_Result first_call(lm_router *r, struct MHD_Connection *conn, con
         snprintf(msg, sizeof msg, "Unknown route %.8s %.200s", method, url);
         return respond_err(r, conn, 404, "invalid_request_error", "not_found", NULL, NULL, msg);
     }
-    bool gen = comp || chat;
+    bool gen = comp || chat || embed;
     if (gen ? !post : !get)
         return respond_err(r, conn, 405, "invalid_request_error", "method_not_allowed", "Allow",
                            gen ? "POST" : "GET, HEAD", "Method not allowed on this route");
@@ -445,6 +450,7 @@ static enum MHD_Result first_call(lm_router *r, struct MHD_Connection *conn, con
     c->rt = r;
     c->conn = conn;
     c->chat = chat;
+    c->embed = embed;
     *req_cls = c;
     pthread_mutex_lock(&r->mu);
     r->n_calls++;

@@ -4,9 +4,11 @@
  * each just a base URL), with admission, routing policies, fault handling,
  * its own /metrics and a concurrency trace.
  *
- * Routes: the same as `lamina serve` (server.h). POST /v1/completions and
- * /v1/chat/completions are queued, admitted and forwarded; the answer comes
- * back as the replica gave it (a stream chunk by chunk, as it arrives).
+ * Routes: the same as `lamina serve` (server.h). POST /v1/completions,
+ * /v1/chat/completions and /v1/embeddings are queued, admitted and
+ * forwarded; the answer comes back as the replica gave it (a stream chunk
+ * by chunk, as it arrives). Embeddings are never streamed and go by load
+ * alone (no prefix affinity: they bypass the replicas' prefix caches).
  * GET /v1/models is forwarded to a healthy replica. GET /health is 200 while
  * at least one replica is healthy, else 503. GET /metrics is the router's.
  *

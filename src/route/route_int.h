@@ -66,8 +66,8 @@ struct rt_req {
     int refs;
     int state;
     uint64_t id;
-    bool chat, stream;
-    char *body; /* (body_len) the client's body, forwarded as is */
+    bool chat, embed, stream; /* the route (chat, embeddings, else completions); a streamed answer */
+    char *body;               /* (body_len) the client's body, forwarded as is */
     size_t body_len;
     uint64_t keys[RT_MAX_KEYS];
     int n_keys;

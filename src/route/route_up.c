@@ -139,7 +139,10 @@ static int start(lm_router *r, rt_req *q, int i) {
     CURL *h = curl_easy_init();
     if (!h) return -1;
     char url[1024];
-    snprintf(url, sizeof url, "%s%s", p->url, q->chat ? "/v1/chat/completions" : "/v1/completions");
+    snprintf(url, sizeof url, "%s%s", p->url,
+             q->chat        ? "/v1/chat/completions"
+                 : q->embed ? "/v1/embeddings"
+                            : "/v1/completions");
     struct curl_slist *hd = curl_slist_append(NULL, "Content-Type: application/json");
     hd = hd ? curl_slist_append(hd, "Expect:") : NULL;
     if (hd && r->auth_header) hd = curl_slist_append(hd, r->auth_header);
