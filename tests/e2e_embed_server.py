@@ -28,7 +28,11 @@ inputs.txt, L2-normalized, and their token count.
      answers every POST with 500; with round-robin every embeddings request
      still succeeds (retried on the real one) with the vectors the replica
      gives directly, and the stand-in was tried.
-  5. qwen3-embedding-small (`lamina mkmodel --preset`, F16, written into a
+  5. An engine that lets 2 requests wait (--max-waiting 2): 300 inputs in
+     one request are all answered (each waits for room), the same vector as
+     alone; a client that goes away mid-request leaves the engine idle with
+     no KV block held.
+  6. qwen3-embedding-small (`lamina mkmodel --preset`, F16, written into a
      temporary folder; the file's sha256 as recorded): served without
      --pooling (its own: last token, EOS appended), the vectors against
      llama.cpp's (cosine >= COS_MIN) and its token count.
@@ -321,6 +325,26 @@ def qwen3_embedding(tmp):
     srv.stop("qwen3-embedding-small server")
 
 
+def busy_engine():
+    """An engine that lets 2 requests wait: 300 inputs in one request still all go through (each input
+    waits for room), and a client gone mid-request leaves the engine idle with no KV block held."""
+    srv = Server(MODEL, "--pooling", "mean", "--max-waiting", "2", "--max-seqs", "4")
+    texts = ["input %d of many: the cat sat on the mat" % i for i in range(300)]
+    st, o = post(srv.port, "/v1/embeddings", {"input": texts, "encoding_format": "base64"})
+    st1, one = post(srv.port, "/v1/embeddings", {"input": texts[123], "encoding_format": "base64"})
+    rejected = es.metrics(srv).get("lamina_requests_rejected_total", 0)
+    result("max-waiting 2: 300 inputs in one request all answered", st == 200 and len(o["data"]) == 300 and
+           st1 == 200 and o["data"][123]["embedding"] == one["data"][0]["embedding"], (st, st1))
+    result("max-waiting 2: the engine was full (submissions refused as busy, then retried)", rejected > 0, rejected)
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+    body = json.dumps({"input": [t * 3 for t in texts] * 6})
+    c.request("POST", "/v1/embeddings", body=body, headers={"Content-Type": "application/json"})
+    c.sock.close()  # gone before the answer
+    ok, m = es.wait_idle(srv, 30)
+    result("client gone: the engine idle, no KV block held", ok, m)
+    srv.stop("server --max-waiting 2")
+
+
 def main():
     ids = [int(x) for x in subprocess.run([*LAMINA, "tokenize", "-m", MODEL, "--ids", "--bos"],
                                           input=INPUTS[0].encode(), capture_output=True, timeout=60).stdout.split()]
@@ -341,6 +365,7 @@ def main():
     plain.stop("server without --pooling")
     through_router(srv.port)
     srv.stop("server --pooling mean")
+    busy_engine()
     with tempfile.TemporaryDirectory() as tmp:
         qwen3_embedding(tmp)
     return summary()
