@@ -7,12 +7,16 @@
  * answer side (srv_tc_*); none of those calls back. Every one of them fills
  * errors through server_error.c (server_error, declared in server.h), a leaf
  * that calls none of them. Not a public header: the contract is server.h.
+ * The embeddings route goes the same way: call_run hands an embed call to
+ * server_embed_run.c (embed_run), which calls server_embed.c's parser and
+ * answer writer and server_gen.c's srv_status_error; call_free hands it to
+ * embed_call_free.
  *
- * Ownership. A srv_call is one HTTP request on a generation route. It is
- * created by the access handler, owned by its connection's thread, and
- * freed in the request-completed callback, which first cancels what is
- * still generating and waits for every choice's final engine event: after
- * that the engine holds no pointer into the call.
+ * Ownership. A srv_call is one HTTP request on a generation route or the
+ * embeddings route. It is created by the access handler, owned by its
+ * connection's thread, and freed in the request-completed callback, which
+ * first cancels what is still running and waits for every engine request's
+ * final event: after that the engine holds no pointer into the call.
  *
  * Locking. call->mu guards what the engine thread writes (the event queue,
  * final counts, handles); the connection's thread takes the whole queue at
