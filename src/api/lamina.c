@@ -30,6 +30,7 @@
 #include "base/util.h"
 #include "decode/sample.h"
 #include "format/gguf.h"
+#include "model/embed.h"
 #include "model/model.h"
 #include "sched/engine.h"
 #include "text/chat.h"
@@ -371,7 +372,7 @@ void lm_engine_wait_idle(lm_engine *e) {
 
 /* ---- embeddings ------------------------------------------------------------ */
 
-int lm_model_embd_dim(const lm_model *m) { return m ? m->hp.n_embd : 0; }
+int lm_model_embd_dim(const lm_model *m) { return m ? embed_dim(m) : 0; }
 
 void lm_embd_normalize(float *v, int n) {
     if (!v || n <= 0) return;
@@ -420,7 +421,7 @@ lm_status lm_embed(lm_engine *e, const int32_t *const *tokens, const int *n_toke
                    bool normalize, float *out, char *err, size_t errlen) {
     if (!e || n < 0 || (n > 0 && (!tokens || !n_tokens || !out)))
         return fail(LM_ERR_INVALID, err, errlen, "lm_embed: an engine, the inputs and out are required");
-    const int E = engine_model(e)->hp.n_embd;
+    const int E = embed_dim(engine_model(e));
     if (dimensions < 0 || dimensions > E) {
         lm_err(err, errlen, "dimensions %d is outside [1, %d] (0: the model's width)", dimensions, E);
         return LM_ERR_INVALID;

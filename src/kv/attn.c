@@ -200,6 +200,7 @@ typedef struct {
     float softcap;      /* > 0: scores become softcap·tanh(s / softcap) before the softmax */
     int window;         /* > 0: query at pos sees keys pos-window+1 .. pos */
     int kv_end;         /* > 0: non-causal, every query sees keys 0 .. kv_end-1 (window 0) */
+    int half;           /* > 0 with kv_end: a symmetric window, query at pos sees keys pos-half .. pos+half */
     const float *sinks; /* (n_head) one logit per query head in the softmax's denominator, or NULL */
     float *out;
     size_t out_stride;
@@ -216,12 +217,14 @@ static void softcap_rows(float *S, int R, int nk, float cap) {
 
 /* The keys a sub-tile of nq queries at qpos0 .. qpos0+nq-1 may see, as
  * [*c_begin, *c_end): up to the last query's position (non-causal, kv_end
- * > 0: up to kv_end), and with a window from the chunk holding the first
+ * > 0: up to kv_end; with a symmetric half-window, no further than the
+ * last query's pos + half), and with a window from the chunk holding the first
  * query's window start (chunk starts stay on the multiple-of-CHUNK grid);
  * *wlo: no row sees a key below it. */
-static void key_span(int nq, int qpos0, int window, int kv_end, int *c_begin, int *c_end, int *wlo) {
+static void key_span(int nq, int qpos0, int window, int kv_end, int half, int *c_begin, int *c_end, int *wlo) {
     *c_end = kv_end > 0 ? kv_end : qpos0 + nq;
-    *wlo = window > 0 ? qpos0 + 1 - window : 0;
+    if (half > 0 && qpos0 + nq + half < *c_end) *c_end = qpos0 + nq + half; /* the last query's window */
+    *wlo = window > 0 ? qpos0 + 1 - window : half > 0 ? qpos0 - half : 0;
     *c_begin = *wlo > 0 ? *wlo / CHUNK * CHUNK : 0;
 }
 
@@ -254,7 +257,8 @@ static void split_partial(const tile_args *a, int nq, int qpos0, int c_lo, int c
             float *s = scr->s + (size_t)r * CHUNK;
             /* visible keys of this row in the chunk: t in [lo, vis) */
             int pos = qpos0 + r / G, vis = a->kv_end > 0 ? nk : pos - c0 + 1;
-            int lo = a->window > 0 ? pos + 1 - a->window - c0 : 0;
+            int lo = a->window > 0 ? pos + 1 - a->window - c0 : a->half > 0 ? pos - a->half - c0 : 0;
+            if (a->half > 0 && pos + a->half + 1 - c0 < vis) vis = pos + a->half + 1 - c0;
             vis = vis < 0 ? 0 : vis > nk ? nk : vis;
             lo = lo < 0 ? 0 : lo > vis ? vis : lo;
             if (lo == vis) {
@@ -319,7 +323,7 @@ static void subtile(const tile_args *a, int i0, int nq, int qpos0, int split0, i
         a->k->scale(scr->qs + (size_t)r * hd, src, hd, a->scale);
     }
     int c_begin, c_end, wlo;
-    key_span(nq, qpos0, a->window, a->kv_end, &c_begin, &c_end, &wlo);
+    key_span(nq, qpos0, a->window, a->kv_end, a->half, &c_begin, &c_end, &wlo);
     if (!part) {
         split0 = c_begin / ATTN_SPLIT;
         n_split = (c_end - 1) / ATTN_SPLIT + 1 - split0;
@@ -406,7 +410,7 @@ void attn_tile_sinks(const kv_pool *p, const kv_seq *s, int layer, int kv_head, 
 
 int attn_split_range(int n_q, int pos0, int window, int *first) {
     int c_begin, c_end, wlo;
-    key_span(n_q, pos0, window, 0, &c_begin, &c_end, &wlo);
+    key_span(n_q, pos0, window, 0, 0, &c_begin, &c_end, &wlo);
     *first = c_begin / ATTN_SPLIT;
     return (c_end - 1) / ATTN_SPLIT + 1 - *first;
 }
@@ -450,7 +454,15 @@ void attn_tile_merge(const kv_pool *p, int layer, int kv_head, int n_q, const fl
 void attn_tile_full(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride, int n_q,
                     int pos0, int kv_end, float scale, float softcap, const float *sinks, float *out, size_t out_stride,
                     attn_scratch *scr) {
+    attn_tile_sym(p, s, layer, kv_head, q, q_stride, n_q, pos0, kv_end, scale, softcap, 0, sinks, out, out_stride, scr);
+}
+
+void attn_tile_sym(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride, int n_q,
+                   int pos0, int kv_end, float scale, float softcap, int half, const float *sinks, float *out,
+                   size_t out_stride, attn_scratch *scr) {
     tile_args a = layer_args(p, s, layer, 0, scr);
+    assert(half >= 0);
+    a.half = half;
     assert(kv_head >= 0 && kv_head < a.lay->n_head_kv && pos0 >= 0 && n_q >= 0 && pos0 + n_q <= kv_end &&
            kv_end <= kv_seq_len(s));
     a.softcap = softcap;

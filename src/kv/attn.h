@@ -162,6 +162,13 @@ void attn_tile_sinks(const kv_pool *p, const kv_seq *s, int layer, int kv_head, 
 void attn_tile_full(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride, int n_q,
                     int pos0, int kv_end, float scale, float softcap, const float *sinks, float *out, size_t out_stride,
                     attn_scratch *scr);
+/* attn_tile_full under a symmetric window (gemma-embedding's local layers):
+ * with half > 0 the query at position pos sees the keys j of [0, kv_end)
+ * with |j - pos| <= half; half 0 is attn_tile_full. The layer is still of
+ * the global class (a non-causal model's pool has no local blocks). */
+void attn_tile_sym(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride, int n_q,
+                   int pos0, int kv_end, float scale, float softcap, int half, const float *sinks, float *out,
+                   size_t out_stride, attn_scratch *scr);
 /* Split-K (causal calls). The splits holding keys of a call of n_q queries at pos0 (window
  * as attn_tile's) are first .. first+count-1 of the grid; returns count
  * (>= 1 for n_q >= 1) and sets *first. */

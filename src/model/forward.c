@@ -16,6 +16,9 @@
  * RMSNorm of q and k before RoPE; RMSNorm of the attention and FFN outputs
  * before each residual add; GELU(tanh) instead of SiLU; local layers attend
  * to the last `window` positions only, with their own RoPE base.
+ * gemma-embedding is gemma3 with hp.causal false: every row of a segment
+ * (one whole sequence: fwd_check) sees every position of it, a local
+ * layer's those within window / 2 on either side (attn_tile_sym).
  * qwen3 has gemma3's Q/K norms and nothing else of it. gemma2 has gemma3's
  * scaled embeddings, post norms and GELU, no Q/K norms, and soft-caps the
  * attention scores and the logits (cap·tanh(s/cap)). phi3's Q, K, V and
@@ -103,7 +106,7 @@ fwd_dims fwd_dims_make(const lm_model *m, int n_ctx, int n_batch) {
 void fwd_kv_config(const lm_model *m, const fwd_dims *d, kv_config *c) {
     const lm_hparams *hp = &m->hp;
     kv_config_init(c, m->hp.n_layer - m->hp.n_rlayer, hp->n_head_kv, hp->head_dim); /* recurrent layers keep no KV */
-    if (hp->swa_window > 0) {
+    if (hp->swa_window > 0 && hp->causal) { /* non-causal (gemma-embedding): no local blocks */
         c->window = hp->swa_window;
         c->layer_local = m->layer_local;
     }
@@ -319,6 +322,11 @@ static void attn_worker(void *arg, int ith, int nth) {
         int i0 = local / hp->n_head_kv * ATTN_TILE_Q, kh = local % hp->n_head_kv;
         int nq = g->n - i0 < ATTN_TILE_Q ? g->n - i0 : ATTN_TILE_Q;
         size_t row = (size_t)f->seg_row0[sg] + (size_t)i0;
+        if (U == 1 && !hp->causal) { /* gemma-embedding: the whole sequence, or a symmetric window of it */
+            attn_tile_sym(f->kv, g->seq, j->layer, kh, f->q + row * qd, qd, nq, g->pos0 + i0, g->pos0 + g->n, scale,
+                          hp->attn_softcap, j->window / 2, j->sinks, f->xb + row * qd, qd, f->scr[ith]);
+            continue;
+        }
         if (U == 1) {
             attn_tile_sinks(f->kv, g->seq, j->layer, kh, f->q + row * qd, qd, nq, g->pos0 + i0, scale, hp->attn_softcap,
                             j->window, j->sinks, f->xb + row * qd, qd, f->scr[ith]);
@@ -358,7 +366,7 @@ static void attn_plan(lm_fwd *f, const lm_seg *segs, int n_seg, int layer, int w
     f->seg_unit0[0] = 0;
     for (int g = 0; g < n_seg; g++) {
         int U = 1, n_items = f->seg_item0[g + 1] - f->seg_item0[g];
-        if (per > 1 && segs[g].n <= ATTN_TILE_Q) {
+        if (per > 1 && segs[g].n <= ATTN_TILE_Q && f->m->hp.causal) { /* split-K is causal */
             int first, n_split = attn_split_range(segs[g].n, segs[g].pos0, window, &first);
             size_t need = (size_t)n_items * (size_t)n_split * attn_part_floats(f->kv, layer, segs[g].n, f->scr[0]);
             if (n_split >= ATTN_SPLIT_MIN && used + need <= f->part_cap) {

@@ -39,6 +39,7 @@ const char *model_arch_name(lm_arch a) {
         case LM_ARCH_LLAMA: return "llama";
         case LM_ARCH_QWEN2: return "qwen2";
         case LM_ARCH_GEMMA3: return "gemma3";
+        case LM_ARCH_GEMMA_EMBED: return "gemma-embedding";
         case LM_ARCH_QWEN3: return "qwen3";
         case LM_ARCH_QWEN35: return "qwen35";
         case LM_ARCH_QWEN35MOE: return "qwen35moe";
@@ -104,10 +105,11 @@ typedef enum { DIM_EMBD, DIM_Q, DIM_KV, DIM_FF, DIM_HEAD } hp_dim;
 
 #define ARCH(a) (1u << (a))
 #define ALL_ARCHS                                                                                                      \
-    (ARCH(LM_ARCH_LLAMA) | ARCH(LM_ARCH_QWEN2) | ARCH(LM_ARCH_GEMMA3) | ARCH(LM_ARCH_QWEN3) | ARCH(LM_ARCH_GEMMA2) |   \
+    (ARCH(LM_ARCH_LLAMA) | ARCH(LM_ARCH_QWEN2) | GEMMA3_ARCHS | ARCH(LM_ARCH_QWEN3) | ARCH(LM_ARCH_GEMMA2) |           \
      ARCH(LM_ARCH_PHI3) | ARCH(LM_ARCH_QWEN2MOE) | ARCH(LM_ARCH_QWEN3MOE))
-#define QK_NORM_ARCHS (ARCH(LM_ARCH_GEMMA3) | ARCH(LM_ARCH_QWEN3) | ARCH(LM_ARCH_QWEN3MOE))
-#define POST_NORM_ARCHS (ARCH(LM_ARCH_GEMMA3) | ARCH(LM_ARCH_GEMMA2))
+#define GEMMA3_ARCHS (ARCH(LM_ARCH_GEMMA3) | ARCH(LM_ARCH_GEMMA_EMBED)) /* gemma3's blocks */
+#define QK_NORM_ARCHS (GEMMA3_ARCHS | ARCH(LM_ARCH_QWEN3) | ARCH(LM_ARCH_QWEN3MOE))
+#define POST_NORM_ARCHS (GEMMA3_ARCHS | ARCH(LM_ARCH_GEMMA2))
 #define FUSED_ARCHS ARCH(LM_ARCH_PHI3)
 
 typedef struct {
@@ -590,6 +592,9 @@ static int read_hparams(loader *L) {
     } else if (strcmp(arch, "gemma3") == 0) {
         hp->arch = LM_ARCH_GEMMA3;
         hp->rope_style = LM_ROPE_NEOX;
+    } else if (strcmp(arch, "gemma-embedding") == 0) {
+        hp->arch = LM_ARCH_GEMMA_EMBED;
+        hp->rope_style = LM_ROPE_NEOX;
     } else if (strcmp(arch, "qwen3") == 0) {
         hp->arch = LM_ARCH_QWEN3;
         hp->rope_style = LM_ROPE_NEOX;
@@ -628,8 +633,8 @@ static int read_hparams(loader *L) {
         return unsupported(L),
                lm_err(L->err, L->errlen,
                       "unsupported architecture '%s' (lamina runs llama, qwen2, "
-                      "qwen3, qwen35, qwen2moe, qwen3moe, qwen35moe, qwen3next, gemma2, gemma3, phi3, deepseek2, "
-                      "gpt-oss, bert and nomic-bert)",
+                      "qwen3, qwen35, qwen2moe, qwen3moe, qwen35moe, qwen3next, gemma2, gemma3, gemma-embedding, phi3, "
+                      "deepseek2, gpt-oss, bert and nomic-bert)",
                       arch);
     }
     const int64_t big = 1 << 20;
@@ -654,16 +659,16 @@ static int read_hparams(loader *L) {
         return lm_err(L->err, L->errlen, "head count %d is not a multiple of the KV head count %d", hp->n_head,
                       hp->n_head_kv);
     /* attention.causal: absent means causal, but for the encoders, whose files say false */
-    hp->causal = !hp->encoder;
+    hp->causal = !hp->encoder && hp->arch != LM_ARCH_GEMMA_EMBED;
     char key[96];
     snprintf(key, sizeof key, "%s.attention.causal", arch);
     if (gguf_find_key(m->gguf, key) >= 0 && !gguf_get_bool(m->gguf, key, &hp->causal))
         return lm_err(L->err, L->errlen, "metadata '%s' is not a boolean", key);
-    if (!hp->causal && !hp->encoder) /* the decoders' pass masks causally */
+    if (!hp->causal && !hp->encoder && hp->arch != LM_ARCH_GEMMA_EMBED) /* the decoders' pass masks causally */
         return unsupported(L),
                lm_err(L->err, L->errlen,
                       "%s is false: lamina runs non-causal attention in the "
-                      "encoders (bert, nomic-bert) only",
+                      "encoders (bert, nomic-bert) and gemma-embedding only",
                       key);
     if (hp->arch == LM_ARCH_DEEPSEEK2) return read_mla_hparams(L, arch) || read_vocab(L);
     int def_hd = hp->n_embd % hp->n_head ? -1 : hp->n_embd / hp->n_head;
@@ -681,13 +686,14 @@ static int read_hparams(loader *L) {
         return -1;
     hp->emb_scale = 1.0f;
     hp->rope_base_swa = hp->rope_base;
-    if (hp->arch == LM_ARCH_GEMMA3) {
+    if (GEMMA3_ARCHS & ARCH(hp->arch)) {
         hp->emb_scale = sqrtf((float)hp->n_embd);
         hp->gelu = true;
         if (get_hp_int(L, arch, "attention.sliding_window", 0, 0, 1 << 30, &hp->swa_window) ||
             get_hp_int(L, arch, "attention.sliding_window_pattern", 6, 1, 4096, &hp->swa_pattern) ||
             get_hp_float(L, arch, "rope.freq_base_swa", 10000.0, &hp->rope_base_swa))
             return -1;
+        if (!hp->causal && hp->swa_window == 1) return lm_err(L->err, L->errlen, "a symmetric window of 1 token");
     }
     /* gpt-oss: a window on every layer but each pattern-th (2: alternate, layer 0 local), as llama.cpp
      * lays it out; both kinds on one RoPE unless the file gives the local layers their own base */
@@ -711,7 +717,7 @@ static int read_hparams(loader *L) {
     if (read_family_hparams(L, arch)) return -1;
     /* YaRN where the attention is plain RoPE on one base (not gemma's local
      * layers, not phi3's long-rope); linear for every family */
-    bool yarn_ok = hp->arch != LM_ARCH_GEMMA2 && hp->arch != LM_ARCH_GEMMA3 && hp->arch != LM_ARCH_PHI3;
+    bool yarn_ok = hp->arch != LM_ARCH_GEMMA2 && !(GEMMA3_ARCHS & ARCH(hp->arch)) && hp->arch != LM_ARCH_PHI3;
     float kq;
     if (read_rope_scaling(L, arch, yarn_ok, &kq)) return -1;
     return read_vocab(L);
@@ -726,6 +732,22 @@ static int read_vocab(loader *L) {
     if (emb->ne[1] < 1 || emb->ne[1] > (uint64_t)(64 * big))
         return lm_err(L->err, L->errlen, "tensor 'token_embd.weight' has a bad vocabulary dimension");
     m->hp.n_vocab = (int)emb->ne[1];
+    return 0;
+}
+
+static int load_dense(loader *L) { /* gemma-embedding's optional dense_2, dense_3 (model.h), as shaped */
+    lm_model *m = L->m;
+    int64_t in = m->hp.n_embd;
+    const char *names[2] = {"dense_2.weight", "dense_3.weight"};
+    lm_weight *w[2] = {&m->dense2, &m->dense3};
+    for (int i = 0; i < 2; i++) {
+        const gguf_tensor *t = gguf_find_tensor(m->gguf, names[i]);
+        if (!t) continue;
+        if (t->ne[1] < 1 || t->ne[1] > (1u << 20))
+            return lm_err(L->err, L->errlen, "tensor '%s' has %llu rows", names[i], (unsigned long long)t->ne[1]);
+        if (load_weight(L, names[i], in, (int64_t)t->ne[1], w[i])) return -1;
+        in = w[i]->rows;
+    }
     return 0;
 }
 
@@ -1202,6 +1224,7 @@ static int load_tensors(loader *L) {
         m->output = m->tok_embd;
         m->hp.tied_output = true;
     }
+    if (hp->arch == LM_ARCH_GEMMA_EMBED && load_dense(L)) return -1;
     if (hp->arch == LM_ARCH_GEMMA2) { /* gemma2's head is the embedding, whatever else the file holds */
         m->output = m->tok_embd;
         m->hp.tied_output = true;
@@ -1244,9 +1267,9 @@ static int load_tensors(loader *L) {
         /* gemma, gpt-oss: every swa_pattern-th layer (counting from 1) is global; pattern 0: none is */
         bool local = hp->swa_window > 0 && (hp->swa_pattern == 0 || (i + 1) % hp->swa_pattern != 0);
         l->window = local ? hp->swa_window : 0;
-        m->layer_local[i] = local;
+        m->layer_local[i] = local && hp->causal; /* non-causal: one pass, every key kept (attn_tile_sym) */
         l->rope_base = local ? hp->rope_base_swa : hp->rope_base;
-        l->rope_scale = local && hp->arch == LM_ARCH_GEMMA3 ? 1.0f : hp->rope_scale;
+        l->rope_scale = local && (GEMMA3_ARCHS & ARCH(hp->arch)) ? 1.0f : hp->rope_scale;
         if (report(L, 0.05 + 0.15 * (i + 1) / hp->n_layer)) return -1;
     }
     (void)n_kvl; /* the layers with KV: n_layer - n_rlayer */

@@ -83,6 +83,12 @@
  *          Q, K, V and the output with biases, the FFN GELU(tanh) of
  *          ffn_up (+bias) then ffn_down (+bias); attention non-causal
  *          (attention.causal false), no RoPE, no final norm.
+ *   gemma-embedding  gemma3's blocks with non-causal attention
+ *          (attention.causal absent: false); its local layers see the keys
+ *          within sliding_window / 2 positions on either side (attn_tile_sym;
+ *          the KV pool keeps them all: no local class); the pooled vector
+ *          goes through the optional dense_2.weight and dense_3.weight
+ *          (embed.h). No LM head is read.
  *   nomic-bert  bert's blocks with NeoX RoPE instead of the position
  *          embedding, Q, K and V fused in attn_qkv (optional bias), and a
  *          SwiGLU FFN (ffn_gate, ffn_up, ffn_down; optional biases).
@@ -131,6 +137,7 @@ typedef enum {
     LM_ARCH_GPT_OSS,
     LM_ARCH_BERT,
     LM_ARCH_NOMIC_BERT,
+    LM_ARCH_GEMMA_EMBED,
 } lm_arch;
 
 typedef enum { LM_ROPE_ADJACENT, LM_ROPE_NEOX } lm_rope_style;
@@ -400,11 +407,14 @@ typedef struct lm_model {
     const float *type_embd; /* (n_embd) an encoder's token type 0 row (token_types), or NULL */
     lm_weight pos_embd;     /* (n_ctx_train, n_embd) bert's absolute positions; rows 0 otherwise */
     const float *embd_norm, *embd_norm_b; /* (n_embd) an encoder's embedding LayerNorm */
-    lm_layer *layers;                     /* (n_layer) */
-    uint8_t *layer_local;                 /* (n_layer) 1 for a sliding-window (window > 0) layer: the KV
+    /* gemma-embedding's projections of the pooled vector (dense_2 then dense_3; rows 0: absent):
+     * dense_2 (d2, n_embd), dense_3 (n_embd, d2) or, alone, (d3, n_embd); lm_model_embd_dim */
+    lm_weight dense2, dense3;
+    lm_layer *layers;     /* (n_layer) */
+    uint8_t *layer_local; /* (n_layer) 1 for a sliding-window (window > 0) layer: the KV
                                 pool's local class (kv_config.layer_local) */
-    float *f32;                           /* slab owning every converted norm/bias vector */
-    void *packed_mem;                     /* allocation owning every weight's packed copy, or NULL
+    float *f32;           /* slab owning every converted norm/bias vector */
+    void *packed_mem;     /* allocation owning every weight's packed copy, or NULL
                                 (also when the copies would not fit in memory) */
     size_t packed_bytes;  /* bytes of packed copies, of kb_mem and shard_mem (memory beyond the mapping) */
     lm_moe *moe;          /* (n_layer) when n_expert > 0, else NULL */

@@ -206,7 +206,7 @@ static void engine_finish_choice(lm_engine *e, eseq *c, lm_finish why, lm_status
                    .error = error,
                    .stats = &c->stats,
                    .embedding = c->emb && why == LM_FINISH_STOP ? embed_pool_finish(c->emb) : NULL};
-    ev.n_embedding = ev.embedding ? e->m->hp.n_embd : 0;
+    ev.n_embedding = ev.embedding ? embed_dim(e->m) : 0;
     pthread_mutex_lock(&e->mu);
     metrics_finished(&e->stats, &c->stats, c->index, why);
     if (r->counted) engine_client_done(e, r->p.client);

@@ -69,7 +69,12 @@ embed_pool *engine_embed_pool(lm_engine *e, int pooling) {
     if (!e->emb_hid) e->emb_hid = lm_malloc((size_t)e->cfg.batch_tokens * (size_t)E * sizeof *e->emb_hid);
     bool ok = e->emb_hid != NULL;
     pthread_mutex_unlock(&e->mu);
-    return ok ? embed_pool_new(pooling, E) : NULL;
+    embed_pool *p = ok ? embed_pool_new(pooling, E) : NULL;
+    if (p && embed_pool_project(p, &e->m->dense2, &e->m->dense3)) { /* gemma-embedding's dense_2, dense_3 */
+        embed_pool_free(p);
+        p = NULL;
+    }
+    return p;
 }
 
 void engine_embed_begin(lm_engine *e, int n_seg) {
