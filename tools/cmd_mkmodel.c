@@ -13,7 +13,11 @@
  * real shapes scaled down. Their norm weights are 1 plus noise, so a reader
  * that skipped one would show. qwen3-embedding-small is qwen3-small as an
  * embedding model (Qwen3-Embedding's keys: qwen3.pooling_type last, and
- * tokenizer.ggml.add_eos_token over the --vocab-from vocabulary). The qwen35 presets (Qwen3.5, dense and
+ * tokenizer.ggml.add_eos_token over the --vocab-from vocabulary).
+ * gemma-embedding-small is EmbeddingGemma's structure (gemma3's blocks, Q/K
+ * and post norms, a window on 5 layers of 6, mean pooling, no LM head, the
+ * dense_2 / dense_3 projections with their dense_*_feat_* keys) over a
+ * SentencePiece vocabulary. The qwen35 presets (Qwen3.5, dense and
  * Mixture-of-Experts) are hybrids: of every gd_shape.interval layers the last
  * is full attention (a gated query, partial interleaved multi-section RoPE)
  * and the others gated-DeltaNet linear attention (gdn_layer), with the keys
@@ -58,6 +62,8 @@ static void usage_mkmodel(FILE *f) {
             "                     qwen3-small (Qwen3-0.6B: 4 heads of 128, 2 KV heads, n_ff 768, tied),\n"
             "                     qwen3-embedding-small (Qwen3-Embedding-0.6B: qwen3-small with pooling_type\n"
             "                     last and tokenizer.ggml.add_eos_token; needs --vocab-from with an EOS),\n"
+            "                     gemma-embedding-small (EmbeddingGemma: 6 gemma3 layers of n_embd 128,\n"
+            "                     window 16 on 5 of 6, mean pooling, dense 128 -> 512 -> 128),\n"
             "                     gemma2-small (Gemma 2 2B: 4 heads of 128, 2 KV heads, n_ff 1024,\n"
             "                     window 128 on alternate layers, soft-caps 50 and 30),\n"
             "                     phi3-small (Phi-3-mini-128k: 4 heads of 64, n_ff 640, fused QKV and\n"
@@ -138,6 +144,10 @@ static const preset presets[] = {
      * bge-small-en-v1.5 (12 layers, n_embd 384, 12 heads, n_ff 1536, CLS pooling) and
      * nomic-embed-text-v1.5 (12 layers, n_embd 768, 12 heads, n_ff 3072, mean pooling) scaled down */
     {"bert-small", 2, 128, 4, -1, 512, 0, 512, "bert", 0, 0, 0, 0, 0, 0},
+    /* EmbeddingGemma-300m (24 layers, n_embd 768, 3 heads of 256, 1 KV head, n_ff 1152, window 512,
+     * dense 768 -> 3072 -> 768, mean pooling) scaled down: 6 layers (the 6th global), window 16,
+     * dense 128 -> GEMB_DENSE -> 128; a SentencePiece vocabulary (--vocab-from, default GEMB_VOCAB) */
+    {"gemma-embedding-small", 6, 128, 4, 2, 512, 0, 2048, "gemma-embedding", 32, 16, 0, 0, 0, 0},
     {"nomic-bert-small", 2, 128, 4, -1, 512, 0, 2048, "nomic-bert", 0, 0, 0, 0, 0, 0},
 };
 
@@ -455,6 +465,8 @@ static int gdn_layer(maker *mk, int i, const gd_shape *gd, int64_t E, uint32_t t
 
 /* The vocabulary the encoder presets take when --vocab-from does not say. */
 #define ENC_VOCAB "tests/data/vocab/ggml-vocab-wpm.gguf"
+#define GEMB_VOCAB "tests/data/vocab/ggml-vocab-llama-spm.gguf"
+#define GEMB_DENSE 512 /* gemma-embedding-small's dense_2 rows (dense_3's cols) */
 
 /* An encoder's tensors (bert, nomic-bert), as llama.cpp's converter names
  * them: the embeddings and their LayerNorm, then per layer the attention
@@ -559,6 +571,8 @@ int cmd_mkmodel(int argc, char **argv) {
     gguf_ctx *vsrc = NULL;
     bool bert = p.arch && !strcmp(p.arch, "bert"), nomic = p.arch && !strcmp(p.arch, "nomic-bert");
     if ((bert || nomic) && !vocab_from) vocab_from = ENC_VOCAB;
+    bool gemb = p.arch && !strcmp(p.arch, "gemma-embedding");
+    if (gemb && !vocab_from) vocab_from = GEMB_VOCAB;
     if (vocab_from) {
         vsrc = gguf_open(vocab_from, err, sizeof err);
         if (!vsrc) {
@@ -638,7 +652,7 @@ int cmd_mkmodel(int argc, char **argv) {
                        : gptoss ? 150000.0f
                        : nomic  ? 1000.0f
                                 : 10000.0f);
-    gguf_w_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), qwen3 || gemma2 || ml || gd ? 1e-6f : 1e-5f);
+    gguf_w_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), qwen3 || gemma2 || gemb || ml || gd ? 1e-6f : 1e-5f);
     if (gd) { /* the keys llama.cpp's converter writes for Qwen3.5 and Qwen3-Next */
         if (gd->sections[0] + gd->sections[1] + gd->sections[2] + gd->sections[3])
             gguf_w_set_arr(w, KEY("rope.dimension_sections"), GGUF_INT32, gd->sections, 4);
@@ -691,6 +705,13 @@ int cmd_mkmodel(int argc, char **argv) {
         gguf_w_set_u32(w, KEY("pooling_type"), bert ? 2 : 1); /* CLS (as bge) / mean (as nomic-embed) */
     }
     if (p.window) gguf_w_set_u32(w, KEY("attention.sliding_window"), (uint32_t)p.window);
+    if (gemb) { /* EmbeddingGemma's converted keys: mean pooling, the Dense modules' widths */
+        gguf_w_set_u32(w, KEY("pooling_type"), LM_POOL_MEAN);
+        gguf_w_set_u32(w, KEY("dense_2_feat_in"), (uint32_t)p.embd);
+        gguf_w_set_u32(w, KEY("dense_2_feat_out"), GEMB_DENSE);
+        gguf_w_set_u32(w, KEY("dense_3_feat_in"), GEMB_DENSE);
+        gguf_w_set_u32(w, KEY("dense_3_feat_out"), (uint32_t)p.embd);
+    }
     if (p.experts) {
         gguf_w_set_u32(w, KEY("expert_count"), (uint32_t)p.experts);
         gguf_w_set_u32(w, KEY("expert_used_count"), (uint32_t)p.used);
@@ -746,7 +767,12 @@ int cmd_mkmodel(int argc, char **argv) {
     rc |= add(&mk, "output_norm.weight", E, 1, LM_TYPE_F32, nn, true);
     /* deepseek2: a head 4 times larger, so that greedy steps are decided by margins well above the
      * arithmetic's differences (random layers otherwise leave near-ties between the top logits) */
-    if (!qwen3 && !gemma2) rc |= add(&mk, "output.weight", E, p.vocab, t, ml ? 4 * ws : ws, false); /* those two tie */
+    if (gemb) { /* no LM head; the pooled vector's projections */
+        rc |= add(&mk, "dense_2.weight", E, GEMB_DENSE, t, ws, false);
+        rc |= add(&mk, "dense_3.weight", GEMB_DENSE, E, t, 1.0f / sqrtf((float)GEMB_DENSE), false);
+    }
+    if (!qwen3 && !gemma2 && !gemb)
+        rc |= add(&mk, "output.weight", E, p.vocab, t, ml ? 4 * ws : ws, false); /* those two tie */
     if (phi3 && !rc) { /* long-rope divisors per frequency: short near 1, long growing to 32 */
         int nf = hd / 2;
         float *sf_ = malloc((size_t)nf * sizeof(float)), *lf = malloc((size_t)nf * sizeof(float));
@@ -790,7 +816,7 @@ int cmd_mkmodel(int argc, char **argv) {
             rc |= A("attn_k.bias", KV, 1, LM_TYPE_F32, 0.1f, false);
             rc |= A("attn_v.bias", KV, 1, LM_TYPE_F32, 0.1f, false);
         }
-        if (qwen3 || (gd && !recur)) {
+        if (qwen3 || gemb || (gd && !recur)) {
             rc |= A("attn_q_norm.weight", hd, 1, LM_TYPE_F32, nn, true);
             rc |= A("attn_k_norm.weight", hd, 1, LM_TYPE_F32, nn, true);
         }
@@ -811,7 +837,7 @@ int cmd_mkmodel(int argc, char **argv) {
             }
         }
         /* qwen35, gpt-oss: post_attention_norm is the FFN's input norm, there is no ffn_norm */
-        if (gemma2 || gd || gptoss) rc |= A("post_attention_norm.weight", E, 1, LM_TYPE_F32, nn, true);
+        if (gemma2 || gemb || gd || gptoss) rc |= A("post_attention_norm.weight", E, 1, LM_TYPE_F32, nn, true);
         if (!gd && !gptoss) rc |= A("ffn_norm.weight", E, 1, LM_TYPE_F32, nn, true);
         if (p.experts && !(ml && i < ml->dense)) {
             int64_t X = p.experts, FE = p.ff_exp;
@@ -851,7 +877,7 @@ int cmd_mkmodel(int argc, char **argv) {
             rc |= A("ffn_up.weight", E, p.ff, t, ws, false);
         }
         if (!p.experts || (ml && i < ml->dense)) rc |= A("ffn_down.weight", p.ff, E, t, wf, false);
-        if (gemma2) rc |= A("post_ffw_norm.weight", E, 1, LM_TYPE_F32, nn, true);
+        if (gemma2 || gemb) rc |= A("post_ffw_norm.weight", E, 1, LM_TYPE_F32, nn, true);
         if (i >= p.layers) { /* the MTP layer's own: [enorm(embedding) ; hnorm(h)] -> n_embd */
             rc |= A("nextn.eh_proj.weight", 2 * E, E, t, 1.0f / sqrtf((float)(2 * E)), false);
             rc |= A("nextn.enorm.weight", E, 1, LM_TYPE_F32, nn, true);
