@@ -980,8 +980,10 @@ static void test_simd_kernels(void) {
 /* ---- non-causal attention ------------------------------------------------------ */
 
 /* The float64 reference of attn_tile_full: queries pos0 .. pos0+n_q-1 each
- * see keys [0, kv_end). */
-static void ref_attn_nc(const data *d, const float *kk, const float *vv, int pos0, int n_q, int kv_end, double *out) {
+ * see keys [0, kv_end); with half > 0 (attn_tile_sym) only those within
+ * half positions of the query's. */
+static void ref_attn_nc_sym(const data *d, const float *kk, const float *vv, int pos0, int n_q, int kv_end, int half,
+                            double *out) {
     int hd = d->hd, G = d->n_head / d->n_head_kv;
     size_t kvd = (size_t)d->n_head_kv * hd;
     double scale = 1.0 / sqrt((double)hd), *w = malloc((size_t)kv_end * sizeof(double));
@@ -993,7 +995,7 @@ static void ref_attn_nc(const data *d, const float *kk, const float *vv, int pos
                 const float *k = kk + (size_t)j * kvd + (size_t)(h / G) * hd;
                 double s = 0;
                 for (int e = 0; e < hd; e++) s += (double)q[e] * k[e];
-                w[j] = s * scale;
+                w[j] = half > 0 && abs(j - (pos0 + i)) > half ? -INFINITY : s * scale;
                 if (w[j] > mx) mx = w[j];
             }
             for (int j = 0; j < kv_end; j++) sum += w[j] = exp(w[j] - mx);
@@ -1005,6 +1007,10 @@ static void ref_attn_nc(const data *d, const float *kk, const float *vv, int pos
             }
         }
     free(w);
+}
+
+static void ref_attn_nc(const data *d, const float *kk, const float *vv, int pos0, int n_q, int kv_end, double *out) {
+    ref_attn_nc_sym(d, kk, vv, pos0, n_q, kv_end, 0, out);
 }
 
 /* Every query tile of a segment sees the whole sequence, later positions
@@ -1069,6 +1075,61 @@ static void test_noncausal(void) {
     printf("  non-causal: worst relative error %.3g over %d variants\n", worst, n_isa);
 }
 
+/* attn_tile_sym (gemma-embedding's local layers): query at pos sees the keys
+ * within half positions either side, later ones included, against the
+ * float64 reference (1e-5) on every variant, for windows narrower than a
+ * tile, than a chunk and wider than the sequence, queries cut into tiles
+ * of 32 and of 5 (the same bits); a window narrower than the sequence must
+ * differ from attn_tile_full's result. */
+static void test_symmetric(void) {
+    static const struct {
+        int n_head, n_head_kv, hd, T, B, half;
+        uint32_t type;
+    } cfgs[] = {
+        {4, 2, 32, 40, 16, 8, LM_TYPE_F32}, {4, 4, 16, 100, 1, 3, LM_TYPE_F16},  {8, 1, 64, 150, 16, 40, LM_TYPE_F32},
+        {2, 2, 64, 70, 7, 1, LM_TYPE_Q8_0}, {4, 2, 32, 20, 16, 64, LM_TYPE_F32},
+    };
+    int isas[LM_ISA_COUNT], n_isa = cpu_isas(isas);
+    double worst = 0;
+    for (size_t c = 0; c < sizeof cfgs / sizeof *cfgs; c++) {
+        data d;
+        int T = cfgs[c].T, half = cfgs[c].half;
+        data_make(&d, 1, cfgs[c].n_head, cfgs[c].n_head_kv, cfgs[c].hd, T, cfgs[c].type, (uint64_t)(c * 31 + 5));
+        filled f;
+        CHECK(filled_make(&f, &d, cfgs[c].type, cfgs[c].B) == 0);
+        size_t qd = (size_t)d.n_head * d.hd;
+        float *out = malloc((size_t)T * qd * sizeof(float)), *out1 = malloc((size_t)T * qd * sizeof(float));
+        double *ref = malloc((size_t)T * qd * sizeof(double)), *full = malloc((size_t)T * qd * sizeof(double));
+        float scale = 1.0f / sqrtf((float)d.hd);
+        ref_attn_nc_sym(&d, d.ks, d.vs, 0, T, T, half, ref);
+        ref_attn_nc_sym(&d, d.ks, d.vs, 0, T, T, 0, full);
+        for (int i = 0; i < n_isa; i++) {
+            CHECK(kernels_use(isas[i]) == 0);
+            for (int tile = ATTN_TILE_Q, pass = 0; pass < 2; pass++, tile = 5) {
+                float *o = pass ? out1 : out;
+                for (int i0 = 0; i0 < T; i0 += tile) {
+                    int n = T - i0 < tile ? T - i0 : tile;
+                    for (int kh = 0; kh < d.n_head_kv; kh++)
+                        attn_tile_sym(f.p, f.s, 0, kh, qrow(&d, 0, i0), qd, n, i0, T, scale, 0, half, NULL,
+                                      o + (size_t)i0 * qd, qd, f.scr);
+                }
+            }
+            CHECK(memcmp(out, out1, (size_t)T * qd * sizeof(float)) == 0);
+            double e = rel_err(out, ref, (size_t)T * qd), ef = rel_err(out, full, (size_t)T * qd);
+            if (e > worst) worst = e;
+            if (!(e < 1e-5))
+                fprintf(stderr, "  symmetric cfg %zu %s: err %.3g\n", c, kernels_isa_str((lm_isa)isas[i]), e);
+            CHECK(e < 1e-5);
+            if (half < T - 1) CHECK(ef > 1e-3);
+        }
+        kernels_use(-1);
+        filled_free(&f);
+        free(out), free(out1), free(ref), free(full);
+        data_free(&d);
+    }
+    printf("  symmetric window: worst relative error %.3g over %d variants\n", worst, n_isa);
+}
+
 int main(void) {
     kernels_init();
 #if defined(__x86_64__) || defined(__i386__)
@@ -1091,5 +1152,6 @@ int main(void) {
     TEST_RUN(test_sinks_batch_invariant);
     TEST_RUN(test_noncausal);
     TEST_RUN(test_split_k);
+    TEST_RUN(test_symmetric);
     return TEST_DONE();
 }
