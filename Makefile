@@ -208,7 +208,7 @@ test: all mpi
 CHECK_E2E = e2e_api.sh e2e_cli.sh e2e_files.sh e2e_kl.sh e2e_mem.sh e2e_profile.sh e2e_progress.sh \
             e2e_abuse.py e2e_arch.py e2e_arch_hybrid.py e2e_arch_mla.py e2e_arch_moe.py e2e_cache_salt.py \
             e2e_engine_hybrid.py e2e_mkmodel.py e2e_pressure.py e2e_roofline.py e2e_router.py e2e_spec.py \
-            e2e_spec_hybrid.py e2e_encoder.py e2e_embed.py e2e_embed_server.py
+            e2e_spec_hybrid.py e2e_encoder.py e2e_embed.py e2e_embed_server.py e2e_gemma_embed.py
 check: all
 	BUILD=$(BUILD) LAMINA_TEST_JOBS=2 LAMINA_E2E="$(CHECK_E2E)" bash tests/run.sh
 
