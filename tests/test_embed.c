@@ -18,7 +18,12 @@
  *   - no LM head rows, no prefix cache (nothing cached, no hit), no KV held
  *     afterwards (engine_check);
  *   - errors: a generative model with LM_POOL_DEFAULT, LM_POOL_NONE, an
- *     unknown pooling, n = 2, a prompt past the context.
+ *     unknown pooling, n = 2, a prompt past the context;
+ *   - post-pooling projections (gemma-embedding's dense_2, dense_3): the
+ *     mean of random rows through an F32 (16 -> 40) then an F16 (40 -> 16)
+ *     matrix, and through one alone (16 -> 24, the width embed_dim gives),
+ *     against a float64 reference on the same (F16-rounded) weights within
+ *     1e-6 relative L2; a chained matrix whose cols do not match is refused.
  */
 #include <stdatomic.h>
 #include <string.h>
@@ -440,6 +445,58 @@ static void test_errors(void) {
     engine_free(e);
 }
 
+/* y = W·x in double over the weights' stored values */
+static void ref_project(const float *w, int rows, int cols, const double *x, double *y) {
+    for (int r = 0; r < rows; r++) {
+        double s = 0;
+        for (int c = 0; c < cols; c++) s += (double)w[(size_t)r * cols + c] * x[c];
+        y[r] = s;
+    }
+}
+
+static void test_projections(void) {
+    enum { E = 16, D = 40, D1 = 24, N = 5 };
+    lm_rng g;
+    lm_rng_seed(&g, 7);
+    float rows[N * E], w2[D * E], w3[E * D], w1[D1 * E];
+    uint16_t w3h[E * D];
+    for (int i = 0; i < N * E; i++) rows[i] = lm_rng_normal(&g);
+    for (int i = 0; i < D * E; i++) w2[i] = lm_rng_normal(&g) * 0.25f;
+    for (int i = 0; i < D1 * E; i++) w1[i] = lm_rng_normal(&g) * 0.25f;
+    for (int i = 0; i < E * D; i++) {
+        w3h[i] = lm_f32_to_f16(lm_rng_normal(&g) * 0.15f);
+        w3[i] = lm_f16_to_f32(w3h[i]);
+    }
+    lm_weight d2 = {.data = w2, .type = LM_TYPE_F32, .rows = D, .cols = E, .row_bytes = E * sizeof(float)};
+    lm_weight d3 = {.data = w3h, .type = LM_TYPE_F16, .rows = E, .cols = D, .row_bytes = D * sizeof(uint16_t)};
+    lm_weight d1 = {.data = w1, .type = LM_TYPE_F32, .rows = D1, .cols = E, .row_bytes = E * sizeof(float)};
+    double mean[E] = {0}, h[D], want[D1 > E ? D1 : E];
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < E; j++) mean[j] += rows[i * E + j] / (double)N;
+    for (int k = 0; k < 2; k++) {
+        embed_pool *p = embed_pool_new(LM_POOL_MEAN, E);
+        CHECK(p != NULL);
+        CHECK(embed_pool_project(p, k ? &d1 : &d2, k ? NULL : &d3) == 0);
+        CHECK(p->n_out == (k ? D1 : E));
+        embed_pool_add(p, rows, E, 2, 0);
+        embed_pool_add(p, rows + 2 * E, E, N - 2, 2);
+        const float *v = embed_pool_finish(p);
+        if (k) {
+            ref_project(w1, D1, E, mean, want);
+        } else {
+            ref_project(w2, D, E, mean, h);
+            ref_project(w3, E, D, h, want);
+        }
+        double num = 0, den = 0;
+        for (int j = 0; j < p->n_out; j++) num += (v[j] - want[j]) * (v[j] - want[j]), den += want[j] * want[j];
+        CHECK(sqrt(num / den) < 1e-6);
+        embed_pool_free(p);
+    }
+    embed_pool *p = embed_pool_new(LM_POOL_MEAN, E);
+    CHECK(embed_pool_project(p, &d1, &d3) == -1); /* dense_3's 40 cols after 24 rows */
+    embed_pool_free(p);
+}
+
 int main(void) {
     kernels_init();
     char err[LM_ERRLEN];
@@ -455,6 +512,7 @@ int main(void) {
     TEST_RUN(test_many_short_one_pass);
     TEST_RUN(test_chunks_and_preemption);
     TEST_RUN(test_errors);
+    TEST_RUN(test_projections);
     model_free(model);
     pool_free(ref_pool);
     return TEST_DONE();
