@@ -18,7 +18,8 @@ tokens) longer than the preset's sliding window of 16:
   - the comparison can fail: --pooling last gives vectors whose cosines
     with the mean facts are below COS_MIN;
   - an input longer than the batch (-b 8) is refused with a message saying
-    a non-causal model runs each sequence in one pass.
+    an input of a non-causal model runs in one pass; `lamina run` (a
+    generation request) is refused: the model only embeds.
 COS_MIN is 0.9999: llama.cpp prints 7 decimals, and the two engines' float
 sums differ in order; the measured cosines are above 0.9999999.
 """
@@ -86,8 +87,10 @@ def main():
         result("other_pooling_differs", len(cs) == len(want) and max(cs) < COS_MIN, "cosines %s" % cs)
 
         p = lamina("embed", "-m", model, "-f", INPUTS, "-b", "8")
-        result("longer_than_batch_refused", p.returncode == 1 and b"non-causal model runs each sequence in one pass"
+        result("longer_than_batch_refused", p.returncode == 1 and b"not causal: an input runs in one pass"
                in p.stderr, p.stderr)
+        p = lamina("run", "-m", model, "-p", "Hello", "-n", "4")
+        result("generation_refused", p.returncode != 0 and b"it only embeds" in p.stderr, p.stdout + p.stderr)
     return summary()
 
 

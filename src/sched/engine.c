@@ -468,7 +468,7 @@ static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max
 
 static lm_status submit_tokens(lm_engine *e, const lm_request_params *p, lm_request **out, char *err, size_t errlen) {
     lm_request_params q; /* an embedding: one token wanted, nothing sampled (engine_embed.c) */
-    lm_status rc = p->embed || e->m->hp.encoder ? engine_embed_params(e, p, &q, err, errlen) : LM_OK;
+    lm_status rc = engine_embed_params(e, p, &q, err, errlen); /* LM_OK at once for a generation it allows */
     if (rc != LM_OK || (rc = check_fields(e, p = p->embed ? &q : p, err, errlen)) != LM_OK) return rc;
     int max_tokens;
     /* every position holds a token and one more is sampled from the last */

@@ -22,8 +22,8 @@
  * made. Under pipeline parallelism the states live on the last stage, not
  * here: refused.
  *
- * Encoders (bert, nomic-bert: hp.encoder, no LM head) take embedding
- * requests only. A model whose attention is not causal (hp.causal false)
+ * Encoders (bert, nomic-bert: hp.encoder, no LM head) and the other
+ * non-causal models (gemma-embedding) take embedding requests only. A model whose attention is not causal (hp.causal false)
  * runs each input in one pass (encoder.h): an input longer than the batch
  * is refused at submission, and engine_state_trim holds a prompt back
  * until a pass has room for the whole of it.
@@ -37,8 +37,11 @@
 
 lm_status engine_embed_params(const lm_engine *e, const lm_request_params *p, lm_request_params *q, char *err,
                               size_t errlen) {
-    if (!p->embed) /* an encoder (bert, nomic-bert) has no LM head */
-        return lm_err(err, errlen, "the model is an encoder: it only embeds (an embedding request)"), LM_ERR_INVALID;
+    if (!p->embed && (e->m->hp.encoder || !e->m->hp.causal)) /* bert, nomic-bert: no LM head; nor generating */
+        return lm_err(err, errlen, "the model %s: it only embeds (an embedding request)",
+                      e->m->hp.encoder ? "is an encoder" : "has non-causal attention"),
+               LM_ERR_INVALID;
+    if (!p->embed) return LM_OK; /* a generation request: the caller's checks */
     if (p->n != 1) return lm_err(err, errlen, "an embedding request has n = 1 (got %d)", p->n), LM_ERR_INVALID;
     if (!e->m->hp.causal && p->n_prompt > e->cfg.batch_tokens) /* it must run in one pass (encoder.h) */
         return lm_err(err, errlen,

@@ -331,10 +331,12 @@ void engine_mtp_feed(lm_engine *e, eseq *c);
 
 /* ---- engine_embed.c: embedding requests --------------------------------- */
 
-/* Submission: the request p (embed set) as the engine runs it, into *q:
- * its pooling resolved, one token wanted and no sampling extras. LM_OK,
- * LM_ERR_INVALID (n not 1, a bad pooling, a generative model without one),
- * LM_ERR_UNSUPPORTED (pipeline parallelism). */
+/* Submission, every request: p without embed is LM_OK (*q untouched) but on
+ * a model that only embeds (an encoder, a non-causal model: LM_ERR_INVALID).
+ * p with embed as the engine runs it, into *q: its pooling resolved, one
+ * token wanted and no sampling extras. LM_OK, LM_ERR_INVALID (n not 1, a bad
+ * pooling, a generative model without one), LM_ERR_TOO_LONG (a non-causal
+ * input past the batch), LM_ERR_UNSUPPORTED (pipeline parallelism). */
 lm_status engine_embed_params(const lm_engine *e, const lm_request_params *p, lm_request_params *q, char *err,
                               size_t errlen);
 /* Submission, any thread: a new request's pooling (its choice's emb), the
