@@ -19,7 +19,8 @@ tokens) longer than the preset's sliding window of 16:
     with the mean facts are below COS_MIN;
   - an input longer than the batch (-b 8) is refused with a message saying
     an input of a non-causal model runs in one pass; `lamina run` (a
-    generation request) is refused: the model only embeds.
+    generation request) is refused: the model only embeds; `lamina logits`
+    is refused too (no LM head), and `--hidden` prints the token rows.
 COS_MIN is 0.9999: llama.cpp prints 7 decimals, and the two engines' float
 sums differ in order; the measured cosines are above 0.9999999.
 """
@@ -91,6 +92,10 @@ def main():
                in p.stderr, p.stderr)
         p = lamina("run", "-m", model, "-p", "Hello", "-n", "4")
         result("generation_refused", p.returncode != 0 and b"it only embeds" in p.stderr, p.stdout + p.stderr)
+        p = lamina("logits", "-m", model, "-p", "Hello")
+        result("logits_refused", p.returncode != 0 and b"no LM head" in p.stderr, p.stdout + p.stderr)
+        p = lamina("logits", "-m", model, "-p", "Hello", "--hidden")
+        result("hidden_rows", p.returncode == 0 and p.stdout.count(b"hidden ") == 2, p.stdout[:300] + p.stderr)
     return summary()
 
 

@@ -85,7 +85,8 @@ int cmd_logits(int argc, char **argv) {
     lm_seqrun *st = pool ? seqrun_new(m, pool, (int)n_ctx, 0, kv_type, err, sizeof err) : NULL;
     if (!st) fail("logits", pool ? err : "cannot start threads");
     if (hidden) return print_hidden(m, st, pool, toks, n);
-    if (m->hp.encoder) fail("logits", "an encoder has no LM head: --hidden prints its tokens' hidden states");
+    if (m->hp.encoder || !m->output.rows) /* an encoder, gemma-embedding */
+        fail("logits", "the model has no LM head: --hidden prints its tokens' hidden states");
     int V = m->hp.n_vocab;
     float *logits = malloc((size_t)V * sizeof(float));
     int *order = malloc((size_t)V * sizeof(int));

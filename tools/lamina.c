@@ -662,9 +662,9 @@ static int cmd_info(int argc, char **argv) {
            hp->rope_style == LM_ROPE_NEOX ? "neox (halves)" : "adjacent");
     printf("%s   %g\n", hp->encoder ? "ln epsilon: " : "rms epsilon:", hp->norm_eps);
     printf("output:        %s\n",
-           hp->encoder           ? "none: an encoder's hidden states (non-causal attention)"
-               : hp->tied_output ? "tied to the embedding"
-                                 : "separate output.weight");
+           hp->encoder || !m->output.rows ? "none: an encoder's hidden states (non-causal attention)"
+               : hp->tied_output          ? "tied to the embedding"
+                                          : "separate output.weight");
     if (hp->pooling != LM_POOL_NONE) /* an embedding model (docs/embeddings.md) */
         printf("pooling:       %s%s\n", embed_pooling_name(hp->pooling),
                m->tok && tok_add_eos(m->tok) ? " (EOS appended to each input)" : "");

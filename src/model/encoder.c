@@ -157,8 +157,8 @@ int enc_check(const lm_fwd *f, const lm_seg *segs, int n_seg, char *err, size_t 
     const lm_hparams *hp = &m->hp;
     for (int g = 0; g < n_seg; g++) {
         const lm_seg *sg = &segs[g];
-        if (hp->encoder && sg->n_logits > 0)
-            return lm_err(err, errlen, "segment %d asks for logits of an encoder (%s has no LM head)", g,
+        if ((hp->encoder || m->output.rows == 0) && sg->n_logits > 0) /* also gemma-embedding's: no head */
+            return lm_err(err, errlen, "segment %d asks for logits of a model with no LM head (%s)", g,
                           model_arch_name(hp->arch));
         if (!hp->causal && sg->pos0 != 0)
             return lm_err(err, errlen,

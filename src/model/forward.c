@@ -786,6 +786,7 @@ int fwd_pass(lm_fwd *f, const fwd_span *span, const int32_t *tokens, int n, cons
     if (m->ep.size > 1 && (!span->hooks || !span->hooks->alltoallv || !span->hooks->gather_ep))
         return lm_err(err, errlen, "an expert-parallel pass without its all-to-all and gather hooks");
     if (m->hp.encoder) return enc_pass(f, tokens, n, segs, n_seg, err, errlen); /* encoder.h */
+    if (!m->hp.causal && enc_check(f, segs, n_seg, err, errlen)) return -1;     /* gemma-embedding: as an encoder's */
     pass p = {.f = f, .span = span, .segs = segs, .n_seg = n_seg, .n = n};
     if (f->profile) p.prof_t = prof_clock(f, NULL);
     batch_layout(&p);

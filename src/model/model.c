@@ -1221,7 +1221,7 @@ static int load_tensors(loader *L) {
         if (load_weight(L, "output.weight", E, hp->n_vocab, &m->output)) return -1;
         m->hp.tied_output = false;
     } else {
-        m->output = m->tok_embd;
+        m->output = hp->arch == LM_ARCH_GEMMA_EMBED ? (lm_weight){0} : m->tok_embd; /* its head: none, rows 0 */
         m->hp.tied_output = true;
     }
     if (hp->arch == LM_ARCH_GEMMA_EMBED && load_dense(L)) return -1;
@@ -1375,10 +1375,10 @@ static int pack_weights(loader *L) {
 
 static int shard(loader *L, int rank, int size, int stage, int n_stages, int ep_rank, int ep_size,
                  const lm_ep_counts *counts) {
-    if (L->m->hp.encoder && (size > 1 || n_stages > 1 || ep_size > 1))
+    if ((L->m->hp.encoder || !L->m->hp.causal) && (size > 1 || n_stages > 1 || ep_size > 1))
         return unsupported(L),
                lm_err(L->err, L->errlen,
-                      "an encoder (%s) runs in one process: no tensor, pipeline "
+                      "a non-causal model (%s) runs in one process: no tensor, pipeline "
                       "or expert split",
                       model_arch_name(L->m->hp.arch));
     if (!model_shard(L->m, rank, size, L->err, L->errlen) && !model_stage(L->m, stage, n_stages, L->err, L->errlen) &&
