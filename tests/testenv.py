@@ -269,14 +269,16 @@ def smollm2_gguf():
 
 
 def install_models():
-    """Install every downloaded model the tests read (Gemma 3 270M and
-    SmolLM2-135M-Instruct) before any test runs, so that a fresh clone runs
+    """Install every downloaded model the tests read (Gemma 3 270M,
+    SmolLM2-135M-Instruct and all-MiniLM-L6-v2) before any test runs, so that a fresh clone runs
     the same checks as a machine whose cache is full: tests/run.sh calls this
     first. Prints one line per model; a model that cannot be had is named
     with the reason (the tests that need it then count as skipped)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import e2e_gemma3
-    for name, get in (("Gemma 3 270M", e2e_gemma3.model_path), ("SmolLM2-135M-Instruct", smollm2_gguf)):
+    import minilm
+    for name, get in (("Gemma 3 270M", e2e_gemma3.model_path), ("SmolLM2-135M-Instruct", smollm2_gguf),
+                      ("all-MiniLM-L6-v2", minilm.model_dir)):
         try:
             print("NOTE %s: %s" % (name, get()))
         except OSError as e:
