@@ -164,7 +164,8 @@ def inner():
         ntok = sum(len(w) for w in want)
         result("cosine", len(cs) == len(INPUTS) and min(cs) >= COS and got["usage"]["prompt_tokens"] == ntok,
                "cosines %s; prompt_tokens %s, reference %d" % (["%.6f" % c for c in cs], got["usage"], ntok))
-        print("NOTE cosines with the float64 reference: min %.7f over %d inputs" % (min(cs), len(cs)))
+        if cs:
+            print("NOTE cosines with the float64 reference: min %.7f over %d inputs" % (min(cs), len(cs)))
         half = os.path.join(tmp, "all-MiniLM-L6-v2-F16.gguf")
         minilm.convert(src, half, f16=True)
         p = lamina("embed", "-m", half, "-f", inputs)
@@ -173,6 +174,9 @@ def inner():
                "cosines %s %s" % (["%.6f" % c for c in cs], p.stderr.decode(errors="replace")))
         if cs:
             print("NOTE F16 file: min cosine %.7f" % min(cs))
+        if len(vecs) != len(INPUTS):
+            skip("minilm", "lamina embed gave %d vectors for %d inputs" % (len(vecs), len(INPUTS)), 3)
+            return
         near, far = cos(vecs[CAT], vecs[KITTEN]), cos(vecs[CAT], vecs[CAR])
         result("semantic", near > far + 0.1, "cat~kitten %.4f, cat~car %.4f" % (near, far))
         print("NOTE cat~kitten %.4f, cat~car %.4f (reference %.4f, %.4f)" %
@@ -182,6 +186,7 @@ def inner():
             srv = testenv.Server(LAMINA + ["serve", "-m", model, "-t", "2"])
         except RuntimeError as e:
             result("server", False, e)
+            skip("server: clean exit", "the server did not start")
             return
         try:
             c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
