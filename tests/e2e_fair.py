@@ -6,7 +6,8 @@ queues 24 long completions at once; client B (127.0.0.3) then sends one short co
 B's request waits behind A's running ones only: of A's requests still unfinished when B's
 came, at most 3 finish before it, where arrival order alone would put it after all of them.
 The same two clients as one API key's (a server with --api-key): one client, so B's request
-waits behind all of A's earlier ones (all but one at most).
+waits behind all of A's earlier ones (all but two at most: the one running beside it, and one
+whose answer a loaded client thread reads after B's; times are taken where the client reads).
 On the bundled model (models/stories260K.gguf).
 """
 import http.client
@@ -83,7 +84,7 @@ def main():
            0 <= a_before <= 3 and a_left >= 10, "%d of A's %d before B" % (a_before, a_left))
     ok, a_before, a_left, done = run("k1")
     result("one API key: every request answered", ok, done[:4])
-    result("one API key is one client: B waits behind all of A's earlier ones", a_before >= a_left - 1 and
+    result("one API key is one client: B waits behind all of A's earlier ones", a_before >= a_left - 2 and
            a_left >= 10, "%d of A's %d before B" % (a_before, a_left))
     return testenv.summary()
 
