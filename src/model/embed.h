@@ -5,7 +5,7 @@
  * norm (lm_fwd.hid), pooled into one vector of n_embd floats: their mean
  * (LM_POOL_MEAN), the first token's row (LM_POOL_CLS) or the last token's
  * (LM_POOL_LAST), as GGUF's <arch>.pooling_type names them (lm_pooling in
- * lamina.h; model.c reads the model's into lm_hparams.pooling).
+ * lamina.h; model_hparams.c reads the model's into lm_hparams.pooling).
  *
  * The rows arrive in order and in pieces (a prompt prefilled in chunks,
  * each chunk's rows after its pass), so an embed_pool accumulates: the sum

@@ -98,7 +98,7 @@
  * released DeepSeek files): the factor stretches the low frequencies, the
  * high ones rotate as trained, a ramp between (ops.h), cos and sin scaled by
  * the magnitude factor, and deepseek2's attention scale by mscale²
- * (model.c). Anything else is refused by name, and so is a weight of a type
+ * (model_hparams.c). Anything else is refused by name, and so is a weight of a type
  * lamina cannot compute with.
  *
  * Weights stay in the file mapping; only the small norm vectors and biases
@@ -176,7 +176,7 @@ typedef struct {
      * angle blends the interpolated and the trained one along the ramp from
      * yarn_low to yarn_high (ops_rope_angles_yarn); cos and sin are then
      * multiplied by rope_attn_factor, and deepseek2's attn_scale carries the
-     * square of its attention-magnitude factor (model.c, read_rope_scaling) */
+     * square of its attention-magnitude factor (model_hparams.c, read_rope_scaling) */
     bool rope_yarn;
     float yarn_factor, yarn_low, yarn_high;
     /* Mixture-of-Experts (n_expert 0: a dense FFN) */
