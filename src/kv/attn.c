@@ -381,6 +381,19 @@ static tile_args layer_args(const kv_pool *p, const kv_seq *s, int layer, int wi
                        .to_float = lay->type == LM_TYPE_F32 ? NULL : kernels_type(lay->type)->to_float};
 }
 
+/* layer_args with one KV head's queries: rows q + i·q_stride, scaled by
+ * scale before the softmax, logits capped by softcap (0: none). */
+static tile_args query_args(const kv_pool *p, const kv_seq *s, int layer, int window, int kv_head, const float *q,
+                            size_t q_stride, float scale, float softcap, attn_scratch *scr) {
+    tile_args a = layer_args(p, s, layer, window, scr);
+    a.kv_head = kv_head;
+    a.q = q;
+    a.q_stride = q_stride;
+    a.scale = scale;
+    a.softcap = softcap;
+    return a;
+}
+
 void attn_tile(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride, int n_q,
                int pos0, float scale, int window, float *out, size_t out_stride, attn_scratch *scr) {
     attn_tile_softcap(p, s, layer, kv_head, q, q_stride, n_q, pos0, scale, 0, window, out, out_stride, scr);
@@ -395,14 +408,9 @@ void attn_tile_softcap(const kv_pool *p, const kv_seq *s, int layer, int kv_head
 void attn_tile_sinks(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride,
                      int n_q, int pos0, float scale, float softcap, int window, const float *sinks, float *out,
                      size_t out_stride, attn_scratch *scr) {
-    tile_args a = layer_args(p, s, layer, window, scr);
-    a.softcap = softcap;
+    tile_args a = query_args(p, s, layer, window, kv_head, q, q_stride, scale, softcap, scr);
     a.sinks = sinks;
     assert(kv_head >= 0 && kv_head < a.lay->n_head_kv && pos0 >= 0 && n_q >= 0 && pos0 + n_q <= kv_seq_len(s));
-    a.kv_head = kv_head;
-    a.q = q;
-    a.q_stride = q_stride;
-    a.scale = scale;
     a.out = out;
     a.out_stride = out_stride;
     run_tiles(&a, n_q, pos0, 0, 0, NULL, scr);
@@ -423,14 +431,9 @@ size_t attn_part_floats(const kv_pool *p, int layer, int n_q, const attn_scratch
 void attn_tile_part(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride, int n_q,
                     int pos0, float scale, float softcap, int window, int split0, int n_split, float *part,
                     attn_scratch *scr) {
-    tile_args a = layer_args(p, s, layer, window, scr);
-    a.softcap = softcap;
+    tile_args a = query_args(p, s, layer, window, kv_head, q, q_stride, scale, softcap, scr);
     assert(kv_head >= 0 && kv_head < a.lay->n_head_kv && pos0 >= 0 && n_q > 0 && pos0 + n_q <= kv_seq_len(s));
     assert(split0 >= 0 && n_split > 0 && part);
-    a.kv_head = kv_head;
-    a.q = q;
-    a.q_stride = q_stride;
-    a.scale = scale;
     run_tiles(&a, n_q, pos0, split0, n_split, part, scr);
 }
 
@@ -460,18 +463,13 @@ void attn_tile_full(const kv_pool *p, const kv_seq *s, int layer, int kv_head, c
 void attn_tile_sym(const kv_pool *p, const kv_seq *s, int layer, int kv_head, const float *q, size_t q_stride, int n_q,
                    int pos0, int kv_end, float scale, float softcap, int half, const float *sinks, float *out,
                    size_t out_stride, attn_scratch *scr) {
-    tile_args a = layer_args(p, s, layer, 0, scr);
+    tile_args a = query_args(p, s, layer, 0, kv_head, q, q_stride, scale, softcap, scr);
     assert(half >= 0);
     a.half = half;
     assert(kv_head >= 0 && kv_head < a.lay->n_head_kv && pos0 >= 0 && n_q >= 0 && pos0 + n_q <= kv_end &&
            kv_end <= kv_seq_len(s));
-    a.softcap = softcap;
     a.sinks = sinks;
-    a.kv_head = kv_head;
     a.kv_end = kv_end;
-    a.q = q;
-    a.q_stride = q_stride;
-    a.scale = scale;
     a.out = out;
     a.out_stride = out_stride;
     run_tiles(&a, n_q, pos0, 0, 0, NULL, scr);
