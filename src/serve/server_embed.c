@@ -46,15 +46,6 @@
 static const char *INVALID = "invalid_request_error";
 #define BAD(param, ...) server_error(e, 400, INVALID, (param), NULL, __VA_ARGS__)
 
-static const cJSON *field(const cJSON *obj, const char *name) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
-    return v && !cJSON_IsNull(v) ? v : NULL;
-}
-
-static int oom(lm_server_error *e) {
-    return server_error(e, 500, "server_error", NULL, NULL, "out of memory while parsing the request");
-}
-
 static const char *SHAPE = "'input' must be a string, an array of strings, an array of token ids or an array of "
                            "arrays of token ids";
 
@@ -83,7 +74,7 @@ static int one_input(const lm_server_parse_ctx *c, const cJSON *v, const char *p
         if (n + eos > c->n_ctx) /* counted without a copy; the copy below would be large */
             return server_error(e, 400, INVALID, param, "context_length_exceeded",
                                 "'%s' is %d tokens long; this model's context holds %d", param, n + eos, c->n_ctx);
-        if (!(*out = lm_malloc((size_t)(n + eos) * sizeof(int32_t)))) return oom(e);
+        if (!(*out = lm_malloc((size_t)(n + eos) * sizeof(int32_t)))) return srv_oom(e);
         if (n <= 256) memcpy(*out, small, (size_t)n * sizeof(int32_t));
         else if (tok_encode(c->tok, v->valuestring, len, bos, true, *out, n) != n)
             return server_error(e, 500, "server_error", NULL, NULL, "tokenization is not deterministic");
@@ -96,7 +87,7 @@ static int one_input(const lm_server_parse_ctx *c, const cJSON *v, const char *p
     if (n > c->n_ctx)
         return server_error(e, 400, INVALID, param, "context_length_exceeded",
                             "'%s' is %d tokens long; this model's context holds %d", param, n, c->n_ctx);
-    if (!(*out = lm_malloc((size_t)n * sizeof(int32_t)))) return oom(e);
+    if (!(*out = lm_malloc((size_t)n * sizeof(int32_t)))) return srv_oom(e);
     int32_t n_vocab = tok_n_vocab(c->tok);
     int i = 0;
     for (const cJSON *t = v->child; t; t = t->next, i++) {
@@ -111,7 +102,7 @@ static int one_input(const lm_server_parse_ctx *c, const cJSON *v, const char *p
 /* input -> r->inputs. */
 static int parse_input(const lm_server_parse_ctx *c, const cJSON *root, lm_server_embed_request *r,
                        lm_server_error *e) {
-    const cJSON *in = field(root, "input");
+    const cJSON *in = srv_field(root, "input");
     if (!in) return BAD("input", "'input' is required");
     int count = 1;
     bool several = false;
@@ -128,7 +119,7 @@ static int parse_input(const lm_server_parse_ctx *c, const cJSON *root, lm_serve
         return BAD("input", "'input' holds %d inputs; at most %d per request", count, SERVER_MAX_EMBED_INPUTS);
     r->inputs = lm_calloc((size_t)count, sizeof *r->inputs);
     r->n_input = lm_calloc((size_t)count, sizeof *r->n_input);
-    if (!r->inputs || !r->n_input) return oom(e);
+    if (!r->inputs || !r->n_input) return srv_oom(e);
     const cJSON *one = several ? in->child : in;
     for (int i = 0; i < count; i++, one = one->next) {
         char param[24];
@@ -148,7 +139,7 @@ static int parse_input(const lm_server_parse_ctx *c, const cJSON *root, lm_serve
 
 static int parse_root(const lm_server_parse_ctx *c, const cJSON *root, lm_server_embed_request *r, lm_server_error *e) {
     if (!cJSON_IsObject(root)) return BAD(NULL, "the request body must be a JSON object");
-    const cJSON *v = field(root, "model");
+    const cJSON *v = srv_field(root, "model");
     if (v && !cJSON_IsString(v)) return BAD("model", "'model' must be a string");
     if (v && c->model_name && strcmp(v->valuestring, c->model_name) != 0)
         return server_error(e, 404, INVALID, "model", "model_not_found",
@@ -156,13 +147,13 @@ static int parse_root(const lm_server_parse_ctx *c, const cJSON *root, lm_server
                             c->model_name);
     if (c->embed_error) return BAD(NULL, "%s", c->embed_error);
     if (c->n_embd < 1) return BAD(NULL, "this server has no embedding width for its model");
-    if ((v = field(root, "encoding_format"))) {
+    if ((v = srv_field(root, "encoding_format"))) {
         if (!cJSON_IsString(v) || (strcmp(v->valuestring, "float") && strcmp(v->valuestring, "base64")))
             return BAD("encoding_format", "'encoding_format' must be \"float\" or \"base64\"");
         r->base64 = !strcmp(v->valuestring, "base64");
     }
     r->dimensions = c->n_embd;
-    if ((v = field(root, "dimensions"))) {
+    if ((v = srv_field(root, "dimensions"))) {
         double x = v->valuedouble;
         if (!cJSON_IsNumber(v) || !isfinite(x) || floor(x) != x)
             return BAD("dimensions", "'dimensions' must be an integer");
@@ -171,9 +162,9 @@ static int parse_root(const lm_server_parse_ctx *c, const cJSON *root, lm_server
                        x);
         r->dimensions = (int)x;
     }
-    if ((v = field(root, "user")) && !cJSON_IsString(v)) return BAD("user", "'user' must be a string");
+    if ((v = srv_field(root, "user")) && !cJSON_IsString(v)) return BAD("user", "'user' must be a string");
     r->normalize = true;
-    if ((v = field(root, "normalize"))) {
+    if ((v = srv_field(root, "normalize"))) {
         if (!cJSON_IsBool(v)) return BAD("normalize", "'normalize' must be a boolean");
         r->normalize = cJSON_IsTrue(v);
     }

@@ -114,6 +114,11 @@ typedef struct {
 } srv_tools;
 
 struct cJSON;
+/* server_error.c: the member `name` of obj, NULL when absent or JSON null
+ * (the parsers' one reading of an optional field). */
+const struct cJSON *srv_field(const struct cJSON *obj, const char *name);
+/* A 500 "out of memory while parsing the request" into *e; returns -1. */
+int srv_oom(lm_server_error *e);
 /* response_format, grammar, json_schema -> r->grammar (checked); 0 or -1 with *e. */
 int srv_parse_format(const struct cJSON *root, lm_server_request *r, lm_server_error *e);
 /* tools, tool_choice, parallel_tool_calls for a template family -> *t (the

@@ -67,15 +67,9 @@ void srv_json_init(void) { pthread_once(&hooks_once, install_hooks); }
 
 /* ------------------------------------------------------ typed field access */
 
-/* The member `name` of obj, NULL when absent or null. */
-static const cJSON *field(const cJSON *obj, const char *name) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
-    return v && !cJSON_IsNull(v) ? v : NULL;
-}
-
 /* A number in [lo, hi] when present; 1 if set, 0 if absent, -1 on error. */
 static int get_num(const cJSON *obj, const char *name, double lo, double hi, double *out, lm_server_error *e) {
-    const cJSON *v = field(obj, name);
+    const cJSON *v = srv_field(obj, name);
     if (!v) return 0;
     if (!cJSON_IsNumber(v)) return BAD(name, "'%s' must be a number", name);
     double x = v->valuedouble;
@@ -86,7 +80,7 @@ static int get_num(const cJSON *obj, const char *name, double lo, double hi, dou
 
 /* An integer (an integral number) in [lo, hi]; returns as get_num. */
 static int get_int(const cJSON *obj, const char *name, long long lo, long long hi, long long *out, lm_server_error *e) {
-    const cJSON *v = field(obj, name);
+    const cJSON *v = srv_field(obj, name);
     if (!v) return 0;
     double x = v->valuedouble;
     if (!cJSON_IsNumber(v) || !isfinite(x) || floor(x) != x) return BAD(name, "'%s' must be an integer", name);
@@ -97,15 +91,11 @@ static int get_int(const cJSON *obj, const char *name, long long lo, long long h
 }
 
 static int get_bool(const cJSON *obj, const char *name, bool *out, lm_server_error *e) {
-    const cJSON *v = field(obj, name);
+    const cJSON *v = srv_field(obj, name);
     if (!v) return 0;
     if (!cJSON_IsBool(v)) return BAD(name, "'%s' must be a boolean", name);
     *out = cJSON_IsTrue(v);
     return 1;
-}
-
-static int oom(lm_server_error *e) {
-    return server_error(e, 500, "server_error", NULL, NULL, "out of memory while parsing the request");
 }
 
 /* -------------------------------------------------------------- sampling */
@@ -166,7 +156,7 @@ static int parse_sampling(const lm_server_parse_ctx *c, const cJSON *root, bool 
 
 /* stop: a string or an array of strings; empty strings are dropped. */
 static int parse_stop(const cJSON *root, lm_server_request *r, lm_server_error *e) {
-    const cJSON *v = field(root, "stop");
+    const cJSON *v = srv_field(root, "stop");
     if (!v) return 0;
     const cJSON *one = v;
     int count = 1;
@@ -182,7 +172,7 @@ static int parse_stop(const cJSON *root, lm_server_request *r, lm_server_error *
         size_t n = strlen(one->valuestring);
         if (n > SERVER_MAX_STOP_LEN) return BAD("stop", "a stop string may be at most %d bytes", SERVER_MAX_STOP_LEN);
         if (n == 0) continue;
-        if (!(r->stops[r->p.n_stop] = lm_strndup(one->valuestring, n))) return oom(e);
+        if (!(r->stops[r->p.n_stop] = lm_strndup(one->valuestring, n))) return srv_oom(e);
         r->p.n_stop++;
     }
     return 0;
@@ -190,7 +180,7 @@ static int parse_stop(const cJSON *root, lm_server_request *r, lm_server_error *
 
 /* logit_bias: {"token id": bias in [-100, 100]}; -100 bans the token. */
 static int parse_bias(const cJSON *root, int32_t n_vocab, lm_server_request *r, lm_server_error *e) {
-    const cJSON *v = field(root, "logit_bias");
+    const cJSON *v = srv_field(root, "logit_bias");
     if (!v) return 0;
     if (!cJSON_IsObject(v)) return BAD("logit_bias", "'logit_bias' must be an object of token ids to numbers");
     int count = cJSON_GetArraySize(v);
@@ -199,7 +189,7 @@ static int parse_bias(const cJSON *root, int32_t n_vocab, lm_server_request *r, 
     int32_t *ids = lm_malloc((size_t)count * sizeof(int32_t));
     float *vals = lm_malloc((size_t)count * sizeof(float));
     r->p.bias_ids = ids, r->p.bias_vals = vals; /* owned: server_request_free */
-    if (!ids || !vals) return oom(e);
+    if (!ids || !vals) return srv_oom(e);
     for (const cJSON *b = v->child; b; b = b->next) {
         const char *key = b->string ? b->string : "";
         char *end;
@@ -235,7 +225,7 @@ static int encode(const lm_tokenizer *tok, const char *text, size_t len, bool ad
     int n = tok_encode(tok, text, len, add_bos, true, small, 256);
     if (n < 0) return server_error(e, 400, INVALID, NULL, NULL, "the text could not be tokenized");
     *out = lm_malloc((size_t)(n ? n : 1) * sizeof(int32_t));
-    if (!*out) return oom(e);
+    if (!*out) return srv_oom(e);
     if (n <= 256) memcpy(*out, small, (size_t)n * sizeof(int32_t));
     else if (tok_encode(tok, text, len, add_bos, true, *out, n) != n)
         return server_error(e, 500, "server_error", NULL, NULL, "tokenization is not deterministic");
@@ -265,7 +255,7 @@ static int token_array(const cJSON *a, int32_t n_vocab, const char *param, int32
     int n = cJSON_GetArraySize(a);
     if (n == 0) return BAD(param, "'%s' is empty", param);
     *out = lm_malloc((size_t)n * sizeof(int32_t));
-    if (!*out) return oom(e);
+    if (!*out) return srv_oom(e);
     int i = 0;
     for (const cJSON *t = a->child; t; t = t->next, i++) {
         double x = t->valuedouble;
@@ -284,7 +274,7 @@ static bool all_of(const cJSON *a, int type) {
 
 /* prompt: a string, an array of strings, an array of ids, an array of arrays of ids. */
 static int parse_prompt(const lm_server_parse_ctx *c, const cJSON *root, lm_server_request *r, lm_server_error *e) {
-    const cJSON *p = field(root, "prompt");
+    const cJSON *p = srv_field(root, "prompt");
     if (!p) return BAD("prompt", "'prompt' is required");
     int32_t n_vocab = tok_n_vocab(c->tok);
     bool bos = tok_add_bos(c->tok);
@@ -306,7 +296,7 @@ static int parse_prompt(const lm_server_parse_ctx *c, const cJSON *root, lm_serv
     r->prompts = lm_calloc((size_t)count, sizeof(int32_t *));
     r->n_prompt = lm_calloc((size_t)count, sizeof(int));
     r->echo_text = lm_calloc((size_t)count, sizeof(char *));
-    if (!r->prompts || !r->n_prompt || !r->echo_text) return oom(e);
+    if (!r->prompts || !r->n_prompt || !r->echo_text) return srv_oom(e);
     /* one prompt (a string or one id array) or one per element */
     bool several = cJSON_IsArray(p) && !all_of(p, cJSON_Number);
     const cJSON *one = several ? p->child : p;
@@ -317,10 +307,10 @@ static int parse_prompt(const lm_server_parse_ctx *c, const cJSON *root, lm_serv
         if (cJSON_IsString(one)) {
             size_t len = strlen(one->valuestring);
             n = encode(c->tok, one->valuestring, len, bos, &ids, e);
-            if (n >= 0 && r->echo && !(echo = lm_strndup(one->valuestring, len))) n = oom(e);
+            if (n >= 0 && r->echo && !(echo = lm_strndup(one->valuestring, len))) n = srv_oom(e);
         } else if (cJSON_IsArray(one) && (one == p || all_of(one, cJSON_Number))) {
             n = token_array(one, n_vocab, "prompt", &ids, e);
-            if (n >= 0 && r->echo && !(echo = detokenize(c->tok, ids, n))) n = oom(e);
+            if (n >= 0 && r->echo && !(echo = detokenize(c->tok, ids, n))) n = srv_oom(e);
         } else {
             n = BAD("prompt", "'prompt' arrays of arrays must hold token ids only");
         }
@@ -340,11 +330,11 @@ static int parse_prompt(const lm_server_parse_ctx *c, const cJSON *root, lm_serv
 static char *message_content(const cJSON *m, int i, lm_server_error *e) {
     char param[48];
     snprintf(param, sizeof param, "messages[%d].content", i);
-    const cJSON *c = field(m, "content");
+    const cJSON *c = srv_field(m, "content");
     if (!c || cJSON_IsString(c)) {
         const char *t = c ? c->valuestring : "";
         char *s = lm_strndup(t, strlen(t));
-        if (!s) oom(e);
+        if (!s) srv_oom(e);
         return s;
     }
     if (!cJSON_IsArray(c)) {
@@ -353,7 +343,7 @@ static char *message_content(const cJSON *m, int i, lm_server_error *e) {
     }
     size_t total = 1;
     for (const cJSON *p = c->child; p; p = p->next) {
-        const cJSON *type = field(p, "type"), *text = field(p, "text");
+        const cJSON *type = srv_field(p, "type"), *text = srv_field(p, "text");
         if (!cJSON_IsObject(p) || !cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 ||
             !cJSON_IsString(text)) {
             BAD(param,
@@ -366,11 +356,11 @@ static char *message_content(const cJSON *m, int i, lm_server_error *e) {
     }
     char *s = lm_malloc(total), *w = s;
     if (!s) {
-        oom(e);
+        srv_oom(e);
         return NULL;
     }
     for (const cJSON *p = c->child; p; p = p->next) {
-        const char *t = field(p, "text")->valuestring;
+        const char *t = srv_field(p, "text")->valuestring;
         size_t n = strlen(t);
         if (w != s) *w++ = '\n';
         memcpy(w, t, n);
@@ -433,8 +423,8 @@ static int render_messages(const lm_server_parse_ctx *c, const lm_chat_xmsg *msg
  * (gpt-oss's template takes it as the message's "thinking", which
  * message_reasoning passes on). 0, or -1 with *e. */
 static int with_reasoning(const lm_server_parse_ctx *c, const cJSON *m, char **content, lm_server_error *e) {
-    const cJSON *rc = field(m, "reasoning_content");
-    if (!rc || cJSON_IsNull(rc)) rc = field(m, "reasoning");
+    const cJSON *rc = srv_field(m, "reasoning_content");
+    if (!rc || cJSON_IsNull(rc)) rc = srv_field(m, "reasoning");
     if (!cJSON_IsString(rc)) return 0; /* none; a wrong type is message_reasoning's 400 */
     if (reason_syntax(chat_family_of(c)) != REASON_THINK || strstr(*content, "</think>")) return 0;
     const char *rs = rc->valuestring;
@@ -449,7 +439,7 @@ static int with_reasoning(const lm_server_parse_ctx *c, const cJSON *m, char **c
     strbuf_puts(&t, *content + cl);
     if (t.failed || !t.p) {
         strbuf_free(&t);
-        return oom(e);
+        return srv_oom(e);
     }
     lm_free(*content);
     *content = t.p;
@@ -459,7 +449,7 @@ static int with_reasoning(const lm_server_parse_ctx *c, const cJSON *m, char **c
 /* An assistant message's tool_calls: [{"id", "type": "function", "function":
  * {"name", "arguments": a JSON string}}, ...]; the strings point into m. */
 static int message_calls(const cJSON *m, int i, lm_chat_xmsg *x, lm_server_error *e) {
-    const cJSON *tc = field(m, "tool_calls");
+    const cJSON *tc = srv_field(m, "tool_calls");
     char param[48];
     snprintf(param, sizeof param, "messages[%d].tool_calls", i);
     if (!tc) return 0;
@@ -468,13 +458,13 @@ static int message_calls(const cJSON *m, int i, lm_chat_xmsg *x, lm_server_error
     if (k == 0) return 0;
     if (k > SERVER_MAX_TOOLS) return BAD(param, "'%s' may hold at most %d calls", param, SERVER_MAX_TOOLS);
     lm_chat_call *calls = lm_calloc((size_t)k, sizeof *calls);
-    if (!calls) return oom(e);
+    if (!calls) return srv_oom(e);
     x->calls = calls;
     int j = 0;
     for (const cJSON *c = tc->child; c; c = c->next, j++) {
-        const cJSON *id = field(c, "id"), *type = field(c, "type"), *fn = field(c, "function");
-        const cJSON *name = cJSON_IsObject(fn) ? field(fn, "name") : NULL;
-        const cJSON *args = cJSON_IsObject(fn) ? field(fn, "arguments") : NULL;
+        const cJSON *id = srv_field(c, "id"), *type = srv_field(c, "type"), *fn = srv_field(c, "function");
+        const cJSON *name = cJSON_IsObject(fn) ? srv_field(fn, "name") : NULL;
+        const cJSON *args = cJSON_IsObject(fn) ? srv_field(fn, "arguments") : NULL;
         if (!cJSON_IsObject(c) || (id && !cJSON_IsString(id)) ||
             (type && (!cJSON_IsString(type) || strcmp(type->valuestring, "function") != 0)) || !cJSON_IsString(name) ||
             (args && !cJSON_IsString(args)))
@@ -498,7 +488,7 @@ static int message_calls(const cJSON *m, int i, lm_chat_xmsg *x, lm_server_error
 static int message_reasoning(const cJSON *m, int i, lm_chat_xmsg *x, lm_server_error *e) {
     static const char *const keys[] = {"reasoning_content", "reasoning", "thinking"};
     for (int k = 0; k < 3; k++) {
-        const cJSON *v = field(m, keys[k]);
+        const cJSON *v = srv_field(m, keys[k]);
         if (!v || cJSON_IsNull(v)) continue;
         if (!cJSON_IsString(v)) {
             char param[48];
@@ -518,7 +508,7 @@ static int message_reasoning(const cJSON *m, int i, lm_chat_xmsg *x, lm_server_e
  * default. Families without the input ignore it, as vLLM's and llama.cpp's
  * templates ignore variables they never read. */
 static int parse_effort(const cJSON *root, const cJSON *kw, const char **effort, lm_server_error *e) {
-    const cJSON *v[2] = {field(root, "reasoning_effort"), kw ? field(kw, "reasoning_effort") : NULL};
+    const cJSON *v[2] = {srv_field(root, "reasoning_effort"), kw ? srv_field(kw, "reasoning_effort") : NULL};
     const char *param[2] = {"reasoning_effort", "chat_template_kwargs"};
     *effort = NULL;
     for (int k = 0; k < 2; k++) {
@@ -536,7 +526,7 @@ static int parse_effort(const cJSON *root, const cJSON *kw, const char **effort,
  * tool results and the assistant's calls as the template writes them. */
 static int parse_messages(const lm_server_parse_ctx *c, const cJSON *root, const srv_tools *tools, lm_server_request *r,
                           lm_server_error *e) {
-    const cJSON *ms = field(root, "messages");
+    const cJSON *ms = srv_field(root, "messages");
     if (!ms) return BAD("messages", "'messages' is required");
     if (!cJSON_IsArray(ms)) return BAD("messages", "'messages' must be an array");
     int n = cJSON_GetArraySize(ms);
@@ -548,7 +538,7 @@ static int parse_messages(const lm_server_parse_ctx *c, const cJSON *root, const
      * where the template has that switch (chat_thinking_off); reasoning_effort
      * (parse_effort) and model_identity (gpt-oss); other keys and other
      * families: ignored, as templates ignore variables they never read */
-    const cJSON *kw = field(root, "chat_template_kwargs"), *think = kw ? field(kw, "enable_thinking") : NULL;
+    const cJSON *kw = srv_field(root, "chat_template_kwargs"), *think = kw ? srv_field(kw, "enable_thinking") : NULL;
     if (kw && !cJSON_IsNull(kw) && !cJSON_IsObject(kw))
         return BAD("chat_template_kwargs", "'chat_template_kwargs' must be an object");
     if (think && !cJSON_IsBool(think) && !cJSON_IsNull(think))
@@ -556,12 +546,12 @@ static int parse_messages(const lm_server_parse_ctx *c, const cJSON *root, const
     bool thinking_off = think && cJSON_IsFalse(think);
     const char *effort;
     if (parse_effort(root, kw, &effort, e)) return -1;
-    const cJSON *ident = kw ? field(kw, "model_identity") : NULL; /* gpt-oss's first system line */
+    const cJSON *ident = kw ? srv_field(kw, "model_identity") : NULL; /* gpt-oss's first system line */
     if (ident && !cJSON_IsString(ident))
         return BAD("chat_template_kwargs", "'chat_template_kwargs.model_identity' must be a string");
     /* reasoning_format: separate (reasoning_content) or inline, and
      * llama-server's names for them (auto, deepseek; none) */
-    const cJSON *rf = field(root, "reasoning_format");
+    const cJSON *rf = srv_field(root, "reasoning_format");
     bool inline_ = c->reasoning_inline;
     if (rf) {
         const char *v = cJSON_IsString(rf) ? rf->valuestring : "";
@@ -577,13 +567,13 @@ static int parse_messages(const lm_server_parse_ctx *c, const cJSON *root, const
     int rc = -1, i = 0;
     bool calls_seen = false;
     if (!r->prompts || !r->n_prompt || !r->echo_text || !msgs || !contents) {
-        oom(e);
+        srv_oom(e);
         goto done;
     }
     for (const cJSON *m = ms->child; m; m = m->next, i++) {
         char param[40];
         snprintf(param, sizeof param, "messages[%d].role", i);
-        const cJSON *role = field(m, "role");
+        const cJSON *role = srv_field(m, "role");
         if (!cJSON_IsObject(m)) {
             BAD("messages", "'messages[%d]' must be an object", i);
             goto done;
@@ -605,7 +595,7 @@ static int parse_messages(const lm_server_parse_ctx *c, const cJSON *root, const
             goto done;
         calls_seen |= msgs[i].n_calls > 0;
         if (!strcmp(rs, "tool")) {
-            const cJSON *id = field(m, "tool_call_id");
+            const cJSON *id = srv_field(m, "tool_call_id");
             if (!calls_seen) {
                 BAD(param, "'messages[%d]' with role 'tool' must answer a preceding message with 'tool_calls'", i);
                 goto done;
@@ -636,7 +626,7 @@ static int add_chat_stop(const lm_server_parse_ctx *c, lm_server_request *r, lm_
     if (id >= 0 && tok_is_eog(c->tok, id)) return 0;
     for (int i = 0; i < r->p.n_stop; i++)
         if (!strcmp(r->stops[i], marker)) return 0;
-    if (!(r->stops[r->p.n_stop] = lm_strndup(marker, strlen(marker)))) return oom(e);
+    if (!(r->stops[r->p.n_stop] = lm_strndup(marker, strlen(marker)))) return srv_oom(e);
     r->p.n_stop++;
     return 0;
 }
@@ -649,13 +639,13 @@ static int check_unsupported(const cJSON *root, bool chat, lm_server_request *r,
     if (!chat) {
         if (get_bool(root, "echo", &r->echo, e) < 0) return -1;
         if (r->echo && r->p.logprobs) return BAD("echo", "'echo' together with 'logprobs' is not supported");
-        if ((v = field(root, "suffix")) && !(cJSON_IsString(v) && !v->valuestring[0]))
+        if ((v = srv_field(root, "suffix")) && !(cJSON_IsString(v) && !v->valuestring[0]))
             return BAD("suffix", "'suffix' is not supported");
         long long best_of = 1;
         if (get_int(root, "best_of", 1, 1 << 20, &best_of, e) < 0) return -1;
         if (best_of != 1 && best_of != r->p.n) return BAD("best_of", "'best_of' other than n is not supported");
     }
-    if ((v = field(root, "user")) && !cJSON_IsString(v)) return BAD("user", "'user' must be a string");
+    if ((v = srv_field(root, "user")) && !cJSON_IsString(v)) return BAD("user", "'user' must be a string");
     return 0;
 }
 
@@ -667,7 +657,7 @@ static uint64_t first8(const uint8_t h[SHA256_LEN]) {
 
 /* cache_salt: absent or null, or a string of 1..SERVER_MAX_CACHE_SALT bytes. */
 static int parse_cache_salt(const cJSON *root, lm_server_request *r, lm_server_error *e) {
-    const cJSON *v = field(root, "cache_salt");
+    const cJSON *v = srv_field(root, "cache_salt");
     if (!v || cJSON_IsNull(v)) return 0;
     if (!cJSON_IsString(v)) return BAD("cache_salt", "'cache_salt' must be a string");
     size_t n = strlen(v->valuestring);
@@ -706,7 +696,7 @@ uint64_t server_request_salt(uint64_t tenant, const lm_server_request *r) {
 static int parse_shape(const lm_server_parse_ctx *c, const cJSON *root, bool chat, lm_server_request *r,
                        long long *max_tokens, const char **mt_name, lm_server_error *e) {
     if (get_bool(root, "stream", &r->stream, e) < 0) return -1;
-    const cJSON *so = field(root, "stream_options");
+    const cJSON *so = srv_field(root, "stream_options");
     if (so) {
         if (!cJSON_IsObject(so)) return BAD("stream_options", "'stream_options' must be an object");
         if (!r->stream) return BAD("stream_options", "'stream_options' is only allowed when 'stream' is true");
@@ -719,7 +709,7 @@ static int parse_shape(const lm_server_parse_ctx *c, const cJSON *root, bool cha
     *max_tokens = 0;
     *mt_name = "max_tokens";
     int rc = 0;
-    if (chat && field(root, "max_completion_tokens")) {
+    if (chat && srv_field(root, "max_completion_tokens")) {
         *mt_name = "max_completion_tokens";
         rc = get_int(root, "max_completion_tokens", 1, cap, max_tokens, e);
     } else {
@@ -819,7 +809,7 @@ static void nul_field(const char *body, size_t len, char *path, size_t cap) {
 static int parse_root(const lm_server_parse_ctx *c, bool chat, const cJSON *root, lm_server_request *r,
                       lm_server_error *e) {
     if (!cJSON_IsObject(root)) return BAD(NULL, "the request body must be a JSON object");
-    const cJSON *model = field(root, "model");
+    const cJSON *model = srv_field(root, "model");
     if (model && !cJSON_IsString(model)) return BAD("model", "'model' must be a string");
     if (model && c->model_name && strcmp(model->valuestring, c->model_name) != 0)
         return server_error(e, 404, INVALID, "model", "model_not_found",

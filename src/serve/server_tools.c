@@ -77,15 +77,6 @@
 #define INVALID "invalid_request_error"
 #define BAD(param, ...) server_error(e, 400, INVALID, (param), NULL, __VA_ARGS__)
 
-static const cJSON *field(const cJSON *obj, const char *name) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
-    return v && !cJSON_IsNull(v) ? v : NULL;
-}
-
-static int oom(lm_server_error *e) {
-    return server_error(e, 500, "server_error", NULL, NULL, "out of memory while parsing the request");
-}
-
 /* ------------------------------------------------------------- grammars */
 
 /* The grammar compiles; else a 400 about param with the compiler's message. */
@@ -108,7 +99,7 @@ static char *schema_gbnf(const char *json, const char *param, const char *what, 
 char *srv_schema_gbnf(const cJSON *schema, const char *param, const char *what, lm_server_error *e) {
     char *json = cJSON_PrintUnformatted(schema);
     if (!json) {
-        oom(e);
+        srv_oom(e);
         return NULL;
     }
     char *g = schema_gbnf(json, param, what, e);
@@ -122,25 +113,27 @@ static void take(lm_server_request *r, char *gbnf) {
 }
 
 int srv_parse_format(const cJSON *root, lm_server_request *r, lm_server_error *e) {
-    const cJSON *rf = field(root, "response_format"), *gr = field(root, "grammar"), *js = field(root, "json_schema");
+    const cJSON *rf = srv_field(root, "response_format"), *gr = srv_field(root, "grammar"),
+                *js = srv_field(root, "json_schema");
     int given = 0;
     if (rf) {
-        const cJSON *t = cJSON_IsObject(rf) ? field(rf, "type") : NULL;
+        const cJSON *t = cJSON_IsObject(rf) ? srv_field(rf, "type") : NULL;
         if (!cJSON_IsString(t))
             return BAD("response_format", "'response_format' must be an object with a string 'type'");
         const char *ty = t->valuestring;
         if (!strcmp(ty, "json_object")) {
             char *g = json_schema_any_object_gbnf();
-            if (!g) return oom(e);
+            if (!g) return srv_oom(e);
             take(r, g);
             given++;
         } else if (!strcmp(ty, "json_schema")) {
-            const cJSON *o = field(rf, "json_schema");
+            const cJSON *o = srv_field(rf, "json_schema");
             if (!cJSON_IsObject(o))
                 return BAD("response_format",
                            "'response_format.json_schema' must be an object {\"name\", "
                            "\"schema\", \"strict\"}");
-            const cJSON *name = field(o, "name"), *schema = field(o, "schema"), *strict = field(o, "strict");
+            const cJSON *name = srv_field(o, "name"), *schema = srv_field(o, "schema"),
+                        *strict = srv_field(o, "strict");
             if (name && !cJSON_IsString(name))
                 return BAD("response_format", "'response_format.json_schema.name' must be a string");
             if (strict && !cJSON_IsBool(strict))
@@ -149,7 +142,7 @@ int srv_parse_format(const cJSON *root, lm_server_request *r, lm_server_error *e
                 return BAD("response_format", "'response_format.json_schema.schema' must be an object");
             char *g = schema ? srv_schema_gbnf(schema, "response_format", "'response_format.json_schema.schema'", e)
                              : json_schema_any_object_gbnf();
-            if (!g) return schema ? -1 : oom(e);
+            if (!g) return schema ? -1 : srv_oom(e);
             take(r, g);
             given++;
         } else if (strcmp(ty, "text") != 0) {
@@ -164,7 +157,7 @@ int srv_parse_format(const cJSON *root, lm_server_request *r, lm_server_error *e
             return BAD("grammar", "'grammar' must be a non-empty string of GBNF");
         if (given++) return BAD("grammar", "give only one of 'response_format' (JSON), 'grammar' and 'json_schema'");
         char *g = lm_strndup(gr->valuestring, strlen(gr->valuestring));
-        if (!g) return oom(e);
+        if (!g) return srv_oom(e);
         take(r, g);
         r->grammar_raw = true;
     }
@@ -200,7 +193,7 @@ int srv_reason_grammar(lm_server_request *r, bool closed, lm_server_error *e) {
     static const char FINAL[] = "<|channel|>final<|message|>";
     bool think = r->reason_syntax == REASON_THINK;
     char *pre = srv_prefix_rules(r->grammar, "ans-");
-    if (!pre) return oom(e);
+    if (!pre) return srv_oom(e);
     strbuf b = {0};
     strbuf_puts(&b,
                 think ? "root ::= \"</think>\" [ \\t\\r\\n]* ans-root\n"
@@ -211,7 +204,7 @@ int srv_reason_grammar(lm_server_request *r, bool closed, lm_server_error *e) {
     if (b.failed || !b.p || !t) {
         strbuf_free(&b);
         lm_free(t);
-        return oom(e);
+        return srv_oom(e);
     }
     lm_free(r->grammar);
     r->grammar = b.p;
@@ -279,7 +272,7 @@ static char *tool_grammar(const srv_tool_ref *tools, int n, int syntax, bool par
         }
         if (b.failed || raw->failed) {
             strbuf_free(&b);
-            oom(e);
+            srv_oom(e);
             return NULL;
         }
         return b.p;
@@ -305,7 +298,7 @@ static char *tool_grammar(const srv_tool_ref *tools, int n, int syntax, bool par
     }
     if (b.failed) {
         strbuf_free(&b);
-        oom(e);
+        srv_oom(e);
         return NULL;
     }
     return b.p;
@@ -319,10 +312,10 @@ static int args_rules(const srv_tool_ref *tools, int n, strbuf *b, lm_server_err
         snprintf(param, sizeof param, "'tools[%d].function.parameters'", i);
         snprintf(prefix, sizeof prefix, "t%d-", i);
         char *g = tools[i].params ? srv_schema_gbnf(tools[i].params, "tools", param, e) : json_schema_any_object_gbnf();
-        if (!g) return tools[i].params ? -1 : oom(e);
+        if (!g) return tools[i].params ? -1 : srv_oom(e);
         char *pg = srv_prefix_rules(g, prefix);
         lm_free(g);
-        if (!pg) return oom(e);
+        if (!pg) return srv_oom(e);
         strbuf_puts(b, pg);
         strbuf_puts(b, "\n");
         lm_free(pg);
@@ -352,12 +345,12 @@ static int harmony_grammar(const srv_tool_ref *tools, int n, lm_server_request *
     }
     if (b.failed) {
         strbuf_free(&b);
-        return oom(e);
+        return srv_oom(e);
     }
     r->grammar = b.p;
     if (check_grammar(b.p, "tools", "the tools' grammar", e)) return -1;
     for (int k = 0; k < 2; k++) {
-        if (!(r->grammar_triggers[k] = lm_strndup(trig[k], strlen(trig[k])))) return oom(e);
+        if (!(r->grammar_triggers[k] = lm_strndup(trig[k], strlen(trig[k])))) return srv_oom(e);
         r->n_grammar_triggers = k + 1;
     }
     return 0;
@@ -383,10 +376,10 @@ void srv_tools_free(srv_tools *t) {
 
 int srv_parse_tools(const cJSON *root, int family, lm_server_request *r, srv_tools *t, lm_server_error *e) {
     memset(t, 0, sizeof *t);
-    const cJSON *tools = field(root, "tools"), *choice = field(root, "tool_choice");
-    const cJSON *par = field(root, "parallel_tool_calls");
-    if (field(root, "functions") || field(root, "function_call"))
-        return BAD(field(root, "functions") ? "functions" : "function_call",
+    const cJSON *tools = srv_field(root, "tools"), *choice = srv_field(root, "tool_choice");
+    const cJSON *par = srv_field(root, "parallel_tool_calls");
+    if (srv_field(root, "functions") || srv_field(root, "function_call"))
+        return BAD(srv_field(root, "functions") ? "functions" : "function_call",
                    "'functions' and 'function_call' are deprecated and not supported; use 'tools' and 'tool_choice'");
     if (par && !cJSON_IsBool(par)) return BAD("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
     bool parallel = !par || cJSON_IsTrue(par);
@@ -396,11 +389,12 @@ int srv_parse_tools(const cJSON *root, int family, lm_server_request *r, srv_too
     srv_tool_ref refs[SERVER_MAX_TOOLS];
     int i = 0;
     for (const cJSON *tl = tools ? tools->child : NULL; tl; tl = tl->next, i++) {
-        const cJSON *type = cJSON_IsObject(tl) ? field(tl, "type") : NULL;
-        const cJSON *fn = cJSON_IsObject(tl) ? field(tl, "function") : NULL;
+        const cJSON *type = cJSON_IsObject(tl) ? srv_field(tl, "type") : NULL;
+        const cJSON *fn = cJSON_IsObject(tl) ? srv_field(tl, "function") : NULL;
         if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") != 0 || !cJSON_IsObject(fn))
             return BAD("tools", "'tools[%d]' must be {\"type\": \"function\", \"function\": {...}}", i);
-        const cJSON *name = field(fn, "name"), *desc = field(fn, "description"), *params = field(fn, "parameters");
+        const cJSON *name = srv_field(fn, "name"), *desc = srv_field(fn, "description"),
+                    *params = srv_field(fn, "parameters");
         if (!cJSON_IsString(name) || !valid_name(name->valuestring))
             return BAD("tools", "'tools[%d].function.name' must be 1 to 64 characters of a-z, A-Z, 0-9, _ and -", i);
         if (desc && !cJSON_IsString(desc)) return BAD("tools", "'tools[%d].function.description' must be a string", i);
@@ -410,7 +404,7 @@ int srv_parse_tools(const cJSON *root, int family, lm_server_request *r, srv_too
             if (!strcmp(refs[k].name, name->valuestring))
                 return BAD("tools", "'tools' names the function '%s' twice", name->valuestring);
         refs[i] = (srv_tool_ref){name->valuestring, params};
-        if (!(t->json[i] = cJSON_PrintUnformatted(tl))) return oom(e);
+        if (!(t->json[i] = cJSON_PrintUnformatted(tl))) return srv_oom(e);
         t->n = i + 1;
     }
     /* tool_choice: none, auto, required, or {"type": "function", "function": {"name"}} */
@@ -426,9 +420,9 @@ int srv_parse_tools(const cJSON *root, int family, lm_server_request *r, srv_too
                            "\"function\", \"function\": {\"name\": ...}} (got '%.40s')",
                            s);
         } else {
-            const cJSON *type = cJSON_IsObject(choice) ? field(choice, "type") : NULL;
-            const cJSON *fn = cJSON_IsObject(choice) ? field(choice, "function") : NULL;
-            const cJSON *name = cJSON_IsObject(fn) ? field(fn, "name") : NULL;
+            const cJSON *type = cJSON_IsObject(choice) ? srv_field(choice, "type") : NULL;
+            const cJSON *fn = cJSON_IsObject(choice) ? srv_field(choice, "function") : NULL;
+            const cJSON *name = cJSON_IsObject(fn) ? srv_field(fn, "name") : NULL;
             if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") != 0 || !cJSON_IsString(name))
                 return BAD("tool_choice",
                            "'tool_choice' must be 'none', 'auto', 'required' or {\"type\": "
@@ -475,7 +469,7 @@ int srv_parse_tools(const cJSON *root, int family, lm_server_request *r, srv_too
     if (check_grammar(g, "tools", "the tools' grammar", e)) return -1;
     for (int k = 0; mode == AUTO && k < 2 && openers(syntax)[k]; k++) {
         const char *op = openers(syntax)[k];
-        if (!(r->grammar_triggers[k] = lm_strndup(op, strlen(op)))) return oom(e);
+        if (!(r->grammar_triggers[k] = lm_strndup(op, strlen(op)))) return srv_oom(e);
         r->n_grammar_triggers = k + 1;
     }
     r->tool_calls = true;
