@@ -104,17 +104,7 @@ static void cancel_all(srv_call *c) {
 
 /* Between waits: a shutdown, the timeout or a client gone cancels all. */
 static void check_abort(srv_call *c) {
-    if (c->cancelled) return;
-    lm_server *s = c->srv;
-    if (atomic_load(&s->stopping)) {
-        cancel_all(c);
-    } else if (s->cfg.timeout > 0 && lm_now() - c->t_start > s->cfg.timeout) {
-        c->timed_out = true;
-        cancel_all(c);
-    } else if (srv_peer_gone(c->conn)) {
-        c->disconnected = true;
-        cancel_all(c);
-    }
+    if (!c->cancelled && srv_call_ended(c)) cancel_all(c);
 }
 
 /* Wait until more than `seen` final events are in (or a slice passes);

@@ -298,19 +298,17 @@ static int submit_all(srv_call *c, lm_server_error *e) {
 
 /* --------------------------------------------------------------- waiting */
 
+bool srv_call_ended(srv_call *c) {
+    lm_server *s = c->srv;
+    if (atomic_load(&s->stopping)) return true;
+    if (s->cfg.timeout > 0 && lm_now() - c->t_start > s->cfg.timeout) return c->timed_out = true;
+    if (srv_peer_gone(c->conn)) return c->disconnected = true;
+    return false;
+}
+
 /* Between waits: shut down, timed out or abandoned calls are cancelled. */
 static void check_abort(srv_call *c) {
-    if (c->cancelled) return;
-    lm_server *s = c->srv;
-    if (atomic_load(&s->stopping)) {
-        cancel_all(c);
-    } else if (s->cfg.timeout > 0 && lm_now() - c->t_start > s->cfg.timeout) {
-        c->timed_out = true;
-        cancel_all(c);
-    } else if (srv_peer_gone(c->conn)) {
-        c->disconnected = true;
-        cancel_all(c);
-    }
+    if (!c->cancelled && srv_call_ended(c)) cancel_all(c);
 }
 
 /* Wait up to `wait` seconds for events, then take the whole queue into

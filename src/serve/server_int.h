@@ -9,8 +9,8 @@
  * that calls none of them. Not a public header: the contract is server.h.
  * The embeddings route goes the same way: call_run hands an embed call to
  * server_embed_run.c (embed_run), which calls server_embed.c's parser and
- * answer writer and server_gen.c's srv_status_error; call_free hands it to
- * embed_call_free.
+ * answer writer and server_gen.c's srv_status_error and srv_call_ended;
+ * call_free hands it to embed_call_free.
  *
  * Ownership. A srv_call is one HTTP request on a generation route or the
  * embeddings route. It is created by the access handler, owned by its
@@ -303,6 +303,10 @@ int call_run(srv_call *c);
 int srv_status_error(lm_server_error *e, lm_status rc, const char *prompt_param, const char *err);
 /* Who sent the call, for the engine's fairness (lm_request_params.client). */
 uint64_t srv_call_client(const srv_call *c);
+/* Whether a waiting call must end now (connection thread, between waits):
+ * the server is stopping, the call passed cfg.timeout (sets c->timed_out) or
+ * its client went away (sets c->disconnected). The caller cancels. */
+bool srv_call_ended(srv_call *c);
 
 /* server_embed_run.c: an embeddings call, from call_run once the engine is
  * there: parse, submit every input, collect, answer. */
