@@ -42,7 +42,6 @@ import base64
 import hashlib
 import http.client
 import json
-import math
 import os
 import shlex
 import struct
@@ -53,7 +52,7 @@ import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import testenv  # noqa: E402 (tests/ is the script's folder)
-from testenv import result, skip, summary  # noqa: E402
+from testenv import cos, result, skip, summary  # noqa: E402
 import e2e_server as es  # noqa: E402 (the openai venv)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -75,10 +74,6 @@ def n_tokens(key):
         if k == key:
             return int(v)
     return -1
-
-
-def cos(u, v):
-    return sum(a * b for a, b in zip(u, v)) / math.sqrt(sum(a * a for a in u) * sum(b * b for b in v))
 
 
 def post(port, path, body, timeout=60):

@@ -26,7 +26,6 @@ sums differ in order; the measured cosines are above 0.9999999.
 """
 import hashlib
 import json
-import math
 import os
 import shlex
 import subprocess
@@ -34,7 +33,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from testenv import result, summary  # noqa: E402 (tests/ is the script's folder)
+from testenv import cos, norm, result, summary  # noqa: E402 (tests/ is the script's folder)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "data", "gemma_embedding")
@@ -45,15 +44,6 @@ COS_MIN = 0.9999
 
 def lamina(*args):
     return subprocess.run([*LAMINA, *args], capture_output=True, timeout=120)
-
-
-def cos(u, v):
-    d = sum(a * b for a, b in zip(u, v))
-    return d / math.sqrt(sum(a * a for a in u) * sum(b * b for b in v))
-
-
-def norm(u):
-    return math.sqrt(sum(a * a for a in u))
 
 
 def main():

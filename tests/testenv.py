@@ -9,11 +9,14 @@ that runs another module's checks counts them in the same totals) and print
 the closing line tests/run.sh reads: "N passed, N failed[, N skipped]".
 A check that cannot run is counted as skipped, never as passed.
 
+cos() and norm() are the embeddings tests' vector measures.
+
 Server starts `lamina serve` on a free port, keeps its stderr lines, and
 returns once /health answers; stop() ends it with SIGTERM and counts a clean
 exit (status 0, nothing from the sanitizers) as a check.
 """
 import http.client
+import math
 import os
 import re
 import signal
@@ -180,6 +183,17 @@ def terminate(srv, name):
     srv.reader.join(10)
     text = "\n".join(srv.lines)
     return rc, text, bool(re.search(r"Sanitizer|runtime error:", text))
+
+
+def cos(u, v):
+    """The cosine of two vectors (neither all zeros)."""
+    d = sum(a * b for a, b in zip(u, v))
+    return d / math.sqrt(sum(a * a for a in u) * sum(b * b for b in v))
+
+
+def norm(u):
+    """A vector's Euclidean length."""
+    return math.sqrt(sum(a * a for a in u))
 
 
 def read_lines(path):
