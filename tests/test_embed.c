@@ -35,6 +35,7 @@
 #include "model/forward.h"
 #include "model/model.h"
 #include "sched/engine.h"
+#include "engine_test.h"
 #include "test.h"
 
 static lm_model *model;
@@ -82,20 +83,6 @@ static void on_gen(void *user, const lm_event *ev) {
 static void random_prompt(lm_rng *r, int32_t *p, int n) {
     p[0] = 1; /* BOS */
     for (int i = 1; i < n; i++) p[i] = 3 + (int32_t)(lm_rng_u64(r) % 509);
-}
-
-static lm_engine *new_engine(int batch_tokens, int max_seqs, uint64_t kv_mem) {
-    lm_engine_config ec;
-    engine_config_default(&ec);
-    ec.n_threads = 2;
-    ec.batch_tokens = batch_tokens;
-    ec.max_seqs = max_seqs;
-    ec.kv_mem = kv_mem;
-    ec.kv_type = LM_TYPE_F32;
-    char err[LM_ERRLEN];
-    lm_engine *e = engine_new(model, model->tok, &ec, err, sizeof err);
-    if (!e) fprintf(stderr, "engine_new: %s\n", err);
-    return e;
 }
 
 static lm_request_params embed_params(const int32_t *prompt, int n, int pooling, ecollect *c) {
@@ -199,7 +186,7 @@ static void test_pool_reference(void) {
 static void test_engine_vs_reference(void) {
     const int E = model->hp.n_embd;
     CHECK(E <= MAX_E);
-    lm_engine *e = new_engine(512, 8, 0);
+    lm_engine *e = test_engine_new(model, 512, 8, 0);
     CHECK(e);
     int32_t prompt[37];
     lm_rng r;
@@ -249,7 +236,7 @@ static void test_batched_equals_alone(void) {
     for (int i = 0; i < NG; i++) random_prompt(&r, gprompts[i], 20);
     static ecollect alone[NE], batched[NE];
     static gcollect galone[NG], gbatched[NG];
-    lm_engine *e = new_engine(64, 16, 0);
+    lm_engine *e = test_engine_new(model, 64, 16, 0);
     CHECK(e);
     char err[LM_ERRLEN];
     for (int i = 0; i < NE; i++) CHECK(embed_one(e, prompts[i], lens[i], pools[i], &alone[i]) == LM_OK);
@@ -312,7 +299,7 @@ static void test_many_short_one_pass(void) {
     lm_rng r;
     lm_rng_seed(&r, 9);
     for (int i = 0; i < N_SHORT; i++) random_prompt(&r, short_prompts[i], 8);
-    lm_engine *e = short_engine = new_engine(512, 64, 0);
+    lm_engine *e = short_engine = test_engine_new(model, 512, 64, 0);
     CHECK(e);
     static ecollect first;
     memset(&first, 0, sizeof first);
@@ -345,7 +332,7 @@ static void test_chunks_and_preemption(void) {
     lm_rng_seed(&r, 13);
     random_prompt(&r, prompt, 90);
     static ecollect whole, chunked;
-    lm_engine *e1 = new_engine(512, 8, 0), *e7 = new_engine(7, 4, 0);
+    lm_engine *e1 = test_engine_new(model, 512, 8, 0), *e7 = test_engine_new(model, 7, 4, 0);
     CHECK(e1 && e7);
     CHECK(embed_one(e1, prompt, 90, LM_POOL_MEAN, &whole) == LM_OK && whole.finish == LM_FINISH_STOP);
     CHECK(embed_one(e7, prompt, 90, LM_POOL_MEAN, &chunked) == LM_OK && chunked.finish == LM_FINISH_STOP);
@@ -358,8 +345,9 @@ static void test_chunks_and_preemption(void) {
     /* a pool of 13 blocks of 16 positions: two generations of 40 + 30 tokens
      * (priority 0) grow into the blocks of the embedding (priority 1), which
      * is preempted and recomputed from position 0 */
-    lm_engine *e = new_engine(
-        8, 4, (uint64_t)13 * 16 * model->hp.n_layer * model->hp.n_head_kv * model->hp.head_dim * 2 * sizeof(float));
+    lm_engine *e = test_engine_new(model, 8, 4,
+                                   (uint64_t)13 * 16 * model->hp.n_layer * model->hp.n_head_kv * model->hp.head_dim *
+                                       2 * sizeof(float));
     CHECK(e);
     lm_engine_stats st;
     engine_stats(e, &st);
@@ -397,7 +385,7 @@ static void test_chunks_and_preemption(void) {
 }
 
 static void test_errors(void) {
-    lm_engine *e = new_engine(64, 4, 0);
+    lm_engine *e = test_engine_new(model, 64, 4, 0);
     CHECK(e);
     int32_t prompt[4] = {1, 20, 30, 40};
     static ecollect c;
@@ -499,12 +487,7 @@ static void test_projections(void) {
 
 int main(void) {
     kernels_init();
-    char err[LM_ERRLEN];
-    model = model_load(TEST_MODEL, err, sizeof err);
-    if (!model) {
-        fprintf(stderr, "%s\n", err);
-        return 1;
-    }
+    if (!(model = test_model_load())) return 1;
     ref_pool = pool_new(2);
     TEST_RUN(test_pool_reference);
     TEST_RUN(test_engine_vs_reference);

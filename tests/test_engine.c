@@ -36,6 +36,7 @@
 #include "format/quantize.h"
 #include "decode/sample.h"
 #include "swa_model.h"
+#include "engine_test.h"
 #include "test.h"
 #include "base/util.h"
 
@@ -146,20 +147,6 @@ static lm_request_params greedy_params(const int32_t *prompt, int n, int max_tok
     return p;
 }
 
-static lm_engine *new_engine(const lm_model *m, int batch_tokens, int max_seqs, uint64_t kv_mem) {
-    lm_engine_config ec;
-    engine_config_default(&ec);
-    ec.n_threads = 2;
-    ec.batch_tokens = batch_tokens;
-    ec.max_seqs = max_seqs;
-    ec.kv_mem = kv_mem;
-    ec.kv_type = LM_TYPE_F32;
-    char err[LM_ERRLEN];
-    lm_engine *e = engine_new(m, m->tok, &ec, err, sizeof err);
-    if (!e) fprintf(stderr, "engine_new: %s\n", err);
-    return e;
-}
-
 /* The same greedy requests alone and among 1, 7, 31 others, for each
  * weight type: token-identical to the single-sequence generator. */
 static void test_batch_invariance(void) {
@@ -181,7 +168,7 @@ static void test_batch_invariance(void) {
             n_ref[i] = solo_greedy(m, prompts[i], lens[i], maxt[i], ref[i]);
             CHECK(n_ref[i] > 0);
         }
-        lm_engine *e = new_engine(m, 64, 32, 0);
+        lm_engine *e = test_engine_new(m, 64, 32, 0);
         CHECK(e);
         static collect col[N], solo[N];
         static const int groups[] = {1, 2, 8, 32};
@@ -241,7 +228,7 @@ static void test_pool_sampling(void) {
         random_prompt(&r, prompts[i], lens[i]);
     }
     const lm_model *m = models[0];
-    lm_engine *e = new_engine(m, 256, 32, 0);
+    lm_engine *e = test_engine_new(m, 256, 32, 0);
     CHECK(e);
     for (int pass = 0; pass < 2; pass++) {
         collect *col = pass ? group : alone;
@@ -341,7 +328,7 @@ static void test_chunked_prefill_engine(void) {
     memset(&c2, 0, sizeof c2);
     char err[LM_ERRLEN];
     for (int k = 0; k < 2; k++) {
-        lm_engine *e = new_engine(m, k ? 7 : FWD_BATCH_DEFAULT, 4, 0);
+        lm_engine *e = test_engine_new(m, k ? 7 : FWD_BATCH_DEFAULT, 4, 0);
         CHECK(e);
         lm_request_params p = greedy_params(prompt, 60, 20, k ? &c2 : &c1);
         p.logprobs = true;
@@ -410,7 +397,7 @@ static void test_concurrent_submitters(void) {
         n_ref[i] = solo_greedy(m, prompts[i], lens[i], maxt[i], ref[i]);
         CHECK(n_ref[i] > 0);
     }
-    lm_engine *e = new_engine(m, 32, 16, 0);
+    lm_engine *e = test_engine_new(m, 32, 16, 0);
     CHECK(e);
     pthread_t th[N_THREADS];
     submitter sub[N_THREADS];
@@ -461,7 +448,7 @@ static void test_preemption(void) {
         n_ref[i] = solo_greedy(m, prompts[i], 20 + i, 70, ref[i]);
     }
     uint64_t block_bytes = 16ull * 2 * m->hp.n_layer * m->hp.n_head_kv * m->hp.head_dim * 4;
-    lm_engine *e = new_engine(m, 64, 12, 14 * block_bytes);
+    lm_engine *e = test_engine_new(m, 64, 12, 14 * block_bytes);
     CHECK(e);
     char err[LM_ERRLEN];
     for (int i = 0; i < N; i++) {
@@ -486,7 +473,7 @@ static void test_preemption(void) {
            (unsigned long long)st.preemptions_total, N);
     engine_free(e);
     /* a request the whole pool cannot hold is refused at once */
-    e = new_engine(m, 64, 4, 4 * block_bytes);
+    e = test_engine_new(m, 64, 4, 4 * block_bytes);
     CHECK(e);
     int32_t big[50];
     random_prompt(&r, big, 50);
@@ -505,7 +492,7 @@ static void test_preemption(void) {
  * by arrival. */
 static void test_priority(void) {
     const lm_model *m = models[0];
-    lm_engine *e = new_engine(m, 64, 1, 0);
+    lm_engine *e = test_engine_new(m, 64, 1, 0);
     CHECK(e);
     int32_t prompt[8] = {1, 40, 41, 42, 43, 44, 45, 46};
     static collect col[6];
@@ -538,7 +525,7 @@ static void test_fair_clients(void) {
     int32_t prompt[8] = {1, 40, 41, 42, 43, 44, 45, 46};
     char err[LM_ERRLEN];
     for (int pass = 0; pass < 2; pass++) {
-        lm_engine *e = new_engine(m, 64, 1, 0);
+        lm_engine *e = test_engine_new(m, 64, 1, 0);
         CHECK(e);
         static collect col[8];
         memset(col, 0, sizeof col);
@@ -570,7 +557,7 @@ static void test_fair_share(void) {
     char err[LM_ERRLEN];
     static collect solo;
     memset(&solo, 0, sizeof solo);
-    lm_engine *e = new_engine(m, 64, 3, 0);
+    lm_engine *e = test_engine_new(m, 64, 3, 0);
     CHECK(e);
     lm_request_params p = greedy_params(prompt, 6, 80, &solo);
     p.ignore_eos = true;
@@ -578,7 +565,7 @@ static void test_fair_share(void) {
     engine_wait_idle(e);
     engine_free(e);
     for (int pass = 0; pass < 3; pass++) {
-        CHECK((e = new_engine(m, 64, 3, 0)));
+        CHECK((e = test_engine_new(m, 64, 3, 0)));
         enum { NA = 5 };
         static collect a[NA], b;
         memset(a, 0, sizeof a);
@@ -623,7 +610,7 @@ static void test_fair_share(void) {
  * requests are refused; shutdown ends requests in flight. */
 static void test_stop_fork_reject(void) {
     const lm_model *m = models[0];
-    lm_engine *e = new_engine(m, 64, 8, 0);
+    lm_engine *e = test_engine_new(m, 64, 8, 0);
     CHECK(e);
     int32_t prompt[5] = {1, 403, 407, 261, 931 % 512};
     static collect a, b, c;
@@ -697,7 +684,7 @@ static void test_stop_fork_reject(void) {
  * too. */
 static void test_queue_time(void) {
     const lm_model *m = models[0];
-    lm_engine *e = new_engine(m, 64, 1, 0);
+    lm_engine *e = test_engine_new(m, 64, 1, 0);
     CHECK(e);
     int32_t prompt[6] = {1, 50, 51, 52, 53, 54};
     static collect col[2];
@@ -719,7 +706,7 @@ static void test_queue_time(void) {
     printf("NOTE queue time: first %.4f s (ttft %.4f), second %.4f s (first's e2e %.4f)\n", a->queue, a->ttft, b->queue,
            a->e2e);
     engine_free(e);
-    e = new_engine(m, 64, 4, 0);
+    e = test_engine_new(m, 64, 4, 0);
     CHECK(e);
     memset(col, 0, sizeof col);
     lm_request_params p = greedy_params(prompt, 6, 5, &col[0]);
@@ -767,7 +754,7 @@ static void test_max_waiting(void) {
  * back; a text prompt is tokenized at submission. */
 static void test_cancel_alone_and_text(void) {
     const lm_model *m = models[0];
-    lm_engine *e = new_engine(m, 64, 4, 0);
+    lm_engine *e = test_engine_new(m, 64, 4, 0);
     CHECK(e);
     static collect a, b;
     memset(&a, 0, sizeof a);
@@ -812,7 +799,7 @@ static void test_cancel_alone_and_text(void) {
  * LM_ERR_TOO_LONG, max_tokens 0 and n above max_seqs LM_ERR_INVALID. */
 static void test_finish_reasons(void) {
     const lm_model *m = models[0];
-    lm_engine *e = new_engine(m, 64, 4, 0);
+    lm_engine *e = test_engine_new(m, 64, 4, 0);
     CHECK(e);
     int V = m->hp.n_vocab, n_ctx = engine_n_ctx(e);
     int32_t prompt[4] = {1, 300, 301, 302};
@@ -940,7 +927,7 @@ static void *stress_thread(void *arg) {
 static void test_random_stress(void) {
     const lm_model *m = models[2];
     uint64_t block_bytes = 16ull * 2 * m->hp.n_layer * m->hp.n_head_kv * m->hp.head_dim * 4;
-    lm_engine *e = new_engine(m, 5, 6, 10 * block_bytes);
+    lm_engine *e = test_engine_new(m, 5, 6, 10 * block_bytes);
     CHECK(e);
     enum { PER = 60 };
     static collect col[2][PER];
@@ -1002,7 +989,7 @@ static void test_swa_engine(void) {
     uint64_t all_block = 16ull * 2 * swa->hp.n_layer * swa->hp.n_head_kv * swa->hp.head_dim * 4;
     static const uint64_t mems[2] = {0, 20};
     for (int mi = 0; mi < 2; mi++) {
-        lm_engine *e = new_engine(swa, 64, 8, mems[mi] * all_block);
+        lm_engine *e = test_engine_new(swa, 64, 8, mems[mi] * all_block);
         CHECK(e);
         lm_engine_stats st;
         engine_stats(e, &st);

@@ -35,6 +35,7 @@
 #include "model/forward.h"
 #include "model/model.h"
 #include "sched/engine.h"
+#include "engine_test.h"
 #include "test.h"
 #include "text/tokenizer.h"
 
@@ -142,19 +143,7 @@ static int text_judge(const char *gbnf, const int32_t *toks, int n) {
     return r;
 }
 
-static lm_engine *new_engine(int max_seqs, uint64_t kv_mem) {
-    lm_engine_config ec;
-    engine_config_default(&ec);
-    ec.n_threads = 2;
-    ec.batch_tokens = 64;
-    ec.max_seqs = max_seqs;
-    ec.kv_mem = kv_mem;
-    ec.kv_type = LM_TYPE_F32;
-    char err[LM_ERRLEN];
-    lm_engine *e = engine_new(model, model->tok, &ec, err, sizeof err);
-    if (!e) fprintf(stderr, "engine_new: %s\n", err);
-    return e;
-}
+static lm_engine *new_engine(int max_seqs, uint64_t kv_mem) { return test_engine_new(model, 64, max_seqs, kv_mem); }
 
 static lm_request_params params(const char *gbnf, const lm_sample_params *sp, int max_tokens, collect *c) {
     lm_request_params p;
@@ -597,11 +586,7 @@ static void test_ambiguous(void) {
 int main(void) {
     kernels_init();
     char err[LM_ERRLEN];
-    model = model_load(TEST_MODEL, err, sizeof err);
-    if (!model) {
-        fprintf(stderr, "%s\n", err);
-        return 1;
-    }
+    if (!(model = test_model_load())) return 1;
     ref_pool = pool_new(2);
     gvocab = grammar_vocab_new(model->tok, err, sizeof err);
     n_prompt = tok_encode(model->tok, "Once upon a time", 16, true, false, prompt, 8);

@@ -36,6 +36,7 @@
 #include "format/quant.h"
 #include "kernels/kernels.h"
 #include "swa_model.h"
+#include "engine_test.h"
 #include "test.h"
 #include "base/util.h"
 
@@ -587,11 +588,7 @@ static void test_split_k_threads(void) {
 int main(void) {
     kernels_init();
     char err[LM_ERRLEN];
-    model = model_load(TEST_MODEL, err, sizeof err);
-    if (!model) {
-        fprintf(stderr, "%s\n", err);
-        return 1;
-    }
+    if (!(model = test_model_load())) return 1;
     swa = swa_model_load(TEST_MODEL, SWA_WINDOW, 3, SWA_CTX, err, sizeof err);
     if (!swa) {
         fprintf(stderr, "%s\n", err);

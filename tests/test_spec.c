@@ -62,6 +62,7 @@
 #include "swa_model.h"
 #include "chi2.h"
 #include "spec_collect.h"
+#include "engine_test.h"
 #include "test.h"
 
 static lm_model *model;
@@ -580,12 +581,7 @@ static const char *engine_widths = "1:1,64:1";
 
 static lm_engine *new_engine(int spec, int batch_tokens, int max_seqs, uint64_t kv_mem) {
     lm_engine_config ec;
-    engine_config_default(&ec);
-    ec.n_threads = 2;
-    ec.batch_tokens = batch_tokens;
-    ec.max_seqs = max_seqs;
-    ec.kv_mem = kv_mem;
-    ec.kv_type = LM_TYPE_F32;
+    test_engine_config(&ec, batch_tokens, max_seqs, kv_mem);
     ec.block_size = 4; /* many block boundaries inside proposals */
     lm_spec_config sc;
     lm_spec_config_default(&sc);
@@ -944,11 +940,7 @@ static void test_sampled(void) {
 int main(void) {
     kernels_init();
     if (getenv("LAMINA_ASAN") || getenv("LAMINA_EMULATED")) scale = 3;
-    char err[LM_ERRLEN];
-    if (!(model = model_load(TEST_MODEL, err, sizeof err))) {
-        fprintf(stderr, "%s\n", err);
-        return 1;
-    }
+    if (!(model = test_model_load())) return 1;
     ref_pool = pool_new(2);
     TEST_RUN(test_ngram);
     TEST_RUN(test_controller);

@@ -71,6 +71,7 @@
 #include "text/tokenizer.h"
 #include "chi2.h"
 #include "spec_collect.h"
+#include "engine_test.h"
 #include "test.h"
 
 static lm_model *model, *draft_q4;
@@ -161,12 +162,7 @@ static void test_backoff(void) {
 static lm_engine *new_engine_cost(int spec, const lm_model *dm, int batch_tokens, int max_seqs, uint64_t kv_mem,
                                   float cost) {
     lm_engine_config ec;
-    engine_config_default(&ec);
-    ec.n_threads = 2;
-    ec.batch_tokens = batch_tokens;
-    ec.max_seqs = max_seqs;
-    ec.kv_mem = kv_mem;
-    ec.kv_type = LM_TYPE_F32;
+    test_engine_config(&ec, batch_tokens, max_seqs, kv_mem);
     ec.block_size = 4;
     lm_spec_config sc;
     lm_spec_config_default(&sc);
@@ -695,10 +691,7 @@ int main(void) {
     kernels_init();
     if (getenv("LAMINA_ASAN") || getenv("LAMINA_EMULATED")) scale = 3;
     char err[LM_ERRLEN];
-    if (!(model = model_load(TEST_MODEL, err, sizeof err))) {
-        fprintf(stderr, "%s\n", err);
-        return 1;
-    }
+    if (!(model = test_model_load())) return 1;
     ref_pool = pool_new(2);
     snprintf(tmpdir, sizeof tmpdir, "/tmp/lamina_spec_draft_XXXXXX");
     if (!mkdtemp(tmpdir)) return 1;
