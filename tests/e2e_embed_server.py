@@ -48,7 +48,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import testenv  # noqa: E402 (tests/ is the script's folder)
@@ -229,43 +228,17 @@ def bad_bodies(port):
     result("bad bodies: 400 naming the parameter", not bad, bad)
 
 
-class FailingReplica:
-    """A stand-in replica: healthy, and every POST answered 500."""
-
-    def __init__(self):
-        import http.server
-        fake = self
-        self.posts = 0
-
-        class H(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
-            def do_GET(self):
-                body = b'{"status":"ok"}' if self.path == "/health" else b"lamina_requests_running 0\n"
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_POST(self):
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                fake.posts += 1
-                body = b'{"error":{"message":"broken","type":"server_error","param":null,"code":null}}'
-                self.send_response(500)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.port = self.httpd.server_address[1]
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+def answer_500(h):
+    """A replica's POST answered 500 (testenv.FakeReplica)."""
+    body = b'{"error":{"message":"broken","type":"server_error","param":null,"code":null}}'
+    h.send_response(500)
+    h.send_header("Content-Length", str(len(body)))
+    h.end_headers()
+    h.wfile.write(body)
 
 
 def through_router(real_port):
-    fake = FailingReplica()
+    fake = testenv.FakeReplica(answer_500)
     cmd = [*LAMINA, "route", "--policy", "rr", "--replica", "http://127.0.0.1:%d" % fake.port,
            "--replica", "http://127.0.0.1:%d" % real_port]
     router = testenv.Server.__new__(testenv.Server)
@@ -273,7 +246,7 @@ def through_router(real_port):
         testenv.Server.__init__(router, cmd)
     except RuntimeError as e:
         result("router starts", False, e)
-        fake.httpd.shutdown()
+        fake.close()
         return
     bodies = [{"input": INPUTS}, {"input": INPUTS[1], "dimensions": 16}, {"input": [[1, 5, 9], [1, 7]]},
               {"input": INPUTS[2], "encoding_format": "base64"}]
@@ -288,7 +261,7 @@ def through_router(real_port):
     st, o = post(router.port, "/v1/embeddings", {"input": ""})
     result("router: a bad body's 400 passes through", st == 400 and o["error"]["param"] == "input", (st, o))
     router.stop("router")
-    fake.httpd.shutdown()
+    fake.close()
 
 
 def qwen3_embedding(tmp):

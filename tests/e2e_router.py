@@ -549,84 +549,54 @@ def check_learnt():
 
 # ----------------------------------------------------------- 8. bad replicas
 
-class Fake:
+class Fake(testenv.FakeReplica):
     """A stand-in replica: /health 200, and a POST answered as `mode` says."""
 
     def __init__(self, mode):
-        import http.server
-
-        fake = self
         self.mode = mode
-        self.posts = 0
+        super().__init__(self.answer)
 
-        class H(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
+    def answer(self, h):
+        if self.mode == "hang":
+            time.sleep(30)
+            return
+        if self.mode == "slow-whole":  # a whole answer, later than a 1 s first-byte deadline
+            time.sleep(2)
+            body = b'{"object":"text_completion","choices":[{"index":0,"text":"ok","finish_reason":"stop"}]}'
+            h.send_response(200)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(body)))
+            h.end_headers()
+            h.wfile.write(body)
+            return
+        if self.mode in ("garbage", "huge"):
+            body = b"<html>not JSON</html>" if self.mode == "garbage" else b'{"x":"' + b"a" * (5 << 20) + b'"}'
+            h.send_response(200)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(body)))
+            h.end_headers()
+            try:
+                h.wfile.write(body)
+            except OSError:
                 pass
-
-            def do_GET(self):
-                body = b'{"status":"ok"}' if self.path == "/health" else b"lamina_requests_running 0\n"
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_POST(self):
-                n = int(self.headers.get("Content-Length", 0))
-                self.rfile.read(n)
-                with lock:
-                    fake.posts += 1
-                if fake.mode == "hang":
-                    time.sleep(30)
-                    return
-                if fake.mode == "slow-whole":  # a whole answer, later than a 1 s first-byte deadline
-                    time.sleep(2)
-                    body = b'{"object":"text_completion","choices":[{"index":0,"text":"ok","finish_reason":"stop"}]}'
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                    return
-                if fake.mode in ("garbage", "huge"):
-                    body = b"<html>not JSON</html>" if fake.mode == "garbage" else b'{"x":"' + b"a" * (5 << 20) + b'"}'
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    try:
-                        self.wfile.write(body)
-                    except OSError:
-                        pass
-                    return
-                self.send_response(200)
-                if fake.mode == "cut-stream":
-                    self.send_header("Content-Type", "text/event-stream")
-                    self.send_header("Transfer-Encoding", "chunked")
-                    self.end_headers()
-                    ev = b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
-                    self.wfile.flush()
-                    time.sleep(0.5)  # the router has passed the first event on: no retry now
-                else:  # cut-body: promise more than is sent
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", "1000")
-                    self.end_headers()
-                    self.wfile.write(b'{"choices":[')
-                self.wfile.flush()
-                self.close_connection = True
-                self.connection.shutdown(socket.SHUT_RDWR)
-
-        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.srv.daemon_threads = True
-        self.srv.handle_error = lambda *a: None  # a connection the router cut is expected
-        self.url = "http://127.0.0.1:%d" % self.srv.server_address[1]
-        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.srv.shutdown()
-        self.srv.server_close()
+            return
+        h.send_response(200)
+        if self.mode == "cut-stream":
+            h.send_header("Content-Type", "text/event-stream")
+            h.send_header("Transfer-Encoding", "chunked")
+            h.end_headers()
+            ev = b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'
+            h.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
+            h.wfile.flush()
+            time.sleep(0.5)  # the router has passed the first event on: no retry now
+        else:  # cut-body: promise more than is sent
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", "1000")
+            h.end_headers()
+            h.wfile.write(b'{"choices":[')
+        h.wfile.flush()
+        h.close_connection = True
+        h.connection.shutdown(socket.SHUT_RDWR)
 
 
 class Front:

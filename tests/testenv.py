@@ -9,7 +9,8 @@ that runs another module's checks counts them in the same totals) and print
 the closing line tests/run.sh reads: "N passed, N failed[, N skipped]".
 A check that cannot run is counted as skipped, never as passed.
 
-cos() and norm() are the embeddings tests' vector measures.
+cos() and norm() are the embeddings tests' vector measures; FakeReplica a
+stand-in replica behind `lamina route`.
 
 Server starts `lamina serve` on a free port, keeps its stderr lines, and
 returns once /health answers; stop() ends it with SIGTERM and counts a clean
@@ -194,6 +195,50 @@ def cos(u, v):
 def norm(u):
     """A vector's Euclidean length."""
     return math.sqrt(sum(a * a for a in u))
+
+
+class FakeReplica:
+    """A stand-in replica for the router's tests on a free port (port, url):
+    GET /health answers ok and any other GET an idle replica's metrics; each
+    POST's body is read, counted in posts, then answered by on_post(handler).
+    A connection the router cuts is not reported. close() stops it."""
+
+    def __init__(self, on_post):
+        import http.server
+
+        fake = self
+        self.posts = 0
+        self.lock = threading.Lock()
+
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                body = b'{"status":"ok"}' if self.path == "/health" else b"lamina_requests_running 0\n"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with fake.lock:
+                    fake.posts += 1
+                on_post(self)
+
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.srv.daemon_threads = True
+        self.srv.handle_error = lambda *a: None
+        self.port = self.srv.server_address[1]
+        self.url = "http://127.0.0.1:%d" % self.port
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()
 
 
 def read_lines(path):
