@@ -745,7 +745,7 @@ static bool table_is_scalar(void) {
             e->vec_dot == tr->vec_dot && !e->gemm && !e->packed_gemm && !e->packed_act;
     }
     ok &= k->ew.rmsnorm == scalar_rmsnorm && k->ew.swiglu == scalar_swiglu && k->ew.geglu == scalar_geglu &&
-        k->ew.rope == scalar_rope;
+        k->ew.gelu == scalar_gelu && k->ew.rope == scalar_rope;
     for (int hd = 8; hd <= 128; hd += 60) {
         const lm_attn_kernels *a = kernels_attn(hd);
         ok &= a->scores == scalar_attn_scores && a->pv == scalar_attn_pv && a->max == scalar_attn_max &&
@@ -794,7 +794,7 @@ static void test_dispatch(void) {
                "%s", quant_type_name(t));
     }
     CHECK(k->ew.rmsnorm == avx2_rmsnorm && k->ew.swiglu == avx2_swiglu && k->ew.geglu == avx2_geglu &&
-          k->ew.rope == avx2_rope_apply);
+          k->ew.gelu == avx2_gelu && k->ew.rope == avx2_rope_apply);
     CHECK(kernels_attn(64)->scores == attn_scores_avx2 && kernels_attn(64)->pv == attn_pv_avx2 &&
           kernels_attn(64)->exp_sum == attn_exp_sum_avx2);
     CHECK(kernels_attn(36)->scores == scalar_attn_scores); /* not a multiple of 8 */

@@ -394,6 +394,13 @@ static void test_ew(void) {
         for (int i = 0; i < n; i++)
             CHECKF(close_rel(b[i], a[i], 1e-5, 1e-30), "%s geglu n=%d [%d]: %.9g vs %.9g", kernels_isa_name(), n, i,
                    b[i], a[i]);
+        memcpy(a, g, sizeof(float) * (size_t)n);
+        memcpy(b, g, sizeof(float) * (size_t)n);
+        scalar_gelu(a, n);
+        ew->gelu(b, n);
+        for (int i = 0; i < n; i++)
+            CHECKF(close_rel(b[i], a[i], 1e-5, 1e-30), "%s gelu n=%d [%d]: %.9g vs %.9g", kernels_isa_name(), n, i,
+                   b[i], a[i]);
     }
     static const int shapes[][3] = {{3, 64, 64}, {2, 128, 32}, {5, 72, 72}, {1, 80, 40}, {4, 16, 6}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)

@@ -8,6 +8,8 @@
  *            a float argument is only known to 2^-24 |a|, which e^a turns
  *            into that much relative error; this holds deep in the negative
  *            tail too, where a tanh written 1 - 2/(1+e^2y) loses everything
+ *   gelu     the encoders' GELU alone (ops_gelu, over the pool): geglu's
+ *            bound with u = 1, and geglu's bits for any split
  *   swiglu_oai  gpt-oss's clamped SwiGLU (scalar, ops.c), as swiglu with
  *            the rounding of u + 1 allowed for
  *   rope     |y - ref| <= 1e-6 max|x| for both pair layouts, head_dim 8 to
@@ -22,6 +24,7 @@
 
 #include "model/model.h"
 #include "model/ops.h"
+#include "base/pool.h"
 #include "format/quant.h"
 #include "kernels/kernels.h"
 #include "test.h"
@@ -95,6 +98,34 @@ static void test_swiglu_oai(void) {
 }
 static void test_geglu(void) { check_gated(ops_geglu, gelu_ref, gelu_arg, "gelu"); }
 
+/* The encoders' GELU alone (ops_gelu over a pool of 1 to 3 threads and none):
+ * the float64 formula within geglu's bound for u = 1, and the same bits as
+ * ops_geglu(x, 1) whatever the split and the length (tails included). */
+static void test_gelu(void) {
+    static float ones[N], want_bits[N], x[N];
+    for (int i = 0; i < N; i++) ones[i] = 1.0f;
+    memcpy(want_bits, in_g, sizeof want_bits);
+    ops_geglu(want_bits, ones, N);
+    for (int nt = 0; nt <= 3; nt++) {
+        lm_pool *pool = nt ? pool_new(nt) : NULL;
+        CHECK(nt == 0 || pool);
+        static const size_t lens[] = {1, 7, 8, 9, 63, 1003};
+        for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++) {
+            size_t n = lens[k];
+            memcpy(x, in_g, sizeof x);
+            ops_gelu(pool, x, n);
+            for (size_t i = 0; i < n; i++) {
+                double want = gelu_ref(in_g[i]), tol = (4e-6 + 2.4e-7 * fabs(gelu_arg(in_g[i]))) * fabs(want) + 1e-30;
+                CHECKF(fabs(x[i] - want) <= tol, "threads %d n %zu: gelu(%g) = %.9g, want %.9g", nt, n, in_g[i], x[i],
+                       want);
+            }
+            CHECKF(!memcmp(x, want_bits, n * sizeof *x), "threads %d n %zu: not geglu's bits", nt, n);
+            CHECKF(!memcmp(x + n, in_g + n, (N - n) * sizeof *x), "threads %d n %zu: wrote past n", nt, n);
+        }
+        pool_free(pool);
+    }
+}
+
 static void test_rmsnorm(void) {
     static const int sizes[] = {1, 7, 8, 64, 256, 1003};
     for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
@@ -154,6 +185,7 @@ int main(void) {
         TEST_RUN(test_rmsnorm);
         TEST_RUN(test_swiglu);
         TEST_RUN(test_geglu);
+        TEST_RUN(test_gelu);
         TEST_RUN(test_rope);
     }
     kernels_use(-1);

@@ -67,6 +67,19 @@ static inline __m256 gelu_mul(__m256 g, __m256 u) {
 GATED(avx2_swiglu, silu_mul)
 GATED(avx2_geglu, gelu_mul)
 
+/* gelu alone: gelu_mul's activation without the product */
+void avx2_gelu(float *x, int n) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, gelu_mul(_mm256_loadu_ps(x + i), one));
+    if (i < n) {
+        float b[8] = {0};
+        memcpy(b, x + i, (size_t)(n - i) * sizeof(float));
+        _mm256_storeu_ps(b, gelu_mul(_mm256_loadu_ps(b), one));
+        memcpy(x + i, b, (size_t)(n - i) * sizeof(float));
+    }
+}
+
 /* Adjacent pairs (x[2i], x[2i+1]) by (c_i, s_i): with C and S the cosines
  * and sines duplicated into both lanes of their pair and X' the pair-swapped
  * x, y = X C -+ X' S in one fmaddsub (minus on even lanes, plus on odd). */

@@ -18,6 +18,8 @@ void avx2_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
 void avx2_swiglu(float *g, const float *u, int n);
 /* g = gelu_tanh(g) * u = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * u. */
 void avx2_geglu(float *g, const float *u, int n);
+/* x = gelu_tanh(x) in place, geglu's activation (the product by u = 1 left out). */
+void avx2_gelu(float *x, int n);
 /* RoPE on n_heads heads of head_dim floats at x: the first n_rot dims of
  * each head rotated by the angles cs = (cos, sin) pairs, as ops_rope_apply;
  * neox picks the halves layout (pairs i, i + n_rot/2), else adjacent pairs. */

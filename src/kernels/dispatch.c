@@ -97,7 +97,7 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
         k->type[t] = (lm_type_kernels){
             .to_float = tr->to_float, .from_float = tr->from_float, .vec_dot = tr->vec_dot, .gemm_cols = LM_GEMM_TILE};
     }
-    k->ew = (lm_ew_kernels){scalar_rmsnorm, scalar_swiglu, scalar_geglu, scalar_rope};
+    k->ew = (lm_ew_kernels){scalar_rmsnorm, scalar_swiglu, scalar_geglu, scalar_gelu, scalar_rope};
     k->attn = scalar_attn;
     k->dn = (lm_dn_kernels){scalar_dn_conv,  scalar_dn_l2norm, scalar_dn_norm_gated,
                             scalar_dn_gates, scalar_dn_recur,  scalar_dn_chunk};
@@ -147,7 +147,7 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
                 lm_packed_gemm_fn wf = avx512vnni_wide_kernel(t);
                 if (wf && k->type[t].packed_gemm && k->type[t].pack_tile <= LM_WIDE_TILE) k->type[t].packed_wide = wf;
             }
-            k->ew = (lm_ew_kernels){avx2_rmsnorm, avx2_swiglu, avx2_geglu, avx2_rope_apply};
+            k->ew = (lm_ew_kernels){avx2_rmsnorm, avx2_swiglu, avx2_geglu, avx2_gelu, avx2_rope_apply};
             k->attn =
                 (lm_attn_kernels){attn_scores_avx2, attn_pv_avx2, attn_max_avx2, attn_scale_avx2, attn_exp_sum_avx2, 8};
             k->peak = (lm_peak_kernel){avx2_fma_probe, AVX2_PEAK_FLOPS};
@@ -175,7 +175,7 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
                     e->pack_tile = a->pack_tile;
                 }
             }
-            k->ew = (lm_ew_kernels){neon_rmsnorm, neon_swiglu, neon_geglu, neon_rope};
+            k->ew = (lm_ew_kernels){neon_rmsnorm, neon_swiglu, neon_geglu, neon_gelu, neon_rope};
             k->attn =
                 (lm_attn_kernels){neon_attn_scores, neon_attn_pv, neon_attn_max, neon_attn_scale, neon_attn_exp_sum, 4};
             neon_dn_fill(&k->dn);

@@ -10,7 +10,7 @@
  *             writes), vec_dot, the gemm tile and the interleaved-weight
  *             kernels with their tile sizes;
  *   ew        the element-wise ops of the forward pass (RMSNorm, SwiGLU,
- *             GeGLU, RoPE);
+ *             GeGLU, RoPE, the encoders' GELU);
  *   attn      the inner loops of tiled attention (scores, P·V, row max, row
  *             scaling, exp-and-sum), reached through kernels_attn(); the
  *             online softmax around them (mask, windows, softcap, sinks)
@@ -169,6 +169,8 @@ typedef struct {
     void (*swiglu)(float *g, const float *u, int n);
     /* g = gelu_tanh(g) * u */
     void (*geglu)(float *g, const float *u, int n);
+    /* x = gelu_tanh(x) in place: geglu's activation without the product */
+    void (*gelu)(float *x, int n);
     /* RoPE in place on n_heads heads of head_dim floats; neox: pairs
      * (i, i + n_rot/2), else adjacent pairs; cs = (cos, sin) per pair */
     void (*rope)(float *x, int n_heads, int head_dim, int n_rot, const float *cs, int neox);

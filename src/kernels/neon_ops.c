@@ -54,6 +54,19 @@ static inline float32x4_t gelu_mul(float32x4_t g, float32x4_t u) {
 GATED(neon_swiglu, silu_mul)
 GATED(neon_geglu, gelu_mul)
 
+/* gelu alone: gelu_mul's activation without the product */
+void neon_gelu(float *x, int n) {
+    const float32x4_t one = vdupq_n_f32(1.0f);
+    int i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(x + i, gelu_mul(vld1q_f32(x + i), one));
+    if (i < n) {
+        float b[4] = {0};
+        memcpy(b, x + i, sizeof(float) * (size_t)(n - i));
+        vst1q_f32(b, gelu_mul(vld1q_f32(b), one));
+        memcpy(x + i, b, sizeof(float) * (size_t)(n - i));
+    }
+}
+
 /* One pair rotation as the reference writes it: two products, one
  * difference or sum each (no fma), so the bits are the reference's. */
 static inline void rot4(float32x4_t x0, float32x4_t x1, float32x4_t c, float32x4_t s, float32x4_t *y0,

@@ -24,6 +24,8 @@
 void neon_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
 void neon_swiglu(float *g, const float *u, int n);
 void neon_geglu(float *g, const float *u, int n);
+/* x = gelu_tanh(x) in place, geglu's activation (the product by u = 1 left out). */
+void neon_gelu(float *x, int n);
 void neon_rope(float *x, int n_heads, int head_dim, int n_rot, const float *cs, int neox);
 
 void neon_attn_scores(const float *Q, int R, int hd, const float *const *krow, int nk, float *S, int s_stride);

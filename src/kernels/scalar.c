@@ -39,6 +39,16 @@ void scalar_geglu(float *g, const float *u, int n) {
     }
 }
 
+/* geglu's activation alone, the same expression: gelu(x) = scalar_geglu's
+ * result for u = 1, to the bit */
+void scalar_gelu(float *x, int n) {
+    const float c2 = -2.0f * 0.7978845608028654f;
+    for (int i = 0; i < n; i++) {
+        float v = x[i];
+        x[i] = v / (1.0f + expf(c2 * (v + 0.044715f * v * v * v)));
+    }
+}
+
 void scalar_rope(float *x, int n_heads, int head_dim, int n_rot, const float *cs, int neox) {
     int half = n_rot / 2;
     for (int h = 0; h < n_heads; h++) {

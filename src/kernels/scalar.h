@@ -17,6 +17,7 @@
 void scalar_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
 void scalar_swiglu(float *g, const float *u, int n);
 void scalar_geglu(float *g, const float *u, int n);
+void scalar_gelu(float *x, int n);
 void scalar_rope(float *x, int n_heads, int head_dim, int n_rot, const float *cs, int neox);
 /* The FMA-rate probe (kernels.h): rounds x SCALAR_PEAK_FLOPS flops of
  * independent multiply-adds in registers. */

@@ -21,6 +21,28 @@ void ops_swiglu(float *g, const float *u, int n) { kernels()->ew.swiglu(g, u, n)
 
 void ops_geglu(float *g, const float *u, int n) { kernels()->ew.geglu(g, u, n); }
 
+typedef struct {
+    float *x;
+    size_t n;
+} gelu_job;
+
+static void gelu_worker(void *arg, int ith, int nth) {
+    const gelu_job *j = arg;
+    size_t groups = (j->n + 7) / 8, g0 = groups * (size_t)ith / (size_t)nth,
+           g1 = groups * (size_t)(ith + 1) / (size_t)nth;
+    size_t i0 = g0 * 8, i1 = g1 * 8 < j->n ? g1 * 8 : j->n;
+    for (size_t i = i0; i < i1;) { /* the kernel takes an int count */
+        size_t len = i1 - i < ((size_t)1 << 30) ? i1 - i : (size_t)1 << 30;
+        kernels()->ew.gelu(j->x + i, (int)len);
+        i += len;
+    }
+}
+
+void ops_gelu(lm_pool *pool, float *x, size_t n) {
+    gelu_job j = {x, n};
+    pool_run(pool, gelu_worker, &j);
+}
+
 void ops_swiglu_oai(float *g, const float *u, int n) {
     const float a = OPS_SWIGLU_OAI_ALPHA, lim = OPS_SWIGLU_OAI_LIMIT;
     for (int i = 0; i < n; i++) {

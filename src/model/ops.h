@@ -55,6 +55,10 @@ void ops_rope_apply(float *x, int n_heads, int head_dim, int n_rot, const float 
 void ops_swiglu(float *g, const float *u, int n);
 /* g[i] = gelu(g[i]) * u[i], GELU in its tanh form. */
 void ops_geglu(float *g, const float *u, int n);
+/* x[i] = gelu(x[i]) over n values, GELU in its tanh form (the encoders'
+ * feed-forward), split over the pool in pieces of whole 8-float groups:
+ * each value gets the same bits as ops_geglu's gelu(x) * 1. */
+void ops_gelu(lm_pool *pool, float *x, size_t n);
 /* gpt-oss's clamped SwiGLU (ggml's swiglu_oai, alpha 1.702, limit 7):
  * x = min(g[i], 7), y = clamp(u[i], -7, 7), g[i] = x·sigmoid(1.702 x)·(y + 1).
  * Scalar: it runs on the few experts' rows a token chose. */
