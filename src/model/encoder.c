@@ -4,9 +4,11 @@
  *
  * The products run on the thread pool (ops_matmul, ops_matmul_multi) and
  * attention as (segment, query tile, KV head) items as forward.c splits
- * them; the per-row steps (biases, LayerNorm, activations) are scalar
- * loops on the calling thread: an encoder's batch is a few hundred rows.
- * LayerNorm in float with a float64 mean and variance per row.
+ * them; bert's GELU on the kernel table over the pool (ops_gelu), the
+ * residual adds with their LayerNorms split over the pool by rows; the
+ * biases, the embedding sums and nomic-bert's SwiGLU and RoPE are loops
+ * on the calling thread. LayerNorm in float with a float64 mean and
+ * variance per row, the same bits on any number of threads.
  */
 #include "model/encoder.h"
 
@@ -28,14 +30,39 @@ static void layernorm(float *y, const float *x, const float *w, const float *b, 
     for (int i = 0; i < n; i++) y[i] = (x[i] - mu) * inv * w[i] + (b ? b[i] : 0.0f);
 }
 
+/* Rows of x = LayerNorm(x + o) (o NULL: LayerNorm(x)), split over the pool
+ * by rows: each row's bits are the same on any number of threads. */
+typedef struct {
+    float *x;
+    const float *o, *w, *b;
+    int n, dim;
+    float eps;
+} ln_job;
+
+static void ln_worker(void *arg, int ith, int nth) {
+    const ln_job *j = arg;
+    int t0 = (int)((long long)j->n * ith / nth), t1 = (int)((long long)j->n * (ith + 1) / nth);
+    for (int t = t0; t < t1; t++) {
+        float *x = j->x + (size_t)t * j->dim;
+        if (j->o) {
+            const float *o = j->o + (size_t)t * j->dim;
+            for (int i = 0; i < j->dim; i++) x[i] += o[i];
+        }
+        layernorm(x, x, j->w, j->b, j->dim, j->eps);
+    }
+}
+
+static void add_layernorm(lm_pool *pool, float *x, const float *o, const float *w, const float *b, int n, int dim,
+                          float eps) {
+    ln_job j = {.x = x, .o = o, .w = w, .b = b, .n = n, .dim = dim, .eps = eps};
+    pool_run(pool, ln_worker, &j);
+}
+
 static void add_bias(float *y, const float *b, int n_tok, size_t dim) {
     if (!b) return;
     for (int t = 0; t < n_tok; t++)
         for (size_t i = 0; i < dim; i++) y[(size_t)t * dim + i] += b[i];
 }
-
-/* GELU in its tanh form, as ggml's gelu. */
-static float gelu(float x) { return 0.5f * x * (1.0f + tanhf(0.7978845608f * x * (1.0f + 0.044715f * x * x))); }
 
 /* Attention work items: (segment, query tile, KV head), forward.c's split. */
 typedef struct {
@@ -85,8 +112,8 @@ static void embed(lm_fwd *f, const int32_t *tokens, int n) {
             ops_get_row(&m->pos_embd, f->pos[t], tmp);
             for (int i = 0; i < E; i++) x[i] += tmp[i];
         }
-        layernorm(x, x, m->embd_norm, m->embd_norm_b, E, m->hp.norm_eps);
     }
+    add_layernorm(f->pool, f->x, NULL, m->embd_norm, m->embd_norm_b, n, E, m->hp.norm_eps);
 }
 
 /* x = LayerNorm(x + attention(x)·Woᵀ + bo) of layer l. */
@@ -117,12 +144,7 @@ static void attn_block(lm_fwd *f, const lm_layer *l, int li, const lm_seg *segs,
     pool_run(f->pool, attn_worker, &j);
     ops_matmul(f->pool, f->hb, &l->wo, f->xb, n, f->act); /* hb: (n, n_embd) */
     add_bias(f->hb, l->bo, n, (size_t)E);
-    for (int t = 0; t < n; t++) {
-        float *x = f->x + (size_t)t * E;
-        const float *o = f->hb + (size_t)t * E;
-        for (int i = 0; i < E; i++) x[i] += o[i];
-        layernorm(x, x, l->attn_norm, l->attn_norm_b, E, hp->norm_eps);
-    }
+    add_layernorm(f->pool, f->x, f->hb, l->attn_norm, l->attn_norm_b, n, E, hp->norm_eps);
     (void)li;
 }
 
@@ -140,16 +162,11 @@ static void ffn_block(lm_fwd *f, const lm_layer *l, int n) {
     } else {
         ops_matmul(f->pool, f->hb, &l->w_up, f->x, n, f->act);
         add_bias(f->hb, l->b_up, n, F);
-        for (size_t i = 0; i < (size_t)n * F; i++) f->hb[i] = gelu(f->hb[i]);
+        ops_gelu(f->pool, f->hb, (size_t)n * F); /* tanh form, as ggml's gelu */
     }
     ops_matmul(f->pool, f->xb, &l->w_down, f->hb, n, f->act);
     add_bias(f->xb, l->b_down, n, (size_t)E);
-    for (int t = 0; t < n; t++) {
-        float *x = f->x + (size_t)t * E;
-        const float *d = f->xb + (size_t)t * E;
-        for (int i = 0; i < E; i++) x[i] += d[i];
-        layernorm(x, x, l->ffn_norm, l->ffn_norm_b, E, hp->norm_eps);
-    }
+    add_layernorm(f->pool, f->x, f->xb, l->ffn_norm, l->ffn_norm_b, n, E, hp->norm_eps);
 }
 
 int enc_check(const lm_fwd *f, const lm_seg *segs, int n_seg, char *err, size_t errlen) {
