@@ -4,8 +4,8 @@
  * the grammar cache and masking; engine_mem.c: the configuration's
  * defaults and the memory plan; engine_fair.c: clients' tags and the fair
  * share of the slots; engine_state.c: hybrid models' recurrent state;
- * engine_mtp.c: the model's states for the MTP proposer; engine_embed.c:
- * embedding requests). Nothing outside src/sched/engine*.c
+ * engine_mtp.c: the model's states for the MTP proposer; engine_spec.c:
+ * speculation's setup and prices; engine_embed.c: embedding requests). Nothing outside src/sched/engine*.c
  * includes it; everyone else sees the opaque handles of engine.h. The
  * speculation policy (spec_sched.h) and the proposers (proposer.h) are
  * objects the engine holds; they do not see these.
@@ -348,6 +348,14 @@ void engine_embed_begin(lm_engine *e, int n_seg);
 /* After the pass, for segment g of an embedding (n_computed advanced): pool
  * its rows; whether its prompt is complete (engine.c then finishes it). */
 bool engine_embed_feed(lm_engine *e, int g);
+
+/* ---- engine_spec.c: speculation's setup -------------------------------- */
+
+/* At engine_new, once the pool, workspace and buffers are made: the
+ * proposer (a draft model's runner: dkc its pool's configuration), the
+ * policy and its prices (passes timed on a scratch sequence). No-op
+ * without speculation. 0, or -1 with a message. */
+int engine_spec_setup(lm_engine *e, const kv_config *dkc, char *err, size_t errlen);
 
 /* ---- engine_mem.c: the configuration and the memory plan ---------------- */
 
