@@ -15,6 +15,10 @@
  *   - the mean over chunked prefill (a 7-token budget) equals one chunk's
  *     within 1e-6 relative L2; so does one preempted (by generations of
  *     a better priority growing in a tiny pool) and recomputed;
+ *   - a long input of a non-causal model (one pass each) amid a stream of
+ *     short ones that fills every pass ends before 150 more shorts are
+ *     submitted (it ends after about 5-15; starved, it would wait for all
+ *     600 of the stream);
  *   - no LM head rows, no prefix cache (nothing cached, no hit), no KV held
  *     afterwards (engine_check);
  *   - errors: a generative model with LM_POOL_DEFAULT, LM_POOL_NONE, an
@@ -384,6 +388,82 @@ static void test_chunks_and_preemption(void) {
     engine_free(e);
 }
 
+/* Fairness of the one-pass rule: a long input of a non-causal model waits
+ * for a pass with room for all of it, amid a stream of short inputs that
+ * keeps every pass full (each short's end submits the next); it must still
+ * end within a bounded number of passes (the scheduler holds it: sched.h).
+ * The stream comes from five clients, the long input from a sixth. The
+ * bundled model is run as a
+ * non-causal one (hp.causal false: whole-sequence attention, each input in
+ * one pass); only the scheduling is checked here. */
+enum { FAIR_STREAM = 24, FAIR_CAP = 600, FAIR_LONG = 30 };
+static int32_t fair_prompt[FAIR_LONG];
+static ecollect fair_short[FAIR_CAP], fair_long;
+static lm_engine *fair_engine;
+static atomic_int fair_next, fair_fail, fair_long_done;
+static atomic_ullong fair_passes;
+
+static void fair_submit(void);
+
+static void on_fair_short(void *user, const lm_event *ev) {
+    on_embed(user, ev);
+    if (ev->done && !atomic_load(&fair_long_done)) fair_submit();
+}
+
+static void on_fair_long(void *user, const lm_event *ev) {
+    on_embed(user, ev);
+    if (!ev->done) return;
+    lm_engine_stats st;
+    engine_stats(fair_engine, &st);
+    atomic_store(&fair_passes, st.iterations);
+    atomic_store(&fair_long_done, 1);
+}
+
+static void fair_submit(void) {
+    int i = atomic_fetch_add(&fair_next, 1);
+    if (i >= FAIR_CAP) return;
+    lm_request_params p = embed_params(fair_prompt, 4 + i % 3, LM_POOL_MEAN, &fair_short[i]);
+    p.on_event = on_fair_short;
+    p.client = 1 + (uint64_t)(i % 5);
+    char err[LM_ERRLEN];
+    if (engine_submit(fair_engine, &p, NULL, err, sizeof err) != LM_OK) atomic_fetch_add(&fair_fail, 1);
+}
+
+static void test_long_not_starved(void) {
+    lm_rng r;
+    lm_rng_seed(&r, 21);
+    random_prompt(&r, fair_prompt, FAIR_LONG);
+    model->hp.causal = false;
+    lm_engine *e = fair_engine = test_engine_new(model, 32, 16, 0);
+    CHECK(e);
+    memset(fair_short, 0, sizeof fair_short);
+    memset(&fair_long, 0, sizeof fair_long);
+    atomic_store(&fair_next, 0);
+    atomic_store(&fair_long_done, 0);
+    for (int i = 0; i < FAIR_STREAM; i++) fair_submit();
+    lm_request_params p = embed_params(fair_prompt, FAIR_LONG, LM_POOL_MEAN, &fair_long);
+    p.on_event = on_fair_long;
+    p.client = 7;
+    char err[LM_ERRLEN];
+    CHECK(engine_submit(e, &p, NULL, err, sizeof err) == LM_OK);
+    int before = atomic_load(&fair_next);
+    engine_wait_idle(e);
+    model->hp.causal = true;
+    CHECK(atomic_load(&fair_fail) == 0);
+    CHECK(fair_long.done == 1 && fair_long.finish == LM_FINISH_STOP);
+    int after = atomic_load(&fair_next) - before;
+    CHECKF(after < FAIR_CAP / 4, "%d shorts submitted after the long input before it ended (%llu passes)", after,
+           (unsigned long long)atomic_load(&fair_passes));
+    int n_sent = atomic_load(&fair_next) < FAIR_CAP ? atomic_load(&fair_next) : FAIR_CAP;
+    for (int i = 0; i < n_sent; i++) CHECKF(fair_short[i].done == 1, "short input %d did not end", i);
+    lm_engine_stats st;
+    engine_stats(e, &st);
+    printf("long input: %d shorts after it, done at pass %llu of %llu\n", after,
+           (unsigned long long)atomic_load(&fair_passes), (unsigned long long)st.iterations);
+    CHECKF(engine_check(e, err, sizeof err) == 0, "%s", err);
+    engine_free(e);
+}
+
 static void test_errors(void) {
     lm_engine *e = test_engine_new(model, 64, 4, 0);
     CHECK(e);
@@ -494,6 +574,7 @@ int main(void) {
     TEST_RUN(test_batched_equals_alone);
     TEST_RUN(test_many_short_one_pass);
     TEST_RUN(test_chunks_and_preemption);
+    TEST_RUN(test_long_not_starved);
     TEST_RUN(test_errors);
     TEST_RUN(test_projections);
     model_free(model);

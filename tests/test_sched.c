@@ -21,7 +21,10 @@
  *   - static batching: a batch forms only when nothing runs, none joins it;
  *   - the sliding-window local class: admission needs local blocks too,
  *     without a watermark;
- *   - the question protocol: a plan stops to ask and goes on once answered.
+ *   - the question protocol: a plan stops to ask and goes on once answered;
+ *   - inputs that must run whole (sched_seq.whole): admitted with all of
+ *     their prompt or not at all, and one reached without room is admitted
+ *     in the next plan amid a stream of better-priority ones.
  */
 #include <string.h>
 
@@ -395,6 +398,46 @@ static void test_starvation(void) {
     sched_free(f.s);
 }
 
+/* Inputs that must run whole (a non-causal model's): never admitted with
+ * part of their prompt; one reached without room is held and admitted in
+ * the next plan, though better-priority whole inputs keep arriving (each
+ * iteration three of 5 tokens, which alone would fill every pass). */
+static void test_whole(void) {
+    fake f;
+    CHECK(fake_init(&f, 16, 64, 10000, 0, false, 0, 0));
+    enum { N = 3 * 40 + 3 };
+    static fseq sh[N];
+    fseq lq;
+    int n_sh = 0;
+    for (; n_sh < 3; n_sh++) { /* 15 tokens ahead of it: 1 left when it is reached */
+        seq_init(&sh[n_sh], n_sh, 0, (uint64_t)n_sh, 5, 1);
+        sh[n_sh].sq.whole = true;
+        CHECK(enqueue(&f, &sh[n_sh]) == 0);
+    }
+    seq_init(&lq, 1000, 0, 3, 14, 1);
+    lq.sq.whole = true;
+    CHECK(enqueue(&f, &lq) == 0);
+    for (int it = 0; it < 40; it++) {
+        const sched_plan *p = iterate(&f);
+        for (int i = 0; i < p->n_admit; i++) {
+            fseq *q = (fseq *)p->admit[i].seq;
+            CHECKF(p->admit[i].n == q->sq.n_pending, "iteration %d: input %d admitted with %d of its %d tokens", it,
+                   q->id, p->admit[i].n, q->sq.n_pending);
+        }
+        CHECK(p->n_tokens <= 16 && pool_ok(&f));
+        for (int k = 0; k < 3; k++, n_sh++) { /* better priority, later arrivals */
+            seq_init(&sh[n_sh], n_sh, -1, 10 + (uint64_t)n_sh, 5, 1);
+            sh[n_sh].sq.whole = true;
+            CHECK(enqueue(&f, &sh[n_sh]) == 0);
+        }
+    }
+    CHECKF(lq.done && lq.admitted_at == 1,
+           "the long input admitted at iteration %d (want 1, the plan after it was reached)", lq.admitted_at);
+    for (int it = 0; it < 200 && sched_n_running(f.s) + sched_n_waiting(f.s); it++) iterate(&f);
+    for (int i = 0; i < n_sh; i++) CHECK(sh[i].done);
+    sched_free(f.s);
+}
+
 /* Static batching: admit only into an empty engine; nobody joins after. */
 static void test_static(void) {
     fake f;
@@ -486,6 +529,7 @@ int main(void) {
     TEST_RUN(test_shared_last_block);
     TEST_RUN(test_chunk_budget);
     TEST_RUN(test_starvation);
+    TEST_RUN(test_whole);
     TEST_RUN(test_static);
     TEST_RUN(test_local_class);
     TEST_RUN(test_questions);

@@ -421,7 +421,7 @@ static lm_request *request_new(lm_engine *e, const lm_request_params *p, int max
         c->req = r;
         c->index = i;
         c->state = i == 0 ? CH_LIVE : CH_PENDING_FORK;
-        c->sq = (sched_seq){.priority = p->priority, .index = i};
+        c->sq = (sched_seq){.priority = p->priority, .index = i, .whole = !e->m->hp.causal};
         c->cap = cap;
         c->n_prompt = c->n_tokens = p->n_prompt;
         c->tokens = lm_malloc((size_t)cap * sizeof *c->tokens);

@@ -30,6 +30,8 @@ struct sched {
     uint64_t epoch;
     bool static_open; /* static batching: the current batch still admits */
     int static_count; /* sequences admitted into it */
+    sched_seq *held;  /* a waiting sequence that must run whole, reached by admission without room
+                         for it: admitted first, nothing before it (NULL: none) */
     sched_plan plan;
 };
 
@@ -99,6 +101,7 @@ static void wait_insert(sched *s, sched_seq *q) {
 }
 
 static void wait_remove(sched *s, sched_seq *q) {
+    if (s->held == q) s->held = NULL; /* admitted, finished or cancelled */
     for (int i = 0; i < s->n_waiting; i++)
         if (s->waiting[i] == q) {
             memmove(s->waiting + i, s->waiting + i + 1, (size_t)(s->n_waiting - i - 1) * sizeof *s->waiting);
@@ -269,6 +272,18 @@ static bool preempted_before(const sched_plan *p, const sched_seq *q) {
     return false;
 }
 
+/* The w-th waiting sequence in the order admission considers them: the
+ * held one first (sched.h: a sequence that must run whole keeps its turn),
+ * then the queue's order without it. */
+static sched_seq *candidate(const sched *s, int w) {
+    const sched_seq *h = s->held;
+    if (!h) return s->waiting[w];
+    if (w == 0) return s->held;
+    int at = 0;
+    while (s->waiting[at] != h) at++;
+    return s->waiting[w - 1 < at ? w - 1 : w];
+}
+
 /* Step 2: admissions from the head of the waiting queue. Returns false when
  * it stopped to ask. */
 static bool plan_admit(sched *s, sched_plan *p, int64_t avail[KV_N_CLASS], int n_live) {
@@ -278,12 +293,13 @@ static bool plan_admit(sched *s, sched_plan *p, int64_t avail[KV_N_CLASS], int n
         p->static_count = 0;
     }
     if (c->static_batching && !p->static_open) return true;
+    p->hold = s->held;
     for (int w = 0; p->n_tokens < c->batch_tokens;) {
-        if (w >= s->n_waiting || n_live >= c->max_seqs || preempted_before(p, s->waiting[w])) {
+        if (w >= s->n_waiting || n_live >= c->max_seqs || preempted_before(p, candidate(s, w))) {
             p->static_open = false;
             break;
         }
-        sched_seq *q = s->waiting[w];
+        sched_seq *q = candidate(s, w);
         if (!answered(s, q)) {
             p->ask = q;
             return false;
@@ -301,6 +317,11 @@ static bool plan_admit(sched *s, sched_plan *p, int64_t avail[KV_N_CLASS], int n
             continue;
         }
         int rest = q->n_pending - q->cached;
+        if (q->whole && rest > c->batch_tokens - p->n_tokens) { /* one pass or none: it goes first next */
+            p->hold = q;
+            p->static_open = false;
+            break;
+        }
         int n = rest < c->batch_tokens - p->n_tokens ? rest : c->batch_tokens - p->n_tokens;
         /* this iteration's chunk takes its cached blocks and its own new ones */
         int64_t chunk = ceil_div(n, c->block_size);
@@ -348,6 +369,7 @@ const sched_plan *sched_decide(sched *s, const sched_view *v) {
     sched_plan *p = &s->plan;
     p->ask = NULL;
     p->n_run = p->n_admit = p->n_preempt = p->n_reject = p->n_tokens = 0;
+    p->hold = NULL;
     p->static_open = s->static_open;
     p->static_count = s->static_count;
     int64_t avail[KV_N_CLASS];
@@ -368,4 +390,5 @@ void sched_commit(sched *s, const sched_plan *p) {
     }
     s->static_open = p->static_open;
     s->static_count = p->static_count;
+    if (p->hold && p->hold->where == SCHED_WAITING) s->held = p->hold;
 }

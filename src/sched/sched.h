@@ -28,7 +28,17 @@
  *      Beside no running sequence the watermark does not apply, and a head
  *      that does not fit even then is rejected (it would wait forever).
  *      Sequences preempted by this plan take their place in that queue:
- *      admission stops at one of them and leaves it to the next plan.
+ *      admission stops at one of them and leaves it to the next plan. A
+ *      sequence that must run whole (sched_seq.whole), reached by admission
+ *      when what is left of the budget cannot hold its remaining prompt,
+ *      stops admission too and is held: the following plans consider it
+ *      first, before the queue's order (so sequences that would sort before
+ *      it, a better priority or a client-less request, do not take its room
+ *      again and again) and admit nothing until it fits; a plan whose
+ *      running chunks leave room for all of it admits it (a pass without
+ *      running prefill leaves the whole budget, and its prompt is at most
+ *      batch_tokens: the engine's submission rule), so a stream of short
+ *      inputs never starves it. One is held at a time.
  *   3. speculation: decodes with proposed tokens (n_spec) take them into
  *      their item (n = 1 + proposed), best first, while the budget, spec_cap
  *      and the free blocks left after steps 1 and 2 allow, shrinking the
@@ -82,6 +92,8 @@ typedef struct sched_seq {
                          the tag last admitted, so clients take turns) */
     uint64_t arrival; /* then: submission order */
     int index;        /* the choice within its request */
+    bool whole;       /* its prompt runs in one pass (a non-causal model's input): admitted only
+                         with room for all of it, and admissions behind it wait (set once) */
     /* reported by the engine before each plan */
     int n_pending;               /* tokens not yet in its KV (1: a decode; waiting: the whole sequence) */
     int len;                     /* running: KV positions held */
@@ -135,6 +147,8 @@ typedef struct {
     sched_seq **reject; /* (max_seqs) waiting sequences the empty pool cannot hold: finish them */
     int n_reject;
     int n_tokens;     /* tokens in run and admit together, <= batch_tokens */
+    sched_seq *hold;  /* a waiting sequence that must run whole and is held (admitted first, nothing
+                         before it) after this plan; NULL: none */
     bool static_open; /* static batching: admission still open after this plan */
     int static_count;
 } sched_plan;
