@@ -518,7 +518,8 @@ typedef struct {
     uint64_t mem_budget;    /* lm_engine_config.mem; 0: none given */
     uint64_t mem_weights;   /* tensors mapped from the file */
     uint64_t mem_packed;    /* packed copies of weights (heap, beside the mapping) */
-    uint64_t mem_workspace; /* forward-pass workspace, attention scratch per thread, logits rows */
+    uint64_t mem_workspace; /* forward-pass workspace, attention scratch per thread, logits rows,
+                               the embeddings' hidden-state rows */
     uint64_t mem_kv;        /* the KV pool's K/V data (both classes) */
     int64_t kv_max_tokens;  /* positions of context the pool holds */
     int64_t kv_max_seqs;    /* sequences of the full context it holds at once */

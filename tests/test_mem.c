@@ -23,7 +23,8 @@
  *     the draft's pool is its default (max_seqs sequences, at most 2 GiB);
  *   - the plan alone, with no engine and no thread (engine_mem_plan on its
  *     own): each part equals what it is made of (the weights, the forward
- *     pass's workspace and the engine's buffers, the KV pool's plan), they
+ *     pass's workspace and the engine's buffers, the embeddings' rows of a
+ *     pass among them, the KV pool's plan), they
  *     add up within the budget, a budget one byte short of one sequence is
  *     an error naming the weights, the workspace, the KV cache and what
  *     one sequence needs (the draft's parts with a draft model), exactly
@@ -314,6 +315,7 @@ static void test_plan_alone(void) {
     fwd_dims d = fwd_dims_make(model, c.n_ctx, c.batch_tokens);
     uint64_t V = (uint64_t)model->hp.n_vocab;
     uint64_t buffers = ((uint64_t)c.max_seqs + 2 + 1) * V * sizeof(float) + (uint64_t)d.n_batch * sizeof(int32_t);
+    buffers += (uint64_t)d.n_batch * (uint64_t)model->hp.n_embd * sizeof(float); /* embeddings' rows */
     uint64_t ws = fwd_workspace_bytes(model, &d, c.n_threads) + buffers;
     CHECK(sp.budget == c.mem && sp.n_ctx == 128 && d.n_ctx == 128);
     CHECK(sp.weights == model->weight_bytes && sp.packed == model->packed_bytes);

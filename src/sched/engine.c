@@ -1265,6 +1265,9 @@ static int alloc_buffers(lm_engine *e, char *err, size_t errlen) {
     e->piece = lm_malloc((size_t)e->piece_cap);
     e->emit_cap = MAX_STOP_LEN + 2 * e->piece_cap + 64; /* held text + a piece, and a flush */
     e->emit = lm_malloc((size_t)e->emit_cap);
+    uint64_t hid = engine_embed_hid_bytes(e->m, c); /* counted in the workspace: made now, not at first use */
+    if (hid && !(e->emb_hid = lm_malloc((size_t)hid)))
+        return lm_err(err, errlen, "out of memory allocating the engine's buffers");
     if (!e->sc || !e->segs || !e->seg_ch || !e->pre_ch || !e->pre_row || !e->probes || !e->btok || !e->logits ||
         !e->lp || !e->piece || !e->emit)
         return lm_err(err, errlen, "out of memory allocating the engine's buffers");

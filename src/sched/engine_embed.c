@@ -67,12 +67,7 @@ lm_status engine_embed_params(const lm_engine *e, const lm_request_params *p, lm
 }
 
 embed_pool *engine_embed_pool(lm_engine *e, int pooling) {
-    const int E = e->m->hp.n_embd;
-    pthread_mutex_lock(&e->mu); /* the engine thread reads emb_hid after taking the request from the inbox */
-    if (!e->emb_hid) e->emb_hid = lm_malloc((size_t)e->cfg.batch_tokens * (size_t)E * sizeof *e->emb_hid);
-    bool ok = e->emb_hid != NULL;
-    pthread_mutex_unlock(&e->mu);
-    embed_pool *p = ok ? embed_pool_new(pooling, E) : NULL;
+    embed_pool *p = embed_pool_new(pooling, e->m->hp.n_embd);       /* emb_hid was made at engine_new */
     if (p && embed_pool_project(p, &e->m->dense2, &e->m->dense3)) { /* gemma-embedding's dense_2, dense_3 */
         embed_pool_free(p);
         p = NULL;

@@ -213,7 +213,9 @@ struct lm_engine {
     egram gr; /* constrained decoding */
 
     float *emb_hid; /* (batch_tokens, n_embd) the rows' states of passes with embedding requests' rows
-                       (lm_fwd.hid), made at the first one's submission under mu; NULL before */
+                       (lm_fwd.hid), made at engine_new and counted in the workspace
+                       (engine_embed_hid_bytes); NULL under the MTP proposer (its buffer) or
+                       pipeline parallelism */
 
     lm_engine_stats stats; /* published under mu */
 };
@@ -339,8 +341,8 @@ void engine_mtp_feed(lm_engine *e, eseq *c);
  * input past the batch), LM_ERR_UNSUPPORTED (pipeline parallelism). */
 lm_status engine_embed_params(const lm_engine *e, const lm_request_params *p, lm_request_params *q, char *err,
                               size_t errlen);
-/* Submission, any thread: a new request's pooling (its choice's emb), the
- * engine's emb_hid made first when it has none. NULL when out of memory. */
+/* Submission, any thread: a new request's pooling (its choice's emb), with
+ * the model's post-pooling projections. NULL when out of memory. */
 struct embed_pool *engine_embed_pool(lm_engine *e, int pooling);
 /* Before the pass over n_seg segments: lm_fwd.hid set when one of them is
  * an embedding's (the MTP proposer's buffer is kept). */
@@ -374,7 +376,11 @@ int engine_mem_split(const lm_model *m, const lm_engine_config *c, const fwd_dim
 /* Checkpoint slots of a hybrid model's state store under resolved c. */
 int engine_ckpt_slots(const lm_engine_config *c);
 /* The engine's own large buffers under resolved c: the logits rows, one
- * log-probability row, the batch's tokens (a part of the workspace). */
+ * log-probability row, the batch's tokens, the embeddings' rows (a part of
+ * the workspace). */
 uint64_t engine_buffer_bytes(const lm_model *m, const lm_engine_config *c);
+/* Of those, the embeddings' rows (emb_hid): batch_tokens x n_embd floats;
+ * 0 under the MTP proposer or pipeline parallelism. */
+uint64_t engine_embed_hid_bytes(const lm_model *m, const lm_engine_config *c);
 
 #endif

@@ -90,11 +90,21 @@ void engine_spec_default(lm_spec_config *s) {
     *s = (lm_spec_config){.size = sizeof *s, .proposer = LM_SPEC_NGRAM, .max = 4, .draft_vocab = -1};
 }
 
-/* The large buffers engine.c's alloc_buffers makes: the logits rows, one log-prob row, the batch's tokens */
+/* The rows' states of a pass with embedding requests (engine_embed.c's
+ * emb_hid): batch_tokens x n_embd floats, made with the other buffers;
+ * none under the MTP proposer (its buffer holds them) or pipeline
+ * parallelism (embeddings refused). */
+uint64_t engine_embed_hid_bytes(const lm_model *m, const lm_engine_config *c) {
+    if (engine_spec_kind(c) == LM_SPEC_MTP || m->pp.size > 1) return 0;
+    return (uint64_t)c->batch_tokens * (uint64_t)m->hp.n_embd * sizeof(float);
+}
+
+/* The large buffers engine.c's alloc_buffers makes: the logits rows, one
+ * log-prob row, the batch's tokens, the embeddings' rows */
 uint64_t engine_buffer_bytes(const lm_model *m, const lm_engine_config *c) {
     uint64_t V = (uint64_t)m->hp.n_vocab, S = (uint64_t)c->max_seqs;
     return ((S + (uint64_t)spec_sched_cap(c) + 2) * V + V) * sizeof(float) +
-        (uint64_t)c->batch_tokens * sizeof(int32_t);
+        (uint64_t)c->batch_tokens * sizeof(int32_t) + engine_embed_hid_bytes(m, c);
 }
 
 static const char *human(uint64_t b, char *buf, size_t n) {
