@@ -141,6 +141,8 @@ typedef struct {
     uint64_t n_params;
     uint64_t weight_bytes; /* bytes of all tensors in the file */
     int pooling;           /* lm_pooling: how the model pools an embedding (LM_POOL_NONE: a generative model) */
+    bool causal;           /* attention is causal; false (bert, nomic-bert, gemma-embedding): the model only
+                              embeds, each input in one pass of at most the batch's tokens */
 } lm_model_info;
 
 /* Fill the first size bytes of *info (lm_model_get_info passes sizeof); the

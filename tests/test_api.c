@@ -21,6 +21,7 @@
  */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -882,6 +883,11 @@ static void test_embed_api(void) {
     lm_model_info info;
     lm_model_get_info(model, &info);
     CHECK(info.pooling == LM_POOL_NONE && lm_model_embd_dim(model) == 64 && lm_model_embd_dim(NULL) == 0);
+    CHECK(info.causal);
+    lm_model_info old; /* a caller built before causal: nothing written past what it knows */
+    memset(&old, 0xab, sizeof old);
+    lm_model_info_get(model, &old, offsetof(lm_model_info, causal));
+    CHECK(old.pooling == LM_POOL_NONE && old.n_embd == 64 && *(unsigned char *)&old.causal == 0xab);
     lm_request_params dp;
     lm_request_params_default(&dp);
     CHECK(!dp.embed && dp.pooling == LM_POOL_DEFAULT);

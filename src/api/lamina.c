@@ -125,6 +125,7 @@ void lm_model_info_get(const lm_model *m, lm_model_info *info, size_t size) {
         .n_params = m->n_params,
         .weight_bytes = m->weight_bytes,
         .pooling = hp->pooling,
+        .causal = hp->causal,
     };
     narrow(info, size, &whole, sizeof whole);
 }

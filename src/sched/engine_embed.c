@@ -25,8 +25,10 @@
  * Encoders (bert, nomic-bert: hp.encoder, no LM head) and the other
  * non-causal models (gemma-embedding) take embedding requests only. A model whose attention is not causal (hp.causal false)
  * runs each input in one pass (encoder.h): an input longer than the batch
- * is refused at submission, and engine_state_trim holds a prompt back
- * until a pass has room for the whole of it.
+ * is refused at submission; its choice's sched_seq.whole makes the
+ * scheduler admit it only with room for all of it, holding admissions back
+ * once its turn has come (sched.h), and engine_state_trim holds back a
+ * running prompt that a plan cut short.
  */
 #include "sched/engine_int.h"
 
