@@ -550,12 +550,12 @@ static void test_alloc_failure(void) {
 
 /* Split-K in the pass: decode steps past 2048 positions on pools of 1, 3,
  * 8 and 16 threads. The model's 4 KV heads make 4 attention items per
- * decode step, so 8 and 16 threads cut each item's key splits into 2 and 4
- * units (forward.c's attn_plan) while 1 and 3 threads run the items whole:
+ * decode step, so 8 and 16 threads cut each item into one unit per key
+ * split (forward.c's attn_plan) while 1 and 3 threads run the items whole:
  * every step's logits must be bit-identical (memcmp) across the four, in F32
  * and F16 caches (attn.h: the splits sit on a fixed grid and are merged in
  * one order however they are spread). A prompt of 2100 tokens in chunks of
- * 64, then 12 decode steps (9 splits: above forward.c's ATTN_SPLIT_MIN). */
+ * 64, then 12 decode steps (9 splits: above FWD_ATTN_SPLIT_MIN). */
 static void test_split_k_threads(void) {
     enum { PROMPT = 2100, STEPS = 12, CTX = 2200 };
     int V = model->hp.n_vocab;
@@ -585,6 +585,52 @@ static void test_split_k_threads(void) {
     free(ref), free(got);
 }
 
+/* The split-K switch (forward.h: LAMINA_ATTN_SPLIT, read by fwd_new): on
+ * 8 threads the 4 items of a decode step at positions 1100.. (5 key splits)
+ * are cut by default and by LAMINA_ATTN_SPLIT=2, run whole with =0 and
+ * with =6 (more splits than they have); the count of cut items says which
+ * path ran, and the logits of every step must be the same bits whichever
+ * (the splits sit on a fixed grid, merged in one order). A value that is
+ * not a count fails the workspace with a message naming the variable. */
+static void test_split_k_switch(void) {
+    enum { PROMPT = 1100, STEPS = 4, CTX = 1120 };
+    int V = model->hp.n_vocab;
+    int32_t toks[PROMPT + STEPS];
+    prompt(toks, PROMPT + STEPS, 29);
+    static const char *const vals[] = {NULL, "0", "2", "6"};
+    static const bool cut[] = {true, false, true, false};
+    float *ref = malloc((size_t)STEPS * V * 4), *got = malloc((size_t)STEPS * V * 4);
+    char err[LM_ERRLEN];
+    lm_pool *pool = pool_new(8);
+    for (size_t vi = 0; vi < sizeof vals / sizeof vals[0]; vi++) {
+        if (vals[vi]) setenv("LAMINA_ATTN_SPLIT", vals[vi], 1);
+        else unsetenv("LAMINA_ATTN_SPLIT");
+        lm_seqrun *s = seqrun_new(model, pool, CTX, 64, LM_TYPE_F16, err, sizeof err);
+        CHECKF(s != NULL, "%s", err);
+        if (!s) continue;
+        int rc = seqrun_forward(s, toks, PROMPT, NULL, false, err, sizeof err);
+        long before = s->fwd->attn_split_items;
+        for (int i = 0; i < STEPS && !rc; i++)
+            rc = seqrun_forward(s, toks + PROMPT + i, 1, (vi ? got : ref) + (size_t)i * V, false, err, sizeof err);
+        CHECKF(!rc, "%s", err);
+        long n_cut = s->fwd->attn_split_items - before;
+        CHECKF(cut[vi] ? n_cut == (long)STEPS * model->hp.n_layer * model->hp.n_head_kv : n_cut == 0,
+               "LAMINA_ATTN_SPLIT=%s: %ld items cut in %d decode steps", vals[vi] ? vals[vi] : "(unset)", n_cut, STEPS);
+        seqrun_free(s);
+        for (int i = 0; vi && i < STEPS; i++)
+            CHECKF(!memcmp(got + (size_t)i * V, ref + (size_t)i * V, (size_t)V * 4),
+                   "LAMINA_ATTN_SPLIT=%s: the logits of decode step %d differ from the default's", vals[vi], i);
+    }
+    setenv("LAMINA_ATTN_SPLIT", "two", 1);
+    err[0] = 0;
+    lm_seqrun *bad = seqrun_new(model, pool, CTX, 64, LM_TYPE_F16, err, sizeof err);
+    CHECKF(!bad && strstr(err, "LAMINA_ATTN_SPLIT=two"), "a malformed LAMINA_ATTN_SPLIT: %s", bad ? "accepted" : err);
+    seqrun_free(bad);
+    unsetenv("LAMINA_ATTN_SPLIT");
+    pool_free(pool);
+    free(ref), free(got);
+}
+
 int main(void) {
     kernels_init();
     char err[LM_ERRLEN];
@@ -604,6 +650,7 @@ int main(void) {
     TEST_RUN(test_batch_budget);
     TEST_RUN(test_alloc_failure);
     TEST_RUN(test_split_k_threads);
+    TEST_RUN(test_split_k_switch);
     pool_free(tpool);
     model_free(swa);
     model_free(model);

@@ -64,6 +64,7 @@
 
 #include <math.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "model/encoder.h"
@@ -169,9 +170,28 @@ size_t fwd_workspace_bytes(const lm_model *m, const fwd_dims *d, int n_threads) 
     return ws;
 }
 
+/* Split-K's minimum (forward.h: FWD_ATTN_SPLIT_MIN, LAMINA_ATTN_SPLIT):
+ * 0 off, else at least 2; -1 when the variable is not a count. */
+static int attn_split_env(void) {
+    const char *v = getenv("LAMINA_ATTN_SPLIT");
+    if (!v || !*v) return FWD_ATTN_SPLIT_MIN;
+    char *end;
+    long n = strtol(v, &end, 10);
+    if (*end || n < 0 || n > 1 << 20) return -1;
+    return n == 0 ? 0 : n < 2 ? 2 : (int)n;
+}
+
 lm_fwd *fwd_new(const lm_model *m, lm_pool *pool, kv_pool *kv, const fwd_dims *d, char *err, size_t errlen) {
     const lm_hparams *hp = &m->hp;
     const kv_plan *plan = kv_pool_plan(kv);
+    int split_min = attn_split_env();
+    if (split_min < 0) {
+        lm_err(err, errlen,
+               "LAMINA_ATTN_SPLIT=%s: expected 0 (split-K off) or the fewest key splits a decode attention item "
+               "is cut from",
+               getenv("LAMINA_ATTN_SPLIT"));
+        return NULL;
+    }
     if (d->n_batch < 1 || d->n_batch > d->n_ctx) {
         lm_err(err, errlen, "a batch of %d tokens for a context of %d (fwd_dims_make gives valid sizes)", d->n_batch,
                d->n_ctx);
@@ -193,6 +213,7 @@ lm_fwd *fwd_new(const lm_model *m, lm_pool *pool, kv_pool *kv, const fwd_dims *d
     f->pool = pool;
     f->kv = kv;
     f->dims = *d;
+    f->attn_split_min = split_min;
     size_t kvd = (size_t)hp->n_head_kv * hp->head_dim, qd = (size_t)hp->n_head * hp->head_dim;
     size_t B = (size_t)d->n_batch, E = (size_t)hp->n_embd;
     /* every byte allocated below is counted in ws (the memory budget's
@@ -342,42 +363,39 @@ static void attn_worker(void *arg, int ith, int nth) {
     }
 }
 
-/* Split-K units per thread's share of an item: more units than threads, so
- * that threads that wake late (a loaded machine's wake-ups take hundreds of
- * microseconds) find less left to do and the early ones take more. The
- * partials are per split whatever the units, so this costs no memory. */
-#define ATTN_UNITS_PER_THREAD 4
-/* Fewest splits (of ATTN_SPLIT keys) an item needs before it is cut: a
- * worker handed a unit is waited for, and on a loaded 2-core host a
- * wake-up (300-450 us) and a preemption cost more than a short item's whole
- * attention (bench/results/attention.md, 2026-12-06); from 2048 keys up the
- * units are long enough to pay. */
-#define ATTN_SPLIT_MIN 8
-
 /* The attention plan of one layer: seg_units and seg_unit0, seg_part0 for
- * split segments. nth: the threads that will run it. Items are split only
- * while fewer than the threads and at least ATTN_SPLIT_MIN splits long,
- * each into up to ATTN_UNITS_PER_THREAD x (nth / items) units (no more than
- * its splits), taken from one counter in order, and only where their
- * partials fit in part. */
-static void attn_plan(lm_fwd *f, const lm_seg *segs, int n_seg, int layer, int window, int nth) {
-    int items = f->seg_item0[n_seg], per = items > 0 && items < nth && f->part ? nth / items : 1;
+ * split segments. nth: the threads that will run it. Items are cut only
+ * while fewer than the threads and at least f->attn_split_min splits long
+ * (FWD_ATTN_SPLIT_MIN; 0: never), each into one unit per split, taken from
+ * one counter in order, and only where their partials fit in part. Units
+ * of one split (ATTN_SPLIT keys) keep the threads' last units short, so
+ * that neither waits long at the barrier, and a worker that wakes late
+ * finds less left to do. Cutting the short items too (a 512-key sliding
+ * window is 2-3 splits) keeps both threads busy through every layer's
+ * attention: run whole by one thread, its 100-odd microseconds outlast the
+ * other's spin (pool.c), which then sleeps and wakes late for the output
+ * product. Returns the layer's units. */
+static int attn_plan(lm_fwd *f, const lm_seg *segs, int n_seg, int layer, int window, int nth) {
+    int items = f->seg_item0[n_seg];
+    bool cut = f->attn_split_min > 0 && f->part && items > 0 && items < nth;
     size_t used = 0;
     f->seg_unit0[0] = 0;
     for (int g = 0; g < n_seg; g++) {
         int U = 1, n_items = f->seg_item0[g + 1] - f->seg_item0[g];
-        if (per > 1 && segs[g].n <= ATTN_TILE_Q && f->m->hp.causal) { /* split-K is causal */
+        if (cut && segs[g].n <= ATTN_TILE_Q && f->m->hp.causal) { /* split-K is causal */
             int first, n_split = attn_split_range(segs[g].n, segs[g].pos0, window, &first);
             size_t need = (size_t)n_items * (size_t)n_split * attn_part_floats(f->kv, layer, segs[g].n, f->scr[0]);
-            if (n_split >= ATTN_SPLIT_MIN && used + need <= f->part_cap) {
-                U = ATTN_UNITS_PER_THREAD * per < n_split ? ATTN_UNITS_PER_THREAD * per : n_split;
+            if (n_split >= f->attn_split_min && used + need <= f->part_cap) {
+                U = n_split;
                 f->seg_part0[g] = used;
                 used += need;
+                f->attn_split_items += n_items;
             }
         }
         f->seg_units[g] = U;
         f->seg_unit0[g + 1] = f->seg_unit0[g] + n_items * U;
     }
+    return f->seg_unit0[n_seg];
 }
 
 /* Each split item's output from its splits' partials, in split order. */
@@ -596,9 +614,10 @@ static void attn_mha(pass *p, const lm_layer *l, int li) {
     attn_job aj = {
         .f = f, .segs = p->segs, .layer = l->kv_layer, .n_seg = p->n_seg, .window = l->window, .sinks = l->sinks};
     atomic_init(&aj.next, 0);
-    /* tiny attention (short contexts, small heads) is not worth a wake-up */
+    /* tiny attention (short contexts, small heads) is not worth a wake-up,
+     * nor is one unit, which the caller runs while a woken worker idles */
     lm_pool *pool = p->attn_work < 64.0 * 1024 ? NULL : f->pool;
-    attn_plan(f, p->segs, p->n_seg, l->kv_layer, l->window, pool ? pool_size(pool) : 1);
+    if (attn_plan(f, p->segs, p->n_seg, l->kv_layer, l->window, pool ? pool_size(pool) : 1) < 2) pool = NULL;
     pool_run(pool, attn_worker, &aj);
     attn_merge(f, &aj);
     if (hp->attn_gate) run_rows(f, l, ROWS_GATE, n);

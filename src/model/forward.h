@@ -99,12 +99,15 @@ typedef struct lm_fwd {
     size_t *seg_part0; /* (n_batch) where a split segment's partials start in part */
     float *part;       /* (part_cap) split-K partials (attn_tile_part), NULL when a thread alone */
     size_t part_cap;
-    struct moe_ws *moe; /* the expert workspace (moe.h), NULL without experts */
-    struct mla_ws *mla; /* the latent attention workspace (mla.h), NULL without it */
-    struct gdn_ws *gdn; /* the linear attention workspace (gdn.h), NULL without recurrent layers */
-    float *qg, *gate;   /* (n_batch, 2 q_dim), (n_batch, q_dim) gated attention's query and gate
+    int attn_split_min;    /* split-K: the fewest key splits an item is cut from; 0: off (whole items
+                           only). FWD_ATTN_SPLIT_MIN, or LAMINA_ATTN_SPLIT read by fwd_new */
+    long attn_split_items; /* items attention has cut into units so far (tests, profiles) */
+    struct moe_ws *moe;    /* the expert workspace (moe.h), NULL without experts */
+    struct mla_ws *mla;    /* the latent attention workspace (mla.h), NULL without it */
+    struct gdn_ws *gdn;    /* the linear attention workspace (gdn.h), NULL without recurrent layers */
+    float *qg, *gate;      /* (n_batch, 2 q_dim), (n_batch, q_dim) gated attention's query and gate
                              (hp.attn_gate), else NULL */
-    void *act;          /* quantized activations for ops_matmul */
+    void *act;             /* quantized activations for ops_matmul */
     size_t act_bytes;
     size_t ws_bytes; /* every byte of the workspace allocated by fwd_new (fwd_workspace_bytes) */
     bool profile;    /* accumulate per-op times into prof[] */
@@ -117,9 +120,19 @@ typedef struct lm_fwd {
                    (the next-token-prediction head's input, mtp.h) */
 } lm_fwd;
 
+/* Decode attention's split-K (forward.c's attn_plan): when a layer's
+ * attention items are fewer than the pool's threads, a one-tile causal item
+ * of at least this many key splits (ATTN_SPLIT keys each) is cut into one
+ * unit per split, spread over the threads and merged in one order (the bits
+ * of the item run whole). The environment variable LAMINA_ATTN_SPLIT, read
+ * once by fwd_new, overrides it: 0 turns split-K off, N >= 1 cuts items
+ * from max(N, 2) splits; anything else makes fwd_new fail with a message. */
+#define FWD_ATTN_SPLIT_MIN 2
+
 /* A workspace for passes of up to d->n_batch tokens over sequences of kv
  * (which must outlive it). Fails when kv has sliding-window layers planned
- * for appends shorter than n_batch (kv_plan.chunk). */
+ * for appends shorter than n_batch (kv_plan.chunk), or LAMINA_ATTN_SPLIT is
+ * malformed. */
 lm_fwd *fwd_new(const lm_model *m, lm_pool *pool, kv_pool *kv, const fwd_dims *d, char *err, size_t errlen);
 /* The bytes fwd_new allocates for its buffers with n_threads pool threads
  * (activations, per-thread attention scratch, the matmul activation scratch,
