@@ -59,6 +59,8 @@ static void usage_bench(FILE *f) {
         "               or it is an error; the split goes to stderr\n"
         "  --ep-counts-out FILE  under --ep N: the prompt test's rows per expert per layer, for\n"
         "             --ep-place balanced --ep-counts FILE (docs/parallel.md)\n"
+        "  --attn-split N  decode attention's split-K: 0 off (whole items), N cuts an item of at\n"
+        "             least N key splits over the threads (default 2; sets LAMINA_ATTN_SPLIT)\n"
         "  --no-bw    skip the memory-bandwidth measurement\n"
         "  --profile  print where the time of each test goes, per operation\n"
         "  --roofline per op: time, bytes, FLOPs, achieved GB/s and GFLOP/s against the read\n"
@@ -502,7 +504,10 @@ int cmd_bench(int argc, char **argv) {
         else if (is_flag(&a, "--kv-type", NULL)) kv_type = need_kv_type(&a);
         else if (is_flag(&a, "--mem", NULL)) mem = need_bytes(&a);
         else if (is_flag(&a, "--ep-counts-out", NULL)) ep_counts_out = need_val(&a);
-        else die_usage(&a, "unknown argument '%s'", argv[a.i]);
+        else if (is_flag(&a, "--attn-split", NULL)) { /* read by every forward workspace (forward.h) */ char v[16];
+            snprintf(v, sizeof v, "%lld", need_int(&a, 0, 1 << 20));
+            setenv("LAMINA_ATTN_SPLIT", v, 1);
+        } else die_usage(&a, "unknown argument '%s'", argv[a.i]);
     }
     if (strcmp(fmt, "md") && strcmp(fmt, "json")) die_usage(&a, "output format '%s' is not md or json", fmt);
     if ((svg_dir || batch > 1) && !roofline) die_usage(&a, "%s needs --roofline", svg_dir ? "--svg" : "-b");
