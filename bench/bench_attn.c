@@ -203,9 +203,8 @@ static void par_attn(const bench *b, int pos0, int n, float *out) {
     if (tiles == 1 && j.n_items < nth) {
         j.n_split = attn_split_range(n, pos0, 0, &j.first);
         j.pf = attn_part_floats(b->pool, 0, n, tscr[0]);
-        int per = nth / j.n_items;
         if (j.n_split > 1 && (size_t)b->nkv * (size_t)j.n_split * j.pf <= tpart_cap)
-            j.units = 4 * per < j.n_split ? 4 * per : j.n_split; /* forward.c's ATTN_UNITS_PER_THREAD */
+            j.units = j.n_split; /* forward.c's attn_plan: one unit per split */
     }
     pool_run(tpool, par_worker, &j);
     if (j.units == 1) return;
