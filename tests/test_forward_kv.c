@@ -550,8 +550,9 @@ static void test_alloc_failure(void) {
 
 /* Split-K in the pass: decode steps past 2048 positions on pools of 1, 3,
  * 8 and 16 threads. The model's 4 KV heads make 4 attention items per
- * decode step, so 8 and 16 threads cut each item into one unit per key
- * split (forward.c's attn_plan) while 1 and 3 threads run the items whole:
+ * decode step, so 3, 8 and 16 threads cut each item into one unit per key
+ * split (forward.c's attn_plan: on 3, 4 items of 9 splits are each above
+ * half a thread's share) while 1 thread runs the items whole:
  * every step's logits must be bit-identical (memcmp) across the four, in F32
  * and F16 caches (attn.h: the splits sit on a fixed grid and are merged in
  * one order however they are spread). A prompt of 2100 tokens in chunks of
@@ -602,18 +603,20 @@ static void test_split_k_switch(void) {
     float *ref = malloc((size_t)STEPS * V * 4), *got = malloc((size_t)STEPS * V * 4);
     char err[LM_ERRLEN];
     lm_pool *pool = pool_new(8);
-    for (size_t vi = 0; vi < sizeof vals / sizeof vals[0]; vi++) {
+    unsetenv("LAMINA_ATTN_SPLIT");
+    lm_seqrun *src = seqrun_new(model, pool, CTX, 512, LM_TYPE_F16, err, sizeof err); /* prefilled once */
+    CHECKF(src && seqrun_forward(src, toks, PROMPT, NULL, false, err, sizeof err) == 0, "%s", err);
+    for (size_t vi = 0; src && vi < sizeof vals / sizeof vals[0]; vi++) {
         if (vals[vi]) setenv("LAMINA_ATTN_SPLIT", vals[vi], 1);
         else unsetenv("LAMINA_ATTN_SPLIT");
-        lm_seqrun *s = seqrun_new(model, pool, CTX, 64, LM_TYPE_F16, err, sizeof err);
+        lm_seqrun *s = seqrun_fork(src, err, sizeof err); /* a workspace of its own: fwd_new reads the switch */
         CHECKF(s != NULL, "%s", err);
         if (!s) continue;
-        int rc = seqrun_forward(s, toks, PROMPT, NULL, false, err, sizeof err);
-        long before = s->fwd->attn_split_items;
+        int rc = 0;
         for (int i = 0; i < STEPS && !rc; i++)
             rc = seqrun_forward(s, toks + PROMPT + i, 1, (vi ? got : ref) + (size_t)i * V, false, err, sizeof err);
         CHECKF(!rc, "%s", err);
-        long n_cut = s->fwd->attn_split_items - before;
+        long n_cut = s->fwd->attn_split_items;
         CHECKF(cut[vi] ? n_cut == (long)STEPS * model->hp.n_layer * model->hp.n_head_kv : n_cut == 0,
                "LAMINA_ATTN_SPLIT=%s: %ld items cut in %d decode steps", vals[vi] ? vals[vi] : "(unset)", n_cut, STEPS);
         seqrun_free(s);
@@ -623,10 +626,58 @@ static void test_split_k_switch(void) {
     }
     setenv("LAMINA_ATTN_SPLIT", "two", 1);
     err[0] = 0;
-    lm_seqrun *bad = seqrun_new(model, pool, CTX, 64, LM_TYPE_F16, err, sizeof err);
+    lm_seqrun *bad = src ? seqrun_fork(src, err, sizeof err) : NULL;
     CHECKF(!bad && strstr(err, "LAMINA_ATTN_SPLIT=two"), "a malformed LAMINA_ATTN_SPLIT: %s", bad ? "accepted" : err);
     seqrun_free(bad);
     unsetenv("LAMINA_ATTN_SPLIT");
+    seqrun_free(src);
+    pool_free(pool);
+    free(ref), free(got);
+}
+
+/* Split-K in a batch of decode steps at different depths (forward.c's
+ * attn_plan): one sequence at position 1100 (5 key splits) beside two at
+ * 10 (one split) on 8 threads make 12 items, the deep sequence's 4 each
+ * above half a thread's share of the 28 splits: those are cut, the others
+ * run whole. Each row's logits must be the bits of its sequence decoded
+ * alone (a fork of it, in a pass of its own). */
+static void test_split_k_batch(void) {
+    enum { DEEP = 1100, SHALLOW = 10, CTX = 1120, NS = 3 };
+    int V = model->hp.n_vocab;
+    int32_t toks[DEEP + 1];
+    prompt(toks, DEEP + 1, 31);
+    float *ref = malloc((size_t)NS * V * 4), *got = malloc((size_t)NS * V * 4);
+    char err[LM_ERRLEN];
+    lm_pool *pool = pool_new(8);
+    kv_pool *kv = new_pool(CTX, 2 * NS, 16);
+    CHECK(kv != NULL);
+    lm_seqrun *r[NS] = {0}, *fk[NS] = {0};
+    lm_seg segs[NS];
+    int32_t next[NS];
+    for (int i = 0; kv && i < NS; i++) {
+        int len = i == 0 ? DEEP : SHALLOW;
+        r[i] = seqrun_new_shared(model, pool, kv, CTX, 512, err, sizeof err);
+        CHECKF(r[i] && seqrun_forward(r[i], toks + i, len, NULL, false, err, sizeof err) == 0, "%s", err);
+        next[i] = toks[i + len];
+        fk[i] = r[i] ? seqrun_fork(r[i], err, sizeof err) : NULL; /* alone: the reference */
+        CHECKF(fk[i] && seqrun_forward(fk[i], next + i, 1, ref + (size_t)i * V, false, err, sizeof err) == 0, "%s",
+               err);
+        CHECK(kv_append(kv, r[i]->seq, 1, err, sizeof err) == KV_OK);
+        segs[i] = (lm_seg){.seq = r[i]->seq, .pos0 = len, .n = 1, .n_logits = 1};
+    }
+    if (r[0]) {
+        long before = r[0]->fwd->attn_split_items;
+        CHECKF(fwd_run(r[0]->fwd, next, segs, NS, got, err, sizeof err) == 0, "%s", err);
+        long n_cut = r[0]->fwd->attn_split_items - before;
+        CHECKF(n_cut == (long)model->hp.n_layer * model->hp.n_head_kv, "%ld items cut in one step, %d expected", n_cut,
+               model->hp.n_layer * model->hp.n_head_kv);
+        for (int i = 0; i < NS; i++)
+            CHECKF(!memcmp(got + (size_t)i * V, ref + (size_t)i * V, (size_t)V * 4),
+                   "row %d of the batch differs from its sequence decoded alone", i);
+    }
+    for (int i = 0; i < NS; i++) seqrun_free(fk[i]), seqrun_free(r[i]);
+    CHECK(!kv || all_back(kv));
+    kv_pool_free(kv);
     pool_free(pool);
     free(ref), free(got);
 }
@@ -651,6 +702,7 @@ int main(void) {
     TEST_RUN(test_alloc_failure);
     TEST_RUN(test_split_k_threads);
     TEST_RUN(test_split_k_switch);
+    TEST_RUN(test_split_k_batch);
     pool_free(tpool);
     model_free(swa);
     model_free(model);

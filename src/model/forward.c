@@ -364,10 +364,13 @@ static void attn_worker(void *arg, int ith, int nth) {
 }
 
 /* The attention plan of one layer: seg_units and seg_unit0, seg_part0 for
- * split segments. nth: the threads that will run it. Items are cut only
- * while fewer than the threads and at least f->attn_split_min splits long
- * (FWD_ATTN_SPLIT_MIN; 0: never), each into one unit per split, taken from
- * one counter in order, and only where their partials fit in part. Units
+ * split segments. nth: the threads that will run it. A one-tile causal
+ * item at least f->attn_split_min splits long (FWD_ATTN_SPLIT_MIN; 0:
+ * never) is cut into one unit per split while the items are fewer than
+ * the threads, and, in a batch of one-tile segments (decode), when it holds
+ * more than half a thread's share of the batch's splits (one sequence far
+ * deeper than the others, or 3 items on 2 threads); only where the
+ * partials fit in part. Units are taken from one counter in order. Units
  * of one split (ATTN_SPLIT keys) keep the threads' last units short, so
  * that neither waits long at the barrier, and a worker that wakes late
  * finds less left to do. Cutting the short items too (a 512-key sliding
@@ -376,16 +379,24 @@ static void attn_worker(void *arg, int ith, int nth) {
  * other's spin (pool.c), which then sleeps and wakes late for the output
  * product. Returns the layer's units. */
 static int attn_plan(lm_fwd *f, const lm_seg *segs, int n_seg, int layer, int window, int nth) {
-    int items = f->seg_item0[n_seg];
-    bool cut = f->attn_split_min > 0 && f->part && items > 0 && items < nth;
+    int items = f->seg_item0[n_seg], first;
+    bool on = f->attn_split_min > 0 && f->part && items > 0 && nth > 1 && f->m->hp.causal; /* split-K is causal */
+    long total = 0; /* the batch's key splits over its items, when every segment is one tile */
+    for (int g = 0; on && items >= nth && g < n_seg; g++) {
+        if (segs[g].n > ATTN_TILE_Q) on = false; /* a prompt's tiles: items enough */
+        else
+            total += (long)(f->seg_item0[g + 1] - f->seg_item0[g]) *
+                attn_split_range(segs[g].n, segs[g].pos0, window, &first);
+    }
     size_t used = 0;
     f->seg_unit0[0] = 0;
     for (int g = 0; g < n_seg; g++) {
         int U = 1, n_items = f->seg_item0[g + 1] - f->seg_item0[g];
-        if (cut && segs[g].n <= ATTN_TILE_Q && f->m->hp.causal) { /* split-K is causal */
-            int first, n_split = attn_split_range(segs[g].n, segs[g].pos0, window, &first);
+        if (on && segs[g].n <= ATTN_TILE_Q) {
+            int n_split = attn_split_range(segs[g].n, segs[g].pos0, window, &first);
             size_t need = (size_t)n_items * (size_t)n_split * attn_part_floats(f->kv, layer, segs[g].n, f->scr[0]);
-            if (n_split >= f->attn_split_min && used + need <= f->part_cap) {
+            if (n_split >= f->attn_split_min && (items < nth || (long)n_split * 2 * nth > total) &&
+                used + need <= f->part_cap) {
                 U = n_split;
                 f->seg_part0[g] = used;
                 used += need;
