@@ -628,7 +628,9 @@ int cmd_bench(int argc, char **argv) {
             }
             memset(fwd->prof, 0, sizeof fwd->prof);
             memset(fwd->prof_gap, 0, sizeof fwd->prof_gap);
+            memset(fwd->prof_sleeps, 0, sizeof fwd->prof_sleeps);
             fwd->prof_gap_mark = 0;
+            fwd->prof_sleep_mark = 0;
             pool_timing_reset(pool);
             dist_stats_reset();
             pp_stats_reset();

@@ -50,7 +50,7 @@ typedef struct {
     bool decode;
     int depth, batch, tokens, passes;
     double wall_s; /* the timed passes, end to end */
-    double prof[LM_PROF_COUNT], gap[LM_PROF_COUNT];
+    double prof[LM_PROF_COUNT], gap[LM_PROF_COUNT], sleeps[LM_PROF_COUNT];
     pool_timing pt;
     cost_pass cost; /* summed over the timed passes */
 } scenario;
@@ -105,8 +105,10 @@ static void add_cost(cost_pass *acc, const cost_pass *c) {
 static void prof_begin(lm_fwd *f, lm_pool *pool) {
     memset(f->prof, 0, sizeof f->prof);
     memset(f->prof_gap, 0, sizeof f->prof_gap);
+    memset(f->prof_sleeps, 0, sizeof f->prof_sleeps);
     pool_timing_reset(pool);
     f->prof_gap_mark = 0;
+    f->prof_sleep_mark = 0;
     pool_timing_enable(pool, 1);
     f->profile = true;
 }
@@ -116,6 +118,7 @@ static void prof_end(lm_fwd *f, lm_pool *pool, scenario *s) {
     pool_timing_enable(pool, 0);
     memcpy(s->prof, f->prof, sizeof s->prof);
     memcpy(s->gap, f->prof_gap, sizeof s->gap);
+    memcpy(s->sleeps, f->prof_sleeps, sizeof s->sleeps);
     pool_timing_get(pool, &s->pt);
 }
 
@@ -285,6 +288,11 @@ static void print_md(const roofline_opts *o, const scenario *sc, int n) {
                "run per worker\n",
                1e3 * gaps / P, 100 * gaps / s->wall_s, s->pt.runs / P,
                s->pt.runs && pool_size(o->pool) > 1 ? 1e6 * s->pt.wake_s / s->pt.runs / (pool_size(o->pool) - 1) : 0);
+        /* where the workers' spin ran out: each such run pays a futex wake-up */
+        printf("runs that met a worker asleep: %.1f per pass", s->pt.sleeps / P);
+        for (int k = 0, sep = 0; k < LM_PROF_COUNT; k++)
+            if (s->sleeps[k] > 0) printf("%s %s %.1f", sep++ ? "," : " (", lm_prof_names[k], s->sleeps[k] / P);
+        printf("%s\n", s->pt.sleeps > 0 ? ")" : "");
         printf("\n| op | ms/pass | kernel ms | gap ms | MiB/pass | GFLOP/pass | flop/byte | GB/s | GFLOP/s | bound | "
                "of roof |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |\n");
         for (int k = 0; k < LM_PROF_COUNT; k++) {

@@ -10,7 +10,8 @@
  * Timing (pool_timing_enable, for profiles): the caller notes the
  * publication time under the mutex, each worker adds its delay from it to
  * wake_ns, and the caller adds its own time outside fn (publishing, then the
- * barrier) to wait_ns; off, a run reads one relaxed flag.
+ * barrier) to wait_ns; a worker whose spin ran out before the run, and
+ * which slept, counts one in sleeps; off, a run reads one relaxed flag.
  */
 #include "base/pool.h"
 
@@ -52,7 +53,7 @@ struct lm_pool {
     atomic_bool timing;
     double t_pub; /* when the current run was published */
     atomic_llong wait_ns, wake_ns;
-    atomic_long runs;
+    atomic_long runs, sleeps;
 };
 
 typedef struct {
@@ -74,7 +75,11 @@ static void *worker_main(void *v) {
             g = atomic_load_explicit(&p->generation, memory_order_acquire);
         }
         pthread_mutex_lock(&p->mu);
-        while (!p->stop && atomic_load(&p->generation) == seen) pthread_cond_wait(&p->work_cv, &p->mu);
+        bool slept = false; /* the spin ran out: this run pays a futex wake-up */
+        while (!p->stop && atomic_load(&p->generation) == seen) {
+            pthread_cond_wait(&p->work_cv, &p->mu);
+            slept = true;
+        }
         if (p->stop) {
             pthread_mutex_unlock(&p->mu);
             return NULL;
@@ -84,8 +89,10 @@ static void *worker_main(void *v) {
         void *arg = p->arg;
         double t_pub = p->t_pub;
         pthread_mutex_unlock(&p->mu);
-        if (atomic_load_explicit(&p->timing, memory_order_relaxed))
+        if (atomic_load_explicit(&p->timing, memory_order_relaxed)) {
             atomic_fetch_add_explicit(&p->wake_ns, (long long)(1e9 * (lm_now() - t_pub)), memory_order_relaxed);
+            if (slept) atomic_fetch_add_explicit(&p->sleeps, 1, memory_order_relaxed);
+        }
         fn(arg, wa.ith, p->n);
         if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {
             pthread_mutex_lock(&p->mu);
@@ -109,6 +116,7 @@ lm_pool *pool_new(int n_threads) {
     atomic_init(&p->wait_ns, 0);
     atomic_init(&p->wake_ns, 0);
     atomic_init(&p->runs, 0);
+    atomic_init(&p->sleeps, 0);
     p->threads = lm_calloc((size_t)n_threads, sizeof(pthread_t));
     if (!p->threads) goto fail;
     for (int i = 1; i < n_threads; i++) {
@@ -188,6 +196,7 @@ void pool_timing_get(const lm_pool *p, pool_timing *t) {
     t->wait_s = p ? 1e-9 * (double)atomic_load(&((lm_pool *)p)->wait_ns) : 0;
     t->wake_s = p ? 1e-9 * (double)atomic_load(&((lm_pool *)p)->wake_ns) : 0;
     t->runs = p ? atomic_load(&((lm_pool *)p)->runs) : 0;
+    t->sleeps = p ? atomic_load(&((lm_pool *)p)->sleeps) : 0;
 }
 
 void pool_timing_reset(lm_pool *p) {
@@ -195,6 +204,7 @@ void pool_timing_reset(lm_pool *p) {
     atomic_store(&p->wait_ns, 0);
     atomic_store(&p->wake_ns, 0);
     atomic_store(&p->runs, 0);
+    atomic_store(&p->sleeps, 0);
 }
 
 int pool_default_threads(void) {

@@ -27,10 +27,11 @@ void pool_run(lm_pool *p, lm_pool_fn fn, void *arg);
  * the run, then waiting at the barrier for the other threads: their
  * wake-up, and any imbalance), and wake_s, each worker's delay from the
  * publication to starting its share, summed over workers. runs counts the
- * runs that woke workers. */
+ * runs that woke workers; sleeps, over workers, the runs a worker met
+ * asleep (its spin after the previous run ran out: a futex wake-up). */
 typedef struct {
     double wait_s, wake_s;
-    long runs;
+    long runs, sleeps;
 } pool_timing;
 void pool_timing_enable(lm_pool *p, int on);
 /* The counters so far (zeros for a NULL pool). */

@@ -85,12 +85,15 @@ const char *const lm_prof_names[LM_PROF_COUNT] = {
 };
 
 /* The time now; charges the pool's dispatch time since the last call to
- * *gap (NULL: only note it). */
-static double prof_clock(lm_fwd *f, double *gap) {
+ * *gap, and the runs that met a worker asleep to *sleeps (NULL: only note
+ * them). */
+static double prof_clock(lm_fwd *f, double *gap, double *sleeps) {
     pool_timing t;
     pool_timing_get(f->pool, &t);
     if (gap) *gap += t.wait_s - f->prof_gap_mark;
+    if (sleeps) *sleeps += (double)(t.sleeps - f->prof_sleep_mark);
     f->prof_gap_mark = t.wait_s;
+    f->prof_sleep_mark = t.sleeps;
     return lm_now();
 }
 
@@ -534,7 +537,7 @@ typedef struct {
 static void prof(pass *p, int slot) {
     lm_fwd *f = p->f;
     if (!f->profile) return;
-    double now = prof_clock(f, &f->prof_gap[slot]);
+    double now = prof_clock(f, &f->prof_gap[slot], &f->prof_sleeps[slot]);
     f->prof[slot] += now - p->prof_t;
     p->prof_t = now;
 }
@@ -818,7 +821,7 @@ int fwd_pass(lm_fwd *f, const fwd_span *span, const int32_t *tokens, int n, cons
     if (m->hp.encoder) return enc_pass(f, tokens, n, segs, n_seg, err, errlen); /* encoder.h */
     if (!m->hp.causal && enc_check(f, segs, n_seg, err, errlen)) return -1;     /* gemma-embedding: as an encoder's */
     pass p = {.f = f, .span = span, .segs = segs, .n_seg = n_seg, .n = n};
-    if (f->profile) p.prof_t = prof_clock(f, NULL);
+    if (f->profile) p.prof_t = prof_clock(f, NULL, NULL);
     batch_layout(&p);
     if (span->embed) embed(f, tokens, n);
     prof(&p, LM_PROF_EMBED);

@@ -112,9 +112,11 @@ typedef struct lm_fwd {
     size_t ws_bytes; /* every byte of the workspace allocated by fwd_new (fwd_workspace_bytes) */
     bool profile;    /* accumulate per-op times into prof[] */
     double prof[LM_PROF_COUNT];
-    double prof_gap[LM_PROF_COUNT];  /* of prof[]: the pool's dispatch time (pool_timing, when enabled) */
-    double prof_gap_mark;            /* pool_timing wait_s at the last profile mark */
-    const struct fwd_head_sel *head; /* NULL: the whole LM head; else logits over a subset (below) */
+    double prof_gap[LM_PROF_COUNT];    /* of prof[]: the pool's dispatch time (pool_timing, when enabled) */
+    double prof_gap_mark;              /* pool_timing wait_s at the last profile mark */
+    double prof_sleeps[LM_PROF_COUNT]; /* of prof[]'s pool runs: those a worker met asleep (pool_timing) */
+    long prof_sleep_mark;              /* pool_timing sleeps at the last profile mark */
+    const struct fwd_head_sel *head;   /* NULL: the whole LM head; else logits over a subset (below) */
     float *hid; /* (n_batch, n_embd) not owned, NULL (default): none. When set, a pass that runs the
                    model's end writes every row's state after the final norm here, in batch order
                    (the next-token-prediction head's input, mtp.h) */
