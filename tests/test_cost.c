@@ -445,7 +445,19 @@ static void test_pool_timing(void) {
     CHECK(t2.runs == 3 && t2.wait_s == t.wait_s);
     pool_timing_reset(p);
     pool_timing_get(p, &t);
-    CHECK(t.runs == 0 && t.wait_s == 0);
+    CHECK(t.runs == 0 && t.wait_s == 0 && t.sleeps == 0);
+    /* a worker idle for 300 ms has spun out (its 4096 rounds take well
+     * under a millisecond on a free core; on a loaded one each 64th
+     * round's yield may give a time slice away) and sleeps: a run after
+     * such a pause meets it asleep */
+    pool_timing_enable(p, 1);
+    for (int i = 0; i < 2; i++) {
+        nanosleep(&(struct timespec){0, 300 * 1000 * 1000}, NULL);
+        pool_run(p, sleepy, NULL);
+    }
+    pool_timing_enable(p, 0);
+    pool_timing_get(p, &t);
+    CHECKF(t.runs == 2 && t.sleeps >= 1 && t.sleeps <= 2, "runs %ld, %ld met the worker asleep", t.runs, t.sleeps);
     pool_free(p);
     pool_timing_get(NULL, &t);
     CHECK(t.runs == 0);
