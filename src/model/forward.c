@@ -314,9 +314,10 @@ void fwd_free(lm_fwd *f) {
  * (segment, query tile, kv head) triples, each computing every query head of
  * that KV head's group for up to ATTN_TILE_Q rows of one sequence. When the
  * items are fewer than the pool's threads (decode of one or a few
- * sequences, few KV heads), a one-tile segment's items are each cut into
- * seg_units[g] units, unit u running a contiguous share of the item's key
- * splits (attn_tile_part) into part; attn_merge then merges each item's
+ * sequences, few KV heads), or one is long beside the batch's others
+ * (attn_plan), a one-tile segment's items are each cut into seg_units[g]
+ * units, unit u running a contiguous share of the item's key splits (one
+ * split: attn_tile_part) into part; attn_merge then merges each item's
  * splits in order (attn_tile_merge). attn.h's splits are on a fixed grid and
  * merged in one order either way, so the bits are those of the item run
  * whole: independent of the thread count and of the rest of the batch. */
@@ -378,9 +379,9 @@ static void attn_worker(void *arg, int ith, int nth) {
  * that neither waits long at the barrier, and a worker that wakes late
  * finds less left to do. Cutting the short items too (a 512-key sliding
  * window is 2-3 splits) keeps both threads busy through every layer's
- * attention: run whole by one thread, its 100-odd microseconds outlast the
- * other's spin (pool.c), which then sleeps and wakes late for the output
- * product. Returns the layer's units. */
+ * attention: run whole by one thread, its hundred-odd microseconds can
+ * outlast the other's spin (pool.c; about 60 us on the Xeon), which then
+ * sleeps and makes the output product pay a futex wake-up. Returns the layer's units. */
 static int attn_plan(lm_fwd *f, const lm_seg *segs, int n_seg, int layer, int window, int nth) {
     int items = f->seg_item0[n_seg], first;
     bool on = f->attn_split_min > 0 && f->part && items > 0 && nth > 1 && f->m->hp.causal; /* split-K is causal */
