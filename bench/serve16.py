@@ -1,0 +1,360 @@
+#!/usr/bin/env python3
+"""Served long prompts: `lamina serve` against `llama-server -np C` on the same GGUF.
+
+The workload of issue #38: C concurrent clients (default 16), each one streaming
+/v1/completions request with a distinct prompt of exactly P tokens (default 2,000, BOS
+included) and exactly G answer tokens (default 256: max_tokens G, "ignore_eos": true, which
+both servers honour; greedy, temperature 0). All C requests are sent at once.
+
+Both servers are started here on the same file with the same threads and the same context per
+sequence (P + G + 44 unless --ctx), and left running; the rounds then run on one server at a
+time, interleaved (lamina, llama-server, lamina, llama-server, ...), so a loaded machine weighs
+on both alike. Each round has prompts of its own (a seed per round), sent to both servers: no
+prompt reaches a server twice, so neither lamina's prefix cache nor llama-server's slot cache
+can help. The prompts are random words cut to P tokens by llama-server's /tokenize and
+/detokenize; every answer's usage must then report P prompt tokens and G completion tokens on
+both servers (lamina's tokenizer checked against llama.cpp's), or the run fails.
+
+Per server and round it records, from the streamed chunks: output tokens/s (all output tokens
+over the wall time from the first request sent to the last answer's end), TTFT p50/p99 (request
+sent to its first token's chunk) and inter-token latency p50/p99 (gaps between one request's
+consecutive token chunks, over all requests); the load average at the round's start. It prints
+one markdown table (per round, then medians and lamina/llama-server ratios) and writes every
+figure and both command lines as JSON to --out, a new file (an existing file is refused unless
+--force, and an input -- the model, either binary, this script -- always). Standard library
+only. A benchmark, not a test.
+
+    python3 bench/serve16.py --lamina build/lamina \\
+        --llama-server /work/llama.cpp/build/bin/llama-server \\
+        -m ~/.cache/lamina/gemma-3-270m-q4_k_m.gguf --rounds 2 --out /tmp/serve16.json
+"""
+import argparse
+import http.client
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+WORDS = ("the a of and to in is was that it for on with as his he at by from they this had not are but be "
+         "story river mountain light city morning garden letter window music engine bridge winter school "
+         "cat dog house tree road blue green small quiet bright").split()
+
+
+def pct(v, p):
+    """The p-quantile of v by nearest rank (p99 of 16 TTFTs is the largest)."""
+    v = sorted(v)
+    return v[min(len(v) - 1, int(round(p * (len(v) - 1))))] if v else float("nan")
+
+
+def http_json(port, method, path, body=None, timeout=600):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request(method, path, None if body is None else json.dumps(body), {"Content-Type": "application/json"})
+        r = c.getresponse()
+        data = r.read()
+        if r.status != 200:
+            raise RuntimeError("%s %s: HTTP %d: %s" % (method, path, r.status, data[:300]))
+        return json.loads(data)
+    finally:
+        c.close()
+
+
+def wait_health(port, proc, name, timeout=300):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("%s exited with status %s before it was ready" % (name, proc.returncode))
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            c.request("GET", "/health")
+            ok = c.getresponse().status == 200
+            c.close()
+            if ok:
+                return
+        except OSError:
+            pass
+        time.sleep(0.25)
+    raise RuntimeError("%s on port %d was not ready after %d s" % (name, port, timeout))
+
+
+def free_port():
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def make_prompts(cpp_port, n, n_tokens, seed):
+    """n distinct texts of exactly n_tokens tokens each (BOS included) by llama.cpp's tokenizer."""
+    rng = random.Random(seed)
+    out, heads = [], set()
+    while len(out) < n:
+        text = " ".join(rng.choice(WORDS) for _ in range(int(n_tokens * 1.3) + 16))
+        ids = http_json(cpp_port, "POST", "/tokenize", {"content": text, "add_special": False})["tokens"]
+        if len(ids) < n_tokens:
+            raise RuntimeError("a %d-word text made only %d tokens" % (len(text.split()), len(ids)))
+        # the text of the first n_tokens - 1 tokens; a cut inside a merge may re-tokenize to one
+        # more or less: step the cut until BOS + the text is exactly n_tokens
+        cut = n_tokens - 1
+        for _ in range(8):
+            t = http_json(cpp_port, "POST", "/detokenize", {"tokens": ids[:cut]})["content"]
+            got = len(http_json(cpp_port, "POST", "/tokenize", {"content": t, "add_special": True})["tokens"])
+            if got == n_tokens:
+                break
+            cut += n_tokens - got
+        else:
+            raise RuntimeError("no cut of the text makes %d tokens" % n_tokens)
+        head = tuple(ids[:16])
+        if head in heads:  # distinct from the start: no shared prefix block
+            continue
+        heads.add(head)
+        out.append(t)
+    return out
+
+
+def stream_one(port, prompt, max_tokens, model):
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}, "seed": 1}
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
+    t0 = time.monotonic()
+    c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        raise RuntimeError("HTTP %d: %s" % (r.status, r.read()[:300]))
+    times, usage, finish, buf, done = [], None, None, b"", False
+    while not done:
+        chunk = r.read1(65536)
+        if not chunk:
+            break
+        buf += chunk
+        while b"\n\n" in buf:
+            ev, buf = buf.split(b"\n\n", 1)
+            ev = ev.strip(b"\r\n")
+            if not ev.startswith(b"data: "):
+                continue  # a keep-alive comment
+            data = ev[6:]
+            if data == b"[DONE]":
+                done = True
+                break
+            obj = json.loads(data)
+            now = time.monotonic()
+            if obj.get("usage"):
+                usage = obj["usage"]
+            for ch in obj.get("choices") or []:
+                if ch.get("text"):
+                    times.append(now)
+                if ch.get("finish_reason"):
+                    finish = ch["finish_reason"]
+    t1 = time.monotonic()
+    c.close()
+    if not usage:
+        raise RuntimeError("the stream ended without usage")
+    return {"t0": t0, "t1": t1, "times": times, "prompt_tokens": usage.get("prompt_tokens"),
+            "completion_tokens": usage.get("completion_tokens"), "finish_reason": finish}
+
+
+def run_round(port, prompts, max_tokens, model):
+    res, errors, lock = [None] * len(prompts), [], threading.Lock()
+    start = threading.Barrier(len(prompts) + 1)
+
+    def client(i):
+        start.wait()
+        try:
+            res[i] = stream_one(port, prompts[i], max_tokens, model)
+        except Exception as e:  # noqa: BLE001 - every failure is reported
+            with lock:
+                errors.append("client %d: %s" % (i, e))
+
+    th = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+    for t in th:
+        t.start()
+    start.wait()
+    for t in th:
+        t.join()
+    if errors:
+        raise RuntimeError("; ".join(errors[:4]))
+    t_first = min(r["t0"] for r in res)
+    wall = max(r["t1"] for r in res) - t_first
+    out = sum(r["completion_tokens"] for r in res)
+    ttft = [r["times"][0] - r["t0"] for r in res if r["times"]]
+    itl = [b - a for r in res for a, b in zip(r["times"], r["times"][1:])]
+    return {
+        "wall_s": wall, "output_tokens": out, "output_tok_s": out / wall,
+        "ttft_p50_ms": pct(ttft, 0.5) * 1e3, "ttft_p99_ms": pct(ttft, 0.99) * 1e3,
+        "itl_p50_ms": pct(itl, 0.5) * 1e3, "itl_p99_ms": pct(itl, 0.99) * 1e3,
+        "itl_max_ms": max(itl) * 1e3 if itl else float("nan"), "itl_gaps": len(itl),
+        "prompt_tokens": [r["prompt_tokens"] for r in res],
+        "completion_tokens": [r["completion_tokens"] for r in res],
+        "token_chunks": [len(r["times"]) for r in res],
+        "finish_reasons": [r["finish_reason"] for r in res],
+    }
+
+
+def check_out_path(path, inputs, force):
+    """Refuse an --out that is an input, a link, a folder, or (without --force) any existing file."""
+    if os.path.islink(path):
+        raise SystemExit("serve16: --out %s is a symbolic link; give a plain new path" % path)
+    if os.path.isdir(path):
+        raise SystemExit("serve16: --out %s is a folder; give a file path" % path)
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise SystemExit("serve16: --out %s: its folder %s does not exist" % (path, parent))
+    if os.path.exists(path):
+        for name, p in inputs:
+            if os.path.exists(p) and os.path.samefile(path, p):
+                raise SystemExit("serve16: --out %s is the %s, an input; refusing to overwrite it" % (path, name))
+        if not force:
+            raise SystemExit("serve16: --out %s exists; remove it or pass --force" % path)
+
+
+def write_json(path, obj):
+    """Written beside path, then renamed over it: never through an existing file or link."""
+    fd, tmp = tempfile.mkstemp(prefix=".serve16-", suffix=".json", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def positive(lo):
+    def parse(s):
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError("%r is not a whole number" % s)
+        if v < lo:
+            raise argparse.ArgumentTypeError("%d is below the least allowed, %d" % (v, lo))
+        return v
+    return parse
+
+
+def executable(s):
+    if not (os.path.isfile(s) and os.access(s, os.X_OK)):
+        raise argparse.ArgumentTypeError("%s is not an executable file" % s)
+    return s
+
+
+def readable(s):
+    if not (os.path.isfile(s) and os.access(s, os.R_OK)):
+        raise argparse.ArgumentTypeError("%s is not a readable file" % s)
+    return s
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    ap.add_argument("-m", "--model", required=True, type=readable, help="the GGUF both servers load")
+    ap.add_argument("--out", required=True, help="the JSON file to write (a new path)")
+    ap.add_argument("--force", action="store_true", help="replace an existing --out (never an input)")
+    ap.add_argument("--lamina", default="build/lamina", type=executable)
+    ap.add_argument("--llama-server", default="/work/llama.cpp/build/bin/llama-server", type=executable)
+    ap.add_argument("--rounds", type=positive(1), default=2, help="rounds per server (default 2)")
+    ap.add_argument("--clients", type=positive(1), default=16, help="concurrent requests (default 16)")
+    ap.add_argument("--prompt-tokens", type=positive(8), default=2000, help="per prompt, BOS included")
+    ap.add_argument("--max-tokens", type=positive(2), default=256, help="answer tokens per request")
+    ap.add_argument("--ctx", type=positive(1), default=0, help="positions per sequence (default P + G + 44)")
+    ap.add_argument("-t", "--threads", type=positive(1), default=2)
+    ap.add_argument("--seed", type=int, default=1, help="prompt seed (round r uses seed + r)")
+    ap.add_argument("--lamina-args", default="", help="more `lamina serve` options, space-separated")
+    ap.add_argument("--llama-args", default="", help="more llama-server options, space-separated")
+    ap.add_argument("--only", choices=("lamina", "llama-server"), help="run one server only")
+    a = ap.parse_args()
+    ctx = a.ctx or a.prompt_tokens + a.max_tokens + 44
+    if ctx < a.prompt_tokens + a.max_tokens:
+        ap.error("--ctx %d is below --prompt-tokens + --max-tokens (%d)" % (ctx, a.prompt_tokens + a.max_tokens))
+    here = os.path.abspath(__file__)
+    check_out_path(a.out, [("model", a.model), ("lamina binary", a.lamina), ("llama-server binary", a.llama_server),
+                           ("benchmark script", here)], a.force)
+
+    lp, cp = free_port(), free_port()
+    lam_cmd = [a.lamina, "serve", "-m", a.model, "-t", str(a.threads), "-c", str(ctx), "--max-seqs",
+               str(a.clients), "--port", str(lp), *a.lamina_args.split()]
+    cpp_cmd = [a.llama_server, "-m", a.model, "-np", str(a.clients), "-c", str(a.clients * ctx), "-fa", "on",
+               "-t", str(a.threads), "--port", str(cp), *a.llama_args.split()]
+    print("lamina:       " + " ".join(lam_cmd))
+    print("llama-server: " + " ".join(cpp_cmd))
+    sys.stdout.flush()
+    engines = [e for e in ("lamina", "llama-server") if not a.only or e == a.only]
+    procs, rows = [], []
+    try:
+        lproc = subprocess.Popen(lam_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(lproc)
+        cproc = subprocess.Popen(cpp_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(cproc)
+        wait_health(cp, cproc, "llama-server")  # its tokenizer cuts the prompts, even for --only lamina
+        if "lamina" in engines:
+            wait_health(lp, lproc, "lamina serve")
+        models = {"lamina": http_json(lp, "GET", "/v1/models")["data"][0]["id"] if "lamina" in engines else "",
+                  "llama-server": http_json(cp, "GET", "/v1/models")["data"][0]["id"]}
+        ports = {"lamina": lp, "llama-server": cp}
+        warm = make_prompts(cp, 1, 64, a.seed - 1)[0]
+        for e in engines:  # pages in the weights; not timed
+            stream_one(ports[e], warm, 8, models[e])
+        for r in range(a.rounds):
+            prompts = make_prompts(cp, a.clients, a.prompt_tokens, a.seed + r)
+            for e in engines:
+                load = os.getloadavg()
+                row = run_round(ports[e], prompts, a.max_tokens, models[e])
+                row.update({"engine": e, "round": r + 1, "loadavg": list(load), "time": time.strftime(
+                    "%H:%M:%S", time.gmtime())})
+                bad = [x for x in row["prompt_tokens"] if x != a.prompt_tokens] + \
+                      [x for x in row["completion_tokens"] if x != a.max_tokens]
+                rows.append(row)
+                print("round %d %-12s %8.2f output tok/s  TTFT p50 %7.0f p99 %7.0f ms  ITL p50 %6.1f p99 %6.1f ms"
+                      "  wall %6.1f s  (load %.2f)" % (r + 1, e, row["output_tok_s"], row["ttft_p50_ms"],
+                                                       row["ttft_p99_ms"], row["itl_p50_ms"], row["itl_p99_ms"],
+                                                       row["wall_s"], load[0]))
+                sys.stdout.flush()
+                if bad:
+                    raise RuntimeError("%s: usage reported prompt tokens %s and completion tokens %s, not %d and %d"
+                                       % (e, sorted(set(row["prompt_tokens"])), sorted(set(row["completion_tokens"])),
+                                          a.prompt_tokens, a.max_tokens))
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        if rows:
+            write_json(a.out, {"argv": sys.argv, "lamina_cmd": lam_cmd, "llama_server_cmd": cpp_cmd,
+                               "clients": a.clients, "prompt_tokens": a.prompt_tokens, "max_tokens": a.max_tokens,
+                               "ctx": ctx, "rounds": rows})
+            print("wrote %s" % a.out)
+
+    keys = ("output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
+    print()
+    print("%d clients, %d-token prompts, %d answer tokens, -t %d, context %d per sequence"
+          % (a.clients, a.prompt_tokens, a.max_tokens, a.threads, ctx))
+    print()
+    print("| server | round | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | wall s | load |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for row in rows:
+        print("| %s | %d | %.2f | %.0f | %.0f | %.1f | %.1f | %.1f | %.2f |"
+              % (row["engine"], row["round"], *(row[k] for k in keys), row["wall_s"], row["loadavg"][0]))
+    med = {e: {k: statistics.median(x[k] for x in rows if x["engine"] == e) for k in keys + ("wall_s",)}
+           for e in engines}
+    for e in engines:
+        m = med[e]
+        print("| %s | median | %.2f | %.0f | %.0f | %.1f | %.1f | %.1f | |"
+              % (e, *(m[k] for k in keys), m["wall_s"]))
+    if len(engines) == 2:
+        l, c = med["lamina"], med["llama-server"]
+        print("| lamina / llama-server | | %.2fx | %.2fx | %.2fx | %.2fx | %.2fx | %.2fx | |"
+              % (*(l[k] / c[k] for k in keys), l["wall_s"] / c["wall_s"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
