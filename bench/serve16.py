@@ -20,9 +20,10 @@ over the wall time from the first request sent to the last answer's end), TTFT p
 sent to its first token's chunk) and inter-token latency p50/p99 (gaps between one request's
 consecutive token chunks, over all requests); the load average at the round's start. It prints
 one markdown table (per round, then medians and lamina/llama-server ratios) and writes every
-figure and both command lines as JSON to --out, a new file (an existing file is refused unless
---force, and an input -- the model, either binary, this script -- always). Standard library
-only. A benchmark, not a test.
+figure and both command lines as JSON to --out after each round (so a run stopped by a signal
+keeps its finished rounds; both servers are stopped either way). --out must be a new file: an
+existing one is refused unless --force, and an input (the model, either binary, this script)
+always. Standard library only. A benchmark, not a test.
 
     python3 bench/serve16.py --lamina build/lamina \\
         --llama-server /work/llama.cpp/build/bin/llama-server \\
@@ -33,6 +34,7 @@ import http.client
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -172,7 +174,7 @@ def run_round(port, prompts, max_tokens, model):
             with lock:
                 errors.append("client %d: %s" % (i, e))
 
-    th = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+    th = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(len(prompts))]
     for t in th:
         t.start()
     start.wait()
@@ -218,6 +220,7 @@ def write_json(path, obj):
     """Written beside path, then renamed over it: never through an existing file or link."""
     fd, tmp = tempfile.mkstemp(prefix=".serve16-", suffix=".json", dir=os.path.dirname(os.path.abspath(path)))
     try:
+        os.chmod(tmp, 0o644)
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f, indent=1)
             f.write("\n")
@@ -286,6 +289,17 @@ def main():
     sys.stdout.flush()
     engines = [e for e in ("lamina", "llama-server") if not a.only or e == a.only]
     procs, rows = [], []
+
+    def on_term(signum, frame):  # `timeout` or kill: stop both servers and keep the rounds done
+        raise SystemExit("serve16: stopped by signal %d" % signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGHUP, on_term)
+
+    def save():  # after each round, so a run cut short keeps what it measured
+        write_json(a.out, {"argv": sys.argv, "lamina_cmd": lam_cmd, "llama_server_cmd": cpp_cmd,
+                           "clients": a.clients, "prompt_tokens": a.prompt_tokens, "max_tokens": a.max_tokens,
+                           "ctx": ctx, "rounds": rows})
     try:
         lproc = subprocess.Popen(lam_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(lproc)
@@ -310,6 +324,7 @@ def main():
                 bad = [x for x in row["prompt_tokens"] if x != a.prompt_tokens] + \
                       [x for x in row["completion_tokens"] if x != a.max_tokens]
                 rows.append(row)
+                save()
                 print("round %d %-12s %8.2f output tok/s  TTFT p50 %7.0f p99 %7.0f ms  ITL p50 %6.1f p99 %6.1f ms"
                       "  wall %6.1f s  (load %.2f)" % (r + 1, e, row["output_tok_s"], row["ttft_p50_ms"],
                                                        row["ttft_p99_ms"], row["itl_p50_ms"], row["itl_p99_ms"],
@@ -328,9 +343,6 @@ def main():
             except subprocess.TimeoutExpired:
                 p.kill()
         if rows:
-            write_json(a.out, {"argv": sys.argv, "lamina_cmd": lam_cmd, "llama_server_cmd": cpp_cmd,
-                               "clients": a.clients, "prompt_tokens": a.prompt_tokens, "max_tokens": a.max_tokens,
-                               "ctx": ctx, "rounds": rows})
             print("wrote %s" % a.out)
 
     keys = ("output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
