@@ -22,7 +22,11 @@
 #include "kernels/avx2_math.h"
 
 #include <immintrin.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <string.h>
+
+#include "format/quant.h"
 
 /* Four 8-lane accumulators to their four totals. */
 static inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
@@ -210,6 +214,150 @@ float attn_exp_sum_avx2(float *x, int n, float m) {
         for (int i = 0; i < n - t; i++) x[t + i] = buf[i], s += buf[i];
     }
     return s;
+}
+
+/* ---- the fused entries: F16 and Q8_0 rows read in registers ------------------ */
+
+enum { KV_F16, KV_Q8 };
+
+/* Elements per step of a type's inner loop: one vector for F16, one block
+ * (four vectors under one scale) for Q8_0. */
+#define KV_BLK(T) ((T) == KV_F16 ? 8 : QK8_0)
+
+/* The Q8_0 block scale of element d of a row, broadcast (F16: unused). */
+INLINE __m256 kv_scale(const void *row, int d, int T) {
+    if (T == KV_F16) return _mm256_setzero_ps();
+    return _mm256_set1_ps(_cvtsh_ss(((const block_q8_0 *)row)[d / QK8_0].d));
+}
+
+/* Elements d .. d+7 of a row as floats, the bits of the type's to_float:
+ * F16C's conversion is exact, and so is d * q (an 11-bit by 8-bit
+ * product) for Q8_0. */
+INLINE __m256 kv_load(const void *row, int d, __m256 sc, int T) {
+    if (T == KV_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + d)));
+    const int8_t *q = ((const block_q8_0 *)row)[d / QK8_0].qs + d % QK8_0;
+    return _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q))));
+}
+
+/* Rows [0, C) of Q (hd apart) against keys k0, k1: s[c][0..1]. Each score
+ * is one 8-lane FMA chain over d in order, reduced by hsum4, exactly as
+ * dot_2x4 / dot_3x4 / dot1 do it on the converted rows (a lane of hsum4
+ * depends only on its own accumulator). C = 4 rows x 2 keys: 8
+ * accumulators, two key vectors and their scales, one query vector. */
+INLINE void scores_kv_tile(const float *Q, int hd, const void *k0, const void *k1, int C, int T, float s[4][2]) {
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) acc[c][0] = acc[c][1] = _mm256_setzero_ps();
+    for (int d0 = 0; d0 < hd; d0 += KV_BLK(T)) {
+        __m256 sc0 = kv_scale(k0, d0, T), sc1 = kv_scale(k1, d0, T);
+        for (int d = d0; d < d0 + KV_BLK(T); d += 8) {
+            __m256 y0 = kv_load(k0, d, sc0, T), y1 = kv_load(k1, d, sc1, T);
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++) {
+                __m256 x = _mm256_loadu_ps(Q + (size_t)c * hd + d);
+                acc[c][0] = _mm256_fmadd_ps(x, y0, acc[c][0]);
+                acc[c][1] = _mm256_fmadd_ps(x, y1, acc[c][1]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) {
+        float t[4];
+        _mm_storeu_ps(t, hsum4(acc[c][0], acc[c][1], acc[c][0], acc[c][1]));
+        s[c][0] = t[0], s[c][1] = t[1];
+    }
+}
+
+/* Rows [0, C) against every key, two at a time (an odd last key is paired
+ * with itself and its second score dropped). */
+INLINE void scores_kv_rows(const float *Q, int hd, const void *const *krow, int nk, float *S, int s_stride, int C,
+                           int T) {
+    for (int t = 0; t < nk; t += 2) {
+        float s[4][2];
+        bool two = t + 1 < nk;
+        scores_kv_tile(Q, hd, krow[t], krow[two ? t + 1 : t], C, T, s);
+        for (int c = 0; c < C; c++) {
+            S[(size_t)c * s_stride + t] = s[c][0];
+            if (two) S[(size_t)c * s_stride + t + 1] = s[c][1];
+        }
+    }
+}
+
+INLINE void scores_kv(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride, int T) {
+    for (int r = 0; r < R; r += 4) {
+        const float *q = Q + (size_t)r * hd;
+        float *s = S + (size_t)r * s_stride;
+        switch (R - r < 4 ? R - r : 4) {
+            case 1: scores_kv_rows(q, hd, krow, nk, s, s_stride, 1, T); break;
+            case 2: scores_kv_rows(q, hd, krow, nk, s, s_stride, 2, T); break;
+            case 3: scores_kv_rows(q, hd, krow, nk, s, s_stride, 3, T); break;
+            default: scores_kv_rows(q, hd, krow, nk, s, s_stride, 4, T); break;
+        }
+    }
+}
+
+void attn_scores_f16_avx2(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride) {
+    scores_kv(Q, R, hd, krow, nk, S, s_stride, KV_F16);
+}
+
+void attn_scores_q8_0_avx2(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride) {
+    scores_kv(Q, R, hd, krow, nk, S, s_stride, KV_Q8);
+}
+
+/* pv_tile with the value vectors converted in registers: the same chains
+ * o = fma(p_t, v_t, o), so the bits of pv_tile on the converted rows. The
+ * 16 columns of a W = 2 tile lie in one Q8_0 block (d0 is a multiple of
+ * 16), under one scale. */
+INLINE void pv_kv_tile(float *O, int hd, const float *P, int p_stride, const void *const *vrow, int nk, int d0, int C,
+                       int W, int T) {
+    __m256 acc[6][2];
+#pragma GCC unroll 6
+    for (int c = 0; c < C; c++)
+#pragma GCC unroll 2
+        for (int w = 0; w < W; w++) acc[c][w] = _mm256_loadu_ps(O + (size_t)c * hd + d0 + 8 * w);
+    for (int t = 0; t < nk; t++) {
+        __m256 sc = kv_scale(vrow[t], d0, T);
+        __m256 v0 = kv_load(vrow[t], d0, sc, T), v1 = W > 1 ? kv_load(vrow[t], d0 + 8, sc, T) : v0;
+#pragma GCC unroll 6
+        for (int c = 0; c < C; c++) {
+            __m256 x = _mm256_broadcast_ss(P + (size_t)c * p_stride + t);
+            acc[c][0] = _mm256_fmadd_ps(x, v0, acc[c][0]);
+            if (W > 1) acc[c][1] = _mm256_fmadd_ps(x, v1, acc[c][1]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int c = 0; c < C; c++)
+#pragma GCC unroll 2
+        for (int w = 0; w < W; w++) _mm256_storeu_ps(O + (size_t)c * hd + d0 + 8 * w, acc[c][w]);
+}
+
+INLINE void pv_kv_rows(float *O, int hd, const float *P, int p_stride, const void *const *vrow, int nk, int C, int T) {
+    int d0 = 0;
+    for (; d0 + 16 <= hd; d0 += 16) pv_kv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 2, T);
+    if (d0 < hd) pv_kv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 1, T);
+}
+
+INLINE void pv_kv(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk, int T) {
+    for (int r = 0; r < R; r += 6) {
+        float *o = O + (size_t)r * hd;
+        const float *p = P + (size_t)r * p_stride;
+        switch (R - r < 6 ? R - r : 6) {
+            case 1: pv_kv_rows(o, hd, p, p_stride, vrow, nk, 1, T); break;
+            case 2: pv_kv_rows(o, hd, p, p_stride, vrow, nk, 2, T); break;
+            case 3: pv_kv_rows(o, hd, p, p_stride, vrow, nk, 3, T); break;
+            case 4: pv_kv_rows(o, hd, p, p_stride, vrow, nk, 4, T); break;
+            case 5: pv_kv_rows(o, hd, p, p_stride, vrow, nk, 5, T); break;
+            default: pv_kv_rows(o, hd, p, p_stride, vrow, nk, 6, T); break;
+        }
+    }
+}
+
+void attn_pv_f16_avx2(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk) {
+    pv_kv(O, R, hd, P, p_stride, vrow, nk, KV_F16);
+}
+
+void attn_pv_q8_0_avx2(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk) {
+    pv_kv(O, R, hd, P, p_stride, vrow, nk, KV_Q8);
 }
 
 #else

@@ -12,6 +12,13 @@
 void attn_scores_avx2(const float *Q, int R, int hd, const float *const *krow, int nk, float *S, int s_stride);
 /* O[r*hd + d] += Σ_{t < nk} P[r*p_stride + t] * vrow[t][d], r < R, d < hd. */
 void attn_pv_avx2(float *O, int R, int hd, const float *P, int p_stride, const float *const *vrow, int nk);
+/* The same two against F16 / Q8_0 rows, converted in registers: the bits
+ * of the type's to_float followed by attn_scores_avx2 / attn_pv_avx2.
+ * Q8_0 needs hd a multiple of 32. */
+void attn_scores_f16_avx2(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride);
+void attn_scores_q8_0_avx2(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride);
+void attn_pv_f16_avx2(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk);
+void attn_pv_q8_0_avx2(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk);
 /* max of x[0 .. n), n >= 1 (no NaNs). */
 float attn_max_avx2(const float *x, int n);
 /* dst[i] = src[i] * c, i < n (n a multiple of 8; dst may be src). */

@@ -65,8 +65,16 @@ static char cap_note[128]; /* kernels_cap_note: set when the table is filled fro
 static atomic_bool ready;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
-static const lm_attn_kernels scalar_attn = {scalar_attn_scores, scalar_attn_pv,      scalar_attn_max,
-                                            scalar_attn_scale,  scalar_attn_exp_sum, 1};
+static const lm_attn_kernels scalar_attn = {.scores = scalar_attn_scores,
+                                            .pv = scalar_attn_pv,
+                                            .scores_f16 = scalar_attn_scores_f16,
+                                            .scores_q8_0 = scalar_attn_scores_q8_0,
+                                            .pv_f16 = scalar_attn_pv_f16,
+                                            .pv_q8_0 = scalar_attn_pv_q8_0,
+                                            .max = scalar_attn_max,
+                                            .scale = scalar_attn_scale,
+                                            .exp_sum = scalar_attn_exp_sum,
+                                            .head_multiple = 1};
 
 static bool env_set(const char *name) {
     const char *v = getenv(name);
@@ -148,8 +156,16 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
                 if (wf && k->type[t].packed_gemm && k->type[t].pack_tile <= LM_WIDE_TILE) k->type[t].packed_wide = wf;
             }
             k->ew = (lm_ew_kernels){avx2_rmsnorm, avx2_swiglu, avx2_geglu, avx2_gelu, avx2_rope_apply};
-            k->attn =
-                (lm_attn_kernels){attn_scores_avx2, attn_pv_avx2, attn_max_avx2, attn_scale_avx2, attn_exp_sum_avx2, 8};
+            k->attn = (lm_attn_kernels){.scores = attn_scores_avx2,
+                                        .pv = attn_pv_avx2,
+                                        .scores_f16 = attn_scores_f16_avx2,
+                                        .scores_q8_0 = attn_scores_q8_0_avx2,
+                                        .pv_f16 = attn_pv_f16_avx2,
+                                        .pv_q8_0 = attn_pv_q8_0_avx2,
+                                        .max = attn_max_avx2,
+                                        .scale = attn_scale_avx2,
+                                        .exp_sum = attn_exp_sum_avx2,
+                                        .head_multiple = 8};
             k->peak = (lm_peak_kernel){avx2_fma_probe, AVX2_PEAK_FLOPS};
             /* the linear-attention ops: AVX2's, the avx512 variants' 512-bit ones over them */
             avx2_dn_fill(&k->dn);
@@ -176,8 +192,13 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
                 }
             }
             k->ew = (lm_ew_kernels){neon_rmsnorm, neon_swiglu, neon_geglu, neon_gelu, neon_rope};
-            k->attn =
-                (lm_attn_kernels){neon_attn_scores, neon_attn_pv, neon_attn_max, neon_attn_scale, neon_attn_exp_sum, 4};
+            /* no fused F16 / Q8_0 entries: attention converts those rows first */
+            k->attn = (lm_attn_kernels){.scores = neon_attn_scores,
+                                        .pv = neon_attn_pv,
+                                        .max = neon_attn_max,
+                                        .scale = neon_attn_scale,
+                                        .exp_sum = neon_attn_exp_sum,
+                                        .head_multiple = 4};
             neon_dn_fill(&k->dn);
 #endif
             break;

@@ -176,11 +176,25 @@ typedef struct {
     void (*rope)(float *x, int n_heads, int head_dim, int n_rot, const float *cs, int neox);
 } lm_ew_kernels;
 
+/* Scores and P·V against KV rows in the cache's own element type (F16: hd
+ * halves; Q8_0: hd / 32 block_q8_0s, hd a multiple of 32), each element
+ * converted in registers as the type's to_float would: the float entries'
+ * contracts otherwise. */
+typedef void (*lm_attn_scores_kv_fn)(const float *Q, int R, int hd, const void *const *krow, int nk, float *S,
+                                     int s_stride);
+typedef void (*lm_attn_pv_kv_fn)(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow,
+                                 int nk);
+
 /* Attention inner loops (contracts: kernels/avx2_attn.h). `scale` is
- * called with n = head_dim only. */
+ * called with n = head_dim only. The fused entries (scores_f16 ..
+ * pv_q8_0; NULL where a variant has none: attention then converts the rows
+ * to floats first) give, within one variant, the bits of to_float followed
+ * by scores / pv, so the choice between them never changes a result. */
 typedef struct {
     void (*scores)(const float *Q, int R, int hd, const float *const *krow, int nk, float *S, int s_stride);
     void (*pv)(float *O, int R, int hd, const float *P, int p_stride, const float *const *vrow, int nk);
+    lm_attn_scores_kv_fn scores_f16, scores_q8_0;
+    lm_attn_pv_kv_fn pv_f16, pv_q8_0;
     float (*max)(const float *x, int n);
     void (*scale)(float *dst, const float *src, int n, float c);
     float (*exp_sum)(float *x, int n, float m);

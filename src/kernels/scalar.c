@@ -9,12 +9,19 @@
  *
  * Attention: a dot product is eight partial sums in a fixed order, summed
  * pairwise; P·V is one multiply-add chain per output element over the keys
- * in order, skipping zero probabilities (masked keys).
+ * in order, skipping zero probabilities (masked keys). The F16 and Q8_0
+ * entries read each key or value element through its exact conversion
+ * (lm_f16_to_f32; d * q for Q8_0, as format/quant.c's to_float) into the
+ * same sums in the same order: the bits of to_float then the float entry.
  */
 #include "kernels/scalar.h"
 
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
+
+#include "base/util.h"
+#include "format/quant.h"
 
 /* ---- element-wise ----------------------------------------------------------- */
 
@@ -92,6 +99,55 @@ void scalar_attn_pv(float *O, int R, int hd, const float *P, int p_stride, const
             for (int d = 0; d < hd; d++) o[d] += w * v[d];
         }
     }
+}
+
+/* Element i of a KV row of F16 or Q8_0, exactly as the type's to_float
+ * gives it (both conversions are exact in float). */
+static inline float f16_elem(const void *row, int i) { return lm_f16_to_f32(((const uint16_t *)row)[i]); }
+static inline float q8_0_elem(const void *row, int i) {
+    const block_q8_0 *b = (const block_q8_0 *)row + i / QK8_0;
+    return lm_f16_to_f32(b->d) * (float)b->qs[i % QK8_0];
+}
+
+/* dot8 with b's elements read through elem: the same sums in the same order. */
+static float dot8_kv(const float *a, const void *b, int n, float (*elem)(const void *, int)) {
+    float acc[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += a[i + j] * elem(b, i + j);
+    for (; i < n; i++) acc[0] += a[i] * elem(b, i);
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+static void pv_kv(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk,
+                  float (*elem)(const void *, int)) {
+    for (int r = 0; r < R; r++) {
+        float *o = O + (size_t)r * hd;
+        const float *p = P + (size_t)r * p_stride;
+        for (int t = 0; t < nk; t++) {
+            float w = p[t];
+            if (w == 0.0f) continue;
+            for (int d = 0; d < hd; d++) o[d] += w * elem(vrow[t], d);
+        }
+    }
+}
+
+void scalar_attn_scores_f16(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride) {
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < nk; t++) S[(size_t)r * s_stride + t] = dot8_kv(Q + (size_t)r * hd, krow[t], hd, f16_elem);
+}
+
+void scalar_attn_scores_q8_0(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride) {
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < nk; t++) S[(size_t)r * s_stride + t] = dot8_kv(Q + (size_t)r * hd, krow[t], hd, q8_0_elem);
+}
+
+void scalar_attn_pv_f16(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk) {
+    pv_kv(O, R, hd, P, p_stride, vrow, nk, f16_elem);
+}
+
+void scalar_attn_pv_q8_0(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk) {
+    pv_kv(O, R, hd, P, p_stride, vrow, nk, q8_0_elem);
 }
 
 float scalar_attn_max(const float *x, int n) {

@@ -8,8 +8,9 @@
  *   2. for each chunk of up to ATTN_KV_CHUNK positions c0 .. c0+nk-1 up to
  *      the sub-tile's last position (chunks on a fixed grid from the first
  *      key, so a row's chunking does not depend on how queries are tiled):
- *        gather the chunk's key rows (pointers into F32 blocks, or rows
- *        converted once into Kf for F16/Q8_0 by the type's to_float)
+ *        gather the chunk's key rows (pointers into F32 blocks; for
+ *        F16/Q8_0 pointers to the stored rows when R <= FUSE_ROWS, else
+ *        rows converted once into Kf by the type's to_float)
  *        S (R, nk) = Qs · Kᵀ
  *        per row: keys t in [lo, vis) are visible, vis = clamp(pos - c0 + 1,
  *        0, nk) (non-causal: vis = nk, the chunks running to kv_end instead
@@ -31,10 +32,11 @@
  * pass of its own.
  *
  * Scratch (floats): Qs, O, the accumulator's O (RMAX, hd); S (RMAX, CHUNK);
- * Kf, Vf (CHUNK, hd); m, l and the accumulator's m, l (RMAX); a zero row (hd, read in place of keys and values of blocks
- * released out of a sliding window); plus CHUNK row pointers each for K and
- * V. RMAX = 64 rows, so with hd = 128 a scratch is about 180 KiB whatever
- * the context.
+ * Kf, Vf (CHUNK, hd); m, l and the accumulator's m, l (RMAX); a zero row
+ * (hd, read in place of keys and values of blocks released out of a
+ * sliding window; its bytes are zeros in F16 and Q8_0 too); plus CHUNK row
+ * pointers each for K and V, as floats and as stored rows. RMAX = 64 rows,
+ * so with hd = 128 a scratch is about 180 KiB whatever the context.
  *
  * Kernels: every inner loop (scores, P·V, row max, row scaling, exp-sum)
  * and the KV rows' conversion to float come from the kernel table
@@ -42,6 +44,16 @@
  * kernels where the head dimension suits them, else the scalar ones, and
  * the KV type's to_float, the same table entry kv_store's from_float sits
  * beside. LAMINA_NO_SIMD=1 therefore runs the scalar reference throughout.
+ * F16 and Q8_0 rows: a sub-tile of up to FUSE_ROWS rows (a decode step:
+ * one query's group of heads) runs the table's fused entries (scores_f16,
+ * pv_q8_0, ...), which read the stored rows and convert in registers, so
+ * the chunk is read from the pool once and never written to Kf / Vf; a
+ * larger one (prefill) converts each chunk once, which its many rows
+ * amortise. A variant without fused entries (NEON) always converts. The
+ * fused entries give exactly the bits of to_float then the float entry of
+ * the same variant (kernels.h), so the choice, which depends on the
+ * sub-tile's row count, never changes a row's result: batch invariance
+ * holds across it (tests/test_attn_fused.c).
  */
 #include "kv/attn.h"
 
@@ -55,6 +67,10 @@
 
 #define RMAX 64
 #define CHUNK ATTN_KV_CHUNK
+/* Sub-tiles of up to this many rows read F16 / Q8_0 rows in place through
+ * the fused kernels; larger ones convert each chunk once into Kf / Vf,
+ * which their many rows amortise (see the Kernels paragraph above). */
+#define FUSE_ROWS 16
 
 struct attn_scratch {
     int group, hd, tq; /* tq = query tokens per sub-tile = max(1, RMAX / group) */
@@ -67,6 +83,7 @@ struct attn_scratch {
     float *acc, *am, *al;       /* (rows, hd), (rows), (rows): the merged splits' O, m, l */
     float *zero;                /* (hd) zeros: stand-in for keys/values of released blocks */
     const float **krow, **vrow; /* (CHUNK) */
+    const void **kraw, **vraw;  /* (CHUNK) rows in the cache's type, for the fused kernels */
     void *mem;
 };
 
@@ -77,7 +94,7 @@ static size_t buffer_bytes(int n_head, int n_head_kv, int head_dim) {
     int group = n_head / n_head_kv, tq = group >= RMAX ? 1 : RMAX / group;
     size_t R = (size_t)tq * (size_t)group, hd = (size_t)head_dim;
     size_t nf = 3 * R * hd + R * CHUNK + 2 * (size_t)CHUNK * hd + 4 * R + hd;
-    return nf * sizeof(float) + 2 * CHUNK * sizeof(float *);
+    return nf * sizeof(float) + 2 * CHUNK * sizeof(float *) + 2 * CHUNK * sizeof(void *);
 }
 
 attn_scratch *attn_scratch_new(const kv_pool *p, int n_head, char *err, size_t errlen) {
@@ -119,6 +136,8 @@ attn_scratch *attn_scratch_new(const kv_pool *p, int n_head, char *err, size_t e
     memset(scr->zero, 0, hd * sizeof(float));
     scr->krow = (const float **)(void *)f;
     scr->vrow = scr->krow + CHUNK;
+    scr->kraw = (const void **)(void *)(scr->vrow + CHUNK);
+    scr->vraw = scr->kraw + CHUNK;
     return scr;
 }
 
@@ -167,6 +186,25 @@ static void gather(const kv_layout *lay, const int32_t *table, int layer, int wh
     }
 }
 
+/* gather's row pointers without a conversion: positions c0 .. c0+nk-1 of
+ * one slab as rows in the cache's type, for the fused kernels; a released
+ * block's rows read the zero row (all-zero bytes are 0 in F16 and in Q8_0,
+ * and the hd floats of zero cover a row of either). */
+static void gather_raw(const kv_layout *lay, const int32_t *table, int layer, int which, int kv_head, int c0, int nk,
+                       int lo, const void *zero, const void **rows) {
+    int B = lay->block_size;
+    size_t slab = kv_slab_offset(lay, layer, which, kv_head);
+    for (int pos = c0; pos < c0 + nk;) {
+        int off = pos % B, seg = B - off < c0 + nk - pos ? B - off : c0 + nk - pos;
+        int32_t b = table[pos / B];
+        if (b < 0) assert(pos + seg <= lo); /* as in gather */
+        const uint8_t *src =
+            b < 0 ? NULL : lay->data + (size_t)b * lay->block_bytes + slab + (size_t)off * lay->row_bytes;
+        for (int t = 0; t < seg; t++) rows[pos - c0 + t] = src ? src + (size_t)t * lay->row_bytes : zero;
+        pos += seg;
+    }
+}
+
 /* Ask for the cache lines of positions c0 .. c0+nk-1 of one slab ahead of
  * use: consecutive chunks live in blocks scattered over the pool, where the
  * hardware prefetchers, which follow one page at a time, do not reach. */
@@ -204,9 +242,11 @@ typedef struct {
     const float *sinks; /* (n_head) one logit per query head in the softmax's denominator, or NULL */
     float *out;
     size_t out_stride;
-    const lm_attn_kernels *k;  /* the table's inner loops for this head_dim */
-    const lm_attn_kernels *kv; /* the same for the value width (P·V, the output's scaling) */
-    lm_to_float_fn to_float;   /* the KV type's rows to floats (not F32) */
+    const lm_attn_kernels *k;       /* the table's inner loops for this head_dim */
+    const lm_attn_kernels *kv;      /* the same for the value width (P·V, the output's scaling) */
+    lm_to_float_fn to_float;        /* the KV type's rows to floats (not F32) */
+    lm_attn_scores_kv_fn scores_kv; /* k's fused entries for the KV type, or NULL (F32, or none) */
+    lm_attn_pv_kv_fn pv_kv;         /* kv's likewise */
 } tile_args;
 
 /* Gemma 2's soft-capping of R rows of nk scores (row stride CHUNK). */
@@ -239,7 +279,8 @@ static void split_partial(const tile_args *a, int nq, int qpos0, int c_lo, int c
     const kv_layout *lay = a->lay;
     int G = scr->group, hd = scr->hd, dv = lay->v_dim, R = nq * G, kh = a->kv_head;
     const lm_attn_kernels *k = a->k, *kv = a->kv;
-    bool latent = lay->n_slab == 1; /* values: the first dv elements of the key rows */
+    bool latent = lay->n_slab == 1;              /* values: the first dv elements of the key rows */
+    bool fused = a->scores_kv && R <= FUSE_ROWS; /* rows read in place, no Kf / Vf */
     for (int r = 0; r < R; r++) scr->m[r] = -INFINITY, scr->l[r] = 0;
     memset(scr->o, 0, (size_t)R * dv * sizeof(float)); /* O (R, dv) */
     for (int c0 = c_lo; c0 < c_hi; c0 += CHUNK) {
@@ -249,8 +290,13 @@ static void split_partial(const tile_args *a, int nq, int qpos0, int c_lo, int c
             prefetch_chunk(lay, a->table, a->layer, 0, kh, c0 + CHUNK, nk2);
             if (!latent) prefetch_chunk(lay, a->table, a->layer, 1, kh, c0 + CHUNK, nk2);
         }
-        gather(lay, a->table, a->layer, 0, kh, c0, nk, wlo, a->to_float, scr->kf, scr->zero, scr->krow);
-        k->scores(scr->qs, R, hd, scr->krow, nk, scr->s, CHUNK);
+        if (fused) {
+            gather_raw(lay, a->table, a->layer, 0, kh, c0, nk, wlo, scr->zero, scr->kraw);
+            a->scores_kv(scr->qs, R, hd, scr->kraw, nk, scr->s, CHUNK);
+        } else {
+            gather(lay, a->table, a->layer, 0, kh, c0, nk, wlo, a->to_float, scr->kf, scr->zero, scr->krow);
+            k->scores(scr->qs, R, hd, scr->krow, nk, scr->s, CHUNK);
+        }
         if (a->softcap > 0) softcap_rows(scr->s, R, nk, a->softcap);
         int nv = 0; /* values any row needs */
         for (int r = 0; r < R; r++) {
@@ -281,6 +327,11 @@ static void split_partial(const tile_args *a, int nq, int qpos0, int c_lo, int c
             nv = vis > nv ? vis : nv;
         }
         if (nv == 0) continue;
+        if (fused) {
+            if (!latent) gather_raw(lay, a->table, a->layer, 1, kh, c0, nv, wlo, scr->zero, scr->vraw);
+            a->pv_kv(scr->o, R, dv, scr->s, CHUNK, latent ? scr->kraw : scr->vraw, nv);
+            continue;
+        }
         if (!latent) gather(lay, a->table, a->layer, 1, kh, c0, nv, wlo, a->to_float, scr->vf, scr->zero, scr->vrow);
         kv->pv(scr->o, R, dv, scr->s, CHUNK, latent ? scr->krow : scr->vrow, nv);
     }
@@ -372,13 +423,19 @@ static tile_args layer_args(const kv_pool *p, const kv_seq *s, int layer, int wi
     const kv_layout *lay = kv_class_layout(p, cls);
     assert(lay->head_dim == scr->hd && slot < lay->n_layer);
     assert(cls == KV_GLOBAL || (window > 0 && window <= kv_pool_window(p)));
-    return (tile_args){.lay = lay,
-                       .table = kv_seq_table(s, cls),
-                       .layer = slot,
-                       .window = window,
-                       .k = kernels_attn(scr->hd),
-                       .kv = kernels_attn(lay->v_dim),
-                       .to_float = lay->type == LM_TYPE_F32 ? NULL : kernels_type(lay->type)->to_float};
+    tile_args a = {.lay = lay,
+                   .table = kv_seq_table(s, cls),
+                   .layer = slot,
+                   .window = window,
+                   .k = kernels_attn(scr->hd),
+                   .kv = kernels_attn(lay->v_dim),
+                   .to_float = lay->type == LM_TYPE_F32 ? NULL : kernels_type(lay->type)->to_float};
+    /* the fused pair, only where both halves exist (Q8_0's value width a
+     * whole number of blocks too: a latent layout's values are a prefix) */
+    if (lay->type == LM_TYPE_F16) a.scores_kv = a.k->scores_f16, a.pv_kv = a.kv->pv_f16;
+    if (lay->type == LM_TYPE_Q8_0 && lay->v_dim % QK8_0 == 0) a.scores_kv = a.k->scores_q8_0, a.pv_kv = a.kv->pv_q8_0;
+    if (!a.scores_kv || !a.pv_kv) a.scores_kv = NULL, a.pv_kv = NULL;
+    return a;
 }
 
 /* layer_args with one KV head's queries: rows q + i·q_stride, scaled by

@@ -1,0 +1,317 @@
+/*
+ * test_attn_fused.c - the fused attention kernels, which read F16 and Q8_0
+ * KV rows in their stored type (kernels.h: scores_f16, scores_q8_0,
+ * pv_f16, pv_q8_0), in every variant this CPU runs.
+ *
+ * Claims checked:
+ *   1. kernel level, bit for bit: a fused entry gives the bits of the
+ *      type's to_float followed by the same variant's float entry (scores,
+ *      pv), for head dims 64, 80 (F16 only: Q8_0 needs a multiple of 32),
+ *      128, 256 and a scalar-only 12 (F16), 1 .. 17 rows, 1 .. 67 keys (not
+ *      multiples of any unroll), zero probabilities among the P·V weights;
+ *   2. kernel level, against float64 on the stored values: each score
+ *      within 1e-5 x Σ_d |q_d k_d| (+1e-30), each output element of P·V
+ *      within 1e-5 x (|o| + Σ_t |p_t v_t|);
+ *   3. through kv/attn.c (where sub-tiles of up to 16 rows take the fused
+ *      kernels and larger ones convert first): a prefill call of 32 queries
+ *      (32 x group rows, converted) and the same queries one at a time
+ *      (group rows, fused) give the same bits, with a sliding window,
+ *      softcap and sinks, and the split-K partials merged give them too;
+ *      every output within 1e-5 (relative L2) of a float64 attention on
+ *      the stored values.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/util.h"
+#include "format/quant.h"
+#include "kernels/kernels.h"
+#include "kv/attn.h"
+#include "kv/kv.h"
+#include "test.h"
+
+/* The ISAs this CPU runs, the scalar reference first. */
+static int cpu_isas(int *isas) {
+    int n = 0;
+    for (int isa = 0; isa < LM_ISA_COUNT; isa++)
+        if (isa == LM_ISA_SCALAR || kernels_cpu_has((lm_isa)isa)) isas[n++] = isa;
+    return n;
+}
+
+/* ---- 1, 2: the kernels ------------------------------------------------------------ */
+
+#define NKMAX 67
+#define RMAXT 17
+
+/* nk rows of hd values in type, each its own allocation (row pointers, as
+ * the pages give them), and their stored values as floats. */
+typedef struct {
+    void *raw[NKMAX];
+    float *f[NKMAX]; /* (hd) to_float of raw */
+} rows;
+
+static void rows_make(rows *r, uint32_t type, int hd, int nk, lm_rng *g) {
+    const lm_type_traits *tt = quant_traits(type);
+    float *x = malloc((size_t)hd * sizeof(float));
+    for (int t = 0; t < nk; t++) {
+        for (int d = 0; d < hd; d++) x[d] = lm_rng_normal(g) * (1.0f + (float)(d % 5) * 0.5f);
+        r->raw[t] = malloc(quant_row_size(type, hd));
+        r->f[t] = malloc((size_t)hd * sizeof(float));
+        tt->from_float(x, r->raw[t], hd);
+        tt->to_float(r->raw[t], r->f[t], hd);
+    }
+    free(x);
+}
+
+static void rows_free(rows *r, int nk) {
+    for (int t = 0; t < nk; t++) free(r->raw[t]), free(r->f[t]);
+}
+
+/* One (type, hd, R, nk) case on the table now: returns 0 when every claim
+ * holds; *worst collects the largest error / bound ratio. */
+static int check_kernels(uint32_t type, int hd, int R, int nk, uint64_t seed, double *worst) {
+    lm_rng g;
+    lm_rng_seed(&g, seed);
+    const lm_attn_kernels *a = kernels_attn(hd);
+    lm_attn_scores_kv_fn sk = type == LM_TYPE_F16 ? a->scores_f16 : a->scores_q8_0;
+    lm_attn_pv_kv_fn pk = type == LM_TYPE_F16 ? a->pv_f16 : a->pv_q8_0;
+    if (!sk || !pk) return 0; /* a variant without fused entries: attention converts */
+    rows K, V;
+    rows_make(&K, type, hd, nk, &g);
+    rows_make(&V, type, hd, nk, &g);
+    float *Q = malloc((size_t)R * hd * sizeof(float)), *P = malloc((size_t)R * NKMAX * sizeof(float));
+    float *S1 = malloc((size_t)R * NKMAX * sizeof(float)), *S2 = malloc((size_t)R * NKMAX * sizeof(float));
+    float *O0 = malloc((size_t)R * hd * sizeof(float)), *O1 = malloc((size_t)R * hd * sizeof(float));
+    float *O2 = malloc((size_t)R * hd * sizeof(float));
+    for (int i = 0; i < R * hd; i++) Q[i] = lm_rng_normal(&g) * 0.2f, O0[i] = lm_rng_normal(&g);
+    for (int i = 0; i < R * NKMAX; i++) P[i] = i % 5 == 3 ? 0.0f : (float)lm_rng_uniform(&g);
+    memset(S1, 0, (size_t)R * NKMAX * sizeof(float));
+    memset(S2, 0, (size_t)R * NKMAX * sizeof(float));
+    sk(Q, R, hd, (const void *const *)K.raw, nk, S1, NKMAX);
+    a->scores(Q, R, hd, (const float *const *)K.f, nk, S2, NKMAX);
+    int rc = 0;
+    if (memcmp(S1, S2, (size_t)R * NKMAX * sizeof(float))) {
+        fprintf(stderr, "  %s %s hd %d R %d nk %d: fused scores differ from to_float + scores\n", kernels_isa_name(),
+                quant_type_name(type), hd, R, nk);
+        rc = -1;
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < nk; t++) {
+            double ref = 0, mag = 1e-30;
+            for (int d = 0; d < hd; d++) {
+                double p = (double)Q[(size_t)r * hd + d] * K.f[t][d];
+                ref += p, mag += fabs(p);
+            }
+            double e = fabs(S1[(size_t)r * NKMAX + t] - ref) / mag;
+            *worst = e > *worst ? e : *worst;
+            if (!(e < 1e-5) && !rc) {
+                fprintf(stderr, "  %s %s hd %d R %d nk %d: score (%d, %d) off by %.3g of its magnitude\n",
+                        kernels_isa_name(), quant_type_name(type), hd, R, nk, r, t, e);
+                rc = -1;
+            }
+        }
+    memcpy(O1, O0, (size_t)R * hd * sizeof(float));
+    memcpy(O2, O0, (size_t)R * hd * sizeof(float));
+    pk(O1, R, hd, P, NKMAX, (const void *const *)V.raw, nk);
+    a->pv(O2, R, hd, P, NKMAX, (const float *const *)V.f, nk);
+    if (memcmp(O1, O2, (size_t)R * hd * sizeof(float))) {
+        fprintf(stderr, "  %s %s hd %d R %d nk %d: fused P·V differs from to_float + pv\n", kernels_isa_name(),
+                quant_type_name(type), hd, R, nk);
+        rc = -1;
+    }
+    for (int r = 0; r < R; r++)
+        for (int d = 0; d < hd; d++) {
+            double ref = O0[(size_t)r * hd + d], mag = fabs(ref) + 1e-30;
+            for (int t = 0; t < nk; t++) {
+                double p = (double)P[(size_t)r * NKMAX + t] * V.f[t][d];
+                ref += p, mag += fabs(p);
+            }
+            double e = fabs(O1[(size_t)r * hd + d] - ref) / mag;
+            *worst = e > *worst ? e : *worst;
+            if (!(e < 1e-5) && !rc) {
+                fprintf(stderr, "  %s %s hd %d R %d nk %d: P·V (%d, %d) off by %.3g of its magnitude\n",
+                        kernels_isa_name(), quant_type_name(type), hd, R, nk, r, d, e);
+                rc = -1;
+            }
+        }
+    rows_free(&K, nk), rows_free(&V, nk);
+    free(Q), free(P), free(S1), free(S2), free(O0), free(O1), free(O2);
+    return rc;
+}
+
+static void test_kernels_every_variant(void) {
+    static const int hds[] = {64, 80, 128, 256, 12};
+    static const int Rs[] = {1, 2, 3, 4, 5, 8, 17};
+    static const int nks[] = {1, 2, 5, 64, 67};
+    int isas[LM_ISA_COUNT], n_isa = cpu_isas(isas), n = 0;
+    double worst = 0;
+    for (int i = 0; i < n_isa; i++) {
+        CHECK(kernels_use(isas[i]) == 0);
+        for (int ty = 0; ty < 2; ty++) {
+            uint32_t type = ty ? LM_TYPE_Q8_0 : LM_TYPE_F16;
+            for (size_t h = 0; h < sizeof hds / sizeof hds[0]; h++) {
+                if (type == LM_TYPE_Q8_0 && hds[h] % QK8_0) continue;
+                for (size_t r = 0; r < sizeof Rs / sizeof Rs[0]; r++)
+                    for (size_t k = 0; k < sizeof nks / sizeof nks[0]; k++) {
+                        uint64_t seed = (uint64_t)(hds[h] * 1000 + Rs[r] * 100 + nks[k] + ty * 7);
+                        CHECK(!check_kernels(type, hds[h], Rs[r], nks[k], seed, &worst));
+                        n++;
+                    }
+            }
+        }
+    }
+    kernels_use(-1);
+    printf("  %d kernel cases over %d variants: worst error %.3g of the magnitude\n", n, n_isa, worst);
+}
+
+/* ---- 3: through kv/attn.c ------------------------------------------------------- */
+
+typedef struct {
+    int n_head, n_head_kv, hd, T;
+    uint32_t type;
+    int window;
+    float cap;
+    bool sinks;
+} attn_cfg;
+
+/* float64 attention of query i (position pos) of q against the stored
+ * k, v rows (T, n_head_kv * hd): window, softcap and sinks as attn.h. */
+static void ref_row(const attn_cfg *c, const float *q, const float *ks, const float *vs, int pos, const float *sinks,
+                    double *out) {
+    int G = c->n_head / c->n_head_kv, hd = c->hd, lo = c->window > 0 ? pos + 1 - c->window : 0;
+    double *s = malloc((size_t)(pos + 1) * sizeof(double));
+    lo = lo < 0 ? 0 : lo;
+    for (int h = 0; h < c->n_head; h++) {
+        int kh = h / G;
+        double m = c->sinks ? sinks[h] : -INFINITY;
+        for (int j = lo; j <= pos; j++) {
+            double d = 0;
+            for (int e = 0; e < hd; e++)
+                d += (double)q[(size_t)h * hd + e] * ks[((size_t)j * c->n_head_kv + kh) * hd + e];
+            d /= sqrt((double)hd);
+            if (c->cap > 0) d = c->cap * tanh(d / c->cap);
+            s[j] = d, m = d > m ? d : m;
+        }
+        double l = c->sinks ? exp(sinks[h] - m) : 0;
+        for (int e = 0; e < hd; e++) out[(size_t)h * hd + e] = 0;
+        for (int j = lo; j <= pos; j++) {
+            double p = exp(s[j] - m);
+            l += p;
+            for (int e = 0; e < hd; e++) out[(size_t)h * hd + e] += p * vs[((size_t)j * c->n_head_kv + kh) * hd + e];
+        }
+        for (int e = 0; e < hd; e++) out[(size_t)h * hd + e] /= l;
+    }
+    free(s);
+}
+
+static int check_attn(const attn_cfg *c, const int *isas, int n_isa, double *worst) {
+    int T = c->T, hd = c->hd, nq = 32, pos0 = T - nq, G = c->n_head / c->n_head_kv;
+    size_t kvd = (size_t)c->n_head_kv * hd, qd = (size_t)c->n_head * hd;
+    lm_rng g;
+    lm_rng_seed(&g, (uint64_t)(T * 31 + hd + c->window));
+    float *k = malloc((size_t)T * kvd * sizeof(float)), *v = malloc((size_t)T * kvd * sizeof(float));
+    float *ks = malloc((size_t)T * kvd * sizeof(float)), *vs = malloc((size_t)T * kvd * sizeof(float));
+    float *q = malloc((size_t)nq * qd * sizeof(float)), *sinks = malloc((size_t)c->n_head * sizeof(float));
+    float *pre = malloc((size_t)nq * qd * sizeof(float)), *one = malloc((size_t)nq * qd * sizeof(float));
+    float *part = malloc((size_t)(T / ATTN_SPLIT + 2) * G * (hd + 2) * sizeof(float));
+    double *ref = malloc((size_t)nq * qd * sizeof(double));
+    for (size_t i = 0; i < (size_t)T * kvd; i++) k[i] = lm_rng_normal(&g) * (1.0f + (float)(i % 7) * 0.3f);
+    for (size_t i = 0; i < (size_t)T * kvd; i++) v[i] = lm_rng_normal(&g);
+    for (size_t i = 0; i < (size_t)nq * qd; i++) q[i] = lm_rng_normal(&g) * 1.5f;
+    for (int h = 0; h < c->n_head; h++) sinks[h] = -1.0f + 0.7f * (float)h;
+    const lm_type_traits *tt = quant_traits(c->type);
+    void *tmp = malloc((size_t)hd * 4);
+    for (size_t i = 0; i < (size_t)T * kvd; i += (size_t)hd) {
+        tt->from_float(k + i, tmp, hd), tt->to_float(tmp, ks + i, hd);
+        tt->from_float(v + i, tmp, hd), tt->to_float(tmp, vs + i, hd);
+    }
+    free(tmp);
+    for (int i = 0; i < nq; i++) ref_row(c, q + (size_t)i * qd, ks, vs, pos0 + i, sinks, ref + (size_t)i * qd);
+
+    kv_config kc;
+    kv_config_init(&kc, 1, c->n_head_kv, hd);
+    kc.type = c->type;
+    kc.block_size = 16;
+    kc.n_ctx = T;
+    kc.n_seqs = 1;
+    char err[LM_ERRLEN];
+    kv_pool *p = kv_pool_new(&kc, err, sizeof err);
+    kv_seq *s = p ? kv_seq_new(p, err, sizeof err) : NULL;
+    attn_scratch *scr = p ? attn_scratch_new(p, c->n_head, err, sizeof err) : NULL;
+    int rc = s && scr && kv_append(p, s, T, err, sizeof err) == KV_OK ? 0 : -1;
+    if (rc) fprintf(stderr, "  setup: %s\n", err);
+    else kv_store_rows(p, s, 0, 0, T, k, kvd, v, kvd);
+    float scale = 1.0f / sqrtf((float)hd);
+    const float *sk = c->sinks ? sinks : NULL;
+    for (int i = 0; i < n_isa && !rc; i++) {
+        if (kernels_use(isas[i])) continue;
+        const char *isa = kernels_isa_name();
+        memset(one, 0xff, (size_t)nq * qd * sizeof(float));
+        for (int kh = 0; kh < c->n_head_kv; kh++) {
+            /* the prefill call: 32 x G rows, sub-tiles of attn_tile_rows */
+            attn_tile_sinks(p, s, 0, kh, q, qd, nq, pos0, scale, c->cap, c->window, sk, pre, qd, scr);
+            /* decode calls: one query (G rows) each */
+            for (int j = 0; j < nq; j++)
+                attn_tile_sinks(p, s, 0, kh, q + (size_t)j * qd, qd, 1, pos0 + j, scale, c->cap, c->window, sk,
+                                one + (size_t)j * qd, qd, scr);
+        }
+        if (memcmp(pre, one, (size_t)nq * qd * sizeof(float))) {
+            fprintf(stderr, "  %s %s hd %d G %d window %d: decode rows differ from the prefill call's\n", isa,
+                    quant_type_name(c->type), hd, G, c->window);
+            rc = -1;
+        }
+        double e = test_rel_l2(one, ref, (size_t)nq * qd);
+        *worst = e > *worst ? e : *worst;
+        if (!(e < 1e-5)) {
+            fprintf(stderr, "  %s %s hd %d G %d window %d: error %.3g vs float64\n", isa, quant_type_name(c->type), hd,
+                    G, c->window, e);
+            rc = -1;
+        }
+        /* the last query's splits, each its own part, merged */
+        int first, n_split = attn_split_range(1, T - 1, c->window, &first);
+        size_t pf = attn_part_floats(p, 0, 1, scr);
+        memset(pre, 0xff, qd * sizeof(float));
+        for (int kh = 0; kh < c->n_head_kv; kh++) {
+            for (int j = 0; j < n_split; j++)
+                attn_tile_part(p, s, 0, kh, q + (size_t)(nq - 1) * qd, qd, 1, T - 1, scale, c->cap, c->window,
+                               first + j, 1, part + (size_t)j * pf, scr);
+            attn_tile_merge(p, 0, kh, 1, part, n_split, sk, pre, qd, scr);
+        }
+        if (memcmp(pre, one + (size_t)(nq - 1) * qd, qd * sizeof(float))) {
+            fprintf(stderr, "  %s %s hd %d: %d merged splits differ from the whole call\n", isa,
+                    quant_type_name(c->type), hd, n_split);
+            rc = -1;
+        }
+    }
+    kernels_use(-1);
+    attn_scratch_free(scr);
+    if (s) kv_seq_free(p, s);
+    kv_pool_free(p);
+    free(k), free(v), free(ks), free(vs), free(q), free(sinks), free(pre), free(one), free(part), free(ref);
+    return rc;
+}
+
+static void test_attn_fused_equals_converted(void) {
+    static const attn_cfg cfgs[] = {
+        {4, 1, 256, 600, LM_TYPE_F16, 0, 0, false},    /* Gemma 3 270M, a global layer: 3 splits */
+        {4, 1, 256, 600, LM_TYPE_Q8_0, 200, 0, false}, /* its local layers, a window */
+        {32, 4, 64, 300, LM_TYPE_Q8_0, 0, 0, false},   /* TinyLlama: 8 rows per query */
+        {8, 2, 80, 300, LM_TYPE_F16, 0, 30.0f, true},  /* softcap and sinks, hd 80 */
+        {8, 2, 128, 300, LM_TYPE_Q8_0, 100, 0, true},  /* sinks and a window */
+        {16, 1, 64, 100, LM_TYPE_F16, 0, 0, false},    /* 16 rows per query: the fused bound */
+    };
+    int isas[LM_ISA_COUNT], n_isa = cpu_isas(isas);
+    double worst = 0;
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++)
+        CHECKF(!check_attn(&cfgs[i], isas, n_isa, &worst), "cfg %zu", i);
+    printf("  attention: worst relative L2 error %.3g over %d variants\n", worst, n_isa);
+}
+
+int main(void) {
+    kernels_init();
+    TEST_RUN(test_kernels_every_variant);
+    TEST_RUN(test_attn_fused_equals_converted);
+    return TEST_DONE();
+}
