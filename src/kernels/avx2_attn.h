@@ -8,6 +8,10 @@
 #ifndef LAMINA_AVX2_ATTN_H
 #define LAMINA_AVX2_ATTN_H
 
+#include <stdbool.h>
+
+#include "kernels/kernels.h"
+
 /* S[r*s_stride + t] = Q[r*hd .. r*hd+hd) · krow[t][0 .. hd), r < R, t < nk. */
 void attn_scores_avx2(const float *Q, int R, int hd, const float *const *krow, int nk, float *S, int s_stride);
 /* O[r*hd + d] += Σ_{t < nk} P[r*p_stride + t] * vrow[t][d], r < R, d < hd. */
@@ -25,5 +29,11 @@ float attn_max_avx2(const float *x, int n);
 void attn_scale_avx2(float *dst, const float *src, int n, float c);
 /* x[t] = exp(x[t] - m) for t < n (every x[t] <= m); returns Σ x[t]. */
 float attn_exp_sum_avx2(float *x, int n, float m);
+
+/* The avx512 variants' fused entries (avx512_attn.c, compiled with the
+ * avx512 flags): the same contracts and the same bits as the four above,
+ * 16 lanes wide. Lays them over k's; false (k unchanged) in a build
+ * without the x86 variants. */
+bool avx512_attn_fill(lm_attn_kernels *k);
 
 #endif

@@ -166,6 +166,7 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
                                         .scale = attn_scale_avx2,
                                         .exp_sum = attn_exp_sum_avx2,
                                         .head_multiple = 8};
+            if (isa >= LM_ISA_AVX512) avx512_attn_fill(&k->attn); /* 512-bit fused KV reads, the same bits */
             k->peak = (lm_peak_kernel){avx2_fma_probe, AVX2_PEAK_FLOPS};
             /* the linear-attention ops: AVX2's, the avx512 variants' 512-bit ones over them */
             avx2_dn_fill(&k->dn);

@@ -69,8 +69,12 @@
 #define CHUNK ATTN_KV_CHUNK
 /* Sub-tiles of up to this many rows read F16 / Q8_0 rows in place through
  * the fused kernels; larger ones convert each chunk once into Kf / Vf,
- * which their many rows amortise (see the Kernels paragraph above). */
-#define FUSE_ROWS 16
+ * which their many rows amortise (see the Kernels paragraph above). On the
+ * Xeon (avx512bf16 and avx2 tables, one 64-key chunk, head dims 64 and
+ * 256) the fused pair took 0.3-0.8 of convert-then-float's time up to 8
+ * rows and about as long or longer from 12 rows, Q8_0 first: its in-register
+ * dequantization is repeated per group of 4 rows. */
+#define FUSE_ROWS 8
 
 struct attn_scratch {
     int group, hd, tq; /* tq = query tokens per sub-tile = max(1, RMAX / group) */

@@ -1,0 +1,243 @@
+/*
+ * avx512_attn.c - the fused attention entries (kernels.h: scores_f16,
+ * scores_q8_0, pv_f16, pv_q8_0) in AVX-512 F/BW/VL, which the avx512
+ * variants lay over AVX2's (kernels/avx2_attn.c): decode reads F16 and
+ * Q8_0 KV rows in place, converting in registers.
+ *
+ * Same bits as AVX2. Within a variant the fused entries must give the bits
+ * of to_float followed by the float entries (attention picks between them
+ * by the sub-tile's row count; kernels.h), and the avx512 variants' float
+ * entries are AVX2's 8-lane ones. So:
+ *   - scores keep AVX2's 8-lane chains: a zmm holds two keys, key a's 8
+ *     lanes in the low half and key b's in the high half, against the
+ *     query's 8 floats broadcast to both halves; each lane is the chain
+ *     acc = fma(q[d..d+8), k[d..d+8), acc) over d in order that
+ *     attn_scores_avx2 runs, and the halves are reduced by the same hsum4.
+ *     A tile is 4 rows x 4 pairs (8 keys): 16 accumulators, 4 key vectors
+ *     (with 4 Q8_0 scale vectors) and one query vector of the 32 registers.
+ *   - P·V: an output element is its own chain o = fma(p_t, v_t, o) over the
+ *     keys in order whatever the lane width, so 16 lanes give attn_pv_avx2's
+ *     bits; a tile is 4 rows x 64 columns (16 accumulators, 4 value
+ *     vectors), the last 8 columns of a head dim that is 8 mod 16 through a
+ *     mask.
+ * Conversions: F16 by vcvtph2ps (exact); Q8_0 as d * q in float (exact:
+ * an 11-bit by 8-bit product), vpmovsxbd then vcvtdq2ps then a multiply by
+ * the block's scale, the bits of the type's to_float.
+ *
+ * Compiled with the avx512 flags (Makefile: avx512_*.c); the sanitizer
+ * builds (LAMINA_X86_BASE_ONLY) and other architectures hold only a fill
+ * that returns false.
+ */
+#include "kernels/avx2_attn.h"
+
+#include "kernels/x86.h"
+
+#if (defined(__x86_64__) || defined(__i386__)) && X86_VARIANTS
+
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__) || !defined(__F16C__)
+#error "avx512_attn.c must be compiled with the avx512 flags (-mavx512f -mavx512bw -mavx512vl -mf16c)"
+#endif
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "format/quant.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+enum { KV_F16, KV_Q8 };
+
+/* attn_scores_avx2's reduction of four 8-lane accumulators to their four
+ * totals, operation for operation. */
+INLINE __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m256 ab = _mm256_hadd_ps(a, b);
+    __m256 cd = _mm256_hadd_ps(c, d);
+    __m256 abcd = _mm256_hadd_ps(ab, cd);
+    return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+INLINE float q8_scale(const void *row, int d) { return _cvtsh_ss(((const block_q8_0 *)row)[d / QK8_0].d); }
+
+INLINE __m128i q8_bytes8(const void *row, int d) {
+    return _mm_loadl_epi64((const __m128i *)(((const block_q8_0 *)row)[d / QK8_0].qs + d % QK8_0));
+}
+
+/* ---- scores --------------------------------------------------------------------- */
+
+/* Elements d .. d+7 of rows a (low half) and b (high half); sc: the two
+ * rows' Q8_0 scales in the same halves. */
+INLINE __m512 kv_pair(const void *a, const void *b, int d, __m512 sc, int T) {
+    if (T == KV_F16) {
+        __m128i ha = _mm_loadu_si128((const __m128i *)((const uint16_t *)a + d));
+        __m128i hb = _mm_loadu_si128((const __m128i *)((const uint16_t *)b + d));
+        return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(ha), hb, 1));
+    }
+    __m128i q = _mm_unpacklo_epi64(q8_bytes8(a, d), q8_bytes8(b, d));
+    return _mm512_mul_ps(sc, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
+}
+
+INLINE __m512 scale_pair(const void *a, const void *b, int d, int T) {
+    if (T == KV_F16) return _mm512_setzero_ps();
+    return _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(q8_scale(a, d)), _mm512_set1_ps(q8_scale(b, d)));
+}
+
+/* Rows [0, C) of Q (hd apart) against the 8 keys k[0..8): s[c][0..8). */
+INLINE void scores_tile(const float *Q, int hd, const void *const *k, int C, int T, float s[4][8]) {
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++)
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) acc[c][p] = _mm512_setzero_ps();
+    const int blk = T == KV_F16 ? 8 : QK8_0;
+    for (int d0 = 0; d0 < hd; d0 += blk) {
+        __m512 sc[4];
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) sc[p] = scale_pair(k[2 * p], k[2 * p + 1], d0, T);
+        for (int d = d0; d < d0 + blk; d += 8) {
+            __m512 y[4];
+#pragma GCC unroll 4
+            for (int p = 0; p < 4; p++) y[p] = kv_pair(k[2 * p], k[2 * p + 1], d, sc[p], T);
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++) {
+                __m512 x =
+                    _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(Q + (size_t)c * hd + d))));
+#pragma GCC unroll 4
+                for (int p = 0; p < 4; p++) acc[c][p] = _mm512_fmadd_ps(x, y[p], acc[c][p]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) {
+        __m256 h[8];
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            h[2 * p] = _mm512_castps512_ps256(acc[c][p]);
+            h[2 * p + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[c][p]), 1));
+        }
+        _mm_storeu_ps(s[c], hsum4(h[0], h[1], h[2], h[3]));
+        _mm_storeu_ps(s[c] + 4, hsum4(h[4], h[5], h[6], h[7]));
+    }
+}
+
+/* Rows [0, C) against every key, 8 at a time (the last group padded with
+ * its last key, whose extra scores are dropped). */
+INLINE void scores_rows(const float *Q, int hd, const void *const *krow, int nk, float *S, int s_stride, int C, int T) {
+    for (int t = 0; t < nk; t += 8) {
+        int n = nk - t < 8 ? nk - t : 8;
+        const void *k[8];
+        for (int j = 0; j < 8; j++) k[j] = krow[t + (j < n ? j : n - 1)];
+        float s[4][8];
+        scores_tile(Q, hd, k, C, T, s);
+        for (int c = 0; c < C; c++)
+            for (int j = 0; j < n; j++) S[(size_t)c * s_stride + t + j] = s[c][j];
+    }
+}
+
+INLINE void scores_kv(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride, int T) {
+    for (int r = 0; r < R; r += 4) {
+        const float *q = Q + (size_t)r * hd;
+        float *s = S + (size_t)r * s_stride;
+        switch (R - r < 4 ? R - r : 4) {
+            case 1: scores_rows(q, hd, krow, nk, s, s_stride, 1, T); break;
+            case 2: scores_rows(q, hd, krow, nk, s, s_stride, 2, T); break;
+            case 3: scores_rows(q, hd, krow, nk, s, s_stride, 3, T); break;
+            default: scores_rows(q, hd, krow, nk, s, s_stride, 4, T); break;
+        }
+    }
+}
+
+static void scores_f16(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride) {
+    scores_kv(Q, R, hd, krow, nk, S, s_stride, KV_F16);
+}
+
+static void scores_q8_0(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride) {
+    scores_kv(Q, R, hd, krow, nk, S, s_stride, KV_Q8);
+}
+
+/* ---- P·V ------------------------------------------------------------------------ */
+
+/* Elements d .. d+15 of a value row (lanes outside m zero: F16's last 8
+ * columns only; a Q8_0 row is whole blocks). */
+INLINE __m512 kv_load16(const void *row, int d, __mmask16 m, int T) {
+    if (T == KV_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + d));
+    const block_q8_0 *b = (const block_q8_0 *)row + d / QK8_0;
+    __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b->qs + d % QK8_0))));
+    return _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b->d)), q);
+}
+
+/* O rows [0, C) x columns d0 .. d0 + 16 W (the last vector masked by
+ * mlast) against keys [0, nk). */
+INLINE void pv_tile(float *O, int hd, const float *P, int p_stride, const void *const *vrow, int nk, int d0, int C,
+                    int W, __mmask16 mlast, int T) {
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++)
+#pragma GCC unroll 4
+        for (int w = 0; w < W; w++)
+            acc[c][w] = _mm512_maskz_loadu_ps(w == W - 1 ? mlast : 0xffff, O + (size_t)c * hd + d0 + 16 * w);
+    for (int t = 0; t < nk; t++) {
+        __m512 v[4];
+#pragma GCC unroll 4
+        for (int w = 0; w < W; w++) v[w] = kv_load16(vrow[t], d0 + 16 * w, w == W - 1 ? mlast : 0xffff, T);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            __m512 x = _mm512_set1_ps(P[(size_t)c * p_stride + t]);
+#pragma GCC unroll 4
+            for (int w = 0; w < W; w++) acc[c][w] = _mm512_fmadd_ps(x, v[w], acc[c][w]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++)
+#pragma GCC unroll 4
+        for (int w = 0; w < W; w++)
+            _mm512_mask_storeu_ps(O + (size_t)c * hd + d0 + 16 * w, w == W - 1 ? mlast : 0xffff, acc[c][w]);
+}
+
+/* Rows [0, C) of O, every column: 64 at a time, then the rest in one tile. */
+INLINE void pv_rows(float *O, int hd, const float *P, int p_stride, const void *const *vrow, int nk, int C, int T) {
+    int d0 = 0;
+    for (; d0 + 64 <= hd; d0 += 64) pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 4, 0xffff, T);
+    int rest = hd - d0; /* a multiple of 8 */
+    if (!rest) return;
+    __mmask16 m = rest % 16 ? 0x00ff : 0xffff;
+    switch ((rest + 15) / 16) {
+        case 1: pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 1, m, T); break;
+        case 2: pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 2, m, T); break;
+        default: pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 3, m, T); break;
+    }
+}
+
+INLINE void pv_kv(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk, int T) {
+    for (int r = 0; r < R; r += 4) {
+        float *o = O + (size_t)r * hd;
+        const float *p = P + (size_t)r * p_stride;
+        switch (R - r < 4 ? R - r : 4) {
+            case 1: pv_rows(o, hd, p, p_stride, vrow, nk, 1, T); break;
+            case 2: pv_rows(o, hd, p, p_stride, vrow, nk, 2, T); break;
+            case 3: pv_rows(o, hd, p, p_stride, vrow, nk, 3, T); break;
+            default: pv_rows(o, hd, p, p_stride, vrow, nk, 4, T); break;
+        }
+    }
+}
+
+static void pv_f16(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk) {
+    pv_kv(O, R, hd, P, p_stride, vrow, nk, KV_F16);
+}
+
+static void pv_q8_0(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk) {
+    pv_kv(O, R, hd, P, p_stride, vrow, nk, KV_Q8);
+}
+
+bool avx512_attn_fill(lm_attn_kernels *k) {
+    k->scores_f16 = scores_f16;
+    k->scores_q8_0 = scores_q8_0;
+    k->pv_f16 = pv_f16;
+    k->pv_q8_0 = pv_q8_0;
+    return true;
+}
+
+#else
+
+bool avx512_attn_fill(lm_attn_kernels *k) { return false; }
+
+#endif
