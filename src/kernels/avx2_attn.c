@@ -10,6 +10,12 @@
  * would need 12 accumulators plus 4 value vectors, more than the 16
  * registers, and spill to the stack at every key).
  * Row max and row scaling for the online softmax, 8 lanes at a time.
+ * Fused scores and P·V against F16 / Q8_0 rows (the end of the file): the
+ * key or value vector converted in registers (vcvtph2ps; d * q through
+ * vpmovsxbd, vcvtdq2ps and a multiply, exact as to_float's) and fed to the
+ * same chains as above, so they give the float loops' bits on the
+ * converted rows; scores in 4-row x 2-key tiles (4 rows share each
+ * conversion), P·V in the 6-row x 16-column tiles.
  * exp: Cody-Waite range reduction x = n ln2 + r, |r| <= ln2/2, a degree-7
  * polynomial for e^r (the classic Cephes single-precision coefficients,
  * ~1 ulp), and 2^n built in the exponent field; inputs are clamped to

@@ -12,7 +12,8 @@
  *   ew        the element-wise ops of the forward pass (RMSNorm, SwiGLU,
  *             GeGLU, RoPE, the encoders' GELU);
  *   attn      the inner loops of tiled attention (scores, P·V, row max, row
- *             scaling, exp-and-sum), reached through kernels_attn(); the
+ *             scaling, exp-and-sum; scores and P·V also fused with the
+ *             F16 / Q8_0 KV rows' conversion), reached through kernels_attn(); the
  *             online softmax around them (mask, windows, softcap, sinks)
  *             is kv/attn.c's, one for every variant;
  *   dn        the ops of a gated-DeltaNet linear-attention layer (causal

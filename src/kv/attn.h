@@ -24,9 +24,10 @@
  * (F32, F16, Q8_0). Queries are processed in sub-tiles of up to
  * attn_tile_rows() (query, head) rows; for each sub-tile the kernel walks the
  * visible keys in chunks of ATTN_KV_CHUNK positions (crossing block
- * boundaries freely, so tiny blocks cost nothing extra), converting each
+ * boundaries freely, so tiny blocks cost nothing extra), reading each
  * chunk of K and V once for all rows of the sub-tile (all the group's heads:
- * GQA/MQA read every block once per group), and keeps per row a running
+ * GQA/MQA read every block once per group; converted once into floats for a
+ * prefill-sized sub-tile, in registers for a decode one), and keeps per row a running
  * max m, running sum l and unnormalized output O:
  *
  *   s_j = scale q·k_j;  m' = max(m, max_j s_j);  p_j = exp(s_j - m')
@@ -83,9 +84,11 @@
  * the kernel table's (kernels/kernels.h): on x86-64 with AVX2+FMA+F16C and a
  * head_dim that is a multiple of 8, 8-wide kernels (same math, different
  * summation order than the scalar path); with LAMINA_NO_SIMD=1, or
- * kernels_use(LM_ISA_SCALAR), the scalar reference. For a given path the
+ * kernels_use(LM_ISA_SCALAR), the scalar reference. Decode-shaped
+ * sub-tiles read F16 / Q8_0 rows in place through fused kernels, larger ones
+ * convert each chunk first; both give the same bits (attn.c). For a given path the
  * result depends only on the logical data, not on which physical blocks hold
- * it, nor on how its splits were spread over threads. Against a float64
+ * it, nor on how its splits were spread over threads, nor on the tiling. Against a float64
  * reference on the stored values the relative error is ~1e-6 (tests bound
  * it by 1e-5).
  */
