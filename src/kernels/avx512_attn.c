@@ -13,13 +13,17 @@
  *     query's 8 floats broadcast to both halves; each lane is the chain
  *     acc = fma(q[d..d+8), k[d..d+8), acc) over d in order that
  *     attn_scores_avx2 runs, and the halves are reduced by the same hsum4.
- *     A tile is 4 rows x 4 pairs (8 keys): 16 accumulators, 4 key vectors
- *     (with 4 Q8_0 scale vectors) and one query vector of the 32 registers.
+ *     A tile is 4 rows x 4 pairs (8 keys), or 8 rows x 2 pairs (4 keys)
+ *     while 8 rows remain (TinyLlama's group: each key converted once for
+ *     all 8): 16 accumulators, the key vectors with their Q8_0 scale
+ *     vectors and one query vector of the 32 registers.
  *   - P·V: an output element is its own chain o = fma(p_t, v_t, o) over the
  *     keys in order whatever the lane width, so 16 lanes give attn_pv_avx2's
- *     bits; a tile is 4 rows x 64 columns (16 accumulators, 4 value
- *     vectors), the last 8 columns of a head dim that is 8 mod 16 through a
- *     mask.
+ *     bits; a tile is 4 rows x 64 columns or 8 rows x 32 columns (16
+ *     accumulators), the last 8 columns of a head dim that is 8 mod 16
+ *     through a mask. At head dim 64, 8 rows (TinyLlama), the 8-row tiles
+ *     took the fused decode from slower than converting first (Q8_0, 4-row
+ *     tiles) to 1.25x faster (bench_attn -H 32 -K 4 -D 64, one thread).
  * Conversions: F16 by vcvtph2ps (exact); Q8_0 as d * q in float (exact:
  * an 11-bit by 8-bit product), vpmovsxbd then vcvtdq2ps then a multiply by
  * the block's scale, the bits of the type's to_float.
@@ -81,67 +85,74 @@ INLINE __m512 scale_pair(const void *a, const void *b, int d, int T) {
     return _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(q8_scale(a, d)), _mm512_set1_ps(q8_scale(b, d)));
 }
 
-/* Rows [0, C) of Q (hd apart) against the 8 keys k[0..8): s[c][0..8). */
-INLINE void scores_tile(const float *Q, int hd, const void *const *k, int C, int T, float s[4][8]) {
-    __m512 acc[4][4];
-#pragma GCC unroll 4
+/* Rows [0, C) of Q (hd apart) against the 2 NP keys k[0 .. 2 NP):
+ * s[c][0 .. 2 NP); C x NP <= 16 accumulators. */
+INLINE void scores_tile(const float *Q, int hd, const void *const *k, int C, int NP, int T, float s[8][8]) {
+    __m512 acc[8][4];
+#pragma GCC unroll 8
     for (int c = 0; c < C; c++)
 #pragma GCC unroll 4
-        for (int p = 0; p < 4; p++) acc[c][p] = _mm512_setzero_ps();
+        for (int p = 0; p < NP; p++) acc[c][p] = _mm512_setzero_ps();
     const int blk = T == KV_F16 ? 8 : QK8_0;
     for (int d0 = 0; d0 < hd; d0 += blk) {
         __m512 sc[4];
 #pragma GCC unroll 4
-        for (int p = 0; p < 4; p++) sc[p] = scale_pair(k[2 * p], k[2 * p + 1], d0, T);
+        for (int p = 0; p < NP; p++) sc[p] = scale_pair(k[2 * p], k[2 * p + 1], d0, T);
         for (int d = d0; d < d0 + blk; d += 8) {
             __m512 y[4];
 #pragma GCC unroll 4
-            for (int p = 0; p < 4; p++) y[p] = kv_pair(k[2 * p], k[2 * p + 1], d, sc[p], T);
-#pragma GCC unroll 4
+            for (int p = 0; p < NP; p++) y[p] = kv_pair(k[2 * p], k[2 * p + 1], d, sc[p], T);
+#pragma GCC unroll 8
             for (int c = 0; c < C; c++) {
                 __m512 x =
                     _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(Q + (size_t)c * hd + d))));
 #pragma GCC unroll 4
-                for (int p = 0; p < 4; p++) acc[c][p] = _mm512_fmadd_ps(x, y[p], acc[c][p]);
+                for (int p = 0; p < NP; p++) acc[c][p] = _mm512_fmadd_ps(x, y[p], acc[c][p]);
             }
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int c = 0; c < C; c++) {
         __m256 h[8];
 #pragma GCC unroll 4
-        for (int p = 0; p < 4; p++) {
+        for (int p = 0; p < NP; p++) {
             h[2 * p] = _mm512_castps512_ps256(acc[c][p]);
             h[2 * p + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[c][p]), 1));
         }
         _mm_storeu_ps(s[c], hsum4(h[0], h[1], h[2], h[3]));
-        _mm_storeu_ps(s[c] + 4, hsum4(h[4], h[5], h[6], h[7]));
+        if (NP > 2) _mm_storeu_ps(s[c] + 4, hsum4(h[4], h[5], h[6], h[7]));
     }
 }
 
-/* Rows [0, C) against every key, 8 at a time (the last group padded with
- * its last key, whose extra scores are dropped). */
-INLINE void scores_rows(const float *Q, int hd, const void *const *krow, int nk, float *S, int s_stride, int C, int T) {
-    for (int t = 0; t < nk; t += 8) {
-        int n = nk - t < 8 ? nk - t : 8;
+/* Rows [0, C) against every key, 2 NP at a time (the last group padded
+ * with its last key, whose extra scores are dropped). */
+INLINE void scores_rows(const float *Q, int hd, const void *const *krow, int nk, float *S, int s_stride, int C, int NP,
+                        int T) {
+    for (int t = 0; t < nk; t += 2 * NP) {
+        int n = nk - t < 2 * NP ? nk - t : 2 * NP;
         const void *k[8];
-        for (int j = 0; j < 8; j++) k[j] = krow[t + (j < n ? j : n - 1)];
-        float s[4][8];
-        scores_tile(Q, hd, k, C, T, s);
+        for (int j = 0; j < 2 * NP; j++) k[j] = krow[t + (j < n ? j : n - 1)];
+        float s[8][8];
+        scores_tile(Q, hd, k, C, NP, T, s);
         for (int c = 0; c < C; c++)
             for (int j = 0; j < n; j++) S[(size_t)c * s_stride + t + j] = s[c][j];
     }
 }
 
+/* Rows 8 at a time (8 x 2 pairs: each key converted once for 8 rows),
+ * the rest up to 4 at a time (x 4 pairs). */
 INLINE void scores_kv(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride, int T) {
-    for (int r = 0; r < R; r += 4) {
+    int r = 0;
+    for (; r + 8 <= R; r += 8)
+        scores_rows(Q + (size_t)r * hd, hd, krow, nk, S + (size_t)r * s_stride, s_stride, 8, 2, T);
+    for (; r < R; r += 4) {
         const float *q = Q + (size_t)r * hd;
         float *s = S + (size_t)r * s_stride;
         switch (R - r < 4 ? R - r : 4) {
-            case 1: scores_rows(q, hd, krow, nk, s, s_stride, 1, T); break;
-            case 2: scores_rows(q, hd, krow, nk, s, s_stride, 2, T); break;
-            case 3: scores_rows(q, hd, krow, nk, s, s_stride, 3, T); break;
-            default: scores_rows(q, hd, krow, nk, s, s_stride, 4, T); break;
+            case 1: scores_rows(q, hd, krow, nk, s, s_stride, 1, 4, T); break;
+            case 2: scores_rows(q, hd, krow, nk, s, s_stride, 2, 4, T); break;
+            case 3: scores_rows(q, hd, krow, nk, s, s_stride, 3, 4, T); break;
+            default: scores_rows(q, hd, krow, nk, s, s_stride, 4, 4, T); break;
         }
     }
 }
@@ -169,8 +180,8 @@ INLINE __m512 kv_load16(const void *row, int d, __mmask16 m, int T) {
  * mlast) against keys [0, nk). */
 INLINE void pv_tile(float *O, int hd, const float *P, int p_stride, const void *const *vrow, int nk, int d0, int C,
                     int W, __mmask16 mlast, int T) {
-    __m512 acc[4][4];
-#pragma GCC unroll 4
+    __m512 acc[8][4];
+#pragma GCC unroll 8
     for (int c = 0; c < C; c++)
 #pragma GCC unroll 4
         for (int w = 0; w < W; w++)
@@ -179,43 +190,43 @@ INLINE void pv_tile(float *O, int hd, const float *P, int p_stride, const void *
         __m512 v[4];
 #pragma GCC unroll 4
         for (int w = 0; w < W; w++) v[w] = kv_load16(vrow[t], d0 + 16 * w, w == W - 1 ? mlast : 0xffff, T);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
             __m512 x = _mm512_set1_ps(P[(size_t)c * p_stride + t]);
 #pragma GCC unroll 4
             for (int w = 0; w < W; w++) acc[c][w] = _mm512_fmadd_ps(x, v[w], acc[c][w]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int c = 0; c < C; c++)
 #pragma GCC unroll 4
         for (int w = 0; w < W; w++)
             _mm512_mask_storeu_ps(O + (size_t)c * hd + d0 + 16 * w, w == W - 1 ? mlast : 0xffff, acc[c][w]);
 }
 
-/* Rows [0, C) of O, every column: 64 at a time, then the rest in one tile. */
-INLINE void pv_rows(float *O, int hd, const float *P, int p_stride, const void *const *vrow, int nk, int C, int T) {
+/* Rows [0, C) of O, every column: 16 WM at a time (WM = 4, or 2 with 8
+ * rows), then the rest in vectors of 16 and a masked 8. */
+INLINE void pv_rows(float *O, int hd, const float *P, int p_stride, const void *const *vrow, int nk, int C, int WM,
+                    int T) {
     int d0 = 0;
-    for (; d0 + 64 <= hd; d0 += 64) pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 4, 0xffff, T);
-    int rest = hd - d0; /* a multiple of 8 */
-    if (!rest) return;
-    __mmask16 m = rest % 16 ? 0x00ff : 0xffff;
-    switch ((rest + 15) / 16) {
-        case 1: pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 1, m, T); break;
-        case 2: pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 2, m, T); break;
-        default: pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 3, m, T); break;
-    }
+    for (; d0 + 16 * WM <= hd; d0 += 16 * WM) pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, WM, 0xffff, T);
+    for (; d0 < hd; d0 += 16) /* a multiple of 8 remains */
+        pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 1, hd - d0 < 16 ? 0x00ff : 0xffff, T);
 }
 
+/* Rows 8 at a time (8 rows x 32 columns: each value vector converted once
+ * for 8 rows), the rest up to 4 at a time (x 64 columns). */
 INLINE void pv_kv(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk, int T) {
-    for (int r = 0; r < R; r += 4) {
+    int r = 0;
+    for (; r + 8 <= R; r += 8) pv_rows(O + (size_t)r * hd, hd, P + (size_t)r * p_stride, p_stride, vrow, nk, 8, 2, T);
+    for (; r < R; r += 4) {
         float *o = O + (size_t)r * hd;
         const float *p = P + (size_t)r * p_stride;
         switch (R - r < 4 ? R - r : 4) {
-            case 1: pv_rows(o, hd, p, p_stride, vrow, nk, 1, T); break;
-            case 2: pv_rows(o, hd, p, p_stride, vrow, nk, 2, T); break;
-            case 3: pv_rows(o, hd, p, p_stride, vrow, nk, 3, T); break;
-            default: pv_rows(o, hd, p, p_stride, vrow, nk, 4, T); break;
+            case 1: pv_rows(o, hd, p, p_stride, vrow, nk, 1, 4, T); break;
+            case 2: pv_rows(o, hd, p, p_stride, vrow, nk, 2, 4, T); break;
+            case 3: pv_rows(o, hd, p, p_stride, vrow, nk, 3, 4, T); break;
+            default: pv_rows(o, hd, p, p_stride, vrow, nk, 4, 4, T); break;
         }
     }
 }
