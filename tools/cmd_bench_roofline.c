@@ -17,9 +17,9 @@
  * over the bandwidth). Dispatch gaps, the caller's time publishing pool
  * runs and waiting at their barriers, are reported apart from kernel time
  * (kernel = op time - gap), with the workers' wake-up delay beside them.
- * Decode batches of B > 1 are B forks of one sequence filled to the depth,
- * so they share the cache blocks below it (each still reads them: the
- * counted KV bytes are B times one sequence's).
+ * Decode batches of B > 1 are B sequences filled to the depth, each in its
+ * own blocks (copies of the first one's K/V), so a pass reads B times one
+ * sequence's KV bytes from memory, as B distinct requests would.
  *
  * Output: a markdown table per scenario, or JSON (fields in usage_roofline
  * below); with --svg DIR, roofline-<scenario>.svg per scenario (log-log
@@ -128,7 +128,9 @@ static void run_decode(const roofline_opts *o, scenario *s, const int32_t *toks)
     const lm_model *m = o->m;
     char err[LM_ERRLEN];
     int warm = 2, n = o->n_gen, B = s->batch;
-    fwd_dims d = fwd_dims_make(m, s->depth + warm + n + 1, FWD_BATCH_DEFAULT);
+    /* a pass holds B tokens: the context is at least B, or a shallow batch's n_batch would be short */
+    int n_ctx = s->depth + warm + n + 1;
+    fwd_dims d = fwd_dims_make(m, n_ctx > B ? n_ctx : B, FWD_BATCH_DEFAULT);
     kv_config kc;
     fwd_kv_config(m, &d, &kc);
     kc.type = o->kv_type;
@@ -147,8 +149,16 @@ static void run_decode(const roofline_opts *o, scenario *s, const int32_t *toks)
     float *logits = malloc((size_t)B * m->hp.n_vocab * sizeof(float));
     if (!seqs || !segs || !tk || !logits) fail("bench", "out of memory");
     seqs[0] = sr->seq;
-    for (int b = 1; b < B; b++)
-        if (!(seqs[b] = kv_fork(kv, sr->seq, err, sizeof err))) fail("bench", err);
+    for (int b = 1; b < B; b++) { /* its own blocks, holding a copy of the first sequence's K/V */
+        if (!(seqs[b] = kv_seq_new(kv, err, sizeof err))) fail("bench", err);
+        if (s->depth > 0 && kv_append(kv, seqs[b], s->depth, err, sizeof err) != KV_OK) fail("bench", err);
+        for (int c = 0; c < KV_N_CLASS; c++) {
+            const int32_t *src = kv_seq_table(sr->seq, c), *dst = kv_seq_table(seqs[b], c);
+            for (int i = 0; src && dst && i < (s->depth + kc.block_size - 1) / kc.block_size; i++)
+                if (src[i] >= 0 && dst[i] >= 0 && kv_block_copy(kv, &(kv_copy){c, src[i], dst[i]}))
+                    fail("bench", "a KV block copy out of range");
+        }
+    }
     /* recurrent layers (qwen35): each fork a copy of the prefilled state, laid out as lm_seqrun's */
     const lm_hparams *hp = &m->hp;
     const size_t R = (size_t)hp->n_rlayer, cf = R ? gdn_conv_floats(hp) : 0, mf = R ? gdn_mat_floats(hp) : 0;
