@@ -7,8 +7,13 @@
 # scripts (and no model download; `make check`); LAMINA_TEST_WRAP is a
 # command the test programs run under (`make test-arm`: qemu-aarch64).
 # LAMINA_TEST_JOBS=N runs up to N test programs at once (each one's report
-# is printed in the usual order once all have ended); the end-to-end
-# scripts always run one at a time. Before the end-to-end scripts, the
+# is printed in the order they started once all have ended); the end-to-end
+# scripts always run one at a time. The programs start in LAMINA_TESTS's
+# order when it is set (an entry NAME:VAR=VALUE runs NAME again with VAR=VALUE
+# in its environment; a name not built counts as a failure; "none" runs
+# none, for the end-to-end scripts alone), else those
+# named in LAMINA_TEST_FIRST first (the slowest, so that the last to end is
+# not one started late), then the rest in name order. Before the end-to-end scripts, the
 # models they read are installed (tests/testenv.py install), so that no
 # script skips a check for want of a model that a later one installs.
 # The last lines: each part's seconds, then "N passed, N failed".
@@ -28,9 +33,13 @@ run_one() {
     local name=$1; shift
     local log
     log=$(mktemp)
-    local t0=$SECONDS
-    "$@" >"$log" 2>&1
+    local t0=$SECONDS TIMEFORMAT='%U %S'
+    { time "$@" >"$log" 2>&1; } 2>"$log.cpu"
     local rc=$?
+    # CPU seconds (user + system) beside the wall time: on a loaded machine
+    # the wall time says little, the CPU time still compares runs
+    local cpu
+    cpu=$(awk '{ printf "%.1f", $1 + $2 }' "$log.cpu" 2>/dev/null)
     local line p f s
     line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
     if [ -n "$line" ]; then
@@ -44,48 +53,63 @@ run_one() {
     if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
     passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
     if [ "$f" -ne 0 ]; then
-        echo "== $name: $p passed, $f failed (exit $rc, $((SECONDS - t0))s)"
+        echo "== $name: $p passed, $f failed (exit $rc, $((SECONDS - t0))s, cpu ${cpu:-?}s)"
         grep -v '^PASS ' "$log" | tail -n 60
     else
-        echo "== $name: $p passed, 0 failed${s:+, $s skipped} ($((SECONDS - t0))s)"
+        echo "== $name: $p passed, 0 failed${s:+, $s skipped} ($((SECONDS - t0))s, cpu ${cpu:-?}s)"
         grep -E '^(SKIP|NOTE)' "$log" || true
     fi
-    rm -f "$log"
+    rm -f "$log" "$log.cpu"
 }
-# run_one in the background: its report to $results/NAME.out, its counts
-# to $results/NAME.cnt (missing if it died: counted as a failure)
+# run_one in the background: its report to $results/K.out, its counts to
+# $results/K.cnt (missing if it died: counted as a failure), K its index
 jobs_max=${LAMINA_TEST_JOBS:-1}
 results=$(mktemp -d)
 names=()
 run_bg() {
-    local name=$1
+    local k=${#names[@]}
+    names+=("$1")
     (
         passed=0 failed=0 skipped=0
-        run_one "$@" >"$results/$name.out"
-        echo "$passed $failed $skipped" >"$results/$name.cnt"
+        run_one "$@" >"$results/$k.out"
+        echo "$passed $failed $skipped" >"$results/$k.cnt"
     ) &
-    names+=("$name")
 }
-for t in "$BUILD"/tests/test_*; do
-    [ -x "$t" ] || continue
-    case "$t" in *.d) continue ;; esac
-    if [ -n "${LAMINA_TESTS:-}" ]; then
-        case " $LAMINA_TESTS " in *" $(basename "$t") "*) ;; *) continue ;; esac
+entries=()
+if [ -n "${LAMINA_TESTS:-}" ]; then
+    for e in $LAMINA_TESTS; do [ "$e" = none ] || entries+=("$e"); done
+else
+    for n in ${LAMINA_TEST_FIRST:-}; do [ -x "$BUILD/tests/$n" ] && entries+=("$n"); done
+    for t in "$BUILD"/tests/test_*; do
+        [ -x "$t" ] || continue
+        case "$t" in *.d) continue ;; esac
+        case " ${LAMINA_TEST_FIRST:-} " in *" $(basename "$t") "*) continue ;; esac
+        entries+=("$(basename "$t")")
+    done
+fi
+for e in "${entries[@]}"; do
+    n=${e%%:*} setenv=()
+    [ "$n" != "$e" ] && setenv=(env "${e#*:}")
+    label="$n${setenv[1]:+ (${setenv[1]})}"
+    if [ ! -x "$BUILD/tests/$n" ]; then
+        echo "== $label: not built ($BUILD/tests/$n)"
+        failed=$((failed + 1))
+        continue
     fi
     if [ "$jobs_max" -gt 1 ]; then
         while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
-        run_bg "$(basename "$t")" ${LAMINA_TEST_WRAP:-} "$t"
+        run_bg "$label" "${setenv[@]}" ${LAMINA_TEST_WRAP:-} "$BUILD/tests/$n"
     else
-        run_one "$(basename "$t")" ${LAMINA_TEST_WRAP:-} "$t"
+        run_one "$label" "${setenv[@]}" ${LAMINA_TEST_WRAP:-} "$BUILD/tests/$n"
     fi
 done
 wait
-for n in "${names[@]}"; do
-    cat "$results/$n.out" 2>/dev/null
-    if read -r p f s <"$results/$n.cnt" 2>/dev/null; then
+for k in "${!names[@]}"; do
+    cat "$results/$k.out" 2>/dev/null
+    if read -r p f s <"$results/$k.cnt" 2>/dev/null; then
         passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
     else
-        echo "== $n: no result (the runner died)"
+        echo "== ${names[$k]}: no result (the runner died)"
         failed=$((failed + 1))
     fi
 done
