@@ -146,6 +146,14 @@ $(foreach v,$(KERNEL_VARIANTS),$(eval $(call KERNEL_VARIANT_RULE,$(v))))
 OBJ := $(filter-out $(VARIANT_ONLY:%=$(BUILD)/obj/kernels/%.o),$(OBJ)) \
        $(foreach v,$(KERNEL_VARIANTS),$(VARIANT_SRC_$(v):%=$(BUILD)/obj/kernels/$(v)/%.o))
 
+# MPI_SHARE=DIR (`make mpi`): src/dist/dist.c is the only source that reads
+# LAMINA_MPI (mpicc's compile flags add include paths alone), so the MPI
+# build compiles it alone and takes every other object, the tools' too, from
+# the plain build in DIR, which `make mpi` builds first.
+ifneq ($(MPI_SHARE),)
+OBJ := $(patsubst $(BUILD)/%,$(MPI_SHARE)/%,$(filter-out $(BUILD)/obj/dist/dist.o,$(OBJ))) $(BUILD)/obj/dist/dist.o
+endif
+
 $(LIB): $(OBJ)
 	@rm -f $@
 	$(AR) rcs $@ $^
@@ -171,6 +179,9 @@ $(BUILD)/examples/%: examples/%.c include/lamina.h $(PUBLIB)
 
 TOOLSRC  := $(wildcard tools/*.c)
 TOOLOBJ  := $(TOOLSRC:tools/%.c=$(BUILD)/obj/tools/%.o)
+ifneq ($(MPI_SHARE),)
+TOOLOBJ := $(TOOLOBJ:$(BUILD)/%=$(MPI_SHARE)/%)
+endif
 
 $(BUILD)/obj/tools/%.o: tools/%.c
 	@mkdir -p $(dir $@)
@@ -193,14 +204,19 @@ $(BUILD)/tests/%: tests/%.c tests/test.h $(LIB)
 	$(CC) $(CFLAGS) $(TEST_CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
 
 # The distributed binary beside the default one, when Open MPI is installed
-# (tests/e2e_mpi.sh runs it under mpirun; it skips when absent).
-mpi:
+# (tests/e2e_mpi.sh runs it under mpirun; it skips when absent): the plain
+# build's objects with src/dist/dist.c compiled again (MPI_SHARE above).
+mpi: $(if $(MPICC),$(OBJ) $(TOOLOBJ))
 ifneq ($(MPICC),)
-	$(MAKE) MPI=1 BUILD=$(BUILD)/mpi $(BUILD)/mpi/lamina
+	$(MAKE) MPI=1 BUILD=$(BUILD)/mpi MPI_SHARE=$(BUILD) $(BUILD)/mpi/lamina
 endif
 
+# The test programs run two at a time, the slowest (TEST_FIRST, natively
+# and under ASan: docs/testing.md) started first.
+TEST_FIRST = test_engine_hybrid test_tp_gptoss test_spec_draft test_grammar test_forward_kv test_attn test_spec \
+             test_pressure
 test: all mpi
-	BUILD=$(BUILD) bash tests/run.sh
+	BUILD=$(BUILD) LAMINA_TEST_JOBS=2 LAMINA_TEST_FIRST="$(TEST_FIRST)" bash tests/run.sh
 
 # The edit-test loop: every C test program (two at a time), the include
 # and docs checks, and the end-to-end scripts that need no download, no MPI
@@ -210,7 +226,7 @@ CHECK_E2E = e2e_api.sh e2e_cli.sh e2e_files.sh e2e_kl.sh e2e_mem.sh e2e_profile.
             e2e_engine_hybrid.py e2e_mkmodel.py e2e_pressure.py e2e_roofline.py e2e_router.py e2e_spec.py \
             e2e_spec_hybrid.py e2e_encoder.py e2e_embed.py e2e_embed_server.py e2e_gemma_embed.py
 check: all
-	BUILD=$(BUILD) LAMINA_TEST_JOBS=2 LAMINA_E2E="$(CHECK_E2E)" bash tests/run.sh
+	BUILD=$(BUILD) LAMINA_TEST_JOBS=2 LAMINA_TEST_FIRST="$(TEST_FIRST)" LAMINA_E2E="$(CHECK_E2E)" bash tests/run.sh
 
 # The house style (.clang-format): `make format` rewrites the C sources in
 # place, `make check-format` lists the files that differ and fails.
@@ -255,6 +271,13 @@ ARM_NEON_TESTS = test_kernels_isa test_ops test_attn test_model test_forward_kv 
                  test_quant_q5 test_quant_mxfp4 test_quantize
 ARM_TESTS = $(ARM_NEON_TESTS) test_kernels test_matmul_pick test_mla test_tp test_engine test_api test_mem test_cost test_gguf \
             test_tokenizer test_sample test_logits test_convert test_kv test_draft_vocab test_deltanet
+# Both passes share one pool of ARM_JOBS programs (tests/run.sh: NAME:VAR=VALUE
+# runs NAME with VAR=VALUE), the slowest under qemu first (ARM_FIRST, measured
+# in docs/testing.md) so that no long program starts last.
+ARM_RUNS = $(ARM_TESTS) $(ARM_NEON_TESTS:%=%:LAMINA_CPU=neon)
+ARM_FIRST = test_forward_kv test_forward_kv:LAMINA_CPU=neon test_attn test_attn:LAMINA_CPU=neon test_draft_vocab \
+            test_engine test_sample test_quantize test_deltanet
+ARM_ORDER = $(ARM_FIRST) $(filter-out $(ARM_FIRST),$(ARM_RUNS))
 # The guest runs on Debian's arm64 loader and libraries (/lib/ld-linux-aarch64.so.1
 # and /lib/aarch64-linux-gnu, the multiarch packages), one consistent set:
 # `-L /usr/aarch64-linux-gnu` would pair the cross package's loader with the
@@ -269,10 +292,7 @@ test-arm:
 	bash scripts/deps.sh --arm
 	$(MAKE) CC=$(ARM_CC) AR=$(ARM_AR) BUILD=$(ARM_BUILD) MPI= $(ARM_BUILD)/lamina $(ARM_TESTS:%=$(ARM_BUILD)/tests/%)
 	BUILD=$(ARM_BUILD) LAMINA_TEST_WRAP="$(ARM_QEMU)" LAMINA_TEST_C_ONLY=1 LAMINA_EMULATED=1 \
-	    LAMINA_TEST_JOBS=$(ARM_JOBS) LAMINA_TESTS="$(ARM_TESTS)" bash tests/run.sh
-	BUILD=$(ARM_BUILD) LAMINA_TEST_WRAP="$(ARM_QEMU)" LAMINA_TEST_C_ONLY=1 LAMINA_EMULATED=1 LAMINA_CPU=neon \
-	    LAMINA_TEST_JOBS=$(ARM_JOBS) \
-	    LAMINA_TESTS="$(ARM_NEON_TESTS)" bash tests/run.sh
+	    LAMINA_TEST_JOBS=$(ARM_JOBS) LAMINA_TESTS="$(ARM_ORDER)" bash tests/run.sh
 	LAMINA_EMULATED=1 LAMINA_BIN="$(ARM_QEMU) $(ARM_BUILD)/lamina" python3 tests/e2e_arch_hybrid.py
 	@echo "test_kernels_isa on qemu's cortex-a53:"; $(ARM_QEMU) -cpu cortex-a53 $(ARM_BUILD)/tests/test_kernels_isa >$(ARM_BUILD)/a53.log 2>&1; \
 	    rc=$$?; grep -Ev '^PASS ' $(ARM_BUILD)/a53.log; exit $$rc
@@ -305,7 +325,8 @@ chat: $(BUILD)/lamina
 asan:
 	$(MAKE) BUILD=build/asan CC=clang OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all -DLAMINA_X86_BASE_ONLY" \
 	    LDFLAGS="-fsanitize=address,undefined" all
-	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 LAMINA_ASAN=1 LAMINA_TEST_JOBS=2 BUILD=build/asan bash tests/run.sh
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 LAMINA_ASAN=1 LAMINA_TEST_JOBS=2 \
+	    LAMINA_TEST_FIRST="$(TEST_FIRST)" BUILD=build/asan bash tests/run.sh
 
 # Fuzzing: every fuzz/fuzz_*.c for FUZZ_SECONDS each, FUZZ_JOBS at once,
 # starting from its committed seeds in fuzz/seeds/<target> (python3
