@@ -151,7 +151,10 @@ static void run_decode(const roofline_opts *o, scenario *s, const int32_t *toks)
     seqs[0] = sr->seq;
     for (int b = 1; b < B; b++) { /* its own blocks, holding a copy of the first sequence's K/V */
         if (!(seqs[b] = kv_seq_new(kv, err, sizeof err))) fail("bench", err);
-        if (s->depth > 0 && kv_append(kv, seqs[b], s->depth, err, sizeof err) != KV_OK) fail("bench", err);
+        for (int off = 0; off < s->depth; off += d.n_batch) { /* in passes' steps, as a window's pool holds */
+            int k = s->depth - off < d.n_batch ? s->depth - off : d.n_batch;
+            if (kv_append(kv, seqs[b], k, err, sizeof err) != KV_OK) fail("bench", err);
+        }
         for (int c = 0; c < KV_N_CLASS; c++) {
             const int32_t *src = kv_seq_table(sr->seq, c), *dst = kv_seq_table(seqs[b], c);
             for (int i = 0; src && dst && i < (s->depth + kc.block_size - 1) / kc.block_size; i++)
