@@ -200,7 +200,7 @@ def run_round(port, prompts, max_tokens, model):
 
 
 def check_out_path(path, inputs, force):
-    """Refuse an --out that is an input, a link, a folder, or (without --force) any existing file."""
+    """Refuse an --out that is an input, a link, a folder, a device, or (without --force) any existing file."""
     if os.path.islink(path):
         raise SystemExit("serve16: --out %s is a symbolic link; give a plain new path" % path)
     if os.path.isdir(path):
@@ -208,6 +208,8 @@ def check_out_path(path, inputs, force):
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise SystemExit("serve16: --out %s: its folder %s does not exist" % (path, parent))
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise SystemExit("serve16: --out %s is a device or another special file; give a file path" % path)
     if os.path.exists(path):
         for name, p in inputs:
             if os.path.exists(p) and os.path.samefile(path, p):
@@ -217,14 +219,21 @@ def check_out_path(path, inputs, force):
 
 
 def write_json(path, obj):
-    """Written beside path, then renamed over it: never through an existing file or link."""
+    """Written beside path, synced, then renamed over it: never through an existing file or link."""
     fd, tmp = tempfile.mkstemp(prefix=".serve16-", suffix=".json", dir=os.path.dirname(os.path.abspath(path)))
     try:
         os.chmod(tmp, 0o644)
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f, indent=1)
             f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
+        dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
     except BaseException:
         os.unlink(tmp)
         raise
