@@ -103,6 +103,9 @@ AVX512_FLAGS = $(SIMD_FLAGS) -mavx512f -mavx512bw -mavx512vl
 $(BUILD)/obj/kernels/avx512_%.o: src/kernels/avx512_%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LIBFLAGS) $(AVX512_FLAGS) -c $< -o $@
+$(BUILD)/obj/kernels/avxvnni_%.o: src/kernels/avxvnni_%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LIBFLAGS) $(SIMD_FLAGS) -mavxvnni -c $< -o $@
 $(BUILD)/obj/kernels/avx512vnni_%.o: src/kernels/avx512vnni_%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LIBFLAGS) $(AVX512_FLAGS) -mavx512vnni -c $< -o $@

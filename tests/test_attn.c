@@ -4,9 +4,12 @@
  *
  * Bounds (relative L2 error over all outputs of a call):
  *   against the reference on the values as STORED (after F16/Q8_0 rounding):
- *     < 1e-5 for every type and path;
+ *     < 1e-5 for every type and path (a path that scores Q8_0 keys by
+ *     integer dot products, kernels.h's scores_q8_0_q8, stores the query
+ *     too: the reference then reads the scaled query through Q8_0 and back);
  *   against the reference on the original float values:
- *     F32 < 1e-5, F16 < 2e-3, Q8_0 < 2e-2
+ *     F32 < 1e-5, F16 < 2e-3, Q8_0 < 2e-2 (with integer scores, the
+ *     query's own Q8_0 rounding included)
  *   (F16 keeps 11 significant bits, |rel| <= 2^-11 per element; Q8_0 rounds
  *   each value to within amax/254 of its block of 32).
  * Shapes cover MHA, GQA and MQA, head dims that do and do not take the SIMD
@@ -39,10 +42,14 @@ typedef struct {
     float *k, *v;   /* (n_layer, T, n_head_kv * hd) original values */
     float *ks, *vs; /* same, as stored in the pool's type (dequantized) */
     float *q;       /* (n_layer, T, n_head * hd) */
+    float *qh;      /* Q8_0: q times the scale through Q8_0 and back, as integer scores read it; else NULL */
+    uint32_t type;
+    bool q8q; /* the references read qh (scale 1) instead of q: ref_mode */
 } data;
 
 static void data_make(data *d, int n_layer, int n_head, int n_head_kv, int hd, int T, uint32_t type, uint64_t seed) {
     d->n_layer = n_layer, d->n_head = n_head, d->n_head_kv = n_head_kv, d->hd = hd, d->T = T;
+    d->type = type, d->q8q = false, d->qh = NULL;
     size_t nkv = (size_t)n_layer * T * n_head_kv * hd, nq = (size_t)n_layer * T * n_head * hd;
     d->k = malloc(nkv * sizeof(float));
     d->v = malloc(nkv * sizeof(float));
@@ -68,11 +75,35 @@ static void data_make(data *d, int n_layer, int n_head, int n_head_kv, int hd, i
             tt->from_float(d->v + i, tmp, hd);
             tt->to_float(tmp, d->vs + i, hd);
         }
+        if (type == LM_TYPE_Q8_0) {
+            float scale = 1.0f / sqrtf((float)hd); /* the callers' scale, applied as kv/attn.c does */
+            d->qh = malloc(nq * sizeof(float));
+            for (size_t i = 0; i < nq; i++) d->qh[i] = d->q[i] * scale;
+            for (size_t i = 0; i < nq; i += (size_t)hd)
+                tt->from_float(d->qh + i, tmp, hd), tt->to_float(tmp, d->qh + i, hd);
+        }
         free(tmp);
     }
 }
 
-static void data_free(data *d) { free(d->k), free(d->v), free(d->ks), free(d->vs), free(d->q); }
+static void data_free(data *d) { free(d->k), free(d->v), free(d->ks), free(d->vs), free(d->q), free(d->qh); }
+
+/* Point d's references at the query the table now scores with: qh where it
+ * scores a Q8_0 cache by integer dot products, else q. Returns whether that
+ * changed (the caller's reference must then be computed again). */
+static bool ref_mode(data *d) {
+    bool q8q = d->qh && kernels_attn(d->hd)->scores_q8_0_q8;
+    bool changed = q8q != d->q8q;
+    d->q8q = q8q;
+    return changed;
+}
+
+/* Head h's query row at position t of layer as the references read it, and
+ * the scale of its scores. */
+static const float *qref(const data *d, int layer, int t, int h, double *scale) {
+    *scale = d->q8q ? 1.0 : 1.0 / sqrt((double)d->hd);
+    return (d->q8q ? d->qh : d->q) + ((size_t)layer * d->T + t) * d->n_head * d->hd + (size_t)h * d->hd;
+}
 
 static const float *qrow(const data *d, int layer, int t) {
     return d->q + ((size_t)layer * d->T + t) * d->n_head * d->hd;
@@ -86,12 +117,12 @@ static void ref_attn_full(const data *d, const float *kk, const float *vv, int l
                           double cap, const float *sinks, double *out) {
     int hd = d->hd, G = d->n_head / d->n_head_kv;
     size_t kvd = (size_t)d->n_head_kv * hd;
-    double scale = 1.0 / sqrt((double)hd);
     double *w = malloc((size_t)(pos0 + n_q) * sizeof(double));
     for (int i = 0; i < n_q; i++) {
         int pos = pos0 + i, j0 = window > 0 && pos + 1 > window ? pos + 1 - window : 0;
         for (int h = 0; h < d->n_head; h++) {
-            const float *q = qrow(d, layer, pos) + (size_t)h * hd;
+            double scale;
+            const float *q = qref(d, layer, pos, h, &scale);
             int kh = h / G;
             double mx = sinks ? (double)sinks[h] : -INFINITY, sum = 0;
             for (int j = j0; j <= pos; j++) {
@@ -214,10 +245,12 @@ static int check_config_w(int n_layer, int n_head, int n_head_kv, int hd, int T,
         }
         int pos0 = c == 0 ? 0 : cuts[c], n_q = cuts[c + 1] - pos0;
         for (int layer = 0; layer < n_layer && !rc; layer++) {
-            ref_attn_w(&d, d.ks, d.vs, layer, pos0, n_q, window, ref);
-            ref_attn_w(&d, d.k, d.v, layer, pos0, n_q, window, ref_o);
+            data d0 = d; /* the original values: the query itself */
+            d0.q8q = false;
+            ref_attn_w(&d0, d.k, d.v, layer, pos0, n_q, window, ref_o);
             for (int path = 0; path < 2; path++) {
                 use_path(path);
+                if (ref_mode(&d) || path == 0) ref_attn_w(&d, d.ks, d.vs, layer, pos0, n_q, window, ref);
                 run_attn_w(p, s, &d, layer, pos0, n_q, window, out, scr);
                 double e = rel_err(out, ref, (size_t)n_q * qd), eo = rel_err(out, ref_o, (size_t)n_q * qd);
                 if (e > *worst_stored) *worst_stored = e;
@@ -234,9 +267,9 @@ static int check_config_w(int n_layer, int n_head, int n_head_kv, int hd, int T,
     }
     /* decode: each of the last few positions alone */
     for (int pos = T - 4; pos < T && !rc; pos++) {
-        ref_attn_w(&d, d.ks, d.vs, n_layer - 1, pos, 1, window, ref);
         for (int path = 0; path < 2; path++) {
             use_path(path);
+            if (ref_mode(&d) || path == 0) ref_attn_w(&d, d.ks, d.vs, n_layer - 1, pos, 1, window, ref);
             run_attn_w(p, s, &d, n_layer - 1, pos, 1, window, out, scr);
             double e = rel_err(out, ref, qd);
             if (e > *worst_stored) *worst_stored = e;
@@ -650,6 +683,7 @@ static int check_split(const split_cfg *c, int T, const int *isas, int n_isa, do
                 rc = -1;
                 break;
             }
+            if (ref_mode(&d)) ref_attn_full(&d, d.ks, d.vs, 0, pos0, n_q, c->window, c->cap, sk, ref);
             run_attn_sinks(f.p, f.s, &d, 0, pos0, n_q, c->window, c->cap, sk, n_q, want, f.scr);
             double e = rel_err(want, ref, (size_t)n_q * qd);
             *worst = e > *worst ? e : *worst;
@@ -743,6 +777,7 @@ static int check_sinks(const sink_cfg *c, int T, const int *isas, int n_isa, dou
                 rc = -1;
                 break;
             }
+            if (ref_mode(&d)) ref_attn_full(&d, d.ks, d.vs, 0, pos0, n_q, c->window, c->cap, sinks, ref);
             run_attn_sinks(f.p, f.s, &d, 0, pos0, n_q, c->window, c->cap, sinks, ATTN_TILE_Q, out, f.scr);
             double e = rel_err(out, ref, (size_t)n_q * qd);
             if (e > *worst) *worst = e;
@@ -989,10 +1024,10 @@ static void ref_attn_nc_sym(const data *d, const float *kk, const float *vv, int
                             double *out) {
     int hd = d->hd, G = d->n_head / d->n_head_kv;
     size_t kvd = (size_t)d->n_head_kv * hd;
-    double scale = 1.0 / sqrt((double)hd), *w = malloc((size_t)kv_end * sizeof(double));
+    double scale, *w = malloc((size_t)kv_end * sizeof(double));
     for (int i = 0; i < n_q; i++)
         for (int h = 0; h < d->n_head; h++) {
-            const float *q = qrow(d, 0, pos0 + i) + (size_t)h * hd;
+            const float *q = qref(d, 0, pos0 + i, h, &scale);
             double mx = -INFINITY, sum = 0;
             for (int j = 0; j < kv_end; j++) {
                 const float *k = kk + (size_t)j * kvd + (size_t)(h / G) * hd;
@@ -1051,6 +1086,10 @@ static void test_noncausal(void) {
             ref_attn(&d, d.ks, d.vs, 0, pos0, n_q, causal);
             for (int i = 0; i < n_isa; i++) {
                 CHECK(kernels_use(isas[i]) == 0);
+                if (ref_mode(&d)) {
+                    ref_attn_nc(&d, d.ks, d.vs, pos0, n_q, T, ref);
+                    ref_attn(&d, d.ks, d.vs, 0, pos0, n_q, causal);
+                }
                 for (int tile = ATTN_TILE_Q, pass = 0; pass < 2; pass++, tile = 5) {
                     float *o = pass ? out1 : out;
                     for (int i0 = 0; i0 < n_q; i0 += tile) {
@@ -1108,6 +1147,10 @@ static void test_symmetric(void) {
         ref_attn_nc_sym(&d, d.ks, d.vs, 0, T, T, 0, full);
         for (int i = 0; i < n_isa; i++) {
             CHECK(kernels_use(isas[i]) == 0);
+            if (ref_mode(&d)) {
+                ref_attn_nc_sym(&d, d.ks, d.vs, 0, T, T, half, ref);
+                ref_attn_nc_sym(&d, d.ks, d.vs, 0, T, T, 0, full);
+            }
             for (int tile = ATTN_TILE_Q, pass = 0; pass < 2; pass++, tile = 5) {
                 float *o = pass ? out1 : out;
                 for (int i0 = 0; i0 < T; i0 += tile) {

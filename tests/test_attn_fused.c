@@ -12,13 +12,26 @@
  *   2. kernel level, against float64 on the stored values: each score
  *      within 1e-5 x Σ_d |q_d k_d| (+1e-30), each output element of P·V
  *      within 1e-5 x (|o| + Σ_t |p_t v_t|);
- *   3. through kv/attn.c (where sub-tiles of up to 16 rows take the fused
+ *   3. through kv/attn.c (where sub-tiles of up to 8 rows take the fused
  *      kernels and larger ones convert first): a prefill call of 32 queries
  *      (32 x group rows, converted) and the same queries one at a time
  *      (group rows, fused) give the same bits, with a sliding window,
  *      softcap and sinks, and the split-K partials merged give them too;
  *      every output within 1e-5 (relative L2) of a float64 attention on
- *      the stored values.
+ *      the stored values. A Q8_0 cache in a variant with integer scores
+ *      (scores_q8_0_q8) takes them in every sub-tile: the same bit
+ *      equalities; within 1e-5 of float64 attention whose query is the
+ *      scaled query quantized to Q8_0 and back (so a sub-tile that took the
+ *      float scores would fail), and within 2e-2 of it on the query itself;
+ *   4. the integer Q8_0 scores (kernels.h: scores_q8_0_q8), kernel level:
+ *      every variant gives the scalar reference's bits, for head dims 32,
+ *      64, 128, 256, 1 .. 17 rows, 1 .. 67 keys, extreme blocks (all
+ *      ±127, zero scales); each score within 1e-5 x Σ|q̂_d k_d| of the
+ *      float64 dot of the dequantized query q̂ and key, and within
+ *      Σ_b (amax_b / 200) Σ_{d in b} |k_d| + 1e-5 x Σ|q_d k_d| of the
+ *      float64 dot of the unquantized query q (amax_b: block b's largest
+ *      |q_d|; Q8_0 rounds each q_d to within amax_b / 254, and its F16
+ *      scale adds at most amax_b x 2^-11).
  */
 #include <math.h>
 #include <stdint.h>
@@ -28,6 +41,7 @@
 #include "base/util.h"
 #include "format/quant.h"
 #include "kernels/kernels.h"
+#include "kernels/scalar.h"
 #include "kv/attn.h"
 #include "kv/kv.h"
 #include "test.h"
@@ -166,6 +180,108 @@ static void test_kernels_every_variant(void) {
     printf("  %d kernel cases over %d variants: worst error %.3g of the magnitude\n", n, n_isa, worst);
 }
 
+/* ---- 4: the integer Q8_0 scores ------------------------------------------------ */
+
+/* One (hd, R, nk) case of scores_q8_0_q8 on the table now against the scalar
+ * reference and float64; returns 0 when every claim holds. extreme: rows of
+ * ±127 codes under the largest scales, and a zero block in each. */
+static int check_int_scores(int hd, int R, int nk, bool extreme, uint64_t seed, double *worst) {
+    const lm_attn_kernels *a = kernels_attn(hd);
+    if (!a->scores_q8_0_q8) return 0; /* a variant without them: attention keeps the float scores */
+    lm_rng g;
+    lm_rng_seed(&g, seed);
+    const lm_type_traits *tt = quant_traits(LM_TYPE_Q8_0);
+    int nb = hd / QK8_0;
+    rows K;
+    rows_make(&K, LM_TYPE_Q8_0, hd, nk, &g);
+    float *Q = malloc((size_t)R * hd * sizeof(float)), *Qd = malloc((size_t)R * hd * sizeof(float));
+    block_q8_0 *Qq = malloc((size_t)R * nb * sizeof(block_q8_0));
+    float *S1 = malloc((size_t)R * NKMAX * sizeof(float)), *S2 = malloc((size_t)R * NKMAX * sizeof(float));
+    for (int i = 0; i < R * hd; i++) Q[i] = lm_rng_normal(&g) * (i % 3 ? 0.3f : 2.0f);
+    if (extreme) {
+        for (int i = 0; i < R * hd; i++) Q[i] = (i / 7) % 2 ? 60000.0f : -60000.0f;
+        for (int t = 0; t < nk; t++) {
+            block_q8_0 *b = K.raw[t];
+            for (int j = 0; j < nb; j++) {
+                b[j].d = lm_f32_to_f16(j == 1 ? 0.0f : 65504.0f / 127);
+                for (int e = 0; e < QK8_0; e++) b[j].qs[e] = (int8_t)((e + t) % 3 ? 127 : -127);
+            }
+            tt->to_float(K.raw[t], K.f[t], hd);
+        }
+        for (int i = 0; i < hd; i++) Q[i] = 0.0f; /* a zero query row: zero scales */
+    }
+    for (int r = 0; r < R; r++) {
+        tt->from_float(Q + (size_t)r * hd, Qq + (size_t)r * nb, hd);
+        tt->to_float(Qq + (size_t)r * nb, Qd + (size_t)r * hd, hd);
+    }
+    memset(S1, 0, (size_t)R * NKMAX * sizeof(float));
+    memset(S2, 0, (size_t)R * NKMAX * sizeof(float));
+    a->scores_q8_0_q8(Qq, R, hd, (const void *const *)K.raw, nk, S1, NKMAX);
+    scalar_attn_scores_q8_0_q8(Qq, R, hd, (const void *const *)K.raw, nk, S2, NKMAX);
+    int rc = 0;
+    if (memcmp(S1, S2, (size_t)R * NKMAX * sizeof(float))) {
+        fprintf(stderr, "  %s hd %d R %d nk %d%s: integer scores differ from the scalar reference\n",
+                kernels_isa_name(), hd, R, nk, extreme ? " (extreme)" : "");
+        rc = -1;
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < nk; t++) {
+            const float *q = Q + (size_t)r * hd, *qd = Qd + (size_t)r * hd;
+            double ref_d = 0, mag_d = 1e-30, ref = 0, mag = 1e-30, quant = 0;
+            for (int d = 0; d < hd; d++) {
+                double pd = (double)qd[d] * K.f[t][d], p = (double)q[d] * K.f[t][d];
+                ref_d += pd, mag_d += fabs(pd), ref += p, mag += fabs(p);
+            }
+            for (int b = 0; b < nb; b++) {
+                double amax = 0, ksum = 0;
+                for (int e = b * QK8_0; e < (b + 1) * QK8_0; e++) {
+                    amax = fabs(q[e]) > amax ? fabs(q[e]) : amax;
+                    ksum += fabs(K.f[t][e]);
+                }
+                quant += amax / 200 * ksum;
+            }
+            double s = S1[(size_t)r * NKMAX + t], e1 = fabs(s - ref_d) / mag_d,
+                   e2 = fabs(s - ref) / (quant + 1e-5 * mag);
+            *worst = e1 > *worst ? e1 : *worst;
+            if ((!(e1 < 1e-5) || !(e2 <= 1)) && !rc) {
+                fprintf(stderr,
+                        "  %s hd %d R %d nk %d: score (%d, %d) = %g, %g with the dequantized query (%.3g of "
+                        "its magnitude), %g with the query (%.3g of the bound)\n",
+                        kernels_isa_name(), hd, R, nk, r, t, s, ref_d, e1, ref, e2);
+                rc = -1;
+            }
+        }
+    rows_free(&K, nk);
+    free(Q), free(Qd), free(Qq), free(S1), free(S2);
+    return rc;
+}
+
+static void test_int_scores_every_variant(void) {
+    static const int hds[] = {32, 64, 128, 256};
+    static const int Rs[] = {1, 2, 3, 4, 5, 8, 9, 17};
+    static const int nks[] = {1, 2, 5, 8, 64, 67};
+    int isas[LM_ISA_COUNT], n_isa = cpu_isas(isas), n = 0, n_int = 0;
+    double worst = 0;
+    for (int i = 0; i < n_isa; i++) {
+        CHECK(kernels_use(isas[i]) == 0);
+        n_int += kernels_attn(64)->scores_q8_0_q8 != NULL;
+        for (size_t h = 0; h < sizeof hds / sizeof hds[0]; h++)
+            for (size_t r = 0; r < sizeof Rs / sizeof Rs[0]; r++)
+                for (size_t k = 0; k < sizeof nks / sizeof nks[0]; k++) {
+                    uint64_t seed = (uint64_t)(hds[h] * 1000 + Rs[r] * 100 + nks[k]);
+                    CHECK(!check_int_scores(hds[h], Rs[r], nks[k], false, seed, &worst));
+                    CHECK(!check_int_scores(hds[h], Rs[r], nks[k], true, seed, &worst));
+                    n += 2;
+                }
+    }
+    kernels_use(-1);
+#if defined(__x86_64__) || defined(__i386__)
+    CHECK(n_int == n_isa); /* the reference and every x86 variant have them */
+#endif
+    printf("  %d integer-score cases over %d variants (%d with the entry): worst error %.3g of the magnitude\n", n,
+           n_isa, n_int, worst);
+}
+
 /* ---- 3: through kv/attn.c ------------------------------------------------------- */
 
 typedef struct {
@@ -177,9 +293,10 @@ typedef struct {
 } attn_cfg;
 
 /* float64 attention of query i (position pos) of q against the stored
- * k, v rows (T, n_head_kv * hd): window, softcap and sinks as attn.h. */
-static void ref_row(const attn_cfg *c, const float *q, const float *ks, const float *vs, int pos, const float *sinks,
-                    double *out) {
+ * k, v rows (T, n_head_kv * hd): window, softcap and sinks as attn.h;
+ * scores q·k times qscale. */
+static void ref_row(const attn_cfg *c, const float *q, double qscale, const float *ks, const float *vs, int pos,
+                    const float *sinks, double *out) {
     int G = c->n_head / c->n_head_kv, hd = c->hd, lo = c->window > 0 ? pos + 1 - c->window : 0;
     double *s = malloc((size_t)(pos + 1) * sizeof(double));
     lo = lo < 0 ? 0 : lo;
@@ -190,7 +307,7 @@ static void ref_row(const attn_cfg *c, const float *q, const float *ks, const fl
             double d = 0;
             for (int e = 0; e < hd; e++)
                 d += (double)q[(size_t)h * hd + e] * ks[((size_t)j * c->n_head_kv + kh) * hd + e];
-            d /= sqrt((double)hd);
+            d *= qscale;
             if (c->cap > 0) d = c->cap * tanh(d / c->cap);
             s[j] = d, m = d > m ? d : m;
         }
@@ -206,7 +323,7 @@ static void ref_row(const attn_cfg *c, const float *q, const float *ks, const fl
     free(s);
 }
 
-static int check_attn(const attn_cfg *c, const int *isas, int n_isa, double *worst) {
+static int check_attn(const attn_cfg *c, const int *isas, int n_isa, double *worst, double *worst_q8, int *n_q8) {
     int T = c->T, hd = c->hd, nq = 32, pos0 = T - nq, G = c->n_head / c->n_head_kv;
     size_t kvd = (size_t)c->n_head_kv * hd, qd = (size_t)c->n_head * hd;
     lm_rng g;
@@ -216,7 +333,8 @@ static int check_attn(const attn_cfg *c, const int *isas, int n_isa, double *wor
     float *q = malloc((size_t)nq * qd * sizeof(float)), *sinks = malloc((size_t)c->n_head * sizeof(float));
     float *pre = malloc((size_t)nq * qd * sizeof(float)), *one = malloc((size_t)nq * qd * sizeof(float));
     float *part = malloc((size_t)(T / ATTN_SPLIT + 2) * G * (hd + 2) * sizeof(float));
-    double *ref = malloc((size_t)nq * qd * sizeof(double));
+    double *ref = malloc((size_t)nq * qd * sizeof(double)), *refq = malloc((size_t)nq * qd * sizeof(double));
+    float *qq = malloc((size_t)nq * qd * sizeof(float)); /* the scaled query through Q8_0 and back */
     for (size_t i = 0; i < (size_t)T * kvd; i++) k[i] = lm_rng_normal(&g) * (1.0f + (float)(i % 7) * 0.3f);
     for (size_t i = 0; i < (size_t)T * kvd; i++) v[i] = lm_rng_normal(&g);
     for (size_t i = 0; i < (size_t)nq * qd; i++) q[i] = lm_rng_normal(&g) * 1.5f;
@@ -227,8 +345,15 @@ static int check_attn(const attn_cfg *c, const int *isas, int n_isa, double *wor
         tt->from_float(k + i, tmp, hd), tt->to_float(tmp, ks + i, hd);
         tt->from_float(v + i, tmp, hd), tt->to_float(tmp, vs + i, hd);
     }
+    float scale = 1.0f / sqrtf((float)hd);
+    for (size_t i = 0; i < (size_t)nq * qd; i++) qq[i] = q[i] * scale;
+    for (size_t i = 0; c->type == LM_TYPE_Q8_0 && i < (size_t)nq * qd; i += (size_t)hd)
+        tt->from_float(qq + i, tmp, hd), tt->to_float(tmp, qq + i, hd);
     free(tmp);
-    for (int i = 0; i < nq; i++) ref_row(c, q + (size_t)i * qd, ks, vs, pos0 + i, sinks, ref + (size_t)i * qd);
+    for (int i = 0; i < nq; i++) {
+        ref_row(c, q + (size_t)i * qd, 1 / sqrt((double)hd), ks, vs, pos0 + i, sinks, ref + (size_t)i * qd);
+        ref_row(c, qq + (size_t)i * qd, 1, ks, vs, pos0 + i, sinks, refq + (size_t)i * qd);
+    }
 
     kv_config kc;
     kv_config_init(&kc, 1, c->n_head_kv, hd);
@@ -243,7 +368,6 @@ static int check_attn(const attn_cfg *c, const int *isas, int n_isa, double *wor
     int rc = s && scr && kv_append(p, s, T, err, sizeof err) == KV_OK ? 0 : -1;
     if (rc) fprintf(stderr, "  setup: %s\n", err);
     else kv_store_rows(p, s, 0, 0, T, k, kvd, v, kvd);
-    float scale = 1.0f / sqrtf((float)hd);
     const float *sk = c->sinks ? sinks : NULL;
     for (int i = 0; i < n_isa && !rc; i++) {
         if (kernels_use(isas[i])) continue;
@@ -262,12 +386,21 @@ static int check_attn(const attn_cfg *c, const int *isas, int n_isa, double *wor
                     quant_type_name(c->type), hd, G, c->window);
             rc = -1;
         }
-        double e = test_rel_l2(one, ref, (size_t)nq * qd);
+        /* integer Q8_0 scores: exact against the quantized query, within
+         * Q8_0's rounding of it against the query itself */
+        bool q8q = c->type == LM_TYPE_Q8_0 && kernels_attn(hd)->scores_q8_0_q8;
+        double e = test_rel_l2(one, q8q ? refq : ref, (size_t)nq * qd),
+               eq = q8q ? test_rel_l2(one, ref, (size_t)nq * qd) : 0;
         *worst = e > *worst ? e : *worst;
-        if (!(e < 1e-5)) {
-            fprintf(stderr, "  %s %s hd %d G %d window %d: error %.3g vs float64\n", isa, quant_type_name(c->type), hd,
-                    G, c->window, e);
+        if (!(e < 1e-5) || !(eq < 2e-2)) {
+            fprintf(stderr, "  %s %s hd %d G %d window %d: error %.3g vs float64%s\n", isa, quant_type_name(c->type),
+                    hd, G, c->window, e, q8q ? " with the quantized query" : "");
+            if (q8q) fprintf(stderr, "    %.3g vs float64 with the query itself (bound 2e-2)\n", eq);
             rc = -1;
+        }
+        if (q8q) {
+            *worst_q8 = eq > *worst_q8 ? eq : *worst_q8;
+            n_q8[0]++;
         }
         /* the last query's splits, each its own part, merged */
         int first, n_split = attn_split_range(1, T - 1, c->window, &first);
@@ -290,6 +423,7 @@ static int check_attn(const attn_cfg *c, const int *isas, int n_isa, double *wor
     if (s) kv_seq_free(p, s);
     kv_pool_free(p);
     free(k), free(v), free(ks), free(vs), free(q), free(sinks), free(pre), free(one), free(part), free(ref);
+    free(refq), free(qq);
     return rc;
 }
 
@@ -303,15 +437,19 @@ static void test_attn_fused_equals_converted(void) {
         {8, 1, 80, 100, LM_TYPE_F16, 0, 0, false},     /* 8 rows per query: the fused bound */
     };
     int isas[LM_ISA_COUNT], n_isa = cpu_isas(isas);
-    double worst = 0;
+    double worst = 0, worst_q8 = 0;
+    int n_q8 = 0;
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++)
-        CHECKF(!check_attn(&cfgs[i], isas, n_isa, &worst), "cfg %zu", i);
-    printf("  attention: worst relative L2 error %.3g over %d variants\n", worst, n_isa);
+        CHECKF(!check_attn(&cfgs[i], isas, n_isa, &worst, &worst_q8, &n_q8), "cfg %zu", i);
+    printf("  attention: worst relative L2 error %.3g over %d variants; %d Q8_0 runs by integer scores, %.3g from "
+           "float64 on the unquantized query\n",
+           worst, n_isa, n_q8, worst_q8);
 }
 
 int main(void) {
     kernels_init();
     TEST_RUN(test_kernels_every_variant);
+    TEST_RUN(test_int_scores_every_variant);
     TEST_RUN(test_attn_fused_equals_converted);
     return TEST_DONE();
 }

@@ -16,6 +16,9 @@
  * same chains as above, so they give the float loops' bits on the
  * converted rows; scores in 4-row x 2-key tiles (4 rows share each
  * conversion), P·V in the 6-row x 16-column tiles.
+ * Q8_0 scores against quantized queries (scores_q8_0_q8): the 256-bit
+ * integer kernel of kernels/x86_attn_q8.h with the sign trick (vpsignb,
+ * vpmaddubsw, vpmaddwd), the reference's bits.
  * exp: Cody-Waite range reduction x = n ln2 + r, |r| <= ln2/2, a degree-7
  * polynomial for e^r (the classic Cephes single-precision coefficients,
  * ~1 ulp), and 2^n built in the exponent field; inputs are clamped to
@@ -33,14 +36,7 @@
 #include <string.h>
 
 #include "format/quant.h"
-
-/* Four 8-lane accumulators to their four totals. */
-static inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
-    __m256 ab = _mm256_hadd_ps(a, b); /* a01 a23 b01 b23 | a45 a67 b45 b67 */
-    __m256 cd = _mm256_hadd_ps(c, d);
-    __m256 abcd = _mm256_hadd_ps(ab, cd); /* a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7 */
-    return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
-}
+#include "kernels/x86_hsum.h"
 
 static inline float hsum1(__m256 a) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -365,6 +361,16 @@ void attn_pv_f16_avx2(float *O, int R, int hd, const float *P, int p_stride, con
 void attn_pv_q8_0_avx2(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk) {
     pv_kv(O, R, hd, P, p_stride, vrow, nk, KV_Q8);
 }
+
+/* ---- Q8_0 scores by integer dot products (kernels/x86_attn_q8.h) ------------- */
+
+/* No VNNI: |k| times q with k's sign, in pairs, then in fours. */
+#define Q8Q_PREP(k) _mm256_sign_epi8(k, k)
+#define Q8Q_QPREP(q) _mm256_setzero_si256()
+#define Q8Q_IDOT(b, kp, k, q)                                                                                          \
+    ((void)(b), _mm256_madd_epi16(_mm256_maddubs_epi16(kp, _mm256_sign_epi8(q, k)), _mm256_set1_epi16(1)))
+#define Q8Q_FN attn_scores_q8_0_q8_avx2
+#include "kernels/x86_attn_q8.h"
 
 #else
 typedef int avx2_attn_unused; /* not an x86 target: nothing to compile */

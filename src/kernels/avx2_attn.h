@@ -23,6 +23,10 @@ void attn_scores_f16_avx2(const float *Q, int R, int hd, const void *const *krow
 void attn_scores_q8_0_avx2(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride);
 void attn_pv_f16_avx2(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk);
 void attn_pv_q8_0_avx2(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk);
+/* Q8_0 scores against Q8_0 query rows by integer dot products
+ * (kernels.h's lm_attn_scores_q8q_fn, the scalar reference's bits), by the
+ * sign trick (vpsignb, vpmaddubsw, vpmaddwd). */
+void attn_scores_q8_0_q8_avx2(const void *Qq, int R, int hd, const void *const *krow, int nk, float *S, int s_stride);
 /* max of x[0 .. n), n >= 1 (no NaNs). */
 float attn_max_avx2(const float *x, int n);
 /* dst[i] = src[i] * c, i < n (n a multiple of 8; dst may be src). */
@@ -35,5 +39,12 @@ float attn_exp_sum_avx2(float *x, int n, float m);
  * 16 lanes wide. Lays them over k's; false (k unchanged) in a build
  * without the x86 variants. */
 bool avx512_attn_fill(lm_attn_kernels *k);
+/* The VNNI variants' integer Q8_0 scores (scores_q8_0_q8 by vpdpbusd,
+ * the same bits): avxvnni's on 256-bit vectors (avxvnni_attn.c, compiled
+ * with -mavxvnni), avx512vnni's on 512-bit ones, two keys a vector
+ * (avx512vnni_attn.c). Each lays its entry over k's; false (k unchanged) in
+ * a build without the x86 variants. */
+bool avxvnni_attn_fill(lm_attn_kernels *k);
+bool avx512vnni_attn_fill(lm_attn_kernels *k);
 
 #endif

@@ -46,19 +46,11 @@
 #include <stdint.h>
 
 #include "format/quant.h"
+#include "kernels/x86_hsum.h" /* attn_scores_avx2's reduction, operation for operation */
 
 #define INLINE static inline __attribute__((always_inline))
 
 enum { KV_F16, KV_Q8 };
-
-/* attn_scores_avx2's reduction of four 8-lane accumulators to their four
- * totals, operation for operation. */
-INLINE __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
-    __m256 ab = _mm256_hadd_ps(a, b);
-    __m256 cd = _mm256_hadd_ps(c, d);
-    __m256 abcd = _mm256_hadd_ps(ab, cd);
-    return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
-}
 
 INLINE float q8_scale(const void *row, int d) { return _cvtsh_ss(((const block_q8_0 *)row)[d / QK8_0].d); }
 
@@ -112,16 +104,7 @@ INLINE void scores_tile(const float *Q, int hd, const void *const *k, int C, int
         }
     }
 #pragma GCC unroll 8
-    for (int c = 0; c < C; c++) {
-        __m256 h[8];
-#pragma GCC unroll 4
-        for (int p = 0; p < NP; p++) {
-            h[2 * p] = _mm512_castps512_ps256(acc[c][p]);
-            h[2 * p + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[c][p]), 1));
-        }
-        _mm_storeu_ps(s[c], hsum4(h[0], h[1], h[2], h[3]));
-        if (NP > 2) _mm_storeu_ps(s[c] + 4, hsum4(h[4], h[5], h[6], h[7]));
-    }
+    for (int c = 0; c < C; c++) hsum_pairs(acc[c], NP, s[c]);
 }
 
 /* Rows [0, C) against every key, 2 NP at a time (the last group padded

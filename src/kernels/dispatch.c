@@ -71,6 +71,7 @@ static const lm_attn_kernels scalar_attn = {.scores = scalar_attn_scores,
                                             .scores_q8_0 = scalar_attn_scores_q8_0,
                                             .pv_f16 = scalar_attn_pv_f16,
                                             .pv_q8_0 = scalar_attn_pv_q8_0,
+                                            .scores_q8_0_q8 = scalar_attn_scores_q8_0_q8,
                                             .max = scalar_attn_max,
                                             .scale = scalar_attn_scale,
                                             .exp_sum = scalar_attn_exp_sum,
@@ -162,11 +163,15 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
                                         .scores_q8_0 = attn_scores_q8_0_avx2,
                                         .pv_f16 = attn_pv_f16_avx2,
                                         .pv_q8_0 = attn_pv_q8_0_avx2,
+                                        .scores_q8_0_q8 = attn_scores_q8_0_q8_avx2,
                                         .max = attn_max_avx2,
                                         .scale = attn_scale_avx2,
                                         .exp_sum = attn_exp_sum_avx2,
                                         .head_multiple = 8};
             if (isa >= LM_ISA_AVX512) avx512_attn_fill(&k->attn); /* 512-bit fused KV reads, the same bits */
+            /* integer Q8_0 scores by vpdpbusd (the sign trick's bits) */
+            if (isa == LM_ISA_AVXVNNI) avxvnni_attn_fill(&k->attn);
+            if (isa >= LM_ISA_AVX512VNNI) avx512vnni_attn_fill(&k->attn);
             k->peak = (lm_peak_kernel){avx2_fma_probe, AVX2_PEAK_FLOPS};
             /* the linear-attention ops: AVX2's, the avx512 variants' 512-bit ones over them */
             avx2_dn_fill(&k->dn);
@@ -193,7 +198,7 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
                 }
             }
             k->ew = (lm_ew_kernels){neon_rmsnorm, neon_swiglu, neon_geglu, neon_gelu, neon_rope};
-            /* no fused F16 / Q8_0 entries: attention converts those rows first */
+            /* no fused F16 / Q8_0 entries, no integer Q8_0 scores: attention converts those rows first */
             k->attn = (lm_attn_kernels){.scores = neon_attn_scores,
                                         .pv = neon_attn_pv,
                                         .max = neon_attn_max,

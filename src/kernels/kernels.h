@@ -13,7 +13,8 @@
  *             GeGLU, RoPE, the encoders' GELU);
  *   attn      the inner loops of tiled attention (scores, P·V, row max, row
  *             scaling, exp-and-sum; scores and P·V also fused with the
- *             F16 / Q8_0 KV rows' conversion), reached through kernels_attn(); the
+ *             F16 / Q8_0 KV rows' conversion; Q8_0 scores by integer dot
+ *             products against quantized queries), reached through kernels_attn(); the
  *             online softmax around them (mask, windows, softcap, sinks)
  *             is kv/attn.c's, one for every variant;
  *   dn        the ops of a gated-DeltaNet linear-attention layer (causal
@@ -58,7 +59,8 @@
  *     so does packed_wide (the VNNI variants' 512-bit prefill tile over two
  *     groups, Q4_K; kernels/x86_wide.h);
  *   - element-wise and attention variants agree with the reference to a few
- *     ulps, the linear-attention ones within the bounds
+ *     ulps (the integer Q8_0 scores, scores_q8_0_q8, give its bits), the
+ *     linear-attention ones within the bounds
  *     tests/test_deltanet.c states; an element's result never depends on
  *     how many tokens share the call.
  *
@@ -186,16 +188,32 @@ typedef void (*lm_attn_scores_kv_fn)(const float *Q, int R, int hd, const void *
 typedef void (*lm_attn_pv_kv_fn)(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow,
                                  int nk);
 
+/* Q8_0 scores by integer dot products: Qq holds R query rows already in
+ * Q8_0 (hd / 32 block_q8_0s each, one row after the other), krow Q8_0 key
+ * rows. The scalar reference (kernels/scalar.c) defines each score, and
+ * every variant gives its bits: for block b of the row and lane j < 8, the
+ * exact integer sum i_bj = Σ q_e k_e over the block's elements 4j .. 4j+3;
+ * l_j = fma(dq_b * dk_b, (float)i_bj, l_j) over the blocks in order from
+ * l_j = 0 (dq_b * dk_b, a product of two F16 scales, is exact in float);
+ * the score ((l_0 + l_1) + (l_2 + l_3)) + ((l_4 + l_5) + (l_6 + l_7)). */
+typedef void (*lm_attn_scores_q8q_fn)(const void *Qq, int R, int hd, const void *const *krow, int nk, float *S,
+                                      int s_stride);
+
 /* Attention inner loops (contracts: kernels/avx2_attn.h). `scale` is
  * called with n = head_dim only. The fused entries (scores_f16 ..
  * pv_q8_0; NULL where a variant has none: attention then converts the rows
  * to floats first) give, within one variant, the bits of to_float followed
- * by scores / pv, so the choice between them never changes a result. */
+ * by scores / pv, so the choice between them never changes a result.
+ * scores_q8_0_q8 (the scalar reference and the x86 variants; NULL on NEON)
+ * replaces scores_q8_0 and the converted scores for a Q8_0 cache in every
+ * sub-tile wherever it is set (kv/attn.c): its results differ from the
+ * float entries' (the query is quantized), so it is all or nothing. */
 typedef struct {
     void (*scores)(const float *Q, int R, int hd, const float *const *krow, int nk, float *S, int s_stride);
     void (*pv)(float *O, int R, int hd, const float *P, int p_stride, const float *const *vrow, int nk);
     lm_attn_scores_kv_fn scores_f16, scores_q8_0;
     lm_attn_pv_kv_fn pv_f16, pv_q8_0;
+    lm_attn_scores_q8q_fn scores_q8_0_q8;
     float (*max)(const float *x, int n);
     void (*scale)(float *dst, const float *src, int n, float c);
     float (*exp_sum)(float *x, int n, float m);

@@ -13,6 +13,8 @@
  * entries read each key or value element through its exact conversion
  * (lm_f16_to_f32; d * q for Q8_0, as format/quant.c's to_float) into the
  * same sums in the same order: the bits of to_float then the float entry.
+ * Q8_0 scores against a quantized query (scores_q8_0_q8) are kernels.h's
+ * definition written out: integer sums of four products, fmaf chains.
  */
 #include "kernels/scalar.h"
 
@@ -140,6 +142,30 @@ void scalar_attn_scores_f16(const float *Q, int R, int hd, const void *const *kr
 void scalar_attn_scores_q8_0(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride) {
     for (int r = 0; r < R; r++)
         for (int t = 0; t < nk; t++) S[(size_t)r * s_stride + t] = dot8_kv(Q + (size_t)r * hd, krow[t], hd, q8_0_elem);
+}
+
+/* One score of kernels.h's lm_attn_scores_q8q_fn: eight lanes of exact
+ * integer sums per block, each lane's chain of fmaf over the blocks, then
+ * the lanes summed pairwise. */
+static float dot_q8q(const block_q8_0 *q, const block_q8_0 *k, int nb) {
+    float l[8] = {0};
+    for (int b = 0; b < nb; b++) {
+        float d = lm_f16_to_f32(q[b].d) * lm_f16_to_f32(k[b].d); /* exact: 11 by 11 bits */
+        for (int j = 0; j < 8; j++) {
+            int32_t s = 0;
+            for (int e = 4 * j; e < 4 * j + 4; e++) s += (int32_t)q[b].qs[e] * k[b].qs[e];
+            l[j] = fmaf(d, (float)s, l[j]);
+        }
+    }
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+void scalar_attn_scores_q8_0_q8(const void *Qq, int R, int hd, const void *const *krow, int nk, float *S,
+                                int s_stride) {
+    int nb = hd / QK8_0;
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < nk; t++)
+            S[(size_t)r * s_stride + t] = dot_q8q((const block_q8_0 *)Qq + (size_t)r * nb, krow[t], nb);
 }
 
 void scalar_attn_pv_f16(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk) {

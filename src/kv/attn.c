@@ -9,9 +9,10 @@
  *      the sub-tile's last position (chunks on a fixed grid from the first
  *      key, so a row's chunking does not depend on how queries are tiled):
  *        gather the chunk's key rows (pointers into F32 blocks; for
- *        F16/Q8_0 pointers to the stored rows when R <= FUSE_ROWS, else
- *        rows converted once into Kf by the type's to_float)
- *        S (R, nk) = Qs · Kᵀ
+ *        F16/Q8_0 pointers to the stored rows when R <= FUSE_ROWS, or for
+ *        Q8_0 with integer scores whatever R, else rows converted once
+ *        into Kf by the type's to_float)
+ *        S (R, nk) = Qs · Kᵀ (integer scores: Qq · Kᵀ, Qq = Qs in Q8_0)
  *        per row: keys t in [lo, vis) are visible, vis = clamp(pos - c0 + 1,
  *        0, nk) (non-causal: vis = nk, the chunks running to kv_end instead
  *        of the last query's position) and lo > 0 only under a sliding window; m' = max(m, max S),
@@ -35,8 +36,9 @@
  * Kf, Vf (CHUNK, hd); m, l and the accumulator's m, l (RMAX); a zero row
  * (hd, read in place of keys and values of blocks released out of a
  * sliding window; its bytes are zeros in F16 and Q8_0 too); plus CHUNK row
- * pointers each for K and V, as floats and as stored rows. RMAX = 64 rows,
- * so with hd = 128 a scratch is about 180 KiB whatever the context.
+ * pointers each for K and V, as floats and as stored rows; and Qq, the
+ * RMAX query rows in Q8_0 (where hd is a multiple of 32). RMAX = 64 rows,
+ * so with hd = 128 a scratch is about 190 KiB whatever the context.
  *
  * Kernels: every inner loop (scores, P·V, row max, row scaling, exp-sum)
  * and the KV rows' conversion to float come from the kernel table
@@ -54,6 +56,17 @@
  * the same variant (kernels.h), so the choice, which depends on the
  * sub-tile's row count, never changes a row's result: batch invariance
  * holds across it (tests/test_attn_fused.c).
+ * Q8_0 keys by integer dot products: where the table has scores_q8_0_q8
+ * (the scalar reference and every x86 variant; not NEON), each sub-tile
+ * quantizes its scaled query rows Qs once into Qq by the Q8_0 from_float
+ * (the reference's bits in every variant) and every chunk's Q8_0 scores
+ * come from the integer entry, whatever the sub-tile's row count: its
+ * results are not the float entries' (the query is rounded), so taking it
+ * for some sub-tiles only would break batch invariance. Its scores are the
+ * scalar reference's bits in every variant (kernels.h). The values (P·V)
+ * stay float: fused up to FUSE_ROWS rows, converted above (a latent
+ * layout's values then converted from the key rows, which the integer
+ * scores read in place).
  */
 #include "kv/attn.h"
 
@@ -87,7 +100,8 @@ struct attn_scratch {
     float *acc, *am, *al;       /* (rows, hd), (rows), (rows): the merged splits' O, m, l */
     float *zero;                /* (hd) zeros: stand-in for keys/values of released blocks */
     const float **krow, **vrow; /* (CHUNK) */
-    const void **kraw, **vraw;  /* (CHUNK) rows in the cache's type, for the fused kernels */
+    const void **kraw, **vraw;  /* (CHUNK) rows in the cache's type, for the fused kernels;
+                                   after them Qq (scr_qq) */
     void *mem;
 };
 
@@ -98,7 +112,8 @@ static size_t buffer_bytes(int n_head, int n_head_kv, int head_dim) {
     int group = n_head / n_head_kv, tq = group >= RMAX ? 1 : RMAX / group;
     size_t R = (size_t)tq * (size_t)group, hd = (size_t)head_dim;
     size_t nf = 3 * R * hd + R * CHUNK + 2 * (size_t)CHUNK * hd + 4 * R + hd;
-    return nf * sizeof(float) + 2 * CHUNK * sizeof(float *) + 2 * CHUNK * sizeof(void *);
+    size_t nq8 = hd % QK8_0 ? 0 : R * hd / QK8_0; /* Q8_0 blocks of the quantized queries (integer scores) */
+    return nf * sizeof(float) + 2 * CHUNK * sizeof(float *) + 2 * CHUNK * sizeof(void *) + nq8 * sizeof(block_q8_0);
 }
 
 attn_scratch *attn_scratch_new(const kv_pool *p, int n_head, char *err, size_t errlen) {
@@ -159,6 +174,11 @@ size_t attn_scratch_size(int n_head, int n_head_kv, int head_dim) {
 int attn_tile_rows(const attn_scratch *scr) { return scr->rows; }
 
 /* ---- the kernel --------------------------------------------------------------- */
+
+/* Qq: (rows, hd / 32) block_q8_0, the sub-tile's Qs quantized for
+ * scores_q8_0_q8 (allocated where hd is a multiple of 32), after the row
+ * pointers. */
+static block_q8_0 *scr_qq(const attn_scratch *scr) { return (block_q8_0 *)(void *)(scr->vraw + CHUNK); }
 
 /* Row pointers of positions c0 .. c0+nk-1 of one (layer, K|V, head) slab:
  * straight into F32 blocks, else through rows converted into buf. Positions
@@ -246,11 +266,13 @@ typedef struct {
     const float *sinks; /* (n_head) one logit per query head in the softmax's denominator, or NULL */
     float *out;
     size_t out_stride;
-    const lm_attn_kernels *k;       /* the table's inner loops for this head_dim */
-    const lm_attn_kernels *kv;      /* the same for the value width (P·V, the output's scaling) */
-    lm_to_float_fn to_float;        /* the KV type's rows to floats (not F32) */
-    lm_attn_scores_kv_fn scores_kv; /* k's fused entries for the KV type, or NULL (F32, or none) */
-    lm_attn_pv_kv_fn pv_kv;         /* kv's likewise */
+    const lm_attn_kernels *k;        /* the table's inner loops for this head_dim */
+    const lm_attn_kernels *kv;       /* the same for the value width (P·V, the output's scaling) */
+    lm_to_float_fn to_float;         /* the KV type's rows to floats (not F32) */
+    lm_attn_scores_kv_fn scores_kv;  /* k's fused entries for the KV type, or NULL (F32, or none) */
+    lm_attn_pv_kv_fn pv_kv;          /* kv's likewise */
+    lm_attn_scores_q8q_fn scores_q8; /* Q8_0 keys: k's integer scores (every sub-tile), or NULL */
+    lm_from_float_fn quant_q;        /* with scores_q8: floats to Q8_0 (the query rows) */
 } tile_args;
 
 /* Gemma 2's soft-capping of R rows of nk scores (row stride CHUNK). */
@@ -285,6 +307,7 @@ static void split_partial(const tile_args *a, int nq, int qpos0, int c_lo, int c
     const lm_attn_kernels *k = a->k, *kv = a->kv;
     bool latent = lay->n_slab == 1;              /* values: the first dv elements of the key rows */
     bool fused = a->scores_kv && R <= FUSE_ROWS; /* rows read in place, no Kf / Vf */
+    bool kint = a->scores_q8 != NULL;            /* keys read in place by integer dots, whatever R */
     for (int r = 0; r < R; r++) scr->m[r] = -INFINITY, scr->l[r] = 0;
     memset(scr->o, 0, (size_t)R * dv * sizeof(float)); /* O (R, dv) */
     for (int c0 = c_lo; c0 < c_hi; c0 += CHUNK) {
@@ -294,7 +317,10 @@ static void split_partial(const tile_args *a, int nq, int qpos0, int c_lo, int c
             prefetch_chunk(lay, a->table, a->layer, 0, kh, c0 + CHUNK, nk2);
             if (!latent) prefetch_chunk(lay, a->table, a->layer, 1, kh, c0 + CHUNK, nk2);
         }
-        if (fused) {
+        if (kint) {
+            gather_raw(lay, a->table, a->layer, 0, kh, c0, nk, wlo, scr->zero, scr->kraw);
+            a->scores_q8(scr_qq(scr), R, hd, scr->kraw, nk, scr->s, CHUNK);
+        } else if (fused) {
             gather_raw(lay, a->table, a->layer, 0, kh, c0, nk, wlo, scr->zero, scr->kraw);
             a->scores_kv(scr->qs, R, hd, scr->kraw, nk, scr->s, CHUNK);
         } else {
@@ -337,6 +363,8 @@ static void split_partial(const tile_args *a, int nq, int qpos0, int c_lo, int c
             continue;
         }
         if (!latent) gather(lay, a->table, a->layer, 1, kh, c0, nv, wlo, a->to_float, scr->vf, scr->zero, scr->vrow);
+        else if (kint) /* the keys were read in place: convert the values' prefix now */
+            gather(lay, a->table, a->layer, 0, kh, c0, nv, wlo, a->to_float, scr->kf, scr->zero, scr->krow);
         kv->pv(scr->o, R, dv, scr->s, CHUNK, latent ? scr->krow : scr->vrow, nv);
     }
 }
@@ -376,6 +404,7 @@ static void subtile(const tile_args *a, int i0, int nq, int qpos0, int split0, i
     for (int r = 0; r < R; r++) {
         const float *src = a->q + (size_t)(i0 + r / G) * a->q_stride + (size_t)(kh * G + r % G) * hd;
         a->k->scale(scr->qs + (size_t)r * hd, src, hd, a->scale);
+        if (a->scores_q8) a->quant_q(scr->qs + (size_t)r * hd, scr_qq(scr) + (size_t)r * (hd / QK8_0), hd);
     }
     int c_begin, c_end, wlo;
     key_span(nq, qpos0, a->window, a->kv_end, a->half, &c_begin, &c_end, &wlo);
@@ -439,6 +468,10 @@ static tile_args layer_args(const kv_pool *p, const kv_seq *s, int layer, int wi
     if (lay->type == LM_TYPE_F16) a.scores_kv = a.k->scores_f16, a.pv_kv = a.kv->pv_f16;
     if (lay->type == LM_TYPE_Q8_0 && lay->v_dim % QK8_0 == 0) a.scores_kv = a.k->scores_q8_0, a.pv_kv = a.kv->pv_q8_0;
     if (!a.scores_kv || !a.pv_kv) a.scores_kv = NULL, a.pv_kv = NULL;
+    /* Q8_0 keys by integer dots against the quantized queries, in every
+     * sub-tile (they are not the float entries' bits) */
+    if (lay->type == LM_TYPE_Q8_0 && a.k->scores_q8_0_q8 && lay->head_dim % QK8_0 == 0)
+        a.scores_q8 = a.k->scores_q8_0_q8, a.quant_q = kernels_type(LM_TYPE_Q8_0)->from_float;
     return a;
 }
 

@@ -1,0 +1,119 @@
+/*
+ * avx512vnni_attn.c - the VNNI variants' (avx512vnni, avx512bf16) Q8_0
+ * scores by integer dot products (kernels.h: scores_q8_0_q8) on 512-bit
+ * vectors, which kernels/dispatch.c lays over the avx512 entries.
+ *
+ * A zmm holds one block of two keys, key a's 32 bytes in the low half and
+ * key b's in the high half, against the query's block broadcast to both
+ * halves. vpdpbusd multiplies unsigned by signed bytes, so the keys go in
+ * offset by 128 (k ^ 0x80 read as unsigned) and each lane starts from -128
+ * times the sum of its four query bytes, which cancels the offset exactly:
+ * lane j of each half is the block's exact integer sum over elements
+ * 4j .. 4j+3. The float part is the reference's (kernels.h): one
+ * accumulator per (row, key pair), each lane gaining fma(dq * dk, (float)i,
+ * .) block after block with the half's own key scale, the halves then
+ * reduced by kernels/x86_hsum.h (the reference's pairwise order), so every score has the scalar reference's bits. A tile is 4 rows
+ * x 4 pairs (8 keys), or 8 rows x 2 pairs while 8 rows remain
+ * (TinyLlama's group): 16 accumulators; the last keys are padded with the
+ * last one and the extra scores dropped.
+ *
+ * Compiled with the avx512 flags and -mavx512vnni (Makefile:
+ * avx512vnni_*.c); the sanitizer builds (LAMINA_X86_BASE_ONLY) and other
+ * architectures hold only a fill that returns false.
+ */
+#include "kernels/avx2_attn.h"
+
+#include "kernels/x86.h"
+
+#if (defined(__x86_64__) || defined(__i386__)) && X86_VARIANTS
+
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__) || !defined(__AVX512VNNI__) ||           \
+    !defined(__F16C__)
+#error "avx512vnni_attn.c must be compiled with the avx512 flags and -mavx512vnni"
+#endif
+
+#include <immintrin.h>
+#include <stddef.h>
+
+#include "format/quant.h"
+#include "kernels/x86_hsum.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* Rows [0, C) of Qq (nb blocks apart) against the 2 NP keys k[0 .. 2 NP):
+ * s[c][0 .. 2 NP); C x NP <= 16 accumulators. */
+INLINE void tile(const block_q8_0 *Qq, int nb, const void *const *k, int C, int NP, float s[8][8]) {
+    __m512 acc[8][4];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++)
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; p++) acc[c][p] = _mm512_setzero_ps();
+    const __m512i off = _mm512_set1_epi8((char)0x80);
+    for (int b = 0; b < nb; b++) {
+        __m512i kp[4];
+        __m512 dk[4]; /* the pair's key scales, each in its half */
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; p++) {
+            const block_q8_0 *ka = (const block_q8_0 *)k[2 * p] + b, *kb = (const block_q8_0 *)k[2 * p + 1] + b;
+            __m256i lo = _mm256_loadu_si256((const __m256i *)ka->qs), hi = _mm256_loadu_si256((const __m256i *)kb->qs);
+            kp[p] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), off);
+            dk[p] = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(_cvtsh_ss(ka->d)), _mm512_set1_ps(_cvtsh_ss(kb->d)));
+        }
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) {
+            const block_q8_0 *qb = Qq + (size_t)c * nb + b;
+            __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qb->qs));
+            __m512i bias =
+                _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, q));
+            __m512 dq = _mm512_set1_ps(_cvtsh_ss(qb->d));
+#pragma GCC unroll 4
+            for (int p = 0; p < NP; p++) {
+                __m512 d = _mm512_mul_ps(dq, dk[p]); /* exact: two F16 scales */
+                __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(bias, kp[p], q));
+                acc[c][p] = _mm512_fmadd_ps(d, f, acc[c][p]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++) hsum_pairs(acc[c], NP, s[c]);
+}
+
+/* Rows [0, C) against every key, 2 NP at a time. */
+INLINE void rows(const block_q8_0 *Qq, int nb, const void *const *krow, int nk, float *S, int s_stride, int C, int NP) {
+    for (int t = 0; t < nk; t += 2 * NP) {
+        int n = nk - t < 2 * NP ? nk - t : 2 * NP;
+        const void *k[8];
+        for (int j = 0; j < 2 * NP; j++) k[j] = krow[t + (j < n ? j : n - 1)];
+        float s[8][8];
+        tile(Qq, nb, k, C, NP, s);
+        for (int c = 0; c < C; c++)
+            for (int j = 0; j < n; j++) S[(size_t)c * s_stride + t + j] = s[c][j];
+    }
+}
+
+static void scores_q8_0_q8(const void *Qq, int R, int hd, const void *const *krow, int nk, float *S, int s_stride) {
+    const block_q8_0 *Q = Qq;
+    int nb = hd / QK8_0, r = 0;
+    for (; r + 8 <= R; r += 8) rows(Q + (size_t)r * nb, nb, krow, nk, S + (size_t)r * s_stride, s_stride, 8, 2);
+    for (; r < R; r += 4) {
+        const block_q8_0 *q = Q + (size_t)r * nb;
+        float *s = S + (size_t)r * s_stride;
+        switch (R - r < 4 ? R - r : 4) {
+            case 1: rows(q, nb, krow, nk, s, s_stride, 1, 4); break;
+            case 2: rows(q, nb, krow, nk, s, s_stride, 2, 4); break;
+            case 3: rows(q, nb, krow, nk, s, s_stride, 3, 4); break;
+            default: rows(q, nb, krow, nk, s, s_stride, 4, 4); break;
+        }
+    }
+}
+
+bool avx512vnni_attn_fill(lm_attn_kernels *k) {
+    k->scores_q8_0_q8 = scores_q8_0_q8;
+    return true;
+}
+
+#else
+
+bool avx512vnni_attn_fill(lm_attn_kernels *k) { return false; }
+
+#endif

@@ -1,0 +1,91 @@
+/*
+ * x86_attn_q8.h - Q8_0 scores by integer dot products on 256-bit vectors
+ * (kernels.h: scores_q8_0_q8), for the sources that include it: avx2_attn.c
+ * (no VNNI) and avxvnni_attn.c (AVX-VNNI). Static inline code; the includer
+ * defines, before including it,
+ *
+ *   Q8Q_PREP(k)          a key block's 32 bytes as the integer dot takes them
+ *   Q8Q_QPREP(q)         a query block's bias: the int32 lanes the dot starts from
+ *   Q8Q_IDOT(b, kp, k, q)  the 8 int32 lanes i_j = Σ q_e k_e over elements
+ *                        4j .. 4j+3 of the block, exactly, from b = Q8Q_QPREP(q),
+ *                        kp = Q8Q_PREP(k)
+ *
+ * and Q8Q_FN, the name of the entry to define. Without VNNI: kp = |k|,
+ * the products by vpsignb (q takes k's sign), vpmaddubsw (|k| x ±q in pairs,
+ * at most 2 x 127 x 127: no saturation) and vpmaddwd by ones; b is zero.
+ * With VNNI: kp = k + 128 as unsigned bytes (an xor), vpdpbusd gives
+ * Σ (k + 128) q, and b = -128 Σ q per lane, computed once per query block
+ * and tile, cancels the offset exactly.
+ *
+ * The float part is the reference's (kernels.h): a tile of C rows x 4 keys
+ * holds one 8-lane float accumulator per (row, key), lane j gaining
+ * fma(dq * dk, (float)i_j, .) block after block, and kernels/x86_hsum.h's
+ * hsum4 reduces four of them in the reference's pairwise order. A lane of hsum4 depends on its own
+ * accumulator only, so the last group of keys is padded with its last key
+ * and the extra scores dropped.
+ */
+#ifndef LAMINA_X86_ATTN_Q8_H
+#define LAMINA_X86_ATTN_Q8_H
+
+#include <immintrin.h>
+#include <stddef.h>
+
+#include "format/quant.h"
+#include "kernels/x86_hsum.h"
+
+#define Q8Q_INLINE static inline __attribute__((always_inline))
+
+/* Rows [0, C) of Qq (nb blocks apart) against keys k[0 .. 4): s[c][0 .. 4). */
+Q8Q_INLINE void q8q_tile(const block_q8_0 *Qq, int nb, const void *const *k, int C, float s[4][4]) {
+    __m256 acc[4][4];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++)
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) acc[c][t] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m256i kv[4], kp[4];
+        __m256 dk[4];
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) {
+            const block_q8_0 *kb = (const block_q8_0 *)k[t] + b;
+            kv[t] = _mm256_loadu_si256((const __m256i *)kb->qs);
+            kp[t] = Q8Q_PREP(kv[t]);
+            dk[t] = _mm256_set1_ps(_cvtsh_ss(kb->d));
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const block_q8_0 *qb = Qq + (size_t)c * nb + b;
+            __m256i q = _mm256_loadu_si256((const __m256i *)qb->qs), bias = Q8Q_QPREP(q);
+            __m256 dq = _mm256_set1_ps(_cvtsh_ss(qb->d));
+#pragma GCC unroll 4
+            for (int t = 0; t < 4; t++) {
+                __m256 f = _mm256_cvtepi32_ps(Q8Q_IDOT(bias, kp[t], kv[t], q));
+                acc[c][t] = _mm256_fmadd_ps(_mm256_mul_ps(dq, dk[t]), f, acc[c][t]); /* dq dk exact */
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) _mm_storeu_ps(s[c], hsum4(acc[c][0], acc[c][1], acc[c][2], acc[c][3]));
+}
+
+/* Rows [0, C) against every key, four at a time. */
+Q8Q_INLINE void q8q_rows(const block_q8_0 *Qq, int nb, const void *const *krow, int nk, float *S, int s_stride, int C) {
+    for (int t = 0; t < nk; t += 4) {
+        int n = nk - t < 4 ? nk - t : 4;
+        const void *k[4];
+        for (int j = 0; j < 4; j++) k[j] = krow[t + (j < n ? j : n - 1)];
+        float s[4][4];
+        q8q_tile(Qq, nb, k, C, s);
+        for (int c = 0; c < C; c++)
+            for (int j = 0; j < n; j++) S[(size_t)c * s_stride + t + j] = s[c][j];
+    }
+}
+
+void Q8Q_FN(const void *Qq, int R, int hd, const void *const *krow, int nk, float *S, int s_stride) {
+    const block_q8_0 *q = Qq;
+    int nb = hd / QK8_0, r = 0;
+    for (; r + 2 <= R; r += 2) q8q_rows(q + (size_t)r * nb, nb, krow, nk, S + (size_t)r * s_stride, s_stride, 2);
+    if (r < R) q8q_rows(q + (size_t)r * nb, nb, krow, nk, S + (size_t)r * s_stride, s_stride, 1);
+}
+
+#endif
