@@ -339,6 +339,11 @@ typedef struct {
                              per max_seqs, with a budget at most a quarter of what the weights,
                              workspace and live state leave; < 0: none (a prefix hit then needs
                              the whole prefill); > 0: that many */
+    double itl_factor;          /* the latency bound (engine.md): beside running decodes, prompt chunks
+                             are cut so that a pass is predicted to take at most this many times a
+                             decode-only pass (16 prompt tokens a pass at least); 0 or >= 1,
+                             default 2; 0: no bound (a prompt takes what batch_tokens leaves).
+                             Models with recurrent layers (qwen35, qwen3next): none */
 } lm_engine_config;
 
 /* The defaults each field states; size bytes of *c are written. */

@@ -19,6 +19,7 @@
  * template), and base/util.h's allocation failure injection checks that
  * running out of memory anywhere in a load is LM_ERR_NOMEM.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -784,6 +785,15 @@ static void test_engine_bad_requests(void) {
     cfg.kv_type = 2;
     CHECK(lm_engine_new(model, &cfg, &e, err, sizeof err) == LM_ERR_INVALID);
     CHECK(lm_engine_new(NULL, NULL, &e, err, sizeof err) == LM_ERR_INVALID);
+    static const double bad_itl[] = {0.5, -1, NAN, INFINITY}; /* the latency bound: 0 or finite >= 1 */
+    for (int i = 0; i < 4; i++) {
+        lm_engine_config_default(&cfg);
+        CHECK(cfg.itl_factor == 2.0);
+        cfg.itl_factor = bad_itl[i];
+        e = (lm_engine *)1;
+        lm_status s_itl = lm_engine_new(model, &cfg, &e, err, sizeof err);
+        CHECKF(s_itl == LM_ERR_INVALID && e == NULL && strstr(err, "itl_factor"), "%g: %s", bad_itl[i], err);
+    }
     /* a KV budget too small for one block of every layer: the caller's mistake, not memory */
     lm_engine_config_default(&cfg);
     cfg.kv_mem = 64;

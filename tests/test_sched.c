@@ -24,10 +24,20 @@
  *   - the question protocol: a plan stops to ask and goes on once answered;
  *   - inputs that must run whole (sched_seq.whole): admitted with all of
  *     their prompt or not at all, and one reached without room is admitted
- *     in the next plan amid a stream of better-priority ones.
+ *     in the next plan amid a stream of better-priority ones;
+ *   - the latency bound (sched_view.cap): a chunk's cost against a sum in
+ *     double over its tokens' positions, the fit against a search of every
+ *     length; beside decodes a prefill chunk and an admission's first chunk
+ *     are cut to the tokens the budget buys (never below the floor), without
+ *     decodes a prompt takes the whole batch_tokens, and a long prompt
+ *     still finishes;
+ *   - the pass-time predictor (itl.h): its running means and the bound it
+ *     gives, against the same arithmetic written out in double.
  */
+#include <math.h>
 #include <string.h>
 
+#include "sched/itl.h"
 #include "sched/sched.h"
 #include "test.h"
 #include "base/util.h"
@@ -52,6 +62,7 @@ typedef struct {
     int64_t used[KV_N_CLASS];
     int iter;
     int n_asks;
+    sched_cap cap; /* the plans' latency bound (off: zeroed) */
 } fake;
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -103,8 +114,9 @@ static const sched_plan *plan(fake *f) {
         if (f->n_class > 1 && held(f, q, KV_GLOBAL) >= f->local_cap)
             q->sq.extra[KV_LOCAL] = -1; /* at the cap: a new block releases an old one */
     }
-    sched_view v = {{0}};
+    sched_view v = {.avail = {0}};
     for (int k = 0; k < f->n_class; k++) v.avail[k] = f->total[k] - f->used[k];
+    v.cap = f->cap;
     sched_begin(f->s);
     const sched_plan *p;
     while ((p = sched_decide(f->s, &v))->ask) {
@@ -143,9 +155,8 @@ static void feed(fake *f, fseq *q, int n) {
     }
 }
 
-/* Plan and carry out one iteration as the engine would. */
-static const sched_plan *iterate(fake *f) {
-    const sched_plan *p = plan(f);
+/* Carry out a plan as the engine would. */
+static void carry(fake *f, const sched_plan *p) {
     for (int i = 0; i < p->n_preempt; i++) release(f, (fseq *)p->preempt[i]);
     for (int i = 0; i < p->n_reject; i++) {
         ((fseq *)p->reject[i])->done = true;
@@ -163,6 +174,12 @@ static const sched_plan *iterate(fake *f) {
                     (long long)f->total[k]);
     }
     f->iter++;
+}
+
+/* Plan and carry out one iteration. */
+static const sched_plan *iterate(fake *f) {
+    const sched_plan *p = plan(f);
+    carry(f, p);
     return p;
 }
 
@@ -299,7 +316,7 @@ static void test_shared_last_block(void) {
     a.sq.shared[0] = b.sq.shared[0] = 7;
     a.sq.shared_refs[0] = b.sq.shared_refs[0] = 2;
     sched_begin(f.s);
-    sched_view v = {{1, 0}}; /* one free block: the copy of block 7 */
+    sched_view v = {.avail = {1, 0}}; /* one free block: the copy of block 7 */
     const sched_plan *p = sched_decide(f.s, &v);
     CHECKF(!p->ask && p->n_run == 3 && p->n_preempt == 0, "ask %p run %d preempt %d", (void *)p->ask, p->n_run,
            p->n_preempt);
@@ -515,11 +532,158 @@ static void test_questions(void) {
     seq_init(&w, 9, 0, 9, 5, 1);
     CHECK(enqueue(&f, &w) == 0);
     sched_begin(f.s);
-    sched_view v = {{100 - f.used[0], 0}};
+    sched_view v = {.avail = {100 - f.used[0], 0}};
     const sched_plan *p = sched_decide(f.s, &v);
     CHECK(p->ask == &w.sq); /* running ones report through fields; w is asked */
     CHECK(sched_n_waiting(f.s) == 1);
     sched_free(f.s);
+}
+
+/* A chunk's cost is the sum over its tokens of tok plus pos per position
+ * attended; the fit is the longest chunk within the budget. */
+static void test_chunk_cost_fit(void) {
+    static const double toks[] = {0, 1e-3, 0.7, 2};
+    static const double poss[] = {0, 1e-6, 3e-3, 0.5};
+    static const int depths[] = {0, 1, 37, 4000};
+    static const double budgets[] = {-1, 0, 0.5, 3, 41.25, 1e4};
+    for (int a = 0; a < 4; a++)
+        for (int b = 0; b < 4; b++)
+            for (int d = 0; d < 4; d++) {
+                sched_cap c = {.on = true, .tok = toks[a], .pos = poss[b]};
+                for (int n = 0; n <= 70; n += 7) { /* the reference: token by token */
+                    double want = 0;
+                    for (int i = 0; i < n; i++) want += c.tok + c.pos * (double)(depths[d] + i + 1);
+                    double got = sched_chunk_cost(&c, n, depths[d]);
+                    CHECKF(fabs(got - want) <= 1e-12 * (1 + want), "cost(%d, %d) %.17g, want %.17g", n, depths[d], got,
+                           want);
+                }
+                for (int e = 0; e < 6; e++) {
+                    int want = 0; /* the longest n <= 300 within the budget */
+                    for (int n = 1; n <= 300; n++)
+                        if (sched_chunk_cost(&c, n, depths[d]) <= budgets[e]) want = n;
+                    int got = sched_chunk_fit(&c, budgets[e], depths[d], 300);
+                    CHECKF(got == want, "fit(tok %g, pos %g, depth %d, budget %g) = %d, want %d", c.tok, c.pos,
+                           depths[d], budgets[e], got, want);
+                }
+            }
+    sched_cap c = {.on = true, .tok = 1, .pos = 0};
+    CHECK(sched_chunk_fit(&c, NAN, 0, 50) == 0);
+    CHECK(sched_chunk_fit(&c, INFINITY, 0, 50) == 50);
+    CHECK(sched_chunk_fit(&c, 10, 0, 0) == 0);
+}
+
+/* Beside decodes, prompt chunks cost at most the budget, the floor aside;
+ * without decodes a prompt takes the whole batch_tokens. */
+static void test_latency_bound(void) {
+    fake f;
+    CHECK(fake_init(&f, 64, 8, 1000, 0, false, 0, 0));
+    /* tok 1 and pos 0.01: 10 tokens at depth 0 cost 10.55, 11 cost 11.66 */
+    f.cap = (sched_cap){.on = true, .budget = 11, .tok = 1, .pos = 0.01, .floor = 4};
+    fseq lone;
+    seq_init(&lone, 0, 0, 0, 200, 3);
+    CHECK(enqueue(&f, &lone) == 0);
+    const sched_plan *p = iterate(&f); /* nothing decodes: the whole budget */
+    CHECK(p->n_admit == 1 && p->admit[0].n == 64);
+    p = iterate(&f);
+    CHECK(p->n_run == 1 && p->run[0].n == 64);
+    while (!lone.done) iterate(&f);
+    fseq d[3], pf, w;
+    for (int i = 0; i < 3; i++) {
+        seq_init(&d[i], 1 + i, 0, (uint64_t)(1 + i), 2, 1000);
+        CHECK(enqueue(&f, &d[i]) == 0);
+    }
+    iterate(&f); /* three prompts of 2 */
+    seq_init(&pf, 4, 0, 4, 300, 2);
+    CHECK(enqueue(&f, &pf) == 0);
+    p = iterate(&f); /* 3 decodes and an admission's first chunk, cut */
+    CHECK(p->n_run == 3 && p->n_admit == 1);
+    CHECKF(p->admit[0].n == 10, "first chunk %d", p->admit[0].n);
+    p = iterate(&f); /* at depth 10: the fit of an 11 budget */
+    int want = sched_chunk_fit(&f.cap, 11, 10, 300);
+    CHECK(want >= 4 && want < 10);
+    CHECK(p->n_run == 4 && p->run[3].seq == &pf.sq && p->run[3].n == want);
+    /* a second prompt gets what the first leaves of the budget: at depth
+     * 19 the first takes 8 (9.88), the second 1 (1.01) */
+    seq_init(&w, 5, 0, 5, 20, 2);
+    CHECK(enqueue(&f, &w) == 0);
+    p = iterate(&f);
+    CHECK(p->run[3].seq == &pf.sq && p->run[3].n == 8);
+    CHECK(p->n_admit == 1 && p->admit[0].n == 1);
+    /* until both finish, every plan's prompt chunks cost at most the budget
+     * or hold the floor's tokens at most, and hold one at least */
+    for (int plans = 0; !(pf.done && w.done) && plans < 400; plans++) {
+        bool pending = (!pf.done && pf.n_gen == 0) || (!w.done && w.n_gen == 0);
+        p = plan(&f);
+        int prompt = 0;
+        double cost = 0;
+        for (int i = 0; i < p->n_run + p->n_admit; i++) {
+            const sched_item *it = i < p->n_run ? &p->run[i] : &p->admit[i - p->n_run];
+            if (it->seq->n_pending == 1) continue;
+            prompt += it->n;
+            cost += sched_chunk_cost(&f.cap, it->n, ((fseq *)it->seq)->n_computed);
+        }
+        CHECKF((prompt >= 1 || !pending) && (cost <= 11 || prompt <= 4), "plan %d: %d prompt tokens, cost %g", plans,
+               prompt, cost);
+        carry(&f, p);
+    }
+    CHECK(pf.done && w.done);
+    /* a budget of 0: the floor alone */
+    f.cap.budget = 0;
+    fseq z;
+    seq_init(&z, 6, 0, 6, 50, 2);
+    CHECK(enqueue(&f, &z) == 0);
+    while (z.admitted_at < 0) p = iterate(&f);
+    CHECK(p->n_admit == 1 && p->admit[0].n == 4);
+    p = iterate(&f);
+    CHECK(p->run[p->n_run - 1].seq == &z.sq && p->run[p->n_run - 1].n == 4);
+    /* the bound off: today's plan */
+    f.cap.on = false;
+    p = iterate(&f);
+    CHECK(p->run[p->n_run - 1].seq == &z.sq && p->run[p->n_run - 1].n == 50 - 8);
+    sched_free(f.s);
+}
+
+static bool near(double a, double b) { return fabs(a - b) <= 1e-12 * (fabs(a) + fabs(b)); }
+
+/* The predictor's means and the bound it gives the scheduler. */
+static void test_itl_predictor(void) {
+    itl_pred p;
+    const double T = 2e8, P = 3e4; /* FLOPs per token, per attended position */
+    itl_init(&p, 2.0, 32, T, P);
+    double f = 0;
+    for (int i = 0; i < 100; i++) f += T + P * (500 + i + 1);
+    CHECK(near(itl_flops(&p, 100, 500), f));
+    CHECK(!itl_cap(&p).on);          /* nothing timed */
+    itl_observe(&p, 0.5, true, 1e9); /* beside decodes, no t_dec yet: no sample */
+    CHECK(p.s_flop == 0 && !itl_cap(&p).on);
+    itl_observe(&p, 0.040, true, 0); /* a decode-only pass */
+    sched_cap c = itl_cap(&p);
+    CHECK(c.on && c.floor == 32 && sched_chunk_fit(&c, c.budget, 0, 500) == 0); /* no s: the floor alone */
+    itl_observe(&p, 0.080, true, 0);
+    CHECK(near(p.t_dec, 0.040 + ITL_ALPHA * 0.040));
+    double t_dec = p.t_dec, s1 = (0.150 - t_dec) / f;
+    itl_observe(&p, 0.150, true, f); /* a mixed pass: its time less t_dec over its FLOPs */
+    CHECK(near(p.s_flop, s1));
+    itl_observe(&p, 0.090, false, f / 2); /* prompt alone: all of its time */
+    double s2 = s1 + ITL_ALPHA * (0.090 / (f / 2) - s1);
+    CHECK(near(p.s_flop, s2));
+    itl_observe(&p, 0.010, true, f); /* faster than the decodes alone: no sample */
+    itl_observe(&p, NAN, true, f);
+    itl_observe(&p, -1, true, 0);
+    CHECK(near(p.s_flop, s2) && near(p.t_dec, t_dec));
+    c = itl_cap(&p);
+    CHECK(c.on && near(c.budget, (2.0 - 1) * t_dec) && near(c.tok, s2 * T) && near(c.pos, s2 * P));
+    /* the chunk it allows at depth 1000 keeps the predicted pass within 2 x t_dec */
+    int n = sched_chunk_fit(&c, c.budget, 1000, 4096);
+    CHECK(n > 0 && n < 4096);
+    CHECK(t_dec + s2 * itl_flops(&p, n, 1000) <= 2 * t_dec * (1 + 1e-12));
+    CHECK(t_dec + s2 * itl_flops(&p, n + 1, 1000) > 2 * t_dec);
+    /* off, and a shape that is no shape */
+    itl_init(&p, 0, 32, T, P);
+    itl_observe(&p, 0.040, true, 0);
+    CHECK(!itl_cap(&p).on);
+    itl_init(&p, 3.0, 16, NAN, -1);
+    CHECK(p.tok_flops == 1 && p.pos_flops == 0 && near(itl_flops(&p, 7, 99), 7));
 }
 
 int main(void) {
@@ -533,5 +697,8 @@ int main(void) {
     TEST_RUN(test_static);
     TEST_RUN(test_local_class);
     TEST_RUN(test_questions);
+    TEST_RUN(test_chunk_cost_fit);
+    TEST_RUN(test_latency_bound);
+    TEST_RUN(test_itl_predictor);
     return TEST_DONE();
 }

@@ -327,7 +327,7 @@ static void test_sched_spec(void) {
     q[0].n_pending = 1, q[0].len = 4, q[0].n_spec = 6;
     q[1].n_pending = 1, q[1].len = 8, q[1].n_spec = 6;
     q[2].n_pending = 2, q[2].len = 4, q[2].n_spec = 0;
-    sched_view v = {{4, 0}};
+    sched_view v = {.avail = {4, 0}};
     sched_begin(s);
     const sched_plan *p = sched_decide(s, &v);
     CHECK(!p->ask && p->n_preempt == 0 && p->n_run == 3 && p->n_tokens == 12);

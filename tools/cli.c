@@ -211,6 +211,12 @@ int snapshots_flag(args *a) {
     return n ? n : -1;
 }
 
+double itl_factor_flag(args *a) {
+    double f = need_float(a, 0, 1e6);
+    if (f > 0 && f < 1) die_usage(a, "--itl-factor must be 0 (off) or at least 1 (got '%s')", a->argv[a->i]);
+    return f;
+}
+
 int need_spec(args *a) {
     const char *v = need_val(a);
     if (!strcmp(v, "ngram")) return LM_SPEC_NGRAM;

@@ -110,6 +110,9 @@ uint32_t need_kv_type(args *a);
 /* --state-snapshots N as lm_engine_config.state_snapshots: N > 0 that many,
  * 0 none (-1); exits 2 for a value out of [0, 2^20]. */
 int snapshots_flag(args *a);
+/* --itl-factor F as lm_engine_config.itl_factor: 0 (no latency bound) or
+ * F in [1, 1e6]; exits 2 otherwise. */
+double itl_factor_flag(args *a);
 /* The value after the current flag as a speculative proposer: "ngram"
  * (LM_SPEC_NGRAM) or "none"/"off" (LM_SPEC_NONE); exits 2 otherwise (a
  * draft model is chosen by --draft-model). */

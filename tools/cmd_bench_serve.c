@@ -66,6 +66,8 @@ static void usage_bench_serve(FILE *f) {
         "  -c N                context per sequence (default: the model's)\n"
         "  --ctx-extend        allow -c above the model's trained context (with a warning)\n"
         "  --batch-tokens N    tokens per iteration (default %d)\n"
+        "  --itl-factor F      the latency bound on prompt chunks beside decodes (default 2; 0: off;\n"
+        "                      see lamina serve --help)\n"
         "  --max-seqs N        sequences per iteration (default 64)\n"
         "  --kv-mem BYTES      KV pool size (default: context x max-seqs, at most 4 GiB)\n"
         "  --kv-type T         F16 (default), F32, Q8_0\n"
@@ -439,6 +441,7 @@ int cmd_bench_serve(int argc, char **argv) {
         else if (is_flag(&a, "--kv-mem", NULL)) ec.kv_mem = need_bytes(&a);
         else if (is_flag(&a, "--kv-type", NULL)) ec.kv_type = need_kv_type(&a);
         else if (is_flag(&a, "--state-snapshots", NULL)) ec.state_snapshots = snapshots_flag(&a);
+        else if (is_flag(&a, "--itl-factor", NULL)) ec.itl_factor = itl_factor_flag(&a);
         else if (spec_opts_flag(&a, &so)) continue;
         else if (is_flag(&a, "--prompt-file", NULL)) pfile = need_val(&a);
         else if (is_flag(&a, "--shared-prefix", NULL)) n_shared = (int)need_int(&a, 1, 1 << 16);

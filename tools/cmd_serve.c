@@ -54,6 +54,9 @@ static void usage_serve(FILE *f) {
         "  -t, --threads N        threads (default: physical cores)\n"
         "      --max-seqs N       sequences generating at once (default 64)\n"
         "      --batch-tokens N   tokens per engine iteration (default %d)\n"
+        "      --itl-factor F     beside running decodes, cut prompt chunks so that a pass is predicted\n"
+        "                         to take at most F times a decode-only one, 16 prompt tokens at\n"
+        "                         least (default 2; 0: off, a prompt takes what --batch-tokens leaves)\n"
         "      --mem BYTES        the whole memory budget, e.g. 8G: weights, workspace, and the KV\n"
         "                         pool gets the rest (default: 80%% of the memory available, as a\n"
         "                         bound on the --kv-mem default); too small for one full context:\n"
@@ -195,6 +198,7 @@ int cmd_serve(int argc, char **argv) {
         else if (is_flag(&a, "--kv-mem", NULL)) ec.kv_mem = need_bytes(&a);
         else if (is_flag(&a, "--kv-type", NULL)) ec.kv_type = need_kv_type(&a);
         else if (is_flag(&a, "--state-snapshots", NULL)) ec.state_snapshots = snapshots_flag(&a);
+        else if (is_flag(&a, "--itl-factor", NULL)) ec.itl_factor = itl_factor_flag(&a);
         else if (spec_opts_flag(&a, &so)) continue;
         else if (is_flag(&a, "--max-waiting", NULL)) ec.max_waiting = (int)need_int(&a, 0, 1 << 24);
         else if (is_flag(&a, "--timeout", NULL)) sc.timeout = need_float(&a, 0, 1e7);

@@ -103,7 +103,8 @@ void engine_config_default(lm_engine_config *c) {
                             .max_waiting = 0,
                             .prefix_cache = true,
                             .static_batching = false,
-                            .spec = NULL};
+                            .spec = NULL,
+                            .itl_factor = ITL_FACTOR_DEF};
 }
 
 void engine_request_params_default(lm_request_params *p) {
@@ -1012,12 +1013,13 @@ static bool step(lm_engine *e) {
         return false;
     }
     /* plan, answering the scheduler's questions, then act */
-    double t_step = e->pol.guard_on ? lm_now() : 0;
-    uint64_t gen0 = e->stats.generation_tokens_total; /* (the engine thread is its only writer) */
+    double t_step = e->pol.guard_on || e->itl.factor > 0 ? lm_now() : 0; /* the whole iteration, as clients see it */
+    uint64_t gen0 = e->stats.generation_tokens_total;                    /* (the engine thread is its only writer) */
     engine_fair_preempt(e);
     report_running(e);
-    sched_view view = {{0}};
+    sched_view view = {.avail = {0}};
     for (int k = 0; k < e->n_class; k++) view.avail[k] = kv_available(e->kv, k);
+    view.cap = itl_cap(&e->itl);
     sched_begin(e->sc);
     const sched_plan *p;
     while ((p = sched_decide(e->sc, &view))->ask) {
@@ -1030,9 +1032,14 @@ static bool step(lm_engine *e) {
         publish(e);
         return false;
     }
-    bool decode_only = true; /* every segment one choice's decode (and its proposal) */
-    for (int g = 0; g < n_seg && decode_only; g++)
-        decode_only = e->seg_ch[g]->n_gen > 0 && e->segs[g].n == 1 + e->seg_ch[g]->n_draft;
+    bool decode_only = true, decodes = false; /* every segment / some segment one choice's decode */
+    double prompt_flops = 0;                  /* the others' FLOPs for the latency bound (itl.h) */
+    for (int g = 0; g < n_seg; g++) {
+        bool dec = e->seg_ch[g]->n_gen > 0 && e->segs[g].n == 1 + e->seg_ch[g]->n_draft;
+        decode_only = decode_only && dec;
+        decodes = decodes || dec;
+        if (!dec) prompt_flops += itl_flops(&e->itl, e->segs[g].n, e->segs[g].pos0);
+    }
 
     /* one pass over the whole batch; logits rows in segment order */
     char err[LM_ERRLEN];
@@ -1077,6 +1084,7 @@ static bool step(lm_engine *e) {
         }
         engine_take_token(e, c, lrow, -1, NULL);
     }
+    if (e->itl.factor > 0 && rc == 0) itl_observe(&e->itl, lm_now() - t_step, decodes, prompt_flops);
     if (e->prof_on) {
         double t3 = lm_now();
         e->prof.forward += t1 - t0;
@@ -1343,6 +1351,9 @@ lm_engine *engine_new_tuned(const lm_model *m, const lm_tokenizer *tok, const lm
         goto fail;
     }
     if (!(e->fwd = fwd_new(m, e->pool, e->kv, &dims, err, errlen))) goto fail;
+    /* no latency bound with recurrent layers: their prompt chunks end on the delta rule's pieces
+     * (engine_state_trim), which a cut chunk would leave for other bits */
+    itl_init_model(&e->itl, m->hp.n_rlayer > 0 ? 0 : c.itl_factor, ITL_FLOOR, m, c.kv_type, e->n_ctx);
     if (alloc_buffers(e, err, errlen) != 0) goto fail;
     if (engine_spec_setup(e, &mem.dkc, err, errlen) != 0) goto fail;
     metrics_init(&e->stats);

@@ -10,7 +10,11 @@
  *     prompt, then
  *   - prefill chunks of admitted sequences, in priority order, until the
  *     token budget (batch_tokens) is spent (chunked prefill: a long prompt
- *     never holds the running decodes back for more than one chunk).
+ *     never holds the running decodes back for more than one chunk), and
+ *     beside decodes no further than the latency bound allows
+ *     (lm_engine_config.itl_factor: the pass predicted within that many
+ *     decode-only passes' time, itl.h; none for models with recurrent
+ *     layers, whose chunks end on the delta rule's pieces).
  *
  * Every linear layer runs once over the whole batch; attention runs per
  * sequence over its own KV blocks; only rows that need logits go through the

@@ -30,6 +30,7 @@
 #include "model/tp_plan.h"
 #include "sched/draft.h"
 #include "sched/engine.h"
+#include "sched/itl.h"
 #include "sched/proposer.h"
 #include "sched/sched.h"
 #include "sched/spec_sched.h"
@@ -154,7 +155,8 @@ struct lm_engine {
     uint64_t snap_cut_blocks; /*   KV prefix-hit blocks cut back to a snapshot (not counted as hits) */
     lm_fwd *fwd;              /* the forward pass's workspace: batch_tokens rows */
     sched *sc;
-    int n_class; /* KV block classes */
+    itl_pred itl; /* the latency bound's pass-time predictor (itl.h): set at engine_new, fed by step */
+    int n_class;  /* KV block classes */
     int64_t total_blocks[KV_N_CLASS];
     int64_t local_per_seq; /* most local blocks one sequence holds (0: no window) */
 

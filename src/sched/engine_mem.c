@@ -20,7 +20,8 @@
  * at most 4 GiB, and a draft's its default (draft_pool_default, 2 GiB).
  *
  * Bounds. max_seqs in [1, batch_tokens], spec->max in [1, 64] (defaults for
- * values out of range), watermark in [0, 1) (else an error).
+ * values out of range), watermark in [0, 1), itl_factor 0 or finite >= 1
+ * (else an error).
  *
  * Hybrid models. The recurrent state store (rstate.h) has max_seqs live
  * slots and, with the prefix cache, snapshot slots (state_snapshots: by
@@ -56,6 +57,8 @@ int engine_resolve_config(const lm_model *m, lm_engine_config *c, lm_spec_config
     if (c->max_seqs > c->batch_tokens) c->max_seqs = c->batch_tokens;
     if (c->block_size < 1) c->block_size = KV_DEFAULT_BLOCK;
     if (!(c->watermark >= 0 && c->watermark < 1)) return lm_err(err, errlen, "watermark must be in [0, 1)");
+    if (!(c->itl_factor == 0 || (c->itl_factor >= 1 && isfinite(c->itl_factor))))
+        return lm_err(err, errlen, "itl_factor must be 0 (no latency bound) or a finite number >= 1");
     if (c->n_threads <= 0) c->n_threads = pool_default_threads();
     if (!c->spec) return 0;
     *spec = *c->spec; /* a whole struct (lm_engine_new widened a program's) */

@@ -10,10 +10,12 @@
  * in this iteration: sched_decide recomputes it from scratch each time, so
  * after an answer the same steps lead to the same point and go on past it.
  * Marks on running sequences (in the batch, preempted) are the plan's
- * scratch and mean nothing outside it.
+ * scratch and mean nothing outside it, as is the latency bound's state
+ * (`bound`, `left`, `floor_left`: set once the plan's decodes are in).
  */
 #include "sched/sched.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "base/util.h"
@@ -33,6 +35,11 @@ struct sched {
     sched_seq *held;  /* a waiting sequence that must run whole, reached by admission without room
                          for it: admitted first, nothing before it (NULL: none) */
     sched_plan plan;
+    /* the latency bound of the plan being made (sched_view.cap) */
+    sched_cap cap;
+    bool bound;     /* on, and the plan holds a decode: prompt chunks are cut */
+    double left;    /*   what prompt chunks may still cost */
+    int floor_left; /*   prompt tokens the floor still grants */
 };
 
 bool sched_before(const sched_seq *a, const sched_seq *b) {
@@ -221,6 +228,45 @@ static sched_seq *victim_for(const sched *s, sched_seq *q, int n_order) {
     return !v || sched_before(v, q) ? q : v;
 }
 
+double sched_chunk_cost(const sched_cap *c, int n, int depth) {
+    double N = n, d = depth;
+    return N * c->tok + c->pos * (N * d + N * (N + 1) / 2);
+}
+
+int sched_chunk_fit(const sched_cap *c, double budget, int depth, int max) {
+    if (max <= 0 || !(budget >= 0)) return 0;
+    if (sched_chunk_cost(c, max, depth) <= budget) return max;
+    /* cost(n) = a n^2 + b n, increasing: the root of a n^2 + b n = budget,
+     * then a step either way for rounding */
+    double a = c->pos / 2, b = c->tok + c->pos * (depth + 0.5), x;
+    if (a > 0) x = (-b + sqrt(b * b + 4 * a * budget)) / (2 * a);
+    else x = b > 0 ? budget / b : max;
+    int n = !(x >= 0) ? 0 : x >= max ? max : (int)x;
+    while (n < max && sched_chunk_cost(c, n + 1, depth) <= budget) n++;
+    while (n > 0 && sched_chunk_cost(c, n, depth) > budget) n--;
+    return n;
+}
+
+/* The latency bound applies to the plan's prompt tokens once its decodes
+ * are in: when it is on and one of them is. */
+static void bound_begin(sched *s, const sched_plan *p) {
+    s->bound = false;
+    for (int i = 0; i < p->n_run && s->cap.on; i++) s->bound = s->bound || p->run[i].seq->n_pending == 1;
+    s->left = s->cap.budget;
+    s->floor_left = s->cap.floor > 0 ? s->cap.floor : 0;
+}
+
+/* A prompt chunk of n tokens at depth, cut to the latency bound when it is
+ * on (the floor first, then what the budget leaves); 0: none this plan. */
+static int bound_cut(sched *s, int n, int depth) {
+    if (!s->bound) return n;
+    int fit = sched_chunk_fit(&s->cap, s->left, depth, n);
+    if (fit < s->floor_left) fit = s->floor_left < n ? s->floor_left : n;
+    s->left -= sched_chunk_cost(&s->cap, fit, depth);
+    s->floor_left = fit < s->floor_left ? s->floor_left - fit : 0;
+    return fit;
+}
+
 /* Step 1: the running sequences' tokens, preempting where blocks run out.
  * Returns false when it stopped to ask. */
 static bool plan_running(sched *s, sched_plan *p, int64_t avail[KV_N_CLASS], int *n_live) {
@@ -233,11 +279,13 @@ static bool plan_running(sched *s, sched_plan *p, int64_t avail[KV_N_CLASS], int
             s->order[j - 1] = t;
         }
     for (int i = 0; i < n_order; i++) s->order[i]->mark = MARK_NONE;
-    for (int pass = 0; pass < 2; pass++) /* decodes, then prefill chunks */
+    for (int pass = 0; pass < 2; pass++) { /* decodes, then prefill chunks */
+        if (pass == 1) bound_begin(s, p);
         for (int i = 0; i < n_order && p->n_tokens < budget; i++) {
             sched_seq *q = s->order[i];
             if (q->mark != MARK_NONE || (pass == 0) != (q->n_pending == 1)) continue;
             int n = q->n_pending < budget - p->n_tokens ? q->n_pending : budget - p->n_tokens;
+            if (pass == 1 && !(n = bound_cut(s, n, q->len))) break;
             for (;;) {
                 int64_t need[KV_N_CLASS]; /* again after each preemption: a sibling's may spare a copy */
                 grow_need(s, q, n, n_order, need);
@@ -260,6 +308,7 @@ static bool plan_running(sched *s, sched_plan *p, int64_t avail[KV_N_CLASS], int
                 if (v == q) break;
             }
         }
+    }
     return true;
 }
 
@@ -323,6 +372,7 @@ static bool plan_admit(sched *s, sched_plan *p, int64_t avail[KV_N_CLASS], int n
             break;
         }
         int n = rest < c->batch_tokens - p->n_tokens ? rest : c->batch_tokens - p->n_tokens;
+        if (!q->whole && !(n = bound_cut(s, n, q->cached))) break; /* the bound is spent: the next plan */
         /* this iteration's chunk takes its cached blocks and its own new ones */
         int64_t chunk = ceil_div(n, c->block_size);
         for (int k = 0; k < c->n_class; k++) avail[k] -= q->take[k] + (chunk < q->need[k] ? chunk : q->need[k]);
@@ -375,6 +425,8 @@ const sched_plan *sched_decide(sched *s, const sched_view *v) {
     int64_t avail[KV_N_CLASS];
     for (int k = 0; k < KV_N_CLASS; k++) avail[k] = k < s->cfg.n_class ? v->avail[k] : 0;
     int n_live = s->n_running;
+    s->cap = v->cap;
+    s->bound = false;
     if (plan_running(s, p, avail, &n_live) && plan_admit(s, p, avail, n_live) && s->cfg.spec_cap > 0)
         plan_spec(s, p, avail);
     return p;

@@ -44,12 +44,21 @@
  *      and the free blocks left after steps 1 and 2 allow, shrinking the
  *      last one to what is left; never preempting or holding back an
  *      admission for it. So under load speculation shrinks, then stops.
+ *   The latency bound (sched_view.cap, when on): in a plan that holds a
+ *   decode, prompt tokens (prefill chunks of step 1, admissions' first
+ *   chunks of step 2) are cut so that their predicted cost, chunk by chunk
+ *   (sched_chunk_cost: per token, and per position each token attends, so a
+ *   deep chunk costs more), stays within cap.budget; but the plan takes at
+ *   least cap.floor prompt tokens (what is pending allows), so a prompt
+ *   always progresses. A sequence that must run whole is never cut. A plan
+ *   without decodes, or with the bound off, spends batch_tokens as above.
  *   Static batching (a baseline for benchmarks): admission opens only when
  *   nothing runs and closes when it first fails or max_seqs were admitted;
  *   no one joins until the batch has finished.
  *
  * So a long prompt never holds the running decodes back for more than one
- * chunk (decodes come first, a prompt takes what is left of the budget),
+ * chunk (decodes come first, a prompt takes what is left of the budget, and
+ * with the latency bound only what keeps the pass within its time),
  * and the head of the waiting queue is admitted as soon as the blocks that
  * running sequences release let it (no later arrival overtakes it).
  *
@@ -123,10 +132,30 @@ typedef struct {
     int spec_cap; /* proposed tokens one plan verifies at most (0: no speculation) */
 } sched_config;
 
-/* The pool as the plan starts from it. */
+/* The latency bound on prompt chunks beside decodes (sched.h's top). A
+ * chunk of n tokens at positions depth .. depth + n - 1 costs
+ *   n x tok + pos x (n x depth + n (n + 1) / 2)
+ * (each token attends its own position and those before it), in the units
+ * of budget (the engine's: seconds, itl.h). */
+typedef struct {
+    bool on;       /* false: no bound (the zeroed view) */
+    double budget; /* what a plan's prompt chunks may cost together when it holds a decode */
+    double tok;    /* a prompt token's cost, >= 0 */
+    double pos;    /* the cost of each position a prompt token attends, >= 0 */
+    int floor;     /* prompt tokens such a plan takes at least, >= 0 */
+} sched_cap;
+
+/* The pool as the plan starts from it, and the latency bound. */
 typedef struct {
     int64_t avail[KV_N_CLASS]; /* blocks that can be handed out now (free + cached), per class */
+    sched_cap cap;
 } sched_view;
+
+/* The cost of a chunk of n tokens at depth (the formula above). */
+double sched_chunk_cost(const sched_cap *c, int n, int depth);
+/* The most tokens, at most max, that a chunk at depth may hold for a cost
+ * within budget (0 when not one fits; max when the costs are 0). */
+int sched_chunk_fit(const sched_cap *c, double budget, int depth, int max);
 
 typedef struct {
     sched_seq *seq;
