@@ -30,6 +30,8 @@ import sys
 import threading
 import time
 
+from serve_common import free_port
+
 WORDS = ("the a of and to in is was that it for on with as his he at by from they this had not are but be "
          "story river mountain light city morning garden letter window music engine bridge winter school "
          "cat dog house tree road blue green small quiet bright").split()
@@ -67,15 +69,6 @@ def wait_health(port, proc, timeout=300):
             pass
         time.sleep(0.2)
     raise RuntimeError("the server on port %d never got healthy" % port)
-
-
-def free_port():
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def run_batch1(port, inputs):
