@@ -582,6 +582,10 @@ static void test_split_k_threads(void) {
             for (int i = 0; i < STEPS && !rc; i++)
                 rc = seqrun_forward(s, toks + PROMPT + i, 1, (ni ? got : ref) + (size_t)i * V, false, err, sizeof err);
             CHECKF(!rc, "%s", err);
+            if (s) /* forward.c's runs: every planned unit run once, however threads took them over */
+                CHECKF(s->fwd->attn_units_run == s->fwd->attn_units_planned && s->fwd->attn_units_planned > 0,
+                       "%d threads: %ld attention units run, %ld planned", nths[ni], (long)s->fwd->attn_units_run,
+                       s->fwd->attn_units_planned);
             seqrun_free(s);
             pool_free(pool);
             if (ni)

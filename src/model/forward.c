@@ -146,6 +146,15 @@ static size_t act_scratch_bytes(const lm_model *m, int n_batch) {
     return max_sz(a, moe_act_bytes(m, n_batch));
 }
 
+/* One pool thread's run of attention units [lo, hi), packed lo | hi << 32
+ * in one word so that the owner taking from the front and a thief cutting
+ * off the back agree by one compare-and-swap; padded to a cache line's
+ * size, so threads' runs seldom share one. */
+struct fwd_run {
+    _Atomic uint64_t lohi;
+    char pad[56];
+};
+
 /* Floats of split-K partials: a one-row item's every split at the whole
  * context, n_threads times over (what splitting a few decode rows over the
  * pool's threads needs; an item that does not fit runs whole in one thread,
@@ -163,7 +172,7 @@ size_t fwd_workspace_bytes(const lm_model *m, const fwd_dims *d, int n_threads) 
     size_t B = (size_t)d->n_batch, E = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
     size_t fl = B * E + B * max_sz(E, qd) + B * qd + 2 * B * kvd + B * max_sz(F, E) + B * F + B * (size_t)hp->n_rot;
     size_t ws = fl * sizeof(float) + B * sizeof(int) + 3 * (B + 1) * sizeof(int) + B * sizeof(int) + B * sizeof(size_t);
-    ws += part_cap(m, d, n_threads) * sizeof(float);
+    ws += part_cap(m, d, n_threads) * sizeof(float) + (size_t)n_threads * sizeof(struct fwd_run);
     ws += (size_t)n_threads * attn_scratch_size(hp->n_head, hp->n_head_kv, hp->head_dim);
     ws += act_scratch_bytes(m, d->n_batch);
     if (m->moe) ws += moe_ws_bytes(m, d->n_batch);
@@ -249,6 +258,7 @@ lm_fwd *fwd_new(const lm_model *m, lm_pool *pool, kv_pool *kv, const fwd_dims *d
     f->seg_part0 = ws_alloc(&ws, B * sizeof(size_t));
     f->part_cap = part_cap(m, d, f->n_scr);
     f->part = f->part_cap ? ws_alloc(&ws, f->part_cap * sizeof(float)) : NULL;
+    f->run = ws_alloc(&ws, (size_t)f->n_scr * sizeof *f->run);
     size_t a = act_scratch_bytes(m, d->n_batch);
     if (m->mla && !(f->mla = mla_ws_new(m, d->n_batch, f->n_scr, err, errlen))) {
         fwd_free(f);
@@ -274,7 +284,7 @@ lm_fwd *fwd_new(const lm_model *m, lm_pool *pool, kv_pool *kv, const fwd_dims *d
     f->ws_bytes = ws;
     if (!f->scr || !f->x || !f->xb || !f->q || !f->k || !f->v || !f->hb || !f->hb2 || !f->cs || !f->pos ||
         !f->seg_row0 || !f->seg_item0 || !f->seg_unit0 || !f->seg_units || !f->seg_part0 || (f->part_cap && !f->part) ||
-        (a && !f->act) || (hp->attn_gate && (!f->qg || !f->gate))) {
+        !f->run || (a && !f->act) || (hp->attn_gate && (!f->qg || !f->gate))) {
         lm_err(err, errlen, "out of memory allocating the workspace for batches of %d tokens", d->n_batch);
         fwd_free(f);
         return NULL;
@@ -301,6 +311,7 @@ void fwd_free(lm_fwd *f) {
     lm_free(f->seg_units);
     lm_free(f->seg_part0);
     lm_free(f->part);
+    lm_free(f->run);
     lm_free(f->act);
     moe_ws_free(f->moe);
     mla_ws_free(f->mla);
@@ -327,8 +338,56 @@ typedef struct {
     int layer, n_seg;
     int window;         /* 0: whole context */
     const float *sinks; /* (n_head) this layer's sink logits (gpt-oss), or NULL */
-    atomic_int next;
 } attn_job;
+
+/* Runs of units: thread t of nth starts with units [t total / nth, (t+1)
+ * total / nth) and takes them in increasing order, so a thread's
+ * consecutive units are consecutive key splits of one item, and the chunk
+ * each unit prefetches past its end (attn.h) is the one the same thread
+ * reads next. A thread whose run is empty cuts the back half off the
+ * longest other run and carries on there, so no thread idles while
+ * another has two units left. Which thread runs a unit never changes its
+ * bits (the partials are merged in split order). */
+static void runs_init(lm_fwd *f, int total, int nth) {
+    for (int t = 0; t < nth; t++) {
+        uint64_t lo = (uint64_t)((long)total * t / nth), hi = (uint64_t)((long)total * (t + 1) / nth);
+        atomic_store_explicit(&f->run[t].lohi, lo | hi << 32, memory_order_relaxed);
+    }
+}
+
+/* The next unit for thread ith, or -1 when every run is empty. */
+static int runs_take(lm_fwd *f, int ith, int nth) {
+    struct fwd_run *r = f->run;
+    for (;;) {
+        uint64_t v = atomic_load(&r[ith].lohi);
+        uint32_t lo = (uint32_t)v, hi = (uint32_t)(v >> 32);
+        if (lo < hi) {
+            if (atomic_compare_exchange_weak(&r[ith].lohi, &v, (uint64_t)(lo + 1) | (uint64_t)hi << 32)) return (int)lo;
+            continue;
+        }
+        int victim = -1;
+        uint32_t most = 0;
+        for (int t = 0; t < nth; t++) {
+            uint64_t w = atomic_load(&r[t].lohi);
+            uint32_t left = (uint32_t)(w >> 32) > (uint32_t)w ? (uint32_t)(w >> 32) - (uint32_t)w : 0;
+            if (t != ith && left > most) most = left, victim = t;
+        }
+        if (victim < 0) return -1;
+        uint64_t w = atomic_load(&r[victim].lohi);
+        uint32_t vlo = (uint32_t)w, vhi = (uint32_t)(w >> 32);
+        if (vlo >= vhi) continue;
+        uint32_t mid = vlo + (vhi - vlo) / 2; /* the victim keeps [vlo, mid), at least its next unit */
+        if (mid == vlo) mid = vlo + 1;
+        if (mid >= vhi) { /* one unit left: take it outright */
+            if (atomic_compare_exchange_weak(&r[victim].lohi, &w, (uint64_t)vhi | (uint64_t)vhi << 32)) return (int)vlo;
+            continue;
+        }
+        if (!atomic_compare_exchange_weak(&r[victim].lohi, &w, (uint64_t)vlo | (uint64_t)mid << 32)) continue;
+        /* [mid, vhi) is now ours alone: its first unit now, the rest as our run */
+        atomic_store(&r[ith].lohi, (uint64_t)(mid + 1) | (uint64_t)vhi << 32);
+        return (int)mid;
+    }
+}
 
 static void attn_worker(void *arg, int ith, int nth) {
     attn_job *j = arg;
@@ -337,11 +396,14 @@ static void attn_worker(void *arg, int ith, int nth) {
     size_t qd = (size_t)hp->n_head * hp->head_dim;
     float scale = hp->attn_scale;
     const int *first = f->seg_unit0; /* (n_seg + 1) first unit of each segment */
-    int total = first[j->n_seg], sg = 0;
+    int sg = 0;
+    long ran = 0;
     for (;;) {
-        int unit = atomic_fetch_add(&j->next, 1);
-        if (unit >= total) break;
-        while (first[sg + 1] <= unit) sg++; /* units are taken in increasing order */
+        int unit = runs_take(f, ith, nth);
+        if (unit < 0) break;
+        ran++;
+        if (unit < first[sg]) sg = 0; /* a run taken over from a thread behind */
+        while (first[sg + 1] <= unit) sg++;
         const lm_seg *g = &j->segs[sg];
         int U = f->seg_units[sg], local = (unit - first[sg]) / U, u = (unit - first[sg]) % U;
         int i0 = local / hp->n_head_kv * ATTN_TILE_Q, kh = local % hp->n_head_kv;
@@ -365,6 +427,7 @@ static void attn_worker(void *arg, int ith, int nth) {
         attn_tile_part(f->kv, g->seq, j->layer, kh, f->q + row * qd, qd, nq, g->pos0, scale, hp->attn_softcap,
                        j->window, first_split + s0, s1 - s0, part, f->scr[ith]);
     }
+    atomic_fetch_add_explicit(&f->attn_units_run, ran, memory_order_relaxed);
 }
 
 /* The attention plan of one layer: seg_units and seg_unit0, seg_part0 for
@@ -628,11 +691,12 @@ static void attn_mha(pass *p, const lm_layer *l, int li) {
     prof(p, LM_PROF_ROPE);
     attn_job aj = {
         .f = f, .segs = p->segs, .layer = l->kv_layer, .n_seg = p->n_seg, .window = l->window, .sinks = l->sinks};
-    atomic_init(&aj.next, 0);
     /* tiny attention (short contexts, small heads) is not worth a wake-up,
      * nor is one unit, which the caller runs while a woken worker idles */
     lm_pool *pool = p->attn_work < 64.0 * 1024 ? NULL : f->pool;
     if (attn_plan(f, p->segs, p->n_seg, l->kv_layer, l->window, pool ? pool_size(pool) : 1) < 2) pool = NULL;
+    runs_init(f, f->seg_unit0[p->n_seg], pool ? pool_size(pool) : 1);
+    f->attn_units_planned += f->seg_unit0[p->n_seg];
     pool_run(pool, attn_worker, &aj);
     attn_merge(f, &aj);
     if (hp->attn_gate) run_rows(f, l, ROWS_GATE, n);

@@ -85,29 +85,36 @@ typedef struct lm_fwd {
     fwd_dims dims;      /* n_batch: rows of every buffer below; n_ctx: a segment's last position + 1 */
     attn_scratch **scr; /* (n_scr) attention scratch, one per pool thread */
     int n_scr;
-    float *x;          /* (n_batch, n_embd) residual stream */
-    float *xb;         /* (n_batch, max(n_embd, q_dim)) normed input / attention output */
-    float *q;          /* (n_batch, n_head * head_dim) */
-    float *k, *v;      /* (n_batch, n_head_kv * head_dim) */
-    float *hb, *hb2;   /* (n_batch, max(n_ff, n_embd)), (n_batch, n_ff) */
-    float *cs;         /* (n_batch, n_rot) rope cos/sin */
-    int *pos;          /* (n_batch) each row's position */
-    int *seg_row0;     /* (n_batch + 1) a segment's first row */
-    int *seg_item0;    /* (n_batch + 1) a segment's first attention work item */
-    int *seg_unit0;    /* (n_batch + 1) a segment's first split-K unit (forward.c's attention plan) */
-    int *seg_units;    /* (n_batch) split-K units per work item of a segment: 1, or its splits' share */
-    size_t *seg_part0; /* (n_batch) where a split segment's partials start in part */
-    float *part;       /* (part_cap) split-K partials (attn_tile_part), NULL when a thread alone */
+    struct fwd_run *run; /* (n_scr) each pool thread's run of attention units (forward.c) */
+    float *x;            /* (n_batch, n_embd) residual stream */
+    float *xb;           /* (n_batch, max(n_embd, q_dim)) normed input / attention output */
+    float *q;            /* (n_batch, n_head * head_dim) */
+    float *k, *v;        /* (n_batch, n_head_kv * head_dim) */
+    float *hb, *hb2;     /* (n_batch, max(n_ff, n_embd)), (n_batch, n_ff) */
+    float *cs;           /* (n_batch, n_rot) rope cos/sin */
+    int *pos;            /* (n_batch) each row's position */
+    int *seg_row0;       /* (n_batch + 1) a segment's first row */
+    int *seg_item0;      /* (n_batch + 1) a segment's first attention work item */
+    int *seg_unit0;      /* (n_batch + 1) a segment's first split-K unit (forward.c's attention plan) */
+    int *seg_units;      /* (n_batch) split-K units per work item of a segment: 1, or its splits' share */
+    size_t *seg_part0;   /* (n_batch) where a split segment's partials start in part */
+    float *part;         /* (part_cap) split-K partials (attn_tile_part), NULL when a thread alone */
     size_t part_cap;
     int attn_split_min;    /* split-K: the fewest key splits an item is cut from; 0: off (whole items
                            only). FWD_ATTN_SPLIT_MIN, or LAMINA_ATTN_SPLIT read by fwd_new */
     long attn_split_items; /* items attention has cut into units so far (tests, profiles) */
-    struct moe_ws *moe;    /* the expert workspace (moe.h), NULL without experts */
-    struct mla_ws *mla;    /* the latent attention workspace (mla.h), NULL without it */
-    struct gdn_ws *gdn;    /* the linear attention workspace (gdn.h), NULL without recurrent layers */
-    float *qg, *gate;      /* (n_batch, 2 q_dim), (n_batch, q_dim) gated attention's query and gate
+
+    /* attention units planned so far, and run: equal after every pass, each
+     * unit run once whichever thread took it (tests) */
+    long attn_units_planned;
+    _Atomic long attn_units_run;
+
+    struct moe_ws *moe; /* the expert workspace (moe.h), NULL without experts */
+    struct mla_ws *mla; /* the latent attention workspace (mla.h), NULL without it */
+    struct gdn_ws *gdn; /* the linear attention workspace (gdn.h), NULL without recurrent layers */
+    float *qg, *gate;   /* (n_batch, 2 q_dim), (n_batch, q_dim) gated attention's query and gate
                              (hp.attn_gate), else NULL */
-    void *act;             /* quantized activations for ops_matmul */
+    void *act;          /* quantized activations for ops_matmul */
     size_t act_bytes;
     size_t ws_bytes; /* every byte of the workspace allocated by fwd_new (fwd_workspace_bytes) */
     bool profile;    /* accumulate per-op times into prof[] */
