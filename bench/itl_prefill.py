@@ -2,8 +2,8 @@
 """Running decodes' inter-token latency while a long prompt prefills, by `lamina serve --itl-factor`.
 
 Issue #38: "chunked prefill of a long prompt beside running decodes keeps their inter-token
-latency within 2x of the unloaded one". For each --itl-factor (default: 0, lamina's bound off,
-and 2, its default), a `lamina serve` is started on the model and, on it:
+latency within 2x of the unloaded one". For each --itl-factor (default: 0, lamina's default, the
+bound off, and 2), a `lamina serve` is started on the model and, on it:
 
   1. N streaming decode clients (default 8) send short prompts (random words, distinct) that
      ask for long answers (max_tokens large, "ignore_eos": true, greedy);

@@ -342,7 +342,7 @@ typedef struct {
     double itl_factor;          /* the latency bound (engine.md): beside running decodes, prompt chunks
                              are cut so that a pass is predicted to take at most this many times a
                              decode-only pass (16 prompt tokens a pass at least); 0 or >= 1,
-                             default 2; 0: no bound (a prompt takes what batch_tokens leaves).
+                             default 0: no bound (a prompt takes what batch_tokens leaves).
                              Models with recurrent layers (qwen35, qwen3next): none */
 } lm_engine_config;
 

@@ -643,6 +643,40 @@ static void test_latency_bound(void) {
     sched_free(f.s);
 }
 
+/* The budget weighs the prompts against the decodes (sched.h: budget x
+ * max(1, W / D)): cost 1 per token, budget 11. Beside 2 decodes one
+ * prompt gets 11 tokens; six prompts arriving at once get 33 between
+ * them (their first chunks: 11 x 6 / 2), while max_seqs lets them all in. */
+static void test_bound_weighs_prompts(void) {
+    fake f;
+    CHECK(fake_init(&f, 256, 16, 4000, 0, false, 0, 0));
+    f.cap = (sched_cap){.on = true, .budget = 11, .tok = 1, .pos = 0, .floor = 1};
+    fseq d[2], one, burst[6];
+    for (int i = 0; i < 2; i++) {
+        seq_init(&d[i], 1 + i, 0, (uint64_t)(1 + i), 2, 1000);
+        CHECK(enqueue(&f, &d[i]) == 0);
+    }
+    iterate(&f); /* the two prompts of 2, whole: nothing decodes yet */
+    seq_init(&one, 3, 0, 3, 300, 2);
+    CHECK(enqueue(&f, &one) == 0);
+    const sched_plan *p = iterate(&f);
+    CHECKF(p->n_run == 2 && p->n_admit == 1 && p->admit[0].n == 11, "one prompt beside 2 decodes: %d tokens",
+           p->n_admit ? p->admit[0].n : -1);
+    for (int i = 0; i < 6; i++) {
+        seq_init(&burst[i], 4 + i, 0, (uint64_t)(4 + i), 300, 2);
+        CHECK(enqueue(&f, &burst[i]) == 0);
+    }
+    p = iterate(&f); /* 2 decodes; W = 1 running prompt + 6 waiting = 7: 11 x 7 / 2 */
+    int prompt = 0;
+    for (int i = 0; i < p->n_run + p->n_admit; i++) {
+        const sched_item *it = i < p->n_run ? &p->run[i] : &p->admit[i - p->n_run];
+        if (it->seq->n_pending > 1) prompt += it->n;
+    }
+    CHECKF(prompt == (int)(11.0 * 7 / 2), "a burst of 6 beside 2 decodes: %d prompt tokens, %d expected", prompt,
+           (int)(11.0 * 7 / 2));
+    sched_free(f.s);
+}
+
 static bool near(double a, double b) { return fabs(a - b) <= 1e-12 * (fabs(a) + fabs(b)); }
 
 /* The predictor's means and the bound it gives the scheduler. */
@@ -699,6 +733,7 @@ int main(void) {
     TEST_RUN(test_questions);
     TEST_RUN(test_chunk_cost_fit);
     TEST_RUN(test_latency_bound);
+    TEST_RUN(test_bound_weighs_prompts);
     TEST_RUN(test_itl_predictor);
     return TEST_DONE();
 }

@@ -66,7 +66,7 @@ static void usage_bench_serve(FILE *f) {
         "  -c N                context per sequence (default: the model's)\n"
         "  --ctx-extend        allow -c above the model's trained context (with a warning)\n"
         "  --batch-tokens N    tokens per iteration (default %d)\n"
-        "  --itl-factor F      the latency bound on prompt chunks beside decodes (default 2; 0: off;\n"
+        "  --itl-factor F      the latency bound on prompt chunks beside decodes (default 0: off;\n"
         "                      see lamina serve --help)\n"
         "  --max-seqs N        sequences per iteration (default 64)\n"
         "  --kv-mem BYTES      KV pool size (default: context x max-seqs, at most 4 GiB)\n"

@@ -56,7 +56,7 @@ static void usage_serve(FILE *f) {
         "      --batch-tokens N   tokens per engine iteration (default %d)\n"
         "      --itl-factor F     beside running decodes, cut prompt chunks so that a pass is predicted\n"
         "                         to take at most F times a decode-only one, 16 prompt tokens at\n"
-        "                         least (default 2; 0: off, a prompt takes what --batch-tokens leaves)\n"
+        "                         least, e.g. 2 (default 0: off, a prompt takes what --batch-tokens leaves)\n"
         "      --mem BYTES        the whole memory budget, e.g. 8G: weights, workspace, and the KV\n"
         "                         pool gets the rest (default: 80%% of the memory available, as a\n"
         "                         bound on the --kv-mem default); too small for one full context:\n"

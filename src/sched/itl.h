@@ -37,7 +37,7 @@
 
 #define ITL_ALPHA 0.25     /* the running means' weight on the newest pass */
 #define ITL_FLOOR 16       /* prompt tokens a pass beside decodes takes at least */
-#define ITL_FACTOR_DEF 2.0 /* lm_engine_config.itl_factor's default */
+#define ITL_FACTOR_DEF 0.0 /* lm_engine_config.itl_factor's default: no bound */
 
 typedef struct {
     double factor;    /* a pass beside decodes takes at most factor x t_dec; 0: no bound */

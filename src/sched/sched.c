@@ -248,11 +248,14 @@ int sched_chunk_fit(const sched_cap *c, double budget, int depth, int max) {
 }
 
 /* The latency bound applies to the plan's prompt tokens once its decodes
- * are in: when it is on and one of them is. */
+ * are in: when it is on and one of them is. Its budget grows with the
+ * prompts in prefill or waiting per decode (sched.h: max(1, W / D)). */
 static void bound_begin(sched *s, const sched_plan *p) {
-    s->bound = false;
-    for (int i = 0; i < p->n_run && s->cap.on; i++) s->bound = s->bound || p->run[i].seq->n_pending == 1;
-    s->left = s->cap.budget;
+    int decodes = 0, prompts = s->n_waiting;
+    for (int i = 0; i < p->n_run && s->cap.on; i++) decodes += p->run[i].seq->n_pending == 1;
+    for (int i = 0; i < s->n_running && s->cap.on; i++) prompts += s->running[i]->n_pending > 1;
+    s->bound = decodes > 0;
+    s->left = s->cap.budget * (prompts > decodes ? (double)prompts / decodes : 1.0);
     s->floor_left = s->cap.floor > 0 ? s->cap.floor : 0;
 }
 

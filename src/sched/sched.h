@@ -52,6 +52,12 @@
  *   least cap.floor prompt tokens (what is pending allows), so a prompt
  *   always progresses. A sequence that must run whole is never cut. A plan
  *   without decodes, or with the bound off, spends batch_tokens as above.
+ *   The budget weighs the decodes' wait against the prompts': with D
+ *   decodes in the plan and W prompts in prefill or waiting, it is
+ *   cap.budget x max(1, W / D). One long prompt beside many decodes gets
+ *   cap.budget (their inter-token latency held); a burst of prompts beside a
+ *   few decodes gets more, so a handful of streams cannot slow the prefill
+ *   of many arrivals to the floor (a pass delays D streams, and advances W).
  *   Static batching (a baseline for benchmarks): admission opens only when
  *   nothing runs and closes when it first fails or max_seqs were admitted;
  *   no one joins until the batch has finished.
