@@ -130,57 +130,7 @@ void attn_scores_avx2(const float *Q, int R, int hd, const float *const *krow, i
     }
 }
 
-/* O rows [0, C) (hd apart) x columns [d0, d0 + 8 W), W = 1 or 2, against
- * keys [0, nk): per key one value load per 8 columns feeds C FMAs, each
- * row's probability broadcast once; with C = 6, W = 2 the 12 accumulators,
- * two value vectors and one broadcast fill 15 registers. Every output
- * element is its own chain o = fma(p_t, v_t, o) over t in order, so the
- * bits do not depend on the tiling of rows or columns. */
 #define INLINE static inline __attribute__((always_inline))
-INLINE void pv_tile(float *O, int hd, const float *P, int p_stride, const float *const *vrow, int nk, int d0, int C,
-                    int W) {
-    __m256 acc[6][2];
-#pragma GCC unroll 6
-    for (int c = 0; c < C; c++)
-#pragma GCC unroll 2
-        for (int w = 0; w < W; w++) acc[c][w] = _mm256_loadu_ps(O + (size_t)c * hd + d0 + 8 * w);
-    for (int t = 0; t < nk; t++) {
-        const float *v = vrow[t] + d0;
-        __m256 v0 = _mm256_loadu_ps(v), v1 = W > 1 ? _mm256_loadu_ps(v + 8) : v0;
-#pragma GCC unroll 6
-        for (int c = 0; c < C; c++) {
-            __m256 x = _mm256_broadcast_ss(P + (size_t)c * p_stride + t);
-            acc[c][0] = _mm256_fmadd_ps(x, v0, acc[c][0]);
-            if (W > 1) acc[c][1] = _mm256_fmadd_ps(x, v1, acc[c][1]);
-        }
-    }
-#pragma GCC unroll 6
-    for (int c = 0; c < C; c++)
-#pragma GCC unroll 2
-        for (int w = 0; w < W; w++) _mm256_storeu_ps(O + (size_t)c * hd + d0 + 8 * w, acc[c][w]);
-}
-
-/* Rows [0, C) of O, every column: 16 at a time, then 8. */
-INLINE void pv_rows(float *O, int hd, const float *P, int p_stride, const float *const *vrow, int nk, int C) {
-    int d0 = 0;
-    for (; d0 + 16 <= hd; d0 += 16) pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 2);
-    if (d0 < hd) pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 1);
-}
-
-void attn_pv_avx2(float *O, int R, int hd, const float *P, int p_stride, const float *const *vrow, int nk) {
-    for (int r = 0; r < R; r += 6) {
-        float *o = O + (size_t)r * hd;
-        const float *p = P + (size_t)r * p_stride;
-        switch (R - r < 6 ? R - r : 6) {
-            case 1: pv_rows(o, hd, p, p_stride, vrow, nk, 1); break;
-            case 2: pv_rows(o, hd, p, p_stride, vrow, nk, 2); break;
-            case 3: pv_rows(o, hd, p, p_stride, vrow, nk, 3); break;
-            case 4: pv_rows(o, hd, p, p_stride, vrow, nk, 4); break;
-            case 5: pv_rows(o, hd, p, p_stride, vrow, nk, 5); break;
-            default: pv_rows(o, hd, p, p_stride, vrow, nk, 6); break;
-        }
-    }
-}
 
 float attn_max_avx2(const float *x, int n) {
     __m256 m = _mm256_set1_ps(x[0]);
@@ -220,22 +170,23 @@ float attn_exp_sum_avx2(float *x, int n, float m) {
 
 /* ---- the fused entries: F16 and Q8_0 rows read in registers ------------------ */
 
-enum { KV_F16, KV_Q8 };
+enum { KV_F16, KV_Q8, KV_F32 };
 
 /* Elements per step of a type's inner loop: one vector for F16, one block
  * (four vectors under one scale) for Q8_0. */
 #define KV_BLK(T) ((T) == KV_F16 ? 8 : QK8_0)
 
-/* The Q8_0 block scale of element d of a row, broadcast (F16: unused). */
+/* The Q8_0 block scale of element d of a row, broadcast (F16, F32: unused). */
 INLINE __m256 kv_scale(const void *row, int d, int T) {
-    if (T == KV_F16) return _mm256_setzero_ps();
+    if (T != KV_Q8) return _mm256_setzero_ps();
     return _mm256_set1_ps(_cvtsh_ss(((const block_q8_0 *)row)[d / QK8_0].d));
 }
 
-/* Elements d .. d+7 of a row as floats, the bits of the type's to_float:
+/* Elements d .. d+7 of a row as floats (F32: as they are), the bits of the type's to_float:
  * F16C's conversion is exact, and so is d * q (an 11-bit by 8-bit
  * product) for Q8_0. */
 INLINE __m256 kv_load(const void *row, int d, __m256 sc, int T) {
+    if (T == KV_F32) return _mm256_loadu_ps((const float *)row + d);
     if (T == KV_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + d)));
     const int8_t *q = ((const block_q8_0 *)row)[d / QK8_0].qs + d % QK8_0;
     return _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q))));
@@ -306,20 +257,33 @@ void attn_scores_q8_0_avx2(const float *Q, int R, int hd, const void *const *kro
     scores_kv(Q, R, hd, krow, nk, S, s_stride, KV_Q8);
 }
 
-/* pv_tile with the value vectors converted in registers: the same chains
- * o = fma(p_t, v_t, o), so the bits of pv_tile on the converted rows. The
- * 16 columns of a W = 2 tile lie in one Q8_0 block (d0 is a multiple of
- * 16), under one scale. */
-INLINE void pv_kv_tile(float *O, int hd, const float *P, int p_stride, const void *const *vrow, int nk, int d0, int C,
-                       int W, int T) {
+/* Value row t of vrows: an array of const float * (F32) or of const void *
+ * (F16, Q8_0), each read as its own type. */
+INLINE const void *vrow_at(const void *vrows, int t, int T) {
+    if (T == KV_F32) return ((const float *const *)vrows)[t];
+    return ((const void *const *)vrows)[t];
+}
+
+/* O rows [0, C) (hd apart) x columns [d0, d0 + 8 W), W = 1 or 2, against
+ * keys [0, nk): per key one value load per 8 columns (F16 and Q8_0 rows
+ * converted in registers, kv_load) feeds C FMAs, each row's probability
+ * broadcast once; with C = 6, W = 2 the 12 accumulators, two value vectors
+ * and one broadcast fill 15 registers. Every output element is its own
+ * chain o = fma(p_t, v_t, o) over t in order, so the bits do not depend on
+ * the tiling of rows or columns, and a fused type's are those of its rows
+ * converted first. The 16 columns of a W = 2 tile lie in one Q8_0 block (d0
+ * is a multiple of 16), under one scale. */
+INLINE void pv_kv_tile(float *O, int hd, const float *P, int p_stride, const void *vrows, int nk, int d0, int C, int W,
+                       int T) {
     __m256 acc[6][2];
 #pragma GCC unroll 6
     for (int c = 0; c < C; c++)
 #pragma GCC unroll 2
         for (int w = 0; w < W; w++) acc[c][w] = _mm256_loadu_ps(O + (size_t)c * hd + d0 + 8 * w);
     for (int t = 0; t < nk; t++) {
-        __m256 sc = kv_scale(vrow[t], d0, T);
-        __m256 v0 = kv_load(vrow[t], d0, sc, T), v1 = W > 1 ? kv_load(vrow[t], d0 + 8, sc, T) : v0;
+        const void *row = vrow_at(vrows, t, T);
+        __m256 sc = kv_scale(row, d0, T);
+        __m256 v0 = kv_load(row, d0, sc, T), v1 = W > 1 ? kv_load(row, d0 + 8, sc, T) : v0;
 #pragma GCC unroll 6
         for (int c = 0; c < C; c++) {
             __m256 x = _mm256_broadcast_ss(P + (size_t)c * p_stride + t);
@@ -333,13 +297,13 @@ INLINE void pv_kv_tile(float *O, int hd, const float *P, int p_stride, const voi
         for (int w = 0; w < W; w++) _mm256_storeu_ps(O + (size_t)c * hd + d0 + 8 * w, acc[c][w]);
 }
 
-INLINE void pv_kv_rows(float *O, int hd, const float *P, int p_stride, const void *const *vrow, int nk, int C, int T) {
+INLINE void pv_kv_rows(float *O, int hd, const float *P, int p_stride, const void *vrow, int nk, int C, int T) {
     int d0 = 0;
     for (; d0 + 16 <= hd; d0 += 16) pv_kv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 2, T);
     if (d0 < hd) pv_kv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 1, T);
 }
 
-INLINE void pv_kv(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk, int T) {
+INLINE void pv_kv(float *O, int R, int hd, const float *P, int p_stride, const void *vrow, int nk, int T) {
     for (int r = 0; r < R; r += 6) {
         float *o = O + (size_t)r * hd;
         const float *p = P + (size_t)r * p_stride;
@@ -352,6 +316,10 @@ INLINE void pv_kv(float *O, int R, int hd, const float *P, int p_stride, const v
             default: pv_kv_rows(o, hd, p, p_stride, vrow, nk, 6, T); break;
         }
     }
+}
+
+void attn_pv_avx2(float *O, int R, int hd, const float *P, int p_stride, const float *const *vrow, int nk) {
+    pv_kv(O, R, hd, P, p_stride, vrow, nk, KV_F32);
 }
 
 void attn_pv_f16_avx2(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk) {
