@@ -1,12 +1,13 @@
 /*
  * test_attn_fused.c - the fused attention kernels, which read F16 and Q8_0
- * KV rows in their stored type (kernels.h: scores_f16, scores_q8_0,
- * pv_f16, pv_q8_0), in every variant this CPU runs.
+ * KV rows in their stored type (kernels.h: scores_f16, pv_f16, pv_q8_0),
+ * and the integer Q8_0 scores (scores_q8_0_q8), in every variant this CPU
+ * runs.
  *
  * Claims checked:
  *   1. kernel level, bit for bit: a fused entry gives the bits of the
  *      type's to_float followed by the same variant's float entry (scores,
- *      pv), for head dims 64, 80 (F16 only: Q8_0 needs a multiple of 32),
+ *      pv; Q8_0 has P·V only), for head dims 64, 80 (F16 only: Q8_0 needs a multiple of 32),
  *      128, 256 and a scalar-only 12 (F16), 1 .. 17 rows, 1 .. 67 keys (not
  *      multiples of any unroll), zero probabilities among the P·V weights;
  *   2. kernel level, against float64 on the stored values: each score
@@ -89,9 +90,9 @@ static int check_kernels(uint32_t type, int hd, int R, int nk, uint64_t seed, do
     lm_rng g;
     lm_rng_seed(&g, seed);
     const lm_attn_kernels *a = kernels_attn(hd);
-    lm_attn_scores_kv_fn sk = type == LM_TYPE_F16 ? a->scores_f16 : a->scores_q8_0;
+    lm_attn_scores_kv_fn sk = type == LM_TYPE_F16 ? a->scores_f16 : NULL; /* Q8_0 keys: integer scores (4) */
     lm_attn_pv_kv_fn pk = type == LM_TYPE_F16 ? a->pv_f16 : a->pv_q8_0;
-    if (!sk || !pk) return 0; /* a variant without fused entries: attention converts */
+    if (!pk) return 0; /* a variant without fused entries: attention converts */
     rows K, V;
     rows_make(&K, type, hd, nk, &g);
     rows_make(&V, type, hd, nk, &g);
@@ -103,15 +104,17 @@ static int check_kernels(uint32_t type, int hd, int R, int nk, uint64_t seed, do
     for (int i = 0; i < R * NKMAX; i++) P[i] = i % 5 == 3 ? 0.0f : (float)lm_rng_uniform(&g);
     memset(S1, 0, (size_t)R * NKMAX * sizeof(float));
     memset(S2, 0, (size_t)R * NKMAX * sizeof(float));
-    sk(Q, R, hd, (const void *const *)K.raw, nk, S1, NKMAX);
-    a->scores(Q, R, hd, (const float *const *)K.f, nk, S2, NKMAX);
     int rc = 0;
+    if (sk) {
+        sk(Q, R, hd, (const void *const *)K.raw, nk, S1, NKMAX);
+        a->scores(Q, R, hd, (const float *const *)K.f, nk, S2, NKMAX);
+    }
     if (memcmp(S1, S2, (size_t)R * NKMAX * sizeof(float))) {
         fprintf(stderr, "  %s %s hd %d R %d nk %d: fused scores differ from to_float + scores\n", kernels_isa_name(),
                 quant_type_name(type), hd, R, nk);
         rc = -1;
     }
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R && sk; r++)
         for (int t = 0; t < nk; t++) {
             double ref = 0, mag = 1e-30;
             for (int d = 0; d < hd; d++) {

@@ -10,8 +10,8 @@
  * would need 12 accumulators plus 4 value vectors, more than the 16
  * registers, and spill to the stack at every key).
  * Row max and row scaling for the online softmax, 8 lanes at a time.
- * Fused scores and P·V against F16 / Q8_0 rows (the end of the file): the
- * key or value vector converted in registers (vcvtph2ps; d * q through
+ * Fused scores against F16 rows and P·V against F16 / Q8_0 rows (the end
+ * of the file): the key or value vector converted in registers (vcvtph2ps; d * q through
  * vpmovsxbd, vcvtdq2ps and a multiply, exact as to_float's) and fed to the
  * same chains as above, so they give the float loops' bits on the
  * converted rows; scores in 4-row x 2-key tiles (4 rows share each
@@ -172,10 +172,6 @@ float attn_exp_sum_avx2(float *x, int n, float m) {
 
 enum { KV_F16, KV_Q8, KV_F32 };
 
-/* Elements per step of a type's inner loop: one vector for F16, one block
- * (four vectors under one scale) for Q8_0. */
-#define KV_BLK(T) ((T) == KV_F16 ? 8 : QK8_0)
-
 /* The Q8_0 block scale of element d of a row, broadcast (F16, F32: unused). */
 INLINE __m256 kv_scale(const void *row, int d, int T) {
     if (T != KV_Q8) return _mm256_setzero_ps();
@@ -192,25 +188,23 @@ INLINE __m256 kv_load(const void *row, int d, __m256 sc, int T) {
     return _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q))));
 }
 
-/* Rows [0, C) of Q (hd apart) against keys k0, k1: s[c][0..1]. Each score
- * is one 8-lane FMA chain over d in order, reduced by hsum4, exactly as
- * dot_2x4 / dot_3x4 / dot1 do it on the converted rows (a lane of hsum4
+/* Rows [0, C) of Q (hd apart) against F16 keys k0, k1: s[c][0..1]. Each
+ * score is one 8-lane FMA chain over d in order, reduced by hsum4, exactly
+ * as dot_2x4 / dot_3x4 / dot1 do it on the converted rows (a lane of hsum4
  * depends only on its own accumulator). C = 4 rows x 2 keys: 8
- * accumulators, two key vectors and their scales, one query vector. */
-INLINE void scores_kv_tile(const float *Q, int hd, const void *k0, const void *k1, int C, int T, float s[4][2]) {
+ * accumulators, two key vectors, one query vector. */
+INLINE void scores_kv_tile(const float *Q, int hd, const void *k0, const void *k1, int C, float s[4][2]) {
     __m256 acc[4][2];
+    const __m256 none = _mm256_setzero_ps(); /* F16 has no scale */
 #pragma GCC unroll 4
     for (int c = 0; c < C; c++) acc[c][0] = acc[c][1] = _mm256_setzero_ps();
-    for (int d0 = 0; d0 < hd; d0 += KV_BLK(T)) {
-        __m256 sc0 = kv_scale(k0, d0, T), sc1 = kv_scale(k1, d0, T);
-        for (int d = d0; d < d0 + KV_BLK(T); d += 8) {
-            __m256 y0 = kv_load(k0, d, sc0, T), y1 = kv_load(k1, d, sc1, T);
+    for (int d = 0; d < hd; d += 8) {
+        __m256 y0 = kv_load(k0, d, none, KV_F16), y1 = kv_load(k1, d, none, KV_F16);
 #pragma GCC unroll 4
-            for (int c = 0; c < C; c++) {
-                __m256 x = _mm256_loadu_ps(Q + (size_t)c * hd + d);
-                acc[c][0] = _mm256_fmadd_ps(x, y0, acc[c][0]);
-                acc[c][1] = _mm256_fmadd_ps(x, y1, acc[c][1]);
-            }
+        for (int c = 0; c < C; c++) {
+            __m256 x = _mm256_loadu_ps(Q + (size_t)c * hd + d);
+            acc[c][0] = _mm256_fmadd_ps(x, y0, acc[c][0]);
+            acc[c][1] = _mm256_fmadd_ps(x, y1, acc[c][1]);
         }
     }
 #pragma GCC unroll 4
@@ -223,12 +217,11 @@ INLINE void scores_kv_tile(const float *Q, int hd, const void *k0, const void *k
 
 /* Rows [0, C) against every key, two at a time (an odd last key is paired
  * with itself and its second score dropped). */
-INLINE void scores_kv_rows(const float *Q, int hd, const void *const *krow, int nk, float *S, int s_stride, int C,
-                           int T) {
+INLINE void scores_kv_rows(const float *Q, int hd, const void *const *krow, int nk, float *S, int s_stride, int C) {
     for (int t = 0; t < nk; t += 2) {
         float s[4][2];
         bool two = t + 1 < nk;
-        scores_kv_tile(Q, hd, krow[t], krow[two ? t + 1 : t], C, T, s);
+        scores_kv_tile(Q, hd, krow[t], krow[two ? t + 1 : t], C, s);
         for (int c = 0; c < C; c++) {
             S[(size_t)c * s_stride + t] = s[c][0];
             if (two) S[(size_t)c * s_stride + t + 1] = s[c][1];
@@ -236,25 +229,17 @@ INLINE void scores_kv_rows(const float *Q, int hd, const void *const *krow, int 
     }
 }
 
-INLINE void scores_kv(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride, int T) {
+void attn_scores_f16_avx2(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride) {
     for (int r = 0; r < R; r += 4) {
         const float *q = Q + (size_t)r * hd;
         float *s = S + (size_t)r * s_stride;
         switch (R - r < 4 ? R - r : 4) {
-            case 1: scores_kv_rows(q, hd, krow, nk, s, s_stride, 1, T); break;
-            case 2: scores_kv_rows(q, hd, krow, nk, s, s_stride, 2, T); break;
-            case 3: scores_kv_rows(q, hd, krow, nk, s, s_stride, 3, T); break;
-            default: scores_kv_rows(q, hd, krow, nk, s, s_stride, 4, T); break;
+            case 1: scores_kv_rows(q, hd, krow, nk, s, s_stride, 1); break;
+            case 2: scores_kv_rows(q, hd, krow, nk, s, s_stride, 2); break;
+            case 3: scores_kv_rows(q, hd, krow, nk, s, s_stride, 3); break;
+            default: scores_kv_rows(q, hd, krow, nk, s, s_stride, 4); break;
         }
     }
-}
-
-void attn_scores_f16_avx2(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride) {
-    scores_kv(Q, R, hd, krow, nk, S, s_stride, KV_F16);
-}
-
-void attn_scores_q8_0_avx2(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride) {
-    scores_kv(Q, R, hd, krow, nk, S, s_stride, KV_Q8);
 }
 
 /* Value row t of vrows: an array of const float * (F32) or of const void *

@@ -16,11 +16,11 @@
 void attn_scores_avx2(const float *Q, int R, int hd, const float *const *krow, int nk, float *S, int s_stride);
 /* O[r*hd + d] += Σ_{t < nk} P[r*p_stride + t] * vrow[t][d], r < R, d < hd. */
 void attn_pv_avx2(float *O, int R, int hd, const float *P, int p_stride, const float *const *vrow, int nk);
-/* The same two against F16 / Q8_0 rows, converted in registers: the bits
- * of the type's to_float followed by attn_scores_avx2 / attn_pv_avx2.
- * Q8_0 needs hd a multiple of 32. */
+/* The same two against F16 rows, and P·V against Q8_0 rows, converted in
+ * registers: the bits of the type's to_float followed by attn_scores_avx2 /
+ * attn_pv_avx2. Q8_0 needs hd a multiple of 32 (its keys take the integer
+ * scores below). */
 void attn_scores_f16_avx2(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride);
-void attn_scores_q8_0_avx2(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride);
 void attn_pv_f16_avx2(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk);
 void attn_pv_q8_0_avx2(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk);
 /* Q8_0 scores against Q8_0 query rows by integer dot products
@@ -35,7 +35,7 @@ void attn_scale_avx2(float *dst, const float *src, int n, float c);
 float attn_exp_sum_avx2(float *x, int n, float m);
 
 /* The avx512 variants' fused entries (avx512_attn.c, compiled with the
- * avx512 flags): the same contracts and the same bits as the four above,
+ * avx512 flags): the same contracts and the same bits as the three above,
  * 16 lanes wide. Lays them over k's; false (k unchanged) in a build
  * without the x86 variants. */
 bool avx512_attn_fill(lm_attn_kernels *k);

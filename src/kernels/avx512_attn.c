@@ -1,8 +1,9 @@
 /*
  * avx512_attn.c - the fused attention entries (kernels.h: scores_f16,
- * scores_q8_0, pv_f16, pv_q8_0) in AVX-512 F/BW/VL, which the avx512
- * variants lay over AVX2's (kernels/avx2_attn.c): decode reads F16 and
- * Q8_0 KV rows in place, converting in registers.
+ * pv_f16, pv_q8_0) in AVX-512 F/BW/VL, which the avx512 variants lay over
+ * AVX2's (kernels/avx2_attn.c): decode reads F16 keys and F16 and Q8_0
+ * values in place, converting in registers (Q8_0 keys take the integer
+ * scores of kernels/avx512vnni_attn.c and kernels/x86_attn_q8.h).
  *
  * Same bits as AVX2. Within a variant the fused entries must give the bits
  * of to_float followed by the float entries (attention picks between them
@@ -15,8 +16,8 @@
  *     attn_scores_avx2 runs, and the halves are reduced by the same hsum4.
  *     A tile is 4 rows x 4 pairs (8 keys), or 8 rows x 2 pairs (4 keys)
  *     while 8 rows remain (TinyLlama's group: each key converted once for
- *     all 8): 16 accumulators, the key vectors with their Q8_0 scale
- *     vectors and one query vector of the 32 registers.
+ *     all 8): 16 accumulators, the key vectors and one query vector of
+ *     the 32 registers.
  *   - P·V: an output element is its own chain o = fma(p_t, v_t, o) over the
  *     keys in order whatever the lane width, so 16 lanes give attn_pv_avx2's
  *     bits; a tile is 4 rows x 64 columns or 8 rows x 32 columns (16
@@ -52,55 +53,33 @@
 
 enum { KV_F16, KV_Q8 };
 
-INLINE float q8_scale(const void *row, int d) { return _cvtsh_ss(((const block_q8_0 *)row)[d / QK8_0].d); }
+/* ---- scores (F16 keys) ----------------------------------------------------------- */
 
-INLINE __m128i q8_bytes8(const void *row, int d) {
-    return _mm_loadl_epi64((const __m128i *)(((const block_q8_0 *)row)[d / QK8_0].qs + d % QK8_0));
-}
-
-/* ---- scores --------------------------------------------------------------------- */
-
-/* Elements d .. d+7 of rows a (low half) and b (high half); sc: the two
- * rows' Q8_0 scales in the same halves. */
-INLINE __m512 kv_pair(const void *a, const void *b, int d, __m512 sc, int T) {
-    if (T == KV_F16) {
-        __m128i ha = _mm_loadu_si128((const __m128i *)((const uint16_t *)a + d));
-        __m128i hb = _mm_loadu_si128((const __m128i *)((const uint16_t *)b + d));
-        return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(ha), hb, 1));
-    }
-    __m128i q = _mm_unpacklo_epi64(q8_bytes8(a, d), q8_bytes8(b, d));
-    return _mm512_mul_ps(sc, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
-}
-
-INLINE __m512 scale_pair(const void *a, const void *b, int d, int T) {
-    if (T == KV_F16) return _mm512_setzero_ps();
-    return _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(q8_scale(a, d)), _mm512_set1_ps(q8_scale(b, d)));
+/* Elements d .. d+7 of F16 rows a (low half) and b (high half). */
+INLINE __m512 kv_pair(const void *a, const void *b, int d) {
+    __m128i ha = _mm_loadu_si128((const __m128i *)((const uint16_t *)a + d));
+    __m128i hb = _mm_loadu_si128((const __m128i *)((const uint16_t *)b + d));
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(ha), hb, 1));
 }
 
 /* Rows [0, C) of Q (hd apart) against the 2 NP keys k[0 .. 2 NP):
  * s[c][0 .. 2 NP); C x NP <= 16 accumulators. */
-INLINE void scores_tile(const float *Q, int hd, const void *const *k, int C, int NP, int T, float s[8][8]) {
+INLINE void scores_tile(const float *Q, int hd, const void *const *k, int C, int NP, float s[8][8]) {
     __m512 acc[8][4];
 #pragma GCC unroll 8
     for (int c = 0; c < C; c++)
 #pragma GCC unroll 4
         for (int p = 0; p < NP; p++) acc[c][p] = _mm512_setzero_ps();
-    const int blk = T == KV_F16 ? 8 : QK8_0;
-    for (int d0 = 0; d0 < hd; d0 += blk) {
-        __m512 sc[4];
+    for (int d = 0; d < hd; d += 8) {
+        __m512 y[4];
 #pragma GCC unroll 4
-        for (int p = 0; p < NP; p++) sc[p] = scale_pair(k[2 * p], k[2 * p + 1], d0, T);
-        for (int d = d0; d < d0 + blk; d += 8) {
-            __m512 y[4];
-#pragma GCC unroll 4
-            for (int p = 0; p < NP; p++) y[p] = kv_pair(k[2 * p], k[2 * p + 1], d, sc[p], T);
+        for (int p = 0; p < NP; p++) y[p] = kv_pair(k[2 * p], k[2 * p + 1], d);
 #pragma GCC unroll 8
-            for (int c = 0; c < C; c++) {
-                __m512 x =
-                    _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(Q + (size_t)c * hd + d))));
+        for (int c = 0; c < C; c++) {
+            __m512 x =
+                _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(Q + (size_t)c * hd + d))));
 #pragma GCC unroll 4
-                for (int p = 0; p < NP; p++) acc[c][p] = _mm512_fmadd_ps(x, y[p], acc[c][p]);
-            }
+            for (int p = 0; p < NP; p++) acc[c][p] = _mm512_fmadd_ps(x, y[p], acc[c][p]);
         }
     }
 #pragma GCC unroll 8
@@ -109,14 +88,14 @@ INLINE void scores_tile(const float *Q, int hd, const void *const *k, int C, int
 
 /* Rows [0, C) against every key, 2 NP at a time (the last group padded
  * with its last key, whose extra scores are dropped). */
-INLINE void scores_rows(const float *Q, int hd, const void *const *krow, int nk, float *S, int s_stride, int C, int NP,
-                        int T) {
+INLINE void scores_rows(const float *Q, int hd, const void *const *krow, int nk, float *S, int s_stride, int C,
+                        int NP) {
     for (int t = 0; t < nk; t += 2 * NP) {
         int n = nk - t < 2 * NP ? nk - t : 2 * NP;
         const void *k[8];
         for (int j = 0; j < 2 * NP; j++) k[j] = krow[t + (j < n ? j : n - 1)];
         float s[8][8];
-        scores_tile(Q, hd, k, C, NP, T, s);
+        scores_tile(Q, hd, k, C, NP, s);
         for (int c = 0; c < C; c++)
             for (int j = 0; j < n; j++) S[(size_t)c * s_stride + t + j] = s[c][j];
     }
@@ -124,28 +103,19 @@ INLINE void scores_rows(const float *Q, int hd, const void *const *krow, int nk,
 
 /* Rows 8 at a time (8 x 2 pairs: each key converted once for 8 rows),
  * the rest up to 4 at a time (x 4 pairs). */
-INLINE void scores_kv(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride, int T) {
+static void scores_f16(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride) {
     int r = 0;
-    for (; r + 8 <= R; r += 8)
-        scores_rows(Q + (size_t)r * hd, hd, krow, nk, S + (size_t)r * s_stride, s_stride, 8, 2, T);
+    for (; r + 8 <= R; r += 8) scores_rows(Q + (size_t)r * hd, hd, krow, nk, S + (size_t)r * s_stride, s_stride, 8, 2);
     for (; r < R; r += 4) {
         const float *q = Q + (size_t)r * hd;
         float *s = S + (size_t)r * s_stride;
         switch (R - r < 4 ? R - r : 4) {
-            case 1: scores_rows(q, hd, krow, nk, s, s_stride, 1, 4, T); break;
-            case 2: scores_rows(q, hd, krow, nk, s, s_stride, 2, 4, T); break;
-            case 3: scores_rows(q, hd, krow, nk, s, s_stride, 3, 4, T); break;
-            default: scores_rows(q, hd, krow, nk, s, s_stride, 4, 4, T); break;
+            case 1: scores_rows(q, hd, krow, nk, s, s_stride, 1, 4); break;
+            case 2: scores_rows(q, hd, krow, nk, s, s_stride, 2, 4); break;
+            case 3: scores_rows(q, hd, krow, nk, s, s_stride, 3, 4); break;
+            default: scores_rows(q, hd, krow, nk, s, s_stride, 4, 4); break;
         }
     }
-}
-
-static void scores_f16(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride) {
-    scores_kv(Q, R, hd, krow, nk, S, s_stride, KV_F16);
-}
-
-static void scores_q8_0(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride) {
-    scores_kv(Q, R, hd, krow, nk, S, s_stride, KV_Q8);
 }
 
 /* ---- P·V ------------------------------------------------------------------------ */
@@ -224,7 +194,6 @@ static void pv_q8_0(float *O, int R, int hd, const float *P, int p_stride, const
 
 bool avx512_attn_fill(lm_attn_kernels *k) {
     k->scores_f16 = scores_f16;
-    k->scores_q8_0 = scores_q8_0;
     k->pv_f16 = pv_f16;
     k->pv_q8_0 = pv_q8_0;
     return true;

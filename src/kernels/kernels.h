@@ -179,8 +179,9 @@ typedef struct {
     void (*rope)(float *x, int n_heads, int head_dim, int n_rot, const float *cs, int neox);
 } lm_ew_kernels;
 
-/* Scores and P·V against KV rows in the cache's own element type (F16: hd
- * halves; Q8_0: hd / 32 block_q8_0s, hd a multiple of 32), each element
+/* Scores (F16) and P·V (F16, Q8_0) against KV rows in the cache's own
+ * element type (F16: hd halves; Q8_0: hd / 32 block_q8_0s, hd a multiple
+ * of 32), each element
  * converted in registers as the type's to_float would: the float entries'
  * contracts otherwise. */
 typedef void (*lm_attn_scores_kv_fn)(const float *Q, int R, int hd, const void *const *krow, int nk, float *S,
@@ -200,18 +201,18 @@ typedef void (*lm_attn_scores_q8q_fn)(const void *Qq, int R, int hd, const void 
                                       int s_stride);
 
 /* Attention inner loops (contracts: kernels/avx2_attn.h). `scale` is
- * called with n = head_dim only. The fused entries (scores_f16 ..
+ * called with n = head_dim only. The fused entries (scores_f16, pv_f16,
  * pv_q8_0; NULL where a variant has none: attention then converts the rows
  * to floats first) give, within one variant, the bits of to_float followed
  * by scores / pv, so the choice between them never changes a result.
  * scores_q8_0_q8 (the scalar reference and the x86 variants; NULL on NEON)
- * replaces scores_q8_0 and the converted scores for a Q8_0 cache in every
+ * replaces the converted scores for a Q8_0 cache in every
  * sub-tile wherever it is set (kv/attn.c): its results differ from the
  * float entries' (the query is quantized), so it is all or nothing. */
 typedef struct {
     void (*scores)(const float *Q, int R, int hd, const float *const *krow, int nk, float *S, int s_stride);
     void (*pv)(float *O, int R, int hd, const float *P, int p_stride, const float *const *vrow, int nk);
-    lm_attn_scores_kv_fn scores_f16, scores_q8_0;
+    lm_attn_scores_kv_fn scores_f16;
     lm_attn_pv_kv_fn pv_f16, pv_q8_0;
     lm_attn_scores_q8q_fn scores_q8_0_q8;
     float (*max)(const float *x, int n);

@@ -9,8 +9,8 @@
  *
  * Attention: a dot product is eight partial sums in a fixed order, summed
  * pairwise; P·V is one multiply-add chain per output element over the keys
- * in order, skipping zero probabilities (masked keys). The F16 and Q8_0
- * entries read each key or value element through its exact conversion
+ * in order, skipping zero probabilities (masked keys). The F16 entries and
+ * Q8_0's P·V read each key or value element through its exact conversion
  * (lm_f16_to_f32; d * q for Q8_0, as format/quant.c's to_float) into the
  * same sums in the same order: the bits of to_float then the float entry.
  * Q8_0 scores against a quantized query (scores_q8_0_q8) are kernels.h's
@@ -137,11 +137,6 @@ static void pv_kv(float *O, int R, int hd, const float *P, int p_stride, const v
 void scalar_attn_scores_f16(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride) {
     for (int r = 0; r < R; r++)
         for (int t = 0; t < nk; t++) S[(size_t)r * s_stride + t] = dot8_kv(Q + (size_t)r * hd, krow[t], hd, f16_elem);
-}
-
-void scalar_attn_scores_q8_0(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride) {
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < nk; t++) S[(size_t)r * s_stride + t] = dot8_kv(Q + (size_t)r * hd, krow[t], hd, q8_0_elem);
 }
 
 /* One score of kernels.h's lm_attn_scores_q8q_fn: eight lanes of exact

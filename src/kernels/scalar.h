@@ -29,7 +29,6 @@ void scalar_attn_scores(const float *Q, int R, int hd, const float *const *krow,
 void scalar_attn_pv(float *O, int R, int hd, const float *P, int p_stride, const float *const *vrow, int nk);
 /* The same against F16 / Q8_0 rows (kernels.h's fused entries). */
 void scalar_attn_scores_f16(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride);
-void scalar_attn_scores_q8_0(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride);
 void scalar_attn_pv_f16(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk);
 void scalar_attn_pv_q8_0(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk);
 /* Q8_0 scores against Q8_0 query rows by integer dot products (kernels.h's

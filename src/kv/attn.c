@@ -48,7 +48,8 @@
  * beside. LAMINA_NO_SIMD=1 therefore runs the scalar reference throughout.
  * F16 and Q8_0 rows: a sub-tile of up to FUSE_ROWS rows (a decode step:
  * one query's group of heads) runs the table's fused entries (scores_f16,
- * pv_q8_0, ...), which read the stored rows and convert in registers, so
+ * pv_f16, pv_q8_0; Q8_0 keys take the integer scores below), which read
+ * the stored rows and convert in registers, so
  * the chunk is read from the pool once and never written to Kf / Vf; a
  * larger one (prefill) converts each chunk once, which its many rows
  * amortise. A variant without fused entries (NEON) always converts. The
@@ -269,8 +270,8 @@ typedef struct {
     const lm_attn_kernels *k;        /* the table's inner loops for this head_dim */
     const lm_attn_kernels *kv;       /* the same for the value width (P·V, the output's scaling) */
     lm_to_float_fn to_float;         /* the KV type's rows to floats (not F32) */
-    lm_attn_scores_kv_fn scores_kv;  /* k's fused entries for the KV type, or NULL (F32, or none) */
-    lm_attn_pv_kv_fn pv_kv;          /* kv's likewise */
+    lm_attn_scores_kv_fn scores_kv;  /* k's fused scores for the KV type (F16), or NULL */
+    lm_attn_pv_kv_fn pv_kv;          /* kv's fused P·V for the KV type (F16, Q8_0), or NULL */
     lm_attn_scores_q8q_fn scores_q8; /* Q8_0 keys: k's integer scores (every sub-tile), or NULL */
     lm_from_float_fn quant_q;        /* with scores_q8: floats to Q8_0 (the query rows) */
 } tile_args;
@@ -305,9 +306,11 @@ static void split_partial(const tile_args *a, int nq, int qpos0, int c_lo, int c
     const kv_layout *lay = a->lay;
     int G = scr->group, hd = scr->hd, dv = lay->v_dim, R = nq * G, kh = a->kv_head;
     const lm_attn_kernels *k = a->k, *kv = a->kv;
-    bool latent = lay->n_slab == 1;              /* values: the first dv elements of the key rows */
-    bool fused = a->scores_kv && R <= FUSE_ROWS; /* rows read in place, no Kf / Vf */
-    bool kint = a->scores_q8 != NULL;            /* keys read in place by integer dots, whatever R */
+    bool latent = lay->n_slab == 1;                /* values: the first dv elements of the key rows */
+    bool fused_k = a->scores_kv && R <= FUSE_ROWS; /* key rows read in place, no Kf */
+    bool fused_v = a->pv_kv && R <= FUSE_ROWS;     /* value rows likewise, no Vf */
+    bool kint = a->scores_q8 != NULL;              /* keys read in place by integer dots, whatever R */
+    bool kraw = kint || fused_k;                   /* scr->kraw holds the chunk's key rows */
     for (int r = 0; r < R; r++) scr->m[r] = -INFINITY, scr->l[r] = 0;
     memset(scr->o, 0, (size_t)R * dv * sizeof(float)); /* O (R, dv) */
     for (int c0 = c_lo; c0 < c_hi; c0 += CHUNK) {
@@ -320,7 +323,7 @@ static void split_partial(const tile_args *a, int nq, int qpos0, int c_lo, int c
         if (kint) {
             gather_raw(lay, a->table, a->layer, 0, kh, c0, nk, wlo, scr->zero, scr->kraw);
             a->scores_q8(scr_qq(scr), R, hd, scr->kraw, nk, scr->s, CHUNK);
-        } else if (fused) {
+        } else if (fused_k) {
             gather_raw(lay, a->table, a->layer, 0, kh, c0, nk, wlo, scr->zero, scr->kraw);
             a->scores_kv(scr->qs, R, hd, scr->kraw, nk, scr->s, CHUNK);
         } else {
@@ -357,13 +360,15 @@ static void split_partial(const tile_args *a, int nq, int qpos0, int c_lo, int c
             nv = vis > nv ? vis : nv;
         }
         if (nv == 0) continue;
-        if (fused) {
+        if (fused_v) {
             if (!latent) gather_raw(lay, a->table, a->layer, 1, kh, c0, nv, wlo, scr->zero, scr->vraw);
+            else if (!kraw) /* the keys were converted: the values' rows in place now */
+                gather_raw(lay, a->table, a->layer, 0, kh, c0, nv, wlo, scr->zero, scr->kraw);
             a->pv_kv(scr->o, R, dv, scr->s, CHUNK, latent ? scr->kraw : scr->vraw, nv);
             continue;
         }
         if (!latent) gather(lay, a->table, a->layer, 1, kh, c0, nv, wlo, a->to_float, scr->vf, scr->zero, scr->vrow);
-        else if (kint) /* the keys were read in place: convert the values' prefix now */
+        else if (kraw) /* the keys were read in place: convert the values' prefix now */
             gather(lay, a->table, a->layer, 0, kh, c0, nv, wlo, a->to_float, scr->kf, scr->zero, scr->krow);
         kv->pv(scr->o, R, dv, scr->s, CHUNK, latent ? scr->krow : scr->vrow, nv);
     }
@@ -463,11 +468,10 @@ static tile_args layer_args(const kv_pool *p, const kv_seq *s, int layer, int wi
                    .k = kernels_attn(scr->hd),
                    .kv = kernels_attn(lay->v_dim),
                    .to_float = lay->type == LM_TYPE_F32 ? NULL : kernels_type(lay->type)->to_float};
-    /* the fused pair, only where both halves exist (Q8_0's value width a
-     * whole number of blocks too: a latent layout's values are a prefix) */
+    /* the fused entries: F16 keys and values; Q8_0 values (a value width
+     * of whole blocks: a latent layout's values are a prefix of the keys) */
     if (lay->type == LM_TYPE_F16) a.scores_kv = a.k->scores_f16, a.pv_kv = a.kv->pv_f16;
-    if (lay->type == LM_TYPE_Q8_0 && lay->v_dim % QK8_0 == 0) a.scores_kv = a.k->scores_q8_0, a.pv_kv = a.kv->pv_q8_0;
-    if (!a.scores_kv || !a.pv_kv) a.scores_kv = NULL, a.pv_kv = NULL;
+    if (lay->type == LM_TYPE_Q8_0 && lay->v_dim % QK8_0 == 0) a.pv_kv = a.kv->pv_q8_0;
     /* Q8_0 keys by integer dots against the quantized queries, in every
      * sub-tile (they are not the float entries' bits) */
     if (lay->type == LM_TYPE_Q8_0 && a.k->scores_q8_0_q8 && lay->head_dim % QK8_0 == 0)
