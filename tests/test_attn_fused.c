@@ -43,6 +43,9 @@
 #include "format/quant.h"
 #include "kernels/kernels.h"
 #include "kernels/scalar.h"
+#if defined(__x86_64__) || defined(__i386__)
+#include "kernels/avx2_attn.h"
+#endif
 #include "kv/attn.h"
 #include "kv/kv.h"
 #include "test.h"
@@ -430,6 +433,38 @@ static int check_attn(const attn_cfg *c, const int *isas, int n_isa, double *wor
     return rc;
 }
 
+/* ---- 5: the softmax's exp sums ------------------------------------------------- */
+
+/* Every x86 variant's exp_sum gives attn_exp_sum_avx2's bits (the avx512
+ * variants' 16-lane one keeps its 8-lane sum), elements and total, for
+ * every length 1 .. 67 (whole 16s, a whole 8 left, a tail). */
+static void test_exp_sum_bits(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    int isas[LM_ISA_COUNT], n_isa = cpu_isas(isas), n = 0;
+    float x[NKMAX], y0[NKMAX], y1[NKMAX];
+    lm_rng g;
+    lm_rng_seed(&g, 77);
+    for (int i = 0; i < n_isa; i++) {
+        if (isas[i] == LM_ISA_SCALAR) continue;
+        CHECK(kernels_use(isas[i]) == 0);
+        const lm_attn_kernels *a = kernels_attn(64);
+        for (int len = 1; len <= NKMAX; len++) {
+            for (int t = 0; t < len; t++) x[t] = (float)lm_rng_normal(&g) * 6.0f - 3.0f;
+            float m = scalar_attn_max(x, len);
+            memcpy(y0, x, sizeof x), memcpy(y1, x, sizeof x);
+            float s0 = attn_exp_sum_avx2(y0, len, m), s1 = a->exp_sum(y1, len, m);
+            CHECKF(!memcmp(&s0, &s1, sizeof s0) && !memcmp(y0, y1, (size_t)len * sizeof(float)),
+                   "%s exp_sum n %d: %.9g against %.9g", kernels_isa_name(), len, (double)s1, (double)s0);
+            n++;
+        }
+    }
+    kernels_use(-1);
+    printf("  %d exp sums over %d x86 variants: attn_exp_sum_avx2's bits\n", n, n_isa - 1);
+#else
+    printf("  skipped: no x86 variants on this architecture\n");
+#endif
+}
+
 static void test_attn_fused_equals_converted(void) {
     static const attn_cfg cfgs[] = {
         {4, 1, 256, 600, LM_TYPE_F16, 0, 0, false},    /* Gemma 3 270M, a global layer: 3 splits */
@@ -454,5 +489,6 @@ int main(void) {
     TEST_RUN(test_kernels_every_variant);
     TEST_RUN(test_int_scores_every_variant);
     TEST_RUN(test_attn_fused_equals_converted);
+    TEST_RUN(test_exp_sum_bits);
     return TEST_DONE();
 }

@@ -38,13 +38,6 @@
 #include "format/quant.h"
 #include "kernels/x86_hsum.h"
 
-static inline float hsum1(__m256 a) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* Rows q0 (and q1 unless NULL) against keys t0..t0+3. */
 static void dot_2x4(const float *q0, const float *q1, int hd, const float *const *k, float *s0, float *s1) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;

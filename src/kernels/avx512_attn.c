@@ -47,7 +47,8 @@
 #include <stdint.h>
 
 #include "format/quant.h"
-#include "kernels/x86_hsum.h" /* attn_scores_avx2's reduction, operation for operation */
+#include "kernels/avx2_math.h" /* exp16 */
+#include "kernels/x86_hsum.h"  /* attn_scores_avx2's reductions, operation for operation */
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -192,7 +193,40 @@ static void pv_q8_0(float *O, int R, int hd, const float *P, int p_stride, const
     pv_kv(O, R, hd, P, p_stride, vrow, nk, KV_Q8);
 }
 
+/* ---- the softmax's row loops ---------------------------------------------------- */
+
+/* attn_exp_sum_avx2's bits: exp16 is exp8 lane for lane, and the sum keeps
+ * its one 8-lane chain (each 16 elements' low half added before their high
+ * half), then hsum1, then a tail of fewer than 8 one element at a time. */
+static float exp_sum(float *x, int n, float m) {
+    const __m512 vm = _mm512_set1_ps(m);
+    __m256 acc = _mm256_setzero_ps();
+    int t = 0;
+    for (; t + 16 <= n; t += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + t), vm));
+        _mm512_storeu_ps(x + t, e);
+        acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
+        acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+    }
+    int r = n - t; /* < 16 left: the next 8 (if whole) join the chain, the rest are the tail */
+    float s;
+    if (r > 0) {
+        __mmask16 mr = (__mmask16)((1u << r) - 1);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mr, x + t), vm));
+        _mm512_mask_storeu_ps(x + t, mr, e);
+        if (r >= 8) acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
+        s = hsum1(acc);
+        float buf[16];
+        _mm512_storeu_ps(buf, e);
+        for (int i = r >= 8 ? 8 : 0; i < r; i++) s += buf[i];
+    } else {
+        s = hsum1(acc);
+    }
+    return s;
+}
+
 bool avx512_attn_fill(lm_attn_kernels *k) {
+    k->exp_sum = exp_sum;
     k->scores_f16 = scores_f16;
     k->pv_f16 = pv_f16;
     k->pv_q8_0 = pv_q8_0;

@@ -23,6 +23,8 @@
 
 #include <immintrin.h>
 
+#include "kernels/avx2_math.h"
+
 typedef __m512 vf;
 #define DN_VL 16
 #define DN_TILE4X4 /* 32 registers */
@@ -41,25 +43,7 @@ static inline vf v_fmadd(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vf v_fnmadd(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }
 static inline float v_hsum(vf x) { return _mm512_reduce_add_ps(x); }
 
-/* exp8 (kernels/avx2_math.h) in 16 lanes: the same clamp, reduction and
- * polynomial. */
-static inline vf v_exp(vf x) {
-    const vf log2e = _mm512_set1_ps(1.44269504088896341f);
-    const vf c1 = _mm512_set1_ps(0.693359375f), c2 = _mm512_set1_ps(-2.12194440e-4f);
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
-    vf n = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm512_fnmadd_ps(n, c1, x);
-    x = _mm512_fnmadd_ps(n, c2, x);
-    vf y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
-    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
-}
+static inline vf v_exp(vf x) { return exp16(x); } /* kernels/avx2_math.h */
 
 static inline double dsumsq(const float *x, int n) {
     __m512d a0 = _mm512_setzero_pd(), a1 = a0;

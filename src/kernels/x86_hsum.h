@@ -3,8 +3,9 @@
  * (kernels/avx2_attn.c, avx512_attn.c, x86_attn_q8.h, avx512vnni_attn.c),
  * written once so every variant reduces its 8-lane chains in the same
  * order: a total is ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), and
- * a lane of the result depends on its own accumulator only. Include it
- * only from a file built with AVX2 (hsum4) or AVX-512 F (hsum_pairs too).
+ * a lane of the result depends on its own accumulator only; and hsum1, the
+ * attention exp sums' total. Include it only from a file built with AVX2
+ * (hsum1, hsum4) or AVX-512 F (hsum_pairs too).
  */
 #ifndef LAMINA_X86_HSUM_H
 #define LAMINA_X86_HSUM_H
@@ -12,6 +13,15 @@
 #include <immintrin.h>
 
 #define HSUM_INLINE static inline __attribute__((always_inline))
+
+/* The total of one 8-lane accumulator: lanes j and j + 4 first, then
+ * pairs of those, then the last two (the exp sums' order). */
+HSUM_INLINE float hsum1(__m256 a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
 
 /* Four 8-lane accumulators to their four totals. */
 HSUM_INLINE __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
