@@ -13,7 +13,8 @@
  *     lanes in the low half and key b's in the high half, against the
  *     query's 8 floats broadcast to both halves; each lane is the chain
  *     acc = fma(q[d..d+8), k[d..d+8), acc) over d in order that
- *     attn_scores_avx2 runs, and the halves are reduced by the same hsum4.
+ *     attn_scores_avx2 runs, and the halves are reduced in hsum4's order
+ *     (hsum_tile, kernels/x86_hsum.h: four registers, eight keys at once).
  *     A tile is 4 rows x 4 pairs (8 keys), or 8 rows x 2 pairs (4 keys)
  *     while 8 rows remain (TinyLlama's group: each key converted once for
  *     all 8): 16 accumulators, the key vectors and one query vector of
@@ -83,8 +84,7 @@ INLINE void scores_tile(const float *Q, int hd, const void *const *k, int C, int
             for (int p = 0; p < NP; p++) acc[c][p] = _mm512_fmadd_ps(x, y[p], acc[c][p]);
         }
     }
-#pragma GCC unroll 8
-    for (int c = 0; c < C; c++) hsum_pairs(acc[c], NP, s[c]);
+    hsum_tile(acc, C, NP, s);
 }
 
 /* Rows [0, C) against every key, 2 NP at a time (the last group padded

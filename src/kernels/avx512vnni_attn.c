@@ -74,8 +74,7 @@ INLINE void tile(const block_q8_0 *Qq, int nb, const void *const *k, int C, int 
             }
         }
     }
-#pragma GCC unroll 8
-    for (int c = 0; c < C; c++) hsum_pairs(acc[c], NP, s[c]);
+    hsum_tile(acc, C, NP, s);
 }
 
 /* Rows [0, C) against every key, 2 NP at a time. */
