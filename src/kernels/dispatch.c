@@ -31,7 +31,8 @@
  * kernels, the quantized dot products with sdot in the second), with the
  * element-wise and attention loops of kernels/neon_ops.h and the
  * linear-attention entries of neon_dn_fill (kernels/neon_deltanet.c) in
- * both.
+ * both; the integer Q8_0 scores (scores_q8_0_q8) are each variant's own
+ * (kernels/neon_tiles.c: sdot in neondot).
  *
  * Once the entries are in place, kernels_matmul_fill (kernels/matmul.c)
  * derives each type's matrix-product path list from them.
@@ -196,9 +197,12 @@ static void fill(lm_kernels *k, lm_isa isa, bool repack) {
                 }
             }
             k->ew = (lm_ew_kernels){neon_rmsnorm, neon_swiglu, neon_geglu, neon_gelu, neon_rope};
-            /* no fused F16 / Q8_0 entries, no integer Q8_0 scores: attention converts those rows first */
+            /* no fused F16 / Q8_0 entries: attention converts those rows first, but for Q8_0 keys,
+             * which the integer scores of the variant's neon_tiles.c build read in place */
             k->attn = (lm_attn_kernels){.scores = neon_attn_scores,
                                         .pv = neon_attn_pv,
+                                        .scores_q8_0_q8 = isa == LM_ISA_NEONDOT ? neon_dot_attn_scores_q8_0_q8
+                                                                                : neon_attn_scores_q8_0_q8,
                                         .max = neon_attn_max,
                                         .scale = neon_attn_scale,
                                         .exp_sum = neon_attn_exp_sum,

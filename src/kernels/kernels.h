@@ -205,8 +205,8 @@ typedef void (*lm_attn_scores_q8q_fn)(const void *Qq, int R, int hd, const void 
  * pv_q8_0; NULL where a variant has none: attention then converts the rows
  * to floats first) give, within one variant, the bits of to_float followed
  * by scores / pv, so the choice between them never changes a result.
- * scores_q8_0_q8 (the scalar reference and the x86 variants; NULL on NEON)
- * replaces the converted scores for a Q8_0 cache in every
+ * scores_q8_0_q8 (set in the scalar reference and in every variant, x86 and
+ * NEON) replaces the converted scores for a Q8_0 cache in every
  * sub-tile wherever it is set (kv/attn.c): its results differ from the
  * float entries' (the query is quantized), so it is all or nothing. */
 typedef struct {

@@ -44,6 +44,9 @@
  *    a token's result does not depend on its tile (1 to NEON_PACK_TILE
  *    tokens); packed_act gives quant_packed_act_ref's bytes. The other
  *    types stay row-major on AArch64 (packed_gemm NULL in the table).
+ *  - attn_scores_q8_0_q8 is kernels.h's scores_q8_0_q8 (the scalar
+ *    reference's bits, in both variants; neon_tiles.c), which
+ *    kernels/dispatch.c puts in the attention entries.
  *
  * Call the neon_* functions only when cpu_has_neon() is true and the
  * neon_dot_* ones when cpu_has_neon_dot() is; neon_kernels() hands them out
@@ -111,7 +114,8 @@ const lm_neon_kernels *neon_kernels(uint32_t type, bool dot);
     void P##gemm_q6_K(int64_t, const void *, size_t, int, const void *, size_t, int, float *, size_t);                 \
     void P##packed_gemm_q8_0(int64_t, const void *, int, const void *, size_t, int, float *, size_t);                  \
     void P##packed_gemm_q4_0(int64_t, const void *, int, const void *, size_t, int, float *, size_t);                  \
-    void P##packed_gemm_mxfp4(int64_t, const void *, int, const void *, size_t, int, float *, size_t);
+    void P##packed_gemm_mxfp4(int64_t, const void *, int, const void *, size_t, int, float *, size_t);                 \
+    void P##attn_scores_q8_0_q8(const void *, int, int, const void *const *, int, float *, int);
 NEON_DECL(neon_)
 NEON_DECL(neon_dot_)
 

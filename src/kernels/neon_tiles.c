@@ -1,6 +1,7 @@
 /*
- * neon_tiles.c - the dot products and gemm tiles of the NEON kernels, written
- * once for both variants (contracts in kernels/neon.h).
+ * neon_tiles.c - the dot products and gemm tiles of the NEON kernels and
+ * their Q8_0 attention scores, written once for both variants (contracts in
+ * kernels/neon.h and kernels.h).
  *
  * Built once per variant (Makefile, kernels/variant.h): neon (no extra
  * flags: NEON is part of the AArch64 base; NT_DOT 0, names neon_*) and
@@ -8,10 +9,12 @@
  * of the second runs unless cpu_has_neon_dot() said yes (HWCAP_ASIMDDP), so
  * the binary still runs on plain Armv8-A. The two differ only
  * in dot16(), the exact int8 dot product of 16 lanes into four int32
- * partial sums, and NP_DOT (the same by 4-byte lane, for the packed tiles
- * at the end): sdot with the extension, smull + sadalp without. Every
- * integer sum is reduced across its lanes (exact) before it meets a float,
- * so both variants return the same bits.
+ * partial sums, q4dot (the same with lane j the sum of bytes 4j .. 4j+3,
+ * for the Q8_0 attention scores) and NP_DOT (by 4-byte lane, for the
+ * packed tiles at the end): sdot with the extension, smull + sadalp (or
+ * saddlp + addp) without. Every integer sum is reduced across its lanes
+ * (exact) before it meets a float, q4dot's lanes being the same exact sums
+ * in both, so both variants return the same bits.
  *
  * Float steps: the 32-element types take blocks four at a time, the four
  * block sums in one int32x4 (lane k: block b + k; a missing block past the
@@ -343,6 +346,101 @@ NT_GEMM(q4_K)
 NT_GEMM(q5_K)
 NT_GEMM(q6_K)
 #undef NT_GEMM
+
+/* ---- Q8_0 attention scores by integer dot products ----------------------------- */
+
+/* kernels.h's scores_q8_0_q8 (the scalar reference's bits). A block's
+ * integer lanes, lane j the exact sum of q_e k_e over elements 4j .. 4j+3:
+ * q4dot of bytes 0..15 gives lanes 0-3, of bytes 16..31 lanes 4-7 (sdot;
+ * without it smull, saddlp into int32 pairs and addp of the pairs, each
+ * step exact: |lane| <= 4 * 2^14). The float part is the reference's: one
+ * pair of accumulators (lanes 0-3, 4-7) per (row, key), each lane gaining
+ * fma(dq * dk, (float)i_j, .) block after block (dq * dk, two F16 scales,
+ * exact), then faddp twice gives ((l0 + l1) + (l2 + l3)) + ((l4 + l5) +
+ * (l6 + l7)), and a third faddp packs four keys' scores. A tile is C rows x
+ * K keys with C x K <= 4: 8 accumulators, which stay in registers beside
+ * the blocks and the integer steps (at 12 or 16 GCC keeps some on the
+ * stack). 4 rows x 1 key while 4 rows remain, so each key block is loaded
+ * once per 4 rows (the query's from L1 again per key); then 3 x 1, 2 x 2 or
+ * 1 x 4. The last keys are padded with the last one and the extra scores
+ * dropped. */
+INLINE int32x4_t q4dot(int8x16_t a, int8x16_t b) {
+#if NT_DOT
+    return vdotq_s32(vdupq_n_s32(0), a, b);
+#else
+    const int32x4_t lo = vpaddlq_s16(vmull_s8(vget_low_s8(a), vget_low_s8(b)));
+    return vpaddq_s32(lo, vpaddlq_s16(vmull_high_s8(a, b)));
+#endif
+}
+
+/* Rows [0, C) of Qq (nb blocks apart) against keys k[0 .. K): s[c][0 .. K). */
+INLINE void q8q_tile(const block_q8_0 *Qq, int nb, const void *const *k, int C, int K, float s[4][4]) {
+    float32x4_t lo[4][4], hi[4][4];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++)
+#pragma GCC unroll 4
+        for (int t = 0; t < K; t++) lo[c][t] = hi[c][t] = vdupq_n_f32(0.0f);
+    for (int b = 0; b < nb; b++) {
+        int8x16_t k0[4], k1[4];
+        float dk[4];
+#pragma GCC unroll 4
+        for (int t = 0; t < K; t++) {
+            const block_q8_0 *kb = (const block_q8_0 *)k[t] + b;
+            k0[t] = vld1q_s8(kb->qs);
+            k1[t] = vld1q_s8(kb->qs + 16);
+            dk[t] = h2f(&kb->d);
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const block_q8_0 *qb = Qq + (size_t)c * nb + b;
+            const int8x16_t q0 = vld1q_s8(qb->qs), q1 = vld1q_s8(qb->qs + 16);
+            const float dq = h2f(&qb->d);
+#pragma GCC unroll 4
+            for (int t = 0; t < K; t++) {
+                const float32x4_t d = vdupq_n_f32(dq * dk[t]); /* exact */
+                lo[c][t] = vfmaq_f32(lo[c][t], d, vcvtq_f32_s32(q4dot(q0, k0[t])));
+                hi[c][t] = vfmaq_f32(hi[c][t], d, vcvtq_f32_s32(q4dot(q1, k1[t])));
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) {
+        float32x4_t p[4]; /* key t: (l0 + l1, l2 + l3, l4 + l5, l6 + l7) */
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) p[t] = t < K ? vpaddq_f32(lo[c][t], hi[c][t]) : p[0];
+        vst1q_f32(s[c], vpaddq_f32(vpaddq_f32(p[0], p[1]), vpaddq_f32(p[2], p[3])));
+    }
+}
+
+/* Rows [0, C) against every key, K at a time. */
+INLINE void q8q_rows(const block_q8_0 *Qq, int nb, const void *const *krow, int nk, float *S, int s_stride, int C,
+                     int K) {
+    for (int t = 0; t < nk; t += K) {
+        const int n = nk - t < K ? nk - t : K;
+        const void *k[4];
+        for (int j = 0; j < K; j++) k[j] = krow[t + (j < n ? j : n - 1)];
+        float s[4][4];
+        q8q_tile(Qq, nb, k, C, K, s);
+        for (int c = 0; c < C; c++)
+            for (int j = 0; j < n; j++) S[(size_t)c * s_stride + t + j] = s[c][j];
+    }
+}
+
+void NT_FN(attn_scores_q8_0_q8)(const void *Qq, int R, int hd, const void *const *krow, int nk, float *S,
+                                int s_stride) {
+    const block_q8_0 *Q = Qq;
+    const int nb = hd / QK8_0;
+    int r = 0;
+    for (; r + 4 <= R; r += 4) q8q_rows(Q + (size_t)r * nb, nb, krow, nk, S + (size_t)r * s_stride, s_stride, 4, 1);
+    const block_q8_0 *q = Q + (size_t)r * nb;
+    float *s = S + (size_t)r * s_stride;
+    switch (R - r) {
+        case 3: q8q_rows(q, nb, krow, nk, s, s_stride, 3, 1); break;
+        case 2: q8q_rows(q, nb, krow, nk, s, s_stride, 2, 2); break;
+        case 1: q8q_rows(q, nb, krow, nk, s, s_stride, 1, 4); break;
+        default: break;
+    }
+}
 
 /* ---- interleaved (packed) Q8_0, Q4_0 and MXFP4 tiles ------------------------- */
 

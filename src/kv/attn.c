@@ -52,13 +52,14 @@
  * the stored rows and convert in registers, so
  * the chunk is read from the pool once and never written to Kf / Vf; a
  * larger one (prefill) converts each chunk once, which its many rows
- * amortise. A variant without fused entries (NEON) always converts. The
+ * amortise. A variant without fused entries (NEON) always converts (but
+ * for a Q8_0 cache's keys, which the integer scores below read). The
  * fused entries give exactly the bits of to_float then the float entry of
  * the same variant (kernels.h), so the choice, which depends on the
  * sub-tile's row count, never changes a row's result: batch invariance
  * holds across it (tests/test_attn_fused.c).
  * Q8_0 keys by integer dot products: where the table has scores_q8_0_q8
- * (the scalar reference and every x86 variant; not NEON), each sub-tile
+ * (the scalar reference and every variant, x86 and NEON), each sub-tile
  * quantizes its scaled query rows Qs once into Qq by the Q8_0 from_float
  * (the reference's bits in every variant) and every chunk's Q8_0 scores
  * come from the integer entry, whatever the sub-tile's row count: its
