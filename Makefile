@@ -269,11 +269,13 @@ ARM_AR   ?= aarch64-linux-gnu-ar
 # pass runs the programs that check kernel-table results against the scalar
 # reference or across batch shapes (kernels, attention, forward with KV,
 # quantization); the engine's own tests run once, on neondot, since the
-# whole suite twice would not fit CI's time.
+# whole suite twice would not fit CI's time. test_attn_fused runs once too:
+# it switches through every variant the CPU runs itself (kernels_use), so
+# one run checks neon and neondot.
 ARM_NEON_TESTS = test_kernels_isa test_ops test_attn test_model test_forward_kv test_quant test_quant_q1 \
                  test_quant_q5 test_quant_mxfp4 test_quantize
 ARM_TESTS = $(ARM_NEON_TESTS) test_kernels test_matmul_pick test_mla test_tp test_engine test_api test_mem test_cost test_gguf \
-            test_tokenizer test_sample test_logits test_convert test_kv test_draft_vocab test_deltanet
+            test_tokenizer test_sample test_logits test_convert test_kv test_draft_vocab test_deltanet test_attn_fused
 # Both passes share one pool of ARM_JOBS programs (tests/run.sh: NAME:VAR=VALUE
 # runs NAME with VAR=VALUE), the slowest under qemu first (ARM_FIRST, measured
 # in docs/testing.md) so that no long program starts last.

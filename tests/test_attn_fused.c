@@ -25,7 +25,7 @@
  *      scaled query quantized to Q8_0 and back (so a sub-tile that took the
  *      float scores would fail), and within 2e-2 of it on the query itself;
  *   4. the integer Q8_0 scores (kernels.h: scores_q8_0_q8), kernel level:
- *      every variant gives the scalar reference's bits, for head dims 32,
+ *      every variant has them and gives the scalar reference's bits, for head dims 32,
  *      64, 128, 256, 1 .. 17 rows, 1 .. 67 keys, extreme blocks (all
  *      ±127, zero scales); each score within 1e-5 x Σ|q̂_d k_d| of the
  *      float64 dot of the dequantized query q̂ and key, and within
@@ -281,9 +281,7 @@ static void test_int_scores_every_variant(void) {
                 }
     }
     kernels_use(-1);
-#if defined(__x86_64__) || defined(__i386__)
-    CHECK(n_int == n_isa); /* the reference and every x86 variant have them */
-#endif
+    CHECK(n_int == n_isa); /* the reference and every variant, x86 and NEON, have them */
     printf("  %d integer-score cases over %d variants (%d with the entry): worst error %.3g of the magnitude\n", n,
            n_isa, n_int, worst);
 }
