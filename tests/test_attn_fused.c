@@ -10,6 +10,8 @@
  *      pv; Q8_0 has P·V only), for head dims 64, 80 (F16 only: Q8_0 needs a multiple of 32),
  *      128, 256 and a scalar-only 12 (F16), 1 .. 17 rows, 1 .. 67 keys (not
  *      multiples of any unroll), zero probabilities among the P·V weights;
+ *      and the same bits again with pf rows to prefetch (kernels.h: a
+ *      hint), other rows than the ones read, as many or fewer;
  *   2. kernel level, against float64 on the stored values: each score
  *      within 1e-5 x Σ_d |q_d k_d| (+1e-30), each output element of P·V
  *      within 1e-5 x (|o| + Σ_t |p_t v_t|);
@@ -32,7 +34,7 @@
  *      Σ_b (amax_b / 200) Σ_{d in b} |k_d| + 1e-5 x Σ|q_d k_d| of the
  *      float64 dot of the unquantized query q (amax_b: block b's largest
  *      |q_d|; Q8_0 rounds each q_d to within amax_b / 254, and its F16
- *      scale adds at most amax_b x 2^-11).
+ *      scale adds at most amax_b x 2^-11); the same bits with pf rows.
  */
 #include <math.h>
 #include <stdint.h>
@@ -102,18 +104,27 @@ static int check_kernels(uint32_t type, int hd, int R, int nk, uint64_t seed, do
     float *Q = malloc((size_t)R * hd * sizeof(float)), *P = malloc((size_t)R * NKMAX * sizeof(float));
     float *S1 = malloc((size_t)R * NKMAX * sizeof(float)), *S2 = malloc((size_t)R * NKMAX * sizeof(float));
     float *O0 = malloc((size_t)R * hd * sizeof(float)), *O1 = malloc((size_t)R * hd * sizeof(float));
-    float *O2 = malloc((size_t)R * hd * sizeof(float));
+    float *O2 = malloc((size_t)R * hd * sizeof(float)), *O3 = malloc((size_t)R * hd * sizeof(float));
+    float *S3 = malloc((size_t)R * NKMAX * sizeof(float));
+    int npf = (int)(seed % 2) ? nk : (nk + 1) / 2; /* rows to prefetch: as many, or fewer */
     for (int i = 0; i < R * hd; i++) Q[i] = lm_rng_normal(&g) * 0.2f, O0[i] = lm_rng_normal(&g);
     for (int i = 0; i < R * NKMAX; i++) P[i] = i % 5 == 3 ? 0.0f : (float)lm_rng_uniform(&g);
     memset(S1, 0, (size_t)R * NKMAX * sizeof(float));
     memset(S2, 0, (size_t)R * NKMAX * sizeof(float));
+    memset(S3, 0, (size_t)R * NKMAX * sizeof(float));
     int rc = 0;
     if (sk) {
-        sk(Q, R, hd, (const void *const *)K.raw, nk, S1, NKMAX);
+        sk(Q, R, hd, (const void *const *)K.raw, nk, S1, NKMAX, NULL, 0);
         a->scores(Q, R, hd, (const float *const *)K.f, nk, S2, NKMAX);
+        sk(Q, R, hd, (const void *const *)K.raw, nk, S3, NKMAX, (const void *const *)V.raw, npf);
     }
     if (memcmp(S1, S2, (size_t)R * NKMAX * sizeof(float))) {
         fprintf(stderr, "  %s %s hd %d R %d nk %d: fused scores differ from to_float + scores\n", kernels_isa_name(),
+                quant_type_name(type), hd, R, nk);
+        rc = -1;
+    }
+    if (memcmp(S1, S3, (size_t)R * NKMAX * sizeof(float))) {
+        fprintf(stderr, "  %s %s hd %d R %d nk %d: fused scores change with rows to prefetch\n", kernels_isa_name(),
                 quant_type_name(type), hd, R, nk);
         rc = -1;
     }
@@ -134,10 +145,17 @@ static int check_kernels(uint32_t type, int hd, int R, int nk, uint64_t seed, do
         }
     memcpy(O1, O0, (size_t)R * hd * sizeof(float));
     memcpy(O2, O0, (size_t)R * hd * sizeof(float));
-    pk(O1, R, hd, P, NKMAX, (const void *const *)V.raw, nk);
+    memcpy(O3, O0, (size_t)R * hd * sizeof(float));
+    pk(O1, R, hd, P, NKMAX, (const void *const *)V.raw, nk, NULL, 0);
     a->pv(O2, R, hd, P, NKMAX, (const float *const *)V.f, nk);
+    pk(O3, R, hd, P, NKMAX, (const void *const *)V.raw, nk, (const void *const *)K.raw, npf);
     if (memcmp(O1, O2, (size_t)R * hd * sizeof(float))) {
         fprintf(stderr, "  %s %s hd %d R %d nk %d: fused P·V differs from to_float + pv\n", kernels_isa_name(),
+                quant_type_name(type), hd, R, nk);
+        rc = -1;
+    }
+    if (memcmp(O1, O3, (size_t)R * hd * sizeof(float))) {
+        fprintf(stderr, "  %s %s hd %d R %d nk %d: fused P·V changes with rows to prefetch\n", kernels_isa_name(),
                 quant_type_name(type), hd, R, nk);
         rc = -1;
     }
@@ -157,7 +175,7 @@ static int check_kernels(uint32_t type, int hd, int R, int nk, uint64_t seed, do
             }
         }
     rows_free(&K, nk), rows_free(&V, nk);
-    free(Q), free(P), free(S1), free(S2), free(O0), free(O1), free(O2);
+    free(Q), free(P), free(S1), free(S2), free(S3), free(O0), free(O1), free(O2), free(O3);
     return rc;
 }
 
@@ -222,12 +240,22 @@ static int check_int_scores(int hd, int R, int nk, bool extreme, uint64_t seed, 
     }
     memset(S1, 0, (size_t)R * NKMAX * sizeof(float));
     memset(S2, 0, (size_t)R * NKMAX * sizeof(float));
-    a->scores_q8_0_q8(Qq, R, hd, (const void *const *)K.raw, nk, S1, NKMAX);
-    scalar_attn_scores_q8_0_q8(Qq, R, hd, (const void *const *)K.raw, nk, S2, NKMAX);
+    a->scores_q8_0_q8(Qq, R, hd, (const void *const *)K.raw, nk, S1, NKMAX, NULL, 0);
+    scalar_attn_scores_q8_0_q8(Qq, R, hd, (const void *const *)K.raw, nk, S2, NKMAX, NULL, 0);
     int rc = 0;
     if (memcmp(S1, S2, (size_t)R * NKMAX * sizeof(float))) {
         fprintf(stderr, "  %s hd %d R %d nk %d%s: integer scores differ from the scalar reference\n",
                 kernels_isa_name(), hd, R, nk, extreme ? " (extreme)" : "");
+        rc = -1;
+    }
+    /* rows to prefetch (the keys in reverse, as many or fewer) change nothing */
+    const void *pf[NKMAX];
+    for (int t = 0; t < nk; t++) pf[t] = K.raw[nk - 1 - t];
+    memset(S2, 0, (size_t)R * NKMAX * sizeof(float));
+    a->scores_q8_0_q8(Qq, R, hd, (const void *const *)K.raw, nk, S2, NKMAX, pf, (int)(seed % 2) ? nk : (nk + 1) / 2);
+    if (memcmp(S1, S2, (size_t)R * NKMAX * sizeof(float))) {
+        fprintf(stderr, "  %s hd %d R %d nk %d%s: integer scores change with rows to prefetch\n", kernels_isa_name(),
+                hd, R, nk, extreme ? " (extreme)" : "");
         rc = -1;
     }
     for (int r = 0; r < R; r++)

@@ -37,6 +37,7 @@
 
 #include "format/quant.h"
 #include "kernels/x86_hsum.h"
+#include "kernels/x86_shadow.h"
 
 /* Rows q0 (and q1 unless NULL) against keys t0..t0+3. */
 static void dot_2x4(const float *q0, const float *q1, int hd, const float *const *k, float *s0, float *s1) {
@@ -186,13 +187,15 @@ INLINE __m256 kv_load(const void *row, int d, __m256 sc, int T) {
  * as dot_2x4 / dot_3x4 / dot1 do it on the converted rows (a lane of hsum4
  * depends only on its own accumulator). C = 4 rows x 2 keys: 8
  * accumulators, two key vectors, one query vector. */
-INLINE void scores_kv_tile(const float *Q, int hd, const void *k0, const void *k1, int C, float s[4][2]) {
+INLINE void scores_kv_tile(const float *Q, int hd, const void *k0, const void *k1, int C, float s[4][2], const void *p0,
+                           const void *p1) {
     __m256 acc[4][2];
     const __m256 none = _mm256_setzero_ps(); /* F16 has no scale */
 #pragma GCC unroll 4
     for (int c = 0; c < C; c++) acc[c][0] = acc[c][1] = _mm256_setzero_ps();
     for (int d = 0; d < hd; d += 8) {
         __m256 y0 = kv_load(k0, d, none, KV_F16), y1 = kv_load(k1, d, none, KV_F16);
+        if (p0) shadow_f16(p0, d, hd), shadow_f16(p1, d, hd);
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) {
             __m256 x = _mm256_loadu_ps(Q + (size_t)c * hd + d);
@@ -209,12 +212,16 @@ INLINE void scores_kv_tile(const float *Q, int hd, const void *k0, const void *k
 }
 
 /* Rows [0, C) against every key, two at a time (an odd last key is paired
- * with itself and its second score dropped). */
-INLINE void scores_kv_rows(const float *Q, int hd, const void *const *krow, int nk, float *S, int s_stride, int C) {
+ * with itself and its second score dropped), prefetching pf's rows t <
+ * npf (pf: NULL or kernels.h's). */
+INLINE void scores_kv_rows(const float *Q, int hd, const void *const *krow, int nk, float *S, int s_stride, int C,
+                           const void *const *pf, int npf) {
     for (int t = 0; t < nk; t += 2) {
         float s[4][2];
         bool two = t + 1 < nk;
-        scores_kv_tile(Q, hd, krow[t], krow[two ? t + 1 : t], C, s);
+        if (pf && t < npf)
+            scores_kv_tile(Q, hd, krow[t], krow[two ? t + 1 : t], C, s, pf[t], pf[t + 1 < npf ? t + 1 : t]);
+        else scores_kv_tile(Q, hd, krow[t], krow[two ? t + 1 : t], C, s, NULL, NULL);
         for (int c = 0; c < C; c++) {
             S[(size_t)c * s_stride + t] = s[c][0];
             if (two) S[(size_t)c * s_stride + t + 1] = s[c][1];
@@ -222,15 +229,16 @@ INLINE void scores_kv_rows(const float *Q, int hd, const void *const *krow, int 
     }
 }
 
-void attn_scores_f16_avx2(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride) {
-    for (int r = 0; r < R; r += 4) {
+void attn_scores_f16_avx2(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride,
+                          const void *const *pf, int npf) {
+    for (int r = 0; r < R; r += 4, pf = NULL) { /* the first rows prefetch pf */
         const float *q = Q + (size_t)r * hd;
         float *s = S + (size_t)r * s_stride;
         switch (R - r < 4 ? R - r : 4) {
-            case 1: scores_kv_rows(q, hd, krow, nk, s, s_stride, 1); break;
-            case 2: scores_kv_rows(q, hd, krow, nk, s, s_stride, 2); break;
-            case 3: scores_kv_rows(q, hd, krow, nk, s, s_stride, 3); break;
-            default: scores_kv_rows(q, hd, krow, nk, s, s_stride, 4); break;
+            case 1: scores_kv_rows(q, hd, krow, nk, s, s_stride, 1, pf, npf); break;
+            case 2: scores_kv_rows(q, hd, krow, nk, s, s_stride, 2, pf, npf); break;
+            case 3: scores_kv_rows(q, hd, krow, nk, s, s_stride, 3, pf, npf); break;
+            default: scores_kv_rows(q, hd, krow, nk, s, s_stride, 4, pf, npf); break;
         }
     }
 }
@@ -252,7 +260,7 @@ INLINE const void *vrow_at(const void *vrows, int t, int T) {
  * converted first. The 16 columns of a W = 2 tile lie in one Q8_0 block (d0
  * is a multiple of 16), under one scale. */
 INLINE void pv_kv_tile(float *O, int hd, const float *P, int p_stride, const void *vrows, int nk, int d0, int C, int W,
-                       int T) {
+                       int T, const void *const *pf, int npf) {
     __m256 acc[6][2];
 #pragma GCC unroll 6
     for (int c = 0; c < C; c++)
@@ -262,6 +270,10 @@ INLINE void pv_kv_tile(float *O, int hd, const float *P, int p_stride, const voi
         const void *row = vrow_at(vrows, t, T);
         __m256 sc = kv_scale(row, d0, T);
         __m256 v0 = kv_load(row, d0, sc, T), v1 = W > 1 ? kv_load(row, d0 + 8, sc, T) : v0;
+        if (pf && t < npf) {
+            if (T == KV_F16) shadow_f16(pf[t], d0, hd);
+            else shadow_q8(pf[t], d0);
+        }
 #pragma GCC unroll 6
         for (int c = 0; c < C; c++) {
             __m256 x = _mm256_broadcast_ss(P + (size_t)c * p_stride + t);
@@ -275,37 +287,42 @@ INLINE void pv_kv_tile(float *O, int hd, const float *P, int p_stride, const voi
         for (int w = 0; w < W; w++) _mm256_storeu_ps(O + (size_t)c * hd + d0 + 8 * w, acc[c][w]);
 }
 
-INLINE void pv_kv_rows(float *O, int hd, const float *P, int p_stride, const void *vrow, int nk, int C, int T) {
+INLINE void pv_kv_rows(float *O, int hd, const float *P, int p_stride, const void *vrow, int nk, int C, int T,
+                       const void *const *pf, int npf) {
     int d0 = 0;
-    for (; d0 + 16 <= hd; d0 += 16) pv_kv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 2, T);
-    if (d0 < hd) pv_kv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 1, T);
+    for (; d0 + 16 <= hd; d0 += 16) pv_kv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 2, T, pf, npf);
+    if (d0 < hd) pv_kv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 1, T, pf, npf);
 }
 
-INLINE void pv_kv(float *O, int R, int hd, const float *P, int p_stride, const void *vrow, int nk, int T) {
-    for (int r = 0; r < R; r += 6) {
+/* pf (F16, Q8_0; NULL or kernels.h's): prefetched by the first rows. */
+INLINE void pv_kv(float *O, int R, int hd, const float *P, int p_stride, const void *vrow, int nk, int T,
+                  const void *const *pf, int npf) {
+    for (int r = 0; r < R; r += 6, pf = NULL) {
         float *o = O + (size_t)r * hd;
         const float *p = P + (size_t)r * p_stride;
         switch (R - r < 6 ? R - r : 6) {
-            case 1: pv_kv_rows(o, hd, p, p_stride, vrow, nk, 1, T); break;
-            case 2: pv_kv_rows(o, hd, p, p_stride, vrow, nk, 2, T); break;
-            case 3: pv_kv_rows(o, hd, p, p_stride, vrow, nk, 3, T); break;
-            case 4: pv_kv_rows(o, hd, p, p_stride, vrow, nk, 4, T); break;
-            case 5: pv_kv_rows(o, hd, p, p_stride, vrow, nk, 5, T); break;
-            default: pv_kv_rows(o, hd, p, p_stride, vrow, nk, 6, T); break;
+            case 1: pv_kv_rows(o, hd, p, p_stride, vrow, nk, 1, T, pf, npf); break;
+            case 2: pv_kv_rows(o, hd, p, p_stride, vrow, nk, 2, T, pf, npf); break;
+            case 3: pv_kv_rows(o, hd, p, p_stride, vrow, nk, 3, T, pf, npf); break;
+            case 4: pv_kv_rows(o, hd, p, p_stride, vrow, nk, 4, T, pf, npf); break;
+            case 5: pv_kv_rows(o, hd, p, p_stride, vrow, nk, 5, T, pf, npf); break;
+            default: pv_kv_rows(o, hd, p, p_stride, vrow, nk, 6, T, pf, npf); break;
         }
     }
 }
 
 void attn_pv_avx2(float *O, int R, int hd, const float *P, int p_stride, const float *const *vrow, int nk) {
-    pv_kv(O, R, hd, P, p_stride, vrow, nk, KV_F32);
+    pv_kv(O, R, hd, P, p_stride, vrow, nk, KV_F32, NULL, 0);
 }
 
-void attn_pv_f16_avx2(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk) {
-    pv_kv(O, R, hd, P, p_stride, vrow, nk, KV_F16);
+void attn_pv_f16_avx2(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk,
+                      const void *const *pf, int npf) {
+    pv_kv(O, R, hd, P, p_stride, vrow, nk, KV_F16, pf, npf);
 }
 
-void attn_pv_q8_0_avx2(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk) {
-    pv_kv(O, R, hd, P, p_stride, vrow, nk, KV_Q8);
+void attn_pv_q8_0_avx2(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk,
+                       const void *const *pf, int npf) {
+    pv_kv(O, R, hd, P, p_stride, vrow, nk, KV_Q8, pf, npf);
 }
 
 /* ---- Q8_0 scores by integer dot products (kernels/x86_attn_q8.h) ------------- */

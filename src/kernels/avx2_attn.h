@@ -20,13 +20,17 @@ void attn_pv_avx2(float *O, int R, int hd, const float *P, int p_stride, const f
  * registers: the bits of the type's to_float followed by attn_scores_avx2 /
  * attn_pv_avx2. Q8_0 needs hd a multiple of 32 (its keys take the integer
  * scores below). */
-void attn_scores_f16_avx2(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride);
-void attn_pv_f16_avx2(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk);
-void attn_pv_q8_0_avx2(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk);
+void attn_scores_f16_avx2(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride,
+                          const void *const *pf, int npf);
+void attn_pv_f16_avx2(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk,
+                      const void *const *pf, int npf);
+void attn_pv_q8_0_avx2(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk,
+                       const void *const *pf, int npf);
 /* Q8_0 scores against Q8_0 query rows by integer dot products
  * (kernels.h's lm_attn_scores_q8q_fn, the scalar reference's bits), by the
  * sign trick (vpsignb, vpmaddubsw, vpmaddwd). */
-void attn_scores_q8_0_q8_avx2(const void *Qq, int R, int hd, const void *const *krow, int nk, float *S, int s_stride);
+void attn_scores_q8_0_q8_avx2(const void *Qq, int R, int hd, const void *const *krow, int nk, float *S, int s_stride,
+                              const void *const *pf, int npf);
 /* max of x[0 .. n), n >= 1 (no NaNs). */
 float attn_max_avx2(const float *x, int n);
 /* dst[i] = src[i] * c, i < n (n a multiple of 8; dst may be src). */

@@ -48,8 +48,9 @@
 #include <stdint.h>
 
 #include "format/quant.h"
-#include "kernels/avx2_math.h" /* exp16 */
-#include "kernels/x86_hsum.h"  /* attn_scores_avx2's reductions, operation for operation */
+#include "kernels/avx2_math.h"  /* exp16 */
+#include "kernels/x86_hsum.h"   /* attn_scores_avx2's reductions, operation for operation */
+#include "kernels/x86_shadow.h" /* the pf rows */
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -65,8 +66,10 @@ INLINE __m512 kv_pair(const void *a, const void *b, int d) {
 }
 
 /* Rows [0, C) of Q (hd apart) against the 2 NP keys k[0 .. 2 NP):
- * s[c][0 .. 2 NP); C x NP <= 16 accumulators. */
-INLINE void scores_tile(const float *Q, int hd, const void *const *k, int C, int NP, float s[8][8]) {
+ * s[c][0 .. 2 NP); C x NP <= 16 accumulators. pf: NULL, or the 2 NP rows
+ * to prefetch beside them. */
+INLINE void scores_tile(const float *Q, int hd, const void *const *k, int C, int NP, float s[8][8],
+                        const void *const *pf) {
     __m512 acc[8][4];
 #pragma GCC unroll 8
     for (int c = 0; c < C; c++)
@@ -76,6 +79,9 @@ INLINE void scores_tile(const float *Q, int hd, const void *const *k, int C, int
         __m512 y[4];
 #pragma GCC unroll 4
         for (int p = 0; p < NP; p++) y[p] = kv_pair(k[2 * p], k[2 * p + 1], d);
+        if (pf)
+#pragma GCC unroll 8
+            for (int j = 0; j < 2 * NP; j++) shadow_f16(pf[j], d, hd);
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
             __m512 x =
@@ -88,33 +94,40 @@ INLINE void scores_tile(const float *Q, int hd, const void *const *k, int C, int
 }
 
 /* Rows [0, C) against every key, 2 NP at a time (the last group padded
- * with its last key, whose extra scores are dropped). */
-INLINE void scores_rows(const float *Q, int hd, const void *const *krow, int nk, float *S, int s_stride, int C,
-                        int NP) {
+ * with its last key, whose extra scores are dropped), prefetching pf's
+ * rows t < npf (pf: NULL or kernels.h's). */
+INLINE void scores_rows(const float *Q, int hd, const void *const *krow, int nk, float *S, int s_stride, int C, int NP,
+                        const void *const *pf, int npf) {
     for (int t = 0; t < nk; t += 2 * NP) {
         int n = nk - t < 2 * NP ? nk - t : 2 * NP;
-        const void *k[8];
+        const void *k[8], *p[8];
         for (int j = 0; j < 2 * NP; j++) k[j] = krow[t + (j < n ? j : n - 1)];
         float s[8][8];
-        scores_tile(Q, hd, k, C, NP, s);
+        if (pf && t < npf) {
+            for (int j = 0; j < 2 * NP; j++) p[j] = pf[t + j < npf ? t + j : npf - 1];
+            scores_tile(Q, hd, k, C, NP, s, p);
+        } else scores_tile(Q, hd, k, C, NP, s, NULL);
         for (int c = 0; c < C; c++)
             for (int j = 0; j < n; j++) S[(size_t)c * s_stride + t + j] = s[c][j];
     }
 }
 
 /* Rows 8 at a time (8 x 2 pairs: each key converted once for 8 rows),
- * the rest up to 4 at a time (x 4 pairs). */
-static void scores_f16(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride) {
+ * the rest up to 4 at a time (x 4 pairs); the first group of rows
+ * prefetches pf. */
+static void scores_f16(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride,
+                       const void *const *pf, int npf) {
     int r = 0;
-    for (; r + 8 <= R; r += 8) scores_rows(Q + (size_t)r * hd, hd, krow, nk, S + (size_t)r * s_stride, s_stride, 8, 2);
-    for (; r < R; r += 4) {
+    for (; r + 8 <= R; r += 8, pf = NULL)
+        scores_rows(Q + (size_t)r * hd, hd, krow, nk, S + (size_t)r * s_stride, s_stride, 8, 2, pf, npf);
+    for (; r < R; r += 4, pf = NULL) {
         const float *q = Q + (size_t)r * hd;
         float *s = S + (size_t)r * s_stride;
         switch (R - r < 4 ? R - r : 4) {
-            case 1: scores_rows(q, hd, krow, nk, s, s_stride, 1, 4); break;
-            case 2: scores_rows(q, hd, krow, nk, s, s_stride, 2, 4); break;
-            case 3: scores_rows(q, hd, krow, nk, s, s_stride, 3, 4); break;
-            default: scores_rows(q, hd, krow, nk, s, s_stride, 4, 4); break;
+            case 1: scores_rows(q, hd, krow, nk, s, s_stride, 1, 4, pf, npf); break;
+            case 2: scores_rows(q, hd, krow, nk, s, s_stride, 2, 4, pf, npf); break;
+            case 3: scores_rows(q, hd, krow, nk, s, s_stride, 3, 4, pf, npf); break;
+            default: scores_rows(q, hd, krow, nk, s, s_stride, 4, 4, pf, npf); break;
         }
     }
 }
@@ -131,9 +144,10 @@ INLINE __m512 kv_load16(const void *row, int d, __mmask16 m, int T) {
 }
 
 /* O rows [0, C) x columns d0 .. d0 + 16 W (the last vector masked by
- * mlast) against keys [0, nk). */
+ * mlast) against keys [0, nk), prefetching the same columns of pf's rows
+ * t < npf (pf: NULL or kernels.h's). */
 INLINE void pv_tile(float *O, int hd, const float *P, int p_stride, const void *const *vrow, int nk, int d0, int C,
-                    int W, __mmask16 mlast, int T) {
+                    int W, __mmask16 mlast, int T, const void *const *pf, int npf) {
     __m512 acc[8][4];
 #pragma GCC unroll 8
     for (int c = 0; c < C; c++)
@@ -144,6 +158,12 @@ INLINE void pv_tile(float *O, int hd, const float *P, int p_stride, const void *
         __m512 v[4];
 #pragma GCC unroll 4
         for (int w = 0; w < W; w++) v[w] = kv_load16(vrow[t], d0 + 16 * w, w == W - 1 ? mlast : 0xffff, T);
+        if (pf && t < npf)
+#pragma GCC unroll 4
+            for (int w = 0; w < W; w++) {
+                if (T == KV_F16) shadow_f16(pf[t], d0 + 16 * w, hd);
+                else shadow_q8(pf[t], d0 + 16 * w);
+            }
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
             __m512 x = _mm512_set1_ps(P[(size_t)c * p_stride + t]);
@@ -161,36 +181,43 @@ INLINE void pv_tile(float *O, int hd, const float *P, int p_stride, const void *
 /* Rows [0, C) of O, every column: 16 WM at a time (WM = 4, or 2 with 8
  * rows), then the rest in vectors of 16 and a masked 8. */
 INLINE void pv_rows(float *O, int hd, const float *P, int p_stride, const void *const *vrow, int nk, int C, int WM,
-                    int T) {
+                    int T, const void *const *pf, int npf) {
     int d0 = 0;
-    for (; d0 + 16 * WM <= hd; d0 += 16 * WM) pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, WM, 0xffff, T);
+    for (; d0 + 16 * WM <= hd; d0 += 16 * WM)
+        if (pf) pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, WM, 0xffff, T, pf, npf);
+        else pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, WM, 0xffff, T, NULL, 0);
     for (; d0 < hd; d0 += 16) /* a multiple of 8 remains */
-        pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 1, hd - d0 < 16 ? 0x00ff : 0xffff, T);
+        pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 1, hd - d0 < 16 ? 0x00ff : 0xffff, T, pf, npf);
 }
 
 /* Rows 8 at a time (8 rows x 32 columns: each value vector converted once
- * for 8 rows), the rest up to 4 at a time (x 64 columns). */
-INLINE void pv_kv(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk, int T) {
+ * for 8 rows), the rest up to 4 at a time (x 64 columns); the first group
+ * of rows prefetches pf. */
+INLINE void pv_kv(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk, int T,
+                  const void *const *pf, int npf) {
     int r = 0;
-    for (; r + 8 <= R; r += 8) pv_rows(O + (size_t)r * hd, hd, P + (size_t)r * p_stride, p_stride, vrow, nk, 8, 2, T);
-    for (; r < R; r += 4) {
+    for (; r + 8 <= R; r += 8, pf = NULL)
+        pv_rows(O + (size_t)r * hd, hd, P + (size_t)r * p_stride, p_stride, vrow, nk, 8, 2, T, pf, npf);
+    for (; r < R; r += 4, pf = NULL) {
         float *o = O + (size_t)r * hd;
         const float *p = P + (size_t)r * p_stride;
         switch (R - r < 4 ? R - r : 4) {
-            case 1: pv_rows(o, hd, p, p_stride, vrow, nk, 1, 4, T); break;
-            case 2: pv_rows(o, hd, p, p_stride, vrow, nk, 2, 4, T); break;
-            case 3: pv_rows(o, hd, p, p_stride, vrow, nk, 3, 4, T); break;
-            default: pv_rows(o, hd, p, p_stride, vrow, nk, 4, 4, T); break;
+            case 1: pv_rows(o, hd, p, p_stride, vrow, nk, 1, 4, T, pf, npf); break;
+            case 2: pv_rows(o, hd, p, p_stride, vrow, nk, 2, 4, T, pf, npf); break;
+            case 3: pv_rows(o, hd, p, p_stride, vrow, nk, 3, 4, T, pf, npf); break;
+            default: pv_rows(o, hd, p, p_stride, vrow, nk, 4, 4, T, pf, npf); break;
         }
     }
 }
 
-static void pv_f16(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk) {
-    pv_kv(O, R, hd, P, p_stride, vrow, nk, KV_F16);
+static void pv_f16(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk,
+                   const void *const *pf, int npf) {
+    pv_kv(O, R, hd, P, p_stride, vrow, nk, KV_F16, pf, npf);
 }
 
-static void pv_q8_0(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk) {
-    pv_kv(O, R, hd, P, p_stride, vrow, nk, KV_Q8);
+static void pv_q8_0(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk,
+                    const void *const *pf, int npf) {
+    pv_kv(O, R, hd, P, p_stride, vrow, nk, KV_Q8, pf, npf);
 }
 
 /* ---- the softmax's row loops ---------------------------------------------------- */

@@ -37,12 +37,15 @@
 
 #include "format/quant.h"
 #include "kernels/x86_hsum.h"
+#include "kernels/x86_shadow.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
 /* Rows [0, C) of Qq (nb blocks apart) against the 2 NP keys k[0 .. 2 NP):
- * s[c][0 .. 2 NP); C x NP <= 16 accumulators. */
-INLINE void tile(const block_q8_0 *Qq, int nb, const void *const *k, int C, int NP, float s[8][8]) {
+ * s[c][0 .. 2 NP); C x NP <= 16 accumulators. pf: NULL, or the 2 NP rows
+ * to prefetch beside them. */
+INLINE void tile(const block_q8_0 *Qq, int nb, const void *const *k, int C, int NP, float s[8][8],
+                 const void *const *pf) {
     __m512 acc[8][4];
 #pragma GCC unroll 8
     for (int c = 0; c < C; c++)
@@ -50,6 +53,9 @@ INLINE void tile(const block_q8_0 *Qq, int nb, const void *const *k, int C, int 
         for (int p = 0; p < NP; p++) acc[c][p] = _mm512_setzero_ps();
     const __m512i off = _mm512_set1_epi8((char)0x80);
     for (int b = 0; b < nb; b++) {
+        if (pf)
+#pragma GCC unroll 8
+            for (int j = 0; j < 2 * NP; j++) shadow_q8(pf[j], b * QK8_0);
         __m512i kp[4];
         __m512 dk[4]; /* the pair's key scales, each in its half */
 #pragma GCC unroll 4
@@ -77,31 +83,38 @@ INLINE void tile(const block_q8_0 *Qq, int nb, const void *const *k, int C, int 
     hsum_tile(acc, C, NP, s);
 }
 
-/* Rows [0, C) against every key, 2 NP at a time. */
-INLINE void rows(const block_q8_0 *Qq, int nb, const void *const *krow, int nk, float *S, int s_stride, int C, int NP) {
+/* Rows [0, C) against every key, 2 NP at a time, prefetching pf's rows
+ * t < npf (pf: NULL or kernels.h's). */
+INLINE void rows(const block_q8_0 *Qq, int nb, const void *const *krow, int nk, float *S, int s_stride, int C, int NP,
+                 const void *const *pf, int npf) {
     for (int t = 0; t < nk; t += 2 * NP) {
         int n = nk - t < 2 * NP ? nk - t : 2 * NP;
-        const void *k[8];
+        const void *k[8], *p[8];
         for (int j = 0; j < 2 * NP; j++) k[j] = krow[t + (j < n ? j : n - 1)];
         float s[8][8];
-        tile(Qq, nb, k, C, NP, s);
+        if (pf && t < npf) {
+            for (int j = 0; j < 2 * NP; j++) p[j] = pf[t + j < npf ? t + j : npf - 1];
+            tile(Qq, nb, k, C, NP, s, p);
+        } else tile(Qq, nb, k, C, NP, s, NULL);
         for (int c = 0; c < C; c++)
             for (int j = 0; j < n; j++) S[(size_t)c * s_stride + t + j] = s[c][j];
     }
 }
 
-static void scores_q8_0_q8(const void *Qq, int R, int hd, const void *const *krow, int nk, float *S, int s_stride) {
+static void scores_q8_0_q8(const void *Qq, int R, int hd, const void *const *krow, int nk, float *S, int s_stride,
+                           const void *const *pf, int npf) {
     const block_q8_0 *Q = Qq;
     int nb = hd / QK8_0, r = 0;
-    for (; r + 8 <= R; r += 8) rows(Q + (size_t)r * nb, nb, krow, nk, S + (size_t)r * s_stride, s_stride, 8, 2);
-    for (; r < R; r += 4) {
+    for (; r + 8 <= R; r += 8, pf = NULL)
+        rows(Q + (size_t)r * nb, nb, krow, nk, S + (size_t)r * s_stride, s_stride, 8, 2, pf, npf);
+    for (; r < R; r += 4, pf = NULL) {
         const block_q8_0 *q = Q + (size_t)r * nb;
         float *s = S + (size_t)r * s_stride;
         switch (R - r < 4 ? R - r : 4) {
-            case 1: rows(q, nb, krow, nk, s, s_stride, 1, 4); break;
-            case 2: rows(q, nb, krow, nk, s, s_stride, 2, 4); break;
-            case 3: rows(q, nb, krow, nk, s, s_stride, 3, 4); break;
-            default: rows(q, nb, krow, nk, s, s_stride, 4, 4); break;
+            case 1: rows(q, nb, krow, nk, s, s_stride, 1, 4, pf, npf); break;
+            case 2: rows(q, nb, krow, nk, s, s_stride, 2, 4, pf, npf); break;
+            case 3: rows(q, nb, krow, nk, s, s_stride, 3, 4, pf, npf); break;
+            default: rows(q, nb, krow, nk, s, s_stride, 4, 4, pf, npf); break;
         }
     }
 }

@@ -29,7 +29,8 @@
                      _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), q))
 #define Q8Q_IDOT(b, kp, k, q) _mm256_dpbusd_avx_epi32(b, kp, q)
 #define Q8Q_FN avxvnni_scores_q8_0_q8
-static void Q8Q_FN(const void *Qq, int R, int hd, const void *const *krow, int nk, float *S, int s_stride);
+static void Q8Q_FN(const void *Qq, int R, int hd, const void *const *krow, int nk, float *S, int s_stride,
+                   const void *const *pf, int npf);
 #include "kernels/x86_attn_q8.h"
 
 bool avxvnni_attn_fill(lm_attn_kernels *k) {

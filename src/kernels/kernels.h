@@ -183,11 +183,18 @@ typedef struct {
  * element type (F16: hd halves; Q8_0: hd / 32 block_q8_0s, hd a multiple
  * of 32), each element
  * converted in registers as the type's to_float would: the float entries'
- * contracts otherwise. */
+ * contracts otherwise.
+ * pf (these entries and scores_q8_0_q8): NULL, or npf rows of the same
+ * type and width that the caller reads next (attention: the next chunk's).
+ * An entry may ask for their cache lines as it goes, row t of pf beside
+ * row t of its own for t < min(nk, npf): a hint, never read as data and
+ * never a change to a result. The x86 entries ask, into L2, for each
+ * line at the offset where they read the matching row (kernels/x86_shadow.h);
+ * the scalar reference and NEON ignore it. */
 typedef void (*lm_attn_scores_kv_fn)(const float *Q, int R, int hd, const void *const *krow, int nk, float *S,
-                                     int s_stride);
-typedef void (*lm_attn_pv_kv_fn)(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow,
-                                 int nk);
+                                     int s_stride, const void *const *pf, int npf);
+typedef void (*lm_attn_pv_kv_fn)(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk,
+                                 const void *const *pf, int npf);
 
 /* Q8_0 scores by integer dot products: Qq holds R query rows already in
  * Q8_0 (hd / 32 block_q8_0s each, one row after the other), krow Q8_0 key
@@ -198,7 +205,7 @@ typedef void (*lm_attn_pv_kv_fn)(float *O, int R, int hd, const float *P, int p_
  * l_j = 0 (dq_b * dk_b, a product of two F16 scales, is exact in float);
  * the score ((l_0 + l_1) + (l_2 + l_3)) + ((l_4 + l_5) + (l_6 + l_7)). */
 typedef void (*lm_attn_scores_q8q_fn)(const void *Qq, int R, int hd, const void *const *krow, int nk, float *S,
-                                      int s_stride);
+                                      int s_stride, const void *const *pf, int npf);
 
 /* Attention inner loops (contracts: kernels/avx2_attn.h). `scale` is
  * called with n = head_dim only. The fused entries (scores_f16, pv_f16,

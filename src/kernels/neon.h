@@ -115,7 +115,8 @@ const lm_neon_kernels *neon_kernels(uint32_t type, bool dot);
     void P##packed_gemm_q8_0(int64_t, const void *, int, const void *, size_t, int, float *, size_t);                  \
     void P##packed_gemm_q4_0(int64_t, const void *, int, const void *, size_t, int, float *, size_t);                  \
     void P##packed_gemm_mxfp4(int64_t, const void *, int, const void *, size_t, int, float *, size_t);                 \
-    void P##attn_scores_q8_0_q8(const void *, int, int, const void *const *, int, float *, int);
+    void P##attn_scores_q8_0_q8(const void *, int, int, const void *const *, int, float *, int, const void *const *,   \
+                                int);
 NEON_DECL(neon_)
 NEON_DECL(neon_dot_)
 

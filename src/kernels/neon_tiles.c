@@ -426,8 +426,9 @@ INLINE void q8q_rows(const block_q8_0 *Qq, int nb, const void *const *krow, int 
     }
 }
 
-void NT_FN(attn_scores_q8_0_q8)(const void *Qq, int R, int hd, const void *const *krow, int nk, float *S,
-                                int s_stride) {
+void NT_FN(attn_scores_q8_0_q8)(const void *Qq, int R, int hd, const void *const *krow, int nk, float *S, int s_stride,
+                                const void *const *pf, int npf) {
+    (void)pf, (void)npf; /* no prefetch on NEON (kernels.h: a hint) */
     const block_q8_0 *Q = Qq;
     const int nb = hd / QK8_0;
     int r = 0;

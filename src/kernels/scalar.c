@@ -134,7 +134,8 @@ static void pv_kv(float *O, int R, int hd, const float *P, int p_stride, const v
     }
 }
 
-void scalar_attn_scores_f16(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride) {
+void scalar_attn_scores_f16(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride,
+                            const void *const *pf, int npf) {
     for (int r = 0; r < R; r++)
         for (int t = 0; t < nk; t++) S[(size_t)r * s_stride + t] = dot8_kv(Q + (size_t)r * hd, krow[t], hd, f16_elem);
 }
@@ -155,19 +156,21 @@ static float dot_q8q(const block_q8_0 *q, const block_q8_0 *k, int nb) {
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
-void scalar_attn_scores_q8_0_q8(const void *Qq, int R, int hd, const void *const *krow, int nk, float *S,
-                                int s_stride) {
+void scalar_attn_scores_q8_0_q8(const void *Qq, int R, int hd, const void *const *krow, int nk, float *S, int s_stride,
+                                const void *const *pf, int npf) {
     int nb = hd / QK8_0;
     for (int r = 0; r < R; r++)
         for (int t = 0; t < nk; t++)
             S[(size_t)r * s_stride + t] = dot_q8q((const block_q8_0 *)Qq + (size_t)r * nb, krow[t], nb);
 }
 
-void scalar_attn_pv_f16(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk) {
+void scalar_attn_pv_f16(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk,
+                        const void *const *pf, int npf) {
     pv_kv(O, R, hd, P, p_stride, vrow, nk, f16_elem);
 }
 
-void scalar_attn_pv_q8_0(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk) {
+void scalar_attn_pv_q8_0(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk,
+                         const void *const *pf, int npf) {
     pv_kv(O, R, hd, P, p_stride, vrow, nk, q8_0_elem);
 }
 

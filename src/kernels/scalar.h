@@ -28,12 +28,16 @@ float scalar_fma_probe(long rounds);
 void scalar_attn_scores(const float *Q, int R, int hd, const float *const *krow, int nk, float *S, int s_stride);
 void scalar_attn_pv(float *O, int R, int hd, const float *P, int p_stride, const float *const *vrow, int nk);
 /* The same against F16 / Q8_0 rows (kernels.h's fused entries). */
-void scalar_attn_scores_f16(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride);
-void scalar_attn_pv_f16(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk);
-void scalar_attn_pv_q8_0(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk);
+void scalar_attn_scores_f16(const float *Q, int R, int hd, const void *const *krow, int nk, float *S, int s_stride,
+                            const void *const *pf, int npf);
+void scalar_attn_pv_f16(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk,
+                        const void *const *pf, int npf);
+void scalar_attn_pv_q8_0(float *O, int R, int hd, const float *P, int p_stride, const void *const *vrow, int nk,
+                         const void *const *pf, int npf);
 /* Q8_0 scores against Q8_0 query rows by integer dot products (kernels.h's
  * lm_attn_scores_q8q_fn: this defines its bits). */
-void scalar_attn_scores_q8_0_q8(const void *Qq, int R, int hd, const void *const *krow, int nk, float *S, int s_stride);
+void scalar_attn_scores_q8_0_q8(const void *Qq, int R, int hd, const void *const *krow, int nk, float *S, int s_stride,
+                                const void *const *pf, int npf);
 float scalar_attn_max(const float *x, int n);
 void scalar_attn_scale(float *dst, const float *src, int n, float c);
 float scalar_attn_exp_sum(float *x, int n, float m);

@@ -32,17 +32,23 @@
 
 #include "format/quant.h"
 #include "kernels/x86_hsum.h"
+#include "kernels/x86_shadow.h"
 
 #define Q8Q_INLINE static inline __attribute__((always_inline))
 
-/* Rows [0, C) of Qq (nb blocks apart) against keys k[0 .. 4): s[c][0 .. 4). */
-Q8Q_INLINE void q8q_tile(const block_q8_0 *Qq, int nb, const void *const *k, int C, float s[4][4]) {
+/* Rows [0, C) of Qq (nb blocks apart) against keys k[0 .. 4): s[c][0 .. 4);
+ * pf: NULL, or the 4 rows to prefetch beside them. */
+Q8Q_INLINE void q8q_tile(const block_q8_0 *Qq, int nb, const void *const *k, int C, float s[4][4],
+                         const void *const *pf) {
     __m256 acc[4][4];
 #pragma GCC unroll 4
     for (int c = 0; c < C; c++)
 #pragma GCC unroll 4
         for (int t = 0; t < 4; t++) acc[c][t] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
+        if (pf)
+#pragma GCC unroll 4
+            for (int t = 0; t < 4; t++) shadow_q8(pf[t], b * QK8_0);
         __m256i kv[4], kp[4];
         __m256 dk[4];
 #pragma GCC unroll 4
@@ -68,24 +74,31 @@ Q8Q_INLINE void q8q_tile(const block_q8_0 *Qq, int nb, const void *const *k, int
     for (int c = 0; c < C; c++) _mm_storeu_ps(s[c], hsum4(acc[c][0], acc[c][1], acc[c][2], acc[c][3]));
 }
 
-/* Rows [0, C) against every key, four at a time. */
-Q8Q_INLINE void q8q_rows(const block_q8_0 *Qq, int nb, const void *const *krow, int nk, float *S, int s_stride, int C) {
+/* Rows [0, C) against every key, four at a time, prefetching pf's rows
+ * t < npf (pf: NULL or kernels.h's). */
+Q8Q_INLINE void q8q_rows(const block_q8_0 *Qq, int nb, const void *const *krow, int nk, float *S, int s_stride, int C,
+                         const void *const *pf, int npf) {
     for (int t = 0; t < nk; t += 4) {
         int n = nk - t < 4 ? nk - t : 4;
-        const void *k[4];
+        const void *k[4], *p[4];
         for (int j = 0; j < 4; j++) k[j] = krow[t + (j < n ? j : n - 1)];
         float s[4][4];
-        q8q_tile(Qq, nb, k, C, s);
+        if (pf && t < npf) {
+            for (int j = 0; j < 4; j++) p[j] = pf[t + j < npf ? t + j : npf - 1];
+            q8q_tile(Qq, nb, k, C, s, p);
+        } else q8q_tile(Qq, nb, k, C, s, NULL);
         for (int c = 0; c < C; c++)
             for (int j = 0; j < n; j++) S[(size_t)c * s_stride + t + j] = s[c][j];
     }
 }
 
-void Q8Q_FN(const void *Qq, int R, int hd, const void *const *krow, int nk, float *S, int s_stride) {
+void Q8Q_FN(const void *Qq, int R, int hd, const void *const *krow, int nk, float *S, int s_stride,
+            const void *const *pf, int npf) {
     const block_q8_0 *q = Qq;
     int nb = hd / QK8_0, r = 0;
-    for (; r + 2 <= R; r += 2) q8q_rows(q + (size_t)r * nb, nb, krow, nk, S + (size_t)r * s_stride, s_stride, 2);
-    if (r < R) q8q_rows(q + (size_t)r * nb, nb, krow, nk, S + (size_t)r * s_stride, s_stride, 1);
+    for (; r + 2 <= R; r += 2, pf = NULL)
+        q8q_rows(q + (size_t)r * nb, nb, krow, nk, S + (size_t)r * s_stride, s_stride, 2, pf, npf);
+    if (r < R) q8q_rows(q + (size_t)r * nb, nb, krow, nk, S + (size_t)r * s_stride, s_stride, 1, pf, npf);
 }
 
 #endif
