@@ -106,6 +106,10 @@ struct attn_scratch {
     const void **kraw, **vraw;  /* (CHUNK) rows in the cache's type, for the fused kernels */
     const void **kpf, **vpf;    /* (CHUNK) the next chunk's rows, which the fused kernels
                                    prefetch as they go; after them Qq (scr_qq) */
+    struct {                    /* the chunk this scratch's last split asked for, ahead */
+        const int32_t *table;   /* (NULL: none) */
+        int layer, kv_head, c0;
+    } asked;
     void *mem;
 };
 
@@ -311,7 +315,10 @@ static void key_span(int nq, int qpos0, int window, int kv_end, int half, int *c
  * (their pf rows, kernels.h: spread through the work, into L2), else all at
  * once by prefetch_chunk. The x86 kernels' spread prefetch read one
  * layer's cache from memory 1.3-1.4x faster than the burst on the Xeon
- * (kernels/x86_shadow.h). */
+ * (kernels/x86_shadow.h). The split's first chunk, unless this scratch's
+ * previous split asked for it (a thread's next unit of split-K, or the
+ * next split of the same call), is asked for all at once here: a thread's
+ * first unit of a layer, and every unit of a short sliding-window item. */
 static void split_partial(const tile_args *a, int nq, int qpos0, int c_lo, int c_hi, int c_pf, int wlo,
                           attn_scratch *scr) {
     const kv_layout *lay = a->lay;
@@ -325,6 +332,13 @@ static void split_partial(const tile_args *a, int nq, int qpos0, int c_lo, int c
     bool vown = fused_v && !latent;                /* the value kernel reads the value slab in place */
     for (int r = 0; r < R; r++) scr->m[r] = -INFINITY, scr->l[r] = 0;
     memset(scr->o, 0, (size_t)R * dv * sizeof(float)); /* O (R, dv) */
+    if (!(scr->asked.table == a->table && scr->asked.layer == a->layer && scr->asked.kv_head == kh &&
+          scr->asked.c0 == c_lo)) { /* a first chunk nobody asked for: all its lines at once */
+        int n0 = c_pf - c_lo < CHUNK ? c_pf - c_lo : CHUNK;
+        prefetch_chunk(lay, a->table, a->layer, 0, kh, c_lo, n0);
+        if (!latent) prefetch_chunk(lay, a->table, a->layer, 1, kh, c_lo, n0);
+    }
+    scr->asked.table = NULL;
     for (int c0 = c_lo; c0 < c_hi; c0 += CHUNK) {
         int nk = c_hi - c0 < CHUNK ? c_hi - c0 : CHUNK;
         int npf = 0; /* rows of the next chunk in scr->kpf / vpf */
@@ -336,6 +350,9 @@ static void split_partial(const tile_args *a, int nq, int qpos0, int c_lo, int c
             else if (!latent) prefetch_chunk(lay, a->table, a->layer, 1, kh, c0 + CHUNK, npf);
         }
         const void *const *kpf = npf ? scr->kpf : NULL, *const *vpf = npf ? scr->vpf : NULL;
+        if (npf)
+            scr->asked.table = a->table, scr->asked.layer = a->layer, scr->asked.kv_head = kh,
+            scr->asked.c0 = c0 + CHUNK;
         if (kint) {
             gather_raw(lay, a->table, a->layer, 0, kh, c0, nk, wlo, scr->zero, scr->kraw);
             a->scores_q8(scr_qq(scr), R, hd, scr->kraw, nk, scr->s, CHUNK, kpf, npf);
