@@ -4,7 +4,7 @@
  * Build: `make bench` (build/bench_attn).
  *
  * Run: build/bench_attn [-H 32] [-K 8] [-D 128] [-c 1024,4096,8192] [-q 64] [-b 16] [--mem-ctx 4096] [--scalar]
- *                      [--no-plain] [--sinks S] [--kv F32,F16,Q8_0] [-t THREADS]
+ *                      [--no-plain] [--sinks S] [--kv F32,F16,Q8_0] [-t THREADS] [--layers L] [--cold MIB]
  *                      (--mem-ctx 0 skips the memory part, -c 0 the speed part)
  *
  * One layer, one thread, block size 16 (-b). For each context length T and each
@@ -25,6 +25,13 @@
  * N / items units (attn_tile_part, then attn_tile_merge); the plain loop
  * stays on one thread. "decode GB/s" is the KV bytes a decode step reads
  * (K and V of every position, in the cache's type) over its time.
+ * --layers L: the pool's blocks hold L layers (a model's layout: one
+ * layer's K and V slabs of a block, then the other layers'), layer 0 is
+ * read. --cold M: before each timed run, read M MiB of other memory, so
+ * that the cache comes from memory (as in a model's step, between whose
+ * layers the weights stream) rather than from the caches a repeated run
+ * leaves it in; on a host whose last-level cache is shared with others,
+ * take M well past its size and compare runs side by side.
  * Both compute on the same K/V values; the largest relative difference of
  * their outputs is printed. Times are the best of repeated runs.
  * Memory: a full prefill of --mem-ctx tokens runs in three child processes
@@ -67,6 +74,9 @@ static lm_pool *tpool;      /* -t N > 1: the threads of the tiled runs */
 static attn_scratch **tscr; /* (threads) one scratch each */
 static float *tpart;        /* split-K partials */
 static size_t tpart_cap;
+static int n_layers = 1;  /* --layers: the pool's layers per block (layer 0 is read) */
+static size_t cold_bytes; /* --cold MIB: read this much before each timed run */
+static volatile float cold_sink;
 
 static void die(const char *msg) {
     fprintf(stderr, "bench_attn: %s\n", msg);
@@ -98,7 +108,7 @@ static void bench_make(bench *b, int nh, int nkv, int hd, int T, uint32_t type) 
         free(tmp);
     }
     kv_config c;
-    kv_config_init(&c, 1, nkv, hd);
+    kv_config_init(&c, n_layers, nkv, hd);
     c.type = type;
     c.block_size = block_size;
     c.n_ctx = T;
@@ -285,7 +295,12 @@ static void run_job(const job *j) {
 /* Best time of at least 3 runs and at least min_s seconds in all. */
 static double time_best(const job *j, double min_s) {
     double best = 1e30, t_all = lm_now();
+    static float *cold;
+    if (cold_bytes && !cold && !(cold = calloc(cold_bytes / sizeof *cold, sizeof *cold))) die("out of memory");
     for (int rep = 0; rep < 3 || lm_now() - t_all < min_s; rep++) {
+        float acc = 0; /* push the KV cache out of the caches: the run reads it from memory */
+        for (size_t i = 0; i < cold_bytes / sizeof *cold; i += 16) acc += cold[i];
+        cold_sink = acc;
         double t0 = lm_now();
         run_job(j);
         double dt = lm_now() - t0;
@@ -430,6 +445,8 @@ int main(int argc, char **argv) {
                 else die("--kv takes F32, F16, Q8_0");
             }
         } else if (!strcmp(a, "-b")) block_size = atoi(v), i++;
+        else if (!strcmp(a, "--layers")) n_layers = atoi(v), i++;
+        else if (!strcmp(a, "--cold")) cold_bytes = (size_t)atol(v) << 20, i++;
         else if (!strcmp(a, "--mem-ctx")) mem_ctx = atoi(v), i++;
         else if (!strcmp(a, "--sinks")) use_sinks = true, sink_logit = strtof(v, NULL), i++;
         else if (!strcmp(a, "-c")) {
@@ -441,6 +458,7 @@ int main(int argc, char **argv) {
         } else die("unknown flag (see the comment at the top of bench/bench_attn.c)");
     }
     if (nh <= 0 || nkv <= 0 || nh % nkv || hd <= 0 || nq <= 0 || nh > 1024) die("bad shape");
+    if (n_layers < 1 || n_layers > 256) die("--layers takes 1 to 256");
     if (nth < 1 || nth > 256) die("-t takes 1 to 256 threads");
     if (use_sinks && (isnan(sink_logit) || sink_logit == INFINITY)) die("--sinks needs a finite logit");
     for (int h = 0; h < nh; h++) sinks[h] = sink_logit;
@@ -455,6 +473,8 @@ int main(int argc, char **argv) {
            "queries",
            nh, nkv, hd, block_size, nth, nth > 1 ? "s" : "", kernels_isa_name(), nq);
     if (use_sinks) printf("; sinks %g", (double)sink_logit);
+    if (n_layers > 1) printf("; %d layers per block", n_layers);
+    if (cold_bytes) printf("; %zu MiB read before each run", cold_bytes >> 20);
     printf("\n");
     printf("| ctx | KV | decode tiled µs | decode plain µs | speedup | prefill tiled ms | prefill plain ms | speedup "
            "| decode GB/s | max rel diff |\n");
