@@ -66,18 +66,21 @@ static int cpu_isas(int *isas) {
 #define RMAXT 17
 
 /* nk rows of hd values in type, each its own allocation (row pointers, as
- * the pages give them), and their stored values as floats. */
+ * the pages give them), and their stored values as floats. line: every row
+ * on a 64-byte boundary (as a pool's F16 rows of whole lines lie, which
+ * the x86 entries prefetch in address order: x86_shadow.h), else malloc's. */
 typedef struct {
     void *raw[NKMAX];
     float *f[NKMAX]; /* (hd) to_float of raw */
 } rows;
 
-static void rows_make(rows *r, uint32_t type, int hd, int nk, lm_rng *g) {
+static void rows_make(rows *r, uint32_t type, int hd, int nk, bool line, lm_rng *g) {
     const lm_type_traits *tt = quant_traits(type);
     float *x = malloc((size_t)hd * sizeof(float));
     for (int t = 0; t < nk; t++) {
         for (int d = 0; d < hd; d++) x[d] = lm_rng_normal(g) * (1.0f + (float)(d % 5) * 0.5f);
-        r->raw[t] = malloc(quant_row_size(type, hd));
+        size_t rb = quant_row_size(type, hd);
+        r->raw[t] = line ? aligned_alloc(64, (rb + 63) / 64 * 64) : malloc(rb);
         r->f[t] = malloc((size_t)hd * sizeof(float));
         tt->from_float(x, r->raw[t], hd);
         tt->to_float(r->raw[t], r->f[t], hd);
@@ -99,8 +102,8 @@ static int check_kernels(uint32_t type, int hd, int R, int nk, uint64_t seed, do
     lm_attn_pv_kv_fn pk = type == LM_TYPE_F16 ? a->pv_f16 : a->pv_q8_0;
     if (!pk) return 0; /* a variant without fused entries: attention converts */
     rows K, V;
-    rows_make(&K, type, hd, nk, &g);
-    rows_make(&V, type, hd, nk, &g);
+    rows_make(&K, type, hd, nk, seed % 4 < 2, &g);
+    rows_make(&V, type, hd, nk, seed % 4 < 2, &g);
     float *Q = malloc((size_t)R * hd * sizeof(float)), *P = malloc((size_t)R * NKMAX * sizeof(float));
     float *S1 = malloc((size_t)R * NKMAX * sizeof(float)), *S2 = malloc((size_t)R * NKMAX * sizeof(float));
     float *O0 = malloc((size_t)R * hd * sizeof(float)), *O1 = malloc((size_t)R * hd * sizeof(float));
@@ -217,7 +220,7 @@ static int check_int_scores(int hd, int R, int nk, bool extreme, uint64_t seed, 
     const lm_type_traits *tt = quant_traits(LM_TYPE_Q8_0);
     int nb = hd / QK8_0;
     rows K;
-    rows_make(&K, LM_TYPE_Q8_0, hd, nk, &g);
+    rows_make(&K, LM_TYPE_Q8_0, hd, nk, seed % 4 < 2, &g);
     float *Q = malloc((size_t)R * hd * sizeof(float)), *Qd = malloc((size_t)R * hd * sizeof(float));
     block_q8_0 *Qq = malloc((size_t)R * nb * sizeof(block_q8_0));
     float *S1 = malloc((size_t)R * NKMAX * sizeof(float)), *S2 = malloc((size_t)R * NKMAX * sizeof(float));

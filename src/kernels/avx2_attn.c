@@ -189,13 +189,17 @@ INLINE __m256 kv_load(const void *row, int d, __m256 sc, int T) {
  * accumulators, two key vectors, one query vector. */
 INLINE void scores_kv_tile(const float *Q, int hd, const void *k0, const void *k1, int C, float s[4][2], const void *p0,
                            const void *p1) {
+    const void *const pp[2] = {p0, p1};
+    const int sh = p0 ? shadow_seq_shift(pp, 2, hd) : -1;
     __m256 acc[4][2];
     const __m256 none = _mm256_setzero_ps(); /* F16 has no scale */
 #pragma GCC unroll 4
     for (int c = 0; c < C; c++) acc[c][0] = acc[c][1] = _mm256_setzero_ps();
     for (int d = 0; d < hd; d += 8) {
         __m256 y0 = kv_load(k0, d, none, KV_F16), y1 = kv_load(k1, d, none, KV_F16);
-        if (p0) shadow_f16(p0, d, hd), shadow_f16(p1, d, hd);
+        if (sh >= 0) {
+            if (d % 32 == 0) shadow_seq(pp, (size_t)(d / 32 * 2), sh), shadow_seq(pp, (size_t)(d / 32 * 2 + 1), sh);
+        } else if (p0) shadow_f16(p0, d, hd), shadow_f16(p1, d, hd);
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) {
             __m256 x = _mm256_loadu_ps(Q + (size_t)c * hd + d);
@@ -260,7 +264,7 @@ INLINE const void *vrow_at(const void *vrows, int t, int T) {
  * converted first. The 16 columns of a W = 2 tile lie in one Q8_0 block (d0
  * is a multiple of 16), under one scale. */
 INLINE void pv_kv_tile(float *O, int hd, const float *P, int p_stride, const void *vrows, int nk, int d0, int C, int W,
-                       int T, const void *const *pf, int npf) {
+                       int T, const void *const *pf, int npf, int sh) {
     __m256 acc[6][2];
 #pragma GCC unroll 6
     for (int c = 0; c < C; c++)
@@ -271,7 +275,9 @@ INLINE void pv_kv_tile(float *O, int hd, const float *P, int p_stride, const voi
         __m256 sc = kv_scale(row, d0, T);
         __m256 v0 = kv_load(row, d0, sc, T), v1 = W > 1 ? kv_load(row, d0 + 8, sc, T) : v0;
         if (pf && t < npf) {
-            if (T == KV_F16) shadow_f16(pf[t], d0, hd);
+            if (T == KV_F16 && sh >= 0) {
+                if (d0 % 32 == 0) shadow_seq(pf, (size_t)(d0 / 32 * npf + t), sh);
+            } else if (T == KV_F16) shadow_f16(pf[t], d0, hd);
             else shadow_q8(pf[t], d0);
         }
 #pragma GCC unroll 6
@@ -289,9 +295,9 @@ INLINE void pv_kv_tile(float *O, int hd, const float *P, int p_stride, const voi
 
 INLINE void pv_kv_rows(float *O, int hd, const float *P, int p_stride, const void *vrow, int nk, int C, int T,
                        const void *const *pf, int npf) {
-    int d0 = 0;
-    for (; d0 + 16 <= hd; d0 += 16) pv_kv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 2, T, pf, npf);
-    if (d0 < hd) pv_kv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 1, T, pf, npf);
+    int d0 = 0, sh = pf && T == KV_F16 ? shadow_seq_shift(pf, npf, hd) : -1;
+    for (; d0 + 16 <= hd; d0 += 16) pv_kv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 2, T, pf, npf, sh);
+    if (d0 < hd) pv_kv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 1, T, pf, npf, sh);
 }
 
 /* pf (F16, Q8_0; NULL or kernels.h's): prefetched by the first rows. */

@@ -69,7 +69,7 @@ INLINE __m512 kv_pair(const void *a, const void *b, int d) {
  * s[c][0 .. 2 NP); C x NP <= 16 accumulators. pf: NULL, or the 2 NP rows
  * to prefetch beside them. */
 INLINE void scores_tile(const float *Q, int hd, const void *const *k, int C, int NP, float s[8][8],
-                        const void *const *pf) {
+                        const void *const *pf, int sh) {
     __m512 acc[8][4];
 #pragma GCC unroll 8
     for (int c = 0; c < C; c++)
@@ -79,7 +79,11 @@ INLINE void scores_tile(const float *Q, int hd, const void *const *k, int C, int
         __m512 y[4];
 #pragma GCC unroll 4
         for (int p = 0; p < NP; p++) y[p] = kv_pair(k[2 * p], k[2 * p + 1], d);
-        if (pf)
+        if (pf && sh >= 0) {
+            if (d % 32 == 0)
+#pragma GCC unroll 8
+                for (int j = 0; j < 2 * NP; j++) shadow_seq(pf, (size_t)(d / 32 * 2 * NP + j), sh);
+        } else if (pf)
 #pragma GCC unroll 8
             for (int j = 0; j < 2 * NP; j++) shadow_f16(pf[j], d, hd);
 #pragma GCC unroll 8
@@ -105,8 +109,8 @@ INLINE void scores_rows(const float *Q, int hd, const void *const *krow, int nk,
         float s[8][8];
         if (pf && t < npf) {
             for (int j = 0; j < 2 * NP; j++) p[j] = pf[t + j < npf ? t + j : npf - 1];
-            scores_tile(Q, hd, k, C, NP, s, p);
-        } else scores_tile(Q, hd, k, C, NP, s, NULL);
+            scores_tile(Q, hd, k, C, NP, s, p, shadow_seq_shift(p, 2 * NP, hd));
+        } else scores_tile(Q, hd, k, C, NP, s, NULL, -1);
         for (int c = 0; c < C; c++)
             for (int j = 0; j < n; j++) S[(size_t)c * s_stride + t + j] = s[c][j];
     }
@@ -147,7 +151,7 @@ INLINE __m512 kv_load16(const void *row, int d, __mmask16 m, int T) {
  * mlast) against keys [0, nk), prefetching the same columns of pf's rows
  * t < npf (pf: NULL or kernels.h's). */
 INLINE void pv_tile(float *O, int hd, const float *P, int p_stride, const void *const *vrow, int nk, int d0, int C,
-                    int W, __mmask16 mlast, int T, const void *const *pf, int npf) {
+                    int W, __mmask16 mlast, int T, const void *const *pf, int npf, int sh) {
     __m512 acc[8][4];
 #pragma GCC unroll 8
     for (int c = 0; c < C; c++)
@@ -161,7 +165,9 @@ INLINE void pv_tile(float *O, int hd, const float *P, int p_stride, const void *
         if (pf && t < npf)
 #pragma GCC unroll 4
             for (int w = 0; w < W; w++) {
-                if (T == KV_F16) shadow_f16(pf[t], d0 + 16 * w, hd);
+                if (T == KV_F16 && sh >= 0) {
+                    if ((d0 + 16 * w) % 32 == 0) shadow_seq(pf, (size_t)((d0 + 16 * w) / 32 * npf + t), sh);
+                } else if (T == KV_F16) shadow_f16(pf[t], d0 + 16 * w, hd);
                 else shadow_q8(pf[t], d0 + 16 * w);
             }
 #pragma GCC unroll 8
@@ -182,12 +188,12 @@ INLINE void pv_tile(float *O, int hd, const float *P, int p_stride, const void *
  * rows), then the rest in vectors of 16 and a masked 8. */
 INLINE void pv_rows(float *O, int hd, const float *P, int p_stride, const void *const *vrow, int nk, int C, int WM,
                     int T, const void *const *pf, int npf) {
-    int d0 = 0;
+    int d0 = 0, sh = pf && T == KV_F16 ? shadow_seq_shift(pf, npf, hd) : -1;
     for (; d0 + 16 * WM <= hd; d0 += 16 * WM)
-        if (pf) pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, WM, 0xffff, T, pf, npf);
-        else pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, WM, 0xffff, T, NULL, 0);
+        if (pf) pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, WM, 0xffff, T, pf, npf, sh);
+        else pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, WM, 0xffff, T, NULL, 0, -1);
     for (; d0 < hd; d0 += 16) /* a multiple of 8 remains */
-        pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 1, hd - d0 < 16 ? 0x00ff : 0xffff, T, pf, npf);
+        pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 1, hd - d0 < 16 ? 0x00ff : 0xffff, T, pf, npf, sh);
 }
 
 /* Rows 8 at a time (8 rows x 32 columns: each value vector converted once

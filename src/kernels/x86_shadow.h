@@ -47,4 +47,32 @@ SHADOW_INLINE void shadow_q8(const void *pf, int d) {
     shadow_line(pf, (size_t)(d / QK8_0) * sizeof(block_q8_0) + sizeof(block_q8_0) - 1);
 }
 
+/* Address order. The entries visit a chunk's rows across their columns
+ * (the scores a few rows at a time along the head dim, P·V each column
+ * tile down every row), so the shadow asks for lines 512 bytes apart and
+ * the L2's own streamer, which follows ascending lines within a page,
+ * never joins in. Where every pf row is whole 64-byte lines, L of them (L
+ * = 2 hd / 64 a power of two) and line-aligned, an entry may number its
+ * line slots instead, k = i n + t for the i-th line of row t of n, and
+ * ask at slot k for line k mod L of row k / L: the same lines, asked in
+ * address order, so the streamer runs ahead of them. Measured on the Xeon
+ * (bench/README.md, "Prefetch in address order"): Gemma 3 270M's decode
+ * attention at depth 16384 (head dim 256, F16) took 0.91-0.97x the time
+ * of the reading order; the TinyLlama shape's (head dim 64) 1.01-1.05x,
+ * within the runs' noise. Q8_0 rows (34-byte blocks) keep shadow_q8.
+ * shadow_seq_shift gives log2(L), or -1 where the rows do not qualify
+ * (then shadow_f16). */
+SHADOW_INLINE int shadow_seq_shift(const void *const *pf, int n, int hd) {
+    int L = hd / 32;
+    if (hd % 32 || (L & (L - 1))) return -1;
+    uintptr_t a = 0;
+    for (int t = 0; t < n; t++) a |= (uintptr_t)pf[t];
+    return a & 63 ? -1 : __builtin_ctz((unsigned)L);
+}
+
+/* Slot k of rows pf of 2^sh lines each (shadow_seq_shift). */
+SHADOW_INLINE void shadow_seq(const void *const *pf, size_t k, int sh) {
+    shadow_line(pf[k >> sh], (k & (((size_t)1 << sh) - 1)) * 64);
+}
+
 #endif
