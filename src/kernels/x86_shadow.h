@@ -57,7 +57,7 @@ SHADOW_INLINE void shadow_q8(const void *pf, int d) {
  * ask at slot k for line k mod L of row k / L: the same lines, asked in
  * address order, so the streamer runs ahead of them. Measured on the Xeon
  * (bench/README.md, "Prefetch in address order"): Gemma 3 270M's decode
- * attention at depth 16384 (head dim 256, F16) took 0.91-0.97x the time
+ * attention at depth 16384 (head dim 256, F16) took 0.91-0.98x the time
  * of the reading order; the TinyLlama shape's (head dim 64) 1.01-1.05x,
  * within the runs' noise. Q8_0 rows (34-byte blocks) keep shadow_q8.
  * shadow_seq_shift gives log2(L), or -1 where the rows do not qualify
