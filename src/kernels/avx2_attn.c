@@ -264,7 +264,7 @@ INLINE const void *vrow_at(const void *vrows, int t, int T) {
  * converted first. The 16 columns of a W = 2 tile lie in one Q8_0 block (d0
  * is a multiple of 16), under one scale. */
 INLINE void pv_kv_tile(float *O, int hd, const float *P, int p_stride, const void *vrows, int nk, int d0, int C, int W,
-                       int T, const void *const *pf, int npf, int sh) {
+                       int T, const void *const *pf, int npf, int sh, shadow_run *run) {
     __m256 acc[6][2];
 #pragma GCC unroll 6
     for (int c = 0; c < C; c++)
@@ -278,7 +278,7 @@ INLINE void pv_kv_tile(float *O, int hd, const float *P, int p_stride, const voi
             if (T == KV_F16 && sh >= 0) {
                 if (d0 % 32 == 0) shadow_seq(pf, (size_t)(d0 / 32 * npf + t), sh);
             } else if (T == KV_F16) shadow_f16(pf[t], d0, hd);
-            else shadow_q8(pf[t], d0);
+            else if (d0 % QK8_0 == 0) shadow_run_next(run);
         }
 #pragma GCC unroll 6
         for (int c = 0; c < C; c++) {
@@ -296,8 +296,9 @@ INLINE void pv_kv_tile(float *O, int hd, const float *P, int p_stride, const voi
 INLINE void pv_kv_rows(float *O, int hd, const float *P, int p_stride, const void *vrow, int nk, int C, int T,
                        const void *const *pf, int npf) {
     int d0 = 0, sh = pf && T == KV_F16 ? shadow_seq_shift(pf, npf, hd) : -1;
-    for (; d0 + 16 <= hd; d0 += 16) pv_kv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 2, T, pf, npf, sh);
-    if (d0 < hd) pv_kv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 1, T, pf, npf, sh);
+    shadow_run run = shadow_run_of(pf, npf, (size_t)hd / QK8_0 * sizeof(block_q8_0)); /* Q8_0 */
+    for (; d0 + 16 <= hd; d0 += 16) pv_kv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 2, T, pf, npf, sh, &run);
+    if (d0 < hd) pv_kv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 1, T, pf, npf, sh, &run);
 }
 
 /* pf (F16, Q8_0; NULL or kernels.h's): prefetched by the first rows. */

@@ -151,7 +151,7 @@ INLINE __m512 kv_load16(const void *row, int d, __mmask16 m, int T) {
  * mlast) against keys [0, nk), prefetching the same columns of pf's rows
  * t < npf (pf: NULL or kernels.h's). */
 INLINE void pv_tile(float *O, int hd, const float *P, int p_stride, const void *const *vrow, int nk, int d0, int C,
-                    int W, __mmask16 mlast, int T, const void *const *pf, int npf, int sh) {
+                    int W, __mmask16 mlast, int T, const void *const *pf, int npf, int sh, shadow_run *run) {
     __m512 acc[8][4];
 #pragma GCC unroll 8
     for (int c = 0; c < C; c++)
@@ -168,7 +168,7 @@ INLINE void pv_tile(float *O, int hd, const float *P, int p_stride, const void *
                 if (T == KV_F16 && sh >= 0) {
                     if ((d0 + 16 * w) % 32 == 0) shadow_seq(pf, (size_t)((d0 + 16 * w) / 32 * npf + t), sh);
                 } else if (T == KV_F16) shadow_f16(pf[t], d0 + 16 * w, hd);
-                else shadow_q8(pf[t], d0 + 16 * w);
+                else if ((d0 + 16 * w) % QK8_0 == 0) shadow_run_next(run);
             }
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
@@ -189,11 +189,12 @@ INLINE void pv_tile(float *O, int hd, const float *P, int p_stride, const void *
 INLINE void pv_rows(float *O, int hd, const float *P, int p_stride, const void *const *vrow, int nk, int C, int WM,
                     int T, const void *const *pf, int npf) {
     int d0 = 0, sh = pf && T == KV_F16 ? shadow_seq_shift(pf, npf, hd) : -1;
+    shadow_run run = shadow_run_of(pf, npf, (size_t)hd / QK8_0 * sizeof(block_q8_0)); /* Q8_0 */
     for (; d0 + 16 * WM <= hd; d0 += 16 * WM)
-        if (pf) pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, WM, 0xffff, T, pf, npf, sh);
-        else pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, WM, 0xffff, T, NULL, 0, -1);
+        if (pf) pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, WM, 0xffff, T, pf, npf, sh, &run);
+        else pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, WM, 0xffff, T, NULL, 0, -1, &run);
     for (; d0 < hd; d0 += 16) /* a multiple of 8 remains */
-        pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 1, hd - d0 < 16 ? 0x00ff : 0xffff, T, pf, npf, sh);
+        pv_tile(O, hd, P, p_stride, vrow, nk, d0, C, 1, hd - d0 < 16 ? 0x00ff : 0xffff, T, pf, npf, sh, &run);
 }
 
 /* Rows 8 at a time (8 rows x 32 columns: each value vector converted once

@@ -52,10 +52,11 @@ INLINE void tile(const block_q8_0 *Qq, int nb, const void *const *k, int C, int 
 #pragma GCC unroll 4
         for (int p = 0; p < NP; p++) acc[c][p] = _mm512_setzero_ps();
     const __m512i off = _mm512_set1_epi8((char)0x80);
+    shadow_run run = shadow_run_of(pf, 2 * NP, (size_t)nb * sizeof(block_q8_0));
     for (int b = 0; b < nb; b++) {
         if (pf)
 #pragma GCC unroll 8
-            for (int j = 0; j < 2 * NP; j++) shadow_q8(pf[j], b * QK8_0);
+            for (int j = 0; j < 2 * NP; j++) shadow_run_next(&run);
         __m512i kp[4];
         __m512 dk[4]; /* the pair's key scales, each in its half */
 #pragma GCC unroll 4

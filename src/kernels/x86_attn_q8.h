@@ -45,10 +45,11 @@ Q8Q_INLINE void q8q_tile(const block_q8_0 *Qq, int nb, const void *const *k, int
     for (int c = 0; c < C; c++)
 #pragma GCC unroll 4
         for (int t = 0; t < 4; t++) acc[c][t] = _mm256_setzero_ps();
+    shadow_run run = shadow_run_of(pf, 4, (size_t)nb * sizeof(block_q8_0));
     for (int b = 0; b < nb; b++) {
         if (pf)
 #pragma GCC unroll 4
-            for (int t = 0; t < 4; t++) shadow_q8(pf[t], b * QK8_0);
+            for (int t = 0; t < 4; t++) shadow_run_next(&run);
         __m256i kv[4], kp[4];
         __m256 dk[4];
 #pragma GCC unroll 4
