@@ -34,7 +34,9 @@
  *      Σ_b (amax_b / 200) Σ_{d in b} |k_d| + 1e-5 x Σ|q_d k_d| of the
  *      float64 dot of the unquantized query q (amax_b: block b's largest
  *      |q_d|; Q8_0 rounds each q_d to within amax_b / 254, and its F16
- *      scale adds at most amax_b x 2^-11); the same bits with pf rows.
+ *      scale adds at most amax_b x 2^-11); the same bits with pf rows;
+ *   5. the x86 entries ask for every line of their pf rows once, in
+ *      address order (test_shadow_order).
  */
 #include <math.h>
 #include <stdint.h>
@@ -47,6 +49,7 @@
 #include "kernels/scalar.h"
 #if defined(__x86_64__) || defined(__i386__)
 #include "kernels/avx2_attn.h"
+#include "kernels/x86_shadow.h"
 #endif
 #include "kv/attn.h"
 #include "kv/kv.h"
@@ -494,6 +497,72 @@ static void test_exp_sum_bits(void) {
 #endif
 }
 
+/* 5. The x86 entries' prefetch order (x86_shadow.h). shadow_seq: for F16
+ * rows of hd in 32 .. 256 halves, line-aligned, slots 0 .. L n - 1 give
+ * every line of every row once, in address order; rows that are not
+ * whole lines, not a power of two of them, or not aligned give -1.
+ * shadow_run: Q8_0 rows (272 bytes at head dim 256, 68 at 64) in blocks
+ * of 16 laid end to end, two blocks apart: every line the rows touch
+ * once, ascending within a block, then NULL. A hint never shows in a
+ * result, so this is where a lost line would show. */
+static void test_shadow_order(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    static const int hds[] = {32, 64, 128, 256};
+    static const int ns[] = {1, 4, 8, 64};
+    char *buf = aligned_alloc(64, 64 * 512 * 2 + 4096);
+    for (size_t h = 0; h < sizeof hds / sizeof hds[0]; h++)
+        for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++) {
+            int hd = hds[h], n = ns[in], L = hd / 32;
+            const void *pf[64];
+            for (int t = 0; t < n; t++) pf[t] = buf + (size_t)(n - 1 - t) * 2 * hd * 2; /* rows apart, any order */
+            int sh = shadow_seq_shift(pf, n, hd);
+            CHECK(sh >= 0 && 1 << sh == L);
+            if (sh < 0) continue;
+            int seen[64 * 8] = {0}, ok = 1;
+            const char *last = NULL;
+            for (size_t k = 0; k < (size_t)L * n; k++) {
+                const char *p = shadow_seq_at(pf, k, sh);
+                int t = (int)(k / L), line = (int)((p - (const char *)pf[t]) / 64);
+                if (p < (const char *)pf[t] || line >= L || (p - (const char *)pf[t]) % 64) ok = 0;
+                else seen[t * L + line]++;
+                if (k % L && p != last + 64) ok = 0; /* within a row: the next line */
+                last = p;
+            }
+            for (int i = 0; i < L * n; i++) ok &= seen[i] == 1;
+            CHECK(ok);
+        }
+    const void *odd[2] = {buf, buf + 64};
+    CHECK(shadow_seq_shift(odd, 2, 80) == -1); /* 160-byte rows */
+    CHECK(shadow_seq_shift(odd, 2, 96) == -1); /* 3 lines */
+    odd[1] = buf + 16;
+    CHECK(shadow_seq_shift(odd, 2, 256) == -1); /* a row off a line boundary */
+    for (int hd = 64; hd <= 256; hd *= 4) {
+        size_t rb = (size_t)hd / QK8_0 * sizeof(block_q8_0), blk = 16 * rb;
+        const void *q8rows[32];
+        for (int t = 0; t < 32; t++) q8rows[t] = buf + (t < 16 ? 0 : blk + 1024) + (size_t)(t % 16) * rb;
+        shadow_run r = shadow_run_of(q8rows, 32, rb);
+        int lines = (int)(2 * ((blk + 63) / 64)), got = 0, ok = 1;
+        static int hit[2 * 8192 / 64];
+        memset(hit, 0, sizeof hit);
+        const char *p, *prev = NULL;
+        while ((p = shadow_run_at(&r)) && got <= 2 * lines) {
+            size_t at = (size_t)(p - buf);
+            int b = at >= blk + 1024, i = (int)((at - (b ? blk + 1024 : 0)) / 64);
+            if (i < 0 || (size_t)i * 64 >= blk) ok = 0;
+            else hit[b * 128 + i]++;
+            if (prev && p <= prev && !(b && prev < buf + blk)) ok = 0; /* ascending, but for the jump to block 2 */
+            prev = p, got++;
+        }
+        CHECK(got == lines);
+        for (int b = 0; b < 2; b++)
+            for (int i = 0; i < (int)((blk + 63) / 64); i++) ok &= hit[b * 128 + i] == 1;
+        CHECK(ok);
+        CHECK(shadow_run_at(&r) == NULL);
+    }
+    free(buf);
+#endif
+}
+
 static void test_attn_fused_equals_converted(void) {
     static const attn_cfg cfgs[] = {
         {4, 1, 256, 600, LM_TYPE_F16, 0, 0, false},    /* Gemma 3 270M, a global layer: 3 splits */
@@ -519,5 +588,6 @@ int main(void) {
     TEST_RUN(test_int_scores_every_variant);
     TEST_RUN(test_attn_fused_equals_converted);
     TEST_RUN(test_exp_sum_bits);
+    TEST_RUN(test_shadow_order);
     return TEST_DONE();
 }

@@ -61,10 +61,13 @@ SHADOW_INLINE int shadow_seq_shift(const void *const *pf, int n, int hd) {
     return a & 63 ? -1 : __builtin_ctz((unsigned)L);
 }
 
-/* Slot k of rows pf of 2^sh lines each (shadow_seq_shift). */
-SHADOW_INLINE void shadow_seq(const void *const *pf, size_t k, int sh) {
-    shadow_line(pf[k >> sh], (k & (((size_t)1 << sh) - 1)) * 64);
+/* The line of slot k of rows pf of 2^sh lines each (shadow_seq_shift),
+ * and the request for it. */
+SHADOW_INLINE const char *shadow_seq_at(const void *const *pf, size_t k, int sh) {
+    return (const char *)pf[k >> sh] + (k & (((size_t)1 << sh) - 1)) * 64;
 }
+
+SHADOW_INLINE void shadow_seq(const void *const *pf, size_t k, int sh) { shadow_line(shadow_seq_at(pf, k, sh), 0); }
 
 /* A cursor over n rows of rb bytes taken end to end, as a pool block's
  * rows lie (16 Q8_0 rows of 272 bytes are 68 whole lines): each call asks
@@ -82,12 +85,19 @@ SHADOW_INLINE shadow_run shadow_run_of(const void *const *pf, int n, size_t rb) 
     return (shadow_run){(const char *const *)pf, n, 0, rb, 0};
 }
 
-SHADOW_INLINE void shadow_run_next(shadow_run *r) {
-    if (r->row >= r->n) return;
-    shadow_line(r->pf[r->row], r->off);
+/* The cursor's next line, or NULL past the last row; and the request. */
+SHADOW_INLINE const char *shadow_run_at(shadow_run *r) {
+    if (r->row >= r->n) return NULL;
+    const char *p = r->pf[r->row] + r->off;
     r->off += 64;
     while (r->off >= r->rb)
-        if (r->off -= r->rb, ++r->row >= r->n) return;
+        if (r->off -= r->rb, ++r->row >= r->n) break;
+    return p;
+}
+
+SHADOW_INLINE void shadow_run_next(shadow_run *r) {
+    const char *p = shadow_run_at(r);
+    if (p) shadow_line(p, 0);
 }
 
 #endif
