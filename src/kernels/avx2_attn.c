@@ -188,9 +188,8 @@ INLINE __m256 kv_load(const void *row, int d, __m256 sc, int T) {
  * depends only on its own accumulator). C = 4 rows x 2 keys: 8
  * accumulators, two key vectors, one query vector. */
 INLINE void scores_kv_tile(const float *Q, int hd, const void *k0, const void *k1, int C, float s[4][2], const void *p0,
-                           const void *p1) {
+                           const void *p1, int sh) {
     const void *const pp[2] = {p0, p1};
-    const int sh = p0 ? shadow_seq_shift(pp, 2, hd) : -1;
     __m256 acc[4][2];
     const __m256 none = _mm256_setzero_ps(); /* F16 has no scale */
 #pragma GCC unroll 4
@@ -220,12 +219,13 @@ INLINE void scores_kv_tile(const float *Q, int hd, const void *k0, const void *k
  * npf (pf: NULL or kernels.h's). */
 INLINE void scores_kv_rows(const float *Q, int hd, const void *const *krow, int nk, float *S, int s_stride, int C,
                            const void *const *pf, int npf) {
+    const int sh = pf ? shadow_seq_shift(pf, npf, hd) : -1; /* once for the call's rows */
     for (int t = 0; t < nk; t += 2) {
         float s[4][2];
         bool two = t + 1 < nk;
         if (pf && t < npf)
-            scores_kv_tile(Q, hd, krow[t], krow[two ? t + 1 : t], C, s, pf[t], pf[t + 1 < npf ? t + 1 : t]);
-        else scores_kv_tile(Q, hd, krow[t], krow[two ? t + 1 : t], C, s, NULL, NULL);
+            scores_kv_tile(Q, hd, krow[t], krow[two ? t + 1 : t], C, s, pf[t], pf[t + 1 < npf ? t + 1 : t], sh);
+        else scores_kv_tile(Q, hd, krow[t], krow[two ? t + 1 : t], C, s, NULL, NULL, -1);
         for (int c = 0; c < C; c++) {
             S[(size_t)c * s_stride + t] = s[c][0];
             if (two) S[(size_t)c * s_stride + t + 1] = s[c][1];

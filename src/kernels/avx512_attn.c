@@ -102,6 +102,7 @@ INLINE void scores_tile(const float *Q, int hd, const void *const *k, int C, int
  * rows t < npf (pf: NULL or kernels.h's). */
 INLINE void scores_rows(const float *Q, int hd, const void *const *krow, int nk, float *S, int s_stride, int C, int NP,
                         const void *const *pf, int npf) {
+    const int sh = pf ? shadow_seq_shift(pf, npf, hd) : -1; /* once for the call's rows */
     for (int t = 0; t < nk; t += 2 * NP) {
         int n = nk - t < 2 * NP ? nk - t : 2 * NP;
         const void *k[8], *p[8];
@@ -109,7 +110,7 @@ INLINE void scores_rows(const float *Q, int hd, const void *const *krow, int nk,
         float s[8][8];
         if (pf && t < npf) {
             for (int j = 0; j < 2 * NP; j++) p[j] = pf[t + j < npf ? t + j : npf - 1];
-            scores_tile(Q, hd, k, C, NP, s, p, shadow_seq_shift(p, 2 * NP, hd));
+            scores_tile(Q, hd, k, C, NP, s, p, sh);
         } else scores_tile(Q, hd, k, C, NP, s, NULL, -1);
         for (int c = 0; c < C; c++)
             for (int j = 0; j < n; j++) S[(size_t)c * s_stride + t + j] = s[c][j];
