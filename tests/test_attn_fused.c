@@ -28,7 +28,7 @@
  *      float scores would fail), and within 2e-2 of it on the query itself;
  *   4. the integer Q8_0 scores (kernels.h: scores_q8_0_q8), kernel level:
  *      every variant has them and gives the scalar reference's bits, for head dims 32,
- *      64, 128, 256, 1 .. 17 rows, 1 .. 67 keys, extreme blocks (all
+ *      64, 128, 256 (and 2080, past what an entry stages), 1 .. 17 rows, 1 .. 67 keys, extreme blocks (all
  *      ±127, zero scales); each score within 1e-5 x Σ|q̂_d k_d| of the
  *      float64 dot of the dequantized query q̂ and key, and within
  *      Σ_b (amax_b / 200) Σ_{d in b} |k_d| + 1e-5 x Σ|q_d k_d| of the
@@ -313,6 +313,11 @@ static void test_int_scores_every_variant(void) {
                     CHECK(!check_int_scores(hds[h], Rs[r], nks[k], true, seed, &worst));
                     n += 2;
                 }
+        /* head dim 2080: past the query blocks the avx512vnni entry stages (its AVX2 path) */
+        for (int R = 1; R <= 9; R += 4) {
+            CHECK(!check_int_scores(2080, R, 67, false, (uint64_t)R, &worst));
+            n++;
+        }
     }
     kernels_use(-1);
     CHECK(n_int == n_isa); /* the reference and every variant, x86 and NEON, have them */
