@@ -169,7 +169,7 @@ enum { KV_F16, KV_Q8, KV_F32 };
 /* The Q8_0 block scale of element d of a row, broadcast (F16, F32: unused). */
 INLINE __m256 kv_scale(const void *row, int d, int T) {
     if (T != KV_Q8) return _mm256_setzero_ps();
-    return _mm256_set1_ps(_cvtsh_ss(((const block_q8_0 *)row)[d / QK8_0].d));
+    return _mm256_cvtph_ps(_mm_set1_epi16((short)((const block_q8_0 *)row)[d / QK8_0].d));
 }
 
 /* Elements d .. d+7 of a row as floats (F32: as they are), the bits of the type's to_float:
