@@ -5,6 +5,7 @@
  *
  * Run: build/bench_attn [-H 32] [-K 8] [-D 128] [-c 1024,4096,8192] [-q 64] [-b 16] [--mem-ctx 4096] [--scalar]
  *                      [--no-plain] [--sinks S] [--kv F32,F16,Q8_0] [-t THREADS] [--layers L] [--cold MIB]
+ *                      [--entries]
  *                      (--mem-ctx 0 skips the memory part, -c 0 the speed part)
  *
  * One layer, one thread, block size 16 (-b). For each context length T and each
@@ -32,6 +33,13 @@
  * layers the weights stream) rather than from the caches a repeated run
  * leaves it in; on a host whose last-level cache is shared with others,
  * take M well past its size and compare runs side by side.
+ * --entries: then the table's inner loops alone, for each --kv type, on one
+ * KV head's decode rows (H / K query rows, head dim D): the scores entry
+ * (F32: scores; F16: scores_f16; Q8_0: scores_q8_0_q8 on the query in
+ * Q8_0) and the P·V entry (pv, pv_f16, pv_q8_0), each called on 64-key
+ * chunks cycling over 16 chunks of K and V rows (in L2 for Gemma's and
+ * TinyLlama's shapes), one thread, no prefetch rows; ns per key, the best of
+ * three runs of 0.2 s.
  * Both compute on the same K/V values; the largest relative difference of
  * their outputs is printed. Times are the best of repeated runs.
  * Memory: a full prefill of --mem-ctx tokens runs in three child processes
@@ -420,15 +428,93 @@ static void memory(int nh, int nkv, int hd, int T) {
     printf("| plain, T x T scores | %.1f MiB | %+.1f MiB | %.2f s |\n", plain / 1024.0, (plain - base) / 1024.0, s2);
 }
 
+/* ---- --entries ------------------------------------------------------------------ */
+
+enum { ENT_KEYS = 64, ENT_CHUNKS = 16 };
+
+typedef struct {
+    const lm_attn_kernels *k;
+    uint32_t type;
+    int R, hd;
+    const void *qq;            /* the query rows as the scores entry takes them: floats, or Q8_0 */
+    const void **krow, **vrow; /* (ENT_CHUNKS, ENT_KEYS) */
+    float *S, *O;              /* (R, ENT_KEYS), (R, hd) */
+} ent;
+
+static void ent_scores(const ent *e, int c) {
+    const void *const *kr = e->krow + (size_t)c * ENT_KEYS;
+    if (e->type == LM_TYPE_Q8_0) e->k->scores_q8_0_q8(e->qq, e->R, e->hd, kr, ENT_KEYS, e->S, ENT_KEYS, NULL, 0);
+    else if (e->type == LM_TYPE_F16) e->k->scores_f16(e->qq, e->R, e->hd, kr, ENT_KEYS, e->S, ENT_KEYS, NULL, 0);
+    else e->k->scores(e->qq, e->R, e->hd, (const float *const *)kr, ENT_KEYS, e->S, ENT_KEYS);
+}
+
+static void ent_pv(const ent *e, int c) {
+    const void *const *vr = e->vrow + (size_t)c * ENT_KEYS;
+    if (e->type == LM_TYPE_Q8_0) e->k->pv_q8_0(e->O, e->R, e->hd, e->S, ENT_KEYS, vr, ENT_KEYS, NULL, 0);
+    else if (e->type == LM_TYPE_F16) e->k->pv_f16(e->O, e->R, e->hd, e->S, ENT_KEYS, vr, ENT_KEYS, NULL, 0);
+    else e->k->pv(e->O, e->R, e->hd, e->S, ENT_KEYS, (const float *const *)vr, ENT_KEYS);
+}
+
+/* ns per key of one entry: the best of three runs of at least 0.2 s. */
+static double ent_time(const ent *e, bool pv) {
+    double best = 1e30;
+    for (int rep = 0; rep < 3; rep++) {
+        long n = 0;
+        double t0 = lm_now(), dt;
+        do {
+            for (int c = 0; c < ENT_CHUNKS; c++) pv ? ent_pv(e, c) : ent_scores(e, c);
+            n += ENT_CHUNKS;
+        } while ((dt = lm_now() - t0) < 0.2);
+        best = fmin(best, dt / ((double)n * ENT_KEYS) * 1e9);
+    }
+    return best;
+}
+
+static void entries(int nh, int nkv, int hd, uint32_t type) {
+    const lm_attn_kernels *k = kernels_attn(hd);
+    const lm_type_traits *tt = quant_traits(type);
+    if ((type == LM_TYPE_F16 && (!k->scores_f16 || !k->pv_f16)) ||
+        (type == LM_TYPE_Q8_0 && (!k->scores_q8_0_q8 || !k->pv_q8_0 || hd % QK8_0))) {
+        printf("| %s | %d | - | - | (no fused entry in this table) |\n", tt->name, nh / nkv);
+        return;
+    }
+    int R = nh / nkv, n = ENT_CHUNKS * ENT_KEYS;
+    size_t rb = type == LM_TYPE_F32 ? (size_t)hd * 4 : type == LM_TYPE_F16 ? (size_t)hd * 2 : quant_row_size(type, hd);
+    lm_rng g;
+    lm_rng_seed(&g, 7);
+    float *x = malloc((size_t)(R > 1 ? R : 1) * hd * sizeof(float));
+    uint8_t *kv = malloc((size_t)2 * n * rb), *qq = malloc((size_t)R * (type == LM_TYPE_Q8_0 ? rb : (size_t)hd * 4));
+    const void **krow = malloc((size_t)n * sizeof *krow), **vrow = malloc((size_t)n * sizeof *vrow);
+    float *S = malloc((size_t)R * ENT_KEYS * sizeof(float)), *O = calloc((size_t)R * hd, sizeof(float));
+    if (!x || !kv || !qq || !krow || !vrow || !S || !O) die("out of memory");
+    for (int t = 0; t < 2 * n; t++) { /* K rows then V rows, the type's encoding of N(0, 1) */
+        for (int d = 0; d < hd; d++) x[d] = lm_rng_normal(&g);
+        uint8_t *row = kv + (size_t)t * rb;
+        if (type == LM_TYPE_F32) memcpy(row, x, (size_t)hd * 4);
+        else tt->from_float(x, row, hd);
+        (t < n ? krow : vrow)[t % n] = row;
+    }
+    for (int i = 0; i < R * hd; i++) x[i] = lm_rng_normal(&g);
+    if (type == LM_TYPE_Q8_0)
+        for (int r = 0; r < R; r++) tt->from_float(x + (size_t)r * hd, qq + (size_t)r * rb, hd);
+    else memcpy(qq, x, (size_t)R * hd * sizeof(float));
+    for (int i = 0; i < R * ENT_KEYS; i++) S[i] = (float)lm_rng_uniform(&g) / ENT_KEYS;
+    ent e = {k, type, R, hd, qq, krow, vrow, S, O};
+    double ts = ent_time(&e, false), tp = ent_time(&e, true);
+    printf("| %s | %d | %.1f | %.1f | %.1f |\n", tt->name, R, ts, tp, ts + tp);
+    free(x), free(kv), free(qq), free(krow), free(vrow), free(S), free(O);
+}
+
 int main(int argc, char **argv) {
     int nh = 32, nkv = 8, hd = 128, nq = 64, mem_ctx = 4096, nth = 1;
     uint32_t types[4] = {LM_TYPE_F32, LM_TYPE_F16};
     int n_types = 2;
     int ctxs[16] = {1024, 4096, 8192}, n_ctx = 3;
-    bool scalar = false;
+    bool scalar = false, ents = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--scalar")) scalar = true;
+        else if (!strcmp(a, "--entries")) ents = true;
         else if (!strcmp(a, "--no-plain")) no_plain = true;
         else if (!v) die("flag needs a value");
         else if (!strcmp(a, "-H")) nh = atoi(v), i++;
@@ -483,6 +569,12 @@ int main(int argc, char **argv) {
         if (ctxs[c] == 0) continue; /* -c 0: memory part only */
         if (ctxs[c] < nq) die("context shorter than the prefill chunk");
         for (int ti = 0; ti < n_types; ti++) speed(nh, nkv, hd, ctxs[c], types[ti], nq, scalar, nth);
+    }
+    if (ents) {
+        printf("\nthe %s entries alone, one KV head's decode rows, 64-key chunks in L2, one thread\n",
+               kernels_isa_name());
+        printf("| KV | rows | scores ns/key | P·V ns/key | both |\n|---|---|---|---|---|\n");
+        for (int ti = 0; ti < n_types; ti++) entries(nh, nkv, hd, types[ti]);
     }
     return 0;
 }
