@@ -37,7 +37,8 @@
  * (hd, read in place of keys and values of blocks released out of a
  * sliding window; its bytes are zeros in F16 and Q8_0 too); plus CHUNK row
  * pointers each for K and V, as floats, as stored rows and as the next
- * chunk's stored rows (the prefetch below); and Qq, the
+ * chunk's stored rows (the prefetch below; the next chunk's pointers become
+ * its rows' rather than being gathered twice); and Qq, the
  * RMAX query rows in Q8_0 (where hd is a multiple of 32). RMAX = 64 rows,
  * so with hd = 128 a scratch is about 190 KiB whatever the context.
  *
@@ -339,26 +340,37 @@ static void split_partial(const tile_args *a, int nq, int qpos0, int c_lo, int c
         if (!latent) prefetch_chunk(lay, a->table, a->layer, 1, kh, c_lo, n0);
     }
     scr->asked.table = NULL;
+    /* The rows read in place: this chunk's (kcur, vcur) and the next one's
+     * (knext, vnext), gathered for the kernels to prefetch; the next
+     * iteration swaps them in rather than gathering the same rows again. */
+    const void **kcur = scr->kraw, **knext = scr->kpf, **vcur = scr->vraw, **vnext = scr->vpf;
+    int next_c0 = -1, next_n = 0; /* the chunk whose first next_n rows knext / vnext hold (kraw / vown) */
     for (int c0 = c_lo; c0 < c_hi; c0 += CHUNK) {
         int nk = c_hi - c0 < CHUNK ? c_hi - c0 : CHUNK;
-        int npf = 0; /* rows of the next chunk in scr->kpf / vpf */
+        bool held = next_c0 == c0 && next_n >= nk;
+        if (held) {
+            const void **t = kcur;
+            kcur = knext, knext = t, t = vcur, vcur = vnext, vnext = t;
+        }
+        next_c0 = -1;
+        int npf = 0; /* rows of the next chunk in knext / vnext */
         if (c0 + CHUNK < c_pf) {
             npf = c_pf - c0 - CHUNK < CHUNK ? c_pf - c0 - CHUNK : CHUNK;
-            if (kraw) gather_raw(lay, a->table, a->layer, 0, kh, c0 + CHUNK, npf, wlo, scr->zero, scr->kpf);
+            if (kraw) gather_raw(lay, a->table, a->layer, 0, kh, c0 + CHUNK, npf, wlo, scr->zero, knext);
             else prefetch_chunk(lay, a->table, a->layer, 0, kh, c0 + CHUNK, npf);
-            if (vown) gather_raw(lay, a->table, a->layer, 1, kh, c0 + CHUNK, npf, wlo, scr->zero, scr->vpf);
+            if (vown) gather_raw(lay, a->table, a->layer, 1, kh, c0 + CHUNK, npf, wlo, scr->zero, vnext);
             else if (!latent) prefetch_chunk(lay, a->table, a->layer, 1, kh, c0 + CHUNK, npf);
+            next_c0 = c0 + CHUNK, next_n = npf;
         }
-        const void *const *kpf = npf ? scr->kpf : NULL, *const *vpf = npf ? scr->vpf : NULL;
+        const void *const *kpf = npf ? knext : NULL, *const *vpf = npf ? vnext : NULL;
         if (npf)
             scr->asked.table = a->table, scr->asked.layer = a->layer, scr->asked.kv_head = kh,
             scr->asked.c0 = c0 + CHUNK;
+        if (kraw && !held) gather_raw(lay, a->table, a->layer, 0, kh, c0, nk, wlo, scr->zero, kcur);
         if (kint) {
-            gather_raw(lay, a->table, a->layer, 0, kh, c0, nk, wlo, scr->zero, scr->kraw);
-            a->scores_q8(scr_qq(scr), R, hd, scr->kraw, nk, scr->s, CHUNK, kpf, npf);
+            a->scores_q8(scr_qq(scr), R, hd, kcur, nk, scr->s, CHUNK, kpf, npf);
         } else if (fused_k) {
-            gather_raw(lay, a->table, a->layer, 0, kh, c0, nk, wlo, scr->zero, scr->kraw);
-            a->scores_kv(scr->qs, R, hd, scr->kraw, nk, scr->s, CHUNK, kpf, npf);
+            a->scores_kv(scr->qs, R, hd, kcur, nk, scr->s, CHUNK, kpf, npf);
         } else {
             gather(lay, a->table, a->layer, 0, kh, c0, nk, wlo, a->to_float, scr->kf, scr->zero, scr->krow);
             k->scores(scr->qs, R, hd, scr->krow, nk, scr->s, CHUNK);
@@ -394,10 +406,11 @@ static void split_partial(const tile_args *a, int nq, int qpos0, int c_lo, int c
         }
         if (nv == 0) continue;
         if (fused_v) {
-            if (!latent) gather_raw(lay, a->table, a->layer, 1, kh, c0, nv, wlo, scr->zero, scr->vraw);
-            else if (!kraw) /* the keys were converted: the values' rows in place now */
-                gather_raw(lay, a->table, a->layer, 0, kh, c0, nv, wlo, scr->zero, scr->kraw);
-            a->pv_kv(scr->o, R, dv, scr->s, CHUNK, latent ? scr->kraw : scr->vraw, nv, vown ? vpf : NULL, npf);
+            if (!latent) {
+                if (!(held && vown)) gather_raw(lay, a->table, a->layer, 1, kh, c0, nv, wlo, scr->zero, vcur);
+            } else if (!kraw) /* the keys were converted: the values' rows in place now */
+                gather_raw(lay, a->table, a->layer, 0, kh, c0, nv, wlo, scr->zero, kcur);
+            a->pv_kv(scr->o, R, dv, scr->s, CHUNK, latent ? kcur : vcur, nv, vown ? vpf : NULL, npf);
             continue;
         }
         if (!latent) gather(lay, a->table, a->layer, 1, kh, c0, nv, wlo, a->to_float, scr->vf, scr->zero, scr->vrow);
