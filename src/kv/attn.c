@@ -407,7 +407,7 @@ static void split_partial(const tile_args *a, int nq, int qpos0, int c_lo, int c
         if (nv == 0) continue;
         if (fused_v) {
             if (!latent) {
-                if (!(held && vown)) gather_raw(lay, a->table, a->layer, 1, kh, c0, nv, wlo, scr->zero, vcur);
+                if (!held) gather_raw(lay, a->table, a->layer, 1, kh, c0, nv, wlo, scr->zero, vcur);
             } else if (!kraw) /* the keys were converted: the values' rows in place now */
                 gather_raw(lay, a->table, a->layer, 0, kh, c0, nv, wlo, scr->zero, kcur);
             a->pv_kv(scr->o, R, dv, scr->s, CHUNK, latent ? kcur : vcur, nv, vown ? vpf : NULL, npf);
