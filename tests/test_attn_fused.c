@@ -313,7 +313,7 @@ static void test_int_scores_every_variant(void) {
                     CHECK(!check_int_scores(hds[h], Rs[r], nks[k], true, seed, &worst));
                     n += 2;
                 }
-        /* head dim 2080: past the query blocks the avx512vnni entry stages (its AVX2 path) */
+        /* head dim 2080: past the query blocks the x86 entries stage (the scalar reference then) */
         for (int R = 1; R <= 9; R += 4) {
             CHECK(!check_int_scores(2080, R, 67, false, (uint64_t)R, &worst));
             n++;

@@ -46,6 +46,7 @@
 #include <stdint.h>
 
 #include "format/quant.h"
+#include "kernels/scalar.h" /* past QNB_MAX blocks */
 #include "kernels/x86_hsum.h"
 #include "kernels/x86_shadow.h"
 
@@ -54,7 +55,7 @@
 /* What a tile needs of the query rows, staged once per group of rows:
  * each block's bias (the int32 lanes vpdpbusd starts from, -128 times the
  * sum of the lane's four query bytes) and its scale in float. */
-#define QNB_MAX 64 /* blocks per row staged (head dim 2048); past it, AVX2's entry */
+#define QNB_MAX 64 /* blocks per row staged (head dim 2048); past it, the scalar reference */
 typedef struct {
     int32_t bias[8][QNB_MAX][8]; /* (rows, blocks, lanes) */
     float d[8][QNB_MAX];         /* (rows, blocks) */
@@ -139,7 +140,7 @@ static void scores_q8_0_q8(const void *Qq, int R, int hd, const void *const *kro
     const block_q8_0 *Q = Qq;
     int nb = hd / QK8_0, r = 0;
     if (nb > QNB_MAX) {
-        attn_scores_q8_0_q8_avx2(Qq, R, hd, krow, nk, S, s_stride, pf, npf);
+        scalar_attn_scores_q8_0_q8(Qq, R, hd, krow, nk, S, s_stride, pf, npf);
         return;
     }
     for (; r + 8 <= R; r += 8, pf = NULL)
