@@ -26,9 +26,8 @@
  * N / items units (attn_tile_part, then attn_tile_merge); the plain loop
  * stays on one thread. "decode GB/s" is the KV bytes a decode step reads
  * (K and V of every position, in the cache's type) over its time.
- * --layers L: the pool's blocks hold L layers (a model's layout: one
- * layer's K and V slabs of a block, then the other layers'), layer 0 is
- * read. --cold M: before each timed run, read M MiB of other memory, so
+ * --layers L: the pool holds L layers (each (layer, K|V, head) its own
+ * region of the slab-major pool, kv/kv.h), layer 0 is read. --cold M: before each timed run, read M MiB of other memory, so
  * that the cache comes from memory (as in a model's step, between whose
  * layers the weights stream) rather than from the caches a repeated run
  * leaves it in; on a host whose last-level cache is shared with others,

@@ -184,8 +184,7 @@ static void test_fork_refcounts_and_cow(void) {
     CHECK(kv_block_refcount(p, ta[2]) == 2 && kv_block_refcount(p, tb[2]) == 1);
     /* the copy carries the shared positions' data */
     const kv_layout *l = kv_pool_layout(p);
-    const float *row = (const float *)(const void *)(l->data + (size_t)tb[2] * l->block_bytes +
-                                                     kv_slab_offset(l, 0, 1, 0) + 3 * l->row_bytes);
+    const float *row = (const float *)(const void *)kv_row(l, tb[2], kv_slab_offset(l, 0, 1, 0), 3);
     CHECK(row[0] == 5 && row[3] == 8);
     kv_seq_free(p, a);
     CHECK(kv_append(p, c, 1, err, sizeof err) == KV_OK); /* a let go: c owns the original alone, no copy */
@@ -198,6 +197,67 @@ static void test_fork_refcounts_and_cow(void) {
     kv_seq_free(p, c);
     kv_stats_get(p, &st);
     CHECK(st.n_used == 0 && st.n_free == 16);
+    kv_pool_free(p);
+}
+
+/* The slab-major layout (kv.h): every (block, slab, row) has its own bytes,
+ * together exactly the pool's, and one slab of consecutive blocks is one
+ * run of memory. A copy-on-write copies every slab of the block: each
+ * layer's keys and values of each head. */
+static void test_slab_major_layout(void) {
+    enum { L = 3, H = 2, HD = 32, B = 4, NB = 6 };
+    kv_pool *p = mk_pool(LM_TYPE_F16, L, H, HD, B, NB);
+    const kv_layout *l = kv_pool_layout(p);
+    CHECK(l->block_stride == (uint64_t)B * l->row_bytes && l->slab_stride == (uint64_t)NB * l->block_stride);
+    CHECK(l->block_bytes == (uint64_t)L * 2 * H * l->block_stride);
+    static unsigned char seen[L * 2 * H * NB * B]; /* one per row */
+    memset(seen, 0, sizeof seen);
+    size_t rows = 0;
+    for (int layer = 0; layer < L; layer++)
+        for (int which = 0; which < 2; which++)
+            for (int h = 0; h < H; h++) {
+                size_t slab = kv_slab_offset(l, layer, which, h);
+                for (int b = 0; b < NB; b++)
+                    for (int r = 0; r < B; r++) {
+                        size_t off = (size_t)(kv_row(l, b, slab, r) - l->data);
+                        CHECK(off % l->row_bytes == 0 && off / l->row_bytes < sizeof seen);
+                        if (off / l->row_bytes < sizeof seen) seen[off / l->row_bytes]++, rows++;
+                        if (b + 1 < NB && r == B - 1) /* the next block's slab follows on */
+                            CHECK(kv_row(l, b + 1, slab, 0) == kv_row(l, b, slab, r) + l->row_bytes);
+                    }
+            }
+    CHECK(rows == sizeof seen);
+    for (size_t i = 0; i < sizeof seen; i++) CHECKF(seen[i] == 1, "row %zu", i);
+
+    char err[LM_ERRLEN];
+    kv_seq *a = kv_seq_new(p, err, sizeof err);
+    CHECK(kv_append(p, a, 6, err, sizeof err) == KV_OK); /* block 1 partial: 2 of 4 */
+    float k[H * HD], v[H * HD];
+    for (int layer = 0; layer < L; layer++)
+        for (int pos = 0; pos < 6; pos++) {
+            for (int i = 0; i < H * HD; i++) k[i] = (float)(layer * 100 + pos * 10 + i % 8), v[i] = -k[i] - 0.5f;
+            kv_store(p, a, layer, pos, k, v);
+        }
+    kv_seq *b = kv_fork(p, a, err, sizeof err);
+    CHECK(b && kv_append(p, b, 1, err, sizeof err) == KV_OK);
+    int32_t old = kv_seq_blocks(a)[1], cpy = kv_seq_blocks(b)[1];
+    CHECK(old != cpy);
+    for (int layer = 0; layer < L; layer++)
+        for (int which = 0; which < 2; which++)
+            for (int h = 0; h < H; h++)
+                for (int r = 0; r < 2; r++) { /* positions 4 and 5 */
+                    size_t slab = kv_slab_offset(l, layer, which, h);
+                    float want = (float)(layer * 100 + (4 + r) * 10);
+                    if (which) want = -want - 0.5f;
+                    uint16_t first;
+                    memcpy(&first, kv_row(l, cpy, slab, r), sizeof first);
+                    CHECKF(!memcmp(kv_row(l, old, slab, r), kv_row(l, cpy, slab, r), l->row_bytes) &&
+                               lm_f16_to_f32(first) == want,
+                           "layer %d which %d head %d row %d", layer, which, h, r);
+                }
+    CHECK(pool_ok(p));
+    kv_seq_free(p, a);
+    kv_seq_free(p, b);
     kv_pool_free(p);
 }
 
@@ -221,8 +281,8 @@ static void test_store_roundtrip(void) {
             for (int t = 0; t < 23; t++)
                 for (int h = 0; h < 2; h++)
                     for (int which = 0; which < 2; which++) {
-                        const uint8_t *src = l->data + (size_t)kv_seq_blocks(s)[t / 5] * l->block_bytes +
-                            kv_slab_offset(l, layer, which, h) + (size_t)(t % 5) * l->row_bytes;
+                        const uint8_t *src =
+                            kv_row(l, kv_seq_blocks(s)[t / 5], kv_slab_offset(l, layer, which, h), t % 5);
                         float got[32];
                         tt->to_float(src, got, 32);
                         const float *want = (which ? v[t] : k[t]) + h * 32;
@@ -693,12 +753,8 @@ static void test_swa_window_release(void) {
                 for (int pos = lo; pos < len; pos++) {
                     int32_t b = kv_seq_table(s, cls)[pos / B];
                     CHECK(b >= 0);
-                    const float *kr =
-                        (const float *)(const void *)(l->data + (size_t)b * l->block_bytes +
-                                                      kv_slab_offset(l, slot, 0, 0) + (size_t)(pos % B) * l->row_bytes);
-                    const float *vr =
-                        (const float *)(const void *)(l->data + (size_t)b * l->block_bytes +
-                                                      kv_slab_offset(l, slot, 1, 0) + (size_t)(pos % B) * l->row_bytes);
+                    const float *kr = (const float *)(const void *)kv_row(l, b, kv_slab_offset(l, slot, 0, 0), pos % B);
+                    const float *vr = (const float *)(const void *)kv_row(l, b, kv_slab_offset(l, slot, 1, 0), pos % B);
                     CHECKF(kr[3] == (float)(layer * 1000 + pos) && vr[0] == -kr[3], "B %d layer %d pos %d", B, layer,
                            pos);
                 }
@@ -898,6 +954,7 @@ int main(void) {
     TEST_RUN(test_grow_and_release);
     TEST_RUN(test_exhaustion_is_a_status);
     TEST_RUN(test_fork_refcounts_and_cow);
+    TEST_RUN(test_slab_major_layout);
     TEST_RUN(test_store_roundtrip);
     TEST_RUN(test_prefix_match_and_salt);
     TEST_RUN(test_bucket_collision_is_not_a_hit);

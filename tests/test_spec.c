@@ -370,8 +370,7 @@ static void test_sched_spec(void) {
 static float kv_key_at(kv_pool *p, const kv_seq *s, int pos) {
     const kv_layout *l = kv_pool_layout(p);
     int32_t b = kv_seq_blocks(s)[pos / l->block_size];
-    const float *row = (const float *)(l->data + (size_t)b * l->block_bytes + kv_slab_offset(l, 0, 0, 0) +
-                                       (size_t)(pos % l->block_size) * l->row_bytes);
+    const float *row = (const float *)kv_row(l, b, kv_slab_offset(l, 0, 0, 0), pos % l->block_size);
     return row[0];
 }
 

@@ -209,7 +209,7 @@ static void gather(const kv_layout *lay, const int32_t *table, int layer, int wh
             pos += seg;
             continue;
         }
-        const uint8_t *src = lay->data + (size_t)b * lay->block_bytes + slab + (size_t)off * lay->row_bytes;
+        const uint8_t *src = kv_row(lay, b, slab, off);
         if (lay->type == LM_TYPE_F32) {
             for (int t = 0; t < seg; t++) rows[pos - c0 + t] = (const float *)(const void *)src + (size_t)t * hd;
         } else {
@@ -233,8 +233,7 @@ static void gather_raw(const kv_layout *lay, const int32_t *table, int layer, in
         int off = pos % B, seg = B - off < c0 + nk - pos ? B - off : c0 + nk - pos;
         int32_t b = table[pos / B];
         if (b < 0) assert(pos + seg <= lo); /* as in gather */
-        const uint8_t *src =
-            b < 0 ? NULL : lay->data + (size_t)b * lay->block_bytes + slab + (size_t)off * lay->row_bytes;
+        const uint8_t *src = b < 0 ? NULL : kv_row(lay, b, slab, off);
         for (int t = 0; t < seg; t++) rows[pos - c0 + t] = src ? src + (size_t)t * lay->row_bytes : zero;
         pos += seg;
     }
@@ -256,7 +255,7 @@ static void prefetch_chunk(const kv_layout *lay, const int32_t *table, int layer
             pos += seg;
             continue;
         }
-        const uint8_t *src = lay->data + (size_t)b * lay->block_bytes + slab + (size_t)off * lay->row_bytes;
+        const uint8_t *src = kv_row(lay, b, slab, off);
         size_t bytes = (size_t)seg * lay->row_bytes;
         for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch(src + i);
         pos += seg;

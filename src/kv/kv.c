@@ -60,7 +60,7 @@ typedef struct {
     int64_t n_blocks;
     uint64_t bytes_per_token;
     void *slab;      /* unaligned allocation holding data */
-    uint8_t *data;   /* (n_blocks, block_bytes), 64-byte aligned */
+    uint8_t *data;   /* n_blocks x block_bytes, slab-major (kv.h), 64-byte aligned */
     kv_block *blk;   /* (n_blocks) */
     int32_t *bucket; /* (bucket_mask + 1) first block of each chain, -1 empty */
     uint64_t bucket_mask;
@@ -382,8 +382,8 @@ static void release_block(kv_class *k, int32_t b) {
 
 /* ---- pool ------------------------------------------------------------- */
 
-/* Allocate one class's slab, records and hash table for its planned blocks
- * (every block free). -1 when out of memory. */
+/* Allocate one class's memory (slab-major, kv.h), records and hash table
+ * for its planned blocks (every block free). -1 when out of memory. */
 static int class_init(kv_class *k, const kv_class_plan *cp, const kv_config *c, const kv_plan *plan) {
     int32_t nb = (int32_t)cp->n_blocks;
     uint64_t nbuck = 1;
@@ -392,8 +392,9 @@ static int class_init(kv_class *k, const kv_class_plan *cp, const kv_config *c, 
     k->n_blocks = nb;
     k->bytes_per_token = cp->bytes_per_token;
     /* 2 MiB alignment lets the kernel back a large pool with huge pages:
-     * attention walks blocks scattered over the whole slab, and with 4 KiB
-     * pages nearly every block slab it reads would miss the TLB. */
+     * attention's reads jump between the slabs' regions and, where
+     * sequences interleave, between blocks of one region; with 4 KiB pages
+     * nearly every block's slab it reads would miss the TLB. */
     size_t align = cp->data_bytes >= HUGE_ALIGN ? HUGE_ALIGN : 64;
     k->slab = lm_malloc((size_t)cp->data_bytes + align);
     k->blk = lm_calloc((size_t)nb, sizeof *k->blk);
@@ -413,8 +414,11 @@ static int class_init(kv_class *k, const kv_class_plan *cp, const kv_config *c, 
     k->free_head = nb > 0 ? 0 : -1;
     k->lru_head = k->lru_tail = -1;
     k->n_free = nb;
+    uint64_t stride = (uint64_t)c->block_size * plan->row_bytes; /* one slab of one block */
     k->lay = (kv_layout){.data = k->data,
                          .block_bytes = cp->block_bytes,
+                         .block_stride = stride,
+                         .slab_stride = stride * (uint64_t)nb,
                          .row_bytes = plan->row_bytes,
                          .block_size = c->block_size,
                          .n_layer = cp->n_held,
@@ -667,6 +671,15 @@ static void drop_window(kv_pool *p, kv_seq *s) {
     }
 }
 
+/* Block src's rows into block dst, slab by slab (kv.h: the pool is
+ * slab-major). */
+static void copy_block(kv_class *k, int32_t dst, int32_t src) {
+    const kv_layout *l = &k->lay;
+    for (uint64_t off = 0; off < (uint64_t)k->n_blocks * l->block_bytes; off += l->slab_stride)
+        memcpy(k->data + off + (size_t)dst * l->block_stride, k->data + off + (size_t)src * l->block_stride,
+               (size_t)l->block_stride);
+}
+
 /* Give s a private copy of its partial last block of class c (the caller
  * reserved it). */
 static void cow_last(kv_pool *p, kv_seq *s, int c) {
@@ -674,8 +687,7 @@ static void cow_last(kv_pool *p, kv_seq *s, int c) {
     int32_t old = s->table[c][s->n_blocks - 1];
     int32_t b = take_block(k);
     assert(b >= 0);
-    memcpy(k->data + (size_t)b * k->lay.block_bytes, k->data + (size_t)old * k->lay.block_bytes,
-           (size_t)k->lay.block_bytes);
+    copy_block(k, b, old);
     set_fill(k, b, s->len % p->block_size);
     s->table[c][s->n_blocks - 1] = b;
     release_block(k, old);
@@ -771,11 +783,10 @@ void kv_store_rows(kv_pool *p, const kv_seq *s, int layer, int pos0, int n, cons
         int32_t b = s->table[c][pos / B];
         assert(b >= 0 &&
                (s->mirror || (kc->blk[b].ref == 1 && !kc->blk[b].has_key))); /* a mirror's blocks are the leader's */
-        uint8_t *base = kc->data + (size_t)b * l->block_bytes + (size_t)(pos % B) * l->row_bytes;
-        for (int which = 0; which < l->n_slab; which++) { /* latent: the key row alone */
+        for (int which = 0; which < l->n_slab; which++) {                    /* latent: the key row alone */
             const float *src = which ? v + (size_t)t * v_stride : k + (size_t)t * k_stride;
             for (int h = 0; h < l->n_head_kv; h++) {
-                uint8_t *dst = base + kv_slab_offset(l, slot, which, h);
+                uint8_t *dst = kc->data + (kv_row(l, b, kv_slab_offset(l, slot, which, h), pos % B) - l->data);
                 if (l->type == LM_TYPE_F32) memcpy(dst, src + (size_t)h * hd, (size_t)hd * sizeof(float));
                 else from_float(src + (size_t)h * hd, dst, hd);
             }
@@ -982,8 +993,7 @@ int kv_block_copy(kv_pool *p, const kv_copy *c) {
     if (c->cls < 0 || c->cls >= p->n_class) return -1;
     kv_class *k = &p->cls[c->cls];
     if (c->src < 0 || c->dst < 0 || c->src >= k->n_blocks || c->dst >= k->n_blocks) return -1;
-    memcpy(k->data + (size_t)c->dst * k->lay.block_bytes, k->data + (size_t)c->src * k->lay.block_bytes,
-           (size_t)k->lay.block_bytes);
+    copy_block(k, c->dst, c->src);
     return 0;
 }
 
