@@ -22,7 +22,7 @@
  * takes many at once), so it reads long runs rather than one block_size x
  * row_bytes piece per block, strided by every other layer's slabs. Reading
  * 16 KiB pieces 240 KiB apart (Gemma 3's 15 sliding-window layers, one F16
- * head of 256) ran at 18-22 GB/s on the Xeon where a run reads at 27-29.
+ * head of 256) ran at 18-22 GB/s on the Xeon where a run reads at 27-30.
  * KV bytes per token = 2 x n_layer x n_head_kv x row_bytes, i.e. 2 x layers
  * x KV heads x head_dim x bytes per element (34/32 for Q8_0); kv_plan
  * computes exactly the bytes kv_pool_new allocates for K/V.
