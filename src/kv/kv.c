@@ -783,10 +783,12 @@ void kv_store_rows(kv_pool *p, const kv_seq *s, int layer, int pos0, int n, cons
         int32_t b = s->table[c][pos / B];
         assert(b >= 0 &&
                (s->mirror || (kc->blk[b].ref == 1 && !kc->blk[b].has_key))); /* a mirror's blocks are the leader's */
-        for (int which = 0; which < l->n_slab; which++) {                    /* latent: the key row alone */
+        /* kv_row's offset of row pos % B in block b, less the slab's */
+        size_t row = (size_t)b * l->block_stride + (size_t)(pos % B) * l->row_bytes;
+        for (int which = 0; which < l->n_slab; which++) { /* latent: the key row alone */
             const float *src = which ? v + (size_t)t * v_stride : k + (size_t)t * k_stride;
             for (int h = 0; h < l->n_head_kv; h++) {
-                uint8_t *dst = kc->data + (kv_row(l, b, kv_slab_offset(l, slot, which, h), pos % B) - l->data);
+                uint8_t *dst = kc->data + row + kv_slab_offset(l, slot, which, h);
                 if (l->type == LM_TYPE_F32) memcpy(dst, src + (size_t)h * hd, (size_t)hd * sizeof(float));
                 else from_float(src + (size_t)h * hd, dst, hd);
             }

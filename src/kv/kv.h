@@ -5,7 +5,7 @@
  * blocks their window can still see.
  *
  * Pool. Sized once at creation (kv_plan) from a byte budget or from a context
- * length x number of sequences, and allocated in one slab per block class;
+ * length x number of sequences, and allocated once per block class;
  * nothing is allocated per token. A block holds block_size consecutive
  * positions of one sequence, for every layer of its class, keys and values
  * of every KV head, as one slab per (layer, K|V, head): block_size rows back
