@@ -27,7 +27,11 @@
  *     and state_snapshots chooses them;
  *   - speculation (prompt lookup) beside the prefix cache gives the tokens
  *     of the same engine without it, its state rolled back by checkpoints
- *     (test_speculation).
+ *     (test_speculation);
+ *   - a prompt that the batch's budget leaves one token, beside a decode
+ *     and a whole prompt, waits for a chunk on the grid rather than run
+ *     that token alone, and gives the reference's tokens (test_last_token;
+ *     engine_state_trim's rules, test_trim).
  * Needs build/lamina (LAMINA_BIN) for mkmodel.
  */
 #include <stdatomic.h>
@@ -38,6 +42,7 @@
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "sched/engine.h"
+#include "sched/engine_int.h"
 #include "test.h"
 
 static lm_model *model;
@@ -503,6 +508,75 @@ static int make_model(void) {
     return model ? 0 : -1;
 }
 
+/* engine_state_trim's rules on a choice of its own (cache off: no snapshot
+ * points), the engine's state store behind it. */
+static void test_trim(void) {
+    lm_engine *e = new_engine(false, 512, 4, 0, 0);
+    CHECK(e);
+    eseq c;
+    memset(&c, 0, sizeof c);
+    c.n_prompt = c.n_tokens = 200;
+    /* a batch's last token, or any chunk short of the grid, waits beside other segments */
+    CHECK(engine_state_trim(e, &c, 1, true) == 0);
+    CHECK(engine_state_trim(e, &c, 63, true) == 0);
+    /* cut back to the grid; the prompt's end */
+    CHECK(engine_state_trim(e, &c, 100, true) == 64);
+    CHECK(engine_state_trim(e, &c, 200, true) == 200);
+    c.n_computed = 64;
+    CHECK(engine_state_trim(e, &c, 1, true) == 0);
+    CHECK(engine_state_trim(e, &c, 136, true) == 136);
+    /* alone in the batch it runs as planned (progress), and after STATE_MAX_DEFER waits in a row */
+    CHECK(engine_state_trim(e, &c, 1, false) == 1);
+    for (int i = 0; i < STATE_MAX_DEFER; i++) CHECKF(engine_state_trim(e, &c, 1, true) == 0, "wait %d", i);
+    CHECK(engine_state_trim(e, &c, 1, true) == 1);
+    /* the prompt's last token; positions past the prompt one at a time */
+    c.n_computed = 199;
+    CHECK(engine_state_trim(e, &c, 1, true) == 1);
+    c.n_computed = 200, c.n_tokens = 210;
+    CHECK(engine_state_trim(e, &c, 5, true) == 1);
+    engine_free(e);
+}
+
+/* The engine thread held in a request's first token while two prompts are
+ * submitted, so that one plan sees them both. */
+static atomic_int held, release;
+
+static void on_event_hold(void *user, const lm_event *ev) {
+    collect *c = user;
+    if (ev->token >= 0 && c->n[0] == 0) {
+        atomic_store(&held, 1);
+        while (!atomic_load(&release)) usleep(1000);
+    }
+    on_event(user, ev);
+}
+
+/* Batch of 2 + NP tokens: a running decode (1), prompt 0 whole (NP) and
+ * prompt 1 planned one token. That token run alone would split prompt 1 off
+ * the grid; it waits, and both prompts give the reference's bits. */
+static void test_last_token(void) {
+    lm_engine *e = new_engine(false, 2 + NP, 4, 0, 0);
+    CHECK(e);
+    static collect x, a, b;
+    memset(&x, 0, sizeof x), memset(&a, 0, sizeof a), memset(&b, 0, sizeof b);
+    atomic_store(&held, 0), atomic_store(&release, 0);
+    char err[LM_ERRLEN];
+    lm_request_params q = params(prompts[2] + SYS, 10, false, 1, 0, &x);
+    q.on_event = on_event_hold;
+    CHECK(engine_submit(e, &q, NULL, err, sizeof err) == LM_OK);
+    while (!atomic_load(&held)) usleep(1000);
+    q = params(prompts[0], NP, false, 1, 0, &a);
+    CHECK(engine_submit(e, &q, NULL, err, sizeof err) == LM_OK);
+    q = params(prompts[1], NP, false, 1, 0, &b);
+    CHECK(engine_submit(e, &q, NULL, err, sizeof err) == LM_OK);
+    atomic_store(&release, 1);
+    engine_wait_idle(e);
+    CHECKF(same(&a, &ref[0][0], 1), "prompt 0 beside a decode: differs from alone");
+    CHECKF(same(&b, &ref[1][0], 1), "prompt 1, left one token of the batch: differs from alone");
+    CHECK(x.n[0] == N_GEN && x.finish[0] == LM_FINISH_LENGTH);
+    CHECKF(engine_check(e, err, sizeof err) == 0, "%s", err);
+    engine_free(e);
+}
+
 int main(void) {
     kernels_init();
     if (make_model() != 0) {
@@ -522,6 +596,8 @@ int main(void) {
     TEST_RUN(test_cancel);
     TEST_RUN(test_mem_plan);
     TEST_RUN(test_speculation);
+    TEST_RUN(test_trim);
+    TEST_RUN(test_last_token);
     model_free(model);
     unlink(path);
     return TEST_DONE();

@@ -165,16 +165,18 @@ void engine_state_save(lm_engine *e, eseq *c) {
  * and a lone token takes the recurrence): a prompt chunk ends at the
  * prompt's end or on a multiple of GDN_CHUNK, and a position past the
  * prompt (recomputing after a preemption) is fed one at a time, as decoding
- * fed it. With snapshots, a chunk also ends at the prompt's two snapshot
- * points (the file's comment), so the state is saved there. When n does not
- * reach the next multiple, c waits (0) if the batch already holds a segment
- * (busy: the engine does not go idle) and it has not waited
- * STATE_MAX_DEFER iterations in a row; else it takes n as planned (progress
- * before the last bits). Without recurrent layers n. */
+ * fed it. A planned single prompt token (the last of a full batch's budget)
+ * is a chunk like any other, not a lone token. With snapshots, a chunk also
+ * ends at the prompt's two snapshot points (the file's comment), so the
+ * state is saved there. When n does not reach the next multiple, c waits
+ * (0) if the batch already holds a segment (busy: the engine does not go
+ * idle) and it has not waited STATE_MAX_DEFER iterations in a row; else it
+ * takes n as planned (progress before the last bits). Without recurrent
+ * layers n. */
 int engine_state_trim(const lm_engine *e, eseq *c, int n, bool busy) {
     /* a non-causal model's prompt runs in one pass (engine_embed.c): whole, or it waits */
     if (!e->m->hp.causal && c->n_computed + n < c->n_prompt) return 0;
-    if (!e->rs || n <= 1) return n;
+    if (!e->rs || n <= 0) return n;
     int p0 = c->n_computed, end = p0 + n;
     if (p0 >= c->n_prompt) return 1;
     if (snap_on(e)) { /* the nearer snapshot point inside the chunk */
