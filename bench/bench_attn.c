@@ -4,7 +4,7 @@
  * Build: `make bench` (build/bench_attn).
  *
  * Run: build/bench_attn [-H 32] [-K 8] [-D 128] [-c 1024,4096,8192] [-q 64] [-b 16] [--mem-ctx 4096] [--scalar]
- *                      [--no-plain] [--sinks S] [--kv F32,F16,Q8_0] [-t THREADS] [--layers L] [--cold MIB]
+ *                      [--no-plain] [--sinks S] [--kv F32,F16,Q8_0] [-t THREADS] [--layers L] [--cold MIB] [--shuffle]
  *                      [--entries]
  *                      (--mem-ctx 0 skips the memory part, -c 0 the speed part)
  *
@@ -27,7 +27,10 @@
  * stays on one thread. "decode GB/s" is the KV bytes a decode step reads
  * (K and V of every position, in the cache's type) over its time.
  * --layers L: the pool holds L layers (each (layer, K|V, head) its own
- * region of the slab-major pool, kv/kv.h), layer 0 is read. --cold M: before each timed run, read M MiB of other memory, so
+ * region of the slab-major pool, kv/kv.h), layer 0 is read. --shuffle:
+ * before the sequence takes its blocks, every block of the pool is taken by
+ * a one-block sequence and given back in shuffled order, as a serving pool
+ * is after requests finished in any order. --cold M: before each timed run, read M MiB of other memory, so
  * that the cache comes from memory (as in a model's step, between whose
  * layers the weights stream) rather than from the caches a repeated run
  * leaves it in; on a host whose last-level cache is shared with others,
@@ -83,6 +86,7 @@ static float *tpart;        /* split-K partials */
 static size_t tpart_cap;
 static int n_layers = 1;  /* --layers: the pool's layers per block (layer 0 is read) */
 static size_t cold_bytes; /* --cold MIB: read this much before each timed run */
+static bool shuffled;     /* --shuffle: the pool's blocks given back in shuffled order first */
 static volatile float cold_sink;
 
 static void die(const char *msg) {
@@ -122,6 +126,22 @@ static void bench_make(bench *b, int nh, int nkv, int hd, int T, uint32_t type) 
     char err[LM_ERRLEN];
     b->pool = kv_pool_new(&c, err, sizeof err);
     if (!b->pool) die(err);
+    if (shuffled) { /* every block taken by a sequence of its own, then given back in shuffled order */
+        int64_t nb = kv_pool_plan(b->pool)->n_blocks;
+        kv_seq **one = malloc((size_t)nb * sizeof *one);
+        if (!one) die("out of memory");
+        for (int64_t i = 0; i < nb; i++)
+            if (!(one[i] = kv_seq_new(b->pool, err, sizeof err)) ||
+                kv_append(b->pool, one[i], block_size, err, sizeof err))
+                die(err);
+        for (int64_t i = nb - 1; i > 0; i--) {
+            int64_t j = (int64_t)(lm_rng_u64(&r) % (uint64_t)(i + 1));
+            kv_seq *t = one[i];
+            one[i] = one[j], one[j] = t;
+        }
+        for (int64_t i = 0; i < nb; i++) kv_seq_free(b->pool, one[i]);
+        free(one);
+    }
     b->seq = kv_seq_new(b->pool, err, sizeof err);
     if (!b->seq || kv_append(b->pool, b->seq, T, err, sizeof err)) die(err);
     kv_store_rows(b->pool, b->seq, 0, 0, T, b->k, (size_t)nkv * hd, b->v, (size_t)nkv * hd);
@@ -515,6 +535,7 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--scalar")) scalar = true;
         else if (!strcmp(a, "--entries")) ents = true;
         else if (!strcmp(a, "--no-plain")) no_plain = true;
+        else if (!strcmp(a, "--shuffle")) shuffled = true;
         else if (!v) die("flag needs a value");
         else if (!strcmp(a, "-H")) nh = atoi(v), i++;
         else if (!strcmp(a, "-K")) nkv = atoi(v), i++;
