@@ -537,6 +537,20 @@ static void test_trim(void) {
     engine_free(e);
 }
 
+/* A batch under GDN_CHUNK tokens is raised to it (engine_resolve_config):
+ * with 16 a prompt alone would run in 16-token pieces off the delta rule's
+ * grid and give other bits. Greedy and sampled, the reference's bits. */
+static void test_small_batch(void) {
+    lm_engine *e = new_engine(false, 16, 4, 0, 0);
+    CHECK(e);
+    for (int s = 0; s < 2; s++) {
+        collect c;
+        CHECK(run1(e, prompts[0], NP, s, 1, 0, &c) == 0);
+        CHECKF(same(&c, &ref[0][s], 1), "batch 16, %s: differs from batch 512", s ? "sampled" : "greedy");
+    }
+    engine_free(e);
+}
+
 /* The engine thread held in a request's first token while two prompts are
  * submitted, so that one plan sees them both. */
 static atomic_int held, release;
@@ -600,6 +614,7 @@ int main(void) {
     TEST_RUN(test_speculation);
     TEST_RUN(test_trim);
     TEST_RUN(test_last_token);
+    TEST_RUN(test_small_batch);
     model_free(model);
     unlink(path);
     return TEST_DONE();

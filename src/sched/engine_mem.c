@@ -19,7 +19,8 @@
  * target's pool holds n_ctx x max_seqs positions (kv_mem: that many bytes),
  * at most 4 GiB, and a draft's its default (draft_pool_default, 2 GiB).
  *
- * Bounds. max_seqs in [1, batch_tokens], spec->max in [1, 64] (defaults for
+ * Bounds. batch_tokens at least GDN_CHUNK (64) for a hybrid model (at most
+ * n_ctx for any), max_seqs in [1, batch_tokens], spec->max in [1, 64] (defaults for
  * values out of range), watermark in [0, 1), itl_factor 0 or finite >= 1
  * (else an error).
  *
@@ -43,6 +44,7 @@
 #include "decode/spec.h"
 #include "kv/kv.h"
 #include "model/forward.h"
+#include "model/gdn.h"
 #include "sched/draft.h"
 
 /* Defaults and bounds of a configuration, and the forward pass's dims: 0,
@@ -50,7 +52,11 @@
 int engine_resolve_config(const lm_model *m, lm_engine_config *c, lm_spec_config *spec, fwd_dims *dims, char *err,
                           size_t errlen) {
     /* the context and the batch budget: the workspace's rows and the KV
-     * chunk come from the same dims */
+     * chunk come from the same dims; a hybrid model's batch holds at least
+     * GDN_CHUNK tokens, so that its prompt chunks can end on the delta
+     * rule's grid (engine_state_trim) and the bits do not depend on the
+     * batch */
+    if (m->hp.n_rlayer > 0 && c->batch_tokens > 0 && c->batch_tokens < GDN_CHUNK) c->batch_tokens = GDN_CHUNK;
     *dims = fwd_dims_make(m, c->n_ctx, c->batch_tokens);
     c->batch_tokens = dims->n_batch;
     if (c->max_seqs < 1) c->max_seqs = 64;
