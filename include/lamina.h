@@ -312,7 +312,7 @@ LM_API void lm_spec_config_init(lm_spec_config *c, size_t size);
 typedef struct {
     size_t size;                /* sizeof(lm_engine_config), set by lm_engine_config_default */
     int n_threads;              /* <= 0: one per core */
-    int batch_tokens;           /* tokens per iteration; <= 0: the default (512) */
+    int batch_tokens;           /* tokens per iteration; <= 0: the default (512); at least 64 for a hybrid model */
     int max_seqs;               /* sequences running at once (default 64) */
     int n_ctx;                  /* positions per sequence; <= 0: the model's */
     uint64_t kv_mem;            /* KV pool bytes; 0: n_ctx x max_seqs positions (capped at 4 GiB) */
