@@ -586,6 +586,9 @@ static void test_split_k_threads(void) {
                 CHECKF(s->fwd->attn_units_run == s->fwd->attn_units_planned && s->fwd->attn_units_planned > 0,
                        "%d threads: %ld attention units run, %ld planned", nths[ni], (long)s->fwd->attn_units_run,
                        s->fwd->attn_units_planned);
+            if (s) /* one thread runs the items whole, more cut them */
+                CHECKF(nths[ni] == 1 ? s->fwd->attn_split_items == 0 : s->fwd->attn_split_items > 0,
+                       "%d threads: %ld items cut", nths[ni], (long)s->fwd->attn_split_items);
             seqrun_free(s);
             pool_free(pool);
             if (ni)

@@ -156,14 +156,16 @@ struct fwd_run {
 };
 
 /* Floats of split-K partials: a one-row item's every split at the whole
- * context, n_threads times over (what splitting a few decode rows over the
- * pool's threads needs; an item that does not fit runs whole in one thread,
- * which gives the same bits). None with one thread. */
+ * context, 2 n_threads - 1 times over: attn_plan cuts every item of a
+ * decode step whose items are at one depth and fewer than twice the
+ * threads (4 KV heads on 3 threads), and each of those must fit (an item
+ * that does not runs whole in one thread, which gives the same bits but
+ * leaves the threads uneven). None with one thread. */
 static size_t part_cap(const lm_model *m, const fwd_dims *d, int n_threads) {
     const lm_hparams *hp = &m->hp;
     if (n_threads < 2 || m->mla) return 0;
     size_t splits = (size_t)d->n_ctx / ATTN_SPLIT + 1, group = (size_t)(hp->n_head / hp->n_head_kv);
-    return (size_t)n_threads * splits * group * ((size_t)hp->head_dim + 2);
+    return (size_t)(2 * n_threads - 1) * splits * group * ((size_t)hp->head_dim + 2);
 }
 
 size_t fwd_workspace_bytes(const lm_model *m, const fwd_dims *d, int n_threads) {
