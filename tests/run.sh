@@ -6,17 +6,19 @@
 # test_b" only those; LAMINA_E2E="e2e_a.sh e2e_b.py" only those end-to-end
 # scripts (and no model download; `make check`); LAMINA_TEST_WRAP is a
 # command the test programs run under (`make test-arm`: qemu-aarch64).
-# LAMINA_TEST_JOBS=N runs up to N test programs at once (each one's report
-# is printed in the order they started once all have ended); the end-to-end
-# scripts always run one at a time. The programs start in LAMINA_TESTS's
+# LAMINA_TEST_JOBS=N runs up to N tests at once (each one's report is
+# printed in the order they started once all have ended): the test programs,
+# then the end-to-end scripts, in one queue, except the scripts in E2E_ALONE,
+# which run one at a time after it, with nothing beside them. The programs
+# start in LAMINA_TESTS's
 # order when it is set (an entry NAME:VAR=VALUE runs NAME again with VAR=VALUE
 # in its environment; a name not built counts as a failure; "none" runs
 # none, for the end-to-end scripts alone), else those
 # named in LAMINA_TEST_FIRST first (the slowest, so that the last to end is
-# not one started late), then the rest in name order. Before the end-to-end scripts, the
-# models they read are installed (tests/testenv.py install), so that no
-# script skips a check for want of a model that a later one installs.
-# The last lines: each part's seconds, then "N passed, N failed".
+# not one started late), then the rest in name order. Before any test, the
+# models the end-to-end scripts read are installed (tests/testenv.py
+# install), so that no script skips a check for want of a model that a later
+# one installs. The last lines: each part's seconds, then "N passed, N failed".
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -28,7 +30,6 @@ export LAMINA_BIN="${LAMINA_TEST_WRAP:+$LAMINA_TEST_WRAP }$BUILD/lamina"
 exec 3>&2
 export LAMINA_INSTALL_FD=3
 passed=0 failed=0 skipped=0
-t_start=$SECONDS
 run_one() {
     local name=$1; shift
     local log
@@ -75,6 +76,30 @@ run_bg() {
         echo "$passed $failed $skipped" >"$results/$k.cnt"
     ) &
 }
+want_e2e() { [ -z "${LAMINA_E2E:-}" ] || case " $LAMINA_E2E " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+# The scripts that run alone: Open MPI's ranks poll their peers on every
+# core they are given, and the others time how the server treats clients
+# against each other (fairness, hostile clients, draining, deadlines under
+# pressure), which a neighbour's load would blur.
+E2E_ALONE="e2e_mpi.sh e2e_mpi_ep.sh e2e_mpi_server.py e2e_mpi_ep_server.py e2e_fair.py e2e_abuse.py
+           e2e_router.py e2e_shutdown.py e2e_pressure.py"
+e2e_pooled=() e2e_alone=()
+t_dl=$SECONDS
+if [ -z "${LAMINA_TEST_C_ONLY:-}" ]; then
+    if [ -z "${LAMINA_E2E:-}" ]; then
+        echo "== installing the models the end-to-end tests read (first run only)"
+        python3 tests/testenv.py install 2>&1 | grep -E '^(NOTE|SKIP)'
+    fi
+    for t in tests/e2e_*.sh tests/e2e_*.py; do
+        [ -f "$t" ] || continue
+        want_e2e "$(basename "$t")" || continue
+        case " $(echo $E2E_ALONE) " in
+        *" $(basename "$t") "*) e2e_alone+=("$t") ;;
+        *) e2e_pooled+=("$t") ;;
+        esac
+    done
+fi
+t_start=$SECONDS
 entries=()
 if [ -n "${LAMINA_TESTS:-}" ]; then
     for e in $LAMINA_TESTS; do [ "$e" = none ] || entries+=("$e"); done
@@ -103,6 +128,15 @@ for e in "${entries[@]}"; do
         run_one "$label" "${setenv[@]}" ${LAMINA_TEST_WRAP:-} "$BUILD/tests/$n"
     fi
 done
+e2e_cmd() { case "$1" in *.sh) echo bash ;; *) echo python3 ;; esac; }
+for t in "${e2e_pooled[@]}"; do
+    if [ "$jobs_max" -gt 1 ]; then
+        while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
+        run_bg "$(basename "$t")" "$(e2e_cmd "$t")" "$t"
+    else
+        run_one "$(basename "$t")" "$(e2e_cmd "$t")" "$t"
+    fi
+done
 wait
 for k in "${!names[@]}"; do
     cat "$results/$k.out" 2>/dev/null
@@ -126,25 +160,12 @@ if [ -z "${LAMINA_ASAN:-}" ]; then
     run_one check_docs env BUILD="$BUILD" python3 scripts/check_docs.py
     run_one check_format make -s --no-print-directory check-format
 fi
-want_e2e() { [ -z "${LAMINA_E2E:-}" ] || case " $LAMINA_E2E " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
-t_dl=$SECONDS
-if [ -z "${LAMINA_E2E:-}" ]; then
-    echo "== installing the models the end-to-end tests read (first run only)"
-    python3 tests/testenv.py install 2>&1 | grep -E '^(NOTE|SKIP)'
-fi
 t_e2e=$SECONDS
-for t in tests/e2e_*.sh; do
-    [ -f "$t" ] || continue
-    want_e2e "$(basename "$t")" || continue
-    run_one "$(basename "$t")" bash "$t"
-done
-for t in tests/e2e_*.py; do
-    [ -f "$t" ] || continue
-    want_e2e "$(basename "$t")" || continue
-    run_one "$(basename "$t")" python3 "$t"
+for t in "${e2e_alone[@]}"; do
+    run_one "$(basename "$t")" "$(e2e_cmd "$t")" "$t"
 done
 echo
-echo "time: test programs $((t_c - t_start)) s, model install $((t_e2e - t_dl)) s, end-to-end $((SECONDS - t_e2e)) s"
+echo "time: model install $((t_start - t_dl)) s, test programs and end-to-end scripts $((t_c - t_start)) s, end-to-end alone $((SECONDS - t_e2e)) s"
 if [ "$skipped" -gt 0 ]; then
     echo "$passed passed, $failed failed, $skipped skipped"
 else
