@@ -65,7 +65,7 @@ static void usage_bench_serve(FILE *f) {
         "  -t N                threads (default: physical cores)\n"
         "  -c N                context per sequence (default: the model's)\n"
         "  --ctx-extend        allow -c above the model's trained context (with a warning)\n"
-        "  --batch-tokens N    tokens per iteration (default %d)\n"
+        "  --batch-tokens N    tokens per iteration (default %d; at least 64 for a hybrid model)\n"
         "  --itl-factor F      the latency bound on prompt chunks beside decodes (default 0: off;\n"
         "                      see lamina serve --help)\n"
         "  --max-seqs N        sequences per iteration (default 64)\n"
