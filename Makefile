@@ -267,21 +267,24 @@ ARM_AR   ?= aarch64-linux-gnu-ar
 # the samples, test_tokenizer's time bounds looser): qemu costs 10-100 times
 # the host's CPU time per program, floating point the most. The plain-NEON
 # pass runs the programs that check kernel-table results against the scalar
-# reference or across batch shapes (kernels, attention, forward with KV,
-# quantization); the engine's own tests run once, on neondot, since the
-# whole suite twice would not fit CI's time. test_attn_fused runs once too:
-# it switches through every variant the CPU runs itself (kernels_use), so
-# one run checks neon and neondot.
-ARM_NEON_TESTS = test_kernels_isa test_ops test_attn test_model test_forward_kv test_quant test_quant_q1 \
+# reference or across batch shapes (kernels, attention, quantization); the
+# engine's own tests run once, on neondot, since the whole suite twice would
+# not fit CI's time. test_attn_fused runs once too: it switches through every
+# variant the CPU runs itself (kernels_use), so one run checks neon and
+# neondot. So does test_forward_kv: its models are F32 and its caches F32
+# and F16, whose kernels neon and neondot share (they differ in the
+# quantized dot products alone, kernels/dispatch.c).
+ARM_NEON_TESTS = test_kernels_isa test_ops test_attn test_model test_quant test_quant_q1 \
                  test_quant_q5 test_quant_mxfp4 test_quantize
-ARM_TESTS = $(ARM_NEON_TESTS) test_kernels test_matmul_pick test_mla test_tp test_engine test_api test_mem test_cost test_gguf \
+ARM_TESTS = $(ARM_NEON_TESTS) test_forward_kv test_kernels test_matmul_pick test_mla test_tp test_engine test_api test_mem \
+            test_cost test_gguf \
             test_tokenizer test_sample test_logits test_convert test_kv test_draft_vocab test_deltanet test_attn_fused
 # Both passes share one pool of ARM_JOBS programs (tests/run.sh: NAME:VAR=VALUE
 # runs NAME with VAR=VALUE), the slowest under qemu first (ARM_FIRST, measured
 # in docs/testing.md) so that no long program starts last.
 ARM_RUNS = $(ARM_TESTS) $(ARM_NEON_TESTS:%=%:LAMINA_CPU=neon)
-ARM_FIRST = test_forward_kv test_forward_kv:LAMINA_CPU=neon test_attn test_attn:LAMINA_CPU=neon test_draft_vocab \
-            test_engine test_sample test_quantize test_deltanet
+ARM_FIRST = test_engine test_forward_kv test_attn test_attn:LAMINA_CPU=neon test_sample test_draft_vocab \
+            test_attn_fused test_deltanet test_quantize
 ARM_ORDER = $(ARM_FIRST) $(filter-out $(ARM_FIRST),$(ARM_RUNS))
 # The guest runs on Debian's arm64 loader and libraries (/lib/ld-linux-aarch64.so.1
 # and /lib/aarch64-linux-gnu, the multiarch packages), one consistent set:
