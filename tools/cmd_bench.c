@@ -78,7 +78,8 @@ static void usage_bench(FILE *f) {
         "kv_write_bytes, act_bytes, bytes, flops (per pass), intensity, gbs, gflops, bound\n"
         "(memory|compute), roof_gflops, pct_of_roof, plotted.\n"
         "JSON of the tests: a tg test adds depth and kv_bytes_per_token (read and written, the\n"
-        "floor's KV part); a -d list adds kv_sweep {kv_type, weight_bytes_per_token,\n"
+        "floor's KV part) and, unless --no-bw, read_gbs (the mean of the read probes right before\n"
+        "and after it), floor_tokens_per_s and fraction_of_floor; a -d list adds kv_sweep {kv_type, weight_bytes_per_token,\n"
         "kv_crossover_depth (null: none below 4194304), depths[]: depth,\n"
         "kv_read_bytes (counted), formula_bytes}.\n");
 }
@@ -121,8 +122,10 @@ static void init_worker(void *arg, int ith, int nth) {
     for (size_t i = lo; i < hi; i++) j->a[i] = 0, j->b[i] = 1, j->c[i] = 2;
 }
 
-/* Best-of-N GB/s for copy, triad and read over 3 x 256 MiB arrays. */
-static void measure_bandwidth(lm_pool *pool, double *copy_gbs, double *triad_gbs, double *read_gbs) {
+/* Best-of-N GB/s for copy, triad and read over 3 x 256 MiB arrays; with
+ * read_only, the read alone (copy and triad left 0): the probe taken beside
+ * each tg test, about a second. */
+static void measure_bandwidth(lm_pool *pool, bool read_only, double *copy_gbs, double *triad_gbs, double *read_gbs) {
     stream_job j = {.n = (size_t)64 << 20};
     atomic_init(&j.sink, 0);
     j.a = malloc(j.n * sizeof(float));
@@ -133,7 +136,7 @@ static void measure_bandwidth(lm_pool *pool, double *copy_gbs, double *triad_gbs
     progress_line prog;
     progress_begin(&prog, "bench", "memory bandwidth", "passes");
     pool_run(pool, init_worker, &j);
-    for (int op = 0; op < 3; op++) {
+    for (int op = read_only ? 2 : 0; op < 3; op++) {
         double best = 0;
         for (int rep = 0; rep < 5; rep++) {
             progress_update(&prog, op * 5 + rep, 15);
@@ -558,7 +561,7 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; i < ctx; i++) toks[i] = (int32_t)(lm_rng_u64(&rng) % (uint64_t)m->hp.n_vocab);
 
     double copy_gbs = 0, triad_gbs = 0, read_gbs = 0;
-    if (bw || roofline) measure_bandwidth(pool, &copy_gbs, &triad_gbs, &read_gbs);
+    if (bw || roofline) measure_bandwidth(pool, false, &copy_gbs, &triad_gbs, &read_gbs);
     if (roofline) {
         seqrun_free(sr);
         roofline_opts ro = {.m = m,
@@ -605,12 +608,13 @@ int cmd_bench(int argc, char **argv) {
                    wbytes / 1048576.0, m->hp.n_expert_used, m->hp.n_expert, wtotal / 1048576.0);
         if (bw)
             printf("memory bandwidth: copy %.1f GB/s, triad %.1f GB/s, read %.1f GB/s (%d threads); "
-                   "the tg floor: weights and the KV bytes at the test's depth, at read\n",
+                   "the tg floor: weights and the KV bytes at the test's depth, at the read bandwidth\n"
+                   "measured right before and after that test (their mean, the read GB/s column)\n",
                    copy_gbs, triad_gbs, read_gbs, pool_size(pool));
         printf("kernels: %s%s%s%s\n", kernels_isa_name(), *kernels_cap_note() ? " (" : "", kernels_cap_note(),
                *kernels_cap_note() ? ")" : "");
-        printf("\n| model | type | size | params | threads | test | t/s | floor t/s | of floor |\n");
-        printf("| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |\n");
+        printf("\n| model | type | size | params | threads | test | t/s | read GB/s | floor t/s | of floor |\n");
+        printf("| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n");
     }
     int n_tests = 0;
     for (int di = 0; di < n_depth; di++)
@@ -618,6 +622,11 @@ int cmd_bench(int argc, char **argv) {
             depth = depths[di];
             int n = (int)(test == 0 ? np : ng);
             if (n == 0) continue;
+            /* the read bandwidth right before and after a tg test: the floor
+             * compares the test with the memory of its own minutes (a shared
+             * machine's bandwidth moves by a third from one to the next) */
+            double read_before = 0, read_after = 0, unused_copy, unused_triad;
+            if (bw && test == 1) measure_bandwidth(pool, true, &unused_copy, &unused_triad, &read_before);
             /* warm-up: a short run of the same kind */
             if (fill_depth(sr, (int)depth, toks, err, sizeof err)) fail("bench", err);
             if (test == 0) {
@@ -668,6 +677,8 @@ int cmd_bench(int argc, char **argv) {
                 v[r] = n / dt;
             }
             progress_end(&prog);
+            if (bw && test == 1) measure_bandwidth(pool, true, &unused_copy, &unused_triad, &read_after);
+            double read_test = read_before > 0 && read_after > 0 ? (read_before + read_after) / 2 : 0;
             double mean, sd;
             stats(v, (int)reps, &mean, &sd);
             char name[64];
@@ -675,19 +686,20 @@ int cmd_bench(int argc, char **argv) {
             else snprintf(name, sizeof name, "%s%d", test == 0 ? "pp" : "tg", n);
             /* the floor: weights and the KV bytes of these steps, at the read bandwidth */
             double kvb = test == 1 ? kv_bytes_per_token(m, kv_type, (int)depth, n) : 0;
-            double floor_ts = test == 1 && read_gbs > 0 ? read_gbs * 1e9 / ((double)wbytes + kvb) : 0;
+            double floor_ts = read_test > 0 ? read_test * 1e9 / ((double)wbytes + kvb) : 0;
             if (json) {
                 printf("%s{\"test\": \"%s\", \"tokens_per_s\": %.3f, \"std\": %.3f", n_tests ? ", " : "", name, mean,
                        sd);
                 if (test == 1) printf(", \"depth\": %lld, \"kv_bytes_per_token\": %.0f", depth, kvb);
                 if (floor_ts > 0)
-                    printf(", \"floor_tokens_per_s\": %.3f, \"fraction_of_floor\": %.3f", floor_ts, mean / floor_ts);
+                    printf(", \"read_gbs\": %.2f, \"floor_tokens_per_s\": %.3f, \"fraction_of_floor\": %.3f", read_test,
+                           floor_ts, mean / floor_ts);
                 printf("}");
             } else {
                 printf("| %s | %s | %.2f MiB | %.2f M | %d | %s | %.2f ± %.2f |", m->name, wtype,
                        m->weight_bytes / 1048576.0, m->n_params / 1e6, pool_size(pool), name, mean, sd);
-                if (floor_ts > 0) printf(" %.2f | %.0f%% |\n", floor_ts, 100 * mean / floor_ts);
-                else printf(" | |\n");
+                if (floor_ts > 0) printf(" %.1f | %.2f | %.0f%% |\n", read_test, floor_ts, 100 * mean / floor_ts);
+                else printf(" | | |\n");
             }
             if (cli_tp_size > 1) tp_report(m, name, (double)n * reps, total);
             if (cli_pp_size > 1) pp_report(m, name, (double)n * reps, total);
