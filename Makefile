@@ -76,7 +76,7 @@ SOLIB    := $(BUILD)/liblamina.so
 EXSRC    := $(wildcard examples/*.c)
 EXBIN    := $(EXSRC:examples/%.c=$(BUILD)/examples/%)
 
-.PHONY: all test check format check-format demo chat asan fuzz install clean bench check-layers examples lib mpi test-arm FORCE
+.PHONY: all test check format check-format demo chat asan fuzz install clean bench check-layers examples lib mpi test-arm arm-build FORCE
 
 all: $(BUILD)/lamina lib examples $(TESTBIN)
 lib: $(PUBLIB) $(SOLIB)
@@ -296,9 +296,12 @@ ARM_QEMU ?= qemu-aarch64
 # thread per host thread, and most programs keep one core busy.
 ARM_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 ARM_BUILD := build/arm64
+# arm-build: the cross-build alone (CI starts it early, in the background).
+arm-build:
+	$(MAKE) CC=$(ARM_CC) AR=$(ARM_AR) BUILD=$(ARM_BUILD) MPI= $(ARM_BUILD)/lamina $(ARM_TESTS:%=$(ARM_BUILD)/tests/%)
 test-arm:
 	bash scripts/deps.sh --arm
-	$(MAKE) CC=$(ARM_CC) AR=$(ARM_AR) BUILD=$(ARM_BUILD) MPI= $(ARM_BUILD)/lamina $(ARM_TESTS:%=$(ARM_BUILD)/tests/%)
+	$(MAKE) arm-build
 	BUILD=$(ARM_BUILD) LAMINA_TEST_WRAP="$(ARM_QEMU)" LAMINA_TEST_C_ONLY=1 LAMINA_EMULATED=1 \
 	    LAMINA_TEST_JOBS=$(ARM_JOBS) LAMINA_TESTS="$(ARM_ORDER)" bash tests/run.sh
 	LAMINA_EMULATED=1 LAMINA_BIN="$(ARM_QEMU) $(ARM_BUILD)/lamina" python3 tests/e2e_arch_hybrid.py
